@@ -1,0 +1,28 @@
+# `make test` and `make run` work on a fresh clone: they create .venv and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test run lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,spark]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check storage service pipeline tests bench
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check storage service pipeline tests bench
+	$(BIN)/mypy
+
+run: $(STAMP)
+	$(BIN)/kestrel serve
+
+clean:
+	rm -rf $(VENV) var

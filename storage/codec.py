@@ -1,0 +1,325 @@
+"""Kestrel 2.x journal records: the only code that knows the byte layout.
+
+Every record is a one-byte opcode and its fields, little-endian; a leading `size` covers the whole
+block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
+
+Opcode 8 means STATE_DUMP in the journal format document and CONTINUE in released Kestrel 2.4;
+`decode` tells them apart by what follows (see `_decode_opcode_8`). Opcode 9 (REMOVE_TENTATIVE_XID)
+is read but never written: our writer sticks to the documented opcodes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+ADD = 0
+REMOVE = 1
+ADDX = 2
+REMOVE_TENTATIVE = 3
+SAVE_XID = 4
+UNREMOVE = 5
+CONFIRM_REMOVE = 6
+ADD_XID = 7
+STATE_DUMP = 8
+CONTINUE = 8
+REMOVE_TENTATIVE_XID = 9
+
+_I32 = struct.Struct("<i")
+_ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
+_ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
+_XID_ADDX_HEAD = struct.Struct("<iiqq")  # xid, size, add time, expiry
+_TWO_I32 = struct.Struct("<ii")
+
+# An item block (add time + expiry) is 16 bytes before the data.
+ITEM_HEADER = 16
+# Anything bigger than this in a size field is damage, not an item (Kestrel's sizes are i32).
+MAX_BLOCK = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    """Starling's ADD (opcode 0): expiry in whole seconds, no add time."""
+
+    expiry_s: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Drop the head item for good."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddX:
+    """Add an item at the tail; times in milliseconds since the epoch, expiry 0 = never."""
+
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTentative:
+    """Open a read on the head item under the next free xid."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaveXid:
+    """Set the last-used xid (the start of a rewritten journal)."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unremove:
+    """Abort the open read `xid`: its item goes back to the head."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmRemove:
+    """Confirm the open read `xid`: its item is gone for good."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddXid:
+    """Add an item that the next REMOVE_TENTATIVE reopens under `xid` (rewritten journals)."""
+
+    xid: int
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StateDump:
+    """The format document's opcode 8: an xid and a count of ADD_XID records that follow."""
+
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Released Kestrel 2.4's opcode 8: open read `xid` ends and its item is added at the tail."""
+
+    xid: int
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTentativeXid:
+    """Released Kestrel 2.4's opcode 9: open a read on the head item under a named xid."""
+
+    xid: int
+
+
+Record = (
+    Add | Remove | AddX | RemoveTentative | SaveXid | Unremove | ConfirmRemove | AddXid | StateDump
+    | Continue | RemoveTentativeXid
+)
+
+REMOVE_BYTES = bytes([REMOVE])
+REMOVE_TENTATIVE_BYTES = bytes([REMOVE_TENTATIVE])
+
+
+class Incomplete(Exception):
+    """The buffer ends inside a record: more bytes are needed (or the tail is torn)."""
+
+
+class Malformed(Exception):
+    """A record that can never be valid, whatever follows it."""
+
+    def __init__(self, opcode: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.opcode = opcode
+        self.reason = reason
+
+
+def encode_addx(add_time: int, expiry: int, data: bytes) -> bytes:
+    return b"\x02" + _ADDX_HEAD.pack(ITEM_HEADER + len(data), add_time, expiry) + data
+
+
+def encode_xid(opcode: int, xid: int) -> bytes:
+    return bytes([opcode]) + _I32.pack(xid)
+
+
+def encode(record: Record) -> bytes:
+    """The bytes of one record, exactly as Kestrel writes them."""
+    match record:
+        case AddX(add_time, expiry, data):
+            return encode_addx(add_time, expiry, data)
+        case Remove():
+            return REMOVE_BYTES
+        case RemoveTentative():
+            return REMOVE_TENTATIVE_BYTES
+        case SaveXid(xid):
+            return encode_xid(SAVE_XID, xid)
+        case Unremove(xid):
+            return encode_xid(UNREMOVE, xid)
+        case ConfirmRemove(xid):
+            return encode_xid(CONFIRM_REMOVE, xid)
+        case AddXid(xid, add_time, expiry, data):
+            return b"\x07" + _XID_ADDX_HEAD.pack(xid, ITEM_HEADER + len(data), add_time, expiry) + data
+        case Add(expiry_s, data):
+            return b"\x00" + _ADD_HEAD.pack(4 + len(data), expiry_s) + data
+        case StateDump(xid, count):
+            return b"\x08" + _TWO_I32.pack(xid, count)
+        case Continue(xid, add_time, expiry, data):
+            return b"\x08" + _XID_ADDX_HEAD.pack(xid, ITEM_HEADER + len(data), add_time, expiry) + data
+        case RemoveTentativeXid(xid):
+            return encode_xid(REMOVE_TENTATIVE_XID, xid)
+    raise TypeError(f"not a journal record: {record!r}")
+
+
+def decode(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int]:
+    """Decode the record starting at `pos`; return it and the position after it.
+
+    Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be a
+    record. `at_eof` says that nothing follows `buf`, which opcode 8 needs to look ahead.
+    """
+    end = len(buf)
+    if pos >= end:
+        raise Incomplete
+    op = buf[pos]
+    p = pos + 1
+    if op == ADDX:
+        if p + 20 > end:
+            raise Incomplete
+        size, add_time, expiry = _ADDX_HEAD.unpack_from(buf, p)
+        if size < ITEM_HEADER:
+            raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
+        stop = p + 4 + size
+        if stop > end:
+            raise Incomplete
+        return AddX(add_time, expiry, bytes(buf[p + 20:stop])), stop
+    if op == REMOVE:
+        return Remove(), p
+    if op == REMOVE_TENTATIVE:
+        return RemoveTentative(), p
+    if op in (SAVE_XID, UNREMOVE, CONFIRM_REMOVE, REMOVE_TENTATIVE_XID):
+        if p + 4 > end:
+            raise Incomplete
+        (xid,) = _I32.unpack_from(buf, p)
+        cls = _XID_RECORDS[op]
+        return cls(xid), p + 4
+    if op == ADD_XID:
+        xid, size, add_time, expiry, stop = _item_with_xid(buf, p, op)
+        return AddXid(xid, add_time, expiry, bytes(buf[p + 24:stop])), stop
+    if op == 8:
+        return _decode_opcode_8(buf, pos, at_eof)
+    if op == ADD:
+        if p + 8 > end:
+            raise Incomplete
+        size, expiry_s = _ADD_HEAD.unpack_from(buf, p)
+        if size < 4:
+            raise Malformed(op, f"ADD block of {size} bytes is shorter than its 4-byte expiry")
+        stop = p + 4 + size
+        if stop > end:
+            raise Incomplete
+        return Add(expiry_s, bytes(buf[p + 8:stop])), stop
+    raise Malformed(op, f"unknown opcode {op}")
+
+
+_XID_RECORDS: dict[int, type[SaveXid] | type[Unremove] | type[ConfirmRemove] | type[RemoveTentativeXid]] = {
+    SAVE_XID: SaveXid,
+    UNREMOVE: Unremove,
+    CONFIRM_REMOVE: ConfirmRemove,
+    REMOVE_TENTATIVE_XID: RemoveTentativeXid,
+}
+
+
+def _item_with_xid(buf: bytes | memoryview, p: int, op: int) -> tuple[int, int, int, int, int]:
+    if p + 24 > len(buf):
+        raise Incomplete
+    xid, size, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, p)
+    if size < ITEM_HEADER:
+        raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
+    stop = p + 8 + size
+    if stop > len(buf):
+        raise Incomplete
+    return xid, size, add_time, expiry, stop
+
+
+def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int]:
+    """STATE_DUMP (xid, count, then `count` ADD_XID records) or CONTINUE (xid, item block).
+
+    A STATE_DUMP is taken when its count is 0 or the next `count` records all decode as ADD_XID.
+    Otherwise it is a CONTINUE if its block is a plausible item block followed by the end of the
+    file or a known opcode. If neither reading fits, the record is malformed.
+    """
+    p = pos + 1
+    end = len(buf)
+    if p + 8 > end:
+        raise Incomplete
+    xid, second = _TWO_I32.unpack_from(buf, p)
+    after = p + 8
+    if second == 0 or (second > 0 and _add_xids_follow(buf, after, second, at_eof)):
+        return StateDump(xid, second), after
+    if second >= ITEM_HEADER:
+        stop = after + second
+        if stop > end or (stop == end and not at_eof):
+            raise Incomplete
+        if stop == end or buf[stop] <= REMOVE_TENTATIVE_XID:
+            add_time, expiry = struct.unpack_from("<qq", buf, after)
+            return Continue(xid, add_time, expiry, bytes(buf[after + ITEM_HEADER:stop])), stop
+    raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
+
+
+def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) -> bool:
+    """Whether `count` well-formed ADD_XID records start at `p` (a STATE_DUMP's tail).
+
+    Raises Incomplete when the buffer ends before that can be told and more bytes may come.
+    """
+    for _ in range(count):
+        if p >= len(buf):
+            if at_eof:
+                return False
+            raise Incomplete
+        if buf[p] != ADD_XID:
+            return False
+        try:
+            *_, p = _item_with_xid(buf, p + 1, ADD_XID)
+        except Malformed:
+            return False
+        except Incomplete:
+            if at_eof:
+                return False
+            raise
+    return True
+
+
+def describe(records: list[Record]) -> str:
+    """A journal as a readable line, e.g. `addx(5:0:hello), remove-tentative, confirm(1)`."""
+    out = []
+    for r in records:
+        match r:
+            case AddX(_, expiry, data):
+                out.append(f"addx({len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case Continue(xid, _, expiry, data):
+                out.append(f"continue({xid}:{len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case AddXid(xid, _, expiry, data):
+                out.append(f"add-xid({xid}:{len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case Add(expiry_s, data):
+                out.append(f"add({len(data)}:{expiry_s}:{data.decode('utf-8', 'replace')})")
+            case Remove():
+                out.append("remove")
+            case RemoveTentative():
+                out.append("remove-tentative")
+            case RemoveTentativeXid(xid):
+                out.append(f"remove-tentative({xid})")
+            case SaveXid(xid):
+                out.append(f"save-xid({xid})")
+            case Unremove(xid):
+                out.append(f"unremove({xid})")
+            case ConfirmRemove(xid):
+                out.append(f"confirm({xid})")
+            case StateDump(xid, count):
+                out.append(f"state-dump({xid}:{count})")
+    return ", ".join(out)

@@ -1,0 +1,266 @@
+"""QueueCollection: every queue of one queue path, with fanout, aliases and the expiry sweeper."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+
+import gevent
+import structlog
+
+from storage.clock import SYSTEM_CLOCK, Clock
+from storage.config import QueueConfig, QueueConfigs
+from storage.errors import InvalidQueueName
+from storage.item import QItem
+from storage.journal import scan_queue_names
+from storage.queue import PersistentQueue
+
+log = structlog.get_logger("kestrel.collection")
+
+# Room left in a 255-byte file name for ".<13-digit ms>.pack" and similar suffixes.
+MAX_NAME_BYTES = 200
+_FORBIDDEN = (
+    ("/", "it is a path separator"),
+    ("~", "it marks temporary journal files"),
+    (".", "it is reserved for journal file suffixes"),
+    ("\0", "it cannot be in a file name"),
+)
+
+
+def check_queue_name(name: str) -> None:
+    """Refuse names that could not be a journal file name, saying why.
+
+    Raises InvalidQueueName.
+    """
+    if not name:
+        raise InvalidQueueName("queue name is empty")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InvalidQueueName(f"queue name is longer than {MAX_NAME_BYTES} bytes")
+    for char, why in _FORBIDDEN:
+        if char in name:
+            raise InvalidQueueName(f"queue name {name!r} contains {char!r}, which is not allowed: {why}")
+    if any(c.isspace() or ord(c) < 32 for c in name):
+        raise InvalidQueueName(f"queue name {name!r} contains whitespace or a control character")
+    if "+" in name:
+        parent, _, child = name.partition("+")
+        if not parent or not child or "+" in child:
+            raise InvalidQueueName(
+                f"queue name {name!r}: '+' is only allowed once, as parent+child for a fanout queue")
+
+
+class QueueCollection:
+    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
+
+    `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
+    """
+
+    def __init__(self, path: str, configs: QueueConfigs | None = None,
+                 aliases: Mapping[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 salvage: bool = False) -> None:
+        self.path = path
+        self.configs = configs or QueueConfigs()
+        self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
+        self.clock = clock
+        self.salvage = salvage
+        self._queues: dict[str, PersistentQueue] = {}
+        self._fanouts: dict[str, set[str]] = {}
+        self._sweeper: gevent.Greenlet | None = None
+        self.total_items_added = 0
+        self.queue_creates = 0
+        self.queue_deletes = 0
+        self.queue_expires = 0
+        self.closed = False
+        os.makedirs(path, exist_ok=True)
+
+    # -----------------------------------------------------------------------------------------
+    # Queues by name
+
+    def load(self) -> None:
+        """Replay every journal found in the queue path (parents before their fanout children)."""
+        for name in sorted(scan_queue_names(self.path), key=lambda n: ("+" in n, n)):
+            try:
+                check_queue_name(name)
+            except InvalidQueueName as e:
+                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
+                continue
+            self.queue(name)
+
+    def get(self, name: str) -> PersistentQueue | None:
+        return self._queues.get(name)
+
+    def queue(self, name: str) -> PersistentQueue:
+        """The queue called `name`, created (and its journal replayed) on first reference."""
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        check_queue_name(name)
+        parent_name, plus, _ = name.partition("+")
+        if plus:
+            self.queue(parent_name)
+        config = self.config_for(name)
+        q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                            salvage=self.salvage)
+        q.setup()
+        self._queues[name] = q
+        if plus:
+            self._fanouts.setdefault(parent_name, set()).add(name)
+        self.queue_creates += 1
+        log.info("queue created", queue=name, items=q.length)
+        return q
+
+    def config_for(self, name: str) -> QueueConfig:
+        config = self.configs.for_queue(name)
+        if config.fanout_only and "+" not in name and config.keep_journal:
+            # A fanout-only parent is only a write point: it keeps no journal of its own.
+            config = replace(config, keep_journal=False)
+        return config
+
+    def _expire_target(self, name: str) -> PersistentQueue | None:
+        try:
+            return self.queue(name)
+        except InvalidQueueName:
+            log.warning("expire_to_queue names an invalid queue", queue=name)
+            return None
+
+    def is_alias(self, name: str) -> bool:
+        return name in self.aliases
+
+    def queue_names(self) -> list[str]:
+        return sorted(self._queues)
+
+    def fanout_children(self, name: str) -> list[str]:
+        return sorted(self._fanouts.get(name, ()))
+
+    # -----------------------------------------------------------------------------------------
+    # Operations by name
+
+    def add(self, name: str, data: bytes, expiry_ms: int = 0) -> bool:
+        """Add one item; False when the queue refuses it because it is full."""
+        return self.add_many(name, [data], expiry_ms) == 1
+
+    def add_many(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items in order to a queue (and its fanout children) or to an alias's destinations.
+
+        Returns how many the queue accepted. Raises InvalidQueueName, ItemTooLarge.
+        """
+        if name in self.aliases:
+            check_queue_name(name)
+            for dest in self.aliases[name]:
+                self.add_many(dest, items, expiry_ms)
+            self.total_items_added += len(items)
+            return len(items)
+        q = self.queue(name)
+        now = self.clock.now_ms()
+        for child in self.fanout_children(name):
+            cq = self._queues.get(child)
+            if cq is not None:
+                cq.add_many(items, expiry_ms, now)
+        accepted = len(items) if q.config.fanout_only else q.add_many(items, expiry_ms, now)
+        self.total_items_added += accepted
+        return accepted
+
+    def remove(self, name: str, transaction: bool = False, timeout: float = 0.0) -> QItem | None:
+        """Take the head item, waiting up to `timeout` seconds; an alias reads as empty."""
+        if name in self.aliases:
+            return None
+        return self.queue(name).wait_remove(timeout, transaction)
+
+    def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
+        if name in self.aliases:
+            return None
+        return self.queue(name).wait_peek(timeout)
+
+    def confirm(self, name: str, xid: int) -> bool:
+        q = self._queues.get(name)
+        return q is not None and q.confirm(xid)
+
+    def unremove(self, name: str, xid: int) -> bool:
+        q = self._queues.get(name)
+        return q is not None and q.unremove(xid)
+
+    def flush(self, name: str) -> None:
+        if name in self.aliases:
+            return
+        self.queue(name).flush()
+
+    def flush_all(self) -> None:
+        for name in self.queue_names():
+            q = self._queues.get(name)
+            if q is not None:
+                q.flush()
+
+    def delete(self, name: str) -> None:
+        """Drop a queue and its journal files; a parent stops feeding a deleted fanout child."""
+        if name in self.aliases:
+            return
+        check_queue_name(name)
+        q = self._queues.pop(name, None)
+        parent, plus, _ = name.partition("+")
+        if plus:
+            self._fanouts.get(parent, set()).discard(name)
+        if q is None:
+            return
+        q.destroy()
+        self.queue_deletes += 1
+        log.info("queue deleted", queue=name)
+
+    # -----------------------------------------------------------------------------------------
+    # Figures
+
+    def current_items(self) -> int:
+        return sum(q.length for q in self._queues.values())
+
+    def current_bytes(self) -> int:
+        return sum(q.bytes for q in self._queues.values())
+
+    # -----------------------------------------------------------------------------------------
+    # Background expiry and configuration
+
+    def sweep(self) -> int:
+        """Expire items from the head of every queue and delete queues past `max_queue_age`."""
+        expired = 0
+        now = self.clock.now_ms()
+        for name in self.queue_names():
+            q = self._queues.get(name)
+            if q is None:
+                continue
+            expired += q.discard_expired(q.config.max_expire_sweep)
+            age_limit = q.config.max_queue_age
+            if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
+                log.info("queue expired", queue=name, age_ms=now - q.create_time)
+                self.delete(name)
+                self.queue_expires += 1
+        return expired
+
+    def start_sweeper(self, frequency_ms: int) -> None:
+        """Run `sweep` every `frequency_ms` in a greenlet (0 turns it off)."""
+        if frequency_ms <= 0 or self._sweeper is not None:
+            return
+
+        def loop() -> None:
+            while not self.closed:
+                gevent.sleep(frequency_ms / 1000.0)
+                try:
+                    self.sweep()
+                except Exception:
+                    log.exception("expiry sweep failed")
+
+        self._sweeper = gevent.spawn(loop)
+
+    def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+        """Apply new queue and alias settings to the live queues."""
+        self.configs = configs
+        self.aliases = {k: list(v) for k, v in aliases.items()}
+        for name, q in list(self._queues.items()):
+            q.reconfigure(self.config_for(name))
+        log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
+
+    def close(self) -> None:
+        """Stop the sweeper and close every queue (journals flushed and fsynced)."""
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.kill()
+            self._sweeper = None
+        for q in list(self._queues.values()):
+            q.close()

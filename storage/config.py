@@ -1,0 +1,184 @@
+"""Queue settings (the guide's QueueBuilder fields) and Kestrel 2.3.4 inheritance.
+
+A setting reaches a queue through four layers, each overriding the one before:
+built-in defaults → `default_queue` → an explicitly configured master queue → its fanout child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from storage.errors import ConfigError
+
+KB = 1024
+MB = 1024 * KB
+GB = 1024 * MB
+UNLIMITED = 2**63 - 1
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": KB, "kb": KB, "m": MB, "mb": MB, "g": GB, "gb": GB, "t": 1024 * GB, "tb": 1024 * GB,
+}
+_DURATION_UNITS = {
+    "ms": 1, "msec": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from an int or a string such as `16MB`, `512k`, `1GB`."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected a size such as 16MB, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, f"a size cannot be negative, got {value!r}")
+        return value
+    if isinstance(value, str):
+        m = _QUANTITY.match(value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    raise ConfigError(key, f"expected a size such as 16MB, 512KB or a byte count, got {value!r}")
+
+
+def parse_duration_ms(key: str, value: Any) -> int:
+    """Milliseconds from a string such as `500ms`, `1s`, `10 minutes`; 0 stays 0."""
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    if isinstance(value, str):
+        m = _QUANTITY.match(value)
+        if m and m.group(2).lower() in _DURATION_UNITS:
+            return int(float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()])
+    raise ConfigError(key, f"expected a duration with a unit such as 500ms, 1s or 10min, got {value!r}")
+
+
+def parse_optional_duration_ms(key: str, value: Any) -> int | None:
+    """A duration where null, 0 or `never` mean "no limit"."""
+    if value is None or value == "never":
+        return None
+    ms = parse_duration_ms(key, value)
+    return ms or None
+
+
+def parse_sync(key: str, value: Any) -> int | None:
+    """`always` → 0, `never` → None, a duration → that many milliseconds between fsyncs."""
+    if value == "always" or value is True:
+        return 0
+    if value == "never" or value is False or value is None:
+        return None
+    ms = parse_duration_ms(key, value)
+    return ms
+
+
+def parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(key, f"expected true or false, got {value!r}")
+
+
+def parse_count(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(key, f"expected a non-negative whole number, got {value!r}")
+
+
+def parse_queue_ref(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ConfigError(key, f"expected a queue name, got {value!r}")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """One queue's settings, with the guide's defaults. Sizes in bytes, times in milliseconds."""
+
+    max_items: int = UNLIMITED
+    max_size: int = UNLIMITED
+    max_item_size: int = UNLIMITED
+    max_age: int | None = None
+    default_journal_size: int = 16 * MB
+    max_memory_size: int = 128 * MB
+    max_journal_size: int = 1 * GB
+    discard_old_when_full: bool = False
+    keep_journal: bool = True
+    sync_journal: int | None = None  # 0 = fsync before every ack, N = every N ms, None = never
+    expire_to_queue: str | None = None
+    max_expire_sweep: int = UNLIMITED
+    fanout_only: bool = False
+    max_queue_age: int | None = None
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any], key: str = "queue",
+                     base: QueueConfig | None = None) -> QueueConfig:
+        """Settings from a YAML mapping laid over `base`; unknown keys are errors naming `key`."""
+        if not isinstance(settings, Mapping):
+            raise ConfigError(key, f"expected a mapping of queue settings, got {settings!r}")
+        changes: dict[str, Any] = {}
+        for name, value in settings.items():
+            parser = _PARSERS.get(name)
+            if parser is None:
+                known = ", ".join(sorted(_PARSERS))
+                raise ConfigError(f"{key}.{name}", f"unknown queue setting (known: {known})")
+            changes[name] = parser(f"{key}.{name}", value)
+        return dataclasses.replace(base or cls(), **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values, for `dump_config` and logs."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "max_items": parse_count,
+    "max_size": parse_size,
+    "max_item_size": parse_size,
+    "max_age": parse_optional_duration_ms,
+    "default_journal_size": parse_size,
+    "max_memory_size": parse_size,
+    "max_journal_size": parse_size,
+    "discard_old_when_full": parse_bool,
+    "keep_journal": parse_bool,
+    "sync_journal": parse_sync,
+    "expire_to_queue": parse_queue_ref,
+    "max_expire_sweep": parse_count,
+    "fanout_only": parse_bool,
+    "max_queue_age": parse_optional_duration_ms,
+}
+
+
+class QueueConfigs:
+    """Resolves each queue name to its settings with 2.3.4 inheritance.
+
+    `default` is the `default_queue` mapping; `queues` maps names to their explicit mappings.
+    Everything is parsed up front so that a bad file fails at start, not on first use.
+    """
+
+    def __init__(self, default: Mapping[str, Any] | None = None,
+                 queues: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.default = QueueConfig.from_mapping(default or {}, "default_queue")
+        self._raw = dict(queues or {})
+        self._resolved: dict[str, QueueConfig] = {}
+        for name in self._raw:
+            self._resolved[name] = self._resolve(name)
+
+    def _resolve(self, name: str) -> QueueConfig:
+        master, plus, _child = name.partition("+")
+        base = self.default
+        if plus and master in self._raw:
+            base = QueueConfig.from_mapping(self._raw[master], f"queues.{master}", base)
+        return QueueConfig.from_mapping(self._raw.get(name, {}), f"queues.{name}", base)
+
+    def for_queue(self, name: str) -> QueueConfig:
+        cfg = self._resolved.get(name)
+        if cfg is None:
+            cfg = self._resolve(name)
+            self._resolved[name] = cfg
+        return cfg
+
+    def explicit_names(self) -> list[str]:
+        return list(self._raw)

@@ -1,0 +1,31 @@
+"""A queue item as it lives in memory."""
+
+from __future__ import annotations
+
+
+class QItem:
+    """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
+
+    `xid` is non-zero while the item is an open read, and also for an item replayed from an
+    ADD_XID record until the REMOVE_TENTATIVE that reopens it. `pack_slot` is bookkeeping for
+    the read-behind checkpoint (see storage/packer.py).
+    """
+
+    __slots__ = ("add_time", "expiry", "data", "xid", "pack_slot")
+
+    def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0) -> None:
+        self.add_time = add_time
+        self.expiry = expiry
+        self.data = data
+        self.xid = xid
+        self.pack_slot = -1
+
+    def __repr__(self) -> str:
+        return f"QItem(add_time={self.add_time}, expiry={self.expiry}, data={self.data!r}, xid={self.xid})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QItem):
+            return NotImplemented
+        return (self.add_time, self.expiry, self.data) == (other.add_time, other.expiry, other.data)
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,739 @@
+"""PersistentQueue: one named FIFO of items, kept in memory and in its journal.
+
+Every change is applied in memory first and then written to the journal as one append, before
+anything can yield; only then does the caller wait for the sync policy. So the journal's order is
+always the order in which the changes happened, and replaying it rebuilds the queue exactly,
+xids included (a REMOVE_TENTATIVE takes the next free xid, as it did live).
+
+Read-behind: once the queue holds `max_memory_size` bytes, new items are only counted and written
+to the journal; a cursor reads them back from the journal files as the head drains.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+
+import gevent
+import gevent.event
+import structlog
+
+from storage import codec, journal, packer
+from storage.clock import SYSTEM_CLOCK, Clock
+from storage.codec import (
+    Add,
+    AddX,
+    AddXid,
+    ConfirmRemove,
+    Continue,
+    Record,
+    Remove,
+    RemoveTentative,
+    RemoveTentativeXid,
+    SaveXid,
+    StateDump,
+    Unremove,
+)
+from storage.config import QueueConfig
+from storage.errors import CorruptJournalError, ItemTooLarge, QueueClosed
+from storage.item import QItem
+from storage.journal import JournalWriter, RecordReader
+
+log = structlog.get_logger("kestrel.queue")
+
+LIVE = 2**63  # sort key of the live journal among rotated timestamps
+_ADDS = (AddX, Add, AddXid, Continue)
+
+# How an item leaves the head, for the checkpoint log.
+_GONE, _OPENED = False, True
+
+
+def _item_of(record: Record, now: int) -> QItem:
+    """The item an add-type record carries."""
+    if isinstance(record, Add):
+        return QItem(now, record.expiry_s * 1000 if record.expiry_s else 0, record.data)
+    assert isinstance(record, AddX | AddXid | Continue)
+    item = QItem(record.add_time, record.expiry, record.data)
+    if isinstance(record, AddXid):
+        item.xid = record.xid
+    return item
+
+
+class _ReadBehind:
+    """Where the next item not held in memory is: a file (by timestamp key) and a reader in it."""
+
+    def __init__(self, key: int, path: str, offset: int) -> None:
+        self.key = key
+        self.reader = RecordReader(path, offset)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _Checkpoint:
+    """The queue's state at rotation time T, kept until the read-behind cursor passes T.
+
+    Items that leave the head after T are logged in order (the item while it may still come back,
+    None once it is gone for good), so the state at T can be written without holding every item.
+    """
+
+    def __init__(self, timestamp: int, xid: int, open_reads: list[tuple[int, QItem]]) -> None:
+        self.timestamp = timestamp
+        self.xid = xid
+        self.open_reads = open_reads
+        self.departed: list[QItem | None] = []
+        for _, item in open_reads:
+            item.pack_slot = -2
+
+    def note_departure(self, item: QItem, opened: bool) -> None:
+        if item.pack_slot == -1:
+            item.pack_slot = len(self.departed)
+            self.departed.append(item if opened else None)
+        elif item.pack_slot >= 0 and not opened:
+            self.departed[item.pack_slot] = None
+
+    def note_confirm(self, item: QItem) -> None:
+        if item.pack_slot >= 0:
+            self.departed[item.pack_slot] = None
+
+    def release(self) -> None:
+        for entry in self.departed:
+            if entry is not None:
+                entry.pack_slot = -1
+        for _, item in self.open_reads:
+            item.pack_slot = -1
+
+
+class PersistentQueue:
+    """A durable FIFO queue with reliable reads, expiry and read-behind.
+
+    Parameters: `name` (also the journal's file name), `queue_path` (directory of journals),
+    `config`, `clock`, `expire_to` (looks up the queue that expired items move to), `salvage`
+    (load what precedes a corrupt record instead of refusing to load).
+    """
+
+    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock = SYSTEM_CLOCK,
+                 expire_to: Callable[[str], PersistentQueue | None] | None = None,
+                 salvage: bool = False) -> None:
+        self.name = name
+        self.queue_path = queue_path
+        self.config = config
+        self.clock = clock
+        self._expire_to = expire_to
+        self._salvage = salvage
+        self._mem: deque[QItem] = deque()
+        self._opens: dict[int, QItem] = {}
+        self._xid = 0
+        self.length = 0
+        self.bytes = 0
+        self.memory_bytes = 0
+        self._writer: JournalWriter | None = None
+        self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
+        self._rotated: list[tuple[int, str]] = []
+        self._archived_size = 0
+        self._rb: _ReadBehind | None = None
+        self._replay_at: tuple[int, int] | None = None  # (file key, offset) while replaying
+        self._replay_files: list[tuple[int, str]] = []
+        self._checkpoint: _Checkpoint | None = None
+        self._packing: gevent.Greenlet | None = None
+        self._waiters: deque[gevent.event.Event] = deque()
+        self.closed = False
+        self.create_time = clock.now_ms()
+        self.total_items = 0
+        self.expired_items = 0
+        self.discarded = 0
+        self.total_flushes = 0
+        self.total_transactions = 0
+        self.canceled_transactions = 0
+        self.current_age = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Figures
+
+    @property
+    def memory_length(self) -> int:
+        return len(self._mem)
+
+    @property
+    def open_transactions(self) -> int:
+        return len(self._opens)
+
+    @property
+    def waiters(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def in_read_behind(self) -> bool:
+        return self._rb is not None
+
+    @property
+    def journal_size(self) -> int:
+        return self._archived_size + (self._writer.size if self._writer else 0)
+
+    @property
+    def journal_files(self) -> list[str]:
+        live = [self._writer.path] if self._writer else []
+        return [p for _, p in self._rotated] + live
+
+    def stats(self) -> dict[str, int]:
+        """The guide's per-queue figures, under its names."""
+        age = self.current_age if self.length else 0
+        return {
+            "items": self.length,
+            "bytes": self.bytes,
+            "total_items": self.total_items,
+            "logsize": self.journal_size,
+            "expired_items": self.expired_items,
+            "mem_items": len(self._mem),
+            "mem_bytes": self.memory_bytes,
+            "age": age,
+            "discarded": self.discarded,
+            "waiters": len(self._waiters),
+            "open_transactions": len(self._opens),
+            "transactions": self.total_transactions,
+            "canceled_transactions": self.canceled_transactions,
+            "total_flushes": self.total_flushes,
+            "age_msec": age,
+            "create_time": self.create_time,
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # Start-up: replay
+
+    def setup(self) -> None:
+        """Replay the journal files (if the queue keeps a journal) and open the live one."""
+        if not self.config.keep_journal:
+            return
+        files = journal.finish_interrupted_packs(self.queue_path, self.name)
+        self._rotated = list(files.rotated)
+        self._replay_files = self._rotated + ([(LIVE, files.live)] if files.live else [])
+        live_path = os.path.join(self.queue_path, self.name)
+        cut: tuple[str, int] | None = None
+        started = time.monotonic()
+        replayed = 0
+        for index, (key, path) in enumerate(self._replay_files):
+            last = index == len(self._replay_files) - 1
+            reader = RecordReader(path)
+            try:
+                cut = self._replay_file(key, reader, last)
+                replayed += reader.offset
+            finally:
+                reader.close()
+            if cut is not None:
+                self._set_aside_after(index, cut)
+                break
+        self._replay_at = None
+        self._replay_files = []
+        self._rotated = [(ts, p) for ts, p in self._rotated if os.path.exists(p)]
+        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+        self._writer = JournalWriter(live_path, self.config.sync_journal)
+        if replayed:
+            log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
+                     open_reads=len(self._opens), journal_bytes=replayed,
+                     seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
+        # Items that were open when the process stopped go back to the head, newest first,
+        # so that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does.
+        if self._opens:
+            for xid in sorted(self._opens, reverse=True):
+                self._unremove(xid)
+                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+            self._commit()
+
+    def _replay_file(self, key: int, reader: RecordReader, last: bool) -> tuple[str, int] | None:
+        """Apply one file's records; return (path, offset) where replay had to stop, if it did."""
+        now = self.clock.now_ms()
+        try:
+            for _offset, record in reader:
+                self._replay_at = (key, reader.offset)
+                self._apply(record, now)
+        except CorruptJournalError as e:
+            if not self._salvage:
+                raise
+            log.error("corrupt journal record; keeping what precedes it (salvage)", queue=self.name,
+                      file=e.path, offset=e.offset, opcode=e.opcode, reason=e.reason)
+            return (e.path, e.offset)
+        left = reader.leftover()
+        if not left:
+            return None
+        if last:
+            log.warning("torn record at the end of the journal; cutting it off", queue=self.name,
+                        file=reader.path, offset=reader.offset, bytes=left)
+            os.truncate(reader.path, reader.offset)
+            return None
+        error = CorruptJournalError(reader.path, reader.offset, None,
+                                    f"{left} bytes of an incomplete record before the next journal file")
+        if not self._salvage:
+            raise error
+        log.error("incomplete record inside the journal; keeping what precedes it (salvage)",
+                  queue=self.name, file=reader.path, offset=reader.offset)
+        return (reader.path, reader.offset)
+
+    def _set_aside_after(self, index: int, cut: tuple[str, int]) -> None:
+        """Salvage: keep a copy of the damaged file and of every later one, then cut at the damage."""
+        stamp = self.clock.now_ms()
+        path, offset = cut
+        shutil.copyfile(path, f"{path}.corrupt-{stamp}")
+        os.truncate(path, offset)
+        for _, later in self._replay_files[index + 1:]:
+            os.rename(later, f"{later}.corrupt-{stamp}")
+
+    def _apply(self, record: Record, now: int) -> None:
+        """One replayed record. Replay never expires items, so it depends on nothing but the file."""
+        if isinstance(record, AddX | AddXid | Add):
+            self._append(_item_of(record, now))
+        elif isinstance(record, Remove):
+            self._take_head()
+        elif isinstance(record, RemoveTentative):
+            item = self._take_head()
+            if item is not None:
+                self._open(item, item.xid or self._next_xid())
+        elif isinstance(record, RemoveTentativeXid):
+            item = self._take_head()
+            if item is not None:
+                self._open(item, record.xid)
+                self._xid = record.xid
+        elif isinstance(record, ConfirmRemove):
+            self._opens.pop(record.xid, None)
+        elif isinstance(record, Unremove):
+            self._unremove(record.xid)
+        elif isinstance(record, SaveXid | StateDump):
+            self._xid = record.xid
+        elif isinstance(record, Continue):
+            self._opens.pop(record.xid, None)
+            self._append(_item_of(record, now))
+
+    # -----------------------------------------------------------------------------------------
+    # The in-memory mechanics shared by replay and live operations
+
+    def _next_xid(self) -> int:
+        xid = self._xid
+        while True:
+            xid = (xid + 1) & 0xFFFFFFFF
+            if xid >= 2**31:
+                xid -= 2**32  # xids are i32 on disk
+            if xid != 0 and xid not in self._opens:
+                self._xid = xid
+                return xid
+
+    def _open(self, item: QItem, xid: int) -> None:
+        item.xid = xid
+        self._opens[xid] = item
+
+    def _append(self, item: QItem) -> None:
+        size = len(item.data)
+        self.length += 1
+        self.bytes += size
+        if self._rb is not None:
+            return
+        self._mem.append(item)
+        self.memory_bytes += size
+        if self.memory_bytes >= self.config.max_memory_size and self.config.keep_journal:
+            self._start_read_behind()
+
+    def _start_read_behind(self) -> None:
+        if self._replay_at is not None:
+            key, offset = self._replay_at
+            path = next(p for k, p in self._replay_files if k == key)
+        else:
+            assert self._writer is not None
+            self._flush()
+            key, path, offset = LIVE, self._writer.path, self._writer.size
+        self._rb = _ReadBehind(key, path, offset)
+        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+
+    def _take_head(self) -> QItem | None:
+        if not self._mem and self._rb is not None:
+            self._fill()
+        if not self._mem:
+            return None
+        item = self._mem.popleft()
+        size = len(item.data)
+        self.length -= 1
+        self.bytes -= size
+        self.memory_bytes -= size
+        if self._rb is not None and self.memory_bytes < self.config.max_memory_size:
+            self._fill()
+        return item
+
+    def _unremove(self, xid: int) -> bool:
+        item = self._opens.pop(xid, None)
+        if item is None:
+            return False
+        item.xid = 0
+        size = len(item.data)
+        self._mem.appendleft(item)
+        self.length += 1
+        self.bytes += size
+        self.memory_bytes += size
+        return True
+
+    def _fill(self) -> None:
+        """Read items forward from the journal until memory is full or the cursor catches up."""
+        rb = self._rb
+        if self._replay_at is None:
+            self._flush()
+        while rb is not None and self.memory_bytes < self.config.max_memory_size:
+            if self._replay_at is not None:
+                key, offset = self._replay_at
+                if rb.key == key and rb.reader.offset >= offset:
+                    self._end_read_behind()
+                    return
+            entry = rb.reader.next()
+            if entry is None:
+                if not self._advance_read_behind(rb):
+                    self._end_read_behind()
+                    return
+                continue
+            record = entry[1]
+            if isinstance(record, _ADDS):
+                item = _item_of(record, self.clock.now_ms())
+                self._mem.append(item)
+                self.memory_bytes += len(item.data)
+
+    def _advance_read_behind(self, rb: _ReadBehind) -> bool:
+        """Move the cursor to the next journal file; False when it is at the end of the live one."""
+        if rb.key == LIVE:
+            return False
+        files = self._replay_files if self._replay_at is not None else self._rotated_and_live()
+        nxt = next(((k, p) for k, p in files if k > rb.key), None)
+        if nxt is None:
+            return False
+        passed = rb.key
+        rb.close()
+        rb.key = nxt[0]
+        rb.reader = RecordReader(nxt[1])
+        if self._checkpoint is not None and passed >= self._checkpoint.timestamp:
+            self._start_pack()
+        return True
+
+    def _rotated_and_live(self) -> list[tuple[int, str]]:
+        live = [(LIVE, self._writer.path)] if self._writer else []
+        return self._rotated + live
+
+    def _end_read_behind(self) -> None:
+        if self._rb is not None:
+            self._rb.close()
+            self._rb = None
+            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+
+    # -----------------------------------------------------------------------------------------
+    # Live operations
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise QueueClosed(f"queue {self.name!r} is closed")
+
+    def _write(self, data: bytes) -> None:
+        if self._writer is not None and data:
+            self._pending.append(data)
+
+    def _flush(self) -> None:
+        """Append the pending records in one write (no yield between a change and its record)."""
+        if self._pending:
+            assert self._writer is not None
+            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            self._pending.clear()
+            self._writer.append(data)
+
+    def _commit(self) -> None:
+        """Append, wait as the sync policy says, then consider rotating. Last step of each operation."""
+        if self._writer is None:
+            return
+        self._flush()
+        self._writer.commit()
+        self._maybe_rotate()
+
+    def _depart(self, item: QItem, opened: bool) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.note_departure(item, opened)
+
+    def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
+        """Add an item at the tail; False when the queue is full and refuses it.
+
+        `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`.
+        Raises ItemTooLarge when the item is over `max_item_size`.
+        """
+        return self.add_many([data], expiry, add_time) == 1
+
+    def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
+        """Add several items with one journal write; returns how many were accepted, in order."""
+        self._check_open()
+        cfg = self.config
+        now = self.clock.now_ms() if add_time is None else add_time
+        for data in items:
+            if len(data) > cfg.max_item_size:
+                raise ItemTooLarge(f"item of {len(data)} bytes is over max_item_size "
+                                   f"{cfg.max_item_size} of queue {self.name!r}")
+        self._expire_head(now)
+        if cfg.max_age:
+            cap = now + cfg.max_age
+            expiry = min(expiry, cap) if expiry else cap
+        accepted = 0
+        for data in items:
+            if not self._make_room():
+                break
+            self._write(codec.encode_addx(now, expiry, data))
+            self._append(QItem(now, expiry, data))
+            accepted += 1
+        self.total_items += accepted
+        for _ in range(accepted):
+            if not self._wake():
+                break
+        self._commit()
+        return accepted
+
+    def _make_room(self) -> bool:
+        """Whether one more item fits, discarding old ones if the queue is set to."""
+        cfg = self.config
+        while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
+            if not cfg.discard_old_when_full:
+                return False
+            old = self._take_head()
+            if old is None:
+                return False
+            self._depart(old, _GONE)
+            self.discarded += 1
+            self._write(codec.REMOVE_BYTES)
+        return True
+
+    def remove(self, transaction: bool = False) -> QItem | None:
+        """Take the head item; with `transaction`, open a read on it (its `xid` is set)."""
+        self._check_open()
+        now = self.clock.now_ms()
+        self._expire_head(now)
+        item = self._take_head()
+        if item is None:
+            self._commit()
+            return None
+        if transaction:
+            self._depart(item, _OPENED)
+            self._open(item, item.xid or self._next_xid())
+            self.total_transactions += 1
+            self._write(codec.REMOVE_TENTATIVE_BYTES)
+        else:
+            self._depart(item, _GONE)
+            self._write(codec.REMOVE_BYTES)
+        self.current_age = max(0, now - item.add_time)
+        self._commit()
+        return item
+
+    def peek(self) -> QItem | None:
+        """The head item, left in place (expired items are dropped first)."""
+        self._check_open()
+        if self._expire_head(self.clock.now_ms()):
+            self._commit()
+        if not self._mem and self._rb is not None:
+            self._fill()
+        return self._mem[0] if self._mem else None
+
+    def confirm(self, xid: int) -> bool:
+        """Close open read `xid` for good; False if no such read is open."""
+        self._check_open()
+        item = self._opens.pop(xid, None)
+        if item is None:
+            return False
+        if self._checkpoint is not None:
+            self._checkpoint.note_confirm(item)
+        self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+        self._commit()
+        return True
+
+    def unremove(self, xid: int) -> bool:
+        """Abort open read `xid`: its item goes back to the head; False if no such read is open."""
+        self._check_open()
+        if not self._unremove(xid):
+            return False
+        self.canceled_transactions += 1
+        self._write(codec.encode_xid(codec.UNREMOVE, xid))
+        self._wake()
+        self._commit()
+        return True
+
+    def reconfigure(self, config: QueueConfig) -> None:
+        """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
+        self.config = replace(config, keep_journal=self.config.keep_journal)
+        if self._writer is not None:
+            self._writer.sync_ms = config.sync_journal
+
+    def open_xids(self) -> list[int]:
+        return list(self._opens)
+
+    def flush(self) -> None:
+        """Drop every item (open reads stay open), journaled as one REMOVE per item."""
+        self._check_open()
+        removed = 0
+        while (item := self._take_head()) is not None:
+            self._depart(item, _GONE)
+            removed += 1
+        self.total_flushes += 1
+        self._write(codec.REMOVE_BYTES * removed)
+        self._commit()
+
+    def discard_expired(self, limit: int | None = None) -> int:
+        """Drop expired items from the head (at most `limit`); the sweeper calls this."""
+        if self.closed:
+            return 0
+        expired = self._expire_head(self.clock.now_ms(), limit)
+        if expired:
+            self._commit()
+        return expired
+
+    def _expire_head(self, now: int, limit: int | None = None) -> int:
+        """Remove expired items from the head (journaled as REMOVEs); return how many."""
+        removed = 0
+        while limit is None or removed < limit:
+            if not self._mem and self._rb is not None:
+                self._fill()
+            if not self._mem:
+                break
+            head = self._mem[0]
+            if not head.expiry or head.expiry > now:
+                break
+            self._take_head()
+            self._depart(head, _GONE)
+            self._write(codec.REMOVE_BYTES)
+            removed += 1
+            self.expired_items += 1
+            target_name = self.config.expire_to_queue
+            if target_name and self._expire_to is not None:
+                target = self._expire_to(target_name)
+                if target is not None and target is not self:
+                    target.add(head.data)
+        return removed
+
+    # -----------------------------------------------------------------------------------------
+    # Waiting
+
+    def _wake(self) -> bool:
+        """Wake the longest-waiting reader that is not already woken."""
+        for event in self._waiters:
+            if not event.is_set():
+                event.set()
+                return True
+        return False
+
+    def _wait(self, fetch: Callable[[], QItem | None], timeout: float) -> QItem | None:
+        item = fetch()
+        if item is not None or timeout <= 0:
+            return item
+        deadline = time.monotonic() + timeout
+        event = gevent.event.Event()
+        self._waiters.append(event)
+        item = None
+        try:
+            while item is None and not self.closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not event.wait(remaining):
+                    break
+                event.clear()
+                if self.closed:
+                    break
+                item = fetch()
+            return item
+        finally:
+            self._waiters.remove(event)
+            if event.is_set() and item is None:
+                self._wake()  # pass on a wake-up we did not use
+
+    def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
+        """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
+        return self._wait(lambda: self.remove(transaction), timeout)
+
+    def wait_peek(self, timeout: float) -> QItem | None:
+        item = self._wait(self.peek, timeout)
+        if item is not None:
+            self._wake()  # a peek takes nothing: let the next waiter look too
+        return item
+
+    # -----------------------------------------------------------------------------------------
+    # Rotation and packing
+
+    def _maybe_rotate(self) -> None:
+        writer = self._writer
+        if writer is None or self._packing is not None:
+            return
+        cfg = self.config
+        if self.length == 0 and writer.size >= cfg.default_journal_size:
+            self._rotate(checkpoint=True)
+            self._start_pack()
+        elif writer.size >= cfg.max_memory_size:
+            checkpoint = self._rb is not None or self.journal_size > cfg.max_journal_size
+            self._rotate(checkpoint)
+            if checkpoint and self._rb is None:
+                self._start_pack()
+
+    def _rotate(self, checkpoint: bool) -> None:
+        """Rename the live journal to `<name>.<ms>` and start a new one."""
+        assert self._writer is not None
+        last = self._rotated[-1][0] if self._rotated else 0
+        stamp = max(self.clock.now_ms(), last + 1)
+        old = self._writer
+        rotated = os.path.join(self.queue_path, f"{self.name}.{stamp}")
+        os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
+        self._rotated.append((stamp, rotated))
+        self._archived_size += old.size
+        self._writer = JournalWriter(old.path, self.config.sync_journal)
+        gevent.spawn(old.close)
+        if self._rb is not None and self._rb.key == LIVE:
+            self._rb.key = stamp
+        if checkpoint:
+            self._checkpoint = _Checkpoint(stamp, self._xid, list(self._opens.items()))
+
+    def _start_pack(self) -> None:
+        """Write the checkpoint's state in the background; it replaces every journal up to it."""
+        cp = self._checkpoint
+        assert cp is not None
+        self._checkpoint = None
+        survivors: list[QItem | None] = [item for item in self._mem if item.pack_slot == -1]
+        request = packer.PackRequest(self.queue_path, self.name, cp.timestamp, cp.xid, cp.open_reads,
+                                     cp.departed + survivors, self.clock.now_ms())
+        dead = [p for ts, p in self._rotated if ts <= cp.timestamp]
+        cp.release()
+        self._packing = gevent.spawn(self._pack, request, dead)
+
+    def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:
+        try:
+            final = gevent.get_hub().threadpool.apply(packer.write_pack, (request, dead))
+        except Exception:
+            log.exception("packing failed; the old journal files stay and remain correct", queue=self.name)
+            self._packing = None
+            return
+        stamp = request.timestamp
+        self._rotated = [(ts, p) for ts, p in self._rotated if ts > stamp]
+        self._rotated.insert(0, (stamp, final))
+        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+        self._packing = None
+
+    def wait_for_packing(self) -> None:
+        if self._packing is not None:
+            self._packing.join()
+
+    # -----------------------------------------------------------------------------------------
+    # Shutting down
+
+    def close(self) -> None:
+        """Finish any pack, fsync and close the journal; waiting readers get nothing."""
+        if self.closed:
+            return
+        self.wait_for_packing()
+        self.closed = True
+        for event in self._waiters:
+            event.set()
+        if self._writer is not None:
+            self._writer.close()
+        self._end_read_behind()
+
+    def destroy(self) -> None:
+        """Close and delete every journal file of this queue (the `delete` command)."""
+        self.close()
+        for path in self.journal_files:
+            if os.path.exists(path):
+                os.unlink(path)
+        files = journal.list_journal_files(self.queue_path, self.name)
+        for path in files.replay_order() + [p for _, p in files.packs]:
+            os.unlink(path)
+        journal.remove_temporaries(self.queue_path, self.name)
