@@ -48,9 +48,6 @@ log = structlog.get_logger("kestrel.queue")
 LIVE = 2**63  # sort key of the live journal among rotated timestamps
 _ADDS = (AddX, Add, AddXid, Continue)
 
-# How an item leaves the head, for the checkpoint log.
-_GONE, _OPENED = False, True
-
 
 def _item_of(record: Record, now: int) -> QItem:
     """The item an add-type record carries."""
@@ -288,11 +285,11 @@ class PersistentQueue:
         elif isinstance(record, Remove):
             self._take_head()
         elif isinstance(record, RemoveTentative):
-            item = self._take_head()
+            item = self._take_head(opened=True)
             if item is not None:
                 self._open(item, item.xid or self._next_xid())
         elif isinstance(record, RemoveTentativeXid):
-            item = self._take_head()
+            item = self._take_head(opened=True)
             if item is not None:
                 self._open(item, record.xid)
                 self._xid = record.xid
@@ -345,7 +342,8 @@ class PersistentQueue:
         self._rb = _ReadBehind(key, path, offset)
         log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
 
-    def _take_head(self) -> QItem | None:
+    def _take_head(self, opened: bool = False) -> QItem | None:
+        """Pop the head item; `opened` says whether it becomes an open read or is gone for good."""
         if not self._mem and self._rb is not None:
             self._fill()
         if not self._mem:
@@ -355,6 +353,9 @@ class PersistentQueue:
         self.length -= 1
         self.bytes -= size
         self.memory_bytes -= size
+        if self._checkpoint is not None:
+            # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
+            self._checkpoint.note_departure(item, opened)
         if self._rb is not None and self.memory_bytes < self.config.max_memory_size:
             self._fill()
         return item
@@ -447,10 +448,6 @@ class PersistentQueue:
         self._writer.commit()
         self._maybe_rotate()
 
-    def _depart(self, item: QItem, opened: bool) -> None:
-        if self._checkpoint is not None:
-            self._checkpoint.note_departure(item, opened)
-
     def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
         """Add an item at the tail; False when the queue is full and refuses it.
 
@@ -492,10 +489,8 @@ class PersistentQueue:
         while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
             if not cfg.discard_old_when_full:
                 return False
-            old = self._take_head()
-            if old is None:
+            if self._take_head() is None:
                 return False
-            self._depart(old, _GONE)
             self.discarded += 1
             self._write(codec.REMOVE_BYTES)
         return True
@@ -505,17 +500,15 @@ class PersistentQueue:
         self._check_open()
         now = self.clock.now_ms()
         self._expire_head(now)
-        item = self._take_head()
+        item = self._take_head(opened=transaction)
         if item is None:
             self._commit()
             return None
         if transaction:
-            self._depart(item, _OPENED)
             self._open(item, item.xid or self._next_xid())
             self.total_transactions += 1
             self._write(codec.REMOVE_TENTATIVE_BYTES)
         else:
-            self._depart(item, _GONE)
             self._write(codec.REMOVE_BYTES)
         self.current_age = max(0, now - item.add_time)
         self._commit()
@@ -566,8 +559,7 @@ class PersistentQueue:
         """Drop every item (open reads stay open), journaled as one REMOVE per item."""
         self._check_open()
         removed = 0
-        while (item := self._take_head()) is not None:
-            self._depart(item, _GONE)
+        while self._take_head() is not None:
             removed += 1
         self.total_flushes += 1
         self._write(codec.REMOVE_BYTES * removed)
@@ -594,7 +586,6 @@ class PersistentQueue:
             if not head.expiry or head.expiry > now:
                 break
             self._take_head()
-            self._depart(head, _GONE)
             self._write(codec.REMOVE_BYTES)
             removed += 1
             self.expired_items += 1
@@ -657,11 +648,12 @@ class PersistentQueue:
         if writer is None or self._packing is not None:
             return
         cfg = self.config
-        if self.length == 0 and writer.size >= cfg.default_journal_size:
+        if self.length == 0 and self._checkpoint is None and writer.size >= cfg.default_journal_size:
             self._rotate(checkpoint=True)
             self._start_pack()
         elif writer.size >= cfg.max_memory_size:
-            checkpoint = self._rb is not None or self.journal_size > cfg.max_journal_size
+            wanted = self._rb is not None or self.journal_size > cfg.max_journal_size
+            checkpoint = wanted and self._checkpoint is None  # one checkpoint outstanding at a time
             self._rotate(checkpoint)
             if checkpoint and self._rb is None:
                 self._start_pack()

@@ -12,7 +12,6 @@ from storage.codec import (
     AddX,
     AddXid,
     ConfirmRemove,
-    Continue,
     Remove,
     RemoveTentative,
     RemoveTentativeXid,
@@ -173,7 +172,8 @@ def test_continue_told_from_state_dump_at_end_of_file(tmp_path: Path) -> None:
 def test_mixed_journal_describes_legibly(tmp_path: Path) -> None:
     path = tmp_path / "q"
     path.write_bytes(addx(b"hello") + remove_tentative() + xid_op(6, 1))
-    assert describe([r for _, r in read_records(str(path))]) == "addx(5:0:hello), remove-tentative, confirm(1)"
+    records = [r for _, r in read_records(str(path))]
+    assert describe(records) == "addx(5:0:hello), remove-tentative, confirm(1)"
 
 
 def independent_reader(data: bytes) -> list[tuple]:

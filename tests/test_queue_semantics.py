@@ -225,7 +225,8 @@ def test_keep_journal_false_is_memory_only(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name, reason", [
     ("a/b", "path separator"), ("a~b", "temporary"), ("a.b", "reserved"), ("+x", "parent+child"),
-    ("a+b+c", "parent+child"), ("", "empty"), ("a b", "whitespace"), ("../x", "path separator"), ("..", "reserved"),
+    ("a+b+c", "parent+child"), ("", "empty"), ("a b", "whitespace"), ("../x", "path separator"),
+    ("..", "reserved"),
 ])
 def test_bad_queue_names_are_refused_with_a_reason(tmp_path: Path, name: str, reason: str) -> None:
     coll = make(tmp_path)
@@ -299,7 +300,8 @@ def test_inheritance_2_3_4() -> None:
 
 def test_guide_defaults() -> None:
     cfg = QueueConfig()
-    assert (cfg.max_memory_size, cfg.default_journal_size, cfg.max_journal_size) == (128 * MB, 16 * MB, 1024 * MB)
+    sizes = (cfg.max_memory_size, cfg.default_journal_size, cfg.max_journal_size)
+    assert sizes == (128 * MB, 16 * MB, 1024 * MB)
     assert cfg.keep_journal and not cfg.discard_old_when_full and cfg.sync_journal is None
 
 

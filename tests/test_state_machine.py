@@ -1,0 +1,117 @@
+"""Random operation sequences against the engine agree with a plain in-memory model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from storage import QueueCollection, QueueConfigs
+from storage.clock import FakeClock
+
+
+class QueueModel(RuleBasedStateMachine):
+    """The engine against a list (the queue) and a dict (open reads), with restarts.
+
+    A small memory budget puts the queue in read-behind, so rotation and packing are exercised too.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="kestrel-model-")
+        self.configs = QueueConfigs({}, {"q": {"max_memory_size": 600, "default_journal_size": 400}})
+        self.clock = FakeClock()
+        self.coll = self._open()
+        self.items: list[bytes] = []
+        self.opens: dict[int, bytes] = {}
+        self.counter = 0
+        self.returned = 0  # bytes put back at the head, which may sit above the memory budget
+
+    def _open(self) -> QueueCollection:
+        coll = QueueCollection(self.dir, self.configs, clock=self.clock)
+        coll.load()
+        return coll
+
+    def teardown(self) -> None:
+        self.coll.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(sizes=st.lists(st.integers(0, 120), min_size=1, max_size=4))
+    def add(self, sizes: list[int]) -> None:
+        batch = []
+        for size in sizes:
+            self.counter += 1
+            batch.append(str(self.counter).encode() + b"." * size)
+        assert self.coll.add_many("q", batch) == len(batch)
+        self.items.extend(batch)
+
+    @rule()
+    def remove(self) -> None:
+        item = self.coll.remove("q")
+        expected = self.items.pop(0) if self.items else None
+        assert (item.data if item else None) == expected
+
+    @rule()
+    def open_read(self) -> None:
+        item = self.coll.remove("q", transaction=True)
+        expected = self.items.pop(0) if self.items else None
+        assert (item.data if item else None) == expected
+        if item is not None:
+            assert item.xid not in self.opens
+            self.opens[item.xid] = item.data
+
+    @precondition(lambda self: self.opens)
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
+        xid = data.draw(st.sampled_from(sorted(self.opens)))
+        assert self.coll.confirm("q", xid)
+        del self.opens[xid]
+
+    @precondition(lambda self: self.opens)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        xid = data.draw(st.sampled_from(sorted(self.opens)))
+        assert self.coll.unremove("q", xid)
+        self.items.insert(0, self.opens.pop(xid))
+        self.returned += len(self.items[0])
+
+    @rule()
+    def flush(self) -> None:
+        self.coll.flush("q")
+        self.items.clear()
+
+    @rule()
+    def peek(self) -> None:
+        item = self.coll.peek("q")
+        assert (item.data if item else None) == (self.items[0] if self.items else None)
+
+    @rule(crash=st.booleans())
+    def restart(self, crash: bool) -> None:
+        self.coll.queue("q").wait_for_packing()
+        if not crash:
+            self.coll.close()
+        self.coll = self._open()
+        # Reads that were open come back to the head, the lowest xid first.
+        self.items = [self.opens[x] for x in sorted(self.opens)] + self.items
+        self.returned += sum(len(v) for v in self.opens.values())
+        self.opens.clear()
+
+    @invariant()
+    def figures_agree(self) -> None:
+        q = self.coll.queue("q")
+        assert q.length == len(self.items)
+        assert q.bytes == sum(len(i) for i in self.items)
+        assert q.open_transactions == len(self.opens)
+        if not self.items:
+            self.returned = 0
+        assert q.memory_bytes <= 600 + 130 + self.returned
+
+
+QueueModel.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestQueueModel = QueueModel.TestCase
