@@ -130,6 +130,7 @@ class PersistentQueue:
         self.memory_bytes = 0
         self._writer: JournalWriter | None = None
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
+        self._rotate_at = min(config.default_journal_size, config.max_memory_size)
         self._rotated: list[tuple[int, str]] = []
         self._archived_size = 0
         self._rb: _ReadBehind | None = None
@@ -442,11 +443,15 @@ class PersistentQueue:
 
     def _commit(self) -> None:
         """Append, wait as the sync policy says, then consider rotating. Last step of each operation."""
-        if self._writer is None:
+        writer = self._writer
+        if writer is None:
             return
-        self._flush()
-        self._writer.commit()
-        self._maybe_rotate()
+        if self._pending:
+            self._flush()
+        if writer.sync_ms is not None:
+            writer.commit()
+        if writer.size >= self._rotate_at:
+            self._maybe_rotate()
 
     def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
         """Add an item at the tail; False when the queue is full and refuses it.
@@ -465,21 +470,25 @@ class PersistentQueue:
             if len(data) > cfg.max_item_size:
                 raise ItemTooLarge(f"item of {len(data)} bytes is over max_item_size "
                                    f"{cfg.max_item_size} of queue {self.name!r}")
-        self._expire_head(now)
+        if self._rb is not None or (self._mem and self._mem[0].expiry):
+            self._expire_head(now)
         if cfg.max_age:
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
         accepted = 0
+        journaled = self._writer is not None
         for data in items:
-            if not self._make_room():
+            if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
                 break
-            self._write(codec.encode_addx(now, expiry, data))
+            if journaled:
+                self._pending.append(codec.encode_addx(now, expiry, data))
             self._append(QItem(now, expiry, data))
             accepted += 1
         self.total_items += accepted
-        for _ in range(accepted):
-            if not self._wake():
-                break
+        if self._waiters:
+            for _ in range(accepted):
+                if not self._wake():
+                    break
         self._commit()
         return accepted
 
@@ -499,7 +508,8 @@ class PersistentQueue:
         """Take the head item; with `transaction`, open a read on it (its `xid` is set)."""
         self._check_open()
         now = self.clock.now_ms()
-        self._expire_head(now)
+        if self._rb is not None or (self._mem and self._mem[0].expiry):
+            self._expire_head(now)
         item = self._take_head(opened=transaction)
         if item is None:
             self._commit()
@@ -549,6 +559,7 @@ class PersistentQueue:
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
         self.config = replace(config, keep_journal=self.config.keep_journal)
+        self._rotate_at = min(config.default_journal_size, config.max_memory_size)
         if self._writer is not None:
             self._writer.sync_ms = config.sync_journal
 
