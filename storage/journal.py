@@ -218,8 +218,11 @@ class JournalWriter:
     def __init__(self, path: str, sync_ms: int | None) -> None:
         self.path = path
         self.sync_ms = sync_ms
+        created = not os.path.exists(path)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = os.fstat(self.fd).st_size
+        if created and sync_ms == 0:
+            fsync_dir(os.path.dirname(path) or ".")  # the new file's name must survive a power cut too
         self._synced = self.size
         self._syncing: gevent.event.Event | None = None
         self._timer: gevent.Greenlet | None = None
