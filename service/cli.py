@@ -1,0 +1,58 @@
+"""`kestrel serve`: the command line."""
+
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from service import __version__  # noqa: E402
+from service.config import load, with_overrides  # noqa: E402
+from service.logs import configure_logging  # noqa: E402
+from storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kestrel", description="A durable Kestrel queue server.")
+    parser.add_argument("--version", action="version", version=f"kestrel {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="serve the queues (the default)")
+    for p in (parser, serve):
+        p.add_argument("--config", metavar="FILE", help="YAML config file (see deploy/kestrel.yaml)")
+        p.add_argument("--queue-path", metavar="DIR", help="directory of the journals")
+        p.add_argument("--listen-address", metavar="ADDR", help="address the listeners bind to")
+        for name in ("thrift", "memcache", "text", "admin"):
+            p.add_argument(f"--{name}-port", type=int, metavar="N", help=f"{name} port (0 disables it)")
+        p.add_argument("--salvage", action="store_true", default=None,
+                       help="load what precedes a corrupt journal record instead of refusing to start")
+        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    from service.app import App
+
+    try:
+        config = with_overrides(load(args.config), queue_path=args.queue_path,
+                                listen_address=args.listen_address, thrift_port=args.thrift_port,
+                                memcache_port=args.memcache_port, text_port=args.text_port,
+                                admin_port=args.admin_port, salvage=args.salvage)
+        os.makedirs(config.queue_path, exist_ok=True)
+        App(config).run()
+    except ConfigError as e:
+        print(f"kestrel: bad configuration: {e}", file=sys.stderr)
+        return 2
+    except CorruptJournalError as e:
+        print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

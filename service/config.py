@@ -1,0 +1,178 @@
+"""The server's configuration, read from YAML. Every key is checked at start; unknown keys are errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from storage.config import (
+    QueueConfigs,
+    parse_bool,
+    parse_count,
+    parse_duration_ms,
+    parse_size,
+)
+from storage.errors import ConfigError
+
+STATUSES = ("up", "readonly", "quiescent")
+
+
+def _port(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535:
+        return value
+    raise ConfigError(key, f"expected a port number 0-65535 (0 disables the listener), got {value!r}")
+
+
+def _string(key: str, value: Any) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ConfigError(key, f"expected a non-empty string, got {value!r}")
+
+
+def _optional_path(key: str, value: Any) -> str | None:
+    return None if value is None else _string(key, value)
+
+
+def _choice(*choices: str) -> Any:
+    def parse(key: str, value: Any) -> str:
+        if isinstance(value, str) and value.lower() in choices:
+            return value.lower()
+        raise ConfigError(key, f"expected one of {', '.join(choices)}, got {value!r}")
+    return parse
+
+
+def _status(key: str, value: Any) -> str:
+    if isinstance(value, str) and value.lower().replace("_", "").replace("-", "") in STATUSES:
+        return value.lower().replace("_", "").replace("-", "")
+    raise ConfigError(key, f"expected up, readonly or quiescent, got {value!r}")
+
+
+@dataclass
+class ServerConfig:
+    """Server settings with their defaults; queue settings live in `queues` (QueueConfigs)."""
+
+    queue_path: str = "./var/spool/kestrel"
+    listen_address: str = "127.0.0.1"
+    thrift_port: int = 2229
+    memcache_port: int = 22133
+    text_port: int = 2222
+    admin_port: int = 2223
+    expiration_timer_frequency: int = 1000  # ms; 0 turns the background sweep off
+    max_open_reads: int = 100
+    default_status: str = "up"
+    status_file: str | None = "{queue_path}/.status"
+    status_change_grace_period: int = 0  # ms
+    thrift_transport: str = "framed"
+    thrift_protocol: str = "binary"
+    max_frame_size: int = 16 * 1024 * 1024
+    max_line_length: int = 64 * 1024
+    max_connections: int = 100_000
+    salvage: bool = False
+    default_queue: dict[str, Any] = field(default_factory=dict)
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    aliases: dict[str, list[str]] = field(default_factory=dict)
+    source: str | None = None  # the file this came from, for reloads
+
+    def queue_configs(self) -> QueueConfigs:
+        return QueueConfigs(self.default_queue, self.queues)
+
+    def resolved_status_file(self) -> str | None:
+        if self.status_file is None:
+            return None
+        return self.status_file.replace("{queue_path}", self.queue_path)
+
+
+_PARSERS: dict[str, Any] = {
+    "queue_path": _string,
+    "listen_address": _string,
+    "thrift_port": _port,
+    "memcache_port": _port,
+    "text_port": _port,
+    "admin_port": _port,
+    "expiration_timer_frequency": parse_duration_ms,
+    "max_open_reads": parse_count,
+    "default_status": _status,
+    "status_file": _optional_path,
+    "status_change_grace_period": parse_duration_ms,
+    "thrift_transport": _choice("framed", "buffered"),
+    "thrift_protocol": _choice("binary", "compact"),
+    "max_frame_size": parse_size,
+    "max_line_length": parse_size,
+    "max_connections": parse_count,
+    "salvage": parse_bool,
+}
+
+
+def _aliases(value: Any) -> dict[str, list[str]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError("aliases", f"expected a mapping of alias name to settings, got {value!r}")
+    out = {}
+    for name, settings in value.items():
+        key = f"aliases.{name}"
+        if not isinstance(settings, Mapping):
+            raise ConfigError(key, f"expected a mapping with destination_queues, got {settings!r}")
+        unknown = set(settings) - {"destination_queues"}
+        if unknown:
+            raise ConfigError(f"{key}.{sorted(unknown)[0]}",
+                              "unknown alias setting (known: destination_queues)")
+        dests = settings.get("destination_queues")
+        if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
+            raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
+        out[str(name)] = list(dests)
+    return out
+
+
+def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> ServerConfig:
+    """A ServerConfig from parsed YAML; raises ConfigError naming the key path."""
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("(top level)", f"expected a mapping of settings, got {type(data).__name__}")
+    values: dict[str, Any] = {"source": source}
+    for key, value in data.items():
+        if key in _PARSERS:
+            values[key] = _PARSERS[key](key, value)
+        elif key == "default_queue":
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(key, f"expected a mapping of queue settings, got {value!r}")
+            values[key] = dict(value or {})
+        elif key == "queues":
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
+            values[key] = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
+        elif key == "aliases":
+            values[key] = _aliases(value)
+        else:
+            known = ", ".join(sorted([*_PARSERS, "default_queue", "queues", "aliases"]))
+            raise ConfigError(str(key), f"unknown setting (known: {known})")
+    config = ServerConfig(**values)
+    config.queue_configs()  # parse every queue setting now, so a bad one fails at start
+    return config
+
+
+def load(path: str | None) -> ServerConfig:
+    """Read a YAML file (None: the built-in defaults)."""
+    if path is None:
+        return ServerConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(path, f"not valid YAML: {e}") from None
+    return from_mapping(data, os.path.abspath(path))
+
+
+def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
+    """The config with command-line values (None = not given) laid over it."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for key, value in given.items():
+        _PARSERS[key](f"--{key.replace('_', '-')}", value)
+    return dataclasses.replace(config, **given)

@@ -1,0 +1,336 @@
+"""The session layer every protocol shares: status checks, open reads, limits, stats.
+
+Protocol handlers parse a request, call a Session method and encode the reply. The rules live
+here once: what the server status allows, how many reads a connection may hold open, how open
+reads end (Thrift: by confirm, abort or the auto-abort timer, whatever the connection does;
+memcache and text: one per queue and connection, aborted when the connection drops).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+import gevent.event
+import structlog
+
+from service import __version__
+from service.config import ServerConfig
+from service.stats import ServerStats
+from service.status import Status, StatusKeeper
+from storage import QItem, QueueCollection
+from storage.collection import check_queue_name
+from storage.errors import KestrelError
+
+log = structlog.get_logger("kestrel.session")
+
+
+class SessionError(KestrelError):
+    """Raised when a client misuses the protocol (a second open read, too many open reads...)."""
+
+
+@dataclass
+class OpenRead:
+    """A Thrift open read: which queue and xid, who opened it, and its auto-abort timer."""
+
+    queue: str
+    xid: int
+    session: Session
+    timer: gevent.Greenlet | None = None
+
+
+class KestrelServer:
+    """What the sessions share: the queues, the status, the counters and the open reads by id."""
+
+    def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
+        self.config = config
+        self.collection = collection or QueueCollection(config.queue_path, config.queue_configs(),
+                                                        config.aliases, salvage=config.salvage)
+        self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
+                                   config.status_change_grace_period)
+        self.stats = ServerStats()
+        self.version = __version__
+        self.open_reads: dict[int, OpenRead] = {}
+        self._ids = itertools.count(1)
+        self.shutdown_requested = gevent.event.Event()
+
+    def next_read_id(self) -> int:
+        return next(self._ids)
+
+    def global_stats(self) -> dict[str, Any]:
+        """The guide's global figures, under its names."""
+        coll = self.collection
+        s = self.stats
+        return {
+            "uptime": int(time.time() - s.start_time),
+            "time": int(time.time()),
+            "version": self.version,
+            "curr_items": coll.current_items(),
+            "total_items": coll.total_items_added,
+            "bytes": coll.current_bytes(),
+            "curr_connections": s.curr_connections,
+            "total_connections": s.total_connections,
+            "cmd_get": s.cmd_get,
+            "cmd_set": s.cmd_set,
+            "cmd_peek": s.cmd_peek,
+            "get_hits": s.get_hits,
+            "get_misses": s.get_misses,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "queue_creates": coll.queue_creates,
+            "queue_deletes": coll.queue_deletes,
+            "queue_expires": coll.queue_expires,
+        }
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for name in self.collection.queue_names():
+            q = self.collection.get(name)
+            if q is not None:
+                out[name] = q.stats()
+        return out
+
+    def reload(self) -> None:
+        """Re-read the config file: queue and alias settings only, as Kestrel does."""
+        from service.config import load
+
+        if self.config.source is None:
+            log.info("reload: no config file, nothing to reload")
+            return
+        fresh = load(self.config.source)
+        self.config.default_queue, self.config.queues, self.config.aliases = (
+            fresh.default_queue, fresh.queues, fresh.aliases)
+        self.collection.reload(fresh.queue_configs(), fresh.aliases)
+
+    def request_shutdown(self) -> None:
+        self.shutdown_requested.set()
+
+
+class Session:
+    """One client connection's view of the server."""
+
+    def __init__(self, server: KestrelServer, peer: str, protocol: str) -> None:
+        self.server = server
+        self.peer = peer
+        self.protocol = protocol
+        self.coll = server.collection
+        self.status = server.status
+        self.stats = server.stats
+        self.read_ids: set[int] = set()  # Thrift open reads this connection opened
+        self.pending: dict[str, list[int]] = {}  # memcache/text open reads: queue -> xids, oldest first
+        self.stats.curr_connections += 1
+        self.stats.total_connections += 1
+        self.closed = False
+
+    def close(self) -> None:
+        """The connection is gone: memcache-style open reads go back to their queues."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stats.curr_connections -= 1
+        for queue, xids in self.pending.items():
+            for xid in reversed(xids):
+                self.coll.unremove(queue, xid)
+        self.pending.clear()
+
+    def _touch(self, queue: str) -> None:
+        """Log queue creation with the client's address (the collection creates it right after)."""
+        if self.coll.get(queue) is None and not self.coll.is_alias(queue):
+            check_queue_name(queue)
+            log.info("queue referenced for the first time", queue=queue, client=self.peer)
+
+    # -----------------------------------------------------------------------------------------
+    # Writes
+
+    def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted."""
+        self.status.check_write("put")
+        self.stats.cmd_set += len(items)
+        self._touch(queue)
+        return self.coll.add_many(queue, items, expiry_ms)
+
+    def flush(self, queue: str) -> None:
+        self.status.check_write("flush")
+        self._touch(queue)
+        self.coll.flush(queue)
+        log.info("queue flushed", queue=queue, client=self.peer)
+
+    def flush_all(self) -> None:
+        self.status.check_write("flush_all")
+        self.coll.flush_all()
+        log.info("all queues flushed", client=self.peer)
+
+    def delete(self, queue: str) -> None:
+        self.status.check_write("delete")
+        self.coll.delete(queue)
+        log.info("queue deleted", queue=queue, client=self.peer)
+
+    # -----------------------------------------------------------------------------------------
+    # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection
+
+    def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
+                  auto_abort_ms: int = 0) -> list[tuple[int, bytes]]:
+        """Up to `max_items`, waiting up to `timeout_ms` for them; ids are 0 without auto-abort."""
+        self.status.check_read("get")
+        self._touch(queue)
+        transaction = auto_abort_ms > 0
+        if transaction:
+            max_items = min(max_items, self.server.config.max_open_reads - len(self.read_ids))
+        out: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        while len(out) < max_items:
+            wait = max(0.0, deadline - time.monotonic())
+            item = self.coll.remove(queue, transaction, wait)
+            self.stats.cmd_get += 1
+            if item is None:
+                self.stats.get_misses += 1
+                break
+            self.stats.get_hits += 1
+            read_id = self._open_read(queue, item.xid, auto_abort_ms) if transaction else 0
+            out.append((read_id, item.data))
+        return out
+
+    def _open_read(self, queue: str, xid: int, auto_abort_ms: int) -> int:
+        read_id = self.server.next_read_id()
+        read = OpenRead(queue, xid, self)
+        read.timer = gevent.spawn_later(auto_abort_ms / 1000.0, self._auto_abort, read_id)
+        self.server.open_reads[read_id] = read
+        self.read_ids.add(read_id)
+        return read_id
+
+    def _auto_abort(self, read_id: int) -> None:
+        read = self.server.open_reads.pop(read_id, None)
+        if read is not None:
+            read.session.read_ids.discard(read_id)
+            self.coll.unremove(read.queue, read.xid)
+
+    def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
+        closed = 0
+        for read_id in ids:
+            read = self.server.open_reads.get(read_id)
+            if read is None or read.queue != queue:
+                continue
+            del self.server.open_reads[read_id]
+            read.session.read_ids.discard(read_id)
+            if read.timer is not None:
+                read.timer.kill(block=False)
+            done = self.coll.confirm(queue, read.xid) if confirm else self.coll.unremove(queue, read.xid)
+            closed += int(done)
+        return closed
+
+    def confirm_ids(self, queue: str, ids: set[int]) -> int:
+        """Confirm open reads by id (from any connection); Quiescent still allows this."""
+        return self._close_reads(queue, ids, confirm=True)
+
+    def abort_ids(self, queue: str, ids: set[int]) -> int:
+        self.status.check_read("abort")
+        return self._close_reads(queue, ids, confirm=False)
+
+    # -----------------------------------------------------------------------------------------
+    # Memcache-style reads: one open read per connection and queue
+
+    def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
+                abort: bool = False, peek: bool = False) -> bytes | None:
+        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`."""
+        if close:
+            self.confirm_count(queue, 1, quiet=True)
+        if abort:
+            self.status.check_read("abort")
+            for xid in reversed(self.pending.pop(queue, [])):
+                self.coll.unremove(queue, xid)
+        if not (open or peek) and (close or abort):
+            return None
+        self.status.check_read("peek" if peek else "get")
+        self._touch(queue)
+        wait = max(timeout_ms, 0) / 1000.0
+        if peek:
+            self.stats.cmd_peek += 1
+            item = self.coll.peek(queue, wait)
+        else:
+            if open and self.pending.get(queue):
+                raise SessionError("already have an open read on this queue: close or abort it first")
+            self.stats.cmd_get += 1
+            item = self.coll.remove(queue, open, wait)
+            if item is not None and open:
+                self.pending.setdefault(queue, []).append(item.xid)
+        if item is None:
+            self.stats.get_misses += 1
+            return None
+        self.stats.get_hits += 1
+        return item.data
+
+    def monitor(self, queue: str, seconds: float, max_items: int | None = None) -> Iterator[bytes]:
+        """Items arriving within `seconds`, each an open read to be closed with `confirm_count`."""
+        self.status.check_read("monitor")
+        self._touch(queue)
+        deadline = time.monotonic() + max(seconds, 0)
+        count = 0
+        while max_items is None or count < max_items:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                return
+            self.stats.cmd_get += 1
+            item = self.coll.remove(queue, True, wait)
+            if item is None:
+                self.stats.get_misses += 1
+                return
+            self.stats.get_hits += 1
+            self.pending.setdefault(queue, []).append(item.xid)
+            count += 1
+            yield item.data
+
+    def confirm_count(self, queue: str, count: int, quiet: bool = False) -> bool:
+        """Confirm the oldest `count` open reads of this connection on `queue`; False if none."""
+        xids = self.pending.get(queue)
+        if not xids:
+            return False
+        for xid in xids[:count]:
+            self.coll.confirm(queue, xid)
+        del xids[:count]
+        if not xids:
+            del self.pending[queue]
+        return True
+
+    def abort_pending(self, queue: str) -> None:
+        for xid in reversed(self.pending.pop(queue, [])):
+            self.coll.unremove(queue, xid)
+
+    # -----------------------------------------------------------------------------------------
+    # Inspection and status
+
+    def peek(self, queue: str) -> QItem | None:
+        self.status.check_read("peek")
+        self._touch(queue)
+        self.stats.cmd_peek += 1
+        return self.coll.peek(queue)
+
+    def queue_info(self, queue: str) -> dict[str, Any]:
+        """The head item and the figures Thrift's QueueInfo carries."""
+        head = self.peek(queue)
+        q = self.coll.get(queue)
+        stats = q.stats() if q is not None else {}
+        return {
+            "head_item": head.data if head is not None else None,
+            "items": stats.get("items", 0),
+            "bytes": stats.get("bytes", 0),
+            "journal_bytes": stats.get("logsize", 0),
+            "age": stats.get("age", 0),
+            "waiters": stats.get("waiters", 0),
+            "open_transactions": stats.get("open_transactions", 0),
+        }
+
+    def current_status(self) -> Status:
+        return self.status.current
+
+    def set_status(self, status: Status | str) -> None:
+        if isinstance(status, str):
+            try:
+                status = Status.parse(status)
+            except ValueError as e:
+                raise SessionError(str(e)) from None
+        self.status.set(Status(status))
+        log.info("status set by client", status=Status(status).label, client=self.peer)

@@ -1,0 +1,102 @@
+"""The server's status (Up, ReadOnly, Quiescent), persisted in a status file across restarts."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import gevent
+import structlog
+
+from storage.errors import Refused
+
+log = structlog.get_logger("kestrel.status")
+
+
+class Status(enum.IntEnum):
+    """Values as in kestrel.thrift's Status enum; a higher value allows more."""
+
+    NOT_CONFIGURED = 0
+    QUIESCENT = 1
+    READ_ONLY = 2
+    UP = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Status:
+        key = text.strip().lower().replace("_", "").replace("-", "")
+        for status, names in _NAMES.items():
+            if key in names:
+                return status
+        raise ValueError(f"unknown status {text!r} (expected up, readonly or quiescent)")
+
+    @property
+    def label(self) -> str:
+        return {Status.UP: "Up", Status.READ_ONLY: "ReadOnly", Status.QUIESCENT: "Quiescent",
+                Status.NOT_CONFIGURED: "NotConfigured"}[self]
+
+
+_NAMES = {Status.UP: ("up",), Status.READ_ONLY: ("readonly",), Status.QUIESCENT: ("quiescent",)}
+
+
+class StatusKeeper:
+    """Holds the current status and enforces it.
+
+    When the status becomes more restrictive, the old one is still enforced for the grace period,
+    so that clients watching the status can stop in time.
+    """
+
+    def __init__(self, status_file: str | None, default: str, grace_period_ms: int) -> None:
+        self.status_file = status_file
+        self.grace_period_ms = grace_period_ms
+        self._grace: gevent.Greenlet | None = None
+        if status_file is None:
+            self.current = Status.NOT_CONFIGURED
+            self.enforced = Status.UP
+            return
+        self.current = self._read() or Status.parse(default)
+        self.enforced = self.current
+
+    def _read(self) -> Status | None:
+        assert self.status_file is not None
+        try:
+            with open(self.status_file, encoding="utf-8") as f:
+                return Status.parse(f.read())
+        except (OSError, ValueError) as e:
+            if not isinstance(e, FileNotFoundError):
+                log.warning("cannot read the status file; using the default status", file=self.status_file,
+                            error=str(e))
+            return None
+
+    def set(self, status: Status) -> None:
+        """Change the status and persist it. Raises Refused when no status file is configured."""
+        if self.status_file is None:
+            raise Refused("server status is not configured (no status_file)")
+        if status == Status.NOT_CONFIGURED:
+            raise Refused("cannot set the status to NOT_CONFIGURED")
+        temp = f"{self.status_file}~~"
+        with open(temp, "w", encoding="utf-8") as f:
+            f.write(status.label + "\n")
+        os.replace(temp, self.status_file)
+        previous, self.current = self.current, status
+        log.info("server status changed", status=status.label, previous=previous.label)
+        if self._grace is not None:
+            self._grace.kill(block=False)
+            self._grace = None
+        if status < self.enforced and self.grace_period_ms > 0:
+            self._grace = gevent.spawn_later(self.grace_period_ms / 1000.0, self._end_grace)
+        else:
+            self.enforced = status
+
+    def _end_grace(self) -> None:
+        self._grace = None
+        self.enforced = self.current
+
+    def check_write(self, operation: str) -> None:
+        """Puts, flushes and deletes need Up."""
+        if self.enforced < Status.UP:
+            raise Refused(f"{operation} refused: server is {self.enforced.label}")
+
+    def check_read(self, operation: str) -> None:
+        """Gets, peeks and aborts need at least ReadOnly."""
+        if self.enforced < Status.READ_ONLY:
+            raise Refused(f"{operation} refused: server is {self.enforced.label}")
