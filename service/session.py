@@ -210,7 +210,8 @@ class Session:
 
     def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
         closed = 0
-        for read_id in ids:
+        # Newest first, so that aborted items end up at the head in the order they were read.
+        for read_id in sorted(ids, reverse=True):
             read = self.server.open_reads.get(read_id)
             if read is None or read.queue != queue:
                 continue

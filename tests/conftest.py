@@ -1,0 +1,127 @@
+"""Shared fixtures: the real server as a subprocess on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
+
+
+class ServerProcess:
+    """`python -m service serve` with its own queue path, config file and free ports."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any] | None = None) -> None:
+        self.workdir = workdir
+        self.queue_path = workdir / "queues"
+        self.config_path = workdir / "kestrel.yaml"
+        self.log_path = workdir / "server.log"
+        self.thrift_port = free_port()
+        self.memcache_port = free_port()
+        self.text_port = free_port()
+        self.admin_port = free_port()
+        self.config: dict[str, Any] = {
+            "queue_path": str(self.queue_path),
+            "listen_address": "127.0.0.1",
+            "thrift_port": self.thrift_port,
+            "memcache_port": self.memcache_port,
+            "text_port": self.text_port,
+            "admin_port": self.admin_port,
+        }
+        self.config.update(config or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _enabled_ports(self) -> list[int]:
+        return [self.config[k] for k in ("thrift_port", "memcache_port", "text_port", "admin_port")
+                if self.config.get(k) and self._module_exists(k)]
+
+    @staticmethod
+    def _module_exists(key: str) -> bool:
+        name = key.removesuffix("_port")
+        return (ROOT / "service" / f"{name}.py").exists()
+
+    def start(self) -> ServerProcess:
+        for key in ("thrift_port", "memcache_port", "text_port", "admin_port"):
+            if not self._module_exists(key):
+                self.config[key] = 0
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        command = [sys.executable, "-m", "service", "serve", "--config", str(self.config_path)]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env)
+        for port in self._enabled_ports():
+            wait_for_port(port, self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+    def restart(self) -> ServerProcess:
+        self.stop()
+        return self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Any]:
+    """Start servers with extra YAML settings: `server_factory({"default_queue": {...}})`."""
+    started: list[ServerProcess] = []
+
+    def start(config: dict[str, Any] | None = None, name: str = "server") -> ServerProcess:
+        workdir = tmp_path / name
+        workdir.mkdir(exist_ok=True)
+        srv = ServerProcess(workdir, config).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc is not None and srv.proc.poll() is None:
+            srv.stop()
+
+
+@pytest.fixture
+def server(server_factory: Any) -> ServerProcess:
+    """One server on the defaults."""
+    return server_factory()
