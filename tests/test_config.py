@@ -1,0 +1,70 @@
+"""The YAML configuration: defaults, the documented example, and errors that name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.config import ServerConfig, from_mapping, load, with_overrides
+from storage.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_documented_example_loads_with_every_default() -> None:
+    config = load(str(ROOT / "deploy" / "kestrel.yaml"))
+    defaults = ServerConfig()
+    for key in ("thrift_port", "memcache_port", "text_port", "admin_port", "max_open_reads",
+                "expiration_timer_frequency", "max_frame_size", "thrift_transport", "thrift_protocol",
+                "default_status", "status_file", "max_line_length", "max_connections"):
+        assert getattr(config, key) == getattr(defaults, key), key
+    queue = config.queue_configs().for_queue("anything")
+    assert queue == config.queue_configs().default
+    from storage.config import QueueConfig
+    assert queue == QueueConfig()
+
+
+def test_example_documents_every_key() -> None:
+    text = (ROOT / "deploy" / "kestrel.yaml").read_text()
+    from dataclasses import fields
+
+    from storage.config import QueueConfig
+    for f in fields(ServerConfig):
+        if f.name != "source":
+            assert f"\n{f.name}:" in text, f.name
+    for f in fields(QueueConfig):
+        assert f"  {f.name}:" in text, f.name
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"thrift_prot": 1}, "thrift_prot"),
+    ({"thrift_port": 70000}, "thrift_port"),
+    ({"thrift_transport": "http"}, "thrift_transport"),
+    ({"default_status": "down"}, "default_status"),
+    ({"max_frame_size": "huge"}, "max_frame_size"),
+    ({"queues": {"q": {"max_items": -1}}}, "queues.q.max_items"),
+    ({"default_queue": {"sync_journal": "often"}}, "default_queue.sync_journal"),
+    ({"aliases": {"a": {"destination_queues": "q"}}}, "aliases.a.destination_queues"),
+    ({"aliases": {"a": {"targets": ["q"]}}}, "aliases.a.targets"),
+])
+def test_bad_values_name_the_key(data: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping(data)
+    assert err.value.key == key
+
+
+def test_command_line_overrides() -> None:
+    config = with_overrides(ServerConfig(), thrift_port=1234, queue_path=None)
+    assert config.thrift_port == 1234 and config.queue_path == ServerConfig().queue_path
+
+
+def test_bad_file_stops_the_server_with_the_key_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("queues:\n  jobs:\n    max_size: lots\n")
+    proc = subprocess.run([sys.executable, "-m", "service", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert "queues.jobs.max_size" in proc.stderr and "lots" in proc.stderr
