@@ -1,0 +1,66 @@
+"""The guide's "Server stats" rendered for memcache STATS and DUMP_STATS, JSON, text and Prometheus."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from service.session import KestrelServer
+
+
+def flat_stats(server: KestrelServer) -> list[tuple[str, Any]]:
+    """Global figures, then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
+    out = list(server.global_stats().items())
+    for name, stats in server.queue_stats().items():
+        out.extend((f"queue_{name}_{key}", value) for key, value in stats.items())
+    return out
+
+
+def memcache_stats(server: KestrelServer) -> bytes:
+    lines = [f"STAT {key} {value}\r\n" for key, value in flat_stats(server)]
+    return ("".join(lines) + "END\r\n").encode()
+
+
+def dump_stats(server: KestrelServer) -> bytes:
+    """Grouped by queue, as Kestrel's DUMP_STATS prints them."""
+    parts = []
+    for name, stats in server.queue_stats().items():
+        body = "".join(f"  {key}={value}\n" for key, value in stats.items())
+        parts.append(f"queue '{name}' {{\n{body}}}\n")
+    return ("".join(parts) + "END\r\n").encode()
+
+
+def stats_json(server: KestrelServer) -> bytes:
+    return json.dumps({"server": server.global_stats(), "queues": server.queue_stats()},
+                      sort_keys=True).encode()
+
+
+def stats_text(server: KestrelServer) -> bytes:
+    return "".join(f"{key}: {value}\n" for key, value in flat_stats(server)).encode()
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_COUNTERS = {"total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
+             "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires",
+             "expired_items", "discarded", "transactions", "canceled_transactions", "total_flushes"}
+
+
+def prometheus(server: KestrelServer) -> bytes:
+    """Text exposition format: server figures as kestrel_<name>, queue figures with a queue label."""
+    lines = []
+    for key, value in server.global_stats().items():
+        if isinstance(value, int):
+            kind = "counter" if key in _COUNTERS else "gauge"
+            lines.append(f"# TYPE kestrel_{key} {kind}\nkestrel_{key} {value}")
+    lines.append(f'kestrel_info{{version="{_label(str(server.version))}"}} 1')
+    per_queue: dict[str, list[str]] = {}
+    for name, stats in server.queue_stats().items():
+        for key, value in stats.items():
+            per_queue.setdefault(key, []).append(f'kestrel_queue_{key}{{queue="{_label(name)}"}} {value}')
+    for key, samples in per_queue.items():
+        kind = "counter" if key in _COUNTERS else "gauge"
+        lines.append(f"# TYPE kestrel_queue_{key} {kind}\n" + "\n".join(samples))
+    return ("\n".join(lines) + "\n").encode()
