@@ -12,6 +12,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
+from service import LISTEN_BACKLOG
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
 from service.session import KestrelServer, Session, SessionError
 from service.stats_render import dump_stats, memcache_stats
@@ -171,11 +172,13 @@ class MemcacheConnection:
 
     def do_delete(self, command: Command) -> None:
         self.session.delete(command.key)
-        self.out.append(b"DELETED\r\n")
+        if not command.noreply:
+            self.out.append(b"DELETED\r\n")
 
     def do_flush(self, command: Command) -> None:
         self.session.flush(command.key)
-        self.out.append(END)
+        if not command.noreply:
+            self.out.append(END)
 
     def do_flush_all(self, command: Command) -> None:
         self.session.flush_all()
@@ -253,4 +256,4 @@ def make_memcache_server(server: KestrelServer, listener: tuple[str, int]) -> St
         finally:
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections))
+    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)

@@ -112,9 +112,13 @@ def parse_line(line: bytes) -> Command:
                        expiry=_int(args[2], "exptime", -(2**31), 2**63 - 1),
                        size=_int(args[3], "byte count", 0, 2**31 - 1), noreply=len(args) == 5)
     if name in _ONE_KEY:
-        if len(args) != 1:
-            raise client_error(f"usage: {name} <queue>")
-        return Command(name, key=args[0])
+        noreply = bool(args) and args[-1] == "noreply"
+        rest = args[:-1] if noreply else args
+        if len(rest) == 2 and name == "delete" and rest[1] == "0":
+            rest = rest[:1]  # memcache's old delete time argument
+        if len(rest) != 1:
+            raise client_error(f"usage: {name} <queue> [noreply]")
+        return Command(name, key=rest[0], noreply=noreply)
     if name in _NO_ARGS:
         if args and name not in ("flush_all",):
             raise client_error(f"{name} takes no arguments")

@@ -11,6 +11,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
+from service import LISTEN_BACKLOG
 from service.session import KestrelServer, Session
 from storage.errors import KestrelError
 
@@ -180,4 +181,4 @@ def make_text_server(server: KestrelServer, listener: tuple[str, int]) -> Stream
         finally:
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections))
+    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)

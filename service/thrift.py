@@ -21,6 +21,7 @@ from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory, 
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TCyMemoryBuffer, TMemoryBuffer, TTransportBase, TTransportException
 
+from service import LISTEN_BACKLOG
 from service.idl import kestrel_thrift
 from service.session import KestrelServer, Session
 from service.status import Status
@@ -234,4 +235,4 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Stre
             session.close()
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(cfg.max_connections))
+    return StreamServer(listener, handle, spawn=Pool(cfg.max_connections), backlog=LISTEN_BACKLOG)
