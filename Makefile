@@ -13,12 +13,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check storage service pipeline tests bench
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check storage service pipeline tests bench
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 run: $(STAMP)
