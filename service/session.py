@@ -180,19 +180,22 @@ class Session:
         transaction = auto_abort_ms > 0
         if transaction:
             max_items = min(max_items, self.server.config.max_open_reads - len(self.read_ids))
-        out: list[tuple[int, bytes]] = []
+        self.stats.cmd_get += 1
+        items = self.coll.remove_many(queue, max_items, transaction)
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
-        while len(out) < max_items:
-            wait = max(0.0, deadline - time.monotonic())
-            item = self.coll.remove(queue, transaction, wait)
-            self.stats.cmd_get += 1
+        while len(items) < max_items and (wait := deadline - time.monotonic()) > 0:
+            item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
             if item is None:
-                self.stats.get_misses += 1
                 break
+            items.append(item)
+            items.extend(self.coll.remove_many(queue, max_items - len(items), transaction))
+        if items:
             self.stats.get_hits += 1
-            read_id = self._open_read(queue, item.xid, auto_abort_ms) if transaction else 0
-            out.append((read_id, item.data))
-        return out
+        else:
+            self.stats.get_misses += 1
+        if not transaction:
+            return [(0, item.data) for item in items]
+        return [(self._open_read(queue, item.xid, auto_abort_ms), item.data) for item in items]
 
     def _open_read(self, queue: str, xid: int, auto_abort_ms: int) -> int:
         read_id = self.server.next_read_id()

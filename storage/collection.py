@@ -166,6 +166,12 @@ class QueueCollection:
             return None
         return self.queue(name).wait_remove(timeout, transaction)
 
+    def remove_many(self, name: str, count: int, transaction: bool = False) -> list[QItem]:
+        """Up to `count` items that are there now, with one journal write; an alias gives none."""
+        if name in self.aliases or count <= 0:
+            return []
+        return self.queue(name).remove_many(count, transaction)
+
     def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
         if name in self.aliases:
             return None

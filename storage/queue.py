@@ -524,6 +524,31 @@ class PersistentQueue:
         self._commit()
         return item
 
+    def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
+        """Take up to `count` items from the head with one journal write (what batch gets use)."""
+        self._check_open()
+        now = self.clock.now_ms()
+        taken: list[QItem] = []
+        while len(taken) < count:
+            if self._rb is not None or (self._mem and self._mem[0].expiry):
+                self._expire_head(now)
+            item = self._take_head(opened=transaction)
+            if item is None:
+                break
+            if transaction:
+                self._open(item, item.xid or self._next_xid())
+                self.total_transactions += 1
+                self._pending.append(codec.REMOVE_TENTATIVE_BYTES)
+            else:
+                self._pending.append(codec.REMOVE_BYTES)
+            taken.append(item)
+        if self._writer is None:
+            self._pending.clear()
+        if taken:
+            self.current_age = max(0, now - taken[-1].add_time)
+        self._commit()
+        return taken
+
     def peek(self) -> QItem | None:
         """The head item, left in place (expired items are dropped first)."""
         self._check_open()

@@ -63,6 +63,16 @@ class QueueModel(RuleBasedStateMachine):
             assert item.xid not in self.opens
             self.opens[item.xid] = item.data
 
+    @rule(count=st.integers(1, 6), transaction=st.booleans())
+    def remove_batch(self, count: int, transaction: bool) -> None:
+        items = self.coll.remove_many("q", count, transaction)
+        expected, self.items = self.items[:count], self.items[count:]
+        assert [i.data for i in items] == expected
+        if transaction:
+            for item in items:
+                assert item.xid not in self.opens
+                self.opens[item.xid] = item.data
+
     @precondition(lambda self: self.opens)
     @rule(data=st.data())
     def confirm(self, data: st.DataObject) -> None:
