@@ -1,1 +1,18 @@
-"""Spark data sources for Kestrel: journals as DataFrames, DataFrames into queues, queues as streams."""
+"""Spark data sources for Kestrel: journals as DataFrames, DataFrames into queues, queues as streams.
+
+    from pipeline import register
+    register(spark)   # adds the formats "kestrel-journal" and "kestrel"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Register both data sources with a SparkSession."""
+    from pipeline.journal_source import KestrelJournalDataSource
+    from pipeline.kestrel_source import KestrelDataSource
+
+    spark.dataSource.register(KestrelJournalDataSource)
+    spark.dataSource.register(KestrelDataSource)

@@ -202,8 +202,11 @@ class PersistentQueue:
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
 
-    def setup(self) -> None:
-        """Replay the journal files (if the queue keeps a journal) and open the live one."""
+    def setup(self, reopen: bool = True) -> None:
+        """Replay the journal files (if the queue keeps a journal) and open the live one.
+
+        Reads that were open go back to the head unless `reopen` is False (inspection tools).
+        """
         if not self.config.keep_journal:
             return
         files = journal.finish_interrupted_packs(self.queue_path, self.name)
@@ -235,7 +238,7 @@ class PersistentQueue:
                      seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
         # Items that were open when the process stopped go back to the head, newest first,
         # so that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does.
-        if self._opens:
+        if self._opens and reopen:
             for xid in sorted(self._opens, reverse=True):
                 self._unremove(xid)
                 self._write(codec.encode_xid(codec.UNREMOVE, xid))
@@ -588,8 +591,9 @@ class PersistentQueue:
         if self._writer is not None:
             self._writer.sync_ms = config.sync_journal
 
-    def open_xids(self) -> list[int]:
-        return list(self._opens)
+    def open_reads(self) -> list[QItem]:
+        """The items of the open reads, lowest xid first."""
+        return [self._opens[xid] for xid in sorted(self._opens)]
 
     def flush(self) -> None:
         """Drop every item (open reads stay open), journaled as one REMOVE per item."""
