@@ -132,10 +132,8 @@ class Session:
             return
         self.closed = True
         self.stats.curr_connections -= 1
-        for queue, xids in self.pending.items():
-            for xid in reversed(xids):
-                self.coll.unremove(queue, xid)
-        self.pending.clear()
+        for queue in list(self.pending):
+            self.abort_pending(queue)
 
     def _touch(self, queue: str) -> None:
         """Log queue creation with the client's address (the collection creates it right after)."""
@@ -241,11 +239,10 @@ class Session:
                 abort: bool = False, peek: bool = False) -> bytes | None:
         """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`."""
         if close:
-            self.confirm_count(queue, 1, quiet=True)
+            self.confirm_count(queue, 1)
         if abort:
             self.status.check_read("abort")
-            for xid in reversed(self.pending.pop(queue, [])):
-                self.coll.unremove(queue, xid)
+            self.abort_pending(queue)
         if not (open or peek) and (close or abort):
             return None
         self.status.check_read("peek" if peek else "get")
@@ -287,7 +284,7 @@ class Session:
             count += 1
             yield item.data
 
-    def confirm_count(self, queue: str, count: int, quiet: bool = False) -> bool:
+    def confirm_count(self, queue: str, count: int) -> bool:
         """Confirm the oldest `count` open reads of this connection on `queue`; False if none."""
         xids = self.pending.get(queue)
         if not xids:
@@ -300,6 +297,7 @@ class Session:
         return True
 
     def abort_pending(self, queue: str) -> None:
+        """Put this connection's open reads on `queue` back at the head, oldest first."""
         for xid in reversed(self.pending.pop(queue, [])):
             self.coll.unremove(queue, xid)
 

@@ -185,18 +185,6 @@ def read_records(path: str) -> Iterator[tuple[int, Record]]:
         reader.close()
 
 
-def torn_tail(path: str) -> tuple[int, int] | None:
-    """(offset, bytes) of a torn final record, or None when the file ends cleanly."""
-    reader = RecordReader(path)
-    try:
-        for _ in reader:
-            pass
-        left = reader.leftover()
-        return (reader.offset, left) if left else None
-    finally:
-        reader.close()
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing
 
