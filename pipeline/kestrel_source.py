@@ -206,14 +206,33 @@ class KestrelStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: Any) -> dict:
         self.last = max(self.last, int(start.get("batch", -1)))
         fetched: list[tuple[int, int, bytes]] = []
-        for index, client in enumerate(self.clients):
-            for item in client.call("get", self.queue, self.max_batch_items, 0, self.auto_abort_ms):
-                fetched.append((index, item.id, item.data))
+        for index, (host, port) in enumerate(self.servers):
+            fetched.extend((index, read_id, data) for read_id, data in self._fetch(host, port))
         if not fetched:
             return {"batch": self.last}
         self.last += 1
         self.batches[self.last] = fetched
         return {"batch": self.last}
+
+    def _fetch(self, host: str, port: int) -> list[tuple[int, bytes]]:
+        """Up to `max_batch_items` open reads from one server.
+
+        A server caps the open reads of one connection (`max_open_reads`), and this batch's reads
+        stay open until Spark commits it. Thrift open reads outlive their connection and are
+        confirmed by id, so each fetch uses fresh connections until it has enough or the queue is
+        empty, and earlier uncommitted batches never block it.
+        """
+        out: list[tuple[int, bytes]] = []
+        while len(out) < self.max_batch_items:
+            client = KestrelClient(host, port)
+            try:
+                items = client.call("get", self.queue, self.max_batch_items - len(out), 0, self.auto_abort_ms)
+            finally:
+                client.close()
+            if not items:
+                break
+            out.extend((item.id, item.data) for item in items)
+        return out
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         first, last = int(start.get("batch", -1)) + 1, int(end["batch"])

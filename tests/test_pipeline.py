@@ -115,7 +115,9 @@ def test_full_queue_fails_the_job_or_is_counted(spark: Any, server_factory: Any)
     c.close()
 
 
-def test_stream_redelivers_the_items_of_a_failed_batch(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+def test_stream_redelivers_the_items_of_a_failed_batch(spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    # A per-connection cap far below the batch size: batches must still fill and never stall.
+    server = server_factory({"max_open_reads": 3})
     c = client(server)
     c.put("events", [b"e%d" % i for i in range(20)], 0)
     servers = f"127.0.0.1:{server.thrift_port}"
