@@ -277,3 +277,22 @@ def test_many_idle_connections_do_not_block_others(server: ServerProcess) -> Non
     finally:
         for s in idle:
             s.close()
+
+
+def test_sighup_reloads_queue_settings(server_factory: Any) -> None:
+    import signal
+
+    import yaml
+
+    srv = server_factory({"queues": {"limited": {"max_items": 1}}})
+    with client(srv) as c:
+        assert c.put("limited", [b"a", b"b"], 0) == 1
+        config = yaml.safe_load(srv.config_path.read_text())
+        config["queues"]["limited"]["max_items"] = 3
+        srv.config_path.write_text(yaml.safe_dump(config))
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "queue settings reloaded" not in srv.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.put("limited", [b"b", b"c", b"d"], 0) == 2
