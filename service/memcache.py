@@ -8,66 +8,33 @@ bounded by `max_line_length` and items by `max_frame_size` before anything is al
 from __future__ import annotations
 
 import structlog
-from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
-from service import LISTEN_BACKLOG
+from service.connection import BufferedConnection, CloseConnection, make_line_server
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
-from service.session import KestrelServer, Session, SessionError
+from service.session import KestrelServer, SessionError
 from service.stats_render import dump_stats, memcache_stats
 from storage.errors import InvalidQueueName, ItemTooLarge, KestrelError, Refused
 
 log = structlog.get_logger("kestrel.memcache")
 
 CRLF = b"\r\n"
-RECV_CHUNK = 64 * 1024
 END = b"END\r\n"
 STORED = b"STORED\r\n"
 NOT_STORED = b"NOT_STORED\r\n"
 
 
-class _Close(Exception):
-    """The connection should close once the replies so far are sent."""
+class MemcacheConnection(BufferedConnection):
+    """One memcache client; an item being swallowed or skipped spans read bursts."""
 
-
-class MemcacheConnection:
-    """One client: a read buffer, its session, and the replies not sent yet."""
+    protocol = "memcache"
 
     def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
-        self.server = server
-        self.sock = sock
-        self.peer = peer
-        self.session = Session(server, peer, "memcache")
-        self.max_line = server.config.max_line_length
+        super().__init__(server, sock, peer)
         self.max_item = server.config.max_frame_size
-        self.out: list[bytes] = []
         self.discard = 0  # bytes of an oversized item still to swallow
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
-
-    def send(self) -> None:
-        if self.out:
-            data = b"".join(self.out)
-            self.out.clear()
-            self.server.stats.bytes_written += len(data)
-            self.sock.sendall(data)
-
-    def run(self) -> None:
-        buf = bytearray()
-        try:
-            while True:
-                chunk = self.sock.recv(RECV_CHUNK)
-                if not chunk:
-                    return
-                self.server.stats.bytes_read += len(chunk)
-                buf += chunk
-                consumed = self.process(buf)
-                del buf[:consumed]
-                self.send()
-        except _Close:
-            self.send()
-        finally:
-            self.session.close()
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete command in `buf`; return how many bytes were used."""
@@ -85,7 +52,7 @@ class MemcacheConnection:
             if nl < 0:
                 if end - pos > self.max_line:
                     self.out.append(b"CLIENT_ERROR line too long\r\n")
-                    raise _Close
+                    raise CloseConnection
                 return pos
             if self.skip_line:
                 self.skip_line = False
@@ -93,7 +60,7 @@ class MemcacheConnection:
                 continue
             if nl - pos > self.max_line:
                 self.out.append(b"CLIENT_ERROR line too long\r\n")
-                raise _Close
+                raise CloseConnection
             line = bytes(buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl])
             try:
                 command = parse_line(line)
@@ -148,7 +115,7 @@ class MemcacheConnection:
         try:
             handler = getattr(self, f"do_{command.name}")
             handler(command)
-        except (_Close, ConnectionError):
+        except (CloseConnection, ConnectionError):
             raise
         except ProtocolError as e:
             self.out.append(e.reply.encode() + CRLF)
@@ -190,10 +157,10 @@ class MemcacheConnection:
     def do_shutdown(self, command: Command) -> None:
         log.info("shutdown requested", client=self.peer)
         self.server.request_shutdown()
-        raise _Close
+        raise CloseConnection
 
     def do_quit(self, command: Command) -> None:
-        raise _Close
+        raise CloseConnection
 
     def do_reload(self, command: Command) -> None:
         self.server.reload()
@@ -241,19 +208,4 @@ class MemcacheConnection:
 
 def make_memcache_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
     """A StreamServer speaking Kestrel's memcache dialect."""
-
-    def handle(sock: gsocket, address: tuple[str, int]) -> None:
-        conn = MemcacheConnection(server, sock, f"{address[0]}:{address[1]}")
-        try:
-            conn.run()
-        except (ConnectionError, OSError):
-            pass
-        except ProtocolError as e:
-            try:
-                sock.sendall(e.reply.encode() + CRLF)
-            except OSError:
-                pass
-        finally:
-            sock.close()
-
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)
+    return make_line_server(MemcacheConnection, server, listener)

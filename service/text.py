@@ -7,67 +7,36 @@ the connection's next fetch confirms (and a disconnect aborts); there are no oth
 from __future__ import annotations
 
 import structlog
-from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
-from service import LISTEN_BACKLOG
-from service.session import KestrelServer, Session
+from service.connection import BufferedConnection, CloseConnection, make_line_server
+from service.session import KestrelServer
 from storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.text")
 
-RECV_CHUNK = 64 * 1024
+class TextConnection(BufferedConnection):
+    protocol = "text"
 
-
-class _Close(Exception):
-    pass
-
-
-class TextConnection:
     def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
-        self.server = server
-        self.sock = sock
-        self.peer = peer
-        self.session = Session(server, peer, "text")
-        self.max_line = server.config.max_line_length
+        super().__init__(server, sock, peer)
         self.putting: str | None = None  # queue of a put in progress
         self.batch: list[bytes] = []
-        self.out: list[bytes] = []
 
-    def run(self) -> None:
-        buf = bytearray()
-        try:
-            while True:
-                chunk = self.sock.recv(RECV_CHUNK)
-                if not chunk:
-                    return
-                self.server.stats.bytes_read += len(chunk)
-                buf += chunk
-                pos = 0
-                while (nl := buf.find(b"\n", pos)) >= 0:
-                    line = bytes(buf[pos:nl]).rstrip(b"\r")
-                    pos = nl + 1
-                    if len(line) > self.max_line:
-                        self.out.append(b"-line too long\n")
-                        raise _Close
-                    self.line(line)
-                del buf[:pos]
-                if len(buf) > self.max_line:
-                    self.out.append(b"-line too long\n")
-                    raise _Close
-                self.send()
-        except _Close:
-            self.send()
-        finally:
-            self.session.close()
-
-    def send(self) -> None:
-        if self.out:
-            data = b"".join(self.out)
-            self.out.clear()
-            self.server.stats.bytes_written += len(data)
-            self.sock.sendall(data)
+    def process(self, buf: bytearray) -> int:
+        pos = 0
+        while (nl := buf.find(b"\n", pos)) >= 0:
+            line = bytes(buf[pos:nl]).rstrip(b"\r")
+            pos = nl + 1
+            if len(line) > self.max_line:
+                self.out.append(b"-line too long\n")
+                raise CloseConnection
+            self.line(line)
+        if len(buf) - pos > self.max_line:
+            self.out.append(b"-line too long\n")
+            raise CloseConnection
+        return pos
 
     def line(self, line: bytes) -> None:
         if self.putting is not None:
@@ -95,7 +64,7 @@ class TextConnection:
     def reply(self, produce: object) -> None:
         try:
             self.out.append(produce())  # type: ignore[operator]
-        except (_Close, ConnectionError):
+        except (CloseConnection, ConnectionError):
             raise
         except (KestrelError, ValueError, IndexError) as e:
             self.out.append(b"-%s\n" % str(e).encode()[:512])
@@ -164,21 +133,13 @@ class TextConnection:
         return b"+0\n"
 
     def do_quit(self, args: list[str]) -> bytes:
-        raise _Close
+        raise CloseConnection
 
     def do_shutdown(self, args: list[str]) -> bytes:
         self.server.request_shutdown()
         self.out.append(b"+0\n")
-        raise _Close
+        raise CloseConnection
 
 
 def make_text_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
-    def handle(sock: gsocket, address: tuple[str, int]) -> None:
-        try:
-            TextConnection(server, sock, f"{address[0]}:{address[1]}").run()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            sock.close()
-
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)
+    return make_line_server(TextConnection, server, listener)

@@ -14,19 +14,13 @@ import pytest
 from storage import QueueCollection, QueueConfigs
 from storage.codec import AddX, RemoveTentative, encode
 from storage.errors import CorruptJournalError
+from tests.queues import drain
 
 T0 = 1_700_000_000_000
 
 
 def addx(data: bytes) -> bytes:
     return encode(AddX(T0, 0, data))
-
-
-def drain(coll: QueueCollection, name: str) -> list[bytes]:
-    out = []
-    while (item := coll.remove(name)) is not None:
-        out.append(item.data)
-    return out
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 20])

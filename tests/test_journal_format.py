@@ -22,6 +22,7 @@ from storage.codec import (
     encode,
 )
 from storage.journal import read_records
+from tests.queues import drain
 
 T0 = 1_700_000_000_000
 
@@ -67,13 +68,6 @@ def load(tmp_path: Path, name: str, content: bytes) -> QueueCollection:
     coll = QueueCollection(str(tmp_path))
     coll.load()
     return coll
-
-
-def drain(coll: QueueCollection, name: str) -> list[bytes]:
-    out = []
-    while (item := coll.remove(name)) is not None:
-        out.append(item.data)
-    return out
 
 
 def test_each_opcode_encodes_to_the_documented_bytes() -> None:

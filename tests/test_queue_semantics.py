@@ -13,6 +13,7 @@ from storage import QueueCollection, QueueConfigs
 from storage.clock import FakeClock
 from storage.config import MB, QueueConfig, parse_duration_ms, parse_size
 from storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
+from tests.queues import drain, reopen
 
 T0 = 1_700_000_000_000
 
@@ -22,20 +23,6 @@ def make(tmp_path: Path, queues: dict | None = None, default: dict | None = None
     coll = QueueCollection(str(tmp_path), QueueConfigs(default, queues), aliases, clock or FakeClock(T0))
     coll.load()
     return coll
-
-
-def reopen(coll: QueueCollection) -> QueueCollection:
-    coll.close()
-    again = QueueCollection(coll.path, coll.configs, coll.aliases, coll.clock)
-    again.load()
-    return again
-
-
-def drain(coll: QueueCollection, name: str) -> list[bytes]:
-    out = []
-    while (item := coll.remove(name)) is not None:
-        out.append(item.data)
-    return out
 
 
 def test_fifo_order_and_peek(tmp_path: Path) -> None:

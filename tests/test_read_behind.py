@@ -10,6 +10,7 @@ import pytest
 
 from storage import QueueCollection, QueueConfigs, packer
 from storage.clock import FakeClock
+from tests.queues import reopen
 
 T0 = 1_700_000_000_000
 BUDGET = 4096  # max_memory_size for these tests
@@ -21,13 +22,6 @@ def make(tmp_path: Path, **settings: object) -> QueueCollection:
     coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": base}), clock=FakeClock(T0))
     coll.load()
     return coll
-
-
-def reopen(coll: QueueCollection) -> QueueCollection:
-    coll.close()
-    again = QueueCollection(coll.path, coll.configs, coll.aliases, coll.clock)
-    again.load()
-    return again
 
 
 def journal_names(tmp_path: Path) -> list[str]:
