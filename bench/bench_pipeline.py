@@ -3,7 +3,7 @@
 Each figure stands beside a plain single-process Python loop doing the same work in the same run:
 a thriftpy2 client putting the same batches, and a loop over storage.journal.read_records.
 
-    .venv/bin/python bench/bench_pipeline.py [--rows N]
+    .venv/bin/python -m bench.bench_pipeline [--rows N]
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,13 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.common import free_port, machine, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -41,10 +36,7 @@ def servers(count: int, work: str) -> Iterator[list[int]]:
         ports.append(port)
     try:
         for port in ports:
-            for _ in range(200):
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-                time.sleep(0.05)
+            wait_port(port)
         yield ports
     finally:
         for p in procs:
@@ -71,7 +63,7 @@ def main() -> None:
     register(spark)
     n = args.rows
     payload = "x" * 64
-    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {n:,} rows of 64 B, "
+    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {n:,} rows of 64 B, "
           f"batches of 1000, Spark local[2]")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:

@@ -11,7 +11,7 @@ measured. Every peer runs on this machine, on loopback, started and stopped by t
   against our memcache port and memcached (the ceiling: the same requests with no queue behind them).
 - latency: p50/p99 of a single-item Thrift put from one client, one request at a time.
 
-    .venv/bin/python bench/bench_servers.py [--quick] [--only thrift|memcache|latency]
+    .venv/bin/python -m bench.bench_servers [--quick] [--only thrift|memcache|latency]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,23 +27,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.common import free_port, machine, wait_port
+
 ROOT = Path(__file__).resolve().parent.parent
 FLOOD_SOURCE = ROOT.parent / "shared" / "bench" / "flood.c"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def ensure(command: str, package: str) -> str:
@@ -200,10 +186,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=["thrift", "memcache", "latency"])
     args = parser.parse_args()
-    with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    print(f"# server benchmarks, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores ({cpu}), "
-          f"Python {sys.version.split()[0]}; clients: flood.c, one process per connection")
+    print(f"# server benchmarks, {time.strftime('%Y-%m-%d')}, {machine()}; "
+          f"clients: flood.c, one process per connection")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
         binary = build_flood(work)

@@ -5,33 +5,23 @@ each sync policy (never, 10ms, always), single items and batches of 100; and the
 journal in MB/s. The peer, in the same run: a plain Python loop writing the same record bytes to a
 file, once with buffered f.write and once with one os.write per record (what `never` promises).
 
-    .venv/bin/python bench/bench_storage.py [--quick]
+    .venv/bin/python -m bench.bench_storage [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import struct
 import tempfile
 import time
 
+from bench.common import machine
 from storage import QueueCollection, QueueConfigs
 from storage.codec import encode_addx
 
 SIZES = (64, 4096)
-
-
-def machine() -> str:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def engine_pairs(directory: str, size: int, sync: str, n: int, batch: int) -> float:

@@ -47,11 +47,6 @@ ITEMS_SCHEMA = StructType([
     StructField("xid", IntegerType(), True),
 ])
 
-_OPCODES = {"Add": "ADD", "Remove": "REMOVE", "AddX": "ADDX", "RemoveTentative": "REMOVE_TENTATIVE",
-            "SaveXid": "SAVE_XID", "Unremove": "UNREMOVE", "ConfirmRemove": "CONFIRM_REMOVE",
-            "AddXid": "ADD_XID", "StateDump": "STATE_DUMP", "Continue": "CONTINUE",
-            "RemoveTentativeXid": "REMOVE_TENTATIVE_XID"}
-
 
 class JournalPartition(InputPartition):
     def __init__(self, queue: str, paths: list[str]) -> None:
@@ -77,13 +72,14 @@ def _queue_files(path: str, only: str | None) -> list[tuple[str, list[str]]]:
 
 def record_rows(queue: str, path: str) -> Iterator[tuple[Any, ...]]:
     """One row per record of one journal file; damage becomes a final row, not an error."""
+    from storage.codec import OPCODE_NAMES
     from storage.errors import CorruptJournalError
     from storage.journal import RecordReader
 
     reader = RecordReader(path)
     try:
         for offset, record in reader:
-            yield (queue, path, offset, _OPCODES[type(record).__name__], getattr(record, "xid", None),
+            yield (queue, path, offset, OPCODE_NAMES[type(record)], getattr(record, "xid", None),
                    getattr(record, "add_time", None), getattr(record, "expiry", None),
                    getattr(record, "data", None), "ok")
         left = reader.leftover()

@@ -14,7 +14,7 @@ from gevent.socket import socket as gsocket
 from service.connection import BufferedConnection, CloseConnection, make_line_server
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
 from service.session import KestrelServer, SessionError
-from service.stats_render import dump_stats, memcache_stats
+from service.stats_render import dump_stats, memcache_stats, queue_blocks
 from storage.errors import InvalidQueueName, ItemTooLarge, KestrelError, Refused
 
 log = structlog.get_logger("kestrel.memcache")
@@ -173,13 +173,9 @@ class MemcacheConnection(BufferedConnection):
         self.out.append(dump_stats(self.server))
 
     def do_dump_config(self, command: Command) -> None:
-        lines = []
-        for name in self.session.coll.queue_names():
-            q = self.session.coll.get(name)
-            if q is not None:
-                body = "".join(f"  {k}={v}\n" for k, v in q.config.describe().items())
-                lines.append(f"queue '{name}' {{\n{body}}}\n")
-        self.out.append(("".join(lines) + "END\r\n").encode())
+        coll = self.session.coll
+        configs = {name: q.config.describe() for name in coll.queue_names() if (q := coll.get(name))}
+        self.out.append(queue_blocks(configs))
 
     def do_monitor(self, command: Command) -> None:
         try:

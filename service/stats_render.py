@@ -21,13 +21,17 @@ def memcache_stats(server: KestrelServer) -> bytes:
     return ("".join(lines) + "END\r\n").encode()
 
 
-def dump_stats(server: KestrelServer) -> bytes:
-    """Grouped by queue, as Kestrel's DUMP_STATS prints them."""
+def queue_blocks(per_queue: dict[str, dict[str, Any]]) -> bytes:
+    """`queue '<name>' {` blocks of `  key=value` lines, then END (Kestrel's DUMP_STATS layout)."""
     parts = []
-    for name, stats in server.queue_stats().items():
-        body = "".join(f"  {key}={value}\n" for key, value in stats.items())
+    for name, values in per_queue.items():
+        body = "".join(f"  {key}={value}\n" for key, value in values.items())
         parts.append(f"queue '{name}' {{\n{body}}}\n")
     return ("".join(parts) + "END\r\n").encode()
+
+
+def dump_stats(server: KestrelServer) -> bytes:
+    return queue_blocks(server.queue_stats())
 
 
 def stats_json(server: KestrelServer) -> bytes:

@@ -125,6 +125,12 @@ Record = (
     | Continue | RemoveTentativeXid
 )
 
+OPCODE_NAMES: dict[type, str] = {
+    Add: "ADD", Remove: "REMOVE", AddX: "ADDX", RemoveTentative: "REMOVE_TENTATIVE", SaveXid: "SAVE_XID",
+    Unremove: "UNREMOVE", ConfirmRemove: "CONFIRM_REMOVE", AddXid: "ADD_XID", StateDump: "STATE_DUMP",
+    Continue: "CONTINUE", RemoveTentativeXid: "REMOVE_TENTATIVE_XID",
+}
+
 REMOVE_BYTES = bytes([REMOVE])
 REMOVE_TENTATIVE_BYTES = bytes([REMOVE_TENTATIVE])
 

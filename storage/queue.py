@@ -509,23 +509,8 @@ class PersistentQueue:
 
     def remove(self, transaction: bool = False) -> QItem | None:
         """Take the head item; with `transaction`, open a read on it (its `xid` is set)."""
-        self._check_open()
-        now = self.clock.now_ms()
-        if self._rb is not None or (self._mem and self._mem[0].expiry):
-            self._expire_head(now)
-        item = self._take_head(opened=transaction)
-        if item is None:
-            self._commit()
-            return None
-        if transaction:
-            self._open(item, item.xid or self._next_xid())
-            self.total_transactions += 1
-            self._write(codec.REMOVE_TENTATIVE_BYTES)
-        else:
-            self._write(codec.REMOVE_BYTES)
-        self.current_age = max(0, now - item.add_time)
-        self._commit()
-        return item
+        taken = self.remove_many(1, transaction)
+        return taken[0] if taken else None
 
     def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
         """Take up to `count` items from the head with one journal write (what batch gets use)."""
@@ -541,12 +526,10 @@ class PersistentQueue:
             if transaction:
                 self._open(item, item.xid or self._next_xid())
                 self.total_transactions += 1
-                self._pending.append(codec.REMOVE_TENTATIVE_BYTES)
+                self._write(codec.REMOVE_TENTATIVE_BYTES)
             else:
-                self._pending.append(codec.REMOVE_BYTES)
+                self._write(codec.REMOVE_BYTES)
             taken.append(item)
-        if self._writer is None:
-            self._pending.clear()
         if taken:
             self.current_age = max(0, now - taken[-1].add_time)
         self._commit()

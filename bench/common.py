@@ -1,0 +1,32 @@
+"""What the benchmark scripts share: free ports, waiting for a listener, the machine's description."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def machine() -> str:
+    """Cores, CPU model, kernel and Python, for the header of every table."""
+    cpu = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
