@@ -49,15 +49,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    import thriftpy2
     from pyspark.sql import SparkSession
     from thriftpy2.rpc import make_client
     from thriftpy2.transport import TFramedTransportFactory
 
+    from contract import kestrel_thrift as idl
     from pipeline import register
     from storage.journal import read_records
-
-    idl = thriftpy2.load(str(ROOT / "kestrel.thrift"), module_name="bench_pipeline_thrift")
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)

@@ -160,11 +160,10 @@ def memcache_table(work: str, binary: str, quick: bool) -> None:
 
 
 def latency(work: str, quick: bool) -> None:
-    import thriftpy2
     from thriftpy2.rpc import make_client
     from thriftpy2.transport import TFramedTransportFactory
 
-    idl = thriftpy2.load(str(ROOT / "kestrel.thrift"), module_name="bench_thrift")
+    from contract import kestrel_thrift as idl
     print("\n## Single-item Thrift put latency, one client, sequential")
     for sync in ("never", "always"):
         with kestrel(work, sync) as (thrift, _):

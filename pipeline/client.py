@@ -10,7 +10,7 @@ import structlog
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from service.idl import kestrel_thrift
+from contract import kestrel_thrift
 
 log = structlog.get_logger("kestrel.pipeline")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from gevent.pywsgi import WSGIServer
 
-from service.session import KestrelServer
+from service.server import KestrelServer
 from service.stats_render import prometheus, stats_json, stats_text
 
 

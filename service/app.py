@@ -12,7 +12,7 @@ import gevent
 import structlog
 
 from service.config import ServerConfig
-from service.session import KestrelServer
+from service.server import KestrelServer
 
 log = structlog.get_logger("kestrel.app")
 

@@ -15,6 +15,7 @@ from storage.config import (
     parse_bool,
     parse_count,
     parse_duration_ms,
+    parse_optional_duration_ms,
     parse_size,
 )
 from storage.errors import ConfigError
@@ -72,6 +73,12 @@ class ServerConfig:
     max_frame_size: int = 16 * 1024 * 1024
     max_line_length: int = 64 * 1024
     max_connections: int = 100_000
+    client_timeout: int | None = None  # ms a connection may sit idle between requests; None = forever
+    request_timeout: int = 30_000  # ms to receive the rest of a request once its first byte arrived
+    max_wait: int = 300_000  # ms cap on any blocking read (get/t=, monitor, Thrift timeout_msec)
+    max_batch_items: int = 100_000  # items in one put call or text put block
+    max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
+    max_queues: int = 10_000  # queues (fanout children included) one server holds
     salvage: bool = False
     default_queue: dict[str, Any] = field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -104,6 +111,12 @@ _PARSERS: dict[str, Any] = {
     "max_frame_size": parse_size,
     "max_line_length": parse_size,
     "max_connections": parse_count,
+    "client_timeout": parse_optional_duration_ms,
+    "request_timeout": parse_duration_ms,
+    "max_wait": parse_duration_ms,
+    "max_batch_items": parse_count,
+    "max_batch_bytes": parse_size,
+    "max_queues": parse_count,
     "salvage": parse_bool,
 }
 

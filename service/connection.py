@@ -7,7 +7,8 @@ from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
 from service import LISTEN_BACKLOG
-from service.session import KestrelServer, Session
+from service.server import KestrelServer
+from service.session import Session
 
 RECV_CHUNK = 64 * 1024
 

@@ -13,7 +13,8 @@ from gevent.socket import socket as gsocket
 
 from service.connection import BufferedConnection, CloseConnection, make_line_server
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
-from service.session import KestrelServer, SessionError
+from service.server import KestrelServer
+from service.session import SessionError
 from service.stats_render import dump_stats, memcache_stats, queue_blocks
 from storage.errors import InvalidQueueName, ItemTooLarge, KestrelError, Refused
 

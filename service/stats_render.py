@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.session import KestrelServer
+from service.server import KestrelServer
 
 
 def flat_stats(server: KestrelServer) -> list[tuple[str, Any]]:

@@ -11,7 +11,7 @@ from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
 from service.connection import BufferedConnection, CloseConnection, make_line_server
-from service.session import KestrelServer
+from service.server import KestrelServer
 from storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.text")

@@ -21,9 +21,10 @@ from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory, 
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TCyMemoryBuffer, TMemoryBuffer, TTransportBase, TTransportException
 
+from contract import kestrel_thrift
 from service import LISTEN_BACKLOG
-from service.idl import kestrel_thrift
-from service.session import KestrelServer, Session
+from service.server import KestrelServer
+from service.session import Session
 from service.status import Status
 from storage.errors import KestrelError
 

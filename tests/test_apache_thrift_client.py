@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, ServerProcess
+from contract import IDL_PATH
+from tests.conftest import ServerProcess
 from tests.installs import ensure_debian_package
 
 
@@ -21,7 +22,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("the Apache Thrift compiler (Debian's thrift-compiler) is not installed and "
                     "cannot be installed here (needs root and apt-get)")
     out = tmp_path_factory.mktemp("gen-py")
-    subprocess.run([compiler, "--gen", "py", "-out", str(out), str(ROOT / "kestrel.thrift")], check=True)
+    subprocess.run([compiler, "--gen", "py", "-out", str(out), str(IDL_PATH)], check=True)
     sys.path.insert(0, str(out))
     try:
         yield importlib.import_module("kestrel.Kestrel"), importlib.import_module("kestrel.ttypes")

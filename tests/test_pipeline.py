@@ -14,13 +14,11 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
 
-import thriftpy2  # noqa: E402
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
-from tests.conftest import ROOT, ServerProcess  # noqa: E402
-
-kestrel = thriftpy2.load(str(ROOT / "kestrel.thrift"), module_name="kestrel_pipeline_thrift")
+from contract import kestrel_thrift as kestrel  # noqa: E402
+from tests.conftest import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
 
-from tests.conftest import ROOT, ServerProcess
-
-kestrel = thriftpy2.load(str(ROOT / "kestrel.thrift"), module_name="kestrel_e2e_thrift")
+from contract import kestrel_thrift as kestrel  # noqa: E402
+from tests.conftest import ServerProcess
 
 
 @contextmanager

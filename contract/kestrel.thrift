@@ -1,0 +1,59 @@
+# Kestrel's RPC contract. Identical on the wire to Kestrel's own IDL, so any client generated from
+# it (Finagle/Scala, Java, Ruby, Go, Python) talks to this server unchanged.
+
+namespace java net.lag.kestrel.thrift
+namespace rb Kestrel
+namespace py kestrel
+
+# An item handed out by `get`. `id` is 0 for a plain read, and otherwise the server-wide id of the
+# open read, to pass to `confirm` or `abort`.
+struct Item {
+  1: binary data
+  2: i64 id
+}
+
+# What `peek` reports: the head item (if any) and the queue's figures.
+struct QueueInfo {
+  1: optional binary head_item
+  2: i64 items
+  3: i64 bytes
+  4: i64 journal_bytes
+  5: i64 age
+  6: i32 waiters
+  7: i32 open_transactions
+}
+
+# The server's status. NOT_CONFIGURED means the server keeps no status file.
+enum Status {
+  NOT_CONFIGURED = 0,
+  QUIESCENT = 1,
+  READ_ONLY = 2,
+  UP = 3
+}
+
+service Kestrel {
+  # Add items to a queue; returns how many were accepted (fewer when the queue is full).
+  # expiration_msec is relative to now; 0 means the items never expire.
+  i32 put(1: string queue_name, 2: list<binary> items, 3: i32 expiration_msec = 0)
+
+  # Take up to max_items, waiting up to timeout_msec for them to arrive. With auto_abort_msec > 0
+  # each item is an open read that returns to the head of its queue unless confirmed in time.
+  list<Item> get(1: string queue_name, 2: i32 max_items, 3: i32 timeout_msec = 0, 4: i32 auto_abort_msec = 0)
+
+  # Close open reads for good; returns how many ids were open.
+  i32 confirm(1: string queue_name, 2: set<i64> ids)
+
+  # Put open reads back at the head of their queue; returns how many ids were open.
+  i32 abort(1: string queue_name, 2: set<i64> ids)
+
+  # The head item, left in place, and the queue's figures.
+  QueueInfo peek(1: string queue_name)
+
+  void flush_queue(1: string queue_name)
+  void flush_all_queues()
+  void delete_queue(1: string queue_name)
+
+  Status current_status()
+  void set_status(1: Status status)
+  string get_version()
+}

@@ -1,0 +1,88 @@
+"""What every connection shares: the queues, the status, the counters and the open reads by id."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+import gevent.event
+import structlog
+
+from service import __version__
+from service.config import ServerConfig
+from service.stats import ServerStats
+from service.status import StatusKeeper
+from storage import QueueCollection
+
+if TYPE_CHECKING:
+    from service.session import OpenRead
+
+log = structlog.get_logger("kestrel.server")
+
+
+class KestrelServer:
+    """What the sessions share: the queues, the status, the counters and the open reads by id."""
+
+    def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
+        self.config = config
+        self.collection = collection or QueueCollection(config.queue_path, config.queue_configs(),
+                                                        config.aliases, salvage=config.salvage)
+        self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
+                                   config.status_change_grace_period)
+        self.stats = ServerStats()
+        self.version = __version__
+        self.open_reads: dict[int, OpenRead] = {}
+        self._ids = itertools.count(1)
+        self.shutdown_requested = gevent.event.Event()
+
+    def next_read_id(self) -> int:
+        return next(self._ids)
+
+    def global_stats(self) -> dict[str, Any]:
+        """The guide's global figures, under its names."""
+        coll = self.collection
+        s = self.stats
+        return {
+            "uptime": int(time.time() - s.start_time),
+            "time": int(time.time()),
+            "version": self.version,
+            "curr_items": coll.current_items(),
+            "total_items": coll.total_items_added,
+            "bytes": coll.current_bytes(),
+            "curr_connections": s.curr_connections,
+            "total_connections": s.total_connections,
+            "cmd_get": s.cmd_get,
+            "cmd_set": s.cmd_set,
+            "cmd_peek": s.cmd_peek,
+            "get_hits": s.get_hits,
+            "get_misses": s.get_misses,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "queue_creates": coll.queue_creates,
+            "queue_deletes": coll.queue_deletes,
+            "queue_expires": coll.queue_expires,
+        }
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for name in self.collection.queue_names():
+            q = self.collection.get(name)
+            if q is not None:
+                out[name] = q.stats()
+        return out
+
+    def reload(self) -> None:
+        """Re-read the config file: queue and alias settings only, as Kestrel does."""
+        from service.config import load
+
+        if self.config.source is None:
+            log.info("reload: no config file, nothing to reload")
+            return
+        fresh = load(self.config.source)
+        self.config.default_queue, self.config.queues, self.config.aliases = (
+            fresh.default_queue, fresh.queues, fresh.aliases)
+        self.collection.reload(fresh.queue_configs(), fresh.aliases)
+
+    def request_shutdown(self) -> None:
+        self.shutdown_requested.set()
