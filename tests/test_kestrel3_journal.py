@@ -1,11 +1,14 @@
 """Kestrel 3 journal files: the codec against the format document, our files read back independently,
-damaged input, file names, the writer journal, reader checkpoints and replay."""
+damaged input, file names, the writer journal, reader checkpoints, replay and the dump command."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from storage import kestrel3_codec as k3
 from storage import kestrel3_files as files
 from storage.clock import FakeClock
 from storage.codec import encode_addx
+from storage.dump import dump_files
 from storage.errors import CorruptJournalError, InvalidQueueName
 from storage.journal import remove_temporaries
 
@@ -400,3 +404,52 @@ def test_checkpoint_is_replaced_in_one_step_and_its_temporary_is_cleaned_up(tmp_
     assert files.list_queue_files(str(tmp_path), "jobs").readers == {"": str(tmp_path / "jobs.read.")}
     remove_temporaries(str(tmp_path), "jobs")
     assert sorted(os.listdir(tmp_path)) == ["jobs.read."]
+
+
+# ---------------------------------------------------------------------------------------------
+# The dump command
+
+
+def test_journal_dump_prints_both_formats(tmp_path: Path) -> None:
+    writer = tmp_path / "jobs.1"
+    writer.write_bytes(WRITER + put6(1, b"hi") + put8(2, b"yo", T0 + 5, errors=1))
+    reader = tmp_path / "jobs.read."
+    reader.write_bytes(READER + read_head(1) + read_done(3, 4))
+    old = tmp_path / "old"
+    old.write_bytes(encode_addx(T0, 0, b"k2"))
+    torn = tmp_path / "jobs.2"
+    torn.write_bytes(WRITER + put6(3, b"abc")[:-1])
+    run = subprocess.run([sys.executable, "-m", "service", "journal", "dump", str(writer), str(reader), str(old)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = [line.split(None, 1) for line in run.stdout.splitlines()]
+    assert lines[:4] == [
+        ["0", "header: Kestrel 3 writer journal (27 64 26 03)"],
+        ["4", f"put(id=1 errors=0 add={T0} expire=- 2:hi)"],
+        ["31", f"put(id=2 errors=1 add={T0} expire={T0 + 5} 2:yo)"],
+        [f"{writer}:", "2 records, 66 bytes"],
+    ]
+    assert lines[4:8] == [
+        ["0", "header: Kestrel 3 reader checkpoint (26 3c 26 03)"],
+        ["4", "read-head(1)"],
+        ["13", "read-done(3,4)"],
+        [f"{reader}:", "2 records, 34 bytes"],
+    ]
+    assert lines[8:] == [["0", "addx(2:0:k2)"], [f"{old}:", "1 records, 23 bytes"]]
+
+    # The older entry point prints the same, and says where a file is torn.
+    run = subprocess.run([sys.executable, "-m", "storage.dump", str(torn)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert run.stdout.splitlines()[1:] == [
+        "           4  torn: record of 28 bytes runs past the end of the file (27 bytes left)",
+        f"{torn}: torn record at offset 4 after 0 records",
+    ]
+
+
+def test_dump_names_a_file_it_cannot_read_and_goes_on(tmp_path: Path) -> None:
+    good = tmp_path / "jobs.read."
+    good.write_bytes(READER + read_head(0))
+    out, err = io.StringIO(), io.StringIO()
+    assert dump_files([str(tmp_path / "missing"), str(good)], out, err) == 1
+    assert f"{tmp_path / 'missing'}: cannot read" in err.getvalue()
+    assert out.getvalue().splitlines()[-1] == f"{good}: 1 records, 13 bytes"
