@@ -48,6 +48,8 @@ def check_name_part(what: str, name: str, allow_empty: bool = False) -> None:
             raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, {_FORBIDDEN[char]}")
         if char.isspace() or ord(char) < 32:
             raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")
 
 
 def _file_name(name: str) -> str:
@@ -431,6 +433,14 @@ def replay(queue_path: str, queue: str, reader: str = "") -> Iterator[k3.Put]:
     CorruptJournalError naming file and offset.
     """
     checkpoint = read_checkpoint(os.path.join(queue_path, reader_file_name(queue, reader)))
+    return pending_items(queue_path, queue, checkpoint)
+
+
+def pending_items(queue_path: str, queue: str, checkpoint: Checkpoint) -> Iterator[k3.Put]:
+    """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
+
+    Raises CorruptJournalError as `replay` does.
+    """
     last_id = 0
     for _number, path in list_queue_files(queue_path, queue).writers:
         for offset, record in read_records(path, k3.FileKind.WRITER):

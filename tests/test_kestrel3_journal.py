@@ -265,7 +265,7 @@ def test_any_damage_is_a_corrupt_journal_error_or_a_clean_prefix(tmp_path_factor
 # File names
 
 
-@pytest.mark.parametrize("queue", ["", ".", "..", "../jobs", "a/b", "/abs", "a\\b", "a\0b", "a.b", "a~b", "a b", "a\nb"])
+@pytest.mark.parametrize("queue", ["", ".", "..", "../jobs", "a/b", "/abs", "a\\b", "a\0b", "a.b", "a~b", "a b", "a\nb", "a\ud800"])
 def test_queue_names_that_could_escape_or_collide_are_refused(queue: str) -> None:
     with pytest.raises(InvalidQueueName):
         files.writer_file_name(queue, 1)
