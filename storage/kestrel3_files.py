@@ -113,7 +113,8 @@ class RecordReader:
     Every length is checked against what the file still holds before the record is read, so a
     damaged count costs an error, never an allocation. Iteration stops at the first record that
     runs past the end of the file; `torn` then says why, and `offset` is where that record starts.
-    A record that can never be valid raises CorruptJournalError naming file and offset.
+    A record that can never be valid raises CorruptJournalError naming file and offset. The file is
+    read up to the size it had when opened.
     """
 
     def __init__(self, path: str, expect: k3.FileKind | None = None) -> None:
@@ -171,6 +172,7 @@ class RecordReader:
             return None
         try:
             if not self._have(min(5, self.size - self.offset)):
+                self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
                 return None
             try:
                 length = k3.record_length(self._buf, self._pos, self.kind)
