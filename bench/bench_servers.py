@@ -15,7 +15,8 @@ and the p50 / p99 latency of one round (put + get of a batch, plus the confirm o
   `sync_journal: always` against beanstalkd -f0 and Redis appendfsync always.
 - latency: one client, one item per request, with and without fsync.
 
-    .venv/bin/python -m bench.bench_servers [--seconds S] [--quick] [--only single|batch|durability|latency]
+    .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
+                                            [--only single|batch|durability|latency]
 """
 
 from __future__ import annotations
@@ -32,22 +33,33 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import machine
+from bench.common import load_average, machine
 
 
 @dataclass
 class Bench:
-    """What every measurement needs: the generator's binary and how long each run lasts."""
+    """What every measurement needs: the generator's binary, how long a run lasts, how many to take.
+
+    A measurement keeps the best of `repeat` runs: on a shared machine other work only ever slows a
+    run down, so the fastest is the closest to what the server can do.
+    """
 
     binary: Path
     seconds: float
+    repeat: int
 
     def measure(self, protocol: str, port: int, prefix: str, **options: Any) -> loadgen.LoadResult | None:
-        try:
-            return loadgen.run(self.binary, protocol, port, seconds=self.seconds, prefix=prefix, **options)
-        except loadgen.LoadgenError as e:
-            print(f"  ! {e}", file=sys.stderr)
-            return None
+        best = None
+        for attempt in range(self.repeat):
+            try:
+                result = loadgen.run(self.binary, protocol, port, seconds=self.seconds,
+                                     prefix=f"{prefix}{attempt}_", **options)
+            except loadgen.LoadgenError as e:
+                print(f"  ! {e}", file=sys.stderr)
+                continue
+            if best is None or result.items_per_s > best.items_per_s:
+                best = result
+        return best
 
 
 def cell(result: loadgen.LoadResult | None) -> str:
@@ -143,21 +155,25 @@ def work_directory() -> Iterator[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=2.0, help="length of each run (default 2)")
-    parser.add_argument("--quick", action="store_true", help="runs of 0.5 s: a smoke test of the harness")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of each run (default 1)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="runs per measurement, the fastest kept (default 2)")
+    parser.add_argument("--quick", action="store_true", help="one run of 0.5 s: a smoke test of the harness")
     parser.add_argument("--only", choices=sorted(SECTIONS))
     args = parser.parse_args()
-    seconds = 0.5 if args.quick else args.seconds
+    seconds, repeat = (0.5, 1) if args.quick else (args.seconds, args.repeat)
     print(f"# server benchmarks, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
-    print(f"# load: bench/loadgen.c, one process per connection, {seconds:g} s per run")
+    print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {repeat} "
+          f"run(s) of {seconds:g} s; load average before: {load_average()}")
     with work_directory() as work:
-        bench = Bench(loadgen.build(work), seconds)
+        bench = Bench(loadgen.build(work), seconds, repeat)
         try:
             for name, section in SECTIONS.items():
                 if args.only in (None, name):
                     section(bench, work)
         except peers.MissingPeer as e:
             sys.exit(str(e))
+    print(f"\n# load average after: {load_average()}")
 
 
 if __name__ == "__main__":
