@@ -11,7 +11,7 @@ it, and time spent runnable but off the CPU (on a busy machine, right after a se
 counts too, so its socket share is higher than perf's; its split of the rest is the Python view.
 
     .venv/bin/pip install py-spy
-    .venv/bin/python -m bench.profile_server [--workload thrift|memcache|thrift-batch] [--seconds 4]
+    .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ WORKLOADS = {  # name: (port, loadgen options)
     "thrift": ("thrift", {"protocol": "thrift", "batch": 1}),
     "memcache": ("memcache", {"protocol": "memcache", "batch": 1}),
     "thrift-batch": ("thrift", {"protocol": "thrift", "batch": 100}),
+    "thrift-batch-confirm": ("thrift", {"protocol": "thrift", "batch": 100, "auto_abort_ms": 10_000}),
 }
 
 # Innermost frame's file → what the time is spent on; the first match wins.
@@ -184,7 +185,8 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
     with peers.kestrel(work) as server:
         load = subprocess.Popen(
             [str(binary), str(options["protocol"]), str(server[port_name]), "-c", "4", "-b",
-             str(options["batch"]), "-s", "128", "-t", str(2 * seconds + 2), "-q", name],
+             str(options["batch"]), "-a", str(options.get("auto_abort_ms", 0)), "-s", "128",
+             "-t", str(2 * seconds + 2), "-q", name],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
         cpu_before, wall_before = cpu_seconds(server.pid), time.monotonic()
@@ -195,7 +197,8 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
                               "-r", str(rate), "--format", "raw", "-o", str(raw)],
                              capture_output=True, text=True)
         out, err = load.communicate()
-    print(f"\n## {name}: 4 clients, batch {options['batch']}, 128 B, `sync_journal: never`")
+    confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
+    print(f"\n## {name}: 4 clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: never`")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
     print(f"  load (the second half under py-spy): {load_line}")
     user, system = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
