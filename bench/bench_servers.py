@@ -86,7 +86,7 @@ Section = Callable[[Bench, Path], None]
 def single(bench: Bench, work: Path) -> None:
     header("Single items: 4 clients, 128 B, one item per request")
     with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
-            peers.memcached() as mc:
+            peers.memcached(work) as mc:
         thrift = bench.measure("thrift", k["thrift"], "single")
         beans = bench.measure("beanstalk", bean["beanstalk"], "single")
         row("Thrift put + get", thrift, "beanstalkd -F put/reserve/delete", beans)
@@ -102,7 +102,7 @@ def single(bench: Bench, work: Path) -> None:
 def batch(bench: Bench, work: Path) -> None:
     header("Batches of 100: 4 clients, 128 B, one round = put 100 + get 100")
     with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
-            peers.memcached() as mc:
+            peers.memcached(work) as mc:
         thrift = bench.measure("thrift", k["thrift"], "batch", batch=100)
         row("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100",
             bench.measure("redis", red["redis"], "batch", batch=100))

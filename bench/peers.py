@@ -41,22 +41,24 @@ def ensure_command(command: str, package: str) -> str:
 
 @dataclass(frozen=True)
 class Running:
-    """A started server: its process id and the ports it listens on."""
+    """A started server: its process id, the ports it listens on, and the directory it keeps data in."""
 
     pid: int
     ports: dict[str, int]
+    home: Path
 
     def __getitem__(self, name: str) -> int:
         return self.ports[name]
 
 
 @contextlib.contextmanager
-def started(args: list[str], ports: dict[str, int], env: dict[str, str] | None = None) -> Iterator[Running]:
+def started(args: list[str], ports: dict[str, int], home: Path,
+            env: dict[str, str] | None = None) -> Iterator[Running]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         for port in ports.values():
             wait_port(port)
-        yield Running(proc.pid, ports)
+        yield Running(proc.pid, ports, home)
     finally:
         proc.terminate()
         try:
@@ -78,7 +80,7 @@ def kestrel(work: Path, sync: str = "never") -> Iterator[Running]:
                       f"text_port: 0\nadmin_port: 0\ndefault_queue:\n  sync_journal: {sync}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "service", "serve", "--config", str(config), "--log-level", "warning"]
-    with started(command, ports, env) as running:
+    with started(command, ports, home, env) as running:
         yield running
 
 
@@ -90,7 +92,7 @@ def beanstalkd(work: Path, fsync: str = "never") -> Iterator[Running]:
     binlog.mkdir(parents=True)
     flags = ["-F"] if fsync == "never" else ["-f0"]
     with started([ensure_command("beanstalkd", "beanstalkd"), "-l", "127.0.0.1", "-p", str(port),
-                  "-b", str(binlog), *flags], {"beanstalk": port}) as running:
+                  "-b", str(binlog), *flags], {"beanstalk": port}, binlog) as running:
         yield running
 
 
@@ -103,15 +105,15 @@ def redis(work: Path, fsync: str = "never") -> Iterator[Running]:
     home.mkdir(parents=True)
     with started([ensure_command("redis-server", "redis-server"), "--port", str(port), "--bind", "127.0.0.1",
                   "--appendonly", "yes", "--appendfsync", policy, "--save", "", "--dir", str(home)],
-                 {"redis": port}) as running:
+                 {"redis": port}, home) as running:
         yield running
 
 
 @contextlib.contextmanager
-def memcached() -> Iterator[Running]:
+def memcached(work: Path) -> Iterator[Running]:
     """memcached on TCP only: the ceiling of the memcache workload (the same requests, no queue)."""
     port = free_port()
     user = ["-u", "root"] if os.geteuid() == 0 else []
     with started([ensure_command("memcached", "memcached"), "-l", "127.0.0.1", "-p", str(port), "-U", "0",
-                  *user], {"memcache": port}) as running:
+                  *user], {"memcache": port}, Path(work)) as running:
         yield running
