@@ -52,9 +52,10 @@ def test_loadgen_reports_the_items_it_moved(binary: Path, server_factory: Any) -
             assert (stats["items"], stats["open_transactions"]) == (0, 0)
 
 
-def test_loadgen_names_what_went_wrong(binary: Path, server_factory: Any) -> None:
+def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
     with pytest.raises(loadgen.LoadgenError, match="connect to 127.0.0.1"):
         loadgen.run(binary, "thrift", free_port(), clients=1, items=1)
-    server = server_factory({"default_queue": {"max_item_size": 64}})
-    with pytest.raises(loadgen.LoadgenError, match="thrift put"):
-        loadgen.run(binary, "thrift", server.thrift_port, clients=1, items=1, size=128)
+    with pytest.raises(loadgen.LoadgenError, match="thrift put failed: queue name 'bad.0' contains '.'"):
+        loadgen.run(binary, "thrift", server.thrift_port, clients=1, items=1, prefix="bad.")
+    with pytest.raises(loadgen.LoadgenError, match="memcache set: CLIENT_ERROR"):
+        loadgen.run(binary, "memcache", server.memcache_port, clients=1, items=1, prefix="bad.")
