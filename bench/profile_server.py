@@ -9,6 +9,7 @@ samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; 
 somewhat). py-spy samples wall time: a sample inside a C call lands on the Python frame that made
 it, and time spent runnable but off the CPU (on a busy machine, right after a send wakes a client)
 counts too, so its socket share is higher than perf's; its split of the rest is the Python view.
+Last, `strace -c` counts the system calls of 1,000 rounds from one client.
 
     .venv/bin/pip install py-spy
     .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4]
@@ -21,11 +22,13 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import loadgen, peers
 from bench.common import machine
@@ -180,6 +183,32 @@ def report_on_cpu(chains: list[list[tuple[str, str]]]) -> None:
         print(f"           of send, {100 * inside / total:4.1f}% of all samples is {label}")
 
 
+def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, Any], work: Path) -> str:
+    """System calls per request, counted by `strace -c` over 1,000 rounds of one client."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return "strace is not installed (Debian: apt-get install strace): no system call counts"
+    counts = work / "strace.txt"
+    tracer = subprocess.Popen([strace, "-c", "-f", "-p", str(pid), "-o", str(counts)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # strace attaches in the background
+    rounds = 1000
+    batch = int(options["batch"])
+    loadgen.run(binary, str(options["protocol"]), port, clients=1, batch=batch, items=rounds * batch,
+                auto_abort_ms=int(options.get("auto_abort_ms", 0)), prefix="strace")
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(10)
+    requests = (rounds + 1) * (3 if options.get("auto_abort_ms") else 2)  # with the warm-up round
+    calls = {}
+    for line in counts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1] != "total":
+            calls[fields[-1]] = int(fields[3])
+    listed = ", ".join(f"{name} {n / requests:.2f}" for name, n in sorted(calls.items(), key=lambda c: -c[1])
+                       if n / requests >= 0.01)
+    return f"system calls per request (strace -c, {requests} requests): {listed}"
+
+
 def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int) -> None:
     port_name, options = WORKLOADS[name]
     with peers.kestrel(work) as server:
@@ -197,6 +226,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
                               "-r", str(rate), "--format", "raw", "-o", str(raw)],
                              capture_output=True, text=True)
         out, err = load.communicate()
+        syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
     print(f"\n## {name}: 4 clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: never`")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
@@ -209,6 +239,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
         print(f"  {chains}")
     else:
         report_on_cpu(chains)
+    print(f"  {syscalls}")
     if spy.returncode != 0 or not raw.exists():
         print(f"  py-spy failed: {spy.stderr.strip()}")
         return
