@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from service.config import ZooKeeperConfig, from_mapping
 from service.status import Status
 from service.zookeeper import member_data, sets_for
 from storage.errors import ConfigError
+from tests.cluster import running_servers, wait_until
 from tests.conftest import ServerProcess, free_port
 
 SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quickly
@@ -56,15 +57,6 @@ def members(zk: KazooClient, path: str) -> dict[int, dict[str, Any]]:
     return out
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - started
-
-
 def set_ports(zk: KazooClient, prefix: str) -> tuple[set[int], set[int]]:
     return set(members(zk, f"{prefix}/write")), set(members(zk, f"{prefix}/read"))
 
@@ -72,6 +64,24 @@ def set_ports(zk: KazooClient, prefix: str) -> tuple[set[int], set[int]]:
 def thrift(srv: ServerProcess) -> Any:
     return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
                        timeout=5000)
+
+
+def set_status(srv: ServerProcess, status: int) -> None:
+    client = thrift(srv)
+    client.set_status(status)
+    client.close()
+
+
+MEMBERS = "/kestrel-members"
+
+
+@pytest.fixture(scope="module")
+def members3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    """Three members of MEMBERS; the third gives clients a second to stop writing before refusing."""
+    configs = [zk_config(zookeeper, MEMBERS), zk_config(zookeeper, MEMBERS),
+               {**zk_config(zookeeper, MEMBERS), "status_change_grace_period": "1s"}]
+    with running_servers(tmp_path_factory.mktemp("members"), configs) as servers:
+        yield servers
 
 
 def memcache_status(srv: ServerProcess, status: str) -> None:
@@ -124,11 +134,9 @@ def test_zookeeper_config_and_its_errors() -> None:
 # Real ZooKeeper, real servers
 
 
-def test_members_follow_status_from_every_protocol(zookeeper: Any, zk: KazooClient, server_factory: Any) -> None:
-    prefix = "/kestrel-status"
-    servers = [server_factory(zk_config(zookeeper, prefix), name=f"s{i}") for i in range(2)]
-    # The third server gives clients a second to stop writing before it refuses puts.
-    servers.append(server_factory({**zk_config(zookeeper, prefix), "status_change_grace_period": "1s"}, name="s2"))
+def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: list[ServerProcess]) -> None:
+    prefix = MEMBERS
+    servers = members3
     ports = {s.thrift_port for s in servers}
     wait_until(lambda: set_ports(zk, prefix) == (ports, ports), "three members in both sets")
 
@@ -192,10 +200,11 @@ def test_killed_server_leaves_when_its_session_expires_and_shutdown_leaves_at_on
     assert set_ports(zk, prefix) == (set(), set())
 
 
-def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, server_factory: Any) -> None:
-    prefix = "/kestrel-restart"
-    servers = [server_factory(zk_config(zookeeper, prefix), name=f"r{i}") for i in range(3)]
-    thrift(servers[0]).set_status(kestrel.Status.READ_ONLY)
+def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[ServerProcess]) -> None:
+    prefix = MEMBERS
+    servers = members3
+    for srv, status in zip(servers, (kestrel.Status.READ_ONLY, kestrel.Status.UP, kestrel.Status.UP), strict=True):
+        set_status(srv, status)
     ports = {s.thrift_port for s in servers}
     writers = ports - {servers[0].thrift_port}
     zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
@@ -208,7 +217,7 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, server_factory: 
 
     # Restarted with its data, ZooKeeper resumes the sessions: the members stay, and follow statuses.
     zookeeper.restart(wipe=False)
-    thrift(servers[0]).set_status(kestrel.Status.UP)
+    set_status(servers[0], kestrel.Status.UP)
     zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
     zk.start(timeout=10)
     try:
@@ -216,7 +225,7 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, server_factory: 
     finally:
         zk.stop()
         zk.close()
-    thrift(servers[0]).set_status(kestrel.Status.READ_ONLY)
+    set_status(servers[0], kestrel.Status.READ_ONLY)
 
     # Restarted empty (a rebuilt ensemble), it refuses the old sessions: every server starts a new one.
     zookeeper.restart(wipe=True)
