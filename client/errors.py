@@ -7,7 +7,7 @@ class KestrelClientError(Exception):
     """Root of every error the client raises."""
 
 
-class ServerUnavailable(KestrelClientError):
+class ServerUnavailable(KestrelClientError, ConnectionError):
     """Raised when a server cannot be reached or the connection broke during a call."""
 
     def __init__(self, address: str, reason: str) -> None:

@@ -13,6 +13,7 @@ down, slow or restarting never delays a request.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 
@@ -34,6 +35,9 @@ SET_NAMES = ("read", "write")
 # The default endpoint is the first of these that is enabled.
 ENDPOINT_PREFERENCE = ("memcache", "thrift", "text")
 RETRY_DELAY = 0.5  # seconds before retrying a membership change ZooKeeper failed
+# Kazoo logs every failed reconnection attempt; our own lines report each state change once.
+KAZOO_LOG = logging.getLogger("kestrel.zookeeper.kazoo")
+KAZOO_LOG.setLevel(logging.ERROR)
 
 
 def sets_for(status: Status) -> tuple[str, ...]:
@@ -76,7 +80,8 @@ class ServerSetMembership:
         self.data = member_data(self.host, endpoints)
         self.zk = KazooClient(
             hosts=config.hosts, timeout=config.session_timeout / 1000.0, handler=SequentialGeventHandler(),
-            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0})
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
+            logger=KAZOO_LOG)
         self._joined: dict[str, str] = {}  # set name -> our member znode in the current session
         self._wake = gevent.event.Event()
         self._stopping = False

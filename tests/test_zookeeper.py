@@ -15,6 +15,7 @@ from pymemcache.client.base import Client as MemcacheClient
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
+from client import ZooKeeperServerSets
 from contract import kestrel_thrift as kestrel
 from service.config import ZooKeeperConfig, from_mapping
 from service.status import Status
@@ -207,6 +208,7 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[S
         set_status(srv, status)
     ports = {s.thrift_port for s in servers}
     writers = ports - {servers[0].thrift_port}
+    watching = ZooKeeperServerSets(zookeeper.hosts, MEMBERS, session_timeout=1.0)  # a client's view
     zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
     zk.start(timeout=10)
     try:
@@ -238,6 +240,10 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[S
         zk.stop()
         zk.close()
     assert "zookeeper session lost" in servers[1].log()
+    # The client's watches came back too: it sees a change made after the restart.
+    set_status(servers[0], kestrel.Status.UP)
+    wait_until(lambda: {port for _, port in watching.writers()} == ports, "the client to see the change")
+    watching.close()
 
 
 def test_serving_never_waits_for_zookeeper(zookeeper: Any, zk: KazooClient, server_factory: Any) -> None:
