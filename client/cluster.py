@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets
+from client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
 from client.errors import KestrelClientError, NoServers, Refused, ServerUnavailable
 from client.server import Server
 
@@ -62,7 +62,7 @@ class Cluster:
 
     def server(self, address: str | Address) -> Server:
         """The Server for an address (one per address, shared by every call)."""
-        key = StaticServers([address]).servers[0]
+        key = as_address(address)
         with self._lock:
             found = self._servers.get(key)
             if found is None:
@@ -88,14 +88,15 @@ class Cluster:
     # Writing
 
     def put(self, queue: str, item: bytes, expiration_ms: int = 0) -> bool:
-        """Put one item; False when every server's queue is full. Raises NoServers."""
+        """Put one item; False when every server's queue is full. Raises NoServers (see put_many)."""
         return self.put_many(queue, [item], expiration_ms) == 1
 
     def put_many(self, queue: str, items: Sequence[bytes], expiration_ms: int = 0) -> int:
         """Put a batch on the next server; what it refuses (full queue, errors) goes to the next.
 
         Returns how many items were stored: fewer than given when every server refused the rest
-        (full queues, or some unreachable). Raises NoServers when no server stored any of them.
+        (full queues, or some unreachable). Raises NoServers, carrying each server's error, when
+        nothing was stored and not every server merely had a full queue.
         """
         writers = self.writers()
         if not writers and items:
@@ -172,29 +173,28 @@ class Cluster:
         propagates. Runs until `stop` is set or, with `until_empty`, until a round over every
         server finds nothing. Returns how many items were handled.
         """
+        def feed(server: Server, items: list[Any]) -> int:
+            with self._open_reads(server, queue, items) as data:
+                for item in data:
+                    handle(item)
+            return len(items)
+
         handled = 0
         while stop is None or not stop.is_set():
-            readers = self._in_turn(self.readers())
             got = 0
-            for server in readers:
+            for server in self._in_turn(self.readers()):
                 items = self._get_from(server, queue, batch, 0, self.auto_abort_ms)
                 if items:
-                    with self._open_reads(server, queue, items) as data:
-                        for item in data:
-                            handle(item)
-                    got += len(items)
+                    got += feed(server, items)
             handled += got
             if got:
                 continue
-            if until_empty and readers:
+            if until_empty:
                 return handled
-            # Nothing anywhere: wait on one server for a while, then look at them all again.
+            # Nothing anywhere: wait on each server in turn for a while, then look at them all again.
             found = self._fetch(queue, batch, self.poll_ms / 1000.0, self.auto_abort_ms, first_look=False)
             if found:
-                with self._open_reads(found[0], queue, found[1]) as data:
-                    for item in data:
-                        handle(item)
-                handled += len(found[1])
+                handled += feed(*found)
         return handled
 
     def _fetch(self, queue: str, max_items: int, timeout: float, auto_abort_ms: int,

@@ -45,11 +45,16 @@ def parse_address(text: str, default_port: int = DEFAULT_THRIFT_PORT) -> Address
     return host, int(port)
 
 
+def as_address(server: str | Address) -> Address:
+    """An address given as `host:port` or as (host, port)."""
+    return parse_address(server) if isinstance(server, str) else (server[0], int(server[1]))
+
+
 class StaticServers:
     """A fixed list: every server takes puts and reads."""
 
     def __init__(self, servers: Iterable[str | Address]) -> None:
-        self.servers = [parse_address(s) if isinstance(s, str) else (s[0], int(s[1])) for s in servers]
+        self.servers = [as_address(s) for s in servers]
         if not self.servers:
             raise ValueError("no servers given")
 
@@ -114,14 +119,21 @@ class ZooKeeperServerSets:
         except self.zk.handler.timeout_exception:
             raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
                 from None
+        self._generation = 0
         self.zk.add_listener(self._on_state)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Watch both sets, retiring earlier watches (kazoo drops a watch whose node went missing,
+        as the sets do when an ensemble restarts empty, so each connection starts new ones)."""
+        self._generation += 1
         for name in self.SETS:
             path = f"{self.path_prefix}/{name}"
             try:
                 self.zk.ensure_path(path)
             except KazooException as e:  # read-only access: the servers create the sets
                 log.debug("cannot create the server set path %s: %r", path, e)
-            self.zk.ChildrenWatch(path, partial(self._on_children, name))
+            self.zk.ChildrenWatch(path, partial(self._on_children, name, self._generation))
 
     def writers(self) -> list[Address]:
         return self._lists["write"]
@@ -129,8 +141,8 @@ class ZooKeeperServerSets:
     def readers(self) -> list[Address]:
         return self._lists["read"]
 
-    def _on_children(self, name: str, children: list[str]) -> bool | None:
-        if self._closed:
+    def _on_children(self, name: str, generation: int, children: list[str]) -> bool | None:
+        if self._closed or generation != self._generation:
             return False  # stop watching
         known = self._members[name]
         fresh: dict[str, Address | None] = {}
@@ -156,6 +168,8 @@ class ZooKeeperServerSets:
             if self._renewal is not None:
                 self._renewal.cancel()
                 self._renewal = None
+            if not self._closed:
+                self.zk.handler.spawn(self._watch)
             return
         log.warning("zookeeper %s: connection %s; keeping the last server lists", self.hosts, state)
         if self._renewal is None:

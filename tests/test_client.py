@@ -237,6 +237,7 @@ def test_one_cluster_shared_by_threads(three: list[ServerProcess]) -> None:
 
 
 def test_cooperative_under_gevent(three: list[ServerProcess]) -> None:
-    ticks, elapsed = run_gevent_script(",".join(f"127.0.0.1:{s.thrift_port}" for s in three))
-    # The ticker kept running while a get waited and 1,000 puts ran: about one tick per 10 ms.
-    assert ticks >= elapsed * 100 * 0.5, (ticks, elapsed)
+    max_gap, waited = run_gevent_script(",".join(f"127.0.0.1:{s.thrift_port}" for s in three))
+    # The get waited half a second or more, a second at a time on one server, while the ticker
+    # (every 10 ms) was never held up for anything like that.
+    assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
