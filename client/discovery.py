@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import SequentialThreadingHandler
 
 from client.errors import ServerSetsUnavailable
 
@@ -85,9 +86,9 @@ def _kazoo_handler() -> Any:
     try:
         from gevent import monkey
     except ImportError:
-        return None
+        return SequentialThreadingHandler()
     if not monkey.is_module_patched("socket"):
-        return None
+        return SequentialThreadingHandler()
     from kazoo.handlers.gevent import SequentialGeventHandler
 
     return SequentialGeventHandler()
@@ -111,9 +112,10 @@ class ZooKeeperServerSets:
         self._members: dict[str, dict[str, Address | None]] = {name: {} for name in self.SETS}
         self._closed = False
         self._renewal: threading.Timer | None = None
-        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0}  # forever, often
-        self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=_kazoo_handler(),
-                              connection_retry=retry)
+        handler = _kazoo_handler()
+        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0,  # forever, often
+                 "sleep_func": handler.sleep_func}
+        self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry)
         try:
             self.zk.start(timeout=connect_timeout)
         except self.zk.handler.timeout_exception:

@@ -78,15 +78,21 @@ class ServerSetMembership:
         self.status = status
         self.host = advertised_host(config, listen_address)
         self.data = member_data(self.host, endpoints)
+        handler = SequentialGeventHandler()
         self.zk = KazooClient(
-            hosts=config.hosts, timeout=config.session_timeout / 1000.0, handler=SequentialGeventHandler(),
-            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
-            logger=KAZOO_LOG)
+            hosts=config.hosts, timeout=config.session_timeout / 1000.0, handler=handler, logger=KAZOO_LOG,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0,
+                              "sleep_func": handler.sleep_func})
         self._joined: dict[str, str] = {}  # set name -> our member znode in the current session
         self._wake = gevent.event.Event()
         self._stopping = False
         self._disconnected_since: float | None = time.monotonic()
         self._worker: gevent.Greenlet | None = None
+
+    @property
+    def members(self) -> dict[str, str]:
+        """Our member znode in each set we are in, as far as we know: set name -> path."""
+        return dict(self._joined)
 
     def set_path(self, name: str) -> str:
         return f"{self.config.path_prefix}/{name}"

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -18,8 +19,8 @@ from thriftpy2.transport import TFramedTransportFactory
 from client import ZooKeeperServerSets
 from contract import kestrel_thrift as kestrel
 from service.config import ZooKeeperConfig, from_mapping
-from service.status import Status
-from service.zookeeper import member_data, sets_for
+from service.status import Status, StatusKeeper
+from service.zookeeper import ServerSetMembership, member_data, sets_for
 from storage.errors import ConfigError
 from tests.cluster import running_servers, wait_until
 from tests.conftest import ServerProcess, free_port
@@ -229,6 +230,22 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[S
         zk.close()
     set_status(servers[0], kestrel.Status.READ_ONLY)
 
+    # Down for longer than a session timeout: each server starts a new session meanwhile, and on
+    # rejoining removes its member of the old one, which the restarted ensemble still holds.
+    zookeeper.stop()
+    time.sleep(1.6)
+    zookeeper.start()
+    zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
+    zk.start(timeout=10)
+    try:
+        def one_member_each() -> bool:
+            counts = [len(zk.get_children(f"{prefix}/{name}")) for name in ("write", "read")]
+            return counts == [2, 3] and set_ports(zk, prefix) == (writers, ports)
+        wait_until(one_member_each, "one member per server after a long outage")
+    finally:
+        zk.stop()
+        zk.close()
+
     # Restarted empty (a rebuilt ensemble), it refuses the old sessions: every server starts a new one.
     zookeeper.restart(wipe=True)
     zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
@@ -244,6 +261,29 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[S
     set_status(servers[0], kestrel.Status.UP)
     wait_until(lambda: {port for _, port in watching.writers()} == ports, "the client to see the change")
     watching.close()
+
+
+def test_joining_removes_our_member_left_by_an_earlier_session(zookeeper: Any, zk: KazooClient) -> None:
+    """A member with exactly our endpoints from another session is ours, from before: it goes."""
+    prefix = "/kestrel-claim"
+    zk.ensure_path(f"{prefix}/read")
+    stale = zk.create(f"{prefix}/read/member_", member_data("127.0.0.1", {"thrift": 1234}), ephemeral=True,
+                      sequence=True)
+    neighbour = zk.create(f"{prefix}/read/member_", member_data("127.0.0.1", {"thrift": 4321}),
+                          ephemeral=True, sequence=True)
+    config = ZooKeeperConfig(zookeeper.hosts, prefix, 1000, "127.0.0.1")
+    membership = ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", StatusKeeper(None, "up", 0))
+    membership.start()
+    try:
+        def joined() -> bool:
+            gevent.sleep(0.02)  # the membership works in greenlets of this process
+            return set(membership.members) == {"read", "write"}
+        wait_until(joined, "the membership to join")
+        children = {f"{prefix}/read/{c}" for c in zk.get_children(f"{prefix}/read")}
+        assert children == {neighbour, membership.members["read"]} and stale not in children
+    finally:
+        membership.stop()
+    assert zk.get_children(f"{prefix}/read") == [neighbour.rsplit("/", 1)[1]]
 
 
 def test_serving_never_waits_for_zookeeper(zookeeper: Any, zk: KazooClient, server_factory: Any) -> None:
