@@ -20,7 +20,7 @@ from client import ZooKeeperServerSets
 from contract import kestrel_thrift as kestrel
 from service.config import ZooKeeperConfig, from_mapping
 from service.status import Status, StatusKeeper
-from service.zookeeper import ServerSetMembership, member_data, sets_for
+from service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
 from storage.errors import ConfigError
 from tests.cluster import running_servers, wait_until
 from tests.conftest import ServerProcess, free_port
@@ -108,6 +108,13 @@ def test_member_json_default_endpoint_falls_back_memcache_thrift_text() -> None:
     assert json.loads(member_data("h", {"text": 2}))["serviceEndpoint"] == {"host": "h", "port": 2}
     with pytest.raises(ValueError, match="no memcache, thrift or text"):
         member_data("h", {"admin": 3})
+
+
+def test_advertised_host() -> None:
+    config = ZooKeeperConfig("zk:2181")
+    assert advertised_host(config, "10.0.0.5") == "10.0.0.5"
+    assert advertised_host(config, "0.0.0.0") == socket.getfqdn()
+    assert advertised_host(ZooKeeperConfig("zk:2181", advertise_host="kestrel1"), "0.0.0.0") == "kestrel1"
 
 
 def test_status_decides_the_sets() -> None:
