@@ -70,11 +70,11 @@ class Reader:
             raise ThriftProtocolError(f"{what} has elements of unknown type {ttype}")
         if count < 0:
             raise ThriftProtocolError(f"{what} announces a negative count {count}")
-        if count > self.max_items:
-            raise ThriftProtocolError(f"{what} has {count} elements, over max_batch_items {self.max_items}")
         if count * size > self.limit - self.pos:
             raise ThriftProtocolError(f"{what} announces {count} elements but only {self.limit - self.pos} "
                                       f"bytes are left in the {self.scope}")
+        if count > self.max_items:
+            raise ThriftProtocolError(f"{what} has {count} elements, over max_batch_items {self.max_items}")
 
     def take(self, n: int, what: str) -> bytes:
         pos = self.pos
