@@ -159,10 +159,11 @@ class QueueCollection:
         """
         if name in self.aliases:
             check_queue_name(name)
-            accepted = len(items)
-            for dest in self.aliases[name]:
-                accepted = min(accepted, self.add_many(dest, items[:accepted], expiry_ms))
-            return accepted
+            for i, data in enumerate(items):  # item by item, as Kestrel: each goes to every destination
+                took = [self.add_many(dest, [data], expiry_ms) for dest in self.aliases[name]]
+                if not all(took):
+                    return i
+            return len(items)
         q = self.queue(name)
         now = self.clock.now_ms()
         for child in self.fanout_children(name):
