@@ -24,7 +24,4 @@ def test_mutated_inputs_harm_nobody(server_factory: Any, name: str) -> None:
     assert report.good_errors == []
     assert report.good_rounds > 0
     assert report.rss_peak_kb - report.rss_start_kb < 100 * 1024
-    # The server never holds its loop for long; on a shared two-core machine the operating system
-    # alone delays a rare round past 100 ms, so the worst single round gets more room than the p99.
-    assert report.latency_ms(0.99) < 100, report.summary()
-    assert report.worst_latency_ms < 500, report.summary()
+    assert report.within_latency_budget(), report.summary()
