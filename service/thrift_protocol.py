@@ -17,7 +17,7 @@ from typing import Any
 # Type codes as the binary protocol writes them.
 STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
     0, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16)
-CALL, REPLY, EXCEPTION, ONEWAY = 1, 2, 3, 4
+CALL, REPLY, EXCEPTION = 1, 2, 3
 MAX_DEPTH = 32  # nesting of skipped structs and containers
 
 _I8 = struct.Struct("!b")
@@ -40,7 +40,6 @@ class Reader:
     bytes and returns the new end (None: the buffer is a whole frame)."""
 
     MIN_SIZE: dict[int, int] = {}
-    name = ""
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
                  more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
@@ -187,7 +186,6 @@ class BinaryReader(Reader):
 
     MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 2, I32: 4, I64: 8, DOUBLE: 8, STRING: 4, STRUCT: 1, MAP: 6,
                 SET: 5, LIST: 5, UUID: 16}
-    name = "binary"
 
     def _fixed(self, s: struct.Struct, what: str) -> Any:
         pos = self.pos
@@ -303,7 +301,6 @@ class CompactReader(Reader):
 
     MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 1, I32: 1, I64: 1, DOUBLE: 8, STRING: 1, STRUCT: 1, MAP: 1,
                 SET: 1, LIST: 1, UUID: 16}
-    name = "compact"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -432,9 +429,6 @@ class Writer:
 
     def write_field(self, ttype: int, fid: int) -> None:
         raise NotImplementedError
-
-    def write_stop(self) -> None:
-        self.out.append(0)
 
     def write_struct_begin(self) -> None:
         pass
