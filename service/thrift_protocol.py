@@ -27,6 +27,8 @@ _I64 = struct.Struct("!q")
 _DOUBLE = struct.Struct("!d")
 _DOUBLE_LE = struct.Struct("<d")
 _FIELD = struct.Struct("!bh")
+_STRING_FIELD = struct.Struct("!bhi")  # field header and length
+_I64_FIELD_STOP = struct.Struct("!bhqb")  # field header, value, end of struct
 _BINARY_VERSION = 0x80010000
 _COMPACT_ID = 0x82
 
@@ -467,24 +469,21 @@ class BinaryWriter(Writer):
         self.out += _I8.pack(etype) + _I32.pack(count)
 
     def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        out, i32, i64 = self.out, _I32.pack, _I64.pack
-        headers = [(name, _FIELD.pack(ftype.ttype, fid), ftype.ttype) for fid, name, ftype in fields]
+        shape = [(ftype.ttype, fid, name) for fid, name, ftype in fields]
+        if len(shape) != 2 or (shape[0][0], shape[1][0]) != (STRING, I64):
+            super().write_flat_structs(fields, values)
+            return
+        # A binary string then an i64 (`get`'s Item): two packs per struct.
+        (_, fid1, name1), (_, fid2, name2) = shape
+        head, tail, out = _STRING_FIELD.pack, _I64_FIELD_STOP.pack, self.out
         for value in values:
-            for name, header, ttype in headers:
-                v = getattr(value, name)
-                if v is None:
-                    continue
-                out += header
-                if ttype == STRING:
-                    if isinstance(v, str):
-                        v = v.encode()
-                    out += i32(len(v))
-                    out += v
-                elif ttype == I64:
-                    out += i64(v)
-                else:
-                    self.write_value(ttype, v)
-            out.append(0)
+            data, number = getattr(value, name1), getattr(value, name2)
+            if data is None or number is None or isinstance(data, str):
+                super().write_flat_structs(fields, [value])
+                continue
+            out += head(STRING, fid1, len(data))
+            out += data
+            out += tail(I64, fid2, number, STOP)
 
     def write_value(self, ttype: int, value: Any) -> None:
         out = self.out
