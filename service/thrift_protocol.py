@@ -268,23 +268,25 @@ class BinaryReader(Reader):
         """The hot path of `put`: each length checked against the frame and the byte budget."""
         buf, pos, end, budget = self.buf, self.pos, self.end, self.max_bytes
         unpack = _I32.unpack_from
-        items = []
+        items: list[Any] = []
+        append = items.append
         for i in range(count):
             if pos + 4 > end:
                 end = self._short(pos, 4, f"{what} element {i}")
             (n,) = unpack(buf, pos)
             pos += 4
-            if n < 0:
-                raise ThriftProtocolError(f"{what} element {i} announces a negative length {n}")
-            if n > budget:
-                raise ThriftProtocolError(f"{what} holds more than max_batch_bytes {self.max_bytes} bytes")
-            if pos + n > end:
+            stop = pos + n
+            if n < 0 or n > budget or stop > end:  # rare: refuse, or (unframed) read on
+                if n < 0:
+                    raise ThriftProtocolError(f"{what} element {i} announces a negative length {n}")
+                if n > budget:
+                    raise ThriftProtocolError(f"{what} holds more than max_batch_bytes {self.max_bytes}")
                 end = self._short(pos, n, f"{what} element {i}")
             budget -= n
-            items.append(buf[pos:pos + n])
-            pos += n
+            append(buf[pos:stop])
+            pos = stop
         self.pos = pos
-        return [bytes(x) for x in items] if self.mutable else items  # type: ignore[return-value]
+        return [bytes(x) for x in items] if self.mutable else items
 
 
 def _zigzag(n: int) -> int:
