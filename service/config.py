@@ -79,6 +79,7 @@ class ServerConfig:
     max_batch_items: int = 100_000  # items in one put call or text put block
     max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
     max_queues: int = 10_000  # queues (fanout children included) one server holds
+    shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
     default_queue: dict[str, Any] = field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -117,6 +118,7 @@ _PARSERS: dict[str, Any] = {
     "max_batch_items": parse_count,
     "max_batch_bytes": parse_size,
     "max_queues": parse_count,
+    "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
 }
 

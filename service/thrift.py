@@ -14,15 +14,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
-from gevent.pool import Pool
-from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory, TCyBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TCyMemoryBuffer, TMemoryBuffer, TTransportBase, TTransportException
 
 from contract import kestrel_thrift
-from service import LISTEN_BACKLOG
+from service import metrics
+from service.listener import Listener
 from service.server import KestrelServer
 from service.session import Session
 from service.status import Status
@@ -41,7 +40,7 @@ def _reply_errors(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: ThriftHandler, *args: Any) -> Any:
         try:
-            return method(self, *args)
+            return metrics.timed("thrift", method.__name__, method, self, *args)
         except KestrelError as e:
             raise TApplicationException(TApplicationException.UNKNOWN, str(e)) from None
         except TApplicationException:
@@ -186,8 +185,8 @@ class _BoundedSocket(TTransportBase):
         pass
 
 
-def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
-    """A StreamServer speaking Kestrel's Thrift service with the configured transport and protocol."""
+def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
+    """A listener speaking Kestrel's Thrift service with the configured transport and protocol."""
     cfg = server.config
     compact = cfg.thrift_protocol == "compact"
     framed = cfg.thrift_transport == "framed"
@@ -236,4 +235,4 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Stre
             session.close()
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(cfg.max_connections), backlog=LISTEN_BACKLOG)
+    return Listener("thrift", listener, handle, cfg.max_connections)
