@@ -25,7 +25,7 @@ class BufferedConnection:
         self.server = server
         self.sock = sock
         self.peer = peer
-        self.session = Session(server, peer, self.protocol)
+        self.session = Session(server, peer)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
 

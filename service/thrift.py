@@ -24,7 +24,6 @@ from service import metrics
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import Session
-from service.status import Status
 from storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.thrift")
@@ -101,11 +100,7 @@ class ThriftHandler:
 
     @_reply_errors
     def set_status(self, status: int) -> None:
-        try:
-            value = Status(status)
-        except ValueError:
-            raise TApplicationException(TApplicationException.UNKNOWN, f"unknown status {status!r}") from None
-        self.session.set_status(value)
+        self.session.set_status(status)
 
     @_reply_errors
     def get_version(self) -> str:
@@ -221,7 +216,7 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> List
 
     def handle(sock: gsocket, address: tuple[str, int]) -> None:
         peer = f"{address[0]}:{address[1]}"
-        session = Session(server, peer, "thrift")
+        session = Session(server, peer)
         processor = TProcessor(kestrel_thrift.Kestrel, ThriftHandler(session))
         try:
             serve(sock, session, processor)
