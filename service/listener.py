@@ -133,7 +133,7 @@ class Listener:
 
     def join(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every connection to finish; True if they all did."""
-        return self.pool.join(timeout=timeout)
+        return bool(self.pool.join(timeout=timeout))
 
     def kill(self) -> None:
         """End the connections that outlived the shutdown timeout (a client that stopped reading)."""

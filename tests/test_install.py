@@ -7,6 +7,7 @@ file missing from the wheel, such as the Thrift contract.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,12 @@ def _run(*command: str | Path, cwd: Path) -> str:
 
 
 def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
-    _run(sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps", "--quiet", "-w", tmp_path / "dist", cwd=tmp_path)
+    # Build from a clean copy: setuptools leaves build/ behind, whose stale files would reach the wheel.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "var", "*.egg-info", "__pycache__", "tests", "bench", "spark-warehouse"))
+    _run(sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--quiet", "-w", tmp_path / "dist",
+         cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("kestrel_py-*.whl")
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
