@@ -58,9 +58,15 @@ _STORAGE_SECONDS = {
 }
 
 
+_request_series: dict[tuple[str, str], Histogram] = {}  # labels() takes a lock: look each up once
+
+
 def observe(protocol: str, command: str, seconds: float) -> None:
     """Record how long one request took to answer."""
-    REQUEST_SECONDS.labels(protocol, command).observe(seconds)
+    series = _request_series.get((protocol, command))
+    if series is None:
+        series = _request_series[(protocol, command)] = REQUEST_SECONDS.labels(protocol, command)
+    series.observe(seconds)
 
 
 def timed(protocol: str, command: str, call: Callable[..., T], *args: Any) -> T:
@@ -69,7 +75,7 @@ def timed(protocol: str, command: str, call: Callable[..., T], *args: Any) -> T:
     try:
         return call(*args)
     finally:
-        REQUEST_SECONDS.labels(protocol, command).observe(time.perf_counter() - started)
+        observe(protocol, command, time.perf_counter() - started)
 
 
 def _storage_timing(event: str, seconds: float) -> None:
