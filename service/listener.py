@@ -68,16 +68,17 @@ class Listener:
             try:
                 sock, address = self.socket.accept()
             except OSError as e:
-                if e.errno in OUT_OF_DESCRIPTORS:
-                    self._note_refused(e)
-                    gevent.sleep(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF)
-                    continue
-                if e.errno in CLIENT_GONE:
-                    continue
                 if self.socket.fileno() < 0:
                     return  # closed by stop_accepting
-                raise
+                if e.errno in CLIENT_GONE:
+                    continue
+                if e.errno in OUT_OF_DESCRIPTORS:
+                    self._note_refused(e)
+                else:
+                    log.error("accept failed; retrying", listener=self.name, error=repr(e))
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
             backoff = MIN_BACKOFF
             if self._refused_total:
                 self._note_recovered()
@@ -108,6 +109,9 @@ class Listener:
             self.handle(sock, address)
         except OSError:
             pass  # the client went away; the handler has closed its session
+        except Exception:
+            log.exception("connection handler failed", listener=self.name,
+                          client=f"{address[0]}:{address[1]}")
         finally:
             self.connections.discard(sock)
             sock.close()
