@@ -33,7 +33,7 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path) -> 
                 break
             served.append(sock)
         assert waiting is not None and len(served) >= 20, len(served)
-        time.sleep(1.5)  # descriptors stay exhausted; the loop keeps retrying meanwhile
+        time.sleep(0.6)  # descriptors stay exhausted; the loop keeps retrying meanwhile
         events = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
         warnings = [e for e in events if e["event"].startswith("out of file descriptors")]
         assert len(warnings) == 1, srv.log()  # one warning per interval, not one per attempt
@@ -51,7 +51,8 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path) -> 
         assert (_version(fresh, 2.0) or b"").startswith(b"VERSION ")
         events = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
         recovered = [e for e in events if e["event"] == "accepting clients again"]
-        assert len(recovered) == 1 and recovered[0]["refused"] >= warnings[0]["refused"], srv.log()
+        assert len(recovered) == 1 and recovered[0]["refused"] >= 3, srv.log()  # several tries, one warning
+        assert len([e for e in events if e["event"].startswith("out of file descriptors")]) == 1
     finally:
         for sock in served:
             sock.close()

@@ -94,3 +94,26 @@ def test_sigterm_answers_waiting_reads_and_keeps_open_reads(server_factory: Any)
         assert sorted(i.data for i in thrift.get("work", 10, 0, 0)) == [b"a", b"b"]
     finally:
         thrift.close()
+
+
+def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_factory: Any) -> None:
+    srv = server_factory({"shutdown_timeout": "200ms"})
+    hog = socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        hog.sendall(b"set big 0 0 4000000\r\n" + b"x" * 4_000_000 + b"\r\n")
+        assert hog.recv(100) == b"STORED\r\n"
+        hog.sendall(b"get big/peek\r\n" * 20)  # 80 MB of replies it never reads: the server blocks sending
+        time.sleep(0.1)
+        elapsed = _stop_timed(srv)
+    finally:
+        hog.close()
+    assert 0.2 <= elapsed < 1.5, f"stop took {elapsed:.2f}s\n{srv.log()}"
+    busy = [e for e in _log_events(srv) if e.get("event") == "closing connections still busy at the shutdown timeout"]
+    assert [(e["listener"], e["connections"]) for e in busy] == [("memcache", 1)]
+    assert "Traceback" not in srv.log()
+    srv.start()
+    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        assert mc.get("big") == b"x" * 4_000_000  # a peek takes nothing, and the journal was closed cleanly
+    finally:
+        mc.close()
