@@ -117,3 +117,22 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_f
         assert mc.get("big") == b"x" * 4_000_000  # a peek takes nothing, and the journal was closed cleanly
     finally:
         mc.close()
+
+
+def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path: Any) -> None:
+    import gevent
+
+    from storage import QueueCollection
+
+    coll = QueueCollection(str(tmp_path))
+    coll.add("full", b"item")
+    waiter = gevent.spawn(coll.remove, "empty", False, 30.0)
+    gevent.sleep(0.01)
+    assert coll.get("empty") is not None and coll.get("empty").waiters == 1  # type: ignore[union-attr]
+    started = time.monotonic()
+    coll.end_waits()
+    assert waiter.get(timeout=1) is None
+    assert coll.remove("other", False, 30.0) is None  # a queue created afterwards does not wait either
+    assert time.monotonic() - started < 0.1
+    assert coll.remove("full", False, 30.0).data == b"item"  # type: ignore[union-attr]
+    coll.close()
