@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench clean
+.PHONY: test run lint wheel bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,5 +24,9 @@ lint: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kestrel serve
 
+# The installable wheel (the Thrift contract included) in dist/; README: Operations.
+wheel: $(STAMP)
+	$(BIN)/pip wheel . --no-deps --quiet -w dist
+
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var dist

@@ -7,16 +7,19 @@ from typing import Any
 
 from gevent.pywsgi import WSGIServer
 
+from service import metrics
+from service.listener import Listener
 from service.server import KestrelServer
-from service.stats_render import prometheus, stats_json, stats_text
+from service.stats_render import stats_json, stats_text
 
 
-def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> WSGIServer:
+def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
+    """HTTP/1.1 on gevent's WSGI handler, accepted by the shared listener so that it stops with the rest."""
     routes: dict[str, tuple[str, Callable[[], bytes]]] = {
         "/ping": ("text/plain", lambda: b"pong\n"),
         "/stats.json": ("application/json", lambda: stats_json(server)),
         "/stats.txt": ("text/plain", lambda: stats_text(server)),
-        "/metrics": ("text/plain; version=0.0.4", lambda: prometheus(server)),
+        "/metrics": (metrics.CONTENT_TYPE_LATEST, lambda: metrics.render(server)),
     }
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -29,4 +32,5 @@ def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> WSGIS
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
 
-    return WSGIServer(listener, app, log=None)
+    wsgi = WSGIServer(listener, app, log=None, environ={"SERVER_NAME": listener[0]})
+    return Listener("admin", listener, wsgi.handle, server.config.max_connections)

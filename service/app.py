@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib
 import resource
 import signal
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gevent
 import structlog
 
+from service import metrics
 from service.config import ServerConfig
+from service.listener import Listener
 from service.server import KestrelServer
 
 if TYPE_CHECKING:
@@ -46,12 +49,13 @@ class App:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.server = KestrelServer(config)
-        self.listeners: list[Any] = []
+        self.listeners: list[Listener] = []
         self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
     def start(self) -> None:
         cfg = self.config
         fds = raise_open_file_limit()
+        metrics.install_storage_timing()
         self.server.collection.load()
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
         ports = {}
@@ -59,7 +63,7 @@ class App:
             port = getattr(cfg, field)
             if not port:
                 continue
-            factory: Callable[..., Any] = getattr(importlib.import_module(module_name), factory_name)
+            factory: Callable[..., Listener] = getattr(importlib.import_module(module_name), factory_name)
             listener = factory(self.server, (cfg.listen_address, port))
             listener.start()
             self.listeners.append(listener)
@@ -75,17 +79,28 @@ class App:
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop accepting, let calls in flight answer, then flush and fsync every journal."""
-        log.info("kestrel shutting down")
+    def stop(self) -> None:
+        """Leave the server sets first, so clients stop sending here; then stop accepting at once; let
+        every connection answer what it has read and then see the end of its stream, so idle ones close
+        at once and their sessions abort their open reads; wake waiting reads empty-handed; only then
+        close the queues (journals flushed and fsynced)."""
+        started = time.monotonic()
+        log.info("kestrel shutting down", connections=sum(len(lst.connections) for lst in self.listeners))
         if self.membership is not None:
-            self.membership.stop()  # clients stop sending here before the listeners close
+            self.membership.stop()
         for listener in self.listeners:
-            listener.close()
-        self.server.collection.close()  # wakes waiting readers, fsyncs journals
+            listener.stop_accepting()
         for listener in self.listeners:
-            listener.stop(timeout=timeout)
-        log.info("kestrel stopped")
+            listener.end_reading()
+        self.server.collection.end_waits()
+        deadline = started + self.config.shutdown_timeout / 1000.0
+        for listener in self.listeners:
+            if not listener.join(max(deadline - time.monotonic(), 0.0)):
+                log.warning("closing connections still busy at the shutdown timeout", listener=listener.name,
+                            connections=len(listener.connections))
+                listener.kill()
+        self.server.close()
+        log.info("kestrel stopped", seconds=round(time.monotonic() - started, 3))
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from service.status import Status, UnknownStatus
 from storage.config import (
     QueueConfigs,
     parse_bool,
@@ -19,8 +20,6 @@ from storage.config import (
     parse_size,
 )
 from storage.errors import ConfigError
-
-STATUSES = ("up", "readonly", "quiescent")
 
 
 def _port(key: str, value: Any) -> int:
@@ -47,9 +46,12 @@ def _choice(*choices: str) -> Any:
     return parse
 
 
-def _status(key: str, value: Any) -> str:
-    if isinstance(value, str) and value.lower().replace("_", "").replace("-", "") in STATUSES:
-        return value.lower().replace("_", "").replace("-", "")
+def _status(key: str, value: Any) -> Status:
+    if isinstance(value, str):
+        try:
+            return Status.parse(value)
+        except UnknownStatus:
+            pass
     raise ConfigError(key, f"expected up, readonly or quiescent, got {value!r}")
 
 
@@ -93,7 +95,7 @@ def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
 
 @dataclass
 class ServerConfig:
-    """Server settings with their defaults; queue settings live in `queues` (QueueConfigs)."""
+    """Server settings with their defaults; queue settings live in `queues`, parsed at load."""
 
     queue_path: str = "./var/spool/kestrel"
     listen_address: str = "127.0.0.1"
@@ -103,7 +105,7 @@ class ServerConfig:
     admin_port: int = 2223
     expiration_timer_frequency: int = 1000  # ms; 0 turns the background sweep off
     max_open_reads: int = 100
-    default_status: str = "up"
+    default_status: Status = Status.UP
     status_file: str | None = "{queue_path}/.status"
     status_change_grace_period: int = 0  # ms
     thrift_transport: str = "framed"
@@ -117,15 +119,12 @@ class ServerConfig:
     max_batch_items: int = 100_000  # items in one put call or text put block
     max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
     max_queues: int = 10_000  # queues (fanout children included) one server holds
+    shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
     zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
-    default_queue: dict[str, Any] = field(default_factory=dict)
-    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for reloads
-
-    def queue_configs(self) -> QueueConfigs:
-        return QueueConfigs(self.default_queue, self.queues)
 
     def resolved_status_file(self) -> str | None:
         if self.status_file is None:
@@ -156,6 +155,7 @@ _PARSERS: dict[str, Any] = {
     "max_batch_items": parse_count,
     "max_batch_bytes": parse_size,
     "max_queues": parse_count,
+    "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
     "zookeeper": _zookeeper,
 }
@@ -188,25 +188,26 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
     if not isinstance(data, Mapping):
         raise ConfigError("(top level)", f"expected a mapping of settings, got {type(data).__name__}")
     values: dict[str, Any] = {"source": source}
+    default_queue: Mapping[str, Any] = {}
+    queues: dict[str, Any] = {}
     for key, value in data.items():
         if key in _PARSERS:
             values[key] = _PARSERS[key](key, value)
         elif key == "default_queue":
             if value is not None and not isinstance(value, Mapping):
                 raise ConfigError(key, f"expected a mapping of queue settings, got {value!r}")
-            values[key] = dict(value or {})
+            default_queue = value or {}
         elif key == "queues":
             if value is not None and not isinstance(value, Mapping):
                 raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
-            values[key] = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
+            queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
         elif key == "aliases":
             values[key] = _aliases(value)
         else:
             known = ", ".join(sorted([*_PARSERS, "default_queue", "queues", "aliases"]))
             raise ConfigError(str(key), f"unknown setting (known: {known})")
-    config = ServerConfig(**values)
-    config.queue_configs()  # parse every queue setting now, so a bad one fails at start
-    return config
+    values["queues"] = QueueConfigs(default_queue, queues)  # every queue setting parsed once, here
+    return ServerConfig(**values)
 
 
 def load(path: str | None) -> ServerConfig:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from gevent.pool import Pool
-from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
-from service import LISTEN_BACKLOG
+from service.listener import Listener
 from service.server import KestrelServer
 from service.session import Session
 
@@ -27,7 +25,7 @@ class BufferedConnection:
         self.server = server
         self.sock = sock
         self.peer = peer
-        self.session = Session(server, peer, self.protocol)
+        self.session = Session(server, peer)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
 
@@ -60,8 +58,8 @@ class BufferedConnection:
 
 
 def make_line_server(connection: type[BufferedConnection], server: KestrelServer,
-                     listener: tuple[str, int]) -> StreamServer:
-    """A StreamServer running one `connection` per client."""
+                     listener: tuple[str, int]) -> Listener:
+    """A listener running one `connection` per client."""
 
     def handle(sock: gsocket, address: tuple[str, int]) -> None:
         try:
@@ -71,4 +69,4 @@ def make_line_server(connection: type[BufferedConnection], server: KestrelServer
         finally:
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)
+    return Listener(connection.protocol, listener, handle, server.config.max_connections)

@@ -8,10 +8,11 @@ bounded by `max_line_length` and items by `max_frame_size` before anything is al
 from __future__ import annotations
 
 import structlog
-from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
+from service import metrics
 from service.connection import BufferedConnection, CloseConnection, make_line_server
+from service.listener import Listener
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
 from service.server import KestrelServer
 from service.session import SessionError
@@ -88,7 +89,7 @@ class MemcacheConnection(BufferedConnection):
                     return end
                 pos = resync + 1
                 continue
-            self.store(command, bytes(buf[nl + 1:data_end]))
+            metrics.timed("memcache", "set", self.store, command, bytes(buf[nl + 1:data_end]))
             pos = data_end + 2
         return pos
 
@@ -114,8 +115,7 @@ class MemcacheConnection(BufferedConnection):
 
     def execute(self, command: Command) -> None:
         try:
-            handler = getattr(self, f"do_{command.name}")
-            handler(command)
+            metrics.timed("memcache", command.name, getattr(self, f"do_{command.name}"), command)
         except (CloseConnection, ConnectionError):
             raise
         except ProtocolError as e:
@@ -203,6 +203,6 @@ class MemcacheConnection(BufferedConnection):
         self.out.append(END)
 
 
-def make_memcache_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
+def make_memcache_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
     """A StreamServer speaking Kestrel's memcache dialect."""
     return make_line_server(MemcacheConnection, server, listener)

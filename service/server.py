@@ -26,7 +26,7 @@ class KestrelServer:
 
     def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
         self.config = config
-        self.collection = collection or QueueCollection(config.queue_path, config.queue_configs(),
+        self.collection = collection or QueueCollection(config.queue_path, config.queues,
                                                         config.aliases, salvage=config.salvage)
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
                                    config.status_change_grace_period)
@@ -80,9 +80,16 @@ class KestrelServer:
             log.info("reload: no config file, nothing to reload")
             return
         fresh = load(self.config.source)
-        self.config.default_queue, self.config.queues, self.config.aliases = (
-            fresh.default_queue, fresh.queues, fresh.aliases)
-        self.collection.reload(fresh.queue_configs(), fresh.aliases)
+        self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
+        self.collection.reload(fresh.queues, fresh.aliases)
+
+    def close(self) -> None:
+        """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their
+        journals, so the next start hands their items out again, as a crash would."""
+        for read in self.open_reads.values():
+            if read.timer is not None:
+                read.timer.kill(block=False)
+        self.collection.close()
 
     def request_shutdown(self) -> None:
         self.shutdown_requested.set()

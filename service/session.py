@@ -17,7 +17,7 @@ import gevent
 import structlog
 
 from service.server import KestrelServer
-from service.status import Status
+from service.status import Status, UnknownStatus
 from storage import QItem
 from storage.collection import check_queue_name
 from storage.errors import KestrelError
@@ -42,10 +42,9 @@ class OpenRead:
 class Session:
     """One client connection's view of the server."""
 
-    def __init__(self, server: KestrelServer, peer: str, protocol: str) -> None:
+    def __init__(self, server: KestrelServer, peer: str) -> None:
         self.server = server
         self.peer = peer
-        self.protocol = protocol
         self.coll = server.collection
         self.status = server.status
         self.stats = server.stats
@@ -104,8 +103,7 @@ class Session:
 
     def delete(self, queue: str) -> None:
         self.status.check_write("delete")
-        self.coll.delete(queue)
-        log.info("queue deleted", queue=queue, client=self.peer)
+        self.coll.delete(queue)  # the collection logs it
 
     # -----------------------------------------------------------------------------------------
     # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
@@ -280,11 +278,11 @@ class Session:
     def current_status(self) -> Status:
         return self.status.current
 
-    def set_status(self, status: Status | str) -> None:
-        if isinstance(status, str):
-            try:
-                status = Status.parse(status)
-            except ValueError as e:
-                raise SessionError(str(e)) from None
-        self.status.set(Status(status))
-        log.info("status set by client", status=Status(status).label, client=self.peer)
+    def set_status(self, status: Status | str | int) -> None:
+        """A status by name (memcache) or number (Thrift)."""
+        try:
+            value = Status.parse(status)
+        except UnknownStatus as e:
+            raise SessionError(str(e)) from None
+        self.status.set(value)
+        log.info("status set by client", status=value.label, client=self.peer)

@@ -1,4 +1,4 @@
-"""The guide's "Server stats" rendered for memcache STATS and DUMP_STATS, JSON, text and Prometheus."""
+"""The guide's "Server stats" for memcache STATS and DUMP_STATS, JSON and text (Prometheus: metrics.py)."""
 
 from __future__ import annotations
 
@@ -41,30 +41,3 @@ def stats_json(server: KestrelServer) -> bytes:
 
 def stats_text(server: KestrelServer) -> bytes:
     return "".join(f"{key}: {value}\n" for key, value in flat_stats(server)).encode()
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-_COUNTERS = {"total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
-             "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires",
-             "expired_items", "discarded", "transactions", "canceled_transactions", "total_flushes"}
-
-
-def prometheus(server: KestrelServer) -> bytes:
-    """Text exposition format: server figures as kestrel_<name>, queue figures with a queue label."""
-    lines = []
-    for key, value in server.global_stats().items():
-        if isinstance(value, int):
-            kind = "counter" if key in _COUNTERS else "gauge"
-            lines.append(f"# TYPE kestrel_{key} {kind}\nkestrel_{key} {value}")
-    lines.append(f'kestrel_info{{version="{_label(str(server.version))}"}} 1')
-    per_queue: dict[str, list[str]] = {}
-    for name, stats in server.queue_stats().items():
-        for key, value in stats.items():
-            per_queue.setdefault(key, []).append(f'kestrel_queue_{key}{{queue="{_label(name)}"}} {value}')
-    for key, samples in per_queue.items():
-        kind = "counter" if key in _COUNTERS else "gauge"
-        lines.append(f"# TYPE kestrel_queue_{key} {kind}\n" + "\n".join(samples))
-    return ("\n".join(lines) + "\n").encode()

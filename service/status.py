@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 from collections.abc import Callable
 
 import gevent
 import structlog
 
-from storage.errors import Refused
+from storage.errors import KestrelError, Refused
 
 log = structlog.get_logger("kestrel.status")
+
+
+class UnknownStatus(KestrelError, ValueError):
+    """Raised when a status name or number is not one of Up, ReadOnly, Quiescent."""
+
+
+class StatusChangePending(Refused):
+    """Raised when the status is changed while an earlier change is still in its grace period."""
 
 
 class Status(enum.IntEnum):
@@ -23,12 +32,20 @@ class Status(enum.IntEnum):
     UP = 3
 
     @classmethod
-    def parse(cls, text: str) -> Status:
-        key = text.strip().lower().replace("_", "").replace("-", "")
-        for status, names in _NAMES.items():
-            if key in names:
-                return status
-        raise ValueError(f"unknown status {text!r} (expected up, readonly or quiescent)")
+    def parse(cls, value: str | int) -> Status:
+        """The one reader of statuses: a name (`up`, `readonly`, `read_only`, `ReadOnly`,
+        `quiescent`: the config, the status file, memcache) or Thrift's number."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        elif isinstance(value, str):
+            key = value.strip().lower().replace("_", "").replace("-", "")
+            for status, names in _NAMES.items():
+                if key in names:
+                    return status
+        raise UnknownStatus(f"unknown status {value!r} (expected up, readonly or quiescent)")
 
     @property
     def label(self) -> str:
@@ -46,16 +63,17 @@ class StatusKeeper:
     so that clients watching the status can stop in time.
     """
 
-    def __init__(self, status_file: str | None, default: str, grace_period_ms: int) -> None:
+    def __init__(self, status_file: str | None, default: Status, grace_period_ms: int) -> None:
         self.status_file = status_file
         self.grace_period_ms = grace_period_ms
         self._grace: gevent.Greenlet | None = None
         self._subscribers: list[Callable[[Status, Status], None]] = []
+        self._grace_ends = 0.0
         if status_file is None:
             self.current = Status.NOT_CONFIGURED
             self.enforced = Status.UP
             return
-        self.current = self._read() or Status.parse(default)
+        self.current = self._read() or default
         self.enforced = self.current
 
     def _read(self) -> Status | None:
@@ -70,21 +88,30 @@ class StatusKeeper:
             return None
 
     def set(self, status: Status) -> None:
-        """Change the status and persist it. Raises Refused when no status file is configured."""
+        """Change the status and persist it.
+
+        Raises Refused when no status file is configured, StatusChangePending while an earlier
+        change is still in its grace period (setting that same status again is a no-op).
+        """
         if self.status_file is None:
             raise Refused("server status is not configured (no status_file)")
         if status == Status.NOT_CONFIGURED:
             raise Refused("cannot set the status to NOT_CONFIGURED")
+        if self._grace is not None:
+            if status == self.current:
+                return
+            left_ms = max(int((self._grace_ends - time.monotonic()) * 1000), 0)
+            raise StatusChangePending(
+                f"cannot change the status to {status.label}: the change from {self.enforced.label} to "
+                f"{self.current.label} is still in its grace period ({left_ms} ms left)")
         temp = f"{self.status_file}~~"
         with open(temp, "w", encoding="utf-8") as f:
             f.write(status.label + "\n")
         os.replace(temp, self.status_file)
         previous, self.current = self.current, status
         log.info("server status changed", status=status.label, previous=previous.label)
-        if self._grace is not None:
-            self._grace.kill(block=False)
-            self._grace = None
         if status < self.enforced and self.grace_period_ms > 0:
+            self._grace_ends = time.monotonic() + self.grace_period_ms / 1000.0
             self._grace = gevent.spawn_later(self.grace_period_ms / 1000.0, self._end_grace)
         else:
             self.enforced = status

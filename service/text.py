@@ -7,10 +7,11 @@ the connection's next fetch confirms (and a disconnect aborts); there are no oth
 from __future__ import annotations
 
 import structlog
-from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
+from service import metrics
 from service.connection import BufferedConnection, CloseConnection, make_line_server
+from service.listener import Listener
 from service.server import KestrelServer
 from storage.errors import KestrelError
 
@@ -45,7 +46,7 @@ class TextConnection(BufferedConnection):
                 return
             queue, items = self.putting, self.batch
             self.putting, self.batch = None, []
-            self.reply(lambda: b"+%d\n" % self.session.put(queue, items))
+            self.reply(lambda: b"+%d\n" % metrics.timed("text", "put_items", self.session.put, queue, items))
             return
         try:
             words = line.decode("utf-8").split()
@@ -59,7 +60,7 @@ class TextConnection(BufferedConnection):
         if handler is None:
             self.out.append(b"-unknown command %s\n" % command.encode()[:64])
             return
-        self.reply(lambda: handler(args))
+        self.reply(lambda: metrics.timed("text", command, handler, args))
 
     def reply(self, produce: object) -> None:
         try:
@@ -141,5 +142,5 @@ class TextConnection(BufferedConnection):
         raise CloseConnection
 
 
-def make_text_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
+def make_text_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
     return make_line_server(TextConnection, server, listener)

@@ -1,4 +1,4 @@
-"""Kestrel's Thrift service on a gevent StreamServer.
+"""Kestrel's Thrift service: one greenlet per connection under the shared listener.
 
 Requests are read with this server's own checked readers (service/thrift_protocol.py), binary or
 compact, framed or unframed: every length and count is checked against what the frame (or, unframed,
@@ -10,18 +10,17 @@ so its connection is closed after the reply.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import structlog
-from gevent.pool import Pool
-from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
 from contract import kestrel_thrift
-from service import LISTEN_BACKLOG
+from service import metrics
+from service.listener import Listener
 from service.server import KestrelServer
 from service.session import Session, SessionError
-from service.status import Status
 from service.thrift_messages import (
     INTERNAL_ERROR,
     INVALID_MESSAGE_TYPE,
@@ -85,11 +84,7 @@ class ThriftHandler:
         return int(self.session.current_status())
 
     def set_status(self, status: int | None) -> None:
-        try:
-            value = Status(status if status is not None else -1)
-        except ValueError:
-            raise SessionError(f"unknown status {status!r}") from None
-        self.session.set_status(value)
+        self.session.set_status(-1 if status is None else status)
 
     def get_version(self) -> str:
         return self.session.server.version
@@ -102,7 +97,7 @@ class ThriftConnection:
         cfg = server.config
         self.cfg = cfg
         self.peer = peer
-        self.session = Session(server, peer, "thrift")
+        self.session = Session(server, peer)
         self.handler = ThriftHandler(self.session)
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
@@ -162,7 +157,7 @@ class ThriftConnection:
         if problem is not None:
             return self._error(name, seqid, PROTOCOL_ERROR, problem), True
         try:
-            result = getattr(self.handler, name)(**args)
+            result = metrics.timed("thrift", name, functools.partial(getattr(self.handler, name), **args))
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e)), True
         except Exception as e:
@@ -174,8 +169,8 @@ class ThriftConnection:
         return encode_exception(self.writer_cls(), name, seqid, kind, message)
 
 
-def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
-    """A StreamServer speaking Kestrel's Thrift service with the configured transport and protocol."""
+def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
+    """A listener speaking Kestrel's Thrift service with the configured transport and protocol."""
 
     def handle(sock: gsocket, address: tuple[str, int]) -> None:
         try:
@@ -185,4 +180,4 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Stre
         finally:
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)
+    return Listener("thrift", listener, handle, server.config.max_connections)

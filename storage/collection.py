@@ -81,6 +81,7 @@ class QueueCollection:
         self.queue_deletes = 0
         self.queue_expires = 0
         self.closed = False
+        self.waits_ended = False
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -113,6 +114,8 @@ class QueueCollection:
                             salvage=self.salvage)
         q.setup()
         self._queues[name] = q
+        if self.waits_ended:
+            q.end_waits()
         if plus:
             self._fanouts.setdefault(parent_name, set()).add(name)
         self.queue_creates += 1
@@ -276,6 +279,12 @@ class QueueCollection:
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
+
+    def end_waits(self) -> None:
+        """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
+        self.waits_ended = True
+        for q in self._queues.values():
+            q.end_waits()
 
     def close(self) -> None:
         """Stop the sweeper and close every queue (journals flushed and fsynced)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import gevent
@@ -189,6 +190,17 @@ def read_records(path: str) -> Iterator[tuple[int, Record]]:
 # Writing
 
 
+# Set by the server to record timings (storage knows no metrics library): called as
+# timing(event, seconds) with event "write" (one append), "fsync" or "pack" (one whole pack).
+timing: Callable[[str, float], None] | None = None
+
+
+def record_timing(event: str, started: float) -> None:
+    """Report the time since `started` (a `time.perf_counter()` reading) to `timing`, if set."""
+    if timing is not None:
+        timing(event, time.perf_counter() - started)
+
+
 def _fsync_in_pool(fd: int) -> None:
     """fsync on the hub's threadpool, so that the event loop keeps serving meanwhile."""
     gevent.get_hub().threadpool.apply(os.fsync, (fd,))
@@ -217,10 +229,12 @@ class JournalWriter:
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets."""
+        started = time.perf_counter()
         written = os.write(self.fd, data)
         if written != len(data):  # a short write on a regular file: disk full or similar
             self._write_rest(data, written)
         self.size += len(data)
+        record_timing("write", started)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far."""
@@ -246,7 +260,9 @@ class JournalWriter:
             done = self._syncing = gevent.event.Event()
             target = self.size
             try:
+                started = time.perf_counter()
                 _fsync_in_pool(self.fd)
+                record_timing("fsync", started)
                 self._synced = max(self._synced, target)
             finally:
                 self._syncing = None

@@ -140,6 +140,7 @@ class PersistentQueue:
         self._packing: gevent.Greenlet | None = None
         self._waiters: deque[gevent.event.Event] = deque()
         self.closed = False
+        self.waits_ended = False
         self.create_time = clock.now_ms()
         self.total_items = 0
         self.expired_items = 0
@@ -630,21 +631,27 @@ class PersistentQueue:
                 return True
         return False
 
+    def end_waits(self) -> None:
+        """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
+        self.waits_ended = True
+        for event in self._waiters:
+            event.set()
+
     def _wait(self, fetch: Callable[[], QItem | None], timeout: float) -> QItem | None:
         item = fetch()
-        if item is not None or timeout <= 0:
+        if item is not None or timeout <= 0 or self.waits_ended:
             return item
         deadline = time.monotonic() + timeout
         event = gevent.event.Event()
         self._waiters.append(event)
         item = None
         try:
-            while item is None and not self.closed:
+            while item is None and not self.closed and not self.waits_ended:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not event.wait(remaining):
                     break
                 event.clear()
-                if self.closed:
+                if self.closed or self.waits_ended:
                     break
                 item = fetch()
             return item
@@ -711,8 +718,10 @@ class PersistentQueue:
         self._packing = gevent.spawn(self._pack, request, dead)
 
     def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:
+        started = time.perf_counter()
         try:
             final = gevent.get_hub().threadpool.apply(packer.write_pack, (request, dead))
+            journal.record_timing("pack", started)
         except Exception:
             log.exception("packing failed; the old journal files stay and remain correct", queue=self.name)
             self._packing = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -58,6 +59,7 @@ class ServerProcess:
             "admin_port": self.admin_port,
         }
         self.config.update(config or {})
+        self.open_files_limit: int | None = None  # RLIMIT_NOFILE for the server process
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _enabled_ports(self) -> list[int]:
@@ -77,10 +79,15 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         command = [sys.executable, "-m", "service", "serve", "--config", str(self.config_path)]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env)
+            self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,
+                                         preexec_fn=self._limit_open_files)
         for port in self._enabled_ports():
             wait_for_port(port, self.proc)
         return self
+
+    def _limit_open_files(self) -> None:
+        if self.open_files_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files_limit, self.open_files_limit))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         assert self.proc is not None

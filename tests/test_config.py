@@ -21,8 +21,8 @@ def test_documented_example_loads_with_every_default() -> None:
                 "expiration_timer_frequency", "max_frame_size", "thrift_transport", "thrift_protocol",
                 "default_status", "status_file", "max_line_length", "max_connections"):
         assert getattr(config, key) == getattr(defaults, key), key
-    queue = config.queue_configs().for_queue("anything")
-    assert queue == config.queue_configs().default
+    queue = config.queues.for_queue("anything")
+    assert queue == config.queues.default
     from storage.config import QueueConfig
     assert queue == QueueConfig()
 
@@ -68,3 +68,19 @@ def test_bad_file_stops_the_server_with_the_key_path(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert proc.returncode == 2
     assert "queues.jobs.max_size" in proc.stderr and "lots" in proc.stderr
+
+
+def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path: Path) -> None:
+    from service.server import KestrelServer
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\ndefault_queue:\n  max_items: 10\nqueues:\n  jobs:\n    max_items: 5\n")
+    config = load(str(path))
+    assert config.queues.for_queue("jobs").max_items == 5 and config.queues.for_queue("x").max_items == 10
+    server = KestrelServer(config)
+    assert server.collection.configs is config.queues  # start uses what load parsed
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: 7\n")
+    server.reload()
+    assert server.collection.configs is server.config.queues  # reload parses the file once, too
+    assert server.config.queues.for_queue("jobs").max_items == 7
+    server.close()

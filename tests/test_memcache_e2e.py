@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,8 +36,10 @@ def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", w
 
 
 @pytest.fixture
-def mc(server: ServerProcess) -> Client:
-    return Client(("127.0.0.1", server.memcache_port), timeout=10, default_noreply=False)
+def mc(server: ServerProcess) -> Iterator[Client]:
+    client = Client(("127.0.0.1", server.memcache_port), timeout=10, default_noreply=False)
+    yield client
+    client.close()
 
 
 def test_pymemcache_set_get_delete_stats_version(server: ServerProcess, mc: Client) -> None:
@@ -196,7 +199,7 @@ def test_admin_http(server: ServerProcess, mc: Client) -> None:
     assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] == 1
     assert b"queue_adm_items: 1" in urllib.request.urlopen(f"{base}/stats.txt").read()
     metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
-    assert 'kestrel_queue_items{queue="adm"} 1' in metrics and "# TYPE kestrel_cmd_set counter" in metrics
+    assert 'kestrel_queue_items{queue="adm"} 1.0' in metrics and "kestrel_cmd_set_total 1.0" in metrics
 
 
 def test_libmemcached_tools_client(server: ServerProcess, mc: Client, tmp_path: Any) -> None:

@@ -1,0 +1,144 @@
+"""The accept loop every listener shares: a bounded pool of connections, a calm response to running out
+of file descriptors, and a shutdown that answers what is in flight and closes what is idle.
+
+Out of descriptors (EMFILE, ENFILE), `accept` fails until some connection closes. The loop then backs
+off (10 ms doubling to half a second), logs one warning per interval with the number of refused
+attempts, and picks up the clients waiting in the backlog as soon as descriptors return.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections.abc import Callable
+
+import gevent
+import structlog
+from gevent.pool import Pool
+from gevent.socket import socket as gsocket
+
+from service import LISTEN_BACKLOG
+
+log = structlog.get_logger("kestrel.listener")
+
+Handler = Callable[[gsocket, tuple[str, int]], None]
+
+# accept() fails with these while the process or the system has no descriptor (or buffer) to spare.
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() fails with these when a client gave up before we took it: try the next one.
+CLIENT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
+
+MIN_BACKOFF = 0.01  # seconds
+MAX_BACKOFF = 0.5
+WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exhausted
+
+
+class Listener:
+    """Accepts clients on one port and runs `handle(sock, address)` for each in a bounded pool."""
+
+    def __init__(self, name: str, address: tuple[str, int], handle: Handler, max_connections: int,
+                 warn_interval: float = WARN_INTERVAL) -> None:
+        self.name = name
+        self.handle = handle
+        self.pool = Pool(max_connections)
+        self.warn_interval = warn_interval
+        self.socket = gsocket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(address)
+        self.socket.listen(LISTEN_BACKLOG)
+        self.address: tuple[str, int] = self.socket.getsockname()[:2]
+        self.connections: set[gsocket] = set()
+        self._acceptor: gevent.Greenlet | None = None
+        self._refused = 0  # accepts refused for want of descriptors since the last warning
+        self._refused_total = 0
+        self._exhausted_since = 0.0
+        self._last_warning: float | None = None
+
+    def start(self) -> None:
+        self._acceptor = gevent.spawn(self._accept_loop)
+
+    # -----------------------------------------------------------------------------------------
+    # Accepting
+
+    def _accept_loop(self) -> None:
+        backoff = MIN_BACKOFF
+        while True:
+            self.pool.wait_available()
+            try:
+                sock, address = self.socket.accept()
+            except OSError as e:
+                if self.socket.fileno() < 0:
+                    return  # closed by stop_accepting
+                if e.errno in CLIENT_GONE:
+                    continue
+                if e.errno in OUT_OF_DESCRIPTORS:
+                    self._note_refused(e)
+                else:
+                    log.error("accept failed; retrying", listener=self.name, error=repr(e))
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            backoff = MIN_BACKOFF
+            if self._refused_total:
+                self._note_recovered()
+            self.connections.add(sock)
+            self.pool.spawn(self._serve, sock, address)
+
+    def _note_refused(self, error: OSError) -> None:
+        now = time.monotonic()
+        if not self._refused_total:
+            self._exhausted_since = now
+        self._refused += 1
+        self._refused_total += 1
+        if self._last_warning is None or now - self._last_warning >= self.warn_interval:
+            log.warning("out of file descriptors: new clients wait in the backlog", listener=self.name,
+                        error=errno.errorcode.get(error.errno or 0, str(error.errno)),
+                        refused=self._refused, open_connections=len(self.connections))
+            self._last_warning = now
+            self._refused = 0
+
+    def _note_recovered(self) -> None:
+        log.warning("accepting clients again", listener=self.name, refused=self._refused_total,
+                    seconds_without_descriptors=round(time.monotonic() - self._exhausted_since, 3))
+        self._refused = self._refused_total = 0
+        self._last_warning = None
+
+    def _serve(self, sock: gsocket, address: tuple[str, int]) -> None:
+        try:
+            self.handle(sock, address)
+        except OSError:
+            pass  # the client went away; the handler has closed its session
+        except Exception:
+            log.exception("connection handler failed", listener=self.name,
+                          client=f"{address[0]}:{address[1]}")
+        finally:
+            self.connections.discard(sock)
+            sock.close()
+
+    # -----------------------------------------------------------------------------------------
+    # Stopping, in the order a clean shutdown needs
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket at once; clients still in the backlog are refused."""
+        if self._acceptor is not None:
+            self._acceptor.kill(block=False)
+            self._acceptor = None
+        self.socket.close()
+
+    def end_reading(self) -> None:
+        """Each connection reads end-of-stream once its buffered requests are answered, so idle ones
+        close at once and busy ones close after replying."""
+        for sock in list(self.connections):
+            try:
+                sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every connection to finish; True if they all did."""
+        return bool(self.pool.join(timeout=timeout))
+
+    def kill(self) -> None:
+        """End the connections that outlived the shutdown timeout (a client that stopped reading)."""
+        self.pool.kill(block=True, timeout=1.0)

@@ -1,0 +1,175 @@
+"""Prometheus metrics for `/metrics`, rendered by prometheus-client.
+
+Two sources: latency histograms, fed as things happen (requests through `timed`/`observe`, journal
+writes, fsyncs and packs through storage's timing hook), and the server's Kestrel figures, read at
+scrape time from the same counters that `/stats.json` and memcache `stats` show, so the three agree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.server import KestrelServer
+from storage import journal
+
+__all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "timed"]
+
+T = TypeVar("T")
+
+# `_created` series would double the output and tell nothing the uptime does not.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+HISTOGRAMS = CollectorRegistry()
+
+# Requests range from microseconds (a memcache get) to minutes (a get that waits for an item).
+_REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_PACK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+REQUEST_SECONDS = Histogram(
+    "kestrel_request_duration_seconds",
+    "Time from a request's arrival to its answer, by protocol and command; includes time spent waiting "
+    "for an item (get with a timeout, monitor).",
+    ["protocol", "command"], buckets=_REQUEST_BUCKETS, registry=HISTOGRAMS)
+_STORAGE_SECONDS = {
+    "write": Histogram("kestrel_journal_write_duration_seconds",
+                       "Time to hand one batch of journal records to the operating system (write(2)).",
+                       buckets=_DISK_BUCKETS, registry=HISTOGRAMS),
+    "fsync": Histogram("kestrel_journal_fsync_duration_seconds",
+                       "Time of one journal fsync; writers that arrive during it share the next one.",
+                       buckets=_DISK_BUCKETS, registry=HISTOGRAMS),
+    "pack": Histogram("kestrel_journal_pack_duration_seconds",
+                      "Time to pack a queue's rotated journals into one file (runs in the background).",
+                      buckets=_PACK_BUCKETS, registry=HISTOGRAMS),
+}
+
+
+_request_series: dict[tuple[str, str], Histogram] = {}  # labels() takes a lock: look each up once
+
+
+def observe(protocol: str, command: str, seconds: float) -> None:
+    """Record how long one request took to answer."""
+    series = _request_series.get((protocol, command))
+    if series is None:
+        series = _request_series[(protocol, command)] = REQUEST_SECONDS.labels(protocol, command)
+    series.observe(seconds)
+
+
+def timed(protocol: str, command: str, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, its duration recorded under `protocol` and `command` (also when it raises)."""
+    started = time.perf_counter()
+    try:
+        return call(*args)
+    finally:
+        observe(protocol, command, time.perf_counter() - started)
+
+
+def _storage_timing(event: str, seconds: float) -> None:
+    histogram = _STORAGE_SECONDS.get(event)
+    if histogram is not None:
+        histogram.observe(seconds)
+
+
+def install_storage_timing() -> None:
+    """Route storage's journal write, fsync and pack timings to the histograms."""
+    journal.timing = _storage_timing
+
+
+# ---------------------------------------------------------------------------------------------
+# The Kestrel figures
+
+_COUNTERS = {"total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
+             "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires",
+             "expired_items", "discarded", "transactions", "canceled_transactions", "total_flushes"}
+
+_HELP = {
+    "uptime": "Seconds since the server started.",
+    "time": "The server's clock, in seconds since the epoch.",
+    "curr_items": "Items in all queues.",
+    "total_items": "Items ever added.",
+    "bytes": "Bytes of item data held.",
+    "curr_connections": "Open client connections.",
+    "total_connections": "Client connections ever accepted.",
+    "cmd_get": "Get requests (each wait for an item counts once).",
+    "cmd_set": "Items offered by put and set requests.",
+    "cmd_peek": "Peek requests.",
+    "get_hits": "Get requests that returned an item.",
+    "get_misses": "Get requests that returned nothing.",
+    "bytes_read": "Bytes read from clients.",
+    "bytes_written": "Bytes written to clients.",
+    "queue_creates": "Queues created.",
+    "queue_deletes": "Queues deleted.",
+    "queue_expires": "Queues deleted for reaching max_queue_age.",
+    "items": "Items in the queue.",
+    "logsize": "Bytes of journal on disk.",
+    "expired_items": "Items that expired.",
+    "mem_items": "Items held in memory (the rest wait on disk in read-behind).",
+    "mem_bytes": "Bytes of item data held in memory.",
+    "age": "Milliseconds the last item taken had spent in the queue.",
+    "age_msec": "Milliseconds the last item taken had spent in the queue.",
+    "discarded": "Items dropped because the queue was full (discard_old_when_full).",
+    "waiters": "Clients waiting for an item.",
+    "open_transactions": "Reads handed out and not yet confirmed or aborted.",
+    "transactions": "Reliable reads ever opened.",
+    "canceled_transactions": "Reliable reads aborted (by the client, a timer or a disconnect).",
+    "total_flushes": "Times the queue was flushed.",
+    "create_time": "When the queue was created, in milliseconds since the epoch.",
+}
+
+
+def _family(name: str, key: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    help_text = _HELP.get(key, f"Kestrel's {key} figure.")
+    if key in _COUNTERS:
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+class KestrelCollector(Collector):
+    """The server's figures as `kestrel_<stat>`, each queue's as `kestrel_queue_<stat>{queue=...}`."""
+
+    def __init__(self, server: KestrelServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        info = InfoMetricFamily("kestrel_build", "The server's version.")
+        info.add_metric([], {"version": str(self.server.version)})
+        yield info
+        for key, value in self.server.global_stats().items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                family = _family(f"kestrel_{key}", key, [])
+                family.add_metric([], value)
+                yield family
+        per_queue: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for name, stats in self.server.queue_stats().items():
+            for key, value in stats.items():
+                if key not in per_queue:
+                    per_queue[key] = _family(f"kestrel_queue_{key}", key, ["queue"])
+                per_queue[key].add_metric([name], value)
+        yield from per_queue.values()
+
+
+class _Histograms(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield from HISTOGRAMS.collect()
+
+
+def render(server: KestrelServer) -> bytes:
+    """The text exposition of every metric, for `/metrics`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KestrelCollector(server))
+    registry.register(_Histograms())
+    return generate_latest(registry)

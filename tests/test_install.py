@@ -1,0 +1,70 @@
+"""A non-editable install: build the wheel, install it into a fresh virtual environment, serve from it.
+
+This is what an operator does (`pip install kestrel_py-*.whl`), and the only test that would notice a
+file missing from the wheel, such as the Thrift contract.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from contract import kestrel_thrift
+from tests.conftest import ROOT, free_port, wait_for_port
+
+
+def _run(*command: str | Path, cwd: Path) -> str:
+    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
+    # Build from a clean copy: setuptools leaves build/ behind, whose stale files would reach the wheel.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "var", "*.egg-info", "__pycache__", "tests", "bench", "spark-warehouse"))
+    _run(sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--quiet", "-w", tmp_path / "dist",
+         cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("kestrel_py-*.whl")
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    # The project's pip installs into the new environment (pip --python), from the same caches.
+    _run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet", wheel,
+         cwd=tmp_path)
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = _run(venv / "bin" / "python", "-c", "import contract; print(contract.IDL_PATH)", cwd=tmp_path)
+    assert Path(where.strip()).is_file() and Path(where.strip()).is_relative_to(venv), where
+
+    thrift_port, memcache_port = free_port(), free_port()
+    config = tmp_path / "kestrel.yaml"
+    config.write_text(yaml.safe_dump({
+        "queue_path": str(tmp_path / "queues"), "thrift_port": thrift_port, "memcache_port": memcache_port,
+        "text_port": 0, "admin_port": 0}))
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(venv / "bin" / "kestrel"), "serve", "--config", str(config)],
+                                cwd=tmp_path, env=env, stdout=out, stderr=out)
+    try:
+        wait_for_port(thrift_port, proc)
+        from thriftpy2.rpc import make_client
+        from thriftpy2.transport import TFramedTransportFactory
+
+        client = make_client(kestrel_thrift.Kestrel, "127.0.0.1", thrift_port,
+                             trans_factory=TFramedTransportFactory(), timeout=5000)
+        try:
+            assert client.put("installed", [b"from the wheel"], 0) == 1
+            assert [item.data for item in client.get("installed", 1, 0, 0)] == [b"from the wheel"]
+        finally:
+            client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)
+    assert code == 0 and "Traceback" not in log.read_text(), log.read_text()

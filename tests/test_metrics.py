@@ -1,0 +1,92 @@
+"""`/metrics` as Prometheus reads it: parsed with prometheus-client's own text parser."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from pymemcache.client.base import Client as MemcacheClient
+
+from tests.conftest import ServerProcess
+from tests.test_shutdown import _thrift_client
+
+
+def _scrape(srv: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=")
+        text = reply.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _sample(family: Any, name: str, **labels: str) -> float:
+    values = [s.value for s in family.samples if s.name == name and all(s.labels.get(k) == v
+                                                                          for k, v in labels.items())]
+    assert len(values) == 1, (name, labels, family.samples)
+    return float(values[0])
+
+
+def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: Any) -> None:
+    srv = server_factory({"default_queue": {"sync_journal": "always", "default_journal_size": "1KB"}})
+    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    thrift = _thrift_client(srv.thrift_port)
+    text = socket.create_connection(("127.0.0.1", srv.text_port), timeout=5)
+    try:
+        for _ in range(20):
+            assert mc.set("packed", b"x" * 100)
+        for _ in range(20):
+            assert mc.get("packed") == b"x" * 100  # empty with a journal past 1KB: rotated and packed
+        assert thrift.put("rpc", [b"a", b"b"], 0) == 2
+        text.sendall(b"put lines:\none\n\n")
+        assert text.recv(100) == b"+1\n"
+        deadline = time.monotonic() + 5
+        while True:
+            families = _scrape(srv)
+            if _sample(families["kestrel_journal_pack_duration_seconds"],
+                       "kestrel_journal_pack_duration_seconds_count") >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json").read())
+    finally:
+        mc.close()
+        thrift.close()
+        text.close()
+
+    # Kestrel's figures: counters end in _total, every family has its help text.
+    cmd_set = families["kestrel_cmd_set"]
+    assert cmd_set.type == "counter" and cmd_set.documentation
+    assert _sample(cmd_set, "kestrel_cmd_set_total") == stats["server"]["cmd_set"] == 23
+    assert _sample(families["kestrel_get_hits"], "kestrel_get_hits_total") == 20
+    items = families["kestrel_queue_items"]
+    assert items.type == "gauge"
+    assert _sample(items, "kestrel_queue_items", queue="rpc") == 2
+    assert _sample(items, "kestrel_queue_items", queue="packed") == 0
+    assert _sample(families["kestrel_queue_total_items"], "kestrel_queue_total_items_total", queue="packed") == 20
+    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version="0.1.0") == 1
+    assert all(f.documentation for f in families.values())
+
+    # Request latency per protocol and command.
+    requests = families["kestrel_request_duration_seconds"]
+    assert requests.type == "histogram"
+    count = "kestrel_request_duration_seconds_count"
+    assert _sample(requests, count, protocol="memcache", command="set") == 20
+    assert _sample(requests, count, protocol="memcache", command="get") == 20
+    assert _sample(requests, count, protocol="thrift", command="put") == 1
+    assert _sample(requests, count, protocol="text", command="put") == 1  # the header line
+    assert _sample(requests, count, protocol="text", command="put_items") == 1  # the blank line storing them
+    assert _sample(requests, "kestrel_request_duration_seconds_bucket", protocol="memcache", command="set",
+                   le="+Inf") == 20
+
+    # Journal writes and fsyncs (sync_journal: always), and the pack.
+    writes = _sample(families["kestrel_journal_write_duration_seconds"],
+                     "kestrel_journal_write_duration_seconds_count")
+    fsyncs = _sample(families["kestrel_journal_fsync_duration_seconds"],
+                     "kestrel_journal_fsync_duration_seconds_count")
+    assert writes >= 42 and 1 <= fsyncs <= writes  # one append per request: 20 sets, 20 gets, 2 puts
+    assert _sample(families["kestrel_journal_pack_duration_seconds"],
+                   "kestrel_journal_pack_duration_seconds_count") == 1
+    assert _sample(families["kestrel_journal_pack_duration_seconds"],
+                   "kestrel_journal_pack_duration_seconds_sum") > 0
