@@ -21,6 +21,7 @@ from service.session import ClientGone, Session
 log = structlog.get_logger("kestrel.connection")
 
 RECV_CHUNK = 64 * 1024
+YIELD_SECONDS = 0.0005
 # What `version` answers: the Kestrel release whose protocols we speak, then our own version.
 # libmemcached's tools refuse a major version of 0.
 PROTOCOL_VERSION = f"2.4.1-py{__version__}"
@@ -100,8 +101,10 @@ class BufferedConnection:
                     deadline = None
                 elif deadline is None:
                     deadline = time.monotonic() + request_timeout
-                if len(chunk) == RECV_CHUNK:
-                    gevent.sleep(0)  # a client streaming a large request lets the others in
+                if deadline is not None or len(chunk) == RECV_CHUNK:
+                    # A client streaming a large request lets the others in; a short timer (unlike
+                    # sleep(0)) makes the loop poll their sockets too.
+                    gevent.sleep(YIELD_SECONDS)
         except CloseConnection:
             self.send()
         except ClientGone:
@@ -121,7 +124,7 @@ class BufferedConnection:
         try:
             return call()
         finally:
-            watcher.kill(block=False)
+            watcher.kill()  # before this greenlet reads the socket again
 
     def _watch(self, waiter: gevent.Greenlet) -> None:
         while len(self.inbox) <= self.max_line:

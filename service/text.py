@@ -16,7 +16,13 @@ import structlog
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
 
-from service.connection import PROTOCOL_VERSION, BufferedConnection, CloseConnection, make_line_server
+from service.connection import (
+    PROTOCOL_VERSION,
+    YIELD_SECONDS,
+    BufferedConnection,
+    CloseConnection,
+    make_line_server,
+)
 from service.server import KestrelServer
 from service.session import ClientGone
 from service.status import Status
@@ -102,7 +108,7 @@ class TextConnection(BufferedConnection):
         for start in range(0, len(block.items), PUT_STEP):
             if start:
                 self.send()
-                gevent.sleep(0)
+                gevent.sleep(YIELD_SECONDS)
             step = block.items[start:start + PUT_STEP]
             stored = self.session.put(block.queue, step, expiry)
             accepted += stored

@@ -38,10 +38,10 @@ _ONE_QUEUE = {"flush", "delete"}
 _NO_ARGS = {"version", "quit", "shutdown"}
 
 
-def _number(text: str, error: str, signed: bool = False) -> int:
+def _number(text: str, error: str, signed: bool = False, opens_block: bool = False) -> int:
     digits = text[1:] if signed and text.startswith("-") else text
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
-        raise TextError(error)
+        raise TextError(error, opens_block)
     return int(text)
 
 
@@ -55,7 +55,9 @@ def _parse_put(line: str) -> TextCommand:
         raise TextError(QUEUE_REQUIRED, opens_block=True)
     if len(args) > 2:
         raise TextError("Error parsing expiration time.", opens_block=True)
-    expiry = _number(args[1], "Error parsing expiration time.", signed=True) if len(args) == 2 else None
+    expiry = None
+    if len(args) == 2:
+        expiry = _number(args[1], "Error parsing expiration time.", signed=True, opens_block=True)
     return TextCommand("put", queue=args[0], expiry_ms=expiry)
 
 

@@ -16,23 +16,7 @@ from pymemcache.client.base import Client
 
 from tests.conftest import ServerProcess
 from tests.installs import ensure_debian_package
-
-
-def conn(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
-
-
-def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", wait: float = 5.0) -> bytes:
-    """Send, then read until the reply ends with `expect_end`."""
-    sock.sendall(request)
-    data = b""
-    deadline = time.monotonic() + wait
-    while not data.endswith(expect_end) and time.monotonic() < deadline:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
+from tests.wire import conn, exchange
 
 
 @pytest.fixture
