@@ -16,7 +16,11 @@ from pymemcache.client.base import Client
 
 from tests.conftest import ServerProcess
 from tests.installs import ensure_debian_package
-from tests.wire import conn, exchange
+from tests.wire import (
+    close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
+    conn,
+    exchange,
+)
 
 
 @pytest.fixture

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.wire import closed_by_server, conn, eventually, exchange, memcache_stats
+from tests.wire import (
+    close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
+    closed_by_server,
+    conn,
+    eventually,
+    exchange,
+    memcache_stats,
+    shared_server,  # noqa: F401  (the module's `server`)
+)
 
 
 def set_item(port: int, queue: str, data: bytes) -> None:
@@ -273,8 +280,8 @@ def test_alias_with_a_refusing_destination_answers_not_stored(server_factory: An
 
 def test_one_bad_client_does_not_delay_another(server: ServerProcess) -> None:
     bad = conn(server.memcache_port)
-    bad.sendall(b"get q/t=60000\r\n")
-    garbage = socket.create_connection(("127.0.0.1", server.memcache_port))
+    bad.sendall(b"get stuck/t=60000\r\n")
+    garbage = conn(server.memcache_port)
     garbage.sendall(b"\x00" * 1000)
     s = conn(server.memcache_port)
     start = time.monotonic()

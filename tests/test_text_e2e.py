@@ -7,7 +7,15 @@ import time
 from typing import Any
 
 from tests.conftest import ServerProcess
-from tests.wire import closed_by_server, conn, eventually, exchange, memcache_stats
+from tests.wire import (
+    close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
+    closed_by_server,
+    conn,
+    eventually,
+    exchange,
+    memcache_stats,
+    shared_server,  # noqa: F401  (the module's `server`)
+)
 
 
 def text(port: int, request: bytes) -> bytes:
@@ -26,7 +34,7 @@ def test_refused_put_block_is_never_run_as_commands(server: ServerProcess) -> No
 
 def test_put_without_its_colon_is_refused_with_its_block(server: ServerProcess) -> None:
     s = conn(server.text_port)
-    reply = exchange(s, b"put q\nshutdown\n\nget q\n", b"*\n")
+    reply = exchange(s, b"put nocolon\nshutdown\n\nget nocolon\n", b"*\n")
     assert reply == b"-usage: put <queue> [expiry-ms]: then one item per line, then an empty line\n*\n"
 
 
@@ -68,7 +76,7 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
         prober.join()
     assert reply == b"+%d\n" % items
     assert len(delays) > 5, f"the other client was answered {len(delays)} times in {took:.2f}s"
-    assert max(delays) < 0.25, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
+    assert max(delays) < 0.3, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
 
 
 def test_put_expiry_in_milliseconds(server_factory: Any) -> None:

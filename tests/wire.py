@@ -4,11 +4,37 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import ServerProcess
+
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(scope="module", name="server")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`server` for a module that imports this: one server on the defaults for all its tests,
+    each keeping to its own queue names."""
+    srv = ServerProcess(tmp_path_factory.mktemp("shared")).start()
+    yield srv
+    srv.stop()
 
 
 def conn(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    _opened.append(sock)
+    return sock
+
+
+@pytest.fixture(autouse=True)
+def close_sockets(server_factory: Any) -> Iterator[None]:
+    """Close every socket a test opened before its servers stop (idle clients slow a stop down)."""
+    yield
+    while _opened:
+        _opened.pop().close()
 
 
 def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", wait: float = 5.0) -> bytes:
