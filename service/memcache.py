@@ -124,7 +124,9 @@ class MemcacheConnection(BufferedConnection):
             reply = STORED if stored else NOT_STORED
         except ItemTooLarge:
             reply = NOT_STORED
-        except KestrelError as e:
+        except (ConnectionError, ClientGone):
+            raise
+        except Exception as e:
             reply = self._error(e)
         if not command.noreply:
             self.out.append(reply)

@@ -1,9 +1,10 @@
 """Kestrel's text protocol: request lines parsed into values, with no I/O.
 
 `parse_line` turns one request line (without its line ending) into a TextCommand, None for a blank
-line, or raises TextError carrying the error to send. A line whose first word is `put` always
-opens an item block (items one per line, up to an empty line), even when it is refused, so that
-item lines are never taken for commands. Error texts are Kestrel's where Kestrel has one.
+line, or raises TextError carrying the error to send. A line ending with `:` or starting with the
+word `put` always opens an item block (items one per line, up to an empty line), even when it is
+refused, so that item lines are never taken for commands. Error texts are Kestrel's where Kestrel
+has one.
 """
 
 from __future__ import annotations
@@ -45,12 +46,11 @@ def _number(text: str, error: str, signed: bool = False, opens_block: bool = Fal
     return int(text)
 
 
-def _parse_put(line: str) -> TextCommand:
-    """`put <queue> [expiry-ms]:` (the colon ends the line)."""
-    if not line.endswith(":"):
-        raise TextError("usage: put <queue> [expiry-ms]: then one item per line, then an empty line",
-                        opens_block=True)
-    args = line[:-1].split()[1:]
+PUT_USAGE = "usage: put <queue> [expiry-ms]: then one item per line, then an empty line"
+
+
+def _parse_put(args: list[str]) -> TextCommand:
+    """The words after `put` in `put <queue> [expiry-ms]:`."""
     if not args:
         raise TextError(QUEUE_REQUIRED, opens_block=True)
     if len(args) > 2:
@@ -62,19 +62,28 @@ def _parse_put(line: str) -> TextCommand:
 
 
 def parse_line(line: bytes) -> TextCommand | None:
-    """Parse one command line; None for a blank one. Raises TextError for bad input."""
-    words = line.split()
-    if not words:
+    """Parse one command line; None for a blank one. Raises TextError for bad input.
+
+    As in Kestrel, a line ending with `:` is followed by an item block; so is any line starting
+    with the word `put` (a put that forgot its colon still has its items skipped, not run).
+    """
+    stripped = line.rstrip()
+    block = stripped.endswith(b":")
+    raw = (stripped[:-1] if block else stripped).split()  # ASCII whitespace only, as Kestrel
+    if not raw:
+        if block:
+            raise TextError(PUT_USAGE, opens_block=True)
         return None
-    is_put = words[0].lower() == b"put"
+    is_put = raw[0].lower() == b"put"
     try:
-        text = line.decode("utf-8")
+        words = [word.decode("utf-8") for word in raw]
     except UnicodeDecodeError:
-        raise TextError("command line is not valid UTF-8", opens_block=is_put) from None
-    if is_put:
-        return _parse_put(text.rstrip())
-    name, *args = text.split()
-    name = name.lower()
+        raise TextError("command line is not valid UTF-8", opens_block=block or is_put) from None
+    name, args = words[0].lower(), words[1:]
+    if is_put or block:
+        if not (is_put and block):
+            raise TextError(PUT_USAGE, opens_block=True)
+        return _parse_put(args)
     if name in _WAIT_COMMANDS:
         if not args:
             raise TextError(QUEUE_REQUIRED)

@@ -39,6 +39,8 @@ def test_lines_parse_to_commands(line: bytes, command: TextCommand | None) -> No
     (b"put :", "Queue name required.", True),
     (b"put q soon:", "Error parsing expiration time.", True),
     (b"put \xff:", "command line is not valid UTF-8", True),
+    (b"put:", "Queue name required.", True),
+    (b"get q:", "usage: put <queue> [expiry-ms]: then one item per line, then an empty line", True),
     (b"get", "Queue name required.", False),
     (b"get q later", "Error parsing timeout.", False),
     (b"get q -5", "Error parsing timeout.", False),
@@ -62,6 +64,8 @@ def test_every_line_parses_or_is_refused(line: bytes) -> None:
         command = parse_line(line)
     except TextError as e:
         assert e.message
-        assert e.opens_block == (bool(line.split()) and line.split()[0].lower() == b"put")
+        words = line.split()
+        put_line = bool(words) and words[0].lower() == b"put"
+        assert e.opens_block == (put_line or line.rstrip().endswith(b":"))
     else:
         assert command is None or command.name
