@@ -6,7 +6,6 @@ import json
 import resource
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +18,10 @@ from tests.installs import ensure_debian_package
 from tests.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
     conn,
+    eventually,
     exchange,
+    memcache_stats,
+    shared_server,  # noqa: F401  (the module's `server`)
 )
 
 
@@ -40,7 +42,7 @@ def test_pymemcache_set_get_delete_stats_version(server: ServerProcess, mc: Clie
     mc.set("gone", b"x")
     assert mc.delete("gone")
     stats = mc.stats()
-    assert stats[b"cmd_set"] == 3 and b"queue_jobs_items" in stats
+    assert stats[b"cmd_set"] >= 3 and stats[b"queue_jobs_items"] == 0
     assert mc.version()
 
 
@@ -85,7 +87,7 @@ def test_disconnect_with_an_open_read_puts_the_item_back(server: ServerProcess) 
     exchange(s, b"set r 0 0 4\r\nkeep\r\n")
     assert b"keep" in exchange(s, b"get r/open\r\n", b"END\r\n")
     s.close()
-    time.sleep(0.2)
+    eventually(lambda: memcache_stats(server.memcache_port)["queue_r_open_transactions"] == "0")
     other = conn(server.memcache_port)
     assert exchange(other, b"get r\r\n", b"END\r\n") == b"VALUE r 0 4\r\nkeep\r\nEND\r\n"
 
@@ -173,7 +175,7 @@ def test_text_protocol(server: ServerProcess) -> None:
     exchange(s, b"put tq:\nlast\n\n", b"\n")
     assert exchange(s, b"get tq\n", b"\n") == b":last\n"
     s.close()  # the read was open: it comes back
-    time.sleep(0.2)
+    eventually(lambda: memcache_stats(server.memcache_port)["queue_tq_open_transactions"] == "0")
     other = conn(server.text_port)
     assert exchange(other, b"get tq\n", b"\n") == b":last\n"
 
@@ -183,7 +185,7 @@ def test_admin_http(server: ServerProcess, mc: Client) -> None:
     base = f"http://127.0.0.1:{server.admin_port}"
     assert urllib.request.urlopen(f"{base}/ping").read() == b"pong\n"
     data = json.loads(urllib.request.urlopen(f"{base}/stats.json").read())
-    assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] == 1
+    assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] >= 1
     assert b"queue_adm_items: 1" in urllib.request.urlopen(f"{base}/stats.txt").read()
     metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
     assert 'kestrel_queue_items{queue="adm"} 1' in metrics and "# TYPE kestrel_cmd_set counter" in metrics
