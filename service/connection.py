@@ -112,13 +112,16 @@ class BufferedConnection:
         finally:
             self.session.close()
 
-    def watching(self, call: Callable[[], T]) -> T:
-        """Run a blocking session call while watching the socket.
+    def watching(self, call: Callable[[], T], waits: bool = True) -> T:
+        """Run a session call that `waits` for items while watching the socket.
 
         Input that arrives meanwhile is kept for after the call (up to one line's worth; beyond,
         the client waits). When the client hangs up, the session's wait is cancelled at once, so
-        the dead connection takes no item and its waiter and open reads are withdrawn.
+        the dead connection takes no item and its waiter and open reads are withdrawn. A call that
+        does not wait runs as it is.
         """
+        if not waits:
+            return call()
         waiter = gevent.getcurrent()
         watcher = gevent.spawn(self._watch, waiter)
         try:

@@ -171,7 +171,7 @@ class MemcacheConnection(BufferedConnection):
             self.send()  # earlier replies go out before this one waits
         data = self.watching(lambda: self.session.get_one(
             options.queue, timeout_ms=options.timeout_ms, open=options.open, close=options.close,
-            abort=options.abort, peek=options.peek))
+            abort=options.abort, peek=options.peek), waits=options.timeout_ms > 0)
         if data is not None:
             self._value(command, data)
         self.out.append(END)

@@ -144,19 +144,21 @@ class TextConnection(BufferedConnection):
             log.exception("text command failed", client=self.peer)
             self.out.append(b"-internal error: %s\n" % repr(e).encode()[:512])
 
-    def do_get(self, command: TextCommand) -> bytes:
+    def _fetch(self, command: TextCommand, *, open: bool = False, peek: bool = False) -> bytes:
+        """One item, after confirming this connection's reads on the queue (Kestrel's rule)."""
         self.session.confirm_reads(command.queue)
         if command.timeout_ms:
-            self.send()
-        return item(self.watching(lambda: self.session.get_one(command.queue, timeout_ms=command.timeout_ms,
-                                                               open=True)))
+            self.send()  # earlier replies go out before this one waits
+        data = self.watching(lambda: self.session.get_one(command.queue, timeout_ms=command.timeout_ms,
+                                                          open=open, peek=peek),
+                             waits=command.timeout_ms > 0)
+        return item(data)
+
+    def do_get(self, command: TextCommand) -> bytes:
+        return self._fetch(command, open=True)
 
     def do_peek(self, command: TextCommand) -> bytes:
-        self.session.confirm_reads(command.queue)
-        if command.timeout_ms:
-            self.send()
-        return item(self.watching(lambda: self.session.get_one(command.queue, timeout_ms=command.timeout_ms,
-                                                               peek=True)))
+        return self._fetch(command, peek=True)
 
     def do_monitor(self, command: TextCommand) -> bytes:
         self.session.confirm_reads(command.queue)
