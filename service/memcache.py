@@ -151,11 +151,12 @@ class MemcacheConnection(BufferedConnection):
             self.out.append(b"ERROR\r\n")
             raise CloseConnection from None
         except ProtocolError as e:
-            self.out.append(e.reply.encode() + CRLF)
+            self.reply(command, e.reply.encode() + CRLF)
         except Exception as e:
-            self.out.append(self._error(e))
+            self.reply(command, self._error(e))
 
     def reply(self, command: Command, line: bytes) -> None:
+        """A reply, unless the client said `noreply` (then it reads none, not even an error)."""
         if not command.noreply:
             self.out.append(line)
 

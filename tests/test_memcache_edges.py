@@ -164,6 +164,9 @@ def test_noreply_is_honoured_by_every_command(server: ServerProcess) -> None:
              b"delete n noreply\r\ndelete n 0 noreply\r\nflush_expired n noreply\r\nflush_all_expired noreply\r\n"
              b"confirm n 1 noreply\r\nreload noreply\r\n")
     assert exchange(s, quiet + b"version\r\n") == b"VERSION 2.4.1-py0.1.0\r\n"
+    # refusals are not answered either: the client reads no reply
+    refused = b"status readonly\r\nset n 0 0 1 noreply\r\nx\r\nflush n noreply\r\nstatus up\r\n"
+    assert exchange(s, refused + b"version\r\n", b"VERSION 2.4.1-py0.1.0\r\n") == b"END\r\nEND\r\nVERSION 2.4.1-py0.1.0\r\n"
 
 
 def test_version_has_a_major_version_libmemcached_accepts(server: ServerProcess) -> None:
