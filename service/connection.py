@@ -1,14 +1,30 @@
-"""What the memcache and text connections share: a session, a receive buffer, batched replies."""
+"""What the memcache and text connections share: a session, a receive buffer, batched replies,
+idle and slow-client limits, and waits that end the moment the client goes away."""
 
 from __future__ import annotations
 
-from gevent.socket import socket as gsocket
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
+import gevent
+import structlog
+from gevent.socket import socket as gsocket
+from gevent.socket import timeout as socket_timeout
+
+from service import __version__
 from service.listener import Listener
 from service.server import KestrelServer
-from service.session import Session
+from service.session import ClientGone, Session
+
+log = structlog.get_logger("kestrel.connection")
 
 RECV_CHUNK = 64 * 1024
+YIELD_SECONDS = 0.0005
+# What `version` answers: the Kestrel release whose protocols we speak, then our own version.
+# libmemcached's tools refuse a major version of 0.
+PROTOCOL_VERSION = f"2.4.1-py{__version__}"
+T = TypeVar("T")
 
 
 class CloseConnection(Exception):
@@ -28,10 +44,15 @@ class BufferedConnection:
         self.session = Session(server, peer)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
+        self.inbox = bytearray()  # input that arrived while a blocking read was waiting
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used."""
         raise NotImplementedError
+
+    def mid_request(self) -> bool:
+        """Whether a request spans what has been processed so far (an item still to come)."""
+        return False
 
     def send(self) -> None:
         if self.out:
@@ -40,21 +61,83 @@ class BufferedConnection:
             self.server.stats.bytes_written += len(data)
             self.sock.sendall(data)
 
+    def _receive(self, deadline: float | None) -> bytes:
+        """The next input: what arrived during a wait, else a recv bounded by `deadline` or, between
+        requests, by `client_timeout`. Raises CloseConnection when the client is too slow or idle."""
+        if self.inbox:
+            data = bytes(self.inbox)
+            self.inbox.clear()
+            return data
+        if deadline is not None:
+            timeout: float | None = max(deadline - time.monotonic(), 0.001)
+        else:
+            idle = self.server.config.client_timeout
+            timeout = None if idle is None else idle / 1000.0
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(RECV_CHUNK)
+        except socket_timeout:
+            reason = "request_timeout" if deadline is not None else "client_timeout"
+            log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
+            raise CloseConnection from None
+        finally:
+            self.sock.settimeout(None)
+
     def run(self) -> None:
         buf = bytearray()
+        request_timeout = self.server.config.request_timeout / 1000.0
+        deadline: float | None = None  # the request in progress must be complete by then
         try:
             while True:
-                chunk = self.sock.recv(RECV_CHUNK)
+                chunk = self._receive(deadline)
                 if not chunk:
                     return
                 self.server.stats.bytes_read += len(chunk)
                 buf += chunk
                 del buf[:self.process(buf)]
                 self.send()
+                if not buf and not self.mid_request():
+                    deadline = None
+                elif deadline is None:
+                    deadline = time.monotonic() + request_timeout
+                if deadline is not None or len(chunk) == RECV_CHUNK:
+                    # A client streaming a large request lets the others in; a short timer (unlike
+                    # sleep(0)) makes the loop poll their sockets too.
+                    gevent.sleep(YIELD_SECONDS)
         except CloseConnection:
             self.send()
+        except ClientGone:
+            pass
         finally:
             self.session.close()
+
+    def watching(self, call: Callable[[], T], waits: bool = True) -> T:
+        """Run a session call that `waits` for items while watching the socket.
+
+        Input that arrives meanwhile is kept for after the call (up to one line's worth; beyond,
+        the client waits). When the client hangs up, the session's wait is cancelled at once, so
+        the dead connection takes no item and its waiter and open reads are withdrawn. A call that
+        does not wait runs as it is.
+        """
+        if not waits:
+            return call()
+        waiter = gevent.getcurrent()
+        watcher = gevent.spawn(self._watch, waiter)
+        try:
+            return call()
+        finally:
+            watcher.kill()  # before this greenlet reads the socket again
+
+    def _watch(self, waiter: gevent.Greenlet) -> None:
+        while len(self.inbox) <= self.max_line:
+            try:
+                data = self.sock.recv(RECV_CHUNK)
+            except OSError:
+                data = b""
+            if not data:
+                self.session.client_gone(waiter)
+                return
+            self.inbox += data
 
 
 def make_line_server(connection: type[BufferedConnection], server: KestrelServer,

@@ -1,8 +1,8 @@
 """Kestrel's memcache dialect: command lines parsed into values, with no I/O.
 
 `parse_line` turns one request line (without its line ending) into a Command or raises
-ProtocolError carrying the reply to send (`ERROR` for an unknown command, `CLIENT_ERROR <reason>`
-for a malformed one).
+ProtocolError carrying the reply to send (`CLIENT_ERROR <reason>`, as Kestrel answers an unknown
+or malformed command) and, for a refused `set`, what to do with the item data that follows.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ RELATIVE_EXPIRY_LIMIT = 1_000_000
 
 
 class ProtocolError(Exception):
-    """A request that gets an error reply; `reply` is the line to send, without CRLF."""
+    """A request that gets an error reply; `reply` is the line to send, without CRLF.
 
-    def __init__(self, reply: str) -> None:
+    After a refused `set`, `skip` is how many bytes of item data follow the line and must be
+    dropped unread; `close` says the connection must close (the item's length is unknown).
+    """
+
+    def __init__(self, reply: str, skip: int = 0, close: bool = False) -> None:
         super().__init__(reply)
         self.reply = reply
+        self.skip = skip
+        self.close = close
 
 
 def client_error(reason: str) -> ProtocolError:
@@ -43,12 +49,16 @@ class Command:
 
     name: str
     key: str = ""
-    args: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()  # dump_stats' queue names
     get: GetOptions | None = None
+    cas: bool = False  # `gets`: VALUE lines carry a CAS field
     flags: int = 0
     expiry: int = 0
     size: int = 0
     noreply: bool = False
+    count: int | None = None  # confirm's count, monitor's max items
+    timeout_ms: int = 0  # monitor's period
+    status: str | None = None  # the new status of `status <new>`
 
 
 def parse_get_key(key: str) -> GetOptions:
@@ -65,7 +75,7 @@ def parse_get_key(key: str) -> GetOptions:
         seen.add(name)
         if name == "t":
             value = option[2:]
-            if not value.isdigit() or len(value) > 10:
+            if not _is_digits(value) or len(value) > 10:
                 raise client_error(f"bad timeout {option!r}: expected t=<milliseconds>")
             timeout = int(value)
         elif name not in ("open", "close", "abort", "peek"):
@@ -77,17 +87,58 @@ def parse_get_key(key: str) -> GetOptions:
     return GetOptions(queue, timeout, "open" in seen, "close" in seen, "abort" in seen, "peek" in seen)
 
 
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _int(text: str, what: str, low: int = 0, high: int = 2**63 - 1) -> int:
-    if not text.lstrip("-").isdigit() or len(text) > 20:
+    digits = text[1:] if text.startswith("-") else text
+    if not _is_digits(digits) or len(text) > 20:
         raise client_error(f"bad {what} {text!r}")
     value = int(text)
     if not low <= value <= high:
-        raise client_error(f"{what} {value} out of range")
+        raise client_error(f"{what} {value} out of range {low}..{high}")
     return value
 
 
-_NO_ARGS = {"version", "flush_all", "shutdown", "reload", "stats", "dump_stats", "dump_config", "quit"}
-_ONE_KEY = {"delete", "flush"}
+def _seconds_ms(text: str) -> int:
+    """`monitor`'s period: whole or decimal seconds, finite and not negative → milliseconds."""
+    whole, _, fraction = text.partition(".")
+    if not _is_digits(whole + fraction) or len(whole) > 10:
+        raise client_error(f"bad monitor period {text!r}: expected seconds, a number 0 or more")
+    return int(whole or "0") * 1000 + int((fraction + "000")[:3])
+
+
+def _split_noreply(args: list[str]) -> tuple[list[str], bool]:
+    if args and args[-1] == "noreply":
+        return args[:-1], True
+    return args, False
+
+
+# memcache exptime is a 32-bit field: relative seconds, or epoch seconds up to 2106.
+EXPIRY_LOW, EXPIRY_HIGH = -(2**31), 2**32 - 1
+MAX_ITEM_BYTES = 2**31 - 1
+_NO_ARGS = {"version", "shutdown", "reload", "stats", "dump_config", "quit", "flush_all_expired"}
+_ONE_QUEUE = {"delete", "flush", "flush_expired"}
+
+
+def _parse_set(args: list[str]) -> Command:
+    """`set <queue> <flags> <exptime> <bytes> [noreply]`; a refusal says how much data to skip."""
+    size: int | None = None
+    if len(args) >= 4 and _is_digits(args[3]) and len(args[3]) <= 10 and int(args[3]) <= MAX_ITEM_BYTES:
+        size = int(args[3])
+    try:
+        if len(args) not in (4, 5) or (len(args) == 5 and args[4] != "noreply"):
+            raise client_error("usage: set <queue> <flags> <exptime> <bytes> [noreply]")
+        if size is None:
+            raise client_error(f"bad byte count {args[3]!r}: expected 0..{MAX_ITEM_BYTES}")
+        return Command("set", key=args[0], flags=_int(args[1], "flags", 0, 2**32 - 1),
+                       expiry=_int(args[2], "exptime", EXPIRY_LOW, EXPIRY_HIGH), size=size,
+                       noreply=len(args) == 5)
+    except ProtocolError as e:
+        if size is None:
+            raise ProtocolError(e.reply + " (closing: the item's length is unknown)", close=True) from None
+        raise ProtocolError(e.reply, skip=size + 2) from None
 
 
 def parse_line(line: bytes) -> Command:
@@ -98,44 +149,49 @@ def parse_line(line: bytes) -> Command:
         raise client_error("command line is not valid UTF-8") from None
     parts = text.split()
     if not parts:
-        raise ProtocolError("ERROR")
+        raise client_error("empty command line")
     name = parts[0].lower()
     args = parts[1:]
     if name in ("get", "gets"):
-        if len(args) != 1:
-            raise client_error("get takes exactly one queue name")
-        return Command("get", key=args[0], get=parse_get_key(args[0]))
+        if not args:
+            raise client_error(f"usage: {name} <queue>[/options]")
+        # Kestrel serves the first key of a multi-key get and ignores the rest.
+        return Command("get", key=args[0], get=parse_get_key(args[0]), cas=name == "gets")
     if name == "set":
-        if len(args) not in (4, 5) or (len(args) == 5 and args[4] != "noreply"):
-            raise client_error("usage: set <queue> <flags> <exptime> <bytes> [noreply]")
-        return Command("set", key=args[0], flags=_int(args[1], "flags", 0, 2**32 - 1),
-                       expiry=_int(args[2], "exptime", -(2**31), 2**63 - 1),
-                       size=_int(args[3], "byte count", 0, 2**31 - 1), noreply=len(args) == 5)
-    if name in _ONE_KEY:
-        noreply = bool(args) and args[-1] == "noreply"
-        rest = args[:-1] if noreply else args
-        if len(rest) == 2 and name == "delete" and rest[1] == "0":
-            rest = rest[:1]  # memcache's old delete time argument
-        if len(rest) != 1:
+        return _parse_set(args)
+    args, noreply = _split_noreply(args)
+    if name in _ONE_QUEUE:
+        if len(args) == 2 and name == "delete" and args[1] == "0":
+            args = args[:1]  # memcache's old delete time argument
+        if len(args) != 1:
             raise client_error(f"usage: {name} <queue> [noreply]")
-        return Command(name, key=rest[0], noreply=noreply)
+        return Command(name, key=args[0], noreply=noreply)
+    if name == "flush_all":
+        if len(args) > 1:
+            raise client_error("usage: flush_all [delay] [noreply]")
+        if args:
+            _int(args[0], "flush_all delay")
+        return Command(name, noreply=noreply)
+    if name == "dump_stats":
+        return Command(name, keys=tuple(args), noreply=noreply)
     if name in _NO_ARGS:
-        if args and name not in ("flush_all",):
+        if args:
             raise client_error(f"{name} takes no arguments")
-        return Command(name)
+        return Command(name, noreply=noreply)
     if name == "monitor":
         if len(args) not in (2, 3):
             raise client_error("usage: monitor <queue> <seconds> [max-items]")
-        return Command(name, key=args[0], args=tuple(args[1:]))
+        count = _int(args[2], "max-items") if len(args) == 3 else None
+        return Command(name, key=args[0], timeout_ms=_seconds_ms(args[1]), count=count)
     if name == "confirm":
         if len(args) != 2:
             raise client_error("usage: confirm <queue> <count>")
-        return Command(name, key=args[0], args=(str(_int(args[1], "count")),))
+        return Command(name, key=args[0], count=_int(args[1], "count"), noreply=noreply)
     if name == "status":
         if len(args) > 1:
             raise client_error("usage: status [up|readonly|quiescent]")
-        return Command(name, args=tuple(args))
-    raise ProtocolError("ERROR")
+        return Command(name, status=args[0] if args else None, noreply=noreply)
+    raise client_error(f"unknown command {name[:64]!r}")
 
 
 def absolute_expiry_ms(exptime: int, now_ms: int) -> int:

@@ -29,6 +29,14 @@ class SessionError(KestrelError):
     """Raised when a client misuses the protocol (a second open read, too many open reads...)."""
 
 
+class OpenReadConflict(SessionError):
+    """Raised for a plain get on a queue where the connection holds an open read."""
+
+
+class ClientGone(Exception):
+    """Raised inside a blocking read whose client has hung up."""
+
+
 @dataclass
 class OpenRead:
     """A Thrift open read: which queue and xid, who opened it, and its auto-abort timer."""
@@ -53,6 +61,8 @@ class Session:
         self.stats.curr_connections += 1
         self.stats.total_connections += 1
         self.closed = False
+        self.gone = False  # the client hung up during a blocking read
+        self._waiting = False  # in the one wait a hang-up may cancel
 
     def close(self) -> None:
         """The connection is gone: memcache-style open reads go back to their queues."""
@@ -91,10 +101,24 @@ class Session:
         return self.coll.add_many(queue, items, expiry_ms)
 
     def flush(self, queue: str) -> None:
+        """Empty a queue; one that does not exist is not created."""
         self.status.check_write("flush")
-        self._touch(queue)
+        check_queue_name(queue)
+        if self.coll.get(queue) is None:
+            return
         self.coll.flush(queue)
         log.info("queue flushed", queue=queue, client=self.peer)
+
+    def flush_expired(self, queue: str) -> int:
+        """Drop the expired items of one queue (not created if missing); how many."""
+        self.status.check_write("flush_expired")
+        check_queue_name(queue)
+        q = self.coll.get(queue)
+        return q.discard_expired() if q is not None else 0
+
+    def flush_all_expired(self) -> int:
+        self.status.check_write("flush_all_expired")
+        return sum(self.flush_expired(name) for name in self.coll.queue_names())
 
     def flush_all(self) -> None:
         self.status.check_write("flush_all")
@@ -183,13 +207,57 @@ class Session:
         return self._close_reads(queue, ids, confirm=False)
 
     # -----------------------------------------------------------------------------------------
-    # Memcache-style reads: one open read per connection and queue
+    # Memcache-style reads: open reads kept per queue on this connection, oldest first
+
+    def client_gone(self, waiter: gevent.Greenlet) -> None:
+        """The connection saw its client hang up: cancel `waiter`'s wait for an item, if it is in one.
+
+        Only the wait itself is cancelled (never a remove or a journal write in progress), so the
+        dead connection takes no item; its open reads are aborted when the connection closes.
+        """
+        self.gone = True
+        gevent.get_hub().loop.run_callback(self._cancel_wait, waiter)
+
+    def _cancel_wait(self, waiter: gevent.Greenlet) -> None:
+        if self._waiting and not waiter.dead:
+            waiter.throw(ClientGone())
+
+    def _wait_for_item(self, queue: str, seconds: float) -> bool:
+        """Wait until `queue` has a head item (the one wait a hang-up may cancel)."""
+        if self.gone:
+            raise ClientGone
+        self._waiting = True
+        try:
+            return self.coll.peek(queue, seconds) is not None
+        finally:
+            self._waiting = False
+
+    def _take(self, queue: str, seconds: float, open: bool = False, peek: bool = False) -> QItem | None:
+        """The head item (removed, opened or only looked at), waiting up to `seconds` for one."""
+        deadline = time.monotonic() + seconds
+        while True:
+            item = self.coll.peek(queue) if peek else self.coll.remove(queue, open)
+            if item is not None:
+                return item
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                return None
+
+    def _wait_seconds(self, timeout_ms: int) -> float:
+        """A client's wait, capped by `max_wait`."""
+        return min(max(timeout_ms, 0), self.server.config.max_wait) / 1000.0
+
+    def holds_open_reads(self, queue: str) -> bool:
+        return bool(self.pending.get(queue))
 
     def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
                 abort: bool = False, peek: bool = False) -> bytes | None:
-        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`."""
+        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
+
+        Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
+        """
         if close:
-            self.confirm_count(queue, 1)
+            self.confirm_reads(queue, 1)
         if abort:
             self.status.check_read("abort")
             self.abort_pending(queue)
@@ -197,35 +265,40 @@ class Session:
             return None
         self.status.check_read("peek" if peek else "get")
         self._touch(queue)
-        wait = max(timeout_ms, 0) / 1000.0
+        if not peek and self.pending.get(queue):
+            if not open:
+                raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
+            raise SessionError("already have an open read on this queue: close or abort it first")
         if peek:
             self.stats.cmd_peek += 1
-            item = self.coll.peek(queue, wait)
         else:
-            if open and self.pending.get(queue):
-                raise SessionError("already have an open read on this queue: close or abort it first")
             self.stats.cmd_get += 1
-            item = self.coll.remove(queue, open, wait)
-            if item is not None and open:
-                self.pending.setdefault(queue, []).append(item.xid)
+        item = self._take(queue, self._wait_seconds(timeout_ms), open=open, peek=peek)
+        if item is not None and open:
+            self.pending.setdefault(queue, []).append(item.xid)
         if item is None:
             self.stats.get_misses += 1
             return None
         self.stats.get_hits += 1
         return item.data
 
-    def monitor(self, queue: str, seconds: float, max_items: int | None = None) -> Iterator[bytes]:
-        """Items arriving within `seconds`, each an open read to be closed with `confirm_count`."""
+    def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
+        """Items arriving within `timeout_ms`, each an open read to be closed with `confirm_reads`.
+
+        As in Kestrel, it stops once this connection holds `max_open_reads` open reads on `queue`
+        (the default for `max_items`); each item is a hit or a miss, not a `cmd_get`.
+        """
         self.status.check_read("monitor")
         self._touch(queue)
-        deadline = time.monotonic() + max(seconds, 0)
+        limit = self.server.config.max_open_reads
+        max_items = limit if max_items is None else max_items
+        deadline = time.monotonic() + self._wait_seconds(timeout_ms)
         count = 0
-        while max_items is None or count < max_items:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
+        while count < max_items and len(self.pending.get(queue, ())) < limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return
-            self.stats.cmd_get += 1
-            item = self.coll.remove(queue, True, wait)
+            item = self._take(queue, remaining, open=True)
             if item is None:
                 self.stats.get_misses += 1
                 return
@@ -234,17 +307,18 @@ class Session:
             count += 1
             yield item.data
 
-    def confirm_count(self, queue: str, count: int) -> bool:
-        """Confirm the oldest `count` open reads of this connection on `queue`; False if none."""
+    def confirm_reads(self, queue: str, count: int | None = None) -> int:
+        """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
         xids = self.pending.get(queue)
         if not xids:
-            return False
-        for xid in xids[:count]:
+            return 0
+        done = xids[:count] if count is not None else list(xids)
+        for xid in done:
             self.coll.confirm(queue, xid)
-        del xids[:count]
+        del xids[:len(done)]
         if not xids:
             del self.pending[queue]
-        return True
+        return len(done)
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""

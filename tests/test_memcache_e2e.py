@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import resource
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -16,23 +16,14 @@ from pymemcache.client.base import Client
 
 from tests.conftest import ServerProcess
 from tests.installs import ensure_debian_package
-
-
-def conn(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
-
-
-def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", wait: float = 5.0) -> bytes:
-    """Send, then read until the reply ends with `expect_end`."""
-    sock.sendall(request)
-    data = b""
-    deadline = time.monotonic() + wait
-    while not data.endswith(expect_end) and time.monotonic() < deadline:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
+from tests.wire import (
+    close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
+    conn,
+    eventually,
+    exchange,
+    memcache_stats,
+    shared_server,  # noqa: F401  (the module's `server`)
+)
 
 
 @pytest.fixture
@@ -52,7 +43,7 @@ def test_pymemcache_set_get_delete_stats_version(server: ServerProcess, mc: Clie
     mc.set("gone", b"x")
     assert mc.delete("gone")
     stats = mc.stats()
-    assert stats[b"cmd_set"] == 3 and b"queue_jobs_items" in stats
+    assert stats[b"cmd_set"] >= 3 and stats[b"queue_jobs_items"] == 0
     assert mc.version()
 
 
@@ -66,8 +57,7 @@ def test_exact_reply_bytes(server: ServerProcess) -> None:
     assert exchange(s, b"flush work\r\n") == b"END\r\n"
     assert exchange(s, b"flush_all\r\n") == b"Flushed all queues.\r\n"
     assert exchange(s, b"version\r\n").startswith(b"VERSION ")
-    assert exchange(s, b"bogus\r\n") == b"ERROR\r\n"
-    assert exchange(s, b"set q 0 0 x\r\n").startswith(b"CLIENT_ERROR")
+    assert exchange(s, b"bogus\r\n") == b"CLIENT_ERROR unknown command 'bogus'\r\n"
     assert exchange(s, b"status\r\n") == b"UP\r\n"
 
 
@@ -98,7 +88,7 @@ def test_disconnect_with_an_open_read_puts_the_item_back(server: ServerProcess) 
     exchange(s, b"set r 0 0 4\r\nkeep\r\n")
     assert b"keep" in exchange(s, b"get r/open\r\n", b"END\r\n")
     s.close()
-    time.sleep(0.2)
+    eventually(lambda: memcache_stats(server.memcache_port)["queue_r_open_transactions"] == "0")
     other = conn(server.memcache_port)
     assert exchange(other, b"get r\r\n", b"END\r\n") == b"VALUE r 0 4\r\nkeep\r\nEND\r\n"
 
@@ -180,13 +170,13 @@ def test_text_protocol(server: ServerProcess) -> None:
     assert exchange(s, b"peek tq\n", b"\n") == b":two\n"
     assert exchange(s, b"get tq\n", b"\n") == b":two\n"
     assert exchange(s, b"get tq\n", b"\n") == b"*\n"
-    assert exchange(s, b"confirm tq 1\n", b"\n") == b"+0\n"
+    assert exchange(s, b"confirm tq 1\n", b"\n") == b"-Not that many transactions open.\n"
     assert exchange(s, b"flush tq\n", b"\n") == b"+0\n"
     assert exchange(s, b"dance\n", b"\n").startswith(b"-")
     exchange(s, b"put tq:\nlast\n\n", b"\n")
     assert exchange(s, b"get tq\n", b"\n") == b":last\n"
     s.close()  # the read was open: it comes back
-    time.sleep(0.2)
+    eventually(lambda: memcache_stats(server.memcache_port)["queue_tq_open_transactions"] == "0")
     other = conn(server.text_port)
     assert exchange(other, b"get tq\n", b"\n") == b":last\n"
 
@@ -196,10 +186,12 @@ def test_admin_http(server: ServerProcess, mc: Client) -> None:
     base = f"http://127.0.0.1:{server.admin_port}"
     assert urllib.request.urlopen(f"{base}/ping").read() == b"pong\n"
     data = json.loads(urllib.request.urlopen(f"{base}/stats.json").read())
-    assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] == 1
+    assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] >= 1
     assert b"queue_adm_items: 1" in urllib.request.urlopen(f"{base}/stats.txt").read()
     metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
-    assert 'kestrel_queue_items{queue="adm"} 1.0' in metrics and "kestrel_cmd_set_total 1.0" in metrics
+    assert 'kestrel_queue_items{queue="adm"} 1.0' in metrics
+    cmd_set = re.search(r"^kestrel_cmd_set_total (\S+)$", metrics, re.M)
+    assert cmd_set is not None and float(cmd_set.group(1)) >= 1  # the module's server is shared
 
 
 def test_libmemcached_tools_client(server: ServerProcess, mc: Client, tmp_path: Any) -> None:

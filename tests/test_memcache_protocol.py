@@ -1,0 +1,54 @@
+"""The memcache parser without sockets: what a refused set does with the item data that follows."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.memcache_protocol import ProtocolError, parse_line
+
+
+@pytest.mark.parametrize("line, skip, close", [
+    (b"set q 0 0 abc", 0, True),  # the length is unreadable: the connection must close
+    (b"set q 0 0", 0, True),
+    (b"set q 0 0 99999999999", 0, True),
+    (b"set q x 0 5", 7, False),  # the length is known: its data and CRLF are skipped
+    (b"set q 0 9223372036854776 1", 3, False),
+    (b"set q 0 0 5 loudly", 7, False),
+])
+def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close: bool) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_line(line)
+    assert refused.value.reply.startswith("CLIENT_ERROR ")
+    assert (refused.value.skip, refused.value.close) == (skip, close)
+
+
+@pytest.mark.parametrize("line, name, noreply", [
+    (b"flush_all noreply", "flush_all", True),
+    (b"flush_all 0 noreply", "flush_all", True),
+    (b"flush_all 0", "flush_all", False),
+    (b"delete q 0 noreply", "delete", True),
+    (b"flush_expired q noreply", "flush_expired", True),
+    (b"flush_all_expired", "flush_all_expired", False),
+])
+def test_noreply_forms(line: bytes, name: str, noreply: bool) -> None:
+    command = parse_line(line)
+    assert (command.name, command.noreply) == (name, noreply)
+
+
+def test_gets_and_multi_key_get() -> None:
+    assert parse_line(b"gets q").cas and not parse_line(b"get q").cas
+    command = parse_line(b"get a b c")
+    assert command.key == "a" and command.get is not None and command.get.queue == "a"
+
+
+@pytest.mark.parametrize("period, ms", [(b"1", 1000), (b"0.25", 250), (b".5", 500), (b"0", 0)])
+def test_monitor_periods(period: bytes, ms: int) -> None:
+    assert parse_line(b"monitor q " + period).timeout_ms == ms
+
+
+def test_empty_and_unknown_lines_are_client_errors() -> None:
+    for line, reply in ((b"", "CLIENT_ERROR empty command line"),
+                        (b"bogus", "CLIENT_ERROR unknown command 'bogus'")):
+        with pytest.raises(ProtocolError) as refused:
+            parse_line(line)
+        assert refused.value.reply == reply

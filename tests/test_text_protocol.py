@@ -1,0 +1,71 @@
+"""The text protocol's parser, without sockets: every line is a command, nothing, or a named error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.text_protocol import TextCommand, TextError, parse_line
+
+
+@pytest.mark.parametrize("line, command", [
+    (b"put q:", TextCommand("put", queue="q")),
+    (b"put q 1500:", TextCommand("put", queue="q", expiry_ms=1500)),
+    (b"put q -1:", TextCommand("put", queue="q", expiry_ms=-1)),
+    (b"PUT q :", TextCommand("put", queue="q")),
+    (b"get q", TextCommand("get", queue="q")),
+    (b"get q 250", TextCommand("get", queue="q", timeout_ms=250)),
+    (b"peek q 10", TextCommand("peek", queue="q", timeout_ms=10)),
+    (b"monitor q 500", TextCommand("monitor", queue="q", timeout_ms=500)),
+    (b"monitor q 500 3", TextCommand("monitor", queue="q", timeout_ms=500, count=3)),
+    (b"confirm q 2", TextCommand("confirm", queue="q", count=2)),
+    (b"flush q", TextCommand("flush", queue="q")),
+    (b"delete q", TextCommand("delete", queue="q")),
+    (b"status", TextCommand("status")),
+    (b"status readonly", TextCommand("status", status="readonly")),
+    (b"version", TextCommand("version")),
+    (b"quit", TextCommand("quit")),
+    (b"shutdown", TextCommand("shutdown")),
+    (b"  ", None),
+])
+def test_lines_parse_to_commands(line: bytes, command: TextCommand | None) -> None:
+    assert parse_line(line) == command
+
+
+@pytest.mark.parametrize("line, message, opens_block", [
+    (b"put my queue:", "Error parsing expiration time.", True),
+    (b"put q", "usage: put <queue> [expiry-ms]: then one item per line, then an empty line", True),
+    (b"put :", "Queue name required.", True),
+    (b"put q soon:", "Error parsing expiration time.", True),
+    (b"put \xff:", "command line is not valid UTF-8", True),
+    (b"put:", "Queue name required.", True),
+    (b"get q:", "usage: put <queue> [expiry-ms]: then one item per line, then an empty line", True),
+    (b"get", "Queue name required.", False),
+    (b"get q later", "Error parsing timeout.", False),
+    (b"get q -5", "Error parsing timeout.", False),
+    (b"monitor q", "Queue name & timeout required.", False),
+    (b"monitor q nan", "Error parsing timeout.", False),
+    (b"confirm q", "Queue name & count required.", False),
+    (b"confirm q x", "Error parsing count.", False),
+    (b"flush", "Queue name required.", False),
+    (b"dance", "Unknown command: dance", False),
+    (b"\xff", "command line is not valid UTF-8", False),
+])
+def test_bad_lines_name_what_was_wrong(line: bytes, message: str, opens_block: bool) -> None:
+    with pytest.raises(TextError) as refused:
+        parse_line(line)
+    assert refused.value.message == message and refused.value.opens_block == opens_block
+
+
+@given(st.binary(max_size=120))
+def test_every_line_parses_or_is_refused(line: bytes) -> None:
+    try:
+        command = parse_line(line)
+    except TextError as e:
+        assert e.message
+        words = line.split()
+        put_line = bool(words) and words[0].lower() == b"put"
+        assert e.opens_block == (put_line or line.rstrip().endswith(b":"))
+    else:
+        assert command is None or command.name

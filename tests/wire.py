@@ -1,0 +1,79 @@
+"""Raw-socket helpers for the line protocols: exact bytes in, exact bytes out."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import ServerProcess
+
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(scope="module", name="server")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`server` for a module that imports this: one server on the defaults for all its tests,
+    each keeping to its own queue names."""
+    srv = ServerProcess(tmp_path_factory.mktemp("shared")).start()
+    yield srv
+    srv.stop()
+
+
+def conn(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    _opened.append(sock)
+    return sock
+
+
+@pytest.fixture(autouse=True)
+def close_sockets(server_factory: Any) -> Iterator[None]:
+    """Close every socket a test opened before its servers stop (idle clients slow a stop down)."""
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", wait: float = 5.0) -> bytes:
+    """Send, then read until the reply ends with `expect_end` (or the connection closes)."""
+    sock.sendall(request)
+    data = b""
+    deadline = time.monotonic() + wait
+    while not data.endswith(expect_end) and time.monotonic() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def closed_by_server(sock: socket.socket, wait: float = 5.0) -> bool:
+    """Whether the server closes `sock` within `wait` seconds (any unread reply is dropped)."""
+    sock.settimeout(wait)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def memcache_stats(port: int) -> dict[str, str]:
+    with conn(port) as s:
+        text = exchange(s, b"stats\r\n", b"END\r\n").decode()
+    return {parts[1]: parts[2] for line in text.splitlines() if len(parts := line.split(" ", 2)) == 3}
+
+
+def eventually(check: Callable[[], bool], wait: float = 5.0) -> float:
+    """Poll `check` every 10 ms until true; return the seconds it took (AssertionError on time-out)."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > wait:
+            raise AssertionError(f"condition not met within {wait}s")
+        time.sleep(0.01)
+    return time.monotonic() - start
