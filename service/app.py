@@ -104,10 +104,12 @@ class App:
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""
-        self.start()
+        # Handlers first: a signal that arrives while the listeners start must not kill the process
+        # with the default action once clients can already reach it.
         gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGHUP, self._reload)
+        self.start()
         self.server.shutdown_requested.wait()
         self.stop()
 
