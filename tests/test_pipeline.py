@@ -250,6 +250,205 @@ def test_writer_rides_out_a_server_restart(spark: Any, server: ServerProcess) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# Streams
+
+
+class Sink:
+    """An idempotent sink: a batch written again replaces its earlier copy."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[bytes]] = {}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.batches[batch_id] = [r.data for r in df.collect()]
+
+    def rows(self) -> list[bytes]:
+        return [row for batch in self.batches.values() for row in batch]
+
+
+def stream(spark: Any, servers: str, checkpoint: Path, **options: Any) -> Any:
+    reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
+              .option("checkpointLocation", str(checkpoint)))
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def settle(*servers: ServerProcess, timeout: float = 20.0) -> None:
+    """Wait until no open reads are left (the documented auto-abort returns them)."""
+    deadline = time.monotonic() + timeout
+    while any(waiting(s, "events")[1] for s in servers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_idle_stream_delivers_each_item_once_over_the_same_connections(spark: Any, server: ServerProcess,
+                                                                      tmp_path: Path) -> None:
+    put(server, "events", [b"e%d" % i for i in range(1000)])
+    sink = Sink()
+    query = stream(spark, address(server), tmp_path / "cp", autoAbortMs=5000).writeStream \
+        .foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")).start()
+    try:
+        query.processAllAvailable()
+        time.sleep(1)  # the committed batch is confirmed at the next planning
+        before = connections_made(server)
+        time.sleep(20)  # idle, four times the auto-abort time
+        query.processAllAvailable()
+        assert connections_made(server) == before  # idle: no new connections
+        assert sorted(sink.rows()) == sorted(b"e%d" % i for i in range(1000))  # each once
+        assert waiting(server, "events") == (0, 0)  # confirmed, not left to time out
+    finally:
+        query.stop()
+
+
+def test_available_now_drains_50000_items_within_the_limit_and_stops(spark: Any, server_factory: Any,
+                                                                    tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "events", [b"a%d" % i for i in range(30_000)])
+    put(b, "events", [b"b%d" % i for i in range(20_000)])
+    sink = Sink()
+    partitions: list[int] = []
+
+    def write(df: Any, batch_id: int) -> None:
+        partitions.append(df.rdd.getNumPartitions())
+        sink(df, batch_id)
+
+    query = stream(spark, address(a, b), tmp_path / "cp", maxItemsPerTrigger=20_000).writeStream \
+        .foreachBatch(write).option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True).start()
+    assert query.awaitTermination(120)  # stopped by itself
+    assert len(sink.rows()) == 50_000 and len(set(sink.rows())) == 50_000
+    assert all(len(rows) <= 20_000 for rows in sink.batches.values()) and len(sink.batches) >= 3
+    assert min(partitions) >= 2  # at least one partition per server
+    assert waiting(a, "events") == (0, 0) and waiting(b, "events") == (0, 0)
+
+
+def test_stopped_stream_resumes_with_every_item(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(3000)}
+    put(server, "events", sorted(items))
+    sink = Sink()
+    cp = tmp_path / "cp"
+
+    def start() -> Any:
+        return stream(spark, address(server), cp, maxItemsPerTrigger=500, autoAbortMs=3000).writeStream \
+            .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+
+    query = start()
+    deadline = time.monotonic() + 60
+    while len(sink.batches) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+    query = start()
+    try:
+        query.processAllAvailable()
+        settle(server)  # reads given up by the stop come back
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert set(rows) == items
+    print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
+    assert len(rows) - len(items) <= 500  # documented: at most the batch in flight at the stop
+    settle(server)
+    assert waiting(server, "events") == (0, 0)
+
+
+DRIVER = """
+import sys, time
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+servers, checkpoint, out = sys.argv[1:4]
+def write(df, batch_id):
+    df.write.mode("overwrite").parquet(f"{out}/{batch_id}")
+    time.sleep(1)
+(spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
+ .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 3000)
+ .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
+ .awaitTermination())
+"""
+
+
+def test_killed_driver_resumes_from_the_checkpoint(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    items = {b"e%d" % i for i in range(2000)}
+    put(server, "events", sorted(items))
+    cp, out = tmp_path / "cp", tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out)],
+                              cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "1" / "_SUCCESS").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (out / "1" / "_SUCCESS").exists(), "the driver never wrote a batch"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
+        driver.wait()
+
+    def write(df: Any, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(f"{out}/{batch_id}")
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=400, autoAbortMs=3000).writeStream \
+        .foreachBatch(write).option("checkpointLocation", str(cp)).start()
+    try:
+        query.processAllAvailable()
+        settle(server)  # reads of the batch in flight at the kill come back
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = [r.data for r in spark.read.parquet(f"{out}/*").collect()]
+    assert set(rows) == items
+    print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
+    assert len(rows) - len(items) <= 400  # documented: at most the batch in flight at the kill
+
+
+def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server: ServerProcess,
+                                                              tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(3000)}
+    put(server, "events", sorted(items))
+    cp = tmp_path / "cp"
+    slow = Sink()
+
+    def write(df: Any, batch_id: int) -> None:
+        slow(df, batch_id)
+        if batch_id == 1:
+            server.kill()
+            server.start()
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=500, autoAbortMs=3000).writeStream \
+        .foreachBatch(write).option("checkpointLocation", str(cp)).start()
+    try:
+        query.processAllAvailable()
+        settle(server)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = slow.rows()
+    assert set(rows) == items
+    print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
+    assert len(rows) - len(items) <= 2 * 500  # documented: the batches whose reads the restart returned
+    settle(server)
+    assert waiting(server, "events") == (0, 0)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
+    ({}, "option 'checkpointLocation' is required"),
+])
+def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[str, str], message: str) -> None:
+    reader = spark.readStream.format("kestrel").option("servers", "127.0.0.1:1").option("queue", "q")
+    if options:
+        reader = reader.option("checkpointLocation", str(tmp_path / "cp"))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
+    with pytest.raises(Exception, match=message):
+        query.awaitTermination(60)
+    query.stop()
+
+
+# ---------------------------------------------------------------------------------------------
 # Journals
 
 
