@@ -1,20 +1,27 @@
-"""`spark.read.format("kestrel-journal")`: journal files as DataFrames, with no server.
+"""`spark.read.format("kestrel-journal").load(queue_path)`: journal files as DataFrames, no server.
 
-Default mode: one row per journal record (one partition per journal file), read with the storage
-engine's own reader. `mode=items`: the items each queue holds after replay, open reads included
-and marked, replayed by the storage engine itself on a private copy of the queue's files, so the
-operator's directory (even a running server's) is never changed.
+- `view=records` (default): one row per record, read with the storage engine's own reader, one
+  partition per file, rows handed over as Arrow batches.
+- `view=items`: the items each queue would hold after a restart (open reads first, marked), from a
+  read-only replay of the files in place (pipeline/replay.py): nothing is copied or changed, so a
+  running server's directory is safe to read.
+- `mode`: PERMISSIVE (default) reports damage as a row with `status` "torn" or "corrupt: ..."
+  (records) or stops that queue's items at the damage with a logged error (items); FAILFAST fails
+  the job naming the file and offset.
+- `queue`: only these queues (comma-separated); their files alone are opened. With
+  `filterPushdown=true` (which needs `spark.sql.python.filterPushdown.enabled`), `where queue = ...`
+  and `queue in (...)` do the same.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+import pyarrow as pa
+import structlog
+from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, Filter, In, InputPartition
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -23,7 +30,12 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
+
+from pipeline.options import Option, choice, parse_options, text
+
+log = structlog.get_logger("kestrel.pipeline")
 
 RECORDS_SCHEMA = StructType([
     StructField("queue", StringType(), False),
@@ -31,8 +43,8 @@ RECORDS_SCHEMA = StructType([
     StructField("offset", LongType(), False),
     StructField("opcode", StringType(), True),
     StructField("xid", IntegerType(), True),
-    StructField("add_time", LongType(), True),  # ms since the epoch
-    StructField("expiry", LongType(), True),  # ms since the epoch, 0 = never
+    StructField("timestamp", TimestampType(), True),  # when the item was added
+    StructField("expiry", TimestampType(), True),  # null: never expires
     StructField("data", BinaryType(), True),
     StructField("status", StringType(), False),  # ok, torn (incomplete final record) or corrupt: ...
 ])
@@ -41,119 +53,192 @@ ITEMS_SCHEMA = StructType([
     StructField("queue", StringType(), False),
     StructField("position", LongType(), False),  # 0 = the head
     StructField("data", BinaryType(), False),
-    StructField("add_time", LongType(), False),
-    StructField("expiry", LongType(), False),
-    StructField("open", BooleanType(), False),  # an open read when the journal was copied
+    StructField("timestamp", TimestampType(), True),
+    StructField("expiry", TimestampType(), True),  # null: never expires
+    StructField("open", BooleanType(), False),  # an open read when the journal was written
     StructField("xid", IntegerType(), True),
 ])
+
+JOURNAL_OPTIONS = [
+    Option("path", text, doc="the queue path (or pass it to load())"),
+    Option("view", choice("records", "items"), "records"),
+    Option("mode", choice("PERMISSIVE", "FAILFAST"), "PERMISSIVE", "what damage does"),
+    Option("queue", text, None, "only these queues, comma-separated"),
+    Option("filterPushdown", choice("true", "false"), "false", "take `queue` filters from `where`"),
+]
+
+ROWS_PER_BATCH = 10_000
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType in Arrow
 
 
 class JournalPartition(InputPartition):
     def __init__(self, queue: str, paths: list[str]) -> None:
         super().__init__(queue)
-        self.queue = queue
-        self.paths = paths
+        self.queue, self.paths = queue, paths
 
 
-def _queue_files(path: str, only: str | None) -> list[tuple[str, list[str]]]:
-    """(queue, its journal files in replay order) for every queue in the directory."""
-    from storage.journal import list_journal_files, scan_queue_names
-
-    out = []
-    for name in sorted(scan_queue_names(path)):
-        if only and name != only:
-            continue
-        files = list_journal_files(path, name)
-        paths = files.replay_order() + [p for _, p in files.packs]
-        if paths:
-            out.append((name, paths))
-    return out
+def _timestamps(ms: list[int | None]) -> Any:
+    """Milliseconds since the epoch (0 or None: no time) as Spark's TimestampType in Arrow."""
+    return pa.array([v or None for v in ms], pa.timestamp("ms", tz="UTC")).cast(TIMESTAMP)
 
 
-def record_rows(queue: str, path: str) -> Iterator[tuple[Any, ...]]:
-    """One row per record of one journal file; damage becomes a final row, not an error."""
+def record_batches(queue: str, path: str, failfast: bool) -> Iterator[Any]:
+    """One file's records as Arrow batches; damage is a final row, or an error under FAILFAST."""
     from storage.codec import OPCODE_NAMES
     from storage.errors import CorruptJournalError
     from storage.journal import RecordReader
 
+    names = RECORDS_SCHEMA.fieldNames()
+    arrow = pa.schema([
+        pa.field("queue", pa.string(), False), pa.field("file", pa.string(), False),
+        pa.field("offset", pa.int64(), False), pa.field("opcode", pa.string()), pa.field("xid", pa.int32()),
+        pa.field("timestamp", TIMESTAMP), pa.field("expiry", TIMESTAMP),
+        pa.field("data", pa.binary()), pa.field("status", pa.string(), False)])
+    columns: list[list[Any]] = [[] for _ in names]
+    offsets, opcodes, xids, times, expiries, datas, statuses = columns[2:]
+
+    def flush() -> Any:
+        n = len(offsets)
+        batch = pa.RecordBatch.from_arrays([
+            pa.array([queue] * n, pa.string()), pa.array([path] * n, pa.string()),
+            pa.array(offsets, pa.int64()), pa.array(opcodes, pa.string()), pa.array(xids, pa.int32()),
+            _timestamps(times), _timestamps(expiries),
+            pa.array(datas, pa.binary()), pa.array(statuses, pa.string())], schema=arrow)
+        for column in columns:
+            column.clear()
+        return batch
+
+    def damage(offset: int, status: str) -> None:
+        if failfast:
+            raise CorruptJournalError(path, offset, None, f"{status} (mode FAILFAST)")
+        offsets.append(offset)
+        opcodes.append(None)
+        xids.append(None)
+        times.append(None)
+        expiries.append(None)
+        datas.append(None)
+        statuses.append(status)
+
     reader = RecordReader(path)
     try:
-        for offset, record in reader:
-            yield (queue, path, offset, OPCODE_NAMES[type(record)], getattr(record, "xid", None),
-                   getattr(record, "add_time", None), getattr(record, "expiry", None),
-                   getattr(record, "data", None), "ok")
-        left = reader.leftover()
-        if left:
-            yield (queue, path, reader.offset, None, None, None, None, None, "torn")
-    except CorruptJournalError as e:
-        yield (queue, path, e.offset, None, None, None, None, None, f"corrupt: {e.reason}")
+        try:
+            for offset, record in reader:
+                offsets.append(offset)
+                opcodes.append(OPCODE_NAMES[type(record)])
+                xids.append(getattr(record, "xid", None))
+                times.append(getattr(record, "add_time", None))
+                expiry = getattr(record, "expiry", None)
+                expiries.append(expiry if expiry is not None else getattr(record, "expiry_s", 0) * 1000)
+                datas.append(getattr(record, "data", None))
+                statuses.append("ok")
+                if len(offsets) >= ROWS_PER_BATCH:
+                    yield flush()
+            if reader.leftover():
+                damage(reader.offset, "torn")
+        except CorruptJournalError as e:
+            if failfast:
+                raise
+            damage(e.offset, f"corrupt: {e.reason}")
+        if offsets:
+            yield flush()
     finally:
         reader.close()
 
 
-def item_rows(queue: str, paths: list[str]) -> Iterator[tuple[Any, ...]]:
-    """The queue as the server would load it, replayed on a private copy of its files."""
-    from storage import PersistentQueue, QueueConfig
+def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
+    """The queue as the server would load it, open reads first."""
+    from pipeline.replay import Replay
+    from storage.errors import CorruptJournalError
 
-    scratch = tempfile.mkdtemp(prefix="kestrel-items-")
+    replay = Replay()
     try:
-        for path in paths:
-            shutil.copy2(path, os.path.join(scratch, os.path.basename(path)))
-        q = PersistentQueue(queue, scratch, QueueConfig(max_memory_size=64 * 1024 * 1024), salvage=True)
-        q.setup(reopen=False)
-        position = 0
-        for item in q.open_reads():
-            yield (queue, position, item.data, item.add_time, item.expiry, True, item.xid)
-            position += 1
-        while batch := q.remove_many(1000):
-            for item in batch:
-                yield (queue, position, item.data, item.add_time, item.expiry, False, None)
-                position += 1
-        q.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        replay.run(paths)
+    except CorruptJournalError as e:
+        if failfast:
+            raise
+        log.error("damaged journal: items after the damage are not shown (mode PERMISSIVE)", queue=queue,
+                  file=e.path, offset=e.offset, reason=e.reason)
+    opens = [replay.opens[xid] for xid in sorted(replay.opens)]
+    items = opens + list(replay.items)
+    arrow = pa.schema([
+        pa.field("queue", pa.string(), False), pa.field("position", pa.int64(), False),
+        pa.field("data", pa.binary(), False), pa.field("timestamp", TIMESTAMP),
+        pa.field("expiry", TIMESTAMP), pa.field("open", pa.bool_(), False),
+        pa.field("xid", pa.int32())])
+    for first in range(0, len(items), ROWS_PER_BATCH):
+        chunk = items[first:first + ROWS_PER_BATCH]
+        n = len(chunk)
+        is_open = [first + i < len(opens) for i in range(n)]
+        yield pa.RecordBatch.from_arrays([
+            pa.array([queue] * n, pa.string()), pa.array(range(first, first + n), pa.int64()),
+            pa.array([i.data for i in chunk], pa.binary()),
+            _timestamps([i.add_time for i in chunk]), _timestamps([i.expiry for i in chunk]),
+            pa.array(is_open, pa.bool_()),
+            pa.array([i.xid if o else None for i, o in zip(chunk, is_open, strict=True)], pa.int32())],
+            schema=arrow)
 
 
 class JournalReader(DataSourceReader):
-    def __init__(self, path: str, mode: str, queue: str | None) -> None:
-        self.path, self.mode, self.queue = path, mode, queue
+    def __init__(self, path: str, view: str, failfast: bool, queues: set[str] | None) -> None:
+        self.path, self.view, self.failfast, self.queues = path, view, failfast, queues
 
     def partitions(self) -> list[InputPartition]:
-        queues = _queue_files(self.path, self.queue)
-        if self.mode == "items":
-            return [JournalPartition(name, paths) for name, paths in queues] or [JournalPartition("", [])]
-        parts = [JournalPartition(name, [p]) for name, paths in queues for p in paths]
-        return parts or [JournalPartition("", [])]  # type: ignore[return-value]
+        from pipeline.replay import replay_files
+        from storage.journal import list_journal_files, scan_queue_names
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        out: list[InputPartition] = []
+        for name in sorted(scan_queue_names(self.path)):
+            if self.queues is not None and name not in self.queues:
+                continue
+            if self.view == "items":
+                out.append(JournalPartition(name, replay_files(self.path, name)))
+            else:
+                files = list_journal_files(self.path, name)
+                paths = [p for _, p in files.packs] + files.replay_order()
+                out.extend(JournalPartition(name, [p]) for p in paths)
+        return out or [JournalPartition("", [])]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, JournalPartition)
         if not partition.paths:
             return
-        if self.mode == "items":
-            yield from item_rows(partition.queue, partition.paths)
+        if self.view == "items":
+            yield from item_batches(partition.queue, partition.paths, self.failfast)
         else:
-            yield from record_rows(partition.queue, partition.paths[0])
+            yield from record_batches(partition.queue, partition.paths[0], self.failfast)
+
+
+class FilteringJournalReader(JournalReader):
+    """Takes `queue = ...` and `queue in (...)` from the query's filters."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            if isinstance(f, EqualTo | In) and f.attribute == ("queue",):
+                wanted = {f.value} if isinstance(f, EqualTo) else set(f.value)
+                self.queues = wanted if self.queues is None else self.queues & wanted
+            else:
+                yield f
 
 
 class KestrelJournalDataSource(DataSource):
-    """Options: `path` (the queue path, or pass it to load()), `mode` (records | items), `queue`."""
+    """Options: see the module docstring."""
 
     @classmethod
     def name(cls) -> str:
         return "kestrel-journal"
 
-    def _mode(self) -> str:
-        mode = self.options.get("mode", "records")
-        if mode not in ("records", "items"):
-            raise ValueError(f"option 'mode' must be records or items, got {mode!r}")
-        return mode
+    def _options(self) -> dict[str, Any]:
+        return parse_options(self.options, JOURNAL_OPTIONS, "kestrel-journal")
 
     def schema(self) -> StructType:
-        return ITEMS_SCHEMA if self._mode() == "items" else RECORDS_SCHEMA
+        return ITEMS_SCHEMA if self._options()["view"] == "items" else RECORDS_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        path = self.options.get("path")
+        o = self._options()
+        path = o["path"]
         if not path or not os.path.isdir(path):
-            raise ValueError(f"kestrel-journal needs the queue path as load(path); "
-                             f"{path!r} is not a directory")
-        return JournalReader(path, self._mode(), self.options.get("queue"))
+            raise ValueError(f"kestrel-journal needs the queue path as load(path); {path!r} is not a "
+                             f"directory")
+        queues = {q.strip() for q in o["queue"].split(",")} if o["queue"] else None
+        kind = FilteringJournalReader if o["filterPushdown"] == "true" else JournalReader
+        return kind(path, o["view"], o["mode"] == "FAILFAST", queues)

@@ -452,20 +452,39 @@ def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[st
 # Journals
 
 
-def test_journal_rows_equal_what_was_put_in_order(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+def test_journal_rows_equal_what_was_put_in_order(spark: Any, server: ServerProcess) -> None:
     c = client(server)
     c.put("audit", [b"a", b"b", b"c"], 0)
+    c.put("other", [b"x"], 0)
     opened = c.get("audit", 1, 0, 60_000)
     c.confirm("audit", {opened[0].id})
     c.close()
-    rows = (spark.read.format("kestrel-journal").load(str(server.queue_path))
-            .where("queue = 'audit'").orderBy("offset").collect())
+    started = time.time()
+    rows = (spark.read.format("kestrel-journal").option("queue", "audit").load(str(server.queue_path))
+            .orderBy("offset").collect())
     assert [r.opcode for r in rows] == ["ADDX", "ADDX", "ADDX", "REMOVE_TENTATIVE", "CONFIRM_REMOVE"]
     assert [r.data for r in rows[:3]] == [b"a", b"b", b"c"]
-    assert rows[4].xid == 1 and all(r.status == "ok" for r in rows)
+    assert rows[4].xid == 1 and all(r.status == "ok" and r.queue == "audit" for r in rows)
+    assert rows[0].expiry is None  # never expires
+    assert abs(rows[0].timestamp.timestamp() - started) < 120
 
 
-def test_torn_tail_is_a_row_status(spark: Any, tmp_path: Path) -> None:
+def test_queue_filters_are_pushed_down(spark: Any, server: ServerProcess) -> None:
+    c = client(server)
+    c.put("audit", [b"a"], 0)
+    c.put("other", [b"x"], 0)
+    c.close()
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = (spark.read.format("kestrel-journal").option("filterPushdown", "true")
+              .load(str(server.queue_path)).where("queue = 'audit'"))
+        assert [r.data for r in df.collect()] == [b"a"]
+        assert df.rdd.getNumPartitions() == 1  # the other queue's file is never opened
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+
+
+def test_damage_is_a_row_or_fails_the_job(spark: Any, tmp_path: Path) -> None:
     from storage.codec import encode_addx
 
     content = encode_addx(1, 0, b"whole") + encode_addx(1, 0, b"torn")[:9]
@@ -473,21 +492,33 @@ def test_torn_tail_is_a_row_status(spark: Any, tmp_path: Path) -> None:
     rows = spark.read.format("kestrel-journal").load(str(tmp_path)).orderBy("offset").collect()
     assert [(r.opcode, r.status) for r in rows] == [("ADDX", "ok"), (None, "torn")]
     assert (tmp_path / "q").read_bytes() == content  # the operator's file is untouched
+    (tmp_path / "q").write_bytes(encode_addx(1, 0, b"whole") + b"\x7f" + encode_addx(1, 0, b"after"))
+    rows = spark.read.format("kestrel-journal").load(str(tmp_path)).orderBy("offset").collect()
+    assert rows[0].data == b"whole" and rows[-1].status.startswith("corrupt")
+    offset = len(encode_addx(1, 0, b"whole"))
+    for view in ("records", "items"):
+        with pytest.raises(Exception, match=f"offset {offset}|{offset}"):
+            spark.read.format("kestrel-journal").option("view", view).option("mode", "FAILFAST") \
+                .load(str(tmp_path)).collect()
+    with pytest.raises(Exception, match="unknown option 'modus'; valid options are: "):
+        spark.read.format("kestrel-journal").option("modus", "x").load(str(tmp_path)).collect()
 
 
-def test_items_mode_equals_what_the_server_serves_after_restart(spark: Any, server: ServerProcess) -> None:
+def test_items_view_equals_what_the_server_serves_after_restart(spark: Any, server: ServerProcess) -> None:
     c = client(server)
     c.put("work", [b"one", b"two", b"three"], 0)
     c.get("work", 1, 0, 0)  # "one" gone for good
-    c.get("work", 1, 0, 600_000)  # "two" open at the time of the copy
+    c.get("work", 1, 0, 600_000)  # "two" open while the journal is read
     c.close()
-    items = (spark.read.format("kestrel-journal").option("mode", "items").load(str(server.queue_path))
+    before = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in server.queue_path.iterdir()}
+    items = (spark.read.format("kestrel-journal").option("view", "items").load(str(server.queue_path))
              .where("queue = 'work'").orderBy("position").collect())
     assert [(r.data, r.open) for r in items] == [(b"two", True), (b"three", False)]
+    assert items[0].timestamp is not None and items[0].expiry is None
+    after = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in server.queue_path.iterdir()}
+    assert after == before  # read in place, nothing written
     server.restart()
     c = client(server)
     served = [i.data for i in c.get("work", 10, 0, 0)]
     c.close()
     assert served == [r.data for r in items]
-
-
