@@ -117,9 +117,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.handed_over: set[str] = set()  # log files whose ids were confirmed before commit
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
         self.lock = threading.Lock()
-        self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
         self._stopped = threading.Event()
-        self._keeper.start()
+        self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -145,6 +144,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return 0
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._keeper is None:
+            self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
+            self._keeper.start()
         with self.lock:
             self._confirm_up_to(self.spark_log.committed())
             waiting = {address: self._available(c, strict=False) for address, c in self.connections.items()}
