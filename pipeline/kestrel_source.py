@@ -113,7 +113,8 @@ class KestrelDataSource(DataSource):
         from pipeline.writer import KestrelWriter
 
         if overwrite:
-            raise ValueError("kestrel writer: a queue cannot be overwritten; use mode('append')")
+            raise ValueError("kestrel writer: a queue cannot be overwritten (Spark's message for its default "
+                             "save mode offers Overwrite, but only Append is possible): use mode('append')")
         return KestrelWriter(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

@@ -225,6 +225,9 @@ def test_writer_snake_case_aliases_and_save_modes(spark: Any, server: ServerProc
     with pytest.raises(Exception, match="use mode\\('append'\\)"):
         df.write.format("kestrel").option("servers", address(server)).option("queue", "alias") \
             .mode("overwrite").save()
+    with pytest.raises(Exception, match="Append"):  # Spark's own refusal of its default, errorifexists
+        df.write.format("kestrel").option("servers", address(server)).option("queue", "alias").save()
+    assert waiting(server, "alias") == (10, 0)
 
 
 def test_full_queue_fails_the_job_or_is_counted(spark: Any, server_factory: Any) -> None:
