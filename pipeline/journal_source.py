@@ -1,7 +1,8 @@
 """`spark.read.format("kestrel-journal").load(queue_path)`: journal files as DataFrames, no server.
 
 - `view=records` (default): one row per record, read with the storage engine's own reader, one
-  partition per file, rows handed over as Arrow batches.
+  partition per file (files over `maxPartitionBytes` split at record boundaries), rows handed over
+  as Arrow batches.
 - `view=items`: the items each queue would hold after a restart (open reads first, marked), from a
   read-only replay of the files in place (pipeline/replay.py): nothing is copied or changed, so a
   running server's directory is safe to read.
@@ -33,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.options import Option, choice, parse_options, text
+from pipeline.options import Option, choice, parse_options, text, whole
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -65,6 +66,7 @@ JOURNAL_OPTIONS = [
     Option("mode", choice("PERMISSIVE", "FAILFAST"), "PERMISSIVE", "what damage does"),
     Option("queue", text, None, "only these queues, comma-separated"),
     Option("filterPushdown", choice("true", "false"), "false", "take `queue` filters from `where`"),
+    Option("maxPartitionBytes", whole(1), 128 << 20, "larger files are split at record boundaries"),
 ]
 
 ROWS_PER_BATCH = 10_000
@@ -72,9 +74,33 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType in Arrow
 
 
 class JournalPartition(InputPartition):
-    def __init__(self, queue: str, paths: list[str]) -> None:
+    """A queue's files (items view), or one file's records from byte `start` up to `end` (records)."""
+
+    def __init__(self, queue: str, paths: list[str], start: int = 0, end: int | None = None) -> None:
         super().__init__(queue)
-        self.queue, self.paths = queue, paths
+        self.queue, self.paths, self.start, self.end = queue, paths, start, end
+
+
+def split_points(path: str, max_bytes: int) -> list[tuple[int, int | None]]:
+    """Byte ranges of about `max_bytes` that start on record boundaries, found by walking the file
+    with the storage reader (only for files larger than `max_bytes`). Damage ends the walk: the rest
+    of the file is the last range, where the reader meets the damage again."""
+    from storage.errors import CorruptJournalError
+    from storage.journal import RecordReader
+
+    if os.path.getsize(path) <= max_bytes:
+        return [(0, None)]
+    starts = [0]
+    reader = RecordReader(path)
+    try:
+        for offset, _ in reader:
+            if offset >= starts[-1] + max_bytes:
+                starts.append(offset)
+    except CorruptJournalError:
+        pass
+    finally:
+        reader.close()
+    return [(a, b) for a, b in zip(starts, starts[1:], strict=False)] + [(starts[-1], None)]
 
 
 def _timestamps(ms: Iterable[int | None]) -> Any:
@@ -105,25 +131,29 @@ def _records_batch(queue: str, path: str, offsets: list[int], records: list[Any]
         pa.repeat(pa.scalar(status, pa.string()), n)], schema=RECORDS_ARROW)
 
 
-def record_batches(queue: str, path: str, failfast: bool) -> Iterator[Any]:
-    """One file's records as Arrow batches; damage is a final row, or an error under FAILFAST."""
+def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
+                   end: int | None = None) -> Iterator[Any]:
+    """The records starting in [start, end) as Arrow batches; damage is a final row, or an error
+    under FAILFAST."""
     from storage.errors import CorruptJournalError
     from storage.journal import RecordReader
 
     offsets: list[int] = []
     records: list[Any] = []
     damage: tuple[int, str] | None = None
-    reader = RecordReader(path)
+    reader = RecordReader(path, start)
     try:
         try:
             for offset, record in reader:
+                if end is not None and offset >= end:
+                    break
                 offsets.append(offset)
                 records.append(record)
                 if len(offsets) >= ROWS_PER_BATCH:
                     yield _records_batch(queue, path, offsets, records, "ok")
                     offsets.clear()
                     records.clear()
-            if reader.leftover():
+            if end is None and reader.leftover():
                 damage = (reader.offset, "torn")
         except CorruptJournalError as e:
             damage = (e.offset, f"corrupt: {e.reason}")
@@ -171,8 +201,10 @@ def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
 
 
 class JournalReader(DataSourceReader):
-    def __init__(self, path: str, view: str, failfast: bool, queues: set[str] | None) -> None:
+    def __init__(self, path: str, view: str, failfast: bool, queues: set[str] | None,
+                 max_partition_bytes: int) -> None:
         self.path, self.view, self.failfast, self.queues = path, view, failfast, queues
+        self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
         from pipeline.replay import replay_files
@@ -187,7 +219,8 @@ class JournalReader(DataSourceReader):
             else:
                 files = list_journal_files(self.path, name)
                 paths = [p for _, p in files.packs] + files.replay_order()
-                out.extend(JournalPartition(name, [p]) for p in paths)
+                out.extend(JournalPartition(name, [p], start, end) for p in paths
+                           for start, end in split_points(p, self.max_partition_bytes))
         return out or [JournalPartition("", [])]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -197,7 +230,8 @@ class JournalReader(DataSourceReader):
         if self.view == "items":
             yield from item_batches(partition.queue, partition.paths, self.failfast)
         else:
-            yield from record_batches(partition.queue, partition.paths[0], self.failfast)
+            yield from record_batches(partition.queue, partition.paths[0], self.failfast, partition.start,
+                                      partition.end)
 
 
 class FilteringJournalReader(JournalReader):
@@ -233,4 +267,4 @@ class KestrelJournalDataSource(DataSource):
                              f"directory")
         queues = {q.strip() for q in o["queue"].split(",")} if o["queue"] else None
         kind = FilteringJournalReader if o["filterPushdown"] == "true" else JournalReader
-        return kind(path, o["view"], o["mode"] == "FAILFAST", queues)
+        return kind(path, o["view"], o["mode"] == "FAILFAST", queues, o["maxPartitionBytes"])

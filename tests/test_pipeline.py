@@ -470,6 +470,10 @@ def test_journal_rows_equal_what_was_put_in_order(spark: Any, server: ServerProc
     assert rows[4].xid == 1 and all(r.status == "ok" and r.queue == "audit" for r in rows)
     assert rows[0].expiry is None  # never expires
     assert abs(rows[0].timestamp.timestamp() - started) < 120
+    split = (spark.read.format("kestrel-journal").option("queue", "audit").option("maxPartitionBytes", 40)
+             .load(str(server.queue_path)))
+    assert split.rdd.getNumPartitions() > 1
+    assert split.orderBy("offset").collect() == rows
 
 
 def test_queue_filters_are_pushed_down(spark: Any, server: ServerProcess) -> None:

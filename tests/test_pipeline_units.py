@@ -133,3 +133,25 @@ def test_replay_reopens_open_reads_first_in_order() -> None:
         replay.apply(record)
     assert [i.data for i in replay.items] == [b"c"]
     assert {xid: i.data for xid, i in replay.opens.items()} == {1: b"a"}
+
+
+def test_large_journal_files_split_at_record_boundaries_into_every_record_once(tmp_path: Path) -> None:
+    from pipeline.journal_source import record_batches, split_points
+    from storage.codec import encode_addx
+
+    records = [encode_addx(1, 0, b"r%d" % i * (i % 7 + 1)) for i in range(1000)]
+    path = tmp_path / "q"
+    path.write_bytes(b"".join(records) + records[0][:5])  # ends in a torn record
+    ranges = split_points(str(path), 1000)
+    assert len(ranges) > 5 and ranges[0][0] == 0 and ranges[-1][1] is None
+    boundaries = set()
+    at = 0
+    for r in records:
+        boundaries.add(at)
+        at += len(r)
+    assert all(start in boundaries for start, _ in ranges)
+    rows = [row for start, end in ranges for batch in record_batches("q", str(path), False, start, end)
+            for row in batch.to_pylist()]
+    assert [r["data"] for r in rows[:-1]] == [b"r%d" % i * (i % 7 + 1) for i in range(1000)]
+    assert rows[-1]["status"] == "torn" and [r["status"] for r in rows].count("torn") == 1
+    assert split_points(str(path), 10**9) == [(0, None)]
