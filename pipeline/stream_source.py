@@ -168,21 +168,30 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: list[InputPartition] = []
         with self.lock:
             for address, count in sorted(end["take"].items()):
-                connection = self.connections.get(address)
-                if connection is None:
-                    log.warning("server no longer listed; its share is skipped", server=address)
-                    continue
-                try:
-                    epoch = connection.open_epoch()
-                except ServerUnreachable as e:
-                    log.warning("server unreachable; its share is skipped", server=address, error=str(e))
-                    continue
+                epoch = self._epoch(address)
+                server = parse_servers(address)[0]
                 for part, first in enumerate(range(0, count, self.per_partition)):
                     path = os.path.join(self.root, str(batch), f"{address.replace(':', '_')}-{part}")
+                    if epoch is None and not os.path.exists(path):
+                        continue  # nothing logged and nothing can be taken now: skipped
                     quota = min(self.per_partition, count - first)
-                    out.append(StreamPartition(path, connection.server, self.queue, quota, epoch,
+                    out.append(StreamPartition(path, server, self.queue, quota, epoch or "",
                                                self.auto_abort_ms))
         return out
+
+    def _epoch(self, address: str) -> str | None:
+        """The planning connection's epoch, None if the server is unlisted or unreachable. A logged
+        partition is read back whatever its server's state: its items may live only in the log."""
+        connection = self.connections.get(address)
+        if connection is None:
+            log.warning("server no longer listed: only what the log holds for it is read", server=address)
+            return None
+        try:
+            return connection.open_epoch()
+        except ServerUnreachable as e:
+            log.warning("server unreachable: only what the log holds for it is read", server=address,
+                        error=str(e))
+            return None
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, StreamPartition)
