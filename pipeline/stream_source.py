@@ -145,6 +145,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self._keeper is None:
+            if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
+                raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
+                                 f"Spark checkpoint: give the source the query's own checkpointLocation")
             self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
             self._keeper.start()
         with self.lock:

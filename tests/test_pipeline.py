@@ -438,11 +438,14 @@ def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server
 @pytest.mark.parametrize("options, message", [
     ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
     ({}, "option 'checkpointLocation' is required"),
+    ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint: give the source the query's own"),
 ])
 def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[str, str], message: str) -> None:
     reader = spark.readStream.format("kestrel").option("servers", "127.0.0.1:1").option("queue", "q")
-    if options:
+    if options and "checkpointLocation" not in options:
         reader = reader.option("checkpointLocation", str(tmp_path / "cp"))
+    if options.get("checkpointLocation") == "elsewhere":
+        options = {"checkpointLocation": str(tmp_path / "elsewhere")}
     for key, value in options.items():
         reader = reader.option(key, value)
     query = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
