@@ -16,7 +16,7 @@ Read ids are confirmed only over the driver connection that was open when their 
 When that connection is lost the server may have restarted and the ids may name other clients'
 reads, so they are dropped: their items come back by themselves (at-least-once). Duplicates come
 only from such drops: at most the items of the batch in flight per server restart, driver restart
-or stop.
+or stop (Spark does not call `stop()` when a query stops, so those reads return after autoAbortMs).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ STREAM_OPTIONS = [
     Option("checkpointLocation", text, doc="the query's checkpoint location (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
-    Option("autoAbortMs", whole(1000), 300_000, "open reads return to their queue if not confirmed in time"),
+    Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
 ]
 
 
