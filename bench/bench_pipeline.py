@@ -1,9 +1,13 @@
-"""Spark pipeline throughput: the writer into one and into three servers, and journal reading.
+"""Spark pipeline throughput, each figure beside a plain Python loop doing the same work in the same run.
 
-Each figure stands beside a plain single-process Python loop doing the same work in the same run:
-a thriftpy2 client putting the same batches, and a loop over storage.journal.read_records.
+- writer into 1 and 3 servers: `df.write.format("kestrel")` against one thriftpy2 client putting the
+  same batches into one server;
+- streaming: a `Trigger.AvailableNow` stream into a counting sink against one client taking the same
+  items as open reads and confirming them;
+- journal: `spark.read.format("kestrel-journal")` counting records against a loop over
+  storage.journal.read_records on the same files.
 
-    .venv/bin/python -m bench.bench_pipeline [--rows N]
+    .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M]
 """
 
 from __future__ import annotations
@@ -17,72 +21,172 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bench import peers
 from bench.common import machine
 
 
 @contextlib.contextmanager
-def servers(count: int, work: Path) -> Iterator[list[peers.Running]]:
+def servers(count: int, work: str) -> Iterator[list[int]]:
+    """`count` servers of this checkout, started as the other benchmarks start them; their Thrift ports."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(peers.kestrel(work)) for _ in range(count)]
+        yield [stack.enter_context(peers.kestrel(Path(work)))["thrift"] for _ in range(count)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
-    args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+def thrift_client(port: int) -> Any:
     from thriftpy2.rpc import make_client
     from thriftpy2.transport import TFramedTransportFactory
 
-    from contract import kestrel_thrift as idl
-    from pipeline import register
+    from contract import kestrel_thrift
+
+    return make_client(kestrel_thrift.Kestrel, "127.0.0.1", port, trans_factory=TFramedTransportFactory())
+
+
+def timed(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def bench_writer(spark: Any, n: int, payload: str, work: str) -> None:
+    df = spark.range(0, n, numPartitions=4).selectExpr(f"'{payload}' as data").cache()
+    df.count()
+    batch = [payload.encode()] * 1000
+    for count in (1, 3):
+        with servers(count, work) as ports:
+            target = ",".join(f"127.0.0.1:{p}" for p in ports)
+            df.limit(1000).write.format("kestrel").option("servers", target).option("queue", "warmup") \
+                .mode("append").save()  # starts the Python workers outside the timing
+            spark_s = timed(lambda: df.write.format("kestrel").option("servers", target)  # noqa: B023
+                            .option("queue", "bench").option("batchSize", 1000).mode("append").save())
+            client = thrift_client(ports[0])
+            plain_s = timed(lambda: [client.put("plain", batch, 0) for _ in range(n // 1000)])  # noqa: B023
+            client.close()
+            print(f"writer into {count} server(s): spark {n / spark_s:,.0f} rows/s, plain loop into one "
+                  f"{n / plain_s:,.0f} rows/s, ratio {plain_s / spark_s:.2f}")
+
+
+def bench_stream(spark: Any, n: int, payload: str, work: str) -> None:
+    batch = [payload.encode()] * 1000
+    with servers(1, work) as (port,):
+        client = thrift_client(port)
+        for _ in range(n // 1000):
+            client.put("stream", batch, 0)
+            client.put("plain", batch, 0)
+        checkpoint = tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work)
+        seen = [0]
+
+        def count(df: Any, _: int) -> None:
+            seen[0] += df.count()
+
+        def run_stream() -> None:
+            (spark.readStream.format("kestrel").option("servers", f"127.0.0.1:{port}")
+             .option("queue", "stream").option("checkpointLocation", checkpoint)
+             .option("maxItemsPerTrigger", 50_000).load()
+             .writeStream.foreachBatch(count).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start().awaitTermination())
+
+        spark_s = timed(run_stream)
+
+        def plain() -> None:
+            while got := client.get("plain", 1000, 0, 60_000):
+                client.confirm("plain", {item.id for item in got})
+
+        plain_s = timed(plain)
+        client.close()
+        print(f"streaming ({seen[0]:,} rows, AvailableNow, 50,000 per trigger): "
+              f"spark {n / spark_s:,.0f} rows/s, plain get+confirm loop {n / plain_s:,.0f} rows/s, "
+              f"ratio {plain_s / spark_s:.2f}")
+
+
+def bench_journal(spark: Any, megabytes: int, work: str) -> None:
+    from storage.codec import encode_addx
     from storage.journal import read_records
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+
+    folder = Path(work) / "journals"
+    folder.mkdir()
+    record = encode_addx(int(time.time() * 1000), 0, b"j" * 1024)
+    per_file = (megabytes << 20) // 4 // len(record)
+    for name in ("a", "b", "c", "d"):
+        (folder / name).write_bytes(record * per_file)
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    reader = spark.read.format("kestrel-journal").load(str(folder))
+    reader.count()  # warm the workers
+    rows = [0]
+    spark_s = timed(lambda: rows.__setitem__(0, reader.count()))
+    plain_s = timed(lambda: sum(1 for f in sorted(folder.iterdir()) for _ in read_records(str(f))))
+    print(f"journal read ({size / 1e6:.0f} MB in 4 files, {rows[0]:,} records of 1 KB): "
+          f"spark {size / spark_s / 1e6:,.0f} MB/s, plain loop {size / plain_s / 1e6:,.0f} MB/s, "
+          f"ratio {plain_s / spark_s:.2f}")
+    spark.dataSource.register(ReadyBatches)
+    ready = spark.read.format("ready-batches").option("rows", str(rows[0])).load()
+    ready.count()
+    ready_s = timed(ready.count)
+    print(f"  Spark's own ceiling here (a Python source yielding the same volume as ready-made Arrow "
+          f"batches): {size / ready_s / 1e6:,.0f} MB/s, ratio to the plain loop {plain_s / ready_s:.2f}")
+
+
+def _ready_batches() -> Any:
+    """A source that parses nothing: what Spark alone costs for a Python source's Arrow batches."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Reader(DataSourceReader):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(4)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import pyarrow as pa
+
+            data = pa.array([b"j" * 1024] * 10_000, pa.binary())
+            batch = pa.RecordBatch.from_arrays([data], names=["data"])
+            for _ in range(self.rows // 4 // 10_000):
+                yield batch
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ready-batches"
+
+        def schema(self) -> str:
+            return "data binary"
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return Reader(int(self.options["rows"]))
+
+    return Source
+
+
+ReadyBatches = _ready_batches()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--journal-mb", type=int, default=200)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.chdir(peers.ROOT)
+    from pyspark.sql import SparkSession
+
+    from pipeline import register
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    n = args.rows
     payload = "x" * 64
-    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {n:,} rows of 64 B, "
-          f"batches of 1000, Spark local[2]")
-    work = Path(tempfile.mkdtemp(prefix="kestrel-bench-"))
+    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {args.rows:,} rows of 64 B, "
+          f"batches of 1000, Spark {spark.version} local[2]")
+    work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
-        for count in (1, 3):
-            with servers(count, work) as running:
-                ports = [server["thrift"] for server in running]
-                if count == 1:
-                    queue_path = running[0].home / "queues"
-                df = spark.range(0, n, numPartitions=4).selectExpr(f"'{payload}' as data").cache()
-                df.count()
-                target = ",".join(f"127.0.0.1:{p}" for p in ports)
-                df.limit(1000).write.format("kestrel").option("servers", target).option("queue", "warmup") \
-                    .mode("append").save()  # starts the Python workers outside the timing
-                started = time.perf_counter()
-                df.write.format("kestrel").option("servers", target) \
-                    .option("queue", "bench").option("batch_size", 1000).mode("append").save()
-                spark_rate = n / (time.perf_counter() - started)
-                client = make_client(idl.Kestrel, "127.0.0.1", ports[0],
-                                     trans_factory=TFramedTransportFactory())
-                batch = [payload.encode()] * 1000
-                started = time.perf_counter()
-                for _ in range(n // 1000):
-                    client.put("plain", batch, 0)
-                plain_rate = n / (time.perf_counter() - started)
-                client.close()
-                print(f"writer into {count} server(s): spark {spark_rate:,.0f} rows/s, "
-                      f"plain loop into one {plain_rate:,.0f} rows/s, ratio {spark_rate / plain_rate:.2f}")
-        size = sum(f.stat().st_size for f in queue_path.iterdir() if f.is_file())
-        started = time.perf_counter()
-        rows = spark.read.format("kestrel-journal").load(str(queue_path)).count()
-        spark_mb = size / (time.perf_counter() - started) / 1e6
-        started = time.perf_counter()
-        plain = sum(1 for f in queue_path.iterdir() if f.is_file() and "." not in f.name
-                    for _ in read_records(str(f)))
-        plain_mb = size / (time.perf_counter() - started) / 1e6
-        print(f"journal read ({size / 1e6:.1f} MB, {rows:,} records): spark {spark_mb:.1f} MB/s, "
-              f"plain loop {plain_mb:.1f} MB/s ({plain:,} records), ratio {spark_mb / plain_mb:.2f}")
+        bench_writer(spark, args.rows, payload, work)
+        bench_stream(spark, args.rows, payload, work)
+        bench_journal(spark, args.journal_mb, work)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -2,11 +2,16 @@
 
     from pipeline import register
     register(spark)   # adds the formats "kestrel-journal" and "kestrel"
+
+Installed with the `spark` extra, both formats are also found by Spark on its own (the top-level
+modules `pyspark_kestrel` and `pyspark_kestrel_journal`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from pipeline.drain import drain
 
 
 def register(spark: Any) -> None:
@@ -16,3 +21,6 @@ def register(spark: Any) -> None:
 
     spark.dataSource.register(KestrelJournalDataSource)
     spark.dataSource.register(KestrelDataSource)
+
+
+__all__ = ["drain", "register"]

@@ -1,21 +1,16 @@
-"""`format("kestrel")`: DataFrames into queues, queues into DataFrames and streams, over Thrift.
+"""`format("kestrel")`: the data source over live servers (batch read, stream read, write).
 
-- write: each partition puts its `data` column in batches, spreading batches over the servers
-  round-robin from a partition-dependent start (Kestrel's cluster model: servers never coordinate).
-- read: drains up to `max_items`, each item an auto-abort open read confirmed only after its rows
-  were handed to Spark; a task that dies leaves its items to come back by themselves.
-- readStream: the driver fetches each micro-batch as open reads (auto-abort `auto_abort_ms`) and
-  confirms them when Spark commits the batch; a failed or stopped query's items return to their
-  queues (at-least-once into the sink). Spark commits a batch to its source only when it plans the
-  next batch with data, so the last batch before a stop is delivered again after the restart.
-  A micro-batch holds at most `max_batch_items` items per server, carried to the executors inside
-  its partitions; keep `auto_abort_ms` well above the time a batch takes.
+- `spark.read` looks without taking: each task takes up to its share as open reads and aborts them
+  all before handing Spark a row, so the items are back at the head of their queue in order
+  whatever Spark then does with the rows (count twice, show, take, limit, first, isEmpty...).
+- Taking items for good is a write-side operation: `pipeline.drain` (a stream that runs until the
+  queues are empty, confirming each batch only after the sink wrote it) or `spark.readStream`.
+- `df.write` puts rows (see pipeline/writer.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -25,268 +20,104 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.types import StructType
 
-from pipeline.client import KestrelClient, parse_servers
+from pipeline.client import Connection, Server, ServerUnreachable, parse_servers
+from pipeline.options import Option, parse_options, text, whole
+from pipeline.rows import QUEUE_SCHEMA, queue_rows
 
 log = structlog.get_logger("kestrel.pipeline")
 
-READ_SCHEMA = StructType([
-    StructField("data", BinaryType(), False),
-    StructField("server", StringType(), False),
-])
+READ_OPTIONS = [
+    Option("servers", text, doc="host:port,host:port,..."),
+    Option("queue", text),
+    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over the servers"),
+    Option("autoAbortMs", whole(1000), 60_000, "a task that dies leaves its reads to return this soon"),
+]
 
 
-def _int_option(options: Mapping[str, str], key: str, default: int) -> int:
-    value = options.get(key, default)
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"option {key!r} must be a whole number, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"option {key!r} cannot be negative, got {number}")
-    return number
-
-
-def _queue(options: Mapping[str, str]) -> str:
-    queue = options.get("queue")
-    if not queue:
-        raise ValueError("option 'queue' is required, e.g. .option('queue', 'jobs')")
-    return queue
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
-@dataclass
-class PutReport(WriterCommitMessage):
-    written: int
-    refused: int
-
-
-class QueueFullError(RuntimeError):
-    """Raised when a queue refuses items and the writer was not told to count refusals."""
-
-
-class KestrelWriter(DataSourceWriter):
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.servers = parse_servers(options.get("servers"))
-        self.queue = _queue(options)
-        self.batch_size = max(1, _int_option(options, "batch_size", 1000))
-        self.retries = _int_option(options, "retries", 3)
-        self.on_full = options.get("on_full", "fail")
-        if self.on_full not in ("fail", "count"):
-            raise ValueError(f"option 'on_full' must be fail or count, got {self.on_full!r}")
-        names = schema.fieldNames()
-        if "data" not in names and len(names) != 1:
-            raise ValueError(f"the DataFrame needs a 'data' column (binary or string); it has {names}")
-        self.column = "data" if "data" in names else names[0]
-
-    def write(self, iterator: Iterator[Any]) -> PutReport:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        turn = context.partitionId() if context is not None else 0
-        clients = [KestrelClient(host, port, self.retries) for host, port in self.servers]
-        written = refused = 0
-        batch: list[bytes] = []
-
-        def put() -> None:
-            nonlocal turn, written, refused
-            client = clients[turn % len(clients)]
-            turn += 1
-            accepted = client.call("put", self.queue, batch, 0)
-            written += accepted
-            if accepted < len(batch):
-                refused += len(batch) - accepted
-                if self.on_full == "fail":
-                    raise QueueFullError(
-                        f"queue {self.queue!r} on {client.address} is full: it refused "
-                        f"{len(batch) - accepted} of {len(batch)} items (set on_full=count to go on)")
-            batch.clear()
-
-        try:
-            for row in iterator:
-                value = row[self.column]
-                if value is None:
-                    continue
-                batch.append(value.encode("utf-8") if isinstance(value, str) else bytes(value))
-                if len(batch) >= self.batch_size:
-                    put()
-            if batch:
-                put()
-        finally:
-            for client in clients:
-                client.close()
-        return PutReport(written, refused)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        reports = [m for m in messages if isinstance(m, PutReport)]
-        written = sum(r.written for r in reports)
-        refused = sum(r.refused for r in reports)
-        log.info("kestrel write committed", queue=self.queue, written=written, refused=refused)
-        if refused:
-            log.warning("full queues refused items", queue=self.queue, refused=refused)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.warning("kestrel write aborted: items already put stay in the queues", queue=self.queue)
-
-
-# ---------------------------------------------------------------------------------------------
-# Draining in a batch job
-
-
-class ServerPartition(InputPartition):
-    def __init__(self, index: int, host: str, port: int, quota: int) -> None:
+class PeekPartition(InputPartition):
+    def __init__(self, index: int, server: Server, queue: str, quota: int, auto_abort_ms: int) -> None:
         super().__init__(index)
-        self.host, self.port, self.quota = host, port, quota
+        self.server, self.queue, self.quota, self.auto_abort_ms = server, queue, quota, auto_abort_ms
+
+
+def look(partition: PeekPartition) -> list[bytes]:
+    """The first `quota` items of one server's queue, left in place.
+
+    They are taken as open reads and aborted over the connection opened first: if that connection
+    is lost the server may have restarted (its open reads are back already, and the ids may now
+    name other clients' reads), so nothing is aborted through another one."""
+    keeper = Connection(partition.server)
+    ids: list[int] = []
+    items: list[bytes] = []
+    try:
+        keeper.open_epoch()
+        while len(ids) < partition.quota:
+            connection = keeper if not ids else Connection(partition.server)
+            try:
+                got = connection.open_reads(partition.queue, partition.quota - len(ids),
+                                            partition.auto_abort_ms)
+            finally:
+                if connection is not keeper:
+                    connection.close()
+            if not got:
+                break
+            ids.extend(i for i, _ in got)
+            items.extend(d for _, d in got)
+    finally:
+        if ids:
+            try:
+                keeper.abort(partition.queue, ids)
+            except ServerUnreachable as e:
+                log.warning("could not give back looked-at items; they return after autoAbortMs",
+                            server=partition.server.address, items=len(ids), error=str(e))
+        keeper.close()
+    return items
 
 
 class KestrelBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.servers = parse_servers(options.get("servers"))
-        self.queue = _queue(options)
-        self.max_items = _int_option(options, "max_items", 10_000)
-        self.batch_size = max(1, _int_option(options, "batch_size", 1000))
-        self.auto_abort_ms = max(1, _int_option(options, "auto_abort_ms", 300_000))
-        self.timeout_ms = _int_option(options, "timeout_ms", 0)
+        o = parse_options(options, READ_OPTIONS, "kestrel read", required=("servers", "queue"))
+        self.servers = parse_servers(o["servers"])
+        self.queue: str = o["queue"]
+        self.max_items: int = o["maxItems"]
+        self.auto_abort_ms: int = o["autoAbortMs"]
 
     def partitions(self) -> list[InputPartition]:
         share, extra = divmod(self.max_items, len(self.servers))
-        return [ServerPartition(i, host, port, share + (1 if i < extra else 0))
-                for i, (host, port) in enumerate(self.servers)]
+        return [PeekPartition(i, server, self.queue, share + (1 if i < extra else 0), self.auto_abort_ms)
+                for i, server in enumerate(self.servers)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[bytes, str]]:
-        assert isinstance(partition, ServerPartition)
-        client = KestrelClient(partition.host, partition.port)
-        left = partition.quota
-        try:
-            while left > 0:
-                items = client.call("get", self.queue, min(left, self.batch_size), self.timeout_ms,
-                                    self.auto_abort_ms)
-                if not items:
-                    return
-                for item in items:
-                    yield (item.data, client.address)
-                # Spark has taken these rows: now they may leave the queue for good.
-                client.call("confirm", self.queue, {item.id for item in items})
-                left -= len(items)
-        finally:
-            client.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Streaming
-
-
-class BatchPartition(InputPartition):
-    def __init__(self, batch: int, rows: list[tuple[bytes, str]]) -> None:
-        super().__init__(batch)
-        self.rows = rows
-
-
-class KestrelStreamReader(DataSourceStreamReader):
-    """Offsets are micro-batch numbers; the batches fetched but not yet committed live here."""
-
-    def __init__(self, options: Mapping[str, str]) -> None:
-        self.servers = parse_servers(options.get("servers"))
-        self.queue = _queue(options)
-        self.max_batch_items = max(1, _int_option(options, "max_batch_items", 10_000))
-        self.auto_abort_ms = max(1, _int_option(options, "auto_abort_ms", 300_000))
-        self.clients = [KestrelClient(host, port) for host, port in self.servers]
-        self.batches: dict[int, list[tuple[int, int, bytes]]] = {}  # batch -> (server, id, data)
-        self.last = -1
-
-    def initialOffset(self) -> dict:
-        return {"batch": -1}
-
-    def latestOffset(self, start: dict, limit: Any) -> dict:
-        self.last = max(self.last, int(start.get("batch", -1)))
-        fetched: list[tuple[int, int, bytes]] = []
-        for index, (host, port) in enumerate(self.servers):
-            fetched.extend((index, read_id, data) for read_id, data in self._fetch(host, port))
-        if not fetched:
-            return {"batch": self.last}
-        self.last += 1
-        self.batches[self.last] = fetched
-        return {"batch": self.last}
-
-    def _fetch(self, host: str, port: int) -> list[tuple[int, bytes]]:
-        """Up to `max_batch_items` open reads from one server.
-
-        A server caps the open reads of one connection (`max_open_reads`), and this batch's reads
-        stay open until Spark commits it. Thrift open reads outlive their connection and are
-        confirmed by id, so each fetch uses fresh connections until it has enough or the queue is
-        empty, and earlier uncommitted batches never block it.
-        """
-        out: list[tuple[int, bytes]] = []
-        while len(out) < self.max_batch_items:
-            client = KestrelClient(host, port)
-            try:
-                items = client.call("get", self.queue, self.max_batch_items - len(out), 0, self.auto_abort_ms)
-            finally:
-                client.close()
-            if not items:
-                break
-            out.extend((item.id, item.data) for item in items)
-        return out
-
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        first, last = int(start.get("batch", -1)) + 1, int(end["batch"])
-        out: list[InputPartition] = []
-        for batch in range(first, last + 1):
-            rows = [(data, self.clients[i].address) for i, _, data in self.batches.get(batch, [])]
-            out.append(BatchPartition(batch, rows))
-        return out
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[bytes, str]]:
-        assert isinstance(partition, BatchPartition)
-        yield from partition.rows
-
-    def commit(self, end: dict) -> None:
-        """Spark has the batches up to `end` safely in the sink: confirm their open reads."""
-        for batch in sorted(b for b in self.batches if b <= int(end["batch"])):
-            self._close(self.batches.pop(batch), "confirm")
-
-    def _close(self, rows: list[tuple[int, int, bytes]], method: str) -> None:
-        by_server: dict[int, set[int]] = {}
-        for index, read_id, _ in rows:
-            by_server.setdefault(index, set()).add(read_id)
-        for index, ids in by_server.items():
-            self.clients[index].call(method, self.queue, ids)
-
-    def stop(self) -> None:
-        """Items of batches Spark never committed go back to the head of their queues now."""
-        for rows in self.batches.values():
-            try:
-                self._close(rows, "abort")
-            except ConnectionError as e:
-                log.warning("could not abort open reads; auto-abort will return them", error=str(e))
-        self.batches.clear()
-        for client in self.clients:
-            client.close()
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, PeekPartition)
+        if partition.quota:
+            yield from queue_rows(look(partition), partition.queue, partition.server.address)
 
 
 class KestrelDataSource(DataSource):
-    """Options: `servers` (host:port,...), `queue`; see the module docstring for the rest."""
+    """Options: `servers` (host:port,...) and `queue`; the rest per operation (see the README)."""
 
     @classmethod
     def name(cls) -> str:
         return "kestrel"
 
     def schema(self) -> StructType:
-        return READ_SCHEMA
+        return QUEUE_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KestrelBatchReader(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from pipeline.writer import KestrelWriter
+
         if overwrite:
-            raise ValueError("a queue cannot be overwritten: use mode('append')")
+            raise ValueError("kestrel writer: a queue cannot be overwritten (Spark's message for its default "
+                             "save mode offers Overwrite, but only Append is possible): use mode('append')")
         return KestrelWriter(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from pipeline.stream_source import KestrelStreamReader
+
         return KestrelStreamReader(self.options)

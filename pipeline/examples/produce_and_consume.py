@@ -37,17 +37,17 @@ def main() -> None:
     started = time.monotonic()
     rows = spark.range(0, args.rows, numPartitions=8).selectExpr("concat('job-', cast(id as string)) as data")
     rows.write.format("kestrel").option("servers", args.servers).option("queue", args.queue) \
-        .option("batch_size", 1000).mode("append").save()
+        .option("batchSize", 1000).mode("append").save()
     print(f"produced {args.rows:,} rows in {time.monotonic() - started:.1f}s")
 
     started = time.monotonic()
+    checkpoint = os.path.join(out, "checkpoint")
     stream = spark.readStream.format("kestrel").option("servers", args.servers).option("queue", args.queue) \
-        .option("max_batch_items", 50_000).load()
+        .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 100_000).load()
     query = stream.selectExpr("cast(data as string) as data").writeStream.format("parquet") \
-        .option("path", os.path.join(out, "data")) \
-        .option("checkpointLocation", os.path.join(out, "checkpoint")).start()
-    query.processAllAvailable()
-    query.stop()
+        .option("path", os.path.join(out, "data")).option("checkpointLocation", checkpoint) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination()
     count = spark.read.parquet(os.path.join(out, "data")).distinct().count()
     print(f"consumed {count:,} distinct rows into {out} in {time.monotonic() - started:.1f}s")
     spark.stop()

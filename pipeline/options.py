@@ -1,0 +1,77 @@
+"""Data source options the Spark way: camelCase names, snake_case aliases, unknown names refused.
+
+Spark hands a Python data source its options lower-cased, so names match case-insensitively.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # camelCase, as documented
+    parse: Callable[[str, str], Any]  # (name, text) -> value; raises ValueError naming the option
+    default: Any = None
+    doc: str = ""
+
+    @property
+    def alias(self) -> str:
+        """The snake_case spelling accepted as well (`maxItems` → `max_items`)."""
+        return re.sub(r"(?<!^)([A-Z])", r"_\1", self.name).lower()
+
+
+def whole(minimum: int = 0) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        try:
+            number = int(str(text).strip())
+        except ValueError:
+            raise ValueError(f"option {name!r} must be a whole number, got {text!r}") from None
+        if number < minimum:
+            raise ValueError(f"option {name!r} must be at least {minimum}, got {number}")
+        return number
+    return parse
+
+
+def text(name: str, value: str) -> str:
+    if not str(value).strip():
+        raise ValueError(f"option {name!r} cannot be empty")
+    return str(value).strip()
+
+
+def choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, value: str) -> str:
+        for a in allowed:
+            if str(value).strip().lower() == a.lower():
+                return a
+        raise ValueError(f"option {name!r} must be one of {', '.join(allowed)}; got {value!r}")
+    return parse
+
+
+def parse_options(given: Mapping[str, str], spec: list[Option], what: str,
+                  required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Values by camelCase name; refuses unknown names (listing the valid ones) and missing ones."""
+    by_key: dict[str, Option] = {}
+    for option in spec:
+        by_key[option.name.lower()] = option
+        by_key[option.alias.lower()] = option
+    values: dict[str, Any] = {option.name: option.default for option in spec}
+    seen: dict[str, str] = {}
+    for key, raw in given.items():
+        found = by_key.get(key.lower())
+        if found is None:
+            valid = ", ".join(sorted(o.name for o in spec))
+            raise ValueError(f"{what}: unknown option {key!r}; valid options are: {valid}")
+        option = found
+        if option.name in seen:
+            raise ValueError(f"{what}: option {option.name!r} given twice "
+                             f"({seen[option.name]!r} and {key!r})")
+        seen[option.name] = key
+        values[option.name] = option.parse(option.name, raw)
+    for name in required:
+        if values.get(name) is None:
+            raise ValueError(f"{what}: option {name!r} is required")
+    return values

@@ -1,0 +1,144 @@
+"""`df.write.format("kestrel")`: put a DataFrame's `data` column into a queue on a list of servers.
+
+Each task puts its rows in batches, spreading batches over the servers round-robin from a
+task-dependent start (Kestrel's cluster model: servers never coordinate). Everything that can be
+known before a row is written is checked when the job is planned: the servers, the options and the
+column's type. A put retried after a lost reply may add its batch twice (at-least-once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from pipeline.client import Connection, Server, parse_servers
+from pipeline.options import Option, choice, parse_options, text, whole
+
+log = structlog.get_logger("kestrel.pipeline")
+
+WRITE_OPTIONS = [
+    Option("servers", text, doc="host:port,host:port,... (port 2229 by default)"),
+    Option("queue", text, doc="the queue to put into"),
+    Option("batchSize", whole(1), 1000, "items per put"),
+    Option("retries", whole(0), 5, "attempts after a connection-level error, per put"),
+    Option("retryBackoffMs", whole(1), 100, "first wait before a retry; doubled each time, at most 10 s"),
+    Option("onFull", choice("fail", "count"), "fail", "items refused by a full queue fail the job or count"),
+    Option("onNull", choice("fail", "count"), "fail", "a null fails the job, or is skipped and counted"),
+    Option("column", text, None, "the column to put (default: `data`, else `value`, else the only one)"),
+]
+
+
+class QueueFullError(RuntimeError):
+    """Raised when a queue refuses items and the writer was not told to count refusals."""
+
+
+class NullDataError(ValueError):
+    """Raised when a row's data is null and the writer was not told to count nulls."""
+
+
+@dataclass
+class PutReport(WriterCommitMessage):
+    written: int
+    refused: int
+    nulls: int
+
+
+def data_column(schema: StructType, chosen: str | None) -> str:
+    """The column to put; refused unless it is a string or binary column."""
+    names = schema.fieldNames()
+    if chosen is not None:
+        name = chosen
+    elif "data" in names:
+        name = "data"
+    elif "value" in names:
+        name = "value"
+    elif len(names) == 1:
+        name = names[0]
+    else:
+        raise ValueError(f"kestrel writer: the DataFrame needs a 'data' (or 'value') column, or option "
+                         f"'column'; it has {names}")
+    if name not in names:
+        raise ValueError(f"kestrel writer: no column {name!r}; the DataFrame has {names}")
+    kind = schema[name].dataType
+    if not isinstance(kind, StringType | BinaryType):
+        raise TypeError(f"kestrel writer: column {name!r} is {kind.simpleString()}; only string or binary "
+                        f"columns can be put (cast it first, e.g. to_json(...) or cast(... as string))")
+    return name
+
+
+class KestrelWriter(DataSourceArrowWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        o = parse_options(options, WRITE_OPTIONS, "kestrel writer", required=("servers", "queue"))
+        self.servers: list[Server] = parse_servers(o["servers"])
+        self.queue: str = o["queue"]
+        self.batch_size: int = o["batchSize"]
+        self.retries: int = o["retries"]
+        self.backoff_ms: int = o["retryBackoffMs"]
+        self.on_full: str = o["onFull"]
+        self.on_null: str = o["onNull"]
+        self.column = data_column(schema, o["column"])
+
+    def write(self, iterator: Iterator[Any]) -> PutReport:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        turn = context.partitionId() if context is not None else 0
+        connections = [Connection(server) for server in self.servers]
+        written = refused = nulls = 0
+        pending: list[bytes] = []
+
+        def put(items: list[bytes]) -> None:
+            nonlocal turn, written, refused
+            connection = connections[turn % len(connections)]
+            turn += 1
+            accepted = connection.put(self.queue, items, retries=self.retries, backoff_ms=self.backoff_ms)
+            written += accepted
+            if accepted < len(items):
+                refused += len(items) - accepted
+                if self.on_full == "fail":
+                    raise QueueFullError(
+                        f"queue {self.queue!r} on {connection.address} is full: it refused "
+                        f"{len(items) - accepted} of {len(items)} items (set onFull=count to go on)")
+
+        try:
+            for batch in iterator:
+                column = batch.column(batch.schema.get_field_index(self.column))
+                if column.null_count:
+                    if self.on_null == "fail":
+                        raise NullDataError(f"kestrel writer: column {self.column!r} has a null value "
+                                            f"(set onNull=count to skip and count them)")
+                    nulls += column.null_count
+                    column = pc.drop_null(column)
+                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                    column = column.cast(pa.binary())
+                pending.extend(column.to_pylist())
+                while len(pending) >= self.batch_size:
+                    put(pending[:self.batch_size])
+                    del pending[:self.batch_size]
+            if pending:
+                put(pending)
+        finally:
+            for connection in connections:
+                connection.close()
+        return PutReport(written, refused, nulls)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        reports = [m for m in messages if isinstance(m, PutReport)]
+        written = sum(r.written for r in reports)
+        refused = sum(r.refused for r in reports)
+        nulls = sum(r.nulls for r in reports)
+        log.info("kestrel write committed", queue=self.queue, written=written, refused=refused,
+                 null_rows_skipped=nulls)
+        if refused or nulls:
+            log.warning("rows not put", queue=self.queue, refused_by_full_queues=refused,
+                        null_rows_skipped=nulls)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("kestrel write aborted: items already put stay in the queues", queue=self.queue)

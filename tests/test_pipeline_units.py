@@ -1,0 +1,157 @@
+"""The pipeline's parts that need no Spark: servers, options, the write-ahead log, the client, replay."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+
+from pipeline.client import Connection, Server, ServerUnreachable, parse_servers  # noqa: E402
+from pipeline.options import Option, parse_options, whole  # noqa: E402
+from tests.conftest import ServerProcess, free_port  # noqa: E402
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a:1,", "empty entry at position 2"),
+    ("a:1,,b:2", "empty entry at position 2"),
+    ("a:x", "bad entry 'a:x'"),
+    ("a:70000", "bad entry 'a:70000'"),
+    (":5", "bad entry ':5'"),
+    ("a:1, a:1", "lists a:1 twice"),
+    ("  ", "option 'servers' is required"),
+])
+def test_bad_server_lists_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_servers(text)
+
+
+def test_server_list_defaults_the_port() -> None:
+    assert parse_servers("h1, h2:1234") == [Server("h1", 2229), Server("h2", 1234)]
+
+
+SPEC = [Option("maxItemsPerTrigger", whole(1), None), Option("queue", lambda n, v: v)]
+
+
+def test_options_take_camel_case_snake_case_and_any_case() -> None:
+    assert parse_options({"maxitemspertrigger": "5"}, SPEC, "x")["maxItemsPerTrigger"] == 5
+    assert parse_options({"max_items_per_trigger": "5"}, SPEC, "x")["maxItemsPerTrigger"] == 5
+    assert parse_options({}, SPEC, "x")["maxItemsPerTrigger"] is None
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger'; valid options are: "
+                                    "maxItemsPerTrigger, queue"),
+    ({"maxItemsPerTrigger": "0"}, "'maxItemsPerTrigger' must be at least 1, got 0"),
+    ({"maxItemsPerTrigger": "many"}, "must be a whole number, got 'many'"),
+    ({"maxItemsPerTrigger": "1", "max_items_per_trigger": "2"}, "given twice"),
+    ({}, "option 'queue' is required"),
+])
+def test_bad_options_are_refused(given: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_options(given, SPEC, "x", required=("queue",))
+
+
+def test_a_trigger_cap_is_shared_in_proportion_and_never_exceeded() -> None:
+    from pipeline.stream_source import share
+
+    assert share({"a": 0, "b": 0}, 10) == {}
+    assert share({"a": 30, "b": 10}, None) == {"a": 30, "b": 10}
+    take = share({"a": 30, "b": 10, "c": 1}, 20)
+    assert sum(take.values()) == 20 and take["a"] >= take["b"]
+    assert all(take[k] <= n for k, n in {"a": 30, "b": 10, "c": 1}.items() if k in take)
+    assert share({"a": 3, "b": 0}, 20) == {"a": 3}
+
+
+def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
+    from pipeline import wal
+
+    path = str(tmp_path / "7" / "h_1-0")
+    header = wal.WalHeader("h:1", "epoch", 12.5, 3)
+    assert wal.write_partition(path, header, [4, 5, 6], [b"a", b"", b"c" * 70_000])
+    assert not wal.write_partition(path, wal.WalHeader("h:1", "other", 13.0, 1), [9], [b"z"])
+    assert wal.read_ids(path) == (header, [4, 5, 6])
+    assert wal.read_items(path) == [b"a", b"", b"c" * 70_000]
+    assert wal.batches(str(tmp_path)) == [7] and wal.batch_files(str(tmp_path), 7) == [path]
+    assert list((tmp_path / "7").iterdir()) == [Path(path)]  # nothing left aside
+
+
+def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
+    from pipeline.wal import SparkCommitLog, checkpoint_dir
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    log = SparkCommitLog(str(tmp_path), "q-1")
+    assert log.committed() == -1
+    (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"source":"other","batch":9}\n'
+                                            '{"source":"q-1","batch":2,"take":{"h:1":5}}\n')
+    assert log.committed() == -1  # planned, not committed
+    (tmp_path / "commits" / "4").write_text("v1\n{}\n")
+    assert log.committed() == 2
+    assert checkpoint_dir(f"file://{tmp_path}") == str(tmp_path)
+    with pytest.raises(ValueError, match="only local or mounted paths"):
+        checkpoint_dir("s3a://bucket/cp")
+
+
+def test_a_lost_connection_ends_its_epoch(server: ServerProcess) -> None:
+    connection = Connection(Server("127.0.0.1", server.thrift_port))
+    first = connection.open_epoch()
+    assert connection.open_epoch() == first
+    server.restart()
+    with pytest.raises(ServerUnreachable):
+        connection.available("q")
+    assert connection.epoch is None
+    assert connection.open_epoch() != first
+
+
+def test_unreachable_server_is_a_connection_error() -> None:
+    connection = Connection(Server("127.0.0.1", free_port()))
+    with pytest.raises(ServerUnreachable, match="127.0.0.1"):
+        connection.available("q")
+
+
+def test_put_retries_refused_connections_until_the_server_is_back(server: ServerProcess) -> None:
+    connection = Connection(Server("127.0.0.1", server.thrift_port))
+    server.stop()
+    threading.Timer(0.5, server.start).start()
+    assert connection.put("q", [b"x"], retries=8, backoff_ms=100) == 1
+    with pytest.raises(ServerUnreachable, match="gave up after 2 attempts"):
+        Connection(Server("127.0.0.1", free_port())).put("q", [b"x"], retries=1, backoff_ms=1)
+
+
+def test_replay_reopens_open_reads_first_in_order() -> None:
+    from pipeline.replay import Replay
+    from storage.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
+
+    replay = Replay()
+    records: list[Any] = [AddX(1, 0, b"a"), AddX(1, 0, b"b"), AddX(1, 0, b"c"), RemoveTentative(),
+                          RemoveTentative(), RemoveTentative(), ConfirmRemove(2), Unremove(3)]
+    for record in records:
+        replay.apply(record)
+    assert [i.data for i in replay.items] == [b"c"]
+    assert {xid: i.data for xid, i in replay.opens.items()} == {1: b"a"}
+
+
+def test_large_journal_files_split_at_record_boundaries_into_every_record_once(tmp_path: Path) -> None:
+    from pipeline.journal_source import record_batches, split_points
+    from storage.codec import encode_addx
+
+    records = [encode_addx(1, 0, b"r%d" % i * (i % 7 + 1)) for i in range(1000)]
+    path = tmp_path / "q"
+    path.write_bytes(b"".join(records) + records[0][:5])  # ends in a torn record
+    ranges = split_points(str(path), 1000)
+    assert len(ranges) > 5 and ranges[0][0] == 0 and ranges[-1][1] is None
+    boundaries = set()
+    at = 0
+    for r in records:
+        boundaries.add(at)
+        at += len(r)
+    assert all(start in boundaries for start, _ in ranges)
+    rows = [row for start, end in ranges for batch in record_batches("q", str(path), False, start, end)
+            for row in batch.to_pylist()]
+    assert [r["data"] for r in rows[:-1]] == [b"r%d" % i * (i % 7 + 1) for i in range(1000)]
+    assert rows[-1]["status"] == "torn" and [r["status"] for r in rows].count("torn") == 1
+    assert split_points(str(path), 10**9) == [(0, None)]
