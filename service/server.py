@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent.event
 import structlog
 
 from service import __version__
 from service.config import ServerConfig
+from service.open_reads import ReadsById
 from service.stats import ServerStats
 from service.status import StatusKeeper
 from service.thrift_read_ids import ReadIds
 from storage import QueueCollection
-
-if TYPE_CHECKING:
-    from service.session import OpenRead
 
 log = structlog.get_logger("kestrel.server")
 
@@ -32,12 +30,8 @@ class KestrelServer:
                                    config.status_change_grace_period)
         self.stats = ServerStats()
         self.version = __version__
-        self.open_reads: dict[int, OpenRead] = {}
-        self.ids = ReadIds(config.queue_path, self.collection.clock)
+        self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
         self.shutdown_requested = gevent.event.Event()
-
-    def next_read_id(self) -> int:
-        return self.ids.next()
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""
@@ -86,9 +80,7 @@ class KestrelServer:
     def close(self) -> None:
         """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their
         journals, so the next start hands their items out again, as a crash would."""
-        for read in self.open_reads.values():
-            if read.timer is not None:
-                read.timer.kill(block=False)
+        self.reads_by_id.cancel_timers()
         self.collection.close()
 
     def request_shutdown(self) -> None:
