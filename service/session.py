@@ -15,6 +15,7 @@ from typing import Any
 import gevent
 import structlog
 
+from service.logs import bind_client
 from service.open_reads import OpenReads
 from service.server import KestrelServer
 from service.status import Status, UnknownStatus
@@ -43,6 +44,7 @@ class Session:
     def __init__(self, server: KestrelServer, peer: str) -> None:
         self.server = server
         self.peer = peer
+        bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
         self.stats = server.stats
@@ -63,12 +65,6 @@ class Session:
         for queue in self.reads.queues():
             self.abort_pending(queue)
 
-    def _touch(self, queue: str) -> None:
-        """Log queue creation with the client's address (the collection creates it right after)."""
-        if self.coll.get(queue) is None and not self.coll.is_alias(queue):
-            check_queue_name(queue)
-            log.info("queue referenced for the first time", queue=queue, client=self.peer)
-
     # -----------------------------------------------------------------------------------------
     # Writes
 
@@ -87,7 +83,6 @@ class Session:
         first the queue refused (full, or over `max_item_size`)."""
         self.status.check_write("put")
         self.stats.cmd_set += len(items)
-        self._touch(queue)
         return self.coll.add_many(queue, items, expiry_ms)
 
     def flush(self, queue: str) -> None:
@@ -128,7 +123,6 @@ class Session:
         `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
         `max_open_reads` open reads on each queue, as Kestrel counts them."""
         self.status.check_read("get")
-        self._touch(queue)
         config = self.server.config
         max_items = min(max_items, config.max_batch_items)
         transaction = auto_abort_ms > 0
@@ -215,7 +209,6 @@ class Session:
         if not (open or peek) and (close or abort):
             return None
         self.status.check_read("peek" if peek else "get")
-        self._touch(queue)
         if not peek and self.reads.holds(queue):
             if not open:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
@@ -240,7 +233,6 @@ class Session:
         (the default for `max_items`); each item is a hit or a miss, not a `cmd_get`.
         """
         self.status.check_read("monitor")
-        self._touch(queue)
         max_items = self.reads.max_open_reads if max_items is None else max_items
         deadline = time.monotonic() + self._wait_seconds(timeout_ms)
         count = 0
@@ -274,7 +266,6 @@ class Session:
 
     def peek(self, queue: str) -> QItem | None:
         self.status.check_read("peek")
-        self._touch(queue)
         self.stats.cmd_peek += 1
         return self.coll.peek(queue)
 
