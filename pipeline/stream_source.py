@@ -122,7 +122,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning -------------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         return {"source": self.source_key, "batch": -1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -143,7 +143,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("server unreachable; planning without it", server=connection.address, error=str(e))
             return 0
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if self._keeper is None:
             if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
                 raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
@@ -164,7 +164,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self.available_now[address] -= n
             return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": take}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if end.get("batch") == start.get("batch") or "take" not in end:
             return []
         batch = int(end["batch"])
@@ -200,13 +200,13 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, StreamPartition)
         return read_partition(partition)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Spark ships `read` to the executors with its reader: the driver's state stays behind."""
         return {}
 
     # -- committing -----------------------------------------------------------------------------
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         with self.lock:
             self._confirm_up_to(int(end.get("batch", -1)))
 

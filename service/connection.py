@@ -75,7 +75,8 @@ class BufferedConnection:
             timeout = None if idle is None else idle / 1000.0
         self.sock.settimeout(timeout)
         try:
-            return self.sock.recv(RECV_CHUNK)
+            received: bytes = self.sock.recv(RECV_CHUNK)
+            return received
         except socket_timeout:
             reason = "request_timeout" if deadline is not None else "client_timeout"
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
