@@ -57,13 +57,12 @@ class JournalPartition(InputPartition):
 
 def _queue_files(path: str, only: str | None) -> list[tuple[str, list[str]]]:
     """(queue, its journal files in replay order) for every queue in the directory."""
-    from storage.journal import list_journal_files, scan_queue_names
+    from storage.journal import scan_queue_dir
 
     out = []
-    for name in sorted(scan_queue_names(path)):
+    for name, files in sorted(scan_queue_dir(path).queues.items()):
         if only and name != only:
             continue
-        files = list_journal_files(path, name)
         paths = files.replay_order() + [p for _, p in files.packs]
         if paths:
             out.append((name, paths))

@@ -4,8 +4,10 @@ Every record is a one-byte opcode and its fields, little-endian; a leading `size
 block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
 
 Opcode 8 means STATE_DUMP in the journal format document and CONTINUE in released Kestrel 2.4;
-`decode` tells them apart by what follows (see `_decode_opcode_8`). Opcode 9 (REMOVE_TENTATIVE_XID)
-is read but never written: our writer sticks to the documented opcodes.
+`decode` tells them apart by what follows (see `_decode_opcode_8`). A reliable read is written as
+released Kestrel 2.4 writes it, REMOVE_TENTATIVE_XID (9) with its xid: every Kestrel from 2.1 to 2.4
+reads the document's REMOVE_TENTATIVE (3) as xid 0, so a journal of opcode-3 records would replay
+differently there. Opcode 3 is still read as the document says (the next free xid).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ UNREMOVE = 5
 CONFIRM_REMOVE = 6
 ADD_XID = 7
 STATE_DUMP = 8
-CONTINUE = 8
 REMOVE_TENTATIVE_XID = 9
+MAX_OPCODE = REMOVE_TENTATIVE_XID
 
 _I32 = struct.Struct("<i")
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
@@ -33,6 +35,10 @@ _TWO_I32 = struct.Struct("<ii")
 
 # An item block (add time + expiry) is 16 bytes before the data.
 ITEM_HEADER = 16
+# A pack's stand-in for an item that left the queue after the checkpoint: empty and expired at
+# 1 ms after the epoch. A later REMOVE consumes it on replay; if that REMOVE was lost (a salvaged
+# journal), the stand-in is dropped as expired instead of being served as an empty item.
+PLACEHOLDER_EXPIRY = 1
 # Anything bigger than this in a size field is damage, not an item (Kestrel's sizes are i32).
 MAX_BLOCK = 2**31 - 1
 
@@ -132,7 +138,6 @@ OPCODE_NAMES: dict[type, str] = {
 }
 
 REMOVE_BYTES = bytes([REMOVE])
-REMOVE_TENTATIVE_BYTES = bytes([REMOVE_TENTATIVE])
 
 
 class Incomplete(Exception):
@@ -164,7 +169,7 @@ def encode(record: Record) -> bytes:
         case Remove():
             return REMOVE_BYTES
         case RemoveTentative():
-            return REMOVE_TENTATIVE_BYTES
+            return bytes([REMOVE_TENTATIVE])
         case SaveXid(xid):
             return encode_xid(SAVE_XID, xid)
         case Unremove(xid):
@@ -272,7 +277,7 @@ def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[R
         stop = after + second
         if stop > end or (stop == end and not at_eof):
             raise Incomplete
-        if stop == end or buf[stop] <= REMOVE_TENTATIVE_XID:
+        if stop == end or buf[stop] <= MAX_OPCODE:
             add_time, expiry = struct.unpack_from("<qq", buf, after)
             return Continue(xid, add_time, expiry, bytes(buf[after + ITEM_HEADER:stop])), stop
     raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
@@ -299,6 +304,28 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
                 return False
             raise
     return True
+
+
+# Where each sized record keeps its size field, counted from its opcode byte.
+_SIZE_FIELD_AT = {ADD: 1, ADDX: 1, ADD_XID: 5, 8: 5}
+
+
+def ends_with_one_bit_flipped(buf: bytes | memoryview, pos: int) -> list[int]:
+    """Where the record at `pos` would end if one bit of its size field were flipped back.
+
+    Used to tell a damaged size field from a torn tail: if the rest of the file reads cleanly from
+    one of these ends, the record did not run past the end of the file; its size field is wrong.
+    """
+    at = _SIZE_FIELD_AT.get(buf[pos]) if pos < len(buf) else None
+    if at is None or pos + at + 4 > len(buf):
+        return []
+    (size,) = _I32.unpack_from(buf, pos + at)
+    ends = []
+    for bit in range(32):
+        flipped = (size ^ (1 << bit)) & 0xFFFFFFFF
+        if flipped < 2**31:
+            ends.append(pos + at + 4 + flipped)
+    return ends
 
 
 def describe(records: list[Record]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -11,9 +12,9 @@ import structlog
 
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName
+from storage.errors import InvalidQueueName, TooManyQueues
 from storage.item import QItem
-from storage.journal import scan_queue_names
+from storage.journal import JournalFiles, remove_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.collection")
@@ -57,8 +58,9 @@ class QueueCollection:
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
                  aliases: Mapping[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 salvage: bool = False) -> None:
+                 salvage: bool = False, max_queues: int | None = None) -> None:
         self.path = path
+        self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
         self.clock = clock
@@ -77,31 +79,64 @@ class QueueCollection:
     # Queues by name
 
     def load(self) -> None:
-        """Replay every journal found in the queue path (parents before their fanout children)."""
-        for name in sorted(scan_queue_names(self.path), key=lambda n: ("+" in n, n)):
+        """Replay every journal found in the queue path (parents before their fanout children).
+
+        The path is read once, so start-up is linear in the number of files; the temporaries of
+        every queue (even of one that no longer exists) are removed. Queues already on disk are
+        all loaded, even past `max_queues` (which then only stops new ones). Raises TooManyQueues
+        when the process runs out of file descriptors.
+        """
+        found = scan_queue_dir(self.path)
+        remove_temporaries(found.temporaries)
+        for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
             try:
                 check_queue_name(name)
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
-            self.queue(name)
+            self._create(name, found.queues)
+        if self.max_queues is not None and len(self._queues) > self.max_queues:
+            log.warning("more queues on disk than max_queues; no new queue can be created",
+                        queues=len(self._queues), max_queues=self.max_queues)
 
     def get(self, name: str) -> PersistentQueue | None:
         return self._queues.get(name)
 
     def queue(self, name: str) -> PersistentQueue:
-        """The queue called `name`, created (and its journal replayed) on first reference."""
+        """The queue called `name`, created (and its journal replayed) on first reference.
+
+        Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
+        descriptors: the queues it has keep working).
+        """
         q = self._queues.get(name)
         if q is not None:
             return q
         check_queue_name(name)
+        return self._create(name, None)
+
+    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
+        q = self._queues.get(name)
+        if q is not None:
+            return q
         parent_name, plus, _ = name.partition("+")
         if plus:
-            self.queue(parent_name)
+            self._create(parent_name, scanned)
+        if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
+            raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
+                                f"max_queues = {self.max_queues} queues")
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
                             salvage=self.salvage)
-        q.setup()
+        files = None if scanned is None else scanned.get(name, JournalFiles())
+        try:
+            q.setup(files=files)
+        except OSError as e:
+            q.close()
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyQueues(f"cannot create queue {name!r}: out of file descriptors "
+                                    f"({len(self._queues)} queues open; raise the limit or lower "
+                                    f"max_queues)") from None
+            raise
         self._queues[name] = q
         if plus:
             self._fanouts.setdefault(parent_name, set()).add(name)
@@ -121,6 +156,9 @@ class QueueCollection:
             return self.queue(name)
         except InvalidQueueName:
             log.warning("expire_to_queue names an invalid queue", queue=name)
+            return None
+        except TooManyQueues as e:
+            log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
 
     def is_alias(self, name: str) -> bool:

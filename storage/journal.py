@@ -7,6 +7,8 @@ rotated journal with a timestamp at or below its own dead; anything with `~~` is
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 from collections.abc import Iterator
@@ -43,63 +45,125 @@ class JournalFiles:
         return [p for _, p in self.rotated] + ([self.live] if self.live else [])
 
 
-def scan_queue_names(queue_path: str) -> set[str]:
-    """Names of every queue with a journal in `queue_path` (sub-directories and temporaries ignored)."""
-    names = set()
+@dataclass
+class QueueDirectory:
+    """One scan of the queue path: every queue's files, and the temporaries to clean up."""
+
+    queues: dict[str, JournalFiles] = field(default_factory=dict)
+    temporaries: list[str] = field(default_factory=list)
+
+
+def scan_queue_dir(queue_path: str) -> QueueDirectory:
+    """Read the queue path once (start-up stays linear in the number of files)."""
+    found = QueueDirectory()
     for entry in os.scandir(queue_path):
-        if not entry.is_file() or "~~" in entry.name:
+        if not entry.is_file():
             continue
-        m = _ROTATED.match(entry.name) or _PACKED.match(entry.name)
-        if m:
-            names.add(m.group("name"))
-        elif "." not in entry.name and "~" not in entry.name:
-            names.add(entry.name)
-    return names
+        if "~~" in entry.name:
+            found.temporaries.append(entry.path)
+            continue
+        _classify(found.queues, entry.name, entry.path)
+    for files in found.queues.values():
+        files.rotated.sort()
+        files.packs.sort()
+    return found
+
+
+def _classify(queues: dict[str, JournalFiles], file_name: str, path: str) -> None:
+    m = _ROTATED.match(file_name)
+    if m:
+        queues.setdefault(m.group("name"), JournalFiles()).rotated.append((int(m.group("ts")), path))
+        return
+    m = _PACKED.match(file_name)
+    if m:
+        queues.setdefault(m.group("name"), JournalFiles()).packs.append((int(m.group("ts")), path))
+        return
+    if "." not in file_name and "~" not in file_name:
+        queues.setdefault(file_name, JournalFiles()).live = path
 
 
 def list_journal_files(queue_path: str, name: str) -> JournalFiles:
-    files = JournalFiles()
-    for entry in os.scandir(queue_path):
-        if not entry.is_file() or "~~" in entry.name:
-            continue
-        if entry.name == name:
-            files.live = entry.path
-            continue
-        m = _ROTATED.match(entry.name)
-        if m and m.group("name") == name:
-            files.rotated.append((int(m.group("ts")), entry.path))
-            continue
-        m = _PACKED.match(entry.name)
-        if m and m.group("name") == name:
-            files.packs.append((int(m.group("ts")), entry.path))
-    files.rotated.sort()
-    files.packs.sort()
-    return files
+    """The files of one queue (a queue created after start-up, or deleted)."""
+    return scan_queue_dir(queue_path).queues.get(name, JournalFiles())
 
 
-def finish_interrupted_packs(queue_path: str, name: str) -> JournalFiles:
+def check_pack(path: str) -> str | None:
+    """Why the `.pack` at `path` is not a complete pack, or None if it is.
+
+    A pack we write ends with SAVE_XID after its last item and is fsynced before it is renamed to
+    `.pack`: a file that is empty, does not read to its end, or ends otherwise is not one.
+    """
+    reader = RecordReader(path)
+    last: Record | None = None
+    try:
+        for _, record in reader:
+            last = record
+        if reader.leftover():
+            return f"it ends inside a record at offset {reader.offset}"
+    except CorruptJournalError as e:
+        return e.reason + f" at offset {e.offset}"
+    finally:
+        reader.close()
+    if last is None:
+        return "it is empty"
+    if not isinstance(last, codec.SaveXid):
+        return "it does not end with the SAVE_XID that closes a complete pack"
+    return None
+
+
+def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, salvage: bool,
+                             stamp: int) -> JournalFiles:
     """Complete a pack that a crash interrupted, as the format document prescribes.
 
     A `.pack` file is the state of every rotated journal at or before its timestamp: those are
-    deleted and the pack takes the rotated name. Returns the files left to replay.
+    deleted and the pack takes the rotated name. A `.pack` that is not complete deletes nothing:
+    it raises CorruptJournalError, or with `salvage` is set aside as `<file>.corrupt-<stamp>`.
+    Returns the files left to replay.
     """
-    files = list_journal_files(queue_path, name)
     for ts, pack_path in files.packs:
+        reason = check_pack(pack_path)
+        if reason is not None:
+            if not salvage:
+                raise CorruptJournalError(pack_path, 0, None, f"incomplete pack, not applied: {reason}; "
+                                          "no journal was deleted")
+            log.error("incomplete pack set aside; no journal deleted (salvage)", file=pack_path,
+                      reason=reason)
+            os.rename(pack_path, f"{pack_path}.corrupt-{stamp}")
+            continue
         for rts, rpath in files.rotated:
             if rts <= ts:
                 log.warning("deleting journal superseded by pack", file=rpath, pack=pack_path)
                 os.unlink(rpath)
-        os.rename(pack_path, os.path.join(queue_path, f"{name}.{ts}"))
-        files = list_journal_files(queue_path, name)
-    remove_temporaries(queue_path, name)
+        final = os.path.join(queue_path, f"{name}.{ts}")
+        os.rename(pack_path, final)
+        files.rotated = [(rts, rpath) for rts, rpath in files.rotated if rts > ts] + [(ts, final)]
+        files.rotated.sort()
+    files.packs = []
     return files
 
 
-def remove_temporaries(queue_path: str, name: str) -> None:
+def remove_temporaries(paths: list[str]) -> None:
+    """Delete `~~` temporaries (half-written packs) left by a crash."""
+    for path in paths:
+        log.info("removing temporary journal file", file=path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def queue_temporaries(queue_path: str, name: str) -> list[str]:
     prefix = name + "~~"
-    for entry in os.scandir(queue_path):
-        if entry.is_file() and entry.name.startswith(prefix):
-            os.unlink(entry.path)
+    return [e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)]
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a short write means the disk is full: it raises)."""
+    view = memoryview(data)
+    done = os.write(fd, view)
+    while done < len(data):
+        n = os.write(fd, view[done:])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
 
 
 def fsync_dir(path: str) -> None:
@@ -155,6 +219,8 @@ class RecordReader:
         while True:
             try:
                 record, stop = codec.decode(self._buf, self._pos, self._eof)
+                if isinstance(record, codec.Remove | codec.RemoveTentative):
+                    self._check_after_one_byte_record(record, stop)
             except Incomplete:
                 was_eof = self._eof
                 if not self._fill() and was_eof:
@@ -166,6 +232,23 @@ class RecordReader:
             self._pos = stop
             return at, record
 
+    def _check_after_one_byte_record(self, record: Record, stop: int) -> None:
+        """A REMOVE or REMOVE_TENTATIVE must be followed by an opcode (or the end of the file).
+
+        If it is not, the one-byte record is most likely the damaged one (an add whose opcode byte
+        was overwritten): the error names its offset, and nothing of it is applied.
+        """
+        if stop >= len(self._buf):
+            if not self._eof:
+                raise Incomplete
+            return
+        following = self._buf[stop]
+        if following > codec.MAX_OPCODE:
+            name = codec.OPCODE_NAMES[type(record)]
+            raise Malformed(self._buf[self._pos], f"{name} at offset {self.offset} is followed by "
+                                f"unknown opcode {following} at offset {self.offset + 1}: the record at "
+                                f"{self.offset} is damaged (likely an add whose opcode byte was overwritten)")
+
     def leftover(self) -> int:
         """Bytes after the last complete record (non-zero means a torn tail)."""
         size = os.fstat(self.fd).st_size
@@ -174,6 +257,37 @@ class RecordReader:
     def __iter__(self) -> Iterator[tuple[int, Record]]:
         while (entry := self.next()) is not None:
             yield entry
+
+
+def torn_tail_damage(path: str, offset: int) -> str | None:
+    """Why the incomplete record at `offset` (the end of the last file) is damage, not a torn write.
+
+    A torn write leaves the first bytes of one record. If instead a one-bit change to its size field
+    makes the record end inside the file, and complete records then follow to the end of the file,
+    the size field was damaged: cutting there would destroy those records.
+    """
+    with open(path, "rb") as f:
+        f.seek(offset)
+        tail = f.read()
+    for end in codec.ends_with_one_bit_flipped(tail, 0):
+        if 0 < end < len(tail) and _reads_cleanly_to_the_end(tail, end):
+            return (f"the size field of the record at offset {offset} looks damaged: with one bit changed "
+                    f"it ends at offset {offset + end}, and complete records follow from there to the end "
+                    f"of the file")
+    return None
+
+
+def _reads_cleanly_to_the_end(buf: bytes, pos: int) -> bool:
+    """Whether `buf[pos:]` is whole records, at least one of them more than an opcode byte."""
+    sized = False
+    while pos < len(buf):
+        try:
+            _record, stop = codec.decode(buf, pos, True)
+        except (Incomplete, Malformed):
+            return False
+        sized = sized or stop - pos > 1
+        pos = stop
+    return sized
 
 
 def read_records(path: str) -> Iterator[tuple[int, Record]]:
@@ -212,15 +326,34 @@ class JournalWriter:
         if created and sync_ms == 0:
             fsync_dir(os.path.dirname(path) or ".")  # the new file's name must survive a power cut too
         self._synced = self.size
+        self.damaged = False
         self._syncing: gevent.event.Event | None = None
         self._timer: gevent.Greenlet | None = None
 
     def append(self, data: bytes) -> None:
-        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets."""
-        written = os.write(self.fd, data)
-        if written != len(data):  # a short write on a regular file: disk full or similar
-            self._write_rest(data, written)
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+
+        If the write fails (disk full, I/O error) the file is cut back to where it was, so that
+        nothing half-written stays at its end, and the OSError is raised.
+        """
+        if self.damaged:
+            raise OSError(errno.EIO, f"a failed append could not be cut off {self.path}; restart to repair")
+        try:
+            write_all(self.fd, data)
+        except OSError:
+            self._cut_back()
+            raise
         self.size += len(data)
+
+    def _cut_back(self) -> None:
+        """Remove whatever part of a failed append reached the file."""
+        try:
+            if os.fstat(self.fd).st_size != self.size:
+                os.ftruncate(self.fd, self.size)
+        except OSError:
+            # Appending after the partial record would corrupt the journal: refuse from now on.
+            self.damaged = True
+            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far."""
@@ -228,14 +361,6 @@ class JournalWriter:
             self.sync_to(self.size)
         elif self.sync_ms is not None and self._timer is None and self._synced < self.size:
             self._timer = gevent.spawn_later(self.sync_ms / 1000.0, self._periodic_sync)
-
-    def _write_rest(self, data: bytes, done: int) -> None:
-        view = memoryview(data)
-        while done < len(data):
-            n = os.write(self.fd, view[done:])
-            if n <= 0:
-                raise OSError(f"cannot append to journal {self.path}")
-            done += n
 
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk, sharing fsyncs with other writers."""
@@ -255,7 +380,10 @@ class JournalWriter:
     def _periodic_sync(self) -> None:
         self._timer = None
         if self.fd >= 0:
-            self.sync_to(self.size)
+            try:
+                self.sync_to(self.size)
+            except OSError:
+                log.exception("periodic fsync of the journal failed", file=self.path)
 
     def flush(self) -> None:
         """fsync whatever is unsynced (shutdown, rotation)."""
@@ -271,7 +399,3 @@ class JournalWriter:
             os.close(self.fd)
             self.fd = -1
 
-    def truncate(self, size: int) -> None:
-        """Cut a torn tail found on replay before anything is appended after it."""
-        os.ftruncate(self.fd, size)
-        self.size = self._synced = size

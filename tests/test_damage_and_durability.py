@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from storage import QueueCollection, QueueConfigs
-from storage.codec import AddX, RemoveTentative, encode
+from storage.codec import AddX, RemoveTentativeXid, Unremove, encode
 from storage.errors import CorruptJournalError
 from tests.queues import drain
 
@@ -24,14 +24,17 @@ def addx(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 20])
-def test_torn_tail_is_cut_and_complete_records_kept(tmp_path: Path, cut: int,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    good = addx(b"one") + addx(b"two") + encode(RemoveTentative())
+def test_torn_tail_is_cut_keeping_a_copy_and_complete_records_kept(tmp_path: Path, cut: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    good = addx(b"one") + addx(b"two") + encode(RemoveTentativeXid(1))
     torn = addx(b"three-is-longer")[:cut]
     (tmp_path / "q").write_bytes(good + torn)
     coll = QueueCollection(str(tmp_path))
     coll.load()
-    assert (tmp_path / "q").stat().st_size >= len(good)
+    # Cut exactly at the torn record; then the open read is journaled back to the head.
+    assert (tmp_path / "q").read_bytes() == good + encode(Unremove(1))
+    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
+    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
     assert drain(coll, "q") == [b"one", b"two"]
     coll.add("q", b"after")
     coll.close()
@@ -54,7 +57,7 @@ def test_corrupt_middle_refuses_to_load_naming_file_offset_and_opcode(tmp_path: 
     assert (tmp_path / "q").read_bytes() == first + bad + addx(b"two")  # nothing changed on disk
 
 
-def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_the_file(tmp_path: Path) -> None:
+def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_what_it_cuts(tmp_path: Path) -> None:
     first = addx(b"one") + addx(b"two")
     content = first + bytes([0x42]) + addx(b"lost")
     (tmp_path / "q").write_bytes(content)
@@ -62,7 +65,8 @@ def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_the_file(tmp_path:
     coll.load()
     assert drain(coll, "q") == [b"one", b"two"]
     copies = [n for n in os.listdir(tmp_path) if ".corrupt-" in n]
-    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == content
+    assert len(copies) == 1
+    assert (tmp_path / "q").read_bytes()[:len(first)] + (tmp_path / copies[0]).read_bytes() == content
     coll.close()
     again = QueueCollection(str(tmp_path))  # loads cleanly afterwards, without salvage
     again.load()

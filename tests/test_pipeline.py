@@ -52,9 +52,9 @@ def test_journal_rows_equal_what_was_put_in_order(spark: Any, server: ServerProc
     c.close()
     rows = (spark.read.format("kestrel-journal").load(str(server.queue_path))
             .where("queue = 'audit'").orderBy("offset").collect())
-    assert [r.opcode for r in rows] == ["ADDX", "ADDX", "ADDX", "REMOVE_TENTATIVE", "CONFIRM_REMOVE"]
+    assert [r.opcode for r in rows] == ["ADDX", "ADDX", "ADDX", "REMOVE_TENTATIVE_XID", "CONFIRM_REMOVE"]
     assert [r.data for r in rows[:3]] == [b"a", b"b", b"c"]
-    assert rows[4].xid == 1 and all(r.status == "ok" for r in rows)
+    assert rows[3].xid == rows[4].xid == 1 and all(r.status == "ok" for r in rows)
 
 
 def test_torn_tail_is_a_row_status(spark: Any, tmp_path: Path) -> None:
