@@ -306,26 +306,47 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
     return True
 
 
-# Where each sized record keeps its size field, counted from its opcode byte.
-_SIZE_FIELD_AT = {ADD: 1, ADDX: 1, ADD_XID: 5, 8: 5}
+# Where each sized record keeps its size field (counted from its opcode byte), and its least size.
+_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
 
 
-def ends_with_one_bit_flipped(buf: bytes | memoryview, pos: int) -> list[int]:
-    """Where the record at `pos` would end if one bit of its size field were flipped back.
+def misplaced_end(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
+    """Where the record at `pos` really ends if its size field has one bit flipped, else None.
 
-    Used to tell a damaged size field from a torn tail: if the rest of the file reads cleanly from
-    one of these ends, the record did not run past the end of the file; its size field is wrong.
+    The format has no checksums; this is the one damage it lets us see. A record whose size is one
+    bit too large swallows the records after it (or runs past the end of the file); if a one-bit
+    smaller size leaves records that read as whole journal records up to `limit` (the record's
+    claimed end, or the end of the file), the size is taken as damaged. Item data would need whole
+    item records at that exact place to be mistaken for this.
     """
-    at = _SIZE_FIELD_AT.get(buf[pos]) if pos < len(buf) else None
-    if at is None or pos + at + 4 > len(buf):
-        return []
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None or pos + field[0] + 4 > len(buf):
+        return None
+    at, least = field
     (size,) = _I32.unpack_from(buf, pos + at)
-    ends = []
-    for bit in range(32):
-        flipped = (size ^ (1 << bit)) & 0xFFFFFFFF
-        if flipped < 2**31:
-            ends.append(pos + at + 4 + flipped)
-    return ends
+    start = pos + at + 4
+    rest = size
+    while rest:
+        bit = rest & -rest  # each set bit in turn: clearing it is a one-bit smaller size
+        rest ^= bit
+        end = start + size - bit
+        if size - bit >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
+            return end
+    return None
+
+
+def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:
+    """Whether whole records start at `pos`: reaching `limit` with an item record among them, or
+    at least two item records before the bytes stop making sense."""
+    view = memoryview(buf)[:limit]
+    items = 0
+    while pos < limit:
+        try:
+            record, pos = decode(view, pos, True)
+        except (Incomplete, Malformed):
+            return items >= 2
+        items += isinstance(record, AddX | AddXid | Add)
+    return items >= 1
 
 
 def describe(records: list[Record]) -> str:

@@ -182,12 +182,14 @@ class RecordReader:
     """Reads records forward from one journal file, resuming where it stopped.
 
     The file may still be growing (the live journal, read by read-behind): `next()` returns None
-    when no complete record is there yet. Replay calls `finish()` at the end to learn whether the
+    when no complete record is there yet. With `check_sizes` (replay) a record whose size field
+    looks one bit off is reported as corrupt. Replay calls `finish()` at the end to learn whether the
     file ends in a torn record.
     """
 
-    def __init__(self, path: str, offset: int = 0) -> None:
+    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
         self.path = path
+        self.check_sizes = check_sizes  # replay: look for size fields that swallow records
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -221,6 +223,11 @@ class RecordReader:
                 record, stop = codec.decode(self._buf, self._pos, self._eof)
                 if isinstance(record, codec.Remove | codec.RemoveTentative):
                     self._check_after_one_byte_record(record, stop)
+                elif self.check_sizes and stop - self._pos > 21:
+                    real_end = codec.misplaced_end(self._buf, self._pos, stop)
+                    if real_end is not None:
+                        raise Malformed(self._buf[self._pos],
+                                        _size_damage(self.offset, self._buf_start + real_end))
             except Incomplete:
                 was_eof = self._eof
                 if not self._fill() and was_eof:
@@ -262,32 +269,21 @@ class RecordReader:
 def torn_tail_damage(path: str, offset: int) -> str | None:
     """Why the incomplete record at `offset` (the end of the last file) is damage, not a torn write.
 
-    A torn write leaves the first bytes of one record. If instead a one-bit change to its size field
-    makes the record end inside the file, and complete records then follow to the end of the file,
-    the size field was damaged: cutting there would destroy those records.
+    A torn write leaves the first bytes of one record; a damaged size field leaves a record that
+    claims to run past the end while whole records follow it (`codec.misplaced_end`).
     """
     with open(path, "rb") as f:
         f.seek(offset)
         tail = f.read()
-    for end in codec.ends_with_one_bit_flipped(tail, 0):
-        if 0 < end < len(tail) and _reads_cleanly_to_the_end(tail, end):
-            return (f"the size field of the record at offset {offset} looks damaged: with one bit changed "
-                    f"it ends at offset {offset + end}, and complete records follow from there to the end "
-                    f"of the file")
-    return None
+    end = codec.misplaced_end(tail, 0, len(tail))
+    if end is None:
+        return None
+    return _size_damage(offset, offset + end)
 
 
-def _reads_cleanly_to_the_end(buf: bytes, pos: int) -> bool:
-    """Whether `buf[pos:]` is whole records, at least one of them more than an opcode byte."""
-    sized = False
-    while pos < len(buf):
-        try:
-            _record, stop = codec.decode(buf, pos, True)
-        except (Incomplete, Malformed):
-            return False
-        sized = sized or stop - pos > 1
-        pos = stop
-    return sized
+def _size_damage(offset: int, real_end: int) -> str:
+    return (f"the size field of the record at offset {offset} looks damaged: with one bit changed it "
+            f"would end at offset {real_end}, where whole records follow")
 
 
 def read_records(path: str) -> Iterator[tuple[int, Record]]:

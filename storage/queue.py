@@ -256,7 +256,7 @@ class PersistentQueue:
         previous: str | None = None
         for index, (key, path) in enumerate(self._replay_files):
             last = index == len(self._replay_files) - 1
-            reader = RecordReader(path)
+            reader = RecordReader(path, check_sizes=True)
             self._anomalies = {}
             try:
                 cut = self._replay_file(key, reader, last, repair)

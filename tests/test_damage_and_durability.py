@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs
-from storage.codec import AddX, RemoveTentativeXid, Unremove, encode
+from storage import QueueCollection, QueueConfigs, packer
+from storage.codec import REMOVE_BYTES, AddX, ConfirmRemove, RemoveTentativeXid, Unremove, encode
 from storage.errors import CorruptJournalError
+from storage.item import QItem
 from tests.queues import drain
 
 T0 = 1_700_000_000_000
@@ -113,3 +114,128 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int) -> None:
     got = drain(coll, "durable")
     assert len(got) >= acknowledged
     assert got == [b"item-%d" % i for i in range(len(got))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damage that is not a torn tail
+
+
+def test_every_single_bit_flip_of_a_size_field_in_the_middle_is_refused(tmp_path: Path) -> None:
+    before = b"".join(addx(b"before-%d" % n) for n in range(3))
+    target = addx(b"the-damaged-record")
+    after = b"".join(addx(b"after-%d" % n) for n in range(50)) + encode(RemoveTentativeXid(1))
+    content = before + target + after
+    for bit in range(32):
+        (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, bit))
+        with pytest.raises(CorruptJournalError) as err:
+            QueueCollection(str(tmp_path)).load()
+        assert err.value.path == str(tmp_path / "q"), bit
+        assert err.value.offset >= len(before), bit
+        assert (tmp_path / "q").read_bytes() == _flip(content, len(before) + 1, bit), bit  # untouched
+        assert os.listdir(tmp_path) == ["q"], bit
+
+
+def test_a_flip_that_runs_past_the_end_is_named_at_its_record(tmp_path: Path) -> None:
+    before = addx(b"first")
+    content = before + addx(b"damaged") + addx(b"after") * 3
+    (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 20))  # size + 1 MiB
+    with pytest.raises(CorruptJournalError) as err:
+        QueueCollection(str(tmp_path)).load()
+    assert err.value.offset == len(before)
+    assert "size field" in err.value.reason
+
+
+def _flip(data: bytes, byte_offset_of_field: int, bit: int) -> bytes:
+    out = bytearray(data)
+    out[byte_offset_of_field + bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_remove_written_over_an_add_is_reported_at_that_record(tmp_path: Path) -> None:
+    first = addx(b"one")
+    damaged = bytearray(addx(b"two"))
+    damaged[0] = 1  # REMOVE over ADDX's opcode byte
+    (tmp_path / "q").write_bytes(first + bytes(damaged) + addx(b"three"))
+    with pytest.raises(CorruptJournalError) as err:
+        QueueCollection(str(tmp_path)).load()
+    assert err.value.offset == len(first) and err.value.opcode == 1
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"one"]  # the REMOVE was not applied
+
+
+def test_a_stray_empty_pack_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    (tmp_path / "q.200").write_bytes(addx(b"c"))
+    (tmp_path / "q.300.pack").write_bytes(b"")
+    with pytest.raises(CorruptJournalError, match="incomplete pack.*it is empty"):
+        QueueCollection(str(tmp_path)).load()
+    assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"a", b"b", b"c"]
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+
+
+@pytest.mark.parametrize("keep", [1, 30, -5])
+def test_a_pack_cut_short_deletes_nothing(tmp_path: Path, keep: int) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"p%d" % n) for n in range(3)], T0)
+    pack = Path(packer.write_pack(request, []))
+    whole = pack.read_bytes()
+    pack.unlink()
+    (tmp_path / "q.100").write_bytes(addx(b"a"))
+    (tmp_path / "q.300.pack").write_bytes(whole[:keep])
+    with pytest.raises(CorruptJournalError, match="incomplete pack"):
+        QueueCollection(str(tmp_path)).load()
+    assert (tmp_path / "q.100").read_bytes() == addx(b"a")
+
+
+def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"packed")], T0)
+    final = Path(packer.write_pack(request, []))
+    final.rename(tmp_path / "q.300.pack")  # a crash before the journals it covers were deleted
+    (tmp_path / "q.100").write_bytes(addx(b"old"))
+    (tmp_path / "q").write_bytes(addx(b"live"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"packed", b"live"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300"]
+
+
+def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    # q.200 held: add c, d, e; open c (xid 1) and d (xid 2); confirm 1. It was deleted.
+    (tmp_path / "q.300").write_bytes(encode(RemoveTentativeXid(3)) + encode(ConfirmRemove(2))
+                                     + REMOVE_BYTES * 3)
+    (tmp_path / "q").write_bytes(addx(b"f"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    logged = capsys.readouterr().out
+    warning = next(line for line in logged.splitlines() if "NOTHING TO ACT ON" in line)
+    assert str(tmp_path / "q.300") in warning and str(tmp_path / "q.100") in warning
+    assert "xid_jumps=1" in warning and "confirm_of_no_open_read=1" in warning
+    assert "remove_of_nothing=2" in warning
+    assert drain(coll, "q") == [b"a", b"f"]  # a was opened (xid 3) and comes back at start-up
+
+
+def test_salvage_serves_no_empty_phantoms_from_a_file_cut_short(tmp_path: Path) -> None:
+    # A pack whose first two items had left the queue (placeholders), then the journal that removed
+    # them, cut short after its first REMOVE.
+    request = packer.PackRequest(str(tmp_path), "q", 100, 0, [], [None, None, QItem(T0, 0, b"x")], T0)
+    packer.write_pack(request, [])
+    (tmp_path / "q.200").write_bytes(REMOVE_BYTES + addx(b"y")[:7])
+    (tmp_path / "q").write_bytes(addx(b"z"))
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert drain(coll, "q") == [b"x"]
+
+
+def test_temporaries_of_every_queue_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "q").write_bytes(addx(b"a"))
+    (tmp_path / "q~~123").write_bytes(b"half a pack")
+    (tmp_path / "gone~~456").write_bytes(b"half a pack of a queue that no longer exists")
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert coll.queue_names() == ["q"]
