@@ -316,15 +316,24 @@ class JournalWriter:
     def __init__(self, path: str, sync_ms: int | None) -> None:
         self.path = path
         self.sync_ms = sync_ms
-        created = not os.path.exists(path)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size
-        if created and sync_ms == 0:
-            fsync_dir(os.path.dirname(path) or ".")  # the new file's name must survive a power cut too
+        self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
+        try:
+            self.size = os.stat(path).st_size
+        except FileNotFoundError:
+            self.size = 0
         self._synced = self.size
         self.damaged = False
         self._syncing: gevent.event.Event | None = None
         self._timer: gevent.Greenlet | None = None
+
+    def open(self) -> None:
+        """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
+        if self.fd >= 0:
+            return
+        created = not os.path.exists(self.path)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if created and self.sync_ms == 0:
+            fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
@@ -334,6 +343,7 @@ class JournalWriter:
         """
         if self.damaged:
             raise OSError(errno.EIO, f"a failed append could not be cut off {self.path}; restart to repair")
+        self.open()
         try:
             write_all(self.fd, data)
         except OSError:

@@ -518,6 +518,11 @@ class PersistentQueue:
         self._check_open()
         if self.read_only or self._rebuilding:
             self._probe()
+        if self._writer is not None and self._writer.fd < 0:
+            try:
+                self._writer.open()
+            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                raise JournalWriteError(self.name, self._writer.path, e) from None
         try:
             if self._orphans:
                 self._return_orphans()
@@ -561,6 +566,7 @@ class PersistentQueue:
         self._rebuilding = True
         try:
             self.wait_for_packing()
+            files = journal.list_journal_files(self.queue_path, self.name)
             self._pending.clear()
             self._end_read_behind()
             self._checkpoint = None
@@ -568,7 +574,7 @@ class PersistentQueue:
             self._opens.clear()
             self._xid = 0
             self.length = self.bytes = self.memory_bytes = 0
-            self._replay(journal.list_journal_files(self.queue_path, self.name), repair=False)
+            self._replay(files, repair=False)
         finally:
             self._rebuilding = False
 
