@@ -12,7 +12,7 @@ import structlog
 
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName, TooManyQueues
+from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.item import QItem
 from storage.journal import JournalFiles, remove_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
@@ -229,10 +229,20 @@ class QueueCollection:
         self.queue(name).flush()
 
     def flush_all(self) -> None:
+        """Flush every queue; one whose journal cannot be written does not stop the others.
+
+        Raises the first JournalWriteError once every other queue is flushed.
+        """
+        failed: JournalWriteError | None = None
         for name in self.queue_names():
             q = self._queues.get(name)
             if q is not None:
-                q.flush()
+                try:
+                    q.flush()
+                except JournalWriteError as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     def delete(self, name: str) -> None:
         """Drop a queue and its journal files; a parent stops feeding a deleted fanout child."""
@@ -269,7 +279,10 @@ class QueueCollection:
             q = self._queues.get(name)
             if q is None:
                 continue
-            expired += q.discard_expired(q.config.max_expire_sweep)
+            try:
+                expired += q.discard_expired(q.config.max_expire_sweep)
+            except JournalWriteError:
+                continue  # the queue logged it and is read-only; the sweep goes on with the others
             age_limit = q.config.max_queue_age
             if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
                 log.info("queue expired", queue=name, age_ms=now - q.create_time)

@@ -26,11 +26,12 @@ class FailingDisk:
 
     def __init__(self) -> None:
         self.full = False
+        self.only: str | None = None  # fail only the journal of this queue
         self.failures = 0
         self._real = journal.write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
-        if self.full:
+        if self.full and (self.only is None or os.readlink(f"/proc/self/fd/{fd}").endswith("/" + self.only)):
             self.failures += 1
             os.write(fd, data[: max(1, len(data) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -113,6 +114,19 @@ def test_flush_and_abort_that_cannot_be_journaled_change_nothing(tmp_path: Path,
     disk.full = False
     assert coll.unremove("q", held.xid)
     assert drain(coll, "q") == [b"a", b"b", b"c"]
+
+
+def test_one_unwritable_queue_does_not_stop_flush_all(tmp_path: Path, disk: FailingDisk) -> None:
+    coll = loaded(tmp_path)
+    for name in ("a", "b", "c"):
+        coll.add_many(name, [b"1", b"2"])
+    disk.full, disk.only = True, "b"
+    with pytest.raises(JournalWriteError, match="queue 'b'"):
+        coll.flush_all()
+    assert [coll.queue(n).length for n in ("a", "b", "c")] == [0, 2, 0]
+    disk.full = False
+    coll.flush_all()
+    assert coll.queue("b").length == 0
 
 
 @pytest.mark.parametrize("memory", [10_000_000, 300])
