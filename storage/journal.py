@@ -53,11 +53,14 @@ class QueueDirectory:
     temporaries: list[str] = field(default_factory=list)
 
 
-def scan_queue_dir(queue_path: str) -> QueueDirectory:
-    """Read the queue path once (start-up stays linear in the number of files)."""
+def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
+    """Read the queue path once (start-up stays linear in the number of files).
+
+    With `prefix`, only files whose names start with it are looked at (one queue's files).
+    """
     found = QueueDirectory()
     for entry in os.scandir(queue_path):
-        if not entry.is_file():
+        if not entry.name.startswith(prefix) or not entry.is_file():
             continue
         if "~~" in entry.name:
             found.temporaries.append(entry.path)
@@ -84,7 +87,7 @@ def _classify(queues: dict[str, JournalFiles], file_name: str, path: str) -> Non
 
 def list_journal_files(queue_path: str, name: str) -> JournalFiles:
     """The files of one queue (a queue created after start-up, or deleted)."""
-    return scan_queue_dir(queue_path).queues.get(name, JournalFiles())
+    return scan_queue_dir(queue_path, name).queues.get(name, JournalFiles())
 
 
 def check_pack(path: str) -> str | None:

@@ -339,7 +339,7 @@ class PersistentQueue:
     def _note_anomaly(self, what: str, offset: int) -> None:
         """A record with nothing to act on: a sign that a journal file before it is missing."""
         if not self._anomalies:
-            self._anomalies["first offset"] = offset
+            self._anomalies["first_offset"] = offset
         self._anomalies[what] = self._anomalies.get(what, 0) + 1
 
     def _report_anomalies(self, path: str, previous: str | None) -> None:
