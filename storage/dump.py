@@ -11,12 +11,12 @@ from typing import TextIO
 
 from storage.codec import describe
 from storage.errors import CorruptJournalError
-from storage.journal import RecordReader
+from storage.journal import RecordReader, torn_tail_damage
 
 
 def dump(path: str, out: TextIO = sys.stdout) -> int:
     """Print every record of `path`; return 0, or 1 when the file is torn or corrupt."""
-    reader = RecordReader(path)
+    reader = RecordReader(path, check_sizes=True)
     write = out.write
     try:
         count = 0
@@ -25,7 +25,11 @@ def dump(path: str, out: TextIO = sys.stdout) -> int:
             count += 1
         left = reader.leftover()
         if left:
-            write(f"{reader.offset:>12}  torn: {left} bytes of an incomplete record\n")
+            damage = torn_tail_damage(path, reader.offset)
+            if damage is not None:
+                write(f"{reader.offset:>12}  corrupt: {damage}\n")
+            else:
+                write(f"{reader.offset:>12}  torn: {left} bytes of an incomplete record\n")
             return 1
         write(f"{path}: {count} records, {reader.offset} bytes\n")
         return 0

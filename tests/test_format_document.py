@@ -32,3 +32,15 @@ def test_dump_prints_records_and_reports_a_torn_tail(tmp_path: Path) -> None:
     assert lines[0].split() == ["0", "addx(2:0:hi)"]
     assert lines[1].split() == ["23", "remove-tentative(1)"]
     assert lines[2].split()[:3] == ["28", "torn:", "2"]
+
+
+def test_dump_tells_a_damaged_size_field_from_a_torn_tail(tmp_path: Path) -> None:
+    records = [codec.encode_addx(1, 0, b"item-%d" % n) for n in range(5)]
+    damaged = bytearray(b"".join(records))
+    damaged[len(records[0]) + 3] ^= 0x01  # bit 16 of the second record's size field
+    path = tmp_path / "q"
+    path.write_bytes(bytes(damaged))
+    out = io.StringIO()
+    assert dump(str(path), out) == 1
+    last = out.getvalue().splitlines()[-1].split()
+    assert last[:2] == [str(len(records[0])), "corrupt:"] and "size field" in out.getvalue()
