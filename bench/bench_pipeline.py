@@ -12,36 +12,20 @@ import argparse
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import free_port, machine, wait_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench import peers
+from bench.common import machine
 
 
 @contextlib.contextmanager
-def servers(count: int, work: str) -> Iterator[list[int]]:
-    procs, ports = [], []
-    for i in range(count):
-        port = free_port()
-        queues = os.path.join(work, f"server{i}-{port}")
-        procs.append(subprocess.Popen([sys.executable, "-m", "service", "serve", "--queue-path", queues,
-                                       "--thrift-port", str(port), "--memcache-port", "0", "--text-port", "0",
-                                       "--admin-port", "0", "--log-level", "warning"]))
-        ports.append(port)
-    try:
-        for port in ports:
-            wait_port(port)
-        yield ports
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
+def servers(count: int, work: Path) -> Iterator[list[peers.Running]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(peers.kestrel(work)) for _ in range(count)]
 
 
 def main() -> None:
@@ -63,10 +47,13 @@ def main() -> None:
     payload = "x" * 64
     print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {n:,} rows of 64 B, "
           f"batches of 1000, Spark local[2]")
-    work = tempfile.mkdtemp(prefix="kestrel-bench-")
+    work = Path(tempfile.mkdtemp(prefix="kestrel-bench-"))
     try:
         for count in (1, 3):
-            with servers(count, work) as ports:
+            with servers(count, work) as running:
+                ports = [server["thrift"] for server in running]
+                if count == 1:
+                    queue_path = running[0].home / "queues"
                 df = spark.range(0, n, numPartitions=4).selectExpr(f"'{payload}' as data").cache()
                 df.count()
                 target = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -86,7 +73,6 @@ def main() -> None:
                 client.close()
                 print(f"writer into {count} server(s): spark {spark_rate:,.0f} rows/s, "
                       f"plain loop into one {plain_rate:,.0f} rows/s, ratio {spark_rate / plain_rate:.2f}")
-        queue_path = next(Path(work).glob("server0-*"))
         size = sum(f.stat().st_size for f in queue_path.iterdir() if f.is_file())
         started = time.perf_counter()
         rows = spark.read.format("kestrel-journal").load(str(queue_path)).count()

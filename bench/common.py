@@ -30,3 +30,9 @@ def machine() -> str:
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
     return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def load_average() -> str:
+    """The 1, 5 and 15-minute load averages: how busy the shared machine was around a run."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"

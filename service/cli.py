@@ -1,4 +1,4 @@
-"""`kestrel serve`: the command line."""
+"""`kestrel serve` and `kestrel journal dump`: the command line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys  # noqa: E402
 from service import __version__  # noqa: E402
 from service.config import load, with_overrides  # noqa: E402
 from service.logs import configure_logging  # noqa: E402
+from storage import dump as journal_dump  # noqa: E402
 from storage.errors import ConfigError, CorruptJournalError, JournalWriteError, TooManyQueues  # noqa: E402
 
 
@@ -30,11 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--salvage", action="store_true", default=None,
                        help="load what precedes a corrupt journal record instead of refusing to start")
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    journal = sub.add_parser("journal", help="offline tools for journal files")
+    journal_sub = journal.add_subparsers(dest="journal_command", required=True)
+    journal_dump.add_arguments(journal_sub.add_parser(
+        "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "journal" and args.journal_command == "dump":
+        return journal_dump.dump_files(args.files)
     configure_logging(args.log_level)
     from service.app import App
 

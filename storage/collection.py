@@ -14,7 +14,7 @@ from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
 from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.item import QItem
-from storage.journal import JournalFiles, remove_temporaries, scan_queue_dir
+from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.collection")
@@ -87,7 +87,7 @@ class QueueCollection:
         when the process runs out of file descriptors.
         """
         found = scan_queue_dir(self.path)
-        remove_temporaries(found.temporaries)
+        delete_temporaries(found.temporaries)
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
             try:
                 check_queue_name(name)

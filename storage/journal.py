@@ -145,17 +145,18 @@ def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, sa
     return files
 
 
-def remove_temporaries(paths: list[str]) -> None:
+def remove_temporaries(queue_path: str, name: str) -> None:
+    """Delete one queue's `~~` temporaries."""
+    prefix = name + "~~"
+    delete_temporaries([e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)])
+
+
+def delete_temporaries(paths: list[str]) -> None:
     """Delete `~~` temporaries (half-written packs) left by a crash."""
     for path in paths:
         log.info("removing temporary journal file", file=path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-
-def queue_temporaries(queue_path: str, name: str) -> list[str]:
-    prefix = name + "~~"
-    return [e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)]
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -217,7 +217,7 @@ class PersistentQueue:
             return
         if files is None:
             files = journal.list_journal_files(self.queue_path, self.name)
-            journal.remove_temporaries(journal.queue_temporaries(self.queue_path, self.name))
+            journal.remove_temporaries(self.queue_path, self.name)
         files = journal.finish_interrupted_packs(self.queue_path, self.name, files, self._salvage,
                                                  self.clock.now_ms())
         started = time.monotonic()
@@ -925,4 +925,4 @@ class PersistentQueue:
         files = journal.list_journal_files(self.queue_path, self.name)
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
-        journal.remove_temporaries(journal.queue_temporaries(self.queue_path, self.name))
+        journal.remove_temporaries(self.queue_path, self.name)

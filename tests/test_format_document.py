@@ -42,5 +42,5 @@ def test_dump_tells_a_damaged_size_field_from_a_torn_tail(tmp_path: Path) -> Non
     path.write_bytes(bytes(damaged))
     out = io.StringIO()
     assert dump(str(path), out) == 1
-    last = out.getvalue().splitlines()[-1].split()
-    assert last[:2] == [str(len(records[0])), "corrupt:"] and "size field" in out.getvalue()
+    reported = next(line for line in out.getvalue().splitlines() if "corrupt:" in line).split()
+    assert reported[:2] == [str(len(records[0])), "corrupt:"] and "size field" in out.getvalue()

@@ -1,0 +1,119 @@
+"""The servers a benchmark measures, each started on free loopback ports and stopped afterwards.
+
+Our server runs from this checkout (`python -m service serve`); the peers come from Debian and are
+installed with apt-get when the script runs as root, or named in a clear message otherwise. Every
+server keeps its data under the benchmark's work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import free_port, wait_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class MissingPeer(Exception):
+    """Raised when a peer server is not installed and cannot be installed from here."""
+
+
+def ensure_command(command: str, package: str) -> str:
+    """The path of `command`, installing Debian's `package` first when running as root."""
+    found = shutil.which(command)
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], env=env, capture_output=True)
+        found = shutil.which(command)
+    if found is None:
+        raise MissingPeer(f"{command} is not installed: run `apt-get install {package}` as root "
+                          f"(or run this benchmark as root to have it installed)")
+    return found
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started server: its process id, the ports it listens on, and the directory it keeps data in."""
+
+    pid: int
+    ports: dict[str, int]
+    home: Path
+
+    def __getitem__(self, name: str) -> int:
+        return self.ports[name]
+
+
+@contextlib.contextmanager
+def started(args: list[str], ports: dict[str, int], home: Path,
+            env: dict[str, str] | None = None) -> Iterator[Running]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        for port in ports.values():
+            wait_port(port)
+        yield Running(proc.pid, ports, home)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def kestrel(work: Path, sync: str = "never") -> Iterator[Running]:
+    """This checkout's server with the Thrift and memcache ports open and `sync_journal: sync`."""
+    ports = {"thrift": free_port(), "memcache": free_port()}
+    home = Path(work) / f"kestrel-{sync}-{ports['thrift']}"
+    home.mkdir(parents=True)
+    config = home / "kestrel.yaml"
+    config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\n"
+                      f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
+                      f"text_port: 0\nadmin_port: 0\ndefault_queue:\n  sync_journal: {sync}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "service", "serve", "--config", str(config), "--log-level", "warning"]
+    with started(command, ports, home, env) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def beanstalkd(work: Path, fsync: str = "never") -> Iterator[Running]:
+    """beanstalkd with its binlog on: `never` is -F (no fsync), `always` is -f0 (fsync every write)."""
+    port = free_port()
+    binlog = Path(work) / f"beanstalkd-{port}"
+    binlog.mkdir(parents=True)
+    flags = ["-F"] if fsync == "never" else ["-f0"]
+    with started([ensure_command("beanstalkd", "beanstalkd"), "-l", "127.0.0.1", "-p", str(port),
+                  "-b", str(binlog), *flags], {"beanstalk": port}, binlog) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def redis(work: Path, fsync: str = "never") -> Iterator[Running]:
+    """redis-server with its append-only file on: `never` is appendfsync no, `always` appendfsync always."""
+    port = free_port()
+    policy = {"never": "no", "always": "always"}[fsync]
+    home = Path(work) / f"redis-{port}"
+    home.mkdir(parents=True)
+    with started([ensure_command("redis-server", "redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+                  "--appendonly", "yes", "--appendfsync", policy, "--save", "", "--dir", str(home)],
+                 {"redis": port}, home) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def memcached(work: Path) -> Iterator[Running]:
+    """memcached on TCP only: the ceiling of the memcache workload (the same requests, no queue)."""
+    port = free_port()
+    user = ["-u", "root"] if os.geteuid() == 0 else []
+    with started([ensure_command("memcached", "memcached"), "-l", "127.0.0.1", "-p", str(port), "-U", "0",
+                  *user], {"memcache": port}, Path(work)) as running:
+        yield running

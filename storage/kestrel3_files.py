@@ -1,0 +1,453 @@
+"""A Kestrel 3 queue on disk: file names, reading records back, the writer journal, reader checkpoints.
+
+For queue `q` in the queue path: `q.<number>` are writer journals (PUT records, oldest number first;
+the number is the time in ms at creation, or one more than the last number if the clock is behind);
+`q.read.<reader>` holds one reader's checkpoint (`q.read.` for the default reader, whose name is
+empty); `q~~read.<reader>` is a checkpoint being written, removed with the other `q~~` temporaries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import structlog
+
+from storage import kestrel3_codec as k3
+from storage.clock import SYSTEM_CLOCK, Clock
+from storage.codec import Incomplete, Malformed
+from storage.errors import CorruptJournalError, InvalidQueueName
+from storage.journal import JournalWriter, fsync_dir
+
+log = structlog.get_logger("kestrel.kestrel3")
+
+READ_CHUNK = 1 << 20
+READER_INFIX = ".read."
+MAX_FILE_NAME_BYTES = 255
+# Characters that would let a name leave the queue path, collide with another file's suffix, or be
+# taken for a temporary.
+_FORBIDDEN = {"/": "a path separator", "\\": "a path separator", "\0": "not allowed in file names",
+              ".": "reserved for journal file suffixes", "~": "the mark of temporary files"}
+
+
+# ---------------------------------------------------------------------------------------------
+# File names
+
+
+def check_name_part(what: str, name: str, allow_empty: bool = False) -> None:
+    """Refuse a queue or reader name that could make a file name outside the queue path.
+
+    Raises InvalidQueueName saying which rule the name broke.
+    """
+    if not name and not allow_empty:
+        raise InvalidQueueName(f"{what} name is empty")
+    for char in name:
+        if char in _FORBIDDEN:
+            raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, {_FORBIDDEN[char]}")
+        if char.isspace() or ord(char) < 32:
+            raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")
+
+
+def _file_name(name: str) -> str:
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_FILE_NAME_BYTES:
+        raise InvalidQueueName(f"file name {name!r} is longer than {MAX_FILE_NAME_BYTES} bytes")
+    return name
+
+
+def writer_file_name(queue: str, number: int) -> str:
+    """`<queue>.<number>`: one segment of the queue's writer journal."""
+    check_name_part("queue", queue)
+    if number < 0:
+        raise ValueError(f"writer file number {number!r} is negative")
+    return _file_name(f"{queue}.{number}")
+
+
+def reader_file_name(queue: str, reader: str = "") -> str:
+    """`<queue>.read.<reader>`: the reader's checkpoint (`<queue>.read.` for the default reader)."""
+    check_name_part("queue", queue)
+    check_name_part("reader", reader, allow_empty=True)
+    return _file_name(f"{queue}{READER_INFIX}{reader}")
+
+
+def checkpoint_temporary_name(queue: str, reader: str = "") -> str:
+    return _file_name(f"{queue}~~{reader_file_name(queue, reader)[len(queue) + 1:]}")
+
+
+@dataclass
+class QueueFiles:
+    """What the queue path holds for one Kestrel 3 queue."""
+
+    writers: list[tuple[int, str]] = field(default_factory=list)  # (number, path), oldest first
+    readers: dict[str, str] = field(default_factory=dict)  # reader name -> path
+
+
+def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
+    check_name_part("queue", queue)
+    writer = re.compile(re.escape(queue) + r"\.(\d+)")
+    files = QueueFiles()
+    for entry in os.scandir(queue_path):
+        if not entry.is_file() or "~" in entry.name:
+            continue
+        m = writer.fullmatch(entry.name)
+        if m:
+            files.writers.append((int(m.group(1)), entry.path))
+        elif entry.name.startswith(queue + READER_INFIX):
+            reader = entry.name[len(queue) + len(READER_INFIX):]
+            if "." not in reader:
+                files.readers[reader] = entry.path
+    files.writers.sort()
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class RecordReader:
+    """Reads the records of one Kestrel 3 file forward, checking its header first.
+
+    Every length is checked against what the file still holds before the record is read, so a
+    damaged count costs an error, never an allocation. Iteration stops at the first record that
+    runs past the end of the file; `torn` then says why, and `offset` is where that record starts.
+    A record that can never be valid raises CorruptJournalError naming file and offset. The file is
+    read up to the size it had when opened.
+    """
+
+    def __init__(self, path: str, expect: k3.FileKind | None = None) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+        self.torn: str | None = None
+        try:
+            self.kind = self._read_header(expect)
+        except BaseException:
+            self.close()
+            raise
+        self._buf = b""
+        self._buf_start = k3.MAGIC_SIZE  # file offset of _buf[0]
+        self._pos = 0
+
+    def _read_header(self, expect: k3.FileKind | None) -> k3.FileKind:
+        header = os.pread(self.fd, k3.MAGIC_SIZE, 0)
+        kind = k3.kind_of(header)
+        if kind is None:
+            got = header.hex(" ") if header else "nothing"
+            raise CorruptJournalError(self.path, 0, None, f"header {got} is neither a Kestrel 3 writer "
+                                      f"journal ({k3.WRITER_MAGIC.hex(' ')}) nor a reader checkpoint "
+                                      f"({k3.READER_MAGIC.hex(' ')})")
+        if expect is not None and kind is not expect:
+            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs")
+        return kind
+
+    @property
+    def offset(self) -> int:
+        """File offset of the next record."""
+        return self._buf_start + self._pos
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _have(self, want: int) -> bool:
+        """Make `want` bytes from the current position available in the buffer, if the file has them."""
+        if self._pos + want <= len(self._buf):
+            return True
+        if self.offset + want > self.size:
+            return False
+        rest = self._buf[self._pos:]
+        self._buf_start += self._pos
+        self._pos = 0
+        need = min(max(READ_CHUNK, want), self.size - self._buf_start) - len(rest)
+        self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
+        return len(self._buf) >= want
+
+    def next(self) -> tuple[int, k3.Record] | None:
+        """The next record and its offset, or None at the end of the file or at a torn record."""
+        if self.offset >= self.size:
+            return None
+        try:
+            if not self._have(min(5, self.size - self.offset)):
+                self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
+                return None
+            try:
+                length = k3.record_length(self._buf, self._pos, self.kind)
+            except Incomplete:
+                self.torn = f"{self.size - self.offset} bytes, too short for a record header"
+                return None
+            if not self._have(length):
+                left = self.size - self.offset
+                self.torn = f"record of {length} bytes runs past the end of the file ({left} bytes left)"
+                return None
+            record, stop = k3.decode(self._buf, self._pos, self.kind)
+        except Malformed as e:
+            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+        at = self.offset
+        self._pos = stop
+        return at, record
+
+    def __iter__(self) -> Iterator[tuple[int, k3.Record]]:
+        while (entry := self.next()) is not None:
+            yield entry
+
+    def torn_error(self) -> CorruptJournalError:
+        byte = self._buf[self._pos] if self._pos < len(self._buf) else None
+        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}")
+
+
+def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
+    """Every record of one file with its offset. Raises CorruptJournalError for damage or a torn tail."""
+    reader = RecordReader(path, expect)
+    try:
+        yield from reader
+        if reader.torn:
+            raise reader.torn_error()
+    finally:
+        reader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader checkpoints
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One reader's progress: every id at or below `head` is consumed, and so is every id in `done`."""
+
+    head: int = 0
+    done: frozenset[int] = frozenset()
+
+    def is_done(self, item_id: int) -> bool:
+        return item_id <= self.head or item_id in self.done
+
+    def normalized(self) -> Checkpoint:
+        """The same progress with the head moved over done ids that follow it, and only ids above it kept."""
+        head = self.head
+        while head + 1 in self.done:
+            head += 1
+        return Checkpoint(head, frozenset(i for i in self.done if i > head))
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    """A reader's checkpoint file (a missing file is a reader that consumed nothing).
+
+    The last READ_HEAD wins and READ_DONE records add up, as they would if appended one by one.
+    Raises CorruptJournalError.
+    """
+    if not os.path.exists(path):
+        return Checkpoint()
+    head, done = 0, set[int]()
+    for _offset, record in read_records(path, k3.FileKind.READER):
+        if isinstance(record, k3.ReadHead):
+            head = record.id
+        elif isinstance(record, k3.ReadDone):
+            done.update(record.ids)
+    return Checkpoint(head, frozenset(done)).normalized()
+
+
+def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Checkpoint,
+                     sync: bool = True) -> str:
+    """Replace the reader's checkpoint file in one step (temporary file, then rename); return its path.
+
+    With `sync`, the new file and its name are on disk before this returns.
+    """
+    final = os.path.join(queue_path, reader_file_name(queue, reader))
+    temporary = os.path.join(queue_path, checkpoint_temporary_name(queue, reader))
+    state = checkpoint.normalized()
+    data = (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
+            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, final)
+    if sync:
+        fsync_dir(queue_path)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer journal
+
+
+@dataclass
+class WriterFile:
+    """One segment of the writer journal and the ids it holds (0, 0 when it holds none)."""
+
+    number: int
+    path: str
+    first_id: int = 0
+    last_id: int = 0
+
+
+def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> WriterFile:
+    """The id range of one writer file, checking that ids keep increasing past `after_id`.
+
+    A torn final record is cut off when this is the `last` (newest) file, since an append was
+    interrupted there; anywhere else it raises CorruptJournalError, as does any damage.
+    """
+    info = WriterFile(number, path)
+    reader = RecordReader(path, k3.FileKind.WRITER)
+    try:
+        for offset, record in reader:
+            assert isinstance(record, k3.Put)
+            _check_order(path, offset, record.id, after_id)
+            after_id = record.id
+            info.first_id = info.first_id or record.id
+            info.last_id = record.id
+        if reader.torn:
+            if not last:
+                raise reader.torn_error()
+            log.warning("torn record at the end of the writer journal; cutting it off", file=path,
+                        offset=reader.offset, reason=reader.torn)
+            os.truncate(path, reader.offset)
+    finally:
+        reader.close()
+    return info
+
+
+def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
+    if item_id <= after_id:
+        raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
+                                  f"item id {item_id} does not follow id {after_id}: ids must increase")
+
+
+class WriterJournal:
+    """Appends PUT records to `<queue>.<number>`, starting a new file once one passes `max_file_size`.
+
+    Opening scans every writer file for its id range (ids must increase from file to file) and cuts a
+    torn record off the newest one. `sync_ms` is the sync policy of storage.journal.JournalWriter.
+    """
+
+    def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        check_name_part("queue", queue)
+        self.queue_path = queue_path
+        self.queue = queue
+        self.max_file_size = max_file_size
+        self.sync_ms = sync_ms
+        self.clock = clock
+        self.files: list[WriterFile] = []
+        found = list_queue_files(queue_path, queue).writers
+        if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
+            self._rewrite_header(found[-1][1])
+        last_id = 0
+        for i, (number, path) in enumerate(found):
+            info = scan_writer_file(number, path, last_id, last=i == len(found) - 1)
+            last_id = info.last_id or last_id
+            self.files.append(info)
+        self.tail_id = last_id
+        self._writer: JournalWriter | None = None
+        if self.files:
+            self._writer = JournalWriter(self.files[-1].path, sync_ms)
+        else:
+            self.rotate()
+
+    @staticmethod
+    def _rewrite_header(path: str) -> None:
+        """The newest file was created but its header not (fully) written when the process stopped."""
+        log.warning("writer journal file without its header; writing it", file=path)
+        with open(path, "wb") as f:
+            f.write(k3.WRITER_MAGIC)
+
+    @property
+    def current(self) -> WriterFile:
+        return self.files[-1]
+
+    @property
+    def size(self) -> int:
+        """Bytes in the current file."""
+        assert self._writer is not None
+        return self._writer.size
+
+    def put(self, data: bytes, add_time: int, expire_time: int | None = None, error_count: int = 0) -> k3.Put:
+        """Append one item under the next id and wait as the sync policy requires; return its record."""
+        record = k3.Put(self.tail_id + 1, error_count, add_time, expire_time, data)
+        encoded = k3.encode(record)
+        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
+            self.rotate()
+        assert self._writer is not None
+        self._writer.append(encoded)
+        self.tail_id = record.id
+        self.current.first_id = self.current.first_id or record.id
+        self.current.last_id = record.id
+        self._writer.commit()
+        return record
+
+    def rotate(self) -> WriterFile:
+        """Close the current file and start the next one (an empty file holds just the header)."""
+        number = self.clock.now_ms()
+        if self.files:
+            number = max(number, self.current.number + 1)
+        while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
+            number += 1
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = JournalWriter(path, self.sync_ms)
+        self._writer.append(k3.WRITER_MAGIC)
+        self._writer.commit()
+        self.files.append(WriterFile(number, path))
+        log.info("started writer journal file", queue=self.queue, file=path)
+        return self.current
+
+    def remove_consumed_files(self, heads: Iterable[int]) -> list[str]:
+        """Delete the files every reader has passed (all their ids at or below every head in `heads`).
+
+        The current file is never deleted, nor anything when `heads` is empty. Returns the paths removed.
+        """
+        lowest = min(heads, default=0)
+        removed = []
+        while len(self.files) > 1 and self.files[0].last_id <= lowest:
+            os.unlink(self.files[0].path)
+            removed.append(self.files.pop(0).path)
+        if removed:
+            fsync_dir(self.queue_path)
+        return removed
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+
+
+def replay(queue_path: str, queue: str, reader: str = "") -> Iterator[k3.Put]:
+    """The items a reader has still to consume, oldest first: those after its head, minus its done set.
+
+    Reads one chunk at a time, so memory stays small however long the journal. Meant for a queue
+    whose WriterJournal is open (which cuts a torn final record); any damage raises
+    CorruptJournalError naming file and offset.
+    """
+    checkpoint = read_checkpoint(os.path.join(queue_path, reader_file_name(queue, reader)))
+    return pending_items(queue_path, queue, checkpoint)
+
+
+def pending_items(queue_path: str, queue: str, checkpoint: Checkpoint) -> Iterator[k3.Put]:
+    """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
+
+    Raises CorruptJournalError as `replay` does.
+    """
+    last_id = 0
+    for _number, path in list_queue_files(queue_path, queue).writers:
+        for offset, record in read_records(path, k3.FileKind.WRITER):
+            assert isinstance(record, k3.Put)
+            _check_order(path, offset, record.id, last_id)
+            last_id = record.id
+            if not checkpoint.is_done(record.id):
+                yield record

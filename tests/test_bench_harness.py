@@ -1,0 +1,61 @@
+"""The benchmark harness keeps working: loadgen.c builds here and reports exactly the items it moved."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymemcache.client.base import Client
+
+from bench import loadgen
+from tests.conftest import free_port
+from tests.installs import ensure_debian_package
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (shutil.which("cc") or ensure_debian_package("gcc", "gcc")):
+        pytest.skip("no C compiler (apt-get install gcc) to build bench/loadgen.c")
+    return loadgen.build(tmp_path_factory.mktemp("loadgen"))
+
+
+def queue_stats(port: int, name: str) -> dict[str, int]:
+    client = Client(("127.0.0.1", port))
+    try:
+        stats = client.stats()
+    finally:
+        client.close()
+    prefix = f"queue_{name}_".encode()
+    return {key[len(prefix):].decode(): int(value) for key, value in stats.items() if key.startswith(prefix)}
+
+
+VARIANTS = [("thrift", 1, 0), ("thrift", 7, 0), ("thrift", 5, 10_000), ("memcache", 1, 0), ("memcache", 3, 0)]
+
+
+def test_loadgen_reports_the_items_it_moved(binary: Path, server_factory: Any) -> None:
+    server = server_factory()
+    for n, (protocol, batch, auto_abort_ms) in enumerate(VARIANTS):
+        port = server.thrift_port if protocol == "thrift" else server.memcache_port
+        result = loadgen.run(binary, protocol, port, clients=2, batch=batch, items=21,
+                             auto_abort_ms=auto_abort_ms, prefix=f"lg{n}_")
+        rounds = -(-21 // batch)
+        assert (result.put, result.items, result.wrong) == (2 * rounds * batch, 2 * rounds * batch, 0)
+        assert result.items_per_s > 0 and result.seconds > 0
+        assert result.latency_us["round"]["requests"] == 2 * rounds
+        assert 0 < result.p("round", "p50") <= result.p("round", "p99") <= result.p("round", "max")
+        assert ("ack" in result.latency_us) == (auto_abort_ms > 0)
+        for client in (f"lg{n}_0", f"lg{n}_1"):  # the server saw the same: a warm-up round, then the rest
+            stats = queue_stats(server.memcache_port, client)
+            assert stats["total_items"] == (rounds + 1) * batch, (protocol, batch, stats)
+            assert (stats["items"], stats["open_transactions"]) == (0, 0)
+
+
+def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
+    with pytest.raises(loadgen.LoadgenError, match="connect to 127.0.0.1"):
+        loadgen.run(binary, "thrift", free_port(), clients=1, items=1)
+    with pytest.raises(loadgen.LoadgenError, match="thrift put failed: queue name 'bad.0' contains '.'"):
+        loadgen.run(binary, "thrift", server.thrift_port, clients=1, items=1, prefix="bad.")
+    with pytest.raises(loadgen.LoadgenError, match="memcache set: CLIENT_ERROR"):
+        loadgen.run(binary, "memcache", server.memcache_port, clients=1, items=1, prefix="bad.")
