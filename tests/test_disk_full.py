@@ -194,6 +194,11 @@ def fill(disk: Path, leave: int) -> Path:
 def test_server_on_a_full_disk_refuses_clearly_and_loses_nothing(small_disk: Path, server_factory: Any) -> None:
     from pymemcache.client.base import Client
     from pymemcache.exceptions import MemcacheServerError
+    from thriftpy2.rpc import make_client
+    from thriftpy2.thrift import TApplicationException
+    from thriftpy2.transport import TFramedTransportFactory
+
+    from contract import kestrel_thrift as kestrel
 
     queues = small_disk / "queues"
     srv = server_factory({"queue_path": str(queues)})
@@ -215,6 +220,13 @@ def test_server_on_a_full_disk_refuses_clearly_and_loses_nothing(small_disk: Pat
         mc.get("work/open")
     with pytest.raises(MemcacheServerError, match="disk is full"):
         mc.get("work")
+    thrift = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
+                         trans_factory=TFramedTransportFactory())
+    with pytest.raises(TApplicationException, match="disk is full"):
+        thrift.put("work", [b"thrift item"], 0)
+    with pytest.raises(TApplicationException, match="disk is full"):
+        thrift.get("work", 1, 0, 60_000)
+    thrift.close()
     assert mc.stats()[b"queue_work_items"] == acknowledged
     # Space comes back: the queue accepts writes again by itself.
     filler.unlink()
