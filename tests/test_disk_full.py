@@ -269,3 +269,20 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     mc = Client(("127.0.0.1", srv.memcache_port), timeout=10)
     assert [mc.get("q") for _ in range(4)] == [b"kept-0", b"kept-1", b"kept-2", None]
     mc.close()
+
+
+def test_a_torn_tail_on_a_full_disk_is_left_alone_with_a_clear_error(small_disk: Path) -> None:
+    from storage import codec
+
+    queues = small_disk / "queues"
+    queues.mkdir()
+    good = codec.encode_addx(1, 0, b"kept")
+    torn = codec.encode_addx(1, 0, b"x" * 5000)[:3000]
+    (queues / "q").write_bytes(good + torn)
+    filler = fill(small_disk, 0)
+    with pytest.raises(JournalWriteError, match="the disk is full"):
+        loaded(queues)
+    assert (queues / "q").read_bytes() == good + torn and os.listdir(queues) == ["q"]
+    filler.unlink()
+    assert drain(loaded(queues), "q") == [b"kept"]
+    assert [n for n in os.listdir(queues) if n.startswith("q.torn-")]
