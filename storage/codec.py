@@ -306,18 +306,21 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
     return True
 
 
+# Records with a size field: the ones whose size can be damaged into a wrong but readable one.
+SIZED_RECORDS = (Add, AddX, AddXid, Continue)
 # Where each sized record keeps its size field (counted from its opcode byte), and its least size.
 _SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
 
 
-def misplaced_end(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
+def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False) -> int | None:
     """Where the record at `pos` really ends if its size field has one bit flipped, else None.
 
     The format has no checksums; this is the one damage it lets us see. A record whose size is one
     bit too large swallows the records after it (or runs past the end of the file); if a one-bit
     smaller size leaves records that read as whole journal records up to `limit` (the record's
-    claimed end, or the end of the file), the size is taken as damaged. Item data would need whole
-    item records at that exact place to be mistaken for this.
+    claimed end, or the end of the file), the size is taken as damaged. With `grow`, one-bit larger
+    sizes are tried too (a record that ended too early, so that what follows it is unreadable).
+    Item data would need whole item records at that exact place to be mistaken for this.
     """
     field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
     if field is None or pos + field[0] + 4 > len(buf):
@@ -325,14 +328,25 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
     at, least = field
     (size,) = _I32.unpack_from(buf, pos + at)
     start = pos + at + 4
+    sizes = []
     rest = size
     while rest:
         bit = rest & -rest  # each set bit in turn: clearing it is a one-bit smaller size
         rest ^= bit
-        end = start + size - bit
-        if size - bit >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
+        sizes.append(size - bit)
+    if grow:
+        sizes.extend(size | (1 << b) for b in range(31) if not size & (1 << b))
+    for real in sizes:
+        end = start + real
+        if real >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
             return end
     return None
+
+
+def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
+    """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
+    then stray bytes explain what follows as well as a damaged size field does."""
+    return any(buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit) for p in range(start, min(stop, limit)))
 
 
 def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:

@@ -25,6 +25,7 @@ from storage.errors import CorruptJournalError
 log = structlog.get_logger("kestrel.journal")
 
 READ_CHUNK = 1 << 20
+SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
 _ROTATED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)$")
 _PACKED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)\.pack$")
 
@@ -194,6 +195,7 @@ class RecordReader:
     def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
         self.path = path
         self.check_sizes = check_sizes  # replay: look for size fields that swallow records
+        self._previous: int | None = None  # offset of the record just read, if it has a size field
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -238,10 +240,30 @@ class RecordReader:
                     return None
                 continue
             except Malformed as e:
-                raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+                raise self._damage_before(e) or CorruptJournalError(self.path, self.offset, e.opcode,
+                                                                    e.reason) from None
             at = self.offset
             self._pos = stop
+            self._previous = at if isinstance(record, codec.SIZED_RECORDS) else None
             return at, record
+
+    def _damage_before(self, error: Malformed) -> CorruptJournalError | None:
+        """The record just before unreadable bytes, if its size field looks one bit too small.
+
+        A size one bit too small ends a record inside its own data, which then reads as garbage:
+        the record at fault is the one before, and it is named instead of the garbage. Not when
+        whole records already start between the garbage and that end: stray bytes explain it too.
+        """
+        previous = self._previous
+        if not self.check_sizes or previous is None:
+            return None
+        window = os.pread(self.fd, self.offset - previous + SIZE_CHECK_WINDOW, previous)
+        end = codec.misplaced_end(window, 0, len(window), grow=True)
+        unreadable = self.offset - previous
+        if end is None or codec.resyncs_between(window, unreadable + 1, end, len(window)):
+            return None
+        return CorruptJournalError(self.path, previous, window[0], _size_damage(previous, previous + end)
+                                   + f" (the bytes at offset {self.offset} are unreadable: {error.reason})")
 
     def _check_after_one_byte_record(self, record: Record, stop: int) -> None:
         """A REMOVE or REMOVE_TENTATIVE must be followed by an opcode (or the end of the file).

@@ -266,8 +266,11 @@ class PersistentQueue:
             self._report_anomalies(path, previous)
             previous = path
             if cut is not None:
+                # The damage may lie in a record already applied (a size field found wrong only by
+                # what follows it): replay again what is left, now ending before the damage.
                 self._set_aside_after(index, cut)
-                break
+                self._reset_memory()
+                return self._replay(journal.list_journal_files(self.queue_path, self.name), repair)
         self._replay_at = None
         self._replay_files = []
         self._rotated = [(ts, p) for ts, p in self._rotated if os.path.exists(p)]
@@ -568,15 +571,19 @@ class PersistentQueue:
             self.wait_for_packing()
             files = journal.list_journal_files(self.queue_path, self.name)
             self._pending.clear()
-            self._end_read_behind()
-            self._checkpoint = None
-            self._mem.clear()
-            self._opens.clear()
-            self._xid = 0
-            self.length = self.bytes = self.memory_bytes = 0
+            self._reset_memory()
             self._replay(files, repair=False)
         finally:
             self._rebuilding = False
+
+    def _reset_memory(self) -> None:
+        """Forget every item, open read and xid, ready for a replay from the first journal file."""
+        self._end_read_behind()
+        self._checkpoint = None
+        self._mem.clear()
+        self._opens.clear()
+        self._xid = 0
+        self.length = self.bytes = self.memory_bytes = 0
 
     def _write(self, data: bytes) -> None:
         if self._writer is not None and data:

@@ -253,7 +253,9 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     queues = small_disk / "queues"
     queues.mkdir()
     good = b"".join(codec.encode_addx(1, 0, b"kept-%d" % n) for n in range(3))
-    damaged = good + b"\x42" + b"".join(codec.encode_addx(1, 0, b"lost-%d" % n) for n in range(100))
+    lost = bytearray(b"".join(codec.encode_addx(1, 0, b"lost-%d" % n) for n in range(100)))
+    lost[0] = 0x42  # an unknown opcode where the next record starts
+    damaged = good + bytes(lost)
     (queues / "q").write_bytes(damaged)
     filler = fill(small_disk, 0)
     ports = [f"--{name}-port=0" for name in ("thrift", "memcache", "text", "admin")]
