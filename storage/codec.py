@@ -326,7 +326,7 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     if field is None or pos + field[0] + 4 > len(buf):
         return None
     at, least = field
-    (size,) = _I32.unpack_from(buf, pos + at)
+    size: int = _I32.unpack_from(buf, pos + at)[0]
     start = pos + at + 4
     sizes = []
     rest = size
