@@ -6,13 +6,16 @@ import importlib
 import resource
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import structlog
 
 from service.config import ServerConfig
 from service.server import KestrelServer
+
+if TYPE_CHECKING:
+    from service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.app")
 
@@ -44,6 +47,7 @@ class App:
         self.config = config
         self.server = KestrelServer(config)
         self.listeners: list[Any] = []
+        self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
     def start(self) -> None:
         cfg = self.config
@@ -60,6 +64,13 @@ class App:
             listener.start()
             self.listeners.append(listener)
             ports[field] = listener.address[1]
+        if cfg.zookeeper is not None:
+            from service.zookeeper import ServerSetMembership
+
+            endpoints = {field.removesuffix("_port"): port for field, port in ports.items()}
+            self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
+                                                  self.server.status)
+            self.membership.start()
         log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
@@ -67,6 +78,8 @@ class App:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, let calls in flight answer, then flush and fsync every journal."""
         log.info("kestrel shutting down")
+        if self.membership is not None:
+            self.membership.stop()  # clients stop sending here before the listeners close
         for listener in self.listeners:
             listener.close()
         self.server.collection.close()  # wakes waiting readers, fsyncs journals

@@ -53,6 +53,44 @@ def _status(key: str, value: Any) -> str:
     raise ConfigError(key, f"expected up, readonly or quiescent, got {value!r}")
 
 
+@dataclass(frozen=True)
+class ZooKeeperConfig:
+    """Where the server advertises itself: the ZooKeeper ensemble and the server sets' parent path."""
+
+    hosts: str
+    path_prefix: str = "/kestrel"
+    session_timeout: int = 10_000  # ms
+    advertise_host: str | None = None  # None: listen_address, or this host's name when that is 0.0.0.0
+
+
+def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"expected a mapping with hosts, path_prefix, session_timeout, "
+                               f"advertise_host; got {value!r}")
+    known = ("hosts", "path_prefix", "session_timeout", "advertise_host")
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", f"unknown zookeeper setting (known: {', '.join(known)})")
+    if "hosts" not in value:
+        raise ConfigError(f"{key}.hosts", "required: the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\"")
+    prefix = _string(f"{key}.path_prefix", value.get("path_prefix", "/kestrel")).rstrip("/")
+    if not prefix.startswith("/") or "//" in prefix:
+        raise ConfigError(f"{key}.path_prefix", f"expected an absolute ZooKeeper path such as /kestrel, "
+                                                f"got {value.get('path_prefix')!r}")
+    timeout = parse_duration_ms(f"{key}.session_timeout", value.get("session_timeout", "10s"))
+    if timeout <= 0:
+        raise ConfigError(f"{key}.session_timeout", "must be longer than 0")
+    advertise = value.get("advertise_host")
+    return ZooKeeperConfig(
+        hosts=_string(f"{key}.hosts", value["hosts"]),
+        path_prefix=prefix,
+        session_timeout=timeout,
+        advertise_host=None if advertise is None else _string(f"{key}.advertise_host", advertise),
+    )
+
+
 @dataclass
 class ServerConfig:
     """Server settings with their defaults; queue settings live in `queues` (QueueConfigs)."""
@@ -80,6 +118,7 @@ class ServerConfig:
     max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
     max_queues: int = 10_000  # queues (fanout children included) one server holds
     salvage: bool = False
+    zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
     default_queue: dict[str, Any] = field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
     aliases: dict[str, list[str]] = field(default_factory=dict)
@@ -118,6 +157,7 @@ _PARSERS: dict[str, Any] = {
     "max_batch_bytes": parse_size,
     "max_queues": parse_count,
     "salvage": parse_bool,
+    "zookeeper": _zookeeper,
 }
 
 

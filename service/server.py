@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from service import __version__
 from service.config import ServerConfig
 from service.stats import ServerStats
 from service.status import StatusKeeper
+from service.thrift_read_ids import ReadIds
 from storage import QueueCollection
 
 if TYPE_CHECKING:
@@ -34,11 +34,11 @@ class KestrelServer:
         self.stats = ServerStats()
         self.version = __version__
         self.open_reads: dict[int, OpenRead] = {}
-        self._ids = itertools.count(1)
+        self.ids = ReadIds(config.queue_path, self.collection.clock)
         self.shutdown_requested = gevent.event.Event()
 
     def next_read_id(self) -> int:
-        return next(self._ids)
+        return self.ids.next()
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""

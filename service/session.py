@@ -49,7 +49,7 @@ class Session:
         self.coll = server.collection
         self.status = server.status
         self.stats = server.stats
-        self.read_ids: set[int] = set()  # Thrift open reads this connection opened
+        self.read_ids: dict[str, set[int]] = {}  # Thrift open reads this connection opened, by queue
         self.pending: dict[str, list[int]] = {}  # memcache/text open reads: queue -> xids, oldest first
         self.stats.curr_connections += 1
         self.stats.total_connections += 1
@@ -73,8 +73,19 @@ class Session:
     # -----------------------------------------------------------------------------------------
     # Writes
 
+    def expiry_after(self, ms: int) -> int:
+        """The absolute expiry of an item that lives `ms` more milliseconds (0: never expires).
+
+        A negative `ms` means already expired, as Kestrel treats it: the item is accepted and
+        never handed out.
+        """
+        if ms == 0:
+            return 0
+        return max(self.coll.clock.now_ms() + ms, 1)
+
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
-        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted."""
+        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted before the
+        first the queue refused (full, or over `max_item_size`)."""
         self.status.check_write("put")
         self.stats.cmd_set += len(items)
         self._touch(queue)
@@ -97,19 +108,23 @@ class Session:
         log.info("queue deleted", queue=queue, client=self.peer)
 
     # -----------------------------------------------------------------------------------------
-    # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection
+    # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
 
     def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
                   auto_abort_ms: int = 0) -> list[tuple[int, bytes]]:
-        """Up to `max_items`, waiting up to `timeout_ms` for them; ids are 0 without auto-abort."""
+        """Up to `max_items` (at most `max_batch_items`), waiting up to `timeout_ms` (at most
+        `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
+        `max_open_reads` open reads on each queue, as Kestrel counts them."""
         self.status.check_read("get")
         self._touch(queue)
+        config = self.server.config
+        max_items = min(max_items, config.max_batch_items)
         transaction = auto_abort_ms > 0
         if transaction:
-            max_items = min(max_items, self.server.config.max_open_reads - len(self.read_ids))
+            max_items = min(max_items, config.max_open_reads - len(self.read_ids.get(queue, ())))
         self.stats.cmd_get += 1
         items = self.coll.remove_many(queue, max_items, transaction)
-        deadline = time.monotonic() + max(timeout_ms, 0) / 1000.0
+        deadline = time.monotonic() + min(max(timeout_ms, 0), config.max_wait) / 1000.0
         while len(items) < max_items and (wait := deadline - time.monotonic()) > 0:
             item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
             if item is None:
@@ -129,14 +144,22 @@ class Session:
         read = OpenRead(queue, xid, self)
         read.timer = gevent.spawn_later(auto_abort_ms / 1000.0, self._auto_abort, read_id)
         self.server.open_reads[read_id] = read
-        self.read_ids.add(read_id)
+        self.read_ids.setdefault(queue, set()).add(read_id)
         return read_id
 
     def _auto_abort(self, read_id: int) -> None:
         read = self.server.open_reads.pop(read_id, None)
         if read is not None:
-            read.session.read_ids.discard(read_id)
+            read.session.forget_read(read.queue, read_id)
             self.coll.unremove(read.queue, read.xid)
+
+    def forget_read(self, queue: str, read_id: int) -> None:
+        """An open read this connection made is closed (here, by another connection, or by its timer)."""
+        ids = self.read_ids.get(queue)
+        if ids is not None:
+            ids.discard(read_id)
+            if not ids:
+                del self.read_ids[queue]
 
     def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
         closed = 0
@@ -146,7 +169,7 @@ class Session:
             if read is None or read.queue != queue:
                 continue
             del self.server.open_reads[read_id]
-            read.session.read_ids.discard(read_id)
+            read.session.forget_read(queue, read_id)
             if read.timer is not None:
                 read.timer.kill(block=False)
             done = self.coll.confirm(queue, read.xid) if confirm else self.coll.unremove(queue, read.xid)

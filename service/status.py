@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Callable
 
 import gevent
 import structlog
@@ -49,6 +50,7 @@ class StatusKeeper:
         self.status_file = status_file
         self.grace_period_ms = grace_period_ms
         self._grace: gevent.Greenlet | None = None
+        self._subscribers: list[Callable[[Status, Status], None]] = []
         if status_file is None:
             self.current = Status.NOT_CONFIGURED
             self.enforced = Status.UP
@@ -86,6 +88,16 @@ class StatusKeeper:
             self._grace = gevent.spawn_later(self.grace_period_ms / 1000.0, self._end_grace)
         else:
             self.enforced = status
+        for callback in self._subscribers:
+            callback(previous, status)
+
+    def subscribe(self, callback: Callable[[Status, Status], None]) -> None:
+        """Call `callback(previous, current)` after every change, whichever protocol made it.
+
+        It runs at once, before the grace period, so that watchers (the ZooKeeper server sets) can
+        tell clients before a stricter status bites. It must not block.
+        """
+        self._subscribers.append(callback)
 
     def _end_grace(self) -> None:
         self._grace = None

@@ -1,57 +1,49 @@
 """Kestrel's Thrift service on a gevent StreamServer.
 
-Framed transport (the default, what Finagle and most clients use) is read here frame by frame: the
-4-byte length is checked against `max_frame_size` before anything is allocated, and each frame is
-decoded with thriftpy2's Cython binary codec from memory. Buffered transport reads the socket
-through a transport that refuses any single read larger than `max_frame_size`.
+Requests are read with this server's own checked readers (service/thrift_protocol.py), binary or
+compact, framed or unframed: every length and count is checked against what the frame (or, unframed,
+`max_frame_size`) can hold and against `max_batch_items` / `max_batch_bytes` before anything is read
+or allocated. A framed request that is malformed gets a TApplicationException and the connection
+goes on (the frame says where the next request starts); an unframed one cannot be resynchronised,
+so its connection is closed after the reply.
 """
 
 from __future__ import annotations
 
-import functools
-import struct
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import socket as gsocket
-from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory, TCyBinaryProtocolFactory
-from thriftpy2.thrift import TApplicationException, TProcessor
-from thriftpy2.transport import TCyMemoryBuffer, TMemoryBuffer, TTransportBase, TTransportException
 
 from contract import kestrel_thrift
 from service import LISTEN_BACKLOG
 from service.server import KestrelServer
-from service.session import Session
+from service.session import Session, SessionError
 from service.status import Status
+from service.thrift_messages import (
+    INTERNAL_ERROR,
+    INVALID_MESSAGE_TYPE,
+    METHODS,
+    PROTOCOL_ERROR,
+    UNKNOWN,
+    UNKNOWN_METHOD,
+    encode_exception,
+    encode_reply,
+    read_args,
+)
+from service.thrift_protocol import CALL, PROTOCOLS, Reader, ThriftProtocolError
+from service.thrift_transport import ClientStream, ConnectionDone, frame
 from storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.thrift")
 
-_FRAME_HEADER = struct.Struct("!i")
-RECV_CHUNK = 256 * 1024
-F = TypeVar("F", bound=Callable[..., Any])
 
-
-def _reply_errors(method: F) -> F:
-    """Every error reaches the client as a TApplicationException with a message, never a dropped socket."""
-
-    @functools.wraps(method)
-    def wrapper(self: ThriftHandler, *args: Any) -> Any:
-        try:
-            return method(self, *args)
-        except KestrelError as e:
-            raise TApplicationException(TApplicationException.UNKNOWN, str(e)) from None
-        except TApplicationException:
-            raise
-        except Exception as e:
-            log.exception("thrift call failed", method=method.__name__, client=self.session.peer)
-            raise TApplicationException(TApplicationException.INTERNAL_ERROR,
-                                        f"internal error in {method.__name__}: {e!r}") from None
-
-    return wrapper  # type: ignore[return-value]
+def _queue(name: str | None) -> str:
+    if name is None:
+        raise SessionError("queue_name is missing")
+    return name
 
 
 class ThriftHandler:
@@ -59,181 +51,138 @@ class ThriftHandler:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.clock = session.coll.clock
 
-    @_reply_errors
-    def put(self, queue_name: str, items: list[bytes] | None, expiration_msec: int | None = 0) -> int:
-        expiry = self.clock.now_ms() + expiration_msec if expiration_msec and expiration_msec > 0 else 0
-        return self.session.put(queue_name, list(items or []), expiry)
+    def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
+        expiry = self.session.expiry_after(expiration_msec or 0)
+        return self.session.put(_queue(queue_name), items or [], expiry)
 
-    @_reply_errors
-    def get(self, queue_name: str, max_items: int, timeout_msec: int | None = 0,
-            auto_abort_msec: int | None = 0) -> list[Any]:
-        got = self.session.get_items(queue_name, max_items or 0, timeout_msec or 0, auto_abort_msec or 0)
-        return [kestrel_thrift.Item(data=data, id=read_id) for read_id, data in got]
+    def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
+            auto_abort_msec: int | None) -> list[Any]:
+        got = self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                     auto_abort_msec or 0)
+        item = kestrel_thrift.Item
+        return [item(data=data, id=read_id) for read_id, data in got]
 
-    @_reply_errors
-    def confirm(self, queue_name: str, ids: set[int] | None) -> int:
-        return self.session.confirm_ids(queue_name, set(ids or ()))
+    def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.confirm_ids(_queue(queue_name), set(ids or ()))
 
-    @_reply_errors
-    def abort(self, queue_name: str, ids: set[int] | None) -> int:
-        return self.session.abort_ids(queue_name, set(ids or ()))
+    def abort(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.abort_ids(_queue(queue_name), set(ids or ()))
 
-    @_reply_errors
-    def peek(self, queue_name: str) -> Any:
-        return kestrel_thrift.QueueInfo(**self.session.queue_info(queue_name))
+    def peek(self, queue_name: str | None) -> Any:
+        return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(queue_name)))
 
-    @_reply_errors
-    def flush_queue(self, queue_name: str) -> None:
-        self.session.flush(queue_name)
+    def flush_queue(self, queue_name: str | None) -> None:
+        self.session.flush(_queue(queue_name))
 
-    @_reply_errors
     def flush_all_queues(self) -> None:
         self.session.flush_all()
 
-    @_reply_errors
-    def delete_queue(self, queue_name: str) -> None:
-        self.session.delete(queue_name)
+    def delete_queue(self, queue_name: str | None) -> None:
+        self.session.delete(_queue(queue_name))
 
-    @_reply_errors
     def current_status(self) -> int:
         return int(self.session.current_status())
 
-    @_reply_errors
-    def set_status(self, status: int) -> None:
+    def set_status(self, status: int | None) -> None:
         try:
-            value = Status(status)
+            value = Status(status if status is not None else -1)
         except ValueError:
-            raise TApplicationException(TApplicationException.UNKNOWN, f"unknown status {status!r}") from None
+            raise SessionError(f"unknown status {status!r}") from None
         self.session.set_status(value)
 
-    @_reply_errors
     def get_version(self) -> str:
         return self.session.server.version
 
 
-class FrameTooLarge(Exception):
-    """A client announced a frame over `max_frame_size`."""
+class ThriftConnection:
+    """One client: read a request, call the handler, write the reply; errors map here, once."""
 
+    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
+        cfg = server.config
+        self.cfg = cfg
+        self.peer = peer
+        self.session = Session(server, peer, "thrift")
+        self.handler = ThriftHandler(self.session)
+        self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
+        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
 
-class _FramedConnection:
-    """Reads length-prefixed frames from a socket with one receive buffer for many frames."""
+    def run(self) -> None:
+        try:
+            if self.cfg.thrift_transport == "framed":
+                self._serve_framed()
+            else:
+                self._serve_buffered()
+        except ConnectionDone as e:
+            log.warning("closing thrift connection", client=self.peer, reason=str(e))
+        finally:
+            self.session.close()
 
-    def __init__(self, sock: gsocket, max_frame: int) -> None:
-        self.sock = sock
-        self.max_frame = max_frame
-        self.buf = bytearray()
-        self.bytes_read = 0
+    def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:
+        return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
 
-    def _fill(self, need: int) -> bool:
-        while len(self.buf) < need:
-            chunk = self.sock.recv(max(RECV_CHUNK, need - len(self.buf)))
-            if not chunk:
-                return False
-            self.bytes_read += len(chunk)
-            self.buf += chunk
-        return True
+    def _serve_framed(self) -> None:
+        while (payload := self.stream.next_frame(self.cfg.max_frame_size)) is not None:
+            reply, _ = self.answer(self._reader(payload, len(payload), len(payload)))
+            if reply is None:
+                return
+            self.stream.send(frame(reply))
 
-    def next_frame(self) -> bytes | None:
-        if not self._fill(4):
-            return None
-        (size,) = _FRAME_HEADER.unpack_from(self.buf, 0)
-        if size < 0 or size > self.max_frame:
-            raise FrameTooLarge(f"frame of {size} bytes (max_frame_size is {self.max_frame})")
-        if not self._fill(4 + size):
-            return None
-        frame = bytes(self.buf[4:4 + size])
-        del self.buf[:4 + size]
-        return frame
+    def _serve_buffered(self) -> None:
+        stream = self.stream
+        while stream.wait_request():
+            reader = self._reader(stream.buf, len(stream.buf), self.cfg.max_frame_size, more=stream.fill,
+                                  scope="request (max_frame_size)")
+            reply, intact = self.answer(reader)
+            if reply is not None:
+                stream.send(reply)
+            if not intact:
+                return
+            del stream.buf[:reader.pos]
 
+    def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
+        """The reply to the message in `reader` (None: nothing can be answered), and whether the
+        message was read to its end, so that the next one can follow."""
+        try:
+            name, mtype, seqid = reader.read_message_begin()
+        except ThriftProtocolError as e:
+            log.warning("closing thrift connection after an unreadable message header", client=self.peer,
+                        reason=str(e))
+            return None, False
+        method = METHODS.get(name)
+        try:
+            args, problem = read_args(reader, method)
+        except ThriftProtocolError as e:
+            log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
+            return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
+        if mtype != CALL:
+            return self._error(name, seqid, INVALID_MESSAGE_TYPE, f"message type {mtype} is not a call"), True
+        if method is None:
+            return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
+        if problem is not None:
+            return self._error(name, seqid, PROTOCOL_ERROR, problem), True
+        try:
+            result = getattr(self.handler, name)(**args)
+        except KestrelError as e:
+            return self._error(name, seqid, UNKNOWN, str(e)), True
+        except Exception as e:
+            log.exception("thrift call failed", method=name, client=self.peer)
+            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}"), True
+        return encode_reply(self.writer_cls(), method, seqid, result), True
 
-class _BoundedSocket(TTransportBase):
-    """A socket transport for buffered Thrift that refuses to read more than `limit` at once."""
-
-    def __init__(self, sock: gsocket, limit: int, session: Session) -> None:
-        self.sock = sock
-        self.limit = limit
-        self.session = session
-        self.rbuf = bytearray()
-
-    def read(self, sz: int) -> bytes:
-        if sz > self.limit:
-            raise FrameTooLarge(f"a field of {sz} bytes (max_frame_size is {self.limit})")
-        while len(self.rbuf) < sz:
-            chunk = self.sock.recv(RECV_CHUNK)
-            if not chunk:
-                raise TTransportException(TTransportException.END_OF_FILE, "connection closed")
-            self.session.stats.bytes_read += len(chunk)
-            self.rbuf += chunk
-        out = bytes(self.rbuf[:sz])
-        del self.rbuf[:sz]
-        return out
-
-    _read = read
-
-    def write(self, buf: bytes) -> None:
-        self.session.stats.bytes_written += len(buf)
-        self.sock.sendall(buf)
-
-    def flush(self) -> None:
-        pass
-
-    def is_open(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
+    def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
+        return encode_exception(self.writer_cls(), name, seqid, kind, message)
 
 
 def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> StreamServer:
     """A StreamServer speaking Kestrel's Thrift service with the configured transport and protocol."""
-    cfg = server.config
-    compact = cfg.thrift_protocol == "compact"
-    framed = cfg.thrift_transport == "framed"
-    max_frame = cfg.max_frame_size
-
-    def serve_framed(sock: gsocket, session: Session, processor: TProcessor) -> None:
-        factory: Any = TCompactProtocolFactory() if compact else TCyBinaryProtocolFactory()
-        buffer_cls: Any = TMemoryBuffer if compact else TCyMemoryBuffer
-        conn = _FramedConnection(sock, max_frame)
-        while True:
-            frame = conn.next_frame()
-            if frame is None:
-                return
-            out = buffer_cls()
-            processor.process(factory.get_protocol(buffer_cls(frame)), factory.get_protocol(out))
-            reply = out.getvalue()
-            session.stats.bytes_read, conn.bytes_read = session.stats.bytes_read + conn.bytes_read, 0
-            session.stats.bytes_written += 4 + len(reply)
-            sock.sendall(_FRAME_HEADER.pack(len(reply)) + reply)
-
-    def serve_buffered(sock: gsocket, session: Session, processor: TProcessor) -> None:
-        factory: Any = TCompactProtocolFactory() if compact else TBinaryProtocolFactory()
-        trans = _BoundedSocket(sock, max_frame, session)
-        iprot, oprot = factory.get_protocol(trans), factory.get_protocol(trans)
-        while True:
-            try:
-                processor.process(iprot, oprot)
-            except TTransportException:
-                return
-
-    serve = serve_framed if framed else serve_buffered
 
     def handle(sock: gsocket, address: tuple[str, int]) -> None:
-        peer = f"{address[0]}:{address[1]}"
-        session = Session(server, peer, "thrift")
-        processor = TProcessor(kestrel_thrift.Kestrel, ThriftHandler(session))
         try:
-            serve(sock, session, processor)
-        except FrameTooLarge as e:
-            log.warning("closing thrift connection: frame too large", client=peer, reason=str(e))
+            ThriftConnection(server, sock, f"{address[0]}:{address[1]}").run()
         except (ConnectionError, OSError):
             pass
-        except Exception as e:
-            log.warning("closing thrift connection after a malformed request", client=peer, error=repr(e))
         finally:
-            session.close()
             sock.close()
 
-    return StreamServer(listener, handle, spawn=Pool(cfg.max_connections), backlog=LISTEN_BACKLOG)
+    return StreamServer(listener, handle, spawn=Pool(server.config.max_connections), backlog=LISTEN_BACKLOG)

@@ -50,6 +50,16 @@ def check_queue_name(name: str) -> None:
                 f"queue name {name!r}: '+' is only allowed once, as parent+child for a fanout queue")
 
 
+def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
+    """The items before the first one over `max_item_size` (all of them, usually: no copy)."""
+    if not items or max(map(len, items)) <= max_item_size:
+        return items
+    for i, data in enumerate(items):
+        if len(data) > max_item_size:
+            return items[:i]
+    return items
+
+
 class QueueCollection:
     """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
 
@@ -180,21 +190,26 @@ class QueueCollection:
     def add_many(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int:
         """Add items in order to a queue (and its fanout children) or to an alias's destinations.
 
-        Returns how many the queue accepted. Raises InvalidQueueName, ItemTooLarge.
+        Returns how many items were accepted before the first one refused (queue full, item over
+        `max_item_size`), as Kestrel's batch put counts; nothing after a refused item is added.
+        Through an alias, an item counts only if every destination accepted it. Raises
+        InvalidQueueName.
         """
         if name in self.aliases:
             check_queue_name(name)
-            for dest in self.aliases[name]:
-                self.add_many(dest, items, expiry_ms)
-            self.total_items_added += len(items)
+            for i, data in enumerate(items):  # item by item, as Kestrel: each goes to every destination
+                took = [self.add_many(dest, [data], expiry_ms) for dest in self.aliases[name]]
+                if not all(took):
+                    return i
             return len(items)
         q = self.queue(name)
         now = self.clock.now_ms()
         for child in self.fanout_children(name):
             cq = self._queues.get(child)
             if cq is not None:
-                cq.add_many(items, expiry_ms, now)
-        accepted = len(items) if q.config.fanout_only else q.add_many(items, expiry_ms, now)
+                cq.add_many(_fitting(items, cq.config.max_item_size), expiry_ms, now)
+        fitting = _fitting(items, q.config.max_item_size)
+        accepted = len(fitting) if q.config.fanout_only else q.add_many(fitting, expiry_ms, now)
         self.total_items_added += accepted
         return accepted
 

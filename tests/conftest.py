@@ -125,3 +125,16 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
 def server(server_factory: Any) -> ServerProcess:
     """One server on the defaults."""
     return server_factory()
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One standalone ZooKeeper for the session; tests keep apart by using their own path prefix."""
+    from tests.zookeeper_server import ZooKeeperServer, zookeeper_classpath
+
+    classpath = zookeeper_classpath()
+    if classpath is None:
+        pytest.skip("ZooKeeper needs Debian's zookeeper package and a JRE (installed with apt-get as root)")
+    zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), classpath).start()
+    yield zk
+    zk.stop()

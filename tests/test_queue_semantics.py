@@ -51,11 +51,12 @@ def test_discard_old_when_full(tmp_path: Path) -> None:
     assert drain(coll, "q") == [b"c", b"d"]
 
 
-def test_max_item_size_is_an_error(tmp_path: Path) -> None:
+def test_max_item_size_refuses_the_item(tmp_path: Path) -> None:
     coll = make(tmp_path, {"q": {"max_item_size": "4"}})
-    with pytest.raises(ItemTooLarge, match="max_item_size"):
-        coll.add("q", b"12345")
+    assert not coll.add("q", b"12345")
     assert coll.add("q", b"1234")
+    with pytest.raises(ItemTooLarge, match="max_item_size"):
+        coll.queue("q").add(b"12345")
 
 
 def test_expiry_on_remove_peek_and_sweep(tmp_path: Path) -> None:

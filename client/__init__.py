@@ -1,0 +1,31 @@
+"""A Python client for a Kestrel cluster: server lists or ZooKeeper server sets, batches, reliable reads.
+
+    from client import Cluster
+
+    cluster = Cluster(["kestrel1:2229", "kestrel2:2229"])          # or Cluster.from_zookeeper("zk:2181")
+    cluster.put_many("jobs", [b"job 1", b"job 2"])
+    with cluster.reliable_read("jobs", max_items=10, timeout=1.0) as items:
+        ...                                                        # confirmed on success, aborted on error
+
+It needs only the Thrift contract (`contract`), thriftpy2 and kazoo, not the server's code.
+"""
+
+from client.cluster import Cluster
+from client.discovery import ServerSource, StaticServers, ZooKeeperServerSets, member_address, parse_address
+from client.errors import KestrelClientError, NoServers, Refused, ServerSetsUnavailable, ServerUnavailable
+from client.server import Server
+
+__all__ = [
+    "Cluster",
+    "KestrelClientError",
+    "NoServers",
+    "Refused",
+    "Server",
+    "ServerSetsUnavailable",
+    "ServerSource",
+    "ServerUnavailable",
+    "StaticServers",
+    "ZooKeeperServerSets",
+    "member_address",
+    "parse_address",
+]

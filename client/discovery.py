@@ -1,0 +1,195 @@
+"""Where the servers are: a fixed list, or the ZooKeeper server sets the servers join.
+
+Both answer `writers()` (servers taking puts) and `readers()` (servers to read from) as lists of
+(host, port); the lists are replaced whole, never changed in place, so readers need no lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import SequentialThreadingHandler
+
+from client.errors import ServerSetsUnavailable
+
+log = logging.getLogger("kestrel.client")
+
+Address = tuple[str, int]
+DEFAULT_THRIFT_PORT = 2229
+
+
+@runtime_checkable
+class ServerSource(Protocol):
+    """What a Cluster asks for the servers: the write set, the read set."""
+
+    def writers(self) -> list[Address]: ...
+
+    def readers(self) -> list[Address]: ...
+
+    def close(self) -> None: ...
+
+
+def parse_address(text: str, default_port: int = DEFAULT_THRIFT_PORT) -> Address:
+    """`host:port` (or `host`, on the default Thrift port) → (host, port)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host, port = port, str(default_port)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad server address {text!r}: expected host:port")
+    return host, int(port)
+
+
+def as_address(server: str | Address) -> Address:
+    """An address given as `host:port` or as (host, port)."""
+    return parse_address(server) if isinstance(server, str) else (server[0], int(server[1]))
+
+
+class StaticServers:
+    """A fixed list: every server takes puts and reads."""
+
+    def __init__(self, servers: Iterable[str | Address]) -> None:
+        self.servers = [as_address(s) for s in servers]
+        if not self.servers:
+            raise ValueError("no servers given")
+
+    def writers(self) -> list[Address]:
+        return self.servers
+
+    def readers(self) -> list[Address]:
+        return self.servers
+
+    def close(self) -> None:
+        pass
+
+
+def member_address(data: bytes, endpoint: str | None) -> Address | None:
+    """The address a ServerSet member advertises for `endpoint` (None: its default endpoint)."""
+    try:
+        member = json.loads(data)
+        if member.get("status", "ALIVE") != "ALIVE":
+            return None
+        where = member["serviceEndpoint"] if endpoint is None else member["additionalEndpoints"][endpoint]
+        return str(where["host"]), int(where["port"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _kazoo_handler() -> Any:
+    """Kazoo's gevent handler once gevent has patched sockets, else its threading one."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return SequentialThreadingHandler()
+    if not monkey.is_module_patched("socket"):
+        return SequentialThreadingHandler()
+    from kazoo.handlers.gevent import SequentialGeventHandler
+
+    return SequentialGeventHandler()
+
+
+class ZooKeeperServerSets:
+    """The `<path_prefix>/write` and `<path_prefix>/read` server sets, kept current by watches.
+
+    While ZooKeeper is unreachable the last lists stay in use; after a session timeout without a
+    connection the ZooKeeper session is started afresh (an ensemble restarted empty refuses to
+    resume old sessions), and the watches are set again once it connects.
+    """
+
+    SETS = ("write", "read")
+
+    def __init__(self, hosts: str, path_prefix: str = "/kestrel", *, endpoint: str | None = "thrift",
+                 session_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
+        self.hosts, self.path_prefix, self.endpoint = hosts, path_prefix.rstrip("/"), endpoint
+        self.session_timeout = session_timeout
+        self._lists: dict[str, list[Address]] = {name: [] for name in self.SETS}
+        self._members: dict[str, dict[str, Address | None]] = {name: {} for name in self.SETS}
+        self._closed = False
+        self._renewal: threading.Timer | None = None
+        handler = _kazoo_handler()
+        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0,  # forever, often
+                 "sleep_func": handler.sleep_func}
+        self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry)
+        try:
+            self.zk.start(timeout=connect_timeout)
+        except self.zk.handler.timeout_exception:
+            raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
+                from None
+        self._generation = 0
+        self.zk.add_listener(self._on_state)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Watch both sets, retiring earlier watches (kazoo drops a watch whose node went missing,
+        as the sets do when an ensemble restarts empty, so each connection starts new ones)."""
+        self._generation += 1
+        for name in self.SETS:
+            path = f"{self.path_prefix}/{name}"
+            try:
+                self.zk.ensure_path(path)
+            except KazooException as e:  # read-only access: the servers create the sets
+                log.debug("cannot create the server set path %s: %r", path, e)
+            self.zk.ChildrenWatch(path, partial(self._on_children, name, self._generation))
+
+    def writers(self) -> list[Address]:
+        return self._lists["write"]
+
+    def readers(self) -> list[Address]:
+        return self._lists["read"]
+
+    def _on_children(self, name: str, generation: int, children: list[str]) -> bool | None:
+        if self._closed or generation != self._generation:
+            return False  # stop watching
+        known = self._members[name]
+        fresh: dict[str, Address | None] = {}
+        for child in children:
+            if child in known:
+                fresh[child] = known[child]  # members never change their data
+                continue
+            try:
+                data, _ = self.zk.get(f"{self.path_prefix}/{name}/{child}")
+            except NoNodeError:
+                continue
+            fresh[child] = member_address(data, self.endpoint)
+            if fresh[child] is None:
+                log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
+        self._members[name] = fresh
+        self._lists[name] = sorted({a for a in fresh.values() if a is not None})
+        log.info("server set %s/%s: %s", self.path_prefix, name,
+                 ", ".join(f"{h}:{p}" for h, p in self._lists[name]) or "empty")
+        return None
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.CONNECTED or self._closed:
+            if self._renewal is not None:
+                self._renewal.cancel()
+                self._renewal = None
+            if not self._closed:
+                self.zk.handler.spawn(self._watch)
+            return
+        log.warning("zookeeper %s: connection %s; keeping the last server lists", self.hosts, state)
+        if self._renewal is None:
+            self._renewal = threading.Timer(self.session_timeout, self._renew)
+            self._renewal.daemon = True
+            self._renewal.start()
+
+    def _renew(self) -> None:
+        self._renewal = None
+        if self._closed or self.zk.state == KazooState.CONNECTED:
+            return
+        log.warning("zookeeper %s: no connection for a session timeout; starting a new session", self.hosts)
+        self.zk.stop()
+        self.zk.start_async()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self.zk.stop()
+        self.zk.close()

@@ -1,0 +1,38 @@
+"""The client's exceptions: one root, a branch per way a call can fail."""
+
+from __future__ import annotations
+
+
+class KestrelClientError(Exception):
+    """Root of every error the client raises."""
+
+
+class ServerUnavailable(KestrelClientError, ConnectionError):
+    """Raised when a server cannot be reached or the connection broke during a call."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"kestrel {address}: {reason}")
+        self.address = address
+        self.reason = reason
+
+
+class Refused(KestrelClientError):
+    """Raised when a server answered with an error: its status, a bad queue name, a limit."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(f"kestrel {address} refused: {message}")
+        self.address = address
+        self.message = message
+
+
+class NoServers(KestrelClientError):
+    """Raised when no server of the set could take the call; `errors` holds each server's failure."""
+
+    def __init__(self, what: str, errors: list[KestrelClientError] | None = None) -> None:
+        self.errors = list(errors or [])
+        detail = "; ".join(str(e) for e in self.errors) if self.errors else "the server set is empty"
+        super().__init__(f"no kestrel server could {what}: {detail}")
+
+
+class ServerSetsUnavailable(KestrelClientError):
+    """Raised when the ZooKeeper ensemble holding the server sets cannot be reached at start."""

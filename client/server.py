@@ -1,0 +1,155 @@
+"""One Kestrel server over Thrift: a small pool of connections, reopened when lost.
+
+Safe to share between threads and greenlets: each call takes its own connection from the pool, and
+all waiting is socket I/O (cooperative once gevent has patched the socket module).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.thrift import TApplicationException, TClient
+from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
+
+from client.errors import Refused, ServerUnavailable
+from contract import kestrel_thrift
+
+# What a lost or unreachable server looks like from here.
+CONNECTION_ERRORS = (TTransportException, OSError, EOFError)
+
+
+class _Connection:
+    """One framed binary Thrift connection."""
+
+    def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+        self.socket = TSocket(host, port, socket_timeout=connect_timeout_ms,
+                              connect_timeout=connect_timeout_ms)
+        transport = TCyFramedTransportFactory().get_transport(self.socket)
+        transport.open()
+        self.client = TClient(kestrel_thrift.Kestrel, TCyBinaryProtocolFactory().get_protocol(transport))
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class Server:
+    """Kestrel's Thrift calls on one server.
+
+    A call on a pooled connection that turns out to be dead is repeated once on a new connection
+    (the server may have restarted since); any other connection failure raises ServerUnavailable
+    and marks the server down for `retry_after` seconds, which a Cluster uses to try it last.
+    An error the server answers with raises Refused.
+    """
+
+    def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
+                 retry_after: float = 1.0, max_idle: int = 8) -> None:
+        self.host, self.port = host, port
+        self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
+        self.retry_after, self.max_idle = retry_after, max_idle
+        self.down_until = 0.0
+        self._closed = False
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def seems_down(self) -> bool:
+        """Failed to connect less than `retry_after` seconds ago."""
+        return time.monotonic() < self.down_until
+
+    def __repr__(self) -> str:
+        return f"Server({self.address})"
+
+    # -----------------------------------------------------------------------------------------
+    # The Thrift calls
+
+    def put(self, queue: str, items: list[bytes], expiration_ms: int = 0) -> int:
+        """Add items; returns how many were accepted (fewer when the queue is full)."""
+        return int(self.call("put", queue, items, expiration_ms))
+
+    def get(self, queue: str, max_items: int = 1, timeout_ms: int = 0, auto_abort_ms: int = 0) -> list[Any]:
+        """Up to `max_items` Items (`data`, `id`), waiting up to `timeout_ms` for the first.
+
+        With `auto_abort_ms` > 0 each item is an open read: `confirm` or `abort` its id on this
+        server (from any connection), or it returns to the head of its queue after that long.
+        """
+        return list(self.call("get", queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+
+    def confirm(self, queue: str, ids: set[int]) -> int:
+        """Remove open reads for good; returns how many were still open."""
+        return int(self.call("confirm", queue, set(ids)))
+
+    def abort(self, queue: str, ids: set[int]) -> int:
+        """Return open reads to the head of their queue; returns how many were still open."""
+        return int(self.call("abort", queue, set(ids)))
+
+    def peek(self, queue: str) -> Any:
+        """The queue's QueueInfo: head item, items, bytes, journal bytes, age, waiters, open reads."""
+        return self.call("peek", queue)
+
+    def status(self) -> int:
+        """The server's status, as kestrel_thrift.Status (UP, READ_ONLY, QUIESCENT, NOT_CONFIGURED)."""
+        return int(self.call("current_status"))
+
+    def set_status(self, status: int) -> None:
+        self.call("set_status", status)
+
+    # -----------------------------------------------------------------------------------------
+    # Connections
+
+    def call(self, method: str, *args: Any, wait_ms: int = 0) -> Any:
+        """Call a Kestrel Thrift method; `wait_ms` is how long the server may legitimately take."""
+        for attempt in (1, 2):
+            conn, reused = self._take()
+            conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
+            try:
+                result = getattr(conn.client, method)(*args)
+            except TApplicationException as e:
+                self._give_back(conn)
+                raise Refused(self.address, e.message or str(e)) from None
+            except CONNECTION_ERRORS as e:
+                conn.close()
+                if reused and attempt == 1 and not isinstance(e, socket.timeout):
+                    continue  # an idle connection the server closed: say it again on a new one
+                self.down_until = time.monotonic() + self.retry_after
+                raise ServerUnavailable(self.address, f"{method} failed: {e!r}") from e
+            except BaseException:
+                conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
+                raise
+            self._give_back(conn)
+            return result
+        raise AssertionError("unreachable")
+
+    def _take(self) -> tuple[_Connection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        try:
+            conn = _Connection(self.host, self.port, self.connect_timeout_ms)
+        except CONNECTION_ERRORS as e:
+            self.down_until = time.monotonic() + self.retry_after
+            raise ServerUnavailable(self.address, f"cannot connect: {e!r}") from e
+        self.down_until = 0.0
+        return conn, False
+
+    def _give_back(self, conn: _Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (calls in flight close theirs when they finish)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

@@ -1,0 +1,189 @@
+"""Kestrel's calls and replies, shaped by the contract and read with the checked protocol readers.
+
+Each service method's arguments and result come from the loaded contract's specs, so the field ids
+and types on the wire are the IDL's. Arguments are read into a dict (the IDL's defaults for fields
+a client leaves out); a field of an unexpected type is skipped, as Thrift does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from thriftpy2.thrift import TApplicationException
+
+from contract import kestrel_thrift
+from service.thrift_protocol import (
+    EXCEPTION,
+    I32,
+    LIST,
+    MAP,
+    REPLY,
+    SET,
+    STOP,
+    STRING,
+    STRUCT,
+    Reader,
+    ThriftProtocolError,
+    Writer,
+)
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """A Thrift type as it goes on the wire: `utf8` for strings, `elem` for containers, `fields`
+    (id, name, type) for structs."""
+
+    ttype: int
+    utf8: bool = False
+    elem: ValueType | None = None
+    fields: tuple[tuple[int, str, ValueType], ...] = ()
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    args: dict[int, tuple[str, ValueType]]
+    defaults: dict[str, Any]
+    result: ValueType | None = None
+
+
+_THRIFTPY_BINARY = 18  # thriftpy2 marks `binary` with its own code; on the wire it is a string
+
+
+def _value_type(ttype: int, extra: Any = None) -> ValueType:
+    if ttype == _THRIFTPY_BINARY:
+        return ValueType(STRING)
+    if ttype == STRING:
+        return ValueType(STRING, utf8=True)
+    if ttype in (LIST, SET):
+        elem = _value_type(*extra) if isinstance(extra, tuple) else _value_type(extra)
+        return ValueType(ttype, elem=elem)
+    if ttype == STRUCT:
+        cls = extra[1] if isinstance(extra, tuple) else extra
+        return ValueType(STRUCT, fields=_struct_fields(cls.thrift_spec))
+    return ValueType(ttype)  # numbers and enums (an enum is an i32)
+
+
+def _spec_type(spec: tuple[Any, ...]) -> ValueType:
+    return _value_type(spec[0], spec[2] if len(spec) == 4 else None)
+
+
+def _struct_fields(spec: dict[int, tuple[Any, ...]]) -> tuple[tuple[int, str, ValueType], ...]:
+    return tuple((fid, s[1], _spec_type(s)) for fid, s in sorted(spec.items()))
+
+
+def _methods() -> dict[str, Method]:
+    service = kestrel_thrift.Kestrel
+    methods = {}
+    for name in service.thrift_services:
+        args_cls = getattr(service, f"{name}_args")
+        result_spec = getattr(service, f"{name}_result").thrift_spec
+        args = {fid: (s[1], _spec_type(s)) for fid, s in args_cls.thrift_spec.items()}
+        result = _spec_type(result_spec[0]) if 0 in result_spec else None
+        methods[name] = Method(name, args, dict(args_cls.default_spec), result)
+    return methods
+
+
+METHODS = _methods()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading calls
+
+def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
+    ttype = vtype.ttype
+    if ttype == STRING:
+        return reader.read_string(what) if vtype.utf8 else reader.read_binary(what)
+    if ttype in (LIST, SET):
+        assert vtype.elem is not None
+        etype, count = reader.read_list_begin(what)
+        if count and etype != vtype.elem.ttype:
+            raise ThriftProtocolError(f"{what}: expected elements of type {vtype.elem.ttype}, got {etype}")
+        if vtype.elem.ttype == STRING and not vtype.elem.utf8:
+            return reader.read_binary_list(count, what)
+        return [read_value(reader, vtype.elem, what) for _ in range(count)]
+    if ttype == STRUCT:
+        raise ThriftProtocolError(f"{what}: struct arguments are not part of this contract")
+    return reader.read_value(ttype, what)
+
+
+def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
+    """The call's arguments, and a problem that leaves the message readable (e.g. a name that is not
+    UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
+    values = dict(method.defaults) if method is not None else {}
+    problem = None
+    reader.read_struct_begin()
+    while True:
+        ttype, fid = reader.read_field_begin()
+        if ttype == STOP:
+            break
+        arg = method.args.get(fid) if method is not None else None
+        if arg is None or arg[1].ttype != ttype:
+            reader.skip(ttype)
+            continue
+        try:
+            values[arg[0]] = read_value(reader, arg[1], arg[0])
+        except ValueError as e:
+            problem = str(e)
+    reader.read_struct_end()
+    return values, problem
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing replies
+
+_NESTED = (STRUCT, LIST, SET, MAP)
+
+def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
+    ttype = vtype.ttype
+    if ttype == STRUCT:
+        writer.write_struct_begin()
+        for fid, name, ftype in vtype.fields:
+            v = getattr(value, name)
+            if v is not None:
+                writer.write_field(ftype.ttype, fid)
+                write_value(writer, ftype, v)
+        writer.write_struct_end()
+    elif ttype in (LIST, SET):
+        elem = vtype.elem
+        assert elem is not None
+        writer.write_list_begin(elem.ttype, len(value))
+        if elem.ttype == STRUCT and all(f[2].ttype not in _NESTED for f in elem.fields):
+            writer.write_flat_structs(elem.fields, value)  # `get`'s items: the hot path
+        else:
+            for v in value:
+                write_value(writer, elem, v)
+    else:
+        writer.write_value(ttype, value)
+
+
+def encode_reply(writer: Writer, method: Method, seqid: int, value: Any) -> bytes:
+    writer.write_message_begin(method.name, REPLY, seqid)
+    writer.write_struct_begin()
+    if method.result is not None and value is not None:
+        writer.write_field(method.result.ttype, 0)
+        write_value(writer, method.result, value)
+    writer.write_struct_end()
+    return writer.getvalue()
+
+
+def encode_exception(writer: Writer, name: str, seqid: int, kind: int, message: str) -> bytes:
+    """A TApplicationException: what every Thrift client raises with the message shown."""
+    writer.write_message_begin(name, EXCEPTION, seqid)
+    writer.write_struct_begin()
+    writer.write_field(STRING, 1)
+    writer.write_value(STRING, message)
+    writer.write_field(I32, 2)
+    writer.write_value(I32, kind)
+    writer.write_struct_end()
+    return writer.getvalue()
+
+
+UNKNOWN = TApplicationException.UNKNOWN
+UNKNOWN_METHOD = TApplicationException.UNKNOWN_METHOD
+INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
+INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
+PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
+
+__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args"]

@@ -1,0 +1,106 @@
+"""Helpers for the cluster tests: several real servers started together, and waiting on a condition."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, ServerProcess
+
+
+@contextmanager
+def running_servers(workdir: Path, configs: list[dict[str, Any]]) -> Iterator[list[ServerProcess]]:
+    """One server per config, started in parallel, each in its own directory; stopped at the end."""
+    servers = []
+    for i, config in enumerate(configs):
+        (workdir / f"s{i}").mkdir(parents=True, exist_ok=True)
+        servers.append(ServerProcess(workdir / f"s{i}", config))
+    try:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            started = list(pool.map(_start_on_free_ports, servers))
+        servers[:] = started
+        yield servers
+    finally:
+        for srv in servers:
+            if srv.proc is not None and srv.proc.poll() is None:
+                srv.stop()
+
+
+# Producers, a get waiting on servers for a second at a time, and a consumer in greenlets of one
+# monkey-patched process, beside a ticker that only runs while nobody blocks the loop.
+# Argument: host:port,... or zookeeper=hosts/prefix.
+GEVENT_SCRIPT = """
+from gevent import monkey
+monkey.patch_all()
+import sys, time
+import gevent
+from client import Cluster
+
+if sys.argv[1].startswith("zookeeper="):
+    hosts, prefix = sys.argv[1].removeprefix("zookeeper=").split("/", 1)
+    cluster = Cluster.from_zookeeper(hosts, "/" + prefix, poll_ms=3000)
+else:
+    cluster = Cluster(sys.argv[1].split(","), poll_ms=3000)
+ticks = []
+
+def ticker():
+    while True:
+        ticks.append(time.monotonic())
+        gevent.sleep(0.01)
+
+def producer(n):
+    for i in range(100):
+        cluster.put_many("g", [b"%d-%d" % (n, i)])
+
+gevent.spawn(ticker)
+started = time.monotonic()
+waiting = gevent.spawn(cluster.get, "later", 10.0)   # waits on one server a second at a time
+producers = [gevent.spawn(producer, n) for n in range(10)]
+gevent.joinall(producers, raise_error=True)
+gevent.spawn_later(0.5, cluster.put, "later", b"now")
+assert waiting.get() == b"now"
+waited = time.monotonic() - started
+seen = []
+cluster.consume("g", seen.append, batch=30, until_empty=True)
+assert len(seen) == 1000 and len(set(seen)) == 1000, len(seen)
+print("max_gap", round(max(b - a for a, b in zip(ticks, ticks[1:])), 3), "waited", round(waited, 2))
+"""
+
+
+def run_gevent_script(servers: str) -> tuple[float, float]:
+    """Run GEVENT_SCRIPT against `servers`: the longest the ticker was kept waiting, and how long
+    the get waited while the others worked."""
+    out = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, servers], cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    words = out.stdout.split()
+    return float(words[1]), float(words[3])
+
+
+def _start_on_free_ports(srv: ServerProcess) -> ServerProcess:
+    """Start; if a port picked as free was taken meanwhile (other tests run beside us), pick again."""
+    try:
+        return srv.start()
+    except RuntimeError:
+        if "Address already in use" not in srv.log():
+            raise
+        srv.stop()
+        config = {k: v for k, v in srv.config.items() if not k.endswith("_port")}
+        return ServerProcess(srv.workdir, config).start()
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
+    """Seconds until `check()` held; AssertionError naming `what` after `timeout`."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - started

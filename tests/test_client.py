@@ -1,0 +1,243 @@
+"""The cluster client over a static server list: spreading, retries, gets, reliable reads, concurrency."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from client import Cluster, NoServers, Refused, Server, ServerUnavailable, StaticServers, parse_address
+from contract import kestrel_thrift as kestrel
+from tests.cluster import run_gevent_script, running_servers
+from tests.conftest import ROOT, ServerProcess, free_port
+
+
+def cluster_of(*servers: ServerProcess, **options: Any) -> Cluster:
+    return Cluster([f"127.0.0.1:{s.thrift_port}" for s in servers], **options)
+
+
+def on(srv: ServerProcess) -> Server:
+    return Server("127.0.0.1", srv.thrift_port)
+
+
+def items_on(srv: ServerProcess, queue: str) -> int:
+    server = on(srv)
+    try:
+        return int(server.peek(queue).items)
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    """Three servers shared by this module's tests, which keep apart by queue name."""
+    small = {"queues": {"tiny": {"max_items": 5}}}
+    with running_servers(tmp_path_factory.mktemp("client"), [{}, small, {}]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def server(three: list[ServerProcess]) -> ServerProcess:
+    return three[0]
+
+
+def test_client_imports_without_the_server_code() -> None:
+    code = ("import sys\n"
+            "sys.modules['service'] = sys.modules['storage'] = sys.modules['pipeline'] = None\n"
+            "import client\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('service', 'storage') and sys.modules[m]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_addresses() -> None:
+    assert parse_address("kestrel1:2230") == ("kestrel1", 2230)
+    assert parse_address("kestrel1") == ("kestrel1", 2229)
+    for bad in ("kestrel1:http", ":2229", "k:0"):
+        with pytest.raises(ValueError, match="bad server address"):
+            parse_address(bad)
+    with pytest.raises(ValueError, match="no servers"):
+        StaticServers([])
+    with pytest.raises(ValueError, match="strategy"):
+        Cluster(["k:1"], strategy="sticky")
+
+
+def test_puts_spread_round_robin_and_random(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    for i in range(30):
+        assert cluster.put("rr", b"%d" % i)
+    assert [items_on(s, "rr") for s in three] == [10, 10, 10]
+    for _ in range(20):
+        assert cluster.put_many("batches", [b"a", b"b"]) == 2
+    assert [items_on(s, "batches") for s in three] in ([14, 14, 12], [14, 12, 14], [12, 14, 14])
+    randomly = cluster_of(*three, strategy="random")
+    for i in range(300):
+        randomly.put("random", b"%d" % i)
+    assert all(40 < items_on(s, "random") < 160 for s in three)
+    cluster.close()
+    randomly.close()
+
+
+def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProcess]) -> None:
+    readonly, small, roomy = three
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    on(readonly).set_status(kestrel.Status.READ_ONLY)
+    try:
+        cluster = Cluster([dead, *(f"127.0.0.1:{s.thrift_port}" for s in (readonly, small, roomy))])
+        for _ in range(4):
+            assert cluster.put_many("tiny", [b"x"] * 10) == 10
+        # `tiny` holds 5 items: the small server's filled, the rest went to the roomy one.
+        assert [items_on(s, "tiny") for s in three] == [0, 5, 35]
+        # The dead server is tried last while it stays down: puts do not wait on it.
+        started = time.monotonic()
+        for _ in range(20):
+            assert cluster.put("moves", b"y")
+        assert time.monotonic() - started < 2
+        # When every queue is full, put says so.
+        assert not Cluster([f"127.0.0.1:{small.thrift_port}"]).put("tiny", b"no room")
+        cluster.close()
+    finally:
+        on(readonly).set_status(kestrel.Status.UP)
+
+
+def test_no_server_could_take_it(server: ServerProcess) -> None:
+    cluster = Cluster([f"127.0.0.1:{free_port()}", f"127.0.0.1:{server.thrift_port}"])
+    with pytest.raises(NoServers) as e:
+        cluster.put("bad/name", b"x")  # every server refuses the name; the dead one cannot be reached
+    assert sorted(type(err).__name__ for err in e.value.errors) == ["Refused", "ServerUnavailable"]
+    assert "no kestrel server could put 1 items on 'bad/name'" in str(e.value)
+    one = on(server)
+    with pytest.raises(Refused, match="refused"):
+        one.put("bad/name", [b"x"])
+    one.close()
+    with pytest.raises(ServerUnavailable, match="cannot connect"):
+        Server("127.0.0.1", free_port()).put("jobs", [b"x"])
+    cluster.close()
+
+
+def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> None:
+    one = on(server)
+    assert one.put("restart", [b"before"]) == 1
+    server.kill()
+    server.start()  # the pooled connection is now dead
+    assert one.put("restart", [b"after"]) == 1
+    assert [i.data for i in one.get("restart", 10)] == [b"before", b"after"]
+    one.close()
+
+
+def test_get_waits_up_to_the_timeout_and_wakes_on_a_put(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three, poll_ms=100)
+    started = time.monotonic()
+    assert cluster.get("empty", timeout=0.3) is None
+    assert 0.3 <= time.monotonic() - started < 1.5
+    threading.Timer(0.2, lambda: on(three[2]).put("late", [b"here"])).start()
+    started = time.monotonic()
+    assert cluster.get("late", timeout=3) == b"here"
+    assert time.monotonic() - started < 1.5
+    cluster.put_many("many", [b"1", b"2", b"3"])
+    assert cluster.get_many("many", 10) == [b"1", b"2", b"3"]
+    cluster.close()
+
+
+def test_reliable_read_confirms_on_success_and_aborts_on_error(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("reliable", [b"one", b"two", b"three"])
+    with pytest.raises(RuntimeError):
+        with cluster.reliable_read("reliable", max_items=2) as items:
+            assert items == [b"one", b"two"]
+            raise RuntimeError("work failed")
+    info = on(server).peek("reliable")
+    assert (info.items, info.open_transactions, info.head_item) == (3, 0, b"one")
+    with cluster.reliable_read("reliable", max_items=2) as items:
+        assert items == [b"one", b"two"]
+    info = on(server).peek("reliable")
+    assert (info.items, info.open_transactions, info.head_item) == (1, 0, b"three")
+    with cluster.reliable_read("nothing", timeout=0.1) as items:
+        assert items == []
+    cluster.close()
+
+
+def test_reliable_items_confirm_as_the_loop_goes_and_abort_on_leaving(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("items", [b"%d" % i for i in range(5)])
+    for item in cluster.reliable_items("items"):
+        if item == b"2":
+            break  # 0 and 1 are confirmed; 2 is in hand and goes back
+    assert [i.data for i in on(server).get("items", 10, 0, 0)] == [b"2", b"3", b"4"]
+    cluster.put_many("items", [b"a", b"b"])
+    with pytest.raises(ValueError):
+        for item in cluster.reliable_items("items", batch=2):
+            raise ValueError(item)
+    assert list(cluster.reliable_items("items", batch=2)) == [b"a", b"b"]
+    assert on(server).peek("items").items == 0
+    cluster.close()
+
+
+def test_consume_drains_every_server(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    cluster.put_many("drain", [b"a%d" % i for i in range(50)])  # all on one server
+    for i in range(30):
+        cluster.put("drain", b"b%d" % i)  # spread over all three
+    seen: list[bytes] = []
+    assert cluster.consume("drain", seen.append, batch=7, until_empty=True) == 80
+    assert sorted(seen) == sorted([b"a%d" % i for i in range(50)] + [b"b%d" % i for i in range(30)])
+    assert [items_on(s, "drain") for s in three] == [0, 0, 0]
+    # A failing handler aborts its batch and stops the loop; nothing is lost.
+    cluster.put_many("drain", [b"x", b"y"])
+    with pytest.raises(KeyError):
+        cluster.consume("drain", lambda item: {}[item], until_empty=True)
+    assert sum(items_on(s, "drain") for s in three) == 2
+    cluster.close()
+
+
+def test_one_cluster_shared_by_threads(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            for i in range(200):
+                cluster.put_many("shared", [b"%d-%d-%d" % (n, i, k) for k in range(3)])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        def keep(item: bytes) -> None:
+            with lock:
+                seen.append(item)
+        try:
+            while any(t.is_alive() for t in threads):
+                cluster.consume("shared", keep, batch=50, until_empty=True)
+            cluster.consume("shared", keep, batch=50, until_empty=True)
+        except BaseException as e:
+            errors.append(e)
+
+    consumers = [threading.Thread(target=consume) for _ in range(3)]
+    for t in consumers:
+        t.start()
+    for t in threads + consumers:
+        t.join(60)
+    assert not errors
+    assert len(seen) == 8 * 200 * 3 and len(set(seen)) == len(seen)
+    cluster.close()
+
+
+def test_cooperative_under_gevent(three: list[ServerProcess]) -> None:
+    max_gap, waited = run_gevent_script(",".join(f"127.0.0.1:{s.thrift_port}" for s in three))
+    # The get waited half a second or more, a second at a time on one server, while the ticker
+    # (every 10 ms) was never held up for anything like that.
+    assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
