@@ -152,6 +152,8 @@ class PersistentQueue:
         self.read_only = False  # the journal cannot be written: changes are refused until it can
         self.journal_write_errors = 0
         self._rebuilding = False
+        # A pack taken while a change is in progress, written when the change is journaled.
+        self._pack_ready: tuple[packer.PackRequest, list[str]] | None = None
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
         self._anomalies: dict[str, int] = {}
 
@@ -492,7 +494,9 @@ class PersistentQueue:
         rb.key = nxt[0]
         rb.reader = RecordReader(nxt[1])
         if self._checkpoint is not None and passed >= self._checkpoint.timestamp:
-            self._start_pack()
+            # The state at the checkpoint is taken now; it is written once the change in
+            # progress is journaled (`_change`), and dropped if that change fails.
+            self._pack_ready = self._take_pack()
         return True
 
     def _rotated_and_live(self) -> list[tuple[int, str]]:
@@ -535,6 +539,9 @@ class PersistentQueue:
         except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
             self._rebuild()
             raise
+        if self._pack_ready is not None:
+            ready, self._pack_ready = self._pack_ready, None
+            self._spawn_pack(*ready)
 
     def _probe(self) -> None:
         """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
@@ -580,6 +587,7 @@ class PersistentQueue:
         """Forget every item, open read and xid, ready for a replay from the first journal file."""
         self._end_read_behind()
         self._checkpoint = None
+        self._pack_ready = None
         self._mem.clear()
         self._opens.clear()
         self._xid = 0
@@ -849,7 +857,7 @@ class PersistentQueue:
 
     def _maybe_rotate(self) -> None:
         writer = self._writer
-        if writer is None or self._packing is not None:
+        if writer is None or self._packing is not None or self._pack_ready is not None:
             return
         cfg = self.config
         if self.length == 0 and self._checkpoint is None and writer.size >= cfg.default_journal_size:
@@ -881,6 +889,10 @@ class PersistentQueue:
 
     def _start_pack(self) -> None:
         """Write the checkpoint's state in the background; it replaces every journal up to it."""
+        self._spawn_pack(*self._take_pack())
+
+    def _take_pack(self) -> tuple[packer.PackRequest, list[str]]:
+        """The checkpoint's state as a pack to write, and the journals it replaces."""
         cp = self._checkpoint
         assert cp is not None
         self._checkpoint = None
@@ -889,6 +901,9 @@ class PersistentQueue:
                                      cp.departed + survivors, self.clock.now_ms())
         dead = [p for ts, p in self._rotated if ts <= cp.timestamp]
         cp.release()
+        return request, dead
+
+    def _spawn_pack(self, request: packer.PackRequest, dead: list[str]) -> None:
         self._packing = gevent.spawn(self._pack, request, dead)
 
     def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:
