@@ -250,8 +250,11 @@ def test_zookeeper_restart_reregisters_everyone(zookeeper: Any, members3: list[S
 
     # Down for longer than a session timeout: each server starts a new session meanwhile, and on
     # rejoining removes its member of the old one, which the restarted ensemble still holds.
+    gave_up = "no zookeeper connection for a session timeout"
+    before = [srv.log().count(gave_up) for srv in servers]
     zookeeper.stop()
-    time.sleep(1.6)
+    wait_until(lambda: all(srv.log().count(gave_up) > n for srv, n in zip(servers, before, strict=True)),
+               "every server to give up its session while ZooKeeper is down")
     zookeeper.start()
     zk = KazooClient(hosts=zookeeper.hosts, timeout=5)
     zk.start(timeout=10)
