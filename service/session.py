@@ -37,14 +37,14 @@ class ClientGone(Exception):
     """Raised inside a blocking read whose client has hung up."""
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenRead:
-    """A Thrift open read: which queue and xid, who opened it, and its auto-abort timer."""
+    """A Thrift open read: which queue and xid, and who opened it (its auto-abort deadline is in
+    the server's wait list)."""
 
     queue: str
     xid: int
     session: Session
-    timer: gevent.Greenlet | None = None
 
 
 class Session:
@@ -163,17 +163,10 @@ class Session:
 
     def _open_read(self, queue: str, xid: int, auto_abort_ms: int) -> int:
         read_id = self.server.next_read_id()
-        read = OpenRead(queue, xid, self)
-        read.timer = gevent.spawn_later(auto_abort_ms / 1000.0, self._auto_abort, read_id)
-        self.server.open_reads[read_id] = read
+        self.server.open_reads[read_id] = OpenRead(queue, xid, self)
+        self.server.auto_aborts.add(read_id, auto_abort_ms / 1000.0)
         self.read_ids.setdefault(queue, set()).add(read_id)
         return read_id
-
-    def _auto_abort(self, read_id: int) -> None:
-        read = self.server.open_reads.pop(read_id, None)
-        if read is not None:
-            read.session.forget_read(read.queue, read_id)
-            self.coll.unremove(read.queue, read.xid)
 
     def forget_read(self, queue: str, read_id: int) -> None:
         """An open read this connection made is closed (here, by another connection, or by its timer)."""
@@ -192,8 +185,6 @@ class Session:
                 continue
             del self.server.open_reads[read_id]
             read.session.forget_read(queue, read_id)
-            if read.timer is not None:
-                read.timer.kill(block=False)
             done = self.coll.confirm(queue, read.xid) if confirm else self.coll.unremove(queue, read.xid)
             closed += int(done)
         return closed
