@@ -44,12 +44,16 @@ class KestrelServer:
 
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Open reads whose auto-abort time came: their items go back to the head of their queues,
-        newest first, so that they end up in the order they were read (as an abort puts them)."""
+        newest first, so that they end up in the order they were read (as an abort puts them);
+        each queue's records in one journal write."""
+        xids: dict[str, list[int]] = {}
         for read_id in sorted(read_ids, reverse=True):
             read = self.open_reads.pop(read_id, None)
             if read is not None:
                 read.session.forget_read(read.queue, read_id)
-                self.collection.unremove(read.queue, read.xid)
+                xids.setdefault(read.queue, []).append(read.xid)
+        for queue, queue_xids in xids.items():
+            self.collection.unremove_many(queue, queue_xids)
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""

@@ -177,7 +177,8 @@ class Session:
                 del self.read_ids[queue]
 
     def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
-        closed = 0
+        """Close open reads by id, their journal records in one write; how many were open."""
+        xids = []
         # Newest first, so that aborted items end up at the head in the order they were read.
         for read_id in sorted(ids, reverse=True):
             read = self.server.open_reads.get(read_id)
@@ -185,9 +186,10 @@ class Session:
                 continue
             del self.server.open_reads[read_id]
             read.session.forget_read(queue, read_id)
-            done = self.coll.confirm(queue, read.xid) if confirm else self.coll.unremove(queue, read.xid)
-            closed += int(done)
-        return closed
+            xids.append(read.xid)
+        if not xids:
+            return 0
+        return self.coll.confirm_many(queue, xids) if confirm else self.coll.unremove_many(queue, xids)
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""
@@ -304,8 +306,7 @@ class Session:
         if not xids:
             return 0
         done = xids[:count] if count is not None else list(xids)
-        for xid in done:
-            self.coll.confirm(queue, xid)
+        self.coll.confirm_many(queue, done)
         del xids[:len(done)]
         if not xids:
             del self.pending[queue]
@@ -313,8 +314,7 @@ class Session:
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        for xid in reversed(self.pending.pop(queue, [])):
-            self.coll.unremove(queue, xid)
+        self.coll.unremove_many(queue, self.pending.pop(queue, [])[::-1])
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status

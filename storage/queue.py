@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import gevent
@@ -728,29 +728,54 @@ class PersistentQueue:
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.confirm_many([xid]) == 1
+
+    def confirm_many(self, xids: Iterable[int]) -> int:
+        """Close these open reads for good, their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            item = self._opens.pop(xid, None)
-            if item is None:
-                return False
-            if self._checkpoint is not None:
-                self._checkpoint.note_confirm(item)
-            self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-            self._commit()
-            return True
+            closed = 0
+            for xid in xids:
+                item = self._opens.pop(xid, None)
+                if item is None:
+                    continue
+                if self._checkpoint is not None:
+                    self._checkpoint.note_confirm(item)
+                self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+                closed += 1
+            if closed:
+                self._commit()
+            return closed
 
     def unremove(self, xid: int) -> bool:
         """Abort open read `xid`: its item goes back to the head; False if no such read is open.
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.unremove_many([xid]) == 1
+
+    def unremove_many(self, xids: Iterable[int]) -> int:
+        """Abort these open reads, each item going back to the head in turn (so the last one given
+        ends up first), their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            if not self._unremove(xid):
-                return False
-            self.canceled_transactions += 1
-            self._write(codec.encode_xid(codec.UNREMOVE, xid))
-            self._wake()
-            self._commit()
-            return True
+            aborted = 0
+            for xid in xids:
+                if not self._unremove(xid):
+                    continue
+                self.canceled_transactions += 1
+                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+                aborted += 1
+            for _ in range(aborted):
+                if not self._wake():
+                    break
+            if aborted:
+                self._commit()
+            return aborted
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
