@@ -646,15 +646,27 @@ class PersistentQueue:
         if cfg.max_age:
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
-        accepted = 0
         journaled = self._writer is not None
-        for data in items:
-            if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
-                break
+        size = sum(map(len, items))
+        if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
+                and self.memory_bytes + size < cfg.max_memory_size):
+            # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._pending.append(codec.encode_addx(now, expiry, data))
-            self._append(QItem(now, expiry, data))
-            accepted += 1
+                self._pending.extend([codec.encode_addx(now, expiry, data) for data in items])
+            self._mem.extend([QItem(now, expiry, data) for data in items])
+            accepted = len(items)
+            self.length += accepted
+            self.bytes += size
+            self.memory_bytes += size
+        else:
+            accepted = 0
+            for data in items:
+                if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
+                    break
+                if journaled:
+                    self._pending.append(codec.encode_addx(now, expiry, data))
+                self._append(QItem(now, expiry, data))
+                accepted += 1
         self.total_items += accepted
         if self._waiters:
             for _ in range(accepted):
