@@ -37,14 +37,14 @@ class ClientGone(Exception):
     """Raised inside a blocking read whose client has hung up."""
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenRead:
-    """A Thrift open read: which queue and xid, who opened it, and its auto-abort timer."""
+    """A Thrift open read: which queue and xid, and who opened it (its auto-abort deadline is in
+    the server's wait list)."""
 
     queue: str
     xid: int
     session: Session
-    timer: gevent.Greenlet | None = None
 
 
 class Session:
@@ -163,17 +163,10 @@ class Session:
 
     def _open_read(self, queue: str, xid: int, auto_abort_ms: int) -> int:
         read_id = self.server.next_read_id()
-        read = OpenRead(queue, xid, self)
-        read.timer = gevent.spawn_later(auto_abort_ms / 1000.0, self._auto_abort, read_id)
-        self.server.open_reads[read_id] = read
+        self.server.open_reads[read_id] = OpenRead(queue, xid, self)
+        self.server.auto_aborts.add(read_id, auto_abort_ms / 1000.0)
         self.read_ids.setdefault(queue, set()).add(read_id)
         return read_id
-
-    def _auto_abort(self, read_id: int) -> None:
-        read = self.server.open_reads.pop(read_id, None)
-        if read is not None:
-            read.session.forget_read(read.queue, read_id)
-            self.coll.unremove(read.queue, read.xid)
 
     def forget_read(self, queue: str, read_id: int) -> None:
         """An open read this connection made is closed (here, by another connection, or by its timer)."""
@@ -184,7 +177,8 @@ class Session:
                 del self.read_ids[queue]
 
     def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
-        closed = 0
+        """Close open reads by id, their journal records in one write; how many were open."""
+        xids = []
         # Newest first, so that aborted items end up at the head in the order they were read.
         for read_id in sorted(ids, reverse=True):
             read = self.server.open_reads.get(read_id)
@@ -192,11 +186,10 @@ class Session:
                 continue
             del self.server.open_reads[read_id]
             read.session.forget_read(queue, read_id)
-            if read.timer is not None:
-                read.timer.kill(block=False)
-            done = self.coll.confirm(queue, read.xid) if confirm else self.coll.unremove(queue, read.xid)
-            closed += int(done)
-        return closed
+            xids.append(read.xid)
+        if not xids:
+            return 0
+        return self.coll.confirm_many(queue, xids) if confirm else self.coll.unremove_many(queue, xids)
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""
@@ -313,8 +306,7 @@ class Session:
         if not xids:
             return 0
         done = xids[:count] if count is not None else list(xids)
-        for xid in done:
-            self.coll.confirm(queue, xid)
+        self.coll.confirm_many(queue, done)
         del xids[:len(done)]
         if not xids:
             del self.pending[queue]
@@ -322,8 +314,7 @@ class Session:
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        for xid in reversed(self.pending.pop(queue, [])):
-            self.coll.unremove(queue, xid)
+        self.coll.unremove_many(queue, self.pending.pop(queue, [])[::-1])
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status

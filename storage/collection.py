@@ -237,9 +237,19 @@ class QueueCollection:
         q = self._queues.get(name)
         return q is not None and q.confirm(xid)
 
+    def confirm_many(self, name: str, xids: list[int]) -> int:
+        """Confirm open reads with one journal write; how many were open."""
+        q = self._queues.get(name)
+        return q.confirm_many(xids) if q is not None else 0
+
     def unremove(self, name: str, xid: int) -> bool:
         q = self._queues.get(name)
         return q is not None and q.unremove(xid)
+
+    def unremove_many(self, name: str, xids: list[int]) -> int:
+        """Abort open reads with one journal write, each back at the head in turn; how many were open."""
+        q = self._queues.get(name)
+        return q.unremove_many(xids) if q is not None else 0
 
     def flush(self, name: str) -> None:
         if name in self.aliases:

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import gevent
@@ -646,15 +646,27 @@ class PersistentQueue:
         if cfg.max_age:
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
-        accepted = 0
         journaled = self._writer is not None
-        for data in items:
-            if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
-                break
+        size = sum(map(len, items))
+        if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
+                and self.memory_bytes + size < cfg.max_memory_size):
+            # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._pending.append(codec.encode_addx(now, expiry, data))
-            self._append(QItem(now, expiry, data))
-            accepted += 1
+                self._pending.extend([codec.encode_addx(now, expiry, data) for data in items])
+            self._mem.extend([QItem(now, expiry, data) for data in items])
+            accepted = len(items)
+            self.length += accepted
+            self.bytes += size
+            self.memory_bytes += size
+        else:
+            accepted = 0
+            for data in items:
+                if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
+                    break
+                if journaled:
+                    self._pending.append(codec.encode_addx(now, expiry, data))
+                self._append(QItem(now, expiry, data))
+                accepted += 1
         self.total_items += accepted
         if self._waiters:
             for _ in range(accepted):
@@ -728,29 +740,54 @@ class PersistentQueue:
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.confirm_many([xid]) == 1
+
+    def confirm_many(self, xids: Iterable[int]) -> int:
+        """Close these open reads for good, their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            item = self._opens.pop(xid, None)
-            if item is None:
-                return False
-            if self._checkpoint is not None:
-                self._checkpoint.note_confirm(item)
-            self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-            self._commit()
-            return True
+            closed = 0
+            for xid in xids:
+                item = self._opens.pop(xid, None)
+                if item is None:
+                    continue
+                if self._checkpoint is not None:
+                    self._checkpoint.note_confirm(item)
+                self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+                closed += 1
+            if closed:
+                self._commit()
+            return closed
 
     def unremove(self, xid: int) -> bool:
         """Abort open read `xid`: its item goes back to the head; False if no such read is open.
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.unremove_many([xid]) == 1
+
+    def unremove_many(self, xids: Iterable[int]) -> int:
+        """Abort these open reads, each item going back to the head in turn (so the last one given
+        ends up first), their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            if not self._unremove(xid):
-                return False
-            self.canceled_transactions += 1
-            self._write(codec.encode_xid(codec.UNREMOVE, xid))
-            self._wake()
-            self._commit()
-            return True
+            aborted = 0
+            for xid in xids:
+                if not self._unremove(xid):
+                    continue
+                self.canceled_transactions += 1
+                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+                aborted += 1
+            for _ in range(aborted):
+                if not self._wake():
+                    break
+            if aborted:
+                self._commit()
+            return aborted
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
