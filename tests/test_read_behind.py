@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs, packer
+from storage import QueueCollection, QueueConfigs, codec, packer
 from storage.clock import FakeClock
 from tests.queues import reopen
 
@@ -191,3 +191,49 @@ def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path
     while (it := coll.remove("q")) is not None:
         got.append(it.data)
     assert got == model
+
+
+def queue_disk_bytes(tmp_path: Path) -> int:
+    return sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path) if n == "q" or n.startswith("q."))
+
+
+def test_draining_a_backlog_of_100_times_the_budget_packs_passed_files_away(tmp_path: Path) -> None:
+    """While the backlog drains, the files the cursor passed are packed: disk follows live data."""
+    kb = 1024
+    memory, default = 8 * kb, 8 * kb
+    coll = make(tmp_path, max_memory_size=memory, max_journal_size=32 * kb, default_journal_size=default)
+    q = coll.queue("q")
+    count = 100 * memory // 256
+    data = [b"%08d" % n + b"x" * 248 for n in range(count)]
+    for n in range(0, count, 16):
+        coll.add_many("q", data[n:n + 16])
+    assert q.in_read_behind
+    peak = queue_disk_bytes(tmp_path)
+    record = len(codec.encode_addx(T0, 0, data[0]))
+    held = [coll.remove("q", transaction=True) for _ in range(3)]  # open reads stay open throughout
+    open_record = len(codec.encode(codec.AddXid(1, T0, 0, data[0]))) + 5
+    # Each item that left while the backlog drained costs an empty placeholder in the latest pack and
+    # its one-byte REMOVE in the live journal, until the cursor reaches the live journal.
+    per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
+    got = [it.data for it in held if it is not None]
+    samples = []
+    while (it := coll.remove("q")) is not None:
+        got.append(it.data)
+        if len(got) % 64 == 0:
+            q.wait_for_packing()
+            live = q.length * record + len(held) * open_record
+            disk = queue_disk_bytes(tmp_path)
+            samples.append((len(got), disk, live))
+            slack = 2 * memory + default
+            if q.in_read_behind:
+                assert disk <= live + slack + per_departure * len(got), (len(got), disk, live)
+            else:
+                assert disk <= live + slack, (len(got), disk, live)
+    assert got == data
+    at_95 = next(disk for done, disk, _ in samples if done >= count * 95 // 100)
+    assert at_95 < peak // 6, (at_95, peak)  # it used to hold nearly the whole peak until empty
+    q.wait_for_packing()
+    assert queue_disk_bytes(tmp_path) <= len(held) * open_record + 2 * memory + default
+    coll = reopen(coll)
+    back = [coll.remove("q") for _ in range(4)]
+    assert [b.data if b else None for b in back] == [h.data for h in held if h] + [None]
