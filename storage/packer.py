@@ -55,10 +55,15 @@ class PackRequest:
     placeholder_time: int
 
 
+def pack_path(req: PackRequest) -> str:
+    """Where the finished pack waits while the files it replaces are deleted."""
+    return os.path.join(req.queue_path, f"{req.name}.{req.timestamp}.pack")
+
+
 def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`)."""
     temp = os.path.join(req.queue_path, f"{req.name}~~{req.timestamp}")
-    pack = os.path.join(req.queue_path, f"{req.name}.{req.timestamp}.pack")
+    pack = pack_path(req)
     final = os.path.join(req.queue_path, f"{req.name}.{req.timestamp}")
     _step("write")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -126,6 +126,7 @@ class PersistentQueue:
         self._pack_queued: packer.PackRequest | None = None
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
+        self._packs_stopped = False  # a failed pack left a `.pack` that start-up must finish
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
         self._anomalies: dict[str, int] = {}
 
@@ -202,6 +203,9 @@ class PersistentQueue:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,
                      seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
+        if self._pack_ready is not None:  # the replayed cursor passed a checkpoint
+            self._pack_queued, self._pack_ready = self._pack_ready, None
+            self._start_next_pack()
         if self._opens and reopen:
             self._orphans = sorted(self._opens, reverse=True)
             try:
@@ -239,6 +243,9 @@ class PersistentQueue:
                 reader.close()
             self._report_anomalies(path, previous)
             previous = path
+            if cut is None and key != LIVE and self._rb is not None:
+                # The state at this rotation, as it stood then: packing resumes after a restart.
+                self._checkpoints.append(Checkpoint(key, self._xid, list(self._opens.items())))
             if cut is not None:
                 # The damage may lie in a record already applied (a size field found wrong only by
                 # what follows it): replay again what is left, now ending before the damage.
@@ -892,7 +899,7 @@ class PersistentQueue:
         """Write the queued pack in the background, unless one is being written; it replaces every
         journal up to its timestamp (reckoned now: packs are written one after another)."""
         request = self._pack_queued
-        if request is None or self._packing is not None:
+        if request is None or self._packing is not None or self._packs_stopped:
             return
         self._pack_queued = None
         dead = [p for ts, p in self._rotated if ts <= request.timestamp]
@@ -904,7 +911,15 @@ class PersistentQueue:
             final = gevent.get_hub().threadpool.apply(packer.write_pack, (request, dead))
             journal.record_timing("pack", started)
         except Exception:
-            log.exception("packing failed; the old journal files stay and remain correct", queue=self.name)
+            if os.path.exists(packer.pack_path(request)):
+                # Complete but not yet in place: only the next start-up may finish it, and no later
+                # pack may be written before (it would be replayed after this one).
+                self._packs_stopped = True
+                log.exception("packing failed half way; no more packs until the next start",
+                              queue=self.name)
+            else:
+                log.exception("packing failed; the old journal files stay and remain correct",
+                              queue=self.name)
         else:
             stamp = request.timestamp
             self._rotated = [(ts, p) for ts, p in self._rotated if ts > stamp]

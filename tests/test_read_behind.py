@@ -237,3 +237,27 @@ def test_draining_a_backlog_of_100_times_the_budget_packs_passed_files_away(tmp_
     coll = reopen(coll)
     back = [coll.remove("q") for _ in range(4)]
     assert [b.data if b else None for b in back] == [h.data for h in held if h] + [None]
+
+
+def test_packing_follows_the_cursor_again_after_a_restart_mid_drain(tmp_path: Path) -> None:
+    kb = 1024
+    memory = default = 8 * kb
+    coll = make(tmp_path, max_memory_size=memory, max_journal_size=32 * kb, default_journal_size=default)
+    count = 40 * memory // 256
+    data = [b"%08d" % n + b"x" * 248 for n in range(count)]
+    for n in range(0, count, 16):
+        coll.add_many("q", data[n:n + 16])
+    got = [coll.remove("q").data for _ in range(count // 4)]  # type: ignore[union-attr]
+    coll.queue("q").wait_for_packing()
+    coll = reopen(coll)
+    q = coll.queue("q")
+    assert q.in_read_behind
+    record = len(codec.encode_addx(T0, 0, data[0]))
+    per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
+    while (it := coll.remove("q")) is not None:
+        got.append(it.data)
+        if len(got) % 64 == 0 and q.in_read_behind:
+            q.wait_for_packing()
+            disk, live = queue_disk_bytes(tmp_path), q.length * record
+            assert disk <= live + 2 * memory + default + per_departure * len(got), (len(got), disk, live)
+    assert got == data
