@@ -23,7 +23,7 @@ import gevent
 import gevent.event
 import structlog
 
-from storage import codec, journal, packer
+from storage import codec, filenames, journal, packer
 from storage.checkpoints import Checkpoint
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.codec import (
@@ -297,7 +297,7 @@ class PersistentQueue:
 
         Raises JournalWriteError (and changes nothing) when the copy cannot be written.
         """
-        copy = f"{path}.{label}-{self.clock.now_ms()}"
+        copy = filenames.set_aside_path(path, label, self.clock.now_ms())
         try:
             with open(path, "rb") as src, open(copy, "wb") as dst:
                 src.seek(offset)
@@ -318,7 +318,7 @@ class PersistentQueue:
         self._cut_keeping_copy(path, offset, "corrupt")
         stamp = self.clock.now_ms()
         for _, later in self._replay_files[index + 1:]:
-            os.rename(later, f"{later}.corrupt-{stamp}")
+            os.rename(later, filenames.set_aside_path(later, "corrupt", stamp))
 
     def _note_anomaly(self, what: str, offset: int) -> None:
         """A record with nothing to act on: a sign that a journal file before it is missing."""
@@ -874,7 +874,7 @@ class PersistentQueue:
         last = self._rotated[-1][0] if self._rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self._writer
-        rotated = os.path.join(self.queue_path, f"{self.name}.{stamp}")
+        rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self._rotated.append((stamp, rotated))
         self._archived_size += old.size
