@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from storage import QueueCollection, QueueConfigs, codec, packer
 from storage.clock import FakeClock
+from storage.dump import dump_queue
 from tests.queues import reopen
 
 T0 = 1_700_000_000_000
@@ -261,3 +263,20 @@ def test_packing_follows_the_cursor_again_after_a_restart_mid_drain(tmp_path: Pa
             disk, live = queue_disk_bytes(tmp_path), q.length * record
             assert disk <= live + 2 * memory + default + per_departure * len(got), (len(got), disk, live)
     assert got == data
+
+
+def test_dump_prints_the_queue_a_start_up_would_load_and_changes_nothing(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    count = 4 * BUDGET // len(item(0))
+    coll.add_many("q", [item(n) for n in range(count)])
+    held = coll.remove("q", transaction=True)
+    assert held is not None and coll.remove("q") is not None
+    coll.queue("q").wait_for_packing()
+    before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)}
+    out = io.StringIO()
+    assert dump_queue(str(tmp_path), "q", out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[1:3] == ["open", f"xid={held.xid}"] and lines[0].endswith(item(0).decode())
+    assert [line.rsplit(":", 1)[1] for line in lines[1:-1]] == [item(n).decode() for n in range(2, count)]
+    assert lines[-1] == f"q: 1 open reads, {count - 2} items"
+    assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)} == before
