@@ -4,7 +4,7 @@
   partition per file (files over `maxPartitionBytes` split at record boundaries), rows handed over
   as Arrow batches.
 - `view=items`: the items each queue would hold after a restart (open reads first, marked), from a
-  read-only replay of the files in place (pipeline/replay.py): nothing is copied or changed, so a
+  read-only replay of the files in place (storage/replay.py): nothing is copied or changed, so a
   running server's directory is safe to read.
 - `mode`: PERMISSIVE (default) reports damage as a row with `status` "torn" or "corrupt: ..."
   (records) or stops that queue's items at the damage with a logged error (items); FAILFAST fails
@@ -169,10 +169,10 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
 
 def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
     """The queue as the server would load it, open reads first."""
-    from pipeline.replay import Replay
     from storage.errors import CorruptJournalError
+    from storage.replay import QueueReplay
 
-    replay = Replay()
+    replay = QueueReplay()
     try:
         replay.run(paths)
     except CorruptJournalError as e:
@@ -207,8 +207,8 @@ class JournalReader(DataSourceReader):
         self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
-        from pipeline.replay import replay_files
         from storage.journal import scan_queue_dir
+        from storage.replay import replay_files
 
         out: list[InputPartition] = []
         for name, files in sorted(scan_queue_dir(self.path).queues.items()):

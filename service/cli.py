@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
-        return journal_dump.dump_files(args.files)
+        return journal_dump.run(args)
     configure_logging(args.log_level)
     from service.app import App
 

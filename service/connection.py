@@ -16,6 +16,7 @@ from service import __version__
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import ClientGone, Session
+from service.socket_io import recv_append, send_all
 
 log = structlog.get_logger("kestrel.connection")
 
@@ -33,7 +34,7 @@ class CloseConnection(Exception):
 
 class BufferedConnection:
     """One client of a line protocol. Subclasses answer what `process` finds complete in the buffer;
-    the replies of one read burst go out in a single `sendall`."""
+    the replies of one read burst go out in a single `send`."""
 
     protocol = ""
 
@@ -45,6 +46,7 @@ class BufferedConnection:
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting
+        self.scratch = memoryview(bytearray(RECV_CHUNK))  # every recv lands here first
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used."""
@@ -59,15 +61,17 @@ class BufferedConnection:
             data = b"".join(self.out)
             self.out.clear()
             self.server.stats.bytes_written += len(data)
-            self.sock.sendall(data)
+            send_all(self.sock, data)
 
-    def _receive(self, deadline: float | None) -> bytes:
-        """The next input: what arrived during a wait, else a recv bounded by `deadline` or, between
-        requests, by `client_timeout`. Raises CloseConnection when the client is too slow or idle."""
+    def _receive(self, buf: bytearray, deadline: float | None) -> int:
+        """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
+        `deadline` or, between requests, by `client_timeout`; how many bytes (0: the client closed).
+        Raises CloseConnection when the client is too slow or idle."""
         if self.inbox:
-            data = bytes(self.inbox)
+            n = len(self.inbox)
+            buf += self.inbox
             self.inbox.clear()
-            return data
+            return n
         if deadline is not None:
             timeout: float | None = max(deadline - time.monotonic(), 0.001)
         else:
@@ -75,8 +79,7 @@ class BufferedConnection:
             timeout = None if idle is None else idle / 1000.0
         self.sock.settimeout(timeout)
         try:
-            received: bytes = self.sock.recv(RECV_CHUNK)
-            return received
+            return recv_append(self.sock, self.scratch, buf)
         except socket_timeout:
             reason = "request_timeout" if deadline is not None else "client_timeout"
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
@@ -90,18 +93,17 @@ class BufferedConnection:
         deadline: float | None = None  # the request in progress must be complete by then
         try:
             while True:
-                chunk = self._receive(deadline)
-                if not chunk:
+                received = self._receive(buf, deadline)
+                if not received:
                     return
-                self.server.stats.bytes_read += len(chunk)
-                buf += chunk
+                self.server.stats.bytes_read += received
                 del buf[:self.process(buf)]
                 self.send()
                 if not buf and not self.mid_request():
                     deadline = None
                 elif deadline is None:
                     deadline = time.monotonic() + request_timeout
-                if deadline is not None or len(chunk) == RECV_CHUNK:
+                if deadline is not None or received == RECV_CHUNK:
                     # A client streaming a large request lets the others in; a short timer (unlike
                     # sleep(0)) makes the loop poll their sockets too.
                     gevent.sleep(YIELD_SECONDS)
@@ -132,13 +134,12 @@ class BufferedConnection:
     def _watch(self, waiter: gevent.Greenlet) -> None:
         while len(self.inbox) <= self.max_line:
             try:
-                data = self.sock.recv(RECV_CHUNK)
+                received = recv_append(self.sock, self.scratch, self.inbox)
             except OSError:
-                data = b""
-            if not data:
+                received = 0
+            if not received:
                 self.session.client_gone(waiter)
                 return
-            self.inbox += data
 
 
 def make_line_server(connection: type[BufferedConnection], server: KestrelServer,

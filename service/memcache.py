@@ -1,7 +1,7 @@
 """Kestrel's memcache protocol on a gevent StreamServer.
 
 Each connection reads into one buffer, answers every complete command in it, and sends the replies
-of a burst with one `sendall`, so pipelined clients cost one system call per burst. Lines are
+of a burst with one `send`, so pipelined clients cost one system call per burst. Lines are
 bounded by `max_line_length` and items by `max_frame_size` before anything is allocated for them.
 """
 

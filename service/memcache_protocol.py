@@ -7,6 +7,7 @@ or malformed command) and, for a refused `set`, what to do with the item data th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # Absolute expiry times are at or above this; smaller ones are relative seconds (memcache's rule).
@@ -141,8 +142,13 @@ def _parse_set(args: list[str]) -> Command:
         raise ProtocolError(e.reply, skip=size + 2) from None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_line(line: bytes) -> Command:
-    """Parse one command line. Raises ProtocolError with the reply for bad input."""
+    """Parse one command line. Raises ProtocolError with the reply for bad input.
+
+    Clients repeat the same few lines (`get work`, `set work 0 0 128`), and a Command is frozen, so
+    each distinct line is parsed once and its Command shared; refusals are not remembered.
+    """
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:

@@ -3,30 +3,28 @@
 A connection's open reads are kept per queue, oldest first, and `max_open_reads` caps each queue.
 Memcache and text close them by count (`/close`, `confirm <n>`) or abort them all, and the
 connection aborts what it still holds when it closes. Thrift reads also carry a server-wide id by
-which any connection may confirm or abort them, and an auto-abort timer that closes the rest; they
-outlive the connection that opened them.
+which any connection may confirm or abort them, and an auto-abort deadline (in one wait list) that
+closes the rest; they outlive the connection that opened them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gevent
-
+from service.auto_abort import AutoAborts
 from service.thrift_read_ids import ReadIds
 from storage import QueueCollection
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class OpenRead:
     """One open read: its queue and xid, the connection's reads it belongs to, and for Thrift the id
-    the client closes it by (0 otherwise) and its auto-abort timer."""
+    the client closes it by (0 otherwise)."""
 
     queue: str
     xid: int
     owner: OpenReads
     read_id: int = 0
-    timer: gevent.Greenlet | None = None
 
 
 class OpenReads:
@@ -70,46 +68,48 @@ class OpenReads:
 
 class ReadsById:
     """Thrift open reads by server-wide id: confirmed or aborted by id from any connection, or
-    aborted by their auto-abort timer."""
+    aborted when their auto-abort deadline comes."""
 
     def __init__(self, collection: QueueCollection, ids: ReadIds) -> None:
         self.collection = collection
         self.ids = ids
         self._reads: dict[int, OpenRead] = {}
+        self.auto_aborts = AutoAborts(self._reads, self._auto_abort)
 
     def open(self, reads: OpenReads, queue: str, xid: int, auto_abort_ms: int) -> int:
         """Open a read of `xid` for the connection holding `reads`; its id."""
         read_id = self.ids.next()
-        read = reads.open(queue, xid, read_id)
-        read.timer = gevent.spawn_later(auto_abort_ms / 1000.0, self._auto_abort, read_id)
-        self._reads[read_id] = read
+        self._reads[read_id] = reads.open(queue, xid, read_id)
+        self.auto_aborts.add(read_id, auto_abort_ms / 1000.0)
         return read_id
 
-    def _auto_abort(self, read_id: int) -> None:
-        read = self._reads.pop(read_id, None)
-        if read is not None:
-            read.owner.forget(read)
-            self.collection.unremove(read.queue, read.xid)
-
-    def close(self, queue: str, ids: set[int], confirm: bool) -> int:
-        """Confirm (or abort) the open reads of `queue` among `ids`; how many there were."""
-        closed = 0
-        # Newest first, so that aborted items end up at the head in the order they were read.
-        for read_id in sorted(ids, reverse=True):
+    def _take(self, read_ids: list[int] | set[int], queue: str | None = None) -> dict[str, list[int]]:
+        """Remove the open reads among `read_ids` (of `queue` only, if given), newest first so that
+        aborted items end up at the head in the order they were read; their xids by queue."""
+        xids: dict[str, list[int]] = {}
+        for read_id in sorted(read_ids, reverse=True):
             read = self._reads.get(read_id)
-            if read is None or read.queue != queue:
+            if read is None or (queue is not None and read.queue != queue):
                 continue
             del self._reads[read_id]
             read.owner.forget(read)
-            if read.timer is not None:
-                read.timer.kill(block=False)
-            coll = self.collection
-            done = coll.confirm(queue, read.xid) if confirm else coll.unremove(queue, read.xid)
-            closed += int(done)
-        return closed
+            xids.setdefault(read.queue, []).append(read.xid)
+        return xids
+
+    def _auto_abort(self, read_ids: list[int]) -> None:
+        """Reads whose deadline came go back to the head of their queues, one journal write each."""
+        for queue, xids in self._take(read_ids).items():
+            self.collection.unremove_many(queue, xids)
+
+    def close(self, queue: str, ids: set[int], confirm: bool) -> int:
+        """Confirm (or abort) the open reads of `queue` among `ids`, in one journal write; how many
+        were open."""
+        xids = self._take(ids, queue).get(queue)
+        if not xids:
+            return 0
+        coll = self.collection
+        return coll.confirm_many(queue, xids) if confirm else coll.unremove_many(queue, xids)
 
     def cancel_timers(self) -> None:
-        """Stop the auto-abort timers (at shutdown: the reads stay open in their journals)."""
-        for read in self._reads.values():
-            if read.timer is not None:
-                read.timer.kill(block=False)
+        """Stop the auto-abort wait list (at shutdown: the reads stay open in their journals)."""
+        self.auto_aborts.close()

@@ -2,8 +2,8 @@
 
 Protocol handlers parse a request, call a Session method and encode the reply. The rules live
 here once: what the server status allows, how reads are opened and closed (the open reads
-themselves are kept in `service.open_reads`: Thrift's by id, with auto-abort timers; memcache and
-text one per queue and connection, aborted when the connection drops).
+themselves are kept in `service.open_reads`: Thrift's by id, with auto-abort deadlines; memcache
+and text one per queue and connection, aborted when the connection drops).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from service.open_reads import OpenReads
 from service.server import KestrelServer
 from service.status import Status, UnknownStatus
 from storage import QItem
-from storage.collection import check_queue_name
 from storage.errors import KestrelError
+from storage.filenames import check_queue_name
 
 log = structlog.get_logger("kestrel.session")
 
@@ -252,14 +252,13 @@ class Session:
     def confirm_reads(self, queue: str, count: int | None = None) -> int:
         """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
         done = self.reads.take_oldest(queue, count)
-        for read in done:
-            self.coll.confirm(queue, read.xid)
+        if done:
+            self.coll.confirm_many(queue, [read.xid for read in done])
         return len(done)
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        for read in reversed(self.reads.take_oldest(queue)):
-            self.coll.unremove(queue, read.xid)
+        self.coll.unremove_many(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status

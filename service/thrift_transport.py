@@ -12,6 +12,7 @@ import time
 
 from gevent.socket import socket as gsocket
 
+from service.socket_io import recv_append, send_all
 from service.stats import ServerStats
 
 RECV_CHUNK = 256 * 1024
@@ -34,24 +35,24 @@ class ClientStream:
         self.idle_timeout_ms = idle_timeout_ms
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
+        self.scratch = memoryview(bytearray(RECV_CHUNK))  # every recv lands here first
         self.deadline = 0.0
 
-    def _recv(self, size: int, timeout: float | None, late: str) -> None:
+    def _recv(self, timeout: float | None, late: str) -> None:
         self.sock.settimeout(timeout)
         try:
-            chunk = self.sock.recv(size)
+            n = recv_append(self.sock, self.scratch, self.buf)
         except TimeoutError:
             raise ConnectionDone(late) from None
-        if not chunk:
+        if not n:
             raise EOFError
-        self.stats.bytes_read += len(chunk)
-        self.buf += chunk
+        self.stats.bytes_read += n
 
     def wait_request(self) -> bool:
         """Wait (up to `client_timeout`) for a request to begin; False when the client closed."""
         if not self.buf:
             try:
-                self._recv(RECV_CHUNK, self.idle_timeout,
+                self._recv(self.idle_timeout,
                            f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)")
             except EOFError:
                 return False
@@ -66,7 +67,7 @@ class ClientStream:
             if left <= 0:
                 raise ConnectionDone(late)
             try:
-                self._recv(min(max(need - len(self.buf), RECV_CHUNK), 4 * RECV_CHUNK), left, late)
+                self._recv(left, late)
             except EOFError:
                 raise ConnectionDone("closed in the middle of a request") from None
         return len(self.buf)
@@ -86,7 +87,7 @@ class ClientStream:
 
     def send(self, data: bytes) -> None:
         self.stats.bytes_written += len(data)
-        self.sock.sendall(data)
+        send_all(self.sock, data)
 
 
 def describe_bad_frame_header(header: bytes, size: int, max_frame: int) -> str:

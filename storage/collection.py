@@ -13,41 +13,12 @@ import structlog
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
 from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
+from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.collection")
-
-# Room left in a 255-byte file name for ".<13-digit ms>.pack" and similar suffixes.
-MAX_NAME_BYTES = 200
-_FORBIDDEN = (
-    ("/", "it is a path separator"),
-    ("~", "it marks temporary journal files"),
-    (".", "it is reserved for journal file suffixes"),
-    ("\0", "it cannot be in a file name"),
-)
-
-
-def check_queue_name(name: str) -> None:
-    """Refuse names that could not be a journal file name, saying why.
-
-    Raises InvalidQueueName.
-    """
-    if not name:
-        raise InvalidQueueName("queue name is empty")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise InvalidQueueName(f"queue name is longer than {MAX_NAME_BYTES} bytes")
-    for char, why in _FORBIDDEN:
-        if char in name:
-            raise InvalidQueueName(f"queue name {name!r} contains {char!r}, which is not allowed: {why}")
-    if any(c.isspace() or ord(c) < 32 for c in name):
-        raise InvalidQueueName(f"queue name {name!r} contains whitespace or a control character")
-    if "+" in name:
-        parent, _, child = name.partition("+")
-        if not parent or not child or "+" in child:
-            raise InvalidQueueName(
-                f"queue name {name!r}: '+' is only allowed once, as parent+child for a fanout queue")
 
 
 def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
@@ -241,9 +212,19 @@ class QueueCollection:
         q = self._queues.get(name)
         return q is not None and q.confirm(xid)
 
+    def confirm_many(self, name: str, xids: list[int]) -> int:
+        """Confirm open reads with one journal write; how many were open."""
+        q = self._queues.get(name)
+        return q.confirm_many(xids) if q is not None else 0
+
     def unremove(self, name: str, xid: int) -> bool:
         q = self._queues.get(name)
         return q is not None and q.unremove(xid)
+
+    def unremove_many(self, name: str, xids: list[int]) -> int:
+        """Abort open reads with one journal write, each back at the head in turn; how many were open."""
+        q = self._queues.get(name)
+        return q.unremove_many(xids) if q is not None else 0
 
     def flush(self, name: str) -> None:
         if name in self.aliases:

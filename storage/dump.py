@@ -1,8 +1,10 @@
 """`kestrel journal dump FILE...` (or `python -m storage.dump`): print a journal's records with offsets.
 
 Reads either format: a Kestrel 3 writer journal or reader checkpoint is told by its 4-byte header
-(neither header starts with a Kestrel 2 opcode), anything else is read as a Kestrel 2 journal. For
-operators looking at a damaged or surprising journal; it never changes the file.
+(neither header starts with a Kestrel 2 opcode), anything else is read as a Kestrel 2 journal. With
+`--queue NAME DIR` it prints instead the items a start-up would load for that queue from the
+Kestrel 2 journals in DIR (a read-only replay). For operators looking at a damaged or surprising
+journal; it never changes a file.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from storage import kestrel3_files
 from storage.codec import describe
 from storage.errors import CorruptJournalError
 from storage.journal import RecordReader, torn_tail_damage
+from storage.replay import replay_queue
 
 
 def dump(path: str, out: TextIO = sys.stdout) -> int:
@@ -76,15 +79,45 @@ def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.std
     return status
 
 
+def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Print the queue as a start-up would load it, open reads first; return 0, or 1 if it is damaged."""
+    try:
+        state = replay_queue(queue_path, queue)
+    except CorruptJournalError as e:
+        print(f"{e.path}: corrupt record at offset {e.offset}: {e.reason}", file=err)
+        return 1
+    except OSError as e:
+        print(f"{queue_path}: cannot read: {e.strerror or e}", file=err)
+        return 1
+    for position, item in enumerate(state.restart_order()):
+        state_of = f"open xid={item.xid}" if position < len(state.opens) else "queued"
+        expiry = item.expiry or "-"
+        out.write(f"{position:>12}  {state_of} add={item.add_time} expire={expiry} "
+                  f"{len(item.data)}:{item.data.decode('utf-8', 'replace')}\n")
+    out.write(f"{queue}: {len(state.opens)} open reads, {len(state.items)} items\n")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="journal files to print (either format)")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="journal files to print (either format), or with --queue the queue path")
+    parser.add_argument("--queue", metavar="NAME",
+                        help="print the items of queue NAME as a start-up would load them")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.queue is None:
+        return dump_files(args.files)
+    if len(args.files) != 1:
+        print("--queue takes exactly one directory: the queue path", file=sys.stderr)
+        return 2
+    return dump_queue(args.files[0], args.queue)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m storage.dump", description=__doc__)
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    return dump_files(args.files)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -7,18 +7,16 @@ class QItem:
     """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
 
     `xid` is non-zero while the item is an open read, and also for an item replayed from an
-    ADD_XID record until the REMOVE_TENTATIVE that reopens it. `pack_slot` is bookkeeping for
-    the read-behind checkpoint (see storage/packer.py).
+    ADD_XID record until the REMOVE_TENTATIVE that reopens it.
     """
 
-    __slots__ = ("add_time", "expiry", "data", "xid", "pack_slot")
+    __slots__ = ("add_time", "expiry", "data", "xid")
 
     def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0) -> None:
         self.add_time = add_time
         self.expiry = expiry
         self.data = data
         self.xid = xid
-        self.pack_slot = -1
 
     def __repr__(self) -> str:
         return f"QItem(add_time={self.add_time}, expiry={self.expiry}, data={self.data!r}, xid={self.xid})"

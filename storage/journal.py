@@ -1,8 +1,5 @@
-"""A queue's journal on disk: file names, reading records back, appending with a sync policy.
-
-Files for queue `q` in the queue path: `q` is the live journal; `q.<ms>` are rotated journals,
-replayed in timestamp order before the live one; `q.<ms>.pack` is a finished pack that makes every
-rotated journal with a timestamp at or below its own dead; anything with `~~` is a temporary.
+"""A queue's journal on disk: its files (named as `storage/filenames.py` says), reading records
+back, appending with a sync policy.
 """
 
 from __future__ import annotations
@@ -10,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +15,7 @@ import gevent
 import gevent.event
 import structlog
 
-from storage import codec
+from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
 
@@ -27,12 +23,10 @@ log = structlog.get_logger("kestrel.journal")
 
 READ_CHUNK = 1 << 20
 SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
-_ROTATED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)$")
-_PACKED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)\.pack$")
 
 
 # ---------------------------------------------------------------------------------------------
-# File names
+# The files of a queue
 
 
 @dataclass
@@ -64,27 +58,21 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
     for entry in os.scandir(queue_path):
         if not entry.name.startswith(prefix) or not entry.is_file():
             continue
-        if "~~" in entry.name:
+        if filenames.is_temporary(entry.name):
             found.temporaries.append(entry.path)
             continue
-        _classify(found.queues, entry.name, entry.path)
+        parsed = filenames.parse_journal_name(entry.name)
+        if parsed is not None:
+            kind, name, ts = parsed
+            files = found.queues.setdefault(name, JournalFiles())
+            if kind == "live":
+                files.live = entry.path
+            else:
+                (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
     for files in found.queues.values():
         files.rotated.sort()
         files.packs.sort()
     return found
-
-
-def _classify(queues: dict[str, JournalFiles], file_name: str, path: str) -> None:
-    m = _ROTATED.match(file_name)
-    if m:
-        queues.setdefault(m.group("name"), JournalFiles()).rotated.append((int(m.group("ts")), path))
-        return
-    m = _PACKED.match(file_name)
-    if m:
-        queues.setdefault(m.group("name"), JournalFiles()).packs.append((int(m.group("ts")), path))
-        return
-    if "." not in file_name and "~" not in file_name:
-        queues.setdefault(file_name, JournalFiles()).live = path
 
 
 def list_journal_files(queue_path: str, name: str) -> JournalFiles:
@@ -133,13 +121,13 @@ def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, sa
                                           "no journal was deleted")
             log.error("incomplete pack set aside; no journal deleted (salvage)", file=pack_path,
                       reason=reason)
-            os.rename(pack_path, f"{pack_path}.corrupt-{stamp}")
+            os.rename(pack_path, filenames.set_aside_path(pack_path, "corrupt", stamp))
             continue
         for rts, rpath in files.rotated:
             if rts <= ts:
                 log.warning("deleting journal superseded by pack", file=rpath, pack=pack_path)
                 os.unlink(rpath)
-        final = os.path.join(queue_path, f"{name}.{ts}")
+        final = filenames.rotated_path(queue_path, name, ts)
         os.rename(pack_path, final)
         files.rotated = [(rts, rpath) for rts, rpath in files.rotated if rts > ts] + [(ts, final)]
         files.rotated.sort()
@@ -149,7 +137,7 @@ def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, sa
 
 def remove_temporaries(queue_path: str, name: str) -> None:
     """Delete one queue's `~~` temporaries."""
-    prefix = name + "~~"
+    prefix = filenames.temporary_prefix(name)
     delete_temporaries([e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)])
 
 

@@ -1,15 +1,13 @@
-"""A Kestrel 3 queue on disk: file names, reading records back, the writer journal, reader checkpoints.
+"""A Kestrel 3 queue on disk: reading records back, the writer journal, reader checkpoints.
 
-For queue `q` in the queue path: `q.<number>` are writer journals (PUT records, oldest number first;
-the number is the time in ms at creation, or one more than the last number if the clock is behind);
-`q.read.<reader>` holds one reader's checkpoint (`q.read.` for the default reader, whose name is
-empty); `q~~read.<reader>` is a checkpoint being written, removed with the other `q~~` temporaries.
+The files are named as `storage/filenames.py` says: writer journals `q.<number>` (PUT records,
+oldest number first; the number is the time in ms at creation, or one more than the last number if
+the clock is behind) and one checkpoint per reader, `q.read.<reader>`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -18,63 +16,20 @@ import structlog
 from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.codec import Incomplete, Malformed
-from storage.errors import CorruptJournalError, InvalidQueueName
+from storage.errors import CorruptJournalError
+from storage.filenames import (
+    check_name_part,
+    checkpoint_temporary_name,
+    reader_file_name,
+    reader_of,
+    writer_file_name,
+    writer_file_number,
+)
 from storage.journal import JournalWriter, fsync_dir
 
 log = structlog.get_logger("kestrel.kestrel3")
 
 READ_CHUNK = 1 << 20
-READER_INFIX = ".read."
-MAX_FILE_NAME_BYTES = 255
-# Characters that would let a name leave the queue path, collide with another file's suffix, or be
-# taken for a temporary.
-_FORBIDDEN = {"/": "a path separator", "\\": "a path separator", "\0": "not allowed in file names",
-              ".": "reserved for journal file suffixes", "~": "the mark of temporary files"}
-
-
-# ---------------------------------------------------------------------------------------------
-# File names
-
-
-def check_name_part(what: str, name: str, allow_empty: bool = False) -> None:
-    """Refuse a queue or reader name that could make a file name outside the queue path.
-
-    Raises InvalidQueueName saying which rule the name broke.
-    """
-    if not name and not allow_empty:
-        raise InvalidQueueName(f"{what} name is empty")
-    for char in name:
-        if char in _FORBIDDEN:
-            raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, {_FORBIDDEN[char]}")
-        if char.isspace() or ord(char) < 32:
-            raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
-        if 0xD800 <= ord(char) <= 0xDFFF:
-            raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")
-
-
-def _file_name(name: str) -> str:
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_FILE_NAME_BYTES:
-        raise InvalidQueueName(f"file name {name!r} is longer than {MAX_FILE_NAME_BYTES} bytes")
-    return name
-
-
-def writer_file_name(queue: str, number: int) -> str:
-    """`<queue>.<number>`: one segment of the queue's writer journal."""
-    check_name_part("queue", queue)
-    if number < 0:
-        raise ValueError(f"writer file number {number!r} is negative")
-    return _file_name(f"{queue}.{number}")
-
-
-def reader_file_name(queue: str, reader: str = "") -> str:
-    """`<queue>.read.<reader>`: the reader's checkpoint (`<queue>.read.` for the default reader)."""
-    check_name_part("queue", queue)
-    check_name_part("reader", reader, allow_empty=True)
-    return _file_name(f"{queue}{READER_INFIX}{reader}")
-
-
-def checkpoint_temporary_name(queue: str, reader: str = "") -> str:
-    return _file_name(f"{queue}~~{reader_file_name(queue, reader)[len(queue) + 1:]}")
 
 
 @dataclass
@@ -87,18 +42,15 @@ class QueueFiles:
 
 def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
     check_name_part("queue", queue)
-    writer = re.compile(re.escape(queue) + r"\.(\d+)")
     files = QueueFiles()
     for entry in os.scandir(queue_path):
         if not entry.is_file() or "~" in entry.name:
             continue
-        m = writer.fullmatch(entry.name)
-        if m:
-            files.writers.append((int(m.group(1)), entry.path))
-        elif entry.name.startswith(queue + READER_INFIX):
-            reader = entry.name[len(queue) + len(READER_INFIX):]
-            if "." not in reader:
-                files.readers[reader] = entry.path
+        number = writer_file_number(queue, entry.name)
+        if number is not None:
+            files.writers.append((number, entry.path))
+        elif (reader := reader_of(queue, entry.name)) is not None:
+            files.readers[reader] = entry.path
     files.writers.sort()
     return files
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from storage import codec
+from storage import codec, filenames
 from storage.item import QItem
 from storage.journal import fsync_dir, write_all
 
@@ -55,11 +55,16 @@ class PackRequest:
     placeholder_time: int
 
 
+def pack_path(req: PackRequest) -> str:
+    """Where the finished pack waits while the files it replaces are deleted."""
+    return os.path.join(req.queue_path, filenames.pack_name(req.name, req.timestamp))
+
+
 def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`)."""
-    temp = os.path.join(req.queue_path, f"{req.name}~~{req.timestamp}")
-    pack = os.path.join(req.queue_path, f"{req.name}.{req.timestamp}.pack")
-    final = os.path.join(req.queue_path, f"{req.name}.{req.timestamp}")
+    temp = os.path.join(req.queue_path, filenames.pack_temporary_name(req.name, req.timestamp))
+    pack = pack_path(req)
+    final = filenames.rotated_path(req.queue_path, req.name, req.timestamp)
     _step("write")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

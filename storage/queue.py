@@ -16,14 +16,15 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 import gevent
 import gevent.event
 import structlog
 
-from storage import codec, journal, packer
+from storage import codec, filenames, journal, packer
+from storage.checkpoints import Checkpoint
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.codec import (
     Add,
@@ -72,40 +73,6 @@ class _ReadBehind:
         self.reader.close()
 
 
-class _Checkpoint:
-    """The queue's state at rotation time T, kept until the read-behind cursor passes T.
-
-    Items that leave the head after T are logged in order (the item while it may still come back,
-    None once it is gone for good), so the state at T can be written without holding every item.
-    """
-
-    def __init__(self, timestamp: int, xid: int, open_reads: list[tuple[int, QItem]]) -> None:
-        self.timestamp = timestamp
-        self.xid = xid
-        self.open_reads = open_reads
-        self.departed: list[QItem | None] = []
-        for _, item in open_reads:
-            item.pack_slot = -2
-
-    def note_departure(self, item: QItem, opened: bool) -> None:
-        if item.pack_slot == -1:
-            item.pack_slot = len(self.departed)
-            self.departed.append(item if opened else None)
-        elif item.pack_slot >= 0 and not opened:
-            self.departed[item.pack_slot] = None
-
-    def note_confirm(self, item: QItem) -> None:
-        if item.pack_slot >= 0:
-            self.departed[item.pack_slot] = None
-
-    def release(self) -> None:
-        for entry in self.departed:
-            if entry is not None:
-                entry.pack_slot = -1
-        for _, item in self.open_reads:
-            item.pack_slot = -1
-
-
 class PersistentQueue:
     """A durable FIFO queue with reliable reads, expiry and read-behind.
 
@@ -137,7 +104,7 @@ class PersistentQueue:
         self._rb: _ReadBehind | None = None
         self._replay_at: tuple[int, int] | None = None  # (file key, offset) while replaying
         self._replay_files: list[tuple[int, str]] = []
-        self._checkpoint: _Checkpoint | None = None
+        self._checkpoints: list[Checkpoint] = []  # oldest first, one per rotation in read-behind
         self._packing: gevent.Greenlet | None = None
         self._waiters: deque[gevent.event.Event] = deque()
         self.closed = False
@@ -153,8 +120,13 @@ class PersistentQueue:
         self.read_only = False  # the journal cannot be written: changes are refused until it can
         self.journal_write_errors = 0
         self._rebuilding = False
-        # A pack taken while a change is in progress, written when the change is journaled.
-        self._pack_ready: tuple[packer.PackRequest, list[str]] | None = None
+        # A pack taken while a change is in progress, queued when the change is journaled; packs
+        # are written one at a time, and a newer queued pack supersedes an older one.
+        self._pack_ready: packer.PackRequest | None = None
+        self._pack_queued: packer.PackRequest | None = None
+        self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
+        self._pack_horizon = 0  # the latest rotation packed with every item in memory
+        self._packs_stopped = False  # a failed pack left a `.pack` that start-up must finish
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
         self._anomalies: dict[str, int] = {}
 
@@ -231,6 +203,9 @@ class PersistentQueue:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,
                      seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
+        if self._pack_ready is not None:  # the replayed cursor passed a checkpoint
+            self._pack_queued, self._pack_ready = self._pack_ready, None
+            self._start_next_pack()
         if self._opens and reopen:
             self._orphans = sorted(self._opens, reverse=True)
             try:
@@ -268,6 +243,9 @@ class PersistentQueue:
                 reader.close()
             self._report_anomalies(path, previous)
             previous = path
+            if cut is None and key != LIVE and self._rb is not None:
+                # The state at this rotation, as it stood then: packing resumes after a restart.
+                self._checkpoints.append(Checkpoint(key, self._xid, list(self._opens.items())))
             if cut is not None:
                 # The damage may lie in a record already applied (a size field found wrong only by
                 # what follows it): replay again what is left, now ending before the damage.
@@ -319,7 +297,7 @@ class PersistentQueue:
 
         Raises JournalWriteError (and changes nothing) when the copy cannot be written.
         """
-        copy = f"{path}.{label}-{self.clock.now_ms()}"
+        copy = filenames.set_aside_path(path, label, self.clock.now_ms())
         try:
             with open(path, "rb") as src, open(copy, "wb") as dst:
                 src.seek(offset)
@@ -340,7 +318,7 @@ class PersistentQueue:
         self._cut_keeping_copy(path, offset, "corrupt")
         stamp = self.clock.now_ms()
         for _, later in self._replay_files[index + 1:]:
-            os.rename(later, f"{later}.corrupt-{stamp}")
+            os.rename(later, filenames.set_aside_path(later, "corrupt", stamp))
 
     def _note_anomaly(self, what: str, offset: int) -> None:
         """A record with nothing to act on: a sign that a journal file before it is missing."""
@@ -440,9 +418,9 @@ class PersistentQueue:
         self.length -= 1
         self.bytes -= size
         self.memory_bytes -= size
-        if self._checkpoint is not None:
+        for checkpoint in self._checkpoints:
             # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
-            self._checkpoint.note_departure(item, opened)
+            checkpoint.note_departure(item, opened)
         if self._rb is not None and self.memory_bytes < self.config.max_memory_size:
             self._fill()
         return item
@@ -474,6 +452,7 @@ class PersistentQueue:
             if entry is None:
                 if not self._advance_read_behind(rb):
                     self._end_read_behind()
+                    self._left_read_behind = self._replay_at is None
                     return
                 continue
             record = entry[1]
@@ -494,10 +473,12 @@ class PersistentQueue:
         rb.close()
         rb.key = nxt[0]
         rb.reader = RecordReader(nxt[1])
-        if self._checkpoint is not None and passed >= self._checkpoint.timestamp:
-            # The state at the checkpoint is taken now; it is written once the change in
-            # progress is journaled (`_change`), and dropped if that change fails.
-            self._pack_ready = self._take_pack()
+        passed_checkpoints = [cp for cp in self._checkpoints if cp.timestamp <= passed]
+        if passed_checkpoints:
+            # The state at the latest checkpoint passed is taken now; it is written once the change
+            # in progress is journaled (`_change`), and dropped if that change fails.
+            self._checkpoints = self._checkpoints[len(passed_checkpoints):]
+            self._pack_ready = self._take_pack(passed_checkpoints[-1])
         return True
 
     def _rotated_and_live(self) -> list[tuple[int, str]]:
@@ -541,8 +522,13 @@ class PersistentQueue:
             self._rebuild()
             raise
         if self._pack_ready is not None:
-            ready, self._pack_ready = self._pack_ready, None
-            self._spawn_pack(*ready)
+            self._pack_queued, self._pack_ready = self._pack_ready, None
+        if self._left_read_behind:
+            self._left_read_behind = False
+            self._checkpoints = []  # every one was passed on the way to the live journal
+            if self._rotated and self._rotated[-1][0] > self._pack_horizon and self._writer is not None:
+                self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+        self._start_next_pack()
 
     def _probe(self) -> None:
         """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
@@ -587,8 +573,10 @@ class PersistentQueue:
     def _reset_memory(self) -> None:
         """Forget every item, open read and xid, ready for a replay from the first journal file."""
         self._end_read_behind()
-        self._checkpoint = None
-        self._pack_ready = None
+        self._checkpoints = []
+        self._pack_ready = self._pack_queued = None
+        self._left_read_behind = False
+        self._pack_horizon = 0
         self._mem.clear()
         self._opens.clear()
         self._xid = 0
@@ -646,15 +634,27 @@ class PersistentQueue:
         if cfg.max_age:
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
-        accepted = 0
         journaled = self._writer is not None
-        for data in items:
-            if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
-                break
+        size = sum(map(len, items))
+        if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
+                and self.memory_bytes + size < cfg.max_memory_size):
+            # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._pending.append(codec.encode_addx(now, expiry, data))
-            self._append(QItem(now, expiry, data))
-            accepted += 1
+                self._pending.extend([codec.encode_addx(now, expiry, data) for data in items])
+            self._mem.extend([QItem(now, expiry, data) for data in items])
+            accepted = len(items)
+            self.length += accepted
+            self.bytes += size
+            self.memory_bytes += size
+        else:
+            accepted = 0
+            for data in items:
+                if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
+                    break
+                if journaled:
+                    self._pending.append(codec.encode_addx(now, expiry, data))
+                self._append(QItem(now, expiry, data))
+                accepted += 1
         self.total_items += accepted
         if self._waiters:
             for _ in range(accepted):
@@ -728,29 +728,54 @@ class PersistentQueue:
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.confirm_many([xid]) == 1
+
+    def confirm_many(self, xids: Iterable[int]) -> int:
+        """Close these open reads for good, their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            item = self._opens.pop(xid, None)
-            if item is None:
-                return False
-            if self._checkpoint is not None:
-                self._checkpoint.note_confirm(item)
-            self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-            self._commit()
-            return True
+            closed = 0
+            for xid in xids:
+                item = self._opens.pop(xid, None)
+                if item is None:
+                    continue
+                for checkpoint in self._checkpoints:
+                    checkpoint.note_confirm(item)
+                self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+                closed += 1
+            if closed:
+                self._commit()
+            return closed
 
     def unremove(self, xid: int) -> bool:
         """Abort open read `xid`: its item goes back to the head; False if no such read is open.
 
         Raises JournalWriteError (the read stays open).
         """
+        return self.unremove_many([xid]) == 1
+
+    def unremove_many(self, xids: Iterable[int]) -> int:
+        """Abort these open reads, each item going back to the head in turn (so the last one given
+        ends up first), their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
         with self._change():
-            if not self._unremove(xid):
-                return False
-            self.canceled_transactions += 1
-            self._write(codec.encode_xid(codec.UNREMOVE, xid))
-            self._wake()
-            self._commit()
-            return True
+            aborted = 0
+            for xid in xids:
+                if not self._unremove(xid):
+                    continue
+                self.canceled_transactions += 1
+                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+                aborted += 1
+            for _ in range(aborted):
+                if not self._wake():
+                    break
+            if aborted:
+                self._commit()
+            return aborted
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
@@ -864,26 +889,29 @@ class PersistentQueue:
 
     def _maybe_rotate(self) -> None:
         writer = self._writer
-        if writer is None or self._packing is not None or self._pack_ready is not None:
+        if writer is None or self._packing is not None or self._pack_ready or self._pack_queued:
             return
         cfg = self.config
-        if self.length == 0 and self._checkpoint is None and writer.size >= cfg.default_journal_size:
-            self._rotate(checkpoint=True)
-            self._start_pack()
+        if self.length == 0 and not self._checkpoints and writer.size >= cfg.default_journal_size:
+            self._pack_now()
+            self._start_next_pack()
         elif writer.size >= cfg.max_memory_size:
-            wanted = self._rb is not None or self.journal_size > cfg.max_journal_size
-            checkpoint = wanted and self._checkpoint is None  # one checkpoint outstanding at a time
-            self._rotate(checkpoint)
-            if checkpoint and self._rb is None:
-                self._start_pack()
+            if self._rb is not None:
+                self._rotate(checkpoint=True)
+            elif self.journal_size > cfg.max_journal_size:
+                self._pack_now()
+                self._start_next_pack()
+            else:
+                self._rotate(checkpoint=False)
 
     def _rotate(self, checkpoint: bool) -> None:
         """Rename the live journal to `<name>.<ms>` and start a new one."""
         assert self._writer is not None
+        self._flush()
         last = self._rotated[-1][0] if self._rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self._writer
-        rotated = os.path.join(self.queue_path, f"{self.name}.{stamp}")
+        rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self._rotated.append((stamp, rotated))
         self._archived_size += old.size
@@ -892,25 +920,26 @@ class PersistentQueue:
         if self._rb is not None and self._rb.key == LIVE:
             self._rb.key = stamp
         if checkpoint:
-            self._checkpoint = _Checkpoint(stamp, self._xid, list(self._opens.items()))
+            self._checkpoints.append(Checkpoint(stamp, self._xid, list(self._opens.items())))
 
-    def _start_pack(self) -> None:
-        """Write the checkpoint's state in the background; it replaces every journal up to it."""
-        self._spawn_pack(*self._take_pack())
+    def _pack_now(self) -> None:
+        """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
+        self._rotate(checkpoint=True)
+        self._pack_horizon = self._rotated[-1][0]
+        self._pack_queued = self._take_pack(self._checkpoints.pop())
 
-    def _take_pack(self) -> tuple[packer.PackRequest, list[str]]:
-        """The checkpoint's state as a pack to write, and the journals it replaces."""
-        cp = self._checkpoint
-        assert cp is not None
-        self._checkpoint = None
-        survivors: list[QItem | None] = [item for item in self._mem if item.pack_slot == -1]
-        request = packer.PackRequest(self.queue_path, self.name, cp.timestamp, cp.xid, cp.open_reads,
-                                     cp.departed + survivors, self.clock.now_ms())
-        dead = [p for ts, p in self._rotated if ts <= cp.timestamp]
-        cp.release()
-        return request, dead
+    def _take_pack(self, checkpoint: Checkpoint) -> packer.PackRequest:
+        """The checkpoint's state as a pack to write (every item queued then is in memory now)."""
+        return checkpoint.pack_request(self.queue_path, self.name, list(self._mem), self.clock.now_ms())
 
-    def _spawn_pack(self, request: packer.PackRequest, dead: list[str]) -> None:
+    def _start_next_pack(self) -> None:
+        """Write the queued pack in the background, unless one is being written; it replaces every
+        journal up to its timestamp (reckoned now: packs are written one after another)."""
+        request = self._pack_queued
+        if request is None or self._packing is not None or self._packs_stopped:
+            return
+        self._pack_queued = None
+        dead = [p for ts, p in self._rotated if ts <= request.timestamp]
         self._packing = gevent.spawn(self._pack, request, dead)
 
     def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:
@@ -919,17 +948,26 @@ class PersistentQueue:
             final = gevent.get_hub().threadpool.apply(packer.write_pack, (request, dead))
             journal.record_timing("pack", started)
         except Exception:
-            log.exception("packing failed; the old journal files stay and remain correct", queue=self.name)
-            self._packing = None
-            return
-        stamp = request.timestamp
-        self._rotated = [(ts, p) for ts, p in self._rotated if ts > stamp]
-        self._rotated.insert(0, (stamp, final))
-        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+            if os.path.exists(packer.pack_path(request)):
+                # Complete but not yet in place: only the next start-up may finish it, and no later
+                # pack may be written before (it would be replayed after this one).
+                self._packs_stopped = True
+                log.exception("packing failed half way; no more packs until the next start",
+                              queue=self.name)
+            else:
+                log.exception("packing failed; the old journal files stay and remain correct",
+                              queue=self.name)
+        else:
+            stamp = request.timestamp
+            self._rotated = [(ts, p) for ts, p in self._rotated if ts > stamp]
+            self._rotated.insert(0, (stamp, final))
+            self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
         self._packing = None
+        self._start_next_pack()
 
     def wait_for_packing(self) -> None:
-        if self._packing is not None:
+        """Return once every pack taken so far is written (or has failed)."""
+        while self._packing is not None:
             self._packing.join()
 
     # -----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from storage import filenames
 from storage import kestrel3_codec as k3
 from storage import kestrel3_files as files
 from storage.clock import FakeClock
@@ -268,30 +269,30 @@ def test_any_damage_is_a_corrupt_journal_error_or_a_clean_prefix(tmp_path_factor
 @pytest.mark.parametrize("queue", ["", ".", "..", "../jobs", "a/b", "/abs", "a\\b", "a\0b", "a.b", "a~b", "a b", "a\nb", "a\ud800"])
 def test_queue_names_that_could_escape_or_collide_are_refused(queue: str) -> None:
     with pytest.raises(InvalidQueueName):
-        files.writer_file_name(queue, 1)
+        filenames.writer_file_name(queue, 1)
     with pytest.raises(InvalidQueueName):
-        files.reader_file_name(queue, "r")
+        filenames.reader_file_name(queue, "r")
 
 
 @pytest.mark.parametrize("reader", [".", "..", "../../etc/passwd", "x/y", "/", "a.b", "~", "a\0", "tab\t"])
 def test_reader_names_that_could_escape_or_collide_are_refused(reader: str) -> None:
     with pytest.raises(InvalidQueueName, match="reader name"):
-        files.reader_file_name("jobs", reader)
+        filenames.reader_file_name("jobs", reader)
 
 
 def test_file_names_are_the_documents() -> None:
-    assert files.writer_file_name("jobs", 1321401903634) == "jobs.1321401903634"
-    assert files.reader_file_name("jobs") == "jobs.read."
-    assert files.reader_file_name("jobs", "indexer") == "jobs.read.indexer"
+    assert filenames.writer_file_name("jobs", 1321401903634) == "jobs.1321401903634"
+    assert filenames.reader_file_name("jobs") == "jobs.read."
+    assert filenames.reader_file_name("jobs", "indexer") == "jobs.read.indexer"
     with pytest.raises(InvalidQueueName, match="longer than 255 bytes"):
-        files.reader_file_name("q" * 200, "r" * 60)
+        filenames.reader_file_name("q" * 200, "r" * 60)
 
 
 @settings(max_examples=200, deadline=None)
 @given(queue=st.text(max_size=20), reader=st.text(max_size=20))
 def test_every_accepted_name_stays_inside_the_queue_path(queue: str, reader: str) -> None:
     base = "/var/spool/kestrel"
-    for build in (lambda: files.reader_file_name(queue, reader), lambda: files.writer_file_name(queue, 7)):
+    for build in (lambda: filenames.reader_file_name(queue, reader), lambda: filenames.writer_file_name(queue, 7)):
         try:
             name = build()
         except InvalidQueueName:
@@ -398,8 +399,8 @@ def test_checkpoint_round_trip_and_replay_after_it(tmp_path: Path) -> None:
 def test_checkpoint_is_replaced_in_one_step_and_its_temporary_is_cleaned_up(tmp_path: Path) -> None:
     files.write_checkpoint(str(tmp_path), "jobs", "", files.Checkpoint(5))
     # A crash while writing the next one leaves a temporary beside the old, intact checkpoint.
-    (tmp_path / files.checkpoint_temporary_name("jobs", "")).write_bytes(READER + b"\x02\x01")
-    assert files.checkpoint_temporary_name("jobs", "") == "jobs~~read."
+    (tmp_path / filenames.checkpoint_temporary_name("jobs", "")).write_bytes(READER + b"\x02\x01")
+    assert filenames.checkpoint_temporary_name("jobs", "") == "jobs~~read."
     assert files.read_checkpoint(str(tmp_path / "jobs.read.")).head == 5
     assert files.list_queue_files(str(tmp_path), "jobs").readers == {"": str(tmp_path / "jobs.read.")}
     remove_temporaries(str(tmp_path), "jobs")

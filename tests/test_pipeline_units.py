@@ -123,10 +123,10 @@ def test_put_retries_refused_connections_until_the_server_is_back(server: Server
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
-    from pipeline.replay import Replay
     from storage.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
+    from storage.replay import QueueReplay
 
-    replay = Replay()
+    replay = QueueReplay()
     records: list[Any] = [AddX(1, 0, b"a"), AddX(1, 0, b"b"), AddX(1, 0, b"c"), RemoveTentative(),
                           RemoveTentative(), RemoveTentative(), ConfirmRemove(2), Unremove(3)]
     for record in records:

@@ -317,3 +317,33 @@ def test_bad_settings_name_the_key(settings: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         QueueConfigs({}, {"q": settings})
     assert err.value.key == key
+
+
+def _opened(tmp_path: Path, name: str) -> tuple[QueueCollection, list[int]]:
+    coll = make(tmp_path / name)
+    coll.add_many("q", [b"a", b"b", b"c", b"d"])
+    return coll, [item.xid for item in coll.remove_many("q", 4, transaction=True)]
+
+
+def _journal_bytes(coll: QueueCollection) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(Path(coll.path).glob("q*")))
+
+
+@pytest.mark.parametrize("many", ["confirm_many", "unremove_many"])
+def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: Path, many: str) -> None:
+    single, xids = _opened(tmp_path, "single")
+    batch, batch_xids = _opened(tmp_path, "batch")
+    assert xids == batch_xids
+    closing = [xids[2], xids[0], 999]  # 999 is not open: skipped, as a single close skips it
+    one = getattr(single, many.removesuffix("_many"))
+    assert [one("q", xid) for xid in closing] == [True, True, False]
+    writer = batch.get("q")._writer  # type: ignore[union-attr]
+    appends: list[bytes] = []
+    append = writer.append
+    writer.append = lambda data: (appends.append(data), append(data))[1]
+    assert getattr(batch, many)("q", closing) == 2
+    assert len(appends) == 1
+    assert _journal_bytes(single) == _journal_bytes(batch)
+    left = drain(reopen(batch), "q")  # replayed, the reads still open are handed out again
+    assert left == drain(reopen(single), "q")
+    assert sorted(left) == ([b"b", b"d"] if many == "confirm_many" else [b"a", b"b", b"c", b"d"])

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs, packer
+from storage import QueueCollection, QueueConfigs, codec, packer
 from storage.clock import FakeClock
+from storage.dump import dump_queue
 from tests.queues import reopen
 
 T0 = 1_700_000_000_000
@@ -191,3 +193,90 @@ def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path
     while (it := coll.remove("q")) is not None:
         got.append(it.data)
     assert got == model
+
+
+def queue_disk_bytes(tmp_path: Path) -> int:
+    return sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path) if n == "q" or n.startswith("q."))
+
+
+def test_draining_a_backlog_of_100_times_the_budget_packs_passed_files_away(tmp_path: Path) -> None:
+    """While the backlog drains, the files the cursor passed are packed: disk follows live data."""
+    kb = 1024
+    memory, default = 8 * kb, 8 * kb
+    coll = make(tmp_path, max_memory_size=memory, max_journal_size=32 * kb, default_journal_size=default)
+    q = coll.queue("q")
+    count = 100 * memory // 256
+    data = [b"%08d" % n + b"x" * 248 for n in range(count)]
+    for n in range(0, count, 16):
+        coll.add_many("q", data[n:n + 16])
+    assert q.in_read_behind
+    peak = queue_disk_bytes(tmp_path)
+    record = len(codec.encode_addx(T0, 0, data[0]))
+    held = [coll.remove("q", transaction=True) for _ in range(3)]  # open reads stay open throughout
+    open_record = len(codec.encode(codec.AddXid(1, T0, 0, data[0]))) + 5
+    # Each item that left while the backlog drained costs an empty placeholder in the latest pack and
+    # its one-byte REMOVE in the live journal, until the cursor reaches the live journal.
+    per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
+    got = [it.data for it in held if it is not None]
+    samples = []
+    while (it := coll.remove("q")) is not None:
+        got.append(it.data)
+        if len(got) % 64 == 0:
+            q.wait_for_packing()
+            live = q.length * record + len(held) * open_record
+            disk = queue_disk_bytes(tmp_path)
+            samples.append((len(got), disk, live))
+            slack = 2 * memory + default
+            if q.in_read_behind:
+                assert disk <= live + slack + per_departure * len(got), (len(got), disk, live)
+            else:
+                assert disk <= live + slack, (len(got), disk, live)
+    assert got == data
+    at_95 = next(disk for done, disk, _ in samples if done >= count * 95 // 100)
+    assert at_95 < peak // 6, (at_95, peak)  # it used to hold nearly the whole peak until empty
+    q.wait_for_packing()
+    assert queue_disk_bytes(tmp_path) <= len(held) * open_record + 2 * memory + default
+    coll = reopen(coll)
+    back = [coll.remove("q") for _ in range(4)]
+    assert [b.data if b else None for b in back] == [h.data for h in held if h] + [None]
+
+
+def test_packing_follows_the_cursor_again_after_a_restart_mid_drain(tmp_path: Path) -> None:
+    kb = 1024
+    memory = default = 8 * kb
+    coll = make(tmp_path, max_memory_size=memory, max_journal_size=32 * kb, default_journal_size=default)
+    count = 40 * memory // 256
+    data = [b"%08d" % n + b"x" * 248 for n in range(count)]
+    for n in range(0, count, 16):
+        coll.add_many("q", data[n:n + 16])
+    got = [coll.remove("q").data for _ in range(count // 4)]  # type: ignore[union-attr]
+    coll.queue("q").wait_for_packing()
+    coll = reopen(coll)
+    q = coll.queue("q")
+    assert q.in_read_behind
+    record = len(codec.encode_addx(T0, 0, data[0]))
+    per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
+    while (it := coll.remove("q")) is not None:
+        got.append(it.data)
+        if len(got) % 64 == 0 and q.in_read_behind:
+            q.wait_for_packing()
+            disk, live = queue_disk_bytes(tmp_path), q.length * record
+            assert disk <= live + 2 * memory + default + per_departure * len(got), (len(got), disk, live)
+    assert got == data
+
+
+def test_dump_prints_the_queue_a_start_up_would_load_and_changes_nothing(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    count = 4 * BUDGET // len(item(0))
+    coll.add_many("q", [item(n) for n in range(count)])
+    held = coll.remove("q", transaction=True)
+    assert held is not None and coll.remove("q") is not None
+    coll.queue("q").wait_for_packing()
+    before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)}
+    out = io.StringIO()
+    assert dump_queue(str(tmp_path), "q", out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[1:3] == ["open", f"xid={held.xid}"] and lines[0].endswith(item(0).decode())
+    assert [line.rsplit(":", 1)[1] for line in lines[1:-1]] == [item(n).decode() for n in range(2, count)]
+    assert lines[-1] == f"q: 1 open reads, {count - 2} items"
+    assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)} == before

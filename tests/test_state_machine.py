@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from storage import JournalWriteError, QueueCollection, QueueConfigs, journal
 from storage.clock import FakeClock
 from storage.journal import list_journal_files
+from storage.replay import replay_queue
 from tests import kestrel24
 
 
@@ -151,6 +152,15 @@ class QueueModel(RuleBasedStateMachine):
         items, opens = kestrel24.replay(data)
         assert opens == self.opens
         assert [i for i in items if i] == self.items  # empty: a pack's stand-in for a departed item
+
+    @invariant()
+    def read_only_replay_sees_the_queue_and_changes_nothing(self) -> None:
+        before = sorted((n, os.path.getsize(os.path.join(self.dir, n))) for n in os.listdir(self.dir))
+        state = replay_queue(self.dir, "q")
+        assert {xid: i.data for xid, i in state.opens.items()} == self.opens
+        assert [i.data for i in state.items if i.data] == self.items
+        assert not state.anomalies
+        assert sorted((n, os.path.getsize(os.path.join(self.dir, n))) for n in os.listdir(self.dir)) == before
 
     @invariant()
     def figures_agree(self) -> None:

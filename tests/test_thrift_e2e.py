@@ -82,6 +82,21 @@ def test_auto_abort_returns_the_item_to_the_head(server: ServerProcess) -> None:
         assert c.confirm("jobs", {opened[0].id}) == 0  # too late: it was aborted
 
 
+def test_auto_abort_of_a_batch_returns_its_items_in_read_order_once(server: ServerProcess) -> None:
+    with client(server) as c:
+        c.put("batch", [b"%d" % i for i in range(50)], 0)
+        first = c.get("batch", 20, 0, 150)
+        kept = c.get("batch", 10, 0, 60_000)  # a later deadline: still open after the first batch
+        c.confirm("batch", {first[0].id})  # confirmed in time: never comes back
+        time.sleep(0.4)
+        info = c.peek("batch")
+        assert info.open_transactions == 10 and info.items == 49 - 10
+        again = c.get("batch", 50, 0, 0)
+        assert [i.data for i in again] == [b"%d" % i for i in [*range(1, 20), *range(30, 50)]]
+        assert c.confirm("batch", {i.id for i in first}) == 0  # aborted reads are closed
+        assert c.confirm("batch", {i.id for i in kept}) == 10
+
+
 def test_confirm_and_abort_count_what_they_closed(server: ServerProcess) -> None:
     with client(server) as c:
         c.put("q", [b"a", b"b", b"c"], 0)
