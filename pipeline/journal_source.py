@@ -208,16 +208,15 @@ class JournalReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         from pipeline.replay import replay_files
-        from storage.journal import list_journal_files, scan_queue_names
+        from storage.journal import scan_queue_dir
 
         out: list[InputPartition] = []
-        for name in sorted(scan_queue_names(self.path)):
+        for name, files in sorted(scan_queue_dir(self.path).queues.items()):
             if self.queues is not None and name not in self.queues:
                 continue
             if self.view == "items":
                 out.append(JournalPartition(name, replay_files(self.path, name)))
             else:
-                files = list_journal_files(self.path, name)
                 paths = [p for _, p in files.packs] + files.replay_order()
                 out.extend(JournalPartition(name, [p], start, end) for p in paths
                            for start, end in split_points(p, self.max_partition_bytes))

@@ -14,7 +14,7 @@ from service import __version__  # noqa: E402
 from service.config import load, with_overrides  # noqa: E402
 from service.logs import configure_logging  # noqa: E402
 from storage import dump as journal_dump  # noqa: E402
-from storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+from storage.errors import ConfigError, CorruptJournalError, JournalWriteError, TooManyQueues  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except CorruptJournalError as e:
         print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
         return 3
+    except (JournalWriteError, TooManyQueues) as e:
+        print(f"kestrel: cannot start: {e}", file=sys.stderr)
+        return 4
     return 0
 
 

@@ -27,7 +27,8 @@ class KestrelServer:
     def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
         self.config = config
         self.collection = collection or QueueCollection(config.queue_path, config.queues,
-                                                        config.aliases, salvage=config.salvage)
+                                                        config.aliases, salvage=config.salvage,
+                                                        max_queues=config.max_queues)
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
                                    config.status_change_grace_period)
         self.stats = ServerStats()

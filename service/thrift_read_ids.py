@@ -9,11 +9,13 @@ block is handed out, so ids never go backwards even if the clock does. Ids stay 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import structlog
 
 from storage.clock import Clock
+from storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.read_ids")
 
@@ -30,7 +32,10 @@ class ReadIds:
         self.path = os.path.join(queue_path, FILE_NAME)
         self._next = max(clock.now_ms() << SHIFT, self._stored_floor(), 1)
         self._reserved = self._next
-        self._reserve()
+        try:
+            self._reserve()
+        except KestrelError as e:  # a full disk must not stop the server: ids wait for the floor
+            log.warning("read ids are not handed out until their floor can be written", error=str(e))
 
     def _stored_floor(self) -> int:
         try:
@@ -48,11 +53,16 @@ class ReadIds:
         if reserved > MAX_ID:
             raise OverflowError("read ids are exhausted (past the largest i64)")
         temp = self.path + "~~"
-        with open(temp, "w", encoding="ascii") as f:
-            f.write(f"{reserved}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.path)
+        try:
+            with open(temp, "w", encoding="ascii") as f:
+                f.write(f"{reserved}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise KestrelError(f"cannot write the read-id floor {self.path}: {e.strerror or e}") from None
         self._reserved = reserved
 
     def next(self) -> int:

@@ -7,9 +7,10 @@ from storage.errors import (
     CorruptJournalError,
     InvalidQueueName,
     ItemTooLarge,
+    JournalWriteError,
     KestrelError,
     QueueClosed,
-    QueueFull,
+    TooManyQueues,
 )
 from storage.item import QItem
 from storage.queue import PersistentQueue
@@ -19,6 +20,7 @@ __all__ = [
     "CorruptJournalError",
     "InvalidQueueName",
     "ItemTooLarge",
+    "JournalWriteError",
     "KestrelError",
     "PersistentQueue",
     "QItem",
@@ -26,5 +28,5 @@ __all__ = [
     "QueueCollection",
     "QueueConfig",
     "QueueConfigs",
-    "QueueFull",
+    "TooManyQueues",
 ]

@@ -4,8 +4,10 @@ Every record is a one-byte opcode and its fields, little-endian; a leading `size
 block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
 
 Opcode 8 means STATE_DUMP in the journal format document and CONTINUE in released Kestrel 2.4;
-`decode` tells them apart by what follows (see `_decode_opcode_8`). Opcode 9 (REMOVE_TENTATIVE_XID)
-is read but never written: our writer sticks to the documented opcodes.
+`decode` tells them apart by what follows (see `_decode_opcode_8`). A reliable read is written as
+released Kestrel 2.4 writes it, REMOVE_TENTATIVE_XID (9) with its xid: every Kestrel from 2.1 to 2.4
+reads the document's REMOVE_TENTATIVE (3) as xid 0, so a journal of opcode-3 records would replay
+differently there. Opcode 3 is still read as the document says (the next free xid).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ UNREMOVE = 5
 CONFIRM_REMOVE = 6
 ADD_XID = 7
 STATE_DUMP = 8
-CONTINUE = 8
 REMOVE_TENTATIVE_XID = 9
+MAX_OPCODE = REMOVE_TENTATIVE_XID
 
 _I32 = struct.Struct("<i")
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
@@ -33,6 +35,10 @@ _TWO_I32 = struct.Struct("<ii")
 
 # An item block (add time + expiry) is 16 bytes before the data.
 ITEM_HEADER = 16
+# A pack's stand-in for an item that left the queue after the checkpoint: empty and expired at
+# 1 ms after the epoch. A later REMOVE consumes it on replay; if that REMOVE was lost (a salvaged
+# journal), the stand-in is dropped as expired instead of being served as an empty item.
+PLACEHOLDER_EXPIRY = 1
 # Anything bigger than this in a size field is damage, not an item (Kestrel's sizes are i32).
 MAX_BLOCK = 2**31 - 1
 
@@ -132,7 +138,6 @@ OPCODE_NAMES: dict[type, str] = {
 }
 
 REMOVE_BYTES = bytes([REMOVE])
-REMOVE_TENTATIVE_BYTES = bytes([REMOVE_TENTATIVE])
 
 
 class Incomplete(Exception):
@@ -164,7 +169,7 @@ def encode(record: Record) -> bytes:
         case Remove():
             return REMOVE_BYTES
         case RemoveTentative():
-            return REMOVE_TENTATIVE_BYTES
+            return bytes([REMOVE_TENTATIVE])
         case SaveXid(xid):
             return encode_xid(SAVE_XID, xid)
         case Unremove(xid):
@@ -272,7 +277,7 @@ def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[R
         stop = after + second
         if stop > end or (stop == end and not at_eof):
             raise Incomplete
-        if stop == end or buf[stop] <= REMOVE_TENTATIVE_XID:
+        if stop == end or buf[stop] <= MAX_OPCODE:
             add_time, expiry = struct.unpack_from("<qq", buf, after)
             return Continue(xid, add_time, expiry, bytes(buf[after + ITEM_HEADER:stop])), stop
     raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
@@ -299,6 +304,63 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
                 return False
             raise
     return True
+
+
+# Records with a size field: the ones whose size can be damaged into a wrong but readable one.
+SIZED_RECORDS = (Add, AddX, AddXid, Continue)
+# Where each sized record keeps its size field (counted from its opcode byte), and its least size.
+_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
+
+
+def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False) -> int | None:
+    """Where the record at `pos` really ends if its size field has one bit flipped, else None.
+
+    The format has no checksums; this is the one damage it lets us see. A record whose size is one
+    bit too large swallows the records after it (or runs past the end of the file); if a one-bit
+    smaller size leaves records that read as whole journal records up to `limit` (the record's
+    claimed end, or the end of the file), the size is taken as damaged. With `grow`, one-bit larger
+    sizes are tried too (a record that ended too early, so that what follows it is unreadable).
+    Item data would need whole item records at that exact place to be mistaken for this.
+    """
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None or pos + field[0] + 4 > len(buf):
+        return None
+    at, least = field
+    size: int = _I32.unpack_from(buf, pos + at)[0]
+    start = pos + at + 4
+    sizes = []
+    rest = size
+    while rest:
+        bit = rest & -rest  # each set bit in turn: clearing it is a one-bit smaller size
+        rest ^= bit
+        sizes.append(size - bit)
+    if grow:
+        sizes.extend(size | (1 << b) for b in range(31) if not size & (1 << b))
+    for real in sizes:
+        end = start + real
+        if real >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
+            return end
+    return None
+
+
+def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
+    """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
+    then stray bytes explain what follows as well as a damaged size field does."""
+    return any(buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit) for p in range(start, min(stop, limit)))
+
+
+def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:
+    """Whether whole records start at `pos`: reaching `limit` with an item record among them, or
+    at least two item records before the bytes stop making sense."""
+    view = memoryview(buf)[:limit]
+    items = 0
+    while pos < limit:
+        try:
+            record, pos = decode(view, pos, True)
+        except (Incomplete, Malformed):
+            return items >= 2
+        items += isinstance(record, AddX | AddXid | Add)
+    return items >= 1
 
 
 def describe(records: list[Record]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -11,9 +12,9 @@ import structlog
 
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName
+from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.item import QItem
-from storage.journal import scan_queue_names
+from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.collection")
@@ -67,8 +68,9 @@ class QueueCollection:
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
                  aliases: Mapping[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 salvage: bool = False) -> None:
+                 salvage: bool = False, max_queues: int | None = None) -> None:
         self.path = path
+        self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
         self.clock = clock
@@ -88,31 +90,64 @@ class QueueCollection:
     # Queues by name
 
     def load(self) -> None:
-        """Replay every journal found in the queue path (parents before their fanout children)."""
-        for name in sorted(scan_queue_names(self.path), key=lambda n: ("+" in n, n)):
+        """Replay every journal found in the queue path (parents before their fanout children).
+
+        The path is read once, so start-up is linear in the number of files; the temporaries of
+        every queue (even of one that no longer exists) are removed. Queues already on disk are
+        all loaded, even past `max_queues` (which then only stops new ones). Raises TooManyQueues
+        when the process runs out of file descriptors.
+        """
+        found = scan_queue_dir(self.path)
+        delete_temporaries(found.temporaries)
+        for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
             try:
                 check_queue_name(name)
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
-            self.queue(name)
+            self._create(name, found.queues)
+        if self.max_queues is not None and len(self._queues) > self.max_queues:
+            log.warning("more queues on disk than max_queues; no new queue can be created",
+                        queues=len(self._queues), max_queues=self.max_queues)
 
     def get(self, name: str) -> PersistentQueue | None:
         return self._queues.get(name)
 
     def queue(self, name: str) -> PersistentQueue:
-        """The queue called `name`, created (and its journal replayed) on first reference."""
+        """The queue called `name`, created (and its journal replayed) on first reference.
+
+        Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
+        descriptors: the queues it has keep working).
+        """
         q = self._queues.get(name)
         if q is not None:
             return q
         check_queue_name(name)
+        return self._create(name, None)
+
+    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
+        q = self._queues.get(name)
+        if q is not None:
+            return q
         parent_name, plus, _ = name.partition("+")
         if plus:
-            self.queue(parent_name)
+            self._create(parent_name, scanned)
+        if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
+            raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
+                                f"max_queues = {self.max_queues} queues")
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
                             salvage=self.salvage)
-        q.setup()
+        files = None if scanned is None else scanned.get(name, JournalFiles())
+        try:
+            q.setup(files=files)
+        except OSError as e:
+            q.close()
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyQueues(f"cannot create queue {name!r}: out of file descriptors "
+                                    f"({len(self._queues)} queues open; raise the limit or lower "
+                                    f"max_queues)") from None
+            raise
         self._queues[name] = q
         if self.waits_ended:
             q.end_waits()
@@ -134,6 +169,9 @@ class QueueCollection:
             return self.queue(name)
         except InvalidQueueName:
             log.warning("expire_to_queue names an invalid queue", queue=name)
+            return None
+        except TooManyQueues as e:
+            log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
 
     def is_alias(self, name: str) -> bool:
@@ -209,10 +247,20 @@ class QueueCollection:
         self.queue(name).flush()
 
     def flush_all(self) -> None:
+        """Flush every queue; one whose journal cannot be written does not stop the others.
+
+        Raises the first JournalWriteError once every other queue is flushed.
+        """
+        failed: JournalWriteError | None = None
         for name in self.queue_names():
             q = self._queues.get(name)
             if q is not None:
-                q.flush()
+                try:
+                    q.flush()
+                except JournalWriteError as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     def delete(self, name: str) -> None:
         """Drop a queue and its journal files; a parent stops feeding a deleted fanout child."""
@@ -249,7 +297,10 @@ class QueueCollection:
             q = self._queues.get(name)
             if q is None:
                 continue
-            expired += q.discard_expired(q.config.max_expire_sweep)
+            try:
+                expired += q.discard_expired(q.config.max_expire_sweep)
+            except JournalWriteError:
+                continue  # the queue logged it and is read-only; the sweep goes on with the others
             age_limit = q.config.max_queue_age
             if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
                 log.info("queue expired", queue=name, age_ms=now - q.create_time)

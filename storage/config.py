@@ -179,6 +179,3 @@ class QueueConfigs:
             cfg = self._resolve(name)
             self._resolved[name] = cfg
         return cfg
-
-    def explicit_names(self) -> list[str]:
-        return list(self._raw)

@@ -16,7 +16,7 @@ from storage import kestrel3_codec as k3
 from storage import kestrel3_files
 from storage.codec import describe
 from storage.errors import CorruptJournalError
-from storage.journal import RecordReader
+from storage.journal import RecordReader, torn_tail_damage
 
 
 def dump(path: str, out: TextIO = sys.stdout) -> int:
@@ -27,11 +27,16 @@ def dump(path: str, out: TextIO = sys.stdout) -> int:
         k3_reader = kestrel3_files.RecordReader(path)
         out.write(f"{0:>12}  header: Kestrel 3 {k3_reader.kind.title} ({k3_reader.kind.value.hex(' ')})\n")
         return _print_records(path, k3_reader, k3.describe, lambda: k3_reader.torn, out)
-    k2_reader = RecordReader(path)
+    k2_reader = RecordReader(path, check_sizes=True)
 
     def k2_torn() -> str | None:
         left = k2_reader.leftover()
-        return f"{left} bytes of an incomplete record" if left else None
+        if not left:
+            return None
+        damage = torn_tail_damage(path, k2_reader.offset)
+        if damage is not None:  # a size field one bit off, not a torn write
+            raise CorruptJournalError(path, k2_reader.offset, None, damage)
+        return f"{left} bytes of an incomplete record"
 
     return _print_records(path, k2_reader, lambda r: describe([r]), k2_torn, out)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class KestrelError(Exception):
     """Root of every error the engine raises on purpose."""
@@ -9,10 +11,6 @@ class KestrelError(Exception):
 
 class InvalidQueueName(KestrelError, ValueError):
     """Raised when a queue name could not be a journal file name (slash, squiggle, dot, stray plus)."""
-
-
-class QueueFull(KestrelError):
-    """Raised when an add is refused because the queue reached `max_items` or `max_size`."""
 
 
 class ItemTooLarge(KestrelError):
@@ -42,6 +40,31 @@ class CorruptJournalError(KestrelError):
         self.offset = offset
         self.opcode = opcode
         self.reason = reason
+
+
+class JournalWriteError(KestrelError):
+    """Raised when a queue's journal cannot be written (disk full, I/O error).
+
+    The operation did not happen: the journal and the queue are as they were before it. The queue
+    stays read-only until its journal can be written again.
+    """
+
+    def __init__(self, queue: str, path: str, error: OSError | None) -> None:
+        if error is None:
+            cause = "it failed earlier and is still not writable"
+        elif error.errno == errno.ENOSPC:
+            cause = "the disk is full"
+        else:
+            cause = f"{error.strerror or error}"
+        super().__init__(f"cannot write the journal of queue {queue!r} ({path}): {cause}; the queue is "
+                         "read-only until it can")
+        self.queue = queue
+        self.path = path
+        self.disk_full = error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class TooManyQueues(KestrelError):
+    """Raised when a new queue is refused: the server holds `max_queues`, or no file descriptor is left."""
 
 
 class Refused(KestrelError):

@@ -7,6 +7,8 @@ rotated journal with a timestamp at or below its own dead; anything with `~~` is
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import time
@@ -24,6 +26,7 @@ from storage.errors import CorruptJournalError
 log = structlog.get_logger("kestrel.journal")
 
 READ_CHUNK = 1 << 20
+SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
 _ROTATED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)$")
 _PACKED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)\.pack$")
 
@@ -44,63 +47,129 @@ class JournalFiles:
         return [p for _, p in self.rotated] + ([self.live] if self.live else [])
 
 
-def scan_queue_names(queue_path: str) -> set[str]:
-    """Names of every queue with a journal in `queue_path` (sub-directories and temporaries ignored)."""
-    names = set()
+@dataclass
+class QueueDirectory:
+    """One scan of the queue path: every queue's files, and the temporaries to clean up."""
+
+    queues: dict[str, JournalFiles] = field(default_factory=dict)
+    temporaries: list[str] = field(default_factory=list)
+
+
+def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
+    """Read the queue path once (start-up stays linear in the number of files).
+
+    With `prefix`, only files whose names start with it are looked at (one queue's files).
+    """
+    found = QueueDirectory()
     for entry in os.scandir(queue_path):
-        if not entry.is_file() or "~~" in entry.name:
+        if not entry.name.startswith(prefix) or not entry.is_file():
             continue
-        m = _ROTATED.match(entry.name) or _PACKED.match(entry.name)
-        if m:
-            names.add(m.group("name"))
-        elif "." not in entry.name and "~" not in entry.name:
-            names.add(entry.name)
-    return names
+        if "~~" in entry.name:
+            found.temporaries.append(entry.path)
+            continue
+        _classify(found.queues, entry.name, entry.path)
+    for files in found.queues.values():
+        files.rotated.sort()
+        files.packs.sort()
+    return found
+
+
+def _classify(queues: dict[str, JournalFiles], file_name: str, path: str) -> None:
+    m = _ROTATED.match(file_name)
+    if m:
+        queues.setdefault(m.group("name"), JournalFiles()).rotated.append((int(m.group("ts")), path))
+        return
+    m = _PACKED.match(file_name)
+    if m:
+        queues.setdefault(m.group("name"), JournalFiles()).packs.append((int(m.group("ts")), path))
+        return
+    if "." not in file_name and "~" not in file_name:
+        queues.setdefault(file_name, JournalFiles()).live = path
 
 
 def list_journal_files(queue_path: str, name: str) -> JournalFiles:
-    files = JournalFiles()
-    for entry in os.scandir(queue_path):
-        if not entry.is_file() or "~~" in entry.name:
-            continue
-        if entry.name == name:
-            files.live = entry.path
-            continue
-        m = _ROTATED.match(entry.name)
-        if m and m.group("name") == name:
-            files.rotated.append((int(m.group("ts")), entry.path))
-            continue
-        m = _PACKED.match(entry.name)
-        if m and m.group("name") == name:
-            files.packs.append((int(m.group("ts")), entry.path))
-    files.rotated.sort()
-    files.packs.sort()
-    return files
+    """The files of one queue (a queue created after start-up, or deleted)."""
+    return scan_queue_dir(queue_path, name).queues.get(name, JournalFiles())
 
 
-def finish_interrupted_packs(queue_path: str, name: str) -> JournalFiles:
+def check_pack(path: str) -> str | None:
+    """Why the `.pack` at `path` is not a complete pack, or None if it is.
+
+    A pack we write ends with SAVE_XID after its last item and is fsynced before it is renamed to
+    `.pack`: a file that is empty, does not read to its end, or ends otherwise is not one.
+    """
+    reader = RecordReader(path)
+    last: Record | None = None
+    try:
+        for _, record in reader:
+            last = record
+        if reader.leftover():
+            return f"it ends inside a record at offset {reader.offset}"
+    except CorruptJournalError as e:
+        return e.reason + f" at offset {e.offset}"
+    finally:
+        reader.close()
+    if last is None:
+        return "it is empty"
+    if not isinstance(last, codec.SaveXid):
+        return "it does not end with the SAVE_XID that closes a complete pack"
+    return None
+
+
+def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, salvage: bool,
+                             stamp: int) -> JournalFiles:
     """Complete a pack that a crash interrupted, as the format document prescribes.
 
     A `.pack` file is the state of every rotated journal at or before its timestamp: those are
-    deleted and the pack takes the rotated name. Returns the files left to replay.
+    deleted and the pack takes the rotated name. A `.pack` that is not complete deletes nothing:
+    it raises CorruptJournalError, or with `salvage` is set aside as `<file>.corrupt-<stamp>`.
+    Returns the files left to replay.
     """
-    files = list_journal_files(queue_path, name)
     for ts, pack_path in files.packs:
+        reason = check_pack(pack_path)
+        if reason is not None:
+            if not salvage:
+                raise CorruptJournalError(pack_path, 0, None, f"incomplete pack, not applied: {reason}; "
+                                          "no journal was deleted")
+            log.error("incomplete pack set aside; no journal deleted (salvage)", file=pack_path,
+                      reason=reason)
+            os.rename(pack_path, f"{pack_path}.corrupt-{stamp}")
+            continue
         for rts, rpath in files.rotated:
             if rts <= ts:
                 log.warning("deleting journal superseded by pack", file=rpath, pack=pack_path)
                 os.unlink(rpath)
-        os.rename(pack_path, os.path.join(queue_path, f"{name}.{ts}"))
-        files = list_journal_files(queue_path, name)
-    remove_temporaries(queue_path, name)
+        final = os.path.join(queue_path, f"{name}.{ts}")
+        os.rename(pack_path, final)
+        files.rotated = [(rts, rpath) for rts, rpath in files.rotated if rts > ts] + [(ts, final)]
+        files.rotated.sort()
+    files.packs = []
     return files
 
 
 def remove_temporaries(queue_path: str, name: str) -> None:
+    """Delete one queue's `~~` temporaries."""
     prefix = name + "~~"
-    for entry in os.scandir(queue_path):
-        if entry.is_file() and entry.name.startswith(prefix):
-            os.unlink(entry.path)
+    delete_temporaries([e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)])
+
+
+def delete_temporaries(paths: list[str]) -> None:
+    """Delete `~~` temporaries (half-written packs) left by a crash."""
+    for path in paths:
+        log.info("removing temporary journal file", file=path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a short write means the disk is full: it raises)."""
+    view = memoryview(data)
+    done = os.write(fd, view)
+    while done < len(data):
+        n = os.write(fd, view[done:])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
 
 
 def fsync_dir(path: str) -> None:
@@ -119,12 +188,15 @@ class RecordReader:
     """Reads records forward from one journal file, resuming where it stopped.
 
     The file may still be growing (the live journal, read by read-behind): `next()` returns None
-    when no complete record is there yet. Replay calls `finish()` at the end to learn whether the
+    when no complete record is there yet. With `check_sizes` (replay) a record whose size field
+    looks one bit off is reported as corrupt. Replay calls `finish()` at the end to learn whether the
     file ends in a torn record.
     """
 
-    def __init__(self, path: str, offset: int = 0) -> None:
+    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
         self.path = path
+        self.check_sizes = check_sizes  # replay: look for size fields that swallow records
+        self._previous: int | None = None  # offset of the record just read, if it has a size field
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -156,16 +228,60 @@ class RecordReader:
         while True:
             try:
                 record, stop = codec.decode(self._buf, self._pos, self._eof)
+                if isinstance(record, codec.Remove | codec.RemoveTentative):
+                    self._check_after_one_byte_record(record, stop)
+                elif self.check_sizes and stop - self._pos > 21:
+                    real_end = codec.misplaced_end(self._buf, self._pos, stop)
+                    if real_end is not None:
+                        raise Malformed(self._buf[self._pos],
+                                        _size_damage(self.offset, self._buf_start + real_end))
             except Incomplete:
                 was_eof = self._eof
                 if not self._fill() and was_eof:
                     return None
                 continue
             except Malformed as e:
-                raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+                raise self._damage_before(e) or CorruptJournalError(self.path, self.offset, e.opcode,
+                                                                    e.reason) from None
             at = self.offset
             self._pos = stop
+            self._previous = at if isinstance(record, codec.SIZED_RECORDS) else None
             return at, record
+
+    def _damage_before(self, error: Malformed) -> CorruptJournalError | None:
+        """The record just before unreadable bytes, if its size field looks one bit too small.
+
+        A size one bit too small ends a record inside its own data, which then reads as garbage:
+        the record at fault is the one before, and it is named instead of the garbage. Not when
+        whole records already start between the garbage and that end: stray bytes explain it too.
+        """
+        previous = self._previous
+        if not self.check_sizes or previous is None:
+            return None
+        window = os.pread(self.fd, self.offset - previous + SIZE_CHECK_WINDOW, previous)
+        end = codec.misplaced_end(window, 0, len(window), grow=True)
+        unreadable = self.offset - previous
+        if end is None or codec.resyncs_between(window, unreadable + 1, end, len(window)):
+            return None
+        return CorruptJournalError(self.path, previous, window[0], _size_damage(previous, previous + end)
+                                   + f" (the bytes at offset {self.offset} are unreadable: {error.reason})")
+
+    def _check_after_one_byte_record(self, record: Record, stop: int) -> None:
+        """A REMOVE or REMOVE_TENTATIVE must be followed by an opcode (or the end of the file).
+
+        If it is not, the one-byte record is most likely the damaged one (an add whose opcode byte
+        was overwritten): the error names its offset, and nothing of it is applied.
+        """
+        if stop >= len(self._buf):
+            if not self._eof:
+                raise Incomplete
+            return
+        following = self._buf[stop]
+        if following > codec.MAX_OPCODE:
+            name = codec.OPCODE_NAMES[type(record)]
+            raise Malformed(self._buf[self._pos], f"{name} at offset {self.offset} is followed by "
+                                f"unknown opcode {following} at offset {self.offset + 1}: the record at "
+                                f"{self.offset} is damaged (likely an add whose opcode byte was overwritten)")
 
     def leftover(self) -> int:
         """Bytes after the last complete record (non-zero means a torn tail)."""
@@ -175,6 +291,26 @@ class RecordReader:
     def __iter__(self) -> Iterator[tuple[int, Record]]:
         while (entry := self.next()) is not None:
             yield entry
+
+
+def torn_tail_damage(path: str, offset: int) -> str | None:
+    """Why the incomplete record at `offset` (the end of the last file) is damage, not a torn write.
+
+    A torn write leaves the first bytes of one record; a damaged size field leaves a record that
+    claims to run past the end while whole records follow it (`codec.misplaced_end`).
+    """
+    with open(path, "rb") as f:
+        f.seek(offset)
+        tail = f.read()
+    end = codec.misplaced_end(tail, 0, len(tail))
+    if end is None:
+        return None
+    return _size_damage(offset, offset + end)
+
+
+def _size_damage(offset: int, real_end: int) -> str:
+    return (f"the size field of the record at offset {offset} looks damaged: with one bit changed it "
+            f"would end at offset {real_end}, where whole records follow")
 
 
 def read_records(path: str) -> Iterator[tuple[int, Record]]:
@@ -218,23 +354,52 @@ class JournalWriter:
     def __init__(self, path: str, sync_ms: int | None) -> None:
         self.path = path
         self.sync_ms = sync_ms
-        created = not os.path.exists(path)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size
-        if created and sync_ms == 0:
-            fsync_dir(os.path.dirname(path) or ".")  # the new file's name must survive a power cut too
+        self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
+        try:
+            self.size = os.stat(path).st_size
+        except FileNotFoundError:
+            self.size = 0
         self._synced = self.size
+        self.damaged = False
         self._syncing: gevent.event.Event | None = None
         self._timer: gevent.Greenlet | None = None
 
+    def open(self) -> None:
+        """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
+        if self.fd >= 0:
+            return
+        created = not os.path.exists(self.path)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if created and self.sync_ms == 0:
+            fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+
     def append(self, data: bytes) -> None:
-        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets."""
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+
+        If the write fails (disk full, I/O error) the file is cut back to where it was, so that
+        nothing half-written stays at its end, and the OSError is raised.
+        """
         started = time.perf_counter()
-        written = os.write(self.fd, data)
-        if written != len(data):  # a short write on a regular file: disk full or similar
-            self._write_rest(data, written)
+        if self.damaged:
+            raise OSError(errno.EIO, f"a failed append could not be cut off {self.path}; restart to repair")
+        self.open()
+        try:
+            write_all(self.fd, data)
+        except OSError:
+            self._cut_back()
+            raise
         self.size += len(data)
         record_timing("write", started)
+
+    def _cut_back(self) -> None:
+        """Remove whatever part of a failed append reached the file."""
+        try:
+            if os.fstat(self.fd).st_size != self.size:
+                os.ftruncate(self.fd, self.size)
+        except OSError:
+            # Appending after the partial record would corrupt the journal: refuse from now on.
+            self.damaged = True
+            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far."""
@@ -242,14 +407,6 @@ class JournalWriter:
             self.sync_to(self.size)
         elif self.sync_ms is not None and self._timer is None and self._synced < self.size:
             self._timer = gevent.spawn_later(self.sync_ms / 1000.0, self._periodic_sync)
-
-    def _write_rest(self, data: bytes, done: int) -> None:
-        view = memoryview(data)
-        while done < len(data):
-            n = os.write(self.fd, view[done:])
-            if n <= 0:
-                raise OSError(f"cannot append to journal {self.path}")
-            done += n
 
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk, sharing fsyncs with other writers."""
@@ -271,7 +428,10 @@ class JournalWriter:
     def _periodic_sync(self) -> None:
         self._timer = None
         if self.fd >= 0:
-            self.sync_to(self.size)
+            try:
+                self.sync_to(self.size)
+            except OSError:
+                log.exception("periodic fsync of the journal failed", file=self.path)
 
     def flush(self) -> None:
         """fsync whatever is unsynced (shutdown, rotation)."""
@@ -287,7 +447,3 @@ class JournalWriter:
             os.close(self.fd)
             self.fd = -1
 
-    def truncate(self, size: int) -> None:
-        """Cut a torn tail found on replay before anything is appended after it."""
-        os.ftruncate(self.fd, size)
-        self.size = self._synced = size

@@ -6,8 +6,14 @@ state to a temporary file, renames it `<name>.<T>.pack`, deletes every rotated j
 T, and finally renames the pack to `<name>.<T>`. A crash between any two steps leaves files that
 `journal.finish_interrupted_packs` completes on the next start.
 
-Items that left the queue after T are written as empty placeholders: the REMOVE records in the
-later journals consume them on replay, exactly as they consumed the real items live.
+Layout: each open read as ADD_XID + REMOVE_TENTATIVE_XID (its xid), then the items as ADDX, then
+SAVE_XID with the last-used xid. The closing SAVE_XID leaves the xid counter where it stood in
+Kestrel 2.4 as here (REMOVE_TENTATIVE_XID moves it), and marks the pack complete: a `.pack` that does
+not end with it is not honoured (`journal.check_pack`).
+
+Items that left the queue after T are written as empty placeholders, already expired
+(`codec.PLACEHOLDER_EXPIRY`): the REMOVE records in the later journals consume them on replay,
+exactly as they consumed the real items live.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import structlog
 
 from storage import codec
 from storage.item import QItem
-from storage.journal import fsync_dir
+from storage.journal import fsync_dir, write_all
 
 log = structlog.get_logger("kestrel.packer")
 
@@ -57,12 +63,12 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     _step("write")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        chunks = [codec.encode_xid(codec.SAVE_XID, req.xid)]
-        size = 5
+        chunks = []
+        size = 0
         for xid, item in req.open_reads:
             chunks.append(codec.encode(codec.AddXid(xid, item.add_time, item.expiry, item.data)))
-            chunks.append(codec.REMOVE_TENTATIVE_BYTES)
-        placeholder = codec.encode_addx(req.placeholder_time, 0, b"")
+            chunks.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        placeholder = codec.encode_addx(req.placeholder_time, codec.PLACEHOLDER_EXPIRY, b"")
         for entry in req.items:
             if entry is None:
                 chunk = placeholder
@@ -71,14 +77,18 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
             chunks.append(chunk)
             size += len(chunk)
             if size >= WRITE_BATCH:
-                os.write(fd, b"".join(chunks))
+                write_all(fd, b"".join(chunks))
                 chunks.clear()
                 size = 0
-        os.write(fd, b"".join(chunks))
+        chunks.append(codec.encode_xid(codec.SAVE_XID, req.xid))
+        write_all(fd, b"".join(chunks))
         _step("fsync")
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
+        raise
+    os.close(fd)
     _step("rename-pack")
     os.rename(temp, pack)
     fsync_dir(req.queue_path)

@@ -11,11 +11,12 @@ to the journal; a cursor reads them back from the journal files as the head drai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import gevent
@@ -39,9 +40,9 @@ from storage.codec import (
     Unremove,
 )
 from storage.config import QueueConfig
-from storage.errors import CorruptJournalError, ItemTooLarge, QueueClosed
+from storage.errors import CorruptJournalError, ItemTooLarge, JournalWriteError, QueueClosed
 from storage.item import QItem
-from storage.journal import JournalWriter, RecordReader
+from storage.journal import JournalFiles, JournalWriter, RecordReader
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -149,13 +150,16 @@ class PersistentQueue:
         self.total_transactions = 0
         self.canceled_transactions = 0
         self.current_age = 0
+        self.read_only = False  # the journal cannot be written: changes are refused until it can
+        self.journal_write_errors = 0
+        self._rebuilding = False
+        # A pack taken while a change is in progress, written when the change is journaled.
+        self._pack_ready: tuple[packer.PackRequest, list[str]] | None = None
+        self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
+        self._anomalies: dict[str, int] = {}
 
     # -----------------------------------------------------------------------------------------
     # Figures
-
-    @property
-    def memory_length(self) -> int:
-        return len(self._mem)
 
     @property
     def open_transactions(self) -> int:
@@ -198,110 +202,186 @@ class PersistentQueue:
             "total_flushes": self.total_flushes,
             "age_msec": age,
             "create_time": self.create_time,
+            "read_only": int(self.read_only),
+            "journal_write_errors": self.journal_write_errors,
         }
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
 
-    def setup(self, reopen: bool = True) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
         """Replay the journal files (if the queue keeps a journal) and open the live one.
 
-        Reads that were open go back to the head unless `reopen` is False (inspection tools).
+        `files` is this queue's share of one scan of the queue path (start-up); without it the
+        path is scanned for this queue alone and its temporaries are removed. Reads that were open
+        go back to the head unless `reopen` is False (inspection tools).
         """
         if not self.config.keep_journal:
             return
-        files = journal.finish_interrupted_packs(self.queue_path, self.name)
-        self._rotated = list(files.rotated)
-        self._replay_files = self._rotated + ([(LIVE, files.live)] if files.live else [])
-        live_path = os.path.join(self.queue_path, self.name)
-        cut: tuple[str, int] | None = None
+        if files is None:
+            files = journal.list_journal_files(self.queue_path, self.name)
+            journal.remove_temporaries(self.queue_path, self.name)
+        files = journal.finish_interrupted_packs(self.queue_path, self.name, files, self._salvage,
+                                                 self.clock.now_ms())
         started = time.monotonic()
-        replayed = 0
-        for index, (key, path) in enumerate(self._replay_files):
-            last = index == len(self._replay_files) - 1
-            reader = RecordReader(path)
-            try:
-                cut = self._replay_file(key, reader, last)
-                replayed += reader.offset
-            finally:
-                reader.close()
-            if cut is not None:
-                self._set_aside_after(index, cut)
-                break
-        self._replay_at = None
-        self._replay_files = []
-        self._rotated = [(ts, p) for ts, p in self._rotated if os.path.exists(p)]
-        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+        replayed = self._replay(files, repair=True)
+        live_path = os.path.join(self.queue_path, self.name)
         self._writer = JournalWriter(live_path, self.config.sync_journal)
         if replayed:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,
                      seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
-        # Items that were open when the process stopped go back to the head, newest first,
-        # so that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does.
         if self._opens and reopen:
-            for xid in sorted(self._opens, reverse=True):
-                self._unremove(xid)
-                self._write(codec.encode_xid(codec.UNREMOVE, xid))
-            self._commit()
+            self._orphans = sorted(self._opens, reverse=True)
+            try:
+                self._return_orphans()
+            except OSError as e:
+                self._write_failed(e)  # they go back to the head once the journal can be written
 
-    def _replay_file(self, key: int, reader: RecordReader, last: bool) -> tuple[str, int] | None:
-        """Apply one file's records; return (path, offset) where replay had to stop, if it did."""
+    def _return_orphans(self) -> None:
+        """Reads that were open when the process stopped go back to the head, newest first, so
+        that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does."""
+        for xid in self._orphans:
+            if self._unremove(xid):
+                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+        self._commit()
+        self._orphans = []
+
+    def _replay(self, files: JournalFiles, repair: bool) -> int:
+        """Rebuild the queue from its journal files; return how many bytes were replayed.
+
+        With `repair`, a torn tail is cut off (a copy kept) and salvage sets damage aside; without
+        it (rebuilding a running queue) nothing on disk changes.
+        """
+        self._rotated = list(files.rotated)
+        self._replay_files = self._rotated + ([(LIVE, files.live)] if files.live else [])
+        replayed = 0
+        previous: str | None = None
+        for index, (key, path) in enumerate(self._replay_files):
+            last = index == len(self._replay_files) - 1
+            reader = RecordReader(path, check_sizes=True)
+            self._anomalies = {}
+            try:
+                cut = self._replay_file(key, reader, last, repair)
+                replayed += reader.offset
+            finally:
+                reader.close()
+            self._report_anomalies(path, previous)
+            previous = path
+            if cut is not None:
+                # The damage may lie in a record already applied (a size field found wrong only by
+                # what follows it): replay again what is left, now ending before the damage.
+                self._set_aside_after(index, cut)
+                self._reset_memory()
+                return self._replay(journal.list_journal_files(self.queue_path, self.name), repair)
+        self._replay_at = None
+        self._replay_files = []
+        self._rotated = [(ts, p) for ts, p in self._rotated if os.path.exists(p)]
+        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+        return replayed
+
+    def _replay_file(self, key: int, reader: RecordReader, last: bool,
+                     repair: bool) -> tuple[str, int] | None:
+        """Apply one file's records; return (path, offset) where salvage must cut, if it must."""
         now = self.clock.now_ms()
         try:
-            for _offset, record in reader:
+            for offset, record in reader:
                 self._replay_at = (key, reader.offset)
-                self._apply(record, now)
+                self._apply(record, now, offset)
         except CorruptJournalError as e:
-            if not self._salvage:
+            if not self._salvage or not repair:
                 raise
             log.error("corrupt journal record; keeping what precedes it (salvage)", queue=self.name,
                       file=e.path, offset=e.offset, opcode=e.opcode, reason=e.reason)
             return (e.path, e.offset)
         left = reader.leftover()
-        if not left:
+        if not left or not repair:
             return None
-        if last:
-            log.warning("torn record at the end of the journal; cutting it off", queue=self.name,
-                        file=reader.path, offset=reader.offset, bytes=left)
-            os.truncate(reader.path, reader.offset)
-            return None
-        error = CorruptJournalError(reader.path, reader.offset, None,
-                                    f"{left} bytes of an incomplete record before the next journal file")
+        if not last:
+            reason = f"{left} bytes of an incomplete record before the next journal file"
+        else:
+            damage = journal.torn_tail_damage(reader.path, reader.offset)
+            if damage is None:
+                copy = self._cut_keeping_copy(reader.path, reader.offset, "torn")
+                log.warning("torn record at the end of the journal; cut off, a copy kept", queue=self.name,
+                            file=reader.path, offset=reader.offset, bytes=left, copy=copy)
+                return None
+            reason = damage
+        error = CorruptJournalError(reader.path, reader.offset, None, reason)
         if not self._salvage:
             raise error
-        log.error("incomplete record inside the journal; keeping what precedes it (salvage)",
-                  queue=self.name, file=reader.path, offset=reader.offset)
+        log.error("damaged record inside the journal; keeping what precedes it (salvage)",
+                  queue=self.name, file=reader.path, offset=reader.offset, reason=reason)
         return (reader.path, reader.offset)
 
-    def _set_aside_after(self, index: int, cut: tuple[str, int]) -> None:
-        """Salvage: keep a copy of the damaged file and of every later one, then cut at the damage."""
-        stamp = self.clock.now_ms()
-        path, offset = cut
-        shutil.copyfile(path, f"{path}.corrupt-{stamp}")
+    def _cut_keeping_copy(self, path: str, offset: int, label: str) -> str:
+        """Cut `path` at `offset`, first saving what is cut as `<path>.<label>-<ms>`.
+
+        Raises JournalWriteError (and changes nothing) when the copy cannot be written.
+        """
+        copy = f"{path}.{label}-{self.clock.now_ms()}"
+        try:
+            with open(path, "rb") as src, open(copy, "wb") as dst:
+                src.seek(offset)
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(copy)
+            raise JournalWriteError(self.name, copy, e) from None
         os.truncate(path, offset)
+        return copy
+
+    def _set_aside_after(self, index: int, cut: tuple[str, int]) -> None:
+        """Salvage: cut the damaged file at the damage (keeping a copy of what is cut) and set
+        every later file aside."""
+        path, offset = cut
+        self._cut_keeping_copy(path, offset, "corrupt")
+        stamp = self.clock.now_ms()
         for _, later in self._replay_files[index + 1:]:
             os.rename(later, f"{later}.corrupt-{stamp}")
 
-    def _apply(self, record: Record, now: int) -> None:
+    def _note_anomaly(self, what: str, offset: int) -> None:
+        """A record with nothing to act on: a sign that a journal file before it is missing."""
+        if not self._anomalies:
+            self._anomalies["first_offset"] = offset
+        self._anomalies[what] = self._anomalies.get(what, 0) + 1
+
+    def _report_anomalies(self, path: str, previous: str | None) -> None:
+        if self._anomalies:
+            log.warning("JOURNAL RECORDS WITH NOTHING TO ACT ON: a journal file before this one may be "
+                        "missing or damaged, and items may have been lost or brought back",
+                        queue=self.name, file=path, previous_file=previous or "(none)", **self._anomalies)
+
+    def _apply(self, record: Record, now: int, offset: int) -> None:
         """One replayed record. Replay never expires items, so it depends on nothing but the file."""
         if isinstance(record, AddX | AddXid | Add):
             self._append(_item_of(record, now))
         elif isinstance(record, Remove):
-            self._take_head()
+            if self._take_head() is None:
+                self._note_anomaly("remove_of_nothing", offset)
         elif isinstance(record, RemoveTentative):
             item = self._take_head(opened=True)
-            if item is not None:
+            if item is None:
+                self._note_anomaly("open_of_nothing", offset)
+            else:
                 self._open(item, item.xid or self._next_xid())
         elif isinstance(record, RemoveTentativeXid):
             item = self._take_head(opened=True)
-            if item is not None:
-                self._open(item, record.xid)
-                self._xid = record.xid
+            if item is None:
+                self._note_anomaly("open_of_nothing", offset)
+                return
+            if not item.xid and record.xid != self._next_xid(take=False):
+                self._note_anomaly("xid_jumps", offset)
+            self._open(item, record.xid)
+            self._xid = record.xid
         elif isinstance(record, ConfirmRemove):
-            self._opens.pop(record.xid, None)
+            if self._opens.pop(record.xid, None) is None:
+                self._note_anomaly("confirm_of_no_open_read", offset)
         elif isinstance(record, Unremove):
-            self._unremove(record.xid)
+            if not self._unremove(record.xid):
+                self._note_anomaly("abort_of_no_open_read", offset)
         elif isinstance(record, SaveXid | StateDump):
             self._xid = record.xid
         elif isinstance(record, Continue):
@@ -311,14 +391,16 @@ class PersistentQueue:
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics shared by replay and live operations
 
-    def _next_xid(self) -> int:
+    def _next_xid(self, take: bool = True) -> int:
+        """The next free xid (taken unless `take` is False), as Kestrel counts them."""
         xid = self._xid
         while True:
             xid = (xid + 1) & 0xFFFFFFFF
             if xid >= 2**31:
                 xid -= 2**32  # xids are i32 on disk
             if xid != 0 and xid not in self._opens:
-                self._xid = xid
+                if take:
+                    self._xid = xid
                 return xid
 
     def _open(self, item: QItem, xid: int) -> None:
@@ -413,7 +495,9 @@ class PersistentQueue:
         rb.key = nxt[0]
         rb.reader = RecordReader(nxt[1])
         if self._checkpoint is not None and passed >= self._checkpoint.timestamp:
-            self._start_pack()
+            # The state at the checkpoint is taken now; it is written once the change in
+            # progress is journaled (`_change`), and dropped if that change fails.
+            self._pack_ready = self._take_pack()
         return True
 
     def _rotated_and_live(self) -> list[tuple[int, str]]:
@@ -432,6 +516,83 @@ class PersistentQueue:
     def _check_open(self) -> None:
         if self.closed:
             raise QueueClosed(f"queue {self.name!r} is closed")
+
+    @contextlib.contextmanager
+    def _change(self) -> Iterator[None]:
+        """Around every change: refused while the journal cannot be written, undone if its write fails.
+
+        Raises JournalWriteError: the change did not happen, in memory or on disk.
+        """
+        self._check_open()
+        if self.read_only or self._rebuilding:
+            self._probe()
+        if self._writer is not None and self._writer.fd < 0:
+            try:
+                self._writer.open()
+            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                raise JournalWriteError(self.name, self._writer.path, e) from None
+        try:
+            if self._orphans:
+                self._return_orphans()
+            yield
+        except OSError as e:
+            raise self._write_failed(e) from None
+        except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
+            self._rebuild()
+            raise
+        if self._pack_ready is not None:
+            ready, self._pack_ready = self._pack_ready, None
+            self._spawn_pack(*ready)
+
+    def _probe(self) -> None:
+        """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
+        writer = self._writer
+        assert writer is not None
+        if self._rebuilding:
+            raise JournalWriteError(self.name, writer.path, None)
+        try:
+            writer.append(codec.encode_xid(codec.SAVE_XID, self._xid))
+        except OSError as e:
+            raise JournalWriteError(self.name, writer.path, e) from None
+        self.read_only = False
+        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=writer.path)
+
+    def _write_failed(self, error: OSError) -> JournalWriteError:
+        """A journal write failed: go read-only and bring memory back to what the journal holds."""
+        path = self._writer.path if self._writer is not None else self.queue_path
+        if not self.read_only:
+            log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
+                      file=path, error=str(error))
+        self.read_only = True
+        self.journal_write_errors += 1
+        self._rebuild()
+        return JournalWriteError(self.name, path, error)
+
+    def _rebuild(self) -> None:
+        """Replay the journal into a fresh memory state: it is the truth once a write has failed.
+
+        The writer cut the failed append off, so the journal holds exactly the changes that were
+        acknowledged or are being acknowledged. Open reads keep their xids.
+        """
+        self._rebuilding = True
+        try:
+            self.wait_for_packing()
+            files = journal.list_journal_files(self.queue_path, self.name)
+            self._pending.clear()
+            self._reset_memory()
+            self._replay(files, repair=False)
+        finally:
+            self._rebuilding = False
+
+    def _reset_memory(self) -> None:
+        """Forget every item, open read and xid, ready for a replay from the first journal file."""
+        self._end_read_behind()
+        self._checkpoint = None
+        self._pack_ready = None
+        self._mem.clear()
+        self._opens.clear()
+        self._xid = 0
+        self.length = self.bytes = self.memory_bytes = 0
 
     def _write(self, data: bytes) -> None:
         if self._writer is not None and data:
@@ -466,8 +627,14 @@ class PersistentQueue:
         return self.add_many([data], expiry, add_time) == 1
 
     def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """Add several items with one journal write; returns how many were accepted, in order."""
-        self._check_open()
+        """Add several items with one journal write; returns how many were accepted, in order.
+
+        Raises ItemTooLarge, JournalWriteError (nothing was added).
+        """
+        with self._change():
+            return self._add_many(items, expiry, add_time)
+
+    def _add_many(self, items: list[bytes], expiry: int, add_time: int | None) -> int:
         cfg = self.config
         now = self.clock.now_ms() if add_time is None else add_time
         for data in items:
@@ -514,8 +681,14 @@ class PersistentQueue:
         return taken[0] if taken else None
 
     def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
-        """Take up to `count` items from the head with one journal write (what batch gets use)."""
-        self._check_open()
+        """Take up to `count` items from the head with one journal write (what batch gets use).
+
+        Raises JournalWriteError (nothing was taken).
+        """
+        with self._change():
+            return self._remove_many(count, transaction)
+
+    def _remove_many(self, count: int, transaction: bool) -> list[QItem]:
         now = self.clock.now_ms()
         taken: list[QItem] = []
         while len(taken) < count:
@@ -525,9 +698,10 @@ class PersistentQueue:
             if item is None:
                 break
             if transaction:
-                self._open(item, item.xid or self._next_xid())
+                xid = self._next_xid()
+                self._open(item, xid)
                 self.total_transactions += 1
-                self._write(codec.REMOVE_TENTATIVE_BYTES)
+                self._write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
             else:
                 self._write(codec.REMOVE_BYTES)
             taken.append(item)
@@ -537,36 +711,46 @@ class PersistentQueue:
         return taken
 
     def peek(self) -> QItem | None:
-        """The head item, left in place (expired items are dropped first)."""
+        """The head item, left in place (expired items are dropped first, unless read-only)."""
         self._check_open()
-        if self._expire_head(self.clock.now_ms()):
-            self._commit()
-        if not self._mem and self._rb is not None:
-            self._fill()
-        return self._mem[0] if self._mem else None
+        if self.read_only:
+            now = self.clock.now_ms()
+            return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
+        with self._change():
+            if self._expire_head(self.clock.now_ms()):
+                self._commit()
+            if not self._mem and self._rb is not None:
+                self._fill()
+            return self._mem[0] if self._mem else None
 
     def confirm(self, xid: int) -> bool:
-        """Close open read `xid` for good; False if no such read is open."""
-        self._check_open()
-        item = self._opens.pop(xid, None)
-        if item is None:
-            return False
-        if self._checkpoint is not None:
-            self._checkpoint.note_confirm(item)
-        self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-        self._commit()
-        return True
+        """Close open read `xid` for good; False if no such read is open.
+
+        Raises JournalWriteError (the read stays open).
+        """
+        with self._change():
+            item = self._opens.pop(xid, None)
+            if item is None:
+                return False
+            if self._checkpoint is not None:
+                self._checkpoint.note_confirm(item)
+            self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+            self._commit()
+            return True
 
     def unremove(self, xid: int) -> bool:
-        """Abort open read `xid`: its item goes back to the head; False if no such read is open."""
-        self._check_open()
-        if not self._unremove(xid):
-            return False
-        self.canceled_transactions += 1
-        self._write(codec.encode_xid(codec.UNREMOVE, xid))
-        self._wake()
-        self._commit()
-        return True
+        """Abort open read `xid`: its item goes back to the head; False if no such read is open.
+
+        Raises JournalWriteError (the read stays open).
+        """
+        with self._change():
+            if not self._unremove(xid):
+                return False
+            self.canceled_transactions += 1
+            self._write(codec.encode_xid(codec.UNREMOVE, xid))
+            self._wake()
+            self._commit()
+            return True
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
@@ -580,23 +764,27 @@ class PersistentQueue:
         return [self._opens[xid] for xid in sorted(self._opens)]
 
     def flush(self) -> None:
-        """Drop every item (open reads stay open), journaled as one REMOVE per item."""
-        self._check_open()
-        removed = 0
-        while self._take_head() is not None:
-            removed += 1
-        self.total_flushes += 1
-        self._write(codec.REMOVE_BYTES * removed)
-        self._commit()
+        """Drop every item (open reads stay open), journaled as one REMOVE per item.
+
+        Raises JournalWriteError (nothing was dropped).
+        """
+        with self._change():
+            removed = 0
+            while self._take_head() is not None:
+                removed += 1
+            self.total_flushes += 1
+            self._write(codec.REMOVE_BYTES * removed)
+            self._commit()
 
     def discard_expired(self, limit: int | None = None) -> int:
         """Drop expired items from the head (at most `limit`); the sweeper calls this."""
-        if self.closed:
+        if self.closed or self.read_only:
             return 0
-        expired = self._expire_head(self.clock.now_ms(), limit)
-        if expired:
-            self._commit()
-        return expired
+        with self._change():
+            expired = self._expire_head(self.clock.now_ms(), limit)
+            if expired:
+                self._commit()
+            return expired
 
     def _expire_head(self, now: int, limit: int | None = None) -> int:
         """Remove expired items from the head (journaled as REMOVEs); return how many."""
@@ -614,7 +802,8 @@ class PersistentQueue:
             removed += 1
             self.expired_items += 1
             target_name = self.config.expire_to_queue
-            if target_name and self._expire_to is not None:
+            placeholder = not head.data and head.expiry == codec.PLACEHOLDER_EXPIRY
+            if target_name and self._expire_to is not None and not placeholder:
                 target = self._expire_to(target_name)
                 if target is not None and target is not self:
                     target.add(head.data)
@@ -675,7 +864,7 @@ class PersistentQueue:
 
     def _maybe_rotate(self) -> None:
         writer = self._writer
-        if writer is None or self._packing is not None:
+        if writer is None or self._packing is not None or self._pack_ready is not None:
             return
         cfg = self.config
         if self.length == 0 and self._checkpoint is None and writer.size >= cfg.default_journal_size:
@@ -707,6 +896,10 @@ class PersistentQueue:
 
     def _start_pack(self) -> None:
         """Write the checkpoint's state in the background; it replaces every journal up to it."""
+        self._spawn_pack(*self._take_pack())
+
+    def _take_pack(self) -> tuple[packer.PackRequest, list[str]]:
+        """The checkpoint's state as a pack to write, and the journals it replaces."""
         cp = self._checkpoint
         assert cp is not None
         self._checkpoint = None
@@ -715,6 +908,9 @@ class PersistentQueue:
                                      cp.departed + survivors, self.clock.now_ms())
         dead = [p for ts, p in self._rotated if ts <= cp.timestamp]
         cp.release()
+        return request, dead
+
+    def _spawn_pack(self, request: packer.PackRequest, dead: list[str]) -> None:
         self._packing = gevent.spawn(self._pack, request, dead)
 
     def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:

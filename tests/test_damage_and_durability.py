@@ -6,14 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from storage import QueueCollection, QueueConfigs
-from storage.codec import AddX, RemoveTentative, encode
+from storage import QueueCollection, QueueConfigs, packer
+from storage.codec import REMOVE_BYTES, AddX, ConfirmRemove, RemoveTentativeXid, Unremove, encode
 from storage.errors import CorruptJournalError
+from storage.item import QItem
 from tests.queues import drain
 
 T0 = 1_700_000_000_000
@@ -24,14 +28,17 @@ def addx(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("cut", [1, 3, 10, 20])
-def test_torn_tail_is_cut_and_complete_records_kept(tmp_path: Path, cut: int,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    good = addx(b"one") + addx(b"two") + encode(RemoveTentative())
+def test_torn_tail_is_cut_keeping_a_copy_and_complete_records_kept(tmp_path: Path, cut: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    good = addx(b"one") + addx(b"two") + encode(RemoveTentativeXid(1))
     torn = addx(b"three-is-longer")[:cut]
     (tmp_path / "q").write_bytes(good + torn)
     coll = QueueCollection(str(tmp_path))
     coll.load()
-    assert (tmp_path / "q").stat().st_size >= len(good)
+    # Cut exactly at the torn record; then the open read is journaled back to the head.
+    assert (tmp_path / "q").read_bytes() == good + encode(Unremove(1))
+    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
+    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
     assert drain(coll, "q") == [b"one", b"two"]
     coll.add("q", b"after")
     coll.close()
@@ -54,7 +61,7 @@ def test_corrupt_middle_refuses_to_load_naming_file_offset_and_opcode(tmp_path: 
     assert (tmp_path / "q").read_bytes() == first + bad + addx(b"two")  # nothing changed on disk
 
 
-def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_the_file(tmp_path: Path) -> None:
+def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_what_it_cuts(tmp_path: Path) -> None:
     first = addx(b"one") + addx(b"two")
     content = first + bytes([0x42]) + addx(b"lost")
     (tmp_path / "q").write_bytes(content)
@@ -62,7 +69,8 @@ def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_the_file(tmp_path:
     coll.load()
     assert drain(coll, "q") == [b"one", b"two"]
     copies = [n for n in os.listdir(tmp_path) if ".corrupt-" in n]
-    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == content
+    assert len(copies) == 1
+    assert (tmp_path / "q").read_bytes()[:len(first)] + (tmp_path / copies[0]).read_bytes() == content
     coll.close()
     again = QueueCollection(str(tmp_path))  # loads cleanly afterwards, without salvage
     again.load()
@@ -109,3 +117,182 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int) -> None:
     got = drain(coll, "durable")
     assert len(got) >= acknowledged
     assert got == [b"item-%d" % i for i in range(len(got))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damage that is not a torn tail
+
+
+def test_every_single_bit_flip_of_a_size_field_in_the_middle_is_refused(tmp_path: Path) -> None:
+    before = b"".join(addx(b"before-%d" % n) for n in range(3))
+    target = addx(b"the-damaged-record")
+    after = b"".join(addx(b"after-%d" % n) for n in range(50)) + encode(RemoveTentativeXid(1))
+    content = before + target + after
+    for bit in range(32):
+        (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, bit))
+        with pytest.raises(CorruptJournalError) as err:
+            QueueCollection(str(tmp_path)).load()
+        assert err.value.path == str(tmp_path / "q"), bit
+        assert err.value.offset == len(before), (bit, err.value)  # the damaged record itself
+        assert (tmp_path / "q").read_bytes() == _flip(content, len(before) + 1, bit), bit  # untouched
+        assert os.listdir(tmp_path) == ["q"], bit
+
+
+def test_salvage_after_a_size_field_one_bit_small_keeps_only_the_records_before_it(tmp_path: Path) -> None:
+    before = addx(b"first") + addx(b"second")
+    content = before + addx(b"damaged-record") + addx(b"after") * 3
+    (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 1))  # size - 2: ends inside its data
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert (tmp_path / "q").read_bytes() == before
+    assert drain(coll, "q") == [b"first", b"second"]  # not a shortened "damaged-reco"
+
+
+def test_a_flip_that_runs_past_the_end_is_named_at_its_record(tmp_path: Path) -> None:
+    before = addx(b"first")
+    content = before + addx(b"damaged") + addx(b"after") * 3
+    (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 20))  # size + 1 MiB
+    with pytest.raises(CorruptJournalError) as err:
+        QueueCollection(str(tmp_path)).load()
+    assert err.value.offset == len(before)
+    assert "size field" in err.value.reason
+
+
+def _flip(data: bytes, byte_offset_of_field: int, bit: int) -> bytes:
+    out = bytearray(data)
+    out[byte_offset_of_field + bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_remove_written_over_an_add_is_reported_at_that_record(tmp_path: Path) -> None:
+    first = addx(b"one")
+    damaged = bytearray(addx(b"two"))
+    damaged[0] = 1  # REMOVE over ADDX's opcode byte
+    (tmp_path / "q").write_bytes(first + bytes(damaged) + addx(b"three"))
+    with pytest.raises(CorruptJournalError) as err:
+        QueueCollection(str(tmp_path)).load()
+    assert err.value.offset == len(first) and err.value.opcode == 1
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"one"]  # the REMOVE was not applied
+
+
+def test_a_stray_empty_pack_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    (tmp_path / "q.200").write_bytes(addx(b"c"))
+    (tmp_path / "q.300.pack").write_bytes(b"")
+    with pytest.raises(CorruptJournalError, match="incomplete pack.*it is empty"):
+        QueueCollection(str(tmp_path)).load()
+    assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"a", b"b", b"c"]
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+
+
+@pytest.mark.parametrize("keep", [1, 30, -5])
+def test_a_pack_cut_short_deletes_nothing(tmp_path: Path, keep: int) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"p%d" % n) for n in range(3)], T0)
+    pack = Path(packer.write_pack(request, []))
+    whole = pack.read_bytes()
+    pack.unlink()
+    (tmp_path / "q.100").write_bytes(addx(b"a"))
+    (tmp_path / "q.300.pack").write_bytes(whole[:keep])
+    with pytest.raises(CorruptJournalError, match="incomplete pack"):
+        QueueCollection(str(tmp_path)).load()
+    assert (tmp_path / "q.100").read_bytes() == addx(b"a")
+
+
+def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"packed")], T0)
+    final = Path(packer.write_pack(request, []))
+    final.rename(tmp_path / "q.300.pack")  # a crash before the journals it covers were deleted
+    (tmp_path / "q.100").write_bytes(addx(b"old"))
+    (tmp_path / "q").write_bytes(addx(b"live"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"packed", b"live"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300"]
+
+
+def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    # q.200 held: add c, d, e; open c (xid 1) and d (xid 2); confirm 1. It was deleted.
+    (tmp_path / "q.300").write_bytes(encode(RemoveTentativeXid(3)) + encode(ConfirmRemove(2))
+                                     + REMOVE_BYTES * 3)
+    (tmp_path / "q").write_bytes(addx(b"f"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    logged = capsys.readouterr().out
+    warning = next(line for line in logged.splitlines() if "NOTHING TO ACT ON" in line)
+    assert str(tmp_path / "q.300") in warning and str(tmp_path / "q.100") in warning
+    assert "xid_jumps=1" in warning and "confirm_of_no_open_read=1" in warning
+    assert "remove_of_nothing=2" in warning
+    assert drain(coll, "q") == [b"a", b"f"]  # a was opened (xid 3) and comes back at start-up
+
+
+def test_salvage_serves_no_empty_phantoms_from_a_file_cut_short(tmp_path: Path) -> None:
+    # A pack whose first two items had left the queue (placeholders), then the journal that removed
+    # them, cut short after its first REMOVE.
+    request = packer.PackRequest(str(tmp_path), "q", 100, 0, [], [None, None, QItem(T0, 0, b"x")], T0)
+    packer.write_pack(request, [])
+    (tmp_path / "q.200").write_bytes(REMOVE_BYTES + addx(b"y")[:7])
+    (tmp_path / "q").write_bytes(addx(b"z"))
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert drain(coll, "q") == [b"x"]
+
+
+def test_temporaries_of_every_queue_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "q").write_bytes(addx(b"a"))
+    (tmp_path / "q~~123").write_bytes(b"half a pack")
+    (tmp_path / "gone~~456").write_bytes(b"half a pack of a queue that no longer exists")
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert coll.queue_names() == ["q"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Any damage: a clear error or a load, never a crash, and nothing cut without a copy
+
+_HISTORY = (b"".join(addx(b"item-%02d" % n) for n in range(12)) + encode(RemoveTentativeXid(1))
+            + REMOVE_BYTES + encode(RemoveTentativeXid(2)) + encode(ConfirmRemove(1))
+            + encode(Unremove(2)) + addx(b"last"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_path: Path,
+                                                                           data: st.DataObject) -> None:
+    journal = bytearray(_HISTORY)
+    kind = data.draw(st.sampled_from(["flip", "byte", "cut", "insert"]))
+    at = data.draw(st.integers(0, len(journal) - 1))
+    if kind == "flip":
+        journal[at] ^= 1 << data.draw(st.integers(0, 7))
+    elif kind == "byte":
+        journal[at] = data.draw(st.integers(0, 255))
+    elif kind == "cut":
+        del journal[at:]
+    else:
+        journal[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    damaged = bytes(journal)
+    path = Path(tempfile.mkdtemp(dir=tmp_path))
+    (path / "q").write_bytes(damaged)
+    try:
+        coll = QueueCollection(str(path))
+        coll.load()
+    except CorruptJournalError as e:
+        assert e.path == str(path / "q") and 0 <= e.offset <= len(damaged)
+        assert (path / "q").read_bytes() == damaged and os.listdir(path) == ["q"]
+        return
+    coll.close()
+    kept = (path / "q").read_bytes()
+    copies = [n for n in os.listdir(path) if n != "q"]
+    if copies:
+        assert len(copies) == 1 and copies[0].startswith("q.torn-")
+        cut = (path / copies[0]).read_bytes()
+        assert damaged == kept[:len(damaged) - len(cut)] + cut
+    else:
+        assert kept.startswith(damaged)  # only UNREMOVEs of reads open at the stop follow

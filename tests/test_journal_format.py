@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection
+from storage import QueueCollection, packer
 from storage.codec import (
+    Add,
     AddX,
     AddXid,
     ConfirmRemove,
@@ -21,7 +22,9 @@ from storage.codec import (
     describe,
     encode,
 )
+from storage.item import QItem
 from storage.journal import read_records
+from tests import kestrel24
 from tests.queues import drain
 
 T0 = 1_700_000_000_000
@@ -80,8 +83,8 @@ def test_each_opcode_encodes_to_the_documented_bytes() -> None:
     assert encode(AddXid(9, T0, 5, b"x")) == add_xid(9, b"x", expiry=5)
     assert encode(StateDump(3, 0)) == state_dump(3, 0)
     assert encode(RemoveTentativeXid(4)) == xid_op(9, 4)
-    # The document's example: an ADD of a one-byte item has a size of 5.
-    assert add(0, b"z")[1:5] == struct.pack("<i", 5)
+    # The document's example, byte for byte: an ADD of a one-byte item has a size of 5.
+    assert encode(Add(0, b"z")) == b"\x00" + b"\x05\x00\x00\x00" + b"\x00\x00\x00\x00" + b"z"
 
 
 def test_add_legacy_opcode_replays(tmp_path: Path) -> None:
@@ -184,9 +187,9 @@ def independent_reader(data: bytes) -> list[tuple]:
             i += 4 + size
         elif op in (1, 3):
             out.append(("remove",) if op == 1 else ("remove_tentative",))
-        elif op in (4, 5, 6):
+        elif op in (4, 5, 6, 9):
             (xid,) = struct.unpack("<i", data[i:i + 4])
-            out.append(({4: "save_xid", 5: "unremove", 6: "confirm"}[op], xid))
+            out.append(({4: "save_xid", 5: "unremove", 6: "confirm", 9: "remove_tentative_xid"}[op], xid))
             i += 4
         elif op == 7:
             xid, size = struct.unpack("<ii", data[i:i + 8])
@@ -218,12 +221,51 @@ def test_files_we_write_read_back_with_an_independent_reader(tmp_path: Path) -> 
         ("addx", T0, T0 + 60_000, b"one"),
         ("addx", T0, 0, b"two"),
         ("addx", T0, 0, b"three"),
-        ("remove_tentative",),
+        ("remove_tentative_xid", 1),
         ("remove",),
         ("unremove", 1),
-        ("remove_tentative",),
+        ("remove_tentative_xid", 2),
         ("confirm", 2),
     ]
+
+
+def test_open_reads_load_the_same_in_kestrel_24(tmp_path: Path) -> None:
+    # Opcode 3 would be xid 0 in every released Kestrel: this journal would load there as [b].
+    coll = QueueCollection(str(tmp_path))
+    coll.add_many("q", [b"a", b"b"])
+    first = coll.remove("q", transaction=True)
+    second = coll.remove("q", transaction=True)
+    assert first is not None and second is not None
+    assert coll.confirm("q", second.xid)
+    coll.close()
+    data = (tmp_path / "q").read_bytes()
+    assert xid_op(9, first.xid) in data and xid_op(9, second.xid) in data
+    assert kestrel24.load(data) == [b"a"]
+    again = QueueCollection(str(tmp_path))
+    again.load()
+    assert drain(again, "q") == [b"a"]
+
+
+def test_opcode_3_replays_differently_in_kestrel_24_which_is_why_we_do_not_write_it() -> None:
+    # The same history written with the document's REMOVE_TENTATIVE: Kestrel 2.4 keeps b, not a.
+    journal = addx(b"a") + addx(b"b") + remove_tentative() + remove_tentative() + xid_op(6, 2)
+    assert kestrel24.load(journal) == [b"b"]
+
+
+def test_a_pack_loads_the_same_in_kestrel_24(tmp_path: Path) -> None:
+    held = QItem(T0, 0, b"held")
+    request = packer.PackRequest(str(tmp_path), "q", 100, 7, [(5, held)],
+                                 [None, None, QItem(T0, 0, b"kept"), QItem(T0, 0, b"last")], T0)
+    pack = packer.write_pack(request, [])
+    # What happened after the checkpoint: two items left (their placeholders), one more was read.
+    (tmp_path / "q").write_bytes(remove() + remove() + xid_op(9, 8) + addx(b"new"))
+    data = Path(pack).read_bytes() + (tmp_path / "q").read_bytes()
+    assert kestrel24.replay(data) == ([b"last", b"new"], {5: b"held", 8: b"kept"})
+    coll = QueueCollection(str(tmp_path))
+    q = coll.queue("q")
+    q_opens = {i.xid: i.data for i in q.open_reads()}
+    assert q_opens == {}  # reopened at start-up, as Kestrel does
+    assert drain(coll, "q") == kestrel24.load(data) == [b"held", b"kept", b"last", b"new"]
 
 
 @pytest.mark.parametrize("opcode", [10, 0x7F, 0xFF])

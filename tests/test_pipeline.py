@@ -463,9 +463,9 @@ def test_journal_rows_equal_what_was_put_in_order(spark: Any, server: ServerProc
     started = time.time()
     rows = (spark.read.format("kestrel-journal").option("queue", "audit").load(str(server.queue_path))
             .orderBy("offset").collect())
-    assert [r.opcode for r in rows] == ["ADDX", "ADDX", "ADDX", "REMOVE_TENTATIVE", "CONFIRM_REMOVE"]
+    assert [r.opcode for r in rows] == ["ADDX", "ADDX", "ADDX", "REMOVE_TENTATIVE_XID", "CONFIRM_REMOVE"]
     assert [r.data for r in rows[:3]] == [b"a", b"b", b"c"]
-    assert rows[4].xid == 1 and all(r.status == "ok" and r.queue == "audit" for r in rows)
+    assert rows[3].xid == rows[4].xid == 1 and all(r.status == "ok" and r.queue == "audit" for r in rows)
     assert rows[0].expiry is None  # never expires
     assert abs(rows[0].timestamp.timestamp() - started) < 120
     split = (spark.read.format("kestrel-journal").option("queue", "audit").option("maxPartitionBytes", 40)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage import QueueCollection, QueueConfigs
+from storage import JournalWriteError, QueueCollection, QueueConfigs, journal
 from storage.clock import FakeClock
+from storage.journal import list_journal_files
+from tests import kestrel24
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -98,6 +103,35 @@ class QueueModel(RuleBasedStateMachine):
         item = self.coll.peek("q")
         assert (item.data if item else None) == (self.items[0] if self.items else None)
 
+    @rule(op=st.sampled_from(["add", "remove", "open", "batch", "confirm", "abort", "flush"]), data=st.data())
+    def disk_full(self, op: str, data: st.DataObject) -> None:
+        """One operation on a full disk: refused (or nothing to do), and the queue exactly as it was."""
+        xid = data.draw(st.sampled_from(sorted(self.opens))) if self.opens else 12345
+        calls = {
+            "add": lambda: self.coll.add("q", b"never-stored"),
+            "remove": lambda: self.coll.remove("q"),
+            "open": lambda: self.coll.remove("q", transaction=True),
+            "batch": lambda: self.coll.remove_many("q", 3, True) or None,
+            "confirm": lambda: self.coll.confirm("q", xid) or None,
+            "abort": lambda: self.coll.unremove("q", xid) or None,
+            "flush": lambda: self.coll.flush("q"),
+        }
+        real = journal.write_all
+
+        def full(fd: int, payload: bytes) -> None:
+            os.write(fd, payload[: max(1, len(payload) // 2)])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        journal.write_all = full
+        try:
+            result = calls[op]()
+        except JournalWriteError as e:
+            assert "the disk is full" in str(e)
+        else:
+            assert result is None  # nothing to do, so nothing was written
+        finally:
+            journal.write_all = real
+
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
         self.coll.queue("q").wait_for_packing()
@@ -108,6 +142,15 @@ class QueueModel(RuleBasedStateMachine):
         self.items = [self.opens[x] for x in sorted(self.opens)] + self.items
         self.returned += sum(len(v) for v in self.opens.values())
         self.opens.clear()
+
+    @invariant()
+    def kestrel_24_loads_the_journal_the_same(self) -> None:
+        # Released Kestrel 2.4 replaying our files (rotated, packed and live) sees our queue.
+        files = list_journal_files(self.dir, "q")
+        data = b"".join(Path(p).read_bytes() for p in files.replay_order())
+        items, opens = kestrel24.replay(data)
+        assert opens == self.opens
+        assert [i for i in items if i] == self.items  # empty: a pack's stand-in for a departed item
 
     @invariant()
     def figures_agree(self) -> None:

@@ -87,7 +87,7 @@ def test_a_pending_change_is_refused_over_thrift_and_memcache(server_factory: An
         with pytest.raises(TApplicationException, match="still in its grace period"):
             thrift.set_status(kestrel_thrift.Status.QUIESCENT)
         mc.sendall(b"status up\r\n")
-        assert mc.recv(200).startswith(b"SERVER_ERROR cannot change the status to Up")
+        assert mc.recv(200).startswith(b"CLIENT_ERROR cannot change the status to Up")  # a refused request
         assert thrift.current_status() == kestrel_thrift.Status.READ_ONLY
         assert thrift.put("still", [b"taken"], 0) == 1  # Up is enforced until the grace period ends
     finally:
