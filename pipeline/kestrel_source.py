@@ -23,9 +23,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.client import Connection, Server, ServerUnreachable, parse_servers
+from client import KestrelClientError
 from pipeline.options import Option, parse_options, text, whole
 from pipeline.rows import QUEUE_SCHEMA, queue_rows
+from pipeline.servers import fresh_connections, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -38,42 +39,21 @@ READ_OPTIONS = [
 
 
 class PeekPartition(InputPartition):
-    def __init__(self, index: int, server: Server, queue: str, quota: int, auto_abort_ms: int) -> None:
+    def __init__(self, index: int, server: str, queue: str, quota: int, auto_abort_ms: int) -> None:
         super().__init__(index)
         self.server, self.queue, self.quota, self.auto_abort_ms = server, queue, quota, auto_abort_ms
 
 
 def look(partition: PeekPartition) -> list[bytes]:
-    """The first `quota` items of one server's queue, left in place.
-
-    They are taken as open reads and aborted over the connection opened first: if that connection
-    is lost the server may have restarted (its open reads are back already, and the ids may now
-    name other clients' reads), so nothing is aborted through another one."""
-    keeper = Connection(partition.server)
-    ids: list[int] = []
-    items: list[bytes] = []
-    try:
-        keeper.open_epoch()
-        while len(ids) < partition.quota:
-            connection = keeper if not ids else Connection(partition.server)
-            try:
-                got = connection.open_reads(partition.queue, partition.quota - len(ids),
-                                            partition.auto_abort_ms)
-            finally:
-                if connection is not keeper:
-                    connection.close()
-            if not got:
-                break
-            ids.extend(i for i, _ in got)
-            items.extend(d for _, d in got)
-    finally:
-        if ids:
-            try:
-                keeper.abort(partition.queue, ids)
-            except ServerUnreachable as e:
-                log.warning("could not give back looked-at items; they return after autoAbortMs",
-                            server=partition.server.address, items=len(ids), error=str(e))
-        keeper.close()
+    """The first `quota` items of one server's queue, left in place: taken as open reads, then
+    aborted (read ids are unique on a server, so any connection may give them back)."""
+    ids, items = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
+    if ids:
+        try:
+            fresh_connections(partition.server).abort(partition.queue, set(ids))
+        except KestrelClientError as e:
+            log.warning("could not give back looked-at items; they return after autoAbortMs",
+                        server=partition.server, items=len(ids), error=str(e))
     return items
 
 
@@ -93,7 +73,7 @@ class KestrelBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PeekPartition)
         if partition.quota:
-            yield from queue_rows(look(partition), partition.queue, partition.server.address)
+            yield from queue_rows(look(partition), partition.queue, partition.server)
 
 
 class KestrelDataSource(DataSource):

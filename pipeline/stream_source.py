@@ -1,7 +1,7 @@
 """`spark.readStream.format("kestrel")`: queues as a stream, exactly-once into idempotent sinks.
 
 How a micro-batch lives:
-1. Planning (driver, `latestOffset`): peek every server over one long-lived connection each and
+1. Planning (driver, `latestOffset`): peek every server over the driver's pooled connections and
    decide how many items to take from each, within `maxItemsPerTrigger`. No items are taken yet;
    an idle stream only peeks, over the same connections.
 2. Reading (executors, `read`): each partition takes its share as open reads and writes them, with
@@ -12,11 +12,11 @@ How a micro-batch lives:
    Open reads never time out while their batch is in flight: reads older than half of
    `autoAbortMs` are confirmed early, their items already safe in the log.
 
-Read ids are confirmed only over the driver connection that was open when their batch was planned.
-When that connection is lost the server may have restarted and the ids may name other clients'
-reads, so they are dropped: their items come back by themselves (at-least-once). Duplicates come
-only from such drops: at most the items of the batch in flight per server restart, driver restart
-or stop (Spark does not call `stop()` when a query stops, so those reads return after autoAbortMs).
+A server's read ids are unique for the life of its queue directory, so logged ids are confirmed
+over any connection to their server, by whichever query runs from the checkpoint: a query restarted
+after a stop or a driver kill confirms the batches the sink committed, and confirms at once the
+logged reads of the batch it replays (their rows come from the log). Ids from before a server
+restart close nothing: the restart returned their items to the queue, and they are delivered again.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from client import Cluster, KestrelClientError
 from pipeline import wal
-from pipeline.client import Connection, Server, ServerUnreachable, parse_servers
 from pipeline.options import Option, parse_options, text, whole
 from pipeline.rows import queue_rows
+from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -57,34 +58,10 @@ STREAM_OPTIONS = [
 class StreamPartition(InputPartition):
     """One task's share of one server in one micro-batch."""
 
-    def __init__(self, path: str, server: Server, queue: str, quota: int, epoch: str,
-                 auto_abort_ms: int) -> None:
+    def __init__(self, path: str, server: str, queue: str, quota: int, auto_abort_ms: int) -> None:
         super().__init__(path)
         self.path, self.server, self.queue, self.quota = path, server, queue, quota
-        self.epoch, self.auto_abort_ms = epoch, auto_abort_ms
-
-
-def fetch(partition: StreamPartition) -> tuple[list[int], list[bytes], float]:
-    """Up to `quota` open reads without waiting. A server caps the open reads of one connection and
-    Thrift open reads outlive their connection, so each round uses a fresh connection until the
-    quota is met or a fresh connection finds the queue empty. A lost server ends the fetch early."""
-    ids: list[int] = []
-    items: list[bytes] = []
-    started = time.time()
-    while len(ids) < partition.quota:
-        connection = Connection(partition.server)
-        try:
-            got = connection.open_reads(partition.queue, partition.quota - len(ids), partition.auto_abort_ms)
-        except ServerUnreachable as e:
-            log.warning("fetch ended early", server=partition.server.address, error=str(e))
-            break
-        finally:
-            connection.close()
-        if not got:
-            break
-        ids.extend(i for i, _ in got)
-        items.extend(d for _, d in got)
-    return ids, items, started
+        self.auto_abort_ms = auto_abort_ms
 
 
 def read_partition(partition: StreamPartition) -> Iterator[Any]:
@@ -92,11 +69,13 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
     if os.path.exists(partition.path):
         items = wal.read_items(partition.path)
     else:
-        ids, items, started = fetch(partition)
-        header = wal.WalHeader(partition.server.address, partition.epoch, started, len(ids))
+        started = time.time()
+        ids, items = take_open_reads(partition.server, partition.queue, partition.quota,
+                                     partition.auto_abort_ms)
+        header = wal.WalHeader(partition.server, started, len(ids))
         if not wal.write_partition(partition.path, header, ids, items):
             items = wal.read_items(partition.path)  # another attempt logged first: its rows stand
-    yield from queue_rows(items, partition.queue, partition.server.address)
+    yield from queue_rows(items, partition.queue, partition.server)
 
 
 class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -113,7 +92,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.source_key = f"{self.queue}-{key}"
         self.root = os.path.join(self.checkpoint, "kestrel", self.source_key)
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
-        self.connections = {s.address: Connection(s) for s in self.servers}
+        self.cluster = Cluster(self.servers)
         self.handed_over: set[str] = set()  # log files whose ids were confirmed before commit
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
         self.lock = threading.Lock()
@@ -131,28 +110,38 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """Take what is there now and no more; every server must answer before anything is taken."""
         with self.lock:
-            self.available_now = {address: self._available(c, strict=True)
-                                  for address, c in self.connections.items()}
+            self.available_now = {address: self._available(address, strict=True) for address in self.servers}
 
-    def _available(self, connection: Connection, strict: bool) -> int:
+    def _available(self, address: str, strict: bool) -> int:
         try:
-            return connection.available(self.queue)
-        except ServerUnreachable as e:
+            return int(self.cluster.server(address).peek(self.queue).items)
+        except KestrelClientError as e:
             if strict:
-                raise ServerUnreachable(f"{e}: nothing was taken from any server") from e
-            log.warning("server unreachable; planning without it", server=connection.address, error=str(e))
+                raise ServersUnreachable(f"{e}: nothing was taken from any server") from e
+            log.warning("server unreachable; planning without it", server=address, error=str(e))
             return 0
 
+    def _start(self) -> None:
+        """Once per query, in the driver, before the first batch is planned or replayed: confirm
+        what the log holds (committed batches for good, the batch to be replayed early, since its
+        rows come from the log), then keep in-flight reads from timing out."""
+        if self._keeper is not None:
+            return
+        if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
+            raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
+                             f"Spark checkpoint: give the source the query's own checkpointLocation")
+        self._confirm_up_to(self.spark_log.committed())
+        for batch in wal.batches(self.root):
+            for path in wal.batch_files(self.root, batch):
+                self._hand_over(path)
+        self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
+        self._keeper.start()
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if self._keeper is None:
-            if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
-                raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
-                                 f"Spark checkpoint: give the source the query's own checkpointLocation")
-            self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
-            self._keeper.start()
         with self.lock:
+            self._start()
             self._confirm_up_to(self.spark_log.committed())
-            waiting = {address: self._available(c, strict=False) for address, c in self.connections.items()}
+            waiting = {address: self._available(address, strict=False) for address in self.servers}
             if self.available_now is not None:
                 waiting = {a: min(n, self.available_now.get(a, 0)) for a, n in waiting.items()}
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -170,31 +159,13 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batch = int(end["batch"])
         out: list[InputPartition] = []
         with self.lock:
+            self._start()
             for address, count in sorted(end["take"].items()):
-                epoch = self._epoch(address)
-                server = parse_servers(address)[0]
                 for part, first in enumerate(range(0, count, self.per_partition)):
                     path = os.path.join(self.root, str(batch), f"{address.replace(':', '_')}-{part}")
-                    if epoch is None and not os.path.exists(path):
-                        continue  # nothing logged and nothing can be taken now: skipped
                     quota = min(self.per_partition, count - first)
-                    out.append(StreamPartition(path, server, self.queue, quota, epoch or "",
-                                               self.auto_abort_ms))
+                    out.append(StreamPartition(path, address, self.queue, quota, self.auto_abort_ms))
         return out
-
-    def _epoch(self, address: str) -> str | None:
-        """The planning connection's epoch, None if the server is unlisted or unreachable. A logged
-        partition is read back whatever its server's state: its items may live only in the log."""
-        connection = self.connections.get(address)
-        if connection is None:
-            log.warning("server no longer listed: only what the log holds for it is read", server=address)
-            return None
-        try:
-            return connection.open_epoch()
-        except ServerUnreachable as e:
-            log.warning("server unreachable: only what the log holds for it is read", server=address,
-                        error=str(e))
-            return None
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, StreamPartition)
@@ -221,21 +192,25 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             wal.forget_batch(self.root, batch)
 
     def _confirm(self, path: str) -> None:
-        """Confirm one log file's reads if their connection is still the one they were planned on."""
+        """Confirm one log file's reads, over any connection to their server."""
         header, ids = wal.read_ids(path)
-        connection = self.connections.get(header.server)
         if not ids:
             return
-        if connection is None or connection.epoch != header.epoch:
-            log.warning("read ids from an earlier connection are not confirmed: the server may have "
-                        "restarted; their items return after autoAbortMs", server=header.server,
-                        items=len(ids))
-            return
         try:
-            connection.confirm(self.queue, ids)
-        except ServerUnreachable as e:
-            log.warning("confirm failed; the items return by themselves", server=header.server,
-                        items=len(ids), error=str(e))
+            closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
+        except KestrelClientError as e:
+            log.warning("confirm failed; the items return after autoAbortMs and are delivered again",
+                        server=header.server, items=len(ids), error=str(e))
+            return
+        if closed < len(ids):
+            log.warning("reads no longer open (a server restart or autoAbortMs returned them): their items "
+                        "are delivered again", server=header.server, items=len(ids) - closed)
+
+    def _hand_over(self, path: str) -> None:
+        """Confirm a logged batch's reads before Spark commits it: its items are safe in the log."""
+        if path not in self.handed_over:
+            self._confirm(path)
+            self.handed_over.add(path)
 
     def _keep_reads_alive(self) -> None:
         """Confirm in-flight reads at half their auto-abort time (their items are in the log)."""
@@ -248,29 +223,16 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             continue
                         header, _ = wal.read_ids(path)
                         if time.time() - header.fetched_at > self.auto_abort_ms / 2000.0:
-                            self._confirm(path)
-                            self.handed_over.add(path)
+                            self._hand_over(path)
 
     def stop(self) -> None:
-        """Confirm what the sink committed; give back the reads of a batch it never committed."""
+        """Confirm what the sink committed. The reads of a batch it did not commit stay open: the
+        next query from this checkpoint replays that batch from the log and confirms them (or,
+        after autoAbortMs, they return to their queue)."""
         self._stopped.set()
         with self.lock:
             self._confirm_up_to(self.spark_log.committed())
-            for batch in wal.batches(self.root):
-                for path in wal.batch_files(self.root, batch):
-                    if path not in self.handed_over:
-                        self._abort(path)
-            for connection in self.connections.values():
-                connection.close()
-
-    def _abort(self, path: str) -> None:
-        header, ids = wal.read_ids(path)
-        connection = self.connections.get(header.server)
-        if ids and connection is not None and connection.epoch == header.epoch:
-            try:
-                connection.abort(self.queue, ids)
-            except ServerUnreachable:
-                pass
+        self.cluster.close()
 
 
 def share(waiting: dict[str, int], cap: int | None) -> dict[str, int]:

@@ -5,7 +5,7 @@ Spark sees a row, so that a replayed batch yields exactly the same rows. A file 
 not at all (written aside, fsynced, then hard-linked into place: the first writer wins).
 
 Layout: `<checkpoint>/kestrel/<source>/<batch>/<partition>`; a file is a magic line, a JSON header
-line (server, connection epoch, fetch time, count), the read ids (int64 each), then each item as a
+line (server, fetch time, count), the read ids (int64 each), then each item as a
 uint32 length and its bytes.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
@@ -31,7 +31,6 @@ _LEN = struct.Struct("<I")
 @dataclass
 class WalHeader:
     server: str
-    epoch: str
     fetched_at: float  # seconds since the epoch, when the first item was taken
     count: int
 
@@ -74,7 +73,9 @@ def write_partition(path: str, header: WalHeader, ids: list[int], items: list[by
 def _read_head(f: Any, path: str) -> tuple[WalHeader, list[int]]:
     if f.readline() != MAGIC:
         raise ValueError(f"{path}: not a kestrel write-ahead log file")
-    header = WalHeader(**json.loads(f.readline()))
+    fields = json.loads(f.readline())
+    fields.pop("epoch", None)  # written by earlier versions, which confirmed ids only over one connection
+    header = WalHeader(**fields)
     raw = f.read(8 * header.count)
     return header, list(struct.unpack(f"<{header.count}q", raw))
 

@@ -1,7 +1,9 @@
 """`df.write.format("kestrel")`: put a DataFrame's `data` column into a queue on a list of servers.
 
-Each task puts its rows in batches, spreading batches over the servers round-robin from a
-task-dependent start (Kestrel's cluster model: servers never coordinate). Everything that can be
+Each task puts its rows in batches through a client `Cluster`, spreading batches over the servers
+round-robin from a task-dependent start (Kestrel's cluster model: servers never coordinate); a
+batch a server cannot take goes on to the next server, and when no server can take it, it is
+retried with the documented back-off. Everything that can be
 known before a row is written is checked when the job is planned: the servers, the options and the
 column's type. A put retried after a lost reply may add its batch twice (at-least-once).
 """
@@ -16,8 +18,9 @@ import structlog
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from pipeline.client import Connection, Server, parse_servers
+from client import Cluster
 from pipeline.options import Option, choice, parse_options, text, whole
+from pipeline.servers import parse_servers, with_retries
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -74,7 +77,7 @@ def data_column(schema: StructType, chosen: str | None) -> str:
 class KestrelWriter(DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         o = parse_options(options, WRITE_OPTIONS, "kestrel writer", required=("servers", "queue"))
-        self.servers: list[Server] = parse_servers(o["servers"])
+        self.servers: list[str] = parse_servers(o["servers"])
         self.queue: str = o["queue"]
         self.batch_size: int = o["batchSize"]
         self.retries: int = o["retries"]
@@ -89,23 +92,22 @@ class KestrelWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        turn = context.partitionId() if context is not None else 0
-        connections = [Connection(server) for server in self.servers]
+        turn = context.partitionId() % len(self.servers) if context is not None else 0
+        cluster = Cluster(self.servers[turn:] + self.servers[:turn])  # tasks start on different servers
         written = refused = nulls = 0
         pending: list[bytes] = []
 
         def put(items: list[bytes]) -> None:
-            nonlocal turn, written, refused
-            connection = connections[turn % len(connections)]
-            turn += 1
-            accepted = connection.put(self.queue, items, retries=self.retries, backoff_ms=self.backoff_ms)
+            nonlocal written, refused
+            accepted = with_retries(lambda: cluster.put_many(self.queue, items), f"put on {self.queue!r}",
+                                    retries=self.retries, backoff_ms=self.backoff_ms)
             written += accepted
             if accepted < len(items):
                 refused += len(items) - accepted
                 if self.on_full == "fail":
                     raise QueueFullError(
-                        f"queue {self.queue!r} on {connection.address} is full: it refused "
-                        f"{len(items) - accepted} of {len(items)} items (set onFull=count to go on)")
+                        f"queue {self.queue!r} is full on every server: they refused {len(items) - accepted} "
+                        f"of {len(items)} items (set onFull=count to go on)")
 
         try:
             for batch in iterator:
@@ -125,8 +127,7 @@ class KestrelWriter(DataSourceArrowWriter):
             if pending:
                 put(pending)
         finally:
-            for connection in connections:
-                connection.close()
+            cluster.close()
         return PutReport(written, refused, nulls)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

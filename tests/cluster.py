@@ -24,7 +24,7 @@ def running_servers(workdir: Path, configs: list[dict[str, Any]]) -> Iterator[li
         servers.append(ServerProcess(workdir / f"s{i}", config))
     try:
         with ThreadPoolExecutor(len(servers)) as pool:
-            started = list(pool.map(_start_on_free_ports, servers))
+            started = list(pool.map(ServerProcess.start, servers))
         servers[:] = started
         yield servers
     finally:
@@ -82,18 +82,6 @@ def run_gevent_script(servers: str) -> tuple[float, float]:
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])
-
-
-def _start_on_free_ports(srv: ServerProcess) -> ServerProcess:
-    """Start; if a port picked as free was taken meanwhile (other tests run beside us), pick again."""
-    try:
-        return srv.start()
-    except RuntimeError:
-        if "Address already in use" not in srv.log():
-            raise
-        srv.stop()
-        config = {k: v for k, v in srv.config.items() if not k.endswith("_port")}
-        return ServerProcess(srv.workdir, config).start()
 
 
 def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:

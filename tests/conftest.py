@@ -72,6 +72,27 @@ class ServerProcess:
         return (ROOT / "service" / f"{name}.py").exists()
 
     def start(self) -> ServerProcess:
+        """Start the server and wait for its ports. On a first start, a port picked as free that
+        another process took meanwhile (other test runs share the machine) is picked again."""
+        first = self.proc is None
+        for attempt in range(3):
+            try:
+                return self._start()
+            except RuntimeError:
+                if not first or attempt == 2 or "Address already in use" not in self.log():
+                    raise
+                self.stop()
+                self._pick_ports_again()
+        raise AssertionError("unreachable")
+
+    def _pick_ports_again(self) -> None:
+        for key in ("thrift_port", "memcache_port", "text_port", "admin_port"):
+            if self.config.get(key) == getattr(self, key):  # only the ports chosen here, not a test's
+                port = free_port()
+                setattr(self, key, port)
+                self.config[key] = port
+
+    def _start(self) -> ServerProcess:
         for key in ("thrift_port", "memcache_port", "text_port", "admin_port"):
             if not self._module_exists(key):
                 self.config[key] = 0

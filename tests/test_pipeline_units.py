@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
 
-from pipeline.client import Connection, Server, ServerUnreachable, parse_servers  # noqa: E402
+from client import Refused  # noqa: E402
 from pipeline.options import Option, parse_options, whole  # noqa: E402
+from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
 from tests.conftest import ServerProcess, free_port  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def test_bad_server_lists_are_refused(text: str, message: str) -> None:
 
 
 def test_server_list_defaults_the_port() -> None:
-    assert parse_servers("h1, h2:1234") == [Server("h1", 2229), Server("h2", 1234)]
+    assert parse_servers("h1, h2:1234") == ["h1:2229", "h2:1234"]
 
 
 SPEC = [Option("maxItemsPerTrigger", whole(1), None), Option("queue", lambda n, v: v)]
@@ -70,9 +71,9 @@ def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
     from pipeline import wal
 
     path = str(tmp_path / "7" / "h_1-0")
-    header = wal.WalHeader("h:1", "epoch", 12.5, 3)
+    header = wal.WalHeader("h:1", 12.5, 3)
     assert wal.write_partition(path, header, [4, 5, 6], [b"a", b"", b"c" * 70_000])
-    assert not wal.write_partition(path, wal.WalHeader("h:1", "other", 13.0, 1), [9], [b"z"])
+    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], [b"z"])
     assert wal.read_ids(path) == (header, [4, 5, 6])
     assert wal.read_items(path) == [b"a", b"", b"c" * 70_000]
     assert wal.batches(str(tmp_path)) == [7] and wal.batch_files(str(tmp_path), 7) == [path]
@@ -96,30 +97,39 @@ def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
         checkpoint_dir("s3a://bucket/cp")
 
 
-def test_a_lost_connection_ends_its_epoch(server: ServerProcess) -> None:
-    connection = Connection(Server("127.0.0.1", server.thrift_port))
-    first = connection.open_epoch()
-    assert connection.open_epoch() == first
-    server.restart()
-    with pytest.raises(ServerUnreachable):
-        connection.available("q")
-    assert connection.epoch is None
-    assert connection.open_epoch() != first
+def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: Any) -> None:
+    from client import Server
+
+    srv = server_factory({"max_open_reads": 7})
+    address = f"127.0.0.1:{srv.thrift_port}"
+    server = Server("127.0.0.1", srv.thrift_port)
+    server.put("q", [b"%d" % i for i in range(30)])
+    ids, items = take_open_reads(address, "q", 25, 60_000)
+    assert items == [b"%d" % i for i in range(25)] and len(set(ids)) == 25
+    assert server.peek("q").open_transactions == 25
+    assert server.confirm("q", set(ids)) == 25  # closed over another connection
+    assert take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000) == ([], [])  # a lost server: nothing
 
 
-def test_unreachable_server_is_a_connection_error() -> None:
-    connection = Connection(Server("127.0.0.1", free_port()))
-    with pytest.raises(ServerUnreachable, match="127.0.0.1"):
-        connection.available("q")
+def test_retries_wait_for_a_server_that_comes_back(server: ServerProcess) -> None:
+    from client import Cluster
 
-
-def test_put_retries_refused_connections_until_the_server_is_back(server: ServerProcess) -> None:
-    connection = Connection(Server("127.0.0.1", server.thrift_port))
+    cluster = Cluster([f"127.0.0.1:{server.thrift_port}"])
     server.stop()
     threading.Timer(0.5, server.start).start()
-    assert connection.put("q", [b"x"], retries=8, backoff_ms=100) == 1
-    with pytest.raises(ServerUnreachable, match="gave up after 2 attempts"):
-        Connection(Server("127.0.0.1", free_port())).put("q", [b"x"], retries=1, backoff_ms=1)
+    assert with_retries(lambda: cluster.put_many("q", [b"x"]), "put", retries=8, backoff_ms=100) == 1
+    gone = Cluster([f"127.0.0.1:{free_port()}"])
+    with pytest.raises(ServersUnreachable, match="gave up after 2 attempts"):
+        with_retries(lambda: gone.put_many("q", [b"x"]), "put", retries=1, backoff_ms=1)
+    calls: list[int] = []
+
+    def refused() -> None:
+        calls.append(1)
+        raise Refused("h:1", "bad queue name")
+
+    with pytest.raises(Refused):
+        with_retries(refused, "put", retries=5, backoff_ms=1)
+    assert calls == [1]  # an answer from the server is not retried
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
