@@ -1,6 +1,7 @@
 """Start-up replay speed: a queue's journal of add+remove records replayed by a fresh collection.
 
-For 64-byte and 1 KB items: records/s and MB/s from opening the collection to the queue serving.
+For 64-byte and 1 KB items: records/s and MB/s from opening the collection to the queue serving,
+and from starting a Python process (imports included) to the same point.
 `--profile` prints where the time goes (cProfile, the 64-byte journal).
 
     .venv/bin/python -m bench.bench_replay [--quick] [--profile]
@@ -13,6 +14,8 @@ import cProfile
 import os
 import pstats
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -42,6 +45,15 @@ def replay_seconds(directory: str) -> float:
     return elapsed
 
 
+def process_seconds(directory: str) -> float:
+    """The same replay in a new process, from its start (interpreter and imports included)."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", f"from bench.bench_replay import replay_seconds; "
+                    f"replay_seconds({directory!r})"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small journals, for a smoke run")
@@ -59,8 +71,10 @@ def main() -> None:
                 pstats.Stats(profile).sort_stats("tottime").print_stats(12)
                 continue
             best = min(replay_seconds(directory) for _ in range(3))
+            whole = min(process_seconds(directory) for _ in range(3))
             print(f"{size:>5} B items: {records:,} records, {nbytes / 1e6:.0f} MB in {best:.2f} s: "
-                  f"{records / best:,.0f} records/s, {nbytes / best / 1e6:.0f} MB/s")
+                  f"{records / best:,.0f} records/s, {nbytes / best / 1e6:.0f} MB/s; from process start "
+                  f"{whole:.2f} s: {records / whole:,.0f} records/s, {nbytes / whole / 1e6:.0f} MB/s")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
