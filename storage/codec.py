@@ -306,6 +306,82 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
     return True
 
 
+# The records `decode_common` reads, as (opcode, offset, xid, add time, expiry, data); fields a
+# record does not have are 0 (and data b"").
+Common = tuple[int, int, int, int, int, bytes]
+_NO_DATA = b""
+
+
+def decode_common(buf: bytes, pos: int, base: int, budget: int,
+                  check_sizes: bool) -> tuple[list[Common], int, int]:
+    """Decode the run of common records (ADDX, ADD_XID, REMOVE, CONFIRM_REMOVE,
+    REMOVE_TENTATIVE_XID) that starts at `pos`, as plain tuples: replay's fast path.
+
+    The run stops before any other record, before a record that is not whole in `buf`, before one
+    that `decode` or the reader's damage checks would question (a REMOVE not followed by an opcode,
+    a size too small, with `check_sizes` a size that `misplaced_end` finds one bit off), and before
+    an add whose data would bring the run's total to `budget` bytes: the general path takes over
+    there, so every check keeps its full form. Offsets are `base + ` the position in `buf`.
+    Returns the run, the position after it, and the position of its last record if that has a
+    size field (else -1).
+    """
+    run: list[Common] = []
+    end = len(buf)
+    previous = -1
+    total = 0
+    while pos < end:
+        op = buf[pos]
+        if op in (ADDX, ADD_XID):
+            if op == ADDX:
+                head = pos + 21
+                if head > end:
+                    break
+                size, add_time, expiry = _ADDX_HEAD.unpack_from(buf, pos + 1)
+                xid = 0
+            else:
+                head = pos + 25
+                if head > end:
+                    break
+                xid, size, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, pos + 1)
+            stop = head + size - ITEM_HEADER
+            total += stop - head
+            if size < ITEM_HEADER or stop > end or total >= budget:
+                break
+            if check_sizes and _may_be_misplaced(buf, head, stop, size) \
+                    and misplaced_end(buf, pos, stop) is not None:
+                break
+            run.append((op, base + pos, xid, add_time, expiry, buf[head:stop]))
+            previous = pos
+            pos = stop
+        elif op == REMOVE:
+            if pos + 1 >= end or buf[pos + 1] > MAX_OPCODE:
+                break
+            run.append((op, base + pos, 0, 0, 0, _NO_DATA))
+            previous = -1
+            pos += 1
+        elif op in (CONFIRM_REMOVE, REMOVE_TENTATIVE_XID):
+            if pos + 5 > end:
+                break
+            run.append((op, base + pos, _I32.unpack_from(buf, pos + 1)[0], 0, 0, _NO_DATA))
+            previous = -1
+            pos += 5
+        else:
+            break
+    return run, pos, previous
+
+
+def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
+    """Whether a one-bit smaller `size` would end the item record whose data is `buf[head:stop]`
+    on an opcode byte: `misplaced_end` can find damage only then (the usual answer is no)."""
+    rest = size
+    while rest:
+        bit = rest & -rest
+        rest ^= bit
+        if stop - bit >= head and buf[stop - bit] <= MAX_OPCODE:
+            return True
+    return False
+
+
 # Records with a size field: the ones whose size can be damaged into a wrong but readable one.
 SIZED_RECORDS = (Add, AddX, AddXid, Continue)
 # Where each sized record keeps its size field (counted from its opcode byte), and its least size.

@@ -236,6 +236,18 @@ class RecordReader:
             self._previous = at if isinstance(record, codec.SIZED_RECORDS) else None
             return at, record
 
+    def common_run(self, budget: int) -> list[codec.Common]:
+        """The run of common records whole in the buffer from here (`codec.decode_common`), read.
+
+        Empty when the next record needs `next()`: another kind, not yet read from the file,
+        damaged, or an add past `budget` bytes of data. Records are checked as `next()` checks them.
+        """
+        run, self._pos, previous = codec.decode_common(self._buf, self._pos, self._buf_start, budget,
+                                                       self.check_sizes)
+        if run:
+            self._previous = self._buf_start + previous if previous >= 0 else None
+        return run
+
     def _damage_before(self, error: Malformed) -> CorruptJournalError | None:
         """The record just before unreadable bytes, if its size field looks one bit too small.
 

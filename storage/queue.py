@@ -263,9 +263,20 @@ class PersistentQueue:
         """Apply one file's records; return (path, offset) where salvage must cut, if it must."""
         now = self.clock.now_ms()
         try:
-            for offset, record in reader:
+            while True:
+                # Runs of common records take the fast path while no add there can reach the
+                # memory limit (read-behind starts on the general path, record by record).
+                room = self.config.max_memory_size - self.memory_bytes
+                if self._rb is None and not self._checkpoints and room > 0:
+                    run = reader.common_run(room)
+                    if run:
+                        self._apply_common(run)
+                        continue
+                entry = reader.next()
+                if entry is None:
+                    break
                 self._replay_at = (key, reader.offset)
-                self._apply(record, now, offset)
+                self._apply(entry[1], now, entry[0])
         except CorruptJournalError as e:
             if not self._salvage or not repair:
                 raise
@@ -365,6 +376,42 @@ class PersistentQueue:
         elif isinstance(record, Continue):
             self._opens.pop(record.xid, None)
             self._append(_item_of(record, now))
+
+    def _apply_common(self, run: list[codec.Common]) -> None:
+        """`_apply` for a run of common records, while nothing is in read-behind or checkpointed
+        and no add in the run can reach the memory limit (the caller makes sure)."""
+        mem = self._mem
+        opens = self._opens
+        count = size = 0
+        for op, offset, xid, add_time, expiry, data in run:
+            if op in (codec.ADDX, codec.ADD_XID):
+                mem.append(QItem(add_time, expiry, data, xid))
+                count += 1
+                size += len(data)
+            elif op == codec.REMOVE:
+                if not mem:
+                    self._note_anomaly("remove_of_nothing", offset)
+                    continue
+                count -= 1
+                size -= len(mem.popleft().data)
+            elif op == codec.CONFIRM_REMOVE:
+                if opens.pop(xid, None) is None:
+                    self._note_anomaly("confirm_of_no_open_read", offset)
+            else:  # REMOVE_TENTATIVE_XID
+                if not mem:
+                    self._note_anomaly("open_of_nothing", offset)
+                    continue
+                item = mem.popleft()
+                count -= 1
+                size -= len(item.data)
+                if not item.xid and xid != self._next_xid(take=False):
+                    self._note_anomaly("xid_jumps", offset)
+                item.xid = xid
+                opens[xid] = item
+                self._xid = xid
+        self.length += count
+        self.bytes += size
+        self.memory_bytes += size
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics shared by replay and live operations
