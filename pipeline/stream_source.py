@@ -101,7 +101,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning -------------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         return {"source": self.source_key, "batch": -1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -137,7 +137,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
         self._keeper.start()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         with self.lock:
             self._start()
             self._confirm_up_to(self.spark_log.committed())
@@ -153,7 +153,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self.available_now[address] -= n
             return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": take}
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if end.get("batch") == start.get("batch") or "take" not in end:
             return []
         batch = int(end["batch"])
@@ -171,13 +171,13 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, StreamPartition)
         return read_partition(partition)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Spark ships `read` to the executors with its reader: the driver's state stays behind."""
         return {}
 
     # -- committing -----------------------------------------------------------------------------
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         with self.lock:
             self._confirm_up_to(int(end.get("batch", -1)))
 

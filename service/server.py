@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent.event
 import structlog
 
 from service import __version__
-from service.auto_abort import AutoAborts
 from service.config import ServerConfig
+from service.open_reads import ReadsById
 from service.stats import ServerStats
 from service.status import StatusKeeper
 from service.thrift_read_ids import ReadIds
 from storage import QueueCollection
-
-if TYPE_CHECKING:
-    from service.session import OpenRead
 
 log = structlog.get_logger("kestrel.server")
 
@@ -34,26 +31,8 @@ class KestrelServer:
                                    config.status_change_grace_period)
         self.stats = ServerStats()
         self.version = __version__
-        self.open_reads: dict[int, OpenRead] = {}
-        self.auto_aborts = AutoAborts(self.open_reads, self._auto_abort)
-        self.ids = ReadIds(config.queue_path, self.collection.clock)
+        self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
         self.shutdown_requested = gevent.event.Event()
-
-    def next_read_id(self) -> int:
-        return self.ids.next()
-
-    def _auto_abort(self, read_ids: list[int]) -> None:
-        """Open reads whose auto-abort time came: their items go back to the head of their queues,
-        newest first, so that they end up in the order they were read (as an abort puts them);
-        each queue's records in one journal write."""
-        xids: dict[str, list[int]] = {}
-        for read_id in sorted(read_ids, reverse=True):
-            read = self.open_reads.pop(read_id, None)
-            if read is not None:
-                read.session.forget_read(read.queue, read_id)
-                xids.setdefault(read.queue, []).append(read.xid)
-        for queue, queue_xids in xids.items():
-            self.collection.unremove_many(queue, queue_xids)
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""
@@ -100,9 +79,9 @@ class KestrelServer:
         self.collection.reload(fresh.queues, fresh.aliases)
 
     def close(self) -> None:
-        """Cancel the auto-abort timer, then close the queues. Reads still open stay open in their
+        """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their
         journals, so the next start hands their items out again, as a crash would."""
-        self.auto_aborts.close()
+        self.reads_by_id.cancel_timers()
         self.collection.close()
 
     def request_shutdown(self) -> None:

@@ -1,26 +1,27 @@
 """The session layer every protocol shares: status checks, open reads, limits, stats.
 
 Protocol handlers parse a request, call a Session method and encode the reply. The rules live
-here once: what the server status allows, how many reads a connection may hold open, how open
-reads end (Thrift: by confirm, abort or the auto-abort timer, whatever the connection does;
-memcache and text: one per queue and connection, aborted when the connection drops).
+here once: what the server status allows, how reads are opened and closed (the open reads
+themselves are kept in `service.open_reads`: Thrift's by id, with auto-abort deadlines; memcache
+and text one per queue and connection, aborted when the connection drops).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import gevent
 import structlog
 
+from service.logs import bind_client
+from service.open_reads import OpenReads
 from service.server import KestrelServer
 from service.status import Status, UnknownStatus
 from storage import QItem
-from storage.collection import check_queue_name
 from storage.errors import KestrelError
+from storage.filenames import check_queue_name
 
 log = structlog.get_logger("kestrel.session")
 
@@ -37,27 +38,17 @@ class ClientGone(Exception):
     """Raised inside a blocking read whose client has hung up."""
 
 
-@dataclass(slots=True)
-class OpenRead:
-    """A Thrift open read: which queue and xid, and who opened it (its auto-abort deadline is in
-    the server's wait list)."""
-
-    queue: str
-    xid: int
-    session: Session
-
-
 class Session:
     """One client connection's view of the server."""
 
     def __init__(self, server: KestrelServer, peer: str) -> None:
         self.server = server
         self.peer = peer
+        bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
         self.stats = server.stats
-        self.read_ids: dict[str, set[int]] = {}  # Thrift open reads this connection opened, by queue
-        self.pending: dict[str, list[int]] = {}  # memcache/text open reads: queue -> xids, oldest first
+        self.reads = OpenReads(server.config.max_open_reads)
         self.stats.curr_connections += 1
         self.stats.total_connections += 1
         self.closed = False
@@ -65,19 +56,14 @@ class Session:
         self._waiting = False  # in the one wait a hang-up may cancel
 
     def close(self) -> None:
-        """The connection is gone: memcache-style open reads go back to their queues."""
+        """The connection is gone: its memcache-style open reads go back to their queues (Thrift
+        reads outlive it, until confirmed by id or aborted by their timer)."""
         if self.closed:
             return
         self.closed = True
         self.stats.curr_connections -= 1
-        for queue in list(self.pending):
+        for queue in self.reads.queues():
             self.abort_pending(queue)
-
-    def _touch(self, queue: str) -> None:
-        """Log queue creation with the client's address (the collection creates it right after)."""
-        if self.coll.get(queue) is None and not self.coll.is_alias(queue):
-            check_queue_name(queue)
-            log.info("queue referenced for the first time", queue=queue, client=self.peer)
 
     # -----------------------------------------------------------------------------------------
     # Writes
@@ -97,7 +83,6 @@ class Session:
         first the queue refused (full, or over `max_item_size`)."""
         self.status.check_write("put")
         self.stats.cmd_set += len(items)
-        self._touch(queue)
         return self.coll.add_many(queue, items, expiry_ms)
 
     def flush(self, queue: str) -> None:
@@ -138,12 +123,11 @@ class Session:
         `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
         `max_open_reads` open reads on each queue, as Kestrel counts them."""
         self.status.check_read("get")
-        self._touch(queue)
         config = self.server.config
         max_items = min(max_items, config.max_batch_items)
         transaction = auto_abort_ms > 0
         if transaction:
-            max_items = min(max_items, config.max_open_reads - len(self.read_ids.get(queue, ())))
+            max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
         items = self.coll.remove_many(queue, max_items, transaction)
         deadline = time.monotonic() + min(max(timeout_ms, 0), config.max_wait) / 1000.0
@@ -159,45 +143,16 @@ class Session:
             self.stats.get_misses += 1
         if not transaction:
             return [(0, item.data) for item in items]
-        return [(self._open_read(queue, item.xid, auto_abort_ms), item.data) for item in items]
-
-    def _open_read(self, queue: str, xid: int, auto_abort_ms: int) -> int:
-        read_id = self.server.next_read_id()
-        self.server.open_reads[read_id] = OpenRead(queue, xid, self)
-        self.server.auto_aborts.add(read_id, auto_abort_ms / 1000.0)
-        self.read_ids.setdefault(queue, set()).add(read_id)
-        return read_id
-
-    def forget_read(self, queue: str, read_id: int) -> None:
-        """An open read this connection made is closed (here, by another connection, or by its timer)."""
-        ids = self.read_ids.get(queue)
-        if ids is not None:
-            ids.discard(read_id)
-            if not ids:
-                del self.read_ids[queue]
-
-    def _close_reads(self, queue: str, ids: set[int], confirm: bool) -> int:
-        """Close open reads by id, their journal records in one write; how many were open."""
-        xids = []
-        # Newest first, so that aborted items end up at the head in the order they were read.
-        for read_id in sorted(ids, reverse=True):
-            read = self.server.open_reads.get(read_id)
-            if read is None or read.queue != queue:
-                continue
-            del self.server.open_reads[read_id]
-            read.session.forget_read(queue, read_id)
-            xids.append(read.xid)
-        if not xids:
-            return 0
-        return self.coll.confirm_many(queue, xids) if confirm else self.coll.unremove_many(queue, xids)
+        by_id = self.server.reads_by_id
+        return [(by_id.open(self.reads, queue, item.xid, auto_abort_ms), item.data) for item in items]
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""
-        return self._close_reads(queue, ids, confirm=True)
+        return self.server.reads_by_id.close(queue, ids, confirm=True)
 
     def abort_ids(self, queue: str, ids: set[int]) -> int:
         self.status.check_read("abort")
-        return self._close_reads(queue, ids, confirm=False)
+        return self.server.reads_by_id.close(queue, ids, confirm=False)
 
     # -----------------------------------------------------------------------------------------
     # Memcache-style reads: open reads kept per queue on this connection, oldest first
@@ -240,9 +195,6 @@ class Session:
         """A client's wait, capped by `max_wait`."""
         return min(max(timeout_ms, 0), self.server.config.max_wait) / 1000.0
 
-    def holds_open_reads(self, queue: str) -> bool:
-        return bool(self.pending.get(queue))
-
     def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
                 abort: bool = False, peek: bool = False) -> bytes | None:
         """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
@@ -257,8 +209,7 @@ class Session:
         if not (open or peek) and (close or abort):
             return None
         self.status.check_read("peek" if peek else "get")
-        self._touch(queue)
-        if not peek and self.pending.get(queue):
+        if not peek and self.reads.holds(queue):
             if not open:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
             raise SessionError("already have an open read on this queue: close or abort it first")
@@ -268,7 +219,7 @@ class Session:
             self.stats.cmd_get += 1
         item = self._take(queue, self._wait_seconds(timeout_ms), open=open, peek=peek)
         if item is not None and open:
-            self.pending.setdefault(queue, []).append(item.xid)
+            self.reads.open(queue, item.xid)
         if item is None:
             self.stats.get_misses += 1
             return None
@@ -282,12 +233,10 @@ class Session:
         (the default for `max_items`); each item is a hit or a miss, not a `cmd_get`.
         """
         self.status.check_read("monitor")
-        self._touch(queue)
-        limit = self.server.config.max_open_reads
-        max_items = limit if max_items is None else max_items
+        max_items = self.reads.max_open_reads if max_items is None else max_items
         deadline = time.monotonic() + self._wait_seconds(timeout_ms)
         count = 0
-        while count < max_items and len(self.pending.get(queue, ())) < limit:
+        while count < max_items and self.reads.room(queue) > 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -296,32 +245,26 @@ class Session:
                 self.stats.get_misses += 1
                 return
             self.stats.get_hits += 1
-            self.pending.setdefault(queue, []).append(item.xid)
+            self.reads.open(queue, item.xid)
             count += 1
             yield item.data
 
     def confirm_reads(self, queue: str, count: int | None = None) -> int:
         """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
-        xids = self.pending.get(queue)
-        if not xids:
-            return 0
-        done = xids[:count] if count is not None else list(xids)
-        self.coll.confirm_many(queue, done)
-        del xids[:len(done)]
-        if not xids:
-            del self.pending[queue]
+        done = self.reads.take_oldest(queue, count)
+        if done:
+            self.coll.confirm_many(queue, [read.xid for read in done])
         return len(done)
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        self.coll.unremove_many(queue, self.pending.pop(queue, [])[::-1])
+        self.coll.unremove_many(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status
 
     def peek(self, queue: str) -> QItem | None:
         self.status.check_read("peek")
-        self._touch(queue)
         self.stats.cmd_peek += 1
         return self.coll.peek(queue)
 

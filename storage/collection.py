@@ -194,8 +194,12 @@ class QueueCollection:
         return self.queue(name).wait_remove(timeout, transaction)
 
     def remove_many(self, name: str, count: int, transaction: bool = False) -> list[QItem]:
-        """Up to `count` items that are there now, with one journal write; an alias gives none."""
-        if name in self.aliases or count <= 0:
+        """Up to `count` items that are there now, with one journal write; an alias gives none.
+        Raises InvalidQueueName, even when asked for no items."""
+        if name in self.aliases:
+            return []
+        if count <= 0:
+            check_queue_name(name)
             return []
         return self.queue(name).remove_many(count, transaction)
 

@@ -151,6 +151,7 @@ def record_length(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
         return length
     if pos + 5 > len(buf):
         raise Incomplete
+    size: int
     (size,) = _I32.unpack_from(buf, pos + 1)
     if size < 0:
         raise Malformed(byte, f"{name} has a negative data size {size}")

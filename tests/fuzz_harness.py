@@ -289,7 +289,7 @@ def run(srv: ServerProcess, target: Target, count: int, seed: int = 1, workers: 
         p.start()
     while any(p.is_alive() for p in procs):
         report.rss_peak_kb = max(report.rss_peak_kb, rss_kb(pid))
-        time.sleep(0.2)
+        time.sleep(0.1)
     done.set()
     good.join(10)
     report.seconds = time.monotonic() - started

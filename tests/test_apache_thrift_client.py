@@ -4,6 +4,7 @@ transport (framed, buffered) and protocol (binary, compact) the server can be se
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -74,16 +75,22 @@ def test_every_operation_with_the_generated_client(generated: Any, apache_client
     assert c.put("apache", [b"plain"], 60_000) == 1
     assert [(i.data, i.id) for i in c.get("apache", 5, 0, 0)] == [(b"plain", 0)]
     assert c.current_status() == ttypes.Status.UP
-    assert c.get_version()
-    c.put("apache", [b"x", b"y"], 0)
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", c.get_version())
+    assert c.put("apache", [b"x", b"y"], 0) == 2
+    assert c.put("other", [b"z"], 0) == 1
     c.flush_queue("apache")
-    assert c.peek("apache").items == 0
-    c.put("other", [b"z"], 0)
+    assert (c.peek("apache").items, c.peek("other").items) == (0, 1)  # only the one queue
+    assert c.put("apache", [b"w"], 0) == 1
     c.flush_all_queues()
-    assert c.peek("other").items == 0
+    assert (c.peek("apache").items, c.peek("other").items) == (0, 0)
+    assert c.put("other", [b"z"], 0) == 1
     c.delete_queue("other")
+    assert c.peek("other").items == 0  # its item went with it (peeking creates it afresh, empty)
+    assert c.peek("apache").items == 0
     c.set_status(ttypes.Status.READ_ONLY)
+    assert c.current_status() == ttypes.Status.READ_ONLY
     with pytest.raises(Exception, match="ReadOnly"):
         c.put("apache", [b"refused"], 0)
     c.set_status(ttypes.Status.UP)
+    assert c.current_status() == ttypes.Status.UP
     assert c.put("apache", [b"back"], 0) == 1

@@ -133,11 +133,13 @@ def test_python_memcached_get_multi_answers_at_once(pmc: Any) -> None:
 
 
 def test_python_memcached_flush_all_and_stats(pmc: Any) -> None:
-    pmc.set("pm_flush", "x")
+    assert pmc.set("pm_flush", "x")
+    ((_, before),) = pmc.get_stats()
+    assert int(before["queue_pm_flush_items"]) == 1
     pmc.flush_all()
-    assert pmc.get("pm_flush") is None
     ((_, stats),) = pmc.get_stats()
-    assert "curr_items" in stats
+    assert int(stats["queue_pm_flush_items"]) == 0 and int(stats["curr_items"]) == 0
+    assert pmc.get("pm_flush") is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,56 @@ def test_every_documented_opcode_has_its_number() -> None:
     assert len(documented) == 9
     for name, number in documented.items():
         assert getattr(codec, name) == int(number), name
+
+
+# The values each documented field takes in the layout test, by the words the document uses.
+T0 = 1_700_000_000_000
+FIELD_VALUES = {"xid": 7, "expiration time (absolute, epoch time, in seconds)": 1_700_000_123,
+                "add time (absolute, epoch time, in milliseconds)": T0,
+                "expiration time (absolute, epoch time, in milliseconds)": T0 + 5_000,
+                "number of open transactions to follow as ADD_XID": 0}
+DATA = b"hi"
+# The codec's record for each documented opcode, built from the same values.
+RECORDS = {
+    "ADD": codec.Add(1_700_000_123, DATA),
+    "REMOVE": codec.Remove(),
+    "ADDX": codec.AddX(T0, T0 + 5_000, DATA),
+    "REMOVE_TENTATIVE": codec.RemoveTentative(),
+    "SAVE_XID": codec.SaveXid(7),
+    "UNREMOVE": codec.Unremove(7),
+    "CONFIRM_REMOVE": codec.ConfirmRemove(7),
+    "ADD_XID": codec.AddXid(7, T0, T0 + 5_000, DATA),
+    "STATE_DUMP": codec.StateDump(7, 0),
+}
+
+
+def documented_layouts() -> dict[str, bytes]:
+    """Each opcode's bytes, built field by field from the document's own layout (little-endian)."""
+    layouts: dict[str, bytes] = {}
+    for name, number, body in re.findall(r"^- ([A-Z_]+) \((\d+)\)\n((?:\n| {8}.*\n)*)", SEED.read_text(),
+                                         re.MULTILINE):
+        fields = [line.strip() for line in body.splitlines() if line.strip()]
+        out = bytes([int(number)])
+        for field in fields:
+            kind, _, meaning = field.partition(" ")
+            if kind == "binary":
+                out += DATA
+            elif meaning == "size":
+                overhead = int(re.findall(r"size - (\d+)", body)[0])  # the data is `size - overhead`
+                out += struct.pack("<i", len(DATA) + overhead)
+            else:
+                out += struct.pack({"i32": "<i", "i64": "<q"}[kind], FIELD_VALUES[meaning])
+        layouts[name] = out
+    return layouts
+
+
+@pytest.mark.skipif(not SEED.exists(), reason=f"the format document is not at {SEED}")
+def test_each_opcode_encodes_and_decodes_as_the_document_lays_it_out() -> None:
+    layouts = documented_layouts()
+    assert sorted(layouts) == sorted(RECORDS)
+    for name, laid_out in layouts.items():
+        assert codec.encode(RECORDS[name]) == laid_out, name
+        assert codec.decode(laid_out, 0, True) == (RECORDS[name], len(laid_out)), name
 
 
 def test_dump_prints_records_and_reports_a_torn_tail(tmp_path: Path) -> None:

@@ -40,8 +40,10 @@ def test_pymemcache_set_get_delete_stats_version(server: ServerProcess, mc: Clie
     assert mc.get("jobs/open") == b"two"
     assert mc.get("jobs/close") is None
     assert mc.get("jobs") is None
-    mc.set("gone", b"x")
+    assert mc.set("gone", b"x")
+    assert b"queue_gone_items" in mc.stats()
     assert mc.delete("gone")
+    assert b"queue_gone_items" not in mc.stats()
     stats = mc.stats()
     assert stats[b"cmd_set"] >= 3 and stats[b"queue_jobs_items"] == 0
     assert mc.version()

@@ -220,6 +220,8 @@ def test_bad_queue_names_are_refused_with_a_reason(tmp_path: Path, name: str, re
     coll = make(tmp_path)
     with pytest.raises(InvalidQueueName, match=re.escape(reason)):
         coll.add(name, b"x")
+    with pytest.raises(InvalidQueueName, match=re.escape(reason)):
+        coll.remove_many(name, 0)  # a read of no items still names what was wrong
     assert os.listdir(tmp_path) == []
 
 

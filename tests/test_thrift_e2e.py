@@ -18,6 +18,7 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 
 from contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ServerProcess
+from tests.wire import eventually
 
 
 @contextmanager
@@ -61,7 +62,7 @@ def test_waiting_get_is_woken_by_a_put_from_another_connection(server: ServerPro
     with client(server) as waiter, client(server) as producer:
         t = threading.Thread(target=lambda: result.extend(waiter.get("wake", 1, 5000, 0)))
         t.start()
-        time.sleep(0.2)
+        eventually(lambda: producer.peek("wake").waiters == 1)
         producer.put("wake", [b"hello"], 0)
         t.join(5)
     assert [i.data for i in result] == [b"hello"]
@@ -70,10 +71,12 @@ def test_waiting_get_is_woken_by_a_put_from_another_connection(server: ServerPro
 def test_auto_abort_returns_the_item_to_the_head(server: ServerProcess) -> None:
     with client(server) as c:
         c.put("jobs", [b"first", b"second"], 0)
+        started = time.monotonic()
         opened = c.get("jobs", 1, 0, 200)
         assert opened[0].data == b"first" and opened[0].id != 0
         assert c.peek("jobs").open_transactions == 1
-        time.sleep(0.6)
+        eventually(lambda: c.peek("jobs").open_transactions == 0)
+        assert time.monotonic() - started >= 0.2
         info = c.peek("jobs")
         assert info.head_item == b"first" and info.open_transactions == 0
         assert c.confirm("jobs", {opened[0].id}) == 0  # too late: it was aborted
@@ -84,8 +87,8 @@ def test_auto_abort_of_a_batch_returns_its_items_in_read_order_once(server: Serv
         c.put("batch", [b"%d" % i for i in range(50)], 0)
         first = c.get("batch", 20, 0, 150)
         kept = c.get("batch", 10, 0, 60_000)  # a later deadline: still open after the first batch
-        c.confirm("batch", {first[0].id})  # confirmed in time: never comes back
-        time.sleep(0.4)
+        assert c.confirm("batch", {first[0].id}) == 1  # confirmed in time: never comes back
+        eventually(lambda: c.peek("batch").open_transactions == 10)
         info = c.peek("batch")
         assert info.open_transactions == 10 and info.items == 49 - 10
         again = c.get("batch", 50, 0, 0)
@@ -130,9 +133,11 @@ def test_max_open_reads_per_connection(server_factory: Any) -> None:
 
 def test_expiration_is_relative(server: ServerProcess) -> None:
     with client(server) as c:
+        started = time.monotonic()
         c.put("exp", [b"short"], 100)
         c.put("exp", [b"long"], 60_000)
-        time.sleep(0.3)
+        eventually(lambda: c.peek("exp").head_item == b"long")
+        assert time.monotonic() - started >= 0.1
         assert [i.data for i in c.get("exp", 5, 0, 0)] == [b"long"]
 
 
