@@ -53,7 +53,6 @@ class Command:
     keys: tuple[str, ...] = ()  # dump_stats' queue names
     get: GetOptions | None = None
     cas: bool = False  # `gets`: VALUE lines carry a CAS field
-    flags: int = 0
     expiry: int = 0
     size: int = 0
     noreply: bool = False
@@ -133,9 +132,9 @@ def _parse_set(args: list[str]) -> Command:
             raise client_error("usage: set <queue> <flags> <exptime> <bytes> [noreply]")
         if size is None:
             raise client_error(f"bad byte count {args[3]!r}: expected 0..{MAX_ITEM_BYTES}")
-        return Command("set", key=args[0], flags=_int(args[1], "flags", 0, 2**32 - 1),
-                       expiry=_int(args[2], "exptime", EXPIRY_LOW, EXPIRY_HIGH), size=size,
-                       noreply=len(args) == 5)
+        _int(args[1], "flags", 0, 2**32 - 1)  # checked, not kept: items carry no flags (replies say 0)
+        return Command("set", key=args[0], expiry=_int(args[2], "exptime", EXPIRY_LOW, EXPIRY_HIGH),
+                       size=size, noreply=len(args) == 5)
     except ProtocolError as e:
         if size is None:
             raise ProtocolError(e.reply + " (closing: the item's length is unknown)", close=True) from None

@@ -23,9 +23,22 @@ MAX_FILE_NAME_BYTES = 255
 _ROTATED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)$")
 _PACKED = re.compile(r"^(?P<name>[^.~]+)\.(?P<ts>\d+)\.pack$")
 # Characters that would let a name leave the queue path, collide with another file's suffix, or be
-# taken for a temporary.
-_FORBIDDEN = {"/": "a path separator", "\\": "a path separator", "\0": "not allowed in file names",
-              ".": "reserved for journal file suffixes", "~": "the mark of temporary files"}
+# taken for a temporary; with why. Kestrel 3 names (new files, no existing queues to keep loading)
+# also refuse a backslash and lone surrogates.
+_FORBIDDEN = {"/": "it is a path separator", "~": "it marks temporary files",
+              ".": "it is reserved for journal file suffixes", "\0": "it cannot be in a file name"}
+_FORBIDDEN_KESTREL3 = {**_FORBIDDEN, "\\": "it is a path separator"}
+
+
+def _check_characters(what: str, name: str, forbidden: dict[str, str], surrogates: bool) -> None:
+    """The one character rule of every name that becomes part of a file name."""
+    for char, why in forbidden.items():  # in the table's order: a path separator is named first
+        if char in name:
+            raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, which is not allowed: {why}")
+    if any(c.isspace() or ord(c) < 32 for c in name):
+        raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
+    if surrogates and any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -33,12 +46,6 @@ _FORBIDDEN = {"/": "a path separator", "\\": "a path separator", "\0": "not allo
 
 # Room left in a 255-byte file name for ".<13-digit ms>.pack" and similar suffixes.
 MAX_NAME_BYTES = 200
-_QUEUE_NAME_FORBIDDEN = (
-    ("/", "it is a path separator"),
-    ("~", "it marks temporary journal files"),
-    (".", "it is reserved for journal file suffixes"),
-    ("\0", "it cannot be in a file name"),
-)
 
 
 def check_queue_name(name: str) -> None:
@@ -50,11 +57,7 @@ def check_queue_name(name: str) -> None:
         raise InvalidQueueName("queue name is empty")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise InvalidQueueName(f"queue name is longer than {MAX_NAME_BYTES} bytes")
-    for char, why in _QUEUE_NAME_FORBIDDEN:
-        if char in name:
-            raise InvalidQueueName(f"queue name {name!r} contains {char!r}, which is not allowed: {why}")
-    if any(c.isspace() or ord(c) < 32 for c in name):
-        raise InvalidQueueName(f"queue name {name!r} contains whitespace or a control character")
+    _check_characters("queue", name, _FORBIDDEN, surrogates=False)
     if "+" in name:
         parent, _, child = name.partition("+")
         if not parent or not child or "+" in child:
@@ -122,13 +125,7 @@ def check_name_part(what: str, name: str, allow_empty: bool = False) -> None:
     """
     if not name and not allow_empty:
         raise InvalidQueueName(f"{what} name is empty")
-    for char in name:
-        if char in _FORBIDDEN:
-            raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, {_FORBIDDEN[char]}")
-        if char.isspace() or ord(char) < 32:
-            raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
-        if 0xD800 <= ord(char) <= 0xDFFF:
-            raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")
+    _check_characters(what, name, _FORBIDDEN_KESTREL3, surrogates=True)
 
 
 def _file_name(name: str) -> str:
