@@ -88,6 +88,15 @@ def parse_count(key: str, value: Any) -> int:
     raise ConfigError(key, f"expected a non-negative whole number, got {value!r}")
 
 
+JOURNAL_FORMATS = ("kestrel2", "kestrel3")
+
+
+def parse_journal_format(key: str, value: Any) -> str:
+    if value in JOURNAL_FORMATS:
+        return str(value)
+    raise ConfigError(key, f"expected one of {', '.join(JOURNAL_FORMATS)}, got {value!r}")
+
+
 def parse_queue_ref(key: str, value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value):
         return value
@@ -112,6 +121,9 @@ class QueueConfig:
     max_expire_sweep: int = UNLIMITED
     fanout_only: bool = False
     max_queue_age: int | None = None
+    journal_format: str = "kestrel2"  # which on-disk journal this queue keeps (JOURNAL_FORMATS)
+    max_errors: int = 0  # 0 = off; an item aborted this many times leaves the queue as poison
+    error_queue: str | None = None  # where poison items go; None drops them
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], key: str = "queue",
@@ -148,6 +160,9 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_expire_sweep": parse_count,
     "fanout_only": parse_bool,
     "max_queue_age": parse_optional_duration_ms,
+    "journal_format": parse_journal_format,
+    "max_errors": parse_count,
+    "error_queue": parse_queue_ref,
 }
 
 

@@ -7,16 +7,18 @@ class QItem:
     """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
 
     `xid` is non-zero while the item is an open read, and also for an item replayed from an
-    ADD_XID record until the REMOVE_TENTATIVE that reopens it.
+    ADD_XID record until the REMOVE_TENTATIVE that reopens it. `errors` counts the aborts and
+    auto-aborts the item has been through (what `max_errors` is checked against).
     """
 
-    __slots__ = ("add_time", "expiry", "data", "xid")
+    __slots__ = ("add_time", "expiry", "data", "xid", "errors")
 
-    def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0) -> None:
+    def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0, errors: int = 0) -> None:
         self.add_time = add_time
         self.expiry = expiry
         self.data = data
         self.xid = xid
+        self.errors = errors
 
     def __repr__(self) -> str:
         return f"QItem(add_time={self.add_time}, expiry={self.expiry}, data={self.data!r}, xid={self.xid})"
