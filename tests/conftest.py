@@ -19,6 +19,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.scheduling import Scheduler
+
+    config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
