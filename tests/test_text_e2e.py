@@ -68,6 +68,7 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     prober.start()
     try:
         putter = conn(server.text_port)
+        putter.settimeout(60)  # the reply comes once all 400,000 items are in
         start = time.monotonic()
         reply = exchange(putter, block, b"\n", wait=60)
         took = time.monotonic() - start
