@@ -24,7 +24,7 @@ GUESS_SLOW_SECONDS = 10.0  # a test marked `slow` not seen before
 SCOPE_RANK = {"class": 1, "module": 2, "package": 3, "session": 4}
 
 
-def test_id(nodeid: str) -> str:
+def plain_nodeid(nodeid: str) -> str:
     """A node id without the `@group` suffix xdist's loadgroup gives it."""
     at, bracket = nodeid.rfind("@"), nodeid.rfind("]")
     return nodeid[:at] if at > bracket else nodeid
@@ -48,7 +48,7 @@ def shared_fixture(item: pytest.Item) -> tuple[str, str] | None:
 
 
 def estimate(item: pytest.Item, durations: dict[str, float]) -> float:
-    known = durations.get(test_id(item.nodeid))
+    known = durations.get(plain_nodeid(item.nodeid))
     if known is not None:
         return known
     return GUESS_SLOW_SECONDS if item.get_closest_marker("slow") else GUESS_SECONDS
@@ -121,7 +121,7 @@ class Scheduler:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if getattr(self.config, "workerinput", None) is None:
-            nodeid = test_id(report.nodeid)
+            nodeid = plain_nodeid(report.nodeid)
             self.seen[nodeid] = self.seen.get(nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self) -> None:
