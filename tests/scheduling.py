@@ -1,7 +1,8 @@
 """Where and in which order tests run under pytest-xdist (`make test`: `pytest -n N --dist loadgroup`).
 
 Tests sharing a fixture of this project that outlives one test run in one process, so that it is
-set up once there: a module's shared server serves that module's tests, one ZooKeeper serves every
+set up once there (and tests marked `xdist_group(name)` run together, e.g. those that measure
+latency, which would disturb each other): a module's shared server serves that module's tests, one ZooKeeper serves every
 test that needs one. Spark is the exception: its tests would take minutes in one process, so they
 are dealt out to a few groups, each with its own SparkSession.
 
@@ -88,7 +89,10 @@ class Scheduler:
         dealt: dict[str, list[pytest.Item]] = {}
         for item in items:
             shared = shared_fixture(item)
-            if shared is None:
+            named = item.get_closest_marker("xdist_group")
+            if named is not None:  # a group a test module asks for
+                units.setdefault(str(named.args[0]), []).append(item)
+            elif shared is None:
                 units[item.nodeid] = [item]
             elif shared[0] == "session" and shared[1] in DEALT_OUT:
                 dealt.setdefault(shared[1], []).append(item)

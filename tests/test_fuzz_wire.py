@@ -14,6 +14,7 @@ TARGETS = targets()
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("latency")  # one at a time: each one's latency budget holds on an idle CPU
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_mutated_inputs_harm_nobody(server_factory: Any, name: str) -> None:
     target = TARGETS[name]

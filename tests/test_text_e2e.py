@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from tests.conftest import ServerProcess
 from tests.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
@@ -49,6 +51,7 @@ def test_put_block_is_bounded_by_batch_limits(server_factory: Any) -> None:
     assert memcache_stats(srv.memcache_port)["queue_q_items"] == "11"
 
 
+@pytest.mark.xdist_group("latency")  # beside the fuzz tests, not at the same time
 def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     server = server_factory({"max_batch_items": 1_000_000})
     items = 400_000
