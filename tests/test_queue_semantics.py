@@ -337,7 +337,7 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     closing = [xids[2], xids[0], 999]  # 999 is not open: skipped, as a single close skips it
     one = getattr(single, many.removesuffix("_many"))
     assert [one("q", xid) for xid in closing] == [True, True, False]
-    writer = batch.get("q")._writer  # type: ignore[union-attr]
+    writer = batch.get("q")._journal.writer  # type: ignore[union-attr]
     appends: list[bytes] = []
     append = writer.append
     writer.append = lambda data: (appends.append(data), append(data))[1]
