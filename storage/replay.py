@@ -84,6 +84,24 @@ class QueueReplay:
             finally:
                 reader.close()
 
+    # -----------------------------------------------------------------------------------------
+    # Replaying a queue's file set (`QueueJournal.replay`)
+
+    def replay_file(self, key: int, path: str, reader: RecordReader) -> None:
+        """Apply one file's records, record by record. Raises CorruptJournalError."""
+        self.anomalies = {}
+        for offset, record in reader:
+            self.apply(record, 0, offset)
+
+    def file_replayed(self, key: int) -> None:
+        """Every record of file `key` is applied."""
+
+    def restart(self) -> None:
+        """Forget everything applied: replay starts again from the first file."""
+        self.items.clear()
+        self.opens.clear()
+        self.xid = 0
+
     def restart_order(self) -> list[QItem]:
         """The queue as a restart serves it: the open reads back at the head, lowest xid first."""
         return [self.opens[xid] for xid in sorted(self.opens)] + list(self.items)
