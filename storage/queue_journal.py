@@ -87,7 +87,7 @@ class QueueJournal:
 
     @property
     def live_path(self) -> str:
-        return os.path.join(self.queue_path, self.name)
+        return filenames.live_path(self.queue_path, self.name)
 
     @property
     def size(self) -> int:
