@@ -275,10 +275,10 @@ class QueueCollection:
     # Figures
 
     def current_items(self) -> int:
-        return sum(q.length for q in self._queues.values())
+        return sum(q.length for q in list(self._queues.values()))  # a copy: threads may add queues
 
     def current_bytes(self) -> int:
-        return sum(q.bytes for q in self._queues.values())
+        return sum(q.bytes for q in list(self._queues.values()))
 
     # -----------------------------------------------------------------------------------------
     # Background expiry and configuration
@@ -330,7 +330,7 @@ class QueueCollection:
     def end_waits(self) -> None:
         """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
         self.waits_ended = True
-        for q in self._queues.values():
+        for q in list(self._queues.values()):
             q.end_waits()
 
     def close(self) -> None:
