@@ -297,10 +297,12 @@ class PersistentQueue:
             self._check_open()
             if self.read_only or self._rebuilding:
                 self._probe()
-            try:
-                self._journal.open_file()
-            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
-                raise JournalWriteError(self.name, self._journal.live_path, e) from None
+            journal = self._journal
+            if journal.writer is not None and journal.writer.fd < 0:
+                try:
+                    journal.writer.open()
+                except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                    raise JournalWriteError(self.name, journal.live_path, e) from None
             try:
                 if self._orphans:
                     self._return_orphans()
@@ -310,14 +312,16 @@ class PersistentQueue:
             except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
                 self._rebuild()
                 raise
-            self._journal.keep_taken_pack()
+            if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
+                return  # the common change: no pack to schedule
+            journal.keep_taken_pack()
             if self._left_read_behind:
                 self._left_read_behind = False
                 self._checkpoints = []  # every one was passed on the way to the live journal
-                rotated = self._journal.rotated
-                if rotated and rotated[-1][0] > self._pack_horizon and self._journal.writer is not None:
+                rotated = journal.rotated
+                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
                     self._pack_now()  # what the backlog left behind: at most max_memory_size of items
-            self._journal.start_next_pack()
+            journal.start_next_pack()
 
     def _probe(self) -> None:
         """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""

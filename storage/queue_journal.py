@@ -80,8 +80,8 @@ class QueueJournal:
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
         # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
-        self._pack_ready: packer.PackRequest | None = None
-        self._pack_queued: packer.PackRequest | None = None
+        self.pack_ready: packer.PackRequest | None = None
+        self.pack_queued: packer.PackRequest | None = None
         self.pack_state = PackState.IDLE
         self._pack_job: _PackJob | None = None
 
@@ -217,11 +217,6 @@ class QueueJournal:
         """Start appending to the live journal (after replay)."""
         self.writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
 
-    def open_file(self) -> None:
-        """Open the live journal's descriptor if it is not open. Raises OSError."""
-        if self.writer is not None and self.writer.fd < 0:
-            self.writer.open()
-
     def write(self, data: bytes) -> None:
         """Queue records for the next `flush` (nothing is written for a queue without a journal)."""
         if self.writer is not None and data:
@@ -285,32 +280,32 @@ class QueueJournal:
     @property
     def pack_pending(self) -> bool:
         """A pack is being written or waits to be: no rotation may happen meanwhile."""
-        return (self.pack_state is PackState.WRITING or self._pack_ready is not None
-                or self._pack_queued is not None)
+        return (self.pack_state is PackState.WRITING or self.pack_ready is not None
+                or self.pack_queued is not None)
 
     def take_pack(self, request: packer.PackRequest) -> None:
         """A pack taken during a change: queued if the change is journaled (`keep_taken_pack`)."""
-        self._pack_ready = request
+        self.pack_ready = request
 
     def queue_pack(self, request: packer.PackRequest) -> None:
-        self._pack_queued = request
+        self.pack_queued = request
 
     def keep_taken_pack(self) -> None:
         """The change in progress is journaled: its pack (if one was taken) is queued."""
-        if self._pack_ready is not None:
-            self._pack_queued, self._pack_ready = self._pack_ready, None
+        if self.pack_ready is not None:
+            self.pack_queued, self.pack_ready = self.pack_ready, None
 
     def forget_packs(self) -> None:
         """Drop packs taken or queued and not yet started (their state is being replayed away)."""
-        self._pack_ready = self._pack_queued = None
+        self.pack_ready = self.pack_queued = None
 
     def start_next_pack(self) -> None:
         """Write the queued pack in the background, unless one is being written; it replaces every
         journal up to its timestamp (reckoned now: packs are written one after another)."""
-        request = self._pack_queued
+        request = self.pack_queued
         if request is None or self.pack_state is not PackState.IDLE:
             return
-        self._pack_queued = None
+        self.pack_queued = None
         dead = [p for ts, p in self.rotated if ts <= request.timestamp]
         job = self._pack_job = _PackJob(request, dead, self.runtime.event())
         self.pack_state = PackState.WRITING
