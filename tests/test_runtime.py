@@ -147,3 +147,46 @@ def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path)
     waits.end()
     assert [w.get(timeout=1) for w in waiters[1:]] == [None, None]
     assert waits.wait(take, 10.0) is None and len(waits) == 0  # ended: no more waiting
+
+
+def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_path: Path) -> None:
+    configs = QueueConfigs({}, {"q": {"max_memory_size": 4096, "default_journal_size": 2048}})
+    coll = QueueCollection(str(tmp_path), configs, runtime=ThreadsRuntime())
+    items = [b"item-%05d-" % n + b"x" * 50 for n in range(3000)]
+    got: list[list[bytes]] = [[], []]
+
+    def produce(part: list[bytes]) -> None:
+        for data in part:
+            coll.add("q", data)
+
+    behind: list[bool] = []
+
+    def consume(mine: list[bytes]) -> None:
+        while (item := coll.remove("q", transaction=True, timeout=0.5)) is not None:
+            behind.append(coll.queue("q").in_read_behind)
+            mine.append(item.data)
+            assert coll.confirm("q", item.xid)
+
+    threads = [threading.Thread(target=produce, args=(items[:1500],)),
+               threading.Thread(target=produce, args=(items[1500:],)),
+               threading.Thread(target=consume, args=(got[0],)),
+               threading.Thread(target=consume, args=(got[1],))]
+    coll.add_many("q", [b"head-%d" % n for n in range(100)])  # the consumers start behind a backlog
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(d for d in got[0] + got[1] if d.startswith(b"item")) == items
+    assert any(behind)  # the consumers drained a backlog in read-behind
+    for mine in got:  # each consumer saw each producer's items in the order they were put
+        for producer in (0, 1):
+            seen = [d for d in mine if d.startswith(b"item") and (int(d[5:10]) < 1500) == (producer == 0)]
+            assert seen == sorted(seen)
+    q = coll.queue("q")
+    q.wait_for_packing()
+    assert q.length == 0 and not q.in_read_behind
+    coll.close()
+    again = QueueCollection(str(tmp_path), configs, runtime=ThreadsRuntime())
+    again.load()
+    assert again.queue("q").length == 0 and again.queue("q").open_transactions == 0
+    again.close()
