@@ -699,11 +699,11 @@ class _QueueReplay(QueueReplay):
     """The replay rules (`storage/replay.py`) applied to a live queue: its figures, read-behind and
     checkpoints kept as the records are applied; runs of common records take the fast path."""
 
-    def __init__(self, queue: PersistentQueue) -> None:
+    def __init__(self, queue: PersistentQueue) -> None:  # the state is the queue's own: no super()
         self.queue = queue
-        super().__init__()
         self.items = queue._mem
         self.opens = queue._opens
+        self.anomalies = {}
         self.key = LIVE
         self.path = ""
         self.reader: RecordReader | None = None
