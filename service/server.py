@@ -28,7 +28,7 @@ class KestrelServer:
                                                         config.aliases, salvage=config.salvage,
                                                         max_queues=config.max_queues)
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
-                                   config.status_change_grace_period)
+                                   config.status_change_grace_period, self.collection.runtime)
         self.stats = ServerStats()
         self.version = __version__
         self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))

@@ -7,16 +7,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-import gevent
 import structlog
 
-from storage.clock import SYSTEM_CLOCK, Clock
+from storage.clock import Clock
 from storage.config import QueueConfig, QueueConfigs
 from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
+from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -35,20 +35,27 @@ class QueueCollection:
     """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
 
     `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
+    `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
+    `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
     """
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
-                 aliases: Mapping[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 salvage: bool = False, max_queues: int | None = None) -> None:
+                 aliases: Mapping[str, list[str]] | None = None, clock: Clock | None = None,
+                 salvage: bool = False, max_queues: int | None = None,
+                 runtime: Runtime | None = None) -> None:
+        if runtime is None:
+            runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
+        self.runtime = runtime
         self.path = path
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
-        self.clock = clock
+        self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
+        self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
         self._fanouts: dict[str, set[str]] = {}
-        self._sweeper: gevent.Greenlet | None = None
+        self._sweeper: Timer | None = None
         self.total_items_added = 0
         self.queue_creates = 0
         self.queue_deletes = 0
@@ -94,7 +101,8 @@ class QueueCollection:
         if q is not None:
             return q
         check_queue_name(name)
-        return self._create(name, None)
+        with self._lock:
+            return self._create(name, None)
 
     def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
         q = self._queues.get(name)
@@ -108,7 +116,7 @@ class QueueCollection:
                                 f"max_queues = {self.max_queues} queues")
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                            salvage=self.salvage)
+                            salvage=self.salvage, runtime=self.runtime)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
             q.setup(files=files)
@@ -252,10 +260,11 @@ class QueueCollection:
         if name in self.aliases:
             return
         check_queue_name(name)
-        q = self._queues.pop(name, None)
-        parent, plus, _ = name.partition("+")
-        if plus:
-            self._fanouts.get(parent, set()).discard(name)
+        with self._lock:
+            q = self._queues.pop(name, None)
+            parent, plus, _ = name.partition("+")
+            if plus:
+                self._fanouts.get(parent, set()).discard(name)
         if q is None:
             return
         q.destroy()
@@ -266,10 +275,10 @@ class QueueCollection:
     # Figures
 
     def current_items(self) -> int:
-        return sum(q.length for q in self._queues.values())
+        return sum(q.length for q in list(self._queues.values()))  # a copy: threads may add queues
 
     def current_bytes(self) -> int:
-        return sum(q.bytes for q in self._queues.values())
+        return sum(q.bytes for q in list(self._queues.values()))
 
     # -----------------------------------------------------------------------------------------
     # Background expiry and configuration
@@ -294,19 +303,21 @@ class QueueCollection:
         return expired
 
     def start_sweeper(self, frequency_ms: int) -> None:
-        """Run `sweep` every `frequency_ms` in a greenlet (0 turns it off)."""
+        """Run `sweep` every `frequency_ms` on the runtime's timer (0 turns it off)."""
         if frequency_ms <= 0 or self._sweeper is not None:
             return
 
-        def loop() -> None:
-            while not self.closed:
-                gevent.sleep(frequency_ms / 1000.0)
-                try:
-                    self.sweep()
-                except Exception:
-                    log.exception("expiry sweep failed")
+        def tick() -> None:
+            if self.closed:
+                return
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("expiry sweep failed")
+            if not self.closed:
+                self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
-        self._sweeper = gevent.spawn(loop)
+        self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues."""
@@ -319,14 +330,14 @@ class QueueCollection:
     def end_waits(self) -> None:
         """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
         self.waits_ended = True
-        for q in self._queues.values():
+        for q in list(self._queues.values()):
             q.end_waits()
 
     def close(self) -> None:
         """Stop the sweeper and close every queue (journals flushed and fsynced)."""
         self.closed = True
         if self._sweeper is not None:
-            self._sweeper.kill()
+            self._sweeper.cancel()
             self._sweeper = None
         for q in list(self._queues.values()):
             q.close()
