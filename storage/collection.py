@@ -6,19 +6,46 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 
 import gevent
 import structlog
 
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
+from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.collection")
+
+
+def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
+
+    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
+    settings too). Raises ConfigError naming the setting.
+    """
+    configured = set(configs.configured_names())
+    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
+    names = configured | {t for t in targets if t}
+    for name in sorted(names):
+        config = configs.for_queue(name)
+        target = config.error_queue
+        if not config.max_errors or target is None:
+            continue
+        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
+        try:
+            check_queue_name(target)
+        except InvalidQueueName as e:
+            raise ConfigError(key, str(e)) from None
+        if target in aliases:
+            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
+        if target == name:
+            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
+                                   f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
 def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
@@ -44,6 +71,7 @@ class QueueCollection:
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
+        check_error_queues(self.configs, self.aliases)
         self.clock = clock
         self.salvage = salvage
         self._queues: dict[str, PersistentQueue] = {}
@@ -109,6 +137,7 @@ class QueueCollection:
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
                             salvage=self.salvage)
+        q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
             q.setup(files=files)
@@ -144,6 +173,21 @@ class QueueCollection:
         except TooManyQueues as e:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
+
+    def _route_poison(self, source: str, item: QItem) -> None:
+        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
+        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
+        JournalWriteError (the source queue then returns the item to its head)."""
+        q = self._queues.get(source)
+        target = q.config.error_queue if q is not None else None
+        if target is None:
+            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
+                        bytes=len(item.data))
+            return
+        if not self.add(target, item.data, item.expiry):
+            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
+                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
+        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -309,7 +353,8 @@ class QueueCollection:
         self._sweeper = gevent.spawn(loop)
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-        """Apply new queue and alias settings to the live queues."""
+        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
+        check_error_queues(configs, aliases)
         self.configs = configs
         self.aliases = {k: list(v) for k, v in aliases.items()}
         for name, q in list(self._queues.items()):
