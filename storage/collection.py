@@ -11,6 +11,7 @@ from functools import partial
 import gevent
 import structlog
 
+from storage import convert
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig, QueueConfigs
 from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
@@ -93,9 +94,12 @@ class QueueCollection:
 
         The path is read once, so start-up is linear in the number of files; the temporaries of
         every queue (even of one that no longer exists) are removed. Queues already on disk are
-        all loaded, even past `max_queues` (which then only stops new ones). Raises TooManyQueues
-        when the process runs out of file descriptors.
+        all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
+        interrupted after its switch is finished first. Raises TooManyQueues when the process runs
+        out of file descriptors, ConfigError for files in the other format than `journal_format`.
         """
+        if (converted := convert.finish_interrupted(self.path)) is not None:
+            log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
@@ -104,6 +108,7 @@ class QueueCollection:
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
+            convert.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
             self._create(name, found.queues)
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
