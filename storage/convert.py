@@ -349,8 +349,8 @@ def convert_unit(queue_path: str, unit: str, to: str, members: list[str],
             intent, result = _to_kestrel2(queue_path, unit)
         fsync_dir(queue_path)
         _step("written")
-    except BaseException:
-        _remove_temporaries(queue_path, unit)
+    except Exception:
+        _remove_temporaries(queue_path, unit)  # a crash leaves them to the next start-up instead
         raise
     _write_intent(queue_path, intent)
     _step("switched")
