@@ -365,10 +365,14 @@ def convert_unit(queue_path: str, unit: str, to: str, members: list[str],
 def _units(on_disk: dict[str, str], to: str, named: list[str]) -> dict[str, list[str]]:
     """The units to convert, each with its members in the source format; named ones must exist."""
     source = KESTREL2 if to == KESTREL3 else KESTREL3
+
+    def unit_of(name: str) -> str:  # a Kestrel 2 fanout child belongs to its parent's unit
+        return name.partition("+")[0] if source == KESTREL2 else name
+
     units: dict[str, list[str]] = {}
     for name, fmt in sorted(on_disk.items()):
         if fmt == source:
-            units.setdefault(name.partition("+")[0], []).append(name)
+            units.setdefault(unit_of(name), []).append(name)
     for unit, members in units.items():
         if on_disk.get(unit, source) != source:
             raise ConvertError(f"{unit!r} is in {_title(on_disk[unit])} format but its fanout children "
@@ -377,10 +381,10 @@ def _units(on_disk: dict[str, str], to: str, named: list[str]) -> dict[str, list
         return units
     chosen = {}
     for name in named:
-        unit = name.partition("+")[0]
+        unit = unit_of(name)
         if unit in units:
             chosen[unit] = units[unit]
-        elif not any(n.partition("+")[0] == unit for n in on_disk):
+        elif not any(unit_of(n) == unit for n in on_disk):
             raise ConvertError(f"no queue {name!r} in this queue path")
     return chosen
 
@@ -402,7 +406,7 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
         on_disk = queues_on_disk(queue_path)
         units = _units(on_disk, to, named)
         for name in named:
-            if name.partition("+")[0] not in units:
+            if name not in units and name.partition("+")[0] not in units:
                 out.write(f"{name}: already {to}, nothing to do\n")
         done = []
         for unit, members in units.items():
