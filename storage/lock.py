@@ -39,8 +39,9 @@ class QueuePathLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{owner} (pid {os.getpid()})\n".encode(), 0)
+        with contextlib.suppress(OSError):  # naming the owner is a courtesy: a full disk refuses it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{owner} (pid {os.getpid()})\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
