@@ -69,3 +69,6 @@ def test_a_second_server_on_the_same_queue_path_refuses_to_start(server_factory:
         second.start()
     assert f"cannot start: queue path {first.queue_path} is in use by kestrel serve (pid " in second.log()
     assert take_all(first, "q") == [b"x"]  # the first server serves on, undisturbed
+    first.kill()  # a crash drops the lock with the process
+    second.start()
+    second.stop()
