@@ -278,3 +278,16 @@ def test_any_kestrel2_history_round_trips_through_kestrel3(tmp_path_factory: pyt
     after = {name: k2_items(path, name) for name in convert.queues_on_disk(str(path))}
     for name in set(before) | set(after):  # a queue that never wrote a journal comes back as an empty one
         assert after.get(name, []) == before.get(name, []), name
+
+
+def test_the_benchmark_runs_from_a_clone() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "bench.bench_convert", "--megabytes", "1"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
+    assert len(rows) == 2 and all(row.count("(") == 2 for row in rows)
