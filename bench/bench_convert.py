@@ -25,10 +25,11 @@ from storage.codec import encode_addx
 def write_queue(directory: str, size: int, megabytes: int) -> int:
     """A Kestrel 2 journal `bench` of ADDX records; returns the item count."""
     record = encode_addx(1_700_000_000_000, 0, b"c" * size)
-    count = megabytes * 1_000_000 // len(record) // 1000 * 1000
+    count = megabytes * 1_000_000 // len(record)
     with open(os.path.join(directory, "bench"), "wb") as f:
         for _ in range(count // 1000):
             f.write(record * 1000)
+        f.write(record * (count % 1000))
     return count
 
 
