@@ -410,6 +410,8 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
                 out.write(f"{name}: already {to}, nothing to do\n")
         done = []
         for unit, members in units.items():
+            out.write(f"{unit}: converting {', '.join(members)} to {to} ...\n")
+            out.flush()
             result = convert_unit(queue_path, unit, to, members, clock)
             for note in result.notes:
                 out.write(f"{unit}: note: {note}\n")
