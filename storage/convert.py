@@ -206,7 +206,8 @@ def _remove_temporaries(queue_path: str, unit: str | None = None) -> None:
     """Delete the new files of a conversion that did not reach its switch (of `unit` only, if given)."""
     for entry in os.scandir(queue_path):
         owner, infix, _ = entry.name.partition(TEMPORARY_INFIX)
-        if infix and (unit is None or owner.partition("+")[0] == unit):
+        if (infix and (unit is None or owner.partition("+")[0] == unit)) or (
+                unit is None and entry.name == INTENT_NAME + filenames.TEMPORARY_MARK):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
 
