@@ -32,7 +32,7 @@ from storage import codec, filenames
 from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import JOURNAL_FORMATS
-from storage.errors import ConfigError, CorruptJournalError, InvalidQueueName, KestrelError, QueuePathInUse
+from storage.errors import ConfigError, ConvertError, CorruptJournalError, InvalidQueueName, QueuePathInUse
 from storage.item import QItem
 from storage.journal import JournalFiles, fsync_dir, list_journal_files, scan_queue_dir
 from storage.kestrel3_files import (
@@ -47,10 +47,6 @@ from storage.replay import QueueReplay, replay_files
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
 INTENT_NAME = ".convert"
-
-class ConvertError(KestrelError):
-    """Raised when a queue cannot be converted as asked (the message says why); nothing was changed."""
-
 
 # Tests stop a conversion between two steps (a crash) by raising from here.
 failpoint: Callable[[str], None] | None = None

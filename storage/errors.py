@@ -77,3 +77,7 @@ class ErrorQueueRefused(KestrelError):
 
 class QueuePathInUse(KestrelError):
     """Raised when another process (a server, the journal converter) holds the queue path's lock."""
+
+
+class ConvertError(KestrelError):
+    """Raised when a queue cannot be converted to the other journal format as asked; nothing was changed."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from storage import QueueCollection, QueueConfigs, convert
 from storage.clock import FakeClock
-from storage.errors import ConfigError, CorruptJournalError, QueuePathInUse
+from storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
 from storage.journal import delete_temporaries, scan_queue_dir
 from storage.kestrel3_files import Checkpoint, WriterJournal, list_queue_files, replay, write_checkpoint
 from storage.lock import QueuePathLock
@@ -226,7 +226,7 @@ def test_naming_queues_converts_only_those_and_says_what_it_skipped(tmp_path: Pa
     assert convert.queues_on_disk(str(tmp_path)) == {"a": "kestrel3", "b": "kestrel2"}
     output = run(tmp_path, "kestrel3", "a", "b")
     assert "a: already kestrel3, nothing to do" in output and "b: converted to kestrel3: b 1 items" in output
-    with pytest.raises(convert.ConvertError, match="no queue 'nope'"):
+    with pytest.raises(ConvertError, match="no queue 'nope'"):
         run(tmp_path, "kestrel3", "nope")
 
 
