@@ -75,8 +75,8 @@ class KestrelServer:
             log.info("reload: no config file, nothing to reload")
             return
         fresh = load(self.config.source)
+        self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
-        self.collection.reload(fresh.queues, fresh.aliases)
 
     def close(self) -> None:
         """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their

@@ -6,12 +6,14 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 
 import structlog
 
+from storage import convert
 from storage.clock import Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
+from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
@@ -19,6 +21,32 @@ from storage.queue import PersistentQueue
 from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
+
+
+def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
+
+    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
+    settings too). Raises ConfigError naming the setting.
+    """
+    configured = set(configs.configured_names())
+    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
+    names = configured | {t for t in targets if t}
+    for name in sorted(names):
+        config = configs.for_queue(name)
+        target = config.error_queue
+        if not config.max_errors or target is None:
+            continue
+        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
+        try:
+            check_queue_name(target)
+        except InvalidQueueName as e:
+            raise ConfigError(key, str(e)) from None
+        if target in aliases:
+            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
+        if target == name:
+            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
+                                   f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
 def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
@@ -50,6 +78,7 @@ class QueueCollection:
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
+        check_error_queues(self.configs, self.aliases)
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
@@ -72,9 +101,12 @@ class QueueCollection:
 
         The path is read once, so start-up is linear in the number of files; the temporaries of
         every queue (even of one that no longer exists) are removed. Queues already on disk are
-        all loaded, even past `max_queues` (which then only stops new ones). Raises TooManyQueues
-        when the process runs out of file descriptors.
+        all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
+        interrupted after its switch is finished first. Raises TooManyQueues when the process runs
+        out of file descriptors, ConfigError for files in the other format than `journal_format`.
         """
+        if (converted := convert.finish_interrupted(self.path)) is not None:
+            log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
@@ -83,6 +115,7 @@ class QueueCollection:
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
+            convert.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
             self._create(name, found.queues)
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
@@ -117,6 +150,7 @@ class QueueCollection:
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
                             salvage=self.salvage, runtime=self.runtime)
+        q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
             q.setup(files=files)
@@ -152,6 +186,21 @@ class QueueCollection:
         except TooManyQueues as e:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
+
+    def _route_poison(self, source: str, item: QItem) -> None:
+        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
+        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
+        JournalWriteError (the source queue then returns the item to its head)."""
+        q = self._queues.get(source)
+        target = q.config.error_queue if q is not None else None
+        if target is None:
+            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
+                        bytes=len(item.data))
+            return
+        if not self.add(target, item.data, item.expiry):
+            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
+                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
+        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -320,7 +369,8 @@ class QueueCollection:
         self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-        """Apply new queue and alias settings to the live queues."""
+        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
+        check_error_queues(configs, aliases)
         self.configs = configs
         self.aliases = {k: list(v) for k, v in aliases.items()}
         for name, q in list(self._queues.items()):

@@ -24,7 +24,7 @@ from storage import codec, packer
 from storage.checkpoints import Checkpoint
 from storage.clock import Clock
 from storage.config import QueueConfig
-from storage.errors import ItemTooLarge, JournalWriteError, QueueClosed
+from storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from storage.item import QItem
 from storage.journal import JournalFiles, RecordReader, list_journal_files
 from storage.queue_journal import QueueJournal
@@ -83,6 +83,8 @@ class PersistentQueue:
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
+        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        self.poisoned_items = 0
 
     # -----------------------------------------------------------------------------------------
     # Figures
@@ -133,6 +135,7 @@ class PersistentQueue:
             "create_time": self.create_time,
             "read_only": int(self.read_only),
             "journal_write_errors": self.journal_write_errors,
+            "poisoned_items": self.poisoned_items,
         }
 
     # -----------------------------------------------------------------------------------------
@@ -536,24 +539,52 @@ class PersistentQueue:
 
     def unremove_many(self, xids: Iterable[int]) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
-        ends up first), their records in one journal write; how many were open.
+        ends up first), their records in one journal write; how many were open. An item aborted for
+        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
 
         Raises JournalWriteError (the reads stay open).
         """
         with self._change():
-            aborted = 0
+            aborted = returned = 0
             for xid in xids:
-                if not self._unremove(xid):
+                item = self._opens.get(xid)
+                if item is None:
                     continue
+                item.errors += 1
                 self.canceled_transactions += 1
-                self._write(codec.encode_xid(codec.UNREMOVE, xid))
                 aborted += 1
-            for _ in range(aborted):
+                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
+                    if self._opens.pop(xid, None) is item:  # still open after the hand-over
+                        for checkpoint in self._checkpoints:
+                            checkpoint.note_confirm(item)
+                        self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+                        self.poisoned_items += 1
+                elif self._unremove(xid):
+                    self._write(codec.encode_xid(codec.UNREMOVE, xid))
+                    returned += 1
+            for _ in range(returned):
                 if not self._waits.wake_one():
                     break
             if aborted:
                 self._commit()
             return aborted
+
+    def _handed_to_poison(self, item: QItem) -> bool:
+        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
+        refuses it (error queue full or unwritable), and the abort returns it to the head instead.
+
+        Called before the read is closed, so a failure here loses nothing (at worst, a read
+        closed meanwhile by another client leaves a copy in the error queue).
+        """
+        if self.poison is None:
+            return True
+        try:
+            self.poison(item)
+        except KestrelError as e:
+            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
+                        errors=item.errors, reason=str(e))
+            return False
+        return True
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""

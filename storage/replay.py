@@ -66,6 +66,7 @@ class QueueReplay:
         self.opens: dict[int, QItem] = {}
         self.xid = 0
         self.anomalies: dict[str, int] = {}
+        self.torn_tail: tuple[str, int] | None = None  # (file, offset) of an unfinished last record
 
     def run(self, paths: list[str], now: int = 0, check_sizes: bool = True) -> None:
         """Replay `paths` in order, record by record; `now` is the add time of starling ADD records.
@@ -81,6 +82,8 @@ class QueueReplay:
                 if left and index < len(paths) - 1:
                     raise CorruptJournalError(path, reader.offset, None,
                                               f"{left} bytes of an incomplete record before the next file")
+                if left:
+                    self.torn_tail = (path, reader.offset)
             finally:
                 reader.close()
 
