@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Test processes: most of a test's time is spent waiting on the servers it starts, so more processes
-# than cores pay (measured on 2 cores: README, Tests).
+# than cores pay (README, Tests: the figures measured on 2 cores).
 TEST_PROCESSES ?= 4
 
 .PHONY: test run lint wheel bench clean
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
