@@ -80,7 +80,10 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
         prober.join()
     assert reply == b"+%d\n" % items
     assert len(delays) > 5, f"the other client was answered {len(delays)} times in {took:.2f}s"
-    assert max(delays) < 0.3, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
+    # A server that held the others up would keep them waiting about as long as the put takes; on a
+    # loaded machine the put and every wait stretch together, so the bound grows with the put.
+    bound = max(0.3, took / 5)
+    assert max(delays) < bound, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
 
 
 def test_put_expiry_in_milliseconds(server_factory: Any) -> None:
