@@ -102,9 +102,12 @@ class Kestrel3Journal:
                               "journal convert` or set journal_format: kestrel2")
         on_disk = list_queue_files(self.queue_path, name)
         self.readers_on_disk = sorted(on_disk.readers)
+        # Heads of readers found on disk and not attached yet: their files must stay until they are.
+        self._unattached: dict[str, int] = {}
         floor = 0
-        for path in on_disk.readers.values():
+        for reader, path in on_disk.readers.items():
             progress = read_checkpoint(path)
+            self._unattached[reader] = progress.head
             floor = max(floor, progress.head, max(progress.done, default=0))
         self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
                                     config.sync_journal, owner.clock, after_id=floor)
@@ -113,6 +116,7 @@ class Kestrel3Journal:
 
     def attach(self, queue: Kestrel3Queue) -> None:
         self.readers[queue.reader] = queue
+        self._unattached.pop(queue.reader, None)
 
     def detach(self, queue: Kestrel3Queue) -> None:
         """The reader is closed or deleted; the journal closes with its last reader."""
@@ -155,7 +159,8 @@ class Kestrel3Journal:
     def release(self) -> None:
         """Delete the writer files every reader has passed."""
         if len(self.writer.files) > 1 and not self.closed:
-            removed = self.writer.remove_consumed_files(q.head for q in self.readers.values())
+            heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
+            removed = self.writer.remove_consumed_files(heads)
             for path in removed:
                 log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
 
