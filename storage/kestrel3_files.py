@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import gevent
 import structlog
 
 from storage import kestrel3_codec as k3
@@ -319,6 +320,7 @@ class WriterJournal:
             self._writer = JournalWriter(self.files[-1].path, sync_ms)
         else:
             self.rotate()
+            self.commit()
 
     @staticmethod
     def _rewrite_header(path: str) -> None:
@@ -356,7 +358,7 @@ class WriterJournal:
                    for i, data in enumerate(items)]
         encoded = b"".join(map(k3.encode, records))
         if self.current.last_id and self.size + len(encoded) > self.max_file_size:
-            self.rotate()
+            self.rotate()  # never yields: no other append can take these ids meanwhile
         assert self._writer is not None
         self._writer.append(encoded)
         if records:
@@ -371,19 +373,21 @@ class WriterJournal:
             self._writer.commit()
 
     def rotate(self) -> WriterFile:
-        """Close the current file and start the next one (an empty file holds just the header)."""
+        """Start the next file (an empty file holds just the header) without yielding to other
+        greenlets; the previous one is fsynced and closed in the background, and the header reaches
+        the disk with the next commit."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
         while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
             number += 1
-        if self._writer is not None:
-            self.archived_size += self._writer.size
-            self._writer.close()
+        old = self._writer
         self._writer = JournalWriter(path, self.sync_ms)
         self._writer.append(k3.WRITER_MAGIC)
-        self._writer.commit()
         self.files.append(WriterFile(number, path))
+        if old is not None:
+            self.archived_size += old.size
+            gevent.spawn(old.close)
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
 

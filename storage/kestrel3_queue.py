@@ -146,14 +146,19 @@ class Kestrel3Journal:
         taken = {q.reader: q.admit(items, add_time) for q in targets}
         count = max(taken.values(), default=0)
         if not count:
+            for reader in targets:
+                reader.commit()
             return taken
         try:
             records = self.writer.append(items[:count], add_time, expiry or None)
         except OSError as e:
             raise JournalWriteError(self.name, self.writer.current.path, e) from None
-        for reader in list(self.readers.values()):
+        readers = list(self.readers.values())
+        for reader in readers:
             reader.receive(records, taken.get(reader.reader, 0))
         self.writer.commit()
+        for reader in readers:
+            reader.commit()
         return taken
 
     def release(self) -> None:
@@ -206,18 +211,20 @@ class _ReaderFile:
         return moved
 
     def replace(self, head: int, done: set[int]) -> None:
-        """Write the whole checkpoint anew (a flush, or a file grown large). Raises OSError."""
-        self.writer.close()
+        """Write the whole checkpoint anew (a flush, or a file grown large), without yielding to
+        other greenlets: the old file's descriptor is closed in the background. Raises OSError."""
+        old = self.writer
         write_checkpoint(self.queue_path, self.queue, self.reader, Checkpoint(head, frozenset(done)),
-                         sync=self.writer.sync_ms is not None)
+                         sync=old.sync_ms is not None)
         self.head, self.done = head, set(done)
-        self.writer = JournalWriter(self.path, self.writer.sync_ms)
+        self.writer = JournalWriter(self.path, old.sync_ms)
+        gevent.spawn(old.close)
 
     def commit(self) -> None:
-        """Wait as the sync policy requires; rewrite the file if it grew much larger than its state."""
-        self.writer.commit()
+        """Rewrite the file if it grew much larger than its state, then wait as the sync policy requires."""
         if self.writer.size > COMPACT_AT and self.writer.size > 4 * (24 + 8 * len(self.done)):
             self.replace(self.head, self.done)
+        self.writer.commit()
 
     def close(self) -> None:
         self.writer.close()
@@ -543,9 +550,9 @@ class Kestrel3Queue:
             for _, item in entries:
                 target.add(item.data)
 
-    def _save(self, ids: Iterable[int]) -> None:
-        """Record consumed ids (with any a failed write left over) in the checkpoint and wait as the
-        sync policy says. Raises JournalWriteError: nothing new is recorded."""
+    def _save(self, ids: Iterable[int], commit: bool = True) -> None:
+        """Record consumed ids (with any a failed write left over) in the checkpoint and, with
+        `commit`, wait as the sync policy says. Raises JournalWriteError: nothing new is recorded."""
         if self._file is None:
             return
         ids = list(ids)
@@ -559,13 +566,19 @@ class Kestrel3Queue:
         self._unsaved.clear()
         if moved and self._journal is not None:
             self._journal.release()
-        self._file.commit()
+        if commit:
+            self._file.commit()
 
-    def _save_later(self, ids: list[int]) -> None:
+    def commit(self) -> None:
+        """Wait as the sync policy says for what this reader's checkpoint was given."""
+        if self._file is not None and not self.closed:
+            self._file.commit()
+
+    def _save_later(self, ids: list[int], commit: bool = True) -> None:
         """Consumed ids whose record may wait: on a failed write they are kept for the next one
         (a crash before it serves them again: a duplicate, never a loss)."""
         try:
-            self._save(ids)
+            self._save(ids, commit)
         except JournalWriteError as e:
             self._unsaved.update(ids)
             log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
@@ -617,7 +630,7 @@ class Kestrel3Queue:
         self._check_open()
         expired = self._take_expired(now) if self._mem or self._behind is not None else []
         if expired:
-            self._save_later([i for i, _ in expired])
+            self._save_later([i for i, _ in expired], commit=False)  # `put` commits: no yield here
             self._expired(expired)
         cfg = self.config
         fitting = self._fitting(items)
@@ -646,7 +659,7 @@ class Kestrel3Queue:
             self._load(record)
         self.discarded += len(discarded)
         self.total_items += taken
-        self._save_later(consumed + discarded)
+        self._save_later(consumed + discarded, commit=False)  # the writer journal commits first
         for _ in range(taken):
             if not self._waiters.wake():
                 break
