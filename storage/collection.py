@@ -108,6 +108,9 @@ class QueueCollection:
         parent_name, plus, _ = name.partition("+")
         if plus:
             self._create(parent_name, scanned)
+            existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
+            if existing is not None:
+                return existing
         if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from pymemcache.client.base import Client
 
-from storage import kestrel3_files
+from storage import QueueCollection, QueueConfigs, kestrel3_files
 from tests.conftest import ServerProcess
+from tests.queues import drain
 from tests.test_thrift_e2e import client
 
 KESTREL3 = {"queues": {"jobs": {"journal_format": "kestrel3", "max_memory_size": "2KB",
@@ -180,7 +181,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
     assert set(acknowledged) <= set(audit) and len(audit) == len(set(audit))
 
 
-def test_checkpoint_of_a_reader_reads_back_as_its_progress(server_factory: Any, tmp_path: Path) -> None:
+def test_checkpoint_of_a_reader_reads_back_as_its_progress(server_factory: Any) -> None:
     srv = server_factory(KESTREL3)
     with client(srv) as c:
         c.put("jobs", [b"a", b"b", b"c", b"d"], 0)
@@ -188,3 +189,17 @@ def test_checkpoint_of_a_reader_reads_back_as_its_progress(server_factory: Any, 
         c.confirm("jobs", {second.id})
     progress = kestrel3_files.read_checkpoint(str(srv.queue_path / "jobs.read."))
     assert (progress.head, sorted(progress.done)) == (0, [2])  # item 1 is open: the head waits for it
+
+
+def test_a_reader_named_first_after_a_restart_is_created_once(tmp_path: Path) -> None:
+    configs = QueueConfigs({}, {"jobs": {"journal_format": "kestrel3"}})
+    coll = QueueCollection(str(tmp_path), configs)
+    coll.queue("jobs+a")
+    coll.add_many("jobs", [b"one", b"two"])
+    coll.close()
+    again = QueueCollection(str(tmp_path), configs)  # not loaded: queues are created on first use
+    child = again.queue("jobs+a")
+    assert again.queue("jobs+a") is child and child.length == 2
+    assert again.add_many("jobs", [b"three"]) == 1
+    assert drain(again, "jobs+a") == [b"one", b"two", b"three"]
+    again.close()
