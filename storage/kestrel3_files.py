@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import gevent
 import structlog
 
+from storage import journal
 from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.codec import Incomplete, Malformed
@@ -228,11 +229,12 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Check
             + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        journal.write_all(fd, data)
         if sync:
             os.fsync(fd)
+    except OSError:
+        os.unlink(temporary)
+        raise
     finally:
         os.close(fd)
     os.replace(temporary, final)

@@ -1,0 +1,156 @@
+"""Kestrel3Queue through the collection: read-behind, file deletion, limits per reader, poison,
+expiry, and writes that fail."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage import JournalWriteError, QueueCollection, QueueConfigs
+from storage.clock import FakeClock
+from storage.errors import ConfigError
+from storage.item import QItem
+from storage.kestrel3_queue import Kestrel3Queue
+from tests.queues import drain, reopen
+from tests.test_disk_full import FailingDisk
+from tests.test_disk_full import disk as disk  # the fixture
+
+
+def collection(path: Path, clock: FakeClock | None = None, **settings: Any) -> QueueCollection:
+    queues = {"q": {"journal_format": "kestrel3", **settings.pop("q", {})}, **settings}
+    coll = QueueCollection(str(path), QueueConfigs({}, queues), clock=clock or FakeClock())
+    coll.load()
+    return coll
+
+
+def k3(coll: QueueCollection, name: str) -> Kestrel3Queue:
+    q = coll.queue(name)
+    assert isinstance(q, Kestrel3Queue)
+    return q
+
+
+def writer_files(path: Path) -> list[str]:
+    return sorted(n for n in os.listdir(path) if n.startswith("q.") and n[2:].isdigit())
+
+
+def test_read_behind_holds_at_most_max_memory_size_and_serves_everything_in_order(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"max_memory_size": 1000, "default_journal_size": 2000})
+    items = [b"%04d" % i + b"." * 96 for i in range(200)]
+    for i in range(0, 200, 7):
+        coll.add_many("q", items[i:i + 7])
+    q = k3(coll, "q")
+    assert q.in_read_behind and q.length == 200 and q.bytes == 20_000
+    assert q.memory_bytes <= 1000 + 100
+    assert len(writer_files(tmp_path)) > 5
+    coll = reopen(coll)
+    q = k3(coll, "q")
+    assert q.in_read_behind and q.length == 200 and q.memory_bytes <= 1100
+    got = []
+    while (item := coll.remove("q")) is not None:
+        got.append(item.data)
+        assert q.memory_bytes <= 1100
+    assert got == items and not q.in_read_behind
+    assert len(writer_files(tmp_path)) == 1  # every reader passed the others: deleted
+
+
+def test_writer_files_stay_until_every_reader_has_passed_them(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"default_journal_size": 300})
+    coll.queue("q+slow")
+    for i in range(20):
+        coll.add_many("q", [b"item-%02d" % i + b"x" * 40])
+    files = writer_files(tmp_path)
+    assert len(files) > 3
+    assert len(drain(coll, "q")) == 20
+    assert writer_files(tmp_path) == files  # q+slow still needs them
+    first = coll.remove("q+slow", transaction=True)
+    assert first is not None
+    assert len(drain(coll, "q+slow")) == 19
+    assert writer_files(tmp_path) == files  # the open read holds the head at the first file
+    assert coll.confirm("q+slow", first.xid)
+    assert writer_files(tmp_path) == files[-1:]
+
+
+def test_a_new_reader_starts_empty_and_each_reader_keeps_its_own_limits(tmp_path: Path) -> None:
+    limits = {"q+small": {"max_items": 2}, "q+recent": {"max_items": 2, "discard_old_when_full": True}}
+    coll = collection(tmp_path, **limits)
+    coll.add_many("q", [b"before"])
+    coll.queue("q+small")
+    coll.queue("q+recent")
+    assert coll.add_many("q", [b"a", b"b", b"c"]) == 3  # the parent took all of them
+    assert coll.add_many("q+small", [b"d"]) == 0  # full: refused
+    assert coll.queue("q+recent").stats()["discarded"] == 1
+    coll = reopen(coll)
+    assert drain(coll, "q+small") == [b"a", b"b"]
+    assert drain(coll, "q+recent") == [b"b", b"c"]
+    assert drain(coll, "q") == [b"before", b"a", b"b", b"c"]
+
+
+def test_poison_after_max_errors_aborts_is_removed_for_good_and_handed_over(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"max_errors": 3})
+    q = k3(coll, "q")
+    poisoned: list[QItem] = []
+    q.poison = poisoned.append
+    coll.add_many("q", [b"bad", b"good"])
+    for attempt in range(1, 4):
+        item = coll.remove("q", transaction=True)
+        assert item is not None and item.data == b"bad" and item.errors == attempt - 1
+        assert coll.unremove("q", item.xid)
+    assert [(i.data, i.errors) for i in poisoned] == [(b"bad", 3)]
+    assert q.stats()["poisoned_items"] == 1 and q.stats()["canceled_transactions"] == 3
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"good"]  # the poison item was journaled as consumed
+
+
+def test_expired_items_move_to_expire_to_queue_and_are_consumed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    coll = collection(tmp_path, clock, q={"expire_to_queue": "late"})
+    coll.queue("q+c")
+    coll.add_many("q", [b"old"], clock.now_ms() + 100)
+    coll.add_many("q", [b"new"])
+    clock.advance(200)
+    assert coll.sweep() == 2  # from q and from q+c
+    assert drain(coll, "late") == [b"old", b"old"]
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"new"] and drain(coll, "q+c") == [b"new"]
+
+
+def test_failed_checkpoint_writes_refuse_and_change_nothing(tmp_path: Path, disk: FailingDisk) -> None:
+    coll = collection(tmp_path)
+    coll.add_many("q", [b"one", b"two", b"three"])
+    opened = coll.remove("q", transaction=True)
+    assert opened is not None
+    disk.full = True
+    with pytest.raises(JournalWriteError, match="the disk is full"):
+        coll.remove("q")
+    with pytest.raises(JournalWriteError):
+        coll.confirm("q", opened.xid)
+    with pytest.raises(JournalWriteError):
+        coll.add_many("q", [b"never"])
+    with pytest.raises(JournalWriteError):
+        coll.flush("q")
+    q = coll.queue("q")
+    assert (q.length, q.open_transactions) == (2, 1)
+    disk.full = False
+    assert coll.remove("q") is not None and coll.remove("q") is not None
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"one"]  # the open read, never confirmed; nothing else came back
+
+
+def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
+    plain = QueueCollection(str(tmp_path))
+    plain.add_many("q", [b"kept"])
+    plain.close()
+    with pytest.raises(ConfigError, match="has a Kestrel 2 journal"):
+        collection(tmp_path)
+
+
+def test_fanout_only_parent_keeps_no_reader_and_counts_what_fits(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"fanout_only": True})
+    coll.queue("q+a")
+    assert coll.add_many("q", [b"one", b"two"]) == 2
+    assert coll.queue("q").length == 0 and "q.read." not in os.listdir(tmp_path)
+    coll = reopen(coll)
+    assert drain(coll, "q+a") == [b"one", b"two"]
