@@ -300,6 +300,8 @@ class Kestrel3Queue:
         self._mem: deque[Entry] = deque()
         self._opens: dict[int, QItem] = {}
         self._behind: int | None = None  # while in read-behind: the lowest id not yet loaded
+        self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
+        self._stash: k3.Put | None = None  # a record the cursor read past `_seen`, for later
         self._cursor: RecordReader | None = None
         self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
@@ -419,6 +421,7 @@ class Kestrel3Queue:
                         self._load(record)
             finally:
                 reader.close()
+        self._seen = writer.tail_id
         if self.length:
             log.info("loaded kestrel3 reader", queue=self.name, items=self.length, bytes=self.bytes,
                      seconds=round(time.monotonic() - started, 3), read_behind=self.in_read_behind)
@@ -443,15 +446,14 @@ class Kestrel3Queue:
 
     def _fill(self) -> None:
         """Read items forward from the writer files until memory is full or every item is loaded."""
-        assert self._journal is not None and self._file is not None
-        writer = self._journal.writer
+        assert self._file is not None
         while self._behind is not None and self.memory_bytes < self.config.max_memory_size:
-            if self._behind > writer.tail_id:
-                self._end_read_behind()
-                return
-            record = self._next_behind()
+            record = self._next_behind() if self._behind <= self._seen else None
+            if record is not None and record.id > self._seen:
+                self._stash = record  # a put being handed out now: `receive` counts and loads it
+                record = None
             if record is None:
-                self._end_read_behind()  # the files end before the tail: nothing more to load
+                self._end_read_behind()  # every item handed to this reader is in memory
                 return
             self._behind = record.id + 1
             if not self._file.consumed(record.id) and record.id not in self._unsaved:
@@ -463,6 +465,9 @@ class Kestrel3Queue:
     def _next_behind(self) -> k3.Put | None:
         """The next PUT at or after `_behind`, from the cursor (opened, or moved to the next file)."""
         assert self._journal is not None and self._behind is not None
+        if self._stash is not None:
+            stashed, self._stash = self._stash, None
+            return stashed
         files = self._journal.writer.files
         while True:
             if self._cursor is None:
@@ -494,6 +499,7 @@ class Kestrel3Queue:
     def _end_read_behind(self) -> None:
         if self._behind is not None:
             self._behind = None
+            self._stash = None
             self._close_cursor()
             log.info("queue leaving read-behind", queue=self.name, items=self.length)
 
@@ -556,8 +562,8 @@ class Kestrel3Queue:
         if self._file is None:
             return
         ids = list(ids)
-        if not ids and not self._unsaved:
-            return
+        if not ids:
+            return  # what a failed write left over waits for the next write
         try:
             moved = self._file.save([*self._unsaved, *ids])
         except OSError as e:
@@ -657,6 +663,8 @@ class Kestrel3Queue:
                 assert entry is not None
                 discarded.append(entry[0])
             self._load(record)
+            self._seen = record.id
+        self._seen = records[-1].id
         self.discarded += len(discarded)
         self.total_items += taken
         self._save_later(consumed + discarded, commit=False)  # the writer journal commits first
@@ -693,11 +701,10 @@ class Kestrel3Queue:
             taken.append(entry)
         consumed = [i for i, _ in expired] + ([] if transaction else [i for i, _ in taken])
         try:
-            self._save(consumed)
+            self._save(consumed, commit=False)
         except JournalWriteError:
             self._push_head(popped)
             raise
-        self._expired(expired)
         if transaction:
             for item_id, item in taken:
                 item.xid = item_id
@@ -705,6 +712,8 @@ class Kestrel3Queue:
             self.total_transactions += len(taken)
         if taken:
             self.current_age = max(0, now - taken[-1][1].add_time)
+        self.commit()  # may yield: every change above is already in memory and appended
+        self._expired(expired)
         return [item for _, item in taken]
 
     def peek(self) -> QItem | None:
@@ -730,9 +739,10 @@ class Kestrel3Queue:
         self._check_open()
         ids = list(dict.fromkeys(x for x in xids if x in self._opens))
         if ids:
-            self._save(ids)
+            self._save(ids, commit=False)
             for xid in ids:
                 del self._opens[xid]
+            self.commit()
         return len(ids)
 
     def unremove(self, xid: int) -> bool:
@@ -748,7 +758,7 @@ class Kestrel3Queue:
         ids = list(dict.fromkeys(x for x in xids if x in self._opens))
         limit = self.config.max_errors
         poisoned = [x for x in ids if limit and self._opens[x].errors + 1 >= limit]
-        self._save(poisoned)
+        self._save(poisoned, commit=False)
         dead: list[QItem] = []
         for xid in ids:
             item = self._opens.pop(xid)
@@ -763,6 +773,8 @@ class Kestrel3Queue:
         for _ in range(len(ids) - len(dead)):
             if not self._waiters.wake():
                 break
+        if dead:
+            self.commit()
         for item in dead:
             log.warning("item aborted max_errors times: poison, removed", queue=self.name,
                         errors=item.errors)
@@ -803,10 +815,11 @@ class Kestrel3Queue:
             return 0
         expired = self._take_expired(self.clock.now_ms(), limit)
         try:
-            self._save([i for i, _ in expired])
+            self._save([i for i, _ in expired], commit=False)
         except JournalWriteError:
             self._push_head(expired)
             raise
+        self.commit()
         self._expired(expired)
         return len(expired)
 

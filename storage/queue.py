@@ -958,6 +958,7 @@ class PersistentQueue:
         last = self._rotated[-1][0] if self._rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self._writer
+        old.open()  # a live journal started by a rotation earlier in this change may not exist yet
         rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self._rotated.append((stamp, rotated))

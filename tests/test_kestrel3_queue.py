@@ -154,3 +154,15 @@ def test_fanout_only_parent_keeps_no_reader_and_counts_what_fits(tmp_path: Path)
     assert coll.queue("q").length == 0 and "q.read." not in os.listdir(tmp_path)
     coll = reopen(coll)
     assert drain(coll, "q+a") == [b"one", b"two"]
+
+
+def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"max_memory_size": 100, "max_items": 4, "discard_old_when_full": True})
+    coll.add_many("q", [b"A" * 60, b"B" * 60, b"C" * 60, b"D" * 60])  # two of them behind
+    assert coll.queue("q").in_read_behind
+    coll.add_many("q", [b"e", b"f", b"g"])  # each discards a big one: the rest fits in memory
+    q = coll.queue("q")
+    assert (q.length, q.stats()["discarded"]) == (4, 3)
+    assert drain(coll, "q") == [b"D" * 60, b"e", b"f", b"g"]
+    coll = reopen(coll)
+    assert drain(coll, "q") == []
