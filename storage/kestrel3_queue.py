@@ -657,7 +657,18 @@ class Kestrel3Queue:
         consumed = [r.id for r in records[taken:]]
         cfg = self.config
         discarded: list[int] = []
-        for record in records[:taken]:
+        mine = records[:taken]
+        size = sum(len(r.data) for r in mine)
+        if (self._behind is None and self.length + taken < cfg.max_items and self.bytes + size < cfg.max_size
+                and self.memory_bytes + size < cfg.max_memory_size):
+            # All fit in memory with room to spare: no per-item checks (the common batch).
+            self._mem.extend((r.id, QItem(r.add_time, _expiry(r, cfg), r.data, errors=r.error_count))
+                             for r in mine)
+            self.length += taken
+            self.bytes += size
+            self.memory_bytes += size
+            mine = []
+        for record in mine:
             while self.length and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
                 entry = self._pop_head()
                 assert entry is not None

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 
 from storage import JournalWriteError, QueueCollection, QueueConfigs
@@ -166,3 +167,15 @@ def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> N
     assert drain(coll, "q") == [b"D" * 60, b"e", b"f", b"g"]
     coll = reopen(coll)
     assert drain(coll, "q") == []
+
+
+def test_a_waiting_reader_is_woken_by_a_put_to_the_parent(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    coll.queue("q+c")
+    waiter = gevent.spawn(coll.remove, "q+c", True, 5.0)
+    gevent.sleep(0)  # the waiter is waiting
+    assert coll.queue("q+c").waiters == 1
+    coll.add_many("q", [b"wake"])
+    item = waiter.get(timeout=5)
+    assert item is not None and item.data == b"wake" and item.xid
+    assert coll.queue("q+c").waiters == 0 and coll.queue("q").length == 1
