@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,31 @@ def test_a_reader_named_first_after_a_restart_is_created_once(tmp_path: Path) ->
     assert again.add_many("jobs", [b"three"]) == 1
     assert drain(again, "jobs+a") == [b"one", b"two", b"three"]
     again.close()
+
+
+def test_text_protocol_on_a_kestrel3_queue_and_its_reader(server_factory: Any) -> None:
+    srv = server_factory(KESTREL3)
+    with socket.create_connection(("127.0.0.1", srv.text_port), timeout=5) as s:
+        lines = s.makefile("rwb")
+
+        def say(request: bytes) -> bytes:
+            lines.write(request)
+            lines.flush()
+            return lines.readline()
+
+        assert say(b"get jobs+t\n") == b"*\n"  # the reader exists from now on
+        lines.write(b"put jobs:\none\ntwo\n\n")
+        assert say(b"") == b"+2\n"
+        assert say(b"peek jobs+t\n") == b":one\n"
+        assert say(b"get jobs+t\n") == b":one\n"  # an open read
+        assert say(b"confirm jobs+t 1\n") == b"+1\n"
+        assert say(b"get jobs\n") == b":one\n"
+        assert say(b"flush jobs+t\n") == b"+0\n"
+        assert say(b"get jobs+t\n") == b"*\n"
+    srv.restart()
+    with socket.create_connection(("127.0.0.1", srv.text_port), timeout=5) as s:
+        lines = s.makefile("rwb")
+        lines.write(b"get jobs\nget jobs\n")
+        lines.flush()
+        # The read of "one" was never confirmed: it is served again, in put order.
+        assert [lines.readline(), lines.readline()] == [b":one\n", b":two\n"]
