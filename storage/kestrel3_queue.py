@@ -118,6 +118,11 @@ class Kestrel3Journal:
         self.readers[queue.reader] = queue
         self._unattached.pop(queue.reader, None)
 
+    @property
+    def unread(self) -> bool:
+        """No reader is attached, nor found on disk waiting to be."""
+        return not self.readers and not self._unattached
+
     def detach(self, queue: Kestrel3Queue) -> None:
         """The reader is closed or deleted; the journal closes with its last reader."""
         if self.readers.get(queue.reader) is queue:
@@ -884,5 +889,5 @@ class Kestrel3Queue:
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
             os.unlink(self._file.path)
-        if journal is not None and not journal.readers:
+        if journal is not None and journal.unread:
             journal.destroy()
