@@ -179,3 +179,22 @@ def test_a_waiting_reader_is_woken_by_a_put_to_the_parent(tmp_path: Path) -> Non
     item = waiter.get(timeout=5)
     assert item is not None and item.data == b"wake" and item.xid
     assert coll.queue("q+c").waiters == 0 and coll.queue("q").length == 1
+
+
+def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    coll.add_many("q", [b"%d" % i for i in range(20_000)])
+    checkpoint = tmp_path / "q.read."
+    sizes = []
+    for _ in range(9_000):  # each moves the head: one small record appended
+        coll.remove("q")
+        sizes.append(checkpoint.stat().st_size)
+    assert max(sizes) < 64 * 1024 + 64
+    assert any(b < a for a, b in zip(sizes, sizes[1:], strict=False))  # rewritten at least once
+    held = coll.remove("q", transaction=True)  # holds the head: the rest are done out of order
+    assert held is not None
+    for _ in range(9_000):
+        coll.remove("q")
+    assert checkpoint.stat().st_size < 4 * 8 * 9_000  # never far above its state's own size
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"9000"] + [b"%d" % i for i in range(18_001, 20_000)]
