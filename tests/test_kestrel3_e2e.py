@@ -15,6 +15,7 @@ from storage import QueueCollection, QueueConfigs, kestrel3_files
 from tests.conftest import ServerProcess
 from tests.queues import drain
 from tests.test_thrift_e2e import client
+from tests.wire import eventually
 
 KESTREL3 = {"queues": {"jobs": {"journal_format": "kestrel3", "max_memory_size": "2KB",
                                 "default_journal_size": "4KB"}}}
@@ -111,6 +112,21 @@ def test_poison_items_leave_after_max_errors_aborts(server_factory: Any) -> None
         assert mc.stats()[b"queue_jobs_poisoned_items"] == 1
     finally:
         mc.close()
+
+
+def test_auto_aborts_count_as_errors_on_a_fanout_reader(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel3", "max_errors": 2}}})
+    with client(srv) as c:
+        c.get("jobs+r", 1, 0, 0)
+        c.put("jobs", [b"slow"], 0)
+        for _ in range(2):
+            assert [i.data for i in c.get("jobs+r", 1, 0, 50)] == [b"slow"]  # auto-abort after 50 ms
+            eventually(lambda: c.peek("jobs+r").open_transactions == 0)
+        assert c.peek("jobs+r").items == 0  # the second auto-abort made it poison
+        assert c.peek("jobs").items == 1  # the other reader still has it
+    srv.restart()
+    with client(srv) as c:
+        assert c.get("jobs+r", 1, 0, 0) == []
 
 
 def test_delete_removes_a_reader_and_the_data_with_the_last(server_factory: Any) -> None:
