@@ -408,6 +408,13 @@ class WriterJournal:
             fsync_dir(self.queue_path)
         return removed
 
+    def reconfigure(self, max_file_size: int, sync_ms: int | None) -> None:
+        """New settings from a reload: the next rotation and the next commit follow them."""
+        self.max_file_size = max_file_size
+        self.sync_ms = sync_ms
+        if self._writer is not None:
+            self._writer.sync_ms = sync_ms
+
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()

@@ -863,8 +863,7 @@ class Kestrel3Queue:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
         self.config = replace(config, fanout_only=self.config.fanout_only)
         if self._journal is not None and not self.reader:
-            self._journal.writer.max_file_size = config.default_journal_size
-            self._journal.writer.sync_ms = config.sync_journal
+            self._journal.writer.reconfigure(config.default_journal_size, config.sync_journal)
         if self._file is not None:
             self._file.writer.sync_ms = config.sync_journal
 

@@ -198,3 +198,13 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
     assert checkpoint.stat().st_size < 4 * 8 * 9_000  # never far above its state's own size
     coll = reopen(coll)
     assert drain(coll, "q") == [b"9000"] + [b"%d" % i for i in range(18_001, 20_000)]
+
+
+def test_a_reload_changes_rotation_size_and_limits(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    coll.add_many("q", [b"x" * 100] * 5)
+    assert len(writer_files(tmp_path)) == 1
+    coll.reload(QueueConfigs({}, {"q": {"journal_format": "kestrel3", "default_journal_size": 300,
+                                        "max_items": 8}}), {})
+    assert coll.add_many("q", [b"y" * 100] * 5) == 3
+    assert len(writer_files(tmp_path)) == 2
