@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import gevent
-import gevent.event
 import structlog
 
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
+from storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -337,11 +336,6 @@ def record_timing(event: str, started: float) -> None:
         timing(event, time.perf_counter() - started)
 
 
-def _fsync_in_pool(fd: int) -> None:
-    """fsync on the hub's threadpool, so that the event loop keeps serving meanwhile."""
-    gevent.get_hub().threadpool.apply(os.fsync, (fd,))
-
-
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
 
@@ -351,8 +345,9 @@ class JournalWriter:
     nothing; a power cut may).
     """
 
-    def __init__(self, path: str, sync_ms: int | None) -> None:
+    def __init__(self, path: str, sync_ms: int | None, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.path = path
+        self.runtime = runtime
         self.sync_ms = sync_ms
         self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
         try:
@@ -361,8 +356,8 @@ class JournalWriter:
             self.size = 0
         self._synced = self.size
         self.damaged = False
-        self._syncing: gevent.event.Event | None = None
-        self._timer: gevent.Greenlet | None = None
+        self._syncing: Event | None = None
+        self._timer: Timer | None = None
 
     def open(self) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
@@ -406,7 +401,7 @@ class JournalWriter:
         if self.sync_ms == 0:
             self.sync_to(self.size)
         elif self.sync_ms is not None and self._timer is None and self._synced < self.size:
-            self._timer = gevent.spawn_later(self.sync_ms / 1000.0, self._periodic_sync)
+            self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk, sharing fsyncs with other writers."""
@@ -414,11 +409,11 @@ class JournalWriter:
             if self._syncing is not None:
                 self._syncing.wait()
                 continue
-            done = self._syncing = gevent.event.Event()
+            done = self._syncing = self.runtime.event()
             target = self.size
             try:
                 started = time.perf_counter()
-                _fsync_in_pool(self.fd)
+                self.runtime.run_blocking(os.fsync, self.fd)  # the loop keeps serving meanwhile
                 record_timing("fsync", started)
                 self._synced = max(self._synced, target)
             finally:
@@ -440,7 +435,7 @@ class JournalWriter:
 
     def close(self) -> None:
         if self._timer is not None:
-            self._timer.kill(block=False)
+            self._timer.cancel()
             self._timer = None
         if self.fd >= 0:
             self.flush()

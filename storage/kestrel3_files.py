@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-import gevent
 import structlog
 
 from storage import journal
@@ -28,6 +27,7 @@ from storage.filenames import (
     writer_file_number,
 )
 from storage.journal import JournalWriter, fsync_dir
+from storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -216,6 +216,13 @@ def read_checkpoint(path: str) -> Checkpoint:
     return Checkpoint(head, frozenset(done)).normalized()
 
 
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """A whole checkpoint file: the header, the (normalized) head, then the ids done above it."""
+    state = checkpoint.normalized()
+    return (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
+            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+
+
 def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Checkpoint,
                      sync: bool = True) -> str:
     """Replace the reader's checkpoint file in one step (temporary file, then rename); return its path.
@@ -224,9 +231,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Check
     """
     final = os.path.join(queue_path, reader_file_name(queue, reader))
     temporary = os.path.join(queue_path, checkpoint_temporary_name(queue, reader))
-    state = checkpoint.normalized()
-    data = (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
-            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+    data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         journal.write_all(fd, data)
@@ -299,13 +304,14 @@ class WriterJournal:
     """
 
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
-                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0) -> None:
+                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
         self.max_file_size = max_file_size
         self.sync_ms = sync_ms
         self.clock = clock
+        self.runtime = runtime
         self.files: list[WriterFile] = []
         found = list_queue_files(queue_path, queue).writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
@@ -319,7 +325,7 @@ class WriterJournal:
         self.archived_size = sum(os.path.getsize(f.path) for f in self.files[:-1])
         self._writer: JournalWriter | None = None
         if self.files:
-            self._writer = JournalWriter(self.files[-1].path, sync_ms)
+            self._writer = JournalWriter(self.files[-1].path, sync_ms, runtime)
         else:
             self.rotate()
             self.commit()
@@ -384,12 +390,12 @@ class WriterJournal:
         while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
             number += 1
         old = self._writer
-        self._writer = JournalWriter(path, self.sync_ms)
+        self._writer = JournalWriter(path, self.sync_ms, self.runtime)
         self._writer.append(k3.WRITER_MAGIC)
         self.files.append(WriterFile(number, path))
         if old is not None:
             self.archived_size += old.size
-            gevent.spawn(old.close)
+            self.runtime.spawn(old.close)
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
 

@@ -22,17 +22,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import gevent
-import gevent.event
 import structlog
 
+from storage import convert
 from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig
-from storage.errors import ConfigError, ItemTooLarge, JournalWriteError, QueueClosed
+from storage.convert import KESTREL3
+from storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from storage.filenames import reader_file_name
 from storage.item import QItem
-from storage.journal import JournalWriter
+from storage.journal import JournalWriter, list_journal_files
 from storage.kestrel3_files import (
     Checkpoint,
     RecordReader,
@@ -41,6 +41,8 @@ from storage.kestrel3_files import (
     read_checkpoint,
     write_checkpoint,
 )
+from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
+from storage.wait_list import WaitList
 
 if TYPE_CHECKING:
     from storage.queue import PersistentQueue
@@ -70,9 +72,9 @@ def _reader_of(name: str) -> tuple[str, str]:
 class Kestrel3Journals:
     """The writer journals of one queue path's Kestrel 3 queues, shared by each queue's readers."""
 
-    def __init__(self, queue_path: str, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, queue_path: str, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.queue_path = queue_path
-        self.clock = clock
+        self.runtime = runtime
         self._journals: dict[str, Kestrel3Journal] = {}
 
     def journal(self, name: str, config: QueueConfig) -> Kestrel3Journal:
@@ -95,11 +97,9 @@ class Kestrel3Journal:
         self.owner = owner
         self.name = name
         self.queue_path = owner.queue_path
-        if os.path.exists(os.path.join(self.queue_path, name)):
-            raise ConfigError(f"queues.{name}.journal_format",
-                              f"queue {name!r} is set to kestrel3 but has a Kestrel 2 journal "
-                              f"({os.path.join(self.queue_path, name)}); convert it with `kestrel "
-                              "journal convert` or set journal_format: kestrel2")
+        found = list_journal_files(self.queue_path, name)
+        if found.live or found.rotated or found.packs:  # a queue created after start-up, too
+            convert.check_format(self.queue_path, name, found, KESTREL3)
         on_disk = list_queue_files(self.queue_path, name)
         self.readers_on_disk = sorted(on_disk.readers)
         # Heads of readers found on disk and not attached yet: their files must stay until they are.
@@ -110,7 +110,8 @@ class Kestrel3Journal:
             self._unattached[reader] = progress.head
             floor = max(floor, progress.head, max(progress.done, default=0))
         self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
-                                    config.sync_journal, owner.clock, after_id=floor)
+                                    config.sync_journal, owner.runtime.clock, after_id=floor,
+                                    runtime=owner.runtime)
         self.readers: dict[str, Kestrel3Queue] = {}
         self.closed = False
 
@@ -178,8 +179,10 @@ class Kestrel3Journal:
 class _ReaderFile:
     """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
 
-    def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int) -> None:
+    def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
+                 runtime: Runtime) -> None:
         self.queue_path = queue_path
+        self.runtime = runtime
         self.queue = queue
         self.reader = reader
         self.path = os.path.join(queue_path, reader_file_name(queue, reader))
@@ -190,7 +193,7 @@ class _ReaderFile:
             write_checkpoint(queue_path, queue, reader, progress, sync=sync_ms is not None)
         self.head = progress.head
         self.done = set(progress.done)
-        self.writer = JournalWriter(self.path, sync_ms)
+        self.writer = JournalWriter(self.path, sync_ms, runtime)
 
     def consumed(self, item_id: int) -> bool:
         return item_id <= self.head or item_id in self.done
@@ -222,8 +225,8 @@ class _ReaderFile:
         write_checkpoint(self.queue_path, self.queue, self.reader, Checkpoint(head, frozenset(done)),
                          sync=old.sync_ms is not None)
         self.head, self.done = head, set(done)
-        self.writer = JournalWriter(self.path, old.sync_ms)
-        gevent.spawn(old.close)
+        self.writer = JournalWriter(self.path, old.sync_ms, self.runtime)
+        self.runtime.spawn(old.close)
 
     def commit(self) -> None:
         """Rewrite the file if it grew much larger than its state, then wait as the sync policy requires."""
@@ -235,51 +238,6 @@ class _ReaderFile:
         self.writer.close()
 
 
-class _Waiters:
-    """Readers waiting for an item, served first come first."""
-
-    def __init__(self) -> None:
-        self.events: deque[gevent.event.Event] = deque()
-        self.ended = False
-
-    def wake(self) -> bool:
-        """Wake the longest-waiting reader that is not already woken."""
-        for event in self.events:
-            if not event.is_set():
-                event.set()
-                return True
-        return False
-
-    def end(self) -> None:
-        self.ended = True
-        for event in self.events:
-            event.set()
-
-    def wait(self, fetch: Callable[[], QItem | None], timeout: float,
-             closed: Callable[[], bool]) -> QItem | None:
-        """`fetch()`, trying again each time woken, until it gives an item or `timeout` seconds pass."""
-        item = fetch()
-        if item is not None or timeout <= 0 or self.ended:
-            return item
-        deadline = time.monotonic() + timeout
-        event = gevent.event.Event()
-        self.events.append(event)
-        try:
-            while item is None and not closed() and not self.ended:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not event.wait(remaining):
-                    break
-                event.clear()
-                if closed() or self.ended:
-                    break
-                item = fetch()
-            return item
-        finally:
-            self.events.remove(event)
-            if event.is_set() and item is None:
-                self.wake()  # pass on a wake-up we did not use
-
-
 class Kestrel3Queue:
     """One reader of a Kestrel 3 writer journal, with PersistentQueue's interface.
 
@@ -288,15 +246,15 @@ class Kestrel3Queue:
     journals, shared by the readers of each). A fanout-only parent keeps no reader of its own.
     """
 
-    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock = SYSTEM_CLOCK,
+    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | Kestrel3Queue | None] | None = None,
                  journals: Kestrel3Journals | None = None) -> None:
         self.name = name
         self.queue_path = queue_path
         self.config = config
-        self.clock = clock
+        self._journals = journals or Kestrel3Journals(queue_path, GeventRuntime(clock or SYSTEM_CLOCK))
+        self.clock = clock or self._journals.runtime.clock
         self._expire_to = expire_to
-        self._journals = journals or Kestrel3Journals(queue_path, clock)
         self.parent, self.reader = _reader_of(name)
         self.is_reader = not (config.fanout_only and not self.reader)
         self.poison: Callable[[QItem], None] | None = None
@@ -310,13 +268,13 @@ class Kestrel3Queue:
         self._cursor: RecordReader | None = None
         self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
-        self._waiters = _Waiters()
+        self._waits = WaitList(self._journals.runtime)
         self.length = 0
         self.bytes = 0
         self.memory_bytes = 0
         self.closed = False
         self.read_only = False  # PersistentQueue's figure; a failed write here refuses one change only
-        self.create_time = clock.now_ms()
+        self.create_time = self.clock.now_ms()
         self.total_items = 0
         self.expired_items = 0
         self.discarded = 0
@@ -336,11 +294,11 @@ class Kestrel3Queue:
 
     @property
     def waiters(self) -> int:
-        return len(self._waiters.events)
+        return len(self._waits)
 
     @property
     def waits_ended(self) -> bool:
-        return self._waiters.ended
+        return self._waits.ended
 
     @property
     def in_read_behind(self) -> bool:
@@ -405,7 +363,7 @@ class Kestrel3Queue:
 
         `reopen` and `files` are PersistentQueue's: reads open at a stop are served again in any
         case (they were never consumed), and the files are listed here. Raises CorruptJournalError,
-        ConfigError (the queue has a Kestrel 2 journal).
+        ConfigError (the queue has Kestrel 2 journal files).
         """
         started = time.monotonic()
         self._journal = self._journals.journal(self.parent, self.config)
@@ -413,7 +371,7 @@ class Kestrel3Queue:
             return
         writer = self._journal.writer
         self._file = _ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
-                                 writer.tail_id)
+                                 writer.tail_id, self._journals.runtime)
         self._journal.attach(self)
         for info in writer.files:
             if info.last_id <= self._file.head:
@@ -685,7 +643,7 @@ class Kestrel3Queue:
         self.total_items += taken
         self._save_later(consumed + discarded, commit=False)  # the writer journal commits first
         for _ in range(taken):
-            if not self._waiters.wake():
+            if not self._waits.wake_one():
                 break
 
     # -----------------------------------------------------------------------------------------
@@ -767,36 +725,49 @@ class Kestrel3Queue:
 
     def unremove_many(self, xids: Iterable[int]) -> int:
         """Abort these open reads, each item going back to the head in turn (the last one given ends
-        up first); how many were open. An item aborted `max_errors` times is poison: it leaves the
-        queue for good and goes to `poison`. Raises JournalWriteError (the reads stay open).
+        up first); how many were open. An item aborted for the `max_errors`th time is handed to
+        `poison` and then leaves for good (journaled as consumed); if `poison` refuses it, it goes
+        back to the head instead. Raises JournalWriteError (the reads stay open; an item already
+        handed to `poison` may then be there too: a copy, never a loss).
         """
         self._check_open()
         ids = list(dict.fromkeys(x for x in xids if x in self._opens))
         limit = self.config.max_errors
-        poisoned = [x for x in ids if limit and self._opens[x].errors + 1 >= limit]
+        poisoned = []
+        for xid in ids:
+            item = self._opens[xid]
+            item.errors += 1
+            if 0 < limit <= item.errors and self._handed_to_poison(item):
+                poisoned.append(xid)
+        ids = [x for x in ids if x in self._opens]  # the hand-over may have let another client close one
+        poisoned = [x for x in poisoned if x in self._opens]
         self._save(poisoned, commit=False)
-        dead: list[QItem] = []
         for xid in ids:
             item = self._opens.pop(xid)
-            item.errors += 1
             item.xid = 0
-            if xid in poisoned:
-                dead.append(item)
-            else:
+            if xid not in poisoned:
                 self._push_head([(xid, item)])
         self.canceled_transactions += len(ids)
-        self.poisoned_items += len(dead)
-        for _ in range(len(ids) - len(dead)):
-            if not self._waiters.wake():
+        self.poisoned_items += len(poisoned)
+        for _ in range(len(ids) - len(poisoned)):
+            if not self._waits.wake_one():
                 break
-        if dead:
+        if poisoned:
             self.commit()
-        for item in dead:
-            log.warning("item aborted max_errors times: poison, removed", queue=self.name,
-                        errors=item.errors)
-            if self.poison is not None:
-                self.poison(item)
         return len(ids)
+
+    def _handed_to_poison(self, item: QItem) -> bool:
+        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
+        refuses it (its error queue full or unwritable)."""
+        if self.poison is None:
+            return True
+        try:
+            self.poison(item)
+        except KestrelError as e:
+            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
+                        errors=item.errors, reason=str(e))
+            return False
+        return True
 
     def flush(self) -> None:
         """Consume every item (open reads stay open), with one checkpoint rewrite.
@@ -844,16 +815,16 @@ class Kestrel3Queue:
 
     def end_waits(self) -> None:
         """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
-        self._waiters.end()
+        self._waits.end()
 
     def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
         """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
-        return self._waiters.wait(lambda: self.remove(transaction), timeout, lambda: self.closed)
+        return self._waits.wait(lambda: self.remove(transaction), timeout)
 
     def wait_peek(self, timeout: float) -> QItem | None:
-        item = self._waiters.wait(self.peek, timeout, lambda: self.closed)
+        item = self._waits.wait(self.peek, timeout)
         if item is not None:
-            self._waiters.wake()  # a peek takes nothing: let the next waiter look too
+            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
         return item
 
     # -----------------------------------------------------------------------------------------
@@ -875,7 +846,7 @@ class Kestrel3Queue:
         if self.closed:
             return
         self.closed = True
-        self._waiters.end()
+        self._waits.end()
         self._close_cursor()
         if self._file is not None:
             self._file.close()

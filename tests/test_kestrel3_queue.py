@@ -144,8 +144,11 @@ def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
     plain = QueueCollection(str(tmp_path))
     plain.add_many("q", [b"kept"])
     plain.close()
-    with pytest.raises(ConfigError, match="has a Kestrel 2 journal"):
-        collection(tmp_path)
+    with pytest.raises(ConfigError, match="has Kestrel 2 journal files .* convert them"):
+        collection(tmp_path)  # at start-up
+    later = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"journal_format": "kestrel3"}}))
+    with pytest.raises(ConfigError, match="has Kestrel 2 journal files"):
+        later.queue("q")  # created on first use
 
 
 def test_fanout_only_parent_keeps_no_reader_and_counts_what_fits(tmp_path: Path) -> None:
@@ -208,3 +211,18 @@ def test_a_reload_changes_rotation_size_and_limits(tmp_path: Path) -> None:
                                         "max_items": 8}}), {})
     assert coll.add_many("q", [b"y" * 100] * 5) == 3
     assert len(writer_files(tmp_path)) == 2
+
+
+def test_poison_goes_to_its_error_queue_or_back_to_the_head_when_that_refuses(tmp_path: Path) -> None:
+    coll = collection(tmp_path, q={"max_errors": 1, "error_queue": "dead"}, dead={"max_items": 1})
+    coll.add_many("dead", [b"filler"])
+    coll.add_many("q", [b"bad"])
+    item = coll.remove("q", transaction=True)
+    assert item is not None and coll.unremove("q", item.xid)
+    assert coll.queue("q").length == 1 and coll.queue("q").stats()["poisoned_items"] == 0  # refused
+    assert drain(coll, "dead") == [b"filler"]
+    item = coll.remove("q", transaction=True)
+    assert item is not None and coll.unremove("q", item.xid)
+    assert coll.queue("q").length == 0 and coll.queue("q").stats()["poisoned_items"] == 1
+    coll = reopen(coll)
+    assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == []
