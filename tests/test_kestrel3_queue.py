@@ -3,6 +3,7 @@ expiry, and writes that fail."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import gevent
 import pytest
 
-from storage import JournalWriteError, QueueCollection, QueueConfigs
+from storage import JournalWriteError, QueueCollection, QueueConfigs, convert
 from storage.clock import FakeClock
 from storage.errors import ConfigError
 from storage.item import QItem
@@ -226,3 +227,23 @@ def test_poison_goes_to_its_error_queue_or_back_to_the_head_when_that_refuses(tm
     assert coll.queue("q").length == 0 and coll.queue("q").stats()["poisoned_items"] == 1
     coll = reopen(coll)
     assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == []
+
+
+def test_a_queue_converted_to_kestrel3_is_served_by_its_readers_and_back(tmp_path: Path) -> None:
+    plain = QueueCollection(str(tmp_path))
+    plain.queue("q+c")
+    plain.add_many("q", [b"one", b"two", b"three"])
+    plain.add_many("q+c", [b"child only"])
+    opened = plain.remove("q", transaction=True)  # open at the stop: served again, first
+    assert opened is not None and drain(plain, "q+c")[:1] == [b"one"]
+    plain.close()
+    convert.convert(str(tmp_path), "kestrel3", [], out=io.StringIO())
+    coll = collection(tmp_path)
+    assert drain(coll, "q") == [b"one", b"two", b"three"]
+    assert drain(coll, "q+c") == []  # what the child had consumed stays consumed
+    coll.add_many("q", [b"after"])
+    coll.close()
+    convert.convert(str(tmp_path), "kestrel2", [], out=io.StringIO())
+    back = QueueCollection(str(tmp_path))
+    back.load()
+    assert drain(back, "q") == [b"after"] and drain(back, "q+c") == [b"after"]
