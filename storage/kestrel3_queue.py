@@ -264,7 +264,6 @@ class Kestrel3Queue:
         self._opens: dict[int, QItem] = {}
         self._behind: int | None = None  # while in read-behind: the lowest id not yet loaded
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
-        self._stash: k3.Put | None = None  # a record the cursor read past `_seen`, for later
         self._cursor: RecordReader | None = None
         self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
@@ -412,10 +411,7 @@ class Kestrel3Queue:
         assert self._file is not None
         while self._behind is not None and self.memory_bytes < self.config.max_memory_size:
             record = self._next_behind() if self._behind <= self._seen else None
-            if record is not None and record.id > self._seen:
-                self._stash = record  # a put being handed out now: `receive` counts and loads it
-                record = None
-            if record is None:
+            if record is None or record.id > self._seen:  # past it: a put `receive` is handing out
                 self._end_read_behind()  # every item handed to this reader is in memory
                 return
             self._behind = record.id + 1
@@ -428,9 +424,6 @@ class Kestrel3Queue:
     def _next_behind(self) -> k3.Put | None:
         """The next PUT at or after `_behind`, from the cursor (opened, or moved to the next file)."""
         assert self._journal is not None and self._behind is not None
-        if self._stash is not None:
-            stashed, self._stash = self._stash, None
-            return stashed
         files = self._journal.writer.files
         while True:
             if self._cursor is None:
@@ -462,7 +455,6 @@ class Kestrel3Queue:
     def _end_read_behind(self) -> None:
         if self._behind is not None:
             self._behind = None
-            self._stash = None
             self._close_cursor()
             log.info("queue leaving read-behind", queue=self.name, items=self.length)
 
