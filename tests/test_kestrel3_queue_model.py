@@ -201,7 +201,7 @@ class FormatsAgree(RuleBasedStateMachine):
                 assert stats["expired_items"] == side.expired[queue]
                 per_queue[queue] = {k: stats[k] for k in COMPARED}
             figures.append(per_queue)
-        assert figures[0] == figures[1]
+        assert figures[0] == figures[1], figures
 
 
 FormatsAgree.TestCase.settings = settings(
