@@ -71,6 +71,10 @@ class FormatsAgree(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.sides = [Side(fmt, self.clock) for fmt in FORMATS]
         self.counter = 0
+        # Queues whose two formats have held their items in different orders since the last
+        # restart (a restart reorders them differently): from then on their figures may differ too
+        # (another item at the head expires, or is discarded), each still agreeing with its model.
+        self.diverged: set[str] = set()
 
     def teardown(self) -> None:
         for side in self.sides:
@@ -186,6 +190,7 @@ class FormatsAgree(RuleBasedStateMachine):
                     side.items[queue] = sorted([*opens.values(), *items])
                 opens.clear()
                 side.expired[queue] = 0
+        self.diverged.clear()  # the figures start again from 0 in both
 
     @invariant()
     def each_agrees_with_its_model_and_both_with_each_other(self) -> None:
@@ -201,7 +206,13 @@ class FormatsAgree(RuleBasedStateMachine):
                 assert stats["expired_items"] == side.expired[queue]
                 per_queue[queue] = {k: stats[k] for k in COMPARED}
             figures.append(per_queue)
-        assert figures[0] == figures[1], figures
+        for queue in QUEUES:
+            orders = [([i[0] for i in side.items[queue]], sorted(i[0] for i in side.opens[queue].values()))
+                      for side in self.sides]
+            if orders[0] != orders[1]:
+                self.diverged.add(queue)
+            if queue not in self.diverged:
+                assert figures[0][queue] == figures[1][queue], figures
 
 
 FormatsAgree.TestCase.settings = settings(
