@@ -44,6 +44,7 @@ class Side:
         self.opens: dict[str, dict[int, Item]] = {q: {} for q in QUEUES}  # xid -> item
         self.expired = {q: 0 for q in QUEUES}
         self.coll = self.open()
+        self.crashed: list[QueueCollection] = []  # left open by a crash; closed at the end
 
     def open(self) -> QueueCollection:
         coll = QueueCollection(self.dir, self.configs, clock=self.clock)
@@ -80,6 +81,8 @@ class FormatsAgree(RuleBasedStateMachine):
         for side in self.sides:
             side.settle()
             side.coll.close()
+            for coll in side.crashed:  # their descriptors, not their files: those are gone
+                coll.close()
             shutil.rmtree(side.dir, ignore_errors=True)
 
     @rule(to=st.sampled_from(QUEUES), sizes=st.lists(st.integers(0, 60), min_size=1, max_size=4),
@@ -177,7 +180,9 @@ class FormatsAgree(RuleBasedStateMachine):
     def restart(self, crash: bool) -> None:
         for side in self.sides:
             side.settle()
-            if not crash:
+            if crash:
+                side.crashed.append(side.coll)
+            else:
                 side.coll.close()
             side.coll = side.open()
             for queue in QUEUES:
