@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import gevent
-import gevent.event
 import structlog
 
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
+from storage.group_commit import GROUP_COMMIT
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -337,16 +337,12 @@ def record_timing(event: str, started: float) -> None:
         timing(event, time.perf_counter() - started)
 
 
-def _fsync_in_pool(fd: int) -> None:
-    """fsync on the hub's threadpool, so that the event loop keeps serving meanwhile."""
-    gevent.get_hub().threadpool.apply(os.fsync, (fd,))
-
-
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
 
-    `sync_ms` 0: every append waits for an fsync covering it; writers that arrive while one fsync
-    runs share the next (group commit). N > 0: an fsync at most every N ms after a write.
+    `sync_ms` 0: every append waits for an fsync covering it, in the next round of the group commit
+    (`storage/group_commit.py`), which every journal with unsynced records shares. N > 0: an fsync
+    at most every N ms after a write.
     None: never fsync (records still reach the OS on every append, so a process crash loses
     nothing; a power cut may).
     """
@@ -359,9 +355,8 @@ class JournalWriter:
             self.size = os.stat(path).st_size
         except FileNotFoundError:
             self.size = 0
-        self._synced = self.size
+        self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
-        self._syncing: gevent.event.Event | None = None
         self._timer: gevent.Greenlet | None = None
 
     def open(self) -> None:
@@ -405,25 +400,16 @@ class JournalWriter:
         """Wait as the sync policy requires for everything appended so far."""
         if self.sync_ms == 0:
             self.sync_to(self.size)
-        elif self.sync_ms is not None and self._timer is None and self._synced < self.size:
+        elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
             self._timer = gevent.spawn_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:
-        """Return once everything up to `position` is on disk, sharing fsyncs with other writers."""
-        while self._synced < position:
-            if self._syncing is not None:
-                self._syncing.wait()
-                continue
-            done = self._syncing = gevent.event.Event()
-            target = self.size
-            try:
-                started = time.perf_counter()
-                _fsync_in_pool(self.fd)
-                record_timing("fsync", started)
-                self._synced = max(self._synced, target)
-            finally:
-                self._syncing = None
-                done.set()
+        """Return once everything up to `position` is on disk, sharing an fsync round with every
+        other journal (raises OSError when the fsync covering it failed)."""
+        if self.synced < position:
+            started = time.perf_counter()
+            GROUP_COMMIT.sync(self, position)
+            record_timing("fsync", started)
 
     def _periodic_sync(self) -> None:
         self._timer = None

@@ -1,0 +1,163 @@
+"""Group commit across journals: one fsync round at a time for every journal with unsynced records.
+
+A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown) asks for its
+journal to be in the next round and waits for that round. A round starts once the event-loop turn
+that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
+journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
+where fsyncs issued one after another each wait for a commit. They are issued with Linux native AIO
+where the kernel has it (`storage/aio_fsync.py`: one system call, no thread), else on threads.
+Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
+exactly the waiters whose records that round covered; the other journals of the round are unaffected.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from typing import Protocol
+
+import gevent
+import gevent.event
+import structlog
+
+from storage.aio_fsync import AioFsync, AioUnsupported
+
+log = structlog.get_logger("kestrel.journal")
+
+
+class Syncable(Protocol):
+    """What a round needs of a journal: its descriptor and name, how far it is written and synced."""
+
+    path: str
+    fd: int
+    size: int
+    synced: int
+
+
+class FsyncMany(Protocol):
+    """Issues a round's fsyncs concurrently: for each descriptor, None or the error of its fsync."""
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]: ...
+
+
+class ThreadFsync:
+    """A round's fsyncs on the hub's threads (where native AIO is missing), one per descriptor."""
+
+    def __init__(self, fsync: Callable[[int], None] = os.fdatasync) -> None:
+        self._fsync = fsync
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        pool = gevent.get_hub().threadpool
+        pending = [pool.spawn(self._fsync, fd) for fd in fds]
+        results: list[OSError | None] = []
+        for result in pending:
+            try:
+                result.get()
+                results.append(None)
+            except OSError as e:
+                results.append(e)
+        return results
+
+
+class _Round:
+    """The journals one round fsyncs, how far each was written when the round began, and the
+    errors of those that failed."""
+
+    def __init__(self) -> None:
+        self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
+        self.failed: dict[Syncable, OSError] = {}
+        self.done = gevent.event.Event()
+
+
+class GroupCommit:
+    """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
+
+    def __init__(self, fsync_many: FsyncMany | None = None) -> None:
+        # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
+        self._fsync_many = fsync_many  # chosen by the first round, unless given
+        self._threads = ThreadFsync()
+        self._next: _Round | None = None  # gathering journals; starts when its turn has run
+        self._running: _Round | None = None
+        self.rounds = 0  # rounds run, and fsyncs issued (for tests and benchmarks)
+        self.fsyncs = 0
+
+    def sync(self, journal: Syncable, position: int) -> None:
+        """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
+
+        Raises OSError when the fsync of a round covering `position` failed.
+        """
+        while journal.synced < position:
+            running = self._running
+            if running is not None and running.journals.get(journal, -1) >= position:
+                round_ = running  # the round in flight covers it: wait for that one
+            else:
+                round_ = self._gather(journal)
+            round_.done.wait()
+            error = round_.failed.get(journal)
+            if error is not None:
+                raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
+
+    def _gather(self, journal: Syncable) -> _Round:
+        """The round that will start after this turn, with `journal` in it."""
+        round_ = self._next
+        if round_ is None:
+            round_ = self._next = _Round()
+            if self._running is None:
+                gevent.get_hub().loop.run_callback(self._start)
+        round_.journals[journal] = -1  # its position is taken when the round starts
+        return round_
+
+    def _start(self) -> None:
+        if self._running is None and self._next is not None:
+            gevent.spawn(self._run_rounds)
+            self._running = self._next  # claimed now, so that no second runner starts
+            self._next = None
+
+    def _run_rounds(self) -> None:
+        """Run the claimed round, then each round gathered meanwhile, until none is waiting."""
+        round_ = self._running
+        while round_ is not None:
+            try:
+                self._run(round_)
+            except Exception as e:  # no waiter may wait on for a round that will never end
+                log.exception("group commit round failed")
+                for journal in round_.journals:
+                    round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
+            finally:
+                round_.done.set()
+            round_ = self._running = self._next
+            self._next = None
+
+    def _run(self, round_: _Round) -> None:
+        journals = []
+        for journal in round_.journals:
+            round_.journals[journal] = journal.size
+            if journal.fd < 0:
+                round_.failed[journal] = OSError(0, "the journal was closed before its fsync")
+            else:
+                journals.append(journal)
+        self.rounds += 1
+        self.fsyncs += len(journals)
+        for journal, error in zip(journals, self._fsync_all([j.fd for j in journals]), strict=True):
+            if error is not None:
+                round_.failed[journal] = error
+            else:
+                journal.synced = max(journal.synced, round_.journals[journal])
+
+    def _fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        if self._fsync_many is None:
+            try:
+                self._fsync_many = AioFsync.create() or self._threads
+            except OSError as e:  # e.g. out of descriptors for its eventfd: threads this time
+                log.warning("native AIO not ready; this round's fsyncs go to threads", error=str(e))
+                return self._threads.fsync_all(fds)
+        try:
+            return self._fsync_many.fsync_all(fds)
+        except AioUnsupported as e:
+            log.info("fsyncs of a group commit go to threads", reason=str(e))
+            self._fsync_many = self._threads
+            return self._threads.fsync_all(fds)
+
+
+GROUP_COMMIT = GroupCommit()
