@@ -137,10 +137,10 @@ _NESTED = (STRUCT, LIST, SET, MAP)
 
 def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
     ttype = vtype.ttype
-    if ttype == STRUCT:
+    if ttype == STRUCT:  # an object with the fields as attributes, or a tuple of them in order
         writer.write_struct_begin()
-        for fid, name, ftype in vtype.fields:
-            v = getattr(value, name)
+        for i, (fid, name, ftype) in enumerate(vtype.fields):
+            v = value[i] if isinstance(value, tuple) else getattr(value, name)
             if v is not None:
                 writer.write_field(ftype.ttype, fid)
                 write_value(writer, ftype, v)

@@ -447,11 +447,12 @@ class Writer:
         raise NotImplementedError
 
     def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings."""
+        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings; each
+        value is an object with those attributes or a tuple of the fields in order."""
         for value in values:
             self.write_struct_begin()
-            for fid, name, ftype in fields:
-                v = getattr(value, name)
+            for i, (fid, name, ftype) in enumerate(fields):
+                v = value[i] if isinstance(value, tuple) else getattr(value, name)
                 if v is not None:
                     self.write_field(ftype.ttype, fid)
                     self.write_value(ftype.ttype, v)
@@ -471,21 +472,20 @@ class BinaryWriter(Writer):
         self.out += _I8.pack(etype) + _I32.pack(count)
 
     def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        shape = [(ftype.ttype, fid, name) for fid, name, ftype in fields]
-        if len(shape) != 2 or (shape[0][0], shape[1][0]) != (STRING, I64):
-            super().write_flat_structs(fields, values)
-            return
-        # A binary string then an i64 (`get`'s Item): two packs per struct.
-        (_, fid1, name1), (_, fid2, name2) = shape
-        head, tail, out = _STRING_FIELD.pack, _I64_FIELD_STOP.pack, self.out
-        for value in values:
-            data, number = getattr(value, name1), getattr(value, name2)
-            if data is None or number is None or isinstance(data, str):
-                super().write_flat_structs(fields, [value])
-                continue
-            out += head(STRING, fid1, len(data))
-            out += data
-            out += tail(I64, fid2, number, STOP)
+        shape = [(ftype.ttype, fid) for fid, _, ftype in fields]
+        if len(shape) == 2 and (shape[0][0], shape[1][0]) == (STRING, I64) and isinstance(values, list):
+            # A binary string then an i64 (`get`'s Item), given as (bytes, int) tuples: the reply's
+            # pieces joined at once, the i64's encoding shared when it repeats (0 without auto-abort).
+            head, tail = _STRING_FIELD.pack, _I64_FIELD_STOP.pack
+            (_, fid1), (_, fid2) = shape
+            zero = tail(I64, fid2, 0, STOP)
+            try:
+                self.out += b"".join([part for data, number in values for part in (
+                    head(STRING, fid1, len(data)), data, tail(I64, fid2, number, STOP) if number else zero)])
+                return
+            except (TypeError, ValueError, struct.error):
+                pass  # objects, strings or missing fields: nothing was written, take the general way
+        super().write_flat_structs(fields, values)
 
     def write_value(self, ttype: int, value: Any) -> None:
         out = self.out

@@ -126,3 +126,15 @@ def test_counts_and_lengths_are_checked_before_reading() -> None:
     nested = b"\x80\x01\x00\x01\x00\x00\x00\x04peek\x00\x00\x00\x01" + b"\x0c\x00\x09" * 40 + b"\x00" * 41
     with pytest.raises(ThriftProtocolError, match="nested deeper"):
         decode("binary", nested)
+
+
+@settings(max_examples=200, deadline=None)
+@given(PROTOCOL, st.lists(st.tuples(st.binary(max_size=300), st.sampled_from([0, 1, -1, 2**63 - 1, -(2**63)])),
+                          max_size=30))
+def test_get_replies_from_tuples_are_the_bytes_of_items(protocol: str, got: list[tuple[bytes, int]]) -> None:
+    """The handler's (data, id) tuples take the joined fast path; Item objects the general one."""
+    writer = PROTOCOLS[protocol][1]
+    items = [kestrel_thrift.Item(data=data, id=read_id) for data, read_id in got]
+    fast = encode_reply(writer(), METHODS["get"], 9, got)
+    assert fast == encode_reply(writer(), METHODS["get"], 9, items)
+    assert [(i.data, i.id) for i in decode_reply(fast, protocol, "get")] == got
