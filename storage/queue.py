@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from itertools import repeat
 
 import gevent
 import gevent.event
@@ -672,10 +673,10 @@ class PersistentQueue:
     def _add_many(self, items: list[bytes], expiry: int, add_time: int | None) -> int:
         cfg = self.config
         now = self.clock.now_ms() if add_time is None else add_time
-        for data in items:
-            if len(data) > cfg.max_item_size:
-                raise ItemTooLarge(f"item of {len(data)} bytes is over max_item_size "
-                                   f"{cfg.max_item_size} of queue {self.name!r}")
+        if items and max(map(len, items)) > cfg.max_item_size:
+            size = next(n for n in map(len, items) if n > cfg.max_item_size)
+            raise ItemTooLarge(f"item of {size} bytes is over max_item_size "
+                               f"{cfg.max_item_size} of queue {self.name!r}")
         if self._rb is not None or (self._mem and self._mem[0].expiry):
             self._expire_head(now)
         if cfg.max_age:
@@ -687,8 +688,8 @@ class PersistentQueue:
                 and self.memory_bytes + size < cfg.max_memory_size):
             # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._pending.extend([codec.encode_addx(now, expiry, data) for data in items])
-            self._mem.extend([QItem(now, expiry, data) for data in items])
+                self._pending.append(codec.encode_addx_many(now, expiry, items))
+            self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
             accepted = len(items)
             self.length += accepted
             self.bytes += size
