@@ -4,8 +4,10 @@ A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown
 journal to be in the next round and waits for that round. A round starts once the event-loop turn
 that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
 journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
-where fsyncs issued one after another each wait for a commit. They are issued with Linux native AIO
-where the kernel has it (`storage/aio_fsync.py`: one system call, no thread), else on threads.
+where fsyncs issued one after another each wait for a commit. They are issued on threads (one per
+journal in the round), or with `KESTREL_FSYNC=aio` with Linux native AIO (`storage/aio_fsync.py`:
+one system call, no thread, far less CPU; but the kernel's shared workers run those fsyncs, and on a
+machine whose CPUs are oversubscribed they wait for a turn far longer than our own threads do).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -19,11 +21,18 @@ from typing import Protocol
 
 import gevent
 import gevent.event
+import gevent.threadpool
 import structlog
 
 from storage.aio_fsync import AioFsync, AioUnsupported
 
 log = structlog.get_logger("kestrel.journal")
+
+# Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
+# many journals, the rest of a round waits for a free thread.
+MAX_THREADS = 64
+# Native AIO instead of threads: `KESTREL_FSYNC=aio` in the environment (see the module's doc).
+NATIVE_AIO = os.environ.get("KESTREL_FSYNC") == "aio"
 
 
 class Syncable(Protocol):
@@ -42,14 +51,17 @@ class FsyncMany(Protocol):
 
 
 class ThreadFsync:
-    """A round's fsyncs on the hub's threads (where native AIO is missing), one per descriptor."""
+    """A round's fsyncs on threads of its own, one per descriptor (up to `max_threads` at once)."""
 
-    def __init__(self, fsync: Callable[[int], None] = os.fdatasync) -> None:
+    def __init__(self, fsync: Callable[[int], None] = os.fdatasync, max_threads: int = MAX_THREADS) -> None:
         self._fsync = fsync
+        self._max_threads = max_threads
+        self._pool: gevent.threadpool.ThreadPool | None = None  # made by the first round
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
-        pool = gevent.get_hub().threadpool
-        pending = [pool.spawn(self._fsync, fd) for fd in fds]
+        if self._pool is None:
+            self._pool = gevent.threadpool.ThreadPool(self._max_threads)
+        pending = [self._pool.spawn(self._fsync, fd) for fd in fds]
         results: list[OSError | None] = []
         for result in pending:
             try:
@@ -73,10 +85,11 @@ class _Round:
 class GroupCommit:
     """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
 
-    def __init__(self, fsync_many: FsyncMany | None = None) -> None:
+    def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
-        self._fsync_many = fsync_many  # chosen by the first round, unless given
         self._threads = ThreadFsync()
+        # None: native AIO, set up by the first round
+        self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run
         self._running: _Round | None = None
         self.rounds = 0  # rounds run, and fsyncs issued (for tests and benchmarks)
@@ -160,4 +173,4 @@ class GroupCommit:
             return self._threads.fsync_all(fds)
 
 
-GROUP_COMMIT = GroupCommit()
+GROUP_COMMIT = GroupCommit(native_aio=NATIVE_AIO)

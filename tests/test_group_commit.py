@@ -162,7 +162,7 @@ def test_without_descriptors_for_aio_a_round_uses_threads(tmp_path: Path, monkey
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(AioFsync, "create", out_of_descriptors)
-    commit = GroupCommit()
+    commit = GroupCommit(native_aio=True)
     journal = Journal(tmp_path / "q")
     commit.sync(journal, journal.append(b"record"))
     assert journal.synced == 6
