@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import gevent
@@ -24,6 +26,7 @@ from storage.errors import KestrelError
 from storage.filenames import check_queue_name
 
 log = structlog.get_logger("kestrel.session")
+_DATA = attrgetter("data")
 
 
 class SessionError(KestrelError):
@@ -142,7 +145,7 @@ class Session:
         else:
             self.stats.get_misses += 1
         if not transaction:
-            return [(item.data, 0) for item in items]
+            return list(zip(map(_DATA, items), repeat(0)))
         by_id = self.server.reads_by_id
         return [(item.data, by_id.open(self.reads, queue, item.xid, auto_abort_ms)) for item in items]
 

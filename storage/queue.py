@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from itertools import repeat
+from operator import attrgetter
 
 import gevent
 import gevent.event
@@ -50,6 +51,7 @@ log = structlog.get_logger("kestrel.queue")
 
 LIVE = 2**63  # sort key of the live journal among rotated timestamps
 _ADDS = (AddX, Add, AddXid, Continue)
+_EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
 
 
 def _item_of(record: Record, now: int) -> QItem:
@@ -767,10 +769,10 @@ class PersistentQueue:
         and the queue as it was: no per-item checks, one REMOVE per item in one record string."""
         mem = self._mem
         taken = [mem.popleft() for _ in range(min(count, len(mem)))]
-        if not taken or any(item.expiry for item in taken):
+        if not taken or any(map(_EXPIRY, taken)):
             mem.extendleft(reversed(taken))
             return None
-        size = sum(len(item.data) for item in taken)
+        size = sum(map(len, map(_DATA, taken)))
         self.length -= len(taken)
         self.bytes -= size
         self.memory_bytes -= size
