@@ -17,16 +17,19 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import gevent
 import gevent.event
-import gevent.threadpool
 import structlog
+from gevent import monkey
 
 from storage.aio_fsync import AioFsync, AioUnsupported
 
 log = structlog.get_logger("kestrel.journal")
+
+# Real OS threads and locks, also where gevent has patched the thread module into greenlets.
+_start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_thread", "allocate_lock"])
 
 # Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
 # many journals, the rest of a round waits for a free thread.
@@ -50,26 +53,77 @@ class FsyncMany(Protocol):
     def fsync_all(self, fds: list[int]) -> list[OSError | None]: ...
 
 
+class _Worker:
+    """One OS thread that fsyncs a descriptor each time it is handed one (no event loop of its own:
+    it takes the interpreter lock only to start and to report)."""
+
+    def __init__(self, idle: list[_Worker]) -> None:
+        self._idle = idle
+        self._go = _allocate_lock()
+        self._go.acquire()  # released by `hand`
+        self._job: tuple[Callable[[int], None], int, int, Callable[[int, OSError | None], None]] | None = None
+        _start_new_thread(self._serve, ())
+
+    def hand(self, fsync: Callable[[int], None], fd: int, index: int,
+             report: Callable[[int, OSError | None], None]) -> None:
+        self._job = (fsync, fd, index, report)
+        self._go.release()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            assert self._job is not None
+            fsync, fd, index, report = self._job
+            error: OSError | None = None
+            try:
+                fsync(fd)
+            except OSError as e:
+                error = e
+            except BaseException as e:  # never leave a round without its report
+                error = OSError(errno.EIO, f"fsync raised {e!r}")
+            self._idle.append(self)  # free again before the round can learn it is over
+            report(index, error)
+
+
 class ThreadFsync:
-    """A round's fsyncs on threads of its own, one per descriptor (up to `max_threads` at once)."""
+    """A round's fsyncs on OS threads of its own, one per descriptor (up to `max_threads` at once);
+    the last to finish wakes the event loop once for the whole round."""
 
     def __init__(self, fsync: Callable[[int], None] = os.fdatasync, max_threads: int = MAX_THREADS) -> None:
         self._fsync = fsync
         self._max_threads = max_threads
-        self._pool: gevent.threadpool.ThreadPool | None = None  # made by the first round
+        self._idle: list[_Worker] = []
+        self._wake: Any = None  # the loop's async watcher, made by the first round
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
-        if self._pool is None:
-            self._pool = gevent.threadpool.ThreadPool(self._max_threads)
-        pending = [self._pool.spawn(self._fsync, fd) for fd in fds]
-        results: list[OSError | None] = []
-        for result in pending:
-            try:
-                result.get()
-                results.append(None)
-            except OSError as e:
-                results.append(e)
+        results: list[OSError | None] = [None] * len(fds)
+        for start in range(0, len(fds), self._max_threads):
+            self._round(fds[start:start + self._max_threads], results, start)
         return results
+
+    def _round(self, fds: list[int], results: list[OSError | None], offset: int) -> None:
+        if self._wake is None:
+            self._wake = gevent.get_hub().loop.async_()
+        wake = self._wake
+        finished = gevent.event.Event()
+        reported: list[int] = []
+
+        def report(index: int, error: OSError | None) -> None:  # on a worker thread
+            results[offset + index] = error
+            reported.append(index)
+            if len(reported) == len(fds):
+                wake.send()
+
+        wake.start(finished.set)  # before any fsync can finish: a send to a stopped watcher is lost
+        try:
+            for index, fd in enumerate(fds):
+                worker = self._idle.pop() if self._idle else _Worker(self._idle)
+                worker.hand(self._fsync, fd, index, report)
+            while len(reported) < len(fds):
+                finished.wait()
+                finished.clear()
+        finally:
+            wake.stop()
 
 
 class _Round:
