@@ -94,6 +94,12 @@ class ThreadFsync:
         self._max_threads = max_threads
         self._idle: list[_Worker] = []
         self._wake: Any = None  # the loop's async watcher, made by the first round
+        os.register_at_fork(after_in_child=self._forget_threads)
+
+    def _forget_threads(self) -> None:
+        """A forked child has none of the parent's threads, nor its event loop."""
+        self._idle = []
+        self._wake = None
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         results: list[OSError | None] = [None] * len(fds)

@@ -166,3 +166,18 @@ def test_without_descriptors_for_aio_a_round_uses_threads(tmp_path: Path, monkey
     journal = Journal(tmp_path / "q")
     commit.sync(journal, journal.append(b"record"))
     assert journal.synced == 6
+
+
+def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path) -> None:
+    commit = GroupCommit(ThreadFsync())
+    parent = Journal(tmp_path / "parent")
+    commit.sync(parent, parent.append(b"before the fork"))  # the parent's thread now waits for work
+    pid = os.fork()
+    if pid == 0:  # the child: no work for the parent's absent thread (reinit as gevent's fork does)
+        gevent.reinit()
+        child = Journal(tmp_path / "child")
+        waiter = gevent.spawn(commit.sync, child, child.append(b"x"))
+        waiter.join(timeout=10)
+        os._exit(0 if waiter.successful() and child.synced == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
