@@ -43,7 +43,9 @@ WORKLOADS = {  # name: (port, loadgen options)
 }
 
 # Innermost frame's file → what the time is spent on; the first match wins.
-IDLE_WORKER = re.compile(r"gevent/_threading\.py")  # a threadpool thread waiting for work: not server time
+# Threads off the event loop: a threadpool thread waiting for work, and the group commit's fsync
+# threads (waiting, or in an fsync that the loop does not wait for): not the server's serving time.
+IDLE_WORKER = re.compile(r"gevent/_threading\.py|^_serve \(.*storage/group_commit\.py")
 EVENT_LOOP = "event loop: epoll wait and libev dispatch"
 SOCKET = "socket send/recv (system calls)"
 CATEGORIES = [
@@ -120,9 +122,9 @@ def report(stacks: list[tuple[list[str], int]], top: int) -> None:
             inclusive[name] += count
     waiting = sum(by_category[name] for name in (SOCKET, EVENT_LOOP))
     rest = max(total - waiting, 1)
-    print(f"  py-spy: {total} samples ({idle} more of idle threadpool threads left out); by innermost frame "
-          f"(self), anywhere on the stack (incl.), and self as a share of the samples outside socket calls "
-          f"and the event loop (rest)")
+    print(f"  py-spy: {total} samples ({idle} more of threads off the event loop left out); by innermost "
+          f"frame (self), anywhere on the stack (incl.), and self as a share of the samples outside socket "
+          f"calls and the event loop (rest)")
     for name, count in by_category.most_common():
         share = "" if name in (SOCKET, EVENT_LOOP) else f"{100 * count / rest:5.1f}%  rest"
         print(f"    {100 * count / total:5.1f}%  self   {100 * inclusive[name] / total:5.1f}%  incl.  "
