@@ -5,7 +5,8 @@ journal to be in the next round and waits for that round. A round starts once th
 that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
 journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
 where fsyncs issued one after another each wait for a commit. They are issued on threads (one per
-journal in the round), or with `KESTREL_FSYNC=aio` with Linux native AIO (`storage/aio_fsync.py`:
+journal in the round: C threads from `storage/_fsync_many.c` when it was built, else Python
+threads), or with `KESTREL_FSYNC=aio` with Linux native AIO (`storage/aio_fsync.py`:
 one system call, no thread, far less CPU; but the kernel's shared workers run those fsyncs, and on a
 machine whose CPUs are oversubscribed they wait for a turn far longer than our own threads do).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
@@ -132,6 +133,27 @@ class ThreadFsync:
             wake.stop()
 
 
+class NativeThreadFsync:
+    """A round's fsyncs on C threads (`storage/_fsync_many.c`), the whole round one task of the
+    hub's thread pool: the interpreter lock changes hands once per round, not twice per fsync."""
+
+    def __init__(self, fsync_many: Callable[[list[int]], list[int]]) -> None:
+        self._fsync_many = fsync_many
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        codes = gevent.get_hub().threadpool.apply(self._fsync_many, (fds,))
+        return [OSError(code, os.strerror(code)) if code else None for code in codes]
+
+
+def _threads() -> FsyncMany:
+    """C threads when the helper was built (a C compiler at install time), else Python threads."""
+    try:
+        from storage._fsync_many import fsync_many
+    except ImportError:
+        return ThreadFsync()
+    return NativeThreadFsync(fsync_many)
+
+
 class _Round:
     """The journals one round fsyncs, how far each was written when the round began, and the
     errors of those that failed."""
@@ -147,7 +169,7 @@ class GroupCommit:
 
     def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
-        self._threads = ThreadFsync()
+        self._threads = _threads()
         # None: native AIO, set up by the first round
         self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run

@@ -13,7 +13,7 @@ import pytest
 
 from storage import aio_fsync
 from storage.aio_fsync import AioFsync
-from storage.group_commit import FsyncMany, GroupCommit, ThreadFsync
+from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
 from storage.journal import JournalWriter
 
 
@@ -51,10 +51,21 @@ def aio() -> AioFsync:
     return made
 
 
-@pytest.fixture(params=["aio", "threads"])
+def c_threads() -> NativeThreadFsync:
+    try:
+        from storage._fsync_many import fsync_many
+    except ImportError:
+        pytest.skip("the C helper was not built (no C compiler at install time)")
+    return NativeThreadFsync(fsync_many)
+
+
+@pytest.fixture(params=["aio", "threads", "c-threads"])
 def fsync_many(request: pytest.FixtureRequest) -> Iterator[FsyncMany]:
     if request.param == "threads":
         yield ThreadFsync()
+        return
+    if request.param == "c-threads":
+        yield c_threads()
         return
     made = aio()
     yield made
@@ -108,7 +119,7 @@ def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fs
     assert bad.synced == 0
 
 
-def test_aio_and_threads_answer_alike(tmp_path: Path) -> None:
+def test_aio_python_threads_and_c_threads_answer_alike(tmp_path: Path) -> None:
     native = aio()
     try:
         files = [Journal(tmp_path / f"q{i}") for i in range(3)]
@@ -118,8 +129,8 @@ def test_aio_and_threads_answer_alike(tmp_path: Path) -> None:
         os.close(closed)
         fds = [files[0].fd, closed, files[1].fd, files[2].fd]
         answers = [[None if e is None else e.errno for e in way.fsync_all(fds)]
-                   for way in (native, ThreadFsync())]
-        assert answers[0] == answers[1] == [None, errno.EBADF, None, None]
+                   for way in (native, ThreadFsync(), c_threads())]
+        assert answers[0] == answers[1] == answers[2] == [None, errno.EBADF, None, None]
     finally:
         native.close()
 
