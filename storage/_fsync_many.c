@@ -1,9 +1,11 @@
-/* fdatasync of many descriptors at once, each on a thread of its own, without the interpreter lock.
+/* fdatasync of many descriptors at once, on threads kept for it, without the interpreter lock.
  *
  * What a group-commit round needs (storage/group_commit.py): the file system joins concurrent
  * fsyncs into one commit, but Python threads each take the interpreter lock to start and to report
  * an fsync, and on a busy machine those hand-offs cost more than the fsyncs. Here the lock is
- * released once for the whole round. Optional: without a C compiler the round uses Python threads.
+ * released once for the whole round, and the round's descriptors are shared out among threads
+ * that wait for the next round once done (the calling thread takes its share too, so a round ends
+ * even when no thread can be started). Optional: without a C compiler the round uses Python threads.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,17 +14,85 @@
 #include <pthread.h>
 #include <unistd.h>
 
-typedef struct {
-    int fd;
-    int error;   /* 0, or the errno of the failed fdatasync */
-    int started; /* whether a thread runs it (else it ran in the caller) */
-    pthread_t thread;
-} job_t;
+#define MAX_WORKERS 64
 
-static void *run_job(void *arg) {
-    job_t *job = (job_t *)arg;
-    job->error = fdatasync(job->fd) == 0 ? 0 : errno;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER;    /* a round has descriptors to take */
+static pthread_cond_t done = PTHREAD_COND_INITIALIZER;    /* the round's last fsync finished */
+static pthread_mutex_t one_round = PTHREAD_MUTEX_INITIALIZER; /* one caller at a time */
+static int workers;          /* threads started (they never end) */
+static const int *round_fds; /* the round in progress: its descriptors, */
+static int *round_errors;    /* where each fsync's errno goes (0: success), */
+static Py_ssize_t round_size, next_job, unfinished; /* the next to take, and those not finished */
+
+/* Take and run the round's descriptors until none is left; called and returns with `lock` held. */
+static void take_jobs(void) {
+    while (next_job < round_size) {
+        Py_ssize_t i = next_job++;
+        int fd = round_fds[i];
+        pthread_mutex_unlock(&lock);
+        int error = fdatasync(fd) == 0 ? 0 : errno;
+        pthread_mutex_lock(&lock);
+        round_errors[i] = error;
+        if (--unfinished == 0) {
+            pthread_cond_signal(&done);
+        }
+    }
+}
+
+static void *serve(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while (next_job >= round_size) {
+            pthread_cond_wait(&work, &lock);
+        }
+        take_jobs();
+    }
     return NULL;
+}
+
+/* A forked child has none of its parent's threads; its locks are taken afresh. */
+static void forget_workers(void) {
+    pthread_mutex_init(&lock, NULL);
+    pthread_mutex_init(&one_round, NULL);
+    pthread_cond_init(&work, NULL);
+    pthread_cond_init(&done, NULL);
+    workers = 0;
+    round_size = next_job = unfinished = 0;
+}
+
+static void run_round(const int *fds, int *errors, Py_ssize_t n) {
+    pthread_mutex_lock(&one_round);
+    pthread_mutex_lock(&lock);
+    round_fds = fds;
+    round_errors = errors;
+    round_size = n;
+    next_job = 0;
+    unfinished = n;
+    while (workers < MAX_WORKERS && workers < n - 1) { /* the caller is one of the hands */
+        pthread_t thread;
+        pthread_attr_t attr;
+        if (pthread_attr_init(&attr) != 0) {
+            break;
+        }
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int started = pthread_create(&thread, &attr, serve, NULL) == 0;
+        pthread_attr_destroy(&attr);
+        if (!started) {
+            break; /* fewer hands: the round still ends, more slowly */
+        }
+        workers++;
+    }
+    pthread_cond_broadcast(&work);
+    take_jobs();
+    while (unfinished > 0) {
+        pthread_cond_wait(&done, &lock);
+    }
+    round_size = next_job = 0;
+    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&one_round);
 }
 
 static PyObject *fsync_many(PyObject *self, PyObject *fds) {
@@ -31,8 +101,11 @@ static PyObject *fsync_many(PyObject *self, PyObject *fds) {
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    job_t *jobs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(job_t));
-    if (jobs == NULL) {
+    int *descriptors = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    int *errors = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    if (descriptors == NULL || errors == NULL) {
+        PyMem_Free(descriptors);
+        PyMem_Free(errors);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
@@ -42,48 +115,33 @@ static PyObject *fsync_many(PyObject *self, PyObject *fds) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", fd);
             }
-            PyMem_Free(jobs);
+            PyMem_Free(descriptors);
+            PyMem_Free(errors);
             Py_DECREF(seq);
             return NULL;
         }
-        jobs[i].fd = (int)fd;
+        descriptors[i] = (int)fd;
     }
     Py_DECREF(seq);
 
-    Py_BEGIN_ALLOW_THREADS
-    pthread_attr_t attr;
-    int have_attr = pthread_attr_init(&attr) == 0;
-    if (have_attr) {
-        pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        run_round(descriptors, errors, n);
+        Py_END_ALLOW_THREADS
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (pthread_create(&jobs[i].thread, have_attr ? &attr : NULL, run_job, &jobs[i]) == 0) {
-            jobs[i].started = 1;
-        } else {
-            run_job(&jobs[i]); /* no thread to be had: this one here, in turn */
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (jobs[i].started) {
-            pthread_join(jobs[i].thread, NULL);
-        }
-    }
-    if (have_attr) {
-        pthread_attr_destroy(&attr);
-    }
-    Py_END_ALLOW_THREADS
 
-    PyObject *errors = PyList_New(n);
-    for (Py_ssize_t i = 0; errors != NULL && i < n; i++) {
-        PyObject *code = PyLong_FromLong(jobs[i].error);
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *code = PyLong_FromLong(errors[i]);
         if (code == NULL) {
-            Py_CLEAR(errors);
+            Py_CLEAR(result);
             break;
         }
-        PyList_SET_ITEM(errors, i, code);
+        PyList_SET_ITEM(result, i, code);
     }
-    PyMem_Free(jobs);
-    return errors;
+    PyMem_Free(descriptors);
+    PyMem_Free(errors);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -94,4 +152,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fsync_many", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fsync_many(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fsync_many(void) {
+    pthread_atfork(NULL, NULL, forget_workers);
+    return PyModule_Create(&module);
+}

@@ -179,8 +179,9 @@ def test_without_descriptors_for_aio_a_round_uses_threads(tmp_path: Path, monkey
     assert journal.synced == 6
 
 
-def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path) -> None:
-    commit = GroupCommit(ThreadFsync())
+@pytest.mark.parametrize("way", ["threads", "c-threads"])
+def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) -> None:
+    commit = GroupCommit(ThreadFsync() if way == "threads" else c_threads())
     parent = Journal(tmp_path / "parent")
     commit.sync(parent, parent.append(b"before the fork"))  # the parent's thread now waits for work
     pid = os.fork()
