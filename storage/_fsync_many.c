@@ -85,7 +85,9 @@ static void run_round(const int *fds, int *errors, Py_ssize_t n) {
         }
         workers++;
     }
-    pthread_cond_broadcast(&work);
+    for (Py_ssize_t i = 1; i < n && i <= workers; i++) {
+        pthread_cond_signal(&work); /* as many hands as the round needs, not every idle thread */
+    }
     take_jobs();
     while (unfinished > 0) {
         pthread_cond_wait(&done, &lock);
