@@ -4,11 +4,12 @@ A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown
 journal to be in the next round and waits for that round. A round starts once the event-loop turn
 that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
 journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
-where fsyncs issued one after another each wait for a commit. They are issued on threads (one per
-journal in the round: C threads from `storage/_fsync_many.c` when it was built, else Python
-threads), or with `KESTREL_FSYNC=aio` with Linux native AIO (`storage/aio_fsync.py`:
-one system call, no thread, far less CPU; but the kernel's shared workers run those fsyncs, and on a
-machine whose CPUs are oversubscribed they wait for a turn far longer than our own threads do).
+where fsyncs issued one after another each wait for a commit. They are issued on threads kept for
+it, one per journal in the round: C threads from `storage/_fsync_many.c` when it was built (the
+interpreter lock changes hands once per round), else Python threads. With `KESTREL_FSYNC=aio` they
+go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no thread, far less
+CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
+oversubscribed they wait for a turn far longer than our own threads do).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -174,8 +175,6 @@ class GroupCommit:
         self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run
         self._running: _Round | None = None
-        self.rounds = 0  # rounds run, and fsyncs issued (for tests and benchmarks)
-        self.fsyncs = 0
 
     def sync(self, journal: Syncable, position: int) -> None:
         """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
@@ -229,11 +228,9 @@ class GroupCommit:
         for journal in round_.journals:
             round_.journals[journal] = journal.size
             if journal.fd < 0:
-                round_.failed[journal] = OSError(0, "the journal was closed before its fsync")
+                round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
             else:
                 journals.append(journal)
-        self.rounds += 1
-        self.fsyncs += len(journals)
         for journal, error in zip(journals, self._fsync_all([j.fd for j in journals]), strict=True):
             if error is not None:
                 round_.failed[journal] = error
