@@ -16,6 +16,7 @@ from service import metrics
 from service.config import ServerConfig
 from service.listener import Listener
 from service.server import KestrelServer
+from storage.lock import QueuePathLock
 
 if TYPE_CHECKING:
     from service.zookeeper import ServerSetMembership
@@ -48,7 +49,13 @@ class App:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.server = KestrelServer(config)
+        self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
+        self.lock.acquire("kestrel serve")
+        try:
+            self.server = KestrelServer(config)
+        except BaseException:
+            self.lock.release()
+            raise
         self.listeners: list[Listener] = []
         self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
@@ -100,6 +107,7 @@ class App:
                             connections=len(listener.connections))
                 listener.kill()
         self.server.close()
+        self.lock.release()
         log.info("kestrel stopped", seconds=round(time.monotonic() - started, 3))
 
     def run(self) -> None:

@@ -1,19 +1,19 @@
-"""Auto-abort deadlines of Thrift open reads: one wait list ordered by deadline, one greenlet.
+"""Auto-abort deadlines of Thrift open reads: one wait list ordered by deadline, one timer.
 
-A timer greenlet per open read cost more than the read itself once reads came in batches. Here a
-read's deadline is a heap entry; a read closed before its deadline leaves its entry behind, and the
-entry is skipped when it comes due (or dropped when the list is compacted).
+A timer per open read cost more than the read itself once reads came in batches. Here a read's
+deadline is a heap entry; a read closed before its deadline leaves its entry behind, and the entry
+is skipped when it comes due (or dropped when the list is compacted). One runtime timer is set for
+the earliest deadline; time comes from the runtime's clock, so a manual runtime drives it in tests.
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable, Mapping
 
-import gevent
-import gevent.event
 import structlog
+
+from storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
 
 log = structlog.get_logger("kestrel.auto_abort")
 
@@ -25,25 +25,26 @@ class AutoAborts:
     """Calls `expire` with the ids of open reads whose deadline has passed, oldest deadline first,
     each id once; ids no longer in `open_ids` (the server's open reads by id) by then are skipped."""
 
-    def __init__(self, open_ids: Mapping[int, object], expire: Callable[[list[int]], None]) -> None:
+    def __init__(self, open_ids: Mapping[int, object], expire: Callable[[list[int]], None],
+                 runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.open_ids = open_ids
         self.expire = expire
+        self.runtime = runtime
         self.deadlines: list[tuple[float, int]] = []  # a heap of (deadline, read id)
-        self.wake = gevent.event.Event()  # set when a deadline earlier than all others arrives
-        self.runner: gevent.Greenlet | None = None
+        self._timer: Timer | None = None
+        self._timer_at = 0.0  # the deadline the timer is set for
+        self.closed = False
 
     def add(self, read_id: int, seconds: float) -> None:
         """Abort `read_id` after `seconds`, unless it is closed by then."""
-        deadline = time.monotonic() + seconds
+        deadline = self.runtime.clock.monotonic() + seconds
         deadlines = self.deadlines
-        if not deadlines or deadline < deadlines[0][0]:
-            self.wake.set()
         heapq.heappush(deadlines, (deadline, read_id))
         if len(deadlines) > 2 * len(self.open_ids) + SLACK:
             self.deadlines = [entry for entry in deadlines if entry[1] in self.open_ids]
             heapq.heapify(self.deadlines)
-        if self.runner is None:
-            self.runner = gevent.spawn(self._run)
+        if self._timer is None or deadline < self._timer_at:
+            self._set_timer(deadline)
 
     def __len__(self) -> int:
         """Entries in the list, closed reads' entries included until they are skipped or compacted."""
@@ -59,25 +60,28 @@ class AutoAborts:
                 ids.append(read_id)
         return ids
 
-    def _run(self) -> None:
-        while True:
-            self.wake.clear()
-            if not self.deadlines:
-                self.wake.wait()
-                continue
-            delay = self.deadlines[0][0] - time.monotonic()
-            if delay > 0:
-                self.wake.wait(delay)
-                continue
-            ids = self.due(time.monotonic())
-            if ids:
-                try:
-                    self.expire(ids)
-                except Exception:
-                    log.exception("auto-abort failed", read_ids=len(ids))
+    def _set_timer(self, deadline: float) -> None:
+        if self.closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self.runtime.call_later(max(deadline - self.runtime.clock.monotonic(), 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        ids = self.due(self.runtime.clock.monotonic())
+        if ids:
+            try:
+                self.expire(ids)
+            except Exception:
+                log.exception("auto-abort failed", read_ids=len(ids))
+        if self.deadlines and self._timer is None:
+            self._set_timer(self.deadlines[0][0])
 
     def close(self) -> None:
         """Stop the timer: reads still open stay open."""
-        if self.runner is not None:
-            self.runner.kill(block=False)
-            self.runner = None
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,4 +1,4 @@
-"""`kestrel serve` and `kestrel journal dump`: the command line."""
+"""`kestrel serve`, `kestrel journal dump` and `kestrel journal convert`: the command line."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ import sys  # noqa: E402
 from service import __version__  # noqa: E402
 from service.config import load, with_overrides  # noqa: E402
 from service.logs import configure_logging  # noqa: E402
+from storage import convert as journal_convert  # noqa: E402
 from storage import dump as journal_dump  # noqa: E402
-from storage.errors import ConfigError, CorruptJournalError, JournalWriteError, TooManyQueues  # noqa: E402
+from storage.errors import (  # noqa: E402
+    ConfigError,
+    CorruptJournalError,
+    JournalWriteError,
+    QueuePathInUse,
+    TooManyQueues,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
         "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
+    journal_convert.add_arguments(journal_sub.add_parser(
+        "convert", help="convert queues to the other journal format, offline (the server must be stopped)"))
     return parser
 
 
@@ -42,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
         return journal_dump.run(args)
+    if args.command == "journal" and args.journal_command == "convert":
+        return journal_convert.run(args)
     configure_logging(args.log_level)
     from service.app import App
 
@@ -58,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except CorruptJournalError as e:
         print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
         return 3
-    except (JournalWriteError, TooManyQueues) as e:
+    except (JournalWriteError, TooManyQueues, QueuePathInUse) as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)
         return 4
     return 0

@@ -74,7 +74,7 @@ class ReadsById:
         self.collection = collection
         self.ids = ids
         self._reads: dict[int, OpenRead] = {}
-        self.auto_aborts = AutoAborts(self._reads, self._auto_abort)
+        self.auto_aborts = AutoAborts(self._reads, self._auto_abort, collection.runtime)
 
     def open(self, reads: OpenReads, queue: str, xid: int, auto_abort_ms: int) -> int:
         """Open a read of `xid` for the connection holding `reads`; its id."""

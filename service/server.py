@@ -28,7 +28,7 @@ class KestrelServer:
                                                         config.aliases, salvage=config.salvage,
                                                         max_queues=config.max_queues)
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
-                                   config.status_change_grace_period)
+                                   config.status_change_grace_period, self.collection.runtime)
         self.stats = ServerStats()
         self.version = __version__
         self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
@@ -75,8 +75,8 @@ class KestrelServer:
             log.info("reload: no config file, nothing to reload")
             return
         fresh = load(self.config.source)
+        self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
-        self.collection.reload(fresh.queues, fresh.aliases)
 
     def close(self) -> None:
         """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their

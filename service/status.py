@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import enum
 import os
-import time
 from collections.abc import Callable
 
-import gevent
 import structlog
 
 from storage.errors import KestrelError, Refused
+from storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
 
 log = structlog.get_logger("kestrel.status")
 
@@ -60,13 +59,16 @@ class StatusKeeper:
     """Holds the current status and enforces it.
 
     When the status becomes more restrictive, the old one is still enforced for the grace period,
-    so that clients watching the status can stop in time.
+    so that clients watching the status can stop in time. The grace period runs on `runtime`'s
+    clock and timer.
     """
 
-    def __init__(self, status_file: str | None, default: Status, grace_period_ms: int) -> None:
+    def __init__(self, status_file: str | None, default: Status, grace_period_ms: int,
+                 runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.status_file = status_file
         self.grace_period_ms = grace_period_ms
-        self._grace: gevent.Greenlet | None = None
+        self.runtime = runtime
+        self._grace: Timer | None = None
         self._subscribers: list[Callable[[Status, Status], None]] = []
         self._grace_ends = 0.0
         if status_file is None:
@@ -100,7 +102,7 @@ class StatusKeeper:
         if self._grace is not None:
             if status == self.current:
                 return
-            left_ms = max(int((self._grace_ends - time.monotonic()) * 1000), 0)
+            left_ms = max(round((self._grace_ends - self.runtime.clock.monotonic()) * 1000), 0)
             raise StatusChangePending(
                 f"cannot change the status to {status.label}: the change from {self.enforced.label} to "
                 f"{self.current.label} is still in its grace period ({left_ms} ms left)")
@@ -111,8 +113,8 @@ class StatusKeeper:
         previous, self.current = self.current, status
         log.info("server status changed", status=status.label, previous=previous.label)
         if status < self.enforced and self.grace_period_ms > 0:
-            self._grace_ends = time.monotonic() + self.grace_period_ms / 1000.0
-            self._grace = gevent.spawn_later(self.grace_period_ms / 1000.0, self._end_grace)
+            self._grace_ends = self.runtime.clock.monotonic() + self.grace_period_ms / 1000.0
+            self._grace = self.runtime.call_later(self.grace_period_ms / 1000.0, self._end_grace)
         else:
             self.enforced = status
         for callback in self._subscribers:

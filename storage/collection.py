@@ -6,19 +6,47 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 
-import gevent
 import structlog
 
-from storage.clock import SYSTEM_CLOCK, Clock
+from storage import convert
+from storage.clock import Clock
 from storage.config import QueueConfig, QueueConfigs
-from storage.errors import InvalidQueueName, JournalWriteError, TooManyQueues
+from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.queue import PersistentQueue
+from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
+
+
+def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
+
+    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
+    settings too). Raises ConfigError naming the setting.
+    """
+    configured = set(configs.configured_names())
+    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
+    names = configured | {t for t in targets if t}
+    for name in sorted(names):
+        config = configs.for_queue(name)
+        target = config.error_queue
+        if not config.max_errors or target is None:
+            continue
+        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
+        try:
+            check_queue_name(target)
+        except InvalidQueueName as e:
+            raise ConfigError(key, str(e)) from None
+        if target in aliases:
+            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
+        if target == name:
+            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
+                                   f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
 def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
@@ -35,20 +63,28 @@ class QueueCollection:
     """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
 
     `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
+    `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
+    `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
     """
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
-                 aliases: Mapping[str, list[str]] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 salvage: bool = False, max_queues: int | None = None) -> None:
+                 aliases: Mapping[str, list[str]] | None = None, clock: Clock | None = None,
+                 salvage: bool = False, max_queues: int | None = None,
+                 runtime: Runtime | None = None) -> None:
+        if runtime is None:
+            runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
+        self.runtime = runtime
         self.path = path
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
-        self.clock = clock
+        check_error_queues(self.configs, self.aliases)
+        self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
+        self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
         self._fanouts: dict[str, set[str]] = {}
-        self._sweeper: gevent.Greenlet | None = None
+        self._sweeper: Timer | None = None
         self.total_items_added = 0
         self.queue_creates = 0
         self.queue_deletes = 0
@@ -65,9 +101,12 @@ class QueueCollection:
 
         The path is read once, so start-up is linear in the number of files; the temporaries of
         every queue (even of one that no longer exists) are removed. Queues already on disk are
-        all loaded, even past `max_queues` (which then only stops new ones). Raises TooManyQueues
-        when the process runs out of file descriptors.
+        all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
+        interrupted after its switch is finished first. Raises TooManyQueues when the process runs
+        out of file descriptors, ConfigError for files in the other format than `journal_format`.
         """
+        if (converted := convert.finish_interrupted(self.path)) is not None:
+            log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
@@ -76,6 +115,7 @@ class QueueCollection:
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
+            convert.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
             self._create(name, found.queues)
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
@@ -94,7 +134,8 @@ class QueueCollection:
         if q is not None:
             return q
         check_queue_name(name)
-        return self._create(name, None)
+        with self._lock:
+            return self._create(name, None)
 
     def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
         q = self._queues.get(name)
@@ -108,7 +149,8 @@ class QueueCollection:
                                 f"max_queues = {self.max_queues} queues")
         config = self.config_for(name)
         q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                            salvage=self.salvage)
+                            salvage=self.salvage, runtime=self.runtime)
+        q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
             q.setup(files=files)
@@ -144,6 +186,21 @@ class QueueCollection:
         except TooManyQueues as e:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
+
+    def _route_poison(self, source: str, item: QItem) -> None:
+        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
+        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
+        JournalWriteError (the source queue then returns the item to its head)."""
+        q = self._queues.get(source)
+        target = q.config.error_queue if q is not None else None
+        if target is None:
+            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
+                        bytes=len(item.data))
+            return
+        if not self.add(target, item.data, item.expiry):
+            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
+                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
+        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -252,10 +309,11 @@ class QueueCollection:
         if name in self.aliases:
             return
         check_queue_name(name)
-        q = self._queues.pop(name, None)
-        parent, plus, _ = name.partition("+")
-        if plus:
-            self._fanouts.get(parent, set()).discard(name)
+        with self._lock:
+            q = self._queues.pop(name, None)
+            parent, plus, _ = name.partition("+")
+            if plus:
+                self._fanouts.get(parent, set()).discard(name)
         if q is None:
             return
         q.destroy()
@@ -266,10 +324,10 @@ class QueueCollection:
     # Figures
 
     def current_items(self) -> int:
-        return sum(q.length for q in self._queues.values())
+        return sum(q.length for q in list(self._queues.values()))  # a copy: threads may add queues
 
     def current_bytes(self) -> int:
-        return sum(q.bytes for q in self._queues.values())
+        return sum(q.bytes for q in list(self._queues.values()))
 
     # -----------------------------------------------------------------------------------------
     # Background expiry and configuration
@@ -294,22 +352,25 @@ class QueueCollection:
         return expired
 
     def start_sweeper(self, frequency_ms: int) -> None:
-        """Run `sweep` every `frequency_ms` in a greenlet (0 turns it off)."""
+        """Run `sweep` every `frequency_ms` on the runtime's timer (0 turns it off)."""
         if frequency_ms <= 0 or self._sweeper is not None:
             return
 
-        def loop() -> None:
-            while not self.closed:
-                gevent.sleep(frequency_ms / 1000.0)
-                try:
-                    self.sweep()
-                except Exception:
-                    log.exception("expiry sweep failed")
+        def tick() -> None:
+            if self.closed:
+                return
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("expiry sweep failed")
+            if not self.closed:
+                self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
-        self._sweeper = gevent.spawn(loop)
+        self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-        """Apply new queue and alias settings to the live queues."""
+        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
+        check_error_queues(configs, aliases)
         self.configs = configs
         self.aliases = {k: list(v) for k, v in aliases.items()}
         for name, q in list(self._queues.items()):
@@ -319,14 +380,14 @@ class QueueCollection:
     def end_waits(self) -> None:
         """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
         self.waits_ended = True
-        for q in self._queues.values():
+        for q in list(self._queues.values()):
             q.end_waits()
 
     def close(self) -> None:
         """Stop the sweeper and close every queue (journals flushed and fsynced)."""
         self.closed = True
         if self._sweeper is not None:
-            self._sweeper.kill()
+            self._sweeper.cancel()
             self._sweeper = None
         for q in list(self._queues.values()):
             q.close()

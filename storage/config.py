@@ -188,6 +188,10 @@ class QueueConfigs:
             base = QueueConfig.from_mapping(self._raw[master], f"queues.{master}", base)
         return QueueConfig.from_mapping(self._raw.get(name, {}), f"queues.{name}", base)
 
+    def configured_names(self) -> list[str]:
+        """The queues named under `queues`."""
+        return list(self._raw)
+
     def for_queue(self, name: str) -> QueueConfig:
         cfg = self._resolved.get(name)
         if cfg is None:

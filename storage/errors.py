@@ -69,3 +69,15 @@ class TooManyQueues(KestrelError):
 
 class Refused(KestrelError):
     """Raised when the server's status (read-only, quiescent) forbids an operation."""
+
+
+class ErrorQueueRefused(KestrelError):
+    """Raised when a poison item's error queue does not take it (full, or the item is too large)."""
+
+
+class QueuePathInUse(KestrelError):
+    """Raised when another process (a server, the journal converter) holds the queue path's lock."""
+
+
+class ConvertError(KestrelError):
+    """Raised when a queue cannot be converted to the other journal format as asked; nothing was changed."""

@@ -110,6 +110,11 @@ def parse_journal_name(file_name: str) -> tuple[str, str, int] | None:
     return None
 
 
+def live_path(queue_path: str, queue: str) -> str:
+    """The live journal: the queue's name itself."""
+    return os.path.join(queue_path, queue)
+
+
 def rotated_path(queue_path: str, queue: str, timestamp: int) -> str:
     return os.path.join(queue_path, rotated_name(queue, timestamp))
 

@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import gevent
 import structlog
 
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
 from storage.group_commit import GROUP_COMMIT
+from storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -347,8 +347,9 @@ class JournalWriter:
     nothing; a power cut may).
     """
 
-    def __init__(self, path: str, sync_ms: int | None) -> None:
+    def __init__(self, path: str, sync_ms: int | None, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.path = path
+        self.runtime = runtime
         self.sync_ms = sync_ms
         self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
         try:
@@ -357,7 +358,8 @@ class JournalWriter:
             self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
-        self._timer: gevent.Greenlet | None = None
+        self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
+        self._timer: Timer | None = None
 
     def open(self) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
@@ -401,15 +403,34 @@ class JournalWriter:
         if self.sync_ms == 0:
             self.sync_to(self.size)
         elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
-            self._timer = gevent.spawn_later(self.sync_ms / 1000.0, self._periodic_sync)
+            self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:
-        """Return once everything up to `position` is on disk, sharing an fsync round with every
-        other journal (raises OSError when the fsync covering it failed)."""
-        if self.synced < position:
-            started = time.perf_counter()
+        """Return once everything up to `position` is on disk (raises OSError when the fsync covering
+        it failed). Under gevent (the server) it shares an fsync round with every other journal;
+        with another runtime, writers of this journal share its next fsync."""
+        if self.synced >= position:
+            return
+        started = time.perf_counter()
+        if isinstance(self.runtime, GeventRuntime):
             GROUP_COMMIT.sync(self, position)
-            record_timing("fsync", started)
+        else:
+            self._sync_alone(position)
+        record_timing("fsync", started)
+
+    def _sync_alone(self, position: int) -> None:
+        while self.synced < position:
+            if self._syncing is not None:
+                self._syncing.wait()
+                continue
+            done = self._syncing = self.runtime.event()
+            target = self.size
+            try:
+                self.runtime.run_blocking(os.fdatasync, self.fd)  # the other tasks go on meanwhile
+                self.synced = max(self.synced, target)
+            finally:
+                self._syncing = None
+                done.set()
 
     def _periodic_sync(self) -> None:
         self._timer = None
@@ -426,7 +447,7 @@ class JournalWriter:
 
     def close(self) -> None:
         if self._timer is not None:
-            self._timer.kill(block=False)
+            self._timer.cancel()
             self._timer = None
         if self.fd >= 0:
             self.flush()

@@ -201,6 +201,13 @@ def read_checkpoint(path: str) -> Checkpoint:
     return Checkpoint(head, frozenset(done)).normalized()
 
 
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """A whole checkpoint file: the header, the (normalized) head, then the ids done above it."""
+    state = checkpoint.normalized()
+    return (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
+            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+
+
 def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Checkpoint,
                      sync: bool = True) -> str:
     """Replace the reader's checkpoint file in one step (temporary file, then rename); return its path.
@@ -209,9 +216,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Check
     """
     final = os.path.join(queue_path, reader_file_name(queue, reader))
     temporary = os.path.join(queue_path, checkpoint_temporary_name(queue, reader))
-    state = checkpoint.normalized()
-    data = (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
-            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+    data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -2,18 +2,17 @@
 
 Every change is applied in memory first and then written to the journal as one append, before
 anything can yield; only then does the caller wait for the sync policy. So the journal's order is
-always the order in which the changes happened, and replaying it rebuilds the queue exactly,
-xids included (a REMOVE_TENTATIVE takes the next free xid, as it did live).
+always the order in which the changes happened, and replaying it (through `storage/replay.py`'s
+rules) rebuilds the queue exactly, xids included (a REMOVE_TENTATIVE takes the next free xid, as it
+did live). The journal's files, rotation and packs are `storage/queue_journal.py`'s.
 
 Read-behind: once the queue holds `max_memory_size` bytes, new items are only counted and written
-to the journal; a cursor reads them back from the journal files as the head drains.
+to the journal; a cursor (`storage/read_behind.py`) reads them back as the head drains.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -21,98 +20,60 @@ from dataclasses import replace
 from itertools import repeat
 from operator import attrgetter
 
-import gevent
-import gevent.event
 import structlog
 
-from storage import codec, filenames, journal, packer
+from storage import codec, packer
 from storage.checkpoints import Checkpoint
-from storage.clock import SYSTEM_CLOCK, Clock
-from storage.codec import (
-    Add,
-    AddX,
-    AddXid,
-    ConfirmRemove,
-    Continue,
-    Record,
-    Remove,
-    RemoveTentative,
-    RemoveTentativeXid,
-    SaveXid,
-    StateDump,
-    Unremove,
-)
+from storage.clock import Clock
 from storage.config import QueueConfig
-from storage.errors import CorruptJournalError, ItemTooLarge, JournalWriteError, QueueClosed
+from storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from storage.item import QItem
-from storage.journal import JournalFiles, JournalWriter, RecordReader
+from storage.journal import JournalFiles, RecordReader, list_journal_files
+from storage.queue_journal import QueueJournal
+from storage.read_behind import LIVE, ReadBehind
+from storage.replay import QueueReplay, next_free_xid
+from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
+from storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
-LIVE = 2**63  # sort key of the live journal among rotated timestamps
-_ADDS = (AddX, Add, AddXid, Continue)
 _EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
-
-
-def _item_of(record: Record, now: int) -> QItem:
-    """The item an add-type record carries."""
-    if isinstance(record, Add):
-        return QItem(now, record.expiry_s * 1000 if record.expiry_s else 0, record.data)
-    assert isinstance(record, AddX | AddXid | Continue)
-    item = QItem(record.add_time, record.expiry, record.data)
-    if isinstance(record, AddXid):
-        item.xid = record.xid
-    return item
-
-
-class _ReadBehind:
-    """Where the next item not held in memory is: a file (by timestamp key) and a reader in it."""
-
-    def __init__(self, key: int, path: str, offset: int) -> None:
-        self.key = key
-        self.reader = RecordReader(path, offset)
-
-    def close(self) -> None:
-        self.reader.close()
 
 
 class PersistentQueue:
     """A durable FIFO queue with reliable reads, expiry and read-behind.
 
     Parameters: `name` (also the journal's file name), `queue_path` (directory of journals),
-    `config`, `clock`, `expire_to` (looks up the queue that expired items move to), `salvage`
-    (load what precedes a corrupt record instead of refusing to load).
+    `config`, `clock` (the runtime's unless given), `expire_to` (looks up the queue that expired
+    items move to), `salvage` (load what precedes a corrupt record instead of refusing to load),
+    `runtime` (gevent unless given: see `storage/runtime.py`).
     """
 
-    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock = SYSTEM_CLOCK,
+    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
-                 salvage: bool = False) -> None:
+                 salvage: bool = False, runtime: Runtime | None = None) -> None:
+        if runtime is None:
+            runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
         self.name = name
         self.queue_path = queue_path
         self.config = config
-        self.clock = clock
+        self.runtime = runtime
+        self.clock = clock if clock is not None else runtime.clock
         self._expire_to = expire_to
-        self._salvage = salvage
+        self._lock = runtime.lock()
+        self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
+                                     self._lock, salvage)
         self._mem: deque[QItem] = deque()
         self._opens: dict[int, QItem] = {}
         self._xid = 0
         self.length = 0
         self.bytes = 0
         self.memory_bytes = 0
-        self._writer: JournalWriter | None = None
-        self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
-        self._rotate_at = min(config.default_journal_size, config.max_memory_size)
-        self._rotated: list[tuple[int, str]] = []
-        self._archived_size = 0
-        self._rb: _ReadBehind | None = None
-        self._replay_at: tuple[int, int] | None = None  # (file key, offset) while replaying
-        self._replay_files: list[tuple[int, str]] = []
+        self._rb: ReadBehind | None = None
         self._checkpoints: list[Checkpoint] = []  # oldest first, one per rotation in read-behind
-        self._packing: gevent.Greenlet | None = None
-        self._waiters: deque[gevent.event.Event] = deque()
+        self._waits = WaitList(runtime)
         self.closed = False
-        self.waits_ended = False
-        self.create_time = clock.now_ms()
+        self.create_time = self.clock.now_ms()
         self.total_items = 0
         self.expired_items = 0
         self.discarded = 0
@@ -123,15 +84,11 @@ class PersistentQueue:
         self.read_only = False  # the journal cannot be written: changes are refused until it can
         self.journal_write_errors = 0
         self._rebuilding = False
-        # A pack taken while a change is in progress, queued when the change is journaled; packs
-        # are written one at a time, and a newer queued pack supersedes an older one.
-        self._pack_ready: packer.PackRequest | None = None
-        self._pack_queued: packer.PackRequest | None = None
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
-        self._packs_stopped = False  # a failed pack left a `.pack` that start-up must finish
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
-        self._anomalies: dict[str, int] = {}
+        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        self.poisoned_items = 0
 
     # -----------------------------------------------------------------------------------------
     # Figures
@@ -142,7 +99,11 @@ class PersistentQueue:
 
     @property
     def waiters(self) -> int:
-        return len(self._waiters)
+        return len(self._waits)
+
+    @property
+    def waits_ended(self) -> bool:
+        return self._waits.ended
 
     @property
     def in_read_behind(self) -> bool:
@@ -150,12 +111,11 @@ class PersistentQueue:
 
     @property
     def journal_size(self) -> int:
-        return self._archived_size + (self._writer.size if self._writer else 0)
+        return self._journal.size
 
     @property
     def journal_files(self) -> list[str]:
-        live = [self._writer.path] if self._writer else []
-        return [p for _, p in self._rotated] + live
+        return self._journal.paths
 
     def stats(self) -> dict[str, int]:
         """The guide's per-queue figures, under its names."""
@@ -170,7 +130,7 @@ class PersistentQueue:
             "mem_bytes": self.memory_bytes,
             "age": age,
             "discarded": self.discarded,
-            "waiters": len(self._waiters),
+            "waiters": len(self._waits),
             "open_transactions": len(self._opens),
             "transactions": self.total_transactions,
             "canceled_transactions": self.canceled_transactions,
@@ -179,6 +139,7 @@ class PersistentQueue:
             "create_time": self.create_time,
             "read_only": int(self.read_only),
             "journal_write_errors": self.journal_write_errors,
+            "poisoned_items": self.poisoned_items,
         }
 
     # -----------------------------------------------------------------------------------------
@@ -194,21 +155,16 @@ class PersistentQueue:
         if not self.config.keep_journal:
             return
         if files is None:
-            files = journal.list_journal_files(self.queue_path, self.name)
-            journal.remove_temporaries(self.queue_path, self.name)
-        files = journal.finish_interrupted_packs(self.queue_path, self.name, files, self._salvage,
-                                                 self.clock.now_ms())
+            files = self._journal.scan()
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
-        live_path = os.path.join(self.queue_path, self.name)
-        self._writer = JournalWriter(live_path, self.config.sync_journal)
+        self._journal.open_live()
         if replayed:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,
                      seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
-        if self._pack_ready is not None:  # the replayed cursor passed a checkpoint
-            self._pack_queued, self._pack_ready = self._pack_ready, None
-            self._start_next_pack()
+        self._journal.keep_taken_pack()  # the replayed cursor passed a checkpoint
+        self._journal.start_next_pack()
         if self._opens and reopen:
             self._orphans = sorted(self._opens, reverse=True)
             try:
@@ -226,236 +182,58 @@ class PersistentQueue:
         self._orphans = []
 
     def _replay(self, files: JournalFiles, repair: bool) -> int:
-        """Rebuild the queue from its journal files; return how many bytes were replayed.
-
-        With `repair`, a torn tail is cut off (a copy kept) and salvage sets damage aside; without
-        it (rebuilding a running queue) nothing on disk changes.
-        """
-        self._rotated = list(files.rotated)
-        self._replay_files = self._rotated + ([(LIVE, files.live)] if files.live else [])
-        replayed = 0
-        previous: str | None = None
-        for index, (key, path) in enumerate(self._replay_files):
-            last = index == len(self._replay_files) - 1
-            reader = RecordReader(path, check_sizes=True)
-            self._anomalies = {}
-            try:
-                cut = self._replay_file(key, reader, last, repair)
-                replayed += reader.offset
-            finally:
-                reader.close()
-            self._report_anomalies(path, previous)
-            previous = path
-            if cut is None and key != LIVE and self._rb is not None:
-                # The state at this rotation, as it stood then: packing resumes after a restart.
-                self._checkpoints.append(Checkpoint(key, self._xid, list(self._opens.items())))
-            if cut is not None:
-                # The damage may lie in a record already applied (a size field found wrong only by
-                # what follows it): replay again what is left, now ending before the damage.
-                self._set_aside_after(index, cut)
-                self._reset_memory()
-                return self._replay(journal.list_journal_files(self.queue_path, self.name), repair)
-        self._replay_at = None
-        self._replay_files = []
-        self._rotated = [(ts, p) for ts, p in self._rotated if os.path.exists(p)]
-        self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
+        """Rebuild the queue from its journal files (`QueueJournal.replay`); the bytes replayed."""
+        replayed = self._journal.replay(files, repair, _QueueReplay(self))
+        if self._rb is not None:
+            self._rb.stop = None  # the whole journal is applied: the cursor may read to its end
         return replayed
-
-    def _replay_file(self, key: int, reader: RecordReader, last: bool,
-                     repair: bool) -> tuple[str, int] | None:
-        """Apply one file's records; return (path, offset) where salvage must cut, if it must."""
-        now = self.clock.now_ms()
-        try:
-            while True:
-                # Runs of common records take the fast path while no add there can reach the
-                # memory limit (read-behind starts on the general path, record by record).
-                room = self.config.max_memory_size - self.memory_bytes
-                if self._rb is None and not self._checkpoints and room > 0:
-                    run = reader.common_run(room)
-                    if run:
-                        self._apply_common(run)
-                        continue
-                entry = reader.next()
-                if entry is None:
-                    break
-                self._replay_at = (key, reader.offset)
-                self._apply(entry[1], now, entry[0])
-        except CorruptJournalError as e:
-            if not self._salvage or not repair:
-                raise
-            log.error("corrupt journal record; keeping what precedes it (salvage)", queue=self.name,
-                      file=e.path, offset=e.offset, opcode=e.opcode, reason=e.reason)
-            return (e.path, e.offset)
-        left = reader.leftover()
-        if not left or not repair:
-            return None
-        if not last:
-            reason = f"{left} bytes of an incomplete record before the next journal file"
-        else:
-            damage = journal.torn_tail_damage(reader.path, reader.offset)
-            if damage is None:
-                copy = self._cut_keeping_copy(reader.path, reader.offset, "torn")
-                log.warning("torn record at the end of the journal; cut off, a copy kept", queue=self.name,
-                            file=reader.path, offset=reader.offset, bytes=left, copy=copy)
-                return None
-            reason = damage
-        error = CorruptJournalError(reader.path, reader.offset, None, reason)
-        if not self._salvage:
-            raise error
-        log.error("damaged record inside the journal; keeping what precedes it (salvage)",
-                  queue=self.name, file=reader.path, offset=reader.offset, reason=reason)
-        return (reader.path, reader.offset)
-
-    def _cut_keeping_copy(self, path: str, offset: int, label: str) -> str:
-        """Cut `path` at `offset`, first saving what is cut as `<path>.<label>-<ms>`.
-
-        Raises JournalWriteError (and changes nothing) when the copy cannot be written.
-        """
-        copy = filenames.set_aside_path(path, label, self.clock.now_ms())
-        try:
-            with open(path, "rb") as src, open(copy, "wb") as dst:
-                src.seek(offset)
-                shutil.copyfileobj(src, dst)
-                dst.flush()
-                os.fsync(dst.fileno())
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(copy)
-            raise JournalWriteError(self.name, copy, e) from None
-        os.truncate(path, offset)
-        return copy
-
-    def _set_aside_after(self, index: int, cut: tuple[str, int]) -> None:
-        """Salvage: cut the damaged file at the damage (keeping a copy of what is cut) and set
-        every later file aside."""
-        path, offset = cut
-        self._cut_keeping_copy(path, offset, "corrupt")
-        stamp = self.clock.now_ms()
-        for _, later in self._replay_files[index + 1:]:
-            os.rename(later, filenames.set_aside_path(later, "corrupt", stamp))
-
-    def _note_anomaly(self, what: str, offset: int) -> None:
-        """A record with nothing to act on: a sign that a journal file before it is missing."""
-        if not self._anomalies:
-            self._anomalies["first_offset"] = offset
-        self._anomalies[what] = self._anomalies.get(what, 0) + 1
-
-    def _report_anomalies(self, path: str, previous: str | None) -> None:
-        if self._anomalies:
-            log.warning("JOURNAL RECORDS WITH NOTHING TO ACT ON: a journal file before this one may be "
-                        "missing or damaged, and items may have been lost or brought back",
-                        queue=self.name, file=path, previous_file=previous or "(none)", **self._anomalies)
-
-    def _apply(self, record: Record, now: int, offset: int) -> None:
-        """One replayed record. Replay never expires items, so it depends on nothing but the file."""
-        if isinstance(record, AddX | AddXid | Add):
-            self._append(_item_of(record, now))
-        elif isinstance(record, Remove):
-            if self._take_head() is None:
-                self._note_anomaly("remove_of_nothing", offset)
-        elif isinstance(record, RemoveTentative):
-            item = self._take_head(opened=True)
-            if item is None:
-                self._note_anomaly("open_of_nothing", offset)
-            else:
-                self._open(item, item.xid or self._next_xid())
-        elif isinstance(record, RemoveTentativeXid):
-            item = self._take_head(opened=True)
-            if item is None:
-                self._note_anomaly("open_of_nothing", offset)
-                return
-            if not item.xid and record.xid != self._next_xid(take=False):
-                self._note_anomaly("xid_jumps", offset)
-            self._open(item, record.xid)
-            self._xid = record.xid
-        elif isinstance(record, ConfirmRemove):
-            if self._opens.pop(record.xid, None) is None:
-                self._note_anomaly("confirm_of_no_open_read", offset)
-        elif isinstance(record, Unremove):
-            if not self._unremove(record.xid):
-                self._note_anomaly("abort_of_no_open_read", offset)
-        elif isinstance(record, SaveXid | StateDump):
-            self._xid = record.xid
-        elif isinstance(record, Continue):
-            self._opens.pop(record.xid, None)
-            self._append(_item_of(record, now))
-
-    def _apply_common(self, run: list[codec.Common]) -> None:
-        """`_apply` for a run of common records, while nothing is in read-behind or checkpointed
-        and no add in the run can reach the memory limit (the caller makes sure)."""
-        mem = self._mem
-        opens = self._opens
-        count = size = 0
-        for op, offset, xid, add_time, expiry, data in run:
-            if op in (codec.ADDX, codec.ADD_XID):
-                mem.append(QItem(add_time, expiry, data, xid))
-                count += 1
-                size += len(data)
-            elif op == codec.REMOVE:
-                if not mem:
-                    self._note_anomaly("remove_of_nothing", offset)
-                    continue
-                count -= 1
-                size -= len(mem.popleft().data)
-            elif op == codec.CONFIRM_REMOVE:
-                if opens.pop(xid, None) is None:
-                    self._note_anomaly("confirm_of_no_open_read", offset)
-            else:  # REMOVE_TENTATIVE_XID
-                if not mem:
-                    self._note_anomaly("open_of_nothing", offset)
-                    continue
-                item = mem.popleft()
-                count -= 1
-                size -= len(item.data)
-                if not item.xid and xid != self._next_xid(take=False):
-                    self._note_anomaly("xid_jumps", offset)
-                item.xid = xid
-                opens[xid] = item
-                self._xid = xid
-        self.length += count
-        self.bytes += size
-        self.memory_bytes += size
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics shared by replay and live operations
 
-    def _next_xid(self, take: bool = True) -> int:
-        """The next free xid (taken unless `take` is False), as Kestrel counts them."""
-        xid = self._xid
-        while True:
-            xid = (xid + 1) & 0xFFFFFFFF
-            if xid >= 2**31:
-                xid -= 2**32  # xids are i32 on disk
-            if xid != 0 and xid not in self._opens:
-                if take:
-                    self._xid = xid
-                return xid
+    def _next_xid(self) -> int:
+        """Take the next free xid, as Kestrel counts them."""
+        self._xid = next_free_xid(self._xid, self._opens)
+        return self._xid
 
     def _open(self, item: QItem, xid: int) -> None:
         item.xid = xid
         self._opens[xid] = item
 
-    def _append(self, item: QItem) -> None:
+    def _append(self, item: QItem) -> bool:
+        """Count `item` in at the tail (held in memory unless in read-behind); True when it fills
+        the memory budget, so that read-behind must start after it."""
         size = len(item.data)
         self.length += 1
         self.bytes += size
         if self._rb is not None:
-            return
+            return False
         self._mem.append(item)
         self.memory_bytes += size
-        if self.memory_bytes >= self.config.max_memory_size and self.config.keep_journal:
-            self._start_read_behind()
+        return self.memory_bytes >= self.config.max_memory_size and self.config.keep_journal
 
-    def _start_read_behind(self) -> None:
-        if self._replay_at is not None:
-            key, offset = self._replay_at
-            path = next(p for k, p in self._replay_files if k == key)
-        else:
-            assert self._writer is not None
-            self._flush()
-            key, path, offset = LIVE, self._writer.path, self._writer.size
-        self._rb = _ReadBehind(key, path, offset)
+    def _start_read_behind(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> None:
+        """New items are read back from file `key` at `offset` from now on."""
+        self._rb = ReadBehind(self._journal.files, key, path, offset, self._cursor_left)
+        self._rb.stop = stop
         log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+
+    def _start_read_behind_at_end(self) -> None:
+        """Read-behind starts after the last record journaled (live operation)."""
+        writer = self._journal.writer
+        assert writer is not None
+        self._journal.flush()
+        self._start_read_behind(LIVE, writer.path, writer.size, None)
+
+    def _cursor_left(self, passed: int) -> None:
+        """The read-behind cursor has read the whole of file `passed`: every item queued at a
+        checkpoint up to it is in memory now."""
+        passed_checkpoints = [cp for cp in self._checkpoints if cp.timestamp <= passed]
+        if passed_checkpoints:
+            # The state at the latest checkpoint passed is taken now; it is written once the change
+            # in progress is journaled (`_change`), and dropped if that change fails.
+            self._checkpoints = self._checkpoints[len(passed_checkpoints):]
+            self._journal.take_pack(self._take_pack(passed_checkpoints[-1]))
 
     def _take_head(self, opened: bool = False) -> QItem | None:
         """Pop the head item; `opened` says whether it becomes an open read or is gone for good."""
@@ -490,50 +268,18 @@ class PersistentQueue:
     def _fill(self) -> None:
         """Read items forward from the journal until memory is full or the cursor catches up."""
         rb = self._rb
-        if self._replay_at is None:
-            self._flush()
-        while rb is not None and self.memory_bytes < self.config.max_memory_size:
-            if self._replay_at is not None:
-                key, offset = self._replay_at
-                if rb.key == key and rb.reader.offset >= offset:
-                    self._end_read_behind()
-                    return
-            entry = rb.reader.next()
-            if entry is None:
-                if not self._advance_read_behind(rb):
-                    self._end_read_behind()
-                    self._left_read_behind = self._replay_at is None
-                    return
-                continue
-            record = entry[1]
-            if isinstance(record, _ADDS):
-                item = _item_of(record, self.clock.now_ms())
-                self._mem.append(item)
-                self.memory_bytes += len(item.data)
-
-    def _advance_read_behind(self, rb: _ReadBehind) -> bool:
-        """Move the cursor to the next journal file; False when it is at the end of the live one."""
-        if rb.key == LIVE:
-            return False
-        files = self._replay_files if self._replay_at is not None else self._rotated_and_live()
-        nxt = next(((k, p) for k, p in files if k > rb.key), None)
-        if nxt is None:
-            return False
-        passed = rb.key
-        rb.close()
-        rb.key = nxt[0]
-        rb.reader = RecordReader(nxt[1])
-        passed_checkpoints = [cp for cp in self._checkpoints if cp.timestamp <= passed]
-        if passed_checkpoints:
-            # The state at the latest checkpoint passed is taken now; it is written once the change
-            # in progress is journaled (`_change`), and dropped if that change fails.
-            self._checkpoints = self._checkpoints[len(passed_checkpoints):]
-            self._pack_ready = self._take_pack(passed_checkpoints[-1])
-        return True
-
-    def _rotated_and_live(self) -> list[tuple[int, str]]:
-        live = [(LIVE, self._writer.path)] if self._writer else []
-        return self._rotated + live
+        if rb is None:
+            return
+        self._journal.flush()
+        now = self.clock.now_ms()
+        while self.memory_bytes < self.config.max_memory_size:
+            item = rb.next_item(now)
+            if item is None:
+                self._left_read_behind = rb.stop is None  # caught up with the live journal
+                self._end_read_behind()
+                return
+            self._mem.append(item)
+            self.memory_bytes += len(item.data)
 
     def _end_read_behind(self) -> None:
         if self._rb is not None:
@@ -554,48 +300,51 @@ class PersistentQueue:
 
         Raises JournalWriteError: the change did not happen, in memory or on disk.
         """
-        self._check_open()
-        if self.read_only or self._rebuilding:
-            self._probe()
-        if self._writer is not None and self._writer.fd < 0:
+        with self._lock:
+            self._check_open()
+            if self.read_only or self._rebuilding:
+                self._probe()
+            journal = self._journal
+            if journal.writer is not None and journal.writer.fd < 0:
+                try:
+                    journal.writer.open()
+                except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                    raise JournalWriteError(self.name, journal.live_path, e) from None
             try:
-                self._writer.open()
-            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
-                raise JournalWriteError(self.name, self._writer.path, e) from None
-        try:
-            if self._orphans:
-                self._return_orphans()
-            yield
-        except OSError as e:
-            raise self._write_failed(e) from None
-        except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
-            self._rebuild()
-            raise
-        if self._pack_ready is not None:
-            self._pack_queued, self._pack_ready = self._pack_ready, None
-        if self._left_read_behind:
-            self._left_read_behind = False
-            self._checkpoints = []  # every one was passed on the way to the live journal
-            if self._rotated and self._rotated[-1][0] > self._pack_horizon and self._writer is not None:
-                self._pack_now()  # what the backlog left behind: at most max_memory_size of items
-        self._start_next_pack()
+                if self._orphans:
+                    self._return_orphans()
+                yield
+            except OSError as e:
+                raise self._write_failed(e) from None
+            except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
+                self._rebuild()
+                raise
+            if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
+                return  # the common change: no pack to schedule
+            journal.keep_taken_pack()
+            if self._left_read_behind:
+                self._left_read_behind = False
+                self._checkpoints = []  # every one was passed on the way to the live journal
+                rotated = journal.rotated
+                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
+                    self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+            journal.start_next_pack()
 
     def _probe(self) -> None:
         """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
-        writer = self._writer
-        assert writer is not None
+        path = self._journal.live_path
         if self._rebuilding:
-            raise JournalWriteError(self.name, writer.path, None)
+            raise JournalWriteError(self.name, path, None)
         try:
-            writer.append(codec.encode_xid(codec.SAVE_XID, self._xid))
+            self._journal.append_now(codec.encode_xid(codec.SAVE_XID, self._xid))
         except OSError as e:
-            raise JournalWriteError(self.name, writer.path, e) from None
+            raise JournalWriteError(self.name, path, e) from None
         self.read_only = False
-        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=writer.path)
+        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
 
     def _write_failed(self, error: OSError) -> JournalWriteError:
         """A journal write failed: go read-only and bring memory back to what the journal holds."""
-        path = self._writer.path if self._writer is not None else self.queue_path
+        path = self._journal.live_path if self._journal.writer is not None else self.queue_path
         if not self.read_only:
             log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
                       file=path, error=str(error))
@@ -612,9 +361,9 @@ class PersistentQueue:
         """
         self._rebuilding = True
         try:
-            self.wait_for_packing()
-            files = journal.list_journal_files(self.queue_path, self.name)
-            self._pending.clear()
+            self._journal.wait_for_packing()
+            files = list_journal_files(self.queue_path, self.name)
+            self._journal.discard_pending()
             self._reset_memory()
             self._replay(files, repair=False)
         finally:
@@ -624,7 +373,7 @@ class PersistentQueue:
         """Forget every item, open read and xid, ready for a replay from the first journal file."""
         self._end_read_behind()
         self._checkpoints = []
-        self._pack_ready = self._pack_queued = None
+        self._journal.forget_packs()
         self._left_read_behind = False
         self._pack_horizon = 0
         self._mem.clear()
@@ -633,27 +382,11 @@ class PersistentQueue:
         self.length = self.bytes = self.memory_bytes = 0
 
     def _write(self, data: bytes) -> None:
-        if self._writer is not None and data:
-            self._pending.append(data)
-
-    def _flush(self) -> None:
-        """Append the pending records in one write (no yield between a change and its record)."""
-        if self._pending:
-            assert self._writer is not None
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self._writer.append(data)
+        self._journal.write(data)
 
     def _commit(self) -> None:
         """Append, wait as the sync policy says, then consider rotating. Last step of each operation."""
-        writer = self._writer
-        if writer is None:
-            return
-        if self._pending:
-            self._flush()
-        if writer.sync_ms is not None:
-            writer.commit()
-        if writer.size >= self._rotate_at:
+        if self._journal.commit():
             self._maybe_rotate()
 
     def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
@@ -684,13 +417,13 @@ class PersistentQueue:
         if cfg.max_age:
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
-        journaled = self._writer is not None
+        journaled = self._journal.writer is not None
         size = sum(map(len, items))
         if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
                 and self.memory_bytes + size < cfg.max_memory_size):
             # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._pending.append(codec.encode_addx_many(now, expiry, items))
+                self._journal.write(codec.encode_addx_many(now, expiry, items))
             self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
             accepted = len(items)
             self.length += accepted
@@ -702,13 +435,14 @@ class PersistentQueue:
                 if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
                     break
                 if journaled:
-                    self._pending.append(codec.encode_addx(now, expiry, data))
-                self._append(QItem(now, expiry, data))
+                    self._write(codec.encode_addx(now, expiry, data))
+                if self._append(QItem(now, expiry, data)):
+                    self._start_read_behind_at_end()
                 accepted += 1
         self.total_items += accepted
-        if self._waiters:
+        if len(self._waits):
             for _ in range(accepted):
-                if not self._wake():
+                if not self._waits.wake_one():
                     break
         self._commit()
         return accepted
@@ -786,7 +520,8 @@ class PersistentQueue:
         self._check_open()
         if self.read_only:
             now = self.clock.now_ms()
-            return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
+            with self._lock:
+                return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
         with self._change():
             if self._expire_head(self.clock.now_ms()):
                 self._commit()
@@ -829,31 +564,57 @@ class PersistentQueue:
 
     def unremove_many(self, xids: Iterable[int]) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
-        ends up first), their records in one journal write; how many were open.
+        ends up first), their records in one journal write; how many were open. An item aborted for
+        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
 
         Raises JournalWriteError (the reads stay open).
         """
         with self._change():
-            aborted = 0
+            aborted = returned = 0
             for xid in xids:
-                if not self._unremove(xid):
+                item = self._opens.get(xid)
+                if item is None:
                     continue
+                item.errors += 1
                 self.canceled_transactions += 1
-                self._write(codec.encode_xid(codec.UNREMOVE, xid))
                 aborted += 1
-            for _ in range(aborted):
-                if not self._wake():
+                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
+                    if self._opens.pop(xid, None) is item:  # still open after the hand-over
+                        for checkpoint in self._checkpoints:
+                            checkpoint.note_confirm(item)
+                        self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+                        self.poisoned_items += 1
+                elif self._unremove(xid):
+                    self._write(codec.encode_xid(codec.UNREMOVE, xid))
+                    returned += 1
+            for _ in range(returned):
+                if not self._waits.wake_one():
                     break
             if aborted:
                 self._commit()
             return aborted
 
+    def _handed_to_poison(self, item: QItem) -> bool:
+        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
+        refuses it (error queue full or unwritable), and the abort returns it to the head instead.
+
+        Called before the read is closed, so a failure here loses nothing (at worst, a read
+        closed meanwhile by another client leaves a copy in the error queue).
+        """
+        if self.poison is None:
+            return True
+        try:
+            self.poison(item)
+        except KestrelError as e:
+            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
+                        errors=item.errors, reason=str(e))
+            return False
+        return True
+
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
         self.config = replace(config, keep_journal=self.config.keep_journal)
-        self._rotate_at = min(config.default_journal_size, config.max_memory_size)
-        if self._writer is not None:
-            self._writer.sync_ms = config.sync_journal
+        self._journal.set_sync(config.sync_journal, _rotate_at(config))
 
     def open_reads(self) -> list[QItem]:
         """The items of the open reads, lowest xid first."""
@@ -908,138 +669,62 @@ class PersistentQueue:
     # -----------------------------------------------------------------------------------------
     # Waiting
 
-    def _wake(self) -> bool:
-        """Wake the longest-waiting reader that is not already woken."""
-        for event in self._waiters:
-            if not event.is_set():
-                event.set()
-                return True
-        return False
-
     def end_waits(self) -> None:
         """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
-        self.waits_ended = True
-        for event in self._waiters:
-            event.set()
-
-    def _wait(self, fetch: Callable[[], QItem | None], timeout: float) -> QItem | None:
-        item = fetch()
-        if item is not None or timeout <= 0 or self.waits_ended:
-            return item
-        deadline = time.monotonic() + timeout
-        event = gevent.event.Event()
-        self._waiters.append(event)
-        item = None
-        try:
-            while item is None and not self.closed and not self.waits_ended:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not event.wait(remaining):
-                    break
-                event.clear()
-                if self.closed or self.waits_ended:
-                    break
-                item = fetch()
-            return item
-        finally:
-            self._waiters.remove(event)
-            if event.is_set() and item is None:
-                self._wake()  # pass on a wake-up we did not use
+        self._waits.end()
 
     def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
         """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
-        return self._wait(lambda: self.remove(transaction), timeout)
+        return self._waits.wait(lambda: self.remove(transaction), timeout)
 
     def wait_peek(self, timeout: float) -> QItem | None:
-        item = self._wait(self.peek, timeout)
+        item = self._waits.wait(self.peek, timeout)
         if item is not None:
-            self._wake()  # a peek takes nothing: let the next waiter look too
+            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
         return item
 
     # -----------------------------------------------------------------------------------------
     # Rotation and packing
 
     def _maybe_rotate(self) -> None:
-        writer = self._writer
-        if writer is None or self._packing is not None or self._pack_ready or self._pack_queued:
+        journal = self._journal
+        writer = journal.writer
+        if writer is None or journal.pack_pending:
             return
         cfg = self.config
         if self.length == 0 and not self._checkpoints and writer.size >= cfg.default_journal_size:
             self._pack_now()
-            self._start_next_pack()
+            journal.start_next_pack()
         elif writer.size >= cfg.max_memory_size:
             if self._rb is not None:
                 self._rotate(checkpoint=True)
-            elif self.journal_size > cfg.max_journal_size:
+            elif journal.size > cfg.max_journal_size:
                 self._pack_now()
-                self._start_next_pack()
+                journal.start_next_pack()
             else:
                 self._rotate(checkpoint=False)
 
     def _rotate(self, checkpoint: bool) -> None:
-        """Rename the live journal to `<name>.<ms>` and start a new one."""
-        assert self._writer is not None
-        self._flush()
-        last = self._rotated[-1][0] if self._rotated else 0
-        stamp = max(self.clock.now_ms(), last + 1)
-        old = self._writer
-        rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
-        os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
-        self._rotated.append((stamp, rotated))
-        self._archived_size += old.size
-        self._writer = JournalWriter(old.path, self.config.sync_journal)
-        gevent.spawn(old.close)
-        if self._rb is not None and self._rb.key == LIVE:
-            self._rb.key = stamp
+        """Rotate the live journal; with `checkpoint`, note the state at the rotation for a pack."""
+        stamp = self._journal.rotate()
+        if self._rb is not None:
+            self._rb.live_rotated(stamp)
         if checkpoint:
             self._checkpoints.append(Checkpoint(stamp, self._xid, list(self._opens.items())))
 
     def _pack_now(self) -> None:
         """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
         self._rotate(checkpoint=True)
-        self._pack_horizon = self._rotated[-1][0]
-        self._pack_queued = self._take_pack(self._checkpoints.pop())
+        self._pack_horizon = self._journal.rotated[-1][0]
+        self._journal.queue_pack(self._take_pack(self._checkpoints.pop()))
 
     def _take_pack(self, checkpoint: Checkpoint) -> packer.PackRequest:
         """The checkpoint's state as a pack to write (every item queued then is in memory now)."""
         return checkpoint.pack_request(self.queue_path, self.name, list(self._mem), self.clock.now_ms())
 
-    def _start_next_pack(self) -> None:
-        """Write the queued pack in the background, unless one is being written; it replaces every
-        journal up to its timestamp (reckoned now: packs are written one after another)."""
-        request = self._pack_queued
-        if request is None or self._packing is not None or self._packs_stopped:
-            return
-        self._pack_queued = None
-        dead = [p for ts, p in self._rotated if ts <= request.timestamp]
-        self._packing = gevent.spawn(self._pack, request, dead)
-
-    def _pack(self, request: packer.PackRequest, dead: list[str]) -> None:
-        started = time.perf_counter()
-        try:
-            final = gevent.get_hub().threadpool.apply(packer.write_pack, (request, dead))
-            journal.record_timing("pack", started)
-        except Exception:
-            if os.path.exists(packer.pack_path(request)):
-                # Complete but not yet in place: only the next start-up may finish it, and no later
-                # pack may be written before (it would be replayed after this one).
-                self._packs_stopped = True
-                log.exception("packing failed half way; no more packs until the next start",
-                              queue=self.name)
-            else:
-                log.exception("packing failed; the old journal files stay and remain correct",
-                              queue=self.name)
-        else:
-            stamp = request.timestamp
-            self._rotated = [(ts, p) for ts, p in self._rotated if ts > stamp]
-            self._rotated.insert(0, (stamp, final))
-            self._archived_size = sum(os.path.getsize(p) for _, p in self._rotated)
-        self._packing = None
-        self._start_next_pack()
-
     def wait_for_packing(self) -> None:
         """Return once every pack taken so far is written (or has failed)."""
-        while self._packing is not None:
-            self._packing.join()
+        self._journal.wait_for_packing()
 
     # -----------------------------------------------------------------------------------------
     # Shutting down
@@ -1048,21 +733,91 @@ class PersistentQueue:
         """Finish any pack, fsync and close the journal; waiting readers get nothing."""
         if self.closed:
             return
-        self.wait_for_packing()
-        self.closed = True
-        for event in self._waiters:
-            event.set()
-        if self._writer is not None:
-            self._writer.close()
-        self._end_read_behind()
+        self._journal.wait_for_packing()
+        with self._lock:
+            self.closed = True
+            self._waits.end()
+            self._journal.close()
+            self._end_read_behind()
 
     def destroy(self) -> None:
         """Close and delete every journal file of this queue (the `delete` command)."""
         self.close()
-        for path in self.journal_files:
-            if os.path.exists(path):
-                os.unlink(path)
-        files = journal.list_journal_files(self.queue_path, self.name)
-        for path in files.replay_order() + [p for _, p in files.packs]:
-            os.unlink(path)
-        journal.remove_temporaries(self.queue_path, self.name)
+        self._journal.delete_files()
+
+
+def _rotate_at(config: QueueConfig) -> int:
+    """The live journal's size from which a change considers rotating it."""
+    return min(config.default_journal_size, config.max_memory_size)
+
+
+class _QueueReplay(QueueReplay):
+    """The replay rules (`storage/replay.py`) applied to a live queue: its figures, read-behind and
+    checkpoints kept as the records are applied; runs of common records take the fast path."""
+
+    def __init__(self, queue: PersistentQueue) -> None:  # the state is the queue's own: no super()
+        self.queue = queue
+        self.items = queue._mem
+        self.opens = queue._opens
+        self.anomalies = {}
+        self.key = LIVE
+        self.path = ""
+        self.reader: RecordReader | None = None
+
+    @property
+    def xid(self) -> int:
+        return self.queue._xid
+
+    @xid.setter
+    def xid(self, value: int) -> None:
+        self.queue._xid = value
+
+    def append(self, item: QItem) -> None:
+        queue = self.queue
+        if queue._append(item):
+            assert self.reader is not None
+            at = (self.key, self.reader.offset)
+            queue._start_read_behind(self.key, self.path, self.reader.offset, at)
+
+    def take_head(self, opened: bool) -> QItem | None:
+        return self.queue._take_head(opened)
+
+    def put_back(self, xid: int) -> bool:
+        return self.queue._unremove(xid)
+
+    def grow(self, count: int, size: int) -> None:
+        queue = self.queue
+        queue.length += count
+        queue.bytes += size
+        queue.memory_bytes += size
+
+    def replay_file(self, key: int, path: str, reader: RecordReader) -> None:
+        queue = self.queue
+        self.key, self.path, self.reader = key, path, reader
+        self.anomalies = {}
+        now = queue.clock.now_ms()
+        limit = queue.config.max_memory_size
+        while True:
+            # Runs of common records take the fast path while no add there can reach the memory
+            # limit (read-behind starts on the general path, record by record).
+            room = limit - queue.memory_bytes
+            if queue._rb is None and not queue._checkpoints and room > 0:
+                run = reader.common_run(room)
+                if run:
+                    self.apply_common(run)
+                    continue
+            entry = reader.next()
+            if entry is None:
+                break
+            if queue._rb is not None:
+                queue._rb.stop = (key, reader.offset)  # the cursor may read what is applied
+            self.apply(entry[1], now, entry[0])
+
+    def file_replayed(self, key: int) -> None:
+        queue = self.queue
+        if key != LIVE and queue._rb is not None:
+            # The state at this rotation, as it stood then: packing resumes after a restart.
+            queue._checkpoints.append(Checkpoint(key, queue._xid, list(queue._opens.items())))
+
+    def restart(self) -> None:
+        self.queue._reset_memory()

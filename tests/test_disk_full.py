@@ -265,7 +265,7 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     assert done.returncode == 4, done.stderr
     assert "disk is full" in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert (queues / "q").read_bytes() == damaged
-    assert sorted(os.listdir(queues)) == ["q"]
+    assert sorted(os.listdir(queues)) == [".lock", "q"]  # the lock file, created before the disk filled
     filler.unlink()
     srv = server_factory({"queue_path": str(queues), "salvage": True})
     mc = Client(("127.0.0.1", srv.memcache_port), timeout=10)

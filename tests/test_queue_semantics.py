@@ -13,6 +13,7 @@ from storage import QueueCollection, QueueConfigs
 from storage.clock import FakeClock
 from storage.config import MB, QueueConfig, parse_duration_ms, parse_size
 from storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
+from storage.runtime import ManualRuntime
 from tests.queues import drain, reopen
 
 T0 = 1_700_000_000_000
@@ -241,23 +242,33 @@ def test_directory_scan_ignores_subdirectories_and_temporaries(tmp_path: Path) -
 
 
 def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
-    coll = make(tmp_path)
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
     waiter = gevent.spawn(coll.remove, "q", False, 5.0)
-    gevent.sleep(0.01)
+    gevent.sleep(0)
     assert coll.queue("q").waiters == 1
+    runtime.advance(4_000)
     coll.add("q", b"x")
     item = waiter.get(timeout=2)
     assert item is not None and item.data == b"x"
+    assert runtime.timers == 0  # the wait's deadline is gone with it
 
 
 def test_waiting_remove_times_out(tmp_path: Path) -> None:
-    coll = make(tmp_path)
-    assert coll.remove("q", timeout=0.05) is None
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
+    waiter = gevent.spawn(coll.remove, "q", False, 0.05)
+    gevent.sleep(0)
+    runtime.advance(49)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    assert waiter.get(timeout=2) is None
     assert coll.queue("q").waiters == 0
 
 
 def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
-    coll = make(tmp_path)
+    coll = QueueCollection(str(tmp_path), runtime=ManualRuntime())
     got: list[tuple[int, bytes]] = []
 
     def wait(n: int) -> None:
@@ -268,10 +279,10 @@ def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
     greenlets = []
     for n in range(3):
         greenlets.append(gevent.spawn(wait, n))
-        gevent.sleep(0.005)
+        gevent.sleep(0)
     for data in (b"a", b"b", b"c"):
         coll.add("q", data)
-        gevent.sleep(0.005)
+        gevent.sleep(0)
     gevent.joinall(greenlets, timeout=2)
     assert got == [(0, b"a"), (1, b"b"), (2, b"c")]
 
@@ -337,7 +348,7 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     closing = [xids[2], xids[0], 999]  # 999 is not open: skipped, as a single close skips it
     one = getattr(single, many.removesuffix("_many"))
     assert [one("q", xid) for xid in closing] == [True, True, False]
-    writer = batch.get("q")._writer  # type: ignore[union-attr]
+    writer = batch.get("q")._journal.writer  # type: ignore[union-attr]
     appends: list[bytes] = []
     append = writer.append
     writer.append = lambda data: (appends.append(data), append(data))[1]

@@ -1,4 +1,4 @@
-"""Replay's fast path for common records (`codec.decode_common`, `PersistentQueue._apply_common`)
+"""Replay's fast path for common records (`codec.decode_common`, `QueueReplay.apply_common`)
 against the general path it shortcuts: the read-only replay decodes every record one by one.
 
 Journals mix every record kind, item data full of bytes that read as opcodes (so the flipped-bit

@@ -127,7 +127,7 @@ def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path:
     coll = QueueCollection(str(tmp_path))
     coll.add("full", b"item")
     waiter = gevent.spawn(coll.remove, "empty", False, 30.0)
-    gevent.sleep(0.01)
+    gevent.sleep(0)
     assert coll.get("empty") is not None and coll.get("empty").waiters == 1  # type: ignore[union-attr]
     started = time.monotonic()
     coll.end_waits()

@@ -6,11 +6,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import gevent
 import pytest
 
 from service.status import Status, StatusChangePending, StatusKeeper, UnknownStatus
 from storage.errors import Refused
+from storage.runtime import ManualRuntime
 
 
 def test_status_persists_and_defaults(tmp_path: Path) -> None:
@@ -22,11 +22,15 @@ def test_status_persists_and_defaults(tmp_path: Path) -> None:
 
 
 def test_grace_period_delays_a_stricter_status(tmp_path: Path) -> None:
-    keeper = StatusKeeper(str(tmp_path / "status"), Status.UP, 50)
+    runtime = ManualRuntime()
+    keeper = StatusKeeper(str(tmp_path / "status"), Status.UP, 50_000, runtime)
     keeper.set(Status.READ_ONLY)
     assert keeper.current == Status.READ_ONLY
+    runtime.advance(49_999)
     keeper.check_write("put")  # still allowed during the grace period
-    gevent.sleep(0.07)
+    with pytest.raises(StatusChangePending, match=r"\(1 ms left\)"):
+        keeper.set(Status.QUIESCENT)
+    runtime.advance(1)
     with pytest.raises(Refused, match="ReadOnly"):
         keeper.check_write("put")
     keeper.set(Status.UP)  # a looser status applies at once

@@ -1,0 +1,278 @@
+"""The concurrency runtime the storage engine asks for what it needs, so that it can be swapped.
+
+As kazoo's handlers do: the engine spawns work, schedules timers, waits on events, takes locks and
+runs blocking calls (fsync, packing) through one `Runtime`, never through gevent or threading
+directly. `GeventRuntime` (the default) serves the server; `ThreadsRuntime` serves programs that
+embed the engine with plain threads and no gevent hub; `ManualRuntime` drives timers and timed
+waits from a `FakeClock`, so that tests of expiry, waits, auto-abort and periodic fsync never sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+import gevent
+import gevent.event
+
+from storage.clock import SYSTEM_CLOCK, Clock, FakeClock
+
+T = TypeVar("T")
+
+
+class Event(Protocol):
+    """A flag that waiters block on until it is set (threading.Event's interface)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the flag is set or `timeout` seconds pass; whether it is set."""
+        ...
+
+
+class Task(Protocol):
+    """Work started by `spawn`."""
+
+    def join(self) -> None: ...
+
+
+class Timer(Protocol):
+    """A call scheduled by `call_later`."""
+
+    def cancel(self) -> None:
+        """Do not make the call (if it has not started)."""
+        ...
+
+
+Lock = AbstractContextManager[Any]  # a reentrant lock, used in `with`
+
+
+class Runtime(Protocol):
+    """What the storage engine needs from a concurrency model."""
+
+    clock: Clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task: ...
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer: ...
+
+    def event(self) -> Event: ...
+
+    def lock(self) -> Lock: ...
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call (fsync, a pack) without stopping the other tasks."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# gevent
+
+
+class _Greenlet:
+    def __init__(self, greenlet: gevent.Greenlet[Any, Any]) -> None:
+        self.greenlet = greenlet
+
+    def join(self) -> None:
+        self.greenlet.join()
+
+    def cancel(self) -> None:
+        self.greenlet.kill(block=False)
+
+
+class GeventRuntime:
+    """Greenlets on gevent's hub; blocking calls on the hub's threadpool. Locks are no-ops: a
+    greenlet is never preempted, and the engine does not yield inside a change."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return _Greenlet(gevent.spawn(fn))
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        return _Greenlet(gevent.spawn_later(seconds, fn))
+
+    def event(self) -> Event:
+        event: Event = gevent.event.Event()
+        return event
+
+    def lock(self) -> Lock:
+        return contextlib.nullcontext()
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        result: T = gevent.get_hub().threadpool.apply(fn, args)
+        return result
+
+    def sleep(self, seconds: float) -> None:
+        gevent.sleep(seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain threads
+
+
+class _Thread:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.thread = threading.Thread(target=fn, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+
+
+class _ThreadTimer:
+    def __init__(self, seconds: float, fn: Callable[[], None]) -> None:
+        self.timer = threading.Timer(seconds, fn)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
+class ThreadsRuntime:
+    """Plain threads, for programs that embed the engine without gevent: daemon threads, timer
+    threads, real reentrant locks; blocking calls run in the calling thread."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return _Thread(fn)
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        return _ThreadTimer(seconds, fn)
+
+    def event(self) -> Event:
+        return threading.Event()
+
+    def lock(self) -> Lock:
+        return threading.RLock()
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manual time, for tests
+
+
+class _ManualTimer:
+    def __init__(self, due_ms: int, fn: Callable[[], None]) -> None:
+        self.due_ms = due_ms
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ManualEvent:
+    """An event whose timed waits end when the manual clock passes their deadline."""
+
+    def __init__(self, runtime: ManualRuntime) -> None:
+        self._runtime = runtime
+        self._flag = False
+        self._wakers: list[Event] = []
+        self._guard = threading.Lock()
+
+    def set(self) -> None:
+        with self._guard:
+            self._flag = True
+            wakers = list(self._wakers)
+        for waker in wakers:
+            waker.set()
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        waker = self._runtime.base.event()
+        with self._guard:
+            if self._flag:
+                return True
+            self._wakers.append(waker)
+        timer = self._runtime.call_later(timeout, waker.set) if timeout is not None else None
+        try:
+            waker.wait()
+        finally:
+            with self._guard:
+                self._wakers.remove(waker)
+            if timer is not None:
+                timer.cancel()
+        return self._flag
+
+
+class ManualRuntime:
+    """Tasks, locks and blocking calls from `base`; time from a FakeClock that only `advance`
+    moves. Timers fire, and timed waits end, inside `advance`, in deadline order."""
+
+    def __init__(self, base: Runtime | None = None, clock: FakeClock | None = None) -> None:
+        self.base: Runtime = base if base is not None else GeventRuntime()
+        self.clock: FakeClock = clock if clock is not None else FakeClock()
+        self._timers: list[tuple[int, int, _ManualTimer]] = []
+        self._order = itertools.count()
+        self._guard = threading.Lock()
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return self.base.spawn(fn)
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        timer = _ManualTimer(self.clock.ms + math.ceil(max(seconds, 0.0) * 1000.0), fn)
+        with self._guard:
+            heapq.heappush(self._timers, (timer.due_ms, next(self._order), timer))
+        return timer
+
+    def event(self) -> Event:
+        return _ManualEvent(self)
+
+    def lock(self) -> Lock:
+        return self.base.lock()
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return self.base.run_blocking(fn, *args)
+
+    def sleep(self, seconds: float) -> None:
+        self.event().wait(seconds)
+
+    @property
+    def timers(self) -> int:
+        """Timers scheduled and not yet fired or cancelled."""
+        return sum(1 for _, _, timer in self._timers if not timer.cancelled)
+
+    def advance(self, ms: int) -> None:
+        """Move the clock `ms` forward, firing every timer that comes due on the way, in order."""
+        end = self.clock.ms + ms
+        while True:
+            with self._guard:
+                if not self._timers or self._timers[0][0] > end:
+                    break
+                due, _, timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            self.clock.ms = max(self.clock.ms, due)
+            timer.fn()
+        self.clock.ms = end
+
+
+DEFAULT_RUNTIME = GeventRuntime()

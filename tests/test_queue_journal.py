@@ -1,0 +1,180 @@
+"""The queue's journal pieces driven directly, without a queue: rotation and replay of the file
+set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor (`ReadBehind`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storage import codec, packer
+from storage.item import QItem
+from storage.journal import JournalFiles, list_journal_files
+from storage.queue_journal import PackState, QueueJournal
+from storage.read_behind import LIVE, ReadBehind
+from storage.replay import QueueReplay
+from storage.runtime import ManualRuntime
+
+
+def _journal(path: Path, runtime: ManualRuntime) -> QueueJournal:
+    j = QueueJournal(str(path), "q", None, 1 << 20, runtime, runtime.lock())
+    j.replay(list_journal_files(str(path), "q"), True, QueueReplay())
+    j.open_live()
+    return j
+
+
+def _add(j: QueueJournal, data: bytes) -> None:
+    j.write(codec.encode_addx(1, 0, data))
+    j.commit()
+
+
+def _replayed(path: Path, runtime: ManualRuntime) -> list[bytes]:
+    replay = QueueReplay()
+    QueueJournal(str(path), "q", None, 1 << 20, runtime, runtime.lock()).replay(
+        list_journal_files(str(path), "q"), True, replay)
+    return [item.data for item in replay.restart_order()]
+
+
+def test_rotation_renames_the_live_journal_and_starts_a_new_one(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    _add(j, b"a")
+    first = j.rotate()
+    assert first == runtime.clock.now_ms()
+    _add(j, b"b")
+    second = j.rotate()  # in the same millisecond: the timestamps still increase
+    assert second == first + 1
+    _add(j, b"c")
+    assert sorted(os.listdir(tmp_path)) == sorted(["q", f"q.{first}", f"q.{second}"])
+    assert [ts for ts, _ in j.rotated] == [first, second]
+    assert j.size == sum(os.path.getsize(p) for p in j.paths) and j.paths[-1] == str(tmp_path / "q")
+    assert [k for k, _ in j.files()] == [first, second, LIVE]
+    j.close()
+    assert _replayed(tmp_path, runtime) == [b"a", b"b", b"c"]
+
+
+def test_commit_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    j = QueueJournal(str(tmp_path), "q", None, 40, runtime, runtime.lock())
+    j.open_live()
+    j.write(codec.encode_addx(1, 0, b"x" * 10))
+    assert not j.commit()
+    j.write(codec.encode_addx(1, 0, b"x" * 10))
+    assert j.commit()
+    j.close()
+
+
+def test_replay_cuts_a_torn_tail_keeping_a_copy(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    _add(j, b"whole")
+    j.close()
+    torn = codec.encode_addx(1, 0, b"torn record")[:9]
+    with open(tmp_path / "q", "ab") as f:
+        f.write(torn)
+    assert _replayed(tmp_path, runtime) == [b"whole"]
+    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
+    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
+    assert (tmp_path / "q").stat().st_size == len(codec.encode_addx(1, 0, b"whole"))
+
+
+def _pack_of(j: QueueJournal, stamp: int, items: list[bytes]) -> packer.PackRequest:
+    return packer.PackRequest(j.queue_path, j.name, stamp, 0, [], [QItem(1, 0, d) for d in items], 1)
+
+
+def test_a_pack_is_written_in_the_background_and_replaces_the_files_it_covers(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    _add(j, b"a")
+    _add(j, b"b")
+    j.write(codec.REMOVE_BYTES)
+    j.commit()
+    stamp = j.rotate()
+    _add(j, b"c")
+    j.take_pack(_pack_of(j, stamp, [b"b"]))
+    assert j.pack_pending and j.pack_state is PackState.IDLE
+    j.start_next_pack()  # a taken pack waits for its change to be kept
+    assert j.pack_state is PackState.IDLE
+    j.keep_taken_pack()
+    j.start_next_pack()
+    assert j.pack_state is PackState.WRITING
+    j.wait_for_packing()
+    assert j.pack_state is PackState.IDLE and not j.pack_pending
+    assert j.rotated == [(stamp, str(tmp_path / f"q.{stamp}"))]
+    j.close()
+    assert _replayed(tmp_path, runtime) == [b"b", b"c"]
+
+
+def test_a_pack_that_fails_after_its_file_is_complete_stops_packing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    _add(j, b"a")
+    stamp = j.rotate()
+
+    def crash(step: str) -> None:
+        if step == "delete":
+            raise OSError("crash at delete")
+
+    monkeypatch.setattr(packer, "failpoint", crash)
+    j.queue_pack(_pack_of(j, stamp, [b"a"]))
+    j.start_next_pack()
+    j.wait_for_packing()
+    assert j.pack_state is PackState.STOPPED
+    _add(j, b"b")
+    later = j.rotate()
+    j.queue_pack(_pack_of(j, later, [b"a"]))
+    j.start_next_pack()  # no pack may be written before start-up finishes the one left
+    assert j.pack_state is PackState.STOPPED and j.pack_pending
+    monkeypatch.setattr(packer, "failpoint", None)
+    j.forget_packs()
+    j.close()
+    assert _replayed(tmp_path, runtime) == [b"a", b"b"]  # start-up finished the first pack
+
+
+def _write(path: Path, *records: bytes) -> str:
+    with open(path, "ab") as f:
+        f.write(b"".join(records))
+    return str(path)
+
+
+def test_the_read_behind_cursor_reads_adds_across_files_to_the_end_of_the_live_one(tmp_path: Path) -> None:
+    add = lambda data: codec.encode_addx(1, 0, data)  # noqa: E731
+    first = _write(tmp_path / "q.100", add(b"a"), codec.REMOVE_BYTES, add(b"b"))
+    second = _write(tmp_path / "q.200", codec.encode_xid(codec.CONFIRM_REMOVE, 3), add(b"c"))
+    live = _write(tmp_path / "q", add(b"d"))
+    files = [(100, first), (200, second), (LIVE, live)]
+    left: list[int] = []
+    cursor = ReadBehind(lambda: files, 100, first, 0, left.append)
+    read = [cursor.next_item(0) for _ in range(3)]
+    assert [i.data for i in read if i] == [b"a", b"b", b"c"] and left == [100]
+    item = cursor.next_item(0)
+    assert item is not None and item.data == b"d" and left == [100, 200] and cursor.key == LIVE
+    assert cursor.next_item(0) is None  # caught up with the live journal
+    _write(tmp_path / "q", add(b"e"))
+    item = cursor.next_item(0)
+    assert item is not None and item.data == b"e"  # the live journal grew
+    cursor.live_rotated(300)
+    assert cursor.key == 300
+    cursor.close()
+
+
+def test_the_read_behind_cursor_does_not_pass_its_stop(tmp_path: Path) -> None:
+    add = lambda data: codec.encode_addx(1, 0, data)  # noqa: E731
+    first = _write(tmp_path / "q.100", add(b"a"))
+    live = _write(tmp_path / "q", add(b"b"), add(b"c"))
+    cursor = ReadBehind(lambda: [(100, first), (LIVE, live)], 100, first, 0)
+    cursor.stop = (LIVE, len(add(b"b")))
+    assert [getattr(cursor.next_item(0), "data", None) for _ in range(3)] == [b"a", b"b", None]
+    cursor.stop = None
+    item = cursor.next_item(0)
+    assert item is not None and item.data == b"c"
+    cursor.close()
+
+
+def test_replaying_nothing_gives_an_empty_file_set(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    j = QueueJournal(str(tmp_path), "q", None, 1 << 20, runtime, runtime.lock())
+    assert j.replay(JournalFiles(), True, QueueReplay()) == 0
+    assert j.rotated == [] and j.size == 0

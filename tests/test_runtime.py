@@ -1,0 +1,192 @@
+"""The swappable runtime: a collection used from plain threads with no gevent hub, and manual time
+that makes waits, expiry sweeps and periodic fsyncs a matter of moving a clock, not of sleeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import gevent
+import pytest
+from gevent._hub_local import get_hub_if_exists
+
+from storage import QueueCollection, QueueConfigs, journal
+from storage.runtime import ManualRuntime, ThreadsRuntime
+from storage.wait_list import WaitList
+
+# ---------------------------------------------------------------------------------------------
+# Plain threads
+
+
+def test_threads_put_and_get_with_waits_and_timeouts_without_a_gevent_hub(tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "5ms"}), runtime=ThreadsRuntime())
+    coll.load()
+    producers, consumers, each = 4, 4, 300
+    got: list[bytes] = []
+    got_lock = threading.Lock()
+    hubs: list[object] = []
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        for i in range(each):
+            coll.add("jobs", b"%d-%d" % (n, i))
+            if i % 50 == 0:
+                time.sleep(0.001)  # let the consumers catch up and wait
+
+    def consume() -> None:
+        try:
+            while True:
+                item = coll.remove("jobs", transaction=True, timeout=0.5)
+                if item is None:
+                    break  # nothing for half a second: the producers are done
+                assert coll.confirm("jobs", item.xid)
+                with got_lock:
+                    got.append(item.data)
+            hubs.append(get_hub_if_exists())
+        except BaseException as e:  # surfaced below: a thread's failure must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume) for _ in range(consumers)]
+    threads += [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors
+    assert sorted(got) == sorted(b"%d-%d" % (n, i) for n in range(producers) for i in range(each))
+    assert hubs == [None] * consumers
+    q = coll.queue("jobs")
+    assert (q.length, q.open_transactions, q.waiters) == (0, 0, 0)
+    started = time.monotonic()
+    assert coll.remove("empty", timeout=0.05) is None  # a wait that times out
+    assert time.monotonic() - started >= 0.05
+    coll.close()
+    again = QueueCollection(str(tmp_path), runtime=ThreadsRuntime())
+    again.load()
+    assert again.queue("jobs").length == 0  # everything confirmed is gone for good
+    again.close()
+
+
+def test_a_thread_waiting_for_an_item_is_woken_by_another_threads_add(tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), runtime=ThreadsRuntime())
+    result: list[bytes | None] = []
+    waiter = threading.Thread(target=lambda: result.append(getattr(coll.remove("q", timeout=10.0), "data", None)))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while coll.queue("q").waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    started = time.monotonic()
+    coll.add("q", b"hello")
+    waiter.join(timeout=5)
+    assert result == [b"hello"] and time.monotonic() - started < 1
+    coll.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Manual time
+
+
+def test_a_wait_times_out_when_the_clock_passes_its_deadline(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
+    waiter = gevent.spawn(coll.remove, "q", False, 5.0)
+    gevent.sleep(0)
+    assert coll.queue("q").waiters == 1
+    runtime.advance(4_999)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    assert waiter.get(timeout=1) is None
+    assert coll.queue("q").waiters == 0 and runtime.timers == 0
+    coll.close()
+
+
+def test_the_expiry_sweeper_runs_on_the_manual_timer(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
+    coll.add("q", b"short", runtime.clock.now_ms() + 1_500)
+    coll.add("q", b"long", runtime.clock.now_ms() + 60_000)
+    coll.start_sweeper(1_000)
+    runtime.advance(1_000)
+    assert coll.queue("q").stats()["expired_items"] == 0
+    runtime.advance(1_000)
+    assert coll.queue("q").stats()["expired_items"] == 1 and coll.queue("q").length == 1
+    coll.close()
+    runtime.advance(10_000)  # the sweeper is stopped: nothing fires after close
+    assert runtime.timers == 0
+
+
+def test_periodic_fsync_comes_due_on_the_manual_timer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = ManualRuntime()
+    fsyncs: list[str] = []
+    monkeypatch.setattr(journal, "timing", lambda event, seconds: fsyncs.append(event) if event == "fsync" else None)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "100ms"}), runtime=runtime)
+    coll.add("q", b"one")
+    coll.add("q", b"two")
+    assert fsyncs == [] and runtime.timers == 1  # one fsync covers both writes
+    runtime.advance(99)
+    assert fsyncs == []
+    runtime.advance(1)
+    assert fsyncs == ["fsync"] and runtime.timers == 0
+    coll.close()
+
+
+def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    waits = WaitList(runtime)
+    items: list[str] = []
+    take = lambda: items.pop(0) if items else None  # noqa: E731
+    waiters = [gevent.spawn(waits.wait, take, 10.0) for _ in range(3)]
+    gevent.sleep(0)
+    assert len(waits) == 3
+    items.append("a")
+    assert waits.wake_one()
+    gevent.sleep(0)
+    assert waiters[0].ready() and waiters[0].value == "a"
+    waits.end()
+    assert [w.get(timeout=1) for w in waiters[1:]] == [None, None]
+    assert waits.wait(take, 10.0) is None and len(waits) == 0  # ended: no more waiting
+
+
+def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_path: Path) -> None:
+    configs = QueueConfigs({}, {"q": {"max_memory_size": 4096, "default_journal_size": 2048}})
+    coll = QueueCollection(str(tmp_path), configs, runtime=ThreadsRuntime())
+    items = [b"item-%05d-" % n + b"x" * 50 for n in range(3000)]
+    got: list[list[bytes]] = [[], []]
+
+    def produce(part: list[bytes]) -> None:
+        for data in part:
+            coll.add("q", data)
+
+    behind: list[bool] = []
+
+    def consume(mine: list[bytes]) -> None:
+        while (item := coll.remove("q", transaction=True, timeout=0.5)) is not None:
+            behind.append(coll.queue("q").in_read_behind)
+            mine.append(item.data)
+            assert coll.confirm("q", item.xid)
+
+    threads = [threading.Thread(target=produce, args=(items[:1500],)),
+               threading.Thread(target=produce, args=(items[1500:],)),
+               threading.Thread(target=consume, args=(got[0],)),
+               threading.Thread(target=consume, args=(got[1],))]
+    coll.add_many("q", [b"head-%d" % n for n in range(100)])  # the consumers start behind a backlog
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(d for d in got[0] + got[1] if d.startswith(b"item")) == items
+    assert any(behind)  # the consumers drained a backlog in read-behind
+    for mine in got:  # each consumer saw each producer's items in the order they were put
+        for producer in (0, 1):
+            seen = [d for d in mine if d.startswith(b"item") and (int(d[5:10]) < 1500) == (producer == 0)]
+            assert seen == sorted(seen)
+    q = coll.queue("q")
+    q.wait_for_packing()
+    assert q.length == 0 and not q.in_read_behind
+    coll.close()
+    again = QueueCollection(str(tmp_path), configs, runtime=ThreadsRuntime())
+    again.load()
+    assert again.queue("q").length == 0 and again.queue("q").open_transactions == 0
+    again.close()
