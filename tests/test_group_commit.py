@@ -193,3 +193,23 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
         os._exit(0 if waiter.successful() and child.synced == 1 else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's path: puts to eight queues in one turn are acknowledged after one round."""
+    from storage import QueueCollection, QueueConfigs
+    from storage.group_commit import GROUP_COMMIT
+
+    counting = Counting(ThreadFsync())
+    monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
+    coll.load()
+    for i in range(8):
+        coll.add(f"q{i}", b"first")  # each queue's journal is open and synced before the turn
+    counting.rounds.clear()
+    puts = [gevent.spawn(coll.add, f"q{i}", b"second") for i in range(8)]
+    gevent.joinall(puts, raise_error=True)
+    assert all(put.value for put in puts)
+    assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8
+    coll.close()
