@@ -179,4 +179,4 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> List
         finally:
             sock.close()
 
-    return Listener("thrift", listener, handle, server.config.max_connections)
+    return Listener("thrift", listener, handle, server.config.max_connections, server.config.tcp_keepalive)
