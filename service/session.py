@@ -146,8 +146,9 @@ class Session:
             self.stats.get_misses += 1
         if not transaction:
             return list(zip(map(_DATA, items), repeat(0)))
-        by_id = self.server.reads_by_id
-        return [(item.data, by_id.open(self.reads, queue, item.xid, auto_abort_ms)) for item in items]
+        xids = [item.xid for item in items]
+        read_ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+        return list(zip(map(_DATA, items), read_ids, strict=True))
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""
