@@ -7,7 +7,7 @@
 - journal: `spark.read.format("kestrel-journal")` counting records against a loop over
   storage.journal.read_records on the same files.
 
-    .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M]
+    .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M] [--only journal ...]
 """
 
 from __future__ import annotations
@@ -168,6 +168,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--journal-mb", type=int, default=200)
+    parser.add_argument("--only", choices=("writer", "stream", "journal"), action="append",
+                        help="run only these parts (repeatable); all by default")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.chdir(peers.ROOT)
@@ -184,9 +186,13 @@ def main() -> None:
           f"batches of 1000, Spark {spark.version} local[2]")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
-        bench_writer(spark, args.rows, payload, work)
-        bench_stream(spark, args.rows, payload, work)
-        bench_journal(spark, args.journal_mb, work)
+        parts = args.only or ["writer", "stream", "journal"]
+        if "writer" in parts:
+            bench_writer(spark, args.rows, payload, work)
+        if "stream" in parts:
+            bench_stream(spark, args.rows, payload, work)
+        if "journal" in parts:
+            bench_journal(spark, args.journal_mb, work)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
