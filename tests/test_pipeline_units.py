@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
 
-from client import Refused  # noqa: E402
+from client import Refused, ServerUnavailable  # noqa: E402
 from pipeline.options import Option, parse_options, whole  # noqa: E402
 from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
 from tests.conftest import ServerProcess, free_port  # noqa: E402
@@ -165,3 +166,47 @@ def test_large_journal_files_split_at_record_boundaries_into_every_record_once(t
     assert [r["data"] for r in rows[:-1]] == [b"r%d" % i * (i % 7 + 1) for i in range(1000)]
     assert rows[-1]["status"] == "torn" and [r["status"] for r in rows].count("torn") == 1
     assert split_points(str(path), 10**9) == [(0, None)]
+
+
+def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> None:
+    from thriftpy2.rpc import make_server
+    from thriftpy2.thrift import TApplicationException
+    from thriftpy2.transport import TFramedTransportFactory
+
+    from client import Cluster, ServerClosing
+    from contract import kestrel_thrift
+
+    class Closing:
+        """What a Kestrel server answers while it shuts down: its queues are closed."""
+
+        def put(self, queue: str, items: list[bytes], expiration_msec: int) -> int:
+            raise TApplicationException(TApplicationException.UNKNOWN, f"queue {queue!r} is closed")
+
+        def peek(self, queue: str) -> Any:
+            raise TApplicationException(TApplicationException.UNKNOWN, f"queue {queue!r} is not there")
+
+    port = free_port()
+    closing = make_server(kestrel_thrift.Kestrel, Closing(), "127.0.0.1", port,
+                          trans_factory=TFramedTransportFactory())
+    threading.Thread(target=closing.serve, daemon=True).start()
+    from client import Server
+
+    lone = Server("127.0.0.1", port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            lone.put("q", [b"x"])
+        except ServerClosing as e:
+            assert "shutting down (queue 'q' is closed)" in str(e) and lone.seems_down
+            break
+        except ServerUnavailable:  # not listening yet
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    with pytest.raises(Refused, match="is not there"):  # any other error reply stays a refusal
+        lone.peek("q")
+    with pytest.raises(ServersUnreachable, match="gave up after 2 attempts"):  # the pipeline retries it
+        with_retries(lambda: lone.put("q", [b"x"]), "put", retries=1, backoff_ms=1)
+    cluster = Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"])
+    assert all(cluster.put("q", b"%d" % i) for i in range(4))  # every put lands on the live server
+    assert Server("127.0.0.1", server.thrift_port).peek("q").items == 4
+    closing.close()
