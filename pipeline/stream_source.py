@@ -45,10 +45,19 @@ from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
+# PySpark (4.3 included) gives a Python streaming source neither its query's checkpoint location nor
+# any other per-query directory (the JVM's toMicroBatchStream(checkpointLocation) drops it), so the
+# location comes again as an option.
+CHECKPOINT_HELP = ("give the source the same path as the query's own checkpoint location, "
+                   "readStream.format('kestrel').option('checkpointLocation', path) and "
+                   "writeStream.option('checkpointLocation', path): the source keeps its write-ahead log "
+                   "of taken items there and reads Spark's commit log from there, and PySpark does not tell "
+                   "a Python source where its query's checkpoint is")
+
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
     Option("queue", text),
-    Option("checkpointLocation", text, doc="the query's checkpoint location (the log goes there)"),
+    Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
     Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
@@ -80,8 +89,9 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
 
 class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
-        o = parse_options(options, STREAM_OPTIONS, "kestrel stream",
-                          required=("servers", "queue", "checkpointLocation"))
+        o = parse_options(options, STREAM_OPTIONS, "kestrel stream", required=("servers", "queue"))
+        if o["checkpointLocation"] is None:
+            raise ValueError(f"kestrel stream: option 'checkpointLocation' is required: {CHECKPOINT_HELP}")
         self.servers = parse_servers(o["servers"])
         self.queue: str = o["queue"]
         self.max_per_trigger: int | None = o["maxItemsPerTrigger"]
@@ -129,7 +139,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
             raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
-                             f"Spark checkpoint: give the source the query's own checkpointLocation")
+                             f"Spark checkpoint, so it is not this query's: {CHECKPOINT_HELP}")
         self._confirm_up_to(self.spark_log.committed())
         for batch in wal.batches(self.root):
             for path in wal.batch_files(self.root, batch):

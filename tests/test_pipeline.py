@@ -432,8 +432,10 @@ def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server
 
 @pytest.mark.parametrize("options, message", [
     ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
-    ({}, "option 'checkpointLocation' is required"),
-    ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint: give the source the query's own"),
+    ({}, "option 'checkpointLocation' is required: give the source the same path as the query's own "
+         "checkpoint location"),
+    ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint, so it is not this query's: give the "
+                                          "source the same path"),
 ])
 def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[str, str], message: str) -> None:
     reader = spark.readStream.format("kestrel").option("servers", "127.0.0.1:1").option("queue", "q")

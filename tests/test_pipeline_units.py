@@ -210,3 +210,31 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     assert all(cluster.put("q", b"%d" % i) for i in range(4))  # every put lands on the live server
     assert Server("127.0.0.1", server.thrift_port).peek("q").items == 4
     closing.close()
+
+
+def test_record_rows_match_the_storage_reader_for_every_kind_of_record(tmp_path: Path) -> None:
+    from pipeline.journal_source import ROWS_PER_BATCH, record_batches
+    from storage import codec
+    from storage.journal import read_records
+
+    kinds: list[Any] = [
+        codec.Add(1_800_000_000, b"old add"), codec.AddX(1_700_000_000_123, 0, b"x"),
+        codec.AddX(1_700_000_000_456, 1_700_000_999_000, b""), codec.Remove(), codec.RemoveTentative(),
+        codec.SaveXid(7), codec.Unremove(7), codec.ConfirmRemove(7), codec.AddXid(9, 1_700_000_000_789, 0, b"xid"),
+        codec.RemoveTentativeXid(9), codec.ConfirmRemove(9)]
+    # enough common records between the others for several batches and runs of the reader's fast path
+    records = kinds + [codec.AddX(1_700_000_001_000 + i, 0, b"r%d" % i) for i in range(ROWS_PER_BATCH + 5)] + kinds
+    path = tmp_path / "q"
+    path.write_bytes(b"".join(codec.encode(r) for r in records))
+    rows = [row for batch in record_batches("q", str(path), False) for row in batch.to_pylist()]
+    expected = list(read_records(str(path)))
+    assert len(rows) == len(expected) == len(records)
+    for row, (offset, record) in zip(rows, expected, strict=True):
+        assert row["offset"] == offset and row["opcode"] == codec.OPCODE_NAMES[type(record)]
+        assert row["xid"] == getattr(record, "xid", None)
+        assert row["data"] == getattr(record, "data", None)
+        added = getattr(record, "add_time", 0)
+        assert (row["timestamp"].timestamp() * 1000 if row["timestamp"] else 0) == pytest.approx(added)
+        expiry = getattr(record, "expiry", 0) or getattr(record, "expiry_s", 0) * 1000
+        assert (row["expiry"].timestamp() * 1000 if row["expiry"] else 0) == pytest.approx(expiry)
+        assert row["status"] == "ok" and row["queue"] == "q" and row["file"] == str(path)
