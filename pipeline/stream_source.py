@@ -9,14 +9,21 @@ How a micro-batch lives:
    batch reads the log instead of the servers, so it yields the same rows.
 3. Committing: once Spark's commit log shows the batch committed by the sink (checked at every
    planning, so an idle stream commits too) or Spark calls `commit`, its read ids are confirmed.
-   Open reads never time out while their batch is in flight: reads older than half of
-   `autoAbortMs` are confirmed early, their items already safe in the log.
+   A confirm the server could not take stays pending in the log and is tried again at the next
+   planning or commit, never dropped.
+
+Reads in flight are handed to the log, not renewed: Kestrel has no call that extends an open read,
+so reads older than half of `autoAbortMs` are confirmed early, their items already safe in the log
+(a replay of the batch reads them from there). No read of a live batch times out and comes back,
+however long the sink takes.
 
 A server's read ids are unique for the life of its queue directory, so logged ids are confirmed
 over any connection to their server, by whichever query runs from the checkpoint: a query restarted
 after a stop or a driver kill confirms the batches the sink committed, and confirms at once the
-logged reads of the batch it replays (their rows come from the log). Ids from before a server
-restart close nothing: the restart returned their items to the queue, and they are delivered again.
+logged reads of the batch it replays (their rows come from the log). An id from before a server
+restart closes nothing (the restarted server never hands it out again): the restart returned its
+item to the queue, the item is delivered again, and the shortfall of the confirm is counted as
+possible duplicates (`<checkpoint>/kestrel/<source>/returned`).
 """
 
 from __future__ import annotations
@@ -103,7 +110,6 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.root = os.path.join(self.checkpoint, "kestrel", self.source_key)
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
         self.cluster = Cluster(self.servers)
-        self.handed_over: set[str] = set()  # log files whose ids were confirmed before commit
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
         self.lock = threading.Lock()
         self._stopped = threading.Event()
@@ -143,7 +149,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._confirm_up_to(self.spark_log.committed())
         for batch in wal.batches(self.root):
             for path in wal.batch_files(self.root, batch):
-                self._hand_over(path)
+                if not wal.is_confirmed(path):
+                    self._confirm(path)
         self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
         self._keeper.start()
 
@@ -192,35 +199,48 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._confirm_up_to(int(end.get("batch", -1)))
 
     def _confirm_up_to(self, committed: int) -> None:
+        """Confirm the reads of every logged batch the sink has committed, then forget the batch.
+
+        A log file whose server could not take the confirm stays in the log, pending: it is tried
+        again at every planning and commit (and by a query restarted from the checkpoint)."""
         for batch in wal.batches(self.root):
             if batch > committed:
                 break
+            pending = 0
             for path in wal.batch_files(self.root, batch):
-                if path not in self.handed_over:
-                    self._confirm(path)
-                self.handed_over.discard(path)
-            wal.forget_batch(self.root, batch)
+                if wal.is_confirmed(path) or self._confirm(path):
+                    wal.forget_file(path)
+                else:
+                    pending += 1
+            if not pending:
+                wal.forget_batch(self.root, batch)
 
-    def _confirm(self, path: str) -> None:
-        """Confirm one log file's reads, over any connection to their server."""
+    def _confirm(self, path: str) -> bool:
+        """Confirm one log file's reads, over any connection to their server, and mark it so.
+
+        False when the server could not be asked (unreachable, shutting down, or failed less than a
+        second ago): the file stays as it was, to be tried again. Reads the server no longer holds
+        (a restart returned them, or autoAbortMs did; a read id from before a restart closes nothing,
+        as a server never hands out an id twice) had their items put back in the queue: they are
+        delivered again, and counted as possible duplicates in the log's `returned` file."""
         header, ids = wal.read_ids(path)
-        if not ids:
-            return
-        try:
-            closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
-        except KestrelClientError as e:
-            log.warning("confirm failed; the items return after autoAbortMs and are delivered again",
-                        server=header.server, items=len(ids), error=str(e))
-            return
-        if closed < len(ids):
-            log.warning("reads no longer open (a server restart or autoAbortMs returned them): their items "
-                        "are delivered again", server=header.server, items=len(ids) - closed)
-
-    def _hand_over(self, path: str) -> None:
-        """Confirm a logged batch's reads before Spark commits it: its items are safe in the log."""
-        if path not in self.handed_over:
-            self._confirm(path)
-            self.handed_over.add(path)
+        if ids:
+            server = self.cluster.server(header.server)
+            if server.seems_down:
+                return False
+            try:
+                closed = server.confirm(self.queue, set(ids))
+            except KestrelClientError as e:
+                log.warning("confirm failed; kept in the log and tried again at the next planning",
+                            server=header.server, items=len(ids), error=str(e))
+                return False
+            if closed < len(ids):
+                total = wal.count_returned(self.root, len(ids) - closed)
+                log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
+                            "items are delivered again", server=header.server, items=len(ids) - closed,
+                            returned_so_far=total)
+        wal.mark_confirmed(path)
+        return True
 
     def _keep_reads_alive(self) -> None:
         """Confirm in-flight reads at half their auto-abort time (their items are in the log)."""
@@ -229,11 +249,11 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with self.lock:
                 for batch in wal.batches(self.root):
                     for path in wal.batch_files(self.root, batch):
-                        if path in self.handed_over:
+                        if wal.is_confirmed(path):
                             continue
                         header, _ = wal.read_ids(path)
                         if time.time() - header.fetched_at > self.auto_abort_ms / 2000.0:
-                            self._hand_over(path)
+                            self._confirm(path)
 
     def stop(self) -> None:
         """Confirm what the sink committed. The reads of a batch it did not commit stay open: the

@@ -238,3 +238,73 @@ def test_record_rows_match_the_storage_reader_for_every_kind_of_record(tmp_path:
         expiry = getattr(record, "expiry", 0) or getattr(record, "expiry_s", 0) * 1000
         assert (row["expiry"].timestamp() * 1000 if row["expiry"] else 0) == pytest.approx(expiry)
         assert row["status"] == "ok" and row["queue"] == "q" and row["file"] == str(path)
+
+
+def _committed(checkpoint: Path, source_key: str, batch: int) -> None:
+    """What Spark writes once its sink committed `batch` (the source's offset names the batch)."""
+    (checkpoint / "offsets").mkdir(exist_ok=True)
+    (checkpoint / "commits").mkdir(exist_ok=True)
+    (checkpoint / "offsets" / str(batch)).write_text(
+        f'v1\n{{"batchWatermarkMs":0}}\n{{"source":"{source_key}","batch":{batch}}}\n')
+    (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
+
+
+def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: ServerProcess,
+                                                                    tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from client import Cluster, Server
+    from pipeline import wal
+    from pipeline.stream_source import KestrelStreamReader
+
+    address = f"127.0.0.1:{server.thrift_port}"
+    direct = Server("127.0.0.1", server.thrift_port)
+    direct.put("events", [b"%d" % i for i in range(20)])
+    checkpoint = tmp_path / "cp"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"q"}\n')
+    reader = KestrelStreamReader({"servers": address, "queue": "events", "checkpointLocation": str(checkpoint)})
+    reader.cluster = Cluster([address], timeout_ms=300)  # a stalled server answers nothing within this
+
+    def log_batch(batch: int, quota: int) -> str:
+        ids, items = take_open_reads(address, "events", quota, 60_000)
+        path = os.path.join(reader.root, str(batch), "part-0")
+        assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(ids)), ids, items)
+        _committed(checkpoint, reader.source_key, batch)
+        return path
+
+    # Stalled, not restarted: the confirm waits in the log and is tried again until the server answers.
+    first = log_batch(0, 10)
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        reader._confirm_up_to(reader.spark_log.committed())
+        assert os.path.exists(first) and not wal.is_confirmed(first)  # kept, not dropped
+        reader._confirm_up_to(reader.spark_log.committed())  # failed a moment ago: not asked again yet
+        assert os.path.exists(first)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while os.path.exists(first):
+        assert time.monotonic() < deadline, "the pending confirm was never retried"
+        time.sleep(0.05)
+        reader._confirm_up_to(reader.spark_log.committed())
+    assert direct.peek("events").items == 10 and direct.peek("events").open_transactions == 0
+    # The timed-out confirm had reached the stalled server, which closed the reads once resumed: the
+    # retry found none open and cannot tell that from a restart, so they count as possible duplicates.
+    assert wal.returned(reader.root) == 10
+
+    # Restarted meanwhile: the old ids close nothing; their items are back, counted as possible duplicates.
+    second = log_batch(1, 4)
+    server.stop()
+    reader._confirm_up_to(reader.spark_log.committed())
+    assert os.path.exists(second)
+    server.start()
+    while os.path.exists(second):
+        assert time.monotonic() < deadline + 10, "the pending confirm was never retried"
+        time.sleep(0.05)
+        reader._confirm_up_to(reader.spark_log.committed())
+    assert wal.returned(reader.root) == 10 + 4
+    assert direct.peek("events").items == 10  # the 4 came back beside the 6 never taken
+    reader.stop()
