@@ -295,7 +295,10 @@ def test_idle_stream_delivers_each_item_once_over_the_same_connections(spark: An
         .foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")).start()
     try:
         query.processAllAvailable()
-        time.sleep(1)  # the committed batch is confirmed at the next planning
+        deadline = time.monotonic() + 20
+        while waiting(server, "events") != (0, 0):  # the committed batch is confirmed at the next planning
+            assert time.monotonic() < deadline, "the committed batch was never confirmed"
+            time.sleep(0.05)
         before = connections_made(server)
         time.sleep(20)  # idle, four times the auto-abort time
         query.processAllAvailable()
@@ -363,7 +366,8 @@ spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "fal
 servers, checkpoint, out = sys.argv[1:4]
 def write(df, batch_id):
     df.write.mode("overwrite").parquet(f"{out}/{batch_id}")
-    time.sleep(1)
+    while batch_id == 1:  # written, never committed: the test kills this driver here
+        time.sleep(0.05)
 (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
  .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 20000)
  .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
@@ -427,6 +431,75 @@ def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server
     assert set(rows) == items
     print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
     assert len(rows) - len(items) <= 2 * 300  # documented: the batches whose reads the restart returned
+    assert waiting(server, "events") == (0, 0)
+
+
+def test_a_batch_slower_than_auto_abort_delivers_each_item_once(spark: Any, server: ServerProcess,
+                                                                 tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(600)}
+    put(server, "events", sorted(items))
+    cp = tmp_path / "cp"
+    sink = Sink()
+    open_at_end: list[tuple[int, int]] = []
+
+    def slow(df: Any, batch_id: int) -> None:
+        sink(df, batch_id)  # the rows are fetched, as open reads, and logged
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # longer than autoAbortMs (1 s) after the fetch
+            time.sleep(0.05)
+        open_at_end.append(waiting(server, "events"))
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=1000).writeStream \
+        .foreachBatch(slow).option("checkpointLocation", str(cp)).start()
+    try:
+        drained(query, server, timeout=30)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert sorted(rows) == sorted(items)  # each once: no read timed out and came back
+    assert open_at_end[0] == (300, 0)  # the first batch's reads were confirmed while it ran, not aborted
+    assert returned(cp) == 0
+
+
+def returned(checkpoint: Path) -> int:
+    """The stream source's count of possible duplicates (items whose reads had gone back when confirmed)."""
+    from pipeline import wal
+
+    return sum(wal.returned(str(root)) for root in (checkpoint / "kestrel").iterdir())
+
+
+def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: Any, server: ServerProcess,
+                                                                         tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(900)}
+    put(server, "events", sorted(items))
+    cp = tmp_path / "cp"
+    sink = Sink()
+
+    def write(df: Any, batch_id: int) -> None:
+        sink(df, batch_id)
+        if batch_id == 1:
+            server.stop()  # before Spark commits the batch: its confirm finds the server gone
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=20_000).writeStream \
+        .foreachBatch(write).option("checkpointLocation", str(cp)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (cp / "commits" / "1").exists():
+            assert time.monotonic() < deadline and query.exception() is None, "batch 1 was never committed"
+            time.sleep(0.05)
+        time.sleep(0.1)  # a planning or two with the server gone
+        assert [p.parent.name for p in cp.glob("kestrel/*/1/*")], "the pending confirm was dropped"
+        server.start()
+        drained(query, server, timeout=30)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert set(rows) == items
+    duplicates = len(rows) - len(items)
+    print(f"duplicates: {duplicates} of {len(items)}, counted: {returned(cp)}")
+    # The stop returned batch 1's open reads; their old ids closed nothing when the confirm was retried.
+    assert duplicates == returned(cp) == 300
+    assert not list(cp.glob("kestrel/*/1"))  # the retried confirm was answered and the batch forgotten
     assert waiting(server, "events") == (0, 0)
 
 
