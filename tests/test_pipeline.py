@@ -23,9 +23,24 @@ from contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ROOT, ServerProcess  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
 
+# Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
+# no web UI (no port to share between test processes), everything Spark writes under the test's
+# own temporary folder, and a stream that looks for new data every 50 ms.
+SPARK_SETTINGS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.driver.memory": "1g",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.python.unix.domain.socket.enabled": "true",
+    "spark.sql.streaming.pollingDelay": "50ms",
+}
+
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One SparkSession for every test of this process; safe beside other test processes."""
     if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -33,10 +48,13 @@ def spark() -> Iterator[Any]:
     os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("kestrel-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.streaming.pollingDelay", "50ms").getOrCreate())
+    own = tmp_path_factory.mktemp("spark")
+    builder = (SparkSession.builder.master("local[2]").appName("kestrel-tests")
+               .config("spark.local.dir", str(own / "local"))
+               .config("spark.sql.warehouse.dir", str(own / "warehouse")))
+    for key, value in SPARK_SETTINGS.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -358,12 +376,13 @@ def test_stopped_stream_resumes_with_every_item_once(spark: Any, server: ServerP
 
 
 DRIVER = """
-import sys, time
+import json, sys, time
 from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.pollingDelay", "50ms")
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC").getOrCreate())
-servers, checkpoint, out = sys.argv[1:4]
+servers, checkpoint, out, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+builder = SparkSession.builder.master("local[2]")
+for key, value in settings.items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
 def write(df, batch_id):
     df.write.mode("overwrite").parquet(f"{out}/{batch_id}")
     while batch_id == 1:  # written, never committed: the test kills this driver here
@@ -382,7 +401,8 @@ def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerPr
     items = {b"e%d" % i for i in range(1200)}
     put(server, "events", sorted(items))
     cp, out = tmp_path / "cp", tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out)],
+    settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out), json.dumps(settings)],
                               cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
