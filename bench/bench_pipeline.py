@@ -177,9 +177,12 @@ def _ready_batches() -> Any:
         def read(self, partition: InputPartition) -> Iterator[Any]:
             import pyarrow as pa
 
-            data = pa.array([b"j" * 1024] * 10_000, pa.binary())
+            from pipeline.journal_source import BYTES_PER_BATCH
+
+            per_batch = BYTES_PER_BATCH // 1024  # batches the size the journal source yields
+            data = pa.array([b"j" * 1024] * per_batch, pa.binary())
             batch = pa.RecordBatch.from_arrays([data], names=["data"])
-            for _ in range(self.rows // 4 // 10_000):
+            for _ in range(self.rows // 4 // per_batch):
                 yield batch
 
     class Source(DataSource):
