@@ -111,11 +111,17 @@ def split_points(path: str, max_bytes: int) -> list[tuple[int, int | None]]:
     return [(a, b) for a, b in zip(starts, starts[1:], strict=False)] + [(starts[-1], None)]
 
 
+# Arrow scalars, not Python numbers: pyarrow.compute converts a Python number by first trying to
+# import numpy, a search of sys.path on every call where numpy is not installed.
+_THOUSAND = pa.scalar(1000, pa.int64())
+_ZERO = pa.scalar(0, pa.int64())
+
+
 def _timestamps(ms: list[int]) -> Any:
     """Milliseconds since the epoch (0: no time, a null) as Spark's TimestampType in Arrow, built in
     bulk: the values multiplied in one call, the nulls a bitmap of the zeros."""
-    micros = pc.multiply(pa.array(ms, pa.int64()), 1000)
-    known = pc.not_equal(micros, 0)
+    micros = pc.multiply(pa.array(ms, pa.int64()), _THOUSAND)
+    known = pc.not_equal(micros, _ZERO)
     return pa.Array.from_buffers(TIMESTAMP, len(micros), [known.buffers()[1], micros.buffers()[1]])
 
 
@@ -191,8 +197,8 @@ class RecordColumns:
         """The Arrow batch, each column built in one call (no Python work per row)."""
         n = len(self.offsets)
         codes = pa.array(self.codes, pa.int8())
-        no_xid = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_XID).fill_null(False))
-        no_data = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_DATA).fill_null(False))
+        no_xid = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_XID))  # a damage row's null code: False
+        no_data = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_DATA))
         return pa.RecordBatch.from_arrays([
             pa.repeat(pa.scalar(queue, pa.string()), n), pa.repeat(pa.scalar(path, pa.string()), n),
             pa.array(self.offsets, pa.int64()), pc.take(KIND_NAMES, codes),
