@@ -74,8 +74,8 @@ JOURNAL_OPTIONS = [
 ]
 
 # A batch ends at whichever comes first. Spark takes batches of about a megabyte fastest: measured
-# on 1 KB records, batches of 10,000 rows (10 MB) took 2.7 s for 210 MB where 500 to 2,000 rows
-# took 0.7 to 0.8 s (bench/bench_pipeline.py, one session, best of five).
+# on 1 KB records in one local[2] session (best of five), batches of 10,000 rows (10 MB) took 2.7 s
+# for 210 MB where 500 to 2,000 rows took 0.7 to 0.8 s.
 ROWS_PER_BATCH = 10_000
 BYTES_PER_BATCH = 1 << 20
 TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType in Arrow
