@@ -61,6 +61,8 @@ CHECKPOINT_HELP = ("give the source the same path as the query's own checkpoint 
                    "of taken items there and reads Spark's commit log from there, and PySpark does not tell "
                    "a Python source where its query's checkpoint is")
 
+CONFIRM_RETRY_S = 1.0  # a server that failed a confirm is asked again no sooner (planning runs often)
+
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
     Option("queue", text),
@@ -111,6 +113,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
         self.cluster = Cluster(self.servers)
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
+        self._retry_at: dict[str, float] = {}  # per server: no confirm before this (monotonic) time
         self.lock = threading.Lock()
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
@@ -218,19 +221,20 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _confirm(self, path: str) -> bool:
         """Confirm one log file's reads, over any connection to their server, and mark it so.
 
-        False when the server could not be asked (unreachable, shutting down, or failed less than a
-        second ago): the file stays as it was, to be tried again. Reads the server no longer holds
-        (a restart returned them, or autoAbortMs did; a read id from before a restart closes nothing,
-        as a server never hands out an id twice) had their items put back in the queue: they are
-        delivered again, and counted as possible duplicates in the log's `returned` file."""
+        False when the server did not take it (unreachable, shutting down, refusing), or failed a
+        confirm less than CONFIRM_RETRY_S ago: the file stays as it was, to be tried again. Reads
+        the server no longer holds (a restart returned them, or autoAbortMs did; a read id from
+        before a restart closes nothing, as a server never hands out an id twice) had their items
+        put back in the queue: they are delivered again, and counted as possible duplicates in the
+        log's `returned` file."""
         header, ids = wal.read_ids(path)
         if ids:
-            server = self.cluster.server(header.server)
-            if server.seems_down:
+            if time.monotonic() < self._retry_at.get(header.server, 0.0):
                 return False
             try:
-                closed = server.confirm(self.queue, set(ids))
+                closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
             except KestrelClientError as e:
+                self._retry_at[header.server] = time.monotonic() + CONFIRM_RETRY_S
                 log.warning("confirm failed; kept in the log and tried again at the next planning",
                             server=header.server, items=len(ids), error=str(e))
                 return False
