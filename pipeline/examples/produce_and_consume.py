@@ -31,7 +31,7 @@ def main() -> None:
 
     spark = SparkSession.builder.master("local[2]").appName("kestrel-example") \
         .config("spark.ui.enabled", "false") \
-        .config("spark.python.unix.domain.socket.enabled", "true").getOrCreate()  # faster Python sources
+        .config("spark.python.unix.domain.socket.enabled", "true").getOrCreate()  # see README, Performance
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
 
