@@ -1,10 +1,11 @@
 """Where the server's time goes under load: perf's on-CPU samples, py-spy's Python frames, /proc.
 
-For each workload this starts our server (`sync_journal: never`) and drives it with bench/loadgen.c
-(4 clients, 128 B items). Over the first window it reads the server's user and system CPU time from
-/proc and, when `perf` is installed, records on-CPU call chains: kernel time is grouped by the system
-call that entered the kernel (send, recv, the journal's write, ...), user time by the library it ran
-in (the Python interpreter, thriftpy2's Cython codec, libc, gevent). Over the second window it
+For each workload this starts our server (`sync_journal: never`; `always` for thrift-durable) and
+drives it with bench/loadgen.c (4 clients, 16 for thrift-durable; 128 B items). Over the first
+window it reads the server's user and system CPU time from /proc and, when `perf` is installed,
+records on-CPU call chains: kernel time is grouped by the system call that entered the kernel (send,
+recv, the journal's write, ...), user time by the library it ran in (the Python interpreter,
+thriftpy2's Cython codec, libc, gevent). Over the second window it
 samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; it slows the server
 somewhat). py-spy samples wall time: a sample inside a C call lands on the Python frame that made
 it, and time spent runnable but off the CPU (on a busy machine, right after a send wakes a client)
@@ -38,10 +39,13 @@ WORKLOADS = {  # name: (port, loadgen options)
     "memcache": ("memcache", {"protocol": "memcache", "batch": 1}),
     "thrift-batch": ("thrift", {"protocol": "thrift", "batch": 100}),
     "thrift-batch-confirm": ("thrift", {"protocol": "thrift", "batch": 100, "auto_abort_ms": 10_000}),
+    "thrift-durable": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always"}),
 }
 
 # Innermost frame's file → what the time is spent on; the first match wins.
-IDLE_WORKER = re.compile(r"gevent/_threading\.py")  # a threadpool thread waiting for work: not server time
+# Threads off the event loop: a threadpool thread waiting for work, and the group commit's fsync
+# threads (waiting, or in an fsync that the loop does not wait for): not the server's serving time.
+IDLE_WORKER = re.compile(r"gevent/_threading\.py|^_serve \(.*storage/group_commit\.py")
 EVENT_LOOP = "event loop: epoll wait and libev dispatch"
 SOCKET = "socket send/recv (system calls)"
 CATEGORIES = [
@@ -118,9 +122,9 @@ def report(stacks: list[tuple[list[str], int]], top: int) -> None:
             inclusive[name] += count
     waiting = sum(by_category[name] for name in (SOCKET, EVENT_LOOP))
     rest = max(total - waiting, 1)
-    print(f"  py-spy: {total} samples ({idle} more of idle threadpool threads left out); by innermost frame "
-          f"(self), anywhere on the stack (incl.), and self as a share of the samples outside socket calls "
-          f"and the event loop (rest)")
+    print(f"  py-spy: {total} samples ({idle} more of threads off the event loop left out); by innermost "
+          f"frame (self), anywhere on the stack (incl.), and self as a share of the samples outside socket "
+          f"calls and the event loop (rest)")
     for name, count in by_category.most_common():
         share = "" if name in (SOCKET, EVENT_LOOP) else f"{100 * count / rest:5.1f}%  rest"
         print(f"    {100 * count / total:5.1f}%  self   {100 * inclusive[name] / total:5.1f}%  incl.  "
@@ -211,9 +215,10 @@ def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, A
 
 def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int) -> None:
     port_name, options = WORKLOADS[name]
-    with peers.kestrel(work) as server:
+    clients, sync = options.get("clients", 4), str(options.get("sync", "never"))
+    with peers.kestrel(work, sync) as server:
         load = subprocess.Popen(
-            [str(binary), str(options["protocol"]), str(server[port_name]), "-c", "4", "-b",
+            [str(binary), str(options["protocol"]), str(server[port_name]), "-c", str(clients), "-b",
              str(options["batch"]), "-a", str(options.get("auto_abort_ms", 0)), "-s", "128",
              "-t", str(2 * seconds + 2), "-q", name],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -228,7 +233,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
         out, err = load.communicate()
         syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
-    print(f"\n## {name}: 4 clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: never`")
+    print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: {sync}`")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
     print(f"  load (the second half under py-spy): {load_line}")
     user, system = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))

@@ -12,7 +12,14 @@ It needs only the Thrift contract (`contract`), thriftpy2 and kazoo, not the ser
 
 from client.cluster import Cluster
 from client.discovery import ServerSource, StaticServers, ZooKeeperServerSets, member_address, parse_address
-from client.errors import KestrelClientError, NoServers, Refused, ServerSetsUnavailable, ServerUnavailable
+from client.errors import (
+    KestrelClientError,
+    NoServers,
+    Refused,
+    ServerClosing,
+    ServerSetsUnavailable,
+    ServerUnavailable,
+)
 from client.server import Server
 
 __all__ = [
@@ -21,6 +28,7 @@ __all__ = [
     "NoServers",
     "Refused",
     "Server",
+    "ServerClosing",
     "ServerSetsUnavailable",
     "ServerSource",
     "ServerUnavailable",

@@ -16,6 +16,16 @@ class ServerUnavailable(KestrelClientError, ConnectionError):
         self.reason = reason
 
 
+class ServerClosing(ServerUnavailable):
+    """Raised when a server answered that the queue is closed: it is shutting down (a server closes
+    its queues before its listeners), so the call belongs on another server, or on this one once it
+    is back."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(address, f"shutting down ({message})")
+        self.message = message
+
+
 class Refused(KestrelClientError):
     """Raised when a server answered with an error: its status, a bad queue name, a limit."""
 
@@ -36,3 +46,14 @@ class NoServers(KestrelClientError):
 
 class ServerSetsUnavailable(KestrelClientError):
     """Raised when the ZooKeeper ensemble holding the server sets cannot be reached at start."""
+
+
+def refusal(address: str, message: str) -> KestrelClientError:
+    """The error for a server's error reply: ServerClosing for a closed queue, else Refused.
+
+    Kestrel answers a call on a queue it has closed (during shutdown) with "queue 'name' is
+    closed"; that is a server going away, not a refusal of the call itself.
+    """
+    if message.endswith(" is closed"):
+        return ServerClosing(address, message)
+    return Refused(address, message)

@@ -15,7 +15,7 @@ from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
-from client.errors import Refused, ServerUnavailable
+from client.errors import ServerClosing, ServerUnavailable, refusal
 from contract import kestrel_thrift
 
 # What a lost or unreachable server looks like from here.
@@ -42,7 +42,8 @@ class Server:
     A call on a pooled connection that turns out to be dead is repeated once on a new connection
     (the server may have restarted since); any other connection failure raises ServerUnavailable
     and marks the server down for `retry_after` seconds, which a Cluster uses to try it last.
-    An error the server answers with raises Refused.
+    An error the server answers with raises Refused, except a closed queue (the server is shutting
+    down), which raises ServerClosing, a ServerUnavailable, and marks the server down too.
     """
 
     def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
@@ -112,8 +113,13 @@ class Server:
             try:
                 result = getattr(conn.client, method)(*args)
             except TApplicationException as e:
-                self._give_back(conn)
-                raise Refused(self.address, e.message or str(e)) from None
+                error = refusal(self.address, e.message or str(e))
+                if isinstance(error, ServerClosing):
+                    conn.close()
+                    self.down_until = time.monotonic() + self.retry_after
+                else:
+                    self._give_back(conn)
+                raise error from None
             except CONNECTION_ERRORS as e:
                 conn.close()
                 if reused and attempt == 1 and not isinstance(e, socket.timeout):

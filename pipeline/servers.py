@@ -4,9 +4,9 @@ What is the pipeline's own:
 - `parse_servers`: the `servers` option, checked strictly before anything is done (a stray comma, a
   bad port or a server listed twice fails the job, naming the option).
 - `with_retries`: the documented back-off on top of the client. The client repeats a call once on a
-  new connection when a pooled one turns out dead; on top of that, connection-level failures (an
-  unreachable server, or one shutting down, which refuses calls with "queue ... is closed") are
-  retried `retries` times, waiting `backoff_ms`, then twice as long, up to 10 s.
+  new connection when a pooled one turns out dead; on top of that, a server that is unreachable or
+  shutting down (the client's ServerUnavailable, ServerClosing included) is retried `retries` times,
+  waiting `backoff_ms`, then twice as long, up to 10 s.
 - `take_open_reads`: a server caps the open reads of one connection on one queue
   (`max_open_reads`), and Thrift open reads outlive their connection, so each `get` of a fetch goes
   over a connection of its own.
@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import structlog
 
-from client import KestrelClientError, NoServers, Refused, Server, ServerUnavailable, parse_address
+from client import KestrelClientError, NoServers, Server, ServerUnavailable, parse_address
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -59,11 +59,9 @@ def fresh_connections(address: str) -> Server:
 
 
 def retryable(error: BaseException) -> bool:
-    """A connection-level failure, or a server refusing calls because it is shutting down."""
+    """A server unreachable or shutting down (on every server tried, for a NoServers)."""
     if isinstance(error, ServerUnavailable):
         return True
-    if isinstance(error, Refused):
-        return error.message.endswith(" is closed")
     if isinstance(error, NoServers):
         return any(retryable(e) for e in error.errors)
     return False

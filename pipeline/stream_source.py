@@ -9,14 +9,21 @@ How a micro-batch lives:
    batch reads the log instead of the servers, so it yields the same rows.
 3. Committing: once Spark's commit log shows the batch committed by the sink (checked at every
    planning, so an idle stream commits too) or Spark calls `commit`, its read ids are confirmed.
-   Open reads never time out while their batch is in flight: reads older than half of
-   `autoAbortMs` are confirmed early, their items already safe in the log.
+   A confirm the server could not take stays pending in the log and is tried again at the next
+   planning or commit, never dropped.
+
+Reads in flight are handed to the log, not renewed: Kestrel has no call that extends an open read,
+so reads older than half of `autoAbortMs` are confirmed early, their items already safe in the log
+(a replay of the batch reads them from there). No read of a live batch times out and comes back,
+however long the sink takes.
 
 A server's read ids are unique for the life of its queue directory, so logged ids are confirmed
 over any connection to their server, by whichever query runs from the checkpoint: a query restarted
 after a stop or a driver kill confirms the batches the sink committed, and confirms at once the
-logged reads of the batch it replays (their rows come from the log). Ids from before a server
-restart close nothing: the restart returned their items to the queue, and they are delivered again.
+logged reads of the batch it replays (their rows come from the log). An id from before a server
+restart closes nothing (the restarted server never hands it out again): the restart returned its
+item to the queue, the item is delivered again, and the shortfall of the confirm is counted as
+possible duplicates (`<checkpoint>/kestrel/<source>/returned`).
 """
 
 from __future__ import annotations
@@ -45,10 +52,21 @@ from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
+# PySpark (4.3 included) gives a Python streaming source neither its query's checkpoint location nor
+# any other per-query directory (the JVM's toMicroBatchStream(checkpointLocation) drops it), so the
+# location comes again as an option.
+CHECKPOINT_HELP = ("give the source the same path as the query's own checkpoint location, "
+                   "readStream.format('kestrel').option('checkpointLocation', path) and "
+                   "writeStream.option('checkpointLocation', path): the source keeps its write-ahead log "
+                   "of taken items there and reads Spark's commit log from there, and PySpark does not tell "
+                   "a Python source where its query's checkpoint is")
+
+CONFIRM_RETRY_S = 1.0  # a server that failed a confirm is asked again no sooner (planning runs often)
+
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
     Option("queue", text),
-    Option("checkpointLocation", text, doc="the query's checkpoint location (the log goes there)"),
+    Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
     Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
@@ -80,8 +98,9 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
 
 class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
-        o = parse_options(options, STREAM_OPTIONS, "kestrel stream",
-                          required=("servers", "queue", "checkpointLocation"))
+        o = parse_options(options, STREAM_OPTIONS, "kestrel stream", required=("servers", "queue"))
+        if o["checkpointLocation"] is None:
+            raise ValueError(f"kestrel stream: option 'checkpointLocation' is required: {CHECKPOINT_HELP}")
         self.servers = parse_servers(o["servers"])
         self.queue: str = o["queue"]
         self.max_per_trigger: int | None = o["maxItemsPerTrigger"]
@@ -93,8 +112,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.root = os.path.join(self.checkpoint, "kestrel", self.source_key)
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
         self.cluster = Cluster(self.servers)
-        self.handed_over: set[str] = set()  # log files whose ids were confirmed before commit
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
+        self._retry_at: dict[str, float] = {}  # per server: no confirm before this (monotonic) time
         self.lock = threading.Lock()
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
@@ -129,11 +148,12 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
             raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
-                             f"Spark checkpoint: give the source the query's own checkpointLocation")
+                             f"Spark checkpoint, so it is not this query's: {CHECKPOINT_HELP}")
         self._confirm_up_to(self.spark_log.committed())
         for batch in wal.batches(self.root):
             for path in wal.batch_files(self.root, batch):
-                self._hand_over(path)
+                if not wal.is_confirmed(path):
+                    self._confirm(path)
         self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
         self._keeper.start()
 
@@ -182,35 +202,49 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._confirm_up_to(int(end.get("batch", -1)))
 
     def _confirm_up_to(self, committed: int) -> None:
+        """Confirm the reads of every logged batch the sink has committed, then forget the batch.
+
+        A log file whose server could not take the confirm stays in the log, pending: it is tried
+        again at every planning and commit (and by a query restarted from the checkpoint)."""
         for batch in wal.batches(self.root):
             if batch > committed:
                 break
+            pending = 0
             for path in wal.batch_files(self.root, batch):
-                if path not in self.handed_over:
-                    self._confirm(path)
-                self.handed_over.discard(path)
-            wal.forget_batch(self.root, batch)
+                if wal.is_confirmed(path) or self._confirm(path):
+                    wal.forget_file(path)
+                else:
+                    pending += 1
+            if not pending:
+                wal.forget_batch(self.root, batch)
 
-    def _confirm(self, path: str) -> None:
-        """Confirm one log file's reads, over any connection to their server."""
+    def _confirm(self, path: str) -> bool:
+        """Confirm one log file's reads, over any connection to their server, and mark it so.
+
+        False when the server did not take it (unreachable, shutting down, refusing), or failed a
+        confirm less than CONFIRM_RETRY_S ago: the file stays as it was, to be tried again. Reads
+        the server no longer holds (a restart returned them, or autoAbortMs did; a read id from
+        before a restart closes nothing, as a server never hands out an id twice) had their items
+        put back in the queue: they are delivered again, and counted as possible duplicates in the
+        log's `returned` file."""
         header, ids = wal.read_ids(path)
-        if not ids:
-            return
-        try:
-            closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
-        except KestrelClientError as e:
-            log.warning("confirm failed; the items return after autoAbortMs and are delivered again",
-                        server=header.server, items=len(ids), error=str(e))
-            return
-        if closed < len(ids):
-            log.warning("reads no longer open (a server restart or autoAbortMs returned them): their items "
-                        "are delivered again", server=header.server, items=len(ids) - closed)
-
-    def _hand_over(self, path: str) -> None:
-        """Confirm a logged batch's reads before Spark commits it: its items are safe in the log."""
-        if path not in self.handed_over:
-            self._confirm(path)
-            self.handed_over.add(path)
+        if ids:
+            if time.monotonic() < self._retry_at.get(header.server, 0.0):
+                return False
+            try:
+                closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
+            except KestrelClientError as e:
+                self._retry_at[header.server] = time.monotonic() + CONFIRM_RETRY_S
+                log.warning("confirm failed; kept in the log and tried again at the next planning",
+                            server=header.server, items=len(ids), error=str(e))
+                return False
+            if closed < len(ids):
+                total = wal.count_returned(self.root, len(ids) - closed)
+                log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
+                            "items are delivered again", server=header.server, items=len(ids) - closed,
+                            returned_so_far=total)
+        wal.mark_confirmed(path)
+        return True
 
     def _keep_reads_alive(self) -> None:
         """Confirm in-flight reads at half their auto-abort time (their items are in the log)."""
@@ -219,11 +253,11 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with self.lock:
                 for batch in wal.batches(self.root):
                     for path in wal.batch_files(self.root, batch):
-                        if path in self.handed_over:
+                        if wal.is_confirmed(path):
                             continue
                         header, _ = wal.read_ids(path)
                         if time.time() - header.fetched_at > self.auto_abort_ms / 2000.0:
-                            self._hand_over(path)
+                            self._confirm(path)
 
     def stop(self) -> None:
         """Confirm what the sink committed. The reads of a batch it did not commit stay open: the

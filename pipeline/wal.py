@@ -6,7 +6,9 @@ not at all (written aside, fsynced, then hard-linked into place: the first write
 
 Layout: `<checkpoint>/kestrel/<source>/<batch>/<partition>`; a file is a magic line, a JSON header
 line (server, fetch time, count), the read ids (int64 each), then each item as a
-uint32 length and its bytes.
+uint32 length and its bytes. An empty `<partition>.confirmed` beside it says its reads were
+confirmed; `<checkpoint>/kestrel/<source>/returned` counts the items delivered again because their
+reads had gone back to the queue when they were confirmed.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
 the sink has committed, since Spark tells a source only when it plans the next batch.
@@ -14,6 +16,7 @@ the sink has committed, since Spark tells a source only when it plans the next b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +28,8 @@ from typing import Any
 from storage.journal import fsync_dir
 
 MAGIC = b"KESTREL-WAL 1\n"
+CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
+RETURNED = "returned"  # in the source's folder: items delivered again, counted
 _LEN = struct.Struct("<I")
 
 
@@ -108,11 +113,51 @@ def batch_files(root: str, batch: int) -> list[str]:
     folder = os.path.join(root, str(batch))
     if not os.path.isdir(folder):
         return []
-    return [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if not n.endswith(".tmp")]
+    names = sorted(os.listdir(folder))
+    return [os.path.join(folder, n) for n in names if not n.endswith((".tmp", CONFIRMED))]
+
+
+def mark_confirmed(path: str) -> None:
+    """Note that a file's reads were confirmed (its rows stay, for a replay of its batch), so that
+    no later planning or restarted query confirms them again."""
+    with open(path + CONFIRMED, "wb"):
+        pass
+
+
+def is_confirmed(path: str) -> bool:
+    return os.path.exists(path + CONFIRMED)
+
+
+def forget_file(path: str) -> None:
+    """Drop one file of a committed batch whose reads are confirmed (the rest of it is pending)."""
+    for name in (path, path + CONFIRMED):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
 
 
 def forget_batch(root: str, batch: int) -> None:
     shutil.rmtree(os.path.join(root, str(batch)), ignore_errors=True)
+
+
+def count_returned(root: str, items: int) -> int:
+    """Add to the source's count of items delivered again because their reads had returned to the
+    queue when confirmed (possible duplicates); returns the new total."""
+    path = os.path.join(root, RETURNED)
+    total = returned(root) + items
+    os.makedirs(root, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="ascii") as f:
+        f.write(f"{total}\n")
+    os.replace(path + ".tmp", path)
+    return total
+
+
+def returned(root: str) -> int:
+    """The source's count of possible duplicates so far (see count_returned)."""
+    try:
+        with open(os.path.join(root, RETURNED), encoding="ascii") as f:
+            return int(f.read().strip() or 0)
+    except FileNotFoundError:
+        return 0
 
 
 class SparkCommitLog:

@@ -33,4 +33,5 @@ def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> Liste
         return [body]
 
     wsgi = WSGIServer(listener, app, log=None, environ={"SERVER_NAME": listener[0]})
-    return Listener("admin", listener, wsgi.handle, server.config.max_connections)
+    return Listener("admin", listener, wsgi.handle, server.config.max_connections,
+                    server.config.tcp_keepalive)

@@ -37,7 +37,14 @@ class AutoAborts:
 
     def add(self, read_id: int, seconds: float) -> None:
         """Abort `read_id` after `seconds`, unless it is closed by then."""
-        deadline = self.runtime.clock.monotonic() + seconds
+        self.add_at(read_id, self.deadline_after(seconds))
+
+    def deadline_after(self, seconds: float) -> float:
+        return self.runtime.clock.monotonic() + seconds
+
+    def add_at(self, read_id: int, deadline: float) -> None:
+        """Abort `read_id` at `deadline` (the runtime clock's monotonic seconds). The reads of one
+        batch share one deadline, so they come due, and go back to the head, together."""
         deadlines = self.deadlines
         heapq.heappush(deadlines, (deadline, read_id))
         if len(deadlines) > 2 * len(self.open_ids) + SLACK:

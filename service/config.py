@@ -114,6 +114,7 @@ class ServerConfig:
     max_line_length: int = 64 * 1024
     max_connections: int = 100_000
     client_timeout: int | None = None  # ms a connection may sit idle between requests; None = forever
+    tcp_keepalive: int | None = 60_000  # ms of silence before TCP probes a client's machine; None = off
     request_timeout: int = 30_000  # ms to receive the rest of a request once its first byte arrived
     max_wait: int = 300_000  # ms cap on any blocking read (get/t=, monitor, Thrift timeout_msec)
     max_batch_items: int = 100_000  # items in one put call or text put block
@@ -150,6 +151,7 @@ _PARSERS: dict[str, Any] = {
     "max_line_length": parse_size,
     "max_connections": parse_count,
     "client_timeout": parse_optional_duration_ms,
+    "tcp_keepalive": parse_optional_duration_ms,
     "request_timeout": parse_duration_ms,
     "max_wait": parse_duration_ms,
     "max_batch_items": parse_count,

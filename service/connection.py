@@ -154,4 +154,5 @@ def make_line_server(connection: type[BufferedConnection], server: KestrelServer
         finally:
             sock.close()
 
-    return Listener(connection.protocol, listener, handle, server.config.max_connections)
+    return Listener(connection.protocol, listener, handle, server.config.max_connections,
+                    server.config.tcp_keepalive)

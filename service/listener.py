@@ -4,6 +4,10 @@ of file descriptors, and a shutdown that answers what is in flight and closes wh
 Out of descriptors (EMFILE, ENFILE), `accept` fails until some connection closes. The loop then backs
 off (10 ms doubling to half a second), logs one warning per interval with the number of refused
 attempts, and picks up the clients waiting in the backlog as soon as descriptors return.
+
+A client whose machine vanished (power cut, a dropped route) sends no FIN: without TCP keepalive its
+connection, its waits and its open memcache reads would stay until `client_timeout`, which is
+unlimited by default. So every accepted connection is probed once idle for `tcp_keepalive`.
 """
 
 from __future__ import annotations
@@ -34,13 +38,29 @@ MAX_BACKOFF = 0.5
 WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exhausted
 
 
+KEEPALIVE_PROBES = 3
+
+
+def set_keepalive(sock: gsocket, idle_ms: int) -> None:
+    """Probe the peer after `idle_ms` of silence, then every third of that; after KEEPALIVE_PROBES
+    unanswered probes the kernel resets the connection, so a vanished client is noticed within
+    twice `idle_ms` and its session closed (its open reads go back to their queues)."""
+    idle = max(1, idle_ms // 1000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's keepalive timing applies
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // KEEPALIVE_PROBES))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+
+
 class Listener:
     """Accepts clients on one port and runs `handle(sock, address)` for each in a bounded pool."""
 
     def __init__(self, name: str, address: tuple[str, int], handle: Handler, max_connections: int,
-                 warn_interval: float = WARN_INTERVAL) -> None:
+                 keepalive_ms: int | None = None, warn_interval: float = WARN_INTERVAL) -> None:
         self.name = name
         self.handle = handle
+        self.keepalive_ms = keepalive_ms
         self.pool = Pool(max_connections)
         self.warn_interval = warn_interval
         self.socket = gsocket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
@@ -106,6 +126,8 @@ class Listener:
 
     def _serve(self, sock: gsocket, address: tuple[str, int]) -> None:
         try:
+            if self.keepalive_ms is not None:
+                set_keepalive(sock, self.keepalive_ms)
             self.handle(sock, address)
         except OSError:
             pass  # the client went away; the handler has closed its session

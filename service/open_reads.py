@@ -76,12 +76,17 @@ class ReadsById:
         self._reads: dict[int, OpenRead] = {}
         self.auto_aborts = AutoAborts(self._reads, self._auto_abort, collection.runtime)
 
-    def open(self, reads: OpenReads, queue: str, xid: int, auto_abort_ms: int) -> int:
-        """Open a read of `xid` for the connection holding `reads`; its id."""
-        read_id = self.ids.next()
-        self._reads[read_id] = reads.open(queue, xid, read_id)
-        self.auto_aborts.add(read_id, auto_abort_ms / 1000.0)
-        return read_id
+    def open_many(self, reads: OpenReads, queue: str, xids: list[int], auto_abort_ms: int) -> list[int]:
+        """Open reads of `xids` for the connection holding `reads`, all due to abort at the same
+        moment; their ids."""
+        deadline = self.auto_aborts.deadline_after(auto_abort_ms / 1000.0)
+        read_ids = []
+        for xid in xids:
+            read_id = self.ids.next()
+            self._reads[read_id] = reads.open(queue, xid, read_id)
+            self.auto_aborts.add_at(read_id, deadline)
+            read_ids.append(read_id)
+        return read_ids
 
     def _take(self, read_ids: list[int] | set[int], queue: str | None = None) -> dict[str, list[int]]:
         """Remove the open reads among `read_ids` (of `queue` only, if given), newest first so that

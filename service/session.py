@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import gevent
@@ -24,6 +26,7 @@ from storage.errors import KestrelError
 from storage.filenames import check_queue_name
 
 log = structlog.get_logger("kestrel.session")
+_DATA = attrgetter("data")
 
 
 class SessionError(KestrelError):
@@ -118,9 +121,9 @@ class Session:
     # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
 
     def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
-                  auto_abort_ms: int = 0) -> list[tuple[int, bytes]]:
-        """Up to `max_items` (at most `max_batch_items`), waiting up to `timeout_ms` (at most
-        `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
+                  auto_abort_ms: int = 0) -> list[tuple[bytes, int]]:
+        """Up to `max_items` (at most `max_batch_items`) as (data, id), waiting up to `timeout_ms` (at
+        most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
         `max_open_reads` open reads on each queue, as Kestrel counts them."""
         self.status.check_read("get")
         config = self.server.config
@@ -142,9 +145,10 @@ class Session:
         else:
             self.stats.get_misses += 1
         if not transaction:
-            return [(0, item.data) for item in items]
-        by_id = self.server.reads_by_id
-        return [(by_id.open(self.reads, queue, item.xid, auto_abort_ms), item.data) for item in items]
+            return list(zip(map(_DATA, items), repeat(0)))
+        xids = [item.xid for item in items]
+        read_ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+        return list(zip(map(_DATA, items), read_ids, strict=True))
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""

@@ -56,11 +56,10 @@ class ThriftHandler:
         return self.session.put(_queue(queue_name), items or [], expiry)
 
     def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
-            auto_abort_msec: int | None) -> list[Any]:
-        got = self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                     auto_abort_msec or 0)
-        item = kestrel_thrift.Item
-        return [item(data=data, id=read_id) for read_id, data in got]
+            auto_abort_msec: int | None) -> list[tuple[bytes, int]]:
+        """Items as (data, id) tuples, the Item struct's fields in order (what the encoder takes)."""
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0)
 
     def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
         return self.session.confirm_ids(_queue(queue_name), set(ids or ()))
@@ -180,4 +179,4 @@ def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> List
         finally:
             sock.close()
 
-    return Listener("thrift", listener, handle, server.config.max_connections)
+    return Listener("thrift", listener, handle, server.config.max_connections, server.config.tcp_keepalive)

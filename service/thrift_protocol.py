@@ -10,6 +10,7 @@ No I/O here.
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ _DOUBLE_LE = struct.Struct("<d")
 _FIELD = struct.Struct("!bh")
 _STRING_FIELD = struct.Struct("!bhi")  # field header and length
 _I64_FIELD_STOP = struct.Struct("!bhqb")  # field header, value, end of struct
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _BINARY_VERSION = 0x80010000
 _COMPACT_ID = 0x82
 
@@ -447,11 +449,12 @@ class Writer:
         raise NotImplementedError
 
     def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings."""
+        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings; each
+        value is an object with those attributes or a tuple of the fields in order."""
         for value in values:
             self.write_struct_begin()
-            for fid, name, ftype in fields:
-                v = getattr(value, name)
+            for i, (fid, name, ftype) in enumerate(fields):
+                v = value[i] if isinstance(value, tuple) else getattr(value, name)
                 if v is not None:
                     self.write_field(ftype.ttype, fid)
                     self.write_value(ftype.ttype, v)
@@ -471,21 +474,32 @@ class BinaryWriter(Writer):
         self.out += _I8.pack(etype) + _I32.pack(count)
 
     def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        shape = [(ftype.ttype, fid, name) for fid, name, ftype in fields]
-        if len(shape) != 2 or (shape[0][0], shape[1][0]) != (STRING, I64):
-            super().write_flat_structs(fields, values)
-            return
-        # A binary string then an i64 (`get`'s Item): two packs per struct.
-        (_, fid1, name1), (_, fid2, name2) = shape
-        head, tail, out = _STRING_FIELD.pack, _I64_FIELD_STOP.pack, self.out
-        for value in values:
-            data, number = getattr(value, name1), getattr(value, name2)
-            if data is None or number is None or isinstance(data, str):
-                super().write_flat_structs(fields, [value])
-                continue
-            out += head(STRING, fid1, len(data))
-            out += data
-            out += tail(I64, fid2, number, STOP)
+        shape = [(ftype.ttype, fid) for fid, _, ftype in fields]
+        if len(shape) == 2 and (shape[0][0], shape[1][0]) == (STRING, I64) and isinstance(values, list):
+            # A binary string then an i64 (`get`'s Item), given as (bytes, int) tuples: every piece
+            # laid out by list operations and joined once; a header packed once per distinct size,
+            # and the i64 once when all are 0 (no auto-abort).
+            (_, fid1), (_, fid2) = shape
+            try:
+                datas = list(map(_FIRST, values))
+                numbers = list(map(_SECOND, values))
+                sizes = list(map(len, datas))
+                count = len(values)
+                parts: list[bytes] = [b""] * (3 * count)
+                if count and min(sizes) == max(sizes):
+                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, sizes[0])] * count
+                else:
+                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, n) for n in sizes]
+                parts[1::3] = datas
+                if any(numbers):
+                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, n, STOP) for n in numbers]
+                else:
+                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, 0, STOP)] * count
+                self.out += b"".join(parts)
+                return
+            except (TypeError, ValueError, IndexError, struct.error):
+                pass  # objects, strings or missing fields: nothing was written, take the general way
+        super().write_flat_structs(fields, values)
 
     def write_value(self, ttype: int, value: Any) -> None:
         out = self.out

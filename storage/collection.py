@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
+from typing import cast
 
 import structlog
 
@@ -17,8 +18,11 @@ from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, Jou
 from storage.filenames import check_queue_name
 from storage.item import QItem
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
+from storage.kestrel3_queue import Kestrel3Journals, Kestrel3Queue
 from storage.queue import PersistentQueue
 from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
+
+Queue = PersistentQueue | Kestrel3Queue
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -82,7 +86,8 @@ class QueueCollection:
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
-        self._queues: dict[str, PersistentQueue] = {}
+        self._queues: dict[str, Queue] = {}
+        self._kestrel3 = Kestrel3Journals(path, runtime)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
         self.total_items_added = 0
@@ -121,10 +126,10 @@ class QueueCollection:
             log.warning("more queues on disk than max_queues; no new queue can be created",
                         queues=len(self._queues), max_queues=self.max_queues)
 
-    def get(self, name: str) -> PersistentQueue | None:
+    def get(self, name: str) -> Queue | None:
         return self._queues.get(name)
 
-    def queue(self, name: str) -> PersistentQueue:
+    def queue(self, name: str) -> Queue:
         """The queue called `name`, created (and its journal replayed) on first reference.
 
         Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
@@ -137,19 +142,30 @@ class QueueCollection:
         with self._lock:
             return self._create(name, None)
 
-    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
-        q = self._queues.get(name)
-        if q is not None:
-            return q
+    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> Queue:
+        existing = self._queues.get(name)
+        if existing is not None:
+            return existing
         parent_name, plus, _ = name.partition("+")
         if plus:
             self._create(parent_name, scanned)
+            existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
+            if existing is not None:
+                return existing
         if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         config = self.config_for(name)
-        q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                            salvage=self.salvage, runtime=self.runtime)
+        q: Queue
+        if self.config_for(parent_name).journal_format == "kestrel3":
+            # A fanout child of a Kestrel 3 queue is a reader of its parent's one writer journal.
+            q = Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                              journals=self._kestrel3)
+        else:
+            # Expired items may move to a queue of either kind: both have the same `add`.
+            expire_to = cast("Callable[[str], PersistentQueue | None]", self._expire_target)
+            q = PersistentQueue(name, self.path, config, self.clock, expire_to=expire_to,
+                                salvage=self.salvage, runtime=self.runtime)
         q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
@@ -168,6 +184,9 @@ class QueueCollection:
             self._fanouts.setdefault(parent_name, set()).add(name)
         self.queue_creates += 1
         log.info("queue created", queue=name, items=q.length)
+        if isinstance(q, Kestrel3Queue) and not plus:
+            for reader in q.reader_names_on_disk():
+                self._create(f"{name}+{reader}", scanned)
         return q
 
     def config_for(self, name: str) -> QueueConfig:
@@ -177,7 +196,7 @@ class QueueCollection:
             config = replace(config, keep_journal=False)
         return config
 
-    def _expire_target(self, name: str) -> PersistentQueue | None:
+    def _expire_target(self, name: str) -> Queue | None:
         try:
             return self.queue(name)
         except InvalidQueueName:
@@ -235,6 +254,10 @@ class QueueCollection:
             return len(items)
         q = self.queue(name)
         now = self.clock.now_ms()
+        if isinstance(q, Kestrel3Queue):  # one write, read by the queue and its fanout children
+            accepted = q.fan_out(items, expiry_ms, now)
+            self.total_items_added += accepted
+            return accepted
         for child in self.fanout_children(name):
             cq = self._queues.get(child)
             if cq is not None:

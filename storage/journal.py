@@ -16,7 +16,8 @@ import structlog
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
-from storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
+from storage.group_commit import GROUP_COMMIT
+from storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -339,8 +340,9 @@ def record_timing(event: str, started: float) -> None:
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
 
-    `sync_ms` 0: every append waits for an fsync covering it; writers that arrive while one fsync
-    runs share the next (group commit). N > 0: an fsync at most every N ms after a write.
+    `sync_ms` 0: every append waits for an fsync covering it, in the next round of the group commit
+    (`storage/group_commit.py`), which every journal with unsynced records shares. N > 0: an fsync
+    at most every N ms after a write.
     None: never fsync (records still reach the OS on every append, so a process crash loses
     nothing; a power cut may).
     """
@@ -354,9 +356,9 @@ class JournalWriter:
             self.size = os.stat(path).st_size
         except FileNotFoundError:
             self.size = 0
-        self._synced = self.size
+        self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
-        self._syncing: Event | None = None
+        self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
     def open(self) -> None:
@@ -400,22 +402,32 @@ class JournalWriter:
         """Wait as the sync policy requires for everything appended so far."""
         if self.sync_ms == 0:
             self.sync_to(self.size)
-        elif self.sync_ms is not None and self._timer is None and self._synced < self.size:
+        elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
             self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:
-        """Return once everything up to `position` is on disk, sharing fsyncs with other writers."""
-        while self._synced < position:
+        """Return once everything up to `position` is on disk (raises OSError when the fsync covering
+        it failed). Under gevent (the server) it shares an fsync round with every other journal;
+        with another runtime, writers of this journal share its next fsync."""
+        if self.synced >= position:
+            return
+        started = time.perf_counter()
+        if isinstance(self.runtime, GeventRuntime):
+            GROUP_COMMIT.sync(self, position)
+        else:
+            self._sync_alone(position)
+        record_timing("fsync", started)
+
+    def _sync_alone(self, position: int) -> None:
+        while self.synced < position:
             if self._syncing is not None:
                 self._syncing.wait()
                 continue
             done = self._syncing = self.runtime.event()
             target = self.size
             try:
-                started = time.perf_counter()
-                self.runtime.run_blocking(os.fsync, self.fd)  # the loop keeps serving meanwhile
-                record_timing("fsync", started)
-                self._synced = max(self._synced, target)
+                self.runtime.run_blocking(os.fdatasync, self.fd)  # the other tasks go on meanwhile
+                self.synced = max(self.synced, target)
             finally:
                 self._syncing = None
                 done.set()

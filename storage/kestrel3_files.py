@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from storage import journal
 from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.codec import Incomplete, Malformed
@@ -26,6 +27,7 @@ from storage.filenames import (
     writer_file_number,
 )
 from storage.journal import JournalWriter, fsync_dir
+from storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -104,6 +106,10 @@ class RecordReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def grow(self) -> None:
+        """See what was appended since the file was opened (a reader following the newest file)."""
+        self.size = os.fstat(self.fd).st_size
 
     def _have(self, want: int) -> bool:
         """Make `want` bytes from the current position available in the buffer, if the file has them."""
@@ -187,17 +193,26 @@ class Checkpoint:
 def read_checkpoint(path: str) -> Checkpoint:
     """A reader's checkpoint file (a missing file is a reader that consumed nothing).
 
-    The last READ_HEAD wins and READ_DONE records add up, as they would if appended one by one.
+    The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
+    final record (an append the process did not finish, so never acknowledged) is cut off.
     Raises CorruptJournalError.
     """
     if not os.path.exists(path):
         return Checkpoint()
     head, done = 0, set[int]()
-    for _offset, record in read_records(path, k3.FileKind.READER):
-        if isinstance(record, k3.ReadHead):
-            head = record.id
-        elif isinstance(record, k3.ReadDone):
-            done.update(record.ids)
+    reader = RecordReader(path, k3.FileKind.READER)
+    try:
+        for _offset, record in reader:
+            if isinstance(record, k3.ReadHead):
+                head = max(head, record.id)
+            elif isinstance(record, k3.ReadDone):
+                done.update(record.ids)
+        if reader.torn:
+            log.warning("torn record at the end of a reader checkpoint; cutting it off", file=path,
+                        offset=reader.offset, reason=reader.torn)
+            os.truncate(path, reader.offset)
+    finally:
+        reader.close()
     return Checkpoint(head, frozenset(done)).normalized()
 
 
@@ -219,11 +234,12 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Check
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        journal.write_all(fd, data)
         if sync:
             os.fsync(fd)
+    except OSError:
+        os.unlink(temporary)
+        raise
     finally:
         os.close(fd)
     os.replace(temporary, final)
@@ -283,16 +299,19 @@ class WriterJournal:
 
     Opening scans every writer file for its id range (ids must increase from file to file) and cuts a
     torn record off the newest one. `sync_ms` is the sync policy of storage.journal.JournalWriter.
+    New ids follow the newest file's, and `after_id` too: the files of consumed ids are deleted, so
+    the readers' checkpoints may be all that remembers how far ids went.
     """
 
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
         self.max_file_size = max_file_size
         self.sync_ms = sync_ms
         self.clock = clock
+        self.runtime = runtime
         self.files: list[WriterFile] = []
         found = list_queue_files(queue_path, queue).writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
@@ -302,12 +321,14 @@ class WriterJournal:
             info = scan_writer_file(number, path, last_id, last=i == len(found) - 1)
             last_id = info.last_id or last_id
             self.files.append(info)
-        self.tail_id = last_id
+        self.tail_id = max(last_id, after_id)
+        self.archived_size = sum(os.path.getsize(f.path) for f in self.files[:-1])
         self._writer: JournalWriter | None = None
         if self.files:
-            self._writer = JournalWriter(self.files[-1].path, sync_ms)
+            self._writer = JournalWriter(self.files[-1].path, sync_ms, runtime)
         else:
             self.rotate()
+            self.commit()
 
     @staticmethod
     def _rewrite_header(path: str) -> None:
@@ -326,33 +347,55 @@ class WriterJournal:
         assert self._writer is not None
         return self._writer.size
 
+    @property
+    def total_size(self) -> int:
+        """Bytes in every writer file."""
+        return self.archived_size + self.size
+
     def put(self, data: bytes, add_time: int, expire_time: int | None = None, error_count: int = 0) -> k3.Put:
         """Append one item under the next id and wait as the sync policy requires; return its record."""
-        record = k3.Put(self.tail_id + 1, error_count, add_time, expire_time, data)
-        encoded = k3.encode(record)
-        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
-            self.rotate()
-        assert self._writer is not None
-        self._writer.append(encoded)
-        self.tail_id = record.id
-        self.current.first_id = self.current.first_id or record.id
-        self.current.last_id = record.id
-        self._writer.commit()
+        (record,) = self.append([data], add_time, expire_time, error_count)
+        self.commit()
         return record
 
+    def append(self, items: list[bytes], add_time: int, expire_time: int | None = None,
+               error_count: int = 0) -> list[k3.Put]:
+        """Append items under the next ids with one write, without waiting for the sync policy
+        (`commit` does); never yields. Raises OSError (nothing was appended, no id taken)."""
+        records = [k3.Put(self.tail_id + 1 + i, error_count, add_time, expire_time, data)
+                   for i, data in enumerate(items)]
+        encoded = b"".join(map(k3.encode, records))
+        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
+            self.rotate()  # never yields: no other append can take these ids meanwhile
+        assert self._writer is not None
+        self._writer.append(encoded)
+        if records:
+            self.tail_id = records[-1].id
+            self.current.first_id = self.current.first_id or records[0].id
+            self.current.last_id = records[-1].id
+        return records
+
+    def commit(self) -> None:
+        """Wait as the sync policy requires for everything appended so far."""
+        if self._writer is not None:
+            self._writer.commit()
+
     def rotate(self) -> WriterFile:
-        """Close the current file and start the next one (an empty file holds just the header)."""
+        """Start the next file (an empty file holds just the header) without yielding to other
+        greenlets; the previous one is fsynced and closed in the background, and the header reaches
+        the disk with the next commit."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
         while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
             number += 1
-        if self._writer is not None:
-            self._writer.close()
-        self._writer = JournalWriter(path, self.sync_ms)
+        old = self._writer
+        self._writer = JournalWriter(path, self.sync_ms, self.runtime)
         self._writer.append(k3.WRITER_MAGIC)
-        self._writer.commit()
         self.files.append(WriterFile(number, path))
+        if old is not None:
+            self.archived_size += old.size
+            self.runtime.spawn(old.close)
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
 
@@ -364,11 +407,19 @@ class WriterJournal:
         lowest = min(heads, default=0)
         removed = []
         while len(self.files) > 1 and self.files[0].last_id <= lowest:
+            self.archived_size -= os.path.getsize(self.files[0].path)
             os.unlink(self.files[0].path)
             removed.append(self.files.pop(0).path)
         if removed:
             fsync_dir(self.queue_path)
         return removed
+
+    def reconfigure(self, max_file_size: int, sync_ms: int | None) -> None:
+        """New settings from a reload: the next rotation and the next commit follow them."""
+        self.max_file_size = max_file_size
+        self.sync_ms = sync_ms
+        if self._writer is not None:
+            self._writer.sync_ms = sync_ms
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -17,6 +17,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from itertools import repeat
+from operator import attrgetter
 
 import structlog
 
@@ -34,6 +36,8 @@ from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 from storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
+
+_EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
 
 
 class PersistentQueue:
@@ -404,10 +408,10 @@ class PersistentQueue:
     def _add_many(self, items: list[bytes], expiry: int, add_time: int | None) -> int:
         cfg = self.config
         now = self.clock.now_ms() if add_time is None else add_time
-        for data in items:
-            if len(data) > cfg.max_item_size:
-                raise ItemTooLarge(f"item of {len(data)} bytes is over max_item_size "
-                                   f"{cfg.max_item_size} of queue {self.name!r}")
+        if items and max(map(len, items)) > cfg.max_item_size:
+            size = next(n for n in map(len, items) if n > cfg.max_item_size)
+            raise ItemTooLarge(f"item of {size} bytes is over max_item_size "
+                               f"{cfg.max_item_size} of queue {self.name!r}")
         if self._rb is not None or (self._mem and self._mem[0].expiry):
             self._expire_head(now)
         if cfg.max_age:
@@ -419,8 +423,8 @@ class PersistentQueue:
                 and self.memory_bytes + size < cfg.max_memory_size):
             # All fit in memory with room to spare: no per-item limit checks (the common batch).
             if journaled:
-                self._journal.write_many([codec.encode_addx(now, expiry, data) for data in items])
-            self._mem.extend([QItem(now, expiry, data) for data in items])
+                self._journal.write(codec.encode_addx_many(now, expiry, items))
+            self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
             accepted = len(items)
             self.length += accepted
             self.bytes += size
@@ -470,7 +474,11 @@ class PersistentQueue:
 
     def _remove_many(self, count: int, transaction: bool) -> list[QItem]:
         now = self.clock.now_ms()
-        taken: list[QItem] = []
+        if not transaction and self._rb is None and not self._checkpoints and count > 1:
+            taken = self._take_plain(count, now)
+            if taken is not None:
+                return taken
+        taken = []
         while len(taken) < count:
             if self._rb is not None or (self._mem and self._mem[0].expiry):
                 self._expire_head(now)
@@ -487,6 +495,23 @@ class PersistentQueue:
             taken.append(item)
         if taken:
             self.current_age = max(0, now - taken[-1].add_time)
+        self._commit()
+        return taken
+
+    def _take_plain(self, count: int, now: int) -> list[QItem] | None:
+        """A batch get's items in one go when none of them can expire (the common batch), else None
+        and the queue as it was: no per-item checks, one REMOVE per item in one record string."""
+        mem = self._mem
+        taken = [mem.popleft() for _ in range(min(count, len(mem)))]
+        if not taken or any(map(_EXPIRY, taken)):
+            mem.extendleft(reversed(taken))
+            return None
+        size = sum(map(len, map(_DATA, taken)))
+        self.length -= len(taken)
+        self.bytes -= size
+        self.memory_bytes -= size
+        self._write(codec.REMOVE_BYTES * len(taken))
+        self.current_age = max(0, now - taken[-1].add_time)
         self._commit()
         return taken
 

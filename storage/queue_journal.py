@@ -269,6 +269,7 @@ class QueueJournal:
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
+        old.open()  # a live journal started by a rotation earlier in this change may not exist yet
         rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self.rotated.append((stamp, rotated))

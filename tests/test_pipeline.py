@@ -23,9 +23,24 @@ from contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ROOT, ServerProcess  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
 
+# Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
+# no web UI (no port to share between test processes), everything Spark writes under the test's
+# own temporary folder, and a stream that looks for new data every 50 ms.
+SPARK_SETTINGS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.driver.memory": "1g",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.python.unix.domain.socket.enabled": "true",
+    "spark.sql.streaming.pollingDelay": "50ms",
+}
+
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One SparkSession for every test of this process; safe beside other test processes."""
     if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -33,10 +48,13 @@ def spark() -> Iterator[Any]:
     os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("kestrel-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.streaming.pollingDelay", "50ms").getOrCreate())
+    own = tmp_path_factory.mktemp("spark")
+    builder = (SparkSession.builder.master("local[2]").appName("kestrel-tests")
+               .config("spark.local.dir", str(own / "local"))
+               .config("spark.sql.warehouse.dir", str(own / "warehouse")))
+    for key, value in SPARK_SETTINGS.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -295,7 +313,10 @@ def test_idle_stream_delivers_each_item_once_over_the_same_connections(spark: An
         .foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")).start()
     try:
         query.processAllAvailable()
-        time.sleep(1)  # the committed batch is confirmed at the next planning
+        deadline = time.monotonic() + 20
+        while waiting(server, "events") != (0, 0):  # the committed batch is confirmed at the next planning
+            assert time.monotonic() < deadline, "the committed batch was never confirmed"
+            time.sleep(0.05)
         before = connections_made(server)
         time.sleep(20)  # idle, four times the auto-abort time
         query.processAllAvailable()
@@ -355,15 +376,17 @@ def test_stopped_stream_resumes_with_every_item_once(spark: Any, server: ServerP
 
 
 DRIVER = """
-import sys, time
+import json, sys, time
 from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2").config("spark.sql.streaming.pollingDelay", "50ms")
-         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC").getOrCreate())
-servers, checkpoint, out = sys.argv[1:4]
+servers, checkpoint, out, settings = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+builder = SparkSession.builder.master("local[2]")
+for key, value in settings.items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
 def write(df, batch_id):
     df.write.mode("overwrite").parquet(f"{out}/{batch_id}")
-    time.sleep(1)
+    while batch_id == 1:  # written, never committed: the test kills this driver here
+        time.sleep(0.05)
 (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
  .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 20000)
  .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
@@ -378,7 +401,8 @@ def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerPr
     items = {b"e%d" % i for i in range(1200)}
     put(server, "events", sorted(items))
     cp, out = tmp_path / "cp", tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out)],
+    settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out), json.dumps(settings)],
                               cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
@@ -430,10 +454,83 @@ def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server
     assert waiting(server, "events") == (0, 0)
 
 
+def test_a_batch_slower_than_auto_abort_delivers_each_item_once(spark: Any, server: ServerProcess,
+                                                                 tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(600)}
+    put(server, "events", sorted(items))
+    cp = tmp_path / "cp"
+    sink = Sink()
+    open_at_end: list[tuple[int, int]] = []
+
+    def slow(df: Any, batch_id: int) -> None:
+        if batch_id > 3:  # two batches hold every item: fail the query rather than loop on returned reads
+            raise RuntimeError(f"batch {batch_id}: items keep coming back")
+        sink(df, batch_id)  # the rows are fetched, as open reads, and logged
+        started = time.monotonic()
+        while batch_id == 0 and time.monotonic() - started < 2.5:  # longer than autoAbortMs after the fetch
+            time.sleep(0.05)
+        open_at_end.append(waiting(server, "events"))
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=2000).writeStream \
+        .foreachBatch(slow).option("checkpointLocation", str(cp)).start()
+    try:
+        drained(query, server, timeout=30)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert sorted(rows) == sorted(items)  # each once: no read timed out and came back
+    assert open_at_end[0] == (300, 0)  # the first batch's reads were confirmed while it ran, not aborted
+    assert returned(cp) == 0
+
+
+def returned(checkpoint: Path) -> int:
+    """The stream source's count of possible duplicates (items whose reads had gone back when confirmed)."""
+    from pipeline import wal
+
+    return sum(wal.returned(str(root)) for root in (checkpoint / "kestrel").iterdir())
+
+
+def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: Any, server: ServerProcess,
+                                                                         tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(900)}
+    put(server, "events", sorted(items))
+    cp = tmp_path / "cp"
+    sink = Sink()
+
+    def write(df: Any, batch_id: int) -> None:
+        sink(df, batch_id)
+        if batch_id == 1:
+            server.stop()  # before Spark commits the batch: its confirm finds the server gone
+
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=20_000).writeStream \
+        .foreachBatch(write).option("checkpointLocation", str(cp)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (cp / "commits" / "1").exists():
+            assert time.monotonic() < deadline and query.exception() is None, "batch 1 was never committed"
+            time.sleep(0.05)
+        time.sleep(0.1)  # a planning or two with the server gone
+        assert [p.parent.name for p in cp.glob("kestrel/*/1/*")], "the pending confirm was dropped"
+        server.start()
+        drained(query, server, timeout=30)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert set(rows) == items
+    duplicates = len(rows) - len(items)
+    print(f"duplicates: {duplicates} of {len(items)}, counted: {returned(cp)}")
+    # The stop returned batch 1's open reads; their old ids closed nothing when the confirm was retried.
+    assert duplicates == returned(cp) == 300
+    assert not list(cp.glob("kestrel/*/1"))  # the retried confirm was answered and the batch forgotten
+    assert waiting(server, "events") == (0, 0)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
-    ({}, "option 'checkpointLocation' is required"),
-    ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint: give the source the query's own"),
+    ({}, "option 'checkpointLocation' is required: give the source the same path as the query's own "
+         "checkpoint location"),
+    ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint, so it is not this query's: give the "
+                                          "source the same path"),
 ])
 def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[str, str], message: str) -> None:
     reader = spark.readStream.format("kestrel").option("servers", "127.0.0.1:1").option("queue", "q")

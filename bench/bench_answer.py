@@ -1,0 +1,85 @@
+"""The Python cost of one Thrift put + get round, without sockets: `ThriftConnection.answer` on ready
+binary frames, against a real queue collection with its journal (`sync_journal: never`).
+
+CPU time (not wall time: on a shared machine other work stretches wall time, not our CPU time), the
+best of five runs. What it leaves out is the kernel's part (recv, send, the journal's write is in),
+so it isolates what Python changes can win; run it in two checkouts to compare code.
+
+    .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from bench.common import load_average, machine
+from service import metrics
+from service.config import from_mapping
+from service.logs import configure_logging
+from service.server import KestrelServer
+from service.thrift import ThriftConnection
+from tests.thrift_wire import encode_call
+
+
+class _NoSocket:
+    """`answer` never touches the socket; the connection only keeps it."""
+
+
+def measure(batch: int, items: int, profile: bool) -> None:
+    home = tempfile.mkdtemp(prefix="kestrel-answer-")
+    try:
+        server = KestrelServer(from_mapping({"queue_path": home}, home))
+        server.collection.load()
+        metrics.install_storage_timing()
+        conn: Any = ThriftConnection(server, _NoSocket(), "bench")
+        put = encode_call("binary", "put", queue_name="q", items=[bytes(128)] * batch, expiration_msec=0)
+        get = encode_call("binary", "get", queue_name="q", max_items=batch, timeout_msec=0, auto_abort_msec=0)
+
+        def rounds(n: int) -> None:
+            for _ in range(n):
+                conn.answer(conn._reader(put, len(put), len(put)))
+                conn.answer(conn._reader(get, len(get), len(get)))
+
+        n = max(items // batch // 5, 1)
+        rounds(n)  # warm up
+        best = min(_cpu(rounds, n) for _ in range(5))
+        print(f"| {batch} | {best / n * 1e6:,.1f} | {n * batch / best:,.0f} |", flush=True)
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(rounds, n)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+        server.collection.close()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _cpu(call: Any, n: int) -> float:
+    started = time.process_time()
+    call(n)
+    return time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 100])
+    parser.add_argument("--rounds", type=int, default=20000, help="items per measurement (default 20000)")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
+    args = parser.parse_args()
+    configure_logging("warning")
+    print(f"# put + get through ThriftConnection.answer, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, "
+          f"load average {load_average()}")
+    print("| items per request | CPU µs per put + get round | items/s of one core |")
+    print("| --- | --- | --- |")
+    for batch in args.batch:
+        measure(batch, args.rounds, args.profile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Group commit across journals: one fsync round at a time for every journal with unsynced records.
+
+A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown) asks for its
+journal to be in the next round and waits for that round. A round starts once the event-loop turn
+that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
+journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
+where fsyncs issued one after another each wait for a commit. They are issued on threads kept for
+it, one per journal in the round: C threads from `storage/_fsync_many.c` when it was built (the
+interpreter lock changes hands once per round), else Python threads. With `KESTREL_FSYNC=aio` they
+go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no thread, far less
+CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
+oversubscribed they wait for a turn far longer than our own threads do).
+Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
+exactly the waiters whose records that round covered; the other journals of the round are unaffected.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import gevent
+import gevent.event
+import structlog
+from gevent import monkey
+
+from storage.aio_fsync import AioFsync, AioUnsupported
+
+log = structlog.get_logger("kestrel.journal")
+
+# Real OS threads and locks, also where gevent has patched the thread module into greenlets.
+_start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_thread", "allocate_lock"])
+
+# Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
+# many journals, the rest of a round waits for a free thread.
+MAX_THREADS = 64
+# Native AIO instead of threads: `KESTREL_FSYNC=aio` in the environment (see the module's doc).
+NATIVE_AIO = os.environ.get("KESTREL_FSYNC") == "aio"
+
+
+class Syncable(Protocol):
+    """What a round needs of a journal: its descriptor and name, how far it is written and synced."""
+
+    path: str
+    fd: int
+    size: int
+    synced: int
+
+
+class FsyncMany(Protocol):
+    """Issues a round's fsyncs concurrently: for each descriptor, None or the error of its fsync."""
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]: ...
+
+
+class _Worker:
+    """One OS thread that fsyncs a descriptor each time it is handed one (no event loop of its own:
+    it takes the interpreter lock only to start and to report)."""
+
+    def __init__(self, idle: list[_Worker]) -> None:
+        self._idle = idle
+        self._go = _allocate_lock()
+        self._go.acquire()  # released by `hand`
+        self._job: tuple[Callable[[int], None], int, int, Callable[[int, OSError | None], None]] | None = None
+        _start_new_thread(self._serve, ())
+
+    def hand(self, fsync: Callable[[int], None], fd: int, index: int,
+             report: Callable[[int, OSError | None], None]) -> None:
+        self._job = (fsync, fd, index, report)
+        self._go.release()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            assert self._job is not None
+            fsync, fd, index, report = self._job
+            error: OSError | None = None
+            try:
+                fsync(fd)
+            except OSError as e:
+                error = e
+            except BaseException as e:  # never leave a round without its report
+                error = OSError(errno.EIO, f"fsync raised {e!r}")
+            self._idle.append(self)  # free again before the round can learn it is over
+            report(index, error)
+
+
+class ThreadFsync:
+    """A round's fsyncs on OS threads of its own, one per descriptor (up to `max_threads` at once);
+    the last to finish wakes the event loop once for the whole round."""
+
+    def __init__(self, fsync: Callable[[int], None] = os.fdatasync, max_threads: int = MAX_THREADS) -> None:
+        self._fsync = fsync
+        self._max_threads = max_threads
+        self._idle: list[_Worker] = []
+        self._wake: Any = None  # the loop's async watcher, made by the first round
+        os.register_at_fork(after_in_child=self._forget_threads)
+
+    def _forget_threads(self) -> None:
+        """A forked child has none of the parent's threads, nor its event loop."""
+        self._idle = []
+        self._wake = None
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        results: list[OSError | None] = [None] * len(fds)
+        for start in range(0, len(fds), self._max_threads):
+            self._round(fds[start:start + self._max_threads], results, start)
+        return results
+
+    def _round(self, fds: list[int], results: list[OSError | None], offset: int) -> None:
+        if self._wake is None:
+            self._wake = gevent.get_hub().loop.async_()
+        wake = self._wake
+        finished = gevent.event.Event()
+        reported: list[int] = []
+
+        def report(index: int, error: OSError | None) -> None:  # on a worker thread
+            results[offset + index] = error
+            reported.append(index)
+            if len(reported) == len(fds):
+                wake.send()
+
+        wake.start(finished.set)  # before any fsync can finish: a send to a stopped watcher is lost
+        try:
+            for index, fd in enumerate(fds):
+                worker = self._idle.pop() if self._idle else _Worker(self._idle)
+                worker.hand(self._fsync, fd, index, report)
+            while len(reported) < len(fds):
+                finished.wait()
+                finished.clear()
+        finally:
+            wake.stop()
+
+
+class NativeThreadFsync:
+    """A round's fsyncs on C threads (`storage/_fsync_many.c`), the whole round one task of the
+    hub's thread pool: the interpreter lock changes hands once per round, not twice per fsync."""
+
+    def __init__(self, fsync_many: Callable[[list[int]], list[int]]) -> None:
+        self._fsync_many = fsync_many
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        codes = gevent.get_hub().threadpool.apply(self._fsync_many, (fds,))
+        return [OSError(code, os.strerror(code)) if code else None for code in codes]
+
+
+def _threads() -> FsyncMany:
+    """C threads when the helper was built (a C compiler at install time), else Python threads."""
+    try:
+        from storage._fsync_many import fsync_many
+    except ImportError:
+        return ThreadFsync()
+    return NativeThreadFsync(fsync_many)
+
+
+class _Round:
+    """The journals one round fsyncs, how far each was written when the round began, and the
+    errors of those that failed."""
+
+    def __init__(self) -> None:
+        self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
+        self.failed: dict[Syncable, OSError] = {}
+        self.done = gevent.event.Event()
+
+
+class GroupCommit:
+    """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
+
+    def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
+        # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
+        self._threads = _threads()
+        # None: native AIO, set up by the first round
+        self._fsync_many = fsync_many or (None if native_aio else self._threads)
+        self._next: _Round | None = None  # gathering journals; starts when its turn has run
+        self._running: _Round | None = None
+
+    def sync(self, journal: Syncable, position: int) -> None:
+        """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
+
+        Raises OSError when the fsync of a round covering `position` failed.
+        """
+        while journal.synced < position:
+            running = self._running
+            if running is not None and running.journals.get(journal, -1) >= position:
+                round_ = running  # the round in flight covers it: wait for that one
+            else:
+                round_ = self._gather(journal)
+            round_.done.wait()
+            error = round_.failed.get(journal)
+            if error is not None:
+                raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
+
+    def _gather(self, journal: Syncable) -> _Round:
+        """The round that will start after this turn, with `journal` in it."""
+        round_ = self._next
+        if round_ is None:
+            round_ = self._next = _Round()
+            if self._running is None:
+                gevent.get_hub().loop.run_callback(self._start)
+        round_.journals[journal] = -1  # its position is taken when the round starts
+        return round_
+
+    def _start(self) -> None:
+        if self._running is None and self._next is not None:
+            gevent.spawn(self._run_rounds)
+            self._running = self._next  # claimed now, so that no second runner starts
+            self._next = None
+
+    def _run_rounds(self) -> None:
+        """Run the claimed round, then each round gathered meanwhile, until none is waiting."""
+        round_ = self._running
+        while round_ is not None:
+            try:
+                self._run(round_)
+            except Exception as e:  # no waiter may wait on for a round that will never end
+                log.exception("group commit round failed")
+                for journal in round_.journals:
+                    round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
+            finally:
+                round_.done.set()
+            round_ = self._running = self._next
+            self._next = None
+
+    def _run(self, round_: _Round) -> None:
+        journals = []
+        for journal in round_.journals:
+            round_.journals[journal] = journal.size
+            if journal.fd < 0:
+                round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
+            else:
+                journals.append(journal)
+        for journal, error in zip(journals, self._fsync_all([j.fd for j in journals]), strict=True):
+            if error is not None:
+                round_.failed[journal] = error
+            else:
+                journal.synced = max(journal.synced, round_.journals[journal])
+
+    def _fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        if self._fsync_many is None:
+            try:
+                self._fsync_many = AioFsync.create() or self._threads
+            except OSError as e:  # e.g. out of descriptors for its eventfd: threads this time
+                log.warning("native AIO not ready; this round's fsyncs go to threads", error=str(e))
+                return self._threads.fsync_all(fds)
+        try:
+            return self._fsync_many.fsync_all(fds)
+        except AioUnsupported as e:
+            log.info("fsyncs of a group commit go to threads", reason=str(e))
+            self._fsync_many = self._threads
+            return self._threads.fsync_all(fds)
+
+
+GROUP_COMMIT = GroupCommit(native_aio=NATIVE_AIO)

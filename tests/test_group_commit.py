@@ -1,0 +1,215 @@
+"""Group commit: one fsync round for every journal waiting, issued concurrently, failures kept to
+their own journal; native AIO and threads give the same answers."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import pytest
+
+from storage import aio_fsync
+from storage.aio_fsync import AioFsync
+from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
+from storage.journal import JournalWriter
+
+
+class Journal:
+    """A file being appended to, as a round sees it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.size = 0
+        self.synced = 0
+
+    def append(self, data: bytes) -> int:
+        os.write(self.fd, data)
+        self.size += len(data)
+        return self.size
+
+
+class Counting:
+    """Records every round of fsyncs handed to the real way of issuing them."""
+
+    def __init__(self, inner: FsyncMany) -> None:
+        self.inner = inner
+        self.rounds: list[list[int]] = []
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.rounds.append(list(fds))
+        return self.inner.fsync_all(fds)
+
+
+def aio() -> AioFsync:
+    made = AioFsync.create()
+    if made is None:
+        pytest.skip("this kernel or machine has no native AIO (the threads are tested alone)")
+    return made
+
+
+def c_threads() -> NativeThreadFsync:
+    try:
+        from storage._fsync_many import fsync_many
+    except ImportError:
+        pytest.skip("the C helper was not built (no C compiler at install time)")
+    return NativeThreadFsync(fsync_many)
+
+
+@pytest.fixture(params=["aio", "threads", "c-threads"])
+def fsync_many(request: pytest.FixtureRequest) -> Iterator[FsyncMany]:
+    if request.param == "threads":
+        yield ThreadFsync()
+        return
+    if request.param == "c-threads":
+        yield c_threads()
+        return
+    made = aio()
+    yield made
+    made.close()
+
+
+def test_journals_waiting_in_one_turn_share_one_round(tmp_path: Path, fsync_many: FsyncMany) -> None:
+    counting = Counting(fsync_many)
+    commit = GroupCommit(counting)
+    journals = [Journal(tmp_path / f"q{i}") for i in range(8)]
+    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    gevent.joinall(waiters, raise_error=True)
+    assert len(counting.rounds) == 1 and sorted(counting.rounds[0]) == sorted(j.fd for j in journals)
+    assert all(j.synced == j.size == 6 for j in journals)
+
+
+def test_appends_during_a_round_wait_for_the_next(tmp_path: Path, fsync_many: FsyncMany) -> None:
+    counting = Counting(fsync_many)
+    commit = GroupCommit(counting)
+    journal = Journal(tmp_path / "q")
+    first = gevent.spawn(commit.sync, journal, journal.append(b"one"))
+    gevent.sleep(0)  # the round starts
+    second = gevent.spawn(commit.sync, journal, journal.append(b"two"))
+    gevent.joinall([first, second], raise_error=True)
+    assert journal.synced == 6
+    assert len(counting.rounds) == 2  # the second append was not covered by the first fsync
+
+
+def test_an_already_synced_position_waits_for_nothing(tmp_path: Path, fsync_many: FsyncMany) -> None:
+    counting = Counting(fsync_many)
+    commit = GroupCommit(counting)
+    journal = Journal(tmp_path / "q")
+    commit.sync(journal, journal.append(b"one"))
+    commit.sync(journal, 3)
+    assert len(counting.rounds) == 1
+
+
+def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fsync_many: FsyncMany) -> None:
+    commit = GroupCommit(fsync_many)
+    good = Journal(tmp_path / "good")
+    bad = Journal(tmp_path / "bad")
+    bad_position = bad.append(b"record")
+    os.close(bad.fd)  # its fsync fails with EBADF
+    waiters = [gevent.spawn(commit.sync, good, good.append(b"record")),
+               gevent.spawn(commit.sync, bad, bad_position), gevent.spawn(commit.sync, bad, bad_position)]
+    gevent.joinall(waiters)
+    assert waiters[0].successful() and good.synced == 6
+    for failed in waiters[1:]:
+        assert isinstance(failed.exception, OSError) and failed.exception.errno == errno.EBADF
+        assert "fsync of " + bad.path in str(failed.exception)
+    assert bad.synced == 0
+
+
+def test_aio_python_threads_and_c_threads_answer_alike(tmp_path: Path) -> None:
+    native = aio()
+    try:
+        files = [Journal(tmp_path / f"q{i}") for i in range(3)]
+        for j in files:
+            j.append(b"x")
+        closed = os.open(tmp_path / "q0", os.O_RDONLY)
+        os.close(closed)
+        fds = [files[0].fd, closed, files[1].fd, files[2].fd]
+        answers = [[None if e is None else e.errno for e in way.fsync_all(fds)]
+                   for way in (native, ThreadFsync(), c_threads())]
+        assert answers[0] == answers[1] == answers[2] == [None, errno.EBADF, None, None]
+    finally:
+        native.close()
+
+
+def test_a_round_larger_than_the_aio_slots_is_issued_in_parts(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aio_fsync, "SLOTS", 4)
+    native = aio()
+    try:
+        files = [Journal(tmp_path / f"q{i}") for i in range(10)]
+        assert native.fsync_all([j.fd for j in files]) == [None] * 10
+    finally:
+        native.close()
+
+
+def test_sync_always_journal_is_on_disk_before_append_returns(tmp_path: Path) -> None:
+    writer = JournalWriter(str(tmp_path / "q"), 0)
+    writer.open()
+    writer.append(b"record")
+    writer.commit()
+    assert writer.synced == writer.size == 6
+    writer.close()
+
+
+class Broken:
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        raise RuntimeError("a bug in the round")
+
+
+def test_a_round_that_breaks_fails_its_waiters_instead_of_leaving_them_waiting(tmp_path: Path) -> None:
+    commit = GroupCommit(Broken())
+    journal = Journal(tmp_path / "q")
+    with pytest.raises(OSError, match="group commit failed: RuntimeError"):
+        commit.sync(journal, journal.append(b"record"))
+    assert journal.synced == 0
+
+
+def test_without_descriptors_for_aio_a_round_uses_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_descriptors() -> AioFsync:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(AioFsync, "create", out_of_descriptors)
+    commit = GroupCommit(native_aio=True)
+    journal = Journal(tmp_path / "q")
+    commit.sync(journal, journal.append(b"record"))
+    assert journal.synced == 6
+
+
+@pytest.mark.parametrize("way", ["threads", "c-threads"])
+def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) -> None:
+    commit = GroupCommit(ThreadFsync() if way == "threads" else c_threads())
+    parent = Journal(tmp_path / "parent")
+    commit.sync(parent, parent.append(b"before the fork"))  # the parent's thread now waits for work
+    pid = os.fork()
+    if pid == 0:  # the child: no work for the parent's absent thread (reinit as gevent's fork does)
+        gevent.reinit()
+        child = Journal(tmp_path / "child")
+        waiter = gevent.spawn(commit.sync, child, child.append(b"x"))
+        waiter.join(timeout=10)
+        os._exit(0 if waiter.successful() and child.synced == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's path: puts to eight queues in one turn are acknowledged after one round."""
+    from storage import QueueCollection, QueueConfigs
+    from storage.group_commit import GROUP_COMMIT
+
+    counting = Counting(ThreadFsync())
+    monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
+    coll.load()
+    for i in range(8):
+        coll.add(f"q{i}", b"first")  # each queue's journal is open and synced before the turn
+    counting.rounds.clear()
+    puts = [gevent.spawn(coll.add, f"q{i}", b"second") for i in range(8)]
+    gevent.joinall(puts, raise_error=True)
+    assert all(put.value for put in puts)
+    assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8
+    coll.close()
