@@ -9,7 +9,7 @@ TEST_PROCESSES ?= 4
 
 .PHONY: test run lint wheel bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,spark]'
