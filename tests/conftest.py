@@ -19,6 +19,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.scheduling import Scheduler
+
+    config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -34,7 +40,7 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
-            time.sleep(0.05)
+            time.sleep(0.01)
     raise RuntimeError(f"server did not listen on {port} within {timeout}s")
 
 
@@ -144,9 +150,12 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
         return srv
 
     yield start
-    for srv in started:
-        if srv.proc is not None and srv.proc.poll() is None:
-            srv.stop()
+    running = [srv for srv in started if srv.proc is not None and srv.proc.poll() is None]
+    for srv in running:  # all told at once: they stop side by side
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+    for srv in running:
+        srv.stop()
 
 
 @pytest.fixture

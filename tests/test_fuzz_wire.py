@@ -13,6 +13,8 @@ SAMPLE = int(os.environ.get("KESTREL_FUZZ_SAMPLE", "10000"))
 TARGETS = targets()
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("latency")  # one at a time: each one's latency budget holds on an idle CPU
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_mutated_inputs_harm_nobody(server_factory: Any, name: str) -> None:
     target = TARGETS[name]

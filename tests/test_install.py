@@ -13,18 +13,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from contract import kestrel_thrift
 from tests.conftest import ROOT, free_port, wait_for_port
 
 
-def _run(*command: str | Path, cwd: Path) -> str:
-    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=300)
+def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
+@pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
     # Build from a clean copy: setuptools leaves build/ behind, whose stale files would reach the wheel.
     source = tmp_path / "source"
@@ -40,7 +43,8 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
          cwd=tmp_path)
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = _run(venv / "bin" / "python", "-c", "import contract; print(contract.IDL_PATH)", cwd=tmp_path)
+    where = _run(venv / "bin" / "python", "-c", "import contract; print(contract.IDL_PATH)", cwd=tmp_path,
+                 env=env)
     assert Path(where.strip()).is_file() and Path(where.strip()).is_relative_to(venv), where
 
     thrift_port, memcache_port = free_port(), free_port()

@@ -12,6 +12,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from contract import kestrel_thrift
 from tests.conftest import ServerProcess
+from tests.wire import eventually, memcache_stats
 
 
 def _thrift_client(port: int) -> Any:
@@ -33,11 +34,14 @@ def _assert_clean_log(srv: ServerProcess) -> None:
 
 
 def _stop_timed(srv: ServerProcess) -> float:
-    started = time.monotonic()
+    """Stop with SIGTERM; the seconds the stop took by the server's own clock (its "kestrel stopped"
+    line). The exit that follows is the interpreter's, which on a loaded machine can wait seconds for
+    a CPU; a stop that hangs fails here all the same (killed after 10 s, so not exit code 0)."""
     code = srv.stop(timeout=10)
-    elapsed = time.monotonic() - started
     assert code == 0, srv.log()
-    return elapsed
+    stopped = [e for e in _log_events(srv) if e.get("event") == "kestrel stopped"]
+    assert stopped, srv.log()
+    return float(stopped[-1]["seconds"])
 
 
 def test_sigterm_with_idle_clients_on_every_port_stops_within_a_second(server_factory: Any) -> None:
@@ -55,10 +59,8 @@ def test_sigterm_with_idle_clients_on_every_port_stops_within_a_second(server_fa
         thrift.close()
         mc.close()
         text.close()
-    assert elapsed < 1.0, f"stop took {elapsed:.2f}s\n{srv.log()}"
+    assert elapsed < 0.5, f"stop took {elapsed:.2f}s\n{srv.log()}"
     _assert_clean_log(srv)
-    stopped = [e for e in _log_events(srv) if e.get("event") == "kestrel stopped"]
-    assert stopped and stopped[0]["seconds"] < 0.5
     srv.start()  # the open read went back to the queue before the queue closed
     mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
     try:
@@ -77,7 +79,7 @@ def test_sigterm_answers_waiting_reads_and_keeps_open_reads(server_factory: Any)
     waiter.sendall(b"get empty/t=30000\r\n")
     text = socket.create_connection(("127.0.0.1", srv.text_port), timeout=5)
     text.sendall(b"get empty 30000\n")
-    time.sleep(0.1)  # both are now waiting for an item
+    eventually(lambda: memcache_stats(srv.memcache_port).get("queue_empty_waiters") == "2")
     try:
         elapsed = _stop_timed(srv)
         assert waiter.recv(100) == b"END\r\n"  # answered, not cut off

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from tests.conftest import ServerProcess
 from tests.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
@@ -49,6 +51,7 @@ def test_put_block_is_bounded_by_batch_limits(server_factory: Any) -> None:
     assert memcache_stats(srv.memcache_port)["queue_q_items"] == "11"
 
 
+@pytest.mark.xdist_group("latency")  # beside the fuzz tests, not at the same time
 def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     server = server_factory({"max_batch_items": 1_000_000})
     items = 400_000
@@ -68,6 +71,7 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     prober.start()
     try:
         putter = conn(server.text_port)
+        putter.settimeout(60)  # the reply comes once all 400,000 items are in
         start = time.monotonic()
         reply = exchange(putter, block, b"\n", wait=60)
         took = time.monotonic() - start
@@ -76,7 +80,10 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
         prober.join()
     assert reply == b"+%d\n" % items
     assert len(delays) > 5, f"the other client was answered {len(delays)} times in {took:.2f}s"
-    assert max(delays) < 0.3, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
+    # A server that held the others up would keep them waiting about as long as the put takes; on a
+    # loaded machine the put and every wait stretch together, so the bound grows with the put.
+    bound = max(0.3, took / 5)
+    assert max(delays) < bound, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
 
 
 def test_put_expiry_in_milliseconds(server_factory: Any) -> None:

@@ -18,7 +18,7 @@ from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFacto
 
 from contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ServerProcess
-from tests.wire import eventually
+from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)
 
 
 @contextmanager
@@ -141,7 +141,8 @@ def test_expiration_is_relative(server: ServerProcess) -> None:
         assert [i.data for i in c.get("exp", 5, 0, 0)] == [b"long"]
 
 
-def test_flush_delete_and_flush_all(server: ServerProcess) -> None:
+def test_flush_delete_and_flush_all(server_factory: Any) -> None:
+    server = server_factory()  # its own: flush_all reaches every queue
     with client(server) as c:
         c.put("a", [b"1", b"2"], 0)
         c.put("b", [b"3"], 0)
@@ -213,7 +214,8 @@ def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any) -> None
     assert got[0].data == b"item-0-0" and got[-1].data == b"item-49-3"
 
 
-def test_sigterm_shuts_down_cleanly_and_keeps_items(server: ServerProcess) -> None:
+def test_sigterm_shuts_down_cleanly_and_keeps_items(server_factory: Any) -> None:
+    server = server_factory()
     with client(server) as c:
         c.put("keep", [b"a", b"b"], 0)
     assert server.stop() == 0

@@ -16,6 +16,7 @@ from storage.clock import FakeClock
 from tests.conftest import ServerProcess
 from tests.test_thrift_hostile import client, raw
 from tests.thrift_wire import closed_or_silent, encode_call, framed
+from tests.wire import shared_server  # noqa: F401  (the module's `server`)
 
 
 def test_read_ids_never_repeat_across_a_restart(server_factory: Any) -> None:

@@ -49,6 +49,31 @@ class ZooKeeperServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> ZooKeeperServer:
+        """Start and wait until it answers. On a first start, a port picked as free that another
+        process took meanwhile (the JVM binds it a second or two later) is picked again; a restart
+        keeps its port, which its clients know."""
+        first = self.proc is None and not self.log_path.exists()
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except RuntimeError:
+                if not first or attempt == 2 or not self._port_taken():
+                    raise
+                self.port = free_port()
+                self.hosts = f"127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _port_taken(self) -> bool:
+        """Whether another process holds the port (ZooKeeper's own log, without an SLF4J binding,
+        does not say why it exited)."""
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", self.port))
+            except OSError:
+                return True
+        return False
+
+    def _start(self, timeout: float) -> ZooKeeperServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
             f"tickTime={TICK_MS}\ndataDir={self.data_dir}\nclientPort={self.port}\n"
