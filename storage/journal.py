@@ -16,8 +16,7 @@ import structlog
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
-from storage.group_commit import GROUP_COMMIT
-from storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
+from storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -407,13 +406,14 @@ class JournalWriter:
 
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk (raises OSError when the fsync covering
-        it failed). Under gevent (the server) it shares an fsync round with every other journal;
-        with another runtime, writers of this journal share its next fsync."""
+        it failed). Where the runtime has a group commit (gevent: the server) it shares an fsync
+        round with every other journal; elsewhere writers of this journal share its next fsync."""
         if self.synced >= position:
             return
         started = time.perf_counter()
-        if isinstance(self.runtime, GeventRuntime):
-            GROUP_COMMIT.sync(self, position)
+        group_commit = self.runtime.group_commit()
+        if group_commit is not None:
+            group_commit.sync(self, position)
         else:
             self._sync_alone(position)
         record_timing("fsync", started)
