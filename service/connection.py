@@ -1,11 +1,12 @@
 """What the memcache and text connections share: a session, a receive buffer, batched replies,
-idle and slow-client limits, and waits that end the moment the client goes away."""
+idle and slow-client limits, and waits that end the moment the client goes away; and the listener
+that runs every protocol's connections, Thrift's too."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import gevent
 import structlog
@@ -142,9 +143,18 @@ class BufferedConnection:
                 return
 
 
-def make_line_server(connection: type[BufferedConnection], server: KestrelServer,
-                     listener: tuple[str, int]) -> Listener:
-    """A listener running one `connection` per client."""
+class Connection(Protocol):
+    """One client of any protocol, served by `run` until it leaves."""
+
+    protocol: str  # its name in logs and metrics
+
+    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None: ...
+
+    def run(self) -> None: ...
+
+
+def make_listener(connection: type[Connection], server: KestrelServer, listener: tuple[str, int]) -> Listener:
+    """A listener running one `connection` per client (every protocol's)."""
 
     def handle(sock: gsocket, address: tuple[str, int]) -> None:
         try:

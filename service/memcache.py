@@ -11,7 +11,7 @@ import structlog
 from gevent.socket import socket as gsocket
 
 from service import metrics
-from service.connection import PROTOCOL_VERSION, BufferedConnection, CloseConnection, make_line_server
+from service.connection import PROTOCOL_VERSION, BufferedConnection, CloseConnection, make_listener
 from service.listener import Listener
 from service.memcache_protocol import Command, ProtocolError, absolute_expiry_ms, parse_line
 from service.server import KestrelServer
@@ -254,4 +254,4 @@ class MemcacheConnection(BufferedConnection):
 
 def make_memcache_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
     """A StreamServer speaking Kestrel's memcache dialect."""
-    return make_line_server(MemcacheConnection, server, listener)
+    return make_listener(MemcacheConnection, server, listener)

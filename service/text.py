@@ -21,7 +21,7 @@ from service.connection import (
     YIELD_SECONDS,
     BufferedConnection,
     CloseConnection,
-    make_line_server,
+    make_listener,
 )
 from service.listener import Listener
 from service.server import KestrelServer
@@ -205,4 +205,4 @@ class TextConnection(BufferedConnection):
 
 
 def make_text_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
-    return make_line_server(TextConnection, server, listener)
+    return make_listener(TextConnection, server, listener)

@@ -18,6 +18,7 @@ from gevent.socket import socket as gsocket
 
 from contract import kestrel_thrift
 from service import metrics
+from service.connection import make_listener
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import Session, SessionError
@@ -91,6 +92,8 @@ class ThriftHandler:
 
 class ThriftConnection:
     """One client: read a request, call the handler, write the reply; errors map here, once."""
+
+    protocol = "thrift"
 
     def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
         cfg = server.config
@@ -170,13 +173,4 @@ class ThriftConnection:
 
 def make_thrift_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
     """A listener speaking Kestrel's Thrift service with the configured transport and protocol."""
-
-    def handle(sock: gsocket, address: tuple[str, int]) -> None:
-        try:
-            ThriftConnection(server, sock, f"{address[0]}:{address[1]}").run()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            sock.close()
-
-    return Listener("thrift", listener, handle, server.config.max_connections, server.config.tcp_keepalive)
+    return make_listener(ThriftConnection, server, listener)

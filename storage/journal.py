@@ -16,8 +16,7 @@ import structlog
 from storage import codec, filenames
 from storage.codec import Incomplete, Malformed, Record
 from storage.errors import CorruptJournalError
-from storage.group_commit import GROUP_COMMIT
-from storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
+from storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -172,24 +171,15 @@ def fsync_dir(path: str) -> None:
 # Reading
 
 
-class RecordReader:
-    """Reads records forward from one journal file, resuming where it stopped.
+class BufferedFile:
+    """A file read forward through a buffer (the record readers of both journal formats)."""
 
-    The file may still be growing (the live journal, read by read-behind): `next()` returns None
-    when no complete record is there yet. With `check_sizes` (replay) a record whose size field
-    looks one bit off is reported as corrupt. Replay calls `finish()` at the end to learn whether the
-    file ends in a torn record.
-    """
-
-    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
+    def __init__(self, path: str, offset: int) -> None:
         self.path = path
-        self.check_sizes = check_sizes  # replay: look for size fields that swallow records
-        self._previous: int | None = None  # offset of the record just read, if it has a size field
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
         self._pos = 0  # position in _buf
-        self._eof = False
 
     @property
     def offset(self) -> int:
@@ -200,6 +190,22 @@ class RecordReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class RecordReader(BufferedFile):
+    """Reads records forward from one journal file, resuming where it stopped.
+
+    The file may still be growing (the live journal, read by read-behind): `next()` returns None
+    when no complete record is there yet. With `check_sizes` (replay) a record whose size field
+    looks one bit off is reported as corrupt. Replay calls `finish()` at the end to learn whether the
+    file ends in a torn record.
+    """
+
+    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
+        super().__init__(path, offset)
+        self.check_sizes = check_sizes  # replay: look for size fields that swallow records
+        self._previous: int | None = None  # offset of the record just read, if it has a size field
+        self._eof = False
 
     def _fill(self) -> bool:
         """Read more of the file after the buffer; False at end of file."""
@@ -407,13 +413,14 @@ class JournalWriter:
 
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk (raises OSError when the fsync covering
-        it failed). Under gevent (the server) it shares an fsync round with every other journal;
-        with another runtime, writers of this journal share its next fsync."""
+        it failed). Where the runtime has a group commit (gevent: the server) it shares an fsync
+        round with every other journal; elsewhere writers of this journal share its next fsync."""
         if self.synced >= position:
             return
         started = time.perf_counter()
-        if isinstance(self.runtime, GeventRuntime):
-            GROUP_COMMIT.sync(self, position)
+        group_commit = self.runtime.group_commit()
+        if group_commit is not None:
+            group_commit.sync(self, position)
         else:
             self._sync_alone(position)
         record_timing("fsync", started)

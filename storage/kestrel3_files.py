@@ -31,8 +31,6 @@ from storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
 
-READ_CHUNK = 1 << 20
-
 
 @dataclass
 class QueueFiles:
@@ -61,7 +59,7 @@ def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
 # Reading
 
 
-class RecordReader:
+class RecordReader(journal.BufferedFile):
     """Reads the records of one Kestrel 3 file forward, checking its header first.
 
     Every length is checked against what the file still holds before the record is read, so a
@@ -72,8 +70,7 @@ class RecordReader:
     """
 
     def __init__(self, path: str, expect: k3.FileKind | None = None) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
+        super().__init__(path, k3.MAGIC_SIZE)
         self.size = os.fstat(self.fd).st_size
         self.torn: str | None = None
         try:
@@ -81,9 +78,6 @@ class RecordReader:
         except BaseException:
             self.close()
             raise
-        self._buf = b""
-        self._buf_start = k3.MAGIC_SIZE  # file offset of _buf[0]
-        self._pos = 0
 
     def _read_header(self, expect: k3.FileKind | None) -> k3.FileKind:
         header = os.pread(self.fd, k3.MAGIC_SIZE, 0)
@@ -96,16 +90,6 @@ class RecordReader:
         if expect is not None and kind is not expect:
             raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs")
         return kind
-
-    @property
-    def offset(self) -> int:
-        """File offset of the next record."""
-        return self._buf_start + self._pos
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
     def grow(self) -> None:
         """See what was appended since the file was opened (a reader following the newest file)."""
@@ -120,7 +104,7 @@ class RecordReader:
         rest = self._buf[self._pos:]
         self._buf_start += self._pos
         self._pos = 0
-        need = min(max(READ_CHUNK, want), self.size - self._buf_start) - len(rest)
+        need = min(max(journal.READ_CHUNK, want), self.size - self._buf_start) - len(rest)
         self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
         return len(self._buf) >= want
 

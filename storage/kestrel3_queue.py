@@ -20,7 +20,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,7 +28,7 @@ from storage import kestrel3_codec as k3
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import QueueConfig
 from storage.convert import KESTREL3
-from storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
+from storage.errors import ItemTooLarge, JournalWriteError
 from storage.filenames import reader_file_name
 from storage.item import QItem
 from storage.journal import JournalWriter, list_journal_files
@@ -41,11 +40,8 @@ from storage.kestrel3_files import (
     read_checkpoint,
     write_checkpoint,
 )
+from storage.queue_base import QueueBase
 from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
-from storage.wait_list import WaitList
-
-if TYPE_CHECKING:
-    from storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -238,7 +234,7 @@ class _ReaderFile:
         self.writer.close()
 
 
-class Kestrel3Queue:
+class Kestrel3Queue(QueueBase):
     """One reader of a Kestrel 3 writer journal, with PersistentQueue's interface.
 
     Parameters: `name` (`q`, or `q+reader` for a fanout child), `queue_path`, `config`, `clock`,
@@ -247,57 +243,24 @@ class Kestrel3Queue:
     """
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
-                 expire_to: Callable[[str], PersistentQueue | Kestrel3Queue | None] | None = None,
+                 expire_to: Callable[[str], QueueBase | None] | None = None,
                  journals: Kestrel3Journals | None = None) -> None:
-        self.name = name
-        self.queue_path = queue_path
-        self.config = config
         self._journals = journals or Kestrel3Journals(queue_path, GeventRuntime(clock or SYSTEM_CLOCK))
-        self.clock = clock or self._journals.runtime.clock
-        self._expire_to = expire_to
+        runtime = self._journals.runtime
+        super().__init__(name, queue_path, config, clock or runtime.clock, runtime, expire_to)
         self.parent, self.reader = _reader_of(name)
         self.is_reader = not (config.fanout_only and not self.reader)
-        self.poison: Callable[[QItem], None] | None = None
         self._journal: Kestrel3Journal | None = None
         self._file: _ReaderFile | None = None
         self._mem: deque[Entry] = deque()
-        self._opens: dict[int, QItem] = {}
         self._behind: int | None = None  # while in read-behind: the lowest id not yet loaded
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
         self._cursor: RecordReader | None = None
         self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
-        self._waits = WaitList(self._journals.runtime)
-        self.length = 0
-        self.bytes = 0
-        self.memory_bytes = 0
-        self.closed = False
-        self.read_only = False  # PersistentQueue's figure; a failed write here refuses one change only
-        self.create_time = self.clock.now_ms()
-        self.total_items = 0
-        self.expired_items = 0
-        self.discarded = 0
-        self.total_flushes = 0
-        self.total_transactions = 0
-        self.canceled_transactions = 0
-        self.poisoned_items = 0
-        self.current_age = 0
-        self.journal_write_errors = 0
 
     # -----------------------------------------------------------------------------------------
     # Figures
-
-    @property
-    def open_transactions(self) -> int:
-        return len(self._opens)
-
-    @property
-    def waiters(self) -> int:
-        return len(self._waits)
-
-    @property
-    def waits_ended(self) -> bool:
-        return self._waits.ended
 
     @property
     def in_read_behind(self) -> bool:
@@ -319,35 +282,6 @@ class Kestrel3Queue:
     def journal_files(self) -> list[str]:
         own = [self._file.path] if self._file else []
         return own + ([f.path for f in self._journal.writer.files] if self._journal else [])
-
-    def stats(self) -> dict[str, int]:
-        """The guide's per-queue figures, under its names (as PersistentQueue's), and poisoned items."""
-        age = self.current_age if self.length else 0
-        return {
-            "items": self.length,
-            "bytes": self.bytes,
-            "total_items": self.total_items,
-            "logsize": self.journal_size,
-            "expired_items": self.expired_items,
-            "mem_items": len(self._mem),
-            "mem_bytes": self.memory_bytes,
-            "age": age,
-            "discarded": self.discarded,
-            "waiters": self.waiters,
-            "open_transactions": len(self._opens),
-            "transactions": self.total_transactions,
-            "canceled_transactions": self.canceled_transactions,
-            "total_flushes": self.total_flushes,
-            "age_msec": age,
-            "create_time": self.create_time,
-            "read_only": int(self.read_only),
-            "journal_write_errors": self.journal_write_errors,
-            "poisoned_items": self.poisoned_items,
-        }
-
-    def open_reads(self) -> list[QItem]:
-        """The items of the open reads, lowest xid (item id) first."""
-        return [self._opens[xid] for xid in sorted(self._opens)]
 
     def reader_names_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
@@ -545,19 +479,8 @@ class Kestrel3Queue:
             log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
                       queue=self.name, error=str(e))
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise QueueClosed(f"queue {self.name!r} is closed")
-
     # -----------------------------------------------------------------------------------------
     # Adding
-
-    def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
-        """Add an item at the tail; False when the queue is full and refuses it.
-
-        Raises ItemTooLarge when the item is over `max_item_size`.
-        """
-        return self.add_many([data], expiry, add_time) == 1
 
     def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
         """Add items with one journal write; how many were accepted, in order. On a queue (the
@@ -640,11 +563,6 @@ class Kestrel3Queue:
 
     # -----------------------------------------------------------------------------------------
     # Removing
-
-    def remove(self, transaction: bool = False) -> QItem | None:
-        """Take the head item; with `transaction`, open a read on it (its `xid` is its id)."""
-        taken = self.remove_many(1, transaction)
-        return taken[0] if taken else None
 
     def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
         """Take up to `count` items from the head, with one checkpoint write.
@@ -748,19 +666,6 @@ class Kestrel3Queue:
             self.commit()
         return len(ids)
 
-    def _handed_to_poison(self, item: QItem) -> bool:
-        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
-        refuses it (its error queue full or unwritable)."""
-        if self.poison is None:
-            return True
-        try:
-            self.poison(item)
-        except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
-            return False
-        return True
-
     def flush(self) -> None:
         """Consume every item (open reads stay open), with one checkpoint rewrite.
 
@@ -801,23 +706,6 @@ class Kestrel3Queue:
         self.commit()
         self._expired(expired)
         return len(expired)
-
-    # -----------------------------------------------------------------------------------------
-    # Waiting
-
-    def end_waits(self) -> None:
-        """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
-        self._waits.end()
-
-    def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
-        """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
-        return self._waits.wait(lambda: self.remove(transaction), timeout)
-
-    def wait_peek(self, timeout: float) -> QItem | None:
-        item = self._waits.wait(self.peek, timeout)
-        if item is not None:
-            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
-        return item
 
     # -----------------------------------------------------------------------------------------
     # Settings and shutting down

@@ -26,21 +26,21 @@ from storage import codec, packer
 from storage.checkpoints import Checkpoint
 from storage.clock import Clock
 from storage.config import QueueConfig
-from storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
+from storage.errors import ItemTooLarge, JournalWriteError
 from storage.item import QItem
 from storage.journal import JournalFiles, RecordReader, list_journal_files
+from storage.queue_base import QueueBase
 from storage.queue_journal import QueueJournal
 from storage.read_behind import LIVE, ReadBehind
 from storage.replay import QueueReplay, next_free_xid
 from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
-from storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
 _EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
 
 
-class PersistentQueue:
+class PersistentQueue(QueueBase):
     """A durable FIFO queue with reliable reads, expiry and read-behind.
 
     Parameters: `name` (also the journal's file name), `queue_path` (directory of journals),
@@ -50,60 +50,27 @@ class PersistentQueue:
     """
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
-                 expire_to: Callable[[str], PersistentQueue | None] | None = None,
+                 expire_to: Callable[[str], QueueBase | None] | None = None,
                  salvage: bool = False, runtime: Runtime | None = None) -> None:
         if runtime is None:
             runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
-        self.name = name
-        self.queue_path = queue_path
-        self.config = config
+        super().__init__(name, queue_path, config, clock if clock is not None else runtime.clock, runtime,
+                         expire_to)
         self.runtime = runtime
-        self.clock = clock if clock is not None else runtime.clock
-        self._expire_to = expire_to
         self._lock = runtime.lock()
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
                                      self._lock, salvage)
         self._mem: deque[QItem] = deque()
-        self._opens: dict[int, QItem] = {}
         self._xid = 0
-        self.length = 0
-        self.bytes = 0
-        self.memory_bytes = 0
         self._rb: ReadBehind | None = None
         self._checkpoints: list[Checkpoint] = []  # oldest first, one per rotation in read-behind
-        self._waits = WaitList(runtime)
-        self.closed = False
-        self.create_time = self.clock.now_ms()
-        self.total_items = 0
-        self.expired_items = 0
-        self.discarded = 0
-        self.total_flushes = 0
-        self.total_transactions = 0
-        self.canceled_transactions = 0
-        self.current_age = 0
-        self.read_only = False  # the journal cannot be written: changes are refused until it can
-        self.journal_write_errors = 0
         self._rebuilding = False
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
-        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
-        self.poisoned_items = 0
 
     # -----------------------------------------------------------------------------------------
     # Figures
-
-    @property
-    def open_transactions(self) -> int:
-        return len(self._opens)
-
-    @property
-    def waiters(self) -> int:
-        return len(self._waits)
-
-    @property
-    def waits_ended(self) -> bool:
-        return self._waits.ended
 
     @property
     def in_read_behind(self) -> bool:
@@ -116,31 +83,6 @@ class PersistentQueue:
     @property
     def journal_files(self) -> list[str]:
         return self._journal.paths
-
-    def stats(self) -> dict[str, int]:
-        """The guide's per-queue figures, under its names."""
-        age = self.current_age if self.length else 0
-        return {
-            "items": self.length,
-            "bytes": self.bytes,
-            "total_items": self.total_items,
-            "logsize": self.journal_size,
-            "expired_items": self.expired_items,
-            "mem_items": len(self._mem),
-            "mem_bytes": self.memory_bytes,
-            "age": age,
-            "discarded": self.discarded,
-            "waiters": len(self._waits),
-            "open_transactions": len(self._opens),
-            "transactions": self.total_transactions,
-            "canceled_transactions": self.canceled_transactions,
-            "total_flushes": self.total_flushes,
-            "age_msec": age,
-            "create_time": self.create_time,
-            "read_only": int(self.read_only),
-            "journal_write_errors": self.journal_write_errors,
-            "poisoned_items": self.poisoned_items,
-        }
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
@@ -290,10 +232,6 @@ class PersistentQueue:
     # -----------------------------------------------------------------------------------------
     # Live operations
 
-    def _check_open(self) -> None:
-        if self.closed:
-            raise QueueClosed(f"queue {self.name!r} is closed")
-
     @contextlib.contextmanager
     def _change(self) -> Iterator[None]:
         """Around every change: refused while the journal cannot be written, undone if its write fails.
@@ -389,14 +327,6 @@ class PersistentQueue:
         if self._journal.commit():
             self._maybe_rotate()
 
-    def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
-        """Add an item at the tail; False when the queue is full and refuses it.
-
-        `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`.
-        Raises ItemTooLarge when the item is over `max_item_size`.
-        """
-        return self.add_many([data], expiry, add_time) == 1
-
     def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
         """Add several items with one journal write; returns how many were accepted, in order.
 
@@ -458,11 +388,6 @@ class PersistentQueue:
             self.discarded += 1
             self._write(codec.REMOVE_BYTES)
         return True
-
-    def remove(self, transaction: bool = False) -> QItem | None:
-        """Take the head item; with `transaction`, open a read on it (its `xid` is set)."""
-        taken = self.remove_many(1, transaction)
-        return taken[0] if taken else None
 
     def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
         """Take up to `count` items from the head with one journal write (what batch gets use).
@@ -594,31 +519,10 @@ class PersistentQueue:
                 self._commit()
             return aborted
 
-    def _handed_to_poison(self, item: QItem) -> bool:
-        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
-        refuses it (error queue full or unwritable), and the abort returns it to the head instead.
-
-        Called before the read is closed, so a failure here loses nothing (at worst, a read
-        closed meanwhile by another client leaves a copy in the error queue).
-        """
-        if self.poison is None:
-            return True
-        try:
-            self.poison(item)
-        except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
-            return False
-        return True
-
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
         self.config = replace(config, keep_journal=self.config.keep_journal)
         self._journal.set_sync(config.sync_journal, _rotate_at(config))
-
-    def open_reads(self) -> list[QItem]:
-        """The items of the open reads, lowest xid first."""
-        return [self._opens[xid] for xid in sorted(self._opens)]
 
     def flush(self) -> None:
         """Drop every item (open reads stay open), journaled as one REMOVE per item.
@@ -665,23 +569,6 @@ class PersistentQueue:
                 if target is not None and target is not self:
                     target.add(head.data)
         return removed
-
-    # -----------------------------------------------------------------------------------------
-    # Waiting
-
-    def end_waits(self) -> None:
-        """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
-        self._waits.end()
-
-    def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
-        """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
-        return self._waits.wait(lambda: self.remove(transaction), timeout)
-
-    def wait_peek(self, timeout: float) -> QItem | None:
-        item = self._waits.wait(self.peek, timeout)
-        if item is not None:
-            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
-        return item
 
     # -----------------------------------------------------------------------------------------
     # Rotation and packing

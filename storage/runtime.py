@@ -23,6 +23,7 @@ import gevent
 import gevent.event
 
 from storage.clock import SYSTEM_CLOCK, Clock, FakeClock
+from storage.group_commit import GROUP_COMMIT, GroupCommit
 
 T = TypeVar("T")
 
@@ -77,6 +78,11 @@ class Runtime(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
+    def group_commit(self) -> GroupCommit | None:
+        """The fsync rounds every journal shares (`storage/group_commit.py`), or None: then the
+        writers of one journal share that journal's next fsync."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # gevent
@@ -119,6 +125,9 @@ class GeventRuntime:
 
     def sleep(self, seconds: float) -> None:
         gevent.sleep(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return GROUP_COMMIT  # its rounds run on the hub
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +177,9 @@ class ThreadsRuntime:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return None  # the group commit's rounds need gevent's hub
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +266,9 @@ class ManualRuntime:
 
     def sleep(self, seconds: float) -> None:
         self.event().wait(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return None  # a round starts after the hub's turn, in real time: each journal syncs alone
 
     @property
     def timers(self) -> int:

@@ -15,6 +15,7 @@ from storage import aio_fsync
 from storage.aio_fsync import AioFsync
 from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
 from storage.journal import JournalWriter
+from storage.runtime import ThreadsRuntime
 
 
 class Journal:
@@ -213,3 +214,36 @@ def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
     assert all(put.value for put in puts)
     assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8
     coll.close()
+
+
+class RuntimeWithItsOwnRounds(ThreadsRuntime):
+    """Any runtime may name the group commit its journals share."""
+
+    def __init__(self, commit: GroupCommit) -> None:
+        super().__init__()
+        self.commit = commit
+
+    def group_commit(self) -> GroupCommit | None:
+        return self.commit
+
+
+def test_a_journal_syncs_through_the_group_commit_its_runtime_names(tmp_path: Path) -> None:
+    counting = Counting(ThreadFsync())
+    writer = JournalWriter(str(tmp_path / "q"), 0, RuntimeWithItsOwnRounds(GroupCommit(counting)))
+    writer.append(b"x")
+    writer.commit()
+    assert writer.synced == 1 and counting.rounds == [[writer.fd]]
+    writer.close()
+
+
+def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage.group_commit import GROUP_COMMIT
+
+    counting = Counting(ThreadFsync())
+    monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
+    writer = JournalWriter(str(tmp_path / "q"), 0, ThreadsRuntime())
+    writer.append(b"x")
+    writer.commit()
+    assert writer.synced == 1 and counting.rounds == []
+    writer.close()
