@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
-from typing import cast
 
 import structlog
 
@@ -162,9 +161,7 @@ class QueueCollection:
             q = Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
                               journals=self._kestrel3)
         else:
-            # Expired items may move to a queue of either kind: both have the same `add`.
-            expire_to = cast("Callable[[str], PersistentQueue | None]", self._expire_target)
-            q = PersistentQueue(name, self.path, config, self.clock, expire_to=expire_to,
+            q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
                                 salvage=self.salvage, runtime=self.runtime)
         q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
