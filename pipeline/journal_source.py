@@ -25,7 +25,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import structlog
 from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, Filter, In, InputPartition
 from pyspark.sql.types import (
     BinaryType,
@@ -39,8 +38,6 @@ from pyspark.sql.types import (
 )
 
 from pipeline.options import Option, choice, parse_options, text, whole
-
-log = structlog.get_logger("kestrel.pipeline")
 
 RECORDS_SCHEMA = StructType([
     StructField("queue", StringType(), False),
@@ -256,6 +253,8 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
 
 def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
     """The queue as the server would load it, open reads first."""
+    import structlog  # only here: a planning worker that reads no items does not pay for it
+
     from storage.errors import CorruptJournalError
     from storage.replay import QueueReplay
 
@@ -265,8 +264,9 @@ def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
     except CorruptJournalError as e:
         if failfast:
             raise
-        log.error("damaged journal: items after the damage are not shown (mode PERMISSIVE)", queue=queue,
-                  file=e.path, offset=e.offset, reason=e.reason)
+        structlog.get_logger("kestrel.pipeline").error(
+            "damaged journal: items after the damage are not shown (mode PERMISSIVE)", queue=queue,
+            file=e.path, offset=e.offset, reason=e.reason)
     opens = [replay.opens[xid] for xid in sorted(replay.opens)]
     items = opens + list(replay.items)
     arrow = pa.schema([

@@ -1,19 +1,45 @@
-"""Kestrel's storage engine: journaled FIFO queues, usable as a library without any server."""
+"""Kestrel's storage engine: journaled FIFO queues, usable as a library without any server.
 
-from storage.collection import QueueCollection
-from storage.config import QueueConfig, QueueConfigs
-from storage.errors import (
-    ConfigError,
-    CorruptJournalError,
-    InvalidQueueName,
-    ItemTooLarge,
-    JournalWriteError,
-    KestrelError,
-    QueueClosed,
-    TooManyQueues,
-)
-from storage.item import QItem
-from storage.queue import PersistentQueue
+The names below load on first use (PEP 562): a process that needs one module of the engine (the
+journal reader in a Spark worker, the errors in a client) does not pay for importing all of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.collection import QueueCollection
+    from storage.config import QueueConfig, QueueConfigs
+    from storage.errors import (
+        ConfigError,
+        CorruptJournalError,
+        InvalidQueueName,
+        ItemTooLarge,
+        JournalWriteError,
+        KestrelError,
+        QueueClosed,
+        TooManyQueues,
+    )
+    from storage.item import QItem
+    from storage.queue import PersistentQueue
+
+_HOMES = {
+    "QueueCollection": "storage.collection",
+    "QueueConfig": "storage.config",
+    "QueueConfigs": "storage.config",
+    "ConfigError": "storage.errors",
+    "CorruptJournalError": "storage.errors",
+    "InvalidQueueName": "storage.errors",
+    "ItemTooLarge": "storage.errors",
+    "JournalWriteError": "storage.errors",
+    "KestrelError": "storage.errors",
+    "QueueClosed": "storage.errors",
+    "TooManyQueues": "storage.errors",
+    "QItem": "storage.item",
+    "PersistentQueue": "storage.queue",
+}
 
 __all__ = [
     "ConfigError",
@@ -30,3 +56,12 @@ __all__ = [
     "QueueConfigs",
     "TooManyQueues",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
