@@ -25,21 +25,15 @@ if TYPE_CHECKING:
     from storage.item import QItem
     from storage.queue import PersistentQueue
 
-_HOMES = {
-    "QueueCollection": "storage.collection",
-    "QueueConfig": "storage.config",
-    "QueueConfigs": "storage.config",
-    "ConfigError": "storage.errors",
-    "CorruptJournalError": "storage.errors",
-    "InvalidQueueName": "storage.errors",
-    "ItemTooLarge": "storage.errors",
-    "JournalWriteError": "storage.errors",
-    "KestrelError": "storage.errors",
-    "QueueClosed": "storage.errors",
-    "TooManyQueues": "storage.errors",
-    "QItem": "storage.item",
-    "PersistentQueue": "storage.queue",
+_MODULES = {  # where each name lives
+    "storage.collection": ("QueueCollection",),
+    "storage.config": ("QueueConfig", "QueueConfigs"),
+    "storage.errors": ("ConfigError", "CorruptJournalError", "InvalidQueueName", "ItemTooLarge",
+                       "JournalWriteError", "KestrelError", "QueueClosed", "TooManyQueues"),
+    "storage.item": ("QItem",),
+    "storage.queue": ("PersistentQueue",),
 }
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "ConfigError",
