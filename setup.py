@@ -1,9 +1,13 @@
-"""The optional C helper of the group commit; everything else is declared in pyproject.toml.
+"""The optional C helpers; everything else is declared in pyproject.toml.
 
-`optional=True`: where no C compiler is at hand the build goes on without it, and the group commit
-uses Python threads (storage/group_commit.py).
+`optional=True`: where no C compiler is at hand the build goes on without them. The group commit
+then uses Python threads (storage/group_commit.py), and the journal readers the Python loop of
+`storage.codec.decode_common_python`.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("storage._fsync_many", ["storage/_fsync_many.c"], optional=True)])
+setup(ext_modules=[
+    Extension("storage._fsync_many", ["storage/_fsync_many.c"], optional=True),
+    Extension("storage._decode_common", ["storage/_decode_common.c"], optional=True),
+])

@@ -114,10 +114,11 @@ _THOUSAND = pa.scalar(1000, pa.int64())
 _ZERO = pa.scalar(0, pa.int64())
 
 
-def _timestamps(ms: list[int]) -> Any:
-    """Milliseconds since the epoch (0: no time, a null) as Spark's TimestampType in Arrow, built in
-    bulk: the values multiplied in one call, the nulls a bitmap of the zeros."""
-    micros = pc.multiply(pa.array(ms, pa.int64()), _THOUSAND)
+def _timestamps(ms: Any) -> Any:
+    """Milliseconds since the epoch (0: no time, a null; a list or an int64 array) as Spark's
+    TimestampType in Arrow, built in bulk: the values multiplied in one call, the nulls a bitmap of
+    the zeros."""
+    micros = pc.multiply(ms if isinstance(ms, pa.Array) else pa.array(ms, pa.int64()), _THOUSAND)
     known = pc.not_equal(micros, _ZERO)
     return pa.Array.from_buffers(TIMESTAMP, len(micros), [known.buffers()[1], micros.buffers()[1]])
 
@@ -151,34 +152,37 @@ KIND_CODES, KIND_NAMES, KINDS_WITH_XID, KINDS_WITH_DATA = _record_kinds()
 
 
 class RecordColumns:
-    """The columns of one batch of records, filled a run at a time from the storage reader's fast
-    path (plain tuples, transposed in one call) and a record at a time from its general path."""
+    """The columns of one batch of records: runs of common records as the storage reader's column
+    buffers (wrapped by Arrow without a copy), other records one at a time into Python lists."""
 
     def __init__(self) -> None:
+        self.runs: list[list[Any]] = []  # per run: opcodes, offsets, xids, add times, expiries, data
         self.codes: list[int | None] = []
         self.offsets: list[int] = []
         self.xids: list[int] = []
         self.added: list[int] = []
         self.expiry: list[int] = []
         self.data: list[bytes] = []
+        self.rows = 0
         self.bytes = 0  # of item data
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return self.rows
 
     def full(self) -> bool:
-        return len(self.offsets) >= ROWS_PER_BATCH or self.bytes >= BYTES_PER_BATCH
+        return self.rows >= ROWS_PER_BATCH or self.bytes >= BYTES_PER_BATCH
 
-    def add_run(self, run: list[Any]) -> None:
-        """Records from `RecordReader.common_run`: (opcode, offset, xid, add time, expiry, data)."""
-        codes, offsets, xids, added, expiry, data = zip(*run, strict=True)
-        self.codes.extend(codes)
-        self.offsets.extend(offsets)
-        self.xids.extend(xids)
-        self.added.extend(added)
-        self.expiry.extend(expiry)
-        self.data.extend(data)
-        self.bytes += sum(map(len, data))
+    def add_run(self, columns: Any) -> None:
+        """Records from `RecordReader.common_columns`."""
+        self._close_records()
+        n, codes, offsets, xids, added, expiry, ends, data = columns
+        fixed = [(codes, pa.int8()), (offsets, pa.int64()), (xids, pa.int32()), (added, pa.int64()),
+                 (expiry, pa.int64())]
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(data)])
+        self.runs.append([pa.Array.from_buffers(kind, n, [None, pa.py_buffer(b)]) for b, kind in fixed]
+                         + [values])
+        self.rows += n
+        self.bytes += len(data)
 
     def add(self, offset: int, record: Any) -> None:
         """One record of any kind, or None for a damage row (no opcode, no fields)."""
@@ -188,21 +192,45 @@ class RecordColumns:
         self.added.append(getattr(record, "add_time", 0))
         self.expiry.append(getattr(record, "expiry", 0) or getattr(record, "expiry_s", 0) * 1000)
         self.data.append(getattr(record, "data", b""))
+        self.rows += 1
         self.bytes += len(self.data[-1])
+
+    def _close_records(self) -> None:
+        """The records added one at a time, as a run of Arrow columns (keeping the order)."""
+        if self.offsets:
+            self.runs.append([pa.array(self.codes, pa.int8()), pa.array(self.offsets, pa.int64()),
+                              pa.array(self.xids, pa.int32()), pa.array(self.added, pa.int64()),
+                              pa.array(self.expiry, pa.int64()), pa.array(self.data, pa.binary())])
+            for column in (self.codes, self.offsets, self.xids, self.added, self.expiry, self.data):
+                column.clear()
 
     def batch(self, queue: str, path: str, status: str) -> Any:
         """The Arrow batch, each column built in one call (no Python work per row)."""
-        n = len(self.offsets)
-        codes = pa.array(self.codes, pa.int8())
-        no_xid = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_XID))  # a damage row's null code: False
-        no_data = pc.invert(pc.is_in(codes, value_set=KINDS_WITH_DATA))
+        self._close_records()
+        codes, offsets, xids, added, expiry, data = (
+            column[0] if len(column) == 1 else pa.concat_arrays(column)
+            for column in zip(*self.runs, strict=True))
+        n = self.rows
+        has_xid = pc.is_in(codes, value_set=KINDS_WITH_XID)  # a damage row's null code: False
+        has_data = pc.is_in(codes, value_set=KINDS_WITH_DATA)
         return pa.RecordBatch.from_arrays([
             pa.repeat(pa.scalar(queue, pa.string()), n), pa.repeat(pa.scalar(path, pa.string()), n),
-            pa.array(self.offsets, pa.int64()), pc.take(KIND_NAMES, codes),
-            pa.array(self.xids, pa.int32(), mask=no_xid),
-            _timestamps(self.added), _timestamps(self.expiry),
-            pa.array(self.data, pa.binary(), mask=no_data),
+            offsets, pc.take(KIND_NAMES, codes), _valid_where(xids, has_xid),
+            _timestamps(added), _timestamps(expiry), _valid_where(data, has_data),
             pa.repeat(pa.scalar(status, pa.string()), n)], schema=RECORDS_ARROW)
+
+
+def _valid_where(values: Any, valid: Any) -> Any:
+    """`values` (no nulls, offset 0) with a null wherever `valid` (booleans, no nulls) is False."""
+    return pa.Array.from_buffers(values.type, len(values), [valid.buffers()[1], *values.buffers()[1:]])
+
+
+def _first_records(run: Any, count: int) -> Any:
+    """The first `count` records of a run of column buffers (`RecordReader.common_columns`)."""
+    _, codes, offsets, xids, added, expiry, ends, data = run
+    data_end = memoryview(ends).cast("i")[count]
+    return (count, codes[:count], offsets[:8 * count], xids[:4 * count], added[:8 * count],
+            expiry[:8 * count], ends[:4 * (count + 1)], data[:data_end])
 
 
 def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
@@ -222,11 +250,12 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
                 if columns.full():
                     yield columns.batch(queue, path, "ok")
                     columns = RecordColumns()
-                run = reader.common_run(BYTES_PER_BATCH - columns.bytes)
-                if run:
-                    if run[-1][1] >= limit:  # the range ends inside this run
-                        run = run[:bisect.bisect_left(run, limit, key=lambda r: r[1])]
-                        if run:
+                run = reader.common_columns(BYTES_PER_BATCH - columns.bytes)
+                if run[0]:
+                    offsets = memoryview(run[2]).cast("q")
+                    if offsets[-1] >= limit:  # the range ends inside this run
+                        run = _first_records(run, bisect.bisect_left(offsets, limit))
+                        if run[0]:
                             columns.add_run(run)
                         break
                     columns.add_run(run)

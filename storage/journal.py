@@ -254,6 +254,14 @@ class RecordReader(BufferedFile):
             self._previous = self._buf_start + previous if previous >= 0 else None
         return run
 
+    def common_columns(self, budget: int) -> codec.CommonColumns:
+        """`common_run`'s records as column buffers (`codec.decode_common_columns`)."""
+        columns, self._pos, previous = codec.decode_common_columns(self._buf, self._pos, self._buf_start,
+                                                                   budget, self.check_sizes)
+        if columns[0]:
+            self._previous = self._buf_start + previous if previous >= 0 else None
+        return columns
+
     def _damage_before(self, error: Malformed) -> CorruptJournalError | None:
         """The record just before unreadable bytes, if its size field looks one bit too small.
 

@@ -212,10 +212,15 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     closing.close()
 
 
-def test_record_rows_match_the_storage_reader_for_every_kind_of_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decoder", ["compiled if built", "python"])
+def test_record_rows_match_the_storage_reader_for_every_kind_of_record(
+        tmp_path: Path, decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.journal_source import ROWS_PER_BATCH, record_batches
     from storage import codec
     from storage.journal import read_records
+
+    if decoder == "python":
+        monkeypatch.setattr(codec, "decode_common_columns", codec.decode_common_columns_python)
 
     kinds: list[Any] = [
         codec.Add(1_800_000_000, b"old add"), codec.AddX(1_700_000_000_123, 0, b"x"),

@@ -1,0 +1,13 @@
+from collections.abc import Callable
+
+_MisplacedEnd = Callable[[bytes, int, int], int | None]
+
+def decode_common(buf: bytes, pos: int, base: int, budget: int, check_sizes: bool,
+                  misplaced_end: _MisplacedEnd, /
+                  ) -> tuple[list[tuple[int, int, int, int, int, bytes]], int, int]:
+    """The run of common records from `pos`, as `storage.codec.decode_common_python` reads it."""
+
+def decode_common_columns(buf: bytes, pos: int, base: int, budget: int, check_sizes: bool,
+                          misplaced_end: _MisplacedEnd, /
+                          ) -> tuple[tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes], int, int]:
+    """The same run as column buffers (`storage.codec.decode_common_columns_python`)."""
