@@ -1,4 +1,5 @@
-"""Kestrel 2.x journal records: the only code that knows the byte layout.
+"""Kestrel 2.x journal records: the only Python code that knows the byte layout (its compiled twin
+for runs of common records, storage/_decode_common.c, is tested against `decode_common_python`).
 
 Every record is a one-byte opcode and its fields, little-endian; a leading `size` covers the whole
 block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
