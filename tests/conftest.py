@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import resource
 import signal
@@ -23,6 +24,16 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.scheduling import Scheduler
 
     config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
+    if getattr(config, "workerinput", None) is None:
+        compile_project()
+
+
+def compile_project() -> None:
+    """Every server and command a test starts imports the project anew; where PYTHONDONTWRITEBYTECODE
+    is set nothing keeps their compiled code, and compiling it took a third of a server's start.
+    Compiled once here (a no-op while up to date; a changed source is compiled again)."""
+    for package in ("service", "storage", "contract", "client"):
+        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def free_port() -> int:
