@@ -5,29 +5,19 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as MemcacheClient
 
 from tests.conftest import ServerProcess
 from tests.test_shutdown import _thrift_client
-from tests.wire import eventually, memcache_stats
+from tests.wire import eventually, memcache_stats, shared_server  # noqa: F401  (the module's `server`)
 
 QUEUES = {"queues": {"jobs": {"max_errors": 3, "error_queue": "failed"}, "plain": {"max_errors": 2},
                      "auto": {"max_errors": 3, "error_queue": "auto_failed"},
                      "crash": {"max_errors": 3, "error_queue": "crash_failed"}}}
-
-
-@pytest.fixture(scope="module")
-def poison_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server with the error queues for the tests that neither restart it nor share a queue."""
-    srv = ServerProcess(Path(tmp_path_factory.mktemp("poison")), QUEUES).start()
-    yield srv
-    srv.stop()
+SHARED_SERVER_CONFIG = QUEUES  # the module's `server`, for the tests that do not restart it
 
 
 def _queue_stats(srv: ServerProcess) -> dict[str, Any]:
@@ -44,9 +34,8 @@ def _poisoned_metric(srv: ServerProcess, queue: str) -> float:
     return next(s.value for s in family.samples if s.labels["queue"] == queue)
 
 
-def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(poison_server: ServerProcess) -> None:
-    srv = poison_server
-    c = _thrift_client(srv.thrift_port)
+def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(server: ServerProcess) -> None:
+    c = _thrift_client(server.thrift_port)
     try:
         assert c.put("jobs", [b"bad", b"good"], 60_000) == 2
         for attempt in range(3):
@@ -59,14 +48,13 @@ def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(poison_
         assert [i.data for i in c.get("jobs", 10, 0, 0)] == [b"good"]
     finally:
         c.close()
-    assert _queue_stats(srv)["jobs"]["poisoned_items"] == 1
-    assert _poisoned_metric(srv, "jobs") == 1
-    assert memcache_stats(srv.memcache_port)["queue_jobs_poisoned_items"] == "1"
+    assert _queue_stats(server)["jobs"]["poisoned_items"] == 1
+    assert _poisoned_metric(server, "jobs") == 1
+    assert memcache_stats(server.memcache_port)["queue_jobs_poisoned_items"] == "1"
 
 
-def test_thrift_auto_aborts_count_as_errors(poison_server: ServerProcess) -> None:
-    srv = poison_server
-    c = _thrift_client(srv.thrift_port)
+def test_thrift_auto_aborts_count_as_errors(server: ServerProcess) -> None:
+    c = _thrift_client(server.thrift_port)
     try:
         c.put("auto", [b"slow"], 0)
         for _ in range(3):
@@ -78,19 +66,18 @@ def test_thrift_auto_aborts_count_as_errors(poison_server: ServerProcess) -> Non
         c.close()
 
 
-def test_memcache_open_and_disconnect_max_errors_times_moves_the_item(poison_server: ServerProcess) -> None:
-    srv = poison_server
-    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5, default_noreply=False)
+def test_memcache_open_and_disconnect_max_errors_times_moves_the_item(server: ServerProcess) -> None:
+    mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5, default_noreply=False)
     try:
         assert mc.set("crash", b"crashes its worker")
         for attempt in range(3):
-            worker = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+            worker = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5)
             got = worker.get("crash/t=2000/open")
             assert got == b"crashes its worker", attempt
             worker.close()  # the worker dies holding the read
-        eventually(lambda: _queue_stats(srv).get("crash_failed", {}).get("items") == 1)
+        eventually(lambda: _queue_stats(server).get("crash_failed", {}).get("items") == 1)
         assert mc.get("crash_failed") == b"crashes its worker"
-        assert _queue_stats(srv)["crash"]["items"] == 0
+        assert _queue_stats(server)["crash"]["items"] == 0
     finally:
         mc.close()
 
