@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from gevent import monkey
 
-monkey.patch_all()
+
+def patch_all() -> None:
+    """gevent's patch_all looks up its plugins' entry points at each of its 25 steps, reading every
+    installed distribution's metadata each time: a fifth of a server's start. The same entry
+    points, read once."""
+    scan = metadata.entry_points
+    found = scan()
+    metadata.entry_points = found.select
+    try:
+        monkey.patch_all()
+    finally:
+        metadata.entry_points = scan
+
+
+patch_all()
 
 import argparse  # noqa: E402
 import os  # noqa: E402

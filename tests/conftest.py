@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import resource
 import signal
@@ -23,6 +24,20 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.scheduling import Scheduler
 
     config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
+    # pytest keeps the test modules' rewritten asserts like compiled modules, unless told not to write
+    # bytecode (PYTHONDONTWRITEBYTECODE): then every test process rewrites every test module again,
+    # 3 s of CPU each. __pycache__ is ignored by git.
+    sys.dont_write_bytecode = False
+    if getattr(config, "workerinput", None) is None:
+        compile_project()
+
+
+def compile_project() -> None:
+    """Every server and command a test starts imports the project anew, and under
+    PYTHONDONTWRITEBYTECODE nothing keeps their compiled code: compiling it took a third of a
+    server's start. Compiled once here (a no-op while up to date; a changed source is compiled again)."""
+    for package in ("service", "storage", "contract", "client"):
+        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def free_port() -> int:

@@ -1,4 +1,10 @@
-"""Every protocol fuzzed over real sockets (a sample; bench/fuzz_servers.py runs 10^5 per protocol)."""
+"""Every protocol fuzzed over real sockets (a sample; bench/fuzz_servers.py runs 10^5 per protocol).
+
+4000 inputs a protocol reach nearly every server line that 10^4 reach, at 40% of the time: with
+coverage of service/ and storage/ (2026-11-23), memcache 3788 lines of 3797, text 3661 of 3666,
+Thrift buffered binary 3586 of 3601, framed compact 3609 of 3612; most of the rest are the queue's
+timing-dependent paths, 1 to 3 lines the Thrift reader's. 2000 inputs left 8 to 38 unreached.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ import pytest
 
 from tests.fuzz_harness import SERVER_SETTINGS, run, targets
 
-SAMPLE = int(os.environ.get("KESTREL_FUZZ_SAMPLE", "10000"))
+SAMPLE = int(os.environ.get("KESTREL_FUZZ_SAMPLE", "4000"))
+# What the server may keep per input: a leak of 10 KB an input shows at any sample size.
+RSS_GROWTH_PER_INPUT_KB = 10
 TARGETS = targets()
 
 
@@ -25,5 +33,5 @@ def test_mutated_inputs_harm_nobody(server_factory: Any, name: str) -> None:
     assert report.tracebacks == []
     assert report.good_errors == []
     assert report.good_rounds > 0
-    assert report.rss_peak_kb - report.rss_start_kb < 100 * 1024
+    assert report.rss_peak_kb - report.rss_start_kb < RSS_GROWTH_PER_INPUT_KB * SAMPLE, report.summary()
     assert report.within_latency_budget(), report.summary()

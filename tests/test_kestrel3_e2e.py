@@ -15,10 +15,12 @@ from storage import QueueCollection, QueueConfigs, kestrel3_files
 from tests.conftest import ServerProcess
 from tests.queues import drain
 from tests.test_thrift_e2e import client
-from tests.wire import eventually
+from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)
 
-KESTREL3 = {"queues": {"jobs": {"journal_format": "kestrel3", "max_memory_size": "2KB",
-                                "default_journal_size": "4KB"}}}
+KESTREL3_QUEUE = {"journal_format": "kestrel3", "max_memory_size": "2KB", "default_journal_size": "4KB"}
+KESTREL3 = {"queues": {"jobs": KESTREL3_QUEUE}}
+# The module's `server`, for the tests that do not restart it: a kestrel3 queue each.
+SHARED_SERVER_CONFIG = {"queues": {name: KESTREL3_QUEUE for name in ("writes", "deleted", "progress")}}
 
 
 def files(srv: ServerProcess) -> list[str]:
@@ -75,15 +77,14 @@ def test_fanout_readers_share_one_writer_journal_through_thrift_and_memcache(ser
         assert c.get("jobs+a", 5, 0, 0)[0].data == b"after"
 
 
-def test_put_writes_once_however_many_readers(server_factory: Any) -> None:
-    srv = server_factory(KESTREL3)
-    with client(srv) as c:
+def test_put_writes_once_however_many_readers(server: ServerProcess) -> None:
+    with client(server) as c:
         for reader in "abcdefgh":
-            c.get(f"jobs+{reader}", 1, 0, 0)
-        c.put("jobs", [b"z" * 1000], 0)
-        writer_bytes = sum((srv.queue_path / n).stat().st_size for n in files(srv) if n.startswith("jobs.") and ".read." not in n)
+            c.get(f"writes+{reader}", 1, 0, 0)
+        c.put("writes", [b"z" * 1000], 0)
+        writer_bytes = sum((server.queue_path / n).stat().st_size for n in files(server) if n.startswith("writes.") and ".read." not in n)
         assert 1000 < writer_bytes < 1100
-        assert all(c.peek(f"jobs+{r}").items == 1 for r in "abcdefgh")
+        assert all(c.peek(f"writes+{r}").items == 1 for r in "abcdefgh")
 
 
 def test_reads_open_at_a_restart_are_served_again_in_put_order(server_factory: Any) -> None:
@@ -129,17 +130,16 @@ def test_auto_aborts_count_as_errors_on_a_fanout_reader(server_factory: Any) -> 
         assert c.get("jobs+r", 1, 0, 0) == []
 
 
-def test_delete_removes_a_reader_and_the_data_with_the_last(server_factory: Any) -> None:
-    srv = server_factory(KESTREL3)
-    mc = memcache(srv)
+def test_delete_removes_a_reader_and_the_data_with_the_last(server: ServerProcess) -> None:
+    mc = memcache(server)
     try:
-        mc.get("jobs+a")
-        mc.set("jobs", b"x")
-        assert mc.delete("jobs")
-        assert "jobs.read." not in files(srv) and "jobs.read.a" in files(srv)
-        assert mc.get("jobs+a") == b"x"  # the child still reads the parent's writer journal
-        assert mc.delete("jobs+a")
-        assert [n for n in files(srv) if n.startswith("jobs")] == []
+        mc.get("deleted+a")
+        mc.set("deleted", b"x")
+        assert mc.delete("deleted")
+        assert "deleted.read." not in files(server) and "deleted.read.a" in files(server)
+        assert mc.get("deleted+a") == b"x"  # the child still reads the parent's writer journal
+        assert mc.delete("deleted+a")
+        assert [n for n in files(server) if n.startswith("deleted")] == []
     finally:
         mc.close()
 
@@ -203,13 +203,12 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
     assert set(acknowledged) <= set(audit) and len(audit) == len(set(audit))
 
 
-def test_checkpoint_of_a_reader_reads_back_as_its_progress(server_factory: Any) -> None:
-    srv = server_factory(KESTREL3)
-    with client(srv) as c:
-        c.put("jobs", [b"a", b"b", b"c", b"d"], 0)
-        first, second = c.get("jobs", 2, 0, 30_000)
-        c.confirm("jobs", {second.id})
-    progress = kestrel3_files.read_checkpoint(str(srv.queue_path / "jobs.read."))
+def test_checkpoint_of_a_reader_reads_back_as_its_progress(server: ServerProcess) -> None:
+    with client(server) as c:
+        c.put("progress", [b"a", b"b", b"c", b"d"], 0)
+        first, second = c.get("progress", 2, 0, 30_000)
+        c.confirm("progress", {second.id})
+    progress = kestrel3_files.read_checkpoint(str(server.queue_path / "progress.read."))
     assert (progress.head, sorted(progress.done)) == (0, [2])  # item 1 is open: the head waits for it
 
 

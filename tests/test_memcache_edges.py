@@ -18,6 +18,10 @@ from tests.wire import (
     shared_server,  # noqa: F401  (the module's `server`)
 )
 
+# The module's `server`: queue settings and an alias its tests need, each queue one test's.
+SHARED_SERVER_CONFIG = {"queues": {"full": {"max_items": 1}, "aliased_full": {"max_items": 1}},
+                        "aliases": {"both": {"destination_queues": ["aliased_full"]}}}
+
 
 def set_item(port: int, queue: str, data: bytes) -> None:
     with conn(port) as s:
@@ -266,15 +270,13 @@ def test_read_only_commands_do_not_create_queues(server: ServerProcess) -> None:
         assert not (server.queue_path / "ghost").exists(), line
 
 
-def test_full_queue_answers_not_stored(server_factory: Any) -> None:
-    srv = server_factory({"queues": {"full": {"max_items": 1}}})
-    s = conn(srv.memcache_port)
+def test_full_queue_answers_not_stored(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
     assert exchange(s, b"set full 0 0 1\r\n1\r\n") == b"STORED\r\n"
     assert exchange(s, b"set full 0 0 1\r\n2\r\n") == b"NOT_STORED\r\n"
 
 
-def test_alias_with_a_refusing_destination_answers_not_stored(server_factory: Any) -> None:
-    srv = server_factory({"queues": {"full": {"max_items": 1}}, "aliases": {"both": {"destination_queues": ["full"]}}})
-    s = conn(srv.memcache_port)
+def test_alias_with_a_refusing_destination_answers_not_stored(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
     assert exchange(s, b"set both 0 0 1\r\n1\r\n") == b"STORED\r\n"
     assert exchange(s, b"set both 0 0 1\r\n2\r\n") == b"NOT_STORED\r\n"

@@ -12,9 +12,12 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from tests.conftest import ServerProcess
 from tests.test_shutdown import _thrift_client
-from tests.wire import eventually, memcache_stats
+from tests.wire import eventually, memcache_stats, shared_server  # noqa: F401  (the module's `server`)
 
-QUEUES = {"queues": {"jobs": {"max_errors": 3, "error_queue": "failed"}, "plain": {"max_errors": 2}}}
+QUEUES = {"queues": {"jobs": {"max_errors": 3, "error_queue": "failed"}, "plain": {"max_errors": 2},
+                     "auto": {"max_errors": 3, "error_queue": "auto_failed"},
+                     "crash": {"max_errors": 3, "error_queue": "crash_failed"}}}
+SHARED_SERVER_CONFIG = QUEUES  # the module's `server`, for the tests that do not restart it
 
 
 def _queue_stats(srv: ServerProcess) -> dict[str, Any]:
@@ -31,9 +34,8 @@ def _poisoned_metric(srv: ServerProcess, queue: str) -> float:
     return next(s.value for s in family.samples if s.labels["queue"] == queue)
 
 
-def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(server_factory: Any) -> None:
-    srv = server_factory(QUEUES)
-    c = _thrift_client(srv.thrift_port)
+def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(server: ServerProcess) -> None:
+    c = _thrift_client(server.thrift_port)
     try:
         assert c.put("jobs", [b"bad", b"good"], 60_000) == 2
         for attempt in range(3):
@@ -46,38 +48,36 @@ def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(server_
         assert [i.data for i in c.get("jobs", 10, 0, 0)] == [b"good"]
     finally:
         c.close()
-    assert _queue_stats(srv)["jobs"]["poisoned_items"] == 1
-    assert _poisoned_metric(srv, "jobs") == 1
-    assert memcache_stats(srv.memcache_port)["queue_jobs_poisoned_items"] == "1"
+    assert _queue_stats(server)["jobs"]["poisoned_items"] == 1
+    assert _poisoned_metric(server, "jobs") == 1
+    assert memcache_stats(server.memcache_port)["queue_jobs_poisoned_items"] == "1"
 
 
-def test_thrift_auto_aborts_count_as_errors(server_factory: Any) -> None:
-    srv = server_factory(QUEUES)
-    c = _thrift_client(srv.thrift_port)
+def test_thrift_auto_aborts_count_as_errors(server: ServerProcess) -> None:
+    c = _thrift_client(server.thrift_port)
     try:
-        c.put("jobs", [b"slow"], 0)
+        c.put("auto", [b"slow"], 0)
         for _ in range(3):
-            got = c.get("jobs", 1, 2_000, 50)  # not confirmed: auto-aborted after 50 ms
+            got = c.get("auto", 1, 2_000, 50)  # not confirmed: auto-aborted after 50 ms
             assert [i.data for i in got] == [b"slow"]
-        eventually(lambda: c.peek("failed").items == 1)
-        assert c.peek("jobs").items == 0 and c.peek("jobs").open_transactions == 0
+        eventually(lambda: c.peek("auto_failed").items == 1)
+        assert c.peek("auto").items == 0 and c.peek("auto").open_transactions == 0
     finally:
         c.close()
 
 
-def test_memcache_open_and_disconnect_max_errors_times_moves_the_item(server_factory: Any) -> None:
-    srv = server_factory(QUEUES)
-    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5, default_noreply=False)
+def test_memcache_open_and_disconnect_max_errors_times_moves_the_item(server: ServerProcess) -> None:
+    mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5, default_noreply=False)
     try:
-        assert mc.set("jobs", b"crashes its worker")
+        assert mc.set("crash", b"crashes its worker")
         for attempt in range(3):
-            worker = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
-            got = worker.get("jobs/t=2000/open")
+            worker = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5)
+            got = worker.get("crash/t=2000/open")
             assert got == b"crashes its worker", attempt
             worker.close()  # the worker dies holding the read
-        eventually(lambda: _queue_stats(srv).get("failed", {}).get("items") == 1)
-        assert mc.get("failed") == b"crashes its worker"
-        assert _queue_stats(srv)["jobs"]["items"] == 0
+        eventually(lambda: _queue_stats(server).get("crash_failed", {}).get("items") == 1)
+        assert mc.get("crash_failed") == b"crashes its worker"
+        assert _queue_stats(server)["crash"]["items"] == 0
     finally:
         mc.close()
 

@@ -20,6 +20,9 @@ from contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ServerProcess
 from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)
 
+# The module's `server`: queue settings its tests need, each queue one test's.
+SHARED_SERVER_CONFIG = {"queues": {"small": {"max_items": 2}}}
+
 
 @contextmanager
 def client(srv: ServerProcess, **kwargs: Any) -> Iterator[Any]:
@@ -155,9 +158,8 @@ def test_flush_delete_and_flush_all(server_factory: Any) -> None:
     assert not (server.queue_path / "b").exists()
 
 
-def test_full_queue_accepts_fewer(server_factory: Any) -> None:
-    srv = server_factory({"queues": {"small": {"max_items": 2}}})
-    with client(srv) as c:
+def test_full_queue_accepts_fewer(server: ServerProcess) -> None:
+    with client(server) as c:
         assert c.put("small", [b"a", b"b", b"c"], 0) == 2
 
 

@@ -18,6 +18,10 @@ from tests.test_thrift_hostile import client, raw
 from tests.thrift_wire import closed_or_silent, encode_call, framed
 from tests.wire import shared_server  # noqa: F401  (the module's `server`)
 
+# The module's `server`: queue settings and an alias its tests need, each queue one test's.
+SHARED_SERVER_CONFIG = {"queues": {"small": {"max_item_size": "4"}, "short": {"max_items": 2}, "full": {"max_items": 1}},
+                        "aliases": {"both": {"destination_queues": ["roomy", "full"]}}}
+
 
 def test_read_ids_never_repeat_across_a_restart(server_factory: Any) -> None:
     srv = server_factory()
@@ -109,19 +113,16 @@ def test_get_waits_are_capped_at_max_wait(server_factory: Any) -> None:
         assert 0.15 < time.monotonic() - started < 3
 
 
-def test_put_counts_items_accepted_before_an_oversized_one(server_factory: Any) -> None:
-    srv = server_factory({"queues": {"small": {"max_item_size": "4"}, "short": {"max_items": 2}}})
-    with client(srv) as c:
+def test_put_counts_items_accepted_before_an_oversized_one(server: ServerProcess) -> None:
+    with client(server) as c:
         assert c.put("small", [b"12345"], 0) == 0
         assert c.put("small", [b"a", b"b", b"12345", b"c"], 0) == 2
         assert [i.data for i in c.get("small", 10, 0, 0)] == [b"a", b"b"]
         assert c.put("short", [b"1", b"2", b"3"], 0) == 2  # queue full inside the batch
 
 
-def test_put_through_an_alias_counts_only_what_every_destination_took(server_factory: Any) -> None:
-    srv = server_factory({"queues": {"full": {"max_items": 1}},
-                          "aliases": {"both": {"destination_queues": ["roomy", "full"]}}})
-    with client(srv) as c:
+def test_put_through_an_alias_counts_only_what_every_destination_took(server: ServerProcess) -> None:
+    with client(server) as c:
         assert c.put("both", [b"a"], 0) == 1
         assert c.put("both", [b"b"], 0) == 0  # "full" refused it
         assert c.put("both", [b"c", b"d"], 0) == 0

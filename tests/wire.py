@@ -15,10 +15,11 @@ _opened: list[socket.socket] = []
 
 
 @pytest.fixture(scope="module", name="server")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """`server` for a module that imports this: one server on the defaults for all its tests,
-    each keeping to its own queue names."""
-    srv = ServerProcess(tmp_path_factory.mktemp("shared")).start()
+def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`server` for a module that imports this: one server for all its tests, each keeping to its
+    own queue names; on the defaults, with the settings of the module's `SHARED_SERVER_CONFIG` if it
+    has one (queues of their own for tests that would otherwise start a server for them)."""
+    srv = ServerProcess(tmp_path_factory.mktemp("shared"), getattr(request.module, "SHARED_SERVER_CONFIG", None)).start()
     yield srv
     srv.stop()
 
