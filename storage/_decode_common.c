@@ -235,17 +235,16 @@ static int add_columns(Sink *sink, int op, long long offset, int32_t xid, int64_
     Column *c = self->columns;
     int8_t code = (int8_t)op;
     int64_t at = offset;
-    if (c[DATA].size + size > INT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "a run's data over 2 GiB does not fit Arrow's binary column");
+    if (c[DATA].size + size > c[DATA].capacity) { /* cannot happen: the data was sized to fit */
+        PyErr_SetString(PyExc_SystemError, "decode_common_columns: data past its bound");
         return -1;
     }
+    memcpy(c[DATA].bytes + c[DATA].size, data, (size_t)size);
+    c[DATA].size += size;
+    int32_t data_end = (int32_t)c[DATA].size;
     if (put(&c[OPCODES], &code, 1) || put(&c[OFFSETS], &at, 8) || put(&c[XIDS], &xid, 4)
         || put(&c[ADD_TIMES], &add_time, 8) || put(&c[EXPIRIES], &expiry, 8)
-        || put(&c[DATA], data, size)) {
-        return -1;
-    }
-    int32_t data_end = (int32_t)c[DATA].size;
-    if (put(&c[DATA_ENDS], &data_end, 4)) {
+        || put(&c[DATA_ENDS], &data_end, 4)) {
         return -1;
     }
     self->count++;
@@ -261,40 +260,45 @@ static PyObject *decode_common_columns(PyObject *module, PyObject *args) {
     ColumnSink sink = {{add_columns}, {{0}}, 0};
     int32_t zero = 0;
     Py_ssize_t previous = -1;
-    PyObject *result = NULL;
-    /* The data cannot exceed the budget or the buffer after `pos`: sized once, never grown. */
+    PyObject *result = NULL, *fields = NULL;
+    /* The data is less than the budget and lies in the buffer after `pos`, so a bytes object of
+     * the smaller size holds it: written in place, cut to size at the end, never copied. Arrow's
+     * 32-bit data ends bound it as well. */
     Py_ssize_t most = call.view.len - call.pos;
     if (call.budget < most) {
         most = (Py_ssize_t)call.budget;
     }
-    if (most < 0) {
-        most = 0;
+    most = most < 0 ? 0 : most > INT32_MAX ? INT32_MAX : most;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, most);
+    if (data == NULL) {
+        goto done;
     }
-    sink.columns[DATA].bytes = malloc(most > 0 ? (size_t)most : 1);
+    sink.columns[DATA].bytes = PyBytes_AS_STRING(data);
     sink.columns[DATA].capacity = most;
-    if (sink.columns[DATA].bytes == NULL) {
-        PyErr_NoMemory();
-    } else if (put(&sink.columns[DATA_ENDS], &zero, 4) == 0
-               && run_walk(&call, &sink.sink, &previous) == 0) {
-        PyObject *fields = PyTuple_New(COLUMNS + 1);
-        if (fields != NULL) {
-            PyTuple_SET_ITEM(fields, 0, PyLong_FromSsize_t(sink.count));
-            for (int i = 0; i < COLUMNS; i++) {
-                PyTuple_SET_ITEM(fields, i + 1, PyBytes_FromStringAndSize(sink.columns[i].bytes,
-                                                                        sink.columns[i].size));
-            }
-            for (int i = 0; i <= COLUMNS; i++) {
-                if (PyTuple_GET_ITEM(fields, i) == NULL) {
-                    Py_CLEAR(fields);
-                    break;
-                }
-            }
-        }
-        if (fields != NULL) {
-            result = Py_BuildValue("(Nnn)", fields, call.pos, previous);
+    if (put(&sink.columns[DATA_ENDS], &zero, 4) < 0 || run_walk(&call, &sink.sink, &previous) < 0
+        || _PyBytes_Resize(&data, sink.columns[DATA].size) < 0) {
+        goto done;
+    }
+    fields = PyTuple_New(COLUMNS + 1);
+    if (fields == NULL) {
+        goto done;
+    }
+    PyTuple_SET_ITEM(fields, 0, PyLong_FromSsize_t(sink.count));
+    for (int i = 0; i < DATA; i++) {
+        PyTuple_SET_ITEM(fields, i + 1, PyBytes_FromStringAndSize(sink.columns[i].bytes, sink.columns[i].size));
+    }
+    PyTuple_SET_ITEM(fields, DATA + 1, data);
+    data = NULL;
+    for (int i = 0; i <= COLUMNS; i++) {
+        if (PyTuple_GET_ITEM(fields, i) == NULL) {
+            Py_CLEAR(fields);
+            goto done;
         }
     }
-    for (int i = 0; i < COLUMNS; i++) {
+    result = Py_BuildValue("(Nnn)", fields, call.pos, previous);
+done:
+    Py_XDECREF(data);
+    for (int i = 0; i < DATA; i++) {
         free(sink.columns[i].bytes);
     }
     PyBuffer_Release(&call.view);

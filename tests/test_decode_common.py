@@ -54,7 +54,7 @@ def test_the_compiled_runs_are_the_python_runs(seed: int) -> None:
     rng = random.Random(seed)
     buf = journal_bytes(seed)
     for pos in range(0, len(buf), 7):
-        both(buf, pos, rng.choice((1, 50, 300, 1 << 40)), rng.random() < 0.7)
+        both(buf, pos, rng.choice((-5, 0, 1, 50, 300, 1 << 40)), rng.random() < 0.7)
     for _ in range(60):
         broken = damaged(rng, buf)
         both(broken, rng.randrange(len(broken) // 4), rng.choice((100, 1 << 40)), True)
