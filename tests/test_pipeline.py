@@ -43,7 +43,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One SparkSession for every test of this process; safe beside other test processes."""
     if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["KESTREL_SPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = str(ROOT / "tests" / "spark_python.sh")  # imports pyspark precompiled
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
