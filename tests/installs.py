@@ -1,27 +1,41 @@
-"""Installing the Debian packages a test needs, once, when the machine lets us."""
+"""Installing the Debian packages a test needs, once, when the machine lets us.
+
+The suite's processes may want packages at the same moment, and dpkg takes one install at a time:
+a second apt-get fails at once on dpkg's lock, which once skipped every ZooKeeper test of a run. So
+installs take turns on a lock file of their own, and apt-get also waits for dpkg's lock (another
+program's install) instead of failing.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
-_updated = False
+LOCK_PATH = Path(tempfile.gettempdir()) / "kestrel-tests-apt.lock"
+DPKG_LOCK_WAIT_S = 600
 
 
 def ensure_debian_package(command: str, package: str) -> str | None:
-    """Path of `command`, installing `package` with apt-get if missing; None with the reason logged."""
-    global _updated
+    """Path of `command`, installing `package` with apt-get if missing; None if it cannot be had."""
     found = shutil.which(command)
     if found or os.geteuid() != 0 or shutil.which("apt-get") is None:
         return found
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for attempt in range(2):
-        if attempt or not _updated:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-            _updated = True
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", package], env=env, capture_output=True,
-                              timeout=600)
-        if done.returncode == 0:
-            break
-    return shutil.which(command)
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = shutil.which(command)  # another test process may have installed it meanwhile
+        if found:
+            return found
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        wait = ["-o", f"DPkg::Lock::Timeout={DPKG_LOCK_WAIT_S}"]
+        for attempt in range(2):
+            if attempt:  # a stale package list is the usual reason for a failed install
+                subprocess.run(["apt-get", *wait, "update", "-qq"], env=env, capture_output=True, timeout=300)
+            done = subprocess.run(["apt-get", *wait, "install", "-y", "-qq", package], env=env,
+                                  capture_output=True, timeout=DPKG_LOCK_WAIT_S + 300)
+            if done.returncode == 0:
+                break
+        return shutil.which(command)
