@@ -3,8 +3,10 @@
 The load comes from bench/loadgen.c, built here with the machine's C compiler: CLIENTS processes, one
 connection each, each on its own queue, request/response, 128-byte items; an item is one put plus
 one get. Every server runs on loopback on this machine, started and stopped by this script; the
-peers come from Debian (installed when run as root). Each row prints our rate, the peer's, the ratio
-and the p50 / p99 latency of one round (put + get of a batch, plus the confirm or delete if any).
+peers come from Debian (installed when run as root). Each row prints our rate, the peer's, the ratio,
+the p50 / p99 latency of one round (put + get of a batch, plus the confirm or delete if any), and the
+server's CPU time per item (user + system, all its threads, from /proc): what an item costs the
+server whatever else the machine is doing, where items/s also depends on how much of a core it got.
 
 - single: one item per request, 4 clients. Our `sync_journal: never` against beanstalkd -F and
   Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached.
@@ -33,7 +35,19 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import load_average, machine
+from bench.common import load_average, machine, process_cpu_seconds
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The best run of a measurement, and the server's CPU time per item during that run."""
+
+    load: loadgen.LoadResult
+    cpu_us_per_item: float
+
+    @property
+    def items_per_s(self) -> float:
+        return self.load.items_per_s
 
 
 @dataclass
@@ -48,34 +62,39 @@ class Bench:
     seconds: float
     repeat: int
 
-    def measure(self, protocol: str, port: int, prefix: str, **options: Any) -> loadgen.LoadResult | None:
+    def measure(self, protocol: str, server: peers.Running, port: str, prefix: str,
+                **options: Any) -> Measured | None:
         best = None
         for attempt in range(self.repeat):
+            cpu_before = process_cpu_seconds(server.pid)
             try:
-                result = loadgen.run(self.binary, protocol, port, seconds=self.seconds,
+                result = loadgen.run(self.binary, protocol, server[port], seconds=self.seconds,
                                      prefix=f"{prefix}{attempt}_", **options)
             except loadgen.LoadgenError as e:
                 print(f"  ! {e}", file=sys.stderr)
                 continue
+            cpu = process_cpu_seconds(server.pid) - cpu_before
             if best is None or result.items_per_s > best.items_per_s:
-                best = result
+                best = Measured(result, cpu * 1e6 / max(result.items, 1))
         return best
 
 
-def cell(result: loadgen.LoadResult | None) -> str:
-    if result is None:
-        return "failed | "
+def cell(measured: Measured | None) -> str:
+    if measured is None:
+        return "failed | | "
+    result = measured.load
     return (f"{result.items_per_s:,.0f} | {result.p('round', 'p50'):,.0f} / "
-            f"{result.p('round', 'p99'):,.0f}")
+            f"{result.p('round', 'p99'):,.0f} | {measured.cpu_us_per_item:,.1f}")
 
 
 def header(title: str) -> None:
     print(f"\n### {title}\n")
-    print("| workload | kestrel-py items/s | p50 / p99 µs | peer | peer items/s | p50 / p99 µs | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | kestrel-py items/s | p50 / p99 µs | CPU µs/item | peer | peer items/s | p50 / p99 µs "
+          "| CPU µs/item | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
-def row(workload: str, ours: loadgen.LoadResult | None, peer: str, theirs: loadgen.LoadResult | None) -> None:
+def row(workload: str, ours: Measured | None, peer: str, theirs: Measured | None) -> None:
     ratio = f"{ours.items_per_s / theirs.items_per_s:.2f}" if ours and theirs else "-"
     print(f"| {workload} | {cell(ours)} | {peer} | {cell(theirs)} | {ratio} |", flush=True)
 
@@ -87,15 +106,15 @@ def single(bench: Bench, work: Path) -> None:
     header("Single items: 4 clients, 128 B, one item per request")
     with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
-        thrift = bench.measure("thrift", k["thrift"], "single")
-        beans = bench.measure("beanstalk", bean["beanstalk"], "single")
+        thrift = bench.measure("thrift", k, "thrift", "single")
+        beans = bench.measure("beanstalk", bean, "beanstalk", "single")
         row("Thrift put + get", thrift, "beanstalkd -F put/reserve/delete", beans)
-        row("Thrift put + get", thrift, "Redis RPUSH/LPOP", bench.measure("redis", red["redis"], "single"))
-        confirmed = bench.measure("thrift", k["thrift"], "confirm", auto_abort_ms=10_000)
+        row("Thrift put + get", thrift, "Redis RPUSH/LPOP", bench.measure("redis", red, "redis", "single"))
+        confirmed = bench.measure("thrift", k, "thrift", "confirm", auto_abort_ms=10_000)
         row("Thrift put + get/auto-abort + confirm", confirmed, "beanstalkd -F put/reserve/delete", beans)
-        memcache = bench.measure("memcache", k["memcache"], "single")
+        memcache = bench.measure("memcache", k, "memcache", "single")
         row("memcache set + get", memcache, "memcached set/get",
-            bench.measure("memcache", mc["memcache"], "m"))
+            bench.measure("memcache", mc, "memcache", "m"))
         row("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
 
 
@@ -103,30 +122,30 @@ def batch(bench: Bench, work: Path) -> None:
     header("Batches of 100: 4 clients, 128 B, one round = put 100 + get 100")
     with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
-        thrift = bench.measure("thrift", k["thrift"], "batch", batch=100)
+        thrift = bench.measure("thrift", k, "thrift", "batch", batch=100)
         row("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100",
-            bench.measure("redis", red["redis"], "batch", batch=100))
+            bench.measure("redis", red, "redis", "batch", batch=100))
         row("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined",
-            bench.measure("redis", red["redis"], "pipe", batch=100, pipelined=True))
-        beans = bench.measure("beanstalk", bean["beanstalk"], "batch", batch=100)
+            bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True))
+        beans = bench.measure("beanstalk", bean, "beanstalk", "batch", batch=100)
         row("Thrift put(100) + get(100)", thrift, "beanstalkd -F 100 put/reserve/delete pipelined", beans)
-        confirmed = bench.measure("thrift", k["thrift"], "confirm", batch=100, auto_abort_ms=10_000)
+        confirmed = bench.measure("thrift", k, "thrift", "confirm", batch=100, auto_abort_ms=10_000)
         row("Thrift put + get/auto-abort + confirm (100)", confirmed,
             "beanstalkd -F 100 put/reserve/delete pipelined", beans)
         row("memcache 100 set + 100 get pipelined",
-            bench.measure("memcache", k["memcache"], "batch", batch=100), "memcached, the same",
-            bench.measure("memcache", mc["memcache"], "m", batch=100))
+            bench.measure("memcache", k, "memcache", "batch", batch=100), "memcached, the same",
+            bench.measure("memcache", mc, "memcache", "m", batch=100))
 
 
 def durability(bench: Bench, work: Path) -> None:
     header("Durability: 16 clients each on its own queue, one item per put, fsync before every reply")
     with peers.kestrel(work, "always") as k, peers.beanstalkd(work, "always") as bean, \
             peers.redis(work, "always") as red:
-        thrift = bench.measure("thrift", k["thrift"], "durable", clients=16)
+        thrift = bench.measure("thrift", k, "thrift", "durable", clients=16)
         row("Thrift put + get, `sync_journal: always`", thrift, "beanstalkd -f0",
-            bench.measure("beanstalk", bean["beanstalk"], "durable", clients=16))
+            bench.measure("beanstalk", bean, "beanstalk", "durable", clients=16))
         row("Thrift put + get, `sync_journal: always`", thrift, "Redis appendfsync always",
-            bench.measure("redis", red["redis"], "durable", clients=16))
+            bench.measure("redis", red, "redis", "durable", clients=16))
 
 
 def latency(bench: Bench, work: Path) -> None:
@@ -135,8 +154,8 @@ def latency(bench: Bench, work: Path) -> None:
         with peers.kestrel(work, sync) as k, peers.beanstalkd(work, sync) as bean:
             flag = "-F" if sync == "never" else "-f0"
             row(f"Thrift put + get, `sync_journal: {sync}`",
-                bench.measure("thrift", k["thrift"], "latency", clients=1), f"beanstalkd {flag}",
-                bench.measure("beanstalk", bean["beanstalk"], "latency", clients=1))
+                bench.measure("thrift", k, "thrift", "latency", clients=1), f"beanstalkd {flag}",
+                bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1))
 
 
 SECTIONS: dict[str, Section] = {"single": single, "batch": batch, "durability": durability,

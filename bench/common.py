@@ -36,3 +36,10 @@ def load_average() -> str:
     """The 1, 5 and 15-minute load averages: how busy the shared machine was around a run."""
     one, five, fifteen = os.getloadavg()
     return f"{one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process `pid` and all its threads so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

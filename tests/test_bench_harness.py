@@ -59,3 +59,22 @@ def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
         loadgen.run(binary, "thrift", server.thrift_port, clients=1, items=1, prefix="bad.")
     with pytest.raises(loadgen.LoadgenError, match="memcache set: CLIENT_ERROR"):
         loadgen.run(binary, "memcache", server.memcache_port, clients=1, items=1, prefix="bad.")
+
+
+def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
+    import os
+    import threading
+    import time
+
+    from bench.common import process_cpu_seconds
+
+    def spin() -> None:
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+
+    before = process_cpu_seconds(os.getpid())
+    worker = threading.Thread(target=spin)  # CPU burnt by another thread counts too
+    worker.start()
+    worker.join()
+    assert process_cpu_seconds(os.getpid()) - before >= 0.15
