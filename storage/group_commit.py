@@ -9,7 +9,10 @@ it, one per journal in the round: C threads from `storage/_fsync_many.c` when it
 interpreter lock changes hands once per round), else Python threads. With `KESTREL_FSYNC=aio` they
 go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no thread, far less
 CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
-oversubscribed they wait for a turn far longer than our own threads do).
+oversubscribed they wait for a turn far longer than our own threads do). By default a round of two
+or more journals on one file system may be one syncfs instead (`storage/syncfs.py`: one commit of
+the file system for the whole round), where the kernel reports its errors and while such rounds are
+faster than the fdatasyncs; `KESTREL_FSYNC=threads` keeps one fdatasync per journal.
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -27,6 +30,7 @@ import structlog
 from gevent import monkey
 
 from storage.aio_fsync import AioFsync, AioUnsupported
+from storage.syncfs import FilesystemSync
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -36,8 +40,10 @@ _start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_t
 # Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
 # many journals, the rest of a round waits for a free thread.
 MAX_THREADS = 64
-# Native AIO instead of threads: `KESTREL_FSYNC=aio` in the environment (see the module's doc).
-NATIVE_AIO = os.environ.get("KESTREL_FSYNC") == "aio"
+# How rounds are issued, from the environment (see the module's doc): `aio` for native AIO,
+# `threads` for one fdatasync per journal on threads; anything else, syncfs where it can be trusted.
+FSYNC_WAY = os.environ.get("KESTREL_FSYNC", "")
+NATIVE_AIO = FSYNC_WAY == "aio"
 
 
 class Syncable(Protocol):
@@ -171,6 +177,8 @@ class GroupCommit:
     def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
         self._threads = _threads()
+        if fsync_many is None and not native_aio and FSYNC_WAY != "threads":
+            fsync_many = FilesystemSync.create(self._threads)
         # None: native AIO, set up by the first round
         self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run

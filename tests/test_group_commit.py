@@ -16,6 +16,7 @@ from storage.aio_fsync import AioFsync
 from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
 from storage.journal import JournalWriter
 from storage.runtime import ThreadsRuntime
+from storage.syncfs import FilesystemSync, reports_errors
 
 
 class Journal:
@@ -251,3 +252,140 @@ def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Pat
     writer.commit()
     assert writer.synced == 1 and counting.rounds == []
     writer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds as one syncfs of the file system (storage/syncfs.py)
+
+
+class SyncfsCalls:
+    """A syncfs that records the descriptors it was given and answers `code` (0 or an errno)."""
+
+    def __init__(self, code: int = 0) -> None:
+        self.code = code
+        self.fds: list[int] = []
+
+    def __call__(self, fd: int) -> int:
+        self.fds.append(fd)
+        return self.code
+
+
+class FailingFor:
+    """One fdatasync a journal, failing with EIO for the descriptors in `bad`."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+        self.rounds: list[list[int]] = []
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.rounds.append(list(fds))
+        return [OSError(errno.EIO, "Input/output error") if fd in self.bad else None for fd in fds]
+
+
+def test_a_round_of_journals_on_one_file_system_is_one_syncfs(tmp_path: Path) -> None:
+    each, syncfs = FailingFor(set()), SyncfsCalls()
+    commit = GroupCommit(FilesystemSync(each, syncfs))
+    journals = [Journal(tmp_path / f"q{i}") for i in range(8)]
+    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    gevent.joinall(waiters, raise_error=True)
+    assert len(syncfs.fds) == 1 and each.rounds == []
+    assert all(j.synced == 6 for j in journals)
+
+
+def test_a_round_of_one_journal_keeps_its_fdatasync(tmp_path: Path) -> None:
+    each, syncfs = FailingFor(set()), SyncfsCalls()
+    commit = GroupCommit(FilesystemSync(each, syncfs))
+    journal = Journal(tmp_path / "q")
+    commit.sync(journal, journal.append(b"record"))
+    assert syncfs.fds == [] and each.rounds == [[journal.fd]]
+
+
+def test_journals_on_other_file_systems_are_fsynced_each(tmp_path: Path) -> None:
+    journals = [Journal(tmp_path / f"q{i}") for i in range(3)]
+    each, syncfs = FailingFor(set()), SyncfsCalls()
+    elsewhere = journals[2].fd
+    commit = GroupCommit(FilesystemSync(each, syncfs, device=lambda fd: 2 if fd == elsewhere else 1))
+    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals], raise_error=True)
+    assert syncfs.fds == [] and sorted(each.rounds[0]) == sorted(j.fd for j in journals)
+
+
+def test_a_failed_syncfs_fails_only_the_journals_whose_own_fsync_fails(tmp_path: Path) -> None:
+    journals = [Journal(tmp_path / f"q{i}") for i in range(4)]
+    each, syncfs = FailingFor({journals[1].fd}), SyncfsCalls(errno.EIO)
+    commit = GroupCommit(FilesystemSync(each, syncfs))
+    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    gevent.joinall(waiters)
+    assert len(syncfs.fds) == 1 and len(each.rounds) == 1  # the syncfs, then each journal's own
+    assert [w.successful() for w in waiters] == [True, False, True, True]
+    assert isinstance(waiters[1].exception, OSError) and waiters[1].exception.errno == errno.EIO
+    assert [j.synced for j in journals] == [6, 0, 6, 6]
+
+
+def test_syncfs_is_trusted_only_where_the_kernel_reports_its_errors() -> None:
+    assert not reports_errors("5.4.0-150-generic")
+    assert not reports_errors("4.19.0")
+    assert reports_errors("5.8.0")
+    assert reports_errors("6.18.44-fc-v669")
+    assert not reports_errors("unknown")
+
+
+def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
+    made = FilesystemSync.create(ThreadFsync())
+    if made is None:
+        pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
+    journals = [Journal(tmp_path / f"q{i}") for i in range(4)]
+    commit = GroupCommit(made)
+    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals], raise_error=True)
+    assert [j.synced for j in journals] == [6] * 4
+
+
+def test_the_server_rounds_use_syncfs_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage import group_commit
+
+    if FilesystemSync.create(ThreadFsync()) is None:
+        pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
+    assert isinstance(GroupCommit()._fsync_many, FilesystemSync)
+    monkeypatch.setattr(group_commit, "FSYNC_WAY", "threads")
+    assert not isinstance(GroupCommit()._fsync_many, FilesystemSync)
+
+
+class TimedWays:
+    """A syncfs and a way of fdatasyncs that each take a set time on a clock of their own."""
+
+    def __init__(self, syncfs_s: float, each_s: float) -> None:
+        self.now = 0.0
+        self.syncfs_s, self.each_s = syncfs_s, each_s
+        self.ways: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def syncfs(self, fd: int) -> int:
+        self.now += self.syncfs_s
+        self.ways.append("syncfs")
+        return 0
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.now += self.each_s
+        self.ways.append("each")
+        return [None] * len(fds)
+
+
+@pytest.mark.parametrize(("syncfs_s", "each_s", "faster"), [(0.001, 0.003, "syncfs"), (0.004, 0.001, "each")])
+def test_rounds_go_the_way_that_has_lately_been_faster(tmp_path: Path, syncfs_s: float, each_s: float,
+                                                       faster: str) -> None:
+    from storage.syncfs import PROBE_EVERY
+
+    timed = TimedWays(syncfs_s, each_s)
+    way = FilesystemSync(timed, timed.syncfs, clock=timed.clock)
+    fds = [Journal(tmp_path / f"q{i}").fd for i in range(4)]
+    for _ in range(4 * PROBE_EVERY):
+        assert way.fsync_all(fds) == [None] * 4
+    assert timed.ways[:2] == ["syncfs", "each"]  # each way is timed first
+    later = timed.ways[2:]
+    slower = "each" if faster == "syncfs" else "syncfs"
+    assert later.count(slower) == 4 and later.count(faster) == len(later) - 4  # one round in 16 probes
+    timed.syncfs_s, timed.each_s = each_s, syncfs_s  # the file system's other writers come or go
+    for _ in range(4 * PROBE_EVERY):
+        way.fsync_all(fds)
+    assert timed.ways[-PROBE_EVERY + 1:].count(slower) >= PROBE_EVERY - 2  # it turned to the other way
