@@ -26,7 +26,7 @@ from pyspark.sql.types import StructType
 from client import KestrelClientError
 from pipeline.options import Option, parse_options, text, whole
 from pipeline.rows import QUEUE_SCHEMA, queue_rows
-from pipeline.servers import fresh_connections, parse_servers, take_open_reads
+from pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -46,15 +46,22 @@ class PeekPartition(InputPartition):
 
 def look(partition: PeekPartition) -> list[bytes]:
     """The first `quota` items of one server's queue, left in place: taken as open reads, then
-    aborted (read ids are unique on a server, so any connection may give them back)."""
-    ids, items = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
-    if ids:
+    aborted (read ids are unique on a server, so any connection may give them back).
+
+    A server that cannot be reached, or fails before the quota or the queue's end, fails the task
+    rather than make a short answer look whole (`count()` of 0 for a server that is down); what was
+    taken is given back first."""
+    taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
+    if taken.ids:
         try:
-            fresh_connections(partition.server).abort(partition.queue, set(ids))
+            fresh_connections(partition.server).abort(partition.queue, set(taken.ids))
         except KestrelClientError as e:
             log.warning("could not give back looked-at items; they return after autoAbortMs",
-                        server=partition.server, items=len(ids), error=str(e))
-    return items
+                        server=partition.server, items=len(taken.ids), error=str(e))
+    if taken.failure is not None:
+        raise ServersUnreachable(f"kestrel read of queue {partition.queue!r}: server {partition.server} "
+                                 f"failed after {len(taken.ids)} items: {taken.failure}")
+    return taken.items
 
 
 class KestrelBatchReader(DataSourceReader):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
@@ -86,22 +87,30 @@ def with_retries(call: Callable[[], T], what: str, *, retries: int, backoff_ms: 
     raise AssertionError("unreachable")
 
 
-def take_open_reads(address: str, queue: str, quota: int,
-                    auto_abort_ms: int) -> tuple[list[int], list[bytes]]:
-    """Up to `quota` items as open reads (ids, data), without waiting, each `get` over a new
-    connection, until the quota is met or the queue is empty. A server that fails or refuses ends
-    the fetch early with what was taken so far."""
+@dataclass
+class OpenReads:
+    """Items taken as open reads from one server, and why the fetch ended early (None: it did not)."""
+
+    ids: list[int] = field(default_factory=list)
+    items: list[bytes] = field(default_factory=list)
+    failure: KestrelClientError | None = None
+
+
+def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> OpenReads:
+    """Up to `quota` items as open reads, without waiting, each `get` over a new connection, until
+    the quota is met or the queue is empty. A server that fails or refuses ends the fetch early
+    with what was taken so far; the caller decides what that failure means."""
     server = fresh_connections(address)
-    ids: list[int] = []
-    items: list[bytes] = []
-    while len(ids) < quota:
+    taken = OpenReads()
+    while len(taken.ids) < quota:
         try:
-            got = server.get(queue, quota - len(ids), 0, auto_abort_ms)
+            got = server.get(queue, quota - len(taken.ids), 0, auto_abort_ms)
         except KestrelClientError as e:
             log.warning("fetch ended early", server=address, error=str(e))
+            taken.failure = e
             break
         if not got:
             break
-        ids.extend(item.id for item in got)
-        items.extend(item.data for item in got)
-    return ids, items
+        taken.ids.extend(item.id for item in got)
+        taken.items.extend(item.data for item in got)
+    return taken

@@ -88,8 +88,9 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
         items = wal.read_items(partition.path)
     else:
         started = time.time()
-        ids, items = take_open_reads(partition.server, partition.queue, partition.quota,
-                                     partition.auto_abort_ms)
+        # A server failing mid-fetch leaves this batch shorter; the next batch asks it again.
+        taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
+        ids, items = taken.ids, taken.items
         header = wal.WalHeader(partition.server, started, len(ids))
         if not wal.write_partition(partition.path, header, ids, items):
             items = wal.read_items(partition.path)  # another attempt logged first: its rows stand

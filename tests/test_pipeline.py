@@ -20,8 +20,9 @@ from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
 from contract import kestrel_thrift as kestrel  # noqa: E402
-from tests.conftest import ROOT, ServerProcess  # noqa: E402
+from tests.conftest import ROOT, ServerProcess, free_port  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
+from tests.wire import eventually  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -134,6 +135,15 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
         sorted([b"a%d" % i for i in range(800)] + [b"b%d" % i for i in range(800)])
     assert waiting(a, "keep") == (800, 0) and waiting(b, "keep") == (800, 0)
     assert take_all(a, "keep") == [b"a%d" % i for i in range(800)]  # and in their order
+
+    # A server that is down fails the read, naming it, instead of counting as an empty queue; what the
+    # other server showed goes back (at once, or after autoAbortMs if Spark killed its task midway).
+    gone = f"127.0.0.1:{free_port()}"
+    partial = spark.read.format("kestrel").option("servers", f"{address(b)},{gone}").option("queue", "keep") \
+        .option("autoAbortMs", 1000).load()
+    with pytest.raises(Exception, match=f"server {gone} failed after 0 items"):
+        partial.count()
+    eventually(lambda: waiting(b, "keep") == (800, 0))
 
 
 def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: Any, tmp_path: Path) -> None:

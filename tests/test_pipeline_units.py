@@ -105,11 +105,13 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     address = f"127.0.0.1:{srv.thrift_port}"
     server = Server("127.0.0.1", srv.thrift_port)
     server.put("q", [b"%d" % i for i in range(30)])
-    ids, items = take_open_reads(address, "q", 25, 60_000)
-    assert items == [b"%d" % i for i in range(25)] and len(set(ids)) == 25
+    taken = take_open_reads(address, "q", 25, 60_000)
+    assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
+    assert taken.failure is None
     assert server.peek("q").open_transactions == 25
-    assert server.confirm("q", set(ids)) == 25  # closed over another connection
-    assert take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000) == ([], [])  # a lost server: nothing
+    assert server.confirm("q", set(taken.ids)) == 25  # closed over another connection
+    lost = take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000)  # a lost server: nothing, and why
+    assert (lost.ids, lost.items) == ([], []) and "cannot connect" in str(lost.failure)
 
 
 def test_retries_wait_for_a_server_that_comes_back(server: ServerProcess) -> None:
@@ -273,9 +275,10 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
     reader.cluster = Cluster([address], timeout_ms=300)  # a stalled server answers nothing within this
 
     def log_batch(batch: int, quota: int) -> str:
-        ids, items = take_open_reads(address, "events", quota, 60_000)
+        taken = take_open_reads(address, "events", quota, 60_000)
         path = os.path.join(reader.root, str(batch), "part-0")
-        assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(ids)), ids, items)
+        assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(taken.ids)), taken.ids,
+                                   taken.items)
         _committed(checkpoint, reader.source_key, batch)
         return path
 
