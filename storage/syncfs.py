@@ -18,8 +18,9 @@ The cost: syncfs also writes back other programs' dirty files on the same file s
 waits for them. On this project's shared build machine, with other builds writing, a syncfs of 16
 journals once took three times as long as their concurrent fdatasyncs; on the quiet machine it took
 half as long. So neither is fixed: each round goes the way whose recent rounds were faster, and one
-round in PROBE_EVERY goes the other way to keep its figure current. Rounds of a single journal keep
-their fdatasync; `KESTREL_FSYNC=threads` turns syncfs off.
+round every PROBE_SECONDS goes the other way to keep its figure current (by time, not by count, so
+that a way that has turned very slow costs one slow round a second, however many rounds there
+are). Rounds of a single journal keep their fdatasync; `KESTREL_FSYNC=threads` turns syncfs off.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kestrel.journal")
 
 FIRST_KERNEL_REPORTING_ERRORS = (5, 8)
-PROBE_EVERY = 16  # one round in this many goes the way that is slower for now
+PROBE_SECONDS = 1.0  # once in this long, a round goes the way that is slower for now
 SMOOTHING = 8  # a way's figure moves by 1/SMOOTHING of the gap to each new round's time
 
 
@@ -81,7 +82,7 @@ class FilesystemSync:
         self._device = device
         self._clock = clock
         self.seconds = {"syncfs": 0.0, "each": 0.0}  # recent time of a round each way (0: none yet)
-        self._rounds = 0
+        self._last_probe = 0.0
 
     @classmethod
     def create(cls, each: FsyncMany) -> FilesystemSync | None:
@@ -92,21 +93,24 @@ class FilesystemSync:
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if len(fds) < 2 or not self._one_file_system(fds):
             return self.each.fsync_all(fds)
-        way = self._choose()
         started = self._clock()
+        way = self._choose(started)
         results = self._syncfs_round(fds) if way == "syncfs" else self.each.fsync_all(fds)
         took = self._clock() - started
         known = self.seconds[way]
         self.seconds[way] = took if not known else known + (took - known) / SMOOTHING
         return results
 
-    def _choose(self) -> str:
-        self._rounds += 1
+    def _choose(self, now: float) -> str:
         syncfs, each = self.seconds["syncfs"], self.seconds["each"]
         if not syncfs or not each:
+            self._last_probe = now
             return "syncfs" if not syncfs else "each"
         faster, slower = ("syncfs", "each") if syncfs <= each else ("each", "syncfs")
-        return slower if self._rounds % PROBE_EVERY == 0 else faster
+        if now - self._last_probe < PROBE_SECONDS:
+            return faster
+        self._last_probe = now
+        return slower
 
     def _syncfs_round(self, fds: list[int]) -> list[OSError | None]:
         code = gevent.get_hub().threadpool.apply(self._syncfs, (fds[0],))

@@ -371,21 +371,27 @@ class TimedWays:
         return [None] * len(fds)
 
 
-@pytest.mark.parametrize(("syncfs_s", "each_s", "faster"), [(0.001, 0.003, "syncfs"), (0.004, 0.001, "each")])
+@pytest.mark.parametrize(("syncfs_s", "each_s", "faster"), [(0.01, 0.03, "syncfs"), (0.04, 0.01, "each")])
 def test_rounds_go_the_way_that_has_lately_been_faster(tmp_path: Path, syncfs_s: float, each_s: float,
                                                        faster: str) -> None:
-    from storage.syncfs import PROBE_EVERY
+    from storage.syncfs import PROBE_SECONDS
 
     timed = TimedWays(syncfs_s, each_s)
     way = FilesystemSync(timed, timed.syncfs, clock=timed.clock)
     fds = [Journal(tmp_path / f"q{i}").fd for i in range(4)]
-    for _ in range(4 * PROBE_EVERY):
-        assert way.fsync_all(fds) == [None] * 4
-    assert timed.ways[:2] == ["syncfs", "each"]  # each way is timed first
-    later = timed.ways[2:]
     slower = "each" if faster == "syncfs" else "syncfs"
-    assert later.count(slower) == 4 and later.count(faster) == len(later) - 4  # one round in 16 probes
+
+    def rounds_for(seconds: float) -> list[str]:
+        first, end = len(timed.ways), timed.now + seconds
+        while timed.now < end:
+            assert way.fsync_all(fds) == [None] * 4
+        return timed.ways[first:]
+
+    assert rounds_for(10 * PROBE_SECONDS)[:2] == ["syncfs", "each"]  # each way is timed first
+    later = rounds_for(10 * PROBE_SECONDS)
+    assert 9 <= later.count(slower) <= 11  # the slower way once a second, however many rounds
+    assert later.count(faster) > 10 * later.count(slower)
     timed.syncfs_s, timed.each_s = each_s, syncfs_s  # the file system's other writers come or go
-    for _ in range(4 * PROBE_EVERY):
-        way.fsync_all(fds)
-    assert timed.ways[-PROBE_EVERY + 1:].count(slower) >= PROBE_EVERY - 2  # it turned to the other way
+    rounds_for(30 * PROBE_SECONDS)
+    settled = rounds_for(10 * PROBE_SECONDS)
+    assert settled.count(slower) > 10 * settled.count(faster)  # it turned to the other way
