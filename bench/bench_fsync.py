@@ -2,9 +2,9 @@
 
 N journals in a directory of the disk under test; each round appends one 150-byte record to every
 journal and runs one round of the group commit (`storage/group_commit.py`) over them, issued each
-way the server can: Python threads, C threads (when the helper is built), native AIO, the server's
-default (one syncfs of the file system a round, or C threads, whichever has lately been faster:
-`storage/syncfs.py`); and, as the floor, fdatasync of the journals one after another. Rounds/s
+way the server can: Python threads, C threads (when the helper is built; the default), native AIO,
+one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `storage/syncfs.py`); and, as the
+floor, fdatasync of the journals one after another. Rounds/s
 times N is the most records/s a server keeping one journal per queue can acknowledge with an fsync
 each, before any request is parsed.
 
@@ -58,9 +58,9 @@ def ways() -> dict[str, FsyncMany]:
     native = AioFsync.create()
     if native is not None:
         found["native AIO"] = native
-    adaptive = FilesystemSync.create(found.get("C threads", found["Python threads"]))
-    if adaptive is not None:
-        found["syncfs or threads (the default)"] = adaptive
+    syncfs = FilesystemSync.create(found.get("C threads", found["Python threads"]))
+    if syncfs is not None:
+        found["syncfs"] = syncfs
     found["one after another"] = OneAfterAnother()
     return found
 

@@ -9,10 +9,9 @@ it, one per journal in the round: C threads from `storage/_fsync_many.c` when it
 interpreter lock changes hands once per round), else Python threads. With `KESTREL_FSYNC=aio` they
 go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no thread, far less
 CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
-oversubscribed they wait for a turn far longer than our own threads do). By default a round of two
-or more journals on one file system may be one syncfs instead (`storage/syncfs.py`: one commit of
-the file system for the whole round), where the kernel reports its errors and while such rounds are
-faster than the fdatasyncs; `KESTREL_FSYNC=threads` keeps one fdatasync per journal.
+oversubscribed they wait for a turn far longer than our own threads do). With `KESTREL_FSYNC=syncfs` a
+round of two or more journals on one file system is one syncfs instead (`storage/syncfs.py`: one
+commit of the file system for the whole round), where the kernel reports its errors.
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -40,8 +39,8 @@ _start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_t
 # Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
 # many journals, the rest of a round waits for a free thread.
 MAX_THREADS = 64
-# How rounds are issued, from the environment (see the module's doc): `aio` for native AIO,
-# `threads` for one fdatasync per journal on threads; anything else, syncfs where it can be trusted.
+# How rounds are issued, from the environment (see the module's doc): unset, fdatasyncs on threads;
+# `aio` for native AIO; `syncfs` for one syncfs a round of several journals.
 FSYNC_WAY = os.environ.get("KESTREL_FSYNC", "")
 NATIVE_AIO = FSYNC_WAY == "aio"
 
@@ -177,8 +176,11 @@ class GroupCommit:
     def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
         self._threads = _threads()
-        if fsync_many is None and not native_aio and FSYNC_WAY != "threads":
+        if fsync_many is None and FSYNC_WAY == "syncfs":
             fsync_many = FilesystemSync.create(self._threads)
+            if fsync_many is None:
+                log.warning("KESTREL_FSYNC=syncfs, but this kernel does not report write-back errors "
+                            "through syncfs (Linux before 5.8): fsyncs go to threads")
         # None: native AIO, set up by the first round
         self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run

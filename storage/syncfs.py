@@ -15,12 +15,12 @@ on disk. Two conditions keep it honest:
   own failure: a failure fails exactly the journals whose data did not reach the disk.
 
 The cost: syncfs also writes back other programs' dirty files on the same file system, so a round
-waits for them. On this project's shared build machine, with other builds writing, a syncfs of 16
-journals once took three times as long as their concurrent fdatasyncs; on the quiet machine it took
-half as long. So neither is fixed: each round goes the way whose recent rounds were faster, and one
-round every PROBE_SECONDS goes the other way to keep its figure current (by time, not by count, so
-that a way that has turned very slow costs one slow round a second, however many rounds there
-are). Rounds of a single journal keep their fdatasync; `KESTREL_FSYNC=threads` turns syncfs off.
+waits for them. On this project's shared build machine, with other builds writing to the disk, a
+syncfs of 16 journals once took three times as long as their concurrent fdatasyncs; on the quiet
+machine it took half as long. Timing both ways and taking the faster, tried here, did worse than
+either alone (round times vary too much from one round to the next to rank the ways by), so it is a
+choice made for the machine: `KESTREL_FSYNC=syncfs`, for a queue path on a file system of its own.
+Rounds of a single journal keep their fdatasync.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import ctypes
 import os
 import platform
 import re
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kestrel.journal")
 
 FIRST_KERNEL_REPORTING_ERRORS = (5, 8)
-PROBE_SECONDS = 1.0  # once in this long, a round goes the way that is slower for now
-SMOOTHING = 8  # a way's figure moves by 1/SMOOTHING of the gap to each new round's time
 
 
 def reports_errors(release: str) -> bool:
@@ -70,19 +67,14 @@ def _libc_syncfs() -> Callable[[int], int] | None:
 
 
 class FilesystemSync:
-    """Rounds of two or more journals on one file system as one syncfs on the hub's thread pool, or
-    through `each` (one fdatasync a journal), whichever has lately been faster; anything else, and
-    every round whose syncfs failed, through `each`."""
+    """Rounds of two or more journals on one file system as one syncfs on the hub's thread pool;
+    anything else, and every round whose syncfs failed, through `each` (one fdatasync a journal)."""
 
     def __init__(self, each: FsyncMany, syncfs: Callable[[int], int],
-                 device: Callable[[int], int] = lambda fd: os.fstat(fd).st_dev,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 device: Callable[[int], int] = lambda fd: os.fstat(fd).st_dev) -> None:
         self.each = each
         self._syncfs = syncfs
         self._device = device
-        self._clock = clock
-        self.seconds = {"syncfs": 0.0, "each": 0.0}  # recent time of a round each way (0: none yet)
-        self._last_probe = 0.0
 
     @classmethod
     def create(cls, each: FsyncMany) -> FilesystemSync | None:
@@ -93,26 +85,6 @@ class FilesystemSync:
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if len(fds) < 2 or not self._one_file_system(fds):
             return self.each.fsync_all(fds)
-        started = self._clock()
-        way = self._choose(started)
-        results = self._syncfs_round(fds) if way == "syncfs" else self.each.fsync_all(fds)
-        took = self._clock() - started
-        known = self.seconds[way]
-        self.seconds[way] = took if not known else known + (took - known) / SMOOTHING
-        return results
-
-    def _choose(self, now: float) -> str:
-        syncfs, each = self.seconds["syncfs"], self.seconds["each"]
-        if not syncfs or not each:
-            self._last_probe = now
-            return "syncfs" if not syncfs else "each"
-        faster, slower = ("syncfs", "each") if syncfs <= each else ("each", "syncfs")
-        if now - self._last_probe < PROBE_SECONDS:
-            return faster
-        self._last_probe = now
-        return slower
-
-    def _syncfs_round(self, fds: list[int]) -> list[OSError | None]:
         code = gevent.get_hub().threadpool.apply(self._syncfs, (fds[0],))
         if code == 0:
             return [None] * len(fds)

@@ -339,59 +339,11 @@ def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
     assert [j.synced for j in journals] == [6] * 4
 
 
-def test_the_server_rounds_use_syncfs_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_server_rounds_use_syncfs_only_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
     from storage import group_commit
 
     if FilesystemSync.create(ThreadFsync()) is None:
         pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
-    assert isinstance(GroupCommit()._fsync_many, FilesystemSync)
-    monkeypatch.setattr(group_commit, "FSYNC_WAY", "threads")
     assert not isinstance(GroupCommit()._fsync_many, FilesystemSync)
-
-
-class TimedWays:
-    """A syncfs and a way of fdatasyncs that each take a set time on a clock of their own."""
-
-    def __init__(self, syncfs_s: float, each_s: float) -> None:
-        self.now = 0.0
-        self.syncfs_s, self.each_s = syncfs_s, each_s
-        self.ways: list[str] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def syncfs(self, fd: int) -> int:
-        self.now += self.syncfs_s
-        self.ways.append("syncfs")
-        return 0
-
-    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
-        self.now += self.each_s
-        self.ways.append("each")
-        return [None] * len(fds)
-
-
-@pytest.mark.parametrize(("syncfs_s", "each_s", "faster"), [(0.01, 0.03, "syncfs"), (0.04, 0.01, "each")])
-def test_rounds_go_the_way_that_has_lately_been_faster(tmp_path: Path, syncfs_s: float, each_s: float,
-                                                       faster: str) -> None:
-    from storage.syncfs import PROBE_SECONDS
-
-    timed = TimedWays(syncfs_s, each_s)
-    way = FilesystemSync(timed, timed.syncfs, clock=timed.clock)
-    fds = [Journal(tmp_path / f"q{i}").fd for i in range(4)]
-    slower = "each" if faster == "syncfs" else "syncfs"
-
-    def rounds_for(seconds: float) -> list[str]:
-        first, end = len(timed.ways), timed.now + seconds
-        while timed.now < end:
-            assert way.fsync_all(fds) == [None] * 4
-        return timed.ways[first:]
-
-    assert rounds_for(10 * PROBE_SECONDS)[:2] == ["syncfs", "each"]  # each way is timed first
-    later = rounds_for(10 * PROBE_SECONDS)
-    assert 9 <= later.count(slower) <= 11  # the slower way once a second, however many rounds
-    assert later.count(faster) > 10 * later.count(slower)
-    timed.syncfs_s, timed.each_s = each_s, syncfs_s  # the file system's other writers come or go
-    rounds_for(30 * PROBE_SECONDS)
-    settled = rounds_for(10 * PROBE_SECONDS)
-    assert settled.count(slower) > 10 * settled.count(faster)  # it turned to the other way
+    monkeypatch.setattr(group_commit, "FSYNC_WAY", "syncfs")
+    assert isinstance(GroupCommit()._fsync_many, FilesystemSync)
