@@ -51,8 +51,8 @@ class OneAfterAnother:
 def ways() -> dict[str, FsyncMany]:
     found: dict[str, FsyncMany] = {"Python threads": ThreadFsync()}
     try:
-        from storage._fsync_many import fsync_many
-        found["C threads"] = NativeThreadFsync(fsync_many)
+        from storage._fsync_many import finish, start
+        found["C threads"] = NativeThreadFsync(start, finish)
     except ImportError:
         pass
     native = AioFsync.create()

@@ -1,29 +1,39 @@
-/* fdatasync of many descriptors at once, on threads kept for it, without the interpreter lock.
+/* fdatasync of many descriptors at once, on threads kept for it, with no Python thread involved.
  *
  * What a group-commit round needs (storage/group_commit.py): the file system joins concurrent
  * fsyncs into one commit, but Python threads each take the interpreter lock to start and to report
- * an fsync, and on a busy machine those hand-offs cost more than the fsyncs. Here the lock is
- * released once for the whole round, and the round's descriptors are shared out among threads
- * that wait for the next round once done (the calling thread takes its share too, so a round ends
- * even when no thread can be started). Optional: without a C compiler the round uses Python threads.
+ * an fsync, and on a busy machine those hand-offs cost more than the fsyncs. Here `start` shares a
+ * round's descriptors out among C threads and returns at once; the thread that finishes the
+ * round's last fsync adds 1 to an eventfd that the event loop watches, and `finish` then collects
+ * the results. The interpreter lock is never taken by these threads. One round at a time.
+ * Optional: without a C compiler the rounds use Python threads.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #define MAX_WORKERS 64
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t work = PTHREAD_COND_INITIALIZER;    /* a round has descriptors to take */
-static pthread_cond_t done = PTHREAD_COND_INITIALIZER;    /* the round's last fsync finished */
-static pthread_mutex_t one_round = PTHREAD_MUTEX_INITIALIZER; /* one caller at a time */
-static int workers;          /* threads started (they never end) */
-static const int *round_fds; /* the round in progress: its descriptors, */
-static int *round_errors;    /* where each fsync's errno goes (0: success), */
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER; /* a round has descriptors to take */
+static int workers;       /* threads started (they never end) */
+static int busy;          /* a round was started and not yet finished */
+static int *round_fds;    /* the round in progress: its descriptors, */
+static int *round_errors; /* where each fsync's errno goes (0: success), */
+static int round_notify;  /* the eventfd told when the last fsync is done, */
 static Py_ssize_t round_size, next_job, unfinished; /* the next to take, and those not finished */
+
+/* Tell the event loop that the round is over: add 1 to its eventfd. */
+static void notify(int fd) {
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
 
 /* Take and run the round's descriptors until none is left; called and returns with `lock` held. */
 static void take_jobs(void) {
@@ -35,7 +45,7 @@ static void take_jobs(void) {
         pthread_mutex_lock(&lock);
         round_errors[i] = error;
         if (--unfinished == 0) {
-            pthread_cond_signal(&done);
+            notify(round_notify);
         }
     }
 }
@@ -52,25 +62,19 @@ static void *serve(void *unused) {
     return NULL;
 }
 
-/* A forked child has none of its parent's threads; its locks are taken afresh. */
+/* A forked child has none of its parent's threads, nor its round; its lock is taken afresh. */
 static void forget_workers(void) {
     pthread_mutex_init(&lock, NULL);
-    pthread_mutex_init(&one_round, NULL);
     pthread_cond_init(&work, NULL);
-    pthread_cond_init(&done, NULL);
     workers = 0;
+    busy = 0;
+    round_fds = round_errors = NULL; /* the parent's, still in use there: not freed here */
     round_size = next_job = unfinished = 0;
 }
 
-static void run_round(const int *fds, int *errors, Py_ssize_t n) {
-    pthread_mutex_lock(&one_round);
-    pthread_mutex_lock(&lock);
-    round_fds = fds;
-    round_errors = errors;
-    round_size = n;
-    next_job = 0;
-    unfinished = n;
-    while (workers < MAX_WORKERS && workers < n - 1) { /* the caller is one of the hands */
+/* Start enough threads for `n` descriptors (up to MAX_WORKERS); how many there are. */
+static int hire(Py_ssize_t n) {
+    while (workers < MAX_WORKERS && workers < n) {
         pthread_t thread;
         pthread_attr_t attr;
         if (pthread_attr_init(&attr) != 0) {
@@ -85,29 +89,30 @@ static void run_round(const int *fds, int *errors, Py_ssize_t n) {
         }
         workers++;
     }
-    for (Py_ssize_t i = 1; i < n && i <= workers; i++) {
-        pthread_cond_signal(&work); /* as many hands as the round needs, not every idle thread */
-    }
-    take_jobs();
-    while (unfinished > 0) {
-        pthread_cond_wait(&done, &lock);
-    }
-    round_size = next_job = 0;
-    pthread_mutex_unlock(&lock);
-    pthread_mutex_unlock(&one_round);
+    return workers;
 }
 
-static PyObject *fsync_many(PyObject *self, PyObject *fds) {
-    PyObject *seq = PySequence_Fast(fds, "fsync_many takes a list of file descriptors");
+static PyObject *start(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *fds;
+    int notify_fd;
+    if (!PyArg_ParseTuple(args, "Oi:start", &fds, &notify_fd)) {
+        return NULL;
+    }
+    if (busy) {
+        PyErr_SetString(PyExc_RuntimeError, "a round is already in progress: finish() it first");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(fds, "start takes a list of file descriptors");
     if (seq == NULL) {
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int *descriptors = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(int));
-    int *errors = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    int *descriptors = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    int *errors = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
     if (descriptors == NULL || errors == NULL) {
-        PyMem_Free(descriptors);
-        PyMem_Free(errors);
+        free(descriptors);
+        free(errors);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
@@ -117,8 +122,8 @@ static PyObject *fsync_many(PyObject *self, PyObject *fds) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", fd);
             }
-            PyMem_Free(descriptors);
-            PyMem_Free(errors);
+            free(descriptors);
+            free(errors);
             Py_DECREF(seq);
             return NULL;
         }
@@ -126,11 +131,44 @@ static PyObject *fsync_many(PyObject *self, PyObject *fds) {
     }
     Py_DECREF(seq);
 
-    if (n > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        run_round(descriptors, errors, n);
-        Py_END_ALLOW_THREADS
+    pthread_mutex_lock(&lock);
+    busy = 1;
+    round_fds = descriptors;
+    round_errors = errors;
+    round_notify = notify_fd;
+    round_size = n;
+    next_job = 0;
+    unfinished = n;
+    if (n == 0) {
+        notify(notify_fd);
+    } else if (hire(n) == 0) {
+        take_jobs(); /* no thread could be started: this one does the round, and notifies */
+    } else {
+        for (Py_ssize_t i = 0; i < n && i < workers; i++) {
+            pthread_cond_signal(&work); /* as many hands as the round needs, not every idle thread */
+        }
     }
+    pthread_mutex_unlock(&lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *finish(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    pthread_mutex_lock(&lock);
+    if (!busy || unfinished > 0) {
+        pthread_mutex_unlock(&lock);
+        PyErr_SetString(PyExc_RuntimeError, busy ? "the round is not over: wait for its eventfd"
+                                                 : "no round was started");
+        return NULL;
+    }
+    Py_ssize_t n = round_size;
+    int *errors = round_errors;
+    free(round_fds);
+    round_fds = round_errors = NULL;
+    round_size = next_job = 0;
+    busy = 0;
+    pthread_mutex_unlock(&lock);
 
     PyObject *result = PyList_New(n);
     for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
@@ -141,14 +179,16 @@ static PyObject *fsync_many(PyObject *self, PyObject *fds) {
         }
         PyList_SET_ITEM(result, i, code);
     }
-    PyMem_Free(descriptors);
-    PyMem_Free(errors);
+    free(errors);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"fsync_many", fsync_many, METH_O,
-     "fsync_many(fds) -> list of errno (0 for success): fdatasync every descriptor concurrently."},
+    {"start", start, METH_VARARGS,
+     "start(fds, eventfd): fdatasync every descriptor concurrently on C threads; the eventfd gets 1 "
+     "when all are done."},
+    {"finish", finish, METH_NOARGS,
+     "finish() -> list of errno (0 for success), one per descriptor of the round that is over."},
     {NULL, NULL, 0, NULL},
 };
 

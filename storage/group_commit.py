@@ -6,7 +6,7 @@ that asked for it has run (so every change made in that turn joins it), and fdat
 journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
 where fsyncs issued one after another each wait for a commit. They are issued on threads kept for
 it, one per journal in the round: C threads from `storage/_fsync_many.c` when it was built (the
-interpreter lock changes hands once per round), else Python threads. With `KESTREL_FSYNC=aio` they
+interpreter lock is not taken by them at all), else Python threads. With `KESTREL_FSYNC=aio` they
 go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no thread, far less
 CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
 oversubscribed they wait for a turn far longer than our own threads do). With `KESTREL_FSYNC=syncfs` a
@@ -140,24 +140,46 @@ class ThreadFsync:
 
 
 class NativeThreadFsync:
-    """A round's fsyncs on C threads (`storage/_fsync_many.c`), the whole round one task of the
-    hub's thread pool: the interpreter lock changes hands once per round, not twice per fsync."""
+    """A round's fsyncs on C threads (`storage/_fsync_many.c`): `start` hands them out and returns,
+    the last to finish adds 1 to an eventfd the loop watches, and `finish` collects the results; no
+    Python thread takes part, so the interpreter lock never changes hands for a round."""
 
-    def __init__(self, fsync_many: Callable[[list[int]], list[int]]) -> None:
-        self._fsync_many = fsync_many
+    def __init__(self, start: Callable[[list[int], int], None], finish: Callable[[], list[int]]) -> None:
+        self._start = start
+        self._finish = finish
+        self._eventfd = -1
+        self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
+        os.register_at_fork(after_in_child=self._forget_eventfd)
+
+    def _forget_eventfd(self) -> None:
+        """A forked child must not share its parent's eventfd (each would read the other's rounds)."""
+        if self._eventfd >= 0:
+            os.close(self._eventfd)
+        self._eventfd, self._watcher = -1, None
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
-        codes = gevent.get_hub().threadpool.apply(self._fsync_many, (fds,))
-        return [OSError(code, os.strerror(code)) if code else None for code in codes]
+        if not fds:
+            return []
+        if self._watcher is None:
+            self._eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+        self._start(fds, self._eventfd)
+        while True:
+            try:
+                os.eventfd_read(self._eventfd)
+                break
+            except BlockingIOError:
+                gevent.get_hub().wait(self._watcher)
+        return [OSError(code, os.strerror(code)) if code else None for code in self._finish()]
 
 
 def _threads() -> FsyncMany:
     """C threads when the helper was built (a C compiler at install time), else Python threads."""
     try:
-        from storage._fsync_many import fsync_many
+        from storage._fsync_many import finish, start
     except ImportError:
         return ThreadFsync()
-    return NativeThreadFsync(fsync_many)
+    return NativeThreadFsync(start, finish)
 
 
 class _Round:

@@ -55,10 +55,10 @@ def aio() -> AioFsync:
 
 def c_threads() -> NativeThreadFsync:
     try:
-        from storage._fsync_many import fsync_many
+        from storage._fsync_many import finish, start
     except ImportError:
         pytest.skip("the C helper was not built (no C compiler at install time)")
-    return NativeThreadFsync(fsync_many)
+    return NativeThreadFsync(start, finish)
 
 
 @pytest.fixture(params=["aio", "threads", "c-threads"])
