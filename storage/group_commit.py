@@ -149,13 +149,14 @@ class NativeThreadFsync:
         self._finish = finish
         self._eventfd = -1
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
+        self._abandoned = False  # a round whose waiter was killed: finished before the next starts
         os.register_at_fork(after_in_child=self._forget_eventfd)
 
     def _forget_eventfd(self) -> None:
         """A forked child must not share its parent's eventfd (each would read the other's rounds)."""
         if self._eventfd >= 0:
             os.close(self._eventfd)
-        self._eventfd, self._watcher = -1, None
+        self._eventfd, self._watcher, self._abandoned = -1, None, False
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if not fds:
@@ -163,14 +164,22 @@ class NativeThreadFsync:
         if self._watcher is None:
             self._eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+        if self._abandoned:
+            self._wait_and_finish()
         self._start(fds, self._eventfd)
+        self._abandoned = True  # until its results are collected
+        return [OSError(code, os.strerror(code)) if code else None for code in self._wait_and_finish()]
+
+    def _wait_and_finish(self) -> list[int]:
         while True:
             try:
                 os.eventfd_read(self._eventfd)
                 break
             except BlockingIOError:
                 gevent.get_hub().wait(self._watcher)
-        return [OSError(code, os.strerror(code)) if code else None for code in self._finish()]
+        codes = self._finish()
+        self._abandoned = False
+        return codes
 
 
 def _threads() -> FsyncMany:

@@ -347,3 +347,14 @@ def test_the_server_rounds_use_syncfs_only_when_told(monkeypatch: pytest.MonkeyP
     assert not isinstance(GroupCommit()._fsync_many, FilesystemSync)
     monkeypatch.setattr(group_commit, "FSYNC_WAY", "syncfs")
     assert isinstance(GroupCommit()._fsync_many, FilesystemSync)
+
+
+def test_a_c_thread_round_whose_waiter_was_killed_does_not_block_the_next(tmp_path: Path) -> None:
+    way = c_threads()
+    journals = [Journal(tmp_path / f"q{i}") for i in range(3)]
+    for j in journals:
+        j.append(b"record")
+    waiter = gevent.spawn(way.fsync_all, [j.fd for j in journals])
+    gevent.sleep(0)  # the round is handed to the threads; its waiter waits for the eventfd
+    waiter.kill()
+    assert way.fsync_all([journals[0].fd]) == [None]  # the abandoned round is collected first
