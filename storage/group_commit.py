@@ -216,6 +216,7 @@ class GroupCommit:
         self._fsync_many = fsync_many or (None if native_aio else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run
         self._running: _Round | None = None
+        self.runner: gevent.Greenlet | None = None  # the greenlet running rounds, the latest one
 
     def sync(self, journal: Syncable, position: int) -> None:
         """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
@@ -245,24 +246,30 @@ class GroupCommit:
 
     def _start(self) -> None:
         if self._running is None and self._next is not None:
-            gevent.spawn(self._run_rounds)
+            self.runner = gevent.spawn(self._run_rounds)
             self._running = self._next  # claimed now, so that no second runner starts
             self._next = None
 
     def _run_rounds(self) -> None:
         """Run the claimed round, then each round gathered meanwhile, until none is waiting."""
         round_ = self._running
-        while round_ is not None:
-            try:
-                self._run(round_)
-            except Exception as e:  # no waiter may wait on for a round that will never end
-                log.exception("group commit round failed")
-                for journal in round_.journals:
-                    round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
-            finally:
-                round_.done.set()
-            round_ = self._running = self._next
-            self._next = None
+        try:
+            while round_ is not None:
+                try:
+                    self._run(round_)
+                except Exception as e:  # no waiter may wait on for a round that will never end
+                    log.exception("group commit round failed")
+                    for journal in round_.journals:
+                        round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
+                finally:
+                    round_.done.set()  # killed midway: its waiters find themselves unsynced and ask again
+                round_ = self._running = self._next
+                self._next = None
+        except BaseException:  # this runner was killed: the rounds still waiting get a runner of their own
+            self._running = None
+            if self._next is not None:
+                gevent.get_hub().loop.run_callback(self._start)
+            raise
 
     def _run(self, round_: _Round) -> None:
         journals = []

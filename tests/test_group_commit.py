@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import gevent
+import gevent.event
 import pytest
 
 from storage import aio_fsync
@@ -358,3 +359,31 @@ def test_a_c_thread_round_whose_waiter_was_killed_does_not_block_the_next(tmp_pa
     gevent.sleep(0)  # the round is handed to the threads; its waiter waits for the eventfd
     waiter.kill()
     assert way.fsync_all([journals[0].fd]) == [None]  # the abandoned round is collected first
+
+
+class HangsOnce:
+    """A way of fsyncing whose first round never ends by itself."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.rounds += 1
+        if self.rounds == 1:
+            gevent.event.Event().wait()
+        return [None] * len(fds)
+
+
+def test_a_killed_round_runner_leaves_no_waiter_waiting_for_good(tmp_path: Path) -> None:
+    way = HangsOnce()
+    commit = GroupCommit(way)
+    journal = Journal(tmp_path / "q")
+    waiter = gevent.spawn(commit.sync, journal, journal.append(b"one"))
+    for _ in range(1000):
+        if way.rounds:
+            break
+        gevent.sleep(0.001)
+    assert way.rounds == 1 and commit.runner is not None
+    commit.runner.kill()
+    waiter.join(timeout=5)
+    assert waiter.successful() and journal.synced == 3 and way.rounds == 2  # synced by a round of its own
