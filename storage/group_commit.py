@@ -142,27 +142,40 @@ class ThreadFsync:
 class NativeThreadFsync:
     """A round's fsyncs on C threads (`storage/_fsync_many.c`): `start` hands them out and returns,
     the last to finish adds 1 to an eventfd the loop watches, and `finish` collects the results; no
-    Python thread takes part, so the interpreter lock never changes hands for a round."""
+    Python thread takes part, so the interpreter lock never changes hands for a round.
+
+    The eventfd is made at once (at import, for the server), not by the first round, which may come
+    when the process is out of descriptors; without one, rounds go to Python threads."""
 
     def __init__(self, start: Callable[[list[int], int], None], finish: Callable[[], list[int]]) -> None:
         self._start = start
         self._finish = finish
-        self._eventfd = -1
+        self._fallback = ThreadFsync()
+        self._eventfd = self._make_eventfd()
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
         self._abandoned = False  # a round whose waiter was killed: finished before the next starts
-        os.register_at_fork(after_in_child=self._forget_eventfd)
+        os.register_at_fork(after_in_child=self._new_eventfd)
 
-    def _forget_eventfd(self) -> None:
+    @staticmethod
+    def _make_eventfd() -> int:
+        try:
+            return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError as e:
+            log.warning("no eventfd for the C fsync threads; rounds go to Python threads", error=str(e))
+            return -1
+
+    def _new_eventfd(self) -> None:
         """A forked child must not share its parent's eventfd (each would read the other's rounds)."""
         if self._eventfd >= 0:
             os.close(self._eventfd)
-        self._eventfd, self._watcher, self._abandoned = -1, None, False
+        self._eventfd, self._watcher, self._abandoned = self._make_eventfd(), None, False
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if not fds:
             return []
+        if self._eventfd < 0:
+            return self._fallback.fsync_all(fds)
         if self._watcher is None:
-            self._eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
         if self._abandoned:
             self._wait_and_finish()

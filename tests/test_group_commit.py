@@ -387,3 +387,15 @@ def test_a_killed_round_runner_leaves_no_waiter_waiting_for_good(tmp_path: Path)
     commit.runner.kill()
     waiter.join(timeout=5)
     assert waiter.successful() and journal.synced == 3 and way.rounds == 2  # synced by a round of its own
+
+
+def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_descriptors(initval: int, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "eventfd", out_of_descriptors)
+    way = c_threads()
+    journal = Journal(tmp_path / "q")
+    journal.append(b"record")
+    assert way.fsync_all([journal.fd, -5])[0] is None
+    assert way.fsync_all([-5])[0] is not None  # a bad descriptor is still named, by the threads
