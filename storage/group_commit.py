@@ -42,6 +42,7 @@ MAX_THREADS = 64
 # How rounds are issued, from the environment (see the module's doc): unset, fdatasyncs on threads;
 # `aio` for native AIO; `syncfs` for one syncfs a round of several journals.
 FSYNC_WAY = os.environ.get("KESTREL_FSYNC", "")
+FSYNC_WAYS = ("", "aio", "syncfs")
 NATIVE_AIO = FSYNC_WAY == "aio"
 
 
@@ -220,6 +221,9 @@ class GroupCommit:
     def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
         self._threads = _threads()
+        if fsync_many is None and FSYNC_WAY not in FSYNC_WAYS:
+            log.warning("unknown KESTREL_FSYNC value; fsyncs go to threads", value=FSYNC_WAY,
+                        known=[way for way in FSYNC_WAYS if way])
         if fsync_many is None and FSYNC_WAY == "syncfs":
             fsync_many = FilesystemSync.create(self._threads)
             if fsync_many is None:

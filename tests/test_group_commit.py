@@ -399,3 +399,14 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
     journal.append(b"record")
     assert way.fsync_all([journal.fd, -5])[0] is None
     assert way.fsync_all([-5])[0] is not None  # a bad descriptor is still named, by the threads
+
+
+def test_an_unknown_fsync_way_is_named_in_the_log(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from storage import group_commit
+
+    monkeypatch.setattr(group_commit, "FSYNC_WAY", "syncfss")
+    commit = GroupCommit()
+    assert not isinstance(commit._fsync_many, FilesystemSync)
+    logged = capsys.readouterr()
+    assert "unknown KESTREL_FSYNC value" in logged.out + logged.err and "syncfss" in logged.out + logged.err
