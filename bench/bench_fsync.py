@@ -23,7 +23,7 @@ import gevent
 
 from bench.common import load_average, machine
 from storage.aio_fsync import AioFsync
-from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
+from storage.group_commit import FsyncMany, GroupCommit, ThreadFsync, native_threads
 from storage.syncfs import FilesystemSync
 
 RECORD = b"x" * 150
@@ -50,14 +50,12 @@ class OneAfterAnother:
 
 def ways() -> dict[str, FsyncMany]:
     found: dict[str, FsyncMany] = {"Python threads": ThreadFsync()}
-    try:
-        from storage._fsync_many import finish, start
-        found["C threads"] = NativeThreadFsync(start, finish)
-    except ImportError:
-        pass
-    native = AioFsync.create()
+    native = native_threads()
     if native is not None:
-        found["native AIO"] = native
+        found["C threads"] = native
+    aio = AioFsync.create()
+    if aio is not None:
+        found["native AIO"] = aio
     syncfs = FilesystemSync.create(found.get("C threads", found["Python threads"]))
     if syncfs is not None:
         found["syncfs"] = syncfs

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import gevent
 import gevent.event
+import gevent.lock
 import structlog
 from gevent import monkey
 
@@ -145,16 +146,20 @@ class NativeThreadFsync:
     the last to finish adds 1 to an eventfd the loop watches, and `finish` collects the results; no
     Python thread takes part, so the interpreter lock never changes hands for a round.
 
-    The eventfd is made at once (at import, for the server), not by the first round, which may come
-    when the process is out of descriptors; without one, rounds go to Python threads."""
+    The helper's threads and its round belong to the process, so there is one of these per process
+    (`native_threads()`), and its rounds take turns. The eventfd is made at once (at import, for the
+    server), not by the first round, which may come when the process is out of descriptors; without
+    one, rounds go to Python threads."""
 
     def __init__(self, start: Callable[[list[int], int], None], finish: Callable[[], list[int]]) -> None:
         self._start = start
         self._finish = finish
         self._fallback = ThreadFsync()
+        self._turn = gevent.lock.Semaphore()  # from start to finish, one round at a time
         self._eventfd = self._make_eventfd()
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
         self._abandoned = False  # a round whose waiter was killed: finished before the next starts
+        self._forks = 0  # how many times this process was forked from the one that made this
         os.register_at_fork(after_in_child=self._new_eventfd)
 
     @staticmethod
@@ -166,10 +171,14 @@ class NativeThreadFsync:
             return -1
 
     def _new_eventfd(self) -> None:
-        """A forked child must not share its parent's eventfd (each would read the other's rounds)."""
+        """A forked child must not share its parent's eventfd (each would read the other's rounds),
+        nor wait for a turn that a greenlet of its parent held; a parent's round that was waiting
+        when the process forked fails in the child instead of reading the child's rounds."""
         if self._eventfd >= 0:
             os.close(self._eventfd)
         self._eventfd, self._watcher, self._abandoned = self._make_eventfd(), None, False
+        self._turn = gevent.lock.Semaphore()
+        self._forks += 1
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if not fds:
@@ -178,31 +187,48 @@ class NativeThreadFsync:
             return self._fallback.fsync_all(fds)
         if self._watcher is None:
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
-        if self._abandoned:
-            self._wait_and_finish()
-        self._start(fds, self._eventfd)
-        self._abandoned = True  # until its results are collected
-        return [OSError(code, os.strerror(code)) if code else None for code in self._wait_and_finish()]
+        with self._turn:
+            if self._abandoned:
+                self._wait_and_finish()
+            self._start(fds, self._eventfd)
+            self._abandoned = True  # until its results are collected
+            codes = self._wait_and_finish()
+        return [OSError(code, os.strerror(code)) if code else None for code in codes]
 
     def _wait_and_finish(self) -> list[int]:
+        forks, watcher = self._forks, self._watcher
         while True:
+            if self._forks != forks:
+                raise OSError(errno.EIO, "an fsync round begun before this process was forked")
             try:
                 os.eventfd_read(self._eventfd)
                 break
             except BlockingIOError:
-                gevent.get_hub().wait(self._watcher)
+                gevent.get_hub().wait(watcher)
         codes = self._finish()
         self._abandoned = False
         return codes
 
 
+_native: NativeThreadFsync | None = None
+
+
+def native_threads() -> NativeThreadFsync | None:
+    """The process's one handle on the C helper, or None where it was not built (no C compiler at
+    install time)."""
+    global _native
+    if _native is None:
+        try:
+            from storage._fsync_many import finish, start
+        except ImportError:
+            return None
+        _native = NativeThreadFsync(start, finish)
+    return _native
+
+
 def _threads() -> FsyncMany:
-    """C threads when the helper was built (a C compiler at install time), else Python threads."""
-    try:
-        from storage._fsync_many import finish, start
-    except ImportError:
-        return ThreadFsync()
-    return NativeThreadFsync(start, finish)
+    """C threads when the helper was built, else Python threads."""
+    return native_threads() or ThreadFsync()
 
 
 class _Round:

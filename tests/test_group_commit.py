@@ -14,7 +14,7 @@ import pytest
 
 from storage import aio_fsync
 from storage.aio_fsync import AioFsync
-from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync
+from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync, native_threads
 from storage.journal import JournalWriter
 from storage.runtime import ThreadsRuntime
 from storage.syncfs import FilesystemSync, reports_errors
@@ -55,11 +55,10 @@ def aio() -> AioFsync:
 
 
 def c_threads() -> NativeThreadFsync:
-    try:
-        from storage._fsync_many import finish, start
-    except ImportError:
+    found = native_threads()
+    if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
-    return NativeThreadFsync(start, finish)
+    return found
 
 
 @pytest.fixture(params=["aio", "threads", "c-threads"])
@@ -394,7 +393,8 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(os, "eventfd", out_of_descriptors)
-    way = c_threads()
+    shared = c_threads()
+    way = NativeThreadFsync(shared._start, shared._finish)  # a handle made with no descriptor left
     journal = Journal(tmp_path / "q")
     journal.append(b"record")
     assert way.fsync_all([journal.fd, -5])[0] is None
@@ -410,3 +410,38 @@ def test_an_unknown_fsync_way_is_named_in_the_log(monkeypatch: pytest.MonkeyPatc
     assert not isinstance(commit._fsync_many, FilesystemSync)
     logged = capsys.readouterr()
     assert "unknown KESTREL_FSYNC value" in logged.out + logged.err and "syncfss" in logged.out + logged.err
+
+
+def test_c_thread_rounds_of_two_group_commits_at_once_each_get_their_own_results(tmp_path: Path) -> None:
+    way = c_threads()
+    good = Journal(tmp_path / "good")
+    closed = Journal(tmp_path / "closed")
+    os.close(closed.fd)  # its fdatasync fails with EBADF
+    good.append(b"x")
+    first = gevent.spawn(way.fsync_all, [good.fd, closed.fd])
+    second = gevent.spawn(way.fsync_all, [good.fd])
+    gevent.joinall([first, second], raise_error=True)
+    assert first.value[0] is None and first.value[1] is not None and first.value[1].errno == errno.EBADF
+    assert second.value == [None]
+
+
+def test_a_round_waiting_when_the_process_forks_does_not_take_the_childs_results(tmp_path: Path) -> None:
+    way = c_threads()
+    parent = Journal(tmp_path / "parent")
+    parent.append(b"x")
+    leftover = gevent.spawn(way.fsync_all, [parent.fd])  # still waiting for its eventfd at the fork
+    gevent.sleep(0)
+    pid = os.fork()
+    if pid == 0:
+        gevent.reinit()
+        child = Journal(tmp_path / "child")
+        child.append(b"y")
+        mine = gevent.spawn(way.fsync_all, [child.fd])
+        mine.join(timeout=10)
+        leftover.join(timeout=1)
+        ok = mine.successful() and mine.value == [None] and not leftover.successful()
+        os._exit(0 if ok else 1)
+    leftover.join(timeout=10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert leftover.successful() and leftover.value == [None]  # the parent's round is the parent's
