@@ -4,9 +4,8 @@ N journals in a directory of the disk under test; each round appends one 150-byt
 journal and runs one round of the group commit (`storage/group_commit.py`) over them, issued each
 way the server can: Python threads, C threads (when the helper is built; the default), native AIO,
 one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `storage/syncfs.py`); and, as the
-floor, fdatasync of the journals one after another. Rounds/s
-times N is the most records/s a server keeping one journal per queue can acknowledge with an fsync
-each, before any request is parsed.
+floor, fdatasync of the journals one after another. Rounds/s times N is the most records/s a server
+keeping one journal per queue can acknowledge with an fsync each, before any request is parsed.
 
     .venv/bin/python -m bench.bench_fsync [--journals 1 16] [--seconds 2] [--dir /var/tmp]
 """

@@ -40,11 +40,9 @@ _start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_t
 # Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
 # many journals, the rest of a round waits for a free thread.
 MAX_THREADS = 64
-# How rounds are issued, from the environment (see the module's doc): unset, fdatasyncs on threads;
-# `aio` for native AIO; `syncfs` for one syncfs a round of several journals.
-FSYNC_WAY = os.environ.get("KESTREL_FSYNC", "")
+# How rounds are issued (`KESTREL_FSYNC` for the server; see the module's doc): "" for fdatasyncs on
+# threads, `aio` for native AIO, `syncfs` for one syncfs a round of several journals.
 FSYNC_WAYS = ("", "aio", "syncfs")
-NATIVE_AIO = FSYNC_WAY == "aio"
 
 
 class Syncable(Protocol):
@@ -244,19 +242,20 @@ class _Round:
 class GroupCommit:
     """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
 
-    def __init__(self, fsync_many: FsyncMany | None = None, native_aio: bool = False) -> None:
+    def __init__(self, fsync_many: FsyncMany | None = None, way: str = "") -> None:
+        """Rounds through `fsync_many`, or else the way named (one of FSYNC_WAYS)."""
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
         self._threads = _threads()
-        if fsync_many is None and FSYNC_WAY not in FSYNC_WAYS:
-            log.warning("unknown KESTREL_FSYNC value; fsyncs go to threads", value=FSYNC_WAY,
-                        known=[way for way in FSYNC_WAYS if way])
-        if fsync_many is None and FSYNC_WAY == "syncfs":
+        if fsync_many is None and way not in FSYNC_WAYS:
+            log.warning("unknown KESTREL_FSYNC value; fsyncs go to threads", value=way,
+                        known=[known for known in FSYNC_WAYS if known])
+        if fsync_many is None and way == "syncfs":
             fsync_many = FilesystemSync.create(self._threads)
             if fsync_many is None:
                 log.warning("KESTREL_FSYNC=syncfs, but this kernel does not report write-back errors "
                             "through syncfs (Linux before 5.8): fsyncs go to threads")
         # None: native AIO, set up by the first round
-        self._fsync_many = fsync_many or (None if native_aio else self._threads)
+        self._fsync_many = fsync_many or (None if way == "aio" else self._threads)
         self._next: _Round | None = None  # gathering journals; starts when its turn has run
         self._running: _Round | None = None
         self.runner: gevent.Greenlet | None = None  # the greenlet running rounds, the latest one
@@ -343,4 +342,4 @@ class GroupCommit:
             return self._threads.fsync_all(fds)
 
 
-GROUP_COMMIT = GroupCommit(native_aio=NATIVE_AIO)
+GROUP_COMMIT = GroupCommit(way=os.environ.get("KESTREL_FSYNC", ""))

@@ -179,7 +179,7 @@ def test_without_descriptors_for_aio_a_round_uses_threads(tmp_path: Path, monkey
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(AioFsync, "create", out_of_descriptors)
-    commit = GroupCommit(native_aio=True)
+    commit = GroupCommit(way="aio")
     journal = Journal(tmp_path / "q")
     commit.sync(journal, journal.append(b"record"))
     assert journal.synced == 6
@@ -339,14 +339,11 @@ def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
     assert [j.synced for j in journals] == [6] * 4
 
 
-def test_the_server_rounds_use_syncfs_only_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    from storage import group_commit
-
+def test_the_server_rounds_use_syncfs_only_when_told() -> None:
     if FilesystemSync.create(ThreadFsync()) is None:
         pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
     assert not isinstance(GroupCommit()._fsync_many, FilesystemSync)
-    monkeypatch.setattr(group_commit, "FSYNC_WAY", "syncfs")
-    assert isinstance(GroupCommit()._fsync_many, FilesystemSync)
+    assert isinstance(GroupCommit(way="syncfs")._fsync_many, FilesystemSync)
 
 
 def test_a_c_thread_round_whose_waiter_was_killed_does_not_block_the_next(tmp_path: Path) -> None:
@@ -401,12 +398,8 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
     assert way.fsync_all([-5])[0] is not None  # a bad descriptor is still named, by the threads
 
 
-def test_an_unknown_fsync_way_is_named_in_the_log(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from storage import group_commit
-
-    monkeypatch.setattr(group_commit, "FSYNC_WAY", "syncfss")
-    commit = GroupCommit()
+def test_an_unknown_fsync_way_is_named_in_the_log(capsys: pytest.CaptureFixture[str]) -> None:
+    commit = GroupCommit(way="syncfss")
     assert not isinstance(commit._fsync_many, FilesystemSync)
     logged = capsys.readouterr()
     assert "unknown KESTREL_FSYNC value" in logged.out + logged.err and "syncfss" in logged.out + logged.err
