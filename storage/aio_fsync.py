@@ -14,8 +14,11 @@ import errno
 import os
 import platform
 import sys
+from functools import partial
 
 import gevent
+
+from storage.eventfd import read_when_ready
 
 # The io_* system calls by machine: (io_setup, io_destroy, io_getevents, io_submit).
 _SYSCALLS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
@@ -54,6 +57,7 @@ class AioFsync:
         self._context = context
         self._eventfd = eventfd
         self._watcher = gevent.get_hub().loop.io(eventfd, 1)
+        self._wait = partial(gevent.get_hub().wait, self._watcher)
         self._iocbs = (_Iocb * SLOTS)()
         self._pointers = (ctypes.POINTER(_Iocb) * SLOTS)(*[ctypes.pointer(cb) for cb in self._iocbs])
         self._events = (_Event * SLOTS)()
@@ -116,8 +120,7 @@ class AioFsync:
             issued += n
             in_flight += n
         while in_flight:
-            gevent.get_hub().wait(self._watcher)
-            os.eventfd_read(self._eventfd)
+            read_when_ready(self._eventfd, self._wait)
             n = self._syscall(self._getevents, self._context, 0, SLOTS, self._events, None)
             if n < 0:
                 code = ctypes.get_errno()

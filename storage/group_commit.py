@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import gevent
@@ -30,6 +31,7 @@ import structlog
 from gevent import monkey
 
 from storage.aio_fsync import AioFsync, AioUnsupported
+from storage.eventfd import read_when_ready
 from storage.syncfs import FilesystemSync
 
 log = structlog.get_logger("kestrel.journal")
@@ -195,14 +197,12 @@ class NativeThreadFsync:
 
     def _wait_and_finish(self) -> list[int]:
         forks, watcher = self._forks, self._watcher
-        while True:
+
+        def not_forked() -> None:
             if self._forks != forks:
                 raise OSError(errno.EIO, "an fsync round begun before this process was forked")
-            try:
-                os.eventfd_read(self._eventfd)
-                break
-            except BlockingIOError:
-                gevent.get_hub().wait(watcher)
+
+        read_when_ready(self._eventfd, partial(gevent.get_hub().wait, watcher), not_forked)
         codes = self._finish()
         self._abandoned = False
         return codes

@@ -14,6 +14,7 @@ import pytest
 
 from storage import aio_fsync
 from storage.aio_fsync import AioFsync
+from storage.eventfd import read_when_ready
 from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync, native_threads
 from storage.journal import JournalWriter
 from storage.runtime import ThreadsRuntime
@@ -438,3 +439,30 @@ def test_a_round_waiting_when_the_process_forks_does_not_take_the_childs_results
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert leftover.successful() and leftover.value == [None]  # the parent's round is the parent's
+
+
+def test_an_eventfd_is_read_once_above_zero_and_a_wake_up_that_finds_it_at_zero_waits_again() -> None:
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    try:
+        os.eventfd_write(fd, 3)
+        assert read_when_ready(fd, lambda: pytest.fail("waited with the counter above zero")) == 3
+
+        waits = []
+
+        def wait() -> None:  # the first wake-up is spurious; the round ends during the second wait
+            waits.append(1)
+            if len(waits) == 2:
+                os.eventfd_write(fd, 5)
+
+        assert read_when_ready(fd, wait) == 5
+        assert len(waits) == 2
+
+        def forked() -> None:
+            raise OSError(errno.EIO, "forked")
+
+        os.eventfd_write(fd, 1)
+        with pytest.raises(OSError, match="forked"):  # the check comes before the read
+            read_when_ready(fd, wait, forked)
+        assert os.eventfd_read(fd) == 1
+    finally:
+        os.close(fd)
