@@ -45,8 +45,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
     os.environ["KESTREL_SPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_PYTHON"] = str(ROOT / "tests" / "spark_python.sh")  # imports pyspark precompiled
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Every Python that Spark starts imports pyspark precompiled: the executors' workers
+    # (PYSPARK_PYTHON) and the driver side's, which look up, create and plan data sources and run
+    # streaming sources (PYSPARK_DRIVER_PYTHON; this process is the driver, so nothing else reads it).
+    os.environ["PYSPARK_PYTHON"] = str(ROOT / "tests" / "spark_python.sh")
+    os.environ["PYSPARK_DRIVER_PYTHON"] = os.environ["PYSPARK_PYTHON"]
     os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
 
