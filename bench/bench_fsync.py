@@ -22,8 +22,7 @@ import gevent
 
 from bench.common import load_average, machine
 from storage.aio_fsync import AioFsync
-from storage.group_commit import FsyncMany, GroupCommit, ThreadFsync, native_threads
-from storage.syncfs import FilesystemSync
+from storage.group_commit import FsyncMany, GroupCommit, ThreadFsync, filesystem_sync, native_threads
 
 RECORD = b"x" * 150
 
@@ -55,7 +54,7 @@ def ways() -> dict[str, FsyncMany]:
     aio = AioFsync.create()
     if aio is not None:
         found["native AIO"] = aio
-    syncfs = FilesystemSync.create(found.get("C threads", found["Python threads"]))
+    syncfs = filesystem_sync(found.get("C threads", found["Python threads"]))
     if syncfs is not None:
         found["syncfs"] = syncfs
     found["one after another"] = OneAfterAnother()

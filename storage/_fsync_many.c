@@ -1,4 +1,5 @@
-/* fdatasync of many descriptors at once, on threads kept for it, with no Python thread involved.
+/* fdatasync (or syncfs) of many descriptors at once, on threads kept for it, with no Python thread
+ * involved.
  *
  * What a group-commit round needs (storage/group_commit.py): the file system joins concurrent
  * fsyncs into one commit, but Python threads each take the interpreter lock to start and to report
@@ -6,6 +7,7 @@
  * round's descriptors out among C threads and returns at once; the thread that finishes the
  * round's last fsync adds 1 to an eventfd that the event loop watches, and `finish` then collects
  * the results. The interpreter lock is never taken by these threads. One round at a time.
+ * A round may instead syncfs each descriptor's file system (KESTREL_FSYNC=syncfs, storage/syncfs.py).
  * Optional: without a C compiler the rounds use Python threads.
  */
 #define PY_SSIZE_T_CLEAN
@@ -26,6 +28,7 @@ static int busy;          /* a round was started and not yet finished */
 static int *round_fds;    /* the round in progress: its descriptors, */
 static int *round_errors; /* where each fsync's errno goes (0: success), */
 static int round_notify;  /* the eventfd told when the last fsync is done, */
+static int round_syncfs;  /* whether it syncs whole file systems, */
 static Py_ssize_t round_size, next_job, unfinished; /* the next to take, and those not finished */
 
 /* Tell the event loop that the round is over: add 1 to its eventfd. */
@@ -35,13 +38,23 @@ static void notify(int fd) {
     }
 }
 
+/* 0, or the errno of the fdatasync of `fd` (or of the syncfs of its file system). */
+static int sync_one(int fd, int whole_file_system) {
+#ifdef __linux__
+    int failed = whole_file_system ? syncfs(fd) != 0 : fdatasync(fd) != 0;
+#else
+    int failed = whole_file_system ? (errno = ENOSYS, 1) : fdatasync(fd) != 0;
+#endif
+    return failed ? errno : 0;
+}
+
 /* Take and run the round's descriptors until none is left; called and returns with `lock` held. */
 static void take_jobs(void) {
     while (next_job < round_size) {
         Py_ssize_t i = next_job++;
         int fd = round_fds[i];
         pthread_mutex_unlock(&lock);
-        int error = fdatasync(fd) == 0 ? 0 : errno;
+        int error = sync_one(fd, round_syncfs);
         pthread_mutex_lock(&lock);
         round_errors[i] = error;
         if (--unfinished == 0) {
@@ -96,7 +109,8 @@ static PyObject *start(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *fds;
     int notify_fd;
-    if (!PyArg_ParseTuple(args, "Oi:start", &fds, &notify_fd)) {
+    int whole_file_system = 0;
+    if (!PyArg_ParseTuple(args, "Oi|p:start", &fds, &notify_fd, &whole_file_system)) {
         return NULL;
     }
     if (busy) {
@@ -136,6 +150,7 @@ static PyObject *start(PyObject *self, PyObject *args) {
     round_fds = descriptors;
     round_errors = errors;
     round_notify = notify_fd;
+    round_syncfs = whole_file_system;
     round_size = n;
     next_job = 0;
     unfinished = n;
@@ -185,8 +200,8 @@ static PyObject *finish(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"start", start, METH_VARARGS,
-     "start(fds, eventfd): fdatasync every descriptor concurrently on C threads; the eventfd gets 1 "
-     "when all are done."},
+     "start(fds, eventfd, syncfs=False): fdatasync every descriptor (or syncfs its file system) "
+     "concurrently on C threads; the eventfd gets 1 when all are done."},
     {"finish", finish, METH_NOARGS,
      "finish() -> list of errno (0 for success), one per descriptor of the round that is over."},
     {NULL, NULL, 0, NULL},

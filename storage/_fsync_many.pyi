@@ -1,5 +1,6 @@
-def start(fds: list[int], eventfd: int, /) -> None:
-    """fdatasync every descriptor concurrently on C threads; `eventfd` gets 1 when all are done."""
+def start(fds: list[int], eventfd: int, syncfs: bool = False, /) -> None:
+    """fdatasync every descriptor (or syncfs its file system) concurrently on C threads; `eventfd`
+    gets 1 when all are done."""
 
 def finish() -> list[int]:
-    """For each descriptor of the round that is over, 0 or the errno of its fdatasync."""
+    """For each descriptor of the round that is over, 0 or the errno of its fdatasync (or syncfs)."""

@@ -11,7 +11,8 @@ go through Linux native AIO instead (`storage/aio_fsync.py`: one system call, no
 CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
 oversubscribed they wait for a turn far longer than our own threads do). With `KESTREL_FSYNC=syncfs` a
 round of two or more journals on one file system is one syncfs instead (`storage/syncfs.py`: one
-commit of the file system for the whole round), where the kernel reports its errors.
+commit of the file system for the whole round, on the same threads), where the kernel reports its
+errors.
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -32,7 +33,7 @@ from gevent import monkey
 
 from storage.aio_fsync import AioFsync, AioUnsupported
 from storage.eventfd import read_when_ready
-from storage.syncfs import FilesystemSync
+from storage.syncfs import FilesystemSync, libc_syncfs
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -151,7 +152,8 @@ class NativeThreadFsync:
     server), not by the first round, which may come when the process is out of descriptors; without
     one, rounds go to Python threads."""
 
-    def __init__(self, start: Callable[[list[int], int], None], finish: Callable[[], list[int]]) -> None:
+    def __init__(self, start: Callable[[list[int], int, bool], None],
+                 finish: Callable[[], list[int]]) -> None:
         self._start = start
         self._finish = finish
         self._fallback = ThreadFsync()
@@ -180,17 +182,31 @@ class NativeThreadFsync:
         self._turn = gevent.lock.Semaphore()
         self._forks += 1
 
+    @property
+    def ready(self) -> bool:
+        """Whether rounds go to the C threads (there is an eventfd to hear from them)."""
+        return self._eventfd >= 0
+
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        return self._round(fds, syncfs=False)
+
+    def syncfs_all(self, fds: list[int]) -> list[OSError | None]:
+        """The syncfs of each descriptor's file system (callers check the kernel: `libc_syncfs`)."""
+        return self._round(fds, syncfs=True)
+
+    def _round(self, fds: list[int], syncfs: bool) -> list[OSError | None]:
         if not fds:
             return []
         if self._eventfd < 0:
+            if syncfs:
+                raise OSError(errno.EMFILE, "no eventfd for the C threads' syncfs rounds")
             return self._fallback.fsync_all(fds)
         if self._watcher is None:
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
         with self._turn:
             if self._abandoned:
                 self._wait_and_finish()
-            self._start(fds, self._eventfd)
+            self._start(fds, self._eventfd, syncfs)
             self._abandoned = True  # until its results are collected
             codes = self._wait_and_finish()
         return [OSError(code, os.strerror(code)) if code else None for code in codes]
@@ -229,6 +245,19 @@ def _threads() -> FsyncMany:
     return native_threads() or ThreadFsync()
 
 
+def filesystem_sync(each: FsyncMany) -> FilesystemSync | None:
+    """Rounds of several journals on one file system as one syncfs, on the C threads where they
+    serve, else on Python threads; None where the kernel does not report syncfs's errors (Linux
+    before 5.8) or the C library lacks it."""
+    syncfs = libc_syncfs()
+    if syncfs is None:
+        return None
+    native = native_threads()
+    if native is not None and native.ready:
+        return FilesystemSync(each, native.syncfs_all)
+    return FilesystemSync(each, ThreadFsync(syncfs).fsync_all)
+
+
 class _Round:
     """The journals one round fsyncs, how far each was written when the round began, and the
     errors of those that failed."""
@@ -250,7 +279,7 @@ class GroupCommit:
             log.warning("unknown KESTREL_FSYNC value; fsyncs go to threads", value=way,
                         known=[known for known in FSYNC_WAYS if known])
         if fsync_many is None and way == "syncfs":
-            fsync_many = FilesystemSync.create(self._threads)
+            fsync_many = filesystem_sync(self._threads)
             if fsync_many is None:
                 log.warning("KESTREL_FSYNC=syncfs, but this kernel does not report write-back errors "
                             "through syncfs (Linux before 5.8): fsyncs go to threads")

@@ -32,7 +32,6 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import gevent
 import structlog
 
 if TYPE_CHECKING:
@@ -49,8 +48,9 @@ def reports_errors(release: str) -> bool:
     return found is not None and (int(found[1]), int(found[2])) >= FIRST_KERNEL_REPORTING_ERRORS
 
 
-def _libc_syncfs() -> Callable[[int], int] | None:
-    """syncfs from the C library as a call returning 0 or the errno; None where there is none."""
+def libc_syncfs() -> Callable[[int], None] | None:
+    """syncfs from the C library, raising OSError as os.fdatasync does; None where the kernel does not
+    report writeback errors through it or the C library lacks it."""
     if platform.system() != "Linux" or not reports_errors(platform.release()):
         return None
     try:
@@ -60,36 +60,34 @@ def _libc_syncfs() -> Callable[[int], int] | None:
     call.argtypes = [ctypes.c_int]
     call.restype = ctypes.c_int
 
-    def syncfs(fd: int) -> int:  # ctypes lets go of the interpreter lock during the call
-        return 0 if call(fd) == 0 else ctypes.get_errno()  # errno of this thread, read in it
+    def syncfs(fd: int) -> None:  # ctypes lets go of the interpreter lock during the call
+        if call(fd) != 0:
+            code = ctypes.get_errno()  # errno of this thread, read in it
+            raise OSError(code, os.strerror(code))
 
     return syncfs
 
 
 class FilesystemSync:
-    """Rounds of two or more journals on one file system as one syncfs on the hub's thread pool;
-    anything else, and every round whose syncfs failed, through `each` (one fdatasync a journal)."""
+    """Rounds of two or more journals on one file system as one syncfs, issued the way the round's
+    fdatasyncs would be (`storage/group_commit.py`'s `filesystem_sync`); anything else, and every
+    round whose syncfs failed, through `each` (one fdatasync a journal)."""
 
-    def __init__(self, each: FsyncMany, syncfs: Callable[[int], int],
+    def __init__(self, each: FsyncMany, syncfs: Callable[[list[int]], list[OSError | None]],
                  device: Callable[[int], int] = lambda fd: os.fstat(fd).st_dev) -> None:
+        """`syncfs`: for each descriptor, the syncfs of its file system, off the event loop."""
         self.each = each
         self._syncfs = syncfs
         self._device = device
 
-    @classmethod
-    def create(cls, each: FsyncMany) -> FilesystemSync | None:
-        """syncfs rounds on this machine, or None where the kernel or C library cannot do them."""
-        syncfs = _libc_syncfs()
-        return None if syncfs is None else cls(each, syncfs)
-
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         if len(fds) < 2 or not self._one_file_system(fds):
             return self.each.fsync_all(fds)
-        code = gevent.get_hub().threadpool.apply(self._syncfs, (fds[0],))
-        if code == 0:
+        (error,) = self._syncfs(fds[:1])
+        if error is None:
             return [None] * len(fds)
         log.warning("syncfs reported an error; each journal of the round is fsynced to find its own",
-                    error=os.strerror(code), journals=len(fds))
+                    error=error.strerror, journals=len(fds))
         return self.each.fsync_all(fds)
 
     def _one_file_system(self, fds: list[int]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gevent
@@ -15,10 +15,17 @@ import pytest
 from storage import aio_fsync
 from storage.aio_fsync import AioFsync
 from storage.eventfd import read_when_ready
-from storage.group_commit import FsyncMany, GroupCommit, NativeThreadFsync, ThreadFsync, native_threads
+from storage.group_commit import (
+    FsyncMany,
+    GroupCommit,
+    NativeThreadFsync,
+    ThreadFsync,
+    filesystem_sync,
+    native_threads,
+)
 from storage.journal import JournalWriter
 from storage.runtime import ThreadsRuntime
-from storage.syncfs import FilesystemSync, reports_errors
+from storage.syncfs import FilesystemSync, libc_syncfs, reports_errors
 
 
 class Journal:
@@ -260,15 +267,15 @@ def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Pat
 
 
 class SyncfsCalls:
-    """A syncfs that records the descriptors it was given and answers `code` (0 or an errno)."""
+    """Rounds of syncfs that record the descriptors they were given and answer `code` (0 or an errno)."""
 
     def __init__(self, code: int = 0) -> None:
         self.code = code
         self.fds: list[int] = []
 
-    def __call__(self, fd: int) -> int:
-        self.fds.append(fd)
-        return self.code
+    def __call__(self, fds: list[int]) -> list[OSError | None]:
+        self.fds += fds
+        return [OSError(self.code, os.strerror(self.code)) if self.code else None for _ in fds]
 
 
 class FailingFor:
@@ -330,18 +337,47 @@ def test_syncfs_is_trusted_only_where_the_kernel_reports_its_errors() -> None:
     assert not reports_errors("unknown")
 
 
+def syncfs_ways() -> dict[str, Callable[[list[int]], list[OSError | None]]]:
+    """How a syncfs round can be issued here: on the C helper's threads and on Python threads."""
+    syncfs = libc_syncfs()
+    if syncfs is None:
+        pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
+    ways = {"python threads": ThreadFsync(syncfs).fsync_all}
+    native = native_threads()
+    if native is not None:
+        ways["c threads"] = native.syncfs_all
+    return ways
+
+
 def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
-    made = FilesystemSync.create(ThreadFsync())
+    made = filesystem_sync(ThreadFsync())
+    assert made is not None or libc_syncfs() is None
     if made is None:
         pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
     journals = [Journal(tmp_path / f"q{i}") for i in range(4)]
     commit = GroupCommit(made)
     gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals], raise_error=True)
     assert [j.synced for j in journals] == [6] * 4
+    native = native_threads()
+    if native is not None:  # the server's rounds: on the C helper's threads, as its fdatasyncs
+        assert getattr(made._syncfs, "__func__", None) is NativeThreadFsync.syncfs_all
+
+
+def test_syncfs_on_c_threads_and_python_threads_answer_alike(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "q")
+    journal.append(b"record")
+    closed = os.open(tmp_path / "closed", os.O_WRONLY | os.O_CREAT)
+    os.close(closed)
+    answers = {}
+    for name, syncfs_all in syncfs_ways().items():
+        results = syncfs_all([journal.fd, closed, journal.fd])
+        answers[name] = [None if r is None else r.errno for r in results]
+    assert answers["python threads"] == [None, errno.EBADF, None]
+    assert len(set(map(tuple, answers.values()))) == 1, answers
 
 
 def test_the_server_rounds_use_syncfs_only_when_told() -> None:
-    if FilesystemSync.create(ThreadFsync()) is None:
+    if libc_syncfs() is None:
         pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
     assert not isinstance(GroupCommit()._fsync_many, FilesystemSync)
     assert isinstance(GroupCommit(way="syncfs")._fsync_many, FilesystemSync)
