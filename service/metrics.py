@@ -7,19 +7,22 @@ scrape time from the same counters that `/stats.json` and memcache `stats` show,
 
 from __future__ import annotations
 
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from service.server import KestrelServer
 from storage import journal
@@ -28,10 +31,57 @@ __all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render",
 
 T = TypeVar("T")
 
-# `_created` series would double the output and tell nothing the uptime does not.
-disable_created_metrics()  # type: ignore[no-untyped-call]
 
-HISTOGRAMS = CollectorRegistry()
+class LoopHistogram(Collector):
+    """A latency histogram observed from the event loop's thread only, so with no lock.
+
+    prometheus-client's `Histogram` takes a lock for its sum and again for its bucket at each
+    observation (1.3 µs under gevent's patched locks, against 0.16 µs here), and a request makes two
+    (its own latency and its journal write's). Observations happen on the loop's thread (requests,
+    journal writes, fsync rounds and packs all finish there), so plain counts suffice; they are
+    handed to prometheus-client as a `HistogramMetricFamily` when scraped."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
+                 labelnames: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = list(labelnames)
+        self.bounds = (*sorted(buckets), math.inf)
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+
+    def labels(self, *values: str) -> HistogramSeries:
+        series = self._series.get(values)
+        if series is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, not {values}")
+            series = self._series[values] = HistogramSeries(self.bounds)
+        return series
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, series in list(self._series.items()):
+            buckets, running = [], 0
+            for bound, count in zip(self.bounds, series.counts, strict=True):
+                running += count
+                buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+            family.add_metric(list(values), buckets, series.sum)
+        yield family
+
+
+class HistogramSeries:
+    """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
 
 # Requests range from microseconds (a memcache get) to minutes (a get that waits for an item).
 _REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -40,25 +90,26 @@ _DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0
                  0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _PACK_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 
-REQUEST_SECONDS = Histogram(
+REQUEST_SECONDS = LoopHistogram(
     "kestrel_request_duration_seconds",
     "Time from a request's arrival to its answer, by protocol and command; includes time spent waiting "
     "for an item (get with a timeout, monitor).",
-    ["protocol", "command"], buckets=_REQUEST_BUCKETS, registry=HISTOGRAMS)
-_STORAGE_SECONDS = {
-    "write": Histogram("kestrel_journal_write_duration_seconds",
-                       "Time to hand one batch of journal records to the operating system (write(2)).",
-                       buckets=_DISK_BUCKETS, registry=HISTOGRAMS),
-    "fsync": Histogram("kestrel_journal_fsync_duration_seconds",
-                       "Time of one journal fsync; writers that arrive during it share the next one.",
-                       buckets=_DISK_BUCKETS, registry=HISTOGRAMS),
-    "pack": Histogram("kestrel_journal_pack_duration_seconds",
-                      "Time to pack a queue's rotated journals into one file (runs in the background).",
-                      buckets=_PACK_BUCKETS, registry=HISTOGRAMS),
+    _REQUEST_BUCKETS, ("protocol", "command"))
+_STORAGE_HISTOGRAMS = {
+    "write": LoopHistogram("kestrel_journal_write_duration_seconds",
+                           "Time to hand one batch of journal records to the operating system (write(2)).",
+                           _DISK_BUCKETS),
+    "fsync": LoopHistogram("kestrel_journal_fsync_duration_seconds",
+                           "Time of one journal fsync; writers that arrive during it share the next one.",
+                           _DISK_BUCKETS),
+    "pack": LoopHistogram("kestrel_journal_pack_duration_seconds",
+                          "Time to pack a queue's rotated journals into one file (runs in the background).",
+                          _PACK_BUCKETS),
 }
+_STORAGE_SECONDS = {event: histogram.labels() for event, histogram in _STORAGE_HISTOGRAMS.items()}
+HISTOGRAMS = (REQUEST_SECONDS, *_STORAGE_HISTOGRAMS.values())
 
-
-_request_series: dict[tuple[str, str], Histogram] = {}  # labels() takes a lock: look each up once
+_request_series: dict[tuple[str, str], HistogramSeries] = {}
 
 
 def observe(protocol: str, command: str, seconds: float) -> None:
@@ -164,14 +215,10 @@ class KestrelCollector(Collector):
         yield from per_queue.values()
 
 
-class _Histograms(Collector):
-    def collect(self) -> Iterator[Metric]:
-        yield from HISTOGRAMS.collect()
-
-
 def render(server: KestrelServer) -> bytes:
     """The text exposition of every metric, for `/metrics`."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KestrelCollector(server))
-    registry.register(_Histograms())
+    for histogram in HISTOGRAMS:
+        registry.register(histogram)
     return generate_latest(registry)

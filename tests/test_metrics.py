@@ -89,3 +89,26 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
                    "kestrel_journal_pack_duration_seconds_count") == 1
     assert _sample(families["kestrel_journal_pack_duration_seconds"],
                    "kestrel_journal_pack_duration_seconds_sum") > 0
+
+
+def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from service.metrics import LoopHistogram
+
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    observations = [0.0, 0.0005, 0.001, 0.001, 0.0011, 0.05, 0.1, 0.99, 1.0, 1.5, 300.0]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    loop = LoopHistogram("t_seconds", "help text", buckets, ("protocol", "command"))
+    ours.register(loop)
+    reference = Histogram("t_seconds", "help text", ["protocol", "command"], buckets=buckets, registry=theirs)
+    for n, seconds in enumerate(observations):
+        labels = ("thrift", "get") if n % 3 else ("memcache", "set")
+        loop.labels(*labels).observe(seconds)
+        reference.labels(*labels).observe(seconds)
+
+    def exposition(registry: CollectorRegistry) -> list[str]:
+        return sorted(line for line in generate_latest(registry).decode().splitlines() if "_created" not in line)
+
+    assert exposition(ours) == exposition(theirs)
+    assert 'le="+Inf"' in generate_latest(ours).decode()
