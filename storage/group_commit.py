@@ -198,8 +198,8 @@ class NativeThreadFsync:
         if not fds:
             return []
         if self._eventfd < 0:
-            if syncfs:
-                raise OSError(errno.EMFILE, "no eventfd for the C threads' syncfs rounds")
+            if syncfs:  # its caller then fdatasyncs each journal, on the fallback's threads
+                return [OSError(errno.EMFILE, "no eventfd for the C threads' syncfs rounds")] * len(fds)
             return self._fallback.fsync_all(fds)
         if self._watcher is None:
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)

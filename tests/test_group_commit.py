@@ -433,6 +433,13 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
     journal.append(b"record")
     assert way.fsync_all([journal.fd, -5])[0] is None
     assert way.fsync_all([-5])[0] is not None  # a bad descriptor is still named, by the threads
+    # A syncfs round cannot go to the C threads: it fails, and the journals are fdatasynced each.
+    (refused,) = way.syncfs_all([journal.fd])
+    assert refused is not None and refused.errno == errno.EMFILE
+    journals = [journal, Journal(tmp_path / "r")]
+    commit = GroupCommit(FilesystemSync(way, way.syncfs_all))
+    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"more")) for j in journals], raise_error=True)
+    assert [j.synced for j in journals] == [10, 4]
 
 
 def test_an_unknown_fsync_way_is_named_in_the_log(capsys: pytest.CaptureFixture[str]) -> None:
