@@ -364,12 +364,13 @@ def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
 
 
 def test_syncfs_on_c_threads_and_python_threads_answer_alike(tmp_path: Path) -> None:
+    ways = syncfs_ways()  # first: the C threads' eventfd, if made now, takes the lowest free number
     journal = Journal(tmp_path / "q")
     journal.append(b"record")
-    closed = os.open(tmp_path / "closed", os.O_WRONLY | os.O_CREAT)
+    closed = os.dup2(journal.fd, 900)  # a number far above the lowest free one, which nothing takes
     os.close(closed)
     answers = {}
-    for name, syncfs_all in syncfs_ways().items():
+    for name, syncfs_all in ways.items():
         results = syncfs_all([journal.fd, closed, journal.fd])
         answers[name] = [None if r is None else r.errno for r in results]
     assert answers["python threads"] == [None, errno.EBADF, None]
