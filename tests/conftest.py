@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+STARTED = "kestrel started"  # the server's log line once every listener is bound
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,9 +42,20 @@ def compile_project() -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different ports free now. They are held open together while picked: picked one after
+    another, a port just closed can come back at once (two listeners of one server got one port)."""
+    held = [socket.socket() for _ in range(count)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
@@ -67,10 +79,7 @@ class ServerProcess:
         self.queue_path = workdir / "queues"
         self.config_path = workdir / "kestrel.yaml"
         self.log_path = workdir / "server.log"
-        self.thrift_port = free_port()
-        self.memcache_port = free_port()
-        self.text_port = free_port()
-        self.admin_port = free_port()
+        self.thrift_port, self.memcache_port, self.text_port, self.admin_port = free_ports(4)
         self.config: dict[str, Any] = {
             "queue_path": str(self.queue_path),
             "listen_address": "127.0.0.1",
@@ -107,9 +116,10 @@ class ServerProcess:
         raise AssertionError("unreachable")
 
     def _pick_ports_again(self) -> None:
+        ports = iter(free_ports(4))
         for key in ("thrift_port", "memcache_port", "text_port", "admin_port"):
             if self.config.get(key) == getattr(self, key):  # only the ports chosen here, not a test's
-                port = free_port()
+                port = next(ports)
                 setattr(self, key, port)
                 self.config[key] = port
 
@@ -120,11 +130,21 @@ class ServerProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         command = [sys.executable, "-m", "service", "serve", "--config", str(self.config_path)]
+        starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,
                                          preexec_fn=self._limit_open_files)
         for port in self._enabled_ports():
             wait_for_port(port, self.proc)
+        # A port answering may be another process's (taken between picking it and the server's bind):
+        # the server is up once it says so, after binding every listener.
+        deadline = time.monotonic() + 20
+        while self.log().count(STARTED) == starts:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before it started")
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not log that it started within 20s")
+            time.sleep(0.01)
         return self
 
     def _limit_open_files(self) -> None:

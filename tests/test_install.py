@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from contract import kestrel_thrift
-from tests.conftest import ROOT, free_port, wait_for_port
+from tests.conftest import ROOT, free_ports, wait_for_port
 
 
 def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -48,7 +48,7 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
                  env=env)
     assert Path(where.strip()).is_file() and Path(where.strip()).is_relative_to(venv), where
 
-    thrift_port, memcache_port = free_port(), free_port()
+    thrift_port, memcache_port = free_ports(2)
     config = tmp_path / "kestrel.yaml"
     config.write_text(yaml.safe_dump({
         "queue_path": str(tmp_path / "queues"), "thrift_port": thrift_port, "memcache_port": memcache_port,
