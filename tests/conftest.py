@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +58,28 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_for(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll `ready` until true; RuntimeError naming `what` if the server exits first or time runs out."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}")
+            raise RuntimeError(f"server exited with {proc.returncode} before {what}")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not {what} within {timeout}s")
+        time.sleep(0.01)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    def answers() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+                return True
         except OSError:
-            time.sleep(0.01)
-    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
+            return False
+
+    wait_for(proc, answers, f"listening on {port}", timeout)
 
 
 class ServerProcess:
@@ -138,13 +149,7 @@ class ServerProcess:
             wait_for_port(port, self.proc)
         # A port answering may be another process's (taken between picking it and the server's bind):
         # the server is up once it says so, after binding every listener.
-        deadline = time.monotonic() + 20
-        while self.log().count(STARTED) == starts:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before it started")
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not log that it started within 20s")
-            time.sleep(0.01)
+        wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
         return self
 
     def _limit_open_files(self) -> None:
