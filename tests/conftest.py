@@ -103,17 +103,13 @@ class ServerProcess:
         self.open_files_limit: int | None = None  # RLIMIT_NOFILE for the server process
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def _enabled_ports(self) -> list[int]:
-        return [self.config[k] for k in ("thrift_port", "memcache_port", "text_port", "admin_port")
-                if self.config.get(k) and self._module_exists(k)]
-
     @staticmethod
     def _module_exists(key: str) -> bool:
         name = key.removesuffix("_port")
         return (ROOT / "service" / f"{name}.py").exists()
 
     def start(self) -> ServerProcess:
-        """Start the server and wait for its ports. On a first start, a port picked as free that
+        """Start the server and wait until it is serving. On a first start, a port picked as free that
         another process took meanwhile (other test runs share the machine) is picked again."""
         first = self.proc is None
         for attempt in range(3):
@@ -145,10 +141,8 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,
                                          preexec_fn=self._limit_open_files)
-        for port in self._enabled_ports():
-            wait_for_port(port, self.proc)
-        # A port answering may be another process's (taken between picking it and the server's bind):
-        # the server is up once it says so, after binding every listener.
+        # Up once it says so, after binding every listener; a port answering may be another process's
+        # (taken between picking it and the server's bind).
         wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
         return self
 
