@@ -1,8 +1,9 @@
 """The optional C helpers; everything else is declared in pyproject.toml.
 
 `optional=True`: where no C compiler is at hand the build goes on without them. The group commit
-then uses Python threads (storage/group_commit.py), and the journal readers the Python loop of
-`storage.codec.decode_common_python`.
+then uses Python threads (storage/group_commit.py), the journal readers the Python loop of
+`storage.codec.decode_common_python`, and the Thrift binary protocol its Python list loops
+(service/thrift_protocol.py).
 """
 
 from setuptools import Extension, setup
@@ -10,4 +11,5 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("storage._fsync_many", ["storage/_fsync_many.c"], optional=True),
     Extension("storage._decode_common", ["storage/_decode_common.c"], optional=True),
+    Extension("service._thrift_lists", ["service/_thrift_lists.c"], optional=True),
 ])

@@ -5,7 +5,9 @@ the message may reach (the frame's end, or `max_frame_size` bytes on for unframe
 length and count is checked against `limit` (each element needs at least its smallest encoding)
 and against the batch limits before anything is read or allocated; when a read goes past `end` but
 not past `limit`, `more` (unframed transport only) reads on from the socket. Writers build replies.
-No I/O here.
+No I/O here. The binary protocol's two per-item loops, a batch put's list and a batch get's Items,
+have a compiled twin (service/_thrift_lists.c) that takes the plain case and hands everything else
+back to the Python loops here, which stay the reference.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ import operator
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+try:
+    from service import _thrift_lists as _lists
+except ImportError:  # built without a C compiler: the Python loops alone
+    _lists = None  # type: ignore[assignment]
 
 # Type codes as the binary protocol writes them.
 STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
@@ -268,6 +275,16 @@ class BinaryReader(Reader):
 
     def read_binary_list(self, count: int, what: str) -> list[bytes]:
         """The hot path of `put`: each length checked against the frame and the byte budget."""
+        if _lists is not None:
+            read = _lists.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
+            if read is not None:
+                items, self.pos = read
+                return items
+        return self.read_binary_list_python(count, what)
+
+    def read_binary_list_python(self, count: int, what: str) -> list[bytes]:
+        """`read_binary_list` in Python: the reference, and the way for anything but an intact list
+        at hand (it names the fault, or reads on for an unframed request)."""
         buf, pos, end, budget = self.buf, self.pos, self.end, self.max_bytes
         unpack = _I32.unpack_from
         items: list[Any] = []
@@ -480,6 +497,11 @@ class BinaryWriter(Writer):
             # laid out by list operations and joined once; a header packed once per distinct size,
             # and the i64 once when all are 0 (no auto-abort).
             (_, fid1), (_, fid2) = shape
+            if _lists is not None:
+                laid = _lists.write_items(fid1, fid2, values)
+                if laid is not None:
+                    self.out += laid
+                    return
             try:
                 datas = list(map(_FIRST, values))
                 numbers = list(map(_SECOND, values))

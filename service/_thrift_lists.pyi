@@ -1,0 +1,8 @@
+from typing import Any
+
+def read_binary_list(buf: bytes | bytearray, pos: int, end: int, count: int, budget: int, /
+                     ) -> tuple[list[bytes], int] | None:
+    """The list's elements and the position after them; None where the Python loop must read."""
+
+def write_items(fid1: int, fid2: int, pairs: list[Any], /) -> bytes | None:
+    """(bytes, int) pairs as binary-then-i64 structs; None where the Python loop must write."""
