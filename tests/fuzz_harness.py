@@ -279,19 +279,27 @@ def run(srv: ServerProcess, target: Target, count: int, seed: int = 1, workers: 
                 time.sleep(0.05)
 
     started = time.monotonic()
-    good = threading.Thread(target=good_client, daemon=True)
-    good.start()
     # Fuzz workers are processes, so that the good client's timings are not its wait for the GIL.
+    # They are forked before the good client's thread starts: a fork copies the locks that other
+    # threads hold, and a child that then needs one (an import's, for `create_connection`'s first
+    # host name encoding) waits forever. The encoding is loaded here first, so children need none.
+    "127.0.0.1".encode("idna")
     context = multiprocessing.get_context("fork")
     procs = [context.Process(target=_fuzz_worker, args=(port, inputs[i::workers]), daemon=True)
              for i in range(workers)]
     for p in procs:
         p.start()
-    while any(p.is_alive() for p in procs):
-        report.rss_peak_kb = max(report.rss_peak_kb, rss_kb(pid))
-        time.sleep(0.1)
-    done.set()
-    good.join(10)
+    good = threading.Thread(target=good_client, daemon=True)
+    good.start()
+    try:
+        while any(p.is_alive() for p in procs):
+            report.rss_peak_kb = max(report.rss_peak_kb, rss_kb(pid))
+            time.sleep(0.1)
+    finally:  # also when the test is timed out: nothing of this run outlives it
+        done.set()
+        for p in procs:
+            p.kill()
+        good.join(10)
     report.seconds = time.monotonic() - started
     report.inputs = len(inputs)
     report.alive = srv.proc.poll() is None
