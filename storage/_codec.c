@@ -1,13 +1,20 @@
-/* The compiled twin of `storage.codec.decode_common_python`: the run of common records.
+/* Compiled twins of storage/codec.py's per-record loops, each beside the Python reference it is
+ * tested against.
  *
- * Start-up replay and the Spark journal source spend most of their time in that loop, about half
- * a microsecond of interpreter work per record. This does the same walk in C. The rare records the
- * damage check questions are handed to `misplaced_end`, the Python function that decides, so every
- * rule stays written once in Python. Two outputs: the tuples replay applies (`decode_common`), or
- * the run's fields as column buffers (`decode_common_columns`), which the journal source hands to
- * Arrow without a Python object per record. The Python loop remains the reference:
- * tests/test_decode_common.py compares them on valid, damaged and cut buffers.
- * Optional: without a C compiler the build goes on and codec uses the Python loop.
+ * Reading: `decode_common`, the twin of `storage.codec.decode_common_python` (the run of common
+ * records). Start-up replay and the Spark journal source spend most of their time in that loop,
+ * about half a microsecond of interpreter work per record. This does the same walk in C. The rare
+ * records the damage check questions are handed to `misplaced_end`, the Python function that
+ * decides, so every rule stays written once in Python. Two outputs: the tuples replay applies
+ * (`decode_common`), or the run's fields as column buffers (`decode_common_columns`), which the
+ * journal source hands to Arrow without a Python object per record. tests/test_decode_common.py
+ * compares them on valid, damaged and cut buffers.
+ *
+ * Writing: `encode_addx_many`, the twin of `storage.codec.encode_addx_many_python` (the ADDX
+ * records of a batch put, one string). It takes lists of plain bytes whose times fit the record
+ * and answers None for anything else, which the Python function then encodes or refuses.
+ *
+ * Optional: without a C compiler the build goes on and codec uses the Python loops.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -305,7 +312,70 @@ done:
     return result;
 }
 
+static void write_le32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void write_le64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+/* encode_addx_many(add_time, expiry, items) -> bytes | None */
+static PyObject *encode_addx_many(PyObject *self, PyObject *args) {
+    PyObject *add_time_obj, *expiry_obj, *items;
+    if (!PyArg_ParseTuple(args, "OOO!", &add_time_obj, &expiry_obj, &PyList_Type, &items)) {
+        return NULL;
+    }
+    int overflow_time = 0, overflow_expiry = 0;
+    long long add_time = PyLong_Check(add_time_obj)
+        ? PyLong_AsLongLongAndOverflow(add_time_obj, &overflow_time) : (overflow_time = 1, 0);
+    long long expiry = PyLong_Check(expiry_obj)
+        ? PyLong_AsLongLongAndOverflow(expiry_obj, &overflow_expiry) : (overflow_expiry = 1, 0);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow_time || overflow_expiry) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    const Py_ssize_t head = 1 + 4 + 8 + 8;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = PyList_GET_ITEM(items, i);
+        if (!PyBytes_CheckExact(data)) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        if (n > INT32_MAX - ITEM_HEADER || total > PY_SSIZE_T_MAX - head - n) {
+            Py_RETURN_NONE;
+        }
+        total += head + n;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = PyList_GET_ITEM(items, i);
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        p[0] = ADDX;
+        write_le32(p + 1, (uint32_t)(ITEM_HEADER + n));
+        write_le64(p + 5, (uint64_t)add_time);
+        write_le64(p + 13, (uint64_t)expiry);
+        memcpy(p + head, PyBytes_AS_STRING(data), (size_t)n);
+        p += head + n;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"encode_addx_many", encode_addx_many, METH_VARARGS,
+     "encode_addx_many(add_time, expiry, items) -> the ADDX records as one string, or None"},
     {"decode_common", decode_common, METH_VARARGS,
      "decode_common(buf, pos, base, budget, check_sizes, misplaced_end) -> (run, pos, previous)"},
     {"decode_common_columns", decode_common_columns, METH_VARARGS,
@@ -314,9 +384,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_common", NULL, -1, methods,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "storage._codec", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__decode_common(void) {
+PyMODINIT_FUNC PyInit__codec(void) {
     return PyModule_Create(&module);
 }

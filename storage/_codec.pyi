@@ -11,3 +11,6 @@ def decode_common_columns(buf: bytes, pos: int, base: int, budget: int, check_si
                           misplaced_end: _MisplacedEnd, /
                           ) -> tuple[tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes], int, int]:
     """The same run as column buffers (`storage.codec.decode_common_columns_python`)."""
+
+def encode_addx_many(add_time: int, expiry: int, items: list[bytes], /) -> bytes | None:
+    """`storage.codec.encode_addx_many_python` for lists of bytes; None where it must encode."""

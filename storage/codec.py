@@ -1,5 +1,6 @@
 """Kestrel 2.x journal records: the only Python code that knows the byte layout (its compiled twin
-for runs of common records, storage/_decode_common.c, is tested against `decode_common_python`).
+for runs of common records and for a batch's ADDX records, storage/_codec.c, is tested against
+`decode_common_python` and `encode_addx_many_python`).
 
 Every record is a one-byte opcode and its fields, little-endian; a leading `size` covers the whole
 block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
@@ -160,9 +161,10 @@ def encode_addx(add_time: int, expiry: int, data: bytes) -> bytes:
     return b"\x02" + _ADDX_HEAD.pack(ITEM_HEADER + len(data), add_time, expiry) + data
 
 
-def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> bytes:
     """The ADDX records of items added together (one time and expiry), as one string: the same bytes
-    as `encode_addx` of each, with each distinct header packed once."""
+    as `encode_addx` of each, with each distinct header packed once (the reference for the compiled
+    `encode_addx_many`)."""
     times = _TWO_I64.pack(add_time, expiry)
     sizes = list(map(len, items))
     if sizes and min(sizes) == max(sizes):  # the usual batch: one header for all
@@ -411,21 +413,28 @@ def decode_common_columns_python(buf: bytes, pos: int, base: int, budget: int,
 
 
 try:
-    from storage import _decode_common
+    from storage import _codec
 except ImportError:  # built without a C compiler: the Python loops alone
     decode_common = decode_common_python
     decode_common_columns = decode_common_columns_python
+    encode_addx_many = encode_addx_many_python
 else:
+    def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+        """`encode_addx_many_python` compiled (storage/_codec.c) for lists of bytes; anything else
+        goes to the Python function, which encodes it or says what is wrong."""
+        encoded = _codec.encode_addx_many(add_time, expiry, items)
+        return encode_addx_many_python(add_time, expiry, items) if encoded is None else encoded
+
     def decode_common(buf: bytes, pos: int, base: int, budget: int,
                       check_sizes: bool) -> tuple[list[Common], int, int]:
-        """`decode_common_python` compiled (storage/_decode_common.c): the same tuples, several
+        """`decode_common_python` compiled (storage/_codec.c): the same tuples, several
         times faster; the records it questions go to `misplaced_end` as in Python."""
-        return _decode_common.decode_common(buf, pos, base, budget, check_sizes, misplaced_end)
+        return _codec.decode_common(buf, pos, base, budget, check_sizes, misplaced_end)
 
     def decode_common_columns(buf: bytes, pos: int, base: int, budget: int,
                               check_sizes: bool) -> tuple[CommonColumns, int, int]:
         """`decode_common_columns_python` compiled: no Python object per record."""
-        return _decode_common.decode_common_columns(buf, pos, base, budget, check_sizes, misplaced_end)
+        return _codec.decode_common_columns(buf, pos, base, budget, check_sizes, misplaced_end)
 
 
 def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:

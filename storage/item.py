@@ -1,9 +1,16 @@
-"""A queue item as it lives in memory."""
+"""A queue item as it lives in memory.
+
+`QItem` is the compiled class (storage/_item.c) where the build had a C compiler, else
+`QItemPython`, the reference: the same attributes, constructor, equality and repr, checked on both
+by tests/test_item.py. A batch put makes one item per element, and replay one per record.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-class QItem:
+
+class QItemPython:
     """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
 
     `xid` is non-zero while the item is an open read, and also for an item replayed from an
@@ -24,8 +31,17 @@ class QItem:
         return f"QItem(add_time={self.add_time}, expiry={self.expiry}, data={self.data!r}, xid={self.xid})"
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, QItem):
+        if not isinstance(other, QItemPython):
             return NotImplemented
         return (self.add_time, self.expiry, self.data) == (other.add_time, other.expiry, other.data)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+if TYPE_CHECKING:
+    QItem = QItemPython
+else:
+    try:
+        from storage._item import QItem
+    except ImportError:  # built without a C compiler: the Python class
+        QItem = QItemPython

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +22,25 @@ def test_addx_records_of_a_batch_are_those_of_each_item(add_time: int, expiry: i
                                                         same_size: bool) -> None:
     if same_size:
         items = [data.ljust(40, b"-") for data in items]
-    assert codec.encode_addx_many(add_time, expiry, items) == b"".join(
-        codec.encode_addx(add_time, expiry, data) for data in items)
+    each = b"".join(codec.encode_addx(add_time, expiry, data) for data in items)
+    assert codec.encode_addx_many(add_time, expiry, items) == each  # compiled, where it was built
+    assert codec.encode_addx_many_python(add_time, expiry, items) == each
+
+
+@pytest.mark.parametrize(("add_time", "expiry", "items", "refusal"), [
+    (2**63, 0, [b"x"], "argument out of range"),  # a time past the record's i64
+    (0, -(2**63) - 1, [b"x"], "argument out of range"),
+    (0, 0, [b"x", "text"], "expected a bytes-like object, str found"),
+])
+def test_what_the_compiled_encoder_declines_the_python_one_refuses(add_time: int, expiry: int, items: list[Any],
+                                                                   refusal: str) -> None:
+    with pytest.raises((struct.error, TypeError), match=refusal):
+        codec.encode_addx_many(add_time, expiry, items)
+
+
+def test_bytes_like_items_are_encoded_by_the_python_encoder() -> None:
+    items: list[Any] = [bytearray(b"ab"), b"cd", memoryview(b"ef")]
+    assert codec.encode_addx_many(5, 6, items) == b"".join(codec.encode_addx(5, 6, bytes(d)) for d in items)
 
 
 def test_a_batch_get_takes_items_in_order_and_journals_a_remove_each(tmp_path: Path) -> None:

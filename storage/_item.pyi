@@ -1,0 +1,10 @@
+class QItem:
+    """`storage.item.QItemPython` compiled: the same attributes, constructor, equality and repr."""
+
+    add_time: int
+    expiry: int
+    data: bytes
+    xid: int
+    errors: int
+
+    def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0, errors: int = 0) -> None: ...
