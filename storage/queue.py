@@ -12,10 +12,9 @@ to the journal; a cursor (`storage/read_behind.py`) reads them back as the head 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from itertools import repeat
 from operator import attrgetter
@@ -40,6 +39,37 @@ log = structlog.get_logger("kestrel.queue")
 _EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
 
 
+class _Change:
+    """What `PersistentQueue._change` returns: the queue's lock, `_before_change`, then
+    `_after_change` or `_change_failed`. A class rather than a generator, since every add and
+    remove enters it (a generator's context manager cost a microsecond each time). It keeps no
+    state of its own, so one per queue serves every change, nested ones included."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: PersistentQueue) -> None:
+        self.queue = queue
+
+    def __enter__(self) -> None:
+        queue = self.queue
+        queue._lock.__enter__()
+        try:
+            queue._before_change()
+        except BaseException:
+            queue._lock.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        queue = self.queue
+        try:
+            if error is None:
+                queue._after_change()
+            else:
+                queue._change_failed(error)
+        finally:
+            queue._lock.__exit__(None, None, None)
+
+
 class PersistentQueue(QueueBase):
     """A durable FIFO queue with reliable reads, expiry and read-behind.
 
@@ -58,6 +88,7 @@ class PersistentQueue(QueueBase):
                          expire_to)
         self.runtime = runtime
         self._lock = runtime.lock()
+        self._around_change = _Change(self)
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
                                      self._lock, salvage)
         self._mem: deque[QItem] = deque()
@@ -232,41 +263,53 @@ class PersistentQueue(QueueBase):
     # -----------------------------------------------------------------------------------------
     # Live operations
 
-    @contextlib.contextmanager
-    def _change(self) -> Iterator[None]:
+    def _change(self) -> _Change:
         """Around every change: refused while the journal cannot be written, undone if its write fails.
 
         Raises JournalWriteError: the change did not happen, in memory or on disk.
         """
-        with self._lock:
-            self._check_open()
-            if self.read_only or self._rebuilding:
-                self._probe()
-            journal = self._journal
-            if journal.writer is not None and journal.writer.fd < 0:
-                try:
-                    journal.writer.open()
-                except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
-                    raise JournalWriteError(self.name, journal.live_path, e) from None
+        return self._around_change
+
+    def _before_change(self) -> None:
+        """Under the lock, before a change: the journal must be writable (or become so now)."""
+        self._check_open()
+        if self.read_only or self._rebuilding:
+            self._probe()
+        journal = self._journal
+        if journal.writer is not None and journal.writer.fd < 0:
             try:
-                if self._orphans:
-                    self._return_orphans()
-                yield
-            except OSError as e:
-                raise self._write_failed(e) from None
-            except JournalWriteError:  # from the queue this change feeds (expire_to_queue)
-                self._rebuild()
+                journal.writer.open()
+            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                raise JournalWriteError(self.name, journal.live_path, e) from None
+        if self._orphans:
+            try:
+                self._return_orphans()
+            except (OSError, JournalWriteError) as e:
+                self._change_failed(e)
                 raise
-            if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
-                return  # the common change: no pack to schedule
-            journal.keep_taken_pack()
-            if self._left_read_behind:
-                self._left_read_behind = False
-                self._checkpoints = []  # every one was passed on the way to the live journal
-                rotated = journal.rotated
-                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
-                    self._pack_now()  # what the backlog left behind: at most max_memory_size of items
-            journal.start_next_pack()
+
+    def _change_failed(self, error: BaseException) -> None:
+        """A change raised `error`: a failed write makes the queue read-only and raises
+        JournalWriteError; a failed write of the queue this change fed (expire_to_queue) makes this
+        one replay its journal. Anything else is the caller's to raise."""
+        if isinstance(error, OSError):
+            raise self._write_failed(error) from None
+        if isinstance(error, JournalWriteError):
+            self._rebuild()
+
+    def _after_change(self) -> None:
+        """Under the lock, after a change that succeeded: schedule what packing it made possible."""
+        journal = self._journal
+        if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
+            return  # the common change: no pack to schedule
+        journal.keep_taken_pack()
+        if self._left_read_behind:
+            self._left_read_behind = False
+            self._checkpoints = []  # every one was passed on the way to the live journal
+            rotated = journal.rotated
+            if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
+                self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+        journal.start_next_pack()
 
     def _probe(self) -> None:
         """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from storage import JournalWriteError, QueueCollection, QueueConfigs, journal
+from storage.clock import FakeClock
 from tests import kestrel24
 from tests.queues import drain
 
@@ -73,6 +74,31 @@ def test_a_failed_put_leaves_journal_and_queue_as_they_were(tmp_path: Path, disk
     assert q.stats()["read_only"] == 0
     coll.close()
     assert drain(loaded(tmp_path), "q") == [b"one", b"two", b"six"]
+
+
+def test_an_expired_item_whose_expiry_queue_cannot_be_written_stays_where_it_was(tmp_path: Path,
+                                                                                 disk: FailingDisk) -> None:
+    """The move to `expire_to_queue` fails on the target's journal: the source queue replays its own
+    journal, so its REMOVE, written but not committed, is dropped and the item is still there."""
+    clock = FakeClock(1_700_000_000_000)
+    configs = QueueConfigs(None, {"q": {"expire_to_queue": "dead"}})
+    coll = QueueCollection(str(tmp_path), configs, None, clock)
+    coll.load()
+    coll.add("dead", b"earlier")
+    coll.add("q", b"expiring", expiry_ms=clock.now_ms() + 1)
+    coll.add("q", b"kept")
+    clock.advance(2)
+    disk.full, disk.only = True, "dead"
+    with pytest.raises(JournalWriteError):
+        coll.remove("q")
+    assert coll.queue("q").length == 2 and coll.queue("dead").length == 1
+    disk.full = False
+    item = coll.remove("q")
+    assert item is not None and item.data == b"kept"
+    coll.close()
+    again = QueueCollection(str(tmp_path), configs, None, clock)
+    again.load()
+    assert drain(again, "q") == [] and drain(again, "dead") == [b"earlier", b"expiring"]
 
 
 def test_a_reliable_get_that_cannot_be_journaled_takes_nothing(tmp_path: Path, disk: FailingDisk) -> None:
