@@ -17,7 +17,7 @@ from service import __version__
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import ClientGone, Session
-from service.socket_io import recv_append, send_all
+from service.socket_io import Receiver, send_all
 
 log = structlog.get_logger("kestrel.connection")
 
@@ -47,7 +47,7 @@ class BufferedConnection:
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting
-        self.scratch = memoryview(bytearray(RECV_CHUNK))  # every recv lands here first
+        self.receiver = Receiver(sock, RECV_CHUNK)
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used."""
@@ -78,9 +78,8 @@ class BufferedConnection:
         else:
             idle = self.server.config.client_timeout
             timeout = None if idle is None else idle / 1000.0
-        self.sock.settimeout(timeout)
         try:
-            return recv_append(self.sock, self.scratch, buf)
+            return self.receiver.receive(buf, timeout, between_requests=deadline is None)
         except socket_timeout:
             reason = "request_timeout" if deadline is not None else "client_timeout"
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
@@ -113,6 +112,7 @@ class BufferedConnection:
         except ClientGone:
             pass
         finally:
+            self.receiver.close()
             self.session.close()
 
     def watching(self, call: Callable[[], T], waits: bool = True) -> T:
@@ -135,7 +135,7 @@ class BufferedConnection:
     def _watch(self, waiter: gevent.Greenlet) -> None:
         while len(self.inbox) <= self.max_line:
             try:
-                received = recv_append(self.sock, self.scratch, self.inbox)
+                received = self.receiver.receive(self.inbox, None)
             except OSError:
                 received = 0
             if not received:

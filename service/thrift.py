@@ -113,6 +113,7 @@ class ThriftConnection:
         except ConnectionDone as e:
             log.warning("closing thrift connection", client=self.peer, reason=str(e))
         finally:
+            self.stream.close()
             self.session.close()
 
     def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:

@@ -12,7 +12,7 @@ import time
 
 from gevent.socket import socket as gsocket
 
-from service.socket_io import recv_append, send_all
+from service.socket_io import Receiver, send_all
 from service.stats import ServerStats
 
 RECV_CHUNK = 256 * 1024
@@ -35,13 +35,12 @@ class ClientStream:
         self.idle_timeout_ms = idle_timeout_ms
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
-        self.scratch = memoryview(bytearray(RECV_CHUNK))  # every recv lands here first
+        self.receiver = Receiver(sock, RECV_CHUNK)
         self.deadline = 0.0
 
-    def _recv(self, timeout: float | None, late: str) -> None:
-        self.sock.settimeout(timeout)
+    def _recv(self, timeout: float | None, late: str, between_requests: bool = False) -> None:
         try:
-            n = recv_append(self.sock, self.scratch, self.buf)
+            n = self.receiver.receive(self.buf, timeout, between_requests)
         except TimeoutError:
             raise ConnectionDone(late) from None
         if not n:
@@ -53,7 +52,7 @@ class ClientStream:
         if not self.buf:
             try:
                 self._recv(self.idle_timeout,
-                           f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)")
+                           f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)", True)
             except EOFError:
                 return False
         self.deadline = time.monotonic() + self.request_timeout
@@ -88,6 +87,9 @@ class ClientStream:
     def send(self, data: bytes) -> None:
         self.stats.bytes_written += len(data)
         send_all(self.sock, data)
+
+    def close(self) -> None:
+        self.receiver.close()
 
 
 def describe_bad_frame_header(header: bytes, size: int, max_frame: int) -> str:
