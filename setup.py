@@ -13,5 +13,5 @@ setup(ext_modules=[
     Extension("storage._fsync_many", ["storage/_fsync_many.c"], optional=True),
     Extension("storage._codec", ["storage/_codec.c"], optional=True),
     Extension("storage._item", ["storage/_item.c"], optional=True),
-    Extension("service._thrift_lists", ["service/_thrift_lists.c"], optional=True),
+    Extension("service._thrift_binary", ["service/_thrift_binary.c"], optional=True),
 ])

@@ -32,6 +32,7 @@ from service.thrift_messages import (
     encode_exception,
     encode_reply,
     read_args,
+    read_plain_call,
 )
 from service.thrift_protocol import CALL, PROTOCOLS, Reader, ThriftProtocolError
 from service.thrift_transport import ClientStream, ConnectionDone, frame
@@ -141,24 +142,30 @@ class ThriftConnection:
     def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
         """The reply to the message in `reader` (None: nothing can be answered), and whether the
         message was read to its end, so that the next one can follow."""
-        try:
-            name, mtype, seqid = reader.read_message_begin()
-        except ThriftProtocolError as e:
-            log.warning("closing thrift connection after an unreadable message header", client=self.peer,
-                        reason=str(e))
-            return None, False
-        method = METHODS.get(name)
-        try:
-            args, problem = read_args(reader, method)
-        except ThriftProtocolError as e:
-            log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
-            return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
-        if mtype != CALL:
-            return self._error(name, seqid, INVALID_MESSAGE_TYPE, f"message type {mtype} is not a call"), True
-        if method is None:
-            return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
-        if problem is not None:
-            return self._error(name, seqid, PROTOCOL_ERROR, problem), True
+        plain = read_plain_call(reader)
+        if plain is not None:
+            name, seqid, args = plain
+        else:
+            try:
+                name, mtype, seqid = reader.read_message_begin()
+            except ThriftProtocolError as e:
+                log.warning("closing thrift connection after an unreadable message header", client=self.peer,
+                            reason=str(e))
+                return None, False
+            method = METHODS.get(name)
+            try:
+                args, problem = read_args(reader, method)
+            except ThriftProtocolError as e:
+                log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
+                return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
+            if mtype != CALL:
+                return self._error(name, seqid, INVALID_MESSAGE_TYPE,
+                                   f"message type {mtype} is not a call"), True
+            if method is None:
+                return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
+            if problem is not None:
+                return self._error(name, seqid, PROTOCOL_ERROR, problem), True
+        method = METHODS[name]
         try:
             result = metrics.timed("thrift", name, functools.partial(getattr(self.handler, name), **args))
         except KestrelError as e:

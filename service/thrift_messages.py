@@ -31,6 +31,11 @@ from service.thrift_protocol import (
     Writer,
 )
 
+try:
+    from service import _thrift_binary as _compiled
+except ImportError:  # built without a C compiler: the Python readers alone
+    _compiled = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True)
 class ValueType:
@@ -90,6 +95,30 @@ def _methods() -> dict[str, Method]:
 
 METHODS = _methods()
 
+# How the compiled call reader takes each argument: numbers, text, binary, a list of binaries.
+_I32_ARG, _I64_ARG, _TEXT_ARG, _BINARY_ARG, _BINARY_LIST_ARG = range(5)
+
+
+def _argument_kind(vtype: ValueType) -> int | None:
+    """How `_plain_binary_args` reads a value of `vtype` (None: it leaves the call to `read_args`)."""
+    if vtype.ttype == I32:
+        return _I32_ARG
+    if vtype.ttype == I64:
+        return _I64_ARG
+    if vtype.ttype == STRING:
+        return _TEXT_ARG if vtype.utf8 else _BINARY_ARG
+    if vtype.ttype == LIST and vtype.elem is not None and vtype.elem.ttype == STRING and not vtype.elem.utf8:
+        return _BINARY_LIST_ARG
+    return None
+
+
+# The methods as the compiled reader takes them: {name: (defaults, {field id: (name, type, kind)})}.
+_PLAIN_CALLS = {
+    method.name: (method.defaults, {fid: (arg, vtype.ttype, kind) for fid, (arg, vtype) in method.args.items()
+                                    if (kind := _argument_kind(vtype)) is not None})
+    for method in METHODS.values()
+}
+
 
 # ---------------------------------------------------------------------------------------------
 # Reading calls
@@ -109,6 +138,21 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
     if ttype == STRUCT:
         raise ThriftProtocolError(f"{what}: struct arguments are not part of this contract")
     return reader.read_value(ttype, what)
+
+
+def read_plain_call(reader: Reader) -> tuple[str, int, dict[str, Any]] | None:
+    """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
+    (service/_thrift_binary.c), when it is a call of a known method whose every field is one of its
+    own, of its type, and a number, a string or a list of binaries: every request of the hot path.
+    None, with the reader untouched, for anything else: `read_message_begin` and `read_args` then
+    read the message and name what is wrong."""
+    if _compiled is None or reader.more is not None or type(reader) is not BinaryReader or reader.pos:
+        return None
+    call = _compiled.read_call(reader.buf, _PLAIN_CALLS, reader.max_items, reader.max_bytes)
+    if call is None:
+        return None
+    name, _, seqid, args, reader.pos = call
+    return name, seqid, args
 
 
 def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
@@ -254,4 +298,5 @@ INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
 INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 
-__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args"]
+__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
+           "read_plain_call"]

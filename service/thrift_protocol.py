@@ -6,7 +6,7 @@ length and count is checked against `limit` (each element needs at least its sma
 and against the batch limits before anything is read or allocated; when a read goes past `end` but
 not past `limit`, `more` (unframed transport only) reads on from the socket. Writers build replies.
 No I/O here. The binary protocol's two per-item loops, a batch put's list and a batch get's Items,
-have a compiled twin (service/_thrift_lists.c) that takes the plain case and hands everything else
+have a compiled twin (service/_thrift_binary.c) that takes the plain case and hands everything else
 back to the Python loops here, which stay the reference.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 try:
-    from service import _thrift_lists as _lists
+    from service import _thrift_binary as _compiled
 except ImportError:  # built without a C compiler: the Python loops alone
-    _lists = None  # type: ignore[assignment]
+    _compiled = None  # type: ignore[assignment]
 
 # Type codes as the binary protocol writes them.
 STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
@@ -275,8 +275,8 @@ class BinaryReader(Reader):
 
     def read_binary_list(self, count: int, what: str) -> list[bytes]:
         """The hot path of `put`: each length checked against the frame and the byte budget."""
-        if _lists is not None:
-            read = _lists.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
+        if _compiled is not None:
+            read = _compiled.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
             if read is not None:
                 items, self.pos = read
                 return items
@@ -497,8 +497,8 @@ class BinaryWriter(Writer):
             # laid out by list operations and joined once; a header packed once per distinct size,
             # and the i64 once when all are 0 (no auto-abort).
             (_, fid1), (_, fid2) = shape
-            if _lists is not None:
-                laid = _lists.write_items(fid1, fid2, values)
+            if _compiled is not None:
+                laid = _compiled.write_items(fid1, fid2, values)
                 if laid is not None:
                     self.out += laid
                     return

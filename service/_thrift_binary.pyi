@@ -6,3 +6,8 @@ def read_binary_list(buf: bytes | bytearray, pos: int, end: int, count: int, bud
 
 def write_items(fid1: int, fid2: int, pairs: list[Any], /) -> bytes | None:
     """(bytes, int) pairs as binary-then-i64 structs; None where the Python loop must write."""
+
+def read_call(frame: bytes | bytearray, methods: dict[str, Any], max_items: int, max_bytes: int, /
+              ) -> tuple[str, int, int, dict[str, Any], int] | None:
+    """A whole call frame's name, message type, sequence id, arguments and end; None where Python
+    must read it."""

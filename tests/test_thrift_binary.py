@@ -1,6 +1,9 @@
-"""The compiled list loops (service/_thrift_lists.c) against the Python loops they stand in for.
+"""The compiled binary protocol paths (service/_thrift_binary.c) against the Python they stand in for.
 
-A batch put's list of binaries is read by both from intact lists, under byte budgets that cut them
+A whole call frame, intact or damaged, is read by both: where the compiled reader answers, it must
+give the Python readers' name, sequence id, arguments and position, and it must answer exactly where
+the Python one-loop reader (`_plain_binary_args`) would, after a strict header of a call of a known
+method; anything else it leaves to the Python readers. A batch put's list of binaries is read by both from intact lists, under byte budgets that cut them
 anywhere, and after bytes are overwritten or the data cut short: where the compiled loop answers,
 it must give the Python loop's items and position; where it declines (None), the Python loop must
 refuse the list (a whole frame) or need more data (unframed). A batch get's Items must be the same
@@ -18,11 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service import thrift_protocol
-from service.thrift_messages import METHODS, ValueType, encode_reply
-from service.thrift_protocol import BinaryReader, BinaryWriter, ThriftProtocolError
+from service.thrift_messages import METHODS, ValueType, _plain_binary_args, encode_reply, read_plain_call
+from service.thrift_protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
+from tests.test_thrift_codec import CALLS
+from tests.thrift_wire import encode_call
 
 try:
-    from service import _thrift_lists as compiled
+    from service import _thrift_binary as compiled
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise
@@ -108,11 +113,11 @@ def test_items_are_laid_out_as_the_python_loop_lays_them_out(pairs: list[tuple[b
               (fid2, "id", ValueType(thrift_protocol.I64))]
     fast = compiled.write_items(fid1, fid2, pairs)
     writer = BinaryWriter()
-    saved, thrift_protocol._lists = thrift_protocol._lists, None
+    saved, thrift_protocol._compiled = thrift_protocol._compiled, None
     try:
         writer.write_flat_structs(fields, pairs)
     finally:
-        thrift_protocol._lists = saved
+        thrift_protocol._compiled = saved
     assert fast == bytes(writer.out)
 
 
@@ -131,8 +136,83 @@ def test_anything_but_bytes_and_int_pairs_is_left_to_the_python_loop(odd: Any) -
 def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop() -> None:
     got = [(b"a" * n, n * 7 - 3) for n in range(50)]
     fast = encode_reply(BinaryWriter(), METHODS["get"], 5, got)
-    saved, thrift_protocol._lists = thrift_protocol._lists, None
+    saved, thrift_protocol._compiled = thrift_protocol._compiled, None
     try:
         assert encode_reply(BinaryWriter(), METHODS["get"], 5, got) == fast
     finally:
-        thrift_protocol._lists = saved
+        thrift_protocol._compiled = saved
+
+
+def python_plain_call(frame: bytes) -> Any:
+    """What the Python readers make of a whole frame on the one-loop path: (name, seqid, args, pos),
+    or None where that path does not apply (not a strict header, not a call, an unknown method, a
+    field it does not read) or the frame is refused."""
+    reader = BinaryReader(frame, len(frame), len(frame), 100_000, 16 << 20)
+    try:
+        name, mtype, seqid = reader.read_message_begin()
+        method = METHODS.get(name)
+        if frame[:2] != b"\x80\x01" or mtype != CALL or method is None:
+            return None
+        args = _plain_binary_args(reader, method)
+    except ThriftProtocolError:
+        return None
+    return None if args is None else (name, seqid, args, reader.pos)
+
+
+def compiled_call(frame: bytes) -> Any:
+    reader = BinaryReader(frame, len(frame), len(frame), 100_000, 16 << 20)
+    call = read_plain_call(reader)
+    return None if call is None else (*call, reader.pos)
+
+
+@settings(max_examples=500, deadline=None)
+@given(CALLS, st.data())
+def test_call_frames_read_as_the_python_readers_read_them(call: tuple[str, Any], data: Any) -> None:
+    raw = bytearray(encode_call("binary", call[0], seqid=data.draw(st.integers(-(2**31), 2**31 - 1)), **call[1]))
+    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+    for _ in range(data.draw(st.integers(1, 4))):  # and damaged: bytes changed, or the tail cut
+        if data.draw(st.booleans()):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+        else:
+            del raw[data.draw(st.integers(0, len(raw) - 1)):]
+            if not raw:
+                break
+    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+
+
+def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
+    put = encode_call("binary", "put", seqid=7, queue_name="q", items=[b"a", b"bc"], expiration_msec=5)
+    assert compiled_call(put) == ("put", 7, {"queue_name": "q", "items": [b"a", b"bc"], "expiration_msec": 5},
+                                  len(put))
+    get = encode_call("binary", "get", seqid=8, queue_name="q", max_items=10, timeout_msec=0, auto_abort_msec=0)
+    assert compiled_call(get) is not None
+    confirm = encode_call("binary", "confirm", queue_name="q", ids={1, 2})
+    assert compiled_call(confirm) is None  # a set: read field by field
+    assert python_plain_call(confirm) is None
+
+
+def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
+    put = encode_call("binary", "put", queue_name="q", items=[b"x"] * 5, expiration_msec=0)
+    for max_items, max_bytes in [(4, 100), (5, 4)]:
+        reader = BinaryReader(put, len(put), len(put), max_items, max_bytes)
+        assert read_plain_call(reader) is None and reader.pos == 0
+    bad_name = encode_call("binary", "peek", queue_name="q").replace(b"\x00\x00\x00\x01q", b"\x00\x00\x00\x01\xff")
+    assert compiled_call(bad_name) is None
+    unframed = BinaryReader(put, len(put), len(put), 100, 100, more=lambda need: len(put))
+    assert read_plain_call(unframed) is None
+
+
+def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
+    """A made-up method with one argument of each kind (Kestrel's own have no plain i64), its frame
+    cut at every length: only the whole frame is read, and to the right values."""
+    methods = {"m": ({"t": None}, {1: ("a", 8, 0), 2: ("b", 10, 1), 3: ("t", 11, 2), 4: ("r", 11, 3),
+                                   5: ("l", 15, 4)})}
+    body = (b"\x08\x00\x01" + struct.pack("!i", -5) + b"\x0a\x00\x02" + struct.pack("!q", -(2**40))
+            + b"\x0b\x00\x03" + struct.pack("!i", 3) + "é!".encode() + b"\x0b\x00\x04" + struct.pack("!i", 2)
+            + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"]) + b"\x00")
+    frame = struct.pack("!I", 0x80010001) + struct.pack("!i", 1) + b"m" + struct.pack("!i", 42) + body
+    whole = compiled.read_call(frame, methods, 100, 100)
+    assert whole == ("m", 1, 42, {"a": -5, "b": -(2**40), "t": "é!", "r": b"\xff\x00", "l": [b"x", b"yz"]},
+                     len(frame))
+    for cut in range(len(frame)):
+        assert compiled.read_call(frame[:cut], methods, 100, 100) is None
