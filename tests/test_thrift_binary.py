@@ -21,7 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service import thrift_protocol
-from service.thrift_messages import METHODS, ValueType, _plain_binary_args, encode_reply, read_plain_call
+from service.thrift_messages import (
+    METHODS,
+    ValueType,
+    _plain_binary_args,
+    encode_reply,
+    read_plain_call,
+    write_reply,
+)
 from service.thrift_protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
 from tests.test_thrift_codec import CALLS
 from tests.thrift_wire import encode_call
@@ -216,3 +223,29 @@ def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
                      len(frame))
     for cut in range(len(frame)):
         assert compiled.read_call(frame[:cut], methods, 100, 100) is None
+
+
+REPLIES = st.one_of(
+    st.tuples(st.just("put"), st.integers(-(2**31), 2**31 - 1)),
+    st.tuples(st.just("put"), st.integers(2**31, 2**40)),  # past an i32: refused alike
+    st.tuples(st.sampled_from(["confirm", "abort", "current_status"]), st.integers(-(2**31), 2**31 - 1)),
+    st.tuples(st.just("get"), PAIRS),
+    st.tuples(st.just("get"), st.lists(st.tuples(st.binary(max_size=5), st.booleans()), max_size=3)),
+    st.tuples(st.sampled_from(["flush_queue", "delete_queue", "flush_all_queues", "set_status"]), st.none()),
+    st.tuples(st.just("get_version"), st.text(max_size=10)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(REPLIES, st.integers(-(2**31), 2**31 - 1) | st.integers(2**31, 2**33))
+def test_binary_replies_are_the_bytes_written_field_by_field(reply: tuple[str, Any], seqid: int) -> None:
+    name, value = reply
+    try:
+        reference: Any = write_reply(BinaryWriter(), METHODS[name], seqid, value)
+    except (struct.error, TypeError, ValueError) as e:
+        reference = type(e)
+    try:
+        laid: Any = encode_reply(BinaryWriter(), METHODS[name], seqid, value)
+    except (struct.error, TypeError, ValueError) as e:
+        laid = type(e)
+    assert laid == reference
