@@ -85,7 +85,7 @@ class BufferedConnection:
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
             raise CloseConnection from None
         finally:
-            self.sock.settimeout(None)
+            self.receiver.settimeout(None)
 
     def run(self) -> None:
         buf = bytearray()

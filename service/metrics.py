@@ -120,11 +120,12 @@ def observe(protocol: str, command: str, seconds: float) -> None:
     series.observe(seconds)
 
 
-def timed(protocol: str, command: str, call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)`, its duration recorded under `protocol` and `command` (also when it raises)."""
+def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`call(*args, **kwargs)`, its duration recorded under `protocol` and `command` (also when it
+    raises)."""
     started = time.perf_counter()
     try:
-        return call(*args)
+        return call(*args, **kwargs)
     finally:
         observe(protocol, command, time.perf_counter() - started)
 

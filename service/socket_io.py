@@ -24,6 +24,7 @@ class Receiver:
         self.sock = sock
         self.scratch = memoryview(bytearray(chunk))
         self.drained = True  # the last receive took all there was (it did not fill `scratch`)
+        self._timeout: float | None = -1.0  # no timeout set yet (-1 is none a receive asks for)
         self._readable: Any = None  # the loop's watcher of the socket's input, made at the first wait
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
@@ -33,11 +34,17 @@ class Receiver:
             if self._readable is None:
                 self._readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
             gevent.socket.wait(self._readable, timeout)
-        self.sock.settimeout(timeout)
+        self.settimeout(timeout)
         n: int = self.sock.recv_into(self.scratch)
         buf += self.scratch[:n]
         self.drained = n < len(self.scratch)
         return n
+
+    def settimeout(self, timeout: float | None) -> None:
+        """The socket's timeout, set only when it changes (gevent's `settimeout` is Python code)."""
+        if timeout != self._timeout:
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
 
     def close(self) -> None:
         if self._readable is not None:

@@ -10,7 +10,6 @@ so its connection is closed after the reply.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import structlog
@@ -33,8 +32,9 @@ from service.thrift_messages import (
     encode_reply,
     read_args,
     read_plain_call,
+    read_plain_frame,
 )
-from service.thrift_protocol import CALL, PROTOCOLS, Reader, ThriftProtocolError
+from service.thrift_protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
 from service.thrift_transport import ClientStream, ConnectionDone, frame
 from storage.errors import KestrelError
 
@@ -102,6 +102,7 @@ class ThriftConnection:
         self.peer = peer
         self.session = Session(server, peer)
         self.handler = ThriftHandler(self.session)
+        self.methods = {name: getattr(self.handler, name) for name in METHODS}
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
 
@@ -121,7 +122,13 @@ class ThriftConnection:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
 
     def _serve_framed(self) -> None:
-        while (payload := self.stream.next_frame(self.cfg.max_frame_size)) is not None:
+        cfg = self.cfg
+        binary = self.reader_cls is BinaryReader
+        while (payload := self.stream.next_frame(cfg.max_frame_size)) is not None:
+            plain = read_plain_frame(payload, cfg.max_batch_items, cfg.max_batch_bytes) if binary else None
+            if plain is not None:
+                self.stream.send(frame(self._call(*plain)))
+                continue
             reply, _ = self.answer(self._reader(payload, len(payload), len(payload)))
             if reply is None:
                 return
@@ -144,36 +151,37 @@ class ThriftConnection:
         message was read to its end, so that the next one can follow."""
         plain = read_plain_call(reader)
         if plain is not None:
-            name, seqid, args = plain
-        else:
-            try:
-                name, mtype, seqid = reader.read_message_begin()
-            except ThriftProtocolError as e:
-                log.warning("closing thrift connection after an unreadable message header", client=self.peer,
-                            reason=str(e))
-                return None, False
-            method = METHODS.get(name)
-            try:
-                args, problem = read_args(reader, method)
-            except ThriftProtocolError as e:
-                log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
-                return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
-            if mtype != CALL:
-                return self._error(name, seqid, INVALID_MESSAGE_TYPE,
-                                   f"message type {mtype} is not a call"), True
-            if method is None:
-                return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
-            if problem is not None:
-                return self._error(name, seqid, PROTOCOL_ERROR, problem), True
-        method = METHODS[name]
+            return self._call(*plain), True
         try:
-            result = metrics.timed("thrift", name, functools.partial(getattr(self.handler, name), **args))
+            name, mtype, seqid = reader.read_message_begin()
+        except ThriftProtocolError as e:
+            log.warning("closing thrift connection after an unreadable message header", client=self.peer,
+                        reason=str(e))
+            return None, False
+        method = METHODS.get(name)
+        try:
+            args, problem = read_args(reader, method)
+        except ThriftProtocolError as e:
+            log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
+            return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
+        if mtype != CALL:
+            return self._error(name, seqid, INVALID_MESSAGE_TYPE, f"message type {mtype} is not a call"), True
+        if method is None:
+            return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
+        if problem is not None:
+            return self._error(name, seqid, PROTOCOL_ERROR, problem), True
+        return self._call(name, seqid, args), True
+
+    def _call(self, name: str, seqid: int, args: dict[str, Any]) -> bytes:
+        """The reply to a call of method `name` (one the contract has) with `args`."""
+        try:
+            result = metrics.timed("thrift", name, self.methods[name], **args)
         except KestrelError as e:
-            return self._error(name, seqid, UNKNOWN, str(e)), True
+            return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as e:
             log.exception("thrift call failed", method=name, client=self.peer)
-            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}"), True
-        return encode_reply(self.writer_cls(), method, seqid, result), True
+            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}")
+        return encode_reply(self.writer_cls(), METHODS[name], seqid, result)
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
         return encode_exception(self.writer_cls(), name, seqid, kind, message)

@@ -141,12 +141,21 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
     return reader.read_value(ttype, what)
 
 
-def read_plain_call(reader: Reader) -> tuple[str, int, dict[str, Any]] | None:
+def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str, int, dict[str, Any]] | None:
     """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
     (service/_thrift_binary.c), when it is a call of a known method whose every field is one of its
     own, of its type, and a number, a string or a list of binaries: every request of the hot path.
-    None, with the reader untouched, for anything else: `read_message_begin` and `read_args` then
-    read the message and name what is wrong."""
+    None for anything else: `read_message_begin` and `read_args` then read the message and name
+    what is wrong."""
+    if _compiled is None:
+        return None
+    call = _compiled.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
+    return None if call is None else (call[0], call[2], call[3])
+
+
+def read_plain_call(reader: Reader) -> tuple[str, int, dict[str, Any]] | None:
+    """`read_plain_frame` of a reader's whole binary frame (the reader then at its end), else None
+    with the reader untouched."""
     if _compiled is None or reader.more is not None or type(reader) is not BinaryReader or reader.pos:
         return None
     call = _compiled.read_call(reader.buf, _PLAIN_CALLS, reader.max_items, reader.max_bytes)
@@ -345,4 +354,4 @@ INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 
 __all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
-           "read_plain_call"]
+           "read_plain_call", "read_plain_frame"]

@@ -38,11 +38,9 @@ class ClientStream:
         self.receiver = Receiver(sock, RECV_CHUNK)
         self.deadline = 0.0
 
-    def _recv(self, timeout: float | None, late: str, between_requests: bool = False) -> None:
-        try:
-            n = self.receiver.receive(self.buf, timeout, between_requests)
-        except TimeoutError:
-            raise ConnectionDone(late) from None
+    def _recv(self, timeout: float | None, between_requests: bool = False) -> None:
+        """Append the next input to the buffer. Raises TimeoutError, EOFError (the client closed)."""
+        n = self.receiver.receive(self.buf, timeout, between_requests)
         if not n:
             raise EOFError
         self.stats.bytes_read += n
@@ -51,8 +49,10 @@ class ClientStream:
         """Wait (up to `client_timeout`) for a request to begin; False when the client closed."""
         if not self.buf:
             try:
-                self._recv(self.idle_timeout,
-                           f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)", True)
+                self._recv(self.idle_timeout, between_requests=True)
+            except TimeoutError:
+                late = f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)"
+                raise ConnectionDone(late) from None
             except EOFError:
                 return False
         self.deadline = time.monotonic() + self.request_timeout
@@ -62,11 +62,13 @@ class ClientStream:
         """Read until the buffer holds `need` bytes, before the request's deadline; the new length."""
         while len(self.buf) < need:
             left = self.deadline - time.monotonic()
-            late = f"request not complete within request_timeout ({self.request_timeout_ms} ms)"
-            if left <= 0:
-                raise ConnectionDone(late)
             try:
-                self._recv(left, late)
+                if left <= 0:
+                    raise TimeoutError
+                self._recv(left)
+            except TimeoutError:
+                late = f"request not complete within request_timeout ({self.request_timeout_ms} ms)"
+                raise ConnectionDone(late) from None
             except EOFError:
                 raise ConnectionDone("closed in the middle of a request") from None
         return len(self.buf)
@@ -75,13 +77,16 @@ class ClientStream:
         """The next frame's payload (None when the client closed between frames)."""
         if not self.wait_request():
             return None
-        self.fill(4)
-        (size,) = _FRAME_HEADER.unpack_from(self.buf, 0)
+        buf = self.buf
+        if len(buf) < 4:
+            self.fill(4)
+        (size,) = _FRAME_HEADER.unpack_from(buf, 0)
         if size < 0 or size > max_frame:
-            raise ConnectionDone(describe_bad_frame_header(bytes(self.buf[:4]), size, max_frame))
-        self.fill(4 + size)
-        frame = bytes(self.buf[4:4 + size])
-        del self.buf[:4 + size]
+            raise ConnectionDone(describe_bad_frame_header(bytes(buf[:4]), size, max_frame))
+        if len(buf) < 4 + size:
+            self.fill(4 + size)
+        frame = bytes(memoryview(buf)[4:4 + size])
+        del buf[:4 + size]
         return frame
 
     def send(self, data: bytes) -> None:

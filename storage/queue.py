@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from itertools import repeat
+from itertools import repeat, starmap
 from operator import attrgetter
 
 import structlog
@@ -470,7 +470,7 @@ class PersistentQueue(QueueBase):
         """A batch get's items in one go when none of them can expire (the common batch), else None
         and the queue as it was: no per-item checks, one REMOVE per item in one record string."""
         mem = self._mem
-        taken = [mem.popleft() for _ in range(min(count, len(mem)))]
+        taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
         if not taken or any(map(_EXPIRY, taken)):
             mem.extendleft(reversed(taken))
             return None
