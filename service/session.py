@@ -133,8 +133,8 @@ class Session:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
         items = self.coll.remove_many(queue, max_items, transaction)
-        deadline = time.monotonic() + min(max(timeout_ms, 0), config.max_wait) / 1000.0
-        while len(items) < max_items and (wait := deadline - time.monotonic()) > 0:
+        deadline = time.monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
+        while len(items) < max_items and timeout_ms > 0 and (wait := deadline - time.monotonic()) > 0:
             item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
             if item is None:
                 break
