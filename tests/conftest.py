@@ -101,6 +101,7 @@ class ServerProcess:
         }
         self.config.update(config or {})
         self.open_files_limit: int | None = None  # RLIMIT_NOFILE for the server process
+        self.python_path: list[str] = []  # put before the project on the server's PYTHONPATH
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -135,7 +136,7 @@ class ServerProcess:
             if not self._module_exists(key):
                 self.config[key] = 0
         self.config_path.write_text(yaml.safe_dump(self.config))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT)]))
         command = [sys.executable, "-m", "service", "serve", "--config", str(self.config_path)]
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
