@@ -246,8 +246,10 @@ static int add_columns(Sink *sink, int op, long long offset, int32_t xid, int64_
         PyErr_SetString(PyExc_SystemError, "decode_common_columns: data past its bound");
         return -1;
     }
-    memcpy(c[DATA].bytes + c[DATA].size, data, (size_t)size);
-    c[DATA].size += size;
+    if (size > 0) { /* records without data pass no pointer at all */
+        memcpy(c[DATA].bytes + c[DATA].size, data, (size_t)size);
+        c[DATA].size += size;
+    }
     int32_t data_end = (int32_t)c[DATA].size;
     if (put(&c[OPCODES], &code, 1) || put(&c[OFFSETS], &at, 8) || put(&c[XIDS], &xid, 4)
         || put(&c[ADD_TIMES], &add_time, 8) || put(&c[EXPIRIES], &expiry, 8)
