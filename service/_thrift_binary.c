@@ -96,6 +96,16 @@ static PyObject *binary_list(const unsigned char *buf, Py_ssize_t *pos_io, Py_ss
     return items;
 }
 
+/* Whether the reader knows element type `t` (`BinaryReader.MIN_SIZE`): an empty list of it is read. */
+static int known_type(int t) {
+    switch (t) {
+    case 2: case 3: case 4: case 6: case 8: case 10: case 11: case 12: case 13: case 14: case 15: case 16:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* The value of one argument of `kind` at buf[*pos:end] (after its field header), or NULL as above. */
 static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io, Py_ssize_t end,
                           Py_ssize_t max_items, long long max_bytes, int *declined) {
@@ -146,6 +156,10 @@ static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io
         int etype = (signed char)buf[pos];
         int32_t count = read_be32(buf + pos + 1);
         pos += 5;
+        if (count == 0 && known_type(etype)) {  /* an empty list of any type the reader knows */
+            value = PyList_New(0);
+            break;
+        }
         /* As `read_list_begin` checks a list of strings (4 bytes at least each), and batch limits. */
         if (etype != T_STRING || count < 0 || (long long)count * 4 > end - pos || count > max_items) {
             return NULL;

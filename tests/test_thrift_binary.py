@@ -198,6 +198,15 @@ def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
     assert python_plain_call(confirm) is None
 
 
+@pytest.mark.parametrize("etype", [2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 0, 1, 5, 99])
+def test_an_empty_list_of_any_element_type_reads_as_the_python_reader_reads_it(etype: int) -> None:
+    """An empty list names an element type the Python reader takes (or refuses) without reading one."""
+    put = encode_call("binary", "put", seqid=1, queue_name="q", items=[], expiration_msec=0)
+    at = put.index(b"\x0f\x00\x02") + 3
+    frame = put[:at] + bytes([etype]) + put[at + 1:]
+    assert compiled_call(frame) == python_plain_call(frame)
+
+
 def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
     put = encode_call("binary", "put", queue_name="q", items=[b"x"] * 5, expiration_msec=0)
     for max_items, max_bytes in [(4, 100), (5, 4)]:
