@@ -21,7 +21,7 @@
 enum { T_STOP = 0, T_I32 = 8, T_I64 = 10, T_STRING = 11, T_LIST = 15 };
 enum { CALL = 1, MAX_NAME = 256 };
 /* How `read_call` reads each argument (the `kind` of a method's field table). */
-enum { ARG_I32 = 0, ARG_I64 = 1, ARG_TEXT = 2, ARG_BINARY = 3, ARG_BINARY_LIST = 4 };
+enum { ARG_I32 = 0, ARG_I64 = 1, ARG_TEXT = 2, ARG_BINARY = 3, ARG_BINARY_LIST = 4, ARG_I64_LIST = 5 };
 
 static int32_t read_be32(const unsigned char *p) {
     return (int32_t)((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3]);
@@ -167,6 +167,32 @@ static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io
         value = binary_list(buf, &pos, end, count, max_bytes, declined);
         if (value == NULL) {
             return NULL;
+        }
+        break;
+    }
+    case ARG_I64_LIST: {  /* a list or set of i64 (`confirm` and `abort`'s ids), read as a list */
+        if (end - pos < 5) {
+            return NULL;
+        }
+        int etype = (signed char)buf[pos];
+        int32_t count = read_be32(buf + pos + 1);
+        pos += 5;
+        if (count == 0 && known_type(etype)) {
+            value = PyList_New(0);
+            break;
+        }
+        if (etype != T_I64 || count < 0 || (long long)count * 8 > end - pos || count > max_items) {
+            return NULL;
+        }
+        value = PyList_New(count);
+        for (Py_ssize_t i = 0; value != NULL && i < count; i++) {
+            PyObject *number = PyLong_FromLongLong(read_be64(buf + pos));
+            if (number == NULL) {
+                Py_CLEAR(value);
+                break;
+            }
+            PyList_SET_ITEM(value, i, number);
+            pos += 8;
         }
         break;
     }

@@ -96,8 +96,9 @@ def _methods() -> dict[str, Method]:
 
 METHODS = _methods()
 
-# How the compiled call reader takes each argument: numbers, text, binary, a list of binaries.
-_I32_ARG, _I64_ARG, _TEXT_ARG, _BINARY_ARG, _BINARY_LIST_ARG = range(5)
+# How the compiled call reader takes each argument: numbers, text, binary, a list of binaries, a list
+# or set of i64.
+_I32_ARG, _I64_ARG, _TEXT_ARG, _BINARY_ARG, _BINARY_LIST_ARG, _I64_LIST_ARG = range(6)
 
 
 def _argument_kind(vtype: ValueType) -> int | None:
@@ -110,6 +111,8 @@ def _argument_kind(vtype: ValueType) -> int | None:
         return _TEXT_ARG if vtype.utf8 else _BINARY_ARG
     if vtype.ttype == LIST and vtype.elem is not None and vtype.elem.ttype == STRING and not vtype.elem.utf8:
         return _BINARY_LIST_ARG
+    if vtype.ttype in (LIST, SET) and vtype.elem is not None and vtype.elem.ttype == I64:
+        return _I64_LIST_ARG
     return None
 
 
@@ -143,8 +146,9 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
 
 def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str, int, dict[str, Any]] | None:
     """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
-    (service/_thrift_binary.c), when it is a call of a known method whose every field is one of its
-    own, of its type, and a number, a string or a list of binaries: every request of the hot path.
+    (service/_thrift_binary.c), when `_plain_binary_args` would read it: a call of a known method
+    whose every field is one of its own, of its type, and a number, a string, a list of binaries or
+    a list or set of i64 (every request of the hot path).
     None for anything else: `read_message_begin` and `read_args` then read the message and name
     what is wrong."""
     if _compiled is None:
@@ -200,7 +204,8 @@ _I64_AT = struct.Struct("!q").unpack_from
 
 def _plain_binary_args(reader: BinaryReader, method: Method) -> dict[str, Any] | None:
     """A whole binary frame's arguments read in one loop, when each field is one of the method's
-    own, of its type, and a number, a string or a list of binaries (every request of the hot path).
+    own, of its type, and a number, a string, a list of binaries or a list or set of i64 (every
+    request of the hot path).
 
     None, with the reader where it was, for anything else (unknown or mistyped fields, a length
     past the frame, a string that is not UTF-8): `read_args` then reads the message field by field
@@ -247,6 +252,13 @@ def _plain_binary_args(reader: BinaryReader, method: Method) -> dict[str, Any] |
                 return None
             values[name] = reader.read_binary_list(count, name)
             pos = reader.pos
+        elif ttype in (LIST, SET) and vtype.elem is not None and vtype.elem.ttype == I64:
+            reader.pos = pos
+            etype, count = reader.read_list_begin(name)  # checked: count × 8 bytes are in the frame
+            if count and etype != I64:
+                return None
+            values[name] = list(struct.unpack_from(f"!{count}q", buf, reader.pos))
+            pos = reader.pos + 8 * count
         else:
             return None
     return None

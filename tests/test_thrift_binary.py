@@ -193,9 +193,11 @@ def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
                                   len(put))
     get = encode_call("binary", "get", seqid=8, queue_name="q", max_items=10, timeout_msec=0, auto_abort_msec=0)
     assert compiled_call(get) is not None
-    confirm = encode_call("binary", "confirm", queue_name="q", ids={1, 2})
-    assert compiled_call(confirm) is None  # a set: read field by field
-    assert python_plain_call(confirm) is None
+    confirm = encode_call("binary", "confirm", seqid=9, queue_name="q", ids={1, 2})
+    read = compiled_call(confirm)
+    assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2]["ids"]) == [1, 2]
+    unknown_field = put[:-1] + b"\x08\x00\x63" + struct.pack("!i", 1) + b"\x00"  # field 99: not put's
+    assert compiled_call(unknown_field) is None and python_plain_call(unknown_field) is None
 
 
 @pytest.mark.parametrize("etype", [2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 0, 1, 5, 99])
@@ -222,14 +224,15 @@ def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
     """A made-up method with one argument of each kind (Kestrel's own have no plain i64), its frame
     cut at every length: only the whole frame is read, and to the right values."""
     methods = {"m": ({"t": None}, {1: ("a", 8, 0), 2: ("b", 10, 1), 3: ("t", 11, 2), 4: ("r", 11, 3),
-                                   5: ("l", 15, 4)})}
+                                   5: ("l", 15, 4), 6: ("s", 14, 5)})}
     body = (b"\x08\x00\x01" + struct.pack("!i", -5) + b"\x0a\x00\x02" + struct.pack("!q", -(2**40))
             + b"\x0b\x00\x03" + struct.pack("!i", 3) + "é!".encode() + b"\x0b\x00\x04" + struct.pack("!i", 2)
-            + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"]) + b"\x00")
+            + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"])
+            + b"\x0e\x00\x06\x0a" + struct.pack("!iqq", 2, -1, 2**62) + b"\x00")
     frame = struct.pack("!I", 0x80010001) + struct.pack("!i", 1) + b"m" + struct.pack("!i", 42) + body
     whole = compiled.read_call(frame, methods, 100, 100)
-    assert whole == ("m", 1, 42, {"a": -5, "b": -(2**40), "t": "é!", "r": b"\xff\x00", "l": [b"x", b"yz"]},
-                     len(frame))
+    assert whole == ("m", 1, 42, {"a": -5, "b": -(2**40), "t": "é!", "r": b"\xff\x00", "l": [b"x", b"yz"],
+                                  "s": [-1, 2**62]}, len(frame))
     for cut in range(len(frame)):
         assert compiled.read_call(frame[:cut], methods, 100, 100) is None
 
