@@ -1,5 +1,5 @@
-"""The Python cost of one Thrift put + get round, without sockets: `ThriftConnection.answer` on ready
-binary frames, against a real queue collection with its journal (`sync_journal: never`).
+"""The Python cost of one Thrift put + get round, without sockets: `ThriftConnection.answer_frame` on
+ready binary frames, against a real queue collection with its journal (`sync_journal: never`).
 
 CPU time (not wall time: on a shared machine other work stretches wall time, not our CPU time), the
 best of five runs. What it leaves out is the kernel's part (recv, send, the journal's write is in),
@@ -43,8 +43,8 @@ def measure(batch: int, items: int, profile: bool) -> None:
 
         def rounds(n: int) -> None:
             for _ in range(n):
-                conn.answer(conn._reader(put, len(put), len(put)))
-                conn.answer(conn._reader(get, len(get), len(get)))
+                conn.answer_frame(put)
+                conn.answer_frame(get)
 
         n = max(items // batch // 5, 1)
         rounds(n)  # warm up
@@ -73,8 +73,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     args = parser.parse_args()
     configure_logging("warning")
-    print(f"# put + get through ThriftConnection.answer, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, "
-          f"load average {load_average()}")
+    print(f"# put + get through ThriftConnection.answer_frame, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+          f"{machine()}, load average {load_average()}")
     print("| items per request | CPU µs per put + get round | items/s of one core |")
     print("| --- | --- | --- |")
     for batch in args.batch:

@@ -31,7 +31,6 @@ from service.thrift_messages import (
     encode_exception,
     encode_reply,
     read_args,
-    read_plain_call,
     read_plain_frame,
 )
 from service.thrift_protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
@@ -122,17 +121,20 @@ class ThriftConnection:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
 
     def _serve_framed(self) -> None:
-        cfg = self.cfg
-        binary = self.reader_cls is BinaryReader
-        while (payload := self.stream.next_frame(cfg.max_frame_size)) is not None:
-            plain = read_plain_frame(payload, cfg.max_batch_items, cfg.max_batch_bytes) if binary else None
-            if plain is not None:
-                self.stream.send(frame(self._call(*plain)))
-                continue
-            reply, _ = self.answer(self._reader(payload, len(payload), len(payload)))
+        while (payload := self.stream.next_frame(self.cfg.max_frame_size)) is not None:
+            reply = self.answer_frame(payload)
             if reply is None:
                 return
             self.stream.send(frame(reply))
+
+    def answer_frame(self, payload: bytes) -> bytes | None:
+        """The reply to one framed request (None: nothing can be answered). A plain binary call
+        is read in one compiled step; anything else by the protocol's reader, which names faults."""
+        if self.reader_cls is BinaryReader:
+            plain = read_plain_frame(payload, self.cfg.max_batch_items, self.cfg.max_batch_bytes)
+            if plain is not None:
+                return self._call(*plain)
+        return self.answer(self._reader(payload, len(payload), len(payload)))[0]
 
     def _serve_buffered(self) -> None:
         stream = self.stream
@@ -149,9 +151,6 @@ class ThriftConnection:
     def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
         """The reply to the message in `reader` (None: nothing can be answered), and whether the
         message was read to its end, so that the next one can follow."""
-        plain = read_plain_call(reader)
-        if plain is not None:
-            return self._call(*plain), True
         try:
             name, mtype, seqid = reader.read_message_begin()
         except ThriftProtocolError as e:

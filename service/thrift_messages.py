@@ -157,18 +157,6 @@ def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str,
     return None if call is None else (call[0], call[2], call[3])
 
 
-def read_plain_call(reader: Reader) -> tuple[str, int, dict[str, Any]] | None:
-    """`read_plain_frame` of a reader's whole binary frame (the reader then at its end), else None
-    with the reader untouched."""
-    if _compiled is None or reader.more is not None or type(reader) is not BinaryReader or reader.pos:
-        return None
-    call = _compiled.read_call(reader.buf, _PLAIN_CALLS, reader.max_items, reader.max_bytes)
-    if call is None:
-        return None
-    name, _, seqid, args, reader.pos = call
-    return name, seqid, args
-
-
 def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
     """The call's arguments, and a problem that leaves the message readable (e.g. a name that is not
     UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
@@ -366,4 +354,4 @@ INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 
 __all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
-           "read_plain_call", "read_plain_frame"]
+           "read_plain_frame"]

@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 
 from service import thrift_protocol
 from service.thrift_messages import (
+    _PLAIN_CALLS,
     METHODS,
     ValueType,
     _plain_binary_args,
     encode_reply,
-    read_plain_call,
+    read_plain_frame,
     write_reply,
 )
 from service.thrift_protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
@@ -167,9 +168,14 @@ def python_plain_call(frame: bytes) -> Any:
 
 
 def compiled_call(frame: bytes) -> Any:
-    reader = BinaryReader(frame, len(frame), len(frame), 100_000, 16 << 20)
-    call = read_plain_call(reader)
-    return None if call is None else (*call, reader.pos)
+    """The compiled reader's answer, in the same shape: (name, seqid, args, pos) or None."""
+    call = compiled.read_call(frame, _PLAIN_CALLS, 100_000, 16 << 20)
+    if call is None:
+        assert read_plain_frame(frame, 100_000, 16 << 20) is None
+        return None
+    name, _, seqid, args, pos = call
+    assert read_plain_frame(frame, 100_000, 16 << 20) == (name, seqid, args)
+    return name, seqid, args, pos
 
 
 @settings(max_examples=500, deadline=None)
@@ -212,12 +218,10 @@ def test_an_empty_list_of_any_element_type_reads_as_the_python_reader_reads_it(e
 def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
     put = encode_call("binary", "put", queue_name="q", items=[b"x"] * 5, expiration_msec=0)
     for max_items, max_bytes in [(4, 100), (5, 4)]:
-        reader = BinaryReader(put, len(put), len(put), max_items, max_bytes)
-        assert read_plain_call(reader) is None and reader.pos == 0
+        assert read_plain_frame(put, max_items, max_bytes) is None
+    assert read_plain_frame(put, 5, 5) is not None
     bad_name = encode_call("binary", "peek", queue_name="q").replace(b"\x00\x00\x00\x01q", b"\x00\x00\x00\x01\xff")
     assert compiled_call(bad_name) is None
-    unframed = BinaryReader(put, len(put), len(put), 100, 100, more=lambda need: len(put))
-    assert read_plain_call(unframed) is None
 
 
 def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
