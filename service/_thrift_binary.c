@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { T_STOP = 0, T_I32 = 8, T_I64 = 10, T_STRING = 11, T_LIST = 15 };
+enum { T_STOP = 0, T_I64 = 10, T_STRING = 11 };
 enum { CALL = 1, MAX_NAME = 256 };
 /* How `read_call` reads each argument (the `kind` of a method's field table). */
 enum { ARG_I32 = 0, ARG_I64 = 1, ARG_TEXT = 2, ARG_BINARY = 3, ARG_BINARY_LIST = 4, ARG_I64_LIST = 5 };
