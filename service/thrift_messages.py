@@ -30,12 +30,8 @@ from service.thrift_protocol import (
     Reader,
     ThriftProtocolError,
     Writer,
+    compiled_binary,
 )
-
-try:
-    from service import _thrift_binary as _compiled
-except ImportError:  # built without a C compiler: the Python readers alone
-    _compiled = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -151,9 +147,9 @@ def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str,
     a list or set of i64 (every request of the hot path).
     None for anything else: `read_message_begin` and `read_args` then read the message and name
     what is wrong."""
-    if _compiled is None:
+    if compiled_binary is None:
         return None
-    call = _compiled.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
+    call = compiled_binary.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
     return None if call is None else (call[0], call[2], call[3])
 
 
@@ -314,8 +310,8 @@ def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:
         if result.ttype == I32 and type(value) is int:
             return head + _SEQID_I32_RESULT.pack(seqid, I32, 0, value, STOP)
         item_fields = _ITEM_LIST_RESULTS.get(method.name)
-        if item_fields is not None and type(value) is list and _compiled is not None:
-            items = _compiled.write_items(*item_fields, value)
+        if item_fields is not None and type(value) is list and compiled_binary is not None:
+            items = compiled_binary.write_items(*item_fields, value)
             if items is not None:
                 count = _SEQID_LIST_RESULT.pack(seqid, LIST, 0, STRUCT, len(value))
                 return b"".join((head, count, items, b"\x00"))

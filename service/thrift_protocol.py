@@ -5,9 +5,10 @@ the message may reach (the frame's end, or `max_frame_size` bytes on for unframe
 length and count is checked against `limit` (each element needs at least its smallest encoding)
 and against the batch limits before anything is read or allocated; when a read goes past `end` but
 not past `limit`, `more` (unframed transport only) reads on from the socket. Writers build replies.
-No I/O here. The binary protocol's two per-item loops, a batch put's list and a batch get's Items,
-have a compiled twin (service/_thrift_binary.c) that takes the plain case and hands everything else
-back to the Python loops here, which stay the reference.
+No I/O here. The binary protocol's hot paths have a compiled twin (service/_thrift_binary.c,
+`compiled_binary`): here a batch put's list; a whole call and a get's Items in
+service/thrift_messages.py. It takes the plain case and hands everything else back to the Python
+code, which stays the reference.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 try:
-    from service import _thrift_binary as _compiled
-except ImportError:  # built without a C compiler: the Python loops alone
-    _compiled = None  # type: ignore[assignment]
+    from service import _thrift_binary
+except ImportError:  # built without a C compiler: the Python code alone
+    _thrift_binary = None  # type: ignore[assignment]
+compiled_binary = _thrift_binary  # what service/thrift_messages.py uses too
 
 # Type codes as the binary protocol writes them.
 STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
@@ -275,8 +277,8 @@ class BinaryReader(Reader):
 
     def read_binary_list(self, count: int, what: str) -> list[bytes]:
         """The hot path of `put`: each length checked against the frame and the byte budget."""
-        if _compiled is not None:
-            read = _compiled.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
+        if compiled_binary is not None:
+            read = compiled_binary.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
             if read is not None:
                 items, self.pos = read
                 return items
@@ -497,11 +499,6 @@ class BinaryWriter(Writer):
             # laid out by list operations and joined once; a header packed once per distinct size,
             # and the i64 once when all are 0 (no auto-abort).
             (_, fid1), (_, fid2) = shape
-            if _compiled is not None:
-                laid = _compiled.write_items(fid1, fid2, values)
-                if laid is not None:
-                    self.out += laid
-                    return
             try:
                 datas = list(map(_FIRST, values))
                 numbers = list(map(_SECOND, values))

@@ -37,7 +37,7 @@ def no_helpers(tmp_path: Path) -> Path:
 def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> None:
     probe = ("from storage import codec, group_commit, item; from service import thrift_protocol; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
-             "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol._compiled is None, "
+             "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT)]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
