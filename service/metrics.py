@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from service.server import KestrelServer
 from storage import journal
 
-__all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "timed"]
+__all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "request_latency", "timed"]
 
 T = TypeVar("T")
 
@@ -112,12 +112,17 @@ HISTOGRAMS = (REQUEST_SECONDS, *_STORAGE_HISTOGRAMS.values())
 _request_series: dict[tuple[str, str], HistogramSeries] = {}
 
 
-def observe(protocol: str, command: str, seconds: float) -> None:
-    """Record how long one request took to answer."""
+def request_latency(protocol: str, command: str) -> HistogramSeries:
+    """The histogram of one command's answer times (a connection may keep it, to skip the lookup)."""
     series = _request_series.get((protocol, command))
     if series is None:
         series = _request_series[(protocol, command)] = REQUEST_SECONDS.labels(protocol, command)
-    series.observe(seconds)
+    return series
+
+
+def observe(protocol: str, command: str, seconds: float) -> None:
+    """Record how long one request took to answer."""
+    request_latency(protocol, command).observe(seconds)
 
 
 def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

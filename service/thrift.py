@@ -10,6 +10,7 @@ so its connection is closed after the reply.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import structlog
@@ -101,7 +102,9 @@ class ThriftConnection:
         self.peer = peer
         self.session = Session(server, peer)
         self.handler = ThriftHandler(self.session)
-        self.methods = {name: getattr(self.handler, name) for name in METHODS}
+        # Each method's handler, contract and answer-time histogram, looked up once per connection.
+        self.calls = {name: (getattr(self.handler, name), method, metrics.request_latency("thrift", name))
+                      for name, method in METHODS.items()}
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
 
@@ -172,15 +175,19 @@ class ThriftConnection:
         return self._call(name, seqid, args), True
 
     def _call(self, name: str, seqid: int, args: dict[str, Any]) -> bytes:
-        """The reply to a call of method `name` (one the contract has) with `args`."""
+        """The reply to a call of method `name` (one the contract has) with `args`, timed."""
+        handler, method, latency = self.calls[name]
+        started = time.perf_counter()
         try:
-            result = metrics.timed("thrift", name, self.methods[name], **args)
+            result = handler(**args)
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as e:
             log.exception("thrift call failed", method=name, client=self.peer)
             return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}")
-        return encode_reply(self.writer_cls(), METHODS[name], seqid, result)
+        finally:
+            latency.observe(time.perf_counter() - started)
+        return encode_reply(self.writer_cls, method, seqid, result)
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
         return encode_exception(self.writer_cls(), name, seqid, kind, message)

@@ -291,13 +291,14 @@ _ITEM_LIST_RESULTS = {
 }
 
 
-def encode_reply(writer: Writer, method: Method, seqid: int, value: Any) -> bytes:
-    """The reply to `method` carrying `value` (None: a void method's, or no result)."""
-    if type(writer) is BinaryWriter:
+def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any) -> bytes:
+    """The reply to `method` carrying `value` (None: a void method's, or no result), in the
+    `protocol` of that writer class (a writer is made only when the binary layout declines)."""
+    if protocol is BinaryWriter:
         reply = _binary_reply(method, seqid, value)
         if reply is not None:
             return reply
-    return write_reply(writer, method, seqid, value)
+    return write_reply(protocol(), method, seqid, value)
 
 
 def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:

@@ -251,14 +251,15 @@ class QueueCollection:
             return len(items)
         q = self.queue(name)
         now = self.clock.now_ms()
-        if isinstance(q, Kestrel3Queue):  # one write, read by the queue and its fanout children
+        if type(q) is Kestrel3Queue:  # one write, read by the queue and its fanout children
             accepted = q.fan_out(items, expiry_ms, now)
             self.total_items_added += accepted
             return accepted
-        for child in self.fanout_children(name):
-            cq = self._queues.get(child)
-            if cq is not None:
-                cq.add_many(_fitting(items, cq.config.max_item_size), expiry_ms, now)
+        if name in self._fanouts:
+            for child in self.fanout_children(name):
+                cq = self._queues.get(child)
+                if cq is not None:
+                    cq.add_many(_fitting(items, cq.config.max_item_size), expiry_ms, now)
         fitting = _fitting(items, q.config.max_item_size)
         accepted = len(fitting) if q.config.fanout_only else q.add_many(fitting, expiry_ms, now)
         self.total_items_added += accepted

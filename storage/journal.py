@@ -150,10 +150,9 @@ def delete_temporaries(paths: list[str]) -> None:
 
 def write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written (a short write means the disk is full: it raises)."""
-    view = memoryview(data)
-    done = os.write(fd, view)
+    done = os.write(fd, data)
     while done < len(data):
-        n = os.write(fd, view[done:])
+        n = os.write(fd, memoryview(data)[done:])
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += n
@@ -393,7 +392,8 @@ class JournalWriter:
         started = time.perf_counter()
         if self.damaged:
             raise OSError(errno.EIO, f"a failed append could not be cut off {self.path}; restart to repair")
-        self.open()
+        if self.fd < 0:
+            self.open()
         try:
             write_all(self.fd, data)
         except OSError:

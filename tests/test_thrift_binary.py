@@ -139,7 +139,7 @@ def test_anything_but_bytes_and_int_pairs_is_left_to_the_python_loop(odd: Any) -
 
 def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop() -> None:
     got = [(b"a" * n, n * 7 - 3) for n in range(50)]
-    fast = encode_reply(BinaryWriter(), METHODS["get"], 5, got)  # laid out by write_items
+    fast = encode_reply(BinaryWriter, METHODS["get"], 5, got)  # laid out by write_items
     assert write_reply(BinaryWriter(), METHODS["get"], 5, got) == fast  # the Python loop
 
 
@@ -253,7 +253,7 @@ def test_binary_replies_are_the_bytes_written_field_by_field(reply: tuple[str, A
     except (struct.error, TypeError, ValueError) as e:
         reference = type(e)
     try:
-        laid: Any = encode_reply(BinaryWriter(), METHODS[name], seqid, value)
+        laid: Any = encode_reply(BinaryWriter, METHODS[name], seqid, value)
     except (struct.error, TypeError, ValueError) as e:
         laid = type(e)
     assert laid == reference

@@ -73,13 +73,13 @@ def test_any_damage_is_a_protocol_error_never_a_crash(protocol: str, call: tuple
 def test_replies_decode_with_thriftpy2(protocol: str) -> None:
     writer = PROTOCOLS[protocol][1]
     items = [kestrel_thrift.Item(data=b"a" * n, id=(1 << 62) + n) for n in range(20)]
-    assert [(i.data, i.id) for i in decode_reply(encode_reply(writer(), METHODS["get"], 5, items),
+    assert [(i.data, i.id) for i in decode_reply(encode_reply(writer, METHODS["get"], 5, items),
                                                   protocol, "get")] == [(i.data, i.id) for i in items]
     info = kestrel_thrift.QueueInfo(head_item=None, items=3, bytes=-1, journal_bytes=2**40, age=0, waiters=1,
                                     open_transactions=2)
-    assert decode_reply(encode_reply(writer(), METHODS["peek"], 5, info), protocol, "peek") == info
-    assert decode_reply(encode_reply(writer(), METHODS["put"], 5, -7), protocol, "put") == -7
-    assert decode_reply(encode_reply(writer(), METHODS["get_version"], 5, "1.0 é"), protocol,
+    assert decode_reply(encode_reply(writer, METHODS["peek"], 5, info), protocol, "peek") == info
+    assert decode_reply(encode_reply(writer, METHODS["put"], 5, -7), protocol, "put") == -7
+    assert decode_reply(encode_reply(writer, METHODS["get_version"], 5, "1.0 é"), protocol,
                         "get_version") == "1.0 é"
 
 
@@ -135,8 +135,8 @@ def test_get_replies_from_tuples_are_the_bytes_of_items(protocol: str, got: list
     """The handler's (data, id) tuples take the joined fast path; Item objects the general one."""
     writer = PROTOCOLS[protocol][1]
     items = [kestrel_thrift.Item(data=data, id=read_id) for data, read_id in got]
-    fast = encode_reply(writer(), METHODS["get"], 9, got)
-    assert fast == encode_reply(writer(), METHODS["get"], 9, items)
+    fast = encode_reply(writer, METHODS["get"], 9, got)
+    assert fast == encode_reply(writer, METHODS["get"], 9, items)
     assert [(i.data, i.id) for i in decode_reply(fast, protocol, "get")] == got
 
 
