@@ -34,4 +34,4 @@ def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> Liste
 
     wsgi = WSGIServer(listener, app, log=None, environ={"SERVER_NAME": listener[0]})
     return Listener("admin", listener, wsgi.handle, server.config.max_connections,
-                    server.config.tcp_keepalive)
+                    server.config.tcp_keepalive, cooperative=True)

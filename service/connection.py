@@ -4,20 +4,19 @@ that runs every protocol's connections, Thrift's too."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 import gevent
 import structlog
-from gevent.socket import socket as gsocket
-from gevent.socket import timeout as socket_timeout
 
 from service import __version__
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import ClientGone, Session
-from service.socket_io import Receiver, send_all
+from service.socket_io import ClientSocket
 
 log = structlog.get_logger("kestrel.connection")
 
@@ -39,15 +38,16 @@ class BufferedConnection:
 
     protocol = ""
 
-    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
+    def __init__(self, server: KestrelServer, sock: socket.socket, peer: str) -> None:
         self.server = server
-        self.sock = sock
         self.peer = peer
         self.session = Session(server, peer)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting
-        self.receiver = Receiver(sock, RECV_CHUNK)
+        idle = server.config.client_timeout
+        self.idle_timeout = None if idle is None else idle / 1000.0
+        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used."""
@@ -62,7 +62,7 @@ class BufferedConnection:
             data = b"".join(self.out)
             self.out.clear()
             self.server.stats.bytes_written += len(data)
-            send_all(self.sock, data)
+            self.io.send_all(data)
 
     def _receive(self, buf: bytearray, deadline: float | None) -> int:
         """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
@@ -73,19 +73,13 @@ class BufferedConnection:
             buf += self.inbox
             self.inbox.clear()
             return n
-        if deadline is not None:
-            timeout: float | None = max(deadline - time.monotonic(), 0.001)
-        else:
-            idle = self.server.config.client_timeout
-            timeout = None if idle is None else idle / 1000.0
+        timeout = self.idle_timeout if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
-            return self.receiver.receive(buf, timeout, between_requests=deadline is None)
-        except socket_timeout:
+            return self.io.receive(buf, timeout, between_requests=deadline is None)
+        except TimeoutError:
             reason = "request_timeout" if deadline is not None else "client_timeout"
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
             raise CloseConnection from None
-        finally:
-            self.receiver.settimeout(None)
 
     def run(self) -> None:
         buf = bytearray()
@@ -112,7 +106,7 @@ class BufferedConnection:
         except ClientGone:
             pass
         finally:
-            self.receiver.close()
+            self.io.close()
             self.session.close()
 
     def watching(self, call: Callable[[], T], waits: bool = True) -> T:
@@ -135,7 +129,7 @@ class BufferedConnection:
     def _watch(self, waiter: gevent.Greenlet) -> None:
         while len(self.inbox) <= self.max_line:
             try:
-                received = self.receiver.receive(self.inbox, None)
+                received = self.io.receive(self.inbox, None)
             except OSError:
                 received = 0
             if not received:
@@ -148,7 +142,7 @@ class Connection(Protocol):
 
     protocol: str  # its name in logs and metrics
 
-    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None: ...
+    def __init__(self, server: KestrelServer, sock: socket.socket, peer: str) -> None: ...
 
     def run(self) -> None: ...
 
@@ -156,9 +150,13 @@ class Connection(Protocol):
 def make_listener(connection: type[Connection], server: KestrelServer, listener: tuple[str, int]) -> Listener:
     """A listener running one `connection` per client (every protocol's)."""
 
-    def handle(sock: gsocket, address: tuple[str, int]) -> None:
+    def handle(sock: socket.socket, address: tuple[str, int]) -> None:
+        peer = f"{address[0]}:{address[1]}"
         try:
-            connection(server, sock, f"{address[0]}:{address[1]}").run()
+            connection(server, sock, peer).run()
+        except TimeoutError:
+            log.info("closing a client that stopped reading its replies", client=peer,
+                     protocol=connection.protocol, limit="client_timeout")
         except (ConnectionError, OSError):
             pass
         finally:

@@ -16,6 +16,7 @@ import errno
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import gevent
 import structlog
@@ -23,10 +24,11 @@ from gevent.pool import Pool
 from gevent.socket import socket as gsocket
 
 from service import LISTEN_BACKLOG
+from service.socket_io import accepted
 
 log = structlog.get_logger("kestrel.listener")
 
-Handler = Callable[[gsocket, tuple[str, int]], None]
+Handler = Callable[[Any, tuple[str, int]], None]
 
 # accept() fails with these while the process or the system has no descriptor (or buffer) to spare.
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -41,7 +43,7 @@ WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exha
 KEEPALIVE_PROBES = 3
 
 
-def set_keepalive(sock: gsocket, idle_ms: int) -> None:
+def set_keepalive(sock: socket.socket | gsocket, idle_ms: int) -> None:
     """Probe the peer after `idle_ms` of silence, then every third of that; after KEEPALIVE_PROBES
     unanswered probes the kernel resets the connection, so a vanished client is noticed within
     twice `idle_ms` and its session closed (its open reads go back to their queues)."""
@@ -54,11 +56,15 @@ def set_keepalive(sock: gsocket, idle_ms: int) -> None:
 
 
 class Listener:
-    """Accepts clients on one port and runs `handle(sock, address)` for each in a bounded pool."""
+    """Accepts clients on one port and runs `handle(sock, address)` for each in a bounded pool. `sock`
+    is the connection's OS socket (service/socket_io.py), or with `cooperative` gevent's socket, for a
+    handler written for blocking sockets (the admin port's WSGI server)."""
 
     def __init__(self, name: str, address: tuple[str, int], handle: Handler, max_connections: int,
-                 keepalive_ms: int | None = None, warn_interval: float = WARN_INTERVAL) -> None:
+                 keepalive_ms: int | None = None, warn_interval: float = WARN_INTERVAL,
+                 cooperative: bool = False) -> None:
         self.name = name
+        self.cooperative = cooperative
         self.handle = handle
         self.keepalive_ms = keepalive_ms
         self.pool = Pool(max_connections)
@@ -68,7 +74,7 @@ class Listener:
         self.socket.bind(address)
         self.socket.listen(LISTEN_BACKLOG)
         self.address: tuple[str, int] = self.socket.getsockname()[:2]
-        self.connections: set[gsocket] = set()
+        self.connections: set[socket.socket | gsocket] = set()
         self._acceptor: gevent.Greenlet | None = None
         self._refused = 0  # accepts refused for want of descriptors since the last warning
         self._refused_total = 0
@@ -86,7 +92,7 @@ class Listener:
         while True:
             self.pool.wait_available()
             try:
-                sock, address = self.socket.accept()
+                client, address = self.socket.accept()
             except OSError as e:
                 if self.socket.fileno() < 0:
                     return  # closed by stop_accepting
@@ -99,6 +105,7 @@ class Listener:
                 gevent.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
                 continue
+            sock = client if self.cooperative else accepted(client)
             backoff = MIN_BACKOFF
             if self._refused_total:
                 self._note_recovered()
@@ -124,7 +131,7 @@ class Listener:
         self._refused = self._refused_total = 0
         self._last_warning = None
 
-    def _serve(self, sock: gsocket, address: tuple[str, int]) -> None:
+    def _serve(self, sock: socket.socket | gsocket, address: tuple[str, int]) -> None:
         try:
             if self.keepalive_ms is not None:
                 set_keepalive(sock, self.keepalive_ms)

@@ -7,8 +7,9 @@ bounded by `max_line_length` and items by `max_frame_size` before anything is al
 
 from __future__ import annotations
 
+import socket
+
 import structlog
-from gevent.socket import socket as gsocket
 
 from service import metrics
 from service.connection import PROTOCOL_VERSION, BufferedConnection, CloseConnection, make_listener
@@ -44,7 +45,7 @@ class MemcacheConnection(BufferedConnection):
 
     protocol = "memcache"
 
-    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
+    def __init__(self, server: KestrelServer, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
         self.max_item = server.config.max_frame_size
         self.discard = 0  # bytes of item data still to drop unread

@@ -1,59 +1,95 @@
-"""Socket reads and writes with the fewest system calls and no fresh buffer per read."""
+"""A client connection's socket I/O: system calls made straight on the OS socket, waits on the loop.
+
+The listener hands each connection the OS socket itself, non-blocking (`accepted`), rather than
+gevent's cooperative wrapper: that wrapper runs every `recv_into` and `send` through a Python method
+with a timeout lookup and an exception handler, on every request. Here a call that would block
+raises BlockingIOError and the greenlet waits on a watcher of the socket, which is all gevent's
+wrapper does too.
+"""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import gevent
 import gevent.socket
+from gevent import monkey
 from gevent.socket import socket as gsocket
 
+_OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
-class Receiver:
-    """A connection's receives: each lands in a buffer the connection keeps (a `recv` of a fresh
-    bytes object would allocate the full chunk size each time), then is appended to the input.
 
-    Between requests it first waits for the socket to be readable. A request/response client's next
-    request is seldom there the moment its reply has gone out, and a `recv` that finds nothing costs
-    a system call and an exception before gevent waits for input anyway: under 4 such clients the
-    server made two `recvfrom` per request. It receives at once when the last receive filled the
-    buffer, as more is then likely waiting.
+def accepted(sock: gsocket) -> socket.socket:
+    """The OS socket of a connection gevent's listening socket accepted, in non-blocking mode; it
+    takes over the descriptor (the gevent socket is left closed) and is what the connection uses."""
+    os_socket = _OSSocket(fileno=sock.detach())
+    os_socket.setblocking(False)
+    return os_socket
+
+
+class ClientSocket:
+    """A connection's receives and sends.
+
+    Each receive lands in a buffer kept for the connection (a `recv` of a fresh bytes object would
+    allocate the full chunk size each time), then is appended to the input. Between requests it
+    first waits for the socket to be readable: a request/response client's next request is seldom
+    there the moment its reply has gone out, and a `recv` that finds nothing costs a system call and
+    an exception before the wait happens anyway (under 4 such clients the server made two `recvfrom`
+    per request). It receives at once when the last receive filled the buffer, as more is then
+    likely waiting.
+
+    A reply goes out in one `send` when the socket takes it all; the rest waits for room, at most
+    `send_timeout` seconds (None: without limit) for a client that stopped reading.
     """
 
-    def __init__(self, sock: gsocket, chunk: int) -> None:
+    def __init__(self, sock: socket.socket, chunk: int, send_timeout: float | None = None) -> None:
         self.sock = sock
         self.scratch = memoryview(bytearray(chunk))
         self.drained = True  # the last receive took all there was (it did not fill `scratch`)
-        self._timeout: float | None = -1.0  # no timeout set yet (-1 is none a receive asks for)
-        self._readable: Any = None  # the loop's watcher of the socket's input, made at the first wait
+        self.send_timeout = send_timeout
+        self._readable: Any = None  # the loop's watchers of the socket, made at their first wait
+        self._writable: Any = None
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
         """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
         how many bytes came (0: the client closed). Raises TimeoutError."""
         if between_requests and self.drained:
-            if self._readable is None:
-                self._readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
-            gevent.socket.wait(self._readable, timeout)
-        self.settimeout(timeout)
-        n: int = self.sock.recv_into(self.scratch)
+            self._wait_readable(timeout)
+        while True:
+            try:
+                n = self.sock.recv_into(self.scratch)
+                break
+            except BlockingIOError:
+                self._wait_readable(timeout)
         buf += self.scratch[:n]
         self.drained = n < len(self.scratch)
         return n
 
-    def settimeout(self, timeout: float | None) -> None:
-        """The socket's timeout, set only when it changes (gevent's `settimeout` is Python code)."""
-        if timeout != self._timeout:
-            self.sock.settimeout(timeout)
-            self._timeout = timeout
+    def _wait_readable(self, timeout: float | None) -> None:
+        if self._readable is None:
+            self._readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+        gevent.socket.wait(self._readable, timeout)
+
+    def send_all(self, data: bytes) -> None:
+        """Send all of `data`, in one system call when the socket takes it all. Raises TimeoutError
+        when the client takes none of it for `send_timeout`, OSError when it is gone."""
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        while sent < len(data):
+            if self._writable is None:
+                self._writable = gevent.get_hub().loop.io(self.sock.fileno(), 2)
+            gevent.socket.wait(self._writable, self.send_timeout)
+            try:
+                sent += self.sock.send(memoryview(data)[sent:])
+            except BlockingIOError:
+                pass
 
     def close(self) -> None:
-        if self._readable is not None:
-            self._readable.close()
-
-
-def send_all(sock: gsocket, data: bytes) -> None:
-    """Send all of `data`, in one `send` system call when the socket takes it all (gevent's own
-    `sendall` first asks the kernel for the send buffer's size, a second system call per reply)."""
-    sent: int = sock.send(data)
-    if sent < len(data):
-        sock.sendall(memoryview(data)[sent:])
+        """Release the watchers (the socket itself is the listener's to close)."""
+        for watcher in (self._readable, self._writable):
+            if watcher is not None:
+                watcher.close()
+        self._readable = self._writable = None

@@ -9,11 +9,11 @@ its empty line and dropped, so its items never run as commands.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 import gevent
 import structlog
-from gevent.socket import socket as gsocket
 
 from service import metrics
 from service.connection import (
@@ -54,7 +54,7 @@ def item(data: bytes | None) -> bytes:
 class TextConnection(BufferedConnection):
     protocol = "text"
 
-    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
+    def __init__(self, server: KestrelServer, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
         self.block: PutBlock | None = None
 

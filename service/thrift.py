@@ -10,11 +10,11 @@ so its connection is closed after the reply.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
 import structlog
-from gevent.socket import socket as gsocket
 
 from contract import kestrel_thrift
 from service import metrics
@@ -96,7 +96,7 @@ class ThriftConnection:
 
     protocol = "thrift"
 
-    def __init__(self, server: KestrelServer, sock: gsocket, peer: str) -> None:
+    def __init__(self, server: KestrelServer, sock: socket.socket, peer: str) -> None:
         cfg = server.config
         self.cfg = cfg
         self.peer = peer

@@ -7,12 +7,11 @@ followed by silence, or a partial frame, holds the connection no longer than tha
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 
-from gevent.socket import socket as gsocket
-
-from service.socket_io import Receiver, send_all
+from service.socket_io import ClientSocket
 from service.stats import ServerStats
 
 RECV_CHUNK = 256 * 1024
@@ -26,21 +25,20 @@ class ConnectionDone(Exception):
 class ClientStream:
     """The socket with its receive buffer; reads wait at most as long as the timeouts allow."""
 
-    def __init__(self, sock: gsocket, stats: ServerStats, idle_timeout_ms: int | None,
+    def __init__(self, sock: socket.socket, stats: ServerStats, idle_timeout_ms: int | None,
                  request_timeout_ms: int) -> None:
-        self.sock = sock
         self.stats = stats
         self.idle_timeout = None if idle_timeout_ms is None else idle_timeout_ms / 1000.0
         self.request_timeout = request_timeout_ms / 1000.0
         self.idle_timeout_ms = idle_timeout_ms
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
-        self.receiver = Receiver(sock, RECV_CHUNK)
+        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
         self.deadline = 0.0
 
     def _recv(self, timeout: float | None, between_requests: bool = False) -> None:
         """Append the next input to the buffer. Raises TimeoutError, EOFError (the client closed)."""
-        n = self.receiver.receive(self.buf, timeout, between_requests)
+        n = self.io.receive(self.buf, timeout, between_requests)
         if not n:
             raise EOFError
         self.stats.bytes_read += n
@@ -90,11 +88,12 @@ class ClientStream:
         return frame
 
     def send(self, data: bytes) -> None:
+        """Send `data`, waiting at most `client_timeout` for a client that stopped reading."""
         self.stats.bytes_written += len(data)
-        send_all(self.sock, data)
+        self.io.send_all(data)
 
     def close(self) -> None:
-        self.receiver.close()
+        self.io.close()
 
 
 def describe_bad_frame_header(header: bytes, size: int, max_frame: int) -> str:

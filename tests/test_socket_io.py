@@ -1,8 +1,10 @@
-"""A connection's receives: between requests they wait for input before calling `recv`, so a client
-that has not yet sent its next request costs no `recv` that finds nothing."""
+"""A connection's socket I/O: between requests a receive waits for input before calling `recv`, so a
+client that has not yet sent its next request costs no `recv` that finds nothing; sends that do not
+fit wait for the client to read, at most `send_timeout`."""
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -10,61 +12,67 @@ import gevent
 import gevent.socket
 import pytest
 
-from service.socket_io import Receiver
+from service.socket_io import ClientSocket, accepted
 
 
 class CountingSocket:
-    """The gevent socket, with its `recv_into` calls and what each found counted."""
+    """An OS socket with its `recv_into` calls and what each found counted."""
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.found: list[int | str] = []
 
     def fileno(self) -> int:
-        return int(self.sock.fileno())
-
-    def settimeout(self, timeout: float | None) -> None:
-        self.sock.settimeout(timeout)
+        return self.sock.fileno()
 
     def recv_into(self, buffer: Any) -> int:
         try:
-            n = int(self.sock._sock.recv_into(buffer))  # the OS socket: what one system call finds
+            n = self.sock.recv_into(buffer)
         except BlockingIOError:
             self.found.append("nothing")
-            n = int(self.sock.recv_into(buffer))  # gevent's: waits, then reads
+            raise
         self.found.append(n)
         return n
 
 
 @pytest.fixture
 def pair() -> Any:
+    """(server side, client side): the server side as the listener hands it to a connection."""
     a, b = gevent.socket.socketpair()
-    yield a, b
-    a.close()
+    server = accepted(a)
+    yield server, b
+    server.close()
     b.close()
+
+
+def test_the_accepted_socket_is_the_os_socket_in_non_blocking_mode(pair: Any) -> None:
+    server, _ = pair
+    assert type(server) is not gevent.socket.socket and server.gettimeout() == 0.0
+    with pytest.raises(BlockingIOError):
+        server.recv(1)
 
 
 def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any) -> None:
     server, client = pair
     sock = CountingSocket(server)
-    receiver = Receiver(sock, 1024)  # type: ignore[arg-type]
+    io = ClientSocket(sock, 1024)  # type: ignore[arg-type]
     buf = bytearray()
     later = gevent.spawn_later(0.05, client.sendall, b"next request")
-    assert receiver.receive(buf, None, between_requests=True) == 12
+    assert io.receive(buf, None, between_requests=True) == 12
     assert buf == b"next request" and sock.found == [12]
     later.join()
     # Mid-request, the receive reads at once (the rest of a request is likely on its way).
     gevent.spawn_later(0.05, client.sendall, b"rest")
-    assert receiver.receive(buf, 1.0) == 4
+    assert io.receive(buf, 1.0) == 4
     assert sock.found == [12, "nothing", 4]
-    receiver.close()
+    io.close()
 
 
 def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     server, client = pair
     sock = CountingSocket(server)
-    receiver = Receiver(sock, 8)  # type: ignore[arg-type]
+    io = ClientSocket(sock, 8)  # type: ignore[arg-type]
     waits: list[float | None] = []
     real_wait = gevent.socket.wait
 
@@ -75,26 +83,71 @@ def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any
     monkeypatch.setattr(gevent.socket, "wait", wait)
     client.sendall(b"0123456789")
     buf = bytearray()
-    assert receiver.receive(buf, None, between_requests=True) == 8
-    assert receiver.receive(buf, None, between_requests=True) == 2
+    assert io.receive(buf, None, between_requests=True) == 8
+    assert io.receive(buf, None, between_requests=True) == 2
     assert buf == b"0123456789" and sock.found == [8, 2]
     assert waits == [None]  # only before the first: it filled the buffer, so more was waiting
-    receiver.close()
+    io.close()
 
 
 def test_a_wait_for_input_ends_at_its_timeout(pair: Any) -> None:
     server, _ = pair
-    receiver = Receiver(server, 64)
-    started = time.monotonic()
-    with pytest.raises(TimeoutError):
-        receiver.receive(bytearray(), 0.05, between_requests=True)
-    assert 0.04 < time.monotonic() - started < 1.0
-    receiver.close()
+    io = ClientSocket(server, 64)
+    for between_requests in (True, False):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            io.receive(bytearray(), 0.05, between_requests=between_requests)
+        assert 0.04 < time.monotonic() - started < 1.0
+    io.close()
 
 
 def test_a_closed_client_is_a_receive_of_nothing(pair: Any) -> None:
     server, client = pair
-    receiver = Receiver(server, 64)
+    io = ClientSocket(server, 64)
     gevent.spawn_later(0.02, client.close)
-    assert receiver.receive(bytearray(), None, between_requests=True) == 0
-    receiver.close()
+    assert io.receive(bytearray(), None, between_requests=True) == 0
+    io.close()
+
+
+def test_a_reply_larger_than_the_socket_takes_goes_out_whole_as_the_client_reads(pair: Any) -> None:
+    server, client = pair
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    io = ClientSocket(server, 64, send_timeout=5.0)
+    reply = bytes(range(256)) * 4096  # 1 MiB: many times what the socket buffers hold
+    received = bytearray()
+
+    def read_slowly() -> None:
+        while len(received) < len(reply):
+            gevent.sleep(0.001)
+            received.extend(client.recv(65536))
+
+    reader = gevent.spawn(read_slowly)
+    io.send_all(reply)
+    reader.join(timeout=10)
+    assert bytes(received) == reply
+    io.close()
+
+
+def test_a_client_that_stops_reading_holds_a_send_no_longer_than_send_timeout(pair: Any) -> None:
+    server, _ = pair
+    io = ClientSocket(server, 64, send_timeout=0.1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        io.send_all(bytes(16 * 1024 * 1024))  # nobody reads: the buffers fill, then the wait times out
+    assert 0.09 < time.monotonic() - started < 5.0
+    io.close()
+
+
+def test_while_one_greenlet_waits_for_input_another_may_take_over_after_it_is_killed(pair: Any) -> None:
+    """What a memcache connection does during a blocking get: a watcher greenlet waits on the socket,
+    and is killed before the connection reads again."""
+    server, client = pair
+    io = ClientSocket(server, 64)
+    inbox = bytearray()
+    watcher = gevent.spawn(io.receive, inbox, None)
+    gevent.sleep(0.02)
+    watcher.kill()
+    client.sendall(b"after")
+    buf = bytearray()
+    assert io.receive(buf, 1.0, between_requests=True) == 5 and buf == b"after"
+    io.close()
