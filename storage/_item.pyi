@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 class QItem:
     """`storage.item.QItemPython` compiled: the same attributes, constructor, equality and repr."""
 
@@ -8,3 +10,6 @@ class QItem:
     errors: int
 
     def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0, errors: int = 0) -> None: ...
+
+def data_sizes(datas: Sequence[bytes], /) -> tuple[int, int]: ...
+def plain_size(items: Sequence[QItem], /) -> int: ...

@@ -15,7 +15,7 @@ from storage.clock import Clock
 from storage.config import QueueConfig, QueueConfigs
 from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
 from storage.filenames import check_queue_name
-from storage.item import QItem
+from storage.item import QItem, data_sizes
 from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
 from storage.kestrel3_queue import Kestrel3Journals, Kestrel3Queue
 from storage.queue import PersistentQueue
@@ -54,7 +54,7 @@ def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) 
 
 def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
     """The items before the first one over `max_item_size` (all of them, usually: no copy)."""
-    if not items or max(map(len, items)) <= max_item_size:
+    if data_sizes(items)[1] <= max_item_size:
         return items
     for i, data in enumerate(items):
         if len(data) > max_item_size:

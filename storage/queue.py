@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from itertools import repeat, starmap
-from operator import attrgetter
 
 import structlog
 
@@ -26,7 +25,7 @@ from storage.checkpoints import Checkpoint
 from storage.clock import Clock
 from storage.config import QueueConfig
 from storage.errors import ItemTooLarge, JournalWriteError
-from storage.item import QItem
+from storage.item import QItem, data_sizes, plain_size
 from storage.journal import JournalFiles, RecordReader, list_journal_files
 from storage.queue_base import QueueBase
 from storage.queue_journal import QueueJournal
@@ -35,8 +34,6 @@ from storage.replay import QueueReplay, next_free_xid
 from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")
-
-_EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
 
 
 class _Change:
@@ -381,9 +378,9 @@ class PersistentQueue(QueueBase):
     def _add_many(self, items: list[bytes], expiry: int, add_time: int | None) -> int:
         cfg = self.config
         now = self.clock.now_ms() if add_time is None else add_time
-        if items and max(map(len, items)) > cfg.max_item_size:
-            size = next(n for n in map(len, items) if n > cfg.max_item_size)
-            raise ItemTooLarge(f"item of {size} bytes is over max_item_size "
+        size, largest = data_sizes(items)
+        if largest > cfg.max_item_size:
+            raise ItemTooLarge(f"item of {largest} bytes is over max_item_size "
                                f"{cfg.max_item_size} of queue {self.name!r}")
         if self._rb is not None or (self._mem and self._mem[0].expiry):
             self._expire_head(now)
@@ -391,7 +388,6 @@ class PersistentQueue(QueueBase):
             cap = now + cfg.max_age
             expiry = min(expiry, cap) if expiry else cap
         journaled = self._journal.writer is not None
-        size = sum(map(len, items))
         if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
                 and self.memory_bytes + size < cfg.max_memory_size):
             # All fit in memory with room to spare: no per-item limit checks (the common batch).
@@ -471,10 +467,10 @@ class PersistentQueue(QueueBase):
         and the queue as it was: no per-item checks, one REMOVE per item in one record string."""
         mem = self._mem
         taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
-        if not taken or any(map(_EXPIRY, taken)):
+        size = plain_size(taken)
+        if not taken or size < 0:
             mem.extendleft(reversed(taken))
             return None
-        size = sum(map(len, map(_DATA, taken)))
         self.length -= len(taken)
         self.bytes -= size
         self.memory_bytes -= size

@@ -4,6 +4,7 @@ alike, and the compiled one is what the storage engine uses where it was built."
 from __future__ import annotations
 
 import operator
+import random
 import shutil
 import sys
 from typing import Any
@@ -15,16 +16,21 @@ from storage.item import QItemPython
 
 try:
     from storage._item import QItem as QItemCompiled
+    from storage._item import data_sizes, plain_size
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise
-    QItemCompiled = None
+    QItemCompiled = data_sizes = plain_size = None
 
 CLASSES = [QItemPython] + ([QItemCompiled] if QItemCompiled is not None else [])
+SIZES = [item.data_sizes_python] + ([data_sizes] if data_sizes is not None else [])
+PLAIN = [item.plain_size_python] + ([plain_size] if plain_size is not None else [])
 
 
 def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
     assert item.QItem is (QItemCompiled or QItemPython)
+    assert item.data_sizes is (data_sizes or item.data_sizes_python)
+    assert item.plain_size is (plain_size or item.plain_size_python)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -80,3 +86,45 @@ def test_compiled_items_hold_their_fields_once_and_let_go_of_them() -> None:
     assert sys.getrefcount(data) == before + 1000
     del items
     assert sys.getrefcount(data) == before
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_data_sizes_of_a_batch(sizes: Any) -> None:
+    assert sizes([]) == (0, 0)
+    assert sizes([b""]) == (0, 0)
+    assert sizes([b"abc", b"", b"hello", b"xy"]) == (10, 5)
+    assert sizes((bytearray(7), memoryview(b"12345678"), b"z")) == (16, 8)  # anything with a length
+    with pytest.raises(TypeError):
+        sizes([b"a", 5])
+    with pytest.raises(TypeError):
+        sizes(None)
+
+
+@pytest.mark.parametrize("plain", PLAIN)
+@pytest.mark.parametrize("cls", CLASSES)
+def test_plain_size_of_items_that_cannot_expire(plain: Any, cls: Any) -> None:
+    assert plain([]) == 0
+    items = [cls(1, 0, b"abc"), cls(2, 0, b""), cls(3, 0, b"hello")]
+    assert plain(items) == 8
+    for i in range(len(items)):  # one that can expire, wherever it is, makes the batch not plain
+        marked = list(items)
+        marked[i] = cls(1, 99, b"abc")
+        assert plain(marked) == -1
+    item_without_data = cls(1, 0, b"x")
+    del item_without_data.data
+    with pytest.raises(AttributeError):
+        plain([item_without_data])
+    with pytest.raises(TypeError):
+        plain(None)
+
+
+def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() -> None:
+    if data_sizes is None or plain_size is None:
+        pytest.skip("built without a C compiler")
+    draw = random.Random(20261125)
+    for _ in range(2000):
+        datas = [bytes(draw.choice((0, 1, 7, 128, 4096))) for _ in range(draw.randrange(0, 40))]
+        assert data_sizes(datas) == item.data_sizes_python(datas)
+        cls = draw.choice(CLASSES)
+        items = [cls(1, 0 if draw.random() < 0.97 else draw.randrange(1, 10**13), data) for data in datas]
+        assert plain_size(items) == item.plain_size_python(items)
