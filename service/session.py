@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from itertools import repeat
-from operator import attrgetter
 from typing import Any
 
 import gevent
@@ -24,9 +22,9 @@ from service.status import Status, UnknownStatus
 from storage import QItem
 from storage.errors import KestrelError
 from storage.filenames import check_queue_name
+from storage.item import data_with_ids
 
 log = structlog.get_logger("kestrel.session")
-_DATA = attrgetter("data")
 
 
 class SessionError(KestrelError):
@@ -145,10 +143,9 @@ class Session:
         else:
             self.stats.get_misses += 1
         if not transaction:
-            return list(zip(map(_DATA, items), repeat(0)))
+            return data_with_ids(items, 0)
         xids = [item.xid for item in items]
-        read_ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
-        return list(zip(map(_DATA, items), read_ids, strict=True))
+        return data_with_ids(items, self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms))
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""

@@ -218,7 +218,56 @@ static PyObject *plain_size(PyObject *module, PyObject *items) {
     return PyLong_FromSsize_t(total);
 }
 
+/* data_with_ids(items, ids): [(item.data, id), ...], `ids` an int for every item or a list, one each. */
+static PyObject *data_with_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "data_with_ids takes items and ids");
+        return NULL;
+    }
+    PyObject *items = args[0], *ids = args[1];
+    if (!PyList_CheckExact(items) || !(PyLong_CheckExact(ids) || PyList_CheckExact(ids))) {
+        PyErr_SetString(PyExc_TypeError, "data_with_ids takes a list of items and an int or a list of ids");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (PyList_CheckExact(ids) && PyList_GET_SIZE(ids) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd items but %zd ids", n, PyList_GET_SIZE(ids));
+        return NULL;
+    }
+    PyObject *pairs = PyList_New(n);
+    if (pairs == NULL) {
+        return NULL;
+    }
+    /* Filled in place: nothing here runs Python code for an item of this type, and a list of other
+       objects (whose attribute lookup might) is read again by index each time, its length checked. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(items) || (PyList_CheckExact(ids) && i >= PyList_GET_SIZE(ids))) {
+            PyErr_SetString(PyExc_RuntimeError, "the items changed size while being read");
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, i));
+        PyObject *data = field(item, offsetof(QItem, data), "data");
+        Py_DECREF(item);
+        if (data == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *id = PyLong_CheckExact(ids) ? ids : PyList_GET_ITEM(ids, i);
+        PyObject *pair = PyTuple_Pack(2, data, id);
+        Py_DECREF(data);
+        if (pair == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyList_SET_ITEM(pairs, i, pair);
+    }
+    return pairs;
+}
+
 static PyMethodDef functions[] = {
+    {"data_with_ids", (PyCFunction)(void (*)(void))data_with_ids, METH_FASTCALL,
+     "[(item.data, id), ...]: ids an int for every item or a list, one each."},
     {"data_sizes", data_sizes, METH_O, "(total bytes, largest) of a batch's data."},
     {"plain_size", plain_size, METH_O, "The bytes of data of items none of which can expire, else -1."},
     {NULL, NULL, 0, NULL},

@@ -3,12 +3,14 @@
 `QItem` is the compiled class (storage/_item.c) where the build had a C compiler, else
 `QItemPython`, the reference: the same attributes, constructor, equality and repr, checked on both
 by tests/test_item.py. A batch put makes one item per element, and replay one per record.
-Likewise `data_sizes` and `plain_size`, one pass over a batch each where Python made two or three.
+Likewise `data_sizes`, `plain_size` and `data_with_ids`, one pass over a batch each where Python
+made two or three.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -58,12 +60,24 @@ def plain_size_python(items: Sequence[QItemPython]) -> int:
     return sum(map(len, map(_DATA, items)))
 
 
+def data_with_ids_python(items: list[QItemPython], ids: int | list[int]) -> list[tuple[bytes, int]]:
+    """Each item's data with an id (`ids` one for every item, or a list, one each): the items of a
+    get as the protocols hand them out, each with the id of its open read, or 0."""
+    if isinstance(ids, int):
+        return list(zip(map(_DATA, items), repeat(ids)))
+    if len(ids) != len(items):
+        raise ValueError(f"{len(items)} items but {len(ids)} ids")
+    return list(zip(map(_DATA, items), ids, strict=True))
+
+
 if TYPE_CHECKING:
     QItem = QItemPython
     data_sizes = data_sizes_python
     plain_size = plain_size_python
+    data_with_ids = data_with_ids_python
 else:
     try:
-        from storage._item import QItem, data_sizes, plain_size
+        from storage._item import QItem, data_sizes, data_with_ids, plain_size
     except ImportError:  # built without a C compiler: the Python class and functions
-        QItem, data_sizes, plain_size = QItemPython, data_sizes_python, plain_size_python
+        QItem, data_sizes, plain_size, data_with_ids = (QItemPython, data_sizes_python, plain_size_python,
+                                                        data_with_ids_python)

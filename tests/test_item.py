@@ -16,21 +16,23 @@ from storage.item import QItemPython
 
 try:
     from storage._item import QItem as QItemCompiled
-    from storage._item import data_sizes, plain_size
+    from storage._item import data_sizes, data_with_ids, plain_size
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise
-    QItemCompiled = data_sizes = plain_size = None
+    QItemCompiled = data_sizes = data_with_ids = plain_size = None
 
 CLASSES = [QItemPython] + ([QItemCompiled] if QItemCompiled is not None else [])
 SIZES = [item.data_sizes_python] + ([data_sizes] if data_sizes is not None else [])
 PLAIN = [item.plain_size_python] + ([plain_size] if plain_size is not None else [])
+WITH_IDS = [item.data_with_ids_python] + ([data_with_ids] if data_with_ids is not None else [])
 
 
 def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
     assert item.QItem is (QItemCompiled or QItemPython)
     assert item.data_sizes is (data_sizes or item.data_sizes_python)
     assert item.plain_size is (plain_size or item.plain_size_python)
+    assert item.data_with_ids is (data_with_ids or item.data_with_ids_python)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -118,8 +120,30 @@ def test_plain_size_of_items_that_cannot_expire(plain: Any, cls: Any) -> None:
         plain(None)
 
 
+@pytest.mark.parametrize("with_ids", WITH_IDS)
+@pytest.mark.parametrize("cls", CLASSES)
+def test_data_with_ids(with_ids: Any, cls: Any) -> None:
+    items = [cls(1, 0, b"a"), cls(2, 5, b""), cls(3, 0, b"ccc")]
+    assert with_ids(items, 0) == [(b"a", 0), (b"", 0), (b"ccc", 0)]
+    assert with_ids(items, [7, 2**62, 9]) == [(b"a", 7), (b"", 2**62), (b"ccc", 9)]
+    assert with_ids([], 0) == [] and with_ids([], []) == []
+    with pytest.raises(ValueError):
+        with_ids(items, [1, 2])
+    gone = cls(1, 0, b"x")
+    del gone.data
+    with pytest.raises(AttributeError):
+        with_ids([gone], 0)
+
+
+@pytest.mark.skipif(data_with_ids is None, reason="built without a C compiler")
+def test_compiled_data_with_ids_refuses_what_it_cannot_read() -> None:
+    for args in [(None, 0), ([], None), ([], 0, 1), ((), 0)]:
+        with pytest.raises(TypeError):
+            data_with_ids(*args)
+
+
 def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() -> None:
-    if data_sizes is None or plain_size is None:
+    if data_sizes is None or plain_size is None or data_with_ids is None:
         pytest.skip("built without a C compiler")
     draw = random.Random(20261125)
     for _ in range(2000):
@@ -128,3 +152,6 @@ def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() 
         cls = draw.choice(CLASSES)
         items = [cls(1, 0 if draw.random() < 0.97 else draw.randrange(1, 10**13), data) for data in datas]
         assert plain_size(items) == item.plain_size_python(items)
+        ids = [draw.randrange(0, 2**63) for _ in items]
+        assert data_with_ids(items, ids) == item.data_with_ids_python(items, ids)
+        assert data_with_ids(items, 0) == item.data_with_ids_python(items, 0)
