@@ -140,9 +140,16 @@ static PyTypeObject QItemType = {
     .tp_vectorcall = qitem_vectorcall,
 };
 
-/* The length of one item's data: bytes directly, anything else through its length. */
+/* The length of one item's data, or -1 with an exception set: bytes directly, anything else through
+   its length, which may run Python code (the object is held meanwhile). */
 static Py_ssize_t data_length(PyObject *data) {
-    return PyBytes_CheckExact(data) ? PyBytes_GET_SIZE(data) : PyObject_Length(data);
+    if (PyBytes_CheckExact(data)) {
+        return PyBytes_GET_SIZE(data);
+    }
+    Py_INCREF(data);
+    Py_ssize_t size = PyObject_Length(data);
+    Py_DECREF(data);
+    return size;
 }
 
 /* data_sizes(datas): (total bytes, largest) of a batch's data, in one pass (storage/item.py). */
@@ -154,9 +161,7 @@ static PyObject *data_sizes(PyObject *module, PyObject *datas) {
     Py_ssize_t total = 0, largest = 0;
     /* The length is read again each time round: `len` of something other than bytes runs Python. */
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *data = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
-        Py_ssize_t size = data_length(data);
-        Py_DECREF(data);
+        Py_ssize_t size = data_length(PySequence_Fast_GET_ITEM(seq, i));
         if (size < 0) {
             Py_DECREF(seq);
             return NULL;
@@ -202,12 +207,8 @@ static PyObject *plain_size(PyObject *module, PyObject *items) {
         }
         PyObject *data = field(item, offsetof(QItem, data), "data");
         Py_DECREF(item);
-        if (data == NULL) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        Py_ssize_t size = data_length(data);
-        Py_DECREF(data);
+        Py_ssize_t size = data == NULL ? -1 : data_length(data);
+        Py_XDECREF(data);
         if (size < 0) {
             Py_DECREF(seq);
             return NULL;
