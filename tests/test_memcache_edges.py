@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -78,6 +79,25 @@ def test_idle_client_is_closed_after_client_timeout(server_factory: Any) -> None
     start = time.monotonic()
     assert closed_by_server(s)
     assert 0.08 < time.monotonic() - start < 3
+
+
+def test_a_client_that_stops_reading_is_closed_after_client_timeout(server_factory: Any) -> None:
+    """Its replies fill the socket buffers; the server waits for room at most client_timeout, serving
+    the others meanwhile, then closes it. Peeks take nothing, so nothing is lost."""
+    srv = server_factory({"client_timeout": "300ms"})
+    item = bytes(range(256)) * 256  # 64 KB
+    set_item(srv.memcache_port, "big", item)
+    stuck = conn(srv.memcache_port)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.sendall(b"get big/peek\r\n" * 400)  # 25 MB of replies, never read
+    started = time.monotonic()
+    with conn(srv.memcache_port) as busy:
+        for _ in range(5):
+            assert exchange(busy, b"version\r\n").startswith(b"VERSION ")
+    assert time.monotonic() - started < 1.0  # nobody waits for the stuck client
+    eventually(lambda: "closing a client that stopped reading its replies" in srv.log())
+    assert 0.25 < time.monotonic() - started < 5
+    assert get_item(srv.memcache_port, "big") == b"VALUE big 0 %d\r\n%s\r\nEND\r\n" % (len(item), item)
 
 
 def test_client_timeout_null_keeps_idle_clients(server: ServerProcess) -> None:
