@@ -50,7 +50,7 @@ EVENT_LOOP = "event loop: epoll wait and libev dispatch"
 SOCKET = "socket send/recv (system calls)"
 CATEGORIES = [
     (EVENT_LOOP, re.compile(r"gevent/hub\.py")),
-    (SOCKET, re.compile(r"gevent/_socket|/socket\.py|^socket\.py")),
+    (SOCKET, re.compile(r"gevent/_socket|/socket\.py|^socket\.py|service/socket_io\.py")),
     ("journal write (os.write) and bookkeeping", re.compile(r"storage/journal\.py")),
     ("journal record codec", re.compile(r"storage/codec\.py")),
     ("Thrift codec and dispatch (thriftpy2)", re.compile(r"thriftpy2/")),
