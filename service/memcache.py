@@ -8,6 +8,8 @@ bounded by `max_line_length` and items by `max_frame_size` before anything is al
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -51,6 +53,9 @@ class MemcacheConnection(BufferedConnection):
         self.discard = 0  # bytes of item data still to drop unread
         self.discard_reply = b""  # sent once they are dropped
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
+        # Each command's handler and answer-time histogram, looked up at its first use only.
+        self.commands: dict[str, tuple[Callable[[Command], None], metrics.HistogramSeries]] = {}
+        self.set_latency = metrics.request_latency("memcache", "set")
 
     def mid_request(self) -> bool:
         return self.discard > 0 or self.skip_line
@@ -115,11 +120,12 @@ class MemcacheConnection(BufferedConnection):
                     return end
                 pos = resync + 1
                 continue
-            metrics.timed("memcache", "set", self.store, command, bytes(buf[pos:data_end]))
+            self.store(command, bytes(buf[pos:data_end]))
             pos = data_end + 2
         return pos
 
     def store(self, command: Command, data: bytes) -> None:
+        started = time.perf_counter()
         try:
             expiry = absolute_expiry_ms(command.expiry, self.session.coll.clock.now_ms())
             stored = self.session.put(command.key, [data], expiry) == 1
@@ -130,6 +136,8 @@ class MemcacheConnection(BufferedConnection):
             raise
         except Exception as e:
             reply = self._error(e)
+        finally:
+            self.set_latency.observe(time.perf_counter() - started)
         if not command.noreply:
             self.out.append(reply)
 
@@ -142,8 +150,10 @@ class MemcacheConnection(BufferedConnection):
         return f"SERVER_ERROR internal error: {e!r}\r\n".encode()
 
     def execute(self, command: Command) -> None:
+        handler, latency = self.commands.get(command.name) or self._command(command.name)
+        started = time.perf_counter()
         try:
-            metrics.timed("memcache", command.name, getattr(self, f"do_{command.name}"), command)
+            handler(command)
         except (CloseConnection, ConnectionError, ClientGone):
             raise
         except OpenReadConflict:
@@ -155,6 +165,12 @@ class MemcacheConnection(BufferedConnection):
             self.reply(command, e.reply.encode() + CRLF)
         except Exception as e:
             self.reply(command, self._error(e))
+        finally:
+            latency.observe(time.perf_counter() - started)
+
+    def _command(self, name: str) -> tuple[Callable[[Command], None], metrics.HistogramSeries]:
+        found = self.commands[name] = (getattr(self, f"do_{name}"), metrics.request_latency("memcache", name))
+        return found
 
     def reply(self, command: Command, line: bytes) -> None:
         """A reply, unless the client said `noreply` (then it reads none, not even an error)."""
