@@ -16,7 +16,7 @@ from service import __version__
 from service.listener import Listener
 from service.server import KestrelServer
 from service.session import ClientGone, Session
-from service.socket_io import ClientSocket
+from service.socket_io import ClientSocket, SendTimeout
 
 log = structlog.get_logger("kestrel.connection")
 
@@ -154,7 +154,7 @@ def make_listener(connection: type[Connection], server: KestrelServer, listener:
         peer = f"{address[0]}:{address[1]}"
         try:
             connection(server, sock, peer).run()
-        except TimeoutError:
+        except SendTimeout:
             log.info("closing a client that stopped reading its replies", client=peer,
                      protocol=connection.protocol, limit="client_timeout")
         except (ConnectionError, OSError):

@@ -20,6 +20,10 @@ from gevent.socket import socket as gsocket
 _OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
 
+class SendTimeout(TimeoutError):
+    """A reply waited longer than the connection's `send_timeout` for the client to take it."""
+
+
 def accepted(sock: gsocket) -> socket.socket:
     """The OS socket of a connection gevent's listening socket accepted, in non-blocking mode; it
     takes over the descriptor (the gevent socket is left closed) and is what the connection uses."""
@@ -72,7 +76,7 @@ class ClientSocket:
         gevent.socket.wait(self._readable, timeout)
 
     def send_all(self, data: bytes) -> None:
-        """Send all of `data`, in one system call when the socket takes it all. Raises TimeoutError
+        """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
         when the client takes none of it for `send_timeout`, OSError when it is gone."""
         try:
             sent = self.sock.send(data)
@@ -81,7 +85,8 @@ class ClientSocket:
         while sent < len(data):
             if self._writable is None:
                 self._writable = gevent.get_hub().loop.io(self.sock.fileno(), 2)
-            gevent.socket.wait(self._writable, self.send_timeout)
+            gevent.socket.wait(self._writable, self.send_timeout,
+                               SendTimeout(f"the client took no reply for {self.send_timeout} s"))
             try:
                 sent += self.sock.send(memoryview(data)[sent:])
             except BlockingIOError:
