@@ -19,11 +19,11 @@ import time
 from typing import Any
 
 from bench.common import load_average, machine
-from service import metrics
-from service.config import from_mapping
-from service.logs import configure_logging
-from service.server import KestrelServer
-from service.thrift import ThriftConnection
+from kestrel.service import metrics
+from kestrel.service.config import from_mapping
+from kestrel.service.logs import configure_logging
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.thrift.handler import ThriftConnection
 from tests.thrift_wire import encode_call
 
 
@@ -34,7 +34,7 @@ class _NoSocket:
 def measure(batch: int, items: int, profile: bool) -> None:
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     try:
-        server = KestrelServer(from_mapping({"queue_path": home}, home))
+        server = ServerState(from_mapping({"queue_path": home}, home))
         server.collection.load()
         metrics.install_storage_timing()
         conn: Any = ThriftConnection(server, _NoSocket(), "bench")

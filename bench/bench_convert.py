@@ -18,8 +18,8 @@ import tempfile
 import time
 
 from bench.common import load_average, machine
-from storage import convert
-from storage.codec import encode_addx
+from kestrel.storage.kestrel2.codec import encode_addx
+from kestrel.storage.tools import convert
 
 
 def write_queue(directory: str, size: int, megabytes: int) -> int:

@@ -16,8 +16,9 @@ import shutil
 import tempfile
 
 from bench.common import machine
-from storage import QueueCollection, QueueConfigs, codec, packer
-from storage.clock import FakeClock
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.kestrel2 import codec, packer
 
 KB = 1024
 POINTS = (0, 25, 50, 75, 90, 95, 99, 100)

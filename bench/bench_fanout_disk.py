@@ -18,8 +18,8 @@ import tempfile
 import time
 
 from bench.common import load_average, machine
-from storage import QueueCollection, QueueConfigs
-from storage.clock import FakeClock
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
 
 KB = 1024
 

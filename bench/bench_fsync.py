@@ -1,9 +1,9 @@
 """The ceiling of `sync_journal: always` on this disk: group-commit rounds with no server around them.
 
 N journals in a directory of the disk under test; each round appends one 150-byte record to every
-journal and runs one round of the group commit (`storage/group_commit.py`) over them, issued each
+journal and runs one round of the group commit (`storage/fsync/group_commit.py`) over them, issued each
 way the server can: Python threads, C threads (when the helper is built; the default), native AIO,
-one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `storage/syncfs.py`); and, as the
+one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `storage/fsync/syncfs.py`); and, as the
 floor, fdatasync of the journals one after another. Rounds/s times N is the most records/s a server
 keeping one journal per queue can acknowledge with an fsync each, before any request is parsed.
 
@@ -21,8 +21,14 @@ import time
 import gevent
 
 from bench.common import load_average, machine
-from storage.aio_fsync import AioFsync
-from storage.group_commit import FsyncMany, GroupCommit, ThreadFsync, filesystem_sync, native_threads
+from kestrel.storage.fsync.aio_fsync import AioFsync
+from kestrel.storage.fsync.group_commit import (
+    FsyncMany,
+    GroupCommit,
+    ThreadFsync,
+    filesystem_sync,
+    native_threads,
+)
 
 RECORD = b"x" * 150
 

@@ -5,8 +5,8 @@
 - streaming: a `Trigger.AvailableNow` stream into a counting sink against one client taking the same
   items as open reads and confirming them;
 - journal: `spark.read.format("kestrel-journal")` counting records against a loop over
-  storage.journal.read_records on the same files (and one over the reader's fast path), and against
-  what Spark alone costs for a Python source's Arrow batches.
+  kestrel.storage.kestrel2.reader.read_journal on the same files (and one over the reader's fast path),
+  and against what Spark alone costs for a Python source's Arrow batches.
 
     .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M] [--only journal ...]
 """
@@ -39,7 +39,7 @@ def thrift_client(port: int) -> Any:
     from thriftpy2.rpc import make_client
     from thriftpy2.transport import TFramedTransportFactory
 
-    from contract import kestrel_thrift
+    from kestrel.contract import kestrel_thrift
 
     return make_client(kestrel_thrift.Kestrel, "127.0.0.1", port, trans_factory=TFramedTransportFactory())
 
@@ -103,16 +103,16 @@ def bench_stream(spark: Any, n: int, payload: str, work: str) -> None:
 
 def read_all(path: str) -> int:
     """A plain loop over the storage reader (its general path, one record object each)."""
-    from storage.journal import read_records
+    from kestrel.storage.kestrel2.reader import read_journal
 
-    return sum(1 for _ in read_records(path))
+    return sum(1 for _ in read_journal(path))
 
 
 def read_all_fast(path: str) -> int:
     """A plain loop over the storage reader's fast path for common records (what replay uses)."""
-    from storage.journal import RecordReader
+    from kestrel.storage.kestrel2.reader import JournalReader
 
-    reader = RecordReader(path)
+    reader = JournalReader(path)
     count = 0
     try:
         while True:
@@ -128,7 +128,7 @@ def read_all_fast(path: str) -> int:
 
 
 def bench_journal(spark: Any, megabytes: int, work: str, runs: int) -> None:
-    from storage.codec import encode_addx
+    from kestrel.storage.kestrel2.codec import encode_addx
 
     folder = Path(work) / "journals"
     folder.mkdir()
@@ -154,12 +154,12 @@ def bench_journal(spark: Any, megabytes: int, work: str, runs: int) -> None:
     print(f"journal read ({mb:.0f} MB in 4 files, {rows:,} records of 1 KB, best of {runs}, load average "
           f"{load_average()}):")
     print(f"  spark.read.format('kestrel-journal').count(): {mb / spark_s:,.0f} MB/s ({spark_s:.2f} s)")
-    print(f"  plain loop over storage.journal.read_records: {mb / plain_s:,.0f} MB/s ({plain_s:.2f} s), "
+    print(f"  plain loop over read_journal: {mb / plain_s:,.0f} MB/s ({plain_s:.2f} s), "
           f"ratio {plain_s / spark_s:.2f}")
     print(f"  plain loop over the reader's fast path (common_run): {mb / fast_s:,.0f} MB/s ({fast_s:.2f} s), "
           f"ratio {fast_s / spark_s:.2f}")
     print(f"  Spark's own ceiling (a Python source yielding the same volume as ready-made Arrow batches): "
-          f"{mb / ready_s:,.0f} MB/s ({ready_s:.2f} s), ratio to the read_records loop "
+          f"{mb / ready_s:,.0f} MB/s ({ready_s:.2f} s), ratio to the read_journal loop "
           f"{plain_s / ready_s:.2f}")
 
 
@@ -177,7 +177,7 @@ def _ready_batches() -> Any:
         def read(self, partition: InputPartition) -> Iterator[Any]:
             import pyarrow as pa
 
-            from pipeline.journal_source import BYTES_PER_BATCH
+            from kestrel.pipeline.journal_source import BYTES_PER_BATCH
 
             per_batch = BYTES_PER_BATCH // 1024  # batches the size the journal source yields
             data = pa.array([b"j" * 1024] * per_batch, pa.binary())
@@ -217,7 +217,7 @@ def main() -> None:
     os.chdir(peers.ROOT)
     from pyspark.sql import SparkSession
 
-    from pipeline import register
+    from kestrel.pipeline import register
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")

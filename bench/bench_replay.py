@@ -20,8 +20,8 @@ import tempfile
 import time
 
 from bench.common import machine
-from storage import QueueCollection, QueueConfigs
-from storage.codec import REMOVE_BYTES, encode_addx
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.kestrel2.codec import REMOVE_BYTES, encode_addx
 
 
 def write_journal(directory: str, size: int, megabytes: int) -> tuple[int, int]:

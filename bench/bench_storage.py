@@ -18,8 +18,8 @@ import tempfile
 import time
 
 from bench.common import machine
-from storage import QueueCollection, QueueConfigs
-from storage.codec import encode_addx
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.kestrel2.codec import encode_addx
 
 SIZES = (64, 4096)
 

@@ -1,6 +1,6 @@
 """The servers a benchmark measures, each started on free loopback ports and stopped afterwards.
 
-Our server runs from this checkout (`python -m service serve`); the peers come from Debian and are
+Our server runs from this checkout (`python -m kestrel serve`); the peers come from Debian and are
 installed with apt-get when the script runs as root, or named in a clear message otherwise. Every
 server keeps its data under the benchmark's work directory.
 """
@@ -79,7 +79,7 @@ def kestrel(work: Path, sync: str = "never") -> Iterator[Running]:
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: 0\ndefault_queue:\n  sync_journal: {sync}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "service", "serve", "--config", str(config), "--log-level", "warning"]
+    command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:
         yield running
 

@@ -45,18 +45,18 @@ WORKLOADS = {  # name: (port, loadgen options)
 # Innermost frame's file → what the time is spent on; the first match wins.
 # Threads off the event loop: a threadpool thread waiting for work, and the group commit's fsync
 # threads (waiting, or in an fsync that the loop does not wait for): not the server's serving time.
-IDLE_WORKER = re.compile(r"gevent/_threading\.py|^_serve \(.*storage/group_commit\.py")
+IDLE_WORKER = re.compile(r"gevent/_threading\.py|^_serve \(.*storage/fsync/group_commit\.py")
 EVENT_LOOP = "event loop: epoll wait and libev dispatch"
 SOCKET = "socket send/recv (system calls)"
 CATEGORIES = [
     (EVENT_LOOP, re.compile(r"gevent/hub\.py")),
     (SOCKET, re.compile(r"gevent/_socket|/socket\.py|^socket\.py|service/socket_io\.py")),
-    ("journal write (os.write) and bookkeeping", re.compile(r"storage/journal\.py")),
-    ("journal record codec", re.compile(r"storage/codec\.py")),
+    ("journal write (os.write) and bookkeeping", re.compile(r"storage/(files|kestrel2/journal)\.py")),
+    ("journal record codec", re.compile(r"storage/kestrel[23]/codec\.py")),
     ("Thrift codec and dispatch (thriftpy2)", re.compile(r"thriftpy2/")),
-    ("session layer", re.compile(r"service/session\.py")),
+    ("session layer", re.compile(r"service/session/")),
     ("protocol handler (framing, parsing, replies)",
-     re.compile(r"service/(thrift|memcache|connection|text)")),
+     re.compile(r"service/(thrift|memcache|buffered_connection|text)")),
     ("queue engine (queue, collection, items)", re.compile(r"storage/")),
     ("other server code (stats, status, config)", re.compile(r"service/")),
     ("gevent greenlets and waiting", re.compile(r"gevent/")),

@@ -10,9 +10,15 @@
 It needs only the Thrift contract (`contract`), thriftpy2 and kazoo, not the server's code.
 """
 
-from client.cluster import Cluster
-from client.discovery import ServerSource, StaticServers, ZooKeeperServerSets, member_address, parse_address
-from client.errors import (
+from kestrel.client.cluster import Cluster
+from kestrel.client.discovery import (
+    ServerSource,
+    StaticServers,
+    ZooKeeperServerSets,
+    member_address,
+    parse_address,
+)
+from kestrel.client.errors import (
     KestrelClientError,
     NoServers,
     Refused,
@@ -20,7 +26,7 @@ from client.errors import (
     ServerSetsUnavailable,
     ServerUnavailable,
 )
-from client.server import Server
+from kestrel.client.server import Server
 
 __all__ = [
     "Cluster",

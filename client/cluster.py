@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
-from client.errors import KestrelClientError, NoServers, Refused, ServerUnavailable
-from client.server import Server
+from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
+from kestrel.client.errors import KestrelClientError, NoServers, Refused, ServerUnavailable
+from kestrel.client.server import Server
 
 log = logging.getLogger("kestrel.client")
 

@@ -17,7 +17,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 
-from client.errors import ServerSetsUnavailable
+from kestrel.client.errors import ServerSetsUnavailable
 
 log = logging.getLogger("kestrel.client")
 

@@ -15,8 +15,8 @@ from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
-from client.errors import ServerClosing, ServerUnavailable, refusal
-from contract import kestrel_thrift
+from kestrel.client.errors import ServerClosing, ServerUnavailable, refusal
+from kestrel.contract import kestrel_thrift
 
 # What a lost or unreachable server looks like from here.
 CONNECTION_ERRORS = (TTransportException, OSError, EOFError)

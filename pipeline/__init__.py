@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.drain import drain
+from kestrel.pipeline.drain import drain
 
 
 def register(spark: Any) -> None:
     """Register both data sources with a SparkSession."""
-    from pipeline.journal_source import KestrelJournalDataSource
-    from pipeline.kestrel_source import KestrelDataSource
+    from kestrel.pipeline.journal_source import KestrelJournalDataSource
+    from kestrel.pipeline.kestrel_source import KestrelDataSource
 
     spark.dataSource.register(KestrelJournalDataSource)
     spark.dataSource.register(KestrelDataSource)

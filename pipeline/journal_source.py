@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.options import Option, choice, parse_options, text, whole
+from kestrel.pipeline.options import Option, choice, parse_options, text, whole
 
 RECORDS_SCHEMA = StructType([
     StructField("queue", StringType(), False),
@@ -90,13 +90,13 @@ def split_points(path: str, max_bytes: int) -> list[tuple[int, int | None]]:
     """Byte ranges of about `max_bytes` that start on record boundaries, found by walking the file
     with the storage reader (only for files larger than `max_bytes`). Damage ends the walk: the rest
     of the file is the last range, where the reader meets the damage again."""
-    from storage.errors import CorruptJournalError
-    from storage.journal import RecordReader
+    from kestrel.storage.errors import CorruptJournalError
+    from kestrel.storage.kestrel2.reader import JournalReader
 
     if os.path.getsize(path) <= max_bytes:
         return [(0, None)]
     starts = [0]
-    reader = RecordReader(path)
+    reader = JournalReader(path)
     try:
         for offset, _ in reader:
             if offset >= starts[-1] + max_bytes:
@@ -133,7 +133,7 @@ RECORDS_ARROW = pa.schema([
 def _record_kinds() -> tuple[dict[type, int], Any, Any, Any]:
     """A small code per record type (its opcode; CONTINUE, which shares opcode 8 with STATE_DUMP,
     gets 10), the opcode name of each code, and the codes whose records carry an xid or data."""
-    from storage import codec
+    from kestrel.storage.kestrel2 import codec
 
     codes = {codec.Add: codec.ADD, codec.Remove: codec.REMOVE, codec.AddX: codec.ADDX,
              codec.RemoveTentative: codec.REMOVE_TENTATIVE, codec.SaveXid: codec.SAVE_XID,
@@ -173,7 +173,7 @@ class RecordColumns:
         return self.rows >= ROWS_PER_BATCH or self.bytes >= BYTES_PER_BATCH
 
     def add_run(self, columns: Any) -> None:
-        """Records from `RecordReader.common_columns`."""
+        """Records from `JournalReader.common_columns`."""
         self._close_records()
         n, codes, offsets, xids, added, expiry, ends, data = columns
         fixed = [(codes, pa.int8()), (offsets, pa.int64()), (xids, pa.int32()), (added, pa.int64()),
@@ -226,7 +226,7 @@ def _valid_where(values: Any, valid: Any) -> Any:
 
 
 def _first_records(run: Any, count: int) -> Any:
-    """The first `count` records of a run of column buffers (`RecordReader.common_columns`)."""
+    """The first `count` records of a run of column buffers (`JournalReader.common_columns`)."""
     _, codes, offsets, xids, added, expiry, ends, data = run
     data_end = memoryview(ends).cast("i")[count]
     return (count, codes[:count], offsets[:8 * count], xids[:4 * count], added[:8 * count],
@@ -237,13 +237,13 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
                    end: int | None = None) -> Iterator[Any]:
     """The records starting in [start, end) as Arrow batches of at most ROWS_PER_BATCH rows and
     about BYTES_PER_BATCH of data; damage is a final row, or an error under FAILFAST."""
-    from storage.errors import CorruptJournalError
-    from storage.journal import RecordReader
+    from kestrel.storage.errors import CorruptJournalError
+    from kestrel.storage.kestrel2.reader import JournalReader
 
     limit = end if end is not None else sys.maxsize
     columns = RecordColumns()
     damage: tuple[int, str] | None = None
-    reader = RecordReader(path, start)
+    reader = JournalReader(path, start)
     try:
         try:
             while True:
@@ -284,8 +284,8 @@ def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
     """The queue as the server would load it, open reads first."""
     import structlog  # only here: a planning worker that reads no items does not pay for it
 
-    from storage.errors import CorruptJournalError
-    from storage.replay import QueueReplay
+    from kestrel.storage.errors import CorruptJournalError
+    from kestrel.storage.kestrel2.replay import QueueReplay
 
     replay = QueueReplay()
     try:
@@ -323,8 +323,8 @@ class JournalReader(DataSourceReader):
         self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
-        from storage.journal import scan_queue_dir
-        from storage.replay import replay_files
+        from kestrel.storage.files import scan_queue_dir
+        from kestrel.storage.kestrel2.replay import replay_files
 
         out: list[InputPartition] = []
         for name, files in sorted(scan_queue_dir(self.path).queues.items()):

@@ -3,7 +3,7 @@
 - `spark.read` looks without taking: each task takes up to its share as open reads and aborts them
   all before handing Spark a row, so the items are back at the head of their queue in order
   whatever Spark then does with the rows (count twice, show, take, limit, first, isEmpty...).
-- Taking items for good is a write-side operation: `pipeline.drain` (a stream that runs until the
+- Taking items for good is a write-side operation: `kestrel.pipeline.drain` (a stream that runs until the
   queues are empty, confirming each batch only after the sink wrote it) or `spark.readStream`.
 - `df.write` puts rows (see pipeline/writer.py).
 """
@@ -23,10 +23,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client import KestrelClientError
-from pipeline.options import Option, parse_options, text, whole
-from pipeline.rows import QUEUE_SCHEMA, queue_rows
-from pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
+from kestrel.client import KestrelClientError
+from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
+from kestrel.pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -97,7 +97,7 @@ class KestrelDataSource(DataSource):
         return KestrelBatchReader(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from pipeline.writer import KestrelWriter
+        from kestrel.pipeline.writer import KestrelWriter
 
         if overwrite:
             raise ValueError("kestrel writer: a queue cannot be overwritten (Spark's message for its default "
@@ -105,6 +105,6 @@ class KestrelDataSource(DataSource):
         return KestrelWriter(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from pipeline.stream_source import KestrelStreamReader
+        from kestrel.pipeline.stream_source import KestrelStreamReader
 
         return KestrelStreamReader(self.options)

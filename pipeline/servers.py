@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import structlog
 
-from client import KestrelClientError, NoServers, Server, ServerUnavailable, parse_address
+from kestrel.client import KestrelClientError, NoServers, Server, ServerUnavailable, parse_address
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -88,7 +88,7 @@ def with_retries(call: Callable[[], T], what: str, *, retries: int, backoff_ms: 
 
 
 @dataclass
-class OpenReads:
+class TakenReads:
     """Items taken as open reads from one server, and why the fetch ended early (None: it did not)."""
 
     ids: list[int] = field(default_factory=list)
@@ -96,12 +96,12 @@ class OpenReads:
     failure: KestrelClientError | None = None
 
 
-def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> OpenReads:
+def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> TakenReads:
     """Up to `quota` items as open reads, without waiting, each `get` over a new connection, until
     the quota is met or the queue is empty. A server that fails or refuses ends the fetch early
     with what was taken so far; the caller decides what that failure means."""
     server = fresh_connections(address)
-    taken = OpenReads()
+    taken = TakenReads()
     while len(taken.ids) < quota:
         try:
             got = server.get(queue, quota - len(taken.ids), 0, auto_abort_ms)

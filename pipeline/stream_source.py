@@ -44,11 +44,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from client import Cluster, KestrelClientError
-from pipeline import wal
-from pipeline.options import Option, parse_options, text, whole
-from pipeline.rows import queue_rows
-from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
+from kestrel.client import Cluster, KestrelClientError
+from kestrel.pipeline import wal
+from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.rows import queue_rows
+from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 

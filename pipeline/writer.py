@@ -18,9 +18,9 @@ import structlog
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from client import Cluster
-from pipeline.options import Option, choice, parse_options, text, whole
-from pipeline.servers import parse_servers, with_retries
+from kestrel.client import Cluster
+from kestrel.pipeline.options import Option, choice, parse_options, text, whole
+from kestrel.pipeline.servers import parse_servers, with_retries
 
 log = structlog.get_logger("kestrel.pipeline")
 

@@ -7,13 +7,13 @@ from typing import Any
 
 from gevent.pywsgi import WSGIServer
 
-from service import metrics
-from service.listener import Listener
-from service.server import KestrelServer
-from service.stats_render import stats_json, stats_text
+from kestrel.service import metrics
+from kestrel.service.listener import Listener
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.stats_render import stats_json, stats_text
 
 
-def make_admin_server(server: KestrelServer, listener: tuple[str, int]) -> Listener:
+def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:
     """HTTP/1.1 on gevent's WSGI handler, accepted by the shared listener so that it stops with the rest."""
     routes: dict[str, tuple[str, Callable[[], bytes]]] = {
         "/ping": ("text/plain", lambda: b"pong\n"),

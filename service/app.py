@@ -12,23 +12,23 @@ from typing import TYPE_CHECKING
 import gevent
 import structlog
 
-from service import metrics
-from service.config import ServerConfig
-from service.listener import Listener
-from service.server import KestrelServer
-from storage.lock import QueuePathLock
+from kestrel.service import metrics
+from kestrel.service.config import ServerConfig
+from kestrel.service.listener import Listener
+from kestrel.service.session.server_state import ServerState
+from kestrel.storage.lock import QueuePathLock
 
 if TYPE_CHECKING:
-    from service.zookeeper import ServerSetMembership
+    from kestrel.service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.app")
 
 # (config field, module, factory) for each listener; a port of 0 disables it.
 LISTENERS = (
-    ("thrift_port", "service.thrift", "make_thrift_server"),
-    ("memcache_port", "service.memcache", "make_memcache_server"),
-    ("text_port", "service.text", "make_text_server"),
-    ("admin_port", "service.admin", "make_admin_server"),
+    ("thrift_port", "kestrel.service.thrift.handler", "make_thrift_server"),
+    ("memcache_port", "kestrel.service.memcache.handler", "make_memcache_server"),
+    ("text_port", "kestrel.service.text.handler", "make_text_server"),
+    ("admin_port", "kestrel.service.admin", "make_admin_server"),
 )
 
 
@@ -45,14 +45,14 @@ def raise_open_file_limit() -> int:
 
 
 class App:
-    """One running server: its KestrelServer and its listeners."""
+    """One running server: its ServerState and its listeners."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
         self.lock.acquire("kestrel serve")
         try:
-            self.server = KestrelServer(config)
+            self.server = ServerState(config)
         except BaseException:
             self.lock.release()
             raise
@@ -76,7 +76,7 @@ class App:
             self.listeners.append(listener)
             ports[field] = listener.address[1]
         if cfg.zookeeper is not None:
-            from service.zookeeper import ServerSetMembership
+            from kestrel.service.zookeeper import ServerSetMembership
 
             endpoints = {field.removesuffix("_port"): port for field, port in ports.items()}
             self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,

@@ -26,18 +26,18 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from service import __version__  # noqa: E402
-from service.config import load, with_overrides  # noqa: E402
-from service.logs import configure_logging  # noqa: E402
-from storage import convert as journal_convert  # noqa: E402
-from storage import dump as journal_dump  # noqa: E402
-from storage.errors import (  # noqa: E402
+from kestrel import __version__  # noqa: E402
+from kestrel.service.config import load, with_overrides  # noqa: E402
+from kestrel.service.logs import configure_logging  # noqa: E402
+from kestrel.storage.errors import (  # noqa: E402
     ConfigError,
     CorruptJournalError,
     JournalWriteError,
     QueuePathInUse,
     TooManyQueues,
 )
+from kestrel.storage.tools import convert as journal_convert  # noqa: E402
+from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
     configure_logging(args.log_level)
-    from service.app import App
+    from kestrel.service.app import App
 
     try:
         config = with_overrides(load(args.config), queue_path=args.queue_path,

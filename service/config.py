@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from service.status import Status, UnknownStatus
-from storage.config import (
+from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage.config import (
     QueueConfigs,
     parse_bool,
     parse_count,
@@ -19,7 +19,7 @@ from storage.config import (
     parse_optional_duration_ms,
     parse_size,
 )
-from storage.errors import ConfigError
+from kestrel.storage.errors import ConfigError
 
 
 def _port(key: str, value: Any) -> int:

@@ -23,8 +23,8 @@ import structlog
 from gevent.pool import Pool
 from gevent.socket import socket as gsocket
 
-from service import LISTEN_BACKLOG
-from service.socket_io import accepted
+from kestrel.service import LISTEN_BACKLOG
+from kestrel.service.socket_io import accepted
 
 log = structlog.get_logger("kestrel.listener")
 

@@ -24,8 +24,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from service.server import KestrelServer
-from storage import journal
+from kestrel.service.session.server_state import ServerState
+from kestrel.storage import files as journal
 
 __all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "request_latency", "timed"]
 
@@ -200,7 +200,7 @@ def _family(name: str, key: str, labels: list[str]) -> GaugeMetricFamily | Count
 class KestrelCollector(Collector):
     """The server's figures as `kestrel_<stat>`, each queue's as `kestrel_queue_<stat>{queue=...}`."""
 
-    def __init__(self, server: KestrelServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -221,7 +221,7 @@ class KestrelCollector(Collector):
         yield from per_queue.values()
 
 
-def render(server: KestrelServer) -> bytes:
+def render(server: ServerState) -> bytes:
     """The text exposition of every metric, for `/metrics`."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KestrelCollector(server))

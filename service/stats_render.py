@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.server import KestrelServer
+from kestrel.service.session.server_state import ServerState
 
 
-def flat_stats(server: KestrelServer) -> list[tuple[str, Any]]:
+def flat_stats(server: ServerState) -> list[tuple[str, Any]]:
     """Global figures, then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
     out = list(server.global_stats().items())
     for name, stats in server.queue_stats().items():
@@ -16,7 +16,7 @@ def flat_stats(server: KestrelServer) -> list[tuple[str, Any]]:
     return out
 
 
-def memcache_stats(server: KestrelServer) -> bytes:
+def memcache_stats(server: ServerState) -> bytes:
     lines = [f"STAT {key} {value}\r\n" for key, value in flat_stats(server)]
     return ("".join(lines) + "END\r\n").encode()
 
@@ -30,14 +30,14 @@ def queue_blocks(per_queue: dict[str, dict[str, Any]]) -> bytes:
     return ("".join(parts) + "END\r\n").encode()
 
 
-def dump_stats(server: KestrelServer) -> bytes:
+def dump_stats(server: ServerState) -> bytes:
     return queue_blocks(server.queue_stats())
 
 
-def stats_json(server: KestrelServer) -> bytes:
+def stats_json(server: ServerState) -> bytes:
     return json.dumps({"server": server.global_stats(), "queues": server.queue_stats()},
                       sort_keys=True).encode()
 
 
-def stats_text(server: KestrelServer) -> bytes:
+def stats_text(server: ServerState) -> bytes:
     return "".join(f"{key}: {value}\n" for key, value in flat_stats(server)).encode()

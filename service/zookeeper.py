@@ -24,8 +24,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.gevent import SequentialGeventHandler
 
-from service.config import ZooKeeperConfig
-from service.status import Status, StatusKeeper
+from kestrel.service.config import ZooKeeperConfig
+from kestrel.service.session.status import Status, StatusKeeper
 
 log = structlog.get_logger("kestrel.zookeeper")
 

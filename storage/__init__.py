@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from storage.collection import QueueCollection
-    from storage.config import QueueConfig, QueueConfigs
-    from storage.errors import (
+    from kestrel.storage.collection import QueueCollection
+    from kestrel.storage.config import QueueConfig, QueueConfigs
+    from kestrel.storage.errors import (
         ConfigError,
         CorruptJournalError,
         InvalidQueueName,
@@ -22,16 +22,16 @@ if TYPE_CHECKING:
         QueueClosed,
         TooManyQueues,
     )
-    from storage.item import QItem
-    from storage.queue import PersistentQueue
+    from kestrel.storage.item import QItem
+    from kestrel.storage.kestrel2.queue import PersistentQueue
 
 _MODULES = {  # where each name lives
-    "storage.collection": ("QueueCollection",),
-    "storage.config": ("QueueConfig", "QueueConfigs"),
-    "storage.errors": ("ConfigError", "CorruptJournalError", "InvalidQueueName", "ItemTooLarge",
+    "kestrel.storage.collection": ("QueueCollection",),
+    "kestrel.storage.config": ("QueueConfig", "QueueConfigs"),
+    "kestrel.storage.errors": ("ConfigError", "CorruptJournalError", "InvalidQueueName", "ItemTooLarge",
                        "JournalWriteError", "KestrelError", "QueueClosed", "TooManyQueues"),
-    "storage.item": ("QItem",),
-    "storage.queue": ("PersistentQueue",),
+    "kestrel.storage.item": ("QItem",),
+    "kestrel.storage.kestrel2.queue": ("PersistentQueue",),
 }
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 

@@ -127,7 +127,7 @@ static PyMemberDef members[] = {
 
 static PyTypeObject QItemType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "storage._item.QItem",
+    .tp_name = "kestrel.storage._item.QItem",
     .tp_basicsize = sizeof(QItem),
     .tp_dealloc = (destructor)qitem_dealloc,
     .tp_repr = (reprfunc)qitem_repr,
@@ -275,7 +275,7 @@ static PyMethodDef functions[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "storage._item", "The queue item, compiled (see storage/item.py).", -1, functions,
+    PyModuleDef_HEAD_INIT, "kestrel.storage._item", "The queue item, compiled (see storage/item.py).", -1, functions,
 };
 
 PyMODINIT_FUNC PyInit__item(void) {

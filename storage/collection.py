@@ -10,16 +10,22 @@ from functools import partial
 
 import structlog
 
-from storage import convert
-from storage.clock import Clock
-from storage.config import QueueConfig, QueueConfigs
-from storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, JournalWriteError, TooManyQueues
-from storage.filenames import check_queue_name
-from storage.item import QItem, data_sizes
-from storage.journal import JournalFiles, delete_temporaries, scan_queue_dir
-from storage.kestrel3_queue import Kestrel3Journals, Kestrel3Queue
-from storage.queue import PersistentQueue
-from storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
+from kestrel.storage import formats
+from kestrel.storage.clock import Clock
+from kestrel.storage.config import QueueConfig, QueueConfigs
+from kestrel.storage.errors import (
+    ConfigError,
+    ErrorQueueRefused,
+    InvalidQueueName,
+    JournalWriteError,
+    TooManyQueues,
+)
+from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
+from kestrel.storage.item import QItem, data_sizes
+from kestrel.storage.kestrel2.queue import PersistentQueue
+from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 Queue = PersistentQueue | Kestrel3Queue
 
@@ -109,7 +115,7 @@ class QueueCollection:
         interrupted after its switch is finished first. Raises TooManyQueues when the process runs
         out of file descriptors, ConfigError for files in the other format than `journal_format`.
         """
-        if (converted := convert.finish_interrupted(self.path)) is not None:
+        if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
@@ -119,7 +125,7 @@ class QueueCollection:
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
-            convert.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
+            formats.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
             self._create(name, found.queues)
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from storage.errors import ConfigError
+from kestrel.storage.errors import ConfigError
 
 KB = 1024
 MB = 1024 * KB

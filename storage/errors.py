@@ -67,7 +67,7 @@ class TooManyQueues(KestrelError):
     """Raised when a new queue is refused: the server holds `max_queues`, or no file descriptor is left."""
 
 
-class Refused(KestrelError):
+class RefusedByStatus(KestrelError):
     """Raised when the server's status (read-only, quiescent) forbids an operation."""
 
 

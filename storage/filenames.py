@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from storage.errors import InvalidQueueName
+from kestrel.storage.errors import InvalidQueueName
 
 TEMPORARY_MARK = "~~"
 READER_INFIX = ".read."

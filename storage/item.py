@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     data_with_ids = data_with_ids_python
 else:
     try:
-        from storage._item import QItem, data_sizes, data_with_ids, plain_size
+        from kestrel.storage._item import QItem, data_sizes, data_with_ids, plain_size
     except ImportError:  # built without a C compiler: the Python class and functions
         QItem, data_sizes, plain_size, data_with_ids = (QItemPython, data_sizes_python, plain_size_python,
                                                         data_with_ids_python)

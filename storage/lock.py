@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import os
 
-from storage.errors import QueuePathInUse
+from kestrel.storage.errors import QueuePathInUse
 
 LOCK_NAME = ".lock"
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol, TypeVar
 import gevent
 import gevent.event
 
-from storage.clock import SYSTEM_CLOCK, Clock, FakeClock
-from storage.group_commit import GROUP_COMMIT, GroupCommit
+from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
+from kestrel.storage.fsync.group_commit import GROUP_COMMIT, GroupCommit
 
 T = TypeVar("T")
 

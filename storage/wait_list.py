@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-from storage.runtime import Event, Runtime
+from kestrel.storage.runtime import Event, Runtime
 
 T = TypeVar("T")
 

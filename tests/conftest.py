@@ -37,8 +37,7 @@ def compile_project() -> None:
     """Every server and command a test starts imports the project anew, and under
     PYTHONDONTWRITEBYTECODE nothing keeps their compiled code: compiling it took a third of a
     server's start. Compiled once here (a no-op while up to date; a changed source is compiled again)."""
-    for package in ("service", "storage", "contract", "client"):
-        compileall.compile_dir(ROOT / package, quiet=1)
+    compileall.compile_dir(ROOT / "kestrel", quiet=1)
 
 
 def free_port() -> int:
@@ -83,7 +82,7 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.
 
 
 class ServerProcess:
-    """`python -m service serve` with its own queue path, config file and free ports."""
+    """`python -m kestrel serve` with its own queue path, config file and free ports."""
 
     def __init__(self, workdir: Path, config: dict[str, Any] | None = None) -> None:
         self.workdir = workdir
@@ -107,7 +106,7 @@ class ServerProcess:
     @staticmethod
     def _module_exists(key: str) -> bool:
         name = key.removesuffix("_port")
-        return (ROOT / "service" / f"{name}.py").exists()
+        return (ROOT / "service" / name).is_dir() or (ROOT / "service" / f"{name}.py").exists()
 
     def start(self) -> ServerProcess:
         """Start the server and wait until it is serving. On a first start, a port picked as free that
@@ -137,7 +136,7 @@ class ServerProcess:
                 self.config[key] = 0
         self.config_path.write_text(yaml.safe_dump(self.config))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT)]))
-        command = [sys.executable, "-m", "service", "serve", "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "kestrel", "serve", "--config", str(self.config_path)]
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,

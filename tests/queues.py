@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage import QueueCollection
+from kestrel.storage import QueueCollection
 
 
 def drain(coll: QueueCollection, name: str) -> list[bytes]:

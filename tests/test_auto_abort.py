@@ -3,8 +3,8 @@ Time is a manual runtime's: the tests move its clock instead of sleeping."""
 
 from __future__ import annotations
 
-from service.auto_abort import SLACK, AutoAborts
-from storage.runtime import ManualRuntime
+from kestrel.service.session.auto_abort import SLACK, AutoAborts
+from kestrel.storage.runtime import ManualRuntime
 
 
 def _list(open_ids: dict[int, object]) -> tuple[AutoAborts, list[list[int]], ManualRuntime]:

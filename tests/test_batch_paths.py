@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import QueueCollection, codec
-from storage.clock import FakeClock
+from kestrel.storage import QueueCollection
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.kestrel2 import codec
 from tests.queues import drain
 
 

@@ -12,8 +12,16 @@ from typing import Any
 
 import pytest
 
-from client import Cluster, NoServers, Refused, Server, ServerUnavailable, StaticServers, parse_address
-from contract import kestrel_thrift as kestrel
+from kestrel.client import (
+    Cluster,
+    NoServers,
+    Refused,
+    Server,
+    ServerUnavailable,
+    StaticServers,
+    parse_address,
+)
+from kestrel.contract import kestrel_thrift as kestrel
 from tests.cluster import run_gevent_script, running_servers
 from tests.conftest import ROOT, ServerProcess, free_port
 

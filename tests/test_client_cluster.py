@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from client import Cluster, Refused, Server, ServerSetsUnavailable, ZooKeeperServerSets, member_address
-from contract import kestrel_thrift as kestrel
+from kestrel.client import (
+    Cluster,
+    Refused,
+    Server,
+    ServerSetsUnavailable,
+    ZooKeeperServerSets,
+    member_address,
+)
+from kestrel.contract import kestrel_thrift as kestrel
 from tests.cluster import run_gevent_script, running_servers, wait_until
 from tests.conftest import ServerProcess, free_port
 

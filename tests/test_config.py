@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.config import ServerConfig, from_mapping, load, with_overrides
-from storage.errors import ConfigError
+from kestrel.service.config import ServerConfig, from_mapping, load, with_overrides
+from kestrel.storage.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_documented_example_loads_with_every_default() -> None:
         assert getattr(config, key) == getattr(defaults, key), key
     queue = config.queues.for_queue("anything")
     assert queue == config.queues.default
-    from storage.config import QueueConfig
+    from kestrel.storage.config import QueueConfig
     assert queue == QueueConfig()
 
 
@@ -31,7 +31,7 @@ def test_example_documents_every_key() -> None:
     text = (ROOT / "deploy" / "kestrel.yaml").read_text()
     from dataclasses import fields
 
-    from storage.config import QueueConfig
+    from kestrel.storage.config import QueueConfig
     for f in fields(ServerConfig):
         if f.name != "source":
             assert f"\n{f.name}:" in text, f.name
@@ -64,20 +64,20 @@ def test_command_line_overrides() -> None:
 def test_bad_file_stops_the_server_with_the_key_path(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("queues:\n  jobs:\n    max_size: lots\n")
-    proc = subprocess.run([sys.executable, "-m", "service", "serve", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--config", str(path)],
                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert proc.returncode == 2
     assert "queues.jobs.max_size" in proc.stderr and "lots" in proc.stderr
 
 
 def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path: Path) -> None:
-    from service.server import KestrelServer
+    from kestrel.service.session.server_state import ServerState
 
     path = tmp_path / "kestrel.yaml"
     path.write_text(f"queue_path: {tmp_path / 'q'}\ndefault_queue:\n  max_items: 10\nqueues:\n  jobs:\n    max_items: 5\n")
     config = load(str(path))
     assert config.queues.for_queue("jobs").max_items == 5 and config.queues.for_queue("x").max_items == 10
-    server = KestrelServer(config)
+    server = ServerState(config)
     assert server.collection.configs is config.queues  # start uses what load parsed
     path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: 7\n")
     server.reload()

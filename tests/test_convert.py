@@ -10,13 +10,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import QueueCollection, QueueConfigs, convert
-from storage.clock import FakeClock
-from storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
-from storage.journal import delete_temporaries, scan_queue_dir
-from storage.kestrel3_files import Checkpoint, WriterJournal, list_queue_files, replay, write_checkpoint
-from storage.lock import QueuePathLock
-from storage.replay import replay_queue
+from kestrel.storage import QueueCollection, QueueConfigs, formats
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
+from kestrel.storage.files import delete_temporaries, scan_queue_dir
+from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.kestrel3.files import (
+    ReaderCheckpoint,
+    WriterJournal,
+    list_queue_files,
+    replay,
+    write_checkpoint,
+)
+from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.tools import convert
 from tests.queues import drain
 
 T0 = 1_700_000_000_000
@@ -66,7 +73,7 @@ def make_k3(path: Path) -> list[Item]:
     for n, data in enumerate([b"a", b"b", b"c", b"d", b"e"]):
         writer.put(data, T0 + n, T0 + 100_000 if n % 2 else None, error_count=n % 3)
     writer.close()
-    write_checkpoint(str(path), "jobs", "", Checkpoint(1, frozenset({3})))
+    write_checkpoint(str(path), "jobs", "", ReaderCheckpoint(1, frozenset({3})))
     return [(b"b", T0 + 1, T0 + 100_000), (b"d", T0 + 3, T0 + 100_000), (b"e", T0 + 4, 0)]
 
 
@@ -153,12 +160,12 @@ def test_a_crash_at_any_step_leaves_one_complete_format(tmp_path: Path, to: str,
         if name == step:
             raise Crash(name)
 
-    convert.failpoint = crash
+    formats.failpoint = crash
     try:
         with pytest.raises(Crash):
             run(tmp_path, to)
     finally:
-        convert.failpoint = None
+        formats.failpoint = None
     switched = (tmp_path / convert.INTENT_NAME).exists()
     assert switched == (step != "written")
     if not switched:  # the old format is whole, and only temporaries were added
@@ -184,12 +191,12 @@ def test_server_start_up_finishes_an_interrupted_conversion(tmp_path: Path) -> N
         if name == "renamed":
             raise Crash(name)
 
-    convert.failpoint = crash
+    formats.failpoint = crash
     try:
         with pytest.raises(Crash):
             run(tmp_path, "kestrel2")
     finally:
-        convert.failpoint = None
+        formats.failpoint = None
     coll = k2_collection(tmp_path)
     assert [(i.data, i.add_time, i.expiry) for i in coll.queue("jobs").open_reads()] == []
     assert drain(coll, "jobs") == [d for d, _, _ in expected]

@@ -14,7 +14,7 @@ from tests.test_shutdown import _thrift_client
 
 
 def convert(srv: ServerProcess, to: str, *queues: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "service", "journal", "convert", "--to", to, str(srv.queue_path), *queues]
+    command = [sys.executable, "-m", "kestrel", "journal", "convert", "--to", to, str(srv.queue_path), *queues]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=str(ROOT))
 
 

@@ -14,10 +14,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import QueueCollection, QueueConfigs, packer
-from storage.codec import REMOVE_BYTES, AddX, ConfirmRemove, RemoveTentativeXid, Unremove, encode
-from storage.errors import CorruptJournalError
-from storage.item import QItem
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2.codec import (
+    REMOVE_BYTES,
+    AddX,
+    ConfirmRemove,
+    RemoveTentativeXid,
+    Unremove,
+    encode,
+)
 from tests.queues import drain
 
 T0 = 1_700_000_000_000

@@ -1,4 +1,4 @@
-"""The compiled run decoder (storage/_codec.c) against the Python loop it stands in for.
+"""The compiled run decoder (storage/kestrel2/_codec.c) against the Python loop it stands in for.
 
 Both read journals of every record kind, with item data full of bytes that read as opcodes (so the
 flipped-bit size check calls `misplaced_end`), from every starting position, under budgets that cut
@@ -13,11 +13,11 @@ import shutil
 
 import pytest
 
-from storage import codec
+from kestrel.storage.kestrel2 import codec
 from tests.test_replay_fast_path import random_journal
 
 try:
-    from storage import _codec as compiled
+    from kestrel.storage.kestrel2 import _codec as compiled
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise

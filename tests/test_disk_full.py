@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from storage import JournalWriteError, QueueCollection, QueueConfigs, journal
-from storage.clock import FakeClock
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
+from kestrel.storage import files as journal
+from kestrel.storage.clock import FakeClock
 from tests import kestrel24
 from tests.queues import drain
 
@@ -224,7 +225,7 @@ def test_server_on_a_full_disk_refuses_clearly_and_loses_nothing(small_disk: Pat
     from thriftpy2.thrift import TApplicationException
     from thriftpy2.transport import TFramedTransportFactory
 
-    from contract import kestrel_thrift as kestrel
+    from kestrel.contract import kestrel_thrift as kestrel
 
     queues = small_disk / "queues"
     srv = server_factory({"queue_path": str(queues)})
@@ -274,7 +275,7 @@ def test_server_on_a_full_disk_refuses_clearly_and_loses_nothing(small_disk: Pat
 def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, server_factory: Any) -> None:
     from pymemcache.client.base import Client
 
-    from storage import codec
+    from kestrel.storage.kestrel2 import codec
 
     queues = small_disk / "queues"
     queues.mkdir()
@@ -285,7 +286,7 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     (queues / "q").write_bytes(damaged)
     filler = fill(small_disk, 0)
     ports = [f"--{name}-port=0" for name in ("thrift", "memcache", "text", "admin")]
-    done = subprocess.run([sys.executable, "-m", "service", "serve", "--queue-path", str(queues),
+    done = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--queue-path", str(queues),
                            "--salvage", *ports], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert done.returncode == 4, done.stderr
@@ -300,7 +301,7 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
 
 
 def test_a_torn_tail_on_a_full_disk_is_left_alone_with_a_clear_error(small_disk: Path) -> None:
-    from storage import codec
+    from kestrel.storage.kestrel2 import codec
 
     queues = small_disk / "queues"
     queues.mkdir()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import codec
-from storage.dump import dump
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.tools.dump import dump
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "kestrel-journal-format.md"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.memcache_protocol import Command, ProtocolError, parse_get_key, parse_line
+from kestrel.service.memcache.commands import Command, ProtocolError, parse_get_key, parse_line
 from tests.conftest import ServerProcess
 
 WORDS = st.sampled_from([b"get", b"gets", b"set", b"delete", b"flush", b"flush_all", b"monitor", b"confirm",

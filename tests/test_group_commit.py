@@ -12,10 +12,11 @@ import gevent
 import gevent.event
 import pytest
 
-from storage import aio_fsync
-from storage.aio_fsync import AioFsync
-from storage.eventfd import read_when_ready
-from storage.group_commit import (
+from kestrel.storage.files import JournalWriter
+from kestrel.storage.fsync import aio_fsync
+from kestrel.storage.fsync.aio_fsync import AioFsync
+from kestrel.storage.fsync.eventfd import read_when_ready
+from kestrel.storage.fsync.group_commit import (
     FsyncMany,
     GroupCommit,
     NativeThreadFsync,
@@ -23,9 +24,8 @@ from storage.group_commit import (
     filesystem_sync,
     native_threads,
 )
-from storage.journal import JournalWriter
-from storage.runtime import ThreadsRuntime
-from storage.syncfs import FilesystemSync, libc_syncfs, reports_errors
+from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs, reports_errors
+from kestrel.storage.runtime import ThreadsRuntime
 
 
 class Journal:
@@ -212,8 +212,8 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
 def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's path: puts to eight queues in one turn are acknowledged after one round."""
-    from storage import QueueCollection, QueueConfigs
-    from storage.group_commit import GROUP_COMMIT
+    from kestrel.storage import QueueCollection, QueueConfigs
+    from kestrel.storage.fsync.group_commit import GROUP_COMMIT
 
     counting = Counting(ThreadFsync())
     monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
@@ -251,7 +251,7 @@ def test_a_journal_syncs_through_the_group_commit_its_runtime_names(tmp_path: Pa
 
 def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from storage.group_commit import GROUP_COMMIT
+    from kestrel.storage.fsync.group_commit import GROUP_COMMIT
 
     counting = Counting(ThreadFsync())
     monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
@@ -263,7 +263,7 @@ def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Pat
 
 
 # ---------------------------------------------------------------------------------------------
-# Rounds as one syncfs of the file system (storage/syncfs.py)
+# Rounds as one syncfs of the file system (storage/fsync/syncfs.py)
 
 
 class SyncfsCalls:

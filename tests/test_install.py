@@ -11,12 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from contract import kestrel_thrift
+from kestrel.contract import kestrel_thrift
 from tests.conftest import ROOT, free_ports, wait_for_port
 
 
@@ -36,6 +37,11 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
     _run(sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--quiet", "-w", tmp_path / "dist",
          cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("kestrel_py-*.whl")
+    # One namespace: nothing generic at the top of site-packages (a user's own `storage.py` or
+    # `client.py` must not shadow ours, nor ours theirs); Spark finds its sources as top-level modules.
+    with zipfile.ZipFile(wheel) as archive:
+        top = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
+    assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     # The project's pip installs into the new environment (pip --python), from the same caches; the
@@ -44,7 +50,7 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
          wheel, cwd=tmp_path)
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = _run(venv / "bin" / "python", "-c", "import contract; print(contract.IDL_PATH)", cwd=tmp_path,
+    where = _run(venv / "bin" / "python", "-c", "import kestrel.contract; print(kestrel.contract.IDL_PATH)", cwd=tmp_path,
                  env=env)
     assert Path(where.strip()).is_file() and Path(where.strip()).is_relative_to(venv), where
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from storage import item
-from storage.item import QItemPython
+from kestrel.storage import item
+from kestrel.storage.item import QItemPython
 
 try:
-    from storage._item import QItem as QItemCompiled
-    from storage._item import data_sizes, data_with_ids, plain_size
+    from kestrel.storage._item import QItem as QItemCompiled
+    from kestrel.storage._item import data_sizes, data_with_ids, plain_size
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, packer
-from storage.codec import (
+from kestrel.storage import QueueCollection
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2.codec import (
     Add,
     AddX,
     AddXid,
@@ -22,8 +24,7 @@ from storage.codec import (
     describe,
     encode,
 )
-from storage.item import QItem
-from storage.journal import read_records
+from kestrel.storage.kestrel2.reader import read_journal
 from tests import kestrel24
 from tests.queues import drain
 
@@ -169,7 +170,7 @@ def test_continue_told_from_state_dump_at_end_of_file(tmp_path: Path) -> None:
 def test_mixed_journal_describes_legibly(tmp_path: Path) -> None:
     path = tmp_path / "q"
     path.write_bytes(addx(b"hello") + remove_tentative() + xid_op(6, 1))
-    records = [r for _, r in read_records(str(path))]
+    records = [r for _, r in read_journal(str(path))]
     assert describe(records) == "addx(5:0:hello), remove-tentative, confirm(1)"
 
 
@@ -202,7 +203,7 @@ def independent_reader(data: bytes) -> list[tuple]:
 
 
 def test_files_we_write_read_back_with_an_independent_reader(tmp_path: Path) -> None:
-    from storage.clock import FakeClock
+    from kestrel.storage.clock import FakeClock
 
     clock = FakeClock(T0)
     coll = QueueCollection(str(tmp_path), clock=clock)
@@ -270,7 +271,7 @@ def test_a_pack_loads_the_same_in_kestrel_24(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("opcode", [10, 0x7F, 0xFF])
 def test_unknown_opcode_is_named_in_the_error(tmp_path: Path, opcode: int) -> None:
-    from storage.errors import CorruptJournalError
+    from kestrel.storage.errors import CorruptJournalError
 
     (tmp_path / "q").write_bytes(addx(b"a") + bytes([opcode]) + addx(b"b"))
     coll = QueueCollection(str(tmp_path))

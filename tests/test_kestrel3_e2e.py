@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pymemcache.client.base import Client
 
-from storage import QueueCollection, QueueConfigs, kestrel3_files
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.kestrel3 import files as kestrel3_files
 from tests.conftest import ServerProcess
 from tests.queues import drain
 from tests.test_thrift_e2e import client

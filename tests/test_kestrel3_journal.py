@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import filenames
-from storage import kestrel3_codec as k3
-from storage import kestrel3_files as files
-from storage.clock import FakeClock
-from storage.codec import encode_addx
-from storage.dump import dump_files
-from storage.errors import CorruptJournalError, InvalidQueueName
-from storage.journal import remove_temporaries
+from kestrel.storage import filenames
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
+from kestrel.storage.files import remove_temporaries
+from kestrel.storage.kestrel2.codec import encode_addx
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3 import files
+from kestrel.storage.tools.dump import dump_files
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "kestrel3-journal-format.md"
 T0 = 1_700_000_000_000
@@ -107,11 +107,11 @@ def test_a_queue_directory_built_by_hand_replays(tmp_path: Path) -> None:
 def test_checkpoint_built_by_hand(tmp_path: Path) -> None:
     path = tmp_path / "jobs.read.x"
     path.write_bytes(READER + read_head(10) + read_done(14, 12) + read_done(20))
-    assert files.read_checkpoint(str(path)) == files.Checkpoint(10, frozenset({12, 14, 20}))
+    assert files.read_checkpoint(str(path)) == files.ReaderCheckpoint(10, frozenset({12, 14, 20}))
     # The last head wins; done ids it passes are folded into it.
     path.write_bytes(READER + read_head(3) + read_done(5, 9) + read_head(4))
-    assert files.read_checkpoint(str(path)) == files.Checkpoint(5, frozenset({9}))
-    assert files.read_checkpoint(str(tmp_path / "jobs.read.missing")) == files.Checkpoint(0, frozenset())
+    assert files.read_checkpoint(str(path)) == files.ReaderCheckpoint(5, frozenset({9}))
+    assert files.read_checkpoint(str(tmp_path / "jobs.read.missing")) == files.ReaderCheckpoint(0, frozenset())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,8 +143,8 @@ def test_writer_journal_and_checkpoints_read_back_independently(tmp_path: Path) 
     clock.advance(10)
     journal.put(b"third", T0 + 2)
     journal.close()
-    files.write_checkpoint(str(tmp_path), "jobs", "", files.Checkpoint(1, frozenset({3})))
-    files.write_checkpoint(str(tmp_path), "jobs", "indexer", files.Checkpoint(0, frozenset()))
+    files.write_checkpoint(str(tmp_path), "jobs", "", files.ReaderCheckpoint(1, frozenset({3})))
+    files.write_checkpoint(str(tmp_path), "jobs", "indexer", files.ReaderCheckpoint(0, frozenset()))
 
     names = sorted(os.listdir(tmp_path))
     assert names == [f"jobs.{T0}", f"jobs.{T0 + 1}", f"jobs.{T0 + 10}", "jobs.read.", "jobs.read.indexer"]
@@ -389,15 +389,15 @@ def test_checkpoint_round_trip_and_replay_after_it(tmp_path: Path) -> None:
     for i in range(1, 8):
         journal.put(str(i).encode(), T0)
     journal.close()
-    files.write_checkpoint(str(tmp_path), "jobs", "a", files.Checkpoint(2, frozenset({3, 4, 6, 1})))
+    files.write_checkpoint(str(tmp_path), "jobs", "a", files.ReaderCheckpoint(2, frozenset({3, 4, 6, 1})))
     back = files.read_checkpoint(str(tmp_path / "jobs.read.a"))
-    assert back == files.Checkpoint(4, frozenset({6}))
+    assert back == files.ReaderCheckpoint(4, frozenset({6}))
     assert [p.data for p in files.replay(str(tmp_path), "jobs", "a")] == [b"5", b"7"]
     assert [p.data for p in files.replay(str(tmp_path), "jobs", "b")] == [str(i).encode() for i in range(1, 8)]
 
 
 def test_checkpoint_is_replaced_in_one_step_and_its_temporary_is_cleaned_up(tmp_path: Path) -> None:
-    files.write_checkpoint(str(tmp_path), "jobs", "", files.Checkpoint(5))
+    files.write_checkpoint(str(tmp_path), "jobs", "", files.ReaderCheckpoint(5))
     # A crash while writing the next one leaves a temporary beside the old, intact checkpoint.
     (tmp_path / filenames.checkpoint_temporary_name("jobs", "")).write_bytes(READER + b"\x02\x01")
     assert filenames.checkpoint_temporary_name("jobs", "") == "jobs~~read."
@@ -420,7 +420,7 @@ def test_journal_dump_prints_both_formats(tmp_path: Path) -> None:
     old.write_bytes(encode_addx(T0, 0, b"k2"))
     torn = tmp_path / "jobs.2"
     torn.write_bytes(WRITER + put6(3, b"abc")[:-1])
-    run = subprocess.run([sys.executable, "-m", "service", "journal", "dump", str(writer), str(reader), str(old)],
+    run = subprocess.run([sys.executable, "-m", "kestrel", "journal", "dump", str(writer), str(reader), str(old)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = [line.split(None, 1) for line in run.stdout.splitlines()]
@@ -439,7 +439,7 @@ def test_journal_dump_prints_both_formats(tmp_path: Path) -> None:
     assert lines[8:] == [["0", "addx(2:0:k2)"], [f"{old}:", "1 records, 23 bytes"]]
 
     # The older entry point prints the same, and says where a file is torn.
-    run = subprocess.run([sys.executable, "-m", "storage.dump", str(torn)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "kestrel.storage.tools.dump", str(torn)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert run.stdout.splitlines()[1:] == [
         "           4  torn: record of 28 bytes runs past the end of the file (27 bytes left)",

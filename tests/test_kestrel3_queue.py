@@ -11,11 +11,12 @@ from typing import Any
 import gevent
 import pytest
 
-from storage import JournalWriteError, QueueCollection, QueueConfigs, convert
-from storage.clock import FakeClock
-from storage.errors import ConfigError
-from storage.item import QItem
-from storage.kestrel3_queue import Kestrel3Queue
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import ConfigError
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel3.queue import Kestrel3Queue
+from kestrel.storage.tools import convert
 from tests.queues import drain, reopen
 from tests.test_disk_full import FailingDisk
 from tests.test_disk_full import disk as disk  # the fixture

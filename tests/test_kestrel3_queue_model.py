@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage import QueueCollection, QueueConfigs
-from storage.clock import FakeClock
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
 
 FORMATS = ("kestrel2", "kestrel3")
 QUEUES = ("q", "q+c")

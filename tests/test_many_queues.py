@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from storage import QueueCollection, TooManyQueues, codec, journal
+from kestrel.storage import QueueCollection, TooManyQueues
+from kestrel.storage import files as journal
+from kestrel.storage.kestrel2 import codec
 
 RECORD = codec.encode_addx(1_700_000_000_000, 0, b"item")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.memcache_protocol import ProtocolError, parse_line
+from kestrel.service.memcache.commands import ProtocolError, parse_line
 
 
 @pytest.mark.parametrize("line, skip, close", [

@@ -94,7 +94,7 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
 def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from service.metrics import LoopHistogram
+    from kestrel.service.metrics import LoopHistogram
 
     buckets = (0.001, 0.01, 0.1, 1.0)
     observations = [0.0, 0.0005, 0.001, 0.001, 0.0011, 0.05, 0.1, 0.99, 1.0, 1.5, 300.0]

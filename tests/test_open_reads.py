@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.open_reads import OpenReads
+from kestrel.service.session.open_reads import OpenReads
 
 
 def test_max_open_reads_is_counted_per_queue() -> None:

@@ -19,7 +19,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
-from contract import kestrel_thrift as kestrel  # noqa: E402
+from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ROOT, ServerProcess, free_port  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
 from tests.wire import eventually  # noqa: E402
@@ -113,7 +113,7 @@ def test_formats_are_found_without_register(spark: Any, server: ServerProcess) -
     put(server, "found", [b"x"])
     assert spark.read.format("kestrel").option("servers", address(server)).option("queue", "found") \
         .load().count() == 1
-    from pipeline import register
+    from kestrel.pipeline import register
 
     # Registering by hand as well does no harm; in a session of its own, since a registered source
     # gets Python workers of its own, which every later test of this session would start again.
@@ -150,7 +150,7 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
 
 
 def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: Any, tmp_path: Path) -> None:
-    from pipeline import drain
+    from kestrel.pipeline import drain
 
     a, b = server_factory(name="a"), server_factory(name="b")
     put(a, "jobs", [b"a%d" % i for i in range(600)])
@@ -167,7 +167,7 @@ def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: 
 
 
 def test_failed_multi_server_drain_leaves_every_item(spark: Any, server_factory: Any, tmp_path: Path) -> None:
-    from pipeline import drain
+    from kestrel.pipeline import drain
 
     a, b = server_factory(name="a"), server_factory(name="b")
     put(a, "jobs", [b"%d" % i for i in range(1000)])
@@ -182,7 +182,7 @@ def test_failed_multi_server_drain_leaves_every_item(spark: Any, server_factory:
 
 def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, server: ServerProcess,
                                                                tmp_path: Path) -> None:
-    from pipeline import drain
+    from kestrel.pipeline import drain
 
     put(server, "jobs", [b"%d" % i for i in range(300)])
 
@@ -520,7 +520,7 @@ def test_a_batch_slower_than_auto_abort_delivers_each_item_once(spark: Any, serv
 
 def returned(checkpoint: Path) -> int:
     """The stream source's count of possible duplicates (items whose reads had gone back when confirmed)."""
-    from pipeline import wal
+    from kestrel.pipeline import wal
 
     return sum(wal.returned(str(root)) for root in (checkpoint / "kestrel").iterdir())
 
@@ -622,7 +622,7 @@ def test_queue_filters_are_pushed_down(spark: Any, server: ServerProcess) -> Non
 
 
 def test_damage_is_a_row_or_fails_the_job(spark: Any, tmp_path: Path) -> None:
-    from storage.codec import encode_addx
+    from kestrel.storage.kestrel2.codec import encode_addx
 
     content = encode_addx(1, 0, b"whole") + encode_addx(1, 0, b"torn")[:9]
     (tmp_path / "q").write_bytes(content)

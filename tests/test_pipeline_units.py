@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
 
-from client import Refused, ServerUnavailable  # noqa: E402
-from pipeline.options import Option, parse_options, whole  # noqa: E402
-from pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
+from kestrel.client import Refused, ServerUnavailable  # noqa: E402
+from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
+from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
 from tests.conftest import ServerProcess, free_port  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def test_bad_options_are_refused(given: dict[str, str], message: str) -> None:
 
 
 def test_a_trigger_cap_is_shared_in_proportion_and_never_exceeded() -> None:
-    from pipeline.stream_source import share
+    from kestrel.pipeline.stream_source import share
 
     assert share({"a": 0, "b": 0}, 10) == {}
     assert share({"a": 30, "b": 10}, None) == {"a": 30, "b": 10}
@@ -69,7 +69,7 @@ def test_a_trigger_cap_is_shared_in_proportion_and_never_exceeded() -> None:
 
 
 def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
-    from pipeline import wal
+    from kestrel.pipeline import wal
 
     path = str(tmp_path / "7" / "h_1-0")
     header = wal.WalHeader("h:1", 12.5, 3)
@@ -82,7 +82,7 @@ def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
 
 
 def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
-    from pipeline.wal import SparkCommitLog, checkpoint_dir
+    from kestrel.pipeline.wal import SparkCommitLog, checkpoint_dir
 
     (tmp_path / "offsets").mkdir()
     (tmp_path / "commits").mkdir()
@@ -99,7 +99,7 @@ def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
 
 
 def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: Any) -> None:
-    from client import Server
+    from kestrel.client import Server
 
     srv = server_factory({"max_open_reads": 7})
     address = f"127.0.0.1:{srv.thrift_port}"
@@ -115,7 +115,7 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
 
 
 def test_retries_wait_for_a_server_that_comes_back(server: ServerProcess) -> None:
-    from client import Cluster
+    from kestrel.client import Cluster
 
     cluster = Cluster([f"127.0.0.1:{server.thrift_port}"])
     server.stop()
@@ -136,8 +136,8 @@ def test_retries_wait_for_a_server_that_comes_back(server: ServerProcess) -> Non
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
-    from storage.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
-    from storage.replay import QueueReplay
+    from kestrel.storage.kestrel2.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
+    from kestrel.storage.kestrel2.replay import QueueReplay
 
     replay = QueueReplay()
     records: list[Any] = [AddX(1, 0, b"a"), AddX(1, 0, b"b"), AddX(1, 0, b"c"), RemoveTentative(),
@@ -149,8 +149,8 @@ def test_replay_reopens_open_reads_first_in_order() -> None:
 
 
 def test_large_journal_files_split_at_record_boundaries_into_every_record_once(tmp_path: Path) -> None:
-    from pipeline.journal_source import record_batches, split_points
-    from storage.codec import encode_addx
+    from kestrel.pipeline.journal_source import record_batches, split_points
+    from kestrel.storage.kestrel2.codec import encode_addx
 
     records = [encode_addx(1, 0, b"r%d" % i * (i % 7 + 1)) for i in range(1000)]
     path = tmp_path / "q"
@@ -175,8 +175,8 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     from thriftpy2.thrift import TApplicationException
     from thriftpy2.transport import TFramedTransportFactory
 
-    from client import Cluster, ServerClosing
-    from contract import kestrel_thrift
+    from kestrel.client import Cluster, ServerClosing
+    from kestrel.contract import kestrel_thrift
 
     class Closing:
         """What a Kestrel server answers while it shuts down: its queues are closed."""
@@ -191,7 +191,7 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     closing = make_server(kestrel_thrift.Kestrel, Closing(), "127.0.0.1", port,
                           trans_factory=TFramedTransportFactory())
     threading.Thread(target=closing.serve, daemon=True).start()
-    from client import Server
+    from kestrel.client import Server
 
     lone = Server("127.0.0.1", port)
     deadline = time.monotonic() + 10
@@ -217,9 +217,9 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
 @pytest.mark.parametrize("decoder", ["compiled if built", "python"])
 def test_record_rows_match_the_storage_reader_for_every_kind_of_record(
         tmp_path: Path, decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.journal_source import ROWS_PER_BATCH, record_batches
-    from storage import codec
-    from storage.journal import read_records
+    from kestrel.pipeline.journal_source import ROWS_PER_BATCH, record_batches
+    from kestrel.storage.kestrel2 import codec
+    from kestrel.storage.kestrel2.reader import read_journal
 
     if decoder == "python":
         monkeypatch.setattr(codec, "decode_common_columns", codec.decode_common_columns_python)
@@ -234,7 +234,7 @@ def test_record_rows_match_the_storage_reader_for_every_kind_of_record(
     path = tmp_path / "q"
     path.write_bytes(b"".join(codec.encode(r) for r in records))
     rows = [row for batch in record_batches("q", str(path), False) for row in batch.to_pylist()]
-    expected = list(read_records(str(path)))
+    expected = list(read_journal(str(path)))
     assert len(rows) == len(expected) == len(records)
     for row, (offset, record) in zip(rows, expected, strict=True):
         assert row["offset"] == offset and row["opcode"] == codec.OPCODE_NAMES[type(record)]
@@ -261,9 +261,9 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
     import os
     import signal
 
-    from client import Cluster, Server
-    from pipeline import wal
-    from pipeline.stream_source import KestrelStreamReader
+    from kestrel.client import Cluster, Server
+    from kestrel.pipeline import wal
+    from kestrel.pipeline.stream_source import KestrelStreamReader
 
     address = f"127.0.0.1:{server.thrift_port}"
     direct = Server("127.0.0.1", server.thrift_port)

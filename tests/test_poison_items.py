@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs
-from storage.clock import FakeClock
-from storage.errors import ConfigError
-from storage.replay import replay_queue
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import ConfigError
+from kestrel.storage.kestrel2.replay import replay_queue
 from tests.queues import drain, reopen
 
 T0 = 1_700_000_000_000

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from storage import codec, packer
-from storage.item import QItem
-from storage.journal import JournalFiles, list_journal_files
-from storage.queue_journal import PackState, QueueJournal
-from storage.read_behind import LIVE, ReadBehind
-from storage.replay import QueueReplay
-from storage.runtime import ManualRuntime
+from kestrel.storage.files import JournalFiles, list_journal_files
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import codec, packer
+from kestrel.storage.kestrel2.journal import PackState, QueueJournal
+from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.replay import QueueReplay
+from kestrel.storage.runtime import ManualRuntime
 
 
 def _journal(path: Path, runtime: ManualRuntime) -> QueueJournal:

@@ -9,11 +9,11 @@ from pathlib import Path
 import gevent
 import pytest
 
-from storage import QueueCollection, QueueConfigs
-from storage.clock import FakeClock
-from storage.config import MB, QueueConfig, parse_duration_ms, parse_size
-from storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
-from storage.runtime import ManualRuntime
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.config import MB, QueueConfig, parse_duration_ms, parse_size
+from kestrel.storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
+from kestrel.storage.runtime import ManualRuntime
 from tests.queues import drain, reopen
 
 T0 = 1_700_000_000_000

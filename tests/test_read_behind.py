@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs, codec, packer
-from storage.clock import FakeClock
-from storage.dump import dump_queue
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.kestrel2 import codec, packer
+from kestrel.storage.tools.dump import dump_queue
 from tests.queues import reopen
 
 T0 = 1_700_000_000_000

@@ -12,8 +12,10 @@ import random
 
 import pytest
 
-from storage import QueueCollection, QueueConfigs, codec, journal
-from storage.codec import (
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage import files as journal
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2.codec import (
     Add,
     AddX,
     AddXid,
@@ -25,7 +27,7 @@ from storage.codec import (
     SaveXid,
     Unremove,
 )
-from storage.replay import replay_queue
+from kestrel.storage.kestrel2.replay import replay_queue
 
 
 def random_journal(rng: random.Random, count: int) -> list[Record]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import gevent
 from gevent._hub_local import get_hub_if_exists
 
-from storage import QueueCollection, QueueConfigs
-from storage.runtime import ManualRuntime, ThreadsRuntime
-from storage.wait_list import WaitList
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.runtime import ManualRuntime, ThreadsRuntime
+from kestrel.storage.wait_list import WaitList
 
 # ---------------------------------------------------------------------------------------------
 # Plain threads

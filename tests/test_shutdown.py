@@ -10,7 +10,7 @@ from typing import Any
 
 from pymemcache.client.base import Client as MemcacheClient
 
-from contract import kestrel_thrift
+from kestrel.contract import kestrel_thrift
 from tests.conftest import ServerProcess
 from tests.wire import eventually, memcache_stats
 
@@ -124,7 +124,7 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_f
 def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path: Any) -> None:
     import gevent
 
-    from storage import QueueCollection
+    from kestrel.storage import QueueCollection
 
     coll = QueueCollection(str(tmp_path))
     coll.add("full", b"item")

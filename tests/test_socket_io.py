@@ -12,7 +12,7 @@ import gevent
 import gevent.socket
 import pytest
 
-from service.socket_io import ClientSocket, SendTimeout, accepted
+from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted
 
 
 class CountingSocket:

@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage import JournalWriteError, QueueCollection, QueueConfigs, journal
-from storage.clock import FakeClock
-from storage.journal import list_journal_files
-from storage.replay import replay_queue
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
+from kestrel.storage import files as journal
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.files import list_journal_files
+from kestrel.storage.kestrel2.replay import replay_queue
 from tests import kestrel24
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from service.status import Status, StatusChangePending, StatusKeeper, UnknownStatus
-from storage.errors import Refused
-from storage.runtime import ManualRuntime
+from kestrel.service.session.status import Status, StatusChangePending, StatusKeeper, UnknownStatus
+from kestrel.storage.errors import RefusedByStatus
+from kestrel.storage.runtime import ManualRuntime
 
 
 def test_status_persists_and_defaults(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_grace_period_delays_a_stricter_status(tmp_path: Path) -> None:
     with pytest.raises(StatusChangePending, match=r"\(1 ms left\)"):
         keeper.set(Status.QUIESCENT)
     runtime.advance(1)
-    with pytest.raises(Refused, match="ReadOnly"):
+    with pytest.raises(RefusedByStatus, match="ReadOnly"):
         keeper.check_write("put")
     keeper.set(Status.UP)  # a looser status applies at once
     keeper.check_write("put")
@@ -67,7 +67,7 @@ def test_not_configured_refuses_changes() -> None:
     keeper = StatusKeeper(None, Status.UP, 0)
     assert keeper.current == Status.NOT_CONFIGURED
     keeper.check_write("put")
-    with pytest.raises(Refused, match="not configured"):
+    with pytest.raises(RefusedByStatus, match="not configured"):
         keeper.set(Status.UP)
 
 
@@ -80,7 +80,7 @@ def test_unreadable_status_file_falls_back_to_the_default(tmp_path: Path) -> Non
 def test_a_pending_change_is_refused_over_thrift_and_memcache(server_factory: Any) -> None:
     from thriftpy2.thrift import TApplicationException
 
-    from contract import kestrel_thrift
+    from kestrel.contract import kestrel_thrift
     from tests.test_shutdown import _thrift_client
 
     srv = server_factory({"status_change_grace_period": "1min"})

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.text_protocol import TextCommand, TextError, parse_line
+from kestrel.service.text.commands import TextCommand, TextError, parse_line
 
 
 @pytest.mark.parametrize("line, command", [

@@ -1,4 +1,4 @@
-"""The compiled binary protocol paths (service/_thrift_binary.c) against the Python they stand in for.
+"""The compiled binary protocol paths (service/thrift/_binary.c) against the Python they stand in for.
 
 A whole call frame, intact or damaged, is read by both: where the compiled reader answers, it must
 give the Python readers' name, sequence id, arguments and position, and it must answer exactly where
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import thrift_protocol
-from service.thrift_messages import (
+from kestrel.service.thrift import protocol as thrift_protocol
+from kestrel.service.thrift.messages import (
     _PLAIN_CALLS,
     METHODS,
     ValueType,
@@ -30,12 +30,12 @@ from service.thrift_messages import (
     read_plain_frame,
     write_reply,
 )
-from service.thrift_protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
+from kestrel.service.thrift.protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
 from tests.test_thrift_codec import CALLS
 from tests.thrift_wire import encode_call
 
 try:
-    from service import _thrift_binary as compiled
+    from kestrel.service.thrift import _binary as compiled
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise

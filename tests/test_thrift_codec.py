@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import kestrel_thrift
-from service.thrift_messages import METHODS, encode_reply, read_args
-from service.thrift_protocol import PROTOCOLS, ThriftProtocolError
+from kestrel.contract import kestrel_thrift
+from kestrel.service.thrift.messages import METHODS, encode_reply, read_args
+from kestrel.service.thrift.protocol import PROTOCOLS, ThriftProtocolError
 from tests.thrift_wire import decode_reply, encode_call
 
 NAMES = st.text(min_size=1, max_size=20)
@@ -143,7 +143,7 @@ def test_get_replies_from_tuples_are_the_bytes_of_items(protocol: str, got: list
 def _read_both(data: bytes, method: str) -> list[Any]:
     """`read_args` of a whole binary frame (the one-loop path) and of the same bytes read field by
     field (as unframed transport reads them): each the arguments and position, or the error."""
-    from service.thrift_protocol import BinaryReader
+    from kestrel.service.thrift.protocol import BinaryReader
 
     answers: list[Any] = []
     for more in (None, lambda need: len(data)):

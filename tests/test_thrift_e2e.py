@@ -16,7 +16,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
 
-from contract import kestrel_thrift as kestrel  # noqa: E402
+from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ServerProcess
 from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from service.thrift_read_ids import BLOCK, SHIFT, ReadIds
-from storage.clock import FakeClock
+from kestrel.service.session.read_ids import BLOCK, SHIFT, ReadIds
+from kestrel.storage.clock import FakeClock
 from tests.conftest import ServerProcess
 from tests.test_thrift_hostile import client, raw
 from tests.thrift_wire import closed_or_silent, encode_call, framed

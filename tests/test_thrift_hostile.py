@@ -19,7 +19,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
-from contract import kestrel_thrift as kestrel
+from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import ServerProcess
 from tests.thrift_wire import closed_or_silent, encode_call, framed, read_framed_reply, rss_kb
 from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)

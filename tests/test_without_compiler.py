@@ -17,10 +17,11 @@ from pymemcache.client.base import Client as MemcacheClient
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from contract import kestrel_thrift as kestrel
+from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import ROOT, ServerProcess
 
-HELPERS = ("storage._item", "storage._codec", "storage._fsync_many", "service._thrift_binary")
+HELPERS = ("kestrel.storage._item", "kestrel.storage.kestrel2._codec", "kestrel.storage.fsync._fsync_many",
+           "kestrel.service.thrift._binary")
 
 
 @pytest.fixture
@@ -35,7 +36,8 @@ def no_helpers(tmp_path: Path) -> Path:
 
 
 def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> None:
-    probe = ("from storage import codec, group_commit, item; from service import thrift_protocol; "
+    probe = ("from kestrel.storage import item; from kestrel.storage.kestrel2 import codec; "
+             "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
              "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None)")

@@ -16,12 +16,12 @@ from pymemcache.client.base import Client as MemcacheClient
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from client import ZooKeeperServerSets
-from contract import kestrel_thrift as kestrel
-from service.config import ZooKeeperConfig, from_mapping
-from service.status import Status, StatusKeeper
-from service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
-from storage.errors import ConfigError
+from kestrel.client import ZooKeeperServerSets
+from kestrel.contract import kestrel_thrift as kestrel
+from kestrel.service.config import ZooKeeperConfig, from_mapping
+from kestrel.service.session.status import Status, StatusKeeper
+from kestrel.service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
+from kestrel.storage.errors import ConfigError
 from tests.cluster import running_servers, wait_until
 from tests.conftest import ServerProcess, free_port
 

@@ -11,7 +11,7 @@ from thriftpy2.protocol import TBinaryProtocol, TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport import TMemoryBuffer
 
-from contract import kestrel_thrift
+from kestrel.contract import kestrel_thrift
 
 PROTOCOLS = {"binary": TBinaryProtocol, "compact": TCompactProtocol}
 

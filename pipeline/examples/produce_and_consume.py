@@ -15,7 +15,7 @@ import time
 
 from pyspark.sql import SparkSession
 
-from pipeline import register
+from kestrel.pipeline import register
 
 
 def main() -> None:

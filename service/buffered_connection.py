@@ -1,0 +1,166 @@
+"""What the memcache and text connections share: a session, a receive buffer, batched replies,
+idle and slow-client limits, and waits that end the moment the client goes away; and the listener
+that runs every protocol's connections, Thrift's too."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+import gevent
+import structlog
+
+from kestrel import __version__
+from kestrel.service.listener import Listener
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.session import ClientGone, Session
+from kestrel.service.socket_io import ClientSocket, SendTimeout
+
+log = structlog.get_logger("kestrel.connection")
+
+RECV_CHUNK = 64 * 1024
+YIELD_SECONDS = 0.0005
+# What `version` answers: the Kestrel release whose protocols we speak, then our own version.
+# libmemcached's tools refuse a major version of 0.
+PROTOCOL_VERSION = f"2.4.1-py{__version__}"
+T = TypeVar("T")
+
+
+class CloseConnection(Exception):
+    """Raised by a handler: close the connection once the replies so far are sent."""
+
+
+class BufferedConnection:
+    """One client of a line protocol. Subclasses answer what `process` finds complete in the buffer;
+    the replies of one read burst go out in a single `send`."""
+
+    protocol = ""
+
+    def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
+        self.server = server
+        self.peer = peer
+        self.session = Session(server, peer)
+        self.max_line = server.config.max_line_length
+        self.out: list[bytes] = []
+        self.inbox = bytearray()  # input that arrived while a blocking read was waiting
+        idle = server.config.client_timeout
+        self.idle_timeout = None if idle is None else idle / 1000.0
+        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+
+    def process(self, buf: bytearray) -> int:
+        """Answer every complete request in `buf`; return how many bytes were used."""
+        raise NotImplementedError
+
+    def mid_request(self) -> bool:
+        """Whether a request spans what has been processed so far (an item still to come)."""
+        return False
+
+    def send(self) -> None:
+        if self.out:
+            data = b"".join(self.out)
+            self.out.clear()
+            self.server.stats.bytes_written += len(data)
+            self.io.send_all(data)
+
+    def _receive(self, buf: bytearray, deadline: float | None) -> int:
+        """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
+        `deadline` or, between requests, by `client_timeout`; how many bytes (0: the client closed).
+        Raises CloseConnection when the client is too slow or idle."""
+        if self.inbox:
+            n = len(self.inbox)
+            buf += self.inbox
+            self.inbox.clear()
+            return n
+        timeout = self.idle_timeout if deadline is None else max(deadline - time.monotonic(), 0.001)
+        try:
+            return self.io.receive(buf, timeout, between_requests=deadline is None)
+        except TimeoutError:
+            reason = "request_timeout" if deadline is not None else "client_timeout"
+            log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
+            raise CloseConnection from None
+
+    def run(self) -> None:
+        buf = bytearray()
+        request_timeout = self.server.config.request_timeout / 1000.0
+        deadline: float | None = None  # the request in progress must be complete by then
+        try:
+            while True:
+                received = self._receive(buf, deadline)
+                if not received:
+                    return
+                self.server.stats.bytes_read += received
+                del buf[:self.process(buf)]
+                self.send()
+                if not buf and not self.mid_request():
+                    deadline = None
+                elif deadline is None:
+                    deadline = time.monotonic() + request_timeout
+                if deadline is not None or received == RECV_CHUNK:
+                    # A client streaming a large request lets the others in; a short timer (unlike
+                    # sleep(0)) makes the loop poll their sockets too.
+                    gevent.sleep(YIELD_SECONDS)
+        except CloseConnection:
+            self.send()
+        except ClientGone:
+            pass
+        finally:
+            self.io.close()
+            self.session.close()
+
+    def watching(self, call: Callable[[], T], waits: bool = True) -> T:
+        """Run a session call that `waits` for items while watching the socket.
+
+        Input that arrives meanwhile is kept for after the call (up to one line's worth; beyond,
+        the client waits). When the client hangs up, the session's wait is cancelled at once, so
+        the dead connection takes no item and its waiter and open reads are withdrawn. A call that
+        does not wait runs as it is.
+        """
+        if not waits:
+            return call()
+        waiter = gevent.getcurrent()
+        watcher = gevent.spawn(self._watch, waiter)
+        try:
+            return call()
+        finally:
+            watcher.kill()  # before this greenlet reads the socket again
+
+    def _watch(self, waiter: gevent.Greenlet) -> None:
+        while len(self.inbox) <= self.max_line:
+            try:
+                received = self.io.receive(self.inbox, None)
+            except OSError:
+                received = 0
+            if not received:
+                self.session.client_gone(waiter)
+                return
+
+
+class Connection(Protocol):
+    """One client of any protocol, served by `run` until it leaves."""
+
+    protocol: str  # its name in logs and metrics
+
+    def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None: ...
+
+    def run(self) -> None: ...
+
+
+def make_listener(connection: type[Connection], server: ServerState, listener: tuple[str, int]) -> Listener:
+    """A listener running one `connection` per client (every protocol's)."""
+
+    def handle(sock: socket.socket, address: tuple[str, int]) -> None:
+        peer = f"{address[0]}:{address[1]}"
+        try:
+            connection(server, sock, peer).run()
+        except SendTimeout:
+            log.info("closing a client that stopped reading its replies", client=peer,
+                     protocol=connection.protocol, limit="client_timeout")
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            sock.close()
+
+    return Listener(connection.protocol, listener, handle, server.config.max_connections,
+                    server.config.tcp_keepalive)

@@ -1,0 +1,1 @@
+"""Kestrel's memcache protocol: the command parser and the connection handler."""

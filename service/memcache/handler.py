@@ -1,0 +1,279 @@
+"""Kestrel's memcache protocol on a gevent StreamServer.
+
+Each connection reads into one buffer, answers every complete command in it, and sends the replies
+of a burst with one `send`, so pipelined clients cost one system call per burst. Lines are
+bounded by `max_line_length` and items by `max_frame_size` before anything is allocated for them.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import structlog
+
+from kestrel.service import metrics
+from kestrel.service.buffered_connection import (
+    PROTOCOL_VERSION,
+    BufferedConnection,
+    CloseConnection,
+    make_listener,
+)
+from kestrel.service.listener import Listener
+from kestrel.service.memcache.commands import Command, ProtocolError, absolute_expiry_ms, parse_line
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
+from kestrel.service.session.status import Status
+from kestrel.service.stats_render import dump_stats, memcache_stats, queue_blocks
+from kestrel.storage.errors import InvalidQueueName, ItemTooLarge, KestrelError
+
+log = structlog.get_logger("kestrel.memcache")
+
+CRLF = b"\r\n"
+END = b"END\r\n"
+STORED = b"STORED\r\n"
+NOT_STORED = b"NOT_STORED\r\n"
+
+
+BINARY_MAGIC = 0x80
+BINARY_HEADER = 24
+BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
+
+
+def binary_refusal(header: bytes) -> bytes:
+    """A binary-protocol error response ("not supported", 0x83) a binary client can show."""
+    return (bytes([0x81, header[1], 0, 0, 0, 0, 0, 0x83]) + len(BINARY_REFUSAL).to_bytes(4, "big")
+            + header[12:16] + bytes(8) + BINARY_REFUSAL)
+
+
+class MemcacheConnection(BufferedConnection):
+    """One memcache client; an item being swallowed or skipped spans read bursts."""
+
+    protocol = "memcache"
+
+    def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
+        super().__init__(server, sock, peer)
+        self.max_item = server.config.max_frame_size
+        self.discard = 0  # bytes of item data still to drop unread
+        self.discard_reply = b""  # sent once they are dropped
+        self.skip_line = False  # after a bad data chunk: drop input up to the next line end
+        # Each command's handler and answer-time histogram, looked up at its first use only.
+        self.commands: dict[str, tuple[Callable[[Command], None], metrics.HistogramSeries]] = {}
+        self.set_latency = metrics.request_latency("memcache", "set")
+
+    def mid_request(self) -> bool:
+        return self.discard > 0 or self.skip_line
+
+    def process(self, buf: bytearray) -> int:
+        """Answer every complete command in `buf`; return how many bytes were used."""
+        pos = 0
+        end = len(buf)
+        while pos < end:
+            if self.discard:
+                step = min(self.discard, end - pos)
+                self.discard -= step
+                pos += step
+                if not self.discard:
+                    self.out.append(self.discard_reply)
+                continue
+            if buf[pos] == BINARY_MAGIC and not self.skip_line:
+                if end - pos < BINARY_HEADER:
+                    return pos
+                self.out.append(binary_refusal(bytes(buf[pos:pos + BINARY_HEADER])))
+                log.info("binary protocol request refused", client=self.peer)
+                raise CloseConnection
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                if end - pos > self.max_line:
+                    self.out.append(b"CLIENT_ERROR line too long\r\n")
+                    raise CloseConnection
+                return pos
+            if self.skip_line:
+                self.skip_line = False
+                pos = nl + 1
+                continue
+            if nl - pos > self.max_line:
+                self.out.append(b"CLIENT_ERROR line too long\r\n")
+                raise CloseConnection
+            line = bytes(buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl])
+            start, pos = pos, nl + 1
+            try:
+                command = parse_line(line)
+            except ProtocolError as e:
+                # The item data of a refused set is dropped unread: it is never run as commands.
+                self.out.append(e.reply.encode() + CRLF)
+                if e.close:
+                    raise CloseConnection from None
+                self.discard, self.discard_reply = e.skip, b""
+                continue
+            if command.name != "set":
+                self.execute(command)
+                continue
+            if command.size > self.max_item:
+                self.discard = command.size + 2
+                self.discard_reply = b"SERVER_ERROR object too large for cache\r\n"
+                continue
+            data_end = pos + command.size
+            if data_end + 2 > end:
+                return start  # wait for the rest of the item
+            if buf[data_end:data_end + 2] != CRLF:
+                self.out.append(b"CLIENT_ERROR bad data chunk\r\n")
+                resync = buf.find(b"\n", data_end)
+                if resync < 0:
+                    self.skip_line = True
+                    return end
+                pos = resync + 1
+                continue
+            self.store(command, bytes(buf[pos:data_end]))
+            pos = data_end + 2
+        return pos
+
+    def store(self, command: Command, data: bytes) -> None:
+        started = time.perf_counter()
+        try:
+            expiry = absolute_expiry_ms(command.expiry, self.session.coll.clock.now_ms())
+            stored = self.session.put(command.key, [data], expiry) == 1
+            reply = STORED if stored else NOT_STORED
+        except ItemTooLarge:
+            reply = NOT_STORED
+        except (ConnectionError, ClientGone):
+            raise
+        except Exception as e:
+            reply = self._error(e)
+        finally:
+            self.set_latency.observe(time.perf_counter() - started)
+        if not command.noreply:
+            self.out.append(reply)
+
+    def _error(self, e: Exception) -> bytes:
+        if isinstance(e, InvalidQueueName | SessionError):
+            return f"CLIENT_ERROR {e}\r\n".encode()
+        if isinstance(e, KestrelError):
+            return f"SERVER_ERROR {e}\r\n".encode()
+        log.exception("memcache command failed", client=self.peer)
+        return f"SERVER_ERROR internal error: {e!r}\r\n".encode()
+
+    def execute(self, command: Command) -> None:
+        handler, latency = self.commands.get(command.name) or self._command(command.name)
+        started = time.perf_counter()
+        try:
+            handler(command)
+        except (CloseConnection, ConnectionError, ClientGone):
+            raise
+        except OpenReadConflict:
+            # Kestrel's answer to a plain get beside an open read: ERROR, and the connection closes
+            # (which aborts the open read, so its item goes back to the queue).
+            self.out.append(b"ERROR\r\n")
+            raise CloseConnection from None
+        except ProtocolError as e:
+            self.reply(command, e.reply.encode() + CRLF)
+        except Exception as e:
+            self.reply(command, self._error(e))
+        finally:
+            latency.observe(time.perf_counter() - started)
+
+    def _command(self, name: str) -> tuple[Callable[[Command], None], metrics.HistogramSeries]:
+        found = self.commands[name] = (getattr(self, f"do_{name}"), metrics.request_latency("memcache", name))
+        return found
+
+    def reply(self, command: Command, line: bytes) -> None:
+        """A reply, unless the client said `noreply` (then it reads none, not even an error)."""
+        if not command.noreply:
+            self.out.append(line)
+
+    def _value(self, command: Command, data: bytes) -> None:
+        cas = b" 0" if command.cas else b""
+        self.out.append(b"VALUE %s 0 %d%s\r\n" % (command.key.encode(), len(data), cas))
+        self.out.append(data + CRLF)
+
+    def do_get(self, command: Command) -> None:
+        options = command.get
+        assert options is not None
+        if options.timeout_ms:
+            self.send()  # earlier replies go out before this one waits
+        data = self.watching(lambda: self.session.get_one(
+            options.queue, timeout_ms=options.timeout_ms, open=options.open, close=options.close,
+            abort=options.abort, peek=options.peek), waits=options.timeout_ms > 0)
+        if data is not None:
+            self._value(command, data)
+        self.out.append(END)
+
+    def do_delete(self, command: Command) -> None:
+        self.session.delete(command.key)
+        self.reply(command, b"DELETED\r\n")
+
+    def do_flush(self, command: Command) -> None:
+        self.session.flush(command.key)
+        self.reply(command, END)
+
+    def do_flush_all(self, command: Command) -> None:
+        self.session.flush_all()
+        self.reply(command, b"Flushed all queues.\r\n")
+
+    def do_flush_expired(self, command: Command) -> None:
+        self.reply(command, b"%d\r\n" % self.session.flush_expired(command.key))
+
+    def do_flush_all_expired(self, command: Command) -> None:
+        self.reply(command, b"%d\r\n" % self.session.flush_all_expired())
+
+    def do_version(self, command: Command) -> None:
+        self.out.append(f"VERSION {PROTOCOL_VERSION}\r\n".encode())
+
+    def do_shutdown(self, command: Command) -> None:
+        log.info("shutdown requested", client=self.peer)
+        self.server.request_shutdown()
+        raise CloseConnection
+
+    def do_quit(self, command: Command) -> None:
+        raise CloseConnection
+
+    def do_reload(self, command: Command) -> None:
+        self.server.reload()
+        self.reply(command, b"Reloaded config.\r\n")
+
+    def do_stats(self, command: Command) -> None:
+        self.out.append(memcache_stats(self.server))
+
+    def do_dump_stats(self, command: Command) -> None:
+        if not command.keys:
+            self.out.append(dump_stats(self.server))
+            return
+        coll = self.session.coll
+        per_queue = {name: q.stats() if (q := coll.get(name)) else {} for name in command.keys}
+        self.out.append(queue_blocks(per_queue))
+
+    def do_dump_config(self, command: Command) -> None:
+        coll = self.session.coll
+        configs = {name: q.config.describe() for name in coll.queue_names() if (q := coll.get(name))}
+        self.out.append(queue_blocks(configs))
+
+    def do_monitor(self, command: Command) -> None:
+        self.send()
+        items = self.session.monitor(command.key, command.timeout_ms, command.count)
+        while (data := self.watching(lambda: next(items, None))) is not None:
+            self._value(command, data)
+            self.send()
+        self.out.append(END)
+
+    def do_confirm(self, command: Command) -> None:
+        closed = self.session.confirm_reads(command.key, command.count)
+        self.reply(command, END if closed else b"ERROR\r\n")
+
+    def do_status(self, command: Command) -> None:
+        if self.session.current_status() == Status.NOT_CONFIGURED:
+            self.out.append(b"ERROR\r\n")  # Kestrel's answer when no status is configured
+            return
+        if command.status is None:
+            self.out.append(self.session.current_status().label.upper().encode() + CRLF)
+            return
+        try:
+            self.session.set_status(command.status)
+        except KestrelError as e:  # an unknown status, or a change refused during a grace period
+            raise ProtocolError(f"CLIENT_ERROR {e}") from None
+        self.reply(command, END)
+
+
+def make_memcache_server(server: ServerState, listener: tuple[str, int]) -> Listener:
+    """A StreamServer speaking Kestrel's memcache dialect."""
+    return make_listener(MemcacheConnection, server, listener)

@@ -1,0 +1,94 @@
+"""Auto-abort deadlines of Thrift open reads: one wait list ordered by deadline, one timer.
+
+A timer per open read cost more than the read itself once reads came in batches. Here a read's
+deadline is a heap entry; a read closed before its deadline leaves its entry behind, and the entry
+is skipped when it comes due (or dropped when the list is compacted). One runtime timer is set for
+the earliest deadline; time comes from the runtime's clock, so a manual runtime drives it in tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
+
+log = structlog.get_logger("kestrel.auto_abort")
+
+# Compact the list once entries of closed reads outnumber open reads by this much.
+SLACK = 1024
+
+
+class AutoAborts:
+    """Calls `expire` with the ids of open reads whose deadline has passed, oldest deadline first,
+    each id once; ids no longer in `open_ids` (the server's open reads by id) by then are skipped."""
+
+    def __init__(self, open_ids: Mapping[int, object], expire: Callable[[list[int]], None],
+                 runtime: Runtime = DEFAULT_RUNTIME) -> None:
+        self.open_ids = open_ids
+        self.expire = expire
+        self.runtime = runtime
+        self.deadlines: list[tuple[float, int]] = []  # a heap of (deadline, read id)
+        self._timer: Timer | None = None
+        self._timer_at = 0.0  # the deadline the timer is set for
+        self.closed = False
+
+    def add(self, read_id: int, seconds: float) -> None:
+        """Abort `read_id` after `seconds`, unless it is closed by then."""
+        self.add_at(read_id, self.deadline_after(seconds))
+
+    def deadline_after(self, seconds: float) -> float:
+        return self.runtime.clock.monotonic() + seconds
+
+    def add_at(self, read_id: int, deadline: float) -> None:
+        """Abort `read_id` at `deadline` (the runtime clock's monotonic seconds). The reads of one
+        batch share one deadline, so they come due, and go back to the head, together."""
+        deadlines = self.deadlines
+        heapq.heappush(deadlines, (deadline, read_id))
+        if len(deadlines) > 2 * len(self.open_ids) + SLACK:
+            self.deadlines = [entry for entry in deadlines if entry[1] in self.open_ids]
+            heapq.heapify(self.deadlines)
+        if self._timer is None or deadline < self._timer_at:
+            self._set_timer(deadline)
+
+    def __len__(self) -> int:
+        """Entries in the list, closed reads' entries included until they are skipped or compacted."""
+        return len(self.deadlines)
+
+    def due(self, now: float) -> list[int]:
+        """Take the entries due by `now`; the ids of those still open, in deadline order."""
+        deadlines = self.deadlines
+        ids = []
+        while deadlines and deadlines[0][0] <= now:
+            read_id = heapq.heappop(deadlines)[1]
+            if read_id in self.open_ids:
+                ids.append(read_id)
+        return ids
+
+    def _set_timer(self, deadline: float) -> None:
+        if self.closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self.runtime.call_later(max(deadline - self.runtime.clock.monotonic(), 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        ids = self.due(self.runtime.clock.monotonic())
+        if ids:
+            try:
+                self.expire(ids)
+            except Exception:
+                log.exception("auto-abort failed", read_ids=len(ids))
+        if self.deadlines and self._timer is None:
+            self._set_timer(self.deadlines[0][0])
+
+    def close(self) -> None:
+        """Stop the timer: reads still open stay open."""
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,120 @@
+"""Open reads: items handed out but not yet confirmed, in one model for every protocol.
+
+A connection's open reads are kept per queue, oldest first, and `max_open_reads` caps each queue.
+Memcache and text close them by count (`/close`, `confirm <n>`) or abort them all, and the
+connection aborts what it still holds when it closes. Thrift reads also carry a server-wide id by
+which any connection may confirm or abort them, and an auto-abort deadline (in one wait list) that
+closes the rest; they outlive the connection that opened them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kestrel.service.session.auto_abort import AutoAborts
+from kestrel.service.session.read_ids import ReadIds
+from kestrel.storage import QueueCollection
+
+
+@dataclass(eq=False, slots=True)
+class OpenRead:
+    """One open read: its queue and xid, the connection's reads it belongs to, and for Thrift the id
+    the client closes it by (0 otherwise)."""
+
+    queue: str
+    xid: int
+    owner: OpenReads
+    read_id: int = 0
+
+
+class OpenReads:
+    """One connection's open reads, per queue and oldest first."""
+
+    def __init__(self, max_open_reads: int) -> None:
+        self.max_open_reads = max_open_reads
+        self._by_queue: dict[str, dict[OpenRead, None]] = {}  # insertion-ordered sets
+
+    def room(self, queue: str) -> int:
+        """How many more reads this connection may open on `queue` (`max_open_reads` per queue)."""
+        return max(self.max_open_reads - len(self._by_queue.get(queue, ())), 0)
+
+    def holds(self, queue: str) -> bool:
+        return queue in self._by_queue
+
+    def open(self, queue: str, xid: int, read_id: int = 0) -> OpenRead:
+        read = OpenRead(queue, xid, self, read_id)
+        self._by_queue.setdefault(queue, {})[read] = None
+        return read
+
+    def forget(self, read: OpenRead) -> None:
+        """`read` is closed (here, by another connection, or by its timer)."""
+        reads = self._by_queue.get(read.queue)
+        if reads is not None:
+            reads.pop(read, None)
+            if not reads:
+                del self._by_queue[read.queue]
+
+    def take_oldest(self, queue: str, count: int | None = None) -> list[OpenRead]:
+        """Remove and return the oldest `count` open reads on `queue` (None: all of them) that have
+        no id: those with one are closed by id only, and outlive the connection."""
+        reads = [read for read in self._by_queue.get(queue, ()) if not read.read_id][:count]
+        for read in reads:
+            self.forget(read)
+        return reads
+
+    def queues(self) -> list[str]:
+        return list(self._by_queue)
+
+
+class ReadsById:
+    """Thrift open reads by server-wide id: confirmed or aborted by id from any connection, or
+    aborted when their auto-abort deadline comes."""
+
+    def __init__(self, collection: QueueCollection, ids: ReadIds) -> None:
+        self.collection = collection
+        self.ids = ids
+        self._reads: dict[int, OpenRead] = {}
+        self.auto_aborts = AutoAborts(self._reads, self._auto_abort, collection.runtime)
+
+    def open_many(self, reads: OpenReads, queue: str, xids: list[int], auto_abort_ms: int) -> list[int]:
+        """Open reads of `xids` for the connection holding `reads`, all due to abort at the same
+        moment; their ids."""
+        deadline = self.auto_aborts.deadline_after(auto_abort_ms / 1000.0)
+        read_ids = []
+        for xid in xids:
+            read_id = self.ids.next()
+            self._reads[read_id] = reads.open(queue, xid, read_id)
+            self.auto_aborts.add_at(read_id, deadline)
+            read_ids.append(read_id)
+        return read_ids
+
+    def _take(self, read_ids: list[int] | set[int], queue: str | None = None) -> dict[str, list[int]]:
+        """Remove the open reads among `read_ids` (of `queue` only, if given), newest first so that
+        aborted items end up at the head in the order they were read; their xids by queue."""
+        xids: dict[str, list[int]] = {}
+        for read_id in sorted(read_ids, reverse=True):
+            read = self._reads.get(read_id)
+            if read is None or (queue is not None and read.queue != queue):
+                continue
+            del self._reads[read_id]
+            read.owner.forget(read)
+            xids.setdefault(read.queue, []).append(read.xid)
+        return xids
+
+    def _auto_abort(self, read_ids: list[int]) -> None:
+        """Reads whose deadline came go back to the head of their queues, one journal write each."""
+        for queue, xids in self._take(read_ids).items():
+            self.collection.unremove_many(queue, xids)
+
+    def close(self, queue: str, ids: set[int], confirm: bool) -> int:
+        """Confirm (or abort) the open reads of `queue` among `ids`, in one journal write; how many
+        were open."""
+        xids = self._take(ids, queue).get(queue)
+        if not xids:
+            return 0
+        coll = self.collection
+        return coll.confirm_many(queue, xids) if confirm else coll.unremove_many(queue, xids)
+
+    def cancel_timers(self) -> None:
+        """Stop the auto-abort wait list (at shutdown: the reads stay open in their journals)."""
+        self.auto_aborts.close()

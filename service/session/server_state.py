@@ -1,0 +1,88 @@
+"""What every connection shares: the queues, the status, the counters and the open reads by id."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent.event
+import structlog
+
+from kestrel import __version__
+from kestrel.service.config import ServerConfig
+from kestrel.service.session.open_reads import ReadsById
+from kestrel.service.session.read_ids import ReadIds
+from kestrel.service.session.stats import ServerStats
+from kestrel.service.session.status import StatusKeeper
+from kestrel.storage import QueueCollection
+
+log = structlog.get_logger("kestrel.server")
+
+
+class ServerState:
+    """What the sessions share: the queues, the status, the counters and the open reads by id."""
+
+    def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
+        self.config = config
+        self.collection = collection or QueueCollection(config.queue_path, config.queues,
+                                                        config.aliases, salvage=config.salvage,
+                                                        max_queues=config.max_queues)
+        self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
+                                   config.status_change_grace_period, self.collection.runtime)
+        self.stats = ServerStats()
+        self.version = __version__
+        self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
+        self.shutdown_requested = gevent.event.Event()
+
+    def global_stats(self) -> dict[str, Any]:
+        """The guide's global figures, under its names."""
+        coll = self.collection
+        s = self.stats
+        return {
+            "uptime": int(time.time() - s.start_time),
+            "time": int(time.time()),
+            "version": self.version,
+            "curr_items": coll.current_items(),
+            "total_items": coll.total_items_added,
+            "bytes": coll.current_bytes(),
+            "curr_connections": s.curr_connections,
+            "total_connections": s.total_connections,
+            "cmd_get": s.cmd_get,
+            "cmd_set": s.cmd_set,
+            "cmd_peek": s.cmd_peek,
+            "get_hits": s.get_hits,
+            "get_misses": s.get_misses,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "queue_creates": coll.queue_creates,
+            "queue_deletes": coll.queue_deletes,
+            "queue_expires": coll.queue_expires,
+        }
+
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for name in self.collection.queue_names():
+            q = self.collection.get(name)
+            if q is not None:
+                out[name] = q.stats()
+        return out
+
+    def reload(self) -> None:
+        """Re-read the config file: queue and alias settings only, as Kestrel does."""
+        from kestrel.service.config import load
+
+        if self.config.source is None:
+            log.info("reload: no config file, nothing to reload")
+            return
+        fresh = load(self.config.source)
+        self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
+        self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
+
+    def close(self) -> None:
+        """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their
+        journals, so the next start hands their items out again, as a crash would."""
+        self.reads_by_id.cancel_timers()
+        self.collection.close()
+
+    def request_shutdown(self) -> None:
+        self.shutdown_requested.set()

@@ -1,0 +1,297 @@
+"""The session layer every protocol shares: status checks, open reads, limits, stats.
+
+Protocol handlers parse a request, call a Session method and encode the reply. The rules live
+here once: what the server status allows, how reads are opened and closed (the open reads
+themselves are kept in `open_reads.py`: Thrift's by id, with auto-abort deadlines; memcache and
+text one per queue and connection, aborted when the connection drops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gevent
+import structlog
+
+from kestrel.service.logs import bind_client
+from kestrel.service.session.open_reads import OpenReads
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage import QItem
+from kestrel.storage.errors import KestrelError
+from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.item import data_with_ids
+
+log = structlog.get_logger("kestrel.session")
+
+
+class SessionError(KestrelError):
+    """Raised when a client misuses the protocol (a second open read, too many open reads...)."""
+
+
+class OpenReadConflict(SessionError):
+    """Raised for a plain get on a queue where the connection holds an open read."""
+
+
+class ClientGone(Exception):
+    """Raised inside a blocking read whose client has hung up."""
+
+
+class Session:
+    """One client connection's view of the server."""
+
+    def __init__(self, server: ServerState, peer: str) -> None:
+        self.server = server
+        self.peer = peer
+        bind_client(peer)  # the connection's greenlet: its queue creations name the client
+        self.coll = server.collection
+        self.status = server.status
+        self.stats = server.stats
+        self.reads = OpenReads(server.config.max_open_reads)
+        self.stats.curr_connections += 1
+        self.stats.total_connections += 1
+        self.closed = False
+        self.gone = False  # the client hung up during a blocking read
+        self._waiting = False  # in the one wait a hang-up may cancel
+
+    def close(self) -> None:
+        """The connection is gone: its memcache-style open reads go back to their queues (Thrift
+        reads outlive it, until confirmed by id or aborted by their timer)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stats.curr_connections -= 1
+        for queue in self.reads.queues():
+            self.abort_pending(queue)
+
+    # -----------------------------------------------------------------------------------------
+    # Writes
+
+    def expiry_after(self, ms: int) -> int:
+        """The absolute expiry of an item that lives `ms` more milliseconds (0: never expires).
+
+        A negative `ms` means already expired, as Kestrel treats it: the item is accepted and
+        never handed out.
+        """
+        if ms == 0:
+            return 0
+        return max(self.coll.clock.now_ms() + ms, 1)
+
+    def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted before the
+        first the queue refused (full, or over `max_item_size`)."""
+        self.status.check_write("put")
+        self.stats.cmd_set += len(items)
+        return self.coll.add_many(queue, items, expiry_ms)
+
+    def flush(self, queue: str) -> None:
+        """Empty a queue; one that does not exist is not created."""
+        self.status.check_write("flush")
+        check_queue_name(queue)
+        if self.coll.get(queue) is None:
+            return
+        self.coll.flush(queue)
+        log.info("queue flushed", queue=queue, client=self.peer)
+
+    def flush_expired(self, queue: str) -> int:
+        """Drop the expired items of one queue (not created if missing); how many."""
+        self.status.check_write("flush_expired")
+        check_queue_name(queue)
+        q = self.coll.get(queue)
+        return q.discard_expired() if q is not None else 0
+
+    def flush_all_expired(self) -> int:
+        self.status.check_write("flush_all_expired")
+        return sum(self.flush_expired(name) for name in self.coll.queue_names())
+
+    def flush_all(self) -> None:
+        self.status.check_write("flush_all")
+        self.coll.flush_all()
+        log.info("all queues flushed", client=self.peer)
+
+    def delete(self, queue: str) -> None:
+        self.status.check_write("delete")
+        self.coll.delete(queue)  # the collection logs it
+
+    # -----------------------------------------------------------------------------------------
+    # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
+
+    def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
+                  auto_abort_ms: int = 0) -> list[tuple[bytes, int]]:
+        """Up to `max_items` (at most `max_batch_items`) as (data, id), waiting up to `timeout_ms` (at
+        most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
+        `max_open_reads` open reads on each queue, as Kestrel counts them."""
+        self.status.check_read("get")
+        config = self.server.config
+        max_items = min(max_items, config.max_batch_items)
+        transaction = auto_abort_ms > 0
+        if transaction:
+            max_items = min(max_items, self.reads.room(queue))
+        self.stats.cmd_get += 1
+        items = self.coll.remove_many(queue, max_items, transaction)
+        deadline = time.monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
+        while len(items) < max_items and timeout_ms > 0 and (wait := deadline - time.monotonic()) > 0:
+            item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
+            if item is None:
+                break
+            items.append(item)
+            items.extend(self.coll.remove_many(queue, max_items - len(items), transaction))
+        if items:
+            self.stats.get_hits += 1
+        else:
+            self.stats.get_misses += 1
+        if not transaction:
+            return data_with_ids(items, 0)
+        xids = [item.xid for item in items]
+        return data_with_ids(items, self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms))
+
+    def confirm_ids(self, queue: str, ids: set[int]) -> int:
+        """Confirm open reads by id (from any connection); Quiescent still allows this."""
+        return self.server.reads_by_id.close(queue, ids, confirm=True)
+
+    def abort_ids(self, queue: str, ids: set[int]) -> int:
+        self.status.check_read("abort")
+        return self.server.reads_by_id.close(queue, ids, confirm=False)
+
+    # -----------------------------------------------------------------------------------------
+    # Memcache-style reads: open reads kept per queue on this connection, oldest first
+
+    def client_gone(self, waiter: gevent.Greenlet) -> None:
+        """The connection saw its client hang up: cancel `waiter`'s wait for an item, if it is in one.
+
+        Only the wait itself is cancelled (never a remove or a journal write in progress), so the
+        dead connection takes no item; its open reads are aborted when the connection closes.
+        """
+        self.gone = True
+        gevent.get_hub().loop.run_callback(self._cancel_wait, waiter)
+
+    def _cancel_wait(self, waiter: gevent.Greenlet) -> None:
+        if self._waiting and not waiter.dead:
+            waiter.throw(ClientGone())
+
+    def _wait_for_item(self, queue: str, seconds: float) -> bool:
+        """Wait until `queue` has a head item (the one wait a hang-up may cancel)."""
+        if self.gone:
+            raise ClientGone
+        self._waiting = True
+        try:
+            return self.coll.peek(queue, seconds) is not None
+        finally:
+            self._waiting = False
+
+    def _take(self, queue: str, seconds: float, open: bool = False, peek: bool = False) -> QItem | None:
+        """The head item (removed, opened or only looked at), waiting up to `seconds` for one."""
+        deadline = time.monotonic() + seconds
+        while True:
+            item = self.coll.peek(queue) if peek else self.coll.remove(queue, open)
+            if item is not None:
+                return item
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                return None
+
+    def _wait_seconds(self, timeout_ms: int) -> float:
+        """A client's wait, capped by `max_wait`."""
+        return min(max(timeout_ms, 0), self.server.config.max_wait) / 1000.0
+
+    def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
+                abort: bool = False, peek: bool = False) -> bytes | None:
+        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
+
+        Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
+        """
+        if close:
+            self.confirm_reads(queue, 1)
+        if abort:
+            self.status.check_read("abort")
+            self.abort_pending(queue)
+        if not (open or peek) and (close or abort):
+            return None
+        self.status.check_read("peek" if peek else "get")
+        if not peek and self.reads.holds(queue):
+            if not open:
+                raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
+            raise SessionError("already have an open read on this queue: close or abort it first")
+        if peek:
+            self.stats.cmd_peek += 1
+        else:
+            self.stats.cmd_get += 1
+        item = self._take(queue, self._wait_seconds(timeout_ms), open=open, peek=peek)
+        if item is not None and open:
+            self.reads.open(queue, item.xid)
+        if item is None:
+            self.stats.get_misses += 1
+            return None
+        self.stats.get_hits += 1
+        return item.data
+
+    def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
+        """Items arriving within `timeout_ms`, each an open read to be closed with `confirm_reads`.
+
+        As in Kestrel, it stops once this connection holds `max_open_reads` open reads on `queue`
+        (the default for `max_items`); each item is a hit or a miss, not a `cmd_get`.
+        """
+        self.status.check_read("monitor")
+        max_items = self.reads.max_open_reads if max_items is None else max_items
+        deadline = time.monotonic() + self._wait_seconds(timeout_ms)
+        count = 0
+        while count < max_items and self.reads.room(queue) > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            item = self._take(queue, remaining, open=True)
+            if item is None:
+                self.stats.get_misses += 1
+                return
+            self.stats.get_hits += 1
+            self.reads.open(queue, item.xid)
+            count += 1
+            yield item.data
+
+    def confirm_reads(self, queue: str, count: int | None = None) -> int:
+        """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
+        done = self.reads.take_oldest(queue, count)
+        if done:
+            self.coll.confirm_many(queue, [read.xid for read in done])
+        return len(done)
+
+    def abort_pending(self, queue: str) -> None:
+        """Put this connection's open reads on `queue` back at the head, oldest first."""
+        self.coll.unremove_many(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
+
+    # -----------------------------------------------------------------------------------------
+    # Inspection and status
+
+    def peek(self, queue: str) -> QItem | None:
+        self.status.check_read("peek")
+        self.stats.cmd_peek += 1
+        return self.coll.peek(queue)
+
+    def queue_info(self, queue: str) -> dict[str, Any]:
+        """The head item and the figures Thrift's QueueInfo carries."""
+        head = self.peek(queue)
+        q = self.coll.get(queue)
+        stats = q.stats() if q is not None else {}
+        return {
+            "head_item": head.data if head is not None else None,
+            "items": stats.get("items", 0),
+            "bytes": stats.get("bytes", 0),
+            "journal_bytes": stats.get("logsize", 0),
+            "age": stats.get("age", 0),
+            "waiters": stats.get("waiters", 0),
+            "open_transactions": stats.get("open_transactions", 0),
+        }
+
+    def current_status(self) -> Status:
+        return self.status.current
+
+    def set_status(self, status: Status | str | int) -> None:
+        """A status by name (memcache) or number (Thrift)."""
+        try:
+            value = Status.parse(status)
+        except UnknownStatus as e:
+            raise SessionError(str(e)) from None
+        self.status.set(value)
+        log.info("status set by client", status=value.label, client=self.peer)

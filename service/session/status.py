@@ -1,0 +1,143 @@
+"""The server's status (Up, ReadOnly, Quiescent), persisted in a status file across restarts."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+
+import structlog
+
+from kestrel.storage.errors import KestrelError, RefusedByStatus
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
+
+log = structlog.get_logger("kestrel.status")
+
+
+class UnknownStatus(KestrelError, ValueError):
+    """Raised when a status name or number is not one of Up, ReadOnly, Quiescent."""
+
+
+class StatusChangePending(RefusedByStatus):
+    """Raised when the status is changed while an earlier change is still in its grace period."""
+
+
+class Status(enum.IntEnum):
+    """Values as in kestrel.thrift's Status enum; a higher value allows more."""
+
+    NOT_CONFIGURED = 0
+    QUIESCENT = 1
+    READ_ONLY = 2
+    UP = 3
+
+    @classmethod
+    def parse(cls, value: str | int) -> Status:
+        """The one reader of statuses: a name (`up`, `readonly`, `read_only`, `ReadOnly`,
+        `quiescent`: the config, the status file, memcache) or Thrift's number."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        elif isinstance(value, str):
+            key = value.strip().lower().replace("_", "").replace("-", "")
+            for status, names in _NAMES.items():
+                if key in names:
+                    return status
+        raise UnknownStatus(f"unknown status {value!r} (expected up, readonly or quiescent)")
+
+    @property
+    def label(self) -> str:
+        return {Status.UP: "Up", Status.READ_ONLY: "ReadOnly", Status.QUIESCENT: "Quiescent",
+                Status.NOT_CONFIGURED: "NotConfigured"}[self]
+
+
+_NAMES = {Status.UP: ("up",), Status.READ_ONLY: ("readonly",), Status.QUIESCENT: ("quiescent",)}
+
+
+class StatusKeeper:
+    """Holds the current status and enforces it.
+
+    When the status becomes more restrictive, the old one is still enforced for the grace period,
+    so that clients watching the status can stop in time. The grace period runs on `runtime`'s
+    clock and timer.
+    """
+
+    def __init__(self, status_file: str | None, default: Status, grace_period_ms: int,
+                 runtime: Runtime = DEFAULT_RUNTIME) -> None:
+        self.status_file = status_file
+        self.grace_period_ms = grace_period_ms
+        self.runtime = runtime
+        self._grace: Timer | None = None
+        self._subscribers: list[Callable[[Status, Status], None]] = []
+        self._grace_ends = 0.0
+        if status_file is None:
+            self.current = Status.NOT_CONFIGURED
+            self.enforced = Status.UP
+            return
+        self.current = self._read() or default
+        self.enforced = self.current
+
+    def _read(self) -> Status | None:
+        assert self.status_file is not None
+        try:
+            with open(self.status_file, encoding="utf-8") as f:
+                return Status.parse(f.read())
+        except (OSError, ValueError) as e:
+            if not isinstance(e, FileNotFoundError):
+                log.warning("cannot read the status file; using the default status", file=self.status_file,
+                            error=str(e))
+            return None
+
+    def set(self, status: Status) -> None:
+        """Change the status and persist it.
+
+        Raises RefusedByStatus when no status file is configured, StatusChangePending while an earlier
+        change is still in its grace period (setting that same status again is a no-op).
+        """
+        if self.status_file is None:
+            raise RefusedByStatus("server status is not configured (no status_file)")
+        if status == Status.NOT_CONFIGURED:
+            raise RefusedByStatus("cannot set the status to NOT_CONFIGURED")
+        if self._grace is not None:
+            if status == self.current:
+                return
+            left_ms = max(round((self._grace_ends - self.runtime.clock.monotonic()) * 1000), 0)
+            raise StatusChangePending(
+                f"cannot change the status to {status.label}: the change from {self.enforced.label} to "
+                f"{self.current.label} is still in its grace period ({left_ms} ms left)")
+        temp = f"{self.status_file}~~"
+        with open(temp, "w", encoding="utf-8") as f:
+            f.write(status.label + "\n")
+        os.replace(temp, self.status_file)
+        previous, self.current = self.current, status
+        log.info("server status changed", status=status.label, previous=previous.label)
+        if status < self.enforced and self.grace_period_ms > 0:
+            self._grace_ends = self.runtime.clock.monotonic() + self.grace_period_ms / 1000.0
+            self._grace = self.runtime.call_later(self.grace_period_ms / 1000.0, self._end_grace)
+        else:
+            self.enforced = status
+        for callback in self._subscribers:
+            callback(previous, status)
+
+    def subscribe(self, callback: Callable[[Status, Status], None]) -> None:
+        """Call `callback(previous, current)` after every change, whichever protocol made it.
+
+        It runs at once, before the grace period, so that watchers (the ZooKeeper server sets) can
+        tell clients before a stricter status bites. It must not block.
+        """
+        self._subscribers.append(callback)
+
+    def _end_grace(self) -> None:
+        self._grace = None
+        self.enforced = self.current
+
+    def check_write(self, operation: str) -> None:
+        """Puts, flushes and deletes need Up."""
+        if self.enforced < Status.UP:
+            raise RefusedByStatus(f"{operation} refused: server is {self.enforced.label}")
+
+    def check_read(self, operation: str) -> None:
+        """Gets, peeks and aborts need at least ReadOnly."""
+        if self.enforced < Status.READ_ONLY:
+            raise RefusedByStatus(f"{operation} refused: server is {self.enforced.label}")

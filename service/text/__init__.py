@@ -1,0 +1,1 @@
+"""Kestrel's text protocol: the command parser and the connection handler."""

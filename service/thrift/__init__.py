@@ -1,0 +1,1 @@
+"""Kestrel's Thrift service: the binary and compact wire protocols, framing, calls and replies."""

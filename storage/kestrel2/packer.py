@@ -1,0 +1,169 @@
+"""Rotation and packing of a queue's journal files.
+
+A checkpoint taken at rotation time T describes the queue as it stood when the live journal was
+renamed to `<name>.<T>`: the last xid, the open reads, and the items in order. Packing writes that
+state to a temporary file, renames it `<name>.<T>.pack`, deletes every rotated journal at or before
+T, and finally renames the pack to `<name>.<T>`. A crash between any two steps leaves files that
+`finish_interrupted_packs` completes on the next start.
+
+Layout: each open read as ADD_XID + REMOVE_TENTATIVE_XID (its xid), then the items as ADDX, then
+SAVE_XID with the last-used xid. The closing SAVE_XID leaves the xid counter where it stood in
+Kestrel 2.4 as here (REMOVE_TENTATIVE_XID moves it), and marks the pack complete: a `.pack` that does
+not end with it is not honoured (`check_pack`).
+
+Items that left the queue after T are written as empty placeholders, already expired
+(`codec.PLACEHOLDER_EXPIRY`): the REMOVE records in the later journals consume them on replay,
+exactly as they consumed the real items live.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from kestrel.storage import filenames
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.files import JournalFiles, fsync_dir, write_all
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2.codec import Record
+from kestrel.storage.kestrel2.reader import JournalReader
+
+log = structlog.get_logger("kestrel.packer")
+
+WRITE_BATCH = 1 << 20
+
+# Test hook: called with a step name before each file operation of a pack; raising stops the pack
+# there, which is how the tests simulate a crash at every step.
+failpoint: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if failpoint is not None:
+        failpoint(name)
+
+
+@dataclass
+class PackRequest:
+    """The state to write: replaying it equals replaying every journal at or before `timestamp`."""
+
+    queue_path: str
+    name: str
+    timestamp: int
+    xid: int
+    open_reads: list[tuple[int, QItem]]
+    items: list[QItem | None]  # None: an item that has since left the queue for good
+    placeholder_time: int
+
+
+def pack_path(req: PackRequest) -> str:
+    """Where the finished pack waits while the files it replaces are deleted."""
+    return os.path.join(req.queue_path, filenames.pack_name(req.name, req.timestamp))
+
+
+def write_pack(req: PackRequest, dead_files: list[str]) -> str:
+    """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`)."""
+    temp = os.path.join(req.queue_path, filenames.pack_temporary_name(req.name, req.timestamp))
+    pack = pack_path(req)
+    final = filenames.rotated_path(req.queue_path, req.name, req.timestamp)
+    _step("write")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        chunks = []
+        size = 0
+        for xid, item in req.open_reads:
+            chunks.append(codec.encode(codec.AddXid(xid, item.add_time, item.expiry, item.data)))
+            chunks.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        placeholder = codec.encode_addx(req.placeholder_time, codec.PLACEHOLDER_EXPIRY, b"")
+        for entry in req.items:
+            if entry is None:
+                chunk = placeholder
+            else:
+                chunk = codec.encode_addx(entry.add_time, entry.expiry, entry.data)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= WRITE_BATCH:
+                write_all(fd, b"".join(chunks))
+                chunks.clear()
+                size = 0
+        chunks.append(codec.encode_xid(codec.SAVE_XID, req.xid))
+        write_all(fd, b"".join(chunks))
+        _step("fsync")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
+        raise
+    os.close(fd)
+    _step("rename-pack")
+    os.rename(temp, pack)
+    fsync_dir(req.queue_path)
+    for path in dead_files:
+        _step("delete")
+        os.unlink(path)
+    _step("rename-final")
+    os.rename(pack, final)
+    fsync_dir(req.queue_path)
+    log.info("packed journal", queue=req.name, file=final, items=len(req.items),
+             open_reads=len(req.open_reads), replaced=len(dead_files))
+    return final
+
+
+
+
+def check_pack(path: str) -> str | None:
+    """Why the `.pack` at `path` is not a complete pack, or None if it is.
+
+    A pack we write ends with SAVE_XID after its last item and is fsynced before it is renamed to
+    `.pack`: a file that is empty, does not read to its end, or ends otherwise is not one.
+    """
+    reader = JournalReader(path)
+    last: Record | None = None
+    try:
+        for _, record in reader:
+            last = record
+        if reader.leftover():
+            return f"it ends inside a record at offset {reader.offset}"
+    except CorruptJournalError as e:
+        return e.reason + f" at offset {e.offset}"
+    finally:
+        reader.close()
+    if last is None:
+        return "it is empty"
+    if not isinstance(last, codec.SaveXid):
+        return "it does not end with the SAVE_XID that closes a complete pack"
+    return None
+
+
+def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, salvage: bool,
+                             stamp: int) -> JournalFiles:
+    """Complete a pack that a crash interrupted, as the format document prescribes.
+
+    A `.pack` file is the state of every rotated journal at or before its timestamp: those are
+    deleted and the pack takes the rotated name. A `.pack` that is not complete deletes nothing:
+    it raises CorruptJournalError, or with `salvage` is set aside as `<file>.corrupt-<stamp>`.
+    Returns the files left to replay.
+    """
+    for ts, pack_path in files.packs:
+        reason = check_pack(pack_path)
+        if reason is not None:
+            if not salvage:
+                raise CorruptJournalError(pack_path, 0, None, f"incomplete pack, not applied: {reason}; "
+                                          "no journal was deleted")
+            log.error("incomplete pack set aside; no journal deleted (salvage)", file=pack_path,
+                      reason=reason)
+            os.rename(pack_path, filenames.set_aside_path(pack_path, "corrupt", stamp))
+            continue
+        for rts, rpath in files.rotated:
+            if rts <= ts:
+                log.warning("deleting journal superseded by pack", file=rpath, pack=pack_path)
+                os.unlink(rpath)
+        final = filenames.rotated_path(queue_path, name, ts)
+        os.rename(pack_path, final)
+        files.rotated = [(rts, rpath) for rts, rpath in files.rotated if rts > ts] + [(ts, final)]
+        files.rotated.sort()
+    files.packs = []
+    return files

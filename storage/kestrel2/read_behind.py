@@ -1,0 +1,72 @@
+"""The read-behind cursor: where the next item not held in memory is, in the queue's journal files.
+
+Once a queue holds `max_memory_size` bytes, new items are only counted and journaled; this cursor
+reads their add records back, file after file, as the head drains. It stops at its `stop` (while a
+replay has applied the journal only that far) or at the end of the last file, the live journal
+(the queue caught up: it leaves read-behind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2.reader import JournalReader
+from kestrel.storage.kestrel2.replay import ADDS, item_of
+
+Files = list[tuple[int, str]]  # (sort key, path) in replay order: rotated timestamps, then LIVE
+LIVE = 2**63  # sort key of the live journal, after every rotated timestamp
+
+
+class ReadBehind:
+    """Reads add records forward from (`key`, `offset`), crossing into later files of `files()`.
+
+    `on_leave(key)` is told each time the cursor has read the whole of file `key` and moved on.
+    """
+
+    def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
+                 on_leave: Callable[[int], None] | None = None) -> None:
+        self._files = files
+        self._on_leave = on_leave
+        self.key = key
+        self.reader = JournalReader(path, offset)
+        self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
+
+    def next_item(self, now: int) -> QItem | None:
+        """The next journaled item, or None once the cursor is at `stop` or at the end of the
+        live journal; `now` is the add time of a starling ADD record."""
+        stop = self.stop
+        while True:
+            if stop is not None and self.key == stop[0] and self.reader.offset >= stop[1]:
+                return None
+            entry = self.reader.next()
+            if entry is None:
+                if not self._advance():
+                    return None
+                continue
+            record = entry[1]
+            if isinstance(record, ADDS):
+                return item_of(record, now)
+
+    def _advance(self) -> bool:
+        """Move to the next file; False when there is none (the cursor is in the live journal)."""
+        if self.key == LIVE:
+            return False
+        following = next(((k, p) for k, p in self._files() if k > self.key), None)
+        if following is None:
+            return False
+        left = self.key
+        self.reader.close()
+        self.key = following[0]
+        self.reader = JournalReader(following[1])
+        if self._on_leave is not None:
+            self._on_leave(left)
+        return True
+
+    def live_rotated(self, stamp: int) -> None:
+        """The live journal was renamed to the rotated file `stamp`: a cursor in it is there now."""
+        if self.key == LIVE:
+            self.key = stamp
+
+    def close(self) -> None:
+        self.reader.close()

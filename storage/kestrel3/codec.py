@@ -1,0 +1,200 @@
+"""Kestrel 3 journal records: the only code that knows their byte layout.
+
+A file is a 4-byte header naming its kind (writer journal or reader checkpoint), then records. A
+record is a command byte — the command in the high nibble, the number of 32-bit header words in the
+low nibble — then those header words, little-endian, then for commands 8 to 15 a data block whose
+byte count is the first header word. One frozen dataclass per command, pure encode/decode, no I/O.
+
+READ_DONE's first header word counts data bytes (8 per id): that is the rule for every command with
+a data block, and what Kestrel 3 writes; the format document's field name "count" could also be
+read as a count of ids.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum
+
+from kestrel.storage.kestrel2.codec import Incomplete, Malformed
+
+WRITER_MAGIC = bytes.fromhex("27642603")
+READER_MAGIC = bytes.fromhex("263C2603")
+MAGIC_SIZE = 4
+
+READ_HEAD = 0
+PUT = 8
+READ_DONE = 9
+
+COMMAND_NAMES = {READ_HEAD: "READ_HEAD", PUT: "PUT", READ_DONE: "READ_DONE"}
+
+# Data sizes are i32 and ids u64 (non-zero for items).
+MAX_DATA = 2**31 - 1
+MAX_ID = 2**64 - 1
+
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_PUT_HEAD = struct.Struct("<iiQq")  # data size, error count, id, add time
+_I64 = struct.Struct("<q")
+
+
+class FileKind(Enum):
+    """Which of the two file kinds a header announces; the value is the header itself."""
+
+    WRITER = WRITER_MAGIC
+    READER = READER_MAGIC
+
+    @property
+    def title(self) -> str:
+        return "writer journal" if self is FileKind.WRITER else "reader checkpoint"
+
+
+def kind_of(header: bytes) -> FileKind | None:
+    """The kind of file whose first four bytes are `header`, or None for anything else."""
+    for kind in FileKind:
+        if header == kind.value:
+            return kind
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """An item added to the queue (writer files only). Times are ms since the epoch."""
+
+    id: int
+    error_count: int
+    add_time: int
+    expire_time: int | None
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReadHead:
+    """A reader's head: the id of the last item it consumed (0 = nothing consumed yet)."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDone:
+    """Ids above the head that the reader confirmed out of order."""
+
+    ids: tuple[int, ...]
+
+
+Record = Put | ReadHead | ReadDone
+
+# The commands each kind of file may hold, and the header words each command takes.
+ALLOWED = {FileKind.WRITER: (PUT,), FileKind.READER: (READ_HEAD, READ_DONE)}
+_HEADER_WORDS = {PUT: (6, 8), READ_HEAD: (2,), READ_DONE: (1,)}
+
+
+def command_byte(command: int, header_words: int) -> int:
+    return command << 4 | header_words
+
+
+def encode(record: Record) -> bytes:
+    """The bytes of one record, exactly as the format lays them out.
+
+    Raises ValueError for values the format cannot hold (id 0 or over 64 bits, negative counts).
+    """
+    match record:
+        case Put(item_id, errors, add_time, expire_time, data):
+            _check_id(item_id, "PUT")
+            if not 0 <= errors <= MAX_DATA:
+                raise ValueError(f"error count {errors!r} is not a non-negative 32-bit number")
+            if len(data) > MAX_DATA:
+                raise ValueError(f"item of {len(data)} bytes is larger than {MAX_DATA} bytes")
+            head = _PUT_HEAD.pack(len(data), errors, item_id, add_time)
+            if expire_time is None:
+                return bytes([command_byte(PUT, 6)]) + head + data
+            return bytes([command_byte(PUT, 8)]) + head + _I64.pack(expire_time) + data
+        case ReadHead(item_id):
+            if not 0 <= item_id <= MAX_ID:
+                raise ValueError(f"head id {item_id!r} is not a 64-bit number")
+            return bytes([command_byte(READ_HEAD, 2)]) + _U64.pack(item_id)
+        case ReadDone(ids):
+            for item_id in ids:
+                _check_id(item_id, "READ_DONE")
+            return (bytes([command_byte(READ_DONE, 1)]) + _I32.pack(8 * len(ids))
+                    + struct.pack(f"<{len(ids)}Q", *ids))
+    raise TypeError(f"not a Kestrel 3 record: {record!r}")
+
+
+def _check_id(item_id: int, where: str) -> None:
+    if not 0 < item_id <= MAX_ID:
+        raise ValueError(f"{where} id {item_id!r} is not a non-zero 64-bit number")
+
+
+def record_length(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
+    """The full length of the record starting at `pos`, read from its command byte and header.
+
+    Needs only the command byte and first header word, so a reader can check the length against
+    what the file still holds before it reads (or allocates) the rest. Raises Incomplete when even
+    those are not in `buf`, Malformed when the command cannot start a record in this kind of file.
+    """
+    if pos >= len(buf):
+        raise Incomplete
+    byte = buf[pos]
+    command, words = byte >> 4, byte & 0x0F
+    if command not in COMMAND_NAMES:
+        raise Malformed(byte, f"unknown command {command} (command byte 0x{byte:02x})")
+    name = COMMAND_NAMES[command]
+    if command not in ALLOWED[kind]:
+        raise Malformed(byte, f"{name} (command byte 0x{byte:02x}) does not belong in a {kind.title}")
+    if words not in _HEADER_WORDS[command]:
+        expected = " or ".join(str(n) for n in _HEADER_WORDS[command])
+        raise Malformed(byte, f"{name} takes {expected} header words, not {words} "
+                              f"(command byte 0x{byte:02x})")
+    length = 1 + 4 * words
+    if command < 8:
+        return length
+    if pos + 5 > len(buf):
+        raise Incomplete
+    size: int
+    (size,) = _I32.unpack_from(buf, pos + 1)
+    if size < 0:
+        raise Malformed(byte, f"{name} has a negative data size {size}")
+    if command == READ_DONE and size % 8:
+        raise Malformed(byte, f"READ_DONE data of {size} bytes is not a whole number of 8-byte ids")
+    return length + size
+
+
+def decode(buf: bytes | memoryview, pos: int, kind: FileKind) -> tuple[Record, int]:
+    """Decode the record starting at `pos` in a file of `kind`; return it and the position after it.
+
+    Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be one.
+    """
+    stop = pos + record_length(buf, pos, kind)
+    if stop > len(buf):
+        raise Incomplete
+    byte = buf[pos]
+    command = byte >> 4
+    if command == PUT:
+        size, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
+        if item_id == 0:
+            raise Malformed(byte, "PUT of item id 0 (item ids are non-zero)")
+        if errors < 0:
+            raise Malformed(byte, f"PUT of item {item_id} has a negative error count {errors}")
+        expire_time = _I64.unpack_from(buf, pos + 25)[0] if byte & 0x0F == 8 else None
+        return Put(item_id, errors, add_time, expire_time, bytes(buf[stop - size:stop])), stop
+    if command == READ_HEAD:
+        return ReadHead(_U64.unpack_from(buf, pos + 1)[0]), stop
+    ids = tuple(struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5))
+    if 0 in ids:
+        raise Malformed(byte, "READ_DONE lists item id 0 (item ids are non-zero)")
+    return ReadDone(ids), stop
+
+
+def describe(record: Record) -> str:
+    """One record as a readable line, e.g. `put(id=5 errors=0 add=1700000000000 expire=- 2:hi)`."""
+    match record:
+        case Put(item_id, errors, add_time, expire_time, data):
+            expire = "-" if expire_time is None else str(expire_time)
+            return (f"put(id={item_id} errors={errors} add={add_time} expire={expire} "
+                    f"{len(data)}:{data.decode('utf-8', 'replace')})")
+        case ReadHead(item_id):
+            return f"read-head({item_id})"
+        case ReadDone(ids):
+            return f"read-done({','.join(str(i) for i in ids)})"
+    raise TypeError(f"not a Kestrel 3 record: {record!r}")

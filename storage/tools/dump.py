@@ -1,0 +1,125 @@
+"""`kestrel journal dump FILE...` (or `python -m kestrel.storage.tools.dump`): print a journal's
+records with offsets.
+
+Reads either format: a Kestrel 3 writer journal or reader checkpoint is told by its 4-byte header
+(neither header starts with a Kestrel 2 opcode), anything else is read as a Kestrel 2 journal. With
+`--queue NAME DIR` it prints instead the items a start-up would load for that queue from the
+Kestrel 2 journals in DIR (a read-only replay). For operators looking at a damaged or surprising
+journal; it never changes a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.kestrel2.codec import describe
+from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
+from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3 import files as kestrel3_files
+
+
+def dump(path: str, out: TextIO = sys.stdout) -> int:
+    """Print every record of `path`, then a line naming the file; return 0, or 1 if it is torn or corrupt."""
+    with open(path, "rb") as f:
+        header = f.read(k3.MAGIC_SIZE)
+    if k3.kind_of(header) is not None:
+        k3_reader = kestrel3_files.RecordReader(path)
+        out.write(f"{0:>12}  header: Kestrel 3 {k3_reader.kind.title} ({k3_reader.kind.value.hex(' ')})\n")
+        return _print_records(path, k3_reader, k3.describe, lambda: k3_reader.torn, out)
+    k2_reader = JournalReader(path, check_sizes=True)
+
+    def k2_torn() -> str | None:
+        left = k2_reader.leftover()
+        if not left:
+            return None
+        damage = torn_tail_damage(path, k2_reader.offset)
+        if damage is not None:  # a size field one bit off, not a torn write
+            raise CorruptJournalError(path, k2_reader.offset, None, damage)
+        return f"{left} bytes of an incomplete record"
+
+    return _print_records(path, k2_reader, lambda r: describe([r]), k2_torn, out)
+
+
+def _print_records(path: str, reader: JournalReader | kestrel3_files.RecordReader,
+                   show: Callable[[Any], str], torn: Callable[[], str | None], out: TextIO) -> int:
+    write = out.write
+    count = 0
+    try:
+        for offset, record in reader:
+            write(f"{offset:>12}  {show(record)}\n")
+            count += 1
+        why = torn()
+        if why:
+            write(f"{reader.offset:>12}  torn: {why}\n")
+            write(f"{path}: torn record at offset {reader.offset} after {count} records\n")
+            return 1
+        write(f"{path}: {count} records, {reader.offset} bytes\n")
+        return 0
+    except CorruptJournalError as e:
+        write(f"{e.offset:>12}  corrupt: {e.reason}\n")
+        write(f"{path}: corrupt record at offset {e.offset} after {count} records\n")
+        return 1
+    finally:
+        reader.close()
+
+
+def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Print each file in turn; return 0, or 1 if any was torn, corrupt or unreadable."""
+    status = 0
+    for path in paths:
+        try:
+            status = max(status, dump(path, out))
+        except OSError as e:
+            print(f"{path}: cannot read: {e.strerror or e}", file=err)
+            status = 1
+    return status
+
+
+def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Print the queue as a start-up would load it, open reads first; return 0, or 1 if it is damaged."""
+    try:
+        state = replay_queue(queue_path, queue)
+    except CorruptJournalError as e:
+        print(f"{e.path}: corrupt record at offset {e.offset}: {e.reason}", file=err)
+        return 1
+    except OSError as e:
+        print(f"{queue_path}: cannot read: {e.strerror or e}", file=err)
+        return 1
+    for position, item in enumerate(state.restart_order()):
+        state_of = f"open xid={item.xid}" if position < len(state.opens) else "queued"
+        expiry = item.expiry or "-"
+        out.write(f"{position:>12}  {state_of} add={item.add_time} expire={expiry} "
+                  f"{len(item.data)}:{item.data.decode('utf-8', 'replace')}\n")
+    out.write(f"{queue}: {len(state.opens)} open reads, {len(state.items)} items\n")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="journal files to print (either format), or with --queue the queue path")
+    parser.add_argument("--queue", metavar="NAME",
+                        help="print the items of queue NAME as a start-up would load them")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.queue is None:
+        return dump_files(args.files)
+    if len(args.files) != 1:
+        print("--queue takes exactly one directory: the queue path", file=sys.stderr)
+        return 2
+    return dump_queue(args.files[0], args.queue)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kestrel.storage.tools.dump", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
