@@ -12,7 +12,6 @@ from typing import Protocol, TypeVar
 import gevent
 import structlog
 
-from kestrel import __version__
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session
@@ -22,9 +21,6 @@ log = structlog.get_logger("kestrel.connection")
 
 RECV_CHUNK = 64 * 1024
 YIELD_SECONDS = 0.0005
-# What `version` answers: the Kestrel release whose protocols we speak, then our own version.
-# libmemcached's tools refuse a major version of 0.
-PROTOCOL_VERSION = f"2.4.1-py{__version__}"
 T = TypeVar("T")
 
 

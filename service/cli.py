@@ -26,7 +26,7 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from kestrel import __version__  # noqa: E402
+from kestrel import SERVER_VERSION  # noqa: E402
 from kestrel.service.config import load, with_overrides  # noqa: E402
 from kestrel.service.logs import configure_logging  # noqa: E402
 from kestrel.storage.errors import (  # noqa: E402
@@ -42,7 +42,7 @@ from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kestrel", description="A durable Kestrel queue server.")
-    parser.add_argument("--version", action="version", version=f"kestrel {__version__}")
+    parser.add_argument("--version", action="version", version=f"kestrel {SERVER_VERSION}")
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="serve the queues (the default)")
     for p in (parser, serve):

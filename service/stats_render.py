@@ -22,11 +22,14 @@ def memcache_stats(server: ServerState) -> bytes:
 
 
 def queue_blocks(per_queue: dict[str, dict[str, Any]]) -> bytes:
-    """`queue '<name>' {` blocks of `  key=value` lines, then END (Kestrel's DUMP_STATS layout)."""
+    """`queue '<name>' {` blocks of `  key=value` lines, then END (Kestrel's DUMP_STATS layout).
+
+    Every line ends in CRLF, as Kestrel's do: clients read the reply line by line up to `END`.
+    """
     parts = []
     for name, values in per_queue.items():
-        body = "".join(f"  {key}={value}\n" for key, value in values.items())
-        parts.append(f"queue '{name}' {{\n{body}}}\n")
+        body = "".join(f"  {key}={value}\r\n" for key, value in values.items())
+        parts.append(f"queue '{name}' {{\r\n{body}}}\r\n")
     return ("".join(parts) + "END\r\n").encode()
 
 

@@ -35,7 +35,7 @@ def _check_characters(what: str, name: str, forbidden: dict[str, str], surrogate
     for char, why in forbidden.items():  # in the table's order: a path separator is named first
         if char in name:
             raise InvalidQueueName(f"{what} name {name!r} contains {char!r}, which is not allowed: {why}")
-    if any(c.isspace() or ord(c) < 32 for c in name):
+    if any(c.isspace() or ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in name):  # C0, DEL and C1
         raise InvalidQueueName(f"{what} name {name!r} contains whitespace or a control character")
     if surrogates and any(0xD800 <= ord(c) <= 0xDFFF for c in name):
         raise InvalidQueueName(f"{what} name {name!r} contains a lone surrogate, not a character")

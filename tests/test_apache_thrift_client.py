@@ -15,7 +15,6 @@ import pytest
 from kestrel.contract import IDL_PATH
 from tests.installs import ensure_debian_package
 
-
 GENERATED = "apache_kestrel"
 
 

@@ -163,6 +163,8 @@ def test_stats_and_dump_stats_name_every_figure(server: ServerProcess) -> None:
         assert f"queue_st_{stat}" in names, stat
     dump = exchange(s, b"dump_stats\r\n", b"END\r\n").decode()
     assert "queue 'st' {" in dump and "  items=1" in dump
+    # Kestrel's line ending on every line: its clients read lines up to END and wait forever otherwise
+    assert dump.endswith("}\r\nEND\r\n") and "\n" not in dump.replace("\r\n", "")
 
 
 def test_text_protocol(server: ServerProcess) -> None:

@@ -59,6 +59,19 @@ def test_refused_set_header_skips_its_announced_data(server: ServerProcess) -> N
     assert get_item(server.memcache_port, "victim") == b"VALUE victim 0 8\r\nprecious\r\nEND\r\n"
 
 
+@pytest.mark.parametrize("header", [b"add victim 0 0 %d", b"replace victim 0 0 %d", b"append victim 0 0 %d",
+                                    b"prepend victim 0 0 %d", b"cas victim 0 0 %d 1"])
+def test_unsupported_storage_commands_never_run_their_data(server: ServerProcess, header: bytes) -> None:
+    set_item(server.memcache_port, "victim", b"precious")
+    data = b"flush victim"
+    s = conn(server.memcache_port)
+    reply = exchange(s, header % len(data) + b"\r\n" + data + b"\r\nget nothing_here\r\n", b"END\r\n")
+    verb = header.split()[0]
+    assert reply.startswith(b"CLIENT_ERROR " + verb + b" is not supported")
+    assert reply.endswith(b"\r\nEND\r\n") and reply.count(b"\r\n") == 2  # the data ran as nothing
+    assert get_item(server.memcache_port, "victim") == b"VALUE victim 0 8\r\nprecious\r\nEND\r\n"
+
+
 def test_out_of_range_expiry_is_a_client_error(server: ServerProcess) -> None:
     s = conn(server.memcache_port)
     reply = exchange(s, b"set e 0 9223372036854776 1\r\nx\r\n")
@@ -277,7 +290,7 @@ def test_dump_stats_of_named_queues(server: ServerProcess) -> None:
     set_item(server.memcache_port, "two", b"2")
     s = conn(server.memcache_port)
     dump = exchange(s, b"dump_stats two\r\n", b"END\r\n").decode()
-    assert dump.startswith("queue 'two' {\n") and "  items=1\n" in dump and "'one'" not in dump
+    assert dump.startswith("queue 'two' {\r\n") and "  items=1\r\n" in dump and "'one'" not in dump
 
 
 def test_read_only_commands_do_not_create_queues(server: ServerProcess) -> None:

@@ -52,3 +52,30 @@ def test_empty_and_unknown_lines_are_client_errors() -> None:
         with pytest.raises(ProtocolError) as refused:
             parse_line(line)
         assert refused.value.reply == reply
+
+
+@pytest.mark.parametrize("line, skip, close", [
+    (b"add q 0 0 10", 12, False),  # each storage verb's data block is skipped, never run as a command
+    (b"replace q 0 0 3 noreply", 5, False),
+    (b"append q 0 0 0", 2, False),
+    (b"prepend q 0 0 7", 9, False),
+    (b"cas q 0 0 10 12345", 12, False),
+    (b"add q 0 0 abc", 0, True),  # its length unreadable: the connection closes
+    (b"cas q", 0, True),
+])
+def test_unsupported_storage_commands_drop_their_data(line: bytes, skip: int, close: bool) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_line(line)
+    verb = line.split()[0].decode()
+    assert refused.value.reply.startswith(f"CLIENT_ERROR {verb} is not supported")
+    assert (refused.value.skip, refused.value.close) == (skip, close)
+
+
+@pytest.mark.parametrize("line, name", [
+    (b"version foo bar", "version"),  # what follows is ignored, as Kestrel and memcached do
+    (b"stats cachedump 0 0", "stats"),  # libmemcached's memcdump
+    (b"stats items", "stats"),
+    (b"reload now", "reload"),
+])
+def test_arguments_kestrel_ignores_are_ignored(line: bytes, name: str) -> None:
+    assert parse_line(line).name == name

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as MemcacheClient
 
+from kestrel import SERVER_VERSION
 from tests.conftest import ServerProcess
 from tests.test_shutdown import _thrift_client
 
@@ -42,6 +43,11 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
         assert thrift.put("rpc", [b"a", b"b"], 0) == 2
         text.sendall(b"put lines:\none\n\n")
         assert text.recv(100) == b"+1\n"
+        # One version on every face of the server.
+        text.sendall(b"version\n")
+        assert text.recv(100) == b":%s\n" % SERVER_VERSION.encode()
+        assert thrift.get_version() == mc.version().decode() == SERVER_VERSION
+        assert mc.stats()[b"version"] == SERVER_VERSION.encode()
         deadline = time.monotonic() + 5
         while True:
             families = _scrape(srv)
@@ -65,7 +71,7 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
     assert _sample(items, "kestrel_queue_items", queue="rpc") == 2
     assert _sample(items, "kestrel_queue_items", queue="packed") == 0
     assert _sample(families["kestrel_queue_total_items"], "kestrel_queue_total_items_total", queue="packed") == 20
-    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version="0.1.0") == 1
+    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version=SERVER_VERSION) == 1
     assert all(f.documentation for f in families.values())
 
     # Request latency per protocol and command.

@@ -215,7 +215,8 @@ def test_keep_journal_false_is_memory_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name, reason", [
     ("a/b", "path separator"), ("a~b", "temporary"), ("a.b", "reserved"), ("+x", "parent+child"),
     ("a+b+c", "parent+child"), ("", "empty"), ("a b", "whitespace"), ("../x", "path separator"),
-    ("..", "reserved"),
+    ("..", "reserved"), ("a\x7fb", "control character"), ("a\x85b", "control character"),
+    ("a\x01b", "control character"),
 ])
 def test_bad_queue_names_are_refused_with_a_reason(tmp_path: Path, name: str, reason: str) -> None:
     coll = make(tmp_path)

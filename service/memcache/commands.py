@@ -118,15 +118,34 @@ def _split_noreply(args: list[str]) -> tuple[list[str], bool]:
 # memcache exptime is a 32-bit field: relative seconds, or epoch seconds up to 2106.
 EXPIRY_LOW, EXPIRY_HIGH = -(2**31), 2**32 - 1
 MAX_ITEM_BYTES = 2**31 - 1
-_NO_ARGS = {"version", "shutdown", "reload", "stats", "dump_config", "quit", "flush_all_expired"}
+# Commands whose arguments Kestrel ignores, as memcached does for `version` and `stats <group>`
+# (libmemcached's memcdump sends `stats cachedump 0 0`).
+_ARGS_IGNORED = {"version", "shutdown", "reload", "stats", "dump_config", "quit", "flush_all_expired"}
 _ONE_QUEUE = {"delete", "flush", "flush_expired"}
+# memcache storage commands Kestrel does not support: their data block is read and dropped, never
+# run as commands, as Kestrel's decoder reads the data of any storage command.
+_UNSUPPORTED_STORAGE = {"add", "replace", "append", "prepend", "cas"}
+
+
+def _data_length(args: list[str]) -> int | None:
+    """A storage command's `<bytes>` field (its fourth argument), or None when it cannot be read."""
+    if len(args) >= 4 and _is_digits(args[3]) and len(args[3]) <= 10 and int(args[3]) <= MAX_ITEM_BYTES:
+        return int(args[3])
+    return None
+
+
+def _refuse_storage(name: str, args: list[str]) -> ProtocolError:
+    """`add`, `cas` and the like: one error, and the announced data block skipped unread."""
+    reply = f"CLIENT_ERROR {name} is not supported: kestrel queues take set"
+    size = _data_length(args)
+    if size is None:
+        return ProtocolError(reply + " (closing: the item's length is unknown)", close=True)
+    return ProtocolError(reply, skip=size + 2)
 
 
 def _parse_set(args: list[str]) -> Command:
     """`set <queue> <flags> <exptime> <bytes> [noreply]`; a refusal says how much data to skip."""
-    size: int | None = None
-    if len(args) >= 4 and _is_digits(args[3]) and len(args[3]) <= 10 and int(args[3]) <= MAX_ITEM_BYTES:
-        size = int(args[3])
+    size = _data_length(args)
     try:
         if len(args) not in (4, 5) or (len(args) == 5 and args[4] != "noreply"):
             raise client_error("usage: set <queue> <flags> <exptime> <bytes> [noreply]")
@@ -164,6 +183,8 @@ def parse_line(line: bytes) -> Command:
         return Command("get", key=args[0], get=parse_get_key(args[0]), cas=name == "gets")
     if name == "set":
         return _parse_set(args)
+    if name in _UNSUPPORTED_STORAGE:
+        raise _refuse_storage(name, args)
     args, noreply = _split_noreply(args)
     if name in _ONE_QUEUE:
         if len(args) == 2 and name == "delete" and args[1] == "0":
@@ -179,9 +200,7 @@ def parse_line(line: bytes) -> Command:
         return Command(name, noreply=noreply)
     if name == "dump_stats":
         return Command(name, keys=tuple(args), noreply=noreply)
-    if name in _NO_ARGS:
-        if args:
-            raise client_error(f"{name} takes no arguments")
+    if name in _ARGS_IGNORED:
         return Command(name, noreply=noreply)
     if name == "monitor":
         if len(args) not in (2, 3):

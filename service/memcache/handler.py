@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import structlog
 
+from kestrel import SERVER_VERSION
 from kestrel.service import metrics
 from kestrel.service.buffered_connection import (
-    PROTOCOL_VERSION,
     BufferedConnection,
     CloseConnection,
     make_listener,
@@ -218,7 +218,7 @@ class MemcacheConnection(BufferedConnection):
         self.reply(command, b"%d\r\n" % self.session.flush_all_expired())
 
     def do_version(self, command: Command) -> None:
-        self.out.append(f"VERSION {PROTOCOL_VERSION}\r\n".encode())
+        self.out.append(f"VERSION {SERVER_VERSION}\r\n".encode())
 
     def do_shutdown(self, command: Command) -> None:
         log.info("shutdown requested", client=self.peer)

@@ -8,7 +8,7 @@ from typing import Any
 import gevent.event
 import structlog
 
-from kestrel import __version__
+from kestrel import SERVER_VERSION
 from kestrel.service.config import ServerConfig
 from kestrel.service.session.open_reads import ReadsById
 from kestrel.service.session.read_ids import ReadIds
@@ -30,7 +30,7 @@ class ServerState:
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
                                    config.status_change_grace_period, self.collection.runtime)
         self.stats = ServerStats()
-        self.version = __version__
+        self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
         self.shutdown_requested = gevent.event.Event()
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import gevent
 import structlog
 
+from kestrel import SERVER_VERSION
 from kestrel.service import metrics
 from kestrel.service.buffered_connection import (
-    PROTOCOL_VERSION,
     YIELD_SECONDS,
     BufferedConnection,
     CloseConnection,
@@ -192,7 +192,7 @@ class TextConnection(BufferedConnection):
         return b"+0\n"
 
     def do_version(self, command: TextCommand) -> bytes:
-        return b":%s\n" % PROTOCOL_VERSION.encode()
+        return b":%s\n" % SERVER_VERSION.encode()
 
     def do_quit(self, command: TextCommand) -> bytes:
         raise CloseConnection
