@@ -17,6 +17,7 @@ from kestrel.service.config import ServerConfig
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.runtime import DEFAULT_RUNTIME
 
 if TYPE_CHECKING:
     from kestrel.service.zookeeper import ServerSetMembership
@@ -52,7 +53,9 @@ class App:
         self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
         self.lock.acquire("kestrel serve")
         try:
-            self.server = ServerState(config)
+            # gevent's runtime: the listeners serve on its hub, and the storage and the sessions
+            # under them take their clock, timers and events from it.
+            self.server = ServerState(config, runtime=DEFAULT_RUNTIME)
         except BaseException:
             self.lock.release()
             raise

@@ -129,8 +129,15 @@ class BufferedConnection:
             except OSError:
                 received = 0
             if not received:
-                self.session.client_gone(waiter)
+                self.session.client_gone()
+                gevent.get_hub().loop.run_callback(self._cancel_wait, waiter)
                 return
+
+    def _cancel_wait(self, waiter: gevent.Greenlet) -> None:
+        """From the hub, once the watcher is done: end `waiter`'s wait for an item if it is in one
+        (the session says when; anywhere else, an item could be taken half way)."""
+        if self.session.waiting and not waiter.dead:
+            waiter.throw(ClientGone())
 
 
 class Connection(Protocol):

@@ -250,7 +250,9 @@ class ManualRuntime:
         return self.base.spawn(fn)
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
-        timer = _ManualTimer(self.clock.ms + math.ceil(max(seconds, 0.0) * 1000.0), fn)
+        # Rounded to the microsecond before the ceiling: a wait's rest (its deadline less now, in
+        # float seconds near the epoch) is off by a fraction of a microsecond, not by a millisecond.
+        timer = _ManualTimer(self.clock.ms + math.ceil(round(max(seconds, 0.0) * 1000.0, 3)), fn)
         with self._guard:
             heapq.heappush(self._timers, (timer.due_ms, next(self._order), timer))
         return timer

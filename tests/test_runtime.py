@@ -190,3 +190,15 @@ def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_pa
     again.load()
     assert again.queue("q").length == 0 and again.queue("q").open_transactions == 0
     again.close()
+
+
+def test_a_timer_for_the_rest_of_a_wait_fires_at_the_waits_deadline() -> None:
+    runtime = ManualRuntime()
+    deadline = runtime.clock.monotonic() + 1.0
+    runtime.advance(100)
+    fired: list[int] = []
+    runtime.call_later(deadline - runtime.clock.monotonic(), lambda: fired.append(runtime.clock.ms))
+    runtime.advance(899)
+    assert fired == []
+    runtime.advance(1)
+    assert fired == [runtime.clock.ms]

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import gevent.event
 import structlog
 
 from kestrel import SERVER_VERSION
@@ -15,32 +13,44 @@ from kestrel.service.session.read_ids import ReadIds
 from kestrel.service.session.stats import ServerStats
 from kestrel.service.session.status import StatusKeeper
 from kestrel.storage import QueueCollection
+from kestrel.storage.runtime import Runtime
 
 log = structlog.get_logger("kestrel.server")
 
 
 class ServerState:
-    """What the sessions share: the queues, the status, the counters and the open reads by id."""
+    """What the sessions share: the queues, the status, the counters and the open reads by id.
 
-    def __init__(self, config: ServerConfig, collection: QueueCollection | None = None) -> None:
+    Time, timers and events come from the storage's runtime (`runtime`, or `collection`'s when one is
+    given; gevent unless told), so that one manual clock drives the queues and the sessions alike.
+    """
+
+    def __init__(self, config: ServerConfig, collection: QueueCollection | None = None,
+                 runtime: Runtime | None = None) -> None:
         self.config = config
-        self.collection = collection or QueueCollection(config.queue_path, config.queues,
-                                                        config.aliases, salvage=config.salvage,
-                                                        max_queues=config.max_queues)
+        if collection is None:
+            collection = QueueCollection(config.queue_path, config.queues, config.aliases,
+                                         salvage=config.salvage, max_queues=config.max_queues,
+                                         runtime=runtime)
+        elif runtime is not None and runtime is not collection.runtime:
+            raise ValueError("the server's runtime must be its collection's")
+        self.collection = collection
+        self.runtime = collection.runtime
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
-                                   config.status_change_grace_period, self.collection.runtime)
-        self.stats = ServerStats()
+                                   config.status_change_grace_period, self.runtime)
+        self.stats = ServerStats(start_time=collection.clock.now_ms() / 1000.0)
         self.version = SERVER_VERSION
-        self.reads_by_id = ReadsById(self.collection, ReadIds(config.queue_path, self.collection.clock))
-        self.shutdown_requested = gevent.event.Event()
+        self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
+        self.shutdown_requested = self.runtime.event()
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""
         coll = self.collection
         s = self.stats
+        now = coll.clock.now_ms() / 1000.0
         return {
-            "uptime": int(time.time() - s.start_time),
-            "time": int(time.time()),
+            "uptime": int(now - s.start_time),
+            "time": int(now),
             "version": self.version,
             "curr_items": coll.current_items(),
             "total_items": coll.total_items_added,

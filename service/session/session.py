@@ -4,15 +4,16 @@ Protocol handlers parse a request, call a Session method and encode the reply. T
 here once: what the server status allows, how reads are opened and closed (the open reads
 themselves are kept in `open_reads.py`: Thrift's by id, with auto-abort deadlines; memcache and
 text one per queue and connection, aborted when the connection drops).
+
+Deadlines are read from the server's runtime clock, the one the queues' waits use, so a manual
+runtime drives the session's waits and auto-aborts as it drives the storage's.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import gevent
 import structlog
 
 from kestrel.service.logs import bind_client
@@ -36,7 +37,8 @@ class OpenReadConflict(SessionError):
 
 
 class ClientGone(Exception):
-    """Raised inside a blocking read whose client has hung up."""
+    """Raised inside a blocking read whose client has hung up (by the session before a wait, or
+    thrown into the waiting task by the connection that saw the hang-up)."""
 
 
 class Session:
@@ -49,12 +51,13 @@ class Session:
         self.coll = server.collection
         self.status = server.status
         self.stats = server.stats
+        self._monotonic = server.runtime.clock.monotonic  # looked up once, read on every wait
         self.reads = OpenReads(server.config.max_open_reads)
         self.stats.curr_connections += 1
         self.stats.total_connections += 1
         self.closed = False
         self.gone = False  # the client hung up during a blocking read
-        self._waiting = False  # in the one wait a hang-up may cancel
+        self.waiting = False  # in the one wait a hang-up may cancel
 
     def close(self) -> None:
         """The connection is gone: its memcache-style open reads go back to their queues (Thrift
@@ -131,8 +134,8 @@ class Session:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
         items = self.coll.remove_many(queue, max_items, transaction)
-        deadline = time.monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
-        while len(items) < max_items and timeout_ms > 0 and (wait := deadline - time.monotonic()) > 0:
+        deadline = self._monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
+        while len(items) < max_items and timeout_ms > 0 and (wait := deadline - self._monotonic()) > 0:
             item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
             if item is None:
                 break
@@ -158,37 +161,34 @@ class Session:
     # -----------------------------------------------------------------------------------------
     # Memcache-style reads: open reads kept per queue on this connection, oldest first
 
-    def client_gone(self, waiter: gevent.Greenlet) -> None:
-        """The connection saw its client hang up: cancel `waiter`'s wait for an item, if it is in one.
+    def client_gone(self) -> None:
+        """The connection saw its client hang up: no wait for an item starts from now on.
 
-        Only the wait itself is cancelled (never a remove or a journal write in progress), so the
-        dead connection takes no item; its open reads are aborted when the connection closes.
+        A wait already under way is the connection's to cancel, by raising ClientGone in the task
+        that waits while `waiting` is true: it knows that task, the session does not. Only the wait
+        itself is cancellable (never a remove or a journal write in progress), so the dead
+        connection takes no item; its open reads are aborted when the connection closes.
         """
         self.gone = True
-        gevent.get_hub().loop.run_callback(self._cancel_wait, waiter)
-
-    def _cancel_wait(self, waiter: gevent.Greenlet) -> None:
-        if self._waiting and not waiter.dead:
-            waiter.throw(ClientGone())
 
     def _wait_for_item(self, queue: str, seconds: float) -> bool:
         """Wait until `queue` has a head item (the one wait a hang-up may cancel)."""
         if self.gone:
             raise ClientGone
-        self._waiting = True
+        self.waiting = True
         try:
             return self.coll.peek(queue, seconds) is not None
         finally:
-            self._waiting = False
+            self.waiting = False
 
     def _take(self, queue: str, seconds: float, open: bool = False, peek: bool = False) -> QItem | None:
         """The head item (removed, opened or only looked at), waiting up to `seconds` for one."""
-        deadline = time.monotonic() + seconds
+        deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
         while True:
             item = self.coll.peek(queue) if peek else self.coll.remove(queue, open)
-            if item is not None:
+            if item is not None or seconds <= 0:
                 return item
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._monotonic()
             if remaining <= 0 or not self._wait_for_item(queue, remaining):
                 return None
 
@@ -235,10 +235,10 @@ class Session:
         """
         self.status.check_read("monitor")
         max_items = self.reads.max_open_reads if max_items is None else max_items
-        deadline = time.monotonic() + self._wait_seconds(timeout_ms)
+        deadline = self._monotonic() + self._wait_seconds(timeout_ms)
         count = 0
         while count < max_items and self.reads.room(queue) > 0:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._monotonic()
             if remaining <= 0:
                 return
             item = self._take(queue, remaining, open=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class ServerStats:
-    start_time: float = field(default_factory=time.time)
+    start_time: float  # wall-clock seconds, from the server's clock (so uptime follows a manual clock)
     curr_connections: int = 0
     total_connections: int = 0
     cmd_get: int = 0

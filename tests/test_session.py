@@ -1,0 +1,387 @@
+"""The session layer without sockets: the rules every protocol shares (status refusals, open reads
+and their limits, auto-abort, waits with deadlines, stats), on a manual runtime whose clock the
+tests move instead of sleeping. Waiting calls run in a greenlet; `gevent.sleep(0)` lets it run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+import structlog
+
+from kestrel.service.config import ServerConfig
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.session import ClientGone, OpenReadConflict, Session, SessionError
+from kestrel.service.session.status import Status
+from kestrel.storage import QueueCollection
+from kestrel.storage.errors import RefusedByStatus
+from kestrel.storage.runtime import ManualRuntime
+
+MakeServer = Callable[..., ServerState]
+
+
+@pytest.fixture
+def runtime() -> ManualRuntime:
+    return ManualRuntime()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, runtime: ManualRuntime) -> Iterator[MakeServer]:
+    """A server on the manual runtime with the given settings (status file in the queue path)."""
+    servers: list[ServerState] = []
+
+    def make(**settings: Any) -> ServerState:
+        server = ServerState(ServerConfig(queue_path=str(tmp_path / "queues"), **settings), runtime=runtime)
+        server.collection.load()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+    structlog.contextvars.clear_contextvars()  # each Session names its client in the log context
+
+
+@pytest.fixture
+def server(make_server: MakeServer) -> ServerState:
+    return make_server(max_open_reads=3)
+
+
+def _drain(server: ServerState, queue: str) -> list[bytes]:
+    """What `queue` holds, head first (taken out past the session, so no counter moves)."""
+    return [item.data for item in server.collection.remove_many(queue, 1_000)]
+
+
+def _open_reads(server: ServerState, queue: str) -> int:
+    return server.collection.queue(queue).stats()["open_transactions"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+def test_read_only_refuses_every_write_and_still_serves_reads(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    session.set_status("readonly")
+    writes: list[Callable[[], object]] = [
+        lambda: session.put("q", [b"d"]), lambda: session.flush("q"), lambda: session.flush_expired("q"),
+        session.flush_all_expired, session.flush_all, lambda: session.delete("q")]
+    for write in writes:
+        with pytest.raises(RefusedByStatus, match="refused: server is ReadOnly"):
+            write()
+    assert session.get_one("q") == b"a"
+    head = session.peek("q")
+    assert head is not None and head.data == b"b"
+    assert session.get_items("q", 1) == [(b"b", 0)]
+    assert _drain(server, "q") == [b"c"]
+
+
+def test_quiescent_refuses_reads_but_open_reads_can_still_be_confirmed(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    session.put("r", [b"x", b"y"])
+    [(_, read_id)] = session.get_items("q", 1, auto_abort_ms=60_000)
+    assert session.get_one("r", open=True) == b"x"
+    session.set_status(int(Status.QUIESCENT))  # as Thrift sends it
+    reads: list[Callable[[], object]] = [
+        lambda: session.get_one("q"), lambda: session.get_one("q", peek=True),
+        lambda: session.get_one("q", abort=True), lambda: session.get_items("q", 1),
+        lambda: session.abort_ids("q", {read_id}), lambda: session.peek("q"), lambda: session.queue_info("q"),
+        lambda: list(session.monitor("q", 1_000)), lambda: session.put("q", [b"d"])]
+    for read in reads:
+        with pytest.raises(RefusedByStatus, match="refused: server is Quiescent"):
+            read()
+    assert session.confirm_ids("q", {read_id}) == 1
+    assert session.get_one("r", close=True) is None  # a memcache close alone is a confirm
+    assert _open_reads(server, "q") == _open_reads(server, "r") == 0
+    assert _drain(server, "q") == [b"b", b"c"] and _drain(server, "r") == [b"y"]
+
+
+def test_a_stricter_status_bites_after_the_grace_period_on_the_servers_clock(
+        make_server: MakeServer, runtime: ManualRuntime) -> None:
+    session = Session(make_server(status_change_grace_period=1_000), "client")
+    session.set_status("readonly")
+    assert session.current_status() == Status.READ_ONLY
+    runtime.advance(999)
+    assert session.put("q", [b"a"]) == 1  # Up is enforced until the grace period ends
+    runtime.advance(1)
+    with pytest.raises(RefusedByStatus, match="server is ReadOnly"):
+        session.put("q", [b"b"])
+
+
+def test_an_unknown_status_is_the_clients_error(server: ServerState) -> None:
+    session = Session(server, "client")
+    with pytest.raises(SessionError, match="unknown status 'sideways'"):
+        session.set_status("sideways")
+    assert session.current_status() == Status.UP
+
+
+# ---------------------------------------------------------------------------------------------
+# Memcache-style open reads
+
+
+def test_close_confirms_an_open_read_and_abort_puts_it_back_at_the_head(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    assert session.get_one("q", open=True) == b"a"
+    assert _open_reads(server, "q") == 1
+    assert session.get_one("q", close=True, open=True) == b"b"  # confirm a, open b
+    assert session.get_one("q", abort=True) is None  # b goes back
+    assert _open_reads(server, "q") == 0
+    assert _drain(server, "q") == [b"b", b"c"]
+
+
+def test_a_connection_holds_one_open_read_per_queue(server: ServerState) -> None:
+    session, other = Session(server, "client"), Session(server, "other")
+    session.put("q", [b"a", b"b", b"c"])
+    session.put("r", [b"x"])
+    assert session.get_one("q", open=True) == b"a"
+    with pytest.raises(SessionError, match="already have an open read on this queue") as opened:
+        session.get_one("q", open=True)
+    assert type(opened.value) is SessionError
+    with pytest.raises(OpenReadConflict):  # memcache answers ERROR and closes the connection
+        session.get_one("q")
+    assert session.get_one("q", peek=True) == b"b"  # a peek takes nothing: allowed
+    assert session.get_one("r", open=True) == b"x"  # another queue: allowed
+    assert other.get_one("q", open=True) == b"b"  # another connection: allowed
+    assert session.confirm_reads("q") == 1
+    assert session.get_one("q", open=True) == b"c"
+
+
+def test_monitor_opens_reads_up_to_max_open_reads(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"1", b"2", b"3", b"4", b"5"])
+    assert list(session.monitor("q", 1_000)) == [b"1", b"2", b"3"]  # max_open_reads: 3
+    assert list(session.monitor("q", 1_000)) == []  # no room left on this queue
+    assert session.confirm_reads("q", 2) == 2  # the oldest two
+    assert list(session.monitor("q", 1_000, max_items=1)) == [b"4"]
+    session.abort_pending("q")  # 3 and 4 go back, oldest first
+    assert _drain(server, "q") == [b"3", b"4", b"5"]
+    assert server.stats.get_hits == 4 and server.stats.cmd_get == 0
+
+
+def test_a_closed_connection_aborts_its_open_reads_to_the_head(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    session.put("r", [b"x"])
+    assert list(session.monitor("q", 1_000, max_items=2)) == [b"a", b"b"]
+    assert session.get_one("r", open=True) == b"x"
+    assert server.stats.curr_connections == 1
+    session.close()
+    session.close()  # a second close changes nothing
+    assert server.stats.curr_connections == 0 and server.stats.total_connections == 1
+    assert _open_reads(server, "q") == 0
+    assert _drain(server, "q") == [b"a", b"b", b"c"] and _drain(server, "r") == [b"x"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Thrift-style open reads: by id, capped per connection and queue, aborted by their timer
+
+
+def test_max_open_reads_caps_each_queue_of_each_connection(server: ServerState) -> None:
+    session, other = Session(server, "client"), Session(server, "other")
+    session.put("q", [b"%d" % i for i in range(8)])
+    session.put("r", [b"x"])
+    reads = session.get_items("q", 10, auto_abort_ms=60_000)
+    assert [data for data, _ in reads] == [b"0", b"1", b"2"]  # max_open_reads: 3
+    assert session.get_items("q", 10, auto_abort_ms=60_000) == []
+    assert session.get_items("q", 1) == [(b"3", 0)]  # without auto-abort nothing stays open
+    assert len(session.get_items("r", 10, auto_abort_ms=60_000)) == 1  # another queue
+    assert len(other.get_items("q", 2, auto_abort_ms=60_000)) == 2  # another connection
+    assert session.confirm_ids("q", {reads[0][1]}) == 1
+    assert [data for data, _ in session.get_items("q", 10, auto_abort_ms=60_000)] == [b"6"]
+
+
+def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None:
+    session = Session(make_server(max_batch_items=2), "client")
+    session.put("q", [b"a", b"b", b"c"])
+    assert session.get_items("q", 10) == [(b"a", 0), (b"b", 0)]
+
+
+def test_auto_abort_puts_the_items_back_at_the_head_when_its_time_comes(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    reads = session.get_items("q", 2, auto_abort_ms=1_000)
+    assert [data for data, _ in reads] == [b"a", b"b"] and all(read_id > 0 for _, read_id in reads)
+    runtime.advance(999)
+    assert _open_reads(server, "q") == 2
+    runtime.advance(1)
+    assert _open_reads(server, "q") == 0
+    assert session.confirm_ids("q", {read_id for _, read_id in reads}) == 0  # too late
+    assert _drain(server, "q") == [b"a", b"b", b"c"]
+
+
+def test_reads_by_id_outlive_their_connection_and_close_from_any_other(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    session, other = Session(server, "client"), Session(server, "other")
+    session.put("q", [b"a", b"b", b"c"])
+    [(_, first), (_, second)] = session.get_items("q", 2, auto_abort_ms=1_000)
+    session.close()
+    assert _open_reads(server, "q") == 2  # closing the connection does not abort them
+    assert other.confirm_ids("q", {first}) == 1
+    assert other.confirm_ids("r", {second}) == 0  # an id closes a read of its own queue only
+    assert other.abort_ids("q", {second, 12345}) == 1
+    assert _open_reads(server, "q") == 0
+    runtime.advance(1_000)  # the timer finds nothing left to abort
+    assert _drain(server, "q") == [b"b", b"c"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Waits with deadlines
+
+
+def test_a_get_with_a_timeout_comes_back_empty_at_its_deadline(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    session = Session(server, "client")
+    waiter = gevent.spawn(session.get_one, "q", timeout_ms=500)
+    gevent.sleep(0)
+    assert session.waiting and server.collection.queue("q").waiters == 1
+    runtime.advance(499)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    gevent.sleep(0)
+    assert waiter.ready() and waiter.value is None
+    assert not session.waiting and server.collection.queue("q").waiters == 0 and runtime.timers == 0
+    assert server.stats.get_misses == 1
+
+
+def test_a_waiting_get_is_served_by_an_item_put_before_its_deadline(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    session, producer = Session(server, "client"), Session(server, "producer")
+    waiter = gevent.spawn(session.get_one, "q", timeout_ms=500, open=True)
+    gevent.sleep(0)
+    runtime.advance(400)
+    producer.put("q", [b"a"])
+    gevent.sleep(0)
+    assert waiter.ready() and waiter.value == b"a"
+    assert session.reads.holds("q") and runtime.timers == 0
+    assert server.stats.get_hits == 1
+
+
+def test_a_thrift_get_waits_for_the_rest_of_its_items_until_its_deadline(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    session, producer = Session(server, "client"), Session(server, "producer")
+    waiter = gevent.spawn(session.get_items, "q", 2, 1_000)
+    gevent.sleep(0)
+    runtime.advance(100)
+    producer.put("q", [b"a"])
+    gevent.sleep(0)
+    assert not waiter.ready()  # one of two: it waits on for the second
+    runtime.advance(899)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    gevent.sleep(0)
+    assert waiter.ready() and waiter.value == [(b"a", 0)]
+
+
+def test_monitor_keeps_one_deadline_for_all_its_items(server: ServerState, runtime: ManualRuntime) -> None:
+    session, producer = Session(server, "client"), Session(server, "producer")
+    monitor = gevent.spawn(lambda: list(session.monitor("q", 1_000)))
+    gevent.sleep(0)
+    runtime.advance(300)
+    producer.put("q", [b"a"])
+    gevent.sleep(0)
+    runtime.advance(699)
+    gevent.sleep(0)
+    assert not monitor.ready()
+    runtime.advance(1)
+    gevent.sleep(0)
+    assert monitor.ready() and monitor.value == [b"a"]
+    assert session.reads.holds("q") and server.stats.get_misses == 1
+
+
+@pytest.mark.parametrize("get", [
+    lambda session: session.get_one("q", timeout_ms=60_000),
+    lambda session: session.get_items("q", 1, 60_000),
+    lambda session: list(session.monitor("q", 60_000)),
+])
+def test_every_wait_is_capped_by_max_wait(make_server: MakeServer, runtime: ManualRuntime,
+                                          get: Callable[[Session], object]) -> None:
+    session = Session(make_server(max_wait=2_000), "client")
+    waiter = gevent.spawn(get, session)
+    gevent.sleep(0)
+    runtime.advance(1_999)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    gevent.sleep(0)
+    assert waiter.ready() and not waiter.value
+
+
+def test_once_the_client_is_gone_no_wait_starts_and_a_cancelled_wait_takes_nothing(
+        server: ServerState) -> None:
+    session, producer = Session(server, "client"), Session(server, "producer")
+    waiter = gevent.spawn(session.get_one, "q", timeout_ms=10_000)
+    gevent.sleep(0)
+    assert session.waiting
+    session.client_gone()
+    waiter.kill(ClientGone)  # what the connection does while `waiting` says it may
+    assert isinstance(waiter.exception, ClientGone) and not session.waiting
+    with pytest.raises(ClientGone):
+        session.get_one("q", timeout_ms=10_000)
+    assert server.collection.queue("q").waiters == 0
+    producer.put("q", [b"a"])
+    assert _drain(server, "q") == [b"a"]  # the dead connection took nothing
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes, expiry, stats
+
+
+def test_expiry_is_counted_from_the_servers_clock(server: ServerState, runtime: ManualRuntime) -> None:
+    session = Session(server, "client")
+    assert session.expiry_after(0) == 0  # never expires
+    assert session.expiry_after(1_000) == runtime.clock.now_ms() + 1_000
+    session.put("q", [b"late"], session.expiry_after(-5))  # already expired: accepted, never handed out
+    session.put("q", [b"soon"], session.expiry_after(1_000))
+    session.put("q", [b"never"])
+    runtime.advance(1_000)
+    assert session.get_one("q") == b"never"
+
+
+def test_flushing_a_missing_queue_does_not_create_it(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.flush("missing")
+    assert session.flush_expired("missing") == 0
+    assert "missing" not in server.collection.queue_names()
+
+
+def test_stats_count_commands_hits_and_misses(server: ServerState, runtime: ManualRuntime) -> None:
+    session = Session(server, "client")
+    Session(server, "other").close()
+    assert session.put("q", [b"a", b"b", b"c"]) == 3
+    assert session.get_one("q") == b"a"
+    assert session.get_one("empty") is None
+    assert session.get_one("q", peek=True) == b"b"
+    assert session.peek("q") is not None
+    assert session.get_items("q", 5) == [(b"b", 0), (b"c", 0)]
+    assert session.get_items("q", 5) == []
+    runtime.advance(5_000)
+    stats = server.global_stats()
+    assert {key: stats[key] for key in ("curr_connections", "total_connections", "cmd_set", "cmd_get",
+                                        "cmd_peek", "get_hits", "get_misses", "uptime")} == {
+        "curr_connections": 1, "total_connections": 2, "cmd_set": 3, "cmd_get": 4, "cmd_peek": 2,
+        "get_hits": 3, "get_misses": 2, "uptime": 5}
+    assert stats["time"] == runtime.clock.now_ms() // 1000
+
+
+def test_the_server_takes_its_collections_runtime(tmp_path: Path, runtime: ManualRuntime) -> None:
+    config = ServerConfig(queue_path=str(tmp_path))
+    collection = QueueCollection(str(tmp_path), runtime=runtime)
+    server = ServerState(config, collection)
+    assert server.runtime is runtime
+    waiter = gevent.spawn(server.shutdown_requested.wait, 1.0)
+    gevent.sleep(0)
+    runtime.advance(1_000)  # the shutdown event is the runtime's: its wait ends on the manual clock
+    gevent.sleep(0)
+    assert waiter.ready() and waiter.value is False
+    with pytest.raises(ValueError, match="runtime must be its collection's"):
+        ServerState(config, collection, ManualRuntime())
+    server.close()
