@@ -25,9 +25,9 @@ class CountingSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def recv_into(self, buffer: Any) -> int:
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
         try:
-            n = self.sock.recv_into(buffer)
+            n = self.sock.recv_into(buffer, nbytes)
         except BlockingIOError:
             self.found.append("nothing")
             raise
