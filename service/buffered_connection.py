@@ -16,11 +16,11 @@ from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session
 from kestrel.service.socket_io import ClientSocket, SendTimeout
+from kestrel.service.turns import Turns
 
 log = structlog.get_logger("kestrel.connection")
 
 RECV_CHUNK = 64 * 1024
-YIELD_SECONDS = 0.0005
 T = TypeVar("T")
 
 
@@ -44,10 +44,18 @@ class BufferedConnection:
         idle = server.config.client_timeout
         self.idle_timeout = None if idle is None else idle / 1000.0
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        self.turns = Turns(self.io)
 
     def process(self, buf: bytearray) -> int:
-        """Answer every complete request in `buf`; return how many bytes were used."""
+        """Answer every complete request in `buf`; return how many bytes were used. Between two
+        requests it calls `take_turns`, so that a pipelining client lets the others in."""
         raise NotImplementedError
+
+    def take_turns(self) -> None:
+        """Step aside when this connection has worked a whole turn, its replies so far sent."""
+        if self.turns.over():
+            self.send()
+            self.turns.step_aside()
 
     def mid_request(self) -> bool:
         """Whether a request spans what has been processed so far (an item still to come)."""
@@ -93,10 +101,7 @@ class BufferedConnection:
                     deadline = None
                 elif deadline is None:
                     deadline = time.monotonic() + request_timeout
-                if deadline is not None or received == RECV_CHUNK:
-                    # A client streaming a large request lets the others in; a short timer (unlike
-                    # sleep(0)) makes the loop poll their sockets too.
-                    gevent.sleep(YIELD_SECONDS)
+                self.take_turns()  # a client streaming a large request lets the others in too
         except CloseConnection:
             self.send()
         except ClientGone:

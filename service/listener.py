@@ -25,6 +25,7 @@ from gevent.socket import socket as gsocket
 
 from kestrel.service import LISTEN_BACKLOG
 from kestrel.service.socket_io import accepted
+from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.listener")
 
@@ -41,6 +42,7 @@ WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exha
 
 
 KEEPALIVE_PROBES = 3
+ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connections run
 
 
 def set_keepalive(sock: socket.socket | gsocket, idle_ms: int) -> None:
@@ -89,7 +91,11 @@ class Listener:
 
     def _accept_loop(self) -> None:
         backoff = MIN_BACKOFF
+        accepted_count = 0
         while True:
+            accepted_count += 1
+            if accepted_count % ACCEPT_BURST == 0:
+                step_aside()  # thousands connecting at once: the connections already here go on
             self.pool.wait_available()
             try:
                 client, address = self.socket.accept()

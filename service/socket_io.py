@@ -64,6 +64,7 @@ class ClientSocket:
         self.sock = sock
         self.chunk = chunk
         self.drained = True  # the last receive took all there was (it was under `chunk` bytes)
+        self.waited = False  # a receive waited for input since this was last cleared (service/turns.py)
         self.send_timeout = send_timeout
         self._readable: Any = None  # the loop's watchers of the socket, made at their first wait
         self._writable: Any = None
@@ -72,6 +73,7 @@ class ClientSocket:
         """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
         how many bytes came (0: the client closed). Raises TimeoutError."""
         if between_requests and self.drained:
+            self.waited = True
             self._wait_readable(timeout)
         scratch = _SCRATCH
         while True:
@@ -79,6 +81,7 @@ class ClientSocket:
                 n = self.sock.recv_into(scratch, self.chunk)
                 break
             except BlockingIOError:
+                self.waited = True
                 self._wait_readable(timeout)
         buf += scratch[:n]
         self.drained = n < self.chunk

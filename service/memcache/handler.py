@@ -70,6 +70,8 @@ class MemcacheConnection(BufferedConnection):
         pos = 0
         end = len(buf)
         while pos < end:
+            if pos:
+                self.take_turns()
             if self.discard:
                 step = min(self.discard, end - pos)
                 self.discard -= step

@@ -12,13 +12,11 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-import gevent
 import structlog
 
 from kestrel import SERVER_VERSION
 from kestrel.service import metrics
 from kestrel.service.buffered_connection import (
-    YIELD_SECONDS,
     BufferedConnection,
     CloseConnection,
     make_listener,
@@ -64,6 +62,8 @@ class TextConnection(BufferedConnection):
     def process(self, buf: bytearray) -> int:
         pos = 0
         while (nl := buf.find(b"\n", pos)) >= 0:
+            if pos:
+                self.take_turns()
             line = bytes(buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl])
             pos = nl + 1
             if len(line) > self.max_line:
@@ -106,8 +106,7 @@ class TextConnection(BufferedConnection):
         accepted = 0
         for start in range(0, len(block.items), PUT_STEP):
             if start:
-                self.send()
-                gevent.sleep(YIELD_SECONDS)
+                self.take_turns()
             step = block.items[start:start + PUT_STEP]
             stored = self.session.put(block.queue, step, expiry)
             accepted += stored

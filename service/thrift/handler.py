@@ -36,6 +36,7 @@ from kestrel.service.thrift.messages import (
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
 from kestrel.service.thrift.transport import ClientStream, ConnectionDone, frame
+from kestrel.service.turns import Turns
 from kestrel.storage.errors import KestrelError
 
 log = structlog.get_logger("kestrel.thrift")
@@ -107,6 +108,7 @@ class ThriftConnection:
                       for name, method in METHODS.items()}
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
+        self.turns = Turns(self.stream.io)
 
     def run(self) -> None:
         try:
@@ -124,11 +126,14 @@ class ThriftConnection:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
 
     def _serve_framed(self) -> None:
+        turns = self.turns
         while (payload := self.stream.next_frame(self.cfg.max_frame_size)) is not None:
             reply = self.answer_frame(payload)
             if reply is None:
                 return
             self.stream.send(frame(reply))
+            if turns.over():
+                turns.step_aside()
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request (None: nothing can be answered). A plain binary call
@@ -150,6 +155,8 @@ class ThriftConnection:
             if not intact:
                 return
             del stream.buf[:reader.pos]
+            if self.turns.over():
+                self.turns.step_aside()
 
     def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
         """The reply to the message in `reader` (None: nothing can be answered), and whether the

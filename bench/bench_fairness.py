@@ -1,0 +1,176 @@
+"""How long a light client waits while other clients keep the server busy, beside Redis.
+
+Each scenario runs against our server and Redis, each started afresh, in the same run; a light
+client makes one request at a time and its round times are reported (p50, p99, max, in ms):
+
+- flood: FLOODERS clients pipeline requests as fast as the server answers them (memcache
+  `get` of an empty queue, Thrift `get_version`; Redis `GET` of a missing key);
+- accepts: CONNECTIONS clients connect at once; the light client's first round behind them;
+- big get: one client takes 100,000 items in one request (Thrift `get`; Redis `LPOP key 100000`).
+
+The clients are threads of this process, so every figure includes the client's own time; Redis,
+measured the same way, shows what that costs.
+
+    .venv/bin/python -m bench.bench_fairness [--rounds 300] [--flooders 10] [--connections 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import socket
+import statistics
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import peers
+from bench.common import load_average, machine
+from tests.flood import LIGHT_TIMEOUT, Flooder, Light
+from tests.thrift_wire import encode_call, framed, recv_exactly
+
+
+def summary(times: list[float]) -> str:
+    ms = sorted(t * 1000 for t in times)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return f"p50 {statistics.median(ms):7.2f}  p99 {p99:7.2f}  max {ms[-1]:7.2f}"
+
+
+def flood(port: int, flood_request: bytes, light: Callable[[], Light], flooders: int, rounds: int) -> str:
+    client = light()
+    crowd = [Flooder(port, flood_request) for _ in range(flooders)]
+    try:
+        time.sleep(0.5)  # the flood is under way
+        times = []
+        for _ in range(rounds):
+            try:
+                times.append(client.round())
+            except TimeoutError:
+                return f"starved: no reply within {LIGHT_TIMEOUT:.0f} s after {len(times)} rounds"
+            time.sleep(0.002)
+        return summary(times)
+    finally:
+        for f in crowd:
+            f.stop()
+        client.close()
+
+
+def accepts(port: int, light: Callable[[], Light], connections: int) -> str:
+    client = light()
+    client.round()
+    crowd = [socket.socket() for _ in range(connections)]
+    try:
+        for s in crowd:
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+        return summary([client.round()])
+    finally:
+        for s in crowd:
+            s.close()
+        client.close()
+
+
+def big_get(take: Callable[[], None], light: Callable[[], Light]) -> str:
+    client = light()
+    times: list[float] = []
+    taker = threading.Thread(target=take)
+    taker.start()
+    while taker.is_alive():
+        times.append(client.round())
+    taker.join()
+    client.close()
+    return summary(times) + f"  ({len(times)} rounds during the get)"
+
+
+ITEMS = 100_000
+
+
+def kestrel_fill_and_take(port: int) -> Callable[[], None]:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        for start in range(0, ITEMS, 10_000):
+            s.sendall(framed(encode_call("binary", "put", queue_name="big",
+                                         items=[b"%09d" % n for n in range(start, start + 10_000)],
+                                         expiration_msec=0)))
+            (size,) = struct.unpack("!i", recv_exactly(s, 4))
+            recv_exactly(s, size)
+
+    def take() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(framed(encode_call("binary", "get", queue_name="big", max_items=ITEMS, timeout_msec=0,
+                                         auto_abort_msec=0)))
+            (size,) = struct.unpack("!i", recv_exactly(s, 4))
+            recv_exactly(s, size)
+    return take
+
+
+def redis_fill_and_take(port: int) -> Callable[[], None]:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        for start in range(0, ITEMS, 10_000):
+            args = [b"RPUSH", b"big", *(b"%09d" % n for n in range(start, start + 10_000))]
+            s.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+            data = b""
+            while not data.endswith(b"\r\n"):
+                data += s.recv(100)
+
+    def take() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"LPOP big %d\r\n" % ITEMS)
+            data = bytearray()
+            while data.count(b"\r\n") < 2 * ITEMS + 1:
+                data += s.recv(1 << 20)
+    return take
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--flooders", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=5000)
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers started here inherit it
+
+    version = framed(encode_call("binary", "get_version"))
+    print(f"light client round times in ms; {machine()}; load average {load_average()}")
+    with tempfile.TemporaryDirectory() as work:
+        rows: list[tuple[str, str]] = []
+        with peers.kestrel(Path(work)) as k:
+            mc = k["memcache"]
+
+            def mc_light() -> Light:
+                return Light(mc, b"get none\r\n", b"END\r\n")
+
+            def thrift_light() -> Light:
+                return Light(k["thrift"], version, b"", framed_reply=True)
+
+            rows.append((f"memcache, {args.flooders} pipelining", flood(mc, b"get none\r\n", mc_light,
+                                                                        args.flooders, args.rounds)))
+            rows.append((f"thrift, {args.flooders} pipelining", flood(k["thrift"], version, thrift_light,
+                                                                      args.flooders, args.rounds)))
+            rows.append((f"memcache, {args.connections} connecting", accepts(mc, mc_light, args.connections)))
+            rows.append(("thrift, a get of 100,000 items", big_get(kestrel_fill_and_take(k["thrift"]),
+                                                                  thrift_light)))
+        with peers.redis(Path(work)) as r:
+            port = r["redis"]
+
+            def redis_light() -> Light:
+                return Light(port, b"GET none\r\n", b"$-1\r\n")
+
+            rows.append((f"redis, {args.flooders} pipelining", flood(port, b"GET none\r\n", redis_light,
+                                                                     args.flooders, args.rounds)))
+            rows.append((f"redis, {args.connections} connecting",
+                         accepts(port, redis_light, args.connections)))
+            rows.append(("redis, LPOP of 100,000 items", big_get(redis_fill_and_take(port), redis_light)))
+    for name, figures in rows:
+        print(f"{name:<36} {figures}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Connections take turns on the one event loop: none holds it for longer than a turn.
+
+A connection that has worked for TURN seconds without waiting for its client (one pipelining
+requests, one streaming a large item) steps aside. It resumes once the loop has nothing else
+ready: every other connection with input is served first, so a light client's round costs its own
+time plus at most the rest of one turn of somebody else's, and a connection working alone loses
+nothing (gevent's `idle` does not wait when nothing else is ready; a timer would). `sleep(0)` would
+not do: the loop runs such wake-ups in batches before it looks at the sockets again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+
+from kestrel.service.socket_io import ClientSocket
+
+TURN = 0.002  # seconds of work without waiting before a connection steps aside
+
+
+class Turns:
+    """One connection's turn: it starts again whenever the connection waits for its client."""
+
+    __slots__ = ("io", "ends")
+
+    def __init__(self, io: ClientSocket) -> None:
+        self.io = io
+        self.ends = time.perf_counter() + TURN
+
+    def over(self) -> bool:
+        """Whether the connection has worked a whole turn since it last waited or stepped aside."""
+        if self.io.waited:
+            self.io.waited = False
+            self.ends = time.perf_counter() + TURN
+            return False
+        return time.perf_counter() >= self.ends
+
+    def step_aside(self) -> None:
+        """Let every other ready connection run, then start a new turn."""
+        step_aside()
+        self.ends = time.perf_counter() + TURN
+
+
+def step_aside() -> None:
+    """Resume once the loop has nothing else ready (also for work that is no connection's)."""
+    gevent.idle()
