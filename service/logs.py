@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import TracebackType
+from typing import Any
 
 import structlog
+from gevent.hub import Hub
+
+log = structlog.get_logger("kestrel.server")
 
 
 def configure_logging(level: str = "info") -> None:
@@ -28,6 +33,14 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    Hub.print_exception = _log_uncaught
+
+
+def _log_uncaught(hub: Hub, context: Any, kind: type[BaseException] | None, value: BaseException | None,
+                  tb: TracebackType | None) -> None:
+    """gevent reports an error no greenlet caught as a bare traceback on stderr; every line the
+    server writes is structured, so it goes to the log as one event instead."""
+    log.error("uncaught error", context=repr(context)[:500], exc_info=(kind, value, tb))
 
 
 def bind_client(peer: str) -> None:

@@ -120,7 +120,12 @@ class GeventRuntime:
         return contextlib.nullcontext()
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        result: T = gevent.get_hub().threadpool.apply(fn, args)
+        # The pool reports a call's exception itself, as a bare traceback on stderr, before the
+        # caller gets it: hand it back as a value, so that only the caller's structured log says it.
+        ok, value = gevent.get_hub().threadpool.apply(_outcome, (fn, args))
+        if not ok:
+            raise value
+        result: T = value
         return result
 
     def sleep(self, seconds: float) -> None:
@@ -128,6 +133,14 @@ class GeventRuntime:
 
     def group_commit(self) -> GroupCommit | None:
         return GROUP_COMMIT  # its rounds run on the hub
+
+
+def _outcome(fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:
+    """(True, what `fn(*args)` returned) or (False, the exception it raised)."""
+    try:
+        return True, fn(*args)
+    except Exception as e:
+        return False, e
 
 
 # ---------------------------------------------------------------------------------------------
