@@ -360,50 +360,54 @@ class Kestrel3Queue(PersistentQueue):
     def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
         """Write the items some target takes, once, and hand them to every reader: on a queue (the
         default reader) its readers are the targets, on a fanout child it alone. Each target takes
-        the items its limits admit; the readers consume the rest at once. Returns how many this
-        queue took. Raises JournalWriteError (nothing was written)."""
+        the items its limits admit; the readers consume the rest at once. What the readers consume
+        meanwhile left by itself (expired, discarded, refused): its record may wait. Returns how
+        many this queue took. Raises JournalWriteError (nothing was written).
+        """
         journal = self._journal
         assert journal is not None
-        targets = [q for q in journal.readers.values() if not self.reader or q is self]
-        admitted = {}
-        for q in targets:
-            mark = q._mark()
-            admitted[q.reader] = q._admit(items, now)
-            q._settle_later(mark)  # the expired ids may wait: `put` commits, nothing yields here
-        count = max((taken for taken, _ in admitted.values()), default=0)
-        if not count:
-            for q in targets:
-                q._sync_checkpoint()
-            return admitted.get(self.reader, (0, 0))[0]
-        writer = journal.writer
-        try:
-            first = writer.append(items[:count], now, expiry or None)[0].id
-        except OSError as e:
-            raise JournalWriteError(journal.name, writer.current.path, e) from None
         readers = list(journal.readers.values())
+        marks = [(len(q._consumed), len(q._left)) for q in readers]
+        admitted: dict[str, tuple[int, int]] = {}
+        count = 0
+        try:
+            for q in readers:
+                if not self.reader or q is self:
+                    taken, _ = admitted[q.reader] = q._admit(items, now)
+                    if taken > count:
+                        count = taken
+            if count:
+                writer = journal.writer
+                try:
+                    first = writer.append(items[:count], now, expiry or None)[0].id
+                except OSError as e:
+                    raise JournalWriteError(journal.name, writer.current.path, e) from None
+                for q in readers:
+                    taken, size = admitted.get(q.reader, (0, 0))
+                    if taken:
+                        q._receive(items if taken == len(items) else items[:taken], size, now, expiry, first)
+                    q._consumed.extend(range(first + taken, first + count))  # refused: consumed at once
+                    q._seen = first + count - 1
+        finally:
+            for q, mark in zip(readers, marks, strict=True):
+                q._settle_later(mark)  # no yield before: the writer journal commits first
+        if count:
+            journal.writer.commit()
         for q in readers:
-            mark = q._mark()
-            taken, size = admitted.get(q.reader, (0, 0))
-            if taken:
-                q._receive(items if taken == len(items) else items[:taken], size, now, expiry, first)
-            q._consumed.extend(range(first + taken, first + count))  # refused: consumed at once
-            q._seen = first + count - 1
-            q._settle_later(mark)  # the writer journal commits first
-        writer.commit()
-        for q in readers:
-            q._sync_checkpoint()
+            if count or q.reader in admitted:
+                q._sync_checkpoint()
         return admitted.get(self.reader, (0, 0))[0]
 
-    def _mark(self) -> tuple[int, int]:
-        return len(self._consumed), len(self._left)
-
     def _settle_later(self, mark: tuple[int, int]) -> None:
-        """What this reader consumed since `mark` left by itself (expired, discarded, refused): its
-        record may wait for a later write, and it is not undone."""
-        ids = self._consumed[mark[0]:]
-        del self._consumed[mark[0]:]
-        del self._left[mark[1]:]
-        self._save_later(ids)
+        """What this reader consumed since `mark` (lengths of `_consumed` and `_left`) left by
+        itself: it is not undone, and its record may wait for a later write."""
+        consumed, left = mark
+        if len(self._left) > left:
+            del self._left[left:]
+        if len(self._consumed) > consumed:
+            ids = self._consumed[consumed:]
+            del self._consumed[consumed:]
+            self._save_later(ids)
 
     # -----------------------------------------------------------------------------------------
     # Records of a change
@@ -501,7 +505,12 @@ class Kestrel3Queue(PersistentQueue):
         """Nothing to check: a failed write refuses its own change only."""
 
     def _after_change(self) -> None:
-        self._forget_change()
+        if self._left:
+            self._left.clear()
+        if self._confirmed:
+            self._confirmed.clear()
+        if self._returned:
+            self._returned.clear()
 
     def _change_failed(self, error: BaseException) -> None:
         """A failed write (this reader's, or an expiry or error queue's it fed) undoes the change in
@@ -518,15 +527,9 @@ class Kestrel3Queue(PersistentQueue):
                     del opens[item.xid]
                 self._push_head(item)
             self._consumed.clear()
-        self._forget_change()
-
-    def _forget_change(self) -> None:
-        if self._left:
-            self._left.clear()
-        if self._confirmed:
-            self._confirmed.clear()
-        if self._returned:
-            self._returned.clear()
+        self._left.clear()
+        self._confirmed.clear()
+        self._returned.clear()
 
     # -----------------------------------------------------------------------------------------
     # Settings and shutting down
