@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         TooManyQueues,
     )
     from kestrel.storage.item import QItem
-    from kestrel.storage.kestrel2.queue import PersistentQueue
+    from kestrel.storage.queue import PersistentQueue
 
 _MODULES = {  # where each name lives
     "kestrel.storage.collection": ("QueueCollection",),
@@ -31,7 +31,7 @@ _MODULES = {  # where each name lives
     "kestrel.storage.errors": ("ConfigError", "CorruptJournalError", "InvalidQueueName", "ItemTooLarge",
                        "JournalWriteError", "KestrelError", "QueueClosed", "TooManyQueues"),
     "kestrel.storage.item": ("QItem",),
-    "kestrel.storage.kestrel2.queue": ("PersistentQueue",),
+    "kestrel.storage.queue": ("PersistentQueue",),
 }
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 

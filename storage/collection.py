@@ -22,12 +22,11 @@ from kestrel.storage.errors import (
 )
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
-from kestrel.storage.item import QItem, data_sizes
-from kestrel.storage.kestrel2.queue import PersistentQueue
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
-
-Queue = PersistentQueue | Kestrel3Queue
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -58,16 +57,6 @@ def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) 
                                    f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
-def _fitting(items: list[bytes], max_item_size: int) -> list[bytes]:
-    """The items before the first one over `max_item_size` (all of them, usually: no copy)."""
-    if data_sizes(items)[1] <= max_item_size:
-        return items
-    for i, data in enumerate(items):
-        if len(data) > max_item_size:
-            return items[:i]
-    return items
-
-
 class QueueCollection:
     """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
 
@@ -91,7 +80,7 @@ class QueueCollection:
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
-        self._queues: dict[str, Queue] = {}
+        self._queues: dict[str, PersistentQueue] = {}
         self._kestrel3 = Kestrel3Journals(path, runtime)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
@@ -131,10 +120,10 @@ class QueueCollection:
             log.warning("more queues on disk than max_queues; no new queue can be created",
                         queues=len(self._queues), max_queues=self.max_queues)
 
-    def get(self, name: str) -> Queue | None:
+    def get(self, name: str) -> PersistentQueue | None:
         return self._queues.get(name)
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str) -> PersistentQueue:
         """The queue called `name`, created (and its journal replayed) on first reference.
 
         Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
@@ -147,7 +136,7 @@ class QueueCollection:
         with self._lock:
             return self._create(name, None)
 
-    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> Queue:
+    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
         existing = self._queues.get(name)
         if existing is not None:
             return existing
@@ -160,15 +149,7 @@ class QueueCollection:
         if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
-        config = self.config_for(name)
-        q: Queue
-        if self.config_for(parent_name).journal_format == "kestrel3":
-            # A fanout child of a Kestrel 3 queue is a reader of its parent's one writer journal.
-            q = Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                              journals=self._kestrel3)
-        else:
-            q = PersistentQueue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                                salvage=self.salvage, runtime=self.runtime)
+        q = self._new_queue(name, parent_name)
         q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         try:
@@ -187,10 +168,20 @@ class QueueCollection:
             self._fanouts.setdefault(parent_name, set()).add(name)
         self.queue_creates += 1
         log.info("queue created", queue=name, items=q.length)
-        if isinstance(q, Kestrel3Queue) and not plus:
-            for reader in q.reader_names_on_disk():
+        if not plus:
+            for reader in q.readers_on_disk():
                 self._create(f"{name}+{reader}", scanned)
         return q
+
+    def _new_queue(self, name: str, parent_name: str) -> PersistentQueue:
+        """Queue `name` in its parent's journal format (a fanout child of a Kestrel 3 queue is a
+        reader of its parent's one writer journal), not yet set up."""
+        config = self.config_for(name)
+        if self.config_for(parent_name).journal_format == formats.KESTREL3:
+            return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                                 journals=self._kestrel3)
+        return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                             salvage=self.salvage, runtime=self.runtime)
 
     def config_for(self, name: str) -> QueueConfig:
         config = self.configs.for_queue(name)
@@ -199,7 +190,7 @@ class QueueCollection:
             config = replace(config, keep_journal=False)
         return config
 
-    def _expire_target(self, name: str) -> Queue | None:
+    def _expire_target(self, name: str) -> PersistentQueue | None:
         try:
             return self.queue(name)
         except InvalidQueueName:
@@ -257,17 +248,12 @@ class QueueCollection:
             return len(items)
         q = self.queue(name)
         now = self.clock.now_ms()
-        if type(q) is Kestrel3Queue:  # one write, read by the queue and its fanout children
-            accepted = q.fan_out(items, expiry_ms, now)
-            self.total_items_added += accepted
-            return accepted
-        if name in self._fanouts:
+        if name in self._fanouts and not q.shares_writes:  # else one write reaches the children
             for child in self.fanout_children(name):
                 cq = self._queues.get(child)
                 if cq is not None:
-                    cq.add_many(_fitting(items, cq.config.max_item_size), expiry_ms, now)
-        fitting = _fitting(items, q.config.max_item_size)
-        accepted = len(fitting) if q.config.fanout_only else q.add_many(fitting, expiry_ms, now)
+                    cq.put(items, expiry_ms, now)
+        accepted = q.put(items, expiry_ms, now)
         self.total_items_added += accepted
         return accepted
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 class QItemPython:
     """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
 
-    `xid` is non-zero while the item is an open read, and also for an item replayed from an
-    ADD_XID record until the REMOVE_TENTATIVE that reopens it. `errors` counts the aborts and
+    `xid` is the id of the item's open read. In a Kestrel 2 queue it is non-zero while the item is
+    an open read, and also for an item replayed from an ADD_XID record until the REMOVE_TENTATIVE
+    that reopens it; a Kestrel 3 item's xid is its id throughout. `errors` counts the aborts and
     auto-aborts the item has been through (what `max_errors` is checked against).
     """
 

@@ -1,117 +1,76 @@
-"""PersistentQueue: one named FIFO of items, kept in memory and in its journal.
+"""Kestrel2Queue: a queue kept in Kestrel 2's journal, one record per change.
 
-Every change is applied in memory first and then written to the journal as one append, before
-anything can yield; only then does the caller wait for the sync policy. So the journal's order is
-always the order in which the changes happened, and replaying it (through `storage/replay.py`'s
-rules) rebuilds the queue exactly, xids included (a REMOVE_TENTATIVE takes the next free xid, as it
-did live). The journal's files, rotation and packs are `storage/queue_journal.py`'s.
+The queue's rules are `storage/queue.py`'s; this is how the format keeps them. Every change is
+applied in memory first and its records are written to the journal as one append, before anything
+can yield; only then does the caller wait for the sync policy. So the journal's order is always the
+order in which the changes happened, and replaying it (through `replay.py`'s rules) rebuilds the
+queue exactly, xids included (a REMOVE_TENTATIVE takes the next free xid, as it did live). A write
+that fails makes the queue read-only and brings its memory back to what the journal holds. The
+journal's files, rotation and packs are `journal.py`'s.
 
 Read-behind: once the queue holds `max_memory_size` bytes, new items are only counted and written
-to the journal; a cursor (`storage/read_behind.py`) reads them back as the head drains.
+to the journal; a cursor (`read_behind.py`) reads them back as the head drains, and each rotation
+meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are packed as it drains.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
-from itertools import repeat, starmap
 
 import structlog
 
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
-from kestrel.storage.errors import ItemTooLarge, JournalWriteError
+from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.files import JournalFiles, list_journal_files
-from kestrel.storage.item import QItem, data_sizes, plain_size
+from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
 from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import QueueReplay, next_free_xid
-from kestrel.storage.queue import QueueBase
+from kestrel.storage.queue import PersistentQueue, ReadBack
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")
 
 
-class _Change:
-    """What `PersistentQueue._change` returns: the queue's lock, `_before_change`, then
-    `_after_change` or `_change_failed`. A class rather than a generator, since every add and
-    remove enters it (a generator's context manager cost a microsecond each time). It keeps no
-    state of its own, so one per queue serves every change, nested ones included."""
+class Kestrel2Queue(PersistentQueue):
+    """A queue journaled in Kestrel 2's format.
 
-    __slots__ = ("queue",)
-
-    def __init__(self, queue: PersistentQueue) -> None:
-        self.queue = queue
-
-    def __enter__(self) -> None:
-        queue = self.queue
-        queue._lock.__enter__()
-        try:
-            queue._before_change()
-        except BaseException:
-            queue._lock.__exit__(None, None, None)
-            raise
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        queue = self.queue
-        try:
-            if error is None:
-                queue._after_change()
-            else:
-                queue._change_failed(error)
-        finally:
-            queue._lock.__exit__(None, None, None)
-
-
-class PersistentQueue(QueueBase):
-    """A durable FIFO queue with reliable reads, expiry and read-behind.
-
-    Parameters: `name` (also the journal's file name), `queue_path` (directory of journals),
-    `config`, `clock` (the runtime's unless given), `expire_to` (looks up the queue that expired
-    items move to), `salvage` (load what precedes a corrupt record instead of refusing to load),
-    `runtime` (gevent unless given: see `storage/runtime.py`).
+    Parameters: those of `PersistentQueue`, and `salvage` (load what precedes a corrupt record
+    instead of refusing to load); `runtime` is gevent's unless given (see `storage/runtime.py`) and
+    `clock` the runtime's unless given.
     """
 
+    _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
+
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
-                 expire_to: Callable[[str], QueueBase | None] | None = None,
+                 expire_to: Callable[[str], PersistentQueue | None] | None = None,
                  salvage: bool = False, runtime: Runtime | None = None) -> None:
         if runtime is None:
             runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
         super().__init__(name, queue_path, config, clock if clock is not None else runtime.clock, runtime,
                          expire_to)
-        self.runtime = runtime
-        self._lock = runtime.lock()
-        self._around_change = _Change(self)
+        self._reads_behind = config.keep_journal  # fixed at creation (`reconfigure`)
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
                                      self._lock, salvage)
-        self._mem: deque[QItem] = deque()
         self._xid = 0
-        self._rb: ReadBehind | None = None
-        self._checkpoints: list[RotationCheckpoint] = []  # oldest first, one per rotation in read-behind
+        self._rb: ReadBehind | None = None  # the read-behind cursor
+        # Oldest first, one per rotation in read-behind; told of each departure (changed in place).
+        self._checkpoints: list[RotationCheckpoint] = []
+        self._watchers = self._checkpoints
         self._rebuilding = False
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
         self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
 
-    # -----------------------------------------------------------------------------------------
-    # Figures
-
-    @property
-    def in_read_behind(self) -> bool:
-        return self._rb is not None
-
     @property
     def journal_size(self) -> int:
         return self._journal.size
-
-    @property
-    def journal_files(self) -> list[str]:
-        return self._journal.paths
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
@@ -147,8 +106,10 @@ class PersistentQueue(QueueBase):
         """Reads that were open when the process stopped go back to the head, newest first, so
         that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does."""
         for xid in self._orphans:
-            if self._unremove(xid):
-                self._write(codec.encode_xid(codec.UNREMOVE, xid))
+            item = self._opens.get(xid)
+            if item is not None:
+                self._unremove(xid)
+                self._log_return(xid, item)
         self._commit()
         self._orphans = []
 
@@ -159,42 +120,35 @@ class PersistentQueue(QueueBase):
             self._rb.stop = None  # the whole journal is applied: the cursor may read to its end
         return replayed
 
-    # -----------------------------------------------------------------------------------------
-    # The in-memory mechanics shared by replay and live operations
-
     def _next_xid(self) -> int:
         """Take the next free xid, as Kestrel counts them."""
         self._xid = next_free_xid(self._xid, self._opens)
         return self._xid
 
-    def _open(self, item: QItem, xid: int) -> None:
-        item.xid = xid
-        self._opens[xid] = item
+    # -----------------------------------------------------------------------------------------
+    # Read-behind
 
-    def _append(self, item: QItem) -> bool:
-        """Count `item` in at the tail (held in memory unless in read-behind); True when it fills
-        the memory budget, so that read-behind must start after it."""
-        size = len(item.data)
-        self.length += 1
-        self.bytes += size
-        if self._rb is not None:
-            return False
-        self._mem.append(item)
-        self.memory_bytes += size
-        return self.memory_bytes >= self.config.max_memory_size and self.config.keep_journal
-
-    def _start_read_behind(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> None:
-        """New items are read back from file `key` at `offset` from now on."""
+    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> ReadBack:
+        """A cursor reading items back from file `key` at `offset`."""
         self._rb = ReadBehind(self._journal.files, key, path, offset, self._cursor_left)
         self._rb.stop = stop
-        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+        return self._rb.next_item
 
-    def _start_read_behind_at_end(self) -> None:
-        """Read-behind starts after the last record journaled (live operation)."""
+    def _start_read_behind(self, after: QItem) -> ReadBack:
+        """Read-behind starts after the last record journaled (`after`'s)."""
         writer = self._journal.writer
         assert writer is not None
         self._journal.flush()
-        self._start_read_behind(LIVE, writer.path, writer.size, None)
+        return self._open_cursor(LIVE, writer.path, writer.size, None)
+
+    def _sync_cursor(self) -> None:
+        self._journal.flush()
+
+    def _stop_read_behind(self) -> None:
+        if self._rb is not None:
+            self._left_read_behind = self._rb.stop is None  # caught up with the live journal
+            self._rb.close()
+            self._rb = None
 
     def _cursor_left(self, passed: int) -> None:
         """The read-behind cursor has read the whole of file `passed`: every item queued at a
@@ -202,75 +156,61 @@ class PersistentQueue(QueueBase):
         passed_checkpoints = [cp for cp in self._checkpoints if cp.timestamp <= passed]
         if passed_checkpoints:
             # The state at the latest checkpoint passed is taken now; it is written once the change
-            # in progress is journaled (`_change`), and dropped if that change fails.
-            self._checkpoints = self._checkpoints[len(passed_checkpoints):]
+            # in progress is journaled (`_after_change`), and dropped if that change fails.
+            del self._checkpoints[:len(passed_checkpoints)]
             self._journal.take_pack(self._take_pack(passed_checkpoints[-1]))
 
-    def _take_head(self, opened: bool = False) -> QItem | None:
-        """Pop the head item; `opened` says whether it becomes an open read or is gone for good."""
-        if not self._mem and self._rb is not None:
-            self._fill()
-        if not self._mem:
-            return None
-        item = self._mem.popleft()
-        size = len(item.data)
-        self.length -= 1
-        self.bytes -= size
-        self.memory_bytes -= size
+    # -----------------------------------------------------------------------------------------
+    # Records of a change
+
+    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+        if self._journal.writer is not None:
+            self._journal.write(codec.encode_addx_many(now, expiry, items))
+
+    def _log_add(self, item: QItem) -> None:
+        if self._journal.writer is not None:
+            self._journal.write(codec.encode_addx(item.add_time, item.expiry, item.data))
+
+    def _log_gone(self, item: QItem) -> None:
+        self._journal.write(codec.REMOVE_BYTES)
+
+    def _log_gone_many(self, items: list[QItem]) -> None:
+        self._journal.write(codec.REMOVE_BYTES * len(items))
+
+    def _log_open(self, item: QItem) -> int:
+        xid = self._next_xid()
+        self._journal.write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        return xid
+
+    def _log_confirm(self, xid: int, item: QItem) -> None:
         for checkpoint in self._checkpoints:
-            # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
-            checkpoint.note_departure(item, opened)
-        if self._rb is not None and self.memory_bytes < self.config.max_memory_size:
-            self._fill()
-        return item
+            checkpoint.note_confirm(item)
+        self._journal.write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
 
-    def _unremove(self, xid: int) -> bool:
-        item = self._opens.pop(xid, None)
-        if item is None:
-            return False
-        item.xid = 0
-        size = len(item.data)
-        self._mem.appendleft(item)
-        self.length += 1
-        self.bytes += size
-        self.memory_bytes += size
-        return True
+    def _log_return(self, xid: int, item: QItem) -> None:
+        item.xid = 0  # its next open takes the next free xid
+        self._journal.write(codec.encode_xid(codec.UNREMOVE, xid))
 
-    def _fill(self) -> None:
-        """Read items forward from the journal until memory is full or the cursor catches up."""
-        rb = self._rb
-        if rb is None:
-            return
-        self._journal.flush()
-        now = self.clock.now_ms()
-        while self.memory_bytes < self.config.max_memory_size:
-            item = rb.next_item(now)
-            if item is None:
-                self._left_read_behind = rb.stop is None  # caught up with the live journal
-                self._end_read_behind()
-                return
-            self._mem.append(item)
-            self.memory_bytes += len(item.data)
+    def _drop_items(self) -> None:
+        """Every item leaves the head, journaled as one REMOVE each."""
+        removed = 0
+        while self._take_head() is not None:
+            removed += 1
+        self._journal.write(codec.REMOVE_BYTES * removed)
 
-    def _end_read_behind(self) -> None:
-        if self._rb is not None:
-            self._rb.close()
-            self._rb = None
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+    def _commit(self, housekeeping: bool = False) -> None:
+        """Append, wait as the sync policy says, then consider rotating. Last step of each change."""
+        if self._journal.commit():
+            self._maybe_rotate()
 
     # -----------------------------------------------------------------------------------------
-    # Live operations
+    # Around each change: refused while the journal cannot be written, undone if its write fails
 
-    def _change(self) -> _Change:
-        """Around every change: refused while the journal cannot be written, undone if its write fails.
+    def _before_change(self) -> None:
+        """The journal must be writable (or become so now).
 
         Raises JournalWriteError: the change did not happen, in memory or on disk.
         """
-        return self._around_change
-
-    def _before_change(self) -> None:
-        """Under the lock, before a change: the journal must be writable (or become so now)."""
-        self._check_open()
         if self.read_only or self._rebuilding:
             self._probe()
         journal = self._journal
@@ -287,23 +227,23 @@ class PersistentQueue(QueueBase):
                 raise
 
     def _change_failed(self, error: BaseException) -> None:
-        """A change raised `error`: a failed write makes the queue read-only and raises
-        JournalWriteError; a failed write of the queue this change fed (expire_to_queue) makes this
-        one replay its journal. Anything else is the caller's to raise."""
+        """A failed write makes the queue read-only and raises JournalWriteError; a failed write of
+        the queue this change fed (expire_to_queue) makes this one replay its journal. Anything else
+        is the caller's to raise."""
         if isinstance(error, OSError):
             raise self._write_failed(error) from None
         if isinstance(error, JournalWriteError):
             self._rebuild()
 
     def _after_change(self) -> None:
-        """Under the lock, after a change that succeeded: schedule what packing it made possible."""
+        """Schedule what packing the change made possible."""
         journal = self._journal
         if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
             return  # the common change: no pack to schedule
         journal.keep_taken_pack()
         if self._left_read_behind:
             self._left_read_behind = False
-            self._checkpoints = []  # every one was passed on the way to the live journal
+            self._checkpoints.clear()  # every one was passed on the way to the live journal
             rotated = journal.rotated
             if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
                 self._pack_now()  # what the backlog left behind: at most max_memory_size of items
@@ -350,265 +290,13 @@ class PersistentQueue(QueueBase):
 
     def _reset_memory(self) -> None:
         """Forget every item, open read and xid, ready for a replay from the first journal file."""
-        self._end_read_behind()
-        self._checkpoints = []
+        self._forget_items()
+        self._checkpoints.clear()
         self._journal.forget_packs()
         self._left_read_behind = False
         self._pack_horizon = 0
-        self._mem.clear()
         self._opens.clear()
         self._xid = 0
-        self.length = self.bytes = self.memory_bytes = 0
-
-    def _write(self, data: bytes) -> None:
-        self._journal.write(data)
-
-    def _commit(self) -> None:
-        """Append, wait as the sync policy says, then consider rotating. Last step of each operation."""
-        if self._journal.commit():
-            self._maybe_rotate()
-
-    def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """Add several items with one journal write; returns how many were accepted, in order.
-
-        Raises ItemTooLarge, JournalWriteError (nothing was added).
-        """
-        with self._change():
-            return self._add_many(items, expiry, add_time)
-
-    def _add_many(self, items: list[bytes], expiry: int, add_time: int | None) -> int:
-        cfg = self.config
-        now = self.clock.now_ms() if add_time is None else add_time
-        size, largest = data_sizes(items)
-        if largest > cfg.max_item_size:
-            raise ItemTooLarge(f"item of {largest} bytes is over max_item_size "
-                               f"{cfg.max_item_size} of queue {self.name!r}")
-        if self._rb is not None or (self._mem and self._mem[0].expiry):
-            self._expire_head(now)
-        if cfg.max_age:
-            cap = now + cfg.max_age
-            expiry = min(expiry, cap) if expiry else cap
-        journaled = self._journal.writer is not None
-        if (self._rb is None and self.length + len(items) < cfg.max_items and self.bytes + size < cfg.max_size
-                and self.memory_bytes + size < cfg.max_memory_size):
-            # All fit in memory with room to spare: no per-item limit checks (the common batch).
-            if journaled:
-                self._journal.write(codec.encode_addx_many(now, expiry, items))
-            self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
-            accepted = len(items)
-            self.length += accepted
-            self.bytes += size
-            self.memory_bytes += size
-        else:
-            accepted = 0
-            for data in items:
-                if (self.length >= cfg.max_items or self.bytes >= cfg.max_size) and not self._make_room():
-                    break
-                if journaled:
-                    self._write(codec.encode_addx(now, expiry, data))
-                if self._append(QItem(now, expiry, data)):
-                    self._start_read_behind_at_end()
-                accepted += 1
-        self.total_items += accepted
-        if len(self._waits):
-            for _ in range(accepted):
-                if not self._waits.wake_one():
-                    break
-        self._commit()
-        return accepted
-
-    def _make_room(self) -> bool:
-        """Whether one more item fits, discarding old ones if the queue is set to."""
-        cfg = self.config
-        while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
-            if not cfg.discard_old_when_full:
-                return False
-            if self._take_head() is None:
-                return False
-            self.discarded += 1
-            self._write(codec.REMOVE_BYTES)
-        return True
-
-    def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
-        """Take up to `count` items from the head with one journal write (what batch gets use).
-
-        Raises JournalWriteError (nothing was taken).
-        """
-        with self._change():
-            return self._remove_many(count, transaction)
-
-    def _remove_many(self, count: int, transaction: bool) -> list[QItem]:
-        now = self.clock.now_ms()
-        if not transaction and self._rb is None and not self._checkpoints and count > 1:
-            taken = self._take_plain(count, now)
-            if taken is not None:
-                return taken
-        taken = []
-        while len(taken) < count:
-            if self._rb is not None or (self._mem and self._mem[0].expiry):
-                self._expire_head(now)
-            item = self._take_head(opened=transaction)
-            if item is None:
-                break
-            if transaction:
-                xid = self._next_xid()
-                self._open(item, xid)
-                self.total_transactions += 1
-                self._write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
-            else:
-                self._write(codec.REMOVE_BYTES)
-            taken.append(item)
-        if taken:
-            self.current_age = max(0, now - taken[-1].add_time)
-        self._commit()
-        return taken
-
-    def _take_plain(self, count: int, now: int) -> list[QItem] | None:
-        """A batch get's items in one go when none of them can expire (the common batch), else None
-        and the queue as it was: no per-item checks, one REMOVE per item in one record string."""
-        mem = self._mem
-        taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
-        size = plain_size(taken)
-        if not taken or size < 0:
-            mem.extendleft(reversed(taken))
-            return None
-        self.length -= len(taken)
-        self.bytes -= size
-        self.memory_bytes -= size
-        self._write(codec.REMOVE_BYTES * len(taken))
-        self.current_age = max(0, now - taken[-1].add_time)
-        self._commit()
-        return taken
-
-    def peek(self) -> QItem | None:
-        """The head item, left in place (expired items are dropped first, unless read-only)."""
-        self._check_open()
-        if self.read_only:
-            now = self.clock.now_ms()
-            with self._lock:
-                return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
-        with self._change():
-            if self._expire_head(self.clock.now_ms()):
-                self._commit()
-            if not self._mem and self._rb is not None:
-                self._fill()
-            return self._mem[0] if self._mem else None
-
-    def confirm(self, xid: int) -> bool:
-        """Close open read `xid` for good; False if no such read is open.
-
-        Raises JournalWriteError (the read stays open).
-        """
-        return self.confirm_many([xid]) == 1
-
-    def confirm_many(self, xids: Iterable[int]) -> int:
-        """Close these open reads for good, their records in one journal write; how many were open.
-
-        Raises JournalWriteError (the reads stay open).
-        """
-        with self._change():
-            closed = 0
-            for xid in xids:
-                item = self._opens.pop(xid, None)
-                if item is None:
-                    continue
-                for checkpoint in self._checkpoints:
-                    checkpoint.note_confirm(item)
-                self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-                closed += 1
-            if closed:
-                self._commit()
-            return closed
-
-    def unremove(self, xid: int) -> bool:
-        """Abort open read `xid`: its item goes back to the head; False if no such read is open.
-
-        Raises JournalWriteError (the read stays open).
-        """
-        return self.unremove_many([xid]) == 1
-
-    def unremove_many(self, xids: Iterable[int]) -> int:
-        """Abort these open reads, each item going back to the head in turn (so the last one given
-        ends up first), their records in one journal write; how many were open. An item aborted for
-        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
-
-        Raises JournalWriteError (the reads stay open).
-        """
-        with self._change():
-            aborted = returned = 0
-            for xid in xids:
-                item = self._opens.get(xid)
-                if item is None:
-                    continue
-                item.errors += 1
-                self.canceled_transactions += 1
-                aborted += 1
-                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
-                    if self._opens.pop(xid, None) is item:  # still open after the hand-over
-                        for checkpoint in self._checkpoints:
-                            checkpoint.note_confirm(item)
-                        self._write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
-                        self.poisoned_items += 1
-                elif self._unremove(xid):
-                    self._write(codec.encode_xid(codec.UNREMOVE, xid))
-                    returned += 1
-            for _ in range(returned):
-                if not self._waits.wake_one():
-                    break
-            if aborted:
-                self._commit()
-            return aborted
-
-    def reconfigure(self, config: QueueConfig) -> None:
-        """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
-        self.config = replace(config, keep_journal=self.config.keep_journal)
-        self._journal.set_sync(config.sync_journal, _rotate_at(config))
-
-    def flush(self) -> None:
-        """Drop every item (open reads stay open), journaled as one REMOVE per item.
-
-        Raises JournalWriteError (nothing was dropped).
-        """
-        with self._change():
-            removed = 0
-            while self._take_head() is not None:
-                removed += 1
-            self.total_flushes += 1
-            self._write(codec.REMOVE_BYTES * removed)
-            self._commit()
-
-    def discard_expired(self, limit: int | None = None) -> int:
-        """Drop expired items from the head (at most `limit`); the sweeper calls this."""
-        if self.closed or self.read_only:
-            return 0
-        with self._change():
-            expired = self._expire_head(self.clock.now_ms(), limit)
-            if expired:
-                self._commit()
-            return expired
-
-    def _expire_head(self, now: int, limit: int | None = None) -> int:
-        """Remove expired items from the head (journaled as REMOVEs); return how many."""
-        removed = 0
-        while limit is None or removed < limit:
-            if not self._mem and self._rb is not None:
-                self._fill()
-            if not self._mem:
-                break
-            head = self._mem[0]
-            if not head.expiry or head.expiry > now:
-                break
-            self._take_head()
-            self._write(codec.REMOVE_BYTES)
-            removed += 1
-            self.expired_items += 1
-            target_name = self.config.expire_to_queue
-            placeholder = not head.data and head.expiry == codec.PLACEHOLDER_EXPIRY
-            if target_name and self._expire_to is not None and not placeholder:
-                target = self._expire_to(target_name)
-                if target is not None and target is not self:
-                    target.add(head.data)
-        return removed
 
     # -----------------------------------------------------------------------------------------
     # Rotation and packing
@@ -654,18 +342,15 @@ class PersistentQueue(QueueBase):
         self._journal.wait_for_packing()
 
     # -----------------------------------------------------------------------------------------
-    # Shutting down
+    # Settings and shutting down
 
-    def close(self) -> None:
-        """Finish any pack, fsync and close the journal; waiting readers get nothing."""
-        if self.closed:
-            return
-        self._journal.wait_for_packing()
-        with self._lock:
-            self.closed = True
-            self._waits.end()
-            self._journal.close()
-            self._end_read_behind()
+    def reconfigure(self, config: QueueConfig) -> None:
+        """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
+        self.config = replace(config, keep_journal=self.config.keep_journal)
+        self._journal.set_sync(config.sync_journal, _rotate_at(config))
+
+    def _close_files(self) -> None:
+        self._journal.close()
 
     def destroy(self) -> None:
         """Close and delete every journal file of this queue (the `delete` command)."""
@@ -679,10 +364,10 @@ def _rotate_at(config: QueueConfig) -> int:
 
 
 class _QueueReplay(QueueReplay):
-    """The replay rules (`storage/replay.py`) applied to a live queue: its figures, read-behind and
+    """The replay rules (`replay.py`) applied to a live queue: its figures, read-behind and
     checkpoints kept as the records are applied; runs of common records take the fast path."""
 
-    def __init__(self, queue: PersistentQueue) -> None:  # the state is the queue's own: no super()
+    def __init__(self, queue: Kestrel2Queue) -> None:  # the state is the queue's own: no super()
         self.queue = queue
         self.items = queue._mem
         self.opens = queue._opens
@@ -704,13 +389,18 @@ class _QueueReplay(QueueReplay):
         if queue._append(item):
             assert self.reader is not None
             at = (self.key, self.reader.offset)
-            queue._start_read_behind(self.key, self.path, self.reader.offset, at)
+            queue._read_behind_from(queue._open_cursor(self.key, self.path, self.reader.offset, at))
 
     def take_head(self, opened: bool) -> QItem | None:
         return self.queue._take_head(opened)
 
     def put_back(self, xid: int) -> bool:
-        return self.queue._unremove(xid)
+        item = self.opens.get(xid)
+        if item is None:
+            return False
+        self.queue._unremove(xid)
+        item.xid = 0  # a REMOVE_TENTATIVE without an xid takes the next free one
+        return True
 
     def grow(self, count: int, size: int) -> None:
         queue = self.queue

@@ -1,34 +1,37 @@
 """Kestrel3Queue: a queue kept in Kestrel 3's journal, one copy of the data for many readers.
 
-The queue's items are written once, as PUT records, to its writer journal `<queue>.<number>`; each
-reader (the queue itself is the reader with the empty name, its fanout child `queue+name` the reader
-`name`) keeps only its progress in `<queue>.read.<reader>`: a head id below which every item is
-consumed, and the ids consumed out of order above it. An item is consumed when it leaves its reader
-for good (removed, confirmed, expired, discarded, flushed, poisoned, or refused because the reader
-was full); an open read is not, so after a restart it is served again in id order. Writer files are
-deleted once every reader's head has passed them.
+The queue's rules are `storage/queue.py`'s; this is how the format keeps them. The queue's items are
+written once, as PUT records, to its writer journal `<queue>.<number>`; each reader (the queue itself
+is the reader with the empty name, its fanout child `queue+name` the reader `name`) keeps only its
+progress in `<queue>.read.<reader>`: a head id below which every item is consumed, and the ids
+consumed out of order above it. An item is consumed when it leaves its reader for good (removed,
+confirmed, expired, discarded, flushed, poisoned, or refused because the reader was full); an open
+read is not, so after a restart it is served again in id order. Writer files are deleted once every
+reader's head has passed them. An item's id is its `xid` in memory too: an open read's id is its item's.
 
-Each reader holds at most `max_memory_size` bytes of items in memory; the rest are counted and read
-back from the writer files as the head drains (read-behind). The public interface is
-PersistentQueue's, so the collection and every protocol use either class alike.
+A change's consumed ids are written at its end; if that write fails the change is undone in memory
+and refused. The ids of items that left by themselves during a put or a peek (expired, discarded,
+refused) may wait instead: a crash before they are written serves them again, a duplicate, never a
+loss. Each reader holds at most `max_memory_size` bytes of items in memory; the rest are counted and
+read back from the writer files as the head drains (read-behind).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from operator import attrgetter
 
 import structlog
 
 from kestrel.storage import formats
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
-from kestrel.storage.errors import ItemTooLarge, JournalWriteError
+from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.filenames import reader_file_name
-from kestrel.storage.files import JournalWriter, list_journal_files
+from kestrel.storage.files import JournalFiles, JournalWriter, list_journal_files
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -40,23 +43,14 @@ from kestrel.storage.kestrel3.files import (
     read_checkpoint,
     write_checkpoint,
 )
-from kestrel.storage.queue import QueueBase
+from kestrel.storage.queue import PersistentQueue, ReadBack
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
 
 COMPACT_AT = 64 * 1024  # a checkpoint file this large is rewritten, if that makes it much smaller
 
-Entry = tuple[int, QItem]  # an item and its id
-
-
-def _expiry(record: k3.Put, config: QueueConfig) -> int:
-    """The item's expiry for one reader: the PUT's, capped by the reader's `max_age` (0 = never)."""
-    expiry = record.expire_time or 0
-    if config.max_age:
-        cap = record.add_time + config.max_age
-        expiry = min(expiry, cap) if expiry else cap
-    return expiry
+_XID = attrgetter("xid")
 
 
 def _reader_of(name: str) -> tuple[str, str]:
@@ -109,6 +103,7 @@ class Kestrel3Journal:
                                     config.sync_journal, owner.runtime.clock, after_id=floor,
                                     runtime=owner.runtime)
         self.readers: dict[str, Kestrel3Queue] = {}
+        self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
 
     def attach(self, queue: Kestrel3Queue) -> None:
@@ -136,32 +131,6 @@ class Kestrel3Journal:
         self.owner.forget(self)
         for _, path in list_queue_files(self.queue_path, self.name).writers:
             os.unlink(path)
-
-    def put(self, items: list[bytes], expiry: int, add_time: int,
-            targets: list[Kestrel3Queue]) -> dict[str, int]:
-        """Write the items that some target accepts, once, and hand them to every reader.
-
-        Each target takes the items it has room for (the others it consumes at once); a reader
-        that is not a target consumes them all. Returns how many each target (by reader name)
-        took. Raises JournalWriteError (nothing was written).
-        """
-        taken = {q.reader: q.admit(items, add_time) for q in targets}
-        count = max(taken.values(), default=0)
-        if not count:
-            for reader in targets:
-                reader.commit()
-            return taken
-        try:
-            records = self.writer.append(items[:count], add_time, expiry or None)
-        except OSError as e:
-            raise JournalWriteError(self.name, self.writer.current.path, e) from None
-        readers = list(self.readers.values())
-        for reader in readers:
-            reader.receive(records, taken.get(reader.reader, 0))
-        self.writer.commit()
-        for reader in readers:
-            reader.commit()
-        return taken
 
     def release(self) -> None:
         """Delete the writer files every reader has passed."""
@@ -234,16 +203,17 @@ class _ReaderFile:
         self.writer.close()
 
 
-class Kestrel3Queue(QueueBase):
-    """One reader of a Kestrel 3 writer journal, with PersistentQueue's interface.
+class Kestrel3Queue(PersistentQueue):
+    """One reader of a Kestrel 3 writer journal.
 
-    Parameters: `name` (`q`, or `q+reader` for a fanout child), `queue_path`, `config`, `clock`,
-    `expire_to` (looks up the queue expired items move to), `journals` (the queue path's writer
-    journals, shared by the readers of each). A fanout-only parent keeps no reader of its own.
+    Parameters: those of `PersistentQueue`, and `journals` (the queue path's writer journals, shared
+    by the readers of each). A fanout-only parent keeps no reader of its own.
     """
 
+    shares_writes = True
+
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
-                 expire_to: Callable[[str], QueueBase | None] | None = None,
+                 expire_to: Callable[[str], PersistentQueue | None] | None = None,
                  journals: Kestrel3Journals | None = None) -> None:
         self._journals = journals or Kestrel3Journals(queue_path, GeventRuntime(clock or SYSTEM_CLOCK))
         runtime = self._journals.runtime
@@ -252,19 +222,20 @@ class Kestrel3Queue(QueueBase):
         self.is_reader = not (config.fanout_only and not self.reader)
         self._journal: Kestrel3Journal | None = None
         self._file: _ReaderFile | None = None
-        self._mem: deque[Entry] = deque()
-        self._behind: int | None = None  # while in read-behind: the lowest id not yet loaded
+        self._behind_id = 0  # while in read-behind: the lowest id not yet read back
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
         self._cursor: RecordReader | None = None
         self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
+        # The change in progress: the ids it consumed (written by `_commit`), and what it did, to
+        # be undone if that write fails.
+        self._consumed: list[int] = []
+        self._left: list[QItem] = []  # items that left the head (for good, or opened)
+        self._confirmed: list[QItem] = []  # open reads closed
+        self._returned: list[QItem] = []  # open reads back at the head
 
     # -----------------------------------------------------------------------------------------
     # Figures
-
-    @property
-    def in_read_behind(self) -> bool:
-        return self._behind is not None
 
     @property
     def head(self) -> int:
@@ -278,28 +249,24 @@ class Kestrel3Queue(QueueBase):
             return 0
         return self._journal.writer.total_size + (self._file.writer.size if self._file else 0)
 
-    @property
-    def journal_files(self) -> list[str]:
-        own = [self._file.path] if self._file else []
-        return own + ([f.path for f in self._journal.writer.files] if self._journal else [])
-
-    def reader_names_on_disk(self) -> list[str]:
+    def readers_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
         return [r for r in (self._journal.readers_on_disk if self._journal else []) if r]
 
     # -----------------------------------------------------------------------------------------
     # Start-up
 
-    def setup(self, reopen: bool = True, files: object = None) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
         """Open the writer journal and this reader's checkpoint, and load the items it has still to
         consume, oldest first (those beyond `max_memory_size` are only counted).
 
-        `reopen` and `files` are PersistentQueue's: reads open at a stop are served again in any
-        case (they were never consumed), and the files are listed here. Raises CorruptJournalError,
+        Reads open at a stop are served again in any case (they were never consumed), and the files
+        are listed here: `reopen` and `files` are Kestrel 2's. Raises CorruptJournalError,
         ConfigError (the queue has Kestrel 2 journal files).
         """
         started = time.monotonic()
         self._journal = self._journals.journal(self.parent, self.config)
+        self._lock = self._journal.lock
         if not self.is_reader:
             return
         writer = self._journal.writer
@@ -314,7 +281,9 @@ class Kestrel3Queue(QueueBase):
                 for _, record in reader:
                     assert isinstance(record, k3.Put)
                     if not self._file.consumed(record.id):
-                        self._load(record)
+                        item = self._item_of(record)
+                        if self._append(item):
+                            self._read_behind_from(self._start_read_behind(item))
             finally:
                 reader.close()
         self._seen = writer.tail_id
@@ -323,45 +292,38 @@ class Kestrel3Queue(QueueBase):
                      seconds=round(time.monotonic() - started, 3), read_behind=self.in_read_behind)
         self._journal.release()
 
-    def _load(self, record: k3.Put) -> None:
-        """A pending item of this reader, held in memory unless memory is full (then only counted)."""
-        size = len(record.data)
-        self.length += 1
-        self.bytes += size
-        if self._behind is not None:
-            return
-        item = QItem(record.add_time, _expiry(record, self.config), record.data, errors=record.error_count)
-        self._mem.append((record.id, item))
-        self.memory_bytes += size
-        if self.memory_bytes >= self.config.max_memory_size:
-            self._behind = record.id + 1
-            log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+    def _item_of(self, record: k3.Put) -> QItem:
+        """The item of a PUT as this reader holds it: its expiry capped by the reader's `max_age`."""
+        return QItem(record.add_time, self._capped_expiry(record.add_time, record.expire_time or 0),
+                     record.data, record.id, record.error_count)
 
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _fill(self) -> None:
-        """Read items forward from the writer files until memory is full or every item is loaded."""
+    def _start_read_behind(self, after: QItem) -> ReadBack:
+        self._behind_id = after.xid + 1
+        return self._read_back
+
+    def _read_back(self, now: int) -> QItem | None:
+        """The next item of this reader from the writer files, or None once every item handed to it
+        is in memory."""
         assert self._file is not None
-        while self._behind is not None and self.memory_bytes < self.config.max_memory_size:
-            record = self._next_behind() if self._behind <= self._seen else None
-            if record is None or record.id > self._seen:  # past it: a put `receive` is handing out
-                self._end_read_behind()  # every item handed to this reader is in memory
-                return
-            self._behind = record.id + 1
+        while self._behind_id <= self._seen:
+            record = self._next_behind()
+            if record is None or record.id > self._seen:  # past it: a put is handing it out
+                return None
+            self._behind_id = record.id + 1
             if not self._file.consumed(record.id) and record.id not in self._unsaved:
-                item = QItem(record.add_time, _expiry(record, self.config), record.data,
-                             errors=record.error_count)
-                self._mem.append((record.id, item))
-                self.memory_bytes += len(record.data)
+                return self._item_of(record)
+        return None
 
     def _next_behind(self) -> k3.Put | None:
-        """The next PUT at or after `_behind`, from the cursor (opened, or moved to the next file)."""
-        assert self._journal is not None and self._behind is not None
+        """The next PUT at or after `_behind_id`, from the cursor (opened, or moved to the next file)."""
+        assert self._journal is not None
         files = self._journal.writer.files
         while True:
             if self._cursor is None:
-                info = next((f for f in files if f.last_id >= self._behind), None)
+                info = next((f for f in files if f.last_id >= self._behind_id), None)
                 if info is None:
                     return None
                 self._cursor = RecordReader(info.path, k3.FileKind.WRITER)
@@ -378,300 +340,108 @@ class Kestrel3Queue(QueueBase):
                     continue
             record = entry[1]
             assert isinstance(record, k3.Put)
-            if record.id >= self._behind:
+            if record.id >= self._behind_id:
                 return record
+
+    def _sync_cursor(self) -> None:
+        """Nothing to do: the writer appends every PUT at once."""
+
+    def _stop_read_behind(self) -> None:
+        self._close_cursor()
 
     def _close_cursor(self) -> None:
         if self._cursor is not None:
             self._cursor.close()
             self._cursor = None
 
-    def _end_read_behind(self) -> None:
-        if self._behind is not None:
-            self._behind = None
-            self._close_cursor()
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+    # -----------------------------------------------------------------------------------------
+    # Adding: one write for every reader
+
+    def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
+        """Write the items some target takes, once, and hand them to every reader: on a queue (the
+        default reader) its readers are the targets, on a fanout child it alone. Each target takes
+        the items its limits admit; the readers consume the rest at once. What the readers consume
+        meanwhile left by itself (expired, discarded, refused): its record may wait. Returns how
+        many this queue took. Raises JournalWriteError (nothing was written).
+        """
+        journal = self._journal
+        assert journal is not None
+        readers = list(journal.readers.values())
+        marks = [(len(q._consumed), len(q._left)) for q in readers]
+        admitted: dict[str, tuple[int, int]] = {}
+        count = 0
+        try:
+            for q in readers:
+                if not self.reader or q is self:
+                    taken, _ = admitted[q.reader] = q._admit(items, now)
+                    if taken > count:
+                        count = taken
+            if count:
+                writer = journal.writer
+                try:
+                    first = writer.append(items[:count], now, expiry or None)[0].id
+                except OSError as e:
+                    raise JournalWriteError(journal.name, writer.current.path, e) from None
+                for q in readers:
+                    taken, size = admitted.get(q.reader, (0, 0))
+                    if taken:
+                        q._receive(items if taken == len(items) else items[:taken], size, now, expiry, first)
+                    q._consumed.extend(range(first + taken, first + count))  # refused: consumed at once
+                    q._seen = first + count - 1
+        finally:
+            for q, mark in zip(readers, marks, strict=True):
+                q._settle_later(mark)  # no yield before: the writer journal commits first
+        if count:
+            journal.writer.commit()
+        for q in readers:
+            if count or q.reader in admitted:
+                q._sync_checkpoint()
+        return admitted.get(self.reader, (0, 0))[0]
+
+    def _settle_later(self, mark: tuple[int, int]) -> None:
+        """What this reader consumed since `mark` (lengths of `_consumed` and `_left`) left by
+        itself: it is not undone, and its record may wait for a later write."""
+        consumed, left = mark
+        if len(self._left) > left:
+            del self._left[left:]
+        if len(self._consumed) > consumed:
+            ids = self._consumed[consumed:]
+            del self._consumed[consumed:]
+            self._save_later(ids)
 
     # -----------------------------------------------------------------------------------------
-    # The in-memory mechanics
+    # Records of a change
 
-    def _pop_head(self) -> Entry | None:
-        if not self._mem and self._behind is not None:
-            self._fill()
-        if not self._mem:
-            return None
-        entry = self._mem.popleft()
-        size = len(entry[1].data)
-        self.length -= 1
-        self.bytes -= size
-        self.memory_bytes -= size
-        if self._behind is not None and self.memory_bytes < self.config.max_memory_size:
-            self._fill()
-        return entry
+    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+        """Nothing to record: the PUTs are written, and `_put_shared` moves `_seen` past them."""
 
-    def _push_head(self, entries: list[Entry]) -> None:
-        """Put entries back at the head, the first given first in line."""
-        for entry in reversed(entries):
-            self._mem.appendleft(entry)
-            size = len(entry[1].data)
-            self.length += 1
-            self.bytes += size
-            self.memory_bytes += size
+    def _log_add(self, item: QItem) -> None:
+        self._seen = item.xid  # read-behind may load it from now on
 
-    def _take_expired(self, now: int, limit: int | None = None) -> list[Entry]:
-        """Pop expired items off the head (at most `limit`)."""
-        expired: list[Entry] = []
-        while limit is None or len(expired) < limit:
-            if not self._mem and self._behind is not None:
-                self._fill()
-            if not self._mem:
-                break
-            expiry = self._mem[0][1].expiry
-            if not expiry or expiry > now:
-                break
-            entry = self._pop_head()
-            assert entry is not None
-            expired.append(entry)
-        return expired
+    def _log_gone(self, item: QItem) -> None:
+        self._consumed.append(item.xid)
+        self._left.append(item)
 
-    def _expired(self, entries: list[Entry]) -> None:
-        """Count expired items (already consumed) and move them to `expire_to_queue`."""
-        self.expired_items += len(entries)
-        target_name = self.config.expire_to_queue
-        if not entries or not target_name or self._expire_to is None:
-            return
-        target = self._expire_to(target_name)
-        if target is not None and target is not self:
-            for _, item in entries:
-                target.add(item.data)
+    def _log_gone_many(self, items: list[QItem]) -> None:
+        self._consumed.extend(map(_XID, items))
+        self._left.extend(items)
 
-    def _save(self, ids: Iterable[int], commit: bool = True) -> None:
-        """Record consumed ids (with any a failed write left over) in the checkpoint and, with
-        `commit`, wait as the sync policy says. Raises JournalWriteError: nothing new is recorded."""
-        if self._file is None:
-            return
-        ids = list(ids)
-        if not ids:
-            return  # what a failed write left over waits for the next write
-        try:
-            moved = self._file.save([*self._unsaved, *ids])
-        except OSError as e:
-            self.journal_write_errors += 1
-            raise JournalWriteError(self.name, self._file.path, e) from None
-        self._unsaved.clear()
-        if moved and self._journal is not None:
-            self._journal.release()
-        if commit:
-            self._file.commit()
+    def _log_open(self, item: QItem) -> int:
+        self._left.append(item)
+        return item.xid
 
-    def commit(self) -> None:
-        """Wait as the sync policy says for what this reader's checkpoint was given."""
-        if self._file is not None and not self.closed:
-            self._file.commit()
+    def _log_confirm(self, xid: int, item: QItem) -> None:
+        self._consumed.append(xid)
+        self._confirmed.append(item)
 
-    def _save_later(self, ids: list[int], commit: bool = True) -> None:
-        """Consumed ids whose record may wait: on a failed write they are kept for the next one
-        (a crash before it serves them again: a duplicate, never a loss)."""
-        try:
-            self._save(ids, commit)
-        except JournalWriteError as e:
-            self._unsaved.update(ids)
-            log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
-                      queue=self.name, error=str(e))
+    def _log_return(self, xid: int, item: QItem) -> None:
+        self._returned.append(item)
 
-    # -----------------------------------------------------------------------------------------
-    # Adding
-
-    def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """Add items with one journal write; how many were accepted, in order. On a queue (the
-        default reader) they go to every reader of its journal, on a fanout child to it alone.
-
-        Raises ItemTooLarge, JournalWriteError (nothing was added).
-        """
-        for data in items:
-            if len(data) > self.config.max_item_size:
-                raise ItemTooLarge(f"item of {len(data)} bytes is over max_item_size "
-                                   f"{self.config.max_item_size} of queue {self.name!r}")
-        return self.fan_out(items, expiry, add_time)
-
-    def fan_out(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """`add_many` as the collection puts: each reader takes the items before the first one over
-        its own `max_item_size`. Returns how many this queue accepted (a fanout-only parent: how
-        many fit). Raises JournalWriteError."""
-        self._check_open()
-        assert self._journal is not None
-        now = self.clock.now_ms() if add_time is None else add_time
-        targets = [q for q in self._journal.readers.values() if not self.reader or q is self]
-        taken = self._journal.put(items, expiry, now, targets)
-        return taken.get(self.reader, 0) if self.is_reader else self._fitting(items)
-
-    def _fitting(self, items: list[bytes]) -> int:
-        return next((i for i, data in enumerate(items) if len(data) > self.config.max_item_size), len(items))
-
-    def admit(self, items: list[bytes], now: int) -> int:
-        """How many of `items` (a prefix) this reader takes: what fits its limits, old items
-        discarded to make room if it is set to. Expired items leave the head first."""
-        self._check_open()
-        expired = self._take_expired(now) if self._mem or self._behind is not None else []
-        if expired:
-            self._save_later([i for i, _ in expired], commit=False)  # `put` commits: no yield here
-            self._expired(expired)
-        cfg = self.config
-        fitting = self._fitting(items)
-        if cfg.discard_old_when_full:
-            taken = 0 if cfg.max_items == 0 or cfg.max_size == 0 else fitting
-        else:
-            length, size, taken = self.length, self.bytes, 0
-            for data in items[:fitting]:
-                if length >= cfg.max_items or size >= cfg.max_size:
-                    break
-                length += 1
-                size += len(data)
-                taken += 1
-        return taken
-
-    def receive(self, records: list[k3.Put], taken: int) -> None:
-        """Items just written: the first `taken` are this reader's, the rest it consumes at once."""
-        consumed = [r.id for r in records[taken:]]
-        cfg = self.config
-        discarded: list[int] = []
-        mine = records[:taken]
-        size = sum(len(r.data) for r in mine)
-        if (self._behind is None and self.length + taken < cfg.max_items and self.bytes + size < cfg.max_size
-                and self.memory_bytes + size < cfg.max_memory_size):
-            # All fit in memory with room to spare: no per-item checks (the common batch).
-            self._mem.extend((r.id, QItem(r.add_time, _expiry(r, cfg), r.data, errors=r.error_count))
-                             for r in mine)
-            self.length += taken
-            self.bytes += size
-            self.memory_bytes += size
-            mine = []
-        for record in mine:
-            while self.length and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
-                entry = self._pop_head()
-                assert entry is not None
-                discarded.append(entry[0])
-            self._load(record)
-            self._seen = record.id
-        self._seen = records[-1].id
-        self.discarded += len(discarded)
-        self.total_items += taken
-        self._save_later(consumed + discarded, commit=False)  # the writer journal commits first
-        for _ in range(taken):
-            if not self._waits.wake_one():
-                break
-
-    # -----------------------------------------------------------------------------------------
-    # Removing
-
-    def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
-        """Take up to `count` items from the head, with one checkpoint write.
-
-        Raises JournalWriteError (nothing was taken).
-        """
-        self._check_open()
-        now = self.clock.now_ms()
-        popped: list[Entry] = []
-        expired: list[Entry] = []
-        taken: list[Entry] = []
-        while len(taken) < count:
-            gone = self._take_expired(now)
-            expired += gone
-            popped += gone
-            entry = self._pop_head()
-            if entry is None:
-                break
-            popped.append(entry)
-            taken.append(entry)
-        consumed = [i for i, _ in expired] + ([] if transaction else [i for i, _ in taken])
-        try:
-            self._save(consumed, commit=False)
-        except JournalWriteError:
-            self._push_head(popped)
-            raise
-        if transaction:
-            for item_id, item in taken:
-                item.xid = item_id
-                self._opens[item_id] = item
-            self.total_transactions += len(taken)
-        if taken:
-            self.current_age = max(0, now - taken[-1][1].add_time)
-        self.commit()  # may yield: every change above is already in memory and appended
-        self._expired(expired)
-        return [item for _, item in taken]
-
-    def peek(self) -> QItem | None:
-        """The head item, left in place (expired items are dropped first)."""
-        self._check_open()
-        expired = self._take_expired(self.clock.now_ms())
-        if expired:
-            self._save_later([i for i, _ in expired])
-            self._expired(expired)
-        if not self._mem and self._behind is not None:
-            self._fill()
-        return self._mem[0][1] if self._mem else None
-
-    def confirm(self, xid: int) -> bool:
-        """Close open read `xid` for good; False if no such read is open. Raises JournalWriteError."""
-        return self.confirm_many([xid]) == 1
-
-    def confirm_many(self, xids: Iterable[int]) -> int:
-        """Close these open reads for good with one checkpoint write; how many were open.
-
-        Raises JournalWriteError (the reads stay open).
-        """
-        self._check_open()
-        ids = list(dict.fromkeys(x for x in xids if x in self._opens))
-        if ids:
-            self._save(ids, commit=False)
-            for xid in ids:
-                del self._opens[xid]
-            self.commit()
-        return len(ids)
-
-    def unremove(self, xid: int) -> bool:
-        """Abort open read `xid`: its item goes back to the head; False if no such read is open."""
-        return self.unremove_many([xid]) == 1
-
-    def unremove_many(self, xids: Iterable[int]) -> int:
-        """Abort these open reads, each item going back to the head in turn (the last one given ends
-        up first); how many were open. An item aborted for the `max_errors`th time is handed to
-        `poison` and then leaves for good (journaled as consumed); if `poison` refuses it, it goes
-        back to the head instead. Raises JournalWriteError (the reads stay open; an item already
-        handed to `poison` may then be there too: a copy, never a loss).
-        """
-        self._check_open()
-        ids = list(dict.fromkeys(x for x in xids if x in self._opens))
-        limit = self.config.max_errors
-        poisoned = []
-        for xid in ids:
-            item = self._opens[xid]
-            item.errors += 1
-            if 0 < limit <= item.errors and self._handed_to_poison(item):
-                poisoned.append(xid)
-        ids = [x for x in ids if x in self._opens]  # the hand-over may have let another client close one
-        poisoned = [x for x in poisoned if x in self._opens]
-        self._save(poisoned, commit=False)
-        for xid in ids:
-            item = self._opens.pop(xid)
-            item.xid = 0
-            if xid not in poisoned:
-                self._push_head([(xid, item)])
-        self.canceled_transactions += len(ids)
-        self.poisoned_items += len(poisoned)
-        for _ in range(len(ids) - len(poisoned)):
-            if not self._waits.wake_one():
-                break
-        if poisoned:
-            self.commit()
-        return len(ids)
-
-    def flush(self) -> None:
-        """Consume every item (open reads stay open), with one checkpoint rewrite.
+    def _drop_items(self) -> None:
+        """Consume every item with one checkpoint rewrite (open reads stay open).
 
         Raises JournalWriteError (nothing was dropped).
         """
-        self._check_open()
         assert self._journal is not None
         if self._file is not None:
             tail = max(self._journal.writer.tail_id, self._file.head)
@@ -685,30 +455,87 @@ class Kestrel3Queue(QueueBase):
                 raise JournalWriteError(self.name, self._file.path, e) from None
             self._unsaved.clear()
             self._journal.release()
-        self._mem.clear()
-        self._end_read_behind()
-        self.length = self.bytes = self.memory_bytes = 0
-        self.total_flushes += 1
+        self._forget_items()
 
-    def discard_expired(self, limit: int | None = None) -> int:
-        """Drop expired items from the head (at most `limit`); the sweeper calls this.
+    def _commit(self, housekeeping: bool = False) -> None:
+        """Write the ids the change consumed (raises JournalWriteError, and the change is undone;
+        for housekeeping they wait instead), then wait as the sync policy says."""
+        ids = self._consumed
+        if ids:
+            self._consumed = []
+            if housekeeping:
+                self._save_later(ids)
+            else:
+                self._save(ids)
+        self._sync_checkpoint()
 
-        Raises JournalWriteError (nothing was dropped).
-        """
-        if self.closed or not self.is_reader:
-            return 0
-        expired = self._take_expired(self.clock.now_ms(), limit)
+    def _save(self, ids: list[int]) -> None:
+        """Append consumed ids (with any a failed write left over) to the checkpoint, without
+        waiting for the sync policy. Raises JournalWriteError: nothing new is recorded."""
+        if self._file is None or not ids:
+            return  # what a failed write left over waits for the next write
         try:
-            self._save([i for i, _ in expired], commit=False)
-        except JournalWriteError:
-            self._push_head(expired)
-            raise
-        self.commit()
-        self._expired(expired)
-        return len(expired)
+            moved = self._file.save([*self._unsaved, *ids])
+        except OSError as e:
+            self.journal_write_errors += 1
+            raise JournalWriteError(self.name, self._file.path, e) from None
+        self._unsaved.clear()
+        if moved and self._journal is not None:
+            self._journal.release()
+
+    def _save_later(self, ids: list[int]) -> None:
+        """Consumed ids whose record may wait: on a failed write they are kept for the next one
+        (a crash before it serves them again: a duplicate, never a loss)."""
+        try:
+            self._save(ids)
+        except JournalWriteError as e:
+            self._unsaved.update(ids)
+            log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
+                      queue=self.name, error=str(e))
+
+    def _sync_checkpoint(self) -> None:
+        """Wait as the sync policy says for what this reader's checkpoint was given."""
+        if self._file is not None and not self.closed:
+            self._file.commit()
+
+    # -----------------------------------------------------------------------------------------
+    # Around each change
+
+    def _before_change(self) -> None:
+        """Nothing to check: a failed write refuses its own change only."""
+
+    def _after_change(self) -> None:
+        if self._left:
+            self._left.clear()
+        if self._confirmed:
+            self._confirmed.clear()
+        if self._returned:
+            self._returned.clear()
+
+    def _change_failed(self, error: BaseException) -> None:
+        """A failed write (this reader's, or an expiry or error queue's it fed) undoes the change in
+        memory; its consumed ids are dropped. After any other error they wait for the next write."""
+        if isinstance(error, JournalWriteError):
+            opens = self._opens
+            for item in reversed(self._returned):
+                self._take_head()
+                opens[item.xid] = item
+            for item in self._confirmed:
+                opens[item.xid] = item
+            for item in reversed(self._left):
+                if opens.get(item.xid) is item:
+                    del opens[item.xid]
+                self._push_head(item)
+            self._consumed.clear()
+        self._left.clear()
+        self._confirmed.clear()
+        self._returned.clear()
 
     # -----------------------------------------------------------------------------------------
     # Settings and shutting down
+
+    def wait_for_packing(self) -> None:
+        """Nothing to wait for: Kestrel 3 journals are never packed, their files are deleted."""
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
@@ -718,16 +545,8 @@ class Kestrel3Queue(QueueBase):
         if self._file is not None:
             self._file.writer.sync_ms = config.sync_journal
 
-    def wait_for_packing(self) -> None:
-        """Nothing to wait for: Kestrel 3 journals are never packed, their files are deleted."""
-
-    def close(self) -> None:
+    def _close_files(self) -> None:
         """Close this reader's files (the writer journal closes with its last reader)."""
-        if self.closed:
-            return
-        self.closed = True
-        self._waits.end()
-        self._close_cursor()
         if self._file is not None:
             self._file.close()
         if self._journal is not None:
