@@ -112,6 +112,7 @@ class Cluster:
 
     @property
     def closed(self) -> bool:
+        """Whether `close()` was called: then every call raises ClientClosed."""
         return self._closed
 
     def _check_open(self, what: str) -> None:
@@ -133,9 +134,11 @@ class Cluster:
             return found
 
     def writers(self) -> list[Server]:
+        """The servers taking puts now (the source may change them at any time)."""
         return [self.server(a) for a in self.source.writers()]
 
     def readers(self) -> list[Server]:
+        """The servers to read from now."""
         return [self.server(a) for a in self.source.readers()]
 
     def _in_turn(self, servers: Sequence[Server], method: str) -> list[Server]:

@@ -88,6 +88,7 @@ class Server:
 
     @property
     def closed(self) -> bool:
+        """Whether `close()` was called: then every call but `settle` raises ClientClosed."""
         return self._closed
 
     def __repr__(self) -> str:
