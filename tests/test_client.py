@@ -370,18 +370,18 @@ def test_retries_have_a_count_and_a_backoff(server: ServerProcess, monkeypatch: 
     pauses = [b - a for a, b in zip(tries, tries[1:], strict=False)]
     # Three pauses after the first attempt: 100 ms then 150 ms capped, each shortened by up to half.
     assert len(tries) == 4, pauses
-    assert 0.05 <= pauses[0] < 0.3 and all(0.075 <= p < 0.3 for p in pauses[1:]), pauses
+    assert 0.05 <= pauses[0] < 1 and all(0.075 <= p < 1 for p in pauses[1:]), pauses
     tries.clear()
     with pytest.raises(NoServers):
         Cluster([f"127.0.0.1:{free_port()}"], retries=0).put("retried", b"x")
     assert len(tries) == 1
     # A refusal from every server is not retried: the answer would be the same.
     tries.clear()
-    refused = Cluster([f"127.0.0.1:{server.thrift_port}"], retries=5, backoff_ms=1000)
+    refused = Cluster([f"127.0.0.1:{server.thrift_port}"], retries=5, backoff_ms=2000)
     started = time.monotonic()
     with pytest.raises(NoServers, match="refused"):
         refused.put("bad/name", b"x")
-    assert len(tries) == 1 and time.monotonic() - started < 0.5
+    assert len(tries) == 1 and time.monotonic() - started < 1  # a retry would have paused 1 s or more
     for bad in ({"retries": -1}, {"backoff_ms": "1s"}, {"backoff_ms": 500, "max_backoff_ms": 100}):
         with pytest.raises((TypeError, ValueError)):
             Cluster(["k:1"], **bad)
