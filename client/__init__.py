@@ -2,10 +2,10 @@
 
     from client import Cluster
 
-    cluster = Cluster(["kestrel1:2229", "kestrel2:2229"])          # or Cluster.from_zookeeper("zk:2181")
-    cluster.put_many("jobs", [b"job 1", b"job 2"])
-    with cluster.reliable_read("jobs", max_items=10, timeout=1.0) as items:
-        ...                                                        # confirmed on success, aborted on error
+    with Cluster(["kestrel1:2229", "kestrel2:2229"]) as cluster:   # or Cluster.from_zookeeper("zk:2181")
+        cluster.put_many("jobs", [b"job 1", b"job 2"])
+        with cluster.reliable_read("jobs", max_items=10, timeout=1.0) as items:
+            ...                                                    # confirmed on success, aborted on error
 
 It needs only the Thrift contract (`contract`), thriftpy2 and kazoo, not the server's code.
 """
@@ -19,6 +19,7 @@ from kestrel.client.discovery import (
     parse_address,
 )
 from kestrel.client.errors import (
+    ClientClosed,
     KestrelClientError,
     NoServers,
     Refused,
@@ -29,6 +30,7 @@ from kestrel.client.errors import (
 from kestrel.client.server import Server
 
 __all__ = [
+    "ClientClosed",
     "Cluster",
     "KestrelClientError",
     "NoServers",

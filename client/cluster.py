@@ -1,10 +1,13 @@
 """A Kestrel cluster as clients see it: independent servers, work spread over them.
 
 Puts go to the write set, reads to the read set (the same list when the servers are given by hand).
-Each call picks servers in turn (round-robin, or random), skipping none but trying the ones that
-recently failed last; a connection error or a refusal moves the call to the next server. Delivery
-is at least once: a put whose reply was lost is sent again elsewhere, and an open read whose
-confirm was lost returns to its queue, so consumers should be idempotent.
+Each call tries the servers in turn (round-robin, or random), those that recently failed or refused
+by status last, so a dead server's share spreads evenly over the others; a connection error or a
+refusal moves the call to the next server. When no server could take a call, it is tried again,
+`retries` times, after a growing pause; then it raises NoServers, reads as well as puts, so that
+"the cluster is down" never looks like "the queue is empty". Delivery is at least once: a put whose
+reply was lost is sent again elsewhere, and an open read whose confirm was lost returns to its
+queue, so consumers should be idempotent.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
+from kestrel.client.checks import BytesLike, check_count, check_item, check_items, check_queue, check_seconds
 from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
-from kestrel.client.errors import KestrelClientError, NoServers, Refused, ServerUnavailable
+from kestrel.client.errors import ClientClosed, KestrelClientError, NoServers, Refused, ServerUnavailable
 from kestrel.client.server import Server
 
 log = logging.getLogger("kestrel.client")
@@ -27,35 +32,92 @@ log = logging.getLogger("kestrel.client")
 STRATEGIES = ("round_robin", "random")
 
 
+class _Round:
+    """What one pass over the servers heard: whether any answered, and each failure."""
+
+    def __init__(self) -> None:
+        self.answered = False
+        self.errors: list[KestrelClientError] = []
+
+    @property
+    def worth_retrying(self) -> bool:
+        """Some server could not be reached (or none was there to ask): it may be back soon. A
+        round in which every server answered with a refusal is not repeated."""
+        return not self.errors or any(isinstance(e, ServerUnavailable) for e in self.errors)
+
+
 class Cluster:
     """Puts, gets and reliable reads over every server of a Kestrel cluster.
 
-    Thread-safe and cooperative under gevent: share one Cluster between threads or greenlets.
+    Thread-safe and cooperative under gevent: share one Cluster between threads or greenlets. Use it
+    as a context manager, or call `close()`; closing is final (every call after it raises
+    ClientClosed).
 
     Parameters: `servers`: addresses (`"host:2229"` or (host, port)) or a ServerSource such as
     ZooKeeperServerSets; `strategy`: `round_robin` (default) or `random`; `timeout_ms`: the network
-    timeout of one call (on top of any wait asked for); `auto_abort_ms`: how long a reliable read may
-    stay open before the server puts it back; `poll_ms`: the longest one server is waited on while
-    others may have items.
+    timeout of one call (on top of any wait asked for); `connect_timeout_ms`: how long connecting to
+    one server may take; `auto_abort_ms`: how long a reliable read may stay open before the server
+    puts it back; `poll_ms`: the longest one server is waited on while others may have items;
+    `retries`: how many more passes over the servers a call makes when none could take it (none
+    reachable, or the set empty; not when every server answered with a refusal); `backoff_ms`: the
+    pause before the first of them, doubling for each next one up to `max_backoff_ms` (each pause
+    shortened at random by up to half, so that clients do not retry in step).
     """
 
     def __init__(self, servers: Iterable[str | Address] | ServerSource, *, strategy: str = "round_robin",
-                 timeout_ms: int = 10_000, auto_abort_ms: int = 60_000, poll_ms: int = 500) -> None:
+                 timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000, auto_abort_ms: int = 60_000,
+                 poll_ms: int = 500, retries: int = 2, backoff_ms: int = 100,
+                 max_backoff_ms: int = 2_000) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        for name, value, least in (
+                ("timeout_ms", timeout_ms, 1), ("connect_timeout_ms", connect_timeout_ms, 1),
+                ("auto_abort_ms", auto_abort_ms, 1), ("poll_ms", poll_ms, 1),
+                ("retries", retries, 0), ("backoff_ms", backoff_ms, 0),
+                ("max_backoff_ms", max_backoff_ms, backoff_ms)):
+            check_count(value, name, "Cluster", least=least)
         self.source = servers if isinstance(servers, ServerSource) else StaticServers(servers)
         self.strategy = strategy
-        self.timeout_ms, self.auto_abort_ms, self.poll_ms = timeout_ms, auto_abort_ms, poll_ms
+        self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
+        self.auto_abort_ms, self.poll_ms = auto_abort_ms, poll_ms
+        self.retries, self.backoff_ms, self.max_backoff_ms = retries, backoff_ms, max_backoff_ms
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._turn = itertools.count()
+        self._closed = False
 
     @classmethod
     def from_zookeeper(cls, hosts: str, path_prefix: str = "/kestrel", *, endpoint: str = "thrift",
-                       session_timeout: float = 10.0, **options: Any) -> Cluster:
-        """A cluster found in the ZooKeeper server sets the servers join (`zookeeper` setting)."""
-        sets = ZooKeeperServerSets(hosts, path_prefix, endpoint=endpoint, session_timeout=session_timeout)
-        return cls(sets, **options)
+                       session_timeout: float = 10.0, connect_timeout: float = 10.0,
+                       **options: Any) -> Cluster:
+        """A cluster found in the ZooKeeper server sets the servers join (`zookeeper` setting).
+
+        `hosts` is kazoo's connection string (`"zk1:2181,zk2:2181"`, optionally with a chroot);
+        `session_timeout` (seconds) is the ZooKeeper session's, `connect_timeout` (seconds) how long
+        to wait for the first connection before raising ServerSetsUnavailable; `endpoint` is the
+        member endpoint to use. Any other keyword is a Cluster option (`retries`, `timeout_ms`, ...).
+        A bad option raises before ZooKeeper is contacted, and a failure after it closes the session.
+        """
+        cluster = cls(_NotYetFound(), **options)  # the options are checked before ZooKeeper is asked
+        cluster.source = ZooKeeperServerSets(hosts, path_prefix, endpoint=endpoint,
+                                             session_timeout=session_timeout, connect_timeout=connect_timeout)
+        return cluster
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called: then every call raises ClientClosed."""
+        return self._closed
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClientClosed(f"cannot {what}")
 
     # -----------------------------------------------------------------------------------------
     # Servers
@@ -64,71 +126,119 @@ class Cluster:
         """The Server for an address (one per address, shared by every call)."""
         key = as_address(address)
         with self._lock:
+            self._check_open(f"use kestrel {key[0]}:{key[1]}")
             found = self._servers.get(key)
             if found is None:
-                found = self._servers[key] = Server(key[0], key[1], timeout_ms=self.timeout_ms)
+                found = self._servers[key] = Server(key[0], key[1], timeout_ms=self.timeout_ms,
+                                                    connect_timeout_ms=self.connect_timeout_ms)
             return found
 
     def writers(self) -> list[Server]:
+        """The servers taking puts now (the source may change them at any time)."""
         return [self.server(a) for a in self.source.writers()]
 
     def readers(self) -> list[Server]:
+        """The servers to read from now."""
         return [self.server(a) for a in self.source.readers()]
 
-    def _in_turn(self, servers: Sequence[Server]) -> list[Server]:
-        """Every server once, starting from the next in turn (or shuffled); failing ones last."""
+    def _in_turn(self, servers: Sequence[Server], method: str) -> list[Server]:
+        """Every server once: those fit for `method` from the next in turn (or shuffled), then the
+        ones that recently failed or refused it by status. Turning among the fit ones alone is what
+        spreads a dead server's share evenly over the others, instead of onto the one after it."""
+        fit: list[Server] = []
+        unfit: list[Server] = []
+        for server in servers:  # judged once each: another thread may mark one down meanwhile
+            (unfit if server.avoids(method) else fit).append(server)
         if self.strategy == "random":
-            order = random.sample(list(servers), len(servers))
-        else:
-            start = next(self._turn) % len(servers) if servers else 0
-            order = [*servers[start:], *servers[:start]]
-        return sorted(order, key=lambda s: s.seems_down)  # stable: keeps the turn among equals
+            random.shuffle(fit)
+            random.shuffle(unfit)
+            return fit + unfit
+        turn = next(self._turn)
+        return [*_rotated(fit, turn), *_rotated(unfit, turn)]
+
+    def _pause(self, failed_rounds: int) -> None:
+        """Wait before pass `failed_rounds` + 1: backoff_ms, doubling, capped, with jitter."""
+        ceiling = min(self.backoff_ms * 2 ** failed_rounds, self.max_backoff_ms) / 1000.0
+        time.sleep(random.uniform(ceiling / 2, ceiling))
+
+    def _gave_up(self, round_: _Round, failed_rounds: int) -> bool:
+        """Whether a pass in which no server could take the call is the last one."""
+        return failed_rounds >= self.retries or not round_.worth_retrying
 
     # -----------------------------------------------------------------------------------------
     # Writing
 
-    def put(self, queue: str, item: bytes, expiration_ms: int = 0) -> bool:
-        """Put one item; False when every server's queue is full. Raises NoServers (see put_many)."""
-        return self.put_many(queue, [item], expiration_ms) == 1
+    def put(self, queue: str, item: BytesLike, expiration_ms: int = 0) -> bool:
+        """Put one item; False when every server's queue is full. Raises NoServers (see put_many).
 
-    def put_many(self, queue: str, items: Sequence[bytes], expiration_ms: int = 0) -> int:
+        The item is bytes, bytearray or memoryview; anything else (a str included) raises TypeError.
+        """
+        what = f"put on {queue!r}"
+        check_queue(queue, what)
+        return self.put_many(queue, [check_item(item, what)], expiration_ms) == 1
+
+    def put_many(self, queue: str, items: Iterable[BytesLike], expiration_ms: int = 0) -> int:
         """Put a batch on the next server; what it refuses (full queue, errors) goes to the next.
 
-        Returns how many items were stored: fewer than given when every server refused the rest
-        (full queues, or some unreachable). Raises NoServers, carrying each server's error, when
-        nothing was stored and not every server merely had a full queue.
+        Items are bytes, bytearray or memoryview. Anything else, and a batch that is itself a str or
+        bytes, raises TypeError naming the item's position, before anything is sent: a queue keeps
+        what it is given, and a wrong item found by its consumer is found too late.
+
+        Returns how many items were stored: fewer than given when the servers refused the rest
+        (full queues, or unreachable after the retries). When no server could be reached, every
+        server is tried again `retries` times after a pause; raises NoServers, carrying each
+        server's error, when nothing was stored and not every server merely had a full queue.
         """
-        writers = self.writers()
-        if not writers and items:
-            raise NoServers(f"put on {queue!r}")
-        remaining = list(items)
+        what = f"put on {queue!r}"
+        check_queue(queue, what)
+        remaining = check_items(items, what)
+        check_count(expiration_ms, "expiration_ms", what)
+        self._check_open(what)
+        if not remaining:
+            return 0
         stored = 0
-        errors: list[KestrelClientError] = []
-        for server in self._in_turn(writers):
-            if not remaining:
-                break
-            try:
-                accepted = server.put(queue, remaining, expiration_ms)
-            except (ServerUnavailable, Refused) as e:
-                errors.append(e)
-                log.debug("put moved on from %s: %s", server.address, e)
-                continue
-            stored += accepted
-            remaining = remaining[accepted:]
-        if remaining and not stored and errors:
-            raise NoServers(f"put {len(items)} items on {queue!r}", errors)
-        return stored
+        failed_rounds = 0
+        while True:
+            self._check_open(what)
+            round_ = _Round()
+            for server in self._in_turn(self.writers(), "put"):
+                try:
+                    accepted = server.put(queue, remaining, expiration_ms)
+                except (ServerUnavailable, Refused) as e:
+                    round_.errors.append(e)
+                    log.debug("put moved on from %s: %s", server.address, e)
+                    continue
+                round_.answered = True
+                stored += accepted
+                remaining = remaining[accepted:]
+                if not remaining:
+                    return stored
+            if round_.answered and not round_.errors:
+                return stored  # every server answered: their queues are full
+            if self._gave_up(round_, failed_rounds):
+                if not stored:
+                    raise NoServers(f"put {len(remaining)} items on {queue!r}", round_.errors)
+                return stored
+            self._pause(failed_rounds)
+            failed_rounds += 1
 
     # -----------------------------------------------------------------------------------------
     # Reading
 
     def get(self, queue: str, timeout: float = 0.0) -> bytes | None:
-        """One item, removed for good, waiting up to `timeout` seconds; None if none came."""
+        """One item, removed for good, waiting up to `timeout` seconds; None if none came.
+
+        Raises NoServers when no server of the read set could be asked (after the retries): an
+        unreachable cluster is not an empty queue.
+        """
         items = self.get_many(queue, 1, timeout)
         return items[0] if items else None
 
     def get_many(self, queue: str, max_items: int, timeout: float = 0.0) -> list[bytes]:
-        """Up to `max_items` from the first server that has any, waiting up to `timeout` seconds."""
+        """Up to `max_items` from the first server that has any, waiting up to `timeout` seconds.
+
+        Raises NoServers when no server could be asked (see `get`).
+        """
         found = self._fetch(queue, max_items, timeout, auto_abort_ms=0)
         return [item.data for item in found[1]] if found else []
 
@@ -140,53 +250,85 @@ class Cluster:
                 for item in items:
                     work(item)
 
-        `items` is empty when nothing came within `timeout`. Items not confirmed within
-        `auto_abort_ms` (say, the process died) return to their queue on the server.
+        `items` is empty when nothing came within `timeout`; NoServers is raised when no server could
+        be asked. Items not confirmed within `auto_abort_ms` (say, the process died) return to their
+        queue on the server. The batch is settled as a whole; `consume` and `reliable_items` confirm
+        item by item what was finished.
         """
         found = self._fetch(queue, max_items, timeout, auto_abort_ms=self.auto_abort_ms)
         if not found:
             yield []
             return
         server, items = found
-        with self._open_reads(server, queue, items) as data:
-            yield data
+        done = 0
+        try:
+            yield [item.data for item in items]
+            done = len(items)
+        finally:
+            self._settle(server, queue, items, done)
 
     def reliable_items(self, queue: str, timeout: float = 0.0, batch: int = 1) -> Iterator[bytes]:
         """Items as open reads, until none comes within `timeout` seconds.
 
-        An item is confirmed when the loop asks for the next one (with `batch` > 1, when it asks
-        for the one after the batch). Leaving the loop, by `break` or an exception, aborts the
-        item in hand: it returns to the head of its queue.
+        An item is finished when the loop asks for the next one; the finished items of a batch are
+        confirmed together once the loop asks for the one after the batch. Leaving the loop, by
+        `break` or an exception, confirms the finished items and aborts the one in hand and the rest
+        of its batch: they return to the head of their queue. Raises NoServers when no server could
+        be asked.
         """
         while True:
-            with self.reliable_read(queue, batch, timeout) as items:
-                if not items:
-                    return
-                yield from items
+            found = self._fetch(queue, batch, timeout, self.auto_abort_ms)
+            if not found:
+                return
+            server, items = found
+            done = 0
+            try:
+                for item in items:
+                    yield item.data
+                    done += 1
+            finally:
+                self._settle(server, queue, items, done)
 
-    def consume(self, queue: str, handle: Callable[[bytes], Any], *, batch: int = 100,
+    def consume(self, queue: str, handle: Callable[[bytes], object], *, batch: int = 100,
                 stop: threading.Event | None = None, until_empty: bool = False) -> int:
-        """Feed every item of every server in the read set to `handle`, as reliable reads.
+        """Feed every item of every server in the read set to `handle`, one item at a time, as
+        reliable reads.
 
-        Each round takes a batch of open reads from each server in turn, confirming a batch once
-        `handle` returned for all of it; if `handle` raises, the batch is aborted and the error
-        propagates. Runs until `stop` is set or, with `until_empty`, until a round over every
-        server finds nothing. Returns how many items were handled.
+        Each round takes a batch of open reads from each server in turn. Acknowledgement is per
+        item: when `handle` raises, the items it finished are confirmed, and the one it failed on and
+        those after it are aborted (back to the head of their queue, in order), then the error
+        propagates; nothing is lost, and nothing finished is delivered again. Otherwise the batch is
+        confirmed once `handle` returned for all of it. Setting `stop` ends the loop after the item
+        in hand (the rest of its batch is aborted). Runs until `stop` is set or, with `until_empty`,
+        until a round over every server finds nothing. Returns how many items were handled.
+
+        Raises NoServers when, after the retries, no server of the read set could be asked, and
+        ClientClosed once the cluster is closed (after settling the batch in hand, as for `stop`).
         """
-        def feed(server: Server, items: list[Any]) -> int:
-            with self._open_reads(server, queue, items) as data:
-                for item in data:
-                    handle(item)
-            return len(items)
+        what = f"consume {queue!r}"
+        check_queue(queue, what)
+        check_count(batch, "batch", what, least=1)
 
         handled = 0
+        failed_rounds = 0
         while stop is None or not stop.is_set():
+            self._check_open(what)
+            round_ = _Round()
             got = 0
-            for server in self._in_turn(self.readers()):
-                items = self._get_from(server, queue, batch, 0, self.auto_abort_ms)
+            for server in self._in_turn(self.readers(), "get"):
+                items = self._get_from(server, queue, batch, 0, self.auto_abort_ms, round_)
                 if items:
-                    got += feed(server, items)
+                    got += self._feed(server, queue, items, handle, stop)
+                    if stop is not None and stop.is_set():
+                        break
             handled += got
+            if not round_.answered:
+                if self._gave_up(round_, failed_rounds):
+                    raise NoServers(f"get from {queue!r}", round_.errors)
+                self._pause(failed_rounds)
+                failed_rounds += 1
+                continue
+            failed_rounds = 0
             if got:
                 continue
             if until_empty:
@@ -194,61 +336,112 @@ class Cluster:
             # Nothing anywhere: wait on each server in turn for a while, then look at them all again.
             found = self._fetch(queue, batch, self.poll_ms / 1000.0, self.auto_abort_ms, first_look=False)
             if found:
-                handled += feed(*found)
+                server, items = found
+                handled += self._feed(server, queue, items, handle, stop)
         return handled
+
+    def _feed(self, server: Server, queue: str, items: list[Any], handle: Callable[[bytes], object],
+              stop: threading.Event | None) -> int:
+        """Hand items to `handle` one by one; confirm those it finished, abort the rest."""
+        done = 0
+        try:
+            for item in items:
+                if self._closed or (stop is not None and stop.is_set()):
+                    break
+                handle(item.data)
+                done += 1
+        finally:
+            self._settle(server, queue, items, done)
+        return done
 
     def _fetch(self, queue: str, max_items: int, timeout: float, auto_abort_ms: int,
                first_look: bool = True) -> tuple[Server, list[Any]] | None:
-        """Items from the first reader that has some; while none has, wait on each in turn."""
-        deadline = time.monotonic() + max(timeout, 0.0)
+        """Items from the first reader that has some; while none has, wait on each in turn.
+
+        None when none came within `timeout`; NoServers when no reader could be asked in a pass and
+        the retries are spent.
+        """
+        what = f"get from {queue!r}"
+        check_queue(queue, what)
+        check_count(max_items, "max_items", what, least=1)
+        deadline = time.monotonic() + check_seconds(timeout, "timeout", what)
+        failed_rounds = 0
         while True:
-            readers = self._in_turn(self.readers())
+            self._check_open(what)
+            readers = self._in_turn(self.readers(), "get")
             left = deadline - time.monotonic()
             if first_look or not readers:
                 wait_ms = 0
             else:
                 wait_ms = int(max(0.0, min(left, self.poll_ms / 1000.0 / len(readers))) * 1000)
+            round_ = _Round()
             for server in readers:
-                items = self._get_from(server, queue, max_items, wait_ms, auto_abort_ms)
+                items = self._get_from(server, queue, max_items, wait_ms, auto_abort_ms, round_)
                 if items:
                     return server, items
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if not round_.answered:
+                if self._gave_up(round_, failed_rounds):
+                    raise NoServers(what, round_.errors)
+                self._pause(failed_rounds)
+                failed_rounds += 1
+                continue
+            failed_rounds = 0
+            if deadline - time.monotonic() <= 0:
                 return None
-            if not readers:
-                time.sleep(min(left, self.poll_ms / 1000.0))
             first_look = False
 
     def _get_from(self, server: Server, queue: str, max_items: int, wait_ms: int,
-                  auto_abort_ms: int) -> list[Any]:
+                  auto_abort_ms: int, round_: _Round) -> list[Any]:
         try:
-            return server.get(queue, max_items, wait_ms, auto_abort_ms)
+            items = server.get(queue, max_items, wait_ms, auto_abort_ms)
         except (ServerUnavailable, Refused) as e:
+            round_.errors.append(e)
             log.debug("get skipped %s: %s", server.address, e)
             return []
+        round_.answered = True
+        return items
 
-    @contextmanager
-    def _open_reads(self, server: Server, queue: str, items: list[Any]) -> Iterator[list[bytes]]:
-        ids = {item.id for item in items}
+    def _settle(self, server: Server, queue: str, items: list[Any], done: int) -> None:
+        """Confirm the first `done` open reads and abort the others (back to the queue's head), even
+        if the cluster was closed meanwhile.
+
+        A failure is logged, not raised: the server's auto-abort returns what was not settled.
+        """
         try:
-            yield [item.data for item in items]
-        except BaseException:
-            try:
-                server.abort(queue, ids)
-            except KestrelClientError as e:
-                log.warning("could not abort open reads on %s (%s); the server's auto-abort returns them",
-                            server.address, e)
-            raise
-        try:
-            server.confirm(queue, ids)
+            server.settle(queue, {item.id for item in items[:done]}, {item.id for item in items[done:]})
         except KestrelClientError as e:
-            log.warning("could not confirm open reads on %s (%s): they will be delivered again",
-                        server.address, e)
+            log.warning("could not settle %d open reads of %r on %s (%s): the server's auto-abort returns "
+                        "them, and any of the %d finished will be delivered again", len(items), queue,
+                        server.address, e, done)
 
     def close(self) -> None:
-        """Close every connection and stop watching ZooKeeper."""
-        self.source.close()
+        """Close every connection and stop watching ZooKeeper. Final: every call after it raises
+        ClientClosed; calls in flight finish on their connection."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             servers, self._servers = list(self._servers.values()), {}
+        self.source.close()
         for server in servers:
             server.close()
+
+
+class _NotYetFound:
+    """The servers of a Cluster whose source is being set up: none yet."""
+
+    def writers(self) -> list[Address]:
+        return []
+
+    def readers(self) -> list[Address]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _rotated(servers: list[Server], turn: int) -> list[Server]:
+    if not servers:
+        return []
+    start = turn % len(servers)
+    return [*servers[start:], *servers[:start]]

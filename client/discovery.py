@@ -11,12 +11,14 @@ import logging
 import threading
 from collections.abc import Iterable
 from functools import partial
+from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 
+from kestrel.client.checks import check_seconds
 from kestrel.client.errors import ServerSetsUnavailable
 
 log = logging.getLogger("kestrel.client")
@@ -100,12 +102,23 @@ class ZooKeeperServerSets:
     While ZooKeeper is unreachable the last lists stay in use; after a session timeout without a
     connection the ZooKeeper session is started afresh (an ensemble restarted empty refuses to
     resume old sessions), and the watches are set again once it connects.
+
+    `hosts` is kazoo's connection string (`"zk1:2181,zk2:2181"`, optionally ending in a chroot);
+    `session_timeout` (seconds) is the ZooKeeper session's; `connect_timeout` (seconds) is how long
+    the first connection may take before ServerSetsUnavailable. Construction either returns watching
+    sets or raises and leaves no session behind. Use it as a context manager, or call `close()`.
     """
 
     SETS = ("write", "read")
 
     def __init__(self, hosts: str, path_prefix: str = "/kestrel", *, endpoint: str | None = "thrift",
                  session_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
+        what = "ZooKeeperServerSets"
+        for name, value in (("session_timeout", session_timeout), ("connect_timeout", connect_timeout)):
+            if not check_seconds(value, name, what) > 0:
+                raise ValueError(f"{what}: {name} must be positive, got {value}")
+        if not isinstance(path_prefix, str) or not path_prefix.startswith("/"):
+            raise ValueError(f"{what}: path_prefix must be an absolute path, got {path_prefix!r}")
         self.hosts, self.path_prefix, self.endpoint = hosts, path_prefix.rstrip("/"), endpoint
         self.session_timeout = session_timeout
         self._lists: dict[str, list[Address]] = {name: [] for name in self.SETS}
@@ -116,14 +129,22 @@ class ZooKeeperServerSets:
         retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0,  # forever, often
                  "sleep_func": handler.sleep_func}
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry)
-        try:
-            self.zk.start(timeout=connect_timeout)
-        except self.zk.handler.timeout_exception:
-            raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
-                from None
         self._generation = 0
-        self.zk.add_listener(self._on_state)
-        self._watch()
+        try:
+            try:
+                self.zk.start(timeout=connect_timeout)
+            except self.zk.handler.timeout_exception:
+                raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
+                    from None
+            self.zk.add_listener(self._on_state)
+            self._watch()
+        except KazooException as e:
+            self.close()
+            raise ServerSetsUnavailable(f"ZooKeeper at {hosts}: cannot watch the server sets under "
+                                        f"{self.path_prefix}: {e!r}") from e
+        except BaseException:
+            self.close()  # never leave a session (and kazoo's threads) behind
+            raise
 
     def _watch(self) -> None:
         """Watch both sets, retiring earlier watches (kazoo drops a watch whose node went missing,
@@ -187,7 +208,17 @@ class ZooKeeperServerSets:
         self.zk.stop()
         self.zk.start_async()
 
+    def __enter__(self) -> ZooKeeperServerSets:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
     def close(self) -> None:
+        """End the ZooKeeper session; the last lists stay readable. Safe to call twice."""
+        if self._closed:
+            return
         self._closed = True
         if self._renewal is not None:
             self._renewal.cancel()

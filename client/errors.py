@@ -27,12 +27,17 @@ class ServerClosing(ServerUnavailable):
 
 
 class Refused(KestrelClientError):
-    """Raised when a server answered with an error: its status, a bad queue name, a limit."""
+    """Raised when a server answered with an error: its status, a bad queue name, a limit.
+
+    `by_status` is true when the server refused because of its status (read-only, quiescent): a
+    state of the server, not of the call, so a Cluster tries that server last for a while.
+    """
 
     def __init__(self, address: str, message: str) -> None:
         super().__init__(f"kestrel {address} refused: {message}")
         self.address = address
         self.message = message
+        self.by_status = " refused: server is " in message
 
 
 class NoServers(KestrelClientError):
@@ -44,8 +49,17 @@ class NoServers(KestrelClientError):
         super().__init__(f"no kestrel server could {what}: {detail}")
 
 
+class ClientClosed(KestrelClientError):
+    """Raised by every call on a Cluster or Server after its `close()`: closing is final, so a
+    call never quietly opens connections that nothing will close again."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: the client is closed")
+
+
 class ServerSetsUnavailable(KestrelClientError):
-    """Raised when the ZooKeeper ensemble holding the server sets cannot be reached at start."""
+    """Raised when the ZooKeeper ensemble holding the server sets cannot be reached at start, or
+    refuses to show them."""
 
 
 def refusal(address: str, message: str) -> KestrelClientError:

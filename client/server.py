@@ -1,7 +1,8 @@
 """One Kestrel server over Thrift: a small pool of connections, reopened when lost.
 
 Safe to share between threads and greenlets: each call takes its own connection from the pool, and
-all waiting is socket I/O (cooperative once gevent has patched the socket module).
+all waiting is socket I/O (cooperative once gevent has patched the socket module). `close()` is
+final: every call after it raises ClientClosed.
 """
 
 from __future__ import annotations
@@ -9,13 +10,23 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterable
+from types import TracebackType
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
-from kestrel.client.errors import ServerClosing, ServerUnavailable, refusal
+from kestrel.client.checks import BytesLike, check_count, check_items, check_queue
+from kestrel.client.errors import (
+    ClientClosed,
+    KestrelClientError,
+    Refused,
+    ServerClosing,
+    ServerUnavailable,
+    refusal,
+)
 from kestrel.contract import kestrel_thrift
 
 # What a lost or unreachable server looks like from here.
@@ -43,7 +54,11 @@ class Server:
     (the server may have restarted since); any other connection failure raises ServerUnavailable
     and marks the server down for `retry_after` seconds, which a Cluster uses to try it last.
     An error the server answers with raises Refused, except a closed queue (the server is shutting
-    down), which raises ServerClosing, a ServerUnavailable, and marks the server down too.
+    down), which raises ServerClosing, a ServerUnavailable, and marks the server down too. A refusal
+    because of the server's status marks that method refused for `retry_after` seconds
+    (`avoids(method)`), so that a Cluster tries the other servers first.
+
+    Use it as a context manager, or call `close()`; after either, every call raises ClientClosed.
     """
 
     def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
@@ -52,6 +67,7 @@ class Server:
         self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
         self.retry_after, self.max_idle = retry_after, max_idle
         self.down_until = 0.0
+        self._refused_until: dict[str, float] = {}  # method → when a status refusal is stale
         self._closed = False
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
@@ -65,15 +81,39 @@ class Server:
         """Failed to connect less than `retry_after` seconds ago."""
         return time.monotonic() < self.down_until
 
+    def avoids(self, method: str) -> bool:
+        """Seems down, or refused `method` because of its status less than `retry_after` ago."""
+        now = time.monotonic()
+        return now < self.down_until or now < self._refused_until.get(method, 0.0)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called: then every call but `settle` raises ClientClosed."""
+        return self._closed
+
     def __repr__(self) -> str:
         return f"Server({self.address})"
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
     # -----------------------------------------------------------------------------------------
     # The Thrift calls
 
-    def put(self, queue: str, items: list[bytes], expiration_ms: int = 0) -> int:
-        """Add items; returns how many were accepted (fewer when the queue is full)."""
-        return int(self.call("put", queue, items, expiration_ms))
+    def put(self, queue: str, items: Iterable[BytesLike], expiration_ms: int = 0) -> int:
+        """Add items; returns how many were accepted (fewer when the queue is full).
+
+        Items are bytes, bytearray or memoryview; anything else raises TypeError before anything is
+        sent (see `Cluster.put_many`).
+        """
+        what = f"put on {queue!r}"
+        check_queue(queue, what)
+        check_count(expiration_ms, "expiration_ms", what)
+        return int(self.call("put", queue, check_items(items, what), expiration_ms))
 
     def get(self, queue: str, max_items: int = 1, timeout_ms: int = 0, auto_abort_ms: int = 0) -> list[Any]:
         """Up to `max_items` Items (`data`, `id`), waiting up to `timeout_ms` for the first.
@@ -81,6 +121,11 @@ class Server:
         With `auto_abort_ms` > 0 each item is an open read: `confirm` or `abort` its id on this
         server (from any connection), or it returns to the head of its queue after that long.
         """
+        what = f"get from {queue!r}"
+        check_queue(queue, what)
+        check_count(max_items, "max_items", what, least=1)
+        check_count(timeout_ms, "timeout_ms", what)
+        check_count(auto_abort_ms, "auto_abort_ms", what)
         return list(self.call("get", queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
 
     def confirm(self, queue: str, ids: set[int]) -> int:
@@ -105,8 +150,28 @@ class Server:
     # -----------------------------------------------------------------------------------------
     # Connections
 
-    def call(self, method: str, *args: Any, wait_ms: int = 0) -> Any:
-        """Call a Kestrel Thrift method; `wait_ms` is how long the server may legitimately take."""
+    def settle(self, queue: str, confirm: set[int], abort: set[int]) -> None:
+        """Abort, then confirm, open reads taken before: the one call still allowed after `close()`,
+        so that work in flight when a client closes ends cleanly instead of waiting out the
+        auto-abort and being delivered again. Raises like the other calls."""
+        failed: list[KestrelClientError] = []
+        for method, ids in (("abort", abort), ("confirm", confirm)):
+            if ids:
+                try:
+                    self.call(method, queue, set(ids), after_close=True)
+                except KestrelClientError as e:  # still try the other half
+                    failed.append(e)
+        if failed:
+            raise failed[0]
+
+    def call(self, method: str, *args: Any, wait_ms: int = 0, after_close: bool = False) -> Any:
+        """Call a Kestrel Thrift method; `wait_ms` is how long the server may legitimately take.
+
+        After `close()` it raises ClientClosed, unless `after_close` (see `settle`); the connection
+        such a call opens is closed when it ends.
+        """
+        if self._closed and not after_close:
+            raise ClientClosed(f"cannot call {method} on kestrel {self.address}")
         for attempt in (1, 2):
             conn, reused = self._take()
             conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
@@ -118,6 +183,8 @@ class Server:
                     conn.close()
                     self.down_until = time.monotonic() + self.retry_after
                 else:
+                    if isinstance(error, Refused) and error.by_status:
+                        self._refused_until[method] = time.monotonic() + self.retry_after
                     self._give_back(conn)
                 raise error from None
             except CONNECTION_ERRORS as e:
@@ -153,7 +220,7 @@ class Server:
         conn.close()
 
     def close(self) -> None:
-        """Close the idle connections (calls in flight close theirs when they finish)."""
+        """Close the idle connections (calls in flight close theirs when they finish); final."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []

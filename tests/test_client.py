@@ -7,13 +7,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from kestrel.client import (
+    ClientClosed,
     Cluster,
+    KestrelClientError,
     NoServers,
     Refused,
     Server,
@@ -249,3 +251,215 @@ def test_cooperative_under_gevent(three: list[ServerProcess]) -> None:
     # The get waited half a second or more, a second at a time on one server, while the ticker
     # (every 10 ms) was never held up for anything like that.
     assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
+
+
+def test_items_are_bytes_and_anything_else_is_refused_before_sending(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    one = on(three[0])
+    mistakes: list[tuple[Callable[[], object], str]] = [
+        (lambda: cluster.put("typed", "text"), "put on 'typed': the item is str, not bytes.*encode text"),
+        (lambda: cluster.put("typed", 7), "the item is int"),
+        (lambda: cluster.put_many("typed", "abc"), "items must be a list of bytes, got a single str"),
+        (lambda: cluster.put_many("typed", b"abc"), "got a single bytes"),
+        (lambda: cluster.put_many("typed", [b"fine", b"also", "text", b"after"]), "item 2 is str"),
+        (lambda: cluster.put_many("typed", [b"fine", None]), "item 1 is NoneType"),
+        (lambda: cluster.put_many("typed", 42), "items must be a list of bytes, got int"),
+        (lambda: cluster.put("typed", b"x", expiration_ms="soon"), "expiration_ms must be an int"),
+        (lambda: cluster.put(b"typed", b"x"), "the queue name must be a str"),
+        (lambda: one.put("typed", ["text"]), "item 0 is str"),
+        (lambda: one.put("typed", "text"), "got a single str"),
+    ]
+    for call, message in mistakes:
+        with pytest.raises(TypeError, match=message):
+            call()
+    assert [items_on(s, "typed") for s in three] == [0, 0, 0]  # nothing of a refused batch was sent
+    # bytes, bytearray and memoryview are items, stored as their bytes.
+    assert cluster.put_many("typed", [b"a", bytearray(b"b"), memoryview(b"xcx")[1:2]]) == 3
+    assert cluster.put("typed", bytearray(b"d")) and cluster.put("typed", memoryview(b"e"))
+    assert one.put("typed", (bytearray(b"f"),)) == 1
+    assert sorted(cluster.get_many("typed", 10) + cluster.get_many("typed", 10) + cluster.get_many("typed", 10)) \
+        == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    one.close()
+    cluster.close()
+
+
+def test_reads_raise_no_servers_when_no_server_could_be_asked(server: ServerProcess) -> None:
+    dead = [f"127.0.0.1:{port}" for port in (free_port(), free_port())]
+    down = Cluster(dead)
+    reads: list[Callable[[], object]] = [
+        lambda: down.get("jobs"),
+        lambda: down.get("jobs", timeout=5.0),  # no waiting on servers that are not there
+        lambda: down.get_many("jobs", 10),
+        lambda: down.reliable_read("jobs").__enter__(),
+        lambda: list(down.reliable_items("jobs")),
+        lambda: down.consume("jobs", print, until_empty=True),
+        lambda: down.consume("jobs", print, stop=threading.Event()),
+    ]
+    for read in reads:
+        started = time.monotonic()
+        with pytest.raises(NoServers) as e:
+            read()
+        assert time.monotonic() - started < 2
+        assert "no kestrel server could get from 'jobs'" in str(e.value)
+        assert sorted(err.address for err in e.value.errors if isinstance(err, ServerUnavailable)) == sorted(dead)
+    down.close()
+    # One server answering is enough to say the queue is empty.
+    partly = Cluster([dead[0], f"127.0.0.1:{server.thrift_port}"])
+    assert partly.get("nothing-here") is None
+    assert partly.get_many("nothing-here", 5) == []
+    assert partly.consume("nothing-here", print, until_empty=True) == 0
+    # Every server refusing the call (a bad name) is an error at once, not an empty queue.
+    with pytest.raises(NoServers, match="refused"):
+        partly.get("bad/name")
+    partly.close()
+
+
+def test_closing_is_final_and_both_are_context_managers(server: ServerProcess) -> None:
+    with cluster_of(server) as cluster:
+        assert cluster.put("closing", b"before")
+    assert cluster.closed
+    calls: list[Callable[[], object]] = [
+        lambda: cluster.put("closing", b"after"),
+        lambda: cluster.put_many("closing", [b"after"]),
+        lambda: cluster.get("closing"),
+        lambda: cluster.get_many("closing", 1),
+        lambda: cluster.reliable_read("closing").__enter__(),
+        lambda: list(cluster.reliable_items("closing")),
+        lambda: cluster.consume("closing", print, until_empty=True),
+        lambda: cluster.server(f"127.0.0.1:{server.thrift_port}"),
+    ]
+    for call in calls:
+        with pytest.raises(ClientClosed, match="the client is closed") as e:
+            call()
+        assert isinstance(e.value, KestrelClientError)
+    cluster.close()  # closing again is harmless
+    # Closed while a consumer works: the batch in hand is settled (finished items confirmed, the
+    # rest back in the queue), then the consumer gets the error.
+    busy = cluster_of(server)
+    busy.put_many("closing-busy", [b"%d" % i for i in range(10)])
+
+    def closes_at_2(item: bytes) -> None:
+        if item == b"2":
+            busy.close()
+
+    with pytest.raises(ClientClosed, match="cannot consume 'closing-busy'"):
+        busy.consume("closing-busy", closes_at_2, batch=10)
+    info = on(server).peek("closing-busy")
+    assert (info.items, info.open_transactions, info.head_item) == (7, 0, b"3")
+    with on(server) as one:
+        assert one.put("closing", [b"one"]) == 1
+    with pytest.raises(ClientClosed, match=f"cannot call put on kestrel 127.0.0.1:{server.thrift_port}"):
+        one.put("closing", [b"after"])
+    with pytest.raises(ClientClosed):
+        one.peek("closing")
+    assert items_on(server, "closing") == 2
+
+
+def test_retries_have_a_count_and_a_backoff(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    tries: list[float] = []
+    real_put = Server.put
+
+    def counted(self: Server, *args: Any, **kwargs: Any) -> int:
+        tries.append(time.monotonic())
+        return real_put(self, *args, **kwargs)
+
+    monkeypatch.setattr(Server, "put", counted)
+    gone = Cluster([f"127.0.0.1:{free_port()}"], retries=3, backoff_ms=100, max_backoff_ms=150)
+    with pytest.raises(NoServers, match="cannot connect"):
+        gone.put("retried", b"x")
+    pauses = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    # Three pauses after the first attempt: 100 ms then 150 ms capped, each shortened by up to half.
+    assert len(tries) == 4, pauses
+    assert 0.05 <= pauses[0] < 1 and all(0.075 <= p < 1 for p in pauses[1:]), pauses
+    tries.clear()
+    with pytest.raises(NoServers):
+        Cluster([f"127.0.0.1:{free_port()}"], retries=0).put("retried", b"x")
+    assert len(tries) == 1
+    # A refusal from every server is not retried: the answer would be the same.
+    tries.clear()
+    refused = Cluster([f"127.0.0.1:{server.thrift_port}"], retries=5, backoff_ms=2000)
+    started = time.monotonic()
+    with pytest.raises(NoServers, match="refused"):
+        refused.put("bad/name", b"x")
+    assert len(tries) == 1 and time.monotonic() - started < 1  # a retry would have paused 1 s or more
+    for bad in ({"retries": -1}, {"backoff_ms": "1s"}, {"backoff_ms": 500, "max_backoff_ms": 100}):
+        with pytest.raises((TypeError, ValueError)):
+            Cluster(["k:1"], **bad)
+    gone.close()
+    refused.close()
+
+
+def test_a_restarting_server_is_waited_for_within_the_retries(server: ServerProcess) -> None:
+    cluster = cluster_of(server, retries=8, backoff_ms=200, max_backoff_ms=1000)
+    assert cluster.put("comeback", b"before")
+    server.kill()
+    restart = threading.Thread(target=server.start)
+    restart.start()
+    try:
+        assert cluster.put("comeback", b"after")  # retried until the server listens again
+        assert cluster.get_many("comeback", 10) == [b"before", b"after"]
+    finally:
+        restart.join()
+        cluster.close()
+
+
+def test_consume_confirms_what_the_handler_finished_and_aborts_the_rest(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("acked", [b"%d" % i for i in range(10)])
+    seen: list[bytes] = []
+
+    def fails_on_3(item: bytes) -> None:
+        seen.append(item)
+        if item == b"3":
+            raise RuntimeError("cannot handle 3")
+
+    with pytest.raises(RuntimeError, match="cannot handle 3"):
+        cluster.consume("acked", fails_on_3, batch=10, until_empty=True)
+    assert seen == [b"0", b"1", b"2", b"3"]
+    info = on(server).peek("acked")
+    # 0, 1 and 2 are done for good; 3 and the items after it are back at the head, in order.
+    assert (info.items, info.open_transactions, info.head_item) == (7, 0, b"3")
+    # Setting `stop` ends the loop after the item in hand; the rest of the batch goes back.
+    stop = threading.Event()
+    seen.clear()
+
+    def stops_after_5(item: bytes) -> None:
+        seen.append(item)
+        if item == b"5":
+            stop.set()
+
+    assert cluster.consume("acked", stops_after_5, batch=10, stop=stop) == 3
+    assert seen == [b"3", b"4", b"5"]
+    assert cluster.get_many("acked", 10) == [b"6", b"7", b"8", b"9"]
+    # reliable_items: leaving the loop confirms the finished items of the batch, aborts the rest.
+    cluster.put_many("acked", [b"a", b"b", b"c", b"d"])
+    for item in cluster.reliable_items("acked", batch=4):
+        if item == b"c":
+            break
+    info = on(server).peek("acked")
+    assert (info.items, info.open_transactions, info.head_item) == (2, 0, b"c")
+    cluster.close()
+
+
+def test_a_dead_servers_share_of_puts_spreads_evenly(three: list[ServerProcess]) -> None:
+    first, dying, last = three
+    cluster = cluster_of(*three)
+    dying.kill()
+    try:
+        for i in range(60):
+            assert cluster.put("spread", b"%d" % i)
+    finally:
+        dying.start()
+    counts = [items_on(s, "spread") for s in (first, last)]
+    assert sum(counts) == 60 and abs(counts[0] - counts[1]) <= 4, counts
+    cluster.close()
+    # A server refusing puts by its status (read-only) gives its share evenly to the others too.
+    on(first).set_status(kestrel.Status.READ_ONLY)
+    try:
+        with cluster_of(*three) as fresh:
+            for i in range(60):
+                assert fresh.put("spread-status", b"%d" % i)
+    finally:
+        on(first).set_status(kestrel.Status.UP)
+    counts = [items_on(s, "spread-status") for s in three]
+    assert counts[0] == 0 and abs(counts[1] - counts[2]) <= 4, counts

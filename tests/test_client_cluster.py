@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kazoo.client import KazooClient
 
+import kestrel.client.discovery as discovery
 from kestrel.client import (
     Cluster,
     Refused,
@@ -55,6 +57,54 @@ def test_member_addresses() -> None:
 def test_unreachable_zookeeper_is_a_clear_error() -> None:
     with pytest.raises(ServerSetsUnavailable, match="cannot reach ZooKeeper"):
         ZooKeeperServerSets(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
+
+
+def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
+    started = time.monotonic()
+    with pytest.raises(ServerSetsUnavailable, match="within 0.5s"):
+        Cluster.from_zookeeper(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
+    assert time.monotonic() - started < 3
+    with Cluster.from_zookeeper(zookeeper.hosts, PREFIX, session_timeout=4.0, connect_timeout=5.0,
+                                retries=1, timeout_ms=5_000) as cluster:
+        assert isinstance(cluster.source, ZooKeeperServerSets)
+        assert cluster.source.session_timeout == 4.0 and cluster.retries == 1
+        wait_until(lambda: len(cluster.writers()) == 3, "three writers")
+        assert cluster.put("options", b"x")
+        assert cluster.get("options") == b"x"
+    assert not cluster.source.zk.connected  # leaving the block ended the session
+
+
+def test_a_failed_construction_leaves_no_zookeeper_session(
+        zookeeper: Any, cluster3: list[ServerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[KazooClient] = []
+
+    class Recorded(KazooClient):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def no_session_left() -> None:
+        assert all(zk._stopped.is_set() and not zk.connected for zk in made), \
+            [(zk.state, zk._stopped.is_set()) for zk in made]
+
+    monkeypatch.setattr(discovery, "KazooClient", Recorded)
+    with pytest.raises(ValueError, match="strategy"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, strategy="sticky")
+    with pytest.raises(TypeError, match="no_such_option"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, no_such_option=1)
+    no_session_left()
+    with pytest.raises(ValueError, match="retries"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, retries=-1)
+    with pytest.raises(ValueError, match="session_timeout"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, session_timeout=0)
+    with pytest.raises(ValueError, match="path_prefix"):
+        Cluster.from_zookeeper(zookeeper.hosts, "kestrel")
+    # A failure once connected (watching the sets) ends the session it started.
+    monkeypatch.setattr(ZooKeeperServerSets, "_watch", lambda self: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX)
+    assert made, "the watch failed after connecting"
+    no_session_left()
 
 
 def accepts_status(server: Any, status: int) -> bool:
