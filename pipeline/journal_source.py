@@ -4,7 +4,7 @@
   partition per file (files over `maxPartitionBytes` split at record boundaries), rows handed over
   as Arrow batches.
 - `view=items`: the items each queue would hold after a restart (open reads first, marked), from a
-  read-only replay of the files in place (storage/replay.py): nothing is copied or changed, so a
+  read-only replay of the files in place (storage/kestrel2/replay.py): nothing is copied or changed, so a
   running server's directory is safe to read.
 - `mode`: PERMISSIVE (default) reports damage as a row with `status` "torn" or "corrupt: ..."
   (records) or stops that queue's items at the damage with a logged error (items); FAILFAST fails

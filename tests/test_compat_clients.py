@@ -2,7 +2,7 @@
 
 pymemcache, python-memcached and pylibmc come from the test extra; libmemcached's command-line
 tools from Debian's libmemcached-tools, installed here when missing (skipped, saying why, when the
-machine cannot install them). The README's compatibility table lists what these tests cover.
+machine cannot install them). docs/protocols.md's compatibility table lists what these tests cover.
 """
 
 from __future__ import annotations
