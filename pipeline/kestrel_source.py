@@ -24,7 +24,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from kestrel.client import KestrelClientError
-from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.options import Option, parse_options, queue_name, text, unknown_option, whole
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
 from kestrel.pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
 
@@ -32,7 +32,7 @@ log = structlog.get_logger("kestrel.pipeline")
 
 READ_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", text),
+    Option("queue", queue_name),
     Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over the servers"),
     Option("autoAbortMs", whole(1000), 60_000, "a task that dies leaves its reads to return this soon"),
 ]
@@ -91,6 +91,10 @@ class KestrelDataSource(DataSource):
         return "kestrel"
 
     def schema(self) -> StructType:
+        """Spark asks for the schema at `load()`, before it says which operation follows: the one
+        moment a stream's options can be checked before `start()`. A name no operation takes fails
+        here, with the name likely meant; each operation checks its own options and values too."""
+        check_option_names(self.options)
         return QUEUE_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -105,6 +109,25 @@ class KestrelDataSource(DataSource):
         return KestrelWriter(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from kestrel.pipeline.stream_source import KestrelStreamReader
+        from kestrel.pipeline.stream_source import KestrelStreamReader, RefusedStream
 
-        return KestrelStreamReader(self.options)
+        # PySpark 4.3 stops the reader in a `finally` around its creation, so an error raised here
+        # reaches the user behind an UnboundLocalError of PySpark's own: the reader raises it instead.
+        try:
+            return KestrelStreamReader(self.options)
+        except (ValueError, TypeError) as e:
+            return RefusedStream(e)
+
+
+def check_option_names(options: Mapping[str, str]) -> None:
+    """Refuse an option name that no operation of the source takes (naming the one likely meant)."""
+    from kestrel.pipeline.stream_source import STREAM_OPTIONS
+    from kestrel.pipeline.writer import WRITE_OPTIONS
+
+    every: dict[str, Option] = {}
+    for option in READ_OPTIONS + STREAM_OPTIONS + WRITE_OPTIONS:
+        every.setdefault(option.name, option)
+    known = {spelling.lower() for o in every.values() for spelling in (o.name, o.alias)}
+    for key in options:
+        if key.lower() not in known:
+            raise ValueError(unknown_option("kestrel", key, list(every.values())))

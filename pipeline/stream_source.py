@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -46,9 +46,9 @@ from pyspark.sql.streaming.datasource import (
 
 from kestrel.client import Cluster, KestrelClientError
 from kestrel.pipeline import wal
-from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.options import Option, parse_options, queue_name, text, whole
 from kestrel.pipeline.rows import queue_rows
-from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
+from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -61,15 +61,26 @@ CHECKPOINT_HELP = ("give the source the same path as the query's own checkpoint 
                    "of taken items there and reads Spark's commit log from there, and PySpark does not tell "
                    "a Python source where its query's checkpoint is")
 
-CONFIRM_RETRY_S = 1.0  # a server that failed a confirm is asked again no sooner (planning runs often)
+# Spark passes every trigger the source's default read limit except Trigger.Once, which gets
+# ReadAllAvailable: the default is therefore never ReadAllAvailable, so that Once can be told apart.
+NO_CAP = 2**63 - 1
+
+ONCE_REFUSED = ("kestrel stream: Trigger.Once is not supported; use .trigger(availableNow=True). Spark "
+                "plans nothing after the only batch of a Once query and does not stop the source, so the "
+                "source never learns that the sink committed the batch: its items would stay open reads, "
+                "return to their queue after autoAbortMs and be delivered again by the next run. "
+                "AvailableNow takes what the queues hold when the query starts (in batches of at most "
+                "maxItemsPerTrigger), confirms every batch the sink committed, then stops")
 
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", text),
+    Option("queue", queue_name),
     Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
     Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
+    Option("unreachableTimeoutMs", whole(0), 120_000, "fail the query once no server has answered for this "
+                                                       "long (0: never)"),
 ]
 
 
@@ -114,7 +125,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
         self.cluster = Cluster(self.servers)
         self.available_now: dict[str, int] | None = None  # what is left to take, per server
-        self._retry_at: dict[str, float] = {}  # per server: no confirm before this (monotonic) time
+        self.reach = Reachability(self.servers, o["unreachableTimeoutMs"] / 1000.0,
+                                  f"kestrel stream of queue {self.queue!r}")
         self.lock = threading.Lock()
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
@@ -125,7 +137,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"source": self.source_key, "batch": -1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+        return ReadMaxRows(self.max_per_trigger or NO_CAP)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Take what is there now and no more; every server must answer before anything is taken."""
@@ -133,13 +145,19 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.available_now = {address: self._available(address, strict=True) for address in self.servers}
 
     def _available(self, address: str, strict: bool) -> int:
+        """How many items wait on one server; 0 for a server that is down (asked again a second
+        later) unless `strict`, where it fails the query before anything is taken."""
+        if not strict and not self.reach.due(address):
+            return 0
         try:
-            return int(self.cluster.server(address).peek(self.queue).items)
+            waiting = int(self.cluster.server(address).peek(self.queue).items)
         except KestrelClientError as e:
             if strict:
                 raise ServersUnreachable(f"{e}: nothing was taken from any server") from e
-            log.warning("server unreachable; planning without it", server=address, error=str(e))
+            self.reach.failed(address, "peek", e)
             return 0
+        self.reach.answered(address)
+        return waiting
 
     def _start(self) -> None:
         """Once per query, in the driver, before the first batch is planned or replayed: confirm
@@ -159,10 +177,13 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._keeper.start()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if isinstance(limit, ReadAllAvailable) and self.available_now is None:
+            raise ValueError(ONCE_REFUSED)
         with self.lock:
             self._start()
             self._confirm_up_to(self.spark_log.committed())
             waiting = {address: self._available(address, strict=False) for address in self.servers}
+            self.reach.check()
             if self.available_now is not None:
                 waiting = {a: min(n, self.available_now.get(a, 0)) for a, n in waiting.items()}
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -223,22 +244,21 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Confirm one log file's reads, over any connection to their server, and mark it so.
 
         False when the server did not take it (unreachable, shutting down, refusing), or failed a
-        confirm less than CONFIRM_RETRY_S ago: the file stays as it was, to be tried again. Reads
+        call less than a second ago (servers.RETRY_S): the file stays as it was, to be tried again. Reads
         the server no longer holds (a restart returned them, or autoAbortMs did; a read id from
         before a restart closes nothing, as a server never hands out an id twice) had their items
         put back in the queue: they are delivered again, and counted as possible duplicates in the
         log's `returned` file."""
         header, ids = wal.read_ids(path)
         if ids:
-            if time.monotonic() < self._retry_at.get(header.server, 0.0):
+            if not self.reach.due(header.server):
                 return False
             try:
                 closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
             except KestrelClientError as e:
-                self._retry_at[header.server] = time.monotonic() + CONFIRM_RETRY_S
-                log.warning("confirm failed; kept in the log and tried again at the next planning",
-                            server=header.server, items=len(ids), error=str(e))
+                self.reach.failed(header.server, "confirm (kept in the log, tried again)", e)
                 return False
+            self.reach.answered(header.server)
             if closed < len(ids):
                 total = wal.count_returned(self.root, len(ids) - closed)
                 log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
@@ -268,6 +288,40 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.lock:
             self._confirm_up_to(self.spark_log.committed())
         self.cluster.close()
+
+
+class RefusedStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A stream whose options were refused: its first call from Spark raises the refusal."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> dict[str, Any]:
+        self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._refuse()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._refuse()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        self._refuse()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 def share(waiting: dict[str, int], cap: int | None) -> dict[str, int]:

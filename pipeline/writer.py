@@ -19,14 +19,14 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from kestrel.client import Cluster
-from kestrel.pipeline.options import Option, choice, parse_options, text, whole
+from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
 from kestrel.pipeline.servers import parse_servers, with_retries
 
 log = structlog.get_logger("kestrel.pipeline")
 
 WRITE_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,... (port 2229 by default)"),
-    Option("queue", text, doc="the queue to put into"),
+    Option("queue", queue_name, doc="the queue to put into"),
     Option("batchSize", whole(1), 1000, "items per put"),
     Option("retries", whole(0), 5, "attempts after a connection-level error, per put"),
     Option("retryBackoffMs", whole(1), 100, "first wait before a retry; doubled each time, at most 10 s"),

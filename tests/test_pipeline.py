@@ -239,7 +239,7 @@ def test_writer_nulls_fail_or_are_counted(spark: Any, server: ServerProcess) -> 
 
 @pytest.mark.parametrize("options, message", [
     ({"servers": "127.0.0.1:1,"}, "empty entry at position 2"),
-    ({"servers": "127.0.0.1:1", "batch_sise": "10"}, "unknown option 'batch_sise'; valid options are: "),
+    ({"servers": "127.0.0.1:1", "batch_sise": "10"}, "unknown option 'batch_sise' \\(did you mean 'batchSize'"),
     ({"servers": "127.0.0.1:1", "batchSize": "0"}, "'batchSize' must be at least 1"),
 ])
 def test_writer_refuses_bad_options_before_any_row(spark: Any, options: dict[str, str], message: str) -> None:
@@ -561,7 +561,7 @@ def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: 
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
+    ({"maxItems": "10"}, "kestrel stream: unknown option 'maxitems'; valid options are: "),  # the batch read's
     ({}, "option 'checkpointLocation' is required: give the source the same path as the query's own "
          "checkpoint location"),
     ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint, so it is not this query's: give the "
@@ -576,8 +576,54 @@ def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[st
     for key, value in options.items():
         reader = reader.option(key, value)
     query = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(Exception, match=message) as raised:
         query.awaitTermination(60)
+    assert "UnboundLocalError" not in str(raised.value)  # ours is the error the user sees, alone
+    query.stop()
+
+
+def test_stream_option_typos_fail_at_load_naming_the_option_meant(spark: Any, server: ServerProcess) -> None:
+    reader = spark.readStream.format("kestrel").option("servers", address(server)).option("queue", "q")
+    with pytest.raises(Exception, match="unknown option 'maxitemspertriger' \\(did you mean "
+                                        "'maxItemsPerTrigger'\\?\\); valid options are: "):
+        reader.option("maxItemsPerTriger", 10).load()  # before start(): Spark asks for the schema here
+    with pytest.raises(Exception, match="'a,b' is not one queue's name"):
+        spark.read.format("kestrel").option("servers", address(server)).option("queue", "a,b").load().count()
+    assert not (server.queue_path / "a,b").exists()  # no queue of that name was created
+
+
+def test_trigger_once_is_refused_and_available_now_takes_each_item_once(spark: Any, server: ServerProcess,
+                                                                        tmp_path: Path) -> None:
+    put(server, "events", [b"e%d" % i for i in range(2000)])
+    rows: list[bytes] = []  # every row the sink was handed, over every run
+
+    def run(checkpoint: Path, **trigger: bool) -> Any:
+        return stream(spark, address(server), checkpoint).writeStream \
+            .foreachBatch(lambda df, _: rows.extend(r.data for r in df.collect())) \
+            .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
+
+    for _ in range(3):
+        query = run(tmp_path / "once", once=True)
+        with pytest.raises(Exception, match="Trigger.Once is not supported; use .trigger\\(availableNow=True\\)"):
+            query.awaitTermination(60)
+        assert rows == [] and waiting(server, "events") == (2000, 0)  # nothing taken
+    for _ in range(3):
+        query = run(tmp_path / "now", availableNow=True)
+        assert query.awaitTermination(60) and query.exception() is None
+        assert sorted(rows) == sorted(b"e%d" % i for i in range(2000))  # each once, over the three runs
+        assert waiting(server, "events") == (0, 0)  # confirmed, not left open
+
+
+def test_stream_with_no_server_reachable_fails_naming_them(spark: Any, tmp_path: Path) -> None:
+    gone = f"127.0.0.1:{free_port()}"
+    cp = str(tmp_path / "cp")
+    started = time.monotonic()
+    query = spark.readStream.format("kestrel").option("servers", gone).option("queue", "q") \
+        .option("checkpointLocation", cp).option("unreachableTimeoutMs", 2000).load() \
+        .writeStream.format("noop").option("checkpointLocation", cp).start()
+    with pytest.raises(Exception, match=f"no server answered for 2 s \\(unreachableTimeoutMs is 2000\\): {gone}"):
+        query.awaitTermination(60)
+    assert time.monotonic() - started >= 2
     query.stop()
 
 
