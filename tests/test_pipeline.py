@@ -50,7 +50,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # streaming sources (PYSPARK_DRIVER_PYTHON; this process is the driver, so nothing else reads it).
     os.environ["PYSPARK_PYTHON"] = str(ROOT / "tests" / "spark_python.sh")
     os.environ["PYSPARK_DRIVER_PYTHON"] = os.environ["PYSPARK_PYTHON"]
-    os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
 
     own = tmp_path_factory.mktemp("spark")
@@ -59,7 +58,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.sql.warehouse.dir", str(own / "warehouse")))
     for key, value in SPARK_SETTINGS.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # The JVM, and every Python worker it starts, runs from a folder of its own, not the repository's
+    # root: Spark's data source lookup finds the pyspark_* modules through the install alone.
+    here = os.getcwd()
+    os.chdir(own)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        os.chdir(here)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -109,7 +115,8 @@ def connections_made(srv: ServerProcess) -> int:
 
 
 def test_formats_are_found_without_register(spark: Any, server: ServerProcess) -> None:
-    # The fixture never calls register(): Spark finds pyspark_kestrel and pyspark_kestrel_journal.
+    # The fixture never calls register(): Spark finds pyspark_kestrel and pyspark_kestrel_journal in
+    # the editable install's one directory on sys.path, though its JVM runs outside the repository.
     put(server, "found", [b"x"])
     assert spark.read.format("kestrel").option("servers", address(server)).option("queue", "found") \
         .load().count() == 1
