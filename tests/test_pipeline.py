@@ -694,6 +694,20 @@ def test_damage_is_a_row_or_fails_the_job(spark: Any, tmp_path: Path) -> None:
         spark.read.format("kestrel-journal").option("modus", "x").load(str(tmp_path)).collect()
 
 
+def test_journals_of_several_queue_paths_load_together(spark: Any, tmp_path: Path) -> None:
+    from kestrel.storage.kestrel2.codec import encode_addx
+
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "q").write_bytes(encode_addx(1, 0, name.encode()))
+    paths = [str(tmp_path / "one"), str(tmp_path / "two")]
+    rows = spark.read.format("kestrel-journal").load(paths).collect()
+    assert sorted((r.data, r.file) for r in rows) == [(b"one", str(tmp_path / "one" / "q")),
+                                                      (b"two", str(tmp_path / "two" / "q"))]
+    items = spark.read.format("kestrel-journal").option("view", "items").load(paths + paths[:1]).collect()
+    assert sorted(r.data for r in items) == [b"one", b"two"]  # a path given twice is read once
+
+
 def test_items_view_equals_what_the_server_serves_after_restart(spark: Any, server: ServerProcess) -> None:
     c = client(server)
     c.put("work", [b"one", b"two", b"three"], 0)
