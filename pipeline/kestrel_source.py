@@ -5,7 +5,7 @@
   whatever Spark then does with the rows (count twice, show, take, limit, first, isEmpty...).
 - Taking items for good is a write-side operation: `kestrel.pipeline.drain` (a stream that runs until the
   queues are empty, confirming each batch only after the sink wrote it) or `spark.readStream`.
-- `df.write` puts rows (see pipeline/writer.py).
+- `df.write` and `writeStream` put rows (see pipeline/writer.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
 )
@@ -107,6 +108,14 @@ class KestrelDataSource(DataSource):
             raise ValueError("kestrel writer: a queue cannot be overwritten (Spark's message for its default "
                              "save mode offers Overwrite, but only Append is possible): use mode('append')")
         return KestrelWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from kestrel.pipeline.writer import KestrelStreamWriter
+
+        if overwrite:
+            raise ValueError("kestrel stream writer: a queue cannot be overwritten (output mode complete): "
+                             "use outputMode('append')")
+        return KestrelStreamWriter(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from kestrel.pipeline.stream_source import KestrelStreamReader, RefusedStream

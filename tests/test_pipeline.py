@@ -621,6 +621,17 @@ def test_trigger_once_is_refused_and_available_now_takes_each_item_once(spark: A
         assert waiting(server, "events") == (0, 0)  # confirmed, not left open
 
 
+def test_stream_from_queue_to_queue(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    put(server, "events", [b"e%d" % i for i in range(500)])
+    cp = str(tmp_path / "cp")
+    query = stream(spark, address(server), tmp_path / "cp", maxItemsPerTrigger=200).writeStream \
+        .format("kestrel").option("servers", address(server)).option("queue", "moved") \
+        .option("batchSize", 64).option("checkpointLocation", cp).trigger(availableNow=True).start()
+    assert query.awaitTermination(60) and query.exception() is None
+    assert sorted(take_all(server, "moved")) == sorted(b"e%d" % i for i in range(500))
+    assert waiting(server, "events") == (0, 0)
+
+
 def test_stream_with_no_server_reachable_fails_naming_them(spark: Any, tmp_path: Path) -> None:
     gone = f"127.0.0.1:{free_port()}"
     cp = str(tmp_path / "cp")
