@@ -25,7 +25,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from kestrel.client import KestrelClientError
-from kestrel.pipeline.options import Option, parse_options, queue_name, text, unknown_option, whole
+from kestrel.pipeline.options import Option, parse_options, queue_names, text, unknown_option, whole
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
 from kestrel.pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
 
@@ -33,8 +33,8 @@ log = structlog.get_logger("kestrel.pipeline")
 
 READ_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", queue_name),
-    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over the servers"),
+    Option("queue", queue_names, doc="one queue, or several comma-separated"),
+    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over servers and queues"),
     Option("autoAbortMs", whole(1000), 60_000, "a task that dies leaves its reads to return this soon"),
 ]
 
@@ -69,14 +69,15 @@ class KestrelBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         o = parse_options(options, READ_OPTIONS, "kestrel read", required=("servers", "queue"))
         self.servers = parse_servers(o["servers"])
-        self.queue: str = o["queue"]
+        self.queues: list[str] = o["queue"]
         self.max_items: int = o["maxItems"]
         self.auto_abort_ms: int = o["autoAbortMs"]
 
     def partitions(self) -> list[InputPartition]:
-        share, extra = divmod(self.max_items, len(self.servers))
-        return [PeekPartition(i, server, self.queue, share + (1 if i < extra else 0), self.auto_abort_ms)
-                for i, server in enumerate(self.servers)]
+        pairs = [(server, queue) for queue in self.queues for server in self.servers]
+        share, extra = divmod(self.max_items, len(pairs))
+        return [PeekPartition(i, server, queue, share + (1 if i < extra else 0), self.auto_abort_ms)
+                for i, (server, queue) in enumerate(pairs)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PeekPartition)

@@ -61,6 +61,21 @@ def queue_name(name: str, value: str) -> str:
     return queue
 
 
+def queue_names(name: str, value: str) -> list[str]:
+    """One queue or several, comma-separated (as Kafka's `subscribe` lists topics), each checked as
+    `queue_name` checks one; an empty entry or a queue listed twice is refused."""
+    names: list[str] = []
+    for position, part in enumerate(text(name, value).split(","), 1):
+        queue = part.strip()
+        if not queue:
+            raise ValueError(f"option {name!r} has an empty entry at position {position} in {value!r} "
+                             f"(a stray comma?)")
+        names.append(queue_name(name, queue))
+        if names.count(queue) > 1:
+            raise ValueError(f"option {name!r} lists {queue!r} twice")
+    return names
+
+
 def choice(*allowed: str) -> Callable[[str, str], str]:
     def parse(name: str, value: str) -> str:
         for a in allowed:

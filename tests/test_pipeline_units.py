@@ -59,10 +59,11 @@ def test_bad_options_are_refused(given: dict[str, str], message: str) -> None:
         parse_options(given, SPEC, "x", required=("queue",))
 
 
-@pytest.mark.parametrize("queue, message", [("a,b", "'a,b' is not one queue's name \\(a comma\\)"),
-                                            ("../etc", "path separator")])
-def test_sources_refuse_what_is_not_one_queue_name(queue: str, message: str) -> None:
+@pytest.mark.parametrize("queue, message", [("a,", "empty entry at position 2"), ("a, a", "lists 'a' twice"),
+                                            ("a,../etc", "path separator")])
+def test_sources_refuse_what_is_not_a_list_of_queue_names(queue: str, message: str) -> None:
     from kestrel.pipeline.kestrel_source import KestrelBatchReader, KestrelDataSource
+    from kestrel.pipeline.writer import KestrelWriter
 
     with pytest.raises(ValueError, match=message):
         KestrelBatchReader({"servers": "127.0.0.1:1", "queue": queue})
@@ -70,6 +71,26 @@ def test_sources_refuse_what_is_not_one_queue_name(queue: str, message: str) -> 
         .streamReader(KestrelDataSource({}).schema())
     with pytest.raises(ValueError, match=message):  # raised at the stream's first call from Spark
         stream.initialOffset()
+    schema = KestrelDataSource({}).schema()
+    with pytest.raises(ValueError, match="'a,b' is not one queue's name \\(a comma\\)"):
+        KestrelWriter({"servers": "127.0.0.1:1", "queue": "a,b"}, schema)  # a put goes to one queue
+
+
+def test_min_partitions_splits_a_micro_batch_further(tmp_path: Path) -> None:
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    (tmp_path / "metadata").write_text("{}")
+    reader = KestrelStreamReader({"servers": "h:1,h:2", "queue": "a,b", "checkpointLocation": str(tmp_path),
+                                  "minPartitions": "6"})
+    try:
+        parts = reader.partitions({"batch": -1}, {"batch": 0, "take": {"h:1": {"a": 100, "b": 3}, "h:2": {"a": 20}}})
+    finally:
+        reader.stop()
+    assert len(parts) >= 6
+    quotas: dict[tuple[str, str], int] = {}
+    for p in parts:
+        quotas[(p.server, p.queue)] = quotas.get((p.server, p.queue), 0) + p.quota
+    assert quotas == {("h:1", "a"): 100, ("h:1", "b"): 3, ("h:2", "a"): 20}
 
 
 def test_option_names_no_operation_takes_fail_before_an_operation_is_chosen() -> None:
