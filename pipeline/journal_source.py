@@ -1,5 +1,8 @@
 """`spark.read.format("kestrel-journal").load(queue_path)`: journal files as DataFrames, no server.
 
+Several queue paths (several servers' spools) load together with `load([path, ...])`; the records
+view's `file` column says which path a row came from.
+
 - `view=records` (default): one row per record, read with the storage engine's own reader, one
   partition per file (files over `maxPartitionBytes` split at record boundaries), rows handed over
   as Arrow batches.
@@ -63,6 +66,7 @@ ITEMS_SCHEMA = StructType([
 
 JOURNAL_OPTIONS = [
     Option("path", text, doc="the queue path (or pass it to load())"),
+    Option("paths", text, doc="several queue paths: what load([path, ...]) passes (a JSON list)"),
     Option("view", choice("records", "items"), "records"),
     Option("mode", choice("PERMISSIVE", "FAILFAST"), "PERMISSIVE", "what damage does"),
     Option("queue", text, None, "only these queues, comma-separated"),
@@ -317,9 +321,9 @@ def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
 
 
 class JournalReader(DataSourceReader):
-    def __init__(self, path: str, view: str, failfast: bool, queues: set[str] | None,
+    def __init__(self, paths: list[str], view: str, failfast: bool, queues: set[str] | None,
                  max_partition_bytes: int) -> None:
-        self.path, self.view, self.failfast, self.queues = path, view, failfast, queues
+        self.paths, self.view, self.failfast, self.queues = paths, view, failfast, queues
         self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
@@ -327,15 +331,16 @@ class JournalReader(DataSourceReader):
         from kestrel.storage.kestrel2.replay import replay_files
 
         out: list[InputPartition] = []
-        for name, files in sorted(scan_queue_dir(self.path).queues.items()):
-            if self.queues is not None and name not in self.queues:
-                continue
-            if self.view == "items":
-                out.append(JournalPartition(name, replay_files(self.path, name)))
-            else:
-                paths = [p for _, p in files.packs] + files.replay_order()
-                out.extend(JournalPartition(name, [p], start, end) for p in paths
-                           for start, end in split_points(p, self.max_partition_bytes))
+        for queue_path in self.paths:
+            for name, files in sorted(scan_queue_dir(queue_path).queues.items()):
+                if self.queues is not None and name not in self.queues:
+                    continue
+                if self.view == "items":
+                    out.append(JournalPartition(name, replay_files(queue_path, name)))
+                else:
+                    paths = [p for _, p in files.packs] + files.replay_order()
+                    out.extend(JournalPartition(name, [p], start, end) for p in paths
+                               for start, end in split_points(p, self.max_partition_bytes))
         return out or [JournalPartition("", [])]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -376,10 +381,33 @@ class KestrelJournalDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         o = self._options()
-        path = o["path"]
-        if not path or not os.path.isdir(path):
-            raise ValueError(f"kestrel-journal needs the queue path as load(path); {path!r} is not a "
-                             f"directory")
+        paths = queue_paths(o["path"], o["paths"])
         queues = {q.strip() for q in o["queue"].split(",")} if o["queue"] else None
         kind = FilteringJournalReader if o["filterPushdown"] == "true" else JournalReader
-        return kind(path, o["view"], o["mode"] == "FAILFAST", queues, o["maxPartitionBytes"])
+        return kind(paths, o["view"], o["mode"] == "FAILFAST", queues, o["maxPartitionBytes"])
+
+
+def queue_paths(path: str | None, paths: str | None) -> list[str]:
+    """The queue paths to read: `load(path)` passes `path`, `load([path, ...])` a JSON list as
+    `paths`; each must be a directory, and each is read once."""
+    import json
+
+    given = [path] if path else []
+    if paths:
+        try:
+            listed = json.loads(paths)
+        except ValueError:
+            listed = None
+        if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+            raise ValueError(f"kestrel-journal: option 'paths' must be a JSON list of paths, got {paths!r}")
+        given += listed
+    if not given:
+        raise ValueError("kestrel-journal needs the queue path as load(path), or several paths as "
+                         "load([path, ...])")
+    out: list[str] = []
+    for p in given:
+        if not os.path.isdir(p):
+            raise ValueError(f"kestrel-journal: queue path {p!r} is not a directory")
+        if os.path.realpath(p) not in {os.path.realpath(q) for q in out}:
+            out.append(p)
+    return out

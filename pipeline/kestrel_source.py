@@ -5,7 +5,7 @@
   whatever Spark then does with the rows (count twice, show, take, limit, first, isEmpty...).
 - Taking items for good is a write-side operation: `kestrel.pipeline.drain` (a stream that runs until the
   queues are empty, confirming each batch only after the sink wrote it) or `spark.readStream`.
-- `df.write` puts rows (see pipeline/writer.py).
+- `df.write` and `writeStream` put rows (see pipeline/writer.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.types import StructType
 
 from kestrel.client import KestrelClientError
-from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.options import Option, parse_options, queue_names, text, unknown_option, whole
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
 from kestrel.pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
 
@@ -32,8 +33,8 @@ log = structlog.get_logger("kestrel.pipeline")
 
 READ_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", text),
-    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over the servers"),
+    Option("queue", queue_names, doc="one queue, or several comma-separated"),
+    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over servers and queues"),
     Option("autoAbortMs", whole(1000), 60_000, "a task that dies leaves its reads to return this soon"),
 ]
 
@@ -68,14 +69,15 @@ class KestrelBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         o = parse_options(options, READ_OPTIONS, "kestrel read", required=("servers", "queue"))
         self.servers = parse_servers(o["servers"])
-        self.queue: str = o["queue"]
+        self.queues: list[str] = o["queue"]
         self.max_items: int = o["maxItems"]
         self.auto_abort_ms: int = o["autoAbortMs"]
 
     def partitions(self) -> list[InputPartition]:
-        share, extra = divmod(self.max_items, len(self.servers))
-        return [PeekPartition(i, server, self.queue, share + (1 if i < extra else 0), self.auto_abort_ms)
-                for i, server in enumerate(self.servers)]
+        pairs = [(server, queue) for queue in self.queues for server in self.servers]
+        share, extra = divmod(self.max_items, len(pairs))
+        return [PeekPartition(i, server, queue, share + (1 if i < extra else 0), self.auto_abort_ms)
+                for i, (server, queue) in enumerate(pairs)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PeekPartition)
@@ -91,6 +93,10 @@ class KestrelDataSource(DataSource):
         return "kestrel"
 
     def schema(self) -> StructType:
+        """Spark asks for the schema at `load()`, before it says which operation follows: the one
+        moment a stream's options can be checked before `start()`. A name no operation takes fails
+        here, with the name likely meant; each operation checks its own options and values too."""
+        check_option_names(self.options)
         return QUEUE_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -104,7 +110,34 @@ class KestrelDataSource(DataSource):
                              "save mode offers Overwrite, but only Append is possible): use mode('append')")
         return KestrelWriter(self.options, schema)
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from kestrel.pipeline.stream_source import KestrelStreamReader
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from kestrel.pipeline.writer import KestrelStreamWriter
 
-        return KestrelStreamReader(self.options)
+        if overwrite:
+            raise ValueError("kestrel stream writer: a queue cannot be overwritten (output mode complete): "
+                             "use outputMode('append')")
+        return KestrelStreamWriter(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from kestrel.pipeline.stream_source import KestrelStreamReader, RefusedStream
+
+        # PySpark 4.3 stops the reader in a `finally` around its creation, so an error raised here
+        # reaches the user behind an UnboundLocalError of PySpark's own: the reader raises it instead.
+        try:
+            return KestrelStreamReader(self.options)
+        except (ValueError, TypeError) as e:
+            return RefusedStream(e)
+
+
+def check_option_names(options: Mapping[str, str]) -> None:
+    """Refuse an option name that no operation of the source takes (naming the one likely meant)."""
+    from kestrel.pipeline.stream_source import STREAM_OPTIONS
+    from kestrel.pipeline.writer import WRITE_OPTIONS
+
+    every: dict[str, Option] = {}
+    for option in READ_OPTIONS + STREAM_OPTIONS + WRITE_OPTIONS:
+        every.setdefault(option.name, option)
+    known = {spelling.lower() for o in every.values() for spelling in (o.name, o.alias)}
+    for key in options:
+        if key.lower() not in known:
+            raise ValueError(unknown_option("kestrel", key, list(every.values())))

@@ -7,6 +7,9 @@ What is the pipeline's own:
   new connection when a pooled one turns out dead; on top of that, a server that is unreachable or
   shutting down (the client's ServerUnavailable, ServerClosing included) is retried `retries` times,
   waiting `backoff_ms`, then twice as long, up to 10 s.
+- `Reachability`: which servers a stream could not reach, since when; it spaces out the attempts
+  on a server that is down, logs once per interval rather than once per attempt, and fails the
+  stream once no server has answered for the stream's `unreachableTimeoutMs`.
 - `take_open_reads`: a server caps the open reads of one connection on one queue
   (`max_open_reads`), and Thrift open reads outlive their connection, so each `get` of a fetch goes
   over a connection of its own.
@@ -85,6 +88,68 @@ def with_retries(call: Callable[[], T], what: str, *, retries: int, backoff_ms: 
             time.sleep(delay)
             delay = min(delay * 2, max_backoff_ms / 1000.0)
     raise AssertionError("unreachable")
+
+
+RETRY_S = 1.0  # a server that failed a call is asked again no sooner (a stream plans every few ms)
+LOG_EVERY_S = 30.0  # a server still down is reported again no sooner
+
+
+@dataclass
+class _Down:
+    since: float  # monotonic time of the first failure in this outage
+    retry_at: float  # no call before this
+    logged_at: float  # the last warning
+    attempts: int  # failed calls in this outage
+    error: str  # the latest
+
+
+class Reachability:
+    """The servers of one stream that stopped answering, and since when.
+
+    `due(server)` says whether to call a server now: one that failed is asked again only after
+    `RETRY_S`. `failed` logs the first failure of an outage, then at most one warning each
+    `LOG_EVERY_S` with the attempts since; `answered` logs the end of an outage. `check` raises
+    ServersUnreachable once every server has been down for `fail_after_s` (0: never)."""
+
+    def __init__(self, servers: list[str], fail_after_s: float, what: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.servers, self.fail_after_s, self.what, self.clock = servers, fail_after_s, what, clock
+        self.down: dict[str, _Down] = {}
+
+    def due(self, server: str) -> bool:
+        down = self.down.get(server)
+        return down is None or self.clock() >= down.retry_at
+
+    def failed(self, server: str, call: str, error: BaseException) -> None:
+        now = self.clock()
+        down = self.down.get(server)
+        if down is None:
+            self.down[server] = _Down(now, now + RETRY_S, now, 1, str(error))
+            log.warning("server unreachable; going on without it, asking again every second",
+                        server=server, call=call, error=str(error))
+            return
+        down.retry_at, down.attempts, down.error = now + RETRY_S, down.attempts + 1, str(error)
+        if now - down.logged_at >= LOG_EVERY_S:
+            down.logged_at = now
+            log.warning("server still unreachable", server=server, call=call, down_s=round(now - down.since),
+                        attempts=down.attempts, error=str(error))
+
+    def answered(self, server: str) -> None:
+        down = self.down.pop(server, None)
+        if down is not None:
+            log.info("server reachable again", server=server, down_s=round(self.clock() - down.since, 1),
+                     attempts=down.attempts)
+
+    def check(self) -> None:
+        """Raises ServersUnreachable when no server has answered for `fail_after_s`."""
+        if not self.fail_after_s or len(self.down) < len(self.servers):
+            return
+        all_down_s = self.clock() - max(d.since for d in self.down.values())
+        if all_down_s >= self.fail_after_s:
+            errors = "; ".join(f"{s}: {self.down[s].error}" for s in self.servers)
+            raise ServersUnreachable(
+                f"{self.what}: no server answered for {all_down_s:.0f} s (unreachableTimeoutMs is "
+                f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
 
 
 @dataclass

@@ -33,7 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -46,9 +46,9 @@ from pyspark.sql.streaming.datasource import (
 
 from kestrel.client import Cluster, KestrelClientError
 from kestrel.pipeline import wal
-from kestrel.pipeline.options import Option, parse_options, text, whole
+from kestrel.pipeline.options import Option, parse_options, queue_names, text, whole
 from kestrel.pipeline.rows import queue_rows
-from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads
+from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -61,20 +61,33 @@ CHECKPOINT_HELP = ("give the source the same path as the query's own checkpoint 
                    "of taken items there and reads Spark's commit log from there, and PySpark does not tell "
                    "a Python source where its query's checkpoint is")
 
-CONFIRM_RETRY_S = 1.0  # a server that failed a confirm is asked again no sooner (planning runs often)
+# Spark passes every trigger the source's default read limit except Trigger.Once, which gets
+# ReadAllAvailable: the default is therefore never ReadAllAvailable, so that Once can be told apart.
+NO_CAP = 2**63 - 1
+
+ONCE_REFUSED = ("kestrel stream: Trigger.Once is not supported; use .trigger(availableNow=True). Spark "
+                "plans nothing after the only batch of a Once query and does not stop the source, so the "
+                "source never learns that the sink committed the batch: its items would stay open reads, "
+                "return to their queue after autoAbortMs and be delivered again by the next run. "
+                "AvailableNow takes what the queues hold when the query starts (in batches of at most "
+                "maxItemsPerTrigger), confirms every batch the sink committed, then stops")
 
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", text),
+    Option("queue", queue_names, doc="one queue, or several comma-separated"),
     Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
+    Option("minPartitions", whole(1), None, "at least this many partitions per micro-batch, when it has as "
+                                            "many items"),
     Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
+    Option("unreachableTimeoutMs", whole(0), 120_000, "fail the query once no server has answered for this "
+                                                       "long (0: never)"),
 ]
 
 
 class StreamPartition(InputPartition):
-    """One task's share of one server in one micro-batch."""
+    """One task's share of one queue on one server in one micro-batch."""
 
     def __init__(self, path: str, server: str, queue: str, quota: int, auto_abort_ms: int) -> None:
         super().__init__(path)
@@ -91,7 +104,7 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
         # A server failing mid-fetch leaves this batch shorter; the next batch asks it again.
         taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
         ids, items = taken.ids, taken.items
-        header = wal.WalHeader(partition.server, started, len(ids))
+        header = wal.WalHeader(partition.server, started, len(ids), partition.queue)
         if not wal.write_partition(partition.path, header, ids, items):
             items = wal.read_items(partition.path)  # another attempt logged first: its rows stand
     yield from queue_rows(items, partition.queue, partition.server)
@@ -103,18 +116,22 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if o["checkpointLocation"] is None:
             raise ValueError(f"kestrel stream: option 'checkpointLocation' is required: {CHECKPOINT_HELP}")
         self.servers = parse_servers(o["servers"])
-        self.queue: str = o["queue"]
+        self.queues: list[str] = o["queue"]
         self.max_per_trigger: int | None = o["maxItemsPerTrigger"]
         self.per_partition: int = o["itemsPerPartition"]
+        self.min_partitions: int | None = o["minPartitions"]
         self.auto_abort_ms: int = o["autoAbortMs"]
         self.checkpoint = wal.checkpoint_dir(o["checkpointLocation"])
-        key = hashlib.sha1(f"{self.queue}@{o['servers']}".encode()).hexdigest()[:12]
-        self.source_key = f"{self.queue}-{key}"
+        listed = ",".join(self.queues)
+        key = hashlib.sha1(f"{listed}@{o['servers']}".encode()).hexdigest()[:12]
+        label = self.queues[0] if len(self.queues) == 1 else f"{len(self.queues)}-queues"
+        self.source_key = f"{label}-{key}"
         self.root = os.path.join(self.checkpoint, "kestrel", self.source_key)
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
         self.cluster = Cluster(self.servers)
-        self.available_now: dict[str, int] | None = None  # what is left to take, per server
-        self._retry_at: dict[str, float] = {}  # per server: no confirm before this (monotonic) time
+        self.available_now: dict[tuple[str, str], int] | None = None  # left to take, per (server, queue)
+        self.reach = Reachability(self.servers, o["unreachableTimeoutMs"] / 1000.0,
+                                  f"kestrel stream of {listed!r}")
         self.lock = threading.Lock()
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
@@ -125,21 +142,32 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"source": self.source_key, "batch": -1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+        return ReadMaxRows(self.max_per_trigger or NO_CAP)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Take what is there now and no more; every server must answer before anything is taken."""
         with self.lock:
-            self.available_now = {address: self._available(address, strict=True) for address in self.servers}
+            self.available_now = self._waiting(strict=True)
 
-    def _available(self, address: str, strict: bool) -> int:
-        try:
-            return int(self.cluster.server(address).peek(self.queue).items)
-        except KestrelClientError as e:
-            if strict:
-                raise ServersUnreachable(f"{e}: nothing was taken from any server") from e
-            log.warning("server unreachable; planning without it", server=address, error=str(e))
-            return 0
+    def _waiting(self, strict: bool) -> dict[tuple[str, str], int]:
+        """How many items wait in each queue on each server; none on a server that is down (asked
+        again a second later) unless `strict`, where it fails the query before anything is taken."""
+        waiting: dict[tuple[str, str], int] = {}
+        for address in self.servers:
+            if not strict and not self.reach.due(address):
+                continue
+            try:
+                for queue in self.queues:
+                    waiting[(address, queue)] = int(self.cluster.server(address).peek(queue).items)
+            except KestrelClientError as e:
+                if strict:
+                    raise ServersUnreachable(f"{e}: nothing was taken from any server") from e
+                self.reach.failed(address, "peek", e)
+                for queue in self.queues:
+                    waiting.pop((address, queue), None)
+                continue
+            self.reach.answered(address)
+        return waiting
 
     def _start(self) -> None:
         """Once per query, in the driver, before the first batch is planned or replayed: confirm
@@ -159,20 +187,26 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._keeper.start()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if isinstance(limit, ReadAllAvailable) and self.available_now is None:
+            raise ValueError(ONCE_REFUSED)
         with self.lock:
             self._start()
             self._confirm_up_to(self.spark_log.committed())
-            waiting = {address: self._available(address, strict=False) for address in self.servers}
+            waiting = self._waiting(strict=False)
+            self.reach.check()
             if self.available_now is not None:
-                waiting = {a: min(n, self.available_now.get(a, 0)) for a, n in waiting.items()}
+                waiting = {k: min(n, self.available_now.get(k, 0)) for k, n in waiting.items()}
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             take = share(waiting, cap)
             if not take:
                 return start
             if self.available_now is not None:
-                for address, n in take.items():
-                    self.available_now[address] -= n
-            return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": take}
+                for k, n in take.items():
+                    self.available_now[k] -= n
+            by_server: dict[str, dict[str, int]] = {}
+            for (address, queue), n in take.items():
+                by_server.setdefault(address, {})[queue] = n
+            return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": by_server}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if end.get("batch") == start.get("batch") or "take" not in end:
@@ -181,11 +215,18 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: list[InputPartition] = []
         with self.lock:
             self._start()
-            for address, count in sorted(end["take"].items()):
-                for part, first in enumerate(range(0, count, self.per_partition)):
-                    path = os.path.join(self.root, str(batch), f"{address.replace(':', '_')}-{part}")
-                    quota = min(self.per_partition, count - first)
-                    out.append(StreamPartition(path, address, self.queue, quota, self.auto_abort_ms))
+            # {server: {queue: n}}; offsets of versions that read one queue are {server: n}
+            take = {(address, queue): n for address, counts in end["take"].items() for queue, n in
+                    (counts if isinstance(counts, dict) else {self.queues[0]: counts}).items()}
+            size = partition_size(sum(take.values()), self.per_partition, self.min_partitions)
+            for (address, queue), count in sorted(take.items()):
+                for part, first in enumerate(range(0, count, size)):
+                    name = f"{address.replace(':', '_')}-{part}"
+                    if len(self.queues) > 1:
+                        name = f"{queue}~{name}"
+                    path = os.path.join(self.root, str(batch), name)
+                    quota = min(size, count - first)
+                    out.append(StreamPartition(path, address, queue, quota, self.auto_abort_ms))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -223,22 +264,22 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Confirm one log file's reads, over any connection to their server, and mark it so.
 
         False when the server did not take it (unreachable, shutting down, refusing), or failed a
-        confirm less than CONFIRM_RETRY_S ago: the file stays as it was, to be tried again. Reads
+        call less than a second ago (servers.RETRY_S): the file stays as it was, to be tried again. Reads
         the server no longer holds (a restart returned them, or autoAbortMs did; a read id from
         before a restart closes nothing, as a server never hands out an id twice) had their items
         put back in the queue: they are delivered again, and counted as possible duplicates in the
         log's `returned` file."""
         header, ids = wal.read_ids(path)
         if ids:
-            if time.monotonic() < self._retry_at.get(header.server, 0.0):
+            if not self.reach.due(header.server):
                 return False
             try:
-                closed = self.cluster.server(header.server).confirm(self.queue, set(ids))
+                queue = header.queue or self.queues[0]
+                closed = self.cluster.server(header.server).confirm(queue, set(ids))
             except KestrelClientError as e:
-                self._retry_at[header.server] = time.monotonic() + CONFIRM_RETRY_S
-                log.warning("confirm failed; kept in the log and tried again at the next planning",
-                            server=header.server, items=len(ids), error=str(e))
+                self.reach.failed(header.server, "confirm (kept in the log, tried again)", e)
                 return False
+            self.reach.answered(header.server)
             if closed < len(ids):
                 total = wal.count_returned(self.root, len(ids) - closed)
                 log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
@@ -270,8 +311,54 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.cluster.close()
 
 
-def share(waiting: dict[str, int], cap: int | None) -> dict[str, int]:
-    """How many to take from each server: everything, or `cap` split in proportion to what waits."""
+class RefusedStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A stream whose options were refused: its first call from Spark raises the refusal."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> dict[str, Any]:
+        self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._refuse()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._refuse()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        self._refuse()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+K = TypeVar("K", str, tuple[str, str])
+
+
+def partition_size(total: int, per_partition: int, min_partitions: int | None) -> int:
+    """Items per partition: `itemsPerPartition`, or fewer so that a batch of `total` items makes at
+    least `minPartitions` partitions (each server's and queue's share is split on its own)."""
+    if not min_partitions:
+        return per_partition
+    return max(1, min(per_partition, total // min_partitions))
+
+
+def share(waiting: dict[K, int], cap: int | None) -> dict[K, int]:
+    """How many to take from each server (and queue): everything, or `cap` split in proportion to
+    what waits."""
     total = sum(waiting.values())
     if total == 0:
         return {}

@@ -5,10 +5,11 @@ Spark sees a row, so that a replayed batch yields exactly the same rows. A file 
 not at all (written aside, fsynced, then hard-linked into place: the first writer wins).
 
 Layout: `<checkpoint>/kestrel/<source>/<batch>/<partition>`; a file is a magic line, a JSON header
-line (server, fetch time, count), the read ids (int64 each), then each item as a
-uint32 length and its bytes. An empty `<partition>.confirmed` beside it says its reads were
-confirmed; `<checkpoint>/kestrel/<source>/returned` counts the items delivered again because their
-reads had gone back to the queue when they were confirmed.
+line (server, fetch time, count, queue), the read ids (int64 each), then each item as a
+uint32 length and its bytes. A file's name is `<host>_<port>-<part>`, preceded by `<queue>~` when the
+source reads several queues (`~` is never part of a queue's name). An empty `<partition>.confirmed`
+beside it says its reads were confirmed; `<checkpoint>/kestrel/<source>/returned` counts the items
+delivered again because their reads had gone back to the queue when they were confirmed.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
 the sink has committed, since Spark tells a source only when it plans the next batch.
@@ -38,6 +39,7 @@ class WalHeader:
     server: str
     fetched_at: float  # seconds since the epoch, when the first item was taken
     count: int
+    queue: str | None = None  # absent from files of versions that read one queue per source
 
 
 def checkpoint_dir(location: str) -> str:

@@ -6,6 +6,10 @@ batch a server cannot take goes on to the next server, and when no server can ta
 retried with the documented back-off. Everything that can be
 known before a row is written is checked when the job is planned: the servers, the options and the
 column's type. A put retried after a lost reply may add its batch twice (at-least-once).
+
+`writeStream.format("kestrel")` puts each micro-batch the same way (`KestrelStreamWriter`), also at
+least once: a batch that Spark runs again after a failure (its rows put, its commit not yet
+recorded) is put again, so the items of the batches in flight at a failure may be queued twice.
 """
 
 from __future__ import annotations
@@ -15,18 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from kestrel.client import Cluster
-from kestrel.pipeline.options import Option, choice, parse_options, text, whole
+from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
 from kestrel.pipeline.servers import parse_servers, with_retries
 
 log = structlog.get_logger("kestrel.pipeline")
 
 WRITE_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,... (port 2229 by default)"),
-    Option("queue", text, doc="the queue to put into"),
+    Option("queue", queue_name, doc="the queue to put into"),
     Option("batchSize", whole(1), 1000, "items per put"),
     Option("retries", whole(0), 5, "attempts after a connection-level error, per put"),
     Option("retryBackoffMs", whole(1), 100, "first wait before a retry; doubled each time, at most 10 s"),
@@ -131,15 +135,38 @@ class KestrelWriter(DataSourceArrowWriter):
         return PutReport(written, refused, nulls)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.report(messages)
+
+    def report(self, messages: list[WriterCommitMessage | None], **batch: int) -> None:
         reports = [m for m in messages if isinstance(m, PutReport)]
         written = sum(r.written for r in reports)
         refused = sum(r.refused for r in reports)
         nulls = sum(r.nulls for r in reports)
         log.info("kestrel write committed", queue=self.queue, written=written, refused=refused,
-                 null_rows_skipped=nulls)
+                 null_rows_skipped=nulls, **batch)
         if refused or nulls:
             log.warning("rows not put", queue=self.queue, refused_by_full_queues=refused,
-                        null_rows_skipped=nulls)
+                        null_rows_skipped=nulls, **batch)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("kestrel write aborted: items already put stay in the queues", queue=self.queue)
+
+
+class KestrelStreamWriter(DataSourceStreamArrowWriter):
+    """`writeStream.format("kestrel")`: each micro-batch put as `df.write` puts a DataFrame, with the
+    same options, checks and retries. At least once: a batch run again after a failure is put again."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        # The query's own option, passed to its sink as well; the sink keeps nothing there.
+        given = {k: v for k, v in options.items() if k.lower() != "checkpointlocation"}
+        self.puts = KestrelWriter(given, schema)
+
+    def write(self, iterator: Iterator[Any]) -> PutReport:
+        return self.puts.write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self.puts.report(messages, batch=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("kestrel stream write aborted: items already put stay in the queues, and the batch "
+                    "is put again if Spark runs it again", queue=self.puts.queue, batch=batchId)

@@ -50,7 +50,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # streaming sources (PYSPARK_DRIVER_PYTHON; this process is the driver, so nothing else reads it).
     os.environ["PYSPARK_PYTHON"] = str(ROOT / "tests" / "spark_python.sh")
     os.environ["PYSPARK_DRIVER_PYTHON"] = os.environ["PYSPARK_PYTHON"]
-    os.chdir(ROOT)  # the workers find the pyspark_* modules (Spark's data source lookup) from here
     from pyspark.sql import SparkSession
 
     own = tmp_path_factory.mktemp("spark")
@@ -59,7 +58,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.sql.warehouse.dir", str(own / "warehouse")))
     for key, value in SPARK_SETTINGS.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # The JVM, and every Python worker it starts, runs from a folder of its own, not the repository's
+    # root: Spark's data source lookup finds the pyspark_* modules through the install alone.
+    here = os.getcwd()
+    os.chdir(own)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        os.chdir(here)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -109,7 +115,8 @@ def connections_made(srv: ServerProcess) -> int:
 
 
 def test_formats_are_found_without_register(spark: Any, server: ServerProcess) -> None:
-    # The fixture never calls register(): Spark finds pyspark_kestrel and pyspark_kestrel_journal.
+    # The fixture never calls register(): Spark finds pyspark_kestrel and pyspark_kestrel_journal in
+    # the editable install's one directory on sys.path, though its JVM runs outside the repository.
     put(server, "found", [b"x"])
     assert spark.read.format("kestrel").option("servers", address(server)).option("queue", "found") \
         .load().count() == 1
@@ -239,7 +246,7 @@ def test_writer_nulls_fail_or_are_counted(spark: Any, server: ServerProcess) -> 
 
 @pytest.mark.parametrize("options, message", [
     ({"servers": "127.0.0.1:1,"}, "empty entry at position 2"),
-    ({"servers": "127.0.0.1:1", "batch_sise": "10"}, "unknown option 'batch_sise'; valid options are: "),
+    ({"servers": "127.0.0.1:1", "batch_sise": "10"}, "unknown option 'batch_sise' \\(did you mean 'batchSize'"),
     ({"servers": "127.0.0.1:1", "batchSize": "0"}, "'batchSize' must be at least 1"),
 ])
 def test_writer_refuses_bad_options_before_any_row(spark: Any, options: dict[str, str], message: str) -> None:
@@ -561,7 +568,7 @@ def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: 
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"maxOffsetsPerTrigger": "10"}, "unknown option 'maxoffsetspertrigger'; valid options are: "),
+    ({"maxItems": "10"}, "kestrel stream: unknown option 'maxitems'; valid options are: "),  # the batch read's
     ({}, "option 'checkpointLocation' is required: give the source the same path as the query's own "
          "checkpoint location"),
     ({"checkpointLocation": "elsewhere"}, "holds no Spark checkpoint, so it is not this query's: give the "
@@ -576,8 +583,77 @@ def test_stream_refuses_bad_options(spark: Any, tmp_path: Path, options: dict[st
     for key, value in options.items():
         reader = reader.option(key, value)
     query = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(Exception, match=message) as raised:
         query.awaitTermination(60)
+    assert "UnboundLocalError" not in str(raised.value)  # ours is the error the user sees, alone
+    query.stop()
+
+
+def test_stream_option_typos_fail_at_load_naming_the_option_meant(spark: Any, server: ServerProcess) -> None:
+    reader = spark.readStream.format("kestrel").option("servers", address(server)).option("queue", "q")
+    with pytest.raises(Exception, match="unknown option 'maxitemspertriger' \\(did you mean "
+                                        "'maxItemsPerTrigger'\\?\\); valid options are: "):
+        reader.option("maxItemsPerTriger", 10).load()  # before start(): Spark asks for the schema here
+    # Two queues, as Kafka's subscribe lists topics: never a queue called 'a,b'.
+    put(server, "a", [b"a1", b"a2"])
+    put(server, "b", [b"b1"])
+    both = spark.read.format("kestrel").option("servers", address(server)).option("queue", "a, b").load()
+    assert sorted((r.queue, r.data) for r in both.collect()) == [("a", b"a1"), ("a", b"a2"), ("b", b"b1")]
+    assert not (server.queue_path / "a,b").exists() and not (server.queue_path / "a, b").exists()
+    assert waiting(server, "a") == (2, 0) and waiting(server, "b") == (1, 0)
+
+
+def test_trigger_once_is_refused_and_available_now_takes_each_item_once(spark: Any, server: ServerProcess,
+                                                                        tmp_path: Path) -> None:
+    put(server, "events", [b"e%d" % i for i in range(2000)])
+    rows: list[bytes] = []  # every row the sink was handed, over every run
+
+    def run(checkpoint: Path, **trigger: bool) -> Any:
+        return stream(spark, address(server), checkpoint).writeStream \
+            .foreachBatch(lambda df, _: rows.extend(r.data for r in df.collect())) \
+            .option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
+
+    for _ in range(3):
+        query = run(tmp_path / "once", once=True)
+        with pytest.raises(Exception, match="Trigger.Once is not supported; use .trigger\\(availableNow=True\\)"):
+            query.awaitTermination(60)
+        assert rows == [] and waiting(server, "events") == (2000, 0)  # nothing taken
+    for _ in range(3):
+        query = run(tmp_path / "now", availableNow=True)
+        assert query.awaitTermination(60) and query.exception() is None
+        assert sorted(rows) == sorted(b"e%d" % i for i in range(2000))  # each once, over the three runs
+        assert waiting(server, "events") == (0, 0)  # confirmed, not left open
+
+
+def test_stream_of_two_queues_into_a_queue(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    put(server, "events", [b"e%d" % i for i in range(500)])
+    put(server, "others", [b"o%d" % i for i in range(100)])
+    cp = str(tmp_path / "cp")
+    # Spark 4.3 looks a Python streaming sink up through the session active on the JVM thread that
+    # serves the call (DataSource.lookupDataSource), not the query's own; after earlier streams in
+    # this process that thread may have none, and start() would fail with DATA_SOURCE_NOT_FOUND.
+    spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+    query = spark.readStream.format("kestrel").option("servers", address(server)) \
+        .option("queue", "events,others").option("checkpointLocation", cp).option("maxItemsPerTrigger", 200) \
+        .option("minPartitions", 4).load().writeStream \
+        .format("kestrel").option("servers", address(server)).option("queue", "moved") \
+        .option("batchSize", 64).option("checkpointLocation", cp).trigger(availableNow=True).start()
+    assert query.awaitTermination(60) and query.exception() is None
+    assert sorted(take_all(server, "moved")) == sorted([b"e%d" % i for i in range(500)] +
+                                                       [b"o%d" % i for i in range(100)])
+    assert waiting(server, "events") == (0, 0) and waiting(server, "others") == (0, 0)
+
+
+def test_stream_with_no_server_reachable_fails_naming_them(spark: Any, tmp_path: Path) -> None:
+    gone = f"127.0.0.1:{free_port()}"
+    cp = str(tmp_path / "cp")
+    started = time.monotonic()
+    query = spark.readStream.format("kestrel").option("servers", gone).option("queue", "q") \
+        .option("checkpointLocation", cp).option("unreachableTimeoutMs", 2000).load() \
+        .writeStream.format("noop").option("checkpointLocation", cp).start()
+    with pytest.raises(Exception, match=f"no server answered for 2 s \\(unreachableTimeoutMs is 2000\\): {gone}"):
+        query.awaitTermination(60)
+    assert time.monotonic() - started >= 2
     query.stop()
 
 
@@ -639,6 +715,20 @@ def test_damage_is_a_row_or_fails_the_job(spark: Any, tmp_path: Path) -> None:
                 .load(str(tmp_path)).collect()
     with pytest.raises(Exception, match="unknown option 'modus'; valid options are: "):
         spark.read.format("kestrel-journal").option("modus", "x").load(str(tmp_path)).collect()
+
+
+def test_journals_of_several_queue_paths_load_together(spark: Any, tmp_path: Path) -> None:
+    from kestrel.storage.kestrel2.codec import encode_addx
+
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "q").write_bytes(encode_addx(1, 0, name.encode()))
+    paths = [str(tmp_path / "one"), str(tmp_path / "two")]
+    rows = spark.read.format("kestrel-journal").load(paths).collect()
+    assert sorted((r.data, r.file) for r in rows) == [(b"one", str(tmp_path / "one" / "q")),
+                                                      (b"two", str(tmp_path / "two" / "q"))]
+    items = spark.read.format("kestrel-journal").option("view", "items").load(paths + paths[:1]).collect()
+    assert sorted(r.data for r in items) == [b"one", b"two"]  # a path given twice is read once
 
 
 def test_items_view_equals_what_the_server_serves_after_restart(spark: Any, server: ServerProcess) -> None:

@@ -45,8 +45,10 @@ def test_options_take_camel_case_snake_case_and_any_case() -> None:
 
 
 @pytest.mark.parametrize("given, message", [
-    ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger'; valid options are: "
-                                    "maxItemsPerTrigger, queue"),
+    ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger' \\(did you mean "
+                                    "'maxItemsPerTrigger'\\?\\); valid options are: maxItemsPerTrigger, queue"),
+    ({"maxitemspertriger": "5"}, "unknown option 'maxitemspertriger' \\(did you mean 'maxItemsPerTrigger'"),
+    ({"colour": "5"}, "unknown option 'colour'; valid options are: "),
     ({"maxItemsPerTrigger": "0"}, "'maxItemsPerTrigger' must be at least 1, got 0"),
     ({"maxItemsPerTrigger": "many"}, "must be a whole number, got 'many'"),
     ({"maxItemsPerTrigger": "1", "max_items_per_trigger": "2"}, "given twice"),
@@ -55,6 +57,82 @@ def test_options_take_camel_case_snake_case_and_any_case() -> None:
 def test_bad_options_are_refused(given: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_options(given, SPEC, "x", required=("queue",))
+
+
+@pytest.mark.parametrize("queue, message", [("a,", "empty entry at position 2"), ("a, a", "lists 'a' twice"),
+                                            ("a,../etc", "path separator")])
+def test_sources_refuse_what_is_not_a_list_of_queue_names(queue: str, message: str) -> None:
+    from kestrel.pipeline.kestrel_source import KestrelBatchReader, KestrelDataSource
+    from kestrel.pipeline.writer import KestrelWriter
+
+    with pytest.raises(ValueError, match=message):
+        KestrelBatchReader({"servers": "127.0.0.1:1", "queue": queue})
+    stream = KestrelDataSource({"servers": "127.0.0.1:1", "queue": queue, "checkpointLocation": "/cp"}) \
+        .streamReader(KestrelDataSource({}).schema())
+    with pytest.raises(ValueError, match=message):  # raised at the stream's first call from Spark
+        stream.initialOffset()
+    schema = KestrelDataSource({}).schema()
+    with pytest.raises(ValueError, match="'a,b' is not one queue's name \\(a comma\\)"):
+        KestrelWriter({"servers": "127.0.0.1:1", "queue": "a,b"}, schema)  # a put goes to one queue
+
+
+def test_min_partitions_splits_a_micro_batch_further(tmp_path: Path) -> None:
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    (tmp_path / "metadata").write_text("{}")
+    reader = KestrelStreamReader({"servers": "h:1,h:2", "queue": "a,b", "checkpointLocation": str(tmp_path),
+                                  "minPartitions": "6"})
+    try:
+        parts = reader.partitions({"batch": -1}, {"batch": 0, "take": {"h:1": {"a": 100, "b": 3}, "h:2": {"a": 20}}})
+    finally:
+        reader.stop()
+    assert len(parts) >= 6
+    quotas: dict[tuple[str, str], int] = {}
+    for p in parts:
+        quotas[(p.server, p.queue)] = quotas.get((p.server, p.queue), 0) + p.quota
+    assert quotas == {("h:1", "a"): 100, ("h:1", "b"): 3, ("h:2", "a"): 20}
+
+
+def test_option_names_no_operation_takes_fail_before_an_operation_is_chosen() -> None:
+    from kestrel.pipeline.kestrel_source import KestrelDataSource
+
+    assert KestrelDataSource({"maxitemspertrigger": "5", "batch_size": "3"}).schema() is not None
+    with pytest.raises(ValueError, match="kestrel: unknown option 'maxoffsetspertrigger' \\(did you mean "
+                                         "'maxItemsPerTrigger'\\?\\)"):
+        KestrelDataSource({"maxoffsetspertrigger": "5"}).schema()
+
+
+def test_unreachable_servers_are_logged_once_per_interval_and_fail_the_stream_in_time() -> None:
+    from structlog.testing import capture_logs
+
+    from kestrel.pipeline.servers import LOG_EVERY_S, Reachability
+
+    now = [0.0]
+    reach = Reachability(["a:1", "b:1"], 120.0, "kestrel stream of queue 'q'", clock=lambda: now[0])
+    error = ServerUnavailable("a:1", "refused")
+    with capture_logs() as logs:
+        for _ in range(int(LOG_EVERY_S + 2) * 75):  # a failed peek every planning, 75 plannings a second
+            if reach.due("a:1"):
+                reach.failed("a:1", "peek", error)
+            reach.check()  # b:1 answers
+            now[0] += 1 / 75
+        assert [e["event"] for e in logs] == ["server unreachable; going on without it, asking again every second",
+                                              "server still unreachable"]
+        assert LOG_EVERY_S - 2 <= logs[1]["attempts"] <= LOG_EVERY_S + 1  # asked once a second
+        reach.failed("b:1", "peek", error)
+        now[0] += 119
+        reach.check()
+        now[0] += 1
+        with pytest.raises(ServersUnreachable, match="no server answered for 120 s \\(unreachableTimeoutMs is "
+                                                     "120000\\): a:1, b:1 \\(a:1: kestrel a:1: refused; b:1: "):
+            reach.check()
+        reach.answered("b:1")
+        reach.check()
+        assert logs[-1]["event"] == "server reachable again"
+    never = Reachability(["a:1"], 0, "x", clock=lambda: now[0])
+    never.failed("a:1", "peek", error)
+    now[0] += 10**6
+    never.check()
 
 
 def test_a_trigger_cap_is_shared_in_proportion_and_never_exceeded() -> None:

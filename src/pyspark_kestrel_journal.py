@@ -1,0 +1,1 @@
+../pyspark_kestrel_journal.py
