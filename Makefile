@@ -3,17 +3,27 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 # Test processes: most of a test's time is spent waiting on the servers it starts, so more processes
 # than cores pay (README, Tests: the figures measured on 2 cores).
 TEST_PROCESSES ?= 4
 
 .PHONY: test run lint wheel bench clean
 
+# Two stamps in one .venv. `make run` installs what serving needs: the package and its dependencies
+# (about 60 MB). `make test` installs the test and Spark extras too (pytest, mypy, PySpark, PyArrow:
+# about 840 MB), which is all `make run` needs as well.
+$(RUN_STAMP): pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,spark]'
-	touch $(STAMP)
+	touch $(RUN_STAMP) $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -24,11 +34,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/kestrel serve
 
 # The installable wheel (the Thrift contract included) in dist/; README: Operations.
-wheel: $(STAMP)
+wheel: $(RUN_STAMP)
 	$(BIN)/pip wheel . --no-deps --quiet -w dist
 
 clean:

@@ -1,8 +1,15 @@
-"""Starting and stopping the server: listeners, the expiry sweeper, signals, a clean shutdown."""
+"""Starting and stopping the server: listeners, the expiry sweeper, signals, a clean shutdown.
+
+Each start-up step that can fail for a reason outside the server runs in a `startup_step`
+(service/startup.py), which reports it in one line with its exit code.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
+import os
 import resource
 import signal
 import time
@@ -16,6 +23,8 @@ from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
+from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
+from kestrel.storage.errors import KestrelError
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import DEFAULT_RUNTIME
 
@@ -45,17 +54,39 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+def check_writable(status_file: str) -> None:
+    """The status is written as `<file>~~` and renamed over the file (StatusKeeper.set): make sure
+    now, at start, that it can be, rather than at the first status change."""
+    if os.path.isdir(status_file):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), status_file)
+    temp = f"{status_file}~~"
+    try:
+        with open(temp, "w", encoding="utf-8"):
+            pass
+        os.unlink(temp)
+    except OSError as e:  # named by the file it is about, not by the temporary
+        raise OSError(e.errno, e.strerror, status_file) from None
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class App:
     """One running server: its ServerState and its listeners."""
 
     def __init__(self, config: ServerConfig) -> None:
+        """Take the queue path (created if missing) and open the server's state; raises StartupError."""
         self.config = config
         self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
-        self.lock.acquire("kestrel serve")
+        with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
+            os.makedirs(config.queue_path, exist_ok=True)
+            self.lock.acquire("kestrel serve")
         try:
-            # gevent's runtime: the listeners serve on its hub, and the storage and the sessions
-            # under them take their clock, timers and events from it.
-            self.server = ServerState(config, runtime=DEFAULT_RUNTIME)
+            with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
+                # gevent's runtime: the listeners serve on its hub, and the storage and the sessions
+                # under them take their clock, timers and events from it.
+                self.server = ServerState(config, runtime=DEFAULT_RUNTIME)
         except BaseException:
             self.lock.release()
             raise
@@ -63,18 +94,26 @@ class App:
         self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
     def start(self) -> None:
+        """Load the queues and open the listeners; raises StartupError (see service/startup.py)."""
         cfg = self.config
         fds = raise_open_file_limit()
         metrics.install_storage_timing()
-        self.server.collection.load()
+        status_file = cfg.resolved_status_file()
+        if status_file is not None:
+            with startup_step("status file", status_file, EXIT_QUEUE_PATH):
+                check_writable(status_file)
+        with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
+            self.server.collection.load()
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
         ports = {}
         for field, module_name, factory_name in LISTENERS:
             port = getattr(cfg, field)
             if not port:
                 continue
-            factory: Callable[..., Listener] = getattr(importlib.import_module(module_name), factory_name)
-            listener = factory(self.server, (cfg.listen_address, port))
+            name = field.removesuffix("_port")
+            with startup_step(f"{name} listener", host_port(cfg.listen_address, port), EXIT_LISTENER):
+                factory: Callable[..., Listener] = getattr(importlib.import_module(module_name), factory_name)
+                listener = factory(self.server, (cfg.listen_address, port))
             listener.start()
             self.listeners.append(listener)
             ports[field] = listener.address[1]
@@ -120,9 +159,22 @@ class App:
         gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGHUP, self._reload)
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self._abandon_start()
+            raise
         self.server.shutdown_requested.wait()
         self.stop()
+
+    def _abandon_start(self) -> None:
+        """After a failed start: close what was opened, so that the journals loaded so far are flushed
+        and the lock dropped. A second failure here must not hide the first, which is reported."""
+        for listener in self.listeners:
+            listener.stop_accepting()
+        with contextlib.suppress(OSError, KestrelError):
+            self.server.close()
+        self.lock.release()
 
     def _reload(self) -> None:
         try:

@@ -1,4 +1,5 @@
-"""`kestrel serve`, `kestrel journal dump` and `kestrel journal convert`: the command line."""
+"""`kestrel serve`, `kestrel config check`, `kestrel journal dump` and `kestrel journal convert`: the
+command line."""
 
 from __future__ import annotations
 
@@ -23,37 +24,86 @@ def patch_all() -> None:
 patch_all()
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
+import textwrap  # noqa: E402
 
 from kestrel import SERVER_VERSION  # noqa: E402
-from kestrel.service.config import load, with_overrides  # noqa: E402
-from kestrel.service.logs import configure_logging  # noqa: E402
-from kestrel.storage.errors import (  # noqa: E402
-    ConfigError,
-    CorruptJournalError,
-    JournalWriteError,
-    QueuePathInUse,
-    TooManyQueues,
+from kestrel.service.config import ServerConfig, each_error, load, with_overrides  # noqa: E402
+from kestrel.service.logs import LOG_FORMATS, configure_logging  # noqa: E402
+from kestrel.service.startup import (  # noqa: E402
+    EXIT_CODES,
+    EXIT_CONFIG,
+    EXIT_DAMAGED_JOURNAL,
+    StartupError,
 )
+from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 
+SERVE_DESCRIPTION = """\
+Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
+(/ping, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (deploy/kestrel.yaml
+lists every key with its default); the options below override it. SIGTERM or SIGINT stop the server
+cleanly; SIGHUP reloads the queue and alias settings. A failure to start is one line on stderr naming
+what failed, where and why, and the exit code says which kind it is."""
+
+
+def exit_codes_epilog() -> str:
+    lines = ["exit codes:"]
+    for code, meaning in EXIT_CODES:
+        lines += textwrap.wrap(meaning, 100, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    return "\n".join(lines)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description and the exit codes as written; the options' help wrapped as usual."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=110)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The server's options. Those naming a setting default to the config file's value, else the
+    built-in default shown."""
+    d = ServerConfig()
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML config file (default: none, the built-in defaults; see deploy/kestrel.yaml)")
+    p.add_argument("--check", action="store_true",
+                   help="check the configuration (file and options) and exit: 0 if good, 2 if not")
+    p.add_argument("--queue-path", metavar="DIR", help=f"directory of the journals (default: {d.queue_path})")
+    p.add_argument("--listen-address", metavar="ADDR",
+                   help=f"address the listeners bind to (default: {d.listen_address})")
+    for name in ("thrift", "memcache", "text", "admin"):
+        port = getattr(d, f"{name}_port")
+        p.add_argument(f"--{name}-port", type=int, metavar="N",
+                       help=f"{name} port, 0 disables it (default: {port})")
+    p.add_argument("--salvage", action="store_true", default=None,
+                   help="load what precedes a corrupt journal record instead of refusing to start "
+                        "(default: off)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log lines written (default: %(default)s)")
+    p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
+                   help="JSON lines, or readable console lines; auto: console on a terminal, JSON "
+                        "otherwise (default: %(default)s)")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kestrel", description="A durable Kestrel queue server.")
+    parser = argparse.ArgumentParser(
+        prog="kestrel", description="A durable Kestrel queue server. Without a command, `kestrel` serves.",
+        epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"kestrel {SERVER_VERSION}")
     sub = parser.add_subparsers(dest="command")
-    serve = sub.add_parser("serve", help="serve the queues (the default)")
+    serve = sub.add_parser("serve", help="serve the queues (the default)", description=SERVE_DESCRIPTION,
+                           epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     for p in (parser, serve):
-        p.add_argument("--config", metavar="FILE", help="YAML config file (see deploy/kestrel.yaml)")
-        p.add_argument("--queue-path", metavar="DIR", help="directory of the journals")
-        p.add_argument("--listen-address", metavar="ADDR", help="address the listeners bind to")
-        for name in ("thrift", "memcache", "text", "admin"):
-            p.add_argument(f"--{name}-port", type=int, metavar="N", help=f"{name} port (0 disables it)")
-        p.add_argument("--salvage", action="store_true", default=None,
-                       help="load what precedes a corrupt journal record instead of refusing to start")
-        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        add_serve_arguments(p)
+    config = sub.add_parser("config", help="check a config file without starting")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser(
+        "check", help="check a config file; exit 0 if good, 2 listing every bad key if not",
+        description="Check a config file as `kestrel serve` would read it, without starting: exit 0 "
+                    "if it is good, 2 with one line per bad key if not.")
+    check.add_argument("file", metavar="FILE", help="the YAML config file")
     journal = sub.add_parser("journal", help="offline tools for journal files")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
@@ -63,31 +113,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_config_error(error: ConfigError) -> int:
+    """One line per bad key on stderr; the exit code of a bad configuration."""
+    for each in each_error(error):
+        print(f"kestrel: bad configuration: {each}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def read_config(args: argparse.Namespace) -> ServerConfig:
+    """The config file with the command line's values laid over it; raises ConfigError."""
+    return with_overrides(load(args.config), queue_path=args.queue_path, listen_address=args.listen_address,
+                          thrift_port=args.thrift_port, memcache_port=args.memcache_port,
+                          text_port=args.text_port, admin_port=args.admin_port, salvage=args.salvage)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
         return journal_dump.run(args)
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
-    configure_logging(args.log_level)
+    if args.command == "config":
+        try:
+            load(args.file)
+        except ConfigError as e:
+            return report_config_error(e)
+        print(f"{args.file}: ok")
+        return 0
+    try:
+        config = read_config(args)
+    except ConfigError as e:
+        return report_config_error(e)
+    if args.check:
+        print(f"{args.config or '(built-in defaults)'}: ok")
+        return 0
+    configure_logging(args.log_level, args.log_format)
     from kestrel.service.app import App
 
     try:
-        config = with_overrides(load(args.config), queue_path=args.queue_path,
-                                listen_address=args.listen_address, thrift_port=args.thrift_port,
-                                memcache_port=args.memcache_port, text_port=args.text_port,
-                                admin_port=args.admin_port, salvage=args.salvage)
-        os.makedirs(config.queue_path, exist_ok=True)
         App(config).run()
-    except ConfigError as e:
-        print(f"kestrel: bad configuration: {e}", file=sys.stderr)
-        return 2
+    except ConfigError as e:  # queue files in another journal format than configured
+        return report_config_error(e)
     except CorruptJournalError as e:
         print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
-        return 3
-    except (JournalWriteError, TooManyQueues, QueuePathInUse) as e:
+        return EXIT_DAMAGED_JOURNAL
+    except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)
-        return 4
+        return e.exit_code
     return 0
 
 

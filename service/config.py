@@ -1,4 +1,8 @@
-"""The server's configuration, read from YAML. Every key is checked at start; unknown keys are errors."""
+"""The server's configuration, read from YAML. Every key is checked at start; unknown keys are errors.
+
+A file with several mistakes reports them all at once (ConfigErrors, one entry per key), so that an
+operator fixes the file in one pass instead of one restart per mistake.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from typing import Any
 import yaml
 
 from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage.collection import check_error_queues
 from kestrel.storage.config import (
+    QueueConfig,
     QueueConfigs,
     parse_bool,
     parse_count,
@@ -20,6 +26,46 @@ from kestrel.storage.config import (
     parse_size,
 )
 from kestrel.storage.errors import ConfigError
+
+
+class ConfigErrors(ConfigError):
+    """Several settings are wrong: `errors` holds one ConfigError per key, in the file's order.
+
+    It is a ConfigError naming the first key, so that callers catching one error need not change.
+    """
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].key, errors[0].reason)
+        self.errors = errors
+        self.args = ("; ".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def each_error(error: ConfigError) -> list[ConfigError]:
+    """The single errors a ConfigError stands for: itself, or each of a ConfigErrors."""
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
+
+
+class _Collector:
+    """Runs each check, keeps every ConfigError it raises, and raises them together at the end."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def check(self, parse: Any, *args: Any) -> Any:
+        try:
+            return parse(*args)
+        except ConfigError as e:
+            self.errors.extend(each_error(e))
+            return None
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
 
 
 def _port(key: str, value: Any) -> int:
@@ -163,52 +209,81 @@ _PARSERS: dict[str, Any] = {
 }
 
 
-def _aliases(value: Any) -> dict[str, list[str]]:
+def _aliases(value: Any, collect: _Collector) -> dict[str, list[str]]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise ConfigError("aliases", f"expected a mapping of alias name to settings, got {value!r}")
     out = {}
     for name, settings in value.items():
-        key = f"aliases.{name}"
-        if not isinstance(settings, Mapping):
-            raise ConfigError(key, f"expected a mapping with destination_queues, got {settings!r}")
-        unknown = set(settings) - {"destination_queues"}
-        if unknown:
-            raise ConfigError(f"{key}.{sorted(unknown)[0]}",
-                              "unknown alias setting (known: destination_queues)")
-        dests = settings.get("destination_queues")
-        if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
-            raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
-        out[str(name)] = list(dests)
+        dests = collect.check(_alias, f"aliases.{name}", settings)
+        if dests is not None:
+            out[str(name)] = dests
     return out
 
 
+def _alias(key: str, settings: Any) -> list[str]:
+    if not isinstance(settings, Mapping):
+        raise ConfigError(key, f"expected a mapping with destination_queues, got {settings!r}")
+    unknown = set(settings) - {"destination_queues"}
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}", "unknown alias setting (known: destination_queues)")
+    dests = settings.get("destination_queues")
+    if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
+        raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
+    return list(dests)
+
+
+def _queue_settings(key: str, value: Any, collect: _Collector) -> dict[str, Any]:
+    """The queue names and their raw settings under `queues`, each setting checked on its own."""
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
+    queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
+    for name, settings in queues.items():
+        _check_queue_settings(f"{key}.{name}", settings, collect)
+    return queues
+
+
+def _check_queue_settings(key: str, settings: Any, collect: _Collector) -> None:
+    """Each queue setting parsed alone, so that every bad one is reported, not only the first."""
+    if not isinstance(settings, Mapping):
+        collect.check(QueueConfig.from_mapping, settings, key)
+        return
+    for name, value in settings.items():
+        collect.check(QueueConfig.from_mapping, {name: value}, key)
+
+
 def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> ServerConfig:
-    """A ServerConfig from parsed YAML; raises ConfigError naming the key path."""
+    """A ServerConfig from parsed YAML; raises ConfigError naming the key path (ConfigErrors, naming
+    each, when several settings are wrong)."""
     data = data or {}
     if not isinstance(data, Mapping):
         raise ConfigError("(top level)", f"expected a mapping of settings, got {type(data).__name__}")
+    collect = _Collector()
     values: dict[str, Any] = {"source": source}
     default_queue: Mapping[str, Any] = {}
     queues: dict[str, Any] = {}
     for key, value in data.items():
         if key in _PARSERS:
-            values[key] = _PARSERS[key](key, value)
+            values[key] = collect.check(_PARSERS[key], key, value)
         elif key == "default_queue":
             if value is not None and not isinstance(value, Mapping):
-                raise ConfigError(key, f"expected a mapping of queue settings, got {value!r}")
+                collect.errors.append(ConfigError(
+                    key, f"expected a mapping of queue settings, got {value!r}"))
+                continue
             default_queue = value or {}
+            _check_queue_settings(key, default_queue, collect)
         elif key == "queues":
-            if value is not None and not isinstance(value, Mapping):
-                raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
-            queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
+            queues = collect.check(_queue_settings, key, value, collect) or {}
         elif key == "aliases":
-            values[key] = _aliases(value)
+            values[key] = collect.check(_aliases, value, collect)
         else:
             known = ", ".join(sorted([*_PARSERS, "default_queue", "queues", "aliases"]))
-            raise ConfigError(str(key), f"unknown setting (known: {known})")
-    values["queues"] = QueueConfigs(default_queue, queues)  # every queue setting parsed once, here
+            collect.errors.append(ConfigError(str(key), f"unknown setting (known: {known})"))
+    collect.raise_any()
+    # every queue setting parsed once, here; then the settings that name other queues
+    values["queues"] = QueueConfigs(default_queue, queues)
+    check_error_queues(values["queues"], values.get("aliases") or {})
     return ServerConfig(**values)
 
 
@@ -229,6 +304,8 @@ def load(path: str | None) -> ServerConfig:
 def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
     """The config with command-line values (None = not given) laid over it."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    collect = _Collector()
     for key, value in given.items():
-        _PARSERS[key](f"--{key.replace('_', '-')}", value)
+        collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
+    collect.raise_any()
     return dataclasses.replace(config, **given)

@@ -1,4 +1,5 @@
-"""structlog set-up: readable lines on a terminal, JSON lines otherwise (files, journald).
+"""structlog set-up: JSON lines or readable console lines; by default (`auto`) readable lines on a
+terminal, JSON lines otherwise (files, journald).
 
 Each connection runs in its own greenlet, which has its own context: `bind_client` there puts the
 client's address on every line logged on its behalf, even by layers that know nothing of clients
@@ -18,9 +19,18 @@ from gevent.hub import Hub
 log = structlog.get_logger("kestrel.server")
 
 
-def configure_logging(level: str = "info") -> None:
+LOG_FORMATS = ("auto", "json", "console")
+
+
+def configure_logging(level: str = "info", log_format: str = "auto") -> None:
+    """Log at `level` and above to stderr, as `log_format`: json, console, or auto (console on a
+    terminal, json otherwise)."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    console = sys.stderr.isatty() if log_format == "auto" else log_format == "console"
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer())
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console
+        else structlog.processors.JSONRenderer())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

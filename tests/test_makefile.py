@@ -1,0 +1,51 @@
+"""`make run` installs what serving needs and no more; `make test` what the tests need (README: Quick start).
+
+Checked with `make -n` (what make would run) on a copy of the Makefile, so nothing is installed here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def planned(tmp_path: Path, target: str, stamps: tuple[str, ...] = ()) -> list[str]:
+    """The pip installs `make TARGET` would run in a fresh clone, or in one where `stamps` are up to date."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    for name in ("Makefile", "pyproject.toml", "setup.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for stamp in stamps:  # made after the files they depend on
+        (tmp_path / stamp).parent.mkdir(exist_ok=True)
+        (tmp_path / stamp).touch()
+    done = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
+
+
+def test_make_run_installs_the_server_without_test_or_spark_extras(tmp_path: Path) -> None:
+    run = installs(planned(tmp_path, "run"))
+    assert run and all(line.rstrip().endswith("install --quiet -e .") for line in run), run
+
+
+def test_make_test_installs_the_test_and_spark_extras(tmp_path: Path) -> None:
+    test = installs(planned(tmp_path, "test"))
+    assert any("'.[test,spark]'" in line for line in test), test
+
+
+def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
+    # `make test` marks what `make run` needs as installed too, since it installed a superset.
+    touched = [line.split()[1:] for line in planned(tmp_path, "test") if line.startswith("touch ")]
+    stamps = tuple(stamp for line in touched for stamp in line)
+    assert ".venv/.installed-run" in stamps, touched
+    assert installs(planned(tmp_path, "run", stamps)) == []

@@ -1,0 +1,247 @@
+"""A server that cannot start says so in one line, naming what, where and why, and exits with the
+documented code (service/startup.py, `kestrel serve --help`): the real command, as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, STARTED, ServerProcess, free_port
+
+NO_LISTENERS = ["--thrift-port=0", "--memcache-port=0", "--text-port=0", "--admin-port=0"]
+
+
+def kestrel(*args: str, command: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`kestrel serve ARGS` (JSON logs) run to its end, after `command` (e.g. setpriv) if given; a
+    start that succeeds is a failure here."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [*(command or []), sys.executable, "-m", "kestrel", "serve", "--log-format=json", *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the server started: {e.stderr!r}") from None
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and not done.stdout, done.stderr + done.stdout
+    assert lines[0].startswith("kestrel: cannot start: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port another process's listener holds (SO_REUSEADDR as the server sets it, so only a
+    listening socket, not a TIME_WAIT, stops the bind)."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def test_a_port_in_use_names_the_listener_and_the_address(tmp_path: Path, held_port: int) -> None:
+    memcache = free_port()
+    done = kestrel("--queue-path", str(tmp_path / "q"), "--listen-address=127.0.0.1",
+                   f"--thrift-port={free_port()}", f"--memcache-port={memcache}", f"--text-port={held_port}",
+                   "--admin-port=0")
+    line = one_line(done)
+    assert done.returncode == 5
+    assert f"text listener 127.0.0.1:{held_port}: Address already in use" in line, line
+    # The listeners already open were closed: the port is free again.
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", memcache))
+
+
+def test_an_address_this_machine_lacks_names_listen_address(tmp_path: Path) -> None:
+    done = kestrel("--queue-path", str(tmp_path / "q"), "--listen-address=192.0.2.1", *NO_LISTENERS[1:],
+                   f"--thrift-port={free_port()}")
+    line = one_line(done)
+    assert done.returncode == 5
+    assert "thrift listener 192.0.2.1:" in line and "listen_address" in line, line
+
+
+def test_a_queue_path_that_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "queues"
+    path.write_text("not a directory")
+    done = kestrel("--queue-path", str(path), *NO_LISTENERS)
+    assert one_line(done) == f"kestrel: cannot start: queue path {path}: exists and is not a directory"
+    assert done.returncode == 4
+
+
+def test_a_queue_path_under_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    done = kestrel("--queue-path", str(tmp_path / "file" / "q"), *NO_LISTENERS)
+    assert f"queue path {tmp_path / 'file' / 'q'}: Not a directory" in one_line(done)
+    assert done.returncode == 4
+
+
+def test_a_queue_path_the_user_may_not_write(tmp_path: Path) -> None:
+    parent = tmp_path / "spool"
+    parent.mkdir()
+    parent.chmod(0o555)
+    command: list[str] = []
+    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that let it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    try:
+        done = kestrel("--queue-path", str(parent / "kestrel"), *NO_LISTENERS, command=command)
+    finally:
+        parent.chmod(0o755)
+    line = one_line(done)
+    assert done.returncode == 4
+    assert f"queue path {parent / 'kestrel'}: Permission denied (the server runs as user " in line, line
+
+
+def test_a_queue_path_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """EROFS, as on a disk remounted read-only: a read-only bind mount in a mount namespace of its own."""
+    unshare = shutil.which("unshare")
+    readonly = tmp_path / "ro"
+    (readonly / "queues").mkdir(parents=True)
+    mount = f"mount --bind {readonly} {readonly} && mount -o remount,bind,ro {readonly}"
+    if unshare is None or subprocess.run([unshare, "-m", "sh", "-c", mount], capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (needs root and unshare) to make a read-only mount")
+    script = f'{mount} && exec "$@"'
+    for path, what in ((readonly / "new", str(readonly / "new")),
+                       (readonly / "queues", f"{readonly / 'queues'}: {readonly / 'queues' / '.lock'}")):
+        done = kestrel("--queue-path", str(path), *NO_LISTENERS,
+                       command=[unshare, "-m", "sh", "-c", script, "sh"])
+        assert one_line(done) == f"kestrel: cannot start: queue path {what}: Read-only file system"
+        assert done.returncode == 4
+
+
+def test_a_status_file_that_cannot_be_written(tmp_path: Path) -> None:
+    config = tmp_path / "kestrel.yaml"
+    status = tmp_path / "missing" / "status"
+    config.write_text(f"queue_path: {tmp_path / 'q'}\nstatus_file: {status}\n")
+    done = kestrel("--config", str(config), *NO_LISTENERS)
+    assert one_line(done) == (f"kestrel: cannot start: status file {status}: No such file or directory "
+                              f"(its directory does not exist)")
+    assert done.returncode == 4
+
+
+def test_a_queue_path_another_server_holds(server_factory: Any) -> None:
+    first: ServerProcess = server_factory()
+    done = kestrel("--queue-path", str(first.queue_path), *NO_LISTENERS)
+    line = one_line(done)
+    assert done.returncode == 4
+    assert f"queue path {first.queue_path} is in use by kestrel serve (pid {first.proc.pid})" in line, line
+
+
+def test_out_of_file_descriptors(tmp_path: Path) -> None:
+    """With ever more descriptors allowed, each start that fails for want of them says so in one line
+    and exits 6, until one is enough and the server starts."""
+    ports = [f"--{name}-port={free_port()}" for name in ("thrift", "memcache", "text", "admin")]
+    failures = []
+    for limit in range(8, 64):
+        def limit_files(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        log = tmp_path / f"server-{limit}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--log-format=json",
+                                     "--queue-path", str(tmp_path / "q"), *ports],
+                                    stdout=out, stderr=out, env=env, preexec_fn=limit_files)
+        try:
+            code = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=15)
+        text = log.read_text()
+        if code is None:
+            assert STARTED in text, text
+            break
+        lines = text.splitlines()
+        assert code == 6 and len(lines) == 1, f"limit {limit}: exit {code}: {text}"
+        assert "Too many open files" in lines[0] and f"the process may open {limit} files" in lines[0]
+        failures.append(lines[0])
+    else:
+        raise AssertionError("the server never started")
+    assert failures, "the lowest limit tried was already enough"
+
+
+def test_a_bad_config_lists_every_bad_key_and_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "kestrel.yaml"
+    config.write_text("thrift_port: 70000\nqueues:\n  jobs:\n    max_size: lots\n    max_items: -1\n")
+    done = kestrel("--config", str(config))
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert [line.split(": ")[2] for line in lines] == ["thrift_port", "queues.jobs.max_size",
+                                                      "queues.jobs.max_items"], lines
+    assert all(line.startswith("kestrel: bad configuration: ") for line in lines)
+
+
+def kestrel_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kestrel", *args], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def test_config_check_without_starting(tmp_path: Path) -> None:
+    good = kestrel_command("config", "check", str(ROOT / "deploy" / "kestrel.yaml"))
+    assert good.returncode == 0 and good.stdout.strip().endswith("kestrel.yaml: ok"), good.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("thrift_prot: 1\ndefault_queue:\n  sync_journal: often\naliases:\n  a: {targets: [q]}\n")
+    done = kestrel_command("config", "check", str(bad))
+    assert done.returncode == 2
+    keys = [line.removeprefix("kestrel: bad configuration: ").split(":")[0] for line in done.stderr.splitlines()]
+    assert keys == ["thrift_prot", "default_queue.sync_journal", "aliases.a.targets"], done.stderr
+    # `serve --check` checks the command line's values too, and starts nothing.
+    checked = kestrel_command("serve", "--check", "--config", str(ROOT / "deploy" / "kestrel.yaml"),
+                              "--thrift-port=99999")
+    assert checked.returncode == 2 and "--thrift-port: expected a port number" in checked.stderr
+
+
+def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:
+    done = kestrel_command("serve", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "Serve the queues" in text
+    for default in ("(default: ./var/spool/kestrel)", "(default: 127.0.0.1)", "(default: 2229)",
+                    "(default: 22133)", "(default: 2222)", "(default: 2223)", "(default: info)",
+                    "(default: auto)"):
+        assert default in text, default
+    assert "--log-format {auto,json,console}" in text
+    assert "exit codes:" in text
+    for code in ("2 bad configuration", "3 a damaged journal", "4 the queue path", "5 a listener",
+                 "6 out of file descriptors"):
+        assert code in text, code
+
+
+@pytest.mark.parametrize("log_format, is_json", [("json", True), ("console", False)])
+def test_log_format(tmp_path: Path, log_format: str, is_json: bool) -> None:
+    import json
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", f"--log-format={log_format}",
+                                 "--queue-path", str(tmp_path / "q"), *NO_LISTENERS[1:], f"--thrift-port={port}"],
+                                stdout=out, stderr=out, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        from tests.conftest import wait_for
+
+        wait_for(proc, lambda: STARTED in log.read_text(), "started")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    first = log.read_text().splitlines()[0]
+    if is_json:
+        assert json.loads(first)["event"] == "kestrel started"
+    else:
+        assert not first.startswith("{") and "kestrel started" in first and "\x1b[" not in first
