@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 # Test processes: most of a test's time is spent waiting on the servers it starts, so more processes
-# than cores pay (README, Tests: the figures measured on 2 cores).
+# than cores pay (docs/testing.md).
 TEST_PROCESSES ?= 4
 
 .PHONY: test run lint wheel bench clean
