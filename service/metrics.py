@@ -187,6 +187,7 @@ _HELP = {
     "total_flushes": "Times the queue was flushed.",
     "create_time": "When the queue was created, in milliseconds since the epoch.",
     "poisoned_items": "Items aborted max_errors times, moved to the error_queue or dropped.",
+    "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
 }
 
 
@@ -219,6 +220,12 @@ class KestrelCollector(Collector):
                     per_queue[key] = _family(f"kestrel_queue_{key}", key, ["queue"])
                 per_queue[key].add_metric([name], value)
         yield from per_queue.values()
+        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because "
+                                    "its journal is damaged; it answers every request with an error "
+                                    "until repaired (or loaded with --salvage).", labels=["queue", "reason"])
+        for name, error in sorted(self.server.collection.refused.items()):
+            refused.add_metric([name, error.reason], 1)
+        yield refused
 
 
 def render(server: ServerState) -> bytes:
