@@ -26,6 +26,7 @@ from kestrel.storage.kestrel2.codec import (
     Unremove,
     encode,
 )
+from tests import kestrel24
 from tests.queues import drain, load_strictly
 
 T0 = 1_700_000_000_000
@@ -185,17 +186,43 @@ def test_remove_written_over_an_add_is_reported_at_that_record(tmp_path: Path) -
     assert drain(salvaged, "q") == [b"one"]  # the REMOVE was not applied
 
 
-def test_a_stray_empty_pack_deletes_nothing(tmp_path: Path) -> None:
+def test_a_pack_holding_a_record_no_pack_holds_deletes_nothing(tmp_path: Path) -> None:
     (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
     (tmp_path / "q.200").write_bytes(addx(b"c"))
-    (tmp_path / "q.300.pack").write_bytes(b"")
-    with pytest.raises(CorruptJournalError, match="incomplete pack.*it is empty"):
+    (tmp_path / "q.300.pack").write_bytes(addx(b"x") + REMOVE_BYTES)
+    with pytest.raises(CorruptJournalError, match="incomplete pack.*Remove record at offset 22"):
         load_strictly(QueueCollection(str(tmp_path)))
     assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
     salvaged = QueueCollection(str(tmp_path), salvage=True)
     salvaged.load()
     assert drain(salvaged, "q") == [b"a", b"b", b"c"]
     assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+
+
+def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp_path: Path) -> None:
+    # Kestrel 2.4.1 renamed its complete dump to q.200.pack, then stopped before deleting q.100
+    # and q.200. The dump: the read open at the checkpoint (xid 1), one pent-up delete, the items.
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b") + encode(RemoveTentativeXid(1)))
+    (tmp_path / "q.200").write_bytes(addx(b"c") + addx(b"d"))
+    pack = kestrel24.dump([(1, b"a")], [b"b", b"c", b"d"], pent_up_deletes=1)
+    (tmp_path / "q.200.pack").write_bytes(pack)
+    live = REMOVE_BYTES * 2 + addx(b"e")  # the pent-up delete, then b, left after the checkpoint
+    (tmp_path / "q").write_bytes(live)
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert not coll.refused
+    assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+
+
+def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + REMOVE_BYTES)
+    (tmp_path / "q.200.pack").write_bytes(kestrel24.dump([], []))
+    (tmp_path / "q").write_bytes(addx(b"b"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"b"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
