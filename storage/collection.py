@@ -61,7 +61,8 @@ def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) 
 
 
 class QueueCollection:
-    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
+    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does; flushing,
+    deleting, confirming or aborting one that does not exist creates nothing.
 
     `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
     `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
@@ -339,9 +340,16 @@ class QueueCollection:
         return q.unremove_many(xids) if q is not None else 0
 
     def flush(self, name: str) -> None:
+        """Empty a queue; one that does not exist is not created (as Kestrel). Raises
+        InvalidQueueName, QueueDamaged."""
         if name in self.aliases:
             return
-        self.queue(name).flush()
+        q = self._queues.get(name)
+        if q is None:
+            check_queue_name(name)
+            self.check_refused(name)
+            return
+        q.flush()
 
     def flush_all(self) -> None:
         """Flush every queue; one whose journal cannot be written does not stop the others.

@@ -195,6 +195,15 @@ class JournalWriter:
         if created and self.sync_ms == 0:
             fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
+    def create(self) -> None:
+        """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
+        creates it: the queue is found again after a restart). Raises OSError."""
+        if self.fd >= 0 or self.size or os.path.exists(self.path):
+            return
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+        if self.sync_ms == 0:
+            fsync_dir(os.path.dirname(self.path) or ".")
+
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
 

@@ -89,6 +89,9 @@ class Kestrel2Queue(PersistentQueue):
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
         self._journal.open_live()
+        if files.live is None:
+            assert self._journal.writer is not None
+            self._journal.writer.create()
         if replayed:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,
