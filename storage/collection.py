@@ -88,6 +88,10 @@ class QueueCollection:
         # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
         # and keep their files as they are; every other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
+        # After `load`: the owner (`files.file_owner`) of every file in the queue path, and of every
+        # queue created since. A new queue owning none has no file to look for: creating it reads
+        # no directory (None before `load`: each new queue lists the path for its own files).
+        self._owners: set[str] | None = None
         self._kestrel3 = Kestrel3Journals(path, runtime)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
@@ -117,6 +121,7 @@ class QueueCollection:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
+        self._owners = found.owners
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
             try:
                 check_queue_name(name)
@@ -191,8 +196,10 @@ class QueueCollection:
         q = self._new_queue(name, parent_name)
         q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
+        owners = self._owners
+        fresh = scanned is None and owners is not None and name not in owners
         try:
-            q.setup(files=files)
+            q.setup(files=files, fresh=fresh)
         except CorruptJournalError:
             with contextlib.suppress(Exception):
                 q.close()
@@ -205,6 +212,8 @@ class QueueCollection:
                                     f"max_queues)") from None
             raise
         self._queues[name] = q
+        if owners is not None:
+            owners.add(name)
         if self.waits_ended:
             q.end_waits()
         if plus:

@@ -648,11 +648,12 @@ class PersistentQueue(ABC):
     # Storage hooks: what a format supplies
 
     @abstractmethod
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
         """Load the queue from its files and open them for writing.
 
         `files` is this queue's share of the collection's scan of the queue path (Kestrel 2), or
-        None to scan for it; reads open at a stop go back to the head unless `reopen` is False.
+        None to scan for it; `fresh`: the path holds no file of the queue (nothing is scanned);
+        reads open at a stop go back to the head unless `reopen` is False.
         Raises CorruptJournalError, ConfigError (its files are in the other format).
         """
 
