@@ -4,6 +4,7 @@ answers every request, on every protocol, with an error naming it, the damage an
 from __future__ import annotations
 
 import json
+import re
 import signal
 import urllib.request
 from pathlib import Path
@@ -97,3 +98,29 @@ def test_a_server_serves_every_queue_but_the_damaged_one_and_says_why(tmp_path: 
     finally:
         assert srv.stop(signal.SIGTERM) == 0
     assert (srv.queue_path / "bad").read_bytes() == bad  # kept as it was, for repair
+
+
+# The Ruby kestrel-client reads per-queue figures from STATS with this pattern (the guide's
+# per-queue stats); anything else it matches is taken for a queue. Unanchored, as the client has it,
+# and anchored at the line's end, as a stricter client would.
+KESTREL_QUEUE_STATS = ("items|bytes|total_items|logsize|expired_items|mem_items|mem_bytes|age|discarded|"
+                       "waiters|open_transactions|transactions|canceled_transactions|total_flushes|age_msec|"
+                       "create_time")
+CLIENT_PATTERNS = [re.compile(rf"^STAT queue_(\S+?)_({KESTREL_QUEUE_STATS})"),
+                   re.compile(rf"^STAT queue_(\S+?)_({KESTREL_QUEUE_STATS}) \S+$")]
+
+
+def test_a_kestrel_client_reading_stats_finds_only_real_queue_names(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"jobs": {"max_errors": 1, "error_queue": "failed_jobs"}}})
+    queues = {"jobs", "failed_jobs", "jobs+audit", "plain-queue"}
+    with conn(srv.memcache_port) as s:
+        for name in sorted(queues):
+            assert exchange(s, f"set {name} 0 0 1\r\nx\r\n".encode()) == b"STORED\r\n"
+        assert exchange(s, b"get jobs/open\r\n", b"END\r\n").startswith(b"VALUE jobs")
+        assert exchange(s, b"get jobs/abort\r\n", b"END\r\n") == b"END\r\n"  # poisoned: to failed_jobs
+        stats = exchange(s, b"stats\r\n", b"END\r\n").decode()
+    lines = stats.splitlines()
+    assert any(line.startswith("STAT queue_jobs_poisoned ") for line in lines)
+    for pattern in CLIENT_PATTERNS:
+        found = {m.group(1) for line in lines if (m := pattern.match(line))}
+        assert found == queues, pattern.pattern
