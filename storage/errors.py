@@ -49,8 +49,8 @@ class QueueDamaged(KestrelError):
     def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
         whose = f"its parent {parent!r}" if parent else "its journal"
         super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
-                         "restart with --salvage to keep what precedes the damage, or repair or move "
-                         "the damaged file and restart")
+                         "restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
+                         "or repair or move the damaged file and restart")
         self.queue = queue
         self.error = error
 
