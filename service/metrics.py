@@ -152,7 +152,7 @@ def install_storage_timing() -> None:
 _COUNTERS = {"total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
              "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires",
              "expired_items", "discarded", "transactions", "canceled_transactions", "total_flushes",
-             "poisoned_items"}
+             "poisoned"}
 
 _HELP = {
     "uptime": "Seconds since the server started.",
@@ -186,7 +186,8 @@ _HELP = {
     "canceled_transactions": "Reliable reads aborted (by the client, a timer or a disconnect).",
     "total_flushes": "Times the queue was flushed.",
     "create_time": "When the queue was created, in milliseconds since the epoch.",
-    "poisoned_items": "Items aborted max_errors times, moved to the error_queue or dropped.",
+    "poisoned": "Items aborted max_errors times, moved to the error_queue or dropped.",
+    "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
 }
 
 
@@ -219,6 +220,12 @@ class KestrelCollector(Collector):
                     per_queue[key] = _family(f"kestrel_queue_{key}", key, ["queue"])
                 per_queue[key].add_metric([name], value)
         yield from per_queue.values()
+        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because "
+                                    "its journal is damaged; it answers every request with an error "
+                                    "until repaired (or loaded with --salvage).", labels=["queue", "reason"])
+        for name, error in sorted(self.server.collection.refused.items()):
+            refused.add_metric([name, error.reason], 1)
+        yield refused
 
 
 def render(server: ServerState) -> bytes:

@@ -9,8 +9,10 @@ from kestrel.service.session.server_state import ServerState
 
 
 def flat_stats(server: ServerState) -> list[tuple[str, Any]]:
-    """Global figures, then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
+    """Global figures, `refused_queue_<name> 1` for each queue refused at start-up (its journal is
+    damaged), then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
     out = list(server.global_stats().items())
+    out.extend((f"refused_queue_{name}", 1) for name in server.collection.refused_queues())
     for name, stats in server.queue_stats().items():
         out.extend((f"queue_{name}_{key}", value) for key, value in stats.items())
     return out
@@ -38,8 +40,8 @@ def dump_stats(server: ServerState) -> bytes:
 
 
 def stats_json(server: ServerState) -> bytes:
-    return json.dumps({"server": server.global_stats(), "queues": server.queue_stats()},
-                      sort_keys=True).encode()
+    return json.dumps({"server": server.global_stats(), "queues": server.queue_stats(),
+                       "refused_queues": server.collection.refused_queues()}, sort_keys=True).encode()
 
 
 def stats_text(server: ServerState) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Mapping
@@ -15,9 +16,11 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.errors import (
     ConfigError,
+    CorruptJournalError,
     ErrorQueueRefused,
     InvalidQueueName,
     JournalWriteError,
+    QueueDamaged,
     TooManyQueues,
 )
 from kestrel.storage.filenames import check_queue_name
@@ -58,7 +61,8 @@ def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) 
 
 
 class QueueCollection:
-    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does.
+    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does; flushing,
+    deleting, confirming or aborting one that does not exist creates nothing.
 
     `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
     `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
@@ -81,6 +85,13 @@ class QueueCollection:
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
+        # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
+        # and keep their files as they are; every other queue serves.
+        self.refused: dict[str, CorruptJournalError] = {}
+        # After `load`: the owner (`files.file_owner`) of every file in the queue path, and of every
+        # queue created since. A new queue owning none has no file to look for: creating it reads
+        # no directory (None before `load`: each new queue lists the path for its own files).
+        self._owners: set[str] | None = None
         self._kestrel3 = Kestrel3Journals(path, runtime)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
@@ -103,11 +114,14 @@ class QueueCollection:
         all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
         interrupted after its switch is finished first. Raises TooManyQueues when the process runs
         out of file descriptors, ConfigError for files in the other format than `journal_format`.
+        A queue whose journal is damaged (CorruptJournalError, without salvage) is refused alone:
+        logged, kept in `refused`, and every request to it raises QueueDamaged.
         """
         if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
+        self._owners = found.owners
         for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
             try:
                 check_queue_name(name)
@@ -115,10 +129,38 @@ class QueueCollection:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
             formats.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
-            self._create(name, found.queues)
+            try:
+                self._create(name, found.queues)
+            except QueueDamaged:
+                continue  # its parent was refused (and logged)
+            except CorruptJournalError as e:
+                self._refuse(name, e)
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
                         queues=len(self._queues), max_queues=self.max_queues)
+
+    def _refuse(self, name: str, error: CorruptJournalError) -> None:
+        self.refused[name] = error
+        log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
+                  "every request with an error", queue=name, file=error.path, offset=error.offset,
+                  opcode=error.opcode, reason=error.reason,
+                  remedy="restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
+                         "or repair or move the damaged file and restart")
+
+    def check_refused(self, name: str) -> None:
+        """Raise QueueDamaged if `name` (or its fanout parent) was refused at start-up."""
+        if not self.refused:
+            return
+        error = self.refused.get(name)
+        if error is not None:
+            raise QueueDamaged(name, error)
+        parent, plus, _ = name.partition("+")
+        if plus and (error := self.refused.get(parent)) is not None:
+            raise QueueDamaged(name, error, parent)
+
+    def refused_queues(self) -> dict[str, str]:
+        """Each queue refused at start-up, with the damage found."""
+        return {name: str(error) for name, error in sorted(self.refused.items())}
 
     def get(self, name: str) -> PersistentQueue | None:
         return self._queues.get(name)
@@ -127,12 +169,13 @@ class QueueCollection:
         """The queue called `name`, created (and its journal replayed) on first reference.
 
         Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
-        descriptors: the queues it has keep working).
+        descriptors: the queues it has keep working), QueueDamaged (refused at start-up).
         """
         q = self._queues.get(name)
         if q is not None:
             return q
         check_queue_name(name)
+        self.check_refused(name)
         with self._lock:
             return self._create(name, None)
 
@@ -140,6 +183,7 @@ class QueueCollection:
         existing = self._queues.get(name)
         if existing is not None:
             return existing
+        self.check_refused(name)
         parent_name, plus, _ = name.partition("+")
         if plus:
             self._create(parent_name, scanned)
@@ -152,8 +196,14 @@ class QueueCollection:
         q = self._new_queue(name, parent_name)
         q.poison = partial(self._route_poison, name)
         files = None if scanned is None else scanned.get(name, JournalFiles())
+        owners = self._owners
+        fresh = scanned is None and owners is not None and name not in owners
         try:
-            q.setup(files=files)
+            q.setup(files=files, fresh=fresh)
+        except CorruptJournalError:
+            with contextlib.suppress(Exception):
+                q.close()
+            raise
         except OSError as e:
             q.close()
             if e.errno in (errno.EMFILE, errno.ENFILE):
@@ -162,6 +212,8 @@ class QueueCollection:
                                     f"max_queues)") from None
             raise
         self._queues[name] = q
+        if owners is not None:
+            owners.add(name)
         if self.waits_ended:
             q.end_waits()
         if plus:
@@ -297,9 +349,16 @@ class QueueCollection:
         return q.unremove_many(xids) if q is not None else 0
 
     def flush(self, name: str) -> None:
+        """Empty a queue; one that does not exist is not created (as Kestrel). Raises
+        InvalidQueueName, QueueDamaged."""
         if name in self.aliases:
             return
-        self.queue(name).flush()
+        q = self._queues.get(name)
+        if q is None:
+            check_queue_name(name)
+            self.check_refused(name)
+            return
+        q.flush()
 
     def flush_all(self) -> None:
         """Flush every queue; one whose journal cannot be written does not stop the others.
@@ -322,6 +381,7 @@ class QueueCollection:
         if name in self.aliases:
             return
         check_queue_name(name)
+        self.check_refused(name)  # its files stay as they are until repaired
         with self._lock:
             q = self._queues.pop(name, None)
             parent, plus, _ = name.partition("+")

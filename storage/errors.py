@@ -42,6 +42,19 @@ class CorruptJournalError(KestrelError):
         self.reason = reason
 
 
+class QueueDamaged(KestrelError):
+    """Raised for every request to a queue whose journal was refused at start-up (the other
+    queues serve): names the queue, the damage, and how to proceed."""
+
+    def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
+        whose = f"its parent {parent!r}" if parent else "its journal"
+        super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
+                         "restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
+                         "or repair or move the damaged file and restart")
+        self.queue = queue
+        self.error = error
+
+
 class JournalWriteError(KestrelError):
     """Raised when a queue's journal cannot be written (disk full, I/O error).
 

@@ -45,6 +45,19 @@ class QueueDirectory:
 
     queues: dict[str, JournalFiles] = field(default_factory=dict)
     temporaries: list[str] = field(default_factory=list)
+    owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
+
+
+def file_owner(file_name: str) -> str:
+    """The queue whose files a file name may be: the name up to its first `.` or `~` (queue names
+    hold neither). Kestrel 2's `q`, `q.<ms>`, `q.<ms>.pack`, `q~~<ms>`, Kestrel 3's `q.<n>`,
+    `q.read.<reader>` and their temporaries all belong to `q` (a Kestrel 2 fanout child's to `q+c`)."""
+    end = len(file_name)
+    for mark in ".~":
+        at = file_name.find(mark)
+        if 0 <= at < end:
+            end = at
+    return file_name[:end]
 
 
 def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
@@ -56,6 +69,7 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
     for entry in os.scandir(queue_path):
         if not entry.name.startswith(prefix) or not entry.is_file():
             continue
+        found.owners.add(file_owner(entry.name))
         if filenames.is_temporary(entry.name):
             found.temporaries.append(entry.path)
             continue
@@ -194,6 +208,15 @@ class JournalWriter:
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if created and self.sync_ms == 0:
             fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+
+    def create(self) -> None:
+        """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
+        creates it: the queue is found again after a restart). Raises OSError."""
+        if self.fd >= 0 or self.size or os.path.exists(self.path):
+            return
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+        if self.sync_ms == 0:
+            fsync_dir(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.

@@ -134,7 +134,7 @@ class PersistentQueue(ABC):
         self.total_flushes = 0
         self.total_transactions = 0
         self.canceled_transactions = 0
-        self.poisoned_items = 0
+        self.poisoned = 0
         self.current_age = 0
         self.journal_write_errors = 0
 
@@ -180,7 +180,7 @@ class PersistentQueue(ABC):
             "create_time": self.create_time,
             "read_only": int(self.read_only),
             "journal_write_errors": self.journal_write_errors,
-            "poisoned_items": self.poisoned_items,
+            "poisoned": self.poisoned,
         }
 
     def open_reads(self) -> list[QItem]:
@@ -499,7 +499,7 @@ class PersistentQueue(ABC):
                 if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
                     if self._opens.pop(xid, None) is item:  # still open after the hand-over
                         self._log_confirm(xid, item)
-                        self.poisoned_items += 1
+                        self.poisoned += 1
                 elif self._unremove(xid):
                     self._log_return(xid, item)
                     returned += 1
@@ -648,11 +648,12 @@ class PersistentQueue(ABC):
     # Storage hooks: what a format supplies
 
     @abstractmethod
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
         """Load the queue from its files and open them for writing.
 
         `files` is this queue's share of the collection's scan of the queue path (Kestrel 2), or
-        None to scan for it; reads open at a stop go back to the head unless `reopen` is False.
+        None to scan for it; `fresh`: the path holds no file of the queue (nothing is scanned);
+        reads open at a stop go back to the head unless `reopen` is False.
         Raises CorruptJournalError, ConfigError (its files are in the other format).
         """
 

@@ -41,7 +41,11 @@ def memcache_seeds() -> list[bytes]:
             b"get q/open\r\n", b"get q/close\r\n", b"get q/abort\r\n", b"get q/peek\r\n",
             b"get q/t=2\r\n", b"get q/close/open/t=1\r\n", b"delete q\r\n", b"flush q\r\n",
             b"version\r\n", b"stats\r\n", b"dump_stats\r\n", b"monitor q 0 2\r\n", b"confirm q 1\r\n",
-            b"set q+fan 0 0 1\r\nx\r\n", b"get a b\r\n", b"quit\r\n"]
+            b"set q+fan 0 0 1\r\nx\r\n", b"get a b\r\n", b"quit\r\n",
+            # Storage verbs Kestrel does not run: refused, their data block read and dropped.
+            b"add q 0 0 5\r\nhello\r\n", b"replace q 0 100 7\r\nversion\r\n",
+            b"append q 0 0 5\r\nget q\r\n", b"prepend q 0 0 3 noreply\r\nabc\r\n",
+            b"cas q 0 0 5 12345\r\nhello\r\n", b"cas q 0 0 0 1 noreply\r\n\r\n"]
 
 
 def text_seeds() -> list[bytes]:

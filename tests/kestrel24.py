@@ -1,5 +1,5 @@
 """Released Kestrel 2.4's journal replay, modelled from its sources, to check that our journals
-load there as they load here.
+load there as they load here; and its pack writer (`dump`), to check that its files load here.
 
 Written from Kestrel 2.4.1's `Journal.readJournalEntry` and `PersistentQueue.replayJournal`, not
 from our codec: opcode 3 is read as xid 0 (every Kestrel from 2.1 to 2.4 does), opcode 9 carries
@@ -55,3 +55,20 @@ def load(data: bytes) -> list[bytes]:
     """The queue as Kestrel 2.4 serves it after start-up: open reads back at the head, lowest xid first."""
     queue, opens = replay(data)
     return [opens[x] for x in sorted(opens)] + queue
+
+
+def _addx(add_time: int, expiry: int, data: bytes) -> bytes:
+    return bytes([2]) + struct.pack("<iqq", len(data) + 16, add_time, expiry) + data
+
+
+def dump(reserved: list[tuple[int, bytes]], queue: list[bytes], pent_up_deletes: int = 0,
+         add_time: int = 1_700_000_000_000) -> bytes:
+    """A pack as Kestrel 2.4.1's `Journal.dump` writes it: each open read as ADDX (`QItem.pack`,
+    no xid) + REMOVE_TENTATIVE_XID, an empty ADDX (no expiry) per pent-up delete, then the items as
+    ADDX. No SAVE_XID, no ADD_XID; an empty queue with no open read gives an empty file."""
+    out = []
+    for xid, data in reserved:
+        out.append(_addx(add_time, 0, data) + bytes([9]) + struct.pack("<i", xid))
+    out.extend(_addx(add_time, 0, b"") for _ in range(pent_up_deletes))
+    out.extend(_addx(add_time, 0, data) for data in queue)
+    return b"".join(out)

@@ -19,3 +19,12 @@ def reopen(coll: QueueCollection) -> QueueCollection:
     again = QueueCollection(coll.path, coll.configs, coll.aliases, coll.clock)
     again.load()
     return again
+
+
+def load_strictly(coll: QueueCollection) -> QueueCollection:
+    """Load, then raise the CorruptJournalError of the first queue refused (the collection itself
+    refuses a damaged queue alone and loads the others)."""
+    coll.load()
+    for error in coll.refused.values():
+        raise error
+    return coll

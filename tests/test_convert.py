@@ -140,7 +140,7 @@ def test_a_fanout_only_parent_gets_an_empty_default_reader(tmp_path: Path) -> No
     coll = k2_collection(tmp_path)
     coll.add("feed+only", b"x")
     coll.close()
-    assert not (tmp_path / "feed").exists()  # the parent wrote nothing: no journal of its own
+    assert (tmp_path / "feed").read_bytes() == b""  # the parent wrote nothing: an empty journal
     run(tmp_path, "kestrel3")
     assert k3_items(tmp_path, "feed") == [] and [d for d, _, _ in k3_items(tmp_path, "feed", "only")] == [b"x"]
     run(tmp_path, "kestrel2")

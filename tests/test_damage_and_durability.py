@@ -26,7 +26,8 @@ from kestrel.storage.kestrel2.codec import (
     Unremove,
     encode,
 )
-from tests.queues import drain
+from tests import kestrel24
+from tests.queues import drain, load_strictly
 
 T0 = 1_700_000_000_000
 
@@ -63,7 +64,7 @@ def test_corrupt_middle_refuses_to_load_naming_file_offset_and_opcode(tmp_path: 
     (tmp_path / "q").write_bytes(first + bad + addx(b"two"))
     coll = QueueCollection(str(tmp_path))
     with pytest.raises(CorruptJournalError) as err:
-        coll.load()
+        load_strictly(coll)
     message = str(err.value)
     assert str(tmp_path / "q") in message and f"offset {len(first)}" in message and "opcode 66" in message
     assert (tmp_path / "q").read_bytes() == first + bad + addx(b"two")  # nothing changed on disk
@@ -89,7 +90,7 @@ def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> 
     (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b")[:5])
     (tmp_path / "q").write_bytes(addx(b"c"))
     with pytest.raises(CorruptJournalError, match="incomplete record"):
-        QueueCollection(str(tmp_path)).load()
+        load_strictly(QueueCollection(str(tmp_path)))
 
 
 WRITER = textwrap.dedent("""
@@ -139,7 +140,7 @@ def test_every_single_bit_flip_of_a_size_field_in_the_middle_is_refused(tmp_path
     for bit in range(32):
         (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, bit))
         with pytest.raises(CorruptJournalError) as err:
-            QueueCollection(str(tmp_path)).load()
+            load_strictly(QueueCollection(str(tmp_path)))
         assert err.value.path == str(tmp_path / "q"), bit
         assert err.value.offset == len(before), (bit, err.value)  # the damaged record itself
         assert (tmp_path / "q").read_bytes() == _flip(content, len(before) + 1, bit), bit  # untouched
@@ -161,7 +162,7 @@ def test_a_flip_that_runs_past_the_end_is_named_at_its_record(tmp_path: Path) ->
     content = before + addx(b"damaged") + addx(b"after") * 3
     (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 20))  # size + 1 MiB
     with pytest.raises(CorruptJournalError) as err:
-        QueueCollection(str(tmp_path)).load()
+        load_strictly(QueueCollection(str(tmp_path)))
     assert err.value.offset == len(before)
     assert "size field" in err.value.reason
 
@@ -178,24 +179,50 @@ def test_remove_written_over_an_add_is_reported_at_that_record(tmp_path: Path) -
     damaged[0] = 1  # REMOVE over ADDX's opcode byte
     (tmp_path / "q").write_bytes(first + bytes(damaged) + addx(b"three"))
     with pytest.raises(CorruptJournalError) as err:
-        QueueCollection(str(tmp_path)).load()
+        load_strictly(QueueCollection(str(tmp_path)))
     assert err.value.offset == len(first) and err.value.opcode == 1
     salvaged = QueueCollection(str(tmp_path), salvage=True)
     salvaged.load()
     assert drain(salvaged, "q") == [b"one"]  # the REMOVE was not applied
 
 
-def test_a_stray_empty_pack_deletes_nothing(tmp_path: Path) -> None:
+def test_a_pack_holding_a_record_no_pack_holds_deletes_nothing(tmp_path: Path) -> None:
     (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
     (tmp_path / "q.200").write_bytes(addx(b"c"))
-    (tmp_path / "q.300.pack").write_bytes(b"")
-    with pytest.raises(CorruptJournalError, match="incomplete pack.*it is empty"):
-        QueueCollection(str(tmp_path)).load()
+    (tmp_path / "q.300.pack").write_bytes(addx(b"x") + REMOVE_BYTES)
+    with pytest.raises(CorruptJournalError, match="incomplete pack.*Remove record at offset 22"):
+        load_strictly(QueueCollection(str(tmp_path)))
     assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
     salvaged = QueueCollection(str(tmp_path), salvage=True)
     salvaged.load()
     assert drain(salvaged, "q") == [b"a", b"b", b"c"]
     assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+
+
+def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp_path: Path) -> None:
+    # Kestrel 2.4.1 renamed its complete dump to q.200.pack, then stopped before deleting q.100
+    # and q.200. The dump: the read open at the checkpoint (xid 1), one pent-up delete, the items.
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b") + encode(RemoveTentativeXid(1)))
+    (tmp_path / "q.200").write_bytes(addx(b"c") + addx(b"d"))
+    pack = kestrel24.dump([(1, b"a")], [b"b", b"c", b"d"], pent_up_deletes=1)
+    (tmp_path / "q.200.pack").write_bytes(pack)
+    live = REMOVE_BYTES * 2 + addx(b"e")  # the pent-up delete, then b, left after the checkpoint
+    (tmp_path / "q").write_bytes(live)
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert not coll.refused
+    assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+
+
+def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + REMOVE_BYTES)
+    (tmp_path / "q.200.pack").write_bytes(kestrel24.dump([], []))
+    (tmp_path / "q").write_bytes(addx(b"b"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"b"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
@@ -207,7 +234,7 @@ def test_a_pack_cut_short_deletes_nothing(tmp_path: Path, keep: int) -> None:
     (tmp_path / "q.100").write_bytes(addx(b"a"))
     (tmp_path / "q.300.pack").write_bytes(whole[:keep])
     with pytest.raises(CorruptJournalError, match="incomplete pack"):
-        QueueCollection(str(tmp_path)).load()
+        load_strictly(QueueCollection(str(tmp_path)))
     assert (tmp_path / "q.100").read_bytes() == addx(b"a")
 
 
@@ -290,7 +317,7 @@ def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_p
     (path / "q").write_bytes(damaged)
     try:
         coll = QueueCollection(str(path))
-        coll.load()
+        load_strictly(coll)
     except CorruptJournalError as e:
         assert e.path == str(path / "q") and 0 <= e.offset <= len(damaged)
         assert (path / "q").read_bytes() == damaged and os.listdir(path) == ["q"]

@@ -272,11 +272,12 @@ def test_a_pack_loads_the_same_in_kestrel_24(tmp_path: Path) -> None:
 @pytest.mark.parametrize("opcode", [10, 0x7F, 0xFF])
 def test_unknown_opcode_is_named_in_the_error(tmp_path: Path, opcode: int) -> None:
     from kestrel.storage.errors import CorruptJournalError
+    from tests.queues import load_strictly
 
     (tmp_path / "q").write_bytes(addx(b"a") + bytes([opcode]) + addx(b"b"))
     coll = QueueCollection(str(tmp_path))
     with pytest.raises(CorruptJournalError) as err:
-        coll.load()
+        load_strictly(coll)
     assert err.value.offset == len(addx(b"a"))
     assert err.value.opcode == opcode
     assert str(tmp_path / "q") in str(err.value)

@@ -111,7 +111,7 @@ def test_poison_items_leave_after_max_errors_aborts(server_factory: Any) -> None
         assert [i.data for i in c.get("jobs", 5, 0, 0)] == [b"good"]
     mc = memcache(srv)
     try:
-        assert mc.stats()[b"queue_jobs_poisoned_items"] == 1
+        assert mc.stats()[b"queue_jobs_poisoned"] == 1
     finally:
         mc.close()
 

@@ -102,7 +102,7 @@ def test_poison_after_max_errors_aborts_is_removed_for_good_and_handed_over(tmp_
         assert item is not None and item.data == b"bad" and item.errors == attempt - 1
         assert coll.unremove("q", item.xid)
     assert [(i.data, i.errors) for i in poisoned] == [(b"bad", 3)]
-    assert q.stats()["poisoned_items"] == 1 and q.stats()["canceled_transactions"] == 3
+    assert q.stats()["poisoned"] == 1 and q.stats()["canceled_transactions"] == 3
     coll = reopen(coll)
     assert drain(coll, "q") == [b"good"]  # the poison item was journaled as consumed
 
@@ -221,11 +221,11 @@ def test_poison_goes_to_its_error_queue_or_back_to_the_head_when_that_refuses(tm
     coll.add_many("q", [b"bad"])
     item = coll.remove("q", transaction=True)
     assert item is not None and coll.unremove("q", item.xid)
-    assert coll.queue("q").length == 1 and coll.queue("q").stats()["poisoned_items"] == 0  # refused
+    assert coll.queue("q").length == 1 and coll.queue("q").stats()["poisoned"] == 0  # refused
     assert drain(coll, "dead") == [b"filler"]
     item = coll.remove("q", transaction=True)
     assert item is not None and coll.unremove("q", item.xid)
-    assert coll.queue("q").length == 0 and coll.queue("q").stats()["poisoned_items"] == 1
+    assert coll.queue("q").length == 0 and coll.queue("q").stats()["poisoned"] == 1
     coll = reopen(coll)
     assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == []
 

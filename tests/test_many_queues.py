@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, TooManyQueues
+from kestrel.storage import QueueCollection, QueueConfigs, TooManyQueues
 from kestrel.storage import files as journal
 from kestrel.storage.kestrel2 import codec
 
@@ -52,6 +52,40 @@ def test_start_up_reads_the_queue_path_once(tmp_path: Path, monkeypatch: pytest.
     assert len(calls) == 1
     assert coll.queue("q7").length == 2  # its rotated journal was found by the one scan
     coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_creating_a_queue_reads_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    make_queues(tmp_path / "qs", 300)
+    configs = QueueConfigs({}, {f"new{n}": {"journal_format": fmt} for n in range(3)}
+                           | {f"k3_{n}": {"journal_format": "kestrel3"} for n in range(3)})
+    coll = QueueCollection(str(tmp_path / "qs"), configs)
+    coll.load()
+    coll.add("k3_0", b"x")  # a Kestrel 3 queue beside them
+    scans = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path: Any) -> Any:
+        scans.append(path)
+        return real_scandir(path)
+
+    def listdir(path: Any = ".") -> Any:
+        scans.append(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    for n in range(3):
+        assert coll.add(f"new{n}", b"item") and coll.remove(f"new{n}") is not None
+    coll.add("new0+child", b"fanned")
+    assert scans == []  # each new queue looks only at its own files, by name
+    monkeypatch.undo()
+    coll.close()
+    again = QueueCollection(str(tmp_path / "qs"), configs)
+    again.load()
+    assert {"new0", "new1", "new2", "new0+child", "k3_0"} <= set(again.queue_names())
+    assert [i.data for i in [again.remove("new0+child")] if i is not None] == [b"fanned"]
+    again.close()
 
 
 def test_two_thousand_queues_load_about_ten_times_slower_than_two_hundred(tmp_path: Path) -> None:

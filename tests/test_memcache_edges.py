@@ -72,6 +72,23 @@ def test_unsupported_storage_commands_never_run_their_data(server: ServerProcess
     assert get_item(server.memcache_port, "victim") == b"VALUE victim 0 8\r\nprecious\r\nEND\r\n"
 
 
+def test_the_fuzz_seeds_hold_every_unsupported_storage_verb_and_the_server_drops_their_data(
+        server: ServerProcess) -> None:
+    from tests.fuzz_harness import memcache_seeds
+
+    storage = [seed for seed in memcache_seeds() if seed.split()[0] in STORAGE_VERBS]
+    assert {seed.split()[0] for seed in storage} == STORAGE_VERBS
+    s = conn(server.memcache_port)
+    for seed in storage:
+        reply = exchange(s, seed + b"version\r\n", b"VERSION 2.4.1-py0.1.0\r\n")
+        error, rest = reply.split(b"\r\n", 1)  # an error even with noreply, as memcached answers
+        assert error.startswith(b"CLIENT_ERROR " + seed.split()[0] + b" is not supported"), seed
+        assert rest == b"VERSION 2.4.1-py0.1.0\r\n", seed  # the data block ran as nothing
+
+
+STORAGE_VERBS = {b"add", b"replace", b"append", b"prepend", b"cas"}
+
+
 def test_out_of_range_expiry_is_a_client_error(server: ServerProcess) -> None:
     s = conn(server.memcache_port)
     reply = exchange(s, b"set e 0 9223372036854776 1\r\nx\r\n")

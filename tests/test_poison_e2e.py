@@ -29,7 +29,7 @@ def _queue_stats(srv: ServerProcess) -> dict[str, Any]:
 def _poisoned_metric(srv: ServerProcess, queue: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
         text = reply.read().decode()
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "kestrel_queue_poisoned_items")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "kestrel_queue_poisoned")
     assert family.type == "counter"
     return next(s.value for s in family.samples if s.labels["queue"] == queue)
 
@@ -48,9 +48,9 @@ def test_thrift_abort_max_errors_times_moves_the_item_to_the_error_queue(server:
         assert [i.data for i in c.get("jobs", 10, 0, 0)] == [b"good"]
     finally:
         c.close()
-    assert _queue_stats(server)["jobs"]["poisoned_items"] == 1
+    assert _queue_stats(server)["jobs"]["poisoned"] == 1
     assert _poisoned_metric(server, "jobs") == 1
-    assert memcache_stats(server.memcache_port)["queue_jobs_poisoned_items"] == "1"
+    assert memcache_stats(server.memcache_port)["queue_jobs_poisoned"] == "1"
 
 
 def test_thrift_auto_aborts_count_as_errors(server: ServerProcess) -> None:
@@ -99,7 +99,7 @@ def test_without_error_queue_the_item_is_dropped_and_acknowledged_items_survive(
         assert c.peek("plain").items == 1
     finally:
         c.close()
-    assert _queue_stats(srv)["plain"]["poisoned_items"] == 1
+    assert _queue_stats(srv)["plain"]["poisoned"] == 1
     srv.kill()
     srv.start()
     c = _thrift_client(srv.thrift_port)

@@ -37,10 +37,10 @@ def test_item_aborted_max_errors_times_moves_to_the_error_queue_with_its_expiry(
     for _ in range(2):
         assert abort_head(coll, "jobs") == b"bad"
     q = coll.queue("jobs")
-    assert q.length == 2 and q.stats()["poisoned_items"] == 0
+    assert q.length == 2 and q.stats()["poisoned"] == 0
     assert abort_head(coll, "jobs") == b"bad"
     assert q.length == 1 and q.open_transactions == 0
-    assert q.stats()["poisoned_items"] == 1 and q.stats()["canceled_transactions"] == 3
+    assert q.stats()["poisoned"] == 1 and q.stats()["canceled_transactions"] == 3
     moved = coll.remove("failed")
     assert moved is not None and moved.data == b"bad" and moved.expiry == T0 + 60_000
     assert drain(coll, "jobs") == [b"good"]
@@ -61,7 +61,7 @@ def test_without_error_queue_poison_is_dropped(tmp_path: Path) -> None:
     coll.add_many("jobs", [b"bad", b"good"])
     abort_head(coll, "jobs")
     abort_head(coll, "jobs")
-    assert coll.queue("jobs").stats()["poisoned_items"] == 1
+    assert coll.queue("jobs").stats()["poisoned"] == 1
     assert drain(coll, "jobs") == [b"good"]
     assert coll.queue_names() == ["jobs"]
 
@@ -71,7 +71,7 @@ def test_max_errors_zero_never_poisons(tmp_path: Path) -> None:
     coll.add("jobs", b"x")
     for _ in range(20):
         abort_head(coll, "jobs")
-    assert coll.queue("jobs").stats()["poisoned_items"] == 0 and coll.get("failed") is None
+    assert coll.queue("jobs").stats()["poisoned"] == 0 and coll.get("failed") is None
 
 
 def test_batch_abort_poisons_only_items_at_the_limit_and_keeps_the_others_in_order(tmp_path: Path) -> None:
@@ -92,10 +92,10 @@ def test_a_full_error_queue_leaves_the_item_at_the_head_and_nothing_is_lost(tmp_
     coll.add_many("jobs", [b"bad", b"next"])
     abort_head(coll, "jobs")
     q = coll.queue("jobs")
-    assert q.stats()["poisoned_items"] == 0 and q.length == 2
+    assert q.stats()["poisoned"] == 0 and q.length == 2
     coll.remove("failed")
     abort_head(coll, "jobs")  # the error queue has room again
-    assert q.stats()["poisoned_items"] == 1
+    assert q.stats()["poisoned"] == 1
     assert drain(coll, "failed") == [b"bad"]
     assert drain(coll, "jobs") == [b"next"]
 

@@ -132,11 +132,11 @@ def test_poison_items_leave_after_max_errors_or_return_when_refused(tmp_path: Pa
         item = coll.remove("q", transaction=True)
         assert item is not None and item.data == b"bad" and coll.unremove("q", item.xid)
     q = coll.queue("q")
-    assert q.length == 2 and q.stats()["poisoned_items"] == 0  # the error queue is full: back at the head
+    assert q.length == 2 and q.stats()["poisoned"] == 0  # the error queue is full: back at the head
     assert drain(coll, "dead") == [b"filler"]
     item = coll.remove("q", transaction=True)
     assert item is not None and item.errors == 2 and coll.unremove("q", item.xid)
-    assert q.length == 1 and q.stats()["poisoned_items"] == 1
+    assert q.length == 1 and q.stats()["poisoned"] == 1
     coll = reopen(coll)
     assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == [b"good"]
 

@@ -67,6 +67,7 @@ class ServerState:
             "queue_creates": coll.queue_creates,
             "queue_deletes": coll.queue_deletes,
             "queue_expires": coll.queue_expires,
+            "refused_queues": len(coll.refused),
         }
 
     def queue_stats(self) -> dict[str, dict[str, int]]:

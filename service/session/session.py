@@ -93,6 +93,7 @@ class Session:
         """Empty a queue; one that does not exist is not created."""
         self.status.check_write("flush")
         check_queue_name(queue)
+        self.coll.check_refused(queue)
         if self.coll.get(queue) is None:
             return
         self.coll.flush(queue)
@@ -102,6 +103,7 @@ class Session:
         """Drop the expired items of one queue (not created if missing); how many."""
         self.status.check_write("flush_expired")
         check_queue_name(queue)
+        self.coll.check_refused(queue)
         q = self.coll.get(queue)
         return q.discard_expired() if q is not None else 0
 

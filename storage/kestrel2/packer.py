@@ -6,10 +6,17 @@ state to a temporary file, renames it `<name>.<T>.pack`, deletes every rotated j
 T, and finally renames the pack to `<name>.<T>`. A crash between any two steps leaves files that
 `finish_interrupted_packs` completes on the next start.
 
-Layout: each open read as ADD_XID + REMOVE_TENTATIVE_XID (its xid), then the items as ADDX, then
-SAVE_XID with the last-used xid. The closing SAVE_XID leaves the xid counter where it stood in
-Kestrel 2.4 as here (REMOVE_TENTATIVE_XID moves it), and marks the pack complete: a `.pack` that does
-not end with it is not honoured (`check_pack`).
+Layout: SAVE_XID with the last-used xid (the mark of a pack written here), each open read as
+ADD_XID + REMOVE_TENTATIVE_XID (its xid), then the items as ADDX, then SAVE_XID again. The closing
+SAVE_XID leaves the xid counter where it stood in Kestrel 2.4 as here (REMOVE_TENTATIVE_XID moves
+it), and marks the pack complete: a `.pack` of ours that does not end with it is not honoured
+(`check_pack`).
+
+Kestrel 2.4.1 writes its packs with `Journal.dump`: each open read as ADDX + REMOVE_TENTATIVE_XID,
+then ADDX records only (no SAVE_XID, no ADD_XID; an empty queue gives an empty file), and renames
+one to `.pack` only once it is complete. Such a file is honoured as Kestrel honours it, when it
+reads to its end. A file holding a SAVE_XID or an ADD_XID is ours (packs written before the leading
+mark start with ADD_XID when reads were open, and all end with SAVE_XID).
 
 Items that left the queue after T are written as empty placeholders, already expired
 (`codec.PLACEHOLDER_EXPIRY`): the REMOVE records in the later journals consume them on replay,
@@ -72,7 +79,7 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     _step("write")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        chunks = []
+        chunks = [codec.encode_xid(codec.SAVE_XID, req.xid)]  # the mark of a pack of ours
         size = 0
         for xid, item in req.open_reads:
             chunks.append(codec.encode(codec.AddXid(xid, item.add_time, item.expiry, item.data)))
@@ -114,28 +121,36 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
 
 
 
+_PACK_RECORDS = (codec.SaveXid, codec.AddXid, codec.AddX, codec.RemoveTentativeXid)
+
+
 def check_pack(path: str) -> str | None:
     """Why the `.pack` at `path` is not a complete pack, or None if it is.
 
-    A pack we write ends with SAVE_XID after its last item and is fsynced before it is renamed to
-    `.pack`: a file that is empty, does not read to its end, or ends otherwise is not one.
+    A file that does not read to its end is not one. A pack we write starts and ends with SAVE_XID
+    and is fsynced before it is renamed to `.pack`: one of ours (it holds a SAVE_XID or an ADD_XID)
+    that ends otherwise is not complete. A file of ADDX and REMOVE_TENTATIVE_XID records only, or an
+    empty one, is Kestrel 2.4.1's `Journal.dump`, which Kestrel renames to `.pack` once complete.
     """
     reader = JournalReader(path)
     last: Record | None = None
+    ours = False
     try:
-        for _, record in reader:
+        for offset, record in reader:
             last = record
+            ours = ours or isinstance(record, codec.SaveXid | codec.AddXid)
+            if not isinstance(record, _PACK_RECORDS):
+                return f"it holds a {type(record).__name__} record at offset {offset}, which no pack holds"
         if reader.leftover():
             return f"it ends inside a record at offset {reader.offset}"
     except CorruptJournalError as e:
         return e.reason + f" at offset {e.offset}"
     finally:
         reader.close()
-    if last is None:
-        return "it is empty"
-    if not isinstance(last, codec.SaveXid):
+    if ours and not isinstance(last, codec.SaveXid):
         return "it does not end with the SAVE_XID that closes a complete pack"
     return None
+
 
 
 def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, salvage: bool,

@@ -15,6 +15,7 @@ meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -75,20 +76,27 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
 
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
         """Replay the journal files (if the queue keeps a journal) and open the live one.
 
         `files` is this queue's share of one scan of the queue path (start-up); without it the
-        path is scanned for this queue alone and its temporaries are removed. Reads that were open
+        path is scanned for this queue alone and its temporaries are removed (unless `fresh`: the
+        collection knows the path holds no file of it, so creating a queue reads no directory).
+        Reads that were open
         go back to the head unless `reopen` is False (inspection tools).
         """
         if not self.config.keep_journal:
             return
-        if files is None:
+        if fresh and not os.path.exists(self._journal.live_path):  # a live journal put there since
+            files = JournalFiles()  # the queue path holds no file of it: nothing to look for
+        elif files is None:
             files = self._journal.scan()
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
         self._journal.open_live()
+        if files.live is None:
+            assert self._journal.writer is not None
+            self._journal.writer.create()
         if replayed:
             log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
                      open_reads=len(self._opens), journal_bytes=replayed,

@@ -284,11 +284,13 @@ class WriterJournal:
     Opening scans every writer file for its id range (ids must increase from file to file) and cuts a
     torn record off the newest one. `sync_ms` is the sync policy of `files.JournalWriter`.
     New ids follow the newest file's, and `after_id` too: the files of consumed ids are deleted, so
-    the readers' checkpoints may be all that remembers how far ids went.
+    the readers' checkpoints may be all that remembers how far ids went. `writers`: the writer files,
+    when the caller knows them (a new queue has none), instead of listing the queue path.
     """
 
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
-                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME) -> None:
+                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
+                 writers: list[tuple[int, str]] | None = None) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
@@ -297,7 +299,7 @@ class WriterJournal:
         self.clock = clock
         self.runtime = runtime
         self.files: list[WriterFile] = []
-        found = list_queue_files(queue_path, queue).writers
+        found = list_queue_files(queue_path, queue).writers if writers is None else writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
             self._rewrite_header(found[-1][1])
         last_id = 0

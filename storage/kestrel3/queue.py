@@ -36,6 +36,7 @@ from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import (
+    QueueFiles,
     ReaderCheckpoint,
     RecordReader,
     WriterJournal,
@@ -67,11 +68,12 @@ class Kestrel3Journals:
         self.runtime = runtime
         self._journals: dict[str, Kestrel3Journal] = {}
 
-    def journal(self, name: str, config: QueueConfig) -> Kestrel3Journal:
-        """The writer journal of queue `name`, opened on first use. Raises CorruptJournalError."""
+    def journal(self, name: str, config: QueueConfig, fresh: bool = False) -> Kestrel3Journal:
+        """The writer journal of queue `name`, opened on first use (`fresh`: the queue path holds no
+        file of it, so none is looked for). Raises CorruptJournalError."""
         journal = self._journals.get(name)
         if journal is None or journal.closed:
-            journal = Kestrel3Journal(self, name, config)
+            journal = Kestrel3Journal(self, name, config, fresh)
             self._journals[name] = journal
         return journal
 
@@ -83,14 +85,15 @@ class Kestrel3Journals:
 class Kestrel3Journal:
     """One queue's writer journal and the readers attached to it."""
 
-    def __init__(self, owner: Kestrel3Journals, name: str, config: QueueConfig) -> None:
+    def __init__(self, owner: Kestrel3Journals, name: str, config: QueueConfig, fresh: bool = False) -> None:
         self.owner = owner
         self.name = name
         self.queue_path = owner.queue_path
-        found = list_journal_files(self.queue_path, name)
-        if found.live or found.rotated or found.packs:  # a queue created after start-up, too
-            formats.check_format(self.queue_path, name, found, KESTREL3)
-        on_disk = list_queue_files(self.queue_path, name)
+        if not fresh:
+            found = list_journal_files(self.queue_path, name)
+            if found.live or found.rotated or found.packs:  # a queue created after start-up, too
+                formats.check_format(self.queue_path, name, found, KESTREL3)
+        on_disk = QueueFiles() if fresh else list_queue_files(self.queue_path, name)
         self.readers_on_disk = sorted(on_disk.readers)
         # Heads of readers found on disk and not attached yet: their files must stay until they are.
         self._unattached: dict[str, int] = {}
@@ -101,7 +104,7 @@ class Kestrel3Journal:
             floor = max(floor, progress.head, max(progress.done, default=0))
         self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
                                     config.sync_journal, owner.runtime.clock, after_id=floor,
-                                    runtime=owner.runtime)
+                                    runtime=owner.runtime, writers=[] if fresh else None)
         self.readers: dict[str, Kestrel3Queue] = {}
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
@@ -256,16 +259,16 @@ class Kestrel3Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Start-up
 
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None) -> None:
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
         """Open the writer journal and this reader's checkpoint, and load the items it has still to
         consume, oldest first (those beyond `max_memory_size` are only counted).
 
         Reads open at a stop are served again in any case (they were never consumed), and the files
-        are listed here: `reopen` and `files` are Kestrel 2's. Raises CorruptJournalError,
-        ConfigError (the queue has Kestrel 2 journal files).
+        are listed here unless `fresh` (none exists): `reopen` and `files` are Kestrel 2's. Raises
+        CorruptJournalError, ConfigError (the queue has Kestrel 2 journal files).
         """
         started = time.monotonic()
-        self._journal = self._journals.journal(self.parent, self.config)
+        self._journal = self._journals.journal(self.parent, self.config, fresh)
         self._lock = self._journal.lock
         if not self.is_reader:
             return
