@@ -68,6 +68,8 @@ class App:
         metrics.install_storage_timing()
         self.server.collection.load()
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
+        if self.server.collection.governor is not None:
+            self.server.collection.governor.start()
         ports = {}
         for field, module_name, factory_name in LISTENERS:
             port = getattr(cfg, field)

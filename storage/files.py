@@ -133,6 +133,17 @@ class BufferedFile:
         """File offset of the next record."""
         return self._buf_start + self._pos
 
+    @property
+    def buffered(self) -> int:
+        """Bytes read ahead and held."""
+        return len(self._buf)
+
+    def release_buffer(self) -> None:
+        """Forget what was read ahead (an idle read-behind cursor); the next read starts at `offset`."""
+        self._buf_start += self._pos
+        self._pos = 0
+        self._buf = b""
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -18,6 +18,7 @@ read back from the writer files as the head drains (read-behind).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -349,6 +350,27 @@ class Kestrel3Queue(PersistentQueue):
     def _stop_read_behind(self) -> None:
         self._close_cursor()
 
+    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
+        """Read-behind from the first id of `tail`: every item ahead of it and every open read has a
+        lower id (they were added before it), so read-back skips none of them twice."""
+        first = tail[0].xid
+        if before is not None and before.xid >= first:
+            return None
+        if any(item.xid >= first for item in self._opens.values()):
+            return None
+        if any(item.xid >= first for item in itertools.islice(self._mem, len(self._mem) - len(tail))):
+            return None
+        self._close_cursor()
+        self._behind_id = first
+        return self._read_back
+
+    def _cursor_buffer(self) -> int:
+        return self._cursor.buffered if self._cursor is not None else 0
+
+    def _release_cursor_buffer(self) -> None:
+        if self._cursor is not None:
+            self._cursor.release_buffer()
+
     def _close_cursor(self) -> None:
         if self._cursor is not None:
             self._cursor.close()
@@ -540,6 +562,7 @@ class Kestrel3Queue(PersistentQueue):
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
         self.config = replace(config, fanout_only=self.config.fanout_only)
+        self._memory_ceiling_changed()
         if self._journal is not None and not self.reader:
             self._journal.writer.reconfigure(config.default_journal_size, config.sync_journal)
         if self._file is not None:
