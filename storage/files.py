@@ -21,6 +21,9 @@ from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 log = structlog.get_logger("kestrel.journal")
 
 READ_CHUNK = 1 << 20
+# What a read-behind cursor reads at a time: it keeps the rest buffered, and hundreds of queues in
+# read-behind must not hold a megabyte each (storage/memory.py counts it).
+CURSOR_CHUNK = 64 << 10
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +123,8 @@ def fsync_dir(path: str) -> None:
 
 class BufferedFile:
     """A file read forward through a buffer (the record readers of both journal formats)."""
+
+    chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
 
     def __init__(self, path: str, offset: int) -> None:
         self.path = path

@@ -140,6 +140,7 @@ class MemoryGovernor:
         self._released.set()
         self.closed = False
         self.flow_control = False
+        self._over = False  # the last tick ended over the budget
         self._flow_since = 0
         self.flow_control_ms = 0  # time spent under flow control before the current spell
         self.memory_total = 0  # what the queues held at the last tick, after paging
@@ -229,7 +230,10 @@ class MemoryGovernor:
     # Flow control
 
     def _flow(self, total: int, now: int) -> None:
-        if not self.flow_control and total > self.budget:
+        """Start after two ticks in a row over the budget once paged (one may catch a put's burst
+        before its queue's target stops it); end under the low-water mark."""
+        over, self._over = self._over, total > self.budget
+        if not self.flow_control and over and self._over:
             self.flow_control = True
             self._flow_since = now
             self._released.clear()

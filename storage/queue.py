@@ -628,7 +628,8 @@ class PersistentQueue(ABC):
         log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
-        """Read items back into memory until it is full or every item is there (read-behind ends)."""
+        """Read items back into memory up to the target (the head item at least) or until every item
+        is there (read-behind ends)."""
         read = self._behind
         if read is None:
             return
@@ -636,7 +637,7 @@ class PersistentQueue(ABC):
         mem = self._mem
         limit = self.memory_target
         now = self.clock.now_ms()
-        while self.memory_bytes < limit:
+        while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
             item = read(now)
             if item is None:
                 self._end_read_behind()

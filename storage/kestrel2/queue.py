@@ -151,20 +151,24 @@ class Kestrel2Queue(PersistentQueue):
             self._rb = None
 
     def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
-        """Read-behind from the ADD record of `tail[0]`: the tail is the newest adds, so their records
-        are the last `len(tail)` adds of the journal, found by reading the newest files forward.
-        Not while a pack may replace those files, nor while already in read-behind."""
+        """Read-behind from the ADD record of `tail[0]`: the tail is the newest adds held (all of them,
+        or those before the cursor in read-behind), so their records are the last `len(tail)` adds
+        before the journal's end or the cursor, found by reading the files there forward. Not while
+        a pack may replace those files."""
         journal = self._journal
-        if self._rb is not None or journal.writer is None or journal.pack_pending or self._rebuilding:
+        if journal.writer is None or journal.pack_pending or self._rebuilding:
             return None
         journal.flush()
+        end = (self._rb.key, self._rb.reader.offset) if self._rb is not None else (LIVE, 2**63)
         found: list[tuple[int, str, list[int]]] = []  # newest file first: (key, path, ADD offsets)
         have = 0
         for key, path in reversed(journal.files()):
+            if key > end[0]:
+                continue
             offsets = []
             reader = JournalReader(path)
             try:
-                while (entry := reader.next()) is not None:
+                while (entry := reader.next()) is not None and (key < end[0] or entry[0] < end[1]):
                     if isinstance(entry[1], ADDS):
                         offsets.append(entry[0])
             finally:
@@ -185,6 +189,8 @@ class Kestrel2Queue(PersistentQueue):
         if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != tail[0].data:
             log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
             return None
+        if self._rb is not None:
+            self._rb.close()
         return self._open_cursor(key, path, offset, None)
 
     def _cursor_buffer(self) -> int:

@@ -32,7 +32,7 @@ from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.filenames import reader_file_name
-from kestrel.storage.files import JournalFiles, JournalWriter, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -328,6 +328,7 @@ class Kestrel3Queue(PersistentQueue):
                 if info is None:
                     return None
                 self._cursor = RecordReader(info.path, k3.FileKind.WRITER)
+                self._cursor.chunk = CURSOR_CHUNK
                 self._cursor_file = info.number
             entry = self._cursor.next()
             if entry is None:
