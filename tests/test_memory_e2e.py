@@ -1,0 +1,93 @@
+"""The memory budget on a real server: 100 queues of 400 KB each (40 MB of items) under
+`max_memory_total: 8MB` keep the server's RSS under the budget plus its fixed overhead, measured
+first, and every item comes back once and in order. The full-size case is bench/bench_memory.py."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
+from tests.conftest import ServerProcess
+
+QUEUES = 100
+ITEMS = 400  # of 1 KB: 400 KB a queue
+BATCH = 50
+MB = 1024 * 1024
+
+
+def status_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} for {pid}")
+
+
+def payload(queue: int, n: int) -> bytes:
+    return b"%04d:%06d:" % (queue, n) + b"x" * 1012
+
+
+def fill_and_drain(srv: ServerProcess) -> tuple[int, int, dict[str, Any]]:
+    """(KB of RSS before the load, peak KB during it, /stats.json after it); checks every item."""
+    assert srv.proc is not None
+    c = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=30_000,
+                    trans_factory=TFramedTransportFactory())
+    try:
+        for q in range(QUEUES):  # every code path warm, every queue created: the fixed overhead
+            c.put(f"q{q}", [payload(q, -1)], 0)
+            assert [i.data for i in c.get(f"q{q}", 1, 0, 0)] == [payload(q, -1)]
+        before = status_kb(srv.proc.pid, "VmRSS")
+        peak = before
+        for start in range(0, ITEMS, BATCH):
+            for q in range(QUEUES):
+                assert c.put(f"q{q}", [payload(q, n) for n in range(start, start + BATCH)], 0) == BATCH
+            peak = max(peak, status_kb(srv.proc.pid, "VmRSS"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json", timeout=10) as r:
+            stats = json.loads(r.read())
+        for q in range(QUEUES):
+            got: list[bytes] = []
+            while batch := c.get(f"q{q}", 100, 0, 0):
+                got.extend(i.data for i in batch)
+            assert got == [payload(q, n) for n in range(ITEMS)], f"q{q}"
+        return before, max(peak, status_kb(srv.proc.pid, "VmHWM")), stats
+    finally:
+        c.close()
+
+
+@pytest.mark.xdist_group("memory_e2e")
+def test_rss_stays_under_the_budget_and_every_item_comes_back_in_order(server_factory: Any) -> None:
+    srv = server_factory({"max_memory_total": "8MB", "default_queue": {"max_memory_size": "4MB"}})
+    before, peak, stats = fill_and_drain(srv)
+    server = stats["server"]
+    assert server["max_memory_total"] == 8 * MB and server["memory_total"] <= 8 * MB
+    assert server["flow_control"] == 0
+    paged = [s for s in stats["queues"].values() if s["paged_out"] > 0]
+    assert len(paged) > QUEUES // 2
+    assert all(s["memory_target"] <= 4 * MB and s["mem_bytes"] <= s["bytes"] for s in stats["queues"].values())
+    grown_mb = (peak - before) / 1024
+    # 40 MB of items went in; the budget is 8 MB, and the rest of the growth is what the server
+    # holds beside the queues under load (a frame, the journals' write buffers, the allocator).
+    assert grown_mb < 8 + 4, f"RSS grew {grown_mb:.1f} MB (from {before // 1024} MB)"
+
+
+def test_stats_name_the_budget_in_every_format(server_factory: Any, tmp_path: Path) -> None:
+    srv = server_factory({"max_memory_total": "8MB"})
+    c = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
+                    trans_factory=TFramedTransportFactory())
+    try:
+        c.put("jobs", [b"x" * 100], 0)
+    finally:
+        c.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert "kestrel_max_memory_total 8.388608e+06" in metrics
+    assert 'kestrel_queue_memory_target{queue="jobs"}' in metrics
+    assert 'kestrel_queue_paged_out{queue="jobs"} 0.0' in metrics
+    assert "kestrel_flow_control_ms" in metrics
