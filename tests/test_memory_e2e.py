@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 from thriftpy2.rpc import make_client
+from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ServerProcess
+from tests.wire import close_sockets, conn, eventually, exchange, memcache_stats  # noqa: F401
 
 QUEUES = 100
 ITEMS = 400  # of 1 KB: 400 KB a queue
@@ -91,3 +93,31 @@ def test_stats_name_the_budget_in_every_format(server_factory: Any, tmp_path: Pa
     assert 'kestrel_queue_memory_target{queue="jobs"}' in metrics
     assert 'kestrel_queue_paged_out{queue="jobs"} 0.0' in metrics
     assert "kestrel_flow_control_ms" in metrics
+
+
+def test_flow_control_refuses_puts_on_every_protocol_and_serves_reads(server_factory: Any) -> None:
+    srv = server_factory({"max_memory_total": "1MB"})
+    c = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
+                    trans_factory=TFramedTransportFactory())
+    try:
+        c.put("held", [b"h" * 15_000] * 100, 0)
+        opened = c.get("held", 100, 0, 60_000)  # 1.5 MB of open reads: nothing to page out
+        assert len(opened) == 100
+        eventually(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "1")
+        with conn(srv.memcache_port) as s:
+            reply = exchange(s, b"set jobs 0 0 3\r\nabc\r\n")
+            assert reply.startswith(b"SERVER_ERROR") and b"max_memory_total" in reply, reply
+            assert exchange(s, b"get held\r\n", b"END\r\n") == b"END\r\n"  # gets answer at once
+        with conn(srv.text_port) as s:
+            reply = exchange(s, b"put jobs:\nabc\n\n", b"\n")
+            assert reply.startswith(b"-") and b"max_memory_total" in reply, reply
+        with pytest.raises(TApplicationException, match="max_memory_total"):
+            c.put("jobs", [b"abc"], 0)
+        assert c.confirm("held", {i.id for i in opened}) == 100  # confirms go on
+        eventually(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "0")
+        assert c.put("jobs", [b"abc"], 0) == 1
+        assert int(memcache_stats(srv.memcache_port)["flow_control_ms"]) > 0
+    finally:
+        c.close()
+    log = srv.log()
+    assert "memory over budget that paging cannot release" in log and "memory back under budget" in log
