@@ -56,7 +56,8 @@ class Demand:
 def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
     """Each queue's memory target, summing to at most `budget` (already net of what cannot be paged).
 
-    Everything fits: each gets its need, room for a tick's arrivals and an equal part of the rest.
+    Everything fits: each gets its need, room for a tick's arrivals and a part of the rest (half
+    shared equally, half by ingress).
     Otherwise each gets what it will consume or receive in the next D seconds, between a floor
     and its need, D found by bisection so that the targets fill the budget.
     """
@@ -69,8 +70,12 @@ def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
         wants.append(min(d.ceiling, d.need + d.headroom))
     total = sum(wants)
     if total <= budget:
-        spare = (budget - total) // len(demands)
-        return [min(d.ceiling, want + spare) for d, want in zip(demands, wants, strict=True)]
+        # Half of what is left in equal parts, half by ingress: a growing queue gets the room.
+        spare = budget - total
+        arriving = sum(d.ingress for d in demands)
+        equal = spare / (2 * len(demands))
+        return [min(d.ceiling, want + int(equal + (spare / 2 * d.ingress / arriving if arriving else equal)))
+                for d, want in zip(demands, wants, strict=True)]
     floor = min(FLOOR, budget // (4 * len(demands)))
     floors = [min(want, floor) for want in wants]
     if sum(floors) >= budget:
