@@ -266,3 +266,15 @@ def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_
     governor.admit_put()  # no wait, no error
     assert isinstance(governor, MemoryGovernor)
     coll.close()
+
+
+def test_new_stat_names_do_not_read_as_a_kestrel_queue_stat(tmp_path: Path) -> None:
+    """Kestrel clients split `queue_<name>_<stat>` on a known stat suffix, the name non-greedy."""
+    import re
+
+    coll = make(tmp_path, "kestrel2")
+    stats = coll.queue("jobs").stats()
+    suffix = re.compile(r"_(items|bytes|total_items|logsize|expired_items|mem_items|mem_bytes|age|discarded"
+                        r"|waiters|open_transactions|transactions|flushes)$")
+    for key in ("memory_target", "paged_out"):
+        assert key in stats and not suffix.search(f"queue_jobs_{key}")
