@@ -24,7 +24,7 @@ import structlog
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import JournalFiles, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -167,6 +167,7 @@ class Kestrel2Queue(PersistentQueue):
                 continue
             offsets = []
             reader = JournalReader(path)
+            reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
             try:
                 while (entry := reader.next()) is not None and (key < end[0] or entry[0] < end[1]):
                     if isinstance(entry[1], ADDS):
