@@ -105,6 +105,8 @@ class App:
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
+        if self.server.collection.governor is not None:
+            self.server.collection.governor.start()
         ports = {}
         for field, module_name, factory_name in LISTENERS:
             port = getattr(cfg, field)

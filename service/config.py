@@ -166,6 +166,9 @@ class ServerConfig:
     max_batch_items: int = 100_000  # items in one put call or text put block
     max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
     max_queues: int = 10_000  # queues (fanout children included) one server holds
+    # Bytes every queue together may hold in memory (storage/memory.py; docs/memory.md); 0 = no
+    # budget, each queue bounded by its max_memory_size alone.
+    max_memory_total: int = 1024 * 1024 * 1024
     shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
     zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
@@ -203,6 +206,7 @@ _PARSERS: dict[str, Any] = {
     "max_batch_items": parse_count,
     "max_batch_bytes": parse_size,
     "max_queues": parse_count,
+    "max_memory_total": parse_size,
     "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
     "zookeeper": _zookeeper,

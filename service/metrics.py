@@ -188,6 +188,14 @@ _HELP = {
     "create_time": "When the queue was created, in milliseconds since the epoch.",
     "poisoned": "Items aborted max_errors times, moved to the error_queue or dropped.",
     "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
+    "memory_target": "Bytes of items the queue may hold in memory now: its share of max_memory_total.",
+    "paged_out": "Bytes of items only in the journal, read back as the head drains.",
+    "memory_total": "Bytes the queues hold in memory: items, open reads, read-behind buffers.",
+    "max_memory_total": "The server's memory budget for every queue together (0: none).",
+    "memory_paged_total": "Bytes of items paged out of memory to stay under max_memory_total.",
+    "flow_control": "1 while puts are held and refused because memory stays over max_memory_total.",
+    "flow_control_ms": "Milliseconds spent under flow control.",
+    "flow_control_refused": "Puts refused under flow control.",
 }
 
 

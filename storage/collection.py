@@ -28,6 +28,7 @@ from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_d
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.memory import MemoryGovernor
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
@@ -67,12 +68,13 @@ class QueueCollection:
     `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
     `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
     `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
+    `max_memory_total` is the budget of what every queue holds in memory (0: none; storage/memory.py).
     """
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
                  aliases: Mapping[str, list[str]] | None = None, clock: Clock | None = None,
                  salvage: bool = False, max_queues: int | None = None,
-                 runtime: Runtime | None = None) -> None:
+                 runtime: Runtime | None = None, max_memory_total: int = 0) -> None:
         if runtime is None:
             runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
         self.runtime = runtime
@@ -101,6 +103,8 @@ class QueueCollection:
         self.queue_expires = 0
         self.closed = False
         self.waits_ended = False
+        self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime)
+                         if max_memory_total else None)
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -459,6 +463,8 @@ class QueueCollection:
     def close(self) -> None:
         """Stop the sweeper and close every queue (journals flushed and fsynced)."""
         self.closed = True
+        if self.governor is not None:
+            self.governor.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None

@@ -94,3 +94,8 @@ class QueuePathInUse(KestrelError):
 
 class ConvertError(KestrelError):
     """Raised when a queue cannot be converted to the other journal format as asked; nothing was changed."""
+
+
+class MemoryBudgetExceeded(KestrelError):
+    """Raised when a put is refused under flow control: what the queues hold in memory stays over
+    the server's `max_memory_total` and paging cannot bring it down (storage/memory.py)."""

@@ -21,6 +21,9 @@ from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 log = structlog.get_logger("kestrel.journal")
 
 READ_CHUNK = 1 << 20
+# What a read-behind cursor reads at a time: it keeps the rest buffered, and hundreds of queues in
+# read-behind must not hold a megabyte each (storage/memory.py counts it).
+CURSOR_CHUNK = 64 << 10
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +138,8 @@ def fsync_dir(path: str) -> None:
 class BufferedFile:
     """A file read forward through a buffer (the record readers of both journal formats)."""
 
+    chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
+
     def __init__(self, path: str, offset: int) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
@@ -146,6 +151,17 @@ class BufferedFile:
     def offset(self) -> int:
         """File offset of the next record."""
         return self._buf_start + self._pos
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read ahead and held."""
+        return len(self._buf)
+
+    def release_buffer(self) -> None:
+        """Forget what was read ahead (an idle read-behind cursor); the next read starts at `offset`."""
+        self._buf_start += self._pos
+        self._pos = 0
+        self._buf = b""
 
     def close(self) -> None:
         if self.fd >= 0:

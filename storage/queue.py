@@ -19,6 +19,7 @@ A subclass rather than a storage object beside the queue: a format rebuilds this
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -117,6 +118,13 @@ class PersistentQueue(ABC):
         self._opens: dict[int, QItem] = {}  # open reads by id
         self._behind: ReadBack | None = None  # while in read-behind: the format's cursor
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
+        # What the read-behind rules hold in memory: max_memory_size, or less while the memory
+        # governor (storage/memory.py) gives this queue a smaller share of the server's budget.
+        self.memory_target = config.max_memory_size
+        self._governed = False
+        # At least as many as the items at the head of memory that were ever taken (aborted reads
+        # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
+        self._pushed = 0
         self._watchers: Sequence[DepartureWatcher] = ()
         self._waits = WaitList(runtime)
         self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
@@ -181,6 +189,9 @@ class PersistentQueue(ABC):
             "read_only": int(self.read_only),
             "journal_write_errors": self.journal_write_errors,
             "poisoned": self.poisoned,
+            # Not ending in _bytes: Kestrel clients read `queue_<name>_<...>_bytes` as a queue name.
+            "memory_target": self.memory_target,
+            "paged_out": self.bytes - self.memory_bytes,
         }
 
     def open_reads(self) -> list[QItem]:
@@ -280,7 +291,7 @@ class PersistentQueue(ABC):
             expiry = self._capped_expiry(now, expiry)
         count = len(items)
         if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
-                and self.memory_bytes + size < cfg.max_memory_size):
+                and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
             self._log_adds(items, now, expiry)
             if first_id:
@@ -578,7 +589,7 @@ class PersistentQueue(ABC):
         for watcher in self._watchers:
             # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
             watcher.note_departure(item, opened)
-        if self._behind is not None and self.memory_bytes < self.config.max_memory_size:
+        if self._behind is not None and self.memory_bytes < self.memory_target:
             self._fill()
         return item
 
@@ -586,6 +597,7 @@ class PersistentQueue(ABC):
         """Put an item back at the head."""
         size = len(item.data)
         self._mem.appendleft(item)
+        self._pushed += 1
         self.length += 1
         self.bytes += size
         self.memory_bytes += size
@@ -608,7 +620,7 @@ class PersistentQueue(ABC):
             return False
         self._mem.append(item)
         self.memory_bytes += size
-        return self.memory_bytes >= self.config.max_memory_size and self._reads_behind
+        return self.memory_bytes >= self.memory_target and self._reads_behind
 
     def _read_behind_from(self, cursor: ReadBack) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
@@ -616,15 +628,16 @@ class PersistentQueue(ABC):
         log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
-        """Read items back into memory until it is full or every item is there (read-behind ends)."""
+        """Read items back into memory up to the target (the head item at least) or until every item
+        is there (read-behind ends)."""
         read = self._behind
         if read is None:
             return
         self._sync_cursor()
         mem = self._mem
-        limit = self.config.max_memory_size
+        limit = self.memory_target
         now = self.clock.now_ms()
-        while self.memory_bytes < limit:
+        while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
             item = read(now)
             if item is None:
                 self._end_read_behind()
@@ -642,7 +655,78 @@ class PersistentQueue(ABC):
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
         self._end_read_behind()
         self._mem.clear()
+        self._pushed = 0
         self.length = self.bytes = self.memory_bytes = 0
+
+    # -----------------------------------------------------------------------------------------
+    # The memory governor's levers (storage/memory.py): never on the path of a put or a get
+
+    def _memory_ceiling_changed(self) -> None:
+        """A reload changed max_memory_size: the target follows it, or stays under it when governed."""
+        if self._governed:
+            self.memory_target = min(self.memory_target, self.config.max_memory_size)
+        else:
+            self.memory_target = self.config.max_memory_size
+
+    def set_memory_target(self, target: int) -> None:
+        """Hold at most `target` bytes of items in memory from now on (capped by max_memory_size);
+        what is held beyond it stays until `shed` or until the head drains."""
+        self._governed = True
+        self.memory_target = max(0, min(target, self.config.max_memory_size))
+
+    def held_bytes(self) -> tuple[int, int]:
+        """(bytes of items in memory, bytes held that paging cannot release: open reads and the
+        read-behind cursor's buffer)."""
+        with self._lock:
+            fixed = sum(len(item.data) for item in self._opens.values())
+            if self._behind is not None:
+                fixed += self._cursor_buffer()
+            return self.memory_bytes, fixed
+
+    def release_cursor_buffer(self) -> None:
+        """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
+        with self._lock:
+            if self._behind is not None and not self.closed:
+                self._release_cursor_buffer()
+
+    def shed(self) -> int:
+        """Drop the items held beyond `memory_target` from the tail of memory and read them back
+        from the journal later, as read-behind does; the bytes freed.
+
+        Only items the journal holds in order go: the tail beyond any aborted read back at the
+        head. Order is kept (the cursor starts at the first item dropped), nothing is lost or
+        read twice, and no file is rewritten. A format that cannot place its cursor now frees nothing.
+        """
+        with self._lock:
+            if (self.closed or self.read_only or not self._reads_behind
+                    or self.memory_bytes <= self.memory_target):
+                return 0
+            mem = self._mem
+            self._pushed = min(self._pushed, len(mem))
+            keep = held = 0
+            for item in mem:
+                size = len(item.data)
+                if held + size > self.memory_target:
+                    break
+                held += size
+                keep += 1
+            keep = max(keep, self._pushed)
+            if keep >= len(mem):
+                return 0
+            tail = list(itertools.islice(mem, keep, None))
+            cursor = self._cursor_at(tail, mem[keep - 1] if keep else None)
+            if cursor is None:
+                return 0
+            for _ in range(len(tail)):
+                mem.pop()
+            freed = sum(len(item.data) for item in tail)
+            self.memory_bytes -= freed
+            was_behind = self._behind is not None
+            self._behind = cursor
+            if not was_behind:
+                log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
+                         paged_out=self.bytes - self.memory_bytes)
+            return freed
 
     # -----------------------------------------------------------------------------------------
     # Storage hooks: what a format supplies
@@ -745,3 +829,17 @@ class PersistentQueue(ABC):
     @abstractmethod
     def _stop_read_behind(self) -> None:
         """Read-behind ended: close the cursor."""
+
+    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
+        """A cursor that reads back `tail` (the newest items in memory, oldest first, each never
+        taken; `before` is the item ahead of them) and every item after it, replacing any cursor
+        open now; None when the format cannot place one now (nothing changes then)."""
+        return None
+
+    def _cursor_buffer(self) -> int:
+        """Bytes the read-behind cursor keeps buffered."""
+        return 0
+
+    def _release_cursor_buffer(self) -> None:
+        """Drop the read-behind cursor's buffer, keeping its place."""
+        return

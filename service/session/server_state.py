@@ -31,7 +31,7 @@ class ServerState:
         if collection is None:
             collection = QueueCollection(config.queue_path, config.queues, config.aliases,
                                          salvage=config.salvage, max_queues=config.max_queues,
-                                         runtime=runtime)
+                                         runtime=runtime, max_memory_total=config.max_memory_total)
         elif runtime is not None and runtime is not collection.runtime:
             raise ValueError("the server's runtime must be its collection's")
         self.collection = collection
@@ -68,6 +68,7 @@ class ServerState:
             "queue_deletes": coll.queue_deletes,
             "queue_expires": coll.queue_expires,
             "refused_queues": len(coll.refused),
+            **(coll.governor.stats() if coll.governor is not None else {}),
         }
 
     def queue_stats(self) -> dict[str, dict[str, int]]:

@@ -84,9 +84,13 @@ class Session:
 
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
         """Add items (absolute expiry in ms, 0 = never); returns how many were accepted before the
-        first the queue refused (full, or over `max_item_size`)."""
+        first the queue refused (full, or over `max_item_size`). Raises MemoryBudgetExceeded under
+        the memory governor's flow control."""
         self.status.check_write("put")
         self.stats.cmd_set += len(items)
+        governor = self.coll.governor
+        if governor is not None and governor.flow_control:
+            governor.admit_put()  # held briefly, then MemoryBudgetExceeded
         return self.coll.add_many(queue, items, expiry_ms)
 
     def flush(self, queue: str) -> None:

@@ -25,14 +25,14 @@ import structlog
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import JournalFiles, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
 from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
 from kestrel.storage.kestrel2.reader import JournalReader
-from kestrel.storage.kestrel2.replay import QueueReplay, next_free_xid
+from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
 from kestrel.storage.queue import PersistentQueue, ReadBack
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
@@ -157,6 +157,57 @@ class Kestrel2Queue(PersistentQueue):
             self._left_read_behind = self._rb.stop is None  # caught up with the live journal
             self._rb.close()
             self._rb = None
+
+    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
+        """Read-behind from the ADD record of `tail[0]`: the tail is the newest adds held (all of them,
+        or those before the cursor in read-behind), so their records are the last `len(tail)` adds
+        before the journal's end or the cursor, found by reading the files there forward. Not while
+        a pack may replace those files."""
+        journal = self._journal
+        if journal.writer is None or journal.pack_pending or self._rebuilding:
+            return None
+        journal.flush()
+        end = (self._rb.key, self._rb.reader.offset) if self._rb is not None else (LIVE, 2**63)
+        found: list[tuple[int, str, list[int]]] = []  # newest file first: (key, path, ADD offsets)
+        have = 0
+        for key, path in reversed(journal.files()):
+            if key > end[0]:
+                continue
+            offsets = []
+            reader = JournalReader(path)
+            reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
+            try:
+                while (entry := reader.next()) is not None and (key < end[0] or entry[0] < end[1]):
+                    if isinstance(entry[1], ADDS):
+                        offsets.append(entry[0])
+            finally:
+                reader.close()
+            found.append((key, path, offsets))
+            have += len(offsets)
+            if have >= len(tail):
+                break
+        if have < len(tail):
+            return None
+        key, path, offsets = found[-1]
+        offset = offsets[have - len(tail)]  # the oldest file scanned holds the first of the tail
+        reader = JournalReader(path, offset)
+        try:
+            entry = reader.next()
+        finally:
+            reader.close()
+        if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != tail[0].data:
+            log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
+            return None
+        if self._rb is not None:
+            self._rb.close()
+        return self._open_cursor(key, path, offset, None)
+
+    def _cursor_buffer(self) -> int:
+        return self._rb.reader.buffered if self._rb is not None else 0
+
+    def _release_cursor_buffer(self) -> None:
+        if self._rb is not None:
+            self._rb.reader.release_buffer()
 
     def _cursor_left(self, passed: int) -> None:
         """The read-behind cursor has read the whole of file `passed`: every item queued at a
@@ -355,6 +406,7 @@ class Kestrel2Queue(PersistentQueue):
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
         self.config = replace(config, keep_journal=self.config.keep_journal)
+        self._memory_ceiling_changed()
         self._journal.set_sync(config.sync_journal, _rotate_at(config))
 
     def _close_files(self) -> None:
@@ -421,7 +473,7 @@ class _QueueReplay(QueueReplay):
         self.key, self.path, self.reader = key, path, reader
         self.anomalies = {}
         now = queue.clock.now_ms()
-        limit = queue.config.max_memory_size
+        limit = queue.memory_target
         while True:
             # Runs of common records take the fast path while no add there can reach the memory
             # limit (read-behind starts on the general path, record by record).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kestrel.storage.files import CURSOR_CHUNK
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
@@ -30,6 +31,7 @@ class ReadBehind:
         self._on_leave = on_leave
         self.key = key
         self.reader = JournalReader(path, offset)
+        self.reader.chunk = CURSOR_CHUNK
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
 
     def next_item(self, now: int) -> QItem | None:
@@ -59,6 +61,7 @@ class ReadBehind:
         self.reader.close()
         self.key = following[0]
         self.reader = JournalReader(following[1])
+        self.reader.chunk = CURSOR_CHUNK
         if self._on_leave is not None:
             self._on_leave(left)
         return True

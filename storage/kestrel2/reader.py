@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import READ_CHUNK, BufferedFile
+from kestrel.storage.files import BufferedFile
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
 
@@ -33,7 +33,7 @@ class JournalReader(BufferedFile):
         rest = self._buf[self._pos:]
         self._buf_start += self._pos
         self._pos = 0
-        want = max(READ_CHUNK, len(rest))
+        want = max(self.chunk, len(rest))
         chunk = os.pread(self.fd, want, self._buf_start + len(rest))
         self._buf = rest + chunk
         self._eof = len(chunk) < want

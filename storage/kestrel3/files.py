@@ -104,7 +104,7 @@ class RecordReader(shared_files.BufferedFile):
         rest = self._buf[self._pos:]
         self._buf_start += self._pos
         self._pos = 0
-        need = min(max(shared_files.READ_CHUNK, want), self.size - self._buf_start) - len(rest)
+        need = min(max(self.chunk, want), self.size - self._buf_start) - len(rest)
         self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
         return len(self._buf) >= want
 

@@ -18,6 +18,7 @@ read back from the writer files as the head drains (read-behind).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -31,7 +32,7 @@ from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.filenames import reader_file_name
-from kestrel.storage.files import JournalFiles, JournalWriter, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -330,6 +331,7 @@ class Kestrel3Queue(PersistentQueue):
                 if info is None:
                     return None
                 self._cursor = RecordReader(info.path, k3.FileKind.WRITER)
+                self._cursor.chunk = CURSOR_CHUNK
                 self._cursor_file = info.number
             entry = self._cursor.next()
             if entry is None:
@@ -351,6 +353,27 @@ class Kestrel3Queue(PersistentQueue):
 
     def _stop_read_behind(self) -> None:
         self._close_cursor()
+
+    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
+        """Read-behind from the first id of `tail`: every item ahead of it and every open read has a
+        lower id (they were added before it), so read-back skips none of them twice."""
+        first = tail[0].xid
+        if before is not None and before.xid >= first:
+            return None
+        if any(item.xid >= first for item in self._opens.values()):
+            return None
+        if any(item.xid >= first for item in itertools.islice(self._mem, len(self._mem) - len(tail))):
+            return None
+        self._close_cursor()
+        self._behind_id = first
+        return self._read_back
+
+    def _cursor_buffer(self) -> int:
+        return self._cursor.buffered if self._cursor is not None else 0
+
+    def _release_cursor_buffer(self) -> None:
+        if self._cursor is not None:
+            self._cursor.release_buffer()
 
     def _close_cursor(self) -> None:
         if self._cursor is not None:
@@ -543,6 +566,7 @@ class Kestrel3Queue(PersistentQueue):
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
         self.config = replace(config, fanout_only=self.config.fanout_only)
+        self._memory_ceiling_changed()
         if self._journal is not None and not self.reader:
             self._journal.writer.reconfigure(config.default_journal_size, config.sync_journal)
         if self._file is not None:
