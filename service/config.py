@@ -168,7 +168,7 @@ class ServerConfig:
     max_queues: int = 10_000  # queues (fanout children included) one server holds
     # Bytes every queue together may hold in memory (storage/memory.py; docs/memory.md); 0 = no
     # budget, each queue bounded by its max_memory_size alone.
-    max_memory_total: int = 1024 * 1024 * 1024
+    max_memory_total: int = 0  # off by default until a burst cannot pass it between ticks (docs/memory.md)
     shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
     zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
