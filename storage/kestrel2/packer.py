@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import structlog
 
 from kestrel.storage import filenames
+from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import JournalFiles, fsync_dir, write_all
 from kestrel.storage.item import QItem
@@ -64,8 +65,14 @@ def pack_path(req: PackRequest) -> str:
     return os.path.join(req.queue_path, filenames.pack_name(req.name, req.timestamp))
 
 
-def write_pack(req: PackRequest, dead_files: list[str]) -> str:
-    """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`)."""
+def write_pack(req: PackRequest, dead_files: list[str],
+               placed: Callable[[str, int, int], None] | None = None,
+               finished: Callable[[str, str, list[str], int, int], None] | None = None) -> str:
+    """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`).
+
+    `placed(pack, size, crc)` is called once the `.pack` is in place and before any journal is
+    deleted, `finished(pack, final, dead, size, crc)` once it has its final name (the manifest).
+    """
     temp = os.path.join(req.queue_path, filenames.pack_temporary_name(req.name, req.timestamp))
     pack = pack_path(req)
     final = filenames.rotated_path(req.queue_path, req.name, req.timestamp)
@@ -74,6 +81,7 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     try:
         chunks = []
         size = 0
+        total = crc = 0
         for xid, item in req.open_reads:
             chunks.append(codec.encode(codec.AddXid(xid, item.add_time, item.expiry, item.data)))
             chunks.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
@@ -86,11 +94,15 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
             chunks.append(chunk)
             size += len(chunk)
             if size >= WRITE_BATCH:
-                write_all(fd, b"".join(chunks))
+                data = b"".join(chunks)
+                write_all(fd, data)
+                crc, total = crc32c(data, crc), total + len(data)
                 chunks.clear()
                 size = 0
         chunks.append(codec.encode_xid(codec.SAVE_XID, req.xid))
-        write_all(fd, b"".join(chunks))
+        data = b"".join(chunks)
+        write_all(fd, data)
+        crc, total = crc32c(data, crc), total + len(data)
         _step("fsync")
         os.fsync(fd)
     except BaseException:
@@ -101,12 +113,16 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     _step("rename-pack")
     os.rename(temp, pack)
     fsync_dir(req.queue_path)
+    if placed is not None:
+        placed(pack, total, crc)
     for path in dead_files:
         _step("delete")
         os.unlink(path)
     _step("rename-final")
     os.rename(pack, final)
     fsync_dir(req.queue_path)
+    if finished is not None:
+        finished(pack, final, dead_files, total, crc)
     log.info("packed journal", queue=req.name, file=final, items=len(req.items),
              open_reads=len(req.open_reads), replaced=len(dead_files))
     return final
