@@ -81,7 +81,7 @@ class QueueCollection:
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
-        self._kestrel3 = Kestrel3Journals(path, runtime)
+        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
         self.total_items_added = 0

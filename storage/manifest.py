@@ -94,10 +94,10 @@ def decode(path: str, data: bytes) -> Manifest:
         raise CorruptJournalError(path, len(head) + 1, None, f"unreadable manifest: {e}") from None
 
 
-def read(queue_path: str, queue: str) -> Manifest | None:
+def read(queue_path: str, queue: str, fmt: str | None = None) -> Manifest | None:
     """The queue's manifest, or None when it has none (written before manifests, or never rotated).
 
-    Raises CorruptJournalError when it cannot be read.
+    Raises CorruptJournalError when it cannot be read, or records files of another format than `fmt`.
     """
     path = path_of(queue_path, queue)
     try:
@@ -105,7 +105,11 @@ def read(queue_path: str, queue: str) -> Manifest | None:
             data = f.read()
     except FileNotFoundError:
         return None
-    return decode(path, data)
+    record = decode(path, data)
+    if fmt is not None and record.format != fmt:
+        raise CorruptJournalError(path, 0, None, f"the manifest lists {record.format} files where the "
+                                  f"queue's files are {fmt}")
+    return record
 
 
 def write(queue_path: str, queue: str, manifest: Manifest) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kestrel.storage import QueueCollection, QueueConfigs, manifest
+from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import codec
@@ -213,3 +214,125 @@ def test_a_rotation_cut_off_before_its_manifest_write_still_loads(tmp_path: Path
     coll = k2(tmp_path)
     assert len(drain(coll, "q")) == 250
     coll.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kestrel 3
+
+
+def k3(path: Path, salvage: bool = False, **settings: Any) -> QueueCollection:
+    queues = {"q": {"journal_format": "kestrel3", **settings}}
+    coll = QueueCollection(str(path), QueueConfigs({}, queues), clock=FakeClock(), salvage=salvage)
+    coll.load()
+    return coll
+
+
+def writers(path: Path) -> list[str]:
+    return sorted((n for n in os.listdir(path) if n.startswith("q.") and n[2:].isdigit()),
+                  key=lambda n: int(n[2:]))
+
+
+def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reader(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    for i in range(800):
+        coll.add("q", b"%04d" % i)
+    for _ in range(100):
+        assert coll.remove("q") is not None
+    coll.close()
+    checkpoint = tmp_path / "q.read."
+    data = bytearray(checkpoint.read_bytes())
+    data[42] ^= 0xFF  # inside a READ_HEAD's id
+    checkpoint.write_bytes(bytes(data))
+    before = listing(tmp_path)
+    with pytest.raises(CorruptJournalError) as err:
+        k3(tmp_path)
+    assert str(checkpoint) in str(err.value) and "offset 36" in str(err.value)
+    assert listing(tmp_path) == before  # no writer file deleted on the strength of it
+    coll = k3(tmp_path, salvage=True)  # the reader is served every item kept again: no loss
+    got = drain(coll, "q")
+    assert got[-700:] == [b"%04d" % i for i in range(100, 800)]
+    coll.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.read..corrupt-")]
+
+
+def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(900):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    coll.close()
+    os.unlink(tmp_path / "q.read.child")
+    before = listing(tmp_path)
+    with pytest.raises(CorruptJournalError) as err:
+        k3(tmp_path)
+    assert str(tmp_path / "q.read.child") in str(err.value) and "missing" in str(err.value)
+    assert listing(tmp_path) == before
+    coll = k3(tmp_path, salvage=True)
+    assert drain(coll, "q+child") == [b"%04d" % i for i in range(900)]
+    coll.close()
+
+
+def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    coll.close()
+    files = writers(tmp_path)
+    assert len(files) >= 3
+    middle = files[len(files) // 2]
+    os.unlink(tmp_path / middle)
+    before = listing(tmp_path)
+    with pytest.raises(CorruptJournalError) as err:
+        k3(tmp_path, default_journal_size=2000)
+    assert str(tmp_path / middle) in str(err.value) and "missing" in str(err.value)
+    assert "salvage" in str(err.value)
+    assert listing(tmp_path) == before
+    coll = k3(tmp_path, salvage=True, default_journal_size=2000)  # the advice holds: it loads the rest
+    assert 0 < len(drain(coll, "q")) < 1000
+    coll.close()
+    k3(tmp_path, default_journal_size=2000).close()  # and the manifest now matches
+
+
+def test_a_changed_sealed_writer_file_is_refused(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    coll.close()
+    first = tmp_path / writers(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 1  # an item's last data byte: the records still read
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptJournalError, match="CRC32C"):
+        k3(tmp_path, default_journal_size=2000)
+
+
+def test_kestrel3_consumed_files_deleted_and_manifest_kept_exact(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    coll.queue("q+child")
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    drain(coll, "q+child")
+    coll.add("q", b"last")
+    coll.close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and record.format == "kestrel3" and record.high_id == 1000
+    assert sorted(n for n in record.files if n[2:].isdigit()) == writers(tmp_path)
+    coll = k3(tmp_path, default_journal_size=2000)
+    assert drain(coll, "q") == [b"last"] and drain(coll, "q+child") == [b"last"]
+    coll.close()
+
+
+def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    coll = k3(tmp_path)
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+    coll.close()
+    os.unlink(tmp_path / "q.manifest")
+    coll = k3(tmp_path)
+    assert len(drain(coll, "q")) == 10
+    coll.close()
+    assert capsys.readouterr().out.count("NO MANIFEST") == 1
+    assert (tmp_path / "q.manifest").exists()

@@ -75,7 +75,7 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     count = 8 * BUDGET // len(item(0))
     for n in range(count):
         coll.add("q", item(n))
-    rotated = [n for n in journal_names(tmp_path) if n.startswith("q.")]
+    rotated = [n for n in journal_names(tmp_path) if n.startswith("q.") and n != "q.manifest"]
     assert rotated, "read-behind rotates a new file every max_memory_size"
     assert all(n.split(".")[1].isdigit() for n in rotated)
     opened = coll.remove("q", transaction=True)
@@ -88,7 +88,7 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     assert got == [item(n) for n in range(count)]
     names = journal_names(tmp_path)
     assert not [n for n in names if n.endswith(".pack") or "~~" in n]
-    left = [n for n in names if n.startswith("q.")]
+    left = [n for n in names if n.startswith("q.") and n != "q.manifest"]
     assert len(left) == 1 and not set(left) & set(rotated)  # every rotated journal was packed away
     # The open read survives the packs and a restart, back at the head.
     coll = reopen(coll)

@@ -171,7 +171,7 @@ class QueueJournal:
         first damaged file and every later one, is set aside (renamed, never deleted) and the rest
         replayed. A queue without a manifest loads with a warning. Returns the files to replay.
         """
-        record = manifest.read(self.queue_path, self.name)
+        record = manifest.read(self.queue_path, self.name, "kestrel2")
         if record is None:
             if files.rotated or files.packs:
                 log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "

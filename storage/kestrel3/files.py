@@ -8,13 +8,14 @@ the clock is behind) and one checkpoint per reader, `q.read.<reader>`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
 
 from kestrel.storage import files as shared_files
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
+from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -27,6 +28,7 @@ from kestrel.storage.filenames import (
 from kestrel.storage.files import JournalWriter, fsync_dir
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.manifest import Entry
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -174,19 +176,25 @@ class ReaderCheckpoint:
         return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
 
 
-def read_checkpoint(path: str) -> ReaderCheckpoint:
+def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
     """A reader's checkpoint file (a missing file is a reader that consumed nothing).
 
     The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
-    final record (an append the process did not finish, so never acknowledged) is cut off.
-    Raises CorruptJournalError.
+    final record (an append the process did not finish, so never acknowledged) is cut off. With
+    `high_id` (the highest id ever written), an id above it is damage: nothing can consume an item
+    not yet written, and taking it would silently empty the reader. Raises CorruptJournalError.
     """
     if not os.path.exists(path):
         return ReaderCheckpoint()
     head, done = 0, set[int]()
     reader = RecordReader(path, k3.FileKind.READER)
     try:
-        for _offset, record in reader:
+        for offset, record in reader:
+            ids = (record.id,) if isinstance(record, k3.ReadHead) else (
+                record.ids if isinstance(record, k3.ReadDone) else ())
+            if high_id is not None and ids and max(ids) > high_id:
+                raise CorruptJournalError(path, offset, None, f"consumed id {max(ids)} is above {high_id}, "
+                                          "the highest id ever written: the checkpoint is damaged")
             if isinstance(record, k3.ReadHead):
                 head = max(head, record.id)
             elif isinstance(record, k3.ReadDone):
@@ -205,6 +213,13 @@ def encode_checkpoint(checkpoint: ReaderCheckpoint) -> bytes:
     state = checkpoint.normalized()
     return (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
             + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+
+
+def checkpoint_entry(checkpoint: ReaderCheckpoint) -> Entry:
+    """The manifest entry of a checkpoint file as `write_checkpoint` writes it: its whole bytes,
+    which later appends extend."""
+    data = encode_checkpoint(checkpoint)
+    return Entry(len(data), crc32c(data))
 
 
 def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: ReaderCheckpoint,
@@ -297,6 +312,8 @@ class WriterJournal:
         self.clock = clock
         self.runtime = runtime
         self.files: list[WriterFile] = []
+        self.unsealed: list[tuple[JournalWriter, WriterFile]] = []  # rotated, not yet in the manifest
+        self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
         found = list_queue_files(queue_path, queue).writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
             self._rewrite_header(found[-1][1])
@@ -379,9 +396,19 @@ class WriterJournal:
         self.files.append(WriterFile(number, path))
         if old is not None:
             self.archived_size += old.size
-            self.runtime.spawn(old.close)
+            self.unsealed.append((old, self.files[-2]))
+            self.runtime.spawn(self.seal_rotated)
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
+
+    def seal_rotated(self) -> None:
+        """After a rotation (in the background, or at close): each previous file fsynced, closed,
+        then handed to `sealed` (which lists it in the manifest with its checksum)."""
+        while self.unsealed:
+            old, info = self.unsealed.pop(0)
+            old.close()
+            if self.sealed is not None and os.path.exists(info.path):
+                self.sealed(info)
 
     def remove_consumed_files(self, heads: Iterable[int]) -> list[str]:
         """Delete the files every reader has passed (all their ids at or below every head in `heads`).
@@ -410,6 +437,7 @@ class WriterJournal:
             self._writer.flush()
 
     def close(self) -> None:
+        self.seal_rotated()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
