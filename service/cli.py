@@ -83,7 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kestrel: bad configuration: {e}", file=sys.stderr)
         return 2
     except CorruptJournalError as e:
-        print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
+        if not e.salvageable:
+            advice = "\n(--salvage cannot set this damage aside: restore the file, or move the queue's files)"
+        elif "--salvage" in str(e) or args.salvage:
+            advice = ""
+        else:
+            advice = "\n(start with --salvage to keep what precedes the damage)"
+        print(f"kestrel: {e}{advice}", file=sys.stderr)
         return 3
     except (JournalWriteError, TooManyQueues, QueuePathInUse) as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

@@ -33,13 +33,15 @@ class ConfigError(KestrelError, ValueError):
 class CorruptJournalError(KestrelError):
     """Raised when a journal holds a record that cannot be read and is not a torn tail."""
 
-    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
+                 salvageable: bool = True) -> None:
         op = "?" if opcode is None else str(opcode)
         super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
         self.path = path
         self.offset = offset
         self.opcode = opcode
         self.reason = reason
+        self.salvageable = salvageable  # whether --salvage can set this damage aside and start
 
 
 class JournalWriteError(KestrelError):

@@ -31,10 +31,14 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+import structlog
+
 from kestrel.storage import filenames
 from kestrel.storage.crc32c import crc32c, file_crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import fsync_dir, write_all
+
+log = structlog.get_logger("kestrel.manifest")
 
 MAGIC = "kestrel-manifest"
 VERSION = 1
@@ -110,6 +114,22 @@ def read(queue_path: str, queue: str, fmt: str | None = None) -> Manifest | None
         raise CorruptJournalError(path, 0, None, f"the manifest lists {record.format} files where the "
                                   f"queue's files are {fmt}")
     return record
+
+
+def read_for_start(queue_path: str, queue: str, fmt: str, salvage: bool, stamp: int) -> Manifest | None:
+    """`read` at start-up: with `salvage`, a manifest that cannot be read is set aside (renamed,
+    `<file>.corrupt-<stamp>`) and the queue loads as one without a manifest."""
+    try:
+        return read(queue_path, queue, fmt)
+    except CorruptJournalError as e:
+        if not salvage:
+            raise
+        path = path_of(queue_path, queue)
+        copy = filenames.set_aside_path(path, "corrupt", stamp)
+        os.rename(path, copy)
+        log.error("manifest cannot be read; set aside (salvage)", queue=queue, file=path, reason=e.reason,
+                  copy=copy)
+        return None
 
 
 def write(queue_path: str, queue: str, manifest: Manifest) -> None:

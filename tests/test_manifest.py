@@ -116,8 +116,9 @@ def test_a_deleted_middle_rotated_journal_is_refused_naming_it(tmp_path: Path) -
 def test_a_changed_byte_in_a_rotated_journal_is_refused(tmp_path: Path) -> None:
     _rotated_queue(tmp_path).close()
     first = tmp_path / rotated(tmp_path)[0]
+    at = next(off for off, rec in read_journal(str(first)) if isinstance(rec, codec.AddX))
     data = bytearray(first.read_bytes())
-    data[-5] ^= 0x20  # inside an item's data: the records still read
+    data[at + 30] ^= 0x20  # inside an item's data: the records still read
     first.write_bytes(bytes(data))
     with pytest.raises(CorruptJournalError) as err:
         k2(tmp_path)
@@ -336,3 +337,28 @@ def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
     coll.close()
     assert capsys.readouterr().out.count("NO MANIFEST") == 1
     assert (tmp_path / "q.manifest").exists()
+
+
+def test_salvage_sets_an_unreadable_manifest_aside(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    (tmp_path / "q.manifest").write_bytes(b"kestrel-manifest 1 00000000\n{}")
+    with pytest.raises(CorruptJournalError):
+        k2(tmp_path)
+    coll = k2(tmp_path, salvage=True)
+    assert len(drain(coll, "q")) == 250
+    coll.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.manifest.corrupt-")]
+    assert manifest.read(str(tmp_path), "q") is not None
+
+
+def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    coll.add("q", b"one")
+    coll.close()
+    (first,) = writers(tmp_path)
+    with open(tmp_path / first, "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff")
+    with pytest.raises(CorruptJournalError) as err:
+        k3(tmp_path, salvage=True)
+    assert not err.value.salvageable

@@ -171,7 +171,8 @@ class QueueJournal:
         first damaged file and every later one, is set aside (renamed, never deleted) and the rest
         replayed. A queue without a manifest loads with a warning. Returns the files to replay.
         """
-        record = manifest.read(self.queue_path, self.name, "kestrel2")
+        record = manifest.read_for_start(self.queue_path, self.name, "kestrel2", self.salvage,
+                                         self.clock.now_ms())
         if record is None:
             if files.rotated or files.packs:
                 log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "

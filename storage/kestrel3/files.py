@@ -88,9 +88,10 @@ class RecordReader(shared_files.BufferedFile):
             got = header.hex(" ") if header else "nothing"
             raise CorruptJournalError(self.path, 0, None, f"header {got} is neither a Kestrel 3 writer "
                                       f"journal ({k3.WRITER_MAGIC.hex(' ')}) nor a reader checkpoint "
-                                      f"({k3.READER_MAGIC.hex(' ')})")
+                                      f"({k3.READER_MAGIC.hex(' ')})", salvageable=False)
         if expect is not None and kind is not expect:
-            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs")
+            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs",
+                                      salvageable=False)
         return kind
 
     def grow(self) -> None:
@@ -129,7 +130,7 @@ class RecordReader(shared_files.BufferedFile):
                 return None
             record, stop = k3.decode(self._buf, self._pos, self.kind)
         except Malformed as e:
-            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason, salvageable=False) from None
         at = self.offset
         self._pos = stop
         return at, record
@@ -140,7 +141,8 @@ class RecordReader(shared_files.BufferedFile):
 
     def torn_error(self) -> CorruptJournalError:
         byte = self._buf[self._pos] if self._pos < len(self._buf) else None
-        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}")
+        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}",
+                                   salvageable=False)
 
 
 def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
@@ -290,7 +292,8 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> Write
 def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
     if item_id <= after_id:
         raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
-                                  f"item id {item_id} does not follow id {after_id}: ids must increase")
+                                  f"item id {item_id} does not follow id {after_id}: ids must increase",
+                                  salvageable=False)
 
 
 class WriterJournal:

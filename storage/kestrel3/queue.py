@@ -96,7 +96,7 @@ class Kestrel3Journal:
             formats.check_format(self.queue_path, name, found, KESTREL3)
         self.salvage = owner.salvage
         self._stamp = owner.runtime.clock.now_ms()
-        record = manifest.read(self.queue_path, name, KESTREL3)
+        record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
         on_disk = list_queue_files(self.queue_path, name)
         if record is None and (on_disk.writers or on_disk.readers):
             log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
