@@ -11,6 +11,11 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CRC_HARDWARE 1
+#endif
 
 typedef struct {
     PyObject_HEAD
@@ -271,8 +276,13 @@ static PyObject *data_with_ids(PyObject *module, PyObject *const *args, Py_ssize
    slice-by-8; the reference is storage/crc32c.py's table-driven Python. The GIL is released for
    large buffers: start-up and rotation checksum whole journal files. */
 static uint32_t crc_table[8][256];
+static int crc_hardware; /* the processor has the SSE 4.2 crc32 instruction */
 
 static void crc_init(void) {
+#ifdef CRC_HARDWARE
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2");
+#endif
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t c = n;
         for (int k = 0; k < 8; k++) {
@@ -304,6 +314,28 @@ static uint32_t crc_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
     return ~crc;
 }
 
+#ifdef CRC_HARDWARE
+/* The SSE 4.2 crc32 instruction computes CRC32C itself, 8 bytes at a time (about ten times the
+   table's speed); used when the processor has it (checked once, at import). */
+__attribute__((target("sse4.2"))) static uint32_t crc_update_sse42(uint32_t crc, const unsigned char *p,
+                                                                   Py_ssize_t n) {
+    uint64_t c = ~crc;
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = __builtin_ia32_crc32di(c, word);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n-- > 0) {
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
+    }
+    return ~c32;
+}
+#endif
+
+
 static PyObject *crc32c(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "crc32c(data, crc=0)");
@@ -321,12 +353,18 @@ static PyObject *crc32c(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     uint32_t crc = (uint32_t)start;
+    uint32_t (*update)(uint32_t, const unsigned char *, Py_ssize_t) = crc_update;
+#ifdef CRC_HARDWARE
+    if (crc_hardware) {
+        update = crc_update_sse42;
+    }
+#endif
     if (view.len > 65536) {
         Py_BEGIN_ALLOW_THREADS
-        crc = crc_update(crc, view.buf, view.len);
+        crc = update(crc, view.buf, view.len);
         Py_END_ALLOW_THREADS
     } else {
-        crc = crc_update(crc, view.buf, view.len);
+        crc = update(crc, view.buf, view.len);
     }
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);

@@ -281,3 +281,38 @@ class JournalWriter:
             os.close(self.fd)
             self.fd = -1
 
+
+
+class Sealer:
+    """Rotated files finished in the background, in order: each fsynced and closed, then `then` run
+    in a thread (the manifest reads the whole file for its checksum). `wait` (close) returns once
+    every one is done, the ones in flight included."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._pending: list[tuple[JournalWriter, Callable[[], None]]] = []
+        self._running = 0
+        self._done: Event | None = None
+
+    def add(self, old: JournalWriter, then: Callable[[], None]) -> None:
+        self._pending.append((old, then))
+        self.runtime.spawn(self.run)
+
+    def run(self) -> None:
+        while self._pending:
+            old, then = self._pending.pop(0)
+            self._running += 1
+            try:
+                old.close()
+                self.runtime.run_blocking(then)
+            finally:
+                self._running -= 1
+                if not self._running and self._done is not None:
+                    self._done.set()
+                    self._done = None
+
+    def wait(self) -> None:
+        self.run()
+        while self._running:
+            done = self._done = self._done or self.runtime.event()
+            done.wait()

@@ -90,7 +90,7 @@ class QueueJournal:
         self._manifest: manifest.Keeper | None = None  # kept once the queue has rotated journals
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
-        self._unsealed: list[tuple[JournalWriter, str]] = []  # rotated, not yet in the manifest
+        self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
     def live_path(self) -> str:
@@ -288,18 +288,15 @@ class QueueJournal:
             self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
         return self._manifest
 
-    def _seal_rotated(self) -> None:
-        """After a rotation (in the background, or at close): each rotated journal fsynced and
-        closed, then listed in the manifest with its checksum."""
-        while self._unsealed:
-            old, path = self._unsealed.pop(0)
-            old.close()
-            keeper = self._keeper()
-            with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
-                if not os.path.exists(path):
-                    continue
+    def _seal_one(self, path: str) -> None:
+        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread)."""
+        keeper = self._keeper()
+        with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
+            try:
                 keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
-                manifest.write(self.queue_path, self.name, keeper.manifest)
+            except FileNotFoundError:  # packed away meanwhile
+                return
+            manifest.write(self.queue_path, self.name, keeper.manifest)
 
     def _pack_placed(self, pack: str, size: int, crc: int) -> None:
         """The pack is `<name>.<ts>.pack`, complete and fsynced: listed before any journal goes."""
@@ -440,8 +437,7 @@ class QueueJournal:
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = JournalWriter(old.path, self.sync_ms, self.runtime)
-        self._unsealed.append((old, rotated))
-        self.runtime.spawn(self._seal_rotated)
+        self._sealer.add(old, lambda: self._seal_one(rotated))
         return stamp
 
     @property
@@ -524,7 +520,7 @@ class QueueJournal:
     def close(self) -> None:
         """Finish any pack, fsync and close the live journal."""
         self.wait_for_packing()
-        self._seal_rotated()
+        self._sealer.wait()
         if self.writer is not None:
             self.writer.close()
 

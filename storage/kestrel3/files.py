@@ -7,9 +7,11 @@ the clock is behind) and one checkpoint per reader, `q.read.<reader>`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import structlog
 
@@ -315,7 +317,7 @@ class WriterJournal:
         self.clock = clock
         self.runtime = runtime
         self.files: list[WriterFile] = []
-        self.unsealed: list[tuple[JournalWriter, WriterFile]] = []  # rotated, not yet in the manifest
+        self._sealer = shared_files.Sealer(runtime)  # rotated files, until they are in the manifest
         self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
         found = list_queue_files(queue_path, queue).writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
@@ -399,18 +401,14 @@ class WriterJournal:
         self.files.append(WriterFile(number, path))
         if old is not None:
             self.archived_size += old.size
-            self.unsealed.append((old, self.files[-2]))
-            self.runtime.spawn(self.seal_rotated)
+            self._sealer.add(old, partial(self._seal, self.files[-2]))
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
 
-    def seal_rotated(self) -> None:
-        """After a rotation (in the background, or at close): each previous file fsynced, closed,
-        then handed to `sealed` (which lists it in the manifest with its checksum)."""
-        while self.unsealed:
-            old, info = self.unsealed.pop(0)
-            old.close()
-            if self.sealed is not None and os.path.exists(info.path):
+    def _seal(self, info: WriterFile) -> None:
+        """A previous file is fsynced and closed: `sealed` lists it (in a thread)."""
+        if self.sealed is not None:
+            with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
                 self.sealed(info)
 
     def remove_consumed_files(self, heads: Iterable[int]) -> list[str]:
@@ -440,7 +438,7 @@ class WriterJournal:
             self._writer.flush()
 
     def close(self) -> None:
-        self.seal_rotated()
+        self._sealer.wait()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

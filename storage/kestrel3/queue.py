@@ -242,8 +242,10 @@ class Kestrel3Journal:
                              os.path.basename(self.writer.current.path): manifest.Entry(0, None)},
                             high_id=self.writer.tail_id)
 
-    def checkpoint_written(self, reader: str, entry: manifest.Entry) -> None:
-        """A reader's checkpoint was written whole (a new reader, or a rewrite)."""
+    def checkpoint_written(self, reader: str, entry: manifest.Entry | None) -> None:
+        """A reader's checkpoint was written whole (a new reader, or a rewrite), or is about to be
+        (None: its checksum is unknown until then)."""
+        entry = entry or manifest.Entry(0, None)
         self._checkpoints[reader] = entry
         self._keeper.update({reader_file_name(self.name, reader): entry}, high_id=self.writer.tail_id)
 
@@ -295,7 +297,7 @@ class _ReaderFile:
     """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
 
     def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
-                 runtime: Runtime, written: Callable[[str, manifest.Entry], None]) -> None:
+                 runtime: Runtime, written: Callable[[str, manifest.Entry | None], None]) -> None:
         self.queue_path = queue_path
         self.written = written  # the manifest learns of each whole write
         self.runtime = runtime
@@ -340,6 +342,7 @@ class _ReaderFile:
         other greenlets: the old file's descriptor is closed in the background. Raises OSError."""
         old = self.writer
         state = ReaderCheckpoint(head, frozenset(done))
+        self.written(self.reader, None)  # a crash before the next line leaves no stale checksum listed
         write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
         self.written(self.reader, checkpoint_entry(state))
         self.head, self.done = head, set(done)
