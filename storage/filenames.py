@@ -7,7 +7,7 @@ written. Anything with `~~` is a temporary, removed at start-up. Damage handling
 as `<file>.torn-<ms>` and `<file>.corrupt-<ms>`, which no rule above matches.
 
 Every queue `q` of either format has a manifest `q.manifest` (storage/manifest.py), written as
-`q~~manifest`; neither matches a journal, writer file, checkpoint or pack, nor any queue name.
+`q~~manifest-<writer>`; neither matches a journal, writer file, checkpoint or pack, nor any queue name.
 
 Kestrel 3 files of queue `q`: `q.<number>` are writer journals; `q.read.<reader>` holds one reader's
 checkpoint (`q.read.` for the default reader); `q~~read.<reader>` is a checkpoint being written.
@@ -101,8 +101,9 @@ def manifest_name(queue: str) -> str:
     return queue + MANIFEST_SUFFIX
 
 
-def manifest_temporary_name(queue: str) -> str:
-    return f"{queue}{TEMPORARY_MARK}manifest"
+def manifest_temporary_name(queue: str, writer: str = "") -> str:
+    """`<queue>~~manifest<writer>`: `writer` tells apart threads that might write at once."""
+    return f"{queue}{TEMPORARY_MARK}manifest{writer}"
 
 
 def set_aside_path(path: str, label: str, stamp: int) -> str:

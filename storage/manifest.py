@@ -134,7 +134,8 @@ def read_for_start(queue_path: str, queue: str, fmt: str, salvage: bool, stamp: 
 
 def write(queue_path: str, queue: str, manifest: Manifest) -> None:
     """Replace the manifest in one step: temporary, fsync, rename, fsync of the directory."""
-    temporary = os.path.join(queue_path, filenames.manifest_temporary_name(queue))
+    writer = f"-{os.getpid()}-{threading.get_ident()}"
+    temporary = os.path.join(queue_path, filenames.manifest_temporary_name(queue, writer))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         write_all(fd, encode(manifest))

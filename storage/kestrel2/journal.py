@@ -222,8 +222,8 @@ class QueueJournal:
         newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
-            if ts > newest and len(unlisted) == 1:
-                log.info("journal rotated just before a stop, not yet in the manifest", queue=self.name,
+            if ts > newest or ts <= covered:  # rotated just before a stop; or superseded by the pack
+                log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
                 continue
             problems.append((ts, path, "not listed in the manifest: a stray journal file (an older copy, "
