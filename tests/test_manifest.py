@@ -362,3 +362,29 @@ def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None
     with pytest.raises(CorruptJournalError) as err:
         k3(tmp_path, salvage=True)
     assert not err.value.salvageable
+
+
+def test_the_converter_refuses_a_kestrel2_queue_that_does_not_match_its_manifest(tmp_path: Path) -> None:
+    from kestrel.storage.tools import convert
+    _rotated_queue(tmp_path).close()
+    files = rotated(tmp_path)
+    os.unlink(tmp_path / files[1])
+    before = listing(tmp_path)
+    with pytest.raises(CorruptJournalError, match="missing"):
+        convert.convert(str(tmp_path), "kestrel3", ["q"])
+    after = listing(tmp_path)
+    after.pop(".lock", None)
+    assert after == before
+
+
+def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: Path) -> None:
+    from kestrel.storage.tools import convert
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+    coll.close()
+    os.unlink(tmp_path / "q.read.child")
+    with pytest.raises(CorruptJournalError, match="missing"):
+        convert.convert(str(tmp_path), "kestrel2", ["q"])
+    assert (tmp_path / "q.manifest").exists()

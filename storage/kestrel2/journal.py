@@ -24,7 +24,7 @@ from kestrel.storage.files import JournalFiles, JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
-from kestrel.storage.runtime import Event, Lock, Runtime
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -533,3 +533,12 @@ class QueueJournal:
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
         journal.remove_temporaries(self.queue_path, self.name)
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Compare a Kestrel 2 queue's files with its manifest, changing nothing (the converter).
+
+    Raises CorruptJournalError.
+    """
+    queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
+    queue._check_manifest(journal.list_journal_files(queue_path, name))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 import structlog
@@ -44,6 +44,7 @@ from kestrel.storage.kestrel3.files import (
     checkpoint_entry,
     list_queue_files,
     read_checkpoint,
+    read_records,
     write_checkpoint,
 )
 from kestrel.storage.queue import PersistentQueue, ReadBack
@@ -62,91 +63,16 @@ def _reader_of(name: str) -> tuple[str, str]:
     return parent, child
 
 
-class Kestrel3Journals:
-    """The writer journals of one queue path's Kestrel 3 queues, shared by each queue's readers."""
+@dataclass
+class ManifestCheck:
+    """Comparing a Kestrel 3 queue's files with its manifest: at start-up, and by the converter."""
 
-    def __init__(self, queue_path: str, runtime: Runtime = DEFAULT_RUNTIME, salvage: bool = False) -> None:
-        self.queue_path = queue_path
-        self.runtime = runtime
-        self.salvage = salvage  # set damage aside rather than refuse it (storage/manifest.py)
-        self._journals: dict[str, Kestrel3Journal] = {}
+    queue_path: str
+    name: str
+    salvage: bool
+    stamp: int
 
-    def journal(self, name: str, config: QueueConfig) -> Kestrel3Journal:
-        """The writer journal of queue `name`, opened on first use. Raises CorruptJournalError."""
-        journal = self._journals.get(name)
-        if journal is None or journal.closed:
-            journal = Kestrel3Journal(self, name, config)
-            self._journals[name] = journal
-        return journal
-
-    def forget(self, journal: Kestrel3Journal) -> None:
-        if self._journals.get(journal.name) is journal:
-            del self._journals[journal.name]
-
-
-class Kestrel3Journal:
-    """One queue's writer journal and the readers attached to it."""
-
-    def __init__(self, owner: Kestrel3Journals, name: str, config: QueueConfig) -> None:
-        self.owner = owner
-        self.name = name
-        self.queue_path = owner.queue_path
-        found = list_journal_files(self.queue_path, name)
-        if found.live or found.rotated or found.packs:  # a queue created after start-up, too
-            formats.check_format(self.queue_path, name, found, KESTREL3)
-        self.salvage = owner.salvage
-        self._stamp = owner.runtime.clock.now_ms()
-        record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
-        on_disk = list_queue_files(self.queue_path, name)
-        if record is None and (on_disk.writers or on_disk.readers):
-            log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
-                        "changed cannot be detected at this start; one is written now", queue=name,
-                        manifest=manifest.path_of(self.queue_path, name))
-        gone: list[tuple[str, manifest.Entry]] = []  # listed writer files missing: consumed, or lost
-        fresh: set[str] = set()  # readers whose checkpoint was set aside: they start again at id 0
-        if record is not None:
-            gone, fresh = self._check_manifest(record, on_disk)
-            on_disk = list_queue_files(self.queue_path, name)
-        self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
-                                    config.sync_journal, owner.runtime.clock, runtime=owner.runtime)
-        # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
-        # newest writer file holds no item).
-        high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
-        if record is None and not self.writer.current.last_id:
-            high = None
-        self.readers_on_disk = sorted(set(on_disk.readers) | fresh)
-        self.fresh = fresh  # these readers start again at the oldest item (salvage)
-        # Heads of readers found on disk and not attached yet: their files must stay until they are.
-        self._unattached: dict[str, int] = {}
-        floor = 0
-        for reader, path in on_disk.readers.items():
-            progress = self._read_checkpoint(reader, path, high, fresh)
-            self._unattached[reader] = progress.head
-        for reader in fresh:
-            self._unattached[reader] = 0
-            floor = max(floor, progress.head, max(progress.done, default=0))
-        self.writer.tail_id = max(self.writer.tail_id, floor)
-        lowest = min(self._unattached.values(), default=0)
-        lost = [(n, e) for n, e in gone if e.last_id > lowest or not e.sealed]
-        if lost:
-            self._refuse_or_log([(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
-                                  f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)")
-                                 for n, e in lost])
-        self._checkpoints: dict[str, manifest.Entry] = {
-            r: e for r in on_disk.readers if record is not None and r not in fresh
-            and (e := record.files.get(reader_file_name(name, r))) is not None}
-        self._keeper = manifest.Keeper(self.queue_path, name, manifest.Manifest(KESTREL3))
-        self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
-        self.writer.sealed = self._writer_sealed
-        self.record_files()
-        self.readers: dict[str, Kestrel3Queue] = {}
-        self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
-        self.closed = False
-
-    # -----------------------------------------------------------------------------------------
-    # The manifest (storage/manifest.py)
-
-    def _check_manifest(self, record: manifest.Manifest, on_disk: QueueFiles
+    def files(self, record: manifest.Manifest, on_disk: QueueFiles
                         ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
         """Compare the files on disk with the manifest before any is read, cut or deleted.
 
@@ -185,10 +111,10 @@ class Kestrel3Journal:
             if reader_file_name(self.name, reader) not in record.files:
                 log.info("reader checkpoint not yet in the manifest (a reader created just before a stop)",
                          queue=self.name, file=path)
-        self._refuse_or_log(problems)
+        self.refuse_or_log(problems)
         return gone, fresh
 
-    def _refuse_or_log(self, problems: list[tuple[str, str]]) -> None:
+    def refuse_or_log(self, problems: list[tuple[str, str]]) -> None:
         """Without salvage, refuse the first problem; with it, set each damaged file aside (renamed,
         never deleted): a writer file's items are lost, a reader starts again at the oldest item."""
         if not problems:
@@ -202,7 +128,7 @@ class Kestrel3Journal:
                                       "served its items again, a damaged writer file's items are lost)")
         for path, why in problems:
             if os.path.exists(path):
-                copy = set_aside_path(path, "corrupt", self._stamp)
+                copy = set_aside_path(path, "corrupt", self.stamp)
                 os.rename(path, copy)
                 log.error("file does not match the manifest; set aside (salvage)", queue=self.name,
                           file=path, reason=why, copy=copy)
@@ -210,13 +136,128 @@ class Kestrel3Journal:
                 log.error("file does not match the manifest (salvage)", queue=self.name, file=path,
                           reason=why)
 
+    def lost_files(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> None:
+        """Listed writer files that are missing: refused unless every reader had consumed them (a
+        crash while they were deleted)."""
+        lowest = min(heads, default=0)
+        lost = [(n, e) for n, e in gone if e.last_id > lowest or not e.sealed]
+        self.refuse_or_log([(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
+                             f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)")
+                            for n, e in lost])
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Compare a Kestrel 3 queue's files with its manifest, changing nothing (the converter).
+
+    Raises CorruptJournalError.
+    """
+    record = manifest.read(queue_path, name, KESTREL3)
+    if record is None:
+        return
+    check = ManifestCheck(queue_path, name, False, 0)
+    on_disk = list_queue_files(queue_path, name)
+    gone, _ = check.files(record, on_disk)
+    high = max(record.high_id, _last_id(on_disk))
+    check.lost_files(gone, [read_checkpoint(path, high).head for path in on_disk.readers.values()])
+
+
+def _last_id(on_disk: QueueFiles) -> int:
+    """The last item id in the newest writer file (0 if none)."""
+    last = 0
+    if on_disk.writers:
+        for _offset, record in read_records(on_disk.writers[-1][1], k3.FileKind.WRITER):
+            assert isinstance(record, k3.Put)
+            last = record.id
+    return last
+
+
+class Kestrel3Journals:
+    """The writer journals of one queue path's Kestrel 3 queues, shared by each queue's readers."""
+
+    def __init__(self, queue_path: str, runtime: Runtime = DEFAULT_RUNTIME, salvage: bool = False) -> None:
+        self.queue_path = queue_path
+        self.runtime = runtime
+        self.salvage = salvage  # set damage aside rather than refuse it (storage/manifest.py)
+        self._journals: dict[str, Kestrel3Journal] = {}
+
+    def journal(self, name: str, config: QueueConfig) -> Kestrel3Journal:
+        """The writer journal of queue `name`, opened on first use. Raises CorruptJournalError."""
+        journal = self._journals.get(name)
+        if journal is None or journal.closed:
+            journal = Kestrel3Journal(self, name, config)
+            self._journals[name] = journal
+        return journal
+
+    def forget(self, journal: Kestrel3Journal) -> None:
+        if self._journals.get(journal.name) is journal:
+            del self._journals[journal.name]
+
+
+class Kestrel3Journal:
+    """One queue's writer journal and the readers attached to it."""
+
+    def __init__(self, owner: Kestrel3Journals, name: str, config: QueueConfig) -> None:
+        self.owner = owner
+        self.name = name
+        self.queue_path = owner.queue_path
+        found = list_journal_files(self.queue_path, name)
+        if found.live or found.rotated or found.packs:  # a queue created after start-up, too
+            formats.check_format(self.queue_path, name, found, KESTREL3)
+        self.salvage = owner.salvage
+        self._stamp = owner.runtime.clock.now_ms()
+        record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
+        self._check = ManifestCheck(self.queue_path, name, self.salvage, self._stamp)
+        on_disk = list_queue_files(self.queue_path, name)
+        if record is None and (on_disk.writers or on_disk.readers):
+            log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
+                        "changed cannot be detected at this start; one is written now", queue=name,
+                        manifest=manifest.path_of(self.queue_path, name))
+        gone: list[tuple[str, manifest.Entry]] = []  # listed writer files missing: consumed, or lost
+        fresh: set[str] = set()  # readers whose checkpoint was set aside: they start again at id 0
+        if record is not None:
+            gone, fresh = self._check.files(record, on_disk)
+            on_disk = list_queue_files(self.queue_path, name)
+        self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
+                                    config.sync_journal, owner.runtime.clock, runtime=owner.runtime)
+        # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
+        # newest writer file holds no item).
+        high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
+        if record is None and not self.writer.current.last_id:
+            high = None
+        self.readers_on_disk = sorted(set(on_disk.readers) | fresh)
+        self.fresh = fresh  # these readers start again at the oldest item (salvage)
+        # Heads of readers found on disk and not attached yet: their files must stay until they are.
+        self._unattached: dict[str, int] = {}
+        floor = 0
+        for reader, path in on_disk.readers.items():
+            progress = self._read_checkpoint(reader, path, high, fresh)
+            self._unattached[reader] = progress.head
+        for reader in fresh:
+            self._unattached[reader] = 0
+            floor = max(floor, progress.head, max(progress.done, default=0))
+        self.writer.tail_id = max(self.writer.tail_id, floor)
+        self._check.lost_files(gone, self._unattached.values())
+        self._checkpoints: dict[str, manifest.Entry] = {
+            r: e for r in on_disk.readers if record is not None and r not in fresh
+            and (e := record.files.get(reader_file_name(name, r))) is not None}
+        self._keeper = manifest.Keeper(self.queue_path, name, manifest.Manifest(KESTREL3))
+        self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
+        self.writer.sealed = self._writer_sealed
+        self.record_files()
+        self.readers: dict[str, Kestrel3Queue] = {}
+        self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
+        self.closed = False
+
+    # -----------------------------------------------------------------------------------------
+    # The manifest (storage/manifest.py)
+
     def _read_checkpoint(self, reader: str, path: str, high: int | None, fresh: set[str]) -> ReaderCheckpoint:
         try:
             return read_checkpoint(path, high)
         except CorruptJournalError as e:
             if not self.salvage:
                 raise
-            self._refuse_or_log([(path, f"{e.reason} (offset {e.offset})")])
+            self._check.refuse_or_log([(path, f"{e.reason} (offset {e.offset})")])
             fresh.add(reader)
             return ReaderCheckpoint()
 

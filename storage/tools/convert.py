@@ -51,8 +51,10 @@ from kestrel.storage.formats import (
 )
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3 import queue as kestrel3_queue
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
     checkpoint_entry,
@@ -137,6 +139,7 @@ def _is_placeholder(item: QItem) -> bool:
 
 def _kestrel2_queue(queue_path: str, name: str, now: int, notes: list[str]) -> tuple[list[QItem], int]:
     """A Kestrel 2 queue's items as a restart would serve them, and how many were open reads."""
+    kestrel2_journal.check_files(queue_path, name)  # no stray, missing or changed file is converted
     state = QueueReplay()
     state.run(replay_files(queue_path, name), now)
     if state.torn_tail is not None:
@@ -213,6 +216,7 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
 def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
     """Write one Kestrel 2 journal per reader of the unit as temporaries; the intent that puts
     them in place."""
+    kestrel3_queue.check_files(queue_path, unit)  # no stray, missing or changed file is converted
     files = list_queue_files(queue_path, unit)
     readers = dict(files.readers)
     result = Converted(unit, {})
