@@ -198,15 +198,17 @@ class QueueJournal:
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
                 why = manifest.mismatch(packs[pack][1], entry)
-            elif final in on_disk:  # renamed into place before the crash
-                why = manifest.mismatch(on_disk[final][1], entry)
-            else:
-                why = manifest.mismatch(os.path.join(self.queue_path, pack), entry)
+            elif final in on_disk and manifest.mismatch(on_disk[final][1], entry) is None:
+                why = None  # renamed to its final name before the crash
+            else:  # never put in place (a crash before its rename): the journals it covers must be there
+                log.info("pack listed in the manifest was never put in place", queue=self.name,
+                         file=os.path.join(self.queue_path, pack))
+                continue
             if why is None:
                 covered = max(covered, ts)
                 verified[final] = entry
             else:
-                problems.append((ts, os.path.join(self.queue_path, pack), why))
+                problems.append((ts, packs[pack][1], why))
         for name, (ts, entry) in listed.items():
             if name in verified:
                 continue
@@ -299,7 +301,7 @@ class QueueJournal:
             manifest.write(self.queue_path, self.name, keeper.manifest)
 
     def _pack_placed(self, pack: str, size: int, crc: int) -> None:
-        """The pack is `<name>.<ts>.pack`, complete and fsynced: listed before any journal goes."""
+        """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""
         self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc)})
 
     def _pack_finished(self, pack: str, final: str, dead: list[str], size: int, crc: int) -> None:

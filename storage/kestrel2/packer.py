@@ -70,8 +70,9 @@ def write_pack(req: PackRequest, dead_files: list[str],
                finished: Callable[[str, str, list[str], int, int], None] | None = None) -> str:
     """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`).
 
-    `placed(pack, size, crc)` is called once the `.pack` is in place and before any journal is
-    deleted, `finished(pack, final, dead, size, crc)` once it has its final name (the manifest).
+    `placed(pack, size, crc)` is called once the pack is written and fsynced, before it becomes the
+    `.pack` and any journal is deleted, `finished(pack, final, dead, size, crc)` once it has its
+    final name (the manifest).
     """
     temp = os.path.join(req.queue_path, filenames.pack_temporary_name(req.name, req.timestamp))
     pack = pack_path(req)
@@ -110,11 +111,11 @@ def write_pack(req: PackRequest, dead_files: list[str],
         os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
         raise
     os.close(fd)
+    if placed is not None:  # listed first: a crash after the rename finds it expected
+        placed(pack, total, crc)
     _step("rename-pack")
     os.rename(temp, pack)
     fsync_dir(req.queue_path)
-    if placed is not None:
-        placed(pack, total, crc)
     for path in dead_files:
         _step("delete")
         os.unlink(path)
