@@ -388,3 +388,15 @@ def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: P
     with pytest.raises(CorruptJournalError, match="missing"):
         convert.convert(str(tmp_path), "kestrel2", ["q"])
     assert (tmp_path / "q.manifest").exists()
+
+
+def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _rotated_queue(tmp_path).close()
+    capsys.readouterr()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"max_memory_size": 4096}}))
+    q = coll.queue("q")  # opened by name, not by the start-up scan
+    assert q.length == 250 and "NO MANIFEST" not in capsys.readouterr().out
+    coll.delete("q")
+    coll.close()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("q")]

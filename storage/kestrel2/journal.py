@@ -116,9 +116,6 @@ class QueueJournal:
         """This queue's files on disk, alone (a queue created after start-up); temporaries removed."""
         files = journal.list_journal_files(self.queue_path, self.name)
         journal.remove_temporaries(self.queue_path, self.name)
-        manifest.remove(self.queue_path, self.name)
-        self._manifest = None
-        self._checked = False
         return files
 
     def replay(self, files: JournalFiles, repair: bool, target: FileReplay) -> int:
@@ -535,6 +532,9 @@ class QueueJournal:
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
         journal.remove_temporaries(self.queue_path, self.name)
+        manifest.remove(self.queue_path, self.name)
+        self._manifest = None
+        self._checked = False
 
 
 def check_files(queue_path: str, name: str) -> None:
