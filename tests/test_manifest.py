@@ -400,3 +400,29 @@ def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_o
     coll.delete("q")
     coll.close()
     assert not [n for n in os.listdir(tmp_path) if n.startswith("q")]
+
+
+@pytest.mark.parametrize(("salvageable", "salvage", "advice"), [
+    (True, False, "start with --salvage"), (False, False, "--salvage cannot set this damage aside"),
+    (True, True, None)])
+def test_the_refusal_advises_salvage_only_where_it_helps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        salvageable: bool, salvage: bool, advice: str | None) -> None:
+    from kestrel.service import app, cli
+
+    class Refused:
+        def __init__(self, config: object) -> None:
+            pass
+
+        def run(self) -> None:
+            raise CorruptJournalError("q.1", 5, None, "damaged", salvageable=salvageable)
+
+    monkeypatch.setattr(app, "App", Refused)
+    argv = ["serve", "--queue-path", str(tmp_path)] + (["--salvage"] if salvage else [])
+    assert cli.main(argv) == 3
+    err = capsys.readouterr().err
+    assert "q.1 at offset 5" in err
+    if advice is None:
+        assert "--salvage" not in err
+    else:
+        assert advice in err
