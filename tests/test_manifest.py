@@ -426,3 +426,25 @@ def test_the_refusal_advises_salvage_only_where_it_helps(
         assert "--salvage" not in err
     else:
         assert advice in err
+
+
+def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is_gone(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=200)
+    for i in range(50):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    coll.close()
+    for name in writers(tmp_path)[:-1]:  # as if every consumed file was deleted
+        os.unlink(tmp_path / name)
+    newest = tmp_path / writers(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:4])  # only the header
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None
+    record.files = {n: e for n, e in record.files.items() if not n[2:].isdigit()}
+    record.files[newest.name] = manifest.Entry()
+    manifest.write(str(tmp_path), "q", record)
+    coll = k3(tmp_path, default_journal_size=200)
+    coll.add("q", b"next")
+    item = coll.remove("q", transaction=True)
+    assert item is not None and item.data == b"next" and item.xid > 50
+    coll.close()

@@ -232,9 +232,9 @@ class Kestrel3Journal:
         for reader, path in on_disk.readers.items():
             progress = self._read_checkpoint(reader, path, high, fresh)
             self._unattached[reader] = progress.head
+            floor = max(floor, progress.head, max(progress.done, default=0))
         for reader in fresh:
             self._unattached[reader] = 0
-            floor = max(floor, progress.head, max(progress.done, default=0))
         self.writer.tail_id = max(self.writer.tail_id, floor)
         self._check.lost_files(gone, self._unattached.values())
         self._checkpoints: dict[str, manifest.Entry] = {
