@@ -418,6 +418,7 @@ def test_the_refusal_advises_salvage_only_where_it_helps(
             raise CorruptJournalError("q.1", 5, None, "damaged", salvageable=salvageable)
 
     monkeypatch.setattr(app, "App", Refused)
+    monkeypatch.setattr(cli, "configure_logging", lambda level: None)  # logging stays the tests' own
     argv = ["serve", "--queue-path", str(tmp_path)] + (["--salvage"] if salvage else [])
     assert cli.main(argv) == 3
     err = capsys.readouterr().err

@@ -90,6 +90,7 @@ class QueueJournal:
         self._manifest: manifest.Keeper | None = None  # kept once the queue has rotated journals
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
+        self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
         self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
@@ -168,8 +169,8 @@ class QueueJournal:
         first damaged file and every later one, is set aside (renamed, never deleted) and the rest
         replayed. A queue without a manifest loads with a warning. Returns the files to replay.
         """
-        record = manifest.read_for_start(self.queue_path, self.name, "kestrel2", self.salvage,
-                                         self.clock.now_ms())
+        record = self._on_disk = manifest.read_for_start(self.queue_path, self.name, "kestrel2",
+                                                         self.salvage, self.clock.now_ms())
         if record is None:
             if files.rotated or files.packs:
                 log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "
@@ -279,8 +280,10 @@ class QueueJournal:
             size = os.path.getsize(path)
             entries[name] = entry if entry is not None and entry.size == size else manifest.seal(path, size)
         self._sealed.clear()
-        self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2", entries))
-        self._manifest.update({})
+        fresh = manifest.Manifest("kestrel2", entries)
+        self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
+        if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
+            self._manifest.update({})
 
     def _keeper(self) -> manifest.Keeper:
         if self._manifest is None:

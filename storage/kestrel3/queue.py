@@ -240,7 +240,7 @@ class Kestrel3Journal:
         self._checkpoints: dict[str, manifest.Entry] = {
             r: e for r in on_disk.readers if record is not None and r not in fresh
             and (e := record.files.get(reader_file_name(name, r))) is not None}
-        self._keeper = manifest.Keeper(self.queue_path, name, manifest.Manifest(KESTREL3))
+        self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
         self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
         self.writer.sealed = self._writer_sealed
         self.record_files()
@@ -274,8 +274,11 @@ class Kestrel3Journal:
         for reader, path in list_queue_files(self.queue_path, self.name).readers.items():
             files[os.path.basename(path)] = self._checkpoints.get(reader, manifest.Entry(0, None))
         self._sealed = {}
-        self._keeper.manifest.files = {}
-        self._keeper.update(dict(files), high_id=self.writer.tail_id)
+        fresh = manifest.Manifest(KESTREL3, {n: e for n, e in files.items() if e is not None},
+                                  max(self._keeper.manifest.high_id, self.writer.tail_id))
+        if fresh != self._keeper.manifest:  # unchanged since the last stop: no write
+            self._keeper.manifest.files = {}
+            self._keeper.update(dict(files), high_id=self.writer.tail_id)
 
     def _writer_sealed(self, info: WriterFile) -> None:
         entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
