@@ -72,24 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     from kestrel.service.app import App
 
+    salvage = bool(args.salvage)
     try:
         config = with_overrides(load(args.config), queue_path=args.queue_path,
                                 listen_address=args.listen_address, thrift_port=args.thrift_port,
                                 memcache_port=args.memcache_port, text_port=args.text_port,
                                 admin_port=args.admin_port, salvage=args.salvage)
+        salvage = config.salvage
         os.makedirs(config.queue_path, exist_ok=True)
         App(config).run()
     except ConfigError as e:
         print(f"kestrel: bad configuration: {e}", file=sys.stderr)
         return 2
     except CorruptJournalError as e:
-        if not e.salvageable:
-            advice = "\n(--salvage cannot set this damage aside: restore the file, or move the queue's files)"
-        elif "--salvage" in str(e) or args.salvage:
-            advice = ""
-        else:
-            advice = "\n(start with --salvage to keep what precedes the damage)"
-        print(f"kestrel: {e}{advice}", file=sys.stderr)
+        advice = e.advice(salvage)
+        print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
         return 3
     except (JournalWriteError, TooManyQueues, QueuePathInUse) as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

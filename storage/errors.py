@@ -43,6 +43,14 @@ class CorruptJournalError(KestrelError):
         self.reason = reason
         self.salvageable = salvageable  # whether --salvage can set this damage aside and start
 
+    def advice(self, salvage: bool) -> str:
+        """What to do, for the message that refuses to start: --salvage only where it helps."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore the file, or move the queue's files"
+        if salvage or "--salvage" in str(self):
+            return ""
+        return "start with --salvage to keep what precedes the damage"
+
 
 class JournalWriteError(KestrelError):
     """Raised when a queue's journal cannot be written (disk full, I/O error).
