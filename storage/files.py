@@ -299,20 +299,24 @@ class Sealer:
         self.runtime.spawn(self.run)
 
     def run(self) -> None:
-        while self._pending:
-            old, then = self._pending.pop(0)
-            self._running += 1
-            try:
+        """Finish the pending files, one at a time and in rotation order (the manifest must never
+        list a file while an older rotated one is not); a second caller leaves it to the first."""
+        if self._running:
+            return
+        self._running = 1
+        try:
+            while self._pending:
+                old, then = self._pending.pop(0)
                 old.close()
                 self.runtime.run_blocking(then)
-            finally:
-                self._running -= 1
-                if not self._running and self._done is not None:
-                    self._done.set()
-                    self._done = None
+        finally:
+            self._running = 0
+            if self._done is not None:
+                self._done.set()
+                self._done = None
 
     def wait(self) -> None:
-        self.run()
         while self._running:
             done = self._done = self._done or self.runtime.event()
             done.wait()
+        self.run()

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import takewhile
 
 import structlog
 
@@ -411,13 +412,18 @@ class WriterJournal:
             with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
                 self.sealed(info)
 
-    def remove_consumed_files(self, heads: Iterable[int]) -> list[str]:
+    def remove_consumed_files(self, heads: Iterable[int],
+                              before: Callable[[list[WriterFile]], None] | None = None) -> list[str]:
         """Delete the files every reader has passed (all their ids at or below every head in `heads`).
 
-        The current file is never deleted, nor anything when `heads` is empty. Returns the paths removed.
+        The current file is never deleted, nor anything when `heads` is empty. `before` is told of
+        the files first (the manifest marks them as being deleted). Returns the paths removed.
         """
         lowest = min(heads, default=0)
         removed = []
+        going = list(takewhile(lambda f: f.last_id <= lowest, self.files[:-1]))
+        if going and before is not None:
+            before(going)
         while len(self.files) > 1 and self.files[0].last_id <= lowest:
             self.archived_size -= os.path.getsize(self.files[0].path)
             os.unlink(self.files[0].path)

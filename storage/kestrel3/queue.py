@@ -63,6 +63,9 @@ def _reader_of(name: str) -> tuple[str, str]:
     return parent, child
 
 
+DELETING = -1  # a writer file's manifest size while it is being deleted: it may be gone
+
+
 @dataclass
 class ManifestCheck:
     """Comparing a Kestrel 3 queue's files with its manifest: at start-up, and by the converter."""
@@ -140,7 +143,7 @@ class ManifestCheck:
         """Listed writer files that are missing: refused unless every reader had consumed them (a
         crash while they were deleted)."""
         lowest = min(heads, default=0)
-        lost = [(n, e) for n, e in gone if e.last_id > lowest or not e.sealed]
+        lost = [(n, e) for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
         self.refuse_or_log([(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
                              f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)")
                             for n, e in lost])
@@ -280,10 +283,22 @@ class Kestrel3Journal:
             self._keeper.manifest.files = {}
             self._keeper.update(dict(files), high_id=self.writer.tail_id)
 
+    def _unlisted(self) -> dict[str, manifest.Entry | None]:
+        """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
+        a manifest listing a newer file lists every older one too, or start-up takes them for strays."""
+        listed = self._keeper.manifest.files
+        return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in self.writer.files
+                if (name := os.path.basename(f.path)) not in listed}
+
+    def _deleting(self, going: list[WriterFile]) -> None:
+        """Consumed writer files about to be deleted: listed as such first (size -1), so that a crash
+        part way is not taken for lost files."""
+        self._keeper.update({**self._unlisted(), **{os.path.basename(f.path): manifest.Entry(
+            DELETING, None, f.first_id, f.last_id) for f in going}}, high_id=self.writer.tail_id)
+
     def _writer_sealed(self, info: WriterFile) -> None:
         entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
-        self._keeper.update({os.path.basename(info.path): entry,
-                             os.path.basename(self.writer.current.path): manifest.Entry(0, None)},
+        self._keeper.update({**self._unlisted(), os.path.basename(info.path): entry},
                             high_id=self.writer.tail_id)
 
     def checkpoint_written(self, reader: str, entry: manifest.Entry | None) -> None:
@@ -291,7 +306,8 @@ class Kestrel3Journal:
         (None: its checksum is unknown until then)."""
         entry = entry or manifest.Entry(0, None)
         self._checkpoints[reader] = entry
-        self._keeper.update({reader_file_name(self.name, reader): entry}, high_id=self.writer.tail_id)
+        self._keeper.update({**self._unlisted(), reader_file_name(self.name, reader): entry},
+                            high_id=self.writer.tail_id)
 
     def checkpoint_deleted(self, reader: str) -> None:
         self._checkpoints.pop(reader, None)
@@ -328,13 +344,12 @@ class Kestrel3Journal:
         """Delete the writer files every reader has passed."""
         if len(self.writer.files) > 1 and not self.closed:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
-            removed = self.writer.remove_consumed_files(heads)
+            removed = self.writer.remove_consumed_files(heads, self._deleting)
             for path in removed:
                 log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
             if removed:
-                changes: dict[str, manifest.Entry | None] = {os.path.basename(p): None for p in removed}
-                changes[os.path.basename(self.writer.current.path)] = manifest.Entry(0, None)
-                self._keeper.update(changes, high_id=self.writer.tail_id)
+                self._keeper.update({**self._unlisted(), **{os.path.basename(p): None for p in removed}},
+                                    high_id=self.writer.tail_id)
 
 
 class _ReaderFile:
