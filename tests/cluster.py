@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,13 +81,3 @@ def run_gevent_script(servers: str) -> tuple[float, float]:
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
-    """Seconds until `check()` held; AssertionError naming `what` after `timeout`."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - started

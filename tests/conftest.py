@@ -57,20 +57,37 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def wait_for(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
+    """Poll `check` until it holds; the seconds that took. AssertionError naming `what` after `timeout`.
+
+    The timeout is a deadline for something that must happen, not a budget: generous, so that a loaded
+    machine never meets it while a hung server or a lost wake-up still fails the test. A test that
+    must see real time pass says so beside its own `time.sleep`."""
+    started = time.monotonic()
+    pause = 0.002
+    while not check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return time.monotonic() - started
+
+
+def wait_for(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Poll `ready` until true; RuntimeError naming `what` if the server exits first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ready_or_gone() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before {what}")
-        if ready():
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server not {what} within {timeout}s")
-        time.sleep(0.01)
+        return ready()
+
+    try:
+        wait_until(ready_or_gone, what, timeout)
+    except AssertionError:
+        raise RuntimeError(f"server not {what} within {timeout}s") from None
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     def answers() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -143,7 +160,10 @@ class ServerProcess:
                                          preexec_fn=self._limit_open_files)
         # Up once it says so, after binding every listener; a port answering may be another process's
         # (taken between picking it and the server's bind).
-        wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
+        try:
+            wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; its log ends:\n{self.log()[-3000:]}") from None
         return self
 
     def _limit_open_files(self) -> None:

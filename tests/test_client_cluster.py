@@ -19,8 +19,8 @@ from kestrel.client import (
     member_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.cluster import run_gevent_script, running_servers, wait_until
-from tests.conftest import ServerProcess, free_port
+from tests.cluster import run_gevent_script, running_servers
+from tests.conftest import ServerProcess, free_port, wait_until
 
 PREFIX = "/kestrel-cluster"
 

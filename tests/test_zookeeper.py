@@ -22,8 +22,8 @@ from kestrel.service.config import ZooKeeperConfig, from_mapping
 from kestrel.service.session.status import Status, StatusKeeper
 from kestrel.service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
 from kestrel.storage.errors import ConfigError
-from tests.cluster import running_servers, wait_until
-from tests.conftest import ServerProcess, free_port
+from tests.cluster import running_servers
+from tests.conftest import ServerProcess, free_port, wait_until
 
 SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quickly
 
