@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import free_ports
 from tests.installs import ensure_debian_package
 
 JAR_PLACES = ("/usr/share/java/zookeeper.jar", "/usr/share/zookeeper/zookeeper.jar",
@@ -41,7 +41,7 @@ class ZooKeeperServer:
     def __init__(self, workdir: Path, classpath: str) -> None:
         self.workdir = workdir
         self.classpath = classpath
-        self.port = free_port()
+        self.port = free_ports(1, owner=self)[0]  # kept while down for a restart: its clients know it
         self.hosts = f"127.0.0.1:{self.port}"
         self.data_dir = workdir / "data"
         self.config_path = workdir / "zoo.cfg"
@@ -59,7 +59,7 @@ class ZooKeeperServer:
             except RuntimeError:
                 if not first or attempt == 2 or not self._port_taken():
                     raise
-                self.port = free_port()
+                self.port = free_ports(1, owner=self)[0]
                 self.hosts = f"127.0.0.1:{self.port}"
         raise AssertionError("unreachable")
 
