@@ -20,9 +20,8 @@ from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
-from tests.conftest import ROOT, ServerProcess, free_port  # noqa: E402
+from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
-from tests.wire import eventually  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -146,7 +145,7 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
         .option("autoAbortMs", 1000).load()
     with pytest.raises(Exception, match=f"server {gone} failed after 0 items"):
         partial.count()
-    eventually(lambda: waiting(b, "keep") == (800, 0))
+    wait_until(lambda: waiting(b, "keep") == (800, 0), "800 items back on the queue")
 
 
 def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: Any, tmp_path: Path) -> None:
