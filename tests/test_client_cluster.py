@@ -19,7 +19,7 @@ from kestrel.client import (
     member_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.cluster import run_gevent_script, running_servers
+from tests.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
 from tests.conftest import ServerProcess, free_port, wait_until
 
 PREFIX = "/kestrel-cluster"
@@ -106,7 +106,7 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
                 items = [b"item-%05d" % i for i in range(start, start + batch)]
                 assert cluster.put_many("e2e", items) == batch
                 produced = start + batch
-                time.sleep(0.002)  # keep production going while the cluster changes
+                time.sleep(0.002)  # real time: production keeps going while the cluster changes
         except BaseException as e:
             errors.append(e)
 
@@ -143,7 +143,7 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
 
     wait_until(hold_ten, "ten open reads on the server to kill")
     killed.kill()  # with unread items in its journal, open reads, maybe the consumer's too
-    time.sleep(0.1)  # down for a moment: the clients see connections refused
+    time.sleep(0.1)  # real time: down for a moment, the clients see connections refused
     killed.start()
     flowing.set()
     threads[0].join(60)
@@ -167,4 +167,4 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
 
 def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
     max_gap, waited = run_gevent_script(f"zookeeper={zookeeper.hosts}{PREFIX}")
-    assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
+    assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)

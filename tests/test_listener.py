@@ -41,9 +41,8 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path) -> 
             assert sock.recv(100).startswith(b"VERSION ")
             served.append(sock)
         assert waiting is not None and len(served) >= 20, len(served)
-        # Descriptors stay exhausted for a while: the accept loop keeps retrying, logging once. This
-        # test watches real time pass here (the retries are the server's, on its own clock).
-        time.sleep(1.0)
+        # Descriptors stay exhausted for a while: the accept loop keeps retrying, logging once.
+        time.sleep(1.0)  # real time: the retries are the server's, on its own clock
         events = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
         warnings = [e for e in events if e["event"].startswith("out of file descriptors")]
         assert len(warnings) == 1, srv.log()  # one warning per interval, not one per attempt
