@@ -26,11 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.conftest import ServerProcess, wait_until
+from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.thrift_wire import decode_reply, encode_call, framed, read_framed_reply, rss_kb
 
 GOOD_QUEUE = "fuzz_good_client"
-STALL_S = 5.0  # a good round this long means the server stopped serving (see Report.stalled)
 # Settings of the server under fuzz: waits and slow requests end quickly so workers never stall.
 SERVER_SETTINGS: dict[str, Any] = {"max_wait": "100ms", "request_timeout": "1s", "max_open_reads": 10,
                                    "max_frame_size": "1MB", "max_batch_items": 1000}
@@ -286,7 +285,7 @@ def fuzz(port: int, pid: int, target: Target, count: int, seed: int = 1, workers
                 # The timeout is far beyond STALL_S: a stall shows as the round's latency.
                 with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    while not done.wait(0.005):  # a round every 5 ms at most, stopping at once when done
+                    while not done.wait(0.005):  # 5 ms between rounds; over at once when done
                         n += 1
                         started = time.perf_counter()
                         target.good_round(sock, n)
@@ -309,6 +308,7 @@ def fuzz(port: int, pid: int, target: Target, count: int, seed: int = 1, workers
         p.start()
     good = threading.Thread(target=good_client, daemon=True)
     good.start()
+
     def workers_done() -> bool:
         report.rss_peak_kb = max(report.rss_peak_kb, rss_kb(pid))  # sampled at every poll
         return not any(p.is_alive() for p in procs)
