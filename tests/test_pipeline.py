@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+# A deadline for a hung job, not a budget: on a loaded machine a Spark job takes minutes, and a time-out
+# that interrupts a call into the JVM leaves the session unusable for every later test of its process.
+pytestmark = pytest.mark.timeout(900)
 
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402

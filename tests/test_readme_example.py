@@ -111,6 +111,7 @@ def test_readme_example_runs(name: str, server_factory: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a deadline for a hung Spark, not a budget (see tests/test_pipeline.py)
 def test_readme_spark_example_runs(server_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
     from tests.installs import ensure_debian_package
@@ -131,4 +132,4 @@ def test_readme_spark_example_runs(server_factory: Any, tmp_path: Path) -> None:
         "PYSPARK_DRIVER_PYTHON": str(ROOT / "tests" / "spark_python.sh"),
         "KESTREL_SPARK_PYTHON": sys.executable,
     }
-    expect(run(code, tmp_path, env, timeout=240), OUTPUT["spark"])
+    expect(run(code, tmp_path, env, timeout=600), OUTPUT["spark"])
