@@ -155,8 +155,8 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> f
     """Poll `check` until it holds; the seconds that took. AssertionError naming `what` after `timeout`.
 
     The timeout is a deadline for something that must happen, not a budget: generous, so that a loaded
-    machine never meets it while a hung server or a lost wake-up still fails the test. The one
-    `time.sleep` of the suite's polling; a test that must see real time pass says so beside its own."""
+    machine never meets it while a hung server or a lost wake-up still fails the test. The one sleep
+    of the suite's polling; a test that must see real time pass says so beside its own."""
     started = time.monotonic()
     pause = 0.002
     while not check():
