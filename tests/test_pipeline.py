@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -194,8 +195,10 @@ def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, serve
 
     with pytest.raises(Exception, match="sink down"):
         drain(spark, address(server), "jobs", broken, checkpoint=str(tmp_path / "cp"), autoAbortMs=2000)
-    # The failed batch's reads came back.
-    wait_until(lambda: waiting(server, "jobs") == (300, 0), "the failed batch's reads to come back", timeout=60)
+    # The failed batch's reads came back (asserted below with what the queue holds if they did not).
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: waiting(server, "jobs") == (300, 0), "the failed batch's reads to come back", timeout=60)
+    assert waiting(server, "jobs") == (300, 0)
     seen: list[bytes] = []
     drain(spark, address(server), "jobs", lambda df, _: seen.extend(r.data for r in df.collect()),
           checkpoint=str(tmp_path / "cp"), autoAbortMs=2000)  # resumes: the logged batch, then the rest
@@ -315,7 +318,8 @@ def drained(query: Any, server: ServerProcess, timeout: float) -> None:
     """Run the query until the queue holds nothing, taken or open (every item confirmed), then
     until the sink has what was confirmed. Reads a killed task left open return after autoAbortMs."""
     query.processAllAvailable()
-    wait_until(lambda: waiting(server, "events") == (0, 0), "every item confirmed", timeout=timeout)
+    with contextlib.suppress(AssertionError):  # the caller's assertions say what is missing
+        wait_until(lambda: waiting(server, "events") == (0, 0), "every item confirmed", timeout=timeout)
     query.processAllAvailable()
 
 
