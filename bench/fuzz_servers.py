@@ -1,12 +1,19 @@
 """Fuzz every protocol's parser over real sockets: 10^5 mutated inputs per protocol by default.
 
-The same harness as tests/test_fuzz_wire.py (which runs a 10^4 sample in the normal test run):
+The same harness as tests/test_fuzz_wire.py (which runs a sample of 4000 in the normal test run):
 fresh servers as subprocesses, fuzz workers sending mutated request streams, a well-behaved client
 checking every reply. Prints one row per protocol and exits non-zero if any check fails (server
-died, a traceback in its log, a wrong reply, RSS grew by 100 MB, the good client waited over 100 ms beyond
-the budget `Report.within_latency_budget` explains).
+died, a traceback in its log, a wrong reply, RSS grew by 100 MB, or the good client's latency over
+the budget `Report.within_latency_budget` explains: p99 under 100 ms, at most 1% of rounds over
+100 ms, none over 2 s). The test keeps every check but the latency budget, which a loaded machine
+breaks without any fault of the server's; this is where it is measured.
+
+Beside the memcache row, memcached under the same inputs and the same good client (`set` then `get`
+of its own key) gives the peer's figures from the same run: the ratio of the p99s is what carries
+over from one machine (and one load) to another.
 
     .venv/bin/python -m bench.fuzz_servers [--count 100000] [--only thrift-framed-binary] [--seed 1]
+                                           [--no-peer]
 """
 
 from __future__ import annotations
@@ -17,9 +24,22 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine
+from bench.common import load_average, machine
+from bench.peers import MissingPeer, memcached
 from tests.conftest import ServerProcess
-from tests.fuzz_harness import SERVER_SETTINGS, run, targets
+from tests.fuzz_harness import SERVER_SETTINGS, Report, Target, fuzz, run, targets
+
+
+def memcached_row(target: Target, count: int, seed: int) -> tuple[Report | None, str]:
+    """The good client's figures on memcached under the same inputs, or why there are none."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="kestrel-fuzz-peer-") as work, memcached(Path(work)) as peer:
+            report = fuzz(peer["memcache"], peer.pid, target, count, seed)
+            stat = Path(f"/proc/{peer.pid}/stat")
+            report.alive = stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            return report, ""
+    except MissingPeer as e:
+        return None, str(e)
 
 
 def main() -> None:
@@ -28,9 +48,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--only", choices=sorted(targets()))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-peer", action="store_true", help="leave memcached out")
     args = parser.parse_args()
     print(f"# fuzz, {time.strftime('%Y-%m-%d')}, {machine()}; {args.count} inputs per protocol, "
-          f"seed {args.seed}")
+          f"seed {args.seed}; load {load_average()}")
     failed = False
     for name, target in sorted(targets().items()):
         if args.only and name != args.only:
@@ -48,6 +69,14 @@ def main() -> None:
         print(f"{name:<24} {'FAIL' if bad else 'ok  '} {report.summary()}")
         for line in (report.good_errors + report.tracebacks)[:5]:
             print(f"    {line[:300]}")
+        if name == "memcache" and not args.no_peer:
+            peer, why = memcached_row(target, args.count, args.seed)
+            if peer is None:
+                print(f"{'memcached (peer)':<24} --   {why}")
+            else:
+                ratio = report.latency_ms(0.99) / max(peer.latency_ms(0.99), 0.001)
+                print(f"{'memcached (peer)':<24} {'ok  ' if peer.alive else 'DEAD'} {peer.summary()}; "
+                      f"kestrel's p99 is {ratio:.1f}x memcached's")
     sys.exit(1 if failed else 0)
 
 

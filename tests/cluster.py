@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,8 +32,10 @@ def running_servers(workdir: Path, configs: list[dict[str, Any]]) -> Iterator[li
                 srv.stop()
 
 
-# Producers, a get waiting on servers for a second at a time, and a consumer in greenlets of one
-# monkey-patched process, beside a ticker that only runs while nobody blocks the loop.
+# Producers, a get waiting on servers three seconds at a time, and a consumer in greenlets of one
+# monkey-patched process, beside a ticker that only runs while nobody blocks the loop. A client that
+# blocked the loop would hold the ticker up for a whole wait on a server: seconds, which tells it apart
+# from anything a loaded machine does to a 10 ms ticker.
 # Argument: host:port,... or zookeeper=hosts/prefix.
 GEVENT_SCRIPT = """
 from gevent import monkey
@@ -45,9 +46,9 @@ from client import Cluster
 
 if sys.argv[1].startswith("zookeeper="):
     hosts, prefix = sys.argv[1].removeprefix("zookeeper=").split("/", 1)
-    cluster = Cluster.from_zookeeper(hosts, "/" + prefix, poll_ms=3000)
+    cluster = Cluster.from_zookeeper(hosts, "/" + prefix, poll_ms=9000)
 else:
-    cluster = Cluster(sys.argv[1].split(","), poll_ms=3000)
+    cluster = Cluster(sys.argv[1].split(","), poll_ms=9000)
 ticks = []
 
 def ticker():
@@ -61,7 +62,7 @@ def producer(n):
 
 gevent.spawn(ticker)
 started = time.monotonic()
-waiting = gevent.spawn(cluster.get, "later", 10.0)   # waits on one server a second at a time
+waiting = gevent.spawn(cluster.get, "later", 30.0)   # waits on one server three seconds at a time
 producers = [gevent.spawn(producer, n) for n in range(10)]
 gevent.joinall(producers, raise_error=True)
 gevent.spawn_later(0.5, cluster.put, "later", b"now")
@@ -74,21 +75,16 @@ print("max_gap", round(max(b - a for a, b in zip(ticks, ticks[1:])), 3), "waited
 """
 
 
+# The longest the ticker may be held up: far below a wait on one server (3 s), far above what a
+# loaded machine does to it.
+MAX_TICKER_GAP_S = 2.0
+
+
 def run_gevent_script(servers: str) -> tuple[float, float]:
     """Run GEVENT_SCRIPT against `servers`: the longest the ticker was kept waiting, and how long
     the get waited while the others worked."""
     out = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, servers], cwd=str(ROOT), capture_output=True,
-                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
-    """Seconds until `check()` held; AssertionError naming `what` after `timeout`."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - started

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import compileall
+import fcntl
 import os
 import resource
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,13 +44,96 @@ def compile_project() -> None:
     compileall.compile_dir(ROOT / "kestrel", quiet=1)
 
 
+# Ports for test servers. Ports the kernel hands out (to bind(0), and to every connect() on the machine)
+# come from the ephemeral range, so a port picked there can be taken by any process while its server is
+# down between a kill and a restart, and the restart then fails with "Address already in use" (seen with
+# two suites on one machine). So test ports come from just below the ephemeral range, which the kernel
+# never hands out, and each test process takes a block of them of its own, with a lock file held for
+# its life: concurrent test processes (xdist workers, other checkouts' suites, benchmarks) never pick
+# the same port. Within a process, ports a live ServerProcess holds are never handed out again.
+PORT_BLOCK = 400
+PORT_BLOCKS_DIR = Path(tempfile.gettempdir()) / "kestrel-test-ports"
+
+
+class _PortBlock:
+    def __init__(self) -> None:
+        self.ports: range | None = None
+        self.next = 0
+        self.held: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+        self._lock_fd = -1
+        self._lock = threading.Lock()
+
+    def _claim(self) -> range | None:
+        """A block of ports below the ephemeral range that no other process holds; None if there is no
+        room (a system whose ephemeral range starts low)."""
+        try:
+            low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            low = 32768
+        first = max(10_000, low - 30 * PORT_BLOCK)
+        PORT_BLOCKS_DIR.mkdir(exist_ok=True)
+        for start in range(first, low - PORT_BLOCK + 1, PORT_BLOCK):
+            fd = os.open(PORT_BLOCKS_DIR / f"{start}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._lock_fd = fd  # held until this process exits
+            return range(start, start + PORT_BLOCK)
+        return None
+
+    def take(self, count: int, owner: object | None) -> list[int] | None:
+        with self._lock:
+            if self.ports is None:
+                self.ports = self._claim()
+                if self.ports is None:
+                    return None
+            picked: list[int] = []
+            held: list[socket.socket] = []
+            try:
+                for _ in range(len(self.ports)):
+                    port = self.ports[self.next]
+                    self.next = (self.next + 1) % len(self.ports)
+                    if port in self.held:
+                        continue
+                    s = socket.socket()
+                    try:
+                        s.bind(("127.0.0.1", port))  # no other program listens there, nor lingers
+                    except OSError:
+                        s.close()
+                        continue
+                    held.append(s)
+                    picked.append(port)
+                    if len(picked) == count:
+                        break
+            finally:
+                for s in held:
+                    s.close()
+            if len(picked) < count:
+                return None
+            if owner is not None:
+                for port in picked:
+                    self.held[port] = owner
+            return picked
+
+
+_PORTS = _PortBlock()
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` different ports free now. They are held open together while picked: picked one after
-    another, a port just closed can come back at once (two listeners of one server got one port)."""
+def free_ports(count: int, owner: object | None = None) -> list[int]:
+    """`count` different ports free now, from this process's own block (see PORT_BLOCK). With an
+    `owner`, they are not handed out again while it lives, free or not (its server may be down for a
+    restart). A port picked without an owner is one where nothing listens, for a while."""
+    picked = _PORTS.take(count, owner)
+    if picked is not None:
+        return picked
+    # No block: ports the kernel picks, held open together while picked (picked one after another, a
+    # port just closed can come back at once).
     held = [socket.socket() for _ in range(count)]
     try:
         for s in held:
@@ -57,20 +144,44 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def wait_for(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+# The upper bound a test puts on anything that should take a moment (a wake-up, a refusal, a stop, one
+# round trip): seconds that a loaded machine does not reach, while a server that stalls, hangs or sits
+# out a timeout it should not wait for does. How long these things take is a benchmark's figure
+# (bench/bench_responsiveness.py, bench/fuzz_servers.py), not a test's.
+STALL_S = 5.0
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> float:
+    """Poll `check` until it holds; the seconds that took. AssertionError naming `what` after `timeout`.
+
+    The timeout is a deadline for something that must happen, not a budget: generous, so that a loaded
+    machine never meets it while a hung server or a lost wake-up still fails the test. The one sleep
+    of the suite's polling; a test that must see real time pass says so beside its own."""
+    started = time.monotonic()
+    pause = 0.002
+    while not check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return time.monotonic() - started
+
+
+def wait_for(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Poll `ready` until true; RuntimeError naming `what` if the server exits first or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ready_or_gone() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before {what}")
-        if ready():
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server not {what} within {timeout}s")
-        time.sleep(0.01)
+        return ready()
+
+    try:
+        wait_until(ready_or_gone, what, timeout)
+    except AssertionError:
+        raise RuntimeError(f"server not {what} within {timeout}s") from None
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     def answers() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -89,7 +200,7 @@ class ServerProcess:
         self.queue_path = workdir / "queues"
         self.config_path = workdir / "kestrel.yaml"
         self.log_path = workdir / "server.log"
-        self.thrift_port, self.memcache_port, self.text_port, self.admin_port = free_ports(4)
+        self.thrift_port, self.memcache_port, self.text_port, self.admin_port = free_ports(4, owner=self)
         self.config: dict[str, Any] = {
             "queue_path": str(self.queue_path),
             "listen_address": "127.0.0.1",
@@ -123,7 +234,7 @@ class ServerProcess:
         raise AssertionError("unreachable")
 
     def _pick_ports_again(self) -> None:
-        ports = iter(free_ports(4))
+        ports = iter(free_ports(4, owner=self))
         for key in ("thrift_port", "memcache_port", "text_port", "admin_port"):
             if self.config.get(key) == getattr(self, key):  # only the ports chosen here, not a test's
                 port = next(ports)
@@ -143,7 +254,10 @@ class ServerProcess:
                                          preexec_fn=self._limit_open_files)
         # Up once it says so, after binding every listener; a port answering may be another process's
         # (taken between picking it and the server's bind).
-        wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
+        try:
+            wait_for(self.proc, lambda: self.log().count(STARTED) > starts, "started")
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; its log ends:\n{self.log()[-3000:]}") from None
         return self
 
     def _limit_open_files(self) -> None:

@@ -43,6 +43,7 @@ class Flooder:
     def __init__(self, port: int, request: bytes) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.chunk = request * PIPELINE
+        self.received = 0  # bytes of replies so far
         self.stopped = threading.Event()
         self.threads = [threading.Thread(target=self._send, daemon=True),
                         threading.Thread(target=self._drain, daemon=True)]
@@ -59,10 +60,12 @@ class Flooder:
     def _drain(self) -> None:
         while not self.stopped.is_set():
             try:
-                if not self.sock.recv(1 << 20):
-                    return
+                got = len(self.sock.recv(1 << 20))
             except OSError:
                 return
+            if not got:
+                return
+            self.received += got
 
     def stop(self) -> None:
         self.stopped.set()

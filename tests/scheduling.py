@@ -1,9 +1,9 @@
 """Where and in which order tests run under pytest-xdist (`make test`: `pytest -n N --dist loadgroup`).
 
 Tests sharing a fixture of this project that outlives one test run in one process, so that it is
-set up once there (and tests marked `xdist_group(name)` run together, e.g. those that measure
-latency, which would disturb each other): a module's shared server serves that module's tests, one ZooKeeper serves every
-test that needs one. Spark is the exception: its tests would take minutes in one process, so they
+set up once there (and tests marked `xdist_group(name)` run together): a module's shared server
+serves that module's tests, one ZooKeeper serves every test that needs one. No test measures how fast
+something is (bench/ does), so none needs the machine to itself. Spark is the exception: its tests would take minutes in one process, so they
 are dealt out to a few groups, each with its own SparkSession.
 
 Work units run longest first, so that no long test ends the run alone: by the durations of the

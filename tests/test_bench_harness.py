@@ -78,3 +78,13 @@ def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
     worker.start()
     worker.join()
     assert process_cpu_seconds(os.getpid()) - before >= 0.15
+
+
+@pytest.mark.parametrize("figure", ["hang-up", "tiny-frame", "thread-wake", "end-waits"])
+def test_responsiveness_figures_are_measured(figure: str, tmp_path: Path) -> None:
+    """Each kind of figure of bench/bench_responsiveness.py (over a server, in this process) still runs;
+    how it compares with its budget is the benchmark's business, not a test's."""
+    from bench.bench_responsiveness import FIGURES
+
+    seconds, budget = FIGURES[figure](tmp_path)
+    assert seconds >= 0 and budget > 0

@@ -24,8 +24,8 @@ from kestrel.client import (
     parse_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.cluster import run_gevent_script, running_servers
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+from tests.conftest import ROOT, STALL_S, ServerProcess, free_port
 
 
 def cluster_of(*servers: ServerProcess, **options: Any) -> Cluster:
@@ -110,7 +110,7 @@ def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProc
         started = time.monotonic()
         for _ in range(20):
             assert cluster.put("moves", b"y")
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < STALL_S
         # When every queue is full, put says so.
         assert not Cluster([f"127.0.0.1:{small.thrift_port}"]).put("tiny", b"no room")
         cluster.close()
@@ -147,11 +147,11 @@ def test_get_waits_up_to_the_timeout_and_wakes_on_a_put(three: list[ServerProces
     cluster = cluster_of(*three, poll_ms=100)
     started = time.monotonic()
     assert cluster.get("empty", timeout=0.3) is None
-    assert 0.3 <= time.monotonic() - started < 1.5
+    assert 0.3 <= time.monotonic() - started < STALL_S
     threading.Timer(0.2, lambda: on(three[2]).put("late", [b"here"])).start()
     started = time.monotonic()
-    assert cluster.get("late", timeout=3) == b"here"
-    assert time.monotonic() - started < 1.5
+    assert cluster.get("late", timeout=30) == b"here"
+    assert time.monotonic() - started < STALL_S  # found while waiting, not at the end of the wait
     cluster.put_many("many", [b"1", b"2", b"3"])
     assert cluster.get_many("many", 10) == [b"1", b"2", b"3"]
     cluster.close()
@@ -248,9 +248,9 @@ def test_one_cluster_shared_by_threads(three: list[ServerProcess]) -> None:
 
 def test_cooperative_under_gevent(three: list[ServerProcess]) -> None:
     max_gap, waited = run_gevent_script(",".join(f"127.0.0.1:{s.thrift_port}" for s in three))
-    # The get waited half a second or more, a second at a time on one server, while the ticker
+    # The get waited half a second or more, three seconds at a time on one server, while the ticker
     # (every 10 ms) was never held up for anything like that.
-    assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
+    assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
 
 
 def test_items_are_bytes_and_anything_else_is_refused_before_sending(three: list[ServerProcess]) -> None:

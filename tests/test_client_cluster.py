@@ -21,8 +21,8 @@ from kestrel.client import (
     member_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.cluster import run_gevent_script, running_servers, wait_until
-from tests.conftest import ServerProcess, free_port
+from tests.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+from tests.conftest import ServerProcess, free_port, wait_until
 
 PREFIX = "/kestrel-cluster"
 
@@ -131,11 +131,12 @@ def test_server_sets_follow_statuses(zookeeper: Any, cluster3: list[ServerProces
     cluster = Cluster(sets)
     for i in range(9):
         cluster.put("followed", b"%d" % i)
-    assert [on(s).peek("followed").items for s in cluster3] == [0, 0, 9]
     # A change is refused while the previous one's grace period runs: wait for it, then go back Up.
     wait_until(lambda: accepts_status(on(a), kestrel.Status.UP), "a to accept Up after its grace period")
     wait_until(lambda: accepts_status(on(b), kestrel.Status.UP), "b to accept Up after its grace period")
     wait_until(lambda: thrift_ports(sets.writers()) == everyone, "everyone back")
+    # Counted once everyone is Up: a Quiescent server refuses peeks too once its grace period is over.
+    assert [on(s).peek("followed").items for s in cluster3] == [0, 0, 9]
     assert cluster.get_many("followed", 100) == [b"%d" % i for i in range(9)]
     cluster.close()
 
@@ -156,7 +157,7 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
                 items = [b"item-%05d" % i for i in range(start, start + batch)]
                 assert cluster.put_many("e2e", items) == batch
                 produced = start + batch
-                time.sleep(0.002)  # keep production going while the cluster changes
+                time.sleep(0.002)  # real time: production keeps going while the cluster changes
         except BaseException as e:
             errors.append(e)
 
@@ -193,7 +194,7 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
 
     wait_until(hold_ten, "ten open reads on the server to kill")
     killed.kill()  # with unread items in its journal, open reads, maybe the consumer's too
-    time.sleep(0.1)  # down for a moment: the clients see connections refused
+    time.sleep(0.1)  # real time: down for a moment, the clients see connections refused
     killed.start()
     flowing.set()
     threads[0].join(60)
@@ -217,4 +218,4 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
 
 def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
     max_gap, waited = run_gevent_script(f"zookeeper={zookeeper.hosts}{PREFIX}")
-    assert waited >= 0.5 and max_gap < 0.5, (max_gap, waited)
+    assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)

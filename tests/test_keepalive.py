@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import wait_until
 
 KEEPALIVE_TIMER = 2  # /proc/net/tcp's `tr` column: 2 = the keepalive timer is running
 # A request each listener answers, so that the server has surely set up the connection.
@@ -28,10 +29,9 @@ def test_every_listener_probes_idle_clients(server_factory: Any) -> None:
     for name in ("thrift", "memcache", "text", "admin"):
         port = getattr(srv, f"{name}_port")
         with socket.create_connection(("127.0.0.1", port)) as client:
-            deadline = time.monotonic() + 5
-            while (timers := _server_side_timers(port, client.getsockname()[1])) != [KEEPALIVE_TIMER]:
-                assert time.monotonic() < deadline, f"{name}: the server's end has timers {timers}"
-                time.sleep(0.01)
+            mine = client.getsockname()[1]
+            wait_until(lambda p=port, c=mine: _server_side_timers(p, c) == [KEEPALIVE_TIMER],
+                       f"{name}: the keepalive timer on the server's end")
 
 
 def test_keepalive_can_be_turned_off(server_factory: Any) -> None:

@@ -13,10 +13,10 @@ from pymemcache.client.base import Client
 
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.kestrel3 import files as kestrel3_files
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_until
 from tests.queues import drain
 from tests.test_thrift_e2e import client
-from tests.wire import eventually, shared_server  # noqa: F401  (the module's `server`)
+from tests.wire import shared_server  # noqa: F401  (the module's `server`)
 
 KESTREL3_QUEUE = {"journal_format": "kestrel3", "max_memory_size": "2KB", "default_journal_size": "4KB"}
 KESTREL3 = {"queues": {"jobs": KESTREL3_QUEUE}}
@@ -123,7 +123,7 @@ def test_auto_aborts_count_as_errors_on_a_fanout_reader(server_factory: Any) -> 
         c.put("jobs", [b"slow"], 0)
         for _ in range(2):
             assert [i.data for i in c.get("jobs+r", 1, 0, 50)] == [b"slow"]  # auto-abort after 50 ms
-            eventually(lambda: c.peek("jobs+r").open_transactions == 0)
+            wait_until(lambda: c.peek("jobs+r").open_transactions == 0, "the open reads to be aborted")
         assert c.peek("jobs+r").items == 0  # the second auto-abort made it poison
         assert c.peek("jobs").items == 1  # the other reader still has it
     srv.restart()

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 from pymemcache.client.base import Client
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_until
 from tests.installs import ensure_debian_package
 from tests.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
     conn,
-    eventually,
     exchange,
     memcache_stats,
     shared_server,  # noqa: F401  (the module's `server`)
@@ -90,7 +89,7 @@ def test_disconnect_with_an_open_read_puts_the_item_back(server: ServerProcess) 
     exchange(s, b"set r 0 0 4\r\nkeep\r\n")
     assert b"keep" in exchange(s, b"get r/open\r\n", b"END\r\n")
     s.close()
-    eventually(lambda: memcache_stats(server.memcache_port)["queue_r_open_transactions"] == "0")
+    wait_until(lambda: memcache_stats(server.memcache_port)["queue_r_open_transactions"] == "0", "the open read to be aborted")
     other = conn(server.memcache_port)
     assert exchange(other, b"get r\r\n", b"END\r\n") == b"VALUE r 0 4\r\nkeep\r\nEND\r\n"
 
@@ -180,7 +179,7 @@ def test_text_protocol(server: ServerProcess) -> None:
     exchange(s, b"put tq:\nlast\n\n", b"\n")
     assert exchange(s, b"get tq\n", b"\n") == b":last\n"
     s.close()  # the read was open: it comes back
-    eventually(lambda: memcache_stats(server.memcache_port)["queue_tq_open_transactions"] == "0")
+    wait_until(lambda: memcache_stats(server.memcache_port)["queue_tq_open_transactions"] == "0", "the open read to be aborted")
     other = conn(server.text_port)
     assert exchange(other, b"get tq\n", b"\n") == b":last\n"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.request
 from typing import Any
 
@@ -12,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel import SERVER_VERSION
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_until
 from tests.test_shutdown import _thrift_client
 
 
@@ -48,13 +47,15 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
         assert text.recv(100) == b":%s\n" % SERVER_VERSION.encode()
         assert thrift.get_version() == mc.version().decode() == SERVER_VERSION
         assert mc.stats()[b"version"] == SERVER_VERSION.encode()
-        deadline = time.monotonic() + 5
-        while True:
+
+        def packed() -> bool:
+            nonlocal families
             families = _scrape(srv)
-            if _sample(families["kestrel_journal_pack_duration_seconds"],
-                       "kestrel_journal_pack_duration_seconds_count") >= 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+            return _sample(families["kestrel_journal_pack_duration_seconds"],
+                           "kestrel_journal_pack_duration_seconds_count") >= 1
+
+        families: dict[str, Any] = {}
+        wait_until(packed, "a journal pack in the metrics")
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json").read())
     finally:
         mc.close()

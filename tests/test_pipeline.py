@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,14 +16,16 @@ from typing import Any
 import pytest
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+# A deadline for a hung job, not a budget: on a loaded machine a Spark job takes minutes, and a time-out
+# that interrupts a call into the JVM leaves the session unusable for every later test of its process.
+pytestmark = pytest.mark.timeout(900)
 
 from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
-from tests.conftest import ROOT, ServerProcess, free_port  # noqa: E402
+from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.installs import ensure_debian_package  # noqa: E402
-from tests.wire import eventually  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -153,7 +156,7 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
         .option("autoAbortMs", 1000).load()
     with pytest.raises(Exception, match=f"server {gone} failed after 0 items"):
         partial.count()
-    eventually(lambda: waiting(b, "keep") == (800, 0))
+    wait_until(lambda: waiting(b, "keep") == (800, 0), "800 items back on the queue")
 
 
 def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: Any, tmp_path: Path) -> None:
@@ -199,10 +202,10 @@ def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, serve
 
     with pytest.raises(Exception, match="sink down"):
         drain(spark, address(server), "jobs", broken, checkpoint=str(tmp_path / "cp"), autoAbortMs=2000)
-    deadline = time.monotonic() + 20
-    while waiting(server, "jobs") != (300, 0) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert waiting(server, "jobs") == (300, 0)  # the failed batch's reads came back
+    # The failed batch's reads came back (asserted below with what the queue holds if they did not).
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: waiting(server, "jobs") == (300, 0), "the failed batch's reads to come back", timeout=60)
+    assert waiting(server, "jobs") == (300, 0)
     seen: list[bytes] = []
     drain(spark, address(server), "jobs", lambda df, _: seen.extend(r.data for r in df.collect()),
           checkpoint=str(tmp_path / "cp"), autoAbortMs=2000)  # resumes: the logged batch, then the rest
@@ -322,9 +325,8 @@ def drained(query: Any, server: ServerProcess, timeout: float) -> None:
     """Run the query until the queue holds nothing, taken or open (every item confirmed), then
     until the sink has what was confirmed. Reads a killed task left open return after autoAbortMs."""
     query.processAllAvailable()
-    deadline = time.monotonic() + timeout
-    while waiting(server, "events") != (0, 0) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with contextlib.suppress(AssertionError):  # the caller's assertions say what is missing
+        wait_until(lambda: waiting(server, "events") == (0, 0), "every item confirmed", timeout=timeout)
     query.processAllAvailable()
 
 
@@ -336,12 +338,10 @@ def test_idle_stream_delivers_each_item_once_over_the_same_connections(spark: An
         .foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")).start()
     try:
         query.processAllAvailable()
-        deadline = time.monotonic() + 20
-        while waiting(server, "events") != (0, 0):  # the committed batch is confirmed at the next planning
-            assert time.monotonic() < deadline, "the committed batch was never confirmed"
-            time.sleep(0.05)
+        # The committed batch is confirmed at the next planning.
+        wait_until(lambda: waiting(server, "events") == (0, 0), "the committed batch to be confirmed", timeout=60)
         before = connections_made(server)
-        time.sleep(20)  # idle, four times the auto-abort time
+        time.sleep(20)  # real time: the stream sits idle for four times the auto-abort time
         query.processAllAvailable()
         assert connections_made(server) == before  # idle: no new connections
         assert sorted(sink.rows()) == sorted(b"e%d" % i for i in range(1000))  # each once
@@ -383,13 +383,11 @@ def test_stopped_stream_resumes_with_every_item_once(spark: Any, server: ServerP
             .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
 
     query = start()
-    deadline = time.monotonic() + 60
-    while len(sink.batches) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(sink.batches) >= 2, "two batches", timeout=120)
     query.stop()
     query = start()  # confirms the ids the first query logged, over its own connections
     try:
-        drained(query, server, timeout=30)
+        drained(query, server, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()
@@ -417,7 +415,7 @@ class BatchFiles:
 
 
 DRIVER = """
-import json, sys, time
+import json, sys, threading
 from pathlib import Path
 from pyspark.sql import SparkSession
 from tests.test_pipeline import BatchFiles
@@ -429,8 +427,8 @@ spark = builder.getOrCreate()
 sink = BatchFiles(Path(out))
 def write(df, batch_id):
     sink(df, batch_id)
-    while batch_id == 1:  # written, never committed: the test kills this driver here
-        time.sleep(0.05)
+    if batch_id == 1:  # written, never committed: the test kills this driver here
+        threading.Event().wait()
 (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
  .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 20000)
  .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
@@ -449,10 +447,7 @@ def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerPr
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out), json.dumps(settings)],
                               cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while not (out / "1").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (out / "1").exists(), "the driver never wrote a batch"
+        wait_until(lambda: (out / "1").exists(), "the driver to write batch 1", timeout=180)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
         driver.wait()
@@ -461,7 +456,7 @@ def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerPr
     query = stream(spark, address(server), cp, maxItemsPerTrigger=400, autoAbortMs=20_000).writeStream \
         .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
     try:
-        drained(query, server, timeout=40)
+        drained(query, server, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()
@@ -486,7 +481,7 @@ def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server
     query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=10_000).writeStream \
         .foreachBatch(write).option("checkpointLocation", str(cp)).start()
     try:
-        drained(query, server, timeout=30)
+        drained(query, server, timeout=120)
     finally:
         query.stop()
     rows = slow.rows()
@@ -508,15 +503,14 @@ def test_a_batch_slower_than_auto_abort_delivers_each_item_once(spark: Any, serv
         if batch_id > 3:  # two batches hold every item: fail the query rather than loop on returned reads
             raise RuntimeError(f"batch {batch_id}: items keep coming back")
         sink(df, batch_id)  # the rows are fetched, as open reads, and logged
-        started = time.monotonic()
-        while batch_id == 0 and time.monotonic() - started < 2.5:  # longer than autoAbortMs after the fetch
-            time.sleep(0.05)
+        if batch_id == 0:
+            time.sleep(2.5)  # real time: the batch lasts longer than autoAbortMs after the fetch
         open_at_end.append(waiting(server, "events"))
 
     query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=2000).writeStream \
         .foreachBatch(slow).option("checkpointLocation", str(cp)).start()
     try:
-        drained(query, server, timeout=30)
+        drained(query, server, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()
@@ -547,14 +541,15 @@ def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: 
     query = stream(spark, address(server), cp, maxItemsPerTrigger=300, autoAbortMs=20_000).writeStream \
         .foreachBatch(write).option("checkpointLocation", str(cp)).start()
     try:
-        deadline = time.monotonic() + 60
-        while not (cp / "commits" / "1").exists():
-            assert time.monotonic() < deadline and query.exception() is None, "batch 1 was never committed"
-            time.sleep(0.05)
-        time.sleep(0.1)  # a planning or two with the server gone
+        def committed() -> bool:
+            assert query.exception() is None, query.exception()
+            return (cp / "commits" / "1").exists()
+
+        wait_until(committed, "batch 1 to be committed", timeout=120)
+        time.sleep(0.1)  # real time: a planning or two with the server gone
         assert [p.parent.name for p in cp.glob("kestrel/*/1/*")], "the pending confirm was dropped"
         server.start()
-        drained(query, server, timeout=30)
+        drained(query, server, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the 
 from kestrel.client import Refused, ServerUnavailable  # noqa: E402
 from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
 from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
-from tests.conftest import ServerProcess, free_port  # noqa: E402
+from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
 
 
 @pytest.mark.parametrize("text, message", [
@@ -272,16 +273,18 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     from kestrel.client import Server
 
     lone = Server("127.0.0.1", port)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def closing_said() -> bool:
         try:
             lone.put("q", [b"x"])
         except ServerClosing as e:
             assert "shutting down (queue 'q' is closed)" in str(e) and lone.seems_down
-            break
+            return True
         except ServerUnavailable:  # not listening yet
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+            return False
+        raise AssertionError("the put was taken")
+
+    wait_until(closing_said, "the closing server to answer")
     with pytest.raises(Refused, match="is not there"):  # any other error reply stays a refusal
         lone.peek("q")
     with pytest.raises(ServersUnreachable, match="gave up after 2 attempts"):  # the pipeline retries it
@@ -371,11 +374,14 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
         assert os.path.exists(first)
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
-    deadline = time.monotonic() + 10
-    while os.path.exists(first):
-        assert time.monotonic() < deadline, "the pending confirm was never retried"
-        time.sleep(0.05)
-        reader._confirm_up_to(reader.spark_log.committed())
+
+    def retried(path: str) -> Callable[[], bool]:
+        def check() -> bool:
+            reader._confirm_up_to(reader.spark_log.committed())
+            return not os.path.exists(path)
+        return check
+
+    wait_until(retried(first), "the pending confirm to be retried")
     assert direct.peek("events").items == 10 and direct.peek("events").open_transactions == 0
     # The timed-out confirm had reached the stalled server, which closed the reads once resumed: the
     # retry found none open and cannot tell that from a restart, so they count as possible duplicates.
@@ -387,10 +393,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
     reader._confirm_up_to(reader.spark_log.committed())
     assert os.path.exists(second)
     server.start()
-    while os.path.exists(second):
-        assert time.monotonic() < deadline + 10, "the pending confirm was never retried"
-        time.sleep(0.05)
-        reader._confirm_up_to(reader.spark_log.committed())
+    wait_until(retried(second), "the pending confirm to be retried")
     assert wal.returned(reader.root) == 10 + 4
     assert direct.peek("events").items == 10  # the 4 came back beside the 6 never taken
     reader.stop()

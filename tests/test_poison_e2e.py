@@ -10,9 +10,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as MemcacheClient
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_until
 from tests.test_shutdown import _thrift_client
-from tests.wire import eventually, memcache_stats, shared_server  # noqa: F401  (the module's `server`)
+from tests.wire import memcache_stats, shared_server  # noqa: F401  (the module's `server`)
 
 QUEUES = {"queues": {"jobs": {"max_errors": 3, "error_queue": "failed"}, "plain": {"max_errors": 2},
                      "auto": {"max_errors": 3, "error_queue": "auto_failed"},
@@ -60,7 +60,7 @@ def test_thrift_auto_aborts_count_as_errors(server: ServerProcess) -> None:
         for _ in range(3):
             got = c.get("auto", 1, 2_000, 50)  # not confirmed: auto-aborted after 50 ms
             assert [i.data for i in got] == [b"slow"]
-        eventually(lambda: c.peek("auto_failed").items == 1)
+        wait_until(lambda: c.peek("auto_failed").items == 1, "the poison item on the error queue")
         assert c.peek("auto").items == 0 and c.peek("auto").open_transactions == 0
     finally:
         c.close()
@@ -75,7 +75,7 @@ def test_memcache_open_and_disconnect_max_errors_times_moves_the_item(server: Se
             got = worker.get("crash/t=2000/open")
             assert got == b"crashes its worker", attempt
             worker.close()  # the worker dies holding the read
-        eventually(lambda: _queue_stats(server).get("crash_failed", {}).get("items") == 1)
+        wait_until(lambda: _queue_stats(server).get("crash_failed", {}).get("items") == 1, "the poison item on the error queue")
         assert mc.get("crash_failed") == b"crashes its worker"
         assert _queue_stats(server)["crash"]["items"] == 0
     finally:

@@ -6,14 +6,11 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
-from tests.conftest import ServerProcess
+from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
     closed_by_server,
     conn,
-    eventually,
     exchange,
     memcache_stats,
     shared_server,  # noqa: F401  (the module's `server`)
@@ -51,7 +48,6 @@ def test_put_block_is_bounded_by_batch_limits(server_factory: Any) -> None:
     assert memcache_stats(srv.memcache_port)["queue_q_items"] == "11"
 
 
-@pytest.mark.xdist_group("latency")  # beside the fuzz tests, not at the same time
 def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     server = server_factory({"max_batch_items": 1_000_000})
     items = 400_000
@@ -82,8 +78,12 @@ def test_large_put_does_not_hold_up_other_clients(server_factory: Any) -> None:
     assert len(delays) > 5, f"the other client was answered {len(delays)} times in {took:.2f}s"
     # A server that held the others up would keep them waiting about as long as the put takes; on a
     # loaded machine the put and every wait stretch together, so the bound grows with the put.
-    bound = max(0.3, took / 5)
-    assert max(delays) < bound, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
+    # A server that read the block without letting others in would keep the other client waiting about
+    # as long as the put takes; one that lets them in keeps it waiting for the last step (adding the
+    # items, a tenth of the put on an idle machine). A loaded machine stretches both alike, so the
+    # bound is a share of the put, not a time. How long the other client waits is
+    # bench/bench_responsiveness.py's figure.
+    assert max(delays) < took / 2, f"the other client waited up to {max(delays):.3f}s during a {took:.2f}s put"
 
 
 def test_put_expiry_in_milliseconds(server_factory: Any) -> None:
@@ -130,7 +130,7 @@ def test_get_confirms_the_previous_read_on_that_queue_only(server: ServerProcess
     assert exchange(s, b"get a\n", b"\n") == b":a2\n"  # confirms a1; b1 stays open
     assert exchange(s, b"confirm b 1\n", b"\n") == b"+1\n"
     s.close()  # a2 was open: it comes back
-    assert eventually(lambda: text(port, b"peek a\n") == b":a2\n") < 5
+    wait_until(lambda: text(port, b"peek a\n") == b":a2\n", "the open read to come back", timeout=STALL_S)
 
 
 def test_monitor_takes_milliseconds(server_factory: Any) -> None:
@@ -142,15 +142,17 @@ def test_monitor_takes_milliseconds(server_factory: Any) -> None:
     assert exchange(s, b"monitor m 200\n", b"*\n") == b":1\n:2\n*\n"  # stops at max_open_reads
     assert exchange(s, b"monitor m 50 1\n", b"*\n") == b":3\n*\n"  # the first monitor's reads confirmed
     assert exchange(s, b"monitor m 100\n", b"*\n") == b"*\n"
-    assert 0.09 < time.monotonic() - start < 3
+    assert 0.09 < time.monotonic() - start < STALL_S
 
 
 def test_hang_up_during_a_wait_withdraws_the_waiter(server: ServerProcess) -> None:
     waiter = conn(server.text_port)
     waiter.sendall(b"get t 60000\n")
-    eventually(lambda: memcache_stats(server.memcache_port).get("queue_t_waiters") == "1")
+    wait_until(lambda: memcache_stats(server.memcache_port).get("queue_t_waiters") == "1", "the get to wait")
     waiter.close()
-    assert eventually(lambda: memcache_stats(server.memcache_port).get("queue_t_waiters") == "0") < 1
+    # At once, not at the end of its minute: within STALL_S (how soon is bench/bench_responsiveness.py's).
+    wait_until(lambda: memcache_stats(server.memcache_port).get("queue_t_waiters") == "0", "the waiter to be withdrawn",
+               timeout=STALL_S)
     assert text(server.text_port, b"put t:\nalive\n\n") == b"+1\n"
     assert text(server.text_port, b"get t\n") == b":alive\n"
 

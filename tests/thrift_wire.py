@@ -57,7 +57,7 @@ def decode_reply(payload: bytes, protocol: str, method: str) -> Any:
     return result.success
 
 
-def closed_or_silent(sock: socket.socket, timeout: float = 5.0) -> bool:
+def closed_or_silent(sock: socket.socket, timeout: float = 30.0) -> bool:
     """True when the server closes the connection (reading nothing more) within `timeout`."""
     sock.settimeout(timeout)
     try:

@@ -8,10 +8,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import free_ports, wait_for
 from tests.installs import ensure_debian_package
 
 JAR_PLACES = ("/usr/share/java/zookeeper.jar", "/usr/share/zookeeper/zookeeper.jar",
@@ -41,14 +40,14 @@ class ZooKeeperServer:
     def __init__(self, workdir: Path, classpath: str) -> None:
         self.workdir = workdir
         self.classpath = classpath
-        self.port = free_port()
+        self.port = free_ports(1, owner=self)[0]  # kept while down for a restart: its clients know it
         self.hosts = f"127.0.0.1:{self.port}"
         self.data_dir = workdir / "data"
         self.config_path = workdir / "zoo.cfg"
         self.log_path = workdir / "zookeeper.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> ZooKeeperServer:
+    def start(self, timeout: float = 120.0) -> ZooKeeperServer:
         """Start and wait until it answers. On a first start, a port picked as free that another
         process took meanwhile (the JVM binds it a second or two later) is picked again; a restart
         keeps its port, which its clients know."""
@@ -59,7 +58,7 @@ class ZooKeeperServer:
             except RuntimeError:
                 if not first or attempt == 2 or not self._port_taken():
                     raise
-                self.port = free_port()
+                self.port = free_ports(1, owner=self)[0]
                 self.hosts = f"127.0.0.1:{self.port}"
         raise AssertionError("unreachable")
 
@@ -83,13 +82,10 @@ class ZooKeeperServer:
                    "org.apache.zookeeper.server.ZooKeeperServerMain", str(self.config_path)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"zookeeper exited with {self.proc.returncode}: see {self.log_path}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"zookeeper did not answer on {self.port} within {timeout}s")
-            time.sleep(0.05)
+        try:
+            wait_for(self.proc, self.ready, f"answering on {self.port}", timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"zookeeper: {e}: see {self.log_path}") from None
         return self
 
     def ready(self) -> bool:
