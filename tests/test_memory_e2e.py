@@ -15,8 +15,8 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
-from tests.conftest import ServerProcess
-from tests.wire import close_sockets, conn, eventually, exchange, memcache_stats  # noqa: F401
+from tests.conftest import ServerProcess, wait_until
+from tests.wire import close_sockets, conn, exchange, memcache_stats  # noqa: F401
 
 QUEUES = 100
 ITEMS = 400  # of 1 KB: 400 KB a queue
@@ -101,7 +101,7 @@ def test_flow_control_refuses_puts_on_every_protocol_and_serves_reads(server_fac
         c.put("held", [b"h" * 15_000] * 100, 0)
         opened = c.get("held", 100, 0, 60_000)  # 1.5 MB of open reads: nothing to page out
         assert len(opened) == 100
-        eventually(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "1")
+        wait_until(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "1", "flow control to start")
         with conn(srv.memcache_port) as s:
             reply = exchange(s, b"set jobs 0 0 3\r\nabc\r\n")
             assert reply.startswith(b"SERVER_ERROR") and b"max_memory_total" in reply, reply
@@ -112,7 +112,7 @@ def test_flow_control_refuses_puts_on_every_protocol_and_serves_reads(server_fac
         with pytest.raises(TApplicationException, match="max_memory_total"):
             c.put("jobs", [b"abc"], 0)
         assert c.confirm("held", {i.id for i in opened}) == 100  # confirms go on
-        eventually(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "0")
+        wait_until(lambda: memcache_stats(srv.memcache_port).get("flow_control") == "0", "flow control to end")
         assert c.put("jobs", [b"abc"], 0) == 1
         assert int(memcache_stats(srv.memcache_port)["flow_control_ms"]) > 0
     finally:
