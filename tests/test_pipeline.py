@@ -75,7 +75,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def client(srv: ServerProcess) -> Any:
-    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory())
+    # A deadline, not a budget: thriftpy2's default of 3 s ran out once on a machine loaded by two
+    # test runs and their Spark JVMs, just after the server had restarted.
+    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
+                       timeout=30_000)
 
 
 def address(*servers: ServerProcess) -> str:
