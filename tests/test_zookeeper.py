@@ -26,6 +26,7 @@ from tests.cluster import running_servers
 from tests.conftest import STALL_S, ServerProcess, free_port, wait_until
 
 SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quickly
+MEMBER_SESSION_TIMEOUT = "3s"  # the members whose sets follow their statuses
 
 
 @pytest.fixture
@@ -83,8 +84,10 @@ GRACE_S = 3
 @pytest.fixture(scope="module")
 def members3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     """Three members of MEMBERS; the third gives clients GRACE_S to stop writing before refusing."""
-    configs = [zk_config(zookeeper, MEMBERS), zk_config(zookeeper, MEMBERS),
-               {**zk_config(zookeeper, MEMBERS), "status_change_grace_period": f"{GRACE_S}s"}]
+    # Sessions long enough that a loaded machine does not expire them (1 s ones did, and the members
+    # left and rejoined the sets while the tests waited for a status change to show).
+    member = zk_config(zookeeper, MEMBERS, session_timeout=MEMBER_SESSION_TIMEOUT)
+    configs = [member, member, {**member, "status_change_grace_period": f"{GRACE_S}s"}]
     with running_servers(tmp_path_factory.mktemp("members"), configs) as servers:
         yield servers
 
