@@ -212,7 +212,7 @@ def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp
     coll.load()
     assert not coll.refused
     assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
 
 
 def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tm
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"b"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
