@@ -247,7 +247,7 @@ def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"packed", b"live"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.300", "q.manifest"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300"]
 
 
 def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
