@@ -29,10 +29,17 @@ PREFIX = "/kestrel-cluster"
 
 @pytest.fixture(scope="module")
 def cluster3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    config = {"zookeeper": {"hosts": zookeeper.hosts, "path_prefix": PREFIX, "session_timeout": "1s",
-                            "advertise_host": "127.0.0.1"},
-              "status_change_grace_period": "300ms"}
-    with running_servers(tmp_path_factory.mktemp("cluster"), [config] * 3) as servers:
+    """Three servers in PREFIX's sets. The second, which a test kills, has a ZooKeeper session of a
+    second, so that it is gone from the sets soon after; the others a session of 20 s, which a loaded
+    machine does not let run out while they live (a 1 s session did, and for a moment the write set
+    was empty)."""
+    def config(session_timeout: str) -> dict[str, Any]:
+        return {"zookeeper": {"hosts": zookeeper.hosts, "path_prefix": PREFIX, "session_timeout": session_timeout,
+                              "advertise_host": "127.0.0.1"},
+                "status_change_grace_period": "300ms"}
+
+    configs = [config("20s"), config("1s"), config("20s")]
+    with running_servers(tmp_path_factory.mktemp("cluster"), configs) as servers:
         yield servers
 
 
