@@ -187,8 +187,8 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
     threads += [threading.Thread(target=consume) for _ in range(2)]
     for t in threads:
         t.start()
-    while len(confirmed) < 300 or len(acknowledged) < 600:
-        threading.Event().wait(0.02)
+    wait_until(lambda: len(confirmed) >= 300 and len(acknowledged) >= 600, "300 confirmed and 600 acknowledged",
+               timeout=120)
     srv.kill()
     stop.set()
     for t in threads:
