@@ -36,6 +36,7 @@ from bench.common import load_average, machine
 from bench.peers import MissingPeer, redis
 from kestrel.service.logs import configure_logging
 from tests.conftest import ServerProcess, wait_until
+from tests.lines import exchange
 
 # A measurement: (the figure in seconds, the budget it is held to).
 Measure = Callable[[Path], tuple[float, float]]
@@ -57,17 +58,6 @@ def server(work: Path, config: dict[str, Any] | None = None,
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=30)
-
-
-def exchange(sock: socket.socket, request: bytes, end: bytes) -> bytes:
-    sock.sendall(request)
-    data = b""
-    while not data.endswith(end):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def stat(port: int, name: str) -> str | None:

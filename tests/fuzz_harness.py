@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.lines import exchange
 from tests.thrift_wire import decode_reply, encode_call, framed, read_framed_reply, rss_kb
 
 GOOD_QUEUE = "fuzz_good_client"
@@ -115,32 +116,21 @@ def make_inputs(seeds: list[bytes], count: int, seed: int) -> list[bytes]:
 # ---------------------------------------------------------------------------------------------
 # Good clients: one put and one get on their own queue, every reply checked
 
-def _line_exchange(sock: socket.socket, request: bytes, end: bytes) -> bytes:
-    sock.sendall(request)
-    data = b""
-    while not data.endswith(end):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise EOFError("server closed the good client's connection")
-        data += chunk
-    return data
-
-
 def memcache_round(sock: socket.socket, n: int) -> None:
     item = b"good-%d" % n
     q = GOOD_QUEUE.encode()
-    reply = _line_exchange(sock, b"set %s 0 0 %d\r\n%s\r\n" % (q, len(item), item), b"\r\n")
+    reply = exchange(sock, b"set %s 0 0 %d\r\n%s\r\n" % (q, len(item), item), b"\r\n")
     assert reply == b"STORED\r\n", reply
-    reply = _line_exchange(sock, b"get %s\r\n" % q, b"END\r\n")
+    reply = exchange(sock, b"get %s\r\n" % q, b"END\r\n")
     assert reply == b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (q, len(item), item), reply
 
 
 def text_round(sock: socket.socket, n: int) -> None:
     item = b"good-%d" % n
     q = GOOD_QUEUE.encode()
-    assert _line_exchange(sock, b"put %s:\n%s\n\n" % (q, item), b"\n") == b"+1\n"
-    assert _line_exchange(sock, b"get %s\n" % q, b"\n") == b":%s\n" % item
-    assert _line_exchange(sock, b"confirm %s 1\n" % q, b"\n").startswith(b"+")
+    assert exchange(sock, b"put %s:\n%s\n\n" % (q, item), b"\n") == b"+1\n"
+    assert exchange(sock, b"get %s\n" % q, b"\n") == b":%s\n" % item
+    assert exchange(sock, b"confirm %s 1\n" % q, b"\n").startswith(b"+")
 
 
 def thrift_round(protocol: str, framing: bool) -> Callable[[socket.socket, int], None]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.lines import DEADLINE_S as DEADLINE_S  # re-exported: the tests import both from here
+from tests.lines import exchange as exchange
 
 _opened: list[socket.socket] = []
 
@@ -24,10 +25,6 @@ def shared_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     srv.stop()
 
 
-# Socket deadlines are for replies that must come: far beyond what a loaded machine takes.
-DEADLINE_S = 30.0
-
-
 def conn(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S)
     _opened.append(sock)
@@ -40,19 +37,6 @@ def close_sockets(server_factory: Any) -> Iterator[None]:
     yield
     while _opened:
         _opened.pop().close()
-
-
-def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", wait: float = DEADLINE_S) -> bytes:
-    """Send, then read until the reply ends with `expect_end` (or the connection closes)."""
-    sock.sendall(request)
-    data = b""
-    deadline = time.monotonic() + wait
-    while not data.endswith(expect_end) and time.monotonic() < deadline:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def closed_by_server(sock: socket.socket, wait: float = DEADLINE_S) -> bool:
