@@ -158,18 +158,21 @@ class TakenReads:
 
     ids: list[int] = field(default_factory=list)
     items: list[bytes] = field(default_factory=list)
+    added: list[int] = field(default_factory=list)  # each item's add time, ms since the epoch
+    expiry: list[int] = field(default_factory=list)  # each item's expiry, ms since the epoch; 0: never
     failure: KestrelClientError | None = None
 
 
 def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> TakenReads:
-    """Up to `quota` items as open reads, without waiting, each `get` over a new connection, until
-    the quota is met or the queue is empty. A server that fails or refuses ends the fetch early
-    with what was taken so far; the caller decides what that failure means."""
+    """Up to `quota` items as open reads with their times, without waiting, each `get_timed` over a
+    new connection (it creates no queue), until the quota is met or the queue is empty. A server
+    that fails or refuses ends the fetch early with what was taken so far; the caller decides what
+    that failure means."""
     server = fresh_connections(address)
     taken = TakenReads()
     while len(taken.ids) < quota:
         try:
-            got = server.get(queue, quota - len(taken.ids), 0, auto_abort_ms)
+            got = server.get_timed(queue, quota - len(taken.ids), 0, auto_abort_ms)
         except KestrelClientError as e:
             log.warning("fetch ended early", server=address, error=str(e))
             taken.failure = e
@@ -178,4 +181,6 @@ def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) ->
             break
         taken.ids.extend(item.id for item in got)
         taken.items.extend(item.data for item in got)
+        taken.added.extend(item.add_time_msec for item in got)
+        taken.expiry.extend(item.expiry_msec or 0 for item in got)
     return taken

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -152,12 +154,21 @@ def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
 
     path = str(tmp_path / "7" / "h_1-0")
     header = wal.WalHeader("h:1", 12.5, 3)
-    assert wal.write_partition(path, header, [4, 5, 6], [b"a", b"", b"c" * 70_000])
-    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], [b"z"])
-    assert wal.read_ids(path) == (header, [4, 5, 6])
-    assert wal.read_items(path) == [b"a", b"", b"c" * 70_000]
+    logged = wal.Logged([b"a", b"", b"c" * 70_000], [1_700_000_000_001, 2, 3], [0, 1_800_000_000_000, 0])
+    assert wal.write_partition(path, header, [4, 5, 6], logged)
+    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], wal.Logged([b"z"]))
+    assert wal.read_ids(path) == (header, [4, 5, 6]) and header.timed
+    assert wal.read_items(path) == logged
     assert wal.batches(str(tmp_path)) == [7] and wal.batch_files(str(tmp_path), 7) == [path]
     assert list((tmp_path / "7").iterdir()) == [Path(path)]  # nothing left aside
+    # A file of an earlier version: no times, and none read.
+    old = str(tmp_path / "8" / "h_1-0")
+    os.makedirs(os.path.dirname(old))
+    with open(old, "wb") as f:
+        f.write(wal.MAGIC + b'{"server": "h:1", "fetched_at": 1.0, "count": 1, "queue": "q"}\n')
+        f.write(struct.pack("<q", 9) + struct.pack("<I", 1) + b"z")
+    assert wal.read_items(old) == wal.Logged([b"z"])
+    assert wal.read_ids(old) == (wal.WalHeader("h:1", 1.0, 1, "q"), [9])
 
 
 def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
@@ -183,9 +194,12 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     srv = server_factory({"max_open_reads": 7})
     address = f"127.0.0.1:{srv.thrift_port}"
     server = Server("127.0.0.1", srv.thrift_port)
+    before = int(time.time() * 1000)
     server.put("q", [b"%d" % i for i in range(30)])
+    after = int(time.time() * 1000)
     taken = take_open_reads(address, "q", 25, 60_000)
     assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
+    assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
     assert taken.failure is None
     assert server.peek("q").open_transactions == 25
     assert server.confirm("q", set(taken.ids)) == 25  # closed over another connection
@@ -339,7 +353,6 @@ def _committed(checkpoint: Path, source_key: str, batch: int) -> None:
 
 def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: ServerProcess,
                                                                     tmp_path: Path) -> None:
-    import os
     import signal
 
     from kestrel.client import Cluster, Server
@@ -359,7 +372,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
         taken = take_open_reads(address, "events", quota, 60_000)
         path = os.path.join(reader.root, str(batch), "part-0")
         assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(taken.ids)), taken.ids,
-                                   taken.items)
+                                   wal.Logged(taken.items))
         _committed(checkpoint, reader.source_key, batch)
         return path
 
