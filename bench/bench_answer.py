@@ -5,7 +5,9 @@ CPU time (not wall time: on a shared machine other work stretches wall time, not
 best of five runs. What it leaves out is the kernel's part (recv, send, the journal's write is in),
 so it isolates what Python changes can win; run it in two checkouts to compare code.
 
-    .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--profile]
+    .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed] [--profile]
+
+`--get get_timed` reads with the call that also hands out each item's add time and expiry.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class _NoSocket:
     """`answer` never touches the socket; the connection only keeps it."""
 
 
-def measure(batch: int, items: int, profile: bool) -> None:
+def measure(batch: int, items: int, profile: bool, get_call: str = "get") -> None:
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     try:
         server = ServerState(from_mapping({"queue_path": home}, home))
@@ -39,7 +41,8 @@ def measure(batch: int, items: int, profile: bool) -> None:
         metrics.install_storage_timing()
         conn: Any = ThriftConnection(server, _NoSocket(), "bench")
         put = encode_call("binary", "put", queue_name="q", items=[bytes(128)] * batch, expiration_msec=0)
-        get = encode_call("binary", "get", queue_name="q", max_items=batch, timeout_msec=0, auto_abort_msec=0)
+        get = encode_call("binary", get_call, queue_name="q", max_items=batch, timeout_msec=0,
+                          auto_abort_msec=0)
 
         def rounds(n: int) -> None:
             for _ in range(n):
@@ -70,15 +73,17 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--rounds", type=int, default=20000, help="items per measurement (default 20000)")
+    parser.add_argument("--get", choices=["get", "get_timed"], default="get",
+                        help="the read call (default get)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     args = parser.parse_args()
     configure_logging("warning")
-    print(f"# put + get through ThriftConnection.answer_frame, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+    print(f"# put + {args.get} through ThriftConnection.answer_frame, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
           f"{machine()}, load average {load_average()}")
     print("| items per request | CPU µs per put + get round | items/s of one core |")
     print("| --- | --- | --- |")
     for batch in args.batch:
-        measure(batch, args.rounds, args.profile)
+        measure(batch, args.rounds, args.profile, args.get)
 
 
 if __name__ == "__main__":

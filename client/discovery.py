@@ -25,6 +25,8 @@ log = logging.getLogger("kestrel.client")
 
 Address = tuple[str, int]
 DEFAULT_THRIFT_PORT = 2229
+RETRY_S = 1.0  # a watch that could not be set is set again this much later
+RETRY_MAX_DELAY_S = 2.0  # the longest pause between two tries of a ZooKeeper call (kazoo adds 40% jitter)
 
 
 @runtime_checkable
@@ -101,7 +103,9 @@ class ZooKeeperServerSets:
 
     While ZooKeeper is unreachable the last lists stay in use; after a session timeout without a
     connection the ZooKeeper session is started afresh (an ensemble restarted empty refuses to
-    resume old sessions), and the watches are set again once it connects.
+    resume old sessions), and the watches are set again once it connects. Setting them, or reading
+    a member, can still fail then (ConnectionLoss while ZooKeeper restarts, or goes away again):
+    the watches are set again a second later, until they hold, so the lists never freeze.
 
     `hosts` is kazoo's connection string (`"zk1:2181,zk2:2181"`, optionally ending in a chroot);
     `session_timeout` (seconds) is the ZooKeeper session's; `connect_timeout` (seconds) is how long
@@ -126,10 +130,15 @@ class ZooKeeperServerSets:
         self._closed = False
         self._renewal: threading.Timer | None = None
         handler = _kazoo_handler()
-        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0,  # forever, often
-                 "sleep_func": handler.sleep_func}
-        self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry)
-        self._generation = 0
+        retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": RETRY_MAX_DELAY_S,  # forever,
+                 "sleep_func": handler.sleep_func}  # often
+        # Calls (the watches' reads among them) are retried as often, for up to a session timeout, then
+        # fail and are set again by `_watch_later`: kazoo's default waits up to an hour between tries,
+        # so a watch whose read met ConnectionLoss while ZooKeeper restarted stayed unset that long.
+        self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry,
+                              command_retry={**retry, "deadline": session_timeout})
+        self._generation = 0  # each setting of the watches retires those of the one before
+        self._watch_lock = threading.Lock()
         try:
             try:
                 self.zk.start(timeout=connect_timeout)
@@ -137,7 +146,7 @@ class ZooKeeperServerSets:
                 raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
                     from None
             self.zk.add_listener(self._on_state)
-            self._watch()
+            self._watch(self._generation, retry=False)
         except KazooException as e:
             self.close()
             raise ServerSetsUnavailable(f"ZooKeeper at {hosts}: cannot watch the server sets under "
@@ -146,17 +155,38 @@ class ZooKeeperServerSets:
             self.close()  # never leave a session (and kazoo's threads) behind
             raise
 
-    def _watch(self) -> None:
+    def _watch(self, generation: int, retry: bool = True) -> None:
         """Watch both sets, retiring earlier watches (kazoo drops a watch whose node went missing,
-        as the sets do when an ensemble restarts empty, so each connection starts new ones)."""
-        self._generation += 1
-        for name in self.SETS:
-            path = f"{self.path_prefix}/{name}"
-            try:
-                self.zk.ensure_path(path)
-            except KazooException as e:  # read-only access: the servers create the sets
-                log.debug("cannot create the server set path %s: %r", path, e)
-            self.zk.ChildrenWatch(path, partial(self._on_children, name, self._generation))
+        as the sets do when an ensemble restarts empty, so each connection starts new ones); nothing
+        if `generation` was retired meanwhile. A failure is tried again after RETRY_S (raised instead
+        when not `retry`: the first watch, in the constructor)."""
+        with self._watch_lock:
+            if self._closed or generation != self._generation:
+                return
+            self._generation += 1
+            generation = self._generation
+        try:
+            for name in self.SETS:
+                path = f"{self.path_prefix}/{name}"
+                try:
+                    self.zk.ensure_path(path)
+                except KazooException as e:  # read-only access: the servers create the sets
+                    log.debug("cannot create the server set path %s: %r", path, e)
+                self.zk.ChildrenWatch(path, partial(self._on_children, name, generation))
+        except KazooException as e:
+            if not retry:
+                raise
+            self._watch_later(generation, f"cannot watch the server sets: {e!r}")
+
+    def _watch_later(self, generation: int, why: str) -> None:
+        """Set the watches again after RETRY_S, unless a newer generation has set them by then."""
+        if self._closed:
+            return
+        log.warning("zookeeper %s: %s; keeping the last server lists, watching again in %.0f s", self.hosts,
+                    why, RETRY_S)
+        timer = threading.Timer(RETRY_S, self._watch, args=(generation,))
+        timer.daemon = True
+        timer.start()
 
     def writers(self) -> list[Address]:
         return self._lists["write"]
@@ -177,6 +207,9 @@ class ZooKeeperServerSets:
                 data, _ = self.zk.get(f"{self.path_prefix}/{name}/{child}")
             except NoNodeError:
                 continue
+            except KazooException as e:  # the connection went away mid-read: this view is incomplete
+                self._watch_later(generation, f"cannot read member {name}/{child}: {e!r}")
+                return False
             fresh[child] = member_address(data, self.endpoint)
             if fresh[child] is None:
                 log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
@@ -192,7 +225,7 @@ class ZooKeeperServerSets:
                 self._renewal.cancel()
                 self._renewal = None
             if not self._closed:
-                self.zk.handler.spawn(self._watch)
+                self.zk.handler.spawn(self._watch, self._generation)
             return
         log.warning("zookeeper %s: connection %s; keeping the last server lists", self.hosts, state)
         if self._renewal is None:

@@ -1,5 +1,6 @@
-# Kestrel's RPC contract. Identical on the wire to Kestrel's own IDL, so any client generated from
-# it (Finagle/Scala, Java, Ruby, Go, Python) talks to this server unchanged.
+# Kestrel's RPC contract. Kestrel's own IDL, unchanged on the wire, so any client generated from it
+# (Finagle/Scala, Java, Ruby, Go, Python) talks to this server unchanged; plus two calls at the end
+# that Kestrel lacks, which its clients never make (a Kestrel server answers them as unknown methods).
 
 namespace java net.lag.kestrel.thrift
 namespace rb Kestrel
@@ -10,6 +11,15 @@ namespace py kestrel
 struct Item {
   1: binary data
   2: i64 id
+}
+
+# An item handed out by `get_timed`: an Item, with when it was added and when it expires
+# (milliseconds since the epoch).
+struct TimedItem {
+  1: binary data
+  2: i64 id
+  3: i64 add_time_msec
+  4: optional i64 expiry_msec  # absent: never expires
 }
 
 # What `peek` reports: the head item (if any) and the queue's figures.
@@ -56,4 +66,13 @@ service Kestrel {
   Status current_status()
   void set_status(1: Status status)
   string get_version()
+
+  # Beyond Kestrel's contract: calls that create no queue, for readers that only look (Spark's).
+
+  # The queues the server holds (fanout readers included, aliases not).
+  list<string> queue_names()
+
+  # `get`, with each item's add time and expiry. A queue the server does not hold is not created:
+  # the answer is no items, at once.
+  list<TimedItem> get_timed(1: string queue_name, 2: i32 max_items, 3: i32 timeout_msec = 0, 4: i32 auto_abort_msec = 0)
 }

@@ -27,7 +27,13 @@ from pyspark.sql.types import StructType
 from kestrel.client import KestrelClientError
 from kestrel.pipeline.options import Option, parse_options, queue_names, text, unknown_option, whole
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
-from kestrel.pipeline.servers import ServersUnreachable, fresh_connections, parse_servers, take_open_reads
+from kestrel.pipeline.servers import (
+    ServersUnreachable,
+    TakenReads,
+    fresh_connections,
+    parse_servers,
+    take_open_reads,
+)
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -45,7 +51,7 @@ class PeekPartition(InputPartition):
         self.server, self.queue, self.quota, self.auto_abort_ms = server, queue, quota, auto_abort_ms
 
 
-def look(partition: PeekPartition) -> list[bytes]:
+def look(partition: PeekPartition) -> TakenReads:
     """The first `quota` items of one server's queue, left in place: taken as open reads, then
     aborted (read ids are unique on a server, so any connection may give them back).
 
@@ -62,7 +68,7 @@ def look(partition: PeekPartition) -> list[bytes]:
     if taken.failure is not None:
         raise ServersUnreachable(f"kestrel read of queue {partition.queue!r}: server {partition.server} "
                                  f"failed after {len(taken.ids)} items: {taken.failure}")
-    return taken.items
+    return taken
 
 
 class KestrelBatchReader(DataSourceReader):
@@ -74,15 +80,30 @@ class KestrelBatchReader(DataSourceReader):
         self.auto_abort_ms: int = o["autoAbortMs"]
 
     def partitions(self) -> list[InputPartition]:
-        pairs = [(server, queue) for queue in self.queues for server in self.servers]
+        """One partition per server and queue that server holds; a queue held by no server fails the
+        read, naming it. Asked with a call that creates nothing (a `get` would create the queue)."""
+        held = {server: set(self._queue_names(server)) for server in self.servers}
+        missing = [queue for queue in self.queues if not any(queue in names for names in held.values())]
+        if missing:
+            raise ValueError(f"kestrel read: no server holds queue {', '.join(map(repr, missing))} "
+                             f"(servers {', '.join(self.servers)}; nothing was created)")
+        pairs = [(server, queue) for queue in self.queues for server in self.servers if queue in held[server]]
         share, extra = divmod(self.max_items, len(pairs))
         return [PeekPartition(i, server, queue, share + (1 if i < extra else 0), self.auto_abort_ms)
                 for i, (server, queue) in enumerate(pairs)]
 
+    def _queue_names(self, server: str) -> list[str]:
+        try:
+            return fresh_connections(server).queue_names()
+        except KestrelClientError as e:
+            raise ServersUnreachable(f"kestrel read of queue {','.join(self.queues)!r}: server {server} "
+                                     f"could not list its queues: {e}") from e
+
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, PeekPartition)
         if partition.quota:
-            yield from queue_rows(look(partition), partition.queue, partition.server)
+            taken = look(partition)
+            yield from queue_rows(taken.items, partition.queue, partition.server, taken.added, taken.expiry)
 
 
 class KestrelDataSource(DataSource):

@@ -5,25 +5,50 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType, TimestampType
 
 QUEUE_SCHEMA = StructType([
     StructField("data", BinaryType(), False),
     StructField("queue", StringType(), False),
     StructField("server", StringType(), False),  # host:port the item came from
+    StructField("timestamp", TimestampType(), True),  # when the item was added
+    StructField("expiry", TimestampType(), True),  # null: never expires
 ])
 
 ROWS_PER_BATCH = 10_000
+TIMESTAMP = pa.timestamp("us", tz="UTC")  # Spark's TimestampType in Arrow
+_QUEUE_ARROW = pa.schema([pa.field("data", pa.binary(), False), pa.field("queue", pa.string(), False),
+                          pa.field("server", pa.string(), False), pa.field("timestamp", TIMESTAMP),
+                          pa.field("expiry", TIMESTAMP)])
+
+# Arrow scalars, not Python numbers: pyarrow.compute converts a Python number by first trying to
+# import numpy, a search of sys.path on every call where numpy is not installed.
+_THOUSAND = pa.scalar(1000, pa.int64())
+_ZERO = pa.scalar(0, pa.int64())
 
 
-def queue_rows(items: list[bytes], queue: str, server: str) -> Iterator[Any]:
-    import pyarrow as pa
+def timestamps(ms: Any) -> Any:
+    """Milliseconds since the epoch (0: no time, a null; a list or an int64 array) as Spark's
+    TimestampType in Arrow, built in bulk: the values multiplied in one call, the nulls a bitmap of
+    the zeros."""
+    micros = pc.multiply(ms if isinstance(ms, pa.Array) else pa.array(ms, pa.int64()), _THOUSAND)
+    known = pc.not_equal(micros, _ZERO)
+    return pa.Array.from_buffers(TIMESTAMP, len(micros), [known.buffers()[1], micros.buffers()[1]])
 
-    schema = pa.schema([pa.field("data", pa.binary(), False), pa.field("queue", pa.string(), False),
-                        pa.field("server", pa.string(), False)])
+
+def queue_rows(items: list[bytes], queue: str, server: str, added: list[int] | None = None,
+               expiry: list[int] | None = None) -> Iterator[Any]:
+    """The rows of items taken from one queue on one server; `added` and `expiry` are each item's
+    times in ms (expiry 0: never), None where they are not known (a log written by an older version)."""
     for first in range(0, len(items), ROWS_PER_BATCH):
         chunk = items[first:first + ROWS_PER_BATCH]
+        n = len(chunk)
+        unknown = pa.nulls(n, TIMESTAMP)
         yield pa.RecordBatch.from_arrays(
-            [pa.array(chunk, pa.binary()), pa.array([queue] * len(chunk), pa.string()),
-             pa.array([server] * len(chunk), pa.string())],
-            schema=schema)
+            [pa.array(chunk, pa.binary()), pa.array([queue] * n, pa.string()),
+             pa.array([server] * n, pa.string()),
+             unknown if added is None else timestamps(added[first:first + n]),
+             unknown if expiry is None else timestamps(expiry[first:first + n])],
+            schema=_QUEUE_ARROW)

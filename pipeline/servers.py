@@ -3,10 +3,6 @@
 What is the pipeline's own:
 - `parse_servers`: the `servers` option, checked strictly before anything is done (a stray comma, a
   bad port or a server listed twice fails the job, naming the option).
-- `with_retries`: the documented back-off on top of the client. The client repeats a call once on a
-  new connection when a pooled one turns out dead; on top of that, a server that is unreachable or
-  shutting down (the client's ServerUnavailable, ServerClosing included) is retried `retries` times,
-  waiting `backoff_ms`, then twice as long, up to 10 s.
 - `Reachability`: which servers a stream could not reach, since when; it spaces out the attempts
   on a server that is down, logs once per interval rather than once per attempt, and fails the
   stream once no server has answered for the stream's `unreachableTimeoutMs`.
@@ -20,19 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import structlog
 
-from kestrel.client import KestrelClientError, NoServers, Server, ServerUnavailable, parse_address
+from kestrel.client import KestrelClientError, Server, parse_address
 
 log = structlog.get_logger("kestrel.pipeline")
 
-T = TypeVar("T")
-
 
 class ServersUnreachable(ConnectionError):
-    """Raised when a call still failed at the connection level after every retry."""
+    """Raised when servers a read needs could not be reached (retries are the client's own)."""
 
 
 def parse_servers(text: str | None) -> list[str]:
@@ -60,34 +53,6 @@ def fresh_connections(address: str) -> Server:
     """A Server that opens a new connection for every call (it keeps none idle)."""
     host, port = parse_address(address)
     return Server(host, port, max_idle=0)
-
-
-def retryable(error: BaseException) -> bool:
-    """A server unreachable or shutting down (on every server tried, for a NoServers)."""
-    if isinstance(error, ServerUnavailable):
-        return True
-    if isinstance(error, NoServers):
-        return any(retryable(e) for e in error.errors)
-    return False
-
-
-def with_retries(call: Callable[[], T], what: str, *, retries: int, backoff_ms: int,
-                 max_backoff_ms: int = 10_000) -> T:
-    """`call()`, retried after connection-level failures, waiting backoff_ms, then twice as long..."""
-    delay = backoff_ms / 1000.0
-    for attempt in range(retries + 1):
-        try:
-            return call()
-        except KestrelClientError as e:
-            if not retryable(e):
-                raise
-            if attempt == retries:
-                raise ServersUnreachable(f"{what}: {e} (gave up after {retries + 1} attempts)") from e
-            log.warning("kestrel call failed; retrying", call=what, attempt=attempt + 1, wait_s=delay,
-                        error=str(e))
-            time.sleep(delay)
-            delay = min(delay * 2, max_backoff_ms / 1000.0)
-    raise AssertionError("unreachable")
 
 
 RETRY_S = 1.0  # a server that failed a call is asked again no sooner (a stream plans every few ms)
@@ -158,18 +123,21 @@ class TakenReads:
 
     ids: list[int] = field(default_factory=list)
     items: list[bytes] = field(default_factory=list)
+    added: list[int] = field(default_factory=list)  # each item's add time, ms since the epoch
+    expiry: list[int] = field(default_factory=list)  # each item's expiry, ms since the epoch; 0: never
     failure: KestrelClientError | None = None
 
 
 def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> TakenReads:
-    """Up to `quota` items as open reads, without waiting, each `get` over a new connection, until
-    the quota is met or the queue is empty. A server that fails or refuses ends the fetch early
-    with what was taken so far; the caller decides what that failure means."""
+    """Up to `quota` items as open reads with their times, without waiting, each `get_timed` over a
+    new connection (it creates no queue), until the quota is met or the queue is empty. A server
+    that fails or refuses ends the fetch early with what was taken so far; the caller decides what
+    that failure means."""
     server = fresh_connections(address)
     taken = TakenReads()
     while len(taken.ids) < quota:
         try:
-            got = server.get(queue, quota - len(taken.ids), 0, auto_abort_ms)
+            got = server.get_timed(queue, quota - len(taken.ids), 0, auto_abort_ms)
         except KestrelClientError as e:
             log.warning("fetch ended early", server=address, error=str(e))
             taken.failure = e
@@ -178,4 +146,6 @@ def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) ->
             break
         taken.ids.extend(item.id for item in got)
         taken.items.extend(item.data for item in got)
+        taken.added.extend(item.add_time_msec for item in got)
+        taken.expiry.extend(item.expiry_msec or 0 for item in got)
     return taken

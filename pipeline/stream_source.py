@@ -98,16 +98,16 @@ class StreamPartition(InputPartition):
 def read_partition(partition: StreamPartition) -> Iterator[Any]:
     """The partition's rows: from the log if it exists, else fetched and logged first."""
     if os.path.exists(partition.path):
-        items = wal.read_items(partition.path)
+        logged = wal.read_items(partition.path)
     else:
         started = time.time()
         # A server failing mid-fetch leaves this batch shorter; the next batch asks it again.
         taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
-        ids, items = taken.ids, taken.items
-        header = wal.WalHeader(partition.server, started, len(ids), partition.queue)
-        if not wal.write_partition(partition.path, header, ids, items):
-            items = wal.read_items(partition.path)  # another attempt logged first: its rows stand
-    yield from queue_rows(items, partition.queue, partition.server)
+        logged = wal.Logged(taken.items, taken.added, taken.expiry)
+        header = wal.WalHeader(partition.server, started, len(taken.ids), partition.queue)
+        if not wal.write_partition(partition.path, header, taken.ids, logged):
+            logged = wal.read_items(partition.path)  # another attempt logged first: its rows stand
+    yield from queue_rows(logged.items, partition.queue, partition.server, logged.added, logged.expiry)
 
 
 class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

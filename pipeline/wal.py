@@ -5,8 +5,10 @@ Spark sees a row, so that a replayed batch yields exactly the same rows. A file 
 not at all (written aside, fsynced, then hard-linked into place: the first writer wins).
 
 Layout: `<checkpoint>/kestrel/<source>/<batch>/<partition>`; a file is a magic line, a JSON header
-line (server, fetch time, count, queue), the read ids (int64 each), then each item as a
-uint32 length and its bytes. A file's name is `<host>_<port>-<part>`, preceded by `<queue>~` when the
+line (server, fetch time, count, queue, timed), the read ids (int64 each), each item as a
+uint32 length and its bytes, then (when `timed`) each item's add time and expiry (int64 ms since the
+epoch each; expiry 0: never); files of earlier versions have no times (their rows' times are null).
+A file's name is `<host>_<port>-<part>`, preceded by `<queue>~` when the
 source reads several queues (`~` is never part of a queue's name). An empty `<partition>.confirmed`
 beside it says its reads were confirmed; `<checkpoint>/kestrel/<source>/returned` counts the items
 delivered again because their reads had gone back to the queue when they were confirmed.
@@ -40,6 +42,16 @@ class WalHeader:
     fetched_at: float  # seconds since the epoch, when the first item was taken
     count: int
     queue: str | None = None  # absent from files of versions that read one queue per source
+    timed: bool = False  # each item's add time and expiry follow the items (absent from earlier files)
+
+
+@dataclass
+class Logged:
+    """A file's items, with their add times and expiries (ms; None in a file without times)."""
+
+    items: list[bytes]
+    added: list[int] | None = None
+    expiry: list[int] | None = None
 
 
 def checkpoint_dir(location: str) -> str:
@@ -54,16 +66,19 @@ def checkpoint_dir(location: str) -> str:
     return os.path.abspath(location)
 
 
-def write_partition(path: str, header: WalHeader, ids: list[int], items: list[bytes]) -> bool:
+def write_partition(path: str, header: WalHeader, ids: list[int], logged: Logged) -> bool:
     """Write the file whole; False when another attempt wrote it first (theirs stands)."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     aside = f"{path}.{uuid.uuid4().hex}.tmp"
+    header.timed = logged.added is not None and logged.expiry is not None
     head = json.dumps(header.__dict__).encode() + b"\n"
     with open(aside, "wb") as f:
         f.write(MAGIC + head)
         f.write(struct.pack(f"<{len(ids)}q", *ids))
-        f.write(b"".join(_LEN.pack(len(item)) + item for item in items))
+        f.write(b"".join(_LEN.pack(len(item)) + item for item in logged.items))
+        if logged.added is not None and logged.expiry is not None:
+            f.write(struct.pack(f"<{2 * len(ids)}q", *logged.added, *logged.expiry))
         f.flush()
         os.fsync(f.fileno())
     try:
@@ -92,7 +107,7 @@ def read_ids(path: str) -> tuple[WalHeader, list[int]]:
         return _read_head(f, path)
 
 
-def read_items(path: str) -> list[bytes]:
+def read_items(path: str) -> Logged:
     with open(path, "rb") as f:
         header, _ = _read_head(f, path)
         body = f.read()
@@ -101,7 +116,10 @@ def read_items(path: str) -> list[bytes]:
         (size,) = _LEN.unpack_from(body, at)
         items.append(body[at + 4:at + 4 + size])
         at += 4 + size
-    return items
+    if not header.timed:
+        return Logged(items)
+    times = struct.unpack_from(f"<{2 * header.count}q", body, at)
+    return Logged(items, list(times[:header.count]), list(times[header.count:]))
 
 
 def batches(root: str) -> list[int]:

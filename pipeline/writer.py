@@ -2,10 +2,11 @@
 
 Each task puts its rows in batches through a client `Cluster`, spreading batches over the servers
 round-robin from a task-dependent start (Kestrel's cluster model: servers never coordinate); a
-batch a server cannot take goes on to the next server, and when no server can take it, it is
-retried with the documented back-off. Everything that can be
-known before a row is written is checked when the job is planned: the servers, the options and the
-column's type. A put retried after a lost reply may add its batch twice (at-least-once).
+batch a server cannot take goes on to the next server, and when no server can take it, the client
+tries them all again (`retries` times, the pauses from `retryBackoffMs` doubling): the one layer
+that retries, so the writer adds none on top. Everything that can be known before a row is written
+is checked when the job is planned: the servers, the options and the column's type. A put retried
+after a lost reply may add its batch twice (at-least-once).
 
 `writeStream.format("kestrel")` puts each micro-batch the same way (`KestrelStreamWriter`), also at
 least once: a batch that Spark runs again after a failure (its rows put, its commit not yet
@@ -24,7 +25,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from kestrel.client import Cluster
 from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
-from kestrel.pipeline.servers import parse_servers, with_retries
+from kestrel.pipeline.servers import parse_servers
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -32,12 +33,16 @@ WRITE_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,... (port 2229 by default)"),
     Option("queue", queue_name, doc="the queue to put into"),
     Option("batchSize", whole(1), 1000, "items per put"),
-    Option("retries", whole(0), 5, "attempts after a connection-level error, per put"),
-    Option("retryBackoffMs", whole(1), 100, "first wait before a retry; doubled each time, at most 10 s"),
+    Option("retries", whole(0), 5, "passes over the servers again when none could take a put"),
+    Option("retryBackoffMs", whole(1), 100, "the pause before the first of them; doubled each time, at most "
+                                            "10 s, each shortened at random by up to half"),
     Option("onFull", choice("fail", "count"), "fail", "items refused by a full queue fail the job or count"),
     Option("onNull", choice("fail", "count"), "fail", "a null fails the job, or is skipped and counted"),
     Option("column", text, None, "the column to put (default: `data`, else `value`, else the only one)"),
 ]
+
+
+MAX_BACKOFF_MS = 10_000
 
 
 class QueueFullError(RuntimeError):
@@ -97,20 +102,29 @@ class KestrelWriter(DataSourceArrowWriter):
 
         context = TaskContext.get()
         turn = context.partitionId() % len(self.servers) if context is not None else 0
-        cluster = Cluster(self.servers[turn:] + self.servers[:turn])  # tasks start on different servers
+        # Tasks start on different servers; the client retries, the writer does not retry on top.
+        cluster = Cluster(self.servers[turn:] + self.servers[:turn], retries=self.retries,
+                          backoff_ms=self.backoff_ms, max_backoff_ms=MAX_BACKOFF_MS)
         written = refused = nulls = 0
         pending: list[bytes] = []
 
         def put(items: list[bytes]) -> None:
             nonlocal written, refused
-            accepted = with_retries(lambda: cluster.put_many(self.queue, items), f"put on {self.queue!r}",
-                                    retries=self.retries, backoff_ms=self.backoff_ms)
-            written += accepted
-            if accepted < len(items):
-                refused += len(items) - accepted
+            left = items
+            while left:
+                # Raises NoServers once no server could be reached through the client's retries. A
+                # short answer is asked again for the rest: every server answering 0 means full
+                # queues, and servers lost mid-batch raise rather than count as full.
+                accepted = cluster.put_many(self.queue, left)
+                written += accepted
+                if not accepted:
+                    break
+                left = left[accepted:]
+            if left:
+                refused += len(left)
                 if self.on_full == "fail":
                     raise QueueFullError(
-                        f"queue {self.queue!r} is full on every server: they refused {len(items) - accepted} "
+                        f"queue {self.queue!r} is full on every server: they refused {len(left)} "
                         f"of {len(items)} items (set onFull=count to go on)")
 
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -107,7 +108,7 @@ def test_a_failed_construction_leaves_no_zookeeper_session(
     with pytest.raises(ValueError, match="path_prefix"):
         Cluster.from_zookeeper(zookeeper.hosts, "kestrel")
     # A failure once connected (watching the sets) ends the session it started.
-    monkeypatch.setattr(ZooKeeperServerSets, "_watch", lambda self: 1 / 0)
+    monkeypatch.setattr(ZooKeeperServerSets, "_watch", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         Cluster.from_zookeeper(zookeeper.hosts, PREFIX)
     assert made, "the watch failed after connecting"
@@ -226,3 +227,59 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
 def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
     max_gap, waited = run_gevent_script(f"zookeeper={zookeeper.hosts}{PREFIX}")
     assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
+
+
+def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any) -> None:
+    """A real restart, and ZooKeeper going away again while the client sets its watches once more:
+    ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
+    keeps trying at least every few seconds (the pauses it asks for are recorded and cut short, not
+    timed: kazoo's default doubles them up to an hour, which froze the lists that long), and sees a
+    member that joins once ZooKeeper answers again."""
+    from kazoo.exceptions import ConnectionLoss
+
+    prefix = "/kestrel-watch-loss"
+    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    zk.start(timeout=30)
+
+    def join(port: int) -> None:
+        member = {"serviceEndpoint": {"host": "127.0.0.1", "port": port},
+                  "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}}, "status": "ALIVE"}
+        for name in ("write", "read"):
+            zk.create(f"{prefix}/{name}/member_", json.dumps(member).encode(), sequence=True, makepath=True)
+
+    join(7001)
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == {7001}, "the first member")
+        failing = threading.Event()
+        failed = 0
+        real_get_children = watching.zk.get_children
+        pauses: list[float] = []
+
+        def get_children(*args: Any, **kwargs: Any) -> Any:
+            nonlocal failed
+            if failing.is_set():
+                failed += 1
+                raise ConnectionLoss()
+            return real_get_children(*args, **kwargs)
+
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            time.sleep(0.01)
+
+        watching.zk.get_children = get_children  # type: ignore[method-assign]
+        watching.zk._retry.sleep_func = sleep  # the pauses between tries of a call
+        failing.set()
+        zk.stop()
+        zookeeper.restart(wipe=False)
+        wait_until(lambda: failed >= 15, "the client's reads of the sets to fail after the restart")
+        failing.clear()
+        zk.start(timeout=30)
+        join(7002)
+        wait_until(lambda: thrift_ports(watching.writers()) == {7001, 7002}
+                   and thrift_ports(watching.readers()) == {7001, 7002}, "the member joined after the restart")
+        assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
+    finally:
+        watching.close()
+        zk.stop()
+        zk.close()

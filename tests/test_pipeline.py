@@ -157,9 +157,59 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
     gone = f"127.0.0.1:{free_port()}"
     partial = spark.read.format("kestrel").option("servers", f"{address(b)},{gone}").option("queue", "keep") \
         .option("autoAbortMs", 1000).load()
-    with pytest.raises(Exception, match=f"server {gone} failed after 0 items"):
+    with pytest.raises(Exception, match=f"server {gone} could not list its queues"):
         partial.count()
     wait_until(lambda: waiting(b, "keep") == (800, 0), "800 items back on the queue")
+
+
+def queue_names(srv: ServerProcess) -> list[str]:
+    c = client(srv)
+    try:
+        return list(c.queue_names())
+    finally:
+        c.close()
+
+
+def test_batch_read_of_queues_no_server_holds_creates_nothing(spark: Any, server_factory: Any) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "only-a", [b"1", b"2"])
+    before = (queue_names(a), queue_names(b))
+    assert before == (["only-a"], [])
+    read = spark.read.format("kestrel").option("servers", address(a, b))
+    for queue, named in (("nowhere", "'nowhere'"), ("x,y", "'x', 'y'"), ("only-a,absent", "'absent'")):
+        with pytest.raises(Exception, match=f"no server holds queue {named} .*nothing was created"):
+            read.option("queue", queue).load().collect()
+    # A queue one server holds is read there alone; the other server gains no queue.
+    rows = read.option("queue", "only-a").load().collect()
+    assert sorted(r.data for r in rows) == [b"1", b"2"]
+    assert (queue_names(a), queue_names(b)) == before
+    assert not (b.queue_path / "only-a").exists() and not (a.queue_path / "nowhere").exists()
+
+
+def test_rows_carry_each_items_add_time_and_expiry(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    c = client(server)
+    before = time.time()
+    c.put("stamped", [b"forever"], 0)
+    c.put("stamped", [b"brief"], 3_600_000)
+    after = time.time()
+    c.close()
+    rows = (spark.read.format("kestrel").option("servers", address(server)).option("queue", "stamped").load()
+            .select("data", "timestamp", "expiry").collect())
+    assert [r.data for r in rows] == [b"forever", b"brief"]
+    assert all(before - 0.001 <= r.timestamp.timestamp() <= after + 0.001 for r in rows)
+    assert rows[0].expiry is None
+    assert before + 3599.999 <= rows[1].expiry.timestamp() <= after + 3600.001
+    # The stream's rows carry them too (its log keeps them, for a batch replayed).
+    out = str(tmp_path / "out")
+    checkpoint = str(tmp_path / "cp")
+    query = (spark.readStream.format("kestrel").option("servers", address(server)).option("queue", "stamped")
+             .option("checkpointLocation", checkpoint).load()
+             .writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination(600)
+    streamed = sorted(spark.read.parquet(out).select("data", "timestamp", "expiry").collect())
+    assert streamed == sorted(rows)
+    assert waiting(server, "stamped") == (0, 0)
 
 
 def test_drain_writes_then_confirms_every_item_once(spark: Any, server_factory: Any, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +16,7 @@ pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the 
 
 from kestrel.client import Refused, ServerUnavailable  # noqa: E402
 from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
-from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads, with_retries  # noqa: E402
+from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
 from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
 
 
@@ -152,12 +154,21 @@ def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
 
     path = str(tmp_path / "7" / "h_1-0")
     header = wal.WalHeader("h:1", 12.5, 3)
-    assert wal.write_partition(path, header, [4, 5, 6], [b"a", b"", b"c" * 70_000])
-    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], [b"z"])
-    assert wal.read_ids(path) == (header, [4, 5, 6])
-    assert wal.read_items(path) == [b"a", b"", b"c" * 70_000]
+    logged = wal.Logged([b"a", b"", b"c" * 70_000], [1_700_000_000_001, 2, 3], [0, 1_800_000_000_000, 0])
+    assert wal.write_partition(path, header, [4, 5, 6], logged)
+    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], wal.Logged([b"z"]))
+    assert wal.read_ids(path) == (header, [4, 5, 6]) and header.timed
+    assert wal.read_items(path) == logged
     assert wal.batches(str(tmp_path)) == [7] and wal.batch_files(str(tmp_path), 7) == [path]
     assert list((tmp_path / "7").iterdir()) == [Path(path)]  # nothing left aside
+    # A file of an earlier version: no times, and none read.
+    old = str(tmp_path / "8" / "h_1-0")
+    os.makedirs(os.path.dirname(old))
+    with open(old, "wb") as f:
+        f.write(wal.MAGIC + b'{"server": "h:1", "fetched_at": 1.0, "count": 1, "queue": "q"}\n')
+        f.write(struct.pack("<q", 9) + struct.pack("<I", 1) + b"z")
+    assert wal.read_items(old) == wal.Logged([b"z"])
+    assert wal.read_ids(old) == (wal.WalHeader("h:1", 1.0, 1, "q"), [9])
 
 
 def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
@@ -183,9 +194,12 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     srv = server_factory({"max_open_reads": 7})
     address = f"127.0.0.1:{srv.thrift_port}"
     server = Server("127.0.0.1", srv.thrift_port)
+    before = int(time.time() * 1000)
     server.put("q", [b"%d" % i for i in range(30)])
+    after = int(time.time() * 1000)
     taken = take_open_reads(address, "q", 25, 60_000)
     assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
+    assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
     assert taken.failure is None
     assert server.peek("q").open_transactions == 25
     assert server.confirm("q", set(taken.ids)) == 25  # closed over another connection
@@ -193,25 +207,43 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     assert (lost.ids, lost.items) == ([], []) and "cannot connect" in str(lost.failure)
 
 
-def test_retries_wait_for_a_server_that_comes_back(server: ServerProcess) -> None:
-    from kestrel.client import Cluster
+def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One layer retries: the writer's `retries` are the client's passes over the servers, its pauses
+    the client's (recorded here, not timed), with nothing stacked on top."""
+    import types
 
-    cluster = Cluster([f"127.0.0.1:{server.thrift_port}"])
-    server.stop()
-    threading.Timer(0.5, server.start).start()
-    assert with_retries(lambda: cluster.put_many("q", [b"x"]), "put", retries=8, backoff_ms=100) == 1
-    gone = Cluster([f"127.0.0.1:{free_port()}"])
-    with pytest.raises(ServersUnreachable, match="gave up after 2 attempts"):
-        with_retries(lambda: gone.put_many("q", [b"x"]), "put", retries=1, backoff_ms=1)
-    calls: list[int] = []
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
 
-    def refused() -> None:
-        calls.append(1)
-        raise Refused("h:1", "bad queue name")
+    from kestrel.client import NoServers
+    from kestrel.client import cluster as cluster_module
+    from kestrel.client.server import Server
+    from kestrel.pipeline.writer import KestrelWriter
 
-    with pytest.raises(Refused):
-        with_retries(refused, "put", retries=5, backoff_ms=1)
-    assert calls == [1]  # an answer from the server is not retried
+    pauses: list[float] = []
+    puts = 0
+    real_put = Server.put
+
+    def counted(self: Server, *args: Any, **kwargs: Any) -> int:
+        nonlocal puts
+        puts += 1
+        return real_put(self, *args, **kwargs)
+
+    monkeypatch.setattr(Server, "put", counted)
+    monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
+    schema = StructType([StructField("data", BinaryType())])
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x", b"y"], pa.binary())], names=["data"])
+    options = {"queue": "q", "retries": "3", "retryBackoffMs": "100"}
+    gone = KestrelWriter({**options, "servers": f"127.0.0.1:{free_port()}"}, schema)
+    with pytest.raises(NoServers, match="cannot connect"):
+        gone.write(iter([batch]))
+    assert puts == 4 and len(pauses) == 3, pauses  # the first pass, then three more after a pause each
+    assert 0.05 <= pauses[0] <= 0.1 and 0.1 <= pauses[1] <= 0.2 and 0.2 <= pauses[2] <= 0.4
+    puts = 0
+    pauses.clear()
+    live = KestrelWriter({**options, "servers": f"127.0.0.1:{server.thrift_port}"}, schema)
+    assert live.write(iter([batch])).written == 2 and (puts, pauses) == (1, [])
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
@@ -254,7 +286,7 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     from thriftpy2.thrift import TApplicationException
     from thriftpy2.transport import TFramedTransportFactory
 
-    from kestrel.client import Cluster, ServerClosing
+    from kestrel.client import Cluster, NoServers, ServerClosing
     from kestrel.contract import kestrel_thrift
 
     class Closing:
@@ -287,8 +319,8 @@ def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> N
     wait_until(closing_said, "the closing server to answer")
     with pytest.raises(Refused, match="is not there"):  # any other error reply stays a refusal
         lone.peek("q")
-    with pytest.raises(ServersUnreachable, match="gave up after 2 attempts"):  # the pipeline retries it
-        with_retries(lambda: lone.put("q", [b"x"]), "put", retries=1, backoff_ms=1)
+    with pytest.raises(NoServers, match="is closed"):  # retried as a server that is down, then given up
+        Cluster([f"127.0.0.1:{port}"], retries=1, backoff_ms=1).put("q", b"x")
     cluster = Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"])
     assert all(cluster.put("q", b"%d" % i) for i in range(4))  # every put lands on the live server
     assert Server("127.0.0.1", server.thrift_port).peek("q").items == 4
@@ -339,7 +371,6 @@ def _committed(checkpoint: Path, source_key: str, batch: int) -> None:
 
 def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: ServerProcess,
                                                                     tmp_path: Path) -> None:
-    import os
     import signal
 
     from kestrel.client import Cluster, Server
@@ -359,7 +390,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
         taken = take_open_reads(address, "events", quota, 60_000)
         path = os.path.join(reader.root, str(batch), "part-0")
         assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(taken.ids)), taken.ids,
-                                   taken.items)
+                                   wal.Logged(taken.items))
         _committed(checkpoint, reader.source_key, batch)
         return path
 

@@ -65,15 +65,14 @@ def with_ports(code: str, server: ServerProcess) -> str:
 
 
 def run(code: str, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 60) -> list[str]:
-    """Run `code` as a script from a directory outside the repository, in this environment minus
-    PYTHONPATH and PYSPARK_PYTHON (set by the Spark tests of this process), plus `env`; its output."""
+    """Run `code` as a script from a directory outside the repository, in `env` (default: this
+    environment minus PYTHONPATH and PYSPARK_PYTHON, set by the Spark tests of this process); its output."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert ROOT not in elsewhere.resolve().parents
     script = elsewhere / "example.py"
     script.write_text(code)
-    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
-    environment.update(env or {})
+    environment = env or {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
     done = subprocess.run([sys.executable, str(script)], cwd=elsewhere, env=environment, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr}"
@@ -114,25 +113,9 @@ def test_readme_example_runs(name: str, server_factory: Any, tmp_path: Path) -> 
 @pytest.mark.timeout(900)  # a deadline for a hung Spark, not a budget (see tests/test_pipeline.py)
 def test_readme_spark_example_runs(server_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
-    from tests.installs import ensure_debian_package
+    from tests.spark_apps import app_environment, need_java
 
-    if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
+    need_java()
     code = with_ports(examples()["spark"], server_factory())
-    # Only to make it cheaper, as tests/test_pipeline.py does: a JVM that starts fast, no web UI, Spark's
-    # files under this test's folder, and every Python worker importing pyspark precompiled (the
-    # example only sets PYSPARK_PYTHON if unset; this is the same Python). From Spark's zip, each
-    # worker compiles pyspark anew, and on a loaded machine the streaming source's worker then missed
-    # Spark's 10 s to connect back.
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "1", "spark.python.unix.domain.socket.enabled": "true",
-                "spark.sql.streaming.pollingDelay": "50ms", "spark.local.dir": str(tmp_path / "spark")}
-    submit = " ".join(f"--conf {key}={value}" for key, value in settings.items())
-    env = {
-        "PYSPARK_SUBMIT_ARGS": f"{submit} --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' "
-                               "pyspark-shell",
-        "PYSPARK_PYTHON": str(ROOT / "tests" / "spark_python.sh"),
-        "PYSPARK_DRIVER_PYTHON": str(ROOT / "tests" / "spark_python.sh"),
-        "KESTREL_SPARK_PYTHON": sys.executable,
-    }
-    expect(run(code, tmp_path, env, timeout=600), OUTPUT["spark"])
+    # Only to make it cheaper (the example only sets PYSPARK_PYTHON if unset; this is the same Python).
+    expect(run(code, tmp_path, app_environment(tmp_path / "spark"), timeout=600), OUTPUT["spark"])

@@ -162,6 +162,34 @@ def test_flush_delete_and_flush_all(server_factory: Any) -> None:
     assert not (server.queue_path / "b").exists()
 
 
+def test_queue_names_and_get_timed_create_no_queue(server_factory: Any) -> None:
+    server = server_factory()  # its own: the test asserts the whole queue list
+    with client(server) as c:
+        c.put("held", [b"x"], 0)
+        assert c.queue_names() == ["held"]
+        assert c.get_timed("missing", 5, 0, 0) == []
+        assert c.get_timed("missing", 5, 50, 30_000) == []
+        assert c.queue_names() == ["held"]
+    assert not (server.queue_path / "missing").exists()
+
+
+def test_get_timed_gives_each_items_add_time_and_expiry(server: ServerProcess) -> None:
+    with client(server) as c:
+        before = int(time.time() * 1000)
+        c.put("timed", [b"forever"], 0)
+        c.put("timed", [b"brief"], 600_000)
+        after = int(time.time() * 1000)
+        got = c.get_timed("timed", 5, 0, 30_000)
+        assert [i.data for i in got] == [b"forever", b"brief"]
+        assert all(before <= i.add_time_msec <= after for i in got)
+        assert got[0].expiry_msec is None
+        assert before + 600_000 <= got[1].expiry_msec <= after + 600_000
+        assert all(i.id > 0 for i in got)  # open reads, closed like get's
+        assert c.abort("timed", {i.id for i in got}) == 2
+        plain = c.get("timed", 5, 0, 0)  # `get` answers Kestrel's Item, times left out
+        assert [(i.data, i.id) for i in plain] == [(b"forever", 0), (b"brief", 0)]
+
+
 def test_full_queue_accepts_fewer(server: ServerProcess) -> None:
     with client(server) as c:
         assert c.put("small", [b"a", b"b", b"c"], 0) == 2

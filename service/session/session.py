@@ -132,6 +132,30 @@ class Session:
         """Up to `max_items` (at most `max_batch_items`) as (data, id), waiting up to `timeout_ms` (at
         most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
         `max_open_reads` open reads on each queue, as Kestrel counts them."""
+        items, ids = self._take_items(queue, max_items, timeout_ms, auto_abort_ms)
+        return data_with_ids(items, ids)
+
+    def get_timed_items(self, queue: str, max_items: int, timeout_ms: int = 0,
+                        auto_abort_ms: int = 0) -> list[tuple[bytes, int, int, int | None]]:
+        """`get_items` with each item's add time and expiry (None: never), as (data, id, added,
+        expiry); a queue the server does not hold is not created (no items, at once)."""
+        check_queue_name(queue)
+        self.coll.check_refused(queue)
+        if self.coll.get(queue) is None:
+            self.status.check_read("get")
+            return []
+        items, ids = self._take_items(queue, max_items, timeout_ms, auto_abort_ms)
+        every = [ids] * len(items) if isinstance(ids, int) else ids
+        return [(item.data, xid, item.add_time, item.expiry or None)
+                for item, xid in zip(items, every, strict=True)]
+
+    def queue_names(self) -> list[str]:
+        """The queues the server holds (fanout readers included, aliases not); creates nothing."""
+        return self.coll.queue_names()
+
+    def _take_items(self, queue: str, max_items: int, timeout_ms: int,
+                    auto_abort_ms: int) -> tuple[list[QItem], int | list[int]]:
+        """The items of a Thrift get and the ids of their open reads (0 for all, without auto-abort)."""
         self.status.check_read("get")
         config = self.server.config
         max_items = min(max_items, config.max_batch_items)
@@ -152,9 +176,9 @@ class Session:
         else:
             self.stats.get_misses += 1
         if not transaction:
-            return data_with_ids(items, 0)
+            return items, 0
         xids = [item.xid for item in items]
-        return data_with_ids(items, self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms))
+        return items, self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""

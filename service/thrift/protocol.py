@@ -39,6 +39,8 @@ _DOUBLE_LE = struct.Struct("<d")
 _FIELD = struct.Struct("!bh")
 _STRING_FIELD = struct.Struct("!bhi")  # field header and length
 _I64_FIELD_STOP = struct.Struct("!bhqb")  # field header, value, end of struct
+_TWO_I64_FIELDS_STOP = struct.Struct("!bhqbhqb")  # two i64 fields, then the struct's STOP
+_THREE_I64_FIELDS_STOP = struct.Struct("!bhqbhqbhqb")
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _BINARY_VERSION = 0x80010000
 _COMPACT_ID = 0x82
@@ -518,6 +520,23 @@ class BinaryWriter(Writer):
                 return
             except (TypeError, ValueError, IndexError, struct.error):
                 pass  # objects, strings or missing fields: nothing was written, take the general way
+        if [t for t, _ in shape] == [STRING, I64, I64, I64] and isinstance(values, list):
+            # `get_timed`'s TimedItem as (bytes, id, added, expiry or None) tuples: the numbers after
+            # the data in one pack per item, the last left out when None (it is optional).
+            (_, fid1), (_, fid2), (_, fid3), (_, fid4) = shape
+            try:
+                timed: list[bytes] = []
+                for data, number, added, expiry in values:
+                    timed.append(_STRING_FIELD.pack(STRING, fid1, len(data)))
+                    timed.append(data)
+                    timed.append(_TWO_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, STOP)
+                                 if expiry is None else
+                                 _THREE_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, I64, fid4,
+                                                             expiry, STOP))
+                self.out += b"".join(timed)
+                return
+            except (TypeError, ValueError, struct.error):
+                pass  # not such tuples: nothing was written, take the general way
         super().write_flat_structs(fields, values)
 
     def write_value(self, ttype: int, value: Any) -> None:

@@ -1,0 +1,146 @@
+"""Spark applications in processes of their own, as users run them: the example job twice on one
+output path, and a job on a standalone cluster of two workers that the test starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+
+# Deadlines for a hung Spark, not budgets: on a loaded machine a Spark application takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+from tests.conftest import ROOT, ServerProcess, free_ports, wait_for  # noqa: E402
+from tests.spark_apps import app_environment, need_java  # noqa: E402
+
+EXAMPLE = ROOT / "pipeline" / "examples" / "produce_and_consume.py"
+
+
+def queue_info(srv: ServerProcess, queue: str) -> tuple[int, int]:
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", srv.thrift_port) as server:
+        info = server.peek(queue)
+        return int(info.items), int(info.open_transactions)
+
+
+def run_app(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, f"{command[1]} failed:\n{done.stdout}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def test_the_example_job_runs_twice_on_one_output_path(server: ServerProcess, tmp_path: Path) -> None:
+    need_java()
+    out = tmp_path / "out"
+    command = [sys.executable, str(EXAMPLE), "--servers", f"127.0.0.1:{server.thrift_port}", "--rows", "2000",
+               "--out", str(out)]
+    for _ in range(2):  # the second run finds the first one's output and checkpoint, and goes on from them
+        printed = run_app(command, app_environment(tmp_path / "spark"), tmp_path)
+        assert "produced 2,000 rows" in printed and "consumed 2,000 distinct rows" in printed, printed
+        assert queue_info(server, "example") == (0, 0)
+
+
+# The job: rows put by the writer's tasks, looked at by a batch read, taken by an AvailableNow stream
+# into Parquet, counted; then how many executors ran it (the driver is listed among them).
+CLUSTER_JOB = """
+import sys
+from pyspark.sql import SparkSession
+
+servers, out = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.appName("kestrel-on-a-cluster").getOrCreate()
+rows = spark.range(0, 20000, numPartitions=4).selectExpr("concat('job-', cast(id as string)) as data")
+rows.write.format("kestrel").option("servers", servers).option("queue", "jobs").mode("append").save()
+looked = spark.read.format("kestrel").option("servers", servers).option("queue", "jobs") \\
+    .option("maxItems", 100000).load()
+print("looked", looked.count(), looked.select("server").distinct().count())
+query = spark.readStream.format("kestrel").option("servers", servers).option("queue", "jobs") \\
+    .option("checkpointLocation", out + "/cp").option("maxItemsPerTrigger", 8000).option("minPartitions", 4) \\
+    .load().writeStream.format("parquet").option("path", out + "/data").option("checkpointLocation", out + "/cp") \\
+    .trigger(availableNow=True).start()
+query.awaitTermination()
+taken = spark.read.parquet(out + "/data")
+print("taken", taken.count(), taken.select("data").distinct().count())
+print("executors", spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1)
+spark.stop()
+"""
+
+
+class Standalone:
+    """A Spark standalone master and its workers, each a process of its own (`spark-class`)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_ports(1, owner=self)[0]
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+    def _start(self, name: str, *args: str) -> Path:
+        log = self.workdir / f"{name}.log"
+        env = dict(app_environment(self.workdir / name), SPARK_LOCAL_IP="127.0.0.1",
+                   SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        env.pop("PYSPARK_SUBMIT_ARGS")
+        with open(log, "ab") as out:
+            self.procs.append(subprocess.Popen([self.spark_class, *args], cwd=self.workdir, env=env, stdout=out,
+                                               stderr=out, start_new_session=True))
+        return log
+
+    def start(self, workers: int) -> Standalone:
+        master_log = self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                 "--port", str(self.port), "--webui-port", "0")
+        for i in range(workers):
+            (self.workdir / f"work-{i}").mkdir()
+            self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                        "--webui-port", "0", "--cores", "1", "--memory", "1g",
+                        "--work-dir", str(self.workdir / f"work-{i}"), self.url)
+        wait_for(self.procs[0], lambda: master_log.read_text(errors="replace").count("Registering worker")
+                 >= workers, f"{workers} workers registered with the master", timeout=300)
+        return self
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # each JVM's process group: spark-class runs java as a child
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    need_java()
+    cluster = Standalone(tmp_path)
+    try:
+        yield cluster.start(workers=2)
+    finally:
+        cluster.stop()
+
+
+def test_a_job_on_a_standalone_cluster_of_two_workers(standalone: Standalone, server_factory: Any,
+                                                      tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    servers = f"127.0.0.1:{a.thrift_port},127.0.0.1:{b.thrift_port}"
+    job = tmp_path / "job.py"
+    job.write_text(CLUSTER_JOB)
+    env = app_environment(tmp_path / "spark", **{
+        "spark.master": standalone.url, "spark.cores.max": "2", "spark.executor.cores": "1",
+        "spark.executor.memory": "512m", "spark.driver.host": "127.0.0.1",
+        "spark.executorEnv.KESTREL_SPARK_PYTHON": sys.executable,
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    printed = run_app([sys.executable, str(job), servers, str(tmp_path / "out")], env, tmp_path).splitlines()
+    assert "looked 20000 2" in printed, printed  # every row, from both servers, and all left in place
+    assert "taken 20000 20000" in printed, printed  # each item once
+    assert "executors 2" in printed, printed  # one on each worker
+    assert queue_info(a, "jobs") == (0, 0) and queue_info(b, "jobs") == (0, 0)
