@@ -94,7 +94,7 @@ class QueueCollection:
         # queue created since. A new queue owning none has no file to look for: creating it reads
         # no directory (None before `load`: each new queue lists the path for its own files).
         self._owners: set[str] | None = None
-        self._kestrel3 = Kestrel3Journals(path, runtime)
+        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
         self.total_items_added = 0

@@ -33,13 +33,23 @@ class ConfigError(KestrelError, ValueError):
 class CorruptJournalError(KestrelError):
     """Raised when a journal holds a record that cannot be read and is not a torn tail."""
 
-    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
+                 salvageable: bool = True) -> None:
         op = "?" if opcode is None else str(opcode)
         super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
         self.path = path
         self.offset = offset
         self.opcode = opcode
         self.reason = reason
+        self.salvageable = salvageable  # whether --salvage can set this damage aside and start
+
+    def advice(self, salvage: bool) -> str:
+        """What to do, for the message that refuses to start: --salvage only where it helps."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore the file, or move the queue's files"
+        if salvage or "--salvage" in str(self):
+            return ""
+        return "start with --salvage to keep what precedes the damage"
 
 
 class QueueDamaged(KestrelError):

@@ -212,7 +212,7 @@ def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp
     coll.load()
     assert not coll.refused
     assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
 
 
 def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tm
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"b"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
@@ -247,7 +247,7 @@ def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"packed", b"live"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.300"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300", "q.manifest"]
 
 
 def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
