@@ -17,7 +17,11 @@ Byte layout (this module is the only code that knows it), UTF-8 text:
     <body: one JSON object>
 
 body: {"format": "kestrel2" | "kestrel3", "high_id": <int>,
-       "files": {<file name>: [<size>, <crc32c> | null, <first id>, <last id>], ...}}
+       "files": {<file name>: [<size>, <crc32c> | null, <first id>, <last id>
+                               (, <previous size>, <previous crc32c>)], ...}}
+
+A reader checkpoint is rewritten (temporary, rename) after the manifest lists its new checksum with
+the previous one beside it: a crash on either side of the rename leaves a file the manifest accepts.
 
 `high_id` (Kestrel 3) is the highest item id ever written when the manifest was written; the ids
 of a writer file are its first and last item ids (0 for a Kestrel 2 journal).
@@ -53,6 +57,7 @@ class Entry:
     crc: int | None = None
     first_id: int = 0
     last_id: int = 0
+    previous: tuple[int, int] | None = None  # (size, crc) also accepted: a rewrite under way
 
     @property
     def sealed(self) -> bool:
@@ -72,7 +77,7 @@ def path_of(queue_path: str, queue: str) -> str:
 
 def encode(manifest: Manifest) -> bytes:
     body = json.dumps({"format": manifest.format, "high_id": manifest.high_id,
-                       "files": {name: [e.size, e.crc, e.first_id, e.last_id]
+                       "files": {name: [e.size, e.crc, e.first_id, e.last_id, *(e.previous or ())]
                                  for name, e in sorted(manifest.files.items())}},
                       separators=(",", ":")).encode()
     return f"{MAGIC} {VERSION} {crc32c(body):08x}\n".encode() + body
@@ -91,11 +96,17 @@ def decode(path: str, data: bytes) -> Manifest:
                                   f"contents ({len(body)} bytes): it is damaged or cut short")
     try:
         raw = json.loads(body)
-        files = {str(name): Entry(int(size), None if crc is None else int(crc), int(first), int(last))
-                 for name, (size, crc, first, last) in raw["files"].items()}
+        files = {str(name): _entry(*fields) for name, fields in raw["files"].items()}
         return Manifest(str(raw["format"]), files, int(raw["high_id"]))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptJournalError(path, len(head) + 1, None, f"unreadable manifest: {e}") from None
+
+
+def _entry(size: int, crc: int | None, first: int, last: int, *previous: int) -> Entry:
+    if len(previous) not in (0, 2):
+        raise ValueError(f"{len(previous)} fields after the ids, not 0 or 2")
+    return Entry(int(size), None if crc is None else int(crc), int(first), int(last),
+                 (int(previous[0]), int(previous[1])) if previous else None)
 
 
 def read(queue_path: str, queue: str, fmt: str | None = None) -> Manifest | None:
@@ -166,8 +177,18 @@ def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0
 def mismatch(path: str, entry: Entry, growing: bool = False) -> str | None:
     """Why the file at `path` is not what `entry` records, or None if it is.
 
-    A `growing` file may be longer than recorded; its recorded prefix must still match.
+    A `growing` file may be longer than recorded; its recorded prefix must still match. A file
+    whose `previous` content matches is what it was before a rewrite a crash cut off.
     """
+    why = _mismatch(path, entry, growing)
+    if why is not None and entry.previous is not None:
+        size, crc = entry.previous
+        if _mismatch(path, Entry(size, crc), growing) is None:
+            return None
+    return why
+
+
+def _mismatch(path: str, entry: Entry, growing: bool) -> str | None:
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:

@@ -429,3 +429,50 @@ def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is
     item = coll.remove("q", transaction=True)
     assert item is not None and item.data == b"next" and item.xid > 50
     coll.close()
+
+
+class Crash(BaseException):
+    """The process stops here: nothing after it runs, nothing is closed."""
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:
+    from kestrel.storage.kestrel3 import queue as k3_queue
+    coll = k3(tmp_path)
+    for i in range(40):
+        coll.add("q", b"%04d" % i)
+    for _ in range(10):
+        assert coll.remove("q") is not None  # appended to the checkpoint
+    real = k3_queue.write_checkpoint
+
+    def crash(*args: Any, **kwargs: Any) -> str:
+        if renamed:
+            real(*args, **kwargs)
+        raise Crash
+
+    monkeypatch.setattr(k3_queue, "write_checkpoint", crash)
+    with pytest.raises(Crash):
+        coll.flush("q")  # the manifest lists the rewrite, then the process stops
+    monkeypatch.undo()
+    after = k3(tmp_path)  # no false refusal either way
+    expected = [] if renamed else [b"%04d" % i for i in range(10, 40)]
+    assert drain(after, "q") == expected
+    after.close()
+    assert drain(k3(tmp_path), "q") == []
+
+
+def test_repeated_flushes_and_restarts_keep_checkpoints_matching_the_manifest(tmp_path: Path) -> None:
+    for round_ in range(5):
+        coll = k3(tmp_path)
+        coll.queue("q+c")
+        for i in range(20):
+            coll.add("q", b"%d.%d" % (round_, i))
+        assert coll.remove("q") is not None
+        coll.flush("q")
+        coll.flush("q+c")
+        coll.add("q", b"kept")
+        coll.close()
+    coll = k3(tmp_path)
+    assert drain(coll, "q") == [b"kept"] and drain(coll, "q+c") == [b"kept"]
+    coll.close()

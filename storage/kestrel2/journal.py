@@ -509,12 +509,14 @@ class QueueJournal:
         self.start_next_pack()
 
     def wait_for_packing(self) -> None:
-        """Return once every pack taken so far is written (or has failed). The caller may hold the
-        queue's lock: the pack is then finished here rather than by its own task."""
+        """Return once every pack taken so far is written (or has failed) and every rotated journal
+        is in the manifest. The caller may hold the queue's lock: the pack is then finished here
+        rather than by its own task."""
         while (job := self._pack_job) is not None:
             job.written.wait()
             with self._lock:
                 self._finish_pack(job)
+        self._sealer.wait()
 
     # -----------------------------------------------------------------------------------------
     # Closing
@@ -522,7 +524,6 @@ class QueueJournal:
     def close(self) -> None:
         """Finish any pack, fsync and close the live journal."""
         self.wait_for_packing()
-        self._sealer.wait()
         if self.writer is not None:
             self.writer.close()
 

@@ -445,6 +445,10 @@ class WriterJournal:
         if self._writer is not None:
             self._writer.flush()
 
+    def wait_for_sealing(self) -> None:
+        """Return once every rotated file is fsynced, closed and told to `sealed`."""
+        self._sealer.wait()
+
     def close(self) -> None:
         self._sealer.wait()
         if self._writer is not None:

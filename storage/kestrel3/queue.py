@@ -165,6 +165,16 @@ def check_files(queue_path: str, name: str) -> None:
     check.lost_files(gone, [read_checkpoint(path, high).head for path in on_disk.readers.values()])
 
 
+def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.Entry:
+    """The entry of a checkpoint file that verified: the listed one when the file holds it (not
+    only its previous content), else one read from the file."""
+    if listed is not None and listed.crc is not None:
+        listed = replace(listed, previous=None)
+        if manifest.mismatch(path, listed, growing=True) is None:
+            return listed
+    return manifest.seal(path)
+
+
 def _last_id(on_disk: QueueFiles) -> int:
     """The last item id in the newest writer file (0 if none)."""
     last = 0
@@ -245,13 +255,14 @@ class Kestrel3Journal:
             self._unattached[reader] = 0
         self.writer.tail_id = max(self.writer.tail_id, floor)
         self._check.lost_files(gone, self._unattached.values())
-        self._checkpoints: dict[str, manifest.Entry] = {
-            r: e for r in on_disk.readers if record is not None and r not in fresh
-            and (e := record.files.get(reader_file_name(name, r))) is not None}
+        # What each checkpoint file holds now (it verified): the previous checksum of its next rewrite.
+        checkpoints = {r: _checkpoint_on_disk(path, record.files.get(os.path.basename(path))
+                                                    if record else None)
+                             for r, path in on_disk.readers.items() if r not in fresh}
         self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
         self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
         self.writer.sealed = self._writer_sealed
-        self.record_files({} if new else None)
+        self.record_files(checkpoints, {} if new else None)
         self.readers: dict[str, Kestrel3Queue] = {}
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
@@ -269,9 +280,10 @@ class Kestrel3Journal:
             fresh.add(reader)
             return ReaderCheckpoint()
 
-    def record_files(self, readers: dict[str, str] | None = None) -> None:
-        """Write the manifest as the files now stand (start-up, deletion of consumed files);
-        `readers` (checkpoint paths by reader) when known without listing the queue path."""
+    def record_files(self, checkpoints: dict[str, manifest.Entry], readers: dict[str, str] | None = None
+                     ) -> None:
+        """Write the manifest as start-up leaves the files, with `checkpoints` (by reader) as they
+        verified; `readers` (checkpoint paths by reader) when known without listing the queue path."""
         files: dict[str, manifest.Entry | None] = {}
         for info in self.writer.files[:-1]:
             name = os.path.basename(info.path)
@@ -283,7 +295,7 @@ class Kestrel3Journal:
         if readers is None:
             readers = list_queue_files(self.queue_path, self.name).readers
         for reader, path in readers.items():
-            files[os.path.basename(path)] = self._checkpoints.get(reader, manifest.Entry(0, None))
+            files[os.path.basename(path)] = checkpoints.get(reader, manifest.Entry(0, None))
         self._sealed = {}
         fresh = manifest.Manifest(KESTREL3, {n: e for n, e in files.items() if e is not None},
                                   max(self._keeper.manifest.high_id, self.writer.tail_id))
@@ -305,20 +317,21 @@ class Kestrel3Journal:
             DELETING, None, f.first_id, f.last_id) for f in going}}, high_id=self.writer.tail_id)
 
     def _writer_sealed(self, info: WriterFile) -> None:
+        """A rotated writer file is fsynced (in a thread). Files are sealed in rotation order, so
+        every older one is listed already or deleted; the writer's list is not read here, as the
+        queue changes it meanwhile."""
         entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
-        self._keeper.update({**self._unlisted(), os.path.basename(info.path): entry},
-                            high_id=self.writer.tail_id)
+        self._keeper.update({os.path.basename(info.path): entry}, high_id=info.last_id)
 
-    def checkpoint_written(self, reader: str, entry: manifest.Entry | None) -> None:
-        """A reader's checkpoint was written whole (a new reader, or a rewrite), or is about to be
-        (None: its checksum is unknown until then)."""
-        entry = entry or manifest.Entry(0, None)
-        self._checkpoints[reader] = entry
+    def checkpoint_written(self, reader: str, entry: manifest.Entry, now: manifest.Entry | None) -> None:
+        """A reader's checkpoint was just created as `entry` records it, or is about to be rewritten
+        so over what `now` records: listed with both, as a crash before the rename leaves `now`."""
+        if now is not None:
+            entry = replace(entry, previous=(now.size, now.crc)) if now.crc is not None else manifest.Entry()
         self._keeper.update({**self._unlisted(), reader_file_name(self.name, reader): entry},
                             high_id=self.writer.tail_id)
 
     def checkpoint_deleted(self, reader: str) -> None:
-        self._checkpoints.pop(reader, None)
         self._keeper.update({reader_file_name(self.name, reader): None})
 
     def attach(self, queue: Kestrel3Queue) -> None:
@@ -364,7 +377,8 @@ class _ReaderFile:
     """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
 
     def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
-                 runtime: Runtime, written: Callable[[str, manifest.Entry | None], None]) -> None:
+                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None]
+                 ) -> None:
         self.queue_path = queue_path
         self.written = written  # the manifest learns of each whole write
         self.runtime = runtime
@@ -373,10 +387,12 @@ class _ReaderFile:
         self.path = os.path.join(queue_path, reader_file_name(queue, reader))
         if os.path.exists(self.path):
             progress = read_checkpoint(self.path)
+            self.entry = manifest.seal(self.path)  # what the file holds (appends only extend it)
         else:  # a new reader: the items already written are not its own
             progress = ReaderCheckpoint(start)
             write_checkpoint(queue_path, queue, reader, progress, sync=sync_ms is not None)
-            written(reader, checkpoint_entry(progress))
+            self.entry = checkpoint_entry(progress)
+            written(reader, self.entry, None)
         self.head = progress.head
         self.done = set(progress.done)
         self.writer = JournalWriter(self.path, sync_ms, runtime)
@@ -409,9 +425,10 @@ class _ReaderFile:
         other greenlets: the old file's descriptor is closed in the background. Raises OSError."""
         old = self.writer
         state = ReaderCheckpoint(head, frozenset(done))
-        self.written(self.reader, None)  # a crash before the next line leaves no stale checksum listed
+        entry = checkpoint_entry(state)
+        self.written(self.reader, entry, self.entry)  # listed first, beside what the file holds now
         write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
-        self.written(self.reader, checkpoint_entry(state))
+        self.entry = entry
         self.head, self.done = head, set(done)
         self.writer = JournalWriter(self.path, old.sync_ms, self.runtime)
         self.runtime.spawn(old.close)
@@ -781,7 +798,10 @@ class Kestrel3Queue(PersistentQueue):
     # Settings and shutting down
 
     def wait_for_packing(self) -> None:
-        """Nothing to wait for: Kestrel 3 journals are never packed, their files are deleted."""
+        """Kestrel 3 journals are never packed (their files are deleted): wait until every rotated
+        writer file is in the manifest."""
+        if self._journal is not None:
+            self._journal.writer.wait_for_sealing()
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
