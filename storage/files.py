@@ -346,8 +346,11 @@ class Sealer:
         try:
             while self._pending:
                 old, then = self._pending.pop(0)
-                old.close()
-                self.runtime.run_blocking(then)
+                try:
+                    old.close()
+                    self.runtime.run_blocking(then)
+                except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
+                    log.exception("rotated journal file not sealed into the manifest", file=old.path)
         finally:
             self._running = 0
             if self._done is not None:

@@ -162,9 +162,12 @@ def write(queue_path: str, queue: str, manifest: Manifest) -> None:
 
 
 def remove(queue_path: str, queue: str) -> None:
-    """Delete the manifest (the queue is deleted)."""
-    with contextlib.suppress(FileNotFoundError):
+    """Delete the manifest (the queue is being deleted), durably: before any file it lists."""
+    try:
         os.unlink(path_of(queue_path, queue))
+    except FileNotFoundError:
+        return
+    fsync_dir(queue_path)
 
 
 def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0) -> Entry:

@@ -476,3 +476,48 @@ def test_repeated_flushes_and_restarts_keep_checkpoints_matching_the_manifest(tm
     coll = k3(tmp_path)
     assert drain(coll, "q") == [b"kept"] and drain(coll, "q+c") == [b"kept"]
     coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_queue_deletion_cut_off_part_way_leaves_no_manifest_listing_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    coll = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else _rotated_queue(tmp_path)
+    if fmt == "kestrel3":
+        for i in range(300):
+            coll.add("q", b"%04d" % i)
+    coll.queue("q").wait_for_packing()
+    real = os.unlink
+    calls = []
+
+    def unlink_once(path: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(path)
+        if len(calls) > 2:  # the manifest and one file are gone, then the process stops
+            raise Crash
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_once)
+    with pytest.raises(Crash):
+        coll.delete("q")
+    monkeypatch.undo()
+    assert not (tmp_path / "q.manifest").exists()
+    after = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else k2(tmp_path)
+    after.close()  # what is left loads (as a queue without manifest), refused nowhere
+
+
+def test_a_fanout_reader_deletion_cut_off_before_its_unlink_keeps_the_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+
+    def crash(*_args: Any, **_kwargs: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(os, "unlink", crash)
+    with pytest.raises(Crash):
+        coll.delete("q+child")
+    monkeypatch.undo()
+    after = k3(tmp_path)
+    assert len(drain(after, "q+child")) == 10
+    after.close()

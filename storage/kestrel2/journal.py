@@ -528,7 +528,9 @@ class QueueJournal:
             self.writer.close()
 
     def delete_files(self) -> None:
-        """Delete every file of this journal (the queue is closed)."""
+        """Delete every file of this journal (the queue is closed); the manifest first, so that a
+        crash part way finds no listed file gone."""
+        manifest.remove(self.queue_path, self.name)
         for path in self.paths:
             if os.path.exists(path):
                 os.unlink(path)
@@ -536,7 +538,6 @@ class QueueJournal:
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
         journal.remove_temporaries(self.queue_path, self.name)
-        manifest.remove(self.queue_path, self.name)
         self._manifest = None
         self._checked = False
 

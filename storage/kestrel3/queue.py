@@ -357,9 +357,9 @@ class Kestrel3Journal:
         self.closed = True
         self.writer.close()
         self.owner.forget(self)
+        manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
         for _, path in list_queue_files(self.queue_path, self.name).writers:
             os.unlink(path)
-        manifest.remove(self.queue_path, self.name)
 
     def release(self) -> None:
         """Delete the writer files every reader has passed."""
@@ -824,8 +824,8 @@ class Kestrel3Queue(PersistentQueue):
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
-            os.unlink(self._file.path)
-            if journal is not None:
+            if journal is not None:  # unlisted first: a crash before the unlink keeps the reader
                 journal.checkpoint_deleted(self.reader)
+            os.unlink(self._file.path)
         if journal is not None and journal.unread:
             journal.destroy()
