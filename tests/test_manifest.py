@@ -45,6 +45,17 @@ def test_crc32c_compiled_matches_the_python_reference() -> None:
     assert crc32c(data[5000:], crc32c(data[:5000])) == crc32c_python(data)
 
 
+def test_file_crc32c_of_whole_files_and_prefixes_across_its_buffer(tmp_path: Path) -> None:
+    from kestrel.storage.crc32c import file_crc32c
+    data = os.urandom((3 << 20) + 12345)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    for size in (None, 0, 1, 5000, 1 << 20, (1 << 20) + 7, len(data)):
+        assert file_crc32c(str(path), size) == crc32c(data if size is None else data[:size])
+    with pytest.raises(OSError, match="fewer than"):
+        file_crc32c(str(path), len(data) + 1)
+
+
 def test_manifest_name_is_no_queue_and_no_other_file_kind() -> None:
     from kestrel.storage import filenames
     assert filenames.parse_journal_name(filenames.manifest_name("q")) is None
