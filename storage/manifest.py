@@ -216,9 +216,13 @@ class Keeper:
         self.manifest = manifest
         self.lock = threading.Lock()
 
-    def update(self, changes: dict[str, Entry | None], high_id: int | None = None) -> None:
-        """Set (an Entry) or drop (None) the entries of `changes`, then write the manifest."""
+    def update(self, changes: dict[str, Entry | None], high_id: int | None = None,
+               unlisted: dict[str, Entry] | None = None) -> None:
+        """Set (an Entry) or drop (None) the entries of `changes`, and those of `unlisted` that are
+        not listed (a rotated file's seal, from a thread, may list it meanwhile); then write."""
         with self.lock:
+            for name, growing in (unlisted or {}).items():
+                self.manifest.files.setdefault(name, growing)
             for name, entry in changes.items():
                 if entry is None:
                     self.manifest.files.pop(name, None)

@@ -303,7 +303,7 @@ class Kestrel3Journal:
             self._keeper.manifest.files = {}
             self._keeper.update(dict(files), high_id=self.writer.tail_id)
 
-    def _unlisted(self) -> dict[str, manifest.Entry | None]:
+    def _unlisted(self) -> dict[str, manifest.Entry]:
         """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
         a manifest listing a newer file lists every older one too, or start-up takes them for strays."""
         listed = self._keeper.manifest.files
@@ -313,8 +313,8 @@ class Kestrel3Journal:
     def _deleting(self, going: list[WriterFile]) -> None:
         """Consumed writer files about to be deleted: listed as such first (size -1), so that a crash
         part way is not taken for lost files."""
-        self._keeper.update({**self._unlisted(), **{os.path.basename(f.path): manifest.Entry(
-            DELETING, None, f.first_id, f.last_id) for f in going}}, high_id=self.writer.tail_id)
+        self._keeper.update({os.path.basename(f.path): manifest.Entry(DELETING, None, f.first_id, f.last_id)
+                             for f in going}, self.writer.tail_id, self._unlisted())
 
     def _writer_sealed(self, info: WriterFile) -> None:
         """A rotated writer file is fsynced (in a thread). Files are sealed in rotation order, so
@@ -328,8 +328,8 @@ class Kestrel3Journal:
         so over what `now` records: listed with both, as a crash before the rename leaves `now`."""
         if now is not None:
             entry = replace(entry, previous=(now.size, now.crc)) if now.crc is not None else manifest.Entry()
-        self._keeper.update({**self._unlisted(), reader_file_name(self.name, reader): entry},
-                            high_id=self.writer.tail_id)
+        self._keeper.update({reader_file_name(self.name, reader): entry}, self.writer.tail_id,
+                            self._unlisted())
 
     def checkpoint_deleted(self, reader: str) -> None:
         self._keeper.update({reader_file_name(self.name, reader): None})
@@ -369,8 +369,8 @@ class Kestrel3Journal:
             for path in removed:
                 log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
             if removed:
-                self._keeper.update({**self._unlisted(), **{os.path.basename(p): None for p in removed}},
-                                    high_id=self.writer.tail_id)
+                self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
+                                    self._unlisted())
 
 
 class _ReaderFile:
