@@ -255,10 +255,10 @@ class Kestrel3Journal:
             self._unattached[reader] = 0
         self.writer.tail_id = max(self.writer.tail_id, floor)
         self._check.lost_files(gone, self._unattached.values())
-        # What each checkpoint file holds now (it verified): the previous checksum of its next rewrite.
-        checkpoints = {r: _checkpoint_on_disk(path, record.files.get(os.path.basename(path))
-                                                    if record else None)
-                             for r, path in on_disk.readers.items() if r not in fresh}
+        # What each checkpoint file holds now (it verified), for the manifest written below.
+        listed = record.files if record else {}
+        checkpoints = {r: _checkpoint_on_disk(path, listed.get(os.path.basename(path)))
+                       for r, path in on_disk.readers.items() if r not in fresh}
         self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
         self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
         self.writer.sealed = self._writer_sealed
@@ -282,7 +282,7 @@ class Kestrel3Journal:
 
     def record_files(self, checkpoints: dict[str, manifest.Entry], readers: dict[str, str] | None = None
                      ) -> None:
-        """Write the manifest as start-up leaves the files, with `checkpoints` (by reader) as they
+        """At start-up, write the manifest as the files now stand, with `checkpoints` (by reader) as they
         verified; `readers` (checkpoint paths by reader) when known without listing the queue path."""
         files: dict[str, manifest.Entry | None] = {}
         for info in self.writer.files[:-1]:
