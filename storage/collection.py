@@ -148,8 +148,7 @@ class QueueCollection:
         log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
                   "every request with an error", queue=name, file=error.path, offset=error.offset,
                   opcode=error.opcode, reason=error.reason,
-                  remedy="restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
-                         "or repair or move the damaged file and restart")
+                  remedy=error.remedy())
 
     def check_refused(self, name: str) -> None:
         """Raise QueueDamaged if `name` (or its fanout parent) was refused at start-up."""

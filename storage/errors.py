@@ -51,6 +51,13 @@ class CorruptJournalError(KestrelError):
             return ""
         return "start with --salvage to keep what precedes the damage"
 
+    def remedy(self) -> str:
+        """What to do, for a refused queue's log line and every request to it (the server runs)."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore or move the damaged file and restart"
+        return ("restart with --salvage to keep what precedes the damage (what it sets aside is kept as "
+                "a copy), or repair or move the damaged file and restart")
+
 
 class QueueDamaged(KestrelError):
     """Raised for every request to a queue whose journal was refused at start-up (the other
@@ -59,8 +66,7 @@ class QueueDamaged(KestrelError):
     def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
         whose = f"its parent {parent!r}" if parent else "its journal"
         super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
-                         "restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
-                         "or repair or move the damaged file and restart")
+                         f"{error.remedy()}")
         self.queue = queue
         self.error = error
 

@@ -16,7 +16,7 @@ import pytest
 from kestrel.storage import QueueCollection, QueueConfigs, manifest
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
 from tests.queues import drain, load_strictly
@@ -371,6 +371,13 @@ def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None
     with pytest.raises(CorruptJournalError) as err:
         k3(tmp_path, salvage=True)
     assert not err.value.salvageable
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"journal_format": "kestrel3"}}))
+    coll.load()  # the queue is refused; each request to it says what to do
+    with pytest.raises(QueueDamaged) as refused:
+        coll.queue("q")
+    assert "--salvage cannot set this damage aside" in str(refused.value)
+    assert "restart with --salvage" not in str(refused.value)
+    coll.close()
 
 
 def test_the_converter_refuses_a_kestrel2_queue_that_does_not_match_its_manifest(tmp_path: Path) -> None:
