@@ -36,6 +36,7 @@ import threading
 from dataclasses import dataclass, field
 
 import structlog
+from gevent import monkey
 
 from kestrel.storage import filenames
 from kestrel.storage.crc32c import crc32c, file_crc32c
@@ -214,7 +215,9 @@ class Keeper:
         self.queue_path = queue_path
         self.queue = queue
         self.manifest = manifest
-        self.lock = threading.Lock()
+        # The operating system's lock, not gevent's: sealing threads and the hub take it, and no
+        # holder yields (the writes are plain system calls).
+        self.lock: threading.Lock = monkey.get_original("threading", "Lock")()
 
     def update(self, changes: dict[str, Entry | None], high_id: int | None = None,
                unlisted: dict[str, Entry] | None = None) -> None:
