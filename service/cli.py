@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
     except CorruptJournalError as e:
-        print(f"kestrel: {e}\n(start with --salvage to keep what precedes the damage)", file=sys.stderr)
+        advice = e.advice(config.salvage)
+        print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

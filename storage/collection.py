@@ -94,7 +94,7 @@ class QueueCollection:
         # queue created since. A new queue owning none has no file to look for: creating it reads
         # no directory (None before `load`: each new queue lists the path for its own files).
         self._owners: set[str] | None = None
-        self._kestrel3 = Kestrel3Journals(path, runtime)
+        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
         self._fanouts: dict[str, set[str]] = {}
         self._sweeper: Timer | None = None
         self.total_items_added = 0
@@ -148,8 +148,7 @@ class QueueCollection:
         log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
                   "every request with an error", queue=name, file=error.path, offset=error.offset,
                   opcode=error.opcode, reason=error.reason,
-                  remedy="restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
-                         "or repair or move the damaged file and restart")
+                  remedy=error.remedy())
 
     def check_refused(self, name: str) -> None:
         """Raise QueueDamaged if `name` (or its fanout parent) was refused at start-up."""

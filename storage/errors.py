@@ -33,13 +33,30 @@ class ConfigError(KestrelError, ValueError):
 class CorruptJournalError(KestrelError):
     """Raised when a journal holds a record that cannot be read and is not a torn tail."""
 
-    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
+                 salvageable: bool = True) -> None:
         op = "?" if opcode is None else str(opcode)
         super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
         self.path = path
         self.offset = offset
         self.opcode = opcode
         self.reason = reason
+        self.salvageable = salvageable  # whether --salvage can set this damage aside and start
+
+    def advice(self, salvage: bool) -> str:
+        """What to do, for the message that refuses to start: --salvage only where it helps."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore the file, or move the queue's files"
+        if salvage or "--salvage" in str(self):
+            return ""
+        return "start with --salvage to keep what precedes the damage"
+
+    def remedy(self) -> str:
+        """What to do, for a refused queue's log line and every request to it (the server runs)."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore or move the damaged file and restart"
+        return ("restart with --salvage to keep what precedes the damage (what it sets aside is kept as "
+                "a copy), or repair or move the damaged file and restart")
 
 
 class QueueDamaged(KestrelError):
@@ -49,8 +66,7 @@ class QueueDamaged(KestrelError):
     def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
         whose = f"its parent {parent!r}" if parent else "its journal"
         super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
-                         "restart with --salvage (Kestrel 2 journals) to keep what precedes the damage, "
-                         "or repair or move the damaged file and restart")
+                         f"{error.remedy()}")
         self.queue = queue
         self.error = error
 

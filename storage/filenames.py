@@ -6,6 +6,9 @@ makes every rotated journal with a timestamp at or below its own dead; `q~~<ms>`
 written. Anything with `~~` is a temporary, removed at start-up. Damage handling sets copies aside
 as `<file>.torn-<ms>` and `<file>.corrupt-<ms>`, which no rule above matches.
 
+Every queue `q` of either format has a manifest `q.manifest` (storage/manifest.py), written as
+`q~~manifest-<writer>`; neither matches a journal, writer file, checkpoint or pack, nor any queue name.
+
 Kestrel 3 files of queue `q`: `q.<number>` are writer journals; `q.read.<reader>` holds one reader's
 checkpoint (`q.read.` for the default reader); `q~~read.<reader>` is a checkpoint being written.
 """
@@ -88,6 +91,19 @@ def is_temporary(file_name: str) -> bool:
 def temporary_prefix(queue: str) -> str:
     """Every temporary of `queue` (a pack or a Kestrel 3 checkpoint being written) starts so."""
     return queue + TEMPORARY_MARK
+
+
+MANIFEST_SUFFIX = ".manifest"
+
+
+def manifest_name(queue: str) -> str:
+    """`<queue>.manifest`: the record of the queue's files (no queue name holds a dot)."""
+    return queue + MANIFEST_SUFFIX
+
+
+def manifest_temporary_name(queue: str, writer: str = "") -> str:
+    """`<queue>~~manifest<writer>`: `writer` tells apart threads that might write at once."""
+    return f"{queue}{TEMPORARY_MARK}manifest{writer}"
 
 
 def set_aside_path(path: str, label: str, stamp: int) -> str:

@@ -320,3 +320,45 @@ class JournalWriter:
             os.close(self.fd)
             self.fd = -1
 
+
+
+class Sealer:
+    """Rotated files finished in the background, in order: each fsynced and closed, then `then` run
+    in a thread (the manifest reads the whole file for its checksum). `wait` (close) returns once
+    every one is done, the ones in flight included."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._pending: list[tuple[JournalWriter, Callable[[], None]]] = []
+        self._running = 0
+        self._done: Event | None = None
+
+    def add(self, old: JournalWriter, then: Callable[[], None]) -> None:
+        self._pending.append((old, then))
+        self.runtime.spawn(self.run)
+
+    def run(self) -> None:
+        """Finish the pending files, one at a time and in rotation order (the manifest must never
+        list a file while an older rotated one is not); a second caller leaves it to the first."""
+        if self._running:
+            return
+        self._running = 1
+        try:
+            while self._pending:
+                old, then = self._pending.pop(0)
+                try:
+                    old.close()
+                    self.runtime.run_blocking(then)
+                except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
+                    log.exception("rotated journal file not sealed into the manifest", file=old.path)
+        finally:
+            self._running = 0
+            if self._done is not None:
+                self._done.set()
+                self._done = None
+
+    def wait(self) -> None:
+        while self._running:
+            done = self._done = self._done or self.runtime.event()
+            done.wait()
+        self.run()

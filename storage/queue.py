@@ -748,7 +748,8 @@ class PersistentQueue(ABC):
 
     @abstractmethod
     def wait_for_packing(self) -> None:
-        """Return once every pack taken so far is written (or has failed)."""
+        """Return once every pack taken so far is written (or has failed) and every rotated file
+        is in the manifest: the queue's files then change only as it is used."""
 
     @abstractmethod
     def reconfigure(self, config: QueueConfig) -> None:

@@ -212,7 +212,7 @@ def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp
     coll.load()
     assert not coll.refused
     assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
 
 
 def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tm
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"b"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
@@ -247,7 +247,7 @@ def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"packed", b"live"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.300"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300", "q.manifest"]
 
 
 def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
@@ -331,3 +331,61 @@ def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_p
         assert damaged == kept[:len(damaged) - len(cut)] + cut
     else:
         assert kept.startswith(damaged)  # only UNREMOVEs of reads open at the stop follow
+
+
+CHURN = textwrap.dedent("""
+    import sys
+    from kestrel.storage import QueueCollection, QueueConfigs
+    fmt = sys.argv[2]
+    q = {"journal_format": fmt, "sync_journal": "always", "max_memory_size": 3000,
+         "default_journal_size": 2000, "max_journal_size": 12000}
+    coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}))
+    coll.load()
+    coll.queue("q+c")
+    n = 0
+    while True:
+        coll.add_many("q", [b"%06d" % (n + i) + b"x" * 40 for i in range(5)])
+        n += 5
+        print("add", n, file=sys.stderr, flush=True)  # acknowledged: every item below n is on disk
+        for item in coll.remove_many("q", 3, False):
+            print("rm", int(item.data[:6]), file=sys.stderr, flush=True)
+        if n % 100 == 0:
+            coll.flush("q+c")  # a checkpoint rewrite (Kestrel 3), a pack or rotation (Kestrel 2)
+        if n % 500 == 0:
+            coll.delete("q+d")
+            coll.queue("q+d")  # a fanout reader created and deleted
+""")
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize("lines", [300, 1500, 4000])
+def test_sigkill_amid_rotations_packs_and_checkpoint_rewrites_loads_without_refusal(
+        tmp_path: Path, fmt: str, lines: int) -> None:
+    """Wherever a kill stops the manifest's and the files' changes, start-up (without salvage)
+    refuses nothing: the queue holds a run of items from the first not consumed on, every
+    acknowledged one included, and none whose removal was acknowledged (removes not read before
+    the kill may have consumed a few more)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None  # the progress; the log goes to stdout
+    added, removed, seen = 0, set(), 0
+    for line in proc.stderr:
+        word, _, number = line.strip().partition(" ")
+        if word == "add":
+            added = int(number)
+        elif word == "rm":
+            removed.add(int(number))
+        else:
+            continue  # a log line
+        seen += 1
+        if seen >= lines:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    q = {"journal_format": fmt, "max_memory_size": 3000, "default_journal_size": 2000}
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": q})))
+    got = [int(data[:6]) for data in drain(coll, "q")]
+    coll.close()
+    assert got == list(range(got[0], got[0] + len(got))) if got else added == len(removed)
+    assert not got or got[-1] + 1 >= added
+    assert not set(got) & removed

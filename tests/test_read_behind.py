@@ -75,7 +75,7 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     count = 8 * BUDGET // len(item(0))
     for n in range(count):
         coll.add("q", item(n))
-    rotated = [n for n in journal_names(tmp_path) if n.startswith("q.")]
+    rotated = [n for n in journal_names(tmp_path) if n.startswith("q.") and n != "q.manifest"]
     assert rotated, "read-behind rotates a new file every max_memory_size"
     assert all(n.split(".")[1].isdigit() for n in rotated)
     opened = coll.remove("q", transaction=True)
@@ -87,8 +87,9 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     q.wait_for_packing()
     assert got == [item(n) for n in range(count)]
     names = journal_names(tmp_path)
-    assert not [n for n in names if n.endswith(".pack") or "~~" in n]
-    left = [n for n in names if n.startswith("q.")]
+    # The crashed collection's manifest writes still run in this process: only packs count here.
+    assert not [n for n in names if n.endswith(".pack") or ("~~" in n and "~~manifest" not in n)]
+    left = [n for n in names if n.startswith("q.") and n != "q.manifest"]
     assert len(left) == 1 and not set(left) & set(rotated)  # every rotated journal was packed away
     # The open read survives the packs and a restart, back at the head.
     coll = reopen(coll)
@@ -148,7 +149,8 @@ def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, s
     assert rest[0] == item(0)  # the read that was open comes back first
     assert rest[1:] == [item(n) for n in range(1 + len(got), count)]
     names = journal_names(tmp_path)
-    assert not [n for n in names if n.endswith(".pack") or "~~" in n]
+    # The crashed collection's manifest writes still run in this process: only packs count here.
+    assert not [n for n in names if n.endswith(".pack") or ("~~" in n and "~~manifest" not in n)]
 
 
 def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path) -> None:

@@ -156,6 +156,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @invariant()
     def read_only_replay_sees_the_queue_and_changes_nothing(self) -> None:
+        self.coll.queue("q").wait_for_packing()  # no background write (a pack, the manifest) meanwhile
         before = sorted((n, os.path.getsize(os.path.join(self.dir, n))) for n in os.listdir(self.dir))
         state = replay_queue(self.dir, "q")
         assert {xid: i.data for xid, i in state.opens.items()} == self.opens

@@ -486,6 +486,23 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     return None
 
 
+def records_inside(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
+    """Where whole records (as `misplaced_end` means them) first start inside the incomplete record
+    at `pos`, after its size field, up to `limit`; None if nowhere.
+
+    A torn write leaves the first bytes of one record and nothing after them; whole records inside
+    what claims to be one record mean its size field is damaged, however many bits changed.
+    """
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None:
+        return None
+    start = pos + field[0] + 4
+    for p in range(start, limit):
+        if buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit):
+            return p
+    return None
+
+
 def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
     """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
     then stray bytes explain what follows as well as a damaged size field does."""

@@ -17,14 +17,14 @@ from typing import Protocol
 
 import structlog
 
-from kestrel.storage import filenames
+from kestrel.storage import filenames, manifest
 from kestrel.storage import files as journal
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.files import JournalFiles, JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
-from kestrel.storage.runtime import Event, Lock, Runtime
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -87,6 +87,11 @@ class QueueJournal:
         self.pack_queued: packer.PackRequest | None = None
         self.pack_state = PackState.IDLE
         self._pack_job: _PackJob | None = None
+        self._manifest: manifest.Keeper | None = None  # kept once the queue has rotated journals
+        self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
+        self._checked = False  # the files were compared with the manifest
+        self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
+        self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
     def live_path(self) -> str:
@@ -121,6 +126,9 @@ class QueueJournal:
         salvage sets damage aside; without it (rebuilding a running queue) nothing on disk changes.
         Raises CorruptJournalError (without salvage).
         """
+        if repair and not self._checked:
+            self._checked = True  # once: a salvage cut below changes files and replays again
+            files = self._check_manifest(files)
         if repair:
             files = packer.finish_interrupted_packs(self.queue_path, self.name, files, self.salvage,
                                                      self.clock.now_ms())
@@ -146,7 +154,160 @@ class QueueJournal:
             target.file_replayed(key)
         self.rotated = [(ts, p) for ts, p in self.rotated if os.path.exists(p)]
         self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
+        if repair:
+            self._record_files()
         return replayed
+
+    # -----------------------------------------------------------------------------------------
+    # The manifest (storage/manifest.py)
+
+    def _check_manifest(self, files: JournalFiles) -> JournalFiles:
+        """Compare the files on disk with the manifest before anything is replayed or changed.
+
+        A listed file missing, cut short or changed, or a file the manifest does not list (a stray
+        pack or journal), raises CorruptJournalError naming it; with salvage, the stray file, or the
+        first damaged file and every later one, is set aside (renamed, never deleted) and the rest
+        replayed. A queue without a manifest loads with a warning. Returns the files to replay.
+        """
+        record = self._on_disk = manifest.read_for_start(self.queue_path, self.name, "kestrel2",
+                                                         self.salvage, self.clock.now_ms())
+        if record is None:
+            if files.rotated or files.packs:
+                log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "
+                            "be detected at this start; one is written now", queue=self.name,
+                            manifest=manifest.path_of(self.queue_path, self.name))
+            return files
+        on_disk = {os.path.basename(p): (ts, p) for ts, p in files.rotated}
+        packs = {os.path.basename(p): (ts, p) for ts, p in files.packs}
+        listed_packs = {}  # final name -> (timestamp, entry) of a pack being put in place
+        listed = {}  # name -> (timestamp, entry) of a rotated journal
+        for name, entry in record.files.items():
+            parsed = filenames.parse_journal_name(name)
+            if parsed is None or parsed[1] != self.name or parsed[0] == "live":
+                continue
+            if parsed[0] == "pack":
+                listed_packs[filenames.rotated_name(self.name, parsed[2])] = (parsed[2], entry)
+            else:
+                listed[name] = (parsed[2], entry)
+        problems: list[tuple[int, str, str]] = []  # (timestamp, path, why)
+        verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
+        covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
+        for final, (ts, entry) in listed_packs.items():
+            pack = filenames.pack_name(self.name, ts)
+            if pack in packs:
+                why = manifest.mismatch(packs[pack][1], entry)
+            elif final in on_disk and manifest.mismatch(on_disk[final][1], entry) is None:
+                why = None  # renamed to its final name before the crash
+            else:  # never put in place (a crash before its rename): the journals it covers must be there
+                log.info("pack listed in the manifest was never put in place", queue=self.name,
+                         file=os.path.join(self.queue_path, pack))
+                continue
+            if why is None:
+                covered = max(covered, ts)
+                verified[final] = entry
+            else:
+                problems.append((ts, packs[pack][1], why))
+        for name, (ts, entry) in listed.items():
+            if name in verified:
+                continue
+            if name in on_disk:
+                why = manifest.mismatch(on_disk[name][1], entry)
+                if why is None:
+                    verified[name] = entry
+                else:
+                    problems.append((ts, on_disk[name][1], why))
+            elif ts > covered:
+                problems.append((ts, os.path.join(self.queue_path, name),
+                                 f"missing: the manifest lists it with {entry.size} bytes"))
+        newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
+        unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
+        for ts, path in unlisted:
+            if ts > newest or ts <= covered:  # rotated just before a stop; or superseded by the pack
+                log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
+                         file=path)
+                continue
+            problems.append((ts, path, "not listed in the manifest: a stray journal file (an older copy, "
+                                       "or one from elsewhere); it was not applied"))
+        for name, (ts, path) in packs.items():
+            if name not in {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}:
+                problems.append((ts, path, "a pack the manifest does not list (a stray or older pack); "
+                                           "it was not applied and no journal was deleted"))
+        if not problems:
+            return files
+        problems.sort()
+        if not self.salvage:
+            ts, path, why = problems[0]
+            others = f" ({len(problems) - 1} more damaged file(s))" if len(problems) > 1 else ""
+            raise CorruptJournalError(path, 0, None, f"{why}{others}; compared with "
+                                      f"{manifest.path_of(self.queue_path, self.name)}; nothing was changed "
+                                      "(--salvage sets the damage aside and keeps what precedes it)")
+        self._set_aside_damaged(problems, files)
+        self._sealed.clear()
+        return journal.list_journal_files(self.queue_path, self.name)
+
+    def _set_aside_damaged(self, problems: list[tuple[int, str, str]], files: JournalFiles) -> None:
+        """Salvage: a stray file is set aside alone; a missing or changed one with every later file
+        (what followed it cannot be applied without it). Renamed, never deleted."""
+        stamp = self.clock.now_ms()
+        stray = [p for _, p, why in problems if "manifest does not list" in why or "not listed" in why]
+        damaged = [(ts, p) for ts, p, why in problems if p not in stray]
+        aside = set(stray)
+        if damaged:
+            first = min(ts for ts, _ in damaged)
+            aside.update(p for ts, p in files.rotated if ts >= first)
+            aside.update(p for ts, p in damaged if os.path.exists(p))
+            if files.live:
+                aside.add(files.live)
+        for _ts, path, why in problems:
+            log.error("journal file does not match the manifest (salvage)", queue=self.name, file=path,
+                      reason=why)
+        for path in sorted(aside):
+            if os.path.exists(path):
+                copy = filenames.set_aside_path(path, "corrupt", stamp)
+                os.rename(path, copy)
+                log.error("journal file set aside (salvage)", queue=self.name, file=path, copy=copy)
+        journal.fsync_dir(self.queue_path)
+
+    def _record_files(self) -> None:
+        """Write the manifest as start-up leaves the files (a queue never rotated needs none)."""
+        if self._manifest is None and not self.rotated and not os.path.exists(
+                manifest.path_of(self.queue_path, self.name)):
+            return
+        entries = {}
+        for _, path in self.rotated:
+            name = os.path.basename(path)
+            entry = self._sealed.get(name)
+            size = os.path.getsize(path)
+            entries[name] = entry if entry is not None and entry.size == size else manifest.seal(path, size)
+        self._sealed.clear()
+        fresh = manifest.Manifest("kestrel2", entries)
+        self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
+        if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
+            self._manifest.update({})
+
+    def _keeper(self) -> manifest.Keeper:
+        if self._manifest is None:
+            self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+        return self._manifest
+
+    def _seal_one(self, path: str) -> None:
+        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread)."""
+        keeper = self._keeper()
+        with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
+            try:
+                keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
+            except FileNotFoundError:  # packed away meanwhile
+                return
+            manifest.write(self.queue_path, self.name, keeper.manifest)
+
+    def _pack_placed(self, pack: str, size: int, crc: int) -> None:
+        """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""
+        self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc)})
+
+    def _pack_finished(self, pack: str, final: str, dead: list[str], size: int, crc: int) -> None:
+        changes: dict[str, manifest.Entry | None] = {os.path.basename(p): None for p in [pack, *dead]}
+        changes[os.path.basename(final)] = manifest.Entry(size, crc)
+        self._keeper().update(changes)
 
     def _replay_file(self, key: int, path: str, reader: JournalReader, last: bool, repair: bool,
                      target: FileReplay) -> tuple[str, int] | None:
@@ -278,7 +439,7 @@ class QueueJournal:
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = JournalWriter(old.path, self.sync_ms, self.runtime)
-        self.runtime.spawn(old.close)
+        self._sealer.add(old, lambda: self._seal_one(rotated))
         return stamp
 
     @property
@@ -318,7 +479,8 @@ class QueueJournal:
     def _write_pack(self, job: _PackJob) -> None:
         started = time.perf_counter()
         try:
-            job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead)
+            job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
+                                                  self._pack_placed, self._pack_finished)
             journal.record_timing("pack", started)
         except Exception:
             log.exception("packing failed", queue=self.name)
@@ -347,12 +509,14 @@ class QueueJournal:
         self.start_next_pack()
 
     def wait_for_packing(self) -> None:
-        """Return once every pack taken so far is written (or has failed). The caller may hold the
-        queue's lock: the pack is then finished here rather than by its own task."""
+        """Return once every pack taken so far is written (or has failed) and every rotated journal
+        is in the manifest. The caller may hold the queue's lock: the pack is then finished here
+        rather than by its own task."""
         while (job := self._pack_job) is not None:
             job.written.wait()
             with self._lock:
                 self._finish_pack(job)
+        self._sealer.wait()
 
     # -----------------------------------------------------------------------------------------
     # Closing
@@ -364,7 +528,9 @@ class QueueJournal:
             self.writer.close()
 
     def delete_files(self) -> None:
-        """Delete every file of this journal (the queue is closed)."""
+        """Delete every file of this journal (the queue is closed); the manifest first, so that a
+        crash part way finds no listed file gone."""
+        manifest.remove(self.queue_path, self.name)
         for path in self.paths:
             if os.path.exists(path):
                 os.unlink(path)
@@ -372,3 +538,14 @@ class QueueJournal:
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
         journal.remove_temporaries(self.queue_path, self.name)
+        self._manifest = None
+        self._checked = False
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Compare a Kestrel 2 queue's files with its manifest, changing nothing (the converter).
+
+    Raises CorruptJournalError.
+    """
+    queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
+    queue._check_manifest(journal.list_journal_files(queue_path, name))

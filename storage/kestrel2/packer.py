@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import structlog
 
 from kestrel.storage import filenames
+from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import JournalFiles, fsync_dir, write_all
 from kestrel.storage.item import QItem
@@ -71,8 +72,15 @@ def pack_path(req: PackRequest) -> str:
     return os.path.join(req.queue_path, filenames.pack_name(req.name, req.timestamp))
 
 
-def write_pack(req: PackRequest, dead_files: list[str]) -> str:
-    """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`)."""
+def write_pack(req: PackRequest, dead_files: list[str],
+               placed: Callable[[str, int, int], None] | None = None,
+               finished: Callable[[str, str, list[str], int, int], None] | None = None) -> str:
+    """Carry out the pack; return the path of the packed journal (`<name>.<timestamp>`).
+
+    `placed(pack, size, crc)` is called once the pack is written and fsynced, before it becomes the
+    `.pack` and any journal is deleted, `finished(pack, final, dead, size, crc)` once it has its
+    final name (the manifest).
+    """
     temp = os.path.join(req.queue_path, filenames.pack_temporary_name(req.name, req.timestamp))
     pack = pack_path(req)
     final = filenames.rotated_path(req.queue_path, req.name, req.timestamp)
@@ -81,6 +89,7 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     try:
         chunks = [codec.encode_xid(codec.SAVE_XID, req.xid)]  # the mark of a pack of ours
         size = 0
+        total = crc = 0
         for xid, item in req.open_reads:
             chunks.append(codec.encode(codec.AddXid(xid, item.add_time, item.expiry, item.data)))
             chunks.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
@@ -93,11 +102,15 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
             chunks.append(chunk)
             size += len(chunk)
             if size >= WRITE_BATCH:
-                write_all(fd, b"".join(chunks))
+                data = b"".join(chunks)
+                write_all(fd, data)
+                crc, total = crc32c(data, crc), total + len(data)
                 chunks.clear()
                 size = 0
         chunks.append(codec.encode_xid(codec.SAVE_XID, req.xid))
-        write_all(fd, b"".join(chunks))
+        data = b"".join(chunks)
+        write_all(fd, data)
+        crc, total = crc32c(data, crc), total + len(data)
         _step("fsync")
         os.fsync(fd)
     except BaseException:
@@ -105,6 +118,8 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
         os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
         raise
     os.close(fd)
+    if placed is not None:  # listed first: a crash after the rename finds it expected
+        placed(pack, total, crc)
     _step("rename-pack")
     os.rename(temp, pack)
     fsync_dir(req.queue_path)
@@ -114,6 +129,8 @@ def write_pack(req: PackRequest, dead_files: list[str]) -> str:
     _step("rename-final")
     os.rename(pack, final)
     fsync_dir(req.queue_path)
+    if finished is not None:
+        finished(pack, final, dead_files, total, crc)
     log.info("packed journal", queue=req.name, file=final, items=len(req.items),
              open_reads=len(req.open_reads), replaced=len(dead_files))
     return final

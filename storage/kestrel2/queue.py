@@ -397,7 +397,8 @@ class Kestrel2Queue(PersistentQueue):
         return checkpoint.pack_request(self.queue_path, self.name, list(self._mem), self.clock.now_ms())
 
     def wait_for_packing(self) -> None:
-        """Return once every pack taken so far is written (or has failed)."""
+        """Return once every pack taken so far is written (or has failed) and every rotated
+        journal is in the manifest."""
         self._journal.wait_for_packing()
 
     # -----------------------------------------------------------------------------------------

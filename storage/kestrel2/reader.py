@@ -132,15 +132,21 @@ def torn_tail_damage(path: str, offset: int) -> str | None:
     """Why the incomplete record at `offset` (the end of the last file) is damage, not a torn write.
 
     A torn write leaves the first bytes of one record; a damaged size field leaves a record that
-    claims to run past the end while whole records follow it (`codec.misplaced_end`).
+    claims to run past the end while whole records follow it (`codec.misplaced_end` for a size one
+    bit off; `codec.records_inside` for any other damage to it).
     """
     with open(path, "rb") as f:
         f.seek(offset)
         tail = f.read()
     end = codec.misplaced_end(tail, 0, len(tail))
-    if end is None:
+    if end is not None:
+        return _size_damage(offset, offset + end)
+    inside = codec.records_inside(tail, 0, len(tail))
+    if inside is None:
         return None
-    return _size_damage(offset, offset + end)
+    return (f"the record at offset {offset} claims to run past the end of the file, but whole records "
+            f"start inside it at offset {offset + inside} and run to the end ({len(tail)} bytes): its "
+            "size field is damaged, this is not a torn write")
 
 
 def _size_damage(offset: int, real_end: int) -> str:

@@ -7,14 +7,18 @@ the clock is behind) and one checkpoint per reader, `q.read.<reader>`.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import takewhile
 
 import structlog
 
 from kestrel.storage import files as shared_files
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
+from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -27,6 +31,7 @@ from kestrel.storage.filenames import (
 from kestrel.storage.files import JournalWriter, fsync_dir
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.manifest import Entry
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -86,9 +91,10 @@ class RecordReader(shared_files.BufferedFile):
             got = header.hex(" ") if header else "nothing"
             raise CorruptJournalError(self.path, 0, None, f"header {got} is neither a Kestrel 3 writer "
                                       f"journal ({k3.WRITER_MAGIC.hex(' ')}) nor a reader checkpoint "
-                                      f"({k3.READER_MAGIC.hex(' ')})")
+                                      f"({k3.READER_MAGIC.hex(' ')})", salvageable=False)
         if expect is not None and kind is not expect:
-            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs")
+            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs",
+                                      salvageable=False)
         return kind
 
     def grow(self) -> None:
@@ -127,7 +133,7 @@ class RecordReader(shared_files.BufferedFile):
                 return None
             record, stop = k3.decode(self._buf, self._pos, self.kind)
         except Malformed as e:
-            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason, salvageable=False) from None
         at = self.offset
         self._pos = stop
         return at, record
@@ -138,7 +144,8 @@ class RecordReader(shared_files.BufferedFile):
 
     def torn_error(self) -> CorruptJournalError:
         byte = self._buf[self._pos] if self._pos < len(self._buf) else None
-        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}")
+        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}",
+                                   salvageable=False)
 
 
 def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
@@ -174,19 +181,25 @@ class ReaderCheckpoint:
         return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
 
 
-def read_checkpoint(path: str) -> ReaderCheckpoint:
+def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
     """A reader's checkpoint file (a missing file is a reader that consumed nothing).
 
     The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
-    final record (an append the process did not finish, so never acknowledged) is cut off.
-    Raises CorruptJournalError.
+    final record (an append the process did not finish, so never acknowledged) is cut off. With
+    `high_id` (the highest id ever written), an id above it is damage: nothing can consume an item
+    not yet written, and taking it would silently empty the reader. Raises CorruptJournalError.
     """
     if not os.path.exists(path):
         return ReaderCheckpoint()
     head, done = 0, set[int]()
     reader = RecordReader(path, k3.FileKind.READER)
     try:
-        for _offset, record in reader:
+        for offset, record in reader:
+            ids = (record.id,) if isinstance(record, k3.ReadHead) else (
+                record.ids if isinstance(record, k3.ReadDone) else ())
+            if high_id is not None and ids and max(ids) > high_id:
+                raise CorruptJournalError(path, offset, None, f"consumed id {max(ids)} is above {high_id}, "
+                                          "the highest id ever written: the checkpoint is damaged")
             if isinstance(record, k3.ReadHead):
                 head = max(head, record.id)
             elif isinstance(record, k3.ReadDone):
@@ -205,6 +218,13 @@ def encode_checkpoint(checkpoint: ReaderCheckpoint) -> bytes:
     state = checkpoint.normalized()
     return (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
             + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+
+
+def checkpoint_entry(checkpoint: ReaderCheckpoint) -> Entry:
+    """The manifest entry of a checkpoint file as `write_checkpoint` writes it: its whole bytes,
+    which later appends extend."""
+    data = encode_checkpoint(checkpoint)
+    return Entry(len(data), crc32c(data))
 
 
 def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: ReaderCheckpoint,
@@ -275,7 +295,8 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> Write
 def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
     if item_id <= after_id:
         raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
-                                  f"item id {item_id} does not follow id {after_id}: ids must increase")
+                                  f"item id {item_id} does not follow id {after_id}: ids must increase",
+                                  salvageable=False)
 
 
 class WriterJournal:
@@ -299,6 +320,8 @@ class WriterJournal:
         self.clock = clock
         self.runtime = runtime
         self.files: list[WriterFile] = []
+        self._sealer = shared_files.Sealer(runtime)  # rotated files, until they are in the manifest
+        self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
             self._rewrite_header(found[-1][1])
@@ -381,17 +404,28 @@ class WriterJournal:
         self.files.append(WriterFile(number, path))
         if old is not None:
             self.archived_size += old.size
-            self.runtime.spawn(old.close)
+            self._sealer.add(old, partial(self._seal, self.files[-2]))
         log.info("started writer journal file", queue=self.queue, file=path)
         return self.current
 
-    def remove_consumed_files(self, heads: Iterable[int]) -> list[str]:
+    def _seal(self, info: WriterFile) -> None:
+        """A previous file is fsynced and closed: `sealed` lists it (in a thread)."""
+        if self.sealed is not None:
+            with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
+                self.sealed(info)
+
+    def remove_consumed_files(self, heads: Iterable[int],
+                              before: Callable[[list[WriterFile]], None] | None = None) -> list[str]:
         """Delete the files every reader has passed (all their ids at or below every head in `heads`).
 
-        The current file is never deleted, nor anything when `heads` is empty. Returns the paths removed.
+        The current file is never deleted, nor anything when `heads` is empty. `before` is told of
+        the files first (the manifest marks them as being deleted). Returns the paths removed.
         """
         lowest = min(heads, default=0)
         removed = []
+        going = list(takewhile(lambda f: f.last_id <= lowest, self.files[:-1]))
+        if going and before is not None:
+            before(going)
         while len(self.files) > 1 and self.files[0].last_id <= lowest:
             self.archived_size -= os.path.getsize(self.files[0].path)
             os.unlink(self.files[0].path)
@@ -411,7 +445,12 @@ class WriterJournal:
         if self._writer is not None:
             self._writer.flush()
 
+    def wait_for_sealing(self) -> None:
+        """Return once every rotated file is fsynced, closed and told to `sealed`."""
+        self._sealer.wait()
+
     def close(self) -> None:
+        self._sealer.wait()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from kestrel.storage import filenames
+from kestrel.storage import filenames, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.errors import (
@@ -51,10 +51,13 @@ from kestrel.storage.formats import (
 )
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3 import queue as kestrel3_queue
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
+    checkpoint_entry,
     encode_checkpoint,
     list_queue_files,
     pending_items,
@@ -136,6 +139,7 @@ def _is_placeholder(item: QItem) -> bool:
 
 def _kestrel2_queue(queue_path: str, name: str, now: int, notes: list[str]) -> tuple[list[QItem], int]:
     """A Kestrel 2 queue's items as a restart would serve them, and how many were open reads."""
+    kestrel2_journal.check_files(queue_path, name)  # no stray, missing or changed file is converted
     state = QueueReplay()
     state.run(replay_files(queue_path, name), now)
     if state.torn_tail is not None:
@@ -151,8 +155,10 @@ def _kestrel2_queue(queue_path: str, name: str, now: int, notes: list[str]) -> t
 
 
 def _all_kestrel2_files(queue_path: str, name: str) -> list[str]:
+    """Every file of Kestrel 2 queue `name`, its manifest included."""
     files = list_journal_files(queue_path, name)
-    return [os.path.basename(p) for p in files.replay_order() + [p for _, p in files.packs]]
+    record = [filenames.manifest_name(name)] if os.path.exists(manifest.path_of(queue_path, name)) else []
+    return [os.path.basename(p) for p in files.replay_order() + [p for _, p in files.packs]] + record
 
 
 def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -> tuple[Intent, Converted]:
@@ -189,6 +195,7 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
     _write_file(os.path.join(queue_path, _temporary(unit, writer_name)), puts())
     intent.renames.append((_temporary(unit, writer_name), writer_name))
     total = sum(len(items) for _, items in blocks)
+    record = manifest.Manifest(KESTREL3, {writer_name: manifest.Entry()}, high_id=total)
     first = 1
     for reader, items in blocks:
         last = first + len(items) - 1
@@ -196,18 +203,25 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
         final = filenames.reader_file_name(unit, reader)
         _write_file(os.path.join(queue_path, _temporary(unit, final)), [encode_checkpoint(checkpoint)])
         intent.renames.append((_temporary(unit, final), final))
+        record.files[final] = checkpoint_entry(checkpoint)
         first = last + 1
+    # The unit's new manifest replaces the Kestrel 2 one of the same name in its rename.
+    record_name = filenames.manifest_name(unit)
+    _write_file(os.path.join(queue_path, _temporary(unit, record_name)), [manifest.encode(record)])
+    intent.renames.append((_temporary(unit, record_name), record_name))
+    intent.deletes = [d for d in intent.deletes if d != record_name]
     return intent, result
 
 
 def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
     """Write one Kestrel 2 journal per reader of the unit as temporaries; the intent that puts
     them in place."""
+    kestrel3_queue.check_files(queue_path, unit)  # no stray, missing or changed file is converted
     files = list_queue_files(queue_path, unit)
     readers = dict(files.readers)
     result = Converted(unit, {})
     intent = Intent(KESTREL2, unit, deletes=[os.path.basename(p) for _, p in files.writers]
-                    + [os.path.basename(p) for p in readers.values()])
+                    + [os.path.basename(p) for p in readers.values()] + [filenames.manifest_name(unit)])
     for reader in sorted(set(readers) | {""}):
         name = f"{unit}+{reader}" if reader else unit
         try:
