@@ -699,7 +699,7 @@ def test_stream_with_no_server_reachable_fails_naming_them(spark: Any, tmp_path:
     query = spark.readStream.format("kestrel").option("servers", gone).option("queue", "q") \
         .option("checkpointLocation", cp).option("unreachableTimeoutMs", 2000).load() \
         .writeStream.format("noop").option("checkpointLocation", cp).start()
-    with pytest.raises(Exception, match=f"no server answered for 2 s \\(unreachableTimeoutMs is 2000\\): {gone}"):
+    with pytest.raises(Exception, match=f"no server answered for \\d+ s \\(unreachableTimeoutMs is 2000\\): {gone}"):
         query.awaitTermination(60)
     assert time.monotonic() - started >= 2
     query.stop()
