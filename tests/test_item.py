@@ -16,16 +16,17 @@ from kestrel.storage.item import QItemPython
 
 try:
     from kestrel.storage._item import QItem as QItemCompiled
-    from kestrel.storage._item import data_sizes, data_with_ids, plain_size
+    from kestrel.storage._item import data_sizes, data_with_ids, item_data, plain_size
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise
-    QItemCompiled = data_sizes = data_with_ids = plain_size = None
+    QItemCompiled = data_sizes = data_with_ids = item_data = plain_size = None
 
 CLASSES = [QItemPython] + ([QItemCompiled] if QItemCompiled is not None else [])
 SIZES = [item.data_sizes_python] + ([data_sizes] if data_sizes is not None else [])
 PLAIN = [item.plain_size_python] + ([plain_size] if plain_size is not None else [])
 WITH_IDS = [item.data_with_ids_python] + ([data_with_ids] if data_with_ids is not None else [])
+DATA = [item.item_data_python] + ([item_data] if item_data is not None else [])
 
 
 def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
@@ -33,6 +34,7 @@ def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
     assert item.data_sizes is (data_sizes or item.data_sizes_python)
     assert item.plain_size is (plain_size or item.plain_size_python)
     assert item.data_with_ids is (data_with_ids or item.data_with_ids_python)
+    assert item.item_data is (item_data or item.item_data_python)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -135,6 +137,24 @@ def test_data_with_ids(with_ids: Any, cls: Any) -> None:
         with_ids([gone], 0)
 
 
+@pytest.mark.parametrize("data_of", DATA)
+@pytest.mark.parametrize("cls", CLASSES)
+def test_item_data(data_of: Any, cls: Any) -> None:
+    items = [cls(1, 0, b"a"), cls(2, 5, b""), cls(3, 0, b"ccc")]
+    assert data_of(items) == [b"a", b"", b"ccc"] and data_of([]) == []
+    assert all(data is one.data for data, one in zip(data_of(items), items, strict=True))  # no copies
+    gone = cls(1, 0, b"x")
+    del gone.data
+    with pytest.raises(AttributeError):
+        data_of([gone])
+
+
+def test_taken_items_give_their_data_and_their_pairs() -> None:
+    items = [item.QItem(1, 0, b"a"), item.QItem(2, 0, b"bb")]
+    assert len(item.TakenItems(items, 0)) == 2 and item.TakenItems(items, 0).data() == [b"a", b"bb"]
+    assert item.TakenItems(items, [4, 5]).pairs() == [(b"a", 4), (b"bb", 5)]
+
+
 @pytest.mark.skipif(data_with_ids is None, reason="built without a C compiler")
 def test_compiled_data_with_ids_refuses_what_it_cannot_read() -> None:
     for args in [(None, 0), ([], None), ([], 0, 1), ((), 0)]:
@@ -143,7 +163,7 @@ def test_compiled_data_with_ids_refuses_what_it_cannot_read() -> None:
 
 
 def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() -> None:
-    if data_sizes is None or plain_size is None or data_with_ids is None:
+    if data_sizes is None or plain_size is None or data_with_ids is None or item_data is None:
         pytest.skip("built without a C compiler")
     draw = random.Random(20261125)
     for _ in range(2000):
@@ -155,3 +175,4 @@ def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() 
         ids = [draw.randrange(0, 2**63) for _ in items]
         assert data_with_ids(items, ids) == item.data_with_ids_python(items, ids)
         assert data_with_ids(items, 0) == item.data_with_ids_python(items, 0)
+        assert item_data(items) == item.item_data_python(items)

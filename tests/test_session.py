@@ -76,7 +76,7 @@ def test_read_only_refuses_every_write_and_still_serves_reads(server: ServerStat
     assert session.get_one("q") == b"a"
     head = session.peek("q")
     assert head is not None and head.data == b"b"
-    assert session.get_items("q", 1) == [(b"b", 0)]
+    assert session.get_items("q", 1).pairs() == [(b"b", 0)]
     assert _drain(server, "q") == [b"c"]
 
 
@@ -84,7 +84,7 @@ def test_quiescent_refuses_reads_but_open_reads_can_still_be_confirmed(server: S
     session = Session(server, "client")
     session.put("q", [b"a", b"b", b"c"])
     session.put("r", [b"x", b"y"])
-    [(_, read_id)] = session.get_items("q", 1, auto_abort_ms=60_000)
+    [(_, read_id)] = session.get_items("q", 1, auto_abort_ms=60_000).pairs()
     assert session.get_one("r", open=True) == b"x"
     session.set_status(int(Status.QUIESCENT))  # as Thrift sends it
     reads: list[Callable[[], object]] = [
@@ -186,27 +186,27 @@ def test_max_open_reads_caps_each_queue_of_each_connection(server: ServerState) 
     session, other = Session(server, "client"), Session(server, "other")
     session.put("q", [b"%d" % i for i in range(8)])
     session.put("r", [b"x"])
-    reads = session.get_items("q", 10, auto_abort_ms=60_000)
+    reads = session.get_items("q", 10, auto_abort_ms=60_000).pairs()
     assert [data for data, _ in reads] == [b"0", b"1", b"2"]  # max_open_reads: 3
-    assert session.get_items("q", 10, auto_abort_ms=60_000) == []
-    assert session.get_items("q", 1) == [(b"3", 0)]  # without auto-abort nothing stays open
-    assert len(session.get_items("r", 10, auto_abort_ms=60_000)) == 1  # another queue
-    assert len(other.get_items("q", 2, auto_abort_ms=60_000)) == 2  # another connection
+    assert session.get_items("q", 10, auto_abort_ms=60_000).pairs() == []
+    assert session.get_items("q", 1).pairs() == [(b"3", 0)]  # without auto-abort nothing stays open
+    assert len(session.get_items("r", 10, auto_abort_ms=60_000).pairs()) == 1  # another queue
+    assert len(other.get_items("q", 2, auto_abort_ms=60_000).pairs()) == 2  # another connection
     assert session.confirm_ids("q", {reads[0][1]}) == 1
-    assert [data for data, _ in session.get_items("q", 10, auto_abort_ms=60_000)] == [b"6"]
+    assert [data for data, _ in session.get_items("q", 10, auto_abort_ms=60_000).pairs()] == [b"6"]
 
 
 def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None:
     session = Session(make_server(max_batch_items=2), "client")
     session.put("q", [b"a", b"b", b"c"])
-    assert session.get_items("q", 10) == [(b"a", 0), (b"b", 0)]
+    assert session.get_items("q", 10).pairs() == [(b"a", 0), (b"b", 0)]
 
 
 def test_auto_abort_puts_the_items_back_at_the_head_when_its_time_comes(
         server: ServerState, runtime: ManualRuntime) -> None:
     session = Session(server, "client")
     session.put("q", [b"a", b"b", b"c"])
-    reads = session.get_items("q", 2, auto_abort_ms=1_000)
+    reads = session.get_items("q", 2, auto_abort_ms=1_000).pairs()
     assert [data for data, _ in reads] == [b"a", b"b"] and all(read_id > 0 for _, read_id in reads)
     runtime.advance(999)
     assert _open_reads(server, "q") == 2
@@ -220,7 +220,7 @@ def test_reads_by_id_outlive_their_connection_and_close_from_any_other(
         server: ServerState, runtime: ManualRuntime) -> None:
     session, other = Session(server, "client"), Session(server, "other")
     session.put("q", [b"a", b"b", b"c"])
-    [(_, first), (_, second)] = session.get_items("q", 2, auto_abort_ms=1_000)
+    [(_, first), (_, second)] = session.get_items("q", 2, auto_abort_ms=1_000).pairs()
     session.close()
     assert _open_reads(server, "q") == 2  # closing the connection does not abort them
     assert other.confirm_ids("q", {first}) == 1
@@ -278,7 +278,7 @@ def test_a_thrift_get_waits_for_the_rest_of_its_items_until_its_deadline(
     assert not waiter.ready()
     runtime.advance(1)
     gevent.sleep(0)
-    assert waiter.ready() and waiter.value == [(b"a", 0)]
+    assert waiter.ready() and waiter.value.pairs() == [(b"a", 0)]
 
 
 def test_monitor_keeps_one_deadline_for_all_its_items(server: ServerState, runtime: ManualRuntime) -> None:
@@ -361,8 +361,8 @@ def test_stats_count_commands_hits_and_misses(server: ServerState, runtime: Manu
     assert session.get_one("empty") is None
     assert session.get_one("q", peek=True) == b"b"
     assert session.peek("q") is not None
-    assert session.get_items("q", 5) == [(b"b", 0), (b"c", 0)]
-    assert session.get_items("q", 5) == []
+    assert session.get_items("q", 5).pairs() == [(b"b", 0), (b"c", 0)]
+    assert session.get_items("q", 5).pairs() == []
     runtime.advance(5_000)
     stats = server.global_stats()
     assert {key: stats[key] for key in ("curr_connections", "total_connections", "cmd_set", "cmd_get",

@@ -30,7 +30,14 @@ from kestrel.service.thrift.messages import (
     read_plain_frame,
     write_reply,
 )
-from kestrel.service.thrift.protocol import CALL, BinaryReader, BinaryWriter, ThriftProtocolError
+from kestrel.service.thrift.protocol import (
+    CALL,
+    BinaryReader,
+    BinaryWriter,
+    CompactWriter,
+    ThriftProtocolError,
+)
+from kestrel.storage.item import QItem, TakenItems
 from tests.test_thrift_codec import CALLS
 from tests.thrift_wire import encode_call
 
@@ -119,28 +126,33 @@ def test_items_are_laid_out_as_the_python_loop_lays_them_out(pairs: list[tuple[b
                                                               fid2: int) -> None:
     fields = [(fid1, "data", ValueType(thrift_protocol.STRING)),
               (fid2, "id", ValueType(thrift_protocol.I64))]
-    fast = compiled.write_items(fid1, fid2, pairs)
     writer = BinaryWriter()
     writer.write_flat_structs(fields, pairs)  # the Python loop
-    assert fast == bytes(writer.out)
+    datas = [data for data, _ in pairs]
+    assert compiled.write_items(fid1, fid2, datas, [number for _, number in pairs]) == bytes(writer.out)
+    if len({number for _, number in pairs}) == 1:  # one id for every item
+        assert compiled.write_items(fid1, fid2, datas, pairs[0][1]) == bytes(writer.out)
 
 
-@pytest.mark.parametrize("odd", [
-    (b"x", True),  # a bool is an int, but not a plain one
-    (b"x", 2**63),  # over an i64
-    (bytearray(b"x"), 1),
-    ("x", 1),
-    (b"x", 1, 2),
-    [b"x", 1],
+@pytest.mark.parametrize("datas, ids", [
+    ([b"ok", b"x"], [0, True]),  # a bool is an int, but not a plain one
+    ([b"ok", b"x"], [0, 2**63]),  # over an i64
+    ([b"ok", b"x"], 2**63),
+    ([b"ok", b"x"], [0]),  # an id short
+    ([b"ok", bytearray(b"x")], 1),
+    ([b"ok", "x"], 1),
 ])
-def test_anything_but_bytes_and_int_pairs_is_left_to_the_python_loop(odd: Any) -> None:
-    assert compiled.write_items(1, 2, [(b"ok", 0), odd]) is None
+def test_anything_but_bytes_and_plain_ids_is_left_to_the_python_loop(datas: list[Any], ids: Any) -> None:
+    assert compiled.write_items(1, 2, datas, ids) is None
 
 
-def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop() -> None:
-    got = [(b"a" * n, n * 7 - 3) for n in range(50)]
+@pytest.mark.parametrize("ids", [0, list(range(50))])
+def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop(ids: int | list[int]) -> None:
+    got = TakenItems([QItem(0, 0, b"a" * n) for n in range(50)], ids)
     fast = encode_reply(BinaryWriter, METHODS["get"], 5, got)  # laid out by write_items
-    assert write_reply(BinaryWriter(), METHODS["get"], 5, got) == fast  # the Python loop
+    assert write_reply(BinaryWriter(), METHODS["get"], 5, got.pairs()) == fast  # the Python loop
+    assert encode_reply(CompactWriter, METHODS["get"], 5, got) == write_reply(CompactWriter(), METHODS["get"], 5,
+                                                                             got.pairs())
 
 
 def python_plain_call(frame: bytes) -> Any:

@@ -23,7 +23,7 @@ from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.item import data_with_ids
+from kestrel.storage.item import TakenItems
 
 log = structlog.get_logger("kestrel.session")
 
@@ -128,12 +128,11 @@ class Session:
     # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
 
     def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
-                  auto_abort_ms: int = 0) -> list[tuple[bytes, int]]:
-        """Up to `max_items` (at most `max_batch_items`) as (data, id), waiting up to `timeout_ms` (at
+                  auto_abort_ms: int = 0) -> TakenItems:
+        """Up to `max_items` (at most `max_batch_items`) with their ids, waiting up to `timeout_ms` (at
         most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
         `max_open_reads` open reads on each queue, as Kestrel counts them."""
-        items, ids = self._take_items(queue, max_items, timeout_ms, auto_abort_ms)
-        return data_with_ids(items, ids)
+        return TakenItems(*self._take_items(queue, max_items, timeout_ms, auto_abort_ms))
 
     def get_timed_items(self, queue: str, max_items: int, timeout_ms: int = 0,
                         auto_abort_ms: int = 0) -> list[tuple[bytes, int, int, int | None]]:

@@ -1,15 +1,15 @@
-/* Compiled twins of the binary protocol's hot paths in service/thrift_protocol.py and
- * service/thrift_messages.py: reading a whole call frame (`read_call`: the message header and the
+/* Compiled twins of the binary protocol's hot paths in service/thrift/protocol.py and
+ * service/thrift/messages.py: reading a whole call frame (`read_call`: the message header and the
  * arguments, as `read_message_begin` and `_plain_binary_args` read them), the list of binaries a
  * batch `put` carries (`BinaryReader.read_binary_list`) and the list of Items a batch `get` answers
- * (`BinaryWriter.write_flat_structs` for (bytes, i64) structs).
+ * (`BinaryWriter.write_flat_structs` for (bytes, i64) structs, from the data and ids apart).
  *
  * A single put costs about 3.7 µs of Python to read, and a batch of 100 spent about a third of its
  * Python time in the two list loops. Every function here takes only the plain case and answers
  * None for anything else (a length that is negative, over a limit or past the frame; a field the
- * method does not have or of another type; a string that is not UTF-8; a value that is not a
- * (bytes, int) pair), without having read or written anything: the Python code then runs from the
- * same place and names the fault, so every rule and message stays written once, in Python.
+ * method does not have or of another type; a string that is not UTF-8; a data that is not bytes or
+ * an id that is not an int), without having read or written anything: the Python code then runs
+ * from the same place and names the fault, so every rule and message stays written once, in Python.
  * tests/test_thrift_binary.py compares the two on intact and damaged input. Optional: without a C
  * compiler the Python code serves alone.
  */
@@ -352,11 +352,14 @@ static PyObject *read_binary_list(PyObject *self, PyObject *const *args, Py_ssiz
     return result;
 }
 
-/* write_items(fid1, fid2, pairs) -> bytes | None: each (data, number) pair as a struct of a binary
- * field `fid1` and an i64 field `fid2`, then STOP, one after another. */
+/* write_items(fid1, fid2, datas, ids) -> bytes | None: each data with its id (`ids` one int for all,
+ * or a list, one each) as a struct of a binary field `fid1` and an i64 field `fid2`, then STOP, one
+ * after another: the Items of a get, from the items' data and their open reads' ids as the session
+ * hands them over, with no (data, id) pair made for each. */
 static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "write_items takes fid1, fid2 and a list of (bytes, int)");
+    if (nargs != 4 || !PyList_CheckExact(args[2])
+            || !(PyLong_CheckExact(args[3]) || PyList_CheckExact(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "write_items takes fid1, fid2, a list of bytes and an int or a list");
         return NULL;
     }
     long fid1 = PyLong_AsLong(args[0]);
@@ -367,22 +370,29 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (fid1 < -32768 || fid1 > 32767 || fid2 < -32768 || fid2 > 32767) {
         Py_RETURN_NONE;
     }
-    PyObject *pairs = args[2];
-    Py_ssize_t count = PyList_GET_SIZE(pairs);
+    PyObject *datas = args[2], *ids = args[3];
+    Py_ssize_t count = PyList_GET_SIZE(datas);
+    int one_id = PyLong_CheckExact(ids);
+    if (!one_id && PyList_GET_SIZE(ids) != count) {
+        Py_RETURN_NONE;
+    }
     const Py_ssize_t fixed = 3 + 4 + 3 + 8 + 1;  /* two field headers, a length, an i64, STOP */
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *pair = PyList_GET_ITEM(pairs, i);
-        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2
-                || !PyBytes_CheckExact(PyTuple_GET_ITEM(pair, 0))
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1))) {
+    for (Py_ssize_t i = 0; i < count; i++) {  /* nothing below runs Python code: the lists hold still */
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        if (!PyBytes_CheckExact(data) || (!one_id && !PyLong_CheckExact(PyList_GET_ITEM(ids, i)))) {
             Py_RETURN_NONE;
         }
-        Py_ssize_t n = PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 0));
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
         if (n > INT32_MAX || total > PY_SSIZE_T_MAX - fixed - n) {
             Py_RETURN_NONE;
         }
         total += fixed + n;
+    }
+    int overflow = 0;
+    long long number = one_id ? PyLong_AsLongLongAndOverflow(ids, &overflow) : 0;
+    if (overflow) {
+        Py_RETURN_NONE;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) {
@@ -390,13 +400,13 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *pair = PyList_GET_ITEM(pairs, i);
-        PyObject *data = PyTuple_GET_ITEM(pair, 0);
-        int overflow = 0;
-        long long number = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(pair, 1), &overflow);
-        if (overflow) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        if (!one_id) {
+            number = PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(ids, i), &overflow);
+            if (overflow) {
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
         }
         Py_ssize_t n = PyBytes_GET_SIZE(data);
         *p++ = T_STRING;
@@ -418,13 +428,13 @@ static PyMethodDef methods[] = {
     {"read_binary_list", (PyCFunction)(void (*)(void))read_binary_list, METH_FASTCALL,
      "The list's elements and the position after them, or None where the Python loop must read."},
     {"write_items", (PyCFunction)(void (*)(void))write_items, METH_FASTCALL,
-     "The (bytes, i64) structs laid out one after another, or None where the Python loop must write."},
+     "Each data with its id as (binary, i64) structs one after another, or None where Python must write."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kestrel.service.thrift._binary",
-    "The binary protocol's hot paths, compiled (see service/thrift_protocol.py).", -1, methods,
+    "The binary protocol's hot paths, compiled (see service/thrift/protocol.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__binary(void) {

@@ -38,6 +38,7 @@ from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reade
 from kestrel.service.thrift.transport import ClientStream, ConnectionDone, frame
 from kestrel.service.turns import Turns
 from kestrel.storage.errors import KestrelError
+from kestrel.storage.item import TakenItems
 
 log = structlog.get_logger("kestrel.thrift")
 
@@ -59,8 +60,8 @@ class ThriftHandler:
         return self.session.put(_queue(queue_name), items or [], expiry)
 
     def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
-            auto_abort_msec: int | None) -> list[tuple[bytes, int]]:
-        """Items as (data, id) tuples, the Item struct's fields in order (what the encoder takes)."""
+            auto_abort_msec: int | None) -> TakenItems:
+        """The Items: each item's data and id (the encoder lays them out)."""
         return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
                                       auto_abort_msec or 0)
 

@@ -32,6 +32,7 @@ from kestrel.service.thrift.protocol import (
     Writer,
     compiled_binary,
 )
+from kestrel.storage.item import TakenItems
 
 
 @dataclass(frozen=True)
@@ -298,12 +299,14 @@ def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any)
         reply = _binary_reply(method, seqid, value)
         if reply is not None:
             return reply
+    if type(value) is TakenItems:  # a get's Items, to the writers that take (data, id) pairs
+        value = value.pairs()
     return write_reply(protocol(), method, seqid, value)
 
 
 def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:
     """The hot path's binary replies laid out in a step or two: nothing, an i32 (`put`, `confirm`,
-    `abort`), or the Items of a `get` as (data, id) pairs; None for anything else (`write_reply`)."""
+    `abort`), or the Items of a `get`; None for anything else (`write_reply`)."""
     result, head = method.result, _BINARY_REPLY_HEADS[method.name]
     try:
         if result is None or value is None:
@@ -311,8 +314,8 @@ def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:
         if result.ttype == I32 and type(value) is int:
             return head + _SEQID_I32_RESULT.pack(seqid, I32, 0, value, STOP)
         item_fields = _ITEM_LIST_RESULTS.get(method.name)
-        if item_fields is not None and type(value) is list and compiled_binary is not None:
-            items = compiled_binary.write_items(*item_fields, value)
+        if item_fields is not None and type(value) is TakenItems and compiled_binary is not None:
+            items = compiled_binary.write_items(*item_fields, value.data(), value.ids)
             if items is not None:
                 count = _SEQID_LIST_RESULT.pack(seqid, LIST, 0, STRUCT, len(value))
                 return b"".join((head, count, items, b"\x00"))
