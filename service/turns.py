@@ -36,6 +36,11 @@ class Turns:
             return False
         return time.perf_counter() >= self.ends
 
+    def pause(self) -> None:
+        """Step aside if the turn is over: between requests, and between the slices of a large one."""
+        if self.over():
+            self.step_aside()
+
     def step_aside(self) -> None:
         """Let every other ready connection run, then start a new turn."""
         step_aside()

@@ -4,6 +4,7 @@ tests move instead of sleeping. Waiting calls run in a greenlet; `gevent.sleep(0
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,10 @@ import structlog
 
 from kestrel.service.config import ServerConfig
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.session import ClientGone, OpenReadConflict, Session, SessionError
+from kestrel.service.session.session import GET_SLICE, ClientGone, OpenReadConflict, Session, SessionError
 from kestrel.service.session.status import Status
 from kestrel.storage import QueueCollection
-from kestrel.storage.errors import RefusedByStatus
+from kestrel.storage.errors import JournalWriteError, RefusedByStatus
 from kestrel.storage.runtime import ManualRuntime
 
 MakeServer = Callable[..., ServerState]
@@ -200,6 +201,44 @@ def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None
     session = Session(make_server(max_batch_items=2), "client")
     session.put("q", [b"a", b"b", b"c"])
     assert session.get_items("q", 10).pairs() == [(b"a", 0), (b"b", 0)]
+
+
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_large_get_lets_the_others_run_between_its_slices(make_server: MakeServer, auto_abort_ms: int) -> None:
+    server = make_server(max_open_reads=4 * GET_SLICE)
+    pauses: list[int] = []
+    session = Session(server, "client", pause=lambda: pauses.append(_open_reads(server, "q")))
+    datas = [b"%06d" % n for n in range(2 * GET_SLICE + 5)]
+    session.put("q", datas)
+    taken = session.get_items("q", len(datas), auto_abort_ms=auto_abort_ms)
+    assert taken.data() == datas and len(pauses) >= 2
+    if auto_abort_ms:  # each slice's reads were opened before the pause that followed it
+        assert pauses[:2] == [GET_SLICE, 2 * GET_SLICE]
+        assert session.confirm_ids("q", set(taken.ids)) == len(datas)  # type: ignore[arg-type]
+    assert server.collection.queue("q").stats()["items"] == 0
+
+
+def test_a_fault_part_way_through_a_large_get_hands_out_the_slices_taken(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = Session(server, "client")
+    datas = [b"%06d" % n for n in range(GET_SLICE + 5)]
+    session.put("q", datas)
+    take = server.collection.remove_many
+    calls: list[int] = []
+
+    def failing_second(queue: str, count: int, transaction: bool = False) -> list[Any]:
+        calls.append(count)
+        if len(calls) == 2:
+            raise JournalWriteError(queue, "q", OSError(errno.ENOSPC, "No space left on device"))
+        return take(queue, count, transaction)
+
+    monkeypatch.setattr(server.collection, "remove_many", failing_second)
+    assert session.get_items("q", len(datas)).data() == datas[:GET_SLICE]  # taken: not lost
+    calls[:] = [GET_SLICE]  # the next call fails, the get's first
+    with pytest.raises(JournalWriteError):  # nothing taken yet: the fault is the answer
+        session.get_items("q", 1)
+    monkeypatch.undo()
+    assert _drain(server, "q") == datas[GET_SLICE:]
 
 
 def test_auto_abort_puts_the_items_back_at_the_head_when_its_time_comes(

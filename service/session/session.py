@@ -11,7 +11,7 @@ runtime drives the session's waits and auto-aborts as it drives the storage's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -26,6 +26,14 @@ from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.item import TakenItems
 
 log = structlog.get_logger("kestrel.session")
+
+# Items a get takes before the connection may let others run: a 100,000-item get held the loop
+# for 20 ms in one piece (bench/README.md); a slice costs well under a turn.
+GET_SLICE = 8192
+
+
+def _go_on() -> None:
+    """A session's `pause` where nobody else waits for the loop."""
 
 
 class SessionError(KestrelError):
@@ -44,9 +52,12 @@ class ClientGone(Exception):
 class Session:
     """One client connection's view of the server."""
 
-    def __init__(self, server: ServerState, peer: str) -> None:
+    def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None) -> None:
         self.server = server
         self.peer = peer
+        # Called between the slices of a large get: the connection lets the others run there if its
+        # turn is over (service/turns.py). Nothing by default (tests, and single-item protocols).
+        self.pause = pause or _go_on
         bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
@@ -162,22 +173,42 @@ class Session:
         if transaction:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
-        items = self.coll.remove_many(queue, max_items, transaction)
+        items: list[QItem] = []
+        ids: list[int] = []
         deadline = self._monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
-        while len(items) < max_items and timeout_ms > 0 and (wait := deadline - self._monotonic()) > 0:
-            item = self.coll.remove(queue, transaction, wait)  # wait for the next one to arrive
-            if item is None:
-                break
-            items.append(item)
-            items.extend(self.coll.remove_many(queue, max_items - len(items), transaction))
+        try:
+            while len(items) < max_items:
+                # What the queue holds, a slice at a time: each slice's reads are opened before the
+                # connection lets the others run (`pause`), so that none is left without an owner.
+                more = self.coll.remove_many(queue, min(max_items - len(items), GET_SLICE), transaction)
+                self._hand_out(items, ids, more, queue, transaction, auto_abort_ms)
+                if len(more) < GET_SLICE and len(items) < max_items:
+                    # The queue is empty now: wait for the next item, if the get waits.
+                    wait = deadline - self._monotonic()
+                    item = self.coll.remove(queue, transaction, wait) if timeout_ms > 0 and wait > 0 else None
+                    if item is None:
+                        break
+                    self._hand_out(items, ids, [item], queue, transaction, auto_abort_ms)
+                self.pause()
+        except KestrelError:
+            if not items:
+                raise
+            # The slices taken already left the journal: hand them out rather than lose them; the
+            # fault answers the next request.
+            log.warning("a get ended early by a fault; handing out what it took", queue=queue,
+                        items=len(items), exc_info=True)
         if items:
             self.stats.get_hits += 1
         else:
             self.stats.get_misses += 1
-        if not transaction:
-            return items, 0
-        xids = [item.xid for item in items]
-        return items, self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+        return items, ids if transaction else 0
+
+    def _hand_out(self, items: list[QItem], ids: list[int], more: list[QItem], queue: str, transaction: bool,
+                  auto_abort_ms: int) -> None:
+        items += more
+        if transaction:
+            ids += self.server.reads_by_id.open_many(self.reads, queue, [item.xid for item in more],
+                                                     auto_abort_ms)
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""

@@ -111,14 +111,14 @@ class ThriftConnection:
         cfg = server.config
         self.cfg = cfg
         self.peer = peer
-        self.session = Session(server, peer)
+        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
+        self.turns = Turns(self.stream.io)
+        self.session = Session(server, peer, pause=self.turns.pause)
         self.handler = ThriftHandler(self.session)
         # Each method's handler, contract and answer-time histogram, looked up once per connection.
         self.calls = {name: (getattr(self.handler, name), method, metrics.request_latency("thrift", name))
                       for name, method in METHODS.items()}
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
-        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
-        self.turns = Turns(self.stream.io)
 
     def run(self) -> None:
         try:
@@ -142,8 +142,7 @@ class ThriftConnection:
             if reply is None:
                 return
             self.stream.send(frame(reply))
-            if turns.over():
-                turns.step_aside()
+            turns.pause()
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request (None: nothing can be answered). A plain binary call
@@ -165,8 +164,7 @@ class ThriftConnection:
             if not intact:
                 return
             del stream.buf[:reader.pos]
-            if self.turns.over():
-                self.turns.step_aside()
+            self.turns.pause()
 
     def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
         """The reply to the message in `reader` (None: nothing can be answered), and whether the
