@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +122,24 @@ def write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += n
+
+
+def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
+    """Cut `path` at `offset`, first saving what is cut, durably, as `<path>.<label>-<ms>`; return
+    the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    copy = filenames.set_aside_path(path, label, now_ms)
+    try:
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            src.seek(offset)
+            shutil.copyfileobj(src, dst)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(copy)
+        raise
+    os.truncate(path, offset)
+    return copy
 
 
 def fsync_dir(path: str) -> None:
