@@ -15,7 +15,7 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import list_journal_files
-from kestrel.storage.runtime import ManualRuntime, ThreadsRuntime
+from kestrel.storage.runtime import ManualRuntime
 from tests.power_loss import Disk
 from tests.queues import drain
 
@@ -31,8 +31,9 @@ def segment(path: Path, *records: bytes, name: str = "1") -> Path:
 
 
 def collection(path: Path, on: bool = True, **queue: Any) -> QueueCollection:
-    """A collection whose queues sync `always`, on a runtime whose timers only tests move."""
-    runtime = ManualRuntime(ThreadsRuntime(), FakeClock(T0))
+    """A collection whose queues sync `always`, on a runtime whose timers only tests move and whose
+    fsyncs go through `os` (no group commit: `tests/power_loss.py` sees them)."""
+    runtime = ManualRuntime(clock=FakeClock(T0))
     coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always", **queue}), runtime=runtime,
                            commit_log=on)
     coll.load()
