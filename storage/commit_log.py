@@ -310,6 +310,7 @@ def recover(queue_path: str, now_ms: int) -> int:
         os.unlink(segment.path)
     if segments:
         _remove_directory(queue_path)
+    if journals:
         log.info("commit log recovered", segments=len(segments), journals=len(journals),
                  records=sum(len(s.records) for s in segments), written=applied)
     return applied

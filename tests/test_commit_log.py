@@ -270,7 +270,8 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
                 expected.pop(0)
         coll.queue("q").wait_for_packing()
         lost = disk.power_cut(str(tmp_path), keep)
-        assert any(os.path.basename(p).startswith("q") for p in lost) == on  # the log kept the promise
+        if keep == 0:  # the journals lost what only the log had made durable
+            assert any(os.path.basename(p).startswith("q") for p in lost) == on
         again = collection(tmp_path, on)
         assert drain(again, "q") == expected
         again.close()
