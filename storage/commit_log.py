@@ -181,16 +181,18 @@ def segment_paths(queue_path: str) -> list[str]:
     return [os.path.join(folder, n) for n in sorted(names, key=int)]
 
 
-def pending(queue_path: str) -> list[str]:
-    """The segments holding records: recovery is pending while there are any (the journals may
-    lack acknowledged changes the log holds). A server stopped cleanly leaves none."""
-    return [p for p in segment_paths(queue_path) if os.path.getsize(p) > len(MARK)]
+def pending(queue_path: str) -> bool:
+    """Whether the log holds records: a server runs on the path, or stopped without a clean
+    shutdown (a clean one leaves no log)."""
+    return any(os.path.getsize(p) > len(MARK) for p in segment_paths(queue_path))
 
 
 def pending_message(queue_path: str) -> str:
-    return (f"recovery is pending: the commit log {directory(queue_path)} holds changes the journals "
-            f"may lack; start the server on this queue path, or run `kestrel journal recover "
-            f"{queue_path}` (with the server stopped)")
+    """What the offline readers of journals say while `pending`."""
+    return (f"recovery is pending: the commit log {directory(queue_path)} holds records (a server runs "
+            "on this path, or stopped without a clean shutdown); the journals hold every change "
+            "unless the machine lost power since, which recovery repairs: start the server, or run "
+            f"`kestrel journal recover {queue_path}` with it stopped")
 
 
 def _remove_directory(queue_path: str) -> None:
