@@ -406,8 +406,12 @@ class CommitLog:
                 turn.position = segment.writer.size
             except OSError as e:
                 turn.error = e
-            turn.chunks = []
-            turn.done.set()
+            except BaseException as e:  # no waiter may wait for a write that will never end
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {e!r}")
+                raise
+            finally:
+                turn.chunks = []
+                turn.done.set()
             if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
                 self.runtime.spawn(self._checkpoint_logged)
 

@@ -232,6 +232,9 @@ class JournalWriter:
             self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
+        # Whether creating the file fsyncs its directory whatever the policy (a commit log's records
+        # may name it: storage/commit_log.py); under `always` it always does.
+        self.durable_name = False
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -241,7 +244,7 @@ class JournalWriter:
             return
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if created and self.sync_ms == 0:
+        if created and (self.sync_ms == 0 or self.durable_name):
             fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def create(self) -> None:

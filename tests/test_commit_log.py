@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import CorruptJournalError
@@ -383,4 +383,30 @@ def test_convert_recovers_the_log_first(tmp_path: Path) -> None:
                            runtime=ManualRuntime(clock=FakeClock(T0)))
     coll.load()
     assert drain(coll, "q") == items
+    coll.close()
+
+
+def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_are_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = collection(tmp_path, default_journal_size="1KB")
+    coll.add("q", b"first")  # the queue is created under always
+    assert coll.remove("q") is not None
+    coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
+    synced_dirs: list[str] = []
+    real = files.fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        synced_dirs.append(path)
+        real(path)
+
+    monkeypatch.setattr(files, "fsync_dir", fsync_dir)
+    for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
+        coll.add("q", b"x" * 40)
+        assert coll.remove("q") is not None
+    coll.queue("q").wait_for_packing()
+    assert list_journal_files(str(tmp_path), "q").rotated  # it rotated
+    assert str(tmp_path) in synced_dirs
+    coll.add("q", b"last")
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    assert [r.data[-4:] for _, r in read_segment(seg, last=True).records] == [b"last"]  # it still logs
     coll.close()

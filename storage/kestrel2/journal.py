@@ -220,7 +220,13 @@ class QueueJournal:
 
     def open_live(self) -> None:
         """Start appending to the live journal (after replay)."""
-        self.writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        self.writer = self._live_writer()
+
+    def _live_writer(self) -> JournalWriter:
+        writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        # A new live journal's name is durable before any record of its epoch is logged.
+        writer.durable_name = self.commit_log is not None
+        return writer
 
     def write(self, data: bytes) -> None:
         """Queue records for the next `flush` (nothing is written for a queue without a journal)."""
@@ -294,7 +300,7 @@ class QueueJournal:
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
-        self.writer = JournalWriter(old.path, self.sync_ms, self.runtime)
+        self.writer = self._live_writer()
         self.runtime.spawn(old.close)
         return stamp
 
