@@ -124,6 +124,18 @@ def test_a_journal_torn_inside_a_logged_record_is_cut_there_keeping_a_copy(tmp_p
     assert (tmp_path / f"q.torn-{T0}").read_bytes() == b"b"
 
 
+def test_a_journal_torn_at_every_offset_of_its_last_logged_write_is_completed(tmp_path: Path) -> None:
+    last = b"\x02" + b"z" * 30  # the bytes of one change
+    for cut in range(len(last) + 1):
+        path = tmp_path / str(cut)
+        path.mkdir()
+        (path / "q").write_bytes(b"aaa" + last[:cut])
+        segment(path, encode_record("q", 0, 0, b"aaa"), encode_record("q", 0, 3, last))
+        recover(str(path), T0)
+        assert (path / "q").read_bytes() == b"aaa" + last, cut
+        assert (path / f"q.torn-{T0}").exists() == (0 < cut < len(last)), cut
+
+
 @pytest.mark.parametrize("journal, reason", [(b"a", "ends at 1, before offset 3"),
                                              (b"aaaXX", "other bytes at offset 3")])
 def test_a_journal_that_disagrees_with_the_log_is_refused_naming_the_record(tmp_path: Path, journal: bytes,
