@@ -40,7 +40,7 @@ import gevent
 import structlog
 
 from kestrel.storage import filenames
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import CommitLogDamaged
 from kestrel.storage.files import (
     JournalFiles,
     JournalWriter,
@@ -120,7 +120,7 @@ def read_segment(path: str, last: bool) -> Segment:
     """Read a segment. A damaged record followed only by the end of the file (or by zeros) is a torn
     last write (`torn_at`), allowed in the `last` segment alone.
 
-    Raises CorruptJournalError naming the file and offset: a bad mark, a record whose checksum or
+    Raises CommitLogDamaged naming the file and offset: a bad mark, a record whose checksum or
     fields are wrong with more bytes after it, a torn record in a segment that is not the last.
     """
     with open(path, "rb") as f:
@@ -130,9 +130,9 @@ def read_segment(path: str, last: bool) -> Segment:
         if MARK.startswith(data) or not any(data):
             segment.torn_at = 0 if data else None  # created and cut short before its mark was written
         else:
-            raise CorruptJournalError(path, 0, None, "not a commit log segment (no mark at its start)")
+            raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
     elif not data.startswith(MARK):
-        raise CorruptJournalError(path, 0, None, "not a commit log segment (no mark at its start)")
+        raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
     at = len(MARK)
     while segment.torn_at is None and at < len(data):
         reason = None
@@ -156,10 +156,10 @@ def read_segment(path: str, last: bool) -> Segment:
                 reason = "a record whose checksum or fields are wrong"
         if end >= len(data) or not any(data[end:]):
             if not last:
-                raise CorruptJournalError(path, at, None, f"{reason} before the next segment")
+                raise CommitLogDamaged(path, at, None, f"{reason} before the next segment")
             segment.torn_at = at
         else:
-            raise CorruptJournalError(path, at, None, f"{reason}, with more records after it")
+            raise CommitLogDamaged(path, at, None, f"{reason}, with more records after it")
     return segment
 
 
@@ -226,13 +226,13 @@ def _create_segment(path: str) -> None:
 
 def _journal_for(queue_path: str, files: JournalFiles, segment: str, at: int, record: Record) -> str:
     """The journal file the record's bytes belong to, of its queue's `files` (see the module's doc
-    on epochs). Raises CorruptJournalError when only a pack is newer than its epoch."""
+    on epochs). Raises CommitLogDamaged when only a pack is newer than its epoch."""
     stamps = [ts for ts, _ in files.rotated] + [ts for ts, _ in files.packs]
     if not stamps or record.epoch >= max(stamps):
         return filenames.live_path(queue_path, record.queue)
     newer = [(ts, p) for ts, p in files.rotated if ts > record.epoch]
     if not newer:
-        raise CorruptJournalError(segment, at, None, f"no journal of queue {record.queue!r} for epoch "
+        raise CommitLogDamaged(segment, at, None, f"no journal of queue {record.queue!r} for epoch "
                                                      f"{record.epoch}: only a pack is newer")
     return min(newer)[1]
 
@@ -240,7 +240,7 @@ def _journal_for(queue_path: str, files: JournalFiles, segment: str, at: int, re
 def _apply(segment: str, at: int, record: Record, journal: str, now_ms: int) -> bool:
     """Put the record's bytes in place in `journal`; whether they had to be written.
 
-    Raises CorruptJournalError naming the segment and offset when the journal holds other bytes
+    Raises CommitLogDamaged naming the segment and offset when the journal holds other bytes
     there, or ends before the record's offset (an earlier change is missing).
     """
     try:
@@ -253,10 +253,10 @@ def _apply(segment: str, at: int, record: Record, journal: str, now_ms: int) -> 
             f.seek(record.offset)
             if f.read(len(record.data)) == record.data:
                 return False
-        raise CorruptJournalError(segment, at, None, f"journal {journal} holds other bytes at offset "
+        raise CommitLogDamaged(segment, at, None, f"journal {journal} holds other bytes at offset "
                                                      f"{record.offset} than this record")
     if size < record.offset and not (size == -1 and record.offset == 0):
-        raise CorruptJournalError(segment, at, None, f"journal {journal} ends at {max(size, 0)}, before "
+        raise CommitLogDamaged(segment, at, None, f"journal {journal} ends at {max(size, 0)}, before "
                                                      f"offset {record.offset} where this record goes: "
                                                      "an earlier change is missing")
     if size > record.offset:
@@ -278,7 +278,7 @@ def recover(queue_path: str, now_ms: int) -> int:
     return how many records had to be written. Idempotent: killed at any step, it can run again.
 
     A torn last write of the log is cut off, a copy kept as `<segment>.torn-<ms>`.
-    Raises CorruptJournalError (nothing after the damage is applied), or OSError.
+    Raises CommitLogDamaged (nothing after the damage is applied), or OSError.
     """
     paths = segment_paths(queue_path)
     segments = [read_segment(p, i == len(paths) - 1) for i, p in enumerate(paths)]

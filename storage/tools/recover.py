@@ -11,7 +11,7 @@ from typing import TextIO
 
 from kestrel.storage import commit_log
 from kestrel.storage.clock import SYSTEM_CLOCK
-from kestrel.storage.errors import CorruptJournalError, QueuePathInUse
+from kestrel.storage.errors import CommitLogDamaged, QueuePathInUse
 from kestrel.storage.lock import QueuePathLock
 
 
@@ -31,9 +31,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     except QueuePathInUse as e:
         print(f"kestrel journal recover: {e}", file=err)
         return 3
-    except CorruptJournalError as e:
-        print(f"kestrel journal recover: {e}; the commit log and the journals are left as they are",
-              file=err)
+    except CommitLogDamaged as e:
+        print(f"kestrel journal recover: {e}; {e.remedy}", file=err)
         return 1
     except OSError as e:
         print(f"kestrel journal recover: {e.filename or queue_path}: {e.strerror or e}", file=err)
