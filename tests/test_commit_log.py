@@ -8,9 +8,11 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 
 from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
@@ -18,7 +20,8 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import list_journal_files
-from kestrel.storage.runtime import ManualRuntime
+from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
 from tests.power_loss import Disk
 from tests.queues import drain
@@ -422,3 +425,49 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-4:] for _, r in read_segment(seg, last=True).records] == [b"last"]  # it still logs
     coll.close()
+
+
+class GeventWithFsyncs(GeventRuntime):
+    """The server's runtime, whose group commit's fsyncs go through `fsync` (on Python threads)."""
+
+    def __init__(self, fsync: Callable[[int], None]) -> None:
+        super().__init__(FakeClock(T0))
+        self._group_commit = GroupCommit(ThreadFsync(fsync))
+
+    def group_commit(self) -> GroupCommit:
+        return self._group_commit
+
+
+@pytest.mark.parametrize("log_fsync_fails", [False, True])
+def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
+        tmp_path: Path, log_fsync_fails: bool) -> None:
+    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if log_fsync_fails and path.startswith(log_dir):
+            raise OSError(errno.EIO, "Input/output error")
+        synced.append(path)
+        os.fdatasync(fd)
+
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}),
+                           runtime=GeventWithFsyncs(fsync), commit_log=True)
+    coll.load()
+    for name in ("a", "b", "c", "d"):
+        coll.add(name, b"created")
+    synced.clear()
+    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c", "d")],
+                   raise_error=True)  # each added in the same turn, all acknowledged
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    writes = [r.queue for _, r in read_segment(seg, last=True).records]
+    assert writes[-4:] == ["a", "b", "c", "d"]
+    journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
+    if log_fsync_fails:
+        assert journals == ["a", "b", "c", "d"]  # each fell back on its own journal's fsync
+    else:
+        assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
+    coll.close()
+    again = collection(tmp_path)
+    assert [drain(again, n) for n in ("a", "b", "c", "d")] == [[b"created", b"item"]] * 4
+    again.close()
