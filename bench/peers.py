@@ -69,15 +69,17 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 
 @contextlib.contextmanager
-def kestrel(work: Path, sync: str = "never") -> Iterator[Running]:
-    """This checkout's server with the Thrift and memcache ports open and `sync_journal: sync`."""
+def kestrel(work: Path, sync: str = "never", commit_log: str = "off") -> Iterator[Running]:
+    """This checkout's server with the Thrift and memcache ports open, `sync_journal: sync` and
+    `commit_log`."""
     ports = {"thrift": free_port(), "memcache": free_port()}
     home = Path(work) / f"kestrel-{sync}-{ports['thrift']}"
     home.mkdir(parents=True)
     config = home / "kestrel.yaml"
     config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\n"
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
-                      f"text_port: 0\nadmin_port: 0\ndefault_queue:\n  sync_journal: {sync}\n")
+                      f"text_port: 0\nadmin_port: 0\ncommit_log: {commit_log}\n"
+                      f"default_queue:\n  sync_journal: {sync}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:

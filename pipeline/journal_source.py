@@ -312,11 +312,16 @@ class JournalReader(DataSourceReader):
         self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
+        from kestrel.storage import commit_log
         from kestrel.storage.files import scan_queue_dir
         from kestrel.storage.kestrel2.replay import replay_files
 
         out: list[InputPartition] = []
         for queue_path in self.paths:
+            if commit_log.pending(queue_path):
+                import structlog
+
+                structlog.get_logger("kestrel.pipeline").warning(commit_log.pending_message(queue_path))
             for name, files in sorted(scan_queue_dir(queue_path).queues.items()):
                 if self.queues is not None and name not in self.queues:
                     continue

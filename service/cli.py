@@ -1,4 +1,4 @@
-"""`kestrel serve`, `kestrel config check`, `kestrel journal dump` and `kestrel journal convert`: the
+"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `convert` and `recover`: the
 command line."""
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_DAMAGED_JOURNAL,
     StartupError,
 )
-from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.errors import CommitLogDamaged, ConfigError, CorruptJournalError  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
+from kestrel.storage.tools import recover as journal_recover  # noqa: E402
 
 SERVE_DESCRIPTION = """\
 Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
@@ -110,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
     journal_convert.add_arguments(journal_sub.add_parser(
         "convert", help="convert queues to the other journal format, offline (the server must be stopped)"))
+    journal_recover.add_arguments(journal_sub.add_parser(
+        "recover", help="put what a commit log left by a crash holds into the journals, offline"))
     return parser
 
 
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return journal_dump.run(args)
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
+    if args.command == "journal" and args.journal_command == "recover":
+        return journal_recover.run(args)
     if args.command == "config":
         try:
             load(args.file)
@@ -154,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         App(config).run()
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
+    except CommitLogDamaged as e:
+        print(f"kestrel: cannot start: {e}; {e.remedy}", file=sys.stderr)
+        return EXIT_DAMAGED_JOURNAL
     except CorruptJournalError as e:
         advice = e.advice(config.salvage)
         print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)

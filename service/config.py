@@ -92,6 +92,15 @@ def _choice(*choices: str) -> Any:
     return parse
 
 
+def _on_off(key: str, value: Any) -> bool:
+    """`on` or `off` (YAML reads both unquoted as booleans; quoted, they are strings)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    raise ConfigError(key, f"expected on or off, got {value!r}")
+
+
 def _status(key: str, value: Any) -> Status:
     if isinstance(value, str):
         try:
@@ -171,6 +180,9 @@ class ServerConfig:
     max_memory_total: int = 0  # off by default until a burst cannot pass it between ticks (docs/memory.md)
     shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
+    # Kestrel 2 queues under sync_journal: always wait for one server-wide log's fsync, not their
+    # journals' (storage/commit_log.py; docs/durability.md). Off until it has earned trust.
+    commit_log: bool = False
     zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
     queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)
@@ -209,6 +221,7 @@ _PARSERS: dict[str, Any] = {
     "max_memory_total": parse_size,
     "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
+    "commit_log": _on_off,
     "zookeeper": _zookeeper,
 }
 

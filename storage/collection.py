@@ -13,6 +13,8 @@ import structlog
 
 from kestrel.storage import formats
 from kestrel.storage.clock import Clock
+from kestrel.storage.commit_log import CommitLog
+from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.errors import (
     ConfigError,
@@ -69,12 +71,16 @@ class QueueCollection:
     `runtime` is the concurrency model (`storage/runtime.py`): gevent unless given, or
     `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
     `max_memory_total` is the budget of what every queue holds in memory (0: none; storage/memory.py).
+    `commit_log`: Kestrel 2 queues under `sync_journal: always` wait for one server-wide log's
+    fsync instead of their journals' (storage/commit_log.py), from `load` on. Whatever the setting,
+    `load` first recovers what a log left by an earlier run holds.
     """
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
                  aliases: Mapping[str, list[str]] | None = None, clock: Clock | None = None,
                  salvage: bool = False, max_queues: int | None = None,
-                 runtime: Runtime | None = None, max_memory_total: int = 0) -> None:
+                 runtime: Runtime | None = None, max_memory_total: int = 0,
+                 commit_log: bool = False) -> None:
         if runtime is None:
             runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
         self.runtime = runtime
@@ -103,6 +109,8 @@ class QueueCollection:
         self.queue_expires = 0
         self.closed = False
         self.waits_ended = False
+        self._commit_log_on = commit_log
+        self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
         self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime)
                          if max_memory_total else None)
         os.makedirs(path, exist_ok=True)
@@ -123,6 +131,10 @@ class QueueCollection:
         """
         if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
+        recover_commit_log(self.path, self.clock.now_ms())
+        if self._commit_log_on:
+            self.commit_log = CommitLog(self.path, self.runtime)
+            self.commit_log.open()
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners
@@ -236,7 +248,7 @@ class QueueCollection:
             return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
                                  journals=self._kestrel3)
         return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
-                             salvage=self.salvage, runtime=self.runtime)
+                             salvage=self.salvage, runtime=self.runtime, commit_log=self.commit_log)
 
     def config_for(self, name: str) -> QueueConfig:
         config = self.configs.for_queue(name)
@@ -469,3 +481,5 @@ class QueueCollection:
             self._sweeper = None
         for q in list(self._queues.values()):
             q.close()
+        if self.commit_log is not None:
+            self.commit_log.close()

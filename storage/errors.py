@@ -59,6 +59,14 @@ class CorruptJournalError(KestrelError):
                 "a copy), or repair or move the damaged file and restart")
 
 
+class CommitLogDamaged(CorruptJournalError):
+    """Raised when the commit log holds damage that is not a torn last write, or a record that its
+    journal contradicts: recovery stops there and changes nothing more. `--salvage` does not apply."""
+
+    remedy = ("the commit log and the journals are left as they are: repair or set aside the file "
+              "named (what it holds is then lost), then start again")
+
+
 class QueueDamaged(KestrelError):
     """Raised for every request to a queue whose journal was refused at start-up (the other
     queues serve): names the queue, the damage, and how to proceed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,6 +124,24 @@ def write_all(fd: int, data: bytes) -> None:
         done += n
 
 
+def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
+    """Cut `path` at `offset`, first saving what is cut, durably, as `<path>.<label>-<ms>`; return
+    the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    copy = filenames.set_aside_path(path, label, now_ms)
+    try:
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            src.seek(offset)
+            shutil.copyfileobj(src, dst)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(copy)
+        raise
+    os.truncate(path, offset)
+    return copy
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -213,6 +232,9 @@ class JournalWriter:
             self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
+        # Whether creating the file fsyncs its directory whatever the policy (a commit log's records
+        # may name it: storage/commit_log.py); under `always` it always does.
+        self.durable_name = False
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -222,7 +244,7 @@ class JournalWriter:
             return
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if created and self.sync_ms == 0:
+        if created and (self.sync_ms == 0 or self.durable_name):
             fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def create(self) -> None:

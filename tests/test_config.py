@@ -49,11 +49,19 @@ def test_example_documents_every_key() -> None:
     ({"default_queue": {"sync_journal": "often"}}, "default_queue.sync_journal"),
     ({"aliases": {"a": {"destination_queues": "q"}}}, "aliases.a.destination_queues"),
     ({"aliases": {"a": {"targets": ["q"]}}}, "aliases.a.targets"),
+    ({"commit_log": "sometimes"}, "commit_log"),
 ])
 def test_bad_values_name_the_key(data: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         from_mapping(data)
     assert err.value.key == key
+
+
+@pytest.mark.parametrize("text, on", [("off", False), ("on", True), ("'on'", True), ("'OFF'", False)])
+def test_commit_log_is_on_or_off_quoted_or_not(tmp_path: Path, text: str, on: bool) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"commit_log: {text}\n")
+    assert load(str(path)).commit_log is on
 
 
 def test_command_line_overrides() -> None:

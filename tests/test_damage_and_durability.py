@@ -96,7 +96,8 @@ def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> 
 WRITER = textwrap.dedent("""
     import sys
     from storage import QueueCollection, QueueConfigs
-    coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}))
+    coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
+                           commit_log=sys.argv[3] == "on")
     coll.load()
     n = 0
     while True:
@@ -107,9 +108,10 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("commit_log", ["off", "on"])
 @pytest.mark.parametrize("batch", [1, 7])
-def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch)],
+def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, commit_log: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     acknowledged = 0

@@ -145,11 +145,16 @@ def test_delete_removes_a_reader_and_the_data_with_the_last(server: ServerProces
         mc.close()
 
 
-@pytest.mark.parametrize("sync", ["always", "never"])
+@pytest.mark.parametrize("journal_format, sync, commit_log", [
+    ("kestrel3", "always", "off"), ("kestrel3", "never", "off"),
+    ("kestrel2", "always", "off"), ("kestrel2", "always", "on"), ("kestrel2", "never", "on")])
 def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_item(
-        server_factory: Any, sync: str) -> None:
-    srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel3", "sync_journal": sync,
-                                              "default_journal_size": "16KB"}}})
+        server_factory: Any, journal_format: str, sync: str, commit_log: str) -> None:
+    """Both formats (a Kestrel 2 queue in read-behind rotates and packs its journal meanwhile)."""
+    jobs = {"journal_format": journal_format, "sync_journal": sync, "default_journal_size": "16KB"}
+    if journal_format == "kestrel2":
+        jobs["max_memory_size"] = "32KB"
+    srv = server_factory({"queues": {"jobs": jobs}, "commit_log": commit_log})
     with client(srv) as c:
         c.get("jobs+audit", 1, 0, 0)
     acknowledged: list[bytes] = []
@@ -194,6 +199,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
     for t in threads:
         t.join(10)
     srv.start()
+    assert ("commit log recovered" in srv.log()) == (commit_log == "on" and sync == "always")
     with client(srv) as c:
         left = [i.data for i in c.get("jobs", 100_000, 0, 0)]
         audit = [i.data for i in c.get("jobs+audit", 100_000, 0, 0)]

@@ -245,3 +245,21 @@ def test_log_format(tmp_path: Path, log_format: str, is_json: bool) -> None:
         assert json.loads(first)["event"] == "kestrel started"
     else:
         assert not first.startswith("{") and "kestrel started" in first and "\x1b[" not in first
+
+
+def test_a_commit_log_damaged_inside_stops_the_start_naming_file_and_offset(tmp_path: Path) -> None:
+    from kestrel.storage import commit_log
+
+    path = tmp_path / "queues"
+    (path / commit_log.DIRECTORY).mkdir(parents=True)
+    (path / "q").write_bytes(b"")
+    damaged = bytearray(commit_log.encode_record("q", 0, 0, b"first"))
+    damaged[-1] ^= 1
+    segment = path / commit_log.DIRECTORY / "1"
+    segment.write_bytes(commit_log.MARK + bytes(damaged) + commit_log.encode_record("q", 0, 5, b"second"))
+    done = kestrel("--queue-path", str(path), *NO_LISTENERS)
+    line = one_line(done)
+    assert f"corrupt journal {segment} at offset {len(commit_log.MARK)}" in line and "checksum" in line, line
+    assert "set aside the file named" in line and "salvage" not in line
+    assert done.returncode == 3
+    assert (path / "q").read_bytes() == b""  # nothing applied

@@ -234,14 +234,16 @@ def test_set_status_without_a_status_file_fails_clearly(server_factory: Any) -> 
         assert c.put("q", [b"still up"], 0) == 1
 
 
-def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any) -> None:
-    srv = server_factory({"default_queue": {"sync_journal": "always"}})
+@pytest.mark.parametrize("commit_log", ["off", "on"])
+def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any, commit_log: str) -> None:
+    srv = server_factory({"default_queue": {"sync_journal": "always"}, "commit_log": commit_log})
     acknowledged = 0
     with client(srv) as c:
         for n in range(50):
             acknowledged += c.put("durable", [b"item-%d-%d" % (n, i) for i in range(4)], 0)
     srv.kill()
     srv.start()
+    assert ("commit log recovered" in srv.log()) == (commit_log == "on")
     with client(srv) as c:
         got = c.get("durable", 1000, 0, 0)
     assert len(got) == acknowledged == 200

@@ -31,7 +31,8 @@ class ServerState:
         if collection is None:
             collection = QueueCollection(config.queue_path, config.queues, config.aliases,
                                          salvage=config.salvage, max_queues=config.max_queues,
-                                         runtime=runtime, max_memory_total=config.max_memory_total)
+                                         runtime=runtime, max_memory_total=config.max_memory_total,
+                                         commit_log=config.commit_log)
         elif runtime is not None and runtime is not collection.runtime:
             raise ValueError("the server's runtime must be its collection's")
         self.collection = collection

@@ -8,10 +8,8 @@ the records mean is the queue's business (it replays them through `storage/repla
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
-import shutil
 import time
 from typing import Protocol
 
@@ -19,6 +17,7 @@ import structlog
 
 from kestrel.storage import filenames, manifest
 from kestrel.storage import files as journal
+from kestrel.storage.commit_log import CommitLog, Turn
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.files import JournalFiles, JournalWriter
 from kestrel.storage.kestrel2 import packer
@@ -64,11 +63,15 @@ class _PackJob:
 class QueueJournal:
     """The journal files of queue `name` in `queue_path`, and its writer once `open_live` is called.
 
-    `lock` is the queue's: the background pack takes it to update the file list.
+    `lock` is the queue's: the background pack takes it to update the file list. With a
+    `commit_log`, a journal created under `sync_journal: always` logs every append there too and
+    waits for the log's fsync instead of its own (`storage/commit_log.py`); whether it logs is
+    fixed at creation, so that its records in the log never skip bytes of the journal.
     """
 
     def __init__(self, queue_path: str, name: str, sync_ms: int | None, rotate_at: int,
-                 runtime: Runtime, lock: Lock, salvage: bool = False) -> None:
+                 runtime: Runtime, lock: Lock, salvage: bool = False,
+                 commit_log: CommitLog | None = None) -> None:
         self.queue_path = queue_path
         self.name = name
         self.sync_ms = sync_ms
@@ -81,6 +84,8 @@ class QueueJournal:
         self.rotated: Files = []  # (timestamp, path), oldest first
         self.archived_size = 0
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
+        self.commit_log = commit_log if sync_ms == 0 else None
+        self._turns: list[Turn] = []  # of the commit log, holding appends not yet waited for
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
         # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
         self.pack_ready: packer.PackRequest | None = None
@@ -105,6 +110,11 @@ class QueueJournal:
     def paths(self) -> list[str]:
         live = [self.writer.path] if self.writer else []
         return [p for _, p in self.rotated] + live
+
+    @property
+    def epoch(self) -> int:
+        """Which journal file the live one is, for the commit log: the latest rotation's stamp."""
+        return self.rotated[-1][0] if self.rotated else 0
 
     def files(self) -> Files:
         """The files in replay order, the live journal last (what the read-behind cursor crosses)."""
@@ -345,19 +355,11 @@ class QueueJournal:
 
         Raises JournalWriteError (and changes nothing) when the copy cannot be written.
         """
-        copy = filenames.set_aside_path(path, label, self.clock.now_ms())
+        stamp = self.clock.now_ms()
         try:
-            with open(path, "rb") as src, open(copy, "wb") as dst:
-                src.seek(offset)
-                shutil.copyfileobj(src, dst)
-                dst.flush()
-                os.fsync(dst.fileno())
+            return journal.cut_keeping_copy(path, offset, label, stamp)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(copy)
-            raise JournalWriteError(self.name, copy, e) from None
-        os.truncate(path, offset)
-        return copy
+            raise JournalWriteError(self.name, filenames.set_aside_path(path, label, stamp), e) from None
 
     def _set_aside_after(self, later: Files, cut: tuple[str, int]) -> None:
         """Salvage: cut the damaged file at the damage (keeping a copy of what is cut) and set
@@ -379,7 +381,13 @@ class QueueJournal:
 
     def open_live(self) -> None:
         """Start appending to the live journal (after replay)."""
-        self.writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        self.writer = self._live_writer()
+
+    def _live_writer(self) -> JournalWriter:
+        writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        # A new live journal's name is durable before any record of its epoch is logged.
+        writer.durable_name = self.commit_log is not None
+        return writer
 
     def write(self, data: bytes) -> None:
         """Queue records for the next `flush` (nothing is written for a queue without a journal)."""
@@ -399,7 +407,17 @@ class QueueJournal:
             assert self.writer is not None
             data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
             self._pending.clear()
-            self.writer.append(data)
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        writer = self.writer
+        assert writer is not None
+        offset = writer.size
+        writer.append(data)
+        if self.commit_log is not None:
+            turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
+            if not self._turns or self._turns[-1] is not turn:
+                self._turns.append(turn)
 
     def commit(self) -> bool:
         """Append, then wait as the sync policy says; whether the live journal is due for rotation."""
@@ -408,14 +426,19 @@ class QueueJournal:
             return False
         if self._pending:
             self.flush()
+        if self.commit_log is not None:
+            turns, self._turns = self._turns, []
+            if writer.sync_ms == 0:
+                for turn in turns:
+                    self.commit_log.sync(turn, writer, writer.size)
+                return writer.size >= self.rotate_at
         if writer.sync_ms is not None:
             writer.commit()
         return writer.size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:
         """Append `data` at once, bypassing pending records (a probe). Raises OSError."""
-        assert self.writer is not None
-        self.writer.append(data)
+        self._append(data)
 
     def set_sync(self, sync_ms: int | None, rotate_at: int) -> None:
         self.sync_ms = sync_ms
@@ -438,7 +461,7 @@ class QueueJournal:
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
-        self.writer = JournalWriter(old.path, self.sync_ms, self.runtime)
+        self.writer = self._live_writer()
         self._sealer.add(old, lambda: self._seal_one(rotated))
         return stamp
 
@@ -479,6 +502,8 @@ class QueueJournal:
     def _write_pack(self, job: _PackJob) -> None:
         started = time.perf_counter()
         try:
+            if self.commit_log is not None:
+                self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
             job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
                                                   self._pack_placed, self._pack_finished)
             journal.record_timing("pack", started)
@@ -529,7 +554,9 @@ class QueueJournal:
 
     def delete_files(self) -> None:
         """Delete every file of this journal (the queue is closed); the manifest first, so that a
-        crash part way finds no listed file gone."""
+        crash part way finds no listed file gone. Raises OSError."""
+        if self.commit_log is not None:
+            self.commit_log.checkpoint()  # no record in the log may outlive the files it names
         manifest.remove(self.queue_path, self.name)
         for path in self.paths:
             if os.path.exists(path):

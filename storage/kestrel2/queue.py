@@ -23,6 +23,7 @@ from dataclasses import replace
 import structlog
 
 from kestrel.storage.clock import Clock
+from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
@@ -43,7 +44,8 @@ class Kestrel2Queue(PersistentQueue):
     """A queue journaled in Kestrel 2's format.
 
     Parameters: those of `PersistentQueue`, and `salvage` (load what precedes a corrupt record
-    instead of refusing to load); `runtime` is gevent's unless given (see `storage/runtime.py`) and
+    instead of refusing to load); `commit_log`, the server's (`storage/commit_log.py`), if it keeps
+    one; `runtime` is gevent's unless given (see `storage/runtime.py`) and
     `clock` the runtime's unless given.
     """
 
@@ -51,14 +53,15 @@ class Kestrel2Queue(PersistentQueue):
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
-                 salvage: bool = False, runtime: Runtime | None = None) -> None:
+                 salvage: bool = False, runtime: Runtime | None = None,
+                 commit_log: CommitLog | None = None) -> None:
         if runtime is None:
             runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
         super().__init__(name, queue_path, config, clock if clock is not None else runtime.clock, runtime,
                          expire_to)
         self._reads_behind = config.keep_journal  # fixed at creation (`reconfigure`)
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
-                                     self._lock, salvage)
+                                     self._lock, salvage, commit_log)
         self._xid = 0
         self._rb: ReadBehind | None = None  # the read-behind cursor
         # Oldest first, one per rotation in read-behind; told of each departure (changed in place).

@@ -29,6 +29,7 @@ from typing import TextIO
 
 from kestrel.storage import filenames, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
+from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.errors import (
     ConvertError,
@@ -324,6 +325,8 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
         raise ConvertError(f"{queue_path} is not a directory")
     with QueuePathLock(queue_path) as lock:
         lock.acquire(f"kestrel journal convert --to {to}")
+        if written := recover_commit_log(queue_path, clock.now_ms()):  # its records name Kestrel 2 journals
+            out.write(f"{queue_path}: the commit log a crash left put {written} records into the journals\n")
         finished = finish_interrupted(queue_path)
         if finished is not None:
             out.write(f"{finished}: finished the conversion a crash interrupted\n")

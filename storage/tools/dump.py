@@ -11,10 +11,12 @@ journal; it never changes a file.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from kestrel.storage import commit_log
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2.codec import describe
 from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
@@ -68,8 +70,16 @@ def _print_records(path: str, reader: JournalReader | kestrel3_files.RecordReade
         reader.close()
 
 
+def say_if_pending(queue_paths: list[str], err: TextIO) -> None:
+    """Say so where a commit log holds records (the journals may lack what it holds)."""
+    for queue_path in dict.fromkeys(queue_paths):
+        if commit_log.pending(queue_path):
+            print(f"note: {commit_log.pending_message(queue_path)}", file=err)
+
+
 def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print each file in turn; return 0, or 1 if any was torn, corrupt or unreadable."""
+    say_if_pending([os.path.dirname(os.path.abspath(p)) for p in paths], err)
     status = 0
     for path in paths:
         try:
@@ -82,6 +92,7 @@ def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.std
 
 def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Print the queue as a start-up would load it, open reads first; return 0, or 1 if it is damaged."""
+    say_if_pending([queue_path], err)
     try:
         state = replay_queue(queue_path, queue)
     except CorruptJournalError as e:

@@ -1,0 +1,538 @@
+"""The commit log: one write-ahead log for every Kestrel 2 queue under `sync_journal: always`
+(`commit_log: on`; docs/durability.md).
+
+Why: with a journal per queue, a turn of the event loop in which 16 such queues change costs 16
+fdatasyncs. With the commit log, each change's journal bytes are still appended to its queue's
+journal (so every reader of the journal sees it at once), and also to one log shared by the
+server: every change of a loop turn in one `write`, and the replies of that turn wait for one
+fdatasync of that log instead of one of each journal. A background checkpoint then fdatasyncs
+the journals that took records and deletes the log's older segments.
+
+Files: `<queue_path>/commit-log/<seq>` segments, replayed in order (a directory: the scans of the
+queue path look at files only). A segment starts with `MARK`, then records:
+
+    u32 body size | u32 CRC-32 of the body | body
+    body: u16 queue name size | queue name (UTF-8) | u64 epoch | u64 offset | journal bytes
+
+`epoch` names the journal file the bytes went to without its name, which rotation changes: the
+stamp of the queue's latest rotation when they were written (0 before any). Bytes of epoch S belong
+to the live journal while the queue has no rotated journal newer than S, else to the oldest one
+newer than S. `offset` is where they start in that file. So recovery is idempotent by position: a
+record is applied only where the journal ends before it, and never twice.
+
+Two rules keep that mapping true: a queue's new live journal is created (its directory fsynced,
+which makes the rename of the old one durable) before any record of its new epoch is written; and
+no journal file is deleted or replaced (a pack, a deleted queue) before a checkpoint has dropped
+every record written before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gevent
+import structlog
+
+from kestrel.storage import filenames
+from kestrel.storage.errors import CommitLogDamaged
+from kestrel.storage.files import (
+    JournalFiles,
+    JournalWriter,
+    cut_keeping_copy,
+    fsync_dir,
+    list_journal_files,
+    write_all,
+)
+from kestrel.storage.runtime import Event, Runtime, Timer
+
+log = structlog.get_logger("kestrel.commit_log")
+
+DIRECTORY = "commit-log"
+MARK = b"KCLOG\x00\x00\x01"  # what a segment starts with (format version 1)
+_HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
+_NAME = struct.Struct("<H")
+_PLACE = struct.Struct("<QQ")  # epoch, offset
+_MIN_BODY = _NAME.size + 1 + _PLACE.size  # a name of one byte, no journal bytes
+MAX_BODY = 1 << 31
+CHECKPOINT_SECONDS = 1.0  # how often the journals that took records are made durable
+SEGMENT_BYTES = 64 << 20  # a segment this large asks for a checkpoint at once
+
+# Test hook: called with a step name before each file operation of a recovery; raising stops the
+# recovery there, which is how the tests simulate a crash at every step.
+failpoint: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if failpoint is not None:
+        failpoint(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True)
+class Record:
+    """Journal bytes of one queue: where they go (`epoch`, `offset`) and what they are."""
+
+    queue: str
+    epoch: int
+    offset: int
+    data: bytes
+
+
+def encode_record(queue: str, epoch: int, offset: int, data: bytes) -> bytes:
+    name = queue.encode("utf-8")
+    body = b"".join((_NAME.pack(len(name)), name, _PLACE.pack(epoch, offset), data))
+    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _decode_body(body: bytes) -> Record | None:
+    """The record a body holds, or None if its fields do not fit together."""
+    (name_size,) = _NAME.unpack_from(body, 0)
+    place = _NAME.size + name_size
+    if name_size == 0 or place + _PLACE.size > len(body):
+        return None
+    try:
+        queue = body[_NAME.size:place].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    epoch, offset = _PLACE.unpack_from(body, place)
+    return Record(queue, epoch, offset, body[place + _PLACE.size:])
+
+
+@dataclass
+class Segment:
+    """What one segment file holds: its records with their offsets, and where a torn tail begins."""
+
+    path: str
+    records: list[tuple[int, Record]] = field(default_factory=list)
+    torn_at: int | None = None  # offset of an incomplete last write, if any
+
+
+def read_segment(path: str, last: bool) -> Segment:
+    """Read a segment. A damaged record followed only by the end of the file (or by zeros) is a torn
+    last write (`torn_at`), allowed in the `last` segment alone.
+
+    Raises CommitLogDamaged naming the file and offset: a bad mark, a record whose checksum or
+    fields are wrong with more bytes after it, a torn record in a segment that is not the last.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    segment = Segment(path)
+    if len(data) < len(MARK):
+        if MARK.startswith(data) or not any(data):
+            segment.torn_at = 0 if data else None  # created and cut short before its mark was written
+        else:
+            raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
+    elif not data.startswith(MARK):
+        raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
+    at = len(MARK)
+    while segment.torn_at is None and at < len(data):
+        reason = None
+        if len(data) - at < _HEAD.size:
+            reason = "a record header cut short"
+            end = len(data)
+        else:
+            size, crc = _HEAD.unpack_from(data, at)
+            end = at + _HEAD.size + size
+            if size < _MIN_BODY or size > MAX_BODY:
+                reason = f"a record size of {size} bytes"
+            elif end > len(data):
+                reason = "a record running past the end of the file"
+            else:
+                body = data[at + _HEAD.size:end]
+                record = _decode_body(body) if zlib.crc32(body) == crc else None
+                if record is not None:
+                    segment.records.append((at, record))
+                    at = end
+                    continue
+                reason = "a record whose checksum or fields are wrong"
+        if end >= len(data) or not any(data[end:]):
+            if not last:
+                raise CommitLogDamaged(path, at, None, f"{reason} before the next segment")
+            segment.torn_at = at
+        else:
+            raise CommitLogDamaged(path, at, None, f"{reason}, with more records after it")
+    return segment
+
+
+# ---------------------------------------------------------------------------------------------
+# The files
+
+
+def directory(queue_path: str) -> str:
+    return os.path.join(queue_path, DIRECTORY)
+
+
+def segment_paths(queue_path: str) -> list[str]:
+    """The log's segments, oldest first (copies set aside, `<seq>.torn-<ms>`, are not segments)."""
+    folder = directory(queue_path)
+    try:
+        names = [n for n in os.listdir(folder) if n.isdigit()]
+    except FileNotFoundError:
+        return []
+    return [os.path.join(folder, n) for n in sorted(names, key=int)]
+
+
+def pending(queue_path: str) -> bool:
+    """Whether the log holds records: a server runs on the path, or stopped without a clean
+    shutdown (a clean one leaves no log)."""
+    return any(os.path.getsize(p) > len(MARK) for p in segment_paths(queue_path))
+
+
+def pending_message(queue_path: str) -> str:
+    """What the offline readers of journals say while `pending`."""
+    return (f"recovery is pending: the commit log {directory(queue_path)} holds records (a server runs "
+            "on this path, or stopped without a clean shutdown); the journals hold every change "
+            "unless the machine lost power since, which recovery repairs: start the server, or run "
+            f"`kestrel journal recover {queue_path}` with it stopped")
+
+
+def _remove_directory(queue_path: str) -> None:
+    """Remove the log's directory once it holds no segment, so that the queue path holds exactly
+    what it holds without a log (it stays while copies of torn tails are kept in it)."""
+    folder = directory(queue_path)
+    try:
+        os.rmdir(folder)
+    except OSError as e:
+        if e.errno != errno.ENOTEMPTY:
+            raise
+        fsync_dir(folder)
+        return
+    fsync_dir(queue_path)
+
+
+def _create_segment(path: str) -> None:
+    """A new segment holding its mark, durable with its name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(fd, MARK)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery
+
+
+def _journal_for(queue_path: str, files: JournalFiles, segment: str, at: int, record: Record) -> str:
+    """The journal file the record's bytes belong to, of its queue's `files` (see the module's doc
+    on epochs). Raises CommitLogDamaged when only a pack is newer than its epoch."""
+    stamps = [ts for ts, _ in files.rotated] + [ts for ts, _ in files.packs]
+    if not stamps or record.epoch >= max(stamps):
+        return filenames.live_path(queue_path, record.queue)
+    newer = [(ts, p) for ts, p in files.rotated if ts > record.epoch]
+    if not newer:
+        raise CommitLogDamaged(segment, at, None, f"no journal of queue {record.queue!r} for epoch "
+                                                     f"{record.epoch}: only a pack is newer")
+    return min(newer)[1]
+
+
+def _apply(segment: str, at: int, record: Record, journal: str, now_ms: int) -> bool:
+    """Put the record's bytes in place in `journal`; whether they had to be written.
+
+    Raises CommitLogDamaged naming the segment and offset when the journal holds other bytes
+    there, or ends before the record's offset (an earlier change is missing).
+    """
+    try:
+        size = os.path.getsize(journal)
+    except FileNotFoundError:
+        size = -1
+    end = record.offset + len(record.data)
+    if size >= end:
+        with open(journal, "rb") as f:
+            f.seek(record.offset)
+            if f.read(len(record.data)) == record.data:
+                return False
+        raise CommitLogDamaged(segment, at, None, f"journal {journal} holds other bytes at offset "
+                                                     f"{record.offset} than this record")
+    if size < record.offset and not (size == -1 and record.offset == 0):
+        raise CommitLogDamaged(segment, at, None, f"journal {journal} ends at {max(size, 0)}, before "
+                                                     f"offset {record.offset} where this record goes: "
+                                                     "an earlier change is missing")
+    if size > record.offset:
+        _step("cut-journal")
+        copy = cut_keeping_copy(journal, record.offset, "torn", now_ms)
+        log.warning("journal torn inside a change the commit log holds; cut there, a copy kept",
+                    file=journal, offset=record.offset, copy=copy)
+    _step("append")
+    fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        write_all(fd, record.data)
+    finally:
+        os.close(fd)
+    return True
+
+
+def recover(queue_path: str, now_ms: int) -> int:
+    """Put what the commit log holds into the journals, make them durable and empty the log;
+    return how many records had to be written. Idempotent: killed at any step, it can run again.
+
+    A torn last write of the log is cut off, a copy kept as `<segment>.torn-<ms>`.
+    Raises CommitLogDamaged (nothing after the damage is applied), or OSError.
+    """
+    paths = segment_paths(queue_path)
+    segments = [read_segment(p, i == len(paths) - 1) for i, p in enumerate(paths)]
+    applied = 0
+    journals: set[str] = set()
+    scanned: dict[str, JournalFiles] = {}
+    for segment in segments:
+        for at, record in segment.records:
+            files = scanned.get(record.queue)
+            if files is None:
+                files = scanned[record.queue] = list_journal_files(queue_path, record.queue)
+            journal = _journal_for(queue_path, files, segment.path, at, record)
+            applied += _apply(segment.path, at, record, journal, now_ms)
+            journals.add(journal)
+    for journal in sorted(journals):
+        _step("fsync-journal")
+        fd = os.open(journal, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    if journals:
+        fsync_dir(queue_path)  # a journal recovery created
+    for segment in segments:
+        if segment.torn_at is not None:
+            _step("cut-segment")
+            copy = cut_keeping_copy(segment.path, segment.torn_at, "torn", now_ms)
+            log.warning("torn write at the end of the commit log; cut off, a copy kept", file=segment.path,
+                        offset=segment.torn_at, copy=copy)
+        _step("delete-segment")
+        os.unlink(segment.path)
+    if segments:
+        _remove_directory(queue_path)
+    if journals:
+        log.info("commit log recovered", segments=len(segments), journals=len(journals),
+                 records=sum(len(s.records) for s in segments), written=applied)
+    return applied
+
+
+# ---------------------------------------------------------------------------------------------
+# The live log
+
+
+class Turn:
+    """The records of one loop turn: written in one `write`, then synced by whoever waits."""
+
+    __slots__ = ("chunks", "segment", "position", "error", "done")
+
+    def __init__(self, done: Event) -> None:
+        self.chunks: list[bytes] = []
+        self.segment: _Segment | None = None  # where they were written
+        self.position = 0  # the segment's size once they were
+        self.error: OSError | None = None
+        self.done = done
+
+
+class _Segment:
+    def __init__(self, writer: JournalWriter) -> None:
+        self.writer = writer
+        self.journals: dict[JournalWriter, int] = {}  # journal -> end of its last record here
+        self.failed = False  # an fsync of it failed: its waiters rely on their journals instead
+
+
+class CommitLog:
+    """The server's commit log (`open` it once recovery has run; `close` it after every queue).
+
+    Under the gevent runtime the records of a turn are written once the turn has run, and waiters
+    share the group commit's rounds; elsewhere each record is written at once.
+    """
+
+    def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
+                 segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.queue_path = queue_path
+        self.directory = directory(queue_path)
+        self.runtime = runtime
+        self.checkpoint_seconds = checkpoint_seconds
+        self.segment_bytes = segment_bytes
+        self._per_turn = runtime.group_commit() is not None
+        self._lock = runtime.lock()
+        self._segments: list[_Segment] = []  # oldest first; the last takes records
+        self._seq = 0
+        self._turn: Turn | None = None
+        self._checkpointing: Event | None = None
+        self._timer: Timer | None = None
+        self.checkpoints = 0
+
+    def open(self) -> None:
+        """Start the first segment (the log holds none: recovery ran). Raises OSError."""
+        os.makedirs(self.directory, exist_ok=True)
+        fsync_dir(self.queue_path)
+        self._seq = 1
+        path = os.path.join(self.directory, str(self._seq))
+        _create_segment(path)
+        self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
+        self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
+
+    # -----------------------------------------------------------------------------------------
+    # Appending and waiting
+
+    def add(self, journal: JournalWriter, queue: str, epoch: int, offset: int, data: bytes) -> Turn:
+        """Log bytes just appended to `journal` at `offset`; the turn to wait for. Never yields."""
+        with self._lock:
+            segment = self._segments[-1]
+            segment.journals[journal] = offset + len(data)
+            turn = self._turn
+            if turn is None:
+                turn = self._turn = Turn(self.runtime.event())
+                if self._per_turn:
+                    gevent.get_hub().loop.run_callback(self._write_turn)
+            turn.chunks.append(encode_record(queue, epoch, offset, data))
+            if not self._per_turn:
+                self._write_turn()
+            return turn
+
+    def _write_turn(self) -> None:
+        """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`)."""
+        with self._lock:
+            turn = self._turn
+            if turn is None:
+                return
+            self._turn = None
+            segment = turn.segment = self._segments[-1]
+            try:
+                segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
+                turn.position = segment.writer.size
+            except OSError as e:
+                turn.error = e
+            except BaseException as e:  # no waiter may wait for a write that will never end
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {e!r}")
+                raise
+            finally:
+                turn.chunks = []
+                turn.done.set()
+            if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
+                self.runtime.spawn(self._checkpoint_logged)
+
+    def sync(self, turn: Turn, journal: JournalWriter, journal_end: int) -> None:
+        """Return once the turn's records are on disk. Where the log could not take them (a failed
+        write or fsync of the log), `journal`'s own fsync up to `journal_end` keeps the promise.
+
+        Raises OSError when that fails too.
+        """
+        if not turn.done.is_set():
+            turn.done.wait()
+        segment = turn.segment
+        error = turn.error
+        if error is None and segment is not None and not segment.failed:
+            try:
+                segment.writer.sync_to(turn.position)
+                return
+            except OSError as e:
+                segment.failed = True
+                error = e
+        if error is not None:
+            log.warning("the commit log could not take a change; its journal is fsynced instead",
+                        file=journal.path, error=str(error))
+        journal.sync_to(journal_end)
+
+    # -----------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._segments and self._segments[-1].journals and self._checkpointing is None:
+            self._checkpoint_logged()
+        if self._segments:  # not closed
+            self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
+
+    def _checkpoint_logged(self) -> None:
+        try:
+            self.checkpoint()
+        except OSError as e:
+            log.error("commit log checkpoint failed; its segments stay until one succeeds", error=str(e))
+
+    def checkpoint(self) -> None:
+        """Make durable every journal with records in the log up to now, then delete the segments
+        holding those records. Returns once a checkpoint begun after the call has finished.
+
+        Raises OSError (the segments stay; the next checkpoint tries again).
+        """
+        while (running := self._checkpointing) is not None:
+            running.wait()
+        done = self._checkpointing = self.runtime.event()
+        try:
+            self._switch()
+            retired = self._segments[:-1]
+            ends: dict[JournalWriter, int] = {}
+            for segment in retired:
+                for journal, end in segment.journals.items():
+                    ends[journal] = max(ends.get(journal, 0), end)
+            self._sync_journals(ends)
+            for segment in retired:
+                writer = segment.writer
+                writer.synced = writer.size  # its records are in their journals: nothing to fsync
+                writer.close()
+                os.unlink(writer.path)
+                self._segments.remove(segment)
+            self.runtime.run_blocking(fsync_dir, self.directory)
+            self.checkpoints += 1
+        finally:
+            self._checkpointing = None
+            done.set()
+
+    def _switch(self) -> None:
+        """Start a new segment: what was logged so far is in the older ones."""
+        path = os.path.join(self.directory, str(self._seq + 1))
+        self.runtime.run_blocking(_create_segment, path)
+        with self._lock:
+            self._seq += 1
+            self._write_turn()  # this turn's records so far go to the older segment
+            self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
+
+    def _sync_journals(self, ends: dict[JournalWriter, int]) -> None:
+        """fdatasync the journals up to those positions, together (one group commit round)."""
+        errors: list[OSError] = []
+
+        def sync(journal: JournalWriter, end: int) -> None:
+            try:
+                journal.sync_to(end)
+            except OSError as e:
+                errors.append(e)
+
+        # A closed journal was flushed by its close; one whose close failed is still open.
+        tasks = [self.runtime.spawn(lambda j=j, e=e: sync(j, e))  # type: ignore[misc]
+                 for j, e in ends.items() if j.fd >= 0 and j.synced < e]
+        for task in tasks:
+            task.join()
+        if errors:
+            raise errors[0]
+
+    # -----------------------------------------------------------------------------------------
+    # Closing
+
+    def close(self) -> None:
+        """After every queue closed (their journals fsynced): delete the segments. Any journal
+        still open (its close failed) keeps them for the next start's recovery."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while (running := self._checkpointing) is not None:
+            running.wait()
+        self._write_turn()
+        segments, self._segments = self._segments, []
+        still_open = [j.path for s in segments for j in s.journals if j.fd >= 0]
+        for segment in segments:
+            writer = segment.writer
+            if not still_open:
+                writer.synced = writer.size
+            with contextlib.suppress(OSError):
+                writer.close()
+            if not still_open:
+                os.unlink(writer.path)
+        if still_open:
+            log.error("journals still open at shutdown; the commit log is kept for recovery",
+                      journals=still_open)
+            return
+        _remove_directory(self.queue_path)
