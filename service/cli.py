@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
     except CommitLogDamaged as e:
-        print(f"kestrel: cannot start: {e}; {e.remedy}", file=sys.stderr)
+        print(f"kestrel: cannot start: {e}; {e.remedy()}", file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except CorruptJournalError as e:
         advice = e.advice(config.salvage)

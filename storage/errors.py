@@ -63,8 +63,12 @@ class CommitLogDamaged(CorruptJournalError):
     """Raised when the commit log holds damage that is not a torn last write, or a record that its
     journal contradicts: recovery stops there and changes nothing more. `--salvage` does not apply."""
 
-    remedy = ("the commit log and the journals are left as they are: repair or set aside the file "
-              "named (what it holds is then lost), then start again")
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
+        super().__init__(path, offset, opcode, reason, salvageable=False)
+
+    def remedy(self) -> str:
+        return ("the commit log and the journals are left as they are: repair or set aside the file "
+                "named (what it holds is then lost), then start again")
 
 
 class QueueDamaged(KestrelError):

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         print(f"kestrel journal recover: {e}", file=err)
         return 3
     except CommitLogDamaged as e:
-        print(f"kestrel journal recover: {e}; {e.remedy}", file=err)
+        print(f"kestrel journal recover: {e}; {e.remedy()}", file=err)
         return 1
     except OSError as e:
         print(f"kestrel journal recover: {e.filename or queue_path}: {e.strerror or e}", file=err)
