@@ -145,10 +145,12 @@ def test_delete_removes_a_reader_and_the_data_with_the_last(server: ServerProces
         mc.close()
 
 
+@pytest.mark.parametrize("budget", ["0", "4KB"], ids=["no-budget", "small-budget"])
 @pytest.mark.parametrize("sync", ["always", "never"])
 def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_item(
-        server_factory: Any, sync: str) -> None:
-    srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel3", "sync_journal": sync,
+        server_factory: Any, sync: str, budget: str) -> None:
+    srv = server_factory({"max_memory_total": budget,
+                          "queues": {"jobs": {"journal_format": "kestrel3", "sync_journal": sync,
                                               "default_journal_size": "16KB"}}})
     with client(srv) as c:
         c.get("jobs+audit", 1, 0, 0)
