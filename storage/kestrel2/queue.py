@@ -298,10 +298,14 @@ class Kestrel2Queue(PersistentQueue):
         journal.keep_taken_pack()
         if self._left_read_behind:
             self._left_read_behind = False
-            self._checkpoints.clear()  # every one was passed on the way to the live journal
-            rotated = journal.rotated
-            if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
-                self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+            # Unless the change read behind again after catching up (its later adds filled memory
+            # again): then items are on disk only, a pack of memory would drop them, and the new
+            # spell's rotation checkpoints pack the files as it drains.
+            if self._rb is None:
+                self._checkpoints.clear()  # every one was passed on the way to the live journal
+                rotated = journal.rotated
+                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
+                    self._pack_now()  # what the backlog left behind: at most max_memory_size of items
         journal.start_next_pack()
 
     def _probe(self) -> None:
