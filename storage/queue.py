@@ -375,6 +375,7 @@ class PersistentQueue(ABC):
                     xid = self._log_open(item)
                     item.xid = xid
                     self._opens[xid] = item
+                    self._ledger.total += len(item.data)  # held still, as an open read
                     self.total_transactions += 1
                 else:
                     self._log_gone(item)
@@ -599,13 +600,12 @@ class PersistentQueue(ABC):
         self.length -= 1
         self.bytes -= size
         self.memory_bytes -= size
-        if not opened:  # an open read is still held
-            self._ledger.total -= size
+        self._ledger.total -= size  # counted again if it becomes an open read
         for watcher in self._watchers:
             # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
             watcher.note_departure(item, opened)
-        if self._behind is not None and self.memory_bytes < self.memory_target:
-            self._fill()
+        if self._behind is not None and (self.memory_bytes < self.memory_target or not mem):
+            self._fill()  # the head at least stays in memory (a read-only peek reads only memory)
         return item
 
     def _push_head(self, item: QItem) -> None:
@@ -761,7 +761,7 @@ class PersistentQueue(ABC):
                 break
             held += size
             keep += 1
-        keep = max(keep, self._pushed)
+        keep = max(keep, self._pushed, 1)  # the head stays, whatever the target
         count = len(mem) - keep
         if count <= 0:
             return 0

@@ -546,6 +546,7 @@ class Kestrel3Queue(PersistentQueue):
             for item in reversed(self._returned):
                 self._take_head(opened=True)
                 opens[item.xid] = item
+                self._ledger.total += len(item.data)
             for item in self._confirmed:
                 opens[item.xid] = item
                 self._ledger.total += len(item.data)
