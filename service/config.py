@@ -148,6 +148,26 @@ def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
     )
 
 
+def default_memory_total() -> int:
+    """`max_memory_total` when the file sets none: a quarter of the memory the server may use, its
+    cgroup's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) when one is set below the machine's
+    physical memory, else that. A quarter, since the budget counts item bytes alone: each item's
+    object, what the allocator keeps of freed ones, requests and journal buffers come on top."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not a system that tells: assume a small machine
+        limit = 4 << 30
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # v2 says "max" when there is no limit
+            limit = min(limit, int(text))
+    return limit // 4
+
+
 @dataclass
 class ServerConfig:
     """Server settings with their defaults; queue settings live in `queues`, parsed at load."""
@@ -177,7 +197,7 @@ class ServerConfig:
     max_queues: int = 10_000  # queues (fanout children included) one server holds
     # Bytes every queue together may hold in memory (storage/memory.py; docs/memory.md); 0 = no
     # budget, each queue bounded by its max_memory_size alone.
-    max_memory_total: int = 0  # off by default until a burst cannot pass it between ticks (docs/memory.md)
+    max_memory_total: int = field(default_factory=default_memory_total)
     shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
     # Kestrel 2 queues under sync_journal: always wait for one server-wide log's fsync, not their
@@ -192,6 +212,16 @@ class ServerConfig:
         if self.status_file is None:
             return None
         return self.status_file.replace("{queue_path}", self.queue_path)
+
+
+def _memory_total(key: str, value: Any) -> int:
+    """A size, 0 (no budget) or `auto` (`default_memory_total`, what an unset key gives)."""
+    if value == "auto":
+        return default_memory_total()
+    try:
+        return parse_size(key, value)
+    except ConfigError:
+        raise ConfigError(key, f"expected a size such as 2GB, 0 (no budget) or auto, got {value!r}") from None
 
 
 _PARSERS: dict[str, Any] = {
@@ -218,7 +248,7 @@ _PARSERS: dict[str, Any] = {
     "max_batch_items": parse_count,
     "max_batch_bytes": parse_size,
     "max_queues": parse_count,
-    "max_memory_total": parse_size,
+    "max_memory_total": _memory_total,
     "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
     "commit_log": _on_off,

@@ -30,7 +30,7 @@ from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_d
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
-from kestrel.storage.memory import MemoryGovernor
+from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
@@ -111,8 +111,9 @@ class QueueCollection:
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
-        self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime)
-                         if max_memory_total else None)
+        self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
+        self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
+                                        self.ledger) if max_memory_total else None)
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -210,6 +211,7 @@ class QueueCollection:
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
         q.poison = partial(self._route_poison, name)
+        q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
         fresh = scanned is None and owners is not None and name not in owners

@@ -16,22 +16,32 @@ memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
   beyond them (`PersistentQueue.shed`: from the journal, never rewritten), those whose items wait
   longest first, until the total is back under the budget.
 
+Between ticks the budget is kept on the path of every put: a `MemoryLedger` holds the running total
+of what the queues hold (each batch entering or leaving a queue's memory adds its bytes once), and a
+put that would take it over the budget calls `make_room`, which pages out at once (the queues the
+last tick found over their shares, those whose items wait longest first) or else sends the putting
+queue's new items to read-behind. The tick still computes every share from rates.
+
 What paging cannot release (open reads, read-behind buffers, items aborted back to the head) may
 still exceed the budget: then flow control holds puts briefly and refuses them with
 `MemoryBudgetExceeded`, while gets, confirms and aborts go on, until the total is back under a
-low-water mark. The per-put cost is one attribute read (`flow_control`).
+low-water mark. The per-put cost is one attribute read (`flow_control`) and one comparison with
+the ledger.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from kestrel.storage.errors import MemoryBudgetExceeded
-from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import Runtime, Timer
+
+if TYPE_CHECKING:  # the queue counts itself in a ledger: storage/queue.py imports this module
+    from kestrel.storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.memory")
 
@@ -40,6 +50,31 @@ HOLD_MS = 500  # how long a put waits under flow control before it is refused
 SMOOTHING = 0.3  # weight of the newest rate sample (older ones decay: no flapping on one burst)
 FLOOR = 64 * 1024  # a queue's smallest share, when the budget allows it: one read-back's worth
 LOW_WATER = 0.9  # paging and flow control aim this far under the budget
+UNLIMITED = 1 << 62  # a ledger's limit without a budget
+
+
+class MemoryLedger:
+    """The bytes every queue of a server holds in memory now (its items in memory and its open
+    reads), kept as they change: a queue adds a batch's bytes once as it enters or leaves memory,
+    so a put sees in one comparison whether it would take the server over `limit` (the budget less
+    the read-behind cursors' buffers, as the last tick measured them; UNLIMITED without a budget).
+
+    Under gevent (the server) no two changes interleave and the total is exact; the governor's
+    tick sets it to what it measures all the same, which under plain threads corrects what two
+    queues' changes racing on it may have lost.
+    """
+
+    __slots__ = ("total", "limit", "governor")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.limit = UNLIMITED
+        self.governor: MemoryGovernor | None = None
+
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take the total over `limit`."""
+        if self.governor is not None:
+            self.governor.make_room(queue, size)
 
 
 @dataclass
@@ -145,18 +180,25 @@ class MemoryGovernor:
     """Keeps the sum of what `queues()` hold in memory under `budget` bytes (see the module doc).
 
     `tick()` is one round (tests call it under a manual runtime); `start()` runs it every
-    `interval_ms` on the runtime's timer.
+    `interval_ms` on the runtime's timer. `ledger` is the running total the queues keep (the
+    collection's); the governor sets its limit and is called by it when a put would pass it.
     """
 
     def __init__(self, queues: Callable[[], Iterable[PersistentQueue]], budget: int, runtime: Runtime,
-                 interval_ms: int = INTERVAL_MS, hold_ms: int = HOLD_MS) -> None:
+                 ledger: MemoryLedger | None = None, interval_ms: int = INTERVAL_MS,
+                 hold_ms: int = HOLD_MS) -> None:
         self._queues = queues
         self.budget = budget
         self.runtime = runtime
         self.clock = runtime.clock
         self.interval_ms = interval_ms
         self.hold_ms = hold_ms
+        self.ledger = ledger if ledger is not None else MemoryLedger()
+        self.ledger.governor = self
+        self.ledger.limit = budget
         self._rates: dict[int, tuple[PersistentQueue, _Rates]] = {}
+        # Queues over their targets at the last tick, the longest wait last: what a put pages out.
+        self._candidates: list[PersistentQueue] = []
         self._last_tick = self.clock.now_ms()
         self._timer: Timer | None = None
         self._released = runtime.event()
@@ -192,6 +234,9 @@ class MemoryGovernor:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.ledger.governor = None
+        self.ledger.limit = UNLIMITED
+        self._candidates = []
         self._released.set()
 
     # -----------------------------------------------------------------------------------------
@@ -207,7 +252,7 @@ class MemoryGovernor:
         live: dict[int, tuple[PersistentQueue, _Rates]] = {}
         demands: list[Demand] = []
         held: list[int] = []
-        fixed_total = 0
+        fixed_total = buffers = 0
         for q in queues:
             entry = self._rates.get(id(q))
             if entry is None or entry[0] is not q:
@@ -216,31 +261,36 @@ class MemoryGovernor:
                 entry[1].sample(q, seconds)
             live[id(q)] = entry
             rates = entry[1]
-            mem, fixed = q.held_bytes()
+            mem, opens, buffer = q.held_bytes()
             held.append(mem)
-            fixed_total += fixed
+            fixed_total += opens + buffer
+            buffers += buffer
             ceiling = q.config.max_memory_size
             demands.append(Demand(min(q.bytes, ceiling), ceiling, rates.ingress, rates.egress))
         self._rates = live
+        total = sum(held) + fixed_total
+        self.ledger.total = total - buffers  # as measured (see MemoryLedger)
+        self.ledger.limit = max(self.budget - buffers, 0)
         targets = plan(demands, self.budget - fixed_total, self.interval_ms / 1000.0)
         for q, target in zip(queues, targets, strict=True):
             q.set_memory_target(target)
-        total = sum(held) + fixed_total
+        waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
         if total > self.budget:
-            total -= self._page_out(queues, demands, held, total - int(self.budget * LOW_WATER))
+            total -= self._page_out(queues, waits, total - int(self.budget * LOW_WATER))
+        over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
+                      if q.memory_bytes > q.memory_target)
+        self._candidates = [queues[i] for _, i in over]
         for q, d in zip(queues, demands, strict=True):
             if q.in_read_behind and d.egress < 1.0:
                 q.release_cursor_buffer()  # idle: its next read-back reads again
         self.memory_total = total
         self._flow(total, now)
 
-    def _page_out(self, queues: list[PersistentQueue], demands: list[Demand], held: list[int],
-                  excess: int) -> int:
-        """Shed queues over their targets, longest RAM duration first, until `excess` bytes are
-        freed; the bytes freed."""
-        rows = enumerate(zip(queues, demands, held, strict=True))
-        over = [(mem / max(d.egress, 1.0), i) for i, (q, d, mem) in rows if mem > q.memory_target]
-        over.sort(reverse=True)
+    def _page_out(self, queues: list[PersistentQueue], waits: list[float], excess: int) -> int:
+        """Shed queues over their targets, longest wait (bytes held over egress) first, until
+        `excess` bytes are freed; the bytes freed."""
+        over = sorted(((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
+                       if q.memory_bytes > q.memory_target), reverse=True)
         freed = 0
         for _, i in over:
             if freed >= excess:
@@ -249,19 +299,35 @@ class MemoryGovernor:
         self.paged_out_total += freed
         return freed
 
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take the ledger over its limit: page
+        out now rather than at the next tick. The queues the last tick found over their targets
+        shed first, longest wait first, until the total is back under the low-water mark; a queue
+        whose lock another thread holds is left to the tick. If that is not enough, `queue` takes
+        no more into memory (its new items go to read-behind, read back as its head drains), and if
+        memory is over the budget even without this put, flow control starts now.
+        """
+        ledger = self.ledger
+        goal = int(ledger.limit * LOW_WATER) - size
+        candidates = self._candidates
+        while ledger.total > goal and candidates:
+            victim = candidates.pop()
+            if not victim.closed:
+                self.paged_out_total += victim.shed(wait=False)
+        if ledger.total + size > ledger.limit:
+            queue.set_memory_target(min(queue.memory_target, queue.memory_bytes))
+            if ledger.total > ledger.limit and not self.flow_control:
+                self._start_flow(ledger.total, self.clock.now_ms())
+
     # -----------------------------------------------------------------------------------------
     # Flow control
 
     def _flow(self, total: int, now: int) -> None:
-        """Start after two ticks in a row over the budget once paged (one may catch a put's burst
-        before its queue's target stops it); end under the low-water mark."""
+        """Start after two ticks in a row over the budget once paged (a put starts it at once, in
+        `make_room`); end under the low-water mark."""
         over, self._over = self._over, total > self.budget
         if not self.flow_control and over and self._over:
-            self.flow_control = True
-            self._flow_since = now
-            self._released.clear()
-            log.warning("memory over budget that paging cannot release: holding and refusing puts",
-                        memory=total, max_memory_total=self.budget)
+            self._start_flow(total, now)
         elif self.flow_control and total <= self.budget * LOW_WATER:
             self.flow_control = False
             spell = now - self._flow_since
@@ -269,6 +335,14 @@ class MemoryGovernor:
             self._released.set()
             log.warning("memory back under budget: puts accepted again", memory=total,
                         max_memory_total=self.budget, held_ms=spell)
+
+    def _start_flow(self, total: int, now: int) -> None:
+        self.flow_control = True
+        self.memory_total = total
+        self._flow_since = now
+        self._released.clear()
+        log.warning("memory over budget that paging cannot release: holding and refusing puts",
+                    memory=total, max_memory_total=self.budget)
 
     def admit_put(self) -> None:
         """Under flow control: wait up to `hold_ms` for it to end, then raise MemoryBudgetExceeded."""

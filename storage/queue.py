@@ -19,10 +19,10 @@ A subclass rather than a storage object beside the queue: a format rebuilds this
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count as count_from
 from itertools import repeat, starmap
 from typing import Protocol
@@ -34,6 +34,7 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import ItemTooLarge, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFiles
 from kestrel.storage.item import QItem, data_sizes, plain_size
+from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 
@@ -122,6 +123,9 @@ class PersistentQueue(ABC):
         # governor (storage/memory.py) gives this queue a smaller share of the server's budget.
         self.memory_target = config.max_memory_size
         self._governed = False
+        # The running total of the server's memory this queue counts its items and open reads in
+        # (`count_in`): its own until the collection counts it in the server's.
+        self._ledger = MemoryLedger()
         # At least as many as the items at the head of memory that were ever taken (aborted reads
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
         self._pushed = 0
@@ -290,6 +294,9 @@ class PersistentQueue(ABC):
         if cfg.max_age:
             expiry = self._capped_expiry(now, expiry)
         count = len(items)
+        ledger = self._ledger
+        if self._behind is None and ledger.total + size > ledger.limit:
+            ledger.make_room(self, size)  # over the server's budget: page out now (storage/memory.py)
         if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
@@ -301,6 +308,7 @@ class PersistentQueue(ABC):
             self.length += count
             self.bytes += size
             self.memory_bytes += size
+            ledger.total += size
         else:
             discard = cfg.discard_old_when_full
             ids = count_from(first_id) if first_id else repeat(0)
@@ -367,6 +375,7 @@ class PersistentQueue(ABC):
                     xid = self._log_open(item)
                     item.xid = xid
                     self._opens[xid] = item
+                    self._ledger.total += len(item.data)  # held still, as an open read
                     self.total_transactions += 1
                 else:
                     self._log_gone(item)
@@ -388,6 +397,7 @@ class PersistentQueue(ABC):
         self.length -= len(taken)
         self.bytes -= size
         self.memory_bytes -= size
+        self._ledger.total -= size
         self._log_gone_many(taken)
         self.current_age = max(0, now - taken[-1].add_time)
         self._commit()
@@ -472,14 +482,16 @@ class PersistentQueue(ABC):
         Raises JournalWriteError (the reads stay open).
         """
         with self._around_change:
-            closed = 0
+            closed = freed = 0
             for xid in xids:
                 item = self._opens.pop(xid, None)
                 if item is None:
                     continue
                 self._log_confirm(xid, item)
                 closed += 1
+                freed += len(item.data)
             if closed:
+                self._ledger.total -= freed
                 self._commit()
             return closed
 
@@ -509,6 +521,7 @@ class PersistentQueue(ABC):
                 aborted += 1
                 if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
                     if self._opens.pop(xid, None) is item:  # still open after the hand-over
+                        self._ledger.total -= len(item.data)
                         self._log_confirm(xid, item)
                         self.poisoned += 1
                 elif self._unremove(xid):
@@ -568,6 +581,7 @@ class PersistentQueue(ABC):
             self._waits.end()
             self._close_files()
             self._end_read_behind()
+            self.count_in(MemoryLedger())  # what it holds leaves the server's total
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics, for the rules above and for a format rebuilding its state
@@ -586,15 +600,16 @@ class PersistentQueue(ABC):
         self.length -= 1
         self.bytes -= size
         self.memory_bytes -= size
+        self._ledger.total -= size  # counted again if it becomes an open read
         for watcher in self._watchers:
             # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
             watcher.note_departure(item, opened)
-        if self._behind is not None and self.memory_bytes < self.memory_target:
-            self._fill()
+        if self._behind is not None and (self.memory_bytes < self.memory_target or not mem):
+            self._fill()  # the head at least stays in memory (a read-only peek reads only memory)
         return item
 
     def _push_head(self, item: QItem) -> None:
-        """Put an item back at the head."""
+        """Put an item back at the head (an open read's, still counted in the ledger)."""
         size = len(item.data)
         self._mem.appendleft(item)
         self._pushed += 1
@@ -620,6 +635,7 @@ class PersistentQueue(ABC):
             return False
         self._mem.append(item)
         self.memory_bytes += size
+        self._ledger.total += size
         return self.memory_bytes >= self.memory_target and self._reads_behind
 
     def _read_behind_from(self, cursor: ReadBack) -> None:
@@ -637,13 +653,17 @@ class PersistentQueue(ABC):
         mem = self._mem
         limit = self.memory_target
         now = self.clock.now_ms()
-        while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
-            item = read(now)
-            if item is None:
-                self._end_read_behind()
-                return
-            mem.append(item)
-            self.memory_bytes += len(item.data)
+        held = self.memory_bytes
+        try:
+            while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
+                item = read(now)
+                if item is None:
+                    self._end_read_behind()
+                    return
+                mem.append(item)
+                self.memory_bytes += len(item.data)
+        finally:
+            self._ledger.total += self.memory_bytes - held
 
     def _end_read_behind(self) -> None:
         if self._behind is not None:
@@ -656,10 +676,12 @@ class PersistentQueue(ABC):
         self._end_read_behind()
         self._mem.clear()
         self._pushed = 0
+        self._ledger.total -= self.memory_bytes
         self.length = self.bytes = self.memory_bytes = 0
 
     # -----------------------------------------------------------------------------------------
-    # The memory governor's levers (storage/memory.py): never on the path of a put or a get
+    # The memory governor's levers (storage/memory.py): on its tick, and on a put that would pass
+    # the server's budget (`_receive`)
 
     def _memory_ceiling_changed(self) -> None:
         """A reload changed max_memory_size: the target follows it, or stays under it when governed."""
@@ -674,14 +696,35 @@ class PersistentQueue(ABC):
         self._governed = True
         self.memory_target = max(0, min(target, self.config.max_memory_size))
 
-    def held_bytes(self) -> tuple[int, int]:
-        """(bytes of items in memory, bytes held that paging cannot release: open reads and the
-        read-behind cursor's buffer)."""
+    def held_bytes(self) -> tuple[int, int, int]:
+        """(bytes of items in memory, of open reads, of the read-behind cursor's buffer): the last
+        two paging cannot release."""
         with self._lock:
-            fixed = sum(len(item.data) for item in self._opens.values())
-            if self._behind is not None:
-                fixed += self._cursor_buffer()
-            return self.memory_bytes, fixed
+            buffer = self._cursor_buffer() if self._behind is not None else 0
+            return self.memory_bytes, self._open_bytes(), buffer
+
+    def _open_bytes(self) -> int:
+        return sum(len(item.data) for item in self._opens.values())
+
+    def count_in(self, ledger: MemoryLedger) -> None:
+        """Count what this queue holds (items in memory, open reads) in `ledger` from now on,
+        taking it out of the one it was counted in: the collection's, once it holds the queue."""
+        with self._lock:
+            held = self.memory_bytes + self._open_bytes()
+            self._ledger.total -= held
+            ledger.total += held
+            self._ledger = ledger
+
+    @contextlib.contextmanager
+    def _recounted(self) -> Iterator[None]:
+        """Around a rebuild of memory (a replay): the ledger is told the difference once, at the
+        end, rather than each step (the replay moves items between memory and open reads itself)."""
+        ledger = self._ledger
+        self.count_in(MemoryLedger())
+        try:
+            yield
+        finally:
+            self.count_in(ledger)
 
     def release_cursor_buffer(self) -> None:
         """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
@@ -689,44 +732,53 @@ class PersistentQueue(ABC):
             if self._behind is not None and not self.closed:
                 self._release_cursor_buffer()
 
-    def shed(self) -> int:
+    def shed(self, wait: bool = True) -> int:
         """Drop the items held beyond `memory_target` from the tail of memory and read them back
         from the journal later, as read-behind does; the bytes freed.
 
         Only items the journal holds in order go: the tail beyond any aborted read back at the
         head. Order is kept (the cursor starts at the first item dropped), nothing is lost or
-        read twice, and no file is rewritten. A format that cannot place its cursor now frees nothing.
+        read twice, and no file is rewritten. A format that cannot place its cursor now frees
+        nothing, and so does a queue another thread is changing unless `wait`.
         """
-        with self._lock:
-            if (self.closed or self.read_only or not self._reads_behind
-                    or self.memory_bytes <= self.memory_target):
-                return 0
-            mem = self._mem
-            self._pushed = min(self._pushed, len(mem))
-            keep = held = 0
-            for item in mem:
-                size = len(item.data)
-                if held + size > self.memory_target:
-                    break
-                held += size
-                keep += 1
-            keep = max(keep, self._pushed)
-            if keep >= len(mem):
-                return 0
-            tail = list(itertools.islice(mem, keep, None))
-            cursor = self._cursor_at(tail, mem[keep - 1] if keep else None)
-            if cursor is None:
-                return 0
-            for _ in range(len(tail)):
-                mem.pop()
-            freed = sum(len(item.data) for item in tail)
-            self.memory_bytes -= freed
-            was_behind = self._behind is not None
-            self._behind = cursor
-            if not was_behind:
-                log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
-                         paged_out=self.bytes - self.memory_bytes)
-            return freed
+        if not self._lock.acquire(blocking=wait):
+            return 0
+        try:
+            return self._shed()
+        finally:
+            self._lock.release()
+
+    def _shed(self) -> int:
+        if (self.closed or self.read_only or not self._reads_behind
+                or self.memory_bytes <= self.memory_target):
+            return 0
+        mem = self._mem
+        self._pushed = min(self._pushed, len(mem))
+        keep = held = 0
+        for item in mem:
+            size = len(item.data)
+            if held + size > self.memory_target:
+                break
+            held += size
+            keep += 1
+        keep = max(keep, self._pushed, 1)  # the head stays, whatever the target
+        count = len(mem) - keep
+        if count <= 0:
+            return 0
+        cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None)
+        if cursor is None:
+            return 0
+        freed = 0
+        for _ in range(count):
+            freed += len(mem.pop().data)
+        self.memory_bytes -= freed
+        self._ledger.total -= freed
+        was_behind = self._behind is not None
+        self._behind = cursor
+        if not was_behind:
+            log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
+                     paged_out=self.bytes - self.memory_bytes)
+        return freed
 
     # -----------------------------------------------------------------------------------------
     # Storage hooks: what a format supplies
@@ -831,10 +883,10 @@ class PersistentQueue(ABC):
     def _stop_read_behind(self) -> None:
         """Read-behind ended: close the cursor."""
 
-    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
-        """A cursor that reads back `tail` (the newest items in memory, oldest first, each never
-        taken; `before` is the item ahead of them) and every item after it, replacing any cursor
-        open now; None when the format cannot place one now (nothing changes then)."""
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+        """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
+        each never taken; `before` is the item ahead of them) and every item after it, replacing
+        any cursor open now; None when the format cannot place one now (nothing changes then)."""
         return None
 
     def _cursor_buffer(self) -> int:

@@ -9,14 +9,13 @@ waits from a `FakeClock`, so that tests of expiry, waits, auto-abort and periodi
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import math
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import gevent
@@ -56,7 +55,18 @@ class Timer(Protocol):
         ...
 
 
-Lock = AbstractContextManager[Any]  # a reentrant lock, used in `with`
+class Lock(Protocol):
+    """A reentrant lock, used in `with`; `acquire(blocking=False)` takes it only if that needs no
+    wait (the memory governor pages out another queue from inside a change only so: no deadlock)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> Any: ...
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
+
+    def release(self) -> None: ...
 
 
 class Runtime(Protocol):
@@ -99,6 +109,28 @@ class _Greenlet:
         self.greenlet.kill(block=False)
 
 
+class _NoLock:
+    """Gevent's lock: nothing to take, since a greenlet is never preempted inside a change."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        return None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
 class GeventRuntime:
     """Greenlets on gevent's hub; blocking calls on the hub's threadpool. Locks are no-ops: a
     greenlet is never preempted, and the engine does not yield inside a change."""
@@ -117,7 +149,7 @@ class GeventRuntime:
         return event
 
     def lock(self) -> Lock:
-        return contextlib.nullcontext()
+        return _NO_LOCK
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the

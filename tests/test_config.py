@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kestrel.service.config import ServerConfig, from_mapping, load, with_overrides
+from kestrel.service.config import ServerConfig, default_memory_total, from_mapping, load, with_overrides
 from kestrel.storage.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,3 +93,14 @@ def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path:
     assert server.collection.configs is server.config.queues  # reload parses the file once, too
     assert server.config.queues.for_queue("jobs").max_items == 7
     server.close()
+
+
+def test_the_memory_budget_is_on_by_default_a_quarter_of_memory_and_off_at_zero() -> None:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    unset = from_mapping({}).max_memory_total
+    assert 0 < unset <= physical // 4 and unset == default_memory_total()
+    assert from_mapping({"max_memory_total": "auto"}).max_memory_total == unset
+    assert from_mapping({"max_memory_total": 0}).max_memory_total == 0
+    assert from_mapping({"max_memory_total": "2GB"}).max_memory_total == 2 << 30
+    with pytest.raises(ConfigError, match="max_memory_total.*0 \\(no budget\\) or auto, got 'lots'"):
+        from_mapping({"max_memory_total": "lots"})

@@ -97,21 +97,24 @@ WRITER = textwrap.dedent("""
     import sys
     from storage import QueueCollection, QueueConfigs
     coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
-                           commit_log=sys.argv[3] == "on")
+                           commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
     coll.load()
     n = 0
     while True:
         batch = [b"item-%d" % (n + i) for i in range(int(sys.argv[2]))]
         coll.add_many("durable", batch)
         n += len(batch)
+        if coll.governor is not None and n % 20 < len(batch):
+            coll.governor.tick()   # shares and paging, as the server's timer runs it
         print(n, flush=True)   # acknowledged: everything up to n is on disk
 """)
 
 
 @pytest.mark.parametrize("commit_log", ["off", "on"])
+@pytest.mark.parametrize("budget", [0, 500], ids=["no-budget", "small-budget"])
 @pytest.mark.parametrize("batch", [1, 7])
-def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, commit_log: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log],
+def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     acknowledged = 0
@@ -123,7 +126,7 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, commit_l
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), max_memory_total=budget)
     coll.load()
     got = drain(coll, "durable")
     assert len(got) >= acknowledged

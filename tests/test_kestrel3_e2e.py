@@ -145,16 +145,17 @@ def test_delete_removes_a_reader_and_the_data_with_the_last(server: ServerProces
         mc.close()
 
 
-@pytest.mark.parametrize("journal_format, sync, commit_log", [
-    ("kestrel3", "always", "off"), ("kestrel3", "never", "off"),
-    ("kestrel2", "always", "off"), ("kestrel2", "always", "on"), ("kestrel2", "never", "on")])
+@pytest.mark.parametrize("journal_format, sync, commit_log, budget", [
+    ("kestrel3", "always", "off", "0"), ("kestrel3", "always", "off", "4KB"), ("kestrel3", "never", "off", "4KB"),
+    ("kestrel2", "always", "off", "4KB"), ("kestrel2", "always", "on", "0"), ("kestrel2", "never", "on", "4KB")])
 def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_item(
-        server_factory: Any, journal_format: str, sync: str, commit_log: str) -> None:
-    """Both formats (a Kestrel 2 queue in read-behind rotates and packs its journal meanwhile)."""
+        server_factory: Any, journal_format: str, sync: str, commit_log: str, budget: str) -> None:
+    """Both formats (a Kestrel 2 queue in read-behind rotates and packs its journal meanwhile), with
+    and without the commit log and a small memory budget."""
     jobs = {"journal_format": journal_format, "sync_journal": sync, "default_journal_size": "16KB"}
     if journal_format == "kestrel2":
         jobs["max_memory_size"] = "32KB"
-    srv = server_factory({"queues": {"jobs": jobs}, "commit_log": commit_log})
+    srv = server_factory({"queues": {"jobs": jobs}, "commit_log": commit_log, "max_memory_total": budget})
     with client(srv) as c:
         c.get("jobs+audit", 1, 0, 0)
     acknowledged: list[bytes] = []

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
+from tests.queues import held_in_memory
 
 FORMATS = ("kestrel2", "kestrel3")
 QUEUES = ("q", "q+c")
@@ -32,8 +33,9 @@ Item = tuple[int, int, bytes]  # put number, expiry (ms, 0 = never), data
 class Side:
     """One format: its collection and, per queue, the model of its items and open reads."""
 
-    def __init__(self, fmt: str, clock: FakeClock) -> None:
+    def __init__(self, fmt: str, clock: FakeClock, budget: int) -> None:
         self.fmt = fmt
+        self.budget = budget
         self.dir = tempfile.mkdtemp(prefix=f"kestrel-{fmt}-")
         settings_ = {"max_memory_size": MEMORY, "default_journal_size": 400, "journal_format": fmt,
                      "max_items": LIMITS["q"][0]}
@@ -47,7 +49,7 @@ class Side:
         self.crashed: list[QueueCollection] = []  # left open by a crash; closed at the end
 
     def open(self) -> QueueCollection:
-        coll = QueueCollection(self.dir, self.configs, clock=self.clock)
+        coll = QueueCollection(self.dir, self.configs, clock=self.clock, max_memory_total=self.budget)
         coll.load()
         for name in QUEUES:
             coll.queue(name)
@@ -67,10 +69,12 @@ class Side:
 
 
 class FormatsAgree(RuleBasedStateMachine):
+    budget = 0  # the server's max_memory_total (0: none), whose governor ticks as a rule
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.sides = [Side(fmt, self.clock) for fmt in FORMATS]
+        self.sides = [Side(fmt, self.clock, self.budget) for fmt in FORMATS]
         self.counter = 0
         # Queues whose two formats have held their items in different orders since the last
         # restart (a restart reorders them differently): from then on their figures may differ too
@@ -176,6 +180,14 @@ class FormatsAgree(RuleBasedStateMachine):
             for queue in QUEUES:
                 side.expire_head(queue)
 
+    @precondition(lambda self: self.budget)
+    @rule()
+    def govern(self) -> None:
+        """A tick of each side's memory governor: shares from rates, and paging out."""
+        for side in self.sides:
+            assert side.coll.governor is not None
+            side.coll.governor.tick()
+
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
         for side in self.sides:
@@ -211,6 +223,8 @@ class FormatsAgree(RuleBasedStateMachine):
                 assert stats["expired_items"] == side.expired[queue]
                 per_queue[queue] = {k: stats[k] for k in COMPARED}
             figures.append(per_queue)
+        for side in self.sides:
+            assert side.coll.ledger.total == held_in_memory(side.coll)
         for queue in QUEUES:
             orders = [([i[0] for i in side.items[queue]], sorted(i[0] for i in side.opens[queue].values()))
                       for side in self.sides]
@@ -225,3 +239,12 @@ FormatsAgree.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestFormatsAgree = FormatsAgree.TestCase
+
+
+class FormatsAgreeUnderBudget(FormatsAgree):
+    """The same, both queues' memory also bounded by a server budget smaller than their own."""
+
+    budget = 400
+
+
+TestFormatsAgreeUnderBudget = FormatsAgreeUnderBudget.TestCase

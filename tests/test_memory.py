@@ -17,7 +17,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.memory import Demand, MemoryGovernor, plan
 from kestrel.storage.runtime import ManualRuntime
-from tests.queues import drain, reopen
+from tests.queues import drain, held_in_memory, reopen
 
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 KB = 1024
@@ -91,6 +91,7 @@ def test_paging_out_keeps_every_item_once_and_in_order(tmp_path_factory: pytest.
         elif op == "target":
             q.set_memory_target(arg)
         assert q.length == len(model)
+        assert coll.ledger.total == held_in_memory(coll)
     for xid, data in reversed(opens):
         q.unremove(xid)
         model.appendleft(data)
@@ -132,6 +133,75 @@ def test_fanout_children_page_out_on_their_own(tmp_path: Path, journal_format: s
     a.set_memory_target(1000)
     assert a.shed() == 19_000 and a.in_read_behind and not b.in_read_behind
     assert drain(coll, "f+a") == items and drain(coll, "f+b") == items
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget on the path of every put, between ticks
+
+
+@FORMATS
+def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, journal_format: str) -> None:
+    runtime = ManualRuntime()
+    coll = make(tmp_path, journal_format, budget=200_000, runtime=runtime)
+    governor = coll.governor
+    assert governor is not None
+    names = [f"q{i}" for i in range(20)]
+    for name in names:
+        coll.add_many(name, [item(0)])
+    governor.tick()  # one tick sees them all, small: each gets a generous share
+    for start in range(1, 501, 50):  # 1 MB in all, five times the budget, with no tick
+        for name in names:
+            assert coll.add_many(name, [item(n, 100) for n in range(start, start + 50)]) == 50
+            assert coll.ledger.total == held_in_memory(coll) <= 200_000
+    assert governor.measure() <= 200_000 and not governor.flow_control
+    for name in names:
+        assert drain(coll, name) == [item(n) for n in range(501)]
+    assert coll.ledger.total == held_in_memory(coll) == 0
+
+
+@FORMATS
+def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp_path: Path,
+                                                                            journal_format: str) -> None:
+    runtime = ManualRuntime()
+    coll = make(tmp_path, journal_format, budget=300_000, runtime=runtime)
+    governor = coll.governor
+    assert governor is not None
+    governor.start()
+    backlogs(coll, ["x"], 120_000)
+    backlogs(coll, ["y"], 100_000)
+    # A busy queue's arrivals ask for room: the idle backlogs' shares fall to the floor, but the
+    # total stays under the budget, so no tick pages them out.
+    tick(runtime, coll, 8, produce={"w": 60}, consume={"w": 60})
+    x, y = coll.queue("x"), coll.queue("y")
+    assert x.memory_bytes > x.memory_target and y.memory_bytes > y.memory_target
+    assert not x.in_read_behind and not y.in_read_behind
+    coll.add_many("z", [item(i, 1000) for i in range(100)])  # 100 KB: over the budget without a tick
+    assert x.in_read_behind and not y.in_read_behind  # x's items wait longest (more bytes, no egress)
+    assert not coll.queue("z").in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= 300_000
+    assert drain(coll, "x") == [item(i, 1000) for i in range(120)]
+
+
+@FORMATS
+def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path: Path,
+                                                                        journal_format: str) -> None:
+    runtime = ManualRuntime()
+    coll = make(tmp_path, journal_format, budget=100_000, runtime=runtime)
+    governor = coll.governor
+    assert governor is not None
+    governor.start()
+    coll.add_many("q", [item(i, 1000) for i in range(110)])
+    q = coll.queue("q")
+    assert coll.ledger.total <= 100_000  # the put's tail went to read-behind
+    opened = q.remove_many(110, transaction=True)  # 110 KB of open reads: nothing to page out
+    assert not governor.flow_control
+    coll.add_many("q", [item(i, 1000) for i in range(110, 130)])  # held on disk, flow control on
+    assert governor.flow_control and q.in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= 110_000 + 1000  # one item enters memory before it holds
+    assert q.confirm_many([i.xid for i in opened]) == 110
+    runtime.advance(250)
+    assert not governor.flow_control  # the tick ends it: the confirms freed the memory
+    assert drain(coll, "q") == [item(i, 1000) for i in range(110, 130)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.tools.dump import dump_queue
-from tests.queues import reopen
+from tests.queues import drain, reopen
 
 T0 = 1_700_000_000_000
 BUDGET = 4096  # max_memory_size for these tests
@@ -283,3 +283,18 @@ def test_dump_prints_the_queue_a_start_up_would_load_and_changes_nothing(tmp_pat
     assert [line.rsplit(":", 1)[1] for line in lines[1:-1]] == [item(n).decode() for n in range(2, count)]
     assert lines[-1] == f"q: 1 open reads, {count - 2} items"
     assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)} == before
+
+
+def test_a_put_that_catches_up_and_reads_behind_again_packs_nothing_it_does_not_hold(tmp_path: Path) -> None:
+    """A batch whose discards bring the cursor to the journal's end (read-behind ends) and whose
+    later items fill memory again (it starts again) in one change: the pack of what the backlog left
+    behind is not taken then, since items are on disk only (it dropped the batch's last item)."""
+    coll = make(tmp_path, max_memory_size=164, default_journal_size=400, max_items=6,
+                discard_old_when_full=True)
+    sizes = [3, 33, 60, 60, 0, 0, 34, 31]
+    items = [b"%d." % n + b"x" * size for n, size in enumerate(sizes, 1)]
+    coll.add_many("q", items[:4])
+    coll.add_many("q", items[4:])  # discards 1 and 2: read-behind ends, then starts again at 8
+    assert coll.queue("q").in_read_behind
+    coll = reopen(coll)
+    assert drain(coll, "q") == items[2:]

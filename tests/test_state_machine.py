@@ -20,15 +20,18 @@ from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.runtime import ManualRuntime
 from tests import kestrel24
 from tests.power_loss import Disk
+from tests.queues import held_in_memory
 
 
 class QueueModel(RuleBasedStateMachine):
     """The engine against a list (the queue) and a dict (open reads), with restarts.
 
-    A small memory budget puts the queue in read-behind, so rotation and packing are exercised too.
+    A small memory budget puts the queue in read-behind, so rotation and packing are exercised too;
+    `budget` is the server's `max_memory_total` (0: none), whose governor ticks as a rule.
     """
 
     settings: dict[str, str] = {}  # more settings of the queue
+    budget = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,7 +46,7 @@ class QueueModel(RuleBasedStateMachine):
         self.returned = 0  # bytes put back at the head, which may sit above the memory budget
 
     def _open(self) -> QueueCollection:
-        coll = QueueCollection(self.dir, self.configs, clock=self.clock)
+        coll = QueueCollection(self.dir, self.configs, clock=self.clock, max_memory_total=self.budget)
         coll.load()
         return coll
 
@@ -139,6 +142,14 @@ class QueueModel(RuleBasedStateMachine):
         finally:
             journal.write_all = real
 
+    @precondition(lambda self: self.budget)
+    @rule(advance=st.integers(0, 500))
+    def govern(self, advance: int) -> None:
+        """A tick of the memory governor: shares from rates, and paging out."""
+        self.clock.advance(advance)
+        assert self.coll.governor is not None
+        self.coll.governor.tick()
+
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
         self.coll.queue("q").wait_for_packing()
@@ -181,6 +192,7 @@ class QueueModel(RuleBasedStateMachine):
         if not self.items:
             self.returned = 0
         assert q.memory_bytes <= 600 + 130 + self.returned
+        assert self.coll.ledger.total == held_in_memory(self.coll)
 
 
 QueueModel.TestCase.settings = settings(
@@ -188,6 +200,15 @@ QueueModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestQueueModel = QueueModel.TestCase
+
+
+class QueueModelUnderBudget(QueueModel):
+    """The same, the queue's memory also bounded by a server budget smaller than its own."""
+
+    budget = 400
+
+
+TestQueueModelUnderBudget = QueueModelUnderBudget.TestCase
 
 
 class PowerCutModel(QueueModel):
@@ -205,7 +226,8 @@ class PowerCutModel(QueueModel):
 
     def _open(self) -> QueueCollection:
         runtime = ManualRuntime(clock=self.clock)  # no group commit: its fsyncs are the ones `Disk` sees
-        coll = QueueCollection(self.dir, self.configs, runtime=runtime, commit_log=self.commit_log)
+        coll = QueueCollection(self.dir, self.configs, runtime=runtime, commit_log=self.commit_log,
+                               max_memory_total=self.budget)
         coll.load()
         return coll
 

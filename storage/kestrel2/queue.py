@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -126,7 +127,8 @@ class Kestrel2Queue(PersistentQueue):
 
     def _replay(self, files: JournalFiles, repair: bool) -> int:
         """Rebuild the queue from its journal files (`QueueJournal.replay`); the bytes replayed."""
-        replayed = self._journal.replay(files, repair, _QueueReplay(self))
+        with self._recounted():
+            replayed = self._journal.replay(files, repair, _QueueReplay(self))
         if self._rb is not None:
             self._rb.stop = None  # the whole journal is applied: the cursor may read to its end
         return replayed
@@ -161,44 +163,38 @@ class Kestrel2Queue(PersistentQueue):
             self._rb.close()
             self._rb = None
 
-    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
-        """Read-behind from the ADD record of `tail[0]`: the tail is the newest adds held (all of them,
-        or those before the cursor in read-behind), so their records are the last `len(tail)` adds
-        before the journal's end or the cursor, found by reading the files there forward. Not while
-        a pack may replace those files."""
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+        """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
+        held (all of them, or those before the cursor in read-behind), so their records are the last
+        `count` adds before the journal's end or the cursor, found by reading the files there
+        forward. Not while a pack may replace those files.
+
+        Bounded: the records are read through the compiled decoder a buffer at a time, and only the
+        offsets of the last `count` adds of a file are kept (8 bytes each, in an `array`, with 64 K
+        spare), so paging out holds at most 8 bytes per item it frees, 512 KB and one read buffer
+        besides (docs/memory.md)."""
         journal = self._journal
         if journal.writer is None or journal.pack_pending or self._rebuilding:
             return None
         journal.flush()
         end = (self._rb.key, self._rb.reader.offset) if self._rb is not None else (LIVE, 2**63)
-        found: list[tuple[int, str, list[int]]] = []  # newest file first: (key, path, ADD offsets)
         have = 0
         for key, path in reversed(journal.files()):
-            if key > end[0]:
-                continue
-            offsets = []
-            reader = JournalReader(path)
-            reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
-            try:
-                while (entry := reader.next()) is not None and (key < end[0] or entry[0] < end[1]):
-                    if isinstance(entry[1], ADDS):
-                        offsets.append(entry[0])
-            finally:
-                reader.close()
-            found.append((key, path, offsets))
+            if key > end[0] or (key == LIVE and journal.writer.size == 0):
+                continue  # past the cursor, or a live journal just rotated to (no file until written)
+            offsets = _last_add_offsets(path, count - have, end[1] if key == end[0] else 2**63)
             have += len(offsets)
-            if have >= len(tail):
+            if have >= count:
                 break
-        if have < len(tail):
+        else:
             return None
-        key, path, offsets = found[-1]
-        offset = offsets[have - len(tail)]  # the oldest file scanned holds the first of the tail
+        offset = offsets[0]  # the oldest file read holds the first of the tail
         reader = JournalReader(path, offset)
         try:
             entry = reader.next()
         finally:
             reader.close()
-        if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != tail[0].data:
+        if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
             log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
             return None
         if self._rb is not None:
@@ -305,10 +301,14 @@ class Kestrel2Queue(PersistentQueue):
         journal.keep_taken_pack()
         if self._left_read_behind:
             self._left_read_behind = False
-            self._checkpoints.clear()  # every one was passed on the way to the live journal
-            rotated = journal.rotated
-            if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
-                self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+            # Unless the change read behind again after catching up (its later adds filled memory
+            # again): then items are on disk only, a pack of memory would drop them, and the new
+            # spell's rotation checkpoints pack the files as it drains.
+            if self._rb is None:
+                self._checkpoints.clear()  # every one was passed on the way to the live journal
+                rotated = journal.rotated
+                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
+                    self._pack_now()  # what the backlog left behind: at most max_memory_size of items
         journal.start_next_pack()
 
     def _probe(self) -> None:
@@ -357,6 +357,7 @@ class Kestrel2Queue(PersistentQueue):
         self._journal.forget_packs()
         self._left_read_behind = False
         self._pack_horizon = 0
+        self._ledger.total -= self._open_bytes()
         self._opens.clear()
         self._xid = 0
 
@@ -420,6 +421,35 @@ class Kestrel2Queue(PersistentQueue):
         """Close and delete every journal file of this queue (the `delete` command)."""
         self.close()
         self._journal.delete_files()
+
+
+def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
+    """The offsets of the last `keep` (at most) ADD records of file `path` before offset `stop`."""
+    offsets: array[int] = array("q")
+    reader = JournalReader(path)
+    reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
+    try:
+        while True:
+            count, ops, at = reader.common_columns(2**62)[:3]
+            if count:
+                runs = zip(memoryview(ops).cast("b"), memoryview(at).cast("q"), strict=True)
+                offsets.extend(o for op, o in runs if op in _ADD_OPS and o < stop)
+            else:
+                entry = reader.next()
+                if entry is None or entry[0] >= stop:
+                    break
+                if isinstance(entry[1], ADDS):
+                    offsets.append(entry[0])
+            if len(offsets) > keep + _SPARE_OFFSETS:
+                del offsets[:-keep]
+    finally:
+        reader.close()
+    del offsets[:max(len(offsets) - keep, 0)]  # in place: a slice would copy them
+    return offsets
+
+
+_ADD_OPS = (codec.ADDX, codec.ADD_XID)
+_SPARE_OFFSETS = 1 << 16  # offsets kept beyond those wanted before the older ones are dropped
 
 
 def _rotate_at(config: QueueConfig) -> int:

@@ -591,18 +591,18 @@ class Kestrel3Queue(PersistentQueue):
     def _stop_read_behind(self) -> None:
         self._close_cursor()
 
-    def _cursor_at(self, tail: list[QItem], before: QItem | None) -> ReadBack | None:
-        """Read-behind from the first id of `tail`: every item ahead of it and every open read has a
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+        """Read-behind from the id of `first`: every item ahead of it and every open read has a
         lower id (they were added before it), so read-back skips none of them twice."""
-        first = tail[0].xid
-        if before is not None and before.xid >= first:
+        first_id = first.xid
+        if before is not None and before.xid >= first_id:
             return None
-        if any(item.xid >= first for item in self._opens.values()):
+        if any(item.xid >= first_id for item in self._opens.values()):
             return None
-        if any(item.xid >= first for item in itertools.islice(self._mem, len(self._mem) - len(tail))):
+        if any(item.xid >= first_id for item in itertools.islice(self._mem, len(self._mem) - count)):
             return None
         self._close_cursor()
-        self._behind_id = first
+        self._behind_id = first_id
         return self._read_back
 
     def _cursor_buffer(self) -> int:
@@ -781,13 +781,17 @@ class Kestrel3Queue(PersistentQueue):
         if isinstance(error, JournalWriteError):
             opens = self._opens
             for item in reversed(self._returned):
-                self._take_head()
+                self._take_head(opened=True)
                 opens[item.xid] = item
+                self._ledger.total += len(item.data)
             for item in self._confirmed:
                 opens[item.xid] = item
+                self._ledger.total += len(item.data)
             for item in reversed(self._left):
                 if opens.get(item.xid) is item:
                     del opens[item.xid]
+                else:  # it had left memory for good
+                    self._ledger.total += len(item.data)
                 self._push_head(item)
             self._consumed.clear()
         self._left.clear()
