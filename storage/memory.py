@@ -271,11 +271,15 @@ class MemoryGovernor:
         total = sum(held) + fixed_total
         self.ledger.total = total - buffers  # as measured (see MemoryLedger)
         self.ledger.limit = max(self.budget - buffers, 0)
-        targets = plan(demands, self.budget - fixed_total, self.interval_ms / 1000.0)
+        # Under flow control the shares sum to the low-water mark, where flow control ends.
+        budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
+        targets = plan(demands, budget - fixed_total, self.interval_ms / 1000.0)
         for q, target in zip(queues, targets, strict=True):
             q.set_memory_target(target)
         waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
-        if total > self.budget:
+        if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
+            # Under flow control no put reaches `make_room`: only a tick can page out what holds the
+            # total between the low-water mark and the budget, and flow control ends under the mark.
             total -= self._page_out(queues, waits, total - int(self.budget * LOW_WATER))
         over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
                       if q.memory_bytes > q.memory_target)

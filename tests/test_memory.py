@@ -204,6 +204,42 @@ def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path
     assert drain(coll, "q") == [item(i, 1000) for i in range(110, 130)]
 
 
+@FORMATS
+def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_path: Path,
+                                                                        journal_format: str) -> None:
+    """A fanout child nobody reads fills memory before the first tick; open reads then take a put
+    over the budget, and flow control starts. Once they are confirmed the total is under the budget
+    but over the low-water mark: the tick must page the child out (it is over its target) so that
+    flow control ends. Found under load, where puts stayed refused for good."""
+    runtime = ManualRuntime()
+    coll = make(tmp_path, journal_format, budget=4096, runtime=runtime)
+    governor = coll.governor
+    assert governor is not None
+    governor.start()
+    coll.queue("jobs+audit")
+    n = 0
+    while coll.ledger.total < 3800:  # no tick yet: every queue may hold its max_memory_size
+        coll.add_many("jobs", [item(n, 9)])
+        assert coll.remove_many("jobs", 1)[0].data == item(n, 9)
+        n += 1
+    runtime.advance(250)  # the child's target falls; the total is under the budget: nothing paged
+    audit = coll.queue("jobs+audit")
+    opened = coll.remove_many("jobs", 0)
+    for m in range(n, n + 40):
+        coll.add_many("jobs", [item(m, 9)])
+        if governor.flow_control:
+            break
+        opened += coll.remove_many("jobs", 1, transaction=True)
+    assert governor.flow_control, "the open reads took a put over the budget"
+    assert coll.confirm_many("jobs", [i.xid for i in opened]) == len(opened)
+    assert 4096 * 0.9 < governor.measure() <= 4096
+    runtime.advance(250)
+    assert not governor.flow_control and audit.in_read_behind and coll.ledger.total <= 4096 * 0.9
+    coll.add_many("jobs", [b"after"])  # puts go on
+    assert [i.data for i in coll.remove_many("jobs", 100)][-1] == b"after"
+    assert [i.data for i in coll.remove_many("jobs+audit", 100_000)][:n] == [item(k, 9) for k in range(n)]
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 
