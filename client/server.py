@@ -121,23 +121,22 @@ class Server:
         With `auto_abort_ms` > 0 each item is an open read: `confirm` or `abort` its id on this
         server (from any connection), or it returns to the head of its queue after that long.
         """
-        what = f"get from {queue!r}"
-        check_queue(queue, what)
-        check_count(max_items, "max_items", what, least=1)
-        check_count(timeout_ms, "timeout_ms", what)
-        check_count(auto_abort_ms, "auto_abort_ms", what)
-        return list(self.call("get", queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+        return self._get("get", queue, max_items, timeout_ms, auto_abort_ms)
 
     def get_timed(self, queue: str, max_items: int = 1, timeout_ms: int = 0,
                   auto_abort_ms: int = 0) -> list[Any]:
         """`get`, with each item's `add_time_msec` and `expiry_msec` (None: never) as TimedItems; a
         queue the server does not hold is not created (no items). A call Kestrel's own servers lack."""
-        what = f"get_timed from {queue!r}"
+        return self._get("get_timed", queue, max_items, timeout_ms, auto_abort_ms)
+
+    def _get(self, method: str, queue: str, max_items: int, timeout_ms: int,
+              auto_abort_ms: int) -> list[Any]:
+        what = f"{method} from {queue!r}"
         check_queue(queue, what)
         check_count(max_items, "max_items", what, least=1)
         check_count(timeout_ms, "timeout_ms", what)
         check_count(auto_abort_ms, "auto_abort_ms", what)
-        return list(self.call("get_timed", queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+        return list(self.call(method, queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (aliases not); creates nothing. A call Kestrel's servers lack."""

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kestrel.storage.files import fsync_dir
+from kestrel.storage.files import fsync_path
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
@@ -88,7 +88,7 @@ def write_partition(path: str, header: WalHeader, ids: list[int], logged: Logged
         won = False
     finally:
         os.unlink(aside)
-    fsync_dir(folder)
+    fsync_path(folder)
     return won
 
 

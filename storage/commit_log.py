@@ -45,7 +45,7 @@ from kestrel.storage.files import (
     JournalFiles,
     JournalWriter,
     cut_keeping_copy,
-    fsync_dir,
+    fsync_path,
     list_journal_files,
     write_all,
 )
@@ -204,9 +204,9 @@ def _remove_directory(queue_path: str) -> None:
     except OSError as e:
         if e.errno != errno.ENOTEMPTY:
             raise
-        fsync_dir(folder)
+        fsync_path(folder)
         return
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
 
 
 def _create_segment(path: str) -> None:
@@ -217,7 +217,7 @@ def _create_segment(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    fsync_dir(os.path.dirname(path))
+    fsync_path(os.path.dirname(path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,13 +295,9 @@ def recover(queue_path: str, now_ms: int) -> int:
             journals.add(journal)
     for journal in sorted(journals):
         _step("fsync-journal")
-        fd = os.open(journal, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(journal)
     if journals:
-        fsync_dir(queue_path)  # a journal recovery created
+        fsync_path(queue_path)  # a journal recovery created
     for segment in segments:
         if segment.torn_at is not None:
             _step("cut-segment")
@@ -368,7 +364,7 @@ class CommitLog:
     def open(self) -> None:
         """Start the first segment (the log holds none: recovery ran). Raises OSError."""
         os.makedirs(self.directory, exist_ok=True)
-        fsync_dir(self.queue_path)
+        fsync_path(self.queue_path)
         self._seq = 1
         path = os.path.join(self.directory, str(self._seq))
         _create_segment(path)
@@ -476,7 +472,7 @@ class CommitLog:
                 writer.close()
                 os.unlink(writer.path)
                 self._segments.remove(segment)
-            self.runtime.run_blocking(fsync_dir, self.directory)
+            self.runtime.run_blocking(fsync_path, self.directory)
             self.checkpoints += 1
         finally:
             self._checkpointing = None

@@ -142,7 +142,8 @@ def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
     return copy
 
 
-def fsync_dir(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """Make a directory's entries, or a whole file, durable (opened read-only: no write is due)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -245,7 +246,7 @@ class JournalWriter:
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if created and (self.sync_ms == 0 or self.durable_name):
-            fsync_dir(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+            fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
@@ -254,7 +255,7 @@ class JournalWriter:
             return
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
         if self.sync_ms == 0:
-            fsync_dir(os.path.dirname(self.path) or ".")
+            fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kestrel.storage import filenames
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.errors import ConfigError, CorruptJournalError
-from kestrel.storage.files import JournalFiles, fsync_dir, scan_queue_dir
+from kestrel.storage.files import JournalFiles, fsync_path, scan_queue_dir
 from kestrel.storage.kestrel3 import codec as k3
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
@@ -95,7 +95,7 @@ def write_intent(queue_path: str, intent: Intent) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, os.path.join(queue_path, INTENT_NAME))
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
 
 
 def _read_intent(path: str) -> Intent:
@@ -120,15 +120,15 @@ def finish_intent(queue_path: str, intent: Intent) -> None:
         if os.path.exists(source):
             os.replace(source, os.path.join(queue_path, final))
             step("renamed")
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
     for name in intent.deletes:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(queue_path, name))
             step("deleted")
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
     step("finished")
     os.unlink(os.path.join(queue_path, INTENT_NAME))
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
 
 
 def finish_interrupted(queue_path: str) -> str | None:

@@ -41,7 +41,7 @@ from gevent import monkey
 from kestrel.storage import filenames
 from kestrel.storage.crc32c import crc32c, file_crc32c
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import fsync_dir, write_all
+from kestrel.storage.files import fsync_path, write_all
 
 log = structlog.get_logger("kestrel.manifest")
 
@@ -159,7 +159,7 @@ def write(queue_path: str, queue: str, manifest: Manifest) -> None:
         raise
     os.close(fd)
     os.replace(temporary, path_of(queue_path, queue))
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
 
 
 def remove(queue_path: str, queue: str) -> None:
@@ -168,7 +168,7 @@ def remove(queue_path: str, queue: str) -> None:
         os.unlink(path_of(queue_path, queue))
     except FileNotFoundError:
         return
-    fsync_dir(queue_path)
+    fsync_path(queue_path)
 
 
 def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0) -> Entry:

@@ -408,13 +408,13 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     assert coll.remove("q") is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
-    real = files.fsync_dir
+    real = files.fsync_path
 
-    def fsync_dir(path: str) -> None:
+    def fsync_path(path: str) -> None:
         synced_dirs.append(path)
         real(path)
 
-    monkeypatch.setattr(files, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(files, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
         coll.add("q", b"x" * 40)
         assert coll.remove("q") is not None

@@ -276,7 +276,7 @@ class QueueJournal:
                 copy = filenames.set_aside_path(path, "corrupt", stamp)
                 os.rename(path, copy)
                 log.error("journal file set aside (salvage)", queue=self.name, file=path, copy=copy)
-        journal.fsync_dir(self.queue_path)
+        journal.fsync_path(self.queue_path)
 
     def _record_files(self) -> None:
         """Write the manifest as start-up leaves the files (a queue never rotated needs none)."""

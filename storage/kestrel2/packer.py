@@ -34,7 +34,7 @@ import structlog
 from kestrel.storage import filenames
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import JournalFiles, fsync_dir, write_all
+from kestrel.storage.files import JournalFiles, fsync_path, write_all
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Record
@@ -122,13 +122,13 @@ def write_pack(req: PackRequest, dead_files: list[str],
         placed(pack, total, crc)
     _step("rename-pack")
     os.rename(temp, pack)
-    fsync_dir(req.queue_path)
+    fsync_path(req.queue_path)
     for path in dead_files:
         _step("delete")
         os.unlink(path)
     _step("rename-final")
     os.rename(pack, final)
-    fsync_dir(req.queue_path)
+    fsync_path(req.queue_path)
     if finished is not None:
         finished(pack, final, dead_files, total, crc)
     log.info("packed journal", queue=req.name, file=final, items=len(req.items),

@@ -28,7 +28,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.files import JournalWriter, fsync_dir
+from kestrel.storage.files import JournalWriter, fsync_path
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -248,7 +248,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
         os.close(fd)
     os.replace(temporary, final)
     if sync:
-        fsync_dir(queue_path)
+        fsync_path(queue_path)
     return final
 
 
@@ -431,7 +431,7 @@ class WriterJournal:
             os.unlink(self.files[0].path)
             removed.append(self.files.pop(0).path)
         if removed:
-            fsync_dir(self.queue_path)
+            fsync_path(self.queue_path)
         return removed
 
     def reconfigure(self, max_file_size: int, sync_ms: int | None) -> None:

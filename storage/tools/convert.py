@@ -37,7 +37,7 @@ from kestrel.storage.errors import (
     InvalidQueueName,
     QueuePathInUse,
 )
-from kestrel.storage.files import fsync_dir, list_journal_files
+from kestrel.storage.files import fsync_path, list_journal_files
 from kestrel.storage.formats import (
     INTENT_NAME,
     KESTREL2,
@@ -273,7 +273,7 @@ def convert_unit(queue_path: str, unit: str, to: str, members: list[str],
             intent, result = _to_kestrel3(queue_path, unit, members, clock)
         else:
             intent, result = _to_kestrel2(queue_path, unit)
-        fsync_dir(queue_path)
+        fsync_path(queue_path)
         step("written")
     except Exception:
         _remove_temporaries(queue_path, unit)  # a crash leaves them to the next start-up instead
