@@ -180,6 +180,23 @@ def returned(root: str) -> int:
         return 0
 
 
+def held_early(location: str) -> int:
+    """Items of batches the sink has not committed whose reads were confirmed early (the batch ran
+    longer than half of autoAbortMs): nothing but the log under checkpoint `location` holds them,
+    until a query from it replays their batch."""
+    checkpoint = checkpoint_dir(location)
+    top = os.path.join(checkpoint, "kestrel")
+    held = 0
+    for source in sorted(os.listdir(top)) if os.path.isdir(top) else []:
+        root = os.path.join(top, source)
+        committed = SparkCommitLog(checkpoint, source).committed()
+        for batch in batches(root):
+            if batch > committed:
+                held += sum(read_ids(path)[0].count for path in batch_files(root, batch)
+                            if is_confirmed(path))
+    return held
+
+
 class SparkCommitLog:
     """The highest batch of one source that the query's sink has committed, from Spark's own logs."""
 
