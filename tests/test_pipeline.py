@@ -277,11 +277,13 @@ def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, serve
 
 
 def early(checkpoint: Path) -> list[bytes]:
-    """The items of a checkpoint's logged batches whose reads were confirmed early."""
+    """The items of a checkpoint's logged batches whose reads were confirmed early (or may have been:
+    the confirm sent, the answer not yet noted when the query stopped)."""
     from kestrel.pipeline import wal
 
-    return [item for path in checkpoint.glob("kestrel/*/*/*.confirmed")
-            for item in wal.read_items(str(path)[:-len(".confirmed")]).items]
+    logged = {path.with_suffix("") for path in checkpoint.glob("kestrel/*/*/*")
+              if path.suffix in (".confirmed", ".confirming")}
+    return [item for path in sorted(logged) for item in wal.read_items(str(path)).items]
 
 
 def test_drain_whose_slow_sink_fails_names_the_checkpoint_holding_its_batch(spark: Any, server: ServerProcess
