@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -312,6 +313,7 @@ def test_drain_whose_slow_sink_fails_names_the_checkpoint_holding_its_batch(spar
           checkpoint=found[1], autoAbortMs=2000)
     assert sorted(seen) == sorted(items)  # each once, from the log
     assert waiting(server, "jobs") == (0, 0)
+    shutil.rmtree(found[1])
 
 
 # ---------------------------------------------------------------------------------------------
