@@ -3,7 +3,10 @@
 `drain` runs the streaming source with `Trigger.AvailableNow`: every server is checked before
 anything is taken, each micro-batch is logged under the checkpoint, handed to `write`, and its
 items are confirmed only once Spark has committed the batch. A drain that fails leaves the items of
-the failed batch to return to their queues; run it again with the same checkpoint to go on.
+the failed batch to return to their queues; run it again with the same checkpoint to go on. A batch
+that ran longer than half of `autoAbortMs` before failing had its reads confirmed early: its items
+are held in the checkpoint's log alone, and the error says so, naming the checkpoint that delivers
+them (a temporary one included), rather than leaving them to be lost with it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from kestrel.pipeline import wal
+
 
 def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None],
           checkpoint: str | None = None, **options: Any) -> None:
@@ -19,7 +24,8 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
 
     Parameters: `servers` and `queue` as for the source; `checkpoint` a directory to resume from
     (a fresh temporary one by default); other keyword options go to the streaming source
-    (`maxItemsPerTrigger`, `autoAbortMs`, ...). Raises what the query raised.
+    (`maxItemsPerTrigger`, `autoAbortMs`, ...). Raises what the query raised, with a note naming
+    the checkpoint when the failed batch is held in its log alone.
     """
     location = checkpoint or tempfile.mkdtemp(prefix="kestrel-drain-")
     reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", queue)
@@ -28,7 +34,12 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
         reader = reader.option(key, str(value))
     query = (reader.load().writeStream.foreachBatch(write).option("checkpointLocation", location)
              .trigger(availableNow=True).start())
-    query.awaitTermination()
-    error = query.exception()
-    if error is not None:
-        raise error
+    try:
+        query.awaitTermination()  # raises what the query raised
+    except Exception as error:
+        held = wal.held_early(location)
+        if held:
+            error.add_note(f"kestrel drain: {held} items of the failed batch are held in the checkpoint's "
+                           f"log alone (their reads were confirmed early, as the batch ran longer than half "
+                           f"of autoAbortMs); run drain again with checkpoint={location!r} to deliver them")
+        raise

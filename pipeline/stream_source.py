@@ -273,10 +273,12 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if ids:
             if not self.reach.due(header.server):
                 return False
+            wal.mark_confirming(path)
             try:
                 queue = header.queue or self.queues[0]
                 closed = self.cluster.server(header.server).confirm(queue, set(ids))
             except KestrelClientError as e:
+                wal.unmark_confirming(path)
                 self.reach.failed(header.server, "confirm (kept in the log, tried again)", e)
                 return False
             self.reach.answered(header.server)

@@ -10,8 +10,10 @@ uint32 length and its bytes, then (when `timed`) each item's add time and expiry
 epoch each; expiry 0: never); files of earlier versions have no times (their rows' times are null).
 A file's name is `<host>_<port>-<part>`, preceded by `<queue>~` when the
 source reads several queues (`~` is never part of a queue's name). An empty `<partition>.confirmed`
-beside it says its reads were confirmed; `<checkpoint>/kestrel/<source>/returned` counts the items
-delivered again because their reads had gone back to the queue when they were confirmed.
+beside it says its reads were confirmed, and `<partition>.confirming` that a confirm was sent and
+its answer not yet noted (the server may have closed them);
+`<checkpoint>/kestrel/<source>/returned` counts the items delivered again because their reads had
+gone back to the queue when they were confirmed.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
 the sink has committed, since Spark tells a source only when it plans the next batch.
@@ -32,6 +34,7 @@ from kestrel.storage.files import fsync_path
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
+CONFIRMING = ".confirming"  # beside a file whose reads a confirm was sent for, its answer not yet noted
 RETURNED = "returned"  # in the source's folder: items delivered again, counted
 _LEN = struct.Struct("<I")
 
@@ -134,7 +137,20 @@ def batch_files(root: str, batch: int) -> list[str]:
     if not os.path.isdir(folder):
         return []
     names = sorted(os.listdir(folder))
-    return [os.path.join(folder, n) for n in names if not n.endswith((".tmp", CONFIRMED))]
+    return [os.path.join(folder, n) for n in names if not n.endswith((".tmp", CONFIRMED, CONFIRMING))]
+
+
+def mark_confirming(path: str) -> None:
+    """Note, before the confirm is sent, that the server may close a file's reads from now on: a
+    process killed before `mark_confirmed` leaves this behind (see `held_early`)."""
+    with open(path + CONFIRMING, "wb"):
+        pass
+
+
+def unmark_confirming(path: str) -> None:
+    """The confirm was not taken: the reads are as they were."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + CONFIRMING)
 
 
 def mark_confirmed(path: str) -> None:
@@ -142,6 +158,7 @@ def mark_confirmed(path: str) -> None:
     no later planning or restarted query confirms them again."""
     with open(path + CONFIRMED, "wb"):
         pass
+    unmark_confirming(path)
 
 
 def is_confirmed(path: str) -> bool:
@@ -150,7 +167,7 @@ def is_confirmed(path: str) -> bool:
 
 def forget_file(path: str) -> None:
     """Drop one file of a committed batch whose reads are confirmed (the rest of it is pending)."""
-    for name in (path, path + CONFIRMED):
+    for name in (path, path + CONFIRMED, path + CONFIRMING):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
 
@@ -178,6 +195,24 @@ def returned(root: str) -> int:
             return int(f.read().strip() or 0)
     except FileNotFoundError:
         return 0
+
+
+def held_early(location: str) -> int:
+    """Items of batches the sink has not committed whose reads were confirmed early (the batch ran
+    longer than half of autoAbortMs), or may have been (a confirm sent, the process killed before
+    its answer was noted): nothing but the log under checkpoint `location` may hold them, until a
+    query from it replays their batch."""
+    checkpoint = checkpoint_dir(location)
+    top = os.path.join(checkpoint, "kestrel")
+    held = 0
+    for source in sorted(os.listdir(top)) if os.path.isdir(top) else []:
+        root = os.path.join(top, source)
+        committed = SparkCommitLog(checkpoint, source).committed()
+        for batch in batches(root):
+            if batch > committed:
+                held += sum(read_ids(path)[0].count for path in batch_files(root, batch)
+                            if is_confirmed(path) or os.path.exists(path + CONFIRMING))
+    return held
 
 
 class SparkCommitLog:

@@ -1,4 +1,5 @@
-"""Installing the Debian packages a test needs, once, when the machine lets us.
+"""Installing what a test needs: the Debian packages, once, when the machine lets us; the project's
+own wheel, as an operator installs it.
 
 The suite's processes may want packages at the same moment, and dpkg takes one install at a time:
 a second apt-get fails at once on dpkg's lock, which once skipped every ZooKeeper test of a run. So
@@ -12,8 +13,11 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+
+from tests.conftest import ROOT
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "kestrel-tests-apt.lock"
 DPKG_LOCK_WAIT_S = 600
@@ -39,3 +43,16 @@ def ensure_debian_package(command: str, package: str) -> str | None:
             if done.returncode == 0:
                 break
         return shutil.which(command)
+
+
+def build_wheel(workdir: Path) -> Path:
+    """The project's wheel, built under `workdir` from a clean copy of the repository: setuptools
+    leaves build/ behind, whose stale files would reach the wheel."""
+    source = workdir / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "var", "*.egg-info", "__pycache__", "tests", "bench", "spark-warehouse"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--quiet", "-w",
+                           str(workdir / "dist")], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"building the wheel failed:\n{done.stdout}\n{done.stderr}"
+    (wheel,) = (workdir / "dist").glob("kestrel_py-*.whl")
+    return wheel

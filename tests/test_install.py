@@ -7,7 +7,6 @@ file missing from the wheel, such as the Thrift contract.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import pytest
 import yaml
 
 from kestrel.contract import kestrel_thrift
-from tests.conftest import ROOT, free_ports, wait_for_port
+from tests.conftest import free_ports, wait_for_port
+from tests.installs import build_wheel
 
 
 def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -30,13 +30,7 @@ def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> 
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
-    # Build from a clean copy: setuptools leaves build/ behind, whose stale files would reach the wheel.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".*", "build", "dist", "var", "*.egg-info", "__pycache__", "tests", "bench", "spark-warehouse"))
-    _run(sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--quiet", "-w", tmp_path / "dist",
-         cwd=tmp_path)
-    (wheel,) = (tmp_path / "dist").glob("kestrel_py-*.whl")
+    wheel = build_wheel(tmp_path)
     # One namespace: nothing generic at the top of site-packages (a user's own `storage.py` or
     # `client.py` must not shadow ours, nor ours theirs); Spark finds its sources as top-level modules.
     with zipfile.ZipFile(wheel) as archive:

@@ -369,6 +369,31 @@ def _committed(checkpoint: Path, source_key: str, batch: int) -> None:
     (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
 
 
+def test_the_items_only_the_log_may_hold_are_those_of_uncommitted_batches_confirmed_early(tmp_path: Path
+                                                                                           ) -> None:
+    from kestrel.pipeline import wal
+
+    checkpoint = tmp_path / "cp"
+    root = checkpoint / "kestrel" / "jobs-1"
+
+    def logged(batch: int, name: str, count: int) -> str:
+        path = str(root / str(batch) / name)
+        assert wal.write_partition(path, wal.WalHeader("h:1", 1.0, count), list(range(count)),
+                                   wal.Logged([b"x"] * count))
+        return path
+
+    wal.mark_confirmed(logged(0, "h_1-0", 5))  # committed: the queue no longer holds them, by design
+    _committed(checkpoint, "jobs-1", 0)
+    wal.mark_confirmed(logged(1, "h_1-0", 3))  # confirmed early
+    wal.mark_confirming(logged(1, "h_1-1", 4))  # a confirm sent, its answer never noted
+    logged(1, "h_1-2", 7)  # open reads: back to the queue after autoAbortMs
+    undone = logged(1, "h_1-3", 2)
+    wal.mark_confirming(undone)
+    wal.unmark_confirming(undone)  # a confirm the server did not take
+    assert wal.held_early(str(checkpoint)) == 3 + 4
+    assert wal.batch_files(str(root), 1) == [str(root / "1" / f"h_1-{part}") for part in range(4)]
+
+
 def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: ServerProcess,
                                                                     tmp_path: Path) -> None:
     import signal
@@ -401,6 +426,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
     try:
         reader._confirm_up_to(reader.spark_log.committed())
         assert os.path.exists(first) and not wal.is_confirmed(first)  # kept, not dropped
+        assert not os.path.exists(first + wal.CONFIRMING)  # nor counted as held by a failed drain
         reader._confirm_up_to(reader.spark_log.committed())  # failed a moment ago: not asked again yet
         assert os.path.exists(first)
     finally:

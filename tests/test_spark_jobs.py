@@ -1,12 +1,15 @@
 """Spark applications in processes of their own, as users run them: the example job twice on one
-output path, and a job on a standalone cluster of two workers that the test starts."""
+output path, a job on a standalone cluster of two workers that the test starts, and a job finding
+the data sources of the installed wheel."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 from tests.conftest import ROOT, ServerProcess, free_ports, wait_for  # noqa: E402
+from tests.installs import build_wheel  # noqa: E402
 from tests.spark_apps import app_environment, need_java  # noqa: E402
 
 EXAMPLE = ROOT / "pipeline" / "examples" / "produce_and_consume.py"
@@ -144,3 +148,73 @@ def test_a_job_on_a_standalone_cluster_of_two_workers(standalone: Standalone, se
     assert "taken 20000 20000" in printed, printed  # each item once
     assert "executors 2" in printed, printed  # one on each worker
     assert queue_info(a, "jobs") == (0, 0) and queue_info(b, "jobs") == (0, 0)
+
+
+# The job: both formats by name alone (no register), then where the driver and a Python worker
+# import the package from, and what their sys.path holds (each entry resolved where it is read: ""
+# is that process's working directory).
+FINDING_JOB = """
+import json, os, sys
+import kestrel
+from pyspark.sql import SparkSession
+
+servers, queue_path = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.appName("kestrel-installed").getOrCreate()
+looked = spark.read.format("kestrel").option("servers", servers).option("queue", "found").load()
+journal = spark.read.format("kestrel-journal").option("view", "items").option("queue", "found").load(queue_path)
+
+def where(_):
+    import os, sys
+    import kestrel, pyspark_kestrel, pyspark_kestrel_journal
+    yield json.dumps([kestrel.__file__, pyspark_kestrel.__file__, pyspark_kestrel_journal.__file__,
+                      [os.path.realpath(p) for p in sys.path]])
+
+worker = json.loads(spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()[0])
+print(json.dumps({"looked": sorted(r.data.decode() for r in looked.collect()),
+                  "journal": [r.data.decode() for r in journal.orderBy("position").collect()],
+                  "driver": [kestrel.__file__, [os.path.realpath(p) for p in sys.path]], "worker": worker}))
+spark.stop()
+"""
+
+
+def test_an_installed_wheel_serves_both_formats_without_register(server: ServerProcess, tmp_path: Path) -> None:
+    # As after `pip install kestrel_py-*.whl`: the wheel (not the editable install) in a folder of its
+    # own, run by a fresh Python that reaches pyspark and the other dependencies in .venv through
+    # PYTHONPATH, which, unlike .venv's own site directory, does not read the editable install's .pth
+    # (the line that would put the repository's src/ on sys.path). Driver and workers run from a
+    # folder outside the repository.
+    need_java()
+    installed = tmp_path / "installed"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                           "--target", str(installed), str(build_wheel(tmp_path))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "job.py").write_text(FINDING_JOB)
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", server.thrift_port) as client:
+        assert client.put("found", [b"one", b"two"]) == 2
+    env = dict(app_environment(tmp_path / "spark", **{"spark.master": "local[1]"}),
+               PYTHONPATH=f"{installed}:{sysconfig.get_paths()['purelib']}",
+               KESTREL_SPARK_PYTHON=str(venv / "bin" / "python"))
+    printed = run_app([str(venv / "bin" / "python"), "job.py", f"127.0.0.1:{server.thrift_port}",
+                       str(server.queue_path)], env, elsewhere).splitlines()
+    found = json.loads(printed[-1])
+    assert found["looked"] == ["one", "two"]
+    assert found["journal"] == ["one", "two"]
+    assert queue_info(server, "found") == (2, 0)  # looked at, left in place
+    kestrel_file, driver_path = found["driver"]
+    *modules, worker_path = found["worker"]
+    for module in (kestrel_file, *modules):
+        assert Path(module).is_relative_to(installed), module
+    # Under the repository, only .venv's site-packages (pyspark, its jars and the other dependencies),
+    # never src/, the root, or any other folder of it.
+    dependencies = Path(sysconfig.get_paths()["purelib"]).resolve()
+    for entry in driver_path + worker_path:
+        where = Path(entry)
+        assert where.is_relative_to(dependencies) or not where.is_relative_to(ROOT.resolve()), \
+            (entry, driver_path, worker_path)
