@@ -392,7 +392,9 @@ def test_writer_rides_out_a_server_restart(spark: Any, server: ServerProcess) ->
     bounce = threading.Timer(1.0, server.restart)
     bounce.start()
     df.write.format("kestrel").option("servers", address(server)).option("queue", "bounce") \
-        .option("batchSize", 500).option("retryBackoffMs", 200).mode("append").save()
+        .option("batchSize", 500).option("retryBackoffMs", 200).option("retries", 10).mode("append").save()
+    # Ten passes, 200 ms doubling up to 10 s (each cut by up to half at random): half a minute at
+    # least for the restart, which a loaded machine stretched past what the default five allow (3-6 s).
     bounce.join()
     got = take_all(server, "bounce")
     assert set(got) == {b"%d" % i for i in range(30_000)}
