@@ -24,6 +24,7 @@ from kestrel.client import (
     parse_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
+from tests.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
 from tests.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
 from tests.conftest import ROOT, STALL_S, ServerProcess, free_port
 
@@ -355,40 +356,25 @@ def test_closing_is_final_and_both_are_context_managers(server: ServerProcess) -
     assert items_on(server, "closing") == 2
 
 
-def test_retries_have_a_count_and_a_backoff(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retries_have_a_count_and_a_backoff(server: ServerProcess, retries: Retries) -> None:
     """The pauses asked for, not timed: the client's sleep records them and returns at once."""
-    import types
-
-    from kestrel.client import cluster as cluster_module
-
-    tries = 0
-    pauses: list[float] = []
-    real_put = Server.put
-
-    def counted(self: Server, *args: Any, **kwargs: Any) -> int:
-        nonlocal tries
-        tries += 1
-        return real_put(self, *args, **kwargs)
-
-    monkeypatch.setattr(Server, "put", counted)
-    monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
     gone = Cluster([f"127.0.0.1:{free_port()}"], retries=3, backoff_ms=100, max_backoff_ms=150)
     with pytest.raises(NoServers, match="cannot connect"):
         gone.put("retried", b"x")
     # Three pauses after the first attempt: 100 ms then 150 ms capped, each shortened by up to half.
-    assert tries == 4, pauses
+    pauses = retries.pauses
+    assert retries.puts == 4, pauses
     assert len(pauses) == 3 and 0.05 <= pauses[0] <= 0.1 and all(0.075 <= p <= 0.15 for p in pauses[1:]), pauses
-    tries = 0
-    pauses.clear()
+    retries.clear()
     with pytest.raises(NoServers):
         Cluster([f"127.0.0.1:{free_port()}"], retries=0).put("retried", b"x")
-    assert tries == 1 and pauses == []
+    assert retries.puts == 1 and pauses == []
     # A refusal from every server is not retried: the answer would be the same.
-    tries = 0
+    retries.clear()
     refused = Cluster([f"127.0.0.1:{server.thrift_port}"], retries=5, backoff_ms=2000)
     with pytest.raises(NoServers, match="refused"):
         refused.put("bad/name", b"x")
-    assert tries == 1 and pauses == []
+    assert retries.puts == 1 and pauses == []
     for bad in ({"retries": -1}, {"backoff_ms": "1s"}, {"backoff_ms": 500, "max_backoff_ms": 100}):
         with pytest.raises((TypeError, ValueError)):
             Cluster(["k:1"], **bad)

@@ -17,6 +17,7 @@ pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the 
 from kestrel.client import Refused, ServerUnavailable  # noqa: E402
 from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
 from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
+from tests.client_retries import Retries, recorded_retries  # noqa: E402, F401  (the `retries` fixture)
 from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
 
 
@@ -207,43 +208,27 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     assert (lost.ids, lost.items) == ([], []) and "cannot connect" in str(lost.failure)
 
 
-def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess, retries: Retries) -> None:
     """One layer retries: the writer's `retries` are the client's passes over the servers, its pauses
     the client's (recorded here, not timed), with nothing stacked on top."""
-    import types
-
     import pyarrow as pa
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     from kestrel.client import NoServers
-    from kestrel.client import cluster as cluster_module
-    from kestrel.client.server import Server
     from kestrel.pipeline.writer import KestrelWriter
 
-    pauses: list[float] = []
-    puts = 0
-    real_put = Server.put
-
-    def counted(self: Server, *args: Any, **kwargs: Any) -> int:
-        nonlocal puts
-        puts += 1
-        return real_put(self, *args, **kwargs)
-
-    monkeypatch.setattr(Server, "put", counted)
-    monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
     schema = StructType([StructField("data", BinaryType())])
     batch = pa.RecordBatch.from_arrays([pa.array([b"x", b"y"], pa.binary())], names=["data"])
     options = {"queue": "q", "retries": "3", "retryBackoffMs": "100"}
     gone = KestrelWriter({**options, "servers": f"127.0.0.1:{free_port()}"}, schema)
     with pytest.raises(NoServers, match="cannot connect"):
         gone.write(iter([batch]))
-    assert puts == 4 and len(pauses) == 3, pauses  # the first pass, then three more after a pause each
+    pauses = retries.pauses
+    assert retries.puts == 4 and len(pauses) == 3, pauses  # the first pass, then three more after a pause each
     assert 0.05 <= pauses[0] <= 0.1 and 0.1 <= pauses[1] <= 0.2 and 0.2 <= pauses[2] <= 0.4
-    puts = 0
-    pauses.clear()
+    retries.clear()
     live = KestrelWriter({**options, "servers": f"127.0.0.1:{server.thrift_port}"}, schema)
-    assert live.write(iter([batch])).written == 2 and (puts, pauses) == (1, [])
+    assert live.write(iter([batch])).written == 2 and (retries.puts, pauses) == (1, [])
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
