@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,17 @@ def rotated(path: Path) -> list[str]:
 
 def listing(path: Path) -> dict[str, bytes]:
     return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
+
+
+def refused(path: Path, load: Callable[[], object], *named: str) -> None:
+    """`load` refuses the queue path with a message naming each of `named`, and changes nothing there
+    (no file cut, deleted or set aside on the strength of what did not verify)."""
+    before = listing(path)
+    with pytest.raises(CorruptJournalError) as err:
+        load()
+    message = str(err.value)
+    assert all(part in message for part in named), message
+    assert listing(path) == before
 
 
 def test_crc32c_compiled_matches_the_python_reference() -> None:
@@ -94,11 +106,7 @@ def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(
     data = bytearray(live.read_bytes())
     data[at + 1:at + 5] = struct.pack("<i", 1 << 30)
     live.write_bytes(bytes(data))
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k2(tmp_path, max_memory_size=1 << 30)
-    assert str(live) in str(err.value) and f"offset {at}" in str(err.value)
-    assert listing(tmp_path) == before  # nothing cut, nothing set aside
+    refused(tmp_path, lambda: k2(tmp_path, max_memory_size=1 << 30), str(live), f"offset {at}")
 
 
 def _rotated_queue(path: Path, items: int = 300, removed: int = 50) -> QueueCollection:
@@ -116,11 +124,7 @@ def test_a_deleted_middle_rotated_journal_is_refused_naming_it(tmp_path: Path) -
     assert len(files) >= 3
     middle = files[len(files) // 2]
     os.unlink(tmp_path / middle)
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k2(tmp_path)
-    assert str(tmp_path / middle) in str(err.value) and "missing" in str(err.value)
-    assert listing(tmp_path) == before
+    refused(tmp_path, lambda: k2(tmp_path), str(tmp_path / middle), "missing")
 
 
 def test_a_changed_byte_in_a_rotated_journal_is_refused(tmp_path: Path) -> None:
@@ -144,11 +148,7 @@ def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> No
     coll.close()
     stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
     stray.write_bytes(old_state)
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k2(tmp_path)
-    assert str(stray) in str(err.value) and "pack" in str(err.value)
-    assert listing(tmp_path) == before
+    refused(tmp_path, lambda: k2(tmp_path), str(stray), "pack")
 
 
 def test_salvage_sets_a_stray_pack_aside_and_serves_the_queue(tmp_path: Path) -> None:
@@ -253,11 +253,7 @@ def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reade
     data = bytearray(checkpoint.read_bytes())
     data[42] ^= 0xFF  # inside a READ_HEAD's id
     checkpoint.write_bytes(bytes(data))
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k3(tmp_path)
-    assert str(checkpoint) in str(err.value) and "offset 36" in str(err.value)
-    assert listing(tmp_path) == before  # no writer file deleted on the strength of it
+    refused(tmp_path, lambda: k3(tmp_path), str(checkpoint), "offset 36")  # no writer file deleted
     coll = k3(tmp_path, salvage=True)  # the reader is served every item kept again: no loss
     got = drain(coll, "q")
     assert got[-700:] == [b"%04d" % i for i in range(100, 800)]
@@ -273,11 +269,7 @@ def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: 
     drain(coll, "q")
     coll.close()
     os.unlink(tmp_path / "q.read.child")
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k3(tmp_path)
-    assert str(tmp_path / "q.read.child") in str(err.value) and "missing" in str(err.value)
-    assert listing(tmp_path) == before
+    refused(tmp_path, lambda: k3(tmp_path), str(tmp_path / "q.read.child"), "missing")
     coll = k3(tmp_path, salvage=True)
     assert drain(coll, "q+child") == [b"%04d" % i for i in range(900)]
     coll.close()
@@ -292,12 +284,7 @@ def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path
     assert len(files) >= 3
     middle = files[len(files) // 2]
     os.unlink(tmp_path / middle)
-    before = listing(tmp_path)
-    with pytest.raises(CorruptJournalError) as err:
-        k3(tmp_path, default_journal_size=2000)
-    assert str(tmp_path / middle) in str(err.value) and "missing" in str(err.value)
-    assert "salvage" in str(err.value)
-    assert listing(tmp_path) == before
+    refused(tmp_path, lambda: k3(tmp_path, default_journal_size=2000), str(tmp_path / middle), "missing", "salvage")
     coll = k3(tmp_path, salvage=True, default_journal_size=2000)  # the advice holds: it loads the rest
     assert 0 < len(drain(coll, "q")) < 1000
     coll.close()

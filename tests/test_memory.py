@@ -31,6 +31,16 @@ def make(path: Path, journal_format: str, budget: int = 0, queues: dict[str, Any
     return coll
 
 
+def governed(path: Path, journal_format: str, budget: int) -> tuple[QueueCollection, MemoryGovernor, ManualRuntime]:
+    """A collection under `budget` on the manual runtime, its governor started (it ticks as the
+    runtime advances)."""
+    runtime = ManualRuntime()
+    coll = make(path, journal_format, budget=budget, runtime=runtime)
+    assert coll.governor is not None
+    coll.governor.start()
+    return coll, coll.governor, runtime
+
+
 def item(n: int, size: int = 100) -> bytes:
     return (b"%08d" % n).ljust(size, b".")
 
@@ -141,10 +151,7 @@ def test_fanout_children_page_out_on_their_own(tmp_path: Path, journal_format: s
 
 @FORMATS
 def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=200_000, runtime=runtime)
-    governor = coll.governor
-    assert governor is not None
+    coll, governor, runtime = governed(tmp_path, journal_format, 200_000)
     names = [f"q{i}" for i in range(20)]
     for name in names:
         coll.add_many(name, [item(0)])
@@ -162,11 +169,7 @@ def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, jo
 @FORMATS
 def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp_path: Path,
                                                                             journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=300_000, runtime=runtime)
-    governor = coll.governor
-    assert governor is not None
-    governor.start()
+    coll, governor, runtime = governed(tmp_path, journal_format, 300_000)
     backlogs(coll, ["x"], 120_000)
     backlogs(coll, ["y"], 100_000)
     # A busy queue's arrivals ask for room: the idle backlogs' shares fall to the floor, but the
@@ -185,11 +188,7 @@ def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp
 @FORMATS
 def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path: Path,
                                                                         journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=100_000, runtime=runtime)
-    governor = coll.governor
-    assert governor is not None
-    governor.start()
+    coll, governor, runtime = governed(tmp_path, journal_format, 100_000)
     coll.add_many("q", [item(i, 1000) for i in range(110)])
     q = coll.queue("q")
     assert coll.ledger.total <= 100_000  # the put's tail went to read-behind
@@ -211,11 +210,7 @@ def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_pat
     over the budget, and flow control starts. Once they are confirmed the total is under the budget
     but over the low-water mark: the tick must page the child out (it is over its target) so that
     flow control ends. Found under load, where puts stayed refused for good."""
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=4096, runtime=runtime)
-    governor = coll.governor
-    assert governor is not None
-    governor.start()
+    coll, governor, runtime = governed(tmp_path, journal_format, 4096)
     coll.queue("jobs+audit")
     n = 0
     while coll.ledger.total < 3800:  # no tick yet: every queue may hold its max_memory_size
@@ -276,10 +271,7 @@ def backlogs(coll: QueueCollection, names: list[str], size: int) -> None:
 
 @FORMATS
 def test_shares_follow_rates_and_the_slowest_queues_page_first(tmp_path: Path, journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=1_000_000, runtime=runtime)
-    assert coll.governor is not None
-    coll.governor.start()
+    coll, _, runtime = governed(tmp_path, journal_format, 1_000_000)
     backlogs(coll, ["fast", "slow", "idle"], 300_000)
     tick(runtime, coll, 4, consume={"fast": 40, "slow": 4})
     fast, slow, idle = coll.queue("fast"), coll.queue("slow"), coll.queue("idle")
@@ -297,10 +289,7 @@ def test_shares_follow_rates_and_the_slowest_queues_page_first(tmp_path: Path, j
 
 @FORMATS
 def test_a_drained_queue_comes_back_to_memory(tmp_path: Path, journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=400_000, runtime=runtime)
-    assert coll.governor is not None
-    coll.governor.start()
+    coll, _, runtime = governed(tmp_path, journal_format, 400_000)
     backlogs(coll, ["a", "b"], 300_000)
     tick(runtime, coll, 2)
     paged = [q for q in (coll.queue("a"), coll.queue("b")) if q.in_read_behind]
@@ -315,10 +304,7 @@ def test_a_drained_queue_comes_back_to_memory(tmp_path: Path, journal_format: st
 
 @FORMATS
 def test_steady_load_does_not_flap(tmp_path: Path, journal_format: str) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, journal_format, budget=500_000, runtime=runtime)
-    assert coll.governor is not None
-    coll.governor.start()
+    coll, _, runtime = governed(tmp_path, journal_format, 500_000)
     backlogs(coll, [f"q{i}" for i in range(4)], 200_000)
     steady = {"produce": {"q0": 30, "q1": 5, "hot": 50}, "consume": {"q0": 30, "q1": 5, "hot": 50}}
     tick(runtime, coll, 30, **steady)  # type: ignore[arg-type]  # rates settle, cursors open
@@ -336,11 +322,7 @@ def test_steady_load_does_not_flap(tmp_path: Path, journal_format: str) -> None:
 
 
 def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_path: Path) -> None:
-    runtime = ManualRuntime()
-    coll = make(tmp_path, "kestrel3", budget=100_000, runtime=runtime)
-    governor = coll.governor
-    assert governor is not None
-    governor.start()
+    coll, governor, runtime = governed(tmp_path, "kestrel3", 100_000)
     coll.add_many("q", [item(i, 1000) for i in range(150)])
     q = coll.queue("q")
     opened = [q.remove(transaction=True) for _ in range(120)]  # open reads cannot be paged out
