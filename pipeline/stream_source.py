@@ -1,9 +1,10 @@
 """`spark.readStream.format("kestrel")`: queues as a stream, exactly-once into idempotent sinks.
 
 How a micro-batch lives:
-1. Planning (driver, `latestOffset`): peek every server over the driver's pooled connections and
-   decide how many items to take from each, within `maxItemsPerTrigger`. No items are taken yet;
-   an idle stream only peeks, over the same connections.
+1. Planning (driver, `latestOffset`): peek every server over the driver's pooled connections (only
+   the queues it holds: a peek creates its queue) and decide how many items to take from each,
+   within `maxItemsPerTrigger`. No items are taken yet; an idle stream only peeks, over the same
+   connections.
 2. Reading (executors, `read`): each partition takes its share as open reads and writes them, with
    their read ids, to the write-ahead log under the checkpoint before Spark sees a row. A replayed
    batch reads the log instead of the servers, so it yields the same rows.
@@ -150,15 +151,18 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.available_now = self._waiting(strict=True)
 
     def _waiting(self, strict: bool) -> dict[tuple[str, str], int]:
-        """How many items wait in each queue on each server; none on a server that is down (asked
-        again a second later) unless `strict`, where it fails the query before anything is taken."""
+        """How many items wait in each queue on each server; none where the server holds no such
+        queue (nothing is created), none on a server that is down (asked again a second later)
+        unless `strict`, where it fails the query before anything is taken."""
         waiting: dict[tuple[str, str], int] = {}
         for address in self.servers:
             if not strict and not self.reach.due(address):
                 continue
             try:
+                server = self.cluster.server(address)
+                held = set(server.queue_names())  # a peek would create the queue it looks at
                 for queue in self.queues:
-                    waiting[(address, queue)] = int(self.cluster.server(address).peek(queue).items)
+                    waiting[(address, queue)] = int(server.peek(queue).items) if queue in held else 0
             except KestrelClientError as e:
                 if strict:
                     raise ServersUnreachable(f"{e}: nothing was taken from any server") from e

@@ -455,6 +455,26 @@ def test_idle_stream_delivers_each_item_once_over_the_same_connections(spark: An
         query.stop()
 
 
+def test_stream_creates_no_queue_on_a_server_that_does_not_hold_it(spark: Any, server_factory: Any,
+                                                                  tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "events", [b"a%d" % i for i in range(100)])
+    sink = Sink()
+    query = stream(spark, address(a, b), tmp_path / "cp").writeStream \
+        .foreachBatch(sink).option("checkpointLocation", str(tmp_path / "cp")).start()
+    try:
+        query.processAllAvailable()
+        query.processAllAvailable()  # planned again: the empty server is asked again
+        assert sorted(sink.rows()) == sorted(b"a%d" % i for i in range(100))
+        assert queue_names(b) == [] and not (b.queue_path / "events").exists()
+        # Once a put creates the queue there, the stream reads it.
+        put(b, "events", [b"b1", b"b2"])
+        wait_until(lambda: (query.processAllAvailable(), b"b2" in sink.rows())[1], "the new queue's items")
+        assert sorted(sink.rows()) == sorted([b"a%d" % i for i in range(100)] + [b"b1", b"b2"])
+    finally:
+        query.stop()
+
+
 def test_available_now_drains_50000_items_within_the_limit_and_stops(spark: Any, server_factory: Any,
                                                                     tmp_path: Path) -> None:
     a, b = server_factory(name="a"), server_factory(name="b")
