@@ -211,6 +211,20 @@ class QueueModelUnderBudget(QueueModel):
 TestQueueModelUnderBudget = QueueModelUnderBudget.TestCase
 
 
+class PeriodicSyncModel(QueueModel):
+    """The same under a periodic `sync_journal`, whose promise is the same as `never`'s for a crash
+    of the process (every acknowledged change survives it, once): its fsyncs run in the background."""
+
+    settings = {"sync_journal": "10ms"}
+
+
+PeriodicSyncModel.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestPeriodicSyncModel = PeriodicSyncModel.TestCase
+
+
 class PowerCutModel(QueueModel):
     """The same model under `sync_journal: always`, where a crash may also be a power cut: every
     file keeps what an fsync covered and a prefix of the rest (tests/power_loss.py); each change the
