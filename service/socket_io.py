@@ -35,7 +35,7 @@ def wait(watcher: Any) -> None:
     """Wait, without a time limit, for `watcher` (a socket's, not started) to see its event.
 
     gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
-    switches to the hub with the watcher set to switch straight back, 0.6 µs less a wait
+    switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
     (bench/README.md), and a request waits once. A wake-up that is not the socket's (a stray
     switch) only costs a receive or send that finds nothing and waits again; an exception thrown
     in (a kill) stops the watcher on its way out, as gevent's does.
