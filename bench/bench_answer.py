@@ -6,8 +6,12 @@ best of five runs. What it leaves out is the kernel's part (recv, send, the jour
 so it isolates what Python changes can win; run it in two checkouts to compare code.
 
     .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed] [--profile]
+    .venv/bin/python -m bench.bench_answer --loop [--rounds 20000]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
+`--loop` measures a connection's whole serve loop instead, Thrift and memcache, single items: framing,
+each request's wait for input on the hub, the answer, the reply; over a socket stand-in that always
+holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import cProfile
 import pstats
 import shutil
+import socket
 import tempfile
 import time
 from typing import Any
@@ -24,9 +29,10 @@ from bench.common import load_average, machine
 from kestrel.service import metrics
 from kestrel.service.config import from_mapping
 from kestrel.service.logs import configure_logging
+from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.thrift.handler import ThriftConnection
-from tests.thrift_wire import encode_call
+from tests.thrift_wire import encode_call, framed
 
 
 class _NoSocket:
@@ -62,6 +68,62 @@ def measure(batch: int, items: int, profile: bool, get_call: str = "get") -> Non
         shutil.rmtree(home, ignore_errors=True)
 
 
+class _ReadySocket:
+    """A client's socket as a connection sees it, always holding the next request: `recv_into`
+    hands out the requests in turn (then 0, the client closed) and `send` takes each reply whole.
+    Its descriptor is one end of a socket pair with a byte left unread, so each wait for input is
+    a real turn of the hub that finds it readable at once."""
+
+    def __init__(self, requests: list[bytes], readable: socket.socket) -> None:
+        self.requests = iter(requests)
+        self.readable = readable
+        self.replies = 0
+
+    def fileno(self) -> int:
+        return self.readable.fileno()
+
+    def recv_into(self, buffer: Any, nbytes: int) -> int:
+        request = next(self.requests, b"")
+        buffer[:len(request)] = request
+        return len(request)
+
+    def send(self, data: bytes) -> int:
+        self.replies += 1
+        return len(data)
+
+
+def measure_loop(rounds: int) -> None:
+    """CPU per put + get round of the Thrift and memcache connections' serve loops (best of five)."""
+    home = tempfile.mkdtemp(prefix="kestrel-answer-")
+    readable, writer = socket.socketpair()
+    writer.send(b"x")
+    try:
+        server = ServerState(from_mapping({"queue_path": home}, home))
+        server.collection.load()
+        metrics.install_storage_timing()
+        thrift = [framed(encode_call("binary", "put", queue_name="q", items=[bytes(128)], expiration_msec=0)),
+                  framed(encode_call("binary", "get", queue_name="q", max_items=1, timeout_msec=0,
+                                     auto_abort_msec=0))]
+        memcache = [b"set q 0 0 128\r\n" + bytes(128) + b"\r\n", b"get q\r\n"]
+        for name, connection, requests in (("thrift", ThriftConnection, thrift),
+                                           ("memcache", MemcacheConnection, memcache)):
+
+            def serve(n: int, connection: Any = connection, requests: list[bytes] = requests) -> None:
+                client = _ReadySocket(requests * n, readable)
+                connection(server, client, "bench").run()
+                if client.replies != 2 * n:
+                    raise RuntimeError(f"{client.replies} replies to {2 * n} requests")
+
+            serve(rounds // 5)  # warm up
+            best = min(_cpu(serve, rounds) for _ in range(5))
+            print(f"| {name} | {best / rounds * 1e6:,.1f} | {rounds / best:,.0f} |", flush=True)
+        server.collection.close()
+    finally:
+        readable.close()
+        writer.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def _cpu(call: Any, n: int) -> float:
     started = time.process_time()
     call(n)
@@ -76,8 +138,17 @@ def main() -> None:
     parser.add_argument("--get", choices=["get", "get_timed"], default="get",
                         help="the read call (default get)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
+    parser.add_argument("--loop", action="store_true",
+                        help="measure the connections' serve loops (Thrift and memcache, single items)")
     args = parser.parse_args()
     configure_logging("warning")
+    if args.loop:
+        print(f"# the serve loop of one connection, single items, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+              f"{machine()}, load average {load_average()}")
+        print("| protocol | CPU µs per put + get round | items/s of one core |")
+        print("| --- | --- | --- |")
+        measure_loop(args.rounds)
+        return
     print(f"# put + {args.get} through ThriftConnection.answer_frame, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
           f"{machine()}, load average {load_average()}")
     print("| items per request | CPU µs per put + get round | items/s of one core |")

@@ -10,7 +10,8 @@ samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; 
 somewhat). py-spy samples wall time: a sample inside a C call lands on the Python frame that made
 it, and time spent runnable but off the CPU (on a busy machine, right after a send wakes a client)
 counts too, so its socket share is higher than perf's; its split of the rest is the Python view.
-Last, `strace -c` counts the system calls of 1,000 rounds from one client.
+Last, `strace -c` counts the system calls of 1,000 rounds from one client, and `perf stat` those
+per item under the workload's own clients.
 
     .venv/bin/pip install py-spy
     .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4]
@@ -213,6 +214,40 @@ def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, A
     return f"system calls per request (strace -c, {requests} requests): {listed}"
 
 
+TRACED_SYSCALLS = ("recvfrom", "sendto", "write", "epoll_wait", "getpid", "epoll_ctl", "futex", "fdatasync")
+
+
+def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any], work: Path) -> str:
+    """System calls per item under the workload's own clients (4 by default, 20,000 items each),
+    counted by the kernel's tracepoints (`perf stat`), which hardly slow the server: under strace
+    more requests are ready at each turn of the loop, so fewer turns are counted."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return "perf is not installed: no system call counts under load"
+    out = work / "syscalls.csv"
+    events = ",".join(["raw_syscalls:sys_enter", *(f"syscalls:sys_enter_{call}" for call in TRACED_SYSCALLS)])
+    counter = subprocess.Popen([perf, "stat", "-x", ",", "-e", events, "-p", str(pid), "-o", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # perf attaches in the background
+    clients, batch = int(options.get("clients", 4)), int(options["batch"])
+    items = 20_000 // batch * batch
+    loadgen.run(binary, str(options["protocol"]), port, clients=clients, batch=batch, items=items,
+                auto_abort_ms=int(options.get("auto_abort_ms", 0)), prefix="syscalls")
+    counter.send_signal(signal.SIGINT)
+    counter.wait(10)
+    counts = {}
+    for line in out.read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].strip().isdigit():
+            counts[fields[2].rsplit("sys_enter", 1)[-1].lstrip("_") or "all"] = int(fields[0])
+    if "all" not in counts:
+        return f"perf stat counted nothing (tracepoints unavailable?): {out.read_text().strip()[-300:]}"
+    total = clients * items
+    listed = ", ".join(f"{name} {n / total:.2f}" for name, n in counts.items() if name != "all" and n)
+    return (f"system calls per item under load (perf stat, {clients} clients, {total:,} items): "
+            f"{counts['all'] / total:.2f}: {listed}")
+
+
 def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int) -> None:
     port_name, options = WORKLOADS[name]
     clients, sync = options.get("clients", 4), str(options.get("sync", "never"))
@@ -232,6 +267,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
                              capture_output=True, text=True)
         out, err = load.communicate()
         syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
+        under_load = syscalls_per_item(server.pid, binary, server[port_name], options, work)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
     print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: {sync}`")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
@@ -245,6 +281,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
     else:
         report_on_cpu(chains)
     print(f"  {syscalls}")
+    print(f"  {under_load}")
     if spy.returncode != 0 or not raw.exists():
         print(f"  py-spy failed: {spy.stderr.strip()}")
         return

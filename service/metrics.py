@@ -135,15 +135,9 @@ def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **
         observe(protocol, command, time.perf_counter() - started)
 
 
-def _storage_timing(event: str, seconds: float) -> None:
-    histogram = _STORAGE_SECONDS.get(event)
-    if histogram is not None:
-        histogram.observe(seconds)
-
-
 def install_storage_timing() -> None:
     """Route storage's journal write, fsync and pack timings to the histograms."""
-    journal.timing = _storage_timing
+    journal.timings.update({event: series.observe for event, series in _STORAGE_SECONDS.items()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -201,15 +201,17 @@ class BufferedFile:
 # Writing
 
 
-# Set by the server to record timings (storage knows no metrics library): called as
-# timing(event, seconds) with event "write" (one append), "fsync" or "pack" (one whole pack).
-timing: Callable[[str, float], None] | None = None
+# Filled by the server to record timings (storage knows no metrics library): each event's observer,
+# called with the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One
+# call per event, as every request's append reports its write.
+timings: dict[str, Callable[[float], None]] = {}
 
 
 def record_timing(event: str, started: float) -> None:
-    """Report the time since `started` (a `time.perf_counter()` reading) to `timing`, if set."""
-    if timing is not None:
-        timing(event, time.perf_counter() - started)
+    """Report the time since `started` (a `time.perf_counter()` reading) to the event's observer."""
+    observe = timings.get(event)
+    if observe is not None:
+        observe(time.perf_counter() - started)
 
 
 class JournalWriter:

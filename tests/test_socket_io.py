@@ -11,7 +11,9 @@ from typing import Any
 import gevent
 import gevent.socket
 import pytest
+from gevent.exceptions import ConcurrentObjectUseError
 
+from kestrel.service import socket_io
 from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted
 from tests.conftest import STALL_S
 
@@ -74,20 +76,46 @@ def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any
     server, client = pair
     sock = CountingSocket(server)
     io = ClientSocket(sock, 8)  # type: ignore[arg-type]
-    waits: list[float | None] = []
-    real_wait = gevent.socket.wait
+    waits: list[Any] = []
+    real_wait = socket_io.wait
 
-    def wait(watcher: Any, timeout: float | None = None) -> None:
-        waits.append(timeout)
-        real_wait(watcher, timeout)
+    def wait(watcher: Any) -> None:
+        waits.append(watcher)
+        real_wait(watcher)
 
-    monkeypatch.setattr(gevent.socket, "wait", wait)
+    monkeypatch.setattr(socket_io, "wait", wait)
     client.sendall(b"0123456789")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 8
     assert io.receive(buf, None, between_requests=True) == 2
     assert buf == b"0123456789" and sock.found == [8, 2]
-    assert waits == [None]  # only before the first: it filled the buffer, so more was waiting
+    assert len(waits) == 1  # only before the first: it filled the buffer, so more was waiting
+    io.close()
+
+
+def test_a_receive_killed_in_its_wait_leaves_the_watcher_stopped_for_the_next(pair: Any) -> None:
+    server, client = pair
+    io = ClientSocket(server, 64)
+    waiting = gevent.spawn(io.receive, bytearray(), None, True)
+    gevent.sleep(0.01)
+    assert io._readable is not None and io._readable.active
+    waiting.kill()
+    assert not io._readable.active and io._readable.callback is None
+    client.sendall(b"after")
+    buf = bytearray()
+    assert io.receive(buf, None, between_requests=True) == 5 and buf == b"after"
+    io.close()
+
+
+def test_two_receives_waiting_on_one_socket_is_refused_by_name(pair: Any) -> None:
+    server, client = pair
+    io = ClientSocket(server, 64)
+    first = gevent.spawn(io.receive, bytearray(), None, True)
+    gevent.sleep(0.01)
+    with pytest.raises(ConcurrentObjectUseError, match="already waited for"):
+        io.receive(bytearray(), None, between_requests=True)
+    client.sendall(b"x")
+    assert first.get(timeout=STALL_S) == 1
     io.close()
 
 

@@ -35,7 +35,7 @@ from kestrel.service.thrift.messages import (
     read_plain_frame,
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
-from kestrel.service.thrift.transport import ClientStream, ConnectionDone, frame
+from kestrel.service.thrift.transport import ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.item import TakenItems
@@ -141,7 +141,7 @@ class ThriftConnection:
             reply = self.answer_frame(payload)
             if reply is None:
                 return
-            self.stream.send(frame(reply))
+            self.stream.send_frame(reply)
             turns.pause()
 
     def answer_frame(self, payload: bytes) -> bytes | None:

@@ -34,30 +34,35 @@ class ClientStream:
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
-        self.deadline = 0.0
+        self.deadline: float | None = None  # the request in progress must be complete by then
 
-    def _recv(self, timeout: float | None, between_requests: bool = False) -> None:
+    def _recv(self, timeout: float) -> None:
         """Append the next input to the buffer. Raises TimeoutError, EOFError (the client closed)."""
-        n = self.io.receive(self.buf, timeout, between_requests)
+        n = self.io.receive(self.buf, timeout)
         if not n:
             raise EOFError
         self.stats.bytes_read += n
 
     def wait_request(self) -> bool:
-        """Wait (up to `client_timeout`) for a request to begin; False when the client closed."""
-        if not self.buf:
-            try:
-                self._recv(self.idle_timeout, between_requests=True)
-            except TimeoutError:
-                late = f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)"
-                raise ConnectionDone(late) from None
-            except EOFError:
-                return False
-        self.deadline = time.monotonic() + self.request_timeout
-        return True
+        """Wait (up to `client_timeout`) for a request to begin; False when the client closed.
+
+        The request's deadline is set by the first `fill` it needs, at once if the first receive
+        brought only part of it: a whole request, the usual case, reads no clock."""
+        self.deadline = None
+        if self.buf:
+            return True
+        try:
+            n = self.io.receive(self.buf, self.idle_timeout, between_requests=True)
+        except TimeoutError:
+            late = f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)"
+            raise ConnectionDone(late) from None
+        self.stats.bytes_read += n
+        return n > 0
 
     def fill(self, need: int) -> int:
         """Read until the buffer holds `need` bytes, before the request's deadline; the new length."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.request_timeout
         while len(self.buf) < need:
             left = self.deadline - time.monotonic()
             try:
@@ -92,6 +97,12 @@ class ClientStream:
         self.stats.bytes_written += len(data)
         self.io.send_all(data)
 
+    def send_frame(self, payload: bytes) -> None:
+        """`send` one frame holding `payload`."""
+        data = _FRAME_HEADER.pack(len(payload)) + payload
+        self.stats.bytes_written += len(data)
+        self.io.send_all(data)
+
     def close(self) -> None:
         self.io.close()
 
@@ -107,7 +118,3 @@ def describe_bad_frame_header(header: bytes, size: int, max_frame: int) -> str:
     if size < 0:
         return f"a frame header announcing a negative size ({size})"
     return f"a frame of {size} bytes is over max_frame_size ({max_frame})"
-
-
-def frame(payload: bytes) -> bytes:
-    return _FRAME_HEADER.pack(len(payload)) + payload
