@@ -364,7 +364,6 @@ class CommitLog:
         self.checkpoint_seconds = checkpoint_seconds
         self.segment_bytes = segment_bytes
         self._group_commit = runtime.group_commit()
-        self._per_turn = self._group_commit is not None
         self._lock = runtime.lock()
         self._segments: list[_Segment] = []  # oldest first; the last takes records
         self._seq = 0
@@ -394,10 +393,10 @@ class CommitLog:
             turn = self._turn
             if turn is None:
                 turn = self._turn = Turn(self.runtime.event())
-                if self._per_turn:
+                if self._group_commit is not None:
                     gevent.get_hub().loop.run_callback(self._write_turn)
             turn.chunks.append(encode_record(queue, epoch, offset, data))
-            if not self._per_turn:
+            if self._group_commit is None:
                 self._write_turn()
             return turn
 
