@@ -434,14 +434,16 @@ class CommitLog:
         segment = turn.segment
         assert segment is not None
         writer = segment.writer
-        if writer.synced >= turn.position:  # the round, or a checkpoint, made the records durable
-            turn.durable = True
-            record_timing("fsync", turn.started)
-        else:
-            error = round_.failed.get(writer)
-            segment.failed = True  # no later fsync of it can vouch for what it holds
-            turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
-        turn.done.set()
+        try:
+            if writer.synced >= turn.position:  # the round, or a checkpoint, made the records durable
+                turn.durable = True
+                record_timing("fsync", turn.started)
+            else:
+                error = round_.failed.get(writer)
+                segment.failed = True  # no later fsync of it can vouch for what it holds
+                turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
+        finally:
+            turn.done.set()  # whatever happens, no waiter waits on for a round that has run
 
     def sync(self, turn: Turn, journal: JournalWriter, journal_end: int) -> None:
         """Return once the turn's records are on disk. Where the log could not take them (a failed
