@@ -1,7 +1,8 @@
 """Where the server's time goes under load: perf's on-CPU samples, py-spy's Python frames, /proc.
 
 For each workload this starts our server (`sync_journal: never`; `always` for thrift-durable) and
-drives it with bench/loadgen.c (4 clients, 16 for thrift-durable; 128 B items). Over the first
+drives it with bench/loadgen.c (4 clients, 16 for thrift-durable and thrift-durable-log, the second
+with the commit log on; 128 B items). Over the first
 window it reads the server's user and system CPU time from /proc and, when `perf` is installed,
 records on-CPU call chains: kernel time is grouped by the system call that entered the kernel (send,
 recv, the journal's write, ...), user time by the library it ran in (the Python interpreter,
@@ -41,6 +42,8 @@ WORKLOADS = {  # name: (port, loadgen options)
     "thrift-batch": ("thrift", {"protocol": "thrift", "batch": 100}),
     "thrift-batch-confirm": ("thrift", {"protocol": "thrift", "batch": 100, "auto_abort_ms": 10_000}),
     "thrift-durable": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always"}),
+    "thrift-durable-log": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always",
+                                      "commit_log": "on"}),
 }
 
 # Innermost frame's file → what the time is spent on; the first match wins.
@@ -251,7 +254,8 @@ def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any]
 def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int) -> None:
     port_name, options = WORKLOADS[name]
     clients, sync = options.get("clients", 4), str(options.get("sync", "never"))
-    with peers.kestrel(work, sync) as server:
+    commit_log = str(options.get("commit_log", "off"))
+    with peers.kestrel(work, sync, commit_log) as server:
         load = subprocess.Popen(
             [str(binary), str(options["protocol"]), str(server[port_name]), "-c", str(clients), "-b",
              str(options["batch"]), "-a", str(options.get("auto_abort_ms", 0)), "-s", "128",
@@ -269,7 +273,8 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
         syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
         under_load = syscalls_per_item(server.pid, binary, server[port_name], options, work)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
-    print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, `sync_journal: {sync}`")
+    print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, "
+          f"`sync_journal: {sync}`, `commit_log: {commit_log}`")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
     print(f"  load (the second half under py-spy): {load_line}")
     user, system = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))

@@ -32,6 +32,7 @@ import contextlib
 import errno
 import os
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,8 +48,10 @@ from kestrel.storage.files import (
     cut_keeping_copy,
     fsync_path,
     list_journal_files,
+    record_timing,
     write_all,
 )
+from kestrel.storage.fsync.group_commit import Round
 from kestrel.storage.runtime import Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.commit_log")
@@ -319,16 +322,22 @@ def recover(queue_path: str, now_ms: int) -> int:
 
 
 class Turn:
-    """The records of one loop turn: written in one `write`, then synced by whoever waits."""
+    """The records of one loop turn: written in one `write`, then made durable together.
 
-    __slots__ = ("chunks", "segment", "position", "error", "done")
+    `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
+    group commit, else once they are written and each waiter syncs the log itself (`durable` is
+    False then)."""
+
+    __slots__ = ("chunks", "segment", "position", "error", "durable", "done", "started")
 
     def __init__(self, done: Event) -> None:
         self.chunks: list[bytes] = []
         self.segment: _Segment | None = None  # where they were written
         self.position = 0  # the segment's size once they were
         self.error: OSError | None = None
+        self.durable = False
         self.done = done
+        self.started = 0.0  # when they were written (`perf_counter`), for the fsync timing
 
 
 class _Segment:
@@ -341,8 +350,10 @@ class _Segment:
 class CommitLog:
     """The server's commit log (`open` it once recovery has run; `close` it after every queue).
 
-    Under the gevent runtime the records of a turn are written once the turn has run, and waiters
-    share the group commit's rounds; elsewhere each record is written at once.
+    Under the gevent runtime the records of a turn are written once the turn has run, by a callback
+    that also puts the log in the group commit's next round and wakes every waiter of the turn
+    when that round has run: a change waits once, and no greenlet runs for the turn. Elsewhere
+    each record is written at once, and its waiter fsyncs the log.
     """
 
     def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -352,7 +363,7 @@ class CommitLog:
         self.runtime = runtime
         self.checkpoint_seconds = checkpoint_seconds
         self.segment_bytes = segment_bytes
-        self._per_turn = runtime.group_commit() is not None
+        self._group_commit = runtime.group_commit()
         self._lock = runtime.lock()
         self._segments: list[_Segment] = []  # oldest first; the last takes records
         self._seq = 0
@@ -382,15 +393,16 @@ class CommitLog:
             turn = self._turn
             if turn is None:
                 turn = self._turn = Turn(self.runtime.event())
-                if self._per_turn:
+                if self._group_commit is not None:
                     gevent.get_hub().loop.run_callback(self._write_turn)
             turn.chunks.append(encode_record(queue, epoch, offset, data))
-            if not self._per_turn:
+            if self._group_commit is None:
                 self._write_turn()
             return turn
 
     def _write_turn(self) -> None:
-        """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`)."""
+        """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`);
+        under a group commit, put the log in its next round, which sets the turn `done`."""
         with self._lock:
             turn = self._turn
             if turn is None:
@@ -400,6 +412,7 @@ class CommitLog:
             try:
                 segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
                 turn.position = segment.writer.size
+                turn.started = time.perf_counter()
             except OSError as e:
                 turn.error = e
             except BaseException as e:  # no waiter may wait for a write that will never end
@@ -407,9 +420,30 @@ class CommitLog:
                 raise
             finally:
                 turn.chunks = []
-                turn.done.set()
+                if turn.error is not None or self._group_commit is None or segment.failed:
+                    turn.done.set()  # failed: its waiters fall back on their journals
+                else:
+                    round_ = self._group_commit.join(segment.writer)
+                    round_.done.rawlink(lambda _: self._turn_synced(turn, round_))
             if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
                 self.runtime.spawn(self._checkpoint_logged)
+
+    def _turn_synced(self, turn: Turn, round_: Round) -> None:
+        """The group commit's round that took the turn's segment has run: wake the turn's waiters
+        (with the round's error, which makes them fall back on their journals)."""
+        segment = turn.segment
+        assert segment is not None
+        writer = segment.writer
+        try:
+            if writer.synced >= turn.position:  # the round, or a checkpoint, made the records durable
+                turn.durable = True
+                record_timing("fsync", turn.started)
+            else:
+                error = round_.failed.get(writer)
+                segment.failed = True  # no later fsync of it can vouch for what it holds
+                turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
+        finally:
+            turn.done.set()  # whatever happens, no waiter waits on for a round that has run
 
     def sync(self, turn: Turn, journal: JournalWriter, journal_end: int) -> None:
         """Return once the turn's records are on disk. Where the log could not take them (a failed
@@ -419,18 +453,21 @@ class CommitLog:
         """
         if not turn.done.is_set():
             turn.done.wait()
+        if turn.durable:
+            return
         segment = turn.segment
         error = turn.error
-        if error is None and segment is not None and not segment.failed:
+        if error is None and segment is not None and segment.failed:
+            error = OSError(errno.EIO, f"an fsync of the commit log {segment.writer.path} failed")
+        if error is None and segment is not None:  # no group commit: this waiter syncs the log
             try:
                 segment.writer.sync_to(turn.position)
                 return
             except OSError as e:
                 segment.failed = True
                 error = e
-        if error is not None:
-            log.warning("the commit log could not take a change; its journal is fsynced instead",
-                        file=journal.path, error=str(error))
+        log.warning("the commit log could not take a change; its journal is fsynced instead",
+                    file=journal.path, error=str(error))
         journal.sync_to(journal_end)
 
     # -----------------------------------------------------------------------------------------

@@ -467,7 +467,57 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
         assert journals == ["a", "b", "c", "d"]  # each fell back on its own journal's fsync
     else:
         assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
+    synced.clear()
+    gevent.joinall([gevent.spawn(coll.add, name, b"later") for name in ("a", "b")], raise_error=True)
+    journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
+    if log_fsync_fails:  # no fsync of a segment that failed one vouches for it: the journals' do
+        assert (journals, len(synced)) == (["a", "b"], 2)
+    else:
+        assert (journals, len(synced)) == ([], 1)
     coll.close()
     again = collection(tmp_path)
-    assert [drain(again, n) for n in ("a", "b", "c", "d")] == [[b"created", b"item"]] * 4
+    assert [drain(again, n) for n in ("a", "b", "c", "d")] == [[b"created", b"item", b"later"]] * 2 + [
+        [b"created", b"item"]] * 2
+    again.close()
+
+
+def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_and_the_log_stays_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        os.fdatasync(fd)
+
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}),
+                           runtime=GeventWithFsyncs(fsync), commit_log=True)
+    coll.load()
+    for name in ("a", "b", "c"):
+        coll.add(name, b"created")
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    size = os.path.getsize(seg)
+    real_write = os.write
+    written: list[int] = []
+
+    def full_log(fd: int, data: Any) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            written.append(real_write(fd, bytes(data)[:7]))  # a short write, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_log)
+    synced.clear()
+    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c")],
+                   raise_error=True)  # one turn: its one write of the log fails, every change is acknowledged
+    monkeypatch.undo()
+    assert written == [7]
+    assert os.path.getsize(seg) == size  # the failed write was cut back off the log
+    assert sorted(os.path.basename(p) for p in synced) == ["a", "b", "c"]  # each journal's own fsync
+    coll.add("a", b"after")  # the segment took no fsync that failed: the log carries the next turn
+    assert [r.data[-5:] for _, r in read_segment(seg, last=True).records][-1] == b"after"
+    coll.close()
+    again = collection(tmp_path)
+    assert drain(again, "a") == [b"created", b"item", b"after"]
+    assert [drain(again, n) for n in ("b", "c")] == [[b"created", b"item"]] * 2
     again.close()

@@ -253,9 +253,9 @@ def filesystem_sync(each: FsyncMany) -> FilesystemSync | None:
     return FilesystemSync(each, ThreadFsync(syncfs).fsync_all)
 
 
-class _Round:
+class Round:
     """The journals one round fsyncs, how far each was written when the round began, and the
-    errors of those that failed."""
+    errors of those that failed; `done` is set once it has run."""
 
     def __init__(self) -> None:
         self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
@@ -280,8 +280,8 @@ class GroupCommit:
                             "through syncfs (Linux before 5.8): fsyncs go to threads")
         # None: native AIO, set up by the first round
         self._fsync_many = fsync_many or (None if way == "aio" else self._threads)
-        self._next: _Round | None = None  # gathering journals; starts when its turn has run
-        self._running: _Round | None = None
+        self._next: Round | None = None  # gathering journals; starts when its turn has run
+        self._running: Round | None = None
         self.runner: gevent.Greenlet | None = None  # the greenlet running rounds, the latest one
 
     def sync(self, journal: Syncable, position: int) -> None:
@@ -294,17 +294,19 @@ class GroupCommit:
             if running is not None and running.journals.get(journal, -1) >= position:
                 round_ = running  # the round in flight covers it: wait for that one
             else:
-                round_ = self._gather(journal)
+                round_ = self.join(journal)
             round_.done.wait()
             error = round_.failed.get(journal)
             if error is not None:
                 raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
 
-    def _gather(self, journal: Syncable) -> _Round:
-        """The round that will start after this turn, with `journal` in it."""
+    def join(self, journal: Syncable) -> Round:
+        """The next round, with `journal` in it (also for a caller that waits on its `done` in its
+        own way): it starts once this turn has run, or once the round in flight has finished, and
+        covers what `journal` holds then. Never yields."""
         round_ = self._next
         if round_ is None:
-            round_ = self._next = _Round()
+            round_ = self._next = Round()
             if self._running is None:
                 gevent.get_hub().loop.run_callback(self._start)
         round_.journals[journal] = -1  # its position is taken when the round starts
@@ -337,7 +339,7 @@ class GroupCommit:
                 gevent.get_hub().loop.run_callback(self._start)
             raise
 
-    def _run(self, round_: _Round) -> None:
+    def _run(self, round_: Round) -> None:
         journals = []
         for journal in round_.journals:
             round_.journals[journal] = journal.size
