@@ -71,7 +71,7 @@ def scan_gets_python(buf: bytes | bytearray, pos: int, end: int, max_line: int,
     text = line.group()
     count = 1
     pos = line.end()
-    while count < limit and buf.startswith(text, pos):
+    while count < limit and pos + len(text) <= end and buf.startswith(text, pos):
         count += 1
         pos += len(text)
     return line.group(1), count, pos
