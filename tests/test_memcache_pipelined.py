@@ -44,11 +44,14 @@ CONFIG = {
 QUEUES = ["plain", "full", "discard", "small", "both", "fan", "fan+a"]
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """(the server under test, the reference fed one command at a time), with the same settings."""
-    batched = ServerProcess(tmp_path_factory.mktemp("batched"), CONFIG).start()
-    reference = ServerProcess(tmp_path_factory.mktemp("reference"), CONFIG).start()
+@pytest.fixture(scope="module", params=["kestrel2", "kestrel3"])
+def servers(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """(the server under test, the reference fed one command at a time), with the same settings and
+    each journal format."""
+    config = {**CONFIG, "default_queue": {"journal_format": request.param}}
+    batched = ServerProcess(tmp_path_factory.mktemp("batched"), config).start()
+    reference = ServerProcess(tmp_path_factory.mktemp("reference"), config).start()
     yield batched, reference
     batched.stop()
     reference.stop()

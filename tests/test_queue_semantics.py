@@ -361,9 +361,11 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     assert sorted(left) == ([b"b", b"d"] if many == "confirm_many" else [b"a", b"b", b"c", b"d"])
 
 
-@pytest.mark.parametrize("settings", [{"max_items": 3}, {"max_size": "300"},
-                                      {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0}])
-def test_add_each_accepts_what_single_adds_would(tmp_path: Path, settings: dict) -> None:
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize("limits", [{"max_items": 3}, {"max_size": "300"},
+                                    {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0}])
+def test_add_each_accepts_what_single_adds_would(tmp_path: Path, limits: dict, journal_format: str) -> None:
+    settings = {**limits, "journal_format": journal_format}
     batched, single = make(tmp_path / "batched", {"q": settings}), make(tmp_path / "single", {"q": settings})
     items = [bytes([n]) * 100 for n in range(6)]
     accepted = batched.add_each("q", items)
@@ -371,8 +373,10 @@ def test_add_each_accepts_what_single_adds_would(tmp_path: Path, settings: dict)
     assert drain(batched, "q") == drain(single, "q")
 
 
-def test_add_each_declines_where_single_adds_could_differ_and_does_nothing(tmp_path: Path) -> None:
-    coll = make(tmp_path, {"small": {"max_item_size": 8}}, aliases={"both": ["x", "y"]})
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_add_each_declines_where_single_adds_could_differ_and_does_nothing(tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, {"small": {"max_item_size": 8}}, {"journal_format": journal_format},
+                aliases={"both": ["x", "y"]})
     assert coll.add_each("small", [b"tiny", b"far too big", b"ok"]) is None  # single adds: yes, no, yes
     assert coll.add_each("both", [b"a", b"b"]) is None
     coll.queue("fan+a")
