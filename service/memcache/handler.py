@@ -40,9 +40,9 @@ NOT_STORED = b"NOT_STORED\r\n"
 
 
 BINARY_MAGIC = 0x80
-RUN_STARTS = (ord("s"), ord("g"))  # the first byte of a command that may begin a run
 BINARY_HEADER = 24
 BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
+RUN_STARTS = (ord("s"), ord("g"))  # the first byte of a command that may begin a run
 
 
 def binary_refusal(header: bytes) -> bytes:
