@@ -1,11 +1,14 @@
 """The Python cost of one Thrift put + get round, without sockets: `ThriftConnection.answer_frame` on
 ready binary frames, against a real queue collection with its journal (`sync_journal: never`).
+With `--protocol memcache`, a round is `batch` pipelined `set q 0 0 128` then `batch` `get q`, each
+burst one buffer through `MemcacheConnection.process` (its replies dropped, not sent).
 
 CPU time (not wall time: on a shared machine other work stretches wall time, not our CPU time), the
 best of five runs. What it leaves out is the kernel's part (recv, send, the journal's write is in),
 so it isolates what Python changes can win; run it in two checkouts to compare code.
 
-    .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed] [--profile]
+    .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed]
+                                           [--protocol thrift|memcache] [--profile]
     .venv/bin/python -m bench.bench_answer --loop [--rounds 20000]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
@@ -23,6 +26,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.common import load_average, machine
@@ -39,22 +43,16 @@ class _NoSocket:
     """`answer` never touches the socket; the connection only keeps it."""
 
 
-def measure(batch: int, items: int, profile: bool, get_call: str = "get") -> None:
+def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift") -> None:
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     try:
         server = ServerState(from_mapping({"queue_path": home}, home))
         server.collection.load()
         metrics.install_storage_timing()
-        conn: Any = ThriftConnection(server, _NoSocket(), "bench")
-        put = encode_call("binary", "put", queue_name="q", items=[bytes(128)] * batch, expiration_msec=0)
-        get = encode_call("binary", get_call, queue_name="q", max_items=batch, timeout_msec=0,
-                          auto_abort_msec=0)
-
-        def rounds(n: int) -> None:
-            for _ in range(n):
-                conn.answer_frame(put)
-                conn.answer_frame(get)
-
+        if protocol == "thrift":
+            rounds = _thrift_rounds(server, batch, get_call)
+        else:
+            rounds = _memcache_rounds(server, batch)
         n = max(items // batch // 5, 1)
         rounds(n)  # warm up
         best = min(_cpu(rounds, n) for _ in range(5))
@@ -124,6 +122,37 @@ def measure_loop(rounds: int) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def _thrift_rounds(server: ServerState, batch: int, get_call: str) -> Callable[[int], None]:
+    no_socket: Any = _NoSocket()
+    conn = ThriftConnection(server, no_socket, "bench")
+    put = encode_call("binary", "put", queue_name="q", items=[bytes(128)] * batch, expiration_msec=0)
+    get = encode_call("binary", get_call, queue_name="q", max_items=batch, timeout_msec=0, auto_abort_msec=0)
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            conn.answer_frame(put)
+            conn.answer_frame(get)
+
+    return rounds
+
+
+def _memcache_rounds(server: ServerState, batch: int) -> Callable[[int], None]:
+    sock, _ = socket.socketpair()
+    conn = MemcacheConnection(server, sock, "bench")
+    conn.send = conn.out.clear  # type: ignore[method-assign]  # the replies are dropped: nobody reads them
+    sets = (b"set q 0 0 128\r\n" + bytes(128) + b"\r\n") * batch
+    gets = b"get q\r\n" * batch
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            conn.process(bytearray(sets))
+            conn.out.clear()
+            conn.process(bytearray(gets))
+            conn.out.clear()
+
+    return rounds
+
+
 def _cpu(call: Any, n: int) -> float:
     started = time.process_time()
     call(n)
@@ -137,6 +166,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20000, help="items per measurement (default 20000)")
     parser.add_argument("--get", choices=["get", "get_timed"], default="get",
                         help="the read call (default get)")
+    parser.add_argument("--protocol", choices=["thrift", "memcache"], default="thrift",
+                        help="the requests answered (default thrift)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     parser.add_argument("--loop", action="store_true",
                         help="measure the connections' serve loops (Thrift and memcache, single items)")
@@ -149,12 +180,13 @@ def main() -> None:
         print("| --- | --- | --- |")
         measure_loop(args.rounds)
         return
-    print(f"# put + {args.get} through ThriftConnection.answer_frame, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
-          f"{machine()}, load average {load_average()}")
+    what = (f"put + {args.get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
+            else "pipelined sets + gets through MemcacheConnection.process")
+    print(f"# {what}, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load average {load_average()}")
     print("| items per request | CPU µs per put + get round | items/s of one core |")
     print("| --- | --- | --- |")
     for batch in args.batch:
-        measure(batch, args.rounds, args.profile, args.get)
+        measure(batch, args.rounds, args.profile, args.get, args.protocol)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from kestrel.storage.errors import (
 )
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
-from kestrel.storage.item import QItem
+from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
@@ -325,6 +325,23 @@ class QueueCollection:
         accepted = q.put(items, expiry_ms, now)
         self.total_items_added += accepted
         return accepted
+
+    def add_each(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
+        """`add_many` where it ends as one `add` per item would: how many were accepted, a prefix.
+
+        A queue refuses an item because it is full (or takes every item, discarding old ones when
+        it is set to), and nothing between the items frees room, so after a first refusal single
+        adds refuse the rest too. That fails where a refusal can be followed by an acceptance (an item
+        over `max_item_size`, an alias's destinations taking some items) or where the items reach
+        other queues (fanout children): there it answers None having done nothing, and the caller
+        adds them one at a time. Raises as `add_many` (nothing was added).
+        """
+        if name in self.aliases or self._fanouts.get(name):
+            return None
+        q = self.queue(name)
+        if data_sizes(items)[1] > q.config.max_item_size:
+            return None
+        return self.add_many(name, items, expiry_ms)
 
     def remove(self, name: str, transaction: bool = False, timeout: float = 0.0) -> QItem | None:
         """Take the head item, waiting up to `timeout` seconds; an alias reads as empty."""

@@ -91,7 +91,9 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
                      "kestrel_journal_write_duration_seconds_count")
     fsyncs = _sample(families["kestrel_journal_fsync_duration_seconds"],
                      "kestrel_journal_fsync_duration_seconds_count")
-    assert writes >= 42 and 1 <= fsyncs <= writes  # one append per request: 20 sets, 20 gets, 2 puts
+    # One append per get and put; pymemcache sends its 20 sets with noreply, without waiting for
+    # each, so they arrive pipelined and are stored in as few puts as bursts (at least one).
+    assert writes >= 23 and 1 <= fsyncs <= writes
     assert _sample(families["kestrel_journal_pack_duration_seconds"],
                    "kestrel_journal_pack_duration_seconds_count") == 1
     assert _sample(families["kestrel_journal_pack_duration_seconds"],

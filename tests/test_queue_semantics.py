@@ -359,3 +359,27 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     left = drain(reopen(batch), "q")  # replayed, the reads still open are handed out again
     assert left == drain(reopen(single), "q")
     assert sorted(left) == ([b"b", b"d"] if many == "confirm_many" else [b"a", b"b", b"c", b"d"])
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize("limits", [{"max_items": 3}, {"max_size": "300"},
+                                    {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0}])
+def test_add_each_accepts_what_single_adds_would(tmp_path: Path, limits: dict, journal_format: str) -> None:
+    settings = {**limits, "journal_format": journal_format}
+    batched, single = make(tmp_path / "batched", {"q": settings}), make(tmp_path / "single", {"q": settings})
+    items = [bytes([n]) * 100 for n in range(6)]
+    accepted = batched.add_each("q", items)
+    assert [single.add("q", data) for data in items] == [n < accepted for n in range(len(items))]
+    assert drain(batched, "q") == drain(single, "q")
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_add_each_declines_where_single_adds_could_differ_and_does_nothing(tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, {"small": {"max_item_size": 8}}, {"journal_format": journal_format},
+                aliases={"both": ["x", "y"]})
+    assert coll.add_each("small", [b"tiny", b"far too big", b"ok"]) is None  # single adds: yes, no, yes
+    assert coll.add_each("both", [b"a", b"b"]) is None
+    coll.queue("fan+a")
+    assert coll.add_each("fan", [b"a", b"b"]) is None
+    assert drain(coll, "small") == drain(coll, "x") == drain(coll, "fan") == drain(coll, "fan+a") == []
+    assert coll.add_each("small", [b"tiny", b"ok"]) == 2 and drain(coll, "small") == [b"tiny", b"ok"]

@@ -424,3 +424,33 @@ def test_the_server_takes_its_collections_runtime(tmp_path: Path, runtime: Manua
     with pytest.raises(ValueError, match="runtime must be its collection's"):
         ServerState(config, collection, ManualRuntime())
     server.close()
+
+
+def test_a_pipelined_run_counts_and_answers_as_its_commands_one_by_one(server: ServerState) -> None:
+    session = Session(server, "pipelined")
+    assert session.put_each("q", [b"a", b"b", b"c"]) == 3
+    assert session.get_each("q", 5) == [b"a", b"b", b"c"]
+    stats = server.stats
+    assert (stats.cmd_set, stats.cmd_get, stats.get_hits, stats.get_misses) == (3, 5, 3, 2)
+    # Beside an open read on the queue the run goes get by get: the first answers OpenReadConflict.
+    session.put_each("q", [b"d"])
+    assert session.get_one("q", open=True) == b"d"
+    assert session.get_each("q", 2) is None
+    assert (stats.cmd_get, stats.get_hits) == (6, 4)  # only the /open get counted
+    # A refusing status refuses the run as it would each command, counting nothing.
+    server.status.set(Status.READ_ONLY)
+    with pytest.raises(RefusedByStatus):
+        session.put_each("q", [b"e"])
+    assert stats.cmd_set == 4
+
+
+def test_under_flow_control_each_put_is_admitted_on_its_own(make_server: MakeServer) -> None:
+    server = make_server(max_memory_total=64 * 1024 * 1024)
+    governor = server.collection.governor
+    assert governor is not None
+    governor.flow_control = True
+    session = Session(server, "pipelined")
+    assert session.put_each("q", [b"a", b"b"]) is None
+    assert server.stats.cmd_set == 0 and _drain(server, "q") == []
+    governor.flow_control = False
+    assert session.put_each("q", [b"a", b"b"]) == 2

@@ -8,6 +8,7 @@ skipped it (setup.py: `optional=True`).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,10 @@ from thriftpy2.transport import TFramedTransportFactory
 
 from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import ROOT, ServerProcess
+from tests.lines import exchange
 
 HELPERS = ("kestrel.storage._item", "kestrel.storage.kestrel2._codec", "kestrel.storage.fsync._fsync_many",
-           "kestrel.service.thrift._binary")
+           "kestrel.service.thrift._binary", "kestrel.service.memcache._scan")
 
 
 @pytest.fixture
@@ -38,12 +40,14 @@ def no_helpers(tmp_path: Path) -> Path:
 def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> None:
     probe = ("from kestrel.storage import item; from kestrel.storage.kestrel2 import codec; "
              "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
+             "from kestrel.service.memcache import runs; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
              "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
-             "group_commit.native_threads() is None)")
+             "group_commit.native_threads() is None, runs.scan_sets is runs.scan_sets_python, "
+             "runs.scan_gets is runs.scan_gets_python, runs.values is runs.values_python)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT)]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True"] * 5
+    assert out.stdout.split() == ["True"] * 8
 
 
 def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Path, no_helpers: Path) -> None:
@@ -66,6 +70,11 @@ def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Pa
         assert mc.set("m", b"by memcache")
         assert mc.get("m") == b"by memcache"
         mc.close()
+        with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as raw:
+            # A pipelined run of sets and one of gets, found by the Python scanner.
+            raw.sendall(b"set m 0 0 1\r\na\r\nset m 0 0 1 noreply\r\nb\r\n" + b"get m\r\n" * 3)
+            assert exchange(raw, b"", b"END\r\nEND\r\n") == (
+                b"STORED\r\nVALUE m 0 1\r\na\r\nEND\r\nVALUE m 0 1\r\nb\r\nEND\r\nEND\r\n")
         srv.restart()  # the journal replayed by the Python decoder
         client = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
                              trans_factory=TFramedTransportFactory())

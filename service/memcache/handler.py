@@ -1,8 +1,10 @@
 """Kestrel's memcache protocol on a gevent StreamServer.
 
 Each connection reads into one buffer, answers every complete command in it, and sends the replies
-of a burst with one `send`, so pipelined clients cost one system call per burst. Lines are
-bounded by `max_line_length` and items by `max_frame_size` before anything is allocated for them.
+of a burst with one `send`, so pipelined clients cost one system call per burst. A run of plain
+`set`s to one queue, or of plain `get`s, is answered with one batch put or get (runs.py); every
+other command one at a time. Lines are bounded by `max_line_length` and items by `max_frame_size`
+before anything is allocated for them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kestrel.service.buffered_connection import (
 )
 from kestrel.service.listener import Listener
 from kestrel.service.memcache.commands import Command, ProtocolError, absolute_expiry_ms, parse_line
+from kestrel.service.memcache.runs import RUN_LIMIT, scan_gets, scan_sets, values
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
@@ -39,6 +42,7 @@ NOT_STORED = b"NOT_STORED\r\n"
 BINARY_MAGIC = 0x80
 BINARY_HEADER = 24
 BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
+RUN_STARTS = (ord("s"), ord("g"))  # the first byte of a command that may begin a run
 
 
 def binary_refusal(header: bytes) -> bytes:
@@ -61,6 +65,7 @@ class MemcacheConnection(BufferedConnection):
         # Each command's handler and answer-time histogram, looked up at its first use only.
         self.commands: dict[str, tuple[Callable[[Command], None], metrics.HistogramSeries]] = {}
         self.set_latency = metrics.request_latency("memcache", "set")
+        self.get_latency = metrics.request_latency("memcache", "get")
 
     def mid_request(self) -> bool:
         return self.discard > 0 or self.skip_line
@@ -69,6 +74,7 @@ class MemcacheConnection(BufferedConnection):
         """Answer every complete command in `buf`; return how many bytes were used."""
         pos = 0
         end = len(buf)
+        one_by_one_until = 0  # a run that could not be answered in one go is answered command by command
         while pos < end:
             if pos:
                 self.take_turns()
@@ -85,6 +91,12 @@ class MemcacheConnection(BufferedConnection):
                 self.out.append(binary_refusal(bytes(buf[pos:pos + BINARY_HEADER])))
                 log.info("binary protocol request refused", client=self.peer)
                 raise CloseConnection
+            if pos >= one_by_one_until and buf[pos] in RUN_STARTS and not self.skip_line:
+                answered, run_end = self.answer_run(buf, pos, end)
+                if answered:
+                    pos = run_end
+                    continue
+                one_by_one_until = run_end
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos > self.max_line:
@@ -130,6 +142,63 @@ class MemcacheConnection(BufferedConnection):
             self.store(command, bytes(buf[pos:data_end]))
             pos = data_end + 2
         return pos
+
+    def answer_run(self, buf: bytearray, pos: int, end: int) -> tuple[bool, int]:
+        """Answer the pipelined run of plain sets or gets at `pos` in one go, if there is one and
+        its outcome is sure to be what its commands one by one would give; (whether it was
+        answered, where the run ends: `pos` when there is none)."""
+        if buf[pos] == RUN_STARTS[0]:
+            sets = scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
+            if sets is None:
+                return False, pos
+            key, exptime, datas, answered, run_end = sets
+            return self.store_run(key, exptime, datas, answered), run_end
+        gets = scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
+        if gets is None:
+            return False, pos
+        key, count, run_end = gets
+        return self.take_run(key, count), run_end
+
+    def store_run(self, key: bytes, exptime: int, datas: list[bytes], answered: bytes) -> bool:
+        """Sets of one queue and exptime as one put: STORED for the items accepted (the first
+        ones), NOT_STORED for the rest, nothing for those sent with noreply (`answered` has a 0
+        there). False, with nothing done, where the sets must go one by one (then each meets a
+        fault, such as a refusing status, on its own, as it would have)."""
+        started = time.perf_counter()
+        try:
+            expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
+            stored = self.session.put_each(key.decode(), datas, expiry)
+        except (ConnectionError, ClientGone):
+            raise
+        except Exception:
+            return False
+        if stored is None:
+            return False
+        replies = answered.count(1, 0, stored)
+        if replies:
+            self.out.append(STORED * replies)
+        refusals = answered.count(1, stored)
+        if refusals:
+            self.out.append(NOT_STORED * refusals)
+        self.set_latency.observe_many(time.perf_counter() - started, len(datas))
+        return True
+
+    def take_run(self, key: bytes, count: int) -> bool:
+        """`count` plain gets of one queue as one batch get: the items found answer the first
+        gets, END alone the others. False, with nothing done, where they must go one by one (beside
+        an open read, or a fault)."""
+        started = time.perf_counter()
+        try:
+            datas = self.session.get_each(key.decode(), count)
+        except (ConnectionError, ClientGone):
+            raise
+        except Exception:
+            return False
+        if datas is None:
+            return False
+        self.out.append(values(key, datas, count - len(datas)))
+        self.get_latency.observe_many(time.perf_counter() - started, count)
+        return True
 
     def store(self, command: Command, data: bytes) -> None:
         started = time.perf_counter()

@@ -23,7 +23,7 @@ from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.item import TakenItems
+from kestrel.storage.item import TakenItems, item_data
 
 log = structlog.get_logger("kestrel.session")
 
@@ -103,6 +103,21 @@ class Session:
         if governor is not None and governor.flow_control:
             governor.admit_put()  # held briefly, then MemoryBudgetExceeded
         return self.coll.add_many(queue, items, expiry_ms)
+
+    def put_each(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
+        """A pipelined run of single-item puts in one go: how many were accepted (the first ones),
+        exactly as `put` item by item would have answered; None, having done nothing, where that
+        cannot be promised (see `QueueCollection.add_each`, and under flow control, where the
+        governor admits each put on its own). Raises as `put` (nothing was added, nothing counted).
+        """
+        self.status.check_write("put")
+        governor = self.coll.governor
+        if governor is not None and governor.flow_control:
+            return None
+        accepted = self.coll.add_each(queue, items, expiry_ms)
+        if accepted is not None:
+            self.stats.cmd_set += len(items)
+        return accepted
 
     def flush(self, queue: str) -> None:
         """Empty a queue; one that does not exist is not created."""
@@ -286,6 +301,21 @@ class Session:
             return None
         self.stats.get_hits += 1
         return item.data
+
+    def get_each(self, queue: str, count: int) -> list[bytes] | None:
+        """A pipelined run of `count` plain gets (no options) in one go: the data of those that found
+        an item, the first ones, exactly as `get_one` would have answered each. None, having done
+        nothing, beside an open read on `queue` (the first get's ERROR is `get_one`'s to give).
+        Raises as `get_one` (nothing was taken, nothing counted).
+        """
+        self.status.check_read("get")
+        if self.reads.holds(queue):
+            return None
+        items = self.coll.remove_many(queue, count)
+        self.stats.cmd_get += count
+        self.stats.get_hits += len(items)
+        self.stats.get_misses += count - len(items)
+        return item_data(items)
 
     def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
         """Items arriving within `timeout_ms`, each an open read to be closed with `confirm_reads`.
