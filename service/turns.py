@@ -16,7 +16,10 @@ import gevent
 
 from kestrel.service.socket_io import ClientSocket
 
-TURN = 0.002  # seconds of work without waiting before a connection steps aside
+# Seconds of work without waiting before a connection steps aside. A light client's round under a
+# flood is about one turn of each flooder: 1 ms halved it from 2 ms, and the flood's own rate did not
+# move (bench/README.md).
+TURN = 0.001
 
 
 class Turns:
