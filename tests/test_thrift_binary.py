@@ -27,6 +27,7 @@ from kestrel.service.thrift.messages import (
     ValueType,
     _plain_binary_args,
     encode_reply,
+    read_buffered_frame,
     read_plain_frame,
     write_reply,
 )
@@ -208,6 +209,31 @@ def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
     assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2]["ids"]) == [1, 2]
     unknown_field = put[:-1] + b"\x08\x00\x63" + struct.pack("!i", 1) + b"\x00"  # field 99: not put's
     assert compiled_call(unknown_field) is None and python_plain_call(unknown_field) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(CALLS, st.data())
+def test_a_frame_in_the_receive_buffer_reads_as_its_payload_reads(call: tuple[str, Any], data: Any) -> None:
+    """In place, a whole frame's call is what `read_plain_frame` reads from the frame's payload, with
+    the frame's end; a frame not whole yet, over `max_frame` or announcing a negative size is left to
+    the connection, as is every call `read_plain_frame` declines; what follows the frame is not read."""
+    payload = bytearray(encode_call("binary", call[0], seqid=data.draw(st.integers(-(2**31), 2**31 - 1)),
+                                    **call[1]))
+    if data.draw(st.booleans()):  # damaged: a byte changed, or the tail cut (the frame says where it ends)
+        if data.draw(st.booleans()):
+            payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+        else:
+            del payload[data.draw(st.integers(1, len(payload) - 1)):]
+    frame = struct.pack("!i", len(payload)) + payload
+    buf = bytearray(frame + data.draw(st.binary(max_size=20)))  # the next request may have begun
+    plain = read_plain_frame(bytes(payload), 100_000, 16 << 20)
+    expected = None if plain is None else (*plain, len(frame))
+    assert read_buffered_frame(buf, len(payload), 100_000, 16 << 20) == expected
+    assert read_buffered_frame(buf, len(payload) - 1, 100_000, 16 << 20) is None  # over max_frame
+    assert read_buffered_frame(buf[:data.draw(st.integers(0, len(frame) - 1))], len(payload), 100_000,
+                               16 << 20) is None  # not whole yet
+    negative = bytearray(struct.pack("!i", -len(payload))) + payload
+    assert read_buffered_frame(negative, 1 << 20, 100_000, 16 << 20) is None
 
 
 @pytest.mark.parametrize("etype", [2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 0, 1, 5, 99])

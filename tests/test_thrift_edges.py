@@ -15,7 +15,7 @@ from kestrel.service.session.read_ids import BLOCK, SHIFT, ReadIds
 from kestrel.storage.clock import FakeClock
 from tests.conftest import STALL_S, ServerProcess
 from tests.test_thrift_hostile import client, raw
-from tests.thrift_wire import closed_or_silent, encode_call, framed
+from tests.thrift_wire import closed_or_silent, encode_call, framed, read_framed_reply
 from tests.wire import shared_server  # noqa: F401  (the module's `server`)
 
 # The module's `server`: queue settings and an alias its tests need, each queue one test's.
@@ -175,3 +175,18 @@ def test_pipelined_framed_requests_are_answered_in_order(server: ServerProcess) 
         seqids.append(struct.unpack("!i", data[4 + 4 + 4 + 3:4 + 4 + 4 + 3 + 4])[0])
         data = data[4 + size:]
     assert seqids == [1, 2, 3, 4, 5]
+
+
+def test_frames_arriving_in_pieces_are_answered_as_whole_ones(server: ServerProcess) -> None:
+    """A frame is read in place only once it is whole: a put sent as its header, part of its payload,
+    then the rest with the start of the next call, gets the same answers as if sent at once."""
+    put = framed(encode_call("binary", "put", seqid=1, queue_name="pieces", items=[b"x" * 300], expiration_msec=0))
+    get = framed(encode_call("binary", "get", seqid=2, queue_name="pieces", max_items=1, timeout_msec=0,
+                             auto_abort_msec=0))
+    with raw(server) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in (put[:4], put[4:100], put[100:] + get[:7], get[7:]):
+            s.sendall(piece)
+            time.sleep(0.02)  # most likely a receive of its own; the answers must not depend on it
+        assert read_framed_reply(s, "binary", "put") == 1
+        assert [item.data for item in read_framed_reply(s, "binary", "get")] == [b"x" * 300]

@@ -182,15 +182,29 @@ class Session:
                     auto_abort_ms: int) -> tuple[list[QItem], int | list[int]]:
         """The items of a Thrift get and the ids of their open reads (0 for all, without auto-abort)."""
         self.status.check_read("get")
-        config = self.server.config
-        max_items = min(max_items, config.max_batch_items)
+        max_items = min(max_items, self.server.config.max_batch_items)
         transaction = auto_abort_ms > 0
         if transaction:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
-        items: list[QItem] = []
         ids: list[int] = []
-        deadline = self._monotonic() + min(timeout_ms, config.max_wait) / 1000.0 if timeout_ms > 0 else 0.0
+        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
+            items = self.coll.remove_many(queue, max_items)  # the usual get: one slice, no wait, no read
+        else:
+            items = self._take_slices(queue, max_items, timeout_ms, transaction, auto_abort_ms, ids)
+        if items:
+            self.stats.get_hits += 1
+        else:
+            self.stats.get_misses += 1
+        return items, ids if transaction else 0
+
+    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, transaction: bool, auto_abort_ms: int,
+                     ids: list[int]) -> list[QItem]:
+        """Up to `max_items` a slice at a time, then waiting up to `timeout_ms` for the next if the
+        queue ran out; each slice's reads opened into `ids` (with `transaction`)."""
+        items: list[QItem] = []
+        wait_s = min(timeout_ms, self.server.config.max_wait) / 1000.0
+        deadline = self._monotonic() + wait_s if timeout_ms > 0 else 0.0
         try:
             while len(items) < max_items:
                 # What the queue holds, a slice at a time: each slice's reads are opened before the
@@ -212,11 +226,7 @@ class Session:
             # fault answers the next request.
             log.warning("a get ended early by a fault; handing out what it took", queue=queue,
                         items=len(items), exc_info=True)
-        if items:
-            self.stats.get_hits += 1
-        else:
-            self.stats.get_misses += 1
-        return items, ids if transaction else 0
+        return items
 
     def _hand_out(self, items: list[QItem], ids: list[int], more: list[QItem], queue: str, transaction: bool,
                   auto_abort_ms: int) -> None:

@@ -206,57 +206,44 @@ static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io
     return value;
 }
 
-/* read_call(frame, methods, max_items, max_bytes) -> (name, mtype, seqid, args, pos) | None
- *
- * `methods`: {name: (defaults, {field id: (argument name, wire type, kind)})}. A strict binary
- * message header, a known method, a call, then fields the method has, each of its type, up to STOP. */
-static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "read_call takes frame, methods, max_items, max_bytes");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
-        return NULL;
-    }
-    PyObject *result = NULL, *name = NULL, *values = NULL;
-    Py_ssize_t max_items = PyLong_AsSsize_t(args[2]);
-    long long max_bytes = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred()) {
-        goto done;
-    }
-    const unsigned char *buf = view.buf;
-    Py_ssize_t end = view.len, pos = 0;
+/* The call in buf[0:end]: a strict binary message header, a known method, a call, then fields the
+ * method has, each of its type, up to STOP. `methods`: {name: (defaults, {field id: (argument
+ * name, wire type, kind)})}. 1 with *name, *mtype, *seqid, *values (new references) and *pos (where
+ * the call ends) set; 0 where the Python readers must read it; -1 with an exception. */
+static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *methods, Py_ssize_t max_items,
+                      long long max_bytes, PyObject **name_out, int *mtype_out, int32_t *seqid_out,
+                      PyObject **values_out, Py_ssize_t *pos_out) {
+    PyObject *name = NULL, *values = NULL;
     if (end < 8) {
-        goto declined;
+        return 0;
     }
     uint32_t first = (uint32_t)read_be32(buf);
     int32_t name_size = read_be32(buf + 4);
     if ((first & 0xffff0000u) != 0x80010000u || name_size < 0 || name_size > MAX_NAME
             || name_size > end - 8 - 4 || (name_size >= 2 && buf[8] == 0x80 && buf[9] == 0x01)) {
-        goto declined;
+        return 0;
     }
     int mtype = (int)(first & 0xff);
     name = PyUnicode_DecodeUTF8((const char *)buf + 8, name_size, "replace");
     if (name == NULL) {
-        goto done;
+        return -1;
     }
-    pos = 8 + name_size;
+    Py_ssize_t pos = 8 + name_size;
     int32_t seqid = read_be32(buf + pos);
     pos += 4;
-    PyObject *method = PyDict_GetItemWithError(args[1], name);  /* borrowed */
+    PyObject *method = PyDict_GetItemWithError(methods, name);  /* borrowed */
     if (method == NULL) {
         if (!PyErr_Occurred()) {
             goto declined;
         }
-        goto done;
+        goto failed;
     }
     if (mtype != CALL || !PyTuple_Check(method) || PyTuple_GET_SIZE(method) != 2) {
         goto declined;
     }
     values = PyDict_Copy(PyTuple_GET_ITEM(method, 0));
     if (values == NULL) {
-        goto done;
+        goto failed;
     }
     PyObject *fields = PyTuple_GET_ITEM(method, 1);
     for (;;) {
@@ -273,13 +260,13 @@ static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         PyObject *fid = PyLong_FromLong(read_be16(buf + pos + 1));
         if (fid == NULL) {
-            goto done;
+            goto failed;
         }
         PyObject *field = PyDict_GetItemWithError(fields, fid);  /* borrowed */
         Py_DECREF(fid);
         if (field == NULL) {
             if (PyErr_Occurred()) {
-                goto done;
+                goto failed;
             }
             goto declined;
         }
@@ -287,13 +274,13 @@ static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 3
                 || PyLong_AsLong(PyTuple_GET_ITEM(field, 1)) != ttype) {
             if (PyErr_Occurred()) {
-                goto done;
+                goto failed;
             }
             goto declined;
         }
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(field, 2));
         if (kind == -1 && PyErr_Occurred()) {
-            goto done;
+            goto failed;
         }
         int declined;
         PyObject *value = argument((int)kind, buf, &pos, end, max_items, max_bytes, &declined);
@@ -301,22 +288,95 @@ static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nar
             if (declined) {
                 goto declined;
             }
-            goto done;
+            goto failed;
         }
-        int failed = PyDict_SetItem(values, PyTuple_GET_ITEM(field, 0), value);
+        int set = PyDict_SetItem(values, PyTuple_GET_ITEM(field, 0), value);
         Py_DECREF(value);
-        if (failed < 0) {
-            goto done;
+        if (set < 0) {
+            goto failed;
         }
     }
-    result = Py_BuildValue("(NiiNn)", name, mtype, (int)seqid, values, pos);
-    name = values = NULL;  /* taken by the tuple (or released by Py_BuildValue on failure) */
-    goto done;
+    *name_out = name;
+    *mtype_out = mtype;
+    *seqid_out = seqid;
+    *values_out = values;
+    *pos_out = pos;
+    return 1;
 declined:
-    result = Py_NewRef(Py_None);
-done:
     Py_XDECREF(name);
     Py_XDECREF(values);
+    return 0;
+failed:
+    Py_XDECREF(name);
+    Py_XDECREF(values);
+    return -1;
+}
+
+/* read_call(frame, methods, max_items, max_bytes) -> (name, mtype, seqid, args, pos) | None:
+ * the call a whole frame's payload holds (`parse_call`). */
+static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "read_call takes frame, methods, max_items, max_bytes");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL, *name, *values;
+    int mtype;
+    int32_t seqid;
+    Py_ssize_t pos;
+    Py_ssize_t max_items = PyLong_AsSsize_t(args[2]);
+    long long max_bytes = PyLong_AsLongLong(args[3]);
+    if (!PyErr_Occurred()) {
+        int read = parse_call(view.buf, view.len, args[1], max_items, max_bytes, &name, &mtype, &seqid,
+                              &values, &pos);
+        if (read > 0) {
+            result = Py_BuildValue("(NiiNn)", name, mtype, (int)seqid, values, pos);
+        } else if (read == 0) {
+            result = Py_NewRef(Py_None);
+        }
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* read_framed_call(buf, max_frame, methods, max_items, max_bytes) -> (name, seqid, args, end) | None:
+ * the call of the frame at the start of a receive buffer (a 4-byte size, then the payload), read in
+ * place, when the frame is whole, within `max_frame` and its call one `parse_call` reads; `end` is
+ * where the frame ends. None for anything else: a frame still arriving, one refused, a call the
+ * Python readers must read. */
+static PyObject *read_framed_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "read_framed_call takes buf, max_frame, methods, max_items, max_bytes");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL, *name, *values;
+    int mtype;
+    int32_t seqid;
+    Py_ssize_t pos;
+    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_items = PyLong_AsSsize_t(args[3]);
+    long long max_bytes = PyLong_AsLongLong(args[4]);
+    if (!PyErr_Occurred()) {
+        const unsigned char *buf = view.buf;
+        int32_t size = view.len >= 4 ? read_be32(buf) : -1;
+        int read = 0;
+        if (size >= 0 && size <= max_frame && size <= view.len - 4) {
+            read = parse_call(buf + 4, size, args[2], max_items, max_bytes, &name, &mtype, &seqid, &values,
+                              &pos);
+        }
+        if (read > 0) {
+            result = Py_BuildValue("(NiNn)", name, (int)seqid, values, (Py_ssize_t)4 + size);
+        } else if (read == 0) {
+            result = Py_NewRef(Py_None);
+        }
+    }
     PyBuffer_Release(&view);
     return result;
 }
@@ -425,6 +485,8 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyMethodDef methods[] = {
     {"read_call", (PyCFunction)(void (*)(void))read_call, METH_FASTCALL,
      "A whole call frame's name, type, sequence id, arguments and end, or None where Python must read."},
+    {"read_framed_call", (PyCFunction)(void (*)(void))read_framed_call, METH_FASTCALL,
+     "The call of the whole frame a receive buffer starts with, and where the frame ends, or None."},
     {"read_binary_list", (PyCFunction)(void (*)(void))read_binary_list, METH_FASTCALL,
      "The list's elements and the position after them, or None where the Python loop must read."},
     {"write_items", (PyCFunction)(void (*)(void))write_items, METH_FASTCALL,

@@ -12,3 +12,8 @@ def read_call(frame: bytes | bytearray, methods: dict[str, Any], max_items: int,
               ) -> tuple[str, int, int, dict[str, Any], int] | None:
     """A whole call frame's name, message type, sequence id, arguments and end; None where Python
     must read it."""
+
+def read_framed_call(buf: bytes | bytearray, max_frame: int, methods: dict[str, Any], max_items: int,
+                     max_bytes: int, /) -> tuple[str, int, dict[str, Any], int] | None:
+    """The call of the whole frame `buf` starts with (name, sequence id, arguments) and where the
+    frame ends; None where the frame is not whole, is refused, or Python must read its call."""

@@ -32,6 +32,7 @@ from kestrel.service.thrift.messages import (
     encode_exception,
     encode_reply,
     read_args,
+    read_buffered_frame,
     read_plain_frame,
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
@@ -136,12 +137,22 @@ class ThriftConnection:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
 
     def _serve_framed(self) -> None:
-        turns = self.turns
-        while (payload := self.stream.next_frame(self.cfg.max_frame_size)) is not None:
-            reply = self.answer_frame(payload)
+        """Each frame in turn. A whole plain binary call is read where it lies in the receive buffer
+        (the usual request: no copy of its frame); any other frame is taken out and answered whole."""
+        stream, turns, cfg = self.stream, self.turns, self.cfg
+        max_frame, in_place = cfg.max_frame_size, self.reader_cls is BinaryReader
+        limits = (cfg.max_batch_items, cfg.max_batch_bytes)
+        while stream.wait_request():
+            call = read_buffered_frame(stream.buf, max_frame, *limits) if in_place else None
+            if call is not None:
+                del stream.buf[:call[3]]
+                reply: bytes | None = self._call(call[0], call[1], call[2])
+            else:
+                payload = stream.next_frame(max_frame)
+                reply = None if payload is None else self.answer_frame(payload)
             if reply is None:
                 return
-            self.stream.send_frame(reply)
+            stream.send_frame(reply)
             turns.pause()
 
     def answer_frame(self, payload: bytes) -> bytes | None:

@@ -154,6 +154,17 @@ def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str,
     return None if call is None else (call[0], call[2], call[3])
 
 
+def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
+                        max_bytes: int) -> tuple[str, int, dict[str, Any], int] | None:
+    """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of
+    its payload): (name, sequence id, arguments, where the frame ends). None where the frame is not
+    whole yet or is over `max_frame`, or `read_plain_frame` would decline: the connection then takes
+    the frame out of the buffer and answers it as any other."""
+    if compiled_binary is None:
+        return None
+    return compiled_binary.read_framed_call(buf, max_frame, _PLAIN_CALLS, max_items, max_bytes)
+
+
 def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
     """The call's arguments, and a problem that leaves the message readable (e.g. a name that is not
     UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
@@ -354,4 +365,4 @@ INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 
 __all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
-           "read_plain_frame"]
+           "read_buffered_frame", "read_plain_frame"]
