@@ -179,6 +179,22 @@ def test_a_closed_connection_aborts_its_open_reads_to_the_head(server: ServerSta
     assert _drain(server, "q") == [b"a", b"b", b"c"] and _drain(server, "r") == [b"x"]
 
 
+def test_a_closing_connection_counts_until_its_open_reads_are_back(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"a"])
+    assert session.get_one("q", open=True) == b"a"
+    counted: list[int] = []
+    abort = session.abort_pending
+
+    def counting_abort(queue: str) -> None:
+        counted.append(server.stats.curr_connections)
+        abort(queue)
+
+    session.abort_pending = counting_abort  # type: ignore[method-assign]
+    session.close()
+    assert counted == [1] and server.stats.curr_connections == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Thrift-style open reads: by id, capped per connection and queue, aborted by their timer
 

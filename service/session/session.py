@@ -72,13 +72,16 @@ class Session:
 
     def close(self) -> None:
         """The connection is gone: its memcache-style open reads go back to their queues (Thrift
-        reads outlive it, until confirmed by id or aborted by their timer)."""
+        reads outlive it, until confirmed by id or aborted by their timer). It counts as connected
+        until they are back, so a client that sees the count drop finds them in their queues."""
         if self.closed:
             return
         self.closed = True
-        self.stats.curr_connections -= 1
-        for queue in self.reads.queues():
-            self.abort_pending(queue)
+        try:
+            for queue in self.reads.queues():
+                self.abort_pending(queue)
+        finally:
+            self.stats.curr_connections -= 1
 
     # -----------------------------------------------------------------------------------------
     # Writes
