@@ -312,13 +312,12 @@ failed:
     return -1;
 }
 
-/* read_call(frame, methods, max_items, max_bytes) -> (name, mtype, seqid, args, pos) | None:
- * the call a whole frame's payload holds (`parse_call`). */
-static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "read_call takes frame, methods, max_items, max_bytes");
-        return NULL;
-    }
+/* The call `parse_call` reads in `args[0]` (a buffer), with `args[first]` the methods and the two
+ * after it max_items and max_bytes. `max_frame` < 0: the buffer is a frame's payload, answered
+ * (name, mtype, seqid, args, pos); else it starts with a frame (a 4-byte size, then the payload)
+ * read in place when whole and within `max_frame`, answered (name, seqid, args, end of the frame).
+ * None where there is no such call. */
+static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t max_frame) {
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
@@ -327,19 +326,39 @@ static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int mtype;
     int32_t seqid;
     Py_ssize_t pos;
-    Py_ssize_t max_items = PyLong_AsSsize_t(args[2]);
-    long long max_bytes = PyLong_AsLongLong(args[3]);
+    Py_ssize_t max_items = PyLong_AsSsize_t(args[first + 1]);
+    long long max_bytes = PyLong_AsLongLong(args[first + 2]);
     if (!PyErr_Occurred()) {
-        int read = parse_call(view.buf, view.len, args[1], max_items, max_bytes, &name, &mtype, &seqid,
+        const unsigned char *buf = view.buf;
+        Py_ssize_t start = 0, size = view.len;
+        if (max_frame >= 0) {
+            start = 4;
+            size = view.len >= 4 ? read_be32(buf) : -1;
+        }
+        int read = 0;
+        if (max_frame < 0 || (size >= 0 && size <= max_frame && size <= view.len - 4)) {
+            read = parse_call(buf + start, size, args[first], max_items, max_bytes, &name, &mtype, &seqid,
                               &values, &pos);
+        }
         if (read > 0) {
-            result = Py_BuildValue("(NiiNn)", name, mtype, (int)seqid, values, pos);
+            result = max_frame < 0 ? Py_BuildValue("(NiiNn)", name, mtype, (int)seqid, values, pos)
+                                   : Py_BuildValue("(NiNn)", name, (int)seqid, values, start + size);
         } else if (read == 0) {
             result = Py_NewRef(Py_None);
         }
     }
     PyBuffer_Release(&view);
     return result;
+}
+
+/* read_call(frame, methods, max_items, max_bytes) -> (name, mtype, seqid, args, pos) | None:
+ * the call a whole frame's payload holds (`parse_call`). */
+static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "read_call takes frame, methods, max_items, max_bytes");
+        return NULL;
+    }
+    return plain_call(args, 1, -1);
 }
 
 /* read_framed_call(buf, max_frame, methods, max_items, max_bytes) -> (name, seqid, args, end) | None:
@@ -352,33 +371,14 @@ static PyObject *read_framed_call(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "read_framed_call takes buf, max_frame, methods, max_items, max_bytes");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]);
+    if (max_frame == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    PyObject *result = NULL, *name, *values;
-    int mtype;
-    int32_t seqid;
-    Py_ssize_t pos;
-    Py_ssize_t max_frame = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t max_items = PyLong_AsSsize_t(args[3]);
-    long long max_bytes = PyLong_AsLongLong(args[4]);
-    if (!PyErr_Occurred()) {
-        const unsigned char *buf = view.buf;
-        int32_t size = view.len >= 4 ? read_be32(buf) : -1;
-        int read = 0;
-        if (size >= 0 && size <= max_frame && size <= view.len - 4) {
-            read = parse_call(buf + 4, size, args[2], max_items, max_bytes, &name, &mtype, &seqid, &values,
-                              &pos);
-        }
-        if (read > 0) {
-            result = Py_BuildValue("(NiNn)", name, (int)seqid, values, (Py_ssize_t)4 + size);
-        } else if (read == 0) {
-            result = Py_NewRef(Py_None);
-        }
+    if (max_frame < 0) {
+        Py_RETURN_NONE;  /* no frame is within it */
     }
-    PyBuffer_Release(&view);
-    return result;
+    return plain_call(args, 2, max_frame);
 }
 
 /* read_binary_list(buf, pos, end, count, budget) -> (list of bytes, pos) | None */
