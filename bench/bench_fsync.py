@@ -1,10 +1,10 @@
 """The ceiling of `sync_journal: always` on this disk: group-commit rounds with no server around them.
 
 N journals in a directory of the disk under test; each round appends one 150-byte record to every
-journal and runs one round of the group commit (`storage/fsync/group_commit.py`) over them, issued each
-way the server can: Python threads, C threads (when the helper is built; the default), native AIO,
-one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `storage/fsync/syncfs.py`); and, as the
-floor, fdatasync of the journals one after another. Rounds/s times N is the most records/s a server
+journal and runs one round of the group commit (`src/kestrel/storage/fsync/group_commit.py`) over them, issued
+each way the server can: Python threads, C threads (when the helper is built; the default), native AIO,
+one syncfs of the file system a round (`KESTREL_FSYNC=syncfs`, `src/kestrel/storage/fsync/syncfs.py`); and, as
+the floor, fdatasync of the journals one after another. Rounds/s times N is the most records/s a server
 keeping one journal per queue can acknowledge with an fsync each, before any request is parsed.
 
     .venv/bin/python -m bench.bench_fsync [--journals 1 16] [--seconds 2] [--dir /var/tmp]

@@ -80,7 +80,7 @@ def kestrel(work: Path, sync: str = "never", commit_log: str = "off") -> Iterato
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: 0\ncommit_log: {commit_log}\n"
                       f"default_queue:\n  sync_journal: {sync}\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:
         yield running

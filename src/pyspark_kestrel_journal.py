@@ -1,1 +1,5 @@
-../pyspark_kestrel_journal.py
+"""Found by Spark's data source lookup (a top-level `pyspark_*` module with `DefaultSource`)."""
+
+from kestrel.pipeline.journal_source import KestrelJournalDataSource as DefaultSource
+
+__all__ = ["DefaultSource"]

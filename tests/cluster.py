@@ -42,7 +42,7 @@ from gevent import monkey
 monkey.patch_all()
 import sys, time
 import gevent
-from client import Cluster
+from kestrel.client import Cluster
 
 if sys.argv[1].startswith("zookeeper="):
     hosts, prefix = sys.argv[1].removeprefix("zookeeper=").split("/", 1)
@@ -84,7 +84,7 @@ def run_gevent_script(servers: str) -> tuple[float, float]:
     """Run GEVENT_SCRIPT against `servers`: the longest the ticker was kept waiting, and how long
     the get waited while the others worked."""
     out = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, servers], cwd=str(ROOT), capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])

@@ -41,7 +41,7 @@ def compile_project() -> None:
     """Every server and command a test starts imports the project anew, and under
     PYTHONDONTWRITEBYTECODE nothing keeps their compiled code: compiling it took a third of a
     server's start. Compiled once here (a no-op while up to date; a changed source is compiled again)."""
-    compileall.compile_dir(ROOT / "kestrel", quiet=1)
+    compileall.compile_dir(ROOT / "src", quiet=1)
 
 
 # Ports for test servers. Ports the kernel hands out (to bind(0), and to every connect() on the machine)
@@ -217,7 +217,8 @@ class ServerProcess:
     @staticmethod
     def _module_exists(key: str) -> bool:
         name = key.removesuffix("_port")
-        return (ROOT / "service" / name).is_dir() or (ROOT / "service" / f"{name}.py").exists()
+        service = ROOT / "src" / "kestrel" / "service"
+        return (service / name).is_dir() or (service / f"{name}.py").exists()
 
     def start(self) -> ServerProcess:
         """Start the server and wait until it is serving. On a first start, a port picked as free that
@@ -246,7 +247,7 @@ class ServerProcess:
             if not self._module_exists(key):
                 self.config[key] = 0
         self.config_path.write_text(yaml.safe_dump(self.config))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT)]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT / "src")]))
         command = [sys.executable, "-m", "kestrel", "serve", "--config", str(self.config_path)]
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:

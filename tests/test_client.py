@@ -60,11 +60,12 @@ def server(three: list[ServerProcess]) -> ServerProcess:
 
 def test_client_imports_without_the_server_code() -> None:
     code = ("import sys\n"
-            "sys.modules['service'] = sys.modules['storage'] = sys.modules['pipeline'] = None\n"
-            "import client\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('service', 'storage') and sys.modules[m]))\n")
+            "sys.modules['kestrel.service'] = sys.modules['kestrel.storage'] = None\n"
+            "sys.modules['kestrel.pipeline'] = None\n"
+            "import kestrel.client\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[1:2] in (['service'], ['storage']) and sys.modules[m]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

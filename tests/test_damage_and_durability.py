@@ -95,7 +95,7 @@ def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> 
 
 WRITER = textwrap.dedent("""
     import sys
-    from storage import QueueCollection, QueueConfigs
+    from kestrel.storage import QueueCollection, QueueConfigs
     coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
                            commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
     coll.load()

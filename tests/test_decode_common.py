@@ -1,4 +1,4 @@
-"""The compiled run decoder (storage/kestrel2/_codec.c) against the Python loop it stands in for.
+"""The compiled run decoder (src/kestrel/storage/kestrel2/_codec.c) against the Python loop it stands in for.
 
 Both read journals of every record kind, with item data full of bytes that read as opcodes (so the
 flipped-bit size check calls `misplaced_end`), from every starting position, under budgets that cut

@@ -59,7 +59,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
         assert int(mode, 8) & 0o700 == 0o700
     for directory in state:  # no directory made that nothing uses
         assert directory == queue_path, f"StateDirectory {directory} is not the config's queue_path"
-    # The status file lives where the server may write (service/startup.py checks it at start).
+    # The status file lives where the server may write (src/kestrel/service/startup.py checks it at start).
     status = str(config["status_file"]).replace("{queue_path}", queue_path)
     assert os.path.dirname(status) == queue_path
 
@@ -70,7 +70,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
     assert Path(config_path).name == CONFIG.name
     args = [str(CONFIG) if a == config_path else a for a in exec_start[2:]]
     checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", *args], capture_output=True,
-                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert checked.returncode == 0, checked.stderr
 
     # An unprivileged user binds no port below 1024 unless the unit grants the capability.
@@ -79,7 +79,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
     if "CAP_NET_BIND_SERVICE" not in service.get("AmbientCapabilities", ""):
         assert all(port >= 1024 for port in ports), ports
 
-    # Restarting cannot fix a bad configuration or a damaged journal (service/startup.py's codes).
+    # Restarting cannot fix a bad configuration or a damaged journal (src/kestrel/service/startup.py's codes).
     from kestrel.service.startup import EXIT_CONFIG, EXIT_DAMAGED_JOURNAL
 
     assert {EXIT_CONFIG, EXIT_DAMAGED_JOURNAL} <= {int(c) for c in service["RestartPreventExitStatus"].split()}

@@ -1,4 +1,4 @@
-"""One connection's work does not hold the loop: connections take turns (service/turns.py).
+"""One connection's work does not hold the loop: connections take turns (src/kestrel/service/turns.py).
 
 Clients pipelining requests without end once held the loop: a light Thrift client behind one Thrift
 flooder was never answered, and behind ten memcache flooders it waited about 450 ms a round. Here

@@ -264,7 +264,7 @@ def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Pat
 
 
 # ---------------------------------------------------------------------------------------------
-# Rounds as one syncfs of the file system (storage/fsync/syncfs.py)
+# Rounds as one syncfs of the file system (src/kestrel/storage/fsync/syncfs.py)
 
 
 class SyncfsCalls:

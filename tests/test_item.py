@@ -1,4 +1,4 @@
-"""The queue item: the compiled class (storage/_item.c) and the Python one it stands in for answer
+"""The queue item: the compiled class (src/kestrel/storage/_item.c) and the Python one it stands in for answer
 alike, and the compiled one is what the storage engine uses where it was built."""
 
 from __future__ import annotations

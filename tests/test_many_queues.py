@@ -119,7 +119,7 @@ def test_max_queues_refuses_new_queues_and_keeps_serving_the_others(tmp_path: Pa
 OUT_OF_DESCRIPTORS = textwrap.dedent("""
     import resource, sys
     import gevent
-    from storage import KestrelError, QueueCollection
+    from kestrel.storage import KestrelError, QueueCollection
     gevent.get_hub().threadpool  # as in a running server: the loop and its threads exist first
     resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
     coll = QueueCollection(sys.argv[1])

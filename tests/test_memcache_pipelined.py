@@ -2,7 +2,7 @@
 same queues after, the same counters.
 
 The server answers a run of plain `set`s to one queue, or of plain `get`s, in one go
-(service/memcache/runs.py); every other command goes through `commands.parse_line` one by one. Each
+(src/kestrel/service/memcache/runs.py); every other command goes through `commands.parse_line` one by one. Each
 burst is sent to one server at once (or in pieces) and to a second server, with the same settings,
 one command per send and with the command names in capitals (`SET`, `GET`: the same commands to
 `parse_line`, which no run takes), so the second server answers every command one by one, as the

@@ -1,4 +1,4 @@
-"""The scanner of pipelined runs (service/memcache/runs.py) and its compiled twin (_scan.c): the same
+"""The scanner of pipelined runs (src/kestrel/service/memcache/runs.py) and its compiled twin (_scan.c): the same
 answer on intact and damaged input at every split of the buffer, and for every line a run takes,
 the command `commands.parse_line` reads from it."""
 

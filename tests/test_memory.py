@@ -1,4 +1,4 @@
-"""The memory budget (storage/memory.py): paging a queue's tail out keeps every item once and in
+"""The memory budget (src/kestrel/storage/memory.py): paging a queue's tail out keeps every item once and in
 order in both journal formats; the governor's shares follow rates, the slowest queues page first,
 a drained queue comes back, steady load does not flap, and flow control holds then refuses puts."""
 

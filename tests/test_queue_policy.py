@@ -1,4 +1,4 @@
-"""The queue rules both journal formats share (`storage/queue.py`), each checked against both: limits
+"""The queue rules both journal formats share (`src/kestrel/storage/queue.py`), each checked against both: limits
 and discard-old, expiry at the head, open reads, poison items, waits, read-behind, refused writes."""
 
 from __future__ import annotations

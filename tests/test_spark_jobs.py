@@ -25,7 +25,7 @@ from tests.conftest import ROOT, ServerProcess, free_ports, wait_for  # noqa: E4
 from tests.installs import build_wheel  # noqa: E402
 from tests.spark_apps import app_environment, need_java  # noqa: E402
 
-EXAMPLE = ROOT / "pipeline" / "examples" / "produce_and_consume.py"
+EXAMPLE = ROOT / "src" / "kestrel" / "pipeline" / "examples" / "produce_and_consume.py"
 
 
 def queue_info(srv: ServerProcess, queue: str) -> tuple[int, int]:

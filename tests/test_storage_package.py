@@ -19,6 +19,6 @@ def test_every_exported_name_loads_from_its_home() -> None:
 
 
 def test_importing_one_module_leaves_the_engine_unloaded() -> None:
-    code = "import sys, storage.errors; print('kestrel.storage.collection' in sys.modules)"
+    code = "import sys, kestrel.storage.errors; print('kestrel.storage.collection' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""The compiled binary protocol paths (service/thrift/_binary.c) against the Python they stand in for.
+"""The compiled binary protocol paths (src/kestrel/service/thrift/_binary.c) against the Python they stand in for.
 
 A whole call frame, intact or damaged, is read by both: where the compiled reader answers, it must
 give the Python readers' name, sequence id, arguments and position, and it must answer exactly where

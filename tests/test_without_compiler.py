@@ -45,7 +45,7 @@ def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> 
              "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None, runs.scan_sets is runs.scan_sets_python, "
              "runs.scan_gets is runs.scan_gets_python, runs.values is runs.values_python)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True"] * 8
 

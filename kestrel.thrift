@@ -1,1 +1,0 @@
-contract/kestrel.thrift

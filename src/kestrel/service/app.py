@@ -1,0 +1,186 @@
+"""Starting and stopping the server: listeners, the expiry sweeper, signals, a clean shutdown.
+
+Each start-up step that can fail for a reason outside the server runs in a `startup_step`
+(src/kestrel/service/startup.py), which reports it in one line with its exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import gevent
+import structlog
+
+from kestrel.service import metrics
+from kestrel.service.config import ServerConfig
+from kestrel.service.listener import Listener
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
+from kestrel.storage.errors import KestrelError
+from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.runtime import DEFAULT_RUNTIME
+
+if TYPE_CHECKING:
+    from kestrel.service.zookeeper import ServerSetMembership
+
+log = structlog.get_logger("kestrel.app")
+
+# (config field, module, factory) for each listener; a port of 0 disables it.
+LISTENERS = (
+    ("thrift_port", "kestrel.service.thrift.handler", "make_thrift_server"),
+    ("memcache_port", "kestrel.service.memcache.handler", "make_memcache_server"),
+    ("text_port", "kestrel.service.text.handler", "make_text_server"),
+    ("admin_port", "kestrel.service.admin", "make_admin_server"),
+)
+
+
+def raise_open_file_limit() -> int:
+    """Thousands of idle connections need as many descriptors as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def check_writable(status_file: str) -> None:
+    """The status is written as `<file>~~` and renamed over the file (StatusKeeper.set): make sure
+    now, at start, that it can be, rather than at the first status change."""
+    if os.path.isdir(status_file):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), status_file)
+    temp = f"{status_file}~~"
+    try:
+        with open(temp, "w", encoding="utf-8"):
+            pass
+        os.unlink(temp)
+    except OSError as e:  # named by the file it is about, not by the temporary
+        raise OSError(e.errno, e.strerror, status_file) from None
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class App:
+    """One running server: its ServerState and its listeners."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        """Take the queue path (created if missing) and open the server's state; raises StartupError."""
+        self.config = config
+        self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
+        with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
+            os.makedirs(config.queue_path, exist_ok=True)
+            self.lock.acquire("kestrel serve")
+        try:
+            with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
+                # gevent's runtime: the listeners serve on its hub, and the storage and the sessions
+                # under them take their clock, timers and events from it.
+                self.server = ServerState(config, runtime=DEFAULT_RUNTIME)
+        except BaseException:
+            self.lock.release()
+            raise
+        self.listeners: list[Listener] = []
+        self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
+
+    def start(self) -> None:
+        """Load the queues and open the listeners; raises StartupError (see
+        src/kestrel/service/startup.py)."""
+        cfg = self.config
+        fds = raise_open_file_limit()
+        metrics.install_storage_timing()
+        status_file = cfg.resolved_status_file()
+        if status_file is not None:
+            with startup_step("status file", status_file, EXIT_QUEUE_PATH):
+                check_writable(status_file)
+        with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
+            self.server.collection.load()
+        self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
+        if self.server.collection.governor is not None:
+            self.server.collection.governor.start()
+        ports = {}
+        for field, module_name, factory_name in LISTENERS:
+            port = getattr(cfg, field)
+            if not port:
+                continue
+            name = field.removesuffix("_port")
+            with startup_step(f"{name} listener", host_port(cfg.listen_address, port), EXIT_LISTENER):
+                factory: Callable[..., Listener] = getattr(importlib.import_module(module_name), factory_name)
+                listener = factory(self.server, (cfg.listen_address, port))
+            listener.start()
+            self.listeners.append(listener)
+            ports[field] = listener.address[1]
+        if cfg.zookeeper is not None:
+            from kestrel.service.zookeeper import ServerSetMembership
+
+            endpoints = {field.removesuffix("_port"): port for field, port in ports.items()}
+            self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
+                                                  self.server.status)
+            self.membership.start()
+        log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
+                 listen_address=cfg.listen_address, status=self.server.status.current.label,
+                 queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
+
+    def stop(self) -> None:
+        """Leave the server sets first, so clients stop sending here; then stop accepting at once; let
+        every connection answer what it has read and then see the end of its stream, so idle ones close
+        at once and their sessions abort their open reads; wake waiting reads empty-handed; only then
+        close the queues (journals flushed and fsynced)."""
+        started = time.monotonic()
+        log.info("kestrel shutting down", connections=sum(len(lst.connections) for lst in self.listeners))
+        if self.membership is not None:
+            self.membership.stop()
+        for listener in self.listeners:
+            listener.stop_accepting()
+        for listener in self.listeners:
+            listener.end_reading()
+        self.server.collection.end_waits()
+        deadline = started + self.config.shutdown_timeout / 1000.0
+        for listener in self.listeners:
+            if not listener.join(max(deadline - time.monotonic(), 0.0)):
+                log.warning("closing connections still busy at the shutdown timeout", listener=listener.name,
+                            connections=len(listener.connections))
+                listener.kill()
+        self.server.close()
+        self.lock.release()
+        log.info("kestrel stopped", seconds=round(time.monotonic() - started, 3))
+
+    def run(self) -> None:
+        """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""
+        # Handlers first: a signal that arrives while the listeners start must not kill the process
+        # with the default action once clients can already reach it.
+        gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
+        gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
+        gevent.signal_handler(signal.SIGHUP, self._reload)
+        try:
+            self.start()
+        except BaseException:
+            self._abandon_start()
+            raise
+        self.server.shutdown_requested.wait()
+        self.stop()
+
+    def _abandon_start(self) -> None:
+        """After a failed start: close what was opened, so that the journals loaded so far are flushed
+        and the lock dropped. A second failure here must not hide the first, which is reported."""
+        for listener in self.listeners:
+            listener.stop_accepting()
+        with contextlib.suppress(OSError, KestrelError):
+            self.server.close()
+        self.lock.release()
+
+    def _reload(self) -> None:
+        try:
+            self.server.reload()
+        except Exception as e:
+            log.error("reload failed; keeping the current settings", error=str(e))

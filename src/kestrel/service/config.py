@@ -1,0 +1,358 @@
+"""The server's configuration, read from YAML. Every key is checked at start; unknown keys are errors.
+
+A file with several mistakes reports them all at once (ConfigErrors, one entry per key), so that an
+operator fixes the file in one pass instead of one restart per mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage.collection import check_error_queues
+from kestrel.storage.config import (
+    QueueConfig,
+    QueueConfigs,
+    parse_bool,
+    parse_count,
+    parse_duration_ms,
+    parse_optional_duration_ms,
+    parse_size,
+)
+from kestrel.storage.errors import ConfigError
+
+
+class ConfigErrors(ConfigError):
+    """Several settings are wrong: `errors` holds one ConfigError per key, in the file's order.
+
+    It is a ConfigError naming the first key, so that callers catching one error need not change.
+    """
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].key, errors[0].reason)
+        self.errors = errors
+        self.args = ("; ".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def each_error(error: ConfigError) -> list[ConfigError]:
+    """The single errors a ConfigError stands for: itself, or each of a ConfigErrors."""
+    return list(error.errors) if isinstance(error, ConfigErrors) else [error]
+
+
+class _Collector:
+    """Runs each check, keeps every ConfigError it raises, and raises them together at the end."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def check(self, parse: Any, *args: Any) -> Any:
+        try:
+            return parse(*args)
+        except ConfigError as e:
+            self.errors.extend(each_error(e))
+            return None
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
+
+def _port(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535:
+        return value
+    raise ConfigError(key, f"expected a port number 0-65535 (0 disables the listener), got {value!r}")
+
+
+def _string(key: str, value: Any) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ConfigError(key, f"expected a non-empty string, got {value!r}")
+
+
+def _optional_path(key: str, value: Any) -> str | None:
+    return None if value is None else _string(key, value)
+
+
+def _choice(*choices: str) -> Any:
+    def parse(key: str, value: Any) -> str:
+        if isinstance(value, str) and value.lower() in choices:
+            return value.lower()
+        raise ConfigError(key, f"expected one of {', '.join(choices)}, got {value!r}")
+    return parse
+
+
+def _on_off(key: str, value: Any) -> bool:
+    """`on` or `off` (YAML reads both unquoted as booleans; quoted, they are strings)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    raise ConfigError(key, f"expected on or off, got {value!r}")
+
+
+def _status(key: str, value: Any) -> Status:
+    if isinstance(value, str):
+        try:
+            return Status.parse(value)
+        except UnknownStatus:
+            pass
+    raise ConfigError(key, f"expected up, readonly or quiescent, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ZooKeeperConfig:
+    """Where the server advertises itself: the ZooKeeper ensemble and the server sets' parent path."""
+
+    hosts: str
+    path_prefix: str = "/kestrel"
+    session_timeout: int = 10_000  # ms
+    advertise_host: str | None = None  # None: listen_address, or this host's name when that is 0.0.0.0
+
+
+def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"expected a mapping with hosts, path_prefix, session_timeout, "
+                               f"advertise_host; got {value!r}")
+    known = ("hosts", "path_prefix", "session_timeout", "advertise_host")
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", f"unknown zookeeper setting (known: {', '.join(known)})")
+    if "hosts" not in value:
+        raise ConfigError(f"{key}.hosts", "required: the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\"")
+    prefix = _string(f"{key}.path_prefix", value.get("path_prefix", "/kestrel")).rstrip("/")
+    if not prefix.startswith("/") or "//" in prefix:
+        raise ConfigError(f"{key}.path_prefix", f"expected an absolute ZooKeeper path such as /kestrel, "
+                                                f"got {value.get('path_prefix')!r}")
+    timeout = parse_duration_ms(f"{key}.session_timeout", value.get("session_timeout", "10s"))
+    if timeout <= 0:
+        raise ConfigError(f"{key}.session_timeout", "must be longer than 0")
+    advertise = value.get("advertise_host")
+    return ZooKeeperConfig(
+        hosts=_string(f"{key}.hosts", value["hosts"]),
+        path_prefix=prefix,
+        session_timeout=timeout,
+        advertise_host=None if advertise is None else _string(f"{key}.advertise_host", advertise),
+    )
+
+
+def default_memory_total() -> int:
+    """`max_memory_total` when the file sets none: a quarter of the memory the server may use, its
+    cgroup's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) when one is set below the machine's
+    physical memory, else that. A quarter, since the budget counts item bytes alone: each item's
+    object, what the allocator keeps of freed ones, requests and journal buffers come on top."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not a system that tells: assume a small machine
+        limit = 4 << 30
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # v2 says "max" when there is no limit
+            limit = min(limit, int(text))
+    return limit // 4
+
+
+@dataclass
+class ServerConfig:
+    """Server settings with their defaults; queue settings live in `queues`, parsed at load."""
+
+    queue_path: str = "./var/spool/kestrel"
+    listen_address: str = "127.0.0.1"
+    thrift_port: int = 2229
+    memcache_port: int = 22133
+    text_port: int = 2222
+    admin_port: int = 2223
+    expiration_timer_frequency: int = 1000  # ms; 0 turns the background sweep off
+    max_open_reads: int = 100
+    default_status: Status = Status.UP
+    status_file: str | None = "{queue_path}/.status"
+    status_change_grace_period: int = 0  # ms
+    thrift_transport: str = "framed"
+    thrift_protocol: str = "binary"
+    max_frame_size: int = 16 * 1024 * 1024
+    max_line_length: int = 64 * 1024
+    max_connections: int = 100_000
+    client_timeout: int | None = None  # ms a connection may sit idle between requests; None = forever
+    tcp_keepalive: int | None = 60_000  # ms of silence before TCP probes a client's machine; None = off
+    request_timeout: int = 30_000  # ms to receive the rest of a request once its first byte arrived
+    max_wait: int = 300_000  # ms cap on any blocking read (get/t=, monitor, Thrift timeout_msec)
+    max_batch_items: int = 100_000  # items in one put call or text put block
+    max_batch_bytes: int = 16 * 1024 * 1024  # item bytes in one put call or text put block
+    max_queues: int = 10_000  # queues (fanout children included) one server holds
+    # Bytes every queue together may hold in memory (src/kestrel/storage/memory.py; docs/memory.md); 0 = no
+    # budget, each queue bounded by its max_memory_size alone.
+    max_memory_total: int = field(default_factory=default_memory_total)
+    shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
+    salvage: bool = False
+    # Kestrel 2 queues under sync_journal: always wait for one server-wide log's fsync, not their
+    # journals' (src/kestrel/storage/commit_log.py; docs/durability.md). Off until it has earned trust.
+    commit_log: bool = False
+    zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
+    queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
+    aliases: dict[str, list[str]] = field(default_factory=dict)
+    source: str | None = None  # the file this came from, for reloads
+
+    def resolved_status_file(self) -> str | None:
+        if self.status_file is None:
+            return None
+        return self.status_file.replace("{queue_path}", self.queue_path)
+
+
+def _memory_total(key: str, value: Any) -> int:
+    """A size, 0 (no budget) or `auto` (`default_memory_total`, what an unset key gives)."""
+    if value == "auto":
+        return default_memory_total()
+    try:
+        return parse_size(key, value)
+    except ConfigError:
+        raise ConfigError(key, f"expected a size such as 2GB, 0 (no budget) or auto, got {value!r}") from None
+
+
+_PARSERS: dict[str, Any] = {
+    "queue_path": _string,
+    "listen_address": _string,
+    "thrift_port": _port,
+    "memcache_port": _port,
+    "text_port": _port,
+    "admin_port": _port,
+    "expiration_timer_frequency": parse_duration_ms,
+    "max_open_reads": parse_count,
+    "default_status": _status,
+    "status_file": _optional_path,
+    "status_change_grace_period": parse_duration_ms,
+    "thrift_transport": _choice("framed", "buffered"),
+    "thrift_protocol": _choice("binary", "compact"),
+    "max_frame_size": parse_size,
+    "max_line_length": parse_size,
+    "max_connections": parse_count,
+    "client_timeout": parse_optional_duration_ms,
+    "tcp_keepalive": parse_optional_duration_ms,
+    "request_timeout": parse_duration_ms,
+    "max_wait": parse_duration_ms,
+    "max_batch_items": parse_count,
+    "max_batch_bytes": parse_size,
+    "max_queues": parse_count,
+    "max_memory_total": _memory_total,
+    "shutdown_timeout": parse_duration_ms,
+    "salvage": parse_bool,
+    "commit_log": _on_off,
+    "zookeeper": _zookeeper,
+}
+
+
+def _aliases(value: Any, collect: _Collector) -> dict[str, list[str]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError("aliases", f"expected a mapping of alias name to settings, got {value!r}")
+    out = {}
+    for name, settings in value.items():
+        dests = collect.check(_alias, f"aliases.{name}", settings)
+        if dests is not None:
+            out[str(name)] = dests
+    return out
+
+
+def _alias(key: str, settings: Any) -> list[str]:
+    if not isinstance(settings, Mapping):
+        raise ConfigError(key, f"expected a mapping with destination_queues, got {settings!r}")
+    unknown = set(settings) - {"destination_queues"}
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}", "unknown alias setting (known: destination_queues)")
+    dests = settings.get("destination_queues")
+    if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
+        raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
+    return list(dests)
+
+
+def _queue_settings(key: str, value: Any, collect: _Collector) -> dict[str, Any]:
+    """The queue names and their raw settings under `queues`, each setting checked on its own."""
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
+    queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
+    for name, settings in queues.items():
+        _check_queue_settings(f"{key}.{name}", settings, collect)
+    return queues
+
+
+def _check_queue_settings(key: str, settings: Any, collect: _Collector) -> None:
+    """Each queue setting parsed alone, so that every bad one is reported, not only the first."""
+    if not isinstance(settings, Mapping):
+        collect.check(QueueConfig.from_mapping, settings, key)
+        return
+    for name, value in settings.items():
+        collect.check(QueueConfig.from_mapping, {name: value}, key)
+
+
+def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> ServerConfig:
+    """A ServerConfig from parsed YAML; raises ConfigError naming the key path (ConfigErrors, naming
+    each, when several settings are wrong)."""
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("(top level)", f"expected a mapping of settings, got {type(data).__name__}")
+    collect = _Collector()
+    values: dict[str, Any] = {"source": source}
+    default_queue: Mapping[str, Any] = {}
+    queues: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _PARSERS:
+            values[key] = collect.check(_PARSERS[key], key, value)
+        elif key == "default_queue":
+            if value is not None and not isinstance(value, Mapping):
+                collect.errors.append(ConfigError(
+                    key, f"expected a mapping of queue settings, got {value!r}"))
+                continue
+            default_queue = value or {}
+            _check_queue_settings(key, default_queue, collect)
+        elif key == "queues":
+            queues = collect.check(_queue_settings, key, value, collect) or {}
+        elif key == "aliases":
+            values[key] = collect.check(_aliases, value, collect)
+        else:
+            known = ", ".join(sorted([*_PARSERS, "default_queue", "queues", "aliases"]))
+            collect.errors.append(ConfigError(str(key), f"unknown setting (known: {known})"))
+    collect.raise_any()
+    # every queue setting parsed once, here; then the settings that name other queues
+    values["queues"] = QueueConfigs(default_queue, queues)
+    check_error_queues(values["queues"], values.get("aliases") or {})
+    return ServerConfig(**values)
+
+
+def load(path: str | None) -> ServerConfig:
+    """Read a YAML file (None: the built-in defaults)."""
+    if path is None:
+        return ServerConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(path, f"not valid YAML: {e}") from None
+    return from_mapping(data, os.path.abspath(path))
+
+
+def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
+    """The config with command-line values (None = not given) laid over it."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    collect = _Collector()
+    for key, value in given.items():
+        collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
+    collect.raise_any()
+    return dataclasses.replace(config, **given)

@@ -1,0 +1,179 @@
+"""The accept loop every listener shares: a bounded pool of connections, a calm response to running out
+of file descriptors, and a shutdown that answers what is in flight and closes what is idle.
+
+Out of descriptors (EMFILE, ENFILE), `accept` fails until some connection closes. The loop then backs
+off (10 ms doubling to half a second), logs one warning per interval with the number of refused
+attempts, and picks up the clients waiting in the backlog as soon as descriptors return.
+
+A client whose machine vanished (power cut, a dropped route) sends no FIN: without TCP keepalive its
+connection, its waits and its open memcache reads would stay until `client_timeout`, which is
+unlimited by default. So every accepted connection is probed once idle for `tcp_keepalive`.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gevent
+import structlog
+from gevent.pool import Pool
+from gevent.socket import socket as gsocket
+
+from kestrel.service import LISTEN_BACKLOG
+from kestrel.service.socket_io import accepted
+from kestrel.service.turns import step_aside
+
+log = structlog.get_logger("kestrel.listener")
+
+Handler = Callable[[Any, tuple[str, int]], None]
+
+# accept() fails with these while the process or the system has no descriptor (or buffer) to spare.
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() fails with these when a client gave up before we took it: try the next one.
+CLIENT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
+
+MIN_BACKOFF = 0.01  # seconds
+MAX_BACKOFF = 0.5
+WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exhausted
+
+
+KEEPALIVE_PROBES = 3
+ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connections run
+
+
+def set_keepalive(sock: socket.socket | gsocket, idle_ms: int) -> None:
+    """Probe the peer after `idle_ms` of silence, then every third of that; after KEEPALIVE_PROBES
+    unanswered probes the kernel resets the connection, so a vanished client is noticed within
+    twice `idle_ms` and its session closed (its open reads go back to their queues)."""
+    idle = max(1, idle_ms // 1000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's keepalive timing applies
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // KEEPALIVE_PROBES))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+
+
+class Listener:
+    """Accepts clients on one port and runs `handle(sock, address)` for each in a bounded pool. `sock`
+    is the connection's OS socket (src/kestrel/service/socket_io.py), or with `cooperative` gevent's socket,
+    for a handler written for blocking sockets (the admin port's WSGI server)."""
+
+    def __init__(self, name: str, address: tuple[str, int], handle: Handler, max_connections: int,
+                 keepalive_ms: int | None = None, warn_interval: float = WARN_INTERVAL,
+                 cooperative: bool = False) -> None:
+        self.name = name
+        self.cooperative = cooperative
+        self.handle = handle
+        self.keepalive_ms = keepalive_ms
+        self.pool = Pool(max_connections)
+        self.warn_interval = warn_interval
+        self.socket = gsocket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(address)
+        self.socket.listen(LISTEN_BACKLOG)
+        self.address: tuple[str, int] = self.socket.getsockname()[:2]
+        self.connections: set[socket.socket | gsocket] = set()
+        self._acceptor: gevent.Greenlet | None = None
+        self._refused = 0  # accepts refused for want of descriptors since the last warning
+        self._refused_total = 0
+        self._exhausted_since = 0.0
+        self._last_warning: float | None = None
+
+    def start(self) -> None:
+        self._acceptor = gevent.spawn(self._accept_loop)
+
+    # -----------------------------------------------------------------------------------------
+    # Accepting
+
+    def _accept_loop(self) -> None:
+        backoff = MIN_BACKOFF
+        accepted_count = 0
+        while True:
+            accepted_count += 1
+            if accepted_count % ACCEPT_BURST == 0:
+                step_aside()  # thousands connecting at once: the connections already here go on
+            self.pool.wait_available()
+            try:
+                client, address = self.socket.accept()
+            except OSError as e:
+                if self.socket.fileno() < 0:
+                    return  # closed by stop_accepting
+                if e.errno in CLIENT_GONE:
+                    continue
+                if e.errno in OUT_OF_DESCRIPTORS:
+                    self._note_refused(e)
+                else:
+                    log.error("accept failed; retrying", listener=self.name, error=repr(e))
+                gevent.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                continue
+            sock = client if self.cooperative else accepted(client)
+            backoff = MIN_BACKOFF
+            if self._refused_total:
+                self._note_recovered()
+            self.connections.add(sock)
+            self.pool.spawn(self._serve, sock, address)
+
+    def _note_refused(self, error: OSError) -> None:
+        now = time.monotonic()
+        if not self._refused_total:
+            self._exhausted_since = now
+        self._refused += 1
+        self._refused_total += 1
+        if self._last_warning is None or now - self._last_warning >= self.warn_interval:
+            log.warning("out of file descriptors: new clients wait in the backlog", listener=self.name,
+                        error=errno.errorcode.get(error.errno or 0, str(error.errno)),
+                        refused=self._refused, open_connections=len(self.connections))
+            self._last_warning = now
+            self._refused = 0
+
+    def _note_recovered(self) -> None:
+        log.warning("accepting clients again", listener=self.name, refused=self._refused_total,
+                    seconds_without_descriptors=round(time.monotonic() - self._exhausted_since, 3))
+        self._refused = self._refused_total = 0
+        self._last_warning = None
+
+    def _serve(self, sock: socket.socket | gsocket, address: tuple[str, int]) -> None:
+        try:
+            if self.keepalive_ms is not None:
+                set_keepalive(sock, self.keepalive_ms)
+            self.handle(sock, address)
+        except OSError:
+            pass  # the client went away; the handler has closed its session
+        except Exception:
+            log.exception("connection handler failed", listener=self.name,
+                          client=f"{address[0]}:{address[1]}")
+        finally:
+            self.connections.discard(sock)
+            sock.close()
+
+    # -----------------------------------------------------------------------------------------
+    # Stopping, in the order a clean shutdown needs
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket at once; clients still in the backlog are refused."""
+        if self._acceptor is not None:
+            self._acceptor.kill(block=False)
+            self._acceptor = None
+        self.socket.close()
+
+    def end_reading(self) -> None:
+        """Each connection reads end-of-stream once its buffered requests are answered, so idle ones
+        close at once and busy ones close after replying."""
+        for sock in list(self.connections):
+            try:
+                sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every connection to finish; True if they all did."""
+        return bool(self.pool.join(timeout=timeout))
+
+    def kill(self) -> None:
+        """End the connections that outlived the shutdown timeout (a client that stopped reading)."""
+        self.pool.kill(block=True, timeout=1.0)

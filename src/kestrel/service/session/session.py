@@ -1,0 +1,400 @@
+"""The session layer every protocol shares: status checks, open reads, limits, stats.
+
+Protocol handlers parse a request, call a Session method and encode the reply. The rules live
+here once: what the server status allows, how reads are opened and closed (the open reads
+themselves are kept in `open_reads.py`: Thrift's by id, with auto-abort deadlines; memcache and
+text one per queue and connection, aborted when the connection drops).
+
+Deadlines are read from the server's runtime clock, the one the queues' waits use, so a manual
+runtime drives the session's waits and auto-aborts as it drives the storage's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import structlog
+
+from kestrel.service.logs import bind_client
+from kestrel.service.session.open_reads import OpenReads
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage import QItem
+from kestrel.storage.errors import KestrelError
+from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.item import TakenItems, item_data
+
+log = structlog.get_logger("kestrel.session")
+
+# Items a get takes before the connection may let others run: a 100,000-item get held the loop
+# for 20 ms in one piece (bench/README.md); a slice costs well under a turn.
+GET_SLICE = 8192
+
+
+def _go_on() -> None:
+    """A session's `pause` where nobody else waits for the loop."""
+
+
+class SessionError(KestrelError):
+    """Raised when a client misuses the protocol (a second open read, too many open reads...)."""
+
+
+class OpenReadConflict(SessionError):
+    """Raised for a plain get on a queue where the connection holds an open read."""
+
+
+class ClientGone(Exception):
+    """Raised inside a blocking read whose client has hung up (by the session before a wait, or
+    thrown into the waiting task by the connection that saw the hang-up)."""
+
+
+class Session:
+    """One client connection's view of the server."""
+
+    def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None) -> None:
+        self.server = server
+        self.peer = peer
+        # Called between the slices of a large get: the connection lets the others run there if its
+        # turn is over (src/kestrel/service/turns.py). Nothing by default (tests, and single-item protocols).
+        self.pause = pause or _go_on
+        bind_client(peer)  # the connection's greenlet: its queue creations name the client
+        self.coll = server.collection
+        self.status = server.status
+        self.stats = server.stats
+        self._monotonic = server.runtime.clock.monotonic  # looked up once, read on every wait
+        self.reads = OpenReads(server.config.max_open_reads)
+        self.stats.curr_connections += 1
+        self.stats.total_connections += 1
+        self.closed = False
+        self.gone = False  # the client hung up during a blocking read
+        self.waiting = False  # in the one wait a hang-up may cancel
+
+    def close(self) -> None:
+        """The connection is gone: its memcache-style open reads go back to their queues (Thrift
+        reads outlive it, until confirmed by id or aborted by their timer). It counts as connected
+        until they are back, so a client that sees the count drop finds them in their queues."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for queue in self.reads.queues():
+                self.abort_pending(queue)
+        finally:
+            self.stats.curr_connections -= 1
+
+    # -----------------------------------------------------------------------------------------
+    # Writes
+
+    def expiry_after(self, ms: int) -> int:
+        """The absolute expiry of an item that lives `ms` more milliseconds (0: never expires).
+
+        A negative `ms` means already expired, as Kestrel treats it: the item is accepted and
+        never handed out.
+        """
+        if ms == 0:
+            return 0
+        return max(self.coll.clock.now_ms() + ms, 1)
+
+    def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted before the
+        first the queue refused (full, or over `max_item_size`). Raises MemoryBudgetExceeded under
+        the memory governor's flow control."""
+        self.status.check_write("put")
+        self.stats.cmd_set += len(items)
+        governor = self.coll.governor
+        if governor is not None and governor.flow_control:
+            governor.admit_put()  # held briefly, then MemoryBudgetExceeded
+        return self.coll.add_many(queue, items, expiry_ms)
+
+    def put_each(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
+        """A pipelined run of single-item puts in one go: how many were accepted (the first ones),
+        exactly as `put` item by item would have answered; None, having done nothing, where that
+        cannot be promised (see `QueueCollection.add_each`, and under flow control, where the
+        governor admits each put on its own). Raises as `put` (nothing was added, nothing counted).
+        """
+        self.status.check_write("put")
+        governor = self.coll.governor
+        if governor is not None and governor.flow_control:
+            return None
+        accepted = self.coll.add_each(queue, items, expiry_ms)
+        if accepted is not None:
+            self.stats.cmd_set += len(items)
+        return accepted
+
+    def flush(self, queue: str) -> None:
+        """Empty a queue; one that does not exist is not created."""
+        self.status.check_write("flush")
+        check_queue_name(queue)
+        self.coll.check_refused(queue)
+        if self.coll.get(queue) is None:
+            return
+        self.coll.flush(queue)
+        log.info("queue flushed", queue=queue, client=self.peer)
+
+    def flush_expired(self, queue: str) -> int:
+        """Drop the expired items of one queue (not created if missing); how many."""
+        self.status.check_write("flush_expired")
+        check_queue_name(queue)
+        self.coll.check_refused(queue)
+        q = self.coll.get(queue)
+        return q.discard_expired() if q is not None else 0
+
+    def flush_all_expired(self) -> int:
+        self.status.check_write("flush_all_expired")
+        return sum(self.flush_expired(name) for name in self.coll.queue_names())
+
+    def flush_all(self) -> None:
+        self.status.check_write("flush_all")
+        self.coll.flush_all()
+        log.info("all queues flushed", client=self.peer)
+
+    def delete(self, queue: str) -> None:
+        self.status.check_write("delete")
+        self.coll.delete(queue)  # the collection logs it
+
+    # -----------------------------------------------------------------------------------------
+    # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
+
+    def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
+                  auto_abort_ms: int = 0) -> TakenItems:
+        """Up to `max_items` (at most `max_batch_items`) with their ids, waiting up to `timeout_ms` (at
+        most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
+        `max_open_reads` open reads on each queue, as Kestrel counts them."""
+        return TakenItems(*self._take_items(queue, max_items, timeout_ms, auto_abort_ms))
+
+    def get_timed_items(self, queue: str, max_items: int, timeout_ms: int = 0,
+                        auto_abort_ms: int = 0) -> list[tuple[bytes, int, int, int | None]]:
+        """`get_items` with each item's add time and expiry (None: never), as (data, id, added,
+        expiry); a queue the server does not hold is not created (no items, at once)."""
+        check_queue_name(queue)
+        self.coll.check_refused(queue)
+        if self.coll.get(queue) is None:
+            self.status.check_read("get")
+            return []
+        items, ids = self._take_items(queue, max_items, timeout_ms, auto_abort_ms)
+        every = [ids] * len(items) if isinstance(ids, int) else ids
+        return [(item.data, xid, item.add_time, item.expiry or None)
+                for item, xid in zip(items, every, strict=True)]
+
+    def queue_names(self) -> list[str]:
+        """The queues the server holds (fanout readers included, aliases not); creates nothing."""
+        return self.coll.queue_names()
+
+    def _take_items(self, queue: str, max_items: int, timeout_ms: int,
+                    auto_abort_ms: int) -> tuple[list[QItem], int | list[int]]:
+        """The items of a Thrift get and the ids of their open reads (0 for all, without auto-abort)."""
+        self.status.check_read("get")
+        max_items = min(max_items, self.server.config.max_batch_items)
+        transaction = auto_abort_ms > 0
+        if transaction:
+            max_items = min(max_items, self.reads.room(queue))
+        self.stats.cmd_get += 1
+        ids: list[int] = []
+        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
+            items = self.coll.remove_many(queue, max_items)  # the usual get: one slice, no wait, no read
+        else:
+            items = self._take_slices(queue, max_items, timeout_ms, transaction, auto_abort_ms, ids)
+        if items:
+            self.stats.get_hits += 1
+        else:
+            self.stats.get_misses += 1
+        return items, ids if transaction else 0
+
+    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, transaction: bool, auto_abort_ms: int,
+                     ids: list[int]) -> list[QItem]:
+        """Up to `max_items` a slice at a time, then waiting up to `timeout_ms` for the next if the
+        queue ran out; each slice's reads opened into `ids` (with `transaction`)."""
+        items: list[QItem] = []
+        wait_s = min(timeout_ms, self.server.config.max_wait) / 1000.0
+        deadline = self._monotonic() + wait_s if timeout_ms > 0 else 0.0
+        try:
+            while len(items) < max_items:
+                # What the queue holds, a slice at a time: each slice's reads are opened before the
+                # connection lets the others run (`pause`), so that none is left without an owner.
+                more = self.coll.remove_many(queue, min(max_items - len(items), GET_SLICE), transaction)
+                self._hand_out(items, ids, more, queue, transaction, auto_abort_ms)
+                if len(more) < GET_SLICE and len(items) < max_items:
+                    # The queue is empty now: wait for the next item, if the get waits.
+                    wait = deadline - self._monotonic()
+                    item = self.coll.remove(queue, transaction, wait) if timeout_ms > 0 and wait > 0 else None
+                    if item is None:
+                        break
+                    self._hand_out(items, ids, [item], queue, transaction, auto_abort_ms)
+                self.pause()
+        except KestrelError:
+            if not items:
+                raise
+            # The slices taken already left the journal: hand them out rather than lose them; the
+            # fault answers the next request.
+            log.warning("a get ended early by a fault; handing out what it took", queue=queue,
+                        items=len(items), exc_info=True)
+        return items
+
+    def _hand_out(self, items: list[QItem], ids: list[int], more: list[QItem], queue: str, transaction: bool,
+                  auto_abort_ms: int) -> None:
+        items += more
+        if transaction:
+            ids += self.server.reads_by_id.open_many(self.reads, queue, [item.xid for item in more],
+                                                     auto_abort_ms)
+
+    def confirm_ids(self, queue: str, ids: set[int]) -> int:
+        """Confirm open reads by id (from any connection); Quiescent still allows this."""
+        return self.server.reads_by_id.close(queue, ids, confirm=True)
+
+    def abort_ids(self, queue: str, ids: set[int]) -> int:
+        self.status.check_read("abort")
+        return self.server.reads_by_id.close(queue, ids, confirm=False)
+
+    # -----------------------------------------------------------------------------------------
+    # Memcache-style reads: open reads kept per queue on this connection, oldest first
+
+    def client_gone(self) -> None:
+        """The connection saw its client hang up: no wait for an item starts from now on.
+
+        A wait already under way is the connection's to cancel, by raising ClientGone in the task
+        that waits while `waiting` is true: it knows that task, the session does not. Only the wait
+        itself is cancellable (never a remove or a journal write in progress), so the dead
+        connection takes no item; its open reads are aborted when the connection closes.
+        """
+        self.gone = True
+
+    def _wait_for_item(self, queue: str, seconds: float) -> bool:
+        """Wait until `queue` has a head item (the one wait a hang-up may cancel)."""
+        if self.gone:
+            raise ClientGone
+        self.waiting = True
+        try:
+            return self.coll.peek(queue, seconds) is not None
+        finally:
+            self.waiting = False
+
+    def _take(self, queue: str, seconds: float, open: bool = False, peek: bool = False) -> QItem | None:
+        """The head item (removed, opened or only looked at), waiting up to `seconds` for one."""
+        deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
+        while True:
+            item = self.coll.peek(queue) if peek else self.coll.remove(queue, open)
+            if item is not None or seconds <= 0:
+                return item
+            remaining = deadline - self._monotonic()
+            if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                return None
+
+    def _wait_seconds(self, timeout_ms: int) -> float:
+        """A client's wait, capped by `max_wait`."""
+        return min(max(timeout_ms, 0), self.server.config.max_wait) / 1000.0
+
+    def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
+                abort: bool = False, peek: bool = False) -> bytes | None:
+        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
+
+        Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
+        """
+        if close:
+            self.confirm_reads(queue, 1)
+        if abort:
+            self.status.check_read("abort")
+            self.abort_pending(queue)
+        if not (open or peek) and (close or abort):
+            return None
+        self.status.check_read("peek" if peek else "get")
+        if not peek and self.reads.holds(queue):
+            if not open:
+                raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
+            raise SessionError("already have an open read on this queue: close or abort it first")
+        if peek:
+            self.stats.cmd_peek += 1
+        else:
+            self.stats.cmd_get += 1
+        item = self._take(queue, self._wait_seconds(timeout_ms), open=open, peek=peek)
+        if item is not None and open:
+            self.reads.open(queue, item.xid)
+        if item is None:
+            self.stats.get_misses += 1
+            return None
+        self.stats.get_hits += 1
+        return item.data
+
+    def get_each(self, queue: str, count: int) -> list[bytes] | None:
+        """A pipelined run of `count` plain gets (no options) in one go: the data of those that found
+        an item, the first ones, exactly as `get_one` would have answered each. None, having done
+        nothing, beside an open read on `queue` (the first get's ERROR is `get_one`'s to give).
+        Raises as `get_one` (nothing was taken, nothing counted).
+        """
+        self.status.check_read("get")
+        if self.reads.holds(queue):
+            return None
+        items = self.coll.remove_many(queue, count)
+        self.stats.cmd_get += count
+        self.stats.get_hits += len(items)
+        self.stats.get_misses += count - len(items)
+        return item_data(items)
+
+    def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
+        """Items arriving within `timeout_ms`, each an open read to be closed with `confirm_reads`.
+
+        As in Kestrel, it stops once this connection holds `max_open_reads` open reads on `queue`
+        (the default for `max_items`); each item is a hit or a miss, not a `cmd_get`.
+        """
+        self.status.check_read("monitor")
+        max_items = self.reads.max_open_reads if max_items is None else max_items
+        deadline = self._monotonic() + self._wait_seconds(timeout_ms)
+        count = 0
+        while count < max_items and self.reads.room(queue) > 0:
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                return
+            item = self._take(queue, remaining, open=True)
+            if item is None:
+                self.stats.get_misses += 1
+                return
+            self.stats.get_hits += 1
+            self.reads.open(queue, item.xid)
+            count += 1
+            yield item.data
+
+    def confirm_reads(self, queue: str, count: int | None = None) -> int:
+        """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
+        done = self.reads.take_oldest(queue, count)
+        if done:
+            self.coll.confirm_many(queue, [read.xid for read in done])
+        return len(done)
+
+    def abort_pending(self, queue: str) -> None:
+        """Put this connection's open reads on `queue` back at the head, oldest first."""
+        self.coll.unremove_many(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
+
+    # -----------------------------------------------------------------------------------------
+    # Inspection and status
+
+    def peek(self, queue: str) -> QItem | None:
+        self.status.check_read("peek")
+        self.stats.cmd_peek += 1
+        return self.coll.peek(queue)
+
+    def queue_info(self, queue: str) -> dict[str, Any]:
+        """The head item and the figures Thrift's QueueInfo carries."""
+        head = self.peek(queue)
+        q = self.coll.get(queue)
+        stats = q.stats() if q is not None else {}
+        return {
+            "head_item": head.data if head is not None else None,
+            "items": stats.get("items", 0),
+            "bytes": stats.get("bytes", 0),
+            "journal_bytes": stats.get("logsize", 0),
+            "age": stats.get("age", 0),
+            "waiters": stats.get("waiters", 0),
+            "open_transactions": stats.get("open_transactions", 0),
+        }
+
+    def current_status(self) -> Status:
+        return self.status.current
+
+    def set_status(self, status: Status | str | int) -> None:
+        """A status by name (memcache) or number (Thrift)."""
+        try:
+            value = Status.parse(status)
+        except UnknownStatus as e:
+            raise SessionError(str(e)) from None
+        self.status.set(value)
+        log.info("status set by client", status=value.label, client=self.peer)

@@ -1,0 +1,140 @@
+"""A client connection's socket I/O: system calls made straight on the OS socket, waits on the loop.
+
+The listener hands each connection the OS socket itself, non-blocking (`accepted`), rather than
+gevent's cooperative wrapper: that wrapper runs every `recv_into` and `send` through a Python method
+with a timeout lookup and an exception handler, on every request. Here a call that would block
+raises BlockingIOError and the greenlet waits on a watcher of the socket, which is all gevent's
+wrapper does too.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import gevent
+import gevent.socket
+from gevent import get_hub, getcurrent, monkey
+from gevent.exceptions import ConcurrentObjectUseError
+from gevent.socket import socket as gsocket
+
+_OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
+
+
+MAX_CHUNK = 256 * 1024  # the largest receive any connection asks for
+
+
+# The buffer every connection's receives land in. Connections run on the one thread of the event
+# loop, and a receive copies out of it before its greenlet can yield, so one is enough: 10,000 idle
+# connections held 10,000 of them (256 KiB each for Thrift), and glibc kept most of that memory
+# after they closed.
+_SCRATCH = memoryview(bytearray(MAX_CHUNK))
+
+
+def wait(watcher: Any) -> None:
+    """Wait, without a time limit, for `watcher` (a socket's, not started) to see its event.
+
+    gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
+    switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
+    (bench/README.md), and a request waits once. A wake-up that is not the socket's (a stray
+    switch) only costs a receive or send that finds nothing and waits again; an exception thrown
+    in (a kill) stops the watcher on its way out, as gevent's does.
+    """
+    if watcher.callback is not None:
+        raise ConcurrentObjectUseError(f"this socket is already waited for by {watcher.callback!r}")
+    watcher.start(getcurrent().switch)
+    try:
+        get_hub().switch()
+    finally:
+        watcher.stop()
+
+
+class SendTimeout(TimeoutError):
+    """A reply waited longer than the connection's `send_timeout` for the client to take it."""
+
+
+def accepted(sock: gsocket) -> socket.socket:
+    """The OS socket of a connection gevent's listening socket accepted, in non-blocking mode; it
+    takes over the descriptor (the gevent socket is left closed) and is what the connection uses."""
+    os_socket = _OSSocket(fileno=sock.detach())
+    os_socket.setblocking(False)
+    return os_socket
+
+
+class ClientSocket:
+    """A connection's receives and sends.
+
+    Each receive of up to `chunk` bytes lands in the thread's scratch buffer (a `recv` of a fresh
+    bytes object would allocate the full chunk size each time), then is appended to the input, so
+    an idle connection holds no receive buffer at all. Between requests it
+    first waits for the socket to be readable: a request/response client's next request is seldom
+    there the moment its reply has gone out, and a `recv` that finds nothing costs a system call and
+    an exception before the wait happens anyway (under 4 such clients the server made two `recvfrom`
+    per request). It receives at once when the last receive filled the buffer, as more is then
+    likely waiting.
+
+    A reply goes out in one `send` when the socket takes it all; the rest waits for room, at most
+    `send_timeout` seconds (None: without limit) for a client that stopped reading.
+    """
+
+    def __init__(self, sock: socket.socket, chunk: int, send_timeout: float | None = None) -> None:
+        if not 0 < chunk <= MAX_CHUNK:
+            raise ValueError(f"receive chunk {chunk} is not within 1..{MAX_CHUNK}")
+        self.sock = sock
+        self.chunk = chunk
+        self.drained = True  # the last receive took all there was (it was under `chunk` bytes)
+        # a receive waited for input since this was last cleared (src/kestrel/service/turns.py)
+        self.waited = False
+        self.send_timeout = send_timeout
+        self._readable: Any = None  # the loop's watchers of the socket, made at their first wait
+        self._writable: Any = None
+
+    def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
+        """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
+        how many bytes came (0: the client closed). Raises TimeoutError."""
+        if between_requests and self.drained:
+            self.waited = True
+            self._wait_readable(timeout)
+        scratch = _SCRATCH
+        while True:
+            try:
+                n = self.sock.recv_into(scratch, self.chunk)
+                break
+            except BlockingIOError:
+                self.waited = True
+                self._wait_readable(timeout)
+        buf += scratch[:n]
+        self.drained = n < self.chunk
+        return n
+
+    def _wait_readable(self, timeout: float | None) -> None:
+        if self._readable is None:
+            self._readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+        if timeout is None:
+            wait(self._readable)
+        else:
+            gevent.socket.wait(self._readable, timeout)
+
+    def send_all(self, data: bytes) -> None:
+        """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
+        when the client takes none of it for `send_timeout`, OSError when it is gone."""
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        while sent < len(data):
+            if self._writable is None:
+                self._writable = gevent.get_hub().loop.io(self.sock.fileno(), 2)
+            gevent.socket.wait(self._writable, self.send_timeout,
+                               SendTimeout(f"the client took no reply for {self.send_timeout} s"))
+            try:
+                sent += self.sock.send(memoryview(data)[sent:])
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        """Release the watchers (the socket itself is the listener's to close)."""
+        for watcher in (self._readable, self._writable):
+            if watcher is not None:
+                watcher.close()
+        self._readable = self._writable = None

@@ -1,0 +1,224 @@
+"""Kestrel's Thrift service: one greenlet per connection under the shared listener.
+
+Requests are read with this server's own checked readers (src/kestrel/service/thrift/protocol.py), binary or
+compact, framed or unframed: every length and count is checked against what the frame (or, unframed,
+`max_frame_size`) can hold and against `max_batch_items` / `max_batch_bytes` before anything is read
+or allocated. A framed request that is malformed gets a TApplicationException and the connection
+goes on (the frame says where the next request starts); an unframed one cannot be resynchronised,
+so its connection is closed after the reply.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import structlog
+
+from kestrel.contract import kestrel_thrift
+from kestrel.service import metrics
+from kestrel.service.buffered_connection import make_listener
+from kestrel.service.listener import Listener
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.session import Session, SessionError
+from kestrel.service.thrift.messages import (
+    INTERNAL_ERROR,
+    INVALID_MESSAGE_TYPE,
+    METHODS,
+    PROTOCOL_ERROR,
+    UNKNOWN,
+    UNKNOWN_METHOD,
+    encode_exception,
+    encode_reply,
+    read_args,
+    read_buffered_frame,
+    read_plain_frame,
+)
+from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
+from kestrel.service.thrift.transport import ClientStream, ConnectionDone
+from kestrel.service.turns import Turns
+from kestrel.storage.errors import KestrelError
+from kestrel.storage.item import TakenItems
+
+log = structlog.get_logger("kestrel.thrift")
+
+
+def _queue(name: str | None) -> str:
+    if name is None:
+        raise SessionError("queue_name is missing")
+    return name
+
+
+class ThriftHandler:
+    """The Kestrel service methods, each a thin shell over the session layer."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
+        expiry = self.session.expiry_after(expiration_msec or 0)
+        return self.session.put(_queue(queue_name), items or [], expiry)
+
+    def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
+            auto_abort_msec: int | None) -> TakenItems:
+        """The Items: each item's data and id (the encoder lays them out)."""
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0)
+
+    def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
+                  auto_abort_msec: int | None) -> list[tuple[bytes, int, int, int | None]]:
+        """TimedItems as tuples of their fields in order; creates no queue."""
+        return self.session.get_timed_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                            auto_abort_msec or 0)
+
+    def queue_names(self) -> list[str]:
+        return self.session.queue_names()
+
+    def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.confirm_ids(_queue(queue_name), set(ids or ()))
+
+    def abort(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.abort_ids(_queue(queue_name), set(ids or ()))
+
+    def peek(self, queue_name: str | None) -> Any:
+        return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(queue_name)))
+
+    def flush_queue(self, queue_name: str | None) -> None:
+        self.session.flush(_queue(queue_name))
+
+    def flush_all_queues(self) -> None:
+        self.session.flush_all()
+
+    def delete_queue(self, queue_name: str | None) -> None:
+        self.session.delete(_queue(queue_name))
+
+    def current_status(self) -> int:
+        return int(self.session.current_status())
+
+    def set_status(self, status: int | None) -> None:
+        self.session.set_status(-1 if status is None else status)
+
+    def get_version(self) -> str:
+        return self.session.server.version
+
+
+class ThriftConnection:
+    """One client: read a request, call the handler, write the reply; errors map here, once."""
+
+    protocol = "thrift"
+
+    def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
+        cfg = server.config
+        self.cfg = cfg
+        self.peer = peer
+        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
+        self.turns = Turns(self.stream.io)
+        self.session = Session(server, peer, pause=self.turns.pause)
+        self.handler = ThriftHandler(self.session)
+        # Each method's handler, contract and answer-time histogram, looked up once per connection.
+        self.calls = {name: (getattr(self.handler, name), method, metrics.request_latency("thrift", name))
+                      for name, method in METHODS.items()}
+        self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
+
+    def run(self) -> None:
+        try:
+            if self.cfg.thrift_transport == "framed":
+                self._serve_framed()
+            else:
+                self._serve_buffered()
+        except ConnectionDone as e:
+            log.warning("closing thrift connection", client=self.peer, reason=str(e))
+        finally:
+            self.stream.close()
+            self.session.close()
+
+    def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:
+        return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
+
+    def _serve_framed(self) -> None:
+        """Each frame in turn. A whole plain binary call is read where it lies in the receive buffer
+        (the usual request: no copy of its frame); any other frame is taken out and answered whole."""
+        stream, turns, cfg = self.stream, self.turns, self.cfg
+        max_frame, in_place = cfg.max_frame_size, self.reader_cls is BinaryReader
+        limits = (cfg.max_batch_items, cfg.max_batch_bytes)
+        while stream.wait_request():
+            call = read_buffered_frame(stream.buf, max_frame, *limits) if in_place else None
+            if call is not None:
+                del stream.buf[:call[3]]
+                reply: bytes | None = self._call(call[0], call[1], call[2])
+            else:
+                payload = stream.next_frame(max_frame)
+                reply = None if payload is None else self.answer_frame(payload)
+            if reply is None:
+                return
+            stream.send_frame(reply)
+            turns.pause()
+
+    def answer_frame(self, payload: bytes) -> bytes | None:
+        """The reply to one framed request (None: nothing can be answered). A plain binary call
+        is read in one compiled step; anything else by the protocol's reader, which names faults."""
+        if self.reader_cls is BinaryReader:
+            plain = read_plain_frame(payload, self.cfg.max_batch_items, self.cfg.max_batch_bytes)
+            if plain is not None:
+                return self._call(*plain)
+        return self.answer(self._reader(payload, len(payload), len(payload)))[0]
+
+    def _serve_buffered(self) -> None:
+        stream = self.stream
+        while stream.wait_request():
+            reader = self._reader(stream.buf, len(stream.buf), self.cfg.max_frame_size, more=stream.fill,
+                                  scope="request (max_frame_size)")
+            reply, intact = self.answer(reader)
+            if reply is not None:
+                stream.send(reply)
+            if not intact:
+                return
+            del stream.buf[:reader.pos]
+            self.turns.pause()
+
+    def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
+        """The reply to the message in `reader` (None: nothing can be answered), and whether the
+        message was read to its end, so that the next one can follow."""
+        try:
+            name, mtype, seqid = reader.read_message_begin()
+        except ThriftProtocolError as e:
+            log.warning("closing thrift connection after an unreadable message header", client=self.peer,
+                        reason=str(e))
+            return None, False
+        method = METHODS.get(name)
+        try:
+            args, problem = read_args(reader, method)
+        except ThriftProtocolError as e:
+            log.warning("malformed thrift request", client=self.peer, method=name, reason=str(e))
+            return self._error(name, seqid, PROTOCOL_ERROR, f"malformed {name} request: {e}"), False
+        if mtype != CALL:
+            return self._error(name, seqid, INVALID_MESSAGE_TYPE, f"message type {mtype} is not a call"), True
+        if method is None:
+            return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
+        if problem is not None:
+            return self._error(name, seqid, PROTOCOL_ERROR, problem), True
+        return self._call(name, seqid, args), True
+
+    def _call(self, name: str, seqid: int, args: dict[str, Any]) -> bytes:
+        """The reply to a call of method `name` (one the contract has) with `args`, timed."""
+        handler, method, latency = self.calls[name]
+        started = time.perf_counter()
+        try:
+            result = handler(**args)
+        except KestrelError as e:
+            return self._error(name, seqid, UNKNOWN, str(e))
+        except Exception as e:
+            log.exception("thrift call failed", method=name, client=self.peer)
+            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}")
+        finally:
+            latency.observe(time.perf_counter() - started)
+        return encode_reply(self.writer_cls, method, seqid, result)
+
+    def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
+        return encode_exception(self.writer_cls(), name, seqid, kind, message)
+
+
+def make_thrift_server(server: ServerState, listener: tuple[str, int]) -> Listener:
+    """A listener speaking Kestrel's Thrift service with the configured transport and protocol."""
+    return make_listener(ThriftConnection, server, listener)

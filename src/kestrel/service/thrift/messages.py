@@ -1,0 +1,368 @@
+"""Kestrel's calls and replies, shaped by the contract and read with the checked protocol readers.
+
+Each service method's arguments and result come from the loaded contract's specs, so the field ids
+and types on the wire are the IDL's. Arguments are read into a dict (the IDL's defaults for fields
+a client leaves out); a field of an unexpected type is skipped, as Thrift does.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from thriftpy2.thrift import TApplicationException
+
+from kestrel.contract import kestrel_thrift
+from kestrel.service.thrift.protocol import (
+    EXCEPTION,
+    I32,
+    I64,
+    LIST,
+    MAP,
+    REPLY,
+    SET,
+    STOP,
+    STRING,
+    STRUCT,
+    BinaryReader,
+    BinaryWriter,
+    Reader,
+    ThriftProtocolError,
+    Writer,
+    compiled_binary,
+)
+from kestrel.storage.item import TakenItems
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """A Thrift type as it goes on the wire: `utf8` for strings, `elem` for containers, `fields`
+    (id, name, type) for structs."""
+
+    ttype: int
+    utf8: bool = False
+    elem: ValueType | None = None
+    fields: tuple[tuple[int, str, ValueType], ...] = ()
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    args: dict[int, tuple[str, ValueType]]
+    defaults: dict[str, Any]
+    result: ValueType | None = None
+
+
+_THRIFTPY_BINARY = 18  # thriftpy2 marks `binary` with its own code; on the wire it is a string
+
+
+def _value_type(ttype: int, extra: Any = None) -> ValueType:
+    if ttype == _THRIFTPY_BINARY:
+        return ValueType(STRING)
+    if ttype == STRING:
+        return ValueType(STRING, utf8=True)
+    if ttype in (LIST, SET):
+        elem = _value_type(*extra) if isinstance(extra, tuple) else _value_type(extra)
+        return ValueType(ttype, elem=elem)
+    if ttype == STRUCT:
+        cls = extra[1] if isinstance(extra, tuple) else extra
+        return ValueType(STRUCT, fields=_struct_fields(cls.thrift_spec))
+    return ValueType(ttype)  # numbers and enums (an enum is an i32)
+
+
+def _spec_type(spec: tuple[Any, ...]) -> ValueType:
+    return _value_type(spec[0], spec[2] if len(spec) == 4 else None)
+
+
+def _struct_fields(spec: dict[int, tuple[Any, ...]]) -> tuple[tuple[int, str, ValueType], ...]:
+    return tuple((fid, s[1], _spec_type(s)) for fid, s in sorted(spec.items()))
+
+
+def _methods() -> dict[str, Method]:
+    service = kestrel_thrift.Kestrel
+    methods = {}
+    for name in service.thrift_services:
+        args_cls = getattr(service, f"{name}_args")
+        result_spec = getattr(service, f"{name}_result").thrift_spec
+        args = {fid: (s[1], _spec_type(s)) for fid, s in args_cls.thrift_spec.items()}
+        result = _spec_type(result_spec[0]) if 0 in result_spec else None
+        methods[name] = Method(name, args, dict(args_cls.default_spec), result)
+    return methods
+
+
+METHODS = _methods()
+
+# How the compiled call reader takes each argument: numbers, text, binary, a list of binaries, a list
+# or set of i64.
+_I32_ARG, _I64_ARG, _TEXT_ARG, _BINARY_ARG, _BINARY_LIST_ARG, _I64_LIST_ARG = range(6)
+
+
+def _argument_kind(vtype: ValueType) -> int | None:
+    """How `_plain_binary_args` reads a value of `vtype` (None: it leaves the call to `read_args`)."""
+    if vtype.ttype == I32:
+        return _I32_ARG
+    if vtype.ttype == I64:
+        return _I64_ARG
+    if vtype.ttype == STRING:
+        return _TEXT_ARG if vtype.utf8 else _BINARY_ARG
+    if vtype.ttype == LIST and vtype.elem is not None and vtype.elem.ttype == STRING and not vtype.elem.utf8:
+        return _BINARY_LIST_ARG
+    if vtype.ttype in (LIST, SET) and vtype.elem is not None and vtype.elem.ttype == I64:
+        return _I64_LIST_ARG
+    return None
+
+
+# The methods as the compiled reader takes them: {name: (defaults, {field id: (name, type, kind)})}.
+_PLAIN_CALLS = {
+    method.name: (method.defaults, {fid: (arg, vtype.ttype, kind) for fid, (arg, vtype) in method.args.items()
+                                    if (kind := _argument_kind(vtype)) is not None})
+    for method in METHODS.values()
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading calls
+
+def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
+    ttype = vtype.ttype
+    if ttype == STRING:
+        return reader.read_string(what) if vtype.utf8 else reader.read_binary(what)
+    if ttype in (LIST, SET):
+        assert vtype.elem is not None
+        etype, count = reader.read_list_begin(what)
+        if count and etype != vtype.elem.ttype:
+            raise ThriftProtocolError(f"{what}: expected elements of type {vtype.elem.ttype}, got {etype}")
+        if vtype.elem.ttype == STRING and not vtype.elem.utf8:
+            return reader.read_binary_list(count, what)
+        return [read_value(reader, vtype.elem, what) for _ in range(count)]
+    if ttype == STRUCT:
+        raise ThriftProtocolError(f"{what}: struct arguments are not part of this contract")
+    return reader.read_value(ttype, what)
+
+
+def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str, int, dict[str, Any]] | None:
+    """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
+    (src/kestrel/service/thrift/_binary.c), when `_plain_binary_args` would read it: a call of a known method
+    whose every field is one of its own, of its type, and a number, a string, a list of binaries or
+    a list or set of i64 (every request of the hot path).
+    None for anything else: `read_message_begin` and `read_args` then read the message and name
+    what is wrong."""
+    if compiled_binary is None:
+        return None
+    call = compiled_binary.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
+    return None if call is None else (call[0], call[2], call[3])
+
+
+def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
+                        max_bytes: int) -> tuple[str, int, dict[str, Any], int] | None:
+    """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of
+    its payload): (name, sequence id, arguments, where the frame ends). None where the frame is not
+    whole yet or is over `max_frame`, or `read_plain_frame` would decline: the connection then takes
+    the frame out of the buffer and answers it as any other."""
+    if compiled_binary is None:
+        return None
+    return compiled_binary.read_framed_call(buf, max_frame, _PLAIN_CALLS, max_items, max_bytes)
+
+
+def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
+    """The call's arguments, and a problem that leaves the message readable (e.g. a name that is not
+    UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
+    if method is not None and reader.more is None and isinstance(reader, BinaryReader):
+        origin = reader.pos
+        plain = _plain_binary_args(reader, method)
+        if plain is not None:
+            return plain, None
+        reader.pos = origin
+    values = dict(method.defaults) if method is not None else {}
+    problem = None
+    reader.read_struct_begin()
+    while True:
+        ttype, fid = reader.read_field_begin()
+        if ttype == STOP:
+            break
+        arg = method.args.get(fid) if method is not None else None
+        if arg is None or arg[1].ttype != ttype:
+            reader.skip(ttype)
+            continue
+        try:
+            values[arg[0]] = read_value(reader, arg[1], arg[0])
+        except ValueError as e:
+            problem = str(e)
+    reader.read_struct_end()
+    return values, problem
+
+
+_FIELD_HEAD = struct.Struct("!bh")
+_I32_AT = struct.Struct("!i").unpack_from
+_I64_AT = struct.Struct("!q").unpack_from
+
+
+def _plain_binary_args(reader: BinaryReader, method: Method) -> dict[str, Any] | None:
+    """A whole binary frame's arguments read in one loop, when each field is one of the method's
+    own, of its type, and a number, a string, a list of binaries or a list or set of i64 (every
+    request of the hot path).
+
+    None, with the reader where it was, for anything else (unknown or mistyped fields, a length
+    past the frame, a string that is not UTF-8): `read_args` then reads the message field by field
+    and names the fault. Lists go through the reader's own checked `read_binary_list`.
+    """
+    buf, pos, end = reader.buf, reader.pos, reader.end
+    values = dict(method.defaults)
+    args = method.args
+    while pos < end:
+        ttype = buf[pos]
+        if ttype == STOP:
+            reader.pos = pos + 1
+            return values
+        if pos + 3 > end:
+            return None
+        arg = args.get(_FIELD_HEAD.unpack_from(buf, pos)[1])
+        pos += 3
+        if arg is None or arg[1].ttype != ttype:
+            return None
+        name, vtype = arg
+        if ttype == I32 and pos + 4 <= end:
+            values[name] = _I32_AT(buf, pos)[0]
+            pos += 4
+        elif ttype == I64 and pos + 8 <= end:
+            values[name] = _I64_AT(buf, pos)[0]
+            pos += 8
+        elif ttype == STRING and pos + 4 <= end:
+            n = _I32_AT(buf, pos)[0]
+            if n < 0 or pos + 4 + n > end:
+                return None
+            raw = bytes(buf[pos + 4:pos + 4 + n])
+            if vtype.utf8:
+                try:
+                    values[name] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+            else:
+                values[name] = raw
+            pos += 4 + n
+        elif ttype == LIST and vtype.elem is not None and vtype.elem.ttype == STRING and not vtype.elem.utf8:
+            reader.pos = pos
+            etype, count = reader.read_list_begin(name)
+            if count and etype != STRING:
+                return None
+            values[name] = reader.read_binary_list(count, name)
+            pos = reader.pos
+        elif ttype in (LIST, SET) and vtype.elem is not None and vtype.elem.ttype == I64:
+            reader.pos = pos
+            etype, count = reader.read_list_begin(name)  # checked: count × 8 bytes are in the frame
+            if count and etype != I64:
+                return None
+            values[name] = list(struct.unpack_from(f"!{count}q", buf, reader.pos))
+            pos = reader.pos + 8 * count
+        else:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing replies
+
+_NESTED = (STRUCT, LIST, SET, MAP)
+
+def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
+    ttype = vtype.ttype
+    if ttype == STRUCT:  # an object with the fields as attributes, or a tuple of them in order
+        writer.write_struct_begin()
+        for i, (fid, name, ftype) in enumerate(vtype.fields):
+            v = value[i] if isinstance(value, tuple) else getattr(value, name)
+            if v is not None:
+                writer.write_field(ftype.ttype, fid)
+                write_value(writer, ftype, v)
+        writer.write_struct_end()
+    elif ttype in (LIST, SET):
+        elem = vtype.elem
+        assert elem is not None
+        writer.write_list_begin(elem.ttype, len(value))
+        if elem.ttype == STRUCT and all(f[2].ttype not in _NESTED for f in elem.fields):
+            writer.write_flat_structs(elem.fields, value)  # `get`'s items: the hot path
+        else:
+            for v in value:
+                write_value(writer, elem, v)
+    else:
+        writer.write_value(ttype, value)
+
+
+# A binary reply's message header up to its sequence id, for each method (the same every time).
+_BINARY_REPLY_HEADS = {name: struct.pack("!Ii", 0x80010000 | REPLY, len(name.encode())) + name.encode()
+                       for name in METHODS}
+_SEQID_I32_RESULT = struct.Struct("!ibhib")  # sequence id, field 0 as an i32, its value, STOP
+_SEQID_LIST_RESULT = struct.Struct("!ibhbi")  # sequence id, field 0 as a list, element type, count
+_SEQID_NO_RESULT = struct.Struct("!ib")  # sequence id, STOP
+# Methods answering a list of (binary, i64) structs (`get`'s Items): the two field ids.
+_ITEM_LIST_RESULTS = {
+    method.name: (fields[0][0], fields[1][0]) for method in METHODS.values()
+    if method.result is not None and method.result.ttype == LIST and method.result.elem is not None
+    and len(fields := method.result.elem.fields) == 2
+    and (fields[0][2].ttype, fields[0][2].utf8, fields[1][2].ttype) == (STRING, False, I64)
+}
+
+
+def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any) -> bytes:
+    """The reply to `method` carrying `value` (None: a void method's, or no result), in the
+    `protocol` of that writer class (a writer is made only when the binary layout declines)."""
+    if protocol is BinaryWriter:
+        reply = _binary_reply(method, seqid, value)
+        if reply is not None:
+            return reply
+    if type(value) is TakenItems:  # a get's Items, to the writers that take (data, id) pairs
+        value = value.pairs()
+    return write_reply(protocol(), method, seqid, value)
+
+
+def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:
+    """The hot path's binary replies laid out in a step or two: nothing, an i32 (`put`, `confirm`,
+    `abort`), or the Items of a `get`; None for anything else (`write_reply`)."""
+    result, head = method.result, _BINARY_REPLY_HEADS[method.name]
+    try:
+        if result is None or value is None:
+            return head + _SEQID_NO_RESULT.pack(seqid, STOP)
+        if result.ttype == I32 and type(value) is int:
+            return head + _SEQID_I32_RESULT.pack(seqid, I32, 0, value, STOP)
+        item_fields = _ITEM_LIST_RESULTS.get(method.name)
+        if item_fields is not None and type(value) is TakenItems and compiled_binary is not None:
+            items = compiled_binary.write_items(*item_fields, value.data(), value.ids)
+            if items is not None:
+                count = _SEQID_LIST_RESULT.pack(seqid, LIST, 0, STRUCT, len(value))
+                return b"".join((head, count, items, b"\x00"))
+    except struct.error:  # a number past its type: `write_reply` says which
+        pass
+    return None
+
+
+def write_reply(writer: Writer, method: Method, seqid: int, value: Any) -> bytes:
+    """`encode_reply` field by field through `writer` (every protocol; the reference)."""
+    writer.write_message_begin(method.name, REPLY, seqid)
+    writer.write_struct_begin()
+    if method.result is not None and value is not None:
+        writer.write_field(method.result.ttype, 0)
+        write_value(writer, method.result, value)
+    writer.write_struct_end()
+    return writer.getvalue()
+
+
+def encode_exception(writer: Writer, name: str, seqid: int, kind: int, message: str) -> bytes:
+    """A TApplicationException: what every Thrift client raises with the message shown."""
+    writer.write_message_begin(name, EXCEPTION, seqid)
+    writer.write_struct_begin()
+    writer.write_field(STRING, 1)
+    writer.write_value(STRING, message)
+    writer.write_field(I32, 2)
+    writer.write_value(I32, kind)
+    writer.write_struct_end()
+    return writer.getvalue()
+
+
+UNKNOWN = TApplicationException.UNKNOWN
+UNKNOWN_METHOD = TApplicationException.UNKNOWN_METHOD
+INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
+INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
+PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
+
+__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
+           "read_buffered_frame", "read_plain_frame"]

@@ -1,0 +1,639 @@
+"""Thrift's binary and compact protocols, read with every length and count checked before use.
+
+A reader works on one message in a buffer: `end` is how far the buffer holds data, `limit` how far
+the message may reach (the frame's end, or `max_frame_size` bytes on for unframed transport). Every
+length and count is checked against `limit` (each element needs at least its smallest encoding)
+and against the batch limits before anything is read or allocated; when a read goes past `end` but
+not past `limit`, `more` (unframed transport only) reads on from the socket. Writers build replies.
+No I/O here. The binary protocol's hot paths have a compiled twin (src/kestrel/service/thrift/_binary.c,
+`compiled_binary`): here a batch put's list; a whole call and a get's Items in
+src/kestrel/service/thrift/messages.py. It takes the plain case and hands everything else back to the Python
+code, which stays the reference.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+try:
+    from kestrel.service.thrift import _binary as _thrift_binary
+except ImportError:  # built without a C compiler: the Python code alone
+    _thrift_binary = None  # type: ignore[assignment]
+compiled_binary = _thrift_binary  # what src/kestrel/service/thrift/messages.py uses too
+
+# Type codes as the binary protocol writes them.
+STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
+    0, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16)
+CALL, REPLY, EXCEPTION = 1, 2, 3
+MAX_DEPTH = 32  # nesting of skipped structs and containers
+
+_I8 = struct.Struct("!b")
+_I16 = struct.Struct("!h")
+_I32 = struct.Struct("!i")
+_I64 = struct.Struct("!q")
+_DOUBLE = struct.Struct("!d")
+_DOUBLE_LE = struct.Struct("<d")
+_FIELD = struct.Struct("!bh")
+_STRING_FIELD = struct.Struct("!bhi")  # field header and length
+_I64_FIELD_STOP = struct.Struct("!bhqb")  # field header, value, end of struct
+_TWO_I64_FIELDS_STOP = struct.Struct("!bhqbhqb")  # two i64 fields, then the struct's STOP
+_THREE_I64_FIELDS_STOP = struct.Struct("!bhqbhqbhqb")
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_BINARY_VERSION = 0x80010000
+_COMPACT_ID = 0x82
+
+
+class ThriftProtocolError(Exception):
+    """Raised when a message is malformed, shorter than it announces, or over a limit."""
+
+
+class Reader:
+    """One message in a buffer. Subclasses read one protocol; `more(need)` reads on to `need`
+    bytes and returns the new end (None: the buffer is a whole frame)."""
+
+    MIN_SIZE: dict[int, int] = {}
+
+    def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
+                 more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
+        self.buf = buf
+        self.pos = 0
+        self.end = end
+        self.limit = limit
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.more = more
+        self.scope = scope
+        self.mutable = isinstance(buf, bytearray)
+
+    def _short(self, pos: int, n: int, what: str) -> int:
+        """`n` bytes at `pos` are past the data at hand: read on, or refuse. Returns the new end."""
+        if n < 0 or pos + n > self.limit:
+            raise ThriftProtocolError(f"{what} needs {n} bytes but only {self.limit - pos} are left in the "
+                                      f"{self.scope}")
+        assert self.more is not None  # a whole frame has end == limit
+        self.end = self.more(pos + n)
+        return self.end
+
+    def _count(self, ttype: int, count: int, what: str) -> None:
+        """A container's element count, checked before anything is allocated."""
+        size = self.MIN_SIZE.get(ttype)
+        if size is None:
+            raise ThriftProtocolError(f"{what} has elements of unknown type {ttype}")
+        if count < 0:
+            raise ThriftProtocolError(f"{what} announces a negative count {count}")
+        if count * size > self.limit - self.pos:
+            raise ThriftProtocolError(f"{what} announces {count} elements but only {self.limit - self.pos} "
+                                      f"bytes are left in the {self.scope}")
+        if count > self.max_items:
+            raise ThriftProtocolError(f"{what} has {count} elements, over max_batch_items {self.max_items}")
+
+    def take(self, n: int, what: str) -> bytes:
+        pos = self.pos
+        if pos + n > self.end or n < 0:
+            self._short(pos, n, what)
+        self.pos = pos + n
+        data = self.buf[pos:pos + n]
+        return bytes(data) if self.mutable else data  # type: ignore[return-value]
+
+    def read_string(self, what: str) -> str:
+        data = self.read_binary(what)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{what} is not valid UTF-8 (byte {data[e.start]:#04x} at {e.start}): "
+                             f"Thrift strings must be UTF-8") from None
+
+    def read_binary(self, what: str) -> bytes:
+        raise NotImplementedError
+
+    def read_message_begin(self) -> tuple[str, int, int]:
+        """The method name, message type and sequence id."""
+        raise NotImplementedError
+
+    def read_list_begin(self, what: str) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def read_binary_list(self, count: int, what: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def read_field_begin(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def read_struct_begin(self) -> None:
+        pass
+
+    def read_struct_end(self) -> None:
+        pass
+
+    def read_map_begin(self, what: str) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def read_bool(self) -> bool:
+        return self.take(1, "a bool") != b"\x00"
+
+    def read_byte(self) -> int:
+        return int(_I8.unpack(self.take(1, "a byte"))[0])
+
+    def read_i16(self) -> int:
+        raise NotImplementedError
+
+    def read_i32(self) -> int:
+        raise NotImplementedError
+
+    def read_i64(self) -> int:
+        raise NotImplementedError
+
+    def read_double(self) -> float:
+        raise NotImplementedError
+
+    def read_value(self, ttype: int, what: str) -> Any:
+        """A primitive value (what containers of Kestrel's arguments hold)."""
+        if ttype == STRING:
+            return self.read_binary(what)
+        if ttype == I64:
+            return self.read_i64()
+        if ttype == I32:
+            return self.read_i32()
+        if ttype == I16:
+            return self.read_i16()
+        if ttype == BYTE:
+            return self.read_byte()
+        if ttype == BOOL:
+            return self.read_bool()
+        if ttype == DOUBLE:
+            return self.read_double()
+        raise ThriftProtocolError(f"{what}: cannot read a value of type {ttype} here")
+
+    def skip(self, ttype: int, depth: int = 0) -> None:
+        """Step over a value of a field this server does not know (bounded like any other read)."""
+        if depth > MAX_DEPTH:
+            raise ThriftProtocolError(f"values nested deeper than {MAX_DEPTH}")
+        if ttype == STRUCT:
+            self.read_struct_begin()
+            while True:
+                ftype, _ = self.read_field_begin()
+                if ftype == STOP:
+                    break
+                self.skip(ftype, depth + 1)
+            self.read_struct_end()
+        elif ttype in (LIST, SET):
+            etype, count = self.read_list_begin("a skipped container")
+            for _ in range(count):
+                self.skip(etype, depth + 1)
+        elif ttype == MAP:
+            ktype, vtype, count = self.read_map_begin("a skipped map")
+            for _ in range(count):
+                self.skip(ktype, depth + 1)
+                self.skip(vtype, depth + 1)
+        elif ttype == UUID:
+            self.take(16, "a uuid")
+        elif ttype == BOOL:
+            self.read_bool()
+        else:
+            self.read_value(ttype, "a skipped field")
+
+
+class BinaryReader(Reader):
+    """TBinaryProtocol: big-endian fixed-width numbers, i32 lengths."""
+
+    MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 2, I32: 4, I64: 8, DOUBLE: 8, STRING: 4, STRUCT: 1, MAP: 6,
+                SET: 5, LIST: 5, UUID: 16}
+
+    def _fixed(self, s: struct.Struct, what: str) -> Any:
+        pos = self.pos
+        if pos + s.size > self.end:
+            self._short(pos, s.size, what)
+        self.pos = pos + s.size
+        return s.unpack_from(self.buf, pos)[0]
+
+    def read_i16(self) -> int:
+        return int(self._fixed(_I16, "an i16"))
+
+    def read_i32(self) -> int:
+        return int(self._fixed(_I32, "an i32"))
+
+    def read_i64(self) -> int:
+        return int(self._fixed(_I64, "an i64"))
+
+    def read_double(self) -> float:
+        return float(self._fixed(_DOUBLE, "a double"))
+
+    def read_binary(self, what: str) -> bytes:
+        n = self._fixed(_I32, what)
+        if n < 0:
+            raise ThriftProtocolError(f"{what} announces a negative length {n}")
+        return self.take(n, what)
+
+    def read_message_begin(self) -> tuple[str, int, int]:
+        first = self._fixed(_I32, "the message header")
+        if first < 0:
+            if first & 0xffff0000 != _BINARY_VERSION:
+                hint = " (a compact-protocol client?)" if (first >> 24) & 0xff == _COMPACT_ID else ""
+                raise ThriftProtocolError(f"bad binary protocol version {first & 0xffffffff:#010x}{hint}")
+            mtype = first & 0xff
+            name = self.take_name(self._fixed(_I32, "the method name"))
+        else:  # the old unversioned header: name, then type
+            name = self.take_name(first)
+            mtype = self._fixed(_I8, "the message type")
+        return name, mtype, self._fixed(_I32, "the sequence id")
+
+    def take_name(self, n: int) -> str:
+        if n < 0 or n > 256:
+            raise ThriftProtocolError(f"a method name of {n} bytes")
+        raw = self.take(n, "the method name")
+        if raw[:2] == b"\x80\x01":
+            raise ThriftProtocolError("this looks like a framed client, but the server expects unframed "
+                                      "(buffered) transport")
+        return raw.decode("utf-8", "replace")
+
+    def read_field_begin(self) -> tuple[int, int]:
+        pos = self.pos
+        if pos + 1 > self.end:
+            self._short(pos, 1, "a field header")
+        ttype = self.buf[pos]
+        if ttype == STOP:
+            self.pos = pos + 1
+            return STOP, 0
+        if pos + 3 > self.end:
+            self._short(pos, 3, "a field header")
+        self.pos = pos + 3
+        ttype, fid = _FIELD.unpack_from(self.buf, pos)
+        return ttype, fid
+
+    def read_list_begin(self, what: str) -> tuple[int, int]:
+        etype = self._fixed(_I8, what)
+        count = self._fixed(_I32, what)
+        self._count(etype, count, what)
+        return etype, count
+
+    def read_map_begin(self, what: str) -> tuple[int, int, int]:
+        ktype = self._fixed(_I8, what)
+        vtype = self._fixed(_I8, what)
+        count = self._fixed(_I32, what)
+        self._count(ktype, count, what)
+        self._count(vtype, count, what)
+        return ktype, vtype, count
+
+    def read_binary_list(self, count: int, what: str) -> list[bytes]:
+        """The hot path of `put`: each length checked against the frame and the byte budget."""
+        if compiled_binary is not None:
+            read = compiled_binary.read_binary_list(self.buf, self.pos, self.end, count, self.max_bytes)
+            if read is not None:
+                items, self.pos = read
+                return items
+        return self.read_binary_list_python(count, what)
+
+    def read_binary_list_python(self, count: int, what: str) -> list[bytes]:
+        """`read_binary_list` in Python: the reference, and the way for anything but an intact list
+        at hand (it names the fault, or reads on for an unframed request)."""
+        buf, pos, end, budget = self.buf, self.pos, self.end, self.max_bytes
+        unpack = _I32.unpack_from
+        items: list[Any] = []
+        append = items.append
+        for i in range(count):
+            if pos + 4 > end:
+                end = self._short(pos, 4, f"{what} element {i}")
+            (n,) = unpack(buf, pos)
+            pos += 4
+            stop = pos + n
+            if n < 0 or n > budget or stop > end:  # rare: refuse, or (unframed) read on
+                if n < 0:
+                    raise ThriftProtocolError(f"{what} element {i} announces a negative length {n}")
+                if n > budget:
+                    raise ThriftProtocolError(f"{what} holds more than max_batch_bytes {self.max_bytes}")
+                end = self._short(pos, n, f"{what} element {i}")
+            budget -= n
+            append(buf[pos:stop])
+            pos = stop
+        self.pos = pos
+        return [bytes(x) for x in items] if self.mutable else items
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+# Compact type nibble -> binary type code (1 and 2 are bools carrying their value).
+_FROM_COMPACT = {1: BOOL, 2: BOOL, 3: BYTE, 4: I16, 5: I32, 6: I64, 7: DOUBLE, 8: STRING, 9: LIST, 10: SET,
+                 11: MAP, 12: STRUCT, 13: UUID}
+_TO_COMPACT = {BOOL: 1, BYTE: 3, I16: 4, I32: 5, I64: 6, DOUBLE: 7, STRING: 8, LIST: 9, SET: 10, MAP: 11,
+               STRUCT: 12, UUID: 13}
+
+
+class CompactReader(Reader):
+    """TCompactProtocol: zigzag varints, field-id deltas, bools folded into field headers."""
+
+    MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 1, I32: 1, I64: 1, DOUBLE: 8, STRING: 1, STRUCT: 1, MAP: 1,
+                SET: 1, LIST: 1, UUID: 16}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_fid = 0
+        self._fids: list[int] = []
+        self._bool: bool | None = None
+
+    def _ubyte(self, what: str) -> int:
+        pos = self.pos
+        if pos + 1 > self.end:
+            self._short(pos, 1, what)
+        self.pos = pos + 1
+        return self.buf[pos]
+
+    def _varint(self, max_bytes: int, what: str) -> int:
+        result = shift = 0
+        for _ in range(max_bytes):
+            b = self._ubyte(what)
+            result |= (b & 0x7f) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+        raise ThriftProtocolError(f"{what}: a varint longer than {max_bytes} bytes")
+
+    def read_i16(self) -> int:
+        return _zigzag(self._varint(3, "an i16"))
+
+    def read_i32(self) -> int:
+        value = _zigzag(self._varint(5, "an i32"))
+        if not -(1 << 31) <= value < (1 << 31):
+            raise ThriftProtocolError(f"an i32 of {value} is out of range")
+        return value
+
+    def read_i64(self) -> int:
+        return _zigzag(self._varint(10, "an i64"))
+
+    def read_double(self) -> float:
+        return float(_DOUBLE_LE.unpack(self.take(8, "a double"))[0])
+
+    def read_bool(self) -> bool:
+        if self._bool is not None:
+            value, self._bool = self._bool, None
+            return value
+        return self._ubyte("a bool") == 1
+
+    def read_binary(self, what: str) -> bytes:
+        return self.take(self._varint(5, what), what)
+
+    def read_message_begin(self) -> tuple[str, int, int]:
+        pid = self._ubyte("the message header")
+        if pid != _COMPACT_ID:
+            hint = " (a binary-protocol client?)" if pid == 0x80 else ""
+            raise ThriftProtocolError(f"expected the compact protocol id 0x82, got {pid:#04x}{hint}")
+        vt = self._ubyte("the message header")
+        if vt & 0x1f != 1:
+            raise ThriftProtocolError(f"unknown compact protocol version {vt & 0x1f}")
+        seqid = self._varint(5, "the sequence id")
+        n = self._varint(5, "the method name")
+        if n > 256:
+            raise ThriftProtocolError(f"a method name of {n} bytes")
+        name = self.take(n, "the method name").decode("utf-8", "replace")
+        return name, vt >> 5, seqid
+
+    def read_struct_begin(self) -> None:
+        self._fids.append(self._last_fid)
+        self._last_fid = 0
+
+    def read_struct_end(self) -> None:
+        self._last_fid = self._fids.pop()
+
+    def read_field_begin(self) -> tuple[int, int]:
+        b = self._ubyte("a field header")
+        if b == 0:
+            return STOP, 0
+        ttype = _FROM_COMPACT.get(b & 0x0f)
+        if ttype is None:
+            raise ThriftProtocolError(f"unknown compact field type {b & 0x0f}")
+        delta = b >> 4
+        fid = self._last_fid + delta if delta else self.read_i16()
+        self._last_fid = fid
+        if ttype == BOOL:
+            self._bool = b & 0x0f == 1
+        return ttype, fid
+
+    def read_list_begin(self, what: str) -> tuple[int, int]:
+        b = self._ubyte(what)
+        count = b >> 4
+        if count == 15:
+            count = self._varint(5, what)
+        etype = _FROM_COMPACT.get(b & 0x0f, -1)
+        self._count(etype, count, what)
+        return etype, count
+
+    def read_map_begin(self, what: str) -> tuple[int, int, int]:
+        count = self._varint(5, what)
+        if count == 0:
+            return STRING, STRING, 0
+        kv = self._ubyte(what)
+        ktype, vtype = _FROM_COMPACT.get(kv >> 4, -1), _FROM_COMPACT.get(kv & 0x0f, -1)
+        self._count(ktype, count, what)
+        self._count(vtype, count, what)
+        return ktype, vtype, count
+
+    def read_binary_list(self, count: int, what: str) -> list[bytes]:
+        items, budget = [], self.max_bytes
+        for i in range(count):
+            n = self._varint(5, f"{what} element {i}")
+            if n > budget:
+                raise ThriftProtocolError(f"{what} holds more than max_batch_bytes {self.max_bytes} bytes")
+            budget -= n
+            items.append(self.take(n, f"{what} element {i}"))
+        return items
+
+
+class Writer:
+    """A reply under construction; `getvalue()` is the message."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def getvalue(self) -> bytes:
+        return bytes(self.out)
+
+    def write_message_begin(self, name: str, mtype: int, seqid: int) -> None:
+        raise NotImplementedError
+
+    def write_field(self, ttype: int, fid: int) -> None:
+        raise NotImplementedError
+
+    def write_struct_begin(self) -> None:
+        pass
+
+    def write_struct_end(self) -> None:
+        self.out.append(0)
+
+    def write_list_begin(self, etype: int, count: int) -> None:
+        raise NotImplementedError
+
+    def write_value(self, ttype: int, value: Any) -> None:
+        raise NotImplementedError
+
+    def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
+        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings; each
+        value is an object with those attributes or a tuple of the fields in order."""
+        for value in values:
+            self.write_struct_begin()
+            for i, (fid, name, ftype) in enumerate(fields):
+                v = value[i] if isinstance(value, tuple) else getattr(value, name)
+                if v is not None:
+                    self.write_field(ftype.ttype, fid)
+                    self.write_value(ftype.ttype, v)
+            self.write_struct_end()
+
+
+class BinaryWriter(Writer):
+    def write_message_begin(self, name: str, mtype: int, seqid: int) -> None:
+        raw = name.encode()
+        self.out += _I32.pack((_BINARY_VERSION - (1 << 32)) | mtype) + _I32.pack(len(raw))
+        self.out += raw + _I32.pack(seqid)
+
+    def write_field(self, ttype: int, fid: int) -> None:
+        self.out += _FIELD.pack(ttype, fid)
+
+    def write_list_begin(self, etype: int, count: int) -> None:
+        self.out += _I8.pack(etype) + _I32.pack(count)
+
+    def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
+        shape = [(ftype.ttype, fid) for fid, _, ftype in fields]
+        if len(shape) == 2 and (shape[0][0], shape[1][0]) == (STRING, I64) and isinstance(values, list):
+            # A binary string then an i64 (`get`'s Item), given as (bytes, int) tuples: every piece
+            # laid out by list operations and joined once; a header packed once per distinct size,
+            # and the i64 once when all are 0 (no auto-abort).
+            (_, fid1), (_, fid2) = shape
+            try:
+                datas = list(map(_FIRST, values))
+                numbers = list(map(_SECOND, values))
+                sizes = list(map(len, datas))
+                count = len(values)
+                parts: list[bytes] = [b""] * (3 * count)
+                if count and min(sizes) == max(sizes):
+                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, sizes[0])] * count
+                else:
+                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, n) for n in sizes]
+                parts[1::3] = datas
+                if any(numbers):
+                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, n, STOP) for n in numbers]
+                else:
+                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, 0, STOP)] * count
+                self.out += b"".join(parts)
+                return
+            except (TypeError, ValueError, IndexError, struct.error):
+                pass  # objects, strings or missing fields: nothing was written, take the general way
+        if [t for t, _ in shape] == [STRING, I64, I64, I64] and isinstance(values, list):
+            # `get_timed`'s TimedItem as (bytes, id, added, expiry or None) tuples: the numbers after
+            # the data in one pack per item, the last left out when None (it is optional).
+            (_, fid1), (_, fid2), (_, fid3), (_, fid4) = shape
+            try:
+                timed: list[bytes] = []
+                for data, number, added, expiry in values:
+                    timed.append(_STRING_FIELD.pack(STRING, fid1, len(data)))
+                    timed.append(data)
+                    timed.append(_TWO_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, STOP)
+                                 if expiry is None else
+                                 _THREE_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, I64, fid4,
+                                                             expiry, STOP))
+                self.out += b"".join(timed)
+                return
+            except (TypeError, ValueError, struct.error):
+                pass  # not such tuples: nothing was written, take the general way
+        super().write_flat_structs(fields, values)
+
+    def write_value(self, ttype: int, value: Any) -> None:
+        out = self.out
+        if ttype == STRING:
+            raw = value.encode() if isinstance(value, str) else value
+            out += _I32.pack(len(raw))
+            out += raw
+        elif ttype == I64:
+            out += _I64.pack(value)
+        elif ttype == I32:
+            out += _I32.pack(value)
+        elif ttype == I16:
+            out += _I16.pack(value)
+        elif ttype in (BYTE, BOOL):
+            out += _I8.pack(int(value))
+        elif ttype == DOUBLE:
+            out += _DOUBLE.pack(value)
+        else:
+            raise TypeError(f"cannot write a value of type {ttype}")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7f:
+        out.append((n & 0x7f) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class CompactWriter(Writer):
+    def __init__(self) -> None:
+        super().__init__()
+        self._last_fid = 0
+        self._fids: list[int] = []
+        self._bool_fid: int | None = None
+
+    def write_message_begin(self, name: str, mtype: int, seqid: int) -> None:
+        raw = name.encode()
+        self.out += bytes((_COMPACT_ID, 1 | (mtype << 5))) + _varint(seqid & 0xffffffff)
+        self.out += _varint(len(raw)) + raw
+
+    def write_struct_begin(self) -> None:
+        self._fids.append(self._last_fid)
+        self._last_fid = 0
+
+    def write_struct_end(self) -> None:
+        self.out.append(0)
+        self._last_fid = self._fids.pop()
+
+    def write_field(self, ttype: int, fid: int) -> None:
+        if ttype == BOOL:
+            self._bool_fid = fid  # the value goes in the header: written by write_value
+            return
+        self._header(_TO_COMPACT[ttype], fid)
+
+    def _header(self, ctype: int, fid: int) -> None:
+        delta = fid - self._last_fid
+        if 0 < delta <= 15:
+            self.out.append((delta << 4) | ctype)
+        else:
+            self.out.append(ctype)
+            self.out += _varint((fid << 1) ^ (fid >> 63))
+        self._last_fid = fid
+
+    def write_list_begin(self, etype: int, count: int) -> None:
+        ctype = _TO_COMPACT[etype]
+        if count < 15:
+            self.out.append((count << 4) | ctype)
+        else:
+            self.out.append(0xf0 | ctype)
+            self.out += _varint(count)
+
+    def write_value(self, ttype: int, value: Any) -> None:
+        out = self.out
+        if ttype == STRING:
+            raw = value.encode() if isinstance(value, str) else value
+            out += _varint(len(raw))
+            out += raw
+        elif ttype in (I64, I32, I16):
+            out += _varint((value << 1) ^ (value >> 63))
+        elif ttype == BYTE:
+            out += _I8.pack(value)
+        elif ttype == BOOL:
+            if self._bool_fid is not None:
+                self._header(1 if value else 2, self._bool_fid)
+                self._bool_fid = None
+            else:
+                out.append(1 if value else 2)
+        elif ttype == DOUBLE:
+            out += _DOUBLE_LE.pack(value)
+        else:
+            raise TypeError(f"cannot write a value of type {ttype}")
+
+
+PROTOCOLS: dict[str, tuple[type[Reader], type[Writer]]] = {
+    "binary": (BinaryReader, BinaryWriter),
+    "compact": (CompactReader, CompactWriter),
+}

@@ -1,0 +1,432 @@
+/* The compiled twin of `storage.item.QItemPython`: one queue item in memory.
+ *
+ * A batch put makes one item per element and start-up replay one per record; made by the Python
+ * class's `__init__`, that is a fifth of a batch round's Python time. This type has the same five
+ * attributes, constructor, equality, repr and (absent) hash, and is made without running any
+ * Python code. Its fields hold ints and bytes, which cannot refer back to an item, so it takes no
+ * part in the cyclic garbage collector. tests/test_item.py runs the same checks on both classes.
+ * Optional: without a C compiler the build goes on and storage.item uses the Python class.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CRC_HARDWARE 1
+#endif
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *add_time;
+    PyObject *expiry;
+    PyObject *data;
+    PyObject *xid;
+    PyObject *errors;
+} QItem;
+
+static PyObject *zero;
+
+static PyObject *make(PyTypeObject *type, PyObject *add_time, PyObject *expiry, PyObject *data,
+                      PyObject *xid, PyObject *errors) {
+    QItem *self = (QItem *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->add_time = Py_NewRef(add_time);
+    self->expiry = Py_NewRef(expiry);
+    self->data = Py_NewRef(data);
+    self->xid = Py_NewRef(xid);
+    self->errors = Py_NewRef(errors);
+    return (PyObject *)self;
+}
+
+static PyObject *qitem_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"add_time", "expiry", "data", "xid", "errors", NULL};
+    PyObject *add_time, *expiry, *data, *xid = zero, *errors = zero;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:QItem", names, &add_time, &expiry, &data, &xid,
+                                     &errors)) {
+        return NULL;
+    }
+    return make(type, add_time, expiry, data, xid, errors);
+}
+
+/* The common call, positional arguments only, without building an argument tuple. */
+static PyObject *qitem_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 3 || nargs > 5) {
+        PyObject *tuple = PyTuple_New(nargs);
+        if (tuple == NULL) {
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+        }
+        PyObject *kwargs = NULL;
+        if (kwnames != NULL) {
+            kwargs = PyDict_New();
+            for (Py_ssize_t i = 0; kwargs != NULL && i < PyTuple_GET_SIZE(kwnames); i++) {
+                if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+                    Py_CLEAR(kwargs);
+                }
+            }
+            if (kwargs == NULL) {
+                Py_DECREF(tuple);
+                return NULL;
+            }
+        }
+        PyObject *item = qitem_new((PyTypeObject *)type, tuple, kwargs);
+        Py_DECREF(tuple);
+        Py_XDECREF(kwargs);
+        return item;
+    }
+    return make((PyTypeObject *)type, args[0], args[1], args[2], nargs > 3 ? args[3] : zero,
+                nargs > 4 ? args[4] : zero);
+}
+
+static void qitem_dealloc(QItem *self) {
+    Py_XDECREF(self->add_time);
+    Py_XDECREF(self->expiry);
+    Py_XDECREF(self->data);
+    Py_XDECREF(self->xid);
+    Py_XDECREF(self->errors);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *qitem_repr(QItem *self) {
+    return PyUnicode_FromFormat("QItem(add_time=%R, expiry=%R, data=%R, xid=%R)", self->add_time, self->expiry,
+                                self->data, self->xid);
+}
+
+/* Equal when added at the same time with the same expiry and data, as the Python class says. */
+static PyObject *qitem_richcompare(PyObject *a, PyObject *b, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_TypeCheck(b, Py_TYPE(a))) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    QItem *x = (QItem *)a, *y = (QItem *)b;
+    PyObject *fields[3][2] = {{x->add_time, y->add_time}, {x->expiry, y->expiry}, {x->data, y->data}};
+    for (int i = 0; i < 3; i++) {
+        if (fields[i][0] == NULL || fields[i][1] == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "QItem field deleted");
+            return NULL;
+        }
+        int same = PyObject_RichCompareBool(fields[i][0], fields[i][1], Py_EQ);
+        if (same < 0) {
+            return NULL;
+        }
+        if (!same) {
+            return PyBool_FromLong(op == Py_NE);
+        }
+    }
+    return PyBool_FromLong(op == Py_EQ);
+}
+
+static PyMemberDef members[] = {
+    {"add_time", T_OBJECT_EX, offsetof(QItem, add_time), 0, "when it was added (ms since the epoch)"},
+    {"expiry", T_OBJECT_EX, offsetof(QItem, expiry), 0, "when it expires (ms since the epoch, 0 = never)"},
+    {"data", T_OBJECT_EX, offsetof(QItem, data), 0, "its bytes"},
+    {"xid", T_OBJECT_EX, offsetof(QItem, xid), 0, "its open read's id, or 0"},
+    {"errors", T_OBJECT_EX, offsetof(QItem, errors), 0, "how many aborts it has been through"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject QItemType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kestrel.storage._item.QItem",
+    .tp_basicsize = sizeof(QItem),
+    .tp_dealloc = (destructor)qitem_dealloc,
+    .tp_repr = (reprfunc)qitem_repr,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One queue item: its data, when it was added and when it expires; see src/kestrel/storage/item.py.",
+    .tp_richcompare = qitem_richcompare,
+    .tp_members = members,
+    .tp_new = qitem_new,
+    .tp_vectorcall = qitem_vectorcall,
+};
+
+/* The length of one item's data, or -1 with an exception set: bytes directly, anything else through
+   its length, which may run Python code (the object is held meanwhile). */
+static Py_ssize_t data_length(PyObject *data) {
+    if (PyBytes_CheckExact(data)) {
+        return PyBytes_GET_SIZE(data);
+    }
+    Py_INCREF(data);
+    Py_ssize_t size = PyObject_Length(data);
+    Py_DECREF(data);
+    return size;
+}
+
+/* data_sizes(datas): (total bytes, largest) of a batch's data, in one pass (src/kestrel/storage/item.py). */
+static PyObject *data_sizes(PyObject *module, PyObject *datas) {
+    PyObject *seq = PySequence_Fast(datas, "data_sizes takes a sequence of bytes");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = 0, largest = 0;
+    /* The length is read again each time round: `len` of something other than bytes runs Python. */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        Py_ssize_t size = data_length(PySequence_Fast_GET_ITEM(seq, i));
+        if (size < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        total += size;
+        if (size > largest) {
+            largest = size;
+        }
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(nn)", total, largest);
+}
+
+/* One field of an item, this type's directly, another object's by name (a new reference). */
+static PyObject *field(PyObject *item, size_t offset, const char *name) {
+    if (!Py_IS_TYPE(item, &QItemType)) {
+        return PyObject_GetAttrString(item, name);
+    }
+    PyObject *value = *(PyObject **)((char *)item + offset);
+    if (value == NULL) {  /* deleted, as a member of this type can be */
+        PyErr_Format(PyExc_AttributeError, "'QItem' object has no attribute '%s'", name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+/* plain_size(items): the bytes of data of items none of which can expire, else -1 (src/kestrel/storage/item.py). */
+static PyObject *plain_size(PyObject *module, PyObject *items) {
+    PyObject *seq = PySequence_Fast(items, "plain_size takes a sequence of items");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {  /* see data_sizes */
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *expiry = field(item, offsetof(QItem, expiry), "expiry");
+        int expires = expiry == NULL ? -1 : PyObject_IsTrue(expiry);
+        Py_XDECREF(expiry);
+        if (expires != 0) {
+            Py_DECREF(item);
+            Py_DECREF(seq);
+            return expires < 0 ? NULL : PyLong_FromLong(-1);
+        }
+        PyObject *data = field(item, offsetof(QItem, data), "data");
+        Py_DECREF(item);
+        Py_ssize_t size = data == NULL ? -1 : data_length(data);
+        Py_XDECREF(data);
+        if (size < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        total += size;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(total);
+}
+
+/* item_data(items): [item.data, ...], the data of a get's items for the reply's encoder: a list of
+   references, where (data, id) pairs would be an object made and freed for each item. */
+static PyObject *item_data(PyObject *module, PyObject *items) {
+    if (!PyList_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "item_data takes a list of items");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *datas = PyList_New(n);
+    if (datas == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* read again by index each time round: see data_with_ids */
+        if (i >= PyList_GET_SIZE(items)) {
+            PyErr_SetString(PyExc_RuntimeError, "the items changed size while being read");
+            Py_DECREF(datas);
+            return NULL;
+        }
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, i));
+        PyObject *data = field(item, offsetof(QItem, data), "data");
+        Py_DECREF(item);
+        if (data == NULL) {
+            Py_DECREF(datas);
+            return NULL;
+        }
+        PyList_SET_ITEM(datas, i, data);
+    }
+    return datas;
+}
+
+/* data_with_ids(items, ids): [(item.data, id), ...], `ids` an int for every item or a list, one each. */
+static PyObject *data_with_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "data_with_ids takes items and ids");
+        return NULL;
+    }
+    PyObject *items = args[0], *ids = args[1];
+    if (!PyList_CheckExact(items) || !(PyLong_CheckExact(ids) || PyList_CheckExact(ids))) {
+        PyErr_SetString(PyExc_TypeError, "data_with_ids takes a list of items and an int or a list of ids");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (PyList_CheckExact(ids) && PyList_GET_SIZE(ids) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd items but %zd ids", n, PyList_GET_SIZE(ids));
+        return NULL;
+    }
+    PyObject *pairs = PyList_New(n);
+    if (pairs == NULL) {
+        return NULL;
+    }
+    /* Filled in place: nothing here runs Python code for an item of this type, and a list of other
+       objects (whose attribute lookup might) is read again by index each time, its length checked. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(items) || (PyList_CheckExact(ids) && i >= PyList_GET_SIZE(ids))) {
+            PyErr_SetString(PyExc_RuntimeError, "the items changed size while being read");
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, i));
+        PyObject *data = field(item, offsetof(QItem, data), "data");
+        Py_DECREF(item);
+        if (data == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyObject *id = PyLong_CheckExact(ids) ? ids : PyList_GET_ITEM(ids, i);
+        PyObject *pair = PyTuple_Pack(2, data, id);
+        Py_DECREF(data);
+        if (pair == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyList_SET_ITEM(pairs, i, pair);
+    }
+    return pairs;
+}
+
+/* crc32c(data, crc=0): CRC32C (Castagnoli, reflected 0x82F63B78) of `data` continuing from `crc`,
+   slice-by-8; the reference is src/kestrel/storage/crc32c.py's table-driven Python. The GIL is released for
+   large buffers: start-up and rotation checksum whole journal files. */
+static uint32_t crc_table[8][256];
+static int crc_hardware; /* the processor has the SSE 4.2 crc32 instruction */
+
+static void crc_init(void) {
+#ifdef CRC_HARDWARE
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2");
+#endif
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        }
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        for (int t = 1; t < 8; t++) {
+            crc_table[t][n] = (crc_table[t - 1][n] >> 8) ^ crc_table[0][crc_table[t - 1][n] & 0xFF];
+        }
+    }
+}
+
+static uint32_t crc_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF]
+              ^ crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF]
+              ^ crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) {
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    }
+    return ~crc;
+}
+
+#ifdef CRC_HARDWARE
+/* The SSE 4.2 crc32 instruction computes CRC32C itself, 8 bytes at a time (about ten times the
+   table's speed); used when the processor has it (checked once, at import). */
+__attribute__((target("sse4.2"))) static uint32_t crc_update_sse42(uint32_t crc, const unsigned char *p,
+                                                                   Py_ssize_t n) {
+    uint64_t c = ~crc;
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = __builtin_ia32_crc32di(c, word);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n-- > 0) {
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
+    }
+    return ~c32;
+}
+#endif
+
+
+static PyObject *crc32c(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32c(data, crc=0)");
+        return NULL;
+    }
+    unsigned long start = 0;
+    if (nargs == 2) {
+        start = PyLong_AsUnsignedLong(args[1]);
+        if (start == (unsigned long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    uint32_t crc = (uint32_t)start;
+    uint32_t (*update)(uint32_t, const unsigned char *, Py_ssize_t) = crc_update;
+#ifdef CRC_HARDWARE
+    if (crc_hardware) {
+        update = crc_update_sse42;
+    }
+#endif
+    if (view.len > 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = update(crc, view.buf, view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = update(crc, view.buf, view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef functions[] = {
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL, "CRC32C of a buffer, continuing from crc."},
+    {"data_with_ids", (PyCFunction)(void (*)(void))data_with_ids, METH_FASTCALL,
+     "[(item.data, id), ...]: ids an int for every item or a list, one each."},
+    {"data_sizes", data_sizes, METH_O, "(total bytes, largest) of a batch's data."},
+    {"item_data", item_data, METH_O, "[item.data, ...] of a list of items."},
+    {"plain_size", plain_size, METH_O, "The bytes of data of items none of which can expire, else -1."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kestrel.storage._item", "The queue item, compiled (see src/kestrel/storage/item.py).", -1, functions,
+};
+
+PyMODINIT_FUNC PyInit__item(void) {
+    crc_init();
+    zero = PyLong_FromLong(0);
+    if (zero == NULL || PyType_Ready(&QItemType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "QItem", (PyObject *)&QItemType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

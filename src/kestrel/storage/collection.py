@@ -1,0 +1,506 @@
+"""QueueCollection: every queue of one queue path, with fanout, aliases and the expiry sweeper."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from functools import partial
+
+import structlog
+
+from kestrel.storage import formats
+from kestrel.storage.clock import Clock
+from kestrel.storage.commit_log import CommitLog
+from kestrel.storage.commit_log import recover as recover_commit_log
+from kestrel.storage.config import QueueConfig, QueueConfigs
+from kestrel.storage.errors import (
+    ConfigError,
+    CorruptJournalError,
+    ErrorQueueRefused,
+    InvalidQueueName,
+    JournalWriteError,
+    QueueDamaged,
+    TooManyQueues,
+)
+from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
+from kestrel.storage.item import QItem, data_sizes
+from kestrel.storage.kestrel2.queue import Kestrel2Queue
+from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.memory import MemoryGovernor, MemoryLedger
+from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
+
+log = structlog.get_logger("kestrel.collection")
+
+
+def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
+
+    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
+    settings too). Raises ConfigError naming the setting.
+    """
+    configured = set(configs.configured_names())
+    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
+    names = configured | {t for t in targets if t}
+    for name in sorted(names):
+        config = configs.for_queue(name)
+        target = config.error_queue
+        if not config.max_errors or target is None:
+            continue
+        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
+        try:
+            check_queue_name(target)
+        except InvalidQueueName as e:
+            raise ConfigError(key, str(e)) from None
+        if target in aliases:
+            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
+        if target == name:
+            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
+                                   f"queues.{name}.max_errors: 0 or another error_queue)")
+
+
+class QueueCollection:
+    """Maps names to queues. Reading or writing a name creates its queue, as Kestrel does; flushing,
+    deleting, confirming or aborting one that does not exist creates nothing.
+
+    `aliases` maps an alias name to the queues its writes go to; reading an alias gives nothing.
+    `runtime` is the concurrency model (`src/kestrel/storage/runtime.py`): gevent unless given, or
+    `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
+    `max_memory_total` is the budget of what every queue holds in memory (0: none;
+    src/kestrel/storage/memory.py).
+    `commit_log`: Kestrel 2 queues under `sync_journal: always` wait for one server-wide log's
+    fsync instead of their journals' (src/kestrel/storage/commit_log.py), from `load` on. Whatever the
+    setting,
+    `load` first recovers what a log left by an earlier run holds.
+    """
+
+    def __init__(self, path: str, configs: QueueConfigs | None = None,
+                 aliases: Mapping[str, list[str]] | None = None, clock: Clock | None = None,
+                 salvage: bool = False, max_queues: int | None = None,
+                 runtime: Runtime | None = None, max_memory_total: int = 0,
+                 commit_log: bool = False) -> None:
+        if runtime is None:
+            runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
+        self.runtime = runtime
+        self.path = path
+        self.max_queues = max_queues
+        self.configs = configs or QueueConfigs()
+        self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
+        check_error_queues(self.configs, self.aliases)
+        self.clock = clock if clock is not None else runtime.clock
+        self.salvage = salvage
+        self._lock = runtime.lock()  # creating and deleting queues
+        self._queues: dict[str, PersistentQueue] = {}
+        # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
+        # and keep their files as they are; every other queue serves.
+        self.refused: dict[str, CorruptJournalError] = {}
+        # After `load`: the owner (`files.file_owner`) of every file in the queue path, and of every
+        # queue created since. A new queue owning none has no file to look for: creating it reads
+        # no directory (None before `load`: each new queue lists the path for its own files).
+        self._owners: set[str] | None = None
+        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
+        self._fanouts: dict[str, set[str]] = {}
+        self._sweeper: Timer | None = None
+        self.total_items_added = 0
+        self.queue_creates = 0
+        self.queue_deletes = 0
+        self.queue_expires = 0
+        self.closed = False
+        self.waits_ended = False
+        self._commit_log_on = commit_log
+        self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
+        self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
+        self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
+                                        self.ledger) if max_memory_total else None)
+        os.makedirs(path, exist_ok=True)
+
+    # -----------------------------------------------------------------------------------------
+    # Queues by name
+
+    def load(self) -> None:
+        """Replay every journal found in the queue path (parents before their fanout children).
+
+        The path is read once, so start-up is linear in the number of files; the temporaries of
+        every queue (even of one that no longer exists) are removed. Queues already on disk are
+        all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
+        interrupted after its switch is finished first. Raises TooManyQueues when the process runs
+        out of file descriptors, ConfigError for files in the other format than `journal_format`.
+        A queue whose journal is damaged (CorruptJournalError, without salvage) is refused alone:
+        logged, kept in `refused`, and every request to it raises QueueDamaged.
+        """
+        if (converted := formats.finish_interrupted(self.path)) is not None:
+            log.warning("finished a journal conversion that was interrupted", queue=converted)
+        recover_commit_log(self.path, self.clock.now_ms())
+        if self._commit_log_on:
+            self.commit_log = CommitLog(self.path, self.runtime)
+            self.commit_log.open()
+        found = scan_queue_dir(self.path)
+        delete_temporaries(found.temporaries)
+        self._owners = found.owners
+        for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
+            try:
+                check_queue_name(name)
+            except InvalidQueueName as e:
+                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
+                continue
+            formats.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
+            try:
+                self._create(name, found.queues)
+            except QueueDamaged:
+                continue  # its parent was refused (and logged)
+            except CorruptJournalError as e:
+                self._refuse(name, e)
+        if self.max_queues is not None and len(self._queues) > self.max_queues:
+            log.warning("more queues on disk than max_queues; no new queue can be created",
+                        queues=len(self._queues), max_queues=self.max_queues)
+
+    def _refuse(self, name: str, error: CorruptJournalError) -> None:
+        self.refused[name] = error
+        log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
+                  "every request with an error", queue=name, file=error.path, offset=error.offset,
+                  opcode=error.opcode, reason=error.reason,
+                  remedy=error.remedy())
+
+    def check_refused(self, name: str) -> None:
+        """Raise QueueDamaged if `name` (or its fanout parent) was refused at start-up."""
+        if not self.refused:
+            return
+        error = self.refused.get(name)
+        if error is not None:
+            raise QueueDamaged(name, error)
+        parent, plus, _ = name.partition("+")
+        if plus and (error := self.refused.get(parent)) is not None:
+            raise QueueDamaged(name, error, parent)
+
+    def refused_queues(self) -> dict[str, str]:
+        """Each queue refused at start-up, with the damage found."""
+        return {name: str(error) for name, error in sorted(self.refused.items())}
+
+    def get(self, name: str) -> PersistentQueue | None:
+        return self._queues.get(name)
+
+    def queue(self, name: str) -> PersistentQueue:
+        """The queue called `name`, created (and its journal replayed) on first reference.
+
+        Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
+        descriptors: the queues it has keep working), QueueDamaged (refused at start-up).
+        """
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        check_queue_name(name)
+        self.check_refused(name)
+        with self._lock:
+            return self._create(name, None)
+
+    def _create(self, name: str, scanned: dict[str, JournalFiles] | None) -> PersistentQueue:
+        existing = self._queues.get(name)
+        if existing is not None:
+            return existing
+        self.check_refused(name)
+        parent_name, plus, _ = name.partition("+")
+        if plus:
+            self._create(parent_name, scanned)
+            existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
+            if existing is not None:
+                return existing
+        if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
+            raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
+                                f"max_queues = {self.max_queues} queues")
+        q = self._new_queue(name, parent_name)
+        q.poison = partial(self._route_poison, name)
+        q.count_in(self.ledger)
+        files = None if scanned is None else scanned.get(name, JournalFiles())
+        owners = self._owners
+        fresh = scanned is None and owners is not None and name not in owners
+        try:
+            q.setup(files=files, fresh=fresh)
+        except CorruptJournalError:
+            with contextlib.suppress(Exception):
+                q.close()
+            raise
+        except OSError as e:
+            q.close()
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyQueues(f"cannot create queue {name!r}: out of file descriptors "
+                                    f"({len(self._queues)} queues open; raise the limit or lower "
+                                    f"max_queues)") from None
+            raise
+        self._queues[name] = q
+        if owners is not None:
+            owners.add(name)
+        if self.waits_ended:
+            q.end_waits()
+        if plus:
+            self._fanouts.setdefault(parent_name, set()).add(name)
+        self.queue_creates += 1
+        log.info("queue created", queue=name, items=q.length)
+        if not plus:
+            for reader in q.readers_on_disk():
+                self._create(f"{name}+{reader}", scanned)
+        return q
+
+    def _new_queue(self, name: str, parent_name: str) -> PersistentQueue:
+        """Queue `name` in its parent's journal format (a fanout child of a Kestrel 3 queue is a
+        reader of its parent's one writer journal), not yet set up."""
+        config = self.config_for(name)
+        if self.config_for(parent_name).journal_format == formats.KESTREL3:
+            return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                                 journals=self._kestrel3)
+        return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+                             salvage=self.salvage, runtime=self.runtime, commit_log=self.commit_log)
+
+    def config_for(self, name: str) -> QueueConfig:
+        config = self.configs.for_queue(name)
+        if config.fanout_only and "+" not in name and config.keep_journal:
+            # A fanout-only parent is only a write point: it keeps no journal of its own.
+            config = replace(config, keep_journal=False)
+        return config
+
+    def _expire_target(self, name: str) -> PersistentQueue | None:
+        try:
+            return self.queue(name)
+        except InvalidQueueName:
+            log.warning("expire_to_queue names an invalid queue", queue=name)
+            return None
+        except TooManyQueues as e:
+            log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
+            return None
+
+    def _route_poison(self, source: str, item: QItem) -> None:
+        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
+        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
+        JournalWriteError (the source queue then returns the item to its head)."""
+        q = self._queues.get(source)
+        target = q.config.error_queue if q is not None else None
+        if target is None:
+            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
+                        bytes=len(item.data))
+            return
+        if not self.add(target, item.data, item.expiry):
+            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
+                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
+        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
+
+    def is_alias(self, name: str) -> bool:
+        return name in self.aliases
+
+    def queue_names(self) -> list[str]:
+        return sorted(self._queues)
+
+    def fanout_children(self, name: str) -> list[str]:
+        return sorted(self._fanouts.get(name, ()))
+
+    # -----------------------------------------------------------------------------------------
+    # Operations by name
+
+    def add(self, name: str, data: bytes, expiry_ms: int = 0) -> bool:
+        """Add one item; False when the queue refuses it because it is full."""
+        return self.add_many(name, [data], expiry_ms) == 1
+
+    def add_many(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items in order to a queue (and its fanout children) or to an alias's destinations.
+
+        Returns how many items were accepted before the first one refused (queue full, item over
+        `max_item_size`), as Kestrel's batch put counts; nothing after a refused item is added.
+        Through an alias, an item counts only if every destination accepted it. Raises
+        InvalidQueueName.
+        """
+        if name in self.aliases:
+            check_queue_name(name)
+            for i, data in enumerate(items):  # item by item, as Kestrel: each goes to every destination
+                took = [self.add_many(dest, [data], expiry_ms) for dest in self.aliases[name]]
+                if not all(took):
+                    return i
+            return len(items)
+        q = self.queue(name)
+        now = self.clock.now_ms()
+        if name in self._fanouts and not q.shares_writes:  # else one write reaches the children
+            for child in self.fanout_children(name):
+                cq = self._queues.get(child)
+                if cq is not None:
+                    cq.put(items, expiry_ms, now)
+        accepted = q.put(items, expiry_ms, now)
+        self.total_items_added += accepted
+        return accepted
+
+    def add_each(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
+        """`add_many` where it ends as one `add` per item would: how many were accepted, a prefix.
+
+        A queue refuses an item because it is full (or takes every item, discarding old ones when
+        it is set to), and nothing between the items frees room, so after a first refusal single
+        adds refuse the rest too. That fails where a refusal can be followed by an acceptance (an item
+        over `max_item_size`, an alias's destinations taking some items) or where the items reach
+        other queues (fanout children): there it answers None having done nothing, and the caller
+        adds them one at a time. Raises as `add_many` (nothing was added).
+        """
+        if name in self.aliases or self._fanouts.get(name):
+            return None
+        q = self.queue(name)
+        if data_sizes(items)[1] > q.config.max_item_size:
+            return None
+        return self.add_many(name, items, expiry_ms)
+
+    def remove(self, name: str, transaction: bool = False, timeout: float = 0.0) -> QItem | None:
+        """Take the head item, waiting up to `timeout` seconds; an alias reads as empty."""
+        if name in self.aliases:
+            return None
+        return self.queue(name).wait_remove(timeout, transaction)
+
+    def remove_many(self, name: str, count: int, transaction: bool = False) -> list[QItem]:
+        """Up to `count` items that are there now, with one journal write; an alias gives none.
+        Raises InvalidQueueName, even when asked for no items."""
+        if name in self.aliases:
+            return []
+        if count <= 0:
+            check_queue_name(name)
+            return []
+        return self.queue(name).remove_many(count, transaction)
+
+    def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
+        if name in self.aliases:
+            return None
+        return self.queue(name).wait_peek(timeout)
+
+    def confirm(self, name: str, xid: int) -> bool:
+        q = self._queues.get(name)
+        return q is not None and q.confirm(xid)
+
+    def confirm_many(self, name: str, xids: list[int]) -> int:
+        """Confirm open reads with one journal write; how many were open."""
+        q = self._queues.get(name)
+        return q.confirm_many(xids) if q is not None else 0
+
+    def unremove(self, name: str, xid: int) -> bool:
+        q = self._queues.get(name)
+        return q is not None and q.unremove(xid)
+
+    def unremove_many(self, name: str, xids: list[int]) -> int:
+        """Abort open reads with one journal write, each back at the head in turn; how many were open."""
+        q = self._queues.get(name)
+        return q.unremove_many(xids) if q is not None else 0
+
+    def flush(self, name: str) -> None:
+        """Empty a queue; one that does not exist is not created (as Kestrel). Raises
+        InvalidQueueName, QueueDamaged."""
+        if name in self.aliases:
+            return
+        q = self._queues.get(name)
+        if q is None:
+            check_queue_name(name)
+            self.check_refused(name)
+            return
+        q.flush()
+
+    def flush_all(self) -> None:
+        """Flush every queue; one whose journal cannot be written does not stop the others.
+
+        Raises the first JournalWriteError once every other queue is flushed.
+        """
+        failed: JournalWriteError | None = None
+        for name in self.queue_names():
+            q = self._queues.get(name)
+            if q is not None:
+                try:
+                    q.flush()
+                except JournalWriteError as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
+
+    def delete(self, name: str) -> None:
+        """Drop a queue and its journal files; a parent stops feeding a deleted fanout child."""
+        if name in self.aliases:
+            return
+        check_queue_name(name)
+        self.check_refused(name)  # its files stay as they are until repaired
+        with self._lock:
+            q = self._queues.pop(name, None)
+            parent, plus, _ = name.partition("+")
+            if plus:
+                self._fanouts.get(parent, set()).discard(name)
+        if q is None:
+            return
+        q.destroy()
+        self.queue_deletes += 1
+        log.info("queue deleted", queue=name)
+
+    # -----------------------------------------------------------------------------------------
+    # Figures
+
+    def current_items(self) -> int:
+        return sum(q.length for q in list(self._queues.values()))  # a copy: threads may add queues
+
+    def current_bytes(self) -> int:
+        return sum(q.bytes for q in list(self._queues.values()))
+
+    # -----------------------------------------------------------------------------------------
+    # Background expiry and configuration
+
+    def sweep(self) -> int:
+        """Expire items from the head of every queue and delete queues past `max_queue_age`."""
+        expired = 0
+        now = self.clock.now_ms()
+        for name in self.queue_names():
+            q = self._queues.get(name)
+            if q is None:
+                continue
+            try:
+                expired += q.discard_expired(q.config.max_expire_sweep)
+            except JournalWriteError:
+                continue  # the queue logged it and is read-only; the sweep goes on with the others
+            age_limit = q.config.max_queue_age
+            if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
+                log.info("queue expired", queue=name, age_ms=now - q.create_time)
+                self.delete(name)
+                self.queue_expires += 1
+        return expired
+
+    def start_sweeper(self, frequency_ms: int) -> None:
+        """Run `sweep` every `frequency_ms` on the runtime's timer (0 turns it off)."""
+        if frequency_ms <= 0 or self._sweeper is not None:
+            return
+
+        def tick() -> None:
+            if self.closed:
+                return
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("expiry sweep failed")
+            if not self.closed:
+                self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
+
+        self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
+
+    def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
+        check_error_queues(configs, aliases)
+        self.configs = configs
+        self.aliases = {k: list(v) for k, v in aliases.items()}
+        for name, q in list(self._queues.items()):
+            q.reconfigure(self.config_for(name))
+        log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
+
+    def end_waits(self) -> None:
+        """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
+        self.waits_ended = True
+        for q in list(self._queues.values()):
+            q.end_waits()
+
+    def close(self) -> None:
+        """Stop the sweeper and close every queue (journals flushed and fsynced)."""
+        self.closed = True
+        if self.governor is not None:
+            self.governor.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for q in list(self._queues.values()):
+            q.close()
+        if self.commit_log is not None:
+            self.commit_log.close()

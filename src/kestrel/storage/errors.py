@@ -1,0 +1,129 @@
+"""The engine's one exception tree. Each protocol maps these to its own wire error in one place."""
+
+from __future__ import annotations
+
+import errno
+
+
+class KestrelError(Exception):
+    """Root of every error the engine raises on purpose."""
+
+
+class InvalidQueueName(KestrelError, ValueError):
+    """Raised when a queue name could not be a journal file name (slash, squiggle, dot, stray plus)."""
+
+
+class ItemTooLarge(KestrelError):
+    """Raised when an item is larger than its queue's `max_item_size`."""
+
+
+class QueueClosed(KestrelError):
+    """Raised when a queue is used after it was closed or deleted."""
+
+
+class ConfigError(KestrelError, ValueError):
+    """Raised when a setting cannot be parsed; the message names the key path."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class CorruptJournalError(KestrelError):
+    """Raised when a journal holds a record that cannot be read and is not a torn tail."""
+
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
+                 salvageable: bool = True) -> None:
+        op = "?" if opcode is None else str(opcode)
+        super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
+        self.path = path
+        self.offset = offset
+        self.opcode = opcode
+        self.reason = reason
+        self.salvageable = salvageable  # whether --salvage can set this damage aside and start
+
+    def advice(self, salvage: bool) -> str:
+        """What to do, for the message that refuses to start: --salvage only where it helps."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore the file, or move the queue's files"
+        if salvage or "--salvage" in str(self):
+            return ""
+        return "start with --salvage to keep what precedes the damage"
+
+    def remedy(self) -> str:
+        """What to do, for a refused queue's log line and every request to it (the server runs)."""
+        if not self.salvageable:
+            return "--salvage cannot set this damage aside: restore or move the damaged file and restart"
+        return ("restart with --salvage to keep what precedes the damage (what it sets aside is kept as "
+                "a copy), or repair or move the damaged file and restart")
+
+
+class CommitLogDamaged(CorruptJournalError):
+    """Raised when the commit log holds damage that is not a torn last write, or a record that its
+    journal contradicts: recovery stops there and changes nothing more. `--salvage` does not apply."""
+
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
+        super().__init__(path, offset, opcode, reason, salvageable=False)
+
+    def remedy(self) -> str:
+        return ("the commit log and the journals are left as they are: repair or set aside the file "
+                "named (what it holds is then lost), then start again")
+
+
+class QueueDamaged(KestrelError):
+    """Raised for every request to a queue whose journal was refused at start-up (the other
+    queues serve): names the queue, the damage, and how to proceed."""
+
+    def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
+        whose = f"its parent {parent!r}" if parent else "its journal"
+        super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
+                         f"{error.remedy()}")
+        self.queue = queue
+        self.error = error
+
+
+class JournalWriteError(KestrelError):
+    """Raised when a queue's journal cannot be written (disk full, I/O error).
+
+    The operation did not happen: the journal and the queue are as they were before it. The queue
+    stays read-only until its journal can be written again.
+    """
+
+    def __init__(self, queue: str, path: str, error: OSError | None) -> None:
+        if error is None:
+            cause = "it failed earlier and is still not writable"
+        elif error.errno == errno.ENOSPC:
+            cause = "the disk is full"
+        else:
+            cause = f"{error.strerror or error}"
+        super().__init__(f"cannot write the journal of queue {queue!r} ({path}): {cause}; the queue is "
+                         "read-only until it can")
+        self.queue = queue
+        self.path = path
+        self.disk_full = error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class TooManyQueues(KestrelError):
+    """Raised when a new queue is refused: the server holds `max_queues`, or no file descriptor is left."""
+
+
+class RefusedByStatus(KestrelError):
+    """Raised when the server's status (read-only, quiescent) forbids an operation."""
+
+
+class ErrorQueueRefused(KestrelError):
+    """Raised when a poison item's error queue does not take it (full, or the item is too large)."""
+
+
+class QueuePathInUse(KestrelError):
+    """Raised when another process (a server, the journal converter) holds the queue path's lock."""
+
+
+class ConvertError(KestrelError):
+    """Raised when a queue cannot be converted to the other journal format as asked; nothing was changed."""
+
+
+class MemoryBudgetExceeded(KestrelError):
+    """Raised when a put is refused under flow control: what the queues hold in memory stays over
+    the server's `max_memory_total` and paging cannot bring it down (src/kestrel/storage/memory.py)."""

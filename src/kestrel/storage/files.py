@@ -1,0 +1,389 @@
+"""Journal files on disk, in either format: which files a queue has (named as `filenames.py` says),
+buffered reading, appending with a sync policy, fsyncing a directory.
+
+The byte layouts are the codecs' (`kestrel2/codec.py`, `kestrel3/codec.py`); this module moves bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from kestrel.storage import filenames
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
+
+log = structlog.get_logger("kestrel.journal")
+
+READ_CHUNK = 1 << 20
+# What a read-behind cursor reads at a time: it keeps the rest buffered, and hundreds of queues in
+# read-behind must not hold a megabyte each (src/kestrel/storage/memory.py counts it).
+CURSOR_CHUNK = 64 << 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The files of a queue
+
+
+@dataclass
+class JournalFiles:
+    """What the queue path holds for one queue."""
+
+    rotated: list[tuple[int, str]] = field(default_factory=list)  # (timestamp, path), oldest first
+    packs: list[tuple[int, str]] = field(default_factory=list)
+    live: str | None = None
+
+    def replay_order(self) -> list[str]:
+        return [p for _, p in self.rotated] + ([self.live] if self.live else [])
+
+
+@dataclass
+class QueueDirectory:
+    """One scan of the queue path: every queue's files, and the temporaries to clean up."""
+
+    queues: dict[str, JournalFiles] = field(default_factory=dict)
+    temporaries: list[str] = field(default_factory=list)
+    owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
+
+
+def file_owner(file_name: str) -> str:
+    """The queue whose files a file name may be: the name up to its first `.` or `~` (queue names
+    hold neither). Kestrel 2's `q`, `q.<ms>`, `q.<ms>.pack`, `q~~<ms>`, Kestrel 3's `q.<n>`,
+    `q.read.<reader>` and their temporaries all belong to `q` (a Kestrel 2 fanout child's to `q+c`)."""
+    end = len(file_name)
+    for mark in ".~":
+        at = file_name.find(mark)
+        if 0 <= at < end:
+            end = at
+    return file_name[:end]
+
+
+def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
+    """Read the queue path once (start-up stays linear in the number of files).
+
+    With `prefix`, only files whose names start with it are looked at (one queue's files).
+    """
+    found = QueueDirectory()
+    for entry in os.scandir(queue_path):
+        if not entry.name.startswith(prefix) or not entry.is_file():
+            continue
+        found.owners.add(file_owner(entry.name))
+        if filenames.is_temporary(entry.name):
+            found.temporaries.append(entry.path)
+            continue
+        parsed = filenames.parse_journal_name(entry.name)
+        if parsed is not None:
+            kind, name, ts = parsed
+            files = found.queues.setdefault(name, JournalFiles())
+            if kind == "live":
+                files.live = entry.path
+            else:
+                (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
+    for files in found.queues.values():
+        files.rotated.sort()
+        files.packs.sort()
+    return found
+
+
+def list_journal_files(queue_path: str, name: str) -> JournalFiles:
+    """The files of one queue (a queue created after start-up, or deleted)."""
+    return scan_queue_dir(queue_path, name).queues.get(name, JournalFiles())
+
+
+
+
+
+
+def remove_temporaries(queue_path: str, name: str) -> None:
+    """Delete one queue's `~~` temporaries."""
+    prefix = filenames.temporary_prefix(name)
+    delete_temporaries([e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)])
+
+
+def delete_temporaries(paths: list[str]) -> None:
+    """Delete `~~` temporaries (half-written packs) left by a crash."""
+    for path in paths:
+        log.info("removing temporary journal file", file=path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a short write means the disk is full: it raises)."""
+    done = os.write(fd, data)
+    while done < len(data):
+        n = os.write(fd, memoryview(data)[done:])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+
+
+def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
+    """Cut `path` at `offset`, first saving what is cut, durably, as `<path>.<label>-<ms>`; return
+    the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    copy = filenames.set_aside_path(path, label, now_ms)
+    try:
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            src.seek(offset)
+            shutil.copyfileobj(src, dst)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(copy)
+        raise
+    os.truncate(path, offset)
+    return copy
+
+
+def fsync_path(path: str) -> None:
+    """Make a directory's entries, or a whole file, durable (opened read-only: no write is due)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class BufferedFile:
+    """A file read forward through a buffer (the record readers of both journal formats)."""
+
+    chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self._buf = b""
+        self._buf_start = offset  # file offset of _buf[0]
+        self._pos = 0  # position in _buf
+
+    @property
+    def offset(self) -> int:
+        """File offset of the next record."""
+        return self._buf_start + self._pos
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read ahead and held."""
+        return len(self._buf)
+
+    def release_buffer(self) -> None:
+        """Forget what was read ahead (an idle read-behind cursor); the next read starts at `offset`."""
+        self._buf_start += self._pos
+        self._pos = 0
+        self._buf = b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+
+
+
+
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+# Filled by the server to record timings (storage knows no metrics library): each event's observer,
+# called with the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One
+# call per event, as every request's append reports its write.
+timings: dict[str, Callable[[float], None]] = {}
+
+
+def record_timing(event: str, started: float) -> None:
+    """Report the time since `started` (a `time.perf_counter()` reading) to the event's observer."""
+    observe = timings.get(event)
+    if observe is not None:
+        observe(time.perf_counter() - started)
+
+
+class JournalWriter:
+    """Appends records to the live journal and keeps the promise of its sync policy.
+
+    `sync_ms` 0: every append waits for an fsync covering it, in the next round of the group commit
+    (`src/kestrel/storage/fsync/group_commit.py`), which every journal with unsynced records shares. N > 0: an
+    fsync at most every N ms after a write.
+    None: never fsync (records still reach the OS on every append, so a process crash loses
+    nothing; a power cut may).
+    """
+
+    def __init__(self, path: str, sync_ms: int | None, runtime: Runtime = DEFAULT_RUNTIME) -> None:
+        self.path = path
+        self.runtime = runtime
+        self.sync_ms = sync_ms
+        self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
+        try:
+            self.size = os.stat(path).st_size
+        except FileNotFoundError:
+            self.size = 0
+        self.synced = self.size  # how far the file is known to be on disk
+        self.damaged = False
+        # Whether creating the file fsyncs its directory whatever the policy (a commit log's records
+        # may name it: src/kestrel/storage/commit_log.py); under `always` it always does.
+        self.durable_name = False
+        self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
+        self._timer: Timer | None = None
+
+    def open(self) -> None:
+        """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
+        if self.fd >= 0:
+            return
+        created = not os.path.exists(self.path)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if created and (self.sync_ms == 0 or self.durable_name):
+            fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+
+    def create(self) -> None:
+        """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
+        creates it: the queue is found again after a restart). Raises OSError."""
+        if self.fd >= 0 or self.size or os.path.exists(self.path):
+            return
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+        if self.sync_ms == 0:
+            fsync_path(os.path.dirname(self.path) or ".")
+
+    def append(self, data: bytes) -> None:
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+
+        If the write fails (disk full, I/O error) the file is cut back to where it was, so that
+        nothing half-written stays at its end, and the OSError is raised.
+        """
+        started = time.perf_counter()
+        if self.damaged:
+            raise OSError(errno.EIO, f"a failed append could not be cut off {self.path}; restart to repair")
+        if self.fd < 0:
+            self.open()
+        try:
+            write_all(self.fd, data)
+        except OSError:
+            self._cut_back()
+            raise
+        self.size += len(data)
+        record_timing("write", started)
+
+    def _cut_back(self) -> None:
+        """Remove whatever part of a failed append reached the file."""
+        try:
+            if os.fstat(self.fd).st_size != self.size:
+                os.ftruncate(self.fd, self.size)
+        except OSError:
+            # Appending after the partial record would corrupt the journal: refuse from now on.
+            self.damaged = True
+            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
+
+    def commit(self) -> None:
+        """Wait as the sync policy requires for everything appended so far."""
+        if self.sync_ms == 0:
+            self.sync_to(self.size)
+        elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
+            self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
+
+    def sync_to(self, position: int) -> None:
+        """Return once everything up to `position` is on disk (raises OSError when the fsync covering
+        it failed). Where the runtime has a group commit (gevent: the server) it shares an fsync
+        round with every other journal; elsewhere writers of this journal share its next fsync."""
+        if self.synced >= position:
+            return
+        started = time.perf_counter()
+        group_commit = self.runtime.group_commit()
+        if group_commit is not None:
+            group_commit.sync(self, position)
+        else:
+            self._sync_alone(position)
+        record_timing("fsync", started)
+
+    def _sync_alone(self, position: int) -> None:
+        while self.synced < position:
+            if self._syncing is not None:
+                self._syncing.wait()
+                continue
+            done = self._syncing = self.runtime.event()
+            target = self.size
+            try:
+                self.runtime.run_blocking(os.fdatasync, self.fd)  # the other tasks go on meanwhile
+                self.synced = max(self.synced, target)
+            finally:
+                self._syncing = None
+                done.set()
+
+    def _periodic_sync(self) -> None:
+        self._timer = None
+        if self.fd >= 0:
+            try:
+                self.sync_to(self.size)
+            except OSError:
+                log.exception("periodic fsync of the journal failed", file=self.path)
+
+    def flush(self) -> None:
+        """fsync whatever is unsynced (shutdown, rotation)."""
+        if self.fd >= 0:
+            self.sync_to(self.size)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.fd >= 0:
+            self.flush()
+            os.close(self.fd)
+            self.fd = -1
+
+
+
+class Sealer:
+    """Rotated files finished in the background, in order: each fsynced and closed, then `then` run
+    in a thread (the manifest reads the whole file for its checksum). `wait` (close) returns once
+    every one is done, the ones in flight included."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._pending: list[tuple[JournalWriter, Callable[[], None]]] = []
+        self._running = 0
+        self._done: Event | None = None
+
+    def add(self, old: JournalWriter, then: Callable[[], None]) -> None:
+        self._pending.append((old, then))
+        self.runtime.spawn(self.run)
+
+    def run(self) -> None:
+        """Finish the pending files, one at a time and in rotation order (the manifest must never
+        list a file while an older rotated one is not); a second caller leaves it to the first."""
+        if self._running:
+            return
+        self._running = 1
+        try:
+            while self._pending:
+                old, then = self._pending.pop(0)
+                try:
+                    old.close()
+                    self.runtime.run_blocking(then)
+                except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
+                    log.exception("rotated journal file not sealed into the manifest", file=old.path)
+        finally:
+            self._running = 0
+            if self._done is not None:
+                self._done.set()
+                self._done = None
+
+    def wait(self) -> None:
+        while self._running:
+            done = self._done = self._done or self.runtime.event()
+            done.wait()
+        self.run()

@@ -1,0 +1,145 @@
+"""Which journal format a queue's files are in, and finishing a conversion that a crash interrupted.
+
+A conversion (`kestrel journal convert`, src/kestrel/storage/tools/convert.py) switches a queue to its new
+format in one rename of `<queue_path>/.convert`; whoever opens the queue path next finishes the steps it names
+before anything else reads the files, so the live server needs this module and never the converter."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kestrel.storage import filenames
+from kestrel.storage.config import JOURNAL_FORMATS
+from kestrel.storage.errors import ConfigError, CorruptJournalError
+from kestrel.storage.files import JournalFiles, fsync_path, scan_queue_dir
+from kestrel.storage.kestrel3 import codec as k3
+
+KESTREL2, KESTREL3 = JOURNAL_FORMATS
+
+
+INTENT_NAME = ".convert"
+
+
+# Tests stop a conversion between two steps (a crash) by raising from here.
+failpoint: Callable[[str], None] | None = None
+
+
+def step(name: str) -> None:
+    if failpoint is not None:
+        failpoint(name)
+
+
+def _has_kestrel3_header(path: str) -> bool:
+    with open(path, "rb") as f:
+        return k3.kind_of(f.read(k3.MAGIC_SIZE)) is not None
+
+
+def format_of(files: JournalFiles) -> str:
+    """The format of files a Kestrel 2 scan found for one name: Kestrel 3 writer journals (`q.<n>`)
+    look like rotated Kestrel 2 journals by name, and are told apart by their header."""
+    if files.live is None and not files.packs and files.rotated and _has_kestrel3_header(files.rotated[0][1]):
+        return KESTREL3
+    return KESTREL2
+
+
+def queues_on_disk(queue_path: str) -> dict[str, str]:
+    """Every queue of the path with the format of its files (Kestrel 2 names include `parent+child`)."""
+    found = {name: format_of(files) for name, files in scan_queue_dir(queue_path).queues.items()}
+    for entry in os.scandir(queue_path):
+        queue, infix, _reader = entry.name.partition(filenames.READER_INFIX)
+        if infix and queue and not filenames.is_temporary(entry.name):
+            found[queue] = KESTREL3
+    return found
+
+
+def check_format(queue_path: str, name: str, files: JournalFiles, configured: str) -> None:
+    """Refuse to load a queue whose files are in the other format than its `journal_format`.
+
+    Raises ConfigError naming the convert command.
+    """
+    on_disk = format_of(files)
+    if on_disk == configured:
+        return
+    unit = name.partition("+")[0]
+    raise ConfigError(f"queues.{name}.journal_format",
+                      f"queue {name!r} has {format_title(on_disk)} journal files in {queue_path} but its "
+                      f"journal_format is {configured}: convert them with `kestrel journal convert "
+                      f"--to {configured} {queue_path} {unit}`, or set journal_format: {on_disk}")
+
+
+def format_title(fmt: str) -> str:
+    return "Kestrel 3" if fmt == KESTREL3 else "Kestrel 2"
+
+
+@dataclass
+class Intent:
+    """The steps after the switch: temporaries to rename into place, old files to delete."""
+
+    to: str
+    queue: str
+    renames: list[tuple[str, str]] = field(default_factory=list)  # file names in the queue path
+    deletes: list[str] = field(default_factory=list)
+
+
+def write_intent(queue_path: str, intent: Intent) -> None:
+    """Put `.convert` in place in one rename (the switch), fsynced with its directory."""
+    temporary = os.path.join(queue_path, INTENT_NAME + filenames.TEMPORARY_MARK)
+    body = json.dumps({"to": intent.to, "queue": intent.queue, "renames": intent.renames,
+                       "deletes": intent.deletes}).encode()
+    with open(temporary, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, os.path.join(queue_path, INTENT_NAME))
+    fsync_path(queue_path)
+
+
+def _read_intent(path: str) -> Intent:
+    try:
+        with open(path, "rb") as f:
+            raw = json.loads(f.read())
+        renames = [(str(a), str(b)) for a, b in raw["renames"]]
+        intent = Intent(str(raw["to"]), str(raw["queue"]), renames, [str(d) for d in raw["deletes"]])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptJournalError(path, 0, None, f"unreadable conversion record: {e}") from None
+    for name in [n for pair in intent.renames for n in pair] + intent.deletes:
+        if os.sep in name or name in ("", ".", ".."):
+            raise CorruptJournalError(path, 0, None, f"conversion record names {name!r}, not a file name")
+    return intent
+
+
+def finish_intent(queue_path: str, intent: Intent) -> None:
+    """Rename the new files into place, delete the old ones, then drop `.convert`. Idempotent: it
+    may run again after a crash part way through."""
+    for temporary, final in intent.renames:
+        source = os.path.join(queue_path, temporary)
+        if os.path.exists(source):
+            os.replace(source, os.path.join(queue_path, final))
+            step("renamed")
+    fsync_path(queue_path)
+    for name in intent.deletes:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(queue_path, name))
+            step("deleted")
+    fsync_path(queue_path)
+    step("finished")
+    os.unlink(os.path.join(queue_path, INTENT_NAME))
+    fsync_path(queue_path)
+
+
+def finish_interrupted(queue_path: str) -> str | None:
+    """Complete a conversion that stopped after its switch; the queue it converted, if any.
+
+    Called before anything else reads the queue path (start-up deletes temporaries, and some of
+    them may be the new files). Raises CorruptJournalError when `.convert` cannot be read.
+    """
+    path = os.path.join(queue_path, INTENT_NAME)
+    if not os.path.exists(path):
+        return None
+    intent = _read_intent(path)
+    finish_intent(queue_path, intent)
+    return intent.queue

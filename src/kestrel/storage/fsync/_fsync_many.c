@@ -1,0 +1,215 @@
+/* fdatasync (or syncfs) of many descriptors at once, on threads kept for it, with no Python thread
+ * involved.
+ *
+ * What a group-commit round needs (src/kestrel/storage/fsync/group_commit.py): the file system joins concurrent
+ * fsyncs into one commit, but Python threads each take the interpreter lock to start and to report
+ * an fsync, and on a busy machine those hand-offs cost more than the fsyncs. Here `start` shares a
+ * round's descriptors out among C threads and returns at once; the thread that finishes the
+ * round's last fsync adds 1 to an eventfd that the event loop watches, and `finish` then collects
+ * the results. The interpreter lock is never taken by these threads. One round at a time.
+ * A round may instead syncfs each descriptor's file system (KESTREL_FSYNC=syncfs, src/kestrel/storage/fsync/syncfs.py).
+ * Optional: without a C compiler the rounds use Python threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 64
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER; /* a round has descriptors to take */
+static int workers;       /* threads started (they never end) */
+static int busy;          /* a round was started and not yet finished */
+static int *round_fds;    /* the round in progress: its descriptors, */
+static int *round_errors; /* where each fsync's errno goes (0: success), */
+static int round_notify;  /* the eventfd told when the last fsync is done, */
+static int round_syncfs;  /* whether it syncs whole file systems, */
+static Py_ssize_t round_size, next_job, unfinished; /* the next to take, and those not finished */
+
+/* Tell the event loop that the round is over: add 1 to its eventfd. */
+static void notify(int fd) {
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
+
+/* 0, or the errno of the fdatasync of `fd` (or of the syncfs of its file system). */
+static int sync_one(int fd, int whole_file_system) {
+#ifdef __linux__
+    int failed = whole_file_system ? syncfs(fd) != 0 : fdatasync(fd) != 0;
+#else
+    int failed = whole_file_system ? (errno = ENOSYS, 1) : fdatasync(fd) != 0;
+#endif
+    return failed ? errno : 0;
+}
+
+/* Take and run the round's descriptors until none is left; called and returns with `lock` held. */
+static void take_jobs(void) {
+    while (next_job < round_size) {
+        Py_ssize_t i = next_job++;
+        int fd = round_fds[i];
+        pthread_mutex_unlock(&lock);
+        int error = sync_one(fd, round_syncfs);
+        pthread_mutex_lock(&lock);
+        round_errors[i] = error;
+        if (--unfinished == 0) {
+            notify(round_notify);
+        }
+    }
+}
+
+static void *serve(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while (next_job >= round_size) {
+            pthread_cond_wait(&work, &lock);
+        }
+        take_jobs();
+    }
+    return NULL;
+}
+
+/* A forked child has none of its parent's threads, nor its round; its lock is taken afresh. */
+static void forget_workers(void) {
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&work, NULL);
+    workers = 0;
+    busy = 0;
+    round_fds = round_errors = NULL; /* the parent's, still in use there: not freed here */
+    round_size = next_job = unfinished = 0;
+}
+
+/* Start enough threads for `n` descriptors (up to MAX_WORKERS); how many there are. */
+static int hire(Py_ssize_t n) {
+    while (workers < MAX_WORKERS && workers < n) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        if (pthread_attr_init(&attr) != 0) {
+            break;
+        }
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int started = pthread_create(&thread, &attr, serve, NULL) == 0;
+        pthread_attr_destroy(&attr);
+        if (!started) {
+            break; /* fewer hands: the round still ends, more slowly */
+        }
+        workers++;
+    }
+    return workers;
+}
+
+static PyObject *start(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *fds;
+    int notify_fd;
+    int whole_file_system = 0;
+    if (!PyArg_ParseTuple(args, "Oi|p:start", &fds, &notify_fd, &whole_file_system)) {
+        return NULL;
+    }
+    if (busy) {
+        PyErr_SetString(PyExc_RuntimeError, "a round is already in progress: finish() it first");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(fds, "start takes a list of file descriptors");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int *descriptors = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    int *errors = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    if (descriptors == NULL || errors == NULL) {
+        free(descriptors);
+        free(errors);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if ((fd == -1 && PyErr_Occurred()) || fd < 0 || fd > INT_MAX) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "not a file descriptor: %ld", fd);
+            }
+            free(descriptors);
+            free(errors);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        descriptors[i] = (int)fd;
+    }
+    Py_DECREF(seq);
+
+    pthread_mutex_lock(&lock);
+    busy = 1;
+    round_fds = descriptors;
+    round_errors = errors;
+    round_notify = notify_fd;
+    round_syncfs = whole_file_system;
+    round_size = n;
+    next_job = 0;
+    unfinished = n;
+    if (n == 0) {
+        notify(notify_fd);
+    } else if (hire(n) == 0) {
+        take_jobs(); /* no thread could be started: this one does the round, and notifies */
+    } else {
+        for (Py_ssize_t i = 0; i < n && i < workers; i++) {
+            pthread_cond_signal(&work); /* as many hands as the round needs, not every idle thread */
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *finish(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    pthread_mutex_lock(&lock);
+    if (!busy || unfinished > 0) {
+        pthread_mutex_unlock(&lock);
+        PyErr_SetString(PyExc_RuntimeError, busy ? "the round is not over: wait for its eventfd"
+                                                 : "no round was started");
+        return NULL;
+    }
+    Py_ssize_t n = round_size;
+    int *errors = round_errors;
+    free(round_fds);
+    round_fds = round_errors = NULL;
+    round_size = next_job = 0;
+    busy = 0;
+    pthread_mutex_unlock(&lock);
+
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *code = PyLong_FromLong(errors[i]);
+        if (code == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, code);
+    }
+    free(errors);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"start", start, METH_VARARGS,
+     "start(fds, eventfd, syncfs=False): fdatasync every descriptor (or syncfs its file system) "
+     "concurrently on C threads; the eventfd gets 1 when all are done."},
+    {"finish", finish, METH_NOARGS,
+     "finish() -> list of errno (0 for success), one per descriptor of the round that is over."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kestrel.storage.fsync._fsync_many", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__fsync_many(void) {
+    pthread_atfork(NULL, NULL, forget_workers);
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,371 @@
+"""Group commit across journals: one fsync round at a time for every journal with unsynced records.
+
+A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown) asks for its
+journal to be in the next round and waits for that round. A round starts once the event-loop turn
+that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
+journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
+where fsyncs issued one after another each wait for a commit. They are issued on threads kept for
+it, one per journal in the round: C threads from `src/kestrel/storage/fsync/_fsync_many.c` when it was built
+(the interpreter lock is not taken by them at all), else Python threads. With `KESTREL_FSYNC=aio` they
+go through Linux native AIO instead (`src/kestrel/storage/fsync/aio_fsync.py`: one system call, no thread, far
+less CPU; but the kernel's shared workers run those fsyncs, and on a machine whose CPUs are
+oversubscribed they wait for a turn far longer than our own threads do). With `KESTREL_FSYNC=syncfs` a
+round of two or more journals on one file system is one syncfs instead (`src/kestrel/storage/fsync/syncfs.py`:
+one commit of the file system for the whole round, on the same threads), where the kernel reports its
+errors.
+Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
+exactly the waiters whose records that round covered; the other journals of the round are unaffected.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import gevent
+import gevent.event
+import gevent.lock
+import structlog
+from gevent import monkey
+
+from kestrel.storage.fsync import FsyncMany
+from kestrel.storage.fsync.aio_fsync import AioFsync, AioUnsupported
+from kestrel.storage.fsync.eventfd import read_when_ready
+from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs
+
+log = structlog.get_logger("kestrel.journal")
+
+# Real OS threads and locks, also where gevent has patched the thread module into greenlets.
+_start_new_thread, _allocate_lock = monkey.get_original("_thread", ["start_new_thread", "allocate_lock"])
+
+# Threads issuing a round's fsyncs: one per journal in the round keeps them concurrent; beyond this
+# many journals, the rest of a round waits for a free thread.
+MAX_THREADS = 64
+# How rounds are issued (`KESTREL_FSYNC` for the server; see the module's doc): "" for fdatasyncs on
+# threads, `aio` for native AIO, `syncfs` for one syncfs a round of several journals.
+FSYNC_WAYS = ("", "aio", "syncfs")
+
+
+class Syncable(Protocol):
+    """What a round needs of a journal: its descriptor and name, how far it is written and synced."""
+
+    path: str
+    fd: int
+    size: int
+    synced: int
+
+
+class _Worker:
+    """One OS thread that fsyncs a descriptor each time it is handed one (no event loop of its own:
+    it takes the interpreter lock only to start and to report)."""
+
+    def __init__(self, idle: list[_Worker]) -> None:
+        self._idle = idle
+        self._go = _allocate_lock()
+        self._go.acquire()  # released by `hand`
+        self._job: tuple[Callable[[int], None], int, int, Callable[[int, OSError | None], None]] | None = None
+        _start_new_thread(self._serve, ())
+
+    def hand(self, fsync: Callable[[int], None], fd: int, index: int,
+             report: Callable[[int, OSError | None], None]) -> None:
+        self._job = (fsync, fd, index, report)
+        self._go.release()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            assert self._job is not None
+            fsync, fd, index, report = self._job
+            error: OSError | None = None
+            try:
+                fsync(fd)
+            except OSError as e:
+                error = e
+            except BaseException as e:  # never leave a round without its report
+                error = OSError(errno.EIO, f"fsync raised {e!r}")
+            self._idle.append(self)  # free again before the round can learn it is over
+            report(index, error)
+
+
+class ThreadFsync:
+    """A round's fsyncs on OS threads of its own, one per descriptor (up to `max_threads` at once);
+    the last to finish wakes the event loop once for the whole round."""
+
+    def __init__(self, fsync: Callable[[int], None] = os.fdatasync, max_threads: int = MAX_THREADS) -> None:
+        self._fsync = fsync
+        self._max_threads = max_threads
+        self._idle: list[_Worker] = []
+        self._wake: Any = None  # the loop's async watcher, made by the first round
+        os.register_at_fork(after_in_child=self._forget_threads)
+
+    def _forget_threads(self) -> None:
+        """A forked child has none of the parent's threads, nor its event loop."""
+        self._idle = []
+        self._wake = None
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        results: list[OSError | None] = [None] * len(fds)
+        for start in range(0, len(fds), self._max_threads):
+            self._round(fds[start:start + self._max_threads], results, start)
+        return results
+
+    def _round(self, fds: list[int], results: list[OSError | None], offset: int) -> None:
+        if self._wake is None:
+            self._wake = gevent.get_hub().loop.async_()
+        wake = self._wake
+        finished = gevent.event.Event()
+        reported: list[int] = []
+
+        def report(index: int, error: OSError | None) -> None:  # on a worker thread
+            results[offset + index] = error
+            reported.append(index)
+            if len(reported) == len(fds):
+                wake.send()
+
+        wake.start(finished.set)  # before any fsync can finish: a send to a stopped watcher is lost
+        try:
+            for index, fd in enumerate(fds):
+                worker = self._idle.pop() if self._idle else _Worker(self._idle)
+                worker.hand(self._fsync, fd, index, report)
+            while len(reported) < len(fds):
+                finished.wait()
+                finished.clear()
+        finally:
+            wake.stop()
+
+
+class NativeThreadFsync:
+    """A round's fsyncs on C threads (`src/kestrel/storage/fsync/_fsync_many.c`): `start` hands them out and
+    returns, the last to finish adds 1 to an eventfd the loop watches, and `finish` collects the results; no
+    Python thread takes part, so the interpreter lock never changes hands for a round.
+
+    The helper's threads and its round belong to the process, so there is one of these per process
+    (`native_threads()`), and its rounds take turns. The eventfd is made at once (at import, for the
+    server), not by the first round, which may come when the process is out of descriptors; without
+    one, rounds go to Python threads."""
+
+    def __init__(self, start: Callable[[list[int], int, bool], None],
+                 finish: Callable[[], list[int]]) -> None:
+        self._start = start
+        self._finish = finish
+        self._fallback = ThreadFsync()
+        self._turn = gevent.lock.Semaphore()  # from start to finish, one round at a time
+        self._eventfd = self._make_eventfd()
+        self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
+        self._abandoned = False  # a round whose waiter was killed: finished before the next starts
+        self._forks = 0  # how many times this process was forked from the one that made this
+        os.register_at_fork(after_in_child=self._new_eventfd)
+
+    @staticmethod
+    def _make_eventfd() -> int:
+        try:
+            return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError as e:
+            log.warning("no eventfd for the C fsync threads; rounds go to Python threads", error=str(e))
+            return -1
+
+    def _new_eventfd(self) -> None:
+        """A forked child must not share its parent's eventfd (each would read the other's rounds),
+        nor wait for a turn that a greenlet of its parent held; a parent's round that was waiting
+        when the process forked fails in the child instead of reading the child's rounds."""
+        if self._eventfd >= 0:
+            os.close(self._eventfd)
+        self._eventfd, self._watcher, self._abandoned = self._make_eventfd(), None, False
+        self._turn = gevent.lock.Semaphore()
+        self._forks += 1
+
+    @property
+    def ready(self) -> bool:
+        """Whether rounds go to the C threads (there is an eventfd to hear from them)."""
+        return self._eventfd >= 0
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        return self._round(fds, syncfs=False)
+
+    def syncfs_all(self, fds: list[int]) -> list[OSError | None]:
+        """The syncfs of each descriptor's file system (callers check the kernel: `libc_syncfs`)."""
+        return self._round(fds, syncfs=True)
+
+    def _round(self, fds: list[int], syncfs: bool) -> list[OSError | None]:
+        if not fds:
+            return []
+        if self._eventfd < 0:
+            if syncfs:  # its caller then fdatasyncs each journal, on the fallback's threads
+                return [OSError(errno.EMFILE, "no eventfd for the C threads' syncfs rounds")] * len(fds)
+            return self._fallback.fsync_all(fds)
+        if self._watcher is None:
+            self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+        with self._turn:
+            if self._abandoned:
+                self._wait_and_finish()
+            self._start(fds, self._eventfd, syncfs)
+            self._abandoned = True  # until its results are collected
+            codes = self._wait_and_finish()
+        return [OSError(code, os.strerror(code)) if code else None for code in codes]
+
+    def _wait_and_finish(self) -> list[int]:
+        forks, watcher = self._forks, self._watcher
+
+        def not_forked() -> None:
+            if self._forks != forks:
+                raise OSError(errno.EIO, "an fsync round begun before this process was forked")
+
+        read_when_ready(self._eventfd, partial(gevent.get_hub().wait, watcher), not_forked)
+        codes = self._finish()
+        self._abandoned = False
+        return codes
+
+
+_native: NativeThreadFsync | None = None
+
+
+def native_threads() -> NativeThreadFsync | None:
+    """The process's one handle on the C helper, or None where it was not built (no C compiler at
+    install time)."""
+    global _native
+    if _native is None:
+        try:
+            from kestrel.storage.fsync._fsync_many import finish, start
+        except ImportError:
+            return None
+        _native = NativeThreadFsync(start, finish)
+    return _native
+
+
+def _threads() -> FsyncMany:
+    """C threads when the helper was built, else Python threads."""
+    return native_threads() or ThreadFsync()
+
+
+def filesystem_sync(each: FsyncMany) -> FilesystemSync | None:
+    """Rounds of several journals on one file system as one syncfs, on the C threads where they
+    serve, else on Python threads; None where the kernel does not report syncfs's errors (Linux
+    before 5.8) or the C library lacks it."""
+    syncfs = libc_syncfs()
+    if syncfs is None:
+        return None
+    native = native_threads()
+    if native is not None and native.ready:
+        return FilesystemSync(each, native.syncfs_all)
+    return FilesystemSync(each, ThreadFsync(syncfs).fsync_all)
+
+
+class Round:
+    """The journals one round fsyncs, how far each was written when the round began, and the
+    errors of those that failed; `done` is set once it has run."""
+
+    def __init__(self) -> None:
+        self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
+        self.failed: dict[Syncable, OSError] = {}
+        self.done = gevent.event.Event()
+
+
+class GroupCommit:
+    """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
+
+    def __init__(self, fsync_many: FsyncMany | None = None, way: str = "") -> None:
+        """Rounds through `fsync_many`, or else the way named (one of FSYNC_WAYS)."""
+        # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
+        self._threads = _threads()
+        if fsync_many is None and way not in FSYNC_WAYS:
+            log.warning("unknown KESTREL_FSYNC value; fsyncs go to threads", value=way,
+                        known=[known for known in FSYNC_WAYS if known])
+        if fsync_many is None and way == "syncfs":
+            fsync_many = filesystem_sync(self._threads)
+            if fsync_many is None:
+                log.warning("KESTREL_FSYNC=syncfs, but this kernel does not report write-back errors "
+                            "through syncfs (Linux before 5.8): fsyncs go to threads")
+        # None: native AIO, set up by the first round
+        self._fsync_many = fsync_many or (None if way == "aio" else self._threads)
+        self._next: Round | None = None  # gathering journals; starts when its turn has run
+        self._running: Round | None = None
+        self.runner: gevent.Greenlet | None = None  # the greenlet running rounds, the latest one
+
+    def sync(self, journal: Syncable, position: int) -> None:
+        """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
+
+        Raises OSError when the fsync of a round covering `position` failed.
+        """
+        while journal.synced < position:
+            running = self._running
+            if running is not None and running.journals.get(journal, -1) >= position:
+                round_ = running  # the round in flight covers it: wait for that one
+            else:
+                round_ = self.join(journal)
+            round_.done.wait()
+            error = round_.failed.get(journal)
+            if error is not None:
+                raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
+
+    def join(self, journal: Syncable) -> Round:
+        """The next round, with `journal` in it (also for a caller that waits on its `done` in its
+        own way): it starts once this turn has run, or once the round in flight has finished, and
+        covers what `journal` holds then. Never yields."""
+        round_ = self._next
+        if round_ is None:
+            round_ = self._next = Round()
+            if self._running is None:
+                gevent.get_hub().loop.run_callback(self._start)
+        round_.journals[journal] = -1  # its position is taken when the round starts
+        return round_
+
+    def _start(self) -> None:
+        if self._running is None and self._next is not None:
+            self.runner = gevent.spawn(self._run_rounds)
+            self._running = self._next  # claimed now, so that no second runner starts
+            self._next = None
+
+    def _run_rounds(self) -> None:
+        """Run the claimed round, then each round gathered meanwhile, until none is waiting."""
+        round_ = self._running
+        try:
+            while round_ is not None:
+                try:
+                    self._run(round_)
+                except Exception as e:  # no waiter may wait on for a round that will never end
+                    log.exception("group commit round failed")
+                    for journal in round_.journals:
+                        round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
+                finally:
+                    round_.done.set()  # killed midway: its waiters find themselves unsynced and ask again
+                round_ = self._running = self._next
+                self._next = None
+        except BaseException:  # this runner was killed: the rounds still waiting get a runner of their own
+            self._running = None
+            if self._next is not None:
+                gevent.get_hub().loop.run_callback(self._start)
+            raise
+
+    def _run(self, round_: Round) -> None:
+        journals = []
+        for journal in round_.journals:
+            round_.journals[journal] = journal.size
+            if journal.fd < 0:
+                round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
+            else:
+                journals.append(journal)
+        for journal, error in zip(journals, self._fsync_all([j.fd for j in journals]), strict=True):
+            if error is not None:
+                round_.failed[journal] = error
+            else:
+                journal.synced = max(journal.synced, round_.journals[journal])
+
+    def _fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        if self._fsync_many is None:
+            try:
+                self._fsync_many = AioFsync.create() or self._threads
+            except OSError as e:  # e.g. out of descriptors for its eventfd: threads this time
+                log.warning("native AIO not ready; this round's fsyncs go to threads", error=str(e))
+                return self._threads.fsync_all(fds)
+        try:
+            return self._fsync_many.fsync_all(fds)
+        except AioUnsupported as e:
+            log.info("fsyncs of a group commit go to threads", reason=str(e))
+            self._fsync_many = self._threads
+            return self._threads.fsync_all(fds)
+
+
+GROUP_COMMIT = GroupCommit(way=os.environ.get("KESTREL_FSYNC", ""))

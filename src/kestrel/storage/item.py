@@ -1,0 +1,111 @@
+"""A queue item as it lives in memory.
+
+`QItem` is the compiled class (src/kestrel/storage/_item.c) where the build had a C compiler, else
+`QItemPython`, the reference: the same attributes, constructor, equality and repr, checked on both
+by tests/test_item.py. A batch put makes one item per element, and replay one per record.
+Likewise `data_sizes`, `plain_size`, `item_data` and `data_with_ids`, one pass over a batch each
+where Python made two or three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+
+class QItemPython:
+    """One item: its data, when it was added and when it expires (ms since epoch, 0 = never).
+
+    `xid` is the id of the item's open read. In a Kestrel 2 queue it is non-zero while the item is
+    an open read, and also for an item replayed from an ADD_XID record until the REMOVE_TENTATIVE
+    that reopens it; a Kestrel 3 item's xid is its id throughout. `errors` counts the aborts and
+    auto-aborts the item has been through (what `max_errors` is checked against).
+    """
+
+    __slots__ = ("add_time", "expiry", "data", "xid", "errors")
+
+    def __init__(self, add_time: int, expiry: int, data: bytes, xid: int = 0, errors: int = 0) -> None:
+        self.add_time = add_time
+        self.expiry = expiry
+        self.data = data
+        self.xid = xid
+        self.errors = errors
+
+    def __repr__(self) -> str:
+        return f"QItem(add_time={self.add_time}, expiry={self.expiry}, data={self.data!r}, xid={self.xid})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QItemPython):
+            return NotImplemented
+        return (self.add_time, self.expiry, self.data) == (other.add_time, other.expiry, other.data)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
+
+
+def data_sizes_python(datas: Sequence[bytes]) -> tuple[int, int]:
+    """(total bytes, largest) of a batch's data: what a batch put checks against the queue's limits."""
+    sizes = list(map(len, datas))
+    return sum(sizes), max(sizes, default=0)
+
+
+def plain_size_python(items: Sequence[QItemPython]) -> int:
+    """The bytes of data of `items` when none of them can expire, else -1: whether a batch get may
+    take them without looking at each (and how much the queue then holds less)."""
+    if any(map(_EXPIRY, items)):
+        return -1
+    return sum(map(len, map(_DATA, items)))
+
+
+def data_with_ids_python(items: list[QItemPython], ids: int | list[int]) -> list[tuple[bytes, int]]:
+    """Each item's data with an id (`ids` one for every item, or a list, one each): the items of a
+    get as the protocols hand them out, each with the id of its open read, or 0."""
+    if isinstance(ids, int):
+        return list(zip(map(_DATA, items), repeat(ids)))
+    if len(ids) != len(items):
+        raise ValueError(f"{len(items)} items but {len(ids)} ids")
+    return list(zip(map(_DATA, items), ids, strict=True))
+
+
+def item_data_python(items: list[QItemPython]) -> list[bytes]:
+    """Each item's data: what a get's reply is laid out from, beside the ids (`TakenItems`)."""
+    return list(map(_DATA, items))
+
+
+if TYPE_CHECKING:
+    QItem = QItemPython
+    data_sizes = data_sizes_python
+    plain_size = plain_size_python
+    data_with_ids = data_with_ids_python
+    item_data = item_data_python
+else:
+    try:
+        from kestrel.storage._item import QItem, data_sizes, data_with_ids, item_data, plain_size
+    except ImportError:  # built without a C compiler: the Python class and functions
+        QItem, data_sizes, plain_size, data_with_ids, item_data = (
+            QItemPython, data_sizes_python, plain_size_python, data_with_ids_python, item_data_python)
+
+
+class TakenItems:
+    """The items one get took and the ids of their open reads (`ids`: one for every item, 0 without
+    auto-abort, or a list, one each). A protocol lays its reply out from the data and the ids
+    apart: a (data, id) pair made and freed for each item cost a 100,000-item get more than taking
+    the items did (bench/README.md); `pairs()` makes them where a protocol needs them."""
+
+    __slots__ = ("items", "ids")
+
+    def __init__(self, items: list[QItem], ids: int | list[int]) -> None:
+        self.items, self.ids = items, ids
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def data(self) -> list[bytes]:
+        return item_data(self.items)
+
+    def pairs(self) -> list[tuple[bytes, int]]:
+        return data_with_ids(self.items, self.ids)

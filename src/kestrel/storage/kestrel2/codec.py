@@ -1,0 +1,554 @@
+"""Kestrel 2.x journal records: the only Python code that knows the byte layout (its compiled twin
+for runs of common records and for a batch's ADDX records, src/kestrel/storage/kestrel2/_codec.c, is tested
+against
+`decode_common_python` and `encode_addx_many_python`).
+
+Every record is a one-byte opcode and its fields, little-endian; a leading `size` covers the whole
+block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
+
+Opcode 8 means STATE_DUMP in the journal format document and CONTINUE in released Kestrel 2.4;
+`decode` tells them apart by what follows (see `_decode_opcode_8`). A reliable read is written as
+released Kestrel 2.4 writes it, REMOVE_TENTATIVE_XID (9) with its xid: every Kestrel from 2.1 to 2.4
+reads the document's REMOVE_TENTATIVE (3) as xid 0, so a journal of opcode-3 records would replay
+differently there. Opcode 3 is still read as the document says (the next free xid).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from dataclasses import dataclass
+
+ADD = 0
+REMOVE = 1
+ADDX = 2
+REMOVE_TENTATIVE = 3
+SAVE_XID = 4
+UNREMOVE = 5
+CONFIRM_REMOVE = 6
+ADD_XID = 7
+STATE_DUMP = 8
+REMOVE_TENTATIVE_XID = 9
+MAX_OPCODE = REMOVE_TENTATIVE_XID
+
+_I32 = struct.Struct("<i")
+_ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
+_ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
+_XID_ADDX_HEAD = struct.Struct("<iiqq")  # xid, size, add time, expiry
+_TWO_I32 = struct.Struct("<ii")
+_TWO_I64 = struct.Struct("<qq")
+
+# An item block (add time + expiry) is 16 bytes before the data.
+ITEM_HEADER = 16
+# A pack's stand-in for an item that left the queue after the checkpoint: empty and expired at
+# 1 ms after the epoch. A later REMOVE consumes it on replay; if that REMOVE was lost (a salvaged
+# journal), the stand-in is dropped as expired instead of being served as an empty item.
+PLACEHOLDER_EXPIRY = 1
+# Anything bigger than this in a size field is damage, not an item (Kestrel's sizes are i32).
+MAX_BLOCK = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    """Starling's ADD (opcode 0): expiry in whole seconds, no add time."""
+
+    expiry_s: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Drop the head item for good."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddX:
+    """Add an item at the tail; times in milliseconds since the epoch, expiry 0 = never."""
+
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTentative:
+    """Open a read on the head item under the next free xid."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaveXid:
+    """Set the last-used xid (the start of a rewritten journal)."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unremove:
+    """Abort the open read `xid`: its item goes back to the head."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmRemove:
+    """Confirm the open read `xid`: its item is gone for good."""
+
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddXid:
+    """Add an item that the next REMOVE_TENTATIVE reopens under `xid` (rewritten journals)."""
+
+    xid: int
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StateDump:
+    """The format document's opcode 8: an xid and a count of ADD_XID records that follow."""
+
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Released Kestrel 2.4's opcode 8: open read `xid` ends and its item is added at the tail."""
+
+    xid: int
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTentativeXid:
+    """Released Kestrel 2.4's opcode 9: open a read on the head item under a named xid."""
+
+    xid: int
+
+
+Record = (
+    Add | Remove | AddX | RemoveTentative | SaveXid | Unremove | ConfirmRemove | AddXid | StateDump
+    | Continue | RemoveTentativeXid
+)
+
+OPCODE_NAMES: dict[type, str] = {
+    Add: "ADD", Remove: "REMOVE", AddX: "ADDX", RemoveTentative: "REMOVE_TENTATIVE", SaveXid: "SAVE_XID",
+    Unremove: "UNREMOVE", ConfirmRemove: "CONFIRM_REMOVE", AddXid: "ADD_XID", StateDump: "STATE_DUMP",
+    Continue: "CONTINUE", RemoveTentativeXid: "REMOVE_TENTATIVE_XID",
+}
+
+REMOVE_BYTES = bytes([REMOVE])
+
+
+class Incomplete(Exception):
+    """The buffer ends inside a record: more bytes are needed (or the tail is torn)."""
+
+
+class Malformed(Exception):
+    """A record that can never be valid, whatever follows it."""
+
+    def __init__(self, opcode: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.opcode = opcode
+        self.reason = reason
+
+
+def encode_addx(add_time: int, expiry: int, data: bytes) -> bytes:
+    return b"\x02" + _ADDX_HEAD.pack(ITEM_HEADER + len(data), add_time, expiry) + data
+
+
+def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+    """The ADDX records of items added together (one time and expiry), as one string: the same bytes
+    as `encode_addx` of each, with each distinct header packed once (the reference for the compiled
+    `encode_addx_many`)."""
+    times = _TWO_I64.pack(add_time, expiry)
+    sizes = list(map(len, items))
+    if sizes and min(sizes) == max(sizes):  # the usual batch: one header for all
+        heads = [b"\x02" + _I32.pack(ITEM_HEADER + sizes[0]) + times] * len(items)
+    else:
+        known: dict[int, bytes] = {}
+        heads = [known.get(n) or known.setdefault(n, b"\x02" + _I32.pack(ITEM_HEADER + n) + times)
+                 for n in sizes]
+    parts = items * 2
+    parts[::2] = heads
+    parts[1::2] = items
+    return b"".join(parts)
+
+
+def encode_xid(opcode: int, xid: int) -> bytes:
+    return bytes([opcode]) + _I32.pack(xid)
+
+
+def encode(record: Record) -> bytes:
+    """The bytes of one record, exactly as Kestrel writes them."""
+    match record:
+        case AddX(add_time, expiry, data):
+            return encode_addx(add_time, expiry, data)
+        case Remove():
+            return REMOVE_BYTES
+        case RemoveTentative():
+            return bytes([REMOVE_TENTATIVE])
+        case SaveXid(xid):
+            return encode_xid(SAVE_XID, xid)
+        case Unremove(xid):
+            return encode_xid(UNREMOVE, xid)
+        case ConfirmRemove(xid):
+            return encode_xid(CONFIRM_REMOVE, xid)
+        case AddXid(xid, add_time, expiry, data):
+            return b"\x07" + _XID_ADDX_HEAD.pack(xid, ITEM_HEADER + len(data), add_time, expiry) + data
+        case Add(expiry_s, data):
+            return b"\x00" + _ADD_HEAD.pack(4 + len(data), expiry_s) + data
+        case StateDump(xid, count):
+            return b"\x08" + _TWO_I32.pack(xid, count)
+        case Continue(xid, add_time, expiry, data):
+            return b"\x08" + _XID_ADDX_HEAD.pack(xid, ITEM_HEADER + len(data), add_time, expiry) + data
+        case RemoveTentativeXid(xid):
+            return encode_xid(REMOVE_TENTATIVE_XID, xid)
+    raise TypeError(f"not a journal record: {record!r}")
+
+
+def decode(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int]:
+    """Decode the record starting at `pos`; return it and the position after it.
+
+    Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be a
+    record. `at_eof` says that nothing follows `buf`, which opcode 8 needs to look ahead.
+    """
+    end = len(buf)
+    if pos >= end:
+        raise Incomplete
+    op = buf[pos]
+    p = pos + 1
+    if op == ADDX:
+        if p + 20 > end:
+            raise Incomplete
+        size, add_time, expiry = _ADDX_HEAD.unpack_from(buf, p)
+        if size < ITEM_HEADER:
+            raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
+        stop = p + 4 + size
+        if stop > end:
+            raise Incomplete
+        return AddX(add_time, expiry, bytes(buf[p + 20:stop])), stop
+    if op == REMOVE:
+        return Remove(), p
+    if op == REMOVE_TENTATIVE:
+        return RemoveTentative(), p
+    if op in (SAVE_XID, UNREMOVE, CONFIRM_REMOVE, REMOVE_TENTATIVE_XID):
+        if p + 4 > end:
+            raise Incomplete
+        (xid,) = _I32.unpack_from(buf, p)
+        cls = _XID_RECORDS[op]
+        return cls(xid), p + 4
+    if op == ADD_XID:
+        xid, size, add_time, expiry, stop = _item_with_xid(buf, p, op)
+        return AddXid(xid, add_time, expiry, bytes(buf[p + 24:stop])), stop
+    if op == 8:
+        return _decode_opcode_8(buf, pos, at_eof)
+    if op == ADD:
+        if p + 8 > end:
+            raise Incomplete
+        size, expiry_s = _ADD_HEAD.unpack_from(buf, p)
+        if size < 4:
+            raise Malformed(op, f"ADD block of {size} bytes is shorter than its 4-byte expiry")
+        stop = p + 4 + size
+        if stop > end:
+            raise Incomplete
+        return Add(expiry_s, bytes(buf[p + 8:stop])), stop
+    raise Malformed(op, f"unknown opcode {op}")
+
+
+_XID_RECORDS: dict[int, type[SaveXid] | type[Unremove] | type[ConfirmRemove] | type[RemoveTentativeXid]] = {
+    SAVE_XID: SaveXid,
+    UNREMOVE: Unremove,
+    CONFIRM_REMOVE: ConfirmRemove,
+    REMOVE_TENTATIVE_XID: RemoveTentativeXid,
+}
+
+
+def _item_with_xid(buf: bytes | memoryview, p: int, op: int) -> tuple[int, int, int, int, int]:
+    if p + 24 > len(buf):
+        raise Incomplete
+    xid, size, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, p)
+    if size < ITEM_HEADER:
+        raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
+    stop = p + 8 + size
+    if stop > len(buf):
+        raise Incomplete
+    return xid, size, add_time, expiry, stop
+
+
+def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int]:
+    """STATE_DUMP (xid, count, then `count` ADD_XID records) or CONTINUE (xid, item block).
+
+    A STATE_DUMP is taken when its count is 0 or the next `count` records all decode as ADD_XID.
+    Otherwise it is a CONTINUE if its block is a plausible item block followed by the end of the
+    file or a known opcode. If neither reading fits, the record is malformed.
+    """
+    p = pos + 1
+    end = len(buf)
+    if p + 8 > end:
+        raise Incomplete
+    xid, second = _TWO_I32.unpack_from(buf, p)
+    after = p + 8
+    if second == 0 or (second > 0 and _add_xids_follow(buf, after, second, at_eof)):
+        return StateDump(xid, second), after
+    if second >= ITEM_HEADER:
+        stop = after + second
+        if stop > end or (stop == end and not at_eof):
+            raise Incomplete
+        if stop == end or buf[stop] <= MAX_OPCODE:
+            add_time, expiry = struct.unpack_from("<qq", buf, after)
+            return Continue(xid, add_time, expiry, bytes(buf[after + ITEM_HEADER:stop])), stop
+    raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
+
+
+def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) -> bool:
+    """Whether `count` well-formed ADD_XID records start at `p` (a STATE_DUMP's tail).
+
+    Raises Incomplete when the buffer ends before that can be told and more bytes may come.
+    """
+    for _ in range(count):
+        if p >= len(buf):
+            if at_eof:
+                return False
+            raise Incomplete
+        if buf[p] != ADD_XID:
+            return False
+        try:
+            *_, p = _item_with_xid(buf, p + 1, ADD_XID)
+        except Malformed:
+            return False
+        except Incomplete:
+            if at_eof:
+                return False
+            raise
+    return True
+
+
+# The records `decode_common` reads, as (opcode, offset, xid, add time, expiry, data); fields a
+# record does not have are 0 (and data b"").
+Common = tuple[int, int, int, int, int, bytes]
+_NO_DATA = b""
+
+
+def decode_common_python(buf: bytes, pos: int, base: int, budget: int,
+                         check_sizes: bool) -> tuple[list[Common], int, int]:
+    """Decode the run of common records (ADDX, ADD_XID, REMOVE, CONFIRM_REMOVE,
+    REMOVE_TENTATIVE_XID) that starts at `pos`, as plain tuples: replay's fast path.
+
+    The run stops before any other record, before a record that is not whole in `buf`, before one
+    that `decode` or the reader's damage checks would question (a REMOVE not followed by an opcode,
+    a size too small, with `check_sizes` a size that `misplaced_end` finds one bit off), and before
+    an add whose data would bring the run's total to `budget` bytes: the general path takes over
+    there, so every check keeps its full form. Offsets are `base + ` the position in `buf`.
+    Returns the run, the position after it, and the position of its last record if that has a
+    size field (else -1).
+    """
+    run: list[Common] = []
+    end = len(buf)
+    previous = -1
+    total = 0
+    while pos < end:
+        op = buf[pos]
+        if op in (ADDX, ADD_XID):
+            if op == ADDX:
+                head = pos + 21
+                if head > end:
+                    break
+                size, add_time, expiry = _ADDX_HEAD.unpack_from(buf, pos + 1)
+                xid = 0
+            else:
+                head = pos + 25
+                if head > end:
+                    break
+                xid, size, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, pos + 1)
+            stop = head + size - ITEM_HEADER
+            total += stop - head
+            if size < ITEM_HEADER or stop > end or total >= budget:
+                break
+            if check_sizes and _may_be_misplaced(buf, head, stop, size) \
+                    and misplaced_end(buf, pos, stop) is not None:
+                break
+            run.append((op, base + pos, xid, add_time, expiry, buf[head:stop]))
+            previous = pos
+            pos = stop
+        elif op == REMOVE:
+            if pos + 1 >= end or buf[pos + 1] > MAX_OPCODE:
+                break
+            run.append((op, base + pos, 0, 0, 0, _NO_DATA))
+            previous = -1
+            pos += 1
+        elif op in (CONFIRM_REMOVE, REMOVE_TENTATIVE_XID):
+            if pos + 5 > end:
+                break
+            run.append((op, base + pos, _I32.unpack_from(buf, pos + 1)[0], 0, 0, _NO_DATA))
+            previous = -1
+            pos += 5
+        else:
+            break
+    return run, pos, previous
+
+
+# `decode_common_columns`: the run's fields as native little-endian buffers in Arrow's layout: the
+# record count, then opcodes (int8), offsets (int64), xids (int32), add times and expiries (int64
+# ms), data ends (int32, count + 1 of them from 0) and the data concatenated.
+CommonColumns = tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
+
+
+def decode_common_columns_python(buf: bytes, pos: int, base: int, budget: int,
+                                 check_sizes: bool) -> tuple[CommonColumns, int, int]:
+    """`decode_common_python`'s run as column buffers (the reference for the compiled one)."""
+    run, pos, previous = decode_common_python(buf, pos, base, budget, check_sizes)
+    ops, offsets, xids, added, expiry, data = zip(*run, strict=True) if run else ((),) * 6
+    ends = array("i", [0])
+    for item in data:
+        ends.append(ends[-1] + len(item))
+    columns = (len(run), array("b", ops).tobytes(), array("q", offsets).tobytes(),
+               array("i", xids).tobytes(), array("q", added).tobytes(), array("q", expiry).tobytes(),
+               ends.tobytes(), b"".join(data))
+    return columns, pos, previous
+
+
+try:
+    from kestrel.storage.kestrel2 import _codec
+except ImportError:  # built without a C compiler: the Python loops alone
+    decode_common = decode_common_python
+    decode_common_columns = decode_common_columns_python
+    encode_addx_many = encode_addx_many_python
+else:
+    def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+        """`encode_addx_many_python` compiled (src/kestrel/storage/kestrel2/_codec.c) for lists of bytes;
+        anything else goes to the Python function, which encodes it or says what is wrong."""
+        encoded = _codec.encode_addx_many(add_time, expiry, items)
+        return encode_addx_many_python(add_time, expiry, items) if encoded is None else encoded
+
+    def decode_common(buf: bytes, pos: int, base: int, budget: int,
+                      check_sizes: bool) -> tuple[list[Common], int, int]:
+        """`decode_common_python` compiled (src/kestrel/storage/kestrel2/_codec.c): the same tuples, several
+        times faster; the records it questions go to `misplaced_end` as in Python."""
+        return _codec.decode_common(buf, pos, base, budget, check_sizes, misplaced_end)
+
+    def decode_common_columns(buf: bytes, pos: int, base: int, budget: int,
+                              check_sizes: bool) -> tuple[CommonColumns, int, int]:
+        """`decode_common_columns_python` compiled: no Python object per record."""
+        return _codec.decode_common_columns(buf, pos, base, budget, check_sizes, misplaced_end)
+
+
+def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
+    """Whether a one-bit smaller `size` would end the item record whose data is `buf[head:stop]`
+    on an opcode byte: `misplaced_end` can find damage only then (the usual answer is no)."""
+    rest = size
+    while rest:
+        bit = rest & -rest
+        rest ^= bit
+        if stop - bit >= head and buf[stop - bit] <= MAX_OPCODE:
+            return True
+    return False
+
+
+# Records with a size field: the ones whose size can be damaged into a wrong but readable one.
+SIZED_RECORDS = (Add, AddX, AddXid, Continue)
+# Where each sized record keeps its size field (counted from its opcode byte), and its least size.
+_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
+
+
+def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False) -> int | None:
+    """Where the record at `pos` really ends if its size field has one bit flipped, else None.
+
+    The format has no checksums; this is the one damage it lets us see. A record whose size is one
+    bit too large swallows the records after it (or runs past the end of the file); if a one-bit
+    smaller size leaves records that read as whole journal records up to `limit` (the record's
+    claimed end, or the end of the file), the size is taken as damaged. With `grow`, one-bit larger
+    sizes are tried too (a record that ended too early, so that what follows it is unreadable).
+    Item data would need whole item records at that exact place to be mistaken for this.
+    """
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None or pos + field[0] + 4 > len(buf):
+        return None
+    at, least = field
+    size: int = _I32.unpack_from(buf, pos + at)[0]
+    start = pos + at + 4
+    sizes = []
+    rest = size
+    while rest:
+        bit = rest & -rest  # each set bit in turn: clearing it is a one-bit smaller size
+        rest ^= bit
+        sizes.append(size - bit)
+    if grow:
+        sizes.extend(size | (1 << b) for b in range(31) if not size & (1 << b))
+    for real in sizes:
+        end = start + real
+        if real >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
+            return end
+    return None
+
+
+def records_inside(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
+    """Where whole records (as `misplaced_end` means them) first start inside the incomplete record
+    at `pos`, after its size field, up to `limit`; None if nowhere.
+
+    A torn write leaves the first bytes of one record and nothing after them; whole records inside
+    what claims to be one record mean its size field is damaged, however many bits changed.
+    """
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None:
+        return None
+    start = pos + field[0] + 4
+    for p in range(start, limit):
+        if buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit):
+            return p
+    return None
+
+
+def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
+    """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
+    then stray bytes explain what follows as well as a damaged size field does."""
+    return any(buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit) for p in range(start, min(stop, limit)))
+
+
+def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:
+    """Whether whole records start at `pos`: reaching `limit` with an item record among them, or
+    at least two item records before the bytes stop making sense."""
+    view = memoryview(buf)[:limit]
+    items = 0
+    while pos < limit:
+        try:
+            record, pos = decode(view, pos, True)
+        except (Incomplete, Malformed):
+            return items >= 2
+        items += isinstance(record, AddX | AddXid | Add)
+    return items >= 1
+
+
+def describe(records: list[Record]) -> str:
+    """A journal as a readable line, e.g. `addx(5:0:hello), remove-tentative, confirm(1)`."""
+    out = []
+    for r in records:
+        match r:
+            case AddX(_, expiry, data):
+                out.append(f"addx({len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case Continue(xid, _, expiry, data):
+                out.append(f"continue({xid}:{len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case AddXid(xid, _, expiry, data):
+                out.append(f"add-xid({xid}:{len(data)}:{expiry}:{data.decode('utf-8', 'replace')})")
+            case Add(expiry_s, data):
+                out.append(f"add({len(data)}:{expiry_s}:{data.decode('utf-8', 'replace')})")
+            case Remove():
+                out.append("remove")
+            case RemoveTentative():
+                out.append("remove-tentative")
+            case RemoveTentativeXid(xid):
+                out.append(f"remove-tentative({xid})")
+            case SaveXid(xid):
+                out.append(f"save-xid({xid})")
+            case Unremove(xid):
+                out.append(f"unremove({xid})")
+            case ConfirmRemove(xid):
+                out.append(f"confirm({xid})")
+            case StateDump(xid, count):
+                out.append(f"state-dump({xid}:{count})")
+    return ", ".join(out)

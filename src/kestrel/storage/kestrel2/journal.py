@@ -1,0 +1,578 @@
+"""One queue's Kestrel 2 journal: its file set, as Kestrel's `Journal` keeps it.
+
+The live journal `<name>` and the rotated ones `<name>.<ms>` (file names: `src/kestrel/storage/filenames.py`).
+This module replays them in order with the torn-tail and salvage policy, appends records with the
+sync policy, rotates the live journal, and writes packs one after another in the background. What
+the records mean is the queue's business (it replays them through `src/kestrel/storage/kestrel2/replay.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from typing import Protocol
+
+import structlog
+
+from kestrel.storage import filenames, manifest
+from kestrel.storage import files as journal
+from kestrel.storage.commit_log import CommitLog, Turn
+from kestrel.storage.errors import CorruptJournalError, JournalWriteError
+from kestrel.storage.files import JournalFiles, JournalWriter
+from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2.read_behind import LIVE, Files
+from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
+
+log = structlog.get_logger("kestrel.queue")
+
+
+class FileReplay(Protocol):
+    """What applies the records of each file while the journal is replayed (the queue)."""
+
+    anomalies: dict[str, int]  # records of the file just replayed that had nothing to act on
+
+    def replay_file(self, key: int, path: str, reader: JournalReader) -> None:
+        """Apply the file's records from `reader` to its end. Raises CorruptJournalError."""
+
+    def file_replayed(self, key: int) -> None:
+        """Every record of file `key` is applied (and none was cut off)."""
+
+    def restart(self) -> None:
+        """Forget everything applied: replay starts again from the first file."""
+
+
+class PackState(enum.Enum):
+    IDLE = "idle"  # no pack being written: a queued one may start
+    WRITING = "writing"  # a pack is being written in the background
+    STOPPED = "stopped"  # a failed pack left a `.pack` that only the next start-up may finish
+
+
+class _PackJob:
+    """One pack being written; finished (the file list updated) once, by whoever comes first."""
+
+    def __init__(self, request: packer.PackRequest, dead: list[str], written: Event) -> None:
+        self.request = request
+        self.dead = dead
+        self.written = written
+        self.final: str | None = None  # the pack's path once written
+        self.finished = False
+
+
+class QueueJournal:
+    """The journal files of queue `name` in `queue_path`, and its writer once `open_live` is called.
+
+    `lock` is the queue's: the background pack takes it to update the file list. With a
+    `commit_log`, a journal created under `sync_journal: always` logs every append there too and
+    waits for the log's fsync instead of its own (`src/kestrel/storage/commit_log.py`); whether it logs is
+    fixed at creation, so that its records in the log never skip bytes of the journal.
+    """
+
+    def __init__(self, queue_path: str, name: str, sync_ms: int | None, rotate_at: int,
+                 runtime: Runtime, lock: Lock, salvage: bool = False,
+                 commit_log: CommitLog | None = None) -> None:
+        self.queue_path = queue_path
+        self.name = name
+        self.sync_ms = sync_ms
+        self.rotate_at = rotate_at  # the live journal's size that makes the queue consider rotating
+        self.runtime = runtime
+        self.clock = runtime.clock
+        self.salvage = salvage
+        self._lock = lock
+        self.writer: JournalWriter | None = None
+        self.rotated: Files = []  # (timestamp, path), oldest first
+        self.archived_size = 0
+        self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
+        self.commit_log = commit_log if sync_ms == 0 else None
+        self._turns: list[Turn] = []  # of the commit log, holding appends not yet waited for
+        # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
+        # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
+        self.pack_ready: packer.PackRequest | None = None
+        self.pack_queued: packer.PackRequest | None = None
+        self.pack_state = PackState.IDLE
+        self._pack_job: _PackJob | None = None
+        self._manifest: manifest.Keeper | None = None  # kept once the queue has rotated journals
+        self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
+        self._checked = False  # the files were compared with the manifest
+        self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
+        self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
+
+    @property
+    def live_path(self) -> str:
+        return filenames.live_path(self.queue_path, self.name)
+
+    @property
+    def size(self) -> int:
+        return self.archived_size + (self.writer.size if self.writer else 0)
+
+    @property
+    def paths(self) -> list[str]:
+        live = [self.writer.path] if self.writer else []
+        return [p for _, p in self.rotated] + live
+
+    @property
+    def epoch(self) -> int:
+        """Which journal file the live one is, for the commit log: the latest rotation's stamp."""
+        return self.rotated[-1][0] if self.rotated else 0
+
+    def files(self) -> Files:
+        """The files in replay order, the live journal last (what the read-behind cursor crosses)."""
+        return [*self.rotated, (LIVE, self.live_path)]
+
+    # -----------------------------------------------------------------------------------------
+    # Replay
+
+    def scan(self) -> JournalFiles:
+        """This queue's files on disk, alone (a queue created after start-up); temporaries removed."""
+        files = journal.list_journal_files(self.queue_path, self.name)
+        journal.remove_temporaries(self.queue_path, self.name)
+        return files
+
+    def replay(self, files: JournalFiles, repair: bool, target: FileReplay) -> int:
+        """Replay the files into `target`; return how many bytes were replayed.
+
+        With `repair`, an interrupted pack is finished, a torn tail is cut off (a copy kept) and
+        salvage sets damage aside; without it (rebuilding a running queue) nothing on disk changes.
+        Raises CorruptJournalError (without salvage).
+        """
+        if repair and not self._checked:
+            self._checked = True  # once: a salvage cut below changes files and replays again
+            files = self._check_manifest(files)
+        if repair:
+            files = packer.finish_interrupted_packs(self.queue_path, self.name, files, self.salvage,
+                                                     self.clock.now_ms())
+        self.rotated = list(files.rotated)
+        order = self.rotated + ([(LIVE, files.live)] if files.live else [])
+        replayed = 0
+        previous: str | None = None
+        for index, (key, path) in enumerate(order):
+            reader = JournalReader(path, check_sizes=True)
+            try:
+                cut = self._replay_file(key, path, reader, index == len(order) - 1, repair, target)
+                replayed += reader.offset
+            finally:
+                reader.close()
+            self._report_anomalies(target.anomalies, path, previous)
+            previous = path
+            if cut is not None:
+                # The damage may lie in a record already applied (a size field found wrong only by
+                # what follows it): replay again what is left, now ending before the damage.
+                self._set_aside_after(order[index + 1:], cut)
+                target.restart()
+                return self.replay(journal.list_journal_files(self.queue_path, self.name), repair, target)
+            target.file_replayed(key)
+        self.rotated = [(ts, p) for ts, p in self.rotated if os.path.exists(p)]
+        self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
+        if repair:
+            self._record_files()
+        return replayed
+
+    # -----------------------------------------------------------------------------------------
+    # The manifest (src/kestrel/storage/manifest.py)
+
+    def _check_manifest(self, files: JournalFiles) -> JournalFiles:
+        """Compare the files on disk with the manifest before anything is replayed or changed.
+
+        A listed file missing, cut short or changed, or a file the manifest does not list (a stray
+        pack or journal), raises CorruptJournalError naming it; with salvage, the stray file, or the
+        first damaged file and every later one, is set aside (renamed, never deleted) and the rest
+        replayed. A queue without a manifest loads with a warning. Returns the files to replay.
+        """
+        record = self._on_disk = manifest.read_for_start(self.queue_path, self.name, "kestrel2",
+                                                         self.salvage, self.clock.now_ms())
+        if record is None:
+            if files.rotated or files.packs:
+                log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "
+                            "be detected at this start; one is written now", queue=self.name,
+                            manifest=manifest.path_of(self.queue_path, self.name))
+            return files
+        on_disk = {os.path.basename(p): (ts, p) for ts, p in files.rotated}
+        packs = {os.path.basename(p): (ts, p) for ts, p in files.packs}
+        listed_packs = {}  # final name -> (timestamp, entry) of a pack being put in place
+        listed = {}  # name -> (timestamp, entry) of a rotated journal
+        for name, entry in record.files.items():
+            parsed = filenames.parse_journal_name(name)
+            if parsed is None or parsed[1] != self.name or parsed[0] == "live":
+                continue
+            if parsed[0] == "pack":
+                listed_packs[filenames.rotated_name(self.name, parsed[2])] = (parsed[2], entry)
+            else:
+                listed[name] = (parsed[2], entry)
+        problems: list[tuple[int, str, str]] = []  # (timestamp, path, why)
+        verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
+        covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
+        for final, (ts, entry) in listed_packs.items():
+            pack = filenames.pack_name(self.name, ts)
+            if pack in packs:
+                why = manifest.mismatch(packs[pack][1], entry)
+            elif final in on_disk and manifest.mismatch(on_disk[final][1], entry) is None:
+                why = None  # renamed to its final name before the crash
+            else:  # never put in place (a crash before its rename): the journals it covers must be there
+                log.info("pack listed in the manifest was never put in place", queue=self.name,
+                         file=os.path.join(self.queue_path, pack))
+                continue
+            if why is None:
+                covered = max(covered, ts)
+                verified[final] = entry
+            else:
+                problems.append((ts, packs[pack][1], why))
+        for name, (ts, entry) in listed.items():
+            if name in verified:
+                continue
+            if name in on_disk:
+                why = manifest.mismatch(on_disk[name][1], entry)
+                if why is None:
+                    verified[name] = entry
+                else:
+                    problems.append((ts, on_disk[name][1], why))
+            elif ts > covered:
+                problems.append((ts, os.path.join(self.queue_path, name),
+                                 f"missing: the manifest lists it with {entry.size} bytes"))
+        newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
+        unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
+        for ts, path in unlisted:
+            if ts > newest or ts <= covered:  # rotated just before a stop; or superseded by the pack
+                log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
+                         file=path)
+                continue
+            problems.append((ts, path, "not listed in the manifest: a stray journal file (an older copy, "
+                                       "or one from elsewhere); it was not applied"))
+        for name, (ts, path) in packs.items():
+            if name not in {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}:
+                problems.append((ts, path, "a pack the manifest does not list (a stray or older pack); "
+                                           "it was not applied and no journal was deleted"))
+        if not problems:
+            return files
+        problems.sort()
+        if not self.salvage:
+            ts, path, why = problems[0]
+            others = f" ({len(problems) - 1} more damaged file(s))" if len(problems) > 1 else ""
+            raise CorruptJournalError(path, 0, None, f"{why}{others}; compared with "
+                                      f"{manifest.path_of(self.queue_path, self.name)}; nothing was changed "
+                                      "(--salvage sets the damage aside and keeps what precedes it)")
+        self._set_aside_damaged(problems, files)
+        self._sealed.clear()
+        return journal.list_journal_files(self.queue_path, self.name)
+
+    def _set_aside_damaged(self, problems: list[tuple[int, str, str]], files: JournalFiles) -> None:
+        """Salvage: a stray file is set aside alone; a missing or changed one with every later file
+        (what followed it cannot be applied without it). Renamed, never deleted."""
+        stamp = self.clock.now_ms()
+        stray = [p for _, p, why in problems if "manifest does not list" in why or "not listed" in why]
+        damaged = [(ts, p) for ts, p, why in problems if p not in stray]
+        aside = set(stray)
+        if damaged:
+            first = min(ts for ts, _ in damaged)
+            aside.update(p for ts, p in files.rotated if ts >= first)
+            aside.update(p for ts, p in damaged if os.path.exists(p))
+            if files.live:
+                aside.add(files.live)
+        for _ts, path, why in problems:
+            log.error("journal file does not match the manifest (salvage)", queue=self.name, file=path,
+                      reason=why)
+        for path in sorted(aside):
+            if os.path.exists(path):
+                copy = filenames.set_aside_path(path, "corrupt", stamp)
+                os.rename(path, copy)
+                log.error("journal file set aside (salvage)", queue=self.name, file=path, copy=copy)
+        journal.fsync_path(self.queue_path)
+
+    def _record_files(self) -> None:
+        """Write the manifest as start-up leaves the files (a queue never rotated needs none)."""
+        if self._manifest is None and not self.rotated and not os.path.exists(
+                manifest.path_of(self.queue_path, self.name)):
+            return
+        entries = {}
+        for _, path in self.rotated:
+            name = os.path.basename(path)
+            entry = self._sealed.get(name)
+            size = os.path.getsize(path)
+            entries[name] = entry if entry is not None and entry.size == size else manifest.seal(path, size)
+        self._sealed.clear()
+        fresh = manifest.Manifest("kestrel2", entries)
+        self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
+        if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
+            self._manifest.update({})
+
+    def _keeper(self) -> manifest.Keeper:
+        if self._manifest is None:
+            self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+        return self._manifest
+
+    def _seal_one(self, path: str) -> None:
+        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread)."""
+        keeper = self._keeper()
+        with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
+            try:
+                keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
+            except FileNotFoundError:  # packed away meanwhile
+                return
+            manifest.write(self.queue_path, self.name, keeper.manifest)
+
+    def _pack_placed(self, pack: str, size: int, crc: int) -> None:
+        """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""
+        self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc)})
+
+    def _pack_finished(self, pack: str, final: str, dead: list[str], size: int, crc: int) -> None:
+        changes: dict[str, manifest.Entry | None] = {os.path.basename(p): None for p in [pack, *dead]}
+        changes[os.path.basename(final)] = manifest.Entry(size, crc)
+        self._keeper().update(changes)
+
+    def _replay_file(self, key: int, path: str, reader: JournalReader, last: bool, repair: bool,
+                     target: FileReplay) -> tuple[str, int] | None:
+        """Replay one file; return (path, offset) where salvage must cut, if it must."""
+        try:
+            target.replay_file(key, path, reader)
+        except CorruptJournalError as e:
+            if not self.salvage or not repair:
+                raise
+            log.error("corrupt journal record; keeping what precedes it (salvage)", queue=self.name,
+                      file=e.path, offset=e.offset, opcode=e.opcode, reason=e.reason)
+            return (e.path, e.offset)
+        left = reader.leftover()
+        if not left or not repair:
+            return None
+        if not last:
+            reason = f"{left} bytes of an incomplete record before the next journal file"
+        else:
+            damage = torn_tail_damage(path, reader.offset)
+            if damage is None:
+                copy = self._cut_keeping_copy(path, reader.offset, "torn")
+                log.warning("torn record at the end of the journal; cut off, a copy kept", queue=self.name,
+                            file=path, offset=reader.offset, bytes=left, copy=copy)
+                return None
+            reason = damage
+        error = CorruptJournalError(path, reader.offset, None, reason)
+        if not self.salvage:
+            raise error
+        log.error("damaged record inside the journal; keeping what precedes it (salvage)",
+                  queue=self.name, file=path, offset=reader.offset, reason=reason)
+        return (path, reader.offset)
+
+    def _cut_keeping_copy(self, path: str, offset: int, label: str) -> str:
+        """Cut `path` at `offset`, first saving what is cut as `<path>.<label>-<ms>`.
+
+        Raises JournalWriteError (and changes nothing) when the copy cannot be written.
+        """
+        stamp = self.clock.now_ms()
+        try:
+            return journal.cut_keeping_copy(path, offset, label, stamp)
+        except OSError as e:
+            raise JournalWriteError(self.name, filenames.set_aside_path(path, label, stamp), e) from None
+
+    def _set_aside_after(self, later: Files, cut: tuple[str, int]) -> None:
+        """Salvage: cut the damaged file at the damage (keeping a copy of what is cut) and set
+        every later file aside."""
+        path, offset = cut
+        self._cut_keeping_copy(path, offset, "corrupt")
+        stamp = self.clock.now_ms()
+        for _, following in later:
+            os.rename(following, filenames.set_aside_path(following, "corrupt", stamp))
+
+    def _report_anomalies(self, anomalies: dict[str, int], path: str, previous: str | None) -> None:
+        if anomalies:
+            log.warning("JOURNAL RECORDS WITH NOTHING TO ACT ON: a journal file before this one may be "
+                        "missing or damaged, and items may have been lost or brought back",
+                        queue=self.name, file=path, previous_file=previous or "(none)", **anomalies)
+
+    # -----------------------------------------------------------------------------------------
+    # Writing
+
+    def open_live(self) -> None:
+        """Start appending to the live journal (after replay)."""
+        self.writer = self._live_writer()
+
+    def _live_writer(self) -> JournalWriter:
+        writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        # A new live journal's name is durable before any record of its epoch is logged.
+        writer.durable_name = self.commit_log is not None
+        return writer
+
+    def write(self, data: bytes) -> None:
+        """Queue records for the next `flush` (nothing is written for a queue without a journal)."""
+        if self.writer is not None and data:
+            self._pending.append(data)
+
+    def write_many(self, records: list[bytes]) -> None:
+        if self.writer is not None:
+            self._pending.extend(records)
+
+    def discard_pending(self) -> None:
+        self._pending.clear()
+
+    def flush(self) -> None:
+        """Append the pending records in one write (no yield between a change and its record)."""
+        if self._pending:
+            assert self.writer is not None
+            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            self._pending.clear()
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        writer = self.writer
+        assert writer is not None
+        offset = writer.size
+        writer.append(data)
+        if self.commit_log is not None:
+            turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
+            if not self._turns or self._turns[-1] is not turn:
+                self._turns.append(turn)
+
+    def commit(self) -> bool:
+        """Append, then wait as the sync policy says; whether the live journal is due for rotation."""
+        writer = self.writer
+        if writer is None:
+            return False
+        if self._pending:
+            self.flush()
+        if self.commit_log is not None:
+            turns, self._turns = self._turns, []
+            if writer.sync_ms == 0:
+                for turn in turns:
+                    self.commit_log.sync(turn, writer, writer.size)
+                return writer.size >= self.rotate_at
+        if writer.sync_ms is not None:
+            writer.commit()
+        return writer.size >= self.rotate_at
+
+    def append_now(self, data: bytes) -> None:
+        """Append `data` at once, bypassing pending records (a probe). Raises OSError."""
+        self._append(data)
+
+    def set_sync(self, sync_ms: int | None, rotate_at: int) -> None:
+        self.sync_ms = sync_ms
+        self.rotate_at = rotate_at
+        if self.writer is not None:
+            self.writer.sync_ms = sync_ms
+
+    # -----------------------------------------------------------------------------------------
+    # Rotation and packing
+
+    def rotate(self) -> int:
+        """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp."""
+        assert self.writer is not None
+        self.flush()
+        last = self.rotated[-1][0] if self.rotated else 0
+        stamp = max(self.clock.now_ms(), last + 1)
+        old = self.writer
+        old.open()  # a live journal started by a rotation earlier in this change may not exist yet
+        rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
+        os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
+        self.rotated.append((stamp, rotated))
+        self.archived_size += old.size
+        self.writer = self._live_writer()
+        self._sealer.add(old, lambda: self._seal_one(rotated))
+        return stamp
+
+    @property
+    def pack_pending(self) -> bool:
+        """A pack is being written or waits to be: no rotation may happen meanwhile."""
+        return (self.pack_state is PackState.WRITING or self.pack_ready is not None
+                or self.pack_queued is not None)
+
+    def take_pack(self, request: packer.PackRequest) -> None:
+        """A pack taken during a change: queued if the change is journaled (`keep_taken_pack`)."""
+        self.pack_ready = request
+
+    def queue_pack(self, request: packer.PackRequest) -> None:
+        self.pack_queued = request
+
+    def keep_taken_pack(self) -> None:
+        """The change in progress is journaled: its pack (if one was taken) is queued."""
+        if self.pack_ready is not None:
+            self.pack_queued, self.pack_ready = self.pack_ready, None
+
+    def forget_packs(self) -> None:
+        """Drop packs taken or queued and not yet started (their state is being replayed away)."""
+        self.pack_ready = self.pack_queued = None
+
+    def start_next_pack(self) -> None:
+        """Write the queued pack in the background, unless one is being written; it replaces every
+        journal up to its timestamp (reckoned now: packs are written one after another)."""
+        request = self.pack_queued
+        if request is None or self.pack_state is not PackState.IDLE:
+            return
+        self.pack_queued = None
+        dead = [p for ts, p in self.rotated if ts <= request.timestamp]
+        job = self._pack_job = _PackJob(request, dead, self.runtime.event())
+        self.pack_state = PackState.WRITING
+        self.runtime.spawn(lambda: self._write_pack(job))
+
+    def _write_pack(self, job: _PackJob) -> None:
+        started = time.perf_counter()
+        try:
+            if self.commit_log is not None:
+                self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
+            job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
+                                                  self._pack_placed, self._pack_finished)
+            journal.record_timing("pack", started)
+        except Exception:
+            log.exception("packing failed", queue=self.name)
+        job.written.set()
+        with self._lock:
+            self._finish_pack(job)
+
+    def _finish_pack(self, job: _PackJob) -> None:
+        if job.finished:
+            return
+        job.finished = True
+        self._pack_job = None
+        self.pack_state = PackState.IDLE
+        stamp = job.request.timestamp
+        if job.final is not None:
+            self.rotated = [(ts, p) for ts, p in self.rotated if ts > stamp]
+            self.rotated.insert(0, (stamp, job.final))
+            self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
+        elif os.path.exists(packer.pack_path(job.request)):
+            # Complete but not yet in place: only the next start-up may finish it, and no later
+            # pack may be written before (it would be replayed after this one).
+            self.pack_state = PackState.STOPPED
+            log.error("packing failed half way; no more packs until the next start", queue=self.name)
+        else:
+            log.error("packing failed; the old journal files stay and remain correct", queue=self.name)
+        self.start_next_pack()
+
+    def wait_for_packing(self) -> None:
+        """Return once every pack taken so far is written (or has failed) and every rotated journal
+        is in the manifest. The caller may hold the queue's lock: the pack is then finished here
+        rather than by its own task."""
+        while (job := self._pack_job) is not None:
+            job.written.wait()
+            with self._lock:
+                self._finish_pack(job)
+        self._sealer.wait()
+
+    # -----------------------------------------------------------------------------------------
+    # Closing
+
+    def close(self) -> None:
+        """Finish any pack, fsync and close the live journal."""
+        self.wait_for_packing()
+        if self.writer is not None:
+            self.writer.close()
+
+    def delete_files(self) -> None:
+        """Delete every file of this journal (the queue is closed); the manifest first, so that a
+        crash part way finds no listed file gone. Raises OSError."""
+        if self.commit_log is not None:
+            self.commit_log.checkpoint()  # no record in the log may outlive the files it names
+        manifest.remove(self.queue_path, self.name)
+        for path in self.paths:
+            if os.path.exists(path):
+                os.unlink(path)
+        files = journal.list_journal_files(self.queue_path, self.name)
+        for path in files.replay_order() + [p for _, p in files.packs]:
+            os.unlink(path)
+        journal.remove_temporaries(self.queue_path, self.name)
+        self._manifest = None
+        self._checked = False
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Compare a Kestrel 2 queue's files with its manifest, changing nothing (the converter).
+
+    Raises CorruptJournalError.
+    """
+    queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
+    queue._check_manifest(journal.list_journal_files(queue_path, name))

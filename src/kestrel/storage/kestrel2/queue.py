@@ -1,0 +1,534 @@
+"""Kestrel2Queue: a queue kept in Kestrel 2's journal, one record per change.
+
+The queue's rules are `src/kestrel/storage/queue.py`'s; this is how the format keeps them. Every change is
+applied in memory first and its records are written to the journal as one append, before anything
+can yield; only then does the caller wait for the sync policy. So the journal's order is always the
+order in which the changes happened, and replaying it (through `replay.py`'s rules) rebuilds the
+queue exactly, xids included (a REMOVE_TENTATIVE takes the next free xid, as it did live). A write
+that fails makes the queue read-only and brings its memory back to what the journal holds. The
+journal's files, rotation and packs are `journal.py`'s.
+
+Read-behind: once the queue holds `max_memory_size` bytes, new items are only counted and written
+to the journal; a cursor (`read_behind.py`) reads them back as the head drains, and each rotation
+meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are packed as it drains.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from kestrel.storage.clock import Clock
+from kestrel.storage.commit_log import CommitLog
+from kestrel.storage.config import QueueConfig
+from kestrel.storage.errors import JournalWriteError
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import codec, packer
+from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
+from kestrel.storage.kestrel2.journal import QueueJournal
+from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.reader import JournalReader
+from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
+from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
+
+log = structlog.get_logger("kestrel.queue")
+
+
+class Kestrel2Queue(PersistentQueue):
+    """A queue journaled in Kestrel 2's format.
+
+    Parameters: those of `PersistentQueue`, and `salvage` (load what precedes a corrupt record
+    instead of refusing to load); `commit_log`, the server's (`src/kestrel/storage/commit_log.py`), if it
+    keeps one; `runtime` is gevent's unless given (see `src/kestrel/storage/runtime.py`) and
+    `clock` the runtime's unless given.
+    """
+
+    _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
+
+    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
+                 expire_to: Callable[[str], PersistentQueue | None] | None = None,
+                 salvage: bool = False, runtime: Runtime | None = None,
+                 commit_log: CommitLog | None = None) -> None:
+        if runtime is None:
+            runtime = DEFAULT_RUNTIME if clock is None else GeventRuntime(clock)
+        super().__init__(name, queue_path, config, clock if clock is not None else runtime.clock, runtime,
+                         expire_to)
+        self._reads_behind = config.keep_journal  # fixed at creation (`reconfigure`)
+        self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
+                                     self._lock, salvage, commit_log)
+        self._xid = 0
+        self._rb: ReadBehind | None = None  # the read-behind cursor
+        # Oldest first, one per rotation in read-behind; told of each departure (changed in place).
+        self._checkpoints: list[RotationCheckpoint] = []
+        self._watchers = self._checkpoints
+        self._rebuilding = False
+        self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
+        self._pack_horizon = 0  # the latest rotation packed with every item in memory
+        self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
+
+    @property
+    def journal_size(self) -> int:
+        return self._journal.size
+
+    # -----------------------------------------------------------------------------------------
+    # Start-up: replay
+
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
+        """Replay the journal files (if the queue keeps a journal) and open the live one.
+
+        `files` is this queue's share of one scan of the queue path (start-up); without it the
+        path is scanned for this queue alone and its temporaries are removed (unless `fresh`: the
+        collection knows the path holds no file of it, so creating a queue reads no directory).
+        Reads that were open
+        go back to the head unless `reopen` is False (inspection tools).
+        """
+        if not self.config.keep_journal:
+            return
+        if fresh and not os.path.exists(self._journal.live_path):  # a live journal put there since
+            files = JournalFiles()  # the queue path holds no file of it: nothing to look for
+        elif files is None:
+            files = self._journal.scan()
+        started = time.monotonic()
+        replayed = self._replay(files, repair=True)
+        self._journal.open_live()
+        if files.live is None:
+            assert self._journal.writer is not None
+            self._journal.writer.create()
+        if replayed:
+            log.info("replayed journal", queue=self.name, items=self.length, bytes=self.bytes,
+                     open_reads=len(self._opens), journal_bytes=replayed,
+                     seconds=round(time.monotonic() - started, 3), read_behind=self._rb is not None)
+        self._journal.keep_taken_pack()  # the replayed cursor passed a checkpoint
+        self._journal.start_next_pack()
+        if self._opens and reopen:
+            self._orphans = sorted(self._opens, reverse=True)
+            try:
+                self._return_orphans()
+            except OSError as e:
+                self._write_failed(e)  # they go back to the head once the journal can be written
+
+    def _return_orphans(self) -> None:
+        """Reads that were open when the process stopped go back to the head, newest first, so
+        that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does."""
+        for xid in self._orphans:
+            item = self._opens.get(xid)
+            if item is not None:
+                self._unremove(xid)
+                self._log_return(xid, item)
+        self._commit()
+        self._orphans = []
+
+    def _replay(self, files: JournalFiles, repair: bool) -> int:
+        """Rebuild the queue from its journal files (`QueueJournal.replay`); the bytes replayed."""
+        with self._recounted():
+            replayed = self._journal.replay(files, repair, _QueueReplay(self))
+        if self._rb is not None:
+            self._rb.stop = None  # the whole journal is applied: the cursor may read to its end
+        return replayed
+
+    def _next_xid(self) -> int:
+        """Take the next free xid, as Kestrel counts them."""
+        self._xid = next_free_xid(self._xid, self._opens)
+        return self._xid
+
+    # -----------------------------------------------------------------------------------------
+    # Read-behind
+
+    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> ReadBack:
+        """A cursor reading items back from file `key` at `offset`."""
+        self._rb = ReadBehind(self._journal.files, key, path, offset, self._cursor_left)
+        self._rb.stop = stop
+        return self._rb.next_item
+
+    def _start_read_behind(self, after: QItem) -> ReadBack:
+        """Read-behind starts after the last record journaled (`after`'s)."""
+        writer = self._journal.writer
+        assert writer is not None
+        self._journal.flush()
+        return self._open_cursor(LIVE, writer.path, writer.size, None)
+
+    def _sync_cursor(self) -> None:
+        self._journal.flush()
+
+    def _stop_read_behind(self) -> None:
+        if self._rb is not None:
+            self._left_read_behind = self._rb.stop is None  # caught up with the live journal
+            self._rb.close()
+            self._rb = None
+
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+        """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
+        held (all of them, or those before the cursor in read-behind), so their records are the last
+        `count` adds before the journal's end or the cursor, found by reading the files there
+        forward. Not while a pack may replace those files.
+
+        Bounded: the records are read through the compiled decoder a buffer at a time, and only the
+        offsets of the last `count` adds of a file are kept (8 bytes each, in an `array`, with 64 K
+        spare), so paging out holds at most 8 bytes per item it frees, 512 KB and one read buffer
+        besides (docs/memory.md)."""
+        journal = self._journal
+        if journal.writer is None or journal.pack_pending or self._rebuilding:
+            return None
+        journal.flush()
+        end = (self._rb.key, self._rb.reader.offset) if self._rb is not None else (LIVE, 2**63)
+        have = 0
+        for key, path in reversed(journal.files()):
+            if key > end[0] or (key == LIVE and journal.writer.size == 0):
+                continue  # past the cursor, or a live journal just rotated to (no file until written)
+            offsets = _last_add_offsets(path, count - have, end[1] if key == end[0] else 2**63)
+            have += len(offsets)
+            if have >= count:
+                break
+        else:
+            return None
+        offset = offsets[0]  # the oldest file read holds the first of the tail
+        reader = JournalReader(path, offset)
+        try:
+            entry = reader.next()
+        finally:
+            reader.close()
+        if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
+            log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
+            return None
+        if self._rb is not None:
+            self._rb.close()
+        return self._open_cursor(key, path, offset, None)
+
+    def _cursor_buffer(self) -> int:
+        return self._rb.reader.buffered if self._rb is not None else 0
+
+    def _release_cursor_buffer(self) -> None:
+        if self._rb is not None:
+            self._rb.reader.release_buffer()
+
+    def _cursor_left(self, passed: int) -> None:
+        """The read-behind cursor has read the whole of file `passed`: every item queued at a
+        checkpoint up to it is in memory now."""
+        passed_checkpoints = [cp for cp in self._checkpoints if cp.timestamp <= passed]
+        if passed_checkpoints:
+            # The state at the latest checkpoint passed is taken now; it is written once the change
+            # in progress is journaled (`_after_change`), and dropped if that change fails.
+            del self._checkpoints[:len(passed_checkpoints)]
+            self._journal.take_pack(self._take_pack(passed_checkpoints[-1]))
+
+    # -----------------------------------------------------------------------------------------
+    # Records of a change
+
+    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+        if self._journal.writer is not None:
+            self._journal.write(codec.encode_addx_many(now, expiry, items))
+
+    def _log_add(self, item: QItem) -> None:
+        if self._journal.writer is not None:
+            self._journal.write(codec.encode_addx(item.add_time, item.expiry, item.data))
+
+    def _log_gone(self, item: QItem) -> None:
+        self._journal.write(codec.REMOVE_BYTES)
+
+    def _log_gone_many(self, items: list[QItem]) -> None:
+        self._journal.write(codec.REMOVE_BYTES * len(items))
+
+    def _log_open(self, item: QItem) -> int:
+        xid = self._next_xid()
+        self._journal.write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        return xid
+
+    def _log_confirm(self, xid: int, item: QItem) -> None:
+        for checkpoint in self._checkpoints:
+            checkpoint.note_confirm(item)
+        self._journal.write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+
+    def _log_return(self, xid: int, item: QItem) -> None:
+        item.xid = 0  # its next open takes the next free xid
+        self._journal.write(codec.encode_xid(codec.UNREMOVE, xid))
+
+    def _drop_items(self) -> None:
+        """Every item leaves the head, journaled as one REMOVE each."""
+        removed = 0
+        while self._take_head() is not None:
+            removed += 1
+        self._journal.write(codec.REMOVE_BYTES * removed)
+
+    def _commit(self, housekeeping: bool = False) -> None:
+        """Append, wait as the sync policy says, then consider rotating. Last step of each change."""
+        if self._journal.commit():
+            self._maybe_rotate()
+
+    # -----------------------------------------------------------------------------------------
+    # Around each change: refused while the journal cannot be written, undone if its write fails
+
+    def _before_change(self) -> None:
+        """The journal must be writable (or become so now).
+
+        Raises JournalWriteError: the change did not happen, in memory or on disk.
+        """
+        if self.read_only or self._rebuilding:
+            self._probe()
+        journal = self._journal
+        if journal.writer is not None and journal.writer.fd < 0:
+            try:
+                journal.writer.open()
+            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+                raise JournalWriteError(self.name, journal.live_path, e) from None
+        if self._orphans:
+            try:
+                self._return_orphans()
+            except (OSError, JournalWriteError) as e:
+                self._change_failed(e)
+                raise
+
+    def _change_failed(self, error: BaseException) -> None:
+        """A failed write makes the queue read-only and raises JournalWriteError; a failed write of
+        the queue this change fed (expire_to_queue) makes this one replay its journal. Anything else
+        is the caller's to raise."""
+        if isinstance(error, OSError):
+            raise self._write_failed(error) from None
+        if isinstance(error, JournalWriteError):
+            self._rebuild()
+
+    def _after_change(self) -> None:
+        """Schedule what packing the change made possible."""
+        journal = self._journal
+        if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
+            return  # the common change: no pack to schedule
+        journal.keep_taken_pack()
+        if self._left_read_behind:
+            self._left_read_behind = False
+            # Unless the change read behind again after catching up (its later adds filled memory
+            # again): then items are on disk only, a pack of memory would drop them, and the new
+            # spell's rotation checkpoints pack the files as it drains.
+            if self._rb is None:
+                self._checkpoints.clear()  # every one was passed on the way to the live journal
+                rotated = journal.rotated
+                if rotated and rotated[-1][0] > self._pack_horizon and journal.writer is not None:
+                    self._pack_now()  # what the backlog left behind: at most max_memory_size of items
+        journal.start_next_pack()
+
+    def _probe(self) -> None:
+        """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
+        path = self._journal.live_path
+        if self._rebuilding:
+            raise JournalWriteError(self.name, path, None)
+        try:
+            self._journal.append_now(codec.encode_xid(codec.SAVE_XID, self._xid))
+        except OSError as e:
+            raise JournalWriteError(self.name, path, e) from None
+        self.read_only = False
+        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+
+    def _write_failed(self, error: OSError) -> JournalWriteError:
+        """A journal write failed: go read-only and bring memory back to what the journal holds."""
+        path = self._journal.live_path if self._journal.writer is not None else self.queue_path
+        if not self.read_only:
+            log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
+                      file=path, error=str(error))
+        self.read_only = True
+        self.journal_write_errors += 1
+        self._rebuild()
+        return JournalWriteError(self.name, path, error)
+
+    def _rebuild(self) -> None:
+        """Replay the journal into a fresh memory state: it is the truth once a write has failed.
+
+        The writer cut the failed append off, so the journal holds exactly the changes that were
+        acknowledged or are being acknowledged. Open reads keep their xids.
+        """
+        self._rebuilding = True
+        try:
+            self._journal.wait_for_packing()
+            files = list_journal_files(self.queue_path, self.name)
+            self._journal.discard_pending()
+            self._reset_memory()
+            self._replay(files, repair=False)
+        finally:
+            self._rebuilding = False
+
+    def _reset_memory(self) -> None:
+        """Forget every item, open read and xid, ready for a replay from the first journal file."""
+        self._forget_items()
+        self._checkpoints.clear()
+        self._journal.forget_packs()
+        self._left_read_behind = False
+        self._pack_horizon = 0
+        self._ledger.total -= self._open_bytes()
+        self._opens.clear()
+        self._xid = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Rotation and packing
+
+    def _maybe_rotate(self) -> None:
+        journal = self._journal
+        writer = journal.writer
+        if writer is None or journal.pack_pending:
+            return
+        cfg = self.config
+        if self.length == 0 and not self._checkpoints and writer.size >= cfg.default_journal_size:
+            self._pack_now()
+            journal.start_next_pack()
+        elif writer.size >= cfg.max_memory_size:
+            if self._rb is not None:
+                self._rotate(checkpoint=True)
+            elif journal.size > cfg.max_journal_size:
+                self._pack_now()
+                journal.start_next_pack()
+            else:
+                self._rotate(checkpoint=False)
+
+    def _rotate(self, checkpoint: bool) -> None:
+        """Rotate the live journal; with `checkpoint`, note the state at the rotation for a pack."""
+        stamp = self._journal.rotate()
+        if self._rb is not None:
+            self._rb.live_rotated(stamp)
+        if checkpoint:
+            self._checkpoints.append(RotationCheckpoint(stamp, self._xid, list(self._opens.items())))
+
+    def _pack_now(self) -> None:
+        """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
+        self._rotate(checkpoint=True)
+        self._pack_horizon = self._journal.rotated[-1][0]
+        self._journal.queue_pack(self._take_pack(self._checkpoints.pop()))
+
+    def _take_pack(self, checkpoint: RotationCheckpoint) -> packer.PackRequest:
+        """The checkpoint's state as a pack to write (every item queued then is in memory now)."""
+        return checkpoint.pack_request(self.queue_path, self.name, list(self._mem), self.clock.now_ms())
+
+    def wait_for_packing(self) -> None:
+        """Return once every pack taken so far is written (or has failed) and every rotated
+        journal is in the manifest."""
+        self._journal.wait_for_packing()
+
+    # -----------------------------------------------------------------------------------------
+    # Settings and shutting down
+
+    def reconfigure(self, config: QueueConfig) -> None:
+        """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
+        self.config = replace(config, keep_journal=self.config.keep_journal)
+        self._memory_ceiling_changed()
+        self._journal.set_sync(config.sync_journal, _rotate_at(config))
+
+    def _close_files(self) -> None:
+        self._journal.close()
+
+    def destroy(self) -> None:
+        """Close and delete every journal file of this queue (the `delete` command)."""
+        self.close()
+        self._journal.delete_files()
+
+
+def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
+    """The offsets of the last `keep` (at most) ADD records of file `path` before offset `stop`."""
+    offsets: array[int] = array("q")
+    reader = JournalReader(path)
+    reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
+    try:
+        while True:
+            count, ops, at = reader.common_columns(2**62)[:3]
+            if count:
+                runs = zip(memoryview(ops).cast("b"), memoryview(at).cast("q"), strict=True)
+                offsets.extend(o for op, o in runs if op in _ADD_OPS and o < stop)
+            else:
+                entry = reader.next()
+                if entry is None or entry[0] >= stop:
+                    break
+                if isinstance(entry[1], ADDS):
+                    offsets.append(entry[0])
+            if len(offsets) > keep + _SPARE_OFFSETS:
+                del offsets[:-keep]
+    finally:
+        reader.close()
+    del offsets[:max(len(offsets) - keep, 0)]  # in place: a slice would copy them
+    return offsets
+
+
+_ADD_OPS = (codec.ADDX, codec.ADD_XID)
+_SPARE_OFFSETS = 1 << 16  # offsets kept beyond those wanted before the older ones are dropped
+
+
+def _rotate_at(config: QueueConfig) -> int:
+    """The live journal's size from which a change considers rotating it."""
+    return min(config.default_journal_size, config.max_memory_size)
+
+
+class _QueueReplay(QueueReplay):
+    """The replay rules (`replay.py`) applied to a live queue: its figures, read-behind and
+    checkpoints kept as the records are applied; runs of common records take the fast path."""
+
+    def __init__(self, queue: Kestrel2Queue) -> None:  # the state is the queue's own: no super()
+        self.queue = queue
+        self.items = queue._mem
+        self.opens = queue._opens
+        self.anomalies = {}
+        self.key = LIVE
+        self.path = ""
+        self.reader: JournalReader | None = None
+
+    @property
+    def xid(self) -> int:
+        return self.queue._xid
+
+    @xid.setter
+    def xid(self, value: int) -> None:
+        self.queue._xid = value
+
+    def append(self, item: QItem) -> None:
+        queue = self.queue
+        if queue._append(item):
+            assert self.reader is not None
+            at = (self.key, self.reader.offset)
+            queue._read_behind_from(queue._open_cursor(self.key, self.path, self.reader.offset, at))
+
+    def take_head(self, opened: bool) -> QItem | None:
+        return self.queue._take_head(opened)
+
+    def put_back(self, xid: int) -> bool:
+        item = self.opens.get(xid)
+        if item is None:
+            return False
+        self.queue._unremove(xid)
+        item.xid = 0  # a REMOVE_TENTATIVE without an xid takes the next free one
+        return True
+
+    def grow(self, count: int, size: int) -> None:
+        queue = self.queue
+        queue.length += count
+        queue.bytes += size
+        queue.memory_bytes += size
+
+    def replay_file(self, key: int, path: str, reader: JournalReader) -> None:
+        queue = self.queue
+        self.key, self.path, self.reader = key, path, reader
+        self.anomalies = {}
+        now = queue.clock.now_ms()
+        limit = queue.memory_target
+        while True:
+            # Runs of common records take the fast path while no add there can reach the memory
+            # limit (read-behind starts on the general path, record by record).
+            room = limit - queue.memory_bytes
+            if queue._rb is None and not queue._checkpoints and room > 0:
+                run = reader.common_run(room)
+                if run:
+                    self.apply_common(run)
+                    continue
+            entry = reader.next()
+            if entry is None:
+                break
+            if queue._rb is not None:
+                queue._rb.stop = (key, reader.offset)  # the cursor may read what is applied
+            self.apply(entry[1], now, entry[0])
+
+    def file_replayed(self, key: int) -> None:
+        queue = self.queue
+        if key != LIVE and queue._rb is not None:
+            # The state at this rotation, as it stood then: packing resumes after a restart.
+            queue._checkpoints.append(RotationCheckpoint(key, queue._xid, list(queue._opens.items())))
+
+    def restart(self) -> None:
+        self.queue._reset_memory()

@@ -1,0 +1,486 @@
+"""A Kestrel 3 queue on disk: reading records back, the writer journal, reader checkpoints.
+
+The files are named as `src/kestrel/storage/filenames.py` says: writer journals `q.<number>` (PUT records,
+oldest number first; the number is the time in ms at creation, or one more than the last number if
+the clock is behind) and one checkpoint per reader, `q.read.<reader>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import takewhile
+
+import structlog
+
+from kestrel.storage import files as shared_files
+from kestrel.storage.clock import SYSTEM_CLOCK, Clock
+from kestrel.storage.crc32c import crc32c
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.filenames import (
+    check_name_part,
+    checkpoint_temporary_name,
+    reader_file_name,
+    reader_of,
+    writer_file_name,
+    writer_file_number,
+)
+from kestrel.storage.files import JournalWriter, fsync_path
+from kestrel.storage.kestrel2.codec import Incomplete, Malformed
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.manifest import Entry
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+
+log = structlog.get_logger("kestrel.kestrel3")
+
+
+@dataclass
+class QueueFiles:
+    """What the queue path holds for one Kestrel 3 queue."""
+
+    writers: list[tuple[int, str]] = field(default_factory=list)  # (number, path), oldest first
+    readers: dict[str, str] = field(default_factory=dict)  # reader name -> path
+
+
+def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
+    check_name_part("queue", queue)
+    files = QueueFiles()
+    for entry in os.scandir(queue_path):
+        if not entry.is_file() or "~" in entry.name:
+            continue
+        number = writer_file_number(queue, entry.name)
+        if number is not None:
+            files.writers.append((number, entry.path))
+        elif (reader := reader_of(queue, entry.name)) is not None:
+            files.readers[reader] = entry.path
+    files.writers.sort()
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class RecordReader(shared_files.BufferedFile):
+    """Reads the records of one Kestrel 3 file forward, checking its header first.
+
+    Every length is checked against what the file still holds before the record is read, so a
+    damaged count costs an error, never an allocation. Iteration stops at the first record that
+    runs past the end of the file; `torn` then says why, and `offset` is where that record starts.
+    A record that can never be valid raises CorruptJournalError naming file and offset. The file is
+    read up to the size it had when opened.
+    """
+
+    def __init__(self, path: str, expect: k3.FileKind | None = None) -> None:
+        super().__init__(path, k3.MAGIC_SIZE)
+        self.size = os.fstat(self.fd).st_size
+        self.torn: str | None = None
+        try:
+            self.kind = self._read_header(expect)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_header(self, expect: k3.FileKind | None) -> k3.FileKind:
+        header = os.pread(self.fd, k3.MAGIC_SIZE, 0)
+        kind = k3.kind_of(header)
+        if kind is None:
+            got = header.hex(" ") if header else "nothing"
+            raise CorruptJournalError(self.path, 0, None, f"header {got} is neither a Kestrel 3 writer "
+                                      f"journal ({k3.WRITER_MAGIC.hex(' ')}) nor a reader checkpoint "
+                                      f"({k3.READER_MAGIC.hex(' ')})", salvageable=False)
+        if expect is not None and kind is not expect:
+            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs",
+                                      salvageable=False)
+        return kind
+
+    def grow(self) -> None:
+        """See what was appended since the file was opened (a reader following the newest file)."""
+        self.size = os.fstat(self.fd).st_size
+
+    def _have(self, want: int) -> bool:
+        """Make `want` bytes from the current position available in the buffer, if the file has them."""
+        if self._pos + want <= len(self._buf):
+            return True
+        if self.offset + want > self.size:
+            return False
+        rest = self._buf[self._pos:]
+        self._buf_start += self._pos
+        self._pos = 0
+        need = min(max(self.chunk, want), self.size - self._buf_start) - len(rest)
+        self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
+        return len(self._buf) >= want
+
+    def next(self) -> tuple[int, k3.Record] | None:
+        """The next record and its offset, or None at the end of the file or at a torn record."""
+        if self.offset >= self.size:
+            return None
+        try:
+            if not self._have(min(5, self.size - self.offset)):
+                self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
+                return None
+            try:
+                length = k3.record_length(self._buf, self._pos, self.kind)
+            except Incomplete:
+                self.torn = f"{self.size - self.offset} bytes, too short for a record header"
+                return None
+            if not self._have(length):
+                left = self.size - self.offset
+                self.torn = f"record of {length} bytes runs past the end of the file ({left} bytes left)"
+                return None
+            record, stop = k3.decode(self._buf, self._pos, self.kind)
+        except Malformed as e:
+            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason, salvageable=False) from None
+        at = self.offset
+        self._pos = stop
+        return at, record
+
+    def __iter__(self) -> Iterator[tuple[int, k3.Record]]:
+        while (entry := self.next()) is not None:
+            yield entry
+
+    def torn_error(self) -> CorruptJournalError:
+        byte = self._buf[self._pos] if self._pos < len(self._buf) else None
+        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}",
+                                   salvageable=False)
+
+
+def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
+    """Every record of one file with its offset. Raises CorruptJournalError for damage or a torn tail."""
+    reader = RecordReader(path, expect)
+    try:
+        yield from reader
+        if reader.torn:
+            raise reader.torn_error()
+    finally:
+        reader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader checkpoints
+
+
+@dataclass(frozen=True)
+class ReaderCheckpoint:
+    """One reader's progress: every id at or below `head` is consumed, and so is every id in `done`."""
+
+    head: int = 0
+    done: frozenset[int] = frozenset()
+
+    def is_done(self, item_id: int) -> bool:
+        return item_id <= self.head or item_id in self.done
+
+    def normalized(self) -> ReaderCheckpoint:
+        """The same progress with the head moved over done ids that follow it, and only ids above it kept."""
+        head = self.head
+        while head + 1 in self.done:
+            head += 1
+        return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
+
+
+def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
+    """A reader's checkpoint file (a missing file is a reader that consumed nothing).
+
+    The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
+    final record (an append the process did not finish, so never acknowledged) is cut off. With
+    `high_id` (the highest id ever written), an id above it is damage: nothing can consume an item
+    not yet written, and taking it would silently empty the reader. Raises CorruptJournalError.
+    """
+    if not os.path.exists(path):
+        return ReaderCheckpoint()
+    head, done = 0, set[int]()
+    reader = RecordReader(path, k3.FileKind.READER)
+    try:
+        for offset, record in reader:
+            ids = (record.id,) if isinstance(record, k3.ReadHead) else (
+                record.ids if isinstance(record, k3.ReadDone) else ())
+            if high_id is not None and ids and max(ids) > high_id:
+                raise CorruptJournalError(path, offset, None, f"consumed id {max(ids)} is above {high_id}, "
+                                          "the highest id ever written: the checkpoint is damaged")
+            if isinstance(record, k3.ReadHead):
+                head = max(head, record.id)
+            elif isinstance(record, k3.ReadDone):
+                done.update(record.ids)
+        if reader.torn:
+            log.warning("torn record at the end of a reader checkpoint; cutting it off", file=path,
+                        offset=reader.offset, reason=reader.torn)
+            os.truncate(path, reader.offset)
+    finally:
+        reader.close()
+    return ReaderCheckpoint(head, frozenset(done)).normalized()
+
+
+def encode_checkpoint(checkpoint: ReaderCheckpoint) -> bytes:
+    """A whole checkpoint file: the header, the (normalized) head, then the ids done above it."""
+    state = checkpoint.normalized()
+    return (k3.READER_MAGIC + k3.encode(k3.ReadHead(state.head))
+            + k3.encode(k3.ReadDone(tuple(sorted(state.done)))))
+
+
+def checkpoint_entry(checkpoint: ReaderCheckpoint) -> Entry:
+    """The manifest entry of a checkpoint file as `write_checkpoint` writes it: its whole bytes,
+    which later appends extend."""
+    data = encode_checkpoint(checkpoint)
+    return Entry(len(data), crc32c(data))
+
+
+def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: ReaderCheckpoint,
+                     sync: bool = True) -> str:
+    """Replace the reader's checkpoint file in one step (temporary file, then rename); return its path.
+
+    With `sync`, the new file and its name are on disk before this returns.
+    """
+    final = os.path.join(queue_path, reader_file_name(queue, reader))
+    temporary = os.path.join(queue_path, checkpoint_temporary_name(queue, reader))
+    data = encode_checkpoint(checkpoint)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        shared_files.write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    except OSError:
+        os.unlink(temporary)
+        raise
+    finally:
+        os.close(fd)
+    os.replace(temporary, final)
+    if sync:
+        fsync_path(queue_path)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer journal
+
+
+@dataclass
+class WriterFile:
+    """One segment of the writer journal and the ids it holds (0, 0 when it holds none)."""
+
+    number: int
+    path: str
+    first_id: int = 0
+    last_id: int = 0
+
+
+def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> WriterFile:
+    """The id range of one writer file, checking that ids keep increasing past `after_id`.
+
+    A torn final record is cut off when this is the `last` (newest) file, since an append was
+    interrupted there; anywhere else it raises CorruptJournalError, as does any damage.
+    """
+    info = WriterFile(number, path)
+    reader = RecordReader(path, k3.FileKind.WRITER)
+    try:
+        for offset, record in reader:
+            assert isinstance(record, k3.Put)
+            _check_order(path, offset, record.id, after_id)
+            after_id = record.id
+            info.first_id = info.first_id or record.id
+            info.last_id = record.id
+        if reader.torn:
+            if not last:
+                raise reader.torn_error()
+            log.warning("torn record at the end of the writer journal; cutting it off", file=path,
+                        offset=reader.offset, reason=reader.torn)
+            os.truncate(path, reader.offset)
+    finally:
+        reader.close()
+    return info
+
+
+def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
+    if item_id <= after_id:
+        raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
+                                  f"item id {item_id} does not follow id {after_id}: ids must increase",
+                                  salvageable=False)
+
+
+class WriterJournal:
+    """Appends PUT records to `<queue>.<number>`, starting a new file once one passes `max_file_size`.
+
+    Opening scans every writer file for its id range (ids must increase from file to file) and cuts a
+    torn record off the newest one. `sync_ms` is the sync policy of `files.JournalWriter`.
+    New ids follow the newest file's, and `after_id` too: the files of consumed ids are deleted, so
+    the readers' checkpoints may be all that remembers how far ids went. `writers`: the writer files,
+    when the caller knows them (a new queue has none), instead of listing the queue path.
+    """
+
+    def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
+                 clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
+                 writers: list[tuple[int, str]] | None = None) -> None:
+        check_name_part("queue", queue)
+        self.queue_path = queue_path
+        self.queue = queue
+        self.max_file_size = max_file_size
+        self.sync_ms = sync_ms
+        self.clock = clock
+        self.runtime = runtime
+        self.files: list[WriterFile] = []
+        self._sealer = shared_files.Sealer(runtime)  # rotated files, until they are in the manifest
+        self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
+        found = list_queue_files(queue_path, queue).writers if writers is None else writers
+        if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
+            self._rewrite_header(found[-1][1])
+        last_id = 0
+        for i, (number, path) in enumerate(found):
+            info = scan_writer_file(number, path, last_id, last=i == len(found) - 1)
+            last_id = info.last_id or last_id
+            self.files.append(info)
+        self.tail_id = max(last_id, after_id)
+        self.archived_size = sum(os.path.getsize(f.path) for f in self.files[:-1])
+        self._writer: JournalWriter | None = None
+        if self.files:
+            self._writer = JournalWriter(self.files[-1].path, sync_ms, runtime)
+        else:
+            self.rotate()
+            self.commit()
+
+    @staticmethod
+    def _rewrite_header(path: str) -> None:
+        """The newest file was created but its header not (fully) written when the process stopped."""
+        log.warning("writer journal file without its header; writing it", file=path)
+        with open(path, "wb") as f:
+            f.write(k3.WRITER_MAGIC)
+
+    @property
+    def current(self) -> WriterFile:
+        return self.files[-1]
+
+    @property
+    def size(self) -> int:
+        """Bytes in the current file."""
+        assert self._writer is not None
+        return self._writer.size
+
+    @property
+    def total_size(self) -> int:
+        """Bytes in every writer file."""
+        return self.archived_size + self.size
+
+    def put(self, data: bytes, add_time: int, expire_time: int | None = None, error_count: int = 0) -> k3.Put:
+        """Append one item under the next id and wait as the sync policy requires; return its record."""
+        (record,) = self.append([data], add_time, expire_time, error_count)
+        self.commit()
+        return record
+
+    def append(self, items: list[bytes], add_time: int, expire_time: int | None = None,
+               error_count: int = 0) -> list[k3.Put]:
+        """Append items under the next ids with one write, without waiting for the sync policy
+        (`commit` does); never yields. Raises OSError (nothing was appended, no id taken)."""
+        records = [k3.Put(self.tail_id + 1 + i, error_count, add_time, expire_time, data)
+                   for i, data in enumerate(items)]
+        encoded = b"".join(map(k3.encode, records))
+        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
+            self.rotate()  # never yields: no other append can take these ids meanwhile
+        assert self._writer is not None
+        self._writer.append(encoded)
+        if records:
+            self.tail_id = records[-1].id
+            self.current.first_id = self.current.first_id or records[0].id
+            self.current.last_id = records[-1].id
+        return records
+
+    def commit(self) -> None:
+        """Wait as the sync policy requires for everything appended so far."""
+        if self._writer is not None:
+            self._writer.commit()
+
+    def rotate(self) -> WriterFile:
+        """Start the next file (an empty file holds just the header) without yielding to other
+        greenlets; the previous one is fsynced and closed in the background, and the header reaches
+        the disk with the next commit."""
+        number = self.clock.now_ms()
+        if self.files:
+            number = max(number, self.current.number + 1)
+        while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
+            number += 1
+        old = self._writer
+        self._writer = JournalWriter(path, self.sync_ms, self.runtime)
+        self._writer.append(k3.WRITER_MAGIC)
+        self.files.append(WriterFile(number, path))
+        if old is not None:
+            self.archived_size += old.size
+            self._sealer.add(old, partial(self._seal, self.files[-2]))
+        log.info("started writer journal file", queue=self.queue, file=path)
+        return self.current
+
+    def _seal(self, info: WriterFile) -> None:
+        """A previous file is fsynced and closed: `sealed` lists it (in a thread)."""
+        if self.sealed is not None:
+            with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
+                self.sealed(info)
+
+    def remove_consumed_files(self, heads: Iterable[int],
+                              before: Callable[[list[WriterFile]], None] | None = None) -> list[str]:
+        """Delete the files every reader has passed (all their ids at or below every head in `heads`).
+
+        The current file is never deleted, nor anything when `heads` is empty. `before` is told of
+        the files first (the manifest marks them as being deleted). Returns the paths removed.
+        """
+        lowest = min(heads, default=0)
+        removed = []
+        going = list(takewhile(lambda f: f.last_id <= lowest, self.files[:-1]))
+        if going and before is not None:
+            before(going)
+        while len(self.files) > 1 and self.files[0].last_id <= lowest:
+            self.archived_size -= os.path.getsize(self.files[0].path)
+            os.unlink(self.files[0].path)
+            removed.append(self.files.pop(0).path)
+        if removed:
+            fsync_path(self.queue_path)
+        return removed
+
+    def reconfigure(self, max_file_size: int, sync_ms: int | None) -> None:
+        """New settings from a reload: the next rotation and the next commit follow them."""
+        self.max_file_size = max_file_size
+        self.sync_ms = sync_ms
+        if self._writer is not None:
+            self._writer.sync_ms = sync_ms
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def wait_for_sealing(self) -> None:
+        """Return once every rotated file is fsynced, closed and told to `sealed`."""
+        self._sealer.wait()
+
+    def close(self) -> None:
+        self._sealer.wait()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+
+
+def replay(queue_path: str, queue: str, reader: str = "") -> Iterator[k3.Put]:
+    """The items a reader has still to consume, oldest first: those after its head, minus its done set.
+
+    Reads one chunk at a time, so memory stays small however long the journal. Meant for a queue
+    whose WriterJournal is open (which cuts a torn final record); any damage raises
+    CorruptJournalError naming file and offset.
+    """
+    checkpoint = read_checkpoint(os.path.join(queue_path, reader_file_name(queue, reader)))
+    return pending_items(queue_path, queue, checkpoint)
+
+
+def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint) -> Iterator[k3.Put]:
+    """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
+
+    Raises CorruptJournalError as `replay` does.
+    """
+    last_id = 0
+    for _number, path in list_queue_files(queue_path, queue).writers:
+        for offset, record in read_records(path, k3.FileKind.WRITER):
+            assert isinstance(record, k3.Put)
+            _check_order(path, offset, record.id, last_id)
+            last_id = record.id
+            if not checkpoint.is_done(record.id):
+                yield record

@@ -1,0 +1,378 @@
+"""The memory governor: one budget (`max_memory_total`) for what every queue of a server holds.
+
+Each queue keeps up to its `max_memory_size` of items in memory and pages the rest out
+(read-behind). Alone that bounds nothing: 500 queues of 4 MB each hold 2 GB. The governor runs on
+the runtime's timer, off the path of every put and get, and steers with three levers, as RabbitMQ's
+memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
+
+- Rates. Each tick measures every queue's ingress and egress (bytes a second, smoothed).
+- Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
+  holds and room for what arrives before the next tick; past the budget, what it will consume in
+  the next D seconds (its "RAM duration"), D chosen so that the shares fill the budget. A hot
+  queue's head stays in memory; an idle backlog keeps a small floor. The queue's read-behind rules
+  use the target in place of `max_memory_size`, so a queue over it pages its new items out at
+  once, and reads them back as its head drains and its target allows.
+- Paging. While the total is over the budget, the queues over their targets drop the items they hold
+  beyond them (`PersistentQueue.shed`: from the journal, never rewritten), those whose items wait
+  longest first, until the total is back under the budget.
+
+Between ticks the budget is kept on the path of every put: a `MemoryLedger` holds the running total
+of what the queues hold (each batch entering or leaving a queue's memory adds its bytes once), and a
+put that would take it over the budget calls `make_room`, which pages out at once (the queues the
+last tick found over their shares, those whose items wait longest first) or else sends the putting
+queue's new items to read-behind. The tick still computes every share from rates.
+
+What paging cannot release (open reads, read-behind buffers, items aborted back to the head) may
+still exceed the budget: then flow control holds puts briefly and refuses them with
+`MemoryBudgetExceeded`, while gets, confirms and aborts go on, until the total is back under a
+low-water mark. The per-put cost is one attribute read (`flow_control`) and one comparison with
+the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from kestrel.storage.errors import MemoryBudgetExceeded
+from kestrel.storage.runtime import Runtime, Timer
+
+if TYPE_CHECKING:  # the queue counts itself in a ledger: src/kestrel/storage/queue.py imports this module
+    from kestrel.storage.queue import PersistentQueue
+
+log = structlog.get_logger("kestrel.memory")
+
+INTERVAL_MS = 250  # between ticks: short enough that a fast producer cannot outgrow its share much
+HOLD_MS = 500  # how long a put waits under flow control before it is refused
+SMOOTHING = 0.3  # weight of the newest rate sample (older ones decay: no flapping on one burst)
+FLOOR = 64 * 1024  # a queue's smallest share, when the budget allows it: one read-back's worth
+LOW_WATER = 0.9  # paging and flow control aim this far under the budget
+UNLIMITED = 1 << 62  # a ledger's limit without a budget
+
+
+class MemoryLedger:
+    """The bytes every queue of a server holds in memory now (its items in memory and its open
+    reads), kept as they change: a queue adds a batch's bytes once as it enters or leaves memory,
+    so a put sees in one comparison whether it would take the server over `limit` (the budget less
+    the read-behind cursors' buffers, as the last tick measured them; UNLIMITED without a budget).
+
+    Under gevent (the server) no two changes interleave and the total is exact; the governor's
+    tick sets it to what it measures all the same, which under plain threads corrects what two
+    queues' changes racing on it may have lost.
+    """
+
+    __slots__ = ("total", "limit", "governor")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.limit = UNLIMITED
+        self.governor: MemoryGovernor | None = None
+
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take the total over `limit`."""
+        if self.governor is not None:
+            self.governor.make_room(queue, size)
+
+
+@dataclass
+class Demand:
+    """What one queue asks of the budget this tick (bytes, and bytes a second)."""
+
+    need: int  # its items' bytes, capped by max_memory_size: all it could usefully hold
+    ceiling: int  # max_memory_size
+    ingress: float
+    egress: float
+    headroom: int = 0  # room for what arrives before the next tick
+
+
+def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
+    """Each queue's memory target, summing to at most `budget` (already net of what cannot be paged).
+
+    Everything fits: each gets its need, room for a tick's arrivals and a part of the rest (half
+    shared equally, half by ingress).
+    Otherwise each gets what it will consume or receive in the next D seconds, between a floor
+    and its need, D found by bisection so that the targets fill the budget.
+    """
+    if not demands:
+        return []
+    budget = max(budget, 0)
+    wants = []
+    for d in demands:
+        d.headroom = int(min(d.ceiling, d.ingress * interval_s * 2))
+        wants.append(min(d.ceiling, d.need + d.headroom))
+    total = sum(wants)
+    if total <= budget:
+        # Half of what is left in equal parts, half by ingress: a growing queue gets the room.
+        spare = budget - total
+        arriving = sum(d.ingress for d in demands)
+        equal = spare / (2 * len(demands))
+        return [min(d.ceiling, want + int(equal + (spare / 2 * d.ingress / arriving if arriving else equal)))
+                for d, want in zip(demands, wants, strict=True)]
+    floor = min(FLOOR, budget // (4 * len(demands)))
+    floors = [min(want, floor) for want in wants]
+    if sum(floors) >= budget:
+        return floors
+
+    rates = [d.ingress + d.egress for d in demands]
+    duration = _fill_duration(rates, floors, wants, budget)
+    return [max(low, min(want, int(rate * duration)))
+            for rate, want, low in zip(rates, wants, floors, strict=True)]
+
+
+def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budget: int) -> float:
+    """The D at which the shares clamp(rate * D, floor, want) sum to `budget`: the sum is piecewise
+    linear in D, so walk its breakpoints in order (n log n; a tick over 500 queues stays cheap)."""
+    constant = 0.0  # the sum of the shares pinned at a floor or at a want
+    events: list[tuple[float, int, int]] = []  # (D, index, 0: leaves its floor / 1: reaches its want)
+    for i, (rate, low, want) in enumerate(zip(rates, floors, wants, strict=True)):
+        constant += low
+        if rate > 0 and want > low:
+            events.append((low / rate, i, 0))
+            events.append((want / rate, i, 1))
+    events.sort()
+    slope = 0.0
+    for at, i, kind in events:
+        if slope > 0 and constant + slope * at >= budget:
+            return (budget - constant) / slope
+        if kind == 0:
+            constant -= floors[i]
+            slope += rates[i]
+        else:
+            constant += wants[i]
+            slope -= rates[i]
+        if slope <= 1e-9:
+            slope = 0.0
+        if slope == 0.0 and constant >= budget:
+            return at
+    return (budget - constant) / slope if slope > 0 else float(2**40)
+
+
+class _Rates:
+    """One queue's counters at the last tick and its smoothed rates."""
+
+    __slots__ = ("items", "length", "bytes", "ingress", "egress", "item_size")
+
+    def __init__(self, q: PersistentQueue) -> None:
+        self.items = q.total_items
+        self.length = q.length
+        self.bytes = q.bytes
+        self.ingress = 0.0
+        self.egress = 0.0
+        self.item_size = q.bytes / q.length if q.length else 1024.0
+
+    def sample(self, q: PersistentQueue, seconds: float) -> None:
+        """Items in = total_items' growth; items out = that less the length's growth."""
+        added = q.total_items - self.items
+        left = max(0, added - (q.length - self.length))
+        if q.length:
+            self.item_size = q.bytes / q.length
+        out_bytes = left * self.item_size
+        in_bytes = max(0.0, q.bytes - self.bytes + out_bytes)
+        self.ingress += SMOOTHING * (in_bytes / seconds - self.ingress)
+        self.egress += SMOOTHING * (out_bytes / seconds - self.egress)
+        self.items, self.length, self.bytes = q.total_items, q.length, q.bytes
+
+
+class MemoryGovernor:
+    """Keeps the sum of what `queues()` hold in memory under `budget` bytes (see the module doc).
+
+    `tick()` is one round (tests call it under a manual runtime); `start()` runs it every
+    `interval_ms` on the runtime's timer. `ledger` is the running total the queues keep (the
+    collection's); the governor sets its limit and is called by it when a put would pass it.
+    """
+
+    def __init__(self, queues: Callable[[], Iterable[PersistentQueue]], budget: int, runtime: Runtime,
+                 ledger: MemoryLedger | None = None, interval_ms: int = INTERVAL_MS,
+                 hold_ms: int = HOLD_MS) -> None:
+        self._queues = queues
+        self.budget = budget
+        self.runtime = runtime
+        self.clock = runtime.clock
+        self.interval_ms = interval_ms
+        self.hold_ms = hold_ms
+        self.ledger = ledger if ledger is not None else MemoryLedger()
+        self.ledger.governor = self
+        self.ledger.limit = budget
+        self._rates: dict[int, tuple[PersistentQueue, _Rates]] = {}
+        # Queues over their targets at the last tick, the longest wait last: what a put pages out.
+        self._candidates: list[PersistentQueue] = []
+        self._last_tick = self.clock.now_ms()
+        self._timer: Timer | None = None
+        self._released = runtime.event()
+        self._released.set()
+        self.closed = False
+        self.flow_control = False
+        self._over = False  # the last tick ended over the budget
+        self._flow_since = 0
+        self.flow_control_ms = 0  # time spent under flow control before the current spell
+        self.memory_total = 0  # what the queues held at the last tick, after paging
+        self.paged_out_total = 0  # bytes dropped from memory by paging since start
+        self.refused_puts = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Running
+
+    def start(self) -> None:
+        if self._timer is None and not self.closed:
+            self._timer = self.runtime.call_later(self.interval_ms / 1000.0, self._run)
+
+    def _run(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.tick()
+        except Exception:
+            log.exception("memory governor tick failed")
+        if not self.closed:
+            self._timer = self.runtime.call_later(self.interval_ms / 1000.0, self._run)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.ledger.governor = None
+        self.ledger.limit = UNLIMITED
+        self._candidates = []
+        self._released.set()
+
+    # -----------------------------------------------------------------------------------------
+    # One round
+
+    def tick(self) -> None:
+        """Measure rates, give each queue its target, page out the slowest over theirs, and start
+        or end flow control."""
+        now = self.clock.now_ms()
+        seconds = max((now - self._last_tick) / 1000.0, 0.001)
+        self._last_tick = now
+        queues = [q for q in self._queues() if not q.closed]
+        live: dict[int, tuple[PersistentQueue, _Rates]] = {}
+        demands: list[Demand] = []
+        held: list[int] = []
+        fixed_total = buffers = 0
+        for q in queues:
+            entry = self._rates.get(id(q))
+            if entry is None or entry[0] is not q:
+                entry = (q, _Rates(q))
+            else:
+                entry[1].sample(q, seconds)
+            live[id(q)] = entry
+            rates = entry[1]
+            mem, opens, buffer = q.held_bytes()
+            held.append(mem)
+            fixed_total += opens + buffer
+            buffers += buffer
+            ceiling = q.config.max_memory_size
+            demands.append(Demand(min(q.bytes, ceiling), ceiling, rates.ingress, rates.egress))
+        self._rates = live
+        total = sum(held) + fixed_total
+        self.ledger.total = total - buffers  # as measured (see MemoryLedger)
+        self.ledger.limit = max(self.budget - buffers, 0)
+        # Under flow control the shares sum to the low-water mark, where flow control ends.
+        budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
+        targets = plan(demands, budget - fixed_total, self.interval_ms / 1000.0)
+        for q, target in zip(queues, targets, strict=True):
+            q.set_memory_target(target)
+        waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
+        if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
+            # Under flow control no put reaches `make_room`: only a tick can page out what holds the
+            # total between the low-water mark and the budget, and flow control ends under the mark.
+            total -= self._page_out(queues, waits, total - int(self.budget * LOW_WATER))
+        over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
+                      if q.memory_bytes > q.memory_target)
+        self._candidates = [queues[i] for _, i in over]
+        for q, d in zip(queues, demands, strict=True):
+            if q.in_read_behind and d.egress < 1.0:
+                q.release_cursor_buffer()  # idle: its next read-back reads again
+        self.memory_total = total
+        self._flow(total, now)
+
+    def _page_out(self, queues: list[PersistentQueue], waits: list[float], excess: int) -> int:
+        """Shed queues over their targets, longest wait (bytes held over egress) first, until
+        `excess` bytes are freed; the bytes freed."""
+        over = sorted(((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
+                       if q.memory_bytes > q.memory_target), reverse=True)
+        freed = 0
+        for _, i in over:
+            if freed >= excess:
+                break
+            freed += queues[i].shed()
+        self.paged_out_total += freed
+        return freed
+
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take the ledger over its limit: page
+        out now rather than at the next tick. The queues the last tick found over their targets
+        shed first, longest wait first, until the total is back under the low-water mark; a queue
+        whose lock another thread holds is left to the tick. If that is not enough, `queue` takes
+        no more into memory (its new items go to read-behind, read back as its head drains), and if
+        memory is over the budget even without this put, flow control starts now.
+        """
+        ledger = self.ledger
+        goal = int(ledger.limit * LOW_WATER) - size
+        candidates = self._candidates
+        while ledger.total > goal and candidates:
+            victim = candidates.pop()
+            if not victim.closed:
+                self.paged_out_total += victim.shed(wait=False)
+        if ledger.total + size > ledger.limit:
+            queue.set_memory_target(min(queue.memory_target, queue.memory_bytes))
+            if ledger.total > ledger.limit and not self.flow_control:
+                self._start_flow(ledger.total, self.clock.now_ms())
+
+    # -----------------------------------------------------------------------------------------
+    # Flow control
+
+    def _flow(self, total: int, now: int) -> None:
+        """Start after two ticks in a row over the budget once paged (a put starts it at once, in
+        `make_room`); end under the low-water mark."""
+        over, self._over = self._over, total > self.budget
+        if not self.flow_control and over and self._over:
+            self._start_flow(total, now)
+        elif self.flow_control and total <= self.budget * LOW_WATER:
+            self.flow_control = False
+            spell = now - self._flow_since
+            self.flow_control_ms += spell
+            self._released.set()
+            log.warning("memory back under budget: puts accepted again", memory=total,
+                        max_memory_total=self.budget, held_ms=spell)
+
+    def _start_flow(self, total: int, now: int) -> None:
+        self.flow_control = True
+        self.memory_total = total
+        self._flow_since = now
+        self._released.clear()
+        log.warning("memory over budget that paging cannot release: holding and refusing puts",
+                    memory=total, max_memory_total=self.budget)
+
+    def admit_put(self) -> None:
+        """Under flow control: wait up to `hold_ms` for it to end, then raise MemoryBudgetExceeded."""
+        if not self.flow_control:
+            return
+        self._released.wait(self.hold_ms / 1000.0)
+        if self.flow_control:
+            self.refused_puts += 1
+            raise MemoryBudgetExceeded(
+                f"server memory {self.memory_total} bytes is over max_memory_total {self.budget} "
+                f"(open reads or items that cannot be paged out); put refused, try again later")
+
+    def measure(self) -> int:
+        """What the queues hold in memory now: items, open reads, read-behind buffers."""
+        return sum(sum(q.held_bytes()) for q in self._queues() if not q.closed)
+
+    def stats(self) -> dict[str, int]:
+        """The server's figures (memcache stats, /stats.json, /metrics)."""
+        under = self.flow_control_ms
+        if self.flow_control:
+            under += self.clock.now_ms() - self._flow_since
+        return {
+            "memory_total": self.measure(),
+            "max_memory_total": self.budget,
+            "memory_paged_total": self.paged_out_total,
+            "flow_control": int(self.flow_control),
+            "flow_control_ms": under,
+            "flow_control_refused": self.refused_puts,
+        }

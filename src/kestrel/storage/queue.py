@@ -1,0 +1,899 @@
+"""PersistentQueue: one queue's rules, written once for both journal formats.
+
+The collection and every protocol use a queue through this class alone. It keeps the queue in
+memory (the items from the head, up to `max_memory_size` bytes of them; the open reads by id; the
+guide's figures) and applies every rule the guide gives a queue: the limits and discard-old, expiry
+at the head and the expiry queue, open reads, poison items, read-behind (items past the memory
+budget are only counted, and read back from disk as the head drains), waits and stats.
+
+A format subclasses it and supplies only how items are stored, read back and made durable: the
+storage hooks at the end of the class. `Kestrel2Queue` (src/kestrel/storage/kestrel2/queue.py) journals every
+change as a record and rebuilds from its journal when a write fails; `Kestrel3Queue`
+(src/kestrel/storage/kestrel3/queue.py) is one reader of a writer journal that several readers share, and
+records only what it consumes. A change tells its format what happened, in order (`_log_*`), then
+`_commit`s; a format may buffer the records until then.
+
+A subclass rather than a storage object beside the queue: a format rebuilds this state itself
+(replay, read-behind), and every per-item step would otherwise cross one more object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import count as count_from
+from itertools import repeat, starmap
+from typing import Protocol
+
+import structlog
+
+from kestrel.storage.clock import Clock
+from kestrel.storage.config import QueueConfig
+from kestrel.storage.errors import ItemTooLarge, KestrelError, QueueClosed
+from kestrel.storage.files import JournalFiles
+from kestrel.storage.item import QItem, data_sizes, plain_size
+from kestrel.storage.memory import MemoryLedger
+from kestrel.storage.runtime import Lock, Runtime
+from kestrel.storage.wait_list import WaitList
+
+log = structlog.get_logger("kestrel.queue")
+
+ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
+
+
+class DepartureWatcher(Protocol):
+    """Told of each item that leaves the head (Kestrel 2's rotation checkpoints)."""
+
+    def note_departure(self, item: QItem, opened: bool) -> None: ...
+
+
+class _Change:
+    """Around every change (`PersistentQueue._around_change`): the queue's lock, the closed check,
+    `_before_change`, then `_after_change` or `_change_failed`. A class rather than a generator,
+    since every add and remove enters it (a generator's context manager cost a microsecond each
+    time). It keeps no state of its own, so one per queue serves every change, nested ones included."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: PersistentQueue) -> None:
+        self.queue = queue
+
+    def __enter__(self) -> None:
+        queue = self.queue
+        queue._lock.__enter__()
+        try:
+            if queue.closed:
+                raise QueueClosed(f"queue {queue.name!r} is closed")
+            queue._before_change()
+        except BaseException:
+            queue._lock.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        queue = self.queue
+        try:
+            if error is None:
+                queue._after_change()
+            else:
+                queue._change_failed(error)
+        finally:
+            queue._lock.__exit__(None, None, None)
+
+
+class PersistentQueue(ABC):
+    """A durable FIFO queue with reliable reads, limits, expiry, poison items and read-behind.
+
+    Locking is decided here once: every change takes the queue's lock, in `_Change`, and the rules
+    take none of their own. Under gevent (the server) the runtime's lock is a no-op: a greenlet is
+    never preempted, and a change does not yield before its records are appended (the sync
+    policy's wait comes last, in `_commit`), so the loop needs no lock and pays for none. A program
+    of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each change is atomic
+    against the other threads; the readers of one Kestrel 3 writer journal share their journal's
+    lock, since a put changes each of them. Readers wait for items outside the lock (`wait_remove`).
+
+    Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
+    `runtime`, `expire_to` (looks up the queue that expired items move to).
+    """
+
+    # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
+    # it to each fanout child (Kestrel 2).
+    shares_writes = False
+    # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
+    # expired at this time; they move to no expiry queue. -1: no placeholders.
+    _placeholder_expiry = -1
+
+    def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock, runtime: Runtime,
+                 expire_to: Callable[[str], PersistentQueue | None] | None) -> None:
+        self.name = name
+        self.queue_path = queue_path
+        self.config = config
+        self.clock = clock
+        self.runtime = runtime
+        self._expire_to = expire_to
+        self._lock: Lock = runtime.lock()
+        self._around_change = _Change(self)
+        self._is_child = "+" in name
+        self._mem: deque[QItem] = deque()  # the items held in memory, from the head
+        self._opens: dict[int, QItem] = {}  # open reads by id
+        self._behind: ReadBack | None = None  # while in read-behind: the format's cursor
+        self._reads_behind = True  # whether items past max_memory_size may stay on disk
+        # What the read-behind rules hold in memory: max_memory_size, or less while the memory
+        # governor (src/kestrel/storage/memory.py) gives this queue a smaller share of the server's budget.
+        self.memory_target = config.max_memory_size
+        self._governed = False
+        # The running total of the server's memory this queue counts its items and open reads in
+        # (`count_in`): its own until the collection counts it in the server's.
+        self._ledger = MemoryLedger()
+        # At least as many as the items at the head of memory that were ever taken (aborted reads
+        # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
+        self._pushed = 0
+        self._watchers: Sequence[DepartureWatcher] = ()
+        self._waits = WaitList(runtime)
+        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        self.closed = False
+        # The journal cannot be written: changes are refused until it can (Kestrel 2; in Kestrel 3
+        # a failed write refuses that one change only, and this stays False).
+        self.read_only = False
+        self.length = 0
+        self.bytes = 0
+        self.memory_bytes = 0
+        self.create_time = clock.now_ms()
+        self.total_items = 0
+        self.expired_items = 0
+        self.discarded = 0
+        self.total_flushes = 0
+        self.total_transactions = 0
+        self.canceled_transactions = 0
+        self.poisoned = 0
+        self.current_age = 0
+        self.journal_write_errors = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Figures
+
+    @property
+    def open_transactions(self) -> int:
+        return len(self._opens)
+
+    @property
+    def waiters(self) -> int:
+        return len(self._waits)
+
+    @property
+    def waits_ended(self) -> bool:
+        return self._waits.ended
+
+    @property
+    def in_read_behind(self) -> bool:
+        """Whether items beyond `max_memory_size` are only counted, to be read back from disk."""
+        return self._behind is not None
+
+    def stats(self) -> dict[str, int]:
+        """The guide's per-queue figures, under its names, and ours (read-only, write errors, poison)."""
+        age = self.current_age if self.length else 0
+        return {
+            "items": self.length,
+            "bytes": self.bytes,
+            "total_items": self.total_items,
+            "logsize": self.journal_size,
+            "expired_items": self.expired_items,
+            "mem_items": len(self._mem),
+            "mem_bytes": self.memory_bytes,
+            "age": age,
+            "discarded": self.discarded,
+            "waiters": len(self._waits),
+            "open_transactions": len(self._opens),
+            "transactions": self.total_transactions,
+            "canceled_transactions": self.canceled_transactions,
+            "total_flushes": self.total_flushes,
+            "age_msec": age,
+            "create_time": self.create_time,
+            "read_only": int(self.read_only),
+            "journal_write_errors": self.journal_write_errors,
+            "poisoned": self.poisoned,
+            # Not ending in _bytes: Kestrel clients read `queue_<name>_<...>_bytes` as a queue name.
+            "memory_target": self.memory_target,
+            "paged_out": self.bytes - self.memory_bytes,
+        }
+
+    def open_reads(self) -> list[QItem]:
+        """The items of the open reads, lowest id first."""
+        return [self._opens[xid] for xid in sorted(self._opens)]
+
+    def readers_on_disk(self) -> list[str]:
+        """Fanout readers found on disk that the collection has still to open (Kestrel 3: their
+        checkpoints; a Kestrel 2 child's journal is found by the collection's own scan)."""
+        return []
+
+    # -----------------------------------------------------------------------------------------
+    # Adding
+
+    def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
+        """Add an item at the tail; False when the queue is full and refuses it.
+
+        `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`.
+        Raises ItemTooLarge when the item is over `max_item_size`, JournalWriteError.
+        """
+        if len(data) > self.config.max_item_size:
+            raise self._too_large(len(data))
+        return self.put([data], expiry, add_time) == 1
+
+    def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
+        """Add several items with one journal write; how many were accepted, in order.
+
+        Raises ItemTooLarge (nothing was added), JournalWriteError (nothing was added).
+        """
+        largest = data_sizes(items)[1]
+        if largest > self.config.max_item_size:
+            raise self._too_large(largest)
+        return self.put(items, expiry, add_time)
+
+    def _too_large(self, size: int) -> ItemTooLarge:
+        return ItemTooLarge(f"item of {size} bytes is over max_item_size {self.config.max_item_size} "
+                            f"of queue {self.name!r}")
+
+    def put(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
+        """`add_many` as the collection puts: the items before the first one over `max_item_size`,
+        as many as the limits allow. A fanout-only parent holds none: it counts those that fit.
+        Returns how many were accepted. Raises JournalWriteError (nothing was added).
+        """
+        with self._around_change:
+            now = self.clock.now_ms() if add_time is None else add_time
+            if self.config.fanout_only and not self._is_child:
+                if self.shares_writes:
+                    self._put_shared(items, expiry, now)
+                return self._fitting(items)
+            if self.shares_writes:
+                return self._put_shared(items, expiry, now)
+            count, size = self._admit(items, now)
+            if count:
+                self._receive(items if count == len(items) else items[:count], size, now, expiry, 0)
+            self._commit()
+            return count
+
+    def _fitting(self, items: list[bytes]) -> int:
+        """How many of `items` come before the first one over `max_item_size`."""
+        limit = self.config.max_item_size
+        if data_sizes(items)[1] <= limit:
+            return len(items)
+        return next(i for i, data in enumerate(items) if len(data) > limit)
+
+    def _admit(self, items: list[bytes], now: int) -> tuple[int, int]:
+        """How many of `items` (a prefix) this queue takes, and their bytes: those before the first
+        one over `max_item_size`, as many as fit the limits, or all of them when it discards old
+        items to make room. Expired items leave the head first."""
+        mem = self._mem
+        if self._behind is not None or (mem and mem[0].expiry):
+            self._expire_head(now)
+        cfg = self.config
+        size, largest = data_sizes(items)
+        count = len(items)
+        if largest > cfg.max_item_size:
+            count = self._fitting(items)
+            size = data_sizes(items[:count])[0]
+        if self.length + count < cfg.max_items and self.bytes + size < cfg.max_size:
+            return count, size  # all fit with room to spare (the common put)
+        if cfg.discard_old_when_full:
+            return (0, 0) if cfg.max_items == 0 or cfg.max_size == 0 else (count, size)
+        length, total, taken = self.length, self.bytes, 0
+        for data in items[:count]:
+            if length >= cfg.max_items or total >= cfg.max_size:
+                break
+            length += 1
+            total += len(data)
+            taken += 1
+        return taken, total - self.bytes
+
+    def _receive(self, items: list[bytes], size: int, now: int, expiry: int, first_id: int) -> None:
+        """The items `_admit` took (of `size` bytes) join the tail, old ones discarded to make room
+        if the queue is set to; past `max_memory_size` they are only counted (read-behind).
+        `first_id` is the first item's id (Kestrel 3: their ids follow it), or 0."""
+        cfg = self.config
+        if cfg.max_age:
+            expiry = self._capped_expiry(now, expiry)
+        count = len(items)
+        ledger = self._ledger
+        if self._behind is None and ledger.total + size > ledger.limit:
+            # over the server's budget: page out now (src/kestrel/storage/memory.py)
+            ledger.make_room(self, size)
+        if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
+                and self.memory_bytes + size < self.memory_target):
+            # All fit in memory with room to spare: no per-item checks (the common put).
+            self._log_adds(items, now, expiry)
+            if first_id:
+                self._mem.extend(map(QItem, repeat(now), repeat(expiry), items, count_from(first_id)))
+            else:
+                self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
+            self.length += count
+            self.bytes += size
+            self.memory_bytes += size
+            ledger.total += size
+        else:
+            discard = cfg.discard_old_when_full
+            ids = count_from(first_id) if first_id else repeat(0)
+            for item in map(QItem, repeat(now), repeat(expiry), items, ids):
+                while discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
+                    if not self._discard_head():
+                        break
+                self._log_add(item)
+                if self._append(item):
+                    self._read_behind_from(self._start_read_behind(item))
+        self.total_items += count
+        if len(self._waits):
+            for _ in range(count):
+                if not self._waits.wake_one():
+                    break
+
+    def _capped_expiry(self, add_time: int, expiry: int) -> int:
+        """An item's expiry (0 = never) capped by `max_age` after its add time."""
+        if not self.config.max_age:
+            return expiry
+        cap = add_time + self.config.max_age
+        return min(expiry, cap) if expiry else cap
+
+    def _discard_head(self) -> bool:
+        """Discard the head item to make room; False if there is none."""
+        item = self._take_head()
+        if item is None:
+            return False
+        self._log_gone(item)
+        self.discarded += 1
+        return True
+
+    # -----------------------------------------------------------------------------------------
+    # Removing
+
+    def remove(self, transaction: bool = False) -> QItem | None:
+        """Take the head item; with `transaction`, open a read on it (its `xid` is set).
+
+        Raises JournalWriteError (nothing was taken).
+        """
+        taken = self.remove_many(1, transaction)
+        return taken[0] if taken else None
+
+    def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
+        """Take up to `count` items from the head with one journal write (what batch gets use).
+
+        Raises JournalWriteError (nothing was taken).
+        """
+        with self._around_change:
+            now = self.clock.now_ms()
+            if not transaction and self._behind is None and not self._watchers and count > 1:
+                plain = self._take_plain(count, now)
+                if plain is not None:
+                    return plain
+            mem = self._mem
+            taken: list[QItem] = []
+            while len(taken) < count:
+                if self._behind is not None or (mem and mem[0].expiry):
+                    self._expire_head(now)
+                item = self._take_head(opened=transaction)
+                if item is None:
+                    break
+                if transaction:
+                    xid = self._log_open(item)
+                    item.xid = xid
+                    self._opens[xid] = item
+                    self._ledger.total += len(item.data)  # held still, as an open read
+                    self.total_transactions += 1
+                else:
+                    self._log_gone(item)
+                taken.append(item)
+            if taken:
+                self.current_age = max(0, now - taken[-1].add_time)
+            self._commit()
+            return taken
+
+    def _take_plain(self, count: int, now: int) -> list[QItem] | None:
+        """A batch get's items in one go when none of them can expire (the common batch), else None
+        and the queue as it was: no per-item checks."""
+        mem = self._mem
+        taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
+        size = plain_size(taken)
+        if not taken or size < 0:
+            mem.extendleft(reversed(taken))
+            return None
+        self.length -= len(taken)
+        self.bytes -= size
+        self.memory_bytes -= size
+        self._ledger.total -= size
+        self._log_gone_many(taken)
+        self.current_age = max(0, now - taken[-1].add_time)
+        self._commit()
+        return taken
+
+    def peek(self) -> QItem | None:
+        """The head item, left in place (expired items are dropped first, unless read-only)."""
+        if self.read_only:
+            if self.closed:
+                raise QueueClosed(f"queue {self.name!r} is closed")
+            now = self.clock.now_ms()
+            with self._lock:
+                return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
+        with self._around_change:
+            if self._expire_head(self.clock.now_ms()):
+                self._commit(housekeeping=True)
+            mem = self._mem
+            if not mem and self._behind is not None:
+                self._fill()
+            return mem[0] if mem else None
+
+    def discard_expired(self, limit: int | None = None) -> int:
+        """Drop expired items from the head (at most `limit`); the sweeper calls this.
+
+        Raises JournalWriteError (nothing was dropped).
+        """
+        if self.closed or self.read_only:
+            return 0
+        with self._around_change:
+            expired = self._expire_head(self.clock.now_ms(), limit)
+            if expired:
+                self._commit()
+            return expired
+
+    def _expire_head(self, now: int, limit: int | None = None) -> int:
+        """Remove expired items from the head, each moved to `expire_to_queue` if one is set; how many."""
+        mem = self._mem
+        removed = 0
+        while limit is None or removed < limit:
+            if not mem and self._behind is not None:
+                self._fill()
+            if not mem:
+                break
+            head = mem[0]
+            if not head.expiry or head.expiry > now:
+                break
+            self._take_head()
+            self._log_gone(head)
+            removed += 1
+            self.expired_items += 1
+            target_name = self.config.expire_to_queue
+            if (target_name and self._expire_to is not None
+                    and (head.data or head.expiry != self._placeholder_expiry)):
+                target = self._expire_to(target_name)
+                if target is not None and target is not self:
+                    target.add(head.data)
+        return removed
+
+    def flush(self) -> None:
+        """Drop every item (open reads stay open).
+
+        Raises JournalWriteError (nothing was dropped).
+        """
+        with self._around_change:
+            self._drop_items()
+            self.total_flushes += 1
+            self._commit()
+
+    # -----------------------------------------------------------------------------------------
+    # Open reads
+
+    def confirm(self, xid: int) -> bool:
+        """Close open read `xid` for good; False if no such read is open.
+
+        Raises JournalWriteError (the read stays open).
+        """
+        return self.confirm_many([xid]) == 1
+
+    def confirm_many(self, xids: Iterable[int]) -> int:
+        """Close these open reads for good, their records in one journal write; how many were open.
+
+        Raises JournalWriteError (the reads stay open).
+        """
+        with self._around_change:
+            closed = freed = 0
+            for xid in xids:
+                item = self._opens.pop(xid, None)
+                if item is None:
+                    continue
+                self._log_confirm(xid, item)
+                closed += 1
+                freed += len(item.data)
+            if closed:
+                self._ledger.total -= freed
+                self._commit()
+            return closed
+
+    def unremove(self, xid: int) -> bool:
+        """Abort open read `xid`: its item goes back to the head; False if no such read is open.
+
+        Raises JournalWriteError (the read stays open).
+        """
+        return self.unremove_many([xid]) == 1
+
+    def unremove_many(self, xids: Iterable[int]) -> int:
+        """Abort these open reads, each item going back to the head in turn (so the last one given
+        ends up first), their records in one journal write; how many were open. An item aborted for
+        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
+
+        Raises JournalWriteError (the reads stay open; an item already handed to `poison` may then
+        be there too: a copy, never a loss).
+        """
+        with self._around_change:
+            aborted = returned = 0
+            for xid in xids:
+                item = self._opens.get(xid)
+                if item is None:
+                    continue
+                item.errors += 1
+                self.canceled_transactions += 1
+                aborted += 1
+                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
+                    if self._opens.pop(xid, None) is item:  # still open after the hand-over
+                        self._ledger.total -= len(item.data)
+                        self._log_confirm(xid, item)
+                        self.poisoned += 1
+                elif self._unremove(xid):
+                    self._log_return(xid, item)
+                    returned += 1
+            for _ in range(returned):
+                if not self._waits.wake_one():
+                    break
+            if aborted:
+                self._commit()
+            return aborted
+
+    def _handed_to_poison(self, item: QItem) -> bool:
+        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
+        refuses it (its error queue full or unwritable), and the abort returns it to the head instead.
+
+        Called before the read is closed, so a failure here loses nothing (at worst, a read
+        closed meanwhile by another client leaves a copy in the error queue).
+        """
+        if self.poison is None:
+            return True
+        try:
+            self.poison(item)
+        except KestrelError as e:
+            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
+                        errors=item.errors, reason=str(e))
+            return False
+        return True
+
+    # -----------------------------------------------------------------------------------------
+    # Waiting
+
+    def end_waits(self) -> None:
+        """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
+        self._waits.end()
+
+    def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
+        """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
+        return self._waits.wait(lambda: self.remove(transaction), timeout)
+
+    def wait_peek(self, timeout: float) -> QItem | None:
+        item = self._waits.wait(self.peek, timeout)
+        if item is not None:
+            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
+        return item
+
+    # -----------------------------------------------------------------------------------------
+    # Settings and shutting down
+
+    def close(self) -> None:
+        """Finish any pack, make the journal durable and close it; waiting readers get nothing."""
+        if self.closed:
+            return
+        self.wait_for_packing()
+        with self._lock:
+            self.closed = True
+            self._waits.end()
+            self._close_files()
+            self._end_read_behind()
+            self.count_in(MemoryLedger())  # what it holds leaves the server's total
+
+    # -----------------------------------------------------------------------------------------
+    # The in-memory mechanics, for the rules above and for a format rebuilding its state
+
+    def _take_head(self, opened: bool = False) -> QItem | None:
+        """Pop the head item; `opened` says whether it becomes an open read or is gone for good."""
+        mem = self._mem
+        if not mem:
+            if self._behind is None:
+                return None
+            self._fill()
+            if not mem:
+                return None
+        item = mem.popleft()
+        size = len(item.data)
+        self.length -= 1
+        self.bytes -= size
+        self.memory_bytes -= size
+        self._ledger.total -= size  # counted again if it becomes an open read
+        for watcher in self._watchers:
+            # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
+            watcher.note_departure(item, opened)
+        if self._behind is not None and (self.memory_bytes < self.memory_target or not mem):
+            self._fill()  # the head at least stays in memory (a read-only peek reads only memory)
+        return item
+
+    def _push_head(self, item: QItem) -> None:
+        """Put an item back at the head (an open read's, still counted in the ledger)."""
+        size = len(item.data)
+        self._mem.appendleft(item)
+        self._pushed += 1
+        self.length += 1
+        self.bytes += size
+        self.memory_bytes += size
+
+    def _unremove(self, xid: int) -> bool:
+        """Open read `xid` goes back to the head; False if no such read is open."""
+        item = self._opens.pop(xid, None)
+        if item is None:
+            return False
+        self._push_head(item)
+        return True
+
+    def _append(self, item: QItem) -> bool:
+        """Count `item` in at the tail (held in memory unless in read-behind); True when it fills
+        the memory budget, so that read-behind must start after it."""
+        size = len(item.data)
+        self.length += 1
+        self.bytes += size
+        if self._behind is not None:
+            return False
+        self._mem.append(item)
+        self.memory_bytes += size
+        self._ledger.total += size
+        return self.memory_bytes >= self.memory_target and self._reads_behind
+
+    def _read_behind_from(self, cursor: ReadBack) -> None:
+        """New items are only counted from now on; `cursor` reads them back as the head drains."""
+        self._behind = cursor
+        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+
+    def _fill(self) -> None:
+        """Read items back into memory up to the target (the head item at least) or until every item
+        is there (read-behind ends)."""
+        read = self._behind
+        if read is None:
+            return
+        self._sync_cursor()
+        mem = self._mem
+        limit = self.memory_target
+        now = self.clock.now_ms()
+        held = self.memory_bytes
+        try:
+            while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
+                item = read(now)
+                if item is None:
+                    self._end_read_behind()
+                    return
+                mem.append(item)
+                self.memory_bytes += len(item.data)
+        finally:
+            self._ledger.total += self.memory_bytes - held
+
+    def _end_read_behind(self) -> None:
+        if self._behind is not None:
+            self._behind = None
+            self._stop_read_behind()
+            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+
+    def _forget_items(self) -> None:
+        """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
+        self._end_read_behind()
+        self._mem.clear()
+        self._pushed = 0
+        self._ledger.total -= self.memory_bytes
+        self.length = self.bytes = self.memory_bytes = 0
+
+    # -----------------------------------------------------------------------------------------
+    # The memory governor's levers (src/kestrel/storage/memory.py): on its tick, and on a put that would pass
+    # the server's budget (`_receive`)
+
+    def _memory_ceiling_changed(self) -> None:
+        """A reload changed max_memory_size: the target follows it, or stays under it when governed."""
+        if self._governed:
+            self.memory_target = min(self.memory_target, self.config.max_memory_size)
+        else:
+            self.memory_target = self.config.max_memory_size
+
+    def set_memory_target(self, target: int) -> None:
+        """Hold at most `target` bytes of items in memory from now on (capped by max_memory_size);
+        what is held beyond it stays until `shed` or until the head drains."""
+        self._governed = True
+        self.memory_target = max(0, min(target, self.config.max_memory_size))
+
+    def held_bytes(self) -> tuple[int, int, int]:
+        """(bytes of items in memory, of open reads, of the read-behind cursor's buffer): the last
+        two paging cannot release."""
+        with self._lock:
+            buffer = self._cursor_buffer() if self._behind is not None else 0
+            return self.memory_bytes, self._open_bytes(), buffer
+
+    def _open_bytes(self) -> int:
+        return sum(len(item.data) for item in self._opens.values())
+
+    def count_in(self, ledger: MemoryLedger) -> None:
+        """Count what this queue holds (items in memory, open reads) in `ledger` from now on,
+        taking it out of the one it was counted in: the collection's, once it holds the queue."""
+        with self._lock:
+            held = self.memory_bytes + self._open_bytes()
+            self._ledger.total -= held
+            ledger.total += held
+            self._ledger = ledger
+
+    @contextlib.contextmanager
+    def _recounted(self) -> Iterator[None]:
+        """Around a rebuild of memory (a replay): the ledger is told the difference once, at the
+        end, rather than each step (the replay moves items between memory and open reads itself)."""
+        ledger = self._ledger
+        self.count_in(MemoryLedger())
+        try:
+            yield
+        finally:
+            self.count_in(ledger)
+
+    def release_cursor_buffer(self) -> None:
+        """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
+        with self._lock:
+            if self._behind is not None and not self.closed:
+                self._release_cursor_buffer()
+
+    def shed(self, wait: bool = True) -> int:
+        """Drop the items held beyond `memory_target` from the tail of memory and read them back
+        from the journal later, as read-behind does; the bytes freed.
+
+        Only items the journal holds in order go: the tail beyond any aborted read back at the
+        head. Order is kept (the cursor starts at the first item dropped), nothing is lost or
+        read twice, and no file is rewritten. A format that cannot place its cursor now frees
+        nothing, and so does a queue another thread is changing unless `wait`.
+        """
+        if not self._lock.acquire(blocking=wait):
+            return 0
+        try:
+            return self._shed()
+        finally:
+            self._lock.release()
+
+    def _shed(self) -> int:
+        if (self.closed or self.read_only or not self._reads_behind
+                or self.memory_bytes <= self.memory_target):
+            return 0
+        mem = self._mem
+        self._pushed = min(self._pushed, len(mem))
+        keep = held = 0
+        for item in mem:
+            size = len(item.data)
+            if held + size > self.memory_target:
+                break
+            held += size
+            keep += 1
+        keep = max(keep, self._pushed, 1)  # the head stays, whatever the target
+        count = len(mem) - keep
+        if count <= 0:
+            return 0
+        cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None)
+        if cursor is None:
+            return 0
+        freed = 0
+        for _ in range(count):
+            freed += len(mem.pop().data)
+        self.memory_bytes -= freed
+        self._ledger.total -= freed
+        was_behind = self._behind is not None
+        self._behind = cursor
+        if not was_behind:
+            log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
+                     paged_out=self.bytes - self.memory_bytes)
+        return freed
+
+    # -----------------------------------------------------------------------------------------
+    # Storage hooks: what a format supplies
+
+    @abstractmethod
+    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
+        """Load the queue from its files and open them for writing.
+
+        `files` is this queue's share of the collection's scan of the queue path (Kestrel 2), or
+        None to scan for it; `fresh`: the path holds no file of the queue (nothing is scanned);
+        reads open at a stop go back to the head unless `reopen` is False.
+        Raises CorruptJournalError, ConfigError (its files are in the other format).
+        """
+
+    @property
+    @abstractmethod
+    def journal_size(self) -> int:
+        """Bytes of the journal files this queue reads."""
+
+    @abstractmethod
+    def wait_for_packing(self) -> None:
+        """Return once every pack taken so far is written (or has failed) and every rotated file
+        is in the manifest: the queue's files then change only as it is used."""
+
+    @abstractmethod
+    def reconfigure(self, config: QueueConfig) -> None:
+        """New settings from a reload (those fixed at creation stay)."""
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Close and delete this queue's files (the `delete` command)."""
+
+    @abstractmethod
+    def _close_files(self) -> None:
+        """Under the lock, at `close`: make what was written durable and close the files."""
+
+    @abstractmethod
+    def _before_change(self) -> None:
+        """Under the lock, before a change: refuse it (raise) if it cannot be made durable."""
+
+    @abstractmethod
+    def _after_change(self) -> None:
+        """Under the lock, after a change that succeeded."""
+
+    @abstractmethod
+    def _change_failed(self, error: BaseException) -> None:
+        """A change raised `error` (then raised again, unless this raises another): bring memory
+        back to what the files hold when the error is a failed write."""
+
+    def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
+        """A put where `shares_writes`: `_admit` and `_receive` at every reader of the one write;
+        how many this queue took."""
+        raise NotImplementedError(f"{type(self).__name__} does not share writes")
+
+    @abstractmethod
+    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+        """Items join the tail, all added at `now` expiring at `expiry` (a put's common path)."""
+
+    @abstractmethod
+    def _log_add(self, item: QItem) -> None:
+        """An item joins the tail (before it is counted in: read-behind may start after it)."""
+
+    @abstractmethod
+    def _log_gone(self, item: QItem) -> None:
+        """The head item left for good (removed, expired or discarded)."""
+
+    @abstractmethod
+    def _log_gone_many(self, items: list[QItem]) -> None:
+        """These head items left for good, in order."""
+
+    @abstractmethod
+    def _log_open(self, item: QItem) -> int:
+        """The head item becomes an open read; its id."""
+
+    @abstractmethod
+    def _log_confirm(self, xid: int, item: QItem) -> None:
+        """Open read `xid` is closed for good (confirmed, or poisoned)."""
+
+    @abstractmethod
+    def _log_return(self, xid: int, item: QItem) -> None:
+        """Open read `xid` went back to the head (aborted)."""
+
+    @abstractmethod
+    def _drop_items(self) -> None:
+        """A flush: every item leaves for good (open reads stay). Raises JournalWriteError."""
+
+    @abstractmethod
+    def _commit(self, housekeeping: bool = False) -> None:
+        """The change's last step: make its records durable as the sync policy says (this may
+        yield). `housekeeping`: the change only expired items (a peek), which a format may record
+        later if it cannot now. Raises OSError or JournalWriteError."""
+
+    @abstractmethod
+    def _start_read_behind(self, after: QItem) -> ReadBack:
+        """A cursor that reads back the items added after `after` (which filled memory)."""
+
+    @abstractmethod
+    def _sync_cursor(self) -> None:
+        """Before a fill: the files hold everything the cursor is to read."""
+
+    @abstractmethod
+    def _stop_read_behind(self) -> None:
+        """Read-behind ended: close the cursor."""
+
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+        """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
+        each never taken; `before` is the item ahead of them) and every item after it, replacing
+        any cursor open now; None when the format cannot place one now (nothing changes then)."""
+        return None
+
+    def _cursor_buffer(self) -> int:
+        """Bytes the read-behind cursor keeps buffered."""
+        return 0
+
+    def _release_cursor_buffer(self) -> None:
+        """Drop the read-behind cursor's buffer, keeping its place."""
+        return

@@ -1,0 +1,340 @@
+"""The concurrency runtime the storage engine asks for what it needs, so that it can be swapped.
+
+As kazoo's handlers do: the engine spawns work, schedules timers, waits on events, takes locks and
+runs blocking calls (fsync, packing) through one `Runtime`, never through gevent or threading
+directly. `GeventRuntime` (the default) serves the server; `ThreadsRuntime` serves programs that
+embed the engine with plain threads and no gevent hub; `ManualRuntime` drives timers and timed
+waits from a `FakeClock`, so that tests of expiry, waits, auto-abort and periodic fsync never sleep.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import gevent
+import gevent.event
+
+from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
+from kestrel.storage.fsync.group_commit import GROUP_COMMIT, GroupCommit
+
+T = TypeVar("T")
+
+
+class Event(Protocol):
+    """A flag that waiters block on until it is set (threading.Event's interface)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the flag is set or `timeout` seconds pass; whether it is set."""
+        ...
+
+
+class Task(Protocol):
+    """Work started by `spawn`."""
+
+    def join(self) -> None: ...
+
+
+class Timer(Protocol):
+    """A call scheduled by `call_later`."""
+
+    def cancel(self) -> None:
+        """Do not make the call (if it has not started)."""
+        ...
+
+
+class Lock(Protocol):
+    """A reentrant lock, used in `with`; `acquire(blocking=False)` takes it only if that needs no
+    wait (the memory governor pages out another queue from inside a change only so: no deadlock)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> Any: ...
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class Runtime(Protocol):
+    """What the storage engine needs from a concurrency model."""
+
+    clock: Clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task: ...
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer: ...
+
+    def event(self) -> Event: ...
+
+    def lock(self) -> Lock: ...
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call (fsync, a pack) without stopping the other tasks."""
+        ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def group_commit(self) -> GroupCommit | None:
+        """The fsync rounds every journal shares (`src/kestrel/storage/fsync/group_commit.py`), or None: then
+        the writers of one journal share that journal's next fsync."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# gevent
+
+
+class _Greenlet:
+    def __init__(self, greenlet: gevent.Greenlet[Any, Any]) -> None:
+        self.greenlet = greenlet
+
+    def join(self) -> None:
+        self.greenlet.join()
+
+    def cancel(self) -> None:
+        self.greenlet.kill(block=False)
+
+
+class _NoLock:
+    """Gevent's lock: nothing to take, since a greenlet is never preempted inside a change."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        return None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class GeventRuntime:
+    """Greenlets on gevent's hub; blocking calls on the hub's threadpool. Locks are no-ops: a
+    greenlet is never preempted, and the engine does not yield inside a change."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return _Greenlet(gevent.spawn(fn))
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        return _Greenlet(gevent.spawn_later(seconds, fn))
+
+    def event(self) -> Event:
+        event: Event = gevent.event.Event()
+        return event
+
+    def lock(self) -> Lock:
+        return _NO_LOCK
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        # The pool reports a call's exception itself, as a bare traceback on stderr, before the
+        # caller gets it: hand it back as a value, so that only the caller's structured log says it.
+        ok, value = gevent.get_hub().threadpool.apply(_outcome, (fn, args))
+        if not ok:
+            raise value
+        result: T = value
+        return result
+
+    def sleep(self, seconds: float) -> None:
+        gevent.sleep(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return GROUP_COMMIT  # its rounds run on the hub
+
+
+def _outcome(fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:
+    """(True, what `fn(*args)` returned) or (False, the exception it raised)."""
+    try:
+        return True, fn(*args)
+    except Exception as e:
+        return False, e
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain threads
+
+
+class _Thread:
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.thread = threading.Thread(target=fn, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+
+
+class _ThreadTimer:
+    def __init__(self, seconds: float, fn: Callable[[], None]) -> None:
+        self.timer = threading.Timer(seconds, fn)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
+class ThreadsRuntime:
+    """Plain threads, for programs that embed the engine without gevent: daemon threads, timer
+    threads, real reentrant locks; blocking calls run in the calling thread."""
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return _Thread(fn)
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        return _ThreadTimer(seconds, fn)
+
+    def event(self) -> Event:
+        return threading.Event()
+
+    def lock(self) -> Lock:
+        return threading.RLock()
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return None  # the group commit's rounds need gevent's hub
+
+
+# ---------------------------------------------------------------------------------------------
+# Manual time, for tests
+
+
+class _ManualTimer:
+    def __init__(self, due_ms: int, fn: Callable[[], None]) -> None:
+        self.due_ms = due_ms
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ManualEvent:
+    """An event whose timed waits end when the manual clock passes their deadline."""
+
+    def __init__(self, runtime: ManualRuntime) -> None:
+        self._runtime = runtime
+        self._flag = False
+        self._wakers: list[Event] = []
+        self._guard = threading.Lock()
+
+    def set(self) -> None:
+        with self._guard:
+            self._flag = True
+            wakers = list(self._wakers)
+        for waker in wakers:
+            waker.set()
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        waker = self._runtime.base.event()
+        with self._guard:
+            if self._flag:
+                return True
+            self._wakers.append(waker)
+        timer = self._runtime.call_later(timeout, waker.set) if timeout is not None else None
+        try:
+            waker.wait()
+        finally:
+            with self._guard:
+                self._wakers.remove(waker)
+            if timer is not None:
+                timer.cancel()
+        return self._flag
+
+
+class ManualRuntime:
+    """Tasks, locks and blocking calls from `base`; time from a FakeClock that only `advance`
+    moves. Timers fire, and timed waits end, inside `advance`, in deadline order."""
+
+    def __init__(self, base: Runtime | None = None, clock: FakeClock | None = None) -> None:
+        self.base: Runtime = base if base is not None else GeventRuntime()
+        self.clock: FakeClock = clock if clock is not None else FakeClock()
+        self._timers: list[tuple[int, int, _ManualTimer]] = []
+        self._order = itertools.count()
+        self._guard = threading.Lock()
+
+    def spawn(self, fn: Callable[[], None]) -> Task:
+        return self.base.spawn(fn)
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
+        # Rounded to the microsecond before the ceiling: a wait's rest (its deadline less now, in
+        # float seconds near the epoch) is off by a fraction of a microsecond, not by a millisecond.
+        timer = _ManualTimer(self.clock.ms + math.ceil(round(max(seconds, 0.0) * 1000.0, 3)), fn)
+        with self._guard:
+            heapq.heappush(self._timers, (timer.due_ms, next(self._order), timer))
+        return timer
+
+    def event(self) -> Event:
+        return _ManualEvent(self)
+
+    def lock(self) -> Lock:
+        return self.base.lock()
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return self.base.run_blocking(fn, *args)
+
+    def sleep(self, seconds: float) -> None:
+        self.event().wait(seconds)
+
+    def group_commit(self) -> GroupCommit | None:
+        return None  # a round starts after the hub's turn, in real time: each journal syncs alone
+
+    @property
+    def timers(self) -> int:
+        """Timers scheduled and not yet fired or cancelled."""
+        return sum(1 for _, _, timer in self._timers if not timer.cancelled)
+
+    def advance(self, ms: int) -> None:
+        """Move the clock `ms` forward, firing every timer that comes due on the way, in order."""
+        end = self.clock.ms + ms
+        while True:
+            with self._guard:
+                if not self._timers or self._timers[0][0] > end:
+                    break
+                due, _, timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            self.clock.ms = max(self.clock.ms, due)
+            timer.fn()
+        self.clock.ms = end
+
+
+DEFAULT_RUNTIME = GeventRuntime()
