@@ -36,7 +36,7 @@ from kestrel.service.logs import configure_logging
 from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.thrift.handler import ThriftConnection
-from tests.thrift_wire import encode_call, framed
+from tests.support.thrift_wire import encode_call, framed
 
 
 class _NoSocket:

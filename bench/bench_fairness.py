@@ -31,8 +31,8 @@ from pathlib import Path
 
 from bench import peers
 from bench.common import load_average, machine
-from tests.flood import LIGHT_TIMEOUT, Flooder, Light
-from tests.thrift_wire import encode_call, framed, recv_exactly
+from tests.support.flood import LIGHT_TIMEOUT, Flooder, Light
+from tests.support.thrift_wire import encode_call, framed, recv_exactly
 
 
 def summary(times: list[float]) -> str:

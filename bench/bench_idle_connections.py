@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import peers
 from bench.common import load_average, machine
-from tests.thrift_wire import encode_call, framed, rss_kb
+from tests.support.thrift_wire import encode_call, framed, rss_kb
 
 REQUESTS = {
     "thrift": (framed(encode_call("binary", "get_version")), b""),

@@ -36,7 +36,7 @@ from bench.common import load_average, machine
 from bench.peers import MissingPeer, redis
 from kestrel.service.logs import configure_logging
 from tests.conftest import ServerProcess, wait_until
-from tests.lines import exchange
+from tests.support.lines import exchange
 
 # A measurement: (the figure in seconds, the budget it is held to).
 Measure = Callable[[Path], tuple[float, float]]
@@ -190,7 +190,7 @@ def stop_waiting(work: Path) -> tuple[float, float]:
 
 def tiny_frame(work: Path) -> tuple[float, float]:
     """test_thrift_hostile: the reply to a 42-byte frame announcing 2^31-1 items."""
-    from tests.thrift_wire import framed, read_framed_reply
+    from tests.support.thrift_wire import framed, read_framed_reply
 
     header = b"\x80\x01\x00\x01" + struct.pack("!i", 3) + b"put" + b"\x00\x00\x00\x01"
     payload = (header + b"\x0b\x00\x01\x00\x00\x00\x01q" + b"\x0f\x00\x02\x0b" + struct.pack("!i", 0x7FFFFFFF)
@@ -269,8 +269,8 @@ def get_wake(work: Path) -> tuple[float, float]:
 def gevent_ticker(work: Path) -> tuple[float, float]:
     """test_client: the longest gap of a 10 ms ticker beside a gevent client's get and puts.
 
-    tests/cluster.py's script: the get waits on servers while producers put, in one process."""
-    from tests.cluster import run_gevent_script
+    tests/support/cluster.py's script: the get waits on servers while producers put, in one process."""
+    from tests.support.cluster import run_gevent_script
 
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(server(work / f"s{i}")) for i in range(3)]

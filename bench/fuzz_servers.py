@@ -1,6 +1,6 @@
 """Fuzz every protocol's parser over real sockets: 10^5 mutated inputs per protocol by default.
 
-The same harness as tests/test_fuzz_wire.py (which runs a sample of 4000 in the normal test run):
+The same harness as tests/end_to_end/test_fuzz_wire.py (which runs a sample of 4000 in the normal test run):
 fresh servers as subprocesses, fuzz workers sending mutated request streams, a well-behaved client
 checking every reply. Prints one row per protocol and exits non-zero if any check fails (server
 died, a traceback in its log, a wrong reply, RSS grew by 100 MB, or the good client's latency over
@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.common import load_average, machine
 from bench.peers import MissingPeer, memcached
 from tests.conftest import ServerProcess
-from tests.fuzz_harness import SERVER_SETTINGS, Report, Target, fuzz, run, targets
+from tests.support.fuzz_harness import SERVER_SETTINGS, Report, Target, fuzz, run, targets
 
 
 def memcached_row(target: Target, count: int, seed: int) -> tuple[Report | None, str]:

@@ -26,7 +26,7 @@ STARTED = "kestrel started"  # the server's log line once every listener is boun
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from tests.scheduling import Scheduler
+    from tests.support.scheduling import Scheduler
 
     config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
     # pytest keeps the test modules' rewritten asserts like compiled modules, unless told not to write
@@ -316,7 +316,7 @@ def server(server_factory: Any) -> ServerProcess:
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One standalone ZooKeeper for the session; tests keep apart by using their own path prefix."""
-    from tests.zookeeper_server import ZooKeeperServer, zookeeper_classpath
+    from tests.support.zookeeper_server import ZooKeeperServer, zookeeper_classpath
 
     classpath = zookeeper_classpath()
     if classpath is None:

@@ -4,7 +4,7 @@
  * class's `__init__`, that is a fifth of a batch round's Python time. This type has the same five
  * attributes, constructor, equality, repr and (absent) hash, and is made without running any
  * Python code. Its fields hold ints and bytes, which cannot refer back to an item, so it takes no
- * part in the cyclic garbage collector. tests/test_item.py runs the same checks on both classes.
+ * part in the cyclic garbage collector. tests/storage/test_item.py runs the same checks on both classes.
  * Optional: without a C compiler the build goes on and storage.item uses the Python class.
  */
 #define PY_SSIZE_T_CLEAN

@@ -1,7 +1,7 @@
 """CRC32C (Castagnoli), the checksum of the queue manifest (`src/kestrel/storage/manifest.py`).
 
 The compiled helper (src/kestrel/storage/_item.c, slice-by-8) is used where the build had a C compiler; the
-table-driven Python here is its reference, checked against it by tests/test_manifest.py. No package
+table-driven Python here is its reference, checked against it by tests/storage/test_manifest.py. No package
 is needed for one function that start-up, rotation and packing call a few times.
 """
 

@@ -2,7 +2,7 @@
 
 `QItem` is the compiled class (src/kestrel/storage/_item.c) where the build had a C compiler, else
 `QItemPython`, the reference: the same attributes, constructor, equality and repr, checked on both
-by tests/test_item.py. A batch put makes one item per element, and replay one per record.
+by tests/storage/test_item.py. A batch put makes one item per element, and replay one per record.
 Likewise `data_sizes`, `plain_size`, `item_data` and `data_with_ids`, one pass over a batch each
 where Python made two or three.
 """

@@ -8,7 +8,7 @@
  * `get <key>\r\n` without options, each line within `max_line` and each item within `max_item`; a
  * run ends before the first command of another shape, queue or expiry, and `commands.parse_line`
  * reads that one as it reads every other line. Nothing is allocated for a command before its
- * bounds are checked. tests/test_memcache_runs.py compares them with the Python twins.
+ * bounds are checked. tests/memcache/test_memcache_runs.py compares them with the Python twins.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -10,7 +10,7 @@
  * method does not have or of another type; a string that is not UTF-8; a data that is not bytes or
  * an id that is not an int), without having read or written anything: the Python code then runs
  * from the same place and names the fault, so every rule and message stays written once, in Python.
- * tests/test_thrift_binary.py compares the two on intact and damaged input. Optional: without a C
+ * tests/thrift/test_thrift_binary.py compares the two on intact and damaged input. Optional: without a C
  * compiler the Python code serves alone.
  */
 #define PY_SSIZE_T_CLEAN

@@ -7,7 +7,7 @@
  * records the damage check questions are handed to `misplaced_end`, the Python function that
  * decides, so every rule stays written once in Python. Two outputs: the tuples replay applies
  * (`decode_common`), or the run's fields as column buffers (`decode_common_columns`), which the
- * journal source hands to Arrow without a Python object per record. tests/test_decode_common.py
+ * journal source hands to Arrow without a Python object per record. tests/storage/test_decode_common.py
  * compares them on valid, damaged and cut buffers.
  *
  * Writing: `encode_addx_many`, the twin of `storage.codec.encode_addx_many_python` (the ADDX

@@ -1,0 +1,459 @@
+"""The cluster client over a static server list: spreading, retries, gets, reliable reads, concurrency."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kestrel.client import (
+    ClientClosed,
+    Cluster,
+    KestrelClientError,
+    NoServers,
+    Refused,
+    Server,
+    ServerUnavailable,
+    StaticServers,
+    parse_address,
+)
+from kestrel.contract import kestrel_thrift as kestrel
+from tests.conftest import ROOT, STALL_S, ServerProcess, free_port
+from tests.support.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
+from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+
+
+def cluster_of(*servers: ServerProcess, **options: Any) -> Cluster:
+    return Cluster([f"127.0.0.1:{s.thrift_port}" for s in servers], **options)
+
+
+def on(srv: ServerProcess) -> Server:
+    return Server("127.0.0.1", srv.thrift_port)
+
+
+def items_on(srv: ServerProcess, queue: str) -> int:
+    server = on(srv)
+    try:
+        return int(server.peek(queue).items)
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    """Three servers shared by this module's tests, which keep apart by queue name."""
+    small = {"queues": {"tiny": {"max_items": 5}}}
+    with running_servers(tmp_path_factory.mktemp("client"), [{}, small, {}]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def server(three: list[ServerProcess]) -> ServerProcess:
+    return three[0]
+
+
+def test_client_imports_without_the_server_code() -> None:
+    code = ("import sys\n"
+            "sys.modules['kestrel.service'] = sys.modules['kestrel.storage'] = None\n"
+            "sys.modules['kestrel.pipeline'] = None\n"
+            "import kestrel.client\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[1:2] in (['service'], ['storage']) and sys.modules[m]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_addresses() -> None:
+    assert parse_address("kestrel1:2230") == ("kestrel1", 2230)
+    assert parse_address("kestrel1") == ("kestrel1", 2229)
+    for bad in ("kestrel1:http", ":2229", "k:0"):
+        with pytest.raises(ValueError, match="bad server address"):
+            parse_address(bad)
+    with pytest.raises(ValueError, match="no servers"):
+        StaticServers([])
+    with pytest.raises(ValueError, match="strategy"):
+        Cluster(["k:1"], strategy="sticky")
+
+
+def test_puts_spread_round_robin_and_random(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    for i in range(30):
+        assert cluster.put("rr", b"%d" % i)
+    assert [items_on(s, "rr") for s in three] == [10, 10, 10]
+    for _ in range(20):
+        assert cluster.put_many("batches", [b"a", b"b"]) == 2
+    assert [items_on(s, "batches") for s in three] in ([14, 14, 12], [14, 12, 14], [12, 14, 14])
+    randomly = cluster_of(*three, strategy="random")
+    for i in range(300):
+        randomly.put("random", b"%d" % i)
+    assert all(40 < items_on(s, "random") < 160 for s in three)
+    cluster.close()
+    randomly.close()
+
+
+def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProcess]) -> None:
+    readonly, small, roomy = three
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    on(readonly).set_status(kestrel.Status.READ_ONLY)
+    try:
+        cluster = Cluster([dead, *(f"127.0.0.1:{s.thrift_port}" for s in (readonly, small, roomy))])
+        for _ in range(4):
+            assert cluster.put_many("tiny", [b"x"] * 10) == 10
+        # `tiny` holds 5 items: the small server's filled, the rest went to the roomy one.
+        assert [items_on(s, "tiny") for s in three] == [0, 5, 35]
+        # The dead server is tried last while it stays down: puts do not wait on it.
+        started = time.monotonic()
+        for _ in range(20):
+            assert cluster.put("moves", b"y")
+        assert time.monotonic() - started < STALL_S
+        # When every queue is full, put says so.
+        assert not Cluster([f"127.0.0.1:{small.thrift_port}"]).put("tiny", b"no room")
+        cluster.close()
+    finally:
+        on(readonly).set_status(kestrel.Status.UP)
+
+
+def test_no_server_could_take_it(server: ServerProcess) -> None:
+    cluster = Cluster([f"127.0.0.1:{free_port()}", f"127.0.0.1:{server.thrift_port}"])
+    with pytest.raises(NoServers) as e:
+        cluster.put("bad/name", b"x")  # every server refuses the name; the dead one cannot be reached
+    assert sorted(type(err).__name__ for err in e.value.errors) == ["Refused", "ServerUnavailable"]
+    assert "no kestrel server could put 1 items on 'bad/name'" in str(e.value)
+    one = on(server)
+    with pytest.raises(Refused, match="refused"):
+        one.put("bad/name", [b"x"])
+    one.close()
+    with pytest.raises(ServerUnavailable, match="cannot connect"):
+        Server("127.0.0.1", free_port()).put("jobs", [b"x"])
+    cluster.close()
+
+
+def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> None:
+    one = on(server)
+    assert one.put("restart", [b"before"]) == 1
+    server.kill()
+    server.start()  # the pooled connection is now dead
+    assert one.put("restart", [b"after"]) == 1
+    assert [i.data for i in one.get("restart", 10)] == [b"before", b"after"]
+    one.close()
+
+
+def test_get_waits_up_to_the_timeout_and_wakes_on_a_put(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three, poll_ms=100)
+    started = time.monotonic()
+    assert cluster.get("empty", timeout=0.3) is None
+    assert 0.3 <= time.monotonic() - started < STALL_S
+    threading.Timer(0.2, lambda: on(three[2]).put("late", [b"here"])).start()
+    started = time.monotonic()
+    assert cluster.get("late", timeout=30) == b"here"
+    assert time.monotonic() - started < STALL_S  # found while waiting, not at the end of the wait
+    cluster.put_many("many", [b"1", b"2", b"3"])
+    assert cluster.get_many("many", 10) == [b"1", b"2", b"3"]
+    cluster.close()
+
+
+def test_reliable_read_confirms_on_success_and_aborts_on_error(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("reliable", [b"one", b"two", b"three"])
+    with pytest.raises(RuntimeError):
+        with cluster.reliable_read("reliable", max_items=2) as items:
+            assert items == [b"one", b"two"]
+            raise RuntimeError("work failed")
+    info = on(server).peek("reliable")
+    assert (info.items, info.open_transactions, info.head_item) == (3, 0, b"one")
+    with cluster.reliable_read("reliable", max_items=2) as items:
+        assert items == [b"one", b"two"]
+    info = on(server).peek("reliable")
+    assert (info.items, info.open_transactions, info.head_item) == (1, 0, b"three")
+    with cluster.reliable_read("nothing", timeout=0.1) as items:
+        assert items == []
+    cluster.close()
+
+
+def test_reliable_items_confirm_as_the_loop_goes_and_abort_on_leaving(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("items", [b"%d" % i for i in range(5)])
+    for item in cluster.reliable_items("items"):
+        if item == b"2":
+            break  # 0 and 1 are confirmed; 2 is in hand and goes back
+    assert [i.data for i in on(server).get("items", 10, 0, 0)] == [b"2", b"3", b"4"]
+    cluster.put_many("items", [b"a", b"b"])
+    with pytest.raises(ValueError):
+        for item in cluster.reliable_items("items", batch=2):
+            raise ValueError(item)
+    assert list(cluster.reliable_items("items", batch=2)) == [b"a", b"b"]
+    assert on(server).peek("items").items == 0
+    cluster.close()
+
+
+def test_consume_drains_every_server(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    cluster.put_many("drain", [b"a%d" % i for i in range(50)])  # all on one server
+    for i in range(30):
+        cluster.put("drain", b"b%d" % i)  # spread over all three
+    seen: list[bytes] = []
+    assert cluster.consume("drain", seen.append, batch=7, until_empty=True) == 80
+    assert sorted(seen) == sorted([b"a%d" % i for i in range(50)] + [b"b%d" % i for i in range(30)])
+    assert [items_on(s, "drain") for s in three] == [0, 0, 0]
+    # A failing handler aborts its batch and stops the loop; nothing is lost.
+    cluster.put_many("drain", [b"x", b"y"])
+    with pytest.raises(KeyError):
+        cluster.consume("drain", lambda item: {}[item], until_empty=True)
+    assert sum(items_on(s, "drain") for s in three) == 2
+    cluster.close()
+
+
+def test_one_cluster_shared_by_threads(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            for i in range(200):
+                cluster.put_many("shared", [b"%d-%d-%d" % (n, i, k) for k in range(3)])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        def keep(item: bytes) -> None:
+            with lock:
+                seen.append(item)
+        try:
+            while any(t.is_alive() for t in threads):
+                cluster.consume("shared", keep, batch=50, until_empty=True)
+            cluster.consume("shared", keep, batch=50, until_empty=True)
+        except BaseException as e:
+            errors.append(e)
+
+    consumers = [threading.Thread(target=consume) for _ in range(3)]
+    for t in consumers:
+        t.start()
+    for t in threads + consumers:
+        t.join(60)
+    assert not errors
+    assert len(seen) == 8 * 200 * 3 and len(set(seen)) == len(seen)
+    cluster.close()
+
+
+def test_cooperative_under_gevent(three: list[ServerProcess]) -> None:
+    max_gap, waited = run_gevent_script(",".join(f"127.0.0.1:{s.thrift_port}" for s in three))
+    # The get waited half a second or more, three seconds at a time on one server, while the ticker
+    # (every 10 ms) was never held up for anything like that.
+    assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
+
+
+def test_items_are_bytes_and_anything_else_is_refused_before_sending(three: list[ServerProcess]) -> None:
+    cluster = cluster_of(*three)
+    one = on(three[0])
+    mistakes: list[tuple[Callable[[], object], str]] = [
+        (lambda: cluster.put("typed", "text"), "put on 'typed': the item is str, not bytes.*encode text"),
+        (lambda: cluster.put("typed", 7), "the item is int"),
+        (lambda: cluster.put_many("typed", "abc"), "items must be a list of bytes, got a single str"),
+        (lambda: cluster.put_many("typed", b"abc"), "got a single bytes"),
+        (lambda: cluster.put_many("typed", [b"fine", b"also", "text", b"after"]), "item 2 is str"),
+        (lambda: cluster.put_many("typed", [b"fine", None]), "item 1 is NoneType"),
+        (lambda: cluster.put_many("typed", 42), "items must be a list of bytes, got int"),
+        (lambda: cluster.put("typed", b"x", expiration_ms="soon"), "expiration_ms must be an int"),
+        (lambda: cluster.put(b"typed", b"x"), "the queue name must be a str"),
+        (lambda: one.put("typed", ["text"]), "item 0 is str"),
+        (lambda: one.put("typed", "text"), "got a single str"),
+    ]
+    for call, message in mistakes:
+        with pytest.raises(TypeError, match=message):
+            call()
+    assert [items_on(s, "typed") for s in three] == [0, 0, 0]  # nothing of a refused batch was sent
+    # bytes, bytearray and memoryview are items, stored as their bytes.
+    assert cluster.put_many("typed", [b"a", bytearray(b"b"), memoryview(b"xcx")[1:2]]) == 3
+    assert cluster.put("typed", bytearray(b"d")) and cluster.put("typed", memoryview(b"e"))
+    assert one.put("typed", (bytearray(b"f"),)) == 1
+    assert sorted(cluster.get_many("typed", 10) + cluster.get_many("typed", 10) + cluster.get_many("typed", 10)) \
+        == [b"a", b"b", b"c", b"d", b"e", b"f"]
+    one.close()
+    cluster.close()
+
+
+def test_reads_raise_no_servers_when_no_server_could_be_asked(server: ServerProcess) -> None:
+    dead = [f"127.0.0.1:{port}" for port in (free_port(), free_port())]
+    down = Cluster(dead)
+    reads: list[Callable[[], object]] = [
+        lambda: down.get("jobs"),
+        lambda: down.get("jobs", timeout=30.0),  # no waiting on servers that are not there
+        lambda: down.get_many("jobs", 10),
+        lambda: down.reliable_read("jobs").__enter__(),
+        lambda: list(down.reliable_items("jobs")),
+        lambda: down.consume("jobs", print, until_empty=True),
+        lambda: down.consume("jobs", print, stop=threading.Event()),
+    ]
+    for read in reads:
+        started = time.monotonic()
+        with pytest.raises(NoServers) as e:
+            read()
+        assert time.monotonic() - started < STALL_S  # not the 30 s a get may wait
+        assert "no kestrel server could get from 'jobs'" in str(e.value)
+        assert sorted(err.address for err in e.value.errors if isinstance(err, ServerUnavailable)) == sorted(dead)
+    down.close()
+    # One server answering is enough to say the queue is empty.
+    partly = Cluster([dead[0], f"127.0.0.1:{server.thrift_port}"])
+    assert partly.get("nothing-here") is None
+    assert partly.get_many("nothing-here", 5) == []
+    assert partly.consume("nothing-here", print, until_empty=True) == 0
+    # Every server refusing the call (a bad name) is an error at once, not an empty queue.
+    with pytest.raises(NoServers, match="refused"):
+        partly.get("bad/name")
+    partly.close()
+
+
+def test_closing_is_final_and_both_are_context_managers(server: ServerProcess) -> None:
+    with cluster_of(server) as cluster:
+        assert cluster.put("closing", b"before")
+    assert cluster.closed
+    calls: list[Callable[[], object]] = [
+        lambda: cluster.put("closing", b"after"),
+        lambda: cluster.put_many("closing", [b"after"]),
+        lambda: cluster.get("closing"),
+        lambda: cluster.get_many("closing", 1),
+        lambda: cluster.reliable_read("closing").__enter__(),
+        lambda: list(cluster.reliable_items("closing")),
+        lambda: cluster.consume("closing", print, until_empty=True),
+        lambda: cluster.server(f"127.0.0.1:{server.thrift_port}"),
+    ]
+    for call in calls:
+        with pytest.raises(ClientClosed, match="the client is closed") as e:
+            call()
+        assert isinstance(e.value, KestrelClientError)
+    cluster.close()  # closing again is harmless
+    # Closed while a consumer works: the batch in hand is settled (finished items confirmed, the
+    # rest back in the queue), then the consumer gets the error.
+    busy = cluster_of(server)
+    busy.put_many("closing-busy", [b"%d" % i for i in range(10)])
+
+    def closes_at_2(item: bytes) -> None:
+        if item == b"2":
+            busy.close()
+
+    with pytest.raises(ClientClosed, match="cannot consume 'closing-busy'"):
+        busy.consume("closing-busy", closes_at_2, batch=10)
+    info = on(server).peek("closing-busy")
+    assert (info.items, info.open_transactions, info.head_item) == (7, 0, b"3")
+    with on(server) as one:
+        assert one.put("closing", [b"one"]) == 1
+    with pytest.raises(ClientClosed, match=f"cannot call put on kestrel 127.0.0.1:{server.thrift_port}"):
+        one.put("closing", [b"after"])
+    with pytest.raises(ClientClosed):
+        one.peek("closing")
+    assert items_on(server, "closing") == 2
+
+
+def test_retries_have_a_count_and_a_backoff(server: ServerProcess, retries: Retries) -> None:
+    """The pauses asked for, not timed: the client's sleep records them and returns at once."""
+    gone = Cluster([f"127.0.0.1:{free_port()}"], retries=3, backoff_ms=100, max_backoff_ms=150)
+    with pytest.raises(NoServers, match="cannot connect"):
+        gone.put("retried", b"x")
+    # Three pauses after the first attempt: 100 ms then 150 ms capped, each shortened by up to half.
+    pauses = retries.pauses
+    assert retries.puts == 4, pauses
+    assert len(pauses) == 3 and 0.05 <= pauses[0] <= 0.1 and all(0.075 <= p <= 0.15 for p in pauses[1:]), pauses
+    retries.clear()
+    with pytest.raises(NoServers):
+        Cluster([f"127.0.0.1:{free_port()}"], retries=0).put("retried", b"x")
+    assert retries.puts == 1 and pauses == []
+    # A refusal from every server is not retried: the answer would be the same.
+    retries.clear()
+    refused = Cluster([f"127.0.0.1:{server.thrift_port}"], retries=5, backoff_ms=2000)
+    with pytest.raises(NoServers, match="refused"):
+        refused.put("bad/name", b"x")
+    assert retries.puts == 1 and pauses == []
+    for bad in ({"retries": -1}, {"backoff_ms": "1s"}, {"backoff_ms": 500, "max_backoff_ms": 100}):
+        with pytest.raises((TypeError, ValueError)):
+            Cluster(["k:1"], **bad)
+    gone.close()
+    refused.close()
+
+
+def test_a_restarting_server_is_waited_for_within_the_retries(server: ServerProcess) -> None:
+    cluster = cluster_of(server, retries=8, backoff_ms=200, max_backoff_ms=1000)
+    assert cluster.put("comeback", b"before")
+    server.kill()
+    restart = threading.Thread(target=server.start)
+    restart.start()
+    try:
+        assert cluster.put("comeback", b"after")  # retried until the server listens again
+        assert cluster.get_many("comeback", 10) == [b"before", b"after"]
+    finally:
+        restart.join()
+        cluster.close()
+
+
+def test_consume_confirms_what_the_handler_finished_and_aborts_the_rest(server: ServerProcess) -> None:
+    cluster = cluster_of(server)
+    cluster.put_many("acked", [b"%d" % i for i in range(10)])
+    seen: list[bytes] = []
+
+    def fails_on_3(item: bytes) -> None:
+        seen.append(item)
+        if item == b"3":
+            raise RuntimeError("cannot handle 3")
+
+    with pytest.raises(RuntimeError, match="cannot handle 3"):
+        cluster.consume("acked", fails_on_3, batch=10, until_empty=True)
+    assert seen == [b"0", b"1", b"2", b"3"]
+    info = on(server).peek("acked")
+    # 0, 1 and 2 are done for good; 3 and the items after it are back at the head, in order.
+    assert (info.items, info.open_transactions, info.head_item) == (7, 0, b"3")
+    # Setting `stop` ends the loop after the item in hand; the rest of the batch goes back.
+    stop = threading.Event()
+    seen.clear()
+
+    def stops_after_5(item: bytes) -> None:
+        seen.append(item)
+        if item == b"5":
+            stop.set()
+
+    assert cluster.consume("acked", stops_after_5, batch=10, stop=stop) == 3
+    assert seen == [b"3", b"4", b"5"]
+    assert cluster.get_many("acked", 10) == [b"6", b"7", b"8", b"9"]
+    # reliable_items: leaving the loop confirms the finished items of the batch, aborts the rest.
+    cluster.put_many("acked", [b"a", b"b", b"c", b"d"])
+    for item in cluster.reliable_items("acked", batch=4):
+        if item == b"c":
+            break
+    info = on(server).peek("acked")
+    assert (info.items, info.open_transactions, info.head_item) == (2, 0, b"c")
+    cluster.close()
+
+
+def test_a_dead_servers_share_of_puts_spreads_evenly(three: list[ServerProcess]) -> None:
+    first, dying, last = three
+    cluster = cluster_of(*three)
+    dying.kill()
+    try:
+        for i in range(60):
+            assert cluster.put("spread", b"%d" % i)
+    finally:
+        dying.start()
+    counts = [items_on(s, "spread") for s in (first, last)]
+    assert sum(counts) == 60 and abs(counts[0] - counts[1]) <= 4, counts
+    cluster.close()
+    # A server refusing puts by its status (read-only) gives its share evenly to the others too.
+    on(first).set_status(kestrel.Status.READ_ONLY)
+    try:
+        with cluster_of(*three) as fresh:
+            for i in range(60):
+                assert fresh.put("spread-status", b"%d" % i)
+    finally:
+        on(first).set_status(kestrel.Status.UP)
+    counts = [items_on(s, "spread-status") for s in three]
+    assert counts[0] == 0 and abs(counts[1] - counts[2]) <= 4, counts

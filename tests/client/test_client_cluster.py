@@ -1,0 +1,285 @@
+"""The client on a real cluster found through ZooKeeper: server sets, statuses, a killed server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+import kestrel.client.discovery as discovery
+from kestrel.client import (
+    Cluster,
+    Refused,
+    Server,
+    ServerSetsUnavailable,
+    ZooKeeperServerSets,
+    member_address,
+)
+from kestrel.contract import kestrel_thrift as kestrel
+from tests.conftest import STALL_S, ServerProcess, free_port, wait_until
+from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+
+PREFIX = "/kestrel-cluster"
+
+
+@pytest.fixture(scope="module")
+def cluster3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    """Three servers in PREFIX's sets. The second, which a test kills, has a ZooKeeper session of a
+    second, so that it is gone from the sets soon after; the others a session of 20 s, which a loaded
+    machine does not let run out while they live (a 1 s session did, and for a moment the write set
+    was empty)."""
+    def config(session_timeout: str) -> dict[str, Any]:
+        return {"zookeeper": {"hosts": zookeeper.hosts, "path_prefix": PREFIX, "session_timeout": session_timeout,
+                              "advertise_host": "127.0.0.1"},
+                "status_change_grace_period": "300ms"}
+
+    configs = [config("20s"), config("1s"), config("20s")]
+    with running_servers(tmp_path_factory.mktemp("cluster"), configs) as servers:
+        yield servers
+
+
+def thrift_ports(addresses: list[tuple[str, int]]) -> set[int]:
+    return {port for _, port in addresses}
+
+
+def on(srv: ServerProcess) -> Server:
+    return Server("127.0.0.1", srv.thrift_port)
+
+
+def test_member_addresses() -> None:
+    data = (b'{"serviceEndpoint": {"host": "h", "port": 1}, "additionalEndpoints": {"thrift": {"host": "h",'
+            b' "port": 2}}, "status": "ALIVE"}')
+    assert member_address(data, "thrift") == ("h", 2)
+    assert member_address(data, None) == ("h", 1)
+    assert member_address(data, "memcache") is None
+    assert member_address(data.replace(b"ALIVE", b"DEAD"), "thrift") is None
+    assert member_address(b"not json", "thrift") is None
+
+
+def test_unreachable_zookeeper_is_a_clear_error() -> None:
+    with pytest.raises(ServerSetsUnavailable, match="cannot reach ZooKeeper"):
+        ZooKeeperServerSets(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
+
+
+def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
+    started = time.monotonic()
+    with pytest.raises(ServerSetsUnavailable, match="within 0.5s"):
+        Cluster.from_zookeeper(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
+    assert time.monotonic() - started < STALL_S  # its 0.5 s, not the default 10 s
+    with Cluster.from_zookeeper(zookeeper.hosts, PREFIX, session_timeout=4.0, connect_timeout=5.0,
+                                retries=1, timeout_ms=5_000) as cluster:
+        assert isinstance(cluster.source, ZooKeeperServerSets)
+        assert cluster.source.session_timeout == 4.0 and cluster.retries == 1
+        wait_until(lambda: len(cluster.writers()) == 3, "three writers")
+        assert cluster.put("options", b"x")
+        assert cluster.get("options") == b"x"
+    assert not cluster.source.zk.connected  # leaving the block ended the session
+
+
+def test_a_failed_construction_leaves_no_zookeeper_session(
+        zookeeper: Any, cluster3: list[ServerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[KazooClient] = []
+
+    class Recorded(KazooClient):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def no_session_left() -> None:
+        assert all(zk._stopped.is_set() and not zk.connected for zk in made), \
+            [(zk.state, zk._stopped.is_set()) for zk in made]
+
+    monkeypatch.setattr(discovery, "KazooClient", Recorded)
+    with pytest.raises(ValueError, match="strategy"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, strategy="sticky")
+    with pytest.raises(TypeError, match="no_such_option"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, no_such_option=1)
+    no_session_left()
+    with pytest.raises(ValueError, match="retries"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, retries=-1)
+    with pytest.raises(ValueError, match="session_timeout"):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX, session_timeout=0)
+    with pytest.raises(ValueError, match="path_prefix"):
+        Cluster.from_zookeeper(zookeeper.hosts, "kestrel")
+    # A failure once connected (watching the sets) ends the session it started.
+    monkeypatch.setattr(ZooKeeperServerSets, "_watch", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Cluster.from_zookeeper(zookeeper.hosts, PREFIX)
+    assert made, "the watch failed after connecting"
+    no_session_left()
+
+
+def accepts_status(server: Any, status: int) -> bool:
+    """Set `status`; False while an earlier change's grace period still refuses it."""
+    try:
+        server.set_status(status)
+    except Refused as e:
+        if "grace period" not in str(e):
+            raise
+        return False
+    return True
+
+
+def test_server_sets_follow_statuses(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
+    a, b, c = cluster3
+    everyone = {s.thrift_port for s in cluster3}
+    sets = ZooKeeperServerSets(zookeeper.hosts, PREFIX)
+    wait_until(lambda: thrift_ports(sets.writers()) == thrift_ports(sets.readers()) == everyone, "three servers")
+    on(a).set_status(kestrel.Status.READ_ONLY)
+    on(b).set_status(kestrel.Status.QUIESCENT)
+    wait_until(lambda: thrift_ports(sets.writers()) == {c.thrift_port}, "only c in the write set")
+    wait_until(lambda: thrift_ports(sets.readers()) == {a.thrift_port, c.thrift_port}, "a and c in the read set")
+    # Puts go to the write set only, however many there are.
+    cluster = Cluster(sets)
+    for i in range(9):
+        cluster.put("followed", b"%d" % i)
+    # A change is refused while the previous one's grace period runs: wait for it, then go back Up.
+    wait_until(lambda: accepts_status(on(a), kestrel.Status.UP), "a to accept Up after its grace period")
+    wait_until(lambda: accepts_status(on(b), kestrel.Status.UP), "b to accept Up after its grace period")
+    wait_until(lambda: thrift_ports(sets.writers()) == everyone, "everyone back")
+    # Counted once everyone is Up: a Quiescent server refuses peeks too once its grace period is over.
+    assert [on(s).peek("followed").items for s in cluster3] == [0, 0, 9]
+    assert cluster.get_many("followed", 100) == [b"%d" % i for i in range(9)]
+    cluster.close()
+
+
+def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
+        zookeeper: Any, cluster3: list[ServerProcess]) -> None:
+    total, batch = 10_000, 20
+    readonly, killed, steady = cluster3
+    cluster = Cluster.from_zookeeper(zookeeper.hosts, PREFIX, poll_ms=100)
+    wait_until(lambda: len(cluster.writers()) == 3, "three writers")
+    produced = 0
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        nonlocal produced
+        try:
+            for start in range(0, total, batch):
+                items = [b"item-%05d" % i for i in range(start, start + batch)]
+                assert cluster.put_many("e2e", items) == batch
+                produced = start + batch
+                time.sleep(0.002)  # real time: production keeps going while the cluster changes
+        except BaseException as e:
+            errors.append(e)
+
+    deliveries: Counter[bytes] = Counter()
+    stop = threading.Event()
+    flowing = threading.Event()  # cleared: the consumer holds its batch of open reads, unconfirmed
+    flowing.set()
+
+    def handle(item: bytes) -> None:
+        flowing.wait()
+        deliveries[item] += 1
+
+    def consume() -> None:
+        try:
+            cluster.consume("e2e", handle, batch=50, stop=stop)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: produced >= total // 4, "a quarter produced", timeout=30)
+    on(readonly).set_status(kestrel.Status.READ_ONLY)
+    wait_until(lambda: produced >= total // 2, "half produced", timeout=30)
+    flowing.clear()
+    # Open reads of a consumer that dies with the server. Until the consumer blocks in `handle` it
+    # may take the items in sight first, so take them as the producer keeps adding.
+    holder = on(killed)
+    held: list[Any] = []
+
+    def hold_ten() -> bool:
+        held.extend(holder.get("e2e", 10 - len(held), 0, 60_000))
+        return len(held) == 10
+
+    wait_until(hold_ten, "ten open reads on the server to kill")
+    killed.kill()  # with unread items in its journal, open reads, maybe the consumer's too
+    time.sleep(0.1)  # real time: down for a moment, the clients see connections refused
+    killed.start()
+    flowing.set()
+    threads[0].join(60)
+    assert not errors, errors
+    wait_until(lambda: len(deliveries) == total, "every item delivered", timeout=30)
+    stop.set()
+    threads[1].join(10)
+    assert not errors, errors
+    assert set(deliveries) == {b"item-%05d" % i for i in range(total)}
+    assert all(deliveries[item.data] for item in held)
+    # The consumer drained every server, the read-only one and the restarted one included.
+    for srv in cluster3:
+        info = on(srv).peek("e2e")
+        assert (info.items, info.open_transactions) == (0, 0), srv.thrift_port
+    assert on(readonly).status() == kestrel.Status.READ_ONLY
+    redelivered = sum(deliveries.values()) - total
+    print(f"10,000 items: {redelivered} delivered twice (a lost confirm or a put resent after a kill)")
+    on(readonly).set_status(kestrel.Status.UP)
+    cluster.close()
+
+
+def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
+    max_gap, waited = run_gevent_script(f"zookeeper={zookeeper.hosts}{PREFIX}")
+    assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
+
+
+def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any) -> None:
+    """A real restart, and ZooKeeper going away again while the client sets its watches once more:
+    ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
+    keeps trying at least every few seconds (the pauses it asks for are recorded and cut short, not
+    timed: kazoo's default doubles them up to an hour, which froze the lists that long), and sees a
+    member that joins once ZooKeeper answers again."""
+    from kazoo.exceptions import ConnectionLoss
+
+    prefix = "/kestrel-watch-loss"
+    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    zk.start(timeout=30)
+
+    def join(port: int) -> None:
+        member = {"serviceEndpoint": {"host": "127.0.0.1", "port": port},
+                  "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}}, "status": "ALIVE"}
+        for name in ("write", "read"):
+            zk.create(f"{prefix}/{name}/member_", json.dumps(member).encode(), sequence=True, makepath=True)
+
+    join(7001)
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == {7001}, "the first member")
+        failing = threading.Event()
+        failed = 0
+        real_get_children = watching.zk.get_children
+        pauses: list[float] = []
+
+        def get_children(*args: Any, **kwargs: Any) -> Any:
+            nonlocal failed
+            if failing.is_set():
+                failed += 1
+                raise ConnectionLoss()
+            return real_get_children(*args, **kwargs)
+
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            time.sleep(0.01)
+
+        watching.zk.get_children = get_children  # type: ignore[method-assign]
+        watching.zk._retry.sleep_func = sleep  # the pauses between tries of a call
+        failing.set()
+        zk.stop()
+        zookeeper.restart(wipe=False)
+        wait_until(lambda: failed >= 15, "the client's reads of the sets to fail after the restart")
+        failing.clear()
+        zk.start(timeout=30)
+        join(7002)
+        wait_until(lambda: thrift_ports(watching.writers()) == {7001, 7002}
+                   and thrift_ports(watching.readers()) == {7001, 7002}, "the member joined after the restart")
+        assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
+    finally:
+        watching.close()
+        zk.stop()
+        zk.close()

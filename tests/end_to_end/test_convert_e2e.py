@@ -1,0 +1,74 @@
+"""The queue path's lock and `kestrel journal convert` against a real server process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, ServerProcess
+from tests.server.test_shutdown import _thrift_client
+
+
+def convert(srv: ServerProcess, to: str, *queues: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "kestrel", "journal", "convert", "--to", to, str(srv.queue_path), *queues]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+
+
+def put(srv: ServerProcess, queue: str, items: list[bytes]) -> None:
+    c = _thrift_client(srv.thrift_port)
+    try:
+        assert c.put(queue, items, 0) == len(items)
+    finally:
+        c.close()
+
+
+def take_all(srv: ServerProcess, queue: str) -> list[bytes]:
+    c = _thrift_client(srv.thrift_port)
+    try:
+        return [i.data for i in c.get(queue, 100, 0, 0)]
+    finally:
+        c.close()
+
+
+def test_convert_refuses_while_the_server_runs_and_works_once_it_stopped(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel2"}}})
+    put(srv, "jobs", [b"one", b"two"])
+    refused = convert(srv, "kestrel3")
+    assert refused.returncode != 0
+    assert "in use by kestrel serve (pid" in refused.stderr and "stop it first" in refused.stderr
+    assert take_all(srv, "jobs") == [b"one", b"two"]  # nothing touched: the server still serves them
+    put(srv, "jobs", [b"three", b"four"])
+    srv.stop()
+
+    done = convert(srv, "kestrel3")
+    assert done.returncode == 0, done.stderr
+    assert "jobs: converted to kestrel3: jobs 2 items" in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("converted 1 queues (2 items) to kestrel3")
+
+    # Its config still says kestrel2: start-up refuses, naming the command that converts back.
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        srv.start()
+    assert f"kestrel journal convert --to kestrel2 {srv.queue_path} jobs" in srv.log()
+
+    back = convert(srv, "kestrel2", "jobs")
+    assert back.returncode == 0, back.stderr
+    srv.start()
+    assert take_all(srv, "jobs") == [b"three", b"four"]
+
+
+def test_a_second_server_on_the_same_queue_path_refuses_to_start(server_factory: Any, tmp_path: Path) -> None:
+    first = server_factory()
+    put(first, "q", [b"x"])
+    (tmp_path / "second").mkdir()
+    second = ServerProcess(tmp_path / "second", {"queue_path": str(first.queue_path)})
+    with pytest.raises(RuntimeError, match="exited with 4"):
+        second.start()
+    assert f"cannot start: queue path {first.queue_path} is in use by kestrel serve (pid " in second.log()
+    assert take_all(first, "q") == [b"x"]  # the first server serves on, undisturbed
+    first.kill()  # a crash drops the lock with the process
+    second.start()
+    second.stop()

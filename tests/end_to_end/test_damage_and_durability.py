@@ -1,0 +1,396 @@
+"""Damaged journals (torn tail, corrupt middle, salvage) and SIGKILL with sync_journal: always."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.item import QItem
+from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2.codec import (
+    REMOVE_BYTES,
+    AddX,
+    ConfirmRemove,
+    RemoveTentativeXid,
+    Unremove,
+    encode,
+)
+from tests.support import kestrel24
+from tests.support.queues import drain, load_strictly
+
+T0 = 1_700_000_000_000
+
+
+def addx(data: bytes) -> bytes:
+    return encode(AddX(T0, 0, data))
+
+
+@pytest.mark.parametrize("cut", [1, 3, 10, 20])
+def test_torn_tail_is_cut_keeping_a_copy_and_complete_records_kept(tmp_path: Path, cut: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    good = addx(b"one") + addx(b"two") + encode(RemoveTentativeXid(1))
+    torn = addx(b"three-is-longer")[:cut]
+    (tmp_path / "q").write_bytes(good + torn)
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    # Cut exactly at the torn record; then the open read is journaled back to the head.
+    assert (tmp_path / "q").read_bytes() == good + encode(Unremove(1))
+    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
+    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
+    assert drain(coll, "q") == [b"one", b"two"]
+    coll.add("q", b"after")
+    coll.close()
+    logged = capsys.readouterr().out
+    assert "torn record" in logged and str(len(good)) in logged and str(tmp_path / "q") in logged
+    again = QueueCollection(str(tmp_path))
+    again.load()
+    assert drain(again, "q") == [b"after"]
+
+
+def test_corrupt_middle_refuses_to_load_naming_file_offset_and_opcode(tmp_path: Path) -> None:
+    first = addx(b"one")
+    bad = bytes([0x42]) + b"\x00" * 8
+    (tmp_path / "q").write_bytes(first + bad + addx(b"two"))
+    coll = QueueCollection(str(tmp_path))
+    with pytest.raises(CorruptJournalError) as err:
+        load_strictly(coll)
+    message = str(err.value)
+    assert str(tmp_path / "q") in message and f"offset {len(first)}" in message and "opcode 66" in message
+    assert (tmp_path / "q").read_bytes() == first + bad + addx(b"two")  # nothing changed on disk
+
+
+def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_what_it_cuts(tmp_path: Path) -> None:
+    first = addx(b"one") + addx(b"two")
+    content = first + bytes([0x42]) + addx(b"lost")
+    (tmp_path / "q").write_bytes(content)
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert drain(coll, "q") == [b"one", b"two"]
+    copies = [n for n in os.listdir(tmp_path) if ".corrupt-" in n]
+    assert len(copies) == 1
+    assert (tmp_path / "q").read_bytes()[:len(first)] + (tmp_path / copies[0]).read_bytes() == content
+    coll.close()
+    again = QueueCollection(str(tmp_path))  # loads cleanly afterwards, without salvage
+    again.load()
+    assert drain(again, "q") == []
+
+
+def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b")[:5])
+    (tmp_path / "q").write_bytes(addx(b"c"))
+    with pytest.raises(CorruptJournalError, match="incomplete record"):
+        load_strictly(QueueCollection(str(tmp_path)))
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from kestrel.storage import QueueCollection, QueueConfigs
+    coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
+                           commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
+    coll.load()
+    n = 0
+    while True:
+        batch = [b"item-%d" % (n + i) for i in range(int(sys.argv[2]))]
+        coll.add_many("durable", batch)
+        n += len(batch)
+        if coll.governor is not None and n % 20 < len(batch):
+            coll.governor.tick()   # shares and paging, as the server's timer runs it
+        print(n, flush=True)   # acknowledged: everything up to n is on disk
+""")
+
+
+@pytest.mark.parametrize("commit_log", ["off", "on"])
+@pytest.mark.parametrize("budget", [0, 500], ids=["no-budget", "small-budget"])
+@pytest.mark.parametrize("batch", [1, 7])
+def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    acknowledged = 0
+    for line in proc.stdout:
+        if not line.strip().isdigit():
+            continue  # a log line
+        acknowledged = int(line)
+        if acknowledged >= 200:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), max_memory_total=budget)
+    coll.load()
+    got = drain(coll, "durable")
+    assert len(got) >= acknowledged
+    assert got == [b"item-%d" % i for i in range(len(got))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damage that is not a torn tail
+
+
+def test_every_single_bit_flip_of_a_size_field_in_the_middle_is_refused(tmp_path: Path) -> None:
+    before = b"".join(addx(b"before-%d" % n) for n in range(3))
+    target = addx(b"the-damaged-record")
+    after = b"".join(addx(b"after-%d" % n) for n in range(50)) + encode(RemoveTentativeXid(1))
+    content = before + target + after
+    for bit in range(32):
+        (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, bit))
+        with pytest.raises(CorruptJournalError) as err:
+            load_strictly(QueueCollection(str(tmp_path)))
+        assert err.value.path == str(tmp_path / "q"), bit
+        assert err.value.offset == len(before), (bit, err.value)  # the damaged record itself
+        assert (tmp_path / "q").read_bytes() == _flip(content, len(before) + 1, bit), bit  # untouched
+        assert os.listdir(tmp_path) == ["q"], bit
+
+
+def test_salvage_after_a_size_field_one_bit_small_keeps_only_the_records_before_it(tmp_path: Path) -> None:
+    before = addx(b"first") + addx(b"second")
+    content = before + addx(b"damaged-record") + addx(b"after") * 3
+    (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 1))  # size - 2: ends inside its data
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert (tmp_path / "q").read_bytes() == before
+    assert drain(coll, "q") == [b"first", b"second"]  # not a shortened "damaged-reco"
+
+
+def test_a_flip_that_runs_past_the_end_is_named_at_its_record(tmp_path: Path) -> None:
+    before = addx(b"first")
+    content = before + addx(b"damaged") + addx(b"after") * 3
+    (tmp_path / "q").write_bytes(_flip(content, len(before) + 1, 20))  # size + 1 MiB
+    with pytest.raises(CorruptJournalError) as err:
+        load_strictly(QueueCollection(str(tmp_path)))
+    assert err.value.offset == len(before)
+    assert "size field" in err.value.reason
+
+
+def _flip(data: bytes, byte_offset_of_field: int, bit: int) -> bytes:
+    out = bytearray(data)
+    out[byte_offset_of_field + bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+def test_remove_written_over_an_add_is_reported_at_that_record(tmp_path: Path) -> None:
+    first = addx(b"one")
+    damaged = bytearray(addx(b"two"))
+    damaged[0] = 1  # REMOVE over ADDX's opcode byte
+    (tmp_path / "q").write_bytes(first + bytes(damaged) + addx(b"three"))
+    with pytest.raises(CorruptJournalError) as err:
+        load_strictly(QueueCollection(str(tmp_path)))
+    assert err.value.offset == len(first) and err.value.opcode == 1
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"one"]  # the REMOVE was not applied
+
+
+def test_a_pack_holding_a_record_no_pack_holds_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    (tmp_path / "q.200").write_bytes(addx(b"c"))
+    (tmp_path / "q.300.pack").write_bytes(addx(b"x") + REMOVE_BYTES)
+    with pytest.raises(CorruptJournalError, match="incomplete pack.*Remove record at offset 22"):
+        load_strictly(QueueCollection(str(tmp_path)))
+    assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
+    salvaged = QueueCollection(str(tmp_path), salvage=True)
+    salvaged.load()
+    assert drain(salvaged, "q") == [b"a", b"b", b"c"]
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+
+
+def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp_path: Path) -> None:
+    # Kestrel 2.4.1 renamed its complete dump to q.200.pack, then stopped before deleting q.100
+    # and q.200. The dump: the read open at the checkpoint (xid 1), one pent-up delete, the items.
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b") + encode(RemoveTentativeXid(1)))
+    (tmp_path / "q.200").write_bytes(addx(b"c") + addx(b"d"))
+    pack = kestrel24.dump([(1, b"a")], [b"b", b"c", b"d"], pent_up_deletes=1)
+    (tmp_path / "q.200.pack").write_bytes(pack)
+    live = REMOVE_BYTES * 2 + addx(b"e")  # the pent-up delete, then b, left after the checkpoint
+    (tmp_path / "q").write_bytes(live)
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert not coll.refused
+    assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+
+
+def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + REMOVE_BYTES)
+    (tmp_path / "q.200.pack").write_bytes(kestrel24.dump([], []))
+    (tmp_path / "q").write_bytes(addx(b"b"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"b"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+
+
+@pytest.mark.parametrize("keep", [1, 30, -5])
+def test_a_pack_cut_short_deletes_nothing(tmp_path: Path, keep: int) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"p%d" % n) for n in range(3)], T0)
+    pack = Path(packer.write_pack(request, []))
+    whole = pack.read_bytes()
+    pack.unlink()
+    (tmp_path / "q.100").write_bytes(addx(b"a"))
+    (tmp_path / "q.300.pack").write_bytes(whole[:keep])
+    with pytest.raises(CorruptJournalError, match="incomplete pack"):
+        load_strictly(QueueCollection(str(tmp_path)))
+    assert (tmp_path / "q.100").read_bytes() == addx(b"a")
+
+
+def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None:
+    request = packer.PackRequest(str(tmp_path), "q", 300, 0, [], [QItem(T0, 0, b"packed")], T0)
+    final = Path(packer.write_pack(request, []))
+    final.rename(tmp_path / "q.300.pack")  # a crash before the journals it covers were deleted
+    (tmp_path / "q.100").write_bytes(addx(b"old"))
+    (tmp_path / "q").write_bytes(addx(b"live"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert drain(coll, "q") == [b"packed", b"live"]
+    assert sorted(os.listdir(tmp_path)) == ["q", "q.300", "q.manifest"]
+
+
+def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "q.100").write_bytes(addx(b"a") + addx(b"b"))
+    # q.200 held: add c, d, e; open c (xid 1) and d (xid 2); confirm 1. It was deleted.
+    (tmp_path / "q.300").write_bytes(encode(RemoveTentativeXid(3)) + encode(ConfirmRemove(2))
+                                     + REMOVE_BYTES * 3)
+    (tmp_path / "q").write_bytes(addx(b"f"))
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    logged = capsys.readouterr().out
+    warning = next(line for line in logged.splitlines() if "NOTHING TO ACT ON" in line)
+    assert str(tmp_path / "q.300") in warning and str(tmp_path / "q.100") in warning
+    assert "xid_jumps=1" in warning and "confirm_of_no_open_read=1" in warning
+    assert "remove_of_nothing=2" in warning
+    assert drain(coll, "q") == [b"a", b"f"]  # a was opened (xid 3) and comes back at start-up
+
+
+def test_salvage_serves_no_empty_phantoms_from_a_file_cut_short(tmp_path: Path) -> None:
+    # A pack whose first two items had left the queue (placeholders), then the journal that removed
+    # them, cut short after its first REMOVE.
+    request = packer.PackRequest(str(tmp_path), "q", 100, 0, [], [None, None, QItem(T0, 0, b"x")], T0)
+    packer.write_pack(request, [])
+    (tmp_path / "q.200").write_bytes(REMOVE_BYTES + addx(b"y")[:7])
+    (tmp_path / "q").write_bytes(addx(b"z"))
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert drain(coll, "q") == [b"x"]
+
+
+def test_temporaries_of_every_queue_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "q").write_bytes(addx(b"a"))
+    (tmp_path / "q~~123").write_bytes(b"half a pack")
+    (tmp_path / "gone~~456").write_bytes(b"half a pack of a queue that no longer exists")
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert coll.queue_names() == ["q"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Any damage: a clear error or a load, never a crash, and nothing cut without a copy
+
+_HISTORY = (b"".join(addx(b"item-%02d" % n) for n in range(12)) + encode(RemoveTentativeXid(1))
+            + REMOVE_BYTES + encode(RemoveTentativeXid(2)) + encode(ConfirmRemove(1))
+            + encode(Unremove(2)) + addx(b"last"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_path: Path,
+                                                                           data: st.DataObject) -> None:
+    journal = bytearray(_HISTORY)
+    kind = data.draw(st.sampled_from(["flip", "byte", "cut", "insert"]))
+    at = data.draw(st.integers(0, len(journal) - 1))
+    if kind == "flip":
+        journal[at] ^= 1 << data.draw(st.integers(0, 7))
+    elif kind == "byte":
+        journal[at] = data.draw(st.integers(0, 255))
+    elif kind == "cut":
+        del journal[at:]
+    else:
+        journal[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    damaged = bytes(journal)
+    path = Path(tempfile.mkdtemp(dir=tmp_path))
+    (path / "q").write_bytes(damaged)
+    try:
+        coll = QueueCollection(str(path))
+        load_strictly(coll)
+    except CorruptJournalError as e:
+        assert e.path == str(path / "q") and 0 <= e.offset <= len(damaged)
+        assert (path / "q").read_bytes() == damaged and os.listdir(path) == ["q"]
+        return
+    coll.close()
+    kept = (path / "q").read_bytes()
+    copies = [n for n in os.listdir(path) if n != "q"]
+    if copies:
+        assert len(copies) == 1 and copies[0].startswith("q.torn-")
+        cut = (path / copies[0]).read_bytes()
+        assert damaged == kept[:len(damaged) - len(cut)] + cut
+    else:
+        assert kept.startswith(damaged)  # only UNREMOVEs of reads open at the stop follow
+
+
+CHURN = textwrap.dedent("""
+    import sys
+    from kestrel.storage import QueueCollection, QueueConfigs
+    fmt = sys.argv[2]
+    q = {"journal_format": fmt, "sync_journal": "always", "max_memory_size": 3000,
+         "default_journal_size": 2000, "max_journal_size": 12000}
+    coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}))
+    coll.load()
+    coll.queue("q+c")
+    n = 0
+    while True:
+        coll.add_many("q", [b"%06d" % (n + i) + b"x" * 40 for i in range(5)])
+        n += 5
+        print("add", n, file=sys.stderr, flush=True)  # acknowledged: every item below n is on disk
+        for item in coll.remove_many("q", 3, False):
+            print("rm", int(item.data[:6]), file=sys.stderr, flush=True)
+        if n % 100 == 0:
+            coll.flush("q+c")  # a checkpoint rewrite (Kestrel 3), a pack or rotation (Kestrel 2)
+        if n % 500 == 0:
+            coll.delete("q+d")
+            coll.queue("q+d")  # a fanout reader created and deleted
+""")
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize("lines", [300, 1500, 4000])
+def test_sigkill_amid_rotations_packs_and_checkpoint_rewrites_loads_without_refusal(
+        tmp_path: Path, fmt: str, lines: int) -> None:
+    """Wherever a kill stops the manifest's and the files' changes, start-up (without salvage)
+    refuses nothing: the queue holds a run of items from the first not consumed on, every
+    acknowledged one included, and none whose removal was acknowledged (removes not read before
+    the kill may have consumed a few more)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None  # the progress; the log goes to stdout
+    added, removed, seen = 0, set(), 0
+    for line in proc.stderr:
+        word, _, number = line.strip().partition(" ")
+        if word == "add":
+            added = int(number)
+        elif word == "rm":
+            removed.add(int(number))
+        else:
+            continue  # a log line
+        seen += 1
+        if seen >= lines:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    q = {"journal_format": fmt, "max_memory_size": 3000, "default_journal_size": 2000}
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": q})))
+    got = [int(data[:6]) for data in drain(coll, "q")]
+    coll.close()
+    assert got == list(range(got[0], got[0] + len(got))) if got else added == len(removed)
+    assert not got or got[-1] + 1 >= added
+    assert not set(got) & removed

@@ -1,0 +1,229 @@
+"""The memcache, text and admin ports end to end, with real clients and exact bytes."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymemcache.client.base import Client
+
+from tests.conftest import ServerProcess, wait_until
+from tests.support.installs import ensure_debian_package
+from tests.support.wire import (
+    close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
+    conn,
+    exchange,
+    memcache_stats,
+    shared_server,  # noqa: F401  (the module's `server`)
+)
+
+
+@pytest.fixture
+def mc(server: ServerProcess) -> Iterator[Client]:
+    client = Client(("127.0.0.1", server.memcache_port), timeout=10, default_noreply=False)
+    yield client
+    client.close()
+
+
+def test_pymemcache_set_get_delete_stats_version(server: ServerProcess, mc: Client) -> None:
+    assert mc.set("jobs", b"one")
+    assert mc.set("jobs", b"two")
+    assert mc.get("jobs") == b"one"
+    assert mc.get("jobs/open") == b"two"
+    assert mc.get("jobs/close") is None
+    assert mc.get("jobs") is None
+    assert mc.set("gone", b"x")
+    assert b"queue_gone_items" in mc.stats()
+    assert mc.delete("gone")
+    assert b"queue_gone_items" not in mc.stats()
+    stats = mc.stats()
+    assert stats[b"cmd_set"] >= 3 and stats[b"queue_jobs_items"] == 0
+    assert mc.version()
+
+
+def test_exact_reply_bytes(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    assert exchange(s, b"set work 0 0 5\r\nhello\r\n") == b"STORED\r\n"
+    assert exchange(s, b"get work/t=500/open\r\n", b"END\r\n") == b"VALUE work/t=500/open 0 5\r\nhello\r\nEND\r\n"
+    assert exchange(s, b"get work/close\r\n", b"END\r\n") == b"END\r\n"
+    assert exchange(s, b"get work\r\n", b"END\r\n") == b"END\r\n"
+    assert exchange(s, b"delete work\r\n") == b"DELETED\r\n"
+    assert exchange(s, b"flush work\r\n") == b"END\r\n"
+    assert exchange(s, b"flush_all\r\n") == b"Flushed all queues.\r\n"
+    assert exchange(s, b"version\r\n").startswith(b"VERSION ")
+    assert exchange(s, b"bogus\r\n") == b"CLIENT_ERROR unknown command 'bogus'\r\n"
+    assert exchange(s, b"status\r\n") == b"UP\r\n"
+
+
+@pytest.mark.parametrize("key, ok", [
+    ("w/close/open", True), ("w/open/close", True), ("w/t=10/open", True), ("w/t=10/peek", True),
+    ("w/abort", True), ("w/peek", True), ("w/close", True), ("w/t=10", True),
+    ("w/peek/open", False), ("w/peek/close", False), ("w/abort/open", False), ("w/abort/close", False),
+    ("w/open/open", False), ("w/t=x", False), ("w/wat", False), ("/open", False),
+])
+def test_option_grammar(server: ServerProcess, key: str, ok: bool) -> None:
+    s = conn(server.memcache_port)
+    reply = exchange(s, f"get {key}\r\n".encode(), b"\r\n")
+    assert reply.endswith(b"END\r\n") if ok else reply.startswith(b"CLIENT_ERROR")
+
+
+def test_second_open_is_refused_and_close_open_moves_on(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    exchange(s, b"set d 0 0 1\r\n1\r\nset d 0 0 1\r\n2\r\n", b"STORED\r\nSTORED\r\n")
+    assert exchange(s, b"get d/open\r\n", b"END\r\n") == b"VALUE d/open 0 1\r\n1\r\nEND\r\n"
+    assert exchange(s, b"get d/open\r\n").startswith(b"CLIENT_ERROR")
+    assert exchange(s, b"get d/close/open\r\n", b"END\r\n") == b"VALUE d/close/open 0 1\r\n2\r\nEND\r\n"
+    assert exchange(s, b"get d/abort\r\n", b"END\r\n") == b"END\r\n"
+    assert exchange(s, b"get d\r\n", b"END\r\n") == b"VALUE d 0 1\r\n2\r\nEND\r\n"
+
+
+def test_disconnect_with_an_open_read_puts_the_item_back(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    exchange(s, b"set r 0 0 4\r\nkeep\r\n")
+    assert b"keep" in exchange(s, b"get r/open\r\n", b"END\r\n")
+    s.close()
+    wait_until(lambda: memcache_stats(server.memcache_port)["queue_r_open_transactions"] == "0", "the open read to be aborted")
+    other = conn(server.memcache_port)
+    assert exchange(other, b"get r\r\n", b"END\r\n") == b"VALUE r 0 4\r\nkeep\r\nEND\r\n"
+
+
+def test_monitor_and_confirm(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    exchange(s, b"set m 0 0 1\r\na\r\nset m 0 0 1\r\nb\r\nset m 0 0 1\r\nc\r\n", b"STORED\r\n" * 3)
+    reply = exchange(s, b"monitor m 1 2\r\n", b"END\r\n")
+    assert reply == b"VALUE m 0 1\r\na\r\nVALUE m 0 1\r\nb\r\nEND\r\n"
+    assert exchange(s, b"confirm m 2\r\n") == b"END\r\n"
+    assert exchange(s, b"confirm m 1\r\n") == b"ERROR\r\n"
+    assert exchange(s, b"get m\r\n", b"END\r\n") == b"VALUE m 0 1\r\nc\r\nEND\r\n"
+
+
+def test_pipelined_commands_are_answered_in_order(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    request = b"".join(b"set p 0 0 %d\r\n%d\r\n" % (len(str(i)), i) for i in range(50))
+    request += b"get p\r\n" * 50
+    expected = b"STORED\r\n" * 50 + b"".join(b"VALUE p 0 %d\r\n%d\r\nEND\r\n" % (len(str(i)), i) for i in range(50))
+    assert exchange(s, request, expected[-20:]) == expected
+
+
+def test_one_megabyte_item(server: ServerProcess, mc: Client) -> None:
+    big = bytes(range(256)) * 4096
+    assert mc.set("big", big)
+    assert mc.get("big") == big
+
+
+def test_wrong_byte_count_never_desynchronises(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    assert exchange(s, b"set w 0 0 3\r\nabcdef\r\n") == b"CLIENT_ERROR bad data chunk\r\n"
+    assert exchange(s, b"set w 0 0 2\r\nok\r\n") == b"STORED\r\n"
+    assert exchange(s, b"get w\r\n", b"END\r\n") == b"VALUE w 0 2\r\nok\r\nEND\r\n"
+
+
+def test_full_queue_and_oversized_item(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"tiny": {"max_items": 1, "max_item_size": "4"}}, "max_frame_size": "1KB"})
+    s = conn(srv.memcache_port)
+    assert exchange(s, b"set tiny 0 0 5\r\n12345\r\n") == b"NOT_STORED\r\n"
+    assert exchange(s, b"set tiny 0 0 1\r\n1\r\n") == b"STORED\r\n"
+    assert exchange(s, b"set tiny 0 0 1\r\n2\r\n") == b"NOT_STORED\r\n"
+    reply = exchange(s, b"set other 0 0 2000\r\n" + b"x" * 2000 + b"\r\n")
+    assert reply.startswith(b"SERVER_ERROR object too large")
+    assert exchange(s, b"get tiny\r\n", b"END\r\n") == b"VALUE tiny 0 1\r\n1\r\nEND\r\n"
+
+
+def test_status_applies_to_memcache(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    assert exchange(s, b"status readonly\r\n") == b"END\r\n"
+    assert exchange(s, b"set x 0 0 1\r\n1\r\n").startswith(b"SERVER_ERROR")
+    assert exchange(s, b"get x\r\n", b"END\r\n") == b"END\r\n"
+    assert exchange(s, b"status quiescent\r\n") == b"END\r\n"
+    assert exchange(s, b"get x\r\n").startswith(b"SERVER_ERROR")
+    assert exchange(s, b"status up\r\n") == b"END\r\n"
+    assert exchange(s, b"status sideways\r\n").startswith(b"CLIENT_ERROR")
+
+
+def test_stats_and_dump_stats_name_every_figure(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    exchange(s, b"set st 0 0 1\r\n1\r\n")
+    stats = exchange(s, b"stats\r\n", b"END\r\n").decode()
+    names = {line.split()[1] for line in stats.splitlines() if line.startswith("STAT ")}
+    for name in ("uptime", "time", "version", "curr_items", "total_items", "bytes", "curr_connections",
+                 "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
+                 "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires"):
+        assert name in names, name
+    for stat in ("items", "bytes", "total_items", "logsize", "expired_items", "mem_items", "mem_bytes", "age",
+                 "discarded", "waiters", "open_transactions", "transactions", "canceled_transactions",
+                 "total_flushes", "age_msec", "create_time"):
+        assert f"queue_st_{stat}" in names, stat
+    dump = exchange(s, b"dump_stats\r\n", b"END\r\n").decode()
+    assert "queue 'st' {" in dump and "  items=1" in dump
+    # Kestrel's line ending on every line: its clients read lines up to END and wait forever otherwise
+    assert dump.endswith("}\r\nEND\r\n") and "\n" not in dump.replace("\r\n", "")
+
+
+def test_text_protocol(server: ServerProcess) -> None:
+    s = conn(server.text_port)
+    assert exchange(s, b"put tq:\none\ntwo\n\n", b"\n") == b"+2\n"
+    assert exchange(s, b"get tq\n", b"\n") == b":one\n"
+    assert exchange(s, b"peek tq\n", b"\n") == b":two\n"
+    assert exchange(s, b"get tq\n", b"\n") == b":two\n"
+    assert exchange(s, b"get tq\n", b"\n") == b"*\n"
+    assert exchange(s, b"confirm tq 1\n", b"\n") == b"-Not that many transactions open.\n"
+    assert exchange(s, b"flush tq\n", b"\n") == b"+0\n"
+    assert exchange(s, b"dance\n", b"\n").startswith(b"-")
+    exchange(s, b"put tq:\nlast\n\n", b"\n")
+    assert exchange(s, b"get tq\n", b"\n") == b":last\n"
+    s.close()  # the read was open: it comes back
+    wait_until(lambda: memcache_stats(server.memcache_port)["queue_tq_open_transactions"] == "0", "the open read to be aborted")
+    other = conn(server.text_port)
+    assert exchange(other, b"get tq\n", b"\n") == b":last\n"
+
+
+def test_admin_http(server: ServerProcess, mc: Client) -> None:
+    mc.set("adm", b"x")
+    base = f"http://127.0.0.1:{server.admin_port}"
+    assert urllib.request.urlopen(f"{base}/ping").read() == b"pong\n"
+    data = json.loads(urllib.request.urlopen(f"{base}/stats.json").read())
+    assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] >= 1
+    assert b"queue_adm_items: 1" in urllib.request.urlopen(f"{base}/stats.txt").read()
+    metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
+    assert 'kestrel_queue_items{queue="adm"} 1.0' in metrics
+    cmd_set = re.search(r"^kestrel_cmd_set_total (\S+)$", metrics, re.M)
+    assert cmd_set is not None and float(cmd_set.group(1)) >= 1  # the module's server is shared
+
+
+def test_libmemcached_tools_client(server: ServerProcess, mc: Client, tmp_path: Any) -> None:
+    memcat = ensure_debian_package("memccat", "libmemcached-tools") or ensure_debian_package(
+        "memcat", "libmemcached-tools")
+    if memcat is None:
+        pytest.skip("libmemcached-tools is not installed and cannot be installed here (needs root and apt-get)")
+    mc.set("fromc", b"hello from pymemcache")
+    done = subprocess.run([memcat, f"--servers=127.0.0.1:{server.memcache_port}", "fromc"],
+                          capture_output=True, timeout=30)
+    assert done.stdout.strip() == b"hello from pymemcache"
+
+
+def test_ten_thousand_connections(server: ServerProcess, mc: Client) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 10_000
+    if hard < want + 500:
+        pytest.skip(f"the open-file hard limit is {hard}, below {want + 500}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    socks = []
+    try:
+        for _ in range(want):
+            socks.append(socket.create_connection(("127.0.0.1", server.memcache_port), timeout=10))
+        assert mc.set("many", b"x")
+        last = socks[-1]
+        assert exchange(last, b"get many\r\n", b"END\r\n") == b"VALUE many 0 1\r\nx\r\nEND\r\n"
+        stats = mc.stats()
+        assert stats[b"curr_connections"] >= want
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

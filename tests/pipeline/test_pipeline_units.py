@@ -1,0 +1,441 @@
+"""The pipeline's parts that need no Spark: servers, options, the write-ahead log, the client, replay."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+
+from kestrel.client import Refused, ServerUnavailable  # noqa: E402
+from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
+from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
+from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
+from tests.support.client_retries import Retries, recorded_retries  # noqa: E402, F401  (the `retries` fixture)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a:1,", "empty entry at position 2"),
+    ("a:1,,b:2", "empty entry at position 2"),
+    ("a:x", "bad entry 'a:x'"),
+    ("a:70000", "bad entry 'a:70000'"),
+    (":5", "bad entry ':5'"),
+    ("a:1, a:1", "lists a:1 twice"),
+    ("  ", "option 'servers' is required"),
+])
+def test_bad_server_lists_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_servers(text)
+
+
+def test_server_list_defaults_the_port() -> None:
+    assert parse_servers("h1, h2:1234") == ["h1:2229", "h2:1234"]
+
+
+SPEC = [Option("maxItemsPerTrigger", whole(1), None), Option("queue", lambda n, v: v)]
+
+
+def test_options_take_camel_case_snake_case_and_any_case() -> None:
+    assert parse_options({"maxitemspertrigger": "5"}, SPEC, "x")["maxItemsPerTrigger"] == 5
+    assert parse_options({"max_items_per_trigger": "5"}, SPEC, "x")["maxItemsPerTrigger"] == 5
+    assert parse_options({}, SPEC, "x")["maxItemsPerTrigger"] is None
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger' \\(did you mean "
+                                    "'maxItemsPerTrigger'\\?\\); valid options are: maxItemsPerTrigger, queue"),
+    ({"maxitemspertriger": "5"}, "unknown option 'maxitemspertriger' \\(did you mean 'maxItemsPerTrigger'"),
+    ({"colour": "5"}, "unknown option 'colour'; valid options are: "),
+    ({"maxItemsPerTrigger": "0"}, "'maxItemsPerTrigger' must be at least 1, got 0"),
+    ({"maxItemsPerTrigger": "many"}, "must be a whole number, got 'many'"),
+    ({"maxItemsPerTrigger": "1", "max_items_per_trigger": "2"}, "given twice"),
+    ({}, "option 'queue' is required"),
+])
+def test_bad_options_are_refused(given: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_options(given, SPEC, "x", required=("queue",))
+
+
+@pytest.mark.parametrize("queue, message", [("a,", "empty entry at position 2"), ("a, a", "lists 'a' twice"),
+                                            ("a,../etc", "path separator")])
+def test_sources_refuse_what_is_not_a_list_of_queue_names(queue: str, message: str) -> None:
+    from kestrel.pipeline.kestrel_source import KestrelBatchReader, KestrelDataSource
+    from kestrel.pipeline.writer import KestrelWriter
+
+    with pytest.raises(ValueError, match=message):
+        KestrelBatchReader({"servers": "127.0.0.1:1", "queue": queue})
+    stream = KestrelDataSource({"servers": "127.0.0.1:1", "queue": queue, "checkpointLocation": "/cp"}) \
+        .streamReader(KestrelDataSource({}).schema())
+    with pytest.raises(ValueError, match=message):  # raised at the stream's first call from Spark
+        stream.initialOffset()
+    schema = KestrelDataSource({}).schema()
+    with pytest.raises(ValueError, match="'a,b' is not one queue's name \\(a comma\\)"):
+        KestrelWriter({"servers": "127.0.0.1:1", "queue": "a,b"}, schema)  # a put goes to one queue
+
+
+def test_min_partitions_splits_a_micro_batch_further(tmp_path: Path) -> None:
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    (tmp_path / "metadata").write_text("{}")
+    reader = KestrelStreamReader({"servers": "h:1,h:2", "queue": "a,b", "checkpointLocation": str(tmp_path),
+                                  "minPartitions": "6"})
+    try:
+        parts = reader.partitions({"batch": -1}, {"batch": 0, "take": {"h:1": {"a": 100, "b": 3}, "h:2": {"a": 20}}})
+    finally:
+        reader.stop()
+    assert len(parts) >= 6
+    quotas: dict[tuple[str, str], int] = {}
+    for p in parts:
+        quotas[(p.server, p.queue)] = quotas.get((p.server, p.queue), 0) + p.quota
+    assert quotas == {("h:1", "a"): 100, ("h:1", "b"): 3, ("h:2", "a"): 20}
+
+
+def test_option_names_no_operation_takes_fail_before_an_operation_is_chosen() -> None:
+    from kestrel.pipeline.kestrel_source import KestrelDataSource
+
+    assert KestrelDataSource({"maxitemspertrigger": "5", "batch_size": "3"}).schema() is not None
+    with pytest.raises(ValueError, match="kestrel: unknown option 'maxoffsetspertrigger' \\(did you mean "
+                                         "'maxItemsPerTrigger'\\?\\)"):
+        KestrelDataSource({"maxoffsetspertrigger": "5"}).schema()
+
+
+def test_unreachable_servers_are_logged_once_per_interval_and_fail_the_stream_in_time() -> None:
+    from structlog.testing import capture_logs
+
+    from kestrel.pipeline.servers import LOG_EVERY_S, Reachability
+
+    now = [0.0]
+    reach = Reachability(["a:1", "b:1"], 120.0, "kestrel stream of queue 'q'", clock=lambda: now[0])
+    error = ServerUnavailable("a:1", "refused")
+    with capture_logs() as logs:
+        for _ in range(int(LOG_EVERY_S + 2) * 75):  # a failed peek every planning, 75 plannings a second
+            if reach.due("a:1"):
+                reach.failed("a:1", "peek", error)
+            reach.check()  # b:1 answers
+            now[0] += 1 / 75
+        assert [e["event"] for e in logs] == ["server unreachable; going on without it, asking again every second",
+                                              "server still unreachable"]
+        assert LOG_EVERY_S - 2 <= logs[1]["attempts"] <= LOG_EVERY_S + 1  # asked once a second
+        reach.failed("b:1", "peek", error)
+        now[0] += 119
+        reach.check()
+        now[0] += 1
+        with pytest.raises(ServersUnreachable, match="no server answered for 120 s \\(unreachableTimeoutMs is "
+                                                     "120000\\): a:1, b:1 \\(a:1: kestrel a:1: refused; b:1: "):
+            reach.check()
+        reach.answered("b:1")
+        reach.check()
+        assert logs[-1]["event"] == "server reachable again"
+    never = Reachability(["a:1"], 0, "x", clock=lambda: now[0])
+    never.failed("a:1", "peek", error)
+    now[0] += 10**6
+    never.check()
+
+
+def test_a_trigger_cap_is_shared_in_proportion_and_never_exceeded() -> None:
+    from kestrel.pipeline.stream_source import share
+
+    assert share({"a": 0, "b": 0}, 10) == {}
+    assert share({"a": 30, "b": 10}, None) == {"a": 30, "b": 10}
+    take = share({"a": 30, "b": 10, "c": 1}, 20)
+    assert sum(take.values()) == 20 and take["a"] >= take["b"]
+    assert all(take[k] <= n for k, n in {"a": 30, "b": 10, "c": 1}.items() if k in take)
+    assert share({"a": 3, "b": 0}, 20) == {"a": 3}
+
+
+def test_log_files_round_trip_and_the_first_writer_wins(tmp_path: Path) -> None:
+    from kestrel.pipeline import wal
+
+    path = str(tmp_path / "7" / "h_1-0")
+    header = wal.WalHeader("h:1", 12.5, 3)
+    logged = wal.Logged([b"a", b"", b"c" * 70_000], [1_700_000_000_001, 2, 3], [0, 1_800_000_000_000, 0])
+    assert wal.write_partition(path, header, [4, 5, 6], logged)
+    assert not wal.write_partition(path, wal.WalHeader("h:1", 13.0, 1), [9], wal.Logged([b"z"]))
+    assert wal.read_ids(path) == (header, [4, 5, 6]) and header.timed
+    assert wal.read_items(path) == logged
+    assert wal.batches(str(tmp_path)) == [7] and wal.batch_files(str(tmp_path), 7) == [path]
+    assert list((tmp_path / "7").iterdir()) == [Path(path)]  # nothing left aside
+    # A file of an earlier version: no times, and none read.
+    old = str(tmp_path / "8" / "h_1-0")
+    os.makedirs(os.path.dirname(old))
+    with open(old, "wb") as f:
+        f.write(wal.MAGIC + b'{"server": "h:1", "fetched_at": 1.0, "count": 1, "queue": "q"}\n')
+        f.write(struct.pack("<q", 9) + struct.pack("<I", 1) + b"z")
+    assert wal.read_items(old) == wal.Logged([b"z"])
+    assert wal.read_ids(old) == (wal.WalHeader("h:1", 1.0, 1, "q"), [9])
+
+
+def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
+    from kestrel.pipeline.wal import SparkCommitLog, checkpoint_dir
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    log = SparkCommitLog(str(tmp_path), "q-1")
+    assert log.committed() == -1
+    (tmp_path / "offsets" / "4").write_text('v1\n{"batchWatermarkMs":0}\n{"source":"other","batch":9}\n'
+                                            '{"source":"q-1","batch":2,"take":{"h:1":5}}\n')
+    assert log.committed() == -1  # planned, not committed
+    (tmp_path / "commits" / "4").write_text("v1\n{}\n")
+    assert log.committed() == 2
+    assert checkpoint_dir(f"file://{tmp_path}") == str(tmp_path)
+    with pytest.raises(ValueError, match="only local or mounted paths"):
+        checkpoint_dir("s3a://bucket/cp")
+
+
+def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: Any) -> None:
+    from kestrel.client import Server
+
+    srv = server_factory({"max_open_reads": 7})
+    address = f"127.0.0.1:{srv.thrift_port}"
+    server = Server("127.0.0.1", srv.thrift_port)
+    before = int(time.time() * 1000)
+    server.put("q", [b"%d" % i for i in range(30)])
+    after = int(time.time() * 1000)
+    taken = take_open_reads(address, "q", 25, 60_000)
+    assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
+    assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
+    assert taken.failure is None
+    assert server.peek("q").open_transactions == 25
+    assert server.confirm("q", set(taken.ids)) == 25  # closed over another connection
+    lost = take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000)  # a lost server: nothing, and why
+    assert (lost.ids, lost.items) == ([], []) and "cannot connect" in str(lost.failure)
+
+
+def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess, retries: Retries) -> None:
+    """One layer retries: the writer's `retries` are the client's passes over the servers, its pauses
+    the client's (recorded here, not timed), with nothing stacked on top."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from kestrel.client import NoServers
+    from kestrel.pipeline.writer import KestrelWriter
+
+    schema = StructType([StructField("data", BinaryType())])
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x", b"y"], pa.binary())], names=["data"])
+    options = {"queue": "q", "retries": "3", "retryBackoffMs": "100"}
+    gone = KestrelWriter({**options, "servers": f"127.0.0.1:{free_port()}"}, schema)
+    with pytest.raises(NoServers, match="cannot connect"):
+        gone.write(iter([batch]))
+    pauses = retries.pauses
+    assert retries.puts == 4 and len(pauses) == 3, pauses  # the first pass, then three more after a pause each
+    assert 0.05 <= pauses[0] <= 0.1 and 0.1 <= pauses[1] <= 0.2 and 0.2 <= pauses[2] <= 0.4
+    retries.clear()
+    live = KestrelWriter({**options, "servers": f"127.0.0.1:{server.thrift_port}"}, schema)
+    assert live.write(iter([batch])).written == 2 and (retries.puts, pauses) == (1, [])
+
+
+def test_replay_reopens_open_reads_first_in_order() -> None:
+    from kestrel.storage.kestrel2.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
+    from kestrel.storage.kestrel2.replay import QueueReplay
+
+    replay = QueueReplay()
+    records: list[Any] = [AddX(1, 0, b"a"), AddX(1, 0, b"b"), AddX(1, 0, b"c"), RemoveTentative(),
+                          RemoveTentative(), RemoveTentative(), ConfirmRemove(2), Unremove(3)]
+    for record in records:
+        replay.apply(record)
+    assert [i.data for i in replay.items] == [b"c"]
+    assert {xid: i.data for xid, i in replay.opens.items()} == {1: b"a"}
+
+
+def test_large_journal_files_split_at_record_boundaries_into_every_record_once(tmp_path: Path) -> None:
+    from kestrel.pipeline.journal_source import record_batches, split_points
+    from kestrel.storage.kestrel2.codec import encode_addx
+
+    records = [encode_addx(1, 0, b"r%d" % i * (i % 7 + 1)) for i in range(1000)]
+    path = tmp_path / "q"
+    path.write_bytes(b"".join(records) + records[0][:5])  # ends in a torn record
+    ranges = split_points(str(path), 1000)
+    assert len(ranges) > 5 and ranges[0][0] == 0 and ranges[-1][1] is None
+    boundaries = set()
+    at = 0
+    for r in records:
+        boundaries.add(at)
+        at += len(r)
+    assert all(start in boundaries for start, _ in ranges)
+    rows = [row for start, end in ranges for batch in record_batches("q", str(path), False, start, end)
+            for row in batch.to_pylist()]
+    assert [r["data"] for r in rows[:-1]] == [b"r%d" % i * (i % 7 + 1) for i in range(1000)]
+    assert rows[-1]["status"] == "torn" and [r["status"] for r in rows].count("torn") == 1
+    assert split_points(str(path), 10**9) == [(0, None)]
+
+
+def test_a_closed_queue_reply_is_a_server_going_away(server: ServerProcess) -> None:
+    from thriftpy2.rpc import make_server
+    from thriftpy2.thrift import TApplicationException
+    from thriftpy2.transport import TFramedTransportFactory
+
+    from kestrel.client import Cluster, NoServers, ServerClosing
+    from kestrel.contract import kestrel_thrift
+
+    class Closing:
+        """What a Kestrel server answers while it shuts down: its queues are closed."""
+
+        def put(self, queue: str, items: list[bytes], expiration_msec: int) -> int:
+            raise TApplicationException(TApplicationException.UNKNOWN, f"queue {queue!r} is closed")
+
+        def peek(self, queue: str) -> Any:
+            raise TApplicationException(TApplicationException.UNKNOWN, f"queue {queue!r} is not there")
+
+    port = free_port()
+    closing = make_server(kestrel_thrift.Kestrel, Closing(), "127.0.0.1", port,
+                          trans_factory=TFramedTransportFactory())
+    threading.Thread(target=closing.serve, daemon=True).start()
+    from kestrel.client import Server
+
+    lone = Server("127.0.0.1", port)
+
+    def closing_said() -> bool:
+        try:
+            lone.put("q", [b"x"])
+        except ServerClosing as e:
+            assert "shutting down (queue 'q' is closed)" in str(e) and lone.seems_down
+            return True
+        except ServerUnavailable:  # not listening yet
+            return False
+        raise AssertionError("the put was taken")
+
+    wait_until(closing_said, "the closing server to answer")
+    with pytest.raises(Refused, match="is not there"):  # any other error reply stays a refusal
+        lone.peek("q")
+    with pytest.raises(NoServers, match="is closed"):  # retried as a server that is down, then given up
+        Cluster([f"127.0.0.1:{port}"], retries=1, backoff_ms=1).put("q", b"x")
+    cluster = Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"])
+    assert all(cluster.put("q", b"%d" % i) for i in range(4))  # every put lands on the live server
+    assert Server("127.0.0.1", server.thrift_port).peek("q").items == 4
+    closing.close()
+
+
+@pytest.mark.parametrize("decoder", ["compiled if built", "python"])
+def test_record_rows_match_the_storage_reader_for_every_kind_of_record(
+        tmp_path: Path, decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.pipeline.journal_source import ROWS_PER_BATCH, record_batches
+    from kestrel.storage.kestrel2 import codec
+    from kestrel.storage.kestrel2.reader import read_journal
+
+    if decoder == "python":
+        monkeypatch.setattr(codec, "decode_common_columns", codec.decode_common_columns_python)
+
+    kinds: list[Any] = [
+        codec.Add(1_800_000_000, b"old add"), codec.AddX(1_700_000_000_123, 0, b"x"),
+        codec.AddX(1_700_000_000_456, 1_700_000_999_000, b""), codec.Remove(), codec.RemoveTentative(),
+        codec.SaveXid(7), codec.Unremove(7), codec.ConfirmRemove(7), codec.AddXid(9, 1_700_000_000_789, 0, b"xid"),
+        codec.RemoveTentativeXid(9), codec.ConfirmRemove(9)]
+    # enough common records between the others for several batches and runs of the reader's fast path
+    records = kinds + [codec.AddX(1_700_000_001_000 + i, 0, b"r%d" % i) for i in range(ROWS_PER_BATCH + 5)] + kinds
+    path = tmp_path / "q"
+    path.write_bytes(b"".join(codec.encode(r) for r in records))
+    rows = [row for batch in record_batches("q", str(path), False) for row in batch.to_pylist()]
+    expected = list(read_journal(str(path)))
+    assert len(rows) == len(expected) == len(records)
+    for row, (offset, record) in zip(rows, expected, strict=True):
+        assert row["offset"] == offset and row["opcode"] == codec.OPCODE_NAMES[type(record)]
+        assert row["xid"] == getattr(record, "xid", None)
+        assert row["data"] == getattr(record, "data", None)
+        added = getattr(record, "add_time", 0)
+        assert (row["timestamp"].timestamp() * 1000 if row["timestamp"] else 0) == pytest.approx(added)
+        expiry = getattr(record, "expiry", 0) or getattr(record, "expiry_s", 0) * 1000
+        assert (row["expiry"].timestamp() * 1000 if row["expiry"] else 0) == pytest.approx(expiry)
+        assert row["status"] == "ok" and row["queue"] == "q" and row["file"] == str(path)
+
+
+def _committed(checkpoint: Path, source_key: str, batch: int) -> None:
+    """What Spark writes once its sink committed `batch` (the source's offset names the batch)."""
+    (checkpoint / "offsets").mkdir(exist_ok=True)
+    (checkpoint / "commits").mkdir(exist_ok=True)
+    (checkpoint / "offsets" / str(batch)).write_text(
+        f'v1\n{{"batchWatermarkMs":0}}\n{{"source":"{source_key}","batch":{batch}}}\n')
+    (checkpoint / "commits" / str(batch)).write_text("v1\n{}\n")
+
+
+def test_the_items_only_the_log_may_hold_are_those_of_uncommitted_batches_confirmed_early(tmp_path: Path
+                                                                                           ) -> None:
+    from kestrel.pipeline import wal
+
+    checkpoint = tmp_path / "cp"
+    root = checkpoint / "kestrel" / "jobs-1"
+
+    def logged(batch: int, name: str, count: int) -> str:
+        path = str(root / str(batch) / name)
+        assert wal.write_partition(path, wal.WalHeader("h:1", 1.0, count), list(range(count)),
+                                   wal.Logged([b"x"] * count))
+        return path
+
+    wal.mark_confirmed(logged(0, "h_1-0", 5))  # committed: the queue no longer holds them, by design
+    _committed(checkpoint, "jobs-1", 0)
+    wal.mark_confirmed(logged(1, "h_1-0", 3))  # confirmed early
+    wal.mark_confirming(logged(1, "h_1-1", 4))  # a confirm sent, its answer never noted
+    logged(1, "h_1-2", 7)  # open reads: back to the queue after autoAbortMs
+    undone = logged(1, "h_1-3", 2)
+    wal.mark_confirming(undone)
+    wal.unmark_confirming(undone)  # a confirm the server did not take
+    assert wal.held_early(str(checkpoint)) == 3 + 4
+    assert wal.batch_files(str(root), 1) == [str(root / "1" / f"h_1-{part}") for part in range(4)]
+
+
+def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: ServerProcess,
+                                                                    tmp_path: Path) -> None:
+    import signal
+
+    from kestrel.client import Cluster, Server
+    from kestrel.pipeline import wal
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    address = f"127.0.0.1:{server.thrift_port}"
+    direct = Server("127.0.0.1", server.thrift_port)
+    direct.put("events", [b"%d" % i for i in range(20)])
+    checkpoint = tmp_path / "cp"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"q"}\n')
+    reader = KestrelStreamReader({"servers": address, "queue": "events", "checkpointLocation": str(checkpoint)})
+    reader.cluster = Cluster([address], timeout_ms=300)  # a stalled server answers nothing within this
+
+    def log_batch(batch: int, quota: int) -> str:
+        taken = take_open_reads(address, "events", quota, 60_000)
+        path = os.path.join(reader.root, str(batch), "part-0")
+        assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(taken.ids)), taken.ids,
+                                   wal.Logged(taken.items))
+        _committed(checkpoint, reader.source_key, batch)
+        return path
+
+    # Stalled, not restarted: the confirm waits in the log and is tried again until the server answers.
+    first = log_batch(0, 10)
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        reader._confirm_up_to(reader.spark_log.committed())
+        assert os.path.exists(first) and not wal.is_confirmed(first)  # kept, not dropped
+        assert not os.path.exists(first + wal.CONFIRMING)  # nor counted as held by a failed drain
+        reader._confirm_up_to(reader.spark_log.committed())  # failed a moment ago: not asked again yet
+        assert os.path.exists(first)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+    def retried(path: str) -> Callable[[], bool]:
+        def check() -> bool:
+            reader._confirm_up_to(reader.spark_log.committed())
+            return not os.path.exists(path)
+        return check
+
+    wait_until(retried(first), "the pending confirm to be retried")
+    assert direct.peek("events").items == 10 and direct.peek("events").open_transactions == 0
+    # The timed-out confirm had reached the stalled server, which closed the reads once resumed: the
+    # retry found none open and cannot tell that from a restart, so they count as possible duplicates.
+    assert wal.returned(reader.root) == 10
+
+    # Restarted meanwhile: the old ids close nothing; their items are back, counted as possible duplicates.
+    second = log_batch(1, 4)
+    server.stop()
+    reader._confirm_up_to(reader.spark_log.committed())
+    assert os.path.exists(second)
+    server.start()
+    wait_until(retried(second), "the pending confirm to be retried")
+    assert wal.returned(reader.root) == 10 + 4
+    assert direct.peek("events").items == 10  # the 4 came back beside the 6 never taken
+    reader.stop()

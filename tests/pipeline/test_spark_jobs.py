@@ -1,0 +1,220 @@
+"""Spark applications in processes of their own, as users run them: the example job twice on one
+output path, a job on a standalone cluster of two workers that the test starts, and a job finding
+the data sources of the installed wheel."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
+
+# Deadlines for a hung Spark, not budgets: on a loaded machine a Spark application takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+from tests.conftest import ROOT, ServerProcess, free_ports, wait_for  # noqa: E402
+from tests.support.installs import build_wheel  # noqa: E402
+from tests.support.spark_apps import app_environment, need_java  # noqa: E402
+
+EXAMPLE = ROOT / "src" / "kestrel" / "pipeline" / "examples" / "produce_and_consume.py"
+
+
+def queue_info(srv: ServerProcess, queue: str) -> tuple[int, int]:
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", srv.thrift_port) as server:
+        info = server.peek(queue)
+        return int(info.items), int(info.open_transactions)
+
+
+def run_app(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, f"{command[1]} failed:\n{done.stdout}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def test_the_example_job_runs_twice_on_one_output_path(server: ServerProcess, tmp_path: Path) -> None:
+    need_java()
+    out = tmp_path / "out"
+    command = [sys.executable, str(EXAMPLE), "--servers", f"127.0.0.1:{server.thrift_port}", "--rows", "2000",
+               "--out", str(out)]
+    for _ in range(2):  # the second run finds the first one's output and checkpoint, and goes on from them
+        printed = run_app(command, app_environment(tmp_path / "spark"), tmp_path)
+        assert "produced 2,000 rows" in printed and "consumed 2,000 distinct rows" in printed, printed
+        assert queue_info(server, "example") == (0, 0)
+
+
+# The job: rows put by the writer's tasks, looked at by a batch read, taken by an AvailableNow stream
+# into Parquet, counted; then how many executors ran it (the driver is listed among them).
+CLUSTER_JOB = """
+import sys
+from pyspark.sql import SparkSession
+
+servers, out = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.appName("kestrel-on-a-cluster").getOrCreate()
+rows = spark.range(0, 20000, numPartitions=4).selectExpr("concat('job-', cast(id as string)) as data")
+rows.write.format("kestrel").option("servers", servers).option("queue", "jobs").mode("append").save()
+looked = spark.read.format("kestrel").option("servers", servers).option("queue", "jobs") \\
+    .option("maxItems", 100000).load()
+print("looked", looked.count(), looked.select("server").distinct().count())
+query = spark.readStream.format("kestrel").option("servers", servers).option("queue", "jobs") \\
+    .option("checkpointLocation", out + "/cp").option("maxItemsPerTrigger", 8000).option("minPartitions", 4) \\
+    .load().writeStream.format("parquet").option("path", out + "/data").option("checkpointLocation", out + "/cp") \\
+    .trigger(availableNow=True).start()
+query.awaitTermination()
+taken = spark.read.parquet(out + "/data")
+print("taken", taken.count(), taken.select("data").distinct().count())
+print("executors", spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1)
+spark.stop()
+"""
+
+
+class Standalone:
+    """A Spark standalone master and its workers, each a process of its own (`spark-class`)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_ports(1, owner=self)[0]
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+    def _start(self, name: str, *args: str) -> Path:
+        log = self.workdir / f"{name}.log"
+        env = dict(app_environment(self.workdir / name), SPARK_LOCAL_IP="127.0.0.1",
+                   SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        env.pop("PYSPARK_SUBMIT_ARGS")
+        with open(log, "ab") as out:
+            self.procs.append(subprocess.Popen([self.spark_class, *args], cwd=self.workdir, env=env, stdout=out,
+                                               stderr=out, start_new_session=True))
+        return log
+
+    def start(self, workers: int) -> Standalone:
+        master_log = self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                 "--port", str(self.port), "--webui-port", "0")
+        for i in range(workers):
+            (self.workdir / f"work-{i}").mkdir()
+            self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                        "--webui-port", "0", "--cores", "1", "--memory", "1g",
+                        "--work-dir", str(self.workdir / f"work-{i}"), self.url)
+        wait_for(self.procs[0], lambda: master_log.read_text(errors="replace").count("Registering worker")
+                 >= workers, f"{workers} workers registered with the master", timeout=300)
+        return self
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # each JVM's process group: spark-class runs java as a child
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    need_java()
+    cluster = Standalone(tmp_path)
+    try:
+        yield cluster.start(workers=2)
+    finally:
+        cluster.stop()
+
+
+def test_a_job_on_a_standalone_cluster_of_two_workers(standalone: Standalone, server_factory: Any,
+                                                      tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    servers = f"127.0.0.1:{a.thrift_port},127.0.0.1:{b.thrift_port}"
+    job = tmp_path / "job.py"
+    job.write_text(CLUSTER_JOB)
+    env = app_environment(tmp_path / "spark", **{
+        "spark.master": standalone.url, "spark.cores.max": "2", "spark.executor.cores": "1",
+        "spark.executor.memory": "512m", "spark.driver.host": "127.0.0.1",
+        "spark.executorEnv.KESTREL_SPARK_PYTHON": sys.executable,
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    printed = run_app([sys.executable, str(job), servers, str(tmp_path / "out")], env, tmp_path).splitlines()
+    assert "looked 20000 2" in printed, printed  # every row, from both servers, and all left in place
+    assert "taken 20000 20000" in printed, printed  # each item once
+    assert "executors 2" in printed, printed  # one on each worker
+    assert queue_info(a, "jobs") == (0, 0) and queue_info(b, "jobs") == (0, 0)
+
+
+# The job: both formats by name alone (no register), then where the driver and a Python worker
+# import the package from, and what their sys.path holds (each entry resolved where it is read: ""
+# is that process's working directory).
+FINDING_JOB = """
+import json, os, sys
+import kestrel
+from pyspark.sql import SparkSession
+
+servers, queue_path = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.appName("kestrel-installed").getOrCreate()
+looked = spark.read.format("kestrel").option("servers", servers).option("queue", "found").load()
+journal = spark.read.format("kestrel-journal").option("view", "items").option("queue", "found").load(queue_path)
+
+def where(_):
+    import os, sys
+    import kestrel, pyspark_kestrel, pyspark_kestrel_journal
+    yield json.dumps([kestrel.__file__, pyspark_kestrel.__file__, pyspark_kestrel_journal.__file__,
+                      [os.path.realpath(p) for p in sys.path]])
+
+worker = json.loads(spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()[0])
+print(json.dumps({"looked": sorted(r.data.decode() for r in looked.collect()),
+                  "journal": [r.data.decode() for r in journal.orderBy("position").collect()],
+                  "driver": [kestrel.__file__, [os.path.realpath(p) for p in sys.path]], "worker": worker}))
+spark.stop()
+"""
+
+
+def test_an_installed_wheel_serves_both_formats_without_register(server: ServerProcess, tmp_path: Path) -> None:
+    # As after `pip install kestrel_py-*.whl`: the wheel (not the editable install) in a folder of its
+    # own, run by a fresh Python that reaches pyspark and the other dependencies in .venv through
+    # PYTHONPATH, which, unlike .venv's own site directory, does not read the editable install's .pth
+    # (the line that would put the repository's src/ on sys.path). Driver and workers run from a
+    # folder outside the repository.
+    need_java()
+    installed = tmp_path / "installed"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                           "--target", str(installed), str(build_wheel(tmp_path))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "job.py").write_text(FINDING_JOB)
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", server.thrift_port) as client:
+        assert client.put("found", [b"one", b"two"]) == 2
+    env = dict(app_environment(tmp_path / "spark", **{"spark.master": "local[1]"}),
+               PYTHONPATH=f"{installed}:{sysconfig.get_paths()['purelib']}",
+               KESTREL_SPARK_PYTHON=str(venv / "bin" / "python"))
+    printed = run_app([str(venv / "bin" / "python"), "job.py", f"127.0.0.1:{server.thrift_port}",
+                       str(server.queue_path)], env, elsewhere).splitlines()
+    found = json.loads(printed[-1])
+    assert found["looked"] == ["one", "two"]
+    assert found["journal"] == ["one", "two"]
+    assert queue_info(server, "found") == (2, 0)  # looked at, left in place
+    kestrel_file, driver_path = found["driver"]
+    *modules, worker_path = found["worker"]
+    for module in (kestrel_file, *modules):
+        assert Path(module).is_relative_to(installed), module
+    # Under the repository, only .venv's site-packages (pyspark, its jars and the other dependencies),
+    # never src/, the root, or any other folder of it.
+    dependencies = Path(sysconfig.get_paths()["purelib"]).resolve()
+    for entry in driver_path + worker_path:
+        where = Path(entry)
+        assert where.is_relative_to(dependencies) or not where.is_relative_to(ROOT.resolve()), \
+            (entry, driver_path, worker_path)

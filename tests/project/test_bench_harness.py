@@ -1,0 +1,98 @@
+"""The benchmark harness keeps working: loadgen.c builds here and reports exactly the items it moved."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymemcache.client.base import Client
+
+from bench import loadgen
+from tests.conftest import free_port
+from tests.support.installs import ensure_debian_package
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (shutil.which("cc") or ensure_debian_package("gcc", "gcc")):
+        pytest.skip("no C compiler (apt-get install gcc) to build bench/loadgen.c")
+    return loadgen.build(tmp_path_factory.mktemp("loadgen"))
+
+
+def queue_stats(port: int, name: str) -> dict[str, int]:
+    client = Client(("127.0.0.1", port))
+    try:
+        stats = client.stats()
+    finally:
+        client.close()
+    prefix = f"queue_{name}_".encode()
+    return {key[len(prefix):].decode(): int(value) for key, value in stats.items() if key.startswith(prefix)}
+
+
+VARIANTS = [("thrift", 1, 0), ("thrift", 7, 0), ("thrift", 5, 10_000), ("memcache", 1, 0), ("memcache", 3, 0)]
+
+
+def test_loadgen_reports_the_items_it_moved(binary: Path, server_factory: Any) -> None:
+    server = server_factory()
+    for n, (protocol, batch, auto_abort_ms) in enumerate(VARIANTS):
+        port = server.thrift_port if protocol == "thrift" else server.memcache_port
+        result = loadgen.run(binary, protocol, port, clients=2, batch=batch, items=21,
+                             auto_abort_ms=auto_abort_ms, prefix=f"lg{n}_")
+        rounds = -(-21 // batch)
+        assert (result.put, result.items, result.wrong) == (2 * rounds * batch, 2 * rounds * batch, 0)
+        assert result.items_per_s > 0 and result.seconds > 0
+        assert result.latency_us["round"]["requests"] == 2 * rounds
+        assert 0 < result.p("round", "p50") <= result.p("round", "p99") <= result.p("round", "max")
+        assert ("ack" in result.latency_us) == (auto_abort_ms > 0)
+        for client in (f"lg{n}_0", f"lg{n}_1"):  # the server saw the same: a warm-up round, then the rest
+            stats = queue_stats(server.memcache_port, client)
+            assert stats["total_items"] == (rounds + 1) * batch, (protocol, batch, stats)
+            assert (stats["items"], stats["open_transactions"]) == (0, 0)
+
+
+def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
+    with pytest.raises(loadgen.LoadgenError, match="connect to 127.0.0.1"):
+        loadgen.run(binary, "thrift", free_port(), clients=1, items=1)
+    with pytest.raises(loadgen.LoadgenError, match="thrift put failed: queue name 'bad.0' contains '.'"):
+        loadgen.run(binary, "thrift", server.thrift_port, clients=1, items=1, prefix="bad.")
+    with pytest.raises(loadgen.LoadgenError, match="memcache set: CLIENT_ERROR"):
+        loadgen.run(binary, "memcache", server.memcache_port, clients=1, items=1, prefix="bad.")
+
+
+def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
+    import os
+    import threading
+    import time
+
+    from bench.common import process_cpu_seconds
+
+    def spin() -> None:
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+
+    before = process_cpu_seconds(os.getpid())
+    worker = threading.Thread(target=spin)  # CPU burnt by another thread counts too
+    worker.start()
+    worker.join()
+    assert process_cpu_seconds(os.getpid()) - before >= 0.15
+
+
+@pytest.mark.parametrize("figure", ["hang-up", "tiny-frame", "thread-wake", "end-waits"])
+def test_responsiveness_figures_are_measured(figure: str, tmp_path: Path) -> None:
+    """Each kind of figure of bench/bench_responsiveness.py (over a server, in this process) still runs;
+    how it compares with its budget is the benchmark's business, not a test's."""
+    from bench.bench_responsiveness import FIGURES
+
+    seconds, budget = FIGURES[figure](tmp_path)
+    assert seconds >= 0 and budget > 0
+
+
+def test_the_serve_loop_benchmark_answers_every_request(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.bench_answer import measure_loop
+
+    measure_loop(50)  # raises unless each connection sent a reply to every request
+    rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert rows == ["thrift", "memcache"]

@@ -1,0 +1,105 @@
+"""The YAML configuration: defaults, the documented example, and errors that name the key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kestrel.service.config import ServerConfig, default_memory_total, from_mapping, load, with_overrides
+from kestrel.storage.errors import ConfigError
+from tests.conftest import ROOT
+
+
+def test_documented_example_loads_with_every_default() -> None:
+    config = load(str(ROOT / "deploy" / "kestrel.yaml"))
+    defaults = ServerConfig()
+    for key in ("thrift_port", "memcache_port", "text_port", "admin_port", "max_open_reads",
+                "expiration_timer_frequency", "max_frame_size", "thrift_transport", "thrift_protocol",
+                "default_status", "status_file", "max_line_length", "max_connections"):
+        assert getattr(config, key) == getattr(defaults, key), key
+    queue = config.queues.for_queue("anything")
+    assert queue == config.queues.default
+    from kestrel.storage.config import QueueConfig
+    assert queue == QueueConfig()
+
+
+def test_example_documents_every_key() -> None:
+    text = (ROOT / "deploy" / "kestrel.yaml").read_text()
+    from dataclasses import fields
+
+    from kestrel.storage.config import QueueConfig
+    for f in fields(ServerConfig):
+        if f.name != "source":
+            assert f"\n{f.name}:" in text, f.name
+    for f in fields(QueueConfig):
+        assert f"  {f.name}:" in text, f.name
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"thrift_prot": 1}, "thrift_prot"),
+    ({"thrift_port": 70000}, "thrift_port"),
+    ({"thrift_transport": "http"}, "thrift_transport"),
+    ({"default_status": "down"}, "default_status"),
+    ({"max_frame_size": "huge"}, "max_frame_size"),
+    ({"queues": {"q": {"max_items": -1}}}, "queues.q.max_items"),
+    ({"default_queue": {"sync_journal": "often"}}, "default_queue.sync_journal"),
+    ({"aliases": {"a": {"destination_queues": "q"}}}, "aliases.a.destination_queues"),
+    ({"aliases": {"a": {"targets": ["q"]}}}, "aliases.a.targets"),
+    ({"commit_log": "sometimes"}, "commit_log"),
+])
+def test_bad_values_name_the_key(data: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_mapping(data)
+    assert err.value.key == key
+
+
+@pytest.mark.parametrize("text, on", [("off", False), ("on", True), ("'on'", True), ("'OFF'", False)])
+def test_commit_log_is_on_or_off_quoted_or_not(tmp_path: Path, text: str, on: bool) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"commit_log: {text}\n")
+    assert load(str(path)).commit_log is on
+
+
+def test_command_line_overrides() -> None:
+    config = with_overrides(ServerConfig(), thrift_port=1234, queue_path=None)
+    assert config.thrift_port == 1234 and config.queue_path == ServerConfig().queue_path
+
+
+def test_bad_file_stops_the_server_with_the_key_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("queues:\n  jobs:\n    max_size: lots\n")
+    proc = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert "queues.jobs.max_size" in proc.stderr and "lots" in proc.stderr
+
+
+def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path: Path) -> None:
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\ndefault_queue:\n  max_items: 10\nqueues:\n  jobs:\n    max_items: 5\n")
+    config = load(str(path))
+    assert config.queues.for_queue("jobs").max_items == 5 and config.queues.for_queue("x").max_items == 10
+    server = ServerState(config)
+    assert server.collection.configs is config.queues  # start uses what load parsed
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: 7\n")
+    server.reload()
+    assert server.collection.configs is server.config.queues  # reload parses the file once, too
+    assert server.config.queues.for_queue("jobs").max_items == 7
+    server.close()
+
+
+def test_the_memory_budget_is_on_by_default_a_quarter_of_memory_and_off_at_zero() -> None:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    unset = from_mapping({}).max_memory_total
+    assert 0 < unset <= physical // 4 and unset == default_memory_total()
+    assert from_mapping({"max_memory_total": "auto"}).max_memory_total == unset
+    assert from_mapping({"max_memory_total": 0}).max_memory_total == 0
+    assert from_mapping({"max_memory_total": "2GB"}).max_memory_total == 2 << 30
+    with pytest.raises(ConfigError, match="max_memory_total.*0 \\(no budget\\) or auto, got 'lots'"):
+        from_mapping({"max_memory_total": "lots"})

@@ -1,0 +1,123 @@
+"""`/metrics` as Prometheus reads it: parsed with prometheus-client's own text parser."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from pymemcache.client.base import Client as MemcacheClient
+
+from kestrel import SERVER_VERSION
+from tests.conftest import ServerProcess, wait_until
+from tests.server.test_shutdown import _thrift_client
+
+
+def _scrape(srv: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=")
+        text = reply.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _sample(family: Any, name: str, **labels: str) -> float:
+    values = [s.value for s in family.samples if s.name == name and all(s.labels.get(k) == v
+                                                                          for k, v in labels.items())]
+    assert len(values) == 1, (name, labels, family.samples)
+    return float(values[0])
+
+
+def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: Any) -> None:
+    srv = server_factory({"default_queue": {"sync_journal": "always", "default_journal_size": "1KB"}})
+    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    thrift = _thrift_client(srv.thrift_port)
+    text = socket.create_connection(("127.0.0.1", srv.text_port), timeout=5)
+    try:
+        for _ in range(20):
+            assert mc.set("packed", b"x" * 100)
+        for _ in range(20):
+            assert mc.get("packed") == b"x" * 100  # empty with a journal past 1KB: rotated and packed
+        assert thrift.put("rpc", [b"a", b"b"], 0) == 2
+        text.sendall(b"put lines:\none\n\n")
+        assert text.recv(100) == b"+1\n"
+        # One version on every face of the server.
+        text.sendall(b"version\n")
+        assert text.recv(100) == b":%s\n" % SERVER_VERSION.encode()
+        assert thrift.get_version() == mc.version().decode() == SERVER_VERSION
+        assert mc.stats()[b"version"] == SERVER_VERSION.encode()
+
+        def packed() -> bool:
+            nonlocal families
+            families = _scrape(srv)
+            return _sample(families["kestrel_journal_pack_duration_seconds"],
+                           "kestrel_journal_pack_duration_seconds_count") >= 1
+
+        families: dict[str, Any] = {}
+        wait_until(packed, "a journal pack in the metrics")
+        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json").read())
+    finally:
+        mc.close()
+        thrift.close()
+        text.close()
+
+    # Kestrel's figures: counters end in _total, every family has its help text.
+    cmd_set = families["kestrel_cmd_set"]
+    assert cmd_set.type == "counter" and cmd_set.documentation
+    assert _sample(cmd_set, "kestrel_cmd_set_total") == stats["server"]["cmd_set"] == 23
+    assert _sample(families["kestrel_get_hits"], "kestrel_get_hits_total") == 20
+    items = families["kestrel_queue_items"]
+    assert items.type == "gauge"
+    assert _sample(items, "kestrel_queue_items", queue="rpc") == 2
+    assert _sample(items, "kestrel_queue_items", queue="packed") == 0
+    assert _sample(families["kestrel_queue_total_items"], "kestrel_queue_total_items_total", queue="packed") == 20
+    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version=SERVER_VERSION) == 1
+    assert all(f.documentation for f in families.values())
+
+    # Request latency per protocol and command.
+    requests = families["kestrel_request_duration_seconds"]
+    assert requests.type == "histogram"
+    count = "kestrel_request_duration_seconds_count"
+    assert _sample(requests, count, protocol="memcache", command="set") == 20
+    assert _sample(requests, count, protocol="memcache", command="get") == 20
+    assert _sample(requests, count, protocol="thrift", command="put") == 1
+    assert _sample(requests, count, protocol="text", command="put") == 1  # one block, timed as it is stored
+    assert _sample(requests, "kestrel_request_duration_seconds_bucket", protocol="memcache", command="set",
+                   le="+Inf") == 20
+
+    # Journal writes and fsyncs (sync_journal: always), and the pack.
+    writes = _sample(families["kestrel_journal_write_duration_seconds"],
+                     "kestrel_journal_write_duration_seconds_count")
+    fsyncs = _sample(families["kestrel_journal_fsync_duration_seconds"],
+                     "kestrel_journal_fsync_duration_seconds_count")
+    # One append per get and put; pymemcache sends its 20 sets with noreply, without waiting for
+    # each, so they arrive pipelined and are stored in as few puts as bursts (at least one).
+    assert writes >= 23 and 1 <= fsyncs <= writes
+    assert _sample(families["kestrel_journal_pack_duration_seconds"],
+                   "kestrel_journal_pack_duration_seconds_count") == 1
+    assert _sample(families["kestrel_journal_pack_duration_seconds"],
+                   "kestrel_journal_pack_duration_seconds_sum") > 0
+
+
+def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from kestrel.service.metrics import LoopHistogram
+
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    observations = [0.0, 0.0005, 0.001, 0.001, 0.0011, 0.05, 0.1, 0.99, 1.0, 1.5, 300.0]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    loop = LoopHistogram("t_seconds", "help text", buckets, ("protocol", "command"))
+    ours.register(loop)
+    reference = Histogram("t_seconds", "help text", ["protocol", "command"], buckets=buckets, registry=theirs)
+    for n, seconds in enumerate(observations):
+        labels = ("thrift", "get") if n % 3 else ("memcache", "set")
+        loop.labels(*labels).observe(seconds)
+        reference.labels(*labels).observe(seconds)
+
+    def exposition(registry: CollectorRegistry) -> list[str]:
+        return sorted(line for line in generate_latest(registry).decode().splitlines() if "_created" not in line)
+
+    assert exposition(ours) == exposition(theirs)
+    assert 'le="+Inf"' in generate_latest(ours).decode()

@@ -1,0 +1,85 @@
+"""The server as it runs where the wheel was built without a C compiler: every compiled helper
+missing, the Python code it stands in for serves, end to end over real sockets, through a restart.
+
+A `sitecustomize` on the server's path makes importing each helper fail, as it does when the build
+skipped it (setup.py: `optional=True`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pymemcache.client.base import Client as MemcacheClient
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TFramedTransportFactory
+
+from kestrel.contract import kestrel_thrift as kestrel
+from tests.conftest import ROOT, ServerProcess
+from tests.support.lines import exchange
+
+HELPERS = ("kestrel.storage._item", "kestrel.storage.kestrel2._codec", "kestrel.storage.fsync._fsync_many",
+           "kestrel.service.thrift._binary", "kestrel.service.memcache._scan")
+
+
+@pytest.fixture
+def no_helpers(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"for name in {HELPERS!r}:\n"
+        "    sys.modules[name] = None  # importing it raises ImportError, as after a build without them\n")
+    return site
+
+
+def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> None:
+    probe = ("from kestrel.storage import item; from kestrel.storage.kestrel2 import codec; "
+             "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
+             "from kestrel.service.memcache import runs; "
+             "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
+             "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
+             "group_commit.native_threads() is None, runs.scan_sets is runs.scan_sets_python, "
+             "runs.scan_gets is runs.scan_gets_python, runs.values is runs.values_python)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True"] * 8
+
+
+def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Path, no_helpers: Path) -> None:
+    workdir = tmp_path / "server"
+    workdir.mkdir()
+    srv = ServerProcess(workdir)
+    srv.python_path = [str(no_helpers)]
+    srv.start()
+    try:
+        client = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
+                             trans_factory=TFramedTransportFactory())
+        assert client.put("q", [b"one"], 0) == 1
+        assert client.put("q", [b"item %d" % n for n in range(100)], 0) == 100
+        assert [i.data for i in client.get("q", 1, 0, 0)] == [b"one"]
+        opened = client.get("q", 10, 0, 60_000)
+        assert [i.data for i in opened] == [b"item %d" % n for n in range(10)]
+        assert client.confirm("q", {i.id for i in opened}) == 10
+        client.close()
+        mc = MemcacheClient(("127.0.0.1", srv.memcache_port))
+        assert mc.set("m", b"by memcache")
+        assert mc.get("m") == b"by memcache"
+        mc.close()
+        with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as raw:
+            # A pipelined run of sets and one of gets, found by the Python scanner.
+            raw.sendall(b"set m 0 0 1\r\na\r\nset m 0 0 1 noreply\r\nb\r\n" + b"get m\r\n" * 3)
+            assert exchange(raw, b"", b"END\r\nEND\r\n") == (
+                b"STORED\r\nVALUE m 0 1\r\na\r\nEND\r\nVALUE m 0 1\r\nb\r\nEND\r\nEND\r\n")
+        srv.restart()  # the journal replayed by the Python decoder
+        client = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
+                             trans_factory=TFramedTransportFactory())
+        assert [i.data for i in client.get("q", 100, 0, 0)] == [b"item %d" % n for n in range(10, 100)]
+        client.close()
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.log()

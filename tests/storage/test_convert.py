@@ -1,0 +1,300 @@
+"""`kestrel journal convert`: queues between the Kestrel 2 and Kestrel 3 formats, on the files."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kestrel.storage import QueueCollection, QueueConfigs, formats
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
+from kestrel.storage.files import delete_temporaries, scan_queue_dir
+from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.kestrel3.files import (
+    ReaderCheckpoint,
+    WriterJournal,
+    list_queue_files,
+    replay,
+    write_checkpoint,
+)
+from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.tools import convert
+from tests.support.queues import drain
+
+T0 = 1_700_000_000_000
+Item = tuple[bytes, int, int]  # data, add time, expiry (0 = never)
+
+
+class Crash(BaseException):
+    """Stands for the process dying at a failpoint: nothing after it runs, no clean-up either."""
+
+
+def k2_collection(path: Path, clock: FakeClock | None = None, fmt: str = "kestrel2") -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({"journal_format": fmt}), clock=clock or FakeClock(T0))
+    coll.load()
+    return coll
+
+
+def make_k2(path: Path) -> list[Item]:
+    """A Kestrel 2 queue `jobs` with expiring items and two open reads; what a restart would serve."""
+    clock = FakeClock(T0)
+    coll = k2_collection(path, clock)
+    coll.add("jobs", b"one", T0 + 50_000)
+    clock.advance(10)
+    coll.add_many("jobs", [b"two", b"three", b"four"])
+    clock.advance(10)
+    coll.add("jobs", b"five", T0 + 90_000)
+    first = coll.remove("jobs", transaction=True)
+    second = coll.remove("jobs", transaction=True)
+    assert first is not None and second is not None
+    coll.confirm("jobs", first.xid)
+    third = coll.remove("jobs", transaction=True)  # "three" stays open, as does "two"
+    assert third is not None and coll.remove("jobs") is not None  # "four" is gone for good
+    coll.close()
+    return [(b"two", T0 + 10, 0), (b"three", T0 + 10, 0), (b"five", T0 + 20, T0 + 90_000)]
+
+
+def k2_items(path: Path, queue: str = "jobs") -> list[Item]:
+    return [(i.data, i.add_time, i.expiry) for i in replay_queue(str(path), queue).restart_order()]
+
+
+def k3_items(path: Path, queue: str = "jobs", reader: str = "") -> list[Item]:
+    return [(p.data, p.add_time, p.expire_time or 0) for p in replay(str(path), queue, reader)]
+
+
+def make_k3(path: Path) -> list[Item]:
+    """A Kestrel 3 queue `jobs`: five items, the first and the third consumed."""
+    writer = WriterJournal(str(path), "jobs", 1 << 20, clock=FakeClock(T0))
+    for n, data in enumerate([b"a", b"b", b"c", b"d", b"e"]):
+        writer.put(data, T0 + n, T0 + 100_000 if n % 2 else None, error_count=n % 3)
+    writer.close()
+    write_checkpoint(str(path), "jobs", "", ReaderCheckpoint(1, frozenset({3})))
+    return [(b"b", T0 + 1, T0 + 100_000), (b"d", T0 + 3, T0 + 100_000), (b"e", T0 + 4, 0)]
+
+
+def file_names(path: Path) -> list[str]:
+    """The queue path's files, but for the lock file (it stays, empty, once its owner is gone)."""
+    return sorted(n for n in os.listdir(path) if n != ".lock")
+
+
+def run(path: Path, to: str, *queues: str) -> str:
+    out = io.StringIO()
+    convert.convert(str(path), to, list(queues), out, FakeClock(T0 + 1_000))
+    return out.getvalue()
+
+
+def test_kestrel2_to_kestrel3_keeps_items_order_expiry_and_open_reads_at_the_head(tmp_path: Path) -> None:
+    expected = make_k2(tmp_path)
+    assert k2_items(tmp_path) == expected
+    output = run(tmp_path, "kestrel3")
+    assert k3_items(tmp_path) == expected
+    assert [p.id for p in replay(str(tmp_path), "jobs")] == [1, 2, 3]
+    assert scan_queue_dir(str(tmp_path)).queues["jobs"].live is None  # no Kestrel 2 file is left
+    assert file_names(tmp_path) == ["jobs.1700000001000", "jobs.manifest", "jobs.read."]
+    assert "jobs: converted to kestrel3: jobs 3 items (2 open reads back at the head)" in output
+    assert output.splitlines()[-1].startswith("converted 1 queues (3 items) to kestrel3")
+
+
+def test_kestrel3_to_kestrel2_keeps_the_default_readers_pending_items(tmp_path: Path) -> None:
+    expected = make_k3(tmp_path)
+    output = run(tmp_path, "kestrel2")
+    assert k2_items(tmp_path) == expected
+    assert file_names(tmp_path) == ["jobs"]
+    assert "jobs: converted to kestrel2: jobs 3 items" in output
+    assert "error counts of 2 items are not kept" in output
+    coll = k2_collection(tmp_path)
+    assert drain(coll, "jobs") == [b"b", b"d", b"e"]
+
+
+def test_round_trip_kestrel2_kestrel3_kestrel2_gives_the_same_items(tmp_path: Path) -> None:
+    expected = make_k2(tmp_path)
+    run(tmp_path, "kestrel3")
+    run(tmp_path, "kestrel2")
+    assert k2_items(tmp_path) == expected
+    assert replay_queue(str(tmp_path), "jobs").opens == {}  # the open reads are plain items now
+
+
+def test_fanout_children_become_readers_and_back(tmp_path: Path) -> None:
+    coll = k2_collection(tmp_path)
+    coll.add("feed+audit", b"old")  # created first: it gets every later item too
+    coll.add_many("feed", [b"x", b"y", b"z"])
+    assert coll.remove("feed") is not None
+    coll.add("solo", b"s")
+    coll.close()
+    before = {q: k2_items(tmp_path, q) for q in ("feed", "feed+audit", "solo")}
+    run(tmp_path, "kestrel3", "feed")
+    assert [d for d, _, _ in k3_items(tmp_path, "feed")] == [b"y", b"z"]
+    assert [d for d, _, _ in k3_items(tmp_path, "feed", "audit")] == [b"old", b"x", b"y", b"z"]
+    assert sorted(list_queue_files(str(tmp_path), "feed").readers) == ["", "audit"]
+    assert k2_items(tmp_path, "solo") == before["solo"]  # not named: left as it was
+    run(tmp_path, "kestrel2")
+    assert {q: k2_items(tmp_path, q) for q in before} == before
+
+
+def test_a_fanout_only_parent_gets_an_empty_default_reader(tmp_path: Path) -> None:
+    coll = k2_collection(tmp_path)
+    coll.add("feed+only", b"x")
+    coll.close()
+    assert (tmp_path / "feed").read_bytes() == b""  # the parent wrote nothing: an empty journal
+    run(tmp_path, "kestrel3")
+    assert k3_items(tmp_path, "feed") == [] and [d for d, _, _ in k3_items(tmp_path, "feed", "only")] == [b"x"]
+    run(tmp_path, "kestrel2")
+    assert k2_items(tmp_path, "feed") == [] and [d for d, _, _ in k2_items(tmp_path, "feed+only")] == [b"x"]
+
+
+STEPS = ["written", "switched", "renamed", "deleted", "finished"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("to", ["kestrel3", "kestrel2"])
+def test_a_crash_at_any_step_leaves_one_complete_format(tmp_path: Path, to: str, step: str) -> None:
+    expected = make_k2(tmp_path) if to == "kestrel3" else make_k3(tmp_path)
+    old_files = file_names(tmp_path)
+
+    def crash(name: str) -> None:
+        if name == step:
+            raise Crash(name)
+
+    formats.failpoint = crash
+    try:
+        with pytest.raises(Crash):
+            run(tmp_path, to)
+    finally:
+        formats.failpoint = None
+    switched = (tmp_path / convert.INTENT_NAME).exists()
+    assert switched == (step != "written")
+    if not switched:  # the old format is whole, and only temporaries were added
+        assert [n for n in file_names(tmp_path) if "~~" not in n] == old_files
+    # What the next start-up does before it reads anything: finish, then drop temporaries.
+    convert.finish_interrupted(str(tmp_path))
+    delete_temporaries(scan_queue_dir(str(tmp_path)).temporaries)
+    now = "kestrel2" if (to == "kestrel3") != switched else "kestrel3"
+    assert convert.queues_on_disk(str(tmp_path)) == {"jobs": now}
+    if now == "kestrel3":
+        assert k3_items(tmp_path) == expected
+        assert scan_queue_dir(str(tmp_path)).queues["jobs"].live is None
+    else:
+        assert k2_items(tmp_path) == expected
+        assert not list_queue_files(str(tmp_path), "jobs").readers
+    assert not (tmp_path / convert.INTENT_NAME).exists()
+
+
+def test_server_start_up_finishes_an_interrupted_conversion(tmp_path: Path) -> None:
+    expected = make_k3(tmp_path)
+
+    def crash(name: str) -> None:
+        if name == "renamed":
+            raise Crash(name)
+
+    formats.failpoint = crash
+    try:
+        with pytest.raises(Crash):
+            run(tmp_path, "kestrel2")
+    finally:
+        formats.failpoint = None
+    coll = k2_collection(tmp_path)
+    assert [(i.data, i.add_time, i.expiry) for i in coll.queue("jobs").open_reads()] == []
+    assert drain(coll, "jobs") == [d for d, _, _ in expected]
+    assert file_names(tmp_path) == ["jobs"]
+
+
+def test_converter_refuses_a_locked_queue_path(tmp_path: Path) -> None:
+    make_k2(tmp_path)
+    with QueuePathLock(str(tmp_path)) as lock:
+        lock.acquire("kestrel serve")
+        with pytest.raises(QueuePathInUse, match=r"is in use by kestrel serve \(pid \d+\)"):
+            run(tmp_path, "kestrel3")
+    assert k2_items(tmp_path)  # untouched
+    run(tmp_path, "kestrel3")
+
+
+def test_start_up_refuses_files_in_the_other_format_naming_the_convert_command(tmp_path: Path) -> None:
+    make_k3(tmp_path)
+    with pytest.raises(ConfigError, match=r"queues.jobs.journal_format: queue 'jobs' has Kestrel 3 journal "
+                                          r"files .* `kestrel journal convert --to kestrel2 .* jobs`"):
+        k2_collection(tmp_path)
+    run(tmp_path, "kestrel2")
+    with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
+        k2_collection(tmp_path, fmt="kestrel3")
+    assert drain(k2_collection(tmp_path), "jobs") == [b"b", b"d", b"e"]
+
+
+def test_naming_queues_converts_only_those_and_says_what_it_skipped(tmp_path: Path) -> None:
+    coll = k2_collection(tmp_path)
+    coll.add("a", b"1")
+    coll.add("b", b"2")
+    coll.close()
+    output = run(tmp_path, "kestrel3", "a")
+    assert convert.queues_on_disk(str(tmp_path)) == {"a": "kestrel3", "b": "kestrel2"}
+    output = run(tmp_path, "kestrel3", "a", "b")
+    assert "a: already kestrel3, nothing to do" in output and "b: converted to kestrel3: b 1 items" in output
+    with pytest.raises(ConvertError, match="no queue 'nope'"):
+        run(tmp_path, "kestrel3", "nope")
+
+
+def test_a_torn_tail_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    make_k2(tmp_path)
+    with open(tmp_path / "jobs", "ab") as f:
+        f.write(b"\x02\x10\x00")  # the start of an ADDX the process never finished
+    before = file_names(tmp_path)
+    with pytest.raises(CorruptJournalError, match="did not finish writing"):
+        run(tmp_path, "kestrel3")
+    assert file_names(tmp_path) == before
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.binary(max_size=8), st.sampled_from([0, T0 + 5_000])),
+    st.tuples(st.sampled_from(["remove", "open", "confirm", "abort", "child"]), st.just(b""), st.just(0)),
+), max_size=40)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_any_kestrel2_history_round_trips_through_kestrel3(tmp_path_factory: pytest.TempPathFactory,
+                                                           ops: list[tuple[str, bytes, int]]) -> None:
+    path = tmp_path_factory.mktemp("history")
+    clock = FakeClock(T0)
+    coll = k2_collection(path, clock)
+    opened: list[int] = []
+    for op, data, expiry in ops:
+        clock.advance(1)
+        if op == "add":
+            coll.add("q", data, expiry)
+        elif op == "child":
+            coll.queue("q+c")
+        elif op == "remove":
+            coll.remove("q")
+        elif op == "open" and (item := coll.remove("q", transaction=True)) is not None:
+            opened.append(item.xid)
+        elif op in ("confirm", "abort") and opened:
+            xid = opened.pop(0)
+            coll.confirm("q", xid) if op == "confirm" else coll.unremove("q", xid)
+    coll.queue("q")
+    coll.close()
+    before = {name: k2_items(path, name) for name in convert.queues_on_disk(str(path))}
+    run(path, "kestrel3")
+    assert k3_items(path, "q") == before.get("q", [])
+    if "q+c" in before:  # a reader with no checkpoint would see every item: only a child becomes one
+        assert k3_items(path, "q", "c") == before["q+c"]
+    run(path, "kestrel2")
+    after = {name: k2_items(path, name) for name in convert.queues_on_disk(str(path))}
+    for name in set(before) | set(after):  # a queue that never wrote a journal comes back as an empty one
+        assert after.get(name, []) == before.get(name, []), name
+
+
+def test_the_benchmark_runs_from_a_clone() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "bench.bench_convert", "--megabytes", "1"], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
+    assert len(rows) == 2 and all(row.count("(") == 2 for row in rows)

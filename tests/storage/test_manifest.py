@@ -1,0 +1,528 @@
+"""Damage a Kestrel 2 or Kestrel 3 queue's bytes cannot show: the manifest sees it (issue 26).
+
+Each damaged directory is built here: items written through the library, the collection closed,
+the files damaged, the collection opened again.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs, manifest
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.crc32c import crc32c, crc32c_python
+from kestrel.storage.errors import CorruptJournalError, QueueDamaged
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2.reader import read_journal
+from tests.support.queues import drain, load_strictly
+
+ITEM = b"x" * 200
+
+
+def k2(path: Path, salvage: bool = False, **settings: Any) -> QueueCollection:
+    q = {"max_memory_size": 4096, "max_journal_size": 1 << 30, **settings}
+    coll = QueueCollection(str(path), QueueConfigs({}, {"q": q}), salvage=salvage)
+    return load_strictly(coll)  # a refused queue's CorruptJournalError, raised
+
+
+def rotated(path: Path) -> list[str]:
+    return sorted((n for n in os.listdir(path) if n.startswith("q.") and n[2:].isdigit()),
+                  key=lambda n: int(n[2:]))
+
+
+def listing(path: Path) -> dict[str, bytes]:
+    return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
+
+
+def refused(path: Path, load: Callable[[], object], *named: str) -> None:
+    """`load` refuses the queue path with a message naming each of `named`, and changes nothing there
+    (no file cut, deleted or set aside on the strength of what did not verify)."""
+    before = listing(path)
+    with pytest.raises(CorruptJournalError) as err:
+        load()
+    message = str(err.value)
+    assert all(part in message for part in named), message
+    assert listing(path) == before
+
+
+def test_crc32c_compiled_matches_the_python_reference() -> None:
+    assert crc32c(b"123456789") == crc32c_python(b"123456789") == 0xE3069283  # the standard check value
+    data = os.urandom(10_000)
+    assert crc32c(data[5000:], crc32c(data[:5000])) == crc32c_python(data)
+
+
+def test_file_crc32c_of_whole_files_and_prefixes_across_its_buffer(tmp_path: Path) -> None:
+    from kestrel.storage.crc32c import file_crc32c
+    data = os.urandom((3 << 20) + 12345)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    for size in (None, 0, 1, 5000, 1 << 20, (1 << 20) + 7, len(data)):
+        assert file_crc32c(str(path), size) == crc32c(data if size is None else data[:size])
+    with pytest.raises(OSError, match="fewer than"):
+        file_crc32c(str(path), len(data) + 1)
+
+
+def test_manifest_name_is_no_queue_and_no_other_file_kind() -> None:
+    from kestrel.storage import filenames
+    assert filenames.parse_journal_name(filenames.manifest_name("q")) is None
+    assert filenames.reader_of("q", filenames.manifest_name("q")) is None
+    assert filenames.writer_file_number("q", filenames.manifest_name("q")) is None
+    assert filenames.is_temporary(filenames.manifest_temporary_name("q"))
+
+
+def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
+    coll = k2(tmp_path)
+    for _ in range(100):
+        coll.add("q", ITEM)
+    coll.close()
+    path = tmp_path / "q.manifest"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptJournalError, match="checksum"):
+        k2(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kestrel 2
+
+
+def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(tmp_path: Path) -> None:
+    coll = k2(tmp_path, max_memory_size=1 << 30)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i + ITEM)
+    for _ in range(100):
+        assert coll.remove("q") is not None
+    coll.close()
+    live = tmp_path / "q"
+    adds = [off for off, rec in read_journal(str(live)) if isinstance(rec, codec.AddX)]
+    at = adds[len(adds) // 2]
+    data = bytearray(live.read_bytes())
+    data[at + 1:at + 5] = struct.pack("<i", 1 << 30)
+    live.write_bytes(bytes(data))
+    refused(tmp_path, lambda: k2(tmp_path, max_memory_size=1 << 30), str(live), f"offset {at}")
+
+
+def _rotated_queue(path: Path, items: int = 300, removed: int = 50) -> QueueCollection:
+    coll = k2(path)
+    for i in range(items):
+        coll.add("q", b"%04d" % i + ITEM)
+    for _ in range(removed):
+        assert coll.remove("q") is not None
+    return coll
+
+
+def test_a_deleted_middle_rotated_journal_is_refused_naming_it(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    files = rotated(tmp_path)
+    assert len(files) >= 3
+    middle = files[len(files) // 2]
+    os.unlink(tmp_path / middle)
+    refused(tmp_path, lambda: k2(tmp_path), str(tmp_path / middle), "missing")
+
+
+def test_a_changed_byte_in_a_rotated_journal_is_refused(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    first = tmp_path / rotated(tmp_path)[0]
+    at = next(off for off, rec in read_journal(str(first)) if isinstance(rec, codec.AddX))
+    data = bytearray(first.read_bytes())
+    data[at + 30] ^= 0x20  # inside an item's data: the records still read
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptJournalError) as err:
+        k2(tmp_path)
+    assert str(first) in str(err.value) and "CRC32C" in str(err.value)
+
+
+def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> None:
+    coll = _rotated_queue(tmp_path)
+    old_state = (tmp_path / rotated(tmp_path)[0]).read_bytes() + codec.encode(codec.SaveXid(0))
+    drain(coll, "q")
+    for i in range(100):
+        coll.add("q", b"new%04d" % i)
+    coll.close()
+    stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
+    stray.write_bytes(old_state)
+    refused(tmp_path, lambda: k2(tmp_path), str(stray), "pack")
+
+
+def test_salvage_sets_a_stray_pack_aside_and_serves_the_queue(tmp_path: Path) -> None:
+    coll = _rotated_queue(tmp_path)
+    drain(coll, "q")
+    coll.add("q", b"last")
+    coll.close()
+    stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
+    stray.write_bytes(codec.encode(codec.AddX(1, 0, b"stray")) + codec.encode(codec.SaveXid(0)))
+    coll = k2(tmp_path, salvage=True)
+    assert drain(coll, "q") == [b"last"]
+    coll.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(stray.name + ".corrupt-")]
+
+
+def test_salvage_after_a_missing_middle_journal_keeps_what_precedes_and_copies_the_rest(
+        tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    files = rotated(tmp_path)
+    os.unlink(tmp_path / files[1])
+    coll = k2(tmp_path, salvage=True)
+    coll.close()
+    kept = set(os.listdir(tmp_path))
+    for later in files[2:] + ["q"]:
+        assert later not in kept and any(n.startswith(later + ".corrupt-") for n in kept)
+    assert files[0] in kept
+    k2(tmp_path).close()  # the manifest now matches what was kept
+
+
+def test_a_directory_without_manifest_loads_with_a_warning_and_gets_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _rotated_queue(tmp_path).close()
+    os.unlink(tmp_path / "q.manifest")
+    coll = k2(tmp_path)
+    assert len(drain(coll, "q")) == 250
+    coll.close()
+    assert capsys.readouterr().out.count("NO MANIFEST") == 1
+    assert manifest.read(str(tmp_path), "q") is not None
+
+
+def test_the_manifest_lists_every_rotated_journal_with_its_checksum(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and record.format == "kestrel2"
+    assert sorted(record.files) == sorted(rotated(tmp_path))
+    for name, entry in record.files.items():
+        assert manifest.mismatch(str(tmp_path / name), entry) is None
+
+
+def test_packs_keep_the_manifest_exact(tmp_path: Path) -> None:
+    coll = k2(tmp_path, max_journal_size=8192)
+    for round_ in range(5):
+        for i in range(60):
+            coll.add("q", b"%d-%04d" % (round_, i) + ITEM)
+        for _ in range(55):
+            coll.remove("q")
+        coll.queue("q").wait_for_packing()
+    coll.close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == rotated(tmp_path)
+    coll = k2(tmp_path, max_journal_size=8192)
+    assert len(drain(coll, "q")) == 25
+    coll.close()
+
+
+def test_a_rotation_cut_off_before_its_manifest_write_still_loads(tmp_path: Path) -> None:
+    coll = _rotated_queue(tmp_path)
+    coll.close()
+    newest = rotated(tmp_path)[-1]
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None
+    del record.files[newest]
+    manifest.write(str(tmp_path), "q", record)
+    coll = k2(tmp_path)
+    assert len(drain(coll, "q")) == 250
+    coll.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kestrel 3
+
+
+def k3(path: Path, salvage: bool = False, **settings: Any) -> QueueCollection:
+    queues = {"q": {"journal_format": "kestrel3", **settings}}
+    coll = QueueCollection(str(path), QueueConfigs({}, queues), clock=FakeClock(), salvage=salvage)
+    return load_strictly(coll)  # a refused queue's CorruptJournalError, raised
+
+
+def writers(path: Path) -> list[str]:
+    return sorted((n for n in os.listdir(path) if n.startswith("q.") and n[2:].isdigit()),
+                  key=lambda n: int(n[2:]))
+
+
+def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reader(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    for i in range(800):
+        coll.add("q", b"%04d" % i)
+    for _ in range(100):
+        assert coll.remove("q") is not None
+    coll.close()
+    checkpoint = tmp_path / "q.read."
+    data = bytearray(checkpoint.read_bytes())
+    data[42] ^= 0xFF  # inside a READ_HEAD's id
+    checkpoint.write_bytes(bytes(data))
+    refused(tmp_path, lambda: k3(tmp_path), str(checkpoint), "offset 36")  # no writer file deleted
+    coll = k3(tmp_path, salvage=True)  # the reader is served every item kept again: no loss
+    got = drain(coll, "q")
+    assert got[-700:] == [b"%04d" % i for i in range(100, 800)]
+    coll.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.read..corrupt-")]
+
+
+def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(900):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    coll.close()
+    os.unlink(tmp_path / "q.read.child")
+    refused(tmp_path, lambda: k3(tmp_path), str(tmp_path / "q.read.child"), "missing")
+    coll = k3(tmp_path, salvage=True)
+    assert drain(coll, "q+child") == [b"%04d" % i for i in range(900)]
+    coll.close()
+
+
+def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    coll.close()
+    files = writers(tmp_path)
+    assert len(files) >= 3
+    middle = files[len(files) // 2]
+    os.unlink(tmp_path / middle)
+    refused(tmp_path, lambda: k3(tmp_path, default_journal_size=2000), str(tmp_path / middle), "missing", "salvage")
+    coll = k3(tmp_path, salvage=True, default_journal_size=2000)  # the advice holds: it loads the rest
+    assert 0 < len(drain(coll, "q")) < 1000
+    coll.close()
+    k3(tmp_path, default_journal_size=2000).close()  # and the manifest now matches
+
+
+def test_a_changed_sealed_writer_file_is_refused(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    coll.close()
+    first = tmp_path / writers(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 1  # an item's last data byte: the records still read
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptJournalError, match="CRC32C"):
+        k3(tmp_path, default_journal_size=2000)
+
+
+def test_kestrel3_consumed_files_deleted_and_manifest_kept_exact(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=2000)
+    coll.queue("q+child")
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    drain(coll, "q+child")
+    coll.add("q", b"last")
+    coll.close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and record.format == "kestrel3" and record.high_id == 1000
+    assert sorted(n for n in record.files if n[2:].isdigit()) == writers(tmp_path)
+    coll = k3(tmp_path, default_journal_size=2000)
+    assert drain(coll, "q") == [b"last"] and drain(coll, "q+child") == [b"last"]
+    coll.close()
+
+
+def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    coll = k3(tmp_path)
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+    coll.close()
+    os.unlink(tmp_path / "q.manifest")
+    coll = k3(tmp_path)
+    assert len(drain(coll, "q")) == 10
+    coll.close()
+    assert capsys.readouterr().out.count("NO MANIFEST") == 1
+    assert (tmp_path / "q.manifest").exists()
+
+
+def test_salvage_sets_an_unreadable_manifest_aside(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()
+    (tmp_path / "q.manifest").write_bytes(b"kestrel-manifest 1 00000000\n{}")
+    with pytest.raises(CorruptJournalError):
+        k2(tmp_path)
+    coll = k2(tmp_path, salvage=True)
+    assert len(drain(coll, "q")) == 250
+    coll.close()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.manifest.corrupt-")]
+    assert manifest.read(str(tmp_path), "q") is not None
+
+
+def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None:
+    coll = k3(tmp_path)
+    coll.add("q", b"one")
+    coll.close()
+    (first,) = writers(tmp_path)
+    with open(tmp_path / first, "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff")
+    with pytest.raises(CorruptJournalError) as err:
+        k3(tmp_path, salvage=True)
+    assert not err.value.salvageable
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"journal_format": "kestrel3"}}))
+    coll.load()  # the queue is refused; each request to it says what to do
+    with pytest.raises(QueueDamaged) as refused:
+        coll.queue("q")
+    assert "--salvage cannot set this damage aside" in str(refused.value)
+    assert "restart with --salvage" not in str(refused.value)
+    coll.close()
+
+
+def test_the_converter_refuses_a_kestrel2_queue_that_does_not_match_its_manifest(tmp_path: Path) -> None:
+    from kestrel.storage.tools import convert
+    _rotated_queue(tmp_path).close()
+    files = rotated(tmp_path)
+    os.unlink(tmp_path / files[1])
+    before = listing(tmp_path)
+    with pytest.raises(CorruptJournalError, match="missing"):
+        convert.convert(str(tmp_path), "kestrel3", ["q"])
+    after = listing(tmp_path)
+    after.pop(".lock", None)
+    assert after == before
+
+
+def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: Path) -> None:
+    from kestrel.storage.tools import convert
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+    coll.close()
+    os.unlink(tmp_path / "q.read.child")
+    with pytest.raises(CorruptJournalError, match="missing"):
+        convert.convert(str(tmp_path), "kestrel2", ["q"])
+    assert (tmp_path / "q.manifest").exists()
+
+
+def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _rotated_queue(tmp_path).close()
+    capsys.readouterr()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"max_memory_size": 4096}}))
+    q = coll.queue("q")  # opened by name, not by the start-up scan
+    assert q.length == 250 and "NO MANIFEST" not in capsys.readouterr().out
+    coll.delete("q")
+    coll.close()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("q")]
+
+
+@pytest.mark.parametrize(("salvageable", "salvage", "advice"), [
+    (True, False, "start with --salvage"), (False, False, "--salvage cannot set this damage aside"),
+    (True, True, "")])
+def test_the_refusal_advises_salvage_only_where_it_helps(salvageable: bool, salvage: bool,
+                                                         advice: str) -> None:
+    error = CorruptJournalError("q.1", 5, None, "damaged", salvageable=salvageable)
+    assert error.advice(salvage).startswith(advice) if advice else error.advice(salvage) == ""
+
+
+def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is_gone(tmp_path: Path) -> None:
+    coll = k3(tmp_path, default_journal_size=200)
+    for i in range(50):
+        coll.add("q", b"%04d" % i)
+    drain(coll, "q")
+    coll.close()
+    for name in writers(tmp_path)[:-1]:  # as if every consumed file was deleted
+        os.unlink(tmp_path / name)
+    newest = tmp_path / writers(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:4])  # only the header
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None
+    record.files = {n: e for n, e in record.files.items() if not n[2:].isdigit()}
+    record.files[newest.name] = manifest.Entry()
+    manifest.write(str(tmp_path), "q", record)
+    coll = k3(tmp_path, default_journal_size=200)
+    coll.add("q", b"next")
+    item = coll.remove("q", transaction=True)
+    assert item is not None and item.data == b"next" and item.xid > 50
+    coll.close()
+
+
+class Crash(BaseException):
+    """The process stops here: nothing after it runs, nothing is closed."""
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:
+    from kestrel.storage.kestrel3 import queue as k3_queue
+    coll = k3(tmp_path)
+    for i in range(40):
+        coll.add("q", b"%04d" % i)
+    for _ in range(10):
+        assert coll.remove("q") is not None  # appended to the checkpoint
+    real = k3_queue.write_checkpoint
+
+    def crash(*args: Any, **kwargs: Any) -> str:
+        if renamed:
+            real(*args, **kwargs)
+        raise Crash
+
+    monkeypatch.setattr(k3_queue, "write_checkpoint", crash)
+    with pytest.raises(Crash):
+        coll.flush("q")  # the manifest lists the rewrite, then the process stops
+    monkeypatch.undo()
+    after = k3(tmp_path)  # no false refusal either way
+    expected = [] if renamed else [b"%04d" % i for i in range(10, 40)]
+    assert drain(after, "q") == expected
+    after.close()
+    assert drain(k3(tmp_path), "q") == []
+
+
+def test_repeated_flushes_and_restarts_keep_checkpoints_matching_the_manifest(tmp_path: Path) -> None:
+    for round_ in range(5):
+        coll = k3(tmp_path)
+        coll.queue("q+c")
+        for i in range(20):
+            coll.add("q", b"%d.%d" % (round_, i))
+        assert coll.remove("q") is not None
+        coll.flush("q")
+        coll.flush("q+c")
+        coll.add("q", b"kept")
+        coll.close()
+    coll = k3(tmp_path)
+    assert drain(coll, "q") == [b"kept"] and drain(coll, "q+c") == [b"kept"]
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_queue_deletion_cut_off_part_way_leaves_no_manifest_listing_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    coll = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else _rotated_queue(tmp_path)
+    if fmt == "kestrel3":
+        for i in range(300):
+            coll.add("q", b"%04d" % i)
+    coll.queue("q").wait_for_packing()
+    real = os.unlink
+    calls = []
+
+    def unlink_once(path: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(path)
+        if len(calls) > 2:  # the manifest and one file are gone, then the process stops
+            raise Crash
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_once)
+    with pytest.raises(Crash):
+        coll.delete("q")
+    monkeypatch.undo()
+    assert not (tmp_path / "q.manifest").exists()
+    after = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else k2(tmp_path)
+    after.close()  # what is left loads (as a queue without manifest), refused nowhere
+
+
+def test_a_fanout_reader_deletion_cut_off_before_its_unlink_keeps_the_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = k3(tmp_path)
+    coll.queue("q+child")
+    for i in range(10):
+        coll.add("q", b"%d" % i)
+
+    def crash(*_args: Any, **_kwargs: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(os, "unlink", crash)
+    with pytest.raises(Crash):
+        coll.delete("q+child")
+    monkeypatch.undo()
+    after = k3(tmp_path)
+    assert len(drain(after, "q+child")) == 10
+    after.close()

@@ -1,0 +1,368 @@
+"""The memory budget (src/kestrel/storage/memory.py): paging a queue's tail out keeps every item once and in
+order in both journal formats; the governor's shares follow rates, the slowest queues page first,
+a drained queue comes back, steady load does not flap, and flow control holds then refuses puts."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.errors import MemoryBudgetExceeded
+from kestrel.storage.memory import Demand, MemoryGovernor, plan
+from kestrel.storage.runtime import ManualRuntime
+from tests.support.queues import drain, held_in_memory, reopen
+
+FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+KB = 1024
+
+
+def make(path: Path, journal_format: str, budget: int = 0, queues: dict[str, Any] | None = None,
+         runtime: ManualRuntime | None = None, **default: Any) -> QueueCollection:
+    configs = QueueConfigs({"journal_format": journal_format, **default}, queues)
+    coll = QueueCollection(str(path), configs, runtime=runtime or ManualRuntime(), max_memory_total=budget)
+    coll.load()
+    return coll
+
+
+def governed(path: Path, journal_format: str, budget: int) -> tuple[QueueCollection, MemoryGovernor, ManualRuntime]:
+    """A collection under `budget` on the manual runtime, its governor started (it ticks as the
+    runtime advances)."""
+    runtime = ManualRuntime()
+    coll = make(path, journal_format, budget=budget, runtime=runtime)
+    assert coll.governor is not None
+    coll.governor.start()
+    return coll, coll.governor, runtime
+
+
+def item(n: int, size: int = 100) -> bytes:
+    return (b"%08d" % n).ljust(size, b".")
+
+
+# ---------------------------------------------------------------------------------------------
+# Paging keeps order, loses nothing and duplicates nothing
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(1, 40)),
+    st.tuples(st.just("get"), st.integers(1, 6)),
+    st.tuples(st.just("open"), st.just(0)),
+    st.tuples(st.just("confirm"), st.just(0)),
+    st.tuples(st.just("abort"), st.just(0)),
+    st.tuples(st.just("shed"), st.integers(0, 2000)),
+    st.tuples(st.just("target"), st.integers(0, 4000)),
+), max_size=60)
+
+
+@FORMATS
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_paging_out_keeps_every_item_once_and_in_order(tmp_path_factory: pytest.TempPathFactory,
+                                                        journal_format: str,
+                                                        ops: list[tuple[str, int]]) -> None:
+    path = tmp_path_factory.mktemp("paging")
+    coll = make(path, journal_format, max_memory_size="12KB", default_journal_size="4KB")
+    q = coll.queue("q")
+    model: deque[bytes] = deque()
+    opens: list[tuple[int, bytes]] = []
+    n = 0
+    for op, arg in ops:
+        if op == "put":
+            batch = [item(n + i, 60 + (n + i) % 90) for i in range(arg)]
+            n += arg
+            assert coll.add_many("q", batch) == arg
+            model.extend(batch)
+        elif op == "get":
+            for got in q.remove_many(arg):
+                assert got.data == model.popleft()
+        elif op == "open":
+            got = q.remove(transaction=True)
+            if got is None:
+                assert not model
+            else:
+                assert got.data == model.popleft()
+                opens.append((got.xid, got.data))
+        elif op == "confirm" and opens:
+            assert q.confirm(opens.pop(0)[0])
+        elif op == "abort" and opens:
+            xid, data = opens.pop()
+            assert q.unremove(xid)
+            model.appendleft(data)
+        elif op == "shed":
+            q.set_memory_target(arg)
+            q.shed()
+            assert q.memory_bytes <= max(arg, q.memory_bytes) and q.length == len(model)
+        elif op == "target":
+            q.set_memory_target(arg)
+        assert q.length == len(model)
+        assert coll.ledger.total == held_in_memory(coll)
+    for xid, data in reversed(opens):
+        q.unremove(xid)
+        model.appendleft(data)
+    expected = list(model)
+    if len(expected) > 3:  # half now, the rest after a restart: the journal holds the same queue
+        half = len(expected) // 2
+        assert [q.remove().data for _ in range(half)] == expected[:half]  # type: ignore[union-attr]
+        expected = expected[half:]
+    coll = reopen(coll)
+    assert drain(coll, "q") == expected
+    coll.close()
+
+
+@FORMATS
+def test_shed_pages_the_tail_out_and_reads_it_back_in_order(tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, journal_format, default_journal_size="8KB")
+    q = coll.queue("q")
+    items = [item(i) for i in range(500)]
+    coll.add_many("q", items)
+    assert q.memory_bytes == 50_000 and not q.in_read_behind
+    q.set_memory_target(2000)
+    assert q.shed() == 48_000
+    assert q.in_read_behind and q.memory_bytes == 2000 and q.length == 500
+    assert q.stats()["paged_out"] == 48_000 and q.stats()["memory_target"] == 2000
+    coll.add_many("q", [item(500)])  # joins the tail on disk
+    assert q.memory_bytes == 2000
+    assert drain(coll, "q") == [*items, item(500)]
+    assert not q.in_read_behind
+
+
+@FORMATS
+def test_fanout_children_page_out_on_their_own(tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, journal_format)
+    coll.queue("f+a")
+    coll.queue("f+b")
+    items = [item(i) for i in range(200)]
+    coll.add_many("f", items)
+    a, b = coll.queue("f+a"), coll.queue("f+b")
+    a.set_memory_target(1000)
+    assert a.shed() == 19_000 and a.in_read_behind and not b.in_read_behind
+    assert drain(coll, "f+a") == items and drain(coll, "f+b") == items
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget on the path of every put, between ticks
+
+
+@FORMATS
+def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, journal_format: str) -> None:
+    coll, governor, runtime = governed(tmp_path, journal_format, 200_000)
+    names = [f"q{i}" for i in range(20)]
+    for name in names:
+        coll.add_many(name, [item(0)])
+    governor.tick()  # one tick sees them all, small: each gets a generous share
+    for start in range(1, 501, 50):  # 1 MB in all, five times the budget, with no tick
+        for name in names:
+            assert coll.add_many(name, [item(n, 100) for n in range(start, start + 50)]) == 50
+            assert coll.ledger.total == held_in_memory(coll) <= 200_000
+    assert governor.measure() <= 200_000 and not governor.flow_control
+    for name in names:
+        assert drain(coll, name) == [item(n) for n in range(501)]
+    assert coll.ledger.total == held_in_memory(coll) == 0
+
+
+@FORMATS
+def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp_path: Path,
+                                                                            journal_format: str) -> None:
+    coll, governor, runtime = governed(tmp_path, journal_format, 300_000)
+    backlogs(coll, ["x"], 120_000)
+    backlogs(coll, ["y"], 100_000)
+    # A busy queue's arrivals ask for room: the idle backlogs' shares fall to the floor, but the
+    # total stays under the budget, so no tick pages them out.
+    tick(runtime, coll, 8, produce={"w": 60}, consume={"w": 60})
+    x, y = coll.queue("x"), coll.queue("y")
+    assert x.memory_bytes > x.memory_target and y.memory_bytes > y.memory_target
+    assert not x.in_read_behind and not y.in_read_behind
+    coll.add_many("z", [item(i, 1000) for i in range(100)])  # 100 KB: over the budget without a tick
+    assert x.in_read_behind and not y.in_read_behind  # x's items wait longest (more bytes, no egress)
+    assert not coll.queue("z").in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= 300_000
+    assert drain(coll, "x") == [item(i, 1000) for i in range(120)]
+
+
+@FORMATS
+def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path: Path,
+                                                                        journal_format: str) -> None:
+    coll, governor, runtime = governed(tmp_path, journal_format, 100_000)
+    coll.add_many("q", [item(i, 1000) for i in range(110)])
+    q = coll.queue("q")
+    assert coll.ledger.total <= 100_000  # the put's tail went to read-behind
+    opened = q.remove_many(110, transaction=True)  # 110 KB of open reads: nothing to page out
+    assert not governor.flow_control
+    coll.add_many("q", [item(i, 1000) for i in range(110, 130)])  # held on disk, flow control on
+    assert governor.flow_control and q.in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= 110_000 + 1000  # one item enters memory before it holds
+    assert q.confirm_many([i.xid for i in opened]) == 110
+    runtime.advance(250)
+    assert not governor.flow_control  # the tick ends it: the confirms freed the memory
+    assert drain(coll, "q") == [item(i, 1000) for i in range(110, 130)]
+
+
+@FORMATS
+def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_path: Path,
+                                                                        journal_format: str) -> None:
+    """A fanout child nobody reads fills memory before the first tick; open reads then take a put
+    over the budget, and flow control starts. Once they are confirmed the total is under the budget
+    but over the low-water mark: the tick must page the child out (it is over its target) so that
+    flow control ends. Found under load, where puts stayed refused for good."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 4096)
+    coll.queue("jobs+audit")
+    n = 0
+    while coll.ledger.total < 3800:  # no tick yet: every queue may hold its max_memory_size
+        coll.add_many("jobs", [item(n, 9)])
+        assert coll.remove_many("jobs", 1)[0].data == item(n, 9)
+        n += 1
+    runtime.advance(250)  # the child's target falls; the total is under the budget: nothing paged
+    audit = coll.queue("jobs+audit")
+    opened = coll.remove_many("jobs", 0)
+    for m in range(n, n + 40):
+        coll.add_many("jobs", [item(m, 9)])
+        if governor.flow_control:
+            break
+        opened += coll.remove_many("jobs", 1, transaction=True)
+    assert governor.flow_control, "the open reads took a put over the budget"
+    assert coll.confirm_many("jobs", [i.xid for i in opened]) == len(opened)
+    assert 4096 * 0.9 < governor.measure() <= 4096
+    runtime.advance(250)
+    assert not governor.flow_control and audit.in_read_behind and coll.ledger.total <= 4096 * 0.9
+    coll.add_many("jobs", [b"after"])  # puts go on
+    assert [i.data for i in coll.remove_many("jobs", 100)][-1] == b"after"
+    assert [i.data for i in coll.remove_many("jobs+audit", 100_000)][:n] == [item(k, 9) for k in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+def test_plan_gives_everyone_their_need_while_it_fits_and_shares_by_rate_past_it() -> None:
+    fits = plan([Demand(1000, 10_000, 0, 0), Demand(2000, 10_000, 0, 0)], 7000, 0.25)
+    assert fits == [3000, 4000]  # need and an equal part of what is left
+    tight = plan([Demand(100_000, 1 << 20, 0, 10_000), Demand(100_000, 1 << 20, 0, 2000),
+                  Demand(100_000, 1 << 20, 0, 0)], 60_000, 0.25)
+    assert sum(tight) <= 60_000
+    assert tight[0] > tight[1] > tight[2]  # the faster a queue drains, the more of it stays
+    assert tight[2] == 60_000 // 12  # an idle backlog keeps a floor
+
+
+# ---------------------------------------------------------------------------------------------
+# The governor, on a manual clock
+
+
+def tick(runtime: ManualRuntime, coll: QueueCollection, ticks: int = 1,
+         consume: dict[str, int] | None = None, produce: dict[str, int] | None = None) -> None:
+    """`ticks` governor rounds; before each, take `consume[name]` items and put `produce[name]`."""
+    for _ in range(ticks):
+        for name, count in (produce or {}).items():
+            coll.add_many(name, [item(0, 1000)] * count)
+        for name, count in (consume or {}).items():
+            coll.queue(name).remove_many(count)
+        runtime.advance(250)
+
+
+def backlogs(coll: QueueCollection, names: list[str], size: int) -> None:
+    for name in names:
+        coll.add_many(name, [item(i, 1000) for i in range(size // 1000)])
+
+
+@FORMATS
+def test_shares_follow_rates_and_the_slowest_queues_page_first(tmp_path: Path, journal_format: str) -> None:
+    coll, _, runtime = governed(tmp_path, journal_format, 1_000_000)
+    backlogs(coll, ["fast", "slow", "idle"], 300_000)
+    tick(runtime, coll, 4, consume={"fast": 40, "slow": 4})
+    fast, slow, idle = coll.queue("fast"), coll.queue("slow"), coll.queue("idle")
+    assert not any(q.in_read_behind for q in (fast, slow, idle))  # 900 KB fits
+    backlogs(coll, ["idle"], 300_000)  # now it does not: the idle one pages out, the others stay
+    tick(runtime, coll, 1, consume={"fast": 40, "slow": 4})
+    assert idle.in_read_behind and not fast.in_read_behind and not slow.in_read_behind
+    assert coll.governor.measure() <= 1_000_000
+    backlogs(coll, ["fast", "slow"], 300_000)
+    tick(runtime, coll, 2, consume={"fast": 40, "slow": 4})
+    assert fast.memory_target > slow.memory_target > idle.memory_target
+    assert coll.governor.measure() <= 1_000_000
+    assert drain(coll, "idle")[:2] == [item(0, 1000), item(1, 1000)]
+
+
+@FORMATS
+def test_a_drained_queue_comes_back_to_memory(tmp_path: Path, journal_format: str) -> None:
+    coll, _, runtime = governed(tmp_path, journal_format, 400_000)
+    backlogs(coll, ["a", "b"], 300_000)
+    tick(runtime, coll, 2)
+    paged = [q for q in (coll.queue("a"), coll.queue("b")) if q.in_read_behind]
+    assert len(paged) == 1 and coll.governor.measure() <= 400_000
+    q = paged[0]
+    for _ in range(40):
+        tick(runtime, coll, 1, consume={q.name: 20})
+    assert q.length == 0 and not q.in_read_behind
+    tick(runtime, coll, 2, produce={q.name: 20}, consume={q.name: 10})
+    assert not q.in_read_behind and q.memory_bytes == q.bytes > 0
+
+
+@FORMATS
+def test_steady_load_does_not_flap(tmp_path: Path, journal_format: str) -> None:
+    coll, _, runtime = governed(tmp_path, journal_format, 500_000)
+    backlogs(coll, [f"q{i}" for i in range(4)], 200_000)
+    steady = {"produce": {"q0": 30, "q1": 5, "hot": 50}, "consume": {"q0": 30, "q1": 5, "hot": 50}}
+    tick(runtime, coll, 30, **steady)  # type: ignore[arg-type]  # rates settle, cursors open
+    history = []
+    for _ in range(20):
+        tick(runtime, coll, 1, **steady)  # type: ignore[arg-type]
+        history.append({name: (coll.queue(name).memory_target, coll.queue(name).in_read_behind)
+                        for name in coll.queue_names()})
+    for name in coll.queue_names():
+        targets = [h[name][0] for h in history]
+        assert max(targets) <= 1.2 * min(targets) + 10_000, (name, targets)
+        assert len({h[name][1] for h in history}) == 1, name  # paged out or not: never both
+    assert not coll.queue("hot").in_read_behind
+    assert coll.governor.paged_out_total < 1_000_000  # paged once, not over and over
+
+
+def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_path: Path) -> None:
+    coll, governor, runtime = governed(tmp_path, "kestrel3", 100_000)
+    coll.add_many("q", [item(i, 1000) for i in range(150)])
+    q = coll.queue("q")
+    opened = [q.remove(transaction=True) for _ in range(120)]  # open reads cannot be paged out
+    runtime.advance(250)
+    assert not governor.flow_control  # one tick over may be a burst
+    runtime.advance(250)
+    assert governor.flow_control and governor.stats()["flow_control"] == 1
+    outcome: list[object] = []
+
+    def put() -> None:
+        try:
+            governor.admit_put()
+            outcome.append("admitted")
+        except MemoryBudgetExceeded as e:
+            outcome.append(e)
+
+    waiting = gevent.spawn(put)
+    gevent.sleep(0)
+    assert outcome == []  # held
+    runtime.advance(250)  # still over at the next tick
+    runtime.advance(250)
+    waiting.join(1)
+    assert isinstance(outcome[0], MemoryBudgetExceeded) and "max_memory_total" in str(outcome[0])
+    assert q.remove() is not None  # gets go on
+    assert q.confirm_many([i.xid for i in opened if i is not None]) == 120  # and so do confirms
+    runtime.advance(250)
+    assert not governor.flow_control
+    assert governor.stats()["flow_control_ms"] >= 500
+    governor.admit_put()  # no wait, no error
+    assert isinstance(governor, MemoryGovernor)
+    coll.close()
+
+
+def test_new_stat_names_do_not_read_as_a_kestrel_queue_stat(tmp_path: Path) -> None:
+    """Kestrel clients split `queue_<name>_<stat>` on a known stat suffix, the name non-greedy."""
+    import re
+
+    coll = make(tmp_path, "kestrel2")
+    stats = coll.queue("jobs").stats()
+    suffix = re.compile(r"_(items|bytes|total_items|logsize|expired_items|mem_items|mem_bytes|age|discarded"
+                        r"|waiters|open_transactions|transactions|flushes)$")
+    for key in ("memory_target", "paged_out"):
+        assert key in stats and not suffix.search(f"queue_jobs_{key}")

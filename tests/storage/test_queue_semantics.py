@@ -1,0 +1,385 @@
+"""PersistentQueue and QueueCollection as a library: limits, expiry, fanout, aliases, names, waits."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import gevent
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.config import MB, QueueConfig, parse_duration_ms, parse_size
+from kestrel.storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
+from kestrel.storage.runtime import ManualRuntime
+from tests.support.queues import drain, reopen
+
+T0 = 1_700_000_000_000
+
+
+def make(tmp_path: Path, queues: dict | None = None, default: dict | None = None,
+         aliases: dict | None = None, clock: FakeClock | None = None) -> QueueCollection:
+    coll = QueueCollection(str(tmp_path), QueueConfigs(default, queues), aliases, clock or FakeClock(T0))
+    coll.load()
+    return coll
+
+
+def test_fifo_order_and_peek(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add_many("q", [b"1", b"2", b"3"])
+    head = coll.peek("q")
+    assert head is not None and head.data == b"1"
+    assert drain(coll, "q") == [b"1", b"2", b"3"]
+    assert coll.remove("q") is None
+
+
+def test_max_items_and_max_size_refuse(tmp_path: Path) -> None:
+    coll = make(tmp_path, {"small": {"max_items": 2}, "bytes": {"max_size": "10"}})
+    assert coll.add_many("small", [b"a", b"b", b"c"]) == 2
+    assert coll.add("bytes", b"12345678")
+    assert coll.add("bytes", b"12345")
+    assert not coll.add("bytes", b"x")  # 13 bytes already >= 10
+    assert drain(coll, "small") == [b"a", b"b"]
+
+
+def test_discard_old_when_full(tmp_path: Path) -> None:
+    coll = make(tmp_path, {"q": {"max_items": 2, "discard_old_when_full": True}})
+    assert coll.add_many("q", [b"a", b"b", b"c", b"d"]) == 4
+    assert coll.queue("q").discarded == 2
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"c", b"d"]
+
+
+def test_max_item_size_refuses_the_item(tmp_path: Path) -> None:
+    coll = make(tmp_path, {"q": {"max_item_size": "4"}})
+    assert not coll.add("q", b"12345")
+    assert coll.add("q", b"1234")
+    with pytest.raises(ItemTooLarge, match="max_item_size"):
+        coll.queue("q").add(b"12345")
+
+
+def test_expiry_on_remove_peek_and_sweep(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, clock=clock)
+    coll.add("q", b"soon", expiry_ms=T0 + 1000)
+    coll.add("q", b"later", expiry_ms=T0 + 5000)
+    coll.add("q", b"never")
+    clock.advance(1000)
+    head = coll.peek("q")
+    assert head is not None and head.data == b"later"
+    clock.advance(4000)
+    assert coll.sweep() == 1
+    assert coll.queue("q").expired_items == 2
+    assert drain(coll, "q") == [b"never"]
+
+
+def test_expiry_survives_restart_as_removes(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, clock=clock)
+    coll.add("q", b"old", expiry_ms=T0 + 10)
+    coll.add("q", b"new")
+    clock.advance(20)
+    coll.sweep()
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"new"]
+
+
+def test_max_age_caps_expiry(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, {"q": {"max_age": "1s"}}, clock=clock)
+    coll.add("q", b"capped")
+    coll.add("q", b"also", expiry_ms=T0 + 60_000)
+    item = coll.peek("q")
+    assert item is not None and item.expiry == T0 + 1000
+    clock.advance(1001)
+    assert coll.remove("q") is None
+
+
+def test_max_expire_sweep_limits_a_round(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, {"q": {"max_expire_sweep": 2}}, clock=clock)
+    coll.add_many("q", [b"a", b"b", b"c"], expiry_ms=T0 + 1)
+    clock.advance(5)
+    assert coll.sweep() == 2
+    assert coll.sweep() == 1
+
+
+def test_expire_to_queue(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, {"q": {"expire_to_queue": "dead"}}, clock=clock)
+    coll.add("q", b"x", expiry_ms=T0 + 1)
+    clock.advance(2)
+    coll.sweep()
+    item = coll.remove("dead")
+    assert item is not None and item.data == b"x" and item.expiry == 0
+
+
+def test_max_queue_age_deletes_an_empty_queue(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, {"tmp": {"max_queue_age": "10s"}}, clock=clock)
+    coll.add("tmp", b"x")
+    clock.advance(11_000)
+    coll.sweep()
+    assert "tmp" in coll.queue_names()  # not empty: it stays
+    coll.remove("tmp")
+    coll.sweep()
+    assert "tmp" not in coll.queue_names()
+    assert coll.queue_expires == 1 and coll.queue_deletes == 1
+    assert not (tmp_path / "tmp").exists()
+
+
+def test_reliable_read_confirm_and_abort(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add_many("q", [b"a", b"b"])
+    a = coll.remove("q", transaction=True)
+    assert a is not None and a.xid != 0
+    first_xid = a.xid
+    assert coll.queue("q").open_transactions == 1
+    assert coll.unremove("q", first_xid)
+    assert not coll.unremove("q", first_xid)  # already closed
+    a2 = coll.remove("q", transaction=True)
+    assert a2 is not None and a2.data == b"a" and a2.xid != first_xid
+    assert coll.confirm("q", a2.xid)
+    assert not coll.confirm("q", 999)
+    assert drain(coll, "q") == [b"b"]
+
+
+def test_xids_keep_increasing_across_restarts(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add_many("q", [b"a", b"b", b"c"])
+    first = coll.remove("q", transaction=True)
+    assert first is not None
+    coll.confirm("q", first.xid)
+    coll = reopen(coll)
+    second = coll.remove("q", transaction=True)
+    assert second is not None and second.xid > first.xid
+
+
+def test_flush_and_delete(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add_many("q", [b"a", b"b"])
+    coll.flush("q")
+    assert coll.remove("q") is None and coll.queue("q").total_flushes == 1
+    coll.add("q", b"c")
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"c"]
+    coll.delete("q")
+    assert not (tmp_path / "q").exists()
+    assert "q" not in coll.queue_names()
+
+
+def test_fanout_children_get_only_later_items(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add("orders", b"before")
+    coll.queue("orders+audit")
+    coll.add("orders", b"after")
+    assert drain(coll, "orders+audit") == [b"after"]
+    coll.add("orders", b"third")
+    coll = reopen(coll)
+    assert drain(coll, "orders") == [b"before", b"after", b"third"]
+    assert drain(coll, "orders+audit") == [b"third"]
+    coll.delete("orders+audit")
+    coll.add("orders", b"fourth")
+    assert coll.get("orders+audit") is None
+
+
+def test_fanout_only_parent_keeps_no_journal(tmp_path: Path) -> None:
+    coll = make(tmp_path, {"feed": {"fanout_only": True}})
+    coll.queue("feed+a")
+    coll.queue("feed+b")
+    assert coll.add("feed", b"x")
+    assert not (tmp_path / "feed").exists()
+    assert coll.remove("feed") is None
+    assert drain(coll, "feed+a") == [b"x"] and drain(coll, "feed+b") == [b"x"]
+
+
+def test_alias_writes_to_destinations_and_reads_empty(tmp_path: Path) -> None:
+    coll = make(tmp_path, aliases={"both": ["x", "y"]})
+    assert coll.add("both", b"hi")
+    assert coll.remove("both") is None
+    coll.flush("both")
+    coll.delete("both")
+    assert drain(coll, "x") == [b"hi"] and drain(coll, "y") == [b"hi"]
+
+
+def test_keep_journal_false_is_memory_only(tmp_path: Path) -> None:
+    coll = make(tmp_path, {"mem": {"keep_journal": False}})
+    coll.add("mem", b"x")
+    assert not (tmp_path / "mem").exists()
+    coll = reopen(coll)
+    assert coll.remove("mem") is None
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("a/b", "path separator"), ("a~b", "temporary"), ("a.b", "reserved"), ("+x", "parent+child"),
+    ("a+b+c", "parent+child"), ("", "empty"), ("a b", "whitespace"), ("../x", "path separator"),
+    ("..", "reserved"), ("a\x7fb", "control character"), ("a\x85b", "control character"),
+    ("a\x01b", "control character"),
+])
+def test_bad_queue_names_are_refused_with_a_reason(tmp_path: Path, name: str, reason: str) -> None:
+    coll = make(tmp_path)
+    with pytest.raises(InvalidQueueName, match=re.escape(reason)):
+        coll.add(name, b"x")
+    with pytest.raises(InvalidQueueName, match=re.escape(reason)):
+        coll.remove_many(name, 0)  # a read of no items still names what was wrong
+    assert os.listdir(tmp_path) == []
+
+
+def test_names_are_case_sensitive(tmp_path: Path) -> None:
+    coll = make(tmp_path)
+    coll.add("Work", b"upper")
+    coll.add("work", b"lower")
+    assert drain(coll, "Work") == [b"upper"]
+    assert drain(coll, "work") == [b"lower"]
+
+
+def test_directory_scan_ignores_subdirectories_and_temporaries(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "q~~123").write_bytes(b"\xff garbage")
+    coll = make(tmp_path)
+    assert coll.queue_names() == []
+
+
+def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
+    waiter = gevent.spawn(coll.remove, "q", False, 5.0)
+    gevent.sleep(0)
+    assert coll.queue("q").waiters == 1
+    runtime.advance(4_000)
+    coll.add("q", b"x")
+    item = waiter.get(timeout=2)
+    assert item is not None and item.data == b"x"
+    assert runtime.timers == 0  # the wait's deadline is gone with it
+
+
+def test_waiting_remove_times_out(tmp_path: Path) -> None:
+    runtime = ManualRuntime()
+    coll = QueueCollection(str(tmp_path), runtime=runtime)
+    waiter = gevent.spawn(coll.remove, "q", False, 0.05)
+    gevent.sleep(0)
+    runtime.advance(49)
+    gevent.sleep(0)
+    assert not waiter.ready()
+    runtime.advance(1)
+    assert waiter.get(timeout=2) is None
+    assert coll.queue("q").waiters == 0
+
+
+def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), runtime=ManualRuntime())
+    got: list[tuple[int, bytes]] = []
+
+    def wait(n: int) -> None:
+        item = coll.remove("q", timeout=5.0)
+        assert item is not None
+        got.append((n, item.data))
+
+    greenlets = []
+    for n in range(3):
+        greenlets.append(gevent.spawn(wait, n))
+        gevent.sleep(0)
+    for data in (b"a", b"b", b"c"):
+        coll.add("q", data)
+        gevent.sleep(0)
+    gevent.joinall(greenlets, timeout=2)
+    assert got == [(0, b"a"), (1, b"b"), (2, b"c")]
+
+
+def test_inheritance_2_3_4() -> None:
+    configs = QueueConfigs({"max_memory_size": "8MB"}, {
+        "q": {"max_items": 500}, "q+fanout": {"max_age": "1min"}, "x": {"max_memory_size": "16MB"}})
+    assert configs.for_queue("q").max_memory_size == 8 * MB
+    assert configs.for_queue("q+fanout").max_memory_size == 8 * MB
+    assert configs.for_queue("x").max_memory_size == 16 * MB
+    assert configs.for_queue("q").max_items == 500
+    assert configs.for_queue("q+fanout").max_items == 500
+    assert configs.for_queue("q+fanout").max_age == 60_000
+    assert configs.for_queue("other").max_items == QueueConfig().max_items
+
+
+def test_guide_defaults() -> None:
+    cfg = QueueConfig()
+    sizes = (cfg.max_memory_size, cfg.default_journal_size, cfg.max_journal_size)
+    assert sizes == (128 * MB, 16 * MB, 1024 * MB)
+    assert cfg.keep_journal and not cfg.discard_old_when_full and cfg.sync_journal is None
+
+
+def test_sizes_and_durations_parse() -> None:
+    assert parse_size("k", "16MB") == 16 * MB
+    assert parse_size("k", "512 KB") == 512 * 1024
+    assert parse_size("k", 100) == 100
+    assert parse_duration_ms("k", "500ms") == 500
+    assert parse_duration_ms("k", "1s") == 1000
+    assert QueueConfig.from_mapping({"sync_journal": "10ms"}).sync_journal == 10
+    assert QueueConfig.from_mapping({"sync_journal": "always"}).sync_journal == 0
+    assert QueueConfig.from_mapping({"sync_journal": "never"}).sync_journal is None
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"max_size": "lots"}, "queues.q.max_size"),
+    ({"max_age": "5"}, "queues.q.max_age"),
+    ({"keep_journal": "yes"}, "queues.q.keep_journal"),
+    ({"max_itemz": 3}, "queues.q.max_itemz"),
+    ({"sync_journal": "sometimes"}, "queues.q.sync_journal"),
+])
+def test_bad_settings_name_the_key(settings: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        QueueConfigs({}, {"q": settings})
+    assert err.value.key == key
+
+
+def _opened(tmp_path: Path, name: str) -> tuple[QueueCollection, list[int]]:
+    coll = make(tmp_path / name)
+    coll.add_many("q", [b"a", b"b", b"c", b"d"])
+    return coll, [item.xid for item in coll.remove_many("q", 4, transaction=True)]
+
+
+def _journal_bytes(coll: QueueCollection) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(Path(coll.path).glob("q*")))
+
+
+@pytest.mark.parametrize("many", ["confirm_many", "unremove_many"])
+def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: Path, many: str) -> None:
+    single, xids = _opened(tmp_path, "single")
+    batch, batch_xids = _opened(tmp_path, "batch")
+    assert xids == batch_xids
+    closing = [xids[2], xids[0], 999]  # 999 is not open: skipped, as a single close skips it
+    one = getattr(single, many.removesuffix("_many"))
+    assert [one("q", xid) for xid in closing] == [True, True, False]
+    writer = batch.get("q")._journal.writer  # type: ignore[union-attr]
+    appends: list[bytes] = []
+    append = writer.append
+    writer.append = lambda data: (appends.append(data), append(data))[1]
+    assert getattr(batch, many)("q", closing) == 2
+    assert len(appends) == 1
+    assert _journal_bytes(single) == _journal_bytes(batch)
+    left = drain(reopen(batch), "q")  # replayed, the reads still open are handed out again
+    assert left == drain(reopen(single), "q")
+    assert sorted(left) == ([b"b", b"d"] if many == "confirm_many" else [b"a", b"b", b"c", b"d"])
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize("limits", [{"max_items": 3}, {"max_size": "300"},
+                                    {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0}])
+def test_add_each_accepts_what_single_adds_would(tmp_path: Path, limits: dict, journal_format: str) -> None:
+    settings = {**limits, "journal_format": journal_format}
+    batched, single = make(tmp_path / "batched", {"q": settings}), make(tmp_path / "single", {"q": settings})
+    items = [bytes([n]) * 100 for n in range(6)]
+    accepted = batched.add_each("q", items)
+    assert [single.add("q", data) for data in items] == [n < accepted for n in range(len(items))]
+    assert drain(batched, "q") == drain(single, "q")
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_add_each_declines_where_single_adds_could_differ_and_does_nothing(tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, {"small": {"max_item_size": 8}}, {"journal_format": journal_format},
+                aliases={"both": ["x", "y"]})
+    assert coll.add_each("small", [b"tiny", b"far too big", b"ok"]) is None  # single adds: yes, no, yes
+    assert coll.add_each("both", [b"a", b"b"]) is None
+    coll.queue("fan+a")
+    assert coll.add_each("fan", [b"a", b"b"]) is None
+    assert drain(coll, "small") == drain(coll, "x") == drain(coll, "fan") == drain(coll, "fan+a") == []
+    assert coll.add_each("small", [b"tiny", b"ok"]) == 2 and drain(coll, "small") == [b"tiny", b"ok"]

@@ -1,0 +1,297 @@
+"""The compiled binary protocol paths (src/kestrel/service/thrift/_binary.c) against the Python they stand in for.
+
+A whole call frame, intact or damaged, is read by both: where the compiled reader answers, it must
+give the Python readers' name, sequence id, arguments and position, and it must answer exactly where
+the Python one-loop reader (`_plain_binary_args`) would, after a strict header of a call of a known
+method; anything else it leaves to the Python readers. A batch put's list of binaries is read by both from intact lists, under byte budgets that cut them
+anywhere, and after bytes are overwritten or the data cut short: where the compiled loop answers,
+it must give the Python loop's items and position; where it declines (None), the Python loop must
+refuse the list (a whole frame) or need more data (unframed). A batch get's Items must be the same
+bytes either way, and anything but (bytes, int) pairs is left to the Python loop.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kestrel.service.thrift import protocol as thrift_protocol
+from kestrel.service.thrift.messages import (
+    _PLAIN_CALLS,
+    METHODS,
+    ValueType,
+    _plain_binary_args,
+    encode_reply,
+    read_buffered_frame,
+    read_plain_frame,
+    write_reply,
+)
+from kestrel.service.thrift.protocol import (
+    CALL,
+    BinaryReader,
+    BinaryWriter,
+    CompactWriter,
+    ThriftProtocolError,
+)
+from kestrel.storage.item import QItem, TakenItems
+from tests.support.thrift_wire import encode_call
+from tests.thrift.test_thrift_codec import CALLS
+
+try:
+    from kestrel.service.thrift import _binary as compiled
+except ImportError:  # the build skips the helper only where there is no C compiler
+    if shutil.which("cc") or shutil.which("gcc"):
+        raise
+    pytest.skip("built without a C compiler", allow_module_level=True)
+
+ITEMS = st.lists(st.binary(max_size=300), max_size=40)
+
+
+def encoded(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack("!i", len(x)) + x for x in items)
+
+
+def python_read(buf: bytes | bytearray, pos: int, end: int, count: int, budget: int) -> Any:
+    """The Python loop's answer on a whole frame ending at `end`: (items, position) or the error."""
+    reader = BinaryReader(buf, end, end, 100_000, budget)
+    reader.pos = pos
+    try:
+        return reader.read_binary_list_python(count, "items"), reader.pos
+    except ThriftProtocolError as e:
+        return str(e)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ITEMS, st.binary(max_size=8), st.integers(0, 20_000), st.data())
+def test_intact_and_damaged_lists_read_as_the_python_loop_reads_them(items: list[bytes], prefix: bytes,
+                                                                     budget: int, data: Any) -> None:
+    raw = bytearray(prefix + encoded(items) + b"\x00")
+    for damage in range(data.draw(st.integers(0, 3))):
+        if damage == 0 and data.draw(st.booleans()):
+            del raw[data.draw(st.integers(0, len(raw))):]
+        elif raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    count = len(items) + data.draw(st.integers(-1, 2)) if items else data.draw(st.integers(0, 2))
+    pos = min(len(prefix), len(raw))  # a reader is never past its data
+    for buf in (bytes(raw), raw):  # frames are bytes; an unframed request's buffer a bytearray
+        fast = compiled.read_binary_list(buf, pos, len(buf), max(count, 0), budget)
+        reference = python_read(buf, pos, len(buf), max(count, 0), budget)
+        if fast is None:
+            assert isinstance(reference, str), "declined a list the Python loop reads"
+        else:
+            assert list(fast) == list(reference)
+            assert all(type(x) is bytes for x in fast[0])
+
+
+def test_a_list_past_the_data_at_hand_is_left_to_the_python_loop_which_reads_on() -> None:
+    """Unframed transport: the rest of the list has not arrived, and the Python loop asks for it."""
+    whole = encoded([b"a" * 10, b"b" * 20, b"c" * 30]) + b"\x00"
+    arrived = bytearray(whole[:25])
+    assert compiled.read_binary_list(arrived, 0, len(arrived), 3, 1000) is None
+
+    def more(need: int) -> int:
+        arrived[len(arrived):] = whole[len(arrived):need]
+        return len(arrived)
+
+    reader = BinaryReader(arrived, len(arrived), len(whole), 100, 1000, more=more)
+    assert reader.read_binary_list(3, "items") == [b"a" * 10, b"b" * 20, b"c" * 30]
+    assert reader.pos == len(whole) - 1
+
+
+def test_a_count_the_data_cannot_hold_is_declined_before_allocating() -> None:
+    assert compiled.read_binary_list(b"\x00" * 64, 0, 64, 2**31 - 1, 2**40) is None
+    assert compiled.read_binary_list(b"\x00" * 64, 0, 64, 16, 0) == ([b""] * 16, 64)
+    assert compiled.read_binary_list(b"\x00" * 64, 70, 64, 0, 0) is None  # a position past the end
+
+
+def test_the_reader_uses_the_compiled_loop_and_names_faults_as_the_python_loop_does() -> None:
+    buf = encoded([b"x" * 8, b"y" * 9])
+    reader = BinaryReader(buf, len(buf), len(buf), 100, 16)
+    with pytest.raises(ThriftProtocolError, match="holds more than max_batch_bytes 16"):
+        reader.read_binary_list(2, "items")
+    reader = BinaryReader(buf, len(buf), len(buf), 100, 17)
+    assert reader.read_binary_list(2, "items") == [b"x" * 8, b"y" * 9] and reader.pos == len(buf)
+
+
+PAIRS = st.lists(st.tuples(st.binary(max_size=300), st.integers(-(2**63), 2**63 - 1)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PAIRS, st.integers(-(2**15), 2**15 - 1), st.integers(-(2**15), 2**15 - 1))
+def test_items_are_laid_out_as_the_python_loop_lays_them_out(pairs: list[tuple[bytes, int]], fid1: int,
+                                                              fid2: int) -> None:
+    fields = [(fid1, "data", ValueType(thrift_protocol.STRING)),
+              (fid2, "id", ValueType(thrift_protocol.I64))]
+    writer = BinaryWriter()
+    writer.write_flat_structs(fields, pairs)  # the Python loop
+    datas = [data for data, _ in pairs]
+    assert compiled.write_items(fid1, fid2, datas, [number for _, number in pairs]) == bytes(writer.out)
+    if len({number for _, number in pairs}) == 1:  # one id for every item
+        assert compiled.write_items(fid1, fid2, datas, pairs[0][1]) == bytes(writer.out)
+
+
+@pytest.mark.parametrize("datas, ids", [
+    ([b"ok", b"x"], [0, True]),  # a bool is an int, but not a plain one
+    ([b"ok", b"x"], [0, 2**63]),  # over an i64
+    ([b"ok", b"x"], 2**63),
+    ([b"ok", b"x"], [0]),  # an id short
+    ([b"ok", bytearray(b"x")], 1),
+    ([b"ok", "x"], 1),
+])
+def test_anything_but_bytes_and_plain_ids_is_left_to_the_python_loop(datas: list[Any], ids: Any) -> None:
+    assert compiled.write_items(1, 2, datas, ids) is None
+
+
+@pytest.mark.parametrize("ids", [0, list(range(50))])
+def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop(ids: int | list[int]) -> None:
+    got = TakenItems([QItem(0, 0, b"a" * n) for n in range(50)], ids)
+    fast = encode_reply(BinaryWriter, METHODS["get"], 5, got)  # laid out by write_items
+    assert write_reply(BinaryWriter(), METHODS["get"], 5, got.pairs()) == fast  # the Python loop
+    assert encode_reply(CompactWriter, METHODS["get"], 5, got) == write_reply(CompactWriter(), METHODS["get"], 5,
+                                                                             got.pairs())
+
+
+def python_plain_call(frame: bytes) -> Any:
+    """What the Python readers make of a whole frame on the one-loop path: (name, seqid, args, pos),
+    or None where that path does not apply (not a strict header, not a call, an unknown method, a
+    field it does not read) or the frame is refused."""
+    reader = BinaryReader(frame, len(frame), len(frame), 100_000, 16 << 20)
+    try:
+        name, mtype, seqid = reader.read_message_begin()
+        method = METHODS.get(name)
+        if frame[:2] != b"\x80\x01" or mtype != CALL or method is None:
+            return None
+        args = _plain_binary_args(reader, method)
+    except ThriftProtocolError:
+        return None
+    return None if args is None else (name, seqid, args, reader.pos)
+
+
+def compiled_call(frame: bytes) -> Any:
+    """The compiled reader's answer, in the same shape: (name, seqid, args, pos) or None."""
+    call = compiled.read_call(frame, _PLAIN_CALLS, 100_000, 16 << 20)
+    if call is None:
+        assert read_plain_frame(frame, 100_000, 16 << 20) is None
+        return None
+    name, _, seqid, args, pos = call
+    assert read_plain_frame(frame, 100_000, 16 << 20) == (name, seqid, args)
+    return name, seqid, args, pos
+
+
+@settings(max_examples=500, deadline=None)
+@given(CALLS, st.data())
+def test_call_frames_read_as_the_python_readers_read_them(call: tuple[str, Any], data: Any) -> None:
+    raw = bytearray(encode_call("binary", call[0], seqid=data.draw(st.integers(-(2**31), 2**31 - 1)), **call[1]))
+    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+    for _ in range(data.draw(st.integers(1, 4))):  # and damaged: bytes changed, or the tail cut
+        if data.draw(st.booleans()):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+        else:
+            del raw[data.draw(st.integers(0, len(raw) - 1)):]
+            if not raw:
+                break
+    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+
+
+def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
+    put = encode_call("binary", "put", seqid=7, queue_name="q", items=[b"a", b"bc"], expiration_msec=5)
+    assert compiled_call(put) == ("put", 7, {"queue_name": "q", "items": [b"a", b"bc"], "expiration_msec": 5},
+                                  len(put))
+    get = encode_call("binary", "get", seqid=8, queue_name="q", max_items=10, timeout_msec=0, auto_abort_msec=0)
+    assert compiled_call(get) is not None
+    confirm = encode_call("binary", "confirm", seqid=9, queue_name="q", ids={1, 2})
+    read = compiled_call(confirm)
+    assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2]["ids"]) == [1, 2]
+    unknown_field = put[:-1] + b"\x08\x00\x63" + struct.pack("!i", 1) + b"\x00"  # field 99: not put's
+    assert compiled_call(unknown_field) is None and python_plain_call(unknown_field) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(CALLS, st.data())
+def test_a_frame_in_the_receive_buffer_reads_as_its_payload_reads(call: tuple[str, Any], data: Any) -> None:
+    """In place, a whole frame's call is what `read_plain_frame` reads from the frame's payload, with
+    the frame's end; a frame not whole yet, over `max_frame` or announcing a negative size is left to
+    the connection, as is every call `read_plain_frame` declines; what follows the frame is not read."""
+    payload = bytearray(encode_call("binary", call[0], seqid=data.draw(st.integers(-(2**31), 2**31 - 1)),
+                                    **call[1]))
+    if data.draw(st.booleans()):  # damaged: a byte changed, or the tail cut (the frame says where it ends)
+        if data.draw(st.booleans()):
+            payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(st.integers(0, 255))
+        else:
+            del payload[data.draw(st.integers(1, len(payload) - 1)):]
+    frame = struct.pack("!i", len(payload)) + payload
+    buf = bytearray(frame + data.draw(st.binary(max_size=20)))  # the next request may have begun
+    plain = read_plain_frame(bytes(payload), 100_000, 16 << 20)
+    expected = None if plain is None else (*plain, len(frame))
+    assert read_buffered_frame(buf, len(payload), 100_000, 16 << 20) == expected
+    assert read_buffered_frame(buf, len(payload) - 1, 100_000, 16 << 20) is None  # over max_frame
+    assert read_buffered_frame(buf[:data.draw(st.integers(0, len(frame) - 1))], len(payload), 100_000,
+                               16 << 20) is None  # not whole yet
+    negative = bytearray(struct.pack("!i", -len(payload))) + payload
+    assert read_buffered_frame(negative, 1 << 20, 100_000, 16 << 20) is None
+
+
+@pytest.mark.parametrize("etype", [2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 0, 1, 5, 99])
+def test_an_empty_list_of_any_element_type_reads_as_the_python_reader_reads_it(etype: int) -> None:
+    """An empty list names an element type the Python reader takes (or refuses) without reading one."""
+    put = encode_call("binary", "put", seqid=1, queue_name="q", items=[], expiration_msec=0)
+    at = put.index(b"\x0f\x00\x02") + 3
+    frame = put[:at] + bytes([etype]) + put[at + 1:]
+    assert compiled_call(frame) == python_plain_call(frame)
+
+
+def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
+    put = encode_call("binary", "put", queue_name="q", items=[b"x"] * 5, expiration_msec=0)
+    for max_items, max_bytes in [(4, 100), (5, 4)]:
+        assert read_plain_frame(put, max_items, max_bytes) is None
+    assert read_plain_frame(put, 5, 5) is not None
+    bad_name = encode_call("binary", "peek", queue_name="q").replace(b"\x00\x00\x00\x01q", b"\x00\x00\x00\x01\xff")
+    assert compiled_call(bad_name) is None
+
+
+def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
+    """A made-up method with one argument of each kind (Kestrel's own have no plain i64), its frame
+    cut at every length: only the whole frame is read, and to the right values."""
+    methods = {"m": ({"t": None}, {1: ("a", 8, 0), 2: ("b", 10, 1), 3: ("t", 11, 2), 4: ("r", 11, 3),
+                                   5: ("l", 15, 4), 6: ("s", 14, 5)})}
+    body = (b"\x08\x00\x01" + struct.pack("!i", -5) + b"\x0a\x00\x02" + struct.pack("!q", -(2**40))
+            + b"\x0b\x00\x03" + struct.pack("!i", 3) + "é!".encode() + b"\x0b\x00\x04" + struct.pack("!i", 2)
+            + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"])
+            + b"\x0e\x00\x06\x0a" + struct.pack("!iqq", 2, -1, 2**62) + b"\x00")
+    frame = struct.pack("!I", 0x80010001) + struct.pack("!i", 1) + b"m" + struct.pack("!i", 42) + body
+    whole = compiled.read_call(frame, methods, 100, 100)
+    assert whole == ("m", 1, 42, {"a": -5, "b": -(2**40), "t": "é!", "r": b"\xff\x00", "l": [b"x", b"yz"],
+                                  "s": [-1, 2**62]}, len(frame))
+    for cut in range(len(frame)):
+        assert compiled.read_call(frame[:cut], methods, 100, 100) is None
+
+
+REPLIES = st.one_of(
+    st.tuples(st.just("put"), st.integers(-(2**31), 2**31 - 1)),
+    st.tuples(st.just("put"), st.integers(2**31, 2**40)),  # past an i32: refused alike
+    st.tuples(st.sampled_from(["confirm", "abort", "current_status"]), st.integers(-(2**31), 2**31 - 1)),
+    st.tuples(st.just("get"), PAIRS),
+    st.tuples(st.just("get"), st.lists(st.tuples(st.binary(max_size=5), st.booleans()), max_size=3)),
+    st.tuples(st.sampled_from(["flush_queue", "delete_queue", "flush_all_queues", "set_status"]), st.none()),
+    st.tuples(st.just("get_version"), st.text(max_size=10)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(REPLIES, st.integers(-(2**31), 2**31 - 1) | st.integers(2**31, 2**33))
+def test_binary_replies_are_the_bytes_written_field_by_field(reply: tuple[str, Any], seqid: int) -> None:
+    name, value = reply
+    try:
+        reference: Any = write_reply(BinaryWriter(), METHODS[name], seqid, value)
+    except (struct.error, TypeError, ValueError) as e:
+        reference = type(e)
+    try:
+        laid: Any = encode_reply(BinaryWriter, METHODS[name], seqid, value)
+    except (struct.error, TypeError, ValueError) as e:
+        laid = type(e)
+    assert laid == reference
