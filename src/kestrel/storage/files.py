@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from kestrel.storage import filenames
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
@@ -260,7 +261,8 @@ class JournalWriter:
             fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
-        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
+        (what it logs is written after: `src/kestrel/storage/deferred_log.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
@@ -283,10 +285,11 @@ class JournalWriter:
         try:
             if os.fstat(self.fd).st_size != self.size:
                 os.ftruncate(self.fd, self.size)
-        except OSError:
+        except OSError as e:
             # Appending after the partial record would corrupt the journal: refuse from now on.
             self.damaged = True
-            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
+            log_later(self.runtime, log.error, "cannot cut a failed append off the journal", file=self.path,
+                      size=self.size, exc_info=e)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far."""

@@ -31,6 +31,7 @@ import structlog
 
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import ItemTooLarge, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFiles
 from kestrel.storage.item import QItem, data_sizes, plain_size
@@ -547,8 +548,8 @@ class PersistentQueue(ABC):
         try:
             self.poison(item)
         except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
+            log_later(self.runtime, log.warning, "poison item refused by its error queue; back at the head",
+                      queue=self.name, errors=item.errors, reason=str(e))
             return False
         return True
 
@@ -642,7 +643,7 @@ class PersistentQueue(ABC):
     def _read_behind_from(self, cursor: ReadBack) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
         self._behind = cursor
-        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+        log_later(self.runtime, log.info, "queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
@@ -670,7 +671,7 @@ class PersistentQueue(ABC):
         if self._behind is not None:
             self._behind = None
             self._stop_read_behind()
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+            log_later(self.runtime, log.info, "queue leaving read-behind", queue=self.name, items=self.length)
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -777,8 +778,8 @@ class PersistentQueue(ABC):
         was_behind = self._behind is not None
         self._behind = cursor
         if not was_behind:
-            log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
-                     paged_out=self.bytes - self.memory_bytes)
+            log_later(self.runtime, log.info, "queue paged out of memory", queue=self.name,
+                      kept=self.memory_bytes, paged_out=self.bytes - self.memory_bytes)
         return freed
 
     # -----------------------------------------------------------------------------------------

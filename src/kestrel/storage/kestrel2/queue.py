@@ -26,6 +26,7 @@ import structlog
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
@@ -195,7 +196,8 @@ class Kestrel2Queue(PersistentQueue):
         finally:
             reader.close()
         if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
-            log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
+            log_later(self.runtime, log.warning, "cannot page out: the journal does not end with the items "
+                      "in memory", queue=self.name)
             return None
         if self._rb is not None:
             self._rb.close()
@@ -321,14 +323,15 @@ class Kestrel2Queue(PersistentQueue):
         except OSError as e:
             raise JournalWriteError(self.name, path, e) from None
         self.read_only = False
-        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+        log_later(self.runtime, log.warning, "journal can be written again; queue accepts changes",
+                  queue=self.name, file=path)
 
     def _write_failed(self, error: OSError) -> JournalWriteError:
         """A journal write failed: go read-only and bring memory back to what the journal holds."""
         path = self._journal.live_path if self._journal.writer is not None else self.queue_path
         if not self.read_only:
-            log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
-                      file=path, error=str(error))
+            log_later(self.runtime, log.error, "cannot write the journal; the queue is read-only until it "
+                      "can", queue=self.name, file=path, error=str(error))
         self.read_only = True
         self.journal_write_errors += 1
         self._rebuild()

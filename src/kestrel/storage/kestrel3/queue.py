@@ -30,6 +30,7 @@ import structlog
 from kestrel.storage import formats, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
 from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
@@ -367,7 +368,8 @@ class Kestrel3Journal:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
             removed = self.writer.remove_consumed_files(heads, self._deleting)
             for path in removed:
-                log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
+                log_later(self.owner.runtime, log.info, "deleted writer journal file every reader has passed",
+                          queue=self.name, file=path)
             if removed:
                 self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
                                     self._unlisted())
@@ -753,8 +755,8 @@ class Kestrel3Queue(PersistentQueue):
             self._save(ids)
         except JournalWriteError as e:
             self._unsaved.update(ids)
-            log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
-                      queue=self.name, error=str(e))
+            log_later(self.runtime, log.error, "cannot write a reader checkpoint; consumed ids kept for the "
+                      "next write", queue=self.name, error=str(e))
 
     def _sync_checkpoint(self) -> None:
         """Wait as the sync policy says for what this reader's checkpoint was given."""
