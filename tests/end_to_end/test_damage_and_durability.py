@@ -31,8 +31,8 @@ from kestrel.storage.kestrel2.codec import (
 )
 from tests.conftest import wait_until
 from tests.support import kestrel24
+from tests.support.clients import thrift as client
 from tests.support.queues import drain, load_strictly
-from tests.thrift.test_thrift_e2e import client
 
 T0 = 1_700_000_000_000
 

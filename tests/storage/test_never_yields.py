@@ -13,7 +13,7 @@ import gevent
 import pytest
 from structlog.testing import capture_logs
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
+from kestrel.storage import JournalWriteError, QueueCollection
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.files import JournalWriter
@@ -25,7 +25,7 @@ from kestrel.storage.kestrel3.queue import Kestrel3Queue, _ReaderFile
 from kestrel.storage.runtime import GeventRuntime
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
-from tests.support.queues import drain, load_strictly
+from tests.support.queues import drain, load_strictly, open_collection
 from tests.support.switches import SwitchedGreenlets, hold_to_never_switching, logs_that_pause, never_switches
 
 # Every section the engine documents as never yielding.
@@ -39,9 +39,7 @@ T0 = 1_700_000_000_000
 
 
 def collection(path: Path, **queue: Any) -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs(queue), clock=FakeClock(T0))
-    coll.load()
-    return coll
+    return open_collection(path, queue, clock=FakeClock(T0))
 
 
 def test_the_helper_sees_a_switch_and_where_it_happened() -> None:
@@ -183,8 +181,7 @@ def test_no_section_documented_never_to_yield_yields_under_load(tmp_path: Path,
     monkeypatch.setattr(packer, "write_pack", counted)
     queues: dict[str, dict[str, Any]] = {"k3": {"journal_format": "kestrel3", "default_journal_size": 1500},
                                          "k2": {"default_journal_size": 1500, "max_memory_size": 600}}
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}, queues), commit_log=True)
-    coll.load()
+    coll = open_collection(tmp_path, {"sync_journal": "always"}, queues, commit_log=True)
     coll.queue("k3+audit")
     sent: dict[str, list[bytes]] = {"k3": [], "k2": []}
     taken: dict[str, list[bytes]] = {"k3": [], "k2": []}

@@ -8,17 +8,15 @@ from pathlib import Path
 import gevent
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage import QueueCollection
 from kestrel.storage.queue import PersistentQueue
-from tests.support.queues import drain, load_strictly, reopen
+from tests.support.queues import drain, load_strictly, open_collection, reopen
 
 FORMATS = ["kestrel2", "kestrel3"]
 
 
 def _collection(path: Path, fmt: str) -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs({"journal_format": fmt}, {}))
-    coll.load()
-    return coll
+    return open_collection(path, {"journal_format": fmt})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -58,8 +56,7 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
     """Creating a queue may wait (a Kestrel 3 queue's first writer file is fsynced under `always`);
     the clients naming it meanwhile wait for that queue rather than create a second one beside it
     (two Kestrel 3 writers of one queue gave the same ids twice, and the next start refused it)."""
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": fmt, "sync_journal": "always"}))
-    coll.load()
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": "always"})
 
     def put(who: int) -> PersistentQueue:
         coll.add_many(name, [b"%d-%d" % (who, i) for i in range(3)])
