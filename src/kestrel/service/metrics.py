@@ -186,7 +186,8 @@ _HELP = {
     "total_flushes": "Times the queue was flushed.",
     "create_time": "When the queue was created, in milliseconds since the epoch.",
     "poisoned": "Items aborted max_errors times, moved to the error_queue or dropped.",
-    "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
+    "refused_queues": "Queues refused at start-up because their journal is damaged or cannot be written (the "
+                      "others serve).",
     "memory_target": "Bytes of items the queue may hold in memory now: its share of max_memory_total.",
     "paged_out": "Bytes of items only in the journal, read back as the head drains.",
     "memory_total": "Bytes the queues hold in memory: items, open reads, read-behind buffers.",
@@ -228,8 +229,9 @@ class KestrelCollector(Collector):
                 per_queue[key].add_metric([name], value)
         yield from per_queue.values()
         refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because "
-                                    "its journal is damaged; it answers every request with an error "
-                                    "until repaired (or loaded with --salvage).", labels=["queue", "reason"])
+                                    "its journal is damaged or cannot be written; it answers every request "
+                                    "with an error until repaired (or loaded with --salvage).",
+                                    labels=["queue", "reason"])
         for name, error in sorted(self.server.collection.refused.items()):
             refused.add_metric([name, error.reason], 1)
         yield refused

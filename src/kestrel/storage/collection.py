@@ -163,7 +163,7 @@ class QueueCollection:
 
     def _refuse(self, name: str, error: CorruptJournalError) -> None:
         self.refused[name] = error
-        log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
+        log.error(f"QUEUE REFUSED: {error.refusal}; the other queues serve, this one answers "
                   "every request with an error", queue=name, file=error.path, offset=error.offset,
                   opcode=error.opcode, reason=error.reason,
                   remedy=error.remedy())

@@ -33,6 +33,8 @@ class ConfigError(KestrelError, ValueError):
 class CorruptJournalError(KestrelError):
     """Raised when a journal holds a record that cannot be read and is not a torn tail."""
 
+    refusal = "its journal is damaged"  # why a queue refused at start-up for this is not served
+
     def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
                  salvageable: bool = True) -> None:
         op = "?" if opcode is None else str(opcode)
@@ -69,6 +71,26 @@ class CommitLogDamaged(CorruptJournalError):
     def remedy(self) -> str:
         return ("the commit log and the journals are left as they are: repair or set aside the file "
                 "named (what it holds is then lost), then start again")
+
+
+class JournalNotWritable(CorruptJournalError):
+    """Raised at start-up when a file a queue appends to cannot be opened for writing (its owner or
+    mode, an immutable file, a read-only mount): the queue is refused alone, as a damaged one is,
+    rather than failing every request with nothing in its figures. Nothing is changed."""
+
+    refusal = "its journal cannot be written"
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path, 0, None, f"the server cannot open it for writing: {error.strerror or error}",
+                         salvageable=False)
+        self.args = (f"journal {path} cannot be written: {error.strerror or error}",)
+
+    def advice(self, salvage: bool) -> str:
+        return self.remedy()
+
+    def remedy(self) -> str:
+        return ("give the server's user write access to the file (its owner, its mode, `chattr -i`, a "
+                "read-write mount) and restart; the file was not changed")
 
 
 class QueueDamaged(KestrelError):

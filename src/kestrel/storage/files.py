@@ -18,6 +18,7 @@ import structlog
 
 from kestrel.storage import filenames
 from kestrel.storage.deferred_log import log_later
+from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
@@ -141,6 +142,17 @@ def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
         raise
     os.truncate(path, offset)
     return copy
+
+
+def check_writable(path: str) -> None:
+    """Raise JournalNotWritable if the file at `path` exists and cannot be opened for appending:
+    start-up finds it, rather than every change (a queue's files are opened by its first change)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise JournalNotWritable(path, e) from None
 
 
 def fsync_path(path: str) -> None:

@@ -15,6 +15,7 @@ meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are 
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from array import array
@@ -28,7 +29,7 @@ from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, check_writable, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -96,6 +97,8 @@ class Kestrel2Queue(PersistentQueue):
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
         elif files is None:
             files = self._journal.scan()
+        if files.live is not None:
+            check_writable(files.live)  # the file appended to (rotated ones are only read)
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
         self._journal.open_live()
@@ -277,7 +280,9 @@ class Kestrel2Queue(PersistentQueue):
         if journal.writer is not None and journal.writer.fd < 0:
             try:
                 journal.writer.open()
-            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+            except OSError as e:  # nothing changed yet: refuse this change
+                if e.errno not in (errno.EMFILE, errno.ENFILE):  # out of descriptors passes; this may not
+                    self._went_read_only(journal.live_path, e)  # the next change probes
                 raise JournalWriteError(self.name, journal.live_path, e) from None
         if self._orphans:
             try:
@@ -329,13 +334,17 @@ class Kestrel2Queue(PersistentQueue):
     def _write_failed(self, error: OSError) -> JournalWriteError:
         """A journal write failed: go read-only and bring memory back to what the journal holds."""
         path = self._journal.live_path if self._journal.writer is not None else self.queue_path
+        self._went_read_only(path, error)
+        self._rebuild()
+        return JournalWriteError(self.name, path, error)
+
+    def _went_read_only(self, path: str, error: OSError) -> None:
+        """The journal could not be written: counted, logged once, and read-only until a probe writes."""
         if not self.read_only:
             log_later(self.runtime, log.error, "cannot write the journal; the queue is read-only until it "
                       "can", queue=self.name, file=path, error=str(error))
         self.read_only = True
         self.journal_write_errors += 1
-        self._rebuild()
-        return JournalWriteError(self.name, path, error)
 
     def _rebuild(self) -> None:
         """Replay the journal into a fresh memory state: it is the truth once a write has failed.

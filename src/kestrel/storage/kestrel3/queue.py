@@ -33,7 +33,13 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
+from kestrel.storage.files import (
+    CURSOR_CHUNK,
+    JournalFiles,
+    JournalWriter,
+    check_writable,
+    list_journal_files,
+)
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -226,6 +232,8 @@ class Kestrel3Journal:
                                                           self._stamp)
         self._check = ManifestCheck(self.queue_path, name, self.salvage, self._stamp)
         on_disk = QueueFiles() if new else list_queue_files(self.queue_path, name)
+        for path in [*(p for _, p in on_disk.writers[-1:]), *on_disk.readers.values()]:
+            check_writable(path)  # the files appended to (older writer files are only read)
         if record is None and (on_disk.writers or on_disk.readers):
             log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
                         "changed cannot be detected at this start; one is written now", queue=name,
@@ -646,6 +654,7 @@ class Kestrel3Queue(PersistentQueue):
                 try:
                     first = writer.append(items[:count], now, expiry or None)[0].id
                 except OSError as e:
+                    self.journal_write_errors += 1
                     raise JournalWriteError(journal.name, writer.current.path, e) from None
                 for q in readers:
                     taken, size = admitted.get(q.reader, (0, 0))
