@@ -441,7 +441,9 @@ class QueueCollection:
                 self._fanouts.get(parent, set()).discard(name)
         if q is None:
             return
-        q.destroy()
+        gone = q.destroy()
+        if self._owners is not None:
+            self._owners.difference_update(gone)  # named again, it is created from nothing
         self.queue_deletes += 1
         log.info("queue deleted", queue=name)
 

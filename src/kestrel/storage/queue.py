@@ -810,8 +810,10 @@ class PersistentQueue(ABC):
         """New settings from a reload (those fixed at creation stay)."""
 
     @abstractmethod
-    def destroy(self) -> None:
-        """Close and delete this queue's files (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete this queue's files (the `delete` command). Returns the queue names that
+        own no file any more (`files.file_owner`): naming one again creates a queue from nothing,
+        with no directory to read."""
 
     @abstractmethod
     def _close_files(self) -> None:

@@ -429,10 +429,12 @@ class Kestrel2Queue(PersistentQueue):
     def _close_files(self) -> None:
         self._journal.close()
 
-    def destroy(self) -> None:
-        """Close and delete every journal file of this queue (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete every journal file of this queue (the `delete` command), found by
+        listing the queue path: none is left."""
         self.close()
         self._journal.delete_files()
+        return [self.name]
 
 
 def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:

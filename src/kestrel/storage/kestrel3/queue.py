@@ -834,8 +834,9 @@ class Kestrel3Queue(PersistentQueue):
         if self._journal is not None:
             self._journal.detach(self)
 
-    def destroy(self) -> None:
-        """Close and delete this reader's checkpoint, and the writer files once no reader is left."""
+    def destroy(self) -> list[str]:
+        """Close and delete this reader's checkpoint, and the writer files once no reader is left
+        (found by listing the queue path: then the queue owns no file)."""
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
@@ -844,3 +845,5 @@ class Kestrel3Queue(PersistentQueue):
             os.unlink(self._file.path)
         if journal is not None and journal.unread:
             journal.destroy()
+            return [self.name, self.parent]
+        return [self.name] if self.reader else []  # a reader's name owns no file; its parent's do
