@@ -36,7 +36,7 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_DAMAGED_JOURNAL,
     StartupError,
 )
-from kestrel.storage.errors import CommitLogDamaged, ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 from kestrel.storage.tools import recover as journal_recover  # noqa: E402
@@ -159,9 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         App(config).run()
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
-    except CommitLogDamaged as e:
-        print(f"kestrel: cannot start: {e}; {e.remedy()}", file=sys.stderr)
-        return EXIT_DAMAGED_JOURNAL
     except CorruptJournalError as e:
         advice = e.advice(config.salvage)
         print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
