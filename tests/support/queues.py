@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from kestrel.storage import QueueCollection
+from kestrel.storage import QueueCollection, QueueConfigs
+
+
+def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: dict[str, Any] | None = None,
+                    **options: Any) -> QueueCollection:
+    """A loaded collection on `path`: `defaults` for every queue, `queues` by name, and the
+    collection's own keyword options (clock, runtime, commit_log, ...)."""
+    coll = QueueCollection(str(path), QueueConfigs(defaults or {}, queues or {}), **options)
+    coll.load()
+    return coll
 
 
 def journal_files(path: Path) -> list[str]:
