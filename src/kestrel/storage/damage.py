@@ -119,14 +119,15 @@ def carry_out(queue_path: str, queue: str, findings: Sequence[Finding], stamp: i
     return copies
 
 
-def record_damage(error: CorruptJournalError, items: int | None = None, also: str = "") -> Finding:
-    """The finding of a damaged record (or a torn record before a later file): its file is cut there."""
-    if error.offset == 0:
-        return Finding(error.path, error.reason, Remedy.SET_ASIDE, 0, error.opcode, items, also)
-    return Finding(error.path, error.reason, Remedy.CUT, error.offset, error.opcode, items, also)
+def record_damage(error: CorruptJournalError, header: int = 0, also: str = "") -> Finding:
+    """The finding of a damaged record (or a torn record before a later file): its file is cut
+    there; set aside whole when the damage is in its `header` bytes (no file without them)."""
+    if error.offset < header:
+        return Finding(error.path, error.reason, Remedy.SET_ASIDE, error.offset, error.opcode, also=also)
+    return Finding(error.path, error.reason, Remedy.CUT, error.offset, error.opcode, also=also)
 
 
-def refuse_record(error: CorruptJournalError, also: str = "") -> CorruptJournalError:
+def refuse_record(error: CorruptJournalError, header: int = 0, also: str = "") -> CorruptJournalError:
     """`error` (a damaged record) with the salvage plan attached."""
-    error.plan = plan([record_damage(error, also=also)])
+    error.plan = plan([record_damage(error, header, also)])
     return error

@@ -289,8 +289,9 @@ class Kestrel3Journal:
                                      writers=[] if new else None)
             except CorruptJournalError as e:
                 if not self.salvage:
-                    raise damage.refuse_record(e) from None
-                damage.carry_out(self.queue_path, self.name, [damage.record_damage(e)], self._stamp)
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
+                damage.carry_out(self.queue_path, self.name, [damage.record_damage(e, k3.MAGIC_SIZE)],
+                                 self._stamp)
 
     def _read_checkpoint(self, reader: str, path: str, high: int | None, fresh: set[str]) -> ReaderCheckpoint:
         """A reader's checkpoint. A damaged record refuses the queue; with salvage what precedes it is
@@ -301,8 +302,8 @@ class Kestrel3Journal:
                 return read_checkpoint(path, high)
             except CorruptJournalError as e:
                 if not self.salvage:
-                    raise damage.refuse_record(e, also=again) from None
-                finding = damage.record_damage(e, also=again)
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE, again) from None
+                finding = damage.record_damage(e, k3.MAGIC_SIZE, again)
                 damage.carry_out(self.queue_path, self.name, [finding], self._stamp)
                 if finding.remedy is damage.Remedy.SET_ASIDE:
                     fresh.add(reader)
