@@ -1,5 +1,5 @@
-"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `convert` and `recover`: the
-command line."""
+"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `check`, `convert` and `recover`:
+the command line."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from kestrel.service.startup import (  # noqa: E402
     StartupError,
 )
 from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.tools import check as journal_check  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 from kestrel.storage.tools import recover as journal_recover  # noqa: E402
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
         "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
+    journal_check.add_arguments(journal_sub.add_parser(
+        "check", help="what a start-up would find damaged and --salvage would set aside; changes nothing"))
     journal_convert.add_arguments(journal_sub.add_parser(
         "convert", help="convert queues to the other journal format, offline (the server must be stopped)"))
     journal_recover.add_arguments(journal_sub.add_parser(
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
         return journal_dump.run(args)
+    if args.command == "journal" and args.journal_command == "check":
+        return journal_check.run(args)
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
     if args.command == "journal" and args.journal_command == "recover":

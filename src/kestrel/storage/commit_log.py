@@ -315,10 +315,11 @@ def _journal_for(queue_path: str, files: JournalFiles, record: Record) -> str | 
 class _Placing:
     """Records placed into their journals by position, in log order (`place`)."""
 
-    def __init__(self, queue_path: str, now_ms: int, recovery: Recovery) -> None:
+    def __init__(self, queue_path: str, now_ms: int, recovery: Recovery, dry_run: bool = False) -> None:
         self.queue_path = queue_path
         self.now_ms = now_ms
         self.recovery = recovery
+        self.dry_run = dry_run  # count what would be written and copied; change nothing
         self.journals: set[str] = set()
         self._scanned: dict[str, JournalFiles] = {}
         self._copied: set[str] = set()  # journals whose replaced bytes are kept already
@@ -372,15 +373,12 @@ class _Placing:
                     f"commit log's record {segment} offset {at} goes: the bytes between are missing and "
                     "no copy holds them")
         if size > record.offset and journal not in self._copied:
-            label = "torn" if size < end and record.data.startswith(present) else "replaced"
-            copy = layout.aside_path(self.queue_path, os.path.basename(journal), label, self.now_ms)
-            _step("copy-journal")
-            copy_from(journal, record.offset, copy)
             self._copied.add(journal)
-            self.recovery.copies.append(copy)
-            log.warning("journal lacks or holds other bytes where the commit log's record goes; the log's "
-                        "record written over them, a copy kept", file=journal, offset=record.offset,
-                        copy=copy)
+            torn = size < end and record.data.startswith(present)
+            self._keep_copy(journal, record.offset, "torn" if torn else "replaced")
+        self.recovery.written += 1
+        if self.dry_run:
+            return None
         _step("write")
         fd = os.open(journal, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
@@ -388,15 +386,27 @@ class _Placing:
         finally:
             os.close(fd)
         self.journals.add(journal)
-        self.recovery.written += 1
         return None
+
+    def _keep_copy(self, journal: str, offset: int, label: str) -> None:
+        """Copy the journal from `offset` on to `.kestrel/aside/` before it is written over."""
+        name = os.path.basename(journal)
+        if self.dry_run:
+            self.recovery.copies.append(filenames.set_aside_path(self.queue_path, name, label, self.now_ms))
+            return
+        copy = layout.aside_path(self.queue_path, name, label, self.now_ms)
+        _step("copy-journal")
+        copy_from(journal, offset, copy)
+        self.recovery.copies.append(copy)
+        log.warning("journal lacks or holds other bytes where the commit log's record goes; the log's "
+                    "record written over them, a copy kept", file=journal, offset=offset, copy=copy)
 
 
 def _refusal(queue: str, where: str, at: int, reason: str, held: int) -> CommitLogDamaged:
     return CommitLogDamaged(where, at, None, reason, queue, held)
 
 
-def recover(queue_path: str, now_ms: int, salvage: bool = False) -> Recovery:
+def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool = False) -> Recovery:
     """Put what the commit log holds into the journals, make them durable and empty the log.
     Idempotent: killed at any step, it can run again.
 
@@ -407,14 +417,15 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False) -> Recovery:
     queue with records in the log, since it may be any of theirs); its records are kept in
     `held-<queue>` and read again at the next recovery. With `salvage` a refused queue's journal is
     kept as it is and its records set aside (`.kestrel/aside/`) instead. A torn last write of the
-    log is cut off, a copy kept as `<segment>.torn-<ms>`. Raises OSError.
+    log is cut off, a copy kept as `<segment>.torn-<ms>`. With `dry_run` nothing is changed: the
+    result says what would be done (`kestrel journal check`). Raises OSError.
     """
     recovery = Recovery()
     held = held_paths(queue_path)
     paths = list(held.values()) + segment_paths(queue_path)
     last = max([i for i, p in enumerate(paths) if os.path.getsize(p) > len(MARK)], default=len(paths) - 1)
     segments = [read_segment(p, i >= last) for i, p in enumerate(paths)]
-    placing = _Placing(queue_path, now_ms, recovery)
+    placing = _Placing(queue_path, now_ms, recovery, dry_run)
     reasons: dict[str, tuple[str, int, str]] = {}  # refused queue -> (where, offset, why)
     named = {r.queue for s in segments for _, r in s.records}
     for segment in segments:
@@ -437,6 +448,10 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False) -> Recovery:
             refusal = placing.place(segment.path, at, record)
             if refusal is not None:
                 reasons[record.queue] = (segment.path, at, refusal)
+    if dry_run:
+        recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])))
+                            for q, (where, at, why) in sorted(reasons.items())}
+        return recovery
     for queue, (where, at, why) in sorted(reasons.items()):
         kept = records.get(queue, [])
         if salvage:

@@ -22,8 +22,8 @@ from kestrel.storage.files import fsync_path
 log = structlog.get_logger("kestrel.layout")
 
 # An earlier layout's file names in the queue path, and their names in the server's own directory.
-_MOVED = {".read_ids": filenames.READ_IDS_NAME, ".convert": filenames.CONVERT_NAME,
-          "commit-log": filenames.COMMIT_LOG_NAME}
+_MOVED = {".read_ids": filenames.READ_IDS_NAME, ".convert": filenames.CONVERT_NAME}  # files
+_MOVED_DIRECTORY = {"commit-log": filenames.COMMIT_LOG_NAME}  # a file of that name is a queue's journal
 _DROPPED = (".lock", ".convert" + filenames.TEMPORARY_MARK, ".read_ids" + filenames.TEMPORARY_MARK)
 _COPY_LABELS = (".torn-", ".corrupt-")
 
@@ -57,9 +57,11 @@ def set_aside(queue_path: str, path: str, label: str, stamp: int) -> str:
     return copy
 
 
-def _earlier_name(name: str) -> str | None:
-    """Where a file an earlier version kept in the queue path goes, relative to the own directory;
-    None when it is not one of those."""
+def earlier_name(name: str, is_dir: bool) -> str | None:
+    """Where a file (or directory) an earlier version kept in the queue path goes, relative to the
+    own directory; None when it is not one of those."""
+    if is_dir:
+        return _MOVED_DIRECTORY.get(name)
     if name in _MOVED:
         return _MOVED[name]
     if filenames.queue_of_manifest(name) is not None:
@@ -83,8 +85,8 @@ def migrate(queue_path: str) -> list[str]:
                 os.unlink(entry.path)
             dropped = True
             continue
-        target = _earlier_name(name)
-        if target is None or (entry.is_dir() and name not in _MOVED):
+        target = earlier_name(name, entry.is_dir())
+        if target is None:
             continue
         folder = [os.path.dirname(target)] if os.path.dirname(target) else []
         destination = os.path.join(ensure(queue_path, *folder), os.path.basename(target))

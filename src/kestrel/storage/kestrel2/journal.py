@@ -613,10 +613,19 @@ def count_items(path: str) -> int | None:
     return count
 
 
-def check_files(queue_path: str, name: str) -> None:
-    """Compare a Kestrel 2 queue's files with its manifest, changing nothing (the converter).
-
-    Raises CorruptJournalError.
-    """
+def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
+    """What in a Kestrel 2 queue's files does not match its manifest, changing nothing (the
+    converter, `kestrel journal check`). Raises CorruptJournalError when the manifest cannot be read."""
+    files = journal.list_journal_files(queue_path, name)
+    record = manifest.read(queue_path, name, "kestrel2")
+    if record is None or not (files.live or files.rotated or files.packs):
+        return []
     queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
-    queue._check_manifest(journal.list_journal_files(queue_path, name))
+    return queue._compare(record, files)
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Refuse a Kestrel 2 queue whose files do not match its manifest, changing nothing (the
+    converter). Raises CorruptJournalError."""
+    damage.settle(queue_path, name, manifest_findings(queue_path, name), False, 0,
+                  f"; compared with {manifest.path_of(queue_path, name)}")

@@ -206,14 +206,15 @@ class ReaderCheckpoint:
         return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
 
 
-def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
+def read_checkpoint(path: str, high_id: int | None = None, repair: bool = True) -> ReaderCheckpoint:
     """A reader's checkpoint file (a missing file is a reader that consumed nothing).
 
     The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
     final record (an append the process did not finish, so never acknowledged) is cut off, a copy
     kept. With
     `high_id` (the highest id ever written), an id above it is damage: nothing can consume an item
-    not yet written, and taking it would silently empty the reader. Raises CorruptJournalError.
+    not yet written, and taking it would silently empty the reader. Without `repair` a torn record
+    is left where it is (read-only readers). Raises CorruptJournalError.
     """
     if not os.path.exists(path):
         return ReaderCheckpoint()
@@ -234,6 +235,8 @@ def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
             damage = reader.tail_damage(last=True)
             if damage is not None:
                 raise damage
+            if not repair:
+                return ReaderCheckpoint(head, frozenset(done)).normalized()
             copy = reader.cut_torn_tail(SYSTEM_CLOCK.now_ms())
             log.warning("torn record at the end of a reader checkpoint; cut off, a copy kept", file=path,
                         offset=reader.offset, reason=reader.torn, copy=copy)

@@ -45,7 +45,6 @@ from kestrel.storage.kestrel3.files import (
     checkpoint_entry,
     list_queue_files,
     read_checkpoint,
-    read_records,
     write_checkpoint,
 )
 from kestrel.storage.queue import PersistentQueue, ReadBack
@@ -85,6 +84,14 @@ class ManifestCheck:
         set aside. Raises CorruptJournalError (without salvage) for anything else, naming what
         salvage would set aside (src/kestrel/storage/damage.py).
         """
+        found, gone, fresh = self.compare(record, on_disk)
+        self.settle(found)
+        return gone, fresh
+
+    def compare(self, record: manifest.Manifest, on_disk: QueueFiles
+                ) -> tuple[list[damage.Finding], list[tuple[str, manifest.Entry]], set[str]]:
+        """What does not match the manifest (changing nothing), the listed writer files missing,
+        and the readers whose checkpoint does not match."""
         found: list[damage.Finding] = []
         fresh: set[str] = set()
         writers = {os.path.basename(p): (n, p) for n, p in on_disk.writers}
@@ -124,8 +131,7 @@ class ManifestCheck:
             if reader_file_name(self.name, reader) not in record.files:
                 log.info("reader checkpoint not yet in the manifest (a reader created just before a stop)",
                          queue=self.name, file=path)
-        self.settle(found)
-        return gone, fresh
+        return found, gone, fresh
 
     def settle(self, found: list[damage.Finding]) -> None:
         damage.settle(self.queue_path, self.name, found, self.salvage, self.stamp,
@@ -134,12 +140,14 @@ class ManifestCheck:
     def lost_files(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> None:
         """Listed writer files that are missing: refused unless every reader had consumed them (a
         crash while they were deleted)."""
+        self.settle(self.lost(gone, heads))
+
+    def lost(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> list[damage.Finding]:
         lowest = min(heads, default=0)
-        lost = [(n, e) for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
-        self.settle([damage.Finding(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
-                                    f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)",
-                                    damage.Remedy.NONE, also=f"items {e.first_id} to {e.last_id} are lost")
-                     for n, e in lost])
+        return [damage.Finding(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
+                               f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)",
+                               damage.Remedy.NONE, also=f"items {e.first_id} to {e.last_id} are lost")
+                for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
 
 
 def count_items(path: str) -> int | None:
@@ -159,19 +167,27 @@ def count_items(path: str) -> int | None:
     return count
 
 
-def check_files(queue_path: str, name: str) -> None:
-    """Compare a Kestrel 3 queue's files with its manifest, changing nothing (the converter).
-
-    Raises CorruptJournalError.
-    """
+def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
+    """What in a Kestrel 3 queue's files does not match its manifest, changing nothing (the
+    converter, `kestrel journal check`). Raises CorruptJournalError when the manifest, or a
+    checkpoint the manifest vouches for, cannot be read."""
     record = manifest.read(queue_path, name, KESTREL3)
-    if record is None:
-        return
-    check = ManifestCheck(queue_path, name, False, 0)
     on_disk = list_queue_files(queue_path, name)
-    gone, _ = check.files(record, on_disk)
+    if record is None or not (on_disk.writers or on_disk.readers):
+        return []
+    check = ManifestCheck(queue_path, name, False, 0)
+    found, gone, fresh = check.compare(record, on_disk)
     high = max(record.high_id, _last_id(on_disk))
-    check.lost_files(gone, [read_checkpoint(path, high).head for path in on_disk.readers.values()])
+    heads = [read_checkpoint(path, high, repair=False).head for r, path in on_disk.readers.items()
+             if r not in fresh]
+    return found + check.lost(gone, heads)
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Refuse a Kestrel 3 queue whose files do not match its manifest, changing nothing (the
+    converter). Raises CorruptJournalError."""
+    damage.settle(queue_path, name, manifest_findings(queue_path, name), False, 0,
+                  f"; compared with {manifest.path_of(queue_path, name)}")
 
 
 def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.Entry:
@@ -185,12 +201,16 @@ def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.En
 
 
 def _last_id(on_disk: QueueFiles) -> int:
-    """The last item id in the newest writer file (0 if none)."""
+    """The last item id in the newest writer file (0 if none; a torn last record left out)."""
     last = 0
     if on_disk.writers:
-        for _offset, record in read_records(on_disk.writers[-1][1], k3.FileKind.WRITER):
-            assert isinstance(record, k3.Put)
-            last = record.id
+        reader = RecordReader(on_disk.writers[-1][1], k3.FileKind.WRITER)
+        try:
+            for _offset, record in reader:
+                assert isinstance(record, k3.Put)
+                last = record.id
+        finally:
+            reader.close()
     return last
 
 
