@@ -80,8 +80,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}-port", type=int, metavar="N",
                        help=f"{name} port, 0 disables it (default: {port})")
     p.add_argument("--salvage", action="store_true", default=None,
-                   help="load what precedes a corrupt journal record instead of refusing to start "
-                        "(default: off)")
+                   help="serve a damaged queue, setting aside only what does not verify (a copy kept "
+                        "in .kestrel/aside/), instead of refusing it (default: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log lines written (default: %(default)s)")
     p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
