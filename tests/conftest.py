@@ -316,11 +316,12 @@ def server(server_factory: Any) -> ServerProcess:
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One standalone ZooKeeper for the session; tests keep apart by using their own path prefix."""
+    from tests.support.system import setup_hint
     from tests.support.zookeeper_server import ZooKeeperServer, zookeeper_classpath
 
     classpath = zookeeper_classpath()
     if classpath is None:
-        pytest.skip("ZooKeeper needs Debian's zookeeper package and a JRE (installed with apt-get as root)")
+        pytest.skip(f"ZooKeeper needs Debian's zookeeper and default-jre-headless packages: {setup_hint()}")
     zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), classpath).start()
     yield zk
     zk.stop()

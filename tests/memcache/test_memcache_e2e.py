@@ -15,7 +15,7 @@ import pytest
 from pymemcache.client.base import Client
 
 from tests.conftest import ServerProcess, wait_until
-from tests.support.installs import ensure_debian_package
+from tests.support.system import tool
 from tests.support.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
     conn,
@@ -198,10 +198,7 @@ def test_admin_http(server: ServerProcess, mc: Client) -> None:
 
 
 def test_libmemcached_tools_client(server: ServerProcess, mc: Client, tmp_path: Any) -> None:
-    memcat = ensure_debian_package("memccat", "libmemcached-tools") or ensure_debian_package(
-        "memcat", "libmemcached-tools")
-    if memcat is None:
-        pytest.skip("libmemcached-tools is not installed and cannot be installed here (needs root and apt-get)")
+    memcat = tool("memccat")
     mc.set("fromc", b"hello from pymemcache")
     done = subprocess.run([memcat, f"--servers=127.0.0.1:{server.memcache_port}", "fromc"],
                           capture_output=True, timeout=30)

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kestrel.service.config import EXAMPLE
 from tests.conftest import ROOT
-from tests.support.installs import ensure_debian_package
+from tests.support.system import tool
 
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "kestrel.service"
-CONFIG = DEPLOY / "kestrel.yaml"
+CONFIG = EXAMPLE  # `kestrel config example`
 SYSUSERS = DEPLOY / "kestrel.sysusers.conf"
 TMPFILES = DEPLOY / "kestrel.tmpfiles.conf"
 
@@ -86,9 +87,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
-    analyze = ensure_debian_package("systemd-analyze", "systemd")
-    if analyze is None:
-        pytest.skip("systemd-analyze is missing and cannot be installed here (needs root and apt-get)")
+    analyze = tool("systemd-analyze")
     # verify checks that ExecStart's program exists: the unit as installed, but run from a stand-in.
     stand_in = tmp_path / "opt" / "kestrel" / "bin" / "kestrel"
     stand_in.parent.mkdir(parents=True)
@@ -102,10 +101,8 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
 
 
 def test_sysusers_and_tmpfiles_create_the_user_and_its_queue_path(tmp_path: Path) -> None:
-    sysusers = ensure_debian_package("systemd-sysusers", "systemd")
-    tmpfiles = ensure_debian_package("systemd-tmpfiles", "systemd")
-    if sysusers is None or tmpfiles is None:
-        pytest.skip("systemd-sysusers or systemd-tmpfiles is missing and cannot be installed here")
+    sysusers = tool("systemd-sysusers", "systemd")
+    tmpfiles = tool("systemd-tmpfiles", "systemd")
     if os.geteuid() != 0:
         pytest.skip("systemd-tmpfiles gives the queue path to the server's user only as root")
     root = tmp_path / "root"

@@ -18,7 +18,7 @@ import yaml
 
 from kestrel.contract import kestrel_thrift
 from tests.conftest import free_ports, wait_for_port
-from tests.support.installs import build_wheel
+from tests.support.wheel import build_wheel
 
 
 def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,6 +27,9 @@ from kestrel.storage.config import (
     parse_size,
 )
 from kestrel.storage.errors import ConfigError
+
+# The example configuration, every key with a comment, shipped in the package (`kestrel config example`).
+EXAMPLE = Path(__file__).with_name("kestrel.yaml")
 
 
 class ConfigErrors(ConfigError):
