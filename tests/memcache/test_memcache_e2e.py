@@ -191,9 +191,10 @@ def test_admin_http(server: ServerProcess, mc: Client) -> None:
     data = json.loads(urllib.request.urlopen(f"{base}/stats.json").read())
     assert data["queues"]["adm"]["items"] == 1 and data["server"]["cmd_set"] >= 1
     assert b"queue_adm_items: 1" in urllib.request.urlopen(f"{base}/stats.txt").read()
+    per_queue = urllib.request.urlopen(f"{base}/metrics/per-queue").read().decode()
+    assert 'kestrel_queue_items{queue="adm"} 1.0' in per_queue
     metrics = urllib.request.urlopen(f"{base}/metrics").read().decode()
-    assert 'kestrel_queue_items{queue="adm"} 1.0' in metrics
-    cmd_set = re.search(r"^kestrel_cmd_set_total (\S+)$", metrics, re.M)
+    cmd_set = re.search(r"^kestrel_put_items_total (\S+)$", metrics, re.M)
     assert cmd_set is not None and float(cmd_set.group(1)) >= 1  # the module's server is shared
 
 

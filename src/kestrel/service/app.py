@@ -127,6 +127,7 @@ class App:
             self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
                                                   self.server.status)
             self.membership.start()
+            self.server.membership = self.membership.report
         log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)

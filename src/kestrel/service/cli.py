@@ -44,9 +44,10 @@ from kestrel.storage.tools import recover as journal_recover  # noqa: E402
 SERVE_DESCRIPTION = """\
 Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
 (/ping, /ready, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (`kestrel
-config example` writes one listing every key with its default); the options below override it. SIGTERM or SIGINT stop the server
-cleanly; SIGHUP reloads the queue and alias settings. A failure to start is one line on stderr naming
-what failed, where and why, and the exit code says which kind it is."""
+config example` writes one listing every key with its default); the options below override it.
+SIGTERM or SIGINT stop the server cleanly; SIGHUP reloads the queue and alias settings (and names the
+keys only a restart applies). A failure to start is one line on stderr naming what failed, where and
+why, and the exit code says which kind it is."""
 
 
 def exit_codes_epilog() -> str:
@@ -111,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the example config file (every key with its default and a comment; queue_path "
                     "is the systemd unit's /var/spool/kestrel) to FILE, or to standard output. An "
                     "existing FILE is left alone (exit 1).")
-    example.add_argument("file", metavar="FILE", nargs="?", help="where to write it (default: standard output)")
+    example.add_argument("file", metavar="FILE", nargs="?",
+                         help="where to write it (default: standard output)")
     journal = sub.add_parser("journal", help="offline tools for journal files")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(

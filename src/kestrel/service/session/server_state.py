@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -43,6 +44,13 @@ class ServerState:
         self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
+        # The ZooKeeper server-set membership, when the server joins sets (set by the app).
+        self.membership: Callable[[], dict[str, bool]] | None = None
+
+    def server_sets(self) -> dict[str, bool] | None:
+        """`connected` to ZooKeeper, and a member of the `read` and `write` sets; None without
+        ZooKeeper."""
+        return None if self.membership is None else self.membership()
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""
