@@ -211,6 +211,7 @@ class ServerConfig:
     queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for reloads
+    overridden: tuple[str, ...] = ()  # the keys the command line set, which a reload leaves alone
 
     def resolved_status_file(self) -> str | None:
         if self.status_file is None:
@@ -359,4 +360,4 @@ def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
     for key, value in given.items():
         collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
     collect.raise_any()
-    return dataclasses.replace(config, **given)
+    return dataclasses.replace(config, **given, overridden=tuple(given))
