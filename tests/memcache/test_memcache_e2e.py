@@ -225,3 +225,19 @@ def test_ten_thousand_connections(server: ServerProcess, mc: Client) -> None:
         for s in socks:
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_dump_config_writes_settings_as_the_config_file_does(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"fsynced": {"sync_journal": "always"}, "batched": {"sync_journal": "10ms"}}},
+                         name="dump_config")
+    with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as s:
+        s.sendall(b"set lazy 0 0 1\r\nx\r\nset fsynced 0 0 1\r\nx\r\nset batched 0 0 1\r\nx\r\ndump_config\r\n")
+        reply = b""
+        while not reply.endswith(b"END\r\n"):
+            reply += s.recv(65536)
+    blocks = dict(re.findall(r"queue '(\w+)' \{\r\n(.*?)\}", reply.decode(), re.S))
+    settings = {name: dict(line.strip().split("=", 1) for line in body.splitlines()) for name, body in blocks.items()}
+    assert settings["lazy"]["sync_journal"] == "never"
+    assert settings["fsynced"]["sync_journal"] == "always"
+    assert settings["batched"]["sync_journal"] == "10ms"
+    assert settings["lazy"]["max_age"] == "null" and "None" not in reply.decode()

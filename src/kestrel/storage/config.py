@@ -152,8 +152,12 @@ class QueueConfig:
         return dataclasses.replace(base or cls(), **changes)
 
     def describe(self) -> dict[str, Any]:
-        """The settings as plain values, for `dump_config` and logs."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings as plain values, for `dump_config` and logs, as the config file writes them:
+        `sync_journal` as always, never or a duration; no value as null."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        sync = out["sync_journal"]
+        out["sync_journal"] = "never" if sync is None else "always" if sync == 0 else f"{sync}ms"
+        return {name: "null" if value is None else value for name, value in out.items()}
 
 
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
