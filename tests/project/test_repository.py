@@ -101,7 +101,7 @@ def test_each_module_is_loaded_under_one_name() -> None:
 
 def test_every_benchmark_command_the_docs_give_runs() -> None:
     """A command the README or bench/README.md gives for a benchmark starts (its --help), run as written
-    from the repository root; a script path (`bench/x.py`) would not find the `bench` package."""
+    from the repository root; run by its file path, a script would not find the `bench` package."""
     commands = set()
     for doc in ("README.md", "bench/README.md"):
         text = (ROOT / doc).read_text()

@@ -24,6 +24,7 @@ def patch_all() -> None:
 patch_all()
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
@@ -140,12 +141,13 @@ def read_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def write_example(path: str | None) -> int:
-    """The example config to `path` (a new file) or to stdout."""
+    """The example config to `path` (a new file; its directory made if missing) or to stdout."""
     text = EXAMPLE.read_text(encoding="utf-8")
     if path is None:
         sys.stdout.write(text)
         return 0
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "x", encoding="utf-8") as out:
             out.write(text)
     except OSError as e:
