@@ -22,11 +22,9 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 # that interrupts a call into the JVM leaves the session unusable for every later test of its process.
 pytestmark = pytest.mark.timeout(900)
 
-from thriftpy2.rpc import make_client  # noqa: E402
-from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
-from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
+from tests.support.clients import thrift_client  # noqa: E402
 from tests.support.system import need_java  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
@@ -76,10 +74,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def client(srv: ServerProcess) -> Any:
-    # A deadline, not a budget: thriftpy2's default of 3 s ran out once on a machine loaded by two
-    # test runs and their Spark JVMs, just after the server had restarted.
-    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
-                       timeout=30_000)
+    # thriftpy2's default of 3 s ran out once on a machine loaded by two test runs and their Spark
+    # JVMs, just after the server had restarted.
+    return thrift_client(srv.thrift_port, timeout_ms=30_000)
 
 
 def address(*servers: ServerProcess) -> str:

@@ -15,8 +15,6 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pymemcache.client.base import Client as MemcacheClient
-from thriftpy2.rpc import make_client
-from thriftpy2.transport import TFramedTransportFactory
 
 from kestrel.client import ZooKeeperServerSets
 from kestrel.contract import kestrel_thrift as kestrel
@@ -25,6 +23,7 @@ from kestrel.service.session.status import Status, StatusKeeper
 from kestrel.service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
 from kestrel.storage.errors import ConfigError
 from tests.conftest import STALL_S, ServerProcess, free_port, wait_until
+from tests.support.clients import thrift_client
 from tests.support.cluster import running_servers
 
 SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quickly
@@ -67,8 +66,7 @@ def set_ports(zk: KazooClient, prefix: str) -> tuple[set[int], set[int]]:
 
 
 def thrift(srv: ServerProcess) -> Any:
-    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
-                       timeout=5000)
+    return thrift_client(srv.thrift_port)
 
 
 def set_status(srv: ServerProcess, status: int) -> None:
