@@ -130,6 +130,7 @@ def test_the_start_line_names_the_queue_path_in_full(tmp_path: Path) -> None:
         _, err = done.communicate(timeout=30)
     started = next(json.loads(line) for line in err.decode().splitlines() if "kestrel started" in line)
     assert started["queue_path"] == str(tmp_path / "rel" / "queues")
+    assert started["listen_address"] == "127.0.0.1"  # every listener, admin included, unless told
     assert not any("listening beyond" in line for line in err.decode().splitlines())
 
 

@@ -270,8 +270,6 @@ def _family(figure: Figure, labels: list[str] | None = None) -> CounterMetricFam
     return GaugeMetricFamily(figure.name, figure.help, labels=labels)
 
 
-def _value(figure: Figure, value: float) -> float:
-    return value * figure.scale if figure.scale != 1.0 else value
 
 
 class ServerCollector(Collector):
@@ -307,7 +305,7 @@ class ServerCollector(Collector):
             figure = SERVER_FIGURES.get(key)
             if figure is not None:
                 family = _family(figure)
-                family.add_metric([], _value(figure, value))
+                family.add_metric([], value * figure.scale)
                 yield family
         queues = stats["queues"]
         yield GaugeMetricFamily("kestrel_queues", "Queues the server holds (fanout children count).",
@@ -333,7 +331,7 @@ class QueueCollector(Collector):
                     continue
                 if key not in families:
                     families[key] = _family(figure, ["queue"])
-                families[key].add_metric([name], _value(figure, value))
+                families[key].add_metric([name], value * figure.scale)
         yield from families.values()
         refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because its "
                                     "files are damaged (/stats.json says where and why); it answers every "
