@@ -219,8 +219,8 @@ def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:
         assert default in text, default
     assert "--log-format {auto,json,console}" in text
     assert "exit codes:" in text
-    for code in ("2 bad configuration", "3 damage that no one queue owns: the record of an interrupted", "4 the queue path",
-                 "5 a listener", "6 out of file descriptors"):
+    for code in ("2 bad configuration", "3 damage that no one queue owns: the record of an interrupted",
+                 "4 the queue path", "5 a listener", "6 out of file descriptors"):
         assert code in text, code
     # A queue whose own journal is damaged is refused alone while the server serves (exit 0 at its stop).
     assert "a queue whose own files are damaged is refused alone" in text

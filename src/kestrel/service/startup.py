@@ -29,8 +29,8 @@ EXIT_CODES = (
     (0, "stopped cleanly (SIGTERM, SIGINT or the shutdown command)"),
     (EXIT_CONFIG, "bad configuration (config file or command line); every bad key is listed"),
     (EXIT_DAMAGED_JOURNAL, "damage that no one queue owns: the record of an interrupted journal "
-                           "conversion (a queue whose own files, or whose records in the commit log, are "
-                           "damaged is refused alone, and the others serve)"),
+                           "conversion (a queue whose own files are damaged is refused alone, and the "
+                           "others serve; so is one whose commit log records cannot be placed)"),
     (EXIT_QUEUE_PATH, "the queue path, a journal or the status file cannot be used (missing, not a "
                       "directory, not writable, disk full), or another process holds the queue path"),
     (EXIT_LISTENER, "a listener cannot bind its address:port (in use, a port below 1024 without the "

@@ -133,7 +133,7 @@ class QueueCollection:
         a commit log left by a crash cannot be placed in its journal, is refused alone: logged,
         kept in `refused`, and every request to it raises QueueDamaged.
         """
-        layout.migrate(self.path)
+        layout.tidy(self.path)
         if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
         for name, error in recover_commit_log(self.path, self.clock.now_ms(), self.salvage).refused.items():

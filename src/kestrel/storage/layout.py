@@ -6,7 +6,8 @@ Kestrel names them; everything else of the server's lives in `<queue_path>/.kest
 Kestrel can open"). Versions before it kept the lock (`.lock`), the read-id floor (`.read_ids`), a
 conversion's record (`.convert`), the manifests (`<queue>.manifest`), the commit log (`commit-log/`)
 and the copies damage handling set aside (`<file>.torn-<ms>`, `<file>.corrupt-<ms>`) beside the
-journals; `migrate` moves them, once, by the owner of the path before it reads anything else.
+journals; `migrate` moves them, once: the owner of the path does so when it takes the path's lock
+(src/kestrel/storage/lock.py), before it reads anything else.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ def earlier_name(name: str, is_dir: bool) -> str | None:
 def migrate(queue_path: str) -> list[str]:
     """Move the files an earlier version kept beside the journals into the server's own directory;
     return their names. Drops what only the earlier version used (its lock file, which its owner
-    has released: the caller holds the path; stale temporaries), and the temporaries a crash left in
-    the own directory. Idempotent; raises OSError."""
+    has released: the caller holds the path; stale temporaries). Idempotent; raises OSError."""
     moved = []
     dropped = False
     for entry in os.scandir(queue_path):
@@ -104,10 +104,16 @@ def migrate(queue_path: str) -> list[str]:
                  queue_path=queue_path, files=sorted(moved))
     if moved or dropped:
         fsync_path(queue_path)
-    own = filenames.own_path(queue_path)
-    if os.path.isdir(own):
-        for entry in os.scandir(own):
-            if filenames.is_temporary(entry.name) and entry.is_file():  # a write a crash interrupted
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
     return moved
+
+
+def tidy(queue_path: str) -> None:
+    """Remove the temporaries a crash left in the server's own directory (a manifest or read-id
+    floor being written), as start-up removes the journals' (the queue path itself is not read)."""
+    own = filenames.own_path(queue_path)
+    if not os.path.isdir(own):
+        return
+    for entry in os.scandir(own):
+        if filenames.is_temporary(entry.name) and entry.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
