@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
     except CorruptJournalError as e:
-        advice = e.advice(config.salvage)
-        print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
+        # Damage no one queue owns (a conversion's record): --salvage does not apply.
+        print(f"kestrel: {e}\n(restore or move the file named, then start again)", file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

@@ -47,12 +47,6 @@ class CorruptJournalError(KestrelError):
         self.reason = reason
         self.plan = plan
 
-    def advice(self, salvage: bool) -> str:
-        """What to do, for the message that refuses to start."""
-        if salvage:
-            return "restore the file named, or move it, then start again"
-        return self.remedy()
-
     def remedy(self) -> str:
         """What to do, for a refused queue's log line and every request to it (the server runs)."""
         plan = self.plan or ("--salvage would keep what precedes the damage and set aside a copy of "
@@ -71,9 +65,6 @@ class CommitLogDamaged(CorruptJournalError):
         super().__init__(path, offset, opcode, reason)
         self.queue = queue
         self.held = held
-
-    def advice(self, salvage: bool) -> str:
-        return "" if salvage else self.remedy()
 
     def remedy(self) -> str:
         return (f"the journal is kept as it is, and the commit log's {self.held} records of queue "

@@ -29,6 +29,7 @@ class ReadIds:
     """Hands out read ids; `next()` is the hot path, a file write every `BLOCK` ids."""
 
     def __init__(self, queue_path: str, clock: Clock) -> None:
+        self.queue_path = queue_path
         self.path = filenames.own_path(queue_path, filenames.READ_IDS_NAME)
         self._next = max(clock.now_ms() << SHIFT, self._stored_floor(), 1)
         self._reserved = self._next
@@ -54,7 +55,7 @@ class ReadIds:
             raise OverflowError("read ids are exhausted (past the largest i64)")
         temp = self.path + "~~"
         try:
-            layout.ensure(os.path.dirname(os.path.dirname(self.path)))
+            layout.ensure(self.queue_path)
             with open(temp, "w", encoding="ascii") as f:
                 f.write(f"{reserved}\n")
                 f.flush()
