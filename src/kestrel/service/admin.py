@@ -1,4 +1,4 @@
-"""The admin HTTP port: /ping, /stats.json, /stats.txt and Prometheus /metrics."""
+"""The admin HTTP port: /ping, /stats.json, /stats.txt, Prometheus /metrics, and the page at /."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from gevent.pywsgi import WSGIServer
 
 from kestrel.service import metrics
+from kestrel.service.dashboard import Dashboard
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import stats_json, stats_text
@@ -21,12 +22,21 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         "/stats.txt": ("text/plain", lambda: stats_text(server)),
         "/metrics": (metrics.CONTENT_TYPE_LATEST, lambda: metrics.render(server)),
     }
+    dashboard = Dashboard(server)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        route = routes.get(environ.get("PATH_INFO", ""))
-        if route is None or environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        path = environ.get("PATH_INFO", "")
+        route = routes.get(path)
+        reading = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+        if route is None and reading:
+            page = dashboard.respond(path, environ.get("QUERY_STRING", ""), environ.get("HTTP_IF_NONE_MATCH"))
+            if page is not None:
+                status, headers, body = page
+                start_response(status, headers)
+                return [body]
+        if route is None or not reading:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: try /ping, /stats.json, /stats.txt or /metrics\n"]
+            return [b"not found: try /, /ping, /stats.json, /stats.txt or /metrics\n"]
         content_type, render = route
         body = render()
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])

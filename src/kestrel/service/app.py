@@ -14,7 +14,6 @@ import resource
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import gevent
 import structlog
@@ -27,9 +26,6 @@ from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import DEFAULT_RUNTIME
-
-if TYPE_CHECKING:
-    from kestrel.service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.app")
 
@@ -91,7 +87,6 @@ class App:
             self.lock.release()
             raise
         self.listeners: list[Listener] = []
-        self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
     def start(self) -> None:
         """Load the queues and open the listeners; raises StartupError (see
@@ -124,9 +119,9 @@ class App:
             from kestrel.service.zookeeper import ServerSetMembership
 
             endpoints = {field.removesuffix("_port"): port for field, port in ports.items()}
-            self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
-                                                  self.server.status)
-            self.membership.start()
+            membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address, self.server.status)
+            membership.start()
+            self.server.membership = membership  # with a `zookeeper` setting
         log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
@@ -138,8 +133,8 @@ class App:
         close the queues (journals flushed and fsynced)."""
         started = time.monotonic()
         log.info("kestrel shutting down", connections=sum(len(lst.connections) for lst in self.listeners))
-        if self.membership is not None:
-            self.membership.stop()
+        if self.server.membership is not None:
+            self.server.membership.stop()
         for listener in self.listeners:
             listener.stop_accepting()
         for listener in self.listeners:

@@ -140,6 +140,11 @@ def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **
         observe(protocol, command, time.perf_counter() - started)
 
 
+def storage_totals() -> dict[str, tuple[int, float]]:
+    """(count, seconds) of each storage event so far ("write", "fsync", "pack"): the histograms' totals."""
+    return {event: (sum(series.counts), series.sum) for event, series in _STORAGE_SECONDS.items()}
+
+
 def install_storage_timing() -> None:
     """Route storage's journal write, fsync and pack timings to the histograms."""
     journal.timings.update({event: series.observe for event, series in _STORAGE_SECONDS.items()})
@@ -189,6 +194,9 @@ _HELP = {
     "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
     "memory_target": "Bytes of items the queue may hold in memory now: its share of max_memory_total.",
     "paged_out": "Bytes of items only in the journal, read back as the head drains.",
+    "head_wait_ms": "Milliseconds the item at the head of the queue has waited (0 if none).",
+    "read_behind": "1 while items of the queue wait in its journal to be read back into memory.",
+    "journal_format": "The queue's journal format: 2 (Kestrel 2's journal) or 3 (Kestrel 3's files).",
     "memory_total": "Bytes the queues hold in memory: items, open reads, read-behind buffers.",
     "max_memory_total": "The server's memory budget for every queue together (0: none).",
     "memory_paged_total": "Bytes of items paged out of memory to stay under max_memory_total.",

@@ -1,10 +1,15 @@
-"""The guide's "Server stats" for memcache STATS and DUMP_STATS, JSON and text (Prometheus: metrics.py)."""
+"""The guide's "Server stats" for memcache STATS and DUMP_STATS, JSON and text (Prometheus: metrics.py).
+
+`/stats.json` is `server_document` with every queue's figures; the admin page
+(src/kestrel/service/dashboard/) reads the same two sources, so the page and the JSON never disagree.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from kestrel.service import metrics
 from kestrel.service.session.server_state import ServerState
 
 
@@ -39,9 +44,30 @@ def dump_stats(server: ServerState) -> bytes:
     return queue_blocks(server.queue_stats())
 
 
+def server_document(server: ServerState) -> dict[str, Any]:
+    """Everything of `/stats.json` but the queues' figures: the guide's server figures; the queues
+    refused at start-up with the damage found (`refused_queues`) and the remedy
+    (`refused_remedies`), as every request to them says; the status (`enforced` lags `current`
+    through a grace period); open connections by protocol; the ZooKeeper server sets (null without
+    them); aliases; the commit log (null when off); and the journals' writes, fsyncs and packs."""
+    coll = server.collection
+    return {
+        "server": server.global_stats(),
+        "refused_queues": coll.refused_queues(),
+        "refused_remedies": {name: error.remedy() for name, error in sorted(coll.refused.items())},
+        "status": {"current": server.status.current.label, "enforced": server.status.enforced.label},
+        "connections": {protocol: count for protocol, count in sorted(server.stats.connections.items())
+                        if protocol},
+        "server_sets": None if server.membership is None else server.membership.figures(),
+        "aliases": {alias: list(queues) for alias, queues in sorted(coll.aliases.items())},
+        "commit_log": None if coll.commit_log is None else coll.commit_log.stats(),
+        "journal_io": {event: {"count": count, "seconds": seconds}
+                       for event, (count, seconds) in metrics.storage_totals().items()},
+    }
+
+
 def stats_json(server: ServerState) -> bytes:
-    return json.dumps({"server": server.global_stats(), "queues": server.queue_stats(),
-                       "refused_queues": server.collection.refused_queues()}, sort_keys=True).encode()
+    return json.dumps({**server_document(server), "queues": server.queue_stats()}, sort_keys=True).encode()
 
 
 def stats_text(server: ServerState) -> bytes:

@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import time
+from typing import Any
 
 import gevent
 import gevent.event
@@ -93,6 +94,11 @@ class ServerSetMembership:
     def members(self) -> dict[str, str]:
         """Our member znode in each set we are in, as far as we know: set name -> path."""
         return dict(self._joined)
+
+    def figures(self) -> dict[str, Any]:
+        """The ensemble, the sets' path prefix, whether a session is up, and our member in each set."""
+        return {"hosts": self.config.hosts, "path_prefix": self.config.path_prefix,
+                "connected": self.zk.state == KazooState.CONNECTED, "members": self.members}
 
     def set_path(self, name: str) -> str:
         return f"{self.config.path_prefix}/{name}"

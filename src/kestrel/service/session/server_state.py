@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -14,6 +14,9 @@ from kestrel.service.session.stats import ServerStats
 from kestrel.service.session.status import StatusKeeper
 from kestrel.storage import QueueCollection
 from kestrel.storage.runtime import Runtime
+
+if TYPE_CHECKING:
+    from kestrel.service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.server")
 
@@ -43,6 +46,7 @@ class ServerState:
         self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
+        self.membership: ServerSetMembership | None = None  # the ZooKeeper server sets, once joined
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""

@@ -1,0 +1,191 @@
+"""The admin page's figures: a snapshot of the server and of every queue, taken when a page asks and
+shared by every page that asks within SNAPSHOT_S, with the rates since the snapshot before and a
+few minutes of history.
+
+Nothing runs while no page is open: no timer, no sampling. A snapshot reads what `/stats.json`
+reads (`stats_render.server_document`, and each queue's `stats()`, what `queue_stats()` is made
+of), SLICE queues at a time with a yield to the loop between slices, so that 10,000 queues never
+hold the clients up for long; its JSON is encoded once, whatever the number of pages open.
+
+Rates are derived, not counted: a queue's items in are the growth of its `total_items`, its items
+out that less the growth of its `items` (taken, expired, discarded or flushed). The server's are
+the sums over its queues, so a put to a queue with two fanout children counts three items in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.stats_render import server_document
+from kestrel.storage.config import QueueConfig
+
+SNAPSHOT_S = 0.9  # a snapshot answers every page asking within this long (pages poll every second)
+SLICE = 500  # queues read between two yields to the loop (a few milliseconds)
+HISTORY_POINTS = 300  # about five minutes at a snapshot a second
+MAX_GAP_S = 5.0  # snapshots further apart than this give no rates, and break the history's lines
+WATCH_S = 60.0  # a queue page's history is kept this long after the page last asked
+MAX_WATCHED = 16  # queue pages whose history is kept at once
+
+# One row per queue in the snapshot's JSON, in this order (the page reads the names).
+COLUMNS = ("name", "state", "items", "bytes", "open_reads", "head_wait_ms", "in", "out", "poisoned", "format")
+
+SERVING, READ_BEHIND, PAGED_OUT, FLOW_CONTROLLED, READ_ONLY, REFUSED = (
+    "serving", "read-behind", "paged out", "flow-controlled", "read-only", "refused")
+
+
+def queue_state(stats: dict[str, int], config: QueueConfig, flow_control: bool) -> str:
+    """One word for how a queue serves: read-only (its journal cannot be written), flow-controlled
+    (the server holds and refuses puts: memory is over max_memory_total), paged out (items wait on
+    disk because the memory budget's share for it is under its max_memory_size), read-behind (items
+    past its max_memory_size wait on disk), or serving. A refused queue has no stats: REFUSED."""
+    if stats["read_only"]:
+        return READ_ONLY
+    if flow_control:
+        return FLOW_CONTROLLED
+    if stats["read_behind"]:
+        return PAGED_OUT if stats["memory_target"] < config.max_memory_size else READ_BEHIND
+    return SERVING
+
+
+class Series:
+    """A few figures sampled at snapshot times, oldest first, at most HISTORY_POINTS of them; a
+    sample of None values marks a gap (no snapshot for a while)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.points: deque[tuple[int, tuple[float | None, ...]]] = deque(maxlen=HISTORY_POINTS)
+
+    def add(self, time_ms: int, values: tuple[float | None, ...]) -> None:
+        self.points.append((time_ms, values))
+
+    def columns(self) -> dict[str, list[Any]]:
+        """{"time": [ms, ...], name: [value, ...], ...}: the layout the page's charts take."""
+        out: dict[str, list[Any]] = {"time": [t for t, _ in self.points]}
+        for i, name in enumerate(self.names):
+            out[name] = [values[i] for _, values in self.points]
+        return out
+
+
+@dataclass
+class Snapshot:
+    taken: float  # the server clock's monotonic seconds
+    time_ms: int
+    rates: dict[str, tuple[float, float]] = field(default_factory=dict)  # queue -> (in, out) per second
+    body: bytes = b""  # the overview's JSON
+
+
+class Figures:
+    """The snapshots, the counters they derive rates from, and the history the charts draw."""
+
+    def __init__(self, server: ServerState) -> None:
+        self.server = server
+        self.clock = server.runtime.clock
+        self._snapshot: Snapshot | None = None
+        self._taking = server.runtime.event()  # set while no snapshot is being taken
+        self._taking.set()
+        self._counts: dict[str, tuple[int, int]] = {}  # queue -> (total_items, items) at the last snapshot
+        self._history = Series(("in", "out", "items"))
+        self._watched: dict[str, tuple[float, Series]] = {}  # queue -> (last asked, its history)
+
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot, taken now if it is older than SNAPSHOT_S (one at a time: a page
+        asking meanwhile waits for it)."""
+        while True:
+            snapshot = self._snapshot
+            if snapshot is not None and self.clock.monotonic() - snapshot.taken < SNAPSHOT_S:
+                return snapshot
+            if self._taking.is_set():
+                break
+            self._taking.wait()
+        self._taking.clear()
+        try:
+            self._snapshot = self._take()
+        finally:
+            self._taking.set()
+        return self._snapshot
+
+    def watch(self, name: str) -> Series:
+        """The history of queue `name`, kept from now on while its page keeps asking."""
+        now = self.clock.monotonic()
+        entry = self._watched.get(name)
+        series = entry[1] if entry is not None else Series(("items", "in", "out"))
+        self._watched[name] = (now, series)
+        for stale in [n for n, (asked, _) in self._watched.items() if now - asked > WATCH_S]:
+            del self._watched[stale]
+        while len(self._watched) > MAX_WATCHED:
+            del self._watched[min(self._watched, key=lambda n: self._watched[n][0])]
+        return series
+
+    # -----------------------------------------------------------------------------------------
+
+    def _take(self) -> Snapshot:
+        server = self.server
+        previous = self._snapshot
+        taken = self.clock.monotonic()
+        snapshot = Snapshot(taken, self.clock.now_ms())
+        seconds = taken - previous.taken if previous is not None else None
+        if seconds is not None and not 0 < seconds <= MAX_GAP_S:
+            seconds = None
+        document = server_document(server)
+        flow_control = bool(document["server"].get("flow_control"))
+        counts: dict[str, tuple[int, int]] = {}
+        pieces = []
+        total_in = total_out = 0.0
+        items_now = 0
+        for names in self._slices():
+            rows = []
+            for name in names:
+                q = server.collection.get(name)
+                if q is None:
+                    continue  # deleted since the list was read
+                stats = q.stats()
+                count = counts[name] = (stats["total_items"], stats["items"])
+                items_now += stats["items"]
+                rate_in = rate_out = None
+                last = self._counts.get(name, (0, 0))
+                if seconds is not None:
+                    added = max(count[0] - last[0], 0)
+                    left = max(added - (count[1] - last[1]), 0)
+                    rate_in, rate_out = round(added / seconds, 1), round(left / seconds, 1)
+                    snapshot.rates[name] = (rate_in, rate_out)
+                    total_in += rate_in
+                    total_out += rate_out
+                rows.append([name, queue_state(stats, q.config, flow_control), stats["items"], stats["bytes"],
+                             stats["open_transactions"], stats["head_wait_ms"], rate_in, rate_out,
+                             stats["poisoned"], stats["journal_format"]])
+            if rows:
+                pieces.append(json.dumps(rows, separators=(",", ":"))[1:-1])
+            server.runtime.sleep(0)  # let the clients in between slices
+        for name in document["refused_queues"]:
+            pieces.append(json.dumps([[name, REFUSED, *[None] * (len(COLUMNS) - 2)]])[1:-1])
+        self._counts = counts
+        rates = None if seconds is None else {"in": round(total_in, 1), "out": round(total_out, 1)}
+        if rates is None:
+            self._history.add(snapshot.time_ms, (None, None, None))  # a gap
+            self._sample_watched(snapshot, None)
+        else:
+            self._history.add(snapshot.time_ms, (rates["in"], rates["out"], items_now))
+            self._sample_watched(snapshot, counts)
+        document.update(time_ms=snapshot.time_ms, max_queues=server.config.max_queues, rates=rates,
+                        history=self._history.columns(), columns=COLUMNS)
+        head = json.dumps(document, separators=(",", ":"))
+        snapshot.body = f'{head[:-1]},"rows":[{",".join(pieces)}]}}'.encode()
+        return snapshot
+
+    def _slices(self) -> Iterator[list[str]]:
+        names = self.server.collection.queue_names()
+        for start in range(0, len(names), SLICE):
+            yield names[start:start + SLICE]
+
+    def _sample_watched(self, snapshot: Snapshot, counts: dict[str, tuple[int, int]] | None) -> None:
+        for name, (_, series) in self._watched.items():
+            rates = snapshot.rates.get(name)
+            if counts is None or name not in counts or rates is None:
+                series.add(snapshot.time_ms, (None, None, None))
+            else:
+                series.add(snapshot.time_ms, (counts[name][1], *rates))
