@@ -1,7 +1,7 @@
 """A non-editable install: build the wheel, install it into a fresh virtual environment, serve from it.
 
 This is what an operator does (`pip install kestrel_py-*.whl`), and the only test that would notice a
-file missing from the wheel, such as the Thrift contract.
+file missing from the wheel, such as the Thrift contract or the admin page's files.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from kestrel.contract import kestrel_thrift
-from tests.conftest import free_ports, wait_for_port
+from tests.conftest import ROOT, free_ports, wait_for_port
 from tests.support.installs import build_wheel
 
 
@@ -36,6 +37,10 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
     assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
+    static = ROOT / "src" / "kestrel" / "service" / "dashboard" / "static"
+    with zipfile.ZipFile(wheel) as archive:
+        packaged = {name for name in archive.namelist() if "/dashboard/static/" in name}
+    assert {f"kestrel/service/dashboard/static/{p.relative_to(static)}" for p in static.rglob("*") if p.is_file()} == packaged
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     # The project's pip installs into the new environment (pip --python), from the same caches; the
@@ -48,11 +53,11 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
                  env=env)
     assert Path(where.strip()).is_file() and Path(where.strip()).is_relative_to(venv), where
 
-    thrift_port, memcache_port = free_ports(2)
+    thrift_port, memcache_port, admin_port = free_ports(3)
     config = tmp_path / "kestrel.yaml"
     config.write_text(yaml.safe_dump({
         "queue_path": str(tmp_path / "queues"), "thrift_port": thrift_port, "memcache_port": memcache_port,
-        "text_port": 0, "admin_port": 0}))
+        "text_port": 0, "admin_port": admin_port}))
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(venv / "bin" / "kestrel"), "serve", "--config", str(config)],
@@ -69,6 +74,15 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
             assert [item.data for item in client.get("installed", 1, 0, 0)] == [b"from the wheel"]
         finally:
             client.close()
+        # The admin page, its charting library and its figures, from the installed package.
+        wait_for_port(admin_port, proc)
+        admin = f"http://127.0.0.1:{admin_port}"
+        with urllib.request.urlopen(admin + "/") as reply:
+            assert b'<script src="/dashboard/dashboard.js"' in reply.read()
+        with urllib.request.urlopen(admin + "/dashboard/uplot/uPlot.iife.min.js") as reply:
+            assert reply.read() == (static / "uplot" / "uPlot.iife.min.js").read_bytes()
+        with urllib.request.urlopen(admin + "/dashboard/overview.json") as reply:
+            assert b'"installed"' in reply.read()
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)

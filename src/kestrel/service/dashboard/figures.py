@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent
+
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import server_document
 from kestrel.storage.config import QueueConfig
@@ -160,7 +162,7 @@ class Figures:
                              stats["poisoned"], stats["journal_format"]])
             if rows:
                 pieces.append(json.dumps(rows, separators=(",", ":"))[1:-1])
-            server.runtime.sleep(0)  # let the clients in between slices
+            gevent.sleep(0)  # let the clients in between slices (the admin port serves on gevent)
         for name in document["refused_queues"]:
             pieces.append(json.dumps([[name, REFUSED, *[None] * (len(COLUMNS) - 2)]])[1:-1])
         self._counts = counts

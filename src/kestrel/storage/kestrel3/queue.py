@@ -355,12 +355,15 @@ class Kestrel3Journal:
         paths = [("writer file", f.path) for f in self.writer.files]
         paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
                   if (path := q.checkpoint_path) is not None]
+        newest = self.writer.current.path
         out = []
         for role, path in paths:
             name = os.path.basename(path)
             size = size_on_disk(path)
-            out.append(JournalFileFigures(name, role, size, manifest.describe(listed.get(name), size,
-                                                                              name in matched)))
+            entry = listed.get(name)
+            words = ("not listed yet: the newest writer file grows; replay checks each record"
+                     if entry is None and path == newest else manifest.describe(entry, size, name in matched))
+            out.append(JournalFileFigures(name, role, size, words))
         return out
 
     def positions(self) -> list[ReaderPosition]:
