@@ -95,6 +95,19 @@ def test_the_figures_are_those_of_stats_json(server: ServerState, runtime: Manua
     assert reply is not None and json.loads(reply[2])["stats"] == stats["queues"]["jobs"]
 
 
+def test_a_costly_snapshot_serves_longer_to_keep_its_share_of_the_server(
+        server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.service.dashboard import figures
+
+    dashboard = Dashboard(server)
+    server.collection.add("jobs", b"x")
+    monkeypatch.setattr(figures, "SHARE", 1e-12)  # as if the server had queues beyond counting
+    first = dashboard.figures.snapshot()
+    assert first.fresh_for > 3600
+    runtime.clock.advance(60_000)
+    assert dashboard.figures.snapshot() is first
+
+
 def test_nothing_runs_and_no_queue_is_read_while_no_page_asks(
         server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     server.collection.add("jobs", b"x")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,11 +77,15 @@ class Browser:
                 .map(tr => Object.fromEntries(keys.map((k, i) => [k, tr.children[i].textContent])));""")
         return {row["name"]: row for row in rows}
 
-    def screenshot(self, path: Path, height: int | None = None) -> None:
-        """A PNG of the page, the window made as tall as the page (or `height`) first."""
-        full = height or int(self.js("return document.documentElement.scrollHeight"))
-        self.driver.set_window_size(WINDOW[0], full)
+    def screenshot(self, path: Path) -> None:
+        """A PNG of the whole page: the window made as tall as the page, and again once the page has
+        drawn itself for that size (its next poll)."""
         try:
+            for _ in range(2):
+                # The window's height less its viewport's is what the browser's frame takes.
+                height = self.js("return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight")
+                self.driver.set_window_size(WINDOW[0], int(height))
+                time.sleep(1.5)  # the page polls once a second, and draws what a taller window shows
             self.driver.save_screenshot(str(path))
         finally:
             self.driver.set_window_size(*WINDOW)

@@ -1,6 +1,7 @@
 """The admin page's figures: a snapshot of the server and of every queue, taken when a page asks and
-shared by every page that asks within SNAPSHOT_S, with the rates since the snapshot before and a
-few minutes of history.
+shared by every page that asks within SNAPSHOT_S (or longer, where the server has so many queues
+that a snapshot a second would take more than SHARE of its time), with the rates since the
+snapshot before and a few minutes of history.
 
 Nothing runs while no page is open: no timer, no sampling. A snapshot reads what `/stats.json`
 reads (`stats_render.server_document`, and each queue's `stats()`, what `queue_stats()` is made
@@ -15,6 +16,7 @@ the sums over its queues, so a put to a queue with two fanout children counts th
 from __future__ import annotations
 
 import json
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from kestrel.service.stats_render import server_document
 from kestrel.storage.config import QueueConfig
 
 SNAPSHOT_S = 0.9  # a snapshot answers every page asking within this long (pages poll every second)
+SHARE = 0.05  # or longer, so that taking snapshots keeps to this share of the server's time
 SLICE = 500  # queues read between two yields to the loop (a few milliseconds)
 HISTORY_POINTS = 300  # about five minutes at a snapshot a second
 MAX_GAP_S = 5.0  # snapshots further apart than this give no rates, and break the history's lines
@@ -79,6 +82,7 @@ class Snapshot:
     time_ms: int
     rates: dict[str, tuple[float, float]] = field(default_factory=dict)  # queue -> (in, out) per second
     body: bytes = b""  # the overview's JSON
+    fresh_for: float = SNAPSHOT_S  # seconds it answers every page for
 
 
 class Figures:
@@ -95,11 +99,11 @@ class Figures:
         self._watched: dict[str, tuple[float, Series]] = {}  # queue -> (last asked, its history)
 
     def snapshot(self) -> Snapshot:
-        """The latest snapshot, taken now if it is older than SNAPSHOT_S (one at a time: a page
-        asking meanwhile waits for it)."""
+        """The latest snapshot, taken now if it has served its time (one at a time: a page asking
+        meanwhile waits for it)."""
         while True:
             snapshot = self._snapshot
-            if snapshot is not None and self.clock.monotonic() - snapshot.taken < SNAPSHOT_S:
+            if snapshot is not None and self.clock.monotonic() - snapshot.taken < snapshot.fresh_for:
                 return snapshot
             if self._taking.is_set():
                 break
@@ -133,51 +137,62 @@ class Figures:
         seconds = taken - previous.taken if previous is not None else None
         if seconds is not None and not 0 < seconds <= MAX_GAP_S:
             seconds = None
+        started = time.perf_counter()
         document = server_document(server)
         flow_control = bool(document["server"].get("flow_control"))
         counts: dict[str, tuple[int, int]] = {}
         pieces = []
-        total_in = total_out = 0.0
-        items_now = 0
+        busy = 0.0
         for names in self._slices():
-            rows = []
-            for name in names:
-                q = server.collection.get(name)
-                if q is None:
-                    continue  # deleted since the list was read
-                stats = q.stats()
-                count = counts[name] = (stats["total_items"], stats["items"])
-                items_now += stats["items"]
-                rate_in = rate_out = None
-                last = self._counts.get(name, (0, 0))
-                if seconds is not None:
-                    added = max(count[0] - last[0], 0)
-                    left = max(added - (count[1] - last[1]), 0)
-                    rate_in, rate_out = round(added / seconds, 1), round(left / seconds, 1)
-                    snapshot.rates[name] = (rate_in, rate_out)
-                    total_in += rate_in
-                    total_out += rate_out
-                rows.append([name, queue_state(stats, q.config, flow_control), stats["items"], stats["bytes"],
-                             stats["open_transactions"], stats["head_wait_ms"], rate_in, rate_out,
-                             stats["poisoned"], stats["journal_format"]])
+            busy += time.perf_counter() - started
+            gevent.sleep(0)  # let the clients in between slices (the admin port serves on gevent)
+            started = time.perf_counter()
+            rows = self._rows(names, seconds, flow_control, counts, snapshot.rates)
             if rows:
                 pieces.append(json.dumps(rows, separators=(",", ":"))[1:-1])
-            gevent.sleep(0)  # let the clients in between slices (the admin port serves on gevent)
         for name in document["refused_queues"]:
             pieces.append(json.dumps([[name, REFUSED, *[None] * (len(COLUMNS) - 2)]])[1:-1])
         self._counts = counts
-        rates = None if seconds is None else {"in": round(total_in, 1), "out": round(total_out, 1)}
-        if rates is None:
+        rates = None
+        if seconds is None:
             self._history.add(snapshot.time_ms, (None, None, None))  # a gap
-            self._sample_watched(snapshot, None)
         else:
-            self._history.add(snapshot.time_ms, (rates["in"], rates["out"], items_now))
-            self._sample_watched(snapshot, counts)
+            rates = {"in": round(sum(r[0] for r in snapshot.rates.values()), 1),
+                     "out": round(sum(r[1] for r in snapshot.rates.values()), 1)}
+            items = sum(count[1] for count in counts.values())
+            self._history.add(snapshot.time_ms, (rates["in"], rates["out"], items))
+        self._sample_watched(snapshot, counts if seconds is not None else None)
         document.update(time_ms=snapshot.time_ms, max_queues=server.config.max_queues, rates=rates,
                         history=self._history.columns(), columns=COLUMNS)
         head = json.dumps(document, separators=(",", ":"))
         snapshot.body = f'{head[:-1]},"rows":[{",".join(pieces)}]}}'.encode()
+        busy += time.perf_counter() - started
+        snapshot.fresh_for = max(SNAPSHOT_S, busy / SHARE)
         return snapshot
+
+    def _rows(self, names: list[str], seconds: float | None, flow_control: bool,
+              counts: dict[str, tuple[int, int]], rates: dict[str, tuple[float, float]]) -> list[list[Any]]:
+        """The table's rows of the queues `names` (each queue's `stats()`), with their rates over the
+        `seconds` since the last snapshot (None: too long ago, or none), keeping their counts."""
+        get = self.server.collection.get
+        last_counts = self._counts
+        rows = []
+        for name in names:
+            q = get(name)
+            if q is None:
+                continue  # deleted since the list was read
+            stats = q.stats()
+            count = counts[name] = (stats["total_items"], stats["items"])
+            rate_in = rate_out = None
+            if seconds is not None:
+                last = last_counts.get(name, (0, 0))
+                added = max(count[0] - last[0], 0)
+                left = max(added - (count[1] - last[1]), 0)
+                rate_in, rate_out = rates[name] = (round(added / seconds, 1), round(left / seconds, 1))
+            rows.append([name, queue_state(stats, q.config, flow_control), stats["items"], stats["bytes"],
+                         stats["open_transactions"], stats["head_wait_ms"], rate_in, rate_out,
+                         stats["poisoned"], stats["journal_format"]])
+        return rows
 
     def _slices(self) -> Iterator[list[str]]:
         names = self.server.collection.queue_names()

@@ -16,6 +16,7 @@
   const UNLIMITED = 2 ** 62; // a limit at least this large is no limit (the server's UNLIMITED)
   const CHART_HEIGHT = 220;
   const CHART_SECONDS = 300; // the charts' window: the server keeps about this much history
+  const FILES_AT_EACH_END = 8; // a queue's page lists this many of its oldest and newest files, at most
 
   // ---------------------------------------------------------------------------------------------
   // Numbers a person reads
@@ -494,6 +495,7 @@
 
   function renderQueue(d) {
     showStatus(d.status);
+    $("version").textContent = "version " + d.version;
     $("updated").textContent = "figures of " + clock(d.time_ms);
     $("q-missing").hidden = true;
     $("q-name").textContent = d.name;
@@ -554,10 +556,19 @@
     }
     charts.depth.setData(chartData(d.history, ["items"]));
     charts.queueRates.setData(chartData(d.history, ["in", "out"]));
-    $("q-files").replaceChildren(...d.files.map(function (f) {
+    const fileRow = function (f) {
       return cells(node("tr"), [f.name, f.role, f.size === null ? "deleted" : bytes(f.size), f.manifest],
                    [false, false, true, false]);
-    }));
+    };
+    let files = d.files.map(fileRow);
+    if (d.files.length > 2 * FILES_AT_EACH_END + 1) { // a long backlog: its oldest and newest files
+      const middle = d.files.slice(FILES_AT_EACH_END, -FILES_AT_EACH_END);
+      const size = middle.reduce(function (sum, f) { return sum + (f.size || 0); }, 0);
+      const more = cells(node("tr"), ["… " + count(middle.length) + " more files", "", bytes(size), ""],
+                         [false, false, true, false]);
+      files = files.slice(0, FILES_AT_EACH_END).concat([more], files.slice(-FILES_AT_EACH_END));
+    }
+    $("q-files").replaceChildren(...files);
     $("q-readers-panel").hidden = d.readers.length === 0;
     $("q-readers").replaceChildren(...d.readers.map(function (p) {
       return cells(node("tr"), [queueLink(p.queue), count(p.head), count(p.done_above), count(p.items),
