@@ -9,15 +9,19 @@ and renders and filters 10,000 queues.
 from __future__ import annotations
 
 import socket
+import struct
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kestrel.storage.errors import CorruptJournalError
 from tests.conftest import ServerProcess
 from tests.end_to_end.test_many_queues import make_queues
 from tests.end_to_end.test_refused_queue import _damage
-from tests.support.browser import Browser, one_browser  # noqa: F401  (the module's one browser)
+from tests.support import screenshots
+from tests.support.browser import Browser, chromium, one_browser  # noqa: F401  (the module's one browser)
 from tests.support.lines import exchange
 
 
@@ -85,6 +89,10 @@ def test_the_page_loads_without_errors_and_shows_each_queue_with_its_counts(
         assert browser.text("q-files").startswith("jobslive journal")
         assert "max_memory_size128 MB" in browser.text("q-settings")
     assert browser.console_errors() == []
+    # Every request the page made went to its own origin.
+    origin = page(srv).rstrip("/")
+    requested = browser.js("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert requested and all(url.startswith(origin + "/") for url in requested), requested
 
 
 def test_hostile_queue_names_stay_text(server_factory: Any, browser: Browser) -> None:
@@ -215,3 +223,13 @@ def test_ten_thousand_queues_render_sort_and_filter(tmp_path: Path, browser: Bro
         assert browser.console_errors() == []
     finally:
         srv.stop()
+
+
+def test_the_screenshots_of_the_docs_come_from_a_real_server(tmp_path: Path) -> None:
+    """tests/support/screenshots.py, which took docs/dashboard-*.png, still takes both pages."""
+    if chromium() is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (installed with apt-get as root)")
+    for png in screenshots.take(tmp_path, 3.0):
+        head = png.read_bytes()[:24]
+        width, height = struct.unpack(">II", head[16:24])
+        assert head.startswith(b"\x89PNG\r\n\x1a\n") and width == 1400 and height > 900, (png, width, height)
