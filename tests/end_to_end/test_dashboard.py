@@ -88,6 +88,12 @@ def test_the_page_loads_without_errors_and_shows_each_queue_with_its_counts(
         assert "Open reads1" in browser.text("q-now")
         assert browser.text("q-files").startswith("jobslive journal")
         assert "max_memory_size128 MB" in browser.text("q-settings")
+        assert "Aliases writing hereeverything" in browser.text("q-links")
+        # A fanout child's page, reached through its link (`+` in a name survives the address).
+        browser.js("[...document.querySelectorAll('#q-links a')].find(a => a.textContent === 'jobs+audit').click()")
+        browser.wait(lambda: browser.text("q-name") == "jobs+audit" and "Items3" in browser.text("q-now"),
+                     "the page of jobs+audit")
+        assert "Fanout child ofjobs" in browser.text("q-links")
     assert browser.console_errors() == []
     # Every request the page made went to its own origin.
     origin = page(srv).rstrip("/")

@@ -22,7 +22,7 @@ from kestrel.service.dashboard import Dashboard
 from kestrel.service.dashboard.figures import SNAPSHOT_S, queue_state
 from kestrel.service.dashboard.pages import POLICY, load_static
 from kestrel.service.session.server_state import ServerState
-from kestrel.storage.config import QueueConfig
+from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.runtime import ManualRuntime
 from tests.conftest import ServerProcess
 from tests.end_to_end.test_refused_queue import _damage
@@ -149,6 +149,36 @@ def test_the_state_of_a_queue() -> None:
     assert queue_state(plain | {"read_behind": 1, "memory_target": 200}, config, False) == "paged out"
     assert queue_state(plain, config, flow_control=True) == "flow-controlled"
     assert queue_state(plain | {"read_only": 1}, config, flow_control=True) == "read-only"
+
+
+def test_a_queue_paged_out_by_the_memory_budget_and_one_in_read_behind(tmp_path: Path,
+                                                                         runtime: ManualRuntime) -> None:
+    config = ServerConfig(queue_path=str(tmp_path / "queues"), max_memory_total=1 << 20,
+                          queues=QueueConfigs({}, {"small": {"max_memory_size": 2000}}))
+    state = ServerState(config, runtime=runtime)
+    state.collection.load()
+    try:
+        coll = state.collection
+        coll.add_many("paged", [b"x" * 1000] * 50)
+        coll.add_many("small", [b"x" * 1000] * 5)  # past its own max_memory_size
+        paged = coll.queue("paged")
+        paged.set_memory_target(4000)  # the governor's share for it, under its max_memory_size
+        assert paged.shed() > 0
+        page = overview(Dashboard(state))
+        assert rows(page)["paged"]["state"] == "paged out" and rows(page)["small"]["state"] == "read-behind"
+        assert page["server"]["max_memory_total"] == 1 << 20  # the budget, for the page's memory card
+    finally:
+        state.close()
+
+
+def test_the_commit_log_shows_when_it_is_on(tmp_path: Path, runtime: ManualRuntime) -> None:
+    state = ServerState(ServerConfig(queue_path=str(tmp_path / "queues"), commit_log=True), runtime=runtime)
+    state.collection.load()
+    try:
+        log = overview(Dashboard(state))["commit_log"]
+        assert log is not None and log["segments"] == 1 and log["checkpoints"] == 0
+    finally:
+        state.close()
 
 
 def test_a_refused_queue_has_a_row_and_a_page_with_its_damage_and_remedy(tmp_path: Path, runtime: ManualRuntime) -> None:

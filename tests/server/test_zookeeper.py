@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +91,11 @@ def members3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     configs = [member, member, {**member, "status_change_grace_period": f"{GRACE_S}s"}]
     with running_servers(tmp_path_factory.mktemp("members"), configs) as servers:
         yield servers
+
+
+def stats_json(srv: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json", timeout=5) as reply:
+        return dict(json.loads(reply.read()))
 
 
 def memcache_status(srv: ServerProcess, status: str) -> None:
@@ -183,9 +189,13 @@ def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: li
             }
 
     a, b, c = servers
+    # /stats.json (and the admin page) say which sets each member is in.
+    wait_until(lambda: set(stats_json(a)["server_sets"]["members"]) == {"read", "write"}, "a's own view")
+    assert stats_json(a)["server_sets"] | {"connected": True, "path_prefix": prefix} == stats_json(a)["server_sets"]
     # ReadOnly over memcache: out of the write set, still in the read set.
     memcache_status(a, "readonly")
     wait_until(lambda: set_ports(zk, prefix) == (ports - {a.thrift_port}, ports), "a to leave the write set")
+    wait_until(lambda: set(stats_json(a)["server_sets"]["members"]) == {"read"}, "a's own view, read set only")
     # Quiescent over Thrift: out of both.
     client = thrift(b)
     client.set_status(kestrel.Status.QUIESCENT)
@@ -202,6 +212,7 @@ def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: li
     memcache_status(c, "readonly")
     wait_until(lambda: c.thrift_port not in set_ports(zk, prefix)[0], "c to leave the write set", timeout=GRACE_S)
     assert mc.set("jobs", b"still accepted", noreply=False)
+    assert stats_json(c)["status"] == {"current": "ReadOnly", "enforced": "Up"}  # in its grace period
     assert time.monotonic() - changed < GRACE_S, "the grace period ran out before the write set was checked"
     wait_until(lambda: not _accepts_a_put(mc), "puts to be refused once the grace period ends")
     assert time.monotonic() - changed >= GRACE_S, "puts were refused before the grace period ran out"
