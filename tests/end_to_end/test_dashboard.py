@@ -14,15 +14,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kestrel.storage.errors import CorruptJournalError
 from tests.conftest import ServerProcess
 from tests.end_to_end.test_many_queues import make_queues
 from tests.end_to_end.test_refused_queue import _damage
 from tests.support import screenshots
-from tests.support.browser import Browser, chromium, one_browser  # noqa: F401  (the module's one browser)
+from tests.support.browser import CHROMIUM, CHROMIUM_DRIVER, Browser, one_browser  # noqa: F401  (one browser)
 from tests.support.lines import exchange
+from tests.support.system import tool
 
 
 def page(srv: ServerProcess, route: str = "") -> str:
@@ -233,8 +232,8 @@ def test_ten_thousand_queues_render_sort_and_filter(tmp_path: Path, browser: Bro
 
 def test_the_screenshots_of_the_docs_come_from_a_real_server(tmp_path: Path) -> None:
     """tests/support/screenshots.py, which took docs/dashboard-*.png, still takes both pages."""
-    if chromium() is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (installed with apt-get as root)")
+    tool(CHROMIUM)  # skips, naming the package, if missing
+    tool(CHROMIUM_DRIVER)
     for png in screenshots.take(tmp_path, 3.0):
         head = png.read_bytes()[:24]
         width, height = struct.unpack(">II", head[16:24])

@@ -1,7 +1,7 @@
 """A real headless browser for the admin page's tests: Debian's `chromium`, driven through its
-`chromium-driver` with Selenium. Both are Debian packages, installed with apt-get when the suite
-runs as root (tests/support/installs.py); browsers downloaded from elsewhere are not used, nor
-Selenium's own driver manager.
+`chromium-driver` with Selenium. Both are Debian packages, installed by the suite's set-up
+(tests/support/system.py); browsers downloaded from elsewhere are not used, nor Selenium's own
+driver manager.
 
 A module that imports `browser` gets one browser for all its tests (each opens its own pages).
 """
@@ -9,6 +9,7 @@ A module that imports `browser` gets one browser for all its tests (each opens i
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,11 +19,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_until
-from tests.support.installs import ensure_debian_package
+from tests.support.system import tool
 
-# (command, Debian package): the browser and its WebDriver.
-CHROMIUM = ("chromium", "chromium")
-CHROMIUM_DRIVER = ("chromedriver", "chromium-driver")
+# The commands of Debian's `chromium` and `chromium-driver` packages.
+CHROMIUM, CHROMIUM_DRIVER = "chromium", "chromedriver"
 # Headless as root, with nothing reaching out on its own: no updates, sync, QUIC or first-run pages.
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -31,9 +31,8 @@ WINDOW = (1400, 1000)
 
 
 def chromium() -> tuple[str, str] | None:
-    """Paths of `chromium` and `chromedriver`, installed if missing and possible; None otherwise."""
-    binary = ensure_debian_package(*CHROMIUM)
-    driver = ensure_debian_package(*CHROMIUM_DRIVER)
+    """Paths of `chromium` and `chromedriver`, or None if either is missing."""
+    binary, driver = shutil.which(CHROMIUM), shutil.which(CHROMIUM_DRIVER)
     return (binary, driver) if binary and driver else None
 
 
@@ -106,12 +105,9 @@ def start_browser(binary: str, driver_path: str, profile: str) -> Browser:
 
 @pytest.fixture(scope="module", name="browser")
 def one_browser() -> Iterator[Browser]:
-    found = chromium()
-    if found is None:
-        pytest.skip("the admin page's browser tests need Debian's chromium and chromium-driver "
-                    "(installed with apt-get when the tests run as root)")
+    binary, driver = tool(CHROMIUM), tool(CHROMIUM_DRIVER)  # skips, naming the package, if missing
     with tempfile.TemporaryDirectory(prefix="kestrel-chromium-") as profile:  # a fresh, empty profile
-        opened = start_browser(*found, profile)
+        opened = start_browser(binary, driver, profile)
         try:
             yield opened
         finally:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import ipaddress
 import os
 import resource
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import gevent
 import structlog
@@ -24,8 +26,12 @@ from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage.errors import KestrelError
+from kestrel.storage.fsync import group_commit
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import DEFAULT_RUNTIME
+
+if TYPE_CHECKING:
+    from kestrel.service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.app")
 
@@ -64,6 +70,16 @@ def check_writable(status_file: str) -> None:
         raise OSError(e.errno, e.strerror, status_file) from None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is this machine's loopback alone."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve beyond loopback
+        return False
+
+
 def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -87,6 +103,7 @@ class App:
             self.lock.release()
             raise
         self.listeners: list[Listener] = []
+        self.membership: ServerSetMembership | None = None  # with a `zookeeper` setting
 
     def start(self) -> None:
         """Load the queues and open the listeners; raises StartupError (see
@@ -94,6 +111,7 @@ class App:
         cfg = self.config
         fds = raise_open_file_limit()
         metrics.install_storage_timing()
+        group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
         status_file = cfg.resolved_status_file()
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):
@@ -119,10 +137,15 @@ class App:
             from kestrel.service.zookeeper import ServerSetMembership
 
             endpoints = {field.removesuffix("_port"): port for field, port in ports.items()}
-            membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address, self.server.status)
-            membership.start()
-            self.server.membership = membership  # with a `zookeeper` setting
-        log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
+            self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
+                                                  self.server.status)
+            self.membership.start()
+            self.server.membership = self.membership.report
+        if not is_loopback(cfg.listen_address):
+            log.warning("listening beyond this machine: nothing authenticates clients, so any host that "
+                        "reaches these ports may read, write, flush or shut down; keep them on a private "
+                        "network or behind a firewall", listen_address=cfg.listen_address)
+        log.info("kestrel started", version=self.server.version, queue_path=os.path.abspath(cfg.queue_path),
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
 
@@ -133,8 +156,8 @@ class App:
         close the queues (journals flushed and fsynced)."""
         started = time.monotonic()
         log.info("kestrel shutting down", connections=sum(len(lst.connections) for lst in self.listeners))
-        if self.server.membership is not None:
-            self.server.membership.stop()
+        if self.membership is not None:
+            self.membership.stop()
         for listener in self.listeners:
             listener.stop_accepting()
         for listener in self.listeners:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kestrel.service import metrics
 from kestrel.service.session.server_state import ServerState
 
 
@@ -45,29 +44,35 @@ def dump_stats(server: ServerState) -> bytes:
 
 
 def server_document(server: ServerState) -> dict[str, Any]:
-    """Everything of `/stats.json` but the queues' figures: the guide's server figures; the queues
-    refused at start-up with the damage found (`refused_queues`) and the remedy
-    (`refused_remedies`), as every request to them says; the status (`enforced` lags `current`
-    through a grace period); open connections by protocol; the ZooKeeper server sets (null without
-    them); aliases; the commit log (null when off); and the journals' writes, fsyncs and packs."""
+    """`stats_document` but the queues' figures (what the admin page reads beside each queue's
+    `stats()`, a slice of queues at a time): the guide's server figures; the status (a stricter one
+    applies its refusals after `status_change_grace_period`: `enforced_status`); the ZooKeeper
+    membership (None without `zookeeper`); the queues refused at start-up with the damage found
+    (`refused_queues`) and the remedy (`refused_remedies`), as every request to them says; open
+    connections by protocol; aliases; the commit log (None when off)."""
     coll = server.collection
     return {
         "server": server.global_stats(),
+        "status": server.status.current.label,
+        "enforced_status": server.status.enforced.label,
+        "server_sets": server.server_sets(),
         "refused_queues": coll.refused_queues(),
         "refused_remedies": {name: error.remedy() for name, error in sorted(coll.refused.items())},
-        "status": {"current": server.status.current.label, "enforced": server.status.enforced.label},
         "connections": {protocol: count for protocol, count in sorted(server.stats.connections.items())
                         if protocol},
-        "server_sets": None if server.membership is None else server.membership.figures(),
         "aliases": {alias: list(queues) for alias, queues in sorted(coll.aliases.items())},
         "commit_log": None if coll.commit_log is None else coll.commit_log.stats(),
-        "journal_io": {event: {"count": count, "seconds": seconds}
-                       for event, (count, seconds) in metrics.storage_totals().items()},
     }
 
 
+def stats_document(server: ServerState) -> dict[str, Any]:
+    """Every figure of the admin port under Kestrel's names, read once: the one source of `/stats.json`,
+    `/metrics` and the admin page (src/kestrel/service/dashboard/)."""
+    return {**server_document(server), "queues": server.queue_stats()}
+
+
 def stats_json(server: ServerState) -> bytes:
-    return json.dumps({**server_document(server), "queues": server.queue_stats()}, sort_keys=True).encode()
+    return json.dumps(stats_document(server), sort_keys=True).encode()
 
 
 def stats_text(server: ServerState) -> bytes:

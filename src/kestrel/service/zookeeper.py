@@ -16,7 +16,6 @@ import json
 import logging
 import socket
 import time
-from typing import Any
 
 import gevent
 import gevent.event
@@ -95,10 +94,10 @@ class ServerSetMembership:
         """Our member znode in each set we are in, as far as we know: set name -> path."""
         return dict(self._joined)
 
-    def figures(self) -> dict[str, Any]:
-        """The ensemble, the sets' path prefix, whether a session is up, and our member in each set."""
-        return {"hosts": self.config.hosts, "path_prefix": self.config.path_prefix,
-                "connected": self.zk.state == KazooState.CONNECTED, "members": self.members}
+    def report(self) -> dict[str, bool]:
+        """`connected` to ZooKeeper, and a member of each set (`read`, `write`) as far as we know."""
+        return {"connected": self._disconnected_since is None,
+                **{name: name in self._joined for name in SET_NAMES}}
 
     def set_path(self, name: str) -> str:
         return f"{self.config.path_prefix}/{name}"

@@ -6,7 +6,8 @@ snapshot before and a few minutes of history.
 Nothing runs while no page is open: no timer, no sampling. A snapshot reads what `/stats.json`
 reads (`stats_render.server_document`, and each queue's `stats()`, what `queue_stats()` is made
 of), SLICE queues at a time with a yield to the loop between slices, so that 10,000 queues never
-hold the clients up for long; its JSON is encoded once, whatever the number of pages open.
+hold the clients up for long, and the totals of the journal write, fsync and pack histograms
+`/metrics` shows; its JSON is encoded once, whatever the number of pages open.
 
 Rates are derived, not counted: a queue's items in are the growth of its `total_items`, its items
 out that less the growth of its `items` (taken, expired, discarded or flushed). The server's are
@@ -24,6 +25,7 @@ from typing import Any
 
 import gevent
 
+from kestrel.service import metrics
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import server_document
 from kestrel.storage.config import QueueConfig
@@ -162,8 +164,10 @@ class Figures:
             items = sum(count[1] for count in counts.values())
             self._history.add(snapshot.time_ms, (rates["in"], rates["out"], items))
         self._sample_watched(snapshot, counts if seconds is not None else None)
+        journal_io = {event: {"count": count, "seconds": seconds}
+                      for event, (count, seconds) in metrics.storage_totals().items()}
         document.update(time_ms=snapshot.time_ms, max_queues=server.config.max_queues, rates=rates,
-                        history=self._history.columns(), columns=COLUMNS)
+                        journal_io=journal_io, history=self._history.columns(), columns=COLUMNS)
         head = json.dumps(document, separators=(",", ":"))
         snapshot.body = f'{head[:-1]},"rows":[{",".join(pieces)}]}}'.encode()
         busy += time.perf_counter() - started

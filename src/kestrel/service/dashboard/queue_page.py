@@ -26,7 +26,8 @@ def queue_document(server: ServerState, figures: Figures, name: str) -> dict[str
         "name": name,
         "time_ms": snapshot.time_ms,
         "version": server.version,
-        "status": {"current": server.status.current.label, "enforced": server.status.enforced.label},
+        "status": server.status.current.label,
+        "enforced_status": server.status.enforced.label,
         "fanout": {"parent": parent if plus else None, "children": coll.fanout_children(name)},
         "aliases": sorted(alias for alias, queues in coll.aliases.items() if name in queues),
     }

@@ -188,22 +188,21 @@
   // ---------------------------------------------------------------------------------------------
   // Status and the server's figures
 
-  function statusText(status) {
-    if (status.current === "NotConfigured") return "Up (no status_file: the status cannot be changed)";
-    if (status.current === status.enforced) return status.current;
-    return status.current + " (" + status.enforced + " is enforced until the grace period ends)";
+  function statusText(d) {
+    if (d.status === "NotConfigured") return "Up (no status_file: the status cannot be changed)";
+    if (d.status === d.enforced_status) return d.status;
+    return d.status + " (" + d.enforced_status + " is enforced until the grace period ends)";
   }
 
-  function showStatus(status) {
-    const label = status.current === "NotConfigured" ? "Up" : status.current;
-    setBadge($("status"), label);
+  function showStatus(d) {
+    setBadge($("status"), d.status === "NotConfigured" ? "Up" : d.status);
   }
 
   function serverSetsText(sets) {
     if (!sets) return "none (no zookeeper setting)";
-    const members = Object.keys(sets.members).sort();
-    return (members.length ? "member of " + members.join(" and ") : "member of no set") + " under " +
-      sets.path_prefix + " on " + sets.hosts + (sets.connected ? "" : " (ZooKeeper not connected)");
+    const members = ["write", "read"].filter(function (name) { return sets[name]; });
+    return (members.length ? "member of the " + members.join(" and ") + " sets" : "member of no set") +
+      (sets.connected ? "" : " (ZooKeeper not connected)");
   }
 
   function meanTime(io) {
@@ -213,11 +212,11 @@
 
   function renderServer(d, rows) {
     const s = d.server;
-    showStatus(d.status);
+    showStatus(d);
     $("version").textContent = "version " + s.version;
     $("updated").textContent = "figures of " + clock(d.time_ms);
     facts($("server-facts"), [
-      ["Status", statusText(d.status)],
+      ["Status", statusText(d)],
       ["Server sets", serverSetsText(d.server_sets)],
       ["Version", s.version],
       ["Uptime", duration(s.uptime * 1000) + " (since " + dateTime((s.time - s.uptime) * 1000) + ")"],
@@ -494,7 +493,7 @@
   }
 
   function renderQueue(d) {
-    showStatus(d.status);
+    showStatus(d);
     $("version").textContent = "version " + d.version;
     $("updated").textContent = "figures of " + clock(d.time_ms);
     $("q-missing").hidden = true;
