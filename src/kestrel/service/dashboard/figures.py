@@ -34,7 +34,7 @@ SNAPSHOT_S = 0.9  # a snapshot answers every page asking within this long (pages
 SHARE = 0.05  # or longer, so that taking snapshots keeps to this share of the server's time
 SLICE = 500  # queues read between two yields to the loop (a few milliseconds)
 HISTORY_POINTS = 300  # about five minutes at a snapshot a second
-MAX_GAP_S = 5.0  # snapshots further apart than this give no rates, and break the history's lines
+MAX_GAP_S = 5.0  # snapshots further apart (or than 3 lifetimes) give no rates, and break the lines
 WATCH_S = 60.0  # a queue page's history is kept this long after the page last asked
 MAX_WATCHED = 16  # queue pages whose history is kept at once
 
@@ -137,18 +137,18 @@ class Figures:
         taken = self.clock.monotonic()
         snapshot = Snapshot(taken, self.clock.now_ms())
         seconds = taken - previous.taken if previous is not None else None
-        if seconds is not None and not 0 < seconds <= MAX_GAP_S:
+        if previous is not None and not 0 < taken - previous.taken <= max(MAX_GAP_S, 3 * previous.fresh_for):
             seconds = None
-        started = time.perf_counter()
+        started = time.thread_time()
         document = server_document(server)
         flow_control = bool(document["server"].get("flow_control"))
         counts: dict[str, tuple[int, int]] = {}
         pieces = []
         busy = 0.0
         for names in self._slices():
-            busy += time.perf_counter() - started
+            busy += time.thread_time() - started
             gevent.sleep(0)  # let the clients in between slices (the admin port serves on gevent)
-            started = time.perf_counter()
+            started = time.thread_time()
             rows = self._rows(names, seconds, flow_control, counts, snapshot.rates)
             if rows:
                 pieces.append(json.dumps(rows, separators=(",", ":"))[1:-1])
@@ -170,7 +170,7 @@ class Figures:
                         journal_io=journal_io, history=self._history.columns(), columns=COLUMNS)
         head = json.dumps(document, separators=(",", ":"))
         snapshot.body = f'{head[:-1]},"rows":[{",".join(pieces)}]}}'.encode()
-        busy += time.perf_counter() - started
+        busy += time.thread_time() - started  # CPU: a loaded machine's waits do not count
         snapshot.fresh_for = max(SNAPSHOT_S, busy / SHARE)
         return snapshot
 
