@@ -312,14 +312,16 @@ class Kestrel3Journal:
     def _open_writer(self, config: QueueConfig, new: bool, runtime: Runtime) -> WriterJournal:
         """The writer journal, its files scanned. A damaged record refuses the queue naming what
         salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
+        done: set[tuple[str, int]] = set()
         while True:
             try:
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
                                      writers=[] if new else None)
             except CorruptJournalError as e:
-                if not self.salvage:
+                if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
+                done.add((e.path, e.offset))
                 damage.carry_out(self.queue_path, self.name, [damage.record_damage(e, k3.MAGIC_SIZE)],
                                  self._stamp)
 
@@ -327,12 +329,14 @@ class Kestrel3Journal:
         """A reader's checkpoint. A damaged record refuses the queue; with salvage what precedes it is
         kept (the reader is served again what it consumed after that), a copy of the rest set aside."""
         again = f"reader {reader!r} is served again what it consumed after that"
+        done: set[int] = set()
         while True:
             try:
                 return read_checkpoint(path, high)
             except CorruptJournalError as e:
-                if not self.salvage:
+                if not self.salvage or e.offset in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE, again) from None
+                done.add(e.offset)
                 finding = damage.record_damage(e, k3.MAGIC_SIZE, again)
                 damage.carry_out(self.queue_path, self.name, [finding], self._stamp)
                 if finding.remedy is damage.Remedy.SET_ASIDE:
