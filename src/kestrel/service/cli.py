@@ -1,5 +1,5 @@
-"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `convert` and `recover`: the
-command line."""
+"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `check`, `convert` and `recover`:
+the command line."""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ def patch_all() -> None:
 patch_all()
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
 from kestrel import SERVER_VERSION  # noqa: E402
-from kestrel.service.config import ServerConfig, each_error, load, with_overrides  # noqa: E402
+from kestrel.service.config import EXAMPLE, ServerConfig, each_error, load, with_overrides  # noqa: E402
 from kestrel.service.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from kestrel.service.startup import (  # noqa: E402
     EXIT_CODES,
@@ -36,17 +37,19 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_DAMAGED_JOURNAL,
     StartupError,
 )
-from kestrel.storage.errors import CommitLogDamaged, ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.tools import check as journal_check  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 from kestrel.storage.tools import recover as journal_recover  # noqa: E402
 
 SERVE_DESCRIPTION = """\
 Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
-(/ping, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (deploy/kestrel.yaml
-lists every key with its default); the options below override it. SIGTERM or SIGINT stop the server
-cleanly; SIGHUP reloads the queue and alias settings. A failure to start is one line on stderr naming
-what failed, where and why, and the exit code says which kind it is."""
+(/ping, /ready, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (`kestrel
+config example` writes one listing every key with its default); the options below override it.
+SIGTERM or SIGINT stop the server cleanly; SIGHUP reloads the queue and alias settings (and names the
+keys only a restart applies). A failure to start is one line on stderr naming what failed, where and
+why, and the exit code says which kind it is."""
 
 
 def exit_codes_epilog() -> str:
@@ -68,7 +71,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     built-in default shown."""
     d = ServerConfig()
     p.add_argument("--config", metavar="FILE",
-                   help="YAML config file (default: none, the built-in defaults; see deploy/kestrel.yaml)")
+                   help="YAML config file (default: none, the built-in defaults; `kestrel config example` "
+                        "writes one with every key)")
     p.add_argument("--check", action="store_true",
                    help="check the configuration (file and options) and exit: 0 if good, 2 if not")
     p.add_argument("--queue-path", metavar="DIR", help=f"directory of the journals (default: {d.queue_path})")
@@ -79,8 +83,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}-port", type=int, metavar="N",
                        help=f"{name} port, 0 disables it (default: {port})")
     p.add_argument("--salvage", action="store_true", default=None,
-                   help="load what precedes a corrupt journal record instead of refusing to start "
-                        "(default: off)")
+                   help="serve a damaged queue, setting aside only what does not verify (a copy kept "
+                        "in .kestrel/aside/), instead of refusing it (default: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log lines written (default: %(default)s)")
     p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
@@ -98,17 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     for p in (parser, serve):
         add_serve_arguments(p)
-    config = sub.add_parser("config", help="check a config file without starting")
+    config = sub.add_parser("config", help="check a config file without starting, or write the example")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser(
         "check", help="check a config file; exit 0 if good, 2 listing every bad key if not",
         description="Check a config file as `kestrel serve` would read it, without starting: exit 0 "
                     "if it is good, 2 with one line per bad key if not.")
     check.add_argument("file", metavar="FILE", help="the YAML config file")
+    example = config_sub.add_parser(
+        "example", help="write the example config file: every key, its default and what it does",
+        description="Write the example config file (every key with its default and a comment; queue_path "
+                    "is the systemd unit's /var/spool/kestrel) to FILE, or to standard output. An "
+                    "existing FILE is left alone (exit 1).")
+    example.add_argument("file", metavar="FILE", nargs="?",
+                         help="where to write it (default: standard output)")
     journal = sub.add_parser("journal", help="offline tools for journal files")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
         "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
+    journal_check.add_arguments(journal_sub.add_parser(
+        "check", help="what a start-up would find damaged and --salvage would set aside; changes nothing"))
     journal_convert.add_arguments(journal_sub.add_parser(
         "convert", help="convert queues to the other journal format, offline (the server must be stopped)"))
     journal_recover.add_arguments(journal_sub.add_parser(
@@ -130,14 +143,34 @@ def read_config(args: argparse.Namespace) -> ServerConfig:
                           text_port=args.text_port, admin_port=args.admin_port, salvage=args.salvage)
 
 
+def write_example(path: str | None) -> int:
+    """The example config to `path` (a new file; its directory made if missing) or to stdout."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    if path is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "x", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as e:
+        print(f"kestrel: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
         return journal_dump.run(args)
+    if args.command == "journal" and args.journal_command == "check":
+        return journal_check.run(args)
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
     if args.command == "journal" and args.journal_command == "recover":
         return journal_recover.run(args)
+    if args.command == "config" and args.config_command == "example":
+        return write_example(args.file)
     if args.command == "config":
         try:
             load(args.file)
@@ -159,12 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         App(config).run()
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
-    except CommitLogDamaged as e:
-        print(f"kestrel: cannot start: {e}; {e.remedy()}", file=sys.stderr)
-        return EXIT_DAMAGED_JOURNAL
     except CorruptJournalError as e:
-        advice = e.advice(config.salvage)
-        print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
+        # Damage no one queue owns (a conversion's record): --salvage does not apply.
+        print(f"kestrel: {e}\n(restore or move the file named, then start again)", file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)
