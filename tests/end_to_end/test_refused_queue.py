@@ -213,9 +213,9 @@ def test_a_server_refuses_the_queue_whose_journal_another_user_owns_and_says_so_
         with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json") as reply:
             body = json.loads(reply.read())
         assert "Permission denied" in body["refused_queues"]["locked"]
-        refused = _metric(srv, "kestrel_queue_refused")
+        refused = _metric(srv, "kestrel_queue_refused", "/metrics/per-queue")
         assert [(s.labels["queue"], s.value) for s in refused] == [("locked", 1)]
-        assert "Permission denied" in refused[0].labels["reason"]
+        assert [s.value for s in _metric(srv, "kestrel_refused_queues")] == [1]
     finally:
         assert srv.stop(signal.SIGTERM) == 0
     assert locked.read_bytes() == _addx(b"kept")

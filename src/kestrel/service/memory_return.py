@@ -18,7 +18,6 @@ of disconnections; a steady stream of clients coming and going never triggers it
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 import sys
@@ -35,17 +34,11 @@ MIN_DROP = 1000  # connections closed since the peak before anything is given ba
 SETTLE_S = 1.0  # after the drop, for the rest of the wave to close
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim (None elsewhere: musl, macOS)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-_TRIM = _malloc_trim()
+def _malloc_trim(pad: int) -> None:
+    """glibc's malloc_trim, where the C library has it (not musl, not macOS)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(pad)
 
 
 def rss_bytes() -> int:
@@ -64,8 +57,7 @@ def give_back() -> dict[str, Any]:
     clear = getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache
     clear()
     gc.collect()  # a full collection empties the free lists (tuples, dicts, lists, contexts)
-    if _TRIM is not None:
-        _TRIM(0)
+    _malloc_trim(0)
     return {"rss_mb_before": round(before / 2**20, 1), "rss_mb_after": round(rss_bytes() / 2**20, 1),
             "ms": round((time.perf_counter() - started) * 1000, 1)}
 
