@@ -271,14 +271,14 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     names = [f"q{i}" for i in range(200)]
     for name in names:
         coll.add_many(name, [item(0)])
-    measured: list[str] = []
-    held_bytes = type(coll.queue("q0")).held_bytes
+    measured: list[str] = []  # the queues a tick gives a target
+    set_memory_target = type(coll.queue("q0")).set_memory_target
 
-    def counted(q: Any) -> tuple[int, int, int]:
+    def counted(q: Any, target: int) -> None:
         measured.append(q.name)
-        return held_bytes(q)
+        set_memory_target(q, target)
 
-    monkeypatch.setattr(type(coll.queue("q0")), "held_bytes", counted)
+    monkeypatch.setattr(type(coll.queue("q0")), "set_memory_target", counted)
     runtime.advance(250)
     assert len(measured) == 200  # all new
     measured.clear()

@@ -42,40 +42,45 @@ class ExpirySchedule:
         read) to `expire_queue`. Returns the items expired."""
         expired = 0
         for q in self._due(now):
-            if q.closed:
-                self._when.pop(q, None)
-                continue
             head = q.head_expiry()
+            age = q.config.max_queue_age
             if head and head <= now:  # -1: the head is on disk, and the look reads it
                 try:
                     expired += q.discard_expired(q.config.max_expire_sweep)
                 except JournalWriteError:
                     pass  # the queue logged it and is read-only: looked at again next sweep
-            age = q.config.max_queue_age
+                head = q.head_expiry()
             if age and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age:
                 self._when.pop(q, None)
                 expire_queue(q)
                 continue
-            self._schedule(q, self._next_look(q, now))
+            self._schedule(q, self._next_look(q, head, now))
         return expired
 
     def _due(self, now: int) -> list[PersistentQueue]:
-        due = self._changes()
+        """The queues to look at, by name: those whose time has come, and those changed that
+        can come due at all (the others, the common case, leave the schedule here)."""
         heap, when = self._heap, self._when
+        due = []
+        for q in self._changes():
+            if q.closed or not (q.head_expiry() or q.config.max_queue_age):
+                when.pop(q, None)
+            else:
+                due.append(q)
         while heap and heap[0][0] <= now:
             at, _, q = heapq.heappop(heap)
             if when.get(q) == at:
                 del when[q]
-                due.add(q)
-        return sorted(due, key=_NAME)
+                if not q.closed:
+                    due.append(q)
+        return sorted(set(due), key=_NAME)
 
     @staticmethod
-    def _next_look(q: PersistentQueue, now: int) -> int:
-        """When a look at `q` could next find something, if nothing changes it first (0: never):
-        now (the next sweep) while its head is expired or on disk, else its head's expiry or the
-        end of its `max_queue_age`, whichever comes first. A queue past its age but not empty is
-        looked at again when it changes."""
-        head = q.head_expiry()
+    def _next_look(q: PersistentQueue, head: int, now: int) -> int:
+        """When a look at `q` (whose head expires at `head`) could next find something, if nothing
+        changes it first (0: never): now (the next sweep) while its head is expired or on disk,
+        else its head's expiry or the end of its `max_queue_age`, whichever comes first. A queue
+        past its age but not empty is looked at again when it changes."""
         at = now if head < 0 or 0 < head <= now else head
         age = q.config.max_queue_age
         if age and now <= q.create_time + age:

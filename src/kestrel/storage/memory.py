@@ -85,8 +85,13 @@ class Demand:
 
     def want(self, interval_s: float) -> int:
         """Its need and room for two ticks' arrivals (`headroom`, set here), capped by its ceiling."""
-        self.headroom = int(min(self.ceiling, self.ingress * interval_s * 2))
+        self.headroom = headroom(self.ceiling, self.ingress, interval_s)
         return min(self.ceiling, self.need + self.headroom)
+
+
+def headroom(ceiling: int, ingress: float, interval_s: float) -> int:
+    """Room for what arrives at `ingress` bytes a second before the tick after next."""
+    return int(min(ceiling, ingress * interval_s * 2))
 
 
 def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: int, arriving: float) -> int:
@@ -153,9 +158,12 @@ def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budg
     return (budget - constant) / slope if slope > 0 else float(2**40)
 
 
+_DECAYS = tuple((1.0 - SMOOTHING) ** ticks for ticks in range(64))
+
+
 def _decay(ticks: int) -> float:
     """What a smoothed rate keeps of itself over `ticks` ticks without a change."""
-    return (1.0 - SMOOTHING) ** ticks if ticks > 0 else 1.0
+    return _DECAYS[ticks] if 0 <= ticks < 64 else (0.0 if ticks > 0 else 1.0)
 
 
 class _Record:
@@ -314,7 +322,7 @@ class MemoryGovernor:
             changed = self._changes()
             pressed = self.flow_control or self._over or self._tight
             if not changed and not pressed and self.ledger.total + self._buffer_total <= self.budget:
-                self._release_idle_cursors(())
+                self._release_idle_cursors()
                 return
             if not pressed and self._tick_changed(changed, seconds, now):
                 return
@@ -322,41 +330,61 @@ class MemoryGovernor:
 
     def _tick_changed(self, changed: Iterable[PersistentQueue], seconds: float, now: int) -> bool:
         """Measure the changed queues and, if every want still fits the budget, give them their
-        shares of it; False (the records kept) when the tick must plan every queue."""
+        shares of it; False (the records kept) when the tick must plan every queue. What a changed
+        queue costs here is what a busy server pays for each queue it moves items through."""
         tick = self._tick
-        self._ingress_total *= _decay(tick - self._sums_tick)
-        self._sums_tick = tick
+        interval = self.interval_ms / 1000.0
         records = self._records
+        ingress_total = self._ingress_total * _decay(tick - self._sums_tick)
+        want_total, fixed_total, buffer_total = self._want_total, self._fixed_total, self._buffer_total
         fresh: list[_Record] = []
         for q in changed:
             record = records.get(q)
-            if record is not None:
-                self._uncount(record)
-            if q.closed:
-                if record is not None:
+            if record is not None:  # out of the sums, to come back in as measured now
+                want_total -= record.want
+                fixed_total -= record.fixed
+                buffer_total -= record.buffer
+                ingress_total -= record.ingress * _decay(tick - record.tick)
+                if q.closed:
                     del records[q]
                     self._watch.discard(record)
-                continue
-            if record is None:
-                record = records[q] = _Record(q, tick)
-            else:
+                    continue
                 record.sample(q, seconds, tick)
-            self._measure(record, q)
+            elif q.closed:
+                continue
+            else:
+                record = records[q] = _Record(q, tick)
+            opens = buffer = 0
+            if q.open_transactions or q.in_read_behind:
+                _, opens, buffer = q.held_bytes()
+            ceiling = q.config.max_memory_size
+            record.want = min(ceiling, min(q.bytes, ceiling) + headroom(ceiling, record.ingress, interval))
+            record.fixed, record.buffer = opens + buffer, buffer
+            want_total += record.want
+            fixed_total += opens + buffer
+            buffer_total += buffer
+            ingress_total += record.ingress
             fresh.append(record)
-        total = self.ledger.total + self._buffer_total
-        spare = self.budget - self._fixed_total - self._want_total
+        self._want_total, self._fixed_total, self._buffer_total = want_total, fixed_total, buffer_total
+        self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick
+        total = self.ledger.total + buffer_total
+        spare = self.budget - fixed_total - want_total
         if spare < 0 or total > self.budget:
             return False
         count, arriving = len(records), self._ingress_total
+        over = {q for q in self._candidates if not q.closed and q.memory_bytes > q.memory_target}
+        watch = self._watch
         for record in fresh:
             q = record.queue
             q.set_memory_target(fitting_share(record.want, q.config.max_memory_size, record.ingress, spare,
                                               count, arriving))
-        self.ledger.limit = max(self.budget - self._buffer_total, 0)
-        over = {q for q in self._candidates if not q.closed and q.memory_bytes > q.memory_target}
-        over.update(r.queue for r in fresh if r.queue.memory_bytes > r.queue.memory_target)
+            if q.memory_bytes > q.memory_target:
+                over.add(q)
+            if q.in_read_behind:
+                watch.add(record)
+        self.ledger.limit = max(self.budget - buffer_total, 0)
         self._candidates = sorted(over, key=self._wait)
-        self._release_idle_cursors(fresh)
+        self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now)
         return True
@@ -408,28 +436,10 @@ class MemoryGovernor:
         over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
                       if q.memory_bytes > q.memory_target)
         self._candidates = [queues[i] for _, i in over]
-        self._watch = set()
-        self._release_idle_cursors(records.values())
+        self._watch = {record for q, record in records.items() if q.in_read_behind}
+        self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now)
-
-    def _measure(self, record: _Record, q: PersistentQueue) -> None:
-        """Record what `q` wants and holds beyond paging's reach now, and count it in the sums."""
-        _, opens, buffer = q.held_bytes()
-        record.want = record.demand(q).want(self.interval_ms / 1000.0)
-        record.fixed, record.buffer = opens + buffer, buffer
-        self._want_total += record.want
-        self._fixed_total += record.fixed
-        self._buffer_total += buffer
-        self._ingress_total += record.ingress
-
-    def _uncount(self, record: _Record) -> None:
-        """Take `record` out of the sums (its ingress as decayed to the current tick)."""
-        self._want_total -= record.want
-        self._fixed_total -= record.fixed
-        self._buffer_total -= record.buffer
-        ingress = record.ingress * _decay(self._tick - record.tick)
-        self._ingress_total = max(0.0, self._ingress_total - ingress)
 
     def _wait(self, q: PersistentQueue) -> float:
         """How long `q`'s items in memory wait: its bytes held over its egress (bytes a second)."""
@@ -437,11 +447,10 @@ class MemoryGovernor:
         egress = record.egress * _decay(self._tick - record.tick) if record is not None else 0.0
         return q.memory_bytes / max(egress, 1.0)
 
-    def _release_idle_cursors(self, seen: Iterable[_Record]) -> None:
-        """Queues in read-behind among `seen` are watched; a watched one whose egress has decayed
-        under IDLE gives its cursor's read buffer back (its next read-back reads again)."""
+    def _release_idle_cursors(self) -> None:
+        """A watched queue (in read-behind when last measured) whose egress has decayed under IDLE
+        gives its cursor's read buffer back (its next read-back reads again)."""
         watch = self._watch
-        watch.update(r for r in seen if r.queue.in_read_behind)
         if not watch:
             return
         for record in list(watch):
