@@ -131,7 +131,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, r in rows:
         ratio = r["pair_backlogs"] / r["pair_alone"]
-        print(f"| {label}{' (no budget)' if label.endswith(': 0') else ''} | {r['idle']:.0f} MB | {r['loaded']:.0f} MB | {r['peak']:.0f} MB "
+        print(f"| {label} | {r['idle']:.0f} MB | {r['loaded']:.0f} MB | {r['peak']:.0f} MB "
               f"| {r['load_s']:.0f} s | {r['pair_alone']:,.0f} items/s ({r['cpu_alone']:.1f}) "
               f"| {r['pair_backlogs']:,.0f} items/s ({r['cpu_backlogs']:.1f}) | {ratio:.2f}x "
               f"| {r['restart_s']:.1f} s, {r['restart_peak']:.0f} MB, {r['restarted']:.0f} MB |")
