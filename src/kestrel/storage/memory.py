@@ -5,7 +5,9 @@ Each queue keeps up to its `max_memory_size` of items in memory and pages the re
 the runtime's timer, off the path of every put and get, and steers with three levers, as RabbitMQ's
 memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
 
-- Rates. Each tick measures every queue's ingress and egress (bytes a second, smoothed).
+- Rates. Each queue's ingress and egress (bytes a second, smoothed), sampled at the ticks after
+  which it changed and decayed in between: a tick costs the queues that changed, not the queues
+  held, while the budget is far from full (`MemoryGovernor.tick`).
 - Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
   holds and room for what arrives before the next tick; past the budget, what it will consume in
   the next D seconds (its "RAM duration"), D chosen so that the shares fill the budget. A hot
@@ -21,6 +23,9 @@ of what the queues hold (each batch entering or leaving a queue's memory adds it
 put that would take it over the budget calls `make_room`, which pages out at once (the queues the
 last tick found over their shares, those whose items wait longest first) or else sends the putting
 queue's new items to read-behind. The tick still computes every share from rates.
+
+At start-up the same budget holds: before a queue replays its journal, `admit` gives it what the
+budget has left as its target, so the replay leaves the rest on disk for read-behind, as a put would.
 
 What paging cannot release (open reads, read-behind buffers, items aborted back to the head) may
 still exceed the budget: then flow control holds puts briefly and refuses them with
