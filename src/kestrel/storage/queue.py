@@ -248,11 +248,12 @@ class PersistentQueue(ABC):
 
     def head_expiry(self) -> int:
         """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
-        read-behind cursor holds it), so that only a look can tell."""
-        mem = self._mem
-        if mem:
-            return mem[0].expiry
-        return -1 if self._behind is not None else 0
+        read-behind cursor holds it), so that only a look can tell. Takes no lock: under plain
+        threads the head may be another a moment later, and that change notes the queue again."""
+        try:
+            return self._mem[0].expiry
+        except IndexError:
+            return -1 if self._behind is not None else 0
 
     # -----------------------------------------------------------------------------------------
     # Adding
