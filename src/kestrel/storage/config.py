@@ -213,3 +213,16 @@ class QueueConfigs:
             cfg = self._resolve(name)
             self._resolved[name] = cfg
         return cfg
+
+
+_UNITS: dict[Callable[[str, Any], Any], str] = {
+    parse_size: "bytes", parse_optional_duration_ms: "ms", parse_sync: "sync", parse_count: "count",
+    parse_bool: "flag",
+}
+
+
+def setting_unit(name: str) -> str:
+    """How a queue setting's value reads: "bytes", "ms" (None: no limit), "sync" (0: always, None:
+    never, else ms between fsyncs), "count", "flag" or "text"; UNLIMITED is no limit."""
+    parser = _PARSERS.get(name)
+    return _UNITS.get(parser, "text") if parser is not None else "text"

@@ -96,6 +96,7 @@ class QueueJournal:
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
+        self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
@@ -243,6 +244,7 @@ class QueueJournal:
                 problems.append((ts, path, "a pack the manifest does not list (a stray or older pack); "
                                            "it was not applied and no journal was deleted"))
         if not problems:
+            self.matched_at_start = set(verified)
             return files
         problems.sort()
         if not self.salvage:
@@ -294,6 +296,25 @@ class QueueJournal:
         self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
         if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
             self._manifest.update({})
+
+    def file_figures(self) -> list[journal.JournalFileFigures]:
+        """The rotated journals (packs among them) and the live one, each with its manifest's entry."""
+        listed: dict[str, manifest.Entry] | None = None
+        if self._manifest is not None:
+            with self._manifest.lock:  # a sealing thread may be adding an entry
+                listed = dict(self._manifest.manifest.files)
+        out = []
+        for _, path in self.rotated:
+            name = os.path.basename(path)
+            size = journal.size_on_disk(path)
+            words = ("no manifest: the queue has not rotated since it was written" if listed is None else
+                     manifest.describe(listed.get(name), size, name in self.matched_at_start))
+            out.append(journal.JournalFileFigures(name, "rotated journal", size, words))
+        if self.writer is not None:
+            out.append(journal.JournalFileFigures(
+                os.path.basename(self.writer.path), "live journal", self.writer.size,
+                "not listed: the live journal grows; replay checks each record"))
+        return out
 
     def _keeper(self) -> manifest.Keeper:
         if self._manifest is None:

@@ -27,7 +27,7 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFileFigures, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -51,6 +51,7 @@ class Kestrel2Queue(PersistentQueue):
     """
 
     _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
+    journal_format = 2
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -76,6 +77,9 @@ class Kestrel2Queue(PersistentQueue):
     @property
     def journal_size(self) -> int:
         return self._journal.size
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures()
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay

@@ -22,7 +22,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 import structlog
@@ -32,7 +32,14 @@ from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
+from kestrel.storage.files import (
+    CURSOR_CHUNK,
+    JournalFileFigures,
+    JournalFiles,
+    JournalWriter,
+    list_journal_files,
+    size_on_disk,
+)
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -48,7 +55,7 @@ from kestrel.storage.kestrel3.files import (
     read_records,
     write_checkpoint,
 )
-from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue import PersistentQueue, ReadBack, ReaderPosition
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -75,6 +82,7 @@ class ManifestCheck:
     name: str
     salvage: bool
     stamp: int
+    matched: set[str] = field(default_factory=set)  # names of the files found as the manifest lists them
 
     def files(self, record: manifest.Manifest, on_disk: QueueFiles
                         ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
@@ -98,6 +106,8 @@ class ManifestCheck:
                 if why is not None:
                     problems.append((path, why))
                     fresh.add(reader)
+                else:
+                    self.matched.add(name)
         gone = []
         for name, (_number, entry) in sorted(listed.items(), key=lambda kv: kv[1][0]):
             if name not in writers:
@@ -106,6 +116,8 @@ class ManifestCheck:
             why = manifest.mismatch(writers[name][1], entry, growing=not entry.sealed)
             if why is not None:
                 problems.append((writers[name][1], why))
+            else:
+                self.matched.add(name)
         newest = max((n for n, _ in listed.values()), default=0)
         for name, (number, path) in writers.items():
             if name not in listed and number < newest:
@@ -334,6 +346,30 @@ class Kestrel3Journal:
     def checkpoint_deleted(self, reader: str) -> None:
         self._keeper.update({reader_file_name(self.name, reader): None})
 
+    def file_figures(self) -> list[JournalFileFigures]:
+        """The writer files, oldest first, then each attached reader's checkpoint, with the manifest's
+        entry of each."""
+        with self._keeper.lock:  # a sealing thread may be adding an entry
+            listed = dict(self._keeper.manifest.files)
+        matched = self._check.matched
+        paths = [("writer file", f.path) for f in self.writer.files]
+        paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
+                  if (path := q.checkpoint_path) is not None]
+        newest = self.writer.current.path
+        out = []
+        for role, path in paths:
+            name = os.path.basename(path)
+            size = size_on_disk(path)
+            entry = listed.get(name)
+            words = ("not listed yet: the newest writer file grows; replay checks each record"
+                     if entry is None and path == newest else manifest.describe(entry, size, name in matched))
+            out.append(JournalFileFigures(name, role, size, words))
+        return out
+
+    def positions(self) -> list[ReaderPosition]:
+        """Where each attached reader stands, the queue's own first."""
+        return [q.position() for _, q in sorted(self.readers.items())]
+
     def attach(self, queue: Kestrel3Queue) -> None:
         self.readers[queue.reader] = queue
         self._unattached.pop(queue.reader, None)
@@ -451,6 +487,7 @@ class Kestrel3Queue(PersistentQueue):
     """
 
     shares_writes = True
+    journal_format = 3
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -492,6 +529,26 @@ class Kestrel3Queue(PersistentQueue):
     def readers_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
         return [r for r in (self._journal.readers_on_disk if self._journal else []) if r]
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """This reader's checkpoint file (None for a fanout-only parent, which reads nothing)."""
+        return self._file.path if self._file is not None else None
+
+    def position(self) -> ReaderPosition:
+        done = len(self._file.done) if self._file is not None else 0
+        return ReaderPosition(self.name, self.head, done, self.length, self.open_transactions, self.tail_id)
+
+    @property
+    def tail_id(self) -> int:
+        """The newest item id written to the shared writer journal (0 before it is open)."""
+        return self._journal.writer.tail_id if self._journal is not None else 0
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures() if self._journal is not None else []
+
+    def reader_positions(self) -> list[ReaderPosition]:
+        return self._journal.positions() if self._journal is not None else []
 
     # -----------------------------------------------------------------------------------------
     # Start-up
