@@ -270,3 +270,16 @@ def test_the_admin_port_serves_the_page_and_json_counting_connections_by_protoco
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request)
     assert refused.value.code == 404  # read-only
+
+
+def test_a_queue_page_gives_its_settings_as_the_server_holds_them(server: ServerState) -> None:
+    # Sizes in bytes, times in ms and None for none: the page words them (`dump_config` writes them
+    # as the config file does, which a page cannot read back as numbers).
+    dashboard = Dashboard(server)
+    server.collection.add_many("jobs", [b"abc"])
+    reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
+    assert reply is not None
+    settings = {s["name"]: s["value"] for s in json.loads(reply[2])["settings"]}
+    config = server.collection.config_for("jobs")
+    assert settings["sync_journal"] == config.sync_journal and settings["max_age"] == config.max_age
+    assert settings["error_queue"] is None and settings["max_memory_size"] == config.max_memory_size

@@ -151,10 +151,14 @@ class QueueConfig:
             changes[name] = parser(f"{key}.{name}", value)
         return dataclasses.replace(base or cls(), **changes)
 
+    def values(self) -> dict[str, Any]:
+        """Each setting by name, as the server holds it (sizes in bytes, times in ms, None for none)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def describe(self) -> dict[str, Any]:
         """The settings as plain values, for `dump_config` and logs, as the config file writes them:
         `sync_journal` as always, never or a duration; no value as null."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = self.values()
         sync = out["sync_journal"]
         out["sync_journal"] = "never" if sync is None else "always" if sync == 0 else f"{sync}ms"
         return {name: "null" if value is None else value for name, value in out.items()}

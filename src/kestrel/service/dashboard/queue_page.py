@@ -53,7 +53,7 @@ def queue_document(server: ServerState, figures: Figures, name: str) -> dict[str
         "rates": None if rates is None else {"in": rates[0], "out": rates[1]},
         "history": figures.watch(name).columns(),
         "settings": [{"name": key, "value": value, "unit": setting_unit(key)}
-                     for key, value in config.describe().items()],
+                     for key, value in config.values().items()],
         "files": [asdict(f) for f in q.journal_files()],
         "readers": [asdict(p) for p in q.reader_positions()],
         "error_queue": error_queue,
