@@ -34,7 +34,7 @@ from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -97,6 +97,9 @@ class QueueCollection:
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
+        # Queues being created: a creation may wait (an fsync), and under gevent the lock above
+        # takes nothing, so a second client naming the queue meanwhile waits for this event.
+        self._creating: dict[str, Event] = {}
         # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
         # and keep their files as they are; every other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
@@ -181,7 +184,7 @@ class QueueCollection:
 
     def _refuse(self, name: str, error: CorruptJournalError) -> None:
         self.refused[name] = error
-        log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
+        log.error(f"QUEUE REFUSED: {error.refusal}; the other queues serve, this one answers "
                   "every request with an error", queue=name, file=error.path, offset=error.offset,
                   opcode=error.opcode, reason=error.reason,
                   remedy=error.remedy())
@@ -229,6 +232,19 @@ class QueueCollection:
             existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
             if existing is not None:
                 return existing
+        creating = self._creating.get(name)
+        if creating is not None:  # another client's creation of it is waiting (an fsync): wait for it
+            creating.wait()
+            return self._create(name, scanned)  # created, or failed: then this one tries
+        self._creating[name] = creating = self.runtime.event()
+        try:
+            return self._set_up(name, parent_name, plus, scanned)
+        finally:
+            del self._creating[name]
+            creating.set()
+
+    def _set_up(self, name: str, parent_name: str, plus: str, scanned: dict[str, JournalFiles] | None
+                ) -> PersistentQueue:
         if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
@@ -452,7 +468,9 @@ class QueueCollection:
                 self._fanouts.get(parent, set()).discard(name)
         if q is None:
             return
-        q.destroy()
+        gone = q.destroy()
+        if self._owners is not None:
+            self._owners.difference_update(gone)  # named again, it is created from nothing
         if not q.noted:
             q.note_change()  # the background tasks forget it
         self.queue_deletes += 1

@@ -32,6 +32,7 @@ import structlog
 
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFileFigures, JournalFiles
 from kestrel.storage.item import QItem, data_sizes, plain_size
@@ -629,8 +630,8 @@ class PersistentQueue(ABC):
         try:
             self.poison(item)
         except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
+            log_later(self.runtime, log.warning, "poison item refused by its error queue; back at the head",
+                      queue=self.name, errors=item.errors, reason=str(e))
             return False
         return True
 
@@ -724,7 +725,7 @@ class PersistentQueue(ABC):
     def _read_behind_from(self, cursor: ReadBack) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
         self._behind = cursor
-        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+        log_later(self.runtime, log.info, "queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
@@ -752,7 +753,7 @@ class PersistentQueue(ABC):
         if self._behind is not None:
             self._behind = None
             self._stop_read_behind()
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+            log_later(self.runtime, log.info, "queue leaving read-behind", queue=self.name, items=self.length)
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -859,8 +860,8 @@ class PersistentQueue(ABC):
         was_behind = self._behind is not None
         self._behind = cursor
         if not was_behind:
-            log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
-                     paged_out=self.bytes - self.memory_bytes)
+            log_later(self.runtime, log.info, "queue paged out of memory", queue=self.name,
+                      kept=self.memory_bytes, paged_out=self.bytes - self.memory_bytes)
         return freed
 
     # -----------------------------------------------------------------------------------------
@@ -875,7 +876,8 @@ class PersistentQueue(ABC):
         except OSError as e:
             raise JournalWriteError(self.name, path, e) from None
         self.read_only = False
-        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+        log_later(self.runtime, log.warning, "journal can be written again; queue accepts changes",
+                  queue=self.name, file=path)
 
     def _write_error(self, path: str, error: OSError) -> JournalWriteError:
         """The error to raise for a write of this queue's files that failed (counted): the change
@@ -884,6 +886,14 @@ class PersistentQueue(ABC):
         failure = JournalWriteError(self.name, path, error)
         self._own_failure = failure
         return failure
+
+    def _went_read_only(self, path: str, failure: BaseException) -> None:
+        """A write of this queue's files failed: read-only until a probe write succeeds (logged once,
+        after the change: src/kestrel/storage/deferred_log.py)."""
+        if not self.read_only:
+            log_later(self.runtime, log.error, "cannot write the journal; the queue is read-only until "
+                      "it can", queue=self.name, file=path, error=str(failure))
+        self.read_only = True
 
     def _change_failed(self, error: BaseException) -> None:
         """A change raised `error` (raised again after this, unless this raises another).
@@ -895,15 +905,12 @@ class PersistentQueue(ABC):
         expiry or error queue) brings memory back too. Anything else: `_abandon`.
         """
         own, self._own_failure = self._own_failure, None
-        failure: BaseException | None = None
+        failure: JournalWriteError | None = None
         if isinstance(error, OSError):
             own = failure = self._write_error(self._journal_path(), error)
             self._own_failure = None
         if own is not None and (error is own or failure is not None):
-            if not self.read_only:
-                log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
-                          file=self._journal_path(), error=str(own))
-            self.read_only = True
+            self._went_read_only(self._journal_path(), own)
         if isinstance(error, OSError | JournalWriteError):
             self._restore()
         else:
@@ -939,8 +946,10 @@ class PersistentQueue(ABC):
         """New settings from a reload (those fixed at creation stay)."""
 
     @abstractmethod
-    def destroy(self) -> None:
-        """Close and delete this queue's files (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete this queue's files (the `delete` command). Returns the queue names that
+        own no file any more (`files.file_owner`): naming one again creates a queue from nothing,
+        with no directory to read."""
 
     @abstractmethod
     def _close_files(self) -> None:

@@ -16,6 +16,7 @@ meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from array import array
@@ -27,8 +28,15 @@ import structlog
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFileFigures, JournalFiles, list_journal_files
+from kestrel.storage.files import (
+    CURSOR_CHUNK,
+    JournalFileFigures,
+    JournalFiles,
+    check_writable,
+    list_journal_files,
+)
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -100,6 +108,8 @@ class Kestrel2Queue(PersistentQueue):
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
         elif files is None:
             files = self._journal.scan()
+        if files.live is not None:
+            check_writable(files.live)  # the file appended to (rotated ones are only read)
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
         self._journal.open_live()
@@ -201,7 +211,8 @@ class Kestrel2Queue(PersistentQueue):
         finally:
             reader.close()
         if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
-            log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
+            log_later(self.runtime, log.warning, "cannot page out: the journal does not end with the items "
+                      "in memory", queue=self.name)
             return None
         if self._rb is not None:
             self._rb.close()
@@ -279,8 +290,12 @@ class Kestrel2Queue(PersistentQueue):
         if journal.writer is not None and journal.writer.fd < 0:
             try:
                 journal.writer.open()
-            except OSError as e:
-                raise JournalWriteError(self.name, journal.live_path, e) from None
+            except OSError as e:  # nothing changed yet: this change is refused
+                failure = JournalWriteError(self.name, journal.live_path, e)
+                if e.errno not in (errno.EMFILE, errno.ENFILE):  # out of descriptors: this change alone
+                    self.journal_write_errors += 1
+                    self._went_read_only(journal.live_path, failure)  # the next change probes
+                raise failure from None
         if self._orphans:
             try:
                 self._return_orphans()
@@ -404,10 +419,12 @@ class Kestrel2Queue(PersistentQueue):
     def _close_files(self) -> None:
         self._journal.close()
 
-    def destroy(self) -> None:
-        """Close and delete every journal file of this queue (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete every journal file of this queue (the `delete` command), found by
+        listing the queue path: none is left."""
         self.close()
         self._journal.delete_files()
+        return [self.name]
 
 
 def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
