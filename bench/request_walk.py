@@ -4,8 +4,9 @@ Python functions the request calls in all. A tracer (`sys.setprofile`) watches o
 by a connection without sockets, as `bench_answer` answers them, on a warmed-up queue.
 
 - **to the journal**: the functions, in call order from the handler's entry, that are handed the item
-  (its data, a list holding it, or bytes holding it, such as an encoded record) up to the `os.write`
-  that writes it to the journal, and the frames on the stack at that write, from the handler's entry.
+  (its data, a list holding it, or bytes holding it, such as an encoded record) up to the journal
+  file's append (`JournalWriter.append`, what writes every journal file, whose `os.write` follows),
+  and the frames on the stack there, from the handler's entry down to that append.
 - **back out**: for a get, the functions that return the item (or something holding it), from the
   queue out to the handler.
 - **calls**: every Python function called while the request is answered.
@@ -33,6 +34,7 @@ from kestrel.service.thrift.handler import ThriftConnection
 from tests.support.thrift_wire import encode_call
 
 MARK = b"walk-item-" + bytes(range(65, 91)) * 4  # an item no other value in the server holds
+JOURNAL_APPEND = "JournalWriter.append"  # writes every journal file: where a walk reaches the journal
 
 
 def _holds(value: Any, depth: int = 0) -> bool:
@@ -67,7 +69,7 @@ class Walk:
         self.calls = 0
         self.handed: list[str] = []  # functions handed the item, first call each, in order
         self.returned: list[str] = []  # functions returning it, in order
-        self.write_stack: list[str] | None = None  # from the entry down to the frame calling os.write
+        self.write_stack: list[str] | None = None  # from the entry down to the journal file's append
         self._written = False
         self._inside = False
 
@@ -93,14 +95,14 @@ class Walk:
                 name = _name(code)
                 if name not in self.handed and any(_holds(frame.f_locals.get(a)) for a in args):
                     self.handed.append(name)
+                if code.co_qualname == JOURNAL_APPEND:
+                    self.write_stack = self._stack(frame)
+                    self._written = True
         elif event == "return" and self._inside:
             if _holds(arg):
                 self.returned.append(_name(code))
             if code is self.entry:
                 self._inside = False
-        elif event == "c_call" and self._inside and arg is os.write and self.write_stack is None:
-            self.write_stack = self._stack(frame)
-            self._written = True
 
 
 def trace(entry: Callable[..., Any], call: Callable[[], Any]) -> Walk:
@@ -181,8 +183,8 @@ def run(journal_format: str, show: bool) -> None:
             ("memcache 100 pipelined gets", memcache.process, mc_gets),
         ]
         print(f"# journal_format {journal_format}: one request each, after a warm-up")
-        print("| request | functions handed the item, to the journal write | frames on the stack at the "
-              "write | functions returning the item | Python calls in all |")
+        print("| request | functions handed the item, to the journal | frames on the stack, handler to "
+              "journal | functions returning the item | Python calls in all |")
         print("| --- | --- | --- | --- | --- |")
         for title, entry, step in rows:
             _report(title, trace(entry, step), show)

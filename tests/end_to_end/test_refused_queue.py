@@ -19,7 +19,7 @@ from kestrel.storage.errors import QueueDamaged
 from kestrel.storage.kestrel2.codec import AddX, encode
 from tests.conftest import ServerProcess
 from tests.server.test_shutdown import _thrift_client
-from tests.support.queues import drain
+from tests.support.queues import drain, one
 from tests.support.wire import conn, exchange, memcache_stats
 
 T0 = 1_700_000_000_000
@@ -45,9 +45,9 @@ def test_the_collection_refuses_one_damaged_queue_and_loads_the_others(tmp_path:
     coll.load()
     assert drain(coll, "good") == [b"one", b"two"]
     assert sorted(coll.refused) == ["bad"] and coll.queue_names() == ["good"]
-    for call in (lambda: coll.queue("bad"), lambda: coll.add("bad", b"x"), lambda: coll.flush("bad"),
-                 lambda: coll.remove("bad"), lambda: coll.peek("bad"), lambda: coll.delete("bad"),
-                 lambda: coll.add("bad+child", b"x")):
+    for call in (lambda: coll.queue("bad"), lambda: coll.put("bad", [b"x"]), lambda: coll.flush("bad"),
+                 lambda: one(coll.remove("bad")), lambda: coll.peek("bad"), lambda: coll.delete("bad"),
+                 lambda: coll.put("bad+child", [b"x"])):
         with pytest.raises(QueueDamaged, match="--salvage") as err:
             call()
         assert "'bad" in str(err.value) and "opcode 66" in str(err.value)

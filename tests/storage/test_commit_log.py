@@ -24,7 +24,7 @@ from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
 from tests.support.power_loss import Disk
-from tests.support.queues import drain
+from tests.support.queues import drain, one
 
 T0 = 1_700_000_000_000
 
@@ -223,11 +223,11 @@ def test_recovery_killed_at_every_step_and_run_again_ends_as_one_run_does(tmp_pa
 
 def test_each_change_under_always_is_in_the_log_before_it_returns(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add("a", b"one")
-    coll.add("b", b"two")
-    item = coll.remove("a", transaction=True)
+    coll.put("a", [b"one"])
+    coll.put("b", [b"two"])
+    item = one(coll.remove("a", transaction=True))
     assert item is not None
-    coll.confirm("a", item.xid)
+    coll.confirm("a", [item.xid])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     records = [r for _, r in read_segment(seg, last=True).records]
     assert [r.queue for r in records] == ["a", "b", "a", "a"]
@@ -241,21 +241,21 @@ def test_each_change_under_always_is_in_the_log_before_it_returns(tmp_path: Path
 
 def test_never_queues_and_commit_log_off_write_no_log(tmp_path: Path) -> None:
     coll = collection(tmp_path / "never", sync_journal="never")
-    coll.add("q", b"x")
+    coll.put("q", [b"x"])
     assert not commit_log.pending(str(tmp_path / "never"))
     coll.close()
     coll = collection(tmp_path / "off", on=False)
-    coll.add("q", b"x")
+    coll.put("q", [b"x"])
     assert not (tmp_path / "off" / commit_log.DIRECTORY).exists()
     coll.close()
 
 
 def test_a_checkpoint_makes_the_journals_durable_and_drops_the_older_segments(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add("q", b"before")
+    coll.put("q", [b"before"])
     assert coll.commit_log is not None
     coll.commit_log.checkpoint()
-    coll.add("q", b"after")
+    coll.put("q", [b"after"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-5:] for _, r in read_segment(seg, last=True).records] == [b"after"]
     coll.close()
@@ -264,7 +264,7 @@ def test_a_checkpoint_makes_the_journals_durable_and_drops_the_older_segments(tm
 def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     for n in range(20):
-        coll.add("q", b"item-%d" % n)
+        coll.put("q", [b"item-%d" % n])
     journal = (tmp_path / "q").read_bytes()
     (tmp_path / "q").write_bytes(journal[:len(journal) // 2 + 3])  # lost with the page cache
     assert commit_log.pending(str(tmp_path))
@@ -282,10 +282,10 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
         coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200")
         expected = []
         for n in range(60):
-            coll.add("q", b"item-%02d" % n + b"." * 20)
+            coll.put("q", [b"item-%02d" % n + b"." * 20])
             expected.append(b"item-%02d" % n + b"." * 20)
             if n % 3 == 2:
-                assert coll.remove("q") is not None
+                assert one(coll.remove("q")) is not None
                 expected.pop(0)
         coll.queue("q").wait_for_packing()
         disk.power_cut(str(tmp_path), keep)
@@ -297,7 +297,7 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
 def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path)
-    coll.add("q", b"first")
+    coll.put("q", [b"first"])
     synced: list[int] = []
     real_write, real_fdatasync = os.write, os.fdatasync
     log_dir = str(tmp_path / commit_log.DIRECTORY)
@@ -313,7 +313,7 @@ def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path
 
     monkeypatch.setattr(os, "write", full_log)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    coll.add("q", b"second")  # acknowledged: its journal was fsynced instead
+    coll.put("q", [b"second"])  # acknowledged: its journal was fsynced instead
     assert os.stat(tmp_path / "q").st_ino in synced
     monkeypatch.undo()
     (seg,) = commit_log.segment_paths(str(tmp_path))
@@ -338,8 +338,8 @@ def test_an_fsync_of_the_log_that_fails_falls_back_on_the_journal(tmp_path: Path
         real_fdatasync(fd)
 
     monkeypatch.setattr(os, "fdatasync", failing)
-    coll.add("q", b"x")
-    coll.add("q", b"y")  # the log's segment failed once: its journal carries the promise now
+    coll.put("q", [b"x"])
+    coll.put("q", [b"y"])  # the log's segment failed once: its journal carries the promise now
     assert len(journal_syncs) == 2
     monkeypatch.undo()
     coll.close()
@@ -355,7 +355,7 @@ def crashed_after_a_power_cut(path: Path) -> list[bytes]:
         coll = collection(path)
         items = [b"item-%d" % n for n in range(10)]
         for item in items:
-            coll.add("q", item)
+            coll.put("q", [item])
         disk.power_cut(str(path))
     assert (path / "q").read_bytes() == b""
     return items
@@ -404,8 +404,8 @@ def test_convert_recovers_the_log_first(tmp_path: Path) -> None:
 def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_are_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path, default_journal_size="1KB")
-    coll.add("q", b"first")  # the queue is created under always
-    assert coll.remove("q") is not None
+    coll.put("q", [b"first"])  # the queue is created under always
+    assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
     real = files.fsync_path
@@ -416,12 +416,12 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
 
     monkeypatch.setattr(files, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
-        coll.add("q", b"x" * 40)
-        assert coll.remove("q") is not None
+        coll.put("q", [b"x" * 40])
+        assert one(coll.remove("q")) is not None
     coll.queue("q").wait_for_packing()
     assert list_journal_files(str(tmp_path), "q").rotated  # it rotated
     assert str(tmp_path) in synced_dirs
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-4:] for _, r in read_segment(seg, last=True).records] == [b"last"]  # it still logs
     coll.close()
@@ -455,9 +455,9 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
                            runtime=GeventWithFsyncs(fsync), commit_log=True)
     coll.load()
     for name in ("a", "b", "c", "d"):
-        coll.add(name, b"created")
+        coll.put(name, [b"created"])
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c", "d")],
+    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c", "d")],
                    raise_error=True)  # each added in the same turn, all acknowledged
     (seg,) = commit_log.segment_paths(str(tmp_path))
     writes = [r.queue for _, r in read_segment(seg, last=True).records]
@@ -468,7 +468,7 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
     else:
         assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"later") for name in ("a", "b")], raise_error=True)
+    gevent.joinall([gevent.spawn(coll.put, name, [b"later"]) for name in ("a", "b")], raise_error=True)
     journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
     if log_fsync_fails:  # no fsync of a segment that failed one vouches for it: the journals' do
         assert (journals, len(synced)) == (["a", "b"], 2)
@@ -494,7 +494,7 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
                            runtime=GeventWithFsyncs(fsync), commit_log=True)
     coll.load()
     for name in ("a", "b", "c"):
-        coll.add(name, b"created")
+        coll.put(name, [b"created"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     size = os.path.getsize(seg)
     real_write = os.write
@@ -508,13 +508,13 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
 
     monkeypatch.setattr(os, "write", full_log)
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c")],
+    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c")],
                    raise_error=True)  # one turn: its one write of the log fails, every change is acknowledged
     monkeypatch.undo()
     assert written == [7]
     assert os.path.getsize(seg) == size  # the failed write was cut back off the log
     assert sorted(os.path.basename(p) for p in synced) == ["a", "b", "c"]  # each journal's own fsync
-    coll.add("a", b"after")  # the segment took no fsync that failed: the log carries the next turn
+    coll.put("a", [b"after"])  # the segment took no fsync that failed: the log carries the next turn
     assert [r.data[-5:] for _, r in read_segment(seg, last=True).records][-1] == b"after"
     coll.close()
     again = collection(tmp_path)

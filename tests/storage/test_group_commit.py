@@ -221,9 +221,9 @@ def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
     coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
     coll.load()
     for i in range(8):
-        coll.add(f"q{i}", b"first")  # each queue's journal is open and synced before the turn
+        coll.put(f"q{i}", [b"first"])  # each queue's journal is open and synced before the turn
     counting.rounds.clear()
-    puts = [gevent.spawn(coll.add, f"q{i}", b"second") for i in range(8)]
+    puts = [gevent.spawn(coll.put, f"q{i}", [b"second"]) for i in range(8)]
     gevent.joinall(puts, raise_error=True)
     assert all(put.value for put in puts)
     assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8

@@ -20,7 +20,7 @@ from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
-from tests.support.queues import drain, load_strictly
+from tests.support.queues import drain, load_strictly, one
 
 ITEM = b"x" * 200
 
@@ -79,7 +79,7 @@ def test_manifest_name_is_no_queue_and_no_other_file_kind() -> None:
 def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
     coll = k2(tmp_path)
     for _ in range(100):
-        coll.add("q", ITEM)
+        coll.put("q", [ITEM])
     coll.close()
     path = tmp_path / "q.manifest"
     data = bytearray(path.read_bytes())
@@ -96,9 +96,9 @@ def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
 def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(tmp_path: Path) -> None:
     coll = k2(tmp_path, max_memory_size=1 << 30)
     for i in range(1000):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     for _ in range(100):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     coll.close()
     live = tmp_path / "q"
     adds = [off for off, rec in read_journal(str(live)) if isinstance(rec, codec.AddX)]
@@ -112,9 +112,9 @@ def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(
 def _rotated_queue(path: Path, items: int = 300, removed: int = 50) -> QueueCollection:
     coll = k2(path)
     for i in range(items):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     for _ in range(removed):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     return coll
 
 
@@ -144,7 +144,7 @@ def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> No
     old_state = (tmp_path / rotated(tmp_path)[0]).read_bytes() + codec.encode(codec.SaveXid(0))
     drain(coll, "q")
     for i in range(100):
-        coll.add("q", b"new%04d" % i)
+        coll.put("q", [b"new%04d" % i])
     coll.close()
     stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
     stray.write_bytes(old_state)
@@ -154,7 +154,7 @@ def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> No
 def test_salvage_sets_a_stray_pack_aside_and_serves_the_queue(tmp_path: Path) -> None:
     coll = _rotated_queue(tmp_path)
     drain(coll, "q")
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     coll.close()
     stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
     stray.write_bytes(codec.encode(codec.AddX(1, 0, b"stray")) + codec.encode(codec.SaveXid(0)))
@@ -202,7 +202,7 @@ def test_packs_keep_the_manifest_exact(tmp_path: Path) -> None:
     coll = k2(tmp_path, max_journal_size=8192)
     for round_ in range(5):
         for i in range(60):
-            coll.add("q", b"%d-%04d" % (round_, i) + ITEM)
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
         for _ in range(55):
             coll.remove("q")
         coll.queue("q").wait_for_packing()
@@ -245,9 +245,9 @@ def writers(path: Path) -> list[str]:
 def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reader(tmp_path: Path) -> None:
     coll = k3(tmp_path)
     for i in range(800):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     for _ in range(100):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     coll.close()
     checkpoint = tmp_path / "q.read."
     data = bytearray(checkpoint.read_bytes())
@@ -265,7 +265,7 @@ def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: 
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(900):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     coll.close()
     os.unlink(tmp_path / "q.read.child")
@@ -278,7 +278,7 @@ def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: 
 def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=2000)
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     coll.close()
     files = writers(tmp_path)
     assert len(files) >= 3
@@ -294,7 +294,7 @@ def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path
 def test_a_changed_sealed_writer_file_is_refused(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=2000)
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     coll.close()
     first = tmp_path / writers(tmp_path)[0]
     data = bytearray(first.read_bytes())
@@ -308,10 +308,10 @@ def test_kestrel3_consumed_files_deleted_and_manifest_kept_exact(tmp_path: Path)
     coll = k3(tmp_path, default_journal_size=2000)
     coll.queue("q+child")
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     drain(coll, "q+child")
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     coll.close()
     record = manifest.read(str(tmp_path), "q")
     assert record is not None and record.format == "kestrel3" and record.high_id == 1000
@@ -325,7 +325,7 @@ def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     coll = k3(tmp_path)
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
     coll.close()
     os.unlink(tmp_path / "q.manifest")
     coll = k3(tmp_path)
@@ -349,7 +349,7 @@ def test_salvage_sets_an_unreadable_manifest_aside(tmp_path: Path) -> None:
 
 def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None:
     coll = k3(tmp_path)
-    coll.add("q", b"one")
+    coll.put("q", [b"one"])
     coll.close()
     (first,) = writers(tmp_path)
     with open(tmp_path / first, "r+b") as f:
@@ -385,7 +385,7 @@ def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: P
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
     coll.close()
     os.unlink(tmp_path / "q.read.child")
     with pytest.raises(CorruptJournalError, match="missing"):
@@ -417,7 +417,7 @@ def test_the_refusal_advises_salvage_only_where_it_helps(salvageable: bool, salv
 def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is_gone(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=200)
     for i in range(50):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     coll.close()
     for name in writers(tmp_path)[:-1]:  # as if every consumed file was deleted
@@ -430,8 +430,8 @@ def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is
     record.files[newest.name] = manifest.Entry()
     manifest.write(str(tmp_path), "q", record)
     coll = k3(tmp_path, default_journal_size=200)
-    coll.add("q", b"next")
-    item = coll.remove("q", transaction=True)
+    coll.put("q", [b"next"])
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.data == b"next" and item.xid > 50
     coll.close()
 
@@ -446,9 +446,9 @@ def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
     from kestrel.storage.kestrel3 import queue as k3_queue
     coll = k3(tmp_path)
     for i in range(40):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     for _ in range(10):
-        assert coll.remove("q") is not None  # appended to the checkpoint
+        assert one(coll.remove("q")) is not None  # appended to the checkpoint
     real = k3_queue.write_checkpoint
 
     def crash(*args: Any, **kwargs: Any) -> str:
@@ -472,11 +472,11 @@ def test_repeated_flushes_and_restarts_keep_checkpoints_matching_the_manifest(tm
         coll = k3(tmp_path)
         coll.queue("q+c")
         for i in range(20):
-            coll.add("q", b"%d.%d" % (round_, i))
-        assert coll.remove("q") is not None
+            coll.put("q", [b"%d.%d" % (round_, i)])
+        assert one(coll.remove("q")) is not None
         coll.flush("q")
         coll.flush("q+c")
-        coll.add("q", b"kept")
+        coll.put("q", [b"kept"])
         coll.close()
     coll = k3(tmp_path)
     assert drain(coll, "q") == [b"kept"] and drain(coll, "q+c") == [b"kept"]
@@ -489,7 +489,7 @@ def test_a_queue_deletion_cut_off_part_way_leaves_no_manifest_listing_its_files(
     coll = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else _rotated_queue(tmp_path)
     if fmt == "kestrel3":
         for i in range(300):
-            coll.add("q", b"%04d" % i)
+            coll.put("q", [b"%04d" % i])
     coll.queue("q").wait_for_packing()
     real = os.unlink
     calls = []
@@ -514,7 +514,7 @@ def test_a_fanout_reader_deletion_cut_off_before_its_unlink_keeps_the_reader(
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
 
     def crash(*_args: Any, **_kwargs: Any) -> None:
         raise Crash

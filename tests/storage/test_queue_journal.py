@@ -26,7 +26,8 @@ def _journal(path: Path, runtime: ManualRuntime) -> QueueJournal:
 
 def _add(j: QueueJournal, data: bytes) -> None:
     j.write(codec.encode_addx(1, 0, data))
-    j.commit()
+    j.flush()
+    j.sync()
 
 
 def _replayed(path: Path, runtime: ManualRuntime) -> list[bytes]:
@@ -54,14 +55,16 @@ def test_rotation_renames_the_live_journal_and_starts_a_new_one(tmp_path: Path) 
     assert _replayed(tmp_path, runtime) == [b"a", b"b", b"c"]
 
 
-def test_commit_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
+def test_sync_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     j = QueueJournal(str(tmp_path), "q", None, 40, runtime, runtime.lock())
     j.open_live()
     j.write(codec.encode_addx(1, 0, b"x" * 10))
-    assert not j.commit()
+    j.flush()
+    assert not j.sync()
     j.write(codec.encode_addx(1, 0, b"x" * 10))
-    assert j.commit()
+    j.flush()
+    assert j.sync()
     j.close()
 
 
@@ -89,7 +92,7 @@ def test_a_pack_is_written_in_the_background_and_replaces_the_files_it_covers(tm
     _add(j, b"a")
     _add(j, b"b")
     j.write(codec.REMOVE_BYTES)
-    j.commit()
+    j.flush()
     stamp = j.rotate()
     _add(j, b"c")
     j.take_pack(_pack_of(j, stamp, [b"b"]))

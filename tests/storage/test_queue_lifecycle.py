@@ -25,8 +25,8 @@ def test_operations_that_only_read_or_destroy_create_no_queue(tmp_path: Path, fm
     coll.flush("ghost")
     coll.flush_all()
     coll.delete("ghost")
-    assert not coll.confirm("ghost", 1) and not coll.unremove("ghost", 1)
-    assert coll.confirm_many("ghost", [1]) == 0 and coll.unremove_many("ghost", [1]) == 0
+    assert not coll.confirm("ghost", [1]) and not coll.unremove("ghost", [1])
+    assert coll.confirm("ghost", [1]) == 0 and coll.unremove("ghost", [1]) == 0
     assert coll.get("ghost") is None and coll.queue_names() == [] and coll.queue_creates == 0
     assert os.listdir(tmp_path) == []
     coll.close()

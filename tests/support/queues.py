@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from kestrel.storage import QueueCollection
+
+T = TypeVar("T")
+
+
+def one(items: list[T]) -> T | None:
+    """The item a remove of one took, or None when it took none."""
+    return items[0] if items else None
 
 
 def drain(coll: QueueCollection, name: str) -> list[bytes]:
-    """Remove every item of a queue, returning their data in order."""
+    """Remove every item of a queue, a batch at a time, returning their data in order."""
     out = []
-    while (item := coll.remove(name)) is not None:
-        out.append(item.data)
+    while taken := coll.remove(name, 100):
+        out += [item.data for item in taken]
     return out
 
 

@@ -109,3 +109,9 @@ class TakenItems:
 
     def pairs(self) -> list[tuple[bytes, int]]:
         return data_with_ids(self.items, self.ids)
+
+    def timed(self) -> list[tuple[bytes, int, int, int | None]]:
+        """Each item as (data, id, add time, expiry or None): what `get_timed` hands out."""
+        ids = [self.ids] * len(self.items) if isinstance(self.ids, int) else self.ids
+        return [(item.data, xid, item.add_time, item.expiry or None)
+                for item, xid in zip(self.items, ids, strict=True)]

@@ -394,24 +394,19 @@ class QueueJournal:
         if self.writer is not None and data:
             self._pending.append(data)
 
-    def write_many(self, records: list[bytes]) -> None:
-        if self.writer is not None:
-            self._pending.extend(records)
-
     def discard_pending(self) -> None:
         self._pending.clear()
 
     def flush(self) -> None:
-        """Append the pending records in one write (no yield between a change and its record)."""
-        if self._pending:
-            assert self.writer is not None
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self._append(data)
-
-    def _append(self, data: bytes) -> None:
+        """Append the pending records in one write (no yield between a change and its record).
+        Raises OSError (the records are dropped: the queue rebuilds from the journal)."""
+        pending = self._pending
+        if not pending:
+            return
         writer = self.writer
         assert writer is not None
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
         offset = writer.size
         writer.append(data)
         if self.commit_log is not None:
@@ -419,13 +414,11 @@ class QueueJournal:
             if not self._turns or self._turns[-1] is not turn:
                 self._turns.append(turn)
 
-    def commit(self) -> bool:
-        """Append, then wait as the sync policy says; whether the live journal is due for rotation."""
+    def sync(self) -> bool:
+        """After `flush`: wait as the sync policy says; whether the live journal is due for rotation."""
         writer = self.writer
         if writer is None:
             return False
-        if self._pending:
-            self.flush()
         if self.commit_log is not None:
             turns, self._turns = self._turns, []
             if writer.sync_ms == 0:
@@ -437,8 +430,9 @@ class QueueJournal:
         return writer.size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:
-        """Append `data` at once, bypassing pending records (a probe). Raises OSError."""
-        self._append(data)
+        """Append `data` at once (a probe, while no record is pending). Raises OSError."""
+        self.write(data)
+        self.flush()
 
     def set_sync(self, sync_ms: int | None, rotate_at: int) -> None:
         self.sync_ms = sync_ms

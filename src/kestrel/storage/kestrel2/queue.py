@@ -117,11 +117,13 @@ class Kestrel2Queue(PersistentQueue):
     def _return_orphans(self) -> None:
         """Reads that were open when the process stopped go back to the head, newest first, so
         that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does."""
+        returned = []
         for xid in self._orphans:
             item = self._opens.get(xid)
             if item is not None:
                 self._unremove(xid)
-                self._log_return(xid, item)
+                returned.append(item)
+        self._log_return(returned)
         self._commit()
         self._orphans = []
 
@@ -221,33 +223,32 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Records of a change
 
-    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+    def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
         if self._journal.writer is not None:
             self._journal.write(codec.encode_addx_many(now, expiry, items))
 
-    def _log_add(self, item: QItem) -> None:
-        if self._journal.writer is not None:
-            self._journal.write(codec.encode_addx(item.add_time, item.expiry, item.data))
-
-    def _log_gone(self, item: QItem) -> None:
-        self._journal.write(codec.REMOVE_BYTES)
-
-    def _log_gone_many(self, items: list[QItem]) -> None:
+    def _log_gone(self, items: list[QItem]) -> None:
         self._journal.write(codec.REMOVE_BYTES * len(items))
 
-    def _log_open(self, item: QItem) -> int:
-        xid = self._next_xid()
-        self._journal.write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
-        return xid
+    def _log_open(self, items: list[QItem]) -> None:
+        records = []
+        for item in items:
+            item.xid = xid = self._next_xid()
+            records.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        self._journal.write(b"".join(records))
 
-    def _log_confirm(self, xid: int, item: QItem) -> None:
+    def _log_confirm(self, items: list[QItem]) -> None:
         for checkpoint in self._checkpoints:
-            checkpoint.note_confirm(item)
-        self._journal.write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+            for item in items:
+                checkpoint.note_confirm(item)
+        self._journal.write(b"".join([codec.encode_xid(codec.CONFIRM_REMOVE, item.xid) for item in items]))
 
-    def _log_return(self, xid: int, item: QItem) -> None:
-        item.xid = 0  # its next open takes the next free xid
-        self._journal.write(codec.encode_xid(codec.UNREMOVE, xid))
+    def _log_return(self, items: list[QItem]) -> None:
+        records = []
+        for item in items:
+            records.append(codec.encode_xid(codec.UNREMOVE, item.xid))
+            item.xid = 0  # its next open takes the next free xid
+        self._journal.write(b"".join(records))
 
     def _drop_items(self) -> None:
         """Every item leaves the head, journaled as one REMOVE each."""
@@ -258,7 +259,9 @@ class Kestrel2Queue(PersistentQueue):
 
     def _commit(self, housekeeping: bool = False) -> None:
         """Append, wait as the sync policy says, then consider rotating. Last step of each change."""
-        if self._journal.commit():
+        journal = self._journal
+        journal.flush()
+        if journal.sync():
             self._maybe_rotate()
 
     # -----------------------------------------------------------------------------------------

@@ -27,14 +27,14 @@ from operator import attrgetter
 
 import structlog
 
-from kestrel.storage import formats, manifest
+from kestrel.storage import fanout, formats, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
 from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
 from kestrel.storage.formats import KESTREL3
-from kestrel.storage.item import QItem
+from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import (
     QueueFiles,
@@ -622,23 +622,29 @@ class Kestrel3Queue(PersistentQueue):
 
     def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
         """Write the items some target takes, once, and hand them to every reader: on a queue (the
-        default reader) its readers are the targets, on a fanout child it alone. Each target takes
-        the items its limits admit; the readers consume the rest at once. What the readers consume
-        meanwhile left by itself (expired, discarded, refused): its record may wait. Returns how
-        many this queue took. Raises JournalWriteError (nothing was written).
+        default reader) its readers are the targets, on a fanout child it alone. A target takes the
+        items its limits admit (those before the first refused); a fanout child is offered what its
+        parent was, and takes each on its own (src/kestrel/storage/fanout.py). The readers consume
+        the rest at once. What the readers consume meanwhile left by itself (expired, discarded,
+        refused): its record may wait. Returns how many this queue took. Raises JournalWriteError
+        (nothing was written).
         """
         journal = self._journal
         assert journal is not None
         readers = list(journal.readers.values())
         marks = [(len(q._consumed), len(q._left)) for q in readers]
-        admitted: dict[str, tuple[int, int]] = {}
-        count = 0
+        taking: dict[str, list[tuple[int, int]]] = {}  # by reader: the (start, stop) runs of items it takes
         try:
-            for q in readers:
-                if not self.reader or q is self:
-                    taken, _ = admitted[q.reader] = q._admit(items, now)
-                    if taken > count:
-                        count = taken
+            given = items
+            if self.is_reader:
+                taken = self._admit(items, now)[0]
+                taking[self.reader] = [(0, taken)] if taken else []
+                given = fanout.offered(items, taken)
+            if not self.reader:
+                for q in readers:
+                    if q is not self:
+                        taking[q.reader] = q._admit_each(given, now)
+            count = max((runs[-1][1] for runs in taking.values() if runs), default=0)
             if count:
                 writer = journal.writer
                 try:
@@ -646,10 +652,13 @@ class Kestrel3Queue(PersistentQueue):
                 except OSError as e:
                     raise JournalWriteError(journal.name, writer.current.path, e) from None
                 for q in readers:
-                    taken, size = admitted.get(q.reader, (0, 0))
-                    if taken:
-                        q._receive(items if taken == len(items) else items[:taken], size, now, expiry, first)
-                    q._consumed.extend(range(first + taken, first + count))  # refused: consumed at once
+                    done = 0
+                    for start, stop in taking.get(q.reader, ()):
+                        q._consumed.extend(range(first + done, first + start))  # refused: consumed at once
+                        run = items if stop - start == len(items) else items[start:stop]
+                        q._receive(run, data_sizes(run)[0], now, expiry, first + start)
+                        done = stop
+                    q._consumed.extend(range(first + done, first + count))
                     q._seen = first + count - 1
         finally:
             for q, mark in zip(readers, marks, strict=True):
@@ -657,9 +666,19 @@ class Kestrel3Queue(PersistentQueue):
         if count:
             journal.writer.commit()
         for q in readers:
-            if count or q.reader in admitted:
+            if count or q.reader in taking:
                 q._sync_checkpoint()
-        return admitted.get(self.reader, (0, 0))[0]
+        runs = taking.get(self.reader)
+        return runs[-1][1] if runs else 0
+
+    def _admit_each(self, items: list[bytes], now: int) -> list[tuple[int, int]]:
+        """The items of its parent's put a fanout child takes, each on its own, as (start, stop) runs."""
+        keep = fanout.fitting(items, self.config.max_item_size)
+        if keep is None:
+            taken = self._admit(items, now)[0]
+            return [(0, taken)] if taken else []
+        taken = self._admit([items[n] for n in keep], now)[0]
+        return list(fanout.runs(keep[:taken]))
 
     def _settle_later(self, mark: tuple[int, int]) -> None:
         """What this reader consumed since `mark` (lengths of `_consumed` and `_left`) left by
@@ -675,30 +694,24 @@ class Kestrel3Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Records of a change
 
-    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
-        """Nothing to record: the PUTs are written, and `_put_shared` moves `_seen` past them."""
+    def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
+        """Nothing to record, the PUTs are written: read-behind may load them from now on."""
+        if items:
+            self._seen = first_id + len(items) - 1
 
-    def _log_add(self, item: QItem) -> None:
-        self._seen = item.xid  # read-behind may load it from now on
-
-    def _log_gone(self, item: QItem) -> None:
-        self._consumed.append(item.xid)
-        self._left.append(item)
-
-    def _log_gone_many(self, items: list[QItem]) -> None:
+    def _log_gone(self, items: list[QItem]) -> None:
         self._consumed.extend(map(_XID, items))
         self._left.extend(items)
 
-    def _log_open(self, item: QItem) -> int:
-        self._left.append(item)
-        return item.xid
+    def _log_open(self, items: list[QItem]) -> None:
+        self._left.extend(items)  # an open read's id is its item's
 
-    def _log_confirm(self, xid: int, item: QItem) -> None:
-        self._consumed.append(xid)
-        self._confirmed.append(item)
+    def _log_confirm(self, items: list[QItem]) -> None:
+        self._consumed.extend(map(_XID, items))
+        self._confirmed.extend(items)
 
-    def _log_return(self, xid: int, item: QItem) -> None:
-        self._returned.append(item)
+    def _log_return(self, items: list[QItem]) -> None:
+        self._returned.extend(items)
 
     def _drop_items(self) -> None:
         """Consume every item with one checkpoint rewrite (open reads stay open).
