@@ -49,24 +49,21 @@ def runs(positions: list[int]) -> Iterator[tuple[int, int]]:
         yield start, stop
 
 
-class Fanouts:
-    """Each queue's fanout children by name, as the collection holds them."""
-
-    def __init__(self) -> None:
-        self._children: dict[str, set[str]] = {}
-
-    def __contains__(self, parent: str) -> bool:
-        return bool(self._children.get(parent))
+class Fanouts(dict[str, set[str]]):
+    """Each queue's fanout children by name, as the collection holds them: a parent is a key while
+    it has children (a dict, so that a put's look-up costs no Python call)."""
 
     def add(self, child: str) -> None:
         parent = parent_of(child)
         if parent is not None:
-            self._children.setdefault(parent, set()).add(child)
+            self.setdefault(parent, set()).add(child)
 
     def discard(self, child: str) -> None:
         parent = parent_of(child)
-        if parent is not None:
-            self._children.get(parent, set()).discard(child)
+        if parent is not None and parent in self:
+            self[parent].discard(child)
+            if not self[parent]:
+                del self[parent]
 
     def children(self, parent: str) -> list[str]:
-        return sorted(self._children.get(parent, ()))
+        return sorted(self.get(parent, ()))

@@ -351,7 +351,10 @@ class PersistentQueue(ABC):
             mem = self._mem
             if self._behind is None and not self._watchers:
                 # The common get: when none of the items can expire they go in one step.
-                taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
+                if count == 1:
+                    taken = [mem.popleft()] if mem else []
+                else:
+                    taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, n times
                 size = plain_size(taken)
                 if size < 0:
                     mem.extendleft(reversed(taken))

@@ -159,8 +159,9 @@ class MemcacheConnection(BufferedConnection):
         (`answered` has a 0 there)."""
         started = time.perf_counter()
         expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
+        count = len(datas)
         done = 0
-        while done < len(datas):
+        while done < count:
             reply = NOT_STORED
             try:
                 stored = self.session.put(queue, datas[done:] if done else datas, expiry)
@@ -171,11 +172,12 @@ class MemcacheConnection(BufferedConnection):
             if stored:
                 self.out.append(STORED * answered.count(1, done, done + stored))
                 done += stored
-            if done < len(datas):
-                if answered[done]:
-                    self.out.append(reply)
-                done += 1
-        self.set_latency.observe_many(time.perf_counter() - started, len(datas))
+                if done == count:
+                    break
+            if answered[done]:
+                self.out.append(reply)
+            done += 1
+        self.set_latency.observe_many(time.perf_counter() - started, count)
 
     def fetch(self, key: bytes, count: int) -> None:
         """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found

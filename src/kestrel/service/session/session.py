@@ -175,32 +175,32 @@ class Session:
         if transaction:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
-        deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
         items: list[QItem] = []
         ids: list[int] = []
-        try:
-            while len(items) < max_items:
-                want = min(max_items - len(items), GET_SLICE)
-                wait = deadline - self._monotonic() if deadline else 0.0
-                more = self.coll.remove(queue, want, transaction, wait)  # waits only while it is empty
-                if transaction:
-                    ids += self.server.reads_by_id.open_many(self.reads, queue, [item.xid for item in more],
-                                                             auto_abort_ms)
-                if items:
+        if max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
+            items = self.coll.remove(queue, max_items)  # the usual get: one slice, no wait, no read
+        else:
+            deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
+            try:
+                while len(items) < max_items:
+                    want = min(max_items - len(items), GET_SLICE)
+                    wait = deadline - self._monotonic() if deadline else 0.0
+                    more = self.coll.remove(queue, want, transaction, wait)  # waits only while it is empty
+                    if transaction:
+                        xids = [item.xid for item in more]
+                        ids += self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
                     items += more
-                else:
-                    items = more
-                if not more or (len(more) < want and not deadline):
-                    break
-                if len(items) < max_items:
-                    self.pause()
-        except KestrelError:
-            if not items:
-                raise
-            # The slices taken already left the journal: hand them out rather than lose them; the
-            # fault answers the next request.
-            log.warning("a get ended early by a fault; handing out what it took", queue=queue,
-                        items=len(items), exc_info=True)
+                    if not more or (len(more) < want and not deadline):
+                        break
+                    if len(items) < max_items:
+                        self.pause()
+            except KestrelError:
+                if not items:
+                    raise
+                # The slices taken already left the journal: hand them out rather than lose them;
+                # the fault answers the next request.
+                log.warning("a get ended early by a fault; handing out what it took", queue=queue,
+                            items=len(items), exc_info=True)
         if items:
             self.stats.get_hits += 1
         else:
@@ -271,13 +271,14 @@ class Session:
 
         Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
         """
-        if close:
-            self.confirm_reads(queue, 1)
-        if abort:
-            self.status.check_read("abort")
-            self.abort_pending(queue)
-        if not (open or peek) and (close or abort):
-            return []
+        if close or abort:
+            if close:
+                self.confirm_reads(queue, 1)
+            if abort:
+                self.status.check_read("abort")
+                self.abort_pending(queue)
+            if not (open or peek):
+                return []
         self.status.check_read("peek" if peek else "get")
         if not peek and self.reads.holds(queue):
             if not open:
@@ -285,7 +286,10 @@ class Session:
             raise SessionError("already have an open read on this queue: close or abort it first")
         stats = self.stats
         try:
-            items = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+            if peek or timeout_ms > 0:
+                items = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+            else:
+                items = self.coll.remove(queue, count, open)
         except BaseException:
             if peek:
                 stats.cmd_peek += 1
