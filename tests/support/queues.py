@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from kestrel.storage import QueueCollection
+from kestrel.storage import QueueCollection, QueueConfigs
 
 T = TypeVar("T")
+
+
+def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: dict[str, Any] | None = None,
+                    **options: Any) -> QueueCollection:
+    """A loaded collection on `path`: `defaults` for every queue, `queues` by name, and the
+    collection's own keyword options (clock, runtime, commit_log, ...)."""
+    coll = QueueCollection(str(path), QueueConfigs(defaults or {}, queues or {}), **options)
+    coll.load()
+    return coll
 
 
 def one(items: list[T]) -> T | None:
