@@ -2,9 +2,9 @@
 
 Each connection reads into one buffer, answers every complete command in it, and sends the replies
 of a burst with one `send`, so pipelined clients cost one system call per burst. A run of plain
-`set`s to one queue, or of plain `get`s, is answered with one batch put or get (runs.py); every
-other command one at a time. Lines are bounded by `max_line_length` and items by `max_frame_size`
-before anything is allocated for them.
+`set`s to one queue, or of plain `get`s, found by the compiled scanner (runs.py), is answered
+with one put or get; every other command is parsed alone (a set being a put of one). Lines are
+bounded by `max_line_length` and items by `max_frame_size` before anything is allocated for them.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ REPLY, NOREPLY = b"\x01", b"\x00"  # a set's byte in a run's `answered`: whether
 BINARY_MAGIC = 0x80
 BINARY_HEADER = 24
 BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
-RUN_STARTS = (ord("s"), ord("g"))  # the first byte of a command that may begin a run
+# The first byte of a command that may begin a run, where the scanner was built.
+SET_START, GET_START = ord("s"), ord("g")
+RUN_STARTS = (SET_START, GET_START) if scan_sets is not None else ()
 
 
 def binary_refusal(header: bytes) -> bytes:
@@ -93,13 +95,15 @@ class MemcacheConnection(BufferedConnection):
                 log.info("binary protocol request refused", client=self.peer)
                 raise CloseConnection
             if first in RUN_STARTS and not self.skip_line:  # a run of plain sets or gets, read in one step
-                if first == RUN_STARTS[0]:
+                if first == SET_START:
+                    assert scan_sets is not None
                     sets = scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
                     if sets is not None:
                         key, exptime, datas, answered, pos = sets
                         self.store(key.decode(), exptime, datas, answered)
                         continue
                 else:
+                    assert scan_gets is not None
                     gets = scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
                     if gets is not None:
                         key, count, pos = gets
