@@ -11,15 +11,14 @@ from functools import partial
 
 import structlog
 
-from kestrel.storage import fanout, formats
+from kestrel.storage import fanout, formats, poison
+from kestrel.storage.aliases import Aliases
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.errors import (
-    ConfigError,
     CorruptJournalError,
-    ErrorQueueRefused,
     InvalidQueueName,
     JournalWriteError,
     QueueDamaged,
@@ -36,32 +35,6 @@ from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
-
-
-def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
-
-    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
-    settings too). Raises ConfigError naming the setting.
-    """
-    configured = set(configs.configured_names())
-    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
-    names = configured | {t for t in targets if t}
-    for name in sorted(names):
-        config = configs.for_queue(name)
-        target = config.error_queue
-        if not config.max_errors or target is None:
-            continue
-        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
-        try:
-            check_queue_name(target)
-        except InvalidQueueName as e:
-            raise ConfigError(key, str(e)) from None
-        if target in aliases:
-            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
-        if target == name:
-            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
-                                   f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
 class QueueCollection:
@@ -90,8 +63,8 @@ class QueueCollection:
         self.path = path
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
-        self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
-        check_error_queues(self.configs, self.aliases)
+        self.aliases = Aliases.of(aliases)
+        poison.check_error_queues(self.configs, self.aliases)
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
@@ -213,7 +186,7 @@ class QueueCollection:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
-        q.poison = partial(self._route_poison, name)
+        q.on_poison = partial(self._route_poison, q)
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
@@ -272,20 +245,8 @@ class QueueCollection:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
 
-    def _route_poison(self, source: str, item: QItem) -> None:
-        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
-        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
-        JournalWriteError (the source queue then returns the item to its head)."""
-        q = self._queues.get(source)
-        target = q.config.error_queue if q is not None else None
-        if target is None:
-            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
-                        bytes=len(item.data))
-            return
-        if not self.put(target, [item.data], item.expiry):
-            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
-                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
-        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
+    def _route_poison(self, source: PersistentQueue, item: QItem) -> None:
+        poison.route(self.put, source.name, source.config.error_queue, item)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -302,27 +263,19 @@ class QueueCollection:
 
         Returns how many items were accepted before the first one refused (queue full, item over
         `max_item_size`), as Kestrel's put counts them; nothing after a refused item is added. A
-        fanout child is offered the items its parent was offered: those and the first one refused,
-        as Kestrel's put offers them item by item. Through an alias an item counts only if every
-        destination accepted it. Raises InvalidQueueName.
+        fanout child is offered what its parent was (src/kestrel/storage/fanout.py); through an
+        alias an item counts only if every destination accepted it (src/kestrel/storage/aliases.py).
+        Raises InvalidQueueName.
         """
         if name in self.aliases:
             check_queue_name(name)
-            for i, data in enumerate(items):  # item by item, as Kestrel: each goes to every destination
-                took = [self.put(dest, [data], expiry_ms) for dest in self.aliases[name]]
-                if not all(took):
-                    return i
-            return len(items)
+            return self.aliases.put(name, items, expiry_ms, self.put)
         q = self.queue(name)
         now = self.clock.now_ms()
         accepted = q.put(items, expiry_ms, now)
         if name in self.fanouts and not q.shares_writes:  # else one write reaches the children
-            given = fanout.offered(items, accepted)
-            for child in self.fanouts.children(name):
-                cq = self._queues.get(child)
-                if cq is not None:
-                    keep = fanout.fitting(given, cq.config.max_item_size)
-                    cq.put(given if keep is None else [given[n] for n in keep], expiry_ms, now)
+            children = [cq for child in self.fanouts.children(name) if (cq := self._queues.get(child))]
+            fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
         self.total_items_added += accepted
         return accepted
 
@@ -446,9 +399,9 @@ class QueueCollection:
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
-        check_error_queues(configs, aliases)
+        poison.check_error_queues(configs, aliases)
         self.configs = configs
-        self.aliases = {k: list(v) for k, v in aliases.items()}
+        self.aliases = Aliases.of(aliases)
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))

@@ -11,9 +11,13 @@ are readers of their parent's one writer journal (src/kestrel/storage/kestrel3/q
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from kestrel.storage.item import data_sizes
+
+if TYPE_CHECKING:
+    from kestrel.storage.queue import PersistentQueue
 
 
 def parent_of(name: str) -> str | None:
@@ -47,6 +51,14 @@ def runs(positions: list[int]) -> Iterator[tuple[int, int]]:
         stop = n + 1
     if stop > start:
         yield start, stop
+
+
+def feed(children: Sequence[PersistentQueue], given: list[bytes], expiry: int, now: int) -> None:
+    """Put what their parent was offered to fanout children that keep journals of their own
+    (Kestrel 2), each taking every item on its own."""
+    for child in children:
+        keep = fitting(given, child.config.max_item_size)
+        child.put(given if keep is None else [given[n] for n in keep], expiry, now)
 
 
 class Fanouts(dict[str, set[str]]):

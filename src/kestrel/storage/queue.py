@@ -30,9 +30,10 @@ from typing import Protocol
 
 import structlog
 
+from kestrel.storage import poison
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
-from kestrel.storage.errors import KestrelError, QueueClosed
+from kestrel.storage.errors import QueueClosed
 from kestrel.storage.files import JournalFiles
 from kestrel.storage.item import QItem, data_sizes, item_data, plain_size
 from kestrel.storage.memory import MemoryLedger
@@ -134,7 +135,7 @@ class PersistentQueue(ABC):
         self._pushed = 0
         self._watchers: Sequence[DepartureWatcher] = ()
         self._waits = WaitList(runtime)
-        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        self.on_poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
         self.closed = False
         # The journal cannot be written: changes are refused until it can (Kestrel 2; in Kestrel 3
         # a failed write refuses that one change only, and this stays False).
@@ -485,9 +486,10 @@ class PersistentQueue(ABC):
     def unremove(self, xids: Iterable[int]) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
         ends up first), their records in one journal write; how many were open. An item aborted for
-        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
+        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to
+        `on_poison` (src/kestrel/storage/poison.py).
 
-        Raises JournalWriteError (the reads stay open; an item already handed to `poison` may then
+        Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
         be there too: a copy, never a loss).
         """
         with self._around_change:
@@ -501,7 +503,7 @@ class PersistentQueue(ABC):
                 item.errors += 1
                 self.canceled_transactions += 1
                 aborted += 1
-                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
+                if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name, item):
                     if self._opens.pop(xid, None) is item:  # still open after the hand-over
                         self._ledger.total -= len(item.data)
                         poisoned.append(item)
@@ -518,23 +520,6 @@ class PersistentQueue(ABC):
             if aborted:
                 self._commit()
             return aborted
-
-    def _handed_to_poison(self, item: QItem) -> bool:
-        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
-        refuses it (its error queue full or unwritable), and the abort returns it to the head instead.
-
-        Called before the read is closed, so a failure here loses nothing (at worst, a read
-        closed meanwhile by another client leaves a copy in the error queue).
-        """
-        if self.poison is None:
-            return True
-        try:
-            self.poison(item)
-        except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
-            return False
-        return True
 
     # -----------------------------------------------------------------------------------------
     # Waiting
