@@ -443,20 +443,20 @@ class Crash(BaseException):
 @pytest.mark.parametrize("renamed", [False, True])
 def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:
-    from kestrel.storage.kestrel3 import queue as k3_queue
+    from kestrel.storage.kestrel3 import journal as k3_journal
     coll = k3(tmp_path)
     for i in range(40):
         coll.put("q", [b"%04d" % i])
     for _ in range(10):
         assert one(coll.remove("q")) is not None  # appended to the checkpoint
-    real = k3_queue.write_checkpoint
+    real = k3_journal.write_checkpoint
 
     def crash(*args: Any, **kwargs: Any) -> str:
         if renamed:
             real(*args, **kwargs)
         raise Crash
 
-    monkeypatch.setattr(k3_queue, "write_checkpoint", crash)
+    monkeypatch.setattr(k3_journal, "write_checkpoint", crash)
     with pytest.raises(Crash):
         coll.flush("q")  # the manifest lists the rewrite, then the process stops
     monkeypatch.undo()

@@ -29,7 +29,8 @@ from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
-from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.kestrel3.journal import Kestrel3Journals
+from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
@@ -76,7 +77,7 @@ class QueueCollection:
         # queue created since. A new queue owning none has no file to look for: creating it reads
         # no directory (None before `load`: each new queue lists the path for its own files).
         self._owners: set[str] | None = None
-        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
+        self._kestrel3: Kestrel3Journals[Kestrel3Queue] = Kestrel3Journals(path, runtime, salvage=salvage)
         self.fanouts = Fanouts()
         self._sweeper: Timer | None = None
         self.total_items_added = 0
