@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file, queue_path
 from kestrel.storage.clock import FakeClock
 from tests.conftest import ROOT
 from tests.support import kestrel24, system
@@ -34,7 +33,7 @@ class FailingDisk:
         self.full = False
         self.only: str | None = None  # fail only the journal of this queue
         self.failures = 0
-        self._real = journal.write_all
+        self._real = journal_file.write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full and (self.only is None or os.readlink(f"/proc/self/fd/{fd}").endswith("/" + self.only)):
@@ -47,7 +46,7 @@ class FailingDisk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingDisk]:
     fake = FailingDisk()
-    monkeypatch.setattr(journal, "write_all", fake.write_all)
+    monkeypatch.setattr(journal_file, "write_all", fake.write_all)
     yield fake
 
 
@@ -188,7 +187,7 @@ def test_every_acknowledged_item_survives_a_disk_full_episode(tmp_path: Path, di
     disk.full = False
     coll.queue("q").wait_for_packing()
     coll.close()
-    files = journal.list_journal_files(str(tmp_path), "q").replay_order()
+    files = queue_path.list_journal_files(str(tmp_path), "q").replay_order()
     assert kestrel24.load(b"".join(Path(p).read_bytes() for p in files)) == acknowledged
     again = QueueCollection(str(tmp_path), configs)
     again.load()

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, TooManyQueues
-from kestrel.storage import files as journal
+from kestrel.storage import QueueCollection, QueueConfigs, TooManyQueues, queue_path
 from kestrel.storage.kestrel2 import codec
 from tests.conftest import ROOT
 from tests.support.queues import one
@@ -48,7 +47,7 @@ def test_start_up_reads_the_queue_path_once(tmp_path: Path, monkeypatch: pytest.
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(journal.os, "scandir", counting)
+    monkeypatch.setattr(queue_path.os, "scandir", counting)
     coll = QueueCollection(str(tmp_path / "qs"))
     coll.load()
     assert len(calls) == 1

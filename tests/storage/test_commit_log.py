@@ -15,12 +15,12 @@ from typing import Any
 import gevent
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log, journal_file
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
 from tests.support.power_loss import Disk
@@ -405,13 +405,13 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
-    real = files.fsync_path
+    real = journal_file.fsync_path
 
     def fsync_path(path: str) -> None:
         synced_dirs.append(path)
         real(path)
 
-    monkeypatch.setattr(files, "fsync_path", fsync_path)
+    monkeypatch.setattr(journal_file, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
         coll.put("q", [b"x" * 40])
         assert one(coll.remove("q")) is not None

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from kestrel.storage import QueueCollection, formats
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
-from kestrel.storage.files import delete_temporaries, scan_queue_dir
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
@@ -23,6 +22,7 @@ from kestrel.storage.kestrel3.files import (
     write_checkpoint,
 )
 from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.queue_path import delete_temporaries, scan_queue_dir
 from kestrel.storage.tools import convert
 from tests.support.queues import drain, one, open_collection
 

@@ -13,7 +13,6 @@ import gevent
 import gevent.event
 import pytest
 
-from kestrel.storage.files import JournalWriter
 from kestrel.storage.fsync import aio_fsync
 from kestrel.storage.fsync.aio_fsync import AioFsync
 from kestrel.storage.fsync.eventfd import read_when_ready
@@ -26,6 +25,7 @@ from kestrel.storage.fsync.group_commit import (
     native_threads,
 )
 from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs, reports_errors
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import ThreadsRuntime
 
 

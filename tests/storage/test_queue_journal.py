@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.storage.files import JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import PackState, QueueJournal
 from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
 from kestrel.storage.kestrel2.replay import QueueReplay
+from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import ManualRuntime
 
 

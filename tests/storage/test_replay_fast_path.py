@@ -12,8 +12,7 @@ import random
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import QueueCollection, QueueConfigs, journal_file
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import (
     Add,
@@ -64,7 +63,7 @@ def test_fast_replay_serves_what_the_record_by_record_replay_rebuilds(
     with open(os.path.join(directory, "q"), "wb") as f:
         f.write(b"".join(codec.encode(r) for r in random_journal(rng, 3000)))
     expected = replay_queue(directory, "q")
-    monkeypatch.setattr(journal, "READ_CHUNK", rng.choice((7, 64, 1000)))
+    monkeypatch.setattr(journal_file, "READ_CHUNK", rng.choice((7, 64, 1000)))
     coll = QueueCollection(directory, QueueConfigs({}))
     coll.load()
     q = coll.queue("q")

@@ -12,11 +12,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file
 from kestrel.storage.clock import FakeClock
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import ManualRuntime
 from tests.support import kestrel24
 from tests.support.power_loss import Disk
@@ -126,13 +125,13 @@ class QueueModel(RuleBasedStateMachine):
             "abort": lambda: self.coll.unremove("q", [xid]) or None,
             "flush": lambda: self.coll.flush("q"),
         }
-        real = journal.write_all
+        real = journal_file.write_all
 
         def full(fd: int, payload: bytes) -> None:
             os.write(fd, payload[: max(1, len(payload) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        journal.write_all = full
+        journal_file.write_all = full
         try:
             result = calls[op]()
         except JournalWriteError as e:
@@ -140,7 +139,7 @@ class QueueModel(RuleBasedStateMachine):
         else:
             assert result is None  # nothing to do, so nothing was written
         finally:
-            journal.write_all = real
+            journal_file.write_all = real
 
     @precondition(lambda self: self.budget)
     @rule(advance=st.integers(0, 500))

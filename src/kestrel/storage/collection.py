@@ -26,13 +26,13 @@ from kestrel.storage.errors import (
 )
 from kestrel.storage.fanout import Fanouts
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.journal import Kestrel3Journals
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.queue_path import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")

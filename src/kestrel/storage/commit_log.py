@@ -42,16 +42,9 @@ import structlog
 
 from kestrel.storage import filenames
 from kestrel.storage.errors import CommitLogDamaged
-from kestrel.storage.files import (
-    JournalFiles,
-    JournalWriter,
-    cut_keeping_copy,
-    fsync_path,
-    list_journal_files,
-    record_timing,
-    write_all,
-)
 from kestrel.storage.fsync.group_commit import Round
+from kestrel.storage.journal_file import JournalWriter, cut_keeping_copy, fsync_path, record_timing, write_all
+from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.commit_log")

@@ -34,9 +34,9 @@ from kestrel.storage import poison
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import QueueClosed
-from kestrel.storage.files import JournalFiles
 from kestrel.storage.item import QItem, data_sizes, item_data, plain_size
 from kestrel.storage.memory import MemoryLedger
+from kestrel.storage.queue_path import JournalFiles
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 

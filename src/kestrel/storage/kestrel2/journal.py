@@ -15,14 +15,14 @@ from typing import Protocol
 
 import structlog
 
-from kestrel.storage import filenames, manifest
-from kestrel.storage import files as journal
+from kestrel.storage import filenames, journal_file, manifest
 from kestrel.storage.commit_log import CommitLog, Turn
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
-from kestrel.storage.files import JournalFiles, JournalWriter
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
+from kestrel.storage.queue_path import JournalFiles, list_journal_files, remove_temporaries
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -96,7 +96,7 @@ class QueueJournal:
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
-        self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
+        self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
     def live_path(self) -> str:
@@ -125,8 +125,8 @@ class QueueJournal:
 
     def scan(self) -> JournalFiles:
         """This queue's files on disk, alone (a queue created after start-up); temporaries removed."""
-        files = journal.list_journal_files(self.queue_path, self.name)
-        journal.remove_temporaries(self.queue_path, self.name)
+        files = list_journal_files(self.queue_path, self.name)
+        remove_temporaries(self.queue_path, self.name)
         return files
 
     def replay(self, files: JournalFiles, repair: bool, target: FileReplay) -> int:
@@ -160,7 +160,7 @@ class QueueJournal:
                 # what follows it): replay again what is left, now ending before the damage.
                 self._set_aside_after(order[index + 1:], cut)
                 target.restart()
-                return self.replay(journal.list_journal_files(self.queue_path, self.name), repair, target)
+                return self.replay(list_journal_files(self.queue_path, self.name), repair, target)
             target.file_replayed(key)
         self.rotated = [(ts, p) for ts, p in self.rotated if os.path.exists(p)]
         self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
@@ -253,7 +253,7 @@ class QueueJournal:
                                       "(--salvage sets the damage aside and keeps what precedes it)")
         self._set_aside_damaged(problems, files)
         self._sealed.clear()
-        return journal.list_journal_files(self.queue_path, self.name)
+        return list_journal_files(self.queue_path, self.name)
 
     def _set_aside_damaged(self, problems: list[tuple[int, str, str]], files: JournalFiles) -> None:
         """Salvage: a stray file is set aside alone; a missing or changed one with every later file
@@ -276,7 +276,7 @@ class QueueJournal:
                 copy = filenames.set_aside_path(path, "corrupt", stamp)
                 os.rename(path, copy)
                 log.error("journal file set aside (salvage)", queue=self.name, file=path, copy=copy)
-        journal.fsync_path(self.queue_path)
+        journal_file.fsync_path(self.queue_path)
 
     def _record_files(self) -> None:
         """Write the manifest as start-up leaves the files (a queue never rotated needs none)."""
@@ -357,7 +357,7 @@ class QueueJournal:
         """
         stamp = self.clock.now_ms()
         try:
-            return journal.cut_keeping_copy(path, offset, label, stamp)
+            return journal_file.cut_keeping_copy(path, offset, label, stamp)
         except OSError as e:
             raise JournalWriteError(self.name, filenames.set_aside_path(path, label, stamp), e) from None
 
@@ -500,7 +500,7 @@ class QueueJournal:
                 self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
             job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
                                                   self._pack_placed, self._pack_finished)
-            journal.record_timing("pack", started)
+            journal_file.record_timing("pack", started)
         except Exception:
             log.exception("packing failed", queue=self.name)
         job.written.set()
@@ -555,10 +555,10 @@ class QueueJournal:
         for path in self.paths:
             if os.path.exists(path):
                 os.unlink(path)
-        files = journal.list_journal_files(self.queue_path, self.name)
+        files = list_journal_files(self.queue_path, self.name)
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
-        journal.remove_temporaries(self.queue_path, self.name)
+        remove_temporaries(self.queue_path, self.name)
         self._manifest = None
         self._checked = False
 
@@ -569,4 +569,4 @@ def check_files(queue_path: str, name: str) -> None:
     Raises CorruptJournalError.
     """
     queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
-    queue._check_manifest(journal.list_journal_files(queue_path, name))
+    queue._check_manifest(list_journal_files(queue_path, name))

@@ -27,8 +27,8 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
 from kestrel.storage.kestrel2.journal import QueueJournal
@@ -36,6 +36,7 @@ from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
 from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")

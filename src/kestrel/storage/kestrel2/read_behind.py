@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kestrel.storage.files import CURSOR_CHUNK
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import BufferedFile
+from kestrel.storage.journal_file import BufferedFile
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import deque
 
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import (
@@ -32,6 +31,7 @@ from kestrel.storage.kestrel2.codec import (
     Unremove,
 )
 from kestrel.storage.kestrel2.reader import JournalReader
+from kestrel.storage.queue_path import list_journal_files
 
 
 def replay_files(queue_path: str, queue: str) -> list[str]:

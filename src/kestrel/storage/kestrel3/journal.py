@@ -3,9 +3,9 @@ queue itself and its fanout children, src/kestrel/storage/kestrel3/queue.py), ea
 checkpoint file, and the files compared with the queue's manifest (src/kestrel/storage/manifest.py)
 at start-up.
 
-The writer journal's files are `kestrel3/files.py`'s and their byte layout `kestrel3/codec.py`'s;
-this module keeps which files a queue's journal has, what each reader has consumed, and when a
-writer file every reader has passed is deleted.
+The writer journal's files are `src/kestrel/storage/kestrel3/files.py`'s and their byte layout
+`src/kestrel/storage/kestrel3/codec.py`'s; this module keeps which files a queue's journal has, what
+each reader has consumed, and when a writer file every reader has passed is deleted.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from kestrel.storage import formats, manifest
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
-from kestrel.storage.files import JournalWriter, list_journal_files
 from kestrel.storage.formats import KESTREL3
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import (
     QueueFiles,
@@ -35,6 +35,7 @@ from kestrel.storage.kestrel3.files import (
     read_records,
     write_checkpoint,
 )
+from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")

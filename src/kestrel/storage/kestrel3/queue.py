@@ -32,12 +32,13 @@ from kestrel.storage import fanout
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles
 from kestrel.storage.item import QItem, data_sizes
+from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue_path import JournalFiles
 from kestrel.storage.runtime import GeventRuntime
 
 log = structlog.get_logger("kestrel.kestrel3")

@@ -37,7 +37,6 @@ from kestrel.storage.errors import (
     InvalidQueueName,
     QueuePathInUse,
 )
-from kestrel.storage.files import fsync_path, list_journal_files
 from kestrel.storage.formats import (
     INTENT_NAME,
     KESTREL2,
@@ -51,6 +50,7 @@ from kestrel.storage.formats import (
     write_intent,
 )
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import fsync_path
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
@@ -65,6 +65,7 @@ from kestrel.storage.kestrel3.files import (
     read_checkpoint,
 )
 from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.queue_path import list_journal_files
 
 # ---------------------------------------------------------------------------------------------
 # Which format a queue's files are in
