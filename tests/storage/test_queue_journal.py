@@ -1,5 +1,5 @@
 """The queue's journal pieces driven directly, without a queue: rotation and replay of the file
-set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor (`ReadBehind`)."""
+set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor (`JournalCursor`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import PackState, QueueJournal
-from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.replay import QueueReplay
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import ManualRuntime
@@ -149,7 +149,7 @@ def test_the_read_behind_cursor_reads_adds_across_files_to_the_end_of_the_live_o
     live = _write(tmp_path / "q", add(b"d"))
     files = [(100, first), (200, second), (LIVE, live)]
     left: list[int] = []
-    cursor = ReadBehind(lambda: files, 100, first, 0, left.append)
+    cursor = JournalCursor(lambda: files, 100, first, 0, left.append)
     read = [cursor.next_item(0) for _ in range(3)]
     assert [i.data for i in read if i] == [b"a", b"b", b"c"] and left == [100]
     item = cursor.next_item(0)
@@ -167,7 +167,7 @@ def test_the_read_behind_cursor_does_not_pass_its_stop(tmp_path: Path) -> None:
     add = lambda data: codec.encode_addx(1, 0, data)  # noqa: E731
     first = _write(tmp_path / "q.100", add(b"a"))
     live = _write(tmp_path / "q", add(b"b"), add(b"c"))
-    cursor = ReadBehind(lambda: [(100, first), (LIVE, live)], 100, first, 0)
+    cursor = JournalCursor(lambda: [(100, first), (LIVE, live)], 100, first, 0)
     cursor.stop = (LIVE, len(add(b"b")))
     assert [getattr(cursor.next_item(0), "data", None) for _ in range(3)] == [b"a", b"b", None]
     cursor.stop = None

@@ -37,15 +37,13 @@ from kestrel.storage.errors import QueueClosed
 from kestrel.storage.item import QItem, data_sizes, item_data, plain_size
 from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.queue_path import JournalFiles
+from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
 _XID = attrgetter("xid")
-
-ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
-
 
 class DepartureWatcher(Protocol):
     """Told of each item that leaves the head (Kestrel 2's rotation checkpoints)."""
@@ -121,7 +119,7 @@ class PersistentQueue(ABC):
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
-        self._behind: ReadBack | None = None  # while in read-behind: the format's cursor
+        self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
         # What the read-behind rules hold in memory: max_memory_size, or less while the memory
         # governor (src/kestrel/storage/memory.py) gives this queue a smaller share of the server's budget.
@@ -604,38 +602,31 @@ class PersistentQueue(ABC):
         self._ledger.total += size
         return self.memory_bytes >= self.memory_target and self._reads_behind
 
-    def _read_behind_from(self, cursor: ReadBack) -> None:
+    def _read_behind_from(self, cursor: Cursor) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
-        self._behind = cursor
+        self._behind = ReadBehind(self.name, cursor)
         log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
         is there (read-behind ends)."""
-        read = self._behind
-        if read is None:
+        behind = self._behind
+        if behind is None:
             return
-        self._sync_cursor()
-        mem = self._mem
-        limit = self.memory_target
-        now = self.clock.now_ms()
-        held = self.memory_bytes
         try:
-            while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
-                item = read(now)
-                if item is None:
-                    self._end_read_behind()
-                    return
-                mem.append(item)
-                self.memory_bytes += len(item.data)
+            done = behind.fill(self._mem, self.memory_bytes, self.memory_target, self.clock.now_ms())
         finally:
-            self._ledger.total += self.memory_bytes - held
+            self.memory_bytes += behind.filled
+            self._ledger.total += behind.filled
+        if done:
+            self._end_read_behind()
 
     def _end_read_behind(self) -> None:
-        if self._behind is not None:
+        behind = self._behind
+        if behind is not None:
             self._behind = None
-            self._stop_read_behind()
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+            behind.end(self.length)
+            self._read_behind_ended()
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -666,7 +657,7 @@ class PersistentQueue(ABC):
         """(bytes of items in memory, of open reads, of the read-behind cursor's buffer): the last
         two paging cannot release."""
         with self._lock:
-            buffer = self._cursor_buffer() if self._behind is not None else 0
+            buffer = self._behind.cursor.buffered() if self._behind is not None else 0
             return self.memory_bytes, self._open_bytes(), buffer
 
     def _open_bytes(self) -> int:
@@ -696,7 +687,7 @@ class PersistentQueue(ABC):
         """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
         with self._lock:
             if self._behind is not None and not self.closed:
-                self._release_cursor_buffer()
+                self._behind.cursor.release_buffer()
 
     def shed(self, wait: bool = True) -> int:
         """Drop the items held beyond `memory_target` from the tail of memory and read them back
@@ -739,9 +730,10 @@ class PersistentQueue(ABC):
             freed += len(mem.pop().data)
         self.memory_bytes -= freed
         self._ledger.total -= freed
-        was_behind = self._behind is not None
-        self._behind = cursor
-        if not was_behind:
+        if self._behind is not None:
+            self._behind.moved(cursor)
+        else:
+            self._behind = ReadBehind(self.name, cursor)
             log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
                      paged_out=self.bytes - self.memory_bytes)
         return freed
@@ -831,27 +823,17 @@ class PersistentQueue(ABC):
         later if it cannot now. Raises OSError or JournalWriteError."""
 
     @abstractmethod
-    def _start_read_behind(self, after: QItem) -> ReadBack:
-        """A cursor that reads back the items added after `after` (which filled memory)."""
+    def _start_read_behind(self, after: QItem) -> Cursor:
+        """A cursor that reads back the items added after `after` (which filled memory)
+        (src/kestrel/storage/read_behind.py)."""
 
-    @abstractmethod
-    def _sync_cursor(self) -> None:
-        """Before a fill: the files hold everything the cursor is to read."""
-
-    @abstractmethod
-    def _stop_read_behind(self) -> None:
-        """Read-behind ended: close the cursor."""
-
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> Cursor | None:
         """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
-        each never taken; `before` is the item ahead of them) and every item after it, replacing
-        any cursor open now; None when the format cannot place one now (nothing changes then)."""
+        each never taken; `before` is the item ahead of them) and every item after it, to replace
+        any cursor open now (the queue closes that one); None when the format cannot place one now
+        (nothing changes then)."""
         return None
 
-    def _cursor_buffer(self) -> int:
-        """Bytes the read-behind cursor keeps buffered."""
-        return 0
-
-    def _release_cursor_buffer(self) -> None:
-        """Drop the read-behind cursor's buffer, keeping its place."""
+    def _read_behind_ended(self) -> None:
+        """Every item is in memory again, or gone (the cursor is closed)."""
         return

@@ -32,10 +32,10 @@ from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
 from kestrel.storage.kestrel2.journal import QueueJournal
-from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
-from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
@@ -65,7 +65,7 @@ class Kestrel2Queue(PersistentQueue):
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
                                      self._lock, salvage, commit_log)
         self._xid = 0
-        self._rb: ReadBehind | None = None  # the read-behind cursor
+        self._rb: JournalCursor | None = None  # the read-behind cursor
         # Oldest first, one per rotation in read-behind; told of each departure (changed in place).
         self._checkpoints: list[RotationCheckpoint] = []
         self._watchers = self._checkpoints
@@ -144,29 +144,26 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> ReadBack:
+    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> JournalCursor:
         """A cursor reading items back from file `key` at `offset`."""
-        self._rb = ReadBehind(self._journal.files, key, path, offset, self._cursor_left)
+        self._rb = JournalCursor(self._journal.files, key, path, offset, self._cursor_left,
+                                 self._journal.flush)
         self._rb.stop = stop
-        return self._rb.next_item
+        return self._rb
 
-    def _start_read_behind(self, after: QItem) -> ReadBack:
+    def _start_read_behind(self, after: QItem) -> JournalCursor:
         """Read-behind starts after the last record journaled (`after`'s)."""
         writer = self._journal.writer
         assert writer is not None
         self._journal.flush()
         return self._open_cursor(LIVE, writer.path, writer.size, None)
 
-    def _sync_cursor(self) -> None:
-        self._journal.flush()
-
-    def _stop_read_behind(self) -> None:
+    def _read_behind_ended(self) -> None:
         if self._rb is not None:
             self._left_read_behind = self._rb.stop is None  # caught up with the live journal
-            self._rb.close()
             self._rb = None
 
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> JournalCursor | None:
         """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
         held (all of them, or those before the cursor in read-behind), so their records are the last
         `count` adds before the journal's end or the cursor, found by reading the files there
@@ -200,16 +197,7 @@ class Kestrel2Queue(PersistentQueue):
         if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
             log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
             return None
-        if self._rb is not None:
-            self._rb.close()
-        return self._open_cursor(key, path, offset, None)
-
-    def _cursor_buffer(self) -> int:
-        return self._rb.reader.buffered if self._rb is not None else 0
-
-    def _release_cursor_buffer(self) -> None:
-        if self._rb is not None:
-            self._rb.reader.release_buffer()
+        return self._open_cursor(key, path, offset, None)  # the queue closes the one open now
 
     def _cursor_left(self, passed: int) -> None:
         """The read-behind cursor has read the whole of file `passed`: every item queued at a

@@ -37,7 +37,7 @@ from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
-from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.queue_path import JournalFiles
 from kestrel.storage.runtime import GeventRuntime
 
@@ -72,10 +72,7 @@ class Kestrel3Queue(PersistentQueue):
         self.is_reader = not (config.fanout_only and not self.reader)
         self._journal: Kestrel3Journal[Kestrel3Queue] | None = None
         self._file: ReaderFile | None = None
-        self._behind_id = 0  # while in read-behind: the lowest id not yet read back
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
-        self._cursor: RecordReader | None = None
-        self._cursor_file = 0  # number of the writer file the cursor reads
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
         # The change in progress: the ids it consumed (written by `_commit`), and what it did, to
         # be undone if that write fails.
@@ -151,57 +148,10 @@ class Kestrel3Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _start_read_behind(self, after: QItem) -> ReadBack:
-        self._behind_id = after.xid + 1
-        return self._read_back
+    def _start_read_behind(self, after: QItem) -> ReaderCursor:
+        return ReaderCursor(self, after.xid + 1)
 
-    def _read_back(self, now: int) -> QItem | None:
-        """The next item of this reader from the writer files, or None once every item handed to it
-        is in memory."""
-        assert self._file is not None
-        while self._behind_id <= self._seen:
-            record = self._next_behind()
-            if record is None or record.id > self._seen:  # past it: a put is handing it out
-                return None
-            self._behind_id = record.id + 1
-            if not self._file.consumed(record.id) and record.id not in self._unsaved:
-                return self._item_of(record)
-        return None
-
-    def _next_behind(self) -> k3.Put | None:
-        """The next PUT at or after `_behind_id`, from the cursor (opened, or moved to the next file)."""
-        assert self._journal is not None
-        files = self._journal.writer.files
-        while True:
-            if self._cursor is None:
-                info = next((f for f in files if f.last_id >= self._behind_id), None)
-                if info is None:
-                    return None
-                self._cursor = RecordReader(info.path, k3.FileKind.WRITER)
-                self._cursor.chunk = CURSOR_CHUNK
-                self._cursor_file = info.number
-            entry = self._cursor.next()
-            if entry is None:
-                if self._cursor_file == files[-1].number:
-                    self._cursor.grow()
-                    entry = self._cursor.next()
-                    if entry is None:
-                        return None
-                else:
-                    self._close_cursor()
-                    continue
-            record = entry[1]
-            assert isinstance(record, k3.Put)
-            if record.id >= self._behind_id:
-                return record
-
-    def _sync_cursor(self) -> None:
-        """Nothing to do: the writer appends every PUT at once."""
-
-    def _stop_read_behind(self) -> None:
-        self._close_cursor()
-
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReaderCursor | None:
         """Read-behind from the id of `first`: every item ahead of it and every open read has a
         lower id (they were added before it), so read-back skips none of them twice."""
         first_id = first.xid
@@ -211,21 +161,7 @@ class Kestrel3Queue(PersistentQueue):
             return None
         if any(item.xid >= first_id for item in itertools.islice(self._mem, len(self._mem) - count)):
             return None
-        self._close_cursor()
-        self._behind_id = first_id
-        return self._read_back
-
-    def _cursor_buffer(self) -> int:
-        return self._cursor.buffered if self._cursor is not None else 0
-
-    def _release_cursor_buffer(self) -> None:
-        if self._cursor is not None:
-            self._cursor.release_buffer()
-
-    def _close_cursor(self) -> None:
-        if self._cursor is not None:
-            self._cursor.close()
-            self._cursor = None
+        return ReaderCursor(self, first_id)
 
     # -----------------------------------------------------------------------------------------
     # Adding: one write for every reader
@@ -456,3 +392,71 @@ class Kestrel3Queue(PersistentQueue):
             os.unlink(self._file.path)
         if journal is not None and journal.unread:
             journal.destroy()
+
+
+class ReaderCursor:
+    """A reader's read-behind cursor (src/kestrel/storage/read_behind.py): its items read back from
+    the writer files from id `start` on, skipping those it consumed."""
+
+    def __init__(self, queue: Kestrel3Queue, start: int) -> None:
+        self.queue = queue
+        self.next_id = start  # the lowest id not yet read back
+        self.reader: RecordReader | None = None
+        self.file = 0  # number of the writer file `reader` reads
+
+    def sync(self) -> None:
+        """Nothing to do: the writer appends every PUT at once."""
+
+    def next_item(self, now: int) -> QItem | None:
+        """The next item of the reader, or None once every item handed to it is in memory."""
+        queue = self.queue
+        checkpoint = queue._file
+        assert checkpoint is not None
+        while self.next_id <= queue._seen:
+            record = self._next_record()
+            if record is None or record.id > queue._seen:  # past it: a put is handing it out
+                return None
+            self.next_id = record.id + 1
+            if not checkpoint.consumed(record.id) and record.id not in queue._unsaved:
+                return queue._item_of(record)
+        return None
+
+    def _next_record(self) -> k3.Put | None:
+        """The next PUT at or after `next_id` (the file reader opened, or moved to the next file)."""
+        journal = self.queue._journal
+        assert journal is not None
+        files = journal.writer.files
+        while True:
+            if self.reader is None:
+                info = next((f for f in files if f.last_id >= self.next_id), None)
+                if info is None:
+                    return None
+                self.reader = RecordReader(info.path, k3.FileKind.WRITER)
+                self.reader.chunk = CURSOR_CHUNK
+                self.file = info.number
+            entry = self.reader.next()
+            if entry is None:
+                if self.file == files[-1].number:
+                    self.reader.grow()
+                    entry = self.reader.next()
+                    if entry is None:
+                        return None
+                else:
+                    self.close()
+                    continue
+            record = entry[1]
+            assert isinstance(record, k3.Put)
+            if record.id >= self.next_id:
+                return record
+
+    def buffered(self) -> int:
+        return self.reader.buffered if self.reader is not None else 0
+
+    def release_buffer(self) -> None:
+        if self.reader is not None:
+            self.reader.release_buffer()
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
