@@ -463,6 +463,14 @@ class CommitLog:
                     file=journal.path, error=str(error))
         journal.sync_to(journal_end)
 
+    def stats(self) -> dict[str, int]:
+        """What the log holds now and how often it was checkpointed (the admin page's figures)."""
+        with self._lock:
+            return {"segments": len(self._segments),
+                    "bytes": sum(segment.writer.size for segment in self._segments),
+                    "journals": len({j for segment in self._segments for j in segment.journals}),
+                    "checkpoints": self.checkpoints}
+
     # -----------------------------------------------------------------------------------------
     # Checkpoints
 

@@ -178,6 +178,22 @@ def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0
     return Entry(size, file_crc32c(path, size), first_id, last_id)
 
 
+def describe(entry: Entry | None, size: int | None, checked: bool) -> str:
+    """What the manifest records of a file now `size` bytes long, in words; `checked`: it matched
+    at start-up. A listed size of -1 marks a Kestrel 3 writer file being deleted."""
+    if entry is None:
+        return "not listed"
+    if entry.size < 0:
+        return "listed as being deleted: every reader has passed it"
+    if entry.crc is None:
+        words = f"listed, without a checksum yet (at least {entry.size} bytes)"
+    elif entry.size == size:
+        words = f"{entry.size} bytes with CRC32C {entry.crc:08x}"
+    else:
+        words = f"its first {entry.size} bytes with CRC32C {entry.crc:08x}"
+    return f"{words}; matched at start-up" if checked else words
+
+
 def mismatch(path: str, entry: Entry, growing: bool = False) -> str | None:
     """Why the file at `path` is not what `entry` records, or None if it is.
 

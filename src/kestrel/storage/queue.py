@@ -23,6 +23,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import count as count_from
 from itertools import repeat, starmap
 from operator import attrgetter
@@ -36,7 +37,7 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import QueueClosed
 from kestrel.storage.item import QItem, data_sizes, item_data, plain_size
 from kestrel.storage.memory import MemoryLedger
-from kestrel.storage.queue_path import JournalFiles
+from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
@@ -44,6 +45,18 @@ from kestrel.storage.wait_list import WaitList
 log = structlog.get_logger("kestrel.queue")
 
 _XID = attrgetter("xid")
+
+@dataclass(frozen=True)
+class ReaderPosition:
+    """One reader's place in a shared writer journal (Kestrel 3)."""
+
+    queue: str  # the queue it serves: the writer's name, or `name+reader` for a fanout child
+    head: int  # every item id at or below this one is consumed
+    done_above: int  # ids above the head consumed out of order (confirmed while older ones are open)
+    items: int
+    open_reads: int
+    tail: int  # the newest item id written to the journal
+
 
 class DepartureWatcher(Protocol):
     """Told of each item that leaves the head (Kestrel 2's rotation checkpoints)."""
@@ -102,6 +115,7 @@ class PersistentQueue(ABC):
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
     shares_writes = False
+    journal_format = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
     _placeholder_expiry = -1
@@ -173,8 +187,10 @@ class PersistentQueue(ABC):
         return self._behind is not None
 
     def stats(self) -> dict[str, int]:
-        """The guide's per-queue figures, under its names, and ours (read-only, write errors, poison)."""
+        """The guide's per-queue figures, under its names, and ours (read-only, write errors, poison,
+        memory, how long the head item has waited, the journal format)."""
         age = self.current_age if self.length else 0
+        mem = self._mem
         return {
             "items": self.length,
             "bytes": self.bytes,
@@ -198,6 +214,10 @@ class PersistentQueue(ABC):
             # Not ending in _bytes: Kestrel clients read `queue_<name>_<...>_bytes` as a queue name.
             "memory_target": self.memory_target,
             "paged_out": self.bytes - self.memory_bytes,
+            # Not ending in _age: Kestrel clients read `queue_<name>_<...>_age` as a queue name too.
+            "head_wait_ms": self.clock.now_ms() - mem[0].add_time if self.length and mem else 0,
+            "read_behind": int(self._behind is not None),
+            "journal_format": self.journal_format,
         }
 
     def open_reads(self) -> list[QItem]:
@@ -207,6 +227,15 @@ class PersistentQueue(ABC):
     def readers_on_disk(self) -> list[str]:
         """Fanout readers found on disk that the collection has still to open (Kestrel 3: their
         checkpoints; a Kestrel 2 child's journal is found by the collection's own scan)."""
+        return []
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        """The queue's files on disk now, oldest first, each with what its manifest records."""
+        return []
+
+    def reader_positions(self) -> list[ReaderPosition]:
+        """Where each reader of the journal this queue reads stands (Kestrel 3: the queue and its
+        fanout children share one writer journal); none for a format with a journal per queue."""
         return []
 
     # -----------------------------------------------------------------------------------------

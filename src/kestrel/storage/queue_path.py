@@ -38,6 +38,24 @@ class QueueDirectory:
     owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
 
 
+@dataclass(frozen=True)
+class JournalFileFigures:
+    """One of a queue's files as an operator reads it (the admin page's list of a queue's files)."""
+
+    name: str
+    role: str  # "live journal", "rotated journal", "writer file", "reader checkpoint"
+    size: int | None  # bytes on disk now (None: deleted meanwhile, a pack or a consumed writer file)
+    manifest: str  # what the queue's manifest records of it, in words (src/kestrel/storage/manifest.py)
+
+
+def size_on_disk(path: str) -> int | None:
+    """The file's size now, or None if it is gone."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+
+
 def file_owner(file_name: str) -> str:
     """The queue whose files a file name may be: the name up to its first `.` or `~` (queue names
     hold neither). Kestrel 2's `q`, `q.<ms>`, `q.<ms>.pack`, `q~~<ms>`, Kestrel 3's `q.<n>`,

@@ -22,7 +22,13 @@ from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
-from kestrel.storage.queue_path import JournalFiles, list_journal_files, remove_temporaries
+from kestrel.storage.queue_path import (
+    JournalFileFigures,
+    JournalFiles,
+    list_journal_files,
+    remove_temporaries,
+    size_on_disk,
+)
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -96,6 +102,7 @@ class QueueJournal:
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
+        self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
@@ -243,6 +250,7 @@ class QueueJournal:
                 problems.append((ts, path, "a pack the manifest does not list (a stray or older pack); "
                                            "it was not applied and no journal was deleted"))
         if not problems:
+            self.matched_at_start = set(verified)
             return files
         problems.sort()
         if not self.salvage:
@@ -294,6 +302,25 @@ class QueueJournal:
         self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
         if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
             self._manifest.update({})
+
+    def file_figures(self) -> list[JournalFileFigures]:
+        """The rotated journals (packs among them) and the live one, each with its manifest's entry."""
+        listed: dict[str, manifest.Entry] | None = None
+        if self._manifest is not None:
+            with self._manifest.lock:  # a sealing thread may be adding an entry
+                listed = dict(self._manifest.manifest.files)
+        out = []
+        for _, path in self.rotated:
+            name = os.path.basename(path)
+            size = size_on_disk(path)
+            words = ("no manifest: the queue has not rotated since it was written" if listed is None else
+                     manifest.describe(listed.get(name), size, name in self.matched_at_start))
+            out.append(JournalFileFigures(name, "rotated journal", size, words))
+        if self.writer is not None:
+            out.append(JournalFileFigures(
+                os.path.basename(self.writer.path), "live journal", self.writer.size,
+                "not listed: the live journal grows; replay checks each record"))
+        return out
 
     def _keeper(self) -> manifest.Keeper:
         if self._manifest is None:

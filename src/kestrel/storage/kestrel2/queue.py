@@ -36,7 +36,7 @@ from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.queue_path import JournalFiles, list_journal_files
+from kestrel.storage.queue_path import JournalFileFigures, JournalFiles, list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -52,6 +52,7 @@ class Kestrel2Queue(PersistentQueue):
     """
 
     _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
+    journal_format = 2
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -77,6 +78,9 @@ class Kestrel2Queue(PersistentQueue):
     @property
     def journal_size(self) -> int:
         return self._journal.size
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures()
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay

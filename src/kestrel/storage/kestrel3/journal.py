@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 import structlog
@@ -35,7 +35,8 @@ from kestrel.storage.kestrel3.files import (
     read_records,
     write_checkpoint,
 )
-from kestrel.storage.queue_path import list_journal_files
+from kestrel.storage.queue import ReaderPosition
+from kestrel.storage.queue_path import JournalFileFigures, list_journal_files, size_on_disk
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -52,6 +53,13 @@ class Reader(Protocol):
     def head(self) -> int:
         """Every id at or below this one is consumed by the reader."""
 
+    @property
+    def checkpoint_path(self) -> str | None:
+        """Its checkpoint file (None: it reads nothing)."""
+
+    def position(self) -> ReaderPosition:
+        """Where it stands in the journal."""
+
 
 R = TypeVar("R", bound=Reader)
 
@@ -67,6 +75,7 @@ class ManifestCheck:
     name: str
     salvage: bool
     stamp: int
+    matched: set[str] = field(default_factory=set)  # names of the files found as the manifest lists them
 
     def files(self, record: manifest.Manifest, on_disk: QueueFiles
                         ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
@@ -90,6 +99,8 @@ class ManifestCheck:
                 if why is not None:
                     problems.append((path, why))
                     fresh.add(reader)
+                else:
+                    self.matched.add(name)
         gone = []
         for name, (_number, entry) in sorted(listed.items(), key=lambda kv: kv[1][0]):
             if name not in writers:
@@ -98,6 +109,8 @@ class ManifestCheck:
             why = manifest.mismatch(writers[name][1], entry, growing=not entry.sealed)
             if why is not None:
                 problems.append((writers[name][1], why))
+            else:
+                self.matched.add(name)
         newest = max((n for n, _ in listed.values()), default=0)
         for name, (number, path) in writers.items():
             if name not in listed and number < newest:
@@ -325,6 +338,30 @@ class Kestrel3Journal(Generic[R]):
 
     def checkpoint_deleted(self, reader: str) -> None:
         self._keeper.update({reader_file_name(self.name, reader): None})
+
+    def file_figures(self) -> list[JournalFileFigures]:
+        """The writer files, oldest first, then each attached reader's checkpoint, with the manifest's
+        entry of each."""
+        with self._keeper.lock:  # a sealing thread may be adding an entry
+            listed = dict(self._keeper.manifest.files)
+        matched = self._check.matched
+        paths = [("writer file", f.path) for f in self.writer.files]
+        paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
+                  if (path := q.checkpoint_path) is not None]
+        newest = self.writer.current.path
+        out = []
+        for role, path in paths:
+            name = os.path.basename(path)
+            size = size_on_disk(path)
+            entry = listed.get(name)
+            words = ("not listed yet: the newest writer file grows; replay checks each record"
+                     if entry is None and path == newest else manifest.describe(entry, size, name in matched))
+            out.append(JournalFileFigures(name, role, size, words))
+        return out
+
+    def positions(self) -> list[ReaderPosition]:
+        """Where each attached reader stands, the queue's own first."""
+        return [q.position() for _, q in sorted(self.readers.items())]
 
     def attach(self, queue: R) -> None:
         self.readers[queue.reader] = queue

@@ -37,8 +37,8 @@ from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
-from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.queue_path import JournalFiles
+from kestrel.storage.queue import PersistentQueue, ReaderPosition
+from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.runtime import GeventRuntime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -60,6 +60,7 @@ class Kestrel3Queue(PersistentQueue):
     """
 
     shares_writes = True
+    journal_format = 3
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -99,6 +100,26 @@ class Kestrel3Queue(PersistentQueue):
     def readers_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
         return [r for r in (self._journal.readers_on_disk if self._journal else []) if r]
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """This reader's checkpoint file (None for a fanout-only parent, which reads nothing)."""
+        return self._file.path if self._file is not None else None
+
+    def position(self) -> ReaderPosition:
+        done = len(self._file.done) if self._file is not None else 0
+        return ReaderPosition(self.name, self.head, done, self.length, self.open_transactions, self.tail_id)
+
+    @property
+    def tail_id(self) -> int:
+        """The newest item id written to the shared writer journal (0 before it is open)."""
+        return self._journal.writer.tail_id if self._journal is not None else 0
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures() if self._journal is not None else []
+
+    def reader_positions(self) -> list[ReaderPosition]:
+        return self._journal.positions() if self._journal is not None else []
 
     # -----------------------------------------------------------------------------------------
     # Start-up
