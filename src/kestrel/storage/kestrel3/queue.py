@@ -206,7 +206,8 @@ class Kestrel3Queue(PersistentQueue):
             if self.is_reader:
                 taken = self._admit(items, now)[0]
                 taking[self.reader] = [(0, taken)] if taken else []
-                given = fanout.offered(items, taken)
+                if taken < len(items) and len(readers) > 1:
+                    given = fanout.offered(items, taken)
             if not self.reader:
                 for q in readers:
                     if q is not self:
