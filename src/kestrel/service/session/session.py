@@ -181,7 +181,7 @@ class Session:
         self.stats.cmd_get += 1
         items: list[QItem] = []
         ids: list[int] = []
-        if max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
+        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
             items = self.coll.remove(queue, max_items)  # the usual get: one slice, no wait, no read
         else:
             deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
