@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import structlog
 
-from kestrel.storage import filenames
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
@@ -38,20 +37,36 @@ def write_all(fd: int, data: bytes) -> None:
         done += n
 
 
-def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
-    """Cut `path` at `offset`, first saving what is cut, durably, as `<path>.<label>-<ms>`; return
-    the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
-    copy = filenames.set_aside_path(path, label, now_ms)
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """os.pwrite until every byte is written at `offset` (a short write means the disk is full)."""
+    done = 0
+    while done < len(data):
+        n = os.pwrite(fd, memoryview(data)[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+
+
+def copy_from(path: str, offset: int, copy: str) -> None:
+    """Save the bytes of `path` from `offset` on, durably, as `copy` (its folder exists). Raises
+    OSError (and leaves no copy)."""
     try:
         with open(path, "rb") as src, open(copy, "wb") as dst:
             src.seek(offset)
             shutil.copyfileobj(src, dst)
             dst.flush()
             os.fsync(dst.fileno())
+        fsync_path(os.path.dirname(copy))
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(copy)
         raise
+
+
+def cut_keeping_copy(path: str, offset: int, copy: str) -> str:
+    """Cut `path` at `offset`, first saving what is cut, durably, as `copy` (its folder exists);
+    return the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    copy_from(path, offset, copy)
     os.truncate(path, offset)
     return copy
 

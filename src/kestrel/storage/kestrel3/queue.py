@@ -218,7 +218,7 @@ class Kestrel3Queue(PersistentQueue):
                 try:
                     first = writer.append(items[:count], now, expiry or None)[0].id
                 except OSError as e:
-                    raise JournalWriteError(journal.name, writer.current.path, e) from None
+                    raise self._write_error(writer.current.path, e) from None
                 for q in readers:
                     done = 0
                     for start, stop in taking.get(q.reader, ()):
@@ -295,8 +295,7 @@ class Kestrel3Queue(PersistentQueue):
             try:
                 self._file.replace(head, done)
             except OSError as e:
-                self.journal_write_errors += 1
-                raise JournalWriteError(self.name, self._file.path, e) from None
+                raise self._write_error(self._file.path, e) from None
             self._unsaved.clear()
             self._journal.release()
         self._forget_items()
@@ -321,8 +320,7 @@ class Kestrel3Queue(PersistentQueue):
         try:
             moved = self._file.save([*self._unsaved, *ids])
         except OSError as e:
-            self.journal_write_errors += 1
-            raise JournalWriteError(self.name, self._file.path, e) from None
+            raise self._write_error(self._file.path, e) from None
         self._unsaved.clear()
         if moved and self._journal is not None:
             self._journal.release()
@@ -333,6 +331,7 @@ class Kestrel3Queue(PersistentQueue):
         try:
             self._save(ids)
         except JournalWriteError as e:
+            self._own_failure = None  # this change goes on: the ids wait
             self._unsaved.update(ids)
             log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
                       queue=self.name, error=str(e))
@@ -343,10 +342,10 @@ class Kestrel3Queue(PersistentQueue):
             self._file.commit()
 
     # -----------------------------------------------------------------------------------------
-    # Around each change
+    # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
 
-    def _before_change(self) -> None:
-        """Nothing to check: a failed write refuses its own change only."""
+    def _prepare_change(self) -> None:
+        """Nothing to open: the files are open from the start."""
 
     def _after_change(self) -> None:
         if self._left:
@@ -356,25 +355,38 @@ class Kestrel3Queue(PersistentQueue):
         if self._returned:
             self._returned.clear()
 
-    def _change_failed(self, error: BaseException) -> None:
-        """A failed write (this reader's, or an expiry or error queue's it fed) undoes the change in
-        memory; its consumed ids are dropped. After any other error they wait for the next write."""
-        if isinstance(error, JournalWriteError):
-            opens = self._opens
-            for item in reversed(self._returned):
-                self._take_head(opened=True)
-                opens[item.xid] = item
+    def _journal_path(self) -> str:
+        if self._file is not None:
+            return self._file.path
+        return self._journal.writer.current.path if self._journal is not None else self.queue_path
+
+    def _write_probe(self) -> None:
+        """A READ_HEAD of the head as it stands changes nothing (the last, highest, head wins)."""
+        if self._file is not None:
+            self._file.writer.append(k3.encode(k3.ReadHead(self._file.head)))
+
+    def _restore(self) -> None:
+        """Undo the change in memory from what it noted: items back at the head, reads open again;
+        its consumed ids are dropped."""
+        opens = self._opens
+        for item in reversed(self._returned):
+            self._take_head(opened=True)
+            opens[item.xid] = item
+            self._ledger.total += len(item.data)
+        for item in self._confirmed:
+            opens[item.xid] = item
+            self._ledger.total += len(item.data)
+        for item in reversed(self._left):
+            if opens.get(item.xid) is item:
+                del opens[item.xid]
+            else:  # it had left memory for good
                 self._ledger.total += len(item.data)
-            for item in self._confirmed:
-                opens[item.xid] = item
-                self._ledger.total += len(item.data)
-            for item in reversed(self._left):
-                if opens.get(item.xid) is item:
-                    del opens[item.xid]
-                else:  # it had left memory for good
-                    self._ledger.total += len(item.data)
-                self._push_head(item)
-            self._consumed.clear()
+            self._push_head(item)
+        self._consumed.clear()
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """The change's consumed ids wait for the next write; what it noted for an undo is dropped."""
         self._left.clear()
         self._confirmed.clear()
         self._returned.clear()
