@@ -1,6 +1,7 @@
 """A connection's socket I/O: between requests a receive waits for input before calling `recv`, so a
 client that has not yet sent its next request costs no `recv` that finds nothing; sends that do not
-fit wait for the client to read, at most `send_timeout`."""
+fit wait for the client to read, at most `send_timeout`; a closing connection shuts its sending
+side and reads what its client still sends, within bounds, before it closes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from gevent.exceptions import ConcurrentObjectUseError
 
 from kestrel.service import socket_io
-from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted
+from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted, close_lingering
 from tests.conftest import STALL_S
 
 
@@ -180,3 +181,94 @@ def test_while_one_greenlet_waits_for_input_another_may_take_over_after_it_is_ki
     buf = bytearray()
     assert io.receive(buf, 1.0, between_requests=True) == 5 and buf == b"after"
     io.close()
+
+
+@pytest.fixture
+def tcp_pair() -> Any:
+    """(server side, client side) of a TCP connection on the loopback (its resets are TCP's)."""
+    with gevent.socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        client = gevent.socket.create_connection(listening.getsockname())
+        server = accepted(listening.accept()[0])
+    yield server, client
+    server.close()
+    client.close()
+
+
+def _read_to_the_end(sock: Any) -> tuple[bytes, bool]:
+    """What `sock` receives until the end of the stream, and whether a reset ended it instead."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        return received, True
+    return received, False
+
+
+def test_a_lingering_close_delivers_the_last_reply_to_a_client_still_sending(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    server.send(b"CLIENT_ERROR line too long\r\n")
+    closing = gevent.spawn(close_lingering, server)
+    client.sendall(bytes(256 * 1024))  # pipelined behind the request at fault: read and dropped
+    assert _read_to_the_end(client) == (b"CLIENT_ERROR line too long\r\n", False)
+    client.close()
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+
+
+def test_a_lingering_close_of_a_client_that_ended_first_takes_no_wait(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    client.close()
+    started = time.monotonic()
+    close_lingering(server)
+    assert time.monotonic() - started < socket_io.LINGER_S and server.fileno() < 0
+
+
+def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_linger_bytes(
+        tcp_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, client = tcp_pair
+    monkeypatch.setattr(socket_io, "LINGER_BYTES", 64 * 1024)
+    monkeypatch.setattr(socket_io, "LINGER_S", 600.0)
+    sent = [0]
+
+    def flood() -> None:
+        try:
+            while True:
+                sent[0] += client.send(bytes(16 * 1024))
+        except OSError:
+            pass  # reset: the server gave up reading
+
+    flooding = gevent.spawn(flood)
+    closing = gevent.spawn(close_lingering, server)
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+    flooding.join(STALL_S)
+    assert flooding.dead and sent[0] >= 64 * 1024
+
+
+def test_a_client_that_neither_sends_nor_closes_holds_a_lingering_close_no_longer_than_linger_s(
+        tcp_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, client = tcp_pair
+    monkeypatch.setattr(socket_io, "LINGER_S", 0.1)
+    started = time.monotonic()
+    closing = gevent.spawn(close_lingering, server)
+    client.settimeout(STALL_S)
+    assert client.recv(100) == b""  # the end of the stream at once: the server's side is shut
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+    assert 0.09 < time.monotonic() - started < STALL_S
+
+
+def test_a_lingering_close_takes_gevents_socket_too(tcp_pair: Any) -> None:
+    """The admin port's connections are gevent's sockets (its WSGI server needs them)."""
+    server, client = tcp_pair
+    cooperative = gevent.socket.socket(fileno=server.detach())
+    cooperative.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    closing = gevent.spawn(close_lingering, cooperative)
+    client.sendall(bytes(64 * 1024))
+    assert _read_to_the_end(client) == (b"HTTP/1.1 400 Bad Request\r\n\r\n", False)
+    client.close()
+    closing.join(STALL_S)
+    assert closing.successful() and cooperative.fileno() < 0

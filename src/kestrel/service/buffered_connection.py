@@ -166,9 +166,7 @@ def make_listener(connection: type[Connection], server: ServerState, listener: t
             log.info("closing a client that stopped reading its replies", client=peer,
                      protocol=connection.protocol, limit="client_timeout")
         except (ConnectionError, OSError):
-            pass
-        finally:
-            sock.close()
+            pass  # the listener closes the socket
 
     return Listener(connection.protocol, listener, handle, server.config.max_connections,
                     server.config.tcp_keepalive)
