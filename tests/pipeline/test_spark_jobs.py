@@ -186,7 +186,7 @@ def test_an_installed_wheel_serves_both_formats_without_register(server: ServerP
     need_java()
     installed = tmp_path / "installed"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", str(installed), str(build_wheel(tmp_path))],
+                           "--target", str(installed), str(build_wheel(tmp_path, pure=True))],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     venv = tmp_path / "venv"

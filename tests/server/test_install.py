@@ -6,7 +6,9 @@ file missing from the wheel, such as the Thrift contract.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kestrel.build import COMPILED_MODULES
 from kestrel.contract import kestrel_thrift
 from tests.conftest import free_ports, wait_for_port
 from tests.support.installs import build_wheel
@@ -35,7 +38,18 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
     # `client.py` must not shadow ours, nor ours theirs); Spark finds its sources as top-level modules.
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
+    # The compiled request path's shared library (setup.py) is named after the package too.
+    top = {name for name in top if not name.startswith("kestrel__mypyc.")}
     assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
+    # The request path compiled from its source (mypyc is among the build's requirements), each
+    # module beside that source; without a C compiler the build leaves it pure.
+    if shutil.which("cc") or shutil.which("gcc"):
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+        for module in COMPILED_MODULES:
+            path = module.replace(".", "/")
+            assert f"{path}.py" in names and any(name.startswith(f"{path}.") and name.endswith(".so")
+                                                 for name in names), module
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     # The project's pip installs into the new environment (pip --python), from the same caches; the
@@ -73,3 +87,5 @@ def test_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
     assert code == 0 and "Traceback" not in log.read_text(), log.read_text()
+    started = [json.loads(line) for line in log.read_text().splitlines() if "kestrel started" in line]
+    assert started[0]["build"] == ("compiled" if shutil.which("cc") or shutil.which("gcc") else "pure")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import gevent
 import structlog
 
+from kestrel.build import build_name
 from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
 from kestrel.service.listener import Listener
@@ -127,8 +128,9 @@ class App:
             self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
                                                   self.server.status)
             self.membership.start()
-        log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
-                 listen_address=cfg.listen_address, status=self.server.status.current.label,
+        log.info("kestrel started", version=self.server.version, build=build_name(),
+                 queue_path=cfg.queue_path, listen_address=cfg.listen_address,
+                 status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
 
     def stop(self) -> None:

@@ -15,7 +15,6 @@ compare it with, and what serves where the build had no C compiler.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from kestrel.service.memcache.commands import MAX_ITEM_BYTES
 
@@ -83,10 +82,10 @@ def values_python(key: bytes, datas: list[bytes], misses: int) -> bytes:
     return b"".join(found) + b"END\r\n" * misses
 
 
-if TYPE_CHECKING:
+try:
+    from kestrel.service.memcache._scan import scan_gets, scan_sets, values
+except ImportError:  # built without a C compiler: the Python functions
     scan_sets, scan_gets, values = scan_sets_python, scan_gets_python, values_python
-else:
-    try:
-        from kestrel.service.memcache._scan import scan_gets, scan_sets, values
-    except ImportError:  # built without a C compiler: the Python functions
-        scan_sets, scan_gets, values = scan_sets_python, scan_gets_python, values_python
+
+__all__ = ["RUN_LIMIT", "scan_gets", "scan_gets_python", "scan_sets", "scan_sets_python", "values",
+           "values_python"]
