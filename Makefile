@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.installed-run
 # than cores pay (docs/testing.md).
 TEST_PROCESSES ?= 4
 
-.PHONY: test test-pure compiled run lint wheel bench clean
+.PHONY: test test-pure system compiled run lint wheel bench clean
 
 # Two stamps in one .venv. `make run` installs what serving needs: the package and its dependencies
 # (about 60 MB). `make test` installs the test and Spark extras too (pytest, mypy, PySpark, PyArrow:
@@ -43,15 +43,21 @@ $(COMPILED)/.built: $(STAMP) $(SOURCES)
 
 compiled: $(COMPILED)/.built
 
-# The whole suite on the compiled build, then the compiled modules' tests on the pure build.
-test: $(STAMP) $(COMPILED)/.built
+# The machine's set-up (tests/support/system.py): Debian packages (a C compiler among them) and small
+# file systems, as root; elsewhere it says what is missing and those tests skip.
+system: $(STAMP)
+	$(BIN)/python tests/support/system.py
+
+# The set-up and the compiled build first; then the whole suite on the compiled build, and the
+# compiled modules' tests on the pure build.
+test: $(STAMP) system $(COMPILED)/.built
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	KESTREL_TEST_BUILD=compiled PYTHONPATH=$(COMPILED) $(PYTEST)
 	KESTREL_TEST_BUILD=pure $(PYTEST) $(PURE_TESTS)
 
 # The whole suite on the pure build.
-test-pure: $(STAMP)
+test-pure: $(STAMP) system
 	KESTREL_TEST_BUILD=pure $(PYTEST)
 
 lint: $(STAMP)
@@ -65,5 +71,6 @@ run: $(RUN_STAMP)
 wheel: $(RUN_STAMP)
 	$(BIN)/pip wheel . --no-deps --quiet -w dist
 
+# Never var/: it holds the queues `make run` serves.
 clean:
-	rm -rf $(VENV) var dist build
+	rm -rf $(VENV) dist build

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(900)
 
 from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.support.clients import thrift_client  # noqa: E402
-from tests.support.installs import ensure_debian_package  # noqa: E402
+from tests.support.system import need_java  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -45,8 +45,7 @@ SPARK_SETTINGS = {
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One SparkSession for every test of this process; safe beside other test processes."""
-    if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
+    need_java()
     os.environ["KESTREL_SPARK_PYTHON"] = sys.executable
     # Every Python that Spark starts imports pyspark precompiled: the executors' workers
     # (PYSPARK_PYTHON) and the driver side's, which look up, create and plan data sources and run
