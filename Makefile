@@ -34,7 +34,7 @@ SOURCES := $(shell find src -name '*.py' -o -name '*.pyi' -o -name '*.c' -o -nam
 PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 # The tests of the compiled modules, run on the pure build as well (the whole suite: `make test-pure`).
 PURE_TESTS := tests/thrift tests/memcache tests/text tests/server/test_socket_io.py \
-	tests/server/test_builds.py
+	tests/server/test_builds.py tests/server/test_unexpected_errors.py
 
 $(COMPILED)/.built: $(STAMP) $(SOURCES)
 	rm -rf $(COMPILED)
