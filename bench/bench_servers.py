@@ -115,8 +115,10 @@ def cell(measured: Measured | None) -> str:
     if measured is None:
         return "failed | | "
     result = measured.load
+    cpu = measured.cpu_us_per_item
+    cpu_text = f"{cpu:,.2f}" if cpu < 10 else f"{cpu:,.1f}"  # batches cost well under a µs an item
     return (f"{result.items_per_s:,.0f} | {result.p('round', 'p50'):,.0f} / "
-            f"{result.p('round', 'p99'):,.0f} | {measured.cpu_us_per_item:,.1f}")
+            f"{result.p('round', 'p99'):,.0f} | {cpu_text}")
 
 
 def header(title: str) -> None:

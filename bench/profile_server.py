@@ -8,9 +8,10 @@ records on-CPU call chains: kernel time is grouped by the system call that enter
 recv, the journal's write, ...), user time by the library it ran in (the Python interpreter,
 thriftpy2's Cython codec, libc, gevent, the compiled request path), then by function. Over the second
 window it samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; it slows the
-server somewhat; it sees no frame of a compiled module). py-spy samples wall time: a sample inside a C call lands on the Python frame that made
-it, and time spent runnable but off the CPU (on a busy machine, right after a send wakes a client)
-counts too, so its socket share is higher than perf's; its split of the rest is the Python view.
+server somewhat; it sees no frame of a compiled module). py-spy samples wall time: a sample inside a
+C call lands on the Python frame that made it, and time spent runnable but off the CPU (on a busy
+machine, right after a send wakes a client) counts too, so its socket share is higher than perf's;
+its split of the rest is the Python view.
 Last, `strace -c` counts the system calls of 1,000 rounds from one client, and `perf stat` those
 per item under the workload's own clients.
 
