@@ -32,9 +32,13 @@ $(STAMP): pyproject.toml setup.py
 COMPILED := build/compiled
 SOURCES := $(shell find src -name '*.py' -o -name '*.pyi' -o -name '*.c' -o -name '*.thrift' 2>/dev/null)
 PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
-# The tests of the compiled modules, run on the pure build as well (the whole suite: `make test-pure`).
-PURE_TESTS := tests/thrift tests/memcache tests/text tests/server/test_socket_io.py \
-	tests/server/test_builds.py tests/server/test_unexpected_errors.py
+# The compiled modules' own tests, without servers, run on the pure build as well (a pure server
+# serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
+# whole suite: `make test-pure`).
+PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py \
+	tests/memcache/test_memcache_protocol.py tests/memcache/test_memcache_runs.py \
+	tests/text/test_text_protocol.py tests/server/test_socket_io.py tests/server/test_builds.py \
+	tests/server/test_unexpected_errors.py
 
 $(COMPILED)/.built: $(STAMP) $(SOURCES)
 	rm -rf $(COMPILED)
