@@ -46,6 +46,7 @@ def rooted(word: str, root: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # `pip install .` compiles the request path in a fresh build environment
 def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the service's steps run as root (systemd-tmpfiles gives the queue path to its user)")
