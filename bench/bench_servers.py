@@ -107,7 +107,7 @@ class Bench:
              commit_log: str = "off") -> Iterator[dict[str, peers.Running]]:
         """Our server in each build, started side by side."""
         with contextlib.ExitStack() as stack:
-            yield {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build))
+            yield {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
                    for build in self.builds}
 
 

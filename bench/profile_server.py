@@ -262,7 +262,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
     port_name, options = WORKLOADS[name]
     clients, sync = options.get("clients", 4), str(options.get("sync", "never"))
     commit_log = str(options.get("commit_log", "off"))
-    with peers.kestrel(work, sync, commit_log, build) as server:
+    with peers.kestrel(work, sync, commit_log, build=build) as server:
         load = subprocess.Popen(
             [str(binary), str(options["protocol"]), str(server[port_name]), "-c", str(clients), "-b",
              str(options["batch"]), "-a", str(options.get("auto_abort_ms", 0)), "-s", "128",
