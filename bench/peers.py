@@ -21,7 +21,12 @@ from pathlib import Path
 from bench.common import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILDS = {"pure": ROOT / "src", "compiled": ROOT / "build" / "compiled"}
+# The source tree our server runs from: this checkout's, or another's (a benchmark's `--source`,
+# to measure the code before a change beside the code after, in one run of this script).
+SOURCE = ROOT / "src"
+# Our server's builds: `pure` runs SOURCE, `compiled` this checkout's compiled build.
+BUILDS = ("compiled", "pure")
+COMPILED = ROOT / "build" / "compiled"
 
 
 class MissingPeer(Exception):
@@ -32,7 +37,7 @@ class MissingPeer(Exception):
 def build_path(build: str) -> Path:
     """Where our server's `build` is imported from, checked to hold that build and, compiled, to be
     newer than every source (else the figures would be of older code)."""
-    path = BUILDS[build]
+    path = COMPILED if build == "compiled" else SOURCE
     if build == "compiled":
         made = path / ".built"
         sources = [p for p in (ROOT / "src").rglob("*") if p.suffix in (".py", ".pyi", ".c", ".thrift")]
