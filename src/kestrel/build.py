@@ -36,6 +36,7 @@ C_HELPERS = (
     "kestrel.storage.fsync._fsync_many",
     "kestrel.storage.kestrel2._codec",
     "kestrel.storage._item",
+    "kestrel.storage._crc32c",
     "kestrel.service.thrift._binary",
     "kestrel.service.memcache._scan",
 )
