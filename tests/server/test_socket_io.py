@@ -13,7 +13,6 @@ import gevent.socket
 import pytest
 from gevent.exceptions import ConcurrentObjectUseError
 
-from kestrel.service import socket_io
 from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted
 from tests.conftest import STALL_S
 
@@ -71,25 +70,18 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any)
     io.close()
 
 
-def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any) -> None:
     server, client = pair
     sock = CountingSocket(server)
     io = ClientSocket(sock, 8)  # type: ignore[arg-type]
-    waits: list[Any] = []
-    real_wait = socket_io.wait
-
-    def wait(watcher: Any) -> None:
-        waits.append(watcher)
-        real_wait(watcher)
-
-    monkeypatch.setattr(socket_io, "wait", wait)
     client.sendall(b"0123456789")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 8
+    assert io.waited  # between requests, a receive first waits for the socket to be readable
+    io.waited = False
     assert io.receive(buf, None, between_requests=True) == 2
+    assert not io.waited  # not this one: the first filled the buffer, so more was waiting
     assert buf == b"0123456789" and sock.found == [8, 2]
-    assert len(waits) == 1  # only before the first: it filled the buffer, so more was waiting
     io.close()
 
 

@@ -17,6 +17,7 @@ import gevent.socket
 from gevent import get_hub, getcurrent, monkey
 from gevent.exceptions import ConcurrentObjectUseError
 from gevent.socket import socket as gsocket
+from mypy_extensions import mypyc_attr
 
 _OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
@@ -50,6 +51,7 @@ def wait(watcher: Any) -> None:
         watcher.stop()
 
 
+@mypyc_attr(native_class=False)  # compiled classes derive from Exception only
 class SendTimeout(TimeoutError):
     """A reply waited longer than the connection's `send_timeout` for the client to take it."""
 
