@@ -14,8 +14,7 @@ import gevent.socket
 import pytest
 from gevent.exceptions import ConcurrentObjectUseError
 
-from kestrel.service import socket_io
-from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted, close_lingering
+from kestrel.service.socket_io import LINGER_S, ClientSocket, SendTimeout, accepted, close_lingering
 from tests.conftest import STALL_S
 
 
@@ -72,25 +71,18 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any)
     io.close()
 
 
-def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any) -> None:
     server, client = pair
     sock = CountingSocket(server)
     io = ClientSocket(sock, 8)  # type: ignore[arg-type]
-    waits: list[Any] = []
-    real_wait = socket_io.wait
-
-    def wait(watcher: Any) -> None:
-        waits.append(watcher)
-        real_wait(watcher)
-
-    monkeypatch.setattr(socket_io, "wait", wait)
     client.sendall(b"0123456789")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 8
+    assert io.waited  # between requests, a receive first waits for the socket to be readable
+    io.waited = False
     assert io.receive(buf, None, between_requests=True) == 2
+    assert not io.waited  # not this one: the first filled the buffer, so more was waiting
     assert buf == b"0123456789" and sock.found == [8, 2]
-    assert len(waits) == 1  # only before the first: it filled the buffer, so more was waiting
     io.close()
 
 
@@ -223,14 +215,11 @@ def test_a_lingering_close_of_a_client_that_ended_first_takes_no_wait(tcp_pair: 
     client.close()
     started = time.monotonic()
     close_lingering(server)
-    assert time.monotonic() - started < socket_io.LINGER_S and server.fileno() < 0
+    assert time.monotonic() - started < LINGER_S and server.fileno() < 0
 
 
-def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_linger_bytes(
-        tcp_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_its_bytes(tcp_pair: Any) -> None:
     server, client = tcp_pair
-    monkeypatch.setattr(socket_io, "LINGER_BYTES", 64 * 1024)
-    monkeypatch.setattr(socket_io, "LINGER_S", 600.0)
     sent = [0]
 
     def flood() -> None:
@@ -241,19 +230,18 @@ def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_linger
             pass  # reset: the server gave up reading
 
     flooding = gevent.spawn(flood)
-    closing = gevent.spawn(close_lingering, server)
+    closing = gevent.spawn(close_lingering, server, 600.0, 64 * 1024)
     closing.join(STALL_S)
     assert closing.successful() and server.fileno() < 0
     flooding.join(STALL_S)
     assert flooding.dead and sent[0] >= 64 * 1024
 
 
-def test_a_client_that_neither_sends_nor_closes_holds_a_lingering_close_no_longer_than_linger_s(
-        tcp_pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_that_neither_sends_nor_closes_holds_a_lingering_close_no_longer_than_its_time(
+        tcp_pair: Any) -> None:
     server, client = tcp_pair
-    monkeypatch.setattr(socket_io, "LINGER_S", 0.1)
     started = time.monotonic()
-    closing = gevent.spawn(close_lingering, server)
+    closing = gevent.spawn(close_lingering, server, 0.1)
     client.settimeout(STALL_S)
     assert client.recv(100) == b""  # the end of the stream at once: the server's side is shut
     closing.join(STALL_S)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import gevent
 import structlog
@@ -32,7 +32,7 @@ class BufferedConnection:
     """One client of a line protocol. Subclasses answer what `process` finds complete in the buffer;
     the replies of one read burst go out in a single `send`."""
 
-    protocol = ""
+    protocol: ClassVar[str] = ""
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         self.server = server
@@ -148,7 +148,7 @@ class BufferedConnection:
 class Connection(Protocol):
     """One client of any protocol, served by `run` until it leaves."""
 
-    protocol: str  # its name in logs and metrics
+    protocol: ClassVar[str]  # its name in logs and metrics
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None: ...
 

@@ -18,6 +18,7 @@ import gevent.socket
 from gevent import get_hub, getcurrent, monkey
 from gevent.exceptions import ConcurrentObjectUseError
 from gevent.socket import socket as gsocket
+from mypy_extensions import mypyc_attr
 
 _OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
@@ -57,6 +58,7 @@ def wait(watcher: Any) -> None:
         watcher.stop()
 
 
+@mypyc_attr(native_class=False)  # compiled classes derive from Exception only
 class SendTimeout(TimeoutError):
     """A reply waited longer than the connection's `send_timeout` for the client to take it."""
 
@@ -148,32 +150,33 @@ class ClientSocket:
         self._readable = self._writable = None
 
 
-def close_lingering(sock: socket.socket | gsocket) -> None:
+def close_lingering(sock: socket.socket | gsocket, seconds: float = LINGER_S,
+                    most: int = LINGER_BYTES) -> None:
     """Close a client's connection without losing the replies sent last.
 
     A socket closed with input it has not read makes the kernel reset the connection rather than
     end it (as input arriving after the close does), and a reset drops what was not yet delivered:
     the error reply explaining why the server closes, behind the requests a client pipelined after
     the one at fault. So the sending side is shut first (the client reads every reply, then the end
-    of the stream) and input is read and dropped until the client closes too, for at most
-    `LINGER_S` seconds and `LINGER_BYTES` bytes, as web servers close (a client that ended first
-    costs one `recv`). Then the socket is closed.
+    of the stream) and input is read and dropped until the client closes too, for at most `seconds`
+    and `most` bytes, as web servers close (a client that ended first costs one `recv`). Then the
+    socket is closed.
     """
     if sock.fileno() < 0:
         return
     os_socket = accepted(sock) if isinstance(sock, gsocket) else sock
     try:
         os_socket.shutdown(socket.SHUT_WR)
-        _drop_input(os_socket)
+        _drop_input(os_socket, seconds, most)
     except OSError:
         pass  # reset or gone: nothing left to deliver
     finally:
         os_socket.close()
 
 
-def _drop_input(sock: socket.socket) -> None:
-    deadline = time.monotonic() + LINGER_S
-    left = LINGER_BYTES
+def _drop_input(sock: socket.socket, seconds: float, most: int) -> None:
+    deadline = time.monotonic() + seconds
+    left = most
     readable: Any = None
     try:
         while left > 0:
