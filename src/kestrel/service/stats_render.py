@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from kestrel.service.session.server_state import ServerState
+from kestrel.storage.runtime import PACE, paced
 
 
 def flat_stats(server: ServerState) -> list[tuple[str, Any]]:
@@ -72,7 +73,22 @@ def stats_document(server: ServerState) -> dict[str, Any]:
 
 
 def stats_json(server: ServerState) -> bytes:
-    return json.dumps(stats_document(server), sort_keys=True).encode()
+    """`stats_document` as JSON with sorted keys, the queues' figures encoded a slice at a time with
+    the other clients served in between (10,000 queues' JSON is tens of milliseconds of work)."""
+    document = server_document(server)
+    document["queues"] = server.queue_stats()
+    parts = [f"{json.dumps(key)}: "
+             + (_queues_json(server, value) if key == "queues" else json.dumps(value, sort_keys=True))
+             for key, value in sorted(document.items())]
+    return ("{" + ", ".join(parts) + "}").encode()
+
+
+def _queues_json(server: ServerState, queues: dict[str, dict[str, int]]) -> str:
+    """`json.dumps(queues, sort_keys=True)` (the names come sorted), one slice of queues at a time."""
+    names = list(queues)
+    slices = (json.dumps({name: queues[name] for name in names[start:start + PACE]}, sort_keys=True)[1:-1]
+              for start in paced(range(0, len(names), PACE), server.runtime, every=1))
+    return "{" + ", ".join(slices) + "}"
 
 
 def stats_text(server: ServerState) -> bytes:

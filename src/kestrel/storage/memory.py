@@ -44,7 +44,7 @@ import structlog
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.queue import MemoryAccount, PersistentQueue
-from kestrel.storage.runtime import Runtime, Timer
+from kestrel.storage.runtime import Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.memory")
 
@@ -543,8 +543,9 @@ class MemoryGovernor:
                 f"(open reads or items that cannot be paged out); put refused, try again later")
 
     def measure(self) -> int:
-        """What the queues hold in memory now: items, open reads, read-behind buffers."""
-        return sum(sum(q.held_bytes()) for q in self._queues() if not q.closed)
+        """What the queues hold in memory now: items, open reads, read-behind buffers (a walk that
+        lets the other tasks in)."""
+        return sum(sum(q.held_bytes()) for q in paced(list(self._queues()), self.runtime) if not q.closed)
 
     def stats(self) -> dict[str, int]:
         """The server's figures (memcache stats, /stats.json, /metrics)."""
