@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import MemoryBudgetExceeded
-from kestrel.storage.memory import Demand, MemoryGovernor, plan
+from kestrel.storage.memory import ENGAGE, Demand, MemoryGovernor, plan
 from kestrel.storage.runtime import ManualRuntime
 from tests.support.queues import drain, held_in_memory, one, reopen
 
@@ -261,24 +261,31 @@ def test_a_restart_replays_every_backlog_under_the_budget(tmp_path: Path, journa
 # Cost that follows the work
 
 
+def count_targets(coll: QueueCollection, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the queues a tick gives a target, in order (from now on)."""
+    measured: list[str] = []
+    queue_type = type(coll.queue("q0"))
+    set_memory_target = queue_type.set_memory_target
+
+    def counted(q: Any, target: int) -> None:
+        measured.append(q.name)
+        set_memory_target(q, target)
+
+    monkeypatch.setattr(queue_type, "set_memory_target", counted)
+    return measured
+
+
 @FORMATS
 def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, journal_format: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """While every queue's want fits the budget a tick measures only the queues that changed since
     the last one, and an idle server's tick measures none; a budget that does not fit is planned
     over every queue."""
-    coll, governor, runtime = governed(tmp_path, journal_format, 10_000_000)
+    coll, governor, runtime = governed(tmp_path, journal_format, 30_000)
     names = [f"q{i}" for i in range(200)]
     for name in names:
-        coll.put(name, [item(0)])
-    measured: list[str] = []  # the queues a tick gives a target
-    set_memory_target = type(coll.queue("q0")).set_memory_target
-
-    def counted(q: Any, target: int) -> None:
-        measured.append(q.name)
-        set_memory_target(q, target)
-
-    monkeypatch.setattr(type(coll.queue("q0")), "set_memory_target", counted)
+        coll.put(name, [item(0)])  # 20 KB held: past ENGAGE of the budget, the governor measures
+    measured = count_targets(coll, monkeypatch)
     runtime.advance(250)
     assert len(measured) == 200  # all new
     measured.clear()
@@ -291,10 +298,48 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     target = coll.queue("q7").memory_target
     assert coll.queue("q7").memory_bytes < target <= coll.queue("q7").config.max_memory_size
     measured.clear()
-    backlogs(coll, ["big"], 10_500_000)  # now the wants do not fit: every queue is planned
+    backlogs(coll, ["big"], 40_000)  # now the wants do not fit: every queue is planned
     runtime.advance(250)
-    assert set(measured) == {*names, "big"} and governor.measure() <= 10_000_000
-    assert drain(coll, "big") == [item(i, 1000) for i in range(10_500)]
+    assert set(measured) == {*names, "big"} and governor.measure() <= 30_000
+    assert drain(coll, "big") == [item(i, 1000) for i in range(40)]
+
+
+@FORMATS
+def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_of_it(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under LET_GO of the budget the governor lets go: every queue may hold its max_memory_size and
+    no tick measures a queue, however many change; past ENGAGE the next tick measures and plans every
+    queue, and the budget holds throughout; drained under LET_GO, it lets go again."""
+    budget = 1_000_000
+    coll, governor, runtime = governed(tmp_path, journal_format, budget)
+    names = [f"q{i}" for i in range(200)]
+    for name in names:
+        coll.put(name, [item(0)])
+    measured = count_targets(coll, monkeypatch)
+    for _ in range(8):
+        for name in names:
+            coll.put(name, [item(1)])
+            coll.remove(name, 1)
+        runtime.advance(250)
+    assert measured == []
+    ceiling = coll.queue("q0").config.max_memory_size
+    assert all(coll.queue(name).memory_target == ceiling for name in names)
+    backlogs(coll, ["big"], int(budget * ENGAGE) + 100_000)  # past half the budget
+    runtime.advance(250)
+    assert set(measured) == {*names, "big"}
+    assert all(coll.queue(name).memory_target < ceiling for name in names)
+    backlogs(coll, ["big"], budget)  # past the budget: the put path and the next tick page out
+    runtime.advance(250)
+    assert governor.measure() <= budget
+    assert coll.queue("big").in_read_behind
+    measured.clear()
+    drain(coll, "big")
+    runtime.advance(500)  # a tick that finds all fits, then one under LET_GO: it lets go
+    assert all(coll.queue(name).memory_target == ceiling for name in [*names, "big"])
+    measured.clear()
+    coll.put("q3", [item(2)])
+    runtime.advance(500)
+    assert measured == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,14 +25,16 @@ class ChangedQueues:
         self._fresh.append(queue)
 
     def reader(self) -> Callable[[], set[PersistentQueue]]:
-        """A new reader: a function returning the queues noted since its last call."""
-        pending: set[PersistentQueue] = set()
-        self._pending.append(pending)
+        """A new reader: a function returning the queues noted since its last call (a set that
+        is then its own: the reader starts a new one rather than copying it)."""
+        index = len(self._pending)
+        self._pending.append(set())
+        pending = self._pending
 
         def take() -> set[PersistentQueue]:
             self._spread()
-            taken = set(pending)
-            pending.clear()
+            taken = pending[index]
+            pending[index] = set()
             return taken
 
         return take

@@ -7,7 +7,8 @@ memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
 
 - Rates. Each queue's ingress and egress (bytes a second, smoothed), sampled at the ticks after
   which it changed and decayed in between: a tick costs the queues that changed, not the queues
-  held, while the budget is far from full (`MemoryGovernor.tick`).
+  held, while the budget is far from full (`MemoryGovernor.tick`), and nothing at all while the
+  queues hold under a quarter of it (the governor lets go: `_let_go`).
 - Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
   holds and room for what arrives before the next tick; past the budget, what it will consume in
   the next D seconds (its "RAM duration"), D chosen so that the shares fill the budget. A hot
@@ -54,6 +55,10 @@ SMOOTHING = 0.3  # weight of the newest rate sample (older ones decay: no flappi
 FLOOR = 64 * 1024  # a queue's smallest share, when the budget allows it: one read-back's worth
 LOW_WATER = 0.9  # paging and flow control aim this far under the budget
 IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (its buffer goes)
+# The governor takes memory in hand once the queues hold more than ENGAGE of the budget, and lets go
+# under LET_GO: meanwhile each queue holds up to its own max_memory_size, and no tick measures one.
+ENGAGE = 0.5
+LET_GO = 0.25
 
 
 class MemoryLedger(MemoryAccount):
@@ -250,6 +255,7 @@ class MemoryGovernor:
         self._ingress_total = 0.0
         self._sums_tick = 0
         self._tight = False  # the last tick's wants did not fit the budget
+        self._at_ease = False  # let go (`_let_go`): memory far under the budget, nothing measured
         # Queues in read-behind that were not idle when last seen: each gives its cursor's buffer
         # back once its egress decays below IDLE.
         self._watch: set[_Record] = set()
@@ -314,7 +320,9 @@ class MemoryGovernor:
         """Measure rates, give each queue its target, page out the slowest over theirs, and start
         or end flow control.
 
-        With `changes`, the queues that changed since the last tick are measured, and while their
+        With `changes`, a tick measures nothing while the queues hold under LET_GO of the budget,
+        until they hold more than ENGAGE of it (`_let_go`). Engaged, the queues that changed since
+        the last tick are measured, and while their
         wants fit the budget (and memory is under it), only they get new targets: an unchanged
         queue's target still holds what it has, and it gets a new one when it next changes. A tick
         with no change, under the budget and out of flow control, only lets idle read-behind
@@ -327,12 +335,37 @@ class MemoryGovernor:
         if self._changes is not None:
             changed = self._changes()
             pressed = self.flow_control or self._over or self._tight
-            if not changed and not pressed and self.ledger.total + self._buffer_total <= self.budget:
+            held = self.ledger.total + self._buffer_total
+            if self._at_ease:
+                if held <= self.budget * ENGAGE and not pressed:
+                    return
+                self._at_ease = False  # engaged: every queue measured and planned, rates from now on
+            elif held < self.budget * LET_GO and not pressed:
+                self._let_go()
+                return
+            elif not changed and not pressed and held <= self.budget:
                 self._release_idle_cursors()
                 return
-            if not pressed and self._tick_changed(changed, seconds, now):
+            elif not pressed and self._tick_changed(changed, seconds, now):
                 return
         self._tick_all(seconds, now)
+
+    def _let_go(self) -> None:
+        """Memory is far under the budget: each queue may hold up to its max_memory_size again, as
+        without a budget, and the ticks measure nothing until the queues hold more than ENGAGE of
+        it, so that a busy server pays nothing a queue for the budget while it does not bind. The
+        put path still keeps the budget meanwhile (`make_room`: the putting queue's new items go to
+        read-behind), and the tick that engages again measures and plans every queue, its rates
+        from then on."""
+        self._at_ease = True
+        for q in self._queues():
+            if not q.closed:
+                q.free_memory_target()
+        self._records = {}
+        self._watch = set()
+        self._candidates = []
+        self._want_total = self._fixed_total = 0
+        self._ingress_total = 0.0
 
     def _tick_changed(self, changed: Iterable[PersistentQueue], seconds: float, now: int) -> bool:
         """Measure the changed queues and, if every want still fits the budget, give them their
@@ -346,7 +379,11 @@ class MemoryGovernor:
         fresh: list[_Record] = []
         for q in changed:
             record = records.get(q)
-            if record is not None:  # out of the sums, to come back in as measured now
+            if record is None:
+                if q.closed:
+                    continue
+                record = records[q] = _Record(q, tick)
+            else:  # out of the sums, to come back in as measured now
                 want_total -= record.want
                 fixed_total -= record.fixed
                 buffer_total -= record.buffer
@@ -356,20 +393,18 @@ class MemoryGovernor:
                     self._watch.discard(record)
                     continue
                 record.sample(q, seconds, tick)
-            elif q.closed:
-                continue
-            else:
-                record = records[q] = _Record(q, tick)
-            opens = buffer = 0
+            ceiling = q.config.max_memory_size
+            want = q.bytes + headroom(ceiling, record.ingress, interval)
+            record.want = want = want if want < ceiling else ceiling
+            want_total += want
+            ingress_total += record.ingress
             if q.open_transactions or q.in_read_behind:
                 _, opens, buffer = q.held_bytes()
-            ceiling = q.config.max_memory_size
-            record.want = min(ceiling, min(q.bytes, ceiling) + headroom(ceiling, record.ingress, interval))
-            record.fixed, record.buffer = opens + buffer, buffer
-            want_total += record.want
-            fixed_total += opens + buffer
-            buffer_total += buffer
-            ingress_total += record.ingress
+                record.fixed, record.buffer = opens + buffer, buffer
+                fixed_total += opens + buffer
+                buffer_total += buffer
+            elif record.fixed:
+                record.fixed = record.buffer = 0
             fresh.append(record)
         self._want_total, self._fixed_total, self._buffer_total = want_total, fixed_total, buffer_total
         self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick

@@ -737,6 +737,11 @@ class PersistentQueue(ABC):
         self._governed = True
         self.memory_target = max(0, min(target, self.config.max_memory_size))
 
+    def free_memory_target(self) -> None:
+        """Hold up to max_memory_size again, as without a budget (the governor has let go)."""
+        self._governed = False
+        self.memory_target = self.config.max_memory_size
+
     def held_bytes(self) -> tuple[int, int, int]:
         """(bytes of items in memory, of open reads, of the read-behind cursor's buffer): the last
         two paging cannot release."""
