@@ -28,6 +28,7 @@ from kestrel.storage.fsync.group_commit import GroupCommit
 T = TypeVar("T")
 
 PACE = 500  # items a walk over every queue takes between two pauses (a few milliseconds of work)
+PAUSE_S = 1e-6  # a pause on gevent: a timer due at once, run in the loop's next turn
 
 
 class Event(Protocol):
@@ -181,7 +182,9 @@ class GeventRuntime:
         gevent.sleep(seconds)
 
     def pause(self) -> None:
-        gevent.sleep(0)
+        # Until the loop's next turn, which serves the sockets that are ready first: `sleep(0)`
+        # would resume before the loop looks at them, and `idle()` only once none is.
+        gevent.sleep(PAUSE_S)
 
     def group_commit(self) -> GroupCommit | None:
         return group_commit.shared()  # its rounds run on the hub

@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import gevent
-
 from kestrel.service import metrics
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import server_document
@@ -147,7 +145,7 @@ class Figures:
         busy = 0.0
         for names in self._slices():
             busy += time.thread_time() - started
-            gevent.sleep(0)  # let the clients in between slices (the admin port serves on gevent)
+            server.runtime.pause()  # let the clients in between slices
             started = time.thread_time()
             rows = self._rows(names, seconds, flow_control, counts, snapshot.rates)
             if rows:
