@@ -1,10 +1,12 @@
 """Cost that follows the work: what many queues and many connections cost this server, beside Redis
 (and memcached for connections) in the same run, as server CPU time from /proc.
 
-- queues: memcache set + get of 128-byte items (Redis: RPUSH / LPOP), 4 connections, on 4 queues
-  and on QUEUES queues each holding FILL items, the load spread over all of them (each round on the
-  client's next queue): CPU µs per item, and the ratio of the two.
+- queues: memcache set + get and Thrift put + get of 128-byte items (Redis: RPUSH / LPOP), 4
+  connections, on 4 queues and on QUEUES queues each holding FILL items, the load spread over all of
+  them (each round on the client's next queue): CPU µs per item, and the ratio of the two.
 - idle: the server still holding those QUEUES queues, no client: % of one core over IDLE seconds.
+- stats: `GET /stats.json` of the server holding those queues: how long it took (the least of
+  three), and the longest round of a light client (memcache `version`, one at a time) meanwhile.
 - connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
   process each): CPU µs per item, and the ratio.
 - connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
@@ -24,7 +26,9 @@ import argparse
 import socket
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -38,6 +42,13 @@ Server = Callable[[], AbstractContextManager[peers.Running]]
 def servers(work: Path) -> Iterator[tuple[str, Server, str, str]]:
     """(label, start, port name, load generator protocol) of each server a row compares."""
     yield "kestrel-py", lambda: peers.kestrel(work), "memcache", "memcache"
+    yield "Redis", lambda: peers.redis(work), "redis", "redis"
+
+
+def queue_rows(work: Path) -> Iterator[tuple[str, Server, str, str]]:
+    """The rows of the queues table: ours on both protocols (the admin port open, for the stats)."""
+    yield "kestrel-py memcache", lambda: peers.kestrel(work, admin=True), "memcache", "memcache"
+    yield "kestrel-py Thrift", lambda: peers.kestrel(work, admin=True), "thrift", "thrift"
     yield "Redis", lambda: peers.redis(work), "redis", "redis"
 
 
@@ -58,12 +69,13 @@ def cpu_per_item(binary: Path, server: peers.Running, port: str, protocol: str, 
 
 
 def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> None:
-    print(f"\n### {args.queues:,} queues against 4: memcache set + get (Redis RPUSH / LPOP), 128 B, "
-          f"4 connections, {args.fill} items left in each queue\n")
+    print(f"\n### {args.queues:,} queues against 4: memcache set + get, Thrift put + get (Redis RPUSH / "
+          f"LPOP), 128 B, 4 connections, {args.fill} items left in each queue\n")
     print("| server | CPU µs/item, 4 queues | CPU µs/item, "
           f"{args.queues:,} queues | ratio | idle with {args.queues:,} queues, % of a core |")
     print("| --- | --- | --- | --- | --- |")
-    for label, start, port, protocol in servers(work):
+    polls = []
+    for label, start, port, protocol in queue_rows(work):
         with start() as server:
             few = cpu_per_item(binary, server, port, protocol, args, fill=args.fill, queues=4)
         with start() as server:
@@ -73,7 +85,47 @@ def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> None:
             before = process_cpu_seconds(server.pid)
             time.sleep(args.idle)
             idle = (process_cpu_seconds(server.pid) - before) / args.idle * 100
+            if "admin" in server.ports:
+                polls.append((label, *stats_poll(server)))
         print(f"| {label} | {few:.1f} | {many:.1f} | {many / few:.2f} | {idle:.2f} |", flush=True)
+    print(f"\n`GET /stats.json` with {args.queues:,} queues, and a light client's rounds meanwhile:\n")
+    print("| server | ms to answer | longest light round, ms |")
+    print("| --- | --- | --- |")
+    for label, took, longest in polls:
+        print(f"| {label} | {took * 1000:.0f} | {longest * 1000:.1f} |", flush=True)
+
+
+def stats_poll(server: peers.Running) -> tuple[float, float]:
+    """Seconds a `GET /stats.json` took (the least of three), and the longest round of a light
+    memcache client (`version`, one request at a time) while they ran."""
+    longest = 0.0
+    polling = threading.Event()
+    polling.set()
+
+    def light_client() -> None:
+        nonlocal longest
+        with socket.create_connection(("127.0.0.1", server["memcache"])) as sock:
+            while polling.is_set():
+                started = time.perf_counter()
+                sock.sendall(b"version\r\n")
+                while not sock.recv(4096).endswith(b"\r\n"):
+                    pass
+                longest = max(longest, time.perf_counter() - started)
+
+    client = threading.Thread(target=light_client)
+    client.start()
+    took = float("inf")
+    url = f"http://127.0.0.1:{server['admin']}/stats.json"
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=60) as reply:
+                reply.read()
+            took = min(took, time.perf_counter() - started)
+    finally:
+        polling.clear()
+        client.join()
+    return took, longest
 
 
 def connections(binary: Path, work: Path, args: argparse.Namespace) -> None:

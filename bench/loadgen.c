@@ -12,7 +12,7 @@
  *
  * With -Q QUEUES the clients share QUEUES queues (PREFIX0 .. PREFIX<QUEUES-1>) instead: with more queues
  * than clients each client's rounds go round its share of them, one queue a round; with fewer, client
- * k works on queue k mod QUEUES; every client then puts the same bytes. With -F FILL (memcache, redis)
+ * k works on queue k mod QUEUES; every client then puts the same bytes. With -F FILL (thrift, memcache, redis)
  * each queue first gets FILL items that stay there, so the queues the load visits are not empty. -W
  * skips the warm-up round on each queue (an earlier run made them), so that a run with many queues
  * spends its time on the load alone.
@@ -478,9 +478,20 @@ static long beanstalk_round(void) {
     return got;
 }
 
-/* ---- filling a queue: FILL items put and left there (memcache and redis) ---- */
+/* ---- filling a queue: FILL items put and left there (thrift, memcache and redis) ---- */
 
 static void fill_queue(const char *protocol) {
+    if (!strcmp(protocol, "thrift")) {            /* one put of FILL items */
+        call_begin("put");
+        field(T_LIST, 2);
+        emit((char[]){T_STRING}, 1);
+        be32((uint32_t)fill);
+        for (int j = 0; j < fill; j++) tbinary(items[j % batch], (size_t)size);
+        call_end();
+        reply_begin("put", T_I32);
+        if (r32() != (uint32_t)fill) fail("thrift put while filling: not every item accepted");
+        return;
+    }
     for (int j = 0; j < fill; j++) {
         const char *item = items[j % batch];
         if (!strcmp(protocol, "memcache")) {
@@ -625,9 +636,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loadgen: CLIENTS, BATCH and SIZE must be positive, and -n or -t given\n");
         return 2;
     }
-    if (queues < 0 || fill < 0 || (fill && strcmp(protocol, "memcache") && strcmp(protocol, "redis")) ||
+    if (queues < 0 || fill < 0 || (fill && !strcmp(protocol, "beanstalk")) ||
         (queues && !strcmp(protocol, "beanstalk"))) {
-        fprintf(stderr, "loadgen: -Q and -F take a count; -F is for memcache and redis, -Q not for beanstalk\n");
+        fprintf(stderr, "loadgen: -Q and -F take a count; -F and -Q are not for beanstalk\n");
         return 2;
     }
     clients_total = clients;

@@ -72,7 +72,7 @@ def run(binary: Path, protocol: str, port: int, *, clients: int = 4, batch: int 
     protocol is one of thrift, memcache, redis, beanstalk. `auto_abort_ms` makes Thrift gets open
     reads that are then confirmed; `pipelined` makes Redis send a batch as single-item commands;
     `queues` makes the clients share that many queues (0: one each); `fill` leaves that many items
-    in each queue first (memcache, redis); without `warm_up` no round precedes the timed ones (the
+    in each queue first (thrift, memcache, redis); without `warm_up` no round precedes the timed ones (the
     queues are an earlier run's).
     """
     args = [str(binary), protocol, str(port), "-c", str(clients), "-b", str(batch), "-s", str(size),
