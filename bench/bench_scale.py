@@ -7,6 +7,10 @@
 - idle: the server still holding those QUEUES queues, no client: % of one core over IDLE seconds.
 - stats: `GET /stats.json` of the server holding those queues: how long it took (the least of
   three), and the longest round of a light client (memcache `version`, one at a time) meanwhile.
+- library: the same put + get through the storage alone (`QueueCollection`, in one process, no
+  socket), on 4 queues and on QUEUES queues, the memory governor's tick and the expiry sweep called
+  every ITEMS_PER_TICK items (about the server's rate over 250 ms): CPU µs per item of the put +
+  get, of the tick and of the sweep, the best of three.
 - connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
   process each): CPU µs per item, and the ratio.
 - connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
@@ -17,13 +21,17 @@ before a change, say), with this checkout's load generator.
 
     .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
                                           [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
-                                          [--only queues|connections|connect] [--source DIR]
+                                          [--only queues|library|connections|connect]
+                                          [--source DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -128,6 +136,66 @@ def stats_poll(server: peers.Running) -> tuple[float, float]:
     return took, longest
 
 
+ITEMS_PER_TICK = 3500
+
+
+def library(args: argparse.Namespace) -> None:
+    print(f"\n### The storage alone, in process: put + get on 4 and on {args.queues:,} queues "
+          f"holding {args.fill} items, the tick and the sweep every {ITEMS_PER_TICK:,} items\n")
+    print("| queues | CPU µs/item: put + get | the governor's tick | the expiry sweep |")
+    print("| --- | --- | --- | --- |")
+    env = dict(os.environ, PYTHONPATH=f"{peers.SOURCE}{os.pathsep}{peers.ROOT}")
+    for queues in (4, args.queues):
+        done = subprocess.run([sys.executable, "-m", "bench.bench_scale", "--library-child", str(queues),
+                               "--fill", str(args.fill)], env=env, capture_output=True, text=True, check=True)
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"| {queues:,} | {figures['items']:.2f} | {figures['tick']:.2f} | {figures['sweep']:.2f} |",
+              flush=True)
+
+
+def library_child(queues: int, fill: int) -> None:
+    """The `library` figures of `queues` queues, as one JSON line (run in a process of its own, on
+    the source tree under test)."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    from kestrel.storage import QueueCollection
+
+    item = b"x" * 128
+    best = {"items": float("inf"), "tick": float("inf"), "sweep": float("inf")}
+    with tempfile.TemporaryDirectory(prefix="kestrel-scale-") as path:
+        coll = QueueCollection(path, max_memory_total=1 << 30)
+        coll.load()
+        governor = coll.governor
+        assert governor is not None
+        names = [f"q{i}" for i in range(queues)]
+        for name in names:
+            coll.put(name, [item] * fill)
+        governor.tick()
+        coll.sweep()
+        rounds = 20 * ITEMS_PER_TICK
+        for _ in range(3):
+            spent = {"items": 0.0, "tick": 0.0, "sweep": 0.0}
+            for i in range(rounds):
+                started = time.process_time()
+                name = names[i % queues]
+                coll.put(name, [item])
+                coll.remove(name)
+                spent["items"] += time.process_time() - started
+                if i % ITEMS_PER_TICK == ITEMS_PER_TICK - 1:
+                    started = time.process_time()
+                    governor.tick()
+                    spent["tick"] += time.process_time() - started
+                    started = time.process_time()
+                    coll.sweep()
+                    spent["sweep"] += time.process_time() - started
+            best = {key: min(best[key], spent[key] * 1e6 / rounds) for key in best}
+        coll.close()
+    print(json.dumps(best))
+
+
 def connections(binary: Path, work: Path, args: argparse.Namespace) -> None:
     print(f"\n### {args.connections:,} connections against 4: the same load on 4 queues\n")
     print(f"| server | CPU µs/item, 4 connections | CPU µs/item, {args.connections:,} connections | ratio |")
@@ -178,9 +246,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="load runs per figure, the least CPU kept")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle server is watched")
     parser.add_argument("--cycles", type=int, default=2_000, help="connections opened and closed")
-    parser.add_argument("--only", choices=["queues", "connections", "connect"])
+    parser.add_argument("--only", choices=["queues", "library", "connections", "connect"])
+    parser.add_argument("--library-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help="run our server from this source tree")
     args = parser.parse_args()
+    if args.library_child:
+        library_child(args.library_child, args.fill)
+        return
     if args.source is not None:
         peers.SOURCE = args.source.resolve()
     print(f"# cost that follows the work, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
@@ -191,6 +263,8 @@ def main() -> None:
             binary = loadgen.build(work)
             if args.only in (None, "queues"):
                 queues_and_idle(binary, work, args)
+            if args.only in (None, "library"):
+                library(args)
             if args.only in (None, "connections"):
                 connections(binary, work, args)
             if args.only in (None, "connect"):
