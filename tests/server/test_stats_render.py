@@ -26,8 +26,9 @@ QUEUES = 2 * PACE + 100  # three slices
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerState]:
     state = ServerState(ServerConfig(queue_path=str(tmp_path_factory.mktemp("queues"))), runtime=ManualRuntime())
     state.collection.load()
-    for i in range(QUEUES):
-        state.collection.put(f"q{i:05}", [b"x" * (i % 7)])
+    for i in range(QUEUES):  # created empty: a queue holds no descriptor until its first change
+        state.collection.queue(f"q{i:05}")
+    state.collection.put("q00006", [b"x" * 6])
     yield state
     state.close()
     structlog.contextvars.clear_contextvars()
