@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
+from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, commit_log, files
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
@@ -671,4 +675,228 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
     again = collection(tmp_path)
     assert drain(again, "a") == [b"created", b"item", b"after"]
     assert [drain(again, n) for n in ("b", "c")] == [[b"created", b"item"]] * 2
+    again.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Acknowledgements held by the caller (the server's connections): no wait in the change
+
+
+class Held:
+    """A greenlet's held acknowledgements, noting when the log told it that its turn settled and
+    whether the log had been fsynced by then."""
+
+    def __init__(self, synced: list[str] | None = None, log_dir: str = "") -> None:
+        self.acks = acknowledgements.Acknowledgements(self._told)
+        self.told = gevent.event.Event()
+        self.synced = synced
+        self.log_dir = log_dir
+        self.log_fsyncs_when_told: list[int] = []
+
+    def _told(self) -> None:
+        if self.synced is not None:
+            self.log_fsyncs_when_told.append(sum(p.startswith(self.log_dir) for p in self.synced))
+        if not self.acks.pending:
+            self.told.set()
+
+    def change(self, do: Callable[[], object]) -> None:
+        """In this greenlet: hold, make the change, check it did not wait, wait to be told."""
+        acknowledgements.hold(self.acks)
+        self.told.clear()
+        do()
+        assert self.acks.pending, "the change waited for the disk"
+        self.told.wait()
+
+
+def gevent_collection(path: Path, fsync: Callable[[int], None], **options: Any) -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always"}), runtime=GeventWithFsyncs(fsync),
+                           commit_log=True, **options)
+    coll.load()
+    return coll
+
+
+def test_a_change_where_acknowledgements_are_held_does_not_wait_and_its_holder_is_told_after_the_fsync(
+        tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        os.fdatasync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    coll = gevent_collection(tmp_path, fsync)
+    for name in ("a", "b", "c", "d"):
+        coll.add(name, b"created")
+    synced.clear()
+    holders = {name: Held(synced, log_dir) for name in ("a", "b", "c", "d")}
+    gevent.joinall([gevent.spawn(h.change, partial(coll.add, name, b"item")) for name, h in holders.items()],
+                   raise_error=True)
+    # One turn, one fsync of the log, and every holder told once it had run.
+    assert [h.log_fsyncs_when_told for h in holders.values()] == [[1]] * 4
+    assert [os.path.basename(p) for p in synced if not p.startswith(log_dir)] == []
+    gevent.joinall([gevent.spawn(h.change, partial(coll.remove, name)) for name, h in holders.items()],
+                   raise_error=True)
+    coll.close()
+    again = collection(tmp_path)
+    assert [drain(again, n) for n in holders] == [[b"item"]] * 4
+    again.close()
+
+
+@pytest.mark.parametrize("journal_fails", [False, True])
+def test_a_turn_the_log_cannot_make_durable_has_its_holders_journals_fsynced_and_a_double_failure_fails_them(
+        tmp_path: Path, journal_fails: bool) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+    failing = {"log": False, "journal": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["log" if path.startswith(log_dir) else "journal"]:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        synced.append(path)
+
+    coll = gevent_collection(tmp_path, fsync)
+    coll.add("q", b"created")
+    synced.clear()
+    failing.update(log=True, journal=journal_fails)
+    held = Held()
+    gevent.spawn(held.change, partial(coll.add, "q", b"item")).join()
+    assert (held.acks.failed is not None) == journal_fails  # its replies are withheld
+    assert [os.path.basename(p) for p in synced] == ([] if journal_fails else ["q"])
+    failing.update(log=False, journal=False)
+    coll.close()
+
+
+def test_turns_settle_in_order_a_later_turn_waits_for_an_earlier_ones_fallback(tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    slow = threading.Event()
+    failing = {"log": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["log"] and path.startswith(log_dir):
+            raise OSError(errno.EIO, "Input/output error")
+        if failing["log"] and os.path.basename(path) == "slow":
+            slow.wait(30)
+        os.fdatasync(fd)
+
+    coll = gevent_collection(tmp_path, fsync)
+    coll.add("slow", b"created")
+    coll.add("fast", b"created")
+    failing["log"] = True
+    first, second = Held(), Held()
+    told: list[str] = []
+    first.told.rawlink(lambda _: told.append("first"))
+    second.told.rawlink(lambda _: told.append("second"))
+    one = gevent.spawn(first.change, partial(coll.add, "slow", b"item"))
+    gevent.sleep(0.05)  # its turn is written and its fallback waits on the slow journal
+    two = gevent.spawn(second.change, partial(coll.add, "fast", b"item"))
+    gevent.sleep(0.05)
+    assert told == [] and second.acks.pending
+    slow.set()
+    gevent.joinall([one, two], raise_error=True)
+    assert told == ["first", "second"]
+    failing["log"] = False
+    coll.close()
+
+
+class GatheringRuntime(GeventWithFsyncs):
+    """`GeventWithFsyncs` whose timers wait until a test fires them: a round that gathers changes
+    waits for them, however slowly they come."""
+
+    def __init__(self, fsync: Callable[[int], None]) -> None:
+        super().__init__(fsync)
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
+        if fn.__name__ != "_join":
+            return super().call_later(seconds, fn)
+        self.timers.append((seconds, fn))
+        return self._cancellable(len(self.timers) - 1)
+
+    def _cancellable(self, index: int) -> Any:
+        timers = self.timers
+
+        class Timer:
+            def cancel(self) -> None:
+                timers[index] = (timers[index][0], lambda: None)
+
+        return Timer()
+
+
+def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    log_fsyncs: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            log_fsyncs.append(fd)
+        os.fdatasync(fd)
+
+    runtime = GatheringRuntime(fsync)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    names = [f"q{n}" for n in range(8)]
+    changes = [0]
+    stop = gevent.event.Event()
+
+    def client(index: int, name: str) -> None:
+        held = Held()
+        while not stop.is_set():
+            for _ in range(index):  # the clients come back over several turns of the loop
+                gevent.sleep(0)
+            held.change(partial(coll.add, name, b"x"))
+            changes[0] += 1
+
+    def when(count: int) -> None:
+        while changes[0] < count:
+            gevent.sleep(0.001)
+
+    clients = [gevent.spawn(client, i, name) for i, name in enumerate(names)]
+    when(80)  # the rounds have settled into carrying every client
+    log_fsyncs.clear()
+    start = changes[0]
+    when(start + 160)
+    assert len(log_fsyncs) <= (changes[0] - start) // 8 + 2  # one round for the eight, every time
+    assert all(0 < seconds <= commit_log.GATHER_SECONDS for seconds, _ in runtime.timers)
+    stop.set()
+    while not all(c.dead for c in clients):  # the last rounds wait for clients that have left: the
+        for _, fire in runtime.timers[:]:  # timers end the wait
+            fire()
+        gevent.sleep(0.01)
+    gevent.joinall(clients, raise_error=True)
+    coll.close()
+
+
+def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path) -> None:
+    with Disk() as disk:
+        coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd))
+        told: dict[str, list[bytes]] = {f"q{n}": [] for n in range(6)}
+        changes = [0]
+
+        def client(name: str) -> None:
+            held = Held()
+            for n in itertools.count():
+                item = b"%s-%d" % (name.encode(), n)
+                held.change(partial(coll.add, name, item))
+                told[name].append(item)
+                if n % 3 == 2:
+                    held.change(partial(coll.remove, name))
+                    told[name].pop(0)
+                changes[0] += 1
+
+        clients = [gevent.spawn(client, name) for name in told]
+        while changes[0] < 300:
+            gevent.sleep(0.001)
+        disk.power_cut(str(tmp_path), keep=3)  # with changes in flight: the greenlets stop here
+        expected = {name: list(items) for name, items in told.items()}
+        gevent.killall(clients)
+    again = collection(tmp_path)
+    for name, items in expected.items():
+        got = drain(again, name)
+        # What was told is there in order, then perhaps a change in flight: an add, or a remove of
+        # the first item (its reply never sent).
+        assert got[:len(items)] == items or got[:len(items) - 1] == items[1:], (name, got, items)
     again.close()

@@ -34,13 +34,16 @@ import os
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import gevent
 import structlog
 
-from kestrel.storage import filenames, layout, torn_tail
+from kestrel.storage import acknowledgements, filenames, layout, torn_tail
+from kestrel.storage.acknowledgements import Acknowledgements
 from kestrel.storage.errors import CommitLogDamaged
 from kestrel.storage.files import (
     JournalFiles,
@@ -67,6 +70,7 @@ _MIN_BODY = _NAME.size + 1 + _PLACE.size  # a name of one byte, no journal bytes
 MAX_BODY = 1 << 31
 CHECKPOINT_SECONDS = 1.0  # how often the journals that took records are made durable
 SEGMENT_BYTES = 64 << 20  # a segment this large asks for a checkpoint at once
+GATHER_SECONDS = 0.002  # the longest a round waits for the changes the last one let it expect
 
 # Test hook: called with a step name before each file operation of a recovery; raising stops the
 # recovery there, which is how the tests simulate a crash at every step.
@@ -522,18 +526,28 @@ class Turn:
 
     `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
     group commit, else once they are written and each waiter syncs the log itself (`durable` is
-    False then)."""
+    False then). The changes of connections that hold their acknowledgements (`holders`,
+    src/kestrel/storage/acknowledgements.py) do not wait on `done`: the turn is `settled` for them, in
+    the order turns are numbered (`seq`), once it is durable or their journals' own fsyncs stood in
+    for it."""
 
-    __slots__ = ("chunks", "segment", "position", "error", "durable", "done", "started")
+    __slots__ = ("chunks", "changes", "segment", "position", "error", "durable", "done", "started", "seq",
+                 "holders", "settled", "falling_back", "fallen_back")
 
-    def __init__(self, done: Event) -> None:
+    def __init__(self, done: Event, seq: int) -> None:
         self.chunks: list[bytes] = []
+        self.changes = 0  # records in it: what a round that takes it carries
         self.segment: _Segment | None = None  # where they were written
         self.position = 0  # the segment's size once they were
         self.error: OSError | None = None
         self.durable = False
         self.done = done
         self.started = 0.0  # when they were written (`perf_counter`), for the fsync timing
+        self.seq = seq
+        self.holders: list[Acknowledgements] = []
+        self.settled = False
+        self.falling_back = False  # not durable in the log: the holders' journals are being fsynced
+        self.fallen_back = False  # and have been
 
 
 class _Segment:
@@ -546,10 +560,18 @@ class _Segment:
 class CommitLog:
     """The server's commit log (`open` it once recovery has run; `close` it after every queue).
 
-    Under the gevent runtime the records of a turn are written once the turn has run, by a callback
-    that also puts the log in the group commit's next round and wakes every waiter of the turn
-    when that round has run: a change waits once, and no greenlet runs for the turn. Elsewhere
-    each record is written at once, and its waiter fsyncs the log.
+    Under the gevent runtime the records of a turn are written once the turn has run, by a callback;
+    the turns written are then put in the group commit's next round together (`_join`), and each
+    is settled once that round has run: its waiters wake, and the connections holding their
+    acknowledgements are told. No greenlet runs for a turn, and a change made where
+    acknowledgements are held does not wait at all. Elsewhere each record is written at once, and
+    its waiter fsyncs the log.
+
+    Rounds grow with the load: one round of the log is in flight at a time, and when it has run,
+    the next waits for as many changes as the round just run carried and the turns written
+    meanwhile hold (the clients it released come back with their next changes, and one round
+    then takes them all), though never longer than that round took, at most GATHER_SECONDS. With
+    one client, its next change starts the next round at once.
     """
 
     def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -564,6 +586,14 @@ class CommitLog:
         self._segments: list[_Segment] = []  # oldest first; the last takes records
         self._seq = 0
         self._turn: Turn | None = None
+        self._turns = 0  # turns numbered so far
+        self._unsettled: deque[Turn] = deque()  # written, oldest first, until settled
+        self._gathered: list[Turn] = []  # written, not yet in a round
+        self._gathered_changes = 0
+        self._in_flight = False  # a round of the log's runs or waits to
+        self._wanted = 0  # changes the next round waits for
+        self._gather_seconds = 0.0  # and for how long at most
+        self._gathering: Timer | None = None
         self._checkpointing: Event | None = None
         self._timer: Timer | None = None
         self.checkpoints = 0
@@ -588,7 +618,8 @@ class CommitLog:
             segment.journals[journal] = offset + len(data)
             turn = self._turn
             if turn is None:
-                turn = self._turn = Turn(self.runtime.event())
+                self._turns += 1
+                turn = self._turn = Turn(self.runtime.event(), self._turns)
                 if self._group_commit is not None:
                     gevent.get_hub().loop.run_callback(self._write_turn)
             turn.chunks.append(encode_record(queue, epoch, offset, data))
@@ -598,13 +629,15 @@ class CommitLog:
 
     def _write_turn(self) -> None:
         """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`);
-        under a group commit, put the log in its next round, which sets the turn `done`."""
+        under a group commit, it then waits for a round (`_gather`)."""
         with self._lock:
             turn = self._turn
             if turn is None:
                 return
             self._turn = None
+            self._unsettled.append(turn)
             segment = turn.segment = self._segments[-1]
+            turn.changes = len(turn.chunks)
             try:
                 segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
                 turn.position = segment.writer.size
@@ -618,11 +651,57 @@ class CommitLog:
                 turn.chunks = []
                 if turn.error is not None or self._group_commit is None or segment.failed:
                     turn.done.set()  # failed: its waiters fall back on their journals
+                    self._settle()
                 else:
-                    round_ = self._group_commit.join(segment.writer)
-                    round_.done.rawlink(lambda _: self._turn_synced(turn, round_))
+                    self._gather(turn)
             if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
                 self.runtime.spawn(self._checkpoint_logged)
+
+    def _gather(self, turn: Turn) -> None:
+        """The turn waits for the next round (`_decide`)."""
+        self._gathered.append(turn)
+        self._gathered_changes += turn.changes
+        self._decide()
+
+    def _decide(self) -> None:
+        """Start the next round when none is in flight and the changes gathered are those the last
+        round let it expect; else once they are, or once gathering has lasted as long as it may."""
+        if self._in_flight or not self._gathered:
+            return
+        if self._gathered_changes >= self._wanted:
+            self._join()
+        elif self._gathering is None:
+            self._gathering = self.runtime.call_later(self._gather_seconds, self._join)
+
+    def _join(self) -> None:
+        """Put the gathered turns in the group commit's next round, together."""
+        if self._gathering is not None:
+            self._gathering.cancel()
+            self._gathering = None
+        turns, self._gathered = self._gathered, []
+        changes, self._gathered_changes = self._gathered_changes, 0
+        if not turns:
+            return
+        assert self._group_commit is not None
+        self._in_flight = True
+        round_: Round | None = None
+        for writer in {turn.segment.writer for turn in turns if turn.segment is not None}:
+            round_ = self._group_commit.join(writer)  # one round: the next, whichever segments
+        assert round_ is not None
+        joined = time.perf_counter()
+        round_.done.rawlink(lambda _: self._round_run(round_, turns, changes, joined))
+
+    def _round_run(self, round_: Round, turns: list[Turn], changes: int, joined: float) -> None:
+        """The round has run: settle its turns, and say what the next round waits for."""
+        took = time.perf_counter() - joined
+        self._in_flight = False
+        try:
+            for turn in turns:
+                self._turn_synced(turn, round_)
+        finally:
+            self._wanted = changes + self._gathered_changes
+            self._gather_seconds = min(took, GATHER_SECONDS)
+            self._decide()
 
     def _turn_synced(self, turn: Turn, round_: Round) -> None:
         """The group commit's round that took the turn's segment has run: wake the turn's waiters
@@ -640,13 +719,70 @@ class CommitLog:
                 turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
         finally:
             turn.done.set()  # whatever happens, no waiter waits on for a round that has run
+            self._settle()
+
+    def _settle(self) -> None:
+        """Settle the turns whose rounds have run, oldest first, telling each one's holders. A turn
+        the log could not make durable first has its holders' journals fsynced (`_fall_back`)."""
+        unsettled = self._unsettled
+        while unsettled:
+            turn = unsettled[0]
+            if not turn.done.is_set():
+                return
+            if not turn.durable and turn.holders and not turn.fallen_back:
+                if not turn.falling_back:
+                    turn.falling_back = True
+                    self.runtime.spawn(partial(self._fall_back, turn))
+                return
+            unsettled.popleft()
+            turn.settled = True
+            for holder in turn.holders:
+                if holder.last is turn:
+                    holder.journals.clear()  # every turn of the holder's is settled
+                try:
+                    holder.settled()
+                except Exception:
+                    log.exception("a holder of acknowledgements failed when told of its turn")
+
+    def _fall_back(self, turn: Turn) -> None:
+        """The log could not make the turn durable: each holder's journals are fsynced instead; a
+        holder whose journal fails too is `failed` (its replies are never sent)."""
+        try:
+            log.warning("the commit log could not take a turn; its journals are fsynced instead",
+                        error=str(turn.error))
+            for holder in turn.holders:
+                for journal, end in list(holder.journals.items()):
+                    try:
+                        journal.sync_to(end)
+                    except OSError as e:
+                        holder.failed = holder.failed or e
+                        log.error("cannot make a change durable: the commit log and its journal both "
+                                  "failed; the client's replies are withheld", file=journal.path,
+                                  error=str(e))
+        finally:
+            turn.fallen_back = True
+            self._settle()
 
     def sync(self, turn: Turn, journal: JournalWriter, journal_end: int) -> None:
-        """Return once the turn's records are on disk. Where the log could not take them (a failed
-        write or fsync of the log), `journal`'s own fsync up to `journal_end` keeps the promise.
+        """Return once the turn's records are on disk; where the calling greenlet holds its
+        acknowledgements (src/kestrel/storage/acknowledgements.py), at once, the turn telling its
+        holder when. Where the log could not take them (a failed write or fsync of the log),
+        `journal`'s own fsync up to `journal_end` keeps the promise.
 
         Raises OSError when that fails too.
         """
+        if self._group_commit is not None and not turn.settled:
+            holder = acknowledgements.holder()
+            if holder is not None:
+                last = holder.last
+                if last is not turn:
+                    turn.holders.append(holder)
+                    if last is None or turn.seq > last.seq:
+                        holder.last = turn
+                journals = holder.journals
+                if journals.get(journal, -1) < journal_end:
+                    journals[journal] = journal_end
+                return
         if not turn.done.is_set():
             turn.done.wait()
         if turn.durable:
@@ -758,6 +894,8 @@ class CommitLog:
         while (running := self._checkpointing) is not None:
             running.wait()
         self._write_turn()
+        if self._group_commit is not None:
+            self._join()  # what is gathered waits no longer: its round finds it durable
         segments, self._segments = self._segments, []
         still_open = [j.path for s in segments for j in s.journals if j.fd >= 0]
         for segment in segments:

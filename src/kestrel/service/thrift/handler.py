@@ -112,7 +112,7 @@ class ThriftConnection:
         cfg = server.config
         self.cfg = cfg
         self.peer = peer
-        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
+        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
         self.handler = ThriftHandler(self.session)
@@ -122,13 +122,16 @@ class ThriftConnection:
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
 
     def run(self) -> None:
+        self.stream.replies.hold()
         try:
-            if self.cfg.thrift_transport == "framed":
-                self._serve_framed()
-            else:
-                self._serve_buffered()
-        except ConnectionDone as e:
-            log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            try:
+                if self.cfg.thrift_transport == "framed":
+                    self._serve_framed()
+                else:
+                    self._serve_buffered()
+            except ConnectionDone as e:
+                log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            self.stream.replies.finish()
         finally:
             self.stream.close()
             self.session.close()
