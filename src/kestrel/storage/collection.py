@@ -12,6 +12,7 @@ from functools import partial
 import structlog
 
 from kestrel.storage import formats, layout
+from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
@@ -25,6 +26,7 @@ from kestrel.storage.errors import (
     QueueDamaged,
     TooManyQueues,
 )
+from kestrel.storage.expiry import ExpirySchedule
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.item import QItem, data_sizes
@@ -113,9 +115,17 @@ class QueueCollection:
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
+        # The queues changed since the governor's last tick and since the last sweep: those are
+        # what each visits, rather than every queue (src/kestrel/storage/changes.py).
+        self._changes = ChangedQueues()
+        self._expiry = ExpirySchedule(self._changes.reader())
         self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
         self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
-                                        self.ledger) if max_memory_total else None)
+                                        self.ledger, changes=self._changes.reader())
+                         if max_memory_total else None)
+        # During `load`: how many queues it found, and how many of them are still to replay (each
+        # replays under the budget, src/kestrel/storage/memory.py `admit`).
+        self._loading = self._waiting = 0
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -144,22 +154,30 @@ class QueueCollection:
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners
-        for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
+        self._loading = len(found.queues)
+        try:
+            self._load_found(found.queues)
+        finally:
+            self._loading = self._waiting = 0
+        if self.max_queues is not None and len(self._queues) > self.max_queues:
+            log.warning("more queues on disk than max_queues; no new queue can be created",
+                        queues=len(self._queues), max_queues=self.max_queues)
+
+    def _load_found(self, queues: dict[str, JournalFiles]) -> None:
+        for index, name in enumerate(sorted(queues, key=lambda n: ("+" in n, n))):
+            self._waiting = len(queues) - index - 1
             try:
                 check_queue_name(name)
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
-            formats.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
+            formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:
-                self._create(name, found.queues)
+                self._create(name, queues)
             except QueueDamaged:
                 continue  # its parent was refused (and logged)
             except CorruptJournalError as e:
                 self._refuse(name, e)
-        if self.max_queues is not None and len(self._queues) > self.max_queues:
-            log.warning("more queues on disk than max_queues; no new queue can be created",
-                        queues=len(self._queues), max_queues=self.max_queues)
 
     def _refuse(self, name: str, error: CorruptJournalError) -> None:
         self.refused[name] = error
@@ -220,6 +238,9 @@ class QueueCollection:
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
         fresh = scanned is None and owners is not None and name not in owners
+        if self.governor is not None and not fresh:
+            # What the replay may hold in memory: the budget is kept at start-up as while serving.
+            self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)
         try:
             q.setup(files=files, fresh=fresh)
         except CorruptJournalError:
@@ -234,6 +255,8 @@ class QueueCollection:
                                     f"max_queues)") from None
             raise
         self._queues[name] = q
+        q.note_changes_to(self._changes.note)
+        q.note_change()  # the background tasks look at what it loaded
         if owners is not None:
             owners.add(name)
         if self.waits_ended:
@@ -430,6 +453,8 @@ class QueueCollection:
         if q is None:
             return
         q.destroy()
+        if not q.noted:
+            q.note_change()  # the background tasks forget it
         self.queue_deletes += 1
         log.info("queue deleted", queue=name)
 
@@ -446,23 +471,17 @@ class QueueCollection:
     # Background expiry and configuration
 
     def sweep(self) -> int:
-        """Expire items from the head of every queue and delete queues past `max_queue_age`."""
-        expired = 0
-        now = self.clock.now_ms()
-        for name in self.queue_names():
-            q = self._queues.get(name)
-            if q is None:
-                continue
-            try:
-                expired += q.discard_expired(q.config.max_expire_sweep)
-            except JournalWriteError:
-                continue  # the queue logged it and is read-only; the sweep goes on with the others
-            age_limit = q.config.max_queue_age
-            if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
-                log.info("queue expired", queue=name, age_ms=now - q.create_time)
-                self.delete(name)
-                self.queue_expires += 1
-        return expired
+        """Expire the due items at the heads of the queues, and delete the empty queues past
+        `max_queue_age`: a look at the queues where something is due or that changed since the
+        last sweep (src/kestrel/storage/expiry.py). Returns the items expired."""
+        return self._expiry.sweep(self.clock.now_ms(), self._expire_queue)
+
+    def _expire_queue(self, q: PersistentQueue) -> None:
+        if self._queues.get(q.name) is not q:
+            return
+        log.info("queue expired", queue=q.name, age_ms=self.clock.now_ms() - q.create_time)
+        self.delete(q.name)
+        self.queue_expires += 1
 
     def start_sweeper(self, frequency_ms: int) -> None:
         """Run `sweep` every `frequency_ms` on the runtime's timer (0 turns it off)."""
@@ -488,6 +507,8 @@ class QueueCollection:
         self.aliases = {k: list(v) for k, v in aliases.items()}
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
+            if not q.noted:
+                q.note_change()  # its limits, ceiling and ages may have changed
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
 
     def end_waits(self) -> None:

@@ -35,13 +35,30 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFileFigures, JournalFiles
 from kestrel.storage.item import QItem, data_sizes, plain_size
-from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
 ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
+
+
+class MemoryAccount:
+    """Where a queue counts the bytes it holds in memory (its items in memory and its open reads),
+    kept as they change: a batch's bytes once as it enters or leaves memory. A queue has one of its
+    own until the collection counts it in the server's, the memory governor's ledger
+    (src/kestrel/storage/memory.py), whose `limit` is the budget and whose `make_room` pages out."""
+
+    __slots__ = ("total", "limit")
+
+    UNLIMITED = 1 << 62  # a limit that no total reaches
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.limit = MemoryAccount.UNLIMITED
+
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take `total` over `limit`."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,8 @@ class _Change:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
         queue = self.queue
+        if not queue.noted:
+            queue.note_change()
         try:
             if error is None:
                 queue._after_change()
@@ -142,7 +161,11 @@ class PersistentQueue(ABC):
         self._governed = False
         # The running total of the server's memory this queue counts its items and open reads in
         # (`count_in`): its own until the collection counts it in the server's.
-        self._ledger = MemoryLedger()
+        self._ledger = MemoryAccount()
+        # Whether a change since the collection last looked was noted (`note_changes_to`): its
+        # background work (memory governor, expiry) visits the queues that changed, not every one.
+        self.noted = True  # nothing to tell until `note_changes_to`
+        self._changed: Callable[[PersistentQueue], None] | None = None
         # At least as many as the items at the head of memory that were ever taken (aborted reads
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
         self._pushed = 0
@@ -240,6 +263,31 @@ class PersistentQueue(ABC):
         return []
 
     # -----------------------------------------------------------------------------------------
+    # What the collection's background work reads: which queues changed, when a head expires
+
+    def note_changes_to(self, changed: Callable[[PersistentQueue], None]) -> None:
+        """From now on the first change after `noted` is cleared calls `changed(self)` and sets it:
+        one attribute test a change, so that the collection's background tasks visit the queues
+        that changed rather than all of them."""
+        self._changed = changed
+        self.noted = False
+
+    def note_change(self) -> None:
+        """This queue changed (or may have: a replay, new settings) since `noted` was cleared."""
+        self.noted = True
+        if self._changed is not None:
+            self._changed(self)
+
+    def head_expiry(self) -> int:
+        """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
+        read-behind cursor holds it), so that only a look can tell. Takes no lock: under plain
+        threads the head may be another a moment later, and that change notes the queue again."""
+        try:
+            return self._mem[0].expiry
+        except IndexError:
+            return -1 if self._behind is not None else 0
+
+    # -----------------------------------------------------------------------------------------
     # Adding
 
     def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
@@ -322,6 +370,8 @@ class PersistentQueue(ABC):
         """The items `_admit` took (of `size` bytes) join the tail, old ones discarded to make room
         if the queue is set to; past `max_memory_size` they are only counted (read-behind).
         `first_id` is the first item's id (Kestrel 3: their ids follow it), or 0."""
+        if not self.noted:  # a shared write reaches each reader outside its own change
+            self.note_change()
         cfg = self.config
         if cfg.max_age:
             expiry = self._capped_expiry(now, expiry)
@@ -614,7 +664,7 @@ class PersistentQueue(ABC):
             self._waits.end()
             self._close_files()
             self._end_read_behind()
-            self.count_in(MemoryLedger())  # what it holds leaves the server's total
+            self.count_in(MemoryAccount())  # what it holds leaves the server's total
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics, for the rules above and for a format rebuilding its state
@@ -739,7 +789,7 @@ class PersistentQueue(ABC):
     def _open_bytes(self) -> int:
         return sum(len(item.data) for item in self._opens.values())
 
-    def count_in(self, ledger: MemoryLedger) -> None:
+    def count_in(self, ledger: MemoryAccount) -> None:
         """Count what this queue holds (items in memory, open reads) in `ledger` from now on,
         taking it out of the one it was counted in: the collection's, once it holds the queue."""
         with self._lock:
@@ -753,7 +803,7 @@ class PersistentQueue(ABC):
         """Around a rebuild of memory (a replay): the ledger is told the difference once, at the
         end, rather than each step (the replay moves items between memory and open reads itself)."""
         ledger = self._ledger
-        self.count_in(MemoryLedger())
+        self.count_in(MemoryAccount())
         try:
             yield
         finally:
