@@ -149,7 +149,7 @@ class QueueCollection:
         for name, error in recover_commit_log(self.path, self.clock.now_ms(), self.salvage).refused.items():
             self._refuse(name, error)
         if self._commit_log_on:
-            self.commit_log = CommitLog(self.path, self.runtime)
+            self.commit_log = self._kestrel3.commit_log = CommitLog(self.path, self.runtime)
             self.commit_log.open()
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)

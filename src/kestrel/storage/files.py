@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -248,6 +249,14 @@ def record_timing(event: str, started: float) -> None:
         observe(time.perf_counter() - started)
 
 
+class AppendLog(Protocol):
+    """A commit log's side of a file that logs its appends (`commit_log.FileLog`)."""
+
+    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None: ...
+
+    def commit(self, journal: JournalWriter) -> None: ...
+
+
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
 
@@ -269,9 +278,10 @@ class JournalWriter:
             self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
-        # Whether creating the file fsyncs its directory whatever the policy (a commit log's records
-        # may name it: src/kestrel/storage/commit_log.py); under `always` it always does.
-        self.durable_name = False
+        # The commit log this file's appends go to as well, if it logs them
+        # (src/kestrel/storage/commit_log.py): its sync policy is then kept through the log. Its
+        # records name the file, so creating it fsyncs its directory whatever the policy.
+        self.log: AppendLog | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -281,7 +291,7 @@ class JournalWriter:
             return
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if created and (self.sync_ms == 0 or self.durable_name):
+        if created and (self.sync_ms == 0 or self.log is not None):
             fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def create(self) -> None:
@@ -309,8 +319,11 @@ class JournalWriter:
         except OSError:
             self._cut_back()
             raise
+        offset = self.size
         self.size += len(data)
         record_timing("write", started)
+        if self.log is not None:
+            self.log.appended(self, offset, data)
 
     def _cut_back(self) -> None:
         """Remove whatever part of a failed append reached the file."""
@@ -323,10 +336,18 @@ class JournalWriter:
             log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
 
     def commit(self) -> None:
-        """Wait as the sync policy requires for everything appended so far."""
-        if self.sync_ms == 0:
+        """Wait as the sync policy requires for everything appended so far (through the commit
+        log, if the file logs its appends)."""
+        if self.log is not None:
+            self.log.commit(self)
+        elif self.sync_ms == 0:
             self.sync_to(self.size)
-        elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
+        else:
+            self.sync_later()
+
+    def sync_later(self) -> None:
+        """Under a periodic sync: fsync what is appended within the interval."""
+        if self.sync_ms and self._timer is None and self.synced < self.size:
             self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:

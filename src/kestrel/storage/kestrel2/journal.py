@@ -17,7 +17,7 @@ import structlog
 
 from kestrel.storage import damage, filenames, layout, manifest
 from kestrel.storage import files as journal
-from kestrel.storage.commit_log import CommitLog, Turn
+from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.files import JournalFiles, JournalWriter
 from kestrel.storage.kestrel2 import packer
@@ -85,8 +85,7 @@ class QueueJournal:
         self.rotated: Files = []  # (timestamp, path), oldest first
         self.archived_size = 0
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
-        self.commit_log = commit_log if sync_ms == 0 else None
-        self._turns: list[Turn] = []  # of the commit log, holding appends not yet waited for
+        self.commit_log = commit_log if sync_ms is not None else None
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
         # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
         self.pack_ready: packer.PackRequest | None = None
@@ -415,8 +414,8 @@ class QueueJournal:
 
     def _live_writer(self) -> JournalWriter:
         writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
-        # A new live journal's name is durable before any record of its epoch is logged.
-        writer.durable_name = self.commit_log is not None
+        if self.commit_log is not None:  # its name is durable before any record of its epoch is logged
+            writer.log = FileLog(self.commit_log, JOURNAL, self.name, self.epoch)
         return writer
 
     def write(self, data: bytes) -> None:
@@ -440,14 +439,8 @@ class QueueJournal:
             self._append(data)
 
     def _append(self, data: bytes) -> None:
-        writer = self.writer
-        assert writer is not None
-        offset = writer.size
-        writer.append(data)
-        if self.commit_log is not None:
-            turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
-            if not self._turns or self._turns[-1] is not turn:
-                self._turns.append(turn)
+        assert self.writer is not None
+        self.writer.append(data)
 
     def commit(self) -> bool:
         """Append, then wait as the sync policy says; whether the live journal is due for rotation."""
@@ -456,14 +449,7 @@ class QueueJournal:
             return False
         if self._pending:
             self.flush()
-        if self.commit_log is not None:
-            turns, self._turns = self._turns, []
-            if writer.sync_ms == 0:
-                for turn in turns:
-                    self.commit_log.sync(turn, writer, writer.size)
-                return writer.size >= self.rotate_at
-        if writer.sync_ms is not None:
-            writer.commit()
+        writer.commit()
         return writer.size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:

@@ -23,12 +23,14 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import attrgetter
 
 import structlog
 
 from kestrel.storage import damage, formats, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
+from kestrel.storage.commit_log import READER, WRITER, CommitLog, FileLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
@@ -231,6 +233,9 @@ class Kestrel3Journals:
         self.queue_path = queue_path
         self.runtime = runtime
         self.salvage = salvage  # set damage aside rather than refuse it (src/kestrel/storage/manifest.py)
+        # The server's commit log, once open: the files of a queue created under `sync_journal: always`
+        # or a periodic sync log their appends there (src/kestrel/storage/commit_log.py).
+        self.commit_log: CommitLog | None = None
         self._journals: dict[str, Kestrel3Journal] = {}
 
     def journal(self, name: str, config: QueueConfig, new: bool = False) -> Kestrel3Journal:
@@ -275,6 +280,8 @@ class Kestrel3Journal:
         if record is not None:
             gone, fresh = self._check.files(record, on_disk)
             on_disk = list_queue_files(self.queue_path, name)
+        # Whether its files log their appends is fixed here, at the queue's creation.
+        self.commit_log = owner.commit_log if config.sync_journal is not None else None
         self.writer = self._open_writer(config, new, owner.runtime)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).
@@ -305,6 +312,7 @@ class Kestrel3Journal:
         self.readers: dict[str, Kestrel3Queue] = {}
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
+        self._release_after_checkpoint = False
 
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
@@ -313,11 +321,12 @@ class Kestrel3Journal:
         """The writer journal, its files scanned. A damaged record refuses the queue naming what
         salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
         done: set[tuple[str, int]] = set()
+        logs = None if self.commit_log is None else partial(FileLog, self.commit_log, WRITER, self.name)
         while True:
             try:
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
-                                     writers=[] if new else None)
+                                     writers=[] if new else None, file_log=logs)
             except CorruptJournalError as e:
                 if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
@@ -444,29 +453,44 @@ class Kestrel3Journal:
         self.closed = True
         self.writer.close()
         self.owner.forget(self)
+        if self.commit_log is not None:
+            self.commit_log.checkpoint()  # no record in the log may outlive the files it names
         manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
         for _, path in list_queue_files(self.queue_path, self.name).writers:
             os.unlink(path)
 
     def release(self) -> None:
-        """Delete the writer files every reader has passed."""
+        """Delete the writer files every reader has passed, but none the commit log's records still
+        name: those once a checkpoint of the log has dropped them."""
         if len(self.writer.files) > 1 and not self.closed:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
-            removed = self.writer.remove_consumed_files(heads, self._deleting)
+            logged = self.commit_log.names if self.commit_log is not None else None
+            removed = self.writer.remove_consumed_files(heads, self._deleting, logged)
             for path in removed:
                 log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
             if removed:
                 self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
                                     self._unlisted())
+            if (self.commit_log is not None and not self._release_after_checkpoint
+                    and self.writer.files[0].last_id <= min(heads, default=0) and len(self.writer.files) > 1):
+                self._release_after_checkpoint = True
+                self.commit_log.after_checkpoint(self._release_again)
+
+    def _release_again(self) -> None:
+        """After a checkpoint of the commit log: delete what its records named."""
+        self._release_after_checkpoint = False
+        with self.lock:
+            self.release()
 
 
 class _ReaderFile:
     """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
 
     def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
-                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None]
-                 ) -> None:
+                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None],
+                 commit_log: CommitLog | None = None) -> None:
         self.queue_path = queue_path
+        self.commit_log = commit_log  # its appends go there too, by meaning (`commit_log.READER`)
         self.written = written  # the manifest learns of each whole write
         self.runtime = runtime
         self.queue = queue
@@ -482,7 +506,14 @@ class _ReaderFile:
             written(reader, self.entry, None)
         self.head = progress.head
         self.done = set(progress.done)
-        self.writer = JournalWriter(self.path, sync_ms, runtime)
+        self.writer = self._writer(sync_ms)
+
+    def _writer(self, sync_ms: int | None) -> JournalWriter:
+        writer = JournalWriter(self.path, sync_ms, self.runtime)
+        if self.commit_log is not None:
+            name = f"{self.queue}+{self.reader}" if self.reader else self.queue  # the reader's queue
+            writer.log = FileLog(self.commit_log, READER, name)
+        return writer
 
     def consumed(self, item_id: int) -> bool:
         return item_id <= self.head or item_id in self.done
@@ -517,7 +548,7 @@ class _ReaderFile:
         write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
         self.entry = entry
         self.head, self.done = head, set(done)
-        self.writer = JournalWriter(self.path, old.sync_ms, self.runtime)
+        self.writer = self._writer(old.sync_ms)
         self.runtime.spawn(old.close)
 
     def commit(self) -> None:
@@ -620,7 +651,8 @@ class Kestrel3Queue(PersistentQueue):
         writer = self._journal.writer
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
         self._file = _ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
-                                 start, self._journals.runtime, self._journal.checkpoint_written)
+                                 start, self._journals.runtime, self._journal.checkpoint_written,
+                                 self._journal.commit_log if self.config.sync_journal is not None else None)
         self._journal.attach(self)
         for info in writer.files:
             if info.last_id <= self._file.head:
@@ -948,6 +980,8 @@ class Kestrel3Queue(PersistentQueue):
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
+            if self._file.commit_log is not None:
+                self._file.commit_log.checkpoint()  # no record in the log may name a reader deleted
             if journal is not None:  # unlisted first: a crash before the unlink keeps the reader
                 journal.checkpoint_deleted(self.reader)
             os.unlink(self._file.path)
