@@ -95,8 +95,8 @@ def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> 
 WRITER = textwrap.dedent("""
     import sys
     from kestrel.storage import QueueCollection, QueueConfigs
-    coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
-                           commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
+    configs = QueueConfigs({"sync_journal": "always", "journal_format": sys.argv[5], "default_journal_size": "4KB"})
+    coll = QueueCollection(sys.argv[1], configs, commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
     coll.load()
     n = 0
     while True:
@@ -109,12 +109,14 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("commit_log", ["off", "on"])
 @pytest.mark.parametrize("budget", [0, 500], ids=["no-budget", "small-budget"])
 @pytest.mark.parametrize("batch", [1, 7])
-def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str,
+                                           journal_format: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget),
+                             journal_format], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     acknowledged = 0
     for line in proc.stdout:
@@ -125,7 +127,8 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: 
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), max_memory_total=budget)
+    configs = QueueConfigs({"sync_journal": "always", "journal_format": journal_format})
+    coll = QueueCollection(str(tmp_path), configs, max_memory_total=budget)
     coll.load()
     got = drain(coll, "durable")
     assert len(got) >= acknowledged

@@ -392,12 +392,14 @@ def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(t
     again.close()
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("on", [True, False], ids=["commit_log-on", "commit_log-off"])
 @pytest.mark.parametrize("keep", [0, 5])
 def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp_path: Path, on: bool,
-                                                                             keep: int) -> None:
+                                                                             keep: int, journal_format: str) -> None:
     with Disk() as disk:
-        coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200")
+        coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200",
+                          journal_format=journal_format)
         expected = []
         for n in range(60):
             coll.add("q", b"item-%02d" % n + b"." * 20)
@@ -407,7 +409,7 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
                 expected.pop(0)
         coll.queue("q").wait_for_packing()
         disk.power_cut(str(tmp_path), keep)
-        again = collection(tmp_path, on)
+        again = collection(tmp_path, on, journal_format=journal_format)
         assert drain(again, "q") == expected
         again.close()
 
@@ -773,9 +775,9 @@ class Held:
         self.told.wait()
 
 
-def gevent_collection(path: Path, fsync: Callable[[int], None], **options: Any) -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always"}), runtime=GeventWithFsyncs(fsync),
-                           commit_log=True, **options)
+def gevent_collection(path: Path, fsync: Callable[[int], None], **queue: Any) -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always", **queue}),
+                           runtime=GeventWithFsyncs(fsync), commit_log=True)
     coll.load()
     return coll
 
@@ -935,9 +937,10 @@ def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Pat
     coll.close()
 
 
-def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journal_format: str) -> None:
     with Disk() as disk:
-        coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd))
+        coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd), journal_format=journal_format)
         told: dict[str, list[bytes]] = {f"q{n}": [] for n in range(6)}
         changes = [0]
 
@@ -958,7 +961,7 @@ def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path) -> No
         disk.power_cut(str(tmp_path), keep=3)  # with changes in flight: the greenlets stop here
         expected = {name: list(items) for name, items in told.items()}
         gevent.killall(clients)
-    again = collection(tmp_path)
+    again = collection(tmp_path, journal_format=journal_format)
     for name, items in expected.items():
         got = drain(again, name)
         # What was told is there in order, then perhaps a change in flight: an add, or a remove of

@@ -225,9 +225,12 @@ def test_set_status_without_a_status_file_fails_clearly(server_factory: Any) -> 
         assert c.put("q", [b"still up"], 0) == 1
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("commit_log", ["off", "on"])
-def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any, commit_log: str) -> None:
-    srv = server_factory({"default_queue": {"sync_journal": "always"}, "commit_log": commit_log})
+def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any, commit_log: str,
+                                                    journal_format: str) -> None:
+    srv = server_factory({"default_queue": {"sync_journal": "always", "journal_format": journal_format},
+                          "commit_log": commit_log})
     acknowledged = 0
     with client(srv) as c:
         for n in range(50):
