@@ -149,8 +149,13 @@ class QueueCollection:
         for name, error in recover_commit_log(self.path, self.clock.now_ms(), self.salvage).refused.items():
             self._refuse(name, error)
         if self._commit_log_on:
-            self.commit_log = self._kestrel3.commit_log = CommitLog(self.path, self.runtime)
-            self.commit_log.open()
+            commit_log = CommitLog(self.path, self.runtime)
+            try:
+                commit_log.open()
+            except OSError as e:  # a full disk: nothing is lost, the journals fsync themselves
+                log.warning("cannot open the commit log; every journal fsyncs itself", error=str(e))
+            else:
+                self.commit_log = self._kestrel3.commit_log = commit_log
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners

@@ -718,14 +718,23 @@ class CommitLog:
         self._after_checkpoint: list[Callable[[], None]] = []
         self._timer: Timer | None = None
         self.checkpoints = 0
+        self.rounds = 0  # group commit rounds the log's turns went to
 
     def open(self) -> None:
-        """Start the first segment (the log holds none: recovery ran). Raises OSError."""
+        """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
+        segment behind."""
         os.makedirs(self.directory, exist_ok=True)
         fsync_path(self.queue_path)
         self._seq = 1
         path = os.path.join(self.directory, str(self._seq))
-        _create_segment(path)
+        try:
+            _create_segment(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):
+                _remove_directory(self.queue_path)
+            raise
         self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
         self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
 
@@ -808,6 +817,8 @@ class CommitLog:
             if self._gather_from is None:
                 self._gather_from = now
             at = min(at, self._gather_from + self._gather_seconds)
+        if at == math.inf:
+            return  # records of queues reloaded to `never`: they ride the next round, whenever
         if self._gathering is not None:
             if self._join_at <= at:
                 return  # a timer set already starts it soon enough
@@ -828,6 +839,7 @@ class CommitLog:
             return
         assert self._group_commit is not None
         self._in_flight = True
+        self.rounds += 1
         round_: Round | None = None
         for writer in {turn.segment.writer for turn in turns if turn.segment is not None}:
             round_ = self._group_commit.join(writer)  # one round: the next, whichever segments
