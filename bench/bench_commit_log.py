@@ -52,7 +52,7 @@ def run(directory: str, sync: str, logged: bool, hold: bool, items: int) -> tupl
         coll.load()
         names = [f"q{n}" for n in range(PRODUCERS)]
         for name in names:  # created (a journal and its directory entry) before the clock starts
-            coll.add(name, DATA)
+            coll.put(name, [DATA])
             coll.remove(name)
 
         def producer(name: str) -> None:
@@ -61,7 +61,7 @@ def run(directory: str, sync: str, logged: bool, hold: bool, items: int) -> tupl
             if hold:
                 acknowledgements.hold(held)
             for _ in range(items):
-                for change in (lambda: coll.add(name, DATA), lambda: coll.remove(name)):
+                for change in (lambda: coll.put(name, [DATA]), lambda: coll.remove(name)):
                     told.clear()
                     change()
                     if held.pending:  # a client waits for its reply

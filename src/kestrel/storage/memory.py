@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.queue import MemoryAccount, PersistentQueue
 from kestrel.storage.runtime import Runtime, Timer
@@ -526,8 +527,9 @@ class MemoryGovernor:
         self.memory_total = total
         self._flow_since = now
         self._released.clear()
-        log.warning("memory over budget that paging cannot release: holding and refusing puts",
-                    memory=total, max_memory_total=self.budget)
+        # From inside a put (`make_room`), which must not pause: logged after it.
+        log_later(self.runtime, log.warning, "memory over budget that paging cannot release: holding and "
+                  "refusing puts", memory=total, max_memory_total=self.budget)
 
     def admit_put(self) -> None:
         """Under flow control: wait up to `hold_ms` for it to end, then raise MemoryBudgetExceeded."""

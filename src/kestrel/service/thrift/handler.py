@@ -67,10 +67,10 @@ class ThriftHandler:
                                       auto_abort_msec or 0)
 
     def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
-                  auto_abort_msec: int | None) -> list[tuple[bytes, int, int, int | None]]:
-        """TimedItems as tuples of their fields in order; creates no queue."""
-        return self.session.get_timed_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                            auto_abort_msec or 0)
+                  auto_abort_msec: int | None) -> TakenItems:
+        """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0, create=False)
 
     def queue_names(self) -> list[str]:
         return self.session.queue_names()

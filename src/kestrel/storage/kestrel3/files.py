@@ -16,10 +16,10 @@ from itertools import takewhile
 
 import structlog
 
-from kestrel.storage import files as shared_files
-from kestrel.storage import layout, torn_tail
+from kestrel.storage import journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -29,7 +29,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.files import AppendLog, JournalWriter, fsync_path
+from kestrel.storage.journal_file import AppendLog, JournalWriter, fsync_path
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -65,7 +65,7 @@ def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
 # Reading
 
 
-class RecordReader(shared_files.BufferedFile):
+class RecordReader(journal_file.BufferedFile):
     """Reads the records of one Kestrel 3 file forward, checking its header first.
 
     Every length is checked against what the file still holds before the record is read, so a
@@ -167,7 +167,7 @@ class RecordReader(shared_files.BufferedFile):
         """Cut the torn tail off the file, keeping a copy (`.kestrel/aside/`); the copy's path."""
         queue_path = os.path.dirname(self.path)
         copy = layout.aside_path(queue_path, os.path.basename(self.path), "torn", stamp)
-        shared_files.cut_keeping_copy(self.path, self.offset, copy)
+        journal_file.cut_keeping_copy(self.path, self.offset, copy)
         return copy
 
 
@@ -294,7 +294,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        shared_files.write_all(fd, data)
+        journal_file.write_all(fd, data)
         if sync:
             os.fsync(fd)
     except OSError:
@@ -380,7 +380,7 @@ class WriterJournal:
         # Where each file's appends are logged too, by its number (src/kestrel/storage/commit_log.py)
         self.file_log = file_log
         self.files: list[WriterFile] = []
-        self._sealer = shared_files.Sealer(runtime)  # rotated files, until they are in the manifest
+        self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
@@ -430,18 +430,27 @@ class WriterJournal:
     def append(self, items: list[bytes], add_time: int, expire_time: int | None = None,
                error_count: int = 0) -> list[k3.Put]:
         """Append items under the next ids with one write, without waiting for the sync policy
-        (`commit` does); never yields. Raises OSError (nothing was appended, no id taken)."""
-        records = [k3.Put(self.tail_id + 1 + i, error_count, add_time, expire_time, data)
-                   for i, data in enumerate(items)]
-        encoded = b"".join(map(k3.encode, records))
-        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
-            self.rotate()  # never yields: no other append can take these ids meanwhile
-        assert self._writer is not None
-        self._writer.append(encoded)
-        if records:
-            self.tail_id = records[-1].id
-            self.current.first_id = self.current.first_id or records[0].id
-            self.current.last_id = records[-1].id
+        (`commit` does). Never yields: the ids are taken (the tail moved past them) before anything
+        else, and nothing until they are written can let another put run (a rotation's log line
+        waits: `src/kestrel/storage/deferred_log.py`). Raises OSError (nothing was appended, no id
+        taken)."""
+        if not items:
+            return []
+        first = self.tail_id + 1
+        self.tail_id = last = first + len(items) - 1
+        try:
+            records = [k3.Put(first + i, error_count, add_time, expire_time, data)
+                       for i, data in enumerate(items)]
+            encoded = b"".join(map(k3.encode, records))
+            if self.current.last_id and self.size + len(encoded) > self.max_file_size:
+                self.rotate()
+            assert self._writer is not None
+            self._writer.append(encoded)
+        except BaseException:
+            self.tail_id = first - 1  # nothing ran meanwhile: the ids are free again
+            raise
+        self.current.first_id = self.current.first_id or first
+        self.current.last_id = last
         return records
 
     def commit(self) -> None:
@@ -451,8 +460,8 @@ class WriterJournal:
 
     def rotate(self) -> WriterFile:
         """Start the next file (an empty file holds just the header) without yielding to other
-        greenlets; the previous one is fsynced and closed in the background, and the header reaches
-        the disk with the next commit."""
+        greenlets; the previous one is fsynced and closed in the background, the header reaches the
+        disk with the next commit, and the log line is written after."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
@@ -465,7 +474,7 @@ class WriterJournal:
         if old is not None:
             self.archived_size += old.size
             self._sealer.add(old, partial(self._seal, self.files[-2]))
-        log.info("started writer journal file", queue=self.queue, file=path)
+        log_later(self.runtime, log.info, "started writer journal file", queue=self.queue, file=path)
         return self.current
 
     def _file_writer(self, info: WriterFile) -> JournalWriter:

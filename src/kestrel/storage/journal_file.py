@@ -1,7 +1,9 @@
-"""Journal files on disk, in either format: which files a queue has (named as `filenames.py` says),
-buffered reading, appending with a sync policy, fsyncing a directory.
+"""One journal file on disk, in either format: appending with a sync policy (`JournalWriter`),
+reading through a buffer (`BufferedFile`), cutting a damaged tail off keeping a copy, fsyncing a
+file or a directory, and the timings of writes and fsyncs.
 
-The byte layouts are the codecs' (`kestrel2/codec.py`, `kestrel3/codec.py`); this module moves bytes.
+Which files a queue has is `queue_path.py`'s; the byte layouts are the codecs'
+(`kestrel2/codec.py`, `kestrel3/codec.py`): this module moves bytes.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
 
-from kestrel.storage import filenames
+from kestrel.storage.deferred_log import log_later
+from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
@@ -26,111 +28,6 @@ READ_CHUNK = 1 << 20
 # What a read-behind cursor reads at a time: it keeps the rest buffered, and hundreds of queues in
 # read-behind must not hold a megabyte each (src/kestrel/storage/memory.py counts it).
 CURSOR_CHUNK = 64 << 10
-
-
-# ---------------------------------------------------------------------------------------------
-# The files of a queue
-
-
-@dataclass
-class JournalFiles:
-    """What the queue path holds for one queue."""
-
-    rotated: list[tuple[int, str]] = field(default_factory=list)  # (timestamp, path), oldest first
-    packs: list[tuple[int, str]] = field(default_factory=list)
-    live: str | None = None
-
-    def replay_order(self) -> list[str]:
-        return [p for _, p in self.rotated] + ([self.live] if self.live else [])
-
-
-@dataclass
-class QueueDirectory:
-    """One scan of the queue path: every queue's files, and the temporaries to clean up."""
-
-    queues: dict[str, JournalFiles] = field(default_factory=dict)
-    temporaries: list[str] = field(default_factory=list)
-    owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
-
-
-@dataclass(frozen=True)
-class JournalFileFigures:
-    """One of a queue's files as an operator reads it (the admin page's list of a queue's files)."""
-
-    name: str
-    role: str  # "live journal", "rotated journal", "writer file", "reader checkpoint"
-    size: int | None  # bytes on disk now (None: deleted meanwhile, a pack or a consumed writer file)
-    manifest: str  # what the queue's manifest records of it, in words (src/kestrel/storage/manifest.py)
-
-
-def size_on_disk(path: str) -> int | None:
-    """The file's size now, or None if it is gone."""
-    try:
-        return os.path.getsize(path)
-    except FileNotFoundError:
-        return None
-
-
-def file_owner(file_name: str) -> str:
-    """The queue whose files a file name may be: the name up to its first `.` or `~` (queue names
-    hold neither). Kestrel 2's `q`, `q.<ms>`, `q.<ms>.pack`, `q~~<ms>`, Kestrel 3's `q.<n>`,
-    `q.read.<reader>` and their temporaries all belong to `q` (a Kestrel 2 fanout child's to `q+c`)."""
-    end = len(file_name)
-    for mark in ".~":
-        at = file_name.find(mark)
-        if 0 <= at < end:
-            end = at
-    return file_name[:end]
-
-
-def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
-    """Read the queue path once (start-up stays linear in the number of files).
-
-    With `prefix`, only files whose names start with it are looked at (one queue's files).
-    """
-    found = QueueDirectory()
-    for entry in os.scandir(queue_path):
-        if not entry.name.startswith(prefix) or not entry.is_file():
-            continue
-        found.owners.add(file_owner(entry.name))
-        if filenames.is_temporary(entry.name):
-            found.temporaries.append(entry.path)
-            continue
-        parsed = filenames.parse_journal_name(entry.name)
-        if parsed is not None:
-            kind, name, ts = parsed
-            files = found.queues.setdefault(name, JournalFiles())
-            if kind == "live":
-                files.live = entry.path
-            else:
-                (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
-    for files in found.queues.values():
-        files.rotated.sort()
-        files.packs.sort()
-    return found
-
-
-def list_journal_files(queue_path: str, name: str) -> JournalFiles:
-    """The files of one queue (a queue created after start-up, or deleted)."""
-    return scan_queue_dir(queue_path, name).queues.get(name, JournalFiles())
-
-
-
-
-
-
-def remove_temporaries(queue_path: str, name: str) -> None:
-    """Delete one queue's `~~` temporaries."""
-    prefix = filenames.temporary_prefix(name)
-    delete_temporaries([e.path for e in os.scandir(queue_path) if e.is_file() and e.name.startswith(prefix)])
-
-
-def delete_temporaries(paths: list[str]) -> None:
-    """Delete `~~` temporaries (half-written packs) left by a crash."""
-    for path in paths:
-        log.info("removing temporary journal file", file=path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -175,6 +72,17 @@ def cut_keeping_copy(path: str, offset: int, copy: str) -> str:
     copy_from(path, offset, copy)
     os.truncate(path, offset)
     return copy
+
+
+def check_writable(path: str) -> None:
+    """Raise JournalNotWritable if the file at `path` exists and cannot be opened for appending:
+    start-up finds it, rather than every change (a queue's files are opened by its first change)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise JournalNotWritable(path, e) from None
 
 
 def fsync_path(path: str) -> None:
@@ -304,7 +212,8 @@ class JournalWriter:
             fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
-        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
+        (what it logs is written after: `src/kestrel/storage/deferred_log.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
@@ -330,10 +239,11 @@ class JournalWriter:
         try:
             if os.fstat(self.fd).st_size != self.size:
                 os.ftruncate(self.fd, self.size)
-        except OSError:
+        except OSError as e:
             # Appending after the partial record would corrupt the journal: refuse from now on.
             self.damaged = True
-            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
+            log_later(self.runtime, log.error, "cannot cut a failed append off the journal", file=self.path,
+                      size=self.size, exc_info=e)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far (through the commit
