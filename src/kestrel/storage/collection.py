@@ -130,8 +130,12 @@ class QueueCollection:
             commit_log = CommitLog(self.path, self.runtime)
             try:
                 commit_log.open()
-            except OSError as e:  # a full disk: nothing is lost, the journals fsync themselves
-                log.warning("cannot open the commit log; every journal fsyncs itself", error=str(e))
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: nothing is lost, the journals fsync themselves.
+                log.warning("cannot open the commit log: the disk is full; every journal fsyncs itself",
+                            error=str(e))
             else:
                 self.commit_log = self._kestrel3.commit_log = commit_log
         found = scan_queue_dir(self.path)

@@ -293,6 +293,9 @@ class QueueJournal:
             entry = record.files.get(os.path.basename(path))
             if ts < min(missing) or (entry is not None and entry.pack):
                 continue
+            placed = record.files.get(filenames.pack_name(self.name, ts))
+            if placed is not None and manifest.mismatch(path, placed) is None:
+                continue  # the pack it lists as being put in place, renamed before the manifest heard
             if (entry is None or manifest.mismatch(path, entry) is not None) and packer.is_our_pack(path):
                 return ts, path
         return None
