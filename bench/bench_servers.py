@@ -14,8 +14,8 @@ server whatever else the machine is doing, where items/s also depends on how muc
   and LPOP with a count, against 100 pipelined single-item Redis commands, and against 100
   pipelined beanstalkd commands (it has no batch command); memcache pipelined against memcached.
 - durability: 16 clients, one item per put, an fsync before every acknowledgement: our
-  `sync_journal: always`, with `commit_log` off and on (run by run in turn), against beanstalkd -f0
-  and Redis appendfsync always.
+  `sync_journal: always`, with `commit_log` off and on (the default; run by run in turn), against
+  beanstalkd -f0 and Redis appendfsync always.
 - latency: one client, one item per request, with and without fsync (and the commit log).
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]

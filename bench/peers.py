@@ -72,7 +72,7 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 
 @contextlib.contextmanager
-def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: bool = False,
+def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool = False,
             prepare: Callable[[Path], None] | None = None) -> Iterator[Running]:
     """This checkout's server with the Thrift and memcache ports open (and the admin port with
     `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it starts."""
