@@ -453,7 +453,7 @@ def test_sigkill_amid_kestrel3_rotations_beside_kestrel2_packs_loses_nothing(ser
             t.join(15)
     assert srv.log().count("started writer journal file") > 10
     srv.start()
-    assert "QUEUE REFUSED" not in srv.log()
+    assert "QUEUE REFUSED" not in srv.log(), [line for line in srv.log().splitlines() if "REFUSED" in line]
     for queue in ("jobs", "packed"):
         with client(srv) as c:
             left = [i.data for i in c.get(queue, 100_000, 0, 0)]

@@ -187,9 +187,12 @@ def test_an_installed_wheel_serves_both_formats_without_register(server: ServerP
     need_java()
     installed = tmp_path / "installed"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", str(installed), str(build_wheel(tmp_path))],
+                           "--target", str(installed), str(build_wheel(tmp_path, pure=True))],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    # The pure build KESTREL_PURE_PYTHON=1 asks for: nothing of the request path compiled.
+    assert not list(installed.glob("kestrel__mypyc*")) and not list((installed / "kestrel" / "service").glob(
+        "turns.*.so")), sorted(p.name for p in installed.rglob("*.so"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     elsewhere = tmp_path / "elsewhere"

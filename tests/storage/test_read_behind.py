@@ -153,37 +153,6 @@ def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, s
     assert not [n for n in names if n.endswith(".pack") or ("~~" in n and "~~manifest" not in n)]
 
 
-def test_a_process_stopped_once_a_pack_has_its_final_name_loads_without_refusal(tmp_path: Path) -> None:
-    """The pack has replaced journals the manifest lists (the journal at its own stamp among them,
-    sealed long before) and has its final name, and the manifest has not yet been told: the next
-    start takes it for the pack the manifest lists as being put in place, not for one it never saw."""
-    coll = make(tmp_path)
-    q = coll.queue("q")
-    count = 8 * BUDGET // len(item(0))
-    for n in range(count):
-        coll.put("q", [item(n)])
-    stopped = []
-
-    def stop(name: str) -> None:
-        if name == "renamed" and not stopped:
-            stopped.append(name)
-            raise OSError("the process stops here")
-
-    packer.failpoint = stop
-    try:
-        got = []
-        while not stopped and (it := one(coll.remove("q"))) is not None:
-            got.append(it.data)
-            q.wait_for_packing()
-    finally:
-        packer.failpoint = None
-    assert stopped
-    again = QueueCollection(coll.path, coll.configs, clock=coll.clock)
-    again.load()
-    assert again.refused == {}
-    assert drain(again, "q") == [item(n) for n in range(len(got), count)]
-
-
 def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path) -> None:
     """A model check over many rotations and packs, with restarts in between."""
     rnd = random.Random(7)

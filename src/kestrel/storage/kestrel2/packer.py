@@ -130,7 +130,6 @@ def write_pack(req: PackRequest, dead_files: list[str],
     _step("rename-final")
     os.rename(pack, final)
     fsync_path(req.queue_path)
-    _step("renamed")  # in place, the manifest not yet told
     if finished is not None:
         finished(pack, final, dead_files, total, crc)
     log.info("packed journal", queue=req.name, file=final, items=len(req.items),
