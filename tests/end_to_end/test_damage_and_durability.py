@@ -349,7 +349,7 @@ CHURN = textwrap.dedent("""
     import sys
     from kestrel.storage import QueueCollection, QueueConfigs
     fmt = sys.argv[2]
-    q = {"journal_format": fmt, "sync_journal": "always", "max_memory_size": 3000,
+    q = {"journal_format": fmt, "sync_journal": sys.argv[3], "max_memory_size": 3000,
          "default_journal_size": 2000, "max_journal_size": 12000}
     coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}))
     coll.load()
@@ -369,15 +369,17 @@ CHURN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("sync", ["always", "20ms"])
 @pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("lines", [300, 1500, 4000])
 def test_sigkill_amid_rotations_packs_and_checkpoint_rewrites_loads_without_refusal(
-        tmp_path: Path, fmt: str, lines: int) -> None:
+        tmp_path: Path, fmt: str, lines: int, sync: str) -> None:
     """Wherever a kill stops the manifest's and the files' changes, start-up (without salvage)
     refuses nothing: the queue holds a run of items from the first not consumed on, every
     acknowledged one included, and none whose removal was acknowledged (removes not read before
-    the kill may have consumed a few more)."""
-    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt],
+    the kill may have consumed a few more). The commit log is on (the default), under `always` and
+    under a periodic sync."""
+    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt, sync],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None  # the progress; the log goes to stdout
     added, removed, seen = 0, set(), 0
