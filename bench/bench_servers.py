@@ -83,13 +83,16 @@ class Bench:
         return best
 
     def alternate(self, protocol: str, servers: dict[str, peers.Running], port: str, prefix: str,
-                  fsyncs: bool = False, **options: Any) -> dict[str, Measured | None]:
+                  fsyncs: bool = False, others: dict[str, tuple[str, peers.Running, str]] | None = None,
+                  **options: Any) -> dict[str, Measured | None]:
         """`measure` on each server, the servers taking turns run by run, so that all of them see
-        the machine alike (our builds, or our settings)."""
-        best: dict[str, Measured | None] = dict.fromkeys(servers)
+        the machine alike (our builds, or our settings); `others` (label: protocol, server, port)
+        take their turns too, peers spoken to in their own protocols."""
+        turns = {label: (protocol, server, port) for label, server in servers.items()} | (others or {})
+        best: dict[str, Measured | None] = dict.fromkeys(turns)
         for attempt in range(self.repeat):
-            for n, (label, server) in enumerate(servers.items()):  # queue names from the server's place
-                run = self._run(protocol, server, port, f"{prefix}{n}x{attempt}_", fsyncs, **options)
+            for n, (label, (spoken, server, at)) in enumerate(turns.items()):  # queue names by place
+                run = self._run(spoken, server, at, f"{prefix}{n}x{attempt}_", fsyncs, **options)
                 kept = best[label]
                 if run is not None and (kept is None or run.items_per_s > kept.items_per_s):
                     best[label] = run
@@ -197,9 +200,11 @@ def durability(bench: Bench, work: Path) -> None:
         # Settings and builds take turns run by run, so that all of them see the disk and the machine alike.
         servers = {**{f"{build}, `commit_log: off`": server for build, server in off.items()},
                    **{f"{build}, `commit_log: on`": server for build, server in on.items()}}
-        measured = bench.alternate("thrift", servers, "thrift", "durable", fsyncs=True, clients=16)
-        beans = bench.measure("beanstalk", bean, "beanstalk", "durable", fsyncs=True, clients=16)
-        redis = bench.measure("redis", red, "redis", "durable", fsyncs=True, clients=16)
+        # The peers take their turns among ours: the disk is shared, and its speed drifts by the minute.
+        measured = bench.alternate("thrift", servers, "thrift", "durable", fsyncs=True, clients=16,
+                                   others={"beanstalkd": ("beanstalk", bean, "beanstalk"),
+                                           "redis": ("redis", red, "redis")})
+        beans, redis = measured.pop("beanstalkd"), measured.pop("redis")
         rows("Thrift put + get, `sync_journal: always`", measured, "beanstalkd -f0", beans)
         rows("Thrift put + get, `sync_journal: always`", measured, "Redis appendfsync always", redis)
 
