@@ -139,3 +139,36 @@ def test_hold_is_per_greenlet(pair: Any) -> None:
 
     assert gevent.spawn(connection).get() is replies.acks
     assert gevent.spawn(acknowledgements.holder).get() is None  # another greenlet holds nothing
+
+
+@pytest.mark.parametrize("protocol", ["memcache", "thrift"])
+def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(tmp_path: Any, protocol: str) -> None:
+    """A connection served in a greenlet that lives on (an embedding, a benchmark) gives the holder
+    back when it ends: later changes made there wait for the disk again, as a library caller's do."""
+    from kestrel.service.config import from_mapping
+    from kestrel.service.memcache.handler import MemcacheConnection
+    from kestrel.service.session.server_state import ServerState
+    from kestrel.service.thrift.handler import ThriftConnection
+    from tests.support.thrift_wire import encode_call, framed
+
+    server = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
+    server.collection.load()
+    ours, theirs = gevent.socket.socketpair()
+    if protocol == "memcache":
+        connection: Any = MemcacheConnection(server, ours, "test")
+        theirs.sendall(b"set q 0 0 1\r\nx\r\n")
+    else:
+        connection = ThriftConnection(server, ours, "test")
+        theirs.sendall(framed(encode_call("binary", "put", queue_name="q", items=[b"x"], expiration_msec=0)))
+    theirs.shutdown(socket.SHUT_WR)
+
+    def serve() -> object:
+        connection.run()
+        return acknowledgements.holder()
+
+    try:
+        assert gevent.spawn(serve).get(timeout=STALL_S) is None
+        assert theirs.recv(4096)  # the reply went out once its change was durable
+    finally:
+        theirs.close()
+        server.collection.close()

@@ -112,6 +112,7 @@ class BufferedConnection:
         except ClientGone:
             pass
         finally:
+            self.replies.release()
             self.io.close()
             self.session.close()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 from collections import deque
+from contextvars import Token
 
 import gevent
 import gevent.event
@@ -35,10 +36,10 @@ class Replies:
     """The replies of one connection: sent at once when nothing holds them, else held in order.
 
     `hold` is called in the connection's greenlet before it serves requests; `finish` when it ends,
-    to wait until what it holds has gone out (or can never go).
+    to wait until what it holds has gone out (or can never go), and `release` last.
     """
 
-    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "cut_off")
+    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "cut_off", "_holding")
 
     def __init__(self, io: ClientSocket, stats: ServerStats, peer: str = "") -> None:
         self.io = io
@@ -49,11 +50,18 @@ class Replies:
         self._sending = False  # a send waits for room: later replies queue behind it
         self._idle: gevent.event.Event | None = None  # `finish` waits on it
         self.cut_off = False  # a reply could not be made durable or sent: nothing more goes out
+        self._holding: Token[Acknowledgements | None] | None = None
 
     def hold(self) -> None:
         """Changes made from now on in the calling greenlet (the connection's) do not wait for the
-        disk; their replies wait here instead."""
-        acknowledgements.hold(self.acks)
+        disk; their replies wait here instead (until `release`)."""
+        self._holding = acknowledgements.hold(self.acks)
+
+    def release(self) -> None:
+        """The connection has ended: changes in its greenlet wait for the disk again."""
+        holding, self._holding = self._holding, None
+        if holding is not None:
+            acknowledgements.release(holding)
 
     def send(self, data: bytes) -> None:
         """Send `data` after every earlier reply, once the changes made so far are durable: at once

@@ -17,7 +17,7 @@ one without a change of its own waits behind it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Protocol
 
 
@@ -67,10 +67,18 @@ class Acknowledgements:
 _HOLDER: ContextVar[Acknowledgements | None] = ContextVar("kestrel_acknowledgements", default=None)
 
 
-def hold(acknowledgements: Acknowledgements) -> None:
+def hold(acknowledgements: Acknowledgements) -> Token[Acknowledgements | None]:
     """From now on, changes made in the calling greenlet (each has a context of its own) do not wait
-    for the disk: `acknowledgements` is told when they are durable."""
-    _HOLDER.set(acknowledgements)
+    for the disk: `acknowledgements` is told when they are durable, until `release` with the token
+    returned."""
+    return _HOLDER.set(acknowledgements)
+
+
+def release(token: Token[Acknowledgements | None]) -> None:
+    """In the calling greenlet, which `hold` returned `token` to, changes wait for the disk again
+    (or go to the holder before): a connection served in a greenlet that lives on after it leaves
+    no holder behind, whose replies would never be read."""
+    _HOLDER.reset(token)
 
 
 def holder() -> Acknowledgements | None:

@@ -133,6 +133,7 @@ class ThriftConnection:
                 log.warning("closing thrift connection", client=self.peer, reason=str(e))
             self.stream.replies.finish()
         finally:
+            self.stream.replies.release()
             self.stream.close()
             self.session.close()
 
