@@ -138,6 +138,19 @@ class Server:
         check_count(auto_abort_ms, "auto_abort_ms", what)
         return list(self.call(method, queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
 
+    def peek_items(self, queue: str, first: int = 0, max_items: int = 1) -> Any:
+        """Up to `max_items` items from position `first` on, left where they are: an ItemsAt
+        (`opened_at`, `head`, `items`, `after`, `shown`: TimedItems). Nothing is opened or counted,
+        so a look is no delivery; only items the server holds in memory are shown (`after` stops
+        where the rest is on disk); a queue the server does not hold is not created. A call
+        Kestrel's own servers lack."""
+        what = f"peek_items of {queue!r}"
+        check_queue(queue, what)
+        check_count(max_items, "max_items", what)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise TypeError(f"{what}: first must be an int, got {type(first).__name__}")
+        return self.call("peek_items", queue, first, max_items)
+
     def queue_names(self) -> list[str]:
         """The queues the server holds (aliases not); creates nothing. A call Kestrel's servers lack."""
         return list(self.call("queue_names"))

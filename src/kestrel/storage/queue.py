@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count as count_from
-from itertools import repeat, starmap
+from itertools import islice, repeat, starmap
 from typing import Protocol
 
 import structlog
@@ -33,7 +33,7 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import ItemTooLarge, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFiles
-from kestrel.storage.item import QItem, data_sizes, plain_size
+from kestrel.storage.item import LookedItems, QItem, data_sizes, plain_size
 from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
@@ -419,6 +419,26 @@ class PersistentQueue(ABC):
             if not mem and self._behind is not None:
                 self._fill()
             return mem[0] if mem else None
+
+    def look(self, first: int, count: int) -> LookedItems:
+        """Up to `count` items from position `first` on (from the head, if that is past it), left
+        where they are: nothing is taken, opened, counted or journaled, so a look is not a delivery
+        and moves no error count towards `max_errors`. Expired items are left out, as a get would.
+
+        The head's position is how many items have left the head since the queue was opened, less
+        those put back: `total_items - length`, the figure the memory governor reads as items out.
+        Only items held in memory are shown: `after` stops where read-behind keeps the rest on disk.
+        """
+        with self._lock:
+            if self.closed:
+                raise QueueClosed(f"queue {self.name!r} is closed")
+            head = self.total_items - self.length
+            start = max(first - head, 0)
+            mem = self._mem
+            end = min(start + max(count, 0), len(mem)) if start < len(mem) else start
+            now = self.clock.now_ms()
+            shown = [item for item in islice(mem, start, end) if not item.expiry or item.expiry > now]
+            return LookedItems(self.create_time, head, self.length, head + end, shown)
 
     def discard_expired(self, limit: int | None = None) -> int:
         """Drop expired items from the head (at most `limit`); the sweeper calls this.
