@@ -158,10 +158,69 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
     # other server showed goes back (at once, or after autoAbortMs if Spark killed its task midway).
     gone = f"127.0.0.1:{free_port()}"
     partial = spark.read.format("kestrel").option("servers", f"{address(b)},{gone}").option("queue", "keep") \
-        .option("autoAbortMs", 1000).load()
+        .load()
     with pytest.raises(Exception, match=f"server {gone} could not list its queues"):
         partial.count()
-    wait_until(lambda: waiting(b, "keep") == (800, 0), "800 items back on the queue")
+    assert waiting(b, "keep") == (800, 0)
+
+
+def queue_stats(srv: ServerProcess, queue: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json", timeout=5) as r:
+        return dict(json.load(r)["queues"][queue])
+
+
+POISON_QUEUES = {"queues": {
+    "k2": {"max_errors": 2},  # poison dropped
+    "k3": {"max_errors": 2, "error_queue": "k3_failed", "journal_format": "kestrel3"},
+}}
+
+
+def test_batch_reads_never_destroy_items_of_queues_with_poison_settings(spark: Any, server_factory: Any) -> None:
+    srv = server_factory(POISON_QUEUES)
+    for queue in ("k2", "k3"):
+        put(srv, queue, [b"%s-%d" % (queue.encode(), i) for i in range(50)])
+    before = {queue: queue_stats(srv, queue) for queue in ("k2", "k3")}
+    df = spark.read.format("kestrel").option("servers", address(srv)).option("queue", "k2,k3").load()
+    for _ in range(3):  # each item looked at more often than max_errors
+        df.show(2)
+        assert df.count() == 100
+    assert sorted(r.data for r in df.collect()) == sorted(b"%s-%d" % (q, i) for q in (b"k2", b"k3")
+                                                          for i in range(50))
+    after = {queue: queue_stats(srv, queue) for queue in ("k2", "k3")}
+    for queue in ("k2", "k3"):  # no counter moved: a look is no delivery
+        assert after[queue] == before[queue], (queue, before[queue], after[queue])
+    assert queue_names(srv) == ["k2", "k3"]  # nothing poisoned into the error queue
+    assert take_all(srv, "k2") == [b"k2-%d" % i for i in range(50)]  # and in their order
+    assert take_all(srv, "k3") == [b"k3-%d" % i for i in range(50)]
+
+
+def test_batch_read_takes_the_whole_queue_or_refuses_naming_max_items(spark: Any, server: ServerProcess) -> None:
+    put(server, "deep", [b"%d" % i for i in range(25_000)])
+    df = spark.read.format("kestrel").option("servers", address(server)).option("queue", "deep").load()
+    assert df.count() == 25_000
+    assert df.rdd.getNumPartitions() == 3  # itemsPerPartition, 10,000
+    assert df.select("data").distinct().count() == 25_000
+    capped = spark.read.format("kestrel").option("servers", address(server)).option("queue", "deep") \
+        .option("maxItems", 10_000).load()
+    with pytest.raises(Exception, match="the queues hold 25,000 items, more than maxItems \\(10,000\\): raise "
+                                        "maxItems, or leave it out"):
+        capped.count()
+    assert waiting(server, "deep") == (25_000, 0)
+
+
+def test_batch_read_by_pattern_reads_the_queues_it_matches(spark: Any, server_factory: Any) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "prod-1", [b"a1"])
+    put(b, "prod-2", [b"b2"])
+    put(b, "test-1", [b"t"])
+    c = client(b)
+    c.peek("prod-2+audit")  # a fanout child: a reader of prod-2, not a queue the pattern matches
+    c.close()
+    read = spark.read.format("kestrel").option("servers", address(a, b))
+    rows = read.option("queue", "prod-*").load().collect()
+    assert sorted((r.queue, r.data) for r in rows) == [("prod-1", b"a1"), ("prod-2", b"b2")]
+    with pytest.raises(Exception, match="no server holds queue 'stage-\\*'"):
+        read.option("queue", "prod-*,stage-*").load().collect()
 
 
 def queue_names(srv: ServerProcess) -> list[str]:

@@ -49,10 +49,15 @@ def parse_servers(text: str | None) -> list[str]:
     return out
 
 
+def connect(address: str, max_idle: int = 8) -> Server:
+    """A client of one server of the `servers` option (connections opened as calls need them)."""
+    host, port = parse_address(address)
+    return Server(host, port, max_idle=max_idle)
+
+
 def fresh_connections(address: str) -> Server:
     """A Server that opens a new connection for every call (it keeps none idle)."""
-    host, port = parse_address(address)
-    return Server(host, port, max_idle=0)
+    return connect(address, max_idle=0)
 
 
 RETRY_S = 1.0  # a server that failed a call is asked again no sooner (a stream plans every few ms)
