@@ -219,7 +219,7 @@ class Server:
                 if reused and attempt == 1 and not isinstance(e, socket.timeout):
                     continue  # an idle connection the server closed: say it again on a new one
                 self.down_until = time.monotonic() + self.retry_after
-                raise ServerUnavailable(self.address, f"{method} failed: {e!r}") from e
+                raise ServerUnavailable(self.address, f"{method} failed: {e!r}", maybe_done=True) from e
             except BaseException:
                 conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
                 raise
