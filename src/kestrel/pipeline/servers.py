@@ -9,6 +9,8 @@ What is the pipeline's own:
 - `take_open_reads`: a server caps the open reads of one connection on one queue
   (`max_open_reads`), and Thrift open reads outlive their connection, so each `get` of a fetch goes
   over a connection of its own.
+
+Every call's time-out is the stream's `timeoutMs` (or the client's default for a batch read).
 """
 
 from __future__ import annotations
@@ -49,15 +51,12 @@ def parse_servers(text: str | None) -> list[str]:
     return out
 
 
-def connect(address: str, max_idle: int = 8) -> Server:
-    """A client of one server of the `servers` option (connections opened as calls need them)."""
+def connect(address: str, timeout_ms: int = 10_000, max_idle: int = 8) -> Server:
+    """A client of one server of the `servers` option (connections opened as calls need them), each
+    call failing after `timeout_ms` without an answer (connecting: at most 2 s of it)."""
     host, port = parse_address(address)
-    return Server(host, port, max_idle=max_idle)
-
-
-def fresh_connections(address: str) -> Server:
-    """A Server that opens a new connection for every call (it keeps none idle)."""
-    return connect(address, max_idle=0)
+    return Server(host, port, timeout_ms=timeout_ms, connect_timeout_ms=min(timeout_ms, 2000),
+                  max_idle=max_idle)
 
 
 RETRY_S = 1.0  # a server that failed a call is asked again no sooner (a stream plans every few ms)
@@ -90,11 +89,16 @@ class Reachability:
         down = self.down.get(server)
         return down is None or self.clock() >= down.retry_at
 
-    def failed(self, server: str, call: str, error: BaseException) -> None:
+    def is_down(self, server: str) -> bool:
+        return server in self.down
+
+    def failed(self, server: str, call: str, error: BaseException, started: float | None = None) -> None:
+        """`call` to `server` failed; `started` (monotonic) is when it was sent, where the outage
+        began at the latest (a call that times out is reported only when its time is up)."""
         now = self.clock()
         down = self.down.get(server)
         if down is None:
-            self.down[server] = _Down(now, now + RETRY_S, now, 1, str(error))
+            self.down[server] = _Down(now if started is None else started, now + RETRY_S, now, 1, str(error))
             log.warning("server unreachable; going on without it, asking again every second",
                         server=server, call=call, error=str(error))
             return
@@ -133,12 +137,12 @@ class TakenReads:
     failure: KestrelClientError | None = None
 
 
-def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> TakenReads:
+def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int, timeout_ms: int) -> TakenReads:
     """Up to `quota` items as open reads with their times, without waiting, each `get_timed` over a
     new connection (it creates no queue), until the quota is met or the queue is empty. A server
     that fails or refuses ends the fetch early with what was taken so far; the caller decides what
     that failure means."""
-    server = fresh_connections(address)
+    server = connect(address, timeout_ms, max_idle=0)
     taken = TakenReads()
     while len(taken.ids) < quota:
         try:
