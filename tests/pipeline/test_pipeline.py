@@ -26,7 +26,7 @@ from thriftpy2.rpc import make_client  # noqa: E402
 from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
-from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
+from tests.conftest import ROOT, STALL_S, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.support.installs import ensure_debian_package  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
@@ -613,29 +613,36 @@ def write(df, batch_id):
     sink(df, batch_id)
     if batch_id == 1:  # written, never committed: the test kills this driver here
         threading.Event().wait()
-(spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
- .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 20000)
- .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
- .awaitTermination())
+reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
+          .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400))
+for key, value in json.loads(sys.argv[5]).items():
+    reader = reader.option(key, value)
+reader.load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start().awaitTermination()
 """
 
 
-def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+def killed_driver(srv: ServerProcess, tmp_path: Path, **options: Any) -> None:
+    """Run DRIVER in a process of its own until it has written batch 1, then kill it, its JVM and its
+    workers: batch 1 is fetched and logged, its reads open, never committed."""
     import signal
     import subprocess
 
+    settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(srv), str(tmp_path / "cp"),
+                               str(tmp_path / "out"), json.dumps(settings), json.dumps(options)],
+                              cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (tmp_path / "out" / "1").exists(), "the driver to write batch 1", timeout=180)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+
+def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
     items = {b"e%d" % i for i in range(1200)}
     put(server, "events", sorted(items))
     cp, out = tmp_path / "cp", tmp_path / "out"
-    settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out), json.dumps(settings)],
-                              cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: (out / "1").exists(), "the driver to write batch 1", timeout=180)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
-        driver.wait()
-
+    killed_driver(server, tmp_path, autoAbortMs=20_000)
     sink = BatchFiles(out)
     query = stream(spark, address(server), cp, maxItemsPerTrigger=400, autoAbortMs=20_000).writeStream \
         .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
@@ -647,6 +654,26 @@ def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerPr
     print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
     assert sorted(rows) == sorted(items)  # every item exactly once
     assert waiting(server, "events") == (0, 0)
+
+
+@pytest.mark.slow
+def test_a_driver_restarted_a_minute_and_more_later_duplicates_nothing_by_default(
+        spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(1200)}
+    put(server, "events", sorted(items))
+    cp, out = tmp_path / "cp", tmp_path / "out"
+    killed_driver(server, tmp_path)  # the stream's defaults
+    time.sleep(65)  # real time: an ordinary restart of a driver on a cluster takes a minute and more
+    sink = BatchFiles(out)
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=400).writeStream.foreachBatch(sink) \
+        .option("checkpointLocation", str(cp)).start()
+    try:
+        drained(query, server, timeout=120)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert sorted(rows) == sorted(items)  # every item exactly once: batch 1's reads were still open
+    assert returned(cp) == 0
 
 
 def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server: ServerProcess,
@@ -744,6 +771,104 @@ def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: 
     assert duplicates == returned(cp) == 300
     assert not list(cp.glob("kestrel/*/1"))  # the retried confirm was answered and the batch forgotten
     assert waiting(server, "events") == (0, 0)
+
+
+def test_progress_reports_each_queues_depth_and_the_last_batch(spark: Any, server_factory: Any,
+                                                               tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "events", [b"a%d" % i for i in range(500)])
+    put(b, "events", [b"b%d" % i for i in range(300)])
+    cp = tmp_path / "cp"
+    sink = Sink()
+    query = stream(spark, address(a, b), cp, maxItemsPerTrigger=200).writeStream.queryName("kestrel-events") \
+        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    try:
+        query.processAllAvailable()
+        wait_until(lambda: waiting(a, "events") == (0, 0) and waiting(b, "events") == (0, 0), "every item confirmed")
+        query.processAllAvailable()
+        reports = [json.loads(p.sources[0].latestOffset) for p in query.recentProgress
+                   if p.sources and p.sources[0].latestOffset not in (None, "null")]
+    finally:
+        query.stop()
+    assert query.name == "kestrel-events"  # what the Spark UI lists the query by
+    assert reports[0]["waiting"] == {address(a): {"events": 500}, address(b): {"events": 300}}  # the lag
+    lags = [sum(n for queues in r["waiting"].values() for n in queues.values()) for r in reports]
+    assert lags == sorted(lags, reverse=True) and lags[-1] <= 200  # shrinking by at most a batch each time
+    assert all(r["down"] == [] for r in reports)
+    batches = [r["lastBatch"] for r in reports if "lastBatch" in r]
+    assert batches and all(r["items"] <= 200 and r["fetchMs"] >= 0 for r in batches)
+    assert sum({r["batch"]: r["items"] for r in batches}.values()) <= 800 and len(sink.rows()) == 800
+
+
+def test_two_readers_each_see_every_item_as_consumer_groups_do(spark: Any, server: ServerProcess,
+                                                               tmp_path: Path) -> None:
+    sinks = {"billing": Sink(), "audit": Sink()}
+    queries = [stream(spark, address(server), tmp_path / name, reader=name).writeStream.foreachBatch(sink)
+               .option("checkpointLocation", str(tmp_path / name)).start() for name, sink in sinks.items()]
+    try:
+        for query in queries:
+            query.processAllAvailable()  # each creates its reader: events+billing, events+audit
+        assert queue_names(server) == ["events", "events+audit", "events+billing"]
+        items = [b"e%d" % i for i in range(300)]
+        put(server, "events", items)
+        for name, query in zip(sinks, queries, strict=True):
+            wait_until(lambda: (query.processAllAvailable(), waiting(server, f"events+{name}"))[1] == (0, 0),  # noqa: B023
+                       f"reader {name} to take every item")
+            query.processAllAvailable()
+    finally:
+        for query in queries:
+            query.stop()
+    assert sorted(sinks["billing"].rows()) == sorted(items) == sorted(sinks["audit"].rows())
+    assert waiting(server, "events") == (300, 0)  # the queue itself keeps its own copy, for its own readers
+
+
+def test_a_pattern_stream_takes_up_queues_that_appear_between_batches(spark: Any, server: ServerProcess,
+                                                                      tmp_path: Path) -> None:
+    put(server, "orders-eu", [b"eu%d" % i for i in range(100)])
+    put(server, "other", [b"x"])
+    sink = Sink()
+    query = stream(spark, address(server), tmp_path / "cp", queue="orders-*").writeStream.foreachBatch(sink) \
+        .option("checkpointLocation", str(tmp_path / "cp")).start()
+    try:
+        query.processAllAvailable()
+        put(server, "orders-us", [b"us%d" % i for i in range(50)])  # a new queue the pattern matches
+        wait_until(lambda: (query.processAllAvailable(), len(sink.rows()))[1] == 150, "the new queue's items")
+    finally:
+        query.stop()
+    assert sorted(sink.rows()) == sorted([b"eu%d" % i for i in range(100)] + [b"us%d" % i for i in range(50)])
+    assert waiting(server, "other") == (1, 0)
+    assert waiting(server, "orders-eu") == (0, 0) and waiting(server, "orders-us") == (0, 0)
+
+
+def test_a_frozen_server_stalls_no_batch_after_the_first_and_an_all_frozen_cluster_fails_in_time(
+        spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    import signal
+
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(b, "events", [b"never"])
+    assert a.proc is not None and b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)  # frozen: connections are accepted, nothing is answered
+    sink = Sink()
+    cp = tmp_path / "cp"
+    query = stream(spark, address(a, b), cp, timeoutMs=1000, unreachableTimeoutMs=4000).writeStream \
+        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    try:
+        for round_ in range(3):
+            put(a, "events", [b"%d-%d" % (round_, i) for i in range(100)])
+            wait_until(lambda: (query.processAllAvailable(), len(sink.rows()))[1] == 100 * (round_ + 1),  # noqa: B023
+                       f"round {round_} delivered")
+        stalls = [p.durationMs.get("latestOffset", 0) for p in query.recentProgress[1:]]
+        assert max(stalls) < STALL_S * 1000, stalls  # asked again in the background, not waited for
+        assert sorted(sink.rows()) == sorted(b"%d-%d" % (r, i) for r in range(3) for i in range(100))
+        os.kill(a.proc.pid, signal.SIGSTOP)  # now every server is frozen
+        frozen = time.monotonic()
+        with pytest.raises(Exception, match="no server answered for \\d+ s \\(unreachableTimeoutMs is 4000\\)"):
+            query.awaitTermination(120)
+        assert time.monotonic() - frozen < 4 + 1 + 3 * STALL_S  # the time-out, one call's, and a margin
+    finally:
+        for srv in (a, b):
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        query.stop()
 
 
 @pytest.mark.parametrize("options, message", [
