@@ -6,11 +6,30 @@ code each one stands in for serves alone: the group commit uses Python threads
 use `kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its Python
 list loops (src/kestrel/service/thrift/protocol.py), and the memcache port its Python scanner of pipelined
 runs (src/kestrel/service/memcache/runs.py).
+
+It also puts `src/kestrel-pyspark-python.pth` at the top of the built package, beside the modules,
+so that an install places it in site-packages, where Python reads it at start-up (see
+src/kestrel_pyspark_python.py); setuptools declares no such file in pyproject.toml.
 """
 
-from setuptools import Extension, setup
+import os
 
-setup(ext_modules=[
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+PTH = "kestrel-pyspark-python.pth"
+
+
+class BuildWithPth(build_py):  # type: ignore[misc]
+    def run(self) -> None:
+        super().run()
+        self.copy_file(os.path.join("src", PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
+
+setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[
     Extension(f"kestrel.{name}", [f"src/kestrel/{name.replace('.', '/')}.c"], optional=True)
     for name in ("storage.fsync._fsync_many", "storage.kestrel2._codec", "storage._item",
                  "service.thrift._binary", "service.memcache._scan")

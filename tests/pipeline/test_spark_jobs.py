@@ -177,40 +177,38 @@ spark.stop()
 """
 
 
-def test_an_installed_wheel_serves_both_formats_without_register(server: ServerProcess, tmp_path: Path) -> None:
-    # As after `pip install kestrel_py-*.whl`: the wheel (not the editable install) in a folder of its
-    # own, run by a fresh Python that reaches pyspark and the other dependencies in .venv through
-    # PYTHONPATH, which, unlike .venv's own site directory, does not read the editable install's .pth
-    # (the line that would put the repository's src/ on sys.path). Driver and workers run from a
-    # folder outside the repository.
-    need_java()
-    installed = tmp_path / "installed"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", str(installed), str(build_wheel(tmp_path))],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fresh `venv --without-pip` Python with the built wheel installed in its site-packages (as
+    `pip install kestrel_py-*.whl` does, `kestrel-pyspark-python.pth` included), reaching pyspark
+    and the other dependencies in .venv through PYTHONPATH, which, unlike .venv's own site directory,
+    does not read the editable install's .pth (the line that would put the repository's src/ on
+    sys.path); and a folder outside the repository holding FINDING_JOB. (Python, folder.)"""
+    work = tmp_path_factory.mktemp("wheel")
+    venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    elsewhere = tmp_path / "elsewhere"
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                           "--target", site, str(build_wheel(work))], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    elsewhere = work / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "job.py").write_text(FINDING_JOB)
-    from kestrel.client import Server
+    return python, elsewhere
 
-    with Server("127.0.0.1", server.thrift_port) as client:
-        assert client.put("found", [b"one", b"two"]) == 2
-    env = dict(app_environment(tmp_path / "spark", **{"spark.master": "local[1]"}),
-               PYTHONPATH=f"{installed}:{sysconfig.get_paths()['purelib']}",
-               KESTREL_SPARK_PYTHON=str(venv / "bin" / "python"))
-    printed = run_app([str(venv / "bin" / "python"), "job.py", f"127.0.0.1:{server.thrift_port}",
-                       str(server.queue_path)], env, elsewhere).splitlines()
+
+def check_found(printed: list[str], python: Path, server: ServerProcess) -> None:
     found = json.loads(printed[-1])
     assert found["looked"] == ["one", "two"]
     assert found["journal"] == ["one", "two"]
     assert queue_info(server, "found") == (2, 0)  # looked at, left in place
     kestrel_file, driver_path = found["driver"]
     *modules, worker_path = found["worker"]
+    installed = python.parent.parent.resolve()
     for module in (kestrel_file, *modules):
-        assert Path(module).is_relative_to(installed), module
+        assert Path(module).resolve().is_relative_to(installed), module
     # Under the repository, only .venv's site-packages (pyspark, its jars and the other dependencies),
     # never src/, the root, or any other folder of it.
     dependencies = Path(sysconfig.get_paths()["purelib"]).resolve()
@@ -218,3 +216,50 @@ def test_an_installed_wheel_serves_both_formats_without_register(server: ServerP
         where = Path(entry)
         assert where.is_relative_to(dependencies) or not where.is_relative_to(ROOT.resolve()), \
             (entry, driver_path, worker_path)
+
+
+def put_found(server: ServerProcess) -> None:
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", server.thrift_port) as client:
+        if client.peek("found").items == 0:
+            assert client.put("found", [b"one", b"two"]) == 2
+
+
+def test_an_installed_wheel_serves_both_formats_without_register(server: ServerProcess, tmp_path: Path,
+                                                                 installed_wheel: tuple[Path, Path]) -> None:
+    # The Python named as Spark's tests name it, in PYSPARK_PYTHON (through tests/support/spark_python.sh).
+    # Driver and workers run from a folder outside the repository.
+    need_java()
+    python, elsewhere = installed_wheel
+    put_found(server)
+    env = dict(app_environment(tmp_path / "spark", **{"spark.master": "local[1]"}),
+               PYTHONPATH=sysconfig.get_paths()["purelib"], KESTREL_SPARK_PYTHON=str(python))
+    printed = run_app([str(python), "job.py", f"127.0.0.1:{server.thrift_port}", str(server.queue_path)], env,
+                      elsewhere).splitlines()
+    check_found(printed, python, server)
+
+
+@pytest.mark.parametrize("launch", ["python", "spark-submit"])
+def test_the_formats_are_found_with_spark_pyspark_python_alone(server: ServerProcess, tmp_path: Path,
+                                                               installed_wheel: tuple[Path, Path],
+                                                               launch: str) -> None:
+    # The Python named only by the setting spark.pyspark.python, nothing in the environment: Spark's JVM
+    # then runs the driver side of Python data sources with `python3` from PATH, which lacks the package.
+    # Started by Python (a script, a notebook), or by spark-submit, which starts the JVM first.
+    need_java()
+    python, elsewhere = installed_wheel
+    put_found(server)
+    env = {k: v for k, v in app_environment(tmp_path / "spark").items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "KESTREL_SPARK_PYTHON", "PYSPARK_SUBMIT_ARGS")}
+    env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
+    settings = ["--master", "local[1]", "--conf", "spark.ui.enabled=false", "--conf",
+                f"spark.local.dir={tmp_path / 'spark'}", "--conf", f"spark.pyspark.python={python}"]
+    arguments = [f"127.0.0.1:{server.thrift_port}", str(server.queue_path)]
+    if launch == "python":
+        env["PYSPARK_SUBMIT_ARGS"] = " ".join([*settings, "pyspark-shell"])
+        command = [str(python), "job.py", *arguments]
+    else:
+        command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), *settings, "job.py", *arguments]
+    printed = run_app(command, env, elsewhere).splitlines()
+    check_found(printed, python, server)
