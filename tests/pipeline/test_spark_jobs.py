@@ -122,14 +122,41 @@ class Standalone:
                 proc.wait()
 
 
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[Standalone]:
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
+    """One cluster for the module's jobs, each an application of its own."""
     need_java()
-    cluster = Standalone(tmp_path)
+    cluster = Standalone(tmp_path_factory.mktemp("standalone"))
     try:
         yield cluster.start(workers=2)
     finally:
         cluster.stop()
+
+
+def cluster_environment(standalone: Standalone, spark_dir: Path, **more: str) -> dict[str, str]:
+    return app_environment(spark_dir, **{
+        "spark.master": standalone.url, "spark.cores.max": "2", "spark.executor.cores": "1",
+        "spark.executor.memory": "512m", "spark.driver.host": "127.0.0.1",
+        "spark.executorEnv.KESTREL_SPARK_PYTHON": sys.executable,
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC", **more})
+
+
+# On a machine loaded enough, importing pyspark takes longer than Spark's fixed 10 s for a streaming
+# source's Python process to connect back: this makes that import take 12 s in that process alone
+# (found by the command line it started with), wherever it is put on PYTHONPATH.
+SLOW_START = """
+import sys, time
+
+if "pyspark.sql.streaming.python_streaming_source_runner" in sys.orig_argv:
+    class SlowPyspark:
+        def find_spec(self, name, path=None, target=None):
+            if name == "pyspark":
+                sys.meta_path.remove(self)
+                time.sleep(12)
+            return None
+
+    sys.meta_path.insert(0, SlowPyspark())
+"""
 
 
 def test_a_job_on_a_standalone_cluster_of_two_workers(standalone: Standalone, server_factory: Any,
@@ -138,16 +165,53 @@ def test_a_job_on_a_standalone_cluster_of_two_workers(standalone: Standalone, se
     servers = f"127.0.0.1:{a.thrift_port},127.0.0.1:{b.thrift_port}"
     job = tmp_path / "job.py"
     job.write_text(CLUSTER_JOB)
-    env = app_environment(tmp_path / "spark", **{
-        "spark.master": standalone.url, "spark.cores.max": "2", "spark.executor.cores": "1",
-        "spark.executor.memory": "512m", "spark.driver.host": "127.0.0.1",
-        "spark.executorEnv.KESTREL_SPARK_PYTHON": sys.executable,
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_START)  # the stream's Python starts as on a loaded machine
+    env = dict(cluster_environment(standalone, tmp_path / "spark"), PYTHONPATH=str(slow))
     printed = run_app([sys.executable, str(job), servers, str(tmp_path / "out")], env, tmp_path).splitlines()
     assert "looked 20000 2" in printed, printed  # every row, from both servers, and all left in place
     assert "taken 20000 20000" in printed, printed  # each item once
     assert "executors 2" in printed, printed  # one on each worker
     assert queue_info(a, "jobs") == (0, 0) and queue_info(b, "jobs") == (0, 0)
+
+
+# The job: a stream whose checkpoint is a path each process resolves in its own working directory,
+# as a local path on each host of a cluster is each host's own.
+PRIVATE_CHECKPOINT_JOB = """
+import sys
+from pyspark.sql import SparkSession
+
+servers, out = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.appName("kestrel-private-checkpoint").getOrCreate()
+cp = "/proc/self/cwd/kestrel-cp"
+query = spark.readStream.format("kestrel").option("servers", servers).option("queue", "jobs") \\
+    .option("checkpointLocation", cp).load().writeStream.format("parquet").option("path", out + "/data") \\
+    .option("checkpointLocation", cp).trigger(availableNow=True).start()
+try:
+    query.awaitTermination()
+    print("finished")
+except Exception as e:
+    print("failed:", " ".join(str(e).split()))
+spark.stop()
+"""
+
+
+def test_a_checkpoint_the_executors_do_not_share_fails_the_query_naming_it(standalone: Standalone,
+                                                                           server: ServerProcess,
+                                                                           tmp_path: Path) -> None:
+    from kestrel.client import Server
+
+    with Server("127.0.0.1", server.thrift_port) as client:
+        client.put("jobs", [b"%d" % i for i in range(2000)])
+    job = tmp_path / "job.py"
+    job.write_text(PRIVATE_CHECKPOINT_JOB)
+    env = cluster_environment(standalone, tmp_path / "spark")
+    printed = run_app([sys.executable, str(job), f"127.0.0.1:{server.thrift_port}", str(tmp_path / "out")], env,
+                      tmp_path)
+    assert "failed:" in printed and "does not see the checkpoint the driver wrote at /proc/self/cwd/kestrel-cp" \
+        in printed and "Nothing was taken" in printed, printed
+    assert queue_info(server, "jobs") == (2000, 0)  # nothing taken, nothing left open
 
 
 # The job: both formats by name alone (no register), then where the driver and a Python worker
