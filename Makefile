@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(RUN_STAMP) $(STAMP)
 
+# The machine's set-up first (tests/support/system.py): Debian packages and small file systems, as
+# root; elsewhere it says what is missing and those tests skip.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python tests/support/system.py
 	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
@@ -41,5 +44,6 @@ run: $(RUN_STAMP)
 wheel: $(RUN_STAMP)
 	$(BIN)/pip wheel . --no-deps --quiet -w dist
 
+# Never var/: it holds the queues `make run` serves.
 clean:
-	rm -rf $(VENV) var dist
+	rm -rf $(VENV) dist build

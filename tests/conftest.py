@@ -211,6 +211,7 @@ class ServerProcess:
         }
         self.config.update(config or {})
         self.open_files_limit: int | None = None  # RLIMIT_NOFILE for the server process
+        self.child_setup: Callable[[], None] | None = None  # run in the server's process before exec
         self.python_path: list[str] = []  # put before the project on the server's PYTHONPATH
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -252,7 +253,7 @@ class ServerProcess:
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,
-                                         preexec_fn=self._limit_open_files)
+                                         preexec_fn=self._prepare_child)
         # Up once it says so, after binding every listener; a port answering may be another process's
         # (taken between picking it and the server's bind).
         try:
@@ -261,9 +262,11 @@ class ServerProcess:
             raise RuntimeError(f"{e}; its log ends:\n{self.log()[-3000:]}") from None
         return self
 
-    def _limit_open_files(self) -> None:
+    def _prepare_child(self) -> None:
         if self.open_files_limit is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files_limit, self.open_files_limit))
+        if self.child_setup is not None:
+            self.child_setup()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         assert self.proc is not None
@@ -316,11 +319,12 @@ def server(server_factory: Any) -> ServerProcess:
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One standalone ZooKeeper for the session; tests keep apart by using their own path prefix."""
+    from tests.support.system import setup_hint
     from tests.support.zookeeper_server import ZooKeeperServer, zookeeper_classpath
 
     classpath = zookeeper_classpath()
     if classpath is None:
-        pytest.skip("ZooKeeper needs Debian's zookeeper package and a JRE (installed with apt-get as root)")
+        pytest.skip(f"ZooKeeper needs Debian's zookeeper and default-jre-headless packages: {setup_hint()}")
     zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), classpath).start()
     yield zk
     zk.stop()

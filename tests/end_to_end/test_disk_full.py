@@ -7,9 +7,12 @@ tests fill a real, small tmpfs under the real server.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
 from kestrel.storage import files as journal
 from kestrel.storage.clock import FakeClock
 from tests.conftest import ROOT
-from tests.support import kestrel24
+from tests.support import kestrel24, system
 from tests.support.queues import drain
 
 
@@ -196,19 +199,37 @@ def test_every_acknowledged_item_survives_a_disk_full_episode(tmp_path: Path, di
 # The real server on a real, small, full file system
 
 
+def empty(disk: Path) -> None:
+    for entry in disk.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs, unmounted after the test (request it before `server_factory`)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+def small_disk() -> Iterator[Path]:
+    """A small tmpfs of the test set-up's (tests/support/system.py), held by this test alone (other
+    test processes wait for another) and empty. Request it before `server_factory`."""
+    disks = system.small_disks()
+    if not disks:
+        pytest.skip(f"no small file system is mounted to fill: {system.setup_hint()}")
+    while True:
+        for disk in disks:
+            lock = open(f"{disk}.lock", "a")  # noqa: SIM115  # held for the test's length
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            try:
+                empty(disk)
+                yield disk
+                empty(disk)
+            finally:
+                lock.close()
+            return
+        time.sleep(0.05)
 
 
 def fill(disk: Path, leave: int) -> Path:

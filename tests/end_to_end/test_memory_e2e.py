@@ -100,10 +100,12 @@ def test_stats_name_the_budget_in_every_format(server_factory: Any, tmp_path: Pa
         c.close()
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    assert "kestrel_max_memory_total 8.388608e+06" in metrics
-    assert 'kestrel_queue_memory_target{queue="jobs"}' in metrics
-    assert 'kestrel_queue_paged_out{queue="jobs"} 0.0' in metrics
-    assert "kestrel_flow_control_ms" in metrics
+    assert "kestrel_memory_budget_bytes 8.388608e+06" in metrics
+    assert "kestrel_flow_control_seconds_total" in metrics
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics/per-queue", timeout=10) as r:
+        metrics = r.read().decode()
+    assert 'kestrel_queue_memory_target_bytes{queue="jobs"}' in metrics
+    assert 'kestrel_queue_paged_out_bytes{queue="jobs"} 0.0' in metrics
 
 
 def test_flow_control_refuses_puts_on_every_protocol_and_serves_reads(server_factory: Any) -> None:

@@ -27,9 +27,9 @@ def _queue_stats(srv: ServerProcess) -> dict[str, Any]:
 
 
 def _poisoned_metric(srv: ServerProcess, queue: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics/per-queue") as reply:
         text = reply.read().decode()
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "kestrel_queue_poisoned")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "kestrel_queue_items_poisoned")
     assert family.type == "counter"
     return next(s.value for s in family.samples if s.labels["queue"] == queue)
 

@@ -55,8 +55,8 @@ def test_the_collection_refuses_one_damaged_queue_and_loads_the_others(tmp_path:
     assert (tmp_path / "bad").read_bytes() == bad  # nothing changed on disk
 
 
-def _metric(srv: ServerProcess, name: str) -> list[Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
+def _metric(srv: ServerProcess, name: str, path: str = "/metrics") -> list[Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{path}") as reply:
         text = reply.read().decode()
     return [s for f in text_string_to_metric_families(text) if f.name == name for s in f.samples]
 
@@ -92,8 +92,8 @@ def test_a_server_serves_every_queue_but_the_damaged_one_and_says_why(tmp_path: 
             body = json.loads(reply.read())
         assert "bad" not in body["queues"] and "opcode 66" in body["refused_queues"]["bad"]
         assert body["server"]["refused_queues"] == 1
-        refused = _metric(srv, "kestrel_queue_refused")
-        assert [(s.labels["queue"], s.value) for s in refused] == [("bad", 1)]
+        refused = _metric(srv, "kestrel_queue_refused", "/metrics/per-queue")
+        assert [(s.labels, s.value) for s in refused] == [({"queue": "bad"}, 1)]  # the reason in /stats.json
         assert [s.value for s in _metric(srv, "kestrel_refused_queues")] == [1]
     finally:
         assert srv.stop(signal.SIGTERM) == 0

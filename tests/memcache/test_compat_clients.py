@@ -17,7 +17,7 @@ import pytest
 from pymemcache.client.base import Client as PymemcacheClient
 
 from tests.conftest import STALL_S, ServerProcess, wait_until
-from tests.support.installs import ensure_debian_package
+from tests.support import system
 from tests.support.wire import (
     close_sockets,  # noqa: F401  (autouse: closes the sockets before the servers stop)
     conn,
@@ -54,11 +54,7 @@ def libmc(server: ServerProcess) -> Any:
 
 
 def tool(command: str) -> str:
-    found = ensure_debian_package(command, "libmemcached-tools")
-    if found is None:
-        pytest.skip(f"{command} (libmemcached-tools) is not installed and cannot be installed here "
-                    "(needs root and apt-get)")
-    return found
+    return system.tool(command, "libmemcached-tools")
 
 
 def run_tool(server: ServerProcess, command: str, *args: str) -> subprocess.CompletedProcess[bytes]:

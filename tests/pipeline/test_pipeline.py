@@ -22,12 +22,10 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 # that interrupts a call into the JVM leaves the session unusable for every later test of its process.
 pytestmark = pytest.mark.timeout(900)
 
-from thriftpy2.rpc import make_client  # noqa: E402
-from thriftpy2.transport import TFramedTransportFactory  # noqa: E402
 
-from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import ROOT, STALL_S, ServerProcess, free_port, wait_until  # noqa: E402
-from tests.support.installs import ensure_debian_package  # noqa: E402
+from tests.support.clients import thrift_client  # noqa: E402
+from tests.support.system import need_java  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -47,8 +45,7 @@ SPARK_SETTINGS = {
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One SparkSession for every test of this process; safe beside other test processes."""
-    if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
+    need_java()
     os.environ["KESTREL_SPARK_PYTHON"] = sys.executable
     # Every Python that Spark starts imports pyspark precompiled: the executors' workers
     # (PYSPARK_PYTHON) and the driver side's, which look up, create and plan data sources and run
@@ -77,10 +74,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def client(srv: ServerProcess) -> Any:
-    # A deadline, not a budget: thriftpy2's default of 3 s ran out once on a machine loaded by two
-    # test runs and their Spark JVMs, just after the server had restarted.
-    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
-                       timeout=30_000)
+    # thriftpy2's default of 3 s ran out once on a machine loaded by two test runs and their Spark
+    # JVMs, just after the server had restarted.
+    return thrift_client(srv.thrift_port, timeout_ms=30_000)
 
 
 def address(*servers: ServerProcess) -> str:

@@ -528,3 +528,70 @@ def test_a_restart_past_the_window_warns_naming_it(tmp_path: Path) -> None:
     late = [e for e in logs if e["event"].startswith("kestrel stream restarted")]
     assert len(late) == 1 and late[0]["batch"] == 3 and late[0]["items"] == 2
     assert "duplicates nothing if it comes within 1 s (0.4375 of autoAbortMs) of the stop" in late[0]["event"]
+
+
+class FakeSession:
+    """A SparkSession as `register` and `drain` see it: what they register, and a query that ends as
+    told."""
+
+    def __init__(self, known: set[str], failure: Exception | None = None) -> None:
+        self.known = known
+        self.registered: list[str] = []
+        self.failure = failure
+        self.locations: list[str] = []
+        self.dataSource = self
+        self.readStream = self.writeStream = self
+        manager = type("Manager", (), {"dataSourceExists": lambda _self, name: name in self.known})()
+        state = type("State", (), {"dataSourceManager": lambda _self: manager})()
+        self._jsparkSession = type("J", (), {"sessionState": lambda _self: state})()
+
+    def register(self, source: Any) -> None:
+        self.registered.append(source.name())
+
+    def option(self, key: str, value: str) -> FakeSession:
+        if key == "checkpointLocation":
+            self.locations.append(value)
+        return self
+
+    def __getattr__(self, name: str) -> Any:  # format, load, foreachBatch, trigger, start
+        if name == "awaitTermination":
+            def wait() -> None:
+                if self.failure is not None:
+                    raise self.failure
+            return wait
+        return lambda *args, **kwargs: self
+
+
+def test_register_leaves_alone_the_formats_spark_found_itself() -> None:
+    from kestrel.pipeline import register
+
+    found = FakeSession({"kestrel", "kestrel-journal"})  # installed: Spark's lookup found both
+    register(found)
+    assert found.registered == []  # re-registering each would replace it, warning each time
+    missing = FakeSession({"kestrel"})
+    register(missing)
+    assert missing.registered == ["kestrel-journal"]
+
+
+def test_drain_removes_its_temporary_checkpoint_unless_it_holds_items(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.pipeline import drain, wal
+
+    done = FakeSession(set())
+    drain(done, "127.0.0.1:1", "q", lambda batch, batch_id: None)
+    (location,) = set(done.locations)
+    assert Path(location).name.startswith("kestrel-drain-") and not Path(location).exists()
+
+    failed = FakeSession(set(), RuntimeError("the sink failed"))
+    with pytest.raises(RuntimeError):
+        drain(failed, "127.0.0.1:1", "q", lambda batch, batch_id: None)
+    assert not Path(failed.locations[0]).exists()  # its items went back to their queues
+
+    held = FakeSession(set(), RuntimeError("the sink failed late"))
+    monkeypatch.setattr(wal, "held_early", lambda location: 3)
+    with pytest.raises(RuntimeError) as err:
+        drain(held, "127.0.0.1:1", "q", lambda batch, batch_id: None)
+    kept = Path(held.locations[0])
+    try:
+        assert kept.is_dir() and repr(str(kept)) in "".join(err.value.__notes__)  # named, and there
+    finally:
+        kept.rmdir()

@@ -22,8 +22,9 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 from tests.conftest import ROOT, ServerProcess, free_ports, wait_for  # noqa: E402
-from tests.support.installs import build_wheel  # noqa: E402
-from tests.support.spark_apps import app_environment, need_java  # noqa: E402
+from tests.support.spark_apps import app_environment  # noqa: E402
+from tests.support.system import need_java  # noqa: E402
+from tests.support.wheel import build_wheel  # noqa: E402
 
 EXAMPLE = ROOT / "src" / "kestrel" / "pipeline" / "examples" / "produce_and_consume.py"
 

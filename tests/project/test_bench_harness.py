@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +10,12 @@ from pymemcache.client.base import Client
 
 from bench import loadgen
 from tests.conftest import free_port
-from tests.support.installs import ensure_debian_package
+from tests.support.system import tool
 
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (shutil.which("cc") or ensure_debian_package("gcc", "gcc")):
-        pytest.skip("no C compiler (apt-get install gcc) to build bench/loadgen.c")
+    tool("gcc")
     return loadgen.build(tmp_path_factory.mktemp("loadgen"))
 
 

@@ -113,7 +113,8 @@ def test_readme_example_runs(name: str, server_factory: Any, tmp_path: Path) -> 
 @pytest.mark.timeout(900)  # a deadline for a hung Spark, not a budget (see tests/pipeline/test_pipeline.py)
 def test_readme_spark_example_runs(server_factory: Any, tmp_path: Path) -> None:
     pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
-    from tests.support.spark_apps import app_environment, need_java
+    from tests.support.spark_apps import app_environment
+    from tests.support.system import need_java
 
     need_java()
     code = with_ports(examples()["spark"], server_factory())

@@ -97,3 +97,18 @@ def test_each_module_is_loaded_under_one_name() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     count, distinct = map(int, out.stdout.split())
     assert count == distinct and count > 50
+
+
+def test_every_benchmark_command_the_docs_give_runs() -> None:
+    """A command the README or bench/README.md gives for a benchmark starts (its --help), run as written
+    from the repository root; run by its file path, a script would not find the `bench` package."""
+    commands = set()
+    for doc in ("README.md", "bench/README.md"):
+        text = (ROOT / doc).read_text()
+        assert not re.search(r"`(?:python3? )?bench/\w+\.py --", text), f"{doc} runs a benchmark by its path"
+        commands |= set(re.findall(r"python -m (bench\.\w+)", text))
+    assert "bench.bench_servers" in commands
+    for module in sorted(commands):
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, (module, done.stderr[-2000:])

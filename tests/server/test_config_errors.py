@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
+from pathlib import Path
+
 import pytest
 
-from kestrel.service.config import ConfigErrors, ServerConfig, each_error, from_mapping, with_overrides
+from kestrel.service.config import ConfigErrors, ServerConfig, each_error, from_mapping, load, with_overrides
 from kestrel.storage.errors import ConfigError
 
 
@@ -42,3 +46,66 @@ def test_command_line_overrides_report_every_bad_value() -> None:
     with pytest.raises(ConfigErrors) as err:
         with_overrides(ServerConfig(), thrift_port=-1, admin_port=70000, queue_path="q")
     assert [e.key for e in each_error(err.value)] == ["--thrift-port", "--admin-port"]
+
+
+def test_config_check_refuses_every_name_the_server_would_refuse(tmp_path: Path) -> None:
+    """Queue and alias names are checked as a request naming them would be, wherever they appear."""
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(textwrap.dedent("""\
+        queues:
+          "bad/name": {max_items: 1}
+          "x y": {}
+          "a+b+c": {}
+          jobs: {max_errors: 3, error_queue: "bad/q", expire_to_queue: "~old"}
+        default_queue:
+          error_queue: "sp ace"
+        aliases:
+          "al ias": {destination_queues: [jobs, "a/b"]}
+        """))
+    with pytest.raises(ConfigErrors) as err:
+        load(str(path))
+    found = {e.key: e.reason for e in each_error(err.value)}
+    assert list(found) == ["queues.bad/name", "queues.x y", "queues.a+b+c", "queues.jobs.error_queue",
+                           "queues.jobs.expire_to_queue", "default_queue.error_queue", "aliases.al ias",
+                           "aliases.al ias.destination_queues"]
+    assert "'/'" in found["queues.bad/name"] and "whitespace" in found["queues.x y"]
+    assert found["aliases.al ias"].startswith("alias name 'al ias'")
+    assert "'a/b'" in found["aliases.al ias.destination_queues"]
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text("thrift_port: 1\nqueues:\n  jobs:\n    max_items: 1\n    max_items: 2\nthrift_port: 2\n"
+                    "memcache_port: 70000\n")
+    with pytest.raises(ConfigErrors) as err:
+        load(str(path))
+    assert [str(e) for e in each_error(err.value)] == [
+        "queues.jobs.max_items: given twice, on lines 4 and 5; keep one",
+        "thrift_port: given twice, on lines 1 and 6; keep one",
+        "memcache_port: expected a port number 0-65535 (0 disables the listener), got 70000"]
+
+
+@pytest.mark.parametrize("setting, valid", [
+    ("default_queue: {sync_journal: sometimes}", "always, never or a duration"),
+    ("default_queue: {journal_format: kestrel4}", "kestrel2, kestrel3"),
+    ("thrift_transport: http", "framed, buffered"),
+    ("thrift_protocol: json", "binary, compact"),
+    ("default_status: down", "up, readonly or quiescent"),
+    ("commit_log: maybe", "on or off"),
+    ("salvage: maybe", "true or false"),
+])
+def test_a_choice_refused_lists_the_valid_values(tmp_path: Path, setting: str, valid: str) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(setting + "\n")
+    with pytest.raises(ConfigError, match=re.escape(valid)):
+        load(str(path))
+
+
+@pytest.mark.parametrize("text", ["queues:\n  a: [\n", "a: b: c\n", "\tqueues: 1\n", "x: 'open\n"])
+def test_bad_yaml_is_one_line_with_where(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(str(path))
+    message = str(err.value)
+    assert "\n" not in message and re.search(r"not valid YAML: line \d+, column \d+: ", message), message

@@ -4,8 +4,9 @@ systemd's own tools must accept them."""
 
 from __future__ import annotations
 
-import configparser
+import ctypes
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,21 +16,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.support.installs import ensure_debian_package
+from kestrel.service.config import EXAMPLE
+from tests.conftest import ROOT, ServerProcess
+from tests.support.system import tool
 
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "kestrel.service"
-CONFIG = DEPLOY / "kestrel.yaml"
+CONFIG = EXAMPLE  # `kestrel config example`
 SYSUSERS = DEPLOY / "kestrel.sysusers.conf"
 TMPFILES = DEPLOY / "kestrel.tmpfiles.conf"
 
 
-def unit() -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=True)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]  # systemd's keys are case-sensitive
-    parser.read_string(UNIT.read_text())
-    return parser
+def unit(path: Path = UNIT) -> dict[str, dict[str, str]]:
+    """The unit's sections and keys, as systemd reads them: a repeated key adds to its value."""
+    sections: dict[str, dict[str, str]] = {}
+    section: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        section[key] = f"{section[key]} {value}" if key in section else value
+    return sections
 
 
 def entries(path: Path) -> list[list[str]]:
@@ -86,9 +97,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
-    analyze = ensure_debian_package("systemd-analyze", "systemd")
-    if analyze is None:
-        pytest.skip("systemd-analyze is missing and cannot be installed here (needs root and apt-get)")
+    analyze = tool("systemd-analyze")
     # verify checks that ExecStart's program exists: the unit as installed, but run from a stand-in.
     stand_in = tmp_path / "opt" / "kestrel" / "bin" / "kestrel"
     stand_in.parent.mkdir(parents=True)
@@ -101,11 +110,63 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     assert done.returncode == 0 and not output, done.stdout + done.stderr
 
 
+def exposure(analyze: str, unit_file: Path | str) -> float:
+    """`systemd-analyze security`'s overall exposure of a unit file (0 safest, 10 least safe)."""
+    done = subprocess.run([analyze, "security", "--offline=true", "--no-pager", str(unit_file)],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+    assert found is not None, done.stdout + done.stderr
+    return float(found.group(1))
+
+
+def test_the_unit_is_hardened_at_least_as_debian_hardens_redis() -> None:
+    analyze = tool("systemd-analyze")
+    redis = tool("redis-server.service")  # Debian's redis-server unit, measured the same way
+    ours, theirs = exposure(analyze, UNIT), exposure(analyze, redis)
+    assert ours <= theirs, f"kestrel.service {ours} against redis-server.service {theirs}"
+    # Writes only where the queues are, as the config names them.
+    service = unit()["Service"]
+    assert service["ReadWritePaths"].split() == [yaml.safe_load(CONFIG.read_text())["queue_path"]]
+    assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "true"
+
+
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+
+
+def deny_write_execute() -> None:
+    """What the unit's MemoryDenyWriteExecute enforces, for this process and what it executes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_MDWE)")
+
+
+def test_the_server_serves_where_no_memory_is_writable_and_executable(tmp_path: Path) -> None:
+    """The unit's MemoryDenyWriteExecute, set here with prctl(PR_SET_MDWE) (Linux 6.3 and later), which
+    a process keeps through exec: the server, its C helpers, gevent and the fsync threads all start."""
+    probe = subprocess.run([sys.executable, "-c", "from tests.server.test_deploy import deny_write_execute as d; d()"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"this kernel cannot deny memory both writable and executable (PR_SET_MDWE): {probe.stderr}")
+    srv = ServerProcess(tmp_path, {"default_queue": {"sync_journal": "always"}})
+    srv.child_setup = deny_write_execute
+    srv.start()
+    try:
+        from pymemcache.client.base import Client
+
+        client = Client(("127.0.0.1", srv.memcache_port))
+        try:
+            assert client.set("sealed", b"item") and client.get("sealed") == b"item"
+        finally:
+            client.close()
+        assert srv.stop() == 0
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.log(), srv.log()
+
+
 def test_sysusers_and_tmpfiles_create_the_user_and_its_queue_path(tmp_path: Path) -> None:
-    sysusers = ensure_debian_package("systemd-sysusers", "systemd")
-    tmpfiles = ensure_debian_package("systemd-tmpfiles", "systemd")
-    if sysusers is None or tmpfiles is None:
-        pytest.skip("systemd-sysusers or systemd-tmpfiles is missing and cannot be installed here")
+    sysusers = tool("systemd-sysusers", "systemd")
+    tmpfiles = tool("systemd-tmpfiles", "systemd")
     if os.geteuid() != 0:
         pytest.skip("systemd-tmpfiles gives the queue path to the server's user only as root")
     root = tmp_path / "root"

@@ -49,3 +49,27 @@ def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
     stamps = tuple(stamp for line in touched for stamp in line)
     assert ".venv/.installed-run" in stamps, touched
     assert installs(planned(tmp_path, "run", stamps)) == []
+
+
+def test_make_test_sets_up_the_machine_before_pytest(tmp_path: Path) -> None:
+    lines = planned(tmp_path, "test", (".venv/.installed", ".venv/.installed-run"))
+    setup = next(n for n, line in enumerate(lines) if "tests/support/system.py" in line)
+    pytest_run = next(n for n, line in enumerate(lines) if "/pytest " in line)
+    assert setup < pytest_run, lines
+
+
+def test_make_clean_keeps_the_queues(tmp_path: Path) -> None:
+    """`make run` serves ./var/spool/kestrel: a clean removes what the build made, never data."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    journal = tmp_path / "var" / "spool" / "kestrel" / "jobs"
+    journal.parent.mkdir(parents=True)
+    journal.write_bytes(b"items")
+    for made in (".venv", "dist", "build"):
+        (tmp_path / made).mkdir()
+    done = subprocess.run([make, "clean"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert journal.read_bytes() == b"items"
+    assert not any((tmp_path / made).exists() for made in (".venv", "dist", "build"))

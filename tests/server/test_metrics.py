@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -11,15 +13,28 @@ from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel import SERVER_VERSION
+from kestrel.service.metrics import QUEUE_FIGURES, QUEUE_SUMS, SERVER_FIGURES
 from tests.conftest import ServerProcess, wait_until
 from tests.server.test_shutdown import _thrift_client
+from tests.support.system import tool
 
 
-def _scrape(srv: ServerProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics") as reply:
+def _text(srv: ServerProcess, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{path}") as reply:
         assert reply.headers["Content-Type"].startswith("text/plain; version=")
-        text = reply.read().decode()
-    return {family.name: family for family in text_string_to_metric_families(text)}
+        return str(reply.read().decode())
+
+
+def _scrape(srv: ServerProcess, path: str = "/metrics") -> dict[str, Any]:
+    return {family.name: family for family in text_string_to_metric_families(_text(srv, path))}
+
+
+def _get(srv: ServerProcess, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def _sample(family: Any, name: str, **labels: str) -> float:
@@ -62,18 +77,27 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
         thrift.close()
         text.close()
 
-    # Kestrel's figures: counters end in _total, every family has its help text.
-    cmd_set = families["kestrel_cmd_set"]
-    assert cmd_set.type == "counter" and cmd_set.documentation
-    assert _sample(cmd_set, "kestrel_cmd_set_total") == stats["server"]["cmd_set"] == 23
+    # Kestrel's figures by Prometheus's names: counters end in _total, every family has its help text;
+    # /stats.json keeps Kestrel's names.
+    put_items = families["kestrel_put_items"]
+    assert put_items.type == "counter" and put_items.documentation
+    assert _sample(put_items, "kestrel_put_items_total") == stats["server"]["cmd_set"] == 23
     assert _sample(families["kestrel_get_hits"], "kestrel_get_hits_total") == 20
-    items = families["kestrel_queue_items"]
+    assert _sample(families["kestrel_queues"], "kestrel_queues") == len(stats["queues"]) == 3
+    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version=SERVER_VERSION) == 1
+    assert _sample(families["process_open_fds"], "process_open_fds") > 0
+    assert all(f.documentation for f in families.values())
+    # No series per queue here: each queue's are on a path of their own.
+    assert not any("queue" in s.labels for f in families.values() for s in f.samples)
+    per_queue = _scrape(srv, "/metrics/per-queue")
+    items = per_queue["kestrel_queue_items"]
     assert items.type == "gauge"
     assert _sample(items, "kestrel_queue_items", queue="rpc") == 2
     assert _sample(items, "kestrel_queue_items", queue="packed") == 0
-    assert _sample(families["kestrel_queue_total_items"], "kestrel_queue_total_items_total", queue="packed") == 20
-    assert _sample(families["kestrel_build_info"], "kestrel_build_info", version=SERVER_VERSION) == 1
-    assert all(f.documentation for f in families.values())
+    assert _sample(per_queue["kestrel_queue_items_added"], "kestrel_queue_items_added_total", queue="packed") == 20
+    created = _sample(per_queue["kestrel_queue_created_timestamp_seconds"],
+                      "kestrel_queue_created_timestamp_seconds", queue="rpc")
+    assert created == stats["queues"]["rpc"]["create_time"] / 1000  # seconds, from Kestrel's milliseconds
 
     # Request latency per protocol and command.
     requests = families["kestrel_request_duration_seconds"]
@@ -121,3 +145,57 @@ def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> 
 
     assert exposition(ours) == exposition(theirs)
     assert 'le="+Inf"' in generate_latest(ours).decode()
+
+
+def test_promtool_accepts_both_pages(server: ServerProcess) -> None:
+    """Prometheus's own linter: names, units, `_total` on counters only, help on every family."""
+    promtool = tool("promtool")
+    mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5)
+    try:
+        assert mc.set("linted", b"x") and mc.get("linted") == b"x" and mc.get("linted/open") is None
+    finally:
+        mc.close()
+    for path in ("/metrics", "/metrics/per-queue"):
+        text = _text(server, path)
+        assert "kestrel_" in text
+        done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
+            path, done.stdout, done.stderr)
+
+
+def test_every_kestrel_figure_is_placed_in_the_metrics(server: ServerProcess) -> None:
+    """A figure added to /stats.json gets a Prometheus name, or is left out on purpose."""
+    mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5)
+    try:
+        assert mc.set("placed", b"x")
+    finally:
+        mc.close()
+    stats = json.loads(_get(server, "/stats.json")[1])
+    assert set(stats["server"]) == set(SERVER_FIGURES)
+    assert set(stats["queues"]["placed"]) == set(QUEUE_FIGURES)
+    names = [f.name for f in (*SERVER_FIGURES.values(), *QUEUE_FIGURES.values(), *QUEUE_SUMS.values()) if f]
+    assert len(names) == len(set(names))
+    for figure in (*SERVER_FIGURES.values(), *QUEUE_FIGURES.values(), *QUEUE_SUMS.values()):
+        if figure is not None:
+            assert figure.name.endswith("_total") == (figure.kind == "counter"), figure.name
+            assert not figure.name.endswith(("_ms", "_msec")), figure.name
+
+
+def test_status_shows_in_stats_metrics_and_readiness(server: ServerProcess) -> None:
+    """`/ready` answers writers' load balancers, `/ready/read` readers'; `/ping` is liveness alone."""
+    expected = {"up": (200, 200), "readonly": (503, 200), "quiescent": (503, 503)}
+    for status, label in (("readonly", "ReadOnly"), ("quiescent", "Quiescent"), ("up", "Up")):
+        with socket.create_connection(("127.0.0.1", server.memcache_port), timeout=5) as s:
+            s.sendall(f"status {status}\r\n".encode())
+            assert s.recv(100) == b"END\r\n"
+        stats = json.loads(_get(server, "/stats.json")[1])
+        assert stats["status"] == stats["enforced_status"] == label
+        assert stats["server_sets"] is None  # no zookeeper setting
+        states = {s.labels["status"]: s.value for s in _scrape(server)["kestrel_status"].samples}
+        assert states == {"Up": float(label == "Up"), "ReadOnly": float(label == "ReadOnly"),
+                          "Quiescent": float(label == "Quiescent")}
+        write, read = expected[status]
+        assert _get(server, "/ready") == (write, f"{label}\n")
+        assert _get(server, "/ready/read") == (read, f"{label}\n")
+        assert _get(server, "/ping") == (200, "pong\n")

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import gevent
 import pytest
+import yaml
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.storage.runtime import GeventRuntime
+from tests.conftest import ROOT, ServerProcess, free_port, wait_for_port, wait_until
 
 
 def test_a_queue_delete_is_logged_once(server_factory: Any) -> None:
@@ -75,3 +80,73 @@ def test_an_error_no_greenlet_caught_is_one_structured_line() -> None:
     assert len(lines) == 1, done.stderr
     event = json.loads(lines[0])
     assert event["event"] == "uncaught error" and "No space left on device" in event["exception"]
+
+
+def test_one_stream_one_format_and_what_each_queue_did(tmp_path: Path) -> None:
+    """With --log-format json, every line is JSON on stderr, stdout stays empty: the environment
+    variable's warning, a queue loaded at start-up (not "created"), a refused one, a new one."""
+    srv = ServerProcess(tmp_path)
+    srv.queue_path.mkdir()
+    (srv.queue_path / "kept").write_bytes(b"")  # an empty journal: loaded
+    (srv.queue_path / "broken").write_bytes(b"\x42" * 10)  # an unknown opcode: refused
+    config = dict(srv.config, queue_path=str(srv.queue_path))
+    srv.config_path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--config", str(srv.config_path),
+                             "--log-format", "json", "--listen-address", "0.0.0.0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, KESTREL_FSYNC="bogus", PYTHONPATH=str(ROOT / "src")))
+    try:
+        wait_for_port(srv.memcache_port, proc)
+        mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5, default_noreply=False)
+        try:
+            assert mc.set("fresh", b"x")
+        finally:
+            mc.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert out == b""
+    events = [json.loads(line) for line in err.decode().splitlines()]  # each line is one JSON object
+    said = {(e["event"], e.get("queue")) for e in events}
+    assert {("queue loaded", "kept"), ("queue created", "fresh")} <= said
+    assert ("queue created", "kept") not in said
+    assert any("REFUSED" in e["event"] and e.get("queue") == "broken" for e in events)
+    assert any("KESTREL_FSYNC" in e["event"] and e.get("value") == "bogus" for e in events)
+    assert any(e["event"].startswith("listening beyond this machine") for e in events)
+    started = next(e for e in events if e["event"] == "kestrel started")
+    assert started["queue_path"] == str(srv.queue_path) and os.path.isabs(started["queue_path"])
+
+
+def test_the_start_line_names_the_queue_path_in_full(tmp_path: Path) -> None:
+    port = free_port()
+    done = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--queue-path", "rel/queues",
+                             "--thrift-port", "0", "--text-port", "0", "--admin-port", "0",
+                             "--memcache-port", str(port), "--log-format", "json"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    try:
+        wait_for_port(port, done)
+    finally:
+        done.send_signal(signal.SIGTERM)
+        _, err = done.communicate(timeout=30)
+    started = next(json.loads(line) for line in err.decode().splitlines() if "kestrel started" in line)
+    assert started["queue_path"] == str(tmp_path / "rel" / "queues")
+    assert started["listen_address"] == "127.0.0.1"  # every listener, admin included, unless told
+    assert not any("listening beyond" in line for line in err.decode().splitlines())
+
+
+def test_a_reload_names_the_settings_only_a_restart_applies(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"jobs": {"max_items": 5}}})
+    changed = dict(srv.config, thrift_port=free_port(), max_wait="1min",
+                   queues={"jobs": {"max_items": 7}})
+    srv.config_path.write_text(yaml.safe_dump(changed))
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "reload ignored" in srv.log(), "the reload's warning")
+    line = json.loads(next(line for line in srv.log().splitlines() if "reload ignored" in line))
+    assert line["keys"] == ["thrift_port", "max_wait"] and "restart" in line["event"]
+    assert line["config"] == str(srv.config_path)
+    stats = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        assert stats.set("jobs", b"x")  # the queue setting applied; the server still on its old ports
+    finally:
+        stats.close()

@@ -12,17 +12,11 @@ from typing import Any
 
 from pymemcache.client.base import Client as MemcacheClient
 
-from kestrel.contract import kestrel_thrift
 from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.support.clients import thrift_client
 from tests.support.wire import memcache_stats
 
-
-def _thrift_client(port: int) -> Any:
-    from thriftpy2.rpc import make_client
-    from thriftpy2.transport import TFramedTransportFactory
-
-    return make_client(kestrel_thrift.Kestrel, "127.0.0.1", port, trans_factory=TFramedTransportFactory(),
-                       timeout=5000)
+_thrift_client = thrift_client
 
 
 def _log_events(srv: ServerProcess) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kestrel.service.config import EXAMPLE
 from tests.conftest import ROOT, STARTED, ServerProcess, free_port
 
 NO_LISTENERS = ["--thrift-port=0", "--memcache-port=0", "--text-port=0", "--admin-port=0"]
@@ -193,7 +194,7 @@ def kestrel_command(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_config_check_without_starting(tmp_path: Path) -> None:
-    good = kestrel_command("config", "check", str(ROOT / "deploy" / "kestrel.yaml"))
+    good = kestrel_command("config", "check", str(EXAMPLE))
     assert good.returncode == 0 and good.stdout.strip().endswith("kestrel.yaml: ok"), good.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("thrift_prot: 1\ndefault_queue:\n  sync_journal: often\naliases:\n  a: {targets: [q]}\n")
@@ -202,7 +203,7 @@ def test_config_check_without_starting(tmp_path: Path) -> None:
     keys = [line.removeprefix("kestrel: bad configuration: ").split(":")[0] for line in done.stderr.splitlines()]
     assert keys == ["thrift_prot", "default_queue.sync_journal", "aliases.a.targets"], done.stderr
     # `serve --check` checks the command line's values too, and starts nothing.
-    checked = kestrel_command("serve", "--check", "--config", str(ROOT / "deploy" / "kestrel.yaml"),
+    checked = kestrel_command("serve", "--check", "--config", str(EXAMPLE),
                               "--thrift-port=99999")
     assert checked.returncode == 2 and "--thrift-port: expected a port number" in checked.stderr
 
@@ -218,9 +219,24 @@ def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:
         assert default in text, default
     assert "--log-format {auto,json,console}" in text
     assert "exit codes:" in text
-    for code in ("2 bad configuration", "3 a damaged journal", "4 the queue path", "5 a listener",
-                 "6 out of file descriptors"):
+    for code in ("2 bad configuration", "3 damage that no one queue owns: the commit log", "4 the queue path",
+                 "5 a listener", "6 out of file descriptors"):
         assert code in text, code
+    # A queue whose own journal is damaged is refused alone while the server serves (exit 0 at its stop).
+    assert "a queue whose own files are damaged is refused alone" in text
+    assert "`kestrel config example` writes one" in text  # what the wheel ships, not a file of the clone
+
+
+def test_config_example_writes_the_shipped_example(tmp_path: Path) -> None:
+    shown = kestrel_command("config", "example")
+    assert shown.returncode == 0 and shown.stdout == EXAMPLE.read_text()
+    target = tmp_path / "kestrel.yaml"
+    assert kestrel_command("config", "example", str(target)).returncode == 0
+    assert target.read_text() == EXAMPLE.read_text()
+    assert kestrel_command("config", "check", str(target)).returncode == 0
+    target.write_text("# mine\n")
+    again = kestrel_command("config", "example", str(target))
+    assert again.returncode == 1 and "File exists" in again.stderr and target.read_text() == "# mine\n"
 
 
 @pytest.mark.parametrize("log_format, is_json", [("json", True), ("console", False)])

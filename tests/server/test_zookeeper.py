@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +15,6 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pymemcache.client.base import Client as MemcacheClient
-from thriftpy2.rpc import make_client
-from thriftpy2.transport import TFramedTransportFactory
 
 from kestrel.client import ZooKeeperServerSets
 from kestrel.contract import kestrel_thrift as kestrel
@@ -23,6 +23,7 @@ from kestrel.service.session.status import Status, StatusKeeper
 from kestrel.service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
 from kestrel.storage.errors import ConfigError
 from tests.conftest import STALL_S, ServerProcess, free_port, wait_until
+from tests.support.clients import thrift_client
 from tests.support.cluster import running_servers
 
 SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quickly
@@ -65,8 +66,7 @@ def set_ports(zk: KazooClient, prefix: str) -> tuple[set[int], set[int]]:
 
 
 def thrift(srv: ServerProcess) -> Any:
-    return make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, trans_factory=TFramedTransportFactory(),
-                       timeout=5000)
+    return thrift_client(srv.thrift_port)
 
 
 def set_status(srv: ServerProcess, status: int) -> None:
@@ -90,6 +90,20 @@ def members3(zookeeper: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     configs = [member, member, {**member, "status_change_grace_period": f"{GRACE_S}s"}]
     with running_servers(tmp_path_factory.mktemp("members"), configs) as servers:
         yield servers
+
+
+def admin(srv: ServerProcess, path: str) -> tuple[int, str]:
+    """The HTTP status and body of one admin-port page."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def admin_json(srv: ServerProcess) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(admin(srv, "/stats.json")[1])
+    return body
 
 
 def memcache_status(srv: ServerProcess, status: str) -> None:
@@ -186,6 +200,14 @@ def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: li
     # ReadOnly over memcache: out of the write set, still in the read set.
     memcache_status(a, "readonly")
     wait_until(lambda: set_ports(zk, prefix) == (ports - {a.thrift_port}, ports), "a to leave the write set")
+    # The admin port says so: the status and the membership in /stats.json and /metrics.
+    wait_until(lambda: admin_json(a)["server_sets"] == {"connected": True, "read": True, "write": False},
+               "a's membership in /stats.json")
+    assert admin_json(a)["status"] == "ReadOnly"
+    metrics = admin(a, "/metrics")[1]
+    assert 'kestrel_server_set_member{set="read"} 1.0' in metrics
+    assert 'kestrel_server_set_member{set="write"} 0.0' in metrics
+    assert "kestrel_zookeeper_connected 1.0" in metrics and 'kestrel_status{status="ReadOnly"} 1.0' in metrics
     # Quiescent over Thrift: out of both.
     client = thrift(b)
     client.set_status(kestrel.Status.QUIESCENT)
@@ -202,6 +224,8 @@ def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: li
     memcache_status(c, "readonly")
     wait_until(lambda: c.thrift_port not in set_ports(zk, prefix)[0], "c to leave the write set", timeout=GRACE_S)
     assert mc.set("jobs", b"still accepted", noreply=False)
+    # Load balancers see it at once too, as the write set does.
+    assert admin(c, "/ready") == (503, "ReadOnly\n") and admin(c, "/ready/read") == (200, "ReadOnly\n")
     assert time.monotonic() - changed < GRACE_S, "the grace period ran out before the write set was checked"
     wait_until(lambda: not _accepts_a_put(mc), "puts to be refused once the grace period ends")
     assert time.monotonic() - changed >= GRACE_S, "puts were refused before the grace period ran out"

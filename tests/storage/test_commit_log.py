@@ -24,7 +24,7 @@ from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
 from tests.support.power_loss import Disk
-from tests.support.queues import drain
+from tests.support.queues import drain, open_collection
 
 T0 = 1_700_000_000_000
 
@@ -40,11 +40,8 @@ def segment(path: Path, *records: bytes, name: str = "1") -> Path:
 def collection(path: Path, on: bool = True, **queue: Any) -> QueueCollection:
     """A collection whose queues sync `always`, on a runtime whose timers only tests move and whose
     fsyncs go through `os` (no group commit: `tests/support/power_loss.py` sees them)."""
-    runtime = ManualRuntime(clock=FakeClock(T0))
-    coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always", **queue}), runtime=runtime,
+    return open_collection(path, {"sync_journal": "always", **queue}, runtime=ManualRuntime(clock=FakeClock(T0)),
                            commit_log=on)
-    coll.load()
-    return coll
 
 
 # ---------------------------------------------------------------------------------------------

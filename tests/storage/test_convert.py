@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kestrel.storage import QueueCollection, QueueConfigs, formats
+from kestrel.storage import QueueCollection, formats
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
 from kestrel.storage.files import delete_temporaries, scan_queue_dir
@@ -24,7 +24,7 @@ from kestrel.storage.kestrel3.files import (
 )
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.tools import convert
-from tests.support.queues import drain
+from tests.support.queues import drain, open_collection
 
 T0 = 1_700_000_000_000
 Item = tuple[bytes, int, int]  # data, add time, expiry (0 = never)
@@ -35,9 +35,7 @@ class Crash(BaseException):
 
 
 def k2_collection(path: Path, clock: FakeClock | None = None, fmt: str = "kestrel2") -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs({"journal_format": fmt}), clock=clock or FakeClock(T0))
-    coll.load()
-    return coll
+    return open_collection(path, {"journal_format": fmt}, clock=clock or FakeClock(T0))
 
 
 def make_k2(path: Path) -> list[Item]:

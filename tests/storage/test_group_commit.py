@@ -214,10 +214,10 @@ def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's path: puts to eight queues in one turn are acknowledged after one round."""
     from kestrel.storage import QueueCollection, QueueConfigs
-    from kestrel.storage.fsync.group_commit import GROUP_COMMIT
+    from kestrel.storage.fsync.group_commit import shared
 
     counting = Counting(ThreadFsync())
-    monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
+    monkeypatch.setattr(shared(), "_fsync_many", counting)
     coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
     coll.load()
     for i in range(8):
@@ -252,10 +252,10 @@ def test_a_journal_syncs_through_the_group_commit_its_runtime_names(tmp_path: Pa
 
 def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from kestrel.storage.fsync.group_commit import GROUP_COMMIT
+    from kestrel.storage.fsync.group_commit import shared
 
     counting = Counting(ThreadFsync())
-    monkeypatch.setattr(GROUP_COMMIT, "_fsync_many", counting)
+    monkeypatch.setattr(shared(), "_fsync_many", counting)
     writer = JournalWriter(str(tmp_path / "q"), 0, ThreadsRuntime())
     writer.append(b"x")
     writer.commit()

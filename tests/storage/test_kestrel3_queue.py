@@ -19,14 +19,12 @@ from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, open_collection, reopen
 
 
 def collection(path: Path, clock: FakeClock | None = None, **settings: Any) -> QueueCollection:
     queues = {"q": {"journal_format": "kestrel3", **settings.pop("q", {})}, **settings}
-    coll = QueueCollection(str(path), QueueConfigs({}, queues), clock=clock or FakeClock())
-    coll.load()
-    return coll
+    return open_collection(path, queues=queues, clock=clock or FakeClock())
 
 
 def k3(coll: QueueCollection, name: str) -> Kestrel3Queue:

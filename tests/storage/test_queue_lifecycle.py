@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs
-from tests.support.queues import reopen
+from kestrel.storage import QueueCollection
+from tests.support.queues import open_collection, reopen
 
 FORMATS = ["kestrel2", "kestrel3"]
 
 
 def _collection(path: Path, fmt: str) -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs({"journal_format": fmt}, {}))
-    coll.load()
-    return coll
+    return open_collection(path, {"journal_format": fmt})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from kestrel.storage import QueueCollection
+from typing import Any
+
+from kestrel.storage import QueueCollection, QueueConfigs
+
+
+def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: dict[str, Any] | None = None,
+                    **options: Any) -> QueueCollection:
+    """A loaded collection on `path`: `defaults` for every queue, `queues` by name, and the
+    collection's own keyword options (clock, runtime, commit_log, ...)."""
+    coll = QueueCollection(str(path), QueueConfigs(defaults or {}, queues or {}), **options)
+    coll.load()
+    return coll
 
 
 def drain(coll: QueueCollection, name: str) -> list[bytes]:

@@ -9,16 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
-from tests.support.installs import ensure_debian_package
-
-
-def need_java() -> None:
-    """Skip the test, saying why, where no Java runtime can be had."""
-    if ensure_debian_package("java", "default-jre-headless") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs a Java runtime: install default-jre-headless (apt-get needs root here)")
 
 
 def app_environment(spark_dir: Path, **conf: str) -> dict[str, str]:

@@ -13,17 +13,14 @@ from typing import Any
 import pytest
 
 from kestrel.contract import IDL_PATH
-from tests.support.installs import ensure_debian_package
+from tests.support.system import tool
 
 GENERATED = "apache_kestrel"
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    compiler = ensure_debian_package("thrift", "thrift-compiler")
-    if compiler is None:
-        pytest.skip("the Apache Thrift compiler (Debian's thrift-compiler) is not installed and "
-                    "cannot be installed here (needs root and apt-get)")
+    compiler = tool("thrift")
     out = tmp_path_factory.mktemp("gen-py")
     # The contract's Python namespace is `kestrel`, which this package's own namespace takes in this
     # process: generate under another name (a namespace names modules only; the wire is the same).

@@ -5,33 +5,24 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import thriftpy2
-from thriftpy2.protocol import TCompactProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TTransportException
+from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
 from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.support.clients import thrift
 from tests.support.wire import memcache_stats, shared_server  # noqa: F401  (the module's `server`)
 
 # The module's `server`: queue settings its tests need, each queue one test's.
 SHARED_SERVER_CONFIG = {"queues": {"small": {"max_items": 2}}}
 
 
-@contextmanager
-def client(srv: ServerProcess, **kwargs: Any) -> Iterator[Any]:
-    kwargs.setdefault("trans_factory", TFramedTransportFactory())
-    c = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000, **kwargs)
-    try:
-        yield c
-    finally:
-        c.close()
+client = thrift
 
 
 def test_put_get_peek_and_version(server: ServerProcess) -> None:
@@ -342,7 +333,7 @@ def test_unknown_method_gets_an_application_exception(server: ServerProcess) -> 
 
 def test_buffered_transport_and_compact_protocol(server_factory: Any) -> None:
     srv = server_factory({"thrift_transport": "buffered", "thrift_protocol": "compact"})
-    with client(srv, trans_factory=TBufferedTransportFactory(), proto_factory=TCompactProtocolFactory()) as c:
+    with client(srv, protocol="compact", transport="buffered") as c:
         assert c.put("bc", [b"a", b"b"], 0) == 2
         got = c.get("bc", 2, 0, 10_000)
         assert c.confirm("bc", {got[0].id, got[1].id}) == 2

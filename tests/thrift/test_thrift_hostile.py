@@ -9,35 +9,20 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from thriftpy2.protocol import TCompactProtocolFactory
-from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
-from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.support.clients import thrift
 from tests.support.thrift_wire import closed_or_silent, encode_call, framed, read_framed_reply, rss_kb
 from tests.support.wire import shared_server  # noqa: F401  (the module's `server`)
 
 BIG = 0x7FFFFFFF
 
 
-@contextmanager
-def client(srv: ServerProcess, protocol: str = "binary", transport: str = "framed") -> Iterator[Any]:
-    kwargs: dict[str, Any] = {
-        "trans_factory": TFramedTransportFactory() if transport == "framed" else TBufferedTransportFactory()}
-    if protocol == "compact":
-        kwargs["proto_factory"] = TCompactProtocolFactory()
-    c = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000, **kwargs)
-    try:
-        yield c
-    finally:
-        c.close()
+client = thrift
 
 
 def raw(srv: ServerProcess) -> socket.socket:

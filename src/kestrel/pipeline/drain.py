@@ -11,6 +11,7 @@ them (a temporary one included), rather than leaving them to be lost with it.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
     (`maxItemsPerTrigger`, `autoAbortMs`, ...). Raises what the query raised, with a note naming
     the checkpoint when the failed batch is held in its log alone.
     """
+    temporary = checkpoint is None  # removed at the end, unless it holds items
     location = checkpoint or tempfile.mkdtemp(prefix="kestrel-drain-")
     reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", queue)
               .option("checkpointLocation", location))
@@ -39,7 +41,11 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
     except Exception as error:
         held = wal.held_early(location)
         if held:
+            temporary = False  # the only place those items are
             error.add_note(f"kestrel drain: {held} items of the failed batch are held in the checkpoint's "
                            f"log alone (their reads were confirmed early, as the batch ran longer than half "
                            f"of autoAbortMs); run drain again with checkpoint={location!r} to deliver them")
         raise
+    finally:
+        if temporary:
+            shutil.rmtree(location, ignore_errors=True)

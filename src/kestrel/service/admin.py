@@ -1,4 +1,10 @@
-"""The admin HTTP port: /ping, /stats.json, /stats.txt and Prometheus /metrics."""
+"""The admin HTTP port: /ping, /ready, /stats.json, /stats.txt and Prometheus /metrics.
+
+`/ping` is liveness: `pong` while the process answers, whatever its status. `/ready` is readiness
+for a load balancer in front of writers: 200 while the server is Up, 503 once it is ReadOnly or
+Quiescent or shutting down; `/ready/read` the same for readers (200 while Up or ReadOnly). Both
+follow a status change at once, as the ZooKeeper server sets do, ahead of its grace period.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +16,49 @@ from gevent.pywsgi import WSGIServer
 from kestrel.service import metrics
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_json, stats_text
+
+Answer = tuple[str, str, bytes]  # HTTP status line, content type, body
+
+# The statuses in which the server takes each kind of client's requests (NotConfigured: always Up).
+READY_FOR = {
+    "/ready": (Status.UP, Status.NOT_CONFIGURED),
+    "/ready/read": (Status.UP, Status.READ_ONLY, Status.NOT_CONFIGURED),
+}
+
+
+def readiness(server: ServerState, path: str) -> Answer:
+    status = server.status.current
+    label = Status.UP.label if status == Status.NOT_CONFIGURED else status.label
+    if server.shutdown_requested.is_set():
+        return "503 Service Unavailable", "text/plain", b"shutting down\n"
+    if status in READY_FOR[path]:
+        return "200 OK", "text/plain", f"{label}\n".encode()
+    return "503 Service Unavailable", "text/plain", f"{label}\n".encode()
 
 
 def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:
     """HTTP/1.1 on gevent's WSGI handler, accepted by the shared listener so that it stops with the rest."""
-    routes: dict[str, tuple[str, Callable[[], bytes]]] = {
-        "/ping": ("text/plain", lambda: b"pong\n"),
-        "/stats.json": ("application/json", lambda: stats_json(server)),
-        "/stats.txt": ("text/plain", lambda: stats_text(server)),
-        "/metrics": (metrics.CONTENT_TYPE_LATEST, lambda: metrics.render(server)),
+    ok = "200 OK"
+    routes: dict[str, Callable[[], Answer]] = {
+        "/ping": lambda: (ok, "text/plain", b"pong\n"),
+        "/ready": lambda: readiness(server, "/ready"),
+        "/ready/read": lambda: readiness(server, "/ready/read"),
+        "/stats.json": lambda: (ok, "application/json", stats_json(server)),
+        "/stats.txt": lambda: (ok, "text/plain", stats_text(server)),
+        "/metrics": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render(server)),
+        "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST,
+                                       metrics.render(server, per_queue=True)),
     }
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         route = routes.get(environ.get("PATH_INFO", ""))
         if route is None or environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: try /ping, /stats.json, /stats.txt or /metrics\n"]
-        content_type, render = route
-        body = render()
-        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+            return [f"not found: try {', '.join(routes)}\n".encode()]
+        status, content_type, body = route()
+        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
 
     wsgi = WSGIServer(listener, app, log=None, environ={"SERVER_NAME": listener[0]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import ipaddress
 import os
 import resource
 import signal
@@ -25,6 +26,7 @@ from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage.errors import KestrelError
+from kestrel.storage.fsync import group_commit
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import DEFAULT_RUNTIME
 
@@ -68,6 +70,16 @@ def check_writable(status_file: str) -> None:
         raise OSError(e.errno, e.strerror, status_file) from None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is this machine's loopback alone."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve beyond loopback
+        return False
+
+
 def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -99,6 +111,7 @@ class App:
         cfg = self.config
         fds = raise_open_file_limit()
         metrics.install_storage_timing()
+        group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
         status_file = cfg.resolved_status_file()
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):
@@ -127,7 +140,12 @@ class App:
             self.membership = ServerSetMembership(cfg.zookeeper, endpoints, cfg.listen_address,
                                                   self.server.status)
             self.membership.start()
-        log.info("kestrel started", version=self.server.version, queue_path=cfg.queue_path,
+            self.server.membership = self.membership.report
+        if not is_loopback(cfg.listen_address):
+            log.warning("listening beyond this machine: nothing authenticates clients, so any host that "
+                        "reaches these ports may read, write, flush or shut down; keep them on a private "
+                        "network or behind a firewall", listen_address=cfg.listen_address)
+        log.info("kestrel started", version=self.server.version, queue_path=os.path.abspath(cfg.queue_path),
                  listen_address=cfg.listen_address, status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
 

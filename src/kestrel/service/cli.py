@@ -24,11 +24,12 @@ def patch_all() -> None:
 patch_all()
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
 from kestrel import SERVER_VERSION  # noqa: E402
-from kestrel.service.config import ServerConfig, each_error, load, with_overrides  # noqa: E402
+from kestrel.service.config import EXAMPLE, ServerConfig, each_error, load, with_overrides  # noqa: E402
 from kestrel.service.logs import LOG_FORMATS, configure_logging  # noqa: E402
 from kestrel.service.startup import (  # noqa: E402
     EXIT_CODES,
@@ -43,10 +44,11 @@ from kestrel.storage.tools import recover as journal_recover  # noqa: E402
 
 SERVE_DESCRIPTION = """\
 Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
-(/ping, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (deploy/kestrel.yaml
-lists every key with its default); the options below override it. SIGTERM or SIGINT stop the server
-cleanly; SIGHUP reloads the queue and alias settings. A failure to start is one line on stderr naming
-what failed, where and why, and the exit code says which kind it is."""
+(/ping, /ready, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (`kestrel
+config example` writes one listing every key with its default); the options below override it.
+SIGTERM or SIGINT stop the server cleanly; SIGHUP reloads the queue and alias settings (and names the
+keys only a restart applies). A failure to start is one line on stderr naming what failed, where and
+why, and the exit code says which kind it is."""
 
 
 def exit_codes_epilog() -> str:
@@ -68,7 +70,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     built-in default shown."""
     d = ServerConfig()
     p.add_argument("--config", metavar="FILE",
-                   help="YAML config file (default: none, the built-in defaults; see deploy/kestrel.yaml)")
+                   help="YAML config file (default: none, the built-in defaults; `kestrel config example` "
+                        "writes one with every key)")
     p.add_argument("--check", action="store_true",
                    help="check the configuration (file and options) and exit: 0 if good, 2 if not")
     p.add_argument("--queue-path", metavar="DIR", help=f"directory of the journals (default: {d.queue_path})")
@@ -98,13 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     for p in (parser, serve):
         add_serve_arguments(p)
-    config = sub.add_parser("config", help="check a config file without starting")
+    config = sub.add_parser("config", help="check a config file without starting, or write the example")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser(
         "check", help="check a config file; exit 0 if good, 2 listing every bad key if not",
         description="Check a config file as `kestrel serve` would read it, without starting: exit 0 "
                     "if it is good, 2 with one line per bad key if not.")
     check.add_argument("file", metavar="FILE", help="the YAML config file")
+    example = config_sub.add_parser(
+        "example", help="write the example config file: every key, its default and what it does",
+        description="Write the example config file (every key with its default and a comment; queue_path "
+                    "is the systemd unit's /var/spool/kestrel) to FILE, or to standard output. An "
+                    "existing FILE is left alone (exit 1).")
+    example.add_argument("file", metavar="FILE", nargs="?",
+                         help="where to write it (default: standard output)")
     journal = sub.add_parser("journal", help="offline tools for journal files")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
@@ -130,6 +140,22 @@ def read_config(args: argparse.Namespace) -> ServerConfig:
                           text_port=args.text_port, admin_port=args.admin_port, salvage=args.salvage)
 
 
+def write_example(path: str | None) -> int:
+    """The example config to `path` (a new file; its directory made if missing) or to stdout."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    if path is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "x", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as e:
+        print(f"kestrel: cannot write {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
@@ -138,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         return journal_convert.run(args)
     if args.command == "journal" and args.journal_command == "recover":
         return journal_recover.run(args)
+    if args.command == "config" and args.config_command == "example":
+        return write_example(args.file)
     if args.command == "config":
         try:
             load(args.file)

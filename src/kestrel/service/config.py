@@ -10,6 +10,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -25,7 +26,11 @@ from kestrel.storage.config import (
     parse_optional_duration_ms,
     parse_size,
 )
-from kestrel.storage.errors import ConfigError
+from kestrel.storage.errors import ConfigError, InvalidQueueName
+from kestrel.storage.filenames import check_queue_name
+
+# The example configuration, every key with a comment, shipped in the package (`kestrel config example`).
+EXAMPLE = Path(__file__).with_name("kestrel.yaml")
 
 
 class ConfigErrors(ConfigError):
@@ -207,6 +212,7 @@ class ServerConfig:
     queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for reloads
+    overridden: tuple[str, ...] = ()  # the keys the command line set, which a reload leaves alone
 
     def resolved_status_file(self) -> str | None:
         if self.status_file is None:
@@ -263,6 +269,7 @@ def _aliases(value: Any, collect: _Collector) -> dict[str, list[str]]:
         raise ConfigError("aliases", f"expected a mapping of alias name to settings, got {value!r}")
     out = {}
     for name, settings in value.items():
+        collect.check(_queue_name, f"aliases.{name}", name, "alias")
         dests = collect.check(_alias, f"aliases.{name}", settings)
         if dests is not None:
             out[str(name)] = dests
@@ -278,7 +285,17 @@ def _alias(key: str, settings: Any) -> list[str]:
     dests = settings.get("destination_queues")
     if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
         raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
+    for dest in dests:
+        _queue_name(f"{key}.destination_queues", dest, "queue")
     return list(dests)
+
+
+def _queue_name(key: str, name: Any, what: str) -> None:
+    """Refuse a configured name that a request naming it would be refused for."""
+    try:
+        check_queue_name(str(name))
+    except InvalidQueueName as e:
+        raise ConfigError(key, str(e).replace("queue name", f"{what} name", 1)) from None
 
 
 def _queue_settings(key: str, value: Any, collect: _Collector) -> dict[str, Any]:
@@ -287,6 +304,7 @@ def _queue_settings(key: str, value: Any, collect: _Collector) -> dict[str, Any]
         raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
     queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
     for name, settings in queues.items():
+        collect.check(_queue_name, f"{key}.{name}", name, "queue")
         _check_queue_settings(f"{key}.{name}", settings, collect)
     return queues
 
@@ -340,12 +358,53 @@ def load(path: str | None) -> ServerConfig:
         return ServerConfig()
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            text = f.read()
+        duplicates = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(path, f"not valid YAML: {e}") from None
-    return from_mapping(data, os.path.abspath(path))
+        raise ConfigError(path, f"not valid YAML: {_one_line(e)}") from None
+    try:
+        config = from_mapping(data, os.path.abspath(path))
+    except ConfigError as e:
+        duplicates.extend(each_error(e))
+    collect = _Collector()
+    collect.errors = duplicates
+    collect.raise_any()
+    return config
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    """PyYAML's error, which spans several lines, as one: where, what, and while doing what."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return " ".join(str(error).split())
+    mark = error.problem_mark or error.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = f" ({error.context})" if error.context else ""
+    return f"{where}{error.problem}{context}"
+
+
+def _duplicate_keys(node: yaml.Node | None, path: str = "") -> list[ConfigError]:
+    """A ConfigError for each key given twice in one mapping: YAML would keep the last silently."""
+    found: list[ConfigError] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            where = f"{path}.{key}" if path else key
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                found.append(ConfigError(where, f"given twice, on lines {seen[key]} and {line}; keep one"))
+            else:
+                seen[key] = line
+            found.extend(_duplicate_keys(value_node, where))
+    elif isinstance(node, yaml.SequenceNode):
+        for n, item in enumerate(node.value):
+            found.extend(_duplicate_keys(item, f"{path}[{n}]"))
+    return found
 
 
 def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
@@ -355,4 +414,4 @@ def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
     for key, value in given.items():
         collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
     collect.raise_any()
-    return dataclasses.replace(config, **given)
+    return dataclasses.replace(config, **given, overridden=tuple(given))

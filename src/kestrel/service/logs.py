@@ -1,5 +1,7 @@
 """structlog set-up: JSON lines or readable console lines; by default (`auto`) readable lines on a
-terminal, JSON lines otherwise (files, journald).
+terminal, JSON lines otherwise (files, journald). One stream (stderr), one format: what libraries log
+through the standard library's `logging` (kazoo) and Python's warnings come through the same
+renderer, and gevent's report of an error no greenlet caught too.
 
 Each connection runs in its own greenlet, which has its own context: `bind_client` there puts the
 client's address on every line logged on its behalf, even by layers that know nothing of clients
@@ -44,6 +46,24 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
         cache_logger_on_first_use=True,
     )
     Hub.print_exception = _log_uncaught
+    root = logging.getLogger()
+    root.handlers[:] = [_ToStructlog()]
+    root.setLevel(getattr(logging, level.upper()))
+    logging.captureWarnings(True)
+
+
+class _ToStructlog(logging.Handler):
+    """A standard-library log record as a line of the server's log, under its logger's name."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            event = record.getMessage()
+        except Exception:  # a library's bad format string must not lose the line
+            event = str(record.msg)
+        fields: dict[str, Any] = {"logger": record.name}
+        if record.exc_info:
+            fields["exc_info"] = record.exc_info
+        structlog.get_logger(record.name).log(record.levelno, event, **fields)
 
 
 def _log_uncaught(hub: Hub, context: Any, kind: type[BaseException] | None, value: BaseException | None,

@@ -1,8 +1,9 @@
-"""Prometheus metrics for `/metrics`, rendered by prometheus-client.
+"""Prometheus metrics for `/metrics` and `/metrics/per-queue`, rendered by prometheus-client.
 
-Two sources: latency histograms, fed as things happen (requests through `timed`/`observe`, journal
-writes, fsyncs and packs through storage's timing hook), and the server's Kestrel figures, read at
-scrape time from the same counters that `/stats.json` and memcache `stats` show, so the three agree.
+Three sources: latency histograms, fed as things happen (requests through `timed`/`observe`, journal
+writes, fsyncs and packs through storage's timing hook); the server's Kestrel figures, read at scrape
+time from `stats_document`, the one source `/stats.json` shows too, so they agree; and the process's
+own (`process_*`: CPU, memory, descriptors).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -21,10 +23,13 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.status import Status
+from kestrel.service.stats_render import stats_document
 from kestrel.storage import files as journal
 
 __all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "request_latency", "timed"]
@@ -146,99 +151,205 @@ def install_storage_timing() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The Kestrel figures
+# The Kestrel figures, by Prometheus's conventions
+#
+# /stats.json and memcache `stats` keep Kestrel's names, which its clients read; here each figure
+# gets a name by Prometheus's rules: base units (seconds, bytes), `_total` on counters alone. A
+# figure left out of these tables is not exported (tests/server/test_metrics.py checks each is
+# placed). `/metrics` holds the server's figures and sums over its queues, a few series whatever
+# the number of queues; `/metrics/per-queue` each queue's own, as RabbitMQ's plugin splits them.
 
-_COUNTERS = {"total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits", "get_misses",
-             "bytes_read", "bytes_written", "queue_creates", "queue_deletes", "queue_expires",
-             "expired_items", "discarded", "transactions", "canceled_transactions", "total_flushes",
-             "poisoned"}
 
-_HELP = {
-    "uptime": "Seconds since the server started.",
-    "time": "The server's clock, in seconds since the epoch.",
-    "curr_items": "Items in all queues.",
-    "total_items": "Items ever added.",
-    "bytes": "Bytes of item data held.",
-    "curr_connections": "Open client connections.",
-    "total_connections": "Client connections ever accepted.",
-    "cmd_get": "Get requests (each wait for an item counts once).",
-    "cmd_set": "Items offered by put and set requests.",
-    "cmd_peek": "Peek requests.",
-    "get_hits": "Get requests that returned an item.",
-    "get_misses": "Get requests that returned nothing.",
-    "bytes_read": "Bytes read from clients.",
-    "bytes_written": "Bytes written to clients.",
-    "queue_creates": "Queues created.",
-    "queue_deletes": "Queues deleted.",
-    "queue_expires": "Queues deleted for reaching max_queue_age.",
-    "items": "Items in the queue.",
-    "logsize": "Bytes of journal on disk.",
-    "expired_items": "Items that expired.",
-    "mem_items": "Items held in memory (the rest wait on disk in read-behind).",
-    "mem_bytes": "Bytes of item data held in memory.",
-    "age": "Milliseconds the last item taken had spent in the queue.",
-    "age_msec": "Milliseconds the last item taken had spent in the queue.",
-    "discarded": "Items dropped because the queue was full (discard_old_when_full).",
-    "waiters": "Clients waiting for an item.",
-    "open_transactions": "Reads handed out and not yet confirmed or aborted.",
-    "transactions": "Reliable reads ever opened.",
-    "canceled_transactions": "Reliable reads aborted (by the client, a timer or a disconnect).",
-    "total_flushes": "Times the queue was flushed.",
-    "create_time": "When the queue was created, in milliseconds since the epoch.",
-    "poisoned": "Items aborted max_errors times, moved to the error_queue or dropped.",
-    "refused_queues": "Queues refused at start-up because their journal is damaged (the others serve).",
-    "memory_target": "Bytes of items the queue may hold in memory now: its share of max_memory_total.",
-    "paged_out": "Bytes of items only in the journal, read back as the head drains.",
-    "memory_total": "Bytes the queues hold in memory: items, open reads, read-behind buffers.",
-    "max_memory_total": "The server's memory budget for every queue together (0: none).",
-    "memory_paged_total": "Bytes of items paged out of memory to stay under max_memory_total.",
-    "flow_control": "1 while puts are held and refused because memory stays over max_memory_total.",
-    "flow_control_ms": "Milliseconds spent under flow control.",
-    "flow_control_refused": "Puts refused under flow control.",
+@dataclass(frozen=True)
+class Figure:
+    """How one Kestrel figure is exported: its Prometheus name, kind, help, and scale to base units."""
+
+    name: str
+    kind: str  # "counter" or "gauge"
+    help: str
+    scale: float = 1.0
+
+
+def _counter(name: str, help_text: str, scale: float = 1.0) -> Figure:
+    return Figure(name, "counter", help_text, scale)
+
+
+def _gauge(name: str, help_text: str, scale: float = 1.0) -> Figure:
+    return Figure(name, "gauge", help_text, scale)
+
+
+MS = 0.001  # Kestrel counts milliseconds; Prometheus, seconds
+
+# Kestrel's server figure -> how it is exported (None: not exported, and why).
+SERVER_FIGURES: dict[str, Figure | None] = {
+    "uptime": None,  # process_start_time_seconds
+    "time": None,  # the scrape's own timestamp
+    "version": None,  # kestrel_build_info
+    "curr_items": _gauge("kestrel_items", "Items in every queue, open reads included."),
+    "total_items": _counter("kestrel_items_added_total",
+                            "Items ever added to a queue (fanout copies count)."),
+    "bytes": _gauge("kestrel_item_bytes", "Bytes of item data in every queue."),
+    "curr_connections": _gauge("kestrel_open_connections", "Client connections open now, every protocol."),
+    "total_connections": _counter("kestrel_accepted_connections_total", "Client connections accepted."),
+    "cmd_get": _counter("kestrel_get_requests_total", "Get requests; a get that waits counts once."),
+    "cmd_set": _counter("kestrel_put_items_total", "Items offered by put and set requests, stored or not."),
+    "cmd_peek": _counter("kestrel_peek_requests_total", "Peek requests."),
+    "get_hits": _counter("kestrel_get_hits_total", "Get requests that returned an item."),
+    "get_misses": _counter("kestrel_get_misses_total", "Get requests that returned nothing."),
+    "bytes_read": _counter("kestrel_received_bytes_total", "Bytes read from clients."),
+    "bytes_written": _counter("kestrel_sent_bytes_total", "Bytes written to clients."),
+    "queue_creates": _counter("kestrel_queues_created_total", "Queues created, at start-up or by a request."),
+    "queue_deletes": _counter("kestrel_queues_deleted_total",
+                              "Queues deleted by a request or for their age."),
+    "queue_expires": _counter("kestrel_queues_expired_total", "Queues deleted for reaching max_queue_age."),
+    "refused_queues": _gauge("kestrel_refused_queues", "Queues refused at start-up because their files are "
+                             "damaged; they answer every request with an error, the others serve."),
+    "memory_total": _gauge("kestrel_memory_held_bytes", "Bytes the queues hold in memory: items, open "
+                           "reads, read-behind buffers (counted against kestrel_memory_budget_bytes)."),
+    "max_memory_total": _gauge("kestrel_memory_budget_bytes", "The memory budget of every queue together "
+                               "(max_memory_total); 0 when there is none."),
+    "memory_paged_total": _gauge("kestrel_memory_paged_out_bytes", "Bytes of items paged out of memory to "
+                                 "stay under the budget; they are read back from the journals."),
+    "flow_control": _gauge("kestrel_flow_control", "1 while puts wait and are refused because memory stays "
+                           "over the budget, else 0."),
+    "flow_control_ms": _counter("kestrel_flow_control_seconds_total", "Time spent under flow control.", MS),
+    "flow_control_refused": _counter("kestrel_flow_control_refused_puts_total",
+                                     "Puts refused under flow control."),
 }
 
+# Kestrel's per-queue figure -> how each queue's is exported on /metrics/per-queue, label `queue`.
+QUEUE_FIGURES: dict[str, Figure | None] = {
+    "items": _gauge("kestrel_queue_items", "Items in the queue, open reads included."),
+    "bytes": _gauge("kestrel_queue_item_bytes", "Bytes of item data in the queue."),
+    "total_items": _counter("kestrel_queue_items_added_total", "Items ever added to the queue."),
+    "logsize": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk."),
+    "expired_items": _counter("kestrel_queue_items_expired_total", "Items that expired in the queue."),
+    "mem_items": _gauge("kestrel_queue_memory_items", "Items held in memory; the rest wait in the journal."),
+    "mem_bytes": _gauge("kestrel_queue_memory_bytes", "Bytes of item data held in memory."),
+    "age": _gauge("kestrel_queue_last_item_age_seconds", "How long the last item taken had waited in the "
+                  "queue (0 once the queue is empty).", MS),
+    "age_msec": None,  # the same figure as age
+    "discarded": _counter("kestrel_queue_items_discarded_total", "Items dropped because the queue was full "
+                          "(discard_old_when_full)."),
+    "waiters": _gauge("kestrel_queue_waiters", "Clients waiting for an item."),
+    "open_transactions": _gauge("kestrel_queue_open_reads",
+                                "Reads handed out, not yet confirmed or aborted."),
+    "transactions": _counter("kestrel_queue_reads_opened_total", "Reliable reads opened."),
+    "canceled_transactions": _counter("kestrel_queue_reads_aborted_total", "Reliable reads aborted: by the "
+                                      "client, the auto-abort timer or a disconnect."),
+    "total_flushes": _counter("kestrel_queue_flushes_total", "Times the queue was flushed."),
+    "create_time": _gauge("kestrel_queue_created_timestamp_seconds", "When the queue was created, in "
+                          "seconds since the epoch.", MS),
+    "read_only": _gauge("kestrel_queue_read_only", "1 while the queue refuses changes after a failed journal "
+                        "write, until a probe write succeeds; else 0."),
+    "journal_write_errors": _counter("kestrel_queue_journal_write_errors_total", "Journal writes that failed "
+                                     "(full disk, I/O error)."),
+    "poisoned": _counter("kestrel_queue_items_poisoned_total", "Items aborted max_errors times, moved to the "
+                         "error_queue or dropped."),
+    "memory_target": _gauge("kestrel_queue_memory_target_bytes", "Bytes of items the queue may hold in "
+                            "memory now: its share of the memory budget."),
+    "paged_out": _gauge("kestrel_queue_paged_out_bytes", "Bytes of the queue's items only in its journal."),
+}
 
-def _family(name: str, key: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
-    help_text = _HELP.get(key, f"Kestrel's {key} figure.")
-    if key in _COUNTERS:
-        return CounterMetricFamily(name, help_text, labels=labels)
-    return GaugeMetricFamily(name, help_text, labels=labels)
+# Sums over the queues on /metrics: gauges, since a sum falls when a queue is deleted.
+QUEUE_SUMS: dict[str, Figure] = {
+    "open_transactions": _gauge("kestrel_open_reads", "Reads handed out, not yet confirmed or aborted, in "
+                                "every queue."),
+    "waiters": _gauge("kestrel_waiters", "Clients waiting for an item, on every queue."),
+    "logsize": _gauge("kestrel_journal_bytes", "Bytes of journal files on disk, every queue."),
+    "read_only": _gauge("kestrel_read_only_queues", "Queues refusing changes after a failed journal write."),
+    "paged_out": _gauge("kestrel_paged_out_bytes", "Bytes of items only in the journals, every queue."),
+}
+
+STATUSES = (Status.UP, Status.READ_ONLY, Status.QUIESCENT)
 
 
-class KestrelCollector(Collector):
-    """The server's figures as `kestrel_<stat>`, each queue's as `kestrel_queue_<stat>{queue=...}`."""
+def _family(figure: Figure, labels: list[str] | None = None) -> CounterMetricFamily | GaugeMetricFamily:
+    if figure.kind == "counter":
+        return CounterMetricFamily(figure.name.removesuffix("_total"), figure.help, labels=labels)
+    return GaugeMetricFamily(figure.name, figure.help, labels=labels)
 
-    def __init__(self, server: ServerState) -> None:
-        self.server = server
+
+
+
+class ServerCollector(Collector):
+    """/metrics: the server's figures, its status and server-set membership, sums over its queues."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
+        stats = self.stats
         info = InfoMetricFamily("kestrel_build", "The server's version.")
-        info.add_metric([], {"version": str(self.server.version)})
+        info.add_metric([], {"version": str(stats["server"]["version"])})
         yield info
-        for key, value in self.server.global_stats().items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                family = _family(f"kestrel_{key}", key, [])
-                family.add_metric([], value)
+        status = GaugeMetricFamily("kestrel_status", "The server's status (set_status, the status command): "
+                                   "1 for the current one. Up takes every request, ReadOnly refuses changes, "
+                                   "Quiescent everything but closing open reads.", labels=["status"])
+        # Without a status file the server is always Up.
+        current = Status.UP.label if stats["status"] == Status.NOT_CONFIGURED.label else stats["status"]
+        for each in STATUSES:
+            status.add_metric([each.label], 1.0 if each.label == current else 0.0)
+        yield status
+        sets = stats["server_sets"]
+        if sets is not None:
+            connected = GaugeMetricFamily("kestrel_zookeeper_connected", "1 while the server has a ZooKeeper "
+                                          "session, else 0.", value=1.0 if sets["connected"] else 0.0)
+            yield connected
+            member = GaugeMetricFamily("kestrel_server_set_member", "1 while the server is a member of the "
+                                       "ZooKeeper server set (read or write), else 0.", labels=["set"])
+            for name in ("read", "write"):
+                member.add_metric([name], 1.0 if sets[name] else 0.0)
+            yield member
+        for key, value in stats["server"].items():
+            figure = SERVER_FIGURES.get(key)
+            if figure is not None:
+                family = _family(figure)
+                family.add_metric([], value * figure.scale)
                 yield family
-        per_queue: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        for name, stats in self.server.queue_stats().items():
-            for key, value in stats.items():
-                if key not in per_queue:
-                    per_queue[key] = _family(f"kestrel_queue_{key}", key, ["queue"])
-                per_queue[key].add_metric([name], value)
-        yield from per_queue.values()
-        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because "
-                                    "its journal is damaged; it answers every request with an error "
-                                    "until repaired (or loaded with --salvage).", labels=["queue", "reason"])
-        for name, error in sorted(self.server.collection.refused.items()):
-            refused.add_metric([name, error.reason], 1)
+        queues = stats["queues"]
+        yield GaugeMetricFamily("kestrel_queues", "Queues the server holds (fanout children count).",
+                                value=len(queues))
+        for key, figure in QUEUE_SUMS.items():
+            family = _family(figure)
+            family.add_metric([], float(sum(q.get(key, 0) for q in queues.values())))
+            yield family
+
+
+class QueueCollector(Collector):
+    """/metrics/per-queue: each queue's figures, labelled `queue`; a refused queue as 1."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for name, figures in self.stats["queues"].items():
+            for key, value in figures.items():
+                figure = QUEUE_FIGURES.get(key)
+                if figure is None:
+                    continue
+                if key not in families:
+                    families[key] = _family(figure, ["queue"])
+                families[key].add_metric([name], value * figure.scale)
+        yield from families.values()
+        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because its "
+                                    "files are damaged (/stats.json says where and why); it answers every "
+                                    "request with an error until repaired or salvaged.", labels=["queue"])
+        for name in self.stats["refused_queues"]:
+            refused.add_metric([name], 1.0)
         yield refused
 
 
-def render(server: ServerState) -> bytes:
-    """The text exposition of every metric, for `/metrics`."""
+def render(server: ServerState, per_queue: bool = False) -> bytes:
+    """The text exposition for `/metrics` (server-wide), or `/metrics/per-queue` (each queue's)."""
+    stats = stats_document(server)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(KestrelCollector(server))
-    for histogram in HISTOGRAMS:
-        registry.register(histogram)
+    if per_queue:
+        registry.register(QueueCollector(stats))
+    else:
+        registry.register(ServerCollector(stats))
+        for histogram in HISTOGRAMS:
+            registry.register(histogram)
+        ProcessCollector(registry=registry)
     return generate_latest(registry)

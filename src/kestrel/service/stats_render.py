@@ -39,9 +39,23 @@ def dump_stats(server: ServerState) -> bytes:
     return queue_blocks(server.queue_stats())
 
 
+def stats_document(server: ServerState) -> dict[str, Any]:
+    """Every figure of the admin port under Kestrel's names, read once: the one source of `/stats.json`,
+    `/metrics` and whatever else shows them. `status` is the current status (a stricter one applies
+    its refusals after `status_change_grace_period`: `enforced_status`); `server_sets` the ZooKeeper
+    membership (None without `zookeeper`)."""
+    return {
+        "server": server.global_stats(),
+        "status": server.status.current.label,
+        "enforced_status": server.status.enforced.label,
+        "server_sets": server.server_sets(),
+        "queues": server.queue_stats(),
+        "refused_queues": server.collection.refused_queues(),
+    }
+
+
 def stats_json(server: ServerState) -> bytes:
-    return json.dumps({"server": server.global_stats(), "queues": server.queue_stats(),
-                       "refused_queues": server.collection.refused_queues()}, sort_keys=True).encode()
+    return json.dumps(stats_document(server), sort_keys=True).encode()
 
 
 def stats_text(server: ServerState) -> bytes:

@@ -18,7 +18,7 @@ from kestrel.service.socket_io import ClientSocket
 
 # Seconds of work without waiting before a connection steps aside. A light client's round under a
 # flood is about one turn of each flooder: 1 ms halved it from 2 ms, and the flood's own rate did not
-# move (bench/README.md).
+# move (bench/bench_fairness.py, 2026-11-27).
 TURN = 0.001
 
 

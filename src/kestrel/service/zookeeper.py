@@ -94,6 +94,11 @@ class ServerSetMembership:
         """Our member znode in each set we are in, as far as we know: set name -> path."""
         return dict(self._joined)
 
+    def report(self) -> dict[str, bool]:
+        """`connected` to ZooKeeper, and a member of each set (`read`, `write`) as far as we know."""
+        return {"connected": self._disconnected_since is None,
+                **{name: name in self._joined for name in SET_NAMES}}
+
     def set_path(self, name: str) -> str:
         return f"{self.config.path_prefix}/{name}"
 

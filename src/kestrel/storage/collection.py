@@ -238,7 +238,8 @@ class QueueCollection:
         if plus:
             self._fanouts.setdefault(parent_name, set()).add(name)
         self.queue_creates += 1
-        log.info("queue created", queue=name, items=q.length)
+        # At start-up (`scanned`), a queue found on disk; later, one a request made.
+        log.info("queue loaded" if scanned is not None else "queue created", queue=name, items=q.length)
         if not plus:
             for reader in q.readers_on_disk():
                 self._create(f"{name}+{reader}", scanned)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kestrel.storage.errors import ConfigError
+from kestrel.storage.errors import ConfigError, InvalidQueueName
+from kestrel.storage.filenames import check_queue_name
 
 KB = 1024
 MB = 1024 * KB
@@ -72,8 +73,11 @@ def parse_sync(key: str, value: Any) -> int | None:
         return 0
     if value == "never" or value is False or value is None:
         return None
-    ms = parse_duration_ms(key, value)
-    return ms
+    try:
+        return parse_duration_ms(key, value)
+    except ConfigError:
+        raise ConfigError(key, f"expected always, never or a duration between fsyncs such as 10ms, "
+                               f"got {value!r}") from None
 
 
 def parse_bool(key: str, value: Any) -> bool:
@@ -98,9 +102,16 @@ def parse_journal_format(key: str, value: Any) -> str:
 
 
 def parse_queue_ref(key: str, value: Any) -> str | None:
-    if value is None or (isinstance(value, str) and value):
-        return value
-    raise ConfigError(key, f"expected a queue name, got {value!r}")
+    """A queue name a setting points at, checked as a request's would be (None: none)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, f"expected a queue name, got {value!r}")
+    try:
+        check_queue_name(value)
+    except InvalidQueueName as e:
+        raise ConfigError(key, str(e)) from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,12 @@ class QueueConfig:
         return dataclasses.replace(base or cls(), **changes)
 
     def describe(self) -> dict[str, Any]:
-        """The settings as plain values, for `dump_config` and logs."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings as plain values, for `dump_config` and logs, as the config file writes them:
+        `sync_journal` as always, never or a duration; no value as null."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        sync = out["sync_journal"]
+        out["sync_journal"] = "never" if sync is None else "always" if sync == 0 else f"{sync}ms"
+        return {name: "null" if value is None else value for name, value in out.items()}
 
 
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {

@@ -94,7 +94,8 @@ class TakenItems:
     """The items one get took and the ids of their open reads (`ids`: one for every item, 0 without
     auto-abort, or a list, one each). A protocol lays its reply out from the data and the ids
     apart: a (data, id) pair made and freed for each item cost a 100,000-item get more than taking
-    the items did (bench/README.md); `pairs()` makes them where a protocol needs them."""
+    the items did (bench/bench_fairness.py, 2026-11-27); `pairs()` makes them where a protocol
+    needs them."""
 
     __slots__ = ("items", "ids")
 

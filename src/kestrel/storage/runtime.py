@@ -22,7 +22,8 @@ import gevent
 import gevent.event
 
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
-from kestrel.storage.fsync.group_commit import GROUP_COMMIT, GroupCommit
+from kestrel.storage.fsync import group_commit
+from kestrel.storage.fsync.group_commit import GroupCommit
 
 T = TypeVar("T")
 
@@ -164,7 +165,7 @@ class GeventRuntime:
         gevent.sleep(seconds)
 
     def group_commit(self) -> GroupCommit | None:
-        return GROUP_COMMIT  # its rounds run on the hub
+        return group_commit.shared()  # its rounds run on the hub
 
 
 def _outcome(fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:

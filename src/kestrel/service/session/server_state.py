@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -16,6 +18,10 @@ from kestrel.storage import QueueCollection
 from kestrel.storage.runtime import Runtime
 
 log = structlog.get_logger("kestrel.server")
+
+# What a reload applies (as Kestrel's does): queue settings and aliases. `source` and `overridden`
+# describe where the settings came from.
+RELOADED = frozenset({"queues", "aliases", "source", "overridden"})
 
 
 class ServerState:
@@ -43,6 +49,13 @@ class ServerState:
         self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
+        # The ZooKeeper server-set membership, when the server joins sets (set by the app).
+        self.membership: Callable[[], dict[str, bool]] | None = None
+
+    def server_sets(self) -> dict[str, bool] | None:
+        """`connected` to ZooKeeper, and a member of the `read` and `write` sets; None without
+        ZooKeeper."""
+        return None if self.membership is None else self.membership()
 
     def global_stats(self) -> dict[str, Any]:
         """The guide's global figures, under its names."""
@@ -81,7 +94,8 @@ class ServerState:
         return out
 
     def reload(self) -> None:
-        """Re-read the config file: queue and alias settings only, as Kestrel does."""
+        """Re-read the config file: queue and alias settings only, as Kestrel does. Other settings the
+        file changed keep their running value, and the log names them: a restart applies them."""
         from kestrel.service.config import load
 
         if self.config.source is None:
@@ -90,6 +104,12 @@ class ServerState:
         fresh = load(self.config.source)
         self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
+        ignored = [f.name for f in dataclasses.fields(fresh)
+                   if f.name not in RELOADED and f.name not in self.config.overridden
+                   and getattr(fresh, f.name) != getattr(self.config, f.name)]
+        if ignored:
+            log.warning("reload ignored changed settings that only a restart applies", keys=ignored,
+                        config=self.config.source)
 
     def close(self) -> None:
         """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their

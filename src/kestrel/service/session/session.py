@@ -28,7 +28,7 @@ from kestrel.storage.item import LookedItems, TakenItems, item_data
 log = structlog.get_logger("kestrel.session")
 
 # Items a get takes before the connection may let others run: a 100,000-item get held the loop
-# for 20 ms in one piece (bench/README.md); a slice costs well under a turn.
+# for 20 ms in one piece (bench/bench_fairness.py, 2026-11-27); a slice costs well under a turn.
 GET_SLICE = 8192
 
 

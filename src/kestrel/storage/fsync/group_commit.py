@@ -264,7 +264,7 @@ class Round:
 
 
 class GroupCommit:
-    """Rounds of concurrent fsyncs for every journal of the process (`GROUP_COMMIT`)."""
+    """Rounds of concurrent fsyncs for every journal of the process (`shared()`)."""
 
     def __init__(self, fsync_many: FsyncMany | None = None, way: str = "") -> None:
         """Rounds through `fsync_many`, or else the way named (one of FSYNC_WAYS)."""
@@ -368,4 +368,13 @@ class GroupCommit:
             return self._threads.fsync_all(fds)
 
 
-GROUP_COMMIT = GroupCommit(way=os.environ.get("KESTREL_FSYNC", ""))
+_shared: GroupCommit | None = None
+
+
+def shared() -> GroupCommit:
+    """The process's group commit, in the way `KESTREL_FSYNC` names, made on first use: after the
+    server has set up its log, so that a warning about the variable is a line of that log."""
+    global _shared
+    if _shared is None:
+        _shared = GroupCommit(way=os.environ.get("KESTREL_FSYNC", ""))
+    return _shared

@@ -4,7 +4,7 @@ Each fdatasync of a journal that grew makes the file system commit its own journ
 disk's cache; a round of 16 journals pays that up to 16 times, however concurrently the fsyncs are
 issued. syncfs writes back every dirty file of the file system and commits once, so a round costs
 one commit whatever the number of journals in it (on this project's quiet build machine, rounds of
-16 journals ran 1.4 to 2 times as fast; bench/README.md).
+16 journals ran 1.4 to 1.8 times as fast: bench_fsync in bench/README.md).
 
 What it promises is the same: when syncfs returns 0, every journal's records written before it are
 on disk. Two conditions keep it honest:

@@ -1,0 +1,34 @@
+"""Thrift clients of the contract for the tests, over the transports and protocols Kestrel serves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from thriftpy2.protocol import TCompactProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
+
+from kestrel.contract import kestrel_thrift as kestrel
+
+
+def thrift_client(port: int, *, protocol: str = "binary", transport: str = "framed", timeout_ms: int = 10_000,
+                  host: str = "127.0.0.1") -> Any:
+    """A thriftpy2 client of the Kestrel service on `host:port`; the caller closes it. The time-out is a
+    deadline for a loaded machine, not a budget."""
+    kwargs: dict[str, Any] = {
+        "trans_factory": TFramedTransportFactory() if transport == "framed" else TBufferedTransportFactory()}
+    if protocol == "compact":
+        kwargs["proto_factory"] = TCompactProtocolFactory()
+    return make_client(kestrel.Kestrel, host, port, timeout=timeout_ms, **kwargs)
+
+
+@contextmanager
+def thrift(srv: Any, protocol: str = "binary", transport: str = "framed", **options: Any) -> Iterator[Any]:
+    """`thrift_client` on a test server's Thrift port, closed on leaving."""
+    c = thrift_client(srv.thrift_port, protocol=protocol, transport=transport, **options)
+    try:
+        yield c
+    finally:
+        c.close()
