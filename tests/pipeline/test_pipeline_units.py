@@ -232,6 +232,28 @@ def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess, retries
     assert live.write(iter([batch])).written == 2 and (retries.puts, pauses) == (1, [])
 
 
+def test_the_writers_puts_keep_to_batch_size_and_bytes_a_larger_item_alone(server: ServerProcess,
+                                                                            retries: Retries) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from kestrel.client import Server
+    from kestrel.pipeline.writer import KestrelWriter
+
+    schema = StructType([StructField("data", BinaryType())])
+    rows = [b"%04d" % i + b"." * 996 for i in range(30)]  # 1,000 bytes each
+    rows[17] = b"big" + b"!" * 50_000  # over batchBytes on its own
+    batches = [pa.RecordBatch.from_arrays([pa.array(rows[i:i + 12], pa.binary())], names=["data"])
+               for i in range(0, 30, 12)]  # Arrow batches of 12 rows, as Spark might send them
+    writer = KestrelWriter({"servers": f"127.0.0.1:{server.thrift_port}", "queue": "sized", "batchSize": "8",
+                            "batchBytes": "5000"}, schema)
+    assert writer.write(iter(batches)).written == 30
+    assert max(retries.sizes) <= 5 and 1 in retries.sizes  # 5 rows of 1,000 bytes; the big one alone
+    with Server("127.0.0.1", server.thrift_port) as client:
+        got = [item.data for item in client.get("sized", 100)]
+    assert got == rows  # every row once, in order
+
+
 def test_replay_reopens_open_reads_first_in_order() -> None:
     from kestrel.storage.kestrel2.codec import AddX, ConfirmRemove, RemoveTentative, Unremove
     from kestrel.storage.kestrel2.replay import QueueReplay

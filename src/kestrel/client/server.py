@@ -113,7 +113,12 @@ class Server:
         what = f"put on {queue!r}"
         check_queue(queue, what)
         check_count(expiration_ms, "expiration_ms", what)
-        return int(self.call("put", queue, check_items(items, what), expiration_ms))
+        return self.put_checked(queue, check_items(items, what), expiration_ms)
+
+    def put_checked(self, queue: str, items: list[bytes], expiration_ms: int) -> int:
+        """`put` of arguments already checked (a Cluster checks a batch once, whatever the servers
+        it tries)."""
+        return int(self.call("put", queue, items, expiration_ms))
 
     def get(self, queue: str, max_items: int = 1, timeout_ms: int = 0, auto_abort_ms: int = 0) -> list[Any]:
         """Up to `max_items` Items (`data`, `id`), waiting up to `timeout_ms` for the first.
