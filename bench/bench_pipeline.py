@@ -72,7 +72,8 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
                   f"ratio {plain_s / spark_s:.2f}")
 
 
-def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int) -> None:
+def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int,
+                 per_partition: int) -> None:
     from kestrel.client import Server
 
     rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
@@ -86,7 +87,7 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_tri
         def run_stream(queue: str, checkpoint: str) -> None:
             (spark.readStream.format("kestrel").option("servers", f"127.0.0.1:{port}")
              .option("queue", queue).option("checkpointLocation", checkpoint)
-             .option("maxItemsPerTrigger", per_trigger).load()
+             .option("maxItemsPerTrigger", per_trigger).option("itemsPerPartition", per_partition).load()
              .writeStream.foreachBatch(count).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start().awaitTermination())
 
@@ -108,7 +109,8 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_tri
             assert seen[0] == n, seen[0]
             plain_s = min(plain_s, timed(lambda: plain(f"plain{run}")))  # noqa: B023
         client.close()
-        print(f"streaming ({n:,} rows, AvailableNow, {per_trigger:,} per trigger): "
+        print(f"streaming ({n:,} rows, AvailableNow, {per_trigger:,} per trigger, {per_partition:,} per "
+              f"partition): "
               f"spark {n / spark_s:,.0f} rows/s, "
               f"plain get_timed + confirm loop through the client {n / plain_s:,.0f} rows/s, "
               f"ratio {plain_s / spark_s:.2f}")
@@ -223,6 +225,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
     parser.add_argument("--batch-size", type=int, default=10_000, help="writer: rows per put (batchSize)")
     parser.add_argument("--per-trigger", type=int, default=500_000, help="stream: maxItemsPerTrigger")
+    parser.add_argument("--per-partition", type=int, default=10_000, help="stream: itemsPerPartition")
     parser.add_argument("--unix-sockets", choices=("true", "false"), default="true",
                         help="spark.python.unix.domain.socket.enabled (Python workers over Unix sockets)")
     parser.add_argument("--only", choices=("writer", "stream", "journal"), action="append",
@@ -249,7 +252,7 @@ def main() -> None:
         if "writer" in parts:
             bench_writer(spark, args.rows, payload, work, args.runs, args.batch_size)
         if "stream" in parts:
-            bench_stream(spark, args.rows, payload, work, args.runs, args.per_trigger)
+            bench_stream(spark, args.rows, payload, work, args.runs, args.per_trigger, args.per_partition)
         if "journal" in parts:
             bench_journal(spark, args.journal_mb, work, args.runs)
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import structlog
 
@@ -126,6 +127,9 @@ class Reachability:
                 f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
 
 
+_ID, _DATA, _ADDED, _EXPIRY = map(attrgetter, ("id", "data", "add_time_msec", "expiry_msec"))
+
+
 @dataclass
 class TakenReads:
     """Items taken as open reads from one server, and why the fetch ended early (None: it did not)."""
@@ -153,8 +157,8 @@ def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int, ti
             break
         if not got:
             break
-        taken.ids.extend(item.id for item in got)
-        taken.items.extend(item.data for item in got)
-        taken.added.extend(item.add_time_msec for item in got)
-        taken.expiry.extend(item.expiry_msec or 0 for item in got)
+        taken.ids.extend(map(_ID, got))  # each field in one compiled pass over the items
+        taken.items.extend(map(_DATA, got))
+        taken.added.extend(map(_ADDED, got))
+        taken.expiry.extend(expiry or 0 for expiry in map(_EXPIRY, got))
     return taken

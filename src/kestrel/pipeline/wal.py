@@ -30,6 +30,7 @@ import shutil
 import struct
 import uuid
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from kestrel.storage.files import fsync_path
@@ -84,7 +85,9 @@ def write_partition(path: str, header: WalHeader, ids: list[int], logged: Logged
     with open(aside, "wb") as f:
         f.write(MAGIC + head)
         f.write(struct.pack(f"<{len(ids)}q", *ids))
-        f.write(b"".join(_LEN.pack(len(item)) + item for item in logged.items))
+        # each item's length, then the item, laid out in one compiled pass
+        lengths = map(_LEN.pack, map(len, logged.items))
+        f.write(b"".join(chain.from_iterable(zip(lengths, logged.items, strict=True))))
         if logged.added is not None and logged.expiry is not None:
             f.write(struct.pack(f"<{2 * len(ids)}q", *logged.added, *logged.expiry))
         f.flush()
