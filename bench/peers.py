@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,16 +69,22 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 
 @contextlib.contextmanager
-def kestrel(work: Path, sync: str = "never", commit_log: str = "off") -> Iterator[Running]:
-    """This checkout's server with the Thrift and memcache ports open, `sync_journal: sync` and
-    `commit_log`."""
+def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: bool = False,
+            prepare: Callable[[Path], None] | None = None) -> Iterator[Running]:
+    """This checkout's server with the Thrift and memcache ports open (and the admin port with
+    `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it starts."""
     ports = {"thrift": free_port(), "memcache": free_port()}
+    if admin:
+        ports["admin"] = free_port()
     home = Path(work) / f"kestrel-{sync}-{ports['thrift']}"
     home.mkdir(parents=True)
+    if prepare is not None:
+        (home / "queues").mkdir()
+        prepare(home / "queues")
     config = home / "kestrel.yaml"
     config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\n"
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
-                      f"text_port: 0\nadmin_port: 0\ncommit_log: {commit_log}\n"
+                      f"text_port: 0\nadmin_port: {ports.get('admin', 0)}\ncommit_log: {commit_log}\n"
                       f"default_queue:\n  sync_journal: {sync}\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from kestrel.storage.kestrel2.codec import (
     encode,
 )
 from tests.support import kestrel24
-from tests.support.queues import drain, load_strictly
+from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
 
 T0 = 1_700_000_000_000
 
@@ -46,8 +45,8 @@ def test_torn_tail_is_cut_keeping_a_copy_and_complete_records_kept(tmp_path: Pat
     coll.load()
     # Cut exactly at the torn record; then the open read is journaled back to the head.
     assert (tmp_path / "q").read_bytes() == good + encode(Unremove(1))
-    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
-    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
+    copies = [c for n, c in aside(tmp_path).items() if n.startswith("q.torn-")]
+    assert copies == [torn]
     assert drain(coll, "q") == [b"one", b"two"]
     coll.add("q", b"after")
     coll.close()
@@ -77,9 +76,9 @@ def test_salvage_keeps_what_precedes_the_damage_and_a_copy_of_what_it_cuts(tmp_p
     coll = QueueCollection(str(tmp_path), salvage=True)
     coll.load()
     assert drain(coll, "q") == [b"one", b"two"]
-    copies = [n for n in os.listdir(tmp_path) if ".corrupt-" in n]
+    copies = [c for n, c in aside(tmp_path).items() if ".corrupt-" in n]
     assert len(copies) == 1
-    assert (tmp_path / "q").read_bytes()[:len(first)] + (tmp_path / copies[0]).read_bytes() == content
+    assert (tmp_path / "q").read_bytes()[:len(first)] + copies[0] == content
     coll.close()
     again = QueueCollection(str(tmp_path))  # loads cleanly afterwards, without salvage
     again.load()
@@ -149,7 +148,7 @@ def test_every_single_bit_flip_of_a_size_field_in_the_middle_is_refused(tmp_path
         assert err.value.path == str(tmp_path / "q"), bit
         assert err.value.offset == len(before), (bit, err.value)  # the damaged record itself
         assert (tmp_path / "q").read_bytes() == _flip(content, len(before) + 1, bit), bit  # untouched
-        assert os.listdir(tmp_path) == ["q"], bit
+        assert journal_files(tmp_path) == ["q"] and aside(tmp_path) == {}, bit
 
 
 def test_salvage_after_a_size_field_one_bit_small_keeps_only_the_records_before_it(tmp_path: Path) -> None:
@@ -197,11 +196,11 @@ def test_a_pack_holding_a_record_no_pack_holds_deletes_nothing(tmp_path: Path) -
     (tmp_path / "q.300.pack").write_bytes(addx(b"x") + REMOVE_BYTES)
     with pytest.raises(CorruptJournalError, match="incomplete pack.*Remove record at offset 22"):
         load_strictly(QueueCollection(str(tmp_path)))
-    assert sorted(os.listdir(tmp_path)) == ["q.100", "q.200", "q.300.pack"]
+    assert journal_files(tmp_path) == ["q.100", "q.200", "q.300.pack"]
     salvaged = QueueCollection(str(tmp_path), salvage=True)
     salvaged.load()
     assert drain(salvaged, "q") == [b"a", b"b", b"c"]
-    assert [n for n in os.listdir(tmp_path) if n.startswith("q.300.pack.corrupt-")]
+    assert [n for n in aside(tmp_path) if n.startswith("q.300.pack.corrupt-")]
 
 
 def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp_path: Path) -> None:
@@ -217,7 +216,7 @@ def test_a_kestrel_241_pack_left_by_a_crash_is_applied_as_kestrel_applies_it(tmp
     coll.load()
     assert not coll.refused
     assert drain(coll, "q") == kestrel24.load(pack + live) == [b"a", b"c", b"d", b"e"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+    assert journal_files(tmp_path) == ["q", "q.200"] and manifest_path(tmp_path).exists()  # Kestrel wrote none
 
 
 def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tmp_path: Path) -> None:
@@ -227,7 +226,7 @@ def test_a_kestrel_241_pack_of_an_empty_queue_is_an_empty_file_and_is_applied(tm
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"b"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.200", "q.manifest"]  # Kestrel wrote none: now one
+    assert journal_files(tmp_path) == ["q", "q.200"] and manifest_path(tmp_path).exists()  # Kestrel wrote none
 
 
 @pytest.mark.parametrize("keep", [1, 30, -5])
@@ -252,7 +251,7 @@ def test_a_complete_pack_replaces_the_journals_it_covers(tmp_path: Path) -> None
     coll = QueueCollection(str(tmp_path))
     coll.load()
     assert drain(coll, "q") == [b"packed", b"live"]
-    assert sorted(os.listdir(tmp_path)) == ["q", "q.300", "q.manifest"]
+    assert journal_files(tmp_path) == ["q", "q.300"] and manifest_path(tmp_path).exists()
 
 
 def test_a_missing_journal_in_the_middle_is_warned_about_with_file_names(
@@ -281,7 +280,7 @@ def test_salvage_serves_no_empty_phantoms_from_a_file_cut_short(tmp_path: Path) 
     (tmp_path / "q").write_bytes(addx(b"z"))
     coll = QueueCollection(str(tmp_path), salvage=True)
     coll.load()
-    assert drain(coll, "q") == [b"x"]
+    assert drain(coll, "q") == [b"x", b"z"]  # q.200 cut after its REMOVE, a copy kept; q kept
 
 
 def test_temporaries_of_every_queue_are_removed_at_start(tmp_path: Path) -> None:
@@ -290,7 +289,7 @@ def test_temporaries_of_every_queue_are_removed_at_start(tmp_path: Path) -> None
     (tmp_path / "gone~~456").write_bytes(b"half a pack of a queue that no longer exists")
     coll = QueueCollection(str(tmp_path))
     coll.load()
-    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert journal_files(tmp_path) == ["q"]
     assert coll.queue_names() == ["q"]
 
 
@@ -325,14 +324,14 @@ def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_p
         load_strictly(coll)
     except CorruptJournalError as e:
         assert e.path == str(path / "q") and 0 <= e.offset <= len(damaged)
-        assert (path / "q").read_bytes() == damaged and os.listdir(path) == ["q"]
+        assert (path / "q").read_bytes() == damaged and journal_files(path) == ["q"] and aside(path) == {}
         return
     coll.close()
     kept = (path / "q").read_bytes()
-    copies = [n for n in os.listdir(path) if n != "q"]
+    copies = aside(path)
     if copies:
-        assert len(copies) == 1 and copies[0].startswith("q.torn-")
-        cut = (path / copies[0]).read_bytes()
+        ((name, cut),) = copies.items()
+        assert name.startswith("q.torn-")
         assert damaged == kept[:len(damaged) - len(cut)] + cut
     else:
         assert kept.startswith(damaged)  # only UNREMOVEs of reads open at the stop follow

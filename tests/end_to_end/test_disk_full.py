@@ -24,7 +24,7 @@ from kestrel.storage import files as journal
 from kestrel.storage.clock import FakeClock
 from tests.conftest import ROOT
 from tests.support import kestrel24, system
-from tests.support.queues import drain
+from tests.support.queues import aside, drain, journal_files
 
 
 class FailingDisk:
@@ -314,7 +314,7 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     assert done.returncode == 4, done.stderr
     assert "disk is full" in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert (queues / "q").read_bytes() == damaged
-    assert sorted(os.listdir(queues)) == [".lock", "q"]  # the lock file, created before the disk filled
+    assert journal_files(queues) == ["q"] and aside(queues) == {}  # nothing set aside
     filler.unlink()
     srv = server_factory({"queue_path": str(queues), "salvage": True})
     mc = Client(("127.0.0.1", srv.memcache_port), timeout=10)
@@ -333,7 +333,8 @@ def test_a_torn_tail_on_a_full_disk_is_left_alone_with_a_clear_error(small_disk:
     filler = fill(small_disk, 0)
     with pytest.raises(JournalWriteError, match="the disk is full"):
         loaded(queues)
-    assert (queues / "q").read_bytes() == good + torn and os.listdir(queues) == ["q"]
+    assert (queues / "q").read_bytes() == good + torn and journal_files(queues) == ["q"]
+    assert aside(queues) == {}
     filler.unlink()
     assert drain(loaded(queues), "q") == [b"kept"]
-    assert [n for n in os.listdir(queues) if n.startswith("q.torn-")]
+    assert [n for n in aside(queues) if n.startswith("q.torn-")]

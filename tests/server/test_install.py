@@ -2,7 +2,7 @@
 run as written in a scratch root: absolute paths are moved under it, systemd's tools get `--root`,
 and the unit's ExecStart runs as systemd would start it. This is also the only test of a
 non-editable install (`pip install .`), which would miss a file the wheel lacks, such as the Thrift
-contract or the example config.
+contract, the example config or the admin page's files.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
            if ".dist-info/" not in name and not name.startswith(("..", "__pycache__/"))}
     assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
     assert {"kestrel/contract/kestrel.thrift", "kestrel/service/kestrel.yaml"} <= set(installed)
+    static = ROOT / "src" / "kestrel" / "service" / "dashboard" / "static"
+    page_files = {f"kestrel/service/dashboard/static/{p.relative_to(static)}" for p in static.rglob("*") if p.is_file()}
+    assert page_files == {name for name in installed if "/dashboard/static/" in name}
 
     # Enabled: the unit is wanted by multi-user.target, as `enable` made it.
     wants = root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "kestrel.service"
@@ -114,6 +117,11 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
         wait_for_port(admin, proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=10) as reply:
             assert reply.status == 200 and reply.read() == b"Up\n"
+        # The admin page and its charting library, from the installed package.
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/", timeout=10) as reply:
+            assert b'<script src="/dashboard/dashboard.js"' in reply.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/dashboard/uplot/uPlot.iife.min.js", timeout=10) as reply:
+            assert reply.read() == (static / "uplot" / "uPlot.iife.min.js").read_bytes()
         from pymemcache.client.base import Client
 
         client = Client(("127.0.0.1", memcache), timeout=10)

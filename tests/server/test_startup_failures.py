@@ -116,7 +116,7 @@ def test_a_queue_path_on_a_read_only_file_system(tmp_path: Path) -> None:
         pytest.skip("no private mount namespace here (needs root and unshare) to make a read-only mount")
     script = f'{mount} && exec "$@"'
     for path, what in ((readonly / "new", str(readonly / "new")),
-                       (readonly / "queues", f"{readonly / 'queues'}: {readonly / 'queues' / '.lock'}")):
+                       (readonly / "queues", f"{readonly / 'queues'}: {readonly / 'queues' / '.kestrel'}")):
         done = kestrel("--queue-path", str(path), *NO_LISTENERS,
                        command=[unshare, "-m", "sh", "-c", script, "sh"])
         assert one_line(done) == f"kestrel: cannot start: queue path {what}: Read-only file system"
@@ -219,8 +219,8 @@ def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:
         assert default in text, default
     assert "--log-format {auto,json,console}" in text
     assert "exit codes:" in text
-    for code in ("2 bad configuration", "3 damage that no one queue owns: the commit log", "4 the queue path",
-                 "5 a listener", "6 out of file descriptors"):
+    for code in ("2 bad configuration", "3 damage that no one queue owns: the record of an interrupted",
+                 "4 the queue path", "5 a listener", "6 out of file descriptors"):
         assert code in text, code
     # A queue whose own journal is damaged is refused alone while the server serves (exit 0 at its stop).
     assert "a queue whose own files are damaged is refused alone" in text
@@ -263,19 +263,28 @@ def test_log_format(tmp_path: Path, log_format: str, is_json: bool) -> None:
         assert not first.startswith("{") and "kestrel started" in first and "\x1b[" not in first
 
 
-def test_a_commit_log_damaged_inside_stops_the_start_naming_file_and_offset(tmp_path: Path) -> None:
+def test_a_commit_log_damaged_inside_refuses_the_queue_it_names_alone(tmp_path: Path, server_factory: Any) -> None:
+    from pymemcache.client.base import Client
+
     from kestrel.storage import commit_log
 
     path = tmp_path / "queues"
-    (path / commit_log.DIRECTORY).mkdir(parents=True)
+    folder = Path(commit_log.directory(str(path)))
+    folder.mkdir(parents=True)
     (path / "q").write_bytes(b"")
     damaged = bytearray(commit_log.encode_record("q", 0, 0, b"first"))
     damaged[-1] ^= 1
-    segment = path / commit_log.DIRECTORY / "1"
+    segment = folder / "1"
     segment.write_bytes(commit_log.MARK + bytes(damaged) + commit_log.encode_record("q", 0, 5, b"second"))
-    done = kestrel("--queue-path", str(path), *NO_LISTENERS)
-    line = one_line(done)
-    assert f"corrupt journal {segment} at offset {len(commit_log.MARK)}" in line and "checksum" in line, line
-    assert "set aside the file named" in line and "salvage" not in line
-    assert done.returncode == 3
+    srv = server_factory({"queue_path": str(path)})
+    mc = Client(("127.0.0.1", srv.memcache_port), timeout=10)
+    with pytest.raises(Exception) as refused:
+        mc.get("q")
+    message = str(refused.value)
+    assert f"corrupt journal {segment} at offset {len(commit_log.MARK)}" in message, message
+    assert "checksum" in message and "--salvage" in message and "set aside the log" not in message
+    mc.set("other", b"served")
+    assert mc.get("other") == b"served"  # the other queues serve
+    mc.close()
     assert (path / "q").read_bytes() == b""  # nothing applied
+

@@ -226,6 +226,7 @@ def test_members_follow_status_from_every_protocol(zk: KazooClient, members3: li
     assert mc.set("jobs", b"still accepted", noreply=False)
     # Load balancers see it at once too, as the write set does.
     assert admin(c, "/ready") == (503, "ReadOnly\n") and admin(c, "/ready/read") == (200, "ReadOnly\n")
+    assert (admin_json(c)["status"], admin_json(c)["enforced_status"]) == ("ReadOnly", "Up")  # in its grace period
     assert time.monotonic() - changed < GRACE_S, "the grace period ran out before the write set was checked"
     wait_until(lambda: not _accepts_a_put(mc), "puts to be refused once the grace period ends")
     assert time.monotonic() - changed >= GRACE_S, "puts were refused before the grace period ran out"

@@ -18,7 +18,7 @@ import pytest
 from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import QueueDamaged
 from kestrel.storage.files import list_journal_files
 from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
@@ -30,11 +30,16 @@ T0 = 1_700_000_000_000
 
 
 def segment(path: Path, *records: bytes, name: str = "1") -> Path:
-    folder = path / commit_log.DIRECTORY
-    folder.mkdir(exist_ok=True)
+    folder = Path(commit_log.directory(str(path)))
+    folder.mkdir(parents=True, exist_ok=True)
     file = folder / name
     file.write_bytes(MARK + b"".join(records))
     return file
+
+
+def aside(path: Path, name: str) -> Path:
+    """A copy damage handling kept, in the server's own directory."""
+    return path / ".kestrel" / "aside" / name
 
 
 def collection(path: Path, on: bool = True, **queue: Any) -> QueueCollection:
@@ -73,27 +78,45 @@ def test_zeros_after_the_last_record_are_a_torn_tail(tmp_path: Path) -> None:
     assert len(seg.records) == 1 and seg.torn_at is not None
 
 
-def test_a_damaged_record_with_records_after_it_is_refused_naming_file_and_offset(tmp_path: Path) -> None:
+def test_a_damaged_record_with_records_after_it_is_damage_and_the_records_after_it_are_read(
+        tmp_path: Path) -> None:
     first = encode_record("q", 0, 0, b"first")
     damaged = bytearray(encode_record("q", 0, 5, b"second"))
     damaged[-1] ^= 0x01
     path = segment(tmp_path, first, bytes(damaged), encode_record("q", 0, 11, b"third"))
-    with pytest.raises(CorruptJournalError, match="checksum") as e:
-        read_segment(str(path), last=True)
-    assert (e.value.path, e.value.offset) == (str(path), len(MARK) + len(first))
+    seg = read_segment(str(path), last=True)
+    assert [r.data for _, r in seg.records] == [b"first", b"third"]
+    (damage,) = seg.damage
+    assert (damage.at, damage.end) == (len(MARK) + len(first), len(MARK) + len(first) + len(damaged))
+    assert "checksum" in damage.reason and damage.record is None
+    assert damage.claims is not None and damage.claims.queue == "q"  # whose it seems to be
+    assert seg.torn_at is None
 
 
-def test_a_torn_record_in_a_segment_that_is_not_the_last_is_refused(tmp_path: Path) -> None:
+def test_a_torn_record_in_a_segment_that_is_not_the_last_is_damage(tmp_path: Path) -> None:
     path = segment(tmp_path, encode_record("q", 0, 0, b"x")[:-1])
-    with pytest.raises(CorruptJournalError, match="before the next segment"):
-        read_segment(str(path), last=False)
+    seg = read_segment(str(path), last=False)
+    assert seg.torn_at is None and "before the next file" in seg.damage[0].reason
 
 
-def test_a_file_without_the_mark_is_refused(tmp_path: Path) -> None:
+def test_a_file_without_the_mark_is_damage(tmp_path: Path) -> None:
     path = segment(tmp_path)
     path.write_bytes(b"not a segment at all")
-    with pytest.raises(CorruptJournalError, match="no mark"):
-        read_segment(str(path), last=True)
+    (damage,) = read_segment(str(path), last=True).damage
+    assert "no mark" in damage.reason
+
+
+@pytest.mark.parametrize("bit", range(32))
+def test_a_size_field_with_a_flipped_bit_in_the_middle_is_never_a_torn_tail(tmp_path: Path, bit: int) -> None:
+    records = [encode_record("q", 0, 10 * n, b"%010d" % n) for n in range(40)]
+    data = bytearray(b"".join(records))
+    at = sum(map(len, records[:20]))
+    data[at + bit // 8] ^= 1 << (bit % 8)
+    seg = read_segment(str(segment(tmp_path, bytes(data))), last=True)
+    assert seg.torn_at is None, bit
+    # Only the size was damaged: the record is found again between its start and the next one.
+    assert [r.data for _, r in seg.records] == [b"%010d" % n for n in range(40)], bit
+    assert [d.at for d in seg.damage] == [len(MARK) + at], bit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,11 +132,11 @@ def test_recovery_appends_what_a_journal_lacks_and_skips_what_it_holds(tmp_path:
     (tmp_path / "q").write_bytes(b"aaa")
     segment(tmp_path, encode_record("q", 0, 0, b"aaa"), encode_record("q", 0, 3, b"bb"),
             encode_record("new", 0, 0, b"c"))
-    assert recover(str(tmp_path), T0) == 2
+    assert recover(str(tmp_path), T0).written == 2
     assert (tmp_path / "q").read_bytes() == b"aaabb"
     assert (tmp_path / "new").read_bytes() == b"c"
     assert commit_log.segment_paths(str(tmp_path)) == []
-    assert recover(str(tmp_path), T0) == 0
+    assert recover(str(tmp_path), T0).written == 0
 
 
 def test_a_journal_torn_inside_a_logged_record_is_cut_there_keeping_a_copy(tmp_path: Path) -> None:
@@ -121,7 +144,7 @@ def test_a_journal_torn_inside_a_logged_record_is_cut_there_keeping_a_copy(tmp_p
     segment(tmp_path, encode_record("q", 0, 3, b"bb"))
     recover(str(tmp_path), T0)
     assert (tmp_path / "q").read_bytes() == b"aaabb"
-    assert (tmp_path / f"q.torn-{T0}").read_bytes() == b"b"
+    assert aside(tmp_path, f"q.torn-{T0}").read_bytes() == b"b"
 
 
 def test_a_journal_torn_at_every_offset_of_its_last_logged_write_is_completed(tmp_path: Path) -> None:
@@ -133,19 +156,47 @@ def test_a_journal_torn_at_every_offset_of_its_last_logged_write_is_completed(tm
         segment(path, encode_record("q", 0, 0, b"aaa"), encode_record("q", 0, 3, last))
         recover(str(path), T0)
         assert (path / "q").read_bytes() == b"aaa" + last, cut
-        assert (path / f"q.torn-{T0}").exists() == (0 < cut < len(last)), cut
+        assert aside(path, f"q.torn-{T0}").exists() == (0 < cut < len(last)), cut
 
 
-@pytest.mark.parametrize("journal, reason", [(b"a", "ends at 1, before offset 3"),
-                                             (b"aaaXX", "other bytes at offset 3")])
-def test_a_journal_that_disagrees_with_the_log_is_refused_naming_the_record(tmp_path: Path, journal: bytes,
-                                                                            reason: str) -> None:
-    (tmp_path / "q").write_bytes(journal)
-    path = segment(tmp_path, encode_record("q", 0, 3, b"bb"))
-    with pytest.raises(CorruptJournalError, match=reason) as e:
-        recover(str(tmp_path), T0)
-    assert (e.value.path, e.value.offset) == (str(path), len(MARK))
-    assert (tmp_path / "q").read_bytes() == journal and path.exists()
+@pytest.mark.parametrize("journal", [b"aaaXX", b"aaa\0\0", b"aaa\0\0\0\0\0"])
+def test_a_journal_holding_other_bytes_where_a_logged_record_goes_takes_the_logs_keeping_a_copy(
+        tmp_path: Path, journal: bytes) -> None:
+    (tmp_path / "q").write_bytes(journal)  # a changed byte, a zero-filled tail
+    segment(tmp_path, encode_record("q", 0, 3, b"bb"))
+    recovery = recover(str(tmp_path), T0)
+    assert (recovery.written, recovery.refused) == (1, {})
+    assert (tmp_path / "q").read_bytes() == b"aaabb" + journal[5:]
+    assert aside(tmp_path, f"q.replaced-{T0}").read_bytes() == journal[3:]
+
+
+def test_a_journal_ending_before_a_logged_record_refuses_its_queue_alone_and_keeps_the_records(
+        tmp_path: Path) -> None:
+    (tmp_path / "q").write_bytes(b"a")
+    (tmp_path / "r").write_bytes(b"")
+    path = segment(tmp_path, encode_record("q", 0, 3, b"bb"), encode_record("r", 0, 0, b"rr"))
+    recovery = recover(str(tmp_path), T0)
+    error = recovery.refused["q"]
+    assert list(recovery.refused) == ["q"] and (error.path, error.offset) == (str(path), len(MARK))
+    assert "ends at 1, before offset 3" in error.reason
+    assert "--salvage" in error.remedy() and "set the log aside" not in error.remedy()
+    assert (tmp_path / "q").read_bytes() == b"a" and (tmp_path / "r").read_bytes() == b"rr"
+    assert commit_log.segment_paths(str(tmp_path)) == [] and list(commit_log.held_paths(str(tmp_path))) == ["q"]
+    again = recover(str(tmp_path), T0 + 1)  # refused until the journal is repaired, its records kept
+    assert list(again.refused) == ["q"] and (tmp_path / "q").read_bytes() == b"a"
+    (tmp_path / "q").write_bytes(b"aaa")  # restored from a copy
+    assert recover(str(tmp_path), T0 + 2).refused == {}
+    assert (tmp_path / "q").read_bytes() == b"aaabb" and commit_log.held_paths(str(tmp_path)) == {}
+
+
+def test_salvage_keeps_a_refused_queues_journal_as_it_is_and_sets_its_records_aside(tmp_path: Path) -> None:
+    (tmp_path / "q").write_bytes(b"a")
+    segment(tmp_path, encode_record("q", 0, 3, b"bb"))
+    recovery = recover(str(tmp_path), T0, salvage=True)
+    assert recovery.refused == {} and (tmp_path / "q").read_bytes() == b"a"
+    (copy,) = recovery.copies
+    assert [r.data for _, r in read_segment(copy, last=True).records] == [b"bb"]
+    assert not commit_log.pending(str(tmp_path))
 
 
 def test_records_go_to_the_journal_of_their_epoch(tmp_path: Path) -> None:
@@ -233,7 +284,8 @@ def test_each_change_under_always_is_in_the_log_before_it_returns(tmp_path: Path
         assert b"".join(r.data for r in records if r.queue == queue) == journal
     coll.close()
     assert commit_log.segment_paths(str(tmp_path)) == []  # a clean stop leaves today's files alone
-    assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+    assert sorted(os.listdir(tmp_path)) == [".kestrel", "a", "b"]
+    assert os.listdir(tmp_path / ".kestrel") == []
 
 
 def test_never_queues_and_commit_log_off_write_no_log(tmp_path: Path) -> None:
@@ -243,7 +295,7 @@ def test_never_queues_and_commit_log_off_write_no_log(tmp_path: Path) -> None:
     coll.close()
     coll = collection(tmp_path / "off", on=False)
     coll.add("q", b"x")
-    assert not (tmp_path / "off" / commit_log.DIRECTORY).exists()
+    assert not Path(commit_log.directory(str(tmp_path / "off"))).exists()
     coll.close()
 
 
@@ -291,13 +343,115 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
         again.close()
 
 
+def power_cut_under_load(path: Path) -> tuple[list[bytes], str]:
+    """Queues `q` and `other` under `commit_log: on`: adds, reliable reads confirmed, then a power
+    cut (every journal back to what an fsync covered; the log, fsynced each turn, whole). Returns
+    the items `q` must hold, and the log's segment."""
+    with Disk() as disk:
+        coll = collection(path)
+        expected = []
+        for n in range(120):
+            coll.add("q", b"item-%03d" % n)
+            coll.add("other", b"x")
+            expected.append(b"item-%03d" % n)
+            if n % 2:
+                item = coll.remove("q", transaction=True)
+                assert item is not None and item.data == expected.pop(0)
+                coll.confirm("q", item.xid)
+        disk.power_cut(str(path))
+    (seg,) = commit_log.segment_paths(str(path))
+    return expected, seg
+
+
+@pytest.mark.parametrize("bit", [0, 3, 9, 20, 30, 31])
+def test_after_a_power_cut_a_flipped_size_bit_in_the_middle_of_the_log_loses_nothing(tmp_path: Path,
+                                                                                     bit: int) -> None:
+    expected, seg = power_cut_under_load(tmp_path)
+    records = read_segment(seg, last=True).records
+    at = records[len(records) // 2][0]
+    data = bytearray(Path(seg).read_bytes())
+    data[at + bit // 8] ^= 1 << (bit % 8)
+    Path(seg).write_bytes(bytes(data))
+    again = collection(tmp_path)
+    assert again.refused == {}
+    assert drain(again, "q") == expected  # no acknowledged item lost, no confirmed one back
+    assert len(drain(again, "other")) == 120
+    again.close()
+
+
+def test_after_a_power_cut_a_zero_filled_journal_tail_is_repaired_from_the_log(tmp_path: Path) -> None:
+    with Disk() as disk:
+        coll = collection(tmp_path)
+        expected = []
+        for n in range(60):
+            coll.add("q", b"item-%03d" % n)
+            expected.append(b"item-%03d" % n)
+            if n % 3 == 2:
+                item = coll.remove("q", transaction=True)
+                assert item is not None
+                coll.confirm("q", item.xid)
+                expected.remove(item.data)
+        journal = tmp_path / "q"
+        written = journal.read_bytes()
+        durable = disk.durable.get(journal.stat().st_ino, 0)
+        disk.power_cut(str(tmp_path))
+    journal.write_bytes(written[:durable] + bytes(len(written) - durable))  # the size reached the disk, not the data
+    again = collection(tmp_path)
+    assert again.refused == {}
+    assert drain(again, "q") == expected
+    assert aside(tmp_path, f"q.replaced-{T0}").read_bytes() == bytes(len(written) - durable)
+    again.close()
+
+
+def test_a_byte_changed_in_a_logged_part_of_a_journal_is_repaired_and_never_served(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    for n in range(10):
+        coll.add("q", b"item-%d" % n)
+    coll.add("other", b"fine")
+    journal = tmp_path / "q"
+    data = bytearray(journal.read_bytes())
+    data[-3] ^= 0x20  # inside the data of the last item: "item-9" -> "itEm-9"
+    journal.write_bytes(bytes(data))
+    # Killed (nothing else lost): the log still holds every change.
+    again = collection(tmp_path)
+    assert again.refused == {}
+    assert drain(again, "q") == [b"item-%d" % n for n in range(10)]
+    assert drain(again, "other") == [b"fine"]
+    (copy,) = (tmp_path / ".kestrel" / "aside").iterdir()
+    assert copy.name.startswith("q.replaced-") and bytes(data).endswith(copy.read_bytes())
+    again.close()
+    del coll
+
+
+def test_a_journal_the_log_cannot_repair_refuses_that_queue_alone(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    coll.add("q", b"first")
+    assert coll.commit_log is not None
+    coll.commit_log.checkpoint()  # "first" is in the journal only from now on
+    coll.add("q", b"second")
+    coll.add("other", b"fine")
+    (tmp_path / "q").write_bytes(b"")  # the journal lost what precedes the log's records of it
+    again = collection(tmp_path)
+    assert list(again.refused) == ["q"]
+    assert drain(again, "other") == [b"fine"]
+    with pytest.raises(QueueDamaged, match="--salvage"):
+        again.queue("q")
+    again.close()
+    salvaged = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), salvage=True,
+                               runtime=ManualRuntime(clock=FakeClock(T0)))
+    salvaged.load()
+    assert salvaged.refused == {} and drain(salvaged, "q") == []  # the journal as it is
+    assert any(p.name.startswith("commit-log-q.unplaced-") for p in (tmp_path / ".kestrel" / "aside").iterdir())
+    salvaged.close()
+
+
 def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path)
     coll.add("q", b"first")
     synced: list[int] = []
     real_write, real_fdatasync = os.write, os.fdatasync
-    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    log_dir = commit_log.directory(str(tmp_path))
 
     def full_log(fd: int, data: Any) -> int:
         if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
@@ -324,7 +478,7 @@ def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path
 def test_an_fsync_of_the_log_that_fails_falls_back_on_the_journal(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path)
-    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    log_dir = commit_log.directory(str(tmp_path))
     real_fdatasync = os.fdatasync
     journal_syncs = []
 
@@ -364,7 +518,7 @@ def test_kestrel_journal_recover_puts_the_log_into_the_journals_offline(tmp_path
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "10 records written to the journals" in done.stdout
-    assert not (tmp_path / commit_log.DIRECTORY).exists()
+    assert not Path(commit_log.directory(str(tmp_path))).exists()
     coll = collection(tmp_path, on=False)
     assert drain(coll, "q") == items
     coll.close()
@@ -438,7 +592,7 @@ class GeventWithFsyncs(GeventRuntime):
 @pytest.mark.parametrize("log_fsync_fails", [False, True])
 def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
         tmp_path: Path, log_fsync_fails: bool) -> None:
-    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    log_dir = commit_log.directory(str(tmp_path))
     synced: list[str] = []
 
     def fsync(fd: int) -> None:
@@ -480,7 +634,7 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
 
 def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_and_the_log_stays_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log_dir = str(tmp_path / commit_log.DIRECTORY)
+    log_dir = commit_log.directory(str(tmp_path))
     synced: list[str] = []
 
     def fsync(fd: int) -> None:

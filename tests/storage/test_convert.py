@@ -76,8 +76,11 @@ def make_k3(path: Path) -> list[Item]:
 
 
 def file_names(path: Path) -> list[str]:
-    """The queue path's files, but for the lock file (it stays, empty, once its owner is gone)."""
-    return sorted(n for n in os.listdir(path) if n != ".lock")
+    """The queue path's files, and those of the server's own directory (`.kestrel/...`) but for the
+    lock file (it stays, empty, once its owner is gone)."""
+    own = path / ".kestrel"
+    mine = [f".kestrel/{n}" for n in os.listdir(own) if n != "lock"] if own.exists() else []
+    return sorted([n for n in os.listdir(path) if n != ".kestrel"] + mine)
 
 
 def run(path: Path, to: str, *queues: str) -> str:
@@ -93,7 +96,7 @@ def test_kestrel2_to_kestrel3_keeps_items_order_expiry_and_open_reads_at_the_hea
     assert k3_items(tmp_path) == expected
     assert [p.id for p in replay(str(tmp_path), "jobs")] == [1, 2, 3]
     assert scan_queue_dir(str(tmp_path)).queues["jobs"].live is None  # no Kestrel 2 file is left
-    assert file_names(tmp_path) == ["jobs.1700000001000", "jobs.manifest", "jobs.read."]
+    assert file_names(tmp_path) == [".kestrel/jobs.manifest", "jobs.1700000001000", "jobs.read."]
     assert "jobs: converted to kestrel3: jobs 3 items (2 open reads back at the head)" in output
     assert output.splitlines()[-1].startswith("converted 1 queues (3 items) to kestrel3")
 

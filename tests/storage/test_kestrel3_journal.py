@@ -179,7 +179,7 @@ DAMAGE = [
     ("writer record in a reader file", READER + put6(1, b"x"), 4, "PUT (command byte 0x86) does not belong in a reader checkpoint"),
     ("PUT with 7 header words", WRITER + b"\x87" + bytes(28), 4, "PUT takes 6 or 8 header words, not 7"),
     ("READ_HEAD with 3 words", READER + b"\x03" + bytes(12), 4, "READ_HEAD takes 2 header words, not 3"),
-    ("zero byte", WRITER + b"\x00" * 9, 4, "READ_HEAD (command byte 0x00) does not belong"),
+    ("zeros before the next file", WRITER + b"\x00" * 9, 4, "9 bytes of zeros, before the next file"),
     ("negative data size", WRITER + b"\x86" + struct.pack("<i", -1) + bytes(20), 4, "negative data size -1"),
     ("item id 0", WRITER + put6(0, b"x"), 4, "item id 0"),
     ("negative error count", WRITER + put6(1, b"x", errors=2**32 - 1), 4, "negative error count -1"),

@@ -7,6 +7,7 @@ the files damaged, the collection opened again.
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
-from tests.support.queues import drain, load_strictly
+from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
 
 ITEM = b"x" * 200
 
@@ -37,16 +38,18 @@ def rotated(path: Path) -> list[str]:
 
 
 def listing(path: Path) -> dict[str, bytes]:
-    return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
+    """Every file under the queue path (the server's own directory included) but the lock, by path."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != "lock"}
 
 
 def refused(path: Path, load: Callable[[], object], *named: str) -> None:
-    """`load` refuses the queue path with a message naming each of `named`, and changes nothing there
-    (no file cut, deleted or set aside on the strength of what did not verify)."""
+    """`load` refuses the queue path with a message (and remedy) naming each of `named`, and changes
+    nothing there (no file cut, deleted or set aside on the strength of what did not verify)."""
     before = listing(path)
     with pytest.raises(CorruptJournalError) as err:
         load()
-    message = str(err.value)
+    message = f"{err.value}; {err.value.remedy()}"
     assert all(part in message for part in named), message
     assert listing(path) == before
 
@@ -81,12 +84,11 @@ def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
     for _ in range(100):
         coll.add("q", ITEM)
     coll.close()
-    path = tmp_path / "q.manifest"
+    path = manifest_path(tmp_path)
     data = bytearray(path.read_bytes())
     data[-3] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptJournalError, match="checksum"):
-        k2(tmp_path)
+    refused(tmp_path, lambda: k2(tmp_path), "checksum", "--salvage would set aside q.manifest")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,27 +163,134 @@ def test_salvage_sets_a_stray_pack_aside_and_serves_the_queue(tmp_path: Path) ->
     coll = k2(tmp_path, salvage=True)
     assert drain(coll, "q") == [b"last"]
     coll.close()
-    assert [n for n in os.listdir(tmp_path) if n.startswith(stray.name + ".corrupt-")]
+    assert [n for n in aside(tmp_path) if n.startswith(stray.name + ".corrupt-")]
 
 
-def test_salvage_after_a_missing_middle_journal_keeps_what_precedes_and_copies_the_rest(
-        tmp_path: Path) -> None:
+def items_of(path: Path) -> list[bytes]:
+    return [rec.data for _, rec in read_journal(str(path)) if isinstance(rec, codec.AddX)]
+
+
+def test_salvage_after_a_missing_middle_journal_keeps_every_other_file(tmp_path: Path) -> None:
+    _rotated_queue(tmp_path).close()  # 300 adds, then 50 removes of the oldest
+    files = rotated(tmp_path)
+    lost = items_of(tmp_path / files[1])
+    expected = [b"%04d" % i + ITEM for i in range(50, 300)]
+    os.unlink(tmp_path / files[1])
+    refused(tmp_path, lambda: k2(tmp_path), "missing", f"move nothing of {files[1]} (its records are lost)")
+    coll = k2(tmp_path, salvage=True)
+    assert drain(coll, "q") == [item for item in expected if item not in lost]
+    coll.close()
+    assert aside(tmp_path) == {}  # nothing else did not verify
+    k2(tmp_path).close()  # the manifest now matches what was kept
+
+
+@pytest.mark.parametrize("cut", [1, 30])
+def test_salvage_after_a_sealed_journal_cut_short_keeps_its_whole_records_and_every_later_file(
+        tmp_path: Path, cut: int) -> None:
+    _rotated_queue(tmp_path).close()  # 300 adds, then 50 removes of the oldest
+    ends_with_add = []
+    for name in rotated(tmp_path):
+        records = list(read_journal(str(tmp_path / name)))
+        if isinstance(records[-1][1], codec.AddX) and records[-1][1].data[:4] >= b"0050":
+            ends_with_add.append((name, records[-1]))
+    name, (at, last) = ends_with_add[0]
+    damaged = tmp_path / name
+    whole = damaged.read_bytes()
+    damaged.write_bytes(whole[:-cut])  # its last record cut
+    refused(tmp_path, lambda: k2(tmp_path), str(damaged), "cut short", "its whole records are kept",
+            "and keep every other file")
+    coll = k2(tmp_path, salvage=True)
+    got = drain(coll, "q")
+    coll.close()
+    # Every item but the one cut, and none consumed back.
+    assert got == [b"%04d" % i + ITEM for i in range(50, 300) if b"%04d" % i + ITEM != last.data]
+    assert list(aside(tmp_path).values()) == [whole[at:len(whole) - cut]]
+
+
+def test_the_refusal_names_what_salvage_would_set_aside_with_item_counts(tmp_path: Path) -> None:
     _rotated_queue(tmp_path).close()
     files = rotated(tmp_path)
-    os.unlink(tmp_path / files[1])
+    second = tmp_path / files[1]
+    count = len(items_of(second))
+    data = bytearray(second.read_bytes())
+    data[40] ^= 0x20  # inside an item's data: the records still read
+    second.write_bytes(bytes(data))
+    refused(tmp_path, lambda: k2(tmp_path), str(second), "CRC32C",
+            f"--salvage would set aside {files[1]} ({count} items), and keep every other file")
     coll = k2(tmp_path, salvage=True)
+    assert len(drain(coll, "q")) == 250 - count
     coll.close()
-    kept = set(os.listdir(tmp_path))
-    for later in files[2:] + ["q"]:
-        assert later not in kept and any(n.startswith(later + ".corrupt-") for n in kept)
-    assert files[0] in kept
-    k2(tmp_path).close()  # the manifest now matches what was kept
+    assert [n for n in aside(tmp_path) if n.startswith(files[1] + ".corrupt-")]
+
+
+def test_a_manifest_put_back_from_before_packs_is_set_aside_and_every_file_kept(tmp_path: Path) -> None:
+    coll = k2(tmp_path, max_journal_size=8192)
+    expected: list[bytes] = []
+    for round_ in range(6):
+        for i in range(60):
+            coll.add("q", b"%d-%04d" % (round_, i) + ITEM)
+            expected.append(b"%d-%04d" % (round_, i) + ITEM)
+        for _ in range(40):
+            assert coll.remove("q") == expected.pop(0) or True
+        coll.queue("q").wait_for_packing()
+        if round_ == 1:
+            older = manifest_path(tmp_path).read_bytes()  # a backup taken then
+    coll.close()
+    manifest_path(tmp_path).write_bytes(older)  # put back after packs
+    refused(tmp_path, lambda: k2(tmp_path, max_journal_size=8192), "older than the files",
+            "--salvage would set aside q.manifest")
+    coll = k2(tmp_path, salvage=True, max_journal_size=8192)
+    assert drain(coll, "q") == expected  # every intact item, none withheld
+    coll.close()
+    k2(tmp_path, max_journal_size=8192).close()  # and the manifest written anew matches
+
+
+def test_the_first_rotation_is_never_without_a_manifest(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    coll = k2(tmp_path)
+    n = 0
+    while not rotated(tmp_path):
+        coll.add("q", b"%04d" % n + ITEM)
+        n += 1
+    killed = tmp_path.parent / "killed"  # the queue path as a SIGKILL right after the rotation leaves it
+    shutil.copytree(tmp_path, killed)
+    assert manifest_path(killed).exists()
+    stray = killed / f"q.{int(rotated(killed)[0][2:]) - 1}.pack"
+    stray.write_bytes(codec.encode(codec.SaveXid(0)) * 2)
+    capsys.readouterr()
+    refused(killed, lambda: k2(killed), str(stray), "pack the manifest does not list")  # checks in force
+    stray.unlink()
+    again = k2(killed)
+    assert len(drain(again, "q")) == n
+    again.close()
+    assert "NO MANIFEST" not in capsys.readouterr().out
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_stray_manifest_of_a_queue_with_no_file_is_set_aside_with_a_warning(
+        tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    coll = k2(tmp_path) if fmt == "kestrel2" else k3(tmp_path)
+    for i in range(300):
+        coll.add("q", b"%04d" % i + ITEM)
+    coll.close()
+    listed = manifest_path(tmp_path).read_bytes()
+    for name in journal_files(tmp_path):
+        os.unlink(tmp_path / name)
+    manifest_path(tmp_path).write_bytes(listed)  # e.g. copied from elsewhere: no file of q is here
+    capsys.readouterr()
+    coll = k2(tmp_path) if fmt == "kestrel2" else k3(tmp_path)
+    coll.add("q", b"new")  # the name is not blocked
+    assert drain(coll, "q") == [b"new"]
+    coll.close()
+    assert "stray manifest" in capsys.readouterr().out
+    assert [n for n in aside(tmp_path) if n.startswith("q.manifest.stray-")]
 
 
 def test_a_directory_without_manifest_loads_with_a_warning_and_gets_one(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _rotated_queue(tmp_path).close()
-    os.unlink(tmp_path / "q.manifest")
+    os.unlink(manifest_path(tmp_path))
     coll = k2(tmp_path)
     assert len(drain(coll, "q")) == 250
     coll.close()
@@ -253,12 +362,13 @@ def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reade
     data = bytearray(checkpoint.read_bytes())
     data[42] ^= 0xFF  # inside a READ_HEAD's id
     checkpoint.write_bytes(bytes(data))
-    refused(tmp_path, lambda: k3(tmp_path), str(checkpoint), "offset 36")  # no writer file deleted
-    coll = k3(tmp_path, salvage=True)  # the reader is served every item kept again: no loss
+    refused(tmp_path, lambda: k3(tmp_path), str(checkpoint), "offset 36",  # no writer file deleted
+            "--salvage would cut q.read. at offset 36", "served again")
+    coll = k3(tmp_path, salvage=True)  # the reader is served again what it consumed after: no loss
     got = drain(coll, "q")
     assert got[-700:] == [b"%04d" % i for i in range(100, 800)]
     coll.close()
-    assert [n for n in os.listdir(tmp_path) if n.startswith("q.read..corrupt-")]
+    assert [n for n in aside(tmp_path) if n.startswith("q.read..corrupt-")]
 
 
 def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: Path) -> None:
@@ -327,44 +437,47 @@ def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
     for i in range(10):
         coll.add("q", b"%d" % i)
     coll.close()
-    os.unlink(tmp_path / "q.manifest")
+    os.unlink(manifest_path(tmp_path))
     coll = k3(tmp_path)
     assert len(drain(coll, "q")) == 10
     coll.close()
     assert capsys.readouterr().out.count("NO MANIFEST") == 1
-    assert (tmp_path / "q.manifest").exists()
+    assert manifest_path(tmp_path).exists()
 
 
 def test_salvage_sets_an_unreadable_manifest_aside(tmp_path: Path) -> None:
     _rotated_queue(tmp_path).close()
-    (tmp_path / "q.manifest").write_bytes(b"kestrel-manifest 1 00000000\n{}")
+    manifest_path(tmp_path).write_bytes(b"kestrel-manifest 1 00000000\n{}")
     with pytest.raises(CorruptJournalError):
         k2(tmp_path)
     coll = k2(tmp_path, salvage=True)
     assert len(drain(coll, "q")) == 250
     coll.close()
-    assert [n for n in os.listdir(tmp_path) if n.startswith("q.manifest.corrupt-")]
+    assert [n for n in aside(tmp_path) if n.startswith("q.manifest.corrupt-")]
     assert manifest.read(str(tmp_path), "q") is not None
 
 
-def test_kestrel3_record_damage_says_salvage_cannot_help(tmp_path: Path) -> None:
+def test_kestrel3_record_damage_is_refused_naming_the_cut_and_salvage_keeps_what_precedes(
+        tmp_path: Path) -> None:
     coll = k3(tmp_path)
     coll.add("q", b"one")
+    coll.add("q", b"two")
     coll.close()
     (first,) = writers(tmp_path)
+    second = 4 + 25 + 3  # the header, then the first PUT
     with open(tmp_path / first, "r+b") as f:
-        f.seek(4)
+        f.seek(second)
         f.write(b"\xff")
-    with pytest.raises(CorruptJournalError) as err:
-        k3(tmp_path, salvage=True)
-    assert not err.value.salvageable
+    refused(tmp_path, lambda: k3(tmp_path), f"offset {second}", f"--salvage would cut {first} at offset {second}")
     coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"journal_format": "kestrel3"}}))
     coll.load()  # the queue is refused; each request to it says what to do
-    with pytest.raises(QueueDamaged) as refused:
+    with pytest.raises(QueueDamaged, match="restart with --salvage: --salvage would cut"):
         coll.queue("q")
-    assert "--salvage cannot set this damage aside" in str(refused.value)
-    assert "restart with --salvage" not in str(refused.value)
     coll.close()
+    coll = k3(tmp_path, salvage=True)
+    assert drain(coll, "q") == [b"one"]
+    coll.close()
+    assert [n for n in aside(tmp_path) if n.startswith(first + ".corrupt-")]
 
 
 def test_the_converter_refuses_a_kestrel2_queue_that_does_not_match_its_manifest(tmp_path: Path) -> None:
@@ -375,9 +488,7 @@ def test_the_converter_refuses_a_kestrel2_queue_that_does_not_match_its_manifest
     before = listing(tmp_path)
     with pytest.raises(CorruptJournalError, match="missing"):
         convert.convert(str(tmp_path), "kestrel3", ["q"])
-    after = listing(tmp_path)
-    after.pop(".lock", None)
-    assert after == before
+    assert listing(tmp_path) == before
 
 
 def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: Path) -> None:
@@ -390,7 +501,7 @@ def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: P
     os.unlink(tmp_path / "q.read.child")
     with pytest.raises(CorruptJournalError, match="missing"):
         convert.convert(str(tmp_path), "kestrel2", ["q"])
-    assert (tmp_path / "q.manifest").exists()
+    assert manifest_path(tmp_path).exists()
 
 
 def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_own(
@@ -402,16 +513,8 @@ def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_o
     assert q.length == 250 and "NO MANIFEST" not in capsys.readouterr().out
     coll.delete("q")
     coll.close()
-    assert not [n for n in os.listdir(tmp_path) if n.startswith("q")]
-
-
-@pytest.mark.parametrize(("salvageable", "salvage", "advice"), [
-    (True, False, "start with --salvage"), (False, False, "--salvage cannot set this damage aside"),
-    (True, True, "")])
-def test_the_refusal_advises_salvage_only_where_it_helps(salvageable: bool, salvage: bool,
-                                                         advice: str) -> None:
-    error = CorruptJournalError("q.1", 5, None, "damaged", salvageable=salvageable)
-    assert error.advice(salvage).startswith(advice) if advice else error.advice(salvage) == ""
+    assert not [n for n in journal_files(tmp_path) if n.startswith("q")]
+    assert not manifest_path(tmp_path).exists()
 
 
 def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is_gone(tmp_path: Path) -> None:
@@ -504,7 +607,7 @@ def test_a_queue_deletion_cut_off_part_way_leaves_no_manifest_listing_its_files(
     with pytest.raises(Crash):
         coll.delete("q")
     monkeypatch.undo()
-    assert not (tmp_path / "q.manifest").exists()
+    assert not manifest_path(tmp_path).exists()
     after = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else k2(tmp_path)
     after.close()  # what is left loads (as a queue without manifest), refused nowhere
 

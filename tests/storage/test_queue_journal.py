@@ -46,7 +46,8 @@ def test_rotation_renames_the_live_journal_and_starts_a_new_one(tmp_path: Path) 
     second = j.rotate()  # in the same millisecond: the timestamps still increase
     assert second == first + 1
     _add(j, b"c")
-    assert sorted(os.listdir(tmp_path)) == sorted(["q", f"q.{first}", f"q.{second}"])
+    assert sorted(os.listdir(tmp_path)) == sorted([".kestrel", "q", f"q.{first}", f"q.{second}"])
+    assert os.listdir(tmp_path / ".kestrel") == ["q.manifest"]  # written before the first rotated file
     assert [ts for ts, _ in j.rotated] == [first, second]
     assert j.size == sum(os.path.getsize(p) for p in j.paths) and j.paths[-1] == str(tmp_path / "q")
     assert [k for k, _ in j.files()] == [first, second, LIVE]
@@ -74,8 +75,9 @@ def test_replay_cuts_a_torn_tail_keeping_a_copy(tmp_path: Path) -> None:
     with open(tmp_path / "q", "ab") as f:
         f.write(torn)
     assert _replayed(tmp_path, runtime) == [b"whole"]
-    copies = [n for n in os.listdir(tmp_path) if n.startswith("q.torn-")]
-    assert len(copies) == 1 and (tmp_path / copies[0]).read_bytes() == torn
+    aside = tmp_path / ".kestrel" / "aside"
+    copies = [n for n in os.listdir(aside) if n.startswith("q.torn-")]
+    assert len(copies) == 1 and (aside / copies[0]).read_bytes() == torn
     assert (tmp_path / "q").stat().st_size == len(codec.encode_addx(1, 0, b"whole"))
 
 

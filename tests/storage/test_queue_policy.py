@@ -243,6 +243,35 @@ def test_a_change_that_cannot_be_written_is_refused_and_changes_nothing(tmp_path
 
 
 @FORMATS
+def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
+        tmp_path: Path, journal_format: str, disk: FailingDisk, capsys: pytest.CaptureFixture[str]) -> None:
+    """One policy for both formats: the change is refused and undone, the queue goes read-only (in
+    its stats, logged once, each failure counted), peeks still answer, and the first change after
+    the disk recovers probes the journal and goes ahead."""
+    coll = make(tmp_path, journal_format)
+    coll.add_many("q", [b"one", b"two", b"three"])
+    disk.full = True
+    capsys.readouterr()
+    with pytest.raises(JournalWriteError):
+        coll.remove("q")
+    q = coll.queue("q")
+    assert q.stats()["read_only"] == 1 and q.stats()["journal_write_errors"] == 1
+    with pytest.raises(JournalWriteError):
+        coll.add("q", b"four")  # refused by the probe: nothing written, nothing more counted
+    with pytest.raises(JournalWriteError):
+        coll.remove("q")
+    assert q.stats()["read_only"] == 1 and q.length == 3
+    assert coll.peek("q") is not None and coll.peek("q").data == b"one"  # type: ignore[union-attr]
+    assert len([line for line in capsys.readouterr().out.splitlines() if "read-only until it can" in line]) == 1
+    disk.full = False
+    assert coll.add("q", b"four")
+    assert q.stats()["read_only"] == 0 and "can be written again" in capsys.readouterr().out
+    assert drain(coll, "q") == [b"one", b"two", b"three", b"four"]
+    coll = reopen(coll)
+    assert drain(coll, "q") == []
+
+
+@FORMATS
 def test_plain_threads_put_and_take_every_item_once(tmp_path: Path, journal_format: str) -> None:
     """Each change holds the queue's lock: with threads, no item is lost or served twice, and a
     Kestrel 3 put to the parent reaches its fanout child whatever the child's readers do."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from kestrel.storage import QueueCollection, QueueConfigs
@@ -14,6 +16,21 @@ def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: d
     coll = QueueCollection(str(path), QueueConfigs(defaults or {}, queues or {}), **options)
     coll.load()
     return coll
+
+
+def journal_files(path: Path) -> list[str]:
+    """The files of a queue path, the server's own directory (`.kestrel/`) left out."""
+    return sorted(n for n in os.listdir(path) if n != ".kestrel")
+
+
+def aside(path: Path) -> dict[str, bytes]:
+    """The copies damage handling kept (`.kestrel/aside/`), by name."""
+    folder = path / ".kestrel" / "aside"
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder))} if folder.exists() else {}
+
+
+def manifest_path(path: Path, queue: str = "q") -> Path:
+    return path / ".kestrel" / f"{queue}.manifest"
 
 
 def drain(coll: QueueCollection, name: str) -> list[bytes]:

@@ -48,15 +48,15 @@ def test_read_ids_start_above_the_stored_floor_when_the_clock_goes_back(tmp_path
     clock.ms -= 3_600_000  # an hour back
     again = ReadIds(str(tmp_path), clock)
     assert again.next() >= issued[0] + BLOCK > issued[-1]
-    assert (tmp_path / ".read_ids").read_text().strip().isdigit()
+    assert (tmp_path / ".kestrel" / "read_ids").read_text().strip().isdigit()
 
 
 def test_read_ids_reserve_the_next_block_before_handing_it_out(tmp_path: Path) -> None:
     ids = ReadIds(str(tmp_path), FakeClock(1))
-    floor = int((tmp_path / ".read_ids").read_text())
+    floor = int((tmp_path / ".kestrel" / "read_ids").read_text())
     handed = [ids.next() for _ in range(BLOCK)]
-    assert handed[-1] < floor and int((tmp_path / ".read_ids").read_text()) == floor
-    assert ids.next() == floor and int((tmp_path / ".read_ids").read_text()) == floor + BLOCK
+    assert handed[-1] < floor and int((tmp_path / ".kestrel" / "read_ids").read_text()) == floor
+    assert ids.next() == floor and int((tmp_path / ".kestrel" / "read_ids").read_text()) == floor + BLOCK
 
 
 def test_idle_clients_are_closed_after_client_timeout(server_factory: Any) -> None:

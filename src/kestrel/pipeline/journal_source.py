@@ -253,7 +253,10 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
                 if entry is None or entry[0] >= limit:
                     break
                 columns.add(*entry)
-            if end is None and reader.leftover():
+            if end is None and reader.leftover():  # the one torn-tail rule: torn, or a damaged size
+                error = reader.tail_damage(last=True)
+                if error is not None:
+                    raise error
                 damage = (reader.offset, "torn")
         except CorruptJournalError as e:
             damage = (e.offset, f"corrupt: {e.reason}")

@@ -1,4 +1,5 @@
-"""The admin HTTP port: /ping, /ready, /stats.json, /stats.txt and Prometheus /metrics.
+"""The admin HTTP port: the page at / (src/kestrel/service/dashboard/), /ping, /ready, /stats.json,
+/stats.txt and Prometheus /metrics.
 
 `/ping` is liveness: `pong` while the process answers, whatever its status. `/ready` is readiness
 for a load balancer in front of writers: 200 while the server is Up, 503 once it is ReadOnly or
@@ -14,6 +15,7 @@ from typing import Any
 from gevent.pywsgi import WSGIServer
 
 from kestrel.service import metrics
+from kestrel.service.dashboard import Dashboard
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
@@ -51,12 +53,21 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST,
                                        metrics.render(server, per_queue=True)),
     }
+    dashboard = Dashboard(server)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        route = routes.get(environ.get("PATH_INFO", ""))
-        if route is None or environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        path = environ.get("PATH_INFO", "")
+        route = routes.get(path)
+        reading = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+        if route is None and reading:
+            page = dashboard.respond(path, environ.get("QUERY_STRING", ""), environ.get("HTTP_IF_NONE_MATCH"))
+            if page is not None:
+                status, headers, body = page
+                start_response(status, headers)
+                return [body]
+        if route is None or not reading:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [f"not found: try {', '.join(routes)}\n".encode()]
+            return [f"not found: try /, {', '.join(routes)}\n".encode()]
         status, content_type, body = route()
         start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]

@@ -37,7 +37,7 @@ class BufferedConnection:
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         self.server = server
         self.peer = peer
-        self.session = Session(server, peer)
+        self.session = Session(server, peer, protocol=self.protocol)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting

@@ -1,5 +1,5 @@
-"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `convert` and `recover`: the
-command line."""
+"""`kestrel serve`, `kestrel config check`, `kestrel journal dump`, `check`, `convert` and `recover`:
+the command line."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_DAMAGED_JOURNAL,
     StartupError,
 )
-from kestrel.storage.errors import CommitLogDamaged, ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
+from kestrel.storage.tools import check as journal_check  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
 from kestrel.storage.tools import dump as journal_dump  # noqa: E402
 from kestrel.storage.tools import recover as journal_recover  # noqa: E402
@@ -82,8 +83,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}-port", type=int, metavar="N",
                        help=f"{name} port, 0 disables it (default: {port})")
     p.add_argument("--salvage", action="store_true", default=None,
-                   help="load what precedes a corrupt journal record instead of refusing to start "
-                        "(default: off)")
+                   help="serve a damaged queue, setting aside only what does not verify (a copy kept "
+                        "in .kestrel/aside/), instead of refusing it (default: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log lines written (default: %(default)s)")
     p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
         "dump", help="print the records of journal files of either format (Kestrel 2 or 3)"))
+    journal_check.add_arguments(journal_sub.add_parser(
+        "check", help="what a start-up would find damaged and --salvage would set aside; changes nothing"))
     journal_convert.add_arguments(journal_sub.add_parser(
         "convert", help="convert queues to the other journal format, offline (the server must be stopped)"))
     journal_recover.add_arguments(journal_sub.add_parser(
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "journal" and args.journal_command == "dump":
         return journal_dump.run(args)
+    if args.command == "journal" and args.journal_command == "check":
+        return journal_check.run(args)
     if args.command == "journal" and args.journal_command == "convert":
         return journal_convert.run(args)
     if args.command == "journal" and args.journal_command == "recover":
@@ -187,12 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         App(config).run()
     except ConfigError as e:  # queue files in another journal format than configured
         return report_config_error(e)
-    except CommitLogDamaged as e:
-        print(f"kestrel: cannot start: {e}; {e.remedy()}", file=sys.stderr)
-        return EXIT_DAMAGED_JOURNAL
     except CorruptJournalError as e:
-        advice = e.advice(config.salvage)
-        print(f"kestrel: {e}" + (f"\n({advice})" if advice else ""), file=sys.stderr)
+        # Damage no one queue owns (a conversion's record): --salvage does not apply.
+        print(f"kestrel: {e}\n(restore or move the file named, then start again)", file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

@@ -145,6 +145,11 @@ def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **
         observe(protocol, command, time.perf_counter() - started)
 
 
+def storage_totals() -> dict[str, tuple[int, float]]:
+    """(count, seconds) of each storage event so far ("write", "fsync", "pack"): the histograms' totals."""
+    return {event: (sum(series.counts), series.sum) for event, series in _STORAGE_SECONDS.items()}
+
+
 def install_storage_timing() -> None:
     """Route storage's journal write, fsync and pack timings to the histograms."""
     journal.timings.update({event: series.observe for event, series in _STORAGE_SECONDS.items()})
@@ -249,6 +254,12 @@ QUEUE_FIGURES: dict[str, Figure | None] = {
     "memory_target": _gauge("kestrel_queue_memory_target_bytes", "Bytes of items the queue may hold in "
                             "memory now: its share of the memory budget."),
     "paged_out": _gauge("kestrel_queue_paged_out_bytes", "Bytes of the queue's items only in its journal."),
+    "head_wait_ms": _gauge("kestrel_queue_head_item_age_seconds", "How long the item at the head of the "
+                           "queue has waited since it was added (0 when the queue is empty).", MS),
+    "read_behind": _gauge("kestrel_queue_read_behind", "1 while items of the queue wait in its journal to be "
+                          "read back into memory; else 0."),
+    "journal_format": _gauge("kestrel_queue_journal_format", "The queue's journal format: 2 (Kestrel 2's "
+                             "journal) or 3 (Kestrel 3's writer and reader files)."),
 }
 
 # Sums over the queues on /metrics: gauges, since a sum falls when a queue is deleted.

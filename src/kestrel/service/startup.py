@@ -20,7 +20,7 @@ from kestrel.storage.errors import JournalWriteError, QueuePathInUse, TooManyQue
 
 # `kestrel serve`'s exit codes (its --help and the README's Operations list them).
 EXIT_CONFIG = 2  # bad configuration: the config file or the command line
-EXIT_DAMAGED_JOURNAL = 3  # damage no one queue owns: the commit log, an interrupted conversion's record
+EXIT_DAMAGED_JOURNAL = 3  # damage no one queue owns: an interrupted conversion's record
 EXIT_QUEUE_PATH = 4  # the queue path, a journal or the status file cannot be used, or the path is in use
 EXIT_LISTENER = 5  # a listener cannot bind its address and port
 EXIT_DESCRIPTORS = 6  # out of file descriptors
@@ -28,9 +28,9 @@ EXIT_DESCRIPTORS = 6  # out of file descriptors
 EXIT_CODES = (
     (0, "stopped cleanly (SIGTERM, SIGINT or the shutdown command)"),
     (EXIT_CONFIG, "bad configuration (config file or command line); every bad key is listed"),
-    (EXIT_DAMAGED_JOURNAL, "damage that no one queue owns: the commit log, or the record of an interrupted "
-                           "journal conversion (a queue whose own files are damaged is refused alone, and "
-                           "the others serve)"),
+    (EXIT_DAMAGED_JOURNAL, "damage that no one queue owns: the record of an interrupted journal "
+                           "conversion (a queue whose own files are damaged is refused alone, and the "
+                           "others serve; so is one whose commit log records cannot be placed)"),
     (EXIT_QUEUE_PATH, "the queue path, a journal or the status file cannot be used (missing, not a "
                       "directory, not writable, disk full), or another process holds the queue path"),
     (EXIT_LISTENER, "a listener cannot bind its address:port (in use, a port below 1024 without the "

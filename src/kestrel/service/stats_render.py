@@ -1,4 +1,8 @@
-"""The guide's "Server stats" for memcache STATS and DUMP_STATS, JSON and text (Prometheus: metrics.py)."""
+"""The guide's "Server stats" for memcache STATS and DUMP_STATS, JSON and text (Prometheus: metrics.py).
+
+`/stats.json` is `server_document` with every queue's figures; the admin page
+(src/kestrel/service/dashboard/) reads the same two sources, so the page and the JSON never disagree.
+"""
 
 from __future__ import annotations
 
@@ -39,19 +43,32 @@ def dump_stats(server: ServerState) -> bytes:
     return queue_blocks(server.queue_stats())
 
 
-def stats_document(server: ServerState) -> dict[str, Any]:
-    """Every figure of the admin port under Kestrel's names, read once: the one source of `/stats.json`,
-    `/metrics` and whatever else shows them. `status` is the current status (a stricter one applies
-    its refusals after `status_change_grace_period`: `enforced_status`); `server_sets` the ZooKeeper
-    membership (None without `zookeeper`)."""
+def server_document(server: ServerState) -> dict[str, Any]:
+    """`stats_document` but the queues' figures (what the admin page reads beside each queue's
+    `stats()`, a slice of queues at a time): the guide's server figures; the status (a stricter one
+    applies its refusals after `status_change_grace_period`: `enforced_status`); the ZooKeeper
+    membership (None without `zookeeper`); the queues refused at start-up with the damage found
+    (`refused_queues`) and the remedy (`refused_remedies`), as every request to them says; open
+    connections by protocol; aliases; the commit log (None when off)."""
+    coll = server.collection
     return {
         "server": server.global_stats(),
         "status": server.status.current.label,
         "enforced_status": server.status.enforced.label,
         "server_sets": server.server_sets(),
-        "queues": server.queue_stats(),
-        "refused_queues": server.collection.refused_queues(),
+        "refused_queues": coll.refused_queues(),
+        "refused_remedies": {name: error.remedy() for name, error in sorted(coll.refused.items())},
+        "connections": {protocol: count for protocol, count in sorted(server.stats.connections.items())
+                        if protocol},
+        "aliases": {alias: list(queues) for alias, queues in sorted(coll.aliases.items())},
+        "commit_log": None if coll.commit_log is None else coll.commit_log.stats(),
     }
+
+
+def stats_document(server: ServerState) -> dict[str, Any]:
+    """Every figure of the admin port under Kestrel's names, read once: the one source of `/stats.json`,
+    `/metrics` and the admin page (src/kestrel/service/dashboard/)."""
+    return {**server_document(server), "queues": server.queue_stats()}
 
 
 def stats_json(server: ServerState) -> bytes:

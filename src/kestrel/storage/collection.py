@@ -11,7 +11,7 @@ from functools import partial
 
 import structlog
 
-from kestrel.storage import formats
+from kestrel.storage import formats, layout
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
@@ -129,12 +129,15 @@ class QueueCollection:
         all loaded, even past `max_queues` (which then only stops new ones). A journal conversion
         interrupted after its switch is finished first. Raises TooManyQueues when the process runs
         out of file descriptors, ConfigError for files in the other format than `journal_format`.
-        A queue whose journal is damaged (CorruptJournalError, without salvage) is refused alone:
-        logged, kept in `refused`, and every request to it raises QueueDamaged.
+        A queue whose journal is damaged (CorruptJournalError, without salvage), or whose records in
+        a commit log left by a crash cannot be placed in its journal, is refused alone: logged,
+        kept in `refused`, and every request to it raises QueueDamaged.
         """
+        layout.tidy(self.path)
         if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
-        recover_commit_log(self.path, self.clock.now_ms())
+        for name, error in recover_commit_log(self.path, self.clock.now_ms(), self.salvage).refused.items():
+            self._refuse(name, error)
         if self._commit_log_on:
             self.commit_log = CommitLog(self.path, self.runtime)
             self.commit_log.open()

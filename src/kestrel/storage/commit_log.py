@@ -8,8 +8,8 @@ server: every change of a loop turn in one `write`, and the replies of that turn
 fdatasync of that log instead of one of each journal. A background checkpoint then fdatasyncs
 the journals that took records and deletes the log's older segments.
 
-Files: `<queue_path>/commit-log/<seq>` segments, replayed in order (a directory: the scans of the
-queue path look at files only). A segment starts with `MARK`, then records:
+Files: `<queue_path>/.kestrel/commit-log/<seq>` segments, replayed in order (in the server's own
+directory, which no scan of journals reads). A segment starts with `MARK`, then records:
 
     u32 body size | u32 CRC-32 of the body | body
     body: u16 queue name size | queue name (UTF-8) | u64 epoch | u64 offset | journal bytes
@@ -40,14 +40,16 @@ from dataclasses import dataclass, field
 import gevent
 import structlog
 
-from kestrel.storage import filenames
+from kestrel.storage import filenames, layout, torn_tail
 from kestrel.storage.errors import CommitLogDamaged
 from kestrel.storage.files import (
     JournalFiles,
     JournalWriter,
+    copy_from,
     cut_keeping_copy,
     fsync_path,
     list_journal_files,
+    pwrite_all,
     record_timing,
     write_all,
 )
@@ -56,7 +58,7 @@ from kestrel.storage.runtime import Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.commit_log")
 
-DIRECTORY = "commit-log"
+HELD_PREFIX = "held-"  # records kept for a queue recovery refused: `held-<queue>`
 MARK = b"KCLOG\x00\x00\x01"  # what a segment starts with (format version 1)
 _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
@@ -98,6 +100,8 @@ def encode_record(queue: str, epoch: int, offset: int, data: bytes) -> bytes:
 
 def _decode_body(body: bytes) -> Record | None:
     """The record a body holds, or None if its fields do not fit together."""
+    if len(body) < _MIN_BODY:
+        return None
     (name_size,) = _NAME.unpack_from(body, 0)
     place = _NAME.size + name_size
     if name_size == 0 or place + _PLACE.size > len(body):
@@ -110,60 +114,109 @@ def _decode_body(body: bytes) -> Record | None:
     return Record(queue, epoch, offset, body[place + _PLACE.size:])
 
 
+def _read_record(data: bytes, at: int) -> tuple[Record | None, int, str, bool]:
+    """The record at `at` if it reads whole and verifies, the offset after it, and otherwise why
+    not and whether its first bytes could start a record (a plausible size)."""
+    if len(data) - at < _HEAD.size:
+        return None, len(data), "a record header cut short", True
+    size, crc = _HEAD.unpack_from(data, at)
+    end = at + _HEAD.size + size
+    if size < _MIN_BODY or size > MAX_BODY:
+        return None, end, f"a record size of {size} bytes", False
+    if end > len(data):
+        return None, end, "a record running past the end of the file", True
+    body = data[at + _HEAD.size:end]
+    record = _decode_body(body) if zlib.crc32(body) == crc else None
+    if record is None:
+        return None, end, "a record whose checksum or fields are wrong", True
+    return record, end, "", True
+
+
+class _LogRecords:
+    """How the log's records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py): a
+    record whose checksum verifies is evidence enough."""
+
+    def body_start(self, tail: bytes) -> int:
+        return _HEAD.size
+
+    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
+        return _read_record(tail, pos)[0] is not None
+
+    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+        return None
+
+
+LOG_RECORDS = _LogRecords()
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Bytes of a segment that are neither records nor a torn tail: `at` to `end`. `record` is what
+    they hold when only the size field was damaged (the body between the two verifies); `claims`,
+    what they seem to hold without verifying, for naming the queue they belong to."""
+
+    at: int
+    end: int
+    reason: str
+    record: Record | None = None
+    claims: Record | None = None
+
+
 @dataclass
 class Segment:
-    """What one segment file holds: its records with their offsets, and where a torn tail begins."""
+    """What one segment file holds: its records with their offsets, what is damaged, and where a
+    torn tail begins."""
 
     path: str
     records: list[tuple[int, Record]] = field(default_factory=list)
     torn_at: int | None = None  # offset of an incomplete last write, if any
+    damage: list[Damage] = field(default_factory=list)
 
 
 def read_segment(path: str, last: bool) -> Segment:
-    """Read a segment. A damaged record followed only by the end of the file (or by zeros) is a torn
-    last write (`torn_at`), allowed in the `last` segment alone.
-
-    Raises CommitLogDamaged naming the file and offset: a bad mark, a record whose checksum or
-    fields are wrong with more bytes after it, a torn record in a segment that is not the last.
+    """Read a segment. What cannot be read whole is judged by the one torn-tail rule: a torn last
+    write (`torn_at`, possible in the `last` segment alone), or damage, after which whole records
+    are looked for again. A damaged span whose body verifies once the next record is found (only
+    its size field was damaged) is a record too.
     """
     with open(path, "rb") as f:
         data = f.read()
     segment = Segment(path)
-    if len(data) < len(MARK):
+    if len(data) < len(MARK) or not data.startswith(MARK):
         if MARK.startswith(data) or not any(data):
             segment.torn_at = 0 if data else None  # created and cut short before its mark was written
         else:
-            raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
-    elif not data.startswith(MARK):
-        raise CommitLogDamaged(path, 0, None, "not a commit log segment (no mark at its start)")
+            segment.damage.append(Damage(0, len(data), "not a commit log segment (no mark at its start)"))
+        return segment
     at = len(MARK)
-    while segment.torn_at is None and at < len(data):
-        reason = None
-        if len(data) - at < _HEAD.size:
-            reason = "a record header cut short"
-            end = len(data)
-        else:
-            size, crc = _HEAD.unpack_from(data, at)
-            end = at + _HEAD.size + size
-            if size < _MIN_BODY or size > MAX_BODY:
-                reason = f"a record size of {size} bytes"
-            elif end > len(data):
-                reason = "a record running past the end of the file"
-            else:
-                body = data[at + _HEAD.size:end]
-                record = _decode_body(body) if zlib.crc32(body) == crc else None
-                if record is not None:
-                    segment.records.append((at, record))
-                    at = end
-                    continue
-                reason = "a record whose checksum or fields are wrong"
-        if end >= len(data) or not any(data[end:]):
-            if not last:
-                raise CommitLogDamaged(path, at, None, f"{reason} before the next segment")
+    while at < len(data):
+        record, end, reason, startable = _read_record(data, at)
+        if record is not None:
+            segment.records.append((at, record))
+            at = end
+            continue
+        error = torn_tail.judge(path, at, reason, LOG_RECORDS, last, startable, tail=(data[at:], True))
+        if error is None:
             segment.torn_at = at
-        else:
-            raise CommitLogDamaged(path, at, None, f"{reason}, with more records after it")
+            break
+        tail = data[at:]
+        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail), LOG_RECORDS.whole_records_at)
+        resume = len(data) if found is None else at + found
+        damage = _damage(data, at, resume, error.reason)
+        segment.damage.append(damage)
+        if damage.record is not None:
+            segment.records.append((at, damage.record))
+        at = resume
     return segment
+
+
+def _damage(data: bytes, at: int, end: int, reason: str) -> Damage:
+    """The damaged span `at`..`end`, with the record it held if its body verifies."""
+    body = data[at + _HEAD.size:end]
+    claims = _decode_body(body)
+    if claims is not None and zlib.crc32(body) == _HEAD.unpack_from(data, at)[1]:
+        return Damage(at, end, reason, record=claims)
+    return Damage(at, end, reason, claims=claims)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +224,7 @@ def read_segment(path: str, last: bool) -> Segment:
 
 
 def directory(queue_path: str) -> str:
-    return os.path.join(queue_path, DIRECTORY)
+    return filenames.own_path(queue_path, filenames.COMMIT_LOG_NAME)
 
 
 def segment_paths(queue_path: str) -> list[str]:
@@ -184,10 +237,22 @@ def segment_paths(queue_path: str) -> list[str]:
     return [os.path.join(folder, n) for n in sorted(names, key=int)]
 
 
+def held_paths(queue_path: str) -> dict[str, str]:
+    """The records kept for queues that recovery refused, by queue (`held-<queue>`)."""
+    folder = directory(queue_path)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return {}
+    return {n[len(HELD_PREFIX):]: os.path.join(folder, n) for n in names
+            if n.startswith(HELD_PREFIX) and not filenames.is_temporary(n)}
+
+
 def pending(queue_path: str) -> bool:
     """Whether the log holds records: a server runs on the path, or stopped without a clean
-    shutdown (a clean one leaves no log)."""
-    return any(os.path.getsize(p) > len(MARK) for p in segment_paths(queue_path))
+    shutdown (a clean one leaves no log), or recovery refused a queue and keeps its records."""
+    segments = segment_paths(queue_path)
+    return bool(held_paths(queue_path)) or any(os.path.getsize(p) > len(MARK) for p in segments)
 
 
 def pending_message(queue_path: str) -> str:
@@ -200,7 +265,7 @@ def pending_message(queue_path: str) -> str:
 
 def _remove_directory(queue_path: str) -> None:
     """Remove the log's directory once it holds no segment, so that the queue path holds exactly
-    what it holds without a log (it stays while copies of torn tails are kept in it)."""
+    what it holds without a log (it stays while copies of torn tails or held records are kept in it)."""
     folder = directory(queue_path)
     try:
         os.rmdir(folder)
@@ -209,14 +274,14 @@ def _remove_directory(queue_path: str) -> None:
             raise
         fsync_path(folder)
         return
-    fsync_path(queue_path)
+    fsync_path(os.path.dirname(folder))
 
 
-def _create_segment(path: str) -> None:
-    """A new segment holding its mark, durable with its name."""
+def _create_segment(path: str, records: bytes = b"") -> None:
+    """A new segment holding its mark (and `records`), durable with its name."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        write_all(fd, MARK)
+        write_all(fd, MARK + records)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -227,94 +292,225 @@ def _create_segment(path: str) -> None:
 # Recovery
 
 
-def _journal_for(queue_path: str, files: JournalFiles, segment: str, at: int, record: Record) -> str:
+@dataclass
+class Recovery:
+    """What recovery did: records written into journals, copies it kept, and the queues it
+    refused (their records are kept in `held-<queue>` until they can be placed)."""
+
+    written: int = 0
+    refused: dict[str, CommitLogDamaged] = field(default_factory=dict)
+    copies: list[str] = field(default_factory=list)
+
+
+def _journal_for(queue_path: str, files: JournalFiles, record: Record) -> str | None:
     """The journal file the record's bytes belong to, of its queue's `files` (see the module's doc
-    on epochs). Raises CommitLogDamaged when only a pack is newer than its epoch."""
+    on epochs); None when only a pack is newer than its epoch."""
     stamps = [ts for ts, _ in files.rotated] + [ts for ts, _ in files.packs]
     if not stamps or record.epoch >= max(stamps):
         return filenames.live_path(queue_path, record.queue)
     newer = [(ts, p) for ts, p in files.rotated if ts > record.epoch]
-    if not newer:
-        raise CommitLogDamaged(segment, at, None, f"no journal of queue {record.queue!r} for epoch "
-                                                     f"{record.epoch}: only a pack is newer")
-    return min(newer)[1]
+    return min(newer)[1] if newer else None
 
 
-def _apply(segment: str, at: int, record: Record, journal: str, now_ms: int) -> bool:
-    """Put the record's bytes in place in `journal`; whether they had to be written.
+class _Placing:
+    """Records placed into their journals by position, in log order (`place`)."""
 
-    Raises CommitLogDamaged naming the segment and offset when the journal holds other bytes
-    there, or ends before the record's offset (an earlier change is missing).
+    def __init__(self, queue_path: str, now_ms: int, recovery: Recovery, dry_run: bool = False) -> None:
+        self.queue_path = queue_path
+        self.now_ms = now_ms
+        self.recovery = recovery
+        self.dry_run = dry_run  # count what would be written and copied; change nothing
+        self.journals: set[str] = set()
+        self._scanned: dict[str, JournalFiles] = {}
+        self._copied: set[str] = set()  # journals whose replaced bytes are kept already
+
+    def holds(self, record: Record) -> bool:
+        """Whether the record's journal holds its bytes at its offset."""
+        journal = self.journal(record)
+        if journal is None:
+            return False
+        try:
+            with open(journal, "rb") as f:
+                f.seek(record.offset)
+                return f.read(len(record.data)) == record.data
+        except FileNotFoundError:
+            return False
+
+    def journal(self, record: Record) -> str | None:
+        files = self._scanned.get(record.queue)
+        if files is None:
+            files = self._scanned[record.queue] = list_journal_files(self.queue_path, record.queue)
+        return _journal_for(self.queue_path, files, record)
+
+    def place(self, segment: str, at: int, record: Record) -> str | None:
+        """Put the record's bytes at their offset in their journal; why it cannot be, if it cannot.
+
+        Where the journal already holds them, nothing is written. Where it ends at their offset,
+        they are appended; where it ends inside them, or holds other bytes there (a write the disk
+        lost or damaged: zeros after a power cut, a changed byte), they are written over what is
+        there, a copy of the journal from there on kept first (`.kestrel/aside/<file>.torn-<ms>`
+        when it held the start of these bytes, `.replaced-<ms>` otherwise). Where it ends before
+        their offset, the bytes between are missing and no copy holds them: nothing is written.
+        """
+        journal = self.journal(record)
+        if journal is None:
+            return f"no journal of queue {record.queue!r} for epoch {record.epoch}: only a pack is newer"
+        try:
+            size = os.path.getsize(journal)
+        except FileNotFoundError:
+            size = -1
+        end = record.offset + len(record.data)
+        present = b""
+        if size > record.offset:
+            with open(journal, "rb") as f:
+                f.seek(record.offset)
+                present = f.read(len(record.data))
+            if present == record.data:
+                self.journals.add(journal)
+                return None
+        elif size < record.offset and not (size == -1 and record.offset == 0):
+            return (f"journal {journal} ends at {max(size, 0)}, before offset {record.offset} where the "
+                    f"commit log's record {segment} offset {at} goes: the bytes between are missing and "
+                    "no copy holds them")
+        if size > record.offset and journal not in self._copied:
+            self._copied.add(journal)
+            torn = size < end and record.data.startswith(present)
+            self._keep_copy(journal, record.offset, "torn" if torn else "replaced")
+        self.recovery.written += 1
+        if self.dry_run:
+            return None
+        _step("write")
+        fd = os.open(journal, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            pwrite_all(fd, record.data, record.offset)
+        finally:
+            os.close(fd)
+        self.journals.add(journal)
+        return None
+
+    def _keep_copy(self, journal: str, offset: int, label: str) -> None:
+        """Copy the journal from `offset` on to `.kestrel/aside/` before it is written over."""
+        name = os.path.basename(journal)
+        if self.dry_run:
+            self.recovery.copies.append(filenames.set_aside_path(self.queue_path, name, label, self.now_ms))
+            return
+        copy = layout.aside_path(self.queue_path, name, label, self.now_ms)
+        _step("copy-journal")
+        copy_from(journal, offset, copy)
+        self.recovery.copies.append(copy)
+        log.warning("journal lacks or holds other bytes where the commit log's record goes; the log's "
+                    "record written over them, a copy kept", file=journal, offset=offset, copy=copy)
+
+
+def _refusal(queue: str, where: str, at: int, reason: str, held: int) -> CommitLogDamaged:
+    return CommitLogDamaged(where, at, None, reason, queue, held)
+
+
+def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool = False) -> Recovery:
+    """Put what the commit log holds into the journals, make them durable and empty the log.
+    Idempotent: killed at any step, it can run again.
+
+    Each record that verifies (or whose body verifies once only its size field was found damaged)
+    is placed by position (`_Placing.place`). A queue is refused where that is impossible: its
+    journal ends before a record's offset, only a pack is newer than a record's epoch, or the log
+    is damaged where no record of it can be read (a damaged span naming no queue refuses every
+    queue with records in the log, since it may be any of theirs); its records are kept in
+    `held-<queue>` and read again at the next recovery. With `salvage` a refused queue's journal is
+    kept as it is and its records set aside (`.kestrel/aside/`) instead. A torn last write of the
+    log is cut off, a copy kept as `<segment>.torn-<ms>`. With `dry_run` nothing is changed: the
+    result says what would be done (`kestrel journal check`). Raises OSError.
     """
-    try:
-        size = os.path.getsize(journal)
-    except FileNotFoundError:
-        size = -1
-    end = record.offset + len(record.data)
-    if size >= end:
-        with open(journal, "rb") as f:
-            f.seek(record.offset)
-            if f.read(len(record.data)) == record.data:
-                return False
-        raise CommitLogDamaged(segment, at, None, f"journal {journal} holds other bytes at offset "
-                                                     f"{record.offset} than this record")
-    if size < record.offset and not (size == -1 and record.offset == 0):
-        raise CommitLogDamaged(segment, at, None, f"journal {journal} ends at {max(size, 0)}, before "
-                                                     f"offset {record.offset} where this record goes: "
-                                                     "an earlier change is missing")
-    if size > record.offset:
-        _step("cut-journal")
-        copy = cut_keeping_copy(journal, record.offset, "torn", now_ms)
-        log.warning("journal torn inside a change the commit log holds; cut there, a copy kept",
-                    file=journal, offset=record.offset, copy=copy)
-    _step("append")
-    fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        write_all(fd, record.data)
-    finally:
-        os.close(fd)
-    return True
-
-
-def recover(queue_path: str, now_ms: int) -> int:
-    """Put what the commit log holds into the journals, make them durable and empty the log;
-    return how many records had to be written. Idempotent: killed at any step, it can run again.
-
-    A torn last write of the log is cut off, a copy kept as `<segment>.torn-<ms>`.
-    Raises CommitLogDamaged (nothing after the damage is applied), or OSError.
-    """
-    paths = segment_paths(queue_path)
-    segments = [read_segment(p, i == len(paths) - 1) for i, p in enumerate(paths)]
-    applied = 0
-    journals: set[str] = set()
-    scanned: dict[str, JournalFiles] = {}
+    recovery = Recovery()
+    held = held_paths(queue_path)
+    paths = list(held.values()) + segment_paths(queue_path)
+    last = max([i for i, p in enumerate(paths) if os.path.getsize(p) > len(MARK)], default=len(paths) - 1)
+    segments = [read_segment(p, i >= last) for i, p in enumerate(paths)]
+    placing = _Placing(queue_path, now_ms, recovery, dry_run)
+    reasons: dict[str, tuple[str, int, str]] = {}  # refused queue -> (where, offset, why)
+    named = {r.queue for s in segments for _, r in s.records}
+    for segment in segments:
+        for damage in segment.damage:
+            if damage.record is not None:
+                continue
+            claims = damage.claims
+            if claims is not None and placing.holds(claims):
+                continue  # the journal holds what the damaged record seems to: its good copy
+            why = f"the commit log is damaged ({damage.reason})"
+            for queue in [claims.queue] if claims is not None else sorted(named):
+                reasons.setdefault(queue, (segment.path, damage.at, why + (
+                    "" if claims is not None else ", where no record can be read: it may be this queue's")))
+    records: dict[str, list[Record]] = {}
     for segment in segments:
         for at, record in segment.records:
-            files = scanned.get(record.queue)
-            if files is None:
-                files = scanned[record.queue] = list_journal_files(queue_path, record.queue)
-            journal = _journal_for(queue_path, files, segment.path, at, record)
-            applied += _apply(segment.path, at, record, journal, now_ms)
-            journals.add(journal)
-    for journal in sorted(journals):
+            records.setdefault(record.queue, []).append(record)
+            if record.queue in reasons:
+                continue
+            refusal = placing.place(segment.path, at, record)
+            if refusal is not None:
+                reasons[record.queue] = (segment.path, at, refusal)
+    if dry_run:
+        recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])))
+                            for q, (where, at, why) in sorted(reasons.items())}
+        return recovery
+    for queue, (where, at, why) in sorted(reasons.items()):
+        kept = records.get(queue, [])
+        if salvage:
+            copy = _keep_aside(queue_path, queue, kept, now_ms)
+            recovery.copies.append(copy)
+            log.error("commit log records of a queue cannot be placed; its journal is kept as it is and "
+                      "the records set aside (salvage)", queue=queue, reason=why, records=len(kept),
+                      copy=copy)
+        else:
+            _step("hold")
+            _hold(queue_path, queue, kept)
+            recovery.refused[queue] = _refusal(queue, where, at, why, len(kept))
+    for journal in sorted(placing.journals):
         _step("fsync-journal")
         fsync_path(journal)
-    if journals:
+    if placing.journals:
         fsync_path(queue_path)  # a journal recovery created
     for segment in segments:
-        if segment.torn_at is not None:
+        if segment.torn_at is not None or segment.damage:
+            at = segment.torn_at if segment.torn_at is not None else 0
+            label = "torn" if not segment.damage else "damaged"
             _step("cut-segment")
-            copy = cut_keeping_copy(segment.path, segment.torn_at, "torn", now_ms)
-            log.warning("torn write at the end of the commit log; cut off, a copy kept", file=segment.path,
-                        offset=segment.torn_at, copy=copy)
+            copy = cut_keeping_copy(segment.path, at, f"{segment.path}.{label}-{now_ms}")
+            log.warning(f"{label} bytes in the commit log; a copy kept", file=segment.path, offset=at,
+                        copy=copy)
+        holder = next((q for q, p in held.items() if p == segment.path), None)
+        if holder is not None and holder in recovery.refused:
+            continue  # rewritten by `_hold`
         _step("delete-segment")
         os.unlink(segment.path)
     if segments:
         _remove_directory(queue_path)
-    if journals:
-        log.info("commit log recovered", segments=len(segments), journals=len(journals),
-                 records=sum(len(s.records) for s in segments), written=applied)
-    return applied
+    if placing.journals or recovery.refused:
+        log.info("commit log recovered", segments=len(segments), journals=len(placing.journals),
+                 records=sum(len(s.records) for s in segments), written=recovery.written,
+                 refused=sorted(recovery.refused))
+    return recovery
+
+
+def _hold(queue_path: str, queue: str, records: list[Record]) -> None:
+    """Keep a refused queue's records, durably, in `held-<queue>` (replacing what it held)."""
+    folder = directory(queue_path)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, HELD_PREFIX + queue)
+    temporary = path + filenames.TEMPORARY_MARK
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    _create_segment(temporary, b"".join(encode_record(r.queue, r.epoch, r.offset, r.data) for r in records))
+    os.replace(temporary, path)
+    fsync_path(folder)
+
+
+def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int) -> str:
+    """Salvage: a refused queue's records, as a segment, in `.kestrel/aside/`; the copy's path."""
+    copy = layout.aside_path(queue_path, f"commit-log-{queue}", "unplaced", now_ms)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(copy)
+    _create_segment(copy, b"".join(encode_record(r.queue, r.epoch, r.offset, r.data) for r in records))
+    return copy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,6 +665,14 @@ class CommitLog:
         log.warning("the commit log could not take a change; its journal is fsynced instead",
                     file=journal.path, error=str(error))
         journal.sync_to(journal_end)
+
+    def stats(self) -> dict[str, int]:
+        """What the log holds now and how often it was checkpointed (the admin page's figures)."""
+        with self._lock:
+            return {"segments": len(self._segments),
+                    "bytes": sum(segment.writer.size for segment in self._segments),
+                    "journals": len({j for segment in self._segments for j in segment.journals}),
+                    "checkpoints": self.checkpoints}
 
     # -----------------------------------------------------------------------------------------
     # Checkpoints

@@ -151,10 +151,14 @@ class QueueConfig:
             changes[name] = parser(f"{key}.{name}", value)
         return dataclasses.replace(base or cls(), **changes)
 
+    def values(self) -> dict[str, Any]:
+        """Each setting by name, as the server holds it (sizes in bytes, times in ms, None for none)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def describe(self) -> dict[str, Any]:
         """The settings as plain values, for `dump_config` and logs, as the config file writes them:
         `sync_journal` as always, never or a duration; no value as null."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = self.values()
         sync = out["sync_journal"]
         out["sync_journal"] = "never" if sync is None else "always" if sync == 0 else f"{sync}ms"
         return {name: "null" if value is None else value for name, value in out.items()}
@@ -213,3 +217,16 @@ class QueueConfigs:
             cfg = self._resolve(name)
             self._resolved[name] = cfg
         return cfg
+
+
+_UNITS: dict[Callable[[str, Any], Any], str] = {
+    parse_size: "bytes", parse_optional_duration_ms: "ms", parse_sync: "sync", parse_count: "count",
+    parse_bool: "flag",
+}
+
+
+def setting_unit(name: str) -> str:
+    """How a queue setting's value reads: "bytes", "ms" (None: no limit), "sync" (0: always, None:
+    never, else ms between fsyncs), "count", "flag" or "text"; UNLIMITED is no limit."""
+    parser = _PARSERS.get(name)
+    return _UNITS.get(parser, "text") if parser is not None else "text"

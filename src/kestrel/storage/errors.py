@@ -31,44 +31,47 @@ class ConfigError(KestrelError, ValueError):
 
 
 class CorruptJournalError(KestrelError):
-    """Raised when a journal holds a record that cannot be read and is not a torn tail."""
+    """Raised when a queue's files hold damage: a record that cannot be read and is not a torn tail
+    (src/kestrel/storage/torn_tail.py), or a file that does not match the queue's manifest.
 
-    def __init__(self, path: str, offset: int, opcode: int | None, reason: str,
-                 salvageable: bool = True) -> None:
+    `plan` says what `--salvage` would set aside, file by file (src/kestrel/storage/damage.py),
+    when the damage is known before anything moves.
+    """
+
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str, plan: str = "") -> None:
         op = "?" if opcode is None else str(opcode)
         super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
         self.path = path
         self.offset = offset
         self.opcode = opcode
         self.reason = reason
-        self.salvageable = salvageable  # whether --salvage can set this damage aside and start
-
-    def advice(self, salvage: bool) -> str:
-        """What to do, for the message that refuses to start: --salvage only where it helps."""
-        if not self.salvageable:
-            return "--salvage cannot set this damage aside: restore the file, or move the queue's files"
-        if salvage or "--salvage" in str(self):
-            return ""
-        return "start with --salvage to keep what precedes the damage"
+        self.plan = plan
 
     def remedy(self) -> str:
         """What to do, for a refused queue's log line and every request to it (the server runs)."""
-        if not self.salvageable:
-            return "--salvage cannot set this damage aside: restore or move the damaged file and restart"
-        return ("restart with --salvage to keep what precedes the damage (what it sets aside is kept as "
-                "a copy), or repair or move the damaged file and restart")
+        plan = self.plan or ("--salvage would keep what precedes the damage and set aside a copy of "
+                             "what follows it in that file")
+        return (f"restore the damaged file from a copy and restart; or restart with --salvage: {plan} "
+                "(what it sets aside is kept in .kestrel/aside/)")
 
 
 class CommitLogDamaged(CorruptJournalError):
-    """Raised when the commit log holds damage that is not a torn last write, or a record that its
-    journal contradicts: recovery stops there and changes nothing more. `--salvage` does not apply."""
+    """Raised for a queue whose records in the commit log recovery cannot place (its journal lacks
+    bytes before them, or the log is damaged where they may be): that queue alone is refused, its
+    journal kept as it is and its records kept in the log's `held-<queue>` for the next start."""
 
-    def __init__(self, path: str, offset: int, opcode: int | None, reason: str) -> None:
-        super().__init__(path, offset, opcode, reason, salvageable=False)
+    def __init__(self, path: str, offset: int, opcode: int | None, reason: str, queue: str = "",
+                 held: int = 0) -> None:
+        super().__init__(path, offset, opcode, reason)
+        self.queue = queue
+        self.held = held
 
     def remedy(self) -> str:
-        return ("the commit log and the journals are left as they are: repair or set aside the file "
-                "named (what it holds is then lost), then start again")
+        return (f"the journal is kept as it is, and the commit log's {self.held} records of queue "
+                f"{self.queue!r} are kept for the next start (.kestrel/commit-log/held-{self.queue}): "
+                "restore the journal file from a copy if one exists and restart, which places them; or "
+                "restart with --salvage, which serves the journal as it is and sets the records aside "
+                "(.kestrel/aside/)")
 
 
 class QueueDamaged(KestrelError):

@@ -3,11 +3,13 @@
 Kestrel 2 journals of queue `q` (the format document): `q` is the live journal; `q.<ms>` are rotated
 journals, replayed in timestamp order before the live one; `q.<ms>.pack` is a finished pack that
 makes every rotated journal with a timestamp at or below its own dead; `q~~<ms>` is a pack being
-written. Anything with `~~` is a temporary, removed at start-up. Damage handling sets copies aside
-as `<file>.torn-<ms>` and `<file>.corrupt-<ms>`, which no rule above matches.
+written. Anything with `~~` is a temporary, removed at start-up.
 
-Every queue `q` of either format has a manifest `q.manifest` (src/kestrel/storage/manifest.py), written as
-`q~~manifest-<writer>`; neither matches a journal, writer file, checkpoint or pack, nor any queue name.
+Every other file of the server's is kept in one directory of its own, `<queue_path>/.kestrel/`, which
+Kestrel's scans of the queue path never read (docs/durability.md, "Files Kestrel can open"): the
+lock, the Thrift read-id floor, a conversion's record, each queue's manifest `q.manifest`
+(src/kestrel/storage/manifest.py, written as `q~~manifest-<writer>`), the commit log's directory,
+and the copies that damage handling sets aside, `aside/<file>.<label>-<ms>`.
 
 Kestrel 3 files of queue `q`: `q.<number>` are writer journals; `q.read.<reader>` holds one reader's
 checkpoint (`q.read.` for the default reader); `q~~read.<reader>` is a checkpoint being written.
@@ -93,23 +95,6 @@ def temporary_prefix(queue: str) -> str:
     return queue + TEMPORARY_MARK
 
 
-MANIFEST_SUFFIX = ".manifest"
-
-
-def manifest_name(queue: str) -> str:
-    """`<queue>.manifest`: the record of the queue's files (no queue name holds a dot)."""
-    return queue + MANIFEST_SUFFIX
-
-
-def manifest_temporary_name(queue: str, writer: str = "") -> str:
-    """`<queue>~~manifest<writer>`: `writer` tells apart threads that might write at once."""
-    return f"{queue}{TEMPORARY_MARK}manifest{writer}"
-
-
-def set_aside_path(path: str, label: str, stamp: int) -> str:
-    """`<path>.<label>-<ms>`: where damage handling keeps a copy of what it cut or refused."""
-    return f"{path}.{label}-{stamp}"
-
 
 def parse_journal_name(file_name: str) -> tuple[str, str, int] | None:
     """("live" | "rotated" | "pack", queue, timestamp) for a Kestrel 2 journal, else None."""
@@ -189,3 +174,48 @@ def reader_of(queue: str, file_name: str) -> str | None:
     if file_name.startswith(prefix) and "." not in file_name[len(prefix):] and "~" not in file_name:
         return file_name[len(prefix):]
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The server's own files, in a directory of their own
+
+# Kestrel 2.4.1 takes every file of the queue path for a queue's journal (`<queue>.<suffix>`, the
+# suffix parsed as a number; a file starting with a dot for a queue with an empty name), and skips
+# directories when it looks for queue names. A directory whose name starts with a dot is neither a
+# queue name nor `<queue>.` of any queue: nothing in it is read.
+OWN_DIRECTORY = ".kestrel"
+LOCK_NAME = "lock"
+READ_IDS_NAME = "read_ids"
+CONVERT_NAME = "convert"
+COMMIT_LOG_NAME = "commit-log"
+ASIDE_NAME = "aside"
+MANIFEST_SUFFIX = ".manifest"
+
+
+def own_path(queue_path: str, *names: str) -> str:
+    """A path in the server's own directory of `queue_path`."""
+    return os.path.join(queue_path, OWN_DIRECTORY, *names)
+
+
+def manifest_name(queue: str) -> str:
+    """`<queue>.manifest`: the record of the queue's files (no queue name holds a dot)."""
+    return queue + MANIFEST_SUFFIX
+
+
+def manifest_temporary_name(queue: str, writer: str = "") -> str:
+    """`<queue>~~manifest<writer>`: `writer` tells apart threads that might write at once."""
+    return f"{queue}{TEMPORARY_MARK}manifest{writer}"
+
+
+def queue_of_manifest(file_name: str) -> str | None:
+    """The queue whose manifest is called `file_name`, or None if it is not one."""
+    queue = file_name.removesuffix(MANIFEST_SUFFIX)
+    if queue == file_name or not queue or "." in queue or TEMPORARY_MARK in queue:
+        return None
+    return queue
+
+
+def set_aside_path(queue_path: str, file_name: str, label: str, stamp: int) -> str:
+    """`.kestrel/aside/<file>.<label>-<ms>`: where damage handling keeps a copy of what it cut,
+    replaced or set aside from the file `file_name` of the queue path."""
+    return own_path(queue_path, ASIDE_NAME, f"{file_name}.{label}-{stamp}")

@@ -52,6 +52,24 @@ class QueueDirectory:
     owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
 
 
+@dataclass(frozen=True)
+class JournalFileFigures:
+    """One of a queue's files as an operator reads it (the admin page's list of a queue's files)."""
+
+    name: str
+    role: str  # "live journal", "rotated journal", "writer file", "reader checkpoint"
+    size: int | None  # bytes on disk now (None: deleted meanwhile, a pack or a consumed writer file)
+    manifest: str  # what the queue's manifest records of it, in words (src/kestrel/storage/manifest.py)
+
+
+def size_on_disk(path: str) -> int | None:
+    """The file's size now, or None if it is gone."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+
+
 def file_owner(file_name: str) -> str:
     """The queue whose files a file name may be: the name up to its first `.` or `~` (queue names
     hold neither). Kestrel 2's `q`, `q.<ms>`, `q.<ms>.pack`, `q~~<ms>`, Kestrel 3's `q.<n>`,
@@ -124,20 +142,36 @@ def write_all(fd: int, data: bytes) -> None:
         done += n
 
 
-def cut_keeping_copy(path: str, offset: int, label: str, now_ms: int) -> str:
-    """Cut `path` at `offset`, first saving what is cut, durably, as `<path>.<label>-<ms>`; return
-    the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
-    copy = filenames.set_aside_path(path, label, now_ms)
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """os.pwrite until every byte is written at `offset` (a short write means the disk is full)."""
+    done = 0
+    while done < len(data):
+        n = os.pwrite(fd, memoryview(data)[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+
+
+def copy_from(path: str, offset: int, copy: str) -> None:
+    """Save the bytes of `path` from `offset` on, durably, as `copy` (its folder exists). Raises
+    OSError (and leaves no copy)."""
     try:
         with open(path, "rb") as src, open(copy, "wb") as dst:
             src.seek(offset)
             shutil.copyfileobj(src, dst)
             dst.flush()
             os.fsync(dst.fileno())
+        fsync_path(os.path.dirname(copy))
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(copy)
         raise
+
+
+def cut_keeping_copy(path: str, offset: int, copy: str) -> str:
+    """Cut `path` at `offset`, first saving what is cut, durably, as `copy` (its folder exists);
+    return the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    copy_from(path, offset, copy)
     os.truncate(path, offset)
     return copy
 

@@ -1,8 +1,9 @@
 """Which journal format a queue's files are in, and finishing a conversion that a crash interrupted.
 
-A conversion (`kestrel journal convert`, src/kestrel/storage/tools/convert.py) switches a queue to its new
-format in one rename of `<queue_path>/.convert`; whoever opens the queue path next finishes the steps it names
-before anything else reads the files, so the live server needs this module and never the converter."""
+A conversion (`kestrel journal convert`, src/kestrel/storage/tools/convert.py) switches a queue to its
+new format in one rename of `<queue_path>/.kestrel/convert`; whoever opens the queue path next
+finishes the steps it names before anything else reads the files, so the live server needs this
+module and never the converter."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kestrel.storage import filenames
+from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.errors import ConfigError, CorruptJournalError
 from kestrel.storage.files import JournalFiles, fsync_path, scan_queue_dir
@@ -21,7 +22,7 @@ from kestrel.storage.kestrel3 import codec as k3
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
 
 
-INTENT_NAME = ".convert"
+INTENT_NAME = os.path.join(filenames.OWN_DIRECTORY, filenames.CONVERT_NAME)  # in the queue path
 
 
 # Tests stop a conversion between two steps (a crash) by raising from here.
@@ -86,8 +87,8 @@ class Intent:
 
 
 def write_intent(queue_path: str, intent: Intent) -> None:
-    """Put `.convert` in place in one rename (the switch), fsynced with its directory."""
-    temporary = os.path.join(queue_path, INTENT_NAME + filenames.TEMPORARY_MARK)
+    """Put `.kestrel/convert` in place in one rename (the switch), fsynced with its directory."""
+    temporary = os.path.join(layout.ensure(queue_path), filenames.CONVERT_NAME + filenames.TEMPORARY_MARK)
     body = json.dumps({"to": intent.to, "queue": intent.queue, "renames": intent.renames,
                        "deletes": intent.deletes}).encode()
     with open(temporary, "wb") as f:
@@ -95,7 +96,7 @@ def write_intent(queue_path: str, intent: Intent) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, os.path.join(queue_path, INTENT_NAME))
-    fsync_path(queue_path)
+    fsync_path(filenames.own_path(queue_path))
 
 
 def _read_intent(path: str) -> Intent:
@@ -107,35 +108,46 @@ def _read_intent(path: str) -> Intent:
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptJournalError(path, 0, None, f"unreadable conversion record: {e}") from None
     for name in [n for pair in intent.renames for n in pair] + intent.deletes:
-        if os.sep in name or name in ("", ".", ".."):
+        if not _is_file_name(name):
             raise CorruptJournalError(path, 0, None, f"conversion record names {name!r}, not a file name")
     return intent
 
 
+def _is_file_name(name: str) -> bool:
+    """A file of the queue path, or of the server's own directory in it (a manifest)."""
+    parts = name.split(os.sep)
+    if len(parts) == 2 and parts[0] == filenames.OWN_DIRECTORY:
+        parts = parts[1:]
+    return len(parts) == 1 and parts[0] not in ("", ".", "..")
+
+
 def finish_intent(queue_path: str, intent: Intent) -> None:
-    """Rename the new files into place, delete the old ones, then drop `.convert`. Idempotent: it
-    may run again after a crash part way through."""
+    """Rename the new files into place, delete the old ones, then drop `.kestrel/convert`.
+    Idempotent: it may run again after a crash part way through."""
+    own = filenames.own_path(queue_path)
     for temporary, final in intent.renames:
         source = os.path.join(queue_path, temporary)
         if os.path.exists(source):
             os.replace(source, os.path.join(queue_path, final))
             step("renamed")
     fsync_path(queue_path)
+    fsync_path(own)
     for name in intent.deletes:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(queue_path, name))
             step("deleted")
     fsync_path(queue_path)
+    fsync_path(own)
     step("finished")
     os.unlink(os.path.join(queue_path, INTENT_NAME))
-    fsync_path(queue_path)
+    fsync_path(own)
 
 
 def finish_interrupted(queue_path: str) -> str | None:
     """Complete a conversion that stopped after its switch; the queue it converted, if any.
 
     Called before anything else reads the queue path (start-up deletes temporaries, and some of
-    them may be the new files). Raises CorruptJournalError when `.convert` cannot be read.
+    them may be the new files). Raises CorruptJournalError when `.kestrel/convert` cannot be read.
     """
     path = os.path.join(queue_path, INTENT_NAME)
     if not os.path.exists(path):

@@ -1,8 +1,10 @@
 """The queue path's lock: one process at a time owns the journals (a server, or the converter).
 
-`<queue_path>/.lock` is locked with `flock` for as long as the owner lives; the kernel drops the
-lock when the process dies, so a crash never leaves it held. The file names its owner (what and
-which pid) so that a refused process can say who holds the path.
+`<queue_path>/.kestrel/lock` is locked with `flock` for as long as the owner lives; the kernel drops
+the lock when the process dies, so a crash never leaves it held. The file names its owner (what and
+which pid) so that a refused process can say who holds the path. The owner then moves what an
+earlier version kept beside the journals into the server's own directory (`layout.migrate`); a
+process of that version, which locks `<queue_path>/.lock`, is refused first.
 """
 
 from __future__ import annotations
@@ -11,31 +13,32 @@ import contextlib
 import fcntl
 import os
 
+from kestrel.storage import filenames, layout
 from kestrel.storage.errors import QueuePathInUse
 
-LOCK_NAME = ".lock"
+EARLIER_LOCK_NAME = ".lock"  # where versions before the server's own directory kept the lock
 
 
 class QueuePathLock:
     """An exclusive lock on a queue path, taken at once or refused (never waited for)."""
 
     def __init__(self, queue_path: str) -> None:
-        self.path = os.path.join(queue_path, LOCK_NAME)
+        self.queue_path = queue_path
+        self.path = filenames.own_path(queue_path, filenames.LOCK_NAME)
         self._fd = -1
 
     def acquire(self, owner: str) -> None:
-        """Take the lock for `owner` (e.g. "kestrel serve").
+        """Take the lock for `owner` (e.g. "kestrel serve"), then move an earlier layout's files.
 
-        Raises QueuePathInUse naming the process that holds it.
+        Raises QueuePathInUse naming the process that holds it, OSError.
         """
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        layout.ensure(self.queue_path)
+        fd = _lock(self.path, self.queue_path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
-            raise QueuePathInUse(f"queue path {os.path.dirname(self.path)} is in use by {holder} "
-                                 f"(it holds {self.path}); stop it first") from None
+            earlier = os.path.join(self.queue_path, EARLIER_LOCK_NAME)
+            if os.path.exists(earlier):
+                os.close(_lock(earlier, self.queue_path))  # refused while an earlier version runs
+            layout.migrate(self.queue_path)
         except BaseException:
             os.close(fd)
             raise
@@ -56,3 +59,19 @@ class QueuePathLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _lock(path: str, queue_path: str) -> int:
+    """A descriptor of `path` holding its lock. Raises QueuePathInUse naming the holder."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise QueuePathInUse(f"queue path {queue_path} is in use by {holder} (it holds {path}); "
+                             "stop it first") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,12 +1,13 @@
 """The per-queue manifest: which files make up a queue, with sizes and checksums.
 
 Kestrel 2 journals carry no checksums, and neither format can see in its bytes that a whole file
-is missing, stray or replaced. Like the MANIFEST of LevelDB and RocksDB, `<queue>.manifest`
-(`filenames.manifest_name`) lists every file of the queue: a sealed file (one that will not change
-again: a rotated journal, a pack, an older Kestrel 3 writer file) with its size and the CRC32C of
-its bytes; a growing file (the live journal, the newest writer file, a reader checkpoint) with the
-size and CRC32C of the prefix that was checked when it was last written whole, if any. Start-up
-compares the queue path with it before anything is replayed, deleted or rewritten.
+is missing, stray or replaced. Like the MANIFEST of LevelDB and RocksDB, `<queue>.manifest` in the
+server's own directory (`.kestrel/`, `filenames.manifest_name`) lists every file of the queue: a
+sealed file (one that will not change again: a rotated journal, a pack, an older Kestrel 3 writer
+file) with its size and the CRC32C of its bytes; a growing file (the live journal, the newest
+writer file, a reader checkpoint) with the size and CRC32C of the prefix that was checked when it
+was last written whole, if any. Start-up compares the queue path with it before anything is
+replayed, deleted or rewritten.
 
 It is rewritten whole, atomically (temporary, fsync, rename, fsync of the directory), at rotation,
 pack, checkpoint rewrite, deletion of consumed files, conversion and start-up; never by an append.
@@ -18,7 +19,11 @@ Byte layout (this module is the only code that knows it), UTF-8 text:
 
 body: {"format": "kestrel2" | "kestrel3", "high_id": <int>,
        "files": {<file name>: [<size>, <crc32c> | null, <first id>, <last id>
-                               (, <previous size>, <previous crc32c>)], ...}}
+                               (, <previous size>, <previous crc32c>)], ...},
+       "packs": [<file name>, ...]}
+
+`packs` names the Kestrel 2 files that are packs of ours (absent in manifests written before it
+was kept: then which files are packs is not known).
 
 A reader checkpoint is rewritten (temporary, rename) after the manifest lists its new checksum with
 the previous one beside it: a crash on either side of the rename leaves a file the manifest accepts.
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 import structlog
 from gevent import monkey
 
-from kestrel.storage import filenames
+from kestrel.storage import damage, filenames, layout
 from kestrel.storage.crc32c import crc32c, file_crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import fsync_path, write_all
@@ -59,6 +64,7 @@ class Entry:
     first_id: int = 0
     last_id: int = 0
     previous: tuple[int, int] | None = None  # (size, crc) also accepted: a rewrite under way
+    pack: bool = False  # a Kestrel 2 pack of ours (a rotated journal otherwise)
 
     @property
     def sealed(self) -> bool:
@@ -70,16 +76,18 @@ class Manifest:
     format: str
     files: dict[str, Entry] = field(default_factory=dict)
     high_id: int = 0
+    knows_packs: bool = True  # False when read from a manifest written before packs were marked
 
 
 def path_of(queue_path: str, queue: str) -> str:
-    return os.path.join(queue_path, filenames.manifest_name(queue))
+    return filenames.own_path(queue_path, filenames.manifest_name(queue))
 
 
 def encode(manifest: Manifest) -> bytes:
     body = json.dumps({"format": manifest.format, "high_id": manifest.high_id,
                        "files": {name: [e.size, e.crc, e.first_id, e.last_id, *(e.previous or ())]
-                                 for name, e in sorted(manifest.files.items())}},
+                                 for name, e in sorted(manifest.files.items())},
+                       "packs": sorted(name for name, e in manifest.files.items() if e.pack)},
                       separators=(",", ":")).encode()
     return f"{MAGIC} {VERSION} {crc32c(body):08x}\n".encode() + body
 
@@ -98,7 +106,9 @@ def decode(path: str, data: bytes) -> Manifest:
     try:
         raw = json.loads(body)
         files = {str(name): _entry(*fields) for name, fields in raw["files"].items()}
-        return Manifest(str(raw["format"]), files, int(raw["high_id"]))
+        for name in raw.get("packs", ()):
+            files[str(name)].pack = True
+        return Manifest(str(raw["format"]), files, int(raw["high_id"]), "packs" in raw)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptJournalError(path, len(head) + 1, None, f"unreadable manifest: {e}") from None
 
@@ -129,25 +139,29 @@ def read(queue_path: str, queue: str, fmt: str | None = None) -> Manifest | None
 
 
 def read_for_start(queue_path: str, queue: str, fmt: str, salvage: bool, stamp: int) -> Manifest | None:
-    """`read` at start-up: with `salvage`, a manifest that cannot be read is set aside (renamed,
-    `<file>.corrupt-<stamp>`) and the queue loads as one without a manifest."""
+    """`read` at start-up: a manifest that cannot be read refuses the queue; with `salvage` it is set
+    aside (`.kestrel/aside/<queue>.manifest.corrupt-<stamp>`) and the queue loads as one without."""
     try:
         return read(queue_path, queue, fmt)
     except CorruptJournalError as e:
-        if not salvage:
-            raise
-        path = path_of(queue_path, queue)
-        copy = filenames.set_aside_path(path, "corrupt", stamp)
-        os.rename(path, copy)
-        log.error("manifest cannot be read; set aside (salvage)", queue=queue, file=path, reason=e.reason,
-                  copy=copy)
+        finding = damage.Finding(e.path, e.reason, damage.Remedy.SET_ASIDE, e.offset,
+                                 also="the queue then loads as one without a manifest")
+        damage.settle(queue_path, queue, [finding], salvage, stamp)
         return None
+
+
+def set_aside_stray(queue_path: str, queue: str, stamp: int) -> None:
+    """A manifest of a queue that has no file at all (left by a copy, or a queue deleted elsewhere)
+    says nothing about the queue of that name: set aside with a warning, never a refusal."""
+    copy = layout.set_aside(queue_path, path_of(queue_path, queue), "stray", stamp)
+    log.warning("stray manifest: the queue has no file it could list; set aside and ignored", queue=queue,
+                copy=copy)
 
 
 def write(queue_path: str, queue: str, manifest: Manifest) -> None:
     """Replace the manifest in one step: temporary, fsync, rename, fsync of the directory."""
     writer = f"-{os.getpid()}-{threading.get_ident()}"
-    temporary = os.path.join(queue_path, filenames.manifest_temporary_name(queue, writer))
+    temporary = os.path.join(layout.ensure(queue_path), filenames.manifest_temporary_name(queue, writer))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         write_all(fd, encode(manifest))
@@ -159,16 +173,17 @@ def write(queue_path: str, queue: str, manifest: Manifest) -> None:
         raise
     os.close(fd)
     os.replace(temporary, path_of(queue_path, queue))
-    fsync_path(queue_path)
+    fsync_path(os.path.dirname(temporary))
 
 
 def remove(queue_path: str, queue: str) -> None:
     """Delete the manifest (the queue is being deleted), durably: before any file it lists."""
+    path = path_of(queue_path, queue)
     try:
-        os.unlink(path_of(queue_path, queue))
+        os.unlink(path)
     except FileNotFoundError:
         return
-    fsync_path(queue_path)
+    fsync_path(os.path.dirname(path))
 
 
 def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0) -> Entry:
@@ -176,6 +191,22 @@ def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0
     if size is None:
         size = os.path.getsize(path)
     return Entry(size, file_crc32c(path, size), first_id, last_id)
+
+
+def describe(entry: Entry | None, size: int | None, checked: bool) -> str:
+    """What the manifest records of a file now `size` bytes long, in words; `checked`: it matched
+    at start-up. A listed size of -1 marks a Kestrel 3 writer file being deleted."""
+    if entry is None:
+        return "not listed"
+    if entry.size < 0:
+        return "listed as being deleted: every reader has passed it"
+    if entry.crc is None:
+        words = f"listed, without a checksum yet (at least {entry.size} bytes)"
+    elif entry.size == size:
+        words = f"{entry.size} bytes with CRC32C {entry.crc:08x}"
+    else:
+        words = f"its first {entry.size} bytes with CRC32C {entry.crc:08x}"
+    return f"{words}; matched at start-up" if checked else words
 
 
 def mismatch(path: str, entry: Entry, growing: bool = False) -> str | None:

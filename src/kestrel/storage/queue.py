@@ -23,6 +23,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import count as count_from
 from itertools import islice, repeat, starmap
 from typing import Protocol
@@ -31,8 +32,8 @@ import structlog
 
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
-from kestrel.storage.errors import ItemTooLarge, KestrelError, QueueClosed
-from kestrel.storage.files import JournalFiles
+from kestrel.storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
+from kestrel.storage.files import JournalFileFigures, JournalFiles
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, plain_size
 from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.runtime import Lock, Runtime
@@ -43,6 +44,18 @@ log = structlog.get_logger("kestrel.queue")
 ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
 
 
+@dataclass(frozen=True)
+class ReaderPosition:
+    """One reader's place in a shared writer journal (Kestrel 3)."""
+
+    queue: str  # the queue it serves: the writer's name, or `name+reader` for a fanout child
+    head: int  # every item id at or below this one is consumed
+    done_above: int  # ids above the head consumed out of order (confirmed while older ones are open)
+    items: int
+    open_reads: int
+    tail: int  # the newest item id written to the journal
+
+
 class DepartureWatcher(Protocol):
     """Told of each item that leaves the head (Kestrel 2's rotation checkpoints)."""
 
@@ -51,7 +64,8 @@ class DepartureWatcher(Protocol):
 
 class _Change:
     """Around every change (`PersistentQueue._around_change`): the queue's lock, the closed check,
-    `_before_change`, then `_after_change` or `_change_failed`. A class rather than a generator,
+    the probe of a read-only queue's journal and `_prepare_change`, then `_after_change` or
+    `_change_failed`. A class rather than a generator,
     since every add and remove enters it (a generator's context manager cost a microsecond each
     time). It keeps no state of its own, so one per queue serves every change, nested ones included."""
 
@@ -66,7 +80,9 @@ class _Change:
         try:
             if queue.closed:
                 raise QueueClosed(f"queue {queue.name!r} is closed")
-            queue._before_change()
+            if queue.read_only:
+                queue._probe()
+            queue._prepare_change()
         except BaseException:
             queue._lock.__exit__(None, None, None)
             raise
@@ -100,6 +116,7 @@ class PersistentQueue(ABC):
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
     shares_writes = False
+    journal_format = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
     _placeholder_expiry = -1
@@ -133,9 +150,9 @@ class PersistentQueue(ABC):
         self._waits = WaitList(runtime)
         self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
         self.closed = False
-        # The journal cannot be written: changes are refused until it can (Kestrel 2; in Kestrel 3
-        # a failed write refuses that one change only, and this stays False).
+        # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
+        self._own_failure: BaseException | None = None  # the change in progress failed a write of ours
         self.length = 0
         self.bytes = 0
         self.memory_bytes = 0
@@ -171,8 +188,10 @@ class PersistentQueue(ABC):
         return self._behind is not None
 
     def stats(self) -> dict[str, int]:
-        """The guide's per-queue figures, under its names, and ours (read-only, write errors, poison)."""
+        """The guide's per-queue figures, under its names, and ours (read-only, write errors, poison,
+        memory, how long the head item has waited, the journal format)."""
         age = self.current_age if self.length else 0
+        mem = self._mem
         return {
             "items": self.length,
             "bytes": self.bytes,
@@ -196,6 +215,10 @@ class PersistentQueue(ABC):
             # Not ending in _bytes: Kestrel clients read `queue_<name>_<...>_bytes` as a queue name.
             "memory_target": self.memory_target,
             "paged_out": self.bytes - self.memory_bytes,
+            # Not ending in _age: Kestrel clients read `queue_<name>_<...>_age` as a queue name too.
+            "head_wait_ms": self.clock.now_ms() - mem[0].add_time if self.length and mem else 0,
+            "read_behind": int(self._behind is not None),
+            "journal_format": self.journal_format,
         }
 
     def open_reads(self) -> list[QItem]:
@@ -205,6 +228,15 @@ class PersistentQueue(ABC):
     def readers_on_disk(self) -> list[str]:
         """Fanout readers found on disk that the collection has still to open (Kestrel 3: their
         checkpoints; a Kestrel 2 child's journal is found by the collection's own scan)."""
+        return []
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        """The queue's files on disk now, oldest first, each with what its manifest records."""
+        return []
+
+    def reader_positions(self) -> list[ReaderPosition]:
+        """Where each reader of the journal this queue reads stands (Kestrel 3: the queue and its
+        fanout children share one writer journal); none for a format with a journal per queue."""
         return []
 
     # -----------------------------------------------------------------------------------------
@@ -804,6 +836,54 @@ class PersistentQueue(ABC):
         return freed
 
     # -----------------------------------------------------------------------------------------
+    # A write that fails: one policy for both formats
+
+    def _probe(self) -> None:
+        """While read-only, before a change: see whether the journal can be written again (a write
+        that changes nothing). Raises JournalWriteError: the change is refused, nothing changed."""
+        path = self._journal_path()
+        try:
+            self._write_probe()
+        except OSError as e:
+            raise JournalWriteError(self.name, path, e) from None
+        self.read_only = False
+        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+
+    def _write_error(self, path: str, error: OSError) -> JournalWriteError:
+        """The error to raise for a write of this queue's files that failed (counted): the change
+        it ends makes the queue read-only (`_change_failed`)."""
+        self.journal_write_errors += 1
+        failure = JournalWriteError(self.name, path, error)
+        self._own_failure = failure
+        return failure
+
+    def _change_failed(self, error: BaseException) -> None:
+        """A change raised `error` (raised again after this, unless this raises another).
+
+        A write of this queue's files that failed (an OSError from its writer, or `_write_error`'s)
+        makes the queue read-only until a probe write succeeds (logged once, counted), and memory
+        goes back to what the files hold (`_restore`): the change did not happen, in memory or on
+        disk, and the caller gets JournalWriteError. A failed write of a queue this change fed (an
+        expiry or error queue) brings memory back too. Anything else: `_abandon`.
+        """
+        own, self._own_failure = self._own_failure, None
+        failure: BaseException | None = None
+        if isinstance(error, OSError):
+            own = failure = self._write_error(self._journal_path(), error)
+            self._own_failure = None
+        if own is not None and (error is own or failure is not None):
+            if not self.read_only:
+                log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
+                          file=self._journal_path(), error=str(own))
+            self.read_only = True
+        if isinstance(error, OSError | JournalWriteError):
+            self._restore()
+        else:
+            self._abandon()
+        if failure is not None:
+            raise failure from None
+
+    # -----------------------------------------------------------------------------------------
     # Storage hooks: what a format supplies
 
     @abstractmethod
@@ -839,17 +919,29 @@ class PersistentQueue(ABC):
         """Under the lock, at `close`: make what was written durable and close the files."""
 
     @abstractmethod
-    def _before_change(self) -> None:
-        """Under the lock, before a change: refuse it (raise) if it cannot be made durable."""
+    def _prepare_change(self) -> None:
+        """Under the lock, before a change: refuse it (raise JournalWriteError) if it cannot be
+        made durable now."""
 
     @abstractmethod
     def _after_change(self) -> None:
         """Under the lock, after a change that succeeded."""
 
     @abstractmethod
-    def _change_failed(self, error: BaseException) -> None:
-        """A change raised `error` (then raised again, unless this raises another): bring memory
-        back to what the files hold when the error is a failed write."""
+    def _journal_path(self) -> str:
+        """The file a failed write is reported against."""
+
+    @abstractmethod
+    def _write_probe(self) -> None:
+        """Write a record that changes nothing (raises OSError while the journal cannot be written)."""
+
+    @abstractmethod
+    def _restore(self) -> None:
+        """A write failed: bring memory back to what the files hold."""
+
+    @abstractmethod
+    def _abandon(self) -> None:
+        """A change raised something else than a failed write: forget what it noted for its records."""
 
     def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
         """A put where `shares_writes`: `_admit` and `_receive` at every reader of the one write;

@@ -2,7 +2,7 @@
 
 A client may retry `confirm(5)` after a restart; if ids started again at 1 that would close some
 other client's new read. Ids start from the wall clock (milliseconds shifted left by `SHIFT` bits,
-room for a million ids per millisecond of uptime) and from a floor kept in `<queue_path>/.read_ids`,
+room for a million ids per millisecond of uptime) and from a floor kept in `<queue_path>/.kestrel/read_ids`,
 whichever is higher. The floor is reserved a block ahead and written (fsynced) before any id of the
 block is handed out, so ids never go backwards even if the clock does. Ids stay positive i64s.
 """
@@ -14,6 +14,7 @@ import os
 
 import structlog
 
+from kestrel.storage import filenames, layout
 from kestrel.storage.clock import Clock
 from kestrel.storage.errors import KestrelError
 
@@ -22,14 +23,14 @@ log = structlog.get_logger("kestrel.read_ids")
 SHIFT = 20
 BLOCK = 1 << SHIFT
 MAX_ID = (1 << 63) - 1
-FILE_NAME = ".read_ids"
 
 
 class ReadIds:
     """Hands out read ids; `next()` is the hot path, a file write every `BLOCK` ids."""
 
     def __init__(self, queue_path: str, clock: Clock) -> None:
-        self.path = os.path.join(queue_path, FILE_NAME)
+        self.queue_path = queue_path
+        self.path = filenames.own_path(queue_path, filenames.READ_IDS_NAME)
         self._next = max(clock.now_ms() << SHIFT, self._stored_floor(), 1)
         self._reserved = self._next
         try:
@@ -54,6 +55,7 @@ class ReadIds:
             raise OverflowError("read ids are exhausted (past the largest i64)")
         temp = self.path + "~~"
         try:
+            layout.ensure(self.queue_path)
             with open(temp, "w", encoding="ascii") as f:
                 f.write(f"{reserved}\n")
                 f.flush()

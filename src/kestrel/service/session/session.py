@@ -52,9 +52,11 @@ class ClientGone(Exception):
 class Session:
     """One client connection's view of the server."""
 
-    def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None) -> None:
+    def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None,
+                 protocol: str = "") -> None:
         self.server = server
         self.peer = peer
+        self.protocol = protocol
         # Called between the slices of a large get: the connection lets the others run there if its
         # turn is over (src/kestrel/service/turns.py). Nothing by default (tests, and single-item protocols).
         self.pause = pause or _go_on
@@ -66,6 +68,7 @@ class Session:
         self.reads = OpenReads(server.config.max_open_reads)
         self.stats.curr_connections += 1
         self.stats.total_connections += 1
+        self.stats.connections[protocol] = self.stats.connections.get(protocol, 0) + 1
         self.closed = False
         self.gone = False  # the client hung up during a blocking read
         self.waiting = False  # in the one wait a hang-up may cancel
@@ -82,6 +85,7 @@ class Session:
                 self.abort_pending(queue)
         finally:
             self.stats.curr_connections -= 1
+            self.stats.connections[self.protocol] -= 1
 
     # -----------------------------------------------------------------------------------------
     # Writes

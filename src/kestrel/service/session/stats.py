@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -17,3 +17,5 @@ class ServerStats:
     get_misses: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    # Open connections by protocol ("thrift", "memcache", "text"), summing to curr_connections.
+    connections: dict[str, int] = field(default_factory=dict)

@@ -120,7 +120,7 @@ class ThriftConnection:
         self.peer = peer
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
         self.turns = Turns(self.stream.io)
-        self.session = Session(server, peer, pause=self.turns.pause)
+        self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
         self.handler = ThriftHandler(self.session)
         # Each method's handler, contract and answer-time histogram, looked up once per connection.
         self.calls = {name: (getattr(self.handler, name), method, metrics.request_latency("thrift", name))

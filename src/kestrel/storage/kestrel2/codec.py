@@ -487,23 +487,6 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     return None
 
 
-def records_inside(buf: bytes | memoryview, pos: int, limit: int) -> int | None:
-    """Where whole records (as `misplaced_end` means them) first start inside the incomplete record
-    at `pos`, after its size field, up to `limit`; None if nowhere.
-
-    A torn write leaves the first bytes of one record and nothing after them; whole records inside
-    what claims to be one record mean its size field is damaged, however many bits changed.
-    """
-    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
-    if field is None:
-        return None
-    start = pos + field[0] + 4
-    for p in range(start, limit):
-        if buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit):
-            return p
-    return None
-
-
 def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
     """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
     then stray bytes explain what follows as well as a damaged size field does."""
@@ -522,6 +505,39 @@ def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:
             return items >= 2
         items += isinstance(record, AddX | AddXid | Add)
     return items >= 1
+
+
+class TailRecords:
+    """How Kestrel 2 records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py)."""
+
+    def body_start(self, tail: bytes) -> int:
+        field = _SIZE_FIELD.get(tail[0]) if tail else None
+        return field[0] + 4 if field is not None else 1
+
+    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
+        if tail[pos] > MAX_OPCODE:
+            return False
+        view = memoryview(tail)
+        items = 0
+        while pos < end:
+            try:
+                record, pos = decode(view, pos, True)
+            except (Incomplete, Malformed):
+                return items >= 2
+            items += isinstance(record, AddX | AddXid | Add)
+        return items >= 1
+
+    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+        real_end = misplaced_end(tail, 0, len(tail))
+        return None if real_end is None else size_damage(offset, offset + real_end)
+
+
+TAIL_RECORDS = TailRecords()
+
+
+def size_damage(offset: int, real_end: int) -> str:
+    return (f"the size field of the record at offset {offset} looks damaged: with one bit changed it "
+            f"would end at offset {real_end}, where whole records follow")
 
 
 def describe(records: list[Record]) -> str:

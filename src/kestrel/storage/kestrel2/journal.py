@@ -15,14 +15,15 @@ from typing import Protocol
 
 import structlog
 
-from kestrel.storage import filenames, manifest
+from kestrel.storage import damage, filenames, layout, manifest
 from kestrel.storage import files as journal
 from kestrel.storage.commit_log import CommitLog, Turn
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.files import JournalFiles, JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
-from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
+from kestrel.storage.kestrel2.reader import JournalReader
+from kestrel.storage.kestrel2.replay import ADDS
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -96,6 +97,7 @@ class QueueJournal:
         self._sealed: dict[str, manifest.Entry] = {}  # checked at start-up, not to be read twice
         self._checked = False  # the files were compared with the manifest
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
+        self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
@@ -133,8 +135,8 @@ class QueueJournal:
         """Replay the files into `target`; return how many bytes were replayed.
 
         With `repair`, an interrupted pack is finished, a torn tail is cut off (a copy kept) and
-        salvage sets damage aside; without it (rebuilding a running queue) nothing on disk changes.
-        Raises CorruptJournalError (without salvage).
+        salvage sets damage aside (src/kestrel/storage/damage.py); without it (rebuilding a running
+        queue) nothing on disk changes. Raises CorruptJournalError (without salvage).
         """
         if repair and not self._checked:
             self._checked = True  # once: a salvage cut below changes files and replays again
@@ -157,8 +159,8 @@ class QueueJournal:
             previous = path
             if cut is not None:
                 # The damage may lie in a record already applied (a size field found wrong only by
-                # what follows it): replay again what is left, now ending before the damage.
-                self._set_aside_after(order[index + 1:], cut)
+                # what follows it): replay again, the damaged file now ending before the damage.
+                damage.carry_out(self.queue_path, self.name, [cut], self.clock.now_ms())
                 target.restart()
                 return self.replay(journal.list_journal_files(self.queue_path, self.name), repair, target)
             target.file_replayed(key)
@@ -175,18 +177,34 @@ class QueueJournal:
         """Compare the files on disk with the manifest before anything is replayed or changed.
 
         A listed file missing, cut short or changed, or a file the manifest does not list (a stray
-        pack or journal), raises CorruptJournalError naming it; with salvage, the stray file, or the
-        first damaged file and every later one, is set aside (renamed, never deleted) and the rest
-        replayed. A queue without a manifest loads with a warning. Returns the files to replay.
+        pack or journal), refuses the queue naming it and what salvage would set aside; with
+        salvage the remedy is carried out (src/kestrel/storage/damage.py). A queue without a
+        manifest loads with a warning; a manifest of a queue with no file at all is stray: set
+        aside with a warning. Returns the files to replay.
         """
+        stamp = self.clock.now_ms()
         record = self._on_disk = manifest.read_for_start(self.queue_path, self.name, "kestrel2",
-                                                         self.salvage, self.clock.now_ms())
+                                                         self.salvage, stamp)
+        if record is not None and not (files.live or files.rotated or files.packs):
+            manifest.set_aside_stray(self.queue_path, self.name, stamp)
+            record = self._on_disk = None
         if record is None:
             if files.rotated or files.packs:
                 log.warning("NO MANIFEST for this queue: a journal file missing, stray or changed cannot "
                             "be detected at this start; one is written now", queue=self.name,
                             manifest=manifest.path_of(self.queue_path, self.name))
             return files
+        findings = self._compare(record, files)
+        damage.settle(self.queue_path, self.name, findings, self.salvage, stamp,
+                      f"; compared with {manifest.path_of(self.queue_path, self.name)}; nothing was changed")
+        if not findings:
+            self.matched_at_start = set(self._sealed)
+            return files
+        self._sealed.clear()
+        return journal.list_journal_files(self.queue_path, self.name)
+
+    def _compare(self, record: manifest.Manifest, files: JournalFiles) -> list[damage.Finding]:
+        """What does not match the manifest, oldest file first."""
         on_disk = {os.path.basename(p): (ts, p) for ts, p in files.rotated}
         packs = {os.path.basename(p): (ts, p) for ts, p in files.packs}
         listed_packs = {}  # final name -> (timestamp, entry) of a pack being put in place
@@ -199,9 +217,18 @@ class QueueJournal:
                 listed_packs[filenames.rotated_name(self.name, parsed[2])] = (parsed[2], entry)
             else:
                 listed[name] = (parsed[2], entry)
-        problems: list[tuple[int, str, str]] = []  # (timestamp, path, why)
+        found: list[tuple[int, damage.Finding]] = []
         verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
         covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
+        unseen = self._unseen_pack(record, listed, on_disk)
+        if unseen is not None:
+            covered, path = unseen
+            found.append((0, damage.Finding(
+                manifest.path_of(self.queue_path, self.name),
+                f"the manifest is older than the files: it lists journals that {os.path.basename(path)}, "
+                "a complete pack it does not know, replaced", damage.Remedy.SET_ASIDE,
+                also="the queue's files are kept and the manifest written anew")))
+            listed = {n: (ts, e) for n, (ts, e) in listed.items() if ts > covered}
         for final, (ts, entry) in listed_packs.items():
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
@@ -216,7 +243,7 @@ class QueueJournal:
                 covered = max(covered, ts)
                 verified[final] = entry
             else:
-                problems.append((ts, packs[pack][1], why))
+                found.append((ts, _mismatched(packs[pack][1], entry, why)))
         for name, (ts, entry) in listed.items():
             if name in verified:
                 continue
@@ -225,10 +252,11 @@ class QueueJournal:
                 if why is None:
                     verified[name] = entry
                 else:
-                    problems.append((ts, on_disk[name][1], why))
+                    found.append((ts, _mismatched(on_disk[name][1], entry, why)))
             elif ts > covered:
-                problems.append((ts, os.path.join(self.queue_path, name),
-                                 f"missing: the manifest lists it with {entry.size} bytes"))
+                found.append((ts, damage.Finding(os.path.join(self.queue_path, name),
+                                                 f"missing: the manifest lists it with {entry.size} bytes",
+                                                 damage.Remedy.NONE, also="its records are lost")))
         newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
@@ -236,47 +264,33 @@ class QueueJournal:
                 log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
                 continue
-            problems.append((ts, path, "not listed in the manifest: a stray journal file (an older copy, "
-                                       "or one from elsewhere); it was not applied"))
+            found.append((ts, damage.Finding(path, "not listed in the manifest: a stray journal file (an "
+                                             "older copy, or one from elsewhere); it was not applied",
+                                             damage.Remedy.SET_ASIDE, items=count_items(path))))
+        listed_pack_names = {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}
         for name, (ts, path) in packs.items():
-            if name not in {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}:
-                problems.append((ts, path, "a pack the manifest does not list (a stray or older pack); "
-                                           "it was not applied and no journal was deleted"))
-        if not problems:
-            return files
-        problems.sort()
-        if not self.salvage:
-            ts, path, why = problems[0]
-            others = f" ({len(problems) - 1} more damaged file(s))" if len(problems) > 1 else ""
-            raise CorruptJournalError(path, 0, None, f"{why}{others}; compared with "
-                                      f"{manifest.path_of(self.queue_path, self.name)}; nothing was changed "
-                                      "(--salvage sets the damage aside and keeps what precedes it)")
-        self._set_aside_damaged(problems, files)
-        self._sealed.clear()
-        return journal.list_journal_files(self.queue_path, self.name)
+            if name not in listed_pack_names:
+                found.append((ts, damage.Finding(path, "a pack the manifest does not list (a stray or older "
+                                                 "pack); it was not applied and no journal was deleted",
+                                                 damage.Remedy.SET_ASIDE, items=count_items(path))))
+        return [f for _, f in sorted(found, key=lambda tf: (tf[0], tf[1].path))]
 
-    def _set_aside_damaged(self, problems: list[tuple[int, str, str]], files: JournalFiles) -> None:
-        """Salvage: a stray file is set aside alone; a missing or changed one with every later file
-        (what followed it cannot be applied without it). Renamed, never deleted."""
-        stamp = self.clock.now_ms()
-        stray = [p for _, p, why in problems if "manifest does not list" in why or "not listed" in why]
-        damaged = [(ts, p) for ts, p, why in problems if p not in stray]
-        aside = set(stray)
-        if damaged:
-            first = min(ts for ts, _ in damaged)
-            aside.update(p for ts, p in files.rotated if ts >= first)
-            aside.update(p for ts, p in damaged if os.path.exists(p))
-            if files.live:
-                aside.add(files.live)
-        for _ts, path, why in problems:
-            log.error("journal file does not match the manifest (salvage)", queue=self.name, file=path,
-                      reason=why)
-        for path in sorted(aside):
-            if os.path.exists(path):
-                copy = filenames.set_aside_path(path, "corrupt", stamp)
-                os.rename(path, copy)
-                log.error("journal file set aside (salvage)", queue=self.name, file=path, copy=copy)
-        journal.fsync_path(self.queue_path)
+    def _unseen_pack(self, record: manifest.Manifest, listed: dict[str, tuple[int, manifest.Entry]],
+                     on_disk: dict[str, tuple[int, str]]) -> tuple[int, str] | None:
+        """A pack the manifest did not see (an older manifest put back after packs), as (timestamp,
+        path): a complete pack of ours on disk that the manifest does not list as a pack, while a
+        journal it lists at or before that pack is gone, as the pack replaced it. Only a manifest
+        that marks its packs can tell a pack it saw from one it did not."""
+        missing = [ts for name, (ts, _) in listed.items() if name not in on_disk]
+        if not record.knows_packs or not missing:
+            return None
+        for ts, path in sorted(on_disk.values(), reverse=True):
+            entry = record.files.get(os.path.basename(path))
+            if ts < min(missing) or (entry is not None and entry.pack):
+                continue
+            if (entry is None or manifest.mismatch(path, entry) is not None) and packer.is_our_pack(path):
+                return ts, path
+        return None
 
     def _record_files(self) -> None:
         """Write the manifest as start-up leaves the files (a queue never rotated needs none)."""
@@ -288,12 +302,34 @@ class QueueJournal:
             name = os.path.basename(path)
             entry = self._sealed.get(name)
             size = os.path.getsize(path)
-            entries[name] = entry if entry is not None and entry.size == size else manifest.seal(path, size)
+            if entry is None or entry.size != size:
+                entry = manifest.seal(path, size)
+                entry.pack = packer.is_our_pack(path)
+            entries[name] = entry
         self._sealed.clear()
         fresh = manifest.Manifest("kestrel2", entries)
         self._manifest = manifest.Keeper(self.queue_path, self.name, fresh)
         if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
             self._manifest.update({})
+
+    def file_figures(self) -> list[journal.JournalFileFigures]:
+        """The rotated journals (packs among them) and the live one, each with its manifest's entry."""
+        listed: dict[str, manifest.Entry] | None = None
+        if self._manifest is not None:
+            with self._manifest.lock:  # a sealing thread may be adding an entry
+                listed = dict(self._manifest.manifest.files)
+        out = []
+        for _, path in self.rotated:
+            name = os.path.basename(path)
+            size = journal.size_on_disk(path)
+            words = ("no manifest: the queue has not rotated since it was written" if listed is None else
+                     manifest.describe(listed.get(name), size, name in self.matched_at_start))
+            out.append(journal.JournalFileFigures(name, "rotated journal", size, words))
+        if self.writer is not None:
+            out.append(journal.JournalFileFigures(
+                os.path.basename(self.writer.path), "live journal", self.writer.size,
+                "not listed: the live journal grows; replay checks each record"))
+        return out
 
     def _keeper(self) -> manifest.Keeper:
         if self._manifest is None:
@@ -312,63 +348,57 @@ class QueueJournal:
 
     def _pack_placed(self, pack: str, size: int, crc: int) -> None:
         """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""
-        self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc)})
+        self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc, pack=True)})
 
     def _pack_finished(self, pack: str, final: str, dead: list[str], size: int, crc: int) -> None:
         changes: dict[str, manifest.Entry | None] = {os.path.basename(p): None for p in [pack, *dead]}
-        changes[os.path.basename(final)] = manifest.Entry(size, crc)
+        changes[os.path.basename(final)] = manifest.Entry(size, crc, pack=True)
         self._keeper().update(changes)
 
     def _replay_file(self, key: int, path: str, reader: JournalReader, last: bool, repair: bool,
-                     target: FileReplay) -> tuple[str, int] | None:
-        """Replay one file; return (path, offset) where salvage must cut, if it must."""
+                     target: FileReplay) -> damage.Finding | None:
+        """Replay one file; return where salvage must cut it, if it must.
+
+        A torn tail of the last file is cut off (a copy kept); damage raises CorruptJournalError
+        naming what salvage would set aside, or with salvage is returned to be cut.
+        """
         try:
             target.replay_file(key, path, reader)
         except CorruptJournalError as e:
-            if not self.salvage or not repair:
+            if not repair:
                 raise
-            log.error("corrupt journal record; keeping what precedes it (salvage)", queue=self.name,
-                      file=e.path, offset=e.offset, opcode=e.opcode, reason=e.reason)
-            return (e.path, e.offset)
+            return self._damaged(e)
         left = reader.leftover()
         if not left or not repair:
             return None
-        if not last:
-            reason = f"{left} bytes of an incomplete record before the next journal file"
-        else:
-            damage = torn_tail_damage(path, reader.offset)
-            if damage is None:
-                copy = self._cut_keeping_copy(path, reader.offset, "torn")
-                log.warning("torn record at the end of the journal; cut off, a copy kept", queue=self.name,
-                            file=path, offset=reader.offset, bytes=left, copy=copy)
-                return None
-            reason = damage
-        error = CorruptJournalError(path, reader.offset, None, reason)
+        error = reader.tail_damage(last)
+        if error is None:
+            copy = self._cut_keeping_copy(path, reader.offset, "torn")
+            log.warning("torn record at the end of the journal; cut off, a copy kept", queue=self.name,
+                        file=path, offset=reader.offset, bytes=left, copy=copy)
+            return None
+        return self._damaged(error)
+
+    def _damaged(self, error: CorruptJournalError) -> damage.Finding:
+        """A damaged record: refused (raises, naming what salvage would cut), or cut with salvage."""
+        finding = damage.record_damage(error)
         if not self.salvage:
-            raise error
-        log.error("damaged record inside the journal; keeping what precedes it (salvage)",
-                  queue=self.name, file=path, offset=reader.offset, reason=reason)
-        return (path, reader.offset)
+            raise damage.refuse_record(error)
+        return finding
 
     def _cut_keeping_copy(self, path: str, offset: int, label: str) -> str:
-        """Cut `path` at `offset`, first saving what is cut as `<path>.<label>-<ms>`.
+        """Cut `path` at `offset`, first saving what is cut in `.kestrel/aside/`.
 
         Raises JournalWriteError (and changes nothing) when the copy cannot be written.
         """
         stamp = self.clock.now_ms()
+        name = os.path.basename(path)
+        copy = filenames.set_aside_path(self.queue_path, name, label, stamp)
         try:
-            return journal.cut_keeping_copy(path, offset, label, stamp)
+            aside = layout.aside_path(self.queue_path, name, label, stamp)
+            return journal.cut_keeping_copy(path, offset, aside)
         except OSError as e:
-            raise JournalWriteError(self.name, filenames.set_aside_path(path, label, stamp), e) from None
-
-    def _set_aside_after(self, later: Files, cut: tuple[str, int]) -> None:
-        """Salvage: cut the damaged file at the damage (keeping a copy of what is cut) and set
-        every later file aside."""
-        path, offset = cut
-        self._cut_keeping_copy(path, offset, "corrupt")
-        stamp = self.clock.now_ms()
-        for _, following in later:
-            os.rename(following, filenames.set_aside_path(following, "corrupt", stamp))
+            raise JournalWriteError(self.name, copy, e) from None
 
     def _report_anomalies(self, anomalies: dict[str, int], path: str, previous: str | None) -> None:
         if anomalies:
@@ -450,9 +480,16 @@ class QueueJournal:
     # Rotation and packing
 
     def rotate(self) -> int:
-        """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp."""
+        """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp.
+
+        The queue's first rotated file is never without a manifest: one is written before it (the
+        rotated file is listed once sealed, or taken at the next start for a rotation not yet
+        recorded), so that a crash just after leaves whole-file checks in force.
+        """
         assert self.writer is not None
         self.flush()
+        if self._manifest is None:
+            self._keeper().update({})
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
@@ -569,10 +606,47 @@ class QueueJournal:
         self._checked = False
 
 
-def check_files(queue_path: str, name: str) -> None:
-    """Compare a Kestrel 2 queue's files with its manifest, changing nothing (the converter).
+def _mismatched(path: str, entry: manifest.Entry, why: str) -> damage.Finding:
+    """A listed file that does not match its entry: a file cut short keeps its whole records (what
+    it lost is gone already); a changed or grown one is set aside whole, none of its records being
+    provably intact."""
+    if os.path.getsize(path) < entry.size:
+        return damage.Finding(path, why, damage.Remedy.NONE,
+                              also="its whole records are kept, what it lost is gone")
+    return damage.Finding(path, why, damage.Remedy.SET_ASIDE, items=count_items(path))
 
-    Raises CorruptJournalError.
-    """
+
+def count_items(path: str) -> int | None:
+    """The items a journal file adds, counted up to its end or its first damage (None if it cannot
+    be read at all)."""
+    try:
+        reader = JournalReader(path)
+    except OSError:
+        return None
+    count = 0
+    try:
+        for _offset, record in reader:
+            count += isinstance(record, ADDS)
+    except CorruptJournalError:
+        pass
+    finally:
+        reader.close()
+    return count
+
+
+def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
+    """What in a Kestrel 2 queue's files does not match its manifest, changing nothing (the
+    converter, `kestrel journal check`). Raises CorruptJournalError when the manifest cannot be read."""
+    files = journal.list_journal_files(queue_path, name)
+    record = manifest.read(queue_path, name, "kestrel2")
+    if record is None or not (files.live or files.rotated or files.packs):
+        return []
     queue = QueueJournal(queue_path, name, None, 1 << 62, DEFAULT_RUNTIME, DEFAULT_RUNTIME.lock())
-    queue._check_manifest(journal.list_journal_files(queue_path, name))
+    return queue._compare(record, files)
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Refuse a Kestrel 2 queue whose files do not match its manifest, changing nothing (the
+    converter). Raises CorruptJournalError."""
+    damage.settle(queue_path, name, manifest_findings(queue_path, name), False, 0,
+                  f"; compared with {manifest.path_of(queue_path, name)}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from kestrel.storage import filenames
+from kestrel.storage import damage, filenames
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import JournalFiles, fsync_path, write_all
@@ -170,24 +170,37 @@ def check_pack(path: str) -> str | None:
 
 
 
+def is_our_pack(path: str) -> bool:
+    """Whether the file is a complete pack written here (it starts with the SAVE_XID mark)."""
+    try:
+        reader = JournalReader(path)
+    except OSError:
+        return False
+    try:
+        first = reader.next()
+    except CorruptJournalError:
+        return False
+    finally:
+        reader.close()
+    return first is not None and isinstance(first[1], codec.SaveXid) and check_pack(path) is None
+
+
 def finish_interrupted_packs(queue_path: str, name: str, files: JournalFiles, salvage: bool,
                              stamp: int) -> JournalFiles:
     """Complete a pack that a crash interrupted, as the format document prescribes.
 
     A `.pack` file is the state of every rotated journal at or before its timestamp: those are
     deleted and the pack takes the rotated name. A `.pack` that is not complete deletes nothing:
-    it raises CorruptJournalError, or with `salvage` is set aside as `<file>.corrupt-<stamp>`.
-    Returns the files left to replay.
+    it refuses the queue (CorruptJournalError), or with `salvage` is set aside
+    (src/kestrel/storage/damage.py). Returns the files left to replay.
     """
     for ts, pack_path in files.packs:
         reason = check_pack(pack_path)
         if reason is not None:
-            if not salvage:
-                raise CorruptJournalError(pack_path, 0, None, f"incomplete pack, not applied: {reason}; "
-                                          "no journal was deleted")
-            log.error("incomplete pack set aside; no journal deleted (salvage)", file=pack_path,
-                      reason=reason)
-            os.rename(pack_path, filenames.set_aside_path(pack_path, "corrupt", stamp))
+            damage.settle(queue_path, name, [damage.Finding(
+                pack_path, f"incomplete pack, not applied: {reason}; no journal was deleted",
+                damage.Remedy.SET_ASIDE, also="the journals it would have replaced are replayed")],
+                salvage, stamp)
             continue
         for rts, rpath in files.rotated:
             if rts <= ts:

@@ -15,6 +15,7 @@ meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from array import array
@@ -27,7 +28,7 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, list_journal_files
+from kestrel.storage.files import CURSOR_CHUNK, JournalFileFigures, JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -51,6 +52,7 @@ class Kestrel2Queue(PersistentQueue):
     """
 
     _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
+    journal_format = 2
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -76,6 +78,9 @@ class Kestrel2Queue(PersistentQueue):
     @property
     def journal_size(self) -> int:
         return self._journal.size
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures()
 
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
@@ -111,8 +116,9 @@ class Kestrel2Queue(PersistentQueue):
             self._orphans = sorted(self._opens, reverse=True)
             try:
                 self._return_orphans()
-            except OSError as e:
-                self._write_failed(e)  # they go back to the head once the journal can be written
+            except OSError as e:  # read-only: they go back to the head once the journal can be written
+                with contextlib.suppress(JournalWriteError):
+                    self._change_failed(e)
 
     def _return_orphans(self) -> None:
         """Reads that were open when the process stopped go back to the head, newest first, so
@@ -262,20 +268,18 @@ class Kestrel2Queue(PersistentQueue):
             self._maybe_rotate()
 
     # -----------------------------------------------------------------------------------------
-    # Around each change: refused while the journal cannot be written, undone if its write fails
+    # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
 
-    def _before_change(self) -> None:
-        """The journal must be writable (or become so now).
-
-        Raises JournalWriteError: the change did not happen, in memory or on disk.
-        """
-        if self.read_only or self._rebuilding:
-            self._probe()
+    def _prepare_change(self) -> None:
+        """Open the live journal if it is not (raises JournalWriteError: nothing changed, the next
+        change tries again), and journal the reads open at start-up back to the head."""
         journal = self._journal
+        if self._rebuilding:
+            raise JournalWriteError(self.name, journal.live_path, None)
         if journal.writer is not None and journal.writer.fd < 0:
             try:
                 journal.writer.open()
-            except OSError as e:  # nothing changed yet: refuse this change, the next one tries again
+            except OSError as e:
                 raise JournalWriteError(self.name, journal.live_path, e) from None
         if self._orphans:
             try:
@@ -283,15 +287,6 @@ class Kestrel2Queue(PersistentQueue):
             except (OSError, JournalWriteError) as e:
                 self._change_failed(e)
                 raise
-
-    def _change_failed(self, error: BaseException) -> None:
-        """A failed write makes the queue read-only and raises JournalWriteError; a failed write of
-        the queue this change fed (expire_to_queue) makes this one replay its journal. Anything else
-        is the caller's to raise."""
-        if isinstance(error, OSError):
-            raise self._write_failed(error) from None
-        if isinstance(error, JournalWriteError):
-            self._rebuild()
 
     def _after_change(self) -> None:
         """Schedule what packing the change made possible."""
@@ -311,28 +306,20 @@ class Kestrel2Queue(PersistentQueue):
                     self._pack_now()  # what the backlog left behind: at most max_memory_size of items
         journal.start_next_pack()
 
-    def _probe(self) -> None:
-        """While read-only: see whether the journal can be written again (a SAVE_XID changes nothing)."""
-        path = self._journal.live_path
-        if self._rebuilding:
-            raise JournalWriteError(self.name, path, None)
-        try:
-            self._journal.append_now(codec.encode_xid(codec.SAVE_XID, self._xid))
-        except OSError as e:
-            raise JournalWriteError(self.name, path, e) from None
-        self.read_only = False
-        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+    def _journal_path(self) -> str:
+        return self._journal.live_path if self._journal.writer is not None else self.queue_path
 
-    def _write_failed(self, error: OSError) -> JournalWriteError:
-        """A journal write failed: go read-only and bring memory back to what the journal holds."""
-        path = self._journal.live_path if self._journal.writer is not None else self.queue_path
-        if not self.read_only:
-            log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
-                      file=path, error=str(error))
-        self.read_only = True
-        self.journal_write_errors += 1
+    def _write_probe(self) -> None:
+        """A SAVE_XID of the xid counter as it stands changes nothing."""
+        if self._rebuilding:
+            raise JournalWriteError(self.name, self._journal.live_path, None)
+        self._journal.append_now(codec.encode_xid(codec.SAVE_XID, self._xid))
+
+    def _restore(self) -> None:
         self._rebuild()
-        return JournalWriteError(self.name, path, error)
+
+    def _abandon(self) -> None:
+        """Nothing noted: the records of a change are written at its end, in one append."""
 
     def _rebuild(self) -> None:
         """Replay the journal into a fresh memory state: it is the truth once a write has failed.

@@ -1,10 +1,12 @@
-"""Reading a Kestrel 2 journal's records back, and telling a torn tail from damage."""
+"""Reading a Kestrel 2 journal's records back; what stops it is judged by the one torn-tail rule
+(src/kestrel/storage/torn_tail.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 
+from kestrel.storage import torn_tail
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import BufferedFile
 from kestrel.storage.kestrel2 import codec
@@ -17,9 +19,9 @@ class JournalReader(BufferedFile):
     """Reads records forward from one journal file, resuming where it stopped.
 
     The file may still be growing (the live journal, read by read-behind): `next()` returns None
-    when no complete record is there yet. With `check_sizes` (replay) a record whose size field
-    looks one bit off is reported as corrupt. Replay calls `finish()` at the end to learn whether the
-    file ends in a torn record.
+    when no complete record is there yet, or where nothing but zeros follows (what a power cut can
+    leave). With `check_sizes` (replay) a record whose size field looks one bit off is reported as
+    corrupt. Replay asks `tail_damage` at the end whether what is left is a torn write.
     """
 
     def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
@@ -49,13 +51,15 @@ class JournalReader(BufferedFile):
                     real_end = codec.misplaced_end(self._buf, self._pos, stop)
                     if real_end is not None:
                         raise Malformed(self._buf[self._pos],
-                                        _size_damage(self.offset, self._buf_start + real_end))
+                                        codec.size_damage(self.offset, self._buf_start + real_end))
             except Incomplete:
                 was_eof = self._eof
                 if not self._fill() and was_eof:
                     return None
                 continue
             except Malformed as e:
+                if self._zeros_to_end():
+                    return None
                 raise self._damage_before(e) or CorruptJournalError(self.path, self.offset, e.opcode,
                                                                     e.reason) from None
             at = self.offset
@@ -98,7 +102,7 @@ class JournalReader(BufferedFile):
         unreadable = self.offset - previous
         if end is None or codec.resyncs_between(window, unreadable + 1, end, len(window)):
             return None
-        return CorruptJournalError(self.path, previous, window[0], _size_damage(previous, previous + end)
+        return CorruptJournalError(self.path, previous, window[0], codec.size_damage(previous, previous + end)
                                    + f" (the bytes at offset {self.offset} are unreadable: {error.reason})")
 
     def _check_after_one_byte_record(self, record: Record, stop: int) -> None:
@@ -118,40 +122,33 @@ class JournalReader(BufferedFile):
                                 f"unknown opcode {following} at offset {self.offset + 1}: the record at "
                                 f"{self.offset} is damaged (likely an add whose opcode byte was overwritten)")
 
+    def _zeros_to_end(self) -> bool:
+        """Whether nothing but zeros follows the current position, to the end of the file."""
+        if self._buf[self._pos:].strip(b"\0"):
+            return False
+        at = self._buf_start + len(self._buf)
+        while chunk := os.pread(self.fd, self.chunk, at):
+            if chunk.strip(b"\0"):
+                return False
+            at += len(chunk)
+        return True
+
     def leftover(self) -> int:
-        """Bytes after the last complete record (non-zero means a torn tail)."""
+        """Bytes after the last complete record (non-zero means a torn tail, or damage)."""
         size = os.fstat(self.fd).st_size
         return size - self.offset
+
+    def tail_damage(self, last: bool) -> CorruptJournalError | None:
+        """What `leftover` bytes are: None for a torn write (`last`: the queue's last file), else the
+        damage (src/kestrel/storage/torn_tail.py)."""
+        left = self.leftover()
+        opcode = self._buf[self._pos] if self._pos < len(self._buf) else None
+        return torn_tail.judge(self.path, self.offset, f"{left} bytes of an incomplete record",
+                               codec.TAIL_RECORDS, last, opcode=opcode)
 
     def __iter__(self) -> Iterator[tuple[int, Record]]:
         while (entry := self.next()) is not None:
             yield entry
-
-
-def torn_tail_damage(path: str, offset: int) -> str | None:
-    """Why the incomplete record at `offset` (the end of the last file) is damage, not a torn write.
-
-    A torn write leaves the first bytes of one record; a damaged size field leaves a record that
-    claims to run past the end while whole records follow it (`codec.misplaced_end` for a size one
-    bit off; `codec.records_inside` for any other damage to it).
-    """
-    with open(path, "rb") as f:
-        f.seek(offset)
-        tail = f.read()
-    end = codec.misplaced_end(tail, 0, len(tail))
-    if end is not None:
-        return _size_damage(offset, offset + end)
-    inside = codec.records_inside(tail, 0, len(tail))
-    if inside is None:
-        return None
-    return (f"the record at offset {offset} claims to run past the end of the file, but whole records "
-            f"start inside it at offset {offset + inside} and run to the end ({len(tail)} bytes): its "
-            "size field is damaged, this is not a torn write")
-
-
-def _size_damage(offset: int, real_end: int) -> str:
-    return (f"the size field of the record at offset {offset} looks damaged: with one bit changed it "
-            f"would end at offset {real_end}, where whole records follow")
 
 
 def read_journal(path: str) -> Iterator[tuple[int, Record]]:

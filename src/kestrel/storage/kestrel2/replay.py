@@ -3,8 +3,8 @@
 What the dump tool, the Spark journal source and other readers of a live server's queue path need:
 it never writes, truncates, renames, rotates or copies a file. Its rules are the queue's own (a
 queue replays through `QueueReplay` too): xids are taken exactly as the live queue took them, a
-pack supersedes the rotated journals at or before its timestamp, an incomplete record is a torn
-tail only at the end of the last file (anywhere else it raises CorruptJournalError), and replay
+pack supersedes the rotated journals at or before its timestamp, what is left after the last whole
+record is a torn tail or damage as the one rule says (src/kestrel/storage/torn_tail.py), and replay
 never expires anything (a pack's placeholders are kept as the queue keeps them: empty, expired 1 ms after the
 epoch). The state-machine test checks it against the queue after every step.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.files import list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
@@ -79,11 +78,10 @@ class QueueReplay:
             try:
                 for offset, record in reader:
                     self.apply(record, now, offset)
-                left = reader.leftover()
-                if left and index < len(paths) - 1:
-                    raise CorruptJournalError(path, reader.offset, None,
-                                              f"{left} bytes of an incomplete record before the next file")
-                if left:
+                if reader.leftover():
+                    error = reader.tail_damage(last=index == len(paths) - 1)
+                    if error is not None:
+                        raise error
                     self.torn_tail = (path, reader.offset)
             finally:
                 reader.close()

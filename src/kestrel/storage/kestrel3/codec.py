@@ -186,6 +186,32 @@ def decode(buf: bytes | memoryview, pos: int, kind: FileKind) -> tuple[Record, i
     return ReadDone(ids), stop
 
 
+class TailRecords:
+    """How the records of one kind of Kestrel 3 file read, for the one torn-tail rule
+    (src/kestrel/storage/torn_tail.py)."""
+
+    def __init__(self, kind: FileKind) -> None:
+        self.kind = kind
+
+    def body_start(self, tail: bytes) -> int:
+        return 5  # the command byte and the first header word (a data block's size)
+
+    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
+        """A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
+        whole records are asked for even at the end."""
+        records = 0
+        while pos < end:
+            try:
+                _, pos = decode(tail, pos, self.kind)
+            except (Incomplete, Malformed):
+                return records >= 2
+            records += 1
+        return records >= (1 if self.kind is FileKind.WRITER else 2)
+
+    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+        return None
+
+
 def describe(record: Record) -> str:
     """One record as a readable line, e.g. `put(id=5 errors=0 add=1700000000000 expire=- 2:hi)`."""
     match record:

@@ -17,6 +17,7 @@ from itertools import takewhile
 import structlog
 
 from kestrel.storage import files as shared_files
+from kestrel.storage import layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.errors import CorruptJournalError
@@ -69,8 +70,9 @@ class RecordReader(shared_files.BufferedFile):
 
     Every length is checked against what the file still holds before the record is read, so a
     damaged count costs an error, never an allocation. Iteration stops at the first record that
-    runs past the end of the file; `torn` then says why, and `offset` is where that record starts.
-    A record that can never be valid raises CorruptJournalError naming file and offset. The file is
+    runs past the end of the file, or where nothing but zeros follows; `torn` then says why, `offset`
+    is where that record starts, and `tail_damage` judges it (src/kestrel/storage/torn_tail.py). A
+    record that can never be valid raises CorruptJournalError naming file and offset. The file is
     read up to the size it had when opened.
     """
 
@@ -91,10 +93,9 @@ class RecordReader(shared_files.BufferedFile):
             got = header.hex(" ") if header else "nothing"
             raise CorruptJournalError(self.path, 0, None, f"header {got} is neither a Kestrel 3 writer "
                                       f"journal ({k3.WRITER_MAGIC.hex(' ')}) nor a reader checkpoint "
-                                      f"({k3.READER_MAGIC.hex(' ')})", salvageable=False)
+                                      f"({k3.READER_MAGIC.hex(' ')})")
         if expect is not None and kind is not expect:
-            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs",
-                                      salvageable=False)
+            raise CorruptJournalError(self.path, 0, None, f"a {kind.title} where a {expect.title} belongs")
         return kind
 
     def grow(self) -> None:
@@ -133,7 +134,10 @@ class RecordReader(shared_files.BufferedFile):
                 return None
             record, stop = k3.decode(self._buf, self._pos, self.kind)
         except Malformed as e:
-            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason, salvageable=False) from None
+            if self._zeros_to_end():
+                self.torn = f"{self.size - self.offset} bytes of zeros"
+                return None
+            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
         at = self.offset
         self._pos = stop
         return at, record
@@ -142,10 +146,29 @@ class RecordReader(shared_files.BufferedFile):
         while (entry := self.next()) is not None:
             yield entry
 
-    def torn_error(self) -> CorruptJournalError:
+    def _zeros_to_end(self) -> bool:
+        """Whether nothing but zeros follows the current position, up to the size read."""
+        at = self.offset
+        while at < self.size:
+            chunk = os.pread(self.fd, min(self.chunk, self.size - at), at)
+            if not chunk or chunk.strip(b"\0"):
+                return False
+            at += len(chunk)
+        return True
+
+    def tail_damage(self, last: bool) -> CorruptJournalError | None:
+        """What stopped the reader (`torn`): None for a torn write at the end of the `last` file,
+        else the damage."""
         byte = self._buf[self._pos] if self._pos < len(self._buf) else None
-        return CorruptJournalError(self.path, self.offset, byte, f"incomplete record: {self.torn}",
-                                   salvageable=False)
+        return torn_tail.judge(self.path, self.offset, f"incomplete record: {self.torn}",
+                               k3.TailRecords(self.kind), last, opcode=byte)
+
+    def cut_torn_tail(self, stamp: int) -> str:
+        """Cut the torn tail off the file, keeping a copy (`.kestrel/aside/`); the copy's path."""
+        queue_path = os.path.dirname(self.path)
+        copy = layout.aside_path(queue_path, os.path.basename(self.path), "torn", stamp)
+        shared_files.cut_keeping_copy(self.path, self.offset, copy)
+        return copy
 
 
 def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
@@ -154,7 +177,9 @@ def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple
     try:
         yield from reader
         if reader.torn:
-            raise reader.torn_error()
+            damage = reader.tail_damage(last=False)
+            assert damage is not None  # not the last file: never a torn write
+            raise damage
     finally:
         reader.close()
 
@@ -181,13 +206,15 @@ class ReaderCheckpoint:
         return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
 
 
-def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
+def read_checkpoint(path: str, high_id: int | None = None, repair: bool = True) -> ReaderCheckpoint:
     """A reader's checkpoint file (a missing file is a reader that consumed nothing).
 
     The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
-    final record (an append the process did not finish, so never acknowledged) is cut off. With
+    final record (an append the process did not finish, so never acknowledged) is cut off, a copy
+    kept. With
     `high_id` (the highest id ever written), an id above it is damage: nothing can consume an item
-    not yet written, and taking it would silently empty the reader. Raises CorruptJournalError.
+    not yet written, and taking it would silently empty the reader. Without `repair` a torn record
+    is left where it is (read-only readers). Raises CorruptJournalError.
     """
     if not os.path.exists(path):
         return ReaderCheckpoint()
@@ -205,9 +232,14 @@ def read_checkpoint(path: str, high_id: int | None = None) -> ReaderCheckpoint:
             elif isinstance(record, k3.ReadDone):
                 done.update(record.ids)
         if reader.torn:
-            log.warning("torn record at the end of a reader checkpoint; cutting it off", file=path,
-                        offset=reader.offset, reason=reader.torn)
-            os.truncate(path, reader.offset)
+            damage = reader.tail_damage(last=True)
+            if damage is not None:
+                raise damage
+            if not repair:
+                return ReaderCheckpoint(head, frozenset(done)).normalized()
+            copy = reader.cut_torn_tail(SYSTEM_CLOCK.now_ms())
+            log.warning("torn record at the end of a reader checkpoint; cut off, a copy kept", file=path,
+                        offset=reader.offset, reason=reader.torn, copy=copy)
     finally:
         reader.close()
     return ReaderCheckpoint(head, frozenset(done)).normalized()
@@ -266,11 +298,11 @@ class WriterFile:
     last_id: int = 0
 
 
-def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> WriterFile:
+def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: int = 0) -> WriterFile:
     """The id range of one writer file, checking that ids keep increasing past `after_id`.
 
-    A torn final record is cut off when this is the `last` (newest) file, since an append was
-    interrupted there; anywhere else it raises CorruptJournalError, as does any damage.
+    A torn final record is cut off, a copy kept (stamped `stamp`), when this is the `last` (newest)
+    file and the torn-tail rule says it is one; anything else raises CorruptJournalError.
     """
     info = WriterFile(number, path)
     reader = RecordReader(path, k3.FileKind.WRITER)
@@ -282,11 +314,12 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> Write
             info.first_id = info.first_id or record.id
             info.last_id = record.id
         if reader.torn:
-            if not last:
-                raise reader.torn_error()
-            log.warning("torn record at the end of the writer journal; cutting it off", file=path,
-                        offset=reader.offset, reason=reader.torn)
-            os.truncate(path, reader.offset)
+            damage = reader.tail_damage(last)
+            if damage is not None:
+                raise damage
+            copy = reader.cut_torn_tail(stamp or SYSTEM_CLOCK.now_ms())
+            log.warning("torn record at the end of the writer journal; cut off, a copy kept", file=path,
+                        offset=reader.offset, reason=reader.torn, copy=copy)
     finally:
         reader.close()
     return info
@@ -295,8 +328,7 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool) -> Write
 def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
     if item_id <= after_id:
         raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
-                                  f"item id {item_id} does not follow id {after_id}: ids must increase",
-                                  salvageable=False)
+                                  f"item id {item_id} does not follow id {after_id}: ids must increase")
 
 
 class WriterJournal:
@@ -327,7 +359,7 @@ class WriterJournal:
             self._rewrite_header(found[-1][1])
         last_id = 0
         for i, (number, path) in enumerate(found):
-            info = scan_writer_file(number, path, last_id, last=i == len(found) - 1)
+            info = scan_writer_file(number, path, last_id, i == len(found) - 1, clock.now_ms())
             last_id = info.last_id or last_id
             self.files.append(info)
         self.tail_id = max(last_id, after_id)

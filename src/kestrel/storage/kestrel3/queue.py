@@ -22,17 +22,24 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 import structlog
 
-from kestrel.storage import formats, manifest
+from kestrel.storage import damage, formats, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
-from kestrel.storage.filenames import reader_file_name, reader_of, set_aside_path, writer_file_number
-from kestrel.storage.files import CURSOR_CHUNK, JournalFiles, JournalWriter, list_journal_files
+from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
+from kestrel.storage.files import (
+    CURSOR_CHUNK,
+    JournalFileFigures,
+    JournalFiles,
+    JournalWriter,
+    list_journal_files,
+    size_on_disk,
+)
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3 import codec as k3
@@ -45,10 +52,9 @@ from kestrel.storage.kestrel3.files import (
     checkpoint_entry,
     list_queue_files,
     read_checkpoint,
-    read_records,
     write_checkpoint,
 )
-from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue import PersistentQueue, ReadBack, ReaderPosition
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -75,16 +81,26 @@ class ManifestCheck:
     name: str
     salvage: bool
     stamp: int
+    matched: set[str] = field(default_factory=set)  # names of the files found as the manifest lists them
 
     def files(self, record: manifest.Manifest, on_disk: QueueFiles
-                        ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
+              ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
         """Compare the files on disk with the manifest before any is read, cut or deleted.
 
         Returns the listed writer files that are missing (acceptable only if every reader had
         consumed them: a crash while they were deleted) and the readers whose checkpoint salvage
-        set aside. Raises CorruptJournalError (without salvage) for anything else.
+        set aside. Raises CorruptJournalError (without salvage) for anything else, naming what
+        salvage would set aside (src/kestrel/storage/damage.py).
         """
-        problems: list[tuple[str, str]] = []
+        found, gone, fresh = self.compare(record, on_disk)
+        self.settle(found)
+        return gone, fresh
+
+    def compare(self, record: manifest.Manifest, on_disk: QueueFiles
+                ) -> tuple[list[damage.Finding], list[tuple[str, manifest.Entry]], set[str]]:
+        """What does not match the manifest (changing nothing), the listed writer files missing,
+        and the readers whose checkpoint does not match."""
+        found: list[damage.Finding] = []
         fresh: set[str] = set()
         writers = {os.path.basename(p): (n, p) for n, p in on_disk.writers}
         listed = {}
@@ -96,73 +112,92 @@ class ManifestCheck:
                 path = on_disk.readers.get(reader) or os.path.join(self.queue_path, name)
                 why = manifest.mismatch(path, entry, growing=True)
                 if why is not None:
-                    problems.append((path, why))
+                    found.append(damage.Finding(path, why, damage.Remedy.SET_ASIDE,
+                                                also=f"reader {reader!r} is served every item kept again"))
                     fresh.add(reader)
+                else:
+                    self.matched.add(name)
         gone = []
         for name, (_number, entry) in sorted(listed.items(), key=lambda kv: kv[1][0]):
             if name not in writers:
                 gone.append((name, entry))
                 continue
-            why = manifest.mismatch(writers[name][1], entry, growing=not entry.sealed)
-            if why is not None:
-                problems.append((writers[name][1], why))
+            path = writers[name][1]
+            why = manifest.mismatch(path, entry, growing=not entry.sealed)
+            if why is None:
+                self.matched.add(name)
+            elif os.path.getsize(path) < entry.size:
+                found.append(damage.Finding(path, why, damage.Remedy.NONE,
+                                            also="its whole records are kept, what it lost is gone"))
+            else:
+                found.append(damage.Finding(path, why, damage.Remedy.SET_ASIDE, items=count_items(path)))
         newest = max((n for n, _ in listed.values()), default=0)
         for name, (number, path) in writers.items():
             if name not in listed and number < newest:
-                problems.append((path, "a writer file the manifest does not list (a stray or older copy); "
-                                       "it was not read"))
+                found.append(damage.Finding(path, "a writer file the manifest does not list (a stray or "
+                                            "older copy); it was not read", damage.Remedy.SET_ASIDE,
+                                            items=count_items(path)))
         for reader, path in on_disk.readers.items():
             if reader_file_name(self.name, reader) not in record.files:
                 log.info("reader checkpoint not yet in the manifest (a reader created just before a stop)",
                          queue=self.name, file=path)
-        self.refuse_or_log(problems)
-        return gone, fresh
+        return found, gone, fresh
 
-    def refuse_or_log(self, problems: list[tuple[str, str]]) -> None:
-        """Without salvage, refuse the first problem; with it, set each damaged file aside (renamed,
-        never deleted): a writer file's items are lost, a reader starts again at the oldest item."""
-        if not problems:
-            return
-        if not self.salvage:
-            path, why = problems[0]
-            others = f" ({len(problems) - 1} more damaged file(s))" if len(problems) > 1 else ""
-            raise CorruptJournalError(path, 0, None, f"{why}{others}; compared with "
-                                      f"{manifest.path_of(self.queue_path, self.name)}; nothing was changed "
-                                      "(--salvage sets the damage aside: a damaged checkpoint's reader is "
-                                      "served its items again, a damaged writer file's items are lost)")
-        for path, why in problems:
-            if os.path.exists(path):
-                copy = set_aside_path(path, "corrupt", self.stamp)
-                os.rename(path, copy)
-                log.error("file does not match the manifest; set aside (salvage)", queue=self.name,
-                          file=path, reason=why, copy=copy)
-            else:
-                log.error("file does not match the manifest (salvage)", queue=self.name, file=path,
-                          reason=why)
+    def settle(self, found: list[damage.Finding]) -> None:
+        damage.settle(self.queue_path, self.name, found, self.salvage, self.stamp,
+                      f"; compared with {manifest.path_of(self.queue_path, self.name)}; nothing was changed")
 
     def lost_files(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> None:
         """Listed writer files that are missing: refused unless every reader had consumed them (a
         crash while they were deleted)."""
+        self.settle(self.lost(gone, heads))
+
+    def lost(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> list[damage.Finding]:
         lowest = min(heads, default=0)
-        lost = [(n, e) for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
-        self.refuse_or_log([(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
-                             f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)")
-                            for n, e in lost])
+        return [damage.Finding(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
+                               f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)",
+                               damage.Remedy.NONE, also=f"items {e.first_id} to {e.last_id} are lost")
+                for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
+
+
+def count_items(path: str) -> int | None:
+    """The items a writer file holds, counted up to its end or its first damage."""
+    try:
+        reader = RecordReader(path, k3.FileKind.WRITER)
+    except (OSError, CorruptJournalError):
+        return None
+    count = 0
+    try:
+        for _ in reader:
+            count += 1
+    except CorruptJournalError:
+        pass
+    finally:
+        reader.close()
+    return count
+
+
+def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
+    """What in a Kestrel 3 queue's files does not match its manifest, changing nothing (the
+    converter, `kestrel journal check`). Raises CorruptJournalError when the manifest, or a
+    checkpoint the manifest vouches for, cannot be read."""
+    record = manifest.read(queue_path, name, KESTREL3)
+    on_disk = list_queue_files(queue_path, name)
+    if record is None or not (on_disk.writers or on_disk.readers):
+        return []
+    check = ManifestCheck(queue_path, name, False, 0)
+    found, gone, fresh = check.compare(record, on_disk)
+    high = max(record.high_id, _last_id(on_disk))
+    heads = [read_checkpoint(path, high, repair=False).head for r, path in on_disk.readers.items()
+             if r not in fresh]
+    return found + check.lost(gone, heads)
 
 
 def check_files(queue_path: str, name: str) -> None:
-    """Compare a Kestrel 3 queue's files with its manifest, changing nothing (the converter).
-
-    Raises CorruptJournalError.
-    """
-    record = manifest.read(queue_path, name, KESTREL3)
-    if record is None:
-        return
-    check = ManifestCheck(queue_path, name, False, 0)
-    on_disk = list_queue_files(queue_path, name)
-    gone, _ = check.files(record, on_disk)
-    high = max(record.high_id, _last_id(on_disk))
-    check.lost_files(gone, [read_checkpoint(path, high).head for path in on_disk.readers.values()])
+    """Refuse a Kestrel 3 queue whose files do not match its manifest, changing nothing (the
+    converter). Raises CorruptJournalError."""
+    damage.settle(queue_path, name, manifest_findings(queue_path, name), False, 0,
+                  f"; compared with {manifest.path_of(queue_path, name)}")
 
 
 def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.Entry:
@@ -176,12 +211,16 @@ def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.En
 
 
 def _last_id(on_disk: QueueFiles) -> int:
-    """The last item id in the newest writer file (0 if none)."""
+    """The last item id in the newest writer file (0 if none; a torn last record left out)."""
     last = 0
     if on_disk.writers:
-        for _offset, record in read_records(on_disk.writers[-1][1], k3.FileKind.WRITER):
-            assert isinstance(record, k3.Put)
-            last = record.id
+        reader = RecordReader(on_disk.writers[-1][1], k3.FileKind.WRITER)
+        try:
+            for _offset, record in reader:
+                assert isinstance(record, k3.Put)
+                last = record.id
+        finally:
+            reader.close()
     return last
 
 
@@ -221,10 +260,12 @@ class Kestrel3Journal:
                 formats.check_format(self.queue_path, name, found, KESTREL3)
         self.salvage = owner.salvage
         self._stamp = owner.runtime.clock.now_ms()
-        record = None if new else manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage,
-                                                          self._stamp)
+        record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
         self._check = ManifestCheck(self.queue_path, name, self.salvage, self._stamp)
         on_disk = QueueFiles() if new else list_queue_files(self.queue_path, name)
+        if record is not None and not (on_disk.writers or on_disk.readers):
+            manifest.set_aside_stray(self.queue_path, name, self._stamp)
+            record = None
         if record is None and (on_disk.writers or on_disk.readers):
             log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
                         "changed cannot be detected at this start; one is written now", queue=name,
@@ -234,9 +275,7 @@ class Kestrel3Journal:
         if record is not None:
             gone, fresh = self._check.files(record, on_disk)
             on_disk = list_queue_files(self.queue_path, name)
-        self.writer = WriterJournal(self.queue_path, name, config.default_journal_size,
-                                    config.sync_journal, owner.runtime.clock, runtime=owner.runtime,
-                                    writers=[] if new else None)
+        self.writer = self._open_writer(config, new, owner.runtime)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).
         high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
@@ -270,15 +309,39 @@ class Kestrel3Journal:
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
 
+    def _open_writer(self, config: QueueConfig, new: bool, runtime: Runtime) -> WriterJournal:
+        """The writer journal, its files scanned. A damaged record refuses the queue naming what
+        salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
+        done: set[tuple[str, int]] = set()
+        while True:
+            try:
+                return WriterJournal(self.queue_path, self.name, config.default_journal_size,
+                                     config.sync_journal, runtime.clock, runtime=runtime,
+                                     writers=[] if new else None)
+            except CorruptJournalError as e:
+                if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
+                done.add((e.path, e.offset))
+                damage.carry_out(self.queue_path, self.name, [damage.record_damage(e, k3.MAGIC_SIZE)],
+                                 self._stamp)
+
     def _read_checkpoint(self, reader: str, path: str, high: int | None, fresh: set[str]) -> ReaderCheckpoint:
-        try:
-            return read_checkpoint(path, high)
-        except CorruptJournalError as e:
-            if not self.salvage:
-                raise
-            self._check.refuse_or_log([(path, f"{e.reason} (offset {e.offset})")])
-            fresh.add(reader)
-            return ReaderCheckpoint()
+        """A reader's checkpoint. A damaged record refuses the queue; with salvage what precedes it is
+        kept (the reader is served again what it consumed after that), a copy of the rest set aside."""
+        again = f"reader {reader!r} is served again what it consumed after that"
+        done: set[int] = set()
+        while True:
+            try:
+                return read_checkpoint(path, high)
+            except CorruptJournalError as e:
+                if not self.salvage or e.offset in done:  # cut already: it did not go away
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE, again) from None
+                done.add(e.offset)
+                finding = damage.record_damage(e, k3.MAGIC_SIZE, again)
+                damage.carry_out(self.queue_path, self.name, [finding], self._stamp)
+                if finding.remedy is damage.Remedy.SET_ASIDE:
+                    fresh.add(reader)
+                    return ReaderCheckpoint()
 
     def record_files(self, checkpoints: dict[str, manifest.Entry], readers: dict[str, str] | None = None
                      ) -> None:
@@ -333,6 +396,30 @@ class Kestrel3Journal:
 
     def checkpoint_deleted(self, reader: str) -> None:
         self._keeper.update({reader_file_name(self.name, reader): None})
+
+    def file_figures(self) -> list[JournalFileFigures]:
+        """The writer files, oldest first, then each attached reader's checkpoint, with the manifest's
+        entry of each."""
+        with self._keeper.lock:  # a sealing thread may be adding an entry
+            listed = dict(self._keeper.manifest.files)
+        matched = self._check.matched
+        paths = [("writer file", f.path) for f in self.writer.files]
+        paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
+                  if (path := q.checkpoint_path) is not None]
+        newest = self.writer.current.path
+        out = []
+        for role, path in paths:
+            name = os.path.basename(path)
+            size = size_on_disk(path)
+            entry = listed.get(name)
+            words = ("not listed yet: the newest writer file grows; replay checks each record"
+                     if entry is None and path == newest else manifest.describe(entry, size, name in matched))
+            out.append(JournalFileFigures(name, role, size, words))
+        return out
+
+    def positions(self) -> list[ReaderPosition]:
+        """Where each attached reader stands, the queue's own first."""
+        return [q.position() for _, q in sorted(self.readers.items())]
 
     def attach(self, queue: Kestrel3Queue) -> None:
         self.readers[queue.reader] = queue
@@ -451,6 +538,7 @@ class Kestrel3Queue(PersistentQueue):
     """
 
     shares_writes = True
+    journal_format = 3
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -492,6 +580,26 @@ class Kestrel3Queue(PersistentQueue):
     def readers_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
         return [r for r in (self._journal.readers_on_disk if self._journal else []) if r]
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """This reader's checkpoint file (None for a fanout-only parent, which reads nothing)."""
+        return self._file.path if self._file is not None else None
+
+    def position(self) -> ReaderPosition:
+        done = len(self._file.done) if self._file is not None else 0
+        return ReaderPosition(self.name, self.head, done, self.length, self.open_transactions, self.tail_id)
+
+    @property
+    def tail_id(self) -> int:
+        """The newest item id written to the shared writer journal (0 before it is open)."""
+        return self._journal.writer.tail_id if self._journal is not None else 0
+
+    def journal_files(self) -> list[JournalFileFigures]:
+        return self._journal.file_figures() if self._journal is not None else []
+
+    def reader_positions(self) -> list[ReaderPosition]:
+        return self._journal.positions() if self._journal is not None else []
 
     # -----------------------------------------------------------------------------------------
     # Start-up
@@ -644,7 +752,7 @@ class Kestrel3Queue(PersistentQueue):
                 try:
                     first = writer.append(items[:count], now, expiry or None)[0].id
                 except OSError as e:
-                    raise JournalWriteError(journal.name, writer.current.path, e) from None
+                    raise self._write_error(writer.current.path, e) from None
                 for q in readers:
                     taken, size = admitted.get(q.reader, (0, 0))
                     if taken:
@@ -714,8 +822,7 @@ class Kestrel3Queue(PersistentQueue):
             try:
                 self._file.replace(head, done)
             except OSError as e:
-                self.journal_write_errors += 1
-                raise JournalWriteError(self.name, self._file.path, e) from None
+                raise self._write_error(self._file.path, e) from None
             self._unsaved.clear()
             self._journal.release()
         self._forget_items()
@@ -740,8 +847,7 @@ class Kestrel3Queue(PersistentQueue):
         try:
             moved = self._file.save([*self._unsaved, *ids])
         except OSError as e:
-            self.journal_write_errors += 1
-            raise JournalWriteError(self.name, self._file.path, e) from None
+            raise self._write_error(self._file.path, e) from None
         self._unsaved.clear()
         if moved and self._journal is not None:
             self._journal.release()
@@ -752,6 +858,7 @@ class Kestrel3Queue(PersistentQueue):
         try:
             self._save(ids)
         except JournalWriteError as e:
+            self._own_failure = None  # this change goes on: the ids wait
             self._unsaved.update(ids)
             log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
                       queue=self.name, error=str(e))
@@ -762,10 +869,10 @@ class Kestrel3Queue(PersistentQueue):
             self._file.commit()
 
     # -----------------------------------------------------------------------------------------
-    # Around each change
+    # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
 
-    def _before_change(self) -> None:
-        """Nothing to check: a failed write refuses its own change only."""
+    def _prepare_change(self) -> None:
+        """Nothing to open: the files are open from the start."""
 
     def _after_change(self) -> None:
         if self._left:
@@ -775,25 +882,38 @@ class Kestrel3Queue(PersistentQueue):
         if self._returned:
             self._returned.clear()
 
-    def _change_failed(self, error: BaseException) -> None:
-        """A failed write (this reader's, or an expiry or error queue's it fed) undoes the change in
-        memory; its consumed ids are dropped. After any other error they wait for the next write."""
-        if isinstance(error, JournalWriteError):
-            opens = self._opens
-            for item in reversed(self._returned):
-                self._take_head(opened=True)
-                opens[item.xid] = item
+    def _journal_path(self) -> str:
+        if self._file is not None:
+            return self._file.path
+        return self._journal.writer.current.path if self._journal is not None else self.queue_path
+
+    def _write_probe(self) -> None:
+        """A READ_HEAD of the head as it stands changes nothing (the last, highest, head wins)."""
+        if self._file is not None:
+            self._file.writer.append(k3.encode(k3.ReadHead(self._file.head)))
+
+    def _restore(self) -> None:
+        """Undo the change in memory from what it noted: items back at the head, reads open again;
+        its consumed ids are dropped."""
+        opens = self._opens
+        for item in reversed(self._returned):
+            self._take_head(opened=True)
+            opens[item.xid] = item
+            self._ledger.total += len(item.data)
+        for item in self._confirmed:
+            opens[item.xid] = item
+            self._ledger.total += len(item.data)
+        for item in reversed(self._left):
+            if opens.get(item.xid) is item:
+                del opens[item.xid]
+            else:  # it had left memory for good
                 self._ledger.total += len(item.data)
-            for item in self._confirmed:
-                opens[item.xid] = item
-                self._ledger.total += len(item.data)
-            for item in reversed(self._left):
-                if opens.get(item.xid) is item:
-                    del opens[item.xid]
-                else:  # it had left memory for good
-                    self._ledger.total += len(item.data)
-                self._push_head(item)
-            self._consumed.clear()
+            self._push_head(item)
+        self._consumed.clear()
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """The change's consumed ids wait for the next write; what it noted for an undo is dropped."""
         self._left.clear()
         self._confirmed.clear()
         self._returned.clear()

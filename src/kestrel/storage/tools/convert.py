@@ -10,11 +10,11 @@ the items its checkpoint has not consumed. Expiry and add times are kept; error 
 going to Kestrel 2, which has no field for them.
 
 Crash-safe in three steps: the new files are written under `~~` temporary names and fsynced (a
-crash leaves the old format, and start-up deletes temporaries); then `<queue_path>/.convert`, naming
+crash leaves the old format, and start-up deletes temporaries); then `<queue_path>/.kestrel/convert`, naming
 the renames and deletions still to do, is put in place in one rename: from that moment the new
 format is the queue's, and whoever opens the queue path next (the converter or a server starting)
 finishes those steps before anything else; then the temporaries are renamed, the old files deleted
-and `.convert` removed.
+and `.kestrel/convert` removed.
 """
 
 from __future__ import annotations
@@ -115,14 +115,21 @@ def _temporary(queue: str, final: str) -> str:
     return f"{queue}{TEMPORARY_INFIX}{final}"
 
 
+def _manifest_name(queue: str) -> str:
+    """The queue's manifest, relative to the queue path (in the server's own directory)."""
+    return os.path.join(filenames.OWN_DIRECTORY, filenames.manifest_name(queue))
+
+
 def _remove_temporaries(queue_path: str, unit: str | None = None) -> None:
     """Delete the new files of a conversion that did not reach its switch (of `unit` only, if given)."""
     for entry in os.scandir(queue_path):
         owner, infix, _ = entry.name.partition(TEMPORARY_INFIX)
-        if (infix and (unit is None or owner.partition("+")[0] == unit)) or (
-                unit is None and entry.name == INTENT_NAME + filenames.TEMPORARY_MARK):
+        if infix and (unit is None or owner.partition("+")[0] == unit):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
+    if unit is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(queue_path, INTENT_NAME + filenames.TEMPORARY_MARK))
 
 
 def _write_file(path: str, chunks: Iterable[bytes]) -> None:
@@ -158,7 +165,7 @@ def _kestrel2_queue(queue_path: str, name: str, now: int, notes: list[str]) -> t
 def _all_kestrel2_files(queue_path: str, name: str) -> list[str]:
     """Every file of Kestrel 2 queue `name`, its manifest included."""
     files = list_journal_files(queue_path, name)
-    record = [filenames.manifest_name(name)] if os.path.exists(manifest.path_of(queue_path, name)) else []
+    record = [_manifest_name(name)] if os.path.exists(manifest.path_of(queue_path, name)) else []
     return [os.path.basename(p) for p in files.replay_order() + [p for _, p in files.packs]] + record
 
 
@@ -207,9 +214,10 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
         record.files[final] = checkpoint_entry(checkpoint)
         first = last + 1
     # The unit's new manifest replaces the Kestrel 2 one of the same name in its rename.
-    record_name = filenames.manifest_name(unit)
-    _write_file(os.path.join(queue_path, _temporary(unit, record_name)), [manifest.encode(record)])
-    intent.renames.append((_temporary(unit, record_name), record_name))
+    record_name = _manifest_name(unit)
+    _write_file(os.path.join(queue_path, _temporary(unit, filenames.manifest_name(unit))),
+                [manifest.encode(record)])
+    intent.renames.append((_temporary(unit, filenames.manifest_name(unit)), record_name))
     intent.deletes = [d for d in intent.deletes if d != record_name]
     return intent, result
 
@@ -222,7 +230,7 @@ def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
     readers = dict(files.readers)
     result = Converted(unit, {})
     intent = Intent(KESTREL2, unit, deletes=[os.path.basename(p) for _, p in files.writers]
-                    + [os.path.basename(p) for p in readers.values()] + [filenames.manifest_name(unit)])
+                    + [os.path.basename(p) for p in readers.values()] + [_manifest_name(unit)])
     for reader in sorted(set(readers) | {""}):
         name = f"{unit}+{reader}" if reader else unit
         try:
@@ -325,8 +333,13 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
         raise ConvertError(f"{queue_path} is not a directory")
     with QueuePathLock(queue_path) as lock:
         lock.acquire(f"kestrel journal convert --to {to}")
-        if written := recover_commit_log(queue_path, clock.now_ms()):  # its records name Kestrel 2 journals
-            out.write(f"{queue_path}: the commit log a crash left put {written} records into the journals\n")
+        recovery = recover_commit_log(queue_path, clock.now_ms())  # its records name Kestrel 2 journals
+        if recovery.written:
+            out.write(f"{queue_path}: the commit log a crash left put {recovery.written} records into the "
+                      "journals\n")
+        if recovery.refused:
+            queue, error = min(recovery.refused.items())
+            raise ConvertError(f"queue {queue!r}: {error}; {error.remedy()}")
         finished = finish_interrupted(queue_path)
         if finished is not None:
             out.write(f"{finished}: finished the conversion a crash interrupted\n")

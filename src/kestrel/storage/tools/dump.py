@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from kestrel.storage import commit_log
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2.codec import describe
-from kestrel.storage.kestrel2.reader import JournalReader, torn_tail_damage
+from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files as kestrel3_files
@@ -39,9 +39,9 @@ def dump(path: str, out: TextIO = sys.stdout) -> int:
         left = k2_reader.leftover()
         if not left:
             return None
-        damage = torn_tail_damage(path, k2_reader.offset)
-        if damage is not None:  # a size field one bit off, not a torn write
-            raise CorruptJournalError(path, k2_reader.offset, None, damage)
+        damage = k2_reader.tail_damage(last=True)
+        if damage is not None:  # a damaged size field, not a torn write
+            raise damage
         return f"{left} bytes of an incomplete record"
 
     return _print_records(path, k2_reader, lambda r: describe([r]), k2_torn, out)

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from kestrel.storage import commit_log
 from kestrel.storage.clock import SYSTEM_CLOCK
-from kestrel.storage.errors import CommitLogDamaged, QueuePathInUse
+from kestrel.storage.errors import QueuePathInUse
 from kestrel.storage.lock import QueuePathLock
 
 
@@ -20,26 +20,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """0 when the journals are complete (recovered, or nothing was pending); 1 on damage or an
+    """0 when the journals are complete (recovered, or nothing was pending); 1 when a queue's
+    records cannot be placed (each such queue named, its records kept for the next start) or on an
     error, naming the file; 3 while a server holds the path."""
     queue_path = args.queue_path
     try:
         with QueuePathLock(queue_path) as lock:
             lock.acquire("kestrel journal recover")
-            segments = len(commit_log.segment_paths(queue_path))
-            written = commit_log.recover(queue_path, SYSTEM_CLOCK.now_ms())
+            segments = len(commit_log.segment_paths(queue_path)) + len(commit_log.held_paths(queue_path))
+            recovery = commit_log.recover(queue_path, SYSTEM_CLOCK.now_ms())
     except QueuePathInUse as e:
         print(f"kestrel journal recover: {e}", file=err)
         return 3
-    except CommitLogDamaged as e:
-        print(f"kestrel journal recover: {e}; {e.remedy()}", file=err)
-        return 1
     except OSError as e:
         print(f"kestrel journal recover: {e.filename or queue_path}: {e.strerror or e}", file=err)
         return 1
-    if segments:
-        out.write(f"{queue_path}: recovered the commit log ({segments} segments): {written} records "
-                  "written to the journals\n")
-    else:
+    if not segments:
         out.write(f"{queue_path}: no commit log: nothing to recover\n")
-    return 0
+        return 0
+    out.write(f"{queue_path}: recovered the commit log ({segments} segments): {recovery.written} records "
+              "written to the journals\n")
+    for copy in recovery.copies:
+        out.write(f"{queue_path}: a copy of what was replaced or cut is kept as {copy}\n")
+    for queue, error in sorted(recovery.refused.items()):
+        print(f"kestrel journal recover: queue {queue!r} cannot be recovered: {error}; {error.remedy()}",
+              file=err)
+    return 1 if recovery.refused else 0

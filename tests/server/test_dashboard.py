@@ -1,0 +1,285 @@
+"""The admin page's server side without a browser: its figures come from the sources `/stats.json`
+reads, cost nothing while no page asks, are shared by the pages that do, and its files are
+served read-only under a Content-Security-Policy that keeps the page to its own origin."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from kestrel.service.config import ServerConfig
+from kestrel.service.dashboard import Dashboard
+from kestrel.service.dashboard.figures import SNAPSHOT_S, queue_state
+from kestrel.service.dashboard.pages import POLICY, load_static
+from kestrel.service.session.server_state import ServerState
+from kestrel.storage.config import QueueConfig, QueueConfigs
+from kestrel.storage.runtime import ManualRuntime
+from tests.conftest import ServerProcess
+from tests.end_to_end.test_refused_queue import _damage
+
+STATIC = resources.files("kestrel.service.dashboard").joinpath("static")
+
+
+@pytest.fixture
+def runtime() -> ManualRuntime:
+    return ManualRuntime()
+
+
+@pytest.fixture
+def server(tmp_path: Path, runtime: ManualRuntime) -> Iterator[ServerState]:
+    state = ServerState(ServerConfig(queue_path=str(tmp_path / "queues")), runtime=runtime)
+    state.collection.load()
+    yield state
+    state.close()
+    structlog.contextvars.clear_contextvars()
+
+
+def overview(dashboard: Dashboard) -> dict[str, Any]:
+    reply = dashboard.respond("/dashboard/overview.json", "", None)
+    assert reply is not None and reply[0] == "200 OK"
+    return dict(json.loads(reply[2]))
+
+
+def rows(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row[0]: dict(zip(document["columns"], row, strict=True)) for row in document["rows"]}
+
+
+def test_rates_come_from_two_snapshots_and_a_snapshot_serves_every_page_for_a_second(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    dashboard = Dashboard(server)
+    coll = server.collection
+    coll.add_many("jobs", [b"x"] * 10)
+    first = overview(dashboard)
+    assert first["rates"] is None and rows(first)["jobs"]["in"] is None  # one snapshot: no rate yet
+    runtime.clock.advance(1000)
+    coll.add_many("jobs", [b"x"] * 30)
+    for _ in range(5):
+        assert coll.remove("jobs") is not None
+    second = overview(dashboard)
+    assert rows(second)["jobs"] | {"state": "serving", "items": 35, "in": 30.0, "out": 5.0} == rows(second)["jobs"]
+    assert second["rates"] == {"in": 30.0, "out": 5.0}
+    assert second["history"]["in"] == [None, 30.0] and second["history"]["items"] == [None, 35]
+    # Within SNAPSHOT_S every page gets the same snapshot, however many ask.
+    body = dashboard.figures.snapshot().body
+    coll.add_many("jobs", [b"x"] * 7)
+    runtime.clock.advance(int(SNAPSHOT_S * 1000) - 1)
+    assert all(dashboard.figures.snapshot().body is body for _ in range(10))
+    runtime.clock.advance(1)
+    assert rows(overview(dashboard))["jobs"]["items"] == 42
+
+
+def test_the_figures_are_those_of_stats_json(server: ServerState, runtime: ManualRuntime) -> None:
+    from kestrel.service.stats_render import stats_json
+
+    dashboard = Dashboard(server)
+    server.collection.add_many("jobs", [b"abc"] * 4)
+    runtime.clock.advance(2000)
+    page = overview(dashboard)
+    stats = json.loads(stats_json(server))
+    assert {key: page[key] for key in stats if key != "queues"} == {k: v for k, v in stats.items() if k != "queues"}
+    row = rows(page)["jobs"]
+    queue = stats["queues"]["jobs"]
+    assert (row["items"], row["bytes"], row["open_reads"], row["head_wait_ms"], row["poisoned"], row["format"]) == (
+        queue["items"], queue["bytes"], queue["open_transactions"], 2000, queue["poisoned"], 2)
+    reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
+    assert reply is not None and json.loads(reply[2])["stats"] == stats["queues"]["jobs"]
+
+
+def test_a_costly_snapshot_serves_longer_to_keep_its_share_of_the_server(
+        server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.service.dashboard import figures
+
+    dashboard = Dashboard(server)
+    server.collection.add("jobs", b"x")
+    monkeypatch.setattr(figures, "SHARE", 1e-12)  # as if the server had queues beyond counting
+    first = dashboard.figures.snapshot()
+    assert first.fresh_for > 3600
+    runtime.clock.advance(60_000)
+    assert dashboard.figures.snapshot() is first
+
+
+def test_nothing_runs_and_no_queue_is_read_while_no_page_asks(
+        server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    server.collection.add("jobs", b"x")
+    reads = []
+    queue = server.collection.get("jobs")
+    assert queue is not None
+    real = queue.stats
+    monkeypatch.setattr(queue, "stats", lambda: reads.append(1) or real())
+    timers = runtime.timers
+    dashboard = Dashboard(server)
+    runtime.clock.advance(60_000)
+    assert runtime.timers == timers and reads == []  # no timer, no sampling
+    overview(dashboard)
+    assert runtime.timers == timers and len(reads) == 1
+
+
+def test_a_queue_page_keeps_its_history_while_it_is_asked_for(server: ServerState, runtime: ManualRuntime) -> None:
+    dashboard = Dashboard(server)
+    server.collection.add("jobs", b"x")
+
+    def history() -> dict[str, Any]:
+        reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
+        assert reply is not None
+        return dict(json.loads(reply[2])["history"])
+
+    assert history()["items"] == []  # nothing kept before its page asked
+    for _ in range(3):
+        runtime.clock.advance(1000)
+        server.collection.add_many("jobs", [b"x"] * 10)
+        latest = history()
+    assert latest["items"][-2:] == [21, 31] and latest["in"][-1] == 10.0
+
+
+def test_the_state_of_a_queue() -> None:
+    config = QueueConfig(max_memory_size=1000)
+    plain = {"read_only": 0, "read_behind": 0, "memory_target": 1000}
+    assert queue_state(plain, config, flow_control=False) == "serving"
+    assert queue_state(plain | {"read_behind": 1}, config, False) == "read-behind"
+    assert queue_state(plain | {"read_behind": 1, "memory_target": 200}, config, False) == "paged out"
+    assert queue_state(plain, config, flow_control=True) == "flow-controlled"
+    assert queue_state(plain | {"read_only": 1}, config, flow_control=True) == "read-only"
+
+
+def test_a_queue_paged_out_by_the_memory_budget_and_one_in_read_behind(tmp_path: Path,
+                                                                         runtime: ManualRuntime) -> None:
+    config = ServerConfig(queue_path=str(tmp_path / "queues"), max_memory_total=1 << 20,
+                          queues=QueueConfigs({}, {"small": {"max_memory_size": 2000}}))
+    state = ServerState(config, runtime=runtime)
+    state.collection.load()
+    try:
+        coll = state.collection
+        coll.add_many("paged", [b"x" * 1000] * 50)
+        coll.add_many("small", [b"x" * 1000] * 5)  # past its own max_memory_size
+        paged = coll.queue("paged")
+        paged.set_memory_target(4000)  # the governor's share for it, under its max_memory_size
+        assert paged.shed() > 0
+        page = overview(Dashboard(state))
+        assert rows(page)["paged"]["state"] == "paged out" and rows(page)["small"]["state"] == "read-behind"
+        assert page["server"]["max_memory_total"] == 1 << 20  # the budget, for the page's memory card
+    finally:
+        state.close()
+
+
+def test_the_commit_log_shows_when_it_is_on(tmp_path: Path, runtime: ManualRuntime) -> None:
+    state = ServerState(ServerConfig(queue_path=str(tmp_path / "queues"), commit_log=True), runtime=runtime)
+    state.collection.load()
+    try:
+        log = overview(Dashboard(state))["commit_log"]
+        assert log is not None and log["segments"] == 1 and log["checkpoints"] == 0
+    finally:
+        state.close()
+
+
+def test_a_refused_queue_has_a_row_and_a_page_with_its_damage_and_remedy(tmp_path: Path, runtime: ManualRuntime) -> None:
+    _damage(tmp_path / "queues")
+    state = ServerState(ServerConfig(queue_path=str(tmp_path / "queues")), runtime=runtime)
+    state.collection.load()
+    try:
+        dashboard = Dashboard(state)
+        page = overview(dashboard)
+        assert rows(page)["bad"]["state"] == "refused" and rows(page)["good"]["items"] == 2
+        error = state.collection.refused["bad"]
+        assert page["refused_queues"] == {"bad": str(error)} and page["refused_remedies"] == {"bad": error.remedy()}
+        reply = dashboard.respond("/dashboard/queue.json", "name=bad", None)
+        assert reply is not None
+        document = json.loads(reply[2])
+        assert document["refused"]["damage"] == str(error) and document["refused"]["remedy"] == error.remedy()
+    finally:
+        state.close()
+
+
+def test_the_page_and_its_files_are_served_under_a_policy_that_keeps_it_to_its_origin(server: ServerState) -> None:
+    dashboard = Dashboard(server)
+    index = dashboard.respond("/", "", None)
+    assert index is not None
+    status, headers, body = index
+    assert status == "200 OK" and dict(headers)["Content-Type"].startswith("text/html")
+    assert dict(headers)["Content-Security-Policy"] == POLICY
+    assert "default-src 'none'" in POLICY and "script-src 'self'" in POLICY and "connect-src 'self'" in POLICY
+    for path in re.findall(rb'(?:src|href)="([^"#]+)"', body):  # every file the page loads is served here
+        if path == b"/stats.json":
+            continue  # the link to the JSON for a browser without JavaScript
+        reply = dashboard.respond(path.decode(), "", None)
+        assert reply is not None and reply[0] == "200 OK", path
+        assert path.startswith(b"/dashboard/")
+    js = dashboard.respond("/dashboard/dashboard.js", "", None)
+    assert js is not None
+    etag = dict(js[1])["ETag"]
+    again = dashboard.respond("/dashboard/dashboard.js", "", etag)
+    assert again is not None and again[0] == "304 Not Modified" and again[2] == b"" and dict(again[1])["ETag"] == etag
+    for outside in ("/dashboard/../pages.py", "/dashboard/pages.py", "/dashboard/uplot/LICENSE", "/index.html",
+                    "/dashboard/uplot/README.md", "/dashboard/"):
+        assert dashboard.respond(outside, "", None) is None, outside
+    missing = dashboard.respond("/dashboard/queue.json", "name=nowhere", None)
+    assert missing is not None and missing[0] == "404 Not Found"
+
+
+def test_the_page_names_no_other_origin() -> None:
+    """No URL with a scheme or a host in the page's own files (the charting library's one comment,
+    naming where it comes from, aside): it loads nothing from elsewhere, whatever the network."""
+    files = load_static()
+    assert set(files) == {"/", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/favicon.svg",
+                          "/dashboard/uplot/uPlot.iife.min.js", "/dashboard/uplot/uPlot.min.css"}
+    for path, served in files.items():
+        text = served.body.decode()
+        if path.endswith("uPlot.iife.min.js"):
+            text = text.replace("/*! https://github.com/leeoniya/uPlot (v1.6.32) */", "")
+        if path.endswith(".svg"):
+            text = text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a namespace, not a request
+        assert not re.search(r"(https?:|wss?:)?//[a-z0-9.-]+\.[a-z]{2,}", text, re.IGNORECASE), path
+
+
+def test_the_charting_library_is_the_version_recorded_beside_it() -> None:
+    recorded = STATIC.joinpath("uplot", "README.md").read_text()
+    version = re.search(r"\| version \| ([\d.]+) \|", recorded)
+    assert version is not None
+    banner = STATIC.joinpath("uplot", "uPlot.iife.min.js").read_text()[:100]
+    assert f"(v{version.group(1)})" in banner
+    assert "MIT" in recorded and "Permission is hereby granted" in STATIC.joinpath("uplot", "LICENSE").read_text()
+
+
+def test_the_admin_port_serves_the_page_and_json_counting_connections_by_protocol(server_factory: Any) -> None:
+    srv: ServerProcess = server_factory()
+    admin = f"http://127.0.0.1:{srv.admin_port}"
+    with urllib.request.urlopen(admin + "/") as reply:
+        assert reply.headers["Content-Security-Policy"] == POLICY and b"dashboard.js" in reply.read()
+    with socket.create_connection(("127.0.0.1", srv.memcache_port)) as mc, \
+            socket.create_connection(("127.0.0.1", srv.text_port)) as text:
+        for s, request in ((mc, b"version\r\n"), (text, b"status\n")):
+            s.sendall(request)
+            assert s.recv(100)  # each connection has its session now
+        with urllib.request.urlopen(admin + "/stats.json") as reply:
+            stats = json.loads(reply.read())
+        with urllib.request.urlopen(admin + "/dashboard/overview.json") as reply:
+            page = json.loads(reply.read())
+    assert stats["connections"] == page["connections"] == {"memcache": 1, "text": 1}
+    assert stats["status"] == page["status"] == stats["enforced_status"] == "Up"
+    assert stats["server_sets"] is None and stats["commit_log"] is None
+    request = urllib.request.Request(admin + "/dashboard/overview.json", method="POST", data=b"")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 404  # read-only
+
+
+def test_a_queue_page_gives_its_settings_as_the_server_holds_them(server: ServerState) -> None:
+    # Sizes in bytes, times in ms and None for none: the page words them (`dump_config` writes them
+    # as the config file does, which a page cannot read back as numbers).
+    dashboard = Dashboard(server)
+    server.collection.add_many("jobs", [b"abc"])
+    reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
+    assert reply is not None
+    settings = {s["name"]: s["value"] for s in json.loads(reply[2])["settings"]}
+    config = server.collection.config_for("jobs")
+    assert settings["sync_journal"] == config.sync_journal and settings["max_age"] == config.max_age
+    assert settings["error_queue"] is None and settings["max_memory_size"] == config.max_memory_size

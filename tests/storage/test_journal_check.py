@@ -1,0 +1,109 @@
+"""`kestrel journal check`: what a start-up would find and what --salvage would set aside, told
+before anything moves, and nothing changed by telling it."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2.reader import read_journal
+from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.runtime import ManualRuntime
+from kestrel.storage.tools import check
+from tests.conftest import ROOT
+from tests.support.queues import aside, drain
+
+T0 = 1_700_000_000_000
+ITEM = b"x" * 200
+
+
+def every_file(path: Path) -> dict[str, bytes | None]:
+    """Every file and directory under `path`, with the bytes of each file."""
+    return {str(f.relative_to(path)): (f.read_bytes() if f.is_file() else None) for f in sorted(path.rglob("*"))}
+
+
+def run(path: Path, *queues: str) -> tuple[int, str]:
+    out = io.StringIO()
+    args = type("Args", (), {"queue_path": str(path), "queues": list(queues)})()
+    return check.run(args, out, io.StringIO()), out.getvalue()  # type: ignore[arg-type]
+
+
+def rotated_queue(path: Path, **settings: object) -> None:
+    coll = QueueCollection(str(path), QueueConfigs({}, {"q": {"max_memory_size": 4096,
+                                                               "max_journal_size": 1 << 30, **settings}}))
+    coll.load()
+    for i in range(300):
+        coll.add("q", b"%04d" % i + ITEM)
+    coll.add("other", b"fine")
+    coll.close()
+
+
+def test_a_clean_queue_path_is_ok(tmp_path: Path) -> None:
+    rotated_queue(tmp_path)
+    before = every_file(tmp_path)
+    code, out = run(tmp_path)
+    assert code == 0 and "q (kestrel2): ok; 300 items" in out and "other (kestrel2): ok; 1 items" in out
+    assert every_file(tmp_path) == before
+
+
+def test_damage_is_reported_with_what_salvage_would_set_aside_and_salvage_does_just_that(tmp_path: Path) -> None:
+    rotated_queue(tmp_path)
+    rotated = sorted(p for p in tmp_path.iterdir() if p.name[2:].isdigit())
+    damaged = rotated[1]
+    count = sum(isinstance(r, codec.AddX) for _, r in read_journal(str(damaged)))
+    data = bytearray(damaged.read_bytes())
+    data[40] ^= 0x20
+    damaged.write_bytes(bytes(data))
+    before = every_file(tmp_path)
+    code, out = run(tmp_path)
+    assert code == 1
+    assert "q (kestrel2): damaged" in out and f"{damaged} at offset 0: changed" in out
+    assert f"--salvage would set aside {damaged.name} ({count} items), and keep every other file" in out
+    assert "other (kestrel2): ok" in out
+    assert every_file(tmp_path) == before  # nothing changed, not even a directory created
+    coll = QueueCollection(str(tmp_path), salvage=True)
+    coll.load()
+    assert len(drain(coll, "q")) == 300 - count
+    coll.close()
+    assert [n.partition(".corrupt-")[0] for n in aside(tmp_path)] == [damaged.name]
+
+
+def test_a_commit_log_left_by_a_crash_is_reported_and_left_for_recovery(tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), commit_log=True,
+                           runtime=ManualRuntime(clock=FakeClock(T0)))
+    coll.load()
+    for n in range(5):
+        coll.add("q", b"item-%d" % n)
+    journal = tmp_path / "q"
+    journal.write_bytes(bytes(journal.stat().st_size))  # a power cut left zeros where the data was
+    before = every_file(tmp_path)
+    code, out = run(tmp_path, "q")
+    assert code == 0
+    assert "commit log: 5 records to write into the journals" in out
+    assert "a journal is repaired from the log, what it held kept as" in out and "q.replaced-" in out
+    assert every_file(tmp_path) == before
+    assert commit_log.pending(str(tmp_path))
+
+
+def test_a_queue_path_in_use_is_refused(tmp_path: Path) -> None:
+    rotated_queue(tmp_path)
+    lock = QueuePathLock(str(tmp_path))
+    lock.acquire("kestrel serve")
+    try:
+        code, _ = run(tmp_path)
+        assert code == 3
+    finally:
+        lock.release()
+
+
+def test_kestrel_journal_check_on_the_command_line(tmp_path: Path) -> None:
+    rotated_queue(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "kestrel", "journal", "check", str(tmp_path), "q"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("q (kestrel2): ok")

@@ -1,0 +1,100 @@
+"""What the admin page reads of a queue, from the engine itself: how long the head item has waited,
+its format, read-behind, its files with what its manifest records of each, and where the readers
+of a Kestrel 3 writer journal stand."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.crc32c import file_crc32c
+from kestrel.storage.queue import ReaderPosition
+from tests.support.queues import load_strictly
+
+ITEM = b"x" * 200
+
+
+def collection(path: Path, clock: FakeClock | None = None, **settings: object) -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({}, {"q": dict(settings)}), clock=clock or FakeClock())
+    return load_strictly(coll)
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_stats_say_how_long_the_head_item_has_waited_and_in_which_format(tmp_path: Path, fmt: str) -> None:
+    clock = FakeClock()
+    coll = collection(tmp_path, clock, journal_format=fmt)
+    assert coll.queue("q").stats()["head_wait_ms"] == 0  # empty
+    coll.add("q", b"first")
+    clock.advance(1500)
+    coll.add("q", b"second")
+    clock.advance(1000)
+    stats = coll.queue("q").stats()
+    assert stats["head_wait_ms"] == 2500 and stats["journal_format"] == int(fmt[-1])
+    assert coll.remove("q") is not None
+    assert coll.queue("q").stats()["head_wait_ms"] == 1000  # the next item is the head now
+    coll.close()
+
+
+def test_stats_say_when_items_wait_on_disk(tmp_path: Path) -> None:
+    coll = collection(tmp_path, max_memory_size=1000)
+    coll.add("q", ITEM)
+    assert coll.queue("q").stats()["read_behind"] == 0
+    for _ in range(10):
+        coll.add("q", ITEM)
+    assert coll.queue("q").stats()["read_behind"] == 1
+    while coll.remove("q") is not None:
+        pass
+    assert coll.queue("q").stats()["read_behind"] == 0
+    coll.close()
+
+
+def test_a_kestrel2_queue_lists_its_journals_with_what_the_manifest_records(tmp_path: Path) -> None:
+    coll = collection(tmp_path, max_memory_size=4096, max_journal_size=1 << 30)
+    for i in range(300):
+        coll.add("q", b"%04d" % i + ITEM)
+    for _ in range(50):
+        assert coll.remove("q") is not None
+    coll.queue("q").wait_for_packing()  # every rotated journal is in the manifest
+    files = coll.queue("q").journal_files()
+    *rotated, live = files
+    assert len(rotated) >= 2 and live.name == "q" and live.role == "live journal"
+    assert live.size == os.path.getsize(tmp_path / "q")
+    for f in rotated:
+        assert f.role == "rotated journal" and f.size == os.path.getsize(tmp_path / f.name)
+        assert f.manifest == f"{f.size} bytes with CRC32C {file_crc32c(str(tmp_path / f.name), f.size):08x}"
+    coll.close()
+    again = collection(tmp_path, max_memory_size=4096, max_journal_size=1 << 30)
+    checked = again.queue("q").journal_files()
+    assert [f.name for f in checked] == [f.name for f in files]
+    assert all(f.manifest.endswith("; matched at start-up") for f in checked[:-1])
+    again.close()
+
+
+def test_a_kestrel3_queue_lists_its_readers_and_their_files(tmp_path: Path) -> None:
+    coll = collection(tmp_path, journal_format="kestrel3", default_journal_size=2000)
+    coll.queue("q+child")
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    for _ in range(100):
+        assert coll.remove("q") is not None
+    opened = [coll.remove("q+child", transaction=True) for _ in range(3)]
+    assert all(opened)
+    assert coll.confirm("q+child", opened[2].xid)  # consumed above the two still open
+    positions = coll.queue("q").reader_positions()
+    assert positions == coll.queue("q+child").reader_positions() == [
+        ReaderPosition("q", head=100, done_above=0, items=900, open_reads=0, tail=1000),
+        ReaderPosition("q+child", head=0, done_above=1, items=997, open_reads=2, tail=1000)]
+    coll.queue("q").wait_for_packing()  # every rotated writer file is sealed in the manifest
+    files = coll.queue("q").journal_files()
+    writers = [f for f in files if f.role == "writer file"]
+    checkpoints = [f.name for f in files if f.role == "reader checkpoint"]
+    assert len(writers) >= 3 and checkpoints == ["q.read.", "q.read.child"]
+    assert all(f.size == os.path.getsize(tmp_path / f.name) for f in files)
+    for f in writers[:-1]:
+        assert f.manifest == f"{f.size} bytes with CRC32C {file_crc32c(str(tmp_path / f.name), f.size):08x}"
+    assert writers[-1].manifest.startswith(("not listed yet", "listed, without a checksum"))  # it grows
+    coll.close()

@@ -1,0 +1,100 @@
+"""One torn-tail rule for every log the server reads (src/kestrel/storage/torn_tail.py): the same
+shape gets the same answer in a Kestrel 2 journal, a Kestrel 3 writer file and the commit log.
+
+- A record whose size field was damaged into running past the end of the last file, with whole
+  records after it, is damage: refused, never cut off as a torn write (which would drop them).
+- Zeros to the end of the last file (a power cut: the size reached the disk, the data did not) and
+  the first bytes of one record are a torn write: cut off, a copy kept.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.kestrel2 import codec
+from tests.support.queues import aside, drain, load_strictly
+
+T0 = 1_700_000_000_000
+FORMATS = ["kestrel2", "kestrel3", "commit log"]
+WRITER = bytes([0x27, 0x64, 0x26, 0x03])
+READER = bytes([0x26, 0x3C, 0x26, 0x03])
+
+
+def put(item_id: int, data: bytes) -> bytes:
+    """A Kestrel 3 PUT of six header words: its size field is at offset 1."""
+    return bytes([0x86]) + struct.pack("<iiQq", len(data), 0, item_id, T0) + data
+
+
+def records(fmt: str, count: int) -> list[bytes]:
+    """`count` records of one item each, in the format's own layout (each one's size at offset 1
+    for the journals, 0 for the log)."""
+    if fmt == "kestrel2":
+        return [codec.encode_addx(T0, 0, b"item-%02d" % n) for n in range(count)]
+    if fmt == "kestrel3":
+        return [put(n + 1, b"item-%02d" % n) for n in range(count)]
+    return [commit_log.encode_record("q", 0, 12 * n, b"item-%02d" % n) for n in range(count)]
+
+
+def lay_out(path: Path, fmt: str, body: bytes) -> Path:
+    """A queue path whose last log file holds `body`; the file."""
+    if fmt == "kestrel2":
+        (path / "q").write_bytes(body)
+        return path / "q"
+    if fmt == "kestrel3":
+        (path / f"q.{T0}").write_bytes(WRITER + body)
+        (path / "q.read.").write_bytes(READER + bytes([0x02]) + bytes(8))  # the default reader, at its start
+        return path / f"q.{T0}"
+    folder = Path(commit_log.directory(str(path)))
+    folder.mkdir(parents=True)
+    (folder / "1").write_bytes(commit_log.MARK + body)
+    return folder / "1"
+
+
+def load(path: Path, fmt: str) -> list[bytes]:
+    """What a start-up serves from the queue path (the log's records: what it holds)."""
+    if fmt == "commit log":
+        segment = commit_log.read_segment(commit_log.segment_paths(str(path))[0], last=True)
+        if segment.damage:
+            raise CorruptJournalError(segment.path, segment.damage[0].at, None, segment.damage[0].reason)
+        return [r.data for _, r in segment.records]
+    journal_format = "kestrel2" if fmt == "kestrel2" else "kestrel3"
+    coll = load_strictly(QueueCollection(str(path), QueueConfigs({"journal_format": journal_format}),
+                                         clock=FakeClock(T0)))
+    got = drain(coll, "q")
+    coll.close()
+    return got
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bit", [20, 27])
+def test_a_size_field_damaged_past_the_end_with_whole_records_after_it_is_refused(
+        tmp_path: Path, fmt: str, bit: int) -> None:
+    parts = records(fmt, 12)
+    field = 0 if fmt == "commit log" else 1
+    at = sum(map(len, parts[:6])) + field
+    body = bytearray(b"".join(parts))
+    body[at + bit // 8] ^= 1 << (bit % 8)  # the record claims megabytes: it runs past the end
+    path = lay_out(tmp_path, fmt, bytes(body))
+    before = path.read_bytes()
+    with pytest.raises(CorruptJournalError) as err:
+        load(tmp_path, fmt)
+    assert err.value.path == str(path) and err.value.offset == path.stat().st_size - len(body) + at - field
+    assert path.read_bytes() == before and aside(tmp_path) == {}  # nothing cut
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tail", ["zeros", "torn"])
+def test_zeros_or_a_torn_record_at_the_end_of_the_last_file_are_cut_off_keeping_a_copy(
+        tmp_path: Path, fmt: str, tail: str) -> None:
+    whole = records(fmt, 3)
+    cut = bytes(37) if tail == "zeros" else records(fmt, 4)[3][:-3]
+    lay_out(tmp_path, fmt, b"".join(whole) + cut)
+    assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
+    if fmt != "commit log":  # the log's own recovery cuts it (tests/storage/test_commit_log.py)
+        assert list(aside(tmp_path).values()) == [cut]  # what was cut off, and nothing else
