@@ -15,6 +15,7 @@ Every call's time-out is the stream's `timeoutMs` (or the client's default for a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class Reachability:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.servers, self.fail_after_s, self.what, self.clock = servers, fail_after_s, what, clock
         self.down: dict[str, _Down] = {}
+        self.lock = threading.Lock()  # planning and the stream's keeper both report
 
     def due(self, server: str) -> bool:
         down = self.down.get(server)
@@ -96,35 +98,43 @@ class Reachability:
     def failed(self, server: str, call: str, error: BaseException, started: float | None = None) -> None:
         """`call` to `server` failed; `started` (monotonic) is when it was sent, where the outage
         began at the latest (a call that times out is reported only when its time is up)."""
-        now = self.clock()
-        down = self.down.get(server)
-        if down is None:
-            self.down[server] = _Down(now if started is None else started, now + RETRY_S, now, 1, str(error))
-            log.warning("server unreachable; going on without it, asking again every second",
-                        server=server, call=call, error=str(error))
-            return
-        down.retry_at, down.attempts, down.error = now + RETRY_S, down.attempts + 1, str(error)
-        if now - down.logged_at >= LOG_EVERY_S:
-            down.logged_at = now
-            log.warning("server still unreachable", server=server, call=call, down_s=round(now - down.since),
-                        attempts=down.attempts, error=str(error))
+        with self.lock:
+            now = self.clock()
+            down = self.down.get(server)
+            if down is None:
+                since = now if started is None else started
+                self.down[server] = _Down(since, now + RETRY_S, now, 1, str(error))
+                log.warning("server unreachable; going on without it, asking again every second",
+                            server=server, call=call, error=str(error))
+                return
+            down.retry_at, down.attempts, down.error = now + RETRY_S, down.attempts + 1, str(error)
+            if now - down.logged_at >= LOG_EVERY_S:
+                down.logged_at = now
+                log.warning("server still unreachable", server=server, call=call,
+                            down_s=round(now - down.since), attempts=down.attempts, error=str(error))
 
     def answered(self, server: str) -> None:
-        down = self.down.pop(server, None)
-        if down is not None:
-            log.info("server reachable again", server=server, down_s=round(self.clock() - down.since, 1),
-                     attempts=down.attempts)
+        with self.lock:
+            down = self.down.pop(server, None)
+            if down is not None:
+                log.info("server reachable again", server=server,
+                         down_s=round(self.clock() - down.since, 1), attempts=down.attempts)
 
     def check(self) -> None:
         """Raises ServersUnreachable when no server has answered for `fail_after_s`."""
-        if not self.fail_after_s or len(self.down) < len(self.servers):
-            return
-        all_down_s = self.clock() - max(d.since for d in self.down.values())
-        if all_down_s >= self.fail_after_s:
-            errors = "; ".join(f"{s}: {self.down[s].error}" for s in self.servers)
-            raise ServersUnreachable(
-                f"{self.what}: no server answered for {all_down_s:.0f} s (unreachableTimeoutMs is "
-                f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
+        with self.lock:
+            if not self.fail_after_s or len(self.down) < len(self.servers):
+                return
+            all_down_s = self.clock() - max(d.since for d in self.down.values())
+            if all_down_s >= self.fail_after_s:
+                errors = "; ".join(f"{s}: {self.down[s].error}" for s in self.servers)
+                raise ServersUnreachable(
+                    f"{self.what}: no server answered for {all_down_s:.0f} s (unreachableTimeoutMs is "
+                    f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
+
+    def down_now(self) -> list[str]:
+        with self.lock:
+            return sorted(self.down)
 
 
 _ID, _DATA, _ADDED, _EXPIRY = map(attrgetter, ("id", "data", "add_time_msec", "expiry_msec"))

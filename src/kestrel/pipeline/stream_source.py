@@ -9,10 +9,11 @@ How a micro-batch lives:
    wrote, takes its share as open reads and writes them, with their read ids, to the write-ahead
    log under the checkpoint before Spark sees a row. A replayed batch reads the log instead of
    the servers, so it yields the same rows.
-3. Committing: once Spark's commit log shows the batch committed by the sink (checked at every
-   planning, so an idle stream commits too) or Spark calls `commit`, its read ids are confirmed.
-   A confirm the server could not take stays pending in the log and is tried again at the next
-   planning or commit, never dropped.
+3. Committing: once Spark's commit log shows the batch committed by the sink (checked whenever a
+   planning or Spark's `commit` wakes the driver's keeper thread, so an idle stream commits too),
+   its read ids are confirmed, off the planning's path, while the next batch is fetched; a
+   planning with nothing to take confirms at once (an AvailableNow query ends after it). A confirm
+   the server could not take stays pending in the log and is tried again, never dropped.
 
 Reads in flight are handed to the log, not renewed: Kestrel has no call that extends an open read,
 so reads older than half of `autoAbortMs` are confirmed early, their items already safe in the log
@@ -191,7 +192,10 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.depth: dict[tuple[str, str], int] = {}  # items waiting, as the latest planning saw them
         self.last_batch: dict[str, int] = {}  # the latest committed batch: its items, its longest fetch
         self.token = ""
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # planning's state: what the servers hold, what is left to take
+        self.confirming = threading.Lock()  # the log's files, confirmed by one thread at a time
+        self._committed_hint = -1  # the latest batch Spark said it committed (its commit log may lag)
+        self._wake = threading.Event()  # committed batches may wait to be confirmed
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
 
@@ -324,7 +328,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError(ONCE_REFUSED)
         with self.lock:
             self._start()
-            self._confirm_up_to(self.spark_log.committed())
+            self._wake.set()  # the keeper confirms what the sink committed, while this batch goes on
             found = self._waiting(strict=False)
             self.reach.check()
             waiting = {k: n for k, (n, _) in found.items()}
@@ -333,6 +337,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             take = share(waiting, cap)
             if not take:
+                # Nothing to fetch meanwhile, and an AvailableNow query ends here: confirm now.
+                with self.confirming:
+                    self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
                 return start
             if self.available_now is not None:
                 for k, n in take.items():
@@ -354,7 +361,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for (address, queue), n in sorted(self.depth.items()):
                 waiting.setdefault(address, {})[queue] = n
             report: dict[str, Any] = {"source": self.source_key, "waiting": waiting,
-                                      "down": sorted(self.reach.down)}
+                                      "down": self.reach.down_now()}
             if self.last_batch:
                 report["lastBatch"] = self.last_batch
         return report
@@ -396,8 +403,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- committing -----------------------------------------------------------------------------
 
     def commit(self, end: dict[str, Any]) -> None:
-        with self.lock:
-            self._confirm_up_to(int(end.get("batch", -1)))
+        self._committed_hint = max(self._committed_hint, int(end.get("batch", -1)))
+        self._wake.set()
 
     def _confirm_up_to(self, committed: int) -> None:
         """Confirm the reads of every logged batch the sink has committed, then forget the batch.
@@ -472,10 +479,17 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return int(at.opened_at) == header.opened_at
 
     def _keep_reads_alive(self) -> None:
-        """Confirm in-flight reads at half their auto-abort time (their items are in the log)."""
+        """Confirm the batches the sink committed when woken (at every planning and commit), off the
+        planning's path, so that the next batch is fetched meanwhile; and in-flight reads at half
+        their auto-abort time (their items are in the log)."""
         period = self.auto_abort_ms * KEEPER_PERIOD / 1000.0
-        while not self._stopped.wait(period):
-            with self.lock:
+        while True:
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            with self.confirming:
+                self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
                 for batch in wal.batches(self.root):
                     for path in wal.batch_files(self.root, batch):
                         if wal.is_confirmed(path):
@@ -489,8 +503,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         next query from this checkpoint replays that batch from the log and confirms them (or,
         after autoAbortMs, they return to their queue)."""
         self._stopped.set()
-        with self.lock:
-            self._confirm_up_to(self.spark_log.committed())
+        self._wake.set()
+        with self.confirming:
+            self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.cluster.close()
 
