@@ -2,7 +2,8 @@
 
 Our server over Thrift and over memcache, beside Redis in the same run: every server starts afresh,
 its RSS is read from /proc before the clients connect, once all of them have been answered and
-wait, and a second after they have all closed.
+wait, and after they have all closed, once it has stopped falling (our server gives memory back a
+second after a wave of closes: src/kestrel/service/memory_return.py).
 
     .venv/bin/python -m bench.bench_idle_connections [--connections 10000]
 """
@@ -46,8 +47,20 @@ def measure(pid: int, port: int, protocol: str, connections: int) -> tuple[int, 
     finally:
         for s in clients:
             s.close()
-    time.sleep(1.0)  # the server notices the closes and frees what the connections held
-    return before, held, rss_kb(pid)
+    return before, held, settled_rss_kb(pid)
+
+
+def settled_rss_kb(pid: int, quiet_s: float = 3.0, limit_s: float = 30.0) -> int:
+    """RSS once it has not fallen for `quiet_s` (the server has noticed the closes and freed what
+    it frees), or after `limit_s`."""
+    started = last_drop = time.monotonic()
+    low = rss_kb(pid)
+    while time.monotonic() - last_drop < quiet_s and time.monotonic() - started < limit_s:
+        time.sleep(0.2)
+        now = rss_kb(pid)
+        if now < low:
+            low, last_drop = now, time.monotonic()
+    return low
 
 
 def servers(work: Path) -> Iterator[tuple[str, Callable[[], contextlib.AbstractContextManager[peers.Running]],
@@ -70,14 +83,15 @@ def main() -> None:
 
     print(f"{args.connections:,} idle connections, each after one request; {machine()}; "
           f"load average {load_average()}")
-    print(f"{'server':<20} {'RSS before':>11} {'RSS held':>10} {'per client':>11} {'RSS after close':>16}")
+    print(f"{'server':<20} {'RSS before':>11} {'RSS held':>10} {'per client':>11} {'RSS after close':>16} "
+          f"{'kept':>8}")
     with tempfile.TemporaryDirectory() as work:
         for name, start, port_name, protocol in servers(Path(work)):
             with start() as running:
                 before, held, after = measure(running.pid, running[port_name], protocol, args.connections)
             per = (held - before) / args.connections
             print(f"{name:<20} {before / 1024:>8.1f} MB {held / 1024:>7.1f} MB {per:>8.1f} KB "
-                  f"{after / 1024:>13.1f} MB")
+                  f"{after / 1024:>13.1f} MB {(after - before) / 1024:>5.1f} MB")
 
 
 if __name__ == "__main__":

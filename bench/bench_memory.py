@@ -6,8 +6,11 @@ throughput of a producer/consumer pair on a 501st queue ("hot": a put of 20 item
 then a get of 20 on another, in turn) before the backlogs exist and again once they do, best of
 three runs, with the server's CPU time per item. The pair
 should keep at least 0.8x its throughput: its head stays in memory while the backlogs page out.
+Last the server restarts on its backlogs: the time to start (the replay), its peak RSS meanwhile and
+its RSS once serving, which under a budget should be what it ran in.
 
     .venv/bin/python -m bench.bench_memory [--queues 500] [--mb 4] [--budget 64MB] [--seconds 5]
+                                           [--source DIR]
 """
 
 from __future__ import annotations
@@ -71,9 +74,12 @@ def pair(srv: ServerProcess, seconds: float, repeat: int = 3) -> tuple[float, fl
         consumer.close()
 
 
-def run(budget: str, queues: int, megabytes: int, seconds: float) -> dict[str, float]:
+def run(budget: str, queues: int, megabytes: int, seconds: float, source: Path | None) -> dict[str, float]:
     home = Path(tempfile.mkdtemp(prefix="kestrel-memory-"))
-    srv = ServerProcess(home, {"max_memory_total": budget}).start()
+    srv = ServerProcess(home, {"max_memory_total": budget})
+    if source is not None:
+        srv.python_path = [str(source.resolve())]
+    srv.start()
     assert srv.proc is not None
     try:
         c = client(srv)
@@ -95,6 +101,12 @@ def run(budget: str, queues: int, megabytes: int, seconds: float) -> dict[str, f
         out["pair_backlogs"], out["cpu_backlogs"] = pair(srv, seconds)
         out["peak"] = rss_mb(srv.proc.pid, "VmHWM")
         c.close()
+        srv.stop()
+        started = time.perf_counter()
+        srv.start()
+        out["restart_s"] = time.perf_counter() - started
+        out["restart_peak"] = rss_mb(srv.proc.pid, "VmHWM")
+        out["restarted"] = rss_mb(srv.proc.pid)
         return out
     finally:
         srv.stop()
@@ -107,20 +119,22 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=4, help="MB of 1 KB items in each backlog")
     parser.add_argument("--budget", default="64MB")
     parser.add_argument("--seconds", type=float, default=3.0, help="each of the pair's three runs")
+    parser.add_argument("--source", type=Path, help="run the server from this source tree")
     args = parser.parse_args()
     print(f"# {machine()}; load {load_average()}")
     print(f"# {args.queues} queues x {args.mb} MB of {ITEM}-byte items; hot pair: put {PAIR_BATCH} then "
           f"get {PAIR_BATCH}, best of 3 x {args.seconds:g} s (server CPU us per item in brackets)")
-    rows = [(f"max_memory_total: {args.budget}", run(args.budget, args.queues, args.mb, args.seconds)),
-            ("max_memory_total: 0 (no budget)", run("0", args.queues, args.mb, args.seconds))]
+    rows = [(f"max_memory_total: {budget}", run(budget, args.queues, args.mb, args.seconds, args.source))
+            for budget in (args.budget, "0")]
     print("| server | RSS, queues empty | RSS, backlogs loaded | peak RSS | load | hot pair alone (CPU) "
-          "| hot pair beside the backlogs (CPU) | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| hot pair beside the backlogs (CPU) | ratio | restart: start-up, peak RSS, RSS serving |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, r in rows:
         ratio = r["pair_backlogs"] / r["pair_alone"]
         print(f"| {label} | {r['idle']:.0f} MB | {r['loaded']:.0f} MB | {r['peak']:.0f} MB "
               f"| {r['load_s']:.0f} s | {r['pair_alone']:,.0f} items/s ({r['cpu_alone']:.1f}) "
-              f"| {r['pair_backlogs']:,.0f} items/s ({r['cpu_backlogs']:.1f}) | {ratio:.2f}x |")
+              f"| {r['pair_backlogs']:,.0f} items/s ({r['cpu_backlogs']:.1f}) | {ratio:.2f}x "
+              f"| {r['restart_s']:.1f} s, {r['restart_peak']:.0f} MB, {r['restarted']:.0f} MB |")
     sys.stdout.flush()
 
 

@@ -10,12 +10,19 @@
  *   redis      RPUSH q v1..vBATCH / LPOP q [BATCH]; with -P, BATCH single-item commands pipelined
  *   beanstalk  put / reserve-with-timeout 0 / delete on tube q (BATCH > 1: pipelined)
  *
+ * With -Q QUEUES the clients share QUEUES queues (PREFIX0 .. PREFIX<QUEUES-1>) instead: with more queues
+ * than clients each client's rounds go round its share of them, one queue a round; with fewer, client
+ * k works on queue k mod QUEUES; every client then puts the same bytes. With -F FILL (memcache, redis)
+ * each queue first gets FILL items that stay there, so the queues the load visits are not empty. -W
+ * skips the warm-up round on each queue (an earlier run made them), so that a run with many queues
+ * spends its time on the load alone.
+ *
  * Taken items are checked against what was put (length for memcache, whose peer memcached keeps only
  * the last value of a key; bytes and order for the rest). Exit status 0 when every round got back
  * what it put, 1 on any error or lost item. No library beyond libc: cc -O2 -o loadgen loadgen.c
  *
  *   loadgen PROTOCOL PORT [-c CLIENTS] [-b BATCH] [-s SIZE] [-n ITEMS] [-t SECONDS] [-a MS]
- *           [-q PREFIX] [-H HOST] [-P] [-j]
+ *           [-q PREFIX] [-H HOST] [-P] [-j] [-Q QUEUES] [-F FILL] [-W]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -71,8 +78,9 @@ static double bucket_ns(int b) {                 /* the middle of a bucket's ran
 static report_t *me;
 static int sock = -1;
 static char queue[64];
-static int batch = 1, size = 128, pipelined, abort_ms;
+static int batch = 1, size = 128, pipelined, abort_ms, queues, fill, warm = 1;
 static char **items;
+static int clients_total;
 
 static void fail(const char *fmt, ...) {
     va_list ap;
@@ -470,6 +478,30 @@ static long beanstalk_round(void) {
     return got;
 }
 
+/* ---- filling a queue: FILL items put and left there (memcache and redis) ---- */
+
+static void fill_queue(const char *protocol) {
+    for (int j = 0; j < fill; j++) {
+        const char *item = items[j % batch];
+        if (!strcmp(protocol, "memcache")) {
+            emitf("set %s 0 0 %d\r\n", queue, size);
+            emit(item, (size_t)size);
+            emit("\r\n", 2);
+        } else {
+            resp_command(3, (const char *[]){"RPUSH", queue, item}, (size_t[]){5, strlen(queue), (size_t)size});
+        }
+    }
+    send_out();
+    for (int j = 0; j < fill; j++) {
+        if (!strcmp(protocol, "memcache")) {
+            char *line = take_line();
+            if (strcmp(line, "STORED") != 0) fail("memcache set while filling: %s", line);
+        } else {
+            resp_integer("RPUSH");
+        }
+    }
+}
+
 /* ---- the client process ---- */
 
 static void connect_to(const char *host, const char *port) {
@@ -490,8 +522,15 @@ static void connect_to(const char *host, const char *port) {
 
 static void client(int index, const char *protocol, const char *host, const char *port, const char *prefix,
                    long rounds, double seconds, int ready_fd, int start_fd) {
-    snprintf(queue, sizeof queue, "%s%d", prefix, index);
-    unsigned seed = 2654435761u * (unsigned)(index + 1);
+    /* Its queues: first + stride * r for r = 0 .. mine - 1 (one of its own without -Q). */
+    int first = index, stride = 1, mine = 1;
+    if (queues > 0) {
+        first = index % queues;
+        stride = clients_total;
+        mine = queues > index ? (queues - index + clients_total - 1) / clients_total : 1;
+    }
+    snprintf(queue, sizeof queue, "%s%d", prefix, first);
+    unsigned seed = 2654435761u * (unsigned)((queues > 0 ? 0 : index) + 1);
     items = calloc((size_t)batch, sizeof *items);
     ids = calloc((size_t)batch, sizeof *ids);
     jobs = calloc((size_t)batch, sizeof *jobs);
@@ -510,7 +549,11 @@ static void client(int index, const char *protocol, const char *host, const char
         send_out();
         for (int i = 0; i < 3; i++) take_line();
     }
-    round();                                      /* warm-up: creates the queue, not counted */
+    for (int r = 0; warm && r < mine; r++) {      /* warm-up: creates the queues, not counted */
+        snprintf(queue, sizeof queue, "%s%d", prefix, first + stride * r);
+        round();
+        if (fill) fill_queue(protocol);
+    }
     memset(me->count, 0, sizeof me->count);
     me->put = me->got = me->wrong = 0;
 
@@ -520,6 +563,7 @@ static void client(int index, const char *protocol, const char *host, const char
     if (read(start_fd, &c, 1) < 0) fail("start barrier");
     uint64_t start = now_ns(), deadline = seconds > 0 ? start + (uint64_t)(seconds * 1e9) : 0;
     for (long r = 0; rounds <= 0 || r < rounds; r++) {
+        if (mine > 1) snprintf(queue, sizeof queue, "%s%ld", prefix, first + stride * (r % mine));
         uint64_t t = now_ns();
         long got = round();
         uint64_t done = now_ns();
@@ -545,7 +589,8 @@ static double percentile(const uint64_t *count, uint64_t total, double p) {
 
 static void usage(void) {
     fprintf(stderr, "usage: loadgen thrift|memcache|redis|beanstalk PORT [-c CLIENTS] [-b BATCH] [-s SIZE]\n"
-                    "       [-n ITEMS per client] [-t SECONDS] [-a AUTO_ABORT_MS] [-q PREFIX] [-H HOST] [-P] [-j]\n");
+                    "       [-n ITEMS per client] [-t SECONDS] [-a AUTO_ABORT_MS] [-q PREFIX] [-H HOST] [-P] [-j]\n"
+                    "       [-Q QUEUES shared by the clients] [-F FILL items left in each queue] [-W: no warm-up]\n");
     exit(2);
 }
 
@@ -558,7 +603,7 @@ int main(int argc, char **argv) {
     long per_client = 0;
     double seconds = 0;
     optind = 3;
-    for (int o; (o = getopt(argc, argv, "c:b:s:n:t:a:q:H:Pj")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "c:b:s:n:t:a:q:H:PjQ:F:W")) != -1;) {
         switch (o) {
         case 'c': clients = atoi(optarg); break;
         case 'b': batch = atoi(optarg); break;
@@ -570,6 +615,9 @@ int main(int argc, char **argv) {
         case 'H': host = optarg; break;
         case 'P': pipelined = 1; break;
         case 'j': json = 1; break;
+        case 'Q': queues = atoi(optarg); break;
+        case 'F': fill = atoi(optarg); break;
+        case 'W': warm = 0; break;
         default: usage();
         }
     }
@@ -577,6 +625,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loadgen: CLIENTS, BATCH and SIZE must be positive, and -n or -t given\n");
         return 2;
     }
+    if (queues < 0 || fill < 0 || (fill && strcmp(protocol, "memcache") && strcmp(protocol, "redis")) ||
+        (queues && !strcmp(protocol, "beanstalk"))) {
+        fprintf(stderr, "loadgen: -Q and -F take a count; -F is for memcache and redis, -Q not for beanstalk\n");
+        return 2;
+    }
+    clients_total = clients;
     long rounds = per_client > 0 ? (per_client + batch - 1) / batch : 0;
 
     report_t *reports = mmap(NULL, sizeof(report_t) * (size_t)clients, PROT_READ | PROT_WRITE,

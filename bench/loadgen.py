@@ -65,11 +65,15 @@ class LoadResult:
 
 def run(binary: Path, protocol: str, port: int, *, clients: int = 4, batch: int = 1, size: int = 128,
         seconds: float = 0.0, items: int = 0, auto_abort_ms: int = 0, pipelined: bool = False,
-        prefix: str = "loadgen", timeout: float = 120.0) -> LoadResult:
+        prefix: str = "loadgen", timeout: float = 120.0, queues: int = 0, fill: int = 0,
+        warm_up: bool = True) -> LoadResult:
     """Run the generator for `seconds`, or for `items` per client; raise LoadgenError if anything failed.
 
     protocol is one of thrift, memcache, redis, beanstalk. `auto_abort_ms` makes Thrift gets open
-    reads that are then confirmed; `pipelined` makes Redis send a batch as single-item commands.
+    reads that are then confirmed; `pipelined` makes Redis send a batch as single-item commands;
+    `queues` makes the clients share that many queues (0: one each); `fill` leaves that many items
+    in each queue first (memcache, redis); without `warm_up` no round precedes the timed ones (the
+    queues are an earlier run's).
     """
     args = [str(binary), protocol, str(port), "-c", str(clients), "-b", str(batch), "-s", str(size),
             "-q", prefix, "-j"]
@@ -81,6 +85,12 @@ def run(binary: Path, protocol: str, port: int, *, clients: int = 4, batch: int 
         args += ["-a", str(auto_abort_ms)]
     if pipelined:
         args.append("-P")
+    if queues:
+        args += ["-Q", str(queues)]
+    if fill:
+        args += ["-F", str(fill)]
+    if not warm_up:
+        args.append("-W")
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     if not done.stdout.strip():
         raise LoadgenError(f"loadgen {protocol} on port {port} printed nothing: {done.stderr.strip()}")

@@ -19,6 +19,9 @@ from pathlib import Path
 from bench.common import free_port, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
+# The source tree our server runs from: this checkout's, or another's (a benchmark's `--source`,
+# to measure the code before a change beside the code after, in one run of this script).
+SOURCE = ROOT / "src"
 
 
 class MissingPeer(Exception):
@@ -86,7 +89,7 @@ def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: boo
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: {ports.get('admin', 0)}\ncommit_log: {commit_log}\n"
                       f"default_queue:\n  sync_journal: {sync}\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(SOURCE))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:
         yield running

@@ -213,6 +213,7 @@ class ServerProcess:
         self.open_files_limit: int | None = None  # RLIMIT_NOFILE for the server process
         self.child_setup: Callable[[], None] | None = None  # run in the server's process before exec
         self.python_path: list[str] = []  # put before the project on the server's PYTHONPATH
+        self.wrapper: list[str] = []  # a command the server runs under (e.g. setpriv)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -249,7 +250,7 @@ class ServerProcess:
                 self.config[key] = 0
         self.config_path.write_text(yaml.safe_dump(self.config))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT / "src")]))
-        command = [sys.executable, "-m", "kestrel", "serve", "--config", str(self.config_path)]
+        command = [*self.wrapper, sys.executable, "-m", "kestrel", "serve", "--config", str(self.config_path)]
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=str(self.workdir), stdout=log, stderr=log, env=env,

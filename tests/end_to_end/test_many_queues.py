@@ -89,6 +89,43 @@ def test_creating_a_queue_reads_no_directory(tmp_path: Path, monkeypatch: pytest
     again.close()
 
 
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_deleted_queue_named_again_is_created_reading_no_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     fmt: str) -> None:
+    """Deleting a queue lists the path to leave none of its files; naming it again then costs what a
+    new name costs, and it starts empty, before and after a restart."""
+    make_queues(tmp_path / "qs", 300)
+    configs = QueueConfigs({}, {name: {"journal_format": fmt} for name in ("gone", "kept")})
+    coll = QueueCollection(str(tmp_path / "qs"), configs)
+    coll.load()
+    for name in ("gone", "gone+child", "kept", "kept+child", "kept+other"):
+        coll.add(name, b"old")
+    scans: list[Any] = []
+    real_scandir = os.scandir
+
+    def scandir(path: Any) -> Any:
+        scans.append(path)
+        return real_scandir(path)
+
+    for name in ("gone+child", "gone", "kept+child"):
+        coll.delete(name)
+    monkeypatch.setattr(os, "scandir", scandir)
+    for name in ("gone", "gone+child", "kept+child"):
+        assert coll.add(name, b"new")
+    monkeypatch.undo()
+    assert scans == []
+    assert [i.data for i in [coll.remove("gone"), coll.remove("gone+child"), coll.remove("kept+child")]
+            if i is not None] == [b"new", b"new", b"new"]
+    coll.add_many("gone", [b"after"])
+    coll.close()
+    again = QueueCollection(str(tmp_path / "qs"), configs)
+    again.load()
+    assert [i.data for i in [again.remove("gone"), again.remove("gone")] if i is not None] == [b"after"]
+    assert [i.data for i in [again.remove("kept+other")] if i is not None] == [b"old"]
+    again.close()
+
+
 def test_two_thousand_queues_load_about_ten_times_slower_than_two_hundred(tmp_path: Path) -> None:
     make_queues(tmp_path / "small", 200)
     make_queues(tmp_path / "large", 2000)

@@ -4,22 +4,26 @@ answers every request, on every protocol, with an error naming it, the damage an
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 from thriftpy2.thrift import TApplicationException
 
 from kestrel.storage import QueueCollection
-from kestrel.storage.errors import QueueDamaged
+from kestrel.storage.errors import JournalWriteError, QueueDamaged
 from kestrel.storage.kestrel2.codec import AddX, encode
 from tests.conftest import ServerProcess
 from tests.server.test_shutdown import _thrift_client
-from tests.support.queues import drain
+from tests.support.privileges import as_plain_user, unwritable
+from tests.support.queues import drain, open_collection
 from tests.support.wire import conn, exchange, memcache_stats
 
 T0 = 1_700_000_000_000
@@ -124,3 +128,94 @@ def test_a_kestrel_client_reading_stats_finds_only_real_queue_names(server_facto
     for pattern in CLIENT_PATTERNS:
         found = {m.group(1) for line in lines if (m := pattern.match(line))}
         assert found == queues, pattern.pattern
+
+
+# ---------------------------------------------------------------------------------------------
+# A journal the server cannot write: refused alone at start-up, as a damaged one is
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_journal_the_collection_cannot_write_is_refused_at_load_and_left_as_it_is(tmp_path: Path,
+                                                                                     fmt: str) -> None:
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    coll.add_many("locked", [b"kept"])
+    coll.add_many("open", [b"served"])
+    coll.close()
+    journal = tmp_path / ("locked" if fmt == "kestrel2" else
+                          next(n for n in sorted(os.listdir(tmp_path)) if n.startswith("locked.")
+                               and n[len("locked."):].isdigit()))
+    before = journal.read_bytes()
+    with unwritable(journal):
+        coll = open_collection(tmp_path, {"journal_format": fmt})
+        assert sorted(coll.refused) == ["locked"] and drain(coll, "open") == [b"served"]
+        with pytest.raises(QueueDamaged, match=r"cannot be written.*write access") as refused:
+            coll.add_many("locked", [b"x"])
+        assert str(journal) in str(refused.value)
+        with pytest.raises(QueueDamaged):
+            coll.remove("locked+child")
+        coll.close()
+    assert journal.read_bytes() == before
+    coll = open_collection(tmp_path, {"journal_format": fmt})  # write access back: served again
+    assert drain(coll, "locked") == [b"kept"]
+    coll.close()
+
+
+def test_a_journal_that_stops_being_writable_makes_its_queue_read_only_counted_and_logged(tmp_path: Path) -> None:
+    """Found by a change rather than at start-up (the journal is opened by the first change): the
+    queue is read-only, the failure counted and logged, until a change finds it writable again."""
+    coll = open_collection(tmp_path)
+    coll.add_many("q", [b"one"])
+    coll.close()
+    coll = open_collection(tmp_path)
+    q = coll.queue("q")
+    with unwritable(tmp_path / "q"), capture_logs() as logs:
+        with pytest.raises(JournalWriteError):
+            coll.add_many("q", [b"refused"])
+        gevent.idle()
+        assert (q.read_only, q.journal_write_errors) == (True, 1)
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == [
+            "cannot write the journal; the queue is read-only until it can"]
+    assert coll.add_many("q", [b"two"]) == 1 and not q.read_only
+    assert drain(coll, "q") == [b"one", b"two"]
+    coll.close()
+
+
+def test_a_server_refuses_the_queue_whose_journal_another_user_owns_and_says_so_everywhere(
+        tmp_path: Path) -> None:
+    """A journal owned by another user, mode 644: the server (without root's power over files)
+    serves every other queue; this one is refused, in the log, stats, /stats.json, /metrics and
+    every protocol's error, naming the file and what to do."""
+    srv = ServerProcess(tmp_path)
+    srv.queue_path.mkdir(parents=True)
+    (srv.queue_path / "good").write_bytes(_addx(b"one"))
+    locked = srv.queue_path / "locked"
+    locked.write_bytes(_addx(b"kept"))
+    os.chown(locked, 65534, 65534)  # nobody
+    locked.chmod(0o644)
+    srv.wrapper = as_plain_user()
+    srv.start()
+    try:
+        assert "QUEUE REFUSED: its journal cannot be written" in srv.log() and str(locked) in srv.log()
+        with conn(srv.memcache_port) as s:
+            assert exchange(s, b"get good\r\n", b"END\r\n") == b"VALUE good 0 3\r\none\r\nEND\r\n"
+            for request in (b"get locked\r\n", b"set locked 0 0 1\r\nx\r\n"):
+                reply = exchange(s, request, b"\r\n").decode()
+                assert reply.startswith("SERVER_ERROR queue 'locked' is not served"), (request, reply)
+                assert "Permission denied" in reply and "write access" in reply
+        client = _thrift_client(srv.thrift_port)
+        try:
+            with pytest.raises(TApplicationException, match="queue 'locked' is not served.*write access"):
+                client.put("locked", [b"x"], 0)
+        finally:
+            client.close()
+        stats = memcache_stats(srv.memcache_port)
+        assert stats["refused_queues"] == "1" and stats["refused_queue_locked"] == "1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json") as reply:
+            body = json.loads(reply.read())
+        assert "Permission denied" in body["refused_queues"]["locked"]
+        refused = _metric(srv, "kestrel_queue_refused", "/metrics/per-queue")
+        assert [(s.labels["queue"], s.value) for s in refused] == [("locked", 1)]
+        assert [s.value for s in _metric(srv, "kestrel_refused_queues")] == [1]
+    finally:
+        assert srv.stop(signal.SIGTERM) == 0
+    assert locked.read_bytes() == _addx(b"kept")

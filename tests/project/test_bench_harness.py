@@ -50,6 +50,24 @@ def test_loadgen_reports_the_items_it_moved(binary: Path, server_factory: Any) -
             assert (stats["items"], stats["open_transactions"]) == (0, 0)
 
 
+def test_loadgen_spreads_its_load_over_shared_queues_and_fills_them(binary: Path, server: Any) -> None:
+    """-Q: 3 clients go round 10 queues (each its share, one a round); -F: each queue keeps its fill;
+    -W: a later run makes no warm-up round."""
+    result = loadgen.run(binary, "memcache", server.memcache_port, clients=3, items=8, queues=10, fill=2,
+                         prefix="spread")
+    assert (result.put, result.items, result.wrong) == (24, 24, 0)
+    stats = {q: queue_stats(server.memcache_port, f"spread{q}") for q in range(10)}
+    # Client 0 owns queues 0, 3, 6, 9 (8 rounds: two each), client 2 owns 2, 5, 8 (3, 3, 2).
+    assert [stats[q]["total_items"] - 1 - 2 for q in (0, 3, 6, 9)] == [2, 2, 2, 2]
+    assert [stats[q]["total_items"] - 1 - 2 for q in (2, 5, 8)] == [3, 3, 2]
+    assert all(s["items"] == 2 for s in stats.values())  # the fill stays; each round takes what it puts
+    again = loadgen.run(binary, "memcache", server.memcache_port, clients=3, items=3, queues=10,
+                        warm_up=False, prefix="spread")
+    assert again.items == 9
+    assert sum(queue_stats(server.memcache_port, f"spread{q}")["total_items"] for q in range(10)) == \
+        sum(s["total_items"] for s in stats.values()) + 9
+
+
 def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
     with pytest.raises(loadgen.LoadgenError, match="connect to 127.0.0.1"):
         loadgen.run(binary, "thrift", free_port(), clients=1, items=1)

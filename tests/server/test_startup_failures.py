@@ -18,6 +18,7 @@ import pytest
 
 from kestrel.service.config import EXAMPLE
 from tests.conftest import ROOT, STARTED, ServerProcess, free_port
+from tests.support.privileges import as_plain_user
 
 NO_LISTENERS = ["--thrift-port=0", "--memcache-port=0", "--text-port=0", "--admin-port=0"]
 
@@ -91,12 +92,7 @@ def test_a_queue_path_the_user_may_not_write(tmp_path: Path) -> None:
     parent = tmp_path / "spool"
     parent.mkdir()
     parent.chmod(0o555)
-    command: list[str] = []
-    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that let it
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
-        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    command = as_plain_user()  # root writes anywhere: without the capabilities that let it
     try:
         done = kestrel("--queue-path", str(parent / "kestrel"), *NO_LISTENERS, command=command)
     finally:

@@ -236,6 +236,68 @@ def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------
+# Start-up: the replay pages out under the same budget
+
+
+@FORMATS
+def test_a_restart_replays_every_backlog_under_the_budget(tmp_path: Path, journal_format: str) -> None:
+    """1.8 MB of backlogs written without a budget come back under one of 400 KB: each replay holds
+    what the budget has left (a floor at least) and leaves the rest on disk, for read-behind."""
+    names = [f"q{i}" for i in range(5)] + ["q0+audit"]
+    coll = make(tmp_path, journal_format)
+    coll.queue("q0+audit")
+    backlogs(coll, names[:5], 300_000)
+    coll.close()
+    coll, governor, runtime = governed(tmp_path, journal_format, 400_000)
+    assert coll.ledger.total == held_in_memory(coll) <= 400_000 + len(names) * 1000  # an item past a share
+    assert sum(coll.queue(name).in_read_behind for name in names) >= 4
+    runtime.advance(250)  # the first tick pages out what a replay's last item took past its share
+    assert governor.measure() <= 400_000
+    for name in names:
+        assert drain(coll, name) == [item(i, 1000) for i in range(300)], name
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost that follows the work
+
+
+@FORMATS
+def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, journal_format: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """While every queue's want fits the budget a tick measures only the queues that changed since
+    the last one, and an idle server's tick measures none; a budget that does not fit is planned
+    over every queue."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 10_000_000)
+    names = [f"q{i}" for i in range(200)]
+    for name in names:
+        coll.add_many(name, [item(0)])
+    measured: list[str] = []  # the queues a tick gives a target
+    set_memory_target = type(coll.queue("q0")).set_memory_target
+
+    def counted(q: Any, target: int) -> None:
+        measured.append(q.name)
+        set_memory_target(q, target)
+
+    monkeypatch.setattr(type(coll.queue("q0")), "set_memory_target", counted)
+    runtime.advance(250)
+    assert len(measured) == 200  # all new
+    measured.clear()
+    runtime.advance(1000)  # four idle ticks
+    assert measured == []
+    coll.add_many("q7", [item(1)])
+    coll.remove_many("q9", 1)
+    runtime.advance(250)
+    assert sorted(measured) == ["q7", "q9"]
+    target = coll.queue("q7").memory_target
+    assert coll.queue("q7").memory_bytes < target <= coll.queue("q7").config.max_memory_size
+    measured.clear()
+    backlogs(coll, ["big"], 10_500_000)  # now the wants do not fit: every queue is planned
+    runtime.advance(250)
+    assert set(measured) == {*names, "big"} and governor.measure() <= 10_000_000
+    assert drain(coll, "big") == [item(i, 1000) for i in range(10_500)]
+
+
+# ---------------------------------------------------------------------------------------------
 # The plan
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import gevent
 import pytest
 
 from kestrel.storage import QueueCollection
-from tests.support.queues import open_collection, reopen
+from kestrel.storage.queue import PersistentQueue
+from tests.support.queues import drain, load_strictly, open_collection, reopen
 
 FORMATS = ["kestrel2", "kestrel3"]
 
@@ -45,4 +47,24 @@ def test_a_fanout_child_created_and_left_empty_survives_a_restart(tmp_path: Path
     coll.queue("jobs+audit")
     again = reopen(coll)
     assert again.queue_names() == ["jobs", "jobs+audit"]
+    again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", ["jobs", "jobs+audit"])
+def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, fmt: str, name: str) -> None:
+    """Creating a queue may wait (a Kestrel 3 queue's first writer file is fsynced under `always`);
+    the clients naming it meanwhile wait for that queue rather than create a second one beside it
+    (two Kestrel 3 writers of one queue gave the same ids twice, and the next start refused it)."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": "always"})
+
+    def put(who: int) -> PersistentQueue:
+        coll.add_many(name, [b"%d-%d" % (who, i) for i in range(3)])
+        return coll.queue(name)
+
+    puts = [gevent.spawn(put, who) for who in range(4)]
+    gevent.joinall(puts, raise_error=True)
+    assert len({id(p.value) for p in puts}) == 1 and coll.queue_creates == 1 + ("+" in name)
+    again = load_strictly(reopen(coll))
+    assert sorted(drain(again, name)) == sorted(b"%d-%d" % (who, i) for who in range(4) for i in range(3))
     again.close()

@@ -1,5 +1,6 @@
-"""Replay's fast path for common records (`codec.decode_common`, `QueueReplay.apply_common`)
-against the general path it shortcuts: the read-only replay decodes every record one by one.
+"""Replay's fast paths for common records (`codec.decode_common`, `QueueReplay.apply_common`, and in
+read-behind `apply_behind`) against the general path they shortcut: the read-only replay decodes
+every record one by one.
 
 Journals mix every record kind, item data full of bytes that read as opcodes (so the flipped-bit
 size check runs its full form), and reads in tiny chunks (so runs stop at every buffer edge).
@@ -55,16 +56,17 @@ def random_journal(rng: random.Random, count: int) -> list[Record]:
     return records
 
 
+@pytest.mark.parametrize("memory", ["128MB", "300", "0"])  # all in memory; mostly read-behind
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_replay_serves_what_the_record_by_record_replay_rebuilds(
-        tmp_path: object, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: object, seed: int, memory: str, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = str(tmp_path)
     rng = random.Random(seed)
     with open(os.path.join(directory, "q"), "wb") as f:
         f.write(b"".join(codec.encode(r) for r in random_journal(rng, 3000)))
     expected = replay_queue(directory, "q")
     monkeypatch.setattr(journal, "READ_CHUNK", rng.choice((7, 64, 1000)))
-    coll = QueueCollection(directory, QueueConfigs({}))
+    coll = QueueCollection(directory, QueueConfigs({"max_memory_size": memory}))
     coll.load()
     q = coll.queue("q")
     assert (q.length, q.bytes) == (len(expected.restart_order()),

@@ -24,6 +24,7 @@ from gevent.pool import Pool
 from gevent.socket import socket as gsocket
 
 from kestrel.service import LISTEN_BACKLOG
+from kestrel.service.memory_return import MEMORY_RETURN
 from kestrel.service.socket_io import accepted
 from kestrel.service.turns import step_aside
 
@@ -116,6 +117,7 @@ class Listener:
             if self._refused_total:
                 self._note_recovered()
             self.connections.add(sock)
+            MEMORY_RETURN.opened()
             self.pool.spawn(self._serve, sock, address)
 
     def _note_refused(self, error: OSError) -> None:
@@ -150,6 +152,7 @@ class Listener:
         finally:
             self.connections.discard(sock)
             sock.close()
+            MEMORY_RETURN.closed()  # after a wave of closes, their memory goes back to the system
 
     # -----------------------------------------------------------------------------------------
     # Stopping, in the order a clean shutdown needs

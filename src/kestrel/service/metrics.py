@@ -208,7 +208,8 @@ SERVER_FIGURES: dict[str, Figure | None] = {
                               "Queues deleted by a request or for their age."),
     "queue_expires": _counter("kestrel_queues_expired_total", "Queues deleted for reaching max_queue_age."),
     "refused_queues": _gauge("kestrel_refused_queues", "Queues refused at start-up because their files are "
-                             "damaged; they answer every request with an error, the others serve."),
+                             "damaged or cannot be written; they answer every request with an error, the "
+                             "others serve."),
     "memory_total": _gauge("kestrel_memory_held_bytes", "Bytes the queues hold in memory: items, open "
                            "reads, read-behind buffers (counted against kestrel_memory_budget_bytes)."),
     "max_memory_total": _gauge("kestrel_memory_budget_bytes", "The memory budget of every queue together "
@@ -344,9 +345,10 @@ class QueueCollector(Collector):
                     families[key] = _family(figure, ["queue"])
                 families[key].add_metric([name], value * figure.scale)
         yield from families.values()
-        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because its "
-                                    "files are damaged (/stats.json says where and why); it answers every "
-                                    "request with an error until repaired or salvaged.", labels=["queue"])
+        refused = GaugeMetricFamily("kestrel_queue_refused", "1 for a queue refused at start-up because "
+                                    "its files are damaged or cannot be written (/stats.json says where and "
+                                    "why); it answers every request with an error until repaired.",
+                                    labels=["queue"])
         for name in self.stats["refused_queues"]:
             refused.add_metric([name], 1.0)
         yield refused

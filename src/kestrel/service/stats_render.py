@@ -14,7 +14,7 @@ from kestrel.service.session.server_state import ServerState
 
 def flat_stats(server: ServerState) -> list[tuple[str, Any]]:
     """Global figures, `refused_queue_<name> 1` for each queue refused at start-up (its journal is
-    damaged), then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
+    damaged or cannot be written), then `queue_<name>_<stat>` for every queue (memcache STATS order)."""
     out = list(server.global_stats().items())
     out.extend((f"refused_queue_{name}", 1) for name in server.collection.refused_queues())
     for name, stats in server.queue_stats().items():

@@ -12,6 +12,7 @@ from functools import partial
 import structlog
 
 from kestrel.storage import formats, layout
+from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
@@ -25,6 +26,7 @@ from kestrel.storage.errors import (
     QueueDamaged,
     TooManyQueues,
 )
+from kestrel.storage.expiry import ExpirySchedule
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.item import QItem, data_sizes
@@ -32,7 +34,7 @@ from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime, Timer
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -95,6 +97,9 @@ class QueueCollection:
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
+        # Queues being created: a creation may wait (an fsync), and under gevent the lock above
+        # takes nothing, so a second client naming the queue meanwhile waits for this event.
+        self._creating: dict[str, Event] = {}
         # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
         # and keep their files as they are; every other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
@@ -113,9 +118,17 @@ class QueueCollection:
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
+        # The queues changed since the governor's last tick and since the last sweep: those are
+        # what each visits, rather than every queue (src/kestrel/storage/changes.py).
+        self._changes = ChangedQueues()
+        self._expiry = ExpirySchedule(self._changes.reader())
         self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
         self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
-                                        self.ledger) if max_memory_total else None)
+                                        self.ledger, changes=self._changes.reader())
+                         if max_memory_total else None)
+        # During `load`: how many queues it found, and how many of them are still to replay (each
+        # replays under the budget, src/kestrel/storage/memory.py `admit`).
+        self._loading = self._waiting = 0
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -144,26 +157,34 @@ class QueueCollection:
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners
-        for name in sorted(found.queues, key=lambda n: ("+" in n, n)):
+        self._loading = len(found.queues)
+        try:
+            self._load_found(found.queues)
+        finally:
+            self._loading = self._waiting = 0
+        if self.max_queues is not None and len(self._queues) > self.max_queues:
+            log.warning("more queues on disk than max_queues; no new queue can be created",
+                        queues=len(self._queues), max_queues=self.max_queues)
+
+    def _load_found(self, queues: dict[str, JournalFiles]) -> None:
+        for index, name in enumerate(sorted(queues, key=lambda n: ("+" in n, n))):
+            self._waiting = len(queues) - index - 1
             try:
                 check_queue_name(name)
             except InvalidQueueName as e:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
                 continue
-            formats.check_format(self.path, name, found.queues[name], self.config_for(name).journal_format)
+            formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:
-                self._create(name, found.queues)
+                self._create(name, queues)
             except QueueDamaged:
                 continue  # its parent was refused (and logged)
             except CorruptJournalError as e:
                 self._refuse(name, e)
-        if self.max_queues is not None and len(self._queues) > self.max_queues:
-            log.warning("more queues on disk than max_queues; no new queue can be created",
-                        queues=len(self._queues), max_queues=self.max_queues)
 
     def _refuse(self, name: str, error: CorruptJournalError) -> None:
         self.refused[name] = error
-        log.error("QUEUE REFUSED: its journal is damaged; the other queues serve, this one answers "
+        log.error(f"QUEUE REFUSED: {error.refusal}; the other queues serve, this one answers "
                   "every request with an error", queue=name, file=error.path, offset=error.offset,
                   opcode=error.opcode, reason=error.reason,
                   remedy=error.remedy())
@@ -211,6 +232,19 @@ class QueueCollection:
             existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
             if existing is not None:
                 return existing
+        creating = self._creating.get(name)
+        if creating is not None:  # another client's creation of it is waiting (an fsync): wait for it
+            creating.wait()
+            return self._create(name, scanned)  # created, or failed: then this one tries
+        self._creating[name] = creating = self.runtime.event()
+        try:
+            return self._set_up(name, parent_name, plus, scanned)
+        finally:
+            del self._creating[name]
+            creating.set()
+
+    def _set_up(self, name: str, parent_name: str, plus: str, scanned: dict[str, JournalFiles] | None
+                ) -> PersistentQueue:
         if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
@@ -220,6 +254,9 @@ class QueueCollection:
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
         fresh = scanned is None and owners is not None and name not in owners
+        if self.governor is not None and not fresh:
+            # What the replay may hold in memory: the budget is kept at start-up as while serving.
+            self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)
         try:
             q.setup(files=files, fresh=fresh)
         except CorruptJournalError:
@@ -234,6 +271,8 @@ class QueueCollection:
                                     f"max_queues)") from None
             raise
         self._queues[name] = q
+        q.note_changes_to(self._changes.note)
+        q.note_change()  # the background tasks look at what it loaded
         if owners is not None:
             owners.add(name)
         if self.waits_ended:
@@ -429,7 +468,11 @@ class QueueCollection:
                 self._fanouts.get(parent, set()).discard(name)
         if q is None:
             return
-        q.destroy()
+        gone = q.destroy()
+        if self._owners is not None:
+            self._owners.difference_update(gone)  # named again, it is created from nothing
+        if not q.noted:
+            q.note_change()  # the background tasks forget it
         self.queue_deletes += 1
         log.info("queue deleted", queue=name)
 
@@ -446,23 +489,17 @@ class QueueCollection:
     # Background expiry and configuration
 
     def sweep(self) -> int:
-        """Expire items from the head of every queue and delete queues past `max_queue_age`."""
-        expired = 0
-        now = self.clock.now_ms()
-        for name in self.queue_names():
-            q = self._queues.get(name)
-            if q is None:
-                continue
-            try:
-                expired += q.discard_expired(q.config.max_expire_sweep)
-            except JournalWriteError:
-                continue  # the queue logged it and is read-only; the sweep goes on with the others
-            age_limit = q.config.max_queue_age
-            if age_limit and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age_limit:
-                log.info("queue expired", queue=name, age_ms=now - q.create_time)
-                self.delete(name)
-                self.queue_expires += 1
-        return expired
+        """Expire the due items at the heads of the queues, and delete the empty queues past
+        `max_queue_age`: a look at the queues where something is due or that changed since the
+        last sweep (src/kestrel/storage/expiry.py). Returns the items expired."""
+        return self._expiry.sweep(self.clock.now_ms(), self._expire_queue)
+
+    def _expire_queue(self, q: PersistentQueue) -> None:
+        if self._queues.get(q.name) is not q:
+            return
+        log.info("queue expired", queue=q.name, age_ms=self.clock.now_ms() - q.create_time)
+        self.delete(q.name)
+        self.queue_expires += 1
 
     def start_sweeper(self, frequency_ms: int) -> None:
         """Run `sweep` every `frequency_ms` on the runtime's timer (0 turns it off)."""
@@ -488,6 +525,8 @@ class QueueCollection:
         self.aliases = {k: list(v) for k, v in aliases.items()}
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
+            if not q.noted:
+                q.note_change()  # its limits, ceiling and ages may have changed
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
 
     def end_waits(self) -> None:

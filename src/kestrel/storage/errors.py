@@ -38,6 +38,8 @@ class CorruptJournalError(KestrelError):
     when the damage is known before anything moves.
     """
 
+    refusal = "its journal is damaged"  # why a queue refused at start-up for this is not served
+
     def __init__(self, path: str, offset: int, opcode: int | None, reason: str, plan: str = "") -> None:
         op = "?" if opcode is None else str(opcode)
         super().__init__(f"corrupt journal {path} at offset {offset} (opcode {op}): {reason}")
@@ -72,6 +74,22 @@ class CommitLogDamaged(CorruptJournalError):
                 "restore the journal file from a copy if one exists and restart, which places them; or "
                 "restart with --salvage, which serves the journal as it is and sets the records aside "
                 "(.kestrel/aside/)")
+
+
+class JournalNotWritable(CorruptJournalError):
+    """Raised at start-up when a file a queue appends to cannot be opened for writing (its owner or
+    mode, an immutable file, a read-only mount): the queue is refused alone, as a damaged one is,
+    rather than failing every request with nothing in its figures. Nothing is changed."""
+
+    refusal = "its journal cannot be written"
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path, 0, None, f"the server cannot open it for writing: {error.strerror or error}")
+        self.args = (f"journal {path} cannot be written: {error.strerror or error}",)
+
+    def remedy(self) -> str:
+        return ("give the server's user write access to the file (its owner, its mode, `chattr -i`, a "
+                "read-write mount) and restart; the file was not changed (--salvage does not apply)")
 
 
 class QueueDamaged(KestrelError):

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from kestrel.storage import filenames
+from kestrel.storage.deferred_log import log_later
+from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.journal")
@@ -176,6 +178,17 @@ def cut_keeping_copy(path: str, offset: int, copy: str) -> str:
     return copy
 
 
+def check_writable(path: str) -> None:
+    """Raise JournalNotWritable if the file at `path` exists and cannot be opened for appending:
+    start-up finds it, rather than every change (a queue's files are opened by its first change)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise JournalNotWritable(path, e) from None
+
+
 def fsync_path(path: str) -> None:
     """Make a directory's entries, or a whole file, durable (opened read-only: no write is due)."""
     fd = os.open(path, os.O_RDONLY)
@@ -294,7 +307,8 @@ class JournalWriter:
             fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
-        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets.
+        """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
+        (what it logs is written after: `src/kestrel/storage/deferred_log.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
@@ -317,10 +331,11 @@ class JournalWriter:
         try:
             if os.fstat(self.fd).st_size != self.size:
                 os.ftruncate(self.fd, self.size)
-        except OSError:
+        except OSError as e:
             # Appending after the partial record would corrupt the journal: refuse from now on.
             self.damaged = True
-            log.exception("cannot cut a failed append off the journal", file=self.path, size=self.size)
+            log_later(self.runtime, log.error, "cannot cut a failed append off the journal", file=self.path,
+                      size=self.size, exc_info=e)
 
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far."""

@@ -5,7 +5,9 @@ Each queue keeps up to its `max_memory_size` of items in memory and pages the re
 the runtime's timer, off the path of every put and get, and steers with three levers, as RabbitMQ's
 memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
 
-- Rates. Each tick measures every queue's ingress and egress (bytes a second, smoothed).
+- Rates. Each queue's ingress and egress (bytes a second, smoothed), sampled at the ticks after
+  which it changed and decayed in between: a tick costs the queues that changed, not the queues
+  held, while the budget is far from full (`MemoryGovernor.tick`).
 - Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
   holds and room for what arrives before the next tick; past the budget, what it will consume in
   the next D seconds (its "RAM duration"), D chosen so that the shares fill the budget. A hot
@@ -22,6 +24,9 @@ put that would take it over the budget calls `make_room`, which pages out at onc
 last tick found over their shares, those whose items wait longest first) or else sends the putting
 queue's new items to read-behind. The tick still computes every share from rates.
 
+At start-up the same budget holds: before a queue replays its journal, `admit` gives it what the
+budget has left as its target, so the replay leaves the rest on disk for read-behind, as a put would.
+
 What paging cannot release (open reads, read-behind buffers, items aborted back to the head) may
 still exceed the budget: then flow control holds puts briefly and refuses them with
 `MemoryBudgetExceeded`, while gets, confirms and aborts go on, until the total is back under a
@@ -31,17 +36,15 @@ the ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import MemoryBudgetExceeded
+from kestrel.storage.queue import MemoryAccount, PersistentQueue
 from kestrel.storage.runtime import Runtime, Timer
-
-if TYPE_CHECKING:  # the queue counts itself in a ledger: src/kestrel/storage/queue.py imports this module
-    from kestrel.storage.queue import PersistentQueue
 
 log = structlog.get_logger("kestrel.memory")
 
@@ -50,25 +53,24 @@ HOLD_MS = 500  # how long a put waits under flow control before it is refused
 SMOOTHING = 0.3  # weight of the newest rate sample (older ones decay: no flapping on one burst)
 FLOOR = 64 * 1024  # a queue's smallest share, when the budget allows it: one read-back's worth
 LOW_WATER = 0.9  # paging and flow control aim this far under the budget
-UNLIMITED = 1 << 62  # a ledger's limit without a budget
+IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (its buffer goes)
 
 
-class MemoryLedger:
+class MemoryLedger(MemoryAccount):
     """The bytes every queue of a server holds in memory now (its items in memory and its open
     reads), kept as they change: a queue adds a batch's bytes once as it enters or leaves memory,
     so a put sees in one comparison whether it would take the server over `limit` (the budget less
-    the read-behind cursors' buffers, as the last tick measured them; UNLIMITED without a budget).
+    the read-behind cursors' buffers, as the governor last knew them; UNLIMITED without a budget).
 
-    Under gevent (the server) no two changes interleave and the total is exact; the governor's
-    tick sets it to what it measures all the same, which under plain threads corrects what two
-    queues' changes racing on it may have lost.
+    Under gevent (the server) no two changes interleave and the total is exact; a tick that
+    measures every queue sets it to what it measures all the same, which under plain threads
+    corrects what two queues' changes racing on it may have lost.
     """
 
-    __slots__ = ("total", "limit", "governor")
+    __slots__ = ("governor",)
 
     def __init__(self) -> None:
-        self.total = 0
-        self.limit = UNLIMITED
+        super().__init__()
         self.governor: MemoryGovernor | None = None
 
     def make_room(self, queue: PersistentQueue, size: int) -> None:
@@ -87,29 +89,41 @@ class Demand:
     egress: float
     headroom: int = 0  # room for what arrives before the next tick
 
+    def want(self, interval_s: float) -> int:
+        """Its need and room for two ticks' arrivals (`headroom`, set here), capped by its ceiling."""
+        self.headroom = headroom(self.ceiling, self.ingress, interval_s)
+        return min(self.ceiling, self.need + self.headroom)
+
+
+def headroom(ceiling: int, ingress: float, interval_s: float) -> int:
+    """Room for what arrives at `ingress` bytes a second before the tick after next."""
+    return int(min(ceiling, ingress * interval_s * 2))
+
+
+def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: int, arriving: float) -> int:
+    """A queue's target while every queue's want fits the budget: its want and a part of the
+    `spare` bytes, half of them in equal parts among `queues`, half by ingress (a growing queue
+    gets the room; `arriving` is every queue's ingress)."""
+    equal = spare / (2 * queues)
+    return min(ceiling, want + int(equal + (spare / 2 * ingress / arriving if arriving else equal)))
+
 
 def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
     """Each queue's memory target, summing to at most `budget` (already net of what cannot be paged).
 
-    Everything fits: each gets its need, room for a tick's arrivals and a part of the rest (half
-    shared equally, half by ingress).
+    Everything fits: each gets its want and a part of the rest (`fitting_share`).
     Otherwise each gets what it will consume or receive in the next D seconds, between a floor
-    and its need, D found by bisection so that the targets fill the budget.
+    and its want, D found by bisection so that the targets fill the budget.
     """
     if not demands:
         return []
     budget = max(budget, 0)
-    wants = []
-    for d in demands:
-        d.headroom = int(min(d.ceiling, d.ingress * interval_s * 2))
-        wants.append(min(d.ceiling, d.need + d.headroom))
+    wants = [d.want(interval_s) for d in demands]
     total = sum(wants)
     if total <= budget:
-        # Half of what is left in equal parts, half by ingress: a growing queue gets the room.
         spare = budget - total
         arriving = sum(d.ingress for d in demands)
-        equal = spare / (2 * len(demands))
-        return [min(d.ceiling, want + int(equal + (spare / 2 * d.ingress / arriving if arriving else equal)))
+        return [fitting_share(want, d.ceiling, d.ingress, spare, len(demands), arriving)
                 for d, want in zip(demands, wants, strict=True)]
     floor = min(FLOOR, budget // (4 * len(demands)))
     floors = [min(want, floor) for want in wants]
@@ -150,30 +164,57 @@ def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budg
     return (budget - constant) / slope if slope > 0 else float(2**40)
 
 
-class _Rates:
-    """One queue's counters at the last tick and its smoothed rates."""
+_DECAYS = tuple((1.0 - SMOOTHING) ** ticks for ticks in range(64))
 
-    __slots__ = ("items", "length", "bytes", "ingress", "egress", "item_size")
 
-    def __init__(self, q: PersistentQueue) -> None:
+def _decay(ticks: int) -> float:
+    """What a smoothed rate keeps of itself over `ticks` ticks without a change."""
+    return _DECAYS[ticks] if 0 <= ticks < 64 else (0.0 if ticks > 0 else 1.0)
+
+
+class _Record:
+    """What the governor knows of one queue: its counters and smoothed rates as of tick `tick`
+    (a rate decays by `_decay` over the ticks since, which is what a sample of no change does),
+    and, as last measured, what it wants of the budget and holds beyond paging's reach."""
+
+    __slots__ = ("queue", "items", "length", "bytes", "ingress", "egress", "item_size", "tick",
+                 "want", "fixed", "buffer")
+
+    def __init__(self, q: PersistentQueue, tick: int) -> None:
+        self.queue = q
         self.items = q.total_items
         self.length = q.length
         self.bytes = q.bytes
         self.ingress = 0.0
         self.egress = 0.0
         self.item_size = q.bytes / q.length if q.length else 1024.0
+        self.tick = tick
+        self.want = 0
+        self.fixed = 0  # its open reads' and cursor buffer's bytes
+        self.buffer = 0  # its cursor buffer's bytes
 
-    def sample(self, q: PersistentQueue, seconds: float) -> None:
-        """Items in = total_items' growth; items out = that less the length's growth."""
+    def sample(self, q: PersistentQueue, seconds: float, tick: int) -> None:
+        """The rates at tick `tick`: the ticks between the last sample and this one saw no change
+        (the queue would have been noted), this one saw the counters move by what they did in
+        `seconds`. Items in = total_items' growth; items out = that less the length's growth."""
+        if tick <= self.tick:
+            return  # sampled this tick already
+        quiet = _decay(tick - self.tick - 1)
+        self.tick = tick
         added = q.total_items - self.items
         left = max(0, added - (q.length - self.length))
         if q.length:
             self.item_size = q.bytes / q.length
         out_bytes = left * self.item_size
         in_bytes = max(0.0, q.bytes - self.bytes + out_bytes)
-        self.ingress += SMOOTHING * (in_bytes / seconds - self.ingress)
-        self.egress += SMOOTHING * (out_bytes / seconds - self.egress)
+        ingress, egress = self.ingress * quiet, self.egress * quiet
+        self.ingress = ingress + SMOOTHING * (in_bytes / seconds - ingress)
+        self.egress = egress + SMOOTHING * (out_bytes / seconds - egress)
         self.items, self.length, self.bytes = q.total_items, q.length, q.bytes
+
+    def demand(self, q: PersistentQueue) -> Demand:
+        ceiling = q.config.max_memory_size
+        return Demand(min(q.bytes, ceiling), ceiling, self.ingress, self.egress)
 
 
 class MemoryGovernor:
@@ -182,12 +223,17 @@ class MemoryGovernor:
     `tick()` is one round (tests call it under a manual runtime); `start()` runs it every
     `interval_ms` on the runtime's timer. `ledger` is the running total the queues keep (the
     collection's); the governor sets its limit and is called by it when a put would pass it.
+    `changes`, when given, returns the queues changed since its last call (every queue the
+    collection creates, changes or deletes): a tick then visits those alone while the budget is
+    far from full, and nothing at all when none changed.
     """
 
     def __init__(self, queues: Callable[[], Iterable[PersistentQueue]], budget: int, runtime: Runtime,
                  ledger: MemoryLedger | None = None, interval_ms: int = INTERVAL_MS,
-                 hold_ms: int = HOLD_MS) -> None:
+                 hold_ms: int = HOLD_MS,
+                 changes: Callable[[], Collection[PersistentQueue]] | None = None) -> None:
         self._queues = queues
+        self._changes = changes
         self.budget = budget
         self.runtime = runtime
         self.clock = runtime.clock
@@ -196,7 +242,17 @@ class MemoryGovernor:
         self.ledger = ledger if ledger is not None else MemoryLedger()
         self.ledger.governor = self
         self.ledger.limit = budget
-        self._rates: dict[int, tuple[PersistentQueue, _Rates]] = {}
+        self._records: dict[PersistentQueue, _Record] = {}
+        self._tick = 0
+        # Over every record, kept as records change: wants, fixed bytes, cursor buffers, and
+        # ingress as of tick `_sums_tick` (every rate decays alike between samples).
+        self._want_total = self._fixed_total = self._buffer_total = 0
+        self._ingress_total = 0.0
+        self._sums_tick = 0
+        self._tight = False  # the last tick's wants did not fit the budget
+        # Queues in read-behind that were not idle when last seen: each gives its cursor's buffer
+        # back once its egress decays below IDLE.
+        self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
         self._last_tick = self.clock.now_ms()
@@ -235,47 +291,149 @@ class MemoryGovernor:
             self._timer.cancel()
             self._timer = None
         self.ledger.governor = None
-        self.ledger.limit = UNLIMITED
+        self.ledger.limit = MemoryAccount.UNLIMITED
         self._candidates = []
+        self._records = {}
+        self._watch = set()
         self._released.set()
+
+    def admit(self, queue: PersistentQueue, among: int, waiting: int = 0) -> None:
+        """`queue` is about to load its items from its files, one of `among` queues at start-up with
+        `waiting` still to load after it: it may hold in memory what the budget has left beyond a
+        floor kept for each of those (a floor is at most FLOOR, and all of them a quarter of the
+        budget), and a floor at least. So a replay pages its backlog out as serving does: the items
+        past its target stay on disk, for read-behind, and the next tick gives it its share."""
+        floor = min(FLOOR, self.budget // (4 * max(among, 1)))
+        room = self.ledger.limit - self.ledger.total - floor * waiting
+        queue.set_memory_target(max(room, floor))
 
     # -----------------------------------------------------------------------------------------
     # One round
 
     def tick(self) -> None:
         """Measure rates, give each queue its target, page out the slowest over theirs, and start
-        or end flow control."""
+        or end flow control.
+
+        With `changes`, the queues that changed since the last tick are measured, and while their
+        wants fit the budget (and memory is under it), only they get new targets: an unchanged
+        queue's target still holds what it has, and it gets a new one when it next changes. A tick
+        with no change, under the budget and out of flow control, only lets idle read-behind
+        cursors give their buffers back. Otherwise the tick measures and plans every queue.
+        """
         now = self.clock.now_ms()
         seconds = max((now - self._last_tick) / 1000.0, 0.001)
         self._last_tick = now
+        self._tick += 1
+        if self._changes is not None:
+            changed = self._changes()
+            pressed = self.flow_control or self._over or self._tight
+            if not changed and not pressed and self.ledger.total + self._buffer_total <= self.budget:
+                self._release_idle_cursors()
+                return
+            if not pressed and self._tick_changed(changed, seconds, now):
+                return
+        self._tick_all(seconds, now)
+
+    def _tick_changed(self, changed: Iterable[PersistentQueue], seconds: float, now: int) -> bool:
+        """Measure the changed queues and, if every want still fits the budget, give them their
+        shares of it; False (the records kept) when the tick must plan every queue. What a changed
+        queue costs here is what a busy server pays for each queue it moves items through."""
+        tick = self._tick
+        interval = self.interval_ms / 1000.0
+        records = self._records
+        ingress_total = self._ingress_total * _decay(tick - self._sums_tick)
+        want_total, fixed_total, buffer_total = self._want_total, self._fixed_total, self._buffer_total
+        fresh: list[_Record] = []
+        for q in changed:
+            record = records.get(q)
+            if record is not None:  # out of the sums, to come back in as measured now
+                want_total -= record.want
+                fixed_total -= record.fixed
+                buffer_total -= record.buffer
+                ingress_total -= record.ingress * _decay(tick - record.tick)
+                if q.closed:
+                    del records[q]
+                    self._watch.discard(record)
+                    continue
+                record.sample(q, seconds, tick)
+            elif q.closed:
+                continue
+            else:
+                record = records[q] = _Record(q, tick)
+            opens = buffer = 0
+            if q.open_transactions or q.in_read_behind:
+                _, opens, buffer = q.held_bytes()
+            ceiling = q.config.max_memory_size
+            record.want = min(ceiling, min(q.bytes, ceiling) + headroom(ceiling, record.ingress, interval))
+            record.fixed, record.buffer = opens + buffer, buffer
+            want_total += record.want
+            fixed_total += opens + buffer
+            buffer_total += buffer
+            ingress_total += record.ingress
+            fresh.append(record)
+        self._want_total, self._fixed_total, self._buffer_total = want_total, fixed_total, buffer_total
+        self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick
+        total = self.ledger.total + buffer_total
+        spare = self.budget - fixed_total - want_total
+        if spare < 0 or total > self.budget:
+            return False
+        count, arriving = len(records), self._ingress_total
+        over = {q for q in self._candidates if not q.closed and q.memory_bytes > q.memory_target}
+        watch = self._watch
+        for record in fresh:
+            q = record.queue
+            q.set_memory_target(fitting_share(record.want, q.config.max_memory_size, record.ingress, spare,
+                                              count, arriving))
+            if q.memory_bytes > q.memory_target:
+                over.add(q)
+            if q.in_read_behind:
+                watch.add(record)
+        self.ledger.limit = max(self.budget - buffer_total, 0)
+        self._candidates = sorted(over, key=self._wait)
+        self._release_idle_cursors()
+        self.memory_total = total
+        self._flow(total, now)
+        return True
+
+    def _tick_all(self, seconds: float, now: int) -> None:
+        """Measure every queue, plan every share, page out if over the budget."""
+        tick = self._tick
         queues = [q for q in self._queues() if not q.closed]
-        live: dict[int, tuple[PersistentQueue, _Rates]] = {}
+        old = self._records
+        records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         held: list[int] = []
         fixed_total = buffers = 0
         for q in queues:
-            entry = self._rates.get(id(q))
-            if entry is None or entry[0] is not q:
-                entry = (q, _Rates(q))
+            record = old.get(q)
+            if record is None:
+                record = _Record(q, tick)
             else:
-                entry[1].sample(q, seconds)
-            live[id(q)] = entry
-            rates = entry[1]
+                record.sample(q, seconds, tick)
+            records[q] = record
             mem, opens, buffer = q.held_bytes()
             held.append(mem)
+            record.fixed, record.buffer = opens + buffer, buffer
             fixed_total += opens + buffer
             buffers += buffer
-            ceiling = q.config.max_memory_size
-            demands.append(Demand(min(q.bytes, ceiling), ceiling, rates.ingress, rates.egress))
-        self._rates = live
+            demands.append(record.demand(q))
+        self._records = records
         total = sum(held) + fixed_total
         self.ledger.total = total - buffers  # as measured (see MemoryLedger)
         self.ledger.limit = max(self.budget - buffers, 0)
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        targets = plan(demands, budget - fixed_total, self.interval_ms / 1000.0)
+        interval = self.interval_ms / 1000.0
+        targets = plan(demands, budget - fixed_total, interval)
         for q, target in zip(queues, targets, strict=True):
             q.set_memory_target(target)
+        for record, d in zip(records.values(), demands, strict=True):
+            record.want = min(d.ceiling, d.need + d.headroom)
+        self._want_total = sum(record.want for record in records.values())
+        self._fixed_total, self._buffer_total = fixed_total, buffers
+        self._ingress_total = sum(d.ingress for d in demands)
+        self._sums_tick = tick
+        self._tight = self._want_total > self.budget - fixed_total
         waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
         if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
             # Under flow control no put reaches `make_room`: only a tick can page out what holds the
@@ -284,11 +442,35 @@ class MemoryGovernor:
         over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
                       if q.memory_bytes > q.memory_target)
         self._candidates = [queues[i] for _, i in over]
-        for q, d in zip(queues, demands, strict=True):
-            if q.in_read_behind and d.egress < 1.0:
-                q.release_cursor_buffer()  # idle: its next read-back reads again
+        self._watch = {record for q, record in records.items() if q.in_read_behind}
+        self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now)
+
+    def _wait(self, q: PersistentQueue) -> float:
+        """How long `q`'s items in memory wait: its bytes held over its egress (bytes a second)."""
+        record = self._records.get(q)
+        egress = record.egress * _decay(self._tick - record.tick) if record is not None else 0.0
+        return q.memory_bytes / max(egress, 1.0)
+
+    def _release_idle_cursors(self) -> None:
+        """A watched queue (in read-behind when last measured) whose egress has decayed under IDLE
+        gives its cursor's read buffer back (its next read-back reads again)."""
+        watch = self._watch
+        if not watch:
+            return
+        for record in list(watch):
+            q = record.queue
+            if q.closed or not q.in_read_behind:
+                watch.discard(record)
+            elif record.egress * _decay(self._tick - record.tick) < IDLE:
+                watch.discard(record)
+                q.release_cursor_buffer()
+                if record.buffer and self._records.get(q) is record:
+                    self._fixed_total -= record.buffer
+                    self._buffer_total -= record.buffer
+                    record.fixed -= record.buffer
+                    record.buffer = 0
 
     def _page_out(self, queues: list[PersistentQueue], waits: list[float], excess: int) -> int:
         """Shed queues over their targets, longest wait (bytes held over egress) first, until
@@ -345,8 +527,9 @@ class MemoryGovernor:
         self.memory_total = total
         self._flow_since = now
         self._released.clear()
-        log.warning("memory over budget that paging cannot release: holding and refusing puts",
-                    memory=total, max_memory_total=self.budget)
+        # From inside a put (`make_room`), which must not pause: logged after it.
+        log_later(self.runtime, log.warning, "memory over budget that paging cannot release: holding and "
+                  "refusing puts", memory=total, max_memory_total=self.budget)
 
     def admit_put(self) -> None:
         """Under flow control: wait up to `hold_ms` for it to end, then raise MemoryBudgetExceeded."""

@@ -32,16 +32,34 @@ import structlog
 
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
 from kestrel.storage.files import JournalFileFigures, JournalFiles
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, plain_size
-from kestrel.storage.memory import MemoryLedger
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
 ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
+
+
+class MemoryAccount:
+    """Where a queue counts the bytes it holds in memory (its items in memory and its open reads),
+    kept as they change: a batch's bytes once as it enters or leaves memory. A queue has one of its
+    own until the collection counts it in the server's, the memory governor's ledger
+    (src/kestrel/storage/memory.py), whose `limit` is the budget and whose `make_room` pages out."""
+
+    __slots__ = ("total", "limit")
+
+    UNLIMITED = 1 << 62  # a limit that no total reaches
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.limit = MemoryAccount.UNLIMITED
+
+    def make_room(self, queue: PersistentQueue, size: int) -> None:
+        """A put of `size` bytes into `queue`'s memory would take `total` over `limit`."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,8 @@ class _Change:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
         queue = self.queue
+        if not queue.noted:
+            queue.note_change()
         try:
             if error is None:
                 queue._after_change()
@@ -142,7 +162,11 @@ class PersistentQueue(ABC):
         self._governed = False
         # The running total of the server's memory this queue counts its items and open reads in
         # (`count_in`): its own until the collection counts it in the server's.
-        self._ledger = MemoryLedger()
+        self._ledger = MemoryAccount()
+        # Whether a change since the collection last looked was noted (`note_changes_to`): its
+        # background work (memory governor, expiry) visits the queues that changed, not every one.
+        self.noted = True  # nothing to tell until `note_changes_to`
+        self._changed: Callable[[PersistentQueue], None] | None = None
         # At least as many as the items at the head of memory that were ever taken (aborted reads
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
         self._pushed = 0
@@ -240,6 +264,31 @@ class PersistentQueue(ABC):
         return []
 
     # -----------------------------------------------------------------------------------------
+    # What the collection's background work reads: which queues changed, when a head expires
+
+    def note_changes_to(self, changed: Callable[[PersistentQueue], None]) -> None:
+        """From now on the first change after `noted` is cleared calls `changed(self)` and sets it:
+        one attribute test a change, so that the collection's background tasks visit the queues
+        that changed rather than all of them."""
+        self._changed = changed
+        self.noted = False
+
+    def note_change(self) -> None:
+        """This queue changed (or may have: a replay, new settings) since `noted` was cleared."""
+        self.noted = True
+        if self._changed is not None:
+            self._changed(self)
+
+    def head_expiry(self) -> int:
+        """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
+        read-behind cursor holds it), so that only a look can tell. Takes no lock: under plain
+        threads the head may be another a moment later, and that change notes the queue again."""
+        try:
+            return self._mem[0].expiry
+        except IndexError:
+            return -1 if self._behind is not None else 0
+
+    # -----------------------------------------------------------------------------------------
     # Adding
 
     def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
@@ -322,6 +371,8 @@ class PersistentQueue(ABC):
         """The items `_admit` took (of `size` bytes) join the tail, old ones discarded to make room
         if the queue is set to; past `max_memory_size` they are only counted (read-behind).
         `first_id` is the first item's id (Kestrel 3: their ids follow it), or 0."""
+        if not self.noted:  # a shared write reaches each reader outside its own change
+            self.note_change()
         cfg = self.config
         if cfg.max_age:
             expiry = self._capped_expiry(now, expiry)
@@ -599,8 +650,8 @@ class PersistentQueue(ABC):
         try:
             self.poison(item)
         except KestrelError as e:
-            log.warning("poison item refused by its error queue; back at the head", queue=self.name,
-                        errors=item.errors, reason=str(e))
+            log_later(self.runtime, log.warning, "poison item refused by its error queue; back at the head",
+                      queue=self.name, errors=item.errors, reason=str(e))
             return False
         return True
 
@@ -634,7 +685,7 @@ class PersistentQueue(ABC):
             self._waits.end()
             self._close_files()
             self._end_read_behind()
-            self.count_in(MemoryLedger())  # what it holds leaves the server's total
+            self.count_in(MemoryAccount())  # what it holds leaves the server's total
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics, for the rules above and for a format rebuilding its state
@@ -694,7 +745,7 @@ class PersistentQueue(ABC):
     def _read_behind_from(self, cursor: ReadBack) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
         self._behind = cursor
-        log.info("queue entering read-behind", queue=self.name, bytes=self.bytes)
+        log_later(self.runtime, log.info, "queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
@@ -722,7 +773,7 @@ class PersistentQueue(ABC):
         if self._behind is not None:
             self._behind = None
             self._stop_read_behind()
-            log.info("queue leaving read-behind", queue=self.name, items=self.length)
+            log_later(self.runtime, log.info, "queue leaving read-behind", queue=self.name, items=self.length)
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -761,7 +812,7 @@ class PersistentQueue(ABC):
         and a Spark stream holds a whole batch open (a generator over 200,000 reads cost 90 ms)."""
         return data_sizes(item_data(list(self._opens.values())))[0]
 
-    def count_in(self, ledger: MemoryLedger) -> None:
+    def count_in(self, ledger: MemoryAccount) -> None:
         """Count what this queue holds (items in memory, open reads) in `ledger` from now on,
         taking it out of the one it was counted in: the collection's, once it holds the queue."""
         with self._lock:
@@ -775,7 +826,7 @@ class PersistentQueue(ABC):
         """Around a rebuild of memory (a replay): the ledger is told the difference once, at the
         end, rather than each step (the replay moves items between memory and open reads itself)."""
         ledger = self._ledger
-        self.count_in(MemoryLedger())
+        self.count_in(MemoryAccount())
         try:
             yield
         finally:
@@ -831,8 +882,8 @@ class PersistentQueue(ABC):
         was_behind = self._behind is not None
         self._behind = cursor
         if not was_behind:
-            log.info("queue paged out of memory", queue=self.name, kept=self.memory_bytes,
-                     paged_out=self.bytes - self.memory_bytes)
+            log_later(self.runtime, log.info, "queue paged out of memory", queue=self.name,
+                      kept=self.memory_bytes, paged_out=self.bytes - self.memory_bytes)
         return freed
 
     # -----------------------------------------------------------------------------------------
@@ -847,7 +898,8 @@ class PersistentQueue(ABC):
         except OSError as e:
             raise JournalWriteError(self.name, path, e) from None
         self.read_only = False
-        log.warning("journal can be written again; queue accepts changes", queue=self.name, file=path)
+        log_later(self.runtime, log.warning, "journal can be written again; queue accepts changes",
+                  queue=self.name, file=path)
 
     def _write_error(self, path: str, error: OSError) -> JournalWriteError:
         """The error to raise for a write of this queue's files that failed (counted): the change
@@ -856,6 +908,14 @@ class PersistentQueue(ABC):
         failure = JournalWriteError(self.name, path, error)
         self._own_failure = failure
         return failure
+
+    def _went_read_only(self, path: str, failure: BaseException) -> None:
+        """A write of this queue's files failed: read-only until a probe write succeeds (logged once,
+        after the change: src/kestrel/storage/deferred_log.py)."""
+        if not self.read_only:
+            log_later(self.runtime, log.error, "cannot write the journal; the queue is read-only until "
+                      "it can", queue=self.name, file=path, error=str(failure))
+        self.read_only = True
 
     def _change_failed(self, error: BaseException) -> None:
         """A change raised `error` (raised again after this, unless this raises another).
@@ -867,15 +927,12 @@ class PersistentQueue(ABC):
         expiry or error queue) brings memory back too. Anything else: `_abandon`.
         """
         own, self._own_failure = self._own_failure, None
-        failure: BaseException | None = None
+        failure: JournalWriteError | None = None
         if isinstance(error, OSError):
             own = failure = self._write_error(self._journal_path(), error)
             self._own_failure = None
         if own is not None and (error is own or failure is not None):
-            if not self.read_only:
-                log.error("cannot write the journal; the queue is read-only until it can", queue=self.name,
-                          file=self._journal_path(), error=str(own))
-            self.read_only = True
+            self._went_read_only(self._journal_path(), own)
         if isinstance(error, OSError | JournalWriteError):
             self._restore()
         else:
@@ -911,8 +968,10 @@ class PersistentQueue(ABC):
         """New settings from a reload (those fixed at creation stay)."""
 
     @abstractmethod
-    def destroy(self) -> None:
-        """Close and delete this queue's files (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete this queue's files (the `delete` command). Returns the queue names that
+        own no file any more (`files.file_owner`): naming one again creates a queue from nothing,
+        with no directory to read."""
 
     @abstractmethod
     def _close_files(self) -> None:

@@ -16,6 +16,7 @@ meanwhile takes a checkpoint (`checkpoints.py`) so that the backlog's files are 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from array import array
@@ -27,8 +28,15 @@ import structlog
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import CURSOR_CHUNK, JournalFileFigures, JournalFiles, list_journal_files
+from kestrel.storage.files import (
+    CURSOR_CHUNK,
+    JournalFileFigures,
+    JournalFiles,
+    check_writable,
+    list_journal_files,
+)
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
@@ -100,6 +108,8 @@ class Kestrel2Queue(PersistentQueue):
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
         elif files is None:
             files = self._journal.scan()
+        if files.live is not None:
+            check_writable(files.live)  # the file appended to (rotated ones are only read)
         started = time.monotonic()
         replayed = self._replay(files, repair=True)
         self._journal.open_live()
@@ -201,7 +211,8 @@ class Kestrel2Queue(PersistentQueue):
         finally:
             reader.close()
         if entry is None or not isinstance(entry[1], ADDS) or entry[1].data != first.data:
-            log.warning("cannot page out: the journal does not end with the items in memory", queue=self.name)
+            log_later(self.runtime, log.warning, "cannot page out: the journal does not end with the items "
+                      "in memory", queue=self.name)
             return None
         if self._rb is not None:
             self._rb.close()
@@ -279,8 +290,12 @@ class Kestrel2Queue(PersistentQueue):
         if journal.writer is not None and journal.writer.fd < 0:
             try:
                 journal.writer.open()
-            except OSError as e:
-                raise JournalWriteError(self.name, journal.live_path, e) from None
+            except OSError as e:  # nothing changed yet: this change is refused
+                failure = JournalWriteError(self.name, journal.live_path, e)
+                if e.errno not in (errno.EMFILE, errno.ENFILE):  # out of descriptors: this change alone
+                    self.journal_write_errors += 1
+                    self._went_read_only(journal.live_path, failure)  # the next change probes
+                raise failure from None
         if self._orphans:
             try:
                 self._return_orphans()
@@ -404,10 +419,12 @@ class Kestrel2Queue(PersistentQueue):
     def _close_files(self) -> None:
         self._journal.close()
 
-    def destroy(self) -> None:
-        """Close and delete every journal file of this queue (the `delete` command)."""
+    def destroy(self) -> list[str]:
+        """Close and delete every journal file of this queue (the `delete` command), found by
+        listing the queue path: none is left."""
         self.close()
         self._journal.delete_files()
+        return [self.name]
 
 
 def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
@@ -436,6 +453,7 @@ def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
 
 
 _ADD_OPS = (codec.ADDX, codec.ADD_XID)
+_ANY_SIZE = 2**62  # no limit to the adds of a run in read-behind: they are only counted
 _SPARE_OFFSETS = 1 << 16  # offsets kept beyond those wanted before the older ones are dropped
 
 
@@ -465,12 +483,14 @@ class _QueueReplay(QueueReplay):
     def xid(self, value: int) -> None:
         self.queue._xid = value
 
-    def append(self, item: QItem) -> None:
+    def append(self, item: QItem, end: int | None = None) -> None:
+        """The item joins the tail; if it fills memory, read-behind starts after its record, which
+        ends at `end` (at the reader's offset unless given)."""
         queue = self.queue
         if queue._append(item):
             assert self.reader is not None
-            at = (self.key, self.reader.offset)
-            queue._read_behind_from(queue._open_cursor(self.key, self.path, self.reader.offset, at))
+            offset = self.reader.offset if end is None else end
+            queue._read_behind_from(queue._open_cursor(self.key, self.path, offset, (self.key, offset)))
 
     def take_head(self, opened: bool) -> QItem | None:
         return self.queue._take_head(opened)
@@ -496,20 +516,62 @@ class _QueueReplay(QueueReplay):
         now = queue.clock.now_ms()
         limit = queue.memory_target
         while True:
-            # Runs of common records take the fast path while no add there can reach the memory
-            # limit (read-behind starts on the general path, record by record).
-            room = limit - queue.memory_bytes
-            if queue._rb is None and not queue._checkpoints and room > 0:
-                run = reader.common_run(room)
+            # Runs of common records take a fast path: while no add there can reach the memory
+            # limit (read-behind starts on the general path, record by record), and in read-behind,
+            # where an add is only counted (the backlog a budget leaves on disk at start-up).
+            if queue._rb is not None:
+                run = reader.common_run(_ANY_SIZE)
                 if run:
-                    self.apply_common(run)
+                    self.apply_behind(run, key, reader.offset)
                     continue
+            else:
+                room = limit - queue.memory_bytes
+                if not queue._checkpoints and room > 0:
+                    run = reader.common_run(room)
+                    if run:
+                        self.apply_common(run)
+                        continue
             entry = reader.next()
             if entry is None:
                 break
             if queue._rb is not None:
                 queue._rb.stop = (key, reader.offset)  # the cursor may read what is applied
             self.apply(entry[1], now, entry[0])
+
+    def apply_behind(self, run: list[codec.Common], key: int, end: int) -> None:
+        """`apply` for a run of common records (ending at offset `end` of file `key`) while the queue
+        reads behind: an add is only counted, as `_append` counts it, and its item is read back when
+        the head reaches it; what takes the head takes it through the queue, whose cursor may read
+        the adds applied so far. Should read-behind end within the run, the adds after that join
+        memory as on the general path."""
+        queue = self.queue
+        opens = self.opens
+        last = len(run) - 1
+        for i, (op, offset, xid, add_time, expiry, data) in enumerate(run):
+            if op == codec.ADDX or op == codec.ADD_XID:
+                if queue._behind is not None:
+                    queue.length += 1
+                    queue.bytes += len(data)
+                else:
+                    self.append(QItem(add_time, expiry, data, xid), run[i + 1][1] if i < last else end)
+            elif op == codec.CONFIRM_REMOVE:
+                if opens.pop(xid, None) is None:
+                    self.note("confirm_of_no_open_read", offset)
+            else:
+                if queue._rb is not None:
+                    queue._rb.stop = (key, offset)
+                opened = op != codec.REMOVE
+                item = queue._take_head(opened)
+                if item is None:
+                    self.note("open_of_nothing" if opened else "remove_of_nothing", offset)
+                elif opened:  # REMOVE_TENTATIVE_XID
+                    if not item.xid and xid != self.next_xid(take=False):
+                        self.note("xid_jumps", offset)
+                    item.xid = xid
+                    opens[xid] = item
+                    self.xid = xid
+        if queue._rb is not None:
+            queue._rb.stop = (key, end)
 
     def file_replayed(self, key: int) -> None:
         queue = self.queue

@@ -20,6 +20,7 @@ from kestrel.storage import files as shared_files
 from kestrel.storage import layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -402,18 +403,27 @@ class WriterJournal:
     def append(self, items: list[bytes], add_time: int, expire_time: int | None = None,
                error_count: int = 0) -> list[k3.Put]:
         """Append items under the next ids with one write, without waiting for the sync policy
-        (`commit` does); never yields. Raises OSError (nothing was appended, no id taken)."""
-        records = [k3.Put(self.tail_id + 1 + i, error_count, add_time, expire_time, data)
-                   for i, data in enumerate(items)]
-        encoded = b"".join(map(k3.encode, records))
-        if self.current.last_id and self.size + len(encoded) > self.max_file_size:
-            self.rotate()  # never yields: no other append can take these ids meanwhile
-        assert self._writer is not None
-        self._writer.append(encoded)
-        if records:
-            self.tail_id = records[-1].id
-            self.current.first_id = self.current.first_id or records[0].id
-            self.current.last_id = records[-1].id
+        (`commit` does). Never yields: the ids are taken (the tail moved past them) before anything
+        else, and nothing until they are written can let another put run (a rotation's log line
+        waits: `src/kestrel/storage/deferred_log.py`). Raises OSError (nothing was appended, no id
+        taken)."""
+        if not items:
+            return []
+        first = self.tail_id + 1
+        self.tail_id = last = first + len(items) - 1
+        try:
+            records = [k3.Put(first + i, error_count, add_time, expire_time, data)
+                       for i, data in enumerate(items)]
+            encoded = b"".join(map(k3.encode, records))
+            if self.current.last_id and self.size + len(encoded) > self.max_file_size:
+                self.rotate()
+            assert self._writer is not None
+            self._writer.append(encoded)
+        except BaseException:
+            self.tail_id = first - 1  # nothing ran meanwhile: the ids are free again
+            raise
+        self.current.first_id = self.current.first_id or first
+        self.current.last_id = last
         return records
 
     def commit(self) -> None:
@@ -423,8 +433,8 @@ class WriterJournal:
 
     def rotate(self) -> WriterFile:
         """Start the next file (an empty file holds just the header) without yielding to other
-        greenlets; the previous one is fsynced and closed in the background, and the header reaches
-        the disk with the next commit."""
+        greenlets; the previous one is fsynced and closed in the background, the header reaches the
+        disk with the next commit, and the log line is written after."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
@@ -437,7 +447,7 @@ class WriterJournal:
         if old is not None:
             self.archived_size += old.size
             self._sealer.add(old, partial(self._seal, self.files[-2]))
-        log.info("started writer journal file", queue=self.queue, file=path)
+        log_later(self.runtime, log.info, "started writer journal file", queue=self.queue, file=path)
         return self.current
 
     def _seal(self, info: WriterFile) -> None:

@@ -30,6 +30,7 @@ import structlog
 from kestrel.storage import damage, formats, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
 from kestrel.storage.files import (
@@ -37,6 +38,7 @@ from kestrel.storage.files import (
     JournalFileFigures,
     JournalFiles,
     JournalWriter,
+    check_writable,
     list_journal_files,
     size_on_disk,
 )
@@ -263,6 +265,8 @@ class Kestrel3Journal:
         record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
         self._check = ManifestCheck(self.queue_path, name, self.salvage, self._stamp)
         on_disk = QueueFiles() if new else list_queue_files(self.queue_path, name)
+        for path in [*(p for _, p in on_disk.writers[-1:]), *on_disk.readers.values()]:
+            check_writable(path)  # the files appended to (older writer files are only read)
         if record is not None and not (on_disk.writers or on_disk.readers):
             manifest.set_aside_stray(self.queue_path, name, self._stamp)
             record = None
@@ -454,7 +458,8 @@ class Kestrel3Journal:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
             removed = self.writer.remove_consumed_files(heads, self._deleting)
             for path in removed:
-                log.info("deleted writer journal file every reader has passed", queue=self.name, file=path)
+                log_later(self.owner.runtime, log.info, "deleted writer journal file every reader has passed",
+                          queue=self.name, file=path)
             if removed:
                 self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
                                     self._unlisted())
@@ -860,8 +865,8 @@ class Kestrel3Queue(PersistentQueue):
         except JournalWriteError as e:
             self._own_failure = None  # this change goes on: the ids wait
             self._unsaved.update(ids)
-            log.error("cannot write a reader checkpoint; consumed ids kept for the next write",
-                      queue=self.name, error=str(e))
+            log_later(self.runtime, log.error, "cannot write a reader checkpoint; consumed ids kept for the "
+                      "next write", queue=self.name, error=str(e))
 
     def _sync_checkpoint(self) -> None:
         """Wait as the sync policy says for what this reader's checkpoint was given."""
@@ -943,8 +948,9 @@ class Kestrel3Queue(PersistentQueue):
         if self._journal is not None:
             self._journal.detach(self)
 
-    def destroy(self) -> None:
-        """Close and delete this reader's checkpoint, and the writer files once no reader is left."""
+    def destroy(self) -> list[str]:
+        """Close and delete this reader's checkpoint, and the writer files once no reader is left
+        (found by listing the queue path: then the queue owns no file)."""
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
@@ -953,3 +959,5 @@ class Kestrel3Queue(PersistentQueue):
             os.unlink(self._file.path)
         if journal is not None and journal.unread:
             journal.destroy()
+            return [self.name, self.parent]
+        return [self.name] if self.reader else []  # a reader's name owns no file; its parent's do

@@ -1,0 +1,152 @@
+"""Cost that follows the work: what many queues and many connections cost this server, beside Redis
+(and memcached for connections) in the same run, as server CPU time from /proc.
+
+- queues: memcache set + get of 128-byte items (Redis: RPUSH / LPOP), 4 connections, on 4 queues
+  and on QUEUES queues each holding FILL items, the load spread over all of them (each round on the
+  client's next queue): CPU µs per item, and the ratio of the two.
+- idle: the server still holding those QUEUES queues, no client: % of one core over IDLE seconds.
+- connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
+  process each): CPU µs per item, and the ratio.
+- connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
+
+Every server starts afresh for each row (our server on its defaults: `max_memory_total` auto, the
+expiry sweep every second). `--source DIR` runs our server from another source tree (the code
+before a change, say), with this checkout's load generator.
+
+    .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
+                                          [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
+                                          [--only queues|connections|connect] [--source DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from bench import loadgen, peers
+from bench.common import load_average, machine, process_cpu_seconds
+
+Server = Callable[[], AbstractContextManager[peers.Running]]
+
+
+def servers(work: Path) -> Iterator[tuple[str, Server, str, str]]:
+    """(label, start, port name, load generator protocol) of each server a row compares."""
+    yield "kestrel-py", lambda: peers.kestrel(work), "memcache", "memcache"
+    yield "Redis", lambda: peers.redis(work), "redis", "redis"
+
+
+def cpu_per_item(binary: Path, server: peers.Running, port: str, protocol: str, args: argparse.Namespace,
+                 fill: int = 0, **options: int) -> float:
+    """Server CPU µs per item (a put and a get), the least of `args.repeat` runs of `args.seconds`
+    (other work on a shared machine only ever adds to it), after a short run that creates the
+    queues (and fills them), so that their creation is not counted."""
+    loadgen.run(binary, protocol, server[port], seconds=0.1, timeout=600, fill=fill, **options)
+    time.sleep(1.0)  # the background tasks' first look at the new queues
+    best = float("inf")
+    for _ in range(args.repeat):
+        before = process_cpu_seconds(server.pid)
+        result = loadgen.run(binary, protocol, server[port], seconds=args.seconds, timeout=600,
+                             warm_up=False, **options)
+        best = min(best, (process_cpu_seconds(server.pid) - before) * 1e6 / max(result.items, 1))
+    return best
+
+
+def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> None:
+    print(f"\n### {args.queues:,} queues against 4: memcache set + get (Redis RPUSH / LPOP), 128 B, "
+          f"4 connections, {args.fill} items left in each queue\n")
+    print("| server | CPU µs/item, 4 queues | CPU µs/item, "
+          f"{args.queues:,} queues | ratio | idle with {args.queues:,} queues, % of a core |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, start, port, protocol in servers(work):
+        with start() as server:
+            few = cpu_per_item(binary, server, port, protocol, args, fill=args.fill, queues=4)
+        with start() as server:
+            many = cpu_per_item(binary, server, port, protocol, args, fill=args.fill,
+                                queues=args.queues)
+            time.sleep(2.0)  # the first look of the background tasks at what the load changed
+            before = process_cpu_seconds(server.pid)
+            time.sleep(args.idle)
+            idle = (process_cpu_seconds(server.pid) - before) / args.idle * 100
+        print(f"| {label} | {few:.1f} | {many:.1f} | {many / few:.2f} | {idle:.2f} |", flush=True)
+
+
+def connections(binary: Path, work: Path, args: argparse.Namespace) -> None:
+    print(f"\n### {args.connections:,} connections against 4: the same load on 4 queues\n")
+    print(f"| server | CPU µs/item, 4 connections | CPU µs/item, {args.connections:,} connections | ratio |")
+    print("| --- | --- | --- | --- |")
+    rows = [*servers(work), ("memcached", lambda: peers.memcached(work), "memcache", "memcache")]
+    for label, start, port, protocol in rows:
+        with start() as server:
+            few = cpu_per_item(binary, server, port, protocol, args, clients=4, queues=4)
+            many = cpu_per_item(binary, server, port, protocol, args, clients=args.connections,
+                                queues=4)
+        print(f"| {label} | {few:.1f} | {many:.1f} | {many / few:.2f} |", flush=True)
+
+
+def connect_and_close(work: Path, args: argparse.Namespace) -> None:
+    print(f"\n### Accepting and closing a connection: {args.cycles:,} in turn, no request\n")
+    print("| server | CPU µs per connection |")
+    print("| --- | --- |")
+    rows = [("kestrel-py (memcache port)", lambda: peers.kestrel(work), "memcache"),
+            ("kestrel-py (Thrift port)", lambda: peers.kestrel(work), "thrift"),
+            ("Redis", lambda: peers.redis(work), "redis")]
+    for label, start, port in rows:
+        with start() as server:
+            address = ("127.0.0.1", server[port])
+            for _ in range(100):  # warm
+                socket.create_connection(address).close()
+            time.sleep(0.5)
+            before = process_cpu_seconds(server.pid)
+            for _ in range(args.cycles):
+                socket.create_connection(address).close()
+            time.sleep(0.5)  # the last closes handled
+            cost = (process_cpu_seconds(server.pid) - before - idle_cpu(server, 0.5)) / args.cycles * 1e6
+        print(f"| {label} | {cost:.0f} |", flush=True)
+
+
+def idle_cpu(server: peers.Running, seconds: float) -> float:
+    """What the server spends doing nothing for `seconds` (taken off the connection figures)."""
+    before = process_cpu_seconds(server.pid)
+    time.sleep(seconds)
+    return process_cpu_seconds(server.pid) - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queues", type=int, default=10_000)
+    parser.add_argument("--fill", type=int, default=2, help="items left in each queue")
+    parser.add_argument("--connections", type=int, default=1_000)
+    parser.add_argument("--seconds", type=float, default=3.0, help="each load run")
+    parser.add_argument("--repeat", type=int, default=3, help="load runs per figure, the least CPU kept")
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle server is watched")
+    parser.add_argument("--cycles", type=int, default=2_000, help="connections opened and closed")
+    parser.add_argument("--only", choices=["queues", "connections", "connect"])
+    parser.add_argument("--source", type=Path, help="run our server from this source tree")
+    args = parser.parse_args()
+    if args.source is not None:
+        peers.SOURCE = args.source.resolve()
+    print(f"# cost that follows the work, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
+    print(f"# our server from {peers.SOURCE}; load average before: {load_average()}")
+    with tempfile.TemporaryDirectory(prefix="kestrel-scale-") as directory:
+        work = Path(directory)
+        try:
+            binary = loadgen.build(work)
+            if args.only in (None, "queues"):
+                queues_and_idle(binary, work, args)
+            if args.only in (None, "connections"):
+                connections(binary, work, args)
+            if args.only in (None, "connect"):
+                connect_and_close(work, args)
+        except peers.MissingPeer as e:
+            sys.exit(str(e))
+    print(f"\n# load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

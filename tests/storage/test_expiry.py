@@ -1,0 +1,160 @@
+"""The expiry sweep (src/kestrel/storage/expiry.py) in both journal formats: it looks only at the
+queues whose head is due or that changed, and expires exactly what Kestrel's sweep does (expired
+items at the head, at most `max_expire_sweep` a round; an empty queue past `max_queue_age`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.queue import PersistentQueue
+from tests.support.queues import drain, reopen
+
+T0 = 1_700_000_000_000
+
+FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+
+
+def make(path: Path, journal_format: str, clock: FakeClock, queues: dict[str, Any] | None = None) -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({"journal_format": journal_format}, queues), clock=clock)
+    coll.load()
+    return coll
+
+
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the queues whose heads a sweep looks at, in order."""
+    seen: list[str] = []
+    head_expiry = PersistentQueue.head_expiry
+
+    def counted(q: PersistentQueue) -> int:
+        seen.append(q.name)
+        return head_expiry(q)
+
+    monkeypatch.setattr(PersistentQueue, "head_expiry", counted)
+    return seen
+
+
+@FORMATS
+def test_a_sweep_looks_at_the_queues_that_are_due_or_changed_and_no_other(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    for i in range(300):
+        coll.add(f"q{i:03}", b"never expires")
+    coll.add("q150", b"soon", T0 + 5_000)
+    calls: list[str] = []
+    discard = PersistentQueue.discard_expired
+
+    def counted(q: PersistentQueue, limit: int | None = None) -> int:
+        calls.append(q.name)
+        return discard(q, limit)
+
+    monkeypatch.setattr(PersistentQueue, "discard_expired", counted)
+    for _ in range(4):  # an idle server: no queue is touched
+        clock.advance(1_000)
+        assert coll.sweep() == 0
+    assert calls == []
+    assert coll.remove("q150") is not None  # its head is now "soon", due in a second
+    clock.advance(1_000)
+    assert coll.sweep() == 1 and calls == ["q150"]
+    clock.advance(1_000)
+    assert coll.sweep() == 0 and calls == ["q150"]
+    assert coll.queue("q150").length == 0 and coll.queue("q150").expired_items == 1
+
+
+@FORMATS
+def test_an_item_behind_a_head_that_never_expires_waits_until_it_reaches_the_head(
+        tmp_path: Path, journal_format: str, looks: list[str]) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    coll.add("q", b"never")
+    coll.add("q", b"soon", T0 + 1_000)
+    coll.add("q", b"later", T0 + 3_000)
+    clock.advance(2_000)
+    assert coll.sweep() == 0  # as Kestrel: the sweep looks at the head only
+    looks.clear()
+    clock.advance(1_000)
+    assert coll.sweep() == 0 and looks == []  # nothing due at the head, nothing changed
+    assert coll.remove("q").data == b"never"  # type: ignore[union-attr]
+    assert coll.queue("q").length == 2  # a get leaves the expired item it reveals to the sweep
+    assert coll.sweep() == 2 and set(looks) == {"q"} and coll.queue("q").expired_items == 2
+
+
+@FORMATS
+def test_an_aborted_read_of_an_expired_item_is_swept_once_it_is_back_at_the_head(
+        tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"q": {"expire_to_queue": "dead"}})
+    coll.add("q", b"x", T0 + 1_000)
+    coll.add("q", b"y")
+    taken = coll.remove("q", transaction=True)
+    assert taken is not None
+    clock.advance(2_000)
+    assert coll.sweep() == 0
+    assert coll.unremove("q", taken.xid)
+    assert coll.sweep() == 1
+    assert drain(coll, "q") == [b"y"] and drain(coll, "dead") == [b"x"]
+
+
+@FORMATS
+def test_the_head_comes_due_without_a_change_and_a_round_stops_at_max_expire_sweep(
+        tmp_path: Path, journal_format: str, looks: list[str]) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"q": {"max_expire_sweep": 3}})
+    coll.add_many("q", [b"a", b"b", b"c", b"d", b"e"], T0 + 10_000)
+    coll.add("q", b"kept")
+    coll.sweep()
+    for _ in range(9):
+        clock.advance(1_000)
+        looks.clear()
+        assert coll.sweep() == 0 and looks == []  # not due yet: not looked at
+    clock.advance(1_000)
+    assert coll.sweep() == 3
+    assert coll.sweep() == 2
+    assert drain(coll, "q") == [b"kept"]
+
+
+@FORMATS
+def test_a_queue_past_max_queue_age_is_deleted_at_its_time_without_a_change(
+        tmp_path: Path, journal_format: str, looks: list[str]) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"tmp": {"max_queue_age": "10s"}})
+    assert coll.remove("tmp") is None  # creates it, empty
+    coll.sweep()
+    looks.clear()
+    clock.advance(9_000)
+    coll.sweep()
+    assert "tmp" in coll.queue_names() and looks == []
+    clock.advance(1_001)
+    coll.sweep()
+    assert "tmp" not in coll.queue_names() and coll.queue_expires == 1
+
+
+@FORMATS
+def test_items_due_at_start_up_are_swept_after_the_restart(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    coll.add_many("q", [b"a", b"b"], T0 + 1_000)
+    coll.add("q", b"kept")
+    coll.add("other", b"untouched")
+    clock.advance(2_000)
+    coll = reopen(coll)
+    assert coll.sweep() == 2
+    assert drain(coll, "q") == [b"kept"]
+
+
+@FORMATS
+def test_many_reschedules_keep_the_schedule_small(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    for n in range(2_000):  # each get reveals a head with a later expiry: the queue moves in the heap
+        coll.add("q", b"%d" % n, T0 + 1_000_000 - n)
+    for _ in range(1_999):
+        coll.remove("q")
+        coll.sweep()
+    assert len(coll._expiry._heap) <= 2 * 1 + 64
