@@ -85,7 +85,10 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
     installed = [line.split(",")[0] for line in record.read_text().splitlines()]
     top = {name.split("/")[0] for name in installed
            if ".dist-info/" not in name and not name.startswith(("..", "__pycache__/"))}
-    assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
+    # Beside it, the modules Spark's lookup finds, and the start-up hook that lets spark.pyspark.python
+    # name the Python of Spark's driver side (src/kestrel_pyspark_python.py) with its .pth.
+    assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py", "kestrel_pyspark_python.py",
+                   "kestrel-pyspark-python.pth"}, top
     assert {"kestrel/contract/kestrel.thrift", "kestrel/service/kestrel.yaml"} <= set(installed)
     static = ROOT / "src" / "kestrel" / "service" / "dashboard" / "static"
     page_files = {f"kestrel/service/dashboard/static/{p.relative_to(static)}" for p in static.rglob("*") if p.is_file()}
