@@ -8,18 +8,21 @@ RUN_STAMP := $(VENV)/.installed-run
 # than cores pay (docs/testing.md).
 TEST_PROCESSES ?= 4
 
-.PHONY: test run lint wheel bench clean
+.PHONY: test run lint sanitize wheel bench clean
 
 # Two stamps in one .venv. `make run` installs what serving needs: the package and its dependencies
 # (about 60 MB). `make test` installs the test and Spark extras too (pytest, mypy, PySpark, PyArrow:
 # about 840 MB), which is all `make run` needs as well.
-$(RUN_STAMP): pyproject.toml setup.py
+# The compiled helpers are built by the install, so a changed C source installs again.
+C_SOURCES := $(shell find src -name '*.c')
+
+$(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,spark]'
@@ -36,6 +39,29 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The C helpers built under AddressSanitizer and UBSan (any undefined behaviour aborts) from a copy
+# of src/ in build/sanitize, then the tests that compare each with its Python reference run on that
+# build, the interpreter preloading the sanitizer's runtime (it is not built with it itself) and the
+# C++ runtime before it (greenlet's switches throw C++ exceptions the sanitizer must intercept).
+SANITIZE := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
+SANITIZE_TESTS := tests/thrift/test_thrift_binary.py tests/memcache/test_memcache_runs.py \
+	tests/storage/test_item.py tests/storage/test_manifest.py tests/storage/test_decode_common.py \
+	tests/storage/test_replay_fast_path.py tests/storage/test_batch_paths.py tests/storage/test_group_commit.py
+CC ?= cc
+
+sanitize: $(STAMP)
+	rm -rf $(SANITIZE) && mkdir -p $(SANITIZE)
+	cp -r setup.py pyproject.toml README.md src $(SANITIZE)/
+	find $(SANITIZE)/src -name '*.so' -delete
+	cd $(SANITIZE) && CC=$(CC) CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="$(SANITIZE_FLAGS)" \
+		$(CURDIR)/$(BIN)/python setup.py --quiet build_ext --inplace
+	test "$$(find $(SANITIZE)/src -name '*.so' | wc -l)" -eq "$$(find src -name '*.c' | wc -l)"  # each one built
+	PYTHONPATH=$(SANITIZE)/src $(BIN)/python -c "import kestrel; assert '$(SANITIZE)/' in kestrel.__file__"
+	PYTHONPATH=$(SANITIZE)/src ASAN_OPTIONS=detect_leaks=0 \
+		LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so)" \
+		$(BIN)/python -m pytest -q -p no:cacheprovider -n 0 $(SANITIZE_TESTS)
 
 run: $(RUN_STAMP)
 	$(BIN)/kestrel serve

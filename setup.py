@@ -2,10 +2,12 @@
 
 `optional=True`: where no C compiler is at hand the build goes on without them, and the Python
 code each one stands in for serves alone: the group commit uses Python threads
-(src/kestrel/storage/fsync/group_commit.py), items are `kestrel.storage.item.QItemPython`, the journal readers
-use `kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its Python
-list loops (src/kestrel/service/thrift/protocol.py), and the memcache port its Python scanner of pipelined
-runs (src/kestrel/service/memcache/runs.py).
+(src/kestrel/storage/fsync/group_commit.py), items are `kestrel.storage.item.QItemPython`, CRC32C
+is `kestrel.storage.crc32c.crc32c_python`, the journal readers use
+`kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its Python
+readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses each
+command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
+AddressSanitizer and UBSan and runs their tests.
 
 It also puts `src/kestrel-pyspark-python.pth` at the top of the built package, beside the modules,
 so that an install places it in site-packages, where Python reads it at start-up (see
@@ -31,6 +33,6 @@ class BuildWithPth(build_py):  # type: ignore[misc]
 
 setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[
     Extension(f"kestrel.{name}", [f"src/kestrel/{name.replace('.', '/')}.c"], optional=True)
-    for name in ("storage.fsync._fsync_many", "storage.kestrel2._codec", "storage._item",
+    for name in ("storage.fsync._fsync_many", "storage.kestrel2._codec", "storage._item", "storage._crc32c",
                  "service.thrift._binary", "service.memcache._scan")
 ])

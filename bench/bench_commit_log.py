@@ -38,12 +38,12 @@ def run(directory: str, sync: str, commit_log: bool, items: int) -> tuple[float,
         coll.load()
         names = [f"q{n}" for n in range(PRODUCERS)]
         for name in names:  # created (a journal and its directory entry) before the clock starts
-            coll.add(name, DATA)
+            coll.put(name, [DATA])
             coll.remove(name)
 
         def producer(name: str) -> None:
             for _ in range(items):
-                coll.add(name, DATA)
+                coll.put(name, [DATA])
                 coll.remove(name)
 
         process = resource.getrusage(resource.RUSAGE_SELF)

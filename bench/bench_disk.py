@@ -38,7 +38,7 @@ def drain(memory: int, item_size: int, journal: int, default: int) -> None:
     count = 100 * memory // item_size
     data = b"x" * item_size
     for _ in range(0, count, 100):
-        coll.add_many("q", [data] * 100)
+        coll.put("q", [data] * 100)
     record = len(codec.encode_addx(0, 0, data))
     peak = queue_disk_bytes(directory)
     written = [0]

@@ -40,15 +40,15 @@ def run(fmt: str, readers: int, items: int, size: int) -> dict[str, float]:
     data = b"x" * size
     started = time.perf_counter()
     for _ in range(0, items, 100):
-        coll.add_many("q", [data] * 100)
+        coll.put("q", [data] * 100)
     put_seconds = time.perf_counter() - started
     figures = {"put_s": put_seconds, "after_put": disk_bytes(directory)}
     for stage, share in (("half_drained", 0.5), ("drained", 1.0)):
         for name in names:
             q = coll.queue(name)
             while q.length > items * (1 - share):
-                got = coll.remove_many(name, min(100, int(q.length - items * (1 - share))), True)
-                coll.confirm_many(name, [i.xid for i in got])
+                got = coll.remove(name, min(100, int(q.length - items * (1 - share))), True)
+                coll.confirm(name, [i.xid for i in got])
             q.wait_for_packing()
         figures[stage] = disk_bytes(directory)
     coll.close()

@@ -47,7 +47,7 @@ def run(fmt: str, items: int, flushes: int) -> None:
 
         def fill() -> None:
             for start in range(0, items, 100):
-                coll.add_many("q", [ITEM] * min(100, items - start), 0)
+                coll.put("q", [ITEM] * min(100, items - start), 0)
             coll.queue("q").wait_for_packing()
 
         wall, cpu = timed(fill)
@@ -63,7 +63,7 @@ def run(fmt: str, items: int, flushes: int) -> None:
 
             def flush() -> None:
                 for _ in range(flushes):
-                    coll.add("q", ITEM)
+                    coll.put("q", [ITEM])
                     coll.flush("q")
 
             wall, cpu = timed(flush)

@@ -312,14 +312,14 @@ def thread_wake(work: Path) -> tuple[float, float]:
     woken: list[float] = []
 
     def wait() -> None:
-        if coll.remove("q", timeout=30.0) is not None:
+        if coll.remove("q", timeout=30.0):
             woken.append(time.perf_counter())
 
     waiter = threading.Thread(target=wait)
     waiter.start()
     wait_until(lambda: coll.queue("q").waiters == 1, "the thread to wait")
     started = time.perf_counter()
-    coll.add("q", b"hello")
+    coll.put("q", [b"hello"])
     waiter.join(30)
     coll.close()
     return woken[0] - started, 1.0
@@ -333,12 +333,12 @@ def end_waits(work: Path) -> tuple[float, float]:
 
     work.mkdir(parents=True, exist_ok=True)
     coll = QueueCollection(tempfile.mkdtemp(dir=work))
-    waiter = gevent.spawn(coll.remove, "empty", False, 30.0)
+    waiter = gevent.spawn(coll.remove, "empty", 1, False, 30.0)
     gevent.sleep(0)
     started = time.perf_counter()
     coll.end_waits()
     waiter.get(timeout=30)
-    coll.remove("other", False, 30.0)
+    coll.remove("other", 1, False, 30.0)
     took = time.perf_counter() - started
     coll.close()
     return took, 0.1

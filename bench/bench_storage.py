@@ -33,11 +33,11 @@ def engine_pairs(directory: str, size: int, sync: str, n: int, batch: int) -> fl
     started = time.perf_counter()
     if batch == 1:
         for _ in range(n):
-            q.add(data)
+            q.put(items)
             q.remove()
     else:
         for _ in range(n // batch):
-            q.add_many(items)
+            q.put(items)
             for _ in range(batch):
                 q.remove()
     elapsed = time.perf_counter() - started

@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file, queue_path
 from kestrel.storage.clock import FakeClock
 from tests.conftest import ROOT
 from tests.support import kestrel24, system
-from tests.support.queues import aside, drain, journal_files
+from tests.support.queues import aside, drain, journal_files, one
 
 
 class FailingDisk:
@@ -34,7 +33,7 @@ class FailingDisk:
         self.full = False
         self.only: str | None = None  # fail only the journal of this queue
         self.failures = 0
-        self._real = journal.write_all
+        self._real = journal_file.write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full and (self.only is None or os.readlink(f"/proc/self/fd/{fd}").endswith("/" + self.only)):
@@ -47,7 +46,7 @@ class FailingDisk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingDisk]:
     fake = FailingDisk()
-    monkeypatch.setattr(journal, "write_all", fake.write_all)
+    monkeypatch.setattr(journal_file, "write_all", fake.write_all)
     yield fake
 
 
@@ -59,11 +58,11 @@ def loaded(path: Path) -> QueueCollection:
 
 def test_a_failed_put_leaves_journal_and_queue_as_they_were(tmp_path: Path, disk: FailingDisk) -> None:
     coll = loaded(tmp_path)
-    coll.add_many("q", [b"one", b"two"])
+    coll.put("q", [b"one", b"two"])
     before = (tmp_path / "q").read_bytes()
     disk.full = True
     with pytest.raises(JournalWriteError, match="the disk is full") as err:
-        coll.add_many("q", [b"three", b"four"])
+        coll.put("q", [b"three", b"four"])
     assert err.value.disk_full and err.value.queue == "q"
     assert disk.failures == 1
     assert (tmp_path / "q").read_bytes() == before  # the half-written record was cut off
@@ -71,11 +70,11 @@ def test_a_failed_put_leaves_journal_and_queue_as_they_were(tmp_path: Path, disk
     assert q.length == 2 and q.stats()["read_only"] == 1 and q.stats()["journal_write_errors"] == 1
     # Still full: refused again, without touching the journal.
     with pytest.raises(JournalWriteError):
-        coll.add("q", b"five")
+        coll.put("q", [b"five"])
     assert (tmp_path / "q").read_bytes() == before
     # Space is back: writes succeed, and the queue says so.
     disk.full = False
-    assert coll.add("q", b"six")
+    assert coll.put("q", [b"six"])
     assert q.stats()["read_only"] == 0
     coll.close()
     assert drain(loaded(tmp_path), "q") == [b"one", b"two", b"six"]
@@ -89,16 +88,16 @@ def test_an_expired_item_whose_expiry_queue_cannot_be_written_stays_where_it_was
     configs = QueueConfigs(None, {"q": {"expire_to_queue": "dead"}})
     coll = QueueCollection(str(tmp_path), configs, None, clock)
     coll.load()
-    coll.add("dead", b"earlier")
-    coll.add("q", b"expiring", expiry_ms=clock.now_ms() + 1)
-    coll.add("q", b"kept")
+    coll.put("dead", [b"earlier"])
+    coll.put("q", [b"expiring"], expiry_ms=clock.now_ms() + 1)
+    coll.put("q", [b"kept"])
     clock.advance(2)
     disk.full, disk.only = True, "dead"
     with pytest.raises(JournalWriteError):
         coll.remove("q")
     assert coll.queue("q").length == 2 and coll.queue("dead").length == 1
     disk.full = False
-    item = coll.remove("q")
+    item = one(coll.remove("q"))
     assert item is not None and item.data == b"kept"
     coll.close()
     again = QueueCollection(str(tmp_path), configs, None, clock)
@@ -108,23 +107,23 @@ def test_an_expired_item_whose_expiry_queue_cannot_be_written_stays_where_it_was
 
 def test_a_reliable_get_that_cannot_be_journaled_takes_nothing(tmp_path: Path, disk: FailingDisk) -> None:
     coll = loaded(tmp_path)
-    coll.add_many("q", [b"a", b"b"])
-    held = coll.remove("q", transaction=True)
+    coll.put("q", [b"a", b"b"])
+    held = one(coll.remove("q", transaction=True))
     assert held is not None and held.data == b"a"
     disk.full = True
     with pytest.raises(JournalWriteError):
         coll.remove("q", transaction=True)
     with pytest.raises(JournalWriteError):
-        coll.remove_many("q", 5)
+        coll.remove("q", 5)
     q = coll.queue("q")
     assert q.length == 1 and q.open_transactions == 1
     assert q.peek() is not None and q.peek().data == b"b"  # type: ignore[union-attr]
     with pytest.raises(JournalWriteError):
-        coll.confirm("q", held.xid)
+        coll.confirm("q", [held.xid])
     assert q.open_transactions == 1  # still open: its confirm was not journaled
     disk.full = False
-    assert coll.confirm("q", held.xid)  # the same xid still names the same read
-    again = coll.remove("q", transaction=True)
+    assert coll.confirm("q", [held.xid])  # the same xid still names the same read
+    again = one(coll.remove("q", transaction=True))
     assert again is not None and again.data == b"b"
     coll.close()
     assert drain(loaded(tmp_path), "q") == [b"b"]  # open at the stop: back at the head
@@ -132,25 +131,25 @@ def test_a_reliable_get_that_cannot_be_journaled_takes_nothing(tmp_path: Path, d
 
 def test_flush_and_abort_that_cannot_be_journaled_change_nothing(tmp_path: Path, disk: FailingDisk) -> None:
     coll = loaded(tmp_path)
-    coll.add_many("q", [b"a", b"b", b"c"])
-    held = coll.remove("q", transaction=True)
+    coll.put("q", [b"a", b"b", b"c"])
+    held = one(coll.remove("q", transaction=True))
     assert held is not None
     disk.full = True
     with pytest.raises(JournalWriteError):
         coll.flush("q")
     with pytest.raises(JournalWriteError):
-        coll.unremove("q", held.xid)
+        coll.unremove("q", [held.xid])
     q = coll.queue("q")
     assert (q.length, q.open_transactions) == (2, 1)
     disk.full = False
-    assert coll.unremove("q", held.xid)
+    assert coll.unremove("q", [held.xid])
     assert drain(coll, "q") == [b"a", b"b", b"c"]
 
 
 def test_one_unwritable_queue_does_not_stop_flush_all(tmp_path: Path, disk: FailingDisk) -> None:
     coll = loaded(tmp_path)
     for name in ("a", "b", "c"):
-        coll.add_many(name, [b"1", b"2"])
+        coll.put(name, [b"1", b"2"])
     disk.full, disk.only = True, "b"
     with pytest.raises(JournalWriteError, match="queue 'b'"):
         coll.flush_all()
@@ -174,13 +173,13 @@ def test_every_acknowledged_item_survives_a_disk_full_episode(tmp_path: Path, di
             assert coll.queue("q").in_read_behind == (memory == 300)
         data = b"item-%d-" % n + b"." * 40
         try:
-            coll.add("q", data)
+            coll.put("q", [data])
             acknowledged.append(data)
         except JournalWriteError:
             pass
         if n % 7 == 0:
             try:
-                got = coll.remove("q")
+                got = one(coll.remove("q"))
                 if got is not None:
                     acknowledged.remove(got.data)
             except JournalWriteError:
@@ -188,7 +187,7 @@ def test_every_acknowledged_item_survives_a_disk_full_episode(tmp_path: Path, di
     disk.full = False
     coll.queue("q").wait_for_packing()
     coll.close()
-    files = journal.list_journal_files(str(tmp_path), "q").replay_order()
+    files = queue_path.list_journal_files(str(tmp_path), "q").replay_order()
     assert kestrel24.load(b"".join(Path(p).read_bytes() for p in files)) == acknowledged
     again = QueueCollection(str(tmp_path), configs)
     again.load()

@@ -68,11 +68,11 @@ def lived_in(path: Path) -> dict[str, list[str]]:
     coll.load()
     for round_ in range(4):
         for i in range(60):
-            coll.add("packed", b"%d-%04d" % (round_, i) + ITEM)
+            coll.put("packed", [b"%d-%04d" % (round_, i) + ITEM])
         for _ in range(50):
             coll.remove("packed")
         coll.queue("packed").wait_for_packing()
-    coll.add("logged", b"in the log")
+    coll.put("logged", [b"in the log"])
     # Killed here: the commit log stays; a torn write is left on another queue, damage on a third.
     (path / "torn").write_bytes(addx(b"kept") + addx(b"torn")[:9])
     (path / "damaged").write_bytes(addx(b"kept") + b"\x42" + addx(b"lost"))

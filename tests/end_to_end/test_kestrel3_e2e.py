@@ -224,12 +224,12 @@ def test_a_reader_named_first_after_a_restart_is_created_once(tmp_path: Path) ->
     configs = QueueConfigs({}, {"jobs": {"journal_format": "kestrel3"}})
     coll = QueueCollection(str(tmp_path), configs)
     coll.queue("jobs+a")
-    coll.add_many("jobs", [b"one", b"two"])
+    coll.put("jobs", [b"one", b"two"])
     coll.close()
     again = QueueCollection(str(tmp_path), configs)  # not loaded: queues are created on first use
     child = again.queue("jobs+a")
     assert again.queue("jobs+a") is child and child.length == 2
-    assert again.add_many("jobs", [b"three"]) == 1
+    assert again.put("jobs", [b"three"]) == 1
     assert drain(again, "jobs+a") == [b"one", b"two", b"three"]
     again.close()
 

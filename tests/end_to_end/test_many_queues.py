@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, TooManyQueues
-from kestrel.storage import files as journal
+from kestrel.storage import QueueCollection, QueueConfigs, TooManyQueues, queue_path
 from kestrel.storage.kestrel2 import codec
 from tests.conftest import ROOT
+from tests.support.queues import one
 
 RECORD = codec.encode_addx(1_700_000_000_000, 0, b"item")
 
@@ -47,7 +47,7 @@ def test_start_up_reads_the_queue_path_once(tmp_path: Path, monkeypatch: pytest.
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(journal.os, "scandir", counting)
+    monkeypatch.setattr(queue_path.os, "scandir", counting)
     coll = QueueCollection(str(tmp_path / "qs"))
     coll.load()
     assert len(calls) == 1
@@ -62,7 +62,7 @@ def test_creating_a_queue_reads_no_directory(tmp_path: Path, monkeypatch: pytest
                            | {f"k3_{n}": {"journal_format": "kestrel3"} for n in range(3)})
     coll = QueueCollection(str(tmp_path / "qs"), configs)
     coll.load()
-    coll.add("k3_0", b"x")  # a Kestrel 3 queue beside them
+    coll.put("k3_0", [b"x"])  # a Kestrel 3 queue beside them
     scans = []
     real_scandir, real_listdir = os.scandir, os.listdir
 
@@ -77,15 +77,15 @@ def test_creating_a_queue_reads_no_directory(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(os, "scandir", scandir)
     monkeypatch.setattr(os, "listdir", listdir)
     for n in range(3):
-        assert coll.add(f"new{n}", b"item") and coll.remove(f"new{n}") is not None
-    coll.add("new0+child", b"fanned")
+        assert coll.put(f"new{n}", [b"item"]) and one(coll.remove(f"new{n}")) is not None
+    coll.put("new0+child", [b"fanned"])
     assert scans == []  # each new queue looks only at its own files, by name
     monkeypatch.undo()
     coll.close()
     again = QueueCollection(str(tmp_path / "qs"), configs)
     again.load()
     assert {"new0", "new1", "new2", "new0+child", "k3_0"} <= set(again.queue_names())
-    assert [i.data for i in [again.remove("new0+child")] if i is not None] == [b"fanned"]
+    assert [i.data for i in again.remove("new0+child")] == [b"fanned"]
     again.close()
 
 
@@ -100,7 +100,7 @@ def test_a_deleted_queue_named_again_is_created_reading_no_directory(tmp_path: P
     coll = QueueCollection(str(tmp_path / "qs"), configs)
     coll.load()
     for name in ("gone", "gone+child", "kept", "kept+child", "kept+other"):
-        coll.add(name, b"old")
+        coll.put(name, [b"old"])
     scans: list[Any] = []
     real_scandir = os.scandir
 
@@ -112,17 +112,17 @@ def test_a_deleted_queue_named_again_is_created_reading_no_directory(tmp_path: P
         coll.delete(name)
     monkeypatch.setattr(os, "scandir", scandir)
     for name in ("gone", "gone+child", "kept+child"):
-        assert coll.add(name, b"new")
+        assert coll.put(name, [b"new"])
     monkeypatch.undo()
     assert scans == []
-    assert [i.data for i in [coll.remove("gone"), coll.remove("gone+child"), coll.remove("kept+child")]
+    assert [i.data for i in [one(coll.remove("gone")), one(coll.remove("gone+child")), one(coll.remove("kept+child"))]
             if i is not None] == [b"new", b"new", b"new"]
-    coll.add_many("gone", [b"after"])
+    coll.put("gone", [b"after"])
     coll.close()
     again = QueueCollection(str(tmp_path / "qs"), configs)
     again.load()
-    assert [i.data for i in [again.remove("gone"), again.remove("gone")] if i is not None] == [b"after"]
-    assert [i.data for i in [again.remove("kept+other")] if i is not None] == [b"old"]
+    assert [i.data for i in [one(again.remove("gone")), one(again.remove("gone"))] if i is not None] == [b"after"]
+    assert [i.data for i in [one(again.remove("kept+other"))] if i is not None] == [b"old"]
     again.close()
 
 
@@ -139,15 +139,15 @@ def test_two_thousand_queues_load_about_ten_times_slower_than_two_hundred(tmp_pa
 def test_max_queues_refuses_new_queues_and_keeps_serving_the_others(tmp_path: Path) -> None:
     coll = QueueCollection(str(tmp_path), max_queues=3)
     for name in ("a", "b", "c"):
-        coll.add(name, b"kept")
+        coll.put(name, [b"kept"])
     with pytest.raises(TooManyQueues, match="cannot create queue 'd'.*max_queues = 3"):
-        coll.add("d", b"refused")
+        coll.put("d", [b"refused"])
     with pytest.raises(TooManyQueues):
-        coll.add("a+child", b"a fanout child is a queue too")
+        coll.put("a+child", [b"a fanout child is a queue too"])
     assert coll.queue_names() == ["a", "b", "c"] and not (tmp_path / "d").exists()
-    assert coll.remove("a") is not None and coll.add("b", b"more")
+    assert one(coll.remove("a")) is not None and coll.put("b", [b"more"])
     coll.delete("c")
-    assert coll.add("d", b"room again")
+    assert coll.put("d", [b"room again"])
     coll.close()
     again = QueueCollection(str(tmp_path), max_queues=2)
     again.load()  # queues already on disk all load, even past the limit
@@ -164,15 +164,15 @@ OUT_OF_DESCRIPTORS = textwrap.dedent("""
     made = 0
     try:
         while True:
-            coll.add("q%d" % made, b"item")
+            coll.put("q%d" % made, [b"item"])
             made += 1
     except KestrelError as e:
         print("refused:", e)
     assert 5 < made < 40, made
     # The queues it has keep working.
     for n in range(made):
-        assert coll.add("q%d" % n, b"more")
-        assert coll.remove("q%d" % n).data == b"item"
+        assert coll.put("q%d" % n, [b"more"])
+        assert [i.data for i in coll.remove("q%d" % n)] == [b"item"]
     coll.close()
     print("served", made)
 """)
@@ -208,6 +208,6 @@ def test_idle_queues_hold_no_file_descriptor(tmp_path: Path) -> None:
     coll = QueueCollection(str(tmp_path / "qs"))
     coll.load()
     assert len(os.listdir("/proc/self/fd")) - before < 5
-    coll.add("q1", b"written")  # a change opens that queue's journal, and only that one
+    coll.put("q1", [b"written"])  # a change opens that queue's journal, and only that one
     assert len(os.listdir("/proc/self/fd")) - before < 6
     coll.close()

@@ -23,7 +23,7 @@ from kestrel.storage.kestrel2.codec import AddX, encode
 from tests.conftest import ServerProcess
 from tests.server.test_shutdown import _thrift_client
 from tests.support.privileges import as_plain_user, unwritable
-from tests.support.queues import drain, open_collection
+from tests.support.queues import drain, one, open_collection
 from tests.support.wire import conn, exchange, memcache_stats
 
 T0 = 1_700_000_000_000
@@ -49,9 +49,9 @@ def test_the_collection_refuses_one_damaged_queue_and_loads_the_others(tmp_path:
     coll.load()
     assert drain(coll, "good") == [b"one", b"two"]
     assert sorted(coll.refused) == ["bad"] and coll.queue_names() == ["good"]
-    for call in (lambda: coll.queue("bad"), lambda: coll.add("bad", b"x"), lambda: coll.flush("bad"),
-                 lambda: coll.remove("bad"), lambda: coll.peek("bad"), lambda: coll.delete("bad"),
-                 lambda: coll.add("bad+child", b"x")):
+    for call in (lambda: coll.queue("bad"), lambda: coll.put("bad", [b"x"]), lambda: coll.flush("bad"),
+                 lambda: one(coll.remove("bad")), lambda: coll.peek("bad"), lambda: coll.delete("bad"),
+                 lambda: coll.put("bad+child", [b"x"])):
         with pytest.raises(QueueDamaged, match="--salvage") as err:
             call()
         assert "'bad" in str(err.value) and "opcode 66" in str(err.value)
@@ -138,8 +138,8 @@ def test_a_kestrel_client_reading_stats_finds_only_real_queue_names(server_facto
 def test_a_journal_the_collection_cannot_write_is_refused_at_load_and_left_as_it_is(tmp_path: Path,
                                                                                      fmt: str) -> None:
     coll = open_collection(tmp_path, {"journal_format": fmt})
-    coll.add_many("locked", [b"kept"])
-    coll.add_many("open", [b"served"])
+    coll.put("locked", [b"kept"])
+    coll.put("open", [b"served"])
     coll.close()
     journal = tmp_path / ("locked" if fmt == "kestrel2" else
                           next(n for n in sorted(os.listdir(tmp_path)) if n.startswith("locked.")
@@ -149,7 +149,7 @@ def test_a_journal_the_collection_cannot_write_is_refused_at_load_and_left_as_it
         coll = open_collection(tmp_path, {"journal_format": fmt})
         assert sorted(coll.refused) == ["locked"] and drain(coll, "open") == [b"served"]
         with pytest.raises(QueueDamaged, match=r"cannot be written.*write access") as refused:
-            coll.add_many("locked", [b"x"])
+            coll.put("locked", [b"x"])
         assert str(journal) in str(refused.value)
         with pytest.raises(QueueDamaged):
             coll.remove("locked+child")
@@ -164,18 +164,18 @@ def test_a_journal_that_stops_being_writable_makes_its_queue_read_only_counted_a
     """Found by a change rather than at start-up (the journal is opened by the first change): the
     queue is read-only, the failure counted and logged, until a change finds it writable again."""
     coll = open_collection(tmp_path)
-    coll.add_many("q", [b"one"])
+    coll.put("q", [b"one"])
     coll.close()
     coll = open_collection(tmp_path)
     q = coll.queue("q")
     with unwritable(tmp_path / "q"), capture_logs() as logs:
         with pytest.raises(JournalWriteError):
-            coll.add_many("q", [b"refused"])
+            coll.put("q", [b"refused"])
         gevent.idle()
         assert (q.read_only, q.journal_write_errors) == (True, 1)
         assert [e["event"] for e in logs if e["log_level"] == "error"] == [
             "cannot write the journal; the queue is read-only until it can"]
-    assert coll.add_many("q", [b"two"]) == 1 and not q.read_only
+    assert coll.put("q", [b"two"]) == 1 and not q.read_only
     assert drain(coll, "q") == [b"one", b"two"]
     coll.close()
 

@@ -1,6 +1,7 @@
-"""The scanner of pipelined runs (src/kestrel/service/memcache/runs.py) and its compiled twin (_scan.c): the same
-answer on intact and damaged input at every split of the buffer, and for every line a run takes,
-the command `commands.parse_line` reads from it."""
+"""The compiled scanner of pipelined runs (src/kestrel/service/memcache/_scan.c) against
+`commands.parse_line`, the memcache grammar's one Python reading: for every line a run takes, at
+every split of intact and damaged buffers, the command parse_line reads from it; and a run stops
+where another command begins."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ MAX_ITEM = 32
 
 def both_scans(buf: bytes, pos: int, end: int, max_line: int = MAX_LINE, max_item: int = MAX_ITEM,
                limit: int = runs.RUN_LIMIT) -> tuple[object, object]:
-    sets = runs.scan_sets_python(buf, pos, end, max_line, max_item, limit)
-    assert _scan.scan_sets(buf, pos, end, max_line, max_item, limit) == sets
+    """The scanner's runs of sets and of gets at `pos` (the same in `bytes` and in a receive buffer)."""
+    sets = _scan.scan_sets(buf, pos, end, max_line, max_item, limit)
     assert _scan.scan_sets(bytearray(buf), pos, end, max_line, max_item, limit) == sets
-    gets = runs.scan_gets_python(buf, pos, end, max_line, limit)
-    assert _scan.scan_gets(buf, pos, end, max_line, limit) == gets
+    gets = _scan.scan_gets(buf, pos, end, max_line, limit)
+    assert _scan.scan_gets(bytearray(buf), pos, end, max_line, limit) == gets
     return sets, gets
 
 
@@ -116,7 +117,7 @@ _pieces = st.sampled_from([
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_pieces, max_size=12), st.data())
-def test_generated_buffers_scan_alike_in_c_and_python(pieces: list[bytes], data: st.DataObject) -> None:
+def test_generated_buffers_scan_as_parse_line_reads_them(pieces: list[bytes], data: st.DataObject) -> None:
     buf = b"".join(pieces)
     end = data.draw(st.integers(0, len(buf)), label="end")
     pos = data.draw(st.sampled_from([0, *[sum(map(len, pieces[:i])) for i in range(len(pieces))]]), label="pos")

@@ -26,6 +26,7 @@ from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.runtime import ManualRuntime
 from tests.conftest import ServerProcess
 from tests.end_to_end.test_refused_queue import _damage
+from tests.support.queues import one
 
 STATIC = resources.files("kestrel.service.dashboard").joinpath("static")
 
@@ -58,20 +59,20 @@ def test_rates_come_from_two_snapshots_and_a_snapshot_serves_every_page_for_a_se
         server: ServerState, runtime: ManualRuntime) -> None:
     dashboard = Dashboard(server)
     coll = server.collection
-    coll.add_many("jobs", [b"x"] * 10)
+    coll.put("jobs", [b"x"] * 10)
     first = overview(dashboard)
     assert first["rates"] is None and rows(first)["jobs"]["in"] is None  # one snapshot: no rate yet
     runtime.clock.advance(1000)
-    coll.add_many("jobs", [b"x"] * 30)
+    coll.put("jobs", [b"x"] * 30)
     for _ in range(5):
-        assert coll.remove("jobs") is not None
+        assert one(coll.remove("jobs")) is not None
     second = overview(dashboard)
     assert rows(second)["jobs"] | {"state": "serving", "items": 35, "in": 30.0, "out": 5.0} == rows(second)["jobs"]
     assert second["rates"] == {"in": 30.0, "out": 5.0}
     assert second["history"]["in"] == [None, 30.0] and second["history"]["items"] == [None, 35]
     # Within SNAPSHOT_S every page gets the same snapshot, however many ask.
     body = dashboard.figures.snapshot().body
-    coll.add_many("jobs", [b"x"] * 7)
+    coll.put("jobs", [b"x"] * 7)
     runtime.clock.advance(int(SNAPSHOT_S * 1000) - 1)
     assert all(dashboard.figures.snapshot().body is body for _ in range(10))
     runtime.clock.advance(1)
@@ -82,7 +83,7 @@ def test_the_figures_are_those_of_stats_json(server: ServerState, runtime: Manua
     from kestrel.service.stats_render import stats_json
 
     dashboard = Dashboard(server)
-    server.collection.add_many("jobs", [b"abc"] * 4)
+    server.collection.put("jobs", [b"abc"] * 4)
     runtime.clock.advance(2000)
     page = overview(dashboard)
     stats = json.loads(stats_json(server))
@@ -100,7 +101,7 @@ def test_a_costly_snapshot_serves_longer_to_keep_its_share_of_the_server(
     from kestrel.service.dashboard import figures
 
     dashboard = Dashboard(server)
-    server.collection.add("jobs", b"x")
+    server.collection.put("jobs", [b"x"])
     monkeypatch.setattr(figures, "SHARE", 1e-12)  # as if the server had queues beyond counting
     first = dashboard.figures.snapshot()
     assert first.fresh_for > 3600
@@ -110,7 +111,7 @@ def test_a_costly_snapshot_serves_longer_to_keep_its_share_of_the_server(
 
 def test_nothing_runs_and_no_queue_is_read_while_no_page_asks(
         server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
-    server.collection.add("jobs", b"x")
+    server.collection.put("jobs", [b"x"])
     reads = []
     queue = server.collection.get("jobs")
     assert queue is not None
@@ -126,7 +127,7 @@ def test_nothing_runs_and_no_queue_is_read_while_no_page_asks(
 
 def test_a_queue_page_keeps_its_history_while_it_is_asked_for(server: ServerState, runtime: ManualRuntime) -> None:
     dashboard = Dashboard(server)
-    server.collection.add("jobs", b"x")
+    server.collection.put("jobs", [b"x"])
 
     def history() -> dict[str, Any]:
         reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
@@ -136,7 +137,7 @@ def test_a_queue_page_keeps_its_history_while_it_is_asked_for(server: ServerStat
     assert history()["items"] == []  # nothing kept before its page asked
     for _ in range(3):
         runtime.clock.advance(1000)
-        server.collection.add_many("jobs", [b"x"] * 10)
+        server.collection.put("jobs", [b"x"] * 10)
         latest = history()
     assert latest["items"][-2:] == [21, 31] and latest["in"][-1] == 10.0
 
@@ -159,8 +160,8 @@ def test_a_queue_paged_out_by_the_memory_budget_and_one_in_read_behind(tmp_path:
     state.collection.load()
     try:
         coll = state.collection
-        coll.add_many("paged", [b"x" * 1000] * 50)
-        coll.add_many("small", [b"x" * 1000] * 5)  # past its own max_memory_size
+        coll.put("paged", [b"x" * 1000] * 50)
+        coll.put("small", [b"x" * 1000] * 5)  # past its own max_memory_size
         paged = coll.queue("paged")
         paged.set_memory_target(4000)  # the governor's share for it, under its max_memory_size
         assert paged.shed() > 0
@@ -276,7 +277,7 @@ def test_a_queue_page_gives_its_settings_as_the_server_holds_them(server: Server
     # Sizes in bytes, times in ms and None for none: the page words them (`dump_config` writes them
     # as the config file does, which a page cannot read back as numbers).
     dashboard = Dashboard(server)
-    server.collection.add_many("jobs", [b"abc"])
+    server.collection.put("jobs", [b"abc"])
     reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
     assert reply is not None
     settings = {s["name"]: s["value"] for s in json.loads(reply[2])["settings"]}

@@ -73,3 +73,18 @@ def test_make_clean_keeps_the_queues(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert journal.read_bytes() == b"items"
     assert not any((tmp_path / made).exists() for made in (".venv", "dist", "build"))
+
+
+def test_make_sanitize_builds_every_helper_under_both_sanitizers_and_runs_the_tests_comparing_them(
+        tmp_path: Path) -> None:
+    recipe = " ".join(planned(tmp_path, "sanitize", (".venv/.installed", ".venv/.installed-run")))
+    build = recipe[:recipe.index("build_ext")]
+    assert "-fsanitize=address,undefined" in build and "-fno-sanitize-recover=all" in build, recipe
+    tests = [word for word in recipe[recipe.index("pytest"):].split() if word.startswith("tests/")]
+    assert tests and all((ROOT / test).is_file() for test in tests), tests
+    # Each helper's comparison with its Python reference is among them.
+    for helper, test in [("_binary.c", "test_thrift_binary.py"), ("_scan.c", "test_memcache_runs.py"),
+                         ("_item.c", "test_item.py"), ("_crc32c.c", "test_manifest.py"),
+                         ("_codec.c", "test_decode_common.py"), ("_fsync_many.c", "test_group_commit.py")]:
+        assert list((ROOT / "src").rglob(helper)) and any(t.endswith(test) for t in tests), helper
+    assert len(list((ROOT / "src").rglob("*.c"))) == 6  # a new helper needs its line above

@@ -14,6 +14,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.clients import thrift_client
+from tests.support.queues import one
 from tests.support.wire import memcache_stats
 
 _thrift_client = thrift_client
@@ -128,14 +129,14 @@ def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path:
     from kestrel.storage import QueueCollection
 
     coll = QueueCollection(str(tmp_path))
-    coll.add("full", b"item")
-    waiter = gevent.spawn(coll.remove, "empty", False, 30.0)
+    coll.put("full", [b"item"])
+    waiter = gevent.spawn(coll.remove, "empty", 1, False, 30.0)
     gevent.sleep(0)
     assert coll.get("empty") is not None and coll.get("empty").waiters == 1  # type: ignore[union-attr]
     started = time.monotonic()
     coll.end_waits()
-    assert waiter.get(timeout=1) is None
-    assert coll.remove("other", False, 30.0) is None  # a queue created afterwards does not wait either
+    assert waiter.get(timeout=1) == []
+    assert coll.remove("other", 1, False, 30.0) == []  # a queue created afterwards does not wait either
     assert time.monotonic() - started < STALL_S  # not the 30 s asked for
-    assert coll.remove("full", False, 30.0).data == b"item"  # type: ignore[union-attr]
+    assert one(coll.remove("full", 1, False, 30.0)).data == b"item"  # type: ignore[union-attr]
     coll.close()

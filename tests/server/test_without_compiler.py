@@ -22,8 +22,8 @@ from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import ROOT, ServerProcess
 from tests.support.lines import exchange
 
-HELPERS = ("kestrel.storage._item", "kestrel.storage.kestrel2._codec", "kestrel.storage.fsync._fsync_many",
-           "kestrel.service.thrift._binary", "kestrel.service.memcache._scan")
+HELPERS = ("kestrel.storage._item", "kestrel.storage._crc32c", "kestrel.storage.kestrel2._codec",
+           "kestrel.storage.fsync._fsync_many", "kestrel.service.thrift._binary", "kestrel.service.memcache._scan")
 
 
 @pytest.fixture
@@ -40,14 +40,14 @@ def no_helpers(tmp_path: Path) -> Path:
 def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> None:
     probe = ("from kestrel.storage import item; from kestrel.storage.kestrel2 import codec; "
              "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
-             "from kestrel.service.memcache import runs; "
+             "from kestrel.service.memcache import runs; from kestrel.storage import crc32c; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
              "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
-             "group_commit.native_threads() is None, runs.scan_sets is runs.scan_sets_python, "
-             "runs.scan_gets is runs.scan_gets_python, runs.values is runs.values_python)")
+             "group_commit.native_threads() is None, runs.scan_sets is None, "
+             "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True"] * 8
+    assert out.stdout.split() == ["True"] * 9
 
 
 def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Path, no_helpers: Path) -> None:
@@ -71,7 +71,7 @@ def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Pa
         assert mc.get("m") == b"by memcache"
         mc.close()
         with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as raw:
-            # A pipelined run of sets and one of gets, found by the Python scanner.
+            # Pipelined sets and gets, each parsed alone (no scanner finds runs).
             raw.sendall(b"set m 0 0 1\r\na\r\nset m 0 0 1 noreply\r\nb\r\n" + b"get m\r\n" * 3)
             assert exchange(raw, b"", b"END\r\nEND\r\n") == (
                 b"STORED\r\nVALUE m 0 1\r\na\r\nEND\r\nVALUE m 0 1\r\nb\r\nEND\r\nEND\r\n")

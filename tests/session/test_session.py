@@ -17,8 +17,8 @@ from kestrel.service.config import ServerConfig
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import GET_SLICE, ClientGone, OpenReadConflict, Session, SessionError
 from kestrel.service.session.status import Status
-from kestrel.storage import QueueCollection
-from kestrel.storage.errors import JournalWriteError, RefusedByStatus
+from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.errors import JournalWriteError, MemoryBudgetExceeded, RefusedByStatus
 from kestrel.storage.runtime import ManualRuntime
 
 MakeServer = Callable[..., ServerState]
@@ -53,7 +53,7 @@ def server(make_server: MakeServer) -> ServerState:
 
 def _drain(server: ServerState, queue: str) -> list[bytes]:
     """What `queue` holds, head first (taken out past the session, so no counter moves)."""
-    return [item.data for item in server.collection.remove_many(queue, 1_000)]
+    return [item.data for item in server.collection.remove(queue, 1_000)]
 
 
 def _open_reads(server: ServerState, queue: str) -> int:
@@ -74,7 +74,7 @@ def test_read_only_refuses_every_write_and_still_serves_reads(server: ServerStat
     for write in writes:
         with pytest.raises(RefusedByStatus, match="refused: server is ReadOnly"):
             write()
-    assert session.get_one("q") == b"a"
+    assert session.get("q") == [b"a"]
     head = session.peek("q")
     assert head is not None and head.data == b"b"
     assert session.get_items("q", 1).pairs() == [(b"b", 0)]
@@ -86,18 +86,18 @@ def test_quiescent_refuses_reads_but_open_reads_can_still_be_confirmed(server: S
     session.put("q", [b"a", b"b", b"c"])
     session.put("r", [b"x", b"y"])
     [(_, read_id)] = session.get_items("q", 1, auto_abort_ms=60_000).pairs()
-    assert session.get_one("r", open=True) == b"x"
+    assert session.get("r", open=True) == [b"x"]
     session.set_status(int(Status.QUIESCENT))  # as Thrift sends it
     reads: list[Callable[[], object]] = [
-        lambda: session.get_one("q"), lambda: session.get_one("q", peek=True),
-        lambda: session.get_one("q", abort=True), lambda: session.get_items("q", 1),
+        lambda: session.get("q"), lambda: session.get("q", peek=True),
+        lambda: session.get("q", abort=True), lambda: session.get_items("q", 1),
         lambda: session.abort_ids("q", {read_id}), lambda: session.peek("q"), lambda: session.queue_info("q"),
         lambda: list(session.monitor("q", 1_000)), lambda: session.put("q", [b"d"])]
     for read in reads:
         with pytest.raises(RefusedByStatus, match="refused: server is Quiescent"):
             read()
     assert session.confirm_ids("q", {read_id}) == 1
-    assert session.get_one("r", close=True) is None  # a memcache close alone is a confirm
+    assert session.get("r", close=True) == []  # a memcache close alone is a confirm
     assert _open_reads(server, "q") == _open_reads(server, "r") == 0
     assert _drain(server, "q") == [b"b", b"c"] and _drain(server, "r") == [b"y"]
 
@@ -128,10 +128,10 @@ def test_an_unknown_status_is_the_clients_error(server: ServerState) -> None:
 def test_close_confirms_an_open_read_and_abort_puts_it_back_at_the_head(server: ServerState) -> None:
     session = Session(server, "client")
     session.put("q", [b"a", b"b", b"c"])
-    assert session.get_one("q", open=True) == b"a"
+    assert session.get("q", open=True) == [b"a"]
     assert _open_reads(server, "q") == 1
-    assert session.get_one("q", close=True, open=True) == b"b"  # confirm a, open b
-    assert session.get_one("q", abort=True) is None  # b goes back
+    assert session.get("q", close=True, open=True) == [b"b"]  # confirm a, open b
+    assert session.get("q", abort=True) == []  # b goes back
     assert _open_reads(server, "q") == 0
     assert _drain(server, "q") == [b"b", b"c"]
 
@@ -140,17 +140,17 @@ def test_a_connection_holds_one_open_read_per_queue(server: ServerState) -> None
     session, other = Session(server, "client"), Session(server, "other")
     session.put("q", [b"a", b"b", b"c"])
     session.put("r", [b"x"])
-    assert session.get_one("q", open=True) == b"a"
+    assert session.get("q", open=True) == [b"a"]
     with pytest.raises(SessionError, match="already have an open read on this queue") as opened:
-        session.get_one("q", open=True)
+        session.get("q", open=True)
     assert type(opened.value) is SessionError
     with pytest.raises(OpenReadConflict):  # memcache answers ERROR and closes the connection
-        session.get_one("q")
-    assert session.get_one("q", peek=True) == b"b"  # a peek takes nothing: allowed
-    assert session.get_one("r", open=True) == b"x"  # another queue: allowed
-    assert other.get_one("q", open=True) == b"b"  # another connection: allowed
+        session.get("q")
+    assert session.get("q", peek=True) == [b"b"]  # a peek takes nothing: allowed
+    assert session.get("r", open=True) == [b"x"]  # another queue: allowed
+    assert other.get("q", open=True) == [b"b"]  # another connection: allowed
     assert session.confirm_reads("q") == 1
-    assert session.get_one("q", open=True) == b"c"
+    assert session.get("q", open=True) == [b"c"]
 
 
 def test_monitor_opens_reads_up_to_max_open_reads(server: ServerState) -> None:
@@ -170,7 +170,7 @@ def test_a_closed_connection_aborts_its_open_reads_to_the_head(server: ServerSta
     session.put("q", [b"a", b"b", b"c"])
     session.put("r", [b"x"])
     assert list(session.monitor("q", 1_000, max_items=2)) == [b"a", b"b"]
-    assert session.get_one("r", open=True) == b"x"
+    assert session.get("r", open=True) == [b"x"]
     assert server.stats.curr_connections == 1
     session.close()
     session.close()  # a second close changes nothing
@@ -182,7 +182,7 @@ def test_a_closed_connection_aborts_its_open_reads_to_the_head(server: ServerSta
 def test_a_closing_connection_counts_until_its_open_reads_are_back(server: ServerState) -> None:
     session = Session(server, "client")
     session.put("q", [b"a"])
-    assert session.get_one("q", open=True) == b"a"
+    assert session.get("q", open=True) == [b"a"]
     counted: list[int] = []
     abort = session.abort_pending
 
@@ -239,16 +239,16 @@ def test_a_fault_part_way_through_a_large_get_hands_out_the_slices_taken(
     session = Session(server, "client")
     datas = [b"%06d" % n for n in range(GET_SLICE + 5)]
     session.put("q", datas)
-    take = server.collection.remove_many
+    take = server.collection.remove
     calls: list[int] = []
 
-    def failing_second(queue: str, count: int, transaction: bool = False) -> list[Any]:
+    def failing_second(queue: str, count: int = 1, transaction: bool = False, timeout: float = 0.0) -> list[Any]:
         calls.append(count)
         if len(calls) == 2:
             raise JournalWriteError(queue, "q", OSError(errno.ENOSPC, "No space left on device"))
-        return take(queue, count, transaction)
+        return take(queue, count, transaction, timeout)
 
-    monkeypatch.setattr(server.collection, "remove_many", failing_second)
+    monkeypatch.setattr(server.collection, "remove", failing_second)
     assert session.get_items("q", len(datas)).data() == datas[:GET_SLICE]  # taken: not lost
     calls[:] = [GET_SLICE]  # the next call fails, the get's first
     with pytest.raises(JournalWriteError):  # nothing taken yet: the fault is the answer
@@ -293,7 +293,7 @@ def test_reads_by_id_outlive_their_connection_and_close_from_any_other(
 def test_a_get_with_a_timeout_comes_back_empty_at_its_deadline(
         server: ServerState, runtime: ManualRuntime) -> None:
     session = Session(server, "client")
-    waiter = gevent.spawn(session.get_one, "q", timeout_ms=500)
+    waiter = gevent.spawn(session.get, "q", timeout_ms=500)
     gevent.sleep(0)
     assert session.waiting and server.collection.queue("q").waiters == 1
     runtime.advance(499)
@@ -301,7 +301,7 @@ def test_a_get_with_a_timeout_comes_back_empty_at_its_deadline(
     assert not waiter.ready()
     runtime.advance(1)
     gevent.sleep(0)
-    assert waiter.ready() and waiter.value is None
+    assert waiter.ready() and waiter.value == []
     assert not session.waiting and server.collection.queue("q").waiters == 0 and runtime.timers == 0
     assert server.stats.get_misses == 1
 
@@ -309,12 +309,12 @@ def test_a_get_with_a_timeout_comes_back_empty_at_its_deadline(
 def test_a_waiting_get_is_served_by_an_item_put_before_its_deadline(
         server: ServerState, runtime: ManualRuntime) -> None:
     session, producer = Session(server, "client"), Session(server, "producer")
-    waiter = gevent.spawn(session.get_one, "q", timeout_ms=500, open=True)
+    waiter = gevent.spawn(session.get, "q", timeout_ms=500, open=True)
     gevent.sleep(0)
     runtime.advance(400)
     producer.put("q", [b"a"])
     gevent.sleep(0)
-    assert waiter.ready() and waiter.value == b"a"
+    assert waiter.ready() and waiter.value == [b"a"]
     assert session.reads.holds("q") and runtime.timers == 0
     assert server.stats.get_hits == 1
 
@@ -353,7 +353,7 @@ def test_monitor_keeps_one_deadline_for_all_its_items(server: ServerState, runti
 
 
 @pytest.mark.parametrize("get", [
-    lambda session: session.get_one("q", timeout_ms=60_000),
+    lambda session: session.get("q", timeout_ms=60_000),
     lambda session: session.get_items("q", 1, 60_000),
     lambda session: list(session.monitor("q", 60_000)),
 ])
@@ -373,14 +373,14 @@ def test_every_wait_is_capped_by_max_wait(make_server: MakeServer, runtime: Manu
 def test_once_the_client_is_gone_no_wait_starts_and_a_cancelled_wait_takes_nothing(
         server: ServerState) -> None:
     session, producer = Session(server, "client"), Session(server, "producer")
-    waiter = gevent.spawn(session.get_one, "q", timeout_ms=10_000)
+    waiter = gevent.spawn(session.get, "q", timeout_ms=10_000)
     gevent.sleep(0)
     assert session.waiting
     session.client_gone()
     waiter.kill(ClientGone)  # what the connection does while `waiting` says it may
     assert isinstance(waiter.exception, ClientGone) and not session.waiting
     with pytest.raises(ClientGone):
-        session.get_one("q", timeout_ms=10_000)
+        session.get("q", timeout_ms=10_000)
     assert server.collection.queue("q").waiters == 0
     producer.put("q", [b"a"])
     assert _drain(server, "q") == [b"a"]  # the dead connection took nothing
@@ -398,7 +398,7 @@ def test_expiry_is_counted_from_the_servers_clock(server: ServerState, runtime: 
     session.put("q", [b"soon"], session.expiry_after(1_000))
     session.put("q", [b"never"])
     runtime.advance(1_000)
-    assert session.get_one("q") == b"never"
+    assert session.get("q") == [b"never"]
 
 
 def test_flushing_a_missing_queue_does_not_create_it(server: ServerState) -> None:
@@ -412,9 +412,9 @@ def test_stats_count_commands_hits_and_misses(server: ServerState, runtime: Manu
     session = Session(server, "client")
     Session(server, "other").close()
     assert session.put("q", [b"a", b"b", b"c"]) == 3
-    assert session.get_one("q") == b"a"
-    assert session.get_one("empty") is None
-    assert session.get_one("q", peek=True) == b"b"
+    assert session.get("q") == [b"a"]
+    assert session.get("empty") == []
+    assert session.get("q", peek=True) == [b"b"]
     assert session.peek("q") is not None
     assert session.get_items("q", 5).pairs() == [(b"b", 0), (b"c", 0)]
     assert session.get_items("q", 5).pairs() == []
@@ -444,29 +444,45 @@ def test_the_server_takes_its_collections_runtime(tmp_path: Path, runtime: Manua
 
 def test_a_pipelined_run_counts_and_answers_as_its_commands_one_by_one(server: ServerState) -> None:
     session = Session(server, "pipelined")
-    assert session.put_each("q", [b"a", b"b", b"c"]) == 3
-    assert session.get_each("q", 5) == [b"a", b"b", b"c"]
+    assert session.put("q", [b"a", b"b", b"c"]) == 3
+    assert session.get("q", 5) == [b"a", b"b", b"c"]
     stats = server.stats
     assert (stats.cmd_set, stats.cmd_get, stats.get_hits, stats.get_misses) == (3, 5, 3, 2)
-    # Beside an open read on the queue the run goes get by get: the first answers OpenReadConflict.
-    session.put_each("q", [b"d"])
-    assert session.get_one("q", open=True) == b"d"
-    assert session.get_each("q", 2) is None
+    # Beside an open read on the queue the run's first get answers OpenReadConflict, counting nothing.
+    session.put("q", [b"d"])
+    assert session.get("q", open=True) == [b"d"]
+    with pytest.raises(OpenReadConflict):
+        session.get("q", 2)
     assert (stats.cmd_get, stats.get_hits) == (6, 4)  # only the /open get counted
     # A refusing status refuses the run as it would each command, counting nothing.
     server.status.set(Status.READ_ONLY)
     with pytest.raises(RefusedByStatus):
-        session.put_each("q", [b"e"])
+        session.put("q", [b"e"])
     assert stats.cmd_set == 4
 
 
-def test_under_flow_control_each_put_is_admitted_on_its_own(make_server: MakeServer) -> None:
+def test_a_put_counts_its_items_as_kestrel_does_one_by_one(make_server: MakeServer) -> None:
+    server = make_server(queues=QueueConfigs({}, {"small": {"max_items": 2}}))
+    session = Session(server, "client")
+    assert session.put("small", [b"a", b"b", b"c", b"d"]) == 2
+    assert server.stats.cmd_set == 3  # those accepted, and the one refused: the put stopped there
+    assert session.put("small", [b"e"]) == 0 and server.stats.cmd_set == 4
+
+
+def test_under_flow_control_a_put_is_held_then_refused_as_one_item(make_server: MakeServer,
+                                                                    runtime: ManualRuntime) -> None:
     server = make_server(max_memory_total=64 * 1024 * 1024)
     governor = server.collection.governor
     assert governor is not None
-    governor.flow_control = True
+    governor._start_flow(governor.budget + 1, runtime.clock.now_ms())
     session = Session(server, "pipelined")
-    assert session.put_each("q", [b"a", b"b"]) is None
-    assert server.stats.cmd_set == 0 and _drain(server, "q") == []
+    put = gevent.spawn(session.put, "q", [b"a", b"b"])
+    gevent.sleep(0)
+    assert not put.ready()  # held
+    runtime.advance(governor.hold_ms)
+    gevent.sleep(0)
+    assert isinstance(put.exception, MemoryBudgetExceeded)
+    # The item it answers counts, as a put of that item alone would; the protocol puts the rest again.
+    assert server.stats.cmd_set == 1 and governor.refused_puts == 1 and _drain(server, "q") == []
     governor.flow_control = False
-    assert session.put_each("q", [b"a", b"b"]) == 2
+    assert session.put("q", [b"a", b"b"]) == 2

@@ -47,14 +47,14 @@ def test_bytes_like_items_are_encoded_by_the_python_encoder() -> None:
 def test_a_batch_get_takes_items_in_order_and_journals_a_remove_each(tmp_path: Path) -> None:
     coll = QueueCollection(str(tmp_path))
     coll.load()
-    coll.add_many("q", [b"%d" % i for i in range(10)])
+    coll.put("q", [b"%d" % i for i in range(10)])
     size = (tmp_path / "q").stat().st_size
-    assert [item.data for item in coll.remove_many("q", 4)] == [b"0", b"1", b"2", b"3"]
+    assert [item.data for item in coll.remove("q", 4)] == [b"0", b"1", b"2", b"3"]
     assert (tmp_path / "q").read_bytes()[size:] == codec.REMOVE_BYTES * 4
     q = coll.queue("q")
     assert (q.length, q.bytes, q.memory_bytes) == (6, 6, 6)
-    assert [item.data for item in coll.remove_many("q", 100)] == [b"%d" % i for i in range(4, 10)]
-    assert coll.remove_many("q", 5) == [] and (q.length, q.bytes) == (0, 0)
+    assert [item.data for item in coll.remove("q", 100)] == [b"%d" % i for i in range(4, 10)]
+    assert coll.remove("q", 5) == [] and (q.length, q.bytes) == (0, 0)
     coll.close()
     again = QueueCollection(str(tmp_path))
     again.load()
@@ -65,10 +65,10 @@ def test_a_batch_get_over_items_that_expire_drops_the_expired_ones(tmp_path: Pat
     clock = FakeClock()
     coll = QueueCollection(str(tmp_path), clock=clock)
     coll.load()
-    coll.add_many("q", [b"a", b"b"])
-    coll.add_many("q", [b"gone1", b"gone2"], expiry_ms=clock.now_ms() + 10)
-    coll.add_many("q", [b"c"])
+    coll.put("q", [b"a", b"b"])
+    coll.put("q", [b"gone1", b"gone2"], expiry_ms=clock.now_ms() + 10)
+    coll.put("q", [b"c"])
     clock.advance(20)
-    assert [item.data for item in coll.remove_many("q", 10)] == [b"a", b"b", b"c"]
+    assert [item.data for item in coll.remove("q", 10)] == [b"a", b"b", b"c"]
     assert coll.queue("q").length == 0
     coll.close()

@@ -15,16 +15,16 @@ from typing import Any
 import gevent
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log, files
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log, journal_file
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
 from tests.support.power_loss import Disk
-from tests.support.queues import drain, open_collection
+from tests.support.queues import drain, one, open_collection
 
 T0 = 1_700_000_000_000
 
@@ -271,11 +271,11 @@ def test_recovery_killed_at_every_step_and_run_again_ends_as_one_run_does(tmp_pa
 
 def test_each_change_under_always_is_in_the_log_before_it_returns(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add("a", b"one")
-    coll.add("b", b"two")
-    item = coll.remove("a", transaction=True)
+    coll.put("a", [b"one"])
+    coll.put("b", [b"two"])
+    item = one(coll.remove("a", transaction=True))
     assert item is not None
-    coll.confirm("a", item.xid)
+    coll.confirm("a", [item.xid])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     records = [r for _, r in read_segment(seg, last=True).records]
     assert [r.queue for r in records] == ["a", "b", "a", "a"]
@@ -290,21 +290,21 @@ def test_each_change_under_always_is_in_the_log_before_it_returns(tmp_path: Path
 
 def test_never_queues_and_commit_log_off_write_no_log(tmp_path: Path) -> None:
     coll = collection(tmp_path / "never", sync_journal="never")
-    coll.add("q", b"x")
+    coll.put("q", [b"x"])
     assert not commit_log.pending(str(tmp_path / "never"))
     coll.close()
     coll = collection(tmp_path / "off", on=False)
-    coll.add("q", b"x")
+    coll.put("q", [b"x"])
     assert not Path(commit_log.directory(str(tmp_path / "off"))).exists()
     coll.close()
 
 
 def test_a_checkpoint_makes_the_journals_durable_and_drops_the_older_segments(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add("q", b"before")
+    coll.put("q", [b"before"])
     assert coll.commit_log is not None
     coll.commit_log.checkpoint()
-    coll.add("q", b"after")
+    coll.put("q", [b"after"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-5:] for _, r in read_segment(seg, last=True).records] == [b"after"]
     coll.close()
@@ -313,7 +313,7 @@ def test_a_checkpoint_makes_the_journals_durable_and_drops_the_older_segments(tm
 def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     for n in range(20):
-        coll.add("q", b"item-%d" % n)
+        coll.put("q", [b"item-%d" % n])
     journal = (tmp_path / "q").read_bytes()
     (tmp_path / "q").write_bytes(journal[:len(journal) // 2 + 3])  # lost with the page cache
     assert commit_log.pending(str(tmp_path))
@@ -331,10 +331,10 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
         coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200")
         expected = []
         for n in range(60):
-            coll.add("q", b"item-%02d" % n + b"." * 20)
+            coll.put("q", [b"item-%02d" % n + b"." * 20])
             expected.append(b"item-%02d" % n + b"." * 20)
             if n % 3 == 2:
-                assert coll.remove("q") is not None
+                assert one(coll.remove("q")) is not None
                 expected.pop(0)
         coll.queue("q").wait_for_packing()
         disk.power_cut(str(tmp_path), keep)
@@ -351,13 +351,13 @@ def power_cut_under_load(path: Path) -> tuple[list[bytes], str]:
         coll = collection(path)
         expected = []
         for n in range(120):
-            coll.add("q", b"item-%03d" % n)
-            coll.add("other", b"x")
+            coll.put("q", [b"item-%03d" % n])
+            coll.put("other", [b"x"])
             expected.append(b"item-%03d" % n)
             if n % 2:
-                item = coll.remove("q", transaction=True)
+                item = one(coll.remove("q", transaction=True))
                 assert item is not None and item.data == expected.pop(0)
-                coll.confirm("q", item.xid)
+                coll.confirm("q", [item.xid])
         disk.power_cut(str(path))
     (seg,) = commit_log.segment_paths(str(path))
     return expected, seg
@@ -384,12 +384,12 @@ def test_after_a_power_cut_a_zero_filled_journal_tail_is_repaired_from_the_log(t
         coll = collection(tmp_path)
         expected = []
         for n in range(60):
-            coll.add("q", b"item-%03d" % n)
+            coll.put("q", [b"item-%03d" % n])
             expected.append(b"item-%03d" % n)
             if n % 3 == 2:
-                item = coll.remove("q", transaction=True)
+                item = one(coll.remove("q", transaction=True))
                 assert item is not None
-                coll.confirm("q", item.xid)
+                coll.confirm("q", [item.xid])
                 expected.remove(item.data)
         journal = tmp_path / "q"
         written = journal.read_bytes()
@@ -406,8 +406,8 @@ def test_after_a_power_cut_a_zero_filled_journal_tail_is_repaired_from_the_log(t
 def test_a_byte_changed_in_a_logged_part_of_a_journal_is_repaired_and_never_served(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     for n in range(10):
-        coll.add("q", b"item-%d" % n)
-    coll.add("other", b"fine")
+        coll.put("q", [b"item-%d" % n])
+    coll.put("other", [b"fine"])
     journal = tmp_path / "q"
     data = bytearray(journal.read_bytes())
     data[-3] ^= 0x20  # inside the data of the last item: "item-9" -> "itEm-9"
@@ -425,11 +425,11 @@ def test_a_byte_changed_in_a_logged_part_of_a_journal_is_repaired_and_never_serv
 
 def test_a_journal_the_log_cannot_repair_refuses_that_queue_alone(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add("q", b"first")
+    coll.put("q", [b"first"])
     assert coll.commit_log is not None
     coll.commit_log.checkpoint()  # "first" is in the journal only from now on
-    coll.add("q", b"second")
-    coll.add("other", b"fine")
+    coll.put("q", [b"second"])
+    coll.put("other", [b"fine"])
     (tmp_path / "q").write_bytes(b"")  # the journal lost what precedes the log's records of it
     again = collection(tmp_path)
     assert list(again.refused) == ["q"]
@@ -448,7 +448,7 @@ def test_a_journal_the_log_cannot_repair_refuses_that_queue_alone(tmp_path: Path
 def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path)
-    coll.add("q", b"first")
+    coll.put("q", [b"first"])
     synced: list[int] = []
     real_write, real_fdatasync = os.write, os.fdatasync
     log_dir = commit_log.directory(str(tmp_path))
@@ -464,7 +464,7 @@ def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path
 
     monkeypatch.setattr(os, "write", full_log)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    coll.add("q", b"second")  # acknowledged: its journal was fsynced instead
+    coll.put("q", [b"second"])  # acknowledged: its journal was fsynced instead
     assert os.stat(tmp_path / "q").st_ino in synced
     monkeypatch.undo()
     (seg,) = commit_log.segment_paths(str(tmp_path))
@@ -489,8 +489,8 @@ def test_an_fsync_of_the_log_that_fails_falls_back_on_the_journal(tmp_path: Path
         real_fdatasync(fd)
 
     monkeypatch.setattr(os, "fdatasync", failing)
-    coll.add("q", b"x")
-    coll.add("q", b"y")  # the log's segment failed once: its journal carries the promise now
+    coll.put("q", [b"x"])
+    coll.put("q", [b"y"])  # the log's segment failed once: its journal carries the promise now
     assert len(journal_syncs) == 2
     monkeypatch.undo()
     coll.close()
@@ -506,7 +506,7 @@ def crashed_after_a_power_cut(path: Path) -> list[bytes]:
         coll = collection(path)
         items = [b"item-%d" % n for n in range(10)]
         for item in items:
-            coll.add("q", item)
+            coll.put("q", [item])
         disk.power_cut(str(path))
     assert (path / "q").read_bytes() == b""
     return items
@@ -540,7 +540,7 @@ def test_dump_says_recovery_is_pending(tmp_path: Path) -> None:
     assert err.getvalue() == ""
 
 
-def test_convert_recovers_the_log_first(tmp_path: Path) -> None:
+def test_convert_recovers_the_log_one(tmp_path: Path) -> None:
     items = crashed_after_a_power_cut(tmp_path)
     out = io.StringIO()
     convert.convert(str(tmp_path), "kestrel3", [], out)
@@ -555,24 +555,24 @@ def test_convert_recovers_the_log_first(tmp_path: Path) -> None:
 def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_are_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path, default_journal_size="1KB")
-    coll.add("q", b"first")  # the queue is created under always
-    assert coll.remove("q") is not None
+    coll.put("q", [b"first"])  # the queue is created under always
+    assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
-    real = files.fsync_path
+    real = journal_file.fsync_path
 
     def fsync_path(path: str) -> None:
         synced_dirs.append(path)
         real(path)
 
-    monkeypatch.setattr(files, "fsync_path", fsync_path)
+    monkeypatch.setattr(journal_file, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
-        coll.add("q", b"x" * 40)
-        assert coll.remove("q") is not None
+        coll.put("q", [b"x" * 40])
+        assert one(coll.remove("q")) is not None
     coll.queue("q").wait_for_packing()
     assert list_journal_files(str(tmp_path), "q").rotated  # it rotated
     assert str(tmp_path) in synced_dirs
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-4:] for _, r in read_segment(seg, last=True).records] == [b"last"]  # it still logs
     coll.close()
@@ -606,9 +606,9 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
                            runtime=GeventWithFsyncs(fsync), commit_log=True)
     coll.load()
     for name in ("a", "b", "c", "d"):
-        coll.add(name, b"created")
+        coll.put(name, [b"created"])
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c", "d")],
+    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c", "d")],
                    raise_error=True)  # each added in the same turn, all acknowledged
     (seg,) = commit_log.segment_paths(str(tmp_path))
     writes = [r.queue for _, r in read_segment(seg, last=True).records]
@@ -619,7 +619,7 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
     else:
         assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"later") for name in ("a", "b")], raise_error=True)
+    gevent.joinall([gevent.spawn(coll.put, name, [b"later"]) for name in ("a", "b")], raise_error=True)
     journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
     if log_fsync_fails:  # no fsync of a segment that failed one vouches for it: the journals' do
         assert (journals, len(synced)) == (["a", "b"], 2)
@@ -645,7 +645,7 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
                            runtime=GeventWithFsyncs(fsync), commit_log=True)
     coll.load()
     for name in ("a", "b", "c"):
-        coll.add(name, b"created")
+        coll.put(name, [b"created"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
     size = os.path.getsize(seg)
     real_write = os.write
@@ -659,13 +659,13 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
 
     monkeypatch.setattr(os, "write", full_log)
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.add, name, b"item") for name in ("a", "b", "c")],
+    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c")],
                    raise_error=True)  # one turn: its one write of the log fails, every change is acknowledged
     monkeypatch.undo()
     assert written == [7]
     assert os.path.getsize(seg) == size  # the failed write was cut back off the log
     assert sorted(os.path.basename(p) for p in synced) == ["a", "b", "c"]  # each journal's own fsync
-    coll.add("a", b"after")  # the segment took no fsync that failed: the log carries the next turn
+    coll.put("a", [b"after"])  # the segment took no fsync that failed: the log carries the next turn
     assert [r.data[-5:] for _, r in read_segment(seg, last=True).records][-1] == b"after"
     coll.close()
     again = collection(tmp_path)

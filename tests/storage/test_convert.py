@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from kestrel.storage import QueueCollection, formats
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
-from kestrel.storage.files import delete_temporaries, scan_queue_dir
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
@@ -23,8 +22,9 @@ from kestrel.storage.kestrel3.files import (
     write_checkpoint,
 )
 from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.queue_path import delete_temporaries, scan_queue_dir
 from kestrel.storage.tools import convert
-from tests.support.queues import drain, open_collection
+from tests.support.queues import drain, one, open_collection
 
 T0 = 1_700_000_000_000
 Item = tuple[bytes, int, int]  # data, add time, expiry (0 = never)
@@ -42,17 +42,17 @@ def make_k2(path: Path) -> list[Item]:
     """A Kestrel 2 queue `jobs` with expiring items and two open reads; what a restart would serve."""
     clock = FakeClock(T0)
     coll = k2_collection(path, clock)
-    coll.add("jobs", b"one", T0 + 50_000)
+    coll.put("jobs", [b"one"], T0 + 50_000)
     clock.advance(10)
-    coll.add_many("jobs", [b"two", b"three", b"four"])
+    coll.put("jobs", [b"two", b"three", b"four"])
     clock.advance(10)
-    coll.add("jobs", b"five", T0 + 90_000)
-    first = coll.remove("jobs", transaction=True)
-    second = coll.remove("jobs", transaction=True)
+    coll.put("jobs", [b"five"], T0 + 90_000)
+    first = one(coll.remove("jobs", transaction=True))
+    second = one(coll.remove("jobs", transaction=True))
     assert first is not None and second is not None
-    coll.confirm("jobs", first.xid)
-    third = coll.remove("jobs", transaction=True)  # "three" stays open, as does "two"
-    assert third is not None and coll.remove("jobs") is not None  # "four" is gone for good
+    coll.confirm("jobs", [first.xid])
+    third = one(coll.remove("jobs", transaction=True))  # "three" stays open, as does "two"
+    assert third is not None and one(coll.remove("jobs")) is not None  # "four" is gone for good
     coll.close()
     return [(b"two", T0 + 10, 0), (b"three", T0 + 10, 0), (b"five", T0 + 20, T0 + 90_000)]
 
@@ -122,10 +122,10 @@ def test_round_trip_kestrel2_kestrel3_kestrel2_gives_the_same_items(tmp_path: Pa
 
 def test_fanout_children_become_readers_and_back(tmp_path: Path) -> None:
     coll = k2_collection(tmp_path)
-    coll.add("feed+audit", b"old")  # created first: it gets every later item too
-    coll.add_many("feed", [b"x", b"y", b"z"])
-    assert coll.remove("feed") is not None
-    coll.add("solo", b"s")
+    coll.put("feed+audit", [b"old"])  # created first: it gets every later item too
+    coll.put("feed", [b"x", b"y", b"z"])
+    assert one(coll.remove("feed")) is not None
+    coll.put("solo", [b"s"])
     coll.close()
     before = {q: k2_items(tmp_path, q) for q in ("feed", "feed+audit", "solo")}
     run(tmp_path, "kestrel3", "feed")
@@ -139,7 +139,7 @@ def test_fanout_children_become_readers_and_back(tmp_path: Path) -> None:
 
 def test_a_fanout_only_parent_gets_an_empty_default_reader(tmp_path: Path) -> None:
     coll = k2_collection(tmp_path)
-    coll.add("feed+only", b"x")
+    coll.put("feed+only", [b"x"])
     coll.close()
     assert (tmp_path / "feed").read_bytes() == b""  # the parent wrote nothing: an empty journal
     run(tmp_path, "kestrel3")
@@ -227,8 +227,8 @@ def test_start_up_refuses_files_in_the_other_format_naming_the_convert_command(t
 
 def test_naming_queues_converts_only_those_and_says_what_it_skipped(tmp_path: Path) -> None:
     coll = k2_collection(tmp_path)
-    coll.add("a", b"1")
-    coll.add("b", b"2")
+    coll.put("a", [b"1"])
+    coll.put("b", [b"2"])
     coll.close()
     output = run(tmp_path, "kestrel3", "a")
     assert convert.queues_on_disk(str(tmp_path)) == {"a": "kestrel3", "b": "kestrel2"}
@@ -265,16 +265,16 @@ def test_any_kestrel2_history_round_trips_through_kestrel3(tmp_path_factory: pyt
     for op, data, expiry in ops:
         clock.advance(1)
         if op == "add":
-            coll.add("q", data, expiry)
+            coll.put("q", [data], expiry)
         elif op == "child":
             coll.queue("q+c")
         elif op == "remove":
             coll.remove("q")
-        elif op == "open" and (item := coll.remove("q", transaction=True)) is not None:
+        elif op == "open" and (item := one(coll.remove("q", transaction=True))) is not None:
             opened.append(item.xid)
         elif op in ("confirm", "abort") and opened:
             xid = opened.pop(0)
-            coll.confirm("q", xid) if op == "confirm" else coll.unremove("q", xid)
+            coll.confirm("q", [xid]) if op == "confirm" else coll.unremove("q", [xid])
     coll.queue("q")
     coll.close()
     before = {name: k2_items(path, name) for name in convert.queues_on_disk(str(path))}

@@ -12,7 +12,7 @@ import pytest
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.queue import PersistentQueue
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
 
@@ -45,8 +45,8 @@ def test_a_sweep_looks_at_the_queues_that_are_due_or_changed_and_no_other(
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock)
     for i in range(300):
-        coll.add(f"q{i:03}", b"never expires")
-    coll.add("q150", b"soon", T0 + 5_000)
+        coll.put(f"q{i:03}", [b"never expires"])
+    coll.put("q150", [b"soon"], T0 + 5_000)
     calls: list[str] = []
     discard = PersistentQueue.discard_expired
 
@@ -59,7 +59,7 @@ def test_a_sweep_looks_at_the_queues_that_are_due_or_changed_and_no_other(
         clock.advance(1_000)
         assert coll.sweep() == 0
     assert calls == []
-    assert coll.remove("q150") is not None  # its head is now "soon", due in a second
+    assert one(coll.remove("q150")) is not None  # its head is now "soon", due in a second
     clock.advance(1_000)
     assert coll.sweep() == 1 and calls == ["q150"]
     clock.advance(1_000)
@@ -72,15 +72,15 @@ def test_an_item_behind_a_head_that_never_expires_waits_until_it_reaches_the_hea
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock)
-    coll.add("q", b"never")
-    coll.add("q", b"soon", T0 + 1_000)
-    coll.add("q", b"later", T0 + 3_000)
+    coll.put("q", [b"never"])
+    coll.put("q", [b"soon"], T0 + 1_000)
+    coll.put("q", [b"later"], T0 + 3_000)
     clock.advance(2_000)
     assert coll.sweep() == 0  # as Kestrel: the sweep looks at the head only
     looks.clear()
     clock.advance(1_000)
     assert coll.sweep() == 0 and looks == []  # nothing due at the head, nothing changed
-    assert coll.remove("q").data == b"never"  # type: ignore[union-attr]
+    assert one(coll.remove("q")).data == b"never"  # type: ignore[union-attr]
     assert coll.queue("q").length == 2  # a get leaves the expired item it reveals to the sweep
     assert coll.sweep() == 2 and set(looks) == {"q"} and coll.queue("q").expired_items == 2
 
@@ -90,13 +90,13 @@ def test_an_aborted_read_of_an_expired_item_is_swept_once_it_is_back_at_the_head
         tmp_path: Path, journal_format: str) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock, {"q": {"expire_to_queue": "dead"}})
-    coll.add("q", b"x", T0 + 1_000)
-    coll.add("q", b"y")
-    taken = coll.remove("q", transaction=True)
+    coll.put("q", [b"x"], T0 + 1_000)
+    coll.put("q", [b"y"])
+    taken = one(coll.remove("q", transaction=True))
     assert taken is not None
     clock.advance(2_000)
     assert coll.sweep() == 0
-    assert coll.unremove("q", taken.xid)
+    assert coll.unremove("q", [taken.xid])
     assert coll.sweep() == 1
     assert drain(coll, "q") == [b"y"] and drain(coll, "dead") == [b"x"]
 
@@ -106,8 +106,8 @@ def test_the_head_comes_due_without_a_change_and_a_round_stops_at_max_expire_swe
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock, {"q": {"max_expire_sweep": 3}})
-    coll.add_many("q", [b"a", b"b", b"c", b"d", b"e"], T0 + 10_000)
-    coll.add("q", b"kept")
+    coll.put("q", [b"a", b"b", b"c", b"d", b"e"], T0 + 10_000)
+    coll.put("q", [b"kept"])
     coll.sweep()
     for _ in range(9):
         clock.advance(1_000)
@@ -124,7 +124,7 @@ def test_a_queue_past_max_queue_age_is_deleted_at_its_time_without_a_change(
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock, {"tmp": {"max_queue_age": "10s"}})
-    assert coll.remove("tmp") is None  # creates it, empty
+    assert one(coll.remove("tmp")) is None  # creates it, empty
     coll.sweep()
     looks.clear()
     clock.advance(9_000)
@@ -139,9 +139,9 @@ def test_a_queue_past_max_queue_age_is_deleted_at_its_time_without_a_change(
 def test_items_due_at_start_up_are_swept_after_the_restart(tmp_path: Path, journal_format: str) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock)
-    coll.add_many("q", [b"a", b"b"], T0 + 1_000)
-    coll.add("q", b"kept")
-    coll.add("other", b"untouched")
+    coll.put("q", [b"a", b"b"], T0 + 1_000)
+    coll.put("q", [b"kept"])
+    coll.put("other", [b"untouched"])
     clock.advance(2_000)
     coll = reopen(coll)
     assert coll.sweep() == 2
@@ -153,7 +153,7 @@ def test_many_reschedules_keep_the_schedule_small(tmp_path: Path, journal_format
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, clock)
     for n in range(2_000):  # each get reveals a head with a later expiry: the queue moves in the heap
-        coll.add("q", b"%d" % n, T0 + 1_000_000 - n)
+        coll.put("q", [b"%d" % n], T0 + 1_000_000 - n)
     for _ in range(1_999):
         coll.remove("q")
         coll.sweep()

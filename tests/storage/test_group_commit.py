@@ -13,7 +13,6 @@ import gevent
 import gevent.event
 import pytest
 
-from kestrel.storage.files import JournalWriter
 from kestrel.storage.fsync import aio_fsync
 from kestrel.storage.fsync.aio_fsync import AioFsync
 from kestrel.storage.fsync.eventfd import read_when_ready
@@ -26,6 +25,7 @@ from kestrel.storage.fsync.group_commit import (
     native_threads,
 )
 from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs, reports_errors
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import ThreadsRuntime
 
 
@@ -221,9 +221,9 @@ def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path,
     coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}))
     coll.load()
     for i in range(8):
-        coll.add(f"q{i}", b"first")  # each queue's journal is open and synced before the turn
+        coll.put(f"q{i}", [b"first"])  # each queue's journal is open and synced before the turn
     counting.rounds.clear()
-    puts = [gevent.spawn(coll.add, f"q{i}", b"second") for i in range(8)]
+    puts = [gevent.spawn(coll.put, f"q{i}", [b"second"]) for i in range(8)]
     gevent.joinall(puts, raise_error=True)
     assert all(put.value for put in puts)
     assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8

@@ -38,8 +38,8 @@ def rotated_queue(path: Path, **settings: object) -> None:
                                                                "max_journal_size": 1 << 30, **settings}}))
     coll.load()
     for i in range(300):
-        coll.add("q", b"%04d" % i + ITEM)
-    coll.add("other", b"fine")
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.put("other", [b"fine"])
     coll.close()
 
 
@@ -78,7 +78,7 @@ def test_a_commit_log_left_by_a_crash_is_reported_and_left_for_recovery(tmp_path
                            runtime=ManualRuntime(clock=FakeClock(T0)))
     coll.load()
     for n in range(5):
-        coll.add("q", b"item-%d" % n)
+        coll.put("q", [b"item-%d" % n])
     journal = tmp_path / "q"
     journal.write_bytes(bytes(journal.stat().st_size))  # a power cut left zeros where the data was
     before = every_file(tmp_path)

@@ -26,7 +26,7 @@ from kestrel.storage.kestrel2.codec import (
 )
 from kestrel.storage.kestrel2.reader import read_journal
 from tests.support import kestrel24
-from tests.support.queues import drain
+from tests.support.queues import drain, one
 
 T0 = 1_700_000_000_000
 
@@ -118,7 +118,7 @@ def test_open_read_at_crash_returns_to_the_head(tmp_path: Path) -> None:
 
 def test_save_xid_sets_the_next_xid(tmp_path: Path) -> None:
     coll = load(tmp_path, "q", xid_op(4, 41) + addx(b"a") + addx(b"b"))
-    item = coll.remove("q", transaction=True)
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.xid == 42
 
 
@@ -146,8 +146,8 @@ def test_state_dump_of_the_document(tmp_path: Path) -> None:
     journal = state_dump(20, 2) + add_xid(5, b"p") + add_xid(6, b"q") + addx(b"r")
     coll = load(tmp_path, "q", journal)
     assert drain(coll, "q") == [b"p", b"q", b"r"]
-    coll.add("q", b"s")
-    item = coll.remove("q", transaction=True)
+    coll.put("q", [b"s"])
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.xid == 21
 
 
@@ -156,8 +156,8 @@ def test_kestrel_24_continue_and_remove_tentative_xid(tmp_path: Path) -> None:
     coll = load(tmp_path, "q", journal)
     # xid 5 opened a; CONTINUE closed it and added a2 at the tail; xid 6 opened b (back at head).
     assert drain(coll, "q") == [b"b", b"a2"]
-    coll.add("q", b"c")
-    item = coll.remove("q", transaction=True)
+    coll.put("q", [b"c"])
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.xid == 7
 
 
@@ -207,15 +207,15 @@ def test_files_we_write_read_back_with_an_independent_reader(tmp_path: Path) -> 
 
     clock = FakeClock(T0)
     coll = QueueCollection(str(tmp_path), clock=clock)
-    coll.add("work", b"one", expiry_ms=T0 + 60_000)
-    coll.add_many("work", [b"two", b"three"])
-    first = coll.remove("work", transaction=True)
+    coll.put("work", [b"one"], expiry_ms=T0 + 60_000)
+    coll.put("work", [b"two", b"three"])
+    first = one(coll.remove("work", transaction=True))
     assert first is not None
     coll.remove("work")
-    coll.unremove("work", first.xid)
-    again = coll.remove("work", transaction=True)
+    coll.unremove("work", [first.xid])
+    again = one(coll.remove("work", transaction=True))
     assert again is not None
-    coll.confirm("work", again.xid)
+    coll.confirm("work", [again.xid])
     coll.close()
     records = independent_reader((tmp_path / "work").read_bytes())
     assert records == [
@@ -233,11 +233,11 @@ def test_files_we_write_read_back_with_an_independent_reader(tmp_path: Path) -> 
 def test_open_reads_load_the_same_in_kestrel_24(tmp_path: Path) -> None:
     # Opcode 3 would be xid 0 in every released Kestrel: this journal would load there as [b].
     coll = QueueCollection(str(tmp_path))
-    coll.add_many("q", [b"a", b"b"])
-    first = coll.remove("q", transaction=True)
-    second = coll.remove("q", transaction=True)
+    coll.put("q", [b"a", b"b"])
+    first = one(coll.remove("q", transaction=True))
+    second = one(coll.remove("q", transaction=True))
     assert first is not None and second is not None
-    assert coll.confirm("q", second.xid)
+    assert coll.confirm("q", [second.xid])
     coll.close()
     data = (tmp_path / "q").read_bytes()
     assert xid_op(9, first.xid) in data and xid_op(9, second.xid) in data

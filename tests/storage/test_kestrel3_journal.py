@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from kestrel.storage import filenames
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
-from kestrel.storage.files import remove_temporaries
 from kestrel.storage.kestrel2.codec import encode_addx
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files
+from kestrel.storage.queue_path import remove_temporaries
 from kestrel.storage.tools.dump import dump_files
 from tests.conftest import ROOT
 

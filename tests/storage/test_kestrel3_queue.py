@@ -19,7 +19,7 @@ from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
-from tests.support.queues import drain, open_collection, reopen
+from tests.support.queues import drain, one, open_collection, reopen
 
 
 def collection(path: Path, clock: FakeClock | None = None, **settings: Any) -> QueueCollection:
@@ -41,7 +41,7 @@ def test_read_behind_holds_at_most_max_memory_size_and_serves_everything_in_orde
     coll = collection(tmp_path, q={"max_memory_size": 1000, "default_journal_size": 2000})
     items = [b"%04d" % i + b"." * 96 for i in range(200)]
     for i in range(0, 200, 7):
-        coll.add_many("q", items[i:i + 7])
+        coll.put("q", items[i:i + 7])
     q = k3(coll, "q")
     assert q.in_read_behind and q.length == 200 and q.bytes == 20_000
     assert q.memory_bytes <= 1000 + 100
@@ -50,7 +50,7 @@ def test_read_behind_holds_at_most_max_memory_size_and_serves_everything_in_orde
     q = k3(coll, "q")
     assert q.in_read_behind and q.length == 200 and q.memory_bytes <= 1100
     got = []
-    while (item := coll.remove("q")) is not None:
+    while (item := one(coll.remove("q"))) is not None:
         got.append(item.data)
         assert q.memory_bytes <= 1100
     assert got == items and not q.in_read_behind
@@ -61,27 +61,27 @@ def test_writer_files_stay_until_every_reader_has_passed_them(tmp_path: Path) ->
     coll = collection(tmp_path, q={"default_journal_size": 300})
     coll.queue("q+slow")
     for i in range(20):
-        coll.add_many("q", [b"item-%02d" % i + b"x" * 40])
+        coll.put("q", [b"item-%02d" % i + b"x" * 40])
     files = writer_files(tmp_path)
     assert len(files) > 3
     assert len(drain(coll, "q")) == 20
     assert writer_files(tmp_path) == files  # q+slow still needs them
-    first = coll.remove("q+slow", transaction=True)
+    first = one(coll.remove("q+slow", transaction=True))
     assert first is not None
     assert len(drain(coll, "q+slow")) == 19
     assert writer_files(tmp_path) == files  # the open read holds the head at the first file
-    assert coll.confirm("q+slow", first.xid)
+    assert coll.confirm("q+slow", [first.xid])
     assert writer_files(tmp_path) == files[-1:]
 
 
 def test_a_new_reader_starts_empty_and_each_reader_keeps_its_own_limits(tmp_path: Path) -> None:
     limits = {"q+small": {"max_items": 2}, "q+recent": {"max_items": 2, "discard_old_when_full": True}}
     coll = collection(tmp_path, **limits)
-    coll.add_many("q", [b"before"])
+    coll.put("q", [b"before"])
     coll.queue("q+small")
     coll.queue("q+recent")
-    assert coll.add_many("q", [b"a", b"b", b"c"]) == 3  # the parent took all of them
-    assert coll.add_many("q+small", [b"d"]) == 0  # full: refused
+    assert coll.put("q", [b"a", b"b", b"c"]) == 3  # the parent took all of them
+    assert coll.put("q+small", [b"d"]) == 0  # full: refused
     assert coll.queue("q+recent").stats()["discarded"] == 1
     coll = reopen(coll)
     assert drain(coll, "q+small") == [b"a", b"b"]
@@ -93,12 +93,12 @@ def test_poison_after_max_errors_aborts_is_removed_for_good_and_handed_over(tmp_
     coll = collection(tmp_path, q={"max_errors": 3})
     q = k3(coll, "q")
     poisoned: list[QItem] = []
-    q.poison = poisoned.append
-    coll.add_many("q", [b"bad", b"good"])
+    q.on_poison = poisoned.append
+    coll.put("q", [b"bad", b"good"])
     for attempt in range(1, 4):
-        item = coll.remove("q", transaction=True)
+        item = one(coll.remove("q", transaction=True))
         assert item is not None and item.data == b"bad" and item.errors == attempt - 1
-        assert coll.unremove("q", item.xid)
+        assert coll.unremove("q", [item.xid])
     assert [(i.data, i.errors) for i in poisoned] == [(b"bad", 3)]
     assert q.stats()["poisoned"] == 1 and q.stats()["canceled_transactions"] == 3
     coll = reopen(coll)
@@ -109,8 +109,8 @@ def test_expired_items_move_to_expire_to_queue_and_are_consumed(tmp_path: Path) 
     clock = FakeClock()
     coll = collection(tmp_path, clock, q={"expire_to_queue": "late"})
     coll.queue("q+c")
-    coll.add_many("q", [b"old"], clock.now_ms() + 100)
-    coll.add_many("q", [b"new"])
+    coll.put("q", [b"old"], clock.now_ms() + 100)
+    coll.put("q", [b"new"])
     clock.advance(200)
     assert coll.sweep() == 2  # from q and from q+c
     assert drain(coll, "late") == [b"old", b"old"]
@@ -120,29 +120,29 @@ def test_expired_items_move_to_expire_to_queue_and_are_consumed(tmp_path: Path) 
 
 def test_failed_checkpoint_writes_refuse_and_change_nothing(tmp_path: Path, disk: FailingDisk) -> None:
     coll = collection(tmp_path)
-    coll.add_many("q", [b"one", b"two", b"three"])
-    opened = coll.remove("q", transaction=True)
+    coll.put("q", [b"one", b"two", b"three"])
+    opened = one(coll.remove("q", transaction=True))
     assert opened is not None
     disk.full = True
     with pytest.raises(JournalWriteError, match="the disk is full"):
         coll.remove("q")
     with pytest.raises(JournalWriteError):
-        coll.confirm("q", opened.xid)
+        coll.confirm("q", [opened.xid])
     with pytest.raises(JournalWriteError):
-        coll.add_many("q", [b"never"])
+        coll.put("q", [b"never"])
     with pytest.raises(JournalWriteError):
         coll.flush("q")
     q = coll.queue("q")
     assert (q.length, q.open_transactions) == (2, 1)
     disk.full = False
-    assert coll.remove("q") is not None and coll.remove("q") is not None
+    assert one(coll.remove("q")) is not None and one(coll.remove("q")) is not None
     coll = reopen(coll)
     assert drain(coll, "q") == [b"one"]  # the open read, never confirmed; nothing else came back
 
 
 def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
     plain = QueueCollection(str(tmp_path))
-    plain.add_many("q", [b"kept"])
+    plain.put("q", [b"kept"])
     plain.close()
     with pytest.raises(ConfigError, match="has Kestrel 2 journal files .* convert them"):
         collection(tmp_path)  # at start-up
@@ -154,7 +154,7 @@ def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
 def test_fanout_only_parent_keeps_no_reader_and_counts_what_fits(tmp_path: Path) -> None:
     coll = collection(tmp_path, q={"fanout_only": True})
     coll.queue("q+a")
-    assert coll.add_many("q", [b"one", b"two"]) == 2
+    assert coll.put("q", [b"one", b"two"]) == 2
     assert coll.queue("q").length == 0 and "q.read." not in os.listdir(tmp_path)
     coll = reopen(coll)
     assert drain(coll, "q+a") == [b"one", b"two"]
@@ -162,9 +162,9 @@ def test_fanout_only_parent_keeps_no_reader_and_counts_what_fits(tmp_path: Path)
 
 def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> None:
     coll = collection(tmp_path, q={"max_memory_size": 100, "max_items": 4, "discard_old_when_full": True})
-    coll.add_many("q", [b"A" * 60, b"B" * 60, b"C" * 60, b"D" * 60])  # two of them behind
+    coll.put("q", [b"A" * 60, b"B" * 60, b"C" * 60, b"D" * 60])  # two of them behind
     assert coll.queue("q").in_read_behind
-    coll.add_many("q", [b"e", b"f", b"g"])  # each discards a big one: the rest fits in memory
+    coll.put("q", [b"e", b"f", b"g"])  # each discards a big one: the rest fits in memory
     q = coll.queue("q")
     assert (q.length, q.stats()["discarded"]) == (4, 3)
     assert drain(coll, "q") == [b"D" * 60, b"e", b"f", b"g"]
@@ -175,18 +175,18 @@ def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> N
 def test_a_waiting_reader_is_woken_by_a_put_to_the_parent(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     coll.queue("q+c")
-    waiter = gevent.spawn(coll.remove, "q+c", True, 5.0)
+    waiter = gevent.spawn(coll.remove, "q+c", 1, True, 5.0)
     gevent.sleep(0)  # the waiter is waiting
     assert coll.queue("q+c").waiters == 1
-    coll.add_many("q", [b"wake"])
-    item = waiter.get(timeout=5)
+    coll.put("q", [b"wake"])
+    item = one(waiter.get(timeout=5))
     assert item is not None and item.data == b"wake" and item.xid
     assert coll.queue("q+c").waiters == 0 and coll.queue("q").length == 1
 
 
 def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add_many("q", [b"%d" % i for i in range(20_000)])
+    coll.put("q", [b"%d" % i for i in range(20_000)])
     checkpoint = tmp_path / "q.read."
     sizes = []
     for _ in range(9_000):  # each moves the head: one small record appended
@@ -194,7 +194,7 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
         sizes.append(checkpoint.stat().st_size)
     assert max(sizes) < 64 * 1024 + 64
     assert any(b < a for a, b in zip(sizes, sizes[1:], strict=False))  # rewritten at least once
-    held = coll.remove("q", transaction=True)  # holds the head: the rest are done out of order
+    held = one(coll.remove("q", transaction=True))  # holds the head: the rest are done out of order
     assert held is not None
     for _ in range(9_000):
         coll.remove("q")
@@ -205,24 +205,24 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
 
 def test_a_reload_changes_rotation_size_and_limits(tmp_path: Path) -> None:
     coll = collection(tmp_path)
-    coll.add_many("q", [b"x" * 100] * 5)
+    coll.put("q", [b"x" * 100] * 5)
     assert len(writer_files(tmp_path)) == 1
     coll.reload(QueueConfigs({}, {"q": {"journal_format": "kestrel3", "default_journal_size": 300,
                                         "max_items": 8}}), {})
-    assert coll.add_many("q", [b"y" * 100] * 5) == 3
+    assert coll.put("q", [b"y" * 100] * 5) == 3
     assert len(writer_files(tmp_path)) == 2
 
 
 def test_poison_goes_to_its_error_queue_or_back_to_the_head_when_that_refuses(tmp_path: Path) -> None:
     coll = collection(tmp_path, q={"max_errors": 1, "error_queue": "dead"}, dead={"max_items": 1})
-    coll.add_many("dead", [b"filler"])
-    coll.add_many("q", [b"bad"])
-    item = coll.remove("q", transaction=True)
-    assert item is not None and coll.unremove("q", item.xid)
+    coll.put("dead", [b"filler"])
+    coll.put("q", [b"bad"])
+    item = one(coll.remove("q", transaction=True))
+    assert item is not None and coll.unremove("q", [item.xid])
     assert coll.queue("q").length == 1 and coll.queue("q").stats()["poisoned"] == 0  # refused
     assert drain(coll, "dead") == [b"filler"]
-    item = coll.remove("q", transaction=True)
-    assert item is not None and coll.unremove("q", item.xid)
+    item = one(coll.remove("q", transaction=True))
+    assert item is not None and coll.unremove("q", [item.xid])
     assert coll.queue("q").length == 0 and coll.queue("q").stats()["poisoned"] == 1
     coll = reopen(coll)
     assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == []
@@ -231,16 +231,16 @@ def test_poison_goes_to_its_error_queue_or_back_to_the_head_when_that_refuses(tm
 def test_a_queue_converted_to_kestrel3_is_served_by_its_readers_and_back(tmp_path: Path) -> None:
     plain = QueueCollection(str(tmp_path))
     plain.queue("q+c")
-    plain.add_many("q", [b"one", b"two", b"three"])
-    plain.add_many("q+c", [b"child only"])
-    opened = plain.remove("q", transaction=True)  # open at the stop: served again, first
+    plain.put("q", [b"one", b"two", b"three"])
+    plain.put("q+c", [b"child only"])
+    opened = one(plain.remove("q", transaction=True))  # open at the stop: served again, first
     assert opened is not None and drain(plain, "q+c")[:1] == [b"one"]
     plain.close()
     convert.convert(str(tmp_path), "kestrel3", [], out=io.StringIO())
     coll = collection(tmp_path)
     assert drain(coll, "q") == [b"one", b"two", b"three"]
     assert drain(coll, "q+c") == []  # what the child had consumed stays consumed
-    coll.add_many("q", [b"after"])
+    coll.put("q", [b"after"])
     coll.close()
     convert.convert(str(tmp_path), "kestrel2", [], out=io.StringIO())
     back = QueueCollection(str(tmp_path))

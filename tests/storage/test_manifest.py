@@ -21,7 +21,7 @@ from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
-from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
+from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path, one
 
 ITEM = b"x" * 200
 
@@ -82,7 +82,7 @@ def test_manifest_name_is_no_queue_and_no_other_file_kind() -> None:
 def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
     coll = k2(tmp_path)
     for _ in range(100):
-        coll.add("q", ITEM)
+        coll.put("q", [ITEM])
     coll.close()
     path = manifest_path(tmp_path)
     data = bytearray(path.read_bytes())
@@ -98,9 +98,9 @@ def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
 def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(tmp_path: Path) -> None:
     coll = k2(tmp_path, max_memory_size=1 << 30)
     for i in range(1000):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     for _ in range(100):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     coll.close()
     live = tmp_path / "q"
     adds = [off for off, rec in read_journal(str(live)) if isinstance(rec, codec.AddX)]
@@ -114,9 +114,9 @@ def test_size_field_damaged_to_a_huge_value_in_the_live_file_is_refused_not_cut(
 def _rotated_queue(path: Path, items: int = 300, removed: int = 50) -> QueueCollection:
     coll = k2(path)
     for i in range(items):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     for _ in range(removed):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     return coll
 
 
@@ -146,7 +146,7 @@ def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> No
     old_state = (tmp_path / rotated(tmp_path)[0]).read_bytes() + codec.encode(codec.SaveXid(0))
     drain(coll, "q")
     for i in range(100):
-        coll.add("q", b"new%04d" % i)
+        coll.put("q", [b"new%04d" % i])
     coll.close()
     stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
     stray.write_bytes(old_state)
@@ -156,7 +156,7 @@ def test_a_stray_older_pack_is_refused_and_deletes_nothing(tmp_path: Path) -> No
 def test_salvage_sets_a_stray_pack_aside_and_serves_the_queue(tmp_path: Path) -> None:
     coll = _rotated_queue(tmp_path)
     drain(coll, "q")
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     coll.close()
     stray = tmp_path / f"{rotated(tmp_path)[-1]}.pack"
     stray.write_bytes(codec.encode(codec.AddX(1, 0, b"stray")) + codec.encode(codec.SaveXid(0)))
@@ -228,10 +228,10 @@ def test_a_manifest_put_back_from_before_packs_is_set_aside_and_every_file_kept(
     expected: list[bytes] = []
     for round_ in range(6):
         for i in range(60):
-            coll.add("q", b"%d-%04d" % (round_, i) + ITEM)
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
             expected.append(b"%d-%04d" % (round_, i) + ITEM)
         for _ in range(40):
-            assert coll.remove("q") == expected.pop(0) or True
+            assert one(coll.remove("q")) == expected.pop(0) or True
         coll.queue("q").wait_for_packing()
         if round_ == 1:
             older = manifest_path(tmp_path).read_bytes()  # a backup taken then
@@ -250,7 +250,7 @@ def test_the_first_rotation_is_never_without_a_manifest(tmp_path: Path,
     coll = k2(tmp_path)
     n = 0
     while not rotated(tmp_path):
-        coll.add("q", b"%04d" % n + ITEM)
+        coll.put("q", [b"%04d" % n + ITEM])
         n += 1
     killed = tmp_path.parent / "killed"  # the queue path as a SIGKILL right after the rotation leaves it
     shutil.copytree(tmp_path, killed)
@@ -272,7 +272,7 @@ def test_a_stray_manifest_of_a_queue_with_no_file_is_set_aside_with_a_warning(
         tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     coll = k2(tmp_path) if fmt == "kestrel2" else k3(tmp_path)
     for i in range(300):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     coll.close()
     listed = manifest_path(tmp_path).read_bytes()
     for name in journal_files(tmp_path):
@@ -280,7 +280,7 @@ def test_a_stray_manifest_of_a_queue_with_no_file_is_set_aside_with_a_warning(
     manifest_path(tmp_path).write_bytes(listed)  # e.g. copied from elsewhere: no file of q is here
     capsys.readouterr()
     coll = k2(tmp_path) if fmt == "kestrel2" else k3(tmp_path)
-    coll.add("q", b"new")  # the name is not blocked
+    coll.put("q", [b"new"])  # the name is not blocked
     assert drain(coll, "q") == [b"new"]
     coll.close()
     assert "stray manifest" in capsys.readouterr().out
@@ -311,7 +311,7 @@ def test_packs_keep_the_manifest_exact(tmp_path: Path) -> None:
     coll = k2(tmp_path, max_journal_size=8192)
     for round_ in range(5):
         for i in range(60):
-            coll.add("q", b"%d-%04d" % (round_, i) + ITEM)
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
         for _ in range(55):
             coll.remove("q")
         coll.queue("q").wait_for_packing()
@@ -354,9 +354,9 @@ def writers(path: Path) -> list[str]:
 def test_a_changed_byte_in_a_reader_checkpoint_is_refused_not_emptying_the_reader(tmp_path: Path) -> None:
     coll = k3(tmp_path)
     for i in range(800):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     for _ in range(100):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     coll.close()
     checkpoint = tmp_path / "q.read."
     data = bytearray(checkpoint.read_bytes())
@@ -375,7 +375,7 @@ def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: 
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(900):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     coll.close()
     os.unlink(tmp_path / "q.read.child")
@@ -388,7 +388,7 @@ def test_a_deleted_fanout_checkpoint_is_refused_not_made_a_new_reader(tmp_path: 
 def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=2000)
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     coll.close()
     files = writers(tmp_path)
     assert len(files) >= 3
@@ -404,7 +404,7 @@ def test_a_deleted_middle_writer_file_is_refused_and_nothing_is_deleted(tmp_path
 def test_a_changed_sealed_writer_file_is_refused(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=2000)
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     coll.close()
     first = tmp_path / writers(tmp_path)[0]
     data = bytearray(first.read_bytes())
@@ -418,10 +418,10 @@ def test_kestrel3_consumed_files_deleted_and_manifest_kept_exact(tmp_path: Path)
     coll = k3(tmp_path, default_journal_size=2000)
     coll.queue("q+child")
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     drain(coll, "q+child")
-    coll.add("q", b"last")
+    coll.put("q", [b"last"])
     coll.close()
     record = manifest.read(str(tmp_path), "q")
     assert record is not None and record.format == "kestrel3" and record.high_id == 1000
@@ -435,7 +435,7 @@ def test_kestrel3_without_manifest_loads_with_a_warning(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     coll = k3(tmp_path)
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
     coll.close()
     os.unlink(manifest_path(tmp_path))
     coll = k3(tmp_path)
@@ -460,8 +460,8 @@ def test_salvage_sets_an_unreadable_manifest_aside(tmp_path: Path) -> None:
 def test_kestrel3_record_damage_is_refused_naming_the_cut_and_salvage_keeps_what_precedes(
         tmp_path: Path) -> None:
     coll = k3(tmp_path)
-    coll.add("q", b"one")
-    coll.add("q", b"two")
+    coll.put("q", [b"one"])
+    coll.put("q", [b"two"])
     coll.close()
     (first,) = writers(tmp_path)
     second = 4 + 25 + 3  # the header, then the first PUT
@@ -496,7 +496,7 @@ def test_the_converter_refuses_a_kestrel3_queue_missing_a_checkpoint(tmp_path: P
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
     coll.close()
     os.unlink(tmp_path / "q.read.child")
     with pytest.raises(CorruptJournalError, match="missing"):
@@ -520,7 +520,7 @@ def test_a_deleted_queue_leaves_no_manifest_and_a_queue_opened_later_keeps_its_o
 def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is_gone(tmp_path: Path) -> None:
     coll = k3(tmp_path, default_journal_size=200)
     for i in range(50):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     drain(coll, "q")
     coll.close()
     for name in writers(tmp_path)[:-1]:  # as if every consumed file was deleted
@@ -533,8 +533,8 @@ def test_kestrel3_ids_keep_increasing_when_every_writer_file_but_an_empty_one_is
     record.files[newest.name] = manifest.Entry()
     manifest.write(str(tmp_path), "q", record)
     coll = k3(tmp_path, default_journal_size=200)
-    coll.add("q", b"next")
-    item = coll.remove("q", transaction=True)
+    coll.put("q", [b"next"])
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.data == b"next" and item.xid > 50
     coll.close()
 
@@ -546,20 +546,20 @@ class Crash(BaseException):
 @pytest.mark.parametrize("renamed", [False, True])
 def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:
-    from kestrel.storage.kestrel3 import queue as k3_queue
+    from kestrel.storage.kestrel3 import journal as k3_journal
     coll = k3(tmp_path)
     for i in range(40):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     for _ in range(10):
-        assert coll.remove("q") is not None  # appended to the checkpoint
-    real = k3_queue.write_checkpoint
+        assert one(coll.remove("q")) is not None  # appended to the checkpoint
+    real = k3_journal.write_checkpoint
 
     def crash(*args: Any, **kwargs: Any) -> str:
         if renamed:
             real(*args, **kwargs)
         raise Crash
 
-    monkeypatch.setattr(k3_queue, "write_checkpoint", crash)
+    monkeypatch.setattr(k3_journal, "write_checkpoint", crash)
     with pytest.raises(Crash):
         coll.flush("q")  # the manifest lists the rewrite, then the process stops
     monkeypatch.undo()
@@ -575,11 +575,11 @@ def test_repeated_flushes_and_restarts_keep_checkpoints_matching_the_manifest(tm
         coll = k3(tmp_path)
         coll.queue("q+c")
         for i in range(20):
-            coll.add("q", b"%d.%d" % (round_, i))
-        assert coll.remove("q") is not None
+            coll.put("q", [b"%d.%d" % (round_, i)])
+        assert one(coll.remove("q")) is not None
         coll.flush("q")
         coll.flush("q+c")
-        coll.add("q", b"kept")
+        coll.put("q", [b"kept"])
         coll.close()
     coll = k3(tmp_path)
     assert drain(coll, "q") == [b"kept"] and drain(coll, "q+c") == [b"kept"]
@@ -592,7 +592,7 @@ def test_a_queue_deletion_cut_off_part_way_leaves_no_manifest_listing_its_files(
     coll = k3(tmp_path, default_journal_size=2000) if fmt == "kestrel3" else _rotated_queue(tmp_path)
     if fmt == "kestrel3":
         for i in range(300):
-            coll.add("q", b"%04d" % i)
+            coll.put("q", [b"%04d" % i])
     coll.queue("q").wait_for_packing()
     real = os.unlink
     calls = []
@@ -617,7 +617,7 @@ def test_a_fanout_reader_deletion_cut_off_before_its_unlink_keeps_the_reader(
     coll = k3(tmp_path)
     coll.queue("q+child")
     for i in range(10):
-        coll.add("q", b"%d" % i)
+        coll.put("q", [b"%d" % i])
 
     def crash(*_args: Any, **_kwargs: Any) -> None:
         raise Crash

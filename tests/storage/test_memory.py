@@ -17,7 +17,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.memory import Demand, MemoryGovernor, plan
 from kestrel.storage.runtime import ManualRuntime
-from tests.support.queues import drain, held_in_memory, reopen
+from tests.support.queues import drain, held_in_memory, one, reopen
 
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 KB = 1024
@@ -76,23 +76,23 @@ def test_paging_out_keeps_every_item_once_and_in_order(tmp_path_factory: pytest.
         if op == "put":
             batch = [item(n + i, 60 + (n + i) % 90) for i in range(arg)]
             n += arg
-            assert coll.add_many("q", batch) == arg
+            assert coll.put("q", batch) == arg
             model.extend(batch)
         elif op == "get":
-            for got in q.remove_many(arg):
+            for got in q.remove(arg):
                 assert got.data == model.popleft()
         elif op == "open":
-            got = q.remove(transaction=True)
+            got = one(q.remove(transaction=True))
             if got is None:
                 assert not model
             else:
                 assert got.data == model.popleft()
                 opens.append((got.xid, got.data))
         elif op == "confirm" and opens:
-            assert q.confirm(opens.pop(0)[0])
+            assert q.confirm([opens.pop(0)[0]])
         elif op == "abort" and opens:
             xid, data = opens.pop()
-            assert q.unremove(xid)
+            assert q.unremove([xid])
             model.appendleft(data)
         elif op == "shed":
             q.set_memory_target(arg)
@@ -103,12 +103,12 @@ def test_paging_out_keeps_every_item_once_and_in_order(tmp_path_factory: pytest.
         assert q.length == len(model)
         assert coll.ledger.total == held_in_memory(coll)
     for xid, data in reversed(opens):
-        q.unremove(xid)
+        q.unremove([xid])
         model.appendleft(data)
     expected = list(model)
     if len(expected) > 3:  # half now, the rest after a restart: the journal holds the same queue
         half = len(expected) // 2
-        assert [q.remove().data for _ in range(half)] == expected[:half]  # type: ignore[union-attr]
+        assert [one(q.remove()).data for _ in range(half)] == expected[:half]  # type: ignore[union-attr]
         expected = expected[half:]
     coll = reopen(coll)
     assert drain(coll, "q") == expected
@@ -120,13 +120,13 @@ def test_shed_pages_the_tail_out_and_reads_it_back_in_order(tmp_path: Path, jour
     coll = make(tmp_path, journal_format, default_journal_size="8KB")
     q = coll.queue("q")
     items = [item(i) for i in range(500)]
-    coll.add_many("q", items)
+    coll.put("q", items)
     assert q.memory_bytes == 50_000 and not q.in_read_behind
     q.set_memory_target(2000)
     assert q.shed() == 48_000
     assert q.in_read_behind and q.memory_bytes == 2000 and q.length == 500
     assert q.stats()["paged_out"] == 48_000 and q.stats()["memory_target"] == 2000
-    coll.add_many("q", [item(500)])  # joins the tail on disk
+    coll.put("q", [item(500)])  # joins the tail on disk
     assert q.memory_bytes == 2000
     assert drain(coll, "q") == [*items, item(500)]
     assert not q.in_read_behind
@@ -138,7 +138,7 @@ def test_fanout_children_page_out_on_their_own(tmp_path: Path, journal_format: s
     coll.queue("f+a")
     coll.queue("f+b")
     items = [item(i) for i in range(200)]
-    coll.add_many("f", items)
+    coll.put("f", items)
     a, b = coll.queue("f+a"), coll.queue("f+b")
     a.set_memory_target(1000)
     assert a.shed() == 19_000 and a.in_read_behind and not b.in_read_behind
@@ -154,11 +154,11 @@ def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, jo
     coll, governor, runtime = governed(tmp_path, journal_format, 200_000)
     names = [f"q{i}" for i in range(20)]
     for name in names:
-        coll.add_many(name, [item(0)])
+        coll.put(name, [item(0)])
     governor.tick()  # one tick sees them all, small: each gets a generous share
     for start in range(1, 501, 50):  # 1 MB in all, five times the budget, with no tick
         for name in names:
-            assert coll.add_many(name, [item(n, 100) for n in range(start, start + 50)]) == 50
+            assert coll.put(name, [item(n, 100) for n in range(start, start + 50)]) == 50
             assert coll.ledger.total == held_in_memory(coll) <= 200_000
     assert governor.measure() <= 200_000 and not governor.flow_control
     for name in names:
@@ -178,7 +178,7 @@ def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp
     x, y = coll.queue("x"), coll.queue("y")
     assert x.memory_bytes > x.memory_target and y.memory_bytes > y.memory_target
     assert not x.in_read_behind and not y.in_read_behind
-    coll.add_many("z", [item(i, 1000) for i in range(100)])  # 100 KB: over the budget without a tick
+    coll.put("z", [item(i, 1000) for i in range(100)])  # 100 KB: over the budget without a tick
     assert x.in_read_behind and not y.in_read_behind  # x's items wait longest (more bytes, no egress)
     assert not coll.queue("z").in_read_behind
     assert coll.ledger.total == held_in_memory(coll) <= 300_000
@@ -189,15 +189,15 @@ def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp
 def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path: Path,
                                                                         journal_format: str) -> None:
     coll, governor, runtime = governed(tmp_path, journal_format, 100_000)
-    coll.add_many("q", [item(i, 1000) for i in range(110)])
+    coll.put("q", [item(i, 1000) for i in range(110)])
     q = coll.queue("q")
     assert coll.ledger.total <= 100_000  # the put's tail went to read-behind
-    opened = q.remove_many(110, transaction=True)  # 110 KB of open reads: nothing to page out
+    opened = q.remove(110, transaction=True)  # 110 KB of open reads: nothing to page out
     assert not governor.flow_control
-    coll.add_many("q", [item(i, 1000) for i in range(110, 130)])  # held on disk, flow control on
+    coll.put("q", [item(i, 1000) for i in range(110, 130)])  # held on disk, flow control on
     assert governor.flow_control and q.in_read_behind
     assert coll.ledger.total == held_in_memory(coll) <= 110_000 + 1000  # one item enters memory before it holds
-    assert q.confirm_many([i.xid for i in opened]) == 110
+    assert q.confirm([i.xid for i in opened]) == 110
     runtime.advance(250)
     assert not governor.flow_control  # the tick ends it: the confirms freed the memory
     assert drain(coll, "q") == [item(i, 1000) for i in range(110, 130)]
@@ -214,25 +214,25 @@ def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_pat
     coll.queue("jobs+audit")
     n = 0
     while coll.ledger.total < 3800:  # no tick yet: every queue may hold its max_memory_size
-        coll.add_many("jobs", [item(n, 9)])
-        assert coll.remove_many("jobs", 1)[0].data == item(n, 9)
+        coll.put("jobs", [item(n, 9)])
+        assert coll.remove("jobs", 1)[0].data == item(n, 9)
         n += 1
     runtime.advance(250)  # the child's target falls; the total is under the budget: nothing paged
     audit = coll.queue("jobs+audit")
-    opened = coll.remove_many("jobs", 0)
+    opened = coll.remove("jobs", 0)
     for m in range(n, n + 40):
-        coll.add_many("jobs", [item(m, 9)])
+        coll.put("jobs", [item(m, 9)])
         if governor.flow_control:
             break
-        opened += coll.remove_many("jobs", 1, transaction=True)
+        opened += coll.remove("jobs", 1, transaction=True)
     assert governor.flow_control, "the open reads took a put over the budget"
-    assert coll.confirm_many("jobs", [i.xid for i in opened]) == len(opened)
+    assert coll.confirm("jobs", [i.xid for i in opened]) == len(opened)
     assert 4096 * 0.9 < governor.measure() <= 4096
     runtime.advance(250)
     assert not governor.flow_control and audit.in_read_behind and coll.ledger.total <= 4096 * 0.9
-    coll.add_many("jobs", [b"after"])  # puts go on
-    assert [i.data for i in coll.remove_many("jobs", 100)][-1] == b"after"
-    assert [i.data for i in coll.remove_many("jobs+audit", 100_000)][:n] == [item(k, 9) for k in range(n)]
+    coll.put("jobs", [b"after"])  # puts go on
+    assert [i.data for i in coll.remove("jobs", 100)][-1] == b"after"
+    assert [i.data for i in coll.remove("jobs+audit", 100_000)][:n] == [item(k, 9) for k in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     coll, governor, runtime = governed(tmp_path, journal_format, 10_000_000)
     names = [f"q{i}" for i in range(200)]
     for name in names:
-        coll.add_many(name, [item(0)])
+        coll.put(name, [item(0)])
     measured: list[str] = []  # the queues a tick gives a target
     set_memory_target = type(coll.queue("q0")).set_memory_target
 
@@ -284,8 +284,8 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     measured.clear()
     runtime.advance(1000)  # four idle ticks
     assert measured == []
-    coll.add_many("q7", [item(1)])
-    coll.remove_many("q9", 1)
+    coll.put("q7", [item(1)])
+    coll.remove("q9", 1)
     runtime.advance(250)
     assert sorted(measured) == ["q7", "q9"]
     target = coll.queue("q7").memory_target
@@ -320,15 +320,15 @@ def tick(runtime: ManualRuntime, coll: QueueCollection, ticks: int = 1,
     """`ticks` governor rounds; before each, take `consume[name]` items and put `produce[name]`."""
     for _ in range(ticks):
         for name, count in (produce or {}).items():
-            coll.add_many(name, [item(0, 1000)] * count)
+            coll.put(name, [item(0, 1000)] * count)
         for name, count in (consume or {}).items():
-            coll.queue(name).remove_many(count)
+            coll.queue(name).remove(count)
         runtime.advance(250)
 
 
 def backlogs(coll: QueueCollection, names: list[str], size: int) -> None:
     for name in names:
-        coll.add_many(name, [item(i, 1000) for i in range(size // 1000)])
+        coll.put(name, [item(i, 1000) for i in range(size // 1000)])
 
 
 @FORMATS
@@ -385,9 +385,9 @@ def test_steady_load_does_not_flap(tmp_path: Path, journal_format: str) -> None:
 
 def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_path: Path) -> None:
     coll, governor, runtime = governed(tmp_path, "kestrel3", 100_000)
-    coll.add_many("q", [item(i, 1000) for i in range(150)])
+    coll.put("q", [item(i, 1000) for i in range(150)])
     q = coll.queue("q")
-    opened = [q.remove(transaction=True) for _ in range(120)]  # open reads cannot be paged out
+    opened = [one(q.remove(transaction=True)) for _ in range(120)]  # open reads cannot be paged out
     runtime.advance(250)
     assert not governor.flow_control  # one tick over may be a burst
     runtime.advance(250)
@@ -408,8 +408,8 @@ def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_
     runtime.advance(250)
     waiting.join(1)
     assert isinstance(outcome[0], MemoryBudgetExceeded) and "max_memory_total" in str(outcome[0])
-    assert q.remove() is not None  # gets go on
-    assert q.confirm_many([i.xid for i in opened if i is not None]) == 120  # and so do confirms
+    assert one(q.remove()) is not None  # gets go on
+    assert q.confirm([i.xid for i in opened if i is not None]) == 120  # and so do confirms
     runtime.advance(250)
     assert not governor.flow_control
     assert governor.stats()["flow_control_ms"] >= 500

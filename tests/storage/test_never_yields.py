@@ -16,22 +16,23 @@ from structlog.testing import capture_logs
 from kestrel.storage import JournalWriteError, QueueCollection
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import CommitLog
-from kestrel.storage.files import JournalWriter
 from kestrel.storage.fsync.group_commit import GroupCommit
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel3 import files as k3files
-from kestrel.storage.kestrel3.queue import Kestrel3Queue, _ReaderFile
+from kestrel.storage.kestrel3.journal import ReaderFile
+from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.runtime import GeventRuntime
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
-from tests.support.queues import drain, load_strictly, open_collection
+from tests.support.queues import drain, load_strictly, one, open_collection
 from tests.support.switches import SwitchedGreenlets, hold_to_never_switching, logs_that_pause, never_switches
 
 # Every section the engine documents as never yielding.
 SECTIONS: list[tuple[type, str]] = [
-    (k3files.WriterJournal, "append"), (k3files.WriterJournal, "rotate"), (_ReaderFile, "save"),
-    (_ReaderFile, "replace"), (JournalWriter, "append"), (QueueJournal, "flush"), (CommitLog, "add"),
+    (k3files.WriterJournal, "append"), (k3files.WriterJournal, "rotate"), (ReaderFile, "save"),
+    (ReaderFile, "replace"), (JournalWriter, "append"), (QueueJournal, "flush"), (CommitLog, "add"),
     (GroupCommit, "join"),
 ]
 
@@ -64,10 +65,10 @@ def test_two_kestrel3_puts_at_a_rotation_take_distinct_ids_and_every_item_comes_
     """The first put rotates the writer journal; while its rotation's log line waits, the second
     put runs. Each must still get ids of its own, written in order, and a restart read them all."""
     coll = collection(tmp_path, journal_format="kestrel3", default_journal_size=200)
-    coll.add_many("q", [b"first"])
+    coll.put("q", [b"first"])
     batches = [[b"a%02d" % i + b"." * 40 for i in range(6)], [b"b%02d" % i + b"." * 40 for i in range(6)]]
     with logs_that_pause():
-        puts = [gevent.spawn(coll.add_many, "q", batch) for batch in batches]
+        puts = [gevent.spawn(coll.put, "q", batch) for batch in batches]
         gevent.joinall(puts, raise_error=True)
     assert [p.value for p in puts] == [6, 6]
     q = coll.queue("q")
@@ -77,7 +78,7 @@ def test_two_kestrel3_puts_at_a_rotation_take_distinct_ids_and_every_item_comes_
     coll.close()
     again = load_strictly(QueueCollection(str(tmp_path), coll.configs, clock=FakeClock(T0)))
     got = []
-    while (item := again.remove("q")) is not None:
+    while (item := one(again.remove("q"))) is not None:
         got.append(item.data)
     assert sorted(got) == sorted([b"first", *batches[0], *batches[1]])
     assert got[0] == b"first" and got[1:7] in (batches[0], batches[1])
@@ -109,20 +110,20 @@ def test_changes_through_rotation_and_read_behind_never_yield(tmp_path: Path, jo
     with logs_that_pause():
         for i in range(0, 40, 2):
             with never_switches(f"put {i}"):
-                assert coll.add_many("q", items[i:i + 2]) == 2
+                assert coll.put("q", items[i:i + 2]) == 2
         assert q.in_read_behind
         for i in range(40):
             with never_switches(f"read {i}"):
-                item = coll.remove("q", transaction=True)
+                item = one(coll.remove("q", transaction=True))
             assert item is not None
             if i % 3 == 0:
                 with never_switches(f"abort {i}"):
-                    assert coll.unremove("q", item.xid)
+                    assert coll.unremove("q", [item.xid])
                 with never_switches(f"read {i} again"):
-                    item = coll.remove("q", transaction=True)
+                    item = one(coll.remove("q", transaction=True))
                 assert item is not None
             with never_switches(f"confirm {i}"):
-                assert coll.confirm("q", item.xid)
+                assert coll.confirm("q", [item.xid])
             got.append(item.data)
         assert not q.in_read_behind
         gevent.sleep(0.1)  # the packs, and the lines logged meanwhile
@@ -136,16 +137,17 @@ def test_a_change_whose_write_fails_is_undone_without_yielding(tmp_path: Path, j
     """The failed write is cut off the journal and memory brought back to what it holds before any
     other greenlet runs; what it logs comes after."""
     coll = collection(tmp_path, journal_format=journal_format)
-    coll.add_many("q", [b"kept"])
+    coll.put("q", [b"kept"])
     disk.full = True
     with logs_that_pause():
         with pytest.raises(JournalWriteError), never_switches("a put whose write fails"):
-            coll.add_many("q", [b"refused"])
+            coll.put("q", [b"refused"])
         with pytest.raises(JournalWriteError), never_switches("a read whose write fails"):
             coll.remove("q")
         gevent.sleep(0)
     disk.full = False
     assert drain(coll, "q") == [b"kept"]
+    coll.close()
 
 
 def test_an_append_whose_failed_part_cannot_be_cut_off_does_not_yield(tmp_path: Path, disk: FailingDisk,
@@ -159,7 +161,8 @@ def test_an_append_whose_failed_part_cannot_be_cut_off_does_not_yield(tmp_path: 
             writer.append(b"half of it")
         gevent.idle()
     assert writer.damaged
-    assert [line["event"] for line in logs] == ["cannot cut a failed append off the journal"]
+    assert [line["event"] for line in logs if line.get("file") == writer.path] == [
+        "cannot cut a failed append off the journal"]
     with pytest.raises(OSError, match="restart to repair"):
         writer.append(b"more")
 
@@ -189,14 +192,14 @@ def test_no_section_documented_never_to_yield_yields_under_load(tmp_path: Path,
     def produce(name: str, who: int) -> None:
         for n in range(25):
             batch = [b"%s-%d-%02d-%d" % (name.encode(), who, n, i) + b"." * 30 for i in range(4)]
-            assert coll.add_many(name, batch) == 4
+            assert coll.put(name, batch) == 4
             sent[name].extend(batch)
 
     def consume(name: str) -> None:
         while len(taken[name]) < 200:
-            item = coll.remove(name, transaction=True, timeout=1.0)
+            item = one(coll.remove(name, transaction=True, timeout=1.0))
             assert item is not None
-            assert coll.confirm(name, item.xid)
+            assert coll.confirm(name, [item.xid])
             taken[name].append(item.data)
 
     with logs_that_pause():

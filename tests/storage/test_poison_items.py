@@ -10,7 +10,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError
 from kestrel.storage.kestrel2.replay import replay_queue
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
 
@@ -24,16 +24,16 @@ def make(tmp_path: Path, queues: dict | None = None, default: dict | None = None
 
 def abort_head(coll: QueueCollection, name: str) -> bytes:
     """Open a read of the head item and abort it; the item's data."""
-    item = coll.remove(name, transaction=True)
+    item = one(coll.remove(name, transaction=True))
     assert item is not None
-    assert coll.unremove(name, item.xid)
+    assert coll.unremove(name, [item.xid])
     return item.data
 
 
 def test_item_aborted_max_errors_times_moves_to_the_error_queue_with_its_expiry(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 3, "error_queue": "failed"}})
-    coll.add("jobs", b"bad", T0 + 60_000)
-    coll.add("jobs", b"good")
+    coll.put("jobs", [b"bad"], T0 + 60_000)
+    coll.put("jobs", [b"good"])
     for _ in range(2):
         assert abort_head(coll, "jobs") == b"bad"
     q = coll.queue("jobs")
@@ -41,14 +41,14 @@ def test_item_aborted_max_errors_times_moves_to_the_error_queue_with_its_expiry(
     assert abort_head(coll, "jobs") == b"bad"
     assert q.length == 1 and q.open_transactions == 0
     assert q.stats()["poisoned"] == 1 and q.stats()["canceled_transactions"] == 3
-    moved = coll.remove("failed")
+    moved = one(coll.remove("failed"))
     assert moved is not None and moved.data == b"bad" and moved.expiry == T0 + 60_000
     assert drain(coll, "jobs") == [b"good"]
 
 
 def test_poison_is_journaled_as_a_confirm_so_a_restart_does_not_bring_it_back(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 1, "error_queue": "failed"}})
-    coll.add_many("jobs", [b"bad", b"next"])
+    coll.put("jobs", [b"bad", b"next"])
     abort_head(coll, "jobs")
     assert [i.data for i in replay_queue(str(tmp_path), "jobs").restart_order()] == [b"next"]
     coll = reopen(coll)
@@ -58,7 +58,7 @@ def test_poison_is_journaled_as_a_confirm_so_a_restart_does_not_bring_it_back(tm
 
 def test_without_error_queue_poison_is_dropped(tmp_path: Path) -> None:
     coll = make(tmp_path, default={"max_errors": 2})
-    coll.add_many("jobs", [b"bad", b"good"])
+    coll.put("jobs", [b"bad", b"good"])
     abort_head(coll, "jobs")
     abort_head(coll, "jobs")
     assert coll.queue("jobs").stats()["poisoned"] == 1
@@ -68,7 +68,7 @@ def test_without_error_queue_poison_is_dropped(tmp_path: Path) -> None:
 
 def test_max_errors_zero_never_poisons(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"error_queue": "failed"}})
-    coll.add("jobs", b"x")
+    coll.put("jobs", [b"x"])
     for _ in range(20):
         abort_head(coll, "jobs")
     assert coll.queue("jobs").stats()["poisoned"] == 0 and coll.get("failed") is None
@@ -76,20 +76,20 @@ def test_max_errors_zero_never_poisons(tmp_path: Path) -> None:
 
 def test_batch_abort_poisons_only_items_at_the_limit_and_keeps_the_others_in_order(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 2, "error_queue": "failed"}})
-    coll.add_many("jobs", [b"a", b"b", b"c"])
-    first = coll.remove("jobs", transaction=True)
-    assert first is not None and coll.unremove("jobs", first.xid)  # a: one error
-    reads = coll.remove_many("jobs", 3, transaction=True)
+    coll.put("jobs", [b"a", b"b", b"c"])
+    first = one(coll.remove("jobs", transaction=True))
+    assert first is not None and coll.unremove("jobs", [first.xid])  # a: one error
+    reads = coll.remove("jobs", 3, transaction=True)
     assert [r.data for r in reads] == [b"a", b"b", b"c"]
-    assert coll.unremove_many("jobs", [r.xid for r in reversed(reads)]) == 3
+    assert coll.unremove("jobs", [r.xid for r in reversed(reads)]) == 3
     assert drain(coll, "jobs") == [b"b", b"c"]
     assert drain(coll, "failed") == [b"a"]
 
 
 def test_a_full_error_queue_leaves_the_item_at_the_head_and_nothing_is_lost(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 1, "error_queue": "failed"}, "failed": {"max_items": 1}})
-    coll.add("failed", b"already there")
-    coll.add_many("jobs", [b"bad", b"next"])
+    coll.put("failed", [b"already there"])
+    coll.put("jobs", [b"bad", b"next"])
     abort_head(coll, "jobs")
     q = coll.queue("jobs")
     assert q.stats()["poisoned"] == 0 and q.length == 2
@@ -102,17 +102,17 @@ def test_a_full_error_queue_leaves_the_item_at_the_head_and_nothing_is_lost(tmp_
 
 def test_a_confirmed_item_is_never_poisoned(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 2, "error_queue": "failed"}})
-    coll.add("jobs", b"x")
+    coll.put("jobs", [b"x"])
     abort_head(coll, "jobs")
-    item = coll.remove("jobs", transaction=True)
-    assert item is not None and coll.confirm("jobs", item.xid)
-    assert not coll.unremove("jobs", item.xid)
+    item = one(coll.remove("jobs", transaction=True))
+    assert item is not None and coll.confirm("jobs", [item.xid])
+    assert not coll.unremove("jobs", [item.xid])
     assert coll.get("failed") is None and coll.queue("jobs").length == 0
 
 
 def test_error_count_lives_in_memory_for_kestrel2_journals(tmp_path: Path) -> None:
     coll = make(tmp_path, {"jobs": {"max_errors": 2, "error_queue": "failed"}})
-    coll.add("jobs", b"x")
+    coll.put("jobs", [b"x"])
     abort_head(coll, "jobs")
     coll = reopen(coll)
     abort_head(coll, "jobs")  # the count restarted at 0: this is the first error again
@@ -140,7 +140,7 @@ def test_bad_error_queue_is_a_config_error_at_start(tmp_path: Path, queues: dict
 
 def test_default_error_queue_works_once_the_error_queue_turns_it_off(tmp_path: Path) -> None:
     coll = make(tmp_path, {"failed": {"max_errors": 0}}, {"max_errors": 1, "error_queue": "failed"})
-    coll.add("jobs", b"x")
+    coll.put("jobs", [b"x"])
     abort_head(coll, "jobs")
     assert drain(coll, "failed") == [b"x"]
 

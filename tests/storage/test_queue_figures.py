@@ -13,7 +13,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import file_crc32c
 from kestrel.storage.queue import ReaderPosition
-from tests.support.queues import load_strictly
+from tests.support.queues import load_strictly, one
 
 ITEM = b"x" * 200
 
@@ -28,25 +28,25 @@ def test_stats_say_how_long_the_head_item_has_waited_and_in_which_format(tmp_pat
     clock = FakeClock()
     coll = collection(tmp_path, clock, journal_format=fmt)
     assert coll.queue("q").stats()["head_wait_ms"] == 0  # empty
-    coll.add("q", b"first")
+    coll.put("q", [b"first"])
     clock.advance(1500)
-    coll.add("q", b"second")
+    coll.put("q", [b"second"])
     clock.advance(1000)
     stats = coll.queue("q").stats()
     assert stats["head_wait_ms"] == 2500 and stats["journal_format"] == int(fmt[-1])
-    assert coll.remove("q") is not None
+    assert one(coll.remove("q")) is not None
     assert coll.queue("q").stats()["head_wait_ms"] == 1000  # the next item is the head now
     coll.close()
 
 
 def test_stats_say_when_items_wait_on_disk(tmp_path: Path) -> None:
     coll = collection(tmp_path, max_memory_size=1000)
-    coll.add("q", ITEM)
+    coll.put("q", [ITEM])
     assert coll.queue("q").stats()["read_behind"] == 0
     for _ in range(10):
-        coll.add("q", ITEM)
+        coll.put("q", [ITEM])
     assert coll.queue("q").stats()["read_behind"] == 1
-    while coll.remove("q") is not None:
+    while one(coll.remove("q")) is not None:
         pass
     assert coll.queue("q").stats()["read_behind"] == 0
     coll.close()
@@ -55,9 +55,9 @@ def test_stats_say_when_items_wait_on_disk(tmp_path: Path) -> None:
 def test_a_kestrel2_queue_lists_its_journals_with_what_the_manifest_records(tmp_path: Path) -> None:
     coll = collection(tmp_path, max_memory_size=4096, max_journal_size=1 << 30)
     for i in range(300):
-        coll.add("q", b"%04d" % i + ITEM)
+        coll.put("q", [b"%04d" % i + ITEM])
     for _ in range(50):
-        assert coll.remove("q") is not None
+        assert one(coll.remove("q")) is not None
     coll.queue("q").wait_for_packing()  # every rotated journal is in the manifest
     files = coll.queue("q").journal_files()
     *rotated, live = files
@@ -78,12 +78,12 @@ def test_a_kestrel3_queue_lists_its_readers_and_their_files(tmp_path: Path) -> N
     coll = collection(tmp_path, journal_format="kestrel3", default_journal_size=2000)
     coll.queue("q+child")
     for i in range(1000):
-        coll.add("q", b"%04d" % i)
+        coll.put("q", [b"%04d" % i])
     for _ in range(100):
-        assert coll.remove("q") is not None
-    opened = [coll.remove("q+child", transaction=True) for _ in range(3)]
+        assert one(coll.remove("q")) is not None
+    opened = [one(coll.remove("q+child", transaction=True)) for _ in range(3)]
     assert all(opened)
-    assert coll.confirm("q+child", opened[2].xid)  # consumed above the two still open
+    assert coll.confirm("q+child", [opened[2].xid])  # consumed above the two still open
     positions = coll.queue("q").reader_positions()
     assert positions == coll.queue("q+child").reader_positions() == [
         ReaderPosition("q", head=100, done_above=0, items=900, open_reads=0, tail=1000),

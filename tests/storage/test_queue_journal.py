@@ -1,5 +1,5 @@
 """The queue's journal pieces driven directly, without a queue: rotation and replay of the file
-set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor (`ReadBehind`)."""
+set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor (`JournalCursor`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.storage.files import JournalFiles, list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import PackState, QueueJournal
-from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.replay import QueueReplay
+from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import ManualRuntime
 
 
@@ -26,7 +26,8 @@ def _journal(path: Path, runtime: ManualRuntime) -> QueueJournal:
 
 def _add(j: QueueJournal, data: bytes) -> None:
     j.write(codec.encode_addx(1, 0, data))
-    j.commit()
+    j.flush()
+    j.sync()
 
 
 def _replayed(path: Path, runtime: ManualRuntime) -> list[bytes]:
@@ -55,14 +56,16 @@ def test_rotation_renames_the_live_journal_and_starts_a_new_one(tmp_path: Path) 
     assert _replayed(tmp_path, runtime) == [b"a", b"b", b"c"]
 
 
-def test_commit_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
+def test_sync_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     j = QueueJournal(str(tmp_path), "q", None, 40, runtime, runtime.lock())
     j.open_live()
     j.write(codec.encode_addx(1, 0, b"x" * 10))
-    assert not j.commit()
+    j.flush()
+    assert not j.sync()
     j.write(codec.encode_addx(1, 0, b"x" * 10))
-    assert j.commit()
+    j.flush()
+    assert j.sync()
     j.close()
 
 
@@ -91,7 +94,7 @@ def test_a_pack_is_written_in_the_background_and_replaces_the_files_it_covers(tm
     _add(j, b"a")
     _add(j, b"b")
     j.write(codec.REMOVE_BYTES)
-    j.commit()
+    j.flush()
     stamp = j.rotate()
     _add(j, b"c")
     j.take_pack(_pack_of(j, stamp, [b"b"]))
@@ -148,7 +151,7 @@ def test_the_read_behind_cursor_reads_adds_across_files_to_the_end_of_the_live_o
     live = _write(tmp_path / "q", add(b"d"))
     files = [(100, first), (200, second), (LIVE, live)]
     left: list[int] = []
-    cursor = ReadBehind(lambda: files, 100, first, 0, left.append)
+    cursor = JournalCursor(lambda: files, 100, first, 0, left.append)
     read = [cursor.next_item(0) for _ in range(3)]
     assert [i.data for i in read if i] == [b"a", b"b", b"c"] and left == [100]
     item = cursor.next_item(0)
@@ -166,7 +169,7 @@ def test_the_read_behind_cursor_does_not_pass_its_stop(tmp_path: Path) -> None:
     add = lambda data: codec.encode_addx(1, 0, data)  # noqa: E731
     first = _write(tmp_path / "q.100", add(b"a"))
     live = _write(tmp_path / "q", add(b"b"), add(b"c"))
-    cursor = ReadBehind(lambda: [(100, first), (LIVE, live)], 100, first, 0)
+    cursor = JournalCursor(lambda: [(100, first), (LIVE, live)], 100, first, 0)
     cursor.stop = (LIVE, len(add(b"b")))
     assert [getattr(cursor.next_item(0), "data", None) for _ in range(3)] == [b"a", b"b", None]
     cursor.stop = None

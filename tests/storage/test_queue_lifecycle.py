@@ -25,8 +25,8 @@ def test_operations_that_only_read_or_destroy_create_no_queue(tmp_path: Path, fm
     coll.flush("ghost")
     coll.flush_all()
     coll.delete("ghost")
-    assert not coll.confirm("ghost", 1) and not coll.unremove("ghost", 1)
-    assert coll.confirm_many("ghost", [1]) == 0 and coll.unremove_many("ghost", [1]) == 0
+    assert not coll.confirm("ghost", [1]) and not coll.unremove("ghost", [1])
+    assert coll.confirm("ghost", [1]) == 0 and coll.unremove("ghost", [1]) == 0
     assert coll.get("ghost") is None and coll.queue_names() == [] and coll.queue_creates == 0
     assert os.listdir(tmp_path) == []
     coll.close()
@@ -59,7 +59,7 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
     coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": "always"})
 
     def put(who: int) -> PersistentQueue:
-        coll.add_many(name, [b"%d-%d" % (who, i) for i in range(3)])
+        coll.put(name, [b"%d-%d" % (who, i) for i in range(3)])
         return coll.queue(name)
 
     puts = [gevent.spawn(put, who) for who in range(4)]

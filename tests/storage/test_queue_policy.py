@@ -11,12 +11,12 @@ from typing import Any
 import gevent
 import pytest
 
-from kestrel.storage import ItemTooLarge, JournalWriteError, QueueCollection, QueueConfigs
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
 
@@ -39,15 +39,13 @@ def make(path: Path, journal_format: str, queues: dict[str, Any] | None = None,
 def test_limits_refuse_what_does_not_fit_and_count_a_prefix(tmp_path: Path, journal_format: str) -> None:
     coll = make(tmp_path, journal_format, {"items": {"max_items": 2}, "bytes": {"max_size": "10"},
                                            "big": {"max_item_size": "4"}})
-    assert coll.add_many("items", [b"a", b"b", b"c"]) == 2
-    assert not coll.add("items", b"d")
-    assert coll.add_many("bytes", [b"12345678", b"90", b"x"]) == 2  # the second crosses the limit
-    assert coll.add_many("big", [b"ok", b"too big", b"ok"]) == 1  # items before the first too big
-    with pytest.raises(ItemTooLarge):
-        coll.queue("big").add(b"too big")
-    with pytest.raises(ItemTooLarge):
-        coll.queue("big").add_many([b"ok", b"too big"])
-    assert coll.queue("big").length == 1
+    assert coll.put("items", [b"a", b"b", b"c"]) == 2
+    assert not coll.put("items", [b"d"])
+    assert coll.put("bytes", [b"12345678", b"90", b"x"]) == 2  # the second crosses the limit
+    assert coll.put("big", [b"ok", b"too big", b"ok"]) == 1  # items before the first too big
+    assert coll.queue("big").put([b"too big"]) == 0
+    assert coll.queue("big").put([b"ok", b"too big"]) == 1
+    assert coll.queue("big").length == 2
     coll = reopen(coll)
     assert drain(coll, "items") == [b"a", b"b"] and drain(coll, "bytes") == [b"12345678", b"90"]
 
@@ -56,11 +54,11 @@ def test_limits_refuse_what_does_not_fit_and_count_a_prefix(tmp_path: Path, jour
 def test_discard_old_makes_room_for_new_items(tmp_path: Path, journal_format: str) -> None:
     coll = make(tmp_path, journal_format, {"q": {"max_items": 3, "discard_old_when_full": True},
                                            "none": {"max_items": 0, "discard_old_when_full": True}})
-    assert coll.add_many("q", [b"1", b"2", b"3", b"4"]) == 4
-    assert coll.add("q", b"5")
+    assert coll.put("q", [b"1", b"2", b"3", b"4"]) == 4
+    assert coll.put("q", [b"5"])
     q = coll.queue("q")
     assert (q.length, q.stats()["discarded"]) == (3, 2)
-    assert coll.add_many("none", [b"x"]) == 0  # nothing to discard: refused
+    assert coll.put("none", [b"x"]) == 0  # nothing to discard: refused
     coll = reopen(coll)
     assert drain(coll, "q") == [b"3", b"4", b"5"]
 
@@ -70,16 +68,16 @@ def test_items_expire_at_the_head_and_move_to_the_expiry_queue(tmp_path: Path, j
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, {"q": {"expire_to_queue": "late"}, "capped": {"max_age": "1s"}},
                 clock)
-    coll.add("q", b"soon", T0 + 10)
-    coll.add("q", b"later", T0 + 50)
-    coll.add("q", b"never")
-    coll.add("capped", b"capped")
+    coll.put("q", [b"soon"], T0 + 10)
+    coll.put("q", [b"later"], T0 + 50)
+    coll.put("q", [b"never"])
+    coll.put("capped", [b"capped"])
     clock.advance(20)
     head = coll.peek("q")
     assert head is not None and head.data == b"later"
     assert coll.queue("q").stats()["expired_items"] == 1
     clock.advance(40)
-    item = coll.remove("q", transaction=True)
+    item = one(coll.remove("q", transaction=True))
     assert item is not None and item.data == b"never"
     assert drain(coll, "late") == [b"soon", b"later"]
     clock.advance(1_000)
@@ -92,8 +90,8 @@ def test_items_expire_at_the_head_and_move_to_the_expiry_queue(tmp_path: Path, j
 def test_the_sweeper_expires_at_most_its_limit_per_queue(tmp_path: Path, journal_format: str) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, {"q": {"max_expire_sweep": 2}}, clock)
-    coll.add_many("q", [b"a", b"b", b"c"], T0 + 5)
-    coll.add("q", b"kept")
+    coll.put("q", [b"a", b"b", b"c"], T0 + 5)
+    coll.put("q", [b"kept"])
     clock.advance(10)
     assert coll.sweep() == 2
     assert coll.sweep() == 1
@@ -104,18 +102,18 @@ def test_the_sweeper_expires_at_most_its_limit_per_queue(tmp_path: Path, journal
 def test_aborted_reads_return_to_the_head_and_confirmed_ones_are_gone(tmp_path: Path,
                                                                       journal_format: str) -> None:
     coll = make(tmp_path, journal_format)
-    coll.add_many("q", [b"a", b"b", b"c", b"d"])
-    reads = coll.remove_many("q", 3, transaction=True)
+    coll.put("q", [b"a", b"b", b"c", b"d"])
+    reads = coll.remove("q", 3, transaction=True)
     assert [r.data for r in reads] == [b"a", b"b", b"c"] and len({r.xid for r in reads}) == 3
     q = coll.queue("q")
     assert (q.length, q.open_transactions) == (1, 3)
     assert [i.data for i in q.open_reads()] == [b"a", b"b", b"c"]
-    assert coll.confirm("q", reads[1].xid)
-    assert not coll.confirm("q", reads[1].xid)  # closed already
-    assert coll.unremove_many("q", [reads[2].xid, reads[0].xid]) == 2  # the last given ends up first
-    assert not coll.unremove("q", reads[0].xid)
+    assert coll.confirm("q", [reads[1].xid])
+    assert not coll.confirm("q", [reads[1].xid])  # closed already
+    assert coll.unremove("q", [reads[2].xid, reads[0].xid]) == 2  # the last given ends up first
+    assert not coll.unremove("q", [reads[0].xid])
     assert q.stats()["canceled_transactions"] == 2 and q.stats()["transactions"] == 3
-    held = coll.remove("q", transaction=True)
+    held = one(coll.remove("q", transaction=True))
     assert held is not None and held.data == b"a"
     coll = reopen(coll)
     assert drain(coll, "q") == [b"a", b"c", b"d"]  # the read open at the stop is served again
@@ -126,16 +124,16 @@ def test_poison_items_leave_after_max_errors_or_return_when_refused(tmp_path: Pa
                                                                      journal_format: str) -> None:
     coll = make(tmp_path, journal_format, {"q": {"max_errors": 2, "error_queue": "dead"},
                                            "dead": {"max_items": 1}})
-    coll.add("dead", b"filler")
-    coll.add_many("q", [b"bad", b"good"])
+    coll.put("dead", [b"filler"])
+    coll.put("q", [b"bad", b"good"])
     for _ in range(2):
-        item = coll.remove("q", transaction=True)
-        assert item is not None and item.data == b"bad" and coll.unremove("q", item.xid)
+        item = one(coll.remove("q", transaction=True))
+        assert item is not None and item.data == b"bad" and coll.unremove("q", [item.xid])
     q = coll.queue("q")
     assert q.length == 2 and q.stats()["poisoned"] == 0  # the error queue is full: back at the head
     assert drain(coll, "dead") == [b"filler"]
-    item = coll.remove("q", transaction=True)
-    assert item is not None and item.errors == 2 and coll.unremove("q", item.xid)
+    item = one(coll.remove("q", transaction=True))
+    assert item is not None and item.errors == 2 and coll.unremove("q", [item.xid])
     assert q.length == 1 and q.stats()["poisoned"] == 1
     coll = reopen(coll)
     assert drain(coll, "dead") == [b"bad"] and drain(coll, "q") == [b"good"]
@@ -146,8 +144,8 @@ def test_a_look_changes_nothing_and_is_no_delivery(tmp_path: Path, journal_forma
     clock = FakeClock(T0)
     coll = make(tmp_path, journal_format, {"q": {"max_errors": 2, "error_queue": "dead"},
                                            "big": {"max_memory_size": 1000}}, clock=clock)
-    coll.add_many("q", [b"%d" % i for i in range(10)])
-    coll.add("q", b"brief", T0 + 1000)
+    coll.put("q", [b"%d" % i for i in range(10)])
+    coll.put("q", [b"brief"], T0 + 1000)
     q = coll.queue("q")
     before = (q.stats(), q.journal_size, [i.data for i in q.look(0, 100).shown])
     for _ in range(5):  # as many looks as max_errors twice over: none counts as a failed delivery
@@ -157,10 +155,10 @@ def test_a_look_changes_nothing_and_is_no_delivery(tmp_path: Path, journal_forma
     assert looked == (q.create_time, 0, 11, 11, looked.shown) and len(looked.shown) == 11
     assert coll.get("dead") is None
     # Positions stay with their items: taking from the head moves the head on, a read put back one back.
-    taken = coll.remove_many("q", 3, transaction=True)
+    taken = coll.remove("q", 3, transaction=True)
     assert q.look(0, 2)[1:4] == (3, 8, 5) and [i.data for i in q.look(0, 2).shown] == [b"3", b"4"]
     assert [i.data for i in q.look(6, 2).shown] == [b"6", b"7"]
-    assert coll.unremove("q", taken[2].xid)
+    assert coll.unremove("q", [taken[2].xid])
     assert q.look(0, 1)[1:4] == (2, 9, 3) and [i.data for i in q.look(2, 1).shown] == [b"2"]
     assert [i.data for i in q.look(6, 2).shown] == [b"6", b"7"]
     assert q.look(11, 5)[1:4] == (2, 9, 11) and q.look(11, 5).shown == []  # past the end
@@ -169,7 +167,7 @@ def test_a_look_changes_nothing_and_is_no_delivery(tmp_path: Path, journal_forma
     assert q.look(9, 5).after == 11
     # Only what memory holds is shown: the look stops where read-behind keeps the rest on disk.
     items = [b"%04d" % i + b"." * 96 for i in range(30)]
-    coll.add_many("big", items)
+    coll.put("big", items)
     big = coll.queue("big")
     assert big.in_read_behind
     held = len(big.look(0, 100).shown)
@@ -182,19 +180,19 @@ def test_a_wait_ends_at_its_deadline_or_with_the_item_that_arrives(tmp_path: Pat
                                                                     journal_format: str) -> None:
     runtime = ManualRuntime()
     coll = make(tmp_path, journal_format, runtime=runtime)
-    late = gevent.spawn(coll.remove, "q", False, 0.05)
+    late = gevent.spawn(coll.remove, "q", 1, False, 0.05)
     gevent.sleep(0)
     runtime.advance(49)
     gevent.sleep(0)
     assert not late.ready() and coll.queue("q").waiters == 1
     runtime.advance(1)
-    assert late.get(timeout=2) is None and coll.queue("q").waiters == 0
-    waiters = [gevent.spawn(coll.remove, "q", True, 5.0) for _ in range(2)]
+    assert late.get(timeout=2) == [] and coll.queue("q").waiters == 0
+    waiters = [gevent.spawn(coll.remove, "q", 1, True, 5.0) for _ in range(2)]
     gevent.sleep(0)
     runtime.advance(4_000)
-    coll.add_many("q", [b"x", b"y"])
+    coll.put("q", [b"x", b"y"])
     got = [w.get(timeout=2) for w in waiters]
-    assert [i.data for i in got if i is not None] == [b"x", b"y"]
+    assert [i.data for taken in got for i in taken] == [b"x", b"y"]
     assert runtime.timers == 0  # the waits' deadlines are gone with them
     peeker = gevent.spawn(coll.peek, "q", 5.0)
     gevent.sleep(0)
@@ -207,13 +205,13 @@ def test_items_past_the_memory_budget_are_read_back_in_order(tmp_path: Path, jou
     coll = make(tmp_path, journal_format, {"q": {"max_memory_size": 1000}})
     items = [b"%04d" % i + b"." * 96 for i in range(60)]
     for i in range(0, 60, 7):
-        coll.add_many("q", items[i:i + 7])
+        coll.put("q", items[i:i + 7])
     q = coll.queue("q")
     assert q.in_read_behind and q.length == 60 and q.memory_bytes <= 1100
-    assert [r.data for r in coll.remove_many("q", 5, transaction=True)] == items[:5]
+    assert [r.data for r in coll.remove("q", 5, transaction=True)] == items[:5]
     coll = reopen(coll)
     got = []  # the reads open at the stop come back first, at the head (Kestrel 2: beyond the budget)
-    while (item := coll.remove("q")) is not None:
+    while (item := one(coll.remove("q"))) is not None:
         got.append(item.data)
         assert coll.queue("q").memory_bytes <= 1100 + 500
     assert got == items and not coll.queue("q").in_read_behind
@@ -223,20 +221,20 @@ def test_items_past_the_memory_budget_are_read_back_in_order(tmp_path: Path, jou
 def test_a_change_that_cannot_be_written_is_refused_and_changes_nothing(tmp_path: Path, journal_format: str,
                                                                          disk: FailingDisk) -> None:
     coll = make(tmp_path, journal_format)
-    coll.add_many("q", [b"one", b"two", b"three"])
-    opened = coll.remove("q", transaction=True)
+    coll.put("q", [b"one", b"two", b"three"])
+    opened = one(coll.remove("q", transaction=True))
     assert opened is not None
     disk.full = True
     with pytest.raises(JournalWriteError):
-        coll.remove_many("q", 2)
+        coll.remove("q", 2)
     with pytest.raises(JournalWriteError):
-        coll.confirm("q", opened.xid)
+        coll.confirm("q", [opened.xid])
     with pytest.raises(JournalWriteError):
         coll.flush("q")
     q = coll.queue("q")
     assert (q.length, q.open_transactions) == (2, 1)
     disk.full = False
-    assert coll.confirm("q", opened.xid)
+    assert coll.confirm("q", [opened.xid])
     assert drain(coll, "q") == [b"two", b"three"]
     coll = reopen(coll)
     assert drain(coll, "q") == []
@@ -249,7 +247,7 @@ def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
     its stats, logged once, each failure counted), peeks still answer, and the first change after
     the disk recovers probes the journal and goes ahead."""
     coll = make(tmp_path, journal_format)
-    coll.add_many("q", [b"one", b"two", b"three"])
+    coll.put("q", [b"one", b"two", b"three"])
     disk.full = True
     capsys.readouterr()
     with pytest.raises(JournalWriteError):
@@ -257,7 +255,7 @@ def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
     q = coll.queue("q")
     assert q.stats()["read_only"] == 1 and q.stats()["journal_write_errors"] == 1
     with pytest.raises(JournalWriteError):
-        coll.add("q", b"four")  # refused by the probe: nothing written, nothing more counted
+        coll.put("q", [b"four"])  # refused by the probe: nothing written, nothing more counted
     with pytest.raises(JournalWriteError):
         coll.remove("q")
     assert q.stats()["read_only"] == 1 and q.length == 3
@@ -265,7 +263,7 @@ def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
     gevent.idle()  # a change's lines are logged after it (src/kestrel/storage/deferred_log.py)
     assert len([line for line in capsys.readouterr().out.splitlines() if "read-only until it can" in line]) == 1
     disk.full = False
-    assert coll.add("q", b"four")
+    assert coll.put("q", [b"four"])
     gevent.idle()
     assert q.stats()["read_only"] == 0 and "can be written again" in capsys.readouterr().out
     assert drain(coll, "q") == [b"one", b"two", b"three", b"four"]
@@ -283,17 +281,17 @@ def test_plain_threads_put_and_take_every_item_once(tmp_path: Path, journal_form
 
     def produce(n: int) -> None:
         for i in range(200):
-            coll.add("q", b"%d-%d" % (n, i))
+            coll.put("q", [b"%d-%d" % (n, i)])
 
     def consume(name: str) -> None:
         while True:
-            item = coll.remove(name, transaction=True, timeout=0.01)
+            item = one(coll.remove(name, transaction=True, timeout=0.01))
             if item is None:
                 if produced.is_set():
                     return
                 continue
             taken[name].append(item.data)
-            if not coll.confirm(name, item.xid):
+            if not coll.confirm(name, [item.xid]):
                 failures.append(f"{name}: read {item.xid} was not open")
 
     def guarded(work: Callable[..., None], *args: Any) -> Callable[[], None]:

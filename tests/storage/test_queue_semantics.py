@@ -12,9 +12,9 @@ import pytest
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.config import MB, QueueConfig, parse_duration_ms, parse_size
-from kestrel.storage.errors import ConfigError, InvalidQueueName, ItemTooLarge
+from kestrel.storage.errors import ConfigError, InvalidQueueName
 from kestrel.storage.runtime import ManualRuntime
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
 
@@ -28,25 +28,25 @@ def make(tmp_path: Path, queues: dict | None = None, default: dict | None = None
 
 def test_fifo_order_and_peek(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add_many("q", [b"1", b"2", b"3"])
+    coll.put("q", [b"1", b"2", b"3"])
     head = coll.peek("q")
     assert head is not None and head.data == b"1"
     assert drain(coll, "q") == [b"1", b"2", b"3"]
-    assert coll.remove("q") is None
+    assert one(coll.remove("q")) is None
 
 
 def test_max_items_and_max_size_refuse(tmp_path: Path) -> None:
     coll = make(tmp_path, {"small": {"max_items": 2}, "bytes": {"max_size": "10"}})
-    assert coll.add_many("small", [b"a", b"b", b"c"]) == 2
-    assert coll.add("bytes", b"12345678")
-    assert coll.add("bytes", b"12345")
-    assert not coll.add("bytes", b"x")  # 13 bytes already >= 10
+    assert coll.put("small", [b"a", b"b", b"c"]) == 2
+    assert coll.put("bytes", [b"12345678"])
+    assert coll.put("bytes", [b"12345"])
+    assert not coll.put("bytes", [b"x"])  # 13 bytes already >= 10
     assert drain(coll, "small") == [b"a", b"b"]
 
 
 def test_discard_old_when_full(tmp_path: Path) -> None:
     coll = make(tmp_path, {"q": {"max_items": 2, "discard_old_when_full": True}})
-    assert coll.add_many("q", [b"a", b"b", b"c", b"d"]) == 4
+    assert coll.put("q", [b"a", b"b", b"c", b"d"]) == 4
     assert coll.queue("q").discarded == 2
     coll = reopen(coll)
     assert drain(coll, "q") == [b"c", b"d"]
@@ -54,18 +54,17 @@ def test_discard_old_when_full(tmp_path: Path) -> None:
 
 def test_max_item_size_refuses_the_item(tmp_path: Path) -> None:
     coll = make(tmp_path, {"q": {"max_item_size": "4"}})
-    assert not coll.add("q", b"12345")
-    assert coll.add("q", b"1234")
-    with pytest.raises(ItemTooLarge, match="max_item_size"):
-        coll.queue("q").add(b"12345")
+    assert not coll.put("q", [b"12345"])
+    assert coll.put("q", [b"1234"])
+    assert coll.queue("q").put([b"12345"]) == 0 and coll.queue("q").length == 1
 
 
 def test_expiry_on_remove_peek_and_sweep(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, clock=clock)
-    coll.add("q", b"soon", expiry_ms=T0 + 1000)
-    coll.add("q", b"later", expiry_ms=T0 + 5000)
-    coll.add("q", b"never")
+    coll.put("q", [b"soon"], expiry_ms=T0 + 1000)
+    coll.put("q", [b"later"], expiry_ms=T0 + 5000)
+    coll.put("q", [b"never"])
     clock.advance(1000)
     head = coll.peek("q")
     assert head is not None and head.data == b"later"
@@ -78,8 +77,8 @@ def test_expiry_on_remove_peek_and_sweep(tmp_path: Path) -> None:
 def test_expiry_survives_restart_as_removes(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, clock=clock)
-    coll.add("q", b"old", expiry_ms=T0 + 10)
-    coll.add("q", b"new")
+    coll.put("q", [b"old"], expiry_ms=T0 + 10)
+    coll.put("q", [b"new"])
     clock.advance(20)
     coll.sweep()
     coll = reopen(coll)
@@ -89,18 +88,18 @@ def test_expiry_survives_restart_as_removes(tmp_path: Path) -> None:
 def test_max_age_caps_expiry(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, {"q": {"max_age": "1s"}}, clock=clock)
-    coll.add("q", b"capped")
-    coll.add("q", b"also", expiry_ms=T0 + 60_000)
+    coll.put("q", [b"capped"])
+    coll.put("q", [b"also"], expiry_ms=T0 + 60_000)
     item = coll.peek("q")
     assert item is not None and item.expiry == T0 + 1000
     clock.advance(1001)
-    assert coll.remove("q") is None
+    assert one(coll.remove("q")) is None
 
 
 def test_max_expire_sweep_limits_a_round(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, {"q": {"max_expire_sweep": 2}}, clock=clock)
-    coll.add_many("q", [b"a", b"b", b"c"], expiry_ms=T0 + 1)
+    coll.put("q", [b"a", b"b", b"c"], expiry_ms=T0 + 1)
     clock.advance(5)
     assert coll.sweep() == 2
     assert coll.sweep() == 1
@@ -109,17 +108,17 @@ def test_max_expire_sweep_limits_a_round(tmp_path: Path) -> None:
 def test_expire_to_queue(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, {"q": {"expire_to_queue": "dead"}}, clock=clock)
-    coll.add("q", b"x", expiry_ms=T0 + 1)
+    coll.put("q", [b"x"], expiry_ms=T0 + 1)
     clock.advance(2)
     coll.sweep()
-    item = coll.remove("dead")
+    item = one(coll.remove("dead"))
     assert item is not None and item.data == b"x" and item.expiry == 0
 
 
 def test_max_queue_age_deletes_an_empty_queue(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     coll = make(tmp_path, {"tmp": {"max_queue_age": "10s"}}, clock=clock)
-    coll.add("tmp", b"x")
+    coll.put("tmp", [b"x"])
     clock.advance(11_000)
     coll.sweep()
     assert "tmp" in coll.queue_names()  # not empty: it stays
@@ -132,37 +131,37 @@ def test_max_queue_age_deletes_an_empty_queue(tmp_path: Path) -> None:
 
 def test_reliable_read_confirm_and_abort(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add_many("q", [b"a", b"b"])
-    a = coll.remove("q", transaction=True)
+    coll.put("q", [b"a", b"b"])
+    a = one(coll.remove("q", transaction=True))
     assert a is not None and a.xid != 0
     first_xid = a.xid
     assert coll.queue("q").open_transactions == 1
-    assert coll.unremove("q", first_xid)
-    assert not coll.unremove("q", first_xid)  # already closed
-    a2 = coll.remove("q", transaction=True)
+    assert coll.unremove("q", [first_xid])
+    assert not coll.unremove("q", [first_xid])  # already closed
+    a2 = one(coll.remove("q", transaction=True))
     assert a2 is not None and a2.data == b"a" and a2.xid != first_xid
-    assert coll.confirm("q", a2.xid)
-    assert not coll.confirm("q", 999)
+    assert coll.confirm("q", [a2.xid])
+    assert not coll.confirm("q", [999])
     assert drain(coll, "q") == [b"b"]
 
 
 def test_xids_keep_increasing_across_restarts(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add_many("q", [b"a", b"b", b"c"])
-    first = coll.remove("q", transaction=True)
+    coll.put("q", [b"a", b"b", b"c"])
+    first = one(coll.remove("q", transaction=True))
     assert first is not None
-    coll.confirm("q", first.xid)
+    coll.confirm("q", [first.xid])
     coll = reopen(coll)
-    second = coll.remove("q", transaction=True)
+    second = one(coll.remove("q", transaction=True))
     assert second is not None and second.xid > first.xid
 
 
 def test_flush_and_delete(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add_many("q", [b"a", b"b"])
+    coll.put("q", [b"a", b"b"])
     coll.flush("q")
-    assert coll.remove("q") is None and coll.queue("q").total_flushes == 1
-    coll.add("q", b"c")
+    assert one(coll.remove("q")) is None and coll.queue("q").total_flushes == 1
+    coll.put("q", [b"c"])
     coll = reopen(coll)
     assert drain(coll, "q") == [b"c"]
     coll.delete("q")
@@ -172,33 +171,49 @@ def test_flush_and_delete(tmp_path: Path) -> None:
 
 def test_fanout_children_get_only_later_items(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add("orders", b"before")
+    coll.put("orders", [b"before"])
     coll.queue("orders+audit")
-    coll.add("orders", b"after")
+    coll.put("orders", [b"after"])
     assert drain(coll, "orders+audit") == [b"after"]
-    coll.add("orders", b"third")
+    coll.put("orders", [b"third"])
     coll = reopen(coll)
     assert drain(coll, "orders") == [b"before", b"after", b"third"]
     assert drain(coll, "orders+audit") == [b"third"]
     coll.delete("orders+audit")
-    coll.add("orders", b"fourth")
+    coll.put("orders", [b"fourth"])
     assert coll.get("orders+audit") is None
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_fanout_child_is_offered_its_parents_items_as_kestrels_put_offers_them_one_by_one(
+        tmp_path: Path, journal_format: str) -> None:
+    coll = make(tmp_path, {"q": {"max_items": 2}, "q+all": {"max_items": 10},
+                           "q+small": {"max_items": 10, "max_item_size": 4}}, {"journal_format": journal_format})
+    coll.queue("q+all")
+    coll.queue("q+small")
+    # The put stops after the parent's first refusal: the children were offered that item too,
+    # not the ones after it.
+    assert coll.put("q", [b"1", b"too long", b"3", b"4"]) == 2
+    assert drain(coll, "q+all") == [b"1", b"too long", b"3"]
+    # Each on its own: an item over a child's max_item_size does not stop it taking the next.
+    assert drain(coll, "q+small") == [b"1", b"3"]
+    assert drain(coll, "q") == [b"1", b"too long"]
 
 
 def test_fanout_only_parent_keeps_no_journal(tmp_path: Path) -> None:
     coll = make(tmp_path, {"feed": {"fanout_only": True}})
     coll.queue("feed+a")
     coll.queue("feed+b")
-    assert coll.add("feed", b"x")
+    assert coll.put("feed", [b"x"])
     assert not (tmp_path / "feed").exists()
-    assert coll.remove("feed") is None
+    assert one(coll.remove("feed")) is None
     assert drain(coll, "feed+a") == [b"x"] and drain(coll, "feed+b") == [b"x"]
 
 
 def test_alias_writes_to_destinations_and_reads_empty(tmp_path: Path) -> None:
     coll = make(tmp_path, aliases={"both": ["x", "y"]})
-    assert coll.add("both", b"hi")
-    assert coll.remove("both") is None
+    assert coll.put("both", [b"hi"])
+    assert one(coll.remove("both")) is None
     coll.flush("both")
     coll.delete("both")
     assert drain(coll, "x") == [b"hi"] and drain(coll, "y") == [b"hi"]
@@ -206,10 +221,10 @@ def test_alias_writes_to_destinations_and_reads_empty(tmp_path: Path) -> None:
 
 def test_keep_journal_false_is_memory_only(tmp_path: Path) -> None:
     coll = make(tmp_path, {"mem": {"keep_journal": False}})
-    coll.add("mem", b"x")
+    coll.put("mem", [b"x"])
     assert not (tmp_path / "mem").exists()
     coll = reopen(coll)
-    assert coll.remove("mem") is None
+    assert one(coll.remove("mem")) is None
 
 
 @pytest.mark.parametrize("name, reason", [
@@ -221,16 +236,16 @@ def test_keep_journal_false_is_memory_only(tmp_path: Path) -> None:
 def test_bad_queue_names_are_refused_with_a_reason(tmp_path: Path, name: str, reason: str) -> None:
     coll = make(tmp_path)
     with pytest.raises(InvalidQueueName, match=re.escape(reason)):
-        coll.add(name, b"x")
+        coll.put(name, [b"x"])
     with pytest.raises(InvalidQueueName, match=re.escape(reason)):
-        coll.remove_many(name, 0)  # a read of no items still names what was wrong
+        coll.remove(name, 0)  # a read of no items still names what was wrong
     assert os.listdir(tmp_path) == []
 
 
 def test_names_are_case_sensitive(tmp_path: Path) -> None:
     coll = make(tmp_path)
-    coll.add("Work", b"upper")
-    coll.add("work", b"lower")
+    coll.put("Work", [b"upper"])
+    coll.put("work", [b"lower"])
     assert drain(coll, "Work") == [b"upper"]
     assert drain(coll, "work") == [b"lower"]
 
@@ -245,12 +260,12 @@ def test_directory_scan_ignores_subdirectories_and_temporaries(tmp_path: Path) -
 def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", False, 5.0)
+    waiter = gevent.spawn(coll.remove, "q", 1, False, 5.0)
     gevent.sleep(0)
     assert coll.queue("q").waiters == 1
     runtime.advance(4_000)
-    coll.add("q", b"x")
-    item = waiter.get(timeout=2)
+    coll.put("q", [b"x"])
+    item = one(waiter.get(timeout=2))
     assert item is not None and item.data == b"x"
     assert runtime.timers == 0  # the wait's deadline is gone with it
 
@@ -258,13 +273,13 @@ def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
 def test_waiting_remove_times_out(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", False, 0.05)
+    waiter = gevent.spawn(coll.remove, "q", 1, False, 0.05)
     gevent.sleep(0)
     runtime.advance(49)
     gevent.sleep(0)
     assert not waiter.ready()
     runtime.advance(1)
-    assert waiter.get(timeout=2) is None
+    assert waiter.get(timeout=2) == []
     assert coll.queue("q").waiters == 0
 
 
@@ -273,7 +288,7 @@ def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
     got: list[tuple[int, bytes]] = []
 
     def wait(n: int) -> None:
-        item = coll.remove("q", timeout=5.0)
+        item = one(coll.remove("q", timeout=5.0))
         assert item is not None
         got.append((n, item.data))
 
@@ -282,7 +297,7 @@ def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
         greenlets.append(gevent.spawn(wait, n))
         gevent.sleep(0)
     for data in (b"a", b"b", b"c"):
-        coll.add("q", data)
+        coll.put("q", [data])
         gevent.sleep(0)
     gevent.joinall(greenlets, timeout=2)
     assert got == [(0, b"a"), (1, b"b"), (2, b"c")]
@@ -333,22 +348,22 @@ def test_bad_settings_name_the_key(settings: dict, key: str) -> None:
 
 def _opened(tmp_path: Path, name: str) -> tuple[QueueCollection, list[int]]:
     coll = make(tmp_path / name)
-    coll.add_many("q", [b"a", b"b", b"c", b"d"])
-    return coll, [item.xid for item in coll.remove_many("q", 4, transaction=True)]
+    coll.put("q", [b"a", b"b", b"c", b"d"])
+    return coll, [item.xid for item in coll.remove("q", 4, transaction=True)]
 
 
 def _journal_bytes(coll: QueueCollection) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(Path(coll.path).glob("q*")))
 
 
-@pytest.mark.parametrize("many", ["confirm_many", "unremove_many"])
+@pytest.mark.parametrize("many", ["confirm", "unremove"])
 def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: Path, many: str) -> None:
     single, xids = _opened(tmp_path, "single")
     batch, batch_xids = _opened(tmp_path, "batch")
     assert xids == batch_xids
     closing = [xids[2], xids[0], 999]  # 999 is not open: skipped, as a single close skips it
-    one = getattr(single, many.removesuffix("_many"))
-    assert [one("q", xid) for xid in closing] == [True, True, False]
+    close = getattr(single, many)
+    assert [close("q", [xid]) for xid in closing] == [1, 1, 0]
     writer = batch.get("q")._journal.writer  # type: ignore[union-attr]
     appends: list[bytes] = []
     append = writer.append
@@ -358,28 +373,45 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     assert _journal_bytes(single) == _journal_bytes(batch)
     left = drain(reopen(batch), "q")  # replayed, the reads still open are handed out again
     assert left == drain(reopen(single), "q")
-    assert sorted(left) == ([b"b", b"d"] if many == "confirm_many" else [b"a", b"b", b"c", b"d"])
+    assert sorted(left) == ([b"b", b"d"] if many == "confirm" else [b"a", b"b", b"c", b"d"])
+
+
+def _put_on_past_refusals(coll: QueueCollection, name: str, items: list[bytes]) -> list[bool]:
+    """Each item's answer when the items are put at once and, after each refusal, the rest again
+    (as a pipelined run of memcache sets is put)."""
+    answers: list[bool] = []
+    while len(answers) < len(items):
+        accepted = coll.put(name, items[len(answers):])
+        answers += [True] * accepted
+        if len(answers) < len(items):
+            answers.append(False)
+    return answers
 
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("limits", [{"max_items": 3}, {"max_size": "300"},
-                                    {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0}])
-def test_add_each_accepts_what_single_adds_would(tmp_path: Path, limits: dict, journal_format: str) -> None:
+                                    {"max_items": 3, "discard_old_when_full": True}, {"max_items": 0},
+                                    {"max_item_size": 150}])
+def test_a_put_on_past_each_refusal_answers_as_single_puts(tmp_path: Path, limits: dict,
+                                                          journal_format: str) -> None:
     settings = {**limits, "journal_format": journal_format}
     batched, single = make(tmp_path / "batched", {"q": settings}), make(tmp_path / "single", {"q": settings})
-    items = [bytes([n]) * 100 for n in range(6)]
-    accepted = batched.add_each("q", items)
-    assert [single.add("q", data) for data in items] == [n < accepted for n in range(len(items))]
+    items = [bytes([n]) * (100 if n % 3 else 200) for n in range(6)]
+    assert _put_on_past_refusals(batched, "q", items) == [bool(single.put("q", [data])) for data in items]
     assert drain(batched, "q") == drain(single, "q")
 
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
-def test_add_each_declines_where_single_adds_could_differ_and_does_nothing(tmp_path: Path, journal_format: str) -> None:
-    coll = make(tmp_path, {"small": {"max_item_size": 8}}, {"journal_format": journal_format},
-                aliases={"both": ["x", "y"]})
-    assert coll.add_each("small", [b"tiny", b"far too big", b"ok"]) is None  # single adds: yes, no, yes
-    assert coll.add_each("both", [b"a", b"b"]) is None
-    coll.queue("fan+a")
-    assert coll.add_each("fan", [b"a", b"b"]) is None
-    assert drain(coll, "small") == drain(coll, "x") == drain(coll, "fan") == drain(coll, "fan+a") == []
-    assert coll.add_each("small", [b"tiny", b"ok"]) == 2 and drain(coll, "small") == [b"tiny", b"ok"]
+def test_through_aliases_and_fanouts_a_put_on_past_refusals_answers_as_single_puts(
+        tmp_path: Path, journal_format: str) -> None:
+    queues = {"small": {"max_item_size": 8}, "full": {"max_items": 2}, "fan": {"max_items": 2},
+              "fan+a": {"max_items": 3, "max_item_size": 8}}
+    batched, single = (make(tmp_path / name, queues, {"journal_format": journal_format},
+                            aliases={"both": ["small", "full"]}) for name in ("batched", "single"))
+    for coll in (batched, single):
+        coll.queue("fan+a")
+    items = [b"tiny", b"far too big", b"ok", b"one", b"two"]
+    for name in ("small", "both", "fan"):
+        assert _put_on_past_refusals(batched, name, items) == [bool(single.put(name, [data])) for data in items]
+    for name in ("small", "full", "fan", "fan+a"):
+        assert drain(batched, name) == drain(single, name), name

@@ -13,7 +13,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.tools.dump import dump_queue
-from tests.support.queues import drain, reopen
+from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
 BUDGET = 4096  # max_memory_size for these tests
@@ -41,13 +41,13 @@ def test_queue_twenty_times_its_memory_budget_comes_back_in_order(tmp_path: Path
     count = (20 * BUDGET) // len(item(0)) + 1
     peak = 0
     for n in range(count):
-        assert coll.add("q", item(n))
+        assert coll.put("q", [item(n)])
         peak = max(peak, q.memory_bytes)
     assert q.in_read_behind
     assert q.bytes >= 20 * BUDGET
     assert q.length == count
     got = []
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         got.append(it.data)
         peak = max(peak, q.memory_bytes)
     assert got == [item(n) for n in range(count)]
@@ -58,13 +58,13 @@ def test_queue_twenty_times_its_memory_budget_comes_back_in_order(tmp_path: Path
 def test_read_behind_survives_restart_midway(tmp_path: Path) -> None:
     coll = make(tmp_path)
     count = 10 * BUDGET // len(item(0))
-    coll.add_many("q", [item(n) for n in range(count)])
-    taken = [coll.remove("q").data for _ in range(count // 3)]  # type: ignore[union-attr]
+    coll.put("q", [item(n) for n in range(count)])
+    taken = [one(coll.remove("q")).data for _ in range(count // 3)]  # type: ignore[union-attr]
     coll = reopen(coll)
     q = coll.queue("q")
     assert q.in_read_behind and q.memory_bytes <= BUDGET + len(item(0))
     rest = []
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         rest.append(it.data)
     assert taken + rest == [item(n) for n in range(count)]
 
@@ -74,14 +74,14 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     q = coll.queue("q")
     count = 8 * BUDGET // len(item(0))
     for n in range(count):
-        coll.add("q", item(n))
+        coll.put("q", [item(n)])
     rotated = [n for n in journal_names(tmp_path) if n.startswith("q.")]
     assert rotated, "read-behind rotates a new file every max_memory_size"
     assert all(n.split(".")[1].isdigit() for n in rotated)
-    opened = coll.remove("q", transaction=True)
+    opened = one(coll.remove("q", transaction=True))
     assert opened is not None
     got = [opened.data]
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         got.append(it.data)
         q.wait_for_packing()
     q.wait_for_packing()
@@ -93,26 +93,26 @@ def test_rotation_and_packing_leave_the_seed_layout(tmp_path: Path) -> None:
     assert len(left) == 1 and not set(left) & set(rotated)  # every rotated journal was packed away
     # The open read survives the packs and a restart, back at the head.
     coll = reopen(coll)
-    again = coll.remove("q")
+    again = one(coll.remove("q"))
     assert again is not None and again.data == item(0)
-    assert coll.remove("q") is None
+    assert one(coll.remove("q")) is None
 
 
 def test_empty_queue_starts_a_fresh_journal_with_only_open_reads(tmp_path: Path) -> None:
     coll = make(tmp_path, max_memory_size=1 << 20)
     q = coll.queue("q")
-    coll.add("q", b"keep-open")
-    held = coll.remove("q", transaction=True)
+    coll.put("q", [b"keep-open"])
+    held = one(coll.remove("q", transaction=True))
     assert held is not None
     for n in range(60):
-        coll.add("q", item(n))
+        coll.put("q", [item(n)])
         coll.remove("q")
         q.wait_for_packing()
     assert q.journal_size < 2048 + 200
     coll = reopen(coll)
-    back = coll.remove("q")
+    back = one(coll.remove("q"))
     assert back is not None and back.data == b"keep-open"
-    assert coll.remove("q") is None
+    assert one(coll.remove("q")) is None
 
 
 @pytest.mark.parametrize("step", ["write", "fsync", "rename-pack", "delete", "rename-final"])
@@ -121,8 +121,8 @@ def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, s
     q = coll.queue("q")
     count = 8 * BUDGET // len(item(0))
     for n in range(count):
-        coll.add("q", item(n))
-    opened = coll.remove("q", transaction=True)
+        coll.put("q", [item(n)])
+    opened = one(coll.remove("q", transaction=True))
     assert opened is not None
     crashed = []
 
@@ -134,7 +134,7 @@ def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, s
     packer.failpoint = crash
     try:
         got = []
-        while len(got) < count // 2 and (it := coll.remove("q")) is not None:
+        while len(got) < count // 2 and (it := one(coll.remove("q"))) is not None:
             got.append(it.data)
             q.wait_for_packing()
     finally:
@@ -144,7 +144,7 @@ def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, s
     again = QueueCollection(coll.path, coll.configs, clock=coll.clock)
     again.load()
     rest = []
-    while (it := again.remove("q")) is not None:
+    while (it := one(again.remove("q"))) is not None:
         rest.append(it.data)
     assert rest[0] == item(0)  # the read that was open comes back first
     assert rest[1:] == [item(n) for n in range(1 + len(got), count)]
@@ -165,24 +165,24 @@ def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path
         if roll < 0.5:
             batch = [item(n + i) for i in range(rnd.randint(1, 5))]
             n += len(batch)
-            assert coll.add_many("q", batch) == len(batch)
+            assert coll.put("q", batch) == len(batch)
             model.extend(batch)
         elif roll < 0.7:
-            it = coll.remove("q")
+            it = one(coll.remove("q"))
             assert (it.data if it else None) == (model.pop(0) if model else None)
         elif roll < 0.85:
-            it = coll.remove("q", transaction=True)
+            it = one(coll.remove("q", transaction=True))
             expected = model.pop(0) if model else None
             assert (it.data if it else None) == expected
             if it is not None:
                 opens[it.xid] = it.data
         elif roll < 0.93 and opens:
             xid = rnd.choice(sorted(opens))
-            assert coll.confirm("q", xid)
+            assert coll.confirm("q", [xid])
             del opens[xid]
         elif opens:
             xid = rnd.choice(sorted(opens))
-            assert coll.unremove("q", xid)
+            assert coll.unremove("q", [xid])
             model.insert(0, opens.pop(xid))
         if step % 300 == 299:
             coll.queue("q").wait_for_packing()
@@ -193,7 +193,7 @@ def test_random_reads_and_aborts_through_read_behind_and_restarts(tmp_path: Path
         q = coll.queue("q")
         assert q.length == len(model)
     got = []
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         got.append(it.data)
     assert got == model
 
@@ -211,18 +211,18 @@ def test_draining_a_backlog_of_100_times_the_budget_packs_passed_files_away(tmp_
     count = 100 * memory // 256
     data = [b"%08d" % n + b"x" * 248 for n in range(count)]
     for n in range(0, count, 16):
-        coll.add_many("q", data[n:n + 16])
+        coll.put("q", data[n:n + 16])
     assert q.in_read_behind
     peak = queue_disk_bytes(tmp_path)
     record = len(codec.encode_addx(T0, 0, data[0]))
-    held = [coll.remove("q", transaction=True) for _ in range(3)]  # open reads stay open throughout
+    held = [one(coll.remove("q", transaction=True)) for _ in range(3)]  # open reads stay open throughout
     open_record = len(codec.encode(codec.AddXid(1, T0, 0, data[0]))) + 5
     # Each item that left while the backlog drained costs an empty placeholder in the latest pack and
     # its one-byte REMOVE in the live journal, until the cursor reaches the live journal.
     per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
     got = [it.data for it in held if it is not None]
     samples = []
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         got.append(it.data)
         if len(got) % 64 == 0:
             q.wait_for_packing()
@@ -240,7 +240,7 @@ def test_draining_a_backlog_of_100_times_the_budget_packs_passed_files_away(tmp_
     q.wait_for_packing()
     assert queue_disk_bytes(tmp_path) <= len(held) * open_record + 2 * memory + default
     coll = reopen(coll)
-    back = [coll.remove("q") for _ in range(4)]
+    back = [one(coll.remove("q")) for _ in range(4)]
     assert [b.data if b else None for b in back] == [h.data for h in held if h] + [None]
 
 
@@ -251,15 +251,15 @@ def test_packing_follows_the_cursor_again_after_a_restart_mid_drain(tmp_path: Pa
     count = 40 * memory // 256
     data = [b"%08d" % n + b"x" * 248 for n in range(count)]
     for n in range(0, count, 16):
-        coll.add_many("q", data[n:n + 16])
-    got = [coll.remove("q").data for _ in range(count // 4)]  # type: ignore[union-attr]
+        coll.put("q", data[n:n + 16])
+    got = [one(coll.remove("q")).data for _ in range(count // 4)]  # type: ignore[union-attr]
     coll.queue("q").wait_for_packing()
     coll = reopen(coll)
     q = coll.queue("q")
     assert q.in_read_behind
     record = len(codec.encode_addx(T0, 0, data[0]))
     per_departure = len(codec.encode_addx(T0, codec.PLACEHOLDER_EXPIRY, b"")) + len(codec.REMOVE_BYTES)
-    while (it := coll.remove("q")) is not None:
+    while (it := one(coll.remove("q"))) is not None:
         got.append(it.data)
         if len(got) % 64 == 0 and q.in_read_behind:
             q.wait_for_packing()
@@ -271,9 +271,9 @@ def test_packing_follows_the_cursor_again_after_a_restart_mid_drain(tmp_path: Pa
 def test_dump_prints_the_queue_a_start_up_would_load_and_changes_nothing(tmp_path: Path) -> None:
     coll = make(tmp_path)
     count = 4 * BUDGET // len(item(0))
-    coll.add_many("q", [item(n) for n in range(count)])
-    held = coll.remove("q", transaction=True)
-    assert held is not None and coll.remove("q") is not None
+    coll.put("q", [item(n) for n in range(count)])
+    held = one(coll.remove("q", transaction=True))
+    assert held is not None and one(coll.remove("q")) is not None
     coll.queue("q").wait_for_packing()
     before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)}
     out = io.StringIO()
@@ -293,8 +293,8 @@ def test_a_put_that_catches_up_and_reads_behind_again_packs_nothing_it_does_not_
                 discard_old_when_full=True)
     sizes = [3, 33, 60, 60, 0, 0, 34, 31]
     items = [b"%d." % n + b"x" * size for n, size in enumerate(sizes, 1)]
-    coll.add_many("q", items[:4])
-    coll.add_many("q", items[4:])  # discards 1 and 2: read-behind ends, then starts again at 8
+    coll.put("q", items[:4])
+    coll.put("q", items[4:])  # discards 1 and 2: read-behind ends, then starts again at 8
     assert coll.queue("q").in_read_behind
     coll = reopen(coll)
     assert drain(coll, "q") == items[2:]

@@ -13,8 +13,7 @@ import random
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import QueueCollection, QueueConfigs, journal_file
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import (
     Add,
@@ -29,6 +28,7 @@ from kestrel.storage.kestrel2.codec import (
     Unremove,
 )
 from kestrel.storage.kestrel2.replay import replay_queue
+from tests.support.queues import one
 
 
 def random_journal(rng: random.Random, count: int) -> list[Record]:
@@ -65,13 +65,13 @@ def test_fast_replay_serves_what_the_record_by_record_replay_rebuilds(
     with open(os.path.join(directory, "q"), "wb") as f:
         f.write(b"".join(codec.encode(r) for r in random_journal(rng, 3000)))
     expected = replay_queue(directory, "q")
-    monkeypatch.setattr(journal, "READ_CHUNK", rng.choice((7, 64, 1000)))
+    monkeypatch.setattr(journal_file, "READ_CHUNK", rng.choice((7, 64, 1000)))
     coll = QueueCollection(directory, QueueConfigs({"max_memory_size": memory}))
     coll.load()
     q = coll.queue("q")
     assert (q.length, q.bytes) == (len(expected.restart_order()),
                                    sum(len(i.data) for i in expected.restart_order()))
-    served = [q.remove() for _ in range(q.length)]
+    served = [one(q.remove()) for _ in range(q.length)]
     assert [(i.data, i.expiry) for i in served if i] == [(i.data, i.expiry) for i in expected.restart_order()]
     coll.close()
 

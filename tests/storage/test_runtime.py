@@ -14,6 +14,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.runtime import ManualRuntime, ThreadsRuntime
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
+from tests.support.queues import one
 
 # ---------------------------------------------------------------------------------------------
 # Plain threads
@@ -31,7 +32,7 @@ def test_threads_put_and_get_with_waits_and_timeouts_without_a_gevent_hub(tmp_pa
 
     def produce(n: int) -> None:
         for i in range(each):
-            coll.add("jobs", b"%d-%d" % (n, i))
+            coll.put("jobs", [b"%d-%d" % (n, i)])
             if i % 50 == 0:  # let the consumers catch up, so that they wait for the next
                 wait_until(lambda: coll.queue("jobs").length == 0, "the consumers to catch up")
         producing.release()
@@ -40,12 +41,12 @@ def test_threads_put_and_get_with_waits_and_timeouts_without_a_gevent_hub(tmp_pa
         try:
             while True:
                 finished = done_producing.is_set()  # before the remove: then an empty one is the end
-                item = coll.remove("jobs", transaction=True, timeout=0.05)  # a wait that may time out
+                item = one(coll.remove("jobs", transaction=True, timeout=0.05))  # a wait that may time out
                 if item is None:
                     if finished:
                         break
                     continue
-                assert coll.confirm("jobs", item.xid)
+                assert coll.confirm("jobs", [item.xid])
                 with got_lock:
                     got.append(item.data)
             hubs.append(get_hub_if_exists())
@@ -72,7 +73,7 @@ def test_threads_put_and_get_with_waits_and_timeouts_without_a_gevent_hub(tmp_pa
     q = coll.queue("jobs")
     assert (q.length, q.open_transactions, q.waiters) == (0, 0, 0)
     started = time.monotonic()
-    assert coll.remove("empty", timeout=0.05) is None  # a wait that times out
+    assert one(coll.remove("empty", timeout=0.05)) is None  # a wait that times out
     assert time.monotonic() - started >= 0.05
     coll.close()
     again = QueueCollection(str(tmp_path), runtime=ThreadsRuntime())
@@ -84,11 +85,11 @@ def test_threads_put_and_get_with_waits_and_timeouts_without_a_gevent_hub(tmp_pa
 def test_a_thread_waiting_for_an_item_is_woken_by_another_threads_add(tmp_path: Path) -> None:
     coll = QueueCollection(str(tmp_path), runtime=ThreadsRuntime())
     result: list[bytes | None] = []
-    waiter = threading.Thread(target=lambda: result.append(getattr(coll.remove("q", timeout=10.0), "data", None)))
+    waiter = threading.Thread(target=lambda: result.append(getattr(one(coll.remove("q", timeout=10.0)), "data", None)))
     waiter.start()
     wait_until(lambda: coll.queue("q").waiters == 1, "the thread to wait")
     started = time.monotonic()
-    coll.add("q", b"hello")
+    coll.put("q", [b"hello"])
     waiter.join(timeout=30)
     # Woken by the add, not by its own time-out (how soon is bench/bench_responsiveness.py's figure).
     assert result == [b"hello"] and time.monotonic() - started < STALL_S
@@ -102,14 +103,14 @@ def test_a_thread_waiting_for_an_item_is_woken_by_another_threads_add(tmp_path: 
 def test_a_wait_times_out_when_the_clock_passes_its_deadline(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", False, 5.0)
+    waiter = gevent.spawn(coll.remove, "q", 1, False, 5.0)
     gevent.sleep(0)
     assert coll.queue("q").waiters == 1
     runtime.advance(4_999)
     gevent.sleep(0)
     assert not waiter.ready()
     runtime.advance(1)
-    assert waiter.get(timeout=1) is None
+    assert waiter.get(timeout=1) == []
     assert coll.queue("q").waiters == 0 and runtime.timers == 0
     coll.close()
 
@@ -117,8 +118,8 @@ def test_a_wait_times_out_when_the_clock_passes_its_deadline(tmp_path: Path) -> 
 def test_the_expiry_sweeper_runs_on_the_manual_timer(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    coll.add("q", b"short", runtime.clock.now_ms() + 1_500)
-    coll.add("q", b"long", runtime.clock.now_ms() + 60_000)
+    coll.put("q", [b"short"], runtime.clock.now_ms() + 1_500)
+    coll.put("q", [b"long"], runtime.clock.now_ms() + 60_000)
     coll.start_sweeper(1_000)
     runtime.advance(1_000)
     assert coll.queue("q").stats()["expired_items"] == 0
@@ -132,8 +133,8 @@ def test_the_expiry_sweeper_runs_on_the_manual_timer(tmp_path: Path) -> None:
 def test_periodic_fsync_comes_due_on_the_manual_timer(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "100ms"}), runtime=runtime)
-    coll.add("q", b"one")
-    coll.add("q", b"two")
+    coll.put("q", [b"one"])
+    coll.put("q", [b"two"])
     writer = coll.queue("q")._journal.writer
     assert writer is not None
     # This journal's own figures: fsyncs of other tests' journals may run meanwhile in this process.
@@ -170,27 +171,27 @@ def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_pa
 
     def produce(part: list[bytes]) -> None:
         for data in part:
-            coll.add("q", data)
+            coll.put("q", [data])
 
     behind: list[bool] = []
 
     def consume(mine: list[bytes]) -> None:
         while True:
             finished = not any(p.is_alive() for p in producers)  # before the remove: then empty is the end
-            item = coll.remove("q", transaction=True, timeout=0.05)
+            item = one(coll.remove("q", transaction=True, timeout=0.05))
             if item is None:
                 if finished:
                     return
                 continue
             behind.append(coll.queue("q").in_read_behind)
             mine.append(item.data)
-            assert coll.confirm("q", item.xid)
+            assert coll.confirm("q", [item.xid])
 
     producers = [threading.Thread(target=produce, args=(items[:1500],)),
                  threading.Thread(target=produce, args=(items[1500:],))]
     threads = [*producers, threading.Thread(target=consume, args=(got[0],)),
                threading.Thread(target=consume, args=(got[1],))]
-    coll.add_many("q", [b"head-%d" % n for n in range(100)])  # the consumers start behind a backlog
+    coll.put("q", [b"head-%d" % n for n in range(100)])  # the consumers start behind a backlog
     for thread in threads:
         thread.start()
     for thread in threads:

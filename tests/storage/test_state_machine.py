@@ -12,15 +12,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
-from kestrel.storage import files as journal
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file
 from kestrel.storage.clock import FakeClock
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import ManualRuntime
 from tests.support import kestrel24
 from tests.support.power_loss import Disk
-from tests.support.queues import held_in_memory
+from tests.support.queues import held_in_memory, one
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -60,18 +59,18 @@ class QueueModel(RuleBasedStateMachine):
         for size in sizes:
             self.counter += 1
             batch.append(str(self.counter).encode() + b"." * size)
-        assert self.coll.add_many("q", batch) == len(batch)
+        assert self.coll.put("q", batch) == len(batch)
         self.items.extend(batch)
 
     @rule()
     def remove(self) -> None:
-        item = self.coll.remove("q")
+        item = one(self.coll.remove("q"))
         expected = self.items.pop(0) if self.items else None
         assert (item.data if item else None) == expected
 
     @rule()
     def open_read(self) -> None:
-        item = self.coll.remove("q", transaction=True)
+        item = one(self.coll.remove("q", transaction=True))
         expected = self.items.pop(0) if self.items else None
         assert (item.data if item else None) == expected
         if item is not None:
@@ -80,7 +79,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule(count=st.integers(1, 6), transaction=st.booleans())
     def remove_batch(self, count: int, transaction: bool) -> None:
-        items = self.coll.remove_many("q", count, transaction)
+        items = self.coll.remove("q", count, transaction)
         expected, self.items = self.items[:count], self.items[count:]
         assert [i.data for i in items] == expected
         if transaction:
@@ -92,14 +91,14 @@ class QueueModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def confirm(self, data: st.DataObject) -> None:
         xid = data.draw(st.sampled_from(sorted(self.opens)))
-        assert self.coll.confirm("q", xid)
+        assert self.coll.confirm("q", [xid])
         del self.opens[xid]
 
     @precondition(lambda self: self.opens)
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         xid = data.draw(st.sampled_from(sorted(self.opens)))
-        assert self.coll.unremove("q", xid)
+        assert self.coll.unremove("q", [xid])
         self.items.insert(0, self.opens.pop(xid))
         self.returned += len(self.items[0])
 
@@ -118,21 +117,21 @@ class QueueModel(RuleBasedStateMachine):
         """One operation on a full disk: refused (or nothing to do), and the queue exactly as it was."""
         xid = data.draw(st.sampled_from(sorted(self.opens))) if self.opens else 12345
         calls = {
-            "add": lambda: self.coll.add("q", b"never-stored"),
-            "remove": lambda: self.coll.remove("q"),
-            "open": lambda: self.coll.remove("q", transaction=True),
-            "batch": lambda: self.coll.remove_many("q", 3, True) or None,
-            "confirm": lambda: self.coll.confirm("q", xid) or None,
-            "abort": lambda: self.coll.unremove("q", xid) or None,
+            "add": lambda: self.coll.put("q", [b"never-stored"]),
+            "remove": lambda: one(self.coll.remove("q")),
+            "open": lambda: one(self.coll.remove("q", transaction=True)),
+            "batch": lambda: self.coll.remove("q", 3, True) or None,
+            "confirm": lambda: self.coll.confirm("q", [xid]) or None,
+            "abort": lambda: self.coll.unremove("q", [xid]) or None,
             "flush": lambda: self.coll.flush("q"),
         }
-        real = journal.write_all
+        real = journal_file.write_all
 
         def full(fd: int, payload: bytes) -> None:
             os.write(fd, payload[: max(1, len(payload) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        journal.write_all = full
+        journal_file.write_all = full
         try:
             result = calls[op]()
         except JournalWriteError as e:
@@ -140,7 +139,7 @@ class QueueModel(RuleBasedStateMachine):
         else:
             assert result is None  # nothing to do, so nothing was written
         finally:
-            journal.write_all = real
+            journal_file.write_all = real
 
     @precondition(lambda self: self.budget)
     @rule(advance=st.integers(0, 500))

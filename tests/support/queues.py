@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kestrel.storage import QueueCollection, QueueConfigs
+
+T = TypeVar("T")
 
 
 def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: dict[str, Any] | None = None,
@@ -16,6 +18,11 @@ def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: d
     coll = QueueCollection(str(path), QueueConfigs(defaults or {}, queues or {}), **options)
     coll.load()
     return coll
+
+
+def one(items: list[T]) -> T | None:
+    """The item a remove of one took, or None when it took none."""
+    return items[0] if items else None
 
 
 def journal_files(path: Path) -> list[str]:
@@ -34,10 +41,10 @@ def manifest_path(path: Path, queue: str = "q") -> Path:
 
 
 def drain(coll: QueueCollection, name: str) -> list[bytes]:
-    """Remove every item of a queue, returning their data in order."""
+    """Remove every item of a queue, a batch at a time, returning their data in order."""
     out = []
-    while (item := coll.remove(name)) is not None:
-        out.append(item.data)
+    while taken := coll.remove(name, 100):
+        out += [item.data for item in taken]
     return out
 
 

@@ -1,13 +1,14 @@
 """The compiled binary protocol paths (src/kestrel/service/thrift/_binary.c) against the Python they stand in for.
 
 A whole call frame, intact or damaged, is read by both: where the compiled reader answers, it must
-give the Python readers' name, sequence id, arguments and position, and it must answer exactly where
-the Python one-loop reader (`_plain_binary_args`) would, after a strict header of a call of a known
-method; anything else it leaves to the Python readers. A batch put's list of binaries is read by both from intact lists, under byte budgets that cut them
-anywhere, and after bytes are overwritten or the data cut short: where the compiled loop answers,
-it must give the Python loop's items and position; where it declines (None), the Python loop must
-refuse the list (a whole frame) or need more data (unframed). A batch get's Items must be the same
-bytes either way, and anything but (bytes, int) pairs is left to the Python loop.
+give the name, sequence id, arguments and position the Python readers (`read_message_begin`,
+`read_args`) give, and it must answer every intact call of the hot path; anything else it leaves to
+the Python readers. A batch put's list of binaries is read by both from intact lists, under byte
+budgets that cut them anywhere, and after bytes are overwritten or the data cut short: where the
+compiled loop answers, it must give the Python loop's items and position; where it declines (None),
+the Python loop must refuse the list (a whole frame) or need more data (unframed). Every reply the
+compiled writer lays out (nothing, an i32, a get's Items or TimedItems) must be the bytes
+`write_reply` writes field by field, and anything else is left to it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel.service.thrift import protocol as thrift_protocol
 from kestrel.service.thrift.messages import (
+    _BINARY_REPLY_HEADS,
     _PLAIN_CALLS,
     METHODS,
-    ValueType,
-    _plain_binary_args,
     encode_reply,
+    read_args,
     read_buffered_frame,
     read_plain_frame,
     write_reply,
@@ -119,20 +119,24 @@ def test_the_reader_uses_the_compiled_loop_and_names_faults_as_the_python_loop_d
 
 
 PAIRS = st.lists(st.tuples(st.binary(max_size=300), st.integers(-(2**63), 2**63 - 1)), max_size=30)
+TIMED = st.lists(st.tuples(st.binary(max_size=100), st.integers(-(2**63), 2**63 - 1),
+                           st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1) | st.just(0)), max_size=20)
 
 
 @settings(max_examples=300, deadline=None)
-@given(PAIRS, st.integers(-(2**15), 2**15 - 1), st.integers(-(2**15), 2**15 - 1))
-def test_items_are_laid_out_as_the_python_loop_lays_them_out(pairs: list[tuple[bytes, int]], fid1: int,
-                                                              fid2: int) -> None:
-    fields = [(fid1, "data", ValueType(thrift_protocol.STRING)),
-              (fid2, "id", ValueType(thrift_protocol.I64))]
-    writer = BinaryWriter()
-    writer.write_flat_structs(fields, pairs)  # the Python loop
+@given(PAIRS, TIMED, st.integers(-(2**31), 2**31 - 1))
+def test_items_are_laid_out_as_write_reply_lays_them_out(pairs: list[tuple[bytes, int]],
+                                                         timed: list[tuple[bytes, int, int, int]], seqid: int) -> None:
+    head = _BINARY_REPLY_HEADS["get"]
     datas = [data for data, _ in pairs]
-    assert compiled.write_items(fid1, fid2, datas, [number for _, number in pairs]) == bytes(writer.out)
+    reference = write_reply(BinaryWriter(), METHODS["get"], seqid, pairs)
+    assert compiled.write_reply(head, seqid, (1, 2), datas, [number for _, number in pairs]) == reference
     if len({number for _, number in pairs}) == 1:  # one id for every item
-        assert compiled.write_items(fid1, fid2, datas, pairs[0][1]) == bytes(writer.out)
+        assert compiled.write_reply(head, seqid, (1, 2), datas, pairs[0][1]) == reference
+    fields = [(data, number, added, expiry or None) for data, number, added, expiry in timed]
+    reference = write_reply(BinaryWriter(), METHODS["get_timed"], seqid, fields)
+    columns = [list(column) for column in zip(*timed, strict=True)] or [[], [], [], []]
+    assert compiled.write_reply(_BINARY_REPLY_HEADS["get_timed"], seqid, (1, 2, 3, 4), *columns) == reference
 
 
 @pytest.mark.parametrize("datas, ids", [
@@ -143,33 +147,44 @@ def test_items_are_laid_out_as_the_python_loop_lays_them_out(pairs: list[tuple[b
     ([b"ok", bytearray(b"x")], 1),
     ([b"ok", "x"], 1),
 ])
-def test_anything_but_bytes_and_plain_ids_is_left_to_the_python_loop(datas: list[Any], ids: Any) -> None:
-    assert compiled.write_items(1, 2, datas, ids) is None
+def test_anything_but_bytes_and_plain_ids_is_left_to_write_reply(datas: list[Any], ids: Any) -> None:
+    assert compiled.write_reply(b"head", 1, (1, 2), datas, ids) is None
+    assert compiled.write_reply(b"head", 1, (1, 2, 3, 4), datas, ids, [0] * len(datas), [0] * len(datas)) is None
+    assert compiled.write_reply(b"head", 1, (1, 2, 3, 4), [b"x"], 0, [1], [2**63]) is None  # an expiry too
+    assert compiled.write_reply(b"head", 2**31, 5) is None and compiled.write_reply(b"head", 1, 2**31) is None
 
 
 @pytest.mark.parametrize("ids", [0, list(range(50))])
 def test_get_replies_are_the_same_bytes_with_and_without_the_compiled_loop(ids: int | list[int]) -> None:
     got = TakenItems([QItem(0, 0, b"a" * n) for n in range(50)], ids)
-    fast = encode_reply(BinaryWriter, METHODS["get"], 5, got)  # laid out by write_items
+    fast = encode_reply(BinaryWriter, METHODS["get"], 5, got)  # laid out by the compiled writer
     assert write_reply(BinaryWriter(), METHODS["get"], 5, got.pairs()) == fast  # the Python loop
     assert encode_reply(CompactWriter, METHODS["get"], 5, got) == write_reply(CompactWriter(), METHODS["get"], 5,
                                                                              got.pairs())
 
 
-def python_plain_call(frame: bytes) -> Any:
-    """What the Python readers make of a whole frame on the one-loop path: (name, seqid, args, pos),
-    or None where that path does not apply (not a strict header, not a call, an unknown method, a
-    field it does not read) or the frame is refused."""
+def python_call(frame: bytes) -> Any:
+    """What the Python readers make of a whole frame: (name, seqid, args, pos), or None where it is
+    not a call of a known method under a strict header, or is refused, or has a problem to answer."""
     reader = BinaryReader(frame, len(frame), len(frame), 100_000, 16 << 20)
     try:
         name, mtype, seqid = reader.read_message_begin()
         method = METHODS.get(name)
         if frame[:2] != b"\x80\x01" or mtype != CALL or method is None:
             return None
-        args = _plain_binary_args(reader, method)
+        args, problem = read_args(reader, method)
     except ThriftProtocolError:
         return None
-    return None if args is None else (name, seqid, args, reader.pos)
+    return None if problem is not None else (name, seqid, args, reader.pos)
+
+
+def check_call(frame: bytes, intact: bool = False) -> Any:
+    """The compiled reader's answer: the Python readers' where it answers (it must answer an intact
+    call of Kestrel's)."""
+    call = compiled_call(frame)
+    if call is not None or intact:
+        assert call == python_call(frame)
+    return call
 
 
 def compiled_call(frame: bytes) -> Any:
@@ -187,7 +202,7 @@ def compiled_call(frame: bytes) -> Any:
 @given(CALLS, st.data())
 def test_call_frames_read_as_the_python_readers_read_them(call: tuple[str, Any], data: Any) -> None:
     raw = bytearray(encode_call("binary", call[0], seqid=data.draw(st.integers(-(2**31), 2**31 - 1)), **call[1]))
-    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+    assert check_call(bytes(raw), intact=True) is not None
     for _ in range(data.draw(st.integers(1, 4))):  # and damaged: bytes changed, or the tail cut
         if data.draw(st.booleans()):
             raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
@@ -195,7 +210,7 @@ def test_call_frames_read_as_the_python_readers_read_them(call: tuple[str, Any],
             del raw[data.draw(st.integers(0, len(raw) - 1)):]
             if not raw:
                 break
-    assert compiled_call(bytes(raw)) == python_plain_call(bytes(raw))
+    check_call(bytes(raw))
 
 
 def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
@@ -208,7 +223,7 @@ def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
     read = compiled_call(confirm)
     assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2]["ids"]) == [1, 2]
     unknown_field = put[:-1] + b"\x08\x00\x63" + struct.pack("!i", 1) + b"\x00"  # field 99: not put's
-    assert compiled_call(unknown_field) is None and python_plain_call(unknown_field) is None
+    assert compiled_call(unknown_field) is None and python_call(unknown_field) is not None  # read field by field
 
 
 @settings(max_examples=300, deadline=None)
@@ -242,7 +257,8 @@ def test_an_empty_list_of_any_element_type_reads_as_the_python_reader_reads_it(e
     put = encode_call("binary", "put", seqid=1, queue_name="q", items=[], expiration_msec=0)
     at = put.index(b"\x0f\x00\x02") + 3
     frame = put[:at] + bytes([etype]) + put[at + 1:]
-    assert compiled_call(frame) == python_plain_call(frame)
+    assert (compiled_call(frame) is None) == (python_call(frame) is None)
+    check_call(frame)
 
 
 def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
@@ -275,8 +291,11 @@ REPLIES = st.one_of(
     st.tuples(st.just("put"), st.integers(-(2**31), 2**31 - 1)),
     st.tuples(st.just("put"), st.integers(2**31, 2**40)),  # past an i32: refused alike
     st.tuples(st.sampled_from(["confirm", "abort", "current_status"]), st.integers(-(2**31), 2**31 - 1)),
-    st.tuples(st.just("get"), PAIRS),
+    st.tuples(st.just("get"), PAIRS.map(lambda pairs: TakenItems([QItem(0, 0, d) for d, _ in pairs],
+                                                                 [n for _, n in pairs]))),
     st.tuples(st.just("get"), st.lists(st.tuples(st.binary(max_size=5), st.booleans()), max_size=3)),
+    st.tuples(st.just("get_timed"), TIMED.map(lambda timed: TakenItems(
+        [QItem(added, expiry, d) for d, _, added, expiry in timed], [n for _, n, _, _ in timed]))),
     st.tuples(st.sampled_from(["flush_queue", "delete_queue", "flush_all_queues", "set_status"]), st.none()),
     st.tuples(st.just("get_version"), st.text(max_size=10)),
 )
@@ -286,8 +305,11 @@ REPLIES = st.one_of(
 @given(REPLIES, st.integers(-(2**31), 2**31 - 1) | st.integers(2**31, 2**33))
 def test_binary_replies_are_the_bytes_written_field_by_field(reply: tuple[str, Any], seqid: int) -> None:
     name, value = reply
+    fields = value
+    if isinstance(value, TakenItems):  # the writers' tuples of the fields in order
+        fields = value.pairs() if name == "get" else value.timed()
     try:
-        reference: Any = write_reply(BinaryWriter(), METHODS[name], seqid, value)
+        reference: Any = write_reply(BinaryWriter(), METHODS[name], seqid, fields)
     except (struct.error, TypeError, ValueError) as e:
         reference = type(e)
     try:

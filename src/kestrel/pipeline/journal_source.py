@@ -316,8 +316,8 @@ class JournalReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         from kestrel.storage import commit_log
-        from kestrel.storage.files import scan_queue_dir
         from kestrel.storage.kestrel2.replay import replay_files
+        from kestrel.storage.queue_path import scan_queue_dir
 
         out: list[InputPartition] = []
         for queue_path in self.paths:

@@ -16,7 +16,6 @@ from typing import Any
 import yaml
 
 from kestrel.service.session.status import Status, UnknownStatus
-from kestrel.storage.collection import check_error_queues
 from kestrel.storage.config import (
     QueueConfig,
     QueueConfigs,
@@ -28,6 +27,7 @@ from kestrel.storage.config import (
 )
 from kestrel.storage.errors import ConfigError, InvalidQueueName
 from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.poison import check_error_queues
 
 # The example configuration, every key with a comment, shipped in the package (`kestrel config example`).
 EXAMPLE = Path(__file__).with_name("kestrel.yaml")

@@ -30,7 +30,7 @@ from prometheus_client.utils import floatToGoString
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_document
-from kestrel.storage import files as journal
+from kestrel.storage import journal_file
 
 __all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "request_latency", "timed"]
 
@@ -152,7 +152,7 @@ def storage_totals() -> dict[str, tuple[int, float]]:
 
 def install_storage_timing() -> None:
     """Route storage's journal write, fsync and pack timings to the histograms."""
-    journal.timings.update({event: series.observe for event, series in _STORAGE_SECONDS.items()})
+    journal_file.timings.update({event: series.observe for event, series in _STORAGE_SECONDS.items()})
 
 
 # ---------------------------------------------------------------------------------------------

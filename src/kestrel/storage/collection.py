@@ -11,58 +11,33 @@ from functools import partial
 
 import structlog
 
-from kestrel.storage import formats, layout
+from kestrel.storage import fanout, formats, layout, poison
+from kestrel.storage.aliases import Aliases
 from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.errors import (
-    ConfigError,
     CorruptJournalError,
-    ErrorQueueRefused,
     InvalidQueueName,
     JournalWriteError,
     QueueDamaged,
     TooManyQueues,
 )
 from kestrel.storage.expiry import ExpirySchedule
+from kestrel.storage.fanout import Fanouts
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.files import JournalFiles, delete_temporaries, scan_queue_dir
-from kestrel.storage.item import QItem, data_sizes
+from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
-from kestrel.storage.kestrel3.queue import Kestrel3Journals, Kestrel3Queue
+from kestrel.storage.kestrel3.journal import Kestrel3Journals
+from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.queue_path import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer
 
 log = structlog.get_logger("kestrel.collection")
-
-
-def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
-
-    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
-    settings too). Raises ConfigError naming the setting.
-    """
-    configured = set(configs.configured_names())
-    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
-    names = configured | {t for t in targets if t}
-    for name in sorted(names):
-        config = configs.for_queue(name)
-        target = config.error_queue
-        if not config.max_errors or target is None:
-            continue
-        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
-        try:
-            check_queue_name(target)
-        except InvalidQueueName as e:
-            raise ConfigError(key, str(e)) from None
-        if target in aliases:
-            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
-        if target == name:
-            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
-                                   f"queues.{name}.max_errors: 0 or another error_queue)")
 
 
 class QueueCollection:
@@ -91,8 +66,8 @@ class QueueCollection:
         self.path = path
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
-        self.aliases: dict[str, list[str]] = {k: list(v) for k, v in (aliases or {}).items()}
-        check_error_queues(self.configs, self.aliases)
+        self.aliases = Aliases.of(aliases)
+        poison.check_error_queues(self.configs, self.aliases)
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
@@ -107,8 +82,8 @@ class QueueCollection:
         # queue created since. A new queue owning none has no file to look for: creating it reads
         # no directory (None before `load`: each new queue lists the path for its own files).
         self._owners: set[str] | None = None
-        self._kestrel3 = Kestrel3Journals(path, runtime, salvage=salvage)
-        self._fanouts: dict[str, set[str]] = {}
+        self._kestrel3: Kestrel3Journals[Kestrel3Queue] = Kestrel3Journals(path, runtime, salvage=salvage)
+        self.fanouts = Fanouts()
         self._sweeper: Timer | None = None
         self.total_items_added = 0
         self.queue_creates = 0
@@ -249,7 +224,7 @@ class QueueCollection:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
-        q.poison = partial(self._route_poison, name)
+        q.on_poison = partial(self._route_poison, q)
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
@@ -277,8 +252,7 @@ class QueueCollection:
             owners.add(name)
         if self.waits_ended:
             q.end_waits()
-        if plus:
-            self._fanouts.setdefault(parent_name, set()).add(name)
+        self.fanouts.add(name)
         self.queue_creates += 1
         # At start-up (`scanned`), a queue found on disk; later, one a request made.
         log.info("queue loaded" if scanned is not None else "queue created", queue=name, items=q.length)
@@ -314,20 +288,8 @@ class QueueCollection:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
 
-    def _route_poison(self, source: str, item: QItem) -> None:
-        """An item aborted `max_errors` times goes to its queue's `error_queue` with its data and
-        expiry, or is dropped when none is set. Raises ErrorQueueRefused, TooManyQueues,
-        JournalWriteError (the source queue then returns the item to its head)."""
-        q = self._queues.get(source)
-        target = q.config.error_queue if q is not None else None
-        if target is None:
-            log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
-                        bytes=len(item.data))
-            return
-        if not self.add(target, item.data, item.expiry):
-            raise ErrorQueueRefused(f"error queue {target!r} refused a poison item of {source!r} "
-                                    f"({len(item.data)} bytes): full, or the item is over max_item_size")
-        log.info("poison item moved", queue=source, error_queue=target, errors=item.errors)
+    def _route_poison(self, source: PersistentQueue, item: QItem) -> None:
+        poison.route(self.put, source.name, source.config.error_queue, item)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -335,97 +297,57 @@ class QueueCollection:
     def queue_names(self) -> list[str]:
         return sorted(self._queues)
 
-    def fanout_children(self, name: str) -> list[str]:
-        return sorted(self._fanouts.get(name, ()))
-
     # -----------------------------------------------------------------------------------------
     # Operations by name
 
-    def add(self, name: str, data: bytes, expiry_ms: int = 0) -> bool:
-        """Add one item; False when the queue refuses it because it is full."""
-        return self.add_many(name, [data], expiry_ms) == 1
-
-    def add_many(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int:
-        """Add items in order to a queue (and its fanout children) or to an alias's destinations.
+    def put(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int:
+        """Add items in order to a queue (and its fanout children) or to an alias's destinations,
+        with one journal write a queue.
 
         Returns how many items were accepted before the first one refused (queue full, item over
-        `max_item_size`), as Kestrel's batch put counts; nothing after a refused item is added.
-        Through an alias, an item counts only if every destination accepted it. Raises
-        InvalidQueueName.
+        `max_item_size`), as Kestrel's put counts them; nothing after a refused item is added. A
+        fanout child is offered what its parent was (src/kestrel/storage/fanout.py); through an
+        alias an item counts only if every destination accepted it (src/kestrel/storage/aliases.py).
+        Raises InvalidQueueName.
         """
         if name in self.aliases:
             check_queue_name(name)
-            for i, data in enumerate(items):  # item by item, as Kestrel: each goes to every destination
-                took = [self.add_many(dest, [data], expiry_ms) for dest in self.aliases[name]]
-                if not all(took):
-                    return i
-            return len(items)
+            return self.aliases.put(name, items, expiry_ms, self.put)
         q = self.queue(name)
         now = self.clock.now_ms()
-        if name in self._fanouts and not q.shares_writes:  # else one write reaches the children
-            for child in self.fanout_children(name):
-                cq = self._queues.get(child)
-                if cq is not None:
-                    cq.put(items, expiry_ms, now)
         accepted = q.put(items, expiry_ms, now)
+        if name in self.fanouts and not q.shares_writes:  # else one write reaches the children
+            children = [cq for child in self.fanouts.children(name) if (cq := self._queues.get(child))]
+            fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
         self.total_items_added += accepted
         return accepted
 
-    def add_each(self, name: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
-        """`add_many` where it ends as one `add` per item would: how many were accepted, a prefix.
-
-        A queue refuses an item because it is full (or takes every item, discarding old ones when
-        it is set to), and nothing between the items frees room, so after a first refusal single
-        adds refuse the rest too. That fails where a refusal can be followed by an acceptance (an item
-        over `max_item_size`, an alias's destinations taking some items) or where the items reach
-        other queues (fanout children): there it answers None having done nothing, and the caller
-        adds them one at a time. Raises as `add_many` (nothing was added).
-        """
-        if name in self.aliases or self._fanouts.get(name):
-            return None
-        q = self.queue(name)
-        if data_sizes(items)[1] > q.config.max_item_size:
-            return None
-        return self.add_many(name, items, expiry_ms)
-
-    def remove(self, name: str, transaction: bool = False, timeout: float = 0.0) -> QItem | None:
-        """Take the head item, waiting up to `timeout` seconds; an alias reads as empty."""
-        if name in self.aliases:
-            return None
-        return self.queue(name).wait_remove(timeout, transaction)
-
-    def remove_many(self, name: str, count: int, transaction: bool = False) -> list[QItem]:
-        """Up to `count` items that are there now, with one journal write; an alias gives none.
-        Raises InvalidQueueName, even when asked for no items."""
+    def remove(self, name: str, count: int = 1, transaction: bool = False,
+               timeout: float = 0.0) -> list[QItem]:
+        """Take up to `count` items from the head with one journal write (with `transaction`, as
+        open reads), waiting up to `timeout` seconds for the next ones when there are none; an alias
+        gives none. Raises InvalidQueueName, even when asked for no items."""
         if name in self.aliases:
             return []
         if count <= 0:
             check_queue_name(name)
             return []
-        return self.queue(name).remove_many(count, transaction)
+        return self.queue(name).remove(count, transaction, timeout)
 
     def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
         if name in self.aliases:
             return None
         return self.queue(name).wait_peek(timeout)
 
-    def confirm(self, name: str, xid: int) -> bool:
-        q = self._queues.get(name)
-        return q is not None and q.confirm(xid)
-
-    def confirm_many(self, name: str, xids: list[int]) -> int:
+    def confirm(self, name: str, xids: list[int]) -> int:
         """Confirm open reads with one journal write; how many were open."""
         q = self._queues.get(name)
-        return q.confirm_many(xids) if q is not None else 0
+        return q.confirm(xids) if q is not None else 0
 
-    def unremove(self, name: str, xid: int) -> bool:
-        q = self._queues.get(name)
-        return q is not None and q.unremove(xid)
-
-    def unremove_many(self, name: str, xids: list[int]) -> int:
+    def unremove(self, name: str, xids: list[int]) -> int:
         """Abort open reads with one journal write, each back at the head in turn; how many were open."""
         q = self._queues.get(name)
-        return q.unremove_many(xids) if q is not None else 0
+        return q.unremove(xids) if q is not None else 0
 
     def flush(self, name: str) -> None:
         """Empty a queue; one that does not exist is not created (as Kestrel). Raises
@@ -463,9 +385,7 @@ class QueueCollection:
         self.check_refused(name)  # its files stay as they are until repaired
         with self._lock:
             q = self._queues.pop(name, None)
-            parent, plus, _ = name.partition("+")
-            if plus:
-                self._fanouts.get(parent, set()).discard(name)
+            self.fanouts.discard(name)
         if q is None:
             return
         gone = q.destroy()
@@ -520,9 +440,9 @@ class QueueCollection:
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
-        check_error_queues(configs, aliases)
+        poison.check_error_queues(configs, aliases)
         self.configs = configs
-        self.aliases = {k: list(v) for k, v in aliases.items()}
+        self.aliases = Aliases.of(aliases)
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
             if not q.noted:

@@ -42,18 +42,17 @@ import structlog
 
 from kestrel.storage import filenames, layout, torn_tail
 from kestrel.storage.errors import CommitLogDamaged
-from kestrel.storage.files import (
-    JournalFiles,
+from kestrel.storage.fsync.group_commit import Round
+from kestrel.storage.journal_file import (
     JournalWriter,
     copy_from,
     cut_keeping_copy,
     fsync_path,
-    list_journal_files,
     pwrite_all,
     record_timing,
     write_all,
 )
-from kestrel.storage.fsync.group_commit import Round
+from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
 
 log = structlog.get_logger("kestrel.commit_log")

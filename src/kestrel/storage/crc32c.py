@@ -1,8 +1,9 @@
 """CRC32C (Castagnoli), the checksum of the queue manifest (`src/kestrel/storage/manifest.py`).
 
-The compiled helper (src/kestrel/storage/_item.c, slice-by-8) is used where the build had a C compiler; the
-table-driven Python here is its reference, checked against it by tests/storage/test_manifest.py. No package
-is needed for one function that start-up, rotation and packing call a few times.
+The compiled module of the same name (src/kestrel/storage/_crc32c.c: slice-by-8, or the SSE 4.2
+instruction) is used where the build had a C compiler; the table-driven Python here is its
+reference, checked against it by tests/storage/test_manifest.py. No package is needed for one
+function that start-up, rotation and packing call a few times.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def crc32c_python(data: bytes | bytearray | memoryview, crc: int = 0, /) -> int:
 
 crc32c: Callable[..., int]
 try:
-    from kestrel.storage._item import crc32c
+    from kestrel.storage._crc32c import crc32c
 except ImportError:  # pragma: no cover - built without a C compiler
     crc32c = crc32c_python
 

@@ -25,7 +25,7 @@ import structlog
 
 from kestrel.storage import layout
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
-from kestrel.storage.files import cut_keeping_copy
+from kestrel.storage.journal_file import cut_keeping_copy
 
 log = structlog.get_logger("kestrel.damage")
 

@@ -13,10 +13,6 @@ class InvalidQueueName(KestrelError, ValueError):
     """Raised when a queue name could not be a journal file name (slash, squiggle, dot, stray plus)."""
 
 
-class ItemTooLarge(KestrelError):
-    """Raised when an item is larger than its queue's `max_item_size`."""
-
-
 class QueueClosed(KestrelError):
     """Raised when a queue is used after it was closed or deleted."""
 

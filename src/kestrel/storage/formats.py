@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.errors import ConfigError, CorruptJournalError
-from kestrel.storage.files import JournalFiles, fsync_path, scan_queue_dir
+from kestrel.storage.journal_file import fsync_path
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
 

@@ -44,7 +44,7 @@ class QItemPython:
     __hash__ = None  # type: ignore[assignment]
 
 
-_EXPIRY, _DATA = attrgetter("expiry"), attrgetter("data")
+_ADD_TIME, _EXPIRY, _DATA = attrgetter("add_time"), attrgetter("expiry"), attrgetter("data")
 
 
 def data_sizes_python(datas: Sequence[bytes]) -> tuple[int, int]:
@@ -110,6 +110,16 @@ class TakenItems:
 
     def pairs(self) -> list[tuple[bytes, int]]:
         return data_with_ids(self.items, self.ids)
+
+    def times(self) -> tuple[list[int], list[int]]:
+        """Each item's add time, and each one's expiry (0: never)."""
+        return list(map(_ADD_TIME, self.items)), list(map(_EXPIRY, self.items))
+
+    def timed(self) -> list[tuple[bytes, int, int, int | None]]:
+        """Each item as (data, id, add time, expiry or None): what `get_timed` hands out."""
+        ids = [self.ids] * len(self.items) if isinstance(self.ids, int) else self.ids
+        return [(item.data, xid, item.add_time, item.expiry or None)
+                for item, xid in zip(self.items, ids, strict=True)]
 
 
 class LookedItems(NamedTuple):

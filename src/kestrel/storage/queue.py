@@ -26,23 +26,25 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import count as count_from
 from itertools import islice, repeat, starmap
+from operator import attrgetter
 from typing import Protocol
 
 import structlog
 
+from kestrel.storage import poison
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import ItemTooLarge, JournalWriteError, KestrelError, QueueClosed
-from kestrel.storage.files import JournalFileFigures, JournalFiles
+from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, plain_size
+from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
+from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
 
 log = structlog.get_logger("kestrel.queue")
 
-ReadBack = Callable[[int], QItem | None]  # a read-behind cursor: the next item from disk (`now` given)
-
+_XID = attrgetter("xid")
 
 class MemoryAccount:
     """Where a queue counts the bytes it holds in memory (its items in memory and its open reads),
@@ -127,7 +129,7 @@ class PersistentQueue(ABC):
     policy's wait comes last, in `_commit`), so the loop needs no lock and pays for none. A program
     of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each change is atomic
     against the other threads; the readers of one Kestrel 3 writer journal share their journal's
-    lock, since a put changes each of them. Readers wait for items outside the lock (`wait_remove`).
+    lock, since a put changes each of them. Readers wait for items outside the lock (`remove`).
 
     Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
     `runtime`, `expire_to` (looks up the queue that expired items move to).
@@ -154,7 +156,7 @@ class PersistentQueue(ABC):
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
-        self._behind: ReadBack | None = None  # while in read-behind: the format's cursor
+        self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
         # What the read-behind rules hold in memory: max_memory_size, or less while the memory
         # governor (src/kestrel/storage/memory.py) gives this queue a smaller share of the server's budget.
@@ -172,7 +174,7 @@ class PersistentQueue(ABC):
         self._pushed = 0
         self._watchers: Sequence[DepartureWatcher] = ()
         self._waits = WaitList(runtime)
-        self.poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        self.on_poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
         self.closed = False
         # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
@@ -291,41 +293,22 @@ class PersistentQueue(ABC):
     # -----------------------------------------------------------------------------------------
     # Adding
 
-    def add(self, data: bytes, expiry: int = 0, add_time: int | None = None) -> bool:
-        """Add an item at the tail; False when the queue is full and refuses it.
-
-        `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`.
-        Raises ItemTooLarge when the item is over `max_item_size`, JournalWriteError.
-        """
-        if len(data) > self.config.max_item_size:
-            raise self._too_large(len(data))
-        return self.put([data], expiry, add_time) == 1
-
-    def add_many(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """Add several items with one journal write; how many were accepted, in order.
-
-        Raises ItemTooLarge (nothing was added), JournalWriteError (nothing was added).
-        """
-        largest = data_sizes(items)[1]
-        if largest > self.config.max_item_size:
-            raise self._too_large(largest)
-        return self.put(items, expiry, add_time)
-
-    def _too_large(self, size: int) -> ItemTooLarge:
-        return ItemTooLarge(f"item of {size} bytes is over max_item_size {self.config.max_item_size} "
-                            f"of queue {self.name!r}")
-
     def put(self, items: list[bytes], expiry: int = 0, add_time: int | None = None) -> int:
-        """`add_many` as the collection puts: the items before the first one over `max_item_size`,
-        as many as the limits allow. A fanout-only parent holds none: it counts those that fit.
-        Returns how many were accepted. Raises JournalWriteError (nothing was added).
+        """Add items at the tail with one journal write; how many were accepted: those before the
+        first one refused (over `max_item_size`, or the queue full), as Kestrel's put counts them.
+
+        `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`;
+        `add_time` is now unless given. A fanout-only parent holds none: it counts those that fit,
+        and offers its readers those and the first that does not (Kestrel 3).
+        Raises JournalWriteError (nothing was added).
         """
         with self._around_change:
             now = self.clock.now_ms() if add_time is None else add_time
             if self.config.fanout_only and not self._is_child:
+                fitting = self._fitting(items)
                 if self.shares_writes:
-                    self._put_shared(items, expiry, now)
-                return self._fitting(items)
+                    self._put_shared(items[:fitting + 1], expiry, now)
+                return fitting
             if self.shares_writes:
                 return self._put_shared(items, expiry, now)
             count, size = self._admit(items, now)
@@ -384,7 +367,7 @@ class PersistentQueue(ABC):
         if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
-            self._log_adds(items, now, expiry)
+            self._log_put(items, now, expiry, first_id)
             if first_id:
                 self._mem.extend(map(QItem, repeat(now), repeat(expiry), items, count_from(first_id)))
             else:
@@ -394,15 +377,25 @@ class PersistentQueue(ABC):
             self.memory_bytes += size
             ledger.total += size
         else:
+            # Item by item: old items discarded to make room first, read-behind starting after the
+            # item that fills memory. Each run of adds is journaled before a discard or read-behind
+            # reads the journal.
             discard = cfg.discard_old_when_full
             ids = count_from(first_id) if first_id else repeat(0)
-            for item in map(QItem, repeat(now), repeat(expiry), items, ids):
-                while discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
-                    if not self._discard_head():
-                        break
-                self._log_add(item)
+            logged = 0  # items[:logged] are journaled
+            for n, item in enumerate(map(QItem, repeat(now), repeat(expiry), items, ids)):
+                if discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
+                    self._log_put(items[logged:n], now, expiry, first_id + logged if first_id else 0)
+                    logged = n
+                    while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
+                        if not self._discard_head():
+                            break
                 if self._append(item):
+                    self._log_put(items[logged:n + 1], now, expiry, first_id + logged if first_id else 0)
+                    logged = n + 1
                     self._read_behind_from(self._start_read_behind(item))
+            if logged < count:
+                self._log_put(items[logged:], now, expiry, first_id + logged if first_id else 0)
         self.total_items += count
         if len(self._waits):
             for _ in range(count):
@@ -421,71 +414,75 @@ class PersistentQueue(ABC):
         item = self._take_head()
         if item is None:
             return False
-        self._log_gone(item)
+        self._log_gone([item])
         self.discarded += 1
         return True
 
     # -----------------------------------------------------------------------------------------
     # Removing
 
-    def remove(self, transaction: bool = False) -> QItem | None:
-        """Take the head item; with `transaction`, open a read on it (its `xid` is set).
-
-        Raises JournalWriteError (nothing was taken).
-        """
-        taken = self.remove_many(1, transaction)
-        return taken[0] if taken else None
-
-    def remove_many(self, count: int, transaction: bool = False) -> list[QItem]:
-        """Take up to `count` items from the head with one journal write (what batch gets use).
+    def remove(self, count: int = 1, transaction: bool = False, timeout: float = 0.0) -> list[QItem]:
+        """Take up to `count` items from the head with one journal write; with `transaction` each
+        becomes an open read (its `xid` set). An empty queue is waited on up to `timeout` seconds
+        for its next items, waiters served first come first (outside the lock).
 
         Raises JournalWriteError (nothing was taken).
         """
         with self._around_change:
             now = self.clock.now_ms()
-            if not transaction and self._behind is None and not self._watchers and count > 1:
-                plain = self._take_plain(count, now)
-                if plain is not None:
-                    return plain
             mem = self._mem
-            taken: list[QItem] = []
-            while len(taken) < count:
-                if self._behind is not None or (mem and mem[0].expiry):
-                    self._expire_head(now)
-                item = self._take_head(opened=transaction)
-                if item is None:
-                    break
-                if transaction:
-                    xid = self._log_open(item)
-                    item.xid = xid
-                    self._opens[xid] = item
-                    self._ledger.total += len(item.data)  # held still, as an open read
-                    self.total_transactions += 1
+            if self._behind is None and not self._watchers:
+                # The common get: when none of the items can expire they go in one step.
+                if count == 1:
+                    taken = [mem.popleft()] if mem else []
                 else:
-                    self._log_gone(item)
-                taken.append(item)
+                    taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, n times
+                size = plain_size(taken)
+                if size < 0:
+                    mem.extendleft(reversed(taken))
+                    taken = self._take_each(count, now, transaction)
+                elif taken:
+                    self.length -= len(taken)
+                    self.bytes -= size
+                    self.memory_bytes -= size
+                    if transaction:
+                        self._opened(taken)  # held still, as open reads: the ledger keeps them
+                    else:
+                        self._ledger.total -= size
+                        self._log_gone(taken)
+            else:
+                taken = self._take_each(count, now, transaction)
             if taken:
                 self.current_age = max(0, now - taken[-1].add_time)
             self._commit()
+        if taken or timeout <= 0:
             return taken
+        return self._waits.wait(lambda: self.remove(count, transaction) or None, timeout) or []
 
-    def _take_plain(self, count: int, now: int) -> list[QItem] | None:
-        """A batch get's items in one go when none of them can expire (the common batch), else None
-        and the queue as it was: no per-item checks."""
+    def _take_each(self, count: int, now: int, transaction: bool) -> list[QItem]:
+        """`remove`'s items one at a time, each head checked for expiry first (read-behind, or items
+        that can expire)."""
         mem = self._mem
-        taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, count times
-        size = plain_size(taken)
-        if not taken or size < 0:
-            mem.extendleft(reversed(taken))
-            return None
-        self.length -= len(taken)
-        self.bytes -= size
-        self.memory_bytes -= size
-        self._ledger.total -= size
-        self._log_gone_many(taken)
-        self.current_age = max(0, now - taken[-1].add_time)
-        self._commit()
+        taken: list[QItem] = []
+        while len(taken) < count:
+            if self._behind is not None or (mem and mem[0].expiry):
+                self._expire_head(now)
+            item = self._take_head(opened=transaction)
+            if item is None:
+                break
+            if transaction:
+                self._ledger.total += len(item.data)  # held still, as an open read
+                self._opened([item])
+            else:
+                self._log_gone([item])
+            taken.append(item)
         return taken
+
+    def _opened(self, items: list[QItem]) -> None:
+        """Items taken from the head become open reads, each with its xid."""
+        self._log_open(items)
+        self._opens.update(zip(map(_XID, items), items, strict=True))
+        self.total_transactions += len(items)
 
     def peek(self) -> QItem | None:
         """The head item, left in place (expired items are dropped first, unless read-only)."""
@@ -549,7 +546,7 @@ class PersistentQueue(ABC):
             if not head.expiry or head.expiry > now:
                 break
             self._take_head()
-            self._log_gone(head)
+            self._log_gone([head])
             removed += 1
             self.expired_items += 1
             target_name = self.config.expire_to_queue
@@ -557,7 +554,7 @@ class PersistentQueue(ABC):
                     and (head.data or head.expiry != self._placeholder_expiry)):
                 target = self._expire_to(target_name)
                 if target is not None and target is not self:
-                    target.add(head.data)
+                    target.put([head.data])
         return removed
 
     def flush(self) -> None:
@@ -573,49 +570,33 @@ class PersistentQueue(ABC):
     # -----------------------------------------------------------------------------------------
     # Open reads
 
-    def confirm(self, xid: int) -> bool:
-        """Close open read `xid` for good; False if no such read is open.
-
-        Raises JournalWriteError (the read stays open).
-        """
-        return self.confirm_many([xid]) == 1
-
-    def confirm_many(self, xids: Iterable[int]) -> int:
+    def confirm(self, xids: Iterable[int]) -> int:
         """Close these open reads for good, their records in one journal write; how many were open.
 
         Raises JournalWriteError (the reads stay open).
         """
         with self._around_change:
-            closed = freed = 0
-            for xid in xids:
-                item = self._opens.pop(xid, None)
-                if item is None:
-                    continue
-                self._log_confirm(xid, item)
-                closed += 1
-                freed += len(item.data)
+            opens = self._opens
+            closed = [item for xid in xids if (item := opens.pop(xid, None)) is not None]
             if closed:
-                self._ledger.total -= freed
+                self._ledger.total -= data_sizes(item_data(closed))[0]
+                self._log_confirm(closed)
                 self._commit()
-            return closed
+            return len(closed)
 
-    def unremove(self, xid: int) -> bool:
-        """Abort open read `xid`: its item goes back to the head; False if no such read is open.
-
-        Raises JournalWriteError (the read stays open).
-        """
-        return self.unremove_many([xid]) == 1
-
-    def unremove_many(self, xids: Iterable[int]) -> int:
+    def unremove(self, xids: Iterable[int]) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
         ends up first), their records in one journal write; how many were open. An item aborted for
-        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to `poison`.
+        the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to
+        `on_poison` (src/kestrel/storage/poison.py).
 
-        Raises JournalWriteError (the reads stay open; an item already handed to `poison` may then
+        Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
         be there too: a copy, never a loss).
         """
         with self._around_change:
-            aborted = returned = 0
+            aborted = 0
+            returned: list[QItem] = []
+            poisoned: list[QItem] = []
             for xid in xids:
                 item = self._opens.get(xid)
                 if item is None:
@@ -623,37 +604,24 @@ class PersistentQueue(ABC):
                 item.errors += 1
                 self.canceled_transactions += 1
                 aborted += 1
-                if 0 < self.config.max_errors <= item.errors and self._handed_to_poison(item):
+                if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name, item,
+                                                                            self.runtime):
                     if self._opens.pop(xid, None) is item:  # still open after the hand-over
                         self._ledger.total -= len(item.data)
-                        self._log_confirm(xid, item)
-                        self.poisoned += 1
+                        poisoned.append(item)
                 elif self._unremove(xid):
-                    self._log_return(xid, item)
-                    returned += 1
-            for _ in range(returned):
-                if not self._waits.wake_one():
-                    break
+                    returned.append(item)
+            if poisoned:
+                self.poisoned += len(poisoned)
+                self._log_confirm(poisoned)
+            if returned:
+                self._log_return(returned)
+                for _ in returned:
+                    if not self._waits.wake_one():
+                        break
             if aborted:
                 self._commit()
             return aborted
-
-    def _handed_to_poison(self, item: QItem) -> bool:
-        """Give an item aborted `max_errors` times to `poison` (None drops it); False when that
-        refuses it (its error queue full or unwritable), and the abort returns it to the head instead.
-
-        Called before the read is closed, so a failure here loses nothing (at worst, a read
-        closed meanwhile by another client leaves a copy in the error queue).
-        """
-        if self.poison is None:
-            return True
-        try:
-            self.poison(item)
-        except KestrelError as e:
-            log_later(self.runtime, log.warning, "poison item refused by its error queue; back at the head",
-                      queue=self.name, errors=item.errors, reason=str(e))
-            return False
-        return True
 
     # -----------------------------------------------------------------------------------------
     # Waiting
@@ -661,10 +629,6 @@ class PersistentQueue(ABC):
     def end_waits(self) -> None:
         """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
         self._waits.end()
-
-    def wait_remove(self, timeout: float, transaction: bool = False) -> QItem | None:
-        """Remove, waiting up to `timeout` seconds for an item; waiters are served first come first."""
-        return self._waits.wait(lambda: self.remove(transaction), timeout)
 
     def wait_peek(self, timeout: float) -> QItem | None:
         item = self._waits.wait(self.peek, timeout)
@@ -742,38 +706,31 @@ class PersistentQueue(ABC):
         self._ledger.total += size
         return self.memory_bytes >= self.memory_target and self._reads_behind
 
-    def _read_behind_from(self, cursor: ReadBack) -> None:
+    def _read_behind_from(self, cursor: Cursor) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
-        self._behind = cursor
+        self._behind = ReadBehind(self.name, cursor, self.runtime)
         log_later(self.runtime, log.info, "queue entering read-behind", queue=self.name, bytes=self.bytes)
 
     def _fill(self) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
         is there (read-behind ends)."""
-        read = self._behind
-        if read is None:
+        behind = self._behind
+        if behind is None:
             return
-        self._sync_cursor()
-        mem = self._mem
-        limit = self.memory_target
-        now = self.clock.now_ms()
-        held = self.memory_bytes
         try:
-            while self.memory_bytes < limit or not mem:  # the head at least, whatever the target
-                item = read(now)
-                if item is None:
-                    self._end_read_behind()
-                    return
-                mem.append(item)
-                self.memory_bytes += len(item.data)
+            done = behind.fill(self._mem, self.memory_bytes, self.memory_target, self.clock.now_ms())
         finally:
-            self._ledger.total += self.memory_bytes - held
+            self.memory_bytes += behind.filled
+            self._ledger.total += behind.filled
+        if done:
+            self._end_read_behind()
 
     def _end_read_behind(self) -> None:
-        if self._behind is not None:
+        behind = self._behind
+        if behind is not None:
             self._behind = None
-            self._stop_read_behind()
-            log_later(self.runtime, log.info, "queue leaving read-behind", queue=self.name, items=self.length)
+            behind.end(self.length)
+            self._read_behind_ended()
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -804,7 +761,7 @@ class PersistentQueue(ABC):
         """(bytes of items in memory, of open reads, of the read-behind cursor's buffer): the last
         two paging cannot release."""
         with self._lock:
-            buffer = self._cursor_buffer() if self._behind is not None else 0
+            buffer = self._behind.cursor.buffered() if self._behind is not None else 0
             return self.memory_bytes, self._open_bytes(), buffer
 
     def _open_bytes(self) -> int:
@@ -836,7 +793,7 @@ class PersistentQueue(ABC):
         """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
         with self._lock:
             if self._behind is not None and not self.closed:
-                self._release_cursor_buffer()
+                self._behind.cursor.release_buffer()
 
     def shed(self, wait: bool = True) -> int:
         """Drop the items held beyond `memory_target` from the tail of memory and read them back
@@ -879,9 +836,10 @@ class PersistentQueue(ABC):
             freed += len(mem.pop().data)
         self.memory_bytes -= freed
         self._ledger.total -= freed
-        was_behind = self._behind is not None
-        self._behind = cursor
-        if not was_behind:
+        if self._behind is not None:
+            self._behind.moved(cursor)
+        else:
+            self._behind = ReadBehind(self.name, cursor, self.runtime)
             log_later(self.runtime, log.info, "queue paged out of memory", queue=self.name,
                       kept=self.memory_bytes, paged_out=self.bytes - self.memory_bytes)
         return freed
@@ -1008,32 +966,25 @@ class PersistentQueue(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not share writes")
 
     @abstractmethod
-    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
-        """Items join the tail, all added at `now` expiring at `expiry` (a put's common path)."""
+    def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
+        """Items join the tail, all added at `now` expiring at `expiry`; `first_id` is the first
+        one's id (Kestrel 3: the others' follow it), or 0."""
 
     @abstractmethod
-    def _log_add(self, item: QItem) -> None:
-        """An item joins the tail (before it is counted in: read-behind may start after it)."""
+    def _log_gone(self, items: list[QItem]) -> None:
+        """These head items left for good (removed, expired or discarded), in order."""
 
     @abstractmethod
-    def _log_gone(self, item: QItem) -> None:
-        """The head item left for good (removed, expired or discarded)."""
+    def _log_open(self, items: list[QItem]) -> None:
+        """These head items become open reads, in order; each gets its `xid`."""
 
     @abstractmethod
-    def _log_gone_many(self, items: list[QItem]) -> None:
-        """These head items left for good, in order."""
+    def _log_confirm(self, items: list[QItem]) -> None:
+        """These open reads (by their `xid`) are closed for good (confirmed, or poisoned)."""
 
     @abstractmethod
-    def _log_open(self, item: QItem) -> int:
-        """The head item becomes an open read; its id."""
-
-    @abstractmethod
-    def _log_confirm(self, xid: int, item: QItem) -> None:
-        """Open read `xid` is closed for good (confirmed, or poisoned)."""
-
-    @abstractmethod
-    def _log_return(self, xid: int, item: QItem) -> None:
-        """Open read `xid` went back to the head (aborted)."""
+    def _log_return(self, items: list[QItem]) -> None:
+        """These open reads (by their `xid`) went back to the head (aborted), in order."""
 
     @abstractmethod
     def _drop_items(self) -> None:
@@ -1046,27 +997,17 @@ class PersistentQueue(ABC):
         later if it cannot now. Raises OSError or JournalWriteError."""
 
     @abstractmethod
-    def _start_read_behind(self, after: QItem) -> ReadBack:
-        """A cursor that reads back the items added after `after` (which filled memory)."""
+    def _start_read_behind(self, after: QItem) -> Cursor:
+        """A cursor that reads back the items added after `after` (which filled memory)
+        (src/kestrel/storage/read_behind.py)."""
 
-    @abstractmethod
-    def _sync_cursor(self) -> None:
-        """Before a fill: the files hold everything the cursor is to read."""
-
-    @abstractmethod
-    def _stop_read_behind(self) -> None:
-        """Read-behind ended: close the cursor."""
-
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> Cursor | None:
         """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
-        each never taken; `before` is the item ahead of them) and every item after it, replacing
-        any cursor open now; None when the format cannot place one now (nothing changes then)."""
+        each never taken; `before` is the item ahead of them) and every item after it, to replace
+        any cursor open now (the queue closes that one); None when the format cannot place one now
+        (nothing changes then)."""
         return None
 
-    def _cursor_buffer(self) -> int:
-        """Bytes the read-behind cursor keeps buffered."""
-        return 0
-
-    def _release_cursor_buffer(self) -> None:
-        """Drop the read-behind cursor's buffer, keeping its place."""
+    def _read_behind_ended(self) -> None:
+        """Every item is in memory again, or gone (the cursor is closed)."""
         return

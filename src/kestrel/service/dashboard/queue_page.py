@@ -28,7 +28,7 @@ def queue_document(server: ServerState, figures: Figures, name: str) -> dict[str
         "version": server.version,
         "status": server.status.current.label,
         "enforced_status": server.status.enforced.label,
-        "fanout": {"parent": parent if plus else None, "children": coll.fanout_children(name)},
+        "fanout": {"parent": parent if plus else None, "children": coll.fanouts.children(name)},
         "aliases": sorted(alias for alias, queues in coll.aliases.items() if name in queues),
     }
     if q is None:

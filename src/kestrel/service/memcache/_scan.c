@@ -1,14 +1,15 @@
-/* Compiled twins of src/kestrel/service/memcache/runs.py: finding a pipelined run of plain `set` commands to
- * one queue (`scan_sets`) or of plain `get` commands (`scan_gets`) in a connection's receive buffer,
- * and laying out the replies of a run of gets (`values`).
+/* Pipelined runs of plain memcache commands in a connection's receive buffer (see
+ * src/kestrel/service/memcache/runs.py): a run of `set`s to one queue with one exptime
+ * (`scan_sets`), or of `get`s of one queue (`scan_gets`), and the replies of a run of gets (`values`).
  *
  * Read one by one, a pipelined burst of 100 sets and 100 gets cost about 15 µs of Python per item.
  * These functions recognise only the exact common shapes, `set <key> <flags> <exptime> <bytes>\r\n`
  * (optionally ` noreply` before the CRLF) with its data and CRLF complete in the buffer, and
  * `get <key>\r\n` without options, each line within `max_line` and each item within `max_item`; a
- * run ends before the first command of another shape, queue or expiry, and `commands.parse_line`
- * reads that one as it reads every other line. Nothing is allocated for a command before its
- * bounds are checked. tests/memcache/test_memcache_runs.py compares them with the Python twins.
+ * run ends before the first command of another shape, queue or expiry. `commands.parse_line` reads
+ * every other line, and is the reference tests/memcache/test_memcache_runs.py checks every run
+ * against (`values`: against `runs.values_python`); `make sanitize` runs those tests with this built
+ * under AddressSanitizer and UBSan. Nothing is allocated for a command before its bounds are checked.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

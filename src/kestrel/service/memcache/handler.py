@@ -2,9 +2,9 @@
 
 Each connection reads into one buffer, answers every complete command in it, and sends the replies
 of a burst with one `send`, so pipelined clients cost one system call per burst. A run of plain
-`set`s to one queue, or of plain `get`s, is answered with one batch put or get (runs.py); every
-other command one at a time. Lines are bounded by `max_line_length` and items by `max_frame_size`
-before anything is allocated for them.
+`set`s to one queue, or of plain `get`s, found by the compiled scanner (runs.py), is answered
+with one put or get; every other command is parsed alone (a set being a put of one). Lines are
+bounded by `max_line_length` and items by `max_frame_size` before anything is allocated for them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import dump_stats, memcache_stats, queue_blocks
-from kestrel.storage.errors import InvalidQueueName, ItemTooLarge, KestrelError
+from kestrel.storage.errors import InvalidQueueName, KestrelError
 
 log = structlog.get_logger("kestrel.memcache")
 
@@ -37,12 +37,15 @@ CRLF = b"\r\n"
 END = b"END\r\n"
 STORED = b"STORED\r\n"
 NOT_STORED = b"NOT_STORED\r\n"
+REPLY, NOREPLY = b"\x01", b"\x00"  # a set's byte in a run's `answered`: whether it wants a reply
 
 
 BINARY_MAGIC = 0x80
 BINARY_HEADER = 24
 BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
-RUN_STARTS = (ord("s"), ord("g"))  # the first byte of a command that may begin a run
+# The first byte of a command that may begin a run, where the scanner was built.
+SET_START, GET_START = ord("s"), ord("g")
+RUN_STARTS = (SET_START, GET_START) if scan_sets is not None else ()
 
 
 def binary_refusal(header: bytes) -> bytes:
@@ -74,7 +77,6 @@ class MemcacheConnection(BufferedConnection):
         """Answer every complete command in `buf`; return how many bytes were used."""
         pos = 0
         end = len(buf)
-        one_by_one_until = 0  # a run that could not be answered in one go is answered command by command
         while pos < end:
             if pos:
                 self.take_turns()
@@ -85,18 +87,28 @@ class MemcacheConnection(BufferedConnection):
                 if not self.discard:
                     self.out.append(self.discard_reply)
                 continue
-            if buf[pos] == BINARY_MAGIC and not self.skip_line:
+            first = buf[pos]
+            if first == BINARY_MAGIC and not self.skip_line:
                 if end - pos < BINARY_HEADER:
                     return pos
                 self.out.append(binary_refusal(bytes(buf[pos:pos + BINARY_HEADER])))
                 log.info("binary protocol request refused", client=self.peer)
                 raise CloseConnection
-            if pos >= one_by_one_until and buf[pos] in RUN_STARTS and not self.skip_line:
-                answered, run_end = self.answer_run(buf, pos, end)
-                if answered:
-                    pos = run_end
-                    continue
-                one_by_one_until = run_end
+            if first in RUN_STARTS and not self.skip_line:  # a run of plain sets or gets, read in one step
+                if first == SET_START:
+                    assert scan_sets is not None
+                    sets = scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
+                    if sets is not None:
+                        key, exptime, datas, answered, pos = sets
+                        self.store(key.decode(), exptime, datas, answered)
+                        continue
+                else:
+                    assert scan_gets is not None
+                    gets = scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
+                    if gets is not None:
+                        key, count, pos = gets
+                        self.fetch(key, count)
+                        continue
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos > self.max_line:
@@ -139,83 +151,62 @@ class MemcacheConnection(BufferedConnection):
                     return end
                 pos = resync + 1
                 continue
-            self.store(command, bytes(buf[pos:data_end]))
+            answered = NOREPLY if command.noreply else REPLY
+            self.store(command.key, command.expiry, [bytes(buf[pos:data_end])], answered)
             pos = data_end + 2
         return pos
 
-    def answer_run(self, buf: bytearray, pos: int, end: int) -> tuple[bool, int]:
-        """Answer the pipelined run of plain sets or gets at `pos` in one go, if there is one and
-        its outcome is sure to be what its commands one by one would give; (whether it was
-        answered, where the run ends: `pos` when there is none)."""
-        if buf[pos] == RUN_STARTS[0]:
-            sets = scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
-            if sets is None:
-                return False, pos
-            key, exptime, datas, answered, run_end = sets
-            return self.store_run(key, exptime, datas, answered), run_end
-        gets = scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
-        if gets is None:
-            return False, pos
-        key, count, run_end = gets
-        return self.take_run(key, count), run_end
-
-    def store_run(self, key: bytes, exptime: int, datas: list[bytes], answered: bytes) -> bool:
-        """Sets of one queue and exptime as one put: STORED for the items accepted (the first
-        ones), NOT_STORED for the rest, nothing for those sent with noreply (`answered` has a 0
-        there). False, with nothing done, where the sets must go one by one (then each meets a
-        fault, such as a refusing status, on its own, as it would have)."""
+    def store(self, queue: str, exptime: int, datas: list[bytes], answered: bytes) -> None:
+        """Sets of one queue and exptime (one, or a pipelined run) as one put: STORED for the items
+        accepted, then NOT_STORED, or the error, for the one refused, and the rest put again, so
+        that each set is answered as it would have been alone; nothing for those sent with noreply
+        (`answered` has a 0 there)."""
         started = time.perf_counter()
-        try:
-            expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
-            stored = self.session.put_each(key.decode(), datas, expiry)
-        except (ConnectionError, ClientGone):
-            raise
-        except Exception:
-            return False
-        if stored is None:
-            return False
-        replies = answered.count(1, 0, stored)
-        if replies:
-            self.out.append(STORED * replies)
-        refusals = answered.count(1, stored)
-        if refusals:
-            self.out.append(NOT_STORED * refusals)
-        self.set_latency.observe_many(time.perf_counter() - started, len(datas))
-        return True
-
-    def take_run(self, key: bytes, count: int) -> bool:
-        """`count` plain gets of one queue as one batch get: the items found answer the first
-        gets, END alone the others. False, with nothing done, where they must go one by one (beside
-        an open read, or a fault)."""
-        started = time.perf_counter()
-        try:
-            datas = self.session.get_each(key.decode(), count)
-        except (ConnectionError, ClientGone):
-            raise
-        except Exception:
-            return False
-        if datas is None:
-            return False
-        self.out.append(values(key, datas, count - len(datas)))
-        self.get_latency.observe_many(time.perf_counter() - started, count)
-        return True
-
-    def store(self, command: Command, data: bytes) -> None:
-        started = time.perf_counter()
-        try:
-            expiry = absolute_expiry_ms(command.expiry, self.session.coll.clock.now_ms())
-            stored = self.session.put(command.key, [data], expiry) == 1
-            reply = STORED if stored else NOT_STORED
-        except ItemTooLarge:
+        expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
+        count = len(datas)
+        done = 0
+        while done < count:
             reply = NOT_STORED
-        except (ConnectionError, ClientGone):
-            raise
-        except Exception as e:
-            reply = self._error(e)
-        finally:
-            self.set_latency.observe(time.perf_counter() - started)
-        if not command.noreply:
-            self.out.append(reply)
+            try:
+                stored = self.session.put(queue, datas[done:] if done else datas, expiry)
+            except (ConnectionError, ClientGone):
+                raise
+            except Exception as e:
+                stored, reply = 0, self._error(e)
+            if stored:
+                self.out.append(STORED * answered.count(1, done, done + stored))
+                done += stored
+                if done == count:
+                    break
+            if answered[done]:
+                self.out.append(reply)
+            done += 1
+        self.set_latency.observe_many(time.perf_counter() - started, count)
+
+    def fetch(self, key: bytes, count: int) -> None:
+        """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found
+        answer the first gets, END alone the others. A get that meets an error answers it and the
+        rest get again; beside an open read the first answers ERROR and the connection closes."""
+        started = time.perf_counter()
+        queue = key.decode()
+        done = 0
+        while done < count:
+            try:
+                datas = self.session.get(queue, count - done)
+            except (ConnectionError, ClientGone):
+                raise
+            except OpenReadConflict:
+                # Kestrel's answer to a plain get beside an open read: ERROR, and the connection
+                # closes (which aborts the open read, so its item goes back to the queue).
+                self.out.append(b"ERROR\r\n")
+                raise CloseConnection from None
+            except Exception as e:
+                self.out.append(self._error(e))
+                done += 1
+                continue
+            self.out.append(values(key, datas, count - done - len(datas)))
+            break
+        self.get_latency.observe_many(time.perf_counter() - started, count)
 
     def _error(self, e: Exception) -> bytes:
         if isinstance(e, InvalidQueueName | SessionError):
@@ -263,11 +254,11 @@ class MemcacheConnection(BufferedConnection):
         assert options is not None
         if options.timeout_ms:
             self.send()  # earlier replies go out before this one waits
-        data = self.watching(lambda: self.session.get_one(
+        datas = self.watching(lambda: self.session.get(
             options.queue, timeout_ms=options.timeout_ms, open=options.open, close=options.close,
             abort=options.abort, peek=options.peek), waits=options.timeout_ms > 0)
-        if data is not None:
-            self._value(command, data)
+        if datas:
+            self._value(command, datas[0])
         self.out.append(END)
 
     def do_delete(self, command: Command) -> None:

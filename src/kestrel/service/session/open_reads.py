@@ -104,7 +104,7 @@ class ReadsById:
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
         for queue, xids in self._take(read_ids).items():
-            self.collection.unremove_many(queue, xids)
+            self.collection.unremove(queue, xids)
 
     def close(self, queue: str, ids: set[int], confirm: bool) -> int:
         """Confirm (or abort) the open reads of `queue` among `ids`, in one journal write; how many
@@ -113,7 +113,7 @@ class ReadsById:
         if not xids:
             return 0
         coll = self.collection
-        return coll.confirm_many(queue, xids) if confirm else coll.unremove_many(queue, xids)
+        return coll.confirm(queue, xids) if confirm else coll.unremove(queue, xids)
 
     def cancel_timers(self) -> None:
         """Stop the auto-abort wait list (at shutdown: the reads stay open in their journals)."""

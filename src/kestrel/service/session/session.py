@@ -101,29 +101,25 @@ class Session:
         return max(self.coll.clock.now_ms() + ms, 1)
 
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
-        """Add items (absolute expiry in ms, 0 = never); returns how many were accepted before the
-        first the queue refused (full, or over `max_item_size`). Raises MemoryBudgetExceeded under
-        the memory governor's flow control."""
-        self.status.check_write("put")
-        self.stats.cmd_set += len(items)
-        governor = self.coll.governor
-        if governor is not None and governor.flow_control:
-            governor.admit_put()  # held briefly, then MemoryBudgetExceeded
-        return self.coll.add_many(queue, items, expiry_ms)
+        """Add items (absolute expiry in ms, 0 = never); how many were accepted: those before the
+        first the queue refused (full, or over `max_item_size`). A pipelined run of single-item
+        puts is one call too: its protocol answers those accepted and the one refused, then puts
+        the rest again, so that each is answered as it would have been alone.
 
-    def put_each(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int | None:
-        """A pipelined run of single-item puts in one go: how many were accepted (the first ones),
-        exactly as `put` item by item would have answered; None, having done nothing, where that
-        cannot be promised (see `QueueCollection.add_each`, and under flow control, where the
-        governor admits each put on its own). Raises as `put` (nothing was added, nothing counted).
+        Counted as Kestrel counts its put, item by item (`cmd_set`): those accepted and the one
+        refused, or the one that met an error; none refused by the status. Raises RefusedByStatus,
+        MemoryBudgetExceeded (the memory governor's flow control), and the collection's errors.
         """
         self.status.check_write("put")
-        governor = self.coll.governor
-        if governor is not None and governor.flow_control:
-            return None
-        accepted = self.coll.add_each(queue, items, expiry_ms)
-        if accepted is not None:
-            self.stats.cmd_set += len(items)
+        try:
+            governor = self.coll.governor
+            if governor is not None and governor.flow_control:
+                governor.admit_put()  # held briefly, then MemoryBudgetExceeded
+            accepted = self.coll.put(queue, items, expiry_ms)
+        except Exception:
+            self.stats.cmd_set += min(len(items), 1)
+            raise
+        self.stats.cmd_set += accepted + 1 if accepted < len(items) else accepted
         return accepted
 
     def flush(self, queue: str) -> None:
@@ -160,26 +156,60 @@ class Session:
     # -----------------------------------------------------------------------------------------
     # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
 
-    def get_items(self, queue: str, max_items: int, timeout_ms: int = 0,
-                  auto_abort_ms: int = 0) -> TakenItems:
-        """Up to `max_items` (at most `max_batch_items`) with their ids, waiting up to `timeout_ms` (at
-        most `max_wait`) for them; ids are 0 without auto-abort. With auto-abort, the connection may hold
-        `max_open_reads` open reads on each queue, as Kestrel counts them."""
-        return TakenItems(*self._take_items(queue, max_items, timeout_ms, auto_abort_ms))
+    def get_items(self, queue: str, max_items: int, timeout_ms: int = 0, auto_abort_ms: int = 0,
+                  create: bool = True) -> TakenItems:
+        """One Thrift get: up to `max_items` (at most `max_batch_items`) with the ids of their open
+        reads (0 without auto-abort), waiting up to `timeout_ms` (at most `max_wait`) for each
+        while the queue is empty. With auto-abort the connection may hold `max_open_reads` open
+        reads on each queue, as Kestrel counts them. Without `create` a queue the server does not
+        hold is not created (no items, at once).
 
-    def get_timed_items(self, queue: str, max_items: int, timeout_ms: int = 0,
-                        auto_abort_ms: int = 0) -> list[tuple[bytes, int, int, int | None]]:
-        """`get_items` with each item's add time and expiry (None: never), as (data, id, added,
-        expiry); a queue the server does not hold is not created (no items, at once)."""
-        check_queue_name(queue)
-        self.coll.check_refused(queue)
-        if self.coll.get(queue) is None:
-            self.status.check_read("get")
-            return []
-        items, ids = self._take_items(queue, max_items, timeout_ms, auto_abort_ms)
-        every = [ids] * len(items) if isinstance(ids, int) else ids
-        return [(item.data, xid, item.add_time, item.expiry or None)
-                for item, xid in zip(items, every, strict=True)]
+        The queue is taken a slice of `GET_SLICE` at a time: each slice's reads are opened before
+        the connection lets the others run (`pause`), so that none is left without an owner.
+        """
+        if not create:
+            check_queue_name(queue)
+            self.coll.check_refused(queue)
+            if self.coll.get(queue) is None:
+                self.status.check_read("get")
+                return TakenItems([], 0)
+        self.status.check_read("get")
+        max_items = min(max_items, self.server.config.max_batch_items)
+        transaction = auto_abort_ms > 0
+        if transaction:
+            max_items = min(max_items, self.reads.room(queue))
+        self.stats.cmd_get += 1
+        items: list[QItem] = []
+        ids: list[int] = []
+        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
+            items = self.coll.remove(queue, max_items)  # the usual get: one slice, no wait, no read
+        else:
+            deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
+            try:
+                while len(items) < max_items:
+                    want = min(max_items - len(items), GET_SLICE)
+                    wait = deadline - self._monotonic() if deadline else 0.0
+                    more = self.coll.remove(queue, want, transaction, wait)  # waits only while it is empty
+                    if transaction:
+                        xids = [item.xid for item in more]
+                        ids += self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+                    items += more
+                    if not more or (len(more) < want and not deadline):
+                        break
+                    if len(items) < max_items:
+                        self.pause()
+            except KestrelError:
+                if not items:
+                    raise
+                # The slices taken already left the journal: hand them out rather than lose them;
+                # the fault answers the next request.
+                log.warning("a get ended early by a fault; handing out what it took", queue=queue,
+                            items=len(items), exc_info=True)
+        if items:
+            self.stats.get_hits += 1
+        else:
+            self.stats.get_misses += 1
+        return TakenItems(items, ids if transaction else 0)
 
     def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
         """Up to `max_items` (at most `max_batch_items`) items from position `first` on, left where
@@ -196,63 +226,6 @@ class Session:
     def queue_names(self) -> list[str]:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""
         return self.coll.queue_names()
-
-    def _take_items(self, queue: str, max_items: int, timeout_ms: int,
-                    auto_abort_ms: int) -> tuple[list[QItem], int | list[int]]:
-        """The items of a Thrift get and the ids of their open reads (0 for all, without auto-abort)."""
-        self.status.check_read("get")
-        max_items = min(max_items, self.server.config.max_batch_items)
-        transaction = auto_abort_ms > 0
-        if transaction:
-            max_items = min(max_items, self.reads.room(queue))
-        self.stats.cmd_get += 1
-        ids: list[int] = []
-        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
-            items = self.coll.remove_many(queue, max_items)  # the usual get: one slice, no wait, no read
-        else:
-            items = self._take_slices(queue, max_items, timeout_ms, transaction, auto_abort_ms, ids)
-        if items:
-            self.stats.get_hits += 1
-        else:
-            self.stats.get_misses += 1
-        return items, ids if transaction else 0
-
-    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, transaction: bool, auto_abort_ms: int,
-                     ids: list[int]) -> list[QItem]:
-        """Up to `max_items` a slice at a time, then waiting up to `timeout_ms` for the next if the
-        queue ran out; each slice's reads opened into `ids` (with `transaction`)."""
-        items: list[QItem] = []
-        wait_s = min(timeout_ms, self.server.config.max_wait) / 1000.0
-        deadline = self._monotonic() + wait_s if timeout_ms > 0 else 0.0
-        try:
-            while len(items) < max_items:
-                # What the queue holds, a slice at a time: each slice's reads are opened before the
-                # connection lets the others run (`pause`), so that none is left without an owner.
-                more = self.coll.remove_many(queue, min(max_items - len(items), GET_SLICE), transaction)
-                self._hand_out(items, ids, more, queue, transaction, auto_abort_ms)
-                if len(more) < GET_SLICE and len(items) < max_items:
-                    # The queue is empty now: wait for the next item, if the get waits.
-                    wait = deadline - self._monotonic()
-                    item = self.coll.remove(queue, transaction, wait) if timeout_ms > 0 and wait > 0 else None
-                    if item is None:
-                        break
-                    self._hand_out(items, ids, [item], queue, transaction, auto_abort_ms)
-                self.pause()
-        except KestrelError:
-            if not items:
-                raise
-            # The slices taken already left the journal: hand them out rather than lose them; the
-            # fault answers the next request.
-            log.warning("a get ended early by a fault; handing out what it took", queue=queue,
-                        items=len(items), exc_info=True)
-        return items
-
-    def _hand_out(self, items: list[QItem], ids: list[int], more: list[QItem], queue: str, transaction: bool,
-                  auto_abort_ms: int) -> None:
-        items += more
-        if transaction:
-            ids += self.server.reads_by_id.open_many(self.reads, queue, [item.xid for item in more],
-                                                     auto_abort_ms)
 
     def confirm_ids(self, queue: str, ids: set[int]) -> int:
         """Confirm open reads by id (from any connection); Quiescent still allows this."""
@@ -285,65 +258,69 @@ class Session:
         finally:
             self.waiting = False
 
-    def _take(self, queue: str, seconds: float, open: bool = False, peek: bool = False) -> QItem | None:
-        """The head item (removed, opened or only looked at), waiting up to `seconds` for one."""
+    def _take(self, queue: str, count: int, seconds: float, open: bool = False,
+              peek: bool = False) -> list[QItem]:
+        """Head items (removed, opened, or the head only looked at), waiting up to `seconds` for one."""
         deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
         while True:
-            item = self.coll.peek(queue) if peek else self.coll.remove(queue, open)
-            if item is not None or seconds <= 0:
-                return item
+            if peek:
+                head = self.coll.peek(queue)
+                items = [head] if head is not None else []
+            else:
+                items = self.coll.remove(queue, count, open)
+            if items or seconds <= 0:
+                return items
             remaining = deadline - self._monotonic()
             if remaining <= 0 or not self._wait_for_item(queue, remaining):
-                return None
+                return []
 
     def _wait_seconds(self, timeout_ms: int) -> float:
         """A client's wait, capped by `max_wait`."""
         return min(max(timeout_ms, 0), self.server.config.max_wait) / 1000.0
 
-    def get_one(self, queue: str, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
-                abort: bool = False, peek: bool = False) -> bytes | None:
-        """One item, with the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
+    def get(self, queue: str, count: int = 1, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
+            abort: bool = False, peek: bool = False) -> list[bytes]:
+        """`count` gets of one item each (memcache, text): the data of those that found one, the
+        first ones. A pipelined run of plain gets is one call; one get alone takes the memcache
+        options `/t=`, `/open`, `/close`, `/abort`, `/peek`. Each get counts (`cmd_get` or
+        `cmd_peek`, a hit or a miss), and one that meets an error counts alone.
 
         Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
         """
-        if close:
-            self.confirm_reads(queue, 1)
-        if abort:
-            self.status.check_read("abort")
-            self.abort_pending(queue)
-        if not (open or peek) and (close or abort):
-            return None
+        if close or abort:
+            if close:
+                self.confirm_reads(queue, 1)
+            if abort:
+                self.status.check_read("abort")
+                self.abort_pending(queue)
+            if not (open or peek):
+                return []
         self.status.check_read("peek" if peek else "get")
         if not peek and self.reads.holds(queue):
             if not open:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
             raise SessionError("already have an open read on this queue: close or abort it first")
+        stats = self.stats
+        try:
+            if peek or timeout_ms > 0:
+                items = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+            else:
+                items = self.coll.remove(queue, count, open)
+        except BaseException:
+            if peek:
+                stats.cmd_peek += 1
+            else:
+                stats.cmd_get += 1
+            raise
         if peek:
-            self.stats.cmd_peek += 1
+            stats.cmd_peek += count
         else:
-            self.stats.cmd_get += 1
-        item = self._take(queue, self._wait_seconds(timeout_ms), open=open, peek=peek)
-        if item is not None and open:
-            self.reads.open(queue, item.xid)
-        if item is None:
-            self.stats.get_misses += 1
-            return None
-        self.stats.get_hits += 1
-        return item.data
-
-    def get_each(self, queue: str, count: int) -> list[bytes] | None:
-        """A pipelined run of `count` plain gets (no options) in one go: the data of those that found
-        an item, the first ones, exactly as `get_one` would have answered each. None, having done
-        nothing, beside an open read on `queue` (the first get's ERROR is `get_one`'s to give).
-        Raises as `get_one` (nothing was taken, nothing counted).
-        """
-        self.status.check_read("get")
-        if self.reads.holds(queue):
-            return None
-        items = self.coll.remove_many(queue, count)
-        self.stats.cmd_get += count
-        self.stats.get_hits += len(items)
-        self.stats.get_misses += count - len(items)
+            stats.cmd_get += count
+        if open:
+            for item in items:
+                self.reads.open(queue, item.xid)
+        stats.get_hits += len(items)
+        stats.get_misses += count - len(items)
         return item_data(items)
 
     def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
@@ -360,10 +337,11 @@ class Session:
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 return
-            item = self._take(queue, remaining, open=True)
-            if item is None:
+            taken = self._take(queue, 1, remaining, open=True)
+            if not taken:
                 self.stats.get_misses += 1
                 return
+            item = taken[0]
             self.stats.get_hits += 1
             self.reads.open(queue, item.xid)
             count += 1
@@ -373,12 +351,12 @@ class Session:
         """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
         done = self.reads.take_oldest(queue, count)
         if done:
-            self.coll.confirm_many(queue, [read.xid for read in done])
+            self.coll.confirm(queue, [read.xid for read in done])
         return len(done)
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        self.coll.unremove_many(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
+        self.coll.unremove(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status

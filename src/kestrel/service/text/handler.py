@@ -147,10 +147,10 @@ class TextConnection(BufferedConnection):
         self.session.confirm_reads(command.queue)
         if command.timeout_ms:
             self.send()  # earlier replies go out before this one waits
-        data = self.watching(lambda: self.session.get_one(command.queue, timeout_ms=command.timeout_ms,
-                                                          open=open, peek=peek),
-                             waits=command.timeout_ms > 0)
-        return item(data)
+        datas = self.watching(lambda: self.session.get(command.queue, timeout_ms=command.timeout_ms,
+                                                       open=open, peek=peek),
+                              waits=command.timeout_ms > 0)
+        return item(datas[0] if datas else None)
 
     def do_get(self, command: TextCommand) -> bytes:
         return self._fetch(command, open=True)

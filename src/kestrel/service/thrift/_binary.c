@@ -1,24 +1,25 @@
-/* Compiled twins of the binary protocol's hot paths in src/kestrel/service/thrift/protocol.py and
- * src/kestrel/service/thrift/messages.py: reading a whole call frame (`read_call`: the message header and the
- * arguments, as `read_message_begin` and `_plain_binary_args` read them), the list of binaries a
- * batch `put` carries (`BinaryReader.read_binary_list`) and the list of Items a batch `get` answers
- * (`BinaryWriter.write_flat_structs` for (bytes, i64) structs, from the data and ids apart).
+/* The binary protocol's hot paths, compiled: reading a whole call frame (`read_call`, in place in a
+ * receive buffer `read_framed_call`: the message header and the arguments), the list of binaries a
+ * batch `put` carries (`read_binary_list`), and laying out a binary reply (`write_reply`: nothing, an
+ * i32, or the Items or TimedItems of a get, from the items' data, ids and times apart).
  *
- * A single put costs about 3.7 µs of Python to read, and a batch of 100 spent about a third of its
- * Python time in the two list loops. Every function here takes only the plain case and answers
- * None for anything else (a length that is negative, over a limit or past the frame; a field the
- * method does not have or of another type; a string that is not UTF-8; a data that is not bytes or
- * an id that is not an int), without having read or written anything: the Python code then runs
- * from the same place and names the fault, so every rule and message stays written once, in Python.
- * tests/thrift/test_thrift_binary.py compares the two on intact and damaged input. Optional: without a C
- * compiler the Python code serves alone.
+ * The Python readers and writers of src/kestrel/service/thrift/protocol.py and messages.py are the
+ * reference: `read_message_begin` and `read_args` for a call, `read_binary_list_python` for a list,
+ * `write_reply` for a reply. Every function here takes only the plain case and answers None for
+ * anything else (a length that is negative, over a limit or past the frame; a field the method does
+ * not have or of another type; a string that is not UTF-8; a data that is not bytes or a number that
+ * is not a plain int of its range), without having read or written anything: the Python code then
+ * runs from the same place and names the fault, so every rule and message stays written once, in
+ * Python. tests/thrift/test_thrift_binary.py compares the two on intact and damaged input, and
+ * `make sanitize` runs it with the helper built under AddressSanitizer and UBSan. Optional: without
+ * a C compiler the Python code serves alone.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-enum { T_STOP = 0, T_I64 = 10, T_STRING = 11 };
+enum { T_STOP = 0, T_I32 = 8, T_I64 = 10, T_STRING = 11, T_STRUCT = 12, T_LIST = 15 };
 enum { CALL = 1, MAX_NAME = 256 };
 /* How `read_call` reads each argument (the `kind` of a method's field table). */
 enum { ARG_I32 = 0, ARG_I64 = 1, ARG_TEXT = 2, ARG_BINARY = 3, ARG_BINARY_LIST = 4, ARG_I64_LIST = 5 };
@@ -412,46 +413,98 @@ static PyObject *read_binary_list(PyObject *self, PyObject *const *args, Py_ssiz
     return result;
 }
 
-/* write_items(fid1, fid2, datas, ids) -> bytes | None: each data with its id (`ids` one int for all,
- * or a list, one each) as a struct of a binary field `fid1` and an i64 field `fid2`, then STOP, one
- * after another: the Items of a get, from the items' data and their open reads' ids as the session
- * hands them over, with no (data, id) pair made for each. */
-static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(args[2])
-            || !(PyLong_CheckExact(args[3]) || PyList_CheckExact(args[3]))) {
-        PyErr_SetString(PyExc_TypeError, "write_items takes fid1, fid2, a list of bytes and an int or a list");
+/* An int as a C long long, or 0 with *bad set where it is not an exact int or is past the range. */
+static long long exact_int(PyObject *value, long long low, long long high, int *bad) {
+    int overflow = 0;
+    long long v = PyLong_CheckExact(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : 0;
+    if (!PyLong_CheckExact(value) || overflow || v < low || v > high) {
+        *bad = 1;
+        return 0;
+    }
+    return v;
+}
+
+/* The list args[n] when it is an exact list of `count` elements, else NULL. */
+static PyObject *list_of(PyObject *const *args, Py_ssize_t n, Py_ssize_t count) {
+    PyObject *list = args[n];
+    return PyList_CheckExact(list) && PyList_GET_SIZE(list) == count ? list : NULL;
+}
+
+/* write_reply(head, seqid[, result]) and write_reply(head, seqid, fids, datas, ids[, added, expiries])
+ *   -> bytes | None
+ * A binary reply: `head` (the message header up to the sequence id, the same for every reply of a
+ * method), the sequence id, then the result struct: empty (a void method), an i32 `result`, or a
+ * list of structs, one per data in `datas`: a binary field then i64 fields with the ids `fids`, the
+ * i64s being the data's id (`ids`: one int for all, or a list) and, for TimedItems, its add time and
+ * expiry (lists; an expiry of 0 is left out, the field being optional). */
+static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs == 4 || nargs == 6 || nargs > 7 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "write_reply(head, seqid[, result]) or "
+                        "write_reply(head, seqid, fids, datas, ids[, added, expiries])");
         return NULL;
     }
-    long fid1 = PyLong_AsLong(args[0]);
-    long fid2 = PyLong_AsLong(args[1]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (fid1 < -32768 || fid1 > 32767 || fid2 < -32768 || fid2 > 32767) {
+    int bad = 0;
+    long long seqid = exact_int(args[1], INT32_MIN, INT32_MAX, &bad);
+    long long result = nargs == 3 ? exact_int(args[2], INT32_MIN, INT32_MAX, &bad) : 0;
+    if (bad) {
         Py_RETURN_NONE;
     }
-    PyObject *datas = args[2], *ids = args[3];
+    Py_ssize_t head_len = PyBytes_GET_SIZE(args[0]);
+    if (nargs <= 3) {  /* STOP, or field 0 as an i32 then STOP */
+        PyObject *out = PyBytes_FromStringAndSize(NULL, head_len + 4 + (nargs == 3 ? 7 : 0) + 1);
+        if (out == NULL) {
+            return NULL;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)head_len);
+        p = write_be32(p + head_len, (uint32_t)seqid);
+        if (nargs == 3) {
+            *p++ = T_I32;
+            p = write_be16(p, 0);
+            p = write_be32(p, (uint32_t)result);
+        }
+        *p = T_STOP;
+        return out;
+    }
+    PyObject *fids = args[2], *datas = args[3], *ids = args[4];
+    Py_ssize_t numbers = nargs == 5 ? 1 : 3;  /* i64 fields after the data */
+    if (!PyTuple_CheckExact(fids) || PyTuple_GET_SIZE(fids) != 1 + numbers || !PyList_CheckExact(datas)) {
+        Py_RETURN_NONE;
+    }
     Py_ssize_t count = PyList_GET_SIZE(datas);
     int one_id = PyLong_CheckExact(ids);
-    if (!one_id && PyList_GET_SIZE(ids) != count) {
+    PyObject *added = nargs == 7 ? list_of(args, 5, count) : NULL;
+    PyObject *expiries = nargs == 7 ? list_of(args, 6, count) : NULL;
+    if ((!one_id && list_of(args, 4, count) == NULL) || (nargs == 7 && (added == NULL || expiries == NULL))
+            || count > INT32_MAX) {
         Py_RETURN_NONE;
     }
-    const Py_ssize_t fixed = 3 + 4 + 3 + 8 + 1;  /* two field headers, a length, an i64, STOP */
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {  /* nothing below runs Python code: the lists hold still */
-        PyObject *data = PyList_GET_ITEM(datas, i);
-        if (!PyBytes_CheckExact(data) || (!one_id && !PyLong_CheckExact(PyList_GET_ITEM(ids, i)))) {
-            Py_RETURN_NONE;
-        }
-        Py_ssize_t n = PyBytes_GET_SIZE(data);
-        if (n > INT32_MAX || total > PY_SSIZE_T_MAX - fixed - n) {
-            Py_RETURN_NONE;
-        }
-        total += fixed + n;
+    int fid[4];
+    for (Py_ssize_t f = 0; f <= numbers; f++) {
+        fid[f] = (int)exact_int(PyTuple_GET_ITEM(fids, f), INT16_MIN, INT16_MAX, &bad);
     }
-    int overflow = 0;
-    long long number = one_id ? PyLong_AsLongLongAndOverflow(ids, &overflow) : 0;
-    if (overflow) {
+    long long number = one_id ? exact_int(ids, INT64_MIN, INT64_MAX, &bad) : 0;
+    /* The size, every value checked on the way: nothing below runs Python code, the lists hold still. */
+    Py_ssize_t total = head_len + 4 + 3 + 5 + 1;  /* seqid, field 0 as a list, its header, STOP */
+    for (Py_ssize_t i = 0; i < count && !bad; i++) {
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        if (!PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) > INT32_MAX) {
+            Py_RETURN_NONE;
+        }
+        if (!one_id) {
+            exact_int(PyList_GET_ITEM(ids, i), INT64_MIN, INT64_MAX, &bad);
+        }
+        Py_ssize_t fields = 3 + 4 + 11 + 1;  /* the binary's header and length, an i64 field, STOP */
+        if (nargs == 7) {
+            exact_int(PyList_GET_ITEM(added, i), INT64_MIN, INT64_MAX, &bad);
+            fields += 11 + (exact_int(PyList_GET_ITEM(expiries, i), INT64_MIN, INT64_MAX, &bad) ? 11 : 0);
+        }
+        if (total > PY_SSIZE_T_MAX - fields - PyBytes_GET_SIZE(data)) {
+            Py_RETURN_NONE;
+        }
+        total += fields + PyBytes_GET_SIZE(data);
+    }
+    if (bad) {
         Py_RETURN_NONE;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
@@ -459,26 +512,36 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)head_len);
+    p = write_be32(p + head_len, (uint32_t)seqid);
+    *p++ = T_LIST;
+    p = write_be16(p, 0);
+    *p++ = T_STRUCT;
+    p = write_be32(p, (uint32_t)count);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *data = PyList_GET_ITEM(datas, i);
-        if (!one_id) {
-            number = PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(ids, i), &overflow);
-            if (overflow) {
-                Py_DECREF(out);
-                Py_RETURN_NONE;
-            }
-        }
         Py_ssize_t n = PyBytes_GET_SIZE(data);
+        long long values[3] = {
+            one_id ? number : PyLong_AsLongLong(PyList_GET_ITEM(ids, i)),
+            nargs == 7 ? PyLong_AsLongLong(PyList_GET_ITEM(added, i)) : 0,
+            nargs == 7 ? PyLong_AsLongLong(PyList_GET_ITEM(expiries, i)) : 0,
+        };
         *p++ = T_STRING;
-        p = write_be16(p, (int)fid1);
+        p = write_be16(p, fid[0]);
         p = write_be32(p, (uint32_t)n);
         memcpy(p, PyBytes_AS_STRING(data), (size_t)n);
         p += n;
-        *p++ = T_I64;
-        p = write_be16(p, (int)fid2);
-        p = write_be64(p, (uint64_t)number);
+        for (Py_ssize_t f = 0; f < numbers; f++) {
+            if (f == 2 && values[2] == 0) {
+                continue;  /* no expiry */
+            }
+            *p++ = T_I64;
+            p = write_be16(p, fid[f + 1]);
+            p = write_be64(p, (uint64_t)values[f]);
+        }
         *p++ = T_STOP;
     }
+    *p = T_STOP;
     return out;
 }
 
@@ -489,8 +552,8 @@ static PyMethodDef methods[] = {
      "The call of the whole frame a receive buffer starts with, and where the frame ends, or None."},
     {"read_binary_list", (PyCFunction)(void (*)(void))read_binary_list, METH_FASTCALL,
      "The list's elements and the position after them, or None where the Python loop must read."},
-    {"write_items", (PyCFunction)(void (*)(void))write_items, METH_FASTCALL,
-     "Each data with its id as (binary, i64) structs one after another, or None where Python must write."},
+    {"write_reply", (PyCFunction)(void (*)(void))write_reply, METH_FASTCALL,
+     "A binary reply: void, an i32, or a list of Items or TimedItems; None where Python must write."},
     {NULL, NULL, 0, NULL},
 };
 

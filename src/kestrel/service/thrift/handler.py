@@ -67,10 +67,10 @@ class ThriftHandler:
                                       auto_abort_msec or 0)
 
     def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
-                  auto_abort_msec: int | None) -> list[tuple[bytes, int, int, int | None]]:
-        """TimedItems as tuples of their fields in order; creates no queue."""
-        return self.session.get_timed_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                            auto_abort_msec or 0)
+                  auto_abort_msec: int | None) -> TakenItems:
+        """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0, create=False)
 
     def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
         """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""

@@ -19,13 +19,11 @@ from kestrel.service.thrift.protocol import (
     I32,
     I64,
     LIST,
-    MAP,
     REPLY,
     SET,
     STOP,
     STRING,
     STRUCT,
-    BinaryReader,
     BinaryWriter,
     Reader,
     ThriftProtocolError,
@@ -99,7 +97,7 @@ _I32_ARG, _I64_ARG, _TEXT_ARG, _BINARY_ARG, _BINARY_LIST_ARG, _I64_LIST_ARG = ra
 
 
 def _argument_kind(vtype: ValueType) -> int | None:
-    """How `_plain_binary_args` reads a value of `vtype` (None: it leaves the call to `read_args`)."""
+    """How the compiled reader reads a value of `vtype` (None: it leaves the call to `read_args`)."""
     if vtype.ttype == I32:
         return _I32_ARG
     if vtype.ttype == I64:
@@ -143,11 +141,10 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
 
 def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str, int, dict[str, Any]] | None:
     """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
-    (src/kestrel/service/thrift/_binary.c), when `_plain_binary_args` would read it: a call of a known method
-    whose every field is one of its own, of its type, and a number, a string, a list of binaries or
-    a list or set of i64 (every request of the hot path).
-    None for anything else: `read_message_begin` and `read_args` then read the message and name
-    what is wrong."""
+    (src/kestrel/service/thrift/_binary.c): a call of a known method whose every field is one of its
+    own, of its type, and a number, a string, a list of binaries or a list or set of i64 (every
+    request of the hot path). None for anything else, or without the compiled reader:
+    `read_message_begin` and `read_args` then read the message and name what is wrong."""
     if compiled_binary is None:
         return None
     call = compiled_binary.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
@@ -166,14 +163,9 @@ def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
 
 
 def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
-    """The call's arguments, and a problem that leaves the message readable (e.g. a name that is not
-    UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
-    if method is not None and reader.more is None and isinstance(reader, BinaryReader):
-        origin = reader.pos
-        plain = _plain_binary_args(reader, method)
-        if plain is not None:
-            return plain, None
-        reader.pos = origin
+    """The call's arguments, field by field (every protocol; the reference the compiled reader is
+    compared with), and a problem that leaves the message readable (e.g. a name that is not UTF-8)
+    to answer once the whole message is consumed. Raises ThriftProtocolError."""
     values = dict(method.defaults) if method is not None else {}
     problem = None
     reader.read_struct_begin()
@@ -193,77 +185,8 @@ def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], st
     return values, problem
 
 
-_FIELD_HEAD = struct.Struct("!bh")
-_I32_AT = struct.Struct("!i").unpack_from
-_I64_AT = struct.Struct("!q").unpack_from
-
-
-def _plain_binary_args(reader: BinaryReader, method: Method) -> dict[str, Any] | None:
-    """A whole binary frame's arguments read in one loop, when each field is one of the method's
-    own, of its type, and a number, a string, a list of binaries or a list or set of i64 (every
-    request of the hot path).
-
-    None, with the reader where it was, for anything else (unknown or mistyped fields, a length
-    past the frame, a string that is not UTF-8): `read_args` then reads the message field by field
-    and names the fault. Lists go through the reader's own checked `read_binary_list`.
-    """
-    buf, pos, end = reader.buf, reader.pos, reader.end
-    values = dict(method.defaults)
-    args = method.args
-    while pos < end:
-        ttype = buf[pos]
-        if ttype == STOP:
-            reader.pos = pos + 1
-            return values
-        if pos + 3 > end:
-            return None
-        arg = args.get(_FIELD_HEAD.unpack_from(buf, pos)[1])
-        pos += 3
-        if arg is None or arg[1].ttype != ttype:
-            return None
-        name, vtype = arg
-        if ttype == I32 and pos + 4 <= end:
-            values[name] = _I32_AT(buf, pos)[0]
-            pos += 4
-        elif ttype == I64 and pos + 8 <= end:
-            values[name] = _I64_AT(buf, pos)[0]
-            pos += 8
-        elif ttype == STRING and pos + 4 <= end:
-            n = _I32_AT(buf, pos)[0]
-            if n < 0 or pos + 4 + n > end:
-                return None
-            raw = bytes(buf[pos + 4:pos + 4 + n])
-            if vtype.utf8:
-                try:
-                    values[name] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
-            else:
-                values[name] = raw
-            pos += 4 + n
-        elif ttype == LIST and vtype.elem is not None and vtype.elem.ttype == STRING and not vtype.elem.utf8:
-            reader.pos = pos
-            etype, count = reader.read_list_begin(name)
-            if count and etype != STRING:
-                return None
-            values[name] = reader.read_binary_list(count, name)
-            pos = reader.pos
-        elif ttype in (LIST, SET) and vtype.elem is not None and vtype.elem.ttype == I64:
-            reader.pos = pos
-            etype, count = reader.read_list_begin(name)  # checked: count × 8 bytes are in the frame
-            if count and etype != I64:
-                return None
-            values[name] = list(struct.unpack_from(f"!{count}q", buf, reader.pos))
-            pos = reader.pos + 8 * count
-        else:
-            return None
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing replies
-
-_NESTED = (STRUCT, LIST, SET, MAP)
 
 def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
     ttype = vtype.ttype
@@ -279,11 +202,8 @@ def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
         elem = vtype.elem
         assert elem is not None
         writer.write_list_begin(elem.ttype, len(value))
-        if elem.ttype == STRUCT and all(f[2].ttype not in _NESTED for f in elem.fields):
-            writer.write_flat_structs(elem.fields, value)  # `get`'s items: the hot path
-        else:
-            for v in value:
-                write_value(writer, elem, v)
+        for v in value:
+            write_value(writer, elem, v)
     else:
         writer.write_value(ttype, value)
 
@@ -291,52 +211,41 @@ def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
 # A binary reply's message header up to its sequence id, for each method (the same every time).
 _BINARY_REPLY_HEADS = {name: struct.pack("!Ii", 0x80010000 | REPLY, len(name.encode())) + name.encode()
                        for name in METHODS}
-_SEQID_I32_RESULT = struct.Struct("!ibhib")  # sequence id, field 0 as an i32, its value, STOP
-_SEQID_LIST_RESULT = struct.Struct("!ibhbi")  # sequence id, field 0 as a list, element type, count
-_SEQID_NO_RESULT = struct.Struct("!ib")  # sequence id, STOP
-# Methods answering a list of (binary, i64) structs (`get`'s Items): the two field ids.
-_ITEM_LIST_RESULTS = {
-    method.name: (fields[0][0], fields[1][0]) for method in METHODS.values()
+# Methods answering a list of structs of a binary then i64s (`get`'s Items, `get_timed`'s
+# TimedItems): the field ids, for the compiled writer.
+_ITEM_RESULTS = {
+    method.name: tuple(fid for fid, _, _ in fields) for method in METHODS.values()
     if method.result is not None and method.result.ttype == LIST and method.result.elem is not None
-    and len(fields := method.result.elem.fields) == 2
-    and (fields[0][2].ttype, fields[0][2].utf8, fields[1][2].ttype) == (STRING, False, I64)
+    and (fields := method.result.elem.fields) and (fields[0][2].ttype, fields[0][2].utf8) == (STRING, False)
+    and len(fields) in (2, 4) and all(f[2].ttype == I64 for f in fields[1:])
 }
 
 
 def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any) -> bytes:
     """The reply to `method` carrying `value` (None: a void method's, or no result), in the
-    `protocol` of that writer class (a writer is made only when the binary layout declines)."""
-    if protocol is BinaryWriter:
-        reply = _binary_reply(method, seqid, value)
+    `protocol` of that writer class: a binary reply of the hot path (nothing, an i32, a get's items)
+    laid out in one compiled step (src/kestrel/service/thrift/_binary.c), anything else by
+    `write_reply`. A get's items come as TakenItems."""
+    if protocol is BinaryWriter and compiled_binary is not None:
+        head = _BINARY_REPLY_HEADS[method.name]
+        reply = None
+        if method.result is None or value is None:
+            reply = compiled_binary.write_reply(head, seqid)
+        elif type(value) is int and method.result.ttype == I32:
+            reply = compiled_binary.write_reply(head, seqid, value)
+        elif type(value) is TakenItems and (fids := _ITEM_RESULTS.get(method.name)) is not None:
+            times = value.times() if len(fids) == 4 else ()
+            reply = compiled_binary.write_reply(head, seqid, fids, value.data(), value.ids, *times)
         if reply is not None:
             return reply
-    if type(value) is TakenItems:  # a get's Items, to the writers that take (data, id) pairs
-        value = value.pairs()
+    if type(value) is TakenItems:  # the writers take tuples of the fields in order
+        value = value.pairs() if len(_ITEM_RESULTS.get(method.name, ())) == 2 else value.timed()
     return write_reply(protocol(), method, seqid, value)
 
 
-def _binary_reply(method: Method, seqid: int, value: Any) -> bytes | None:
-    """The hot path's binary replies laid out in a step or two: nothing, an i32 (`put`, `confirm`,
-    `abort`), or the Items of a `get`; None for anything else (`write_reply`)."""
-    result, head = method.result, _BINARY_REPLY_HEADS[method.name]
-    try:
-        if result is None or value is None:
-            return head + _SEQID_NO_RESULT.pack(seqid, STOP)
-        if result.ttype == I32 and type(value) is int:
-            return head + _SEQID_I32_RESULT.pack(seqid, I32, 0, value, STOP)
-        item_fields = _ITEM_LIST_RESULTS.get(method.name)
-        if item_fields is not None and type(value) is TakenItems and compiled_binary is not None:
-            items = compiled_binary.write_items(*item_fields, value.data(), value.ids)
-            if items is not None:
-                count = _SEQID_LIST_RESULT.pack(seqid, LIST, 0, STRUCT, len(value))
-                return b"".join((head, count, items, b"\x00"))
-    except struct.error:  # a number past its type: `write_reply` says which
-        pass
-    return None
-
-
 def write_reply(writer: Writer, method: Method, seqid: int, value: Any) -> bytes:
-    """`encode_reply` field by field through `writer` (every protocol; the reference)."""
+    """A reply field by field through `writer` (every protocol; the reference the compiled writer
+    is compared with)."""
     writer.write_message_begin(method.name, REPLY, seqid)
     writer.write_struct_begin()
     if method.result is not None and value is not None:

@@ -5,17 +5,16 @@ the message may reach (the frame's end, or `max_frame_size` bytes on for unframe
 length and count is checked against `limit` (each element needs at least its smallest encoding)
 and against the batch limits before anything is read or allocated; when a read goes past `end` but
 not past `limit`, `more` (unframed transport only) reads on from the socket. Writers build replies.
-No I/O here. The binary protocol's hot paths have a compiled twin (src/kestrel/service/thrift/_binary.c,
-`compiled_binary`): here a batch put's list; a whole call and a get's Items in
-src/kestrel/service/thrift/messages.py. It takes the plain case and hands everything else back to the Python
-code, which stays the reference.
+No I/O here. The binary protocol's hot paths are compiled (src/kestrel/service/thrift/_binary.c,
+`compiled_binary`): here a batch put's list; a whole call and a reply in
+src/kestrel/service/thrift/messages.py. It takes the plain case and hands everything else back to the
+Python code here, which stays the reference (docs/protocols.md: which parser runs where).
 """
 
 from __future__ import annotations
 
-import operator
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -37,11 +36,6 @@ _I64 = struct.Struct("!q")
 _DOUBLE = struct.Struct("!d")
 _DOUBLE_LE = struct.Struct("<d")
 _FIELD = struct.Struct("!bh")
-_STRING_FIELD = struct.Struct("!bhi")  # field header and length
-_I64_FIELD_STOP = struct.Struct("!bhqb")  # field header, value, end of struct
-_TWO_I64_FIELDS_STOP = struct.Struct("!bhqbhqb")  # two i64 fields, then the struct's STOP
-_THREE_I64_FIELDS_STOP = struct.Struct("!bhqbhqbhqb")
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _BINARY_VERSION = 0x80010000
 _COMPACT_ID = 0x82
 
@@ -469,18 +463,6 @@ class Writer:
     def write_value(self, ttype: int, value: Any) -> None:
         raise NotImplementedError
 
-    def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        """Structs whose fields (id, name, type with `.ttype`) are all numbers or strings; each
-        value is an object with those attributes or a tuple of the fields in order."""
-        for value in values:
-            self.write_struct_begin()
-            for i, (fid, name, ftype) in enumerate(fields):
-                v = value[i] if isinstance(value, tuple) else getattr(value, name)
-                if v is not None:
-                    self.write_field(ftype.ttype, fid)
-                    self.write_value(ftype.ttype, v)
-            self.write_struct_end()
-
 
 class BinaryWriter(Writer):
     def write_message_begin(self, name: str, mtype: int, seqid: int) -> None:
@@ -493,51 +475,6 @@ class BinaryWriter(Writer):
 
     def write_list_begin(self, etype: int, count: int) -> None:
         self.out += _I8.pack(etype) + _I32.pack(count)
-
-    def write_flat_structs(self, fields: Sequence[tuple[int, str, Any]], values: Iterable[Any]) -> None:
-        shape = [(ftype.ttype, fid) for fid, _, ftype in fields]
-        if len(shape) == 2 and (shape[0][0], shape[1][0]) == (STRING, I64) and isinstance(values, list):
-            # A binary string then an i64 (`get`'s Item), given as (bytes, int) tuples: every piece
-            # laid out by list operations and joined once; a header packed once per distinct size,
-            # and the i64 once when all are 0 (no auto-abort).
-            (_, fid1), (_, fid2) = shape
-            try:
-                datas = list(map(_FIRST, values))
-                numbers = list(map(_SECOND, values))
-                sizes = list(map(len, datas))
-                count = len(values)
-                parts: list[bytes] = [b""] * (3 * count)
-                if count and min(sizes) == max(sizes):
-                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, sizes[0])] * count
-                else:
-                    parts[::3] = [_STRING_FIELD.pack(STRING, fid1, n) for n in sizes]
-                parts[1::3] = datas
-                if any(numbers):
-                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, n, STOP) for n in numbers]
-                else:
-                    parts[2::3] = [_I64_FIELD_STOP.pack(I64, fid2, 0, STOP)] * count
-                self.out += b"".join(parts)
-                return
-            except (TypeError, ValueError, IndexError, struct.error):
-                pass  # objects, strings or missing fields: nothing was written, take the general way
-        if [t for t, _ in shape] == [STRING, I64, I64, I64] and isinstance(values, list):
-            # `get_timed`'s TimedItem as (bytes, id, added, expiry or None) tuples: the numbers after
-            # the data in one pack per item, the last left out when None (it is optional).
-            (_, fid1), (_, fid2), (_, fid3), (_, fid4) = shape
-            try:
-                timed: list[bytes] = []
-                for data, number, added, expiry in values:
-                    timed.append(_STRING_FIELD.pack(STRING, fid1, len(data)))
-                    timed.append(data)
-                    timed.append(_TWO_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, STOP)
-                                 if expiry is None else
-                                 _THREE_I64_FIELDS_STOP.pack(I64, fid2, number, I64, fid3, added, I64, fid4,
-                                                             expiry, STOP))
-                self.out += b"".join(timed)
-                return
-            except (TypeError, ValueError, struct.error):
-                pass  # not such tuples: nothing was written, take the general way
-        super().write_flat_structs(fields, values)
 
     def write_value(self, ttype: int, value: Any) -> None:
         out = self.out

@@ -15,15 +15,21 @@ from typing import Protocol
 
 import structlog
 
-from kestrel.storage import damage, filenames, layout, manifest
-from kestrel.storage import files as journal
+from kestrel.storage import damage, filenames, journal_file, layout, manifest
 from kestrel.storage.commit_log import CommitLog, Turn
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
-from kestrel.storage.files import JournalFiles, JournalWriter
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS
+from kestrel.storage.queue_path import (
+    JournalFileFigures,
+    JournalFiles,
+    list_journal_files,
+    remove_temporaries,
+    size_on_disk,
+)
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -98,7 +104,7 @@ class QueueJournal:
         self._checked = False  # the files were compared with the manifest
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
         self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
-        self._sealer = journal.Sealer(runtime)  # rotated journals, until they are in the manifest
+        self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
 
     @property
     def live_path(self) -> str:
@@ -127,8 +133,8 @@ class QueueJournal:
 
     def scan(self) -> JournalFiles:
         """This queue's files on disk, alone (a queue created after start-up); temporaries removed."""
-        files = journal.list_journal_files(self.queue_path, self.name)
-        journal.remove_temporaries(self.queue_path, self.name)
+        files = list_journal_files(self.queue_path, self.name)
+        remove_temporaries(self.queue_path, self.name)
         return files
 
     def replay(self, files: JournalFiles, repair: bool, target: FileReplay) -> int:
@@ -162,7 +168,7 @@ class QueueJournal:
                 # what follows it): replay again, the damaged file now ending before the damage.
                 damage.carry_out(self.queue_path, self.name, [cut], self.clock.now_ms())
                 target.restart()
-                return self.replay(journal.list_journal_files(self.queue_path, self.name), repair, target)
+                return self.replay(list_journal_files(self.queue_path, self.name), repair, target)
             target.file_replayed(key)
         self.rotated = [(ts, p) for ts, p in self.rotated if os.path.exists(p)]
         self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
@@ -201,7 +207,7 @@ class QueueJournal:
             self.matched_at_start = set(self._sealed)
             return files
         self._sealed.clear()
-        return journal.list_journal_files(self.queue_path, self.name)
+        return list_journal_files(self.queue_path, self.name)
 
     def _compare(self, record: manifest.Manifest, files: JournalFiles) -> list[damage.Finding]:
         """What does not match the manifest, oldest file first."""
@@ -312,7 +318,7 @@ class QueueJournal:
         if fresh != self._on_disk:  # unchanged since the last stop: no write (start-up of many queues)
             self._manifest.update({})
 
-    def file_figures(self) -> list[journal.JournalFileFigures]:
+    def file_figures(self) -> list[JournalFileFigures]:
         """The rotated journals (packs among them) and the live one, each with its manifest's entry."""
         listed: dict[str, manifest.Entry] | None = None
         if self._manifest is not None:
@@ -321,12 +327,12 @@ class QueueJournal:
         out = []
         for _, path in self.rotated:
             name = os.path.basename(path)
-            size = journal.size_on_disk(path)
+            size = size_on_disk(path)
             words = ("no manifest: the queue has not rotated since it was written" if listed is None else
                      manifest.describe(listed.get(name), size, name in self.matched_at_start))
-            out.append(journal.JournalFileFigures(name, "rotated journal", size, words))
+            out.append(JournalFileFigures(name, "rotated journal", size, words))
         if self.writer is not None:
-            out.append(journal.JournalFileFigures(
+            out.append(JournalFileFigures(
                 os.path.basename(self.writer.path), "live journal", self.writer.size,
                 "not listed: the live journal grows; replay checks each record"))
         return out
@@ -396,7 +402,7 @@ class QueueJournal:
         copy = filenames.set_aside_path(self.queue_path, name, label, stamp)
         try:
             aside = layout.aside_path(self.queue_path, name, label, stamp)
-            return journal.cut_keeping_copy(path, offset, aside)
+            return journal_file.cut_keeping_copy(path, offset, aside)
         except OSError as e:
             raise JournalWriteError(self.name, copy, e) from None
 
@@ -424,24 +430,19 @@ class QueueJournal:
         if self.writer is not None and data:
             self._pending.append(data)
 
-    def write_many(self, records: list[bytes]) -> None:
-        if self.writer is not None:
-            self._pending.extend(records)
-
     def discard_pending(self) -> None:
         self._pending.clear()
 
     def flush(self) -> None:
-        """Append the pending records in one write (no yield between a change and its record)."""
-        if self._pending:
-            assert self.writer is not None
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self._append(data)
-
-    def _append(self, data: bytes) -> None:
+        """Append the pending records in one write (no yield between a change and its record).
+        Raises OSError (the records are dropped: the queue rebuilds from the journal)."""
+        pending = self._pending
+        if not pending:
+            return
         writer = self.writer
         assert writer is not None
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
         offset = writer.size
         writer.append(data)
         if self.commit_log is not None:
@@ -449,13 +450,11 @@ class QueueJournal:
             if not self._turns or self._turns[-1] is not turn:
                 self._turns.append(turn)
 
-    def commit(self) -> bool:
-        """Append, then wait as the sync policy says; whether the live journal is due for rotation."""
+    def sync(self) -> bool:
+        """After `flush`: wait as the sync policy says; whether the live journal is due for rotation."""
         writer = self.writer
         if writer is None:
             return False
-        if self._pending:
-            self.flush()
         if self.commit_log is not None:
             turns, self._turns = self._turns, []
             if writer.sync_ms == 0:
@@ -467,8 +466,9 @@ class QueueJournal:
         return writer.size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:
-        """Append `data` at once, bypassing pending records (a probe). Raises OSError."""
-        self._append(data)
+        """Append `data` at once (a probe, while no record is pending). Raises OSError."""
+        self.write(data)
+        self.flush()
 
     def set_sync(self, sync_ms: int | None, rotate_at: int) -> None:
         self.sync_ms = sync_ms
@@ -543,7 +543,7 @@ class QueueJournal:
                 self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
             job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
                                                   self._pack_placed, self._pack_finished)
-            journal.record_timing("pack", started)
+            journal_file.record_timing("pack", started)
         except Exception:
             log.exception("packing failed", queue=self.name)
         job.written.set()
@@ -598,10 +598,10 @@ class QueueJournal:
         for path in self.paths:
             if os.path.exists(path):
                 os.unlink(path)
-        files = journal.list_journal_files(self.queue_path, self.name)
+        files = list_journal_files(self.queue_path, self.name)
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
-        journal.remove_temporaries(self.queue_path, self.name)
+        remove_temporaries(self.queue_path, self.name)
         self._manifest = None
         self._checked = False
 
@@ -637,7 +637,7 @@ def count_items(path: str) -> int | None:
 def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
     """What in a Kestrel 2 queue's files does not match its manifest, changing nothing (the
     converter, `kestrel journal check`). Raises CorruptJournalError when the manifest cannot be read."""
-    files = journal.list_journal_files(queue_path, name)
+    files = list_journal_files(queue_path, name)
     record = manifest.read(queue_path, name, "kestrel2")
     if record is None or not (files.live or files.rotated or files.packs):
         return []

@@ -30,21 +30,16 @@ from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError
-from kestrel.storage.files import (
-    CURSOR_CHUNK,
-    JournalFileFigures,
-    JournalFiles,
-    check_writable,
-    list_journal_files,
-)
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import CURSOR_CHUNK, check_writable
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.checkpoints import RotationCheckpoint
 from kestrel.storage.kestrel2.journal import QueueJournal
-from kestrel.storage.kestrel2.read_behind import LIVE, ReadBehind
+from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
-from kestrel.storage.queue import PersistentQueue, ReadBack
+from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.queue_path import JournalFileFigures, JournalFiles, list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -74,7 +69,7 @@ class Kestrel2Queue(PersistentQueue):
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
                                      self._lock, salvage, commit_log)
         self._xid = 0
-        self._rb: ReadBehind | None = None  # the read-behind cursor
+        self._rb: JournalCursor | None = None  # the read-behind cursor
         # Oldest first, one per rotation in read-behind; told of each departure (changed in place).
         self._checkpoints: list[RotationCheckpoint] = []
         self._watchers = self._checkpoints
@@ -133,11 +128,13 @@ class Kestrel2Queue(PersistentQueue):
     def _return_orphans(self) -> None:
         """Reads that were open when the process stopped go back to the head, newest first, so
         that the oldest is fetched first. They are journaled as UNREMOVEs, as Kestrel does."""
+        returned = []
         for xid in self._orphans:
             item = self._opens.get(xid)
             if item is not None:
                 self._unremove(xid)
-                self._log_return(xid, item)
+                returned.append(item)
+        self._log_return(returned)
         self._commit()
         self._orphans = []
 
@@ -157,29 +154,26 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> ReadBack:
+    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> JournalCursor:
         """A cursor reading items back from file `key` at `offset`."""
-        self._rb = ReadBehind(self._journal.files, key, path, offset, self._cursor_left)
+        self._rb = JournalCursor(self._journal.files, key, path, offset, self._cursor_left,
+                                 self._journal.flush)
         self._rb.stop = stop
-        return self._rb.next_item
+        return self._rb
 
-    def _start_read_behind(self, after: QItem) -> ReadBack:
+    def _start_read_behind(self, after: QItem) -> JournalCursor:
         """Read-behind starts after the last record journaled (`after`'s)."""
         writer = self._journal.writer
         assert writer is not None
         self._journal.flush()
         return self._open_cursor(LIVE, writer.path, writer.size, None)
 
-    def _sync_cursor(self) -> None:
-        self._journal.flush()
-
-    def _stop_read_behind(self) -> None:
+    def _read_behind_ended(self) -> None:
         if self._rb is not None:
             self._left_read_behind = self._rb.stop is None  # caught up with the live journal
-            self._rb.close()
             self._rb = None
 
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReadBack | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> JournalCursor | None:
         """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
         held (all of them, or those before the cursor in read-behind), so their records are the last
         `count` adds before the journal's end or the cursor, found by reading the files there
@@ -214,16 +208,7 @@ class Kestrel2Queue(PersistentQueue):
             log_later(self.runtime, log.warning, "cannot page out: the journal does not end with the items "
                       "in memory", queue=self.name)
             return None
-        if self._rb is not None:
-            self._rb.close()
-        return self._open_cursor(key, path, offset, None)
-
-    def _cursor_buffer(self) -> int:
-        return self._rb.reader.buffered if self._rb is not None else 0
-
-    def _release_cursor_buffer(self) -> None:
-        if self._rb is not None:
-            self._rb.reader.release_buffer()
+        return self._open_cursor(key, path, offset, None)  # the queue closes the one open now
 
     def _cursor_left(self, passed: int) -> None:
         """The read-behind cursor has read the whole of file `passed`: every item queued at a
@@ -238,33 +223,32 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Records of a change
 
-    def _log_adds(self, items: list[bytes], now: int, expiry: int) -> None:
+    def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
         if self._journal.writer is not None:
             self._journal.write(codec.encode_addx_many(now, expiry, items))
 
-    def _log_add(self, item: QItem) -> None:
-        if self._journal.writer is not None:
-            self._journal.write(codec.encode_addx(item.add_time, item.expiry, item.data))
-
-    def _log_gone(self, item: QItem) -> None:
-        self._journal.write(codec.REMOVE_BYTES)
-
-    def _log_gone_many(self, items: list[QItem]) -> None:
+    def _log_gone(self, items: list[QItem]) -> None:
         self._journal.write(codec.REMOVE_BYTES * len(items))
 
-    def _log_open(self, item: QItem) -> int:
-        xid = self._next_xid()
-        self._journal.write(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
-        return xid
+    def _log_open(self, items: list[QItem]) -> None:
+        records = []
+        for item in items:
+            item.xid = xid = self._next_xid()
+            records.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
+        self._journal.write(b"".join(records))
 
-    def _log_confirm(self, xid: int, item: QItem) -> None:
+    def _log_confirm(self, items: list[QItem]) -> None:
         for checkpoint in self._checkpoints:
-            checkpoint.note_confirm(item)
-        self._journal.write(codec.encode_xid(codec.CONFIRM_REMOVE, xid))
+            for item in items:
+                checkpoint.note_confirm(item)
+        self._journal.write(b"".join([codec.encode_xid(codec.CONFIRM_REMOVE, item.xid) for item in items]))
 
-    def _log_return(self, xid: int, item: QItem) -> None:
-        item.xid = 0  # its next open takes the next free xid
-        self._journal.write(codec.encode_xid(codec.UNREMOVE, xid))
+    def _log_return(self, items: list[QItem]) -> None:
+        records = []
+        for item in items:
+            records.append(codec.encode_xid(codec.UNREMOVE, item.xid))
+            item.xid = 0  # its next open takes the next free xid
+        self._journal.write(b"".join(records))
 
     def _drop_items(self) -> None:
         """Every item leaves the head, journaled as one REMOVE each."""
@@ -275,7 +259,9 @@ class Kestrel2Queue(PersistentQueue):
 
     def _commit(self, housekeeping: bool = False) -> None:
         """Append, wait as the sync policy says, then consider rotating. Last step of each change."""
-        if self._journal.commit():
+        journal = self._journal
+        journal.flush()
+        if journal.sync():
             self._maybe_rotate()
 
     # -----------------------------------------------------------------------------------------

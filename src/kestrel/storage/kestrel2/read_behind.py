@@ -1,4 +1,5 @@
-"""The read-behind cursor: where the next item not held in memory is, in the queue's journal files.
+"""A Kestrel 2 queue's read-behind cursor (src/kestrel/storage/read_behind.py): where the next item
+not held in memory is, in the queue's journal files.
 
 Once a queue holds `max_memory_size` bytes, new items are only counted and journaled; this cursor
 reads their add records back, file after file, as the head drains. It stops at its `stop` (while a
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kestrel.storage.files import CURSOR_CHUNK
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
 
@@ -19,20 +20,33 @@ Files = list[tuple[int, str]]  # (sort key, path) in replay order: rotated times
 LIVE = 2**63  # sort key of the live journal, after every rotated timestamp
 
 
-class ReadBehind:
+class JournalCursor:
     """Reads add records forward from (`key`, `offset`), crossing into later files of `files()`.
 
-    `on_leave(key)` is told each time the cursor has read the whole of file `key` and moved on.
+    `on_leave(key)` is told each time the cursor has read the whole of file `key` and moved on;
+    `sync` appends what the journal holds pending, before a fill reads.
     """
 
     def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
-                 on_leave: Callable[[int], None] | None = None) -> None:
+                 on_leave: Callable[[int], None] | None = None,
+                 sync: Callable[[], None] | None = None) -> None:
         self._files = files
         self._on_leave = on_leave
+        self._sync = sync
         self.key = key
         self.reader = JournalReader(path, offset)
         self.reader.chunk = CURSOR_CHUNK
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
+
+    def sync(self) -> None:
+        if self._sync is not None:
+            self._sync()
+
+    def buffered(self) -> int:
+        return self.reader.buffered
+
+    def release_buffer(self) -> None:
+        self.reader.release_buffer()
 
     def next_item(self, now: int) -> QItem | None:
         """The next journaled item, or None once the cursor is at `stop` or at the end of the

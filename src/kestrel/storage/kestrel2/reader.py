@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from kestrel.storage import torn_tail
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.files import BufferedFile
+from kestrel.storage.journal_file import BufferedFile
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
 

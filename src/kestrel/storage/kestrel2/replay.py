@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from kestrel.storage.files import list_journal_files
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import (
@@ -31,6 +30,7 @@ from kestrel.storage.kestrel2.codec import (
     Unremove,
 )
 from kestrel.storage.kestrel2.reader import JournalReader
+from kestrel.storage.queue_path import list_journal_files
 
 
 def replay_files(queue_path: str, queue: str) -> list[str]:

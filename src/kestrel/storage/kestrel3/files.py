@@ -16,8 +16,7 @@ from itertools import takewhile
 
 import structlog
 
-from kestrel.storage import files as shared_files
-from kestrel.storage import layout, torn_tail
+from kestrel.storage import journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.deferred_log import log_later
@@ -30,7 +29,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.files import JournalWriter, fsync_path
+from kestrel.storage.journal_file import JournalWriter, fsync_path
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -66,7 +65,7 @@ def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
 # Reading
 
 
-class RecordReader(shared_files.BufferedFile):
+class RecordReader(journal_file.BufferedFile):
     """Reads the records of one Kestrel 3 file forward, checking its header first.
 
     Every length is checked against what the file still holds before the record is read, so a
@@ -168,7 +167,7 @@ class RecordReader(shared_files.BufferedFile):
         """Cut the torn tail off the file, keeping a copy (`.kestrel/aside/`); the copy's path."""
         queue_path = os.path.dirname(self.path)
         copy = layout.aside_path(queue_path, os.path.basename(self.path), "torn", stamp)
-        shared_files.cut_keeping_copy(self.path, self.offset, copy)
+        journal_file.cut_keeping_copy(self.path, self.offset, copy)
         return copy
 
 
@@ -271,7 +270,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        shared_files.write_all(fd, data)
+        journal_file.write_all(fd, data)
         if sync:
             os.fsync(fd)
     except OSError:
@@ -353,7 +352,7 @@ class WriterJournal:
         self.clock = clock
         self.runtime = runtime
         self.files: list[WriterFile] = []
-        self._sealer = shared_files.Sealer(runtime)  # rotated files, until they are in the manifest
+        self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:

@@ -24,7 +24,7 @@ from kestrel.storage.formats import KESTREL3, queues_on_disk
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
-from kestrel.storage.kestrel3 import queue as kestrel3_queue
+from kestrel.storage.kestrel3 import journal as kestrel3_journal
 from kestrel.storage.kestrel3.files import RecordReader, list_queue_files, read_checkpoint
 from kestrel.storage.lock import EARLIER_LOCK_NAME
 
@@ -86,7 +86,7 @@ def check_kestrel2(queue_path: str, name: str, report: Report, manifests: bool) 
 def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) -> None:
     if manifests:
         try:
-            report.findings += kestrel3_queue.manifest_findings(queue_path, name)
+            report.findings += kestrel3_journal.manifest_findings(queue_path, name)
         except CorruptJournalError as e:
             report.findings.append(damage.Finding(e.path, e.reason, damage.Remedy.SET_ASIDE, e.offset))
     files = list_queue_files(queue_path, name)

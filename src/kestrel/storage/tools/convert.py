@@ -37,7 +37,6 @@ from kestrel.storage.errors import (
     InvalidQueueName,
     QueuePathInUse,
 )
-from kestrel.storage.files import fsync_path, list_journal_files
 from kestrel.storage.formats import (
     INTENT_NAME,
     KESTREL2,
@@ -51,11 +50,12 @@ from kestrel.storage.formats import (
     write_intent,
 )
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import fsync_path
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
-from kestrel.storage.kestrel3 import queue as kestrel3_queue
+from kestrel.storage.kestrel3 import journal as kestrel3_journal
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
     checkpoint_entry,
@@ -65,6 +65,7 @@ from kestrel.storage.kestrel3.files import (
     read_checkpoint,
 )
 from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.queue_path import list_journal_files
 
 # ---------------------------------------------------------------------------------------------
 # Which format a queue's files are in
@@ -225,7 +226,7 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
 def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
     """Write one Kestrel 2 journal per reader of the unit as temporaries; the intent that puts
     them in place."""
-    kestrel3_queue.check_files(queue_path, unit)  # no stray, missing or changed file is converted
+    kestrel3_journal.check_files(queue_path, unit)  # no stray, missing or changed file is converted
     files = list_queue_files(queue_path, unit)
     readers = dict(files.readers)
     result = Converted(unit, {})

@@ -1,0 +1,528 @@
+"""A Kestrel 3 queue's journal: one writer journal per queue, shared by the queue's readers (the
+queue itself and its fanout children, src/kestrel/storage/kestrel3/queue.py), each reader's
+checkpoint file, and the files compared with the queue's manifest (src/kestrel/storage/manifest.py)
+at start-up.
+
+The writer journal's files are `src/kestrel/storage/kestrel3/files.py`'s and their byte layout
+`src/kestrel/storage/kestrel3/codec.py`'s; this module keeps which files a queue's journal has, what
+each reader has consumed, and when a writer file every reader has passed is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Generic, Protocol, TypeVar
+
+import structlog
+
+from kestrel.storage import damage, formats, manifest
+from kestrel.storage.config import QueueConfig
+from kestrel.storage.deferred_log import log_later
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
+from kestrel.storage.formats import KESTREL3
+from kestrel.storage.journal_file import JournalWriter, check_writable
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3.files import (
+    QueueFiles,
+    ReaderCheckpoint,
+    RecordReader,
+    WriterFile,
+    WriterJournal,
+    checkpoint_entry,
+    list_queue_files,
+    read_checkpoint,
+    write_checkpoint,
+)
+from kestrel.storage.queue import ReaderPosition
+from kestrel.storage.queue_path import JournalFileFigures, list_journal_files, size_on_disk
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+
+log = structlog.get_logger("kestrel.kestrel3")
+
+COMPACT_AT = 64 * 1024  # a checkpoint file this large is rewritten, if that makes it much smaller
+
+
+class Reader(Protocol):
+    """What a writer journal knows of each reader attached to it."""
+
+    reader: str  # its name: "" for the queue itself, `a` for its fanout child `q+a`
+
+    @property
+    def head(self) -> int:
+        """Every id at or below this one is consumed by the reader."""
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """Its checkpoint file (None: it reads nothing)."""
+
+    def position(self) -> ReaderPosition:
+        """Where it stands in the journal."""
+
+
+R = TypeVar("R", bound=Reader)
+
+
+DELETING = -1  # a writer file's manifest size while it is being deleted: it may be gone
+
+
+@dataclass
+class ManifestCheck:
+    """Comparing a Kestrel 3 queue's files with its manifest: at start-up, and by the converter."""
+
+    queue_path: str
+    name: str
+    salvage: bool
+    stamp: int
+    matched: set[str] = field(default_factory=set)  # names of the files found as the manifest lists them
+
+    def files(self, record: manifest.Manifest, on_disk: QueueFiles
+              ) -> tuple[list[tuple[str, manifest.Entry]], set[str]]:
+        """Compare the files on disk with the manifest before any is read, cut or deleted.
+
+        Returns the listed writer files that are missing (acceptable only if every reader had
+        consumed them: a crash while they were deleted) and the readers whose checkpoint salvage
+        set aside. Raises CorruptJournalError (without salvage) for anything else, naming what
+        salvage would set aside (src/kestrel/storage/damage.py).
+        """
+        found, gone, fresh = self.compare(record, on_disk)
+        self.settle(found)
+        return gone, fresh
+
+    def compare(self, record: manifest.Manifest, on_disk: QueueFiles
+                ) -> tuple[list[damage.Finding], list[tuple[str, manifest.Entry]], set[str]]:
+        """What does not match the manifest (changing nothing), the listed writer files missing,
+        and the readers whose checkpoint does not match."""
+        found: list[damage.Finding] = []
+        fresh: set[str] = set()
+        writers = {os.path.basename(p): (n, p) for n, p in on_disk.writers}
+        listed = {}
+        for name, entry in record.files.items():
+            number = writer_file_number(self.name, name)
+            if number is not None:
+                listed[name] = (number, entry)
+            elif (reader := reader_of(self.name, name)) is not None:
+                path = on_disk.readers.get(reader) or os.path.join(self.queue_path, name)
+                why = manifest.mismatch(path, entry, growing=True)
+                if why is not None:
+                    found.append(damage.Finding(path, why, damage.Remedy.SET_ASIDE,
+                                                also=f"reader {reader!r} is served every item kept again"))
+                    fresh.add(reader)
+                else:
+                    self.matched.add(name)
+        gone = []
+        for name, (_number, entry) in sorted(listed.items(), key=lambda kv: kv[1][0]):
+            if name not in writers:
+                gone.append((name, entry))
+                continue
+            path = writers[name][1]
+            why = manifest.mismatch(path, entry, growing=not entry.sealed)
+            if why is None:
+                self.matched.add(name)
+            elif os.path.getsize(path) < entry.size:
+                found.append(damage.Finding(path, why, damage.Remedy.NONE,
+                                            also="its whole records are kept, what it lost is gone"))
+            else:
+                found.append(damage.Finding(path, why, damage.Remedy.SET_ASIDE, items=count_items(path)))
+        newest = max((n for n, _ in listed.values()), default=0)
+        for name, (number, path) in writers.items():
+            if name not in listed and number < newest:
+                found.append(damage.Finding(path, "a writer file the manifest does not list (a stray or "
+                                            "older copy); it was not read", damage.Remedy.SET_ASIDE,
+                                            items=count_items(path)))
+        for reader, path in on_disk.readers.items():
+            if reader_file_name(self.name, reader) not in record.files:
+                log.info("reader checkpoint not yet in the manifest (a reader created just before a stop)",
+                         queue=self.name, file=path)
+        return found, gone, fresh
+
+    def settle(self, found: list[damage.Finding]) -> None:
+        damage.settle(self.queue_path, self.name, found, self.salvage, self.stamp,
+                      f"; compared with {manifest.path_of(self.queue_path, self.name)}; nothing was changed")
+
+    def lost_files(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> None:
+        """Listed writer files that are missing: refused unless every reader had consumed them (a
+        crash while they were deleted)."""
+        self.settle(self.lost(gone, heads))
+
+    def lost(self, gone: list[tuple[str, manifest.Entry]], heads: Iterable[int]) -> list[damage.Finding]:
+        lowest = min(heads, default=0)
+        return [damage.Finding(os.path.join(self.queue_path, n), "missing: the manifest lists it with "
+                               f"{e.size} bytes (ids {e.first_id} to {e.last_id}, not all consumed)",
+                               damage.Remedy.NONE, also=f"items {e.first_id} to {e.last_id} are lost")
+                for n, e in gone if e.size != DELETING and (e.last_id > lowest or not e.sealed)]
+
+
+def count_items(path: str) -> int | None:
+    """The items a writer file holds, counted up to its end or its first damage."""
+    try:
+        reader = RecordReader(path, k3.FileKind.WRITER)
+    except (OSError, CorruptJournalError):
+        return None
+    count = 0
+    try:
+        for _ in reader:
+            count += 1
+    except CorruptJournalError:
+        pass
+    finally:
+        reader.close()
+    return count
+
+
+def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
+    """What in a Kestrel 3 queue's files does not match its manifest, changing nothing (the
+    converter, `kestrel journal check`). Raises CorruptJournalError when the manifest, or a
+    checkpoint the manifest vouches for, cannot be read."""
+    record = manifest.read(queue_path, name, KESTREL3)
+    on_disk = list_queue_files(queue_path, name)
+    if record is None or not (on_disk.writers or on_disk.readers):
+        return []
+    check = ManifestCheck(queue_path, name, False, 0)
+    found, gone, fresh = check.compare(record, on_disk)
+    high = max(record.high_id, _last_id(on_disk))
+    heads = [read_checkpoint(path, high, repair=False).head for r, path in on_disk.readers.items()
+             if r not in fresh]
+    return found + check.lost(gone, heads)
+
+
+def check_files(queue_path: str, name: str) -> None:
+    """Refuse a Kestrel 3 queue whose files do not match its manifest, changing nothing (the
+    converter). Raises CorruptJournalError."""
+    damage.settle(queue_path, name, manifest_findings(queue_path, name), False, 0,
+                  f"; compared with {manifest.path_of(queue_path, name)}")
+
+
+def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.Entry:
+    """The entry of a checkpoint file that verified: the listed one when the file holds it (not
+    only its previous content), else one read from the file."""
+    if listed is not None and listed.crc is not None:
+        listed = replace(listed, previous=None)
+        if manifest.mismatch(path, listed, growing=True) is None:
+            return listed
+    return manifest.seal(path)
+
+
+def _last_id(on_disk: QueueFiles) -> int:
+    """The last item id in the newest writer file (0 if none; a torn last record left out)."""
+    last = 0
+    if on_disk.writers:
+        reader = RecordReader(on_disk.writers[-1][1], k3.FileKind.WRITER)
+        try:
+            for _offset, record in reader:
+                assert isinstance(record, k3.Put)
+                last = record.id
+        finally:
+            reader.close()
+    return last
+
+
+class Kestrel3Journals(Generic[R]):
+    """The writer journals of one queue path's Kestrel 3 queues, shared by each queue's readers."""
+
+    def __init__(self, queue_path: str, runtime: Runtime = DEFAULT_RUNTIME, salvage: bool = False) -> None:
+        self.queue_path = queue_path
+        self.runtime = runtime
+        self.salvage = salvage  # set damage aside rather than refuse it (src/kestrel/storage/manifest.py)
+        self._journals: dict[str, Kestrel3Journal[R]] = {}
+
+    def journal(self, name: str, config: QueueConfig, new: bool = False) -> Kestrel3Journal[R]:
+        """The writer journal of queue `name`, opened on first use (`new`: the queue path holds no
+        file of it, so none is looked for). Raises CorruptJournalError."""
+        journal = self._journals.get(name)
+        if journal is None or journal.closed:
+            journal = Kestrel3Journal(self, name, config, new)
+            self._journals[name] = journal
+        return journal
+
+    def forget(self, journal: Kestrel3Journal[R]) -> None:
+        if self._journals.get(journal.name) is journal:
+            del self._journals[journal.name]
+
+
+class Kestrel3Journal(Generic[R]):
+    """One queue's writer journal and the readers attached to it."""
+
+    def __init__(self, owner: Kestrel3Journals[R], name: str, config: QueueConfig, new: bool = False) -> None:
+        self.owner = owner
+        self.name = name
+        self.queue_path = owner.queue_path
+        if not new:
+            found = list_journal_files(self.queue_path, name)
+            if found.live or found.rotated or found.packs:  # a queue created after start-up, too
+                formats.check_format(self.queue_path, name, found, KESTREL3)
+        self.salvage = owner.salvage
+        self._stamp = owner.runtime.clock.now_ms()
+        record = manifest.read_for_start(self.queue_path, name, KESTREL3, self.salvage, self._stamp)
+        self._check = ManifestCheck(self.queue_path, name, self.salvage, self._stamp)
+        on_disk = QueueFiles() if new else list_queue_files(self.queue_path, name)
+        for path in [*(p for _, p in on_disk.writers[-1:]), *on_disk.readers.values()]:
+            check_writable(path)  # the files appended to (older writer files are only read)
+        if record is not None and not (on_disk.writers or on_disk.readers):
+            manifest.set_aside_stray(self.queue_path, name, self._stamp)
+            record = None
+        if record is None and (on_disk.writers or on_disk.readers):
+            log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
+                        "changed cannot be detected at this start; one is written now", queue=name,
+                        manifest=manifest.path_of(self.queue_path, name))
+        gone: list[tuple[str, manifest.Entry]] = []  # listed writer files missing: consumed, or lost
+        fresh: set[str] = set()  # readers whose checkpoint was set aside: they start again at id 0
+        if record is not None:
+            gone, fresh = self._check.files(record, on_disk)
+            on_disk = list_queue_files(self.queue_path, name)
+        self.writer = self._open_writer(config, new, owner.runtime)
+        # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
+        # newest writer file holds no item).
+        high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
+        if record is None and not self.writer.current.last_id:
+            high = None
+        self.readers_on_disk = sorted(set(on_disk.readers) | fresh)
+        self.fresh = fresh  # these readers start again at the oldest item (salvage)
+        # Heads of readers found on disk and not attached yet: their files must stay until they are.
+        self._unattached: dict[str, int] = {}
+        floor = 0
+        for reader, path in on_disk.readers.items():
+            progress = self._read_checkpoint(reader, path, high, fresh)
+            self._unattached[reader] = progress.head
+            floor = max(floor, progress.head, max(progress.done, default=0))
+        for reader in fresh:
+            self._unattached[reader] = 0
+        self.writer.tail_id = max(self.writer.tail_id, floor)
+        self._check.lost_files(gone, self._unattached.values())
+        # What each checkpoint file holds now (it verified), for the manifest written below.
+        listed = record.files if record else {}
+        checkpoints = {r: _checkpoint_on_disk(path, listed.get(os.path.basename(path)))
+                       for r, path in on_disk.readers.items() if r not in fresh}
+        self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
+        self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
+        self.writer.sealed = self._writer_sealed
+        self.record_files(checkpoints, {} if new else None)
+        self.readers: dict[str, R] = {}
+        self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
+        self.closed = False
+
+    # -----------------------------------------------------------------------------------------
+    # The manifest (src/kestrel/storage/manifest.py)
+
+    def _open_writer(self, config: QueueConfig, new: bool, runtime: Runtime) -> WriterJournal:
+        """The writer journal, its files scanned. A damaged record refuses the queue naming what
+        salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
+        done: set[tuple[str, int]] = set()
+        while True:
+            try:
+                return WriterJournal(self.queue_path, self.name, config.default_journal_size,
+                                     config.sync_journal, runtime.clock, runtime=runtime,
+                                     writers=[] if new else None)
+            except CorruptJournalError as e:
+                if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
+                done.add((e.path, e.offset))
+                damage.carry_out(self.queue_path, self.name, [damage.record_damage(e, k3.MAGIC_SIZE)],
+                                 self._stamp)
+
+    def _read_checkpoint(self, reader: str, path: str, high: int | None, fresh: set[str]) -> ReaderCheckpoint:
+        """A reader's checkpoint. A damaged record refuses the queue; with salvage what precedes it is
+        kept (the reader is served again what it consumed after that), a copy of the rest set aside."""
+        again = f"reader {reader!r} is served again what it consumed after that"
+        done: set[int] = set()
+        while True:
+            try:
+                return read_checkpoint(path, high)
+            except CorruptJournalError as e:
+                if not self.salvage or e.offset in done:  # cut already: it did not go away
+                    raise damage.refuse_record(e, k3.MAGIC_SIZE, again) from None
+                done.add(e.offset)
+                finding = damage.record_damage(e, k3.MAGIC_SIZE, again)
+                damage.carry_out(self.queue_path, self.name, [finding], self._stamp)
+                if finding.remedy is damage.Remedy.SET_ASIDE:
+                    fresh.add(reader)
+                    return ReaderCheckpoint()
+
+    def record_files(self, checkpoints: dict[str, manifest.Entry], readers: dict[str, str] | None = None
+                     ) -> None:
+        """At start-up, write the manifest as the files now stand, with `checkpoints` (by reader) as they
+        verified; `readers` (checkpoint paths by reader) when known without listing the queue path."""
+        files: dict[str, manifest.Entry | None] = {}
+        for info in self.writer.files[:-1]:
+            name = os.path.basename(info.path)
+            entry = self._keeper.manifest.files.get(name) or self._sealed.get(name)
+            if entry is None or not entry.sealed or entry.size != os.path.getsize(info.path):
+                entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
+            files[name] = entry
+        files[os.path.basename(self.writer.current.path)] = manifest.Entry(0, None)
+        if readers is None:
+            readers = list_queue_files(self.queue_path, self.name).readers
+        for reader, path in readers.items():
+            files[os.path.basename(path)] = checkpoints.get(reader, manifest.Entry(0, None))
+        self._sealed = {}
+        fresh = manifest.Manifest(KESTREL3, {n: e for n, e in files.items() if e is not None},
+                                  max(self._keeper.manifest.high_id, self.writer.tail_id))
+        if fresh != self._keeper.manifest:  # unchanged since the last stop: no write
+            self._keeper.manifest.files = {}
+            self._keeper.update(dict(files), high_id=self.writer.tail_id)
+
+    def _unlisted(self) -> dict[str, manifest.Entry]:
+        """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
+        a manifest listing a newer file lists every older one too, or start-up takes them for strays."""
+        listed = self._keeper.manifest.files
+        return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in self.writer.files
+                if (name := os.path.basename(f.path)) not in listed}
+
+    def _deleting(self, going: list[WriterFile]) -> None:
+        """Consumed writer files about to be deleted: listed as such first (size -1), so that a crash
+        part way is not taken for lost files."""
+        self._keeper.update({os.path.basename(f.path): manifest.Entry(DELETING, None, f.first_id, f.last_id)
+                             for f in going}, self.writer.tail_id, self._unlisted())
+
+    def _writer_sealed(self, info: WriterFile) -> None:
+        """A rotated writer file is fsynced (in a thread). Files are sealed in rotation order, so
+        every older one is listed already or deleted; the writer's list is not read here, as the
+        queue changes it meanwhile."""
+        entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
+        self._keeper.update({os.path.basename(info.path): entry}, high_id=info.last_id)
+
+    def checkpoint_written(self, reader: str, entry: manifest.Entry, now: manifest.Entry | None) -> None:
+        """A reader's checkpoint was just created as `entry` records it, or is about to be rewritten
+        so over what `now` records: listed with both, as a crash before the rename leaves `now`."""
+        if now is not None:
+            entry = replace(entry, previous=(now.size, now.crc)) if now.crc is not None else manifest.Entry()
+        self._keeper.update({reader_file_name(self.name, reader): entry}, self.writer.tail_id,
+                            self._unlisted())
+
+    def checkpoint_deleted(self, reader: str) -> None:
+        self._keeper.update({reader_file_name(self.name, reader): None})
+
+    def file_figures(self) -> list[JournalFileFigures]:
+        """The writer files, oldest first, then each attached reader's checkpoint, with the manifest's
+        entry of each."""
+        with self._keeper.lock:  # a sealing thread may be adding an entry
+            listed = dict(self._keeper.manifest.files)
+        matched = self._check.matched
+        paths = [("writer file", f.path) for f in self.writer.files]
+        paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
+                  if (path := q.checkpoint_path) is not None]
+        newest = self.writer.current.path
+        out = []
+        for role, path in paths:
+            name = os.path.basename(path)
+            size = size_on_disk(path)
+            entry = listed.get(name)
+            words = ("not listed yet: the newest writer file grows; replay checks each record"
+                     if entry is None and path == newest else manifest.describe(entry, size, name in matched))
+            out.append(JournalFileFigures(name, role, size, words))
+        return out
+
+    def positions(self) -> list[ReaderPosition]:
+        """Where each attached reader stands, the queue's own first."""
+        return [q.position() for _, q in sorted(self.readers.items())]
+
+    def attach(self, queue: R) -> None:
+        self.readers[queue.reader] = queue
+        self._unattached.pop(queue.reader, None)
+
+    @property
+    def unread(self) -> bool:
+        """No reader is attached, nor found on disk waiting to be."""
+        return not self.readers and not self._unattached
+
+    def detach(self, queue: R) -> None:
+        """The reader is closed or deleted; the journal closes with its last reader."""
+        if self.readers.get(queue.reader) is queue:
+            del self.readers[queue.reader]
+        if not self.readers and not self.closed:
+            self.closed = True
+            self.writer.close()
+            self.owner.forget(self)
+
+    def destroy(self) -> None:
+        """Delete every writer file (no reader is left)."""
+        self.closed = True
+        self.writer.close()
+        self.owner.forget(self)
+        manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
+        for _, path in list_queue_files(self.queue_path, self.name).writers:
+            os.unlink(path)
+
+    def release(self) -> None:
+        """Delete the writer files every reader has passed."""
+        if len(self.writer.files) > 1 and not self.closed:
+            heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
+            removed = self.writer.remove_consumed_files(heads, self._deleting)
+            for path in removed:
+                log_later(self.owner.runtime, log.info, "deleted writer journal file every reader has passed",
+                          queue=self.name, file=path)
+            if removed:
+                self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
+                                    self._unlisted())
+
+
+class ReaderFile:
+    """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
+
+    def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
+                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None]
+                 ) -> None:
+        self.queue_path = queue_path
+        self.written = written  # the manifest learns of each whole write
+        self.runtime = runtime
+        self.queue = queue
+        self.reader = reader
+        self.path = os.path.join(queue_path, reader_file_name(queue, reader))
+        if os.path.exists(self.path):
+            progress = read_checkpoint(self.path)
+            self.entry = manifest.seal(self.path)  # what the file holds (appends only extend it)
+        else:  # a new reader: the items already written are not its own
+            progress = ReaderCheckpoint(start)
+            write_checkpoint(queue_path, queue, reader, progress, sync=sync_ms is not None)
+            self.entry = checkpoint_entry(progress)
+            written(reader, self.entry, None)
+        self.head = progress.head
+        self.done = set(progress.done)
+        self.writer = JournalWriter(self.path, sync_ms, runtime)
+
+    def consumed(self, item_id: int) -> bool:
+        return item_id <= self.head or item_id in self.done
+
+    def save(self, ids: Iterable[int]) -> bool:
+        """Record `ids` as consumed (appended, without waiting for the sync policy); whether the
+        head moved. Raises OSError, and then nothing is recorded."""
+        ids = [i for i in ids if not self.consumed(i)]
+        if not ids:
+            return False
+        head, fresh = self.head, set(ids)
+        while head + 1 in self.done or head + 1 in fresh:
+            head += 1
+        above = tuple(sorted(i for i in fresh if i > head))
+        data = (k3.encode(k3.ReadDone(above)) if above else b"") + (
+            k3.encode(k3.ReadHead(head)) if head != self.head else b"")
+        self.writer.append(data)
+        moved = head != self.head
+        self.done.update(above)
+        for passed in range(self.head + 1, head + 1):
+            self.done.discard(passed)
+        self.head = head
+        return moved
+
+    def replace(self, head: int, done: set[int]) -> None:
+        """Write the whole checkpoint anew (a flush, or a file grown large), without yielding to
+        other greenlets: the old file's descriptor is closed in the background. Raises OSError."""
+        old = self.writer
+        state = ReaderCheckpoint(head, frozenset(done))
+        entry = checkpoint_entry(state)
+        self.written(self.reader, entry, self.entry)  # listed first, beside what the file holds now
+        write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
+        self.entry = entry
+        self.head, self.done = head, set(done)
+        self.writer = JournalWriter(self.path, old.sync_ms, self.runtime)
+        self.runtime.spawn(old.close)
+
+    def commit(self) -> None:
+        """Rewrite the file if it grew much larger than its state, then wait as the sync policy requires."""
+        if self.writer.size > COMPACT_AT and self.writer.size > 4 * (24 + 8 * len(self.done)):
+            self.replace(self.head, self.done)
+        self.writer.commit()
+
+    def close(self) -> None:
+        self.writer.close()

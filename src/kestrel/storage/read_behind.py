@@ -1,0 +1,82 @@
+"""Read-behind (Kestrel's guide): once a queue holds `max_memory_size` bytes of items (less while the
+memory governor gives it a smaller share, src/kestrel/storage/memory.py), new items are only
+counted and stay in the journal; a cursor reads them back, oldest first, as the head drains, and
+read-behind ends once the cursor has read every one back. The memory governor pages a queue out the
+same way: the items held beyond its share leave memory, and a cursor placed at the first of them
+reads them back later (`PersistentQueue.shed`).
+
+The queue (src/kestrel/storage/queue.py) holds a `ReadBehind` while it reads behind, and asks it to
+fill its memory; each format supplies the cursor: Kestrel 2 reads add records forward through its
+journal files (src/kestrel/storage/kestrel2/read_behind.py), Kestrel 3 a reader's items from the
+writer files (src/kestrel/storage/kestrel3/queue.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import structlog
+
+from kestrel.storage.deferred_log import log_later
+from kestrel.storage.item import QItem
+from kestrel.storage.runtime import Runtime
+
+log = structlog.get_logger("kestrel.queue")
+
+
+class Cursor(Protocol):
+    """A format's cursor over the items a queue only counted, oldest first."""
+
+    def sync(self) -> None:
+        """Before a fill: the files hold everything the cursor is to read."""
+
+    def next_item(self, now: int) -> QItem | None:
+        """The next item (`now` is the add time of a record that has none), or None once every
+        item is in memory."""
+
+    def buffered(self) -> int:
+        """Bytes it keeps buffered (the memory governor counts them)."""
+
+    def release_buffer(self) -> None:
+        """Drop its buffer, keeping its place (read again when needed)."""
+
+    def close(self) -> None:
+        """Release its file."""
+
+
+class ReadBehind:
+    """One queue's read-behind, from its start to the moment every item is back in memory."""
+
+    __slots__ = ("queue", "cursor", "filled", "runtime")
+
+    def __init__(self, queue: str, cursor: Cursor, runtime: Runtime) -> None:
+        self.queue = queue
+        self.cursor = cursor
+        self.runtime = runtime  # for its log line, written after the change (deferred_log.py)
+        self.filled = 0  # bytes the last `fill` read into memory, even where reading raised
+
+    def fill(self, mem: deque[QItem], held: int, target: int, now: int) -> bool:
+        """Read items onto the tail of `mem` (holding `held` bytes) up to `target` bytes, the head
+        at least, whatever the target; True once every item is in memory (read-behind is over)."""
+        cursor = self.cursor
+        cursor.sync()
+        self.filled = 0
+        while held + self.filled < target or not mem:
+            item = cursor.next_item(now)
+            if item is None:
+                return True
+            mem.append(item)
+            self.filled += len(item.data)
+        return False
+
+    def moved(self, cursor: Cursor) -> None:
+        """Reading resumes from `cursor` (paged out again: it starts further ahead)."""
+        if cursor is not self.cursor:
+            self.cursor.close()
+            self.cursor = cursor
+
+    def end(self, items: int) -> None:
+        """Every item is in memory, or gone (a flush, a rebuild, a close)."""
+        self.cursor.close()
+        log_later(self.runtime, log.info, "queue leaving read-behind", queue=self.queue, items=items)
