@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.installed-run
 # than cores pay (docs/testing.md).
 TEST_PROCESSES ?= 4
 
-.PHONY: test run lint sanitize wheel bench clean
+.PHONY: test test-pure system compiled run lint sanitize wheel bench clean
 
 # Two stamps in one .venv. `make run` installs what serving needs: the package and its dependencies
 # (about 60 MB). `make test` installs the test and Spark extras too (pytest, mypy, PySpark, PyArrow:
@@ -28,13 +28,44 @@ $(STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(RUN_STAMP) $(STAMP)
 
-# The machine's set-up first (tests/support/system.py): Debian packages and small file systems, as
-# root; elsewhere it says what is missing and those tests skip.
-test: $(STAMP)
+# The compiled build: the package as its wheel is built (the request path compiled by mypyc from its
+# Python source, the C helpers), installed into build/compiled, and made again whenever a source
+# changed, so it never runs stale code. The editable install in .venv stays the pure build: what
+# `.venv/bin/pytest` runs while developing (docs/testing.md).
+COMPILED := build/compiled
+SOURCES := $(shell find src -name '*.py' -o -name '*.pyi' -o -name '*.c' -o -name '*.thrift' 2>/dev/null)
+PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+# The compiled modules' own tests, without servers, run on the pure build as well (a pure server
+# serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
+# whole suite: `make test-pure`).
+PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py \
+	tests/memcache/test_memcache_protocol.py tests/memcache/test_memcache_runs.py \
+	tests/text/test_text_protocol.py tests/server/test_socket_io.py tests/server/test_builds.py \
+	tests/server/test_unexpected_errors.py
+
+$(COMPILED)/.built: $(STAMP) $(SOURCES)
+	rm -rf $(COMPILED)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation --no-compile --target $(COMPILED) .
+	touch $@
+
+compiled: $(COMPILED)/.built
+
+# The machine's set-up (tests/support/system.py): Debian packages (a C compiler among them) and small
+# file systems, as root; elsewhere it says what is missing and those tests skip.
+system: $(STAMP)
+	$(BIN)/python tests/support/system.py
+
+# The set-up and the compiled build first; then the whole suite on the compiled build, and the
+# compiled modules' tests on the pure build.
+test: $(STAMP) system $(COMPILED)/.built
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python tests/support/system.py
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	KESTREL_TEST_BUILD=compiled PYTHONPATH=$(COMPILED) $(PYTEST)
+	KESTREL_TEST_BUILD=pure $(PYTEST) $(PURE_TESTS)
+
+# The whole suite on the pure build.
+test-pure: $(STAMP) system
+	KESTREL_TEST_BUILD=pure $(PYTEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,28 +1,104 @@
-"""The optional C helpers; everything else is declared in pyproject.toml.
+"""The build's compiled parts; everything else is declared in pyproject.toml.
 
-`optional=True`: where no C compiler is at hand the build goes on without them, and the Python
-code each one stands in for serves alone: the group commit uses Python threads
-(src/kestrel/storage/fsync/group_commit.py), items are `kestrel.storage.item.QItemPython`, CRC32C
-is `kestrel.storage.crc32c.crc32c_python`, the journal readers use
-`kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its Python
-readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses each
-command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
-AddressSanitizer and UBSan and runs their tests.
+- The request path (`COMPILED_MODULES` in src/kestrel/build.py) compiled by mypyc from its typed
+  Python source into extension modules, the source staying beside them in the package. Built for a
+  wheel or a plain install, not for an editable one (`pip install -e`, `make test`'s): there the
+  Python source must be what runs, or an extension module built earlier would shadow every later
+  edit. Skipped too where mypyc is missing, with `KESTREL_PURE_PYTHON=1`, or where it fails to
+  build (no C compiler): the Python modules then serve alone, as they do in an editable install.
+- The C helpers (`C_HELPERS`), `optional=True`: where no C compiler is at hand the build goes on
+  without them, and the Python code each one stands in for serves alone: the group commit uses
+  Python threads (src/kestrel/storage/fsync/group_commit.py), items are
+  `kestrel.storage.item.QItemPython`, CRC32C is `kestrel.storage.crc32c.crc32c_python`, the journal
+  readers use `kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its
+  Python readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses
+  each command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
+  AddressSanitizer and UBSan and runs their tests.
 
 It also puts `src/kestrel-pyspark-python.pth` at the top of the built package, beside the modules,
 so that an install places it in site-packages, where Python reads it at start-up (see
 src/kestrel_pyspark_python.py); setuptools declares no such file in pyproject.toml.
 """
 
+from __future__ import annotations
+
 import os
+import runpy
+from pathlib import Path
+from typing import Any
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.errors import BaseError, CCompilerError, CompileError
 
+BUILD = runpy.run_path("src/kestrel/build.py")  # the lists, without importing the package
+# The compiled request path's shared library is `kestrel__mypyc` beside the package (mypyc derives
+# the compiled modules' `__file__` from its place, so it must stay above the package); each compiled
+# module's own extension only calls into it.
+GROUP = "kestrel"
 PTH = "kestrel-pyspark-python.pth"
 
 
-class BuildWithPth(build_py):  # type: ignore[misc]
+def _path(module: str, suffix: str) -> str:
+    return f"src/{module.replace('.', '/')}{suffix}"
+
+
+class BuildExt(build_ext):
+    """build_ext with the request path compiled by mypyc, where wanted and possible. A compiled build
+    is all or nothing: a module that fails to build drops them all."""
+
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.mypyc: list[Extension] = []
+        self.mypyc_failed = False
+
+    def finalize_options(self) -> None:
+        if self._compiles_request_path():
+            self.mypyc = _mypyc_extensions()
+            self.distribution.ext_modules = [*(self.distribution.ext_modules or []), *self.mypyc]
+        super().finalize_options()
+
+    def _compiles_request_path(self) -> bool:
+        """Whether this build compiles the request path: a wheel's or an install's, not an
+        editable install's (whose command is `editable_wheel`) nor one that builds in place, nor
+        the metadata or an sdist, and not with `KESTREL_PURE_PYTHON=1`."""
+        if os.environ.get("KESTREL_PURE_PYTHON", "") not in ("", "0") or self.inplace:
+            return False
+        return bool({"bdist_wheel", "build", "build_ext", "install"} & set(self.distribution.commands))
+
+    def build_extension(self, ext: Any) -> None:
+        if ext in self.mypyc and self.mypyc_failed:
+            return
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, CompileError, BaseError):
+            if ext not in self.mypyc:
+                raise
+            print(f"warning: compiling {ext.name} failed: the request path stays pure Python")
+            self.mypyc_failed = True
+
+    def run(self) -> None:
+        super().run()
+        if self.mypyc_failed:
+            self.extensions = [ext for ext in self.extensions if ext not in self.mypyc]
+        self._remove_stale()
+
+    def _remove_stale(self) -> None:
+        """Remove the extension modules in the package that this build did not make: those of an
+        earlier build (a module no longer compiled, a compiled build before a pure one, or one
+        left half built). Beside their Python source, they would run instead of it."""
+        made = {Path(self.get_ext_fullpath(ext.name)).resolve() for ext in self.extensions}
+        root = Path("src" if self.inplace else self.build_lib)
+        for found in [*root.glob(f"{GROUP}__mypyc.*"), *(root / "kestrel").rglob("*.so")]:
+            if found.resolve() not in made:
+                print(f"removing {found}: not made by this build")
+                found.unlink()
+
+
+class BuildWithPth(build_py):
+    """build_py that also places the start-up hook's .pth beside the package."""
+
     def run(self) -> None:
         super().run()
         self.copy_file(os.path.join("src", PTH), os.path.join(self.build_lib, PTH))
@@ -31,8 +107,30 @@ class BuildWithPth(build_py):  # type: ignore[misc]
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
 
 
-setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[
-    Extension(f"kestrel.{name}", [f"src/kestrel/{name.replace('.', '/')}.c"], optional=True)
-    for name in ("storage.fsync._fsync_many", "storage.kestrel2._codec", "storage._item", "storage._crc32c",
-                 "service.thrift._binary", "service.memcache._scan")
-])
+# mypy's checks that depend on the third-party packages' own types, which a build environment may
+# lack (pip's isolated build has only the build's requirements): their classes and results are then
+# Any, which compiles the same, but strict mode would refuse. `make lint` runs them with the types.
+WITHOUT_THIRD_PARTY_TYPES = ["--allow-subclassing-any", "--no-warn-unused-ignores", "--no-warn-return-any"]
+
+
+def _mypyc_extensions() -> list[Extension]:
+    """The request path's extension modules (C generated by mypyc under build/), or none."""
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("warning: mypyc is not installed: the request path stays pure Python")
+        return []
+    paths = [_path(module, ".py") for module in BUILD["COMPILED_MODULES"]]
+    try:
+        extensions: list[Extension] = mypycify(
+            [*paths, *WITHOUT_THIRD_PARTY_TYPES, "--cache-dir", "build/mypy-cache"], group_name=GROUP)
+    except SystemExit:  # mypy's errors are printed above
+        print("warning: mypyc refused the request path: it stays pure Python")
+        return []
+    return extensions
+
+
+setup(
+    cmdclass={"build_ext": BuildExt, "build_py": BuildWithPth},
+    ext_modules=[Extension(name, [_path(name, ".c")], optional=True) for name in BUILD["C_HELPERS"]],
+)

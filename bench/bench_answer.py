@@ -10,26 +10,36 @@ so it isolates what Python changes can win; run it in two checkouts to compare c
     .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed]
                                            [--protocol thrift|memcache] [--profile]
     .venv/bin/python -m bench.bench_answer --loop [--rounds 20000]
+    .venv/bin/python -m bench.bench_answer ... --builds compiled pure [--runs 5]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
 `--loop` measures a connection's whole serve loop instead, Thrift and memcache, single items: framing,
 each request's wait for input on the hub, the answer, the reply; over a socket stand-in that always
 holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does).
+`--builds` compares builds of the server (bench/peers.py; the compiled one is made by `make
+compiled`): a process of each in turn, `--runs` times, the median of each printed beside the first's.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
 import shutil
 import socket
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import peers
 from bench.common import load_average, machine
+from kestrel.build import build_name
 from kestrel.service import metrics
 from kestrel.service.config import from_mapping
 from kestrel.service.logs import configure_logging
@@ -43,7 +53,8 @@ class _NoSocket:
     """`answer` never touches the socket; the connection only keeps it."""
 
 
-def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift") -> None:
+def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift") -> float:
+    """CPU µs per round of `batch` items (the best of five)."""
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     try:
         server = ServerState(from_mapping({"queue_path": home}, home))
@@ -56,12 +67,12 @@ def measure(batch: int, items: int, profile: bool, get_call: str = "get", protoc
         n = max(items // batch // 5, 1)
         rounds(n)  # warm up
         best = min(_cpu(rounds, n) for _ in range(5))
-        print(f"| {batch} | {best / n * 1e6:,.1f} | {n * batch / best:,.0f} |", flush=True)
         if profile:
             profiler = cProfile.Profile()
             profiler.runcall(rounds, n)
             pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
         server.collection.close()
+        return best / n * 1e6
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -90,8 +101,9 @@ class _ReadySocket:
         return len(data)
 
 
-def measure_loop(rounds: int) -> None:
-    """CPU per put + get round of the Thrift and memcache connections' serve loops (best of five)."""
+def measure_loop(rounds: int) -> dict[str, float]:
+    """CPU µs per put + get round of the Thrift and memcache connections' serve loops (best of five)."""
+    measured = {}
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     readable, writer = socket.socketpair()
     writer.send(b"x")
@@ -113,9 +125,9 @@ def measure_loop(rounds: int) -> None:
                     raise RuntimeError(f"{client.replies} replies to {2 * n} requests")
 
             serve(rounds // 5)  # warm up
-            best = min(_cpu(serve, rounds) for _ in range(5))
-            print(f"| {name} | {best / rounds * 1e6:,.1f} | {rounds / best:,.0f} |", flush=True)
+            measured[name] = min(_cpu(serve, rounds) for _ in range(5)) / rounds * 1e6
         server.collection.close()
+        return measured
     finally:
         readable.close()
         writer.close()
@@ -136,10 +148,16 @@ def _thrift_rounds(server: ServerState, batch: int, get_call: str) -> Callable[[
     return rounds
 
 
+class _Discard:
+    """A client's socket that takes every reply whole and never has input."""
+
+    def send(self, data: bytes) -> int:
+        return len(data)
+
+
 def _memcache_rounds(server: ServerState, batch: int) -> Callable[[int], None]:
-    sock, _ = socket.socketpair()
-    conn = MemcacheConnection(server, sock, "bench")
-    conn.send = conn.out.clear  # type: ignore[method-assign]  # the replies are dropped: nobody reads them
+    discard: Any = _Discard()
+    conn = MemcacheConnection(server, discard, "bench")
     sets = (b"set q 0 0 128\r\n" + bytes(128) + b"\r\n") * batch
     gets = b"get q\r\n" * batch
 
@@ -159,6 +177,29 @@ def _cpu(call: Any, n: int) -> float:
     return time.process_time() - started
 
 
+def measure_all(args: argparse.Namespace) -> dict[str, float]:
+    """What the command line asks for, in this process: CPU µs per round by row."""
+    configure_logging("warning")
+    if args.loop:
+        return measure_loop(args.rounds)
+    return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol)
+            for batch in args.batch}
+
+
+def alternate(args: argparse.Namespace, argv: list[str]) -> dict[tuple[str, str], list[float]]:
+    """`measure_all` in a process of each build in turn, `args.runs` times: the figures by row and build."""
+    figures: dict[tuple[str, str], list[float]] = {}
+    command = [sys.executable, "-m", "bench.bench_answer", *argv, "--json"]
+    paths = {build: peers.build_path(build) for build in args.builds}
+    for _ in range(args.runs):
+        for build, path in paths.items():
+            done = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(path)), cwd=peers.ROOT,
+                                  capture_output=True, text=True, check=True)
+            for key, value in json.loads(done.stdout.splitlines()[-1]).items():
+                figures.setdefault((key, build), []).append(value)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,22 +212,41 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     parser.add_argument("--loop", action="store_true",
                         help="measure the connections' serve loops (Thrift and memcache, single items)")
+    parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS),
+                        help="measure each build in a process of its own, in turn (default: this process's)")
+    parser.add_argument("--runs", type=int, default=5, help="with --builds: processes per build (default 5)")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --builds
     args = parser.parse_args()
-    configure_logging("warning")
-    if args.loop:
-        print(f"# the serve loop of one connection, single items, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
-              f"{machine()}, load average {load_average()}")
-        print("| protocol | CPU µs per put + get round | items/s of one core |")
-        print("| --- | --- | --- |")
-        measure_loop(args.rounds)
+    if args.json:
+        print(json.dumps(measure_all(args)))
         return
-    what = (f"put + {args.get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
+    what = ("the serve loop of one connection, single items" if args.loop
+            else f"put + {args.get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
             else "pipelined sets + gets through MemcacheConnection.process")
-    print(f"# {what}, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load average {load_average()}")
-    print("| items per request | CPU µs per put + get round | items/s of one core |")
-    print("| --- | --- | --- |")
-    for batch in args.batch:
-        measure(batch, args.rounds, args.profile, args.get, args.protocol)
+    row = "protocol" if args.loop else "items per request"
+    print(f"# {what}, CPU µs per put + get round, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, "
+          f"load average {load_average()}")
+    if not args.builds:
+        print(f"# the {build_name()} build")
+        print(f"| {row} | CPU µs per round | items/s of one core |")
+        print("| --- | --- | --- |")
+        for key, us in measure_all(args).items():
+            items = 1 if args.loop else int(key)
+            print(f"| {key} | {us:,.1f} | {items * 1e6 / us:,.0f} |", flush=True)
+        return
+    argv = [arg for arg in sys.argv[1:] if arg not in ("--builds", *args.builds)]
+    figures = alternate(args, argv)
+    print(f"# {args.runs} processes per build, taking turns; each figure the best of five in its process")
+    print(f"| {row} | build | median CPU µs per round | each process | ratio to {args.builds[0]} |")
+    print("| --- | --- | --- | --- | --- |")
+    for key in dict.fromkeys(key for key, _ in figures):
+        first = statistics.median(figures[key, args.builds[0]])
+        for build in args.builds:
+            values = figures[key, build]
+            median = statistics.median(values)
+            print(f"| {key} | {build} | {median:,.1f} | {', '.join(f'{v:.1f}' for v in values)} | "
+                  f"{median / first:.2f} |")
+    print(f"# load average after: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ peers come from Debian (installed when run as root). Each row prints our rate, t
 the p50 / p99 latency of one round (put + get of a batch, plus the confirm or delete if any), and the
 server's CPU time per item (user + system, all its threads, from /proc): what an item costs the
 server whatever else the machine is doing, where items/s also depends on how much of a core it got.
+Our server runs in each build named by `--builds` (bench/peers.py: `compiled`, made by `make
+compiled`, and `pure`), the builds taking turns run by run; each row names the build.
 
 - single: one item per request, 4 clients. Our `sync_journal: never` against beanstalkd -F and
-  Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached.
+  Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached
+  and Redis.
 - batch: 100 items per round, 4 clients: one Thrift put and get against Redis's multi-value RPUSH
   and LPOP with a count, against 100 pipelined single-item Redis commands, and against 100
   pipelined beanstalkd commands (it has no batch command); memcache pipelined against memcached.
@@ -20,6 +23,7 @@ server whatever else the machine is doing, where items/s also depends on how muc
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
                                             [--only single|batch|durability|latency]
+                                            [--builds compiled pure]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,30 +66,59 @@ class Bench:
     binary: Path
     seconds: float
     repeat: int
+    builds: tuple[str, ...] = ("compiled", "pure")
 
     def measure(self, protocol: str, server: peers.Running, port: str, prefix: str,
                 **options: Any) -> Measured | None:
         best = None
         for attempt in range(self.repeat):
-            cpu_before = process_cpu_seconds(server.pid)
-            try:
-                result = loadgen.run(self.binary, protocol, server[port], seconds=self.seconds,
-                                     prefix=f"{prefix}{attempt}_", **options)
-            except loadgen.LoadgenError as e:
-                print(f"  ! {e}", file=sys.stderr)
-                continue
-            cpu = process_cpu_seconds(server.pid) - cpu_before
-            if best is None or result.items_per_s > best.items_per_s:
-                best = Measured(result, cpu * 1e6 / max(result.items, 1))
+            run = self._run(protocol, server, port, f"{prefix}{attempt}_", **options)
+            if run is not None and (best is None or run.items_per_s > best.items_per_s):
+                best = run
         return best
+
+    def alternate(self, protocol: str, servers: dict[str, peers.Running], port: str, prefix: str,
+                  **options: Any) -> dict[str, Measured | None]:
+        """`measure` on each server, the servers taking turns run by run, so that all of them see
+        the machine alike (our builds, or our settings)."""
+        best: dict[str, Measured | None] = dict.fromkeys(servers)
+        for attempt in range(self.repeat):
+            for label, server in servers.items():
+                run = self._run(protocol, server, port, f"{prefix}{label}{attempt}_", **options)
+                kept = best[label]
+                if run is not None and (kept is None or run.items_per_s > kept.items_per_s):
+                    best[label] = run
+        return best
+
+    def _run(self, protocol: str, server: peers.Running, port: str, prefix: str,
+             **options: Any) -> Measured | None:
+        cpu_before = process_cpu_seconds(server.pid)
+        try:
+            result = loadgen.run(self.binary, protocol, server[port], seconds=self.seconds, prefix=prefix,
+                                 **options)
+        except loadgen.LoadgenError as e:
+            print(f"  ! {e}", file=sys.stderr)
+            return None
+        cpu = process_cpu_seconds(server.pid) - cpu_before
+        return Measured(result, cpu * 1e6 / max(result.items, 1))
+
+    @contextlib.contextmanager
+    def ours(self, work: Path, sync: str = "never",
+             commit_log: str = "off") -> Iterator[dict[str, peers.Running]]:
+        """Our server in each build, started side by side."""
+        with contextlib.ExitStack() as stack:
+            yield {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
+                   for build in self.builds}
 
 
 def cell(measured: Measured | None) -> str:
     if measured is None:
         return "failed | | "
     result = measured.load
+    cpu = measured.cpu_us_per_item
+    cpu_text = f"{cpu:,.2f}" if cpu < 10 else f"{cpu:,.1f}"  # batches cost well under a µs an item
     return (f"{result.items_per_s:,.0f} | {result.p('round', 'p50'):,.0f} / "
-            f"{result.p('round', 'p99'):,.0f} | {measured.cpu_us_per_item:,.1f}")
+            f"{result.p('round', 'p99'):,.0f} | {cpu_text}")
 
 
 def header(title: str) -> None:
@@ -103,71 +136,71 @@ def row(workload: str, ours: Measured | None, peer: str, theirs: Measured | None
 Section = Callable[[Bench, Path], None]
 
 
+def rows(workload: str, ours: dict[str, Measured | None], peer: str, theirs: Measured | None) -> None:
+    for build, measured in ours.items():
+        row(f"{workload} ({build})", measured, peer, theirs)
+
+
 def single(bench: Bench, work: Path) -> None:
     header("Single items: 4 clients, 128 B, one item per request")
-    with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
+    with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
-        thrift = bench.measure("thrift", k, "thrift", "single")
+        thrift = bench.alternate("thrift", k, "thrift", "single")
         beans = bench.measure("beanstalk", bean, "beanstalk", "single")
-        row("Thrift put + get", thrift, "beanstalkd -F put/reserve/delete", beans)
-        row("Thrift put + get", thrift, "Redis RPUSH/LPOP", bench.measure("redis", red, "redis", "single"))
-        confirmed = bench.measure("thrift", k, "thrift", "confirm", auto_abort_ms=10_000)
-        row("Thrift put + get/auto-abort + confirm", confirmed, "beanstalkd -F put/reserve/delete", beans)
-        memcache = bench.measure("memcache", k, "memcache", "single")
-        row("memcache set + get", memcache, "memcached set/get",
-            bench.measure("memcache", mc, "memcache", "m"))
-        row("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
+        redis = bench.measure("redis", red, "redis", "single")
+        rows("Thrift put + get", thrift, "beanstalkd -F put/reserve/delete", beans)
+        rows("Thrift put + get", thrift, "Redis RPUSH/LPOP", redis)
+        confirmed = bench.alternate("thrift", k, "thrift", "confirm", auto_abort_ms=10_000)
+        rows("Thrift put + get/auto-abort + confirm", confirmed, "beanstalkd -F put/reserve/delete", beans)
+        memcache = bench.alternate("memcache", k, "memcache", "single")
+        memcached = bench.measure("memcache", mc, "memcache", "m")
+        rows("memcache set + get", memcache, "memcached set/get", memcached)
+        rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
+        rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis)
 
 
 def batch(bench: Bench, work: Path) -> None:
     header("Batches of 100: 4 clients, 128 B, one round = put 100 + get 100")
-    with peers.kestrel(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
+    with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
-        thrift = bench.measure("thrift", k, "thrift", "batch", batch=100)
-        row("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100",
-            bench.measure("redis", red, "redis", "batch", batch=100))
-        row("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined",
-            bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True))
+        thrift = bench.alternate("thrift", k, "thrift", "batch", batch=100)
+        rows("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100",
+             bench.measure("redis", red, "redis", "batch", batch=100))
+        rows("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined",
+             bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True))
         beans = bench.measure("beanstalk", bean, "beanstalk", "batch", batch=100)
-        row("Thrift put(100) + get(100)", thrift, "beanstalkd -F 100 put/reserve/delete pipelined", beans)
-        confirmed = bench.measure("thrift", k, "thrift", "confirm", batch=100, auto_abort_ms=10_000)
-        row("Thrift put + get/auto-abort + confirm (100)", confirmed,
-            "beanstalkd -F 100 put/reserve/delete pipelined", beans)
-        row("memcache 100 set + 100 get pipelined",
-            bench.measure("memcache", k, "memcache", "batch", batch=100), "memcached, the same",
-            bench.measure("memcache", mc, "memcache", "m", batch=100))
+        rows("Thrift put(100) + get(100)", thrift, "beanstalkd -F 100 put/reserve/delete pipelined", beans)
+        confirmed = bench.alternate("thrift", k, "thrift", "confirm", batch=100, auto_abort_ms=10_000)
+        rows("Thrift put + get/auto-abort + confirm (100)", confirmed,
+             "beanstalkd -F 100 put/reserve/delete pipelined", beans)
+        memcache = bench.alternate("memcache", k, "memcache", "batch", batch=100)
+        rows("memcache 100 set + 100 get pipelined", memcache, "memcached, the same",
+             bench.measure("memcache", mc, "memcache", "m", batch=100))
 
 
 def durability(bench: Bench, work: Path) -> None:
     header("Durability: 16 clients each on its own queue, one item per put, fsync before every reply")
-    with peers.kestrel(work, "always") as off, peers.kestrel(work, "always", "on") as on, \
+    with bench.ours(work, "always") as off, bench.ours(work, "always", "on") as on, \
             peers.beanstalkd(work, "always") as bean, peers.redis(work, "always") as red:
-        # The two settings alternate run by run, so that both see the disk and the machine alike.
-        once = replace(bench, repeat=1)
-        measured: dict[str, Measured | None] = {"off": None, "on": None}
-        for attempt in range(bench.repeat):
-            for setting, server in (("off", off), ("on", on)):
-                run = once.measure("thrift", server, "thrift", f"durable{setting}{attempt}", clients=16)
-                best = measured[setting]
-                if run is not None and (best is None or run.items_per_s > best.items_per_s):
-                    measured[setting] = run
+        # Settings and builds take turns run by run, so that all of them see the disk and the machine alike.
+        servers = {**{f"{build}, `commit_log: off`": server for build, server in off.items()},
+                   **{f"{build}, `commit_log: on`": server for build, server in on.items()}}
+        measured = bench.alternate("thrift", servers, "thrift", "durable", clients=16)
         beans = bench.measure("beanstalk", bean, "beanstalk", "durable", clients=16)
         redis = bench.measure("redis", red, "redis", "durable", clients=16)
-        for setting in ("off", "on"):
-            workload = f"Thrift put + get, `sync_journal: always`, `commit_log: {setting}`"
-            row(workload, measured[setting], "beanstalkd -f0", beans)
-            row(workload, measured[setting], "Redis appendfsync always", redis)
+        rows("Thrift put + get, `sync_journal: always`", measured, "beanstalkd -f0", beans)
+        rows("Thrift put + get, `sync_journal: always`", measured, "Redis appendfsync always", redis)
 
 
 def latency(bench: Bench, work: Path) -> None:
     header("Latency: one client, one item per request")
     for sync, commit_log in (("never", "off"), ("always", "off"), ("always", "on")):
-        with peers.kestrel(work, sync, commit_log) as k, peers.beanstalkd(work, sync) as bean:
+        with bench.ours(work, sync, commit_log) as k, peers.beanstalkd(work, sync) as bean:
             flag = "-F" if sync == "never" else "-f0"
             logged = ", `commit_log: on`" if commit_log == "on" else ""
-            row(f"Thrift put + get, `sync_journal: {sync}`{logged}",
-                bench.measure("thrift", k, "thrift", "latency", clients=1), f"beanstalkd {flag}",
-                bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1))
+            rows(f"Thrift put + get, `sync_journal: {sync}`{logged}",
+                 bench.alternate("thrift", k, "thrift", "latency", clients=1), f"beanstalkd {flag}",
+                 bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1))
 
 
 SECTIONS: dict[str, Section] = {"single": single, "batch": batch, "durability": durability,
@@ -191,13 +224,15 @@ def main() -> None:
                         help="runs per measurement, the fastest kept (default 2)")
     parser.add_argument("--quick", action="store_true", help="one run of 0.5 s: a smoke test of the harness")
     parser.add_argument("--only", choices=sorted(SECTIONS))
+    parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["compiled", "pure"],
+                        help="our server's builds, measured in turn (default: compiled pure)")
     args = parser.parse_args()
     seconds, repeat = (0.5, 1) if args.quick else (args.seconds, args.repeat)
     print(f"# server benchmarks, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {repeat} "
           f"run(s) of {seconds:g} s; load average before: {load_average()}")
     with work_directory() as work:
-        bench = Bench(loadgen.build(work), seconds, repeat)
+        bench = Bench(loadgen.build(work), seconds, repeat, tuple(args.builds))
         try:
             for name, section in SECTIONS.items():
                 if args.only in (None, name):

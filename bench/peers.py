@@ -1,8 +1,10 @@
 """The servers a benchmark measures, each started on free loopback ports and stopped afterwards.
 
-Our server runs from this checkout (`python -m kestrel serve`); the peers come from Debian and are
-installed with apt-get when the script runs as root, or named in a clear message otherwise. Every
-server keeps its data under the benchmark's work directory.
+Our server runs from this checkout (`python -m kestrel serve`), in either build of its one source
+(src/kestrel/build.py): `pure`, the Python source in src/, or `compiled`, the request path compiled
+by mypyc in build/compiled (`make compiled` makes it). The peers come from Debian and are installed
+with apt-get when the script runs as root, or named in a clear message otherwise. Every server keeps
+its data under the benchmark's work directory.
 """
 
 from __future__ import annotations
@@ -22,10 +24,32 @@ ROOT = Path(__file__).resolve().parent.parent
 # The source tree our server runs from: this checkout's, or another's (a benchmark's `--source`,
 # to measure the code before a change beside the code after, in one run of this script).
 SOURCE = ROOT / "src"
+# Our server's builds: `pure` runs SOURCE, `compiled` this checkout's compiled build.
+BUILDS = ("compiled", "pure")
+COMPILED = ROOT / "build" / "compiled"
 
 
 class MissingPeer(Exception):
-    """Raised when a peer server is not installed and cannot be installed from here."""
+    """Raised when a peer server is not installed and cannot be installed from here, or a build of
+    ours is not there or older than its source."""
+
+
+def build_path(build: str) -> Path:
+    """Where our server's `build` is imported from, checked to hold that build and, compiled, to be
+    newer than every source (else the figures would be of older code)."""
+    path = COMPILED if build == "compiled" else SOURCE
+    if build == "compiled":
+        made = path / ".built"
+        sources = [p for p in (ROOT / "src").rglob("*") if p.suffix in (".py", ".pyi", ".c", ".thrift")]
+        newest = max(p.stat().st_mtime for p in sources)
+        if not made.exists() or made.stat().st_mtime < newest:
+            raise MissingPeer(f"{path} is missing or older than the source: run `make compiled` first")
+    probe = "from kestrel.build import build_name; print(build_name())"
+    found = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(path)),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if found != build:
+        raise MissingPeer(f"{path} holds the {found} build, not the {build} one")
+    return path
 
 
 def ensure_command(command: str, package: str) -> str:
@@ -73,13 +97,15 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 @contextlib.contextmanager
 def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: bool = False,
-            prepare: Callable[[Path], None] | None = None) -> Iterator[Running]:
-    """This checkout's server with the Thrift and memcache ports open (and the admin port with
-    `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it starts."""
+            prepare: Callable[[Path], None] | None = None, build: str = "pure") -> Iterator[Running]:
+    """This checkout's server in `build` with the Thrift and memcache ports open (and the admin port
+    with `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it
+    starts."""
+    path = build_path(build)
     ports = {"thrift": free_port(), "memcache": free_port()}
     if admin:
         ports["admin"] = free_port()
-    home = Path(work) / f"kestrel-{sync}-{ports['thrift']}"
+    home = Path(work) / f"kestrel-{build}-{sync}-{ports['thrift']}"
     home.mkdir(parents=True)
     if prepare is not None:
         (home / "queues").mkdir()
@@ -89,7 +115,7 @@ def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: boo
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: {ports.get('admin', 0)}\ncommit_log: {commit_log}\n"
                       f"default_queue:\n  sync_journal: {sync}\n")
-    env = dict(os.environ, PYTHONPATH=str(SOURCE))
+    env = dict(os.environ, PYTHONPATH=str(path))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:
         yield running

@@ -6,16 +6,17 @@ with the commit log on; 128 B items). Over the first
 window it reads the server's user and system CPU time from /proc and, when `perf` is installed,
 records on-CPU call chains: kernel time is grouped by the system call that entered the kernel (send,
 recv, the journal's write, ...), user time by the library it ran in (the Python interpreter,
-thriftpy2's Cython codec, libc, gevent). Over the second window it
-samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; it slows the server
-somewhat). py-spy samples wall time: a sample inside a C call lands on the Python frame that made
-it, and time spent runnable but off the CPU (on a busy machine, right after a send wakes a client)
-counts too, so its socket share is higher than perf's; its split of the rest is the Python view.
+thriftpy2's Cython codec, libc, gevent, the compiled request path), then by function. Over the second
+window it samples Python stacks with `py-spy record` (blocking mode, so stacks are exact; it slows the
+server somewhat; it sees no frame of a compiled module). py-spy samples wall time: a sample inside a
+C call lands on the Python frame that made it, and time spent runnable but off the CPU (on a busy
+machine, right after a send wakes a client) counts too, so its socket share is higher than perf's;
+its split of the rest is the Python view.
 Last, `strace -c` counts the system calls of 1,000 rounds from one client, and `perf stat` those
 per item under the workload's own clients.
 
     .venv/bin/pip install py-spy
-    .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4]
+    .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4] [--build compiled|pure]
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ PERF_FRAME = re.compile(r"^\s*[0-9a-f]+ (?P<symbol>.*) \((?P<library>[^()]*)\)$"
 SYSCALLS = {"send": "send (socket)", "sendto": "send (socket)", "sendmsg": "send (socket)",
             "recv": "recv (socket)", "recvfrom": "recv (socket)", "write": "write (journal file)",
             "epoll_wait": "epoll_wait (waiting for clients)", "fsync": "fsync", "fdatasync": "fsync"}
-USER_LIBRARIES = [("libpython", "Python interpreter"), ("bin/python", "Python interpreter"),
+USER_LIBRARIES = [("kestrel__mypyc", "the compiled request path (mypyc)"),
+                  ("libpython", "Python interpreter"), ("bin/python", "Python interpreter"),
                   ("thriftpy2", "thriftpy2 Cython codec"), ("greenlet", "greenlet switches"),
                   ("gevent", "gevent C (libev loop, Cython hub)"), ("libc.so", "libc (memcpy, malloc)"),
                   ("[unknown]", "unknown (no symbols)")]
@@ -175,7 +177,7 @@ def on_cpu_category(chain: list[tuple[str, str]]) -> str:
     return f"user: {name}"
 
 
-def report_on_cpu(chains: list[list[tuple[str, str]]]) -> None:
+def report_on_cpu(chains: list[list[tuple[str, str]]], top: int) -> None:
     total = len(chains) or 1
     counts = collections.Counter(on_cpu_category(chain) for chain in chains)
     kernel = sum(n for name, n in counts.items() if name.startswith("kernel"))
@@ -189,6 +191,11 @@ def report_on_cpu(chains: list[list[tuple[str, str]]]) -> None:
                           ("switching tasks (scheduler)", "__schedule")):
         inside = sum(any(sym == symbol for sym, _ in chain) for chain in sends)
         print(f"           of send, {100 * inside / total:4.1f}% of all samples is {label}")
+    user = collections.Counter(f"{chain[0][0]} ({Path(chain[0][1]).name})" for chain in chains
+                               if chain[0][1] != "[kernel.kallsyms]")
+    print(f"  top {top} user-space functions (self, perf):")
+    for name, count in user.most_common(top):
+        print(f"    {100 * count / total:5.1f}%  {name}")
 
 
 def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, Any], work: Path) -> str:
@@ -251,11 +258,11 @@ def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any]
             f"{counts['all'] / total:.2f}: {listed}")
 
 
-def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int) -> None:
+def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top: int, build: str) -> None:
     port_name, options = WORKLOADS[name]
     clients, sync = options.get("clients", 4), str(options.get("sync", "never"))
     commit_log = str(options.get("commit_log", "off"))
-    with peers.kestrel(work, sync, commit_log) as server:
+    with peers.kestrel(work, sync, commit_log, build=build) as server:
         load = subprocess.Popen(
             [str(binary), str(options["protocol"]), str(server[port_name]), "-c", str(clients), "-b",
              str(options["batch"]), "-a", str(options.get("auto_abort_ms", 0)), "-s", "128",
@@ -274,7 +281,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
         under_load = syscalls_per_item(server.pid, binary, server[port_name], options, work)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
     print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, "
-          f"`sync_journal: {sync}`, `commit_log: {commit_log}`")
+          f"`sync_journal: {sync}`, `commit_log: {commit_log}`, the {build} build")
     load_line = out.strip().splitlines()[0] if out.strip() else err.strip()
     print(f"  load (the second half under py-spy): {load_line}")
     user, system = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
@@ -284,7 +291,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
     if isinstance(chains, str):
         print(f"  {chains}")
     else:
-        report_on_cpu(chains)
+        report_on_cpu(chains, top)
     print(f"  {syscalls}")
     print(f"  {under_load}")
     if spy.returncode != 0 or not raw.exists():
@@ -300,6 +307,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--build", choices=sorted(peers.BUILDS), default="compiled",
+                        help="our server's build (bench/peers.py; default compiled)")
     args = parser.parse_args()
     print(f"# server profile, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     work = Path(tempfile.mkdtemp(prefix="kestrel-profile-"))
@@ -307,7 +316,7 @@ def main() -> None:
         binary = loadgen.build(work)
         for name in WORKLOADS:
             if args.workload in (None, name):
-                profile(name, binary, work, args.seconds, args.rate, args.top)
+                profile(name, binary, work, args.seconds, args.rate, args.top, args.build)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

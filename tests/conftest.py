@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import fcntl
+import json
 import os
 import resource
 import signal
@@ -21,7 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
+import kestrel
+
 ROOT = Path(__file__).resolve().parent.parent
+# Where the build under test is imported from: src/ (the editable install, the pure build), or the
+# compiled build's folder when PYTHONPATH puts it first (`make test`: build/compiled). The servers
+# and commands the tests start run that build too.
+PACKAGE_ROOT = Path(kestrel.__file__).resolve().parent.parent
 STARTED = "kestrel started"  # the server's log line once every listener is bound
 
 
@@ -41,7 +48,7 @@ def compile_project() -> None:
     """Every server and command a test starts imports the project anew, and under
     PYTHONDONTWRITEBYTECODE nothing keeps their compiled code: compiling it took a third of a
     server's start. Compiled once here (a no-op while up to date; a changed source is compiled again)."""
-    compileall.compile_dir(ROOT / "src", quiet=1)
+    compileall.compile_dir(PACKAGE_ROOT, quiet=1)
 
 
 # Ports for test servers. Ports the kernel hands out (to bind(0), and to every connect() on the machine)
@@ -249,7 +256,7 @@ class ServerProcess:
             if not self._module_exists(key):
                 self.config[key] = 0
         self.config_path.write_text(yaml.safe_dump(self.config))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(ROOT / "src")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, str(PACKAGE_ROOT)]))
         command = [*self.wrapper, sys.executable, "-m", "kestrel", "serve", "--config", str(self.config_path)]
         starts = self.log().count(STARTED)
         with open(self.log_path, "ab") as log:
@@ -288,6 +295,11 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def started_build(self) -> str:
+        """The build (src/kestrel/build.py) the server said it runs when it last started."""
+        started = [json.loads(line) for line in self.log().splitlines() if STARTED in line]
+        return str(started[-1]["build"])
 
 
 @pytest.fixture

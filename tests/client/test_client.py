@@ -25,7 +25,7 @@ from kestrel.client import (
     parse_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.conftest import ROOT, STALL_S, ServerProcess, free_port
+from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port
 from tests.support.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
 from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
 
@@ -66,7 +66,7 @@ def test_client_imports_without_the_server_code() -> None:
             "import kestrel.client\n"
             "print(sorted(m for m in sys.modules if m.split('.')[1:2] in (['service'], ['storage']) and sys.modules[m]))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                         env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

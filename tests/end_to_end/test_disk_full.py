@@ -21,7 +21,7 @@ import pytest
 
 from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file, queue_path
 from kestrel.storage.clock import FakeClock
-from tests.conftest import ROOT
+from tests.conftest import PACKAGE_ROOT
 from tests.support import kestrel24, system
 from tests.support.queues import aside, drain, journal_files, one
 
@@ -309,7 +309,7 @@ def test_salvage_on_a_full_disk_says_so_and_changes_nothing(small_disk: Path, se
     ports = [f"--{name}-port=0" for name in ("thrift", "memcache", "text", "admin")]
     done = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--queue-path", str(queues),
                            "--salvage", *ports], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     assert done.returncode == 4, done.stderr
     assert "disk is full" in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert (queues / "q").read_bytes() == damaged

@@ -248,7 +248,8 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     `pip install kestrel_py-*.whl` does, `kestrel-pyspark-python.pth` included), reaching pyspark
     and the other dependencies in .venv through PYTHONPATH, which, unlike .venv's own site directory,
     does not read the editable install's .pth (the line that would put the repository's src/ on
-    sys.path); and a folder outside the repository holding FINDING_JOB. (Python, folder.)"""
+    sys.path), in the pure build KESTREL_PURE_PYTHON=1 asks for (quicker to make); and a folder
+    outside the repository holding FINDING_JOB. (Python, folder.)"""
     work = tmp_path_factory.mktemp("wheel")
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
@@ -256,8 +257,12 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                           "--target", site, str(build_wheel(work))], capture_output=True, text=True, timeout=300)
+                           "--target", site, str(build_wheel(work, pure=True))], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
+    # Nothing of the request path compiled.
+    assert not list(Path(site).glob("kestrel__mypyc*")) and not list((Path(site) / "kestrel" / "service").glob(
+        "turns.*.so")), sorted(p.name for p in Path(site).rglob("*.so"))
     elsewhere = work / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "job.py").write_text(FINDING_JOB)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kestrel.service.config import EXAMPLE
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import PACKAGE_ROOT, ROOT, ServerProcess
 from tests.support.system import tool
 
 DEPLOY = ROOT / "deploy"
@@ -81,7 +81,7 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
     assert Path(config_path).name == CONFIG.name
     args = [str(CONFIG) if a == config_path else a for a in exec_start[2:]]
     checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", *args], capture_output=True,
-                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     assert checked.returncode == 0, checked.stderr
 
     # An unprivileged user binds no port below 1024 unless the unit grants the capability.

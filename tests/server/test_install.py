@@ -7,6 +7,7 @@ contract, the example config or the admin page's files.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kestrel.build import COMPILED_MODULES
 from tests.conftest import ROOT, free_ports, wait_for_port
 from tests.support.system import tool
 
@@ -44,6 +46,7 @@ def rooted(word: str, root: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # `pip install .` compiles the request path in a fresh build environment
 def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the service's steps run as root (systemd-tmpfiles gives the queue path to its user)")
@@ -85,11 +88,20 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
     installed = [line.split(",")[0] for line in record.read_text().splitlines()]
     top = {name.split("/")[0] for name in installed
            if ".dist-info/" not in name and not name.startswith(("..", "__pycache__/"))}
+    # The compiled request path's shared library (setup.py) is named after the package too.
+    top = {name for name in top if not name.startswith("kestrel__mypyc.")}
     # Beside it, the modules Spark's lookup finds, and the start-up hook that lets spark.pyspark.python
     # name the Python of Spark's driver side (src/kestrel_pyspark_python.py) with its .pth.
     assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py", "kestrel_pyspark_python.py",
                    "kestrel-pyspark-python.pth"}, top
     assert {"kestrel/contract/kestrel.thrift", "kestrel/service/kestrel.yaml"} <= set(installed)
+    # The request path compiled from its source (mypyc is among the build's requirements), each
+    # module beside that source; only without a C compiler does the build leave it pure.
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    for module in COMPILED_MODULES if compiler else ():
+        path = module.replace(".", "/")
+        assert f"{path}.py" in installed, module
+        assert any(name.startswith(f"{path}.") and name.endswith(".so") for name in installed), module
     static = ROOT / "src" / "kestrel" / "service" / "dashboard" / "static"
     page_files = {f"kestrel/service/dashboard/static/{p.relative_to(static)}" for p in static.rglob("*") if p.is_file()}
     assert page_files == {name for name in installed if "/dashboard/static/" in name}
@@ -136,3 +148,5 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0 and "Traceback" not in log.read_text(), log.read_text()
+    started = [json.loads(line) for line in log.read_text().splitlines() if "kestrel started" in line]
+    assert started[0]["build"] == ("compiled" if compiler else "pure")

@@ -1,4 +1,5 @@
-"""The shared accept loop: out of file descriptors it waits calmly and serves again once some return."""
+"""The shared accept loop: out of file descriptors it waits calmly and serves again once some return;
+a connection it closes on a protocol error delivers its last reply, whatever the client sent after."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.support.thrift_wire import decode_reply, encode_call, framed
 
 
 def _answered(sock: socket.socket) -> bool:
@@ -69,3 +73,41 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path) -> 
         if waiting is not None:
             waiting.close()
         srv.stop()
+
+
+MAX_LINE = 100
+PIPELINED = bytes(range(256)) * 1024  # 256 KiB sent behind the request that ends the connection
+
+
+def _thrift_put_then_a_bad_frame() -> bytes:
+    return framed(encode_call("binary", "put", queue_name="lingering", items=[b"x"], expiration_msec=0)) + b"\xff" * 4
+
+
+@pytest.mark.parametrize("protocol, request_, reply", [
+    ("memcache", b"get " + b"q" * 2 * MAX_LINE + b"\r\n", b"CLIENT_ERROR line too long\r\n"),
+    ("text", b"get " + b"q" * 2 * MAX_LINE + b"\n", b"-line too long\n"),
+    ("thrift", _thrift_put_then_a_bad_frame(), None),  # the put's reply, then a close on the bad frame
+])
+def test_a_connection_closed_on_a_protocol_error_delivers_its_last_reply_and_ends_without_a_reset(
+        server_factory: Any, protocol: str, request_: bytes, reply: bytes | None) -> None:
+    """The server closes the connection with the client's later requests unread: closed at once,
+    the kernel would answer them with a reset, which drops the reply (the one saying why) wherever
+    it was not yet delivered. It shuts its sending side and reads on until the client closes."""
+    srv = server_factory({"max_line_length": MAX_LINE})
+    port = {"memcache": srv.memcache_port, "text": srv.text_port, "thrift": srv.thrift_port}[protocol]
+    with socket.create_connection(("127.0.0.1", port), timeout=STALL_S) as sock:
+        try:
+            sock.sendall(request_ + PIPELINED)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # reset part way: what was read before is checked below
+        received, reset = b"", False
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            reset = True
+    if reply is None:
+        assert len(received) > 4 and decode_reply(received[4:], "binary", "put") == 1, received
+    else:
+        assert received == reply
+    assert not reset, f"reset after {received!r}"

@@ -5,8 +5,10 @@ Checked with `make -n` (what make would run) on a copy of the Makefile, so nothi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ def planned(tmp_path: Path, target: str, stamps: tuple[str, ...] = ()) -> list[s
     for name in ("Makefile", "pyproject.toml", "setup.py"):
         shutil.copy(ROOT / name, tmp_path / name)
     for stamp in stamps:  # made after the files they depend on
-        (tmp_path / stamp).parent.mkdir(exist_ok=True)
+        (tmp_path / stamp).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / stamp).touch()
     done = subprocess.run([make, "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -49,6 +51,22 @@ def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
     stamps = tuple(stamp for line in touched for stamp in line)
     assert ".venv/.installed-run" in stamps, touched
     assert installs(planned(tmp_path, "run", stamps)) == []
+
+
+def test_the_compiled_build_is_made_again_once_a_source_changed(tmp_path: Path) -> None:
+    # `make test` runs the suite on build/compiled: never on compiled code older than its source.
+    source = tmp_path / "src" / "kestrel" / "turns.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("TURN = 0.001\n")
+    stamps = (".venv/.installed-run", ".venv/.installed", "build/compiled/.built")
+
+    def compiles() -> list[str]:
+        return [line for line in planned(tmp_path, "test", stamps) if "--target build/compiled" in line]
+
+    assert compiles() == []  # the stamps are newer than the source
+    edited = time.time() + 60
+    os.utime(source, (edited, edited))
+    assert compiles(), "an edited source does not make the compiled build again"
 
 
 def test_make_test_sets_up_the_machine_before_pytest(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import yaml
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.storage.runtime import GeventRuntime
-from tests.conftest import ROOT, ServerProcess, free_port, wait_for_port, wait_until
+from tests.conftest import PACKAGE_ROOT, ServerProcess, free_port, wait_for_port, wait_until
 
 
 def test_a_queue_delete_is_logged_once(server_factory: Any) -> None:
@@ -94,7 +94,7 @@ def test_one_stream_one_format_and_what_each_queue_did(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--config", str(srv.config_path),
                              "--log-format", "json", "--listen-address", "0.0.0.0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, KESTREL_FSYNC="bogus", PYTHONPATH=str(ROOT / "src")))
+                            env=dict(os.environ, KESTREL_FSYNC="bogus", PYTHONPATH=str(PACKAGE_ROOT)))
     try:
         wait_for_port(srv.memcache_port, proc)
         mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5, default_noreply=False)
@@ -122,7 +122,7 @@ def test_the_start_line_names_the_queue_path_in_full(tmp_path: Path) -> None:
     done = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--queue-path", "rel/queues",
                              "--thrift-port", "0", "--text-port", "0", "--admin-port", "0",
                              "--memcache-port", str(port), "--log-format", "json"],
-                            cwd=tmp_path, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                            cwd=tmp_path, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     try:
         wait_for_port(port, done)
     finally:

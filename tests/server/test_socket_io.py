@@ -1,6 +1,7 @@
 """A connection's socket I/O: between requests a receive waits for input before calling `recv`, so a
 client that has not yet sent its next request costs no `recv` that finds nothing; sends that do not
-fit wait for the client to read, at most `send_timeout`."""
+fit wait for the client to read, at most `send_timeout`; a closing connection shuts its sending
+side and reads what its client still sends, within bounds, before it closes."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import gevent.socket
 import pytest
 from gevent.exceptions import ConcurrentObjectUseError
 
-from kestrel.service import socket_io
-from kestrel.service.socket_io import ClientSocket, SendTimeout, accepted
+from kestrel.service.socket_io import LINGER_S, ClientSocket, SendTimeout, accepted, close_lingering
 from tests.conftest import STALL_S
 
 
@@ -71,25 +71,18 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any)
     io.close()
 
 
-def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any) -> None:
     server, client = pair
     sock = CountingSocket(server)
     io = ClientSocket(sock, 8)  # type: ignore[arg-type]
-    waits: list[Any] = []
-    real_wait = socket_io.wait
-
-    def wait(watcher: Any) -> None:
-        waits.append(watcher)
-        real_wait(watcher)
-
-    monkeypatch.setattr(socket_io, "wait", wait)
     client.sendall(b"0123456789")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 8
+    assert io.waited  # between requests, a receive first waits for the socket to be readable
+    io.waited = False
     assert io.receive(buf, None, between_requests=True) == 2
+    assert not io.waited  # not this one: the first filled the buffer, so more was waiting
     assert buf == b"0123456789" and sock.found == [8, 2]
-    assert len(waits) == 1  # only before the first: it filled the buffer, so more was waiting
     io.close()
 
 
@@ -180,3 +173,90 @@ def test_while_one_greenlet_waits_for_input_another_may_take_over_after_it_is_ki
     buf = bytearray()
     assert io.receive(buf, 1.0, between_requests=True) == 5 and buf == b"after"
     io.close()
+
+
+@pytest.fixture
+def tcp_pair() -> Any:
+    """(server side, client side) of a TCP connection on the loopback (its resets are TCP's)."""
+    with gevent.socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        client = gevent.socket.create_connection(listening.getsockname())
+        server = accepted(listening.accept()[0])
+    yield server, client
+    server.close()
+    client.close()
+
+
+def _read_to_the_end(sock: Any) -> tuple[bytes, bool]:
+    """What `sock` receives until the end of the stream, and whether a reset ended it instead."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        return received, True
+    return received, False
+
+
+def test_a_lingering_close_delivers_the_last_reply_to_a_client_still_sending(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    server.send(b"CLIENT_ERROR line too long\r\n")
+    closing = gevent.spawn(close_lingering, server)
+    client.sendall(bytes(256 * 1024))  # pipelined behind the request at fault: read and dropped
+    assert _read_to_the_end(client) == (b"CLIENT_ERROR line too long\r\n", False)
+    client.close()
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+
+
+def test_a_lingering_close_of_a_client_that_ended_first_takes_no_wait(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    client.close()
+    started = time.monotonic()
+    close_lingering(server)
+    assert time.monotonic() - started < LINGER_S and server.fileno() < 0
+
+
+def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_its_bytes(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    sent = [0]
+
+    def flood() -> None:
+        try:
+            while True:
+                sent[0] += client.send(bytes(16 * 1024))
+        except OSError:
+            pass  # reset: the server gave up reading
+
+    flooding = gevent.spawn(flood)
+    closing = gevent.spawn(close_lingering, server, 600.0, 64 * 1024)
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+    flooding.join(STALL_S)
+    assert flooding.dead and sent[0] >= 64 * 1024
+
+
+def test_a_client_that_neither_sends_nor_closes_holds_a_lingering_close_no_longer_than_its_time(
+        tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    started = time.monotonic()
+    closing = gevent.spawn(close_lingering, server, 0.1)
+    client.settimeout(STALL_S)
+    assert client.recv(100) == b""  # the end of the stream at once: the server's side is shut
+    closing.join(STALL_S)
+    assert closing.successful() and server.fileno() < 0
+    assert 0.09 < time.monotonic() - started < STALL_S
+
+
+def test_a_lingering_close_takes_gevents_socket_too(tcp_pair: Any) -> None:
+    """The admin port's connections are gevent's sockets (its WSGI server needs them)."""
+    server, client = tcp_pair
+    cooperative = gevent.socket.socket(fileno=server.detach())
+    cooperative.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    closing = gevent.spawn(close_lingering, cooperative)
+    client.sendall(bytes(64 * 1024))
+    assert _read_to_the_end(client) == (b"HTTP/1.1 400 Bad Request\r\n\r\n", False)
+    client.close()
+    closing.join(STALL_S)
+    assert closing.successful() and cooperative.fileno() < 0

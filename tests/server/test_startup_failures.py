@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kestrel.service.config import EXAMPLE
-from tests.conftest import ROOT, STARTED, ServerProcess, free_port
+from tests.conftest import PACKAGE_ROOT, STARTED, ServerProcess, free_port
 from tests.support.privileges import as_plain_user
 
 NO_LISTENERS = ["--thrift-port=0", "--memcache-port=0", "--text-port=0", "--admin-port=0"]
@@ -26,7 +26,7 @@ NO_LISTENERS = ["--thrift-port=0", "--memcache-port=0", "--text-port=0", "--admi
 def kestrel(*args: str, command: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     """`kestrel serve ARGS` (JSON logs) run to its end, after `command` (e.g. setpriv) if given; a
     start that succeeds is a failure here."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
     argv = [*(command or []), sys.executable, "-m", "kestrel", "serve", "--log-format=json", *args]
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
@@ -146,7 +146,7 @@ def test_out_of_file_descriptors(tmp_path: Path) -> None:
         def limit_files(limit: int = limit) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
         log = tmp_path / f"server-{limit}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", "--log-format=json",
@@ -186,7 +186,7 @@ def test_a_bad_config_lists_every_bad_key_and_exits_2(tmp_path: Path) -> None:
 
 def kestrel_command(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kestrel", *args], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
 
 
 def test_config_check_without_starting(tmp_path: Path) -> None:
@@ -244,7 +244,7 @@ def test_log_format(tmp_path: Path, log_format: str, is_json: bool) -> None:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kestrel", "serve", f"--log-format={log_format}",
                                  "--queue-path", str(tmp_path / "q"), *NO_LISTENERS[1:], f"--thrift-port={port}"],
-                                stdout=out, stderr=out, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                                stdout=out, stderr=out, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     try:
         from tests.conftest import wait_for
 

@@ -1,8 +1,9 @@
-"""The server as it runs where the wheel was built without a C compiler: every compiled helper
-missing, the Python code it stands in for serves, end to end over real sockets, through a restart.
+"""The server as it runs where the wheel was built without a C compiler: the request path not
+compiled (the pure build) and every C helper missing, the Python code each stands in for serving,
+end to end over real sockets, through a restart, whichever build the suite itself runs.
 
-A `sitecustomize` on the server's path makes importing each helper fail, as it does when the build
-skipped it (setup.py: `optional=True`).
+The server runs the Python source (src/), with a `sitecustomize` on its path that makes importing
+each helper fail, as it does when the build skipped it (setup.py: `optional=True`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from pymemcache.client.base import Client as MemcacheClient
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
+from kestrel.build import C_HELPERS
 from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import ROOT, ServerProcess
 from tests.support.lines import exchange
-
-HELPERS = ("kestrel.storage._item", "kestrel.storage._crc32c", "kestrel.storage.kestrel2._codec",
-           "kestrel.storage.fsync._fsync_many", "kestrel.service.thrift._binary", "kestrel.service.memcache._scan")
 
 
 @pytest.fixture
@@ -32,7 +31,7 @@ def no_helpers(tmp_path: Path) -> Path:
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import sys\n"
-        f"for name in {HELPERS!r}:\n"
+        f"for name in {C_HELPERS!r}:\n"
         "    sys.modules[name] = None  # importing it raises ImportError, as after a build without them\n")
     return site
 
@@ -41,21 +40,24 @@ def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> 
     probe = ("from kestrel.storage import item; from kestrel.storage.kestrel2 import codec; "
              "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
              "from kestrel.service.memcache import runs; from kestrel.storage import crc32c; "
+             "from kestrel.build import build_name; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
              "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None, runs.scan_sets is None, "
-             "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python)")
+             "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python, "
+             "build_name() == 'pure')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True"] * 9
+    assert out.stdout.split() == ["True"] * 10
 
 
 def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Path, no_helpers: Path) -> None:
     workdir = tmp_path / "server"
     workdir.mkdir()
     srv = ServerProcess(workdir)
-    srv.python_path = [str(no_helpers)]
+    srv.python_path = [str(no_helpers), str(ROOT / "src")]  # the source, whichever build the tests run
     srv.start()
+    assert srv.started_build() == "pure"
     try:
         client = make_client(kestrel.Kestrel, "127.0.0.1", srv.thrift_port, timeout=10_000,
                              trans_factory=TFramedTransportFactory())

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import PACKAGE_ROOT, ROOT, ServerProcess
 
 
 @contextmanager
@@ -84,7 +84,7 @@ def run_gevent_script(servers: str) -> tuple[float, float]:
     """Run GEVENT_SCRIPT against `servers`: the longest the ticker was kept waiting, and how long
     the get waited while the others worked."""
     out = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, servers], cwd=str(ROOT), capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])

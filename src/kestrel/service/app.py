@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import gevent
 import structlog
 
+from kestrel.build import build_name
 from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
 from kestrel.service.listener import Listener
@@ -145,8 +146,9 @@ class App:
             log.warning("listening beyond this machine: nothing authenticates clients, so any host that "
                         "reaches these ports may read, write, flush or shut down; keep them on a private "
                         "network or behind a firewall", listen_address=cfg.listen_address)
-        log.info("kestrel started", version=self.server.version, queue_path=os.path.abspath(cfg.queue_path),
-                 listen_address=cfg.listen_address, status=self.server.status.current.label,
+        log.info("kestrel started", version=self.server.version, build=build_name(),
+                 queue_path=os.path.abspath(cfg.queue_path), listen_address=cfg.listen_address,
+                 status=self.server.status.current.label,
                  queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
 
     def stop(self) -> None:

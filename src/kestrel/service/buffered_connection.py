@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import gevent
 import structlog
@@ -32,7 +32,7 @@ class BufferedConnection:
     """One client of a line protocol. Subclasses answer what `process` finds complete in the buffer;
     the replies of one read burst go out in a single `send`."""
 
-    protocol = ""
+    protocol: ClassVar[str] = ""
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         self.server = server
@@ -148,7 +148,7 @@ class BufferedConnection:
 class Connection(Protocol):
     """One client of any protocol, served by `run` until it leaves."""
 
-    protocol: str  # its name in logs and metrics
+    protocol: ClassVar[str]  # its name in logs and metrics
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None: ...
 
@@ -166,9 +166,7 @@ def make_listener(connection: type[Connection], server: ServerState, listener: t
             log.info("closing a client that stopped reading its replies", client=peer,
                      protocol=connection.protocol, limit="client_timeout")
         except (ConnectionError, OSError):
-            pass
-        finally:
-            sock.close()
+            pass  # the listener closes the socket
 
     return Listener(connection.protocol, listener, handle, server.config.max_connections,
                     server.config.tcp_keepalive)

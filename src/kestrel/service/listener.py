@@ -25,7 +25,7 @@ from gevent.socket import socket as gsocket
 
 from kestrel.service import LISTEN_BACKLOG
 from kestrel.service.memory_return import MEMORY_RETURN
-from kestrel.service.socket_io import accepted
+from kestrel.service.socket_io import accepted, close_lingering
 from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.listener")
@@ -151,7 +151,7 @@ class Listener:
                           client=f"{address[0]}:{address[1]}")
         finally:
             self.connections.discard(sock)
-            sock.close()
+            close_lingering(sock)  # the replies sent last reach the client, whatever it sent after
             MEMORY_RETURN.closed()  # after a wave of closes, their memory goes back to the system
 
     # -----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ wrapper does too.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import gevent
@@ -17,11 +18,18 @@ import gevent.socket
 from gevent import get_hub, getcurrent, monkey
 from gevent.exceptions import ConcurrentObjectUseError
 from gevent.socket import socket as gsocket
+from mypy_extensions import mypyc_attr
 
 _OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
 
 MAX_CHUNK = 256 * 1024  # the largest receive any connection asks for
+
+# A closing connection reads and drops what its client still sends for at most this long and this
+# much (`close_lingering`): enough for what a client pipelined behind a request that ends the
+# connection, too little for one that keeps sending to hold it.
+LINGER_S = 2.0
+LINGER_BYTES = 1 << 20
 
 
 # The buffer every connection's receives land in. Connections run on the one thread of the event
@@ -50,6 +58,7 @@ def wait(watcher: Any) -> None:
         watcher.stop()
 
 
+@mypyc_attr(native_class=False)  # compiled classes derive from Exception only
 class SendTimeout(TimeoutError):
     """A reply waited longer than the connection's `send_timeout` for the client to take it."""
 
@@ -139,3 +148,54 @@ class ClientSocket:
             if watcher is not None:
                 watcher.close()
         self._readable = self._writable = None
+
+
+def close_lingering(sock: socket.socket | gsocket, seconds: float = LINGER_S,
+                    most: int = LINGER_BYTES) -> None:
+    """Close a client's connection without losing the replies sent last.
+
+    A socket closed with input it has not read makes the kernel reset the connection rather than
+    end it (as input arriving after the close does), and a reset drops what was not yet delivered:
+    the error reply explaining why the server closes, behind the requests a client pipelined after
+    the one at fault. So the sending side is shut first (the client reads every reply, then the end
+    of the stream) and input is read and dropped until the client closes too, for at most `seconds`
+    and `most` bytes, as web servers close (a client that ended first costs one `recv`). Then the
+    socket is closed.
+    """
+    if sock.fileno() < 0:
+        return
+    os_socket = accepted(sock) if isinstance(sock, gsocket) else sock
+    try:
+        os_socket.shutdown(socket.SHUT_WR)
+        _drop_input(os_socket, seconds, most)
+    except OSError:
+        pass  # reset or gone: nothing left to deliver
+    finally:
+        os_socket.close()
+
+
+def _drop_input(sock: socket.socket, seconds: float, most: int) -> None:
+    deadline = time.monotonic() + seconds
+    left = most
+    readable: Any = None
+    try:
+        while left > 0:
+            try:
+                received = sock.recv_into(_SCRATCH, min(left, MAX_CHUNK))
+            except BlockingIOError:
+                rest = deadline - time.monotonic()
+                if rest <= 0:
+                    return
+                if readable is None:
+                    readable = get_hub().loop.io(sock.fileno(), 1)
+                try:
+                    gevent.socket.wait(readable, rest)
+                except TimeoutError:
+                    return
+                continue
+            if not received:
+                return  # the client closed its side too
+            left -= received
+    finally:
+        if readable is not None:
+            readable.close()

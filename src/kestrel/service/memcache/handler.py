@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import structlog
 
@@ -57,7 +58,7 @@ def binary_refusal(header: bytes) -> bytes:
 class MemcacheConnection(BufferedConnection):
     """One memcache client; an item being swallowed or skipped spans read bursts."""
 
-    protocol = "memcache"
+    protocol: ClassVar[str] = "memcache"
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
@@ -230,8 +231,8 @@ class MemcacheConnection(BufferedConnection):
             raise CloseConnection from None
         except ProtocolError as e:
             self.reply(command, e.reply.encode() + CRLF)
-        except Exception as e:
-            self.reply(command, self._error(e))
+        except Exception as unexpected:
+            self.reply(command, self._error(unexpected))
         finally:
             latency.observe(time.perf_counter() - started)
 

@@ -18,7 +18,6 @@ it without a compiler.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 RUN_LIMIT = 1024  # commands in one run: a run's work stays well within a connection's turn
 
@@ -33,11 +32,10 @@ ScanSets = Callable[[bytearray, int, int, int, int, int], tuple[bytes, int, list
 ScanGets = Callable[[bytearray, int, int, int, int], tuple[bytes, int, int] | None]
 scan_sets: ScanSets | None
 scan_gets: ScanGets | None
-if TYPE_CHECKING:
+try:
+    from kestrel.service.memcache._scan import scan_gets, scan_sets, values
+except ImportError:  # built without a C compiler: every command parsed alone
+    scan_sets = scan_gets = None
     values = values_python
-else:
-    try:
-        from kestrel.service.memcache._scan import scan_gets, scan_sets, values
-    except ImportError:  # built without a C compiler: every command parsed alone
-        scan_sets = scan_gets = None
-        values = values_python
+
+__all__ = ["RUN_LIMIT", "ScanGets", "ScanSets", "scan_gets", "scan_sets", "values", "values_python"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import structlog
 
@@ -50,7 +51,7 @@ def item(data: bytes | None) -> bytes:
 
 
 class TextConnection(BufferedConnection):
-    protocol = "text"
+    protocol: ClassVar[str] = "text"
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
@@ -138,9 +139,9 @@ class TextConnection(BufferedConnection):
             raise
         except KestrelError as e:
             self.out.append(b"-%s\n" % str(e).encode()[:512])
-        except Exception as e:
+        except Exception as unexpected:
             log.exception("text command failed", client=self.peer)
-            self.out.append(b"-internal error: %s\n" % repr(e).encode()[:512])
+            self.out.append(b"-internal error: %s\n" % repr(unexpected).encode()[:512])
 
     def _fetch(self, command: TextCommand, *, open: bool = False, peek: bool = False) -> bytes:
         """One item, after confirming this connection's reads on the queue (Kestrel's rule)."""

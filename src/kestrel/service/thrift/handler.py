@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 
@@ -112,7 +112,7 @@ class ThriftHandler:
 class ThriftConnection:
     """One client: read a request, call the handler, write the reply; errors map here, once."""
 
-    protocol = "thrift"
+    protocol: ClassVar[str] = "thrift"
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         cfg = server.config
@@ -214,9 +214,9 @@ class ThriftConnection:
             result = handler(**args)
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
-        except Exception as e:
+        except Exception as unexpected:
             log.exception("thrift call failed", method=name, client=self.peer)
-            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {e!r}")
+            return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {unexpected!r}")
         finally:
             latency.observe(time.perf_counter() - started)
         return encode_reply(self.writer_cls, method, seqid, result)

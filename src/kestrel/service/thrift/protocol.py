@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     from kestrel.service.thrift import _binary as _thrift_binary
@@ -48,7 +48,7 @@ class Reader:
     """One message in a buffer. Subclasses read one protocol; `more(need)` reads on to `need`
     bytes and returns the new end (None: the buffer is a whole frame)."""
 
-    MIN_SIZE: dict[int, int] = {}
+    MIN_SIZE: ClassVar[dict[int, int]] = {}
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
                  more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
@@ -193,8 +193,9 @@ class Reader:
 class BinaryReader(Reader):
     """TBinaryProtocol: big-endian fixed-width numbers, i32 lengths."""
 
-    MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 2, I32: 4, I64: 8, DOUBLE: 8, STRING: 4, STRUCT: 1, MAP: 6,
-                SET: 5, LIST: 5, UUID: 16}
+    MIN_SIZE: ClassVar[dict[int, int]] = {
+        BOOL: 1, BYTE: 1, I16: 2, I32: 4, I64: 8, DOUBLE: 8, STRING: 4, STRUCT: 1, MAP: 6,
+        SET: 5, LIST: 5, UUID: 16}
 
     def _fixed(self, s: struct.Struct, what: str) -> Any:
         pos = self.pos
@@ -320,11 +321,13 @@ _TO_COMPACT = {BOOL: 1, BYTE: 3, I16: 4, I32: 5, I64: 6, DOUBLE: 7, STRING: 8, L
 class CompactReader(Reader):
     """TCompactProtocol: zigzag varints, field-id deltas, bools folded into field headers."""
 
-    MIN_SIZE = {BOOL: 1, BYTE: 1, I16: 1, I32: 1, I64: 1, DOUBLE: 8, STRING: 1, STRUCT: 1, MAP: 1,
-                SET: 1, LIST: 1, UUID: 16}
+    MIN_SIZE: ClassVar[dict[int, int]] = {
+        BOOL: 1, BYTE: 1, I16: 1, I32: 1, I64: 1, DOUBLE: 8, STRING: 1, STRUCT: 1, MAP: 1,
+        SET: 1, LIST: 1, UUID: 16}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
+                 more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
+        super().__init__(buf, end, limit, max_items, max_bytes, more, scope)
         self._last_fid = 0
         self._fids: list[int] = []
         self._bool: bool | None = None

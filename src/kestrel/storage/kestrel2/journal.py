@@ -226,15 +226,6 @@ class QueueJournal:
         found: list[tuple[int, damage.Finding]] = []
         verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
         covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
-        unseen = self._unseen_pack(record, listed, on_disk)
-        if unseen is not None:
-            covered, path = unseen
-            found.append((0, damage.Finding(
-                manifest.path_of(self.queue_path, self.name),
-                f"the manifest is older than the files: it lists journals that {os.path.basename(path)}, "
-                "a complete pack it does not know, replaced", damage.Remedy.SET_ASIDE,
-                also="the queue's files are kept and the manifest written anew")))
-            listed = {n: (ts, e) for n, (ts, e) in listed.items() if ts > covered}
         for final, (ts, entry) in listed_packs.items():
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
@@ -250,6 +241,17 @@ class QueueJournal:
                 verified[final] = entry
             else:
                 found.append((ts, _mismatched(packs[pack][1], entry, why)))
+        unseen = self._unseen_pack(record, {n: (ts, e) for n, (ts, e) in listed.items() if ts > covered},
+                                   on_disk, verified)
+        if unseen is not None:
+            stale, path = unseen
+            covered = max(covered, stale)
+            found.append((0, damage.Finding(
+                manifest.path_of(self.queue_path, self.name),
+                f"the manifest is older than the files: it lists journals that {os.path.basename(path)}, "
+                "a complete pack it does not know, replaced", damage.Remedy.SET_ASIDE,
+                also="the queue's files are kept and the manifest written anew")))
+            listed = {n: (ts, e) for n, (ts, e) in listed.items() if ts > stale}
         for name, (ts, entry) in listed.items():
             if name in verified:
                 continue
@@ -282,17 +284,21 @@ class QueueJournal:
         return [f for _, f in sorted(found, key=lambda tf: (tf[0], tf[1].path))]
 
     def _unseen_pack(self, record: manifest.Manifest, listed: dict[str, tuple[int, manifest.Entry]],
-                     on_disk: dict[str, tuple[int, str]]) -> tuple[int, str] | None:
+                     on_disk: dict[str, tuple[int, str]], known: dict[str, manifest.Entry]
+                     ) -> tuple[int, str] | None:
         """A pack the manifest did not see (an older manifest put back after packs), as (timestamp,
         path): a complete pack of ours on disk that the manifest does not list as a pack, while a
-        journal it lists at or before that pack is gone, as the pack replaced it. Only a manifest
-        that marks its packs can tell a pack it saw from one it did not."""
+        journal it lists at or before that pack is gone, as the pack replaced it. `listed` leaves
+        out the journals a pack it lists replaced, and `known` names the files found as it lists
+        them: a pack it lists as being put in place, found at its final name, is one it saw. Only
+        a manifest that marks its packs can tell a pack it saw from one it did not."""
         missing = [ts for name, (ts, _) in listed.items() if name not in on_disk]
         if not record.knows_packs or not missing:
             return None
         for ts, path in sorted(on_disk.values(), reverse=True):
-            entry = record.files.get(os.path.basename(path))
-            if ts < min(missing) or (entry is not None and entry.pack):
+            name = os.path.basename(path)
+            entry = record.files.get(name)
+            if ts < min(missing) or (entry is not None and entry.pack) or name in known:
                 continue
             if (entry is None or manifest.mismatch(path, entry) is not None) and packer.is_our_pack(path):
                 return ts, path
@@ -343,9 +349,15 @@ class QueueJournal:
         return self._manifest
 
     def _seal_one(self, path: str) -> None:
-        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread)."""
+        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread).
+
+        A pack taken at this rotation bears the journal's name once in place: when it was written
+        first (a slow fsync here), the manifest lists it under that name already, and the name now
+        holds the pack, not this journal."""
         keeper = self._keeper()
         with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
+            if os.path.basename(path) in keeper.manifest.files:
+                return
             try:
                 keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
             except FileNotFoundError:  # packed away meanwhile

@@ -1,0 +1,68 @@
+"""An error no rule expects (a bug) inside a command: each protocol answers it with its own internal
+error naming the exception, and the connection goes on, in both builds (tests/server/test_builds.py).
+
+Each connection is made in this process over a socket it never uses; the failing command is put in
+the place the connection looks it up (Thrift's and memcache's tables of handlers, the text
+protocol's answer), since a bug has no request that reaches it on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from thriftpy2.thrift import TApplicationException
+
+from kestrel.service.config import from_mapping
+from kestrel.service.memcache.commands import parse_line
+from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.text.handler import TextConnection
+from kestrel.service.thrift.handler import ThriftConnection
+from tests.support.thrift_wire import decode_reply
+
+
+class _Unused:
+    """A client's socket the connection keeps but these tests never reach."""
+
+
+def _bug(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("a bug")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerState]:
+    state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
+    state.collection.load()
+    yield state
+    state.collection.close()
+
+
+def test_thrift_answers_an_internal_error_and_goes_on(server: ServerState) -> None:
+    conn = ThriftConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+    handler, method, latency = conn.calls["put"]
+    conn.calls["put"] = (_bug, method, latency)
+    reply = decode_reply(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put")
+    assert isinstance(reply, TApplicationException)
+    assert reply.type == TApplicationException.INTERNAL_ERROR
+    assert reply.message == "internal error in put: RuntimeError('a bug')"
+    conn.calls["put"] = (handler, method, latency)
+    assert decode_reply(conn._call("put", 8, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put") == 1
+
+
+def test_memcache_answers_a_server_error_and_goes_on(server: ServerState) -> None:
+    conn = MemcacheConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+    conn.process(bytearray(b"version\r\n"))  # the command's handler is looked up once, then kept
+    conn.commands["version"] = (_bug, conn.commands["version"][1])
+    conn.execute(parse_line(b"version"))
+    conn.process(bytearray(b"set q 0 0 1\r\nx\r\n"))
+    assert conn.out[1:] == [b"SERVER_ERROR internal error: RuntimeError('a bug')\r\n", b"STORED\r\n"]
+
+
+def test_text_answers_an_internal_error_and_goes_on(server: ServerState) -> None:
+    conn = TextConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+    conn.answer(_bug)
+    conn.answer(lambda: b"+next\n")
+    assert conn.out == [b"-internal error: RuntimeError('a bug')\n", b"+next\n"]

@@ -1,0 +1,170 @@
+"""A SIGKILL at every step of rotations, packs, checkpoint rewrites and deletions, in both formats:
+each start-up refuses nothing, and the queue holds every acknowledged item once and none whose
+removal was acknowledged (`tests/support/crash_points.py` copies the queue path before each
+change of a name; each copy is started on without salvage)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+
+from kestrel.storage import QueueCollection, QueueConfigs, manifest
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2.journal import QueueJournal
+from tests.support.crash_points import Crash, CrashPoints, InlineRuntime, skip_fsync
+from tests.support.queues import drain, load_strictly
+
+Outcomes = dict[str, tuple[list[bytes], ...]]  # by queue: what a start there may find, each a whole queue
+
+
+class Model:
+    """What each queue holds as acknowledged, and what the change under way would make it."""
+
+    def __init__(self, queues: list[str]) -> None:
+        self.held: dict[str, list[bytes]] = {q: [] for q in queues}  # open reads: back first at a start
+        self.items: dict[str, list[bytes]] = {q: [] for q in queues}
+        self._after: dict[str, list[bytes]] | None = None
+
+    def note(self) -> Outcomes:
+        """What a kill now may leave: the state before the change under way, or after it."""
+        out: Outcomes = {}
+        for queue, items in self.items.items():
+            states = [items] if self._after is None else [items, self._after.get(queue, items)]
+            out[queue] = tuple(self.held[queue] + state for state in states)
+        return out
+
+    def change(self, after: dict[str, list[bytes]], fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)`, a change that makes the queues of `after` hold what it says."""
+        self._after = after
+        try:
+            return fn(*args)
+        finally:
+            self._after = None
+            self.items.update(after)
+
+
+def settle(coll: QueueCollection, *queues: str) -> None:
+    """Let the background work run to its end: rotated files sealed, packs written."""
+    for queue in queues:
+        coll.queue(queue).wait_for_packing()
+    gevent.sleep(0)
+
+
+def check(crashes: list[Crash], configs: QueueConfigs, steps: tuple[str, ...]) -> None:
+    """Start on every copy: none refused, each queue as one of the outcomes noted for it."""
+    taken = sorted({c.step for c in crashes})
+    assert all(any(step in s for s in taken) for step in steps), taken
+    wrong = []
+    for crash in crashes:
+        try:
+            coll = load_strictly(QueueCollection(crash.path, configs, runtime=InlineRuntime()))
+        except CorruptJournalError as e:
+            wrong.append(f"before {crash.step}: refused: {e.reason}")  # the copy kept, to look at
+            continue
+        for queue, outcomes in crash.note.items():
+            got = drain(coll, queue)
+            if got not in outcomes:
+                wrong.append(f"before {crash.step}: {queue} holds {len(got)} items, not "
+                             f"{' or '.join(str(len(o)) for o in outcomes)}")
+        coll.close()
+        shutil.rmtree(crash.path)
+    assert not wrong, f"{len(wrong)} of {len(crashes)} crash points:\n" + "\n".join(wrong)
+
+
+@pytest.fixture(autouse=True)
+def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_fsync(monkeypatch)
+
+
+def item(n: int) -> bytes:
+    return b"%06d" % n + b"x" * 50
+
+
+@pytest.fixture
+def seal_late(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Rotated Kestrel 2 journals sealed into the manifest at once, or after other work had turns
+    of the loop (a slow fsync: the pack taken at the rotation may be written first)."""
+    late: bool = request.param
+    if late:
+        real = QueueJournal._seal_one
+
+        def slow(self: QueueJournal, path: str) -> None:
+            for _ in range(5):
+                gevent.sleep(0)
+            real(self, path)
+
+        monkeypatch.setattr(QueueJournal, "_seal_one", slow)
+    return late
+
+
+@pytest.mark.parametrize("seal_late", [False, True], ids=["sealed-at-once", "sealed-late"], indirect=True)
+def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
+        tmp_path: Path, seal_late: bool) -> None:
+    queues = tmp_path / "queues"
+    q = {"sync_journal": "always", "max_memory_size": 2048, "default_journal_size": 1024,
+         "max_journal_size": 1 << 20}
+    configs = QueueConfigs({}, {"q": q})
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    model = Model(["q"])
+    n = 0
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+        model.change({"q": [b"held"]}, coll.put, "q", [b"held"])
+        model.held["q"], model.items["q"] = [b"held"], []  # opened: back first at every start
+        model.change({}, coll.remove, "q", 1, True)
+        for round_ in range(4):
+            for _ in range(40 + 10 * round_):
+                model.change({"q": model.items["q"] + [item(n)]}, coll.put, "q", [item(n)])
+                n += 1
+                settle(coll, "q")
+            for _ in range(45):
+                model.change({"q": model.items["q"][1:]}, coll.remove, "q")
+                settle(coll, "q")
+        model.change({"q": []}, coll.flush, "q")  # emptied: a rotation, and a pack of the open read
+        settle(coll, "q")
+    coll.close()
+    record = manifest.read(str(queues), "q")
+    assert record is not None
+    assert {name for name, entry in record.files.items() if entry.pack} == {
+        name for name in record.files if packer.is_our_pack(str(queues / name))}  # a seal never unmarks a pack
+    check(points.crashes, configs, ("rename q -> q.", ".pack -> q.", "unlink q.",
+                                    "-> .kestrel/q.manifest"))
+
+
+def test_a_kill_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refuses_nothing(
+        tmp_path: Path) -> None:
+    queues = tmp_path / "queues"
+    q = {"journal_format": "kestrel3", "sync_journal": "always", "default_journal_size": 1024}
+    configs = QueueConfigs({}, {"q": q})
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    coll.queue("q+c")
+    model = Model(["q", "q+c"])
+    n = 0
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+        model.change({"q": [b"held"], "q+c": [b"held"]}, coll.put, "q", [b"held"])
+        model.held["q"], model.items["q"] = [b"held"], []  # opened: back first at every start
+        model.change({}, coll.remove, "q", 1, True)
+        for round_ in range(5):
+            for _ in range(30):
+                model.change({name: items + [item(n)] for name, items in model.items.items()},
+                             coll.put, "q", [item(n)])
+                n += 1
+                settle(coll, "q", "q+c")
+            for _ in range(25):
+                model.change({"q": model.items["q"][1:]}, coll.remove, "q")
+                settle(coll, "q", "q+c")
+            model.change({"q+c": model.items["q+c"][10:]}, coll.remove, "q+c", 10)
+            if round_ % 2:
+                model.change({"q": []}, coll.flush, "q")  # emptied by a checkpoint rewrite
+            else:
+                model.change({"q+c": []}, coll.flush, "q+c")
+            coll.queue("q+d")  # a fanout reader created and deleted: its checkpoint comes and goes
+            coll.delete("q+d")
+            settle(coll, "q", "q+c")
+    coll.close()
+    check(points.crashes, configs, ("create q.", "unlink q.", "-> .kestrel/q.manifest"))
