@@ -482,12 +482,14 @@ def stream(spark: Any, servers: str, checkpoint: Path, **options: Any) -> Any:
     return reader.load()
 
 
-def drained(query: Any, server: ServerProcess, timeout: float) -> None:
-    """Run the query until the queue holds nothing, taken or open (every item confirmed), then
-    until the sink has what was confirmed. Reads a killed task left open return after autoAbortMs."""
+def drained(query: Any, *servers: ServerProcess, timeout: float) -> None:
+    """Run the query until the queue holds nothing on any of the servers, taken or open (every item
+    confirmed), then until the sink has what was confirmed. Reads a killed task left open return
+    after autoAbortMs."""
     query.processAllAvailable()
     with contextlib.suppress(AssertionError):  # the caller's assertions say what is missing
-        wait_until(lambda: waiting(server, "events") == (0, 0), "every item confirmed", timeout=timeout)
+        wait_until(lambda: all(waiting(srv, "events") == (0, 0) for srv in servers), "every item confirmed",
+                   timeout=timeout)
     query.processAllAvailable()
 
 
@@ -618,14 +620,14 @@ reader.load().writeStream.foreachBatch(write).option("checkpointLocation", check
 """
 
 
-def killed_driver(srv: ServerProcess, tmp_path: Path, **options: Any) -> None:
-    """Run DRIVER in a process of its own until it has written batch 1, then kill it, its JVM and its
-    workers: batch 1 is fetched and logged, its reads open, never committed."""
+def killed_driver(servers: str, tmp_path: Path, **options: Any) -> None:
+    """Run DRIVER on `servers` in a process of its own until it has written batch 1, then kill it,
+    its JVM and its workers: batch 1 is fetched and logged, its reads open, never committed."""
     import signal
     import subprocess
 
     settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(srv), str(tmp_path / "cp"),
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, servers, str(tmp_path / "cp"),
                                str(tmp_path / "out"), json.dumps(settings), json.dumps(options)],
                               cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
     try:
@@ -635,22 +637,27 @@ def killed_driver(srv: ServerProcess, tmp_path: Path, **options: Any) -> None:
         driver.wait()
 
 
-def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
-    items = {b"e%d" % i for i in range(1200)}
-    put(server, "events", sorted(items))
+def test_killed_driver_resumes_with_every_item_once_its_servers_listed_the_other_way_round(
+        spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    items = {b"a%d" % i for i in range(600)} | {b"b%d" % i for i in range(600)}
+    put(a, "events", sorted(i for i in items if i.startswith(b"a")))
+    put(b, "events", sorted(i for i in items if i.startswith(b"b")))
     cp, out = tmp_path / "cp", tmp_path / "out"
-    killed_driver(server, tmp_path, autoAbortMs=20_000)
+    killed_driver(address(a, b), tmp_path, autoAbortMs=20_000)
     sink = BatchFiles(out)
-    query = stream(spark, address(server), cp, maxItemsPerTrigger=400, autoAbortMs=20_000).writeStream \
-        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    # The same stream, its servers spelt the other way round: it goes on from the killed driver's log.
+    query = stream(spark, f"127.0.0.1:{b.thrift_port}, 127.0.0.1:{a.thrift_port}", cp, maxItemsPerTrigger=400,
+                   autoAbortMs=20_000).writeStream.foreachBatch(sink).option("checkpointLocation", str(cp)).start()
     try:
-        drained(query, server, timeout=120)
+        drained(query, a, b, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()
     print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
     assert sorted(rows) == sorted(items)  # every item exactly once
-    assert waiting(server, "events") == (0, 0)
+    assert waiting(a, "events") == (0, 0) and waiting(b, "events") == (0, 0)
+    assert len([d for d in (cp / "kestrel").iterdir() if d.is_dir()]) == 1  # one stream, no log orphaned
 
 
 @pytest.mark.slow
@@ -659,7 +666,7 @@ def test_a_driver_restarted_a_minute_and_more_later_duplicates_nothing_by_defaul
     items = {b"e%d" % i for i in range(1200)}
     put(server, "events", sorted(items))
     cp, out = tmp_path / "cp", tmp_path / "out"
-    killed_driver(server, tmp_path)  # the stream's defaults
+    killed_driver(address(server), tmp_path)  # the stream's defaults
     time.sleep(65)  # real time: an ordinary restart of a driver on a cluster takes a minute and more
     sink = BatchFiles(out)
     query = stream(spark, address(server), cp, maxItemsPerTrigger=400).writeStream.foreachBatch(sink) \
