@@ -2,6 +2,8 @@
 
 - writer into 1 and 3 servers: `df.write.format("kestrel")` against a loop putting the same rows, in
   batches of the same size, through the project's client (`kestrel.client.Cluster.put_many`);
+- batch read: `spark.read.format("kestrel")` counting a queue's items, left in place, against a loop
+  through the client looking at the same items (`Server.peek_items`, 10,000 a call, as the source does);
 - streaming: a `Trigger.AvailableNow` stream into a counting sink against a loop through the client
   taking the same items as open reads with their times (`Server.get_timed`) and confirming them;
 - journal: `spark.read.format("kestrel-journal")` counting records against a loop over
@@ -70,6 +72,32 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
                   f"spark {n / spark_s:,.0f} rows/s, "
                   f"plain loop through the client into one {n / plain_s:,.0f} rows/s, "
                   f"ratio {plain_s / spark_s:.2f}")
+
+
+def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
+    from kestrel.client import Server
+
+    with servers(1, work) as (port,), Server("127.0.0.1", port) as client:
+        for i in range(0, n, 10_000):
+            client.put("look", [b"%s%d" % (payload.encode(), j) for j in range(i, min(n, i + 10_000))])
+        read = spark.read.format("kestrel").option("servers", f"127.0.0.1:{port}").option("queue", "look") \
+            .load()
+
+        def plain() -> None:
+            position, seen = 0, 0
+            while at := client.peek_items("look", position, 10_000).shown:
+                seen += len([item.data for item in at])
+                position += len(at)
+            assert seen == n, seen
+
+        assert read.count() == n  # starts the Python workers outside the timing
+        spark_s = plain_s = float("inf")
+        for _ in range(runs):
+            spark_s = min(spark_s, timed(read.count))
+            plain_s = min(plain_s, timed(plain))
+        print(f"batch read ({n:,} items, looked at, left in place): spark {n / spark_s:,.0f} rows/s, "
+              f"plain peek_items loop through the client {n / plain_s:,.0f} rows/s, "
+              f"ratio {plain_s / spark_s:.2f}")
 
 
 def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int,
@@ -228,7 +256,7 @@ def main() -> None:
     parser.add_argument("--per-partition", type=int, default=10_000, help="stream: itemsPerPartition")
     parser.add_argument("--unix-sockets", choices=("true", "false"), default="true",
                         help="spark.python.unix.domain.socket.enabled (Python workers over Unix sockets)")
-    parser.add_argument("--only", choices=("writer", "stream", "journal"), action="append",
+    parser.add_argument("--only", choices=("writer", "read", "stream", "journal"), action="append",
                         help="run only these parts (repeatable); all by default")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -248,9 +276,11 @@ def main() -> None:
           f"{'Unix' if args.unix_sockets == 'true' else 'TCP'} sockets")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
-        parts = args.only or ["writer", "stream", "journal"]
+        parts = args.only or ["writer", "read", "stream", "journal"]
         if "writer" in parts:
             bench_writer(spark, args.rows, payload, work, args.runs, args.batch_size)
+        if "read" in parts:
+            bench_read(spark, args.rows, payload, work, args.runs)
         if "stream" in parts:
             bench_stream(spark, args.rows, payload, work, args.runs, args.per_trigger, args.per_partition)
         if "journal" in parts:

@@ -39,7 +39,7 @@ from kestrel.pipeline.options import (
     whole,
 )
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
-from kestrel.pipeline.servers import ServersUnreachable, connect, parse_servers
+from kestrel.pipeline.servers import ServersUnreachable, connect, extend_timed, parse_servers
 from kestrel.pipeline.subscription import Subscription
 
 log = structlog.get_logger("kestrel.pipeline")
@@ -101,10 +101,7 @@ def look(partition: LookPartition) -> Looked:
                                  f"max_memory_size), and a look shows only items held in memory, the first "
                                  f"{position - at.head} of {at.items}. Read its journal instead (format("
                                  f"'kestrel-journal').option('view', 'items')), or raise max_memory_size")
-            for item in at.shown:
-                looked.items.append(item.data)
-                looked.added.append(item.add_time_msec)
-                looked.expiry.append(item.expiry_msec or 0)
+            extend_timed(looked.items, looked.added, looked.expiry, at.shown)
             if at.after >= stop:
                 break
             position = at.after
