@@ -14,6 +14,10 @@
   Python readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses
   each command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
   AddressSanitizer and UBSan and runs their tests.
+
+It also puts `src/kestrel-pyspark-python.pth` at the top of the built package, beside the modules,
+so that an install places it in site-packages, where Python reads it at start-up (see
+src/kestrel_pyspark_python.py); setuptools declares no such file in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.errors import BaseError, CCompilerError, CompileError
 
 BUILD = runpy.run_path("src/kestrel/build.py")  # the lists, without importing the package
@@ -32,6 +37,7 @@ BUILD = runpy.run_path("src/kestrel/build.py")  # the lists, without importing t
 # the compiled modules' `__file__` from its place, so it must stay above the package); each compiled
 # module's own extension only calls into it.
 GROUP = "kestrel"
+PTH = "kestrel-pyspark-python.pth"
 
 
 def _path(module: str, suffix: str) -> str:
@@ -90,6 +96,17 @@ class BuildExt(build_ext):
                 found.unlink()
 
 
+class BuildWithPth(build_py):
+    """build_py that also places the start-up hook's .pth beside the package."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(os.path.join("src", PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
+
 # mypy's checks that depend on the third-party packages' own types, which a build environment may
 # lack (pip's isolated build has only the build's requirements): their classes and results are then
 # Any, which compiles the same, but strict mode would refuse. `make lint` runs them with the types.
@@ -114,6 +131,6 @@ def _mypyc_extensions() -> list[Extension]:
 
 
 setup(
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildWithPth},
     ext_modules=[Extension(name, [_path(name, ".c")], optional=True) for name in BUILD["C_HELPERS"]],
 )

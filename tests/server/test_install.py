@@ -90,7 +90,10 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
            if ".dist-info/" not in name and not name.startswith(("..", "__pycache__/"))}
     # The compiled request path's shared library (setup.py) is named after the package too.
     top = {name for name in top if not name.startswith("kestrel__mypyc.")}
-    assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py"}, top
+    # Beside it, the modules Spark's lookup finds, and the start-up hook that lets spark.pyspark.python
+    # name the Python of Spark's driver side (src/kestrel_pyspark_python.py) with its .pth.
+    assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py", "kestrel_pyspark_python.py",
+                   "kestrel-pyspark-python.pth"}, top
     assert {"kestrel/contract/kestrel.thrift", "kestrel/service/kestrel.yaml"} <= set(installed)
     # The request path compiled from its source (mypyc is among the build's requirements), each
     # module beside that source; only without a C compiler does the build leave it pure.

@@ -72,6 +72,12 @@ class ThriftHandler:
         return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
                                       auto_abort_msec or 0, create=False)
 
+    def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
+        """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
+        looked = self.session.peek_items(_queue(queue_name), first or 0, max_items or 0)
+        shown = [(item.data, 0, item.add_time, item.expiry or None) for item in looked.shown]
+        return (looked.opened_at, looked.head, looked.items, looked.after, shown)
+
     def queue_names(self) -> list[str]:
         return self.session.queue_names()
 
