@@ -15,7 +15,13 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 
-# Compiled by mypyc from their Python source: the protocols' connection loops and codecs.
+# Compiled by mypyc from their Python source: the request path from the protocols' connection loops
+# and codecs through the session, the collection and the queue policy to both formats' queues,
+# journals and record codecs. Two modules on it stay Python, each for a reason: `storage.journal_file`
+# holds the disk's system calls (`write_all`, `fsync_path`, the read chunk, `JournalWriter.append`),
+# which the fault tests replace to fail a write where compiled callers would not see the change, and
+# `storage.runtime` is reached only through the `Runtime` protocol (a call on gevent) and subclassed
+# by tests. `storage.item` stays Python beside its C twin, `_item`.
 COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
@@ -29,6 +35,36 @@ COMPILED_MODULES = (
     "kestrel.service.memcache.handler",
     "kestrel.service.text.commands",
     "kestrel.service.text.handler",
+    "kestrel.service.session.auto_abort",
+    "kestrel.service.session.open_reads",
+    "kestrel.service.session.read_ids",
+    "kestrel.service.session.server_state",
+    "kestrel.service.session.session",
+    "kestrel.service.session.stats",
+    "kestrel.service.session.status",
+    "kestrel.storage.aliases",
+    "kestrel.storage.changes",
+    "kestrel.storage.clock",
+    "kestrel.storage.collection",
+    "kestrel.storage.commit_log",
+    "kestrel.storage.config",
+    "kestrel.storage.deferred_log",
+    "kestrel.storage.expiry",
+    "kestrel.storage.fanout",
+    "kestrel.storage.memory",
+    "kestrel.storage.poison",
+    "kestrel.storage.queue",
+    "kestrel.storage.read_behind",
+    "kestrel.storage.wait_list",
+    "kestrel.storage.kestrel2.codec",
+    "kestrel.storage.kestrel2.journal",
+    "kestrel.storage.kestrel2.queue",
+    "kestrel.storage.kestrel2.read_behind",
+    "kestrel.storage.kestrel2.reader",
+    "kestrel.storage.kestrel3.codec",
+    "kestrel.storage.kestrel3.files",
+    "kestrel.storage.kestrel3.journal",
+    "kestrel.storage.kestrel3.queue",
 )
 
 # Written in C, each beside the Python twin that stays its reference (docs/architecture.md).
