@@ -17,11 +17,11 @@ import importlib.util
 
 # Compiled by mypyc from their Python source: the request path from the protocols' connection loops
 # and codecs through the session, the collection and the queue policy to both formats' queues,
-# journals and record codecs. Two modules on it stay Python, each for a reason: `storage.journal_file`
-# holds the disk's system calls (`write_all`, `fsync_path`, the read chunk, `JournalWriter.append`),
-# which the fault tests replace to fail a write where compiled callers would not see the change, and
-# `storage.runtime` is reached only through the `Runtime` protocol (a call on gevent) and subclassed
-# by tests. `storage.item` stays Python beside its C twin, `_item`.
+# journals, journal files and record codecs. Beside it stay Python, each for a reason:
+# `storage.disk`, the system calls the fault tests replace to fail a write or an fsync (a compiled
+# module's own functions are called directly, so a replacement would not be seen); `storage.runtime`,
+# reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests; and
+# `storage.item`, the Python twin of the C helper `_item`.
 COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
@@ -51,6 +51,7 @@ COMPILED_MODULES = (
     "kestrel.storage.deferred_log",
     "kestrel.storage.expiry",
     "kestrel.storage.fanout",
+    "kestrel.storage.journal_file",
     "kestrel.storage.memory",
     "kestrel.storage.poison",
     "kestrel.storage.queue",

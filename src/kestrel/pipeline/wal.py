@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kestrel.storage.journal_file import fsync_path
+from kestrel.storage.disk import fsync_path
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed

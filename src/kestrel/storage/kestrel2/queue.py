@@ -286,8 +286,8 @@ class Kestrel2Queue(PersistentQueue):
         if self._orphans:
             try:
                 self._return_orphans()
-            except (OSError, JournalWriteError) as e:
-                self._change_failed(e)
+            except (OSError, JournalWriteError) as failed:
+                self._change_failed(failed)
                 raise
 
     def _after_change(self) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from mypy_extensions import mypyc_attr
-
 from kestrel.storage import torn_tail
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.journal_file import BufferedFile
@@ -17,7 +15,6 @@ from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
 SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
 
 
-@mypyc_attr(native_class=False)  # derives from a class of journal_file, which stays Python (build.py)
 class JournalReader(BufferedFile):
     """Reads records forward from one journal file, resuming where it stopped.
 

@@ -15,12 +15,12 @@ from functools import partial
 from itertools import takewhile
 
 import structlog
-from mypy_extensions import mypyc_attr
 
-from kestrel.storage import journal_file, layout, torn_tail
+from kestrel.storage import disk, journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.deferred_log import log_later
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -30,7 +30,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.journal_file import JournalWriter, fsync_path
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -66,7 +66,6 @@ def list_queue_files(queue_path: str, queue: str) -> QueueFiles:
 # Reading
 
 
-@mypyc_attr(native_class=False)  # derives from a class of journal_file, which stays Python (build.py)
 class RecordReader(journal_file.BufferedFile):
     """Reads the records of one Kestrel 3 file forward, checking its header first.
 
@@ -272,7 +271,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        journal_file.write_all(fd, data)
+        disk.write_all(fd, data)
         if sync:
             os.fsync(fd)
     except OSError:
