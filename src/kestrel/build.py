@@ -26,6 +26,7 @@ COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
     "kestrel.service.buffered_connection",
+    "kestrel.service.histogram_series",
     "kestrel.service.thrift.protocol",
     "kestrel.service.thrift.messages",
     "kestrel.service.thrift.transport",
