@@ -35,7 +35,6 @@ $(STAMP): pyproject.toml setup.py $(C_SOURCES)
 # (tests/server/test_install.py, KESTREL_TEST_WHEEL). The editable install in .venv stays the pure
 # build: what `.venv/bin/pytest` runs while developing (docs/testing.md).
 COMPILED := build/compiled
-SOURCES := $(shell find src -name '*.py' -o -name '*.pyi' -o -name '*.c' -o -name '*.thrift' 2>/dev/null)
 WHEEL_INPUTS := $(sort setup.py pyproject.toml README.md $(shell find src -type f ! -name '*.so' \
 	! -path '*/__pycache__/*' ! -path '*.egg-info/*' 2>/dev/null))
 BUILD_KEY := $(shell (echo $(WHEEL_INPUTS); cat $(WHEEL_INPUTS)) | sha256sum | cut -c1-16)
