@@ -109,6 +109,7 @@ def test_a_costly_snapshot_serves_longer_to_keep_its_share_of_the_server(
     assert dashboard.figures.snapshot() is first
 
 
+@pytest.mark.pure_build
 def test_nothing_runs_and_no_queue_is_read_while_no_page_asks(
         server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     server.collection.put("jobs", [b"x"])

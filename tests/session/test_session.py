@@ -179,6 +179,7 @@ def test_a_closed_connection_aborts_its_open_reads_to_the_head(server: ServerSta
     assert _drain(server, "q") == [b"a", b"b", b"c"] and _drain(server, "r") == [b"x"]
 
 
+@pytest.mark.pure_build
 def test_a_closing_connection_counts_until_its_open_reads_are_back(server: ServerState) -> None:
     session = Session(server, "client")
     session.put("q", [b"a"])
@@ -234,6 +235,7 @@ def test_a_large_get_lets_the_others_run_between_its_slices(make_server: MakeSer
     assert server.collection.queue("q").stats()["items"] == 0
 
 
+@pytest.mark.pure_build
 def test_a_fault_part_way_through_a_large_get_hands_out_the_slices_taken(
         server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
     session = Session(server, "client")

@@ -20,7 +20,7 @@ import gevent
 import gevent.event
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, commit_log, journal_file
+from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, commit_log, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
@@ -630,13 +630,13 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
-    real = journal_file.fsync_path
+    real = disk.fsync_path
 
     def fsync_path(path: str) -> None:
         synced_dirs.append(path)
         real(path)
 
-    monkeypatch.setattr(journal_file, "fsync_path", fsync_path)
+    monkeypatch.setattr(disk, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
         coll.put("q", [b"x" * 40])
         assert one(coll.remove("q")) is not None

@@ -261,6 +261,7 @@ def test_a_restart_replays_every_backlog_under_the_budget(tmp_path: Path, journa
 # Cost that follows the work
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, journal_format: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from kestrel.storage.journal_file import fsync_path
+from kestrel.storage.disk import fsync_path
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed

@@ -155,8 +155,8 @@ class QueueCollection:
             self._waiting = len(queues) - index - 1
             try:
                 check_queue_name(name)
-            except InvalidQueueName as e:
-                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
+            except InvalidQueueName as invalid:
+                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(invalid))
                 continue
             formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:

@@ -57,17 +57,10 @@ import structlog
 
 from kestrel.storage import acknowledgements, filenames, layout, torn_tail
 from kestrel.storage.acknowledgements import Acknowledgements
+from kestrel.storage.disk import fsync_path, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
-from kestrel.storage.journal_file import (
-    JournalWriter,
-    copy_from,
-    cut_keeping_copy,
-    fsync_path,
-    pwrite_all,
-    record_timing,
-    write_all,
-)
+from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
@@ -777,8 +770,8 @@ class CommitLog:
                 turn.started = time.perf_counter()
             except OSError as e:
                 turn.error = e
-            except BaseException as e:  # no waiter may wait for a write that will never end
-                turn.error = OSError(errno.EIO, f"writing the commit log failed: {e!r}")
+            except BaseException as other:  # no waiter may wait for a write that will never end
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
                 raise
             finally:
                 turn.chunks = []

@@ -1,6 +1,6 @@
 """One journal file on disk, in either format: appending with a sync policy (`JournalWriter`),
-reading through a buffer (`BufferedFile`), cutting a damaged tail off keeping a copy, fsyncing a
-file or a directory, and the timings of writes and fsyncs.
+reading through a buffer (`BufferedFile`), cutting a damaged tail off keeping a copy, and the
+timings of writes and fsyncs. The system calls that write and fsync are `disk.py`'s.
 
 Which files a queue has is `queue_path.py`'s; the byte layouts are the codecs'
 (`kestrel2/codec.py`, `kestrel3/codec.py`): this module moves bytes.
@@ -18,6 +18,7 @@ from typing import Protocol
 
 import structlog
 
+from kestrel.storage import disk
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
@@ -30,26 +31,6 @@ READ_CHUNK = 1 << 20
 CURSOR_CHUNK = 64 << 10
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a short write means the disk is full: it raises)."""
-    done = os.write(fd, data)
-    while done < len(data):
-        n = os.write(fd, memoryview(data)[done:])
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done += n
-
-
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """os.pwrite until every byte is written at `offset` (a short write means the disk is full)."""
-    done = 0
-    while done < len(data):
-        n = os.pwrite(fd, memoryview(data)[done:], offset + done)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done += n
-
-
 def copy_from(path: str, offset: int, copy: str) -> None:
     """Save the bytes of `path` from `offset` on, durably, as `copy` (its folder exists). Raises
     OSError (and leaves no copy)."""
@@ -59,7 +40,7 @@ def copy_from(path: str, offset: int, copy: str) -> None:
             shutil.copyfileobj(src, dst)
             dst.flush()
             os.fsync(dst.fileno())
-        fsync_path(os.path.dirname(copy))
+        disk.fsync_path(os.path.dirname(copy))
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(copy)
@@ -85,15 +66,6 @@ def check_writable(path: str) -> None:
         raise JournalNotWritable(path, e) from None
 
 
-def fsync_path(path: str) -> None:
-    """Make a directory's entries, or a whole file, durable (opened read-only: no write is due)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 
@@ -101,10 +73,9 @@ def fsync_path(path: str) -> None:
 class BufferedFile:
     """A file read forward through a buffer (the record readers of both journal formats)."""
 
-    chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
-
     def __init__(self, path: str, offset: int) -> None:
         self.path = path
+        self.chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -200,7 +171,7 @@ class JournalWriter:
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if created and (self.sync_ms == 0 or self.log is not None):
-            fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+            disk.fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
@@ -209,7 +180,7 @@ class JournalWriter:
             return
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
         if self.sync_ms == 0:
-            fsync_path(os.path.dirname(self.path) or ".")
+            disk.fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
@@ -224,7 +195,7 @@ class JournalWriter:
         if self.fd < 0:
             self.open()
         try:
-            write_all(self.fd, data)
+            disk.write_all(self.fd, data)
         except OSError:
             self._cut_back()
             raise

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from itertools import count as count_from
 from itertools import islice, repeat, starmap
 from operator import attrgetter
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import structlog
 
@@ -54,7 +54,7 @@ class MemoryAccount:
 
     __slots__ = ("total", "limit")
 
-    UNLIMITED = 1 << 62  # a limit that no total reaches
+    UNLIMITED: ClassVar[int] = 1 << 62  # a limit that no total reaches
 
     def __init__(self) -> None:
         self.total = 0
@@ -137,11 +137,11 @@ class PersistentQueue(ABC):
 
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
-    shares_writes = False
-    journal_format = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
+    shares_writes: ClassVar[bool] = False
+    journal_format: ClassVar[int] = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
-    _placeholder_expiry = -1
+    _placeholder_expiry: ClassVar[int] = -1
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock, runtime: Runtime,
                  expire_to: Callable[[str], PersistentQueue | None] | None) -> None:

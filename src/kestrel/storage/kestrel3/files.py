@@ -16,10 +16,11 @@ from itertools import takewhile
 
 import structlog
 
-from kestrel.storage import journal_file, layout, torn_tail
+from kestrel.storage import disk, journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.deferred_log import log_later
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -29,7 +30,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.journal_file import AppendLog, JournalWriter, fsync_path
+from kestrel.storage.journal_file import AppendLog, JournalWriter
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -294,7 +295,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        journal_file.write_all(fd, data)
+        disk.write_all(fd, data)
         if sync:
             os.fsync(fd)
     except OSError:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from operator import attrgetter
+from typing import ClassVar
 
 import structlog
 
@@ -60,8 +61,8 @@ class Kestrel3Queue(PersistentQueue):
     by the readers of each). A fanout-only parent keeps no reader of its own.
     """
 
-    shares_writes = True
-    journal_format = 3
+    shares_writes: ClassVar[bool] = True
+    journal_format: ClassVar[int] = 3
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
