@@ -28,27 +28,38 @@ $(STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(RUN_STAMP) $(STAMP)
 
-# The compiled build: the package as its wheel is built (the request path compiled by mypyc from its
-# Python source, the C helpers), installed into build/compiled, and made again whenever a source
-# changed, so it never runs stale code. The editable install in .venv stays the pure build: what
-# `.venv/bin/pytest` runs while developing (docs/testing.md).
+# The compiled build: the package's wheel (the request path compiled by mypyc from its Python source,
+# the C helpers), installed into build/compiled. mypyc's compile takes minutes, so it runs once per
+# source: the wheel is kept in build/wheels/ under the hash of every file it is built from (a changed
+# or another source makes another), and the suite's install test installs that same wheel
+# (tests/server/test_install.py, KESTREL_TEST_WHEEL). The editable install in .venv stays the pure
+# build: what `.venv/bin/pytest` runs while developing (docs/testing.md).
 COMPILED := build/compiled
-SOURCES := $(shell find src -name '*.py' -o -name '*.pyi' -o -name '*.c' -o -name '*.thrift' 2>/dev/null)
+WHEEL_INPUTS := $(sort setup.py pyproject.toml README.md $(shell find src -type f ! -name '*.so' \
+	! -path '*/__pycache__/*' ! -path '*.egg-info/*' 2>/dev/null))
+BUILD_KEY := $(shell (echo $(WHEEL_INPUTS); cat $(WHEEL_INPUTS)) | sha256sum | cut -c1-16)
+WHEELS := build/wheels
+WHEEL_DIR := $(WHEELS)/$(BUILD_KEY)
 PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 # The compiled modules' own tests, without servers, run on the pure build as well (a pure server
 # serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
-# whole suite: `make test-pure`).
+# whole suite: `make test-pure`). Tests marked `pure_build` run there only (tests/conftest.py).
 PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py \
 	tests/memcache/test_memcache_protocol.py tests/memcache/test_memcache_runs.py \
 	tests/text/test_text_protocol.py tests/server/test_socket_io.py tests/server/test_builds.py \
-	tests/server/test_unexpected_errors.py
+	tests/server/test_unexpected_errors.py tests/server/test_dashboard.py tests/session tests/storage
 
-$(COMPILED)/.built: $(STAMP) $(SOURCES)
-	rm -rf $(COMPILED)
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation --no-compile --target $(COMPILED) .
+$(WHEEL_DIR)/.built: $(STAMP)
+	rm -rf $(WHEELS)
+	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(WHEEL_DIR) .
 	touch $@
 
-compiled: $(COMPILED)/.built
+$(COMPILED)/.built-$(BUILD_KEY): $(WHEEL_DIR)/.built
+	rm -rf $(COMPILED)
+	$(BIN)/pip install --quiet --no-deps --no-compile --target $(COMPILED) $(WHEEL_DIR)/kestrel_py-*.whl
+	touch $@
+
+compiled: $(COMPILED)/.built-$(BUILD_KEY)
 
 # The machine's set-up (tests/support/system.py): Debian packages (a C compiler among them) and small
 # file systems, as root; elsewhere it says what is missing and those tests skip.
@@ -57,10 +68,11 @@ system: $(STAMP)
 
 # The set-up and the compiled build first; then the whole suite on the compiled build, and the
 # compiled modules' tests on the pure build.
-test: $(STAMP) system $(COMPILED)/.built
+test: $(STAMP) system $(COMPILED)/.built-$(BUILD_KEY)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	KESTREL_TEST_BUILD=compiled PYTHONPATH=$(COMPILED) $(PYTEST)
+	KESTREL_TEST_BUILD=compiled KESTREL_TEST_WHEEL="$$(ls $(CURDIR)/$(WHEEL_DIR)/kestrel_py-*.whl)" \
+		PYTHONPATH=$(COMPILED) $(PYTEST)
 	KESTREL_TEST_BUILD=pure $(PYTEST) $(PURE_TESTS)
 
 # The whole suite on the pure build.

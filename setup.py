@@ -14,17 +14,25 @@
   Python readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses
   each command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
   AddressSanitizer and UBSan and runs their tests.
+
+It also puts `src/kestrel-pyspark-python.pth` at the top of the built package, beside the modules,
+so that an install places it in site-packages, where Python reads it at start-up (see
+src/kestrel_pyspark_python.py); setuptools declares no such file in pyproject.toml.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.errors import BaseError, CCompilerError, CompileError
 
 BUILD = runpy.run_path("src/kestrel/build.py")  # the lists, without importing the package
@@ -32,6 +40,7 @@ BUILD = runpy.run_path("src/kestrel/build.py")  # the lists, without importing t
 # the compiled modules' `__file__` from its place, so it must stay above the package); each compiled
 # module's own extension only calls into it.
 GROUP = "kestrel"
+PTH = "kestrel-pyspark-python.pth"
 
 
 def _path(module: str, suffix: str) -> str:
@@ -65,7 +74,11 @@ class BuildExt(build_ext):
         if ext in self.mypyc and self.mypyc_failed:
             return
         try:
-            super().build_extension(ext)
+            if ext in self.mypyc:
+                with _compiling_in_parallel(self.compiler):
+                    super().build_extension(ext)
+            else:
+                super().build_extension(ext)
         except (CCompilerError, CompileError, BaseError):
             if ext not in self.mypyc:
                 raise
@@ -90,6 +103,35 @@ class BuildExt(build_ext):
                 found.unlink()
 
 
+class BuildWithPth(build_py):
+    """build_py that also places the start-up hook's .pth beside the package."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(os.path.join("src", PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
+
+@contextmanager
+def _compiling_in_parallel(compiler: Any) -> Iterator[None]:
+    """The C files of one extension compiled a process per core (setuptools compiles them one after
+    another): the request path's group is a C file per module, most of the build's time."""
+    compile_all = compiler.compile
+
+    def compile_each(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # each thread waits on its compiler
+            objects = pool.map(lambda source: compile_all([source], *args, **kwargs), sources)
+            return [obj for each in objects for obj in each]
+
+    compiler.compile = compile_each
+    try:
+        yield
+    finally:
+        compiler.compile = compile_all
+
+
 # mypy's checks that depend on the third-party packages' own types, which a build environment may
 # lack (pip's isolated build has only the build's requirements): their classes and results are then
 # Any, which compiles the same, but strict mode would refuse. `make lint` runs them with the types.
@@ -106,7 +148,8 @@ def _mypyc_extensions() -> list[Extension]:
     paths = [_path(module, ".py") for module in BUILD["COMPILED_MODULES"]]
     try:
         extensions: list[Extension] = mypycify(
-            [*paths, *WITHOUT_THIRD_PARTY_TYPES, "--cache-dir", "build/mypy-cache"], group_name=GROUP)
+            [*paths, *WITHOUT_THIRD_PARTY_TYPES, "--cache-dir", "build/mypy-cache"], group_name=GROUP,
+            multi_file=True, debug_level="0")  # a C file per module; no debug information (symbols stay)
     except SystemExit:  # mypy's errors are printed above
         print("warning: mypyc refused the request path: it stays pure Python")
         return []
@@ -114,6 +157,6 @@ def _mypyc_extensions() -> list[Extension]:
 
 
 setup(
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildWithPth},
     ext_modules=[Extension(name, [_path(name, ".c")], optional=True) for name in BUILD["C_HELPERS"]],
 )

@@ -1,14 +1,19 @@
 """Spark pipeline throughput, each figure beside a plain Python loop doing the same work in the same run.
 
-- writer into 1 and 3 servers: `df.write.format("kestrel")` against one thriftpy2 client putting the
-  same batches into one server;
-- streaming: a `Trigger.AvailableNow` stream into a counting sink against one client taking the same
-  items as open reads and confirming them;
+- writer into 1 and 3 servers: `df.write.format("kestrel")` against a loop putting the same rows, in
+  batches of the same size, through the project's client (`kestrel.client.Cluster.put_many`);
+- batch read: `spark.read.format("kestrel")` counting a queue's items, left in place, against a loop
+  through the client looking at the same items (`Server.peek_items`, 10,000 a call, as the source does);
+- streaming: a `Trigger.AvailableNow` stream into a counting sink against a loop through the client
+  taking the same items as open reads with their times (`Server.get_timed`) and confirming them;
 - journal: `spark.read.format("kestrel-journal")` counting records against a loop over
   kestrel.storage.kestrel2.reader.read_journal on the same files (and one over the reader's fast path),
   and against what Spark alone costs for a Python source's Arrow batches.
 
-    .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M] [--only journal ...]
+The Spark and plain sides take turns, best of `--runs` each, so that both meet the same moments of
+the machine's load; each run has queues of its own.
+
+    .venv/bin/python -m bench.bench_pipeline [--rows N] [--journal-mb M] [--runs R] [--only journal ...]
 """
 
 from __future__ import annotations
@@ -35,69 +40,107 @@ def servers(count: int, work: str) -> Iterator[list[int]]:
         yield [stack.enter_context(peers.kestrel(Path(work)))["thrift"] for _ in range(count)]
 
 
-def thrift_client(port: int) -> Any:
-    from thriftpy2.rpc import make_client
-    from thriftpy2.transport import TFramedTransportFactory
-
-    from kestrel.contract import kestrel_thrift
-
-    return make_client(kestrel_thrift.Kestrel, "127.0.0.1", port, trans_factory=TFramedTransportFactory())
-
-
 def timed(work: Any) -> float:
     started = time.perf_counter()
     work()
     return time.perf_counter() - started
 
 
-def bench_writer(spark: Any, n: int, payload: str, work: str) -> None:
-    df = spark.range(0, n, numPartitions=4).selectExpr(f"'{payload}' as data").cache()
+def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_size: int) -> None:
+    from kestrel.client import Cluster
+
+    rows_expr = f"concat('{payload}', cast(id as string)) as data"
+    df = spark.range(0, n, numPartitions=4).selectExpr(rows_expr).cache()
     df.count()
-    batch = [payload.encode()] * 1000
+    rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
     for count in (1, 3):
         with servers(count, work) as ports:
             target = ",".join(f"127.0.0.1:{p}" for p in ports)
             df.limit(1000).write.format("kestrel").option("servers", target).option("queue", "warmup") \
                 .mode("append").save()  # starts the Python workers outside the timing
-            spark_s = timed(lambda: df.write.format("kestrel").option("servers", target)  # noqa: B023
-                            .option("queue", "bench").option("batchSize", 1000).mode("append").save())
-            client = thrift_client(ports[0])
-            plain_s = timed(lambda: [client.put("plain", batch, 0) for _ in range(n // 1000)])  # noqa: B023
-            client.close()
-            print(f"writer into {count} server(s): spark {n / spark_s:,.0f} rows/s, plain loop into one "
-                  f"{n / plain_s:,.0f} rows/s, ratio {plain_s / spark_s:.2f}")
+            spark_s = plain_s = float("inf")
+            for run in range(runs):
+                writer = df.write.format("kestrel").option("servers", target).option("queue", f"spark{run}") \
+                    .option("batchSize", batch_size).mode("append")
+                spark_s = min(spark_s, timed(writer.save))
+                with Cluster([target.split(",")[0]]) as cluster:
+                    def plain(cluster: Any = cluster, queue: str = f"plain{run}") -> None:
+                        for i in range(0, n, batch_size):
+                            cluster.put_many(queue, rows[i:i + batch_size])
+                    plain_s = min(plain_s, timed(plain))
+            print(f"writer into {count} server(s), batches of {batch_size:,}: "
+                  f"spark {n / spark_s:,.0f} rows/s, "
+                  f"plain loop through the client into one {n / plain_s:,.0f} rows/s, "
+                  f"ratio {plain_s / spark_s:.2f}")
 
 
-def bench_stream(spark: Any, n: int, payload: str, work: str) -> None:
-    batch = [payload.encode()] * 1000
+def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
+    from kestrel.client import Server
+
+    with servers(1, work) as (port,), Server("127.0.0.1", port) as client:
+        for i in range(0, n, 10_000):
+            client.put("look", [b"%s%d" % (payload.encode(), j) for j in range(i, min(n, i + 10_000))])
+        read = spark.read.format("kestrel").option("servers", f"127.0.0.1:{port}").option("queue", "look") \
+            .load()
+
+        def plain() -> None:
+            position, seen = 0, 0
+            while at := client.peek_items("look", position, 10_000).shown:
+                seen += len([item.data for item in at])
+                position += len(at)
+            assert seen == n, seen
+
+        assert read.count() == n  # starts the Python workers outside the timing
+        spark_s = plain_s = float("inf")
+        for _ in range(runs):
+            spark_s = min(spark_s, timed(read.count))
+            plain_s = min(plain_s, timed(plain))
+        print(f"batch read ({n:,} items, looked at, left in place): spark {n / spark_s:,.0f} rows/s, "
+              f"plain peek_items loop through the client {n / plain_s:,.0f} rows/s, "
+              f"ratio {plain_s / spark_s:.2f}")
+
+
+def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int,
+                 per_partition: int) -> None:
+    from kestrel.client import Server
+
+    rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
     with servers(1, work) as (port,):
-        client = thrift_client(port)
-        for _ in range(n // 1000):
-            client.put("stream", batch, 0)
-            client.put("plain", batch, 0)
-        checkpoint = tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work)
+        client = Server("127.0.0.1", port)
         seen = [0]
 
         def count(df: Any, _: int) -> None:
             seen[0] += df.count()
 
-        def run_stream() -> None:
+        def run_stream(queue: str, checkpoint: str) -> None:
             (spark.readStream.format("kestrel").option("servers", f"127.0.0.1:{port}")
-             .option("queue", "stream").option("checkpointLocation", checkpoint)
-             .option("maxItemsPerTrigger", 50_000).load()
+             .option("queue", queue).option("checkpointLocation", checkpoint)
+             .option("maxItemsPerTrigger", per_trigger).option("itemsPerPartition", per_partition).load()
              .writeStream.foreachBatch(count).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start().awaitTermination())
 
-        spark_s = timed(run_stream)
+        def plain(queue: str) -> None:
+            while got := client.get_timed(queue, 1000, 0, 60_000):
+                client.confirm(queue, {item.id for item in got})
 
-        def plain() -> None:
-            while got := client.get("plain", 1000, 0, 60_000):
-                client.confirm("plain", {item.id for item in got})
-
-        plain_s = timed(plain)
+        for i in range(0, 1000, 1000):
+            client.put("warmup", rows[i:i + 1000])
+        run_stream("warmup", tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work))  # workers started
+        spark_s = plain_s = float("inf")
+        for run in range(runs):
+            for i in range(0, n, 10_000):
+                client.put(f"spark{run}", rows[i:i + 10_000])
+                client.put(f"plain{run}", rows[i:i + 10_000])
+            seen[0] = 0
+            checkpoint = tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work)
+            spark_s = min(spark_s, timed(lambda: run_stream(f"spark{run}", checkpoint)))  # noqa: B023
+            assert seen[0] == n, seen[0]
+            plain_s = min(plain_s, timed(lambda: plain(f"plain{run}")))  # noqa: B023
         client.close()
-        print(f"streaming ({seen[0]:,} rows, AvailableNow, 50,000 per trigger): "
-              f"spark {n / spark_s:,.0f} rows/s, plain get+confirm loop {n / plain_s:,.0f} rows/s, "
+        print(f"streaming ({n:,} rows, AvailableNow, {per_trigger:,} per trigger, {per_partition:,} per "
+              f"partition): "
+              f"spark {n / spark_s:,.0f} rows/s, "
+              f"plain get_timed + confirm loop through the client {n / plain_s:,.0f} rows/s, "
               f"ratio {plain_s / spark_s:.2f}")
 
 
@@ -205,12 +248,15 @@ ReadyBatches = _ready_batches()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--journal-mb", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=3, help="journal read: best of this many runs")
+    parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--batch-size", type=int, default=10_000, help="writer: rows per put (batchSize)")
+    parser.add_argument("--per-trigger", type=int, default=500_000, help="stream: maxItemsPerTrigger")
+    parser.add_argument("--per-partition", type=int, default=10_000, help="stream: itemsPerPartition")
     parser.add_argument("--unix-sockets", choices=("true", "false"), default="true",
                         help="spark.python.unix.domain.socket.enabled (Python workers over Unix sockets)")
-    parser.add_argument("--only", choices=("writer", "stream", "journal"), action="append",
+    parser.add_argument("--only", choices=("writer", "read", "stream", "journal"), action="append",
                         help="run only these parts (repeatable); all by default")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -225,16 +271,18 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     payload = "x" * 64
-    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {args.rows:,} rows of 64 B, "
-          f"batches of 1000, Spark {spark.version} local[2], Python workers over "
+    print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {args.rows:,} rows of about "
+          f"70 B, Spark {spark.version} local[2], Python workers over "
           f"{'Unix' if args.unix_sockets == 'true' else 'TCP'} sockets")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
-        parts = args.only or ["writer", "stream", "journal"]
+        parts = args.only or ["writer", "read", "stream", "journal"]
         if "writer" in parts:
-            bench_writer(spark, args.rows, payload, work)
+            bench_writer(spark, args.rows, payload, work, args.runs, args.batch_size)
+        if "read" in parts:
+            bench_read(spark, args.rows, payload, work, args.runs)
         if "stream" in parts:
-            bench_stream(spark, args.rows, payload, work)
+            bench_stream(spark, args.rows, payload, work, args.runs, args.per_trigger, args.per_partition)
         if "journal" in parts:
             bench_journal(spark, args.journal_mb, work, args.runs)
     finally:

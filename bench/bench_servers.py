@@ -17,8 +17,9 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
   and LPOP with a count, against 100 pipelined single-item Redis commands, and against 100
   pipelined beanstalkd commands (it has no batch command); memcache pipelined against memcached.
 - durability: 16 clients, one item per put, an fsync before every acknowledgement: our
-  `sync_journal: always`, with `commit_log` off and on (run by run in turn), against beanstalkd -f0
-  and Redis appendfsync always.
+  `sync_journal: always`, with `commit_log` off and on (the default; run by run in turn), against
+  beanstalkd -f0 and Redis appendfsync always; with each server's fsyncs per item (fsync and
+  fdatasync, all its threads, counted by `perf stat` on the kernel's tracepoints).
 - latency: one client, one item per request, with and without fsync (and the commit log).
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
@@ -40,15 +41,19 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import load_average, machine, process_cpu_seconds
+from bench.common import load_average, machine, process_cpu_seconds, syscall_counts
+
+FSYNCS = ("fsync", "fdatasync")  # the system calls that count as a server's fsyncs
 
 
 @dataclass(frozen=True)
 class Measured:
-    """The best run of a measurement, and the server's CPU time per item during that run."""
+    """The best run of a measurement, the server's CPU time per item during that run and, when
+    counted, its fsyncs per item."""
 
     load: loadgen.LoadResult
     cpu_us_per_item: float
+    fsyncs_per_item: float | None = None
 
     @property
     def items_per_s(self) -> float:
@@ -68,43 +73,51 @@ class Bench:
     repeat: int
     builds: tuple[str, ...] = ("compiled", "pure")
 
-    def measure(self, protocol: str, server: peers.Running, port: str, prefix: str,
+    def measure(self, protocol: str, server: peers.Running, port: str, prefix: str, fsyncs: bool = False,
                 **options: Any) -> Measured | None:
         best = None
         for attempt in range(self.repeat):
-            run = self._run(protocol, server, port, f"{prefix}{attempt}_", **options)
+            run = self._run(protocol, server, port, f"{prefix}{attempt}_", fsyncs, **options)
             if run is not None and (best is None or run.items_per_s > best.items_per_s):
                 best = run
         return best
 
     def alternate(self, protocol: str, servers: dict[str, peers.Running], port: str, prefix: str,
+                  fsyncs: bool = False, others: dict[str, tuple[str, peers.Running, str]] | None = None,
                   **options: Any) -> dict[str, Measured | None]:
         """`measure` on each server, the servers taking turns run by run, so that all of them see
-        the machine alike (our builds, or our settings)."""
-        best: dict[str, Measured | None] = dict.fromkeys(servers)
+        the machine alike (our builds, or our settings); `others` (label: protocol, server, port)
+        take their turns too, peers spoken to in their own protocols."""
+        turns = {label: (protocol, server, port) for label, server in servers.items()} | (others or {})
+        best: dict[str, Measured | None] = dict.fromkeys(turns)
         for attempt in range(self.repeat):
-            for label, server in servers.items():
-                run = self._run(protocol, server, port, f"{prefix}{label}{attempt}_", **options)
+            for n, (label, (spoken, server, at)) in enumerate(turns.items()):  # queue names by place
+                run = self._run(spoken, server, at, f"{prefix}{n}x{attempt}_", fsyncs, **options)
                 kept = best[label]
                 if run is not None and (kept is None or run.items_per_s > kept.items_per_s):
                     best[label] = run
         return best
 
-    def _run(self, protocol: str, server: peers.Running, port: str, prefix: str,
+    def _run(self, protocol: str, server: peers.Running, port: str, prefix: str, fsyncs: bool,
              **options: Any) -> Measured | None:
-        cpu_before = process_cpu_seconds(server.pid)
-        try:
-            result = loadgen.run(self.binary, protocol, server[port], seconds=self.seconds, prefix=prefix,
-                                 **options)
-        except loadgen.LoadgenError as e:
-            print(f"  ! {e}", file=sys.stderr)
-            return None
-        cpu = process_cpu_seconds(server.pid) - cpu_before
-        return Measured(result, cpu * 1e6 / max(result.items, 1))
+        counting = syscall_counts(server.pid, FSYNCS) if fsyncs else contextlib.nullcontext({})
+        with counting as counts:
+            cpu_before = process_cpu_seconds(server.pid)
+            try:
+                result = loadgen.run(self.binary, protocol, server[port], seconds=self.seconds, prefix=prefix,
+                                     **options)
+            except loadgen.LoadgenError as e:
+                print(f"  ! {e}", file=sys.stderr)
+                return None
+            finally:
+                cpu = process_cpu_seconds(server.pid) - cpu_before
+        items = max(result.items, 1)
+        synced = counts.get("fsync", 0) + counts.get("fdatasync", 0) if "all" in counts else None
+        return Measured(result, cpu * 1e6 / items, None if synced is None else synced / items)
 
     @contextlib.contextmanager
     def ours(self, work: Path, sync: str = "never",
-             commit_log: str = "off") -> Iterator[dict[str, peers.Running]]:
+             commit_log: str = "on") -> Iterator[dict[str, peers.Running]]:
         """Our server in each build, started side by side."""
         with contextlib.ExitStack() as stack:
             yield {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
@@ -117,8 +130,9 @@ def cell(measured: Measured | None) -> str:
     result = measured.load
     cpu = measured.cpu_us_per_item
     cpu_text = f"{cpu:,.2f}" if cpu < 10 else f"{cpu:,.1f}"  # batches cost well under a µs an item
+    synced = "" if measured.fsyncs_per_item is None else f" ({measured.fsyncs_per_item:.3f} fsyncs)"
     return (f"{result.items_per_s:,.0f} | {result.p('round', 'p50'):,.0f} / "
-            f"{result.p('round', 'p99'):,.0f} | {cpu_text}")
+            f"{result.p('round', 'p99'):,.0f} | {cpu_text}{synced}")
 
 
 def header(title: str) -> None:
@@ -179,15 +193,18 @@ def batch(bench: Bench, work: Path) -> None:
 
 
 def durability(bench: Bench, work: Path) -> None:
-    header("Durability: 16 clients each on its own queue, one item per put, fsync before every reply")
-    with bench.ours(work, "always") as off, bench.ours(work, "always", "on") as on, \
+    header("Durability: 16 clients each on its own queue, one item per put, fsync before every reply "
+           "(CPU µs/item with fsyncs per item)")
+    with bench.ours(work, "always", "off") as off, bench.ours(work, "always") as on, \
             peers.beanstalkd(work, "always") as bean, peers.redis(work, "always") as red:
         # Settings and builds take turns run by run, so that all of them see the disk and the machine alike.
         servers = {**{f"{build}, `commit_log: off`": server for build, server in off.items()},
                    **{f"{build}, `commit_log: on`": server for build, server in on.items()}}
-        measured = bench.alternate("thrift", servers, "thrift", "durable", clients=16)
-        beans = bench.measure("beanstalk", bean, "beanstalk", "durable", clients=16)
-        redis = bench.measure("redis", red, "redis", "durable", clients=16)
+        # The peers take their turns among ours: the disk is shared, and its speed drifts by the minute.
+        measured = bench.alternate("thrift", servers, "thrift", "durable", fsyncs=True, clients=16,
+                                   others={"beanstalkd": ("beanstalk", bean, "beanstalk"),
+                                           "redis": ("redis", red, "redis")})
+        beans, redis = measured.pop("beanstalkd"), measured.pop("redis")
         rows("Thrift put + get, `sync_journal: always`", measured, "beanstalkd -f0", beans)
         rows("Thrift put + get, `sync_journal: always`", measured, "Redis appendfsync always", redis)
 

@@ -1,12 +1,18 @@
-"""What the benchmark scripts share: free ports, waiting for a listener, the machine's description."""
+"""What the benchmark scripts share: free ports, waiting for a listener, the machine's description,
+a process's CPU time and system calls."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import platform
+import shutil
+import signal
 import socket
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -43,3 +49,30 @@ def process_cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def syscall_counts(pid: int, calls: tuple[str, ...]) -> Iterator[dict[str, int]]:
+    """Count the system calls `calls` of process `pid` and all its threads (new ones too) while the
+    block runs, by the kernel's tracepoints (`perf stat`), which hardly slow the process: the dict
+    yielded is filled when the block ends, "all" holding every system call. It stays empty when
+    `perf` is not installed or the tracepoints are unavailable."""
+    counts: dict[str, int] = {}
+    perf = shutil.which("perf")
+    if perf is None:
+        yield counts
+        return
+    events = ",".join(["raw_syscalls:sys_enter", *(f"syscalls:sys_enter_{call}" for call in calls)])
+    with tempfile.NamedTemporaryFile("r", suffix=".csv") as out:
+        counter = subprocess.Popen([perf, "stat", "-x", ",", "-e", events, "-p", str(pid), "-o", out.name],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # perf attaches in the background
+        try:
+            yield counts
+        finally:
+            counter.send_signal(signal.SIGINT)
+            counter.wait(10)
+        for line in out.read().splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and fields[0].strip().isdigit():
+                counts[fields[2].rsplit("sys_enter", 1)[-1].lstrip("_") or "all"] = int(fields[0])

@@ -36,14 +36,11 @@ class MissingPeer(Exception):
 
 def build_path(build: str) -> Path:
     """Where our server's `build` is imported from, checked to hold that build and, compiled, to be
-    newer than every source (else the figures would be of older code)."""
+    made from the source as it is (else the figures would be of older code: `make -q` asks the
+    Makefile, which keys the compiled build by the source's hash)."""
     path = COMPILED if build == "compiled" else SOURCE
-    if build == "compiled":
-        made = path / ".built"
-        sources = [p for p in (ROOT / "src").rglob("*") if p.suffix in (".py", ".pyi", ".c", ".thrift")]
-        newest = max(p.stat().st_mtime for p in sources)
-        if not made.exists() or made.stat().st_mtime < newest:
-            raise MissingPeer(f"{path} is missing or older than the source: run `make compiled` first")
+    if build == "compiled" and subprocess.run(["make", "-q", "compiled"], cwd=ROOT).returncode != 0:
+        raise MissingPeer(f"{path} is missing or older than the source: run `make compiled` first")
     probe = "from kestrel.build import build_name; print(build_name())"
     found = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(path)),
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -96,7 +93,7 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 
 @contextlib.contextmanager
-def kestrel(work: Path, sync: str = "never", commit_log: str = "off", admin: bool = False,
+def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool = False,
             prepare: Callable[[Path], None] | None = None, build: str = "pure") -> Iterator[Running]:
     """This checkout's server in `build` with the Thrift and memcache ports open (and the admin port
     with `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it

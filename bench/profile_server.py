@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import machine
+from bench.common import machine, syscall_counts
 
 WORKLOADS = {  # name: (port, loadgen options)
     "thrift": ("thrift", {"protocol": "thrift", "batch": 1}),
@@ -227,31 +227,19 @@ def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, A
 TRACED_SYSCALLS = ("recvfrom", "sendto", "write", "epoll_wait", "getpid", "epoll_ctl", "futex", "fdatasync")
 
 
-def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any], work: Path) -> str:
+def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any]) -> str:
     """System calls per item under the workload's own clients (4 by default, 20,000 items each),
     counted by the kernel's tracepoints (`perf stat`), which hardly slow the server: under strace
     more requests are ready at each turn of the loop, so fewer turns are counted."""
-    perf = shutil.which("perf")
-    if perf is None:
+    if shutil.which("perf") is None:
         return "perf is not installed: no system call counts under load"
-    out = work / "syscalls.csv"
-    events = ",".join(["raw_syscalls:sys_enter", *(f"syscalls:sys_enter_{call}" for call in TRACED_SYSCALLS)])
-    counter = subprocess.Popen([perf, "stat", "-x", ",", "-e", events, "-p", str(pid), "-o", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # perf attaches in the background
     clients, batch = int(options.get("clients", 4)), int(options["batch"])
     items = 20_000 // batch * batch
-    loadgen.run(binary, str(options["protocol"]), port, clients=clients, batch=batch, items=items,
-                auto_abort_ms=int(options.get("auto_abort_ms", 0)), prefix="syscalls")
-    counter.send_signal(signal.SIGINT)
-    counter.wait(10)
-    counts = {}
-    for line in out.read_text().splitlines():
-        fields = line.split(",")
-        if len(fields) > 2 and fields[0].strip().isdigit():
-            counts[fields[2].rsplit("sys_enter", 1)[-1].lstrip("_") or "all"] = int(fields[0])
+    with syscall_counts(pid, TRACED_SYSCALLS) as counts:
+        loadgen.run(binary, str(options["protocol"]), port, clients=clients, batch=batch, items=items,
+                    auto_abort_ms=int(options.get("auto_abort_ms", 0)), prefix="syscalls")
     if "all" not in counts:
-        return f"perf stat counted nothing (tracepoints unavailable?): {out.read_text().strip()[-300:]}"
+        return "perf stat counted nothing (tracepoints unavailable?)"
     total = clients * items
     listed = ", ".join(f"{name} {n / total:.2f}" for name, n in counts.items() if name != "all" and n)
     return (f"system calls per item under load (perf stat, {clients} clients, {total:,} items): "
@@ -278,7 +266,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
                              capture_output=True, text=True)
         out, err = load.communicate()
         syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
-        under_load = syscalls_per_item(server.pid, binary, server[port_name], options, work)
+        under_load = syscalls_per_item(server.pid, binary, server[port_name], options)
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
     print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, "
           f"`sync_journal: {sync}`, `commit_log: {commit_log}`, the {build} build")

@@ -44,6 +44,21 @@ def pytest_configure(config: pytest.Config) -> None:
         compile_project()
 
 
+# A test that replaces a function or method of a compiled module (to count its calls or to fail it)
+# sees nothing in the compiled build, whose callers call it directly: `pure_build` marks it, and it runs
+# on the pure build only (`make test` runs its folder there too: PURE_TESTS in the Makefile).
+PURE_BUILD_ONLY = "replaces code the compiled build calls directly: runs on the pure build"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from kestrel.build import build_name
+
+    if build_name() != "pure":
+        for item in items:
+            if item.get_closest_marker("pure_build") is not None:
+                item.add_marker(pytest.mark.skip(reason=PURE_BUILD_ONLY))
+
+
 def compile_project() -> None:
     """Every server and command a test starts imports the project anew, and under
     PYTHONDONTWRITEBYTECODE nothing keeps their compiled code: compiling it took a third of a

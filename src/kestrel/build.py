@@ -15,11 +15,18 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 
-# Compiled by mypyc from their Python source: the protocols' connection loops and codecs.
+# Compiled by mypyc from their Python source: the request path from the protocols' connection loops
+# and codecs through the session, the collection and the queue policy to both formats' queues,
+# journals, journal files and record codecs. Beside it stay Python, each for a reason:
+# `storage.disk`, the system calls the fault tests replace to fail a write or an fsync (a compiled
+# module's own functions are called directly, so a replacement would not be seen); `storage.runtime`,
+# reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests; and
+# `storage.item`, the Python twin of the C helper `_item`.
 COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
     "kestrel.service.buffered_connection",
+    "kestrel.service.histogram_series",
     "kestrel.service.thrift.protocol",
     "kestrel.service.thrift.messages",
     "kestrel.service.thrift.transport",
@@ -29,6 +36,37 @@ COMPILED_MODULES = (
     "kestrel.service.memcache.handler",
     "kestrel.service.text.commands",
     "kestrel.service.text.handler",
+    "kestrel.service.session.auto_abort",
+    "kestrel.service.session.open_reads",
+    "kestrel.service.session.read_ids",
+    "kestrel.service.session.server_state",
+    "kestrel.service.session.session",
+    "kestrel.service.session.stats",
+    "kestrel.service.session.status",
+    "kestrel.storage.aliases",
+    "kestrel.storage.changes",
+    "kestrel.storage.clock",
+    "kestrel.storage.collection",
+    "kestrel.storage.commit_log",
+    "kestrel.storage.config",
+    "kestrel.storage.deferred_log",
+    "kestrel.storage.expiry",
+    "kestrel.storage.fanout",
+    "kestrel.storage.journal_file",
+    "kestrel.storage.memory",
+    "kestrel.storage.poison",
+    "kestrel.storage.queue",
+    "kestrel.storage.read_behind",
+    "kestrel.storage.wait_list",
+    "kestrel.storage.kestrel2.codec",
+    "kestrel.storage.kestrel2.journal",
+    "kestrel.storage.kestrel2.queue",
+    "kestrel.storage.kestrel2.read_behind",
+    "kestrel.storage.kestrel2.reader",
+    "kestrel.storage.kestrel3.codec",
+    "kestrel.storage.kestrel3.files",
+    "kestrel.storage.kestrel3.journal",
+    "kestrel.storage.kestrel3.queue",
 )
 
 # Written in C, each beside the Python twin that stays its reference (docs/architecture.md).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -133,6 +134,24 @@ def test_no_server_could_take_it(server: ServerProcess) -> None:
     with pytest.raises(ServerUnavailable, match="cannot connect"):
         Server("127.0.0.1", free_port()).put("jobs", [b"x"])
     cluster.close()
+
+
+def test_a_lost_answer_says_the_call_may_have_been_done(server: ServerProcess) -> None:
+    with pytest.raises(ServerUnavailable, match="cannot connect") as refused:
+        Server("127.0.0.1", free_port()).confirm("jobs", {1})
+    assert not refused.value.maybe_done  # it never reached a server
+    with socket.socket() as silent:  # accepts connections, never answers: a frozen server
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        frozen = Server("127.0.0.1", silent.getsockname()[1], timeout_ms=200)
+        with pytest.raises(ServerUnavailable, match="confirm failed") as lost:
+            frozen.confirm("jobs", {1})
+        assert lost.value.maybe_done  # sent: the server may have done it before its answer was lost
+        frozen.close()
+    one = on(server)
+    with pytest.raises(Refused):
+        one.put("bad/name", [b"x"])  # answered: a refusal is no lost answer
+    one.close()
 
 
 def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> None:

@@ -100,8 +100,8 @@ def test_incomplete_record_before_a_later_file_is_corruption(tmp_path: Path) -> 
 WRITER = textwrap.dedent("""
     import sys
     from kestrel.storage import QueueCollection, QueueConfigs
-    coll = QueueCollection(sys.argv[1], QueueConfigs({"sync_journal": "always"}),
-                           commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
+    configs = QueueConfigs({"sync_journal": "always", "journal_format": sys.argv[5], "default_journal_size": "4KB"})
+    coll = QueueCollection(sys.argv[1], configs, commit_log=sys.argv[3] == "on", max_memory_total=int(sys.argv[4]))
     coll.load()
     n = 0
     while True:
@@ -114,12 +114,14 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("commit_log", ["off", "on"])
 @pytest.mark.parametrize("budget", [0, 500], ids=["no-budget", "small-budget"])
 @pytest.mark.parametrize("batch", [1, 7])
-def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str,
+                                           journal_format: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget),
+                             journal_format], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     acknowledged = 0
     for line in proc.stdout:
@@ -130,7 +132,8 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: 
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), max_memory_total=budget)
+    configs = QueueConfigs({"sync_journal": "always", "journal_format": journal_format})
+    coll = QueueCollection(str(tmp_path), configs, max_memory_total=budget)
     coll.load()
     got = drain(coll, "durable")
     assert len(got) >= acknowledged
@@ -346,7 +349,7 @@ CHURN = textwrap.dedent("""
     import sys
     from kestrel.storage import QueueCollection, QueueConfigs
     fmt = sys.argv[2]
-    q = {"journal_format": fmt, "sync_journal": "always", "max_memory_size": 3000,
+    q = {"journal_format": fmt, "sync_journal": sys.argv[3], "max_memory_size": 3000,
          "default_journal_size": 2000, "max_journal_size": 12000}
     coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}))
     coll.load()
@@ -366,15 +369,17 @@ CHURN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("sync", ["always", "20ms"])
 @pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("lines", [300, 1500, 4000])
 def test_sigkill_amid_rotations_packs_and_checkpoint_rewrites_loads_without_refusal(
-        tmp_path: Path, fmt: str, lines: int) -> None:
+        tmp_path: Path, fmt: str, lines: int, sync: str) -> None:
     """Wherever a kill stops the manifest's and the files' changes, start-up (without salvage)
     refuses nothing: the queue holds a run of items from the first not consumed on, every
     acknowledged one included, and none whose removal was acknowledged (removes not read before
-    the kill may have consumed a few more)."""
-    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt],
+    the kill may have consumed a few more). The commit log is on (the default), under `always` and
+    under a periodic sync."""
+    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt, sync],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None  # the progress; the log goes to stdout
     added, removed, seen = 0, set(), 0

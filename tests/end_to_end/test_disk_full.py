@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file, queue_path
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, queue_path
+from kestrel.storage import disk as disk_calls
 from kestrel.storage.clock import FakeClock
 from tests.conftest import PACKAGE_ROOT
 from tests.support import kestrel24, system
@@ -33,7 +34,7 @@ class FailingDisk:
         self.full = False
         self.only: str | None = None  # fail only the journal of this queue
         self.failures = 0
-        self._real = journal_file.write_all
+        self._real = disk_calls.write_all
 
     def write_all(self, fd: int, data: bytes) -> None:
         if self.full and (self.only is None or os.readlink(f"/proc/self/fd/{fd}").endswith("/" + self.only)):
@@ -46,7 +47,7 @@ class FailingDisk:
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingDisk]:
     fake = FailingDisk()
-    monkeypatch.setattr(journal_file, "write_all", fake.write_all)
+    monkeypatch.setattr(disk_calls, "write_all", fake.write_all)
     yield fake
 
 

@@ -23,7 +23,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is installed by `make t
 pytestmark = pytest.mark.timeout(900)
 
 
-from tests.conftest import ROOT, ServerProcess, free_port, wait_until  # noqa: E402
+from tests.conftest import ROOT, STALL_S, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.support.clients import thrift_client  # noqa: E402
 from tests.support.system import need_java  # noqa: E402
 
@@ -154,10 +154,70 @@ def test_actions_that_discard_rows_leave_every_item(spark: Any, server_factory: 
     # other server showed goes back (at once, or after autoAbortMs if Spark killed its task midway).
     gone = f"127.0.0.1:{free_port()}"
     partial = spark.read.format("kestrel").option("servers", f"{address(b)},{gone}").option("queue", "keep") \
-        .option("autoAbortMs", 1000).load()
+        .load()
     with pytest.raises(Exception, match=f"server {gone} could not list its queues"):
         partial.count()
-    wait_until(lambda: waiting(b, "keep") == (800, 0), "800 items back on the queue")
+    assert waiting(b, "keep") == (800, 0)
+
+
+def queue_stats(srv: ServerProcess, queue: str) -> dict[str, Any]:
+    """A queue's figures but those time moves (how long its head has waited)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json", timeout=5) as r:
+        return {k: v for k, v in json.load(r)["queues"][queue].items() if not k.endswith("_wait_ms")}
+
+
+POISON_QUEUES = {"queues": {
+    "k2": {"max_errors": 2},  # poison dropped
+    "k3": {"max_errors": 2, "error_queue": "k3_failed", "journal_format": "kestrel3"},
+}}
+
+
+def test_batch_reads_never_destroy_items_of_queues_with_poison_settings(spark: Any, server_factory: Any) -> None:
+    srv = server_factory(POISON_QUEUES)
+    for queue in ("k2", "k3"):
+        put(srv, queue, [b"%s-%d" % (queue.encode(), i) for i in range(50)])
+    before = {queue: queue_stats(srv, queue) for queue in ("k2", "k3")}
+    df = spark.read.format("kestrel").option("servers", address(srv)).option("queue", "k2,k3").load()
+    for _ in range(3):  # each item looked at more often than max_errors
+        df.show(2)
+        assert df.count() == 100
+    assert sorted(r.data for r in df.collect()) == sorted(b"%s-%d" % (q, i) for q in (b"k2", b"k3")
+                                                          for i in range(50))
+    after = {queue: queue_stats(srv, queue) for queue in ("k2", "k3")}
+    for queue in ("k2", "k3"):  # no counter moved: a look is no delivery
+        assert after[queue] == before[queue], (queue, before[queue], after[queue])
+    assert queue_names(srv) == ["k2", "k3"]  # nothing poisoned into the error queue
+    assert take_all(srv, "k2") == [b"k2-%d" % i for i in range(50)]  # and in their order
+    assert take_all(srv, "k3") == [b"k3-%d" % i for i in range(50)]
+
+
+def test_batch_read_takes_the_whole_queue_or_refuses_naming_max_items(spark: Any, server: ServerProcess) -> None:
+    put(server, "deep", [b"%d" % i for i in range(25_000)])
+    df = spark.read.format("kestrel").option("servers", address(server)).option("queue", "deep").load()
+    assert df.count() == 25_000
+    assert df.rdd.getNumPartitions() == 3  # itemsPerPartition, 10,000
+    assert df.select("data").distinct().count() == 25_000
+    capped = spark.read.format("kestrel").option("servers", address(server)).option("queue", "deep") \
+        .option("maxItems", 10_000).load()
+    with pytest.raises(Exception, match="the queues hold 25,000 items, more than maxItems \\(10,000\\): raise "
+                                        "maxItems, or leave it out"):
+        capped.count()
+    assert waiting(server, "deep") == (25_000, 0)
+
+
+def test_batch_read_by_pattern_reads_the_queues_it_matches(spark: Any, server_factory: Any) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "prod-1", [b"a1"])
+    put(b, "prod-2", [b"b2"])
+    put(b, "test-1", [b"t"])
+    c = client(b)
+    c.peek("prod-2+audit")  # a fanout child: a reader of prod-2, not a queue the pattern matches
+    c.close()
+    read = spark.read.format("kestrel").option("servers", address(a, b))
+    rows = read.option("queue", "prod-*").load().collect()
+    assert sorted((r.queue, r.data) for r in rows) == [("prod-1", b"a1"), ("prod-2", b"b2")]
+    with pytest.raises(Exception, match="no server holds queue 'stage-\\*'"):
+        read.option("queue", "prod-*,stage-*").load().collect()
 
 
 def queue_names(srv: ServerProcess) -> list[str]:
@@ -422,12 +482,14 @@ def stream(spark: Any, servers: str, checkpoint: Path, **options: Any) -> Any:
     return reader.load()
 
 
-def drained(query: Any, server: ServerProcess, timeout: float) -> None:
-    """Run the query until the queue holds nothing, taken or open (every item confirmed), then
-    until the sink has what was confirmed. Reads a killed task left open return after autoAbortMs."""
+def drained(query: Any, *servers: ServerProcess, timeout: float) -> None:
+    """Run the query until the queue holds nothing on any of the servers, taken or open (every item
+    confirmed), then until the sink has what was confirmed. Reads a killed task left open return
+    after autoAbortMs."""
     query.processAllAvailable()
     with contextlib.suppress(AssertionError):  # the caller's assertions say what is missing
-        wait_until(lambda: waiting(server, "events") == (0, 0), "every item confirmed", timeout=timeout)
+        wait_until(lambda: all(waiting(srv, "events") == (0, 0) for srv in servers), "every item confirmed",
+                   timeout=timeout)
     query.processAllAvailable()
 
 
@@ -550,40 +612,72 @@ def write(df, batch_id):
     sink(df, batch_id)
     if batch_id == 1:  # written, never committed: the test kills this driver here
         threading.Event().wait()
-(spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
- .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400).option("autoAbortMs", 20000)
- .load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
- .awaitTermination())
+reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", "events")
+          .option("checkpointLocation", checkpoint).option("maxItemsPerTrigger", 400))
+for key, value in json.loads(sys.argv[5]).items():
+    reader = reader.option(key, value)
+reader.load().writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start().awaitTermination()
 """
 
 
-def test_killed_driver_resumes_with_every_item_once(spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+def killed_driver(servers: str, tmp_path: Path, **options: Any) -> None:
+    """Run DRIVER on `servers` in a process of its own until it has written batch 1, then kill it,
+    its JVM and its workers: batch 1 is fetched and logged, its reads open, never committed."""
     import signal
     import subprocess
 
-    items = {b"e%d" % i for i in range(1200)}
-    put(server, "events", sorted(items))
-    cp, out = tmp_path / "cp", tmp_path / "out"
     settings = dict(SPARK_SETTINGS, **{"spark.local.dir": str(tmp_path / "driver")})
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address(server), str(cp), str(out), json.dumps(settings)],
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, servers, str(tmp_path / "cp"),
+                               str(tmp_path / "out"), json.dumps(settings), json.dumps(options)],
                               cwd=str(ROOT), start_new_session=True, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: (out / "1").exists(), "the driver to write batch 1", timeout=180)
+        wait_until(lambda: (tmp_path / "out" / "1").exists(), "the driver to write batch 1", timeout=180)
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
+        os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
 
+
+def test_killed_driver_resumes_with_every_item_once_its_servers_listed_the_other_way_round(
+        spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    items = {b"a%d" % i for i in range(600)} | {b"b%d" % i for i in range(600)}
+    put(a, "events", sorted(i for i in items if i.startswith(b"a")))
+    put(b, "events", sorted(i for i in items if i.startswith(b"b")))
+    cp, out = tmp_path / "cp", tmp_path / "out"
+    killed_driver(address(a, b), tmp_path, autoAbortMs=20_000)
     sink = BatchFiles(out)
-    query = stream(spark, address(server), cp, maxItemsPerTrigger=400, autoAbortMs=20_000).writeStream \
-        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    # The same stream, its servers spelt the other way round: it goes on from the killed driver's log.
+    query = stream(spark, f"127.0.0.1:{b.thrift_port}, 127.0.0.1:{a.thrift_port}", cp, maxItemsPerTrigger=400,
+                   autoAbortMs=20_000).writeStream.foreachBatch(sink).option("checkpointLocation", str(cp)).start()
     try:
-        drained(query, server, timeout=120)
+        drained(query, a, b, timeout=120)
     finally:
         query.stop()
     rows = sink.rows()
     print(f"duplicates: {len(rows) - len(items)} of {len(items)}")
     assert sorted(rows) == sorted(items)  # every item exactly once
-    assert waiting(server, "events") == (0, 0)
+    assert waiting(a, "events") == (0, 0) and waiting(b, "events") == (0, 0)
+    assert len([d for d in (cp / "kestrel").iterdir() if d.is_dir()]) == 1  # one stream, no log orphaned
+
+
+@pytest.mark.slow
+def test_a_driver_restarted_a_minute_and_more_later_duplicates_nothing_by_default(
+        spark: Any, server: ServerProcess, tmp_path: Path) -> None:
+    items = {b"e%d" % i for i in range(1200)}
+    put(server, "events", sorted(items))
+    cp, out = tmp_path / "cp", tmp_path / "out"
+    killed_driver(address(server), tmp_path)  # the stream's defaults
+    time.sleep(65)  # real time: an ordinary restart of a driver on a cluster takes a minute and more
+    sink = BatchFiles(out)
+    query = stream(spark, address(server), cp, maxItemsPerTrigger=400).writeStream.foreachBatch(sink) \
+        .option("checkpointLocation", str(cp)).start()
+    try:
+        drained(query, server, timeout=120)
+    finally:
+        query.stop()
+    rows = sink.rows()
+    assert sorted(rows) == sorted(items)  # every item exactly once: batch 1's reads were still open
+    assert returned(cp) == 0
 
 
 def test_server_killed_and_restarted_mid_stream_loses_nothing(spark: Any, server: ServerProcess,
@@ -681,6 +775,104 @@ def test_server_stopped_during_commit_keeps_the_confirm_until_it_is_back(spark: 
     assert duplicates == returned(cp) == 300
     assert not list(cp.glob("kestrel/*/1"))  # the retried confirm was answered and the batch forgotten
     assert waiting(server, "events") == (0, 0)
+
+
+def test_progress_reports_each_queues_depth_and_the_last_batch(spark: Any, server_factory: Any,
+                                                               tmp_path: Path) -> None:
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(a, "events", [b"a%d" % i for i in range(500)])
+    put(b, "events", [b"b%d" % i for i in range(300)])
+    cp = tmp_path / "cp"
+    sink = Sink()
+    query = stream(spark, address(a, b), cp, maxItemsPerTrigger=200).writeStream.queryName("kestrel-events") \
+        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    try:
+        query.processAllAvailable()
+        wait_until(lambda: waiting(a, "events") == (0, 0) and waiting(b, "events") == (0, 0), "every item confirmed")
+        query.processAllAvailable()
+        reports = [json.loads(p.sources[0].latestOffset) for p in query.recentProgress
+                   if p.sources and p.sources[0].latestOffset not in (None, "null")]
+    finally:
+        query.stop()
+    assert query.name == "kestrel-events"  # what the Spark UI lists the query by
+    assert reports[0]["waiting"] == {address(a): {"events": 500}, address(b): {"events": 300}}  # the lag
+    lags = [sum(n for queues in r["waiting"].values() for n in queues.values()) for r in reports]
+    assert lags == sorted(lags, reverse=True) and lags[-1] <= 200  # shrinking by at most a batch each time
+    assert all(r["down"] == [] for r in reports)
+    batches = [r["lastBatch"] for r in reports if "lastBatch" in r]
+    assert batches and all(r["items"] <= 200 and r["fetchMs"] >= 0 for r in batches)
+    assert sum({r["batch"]: r["items"] for r in batches}.values()) <= 800 and len(sink.rows()) == 800
+
+
+def test_two_readers_each_see_every_item_as_consumer_groups_do(spark: Any, server: ServerProcess,
+                                                               tmp_path: Path) -> None:
+    sinks = {"billing": Sink(), "audit": Sink()}
+    queries = [stream(spark, address(server), tmp_path / name, reader=name).writeStream.foreachBatch(sink)
+               .option("checkpointLocation", str(tmp_path / name)).start() for name, sink in sinks.items()]
+    try:
+        for query in queries:
+            query.processAllAvailable()  # each creates its reader: events+billing, events+audit
+        assert queue_names(server) == ["events", "events+audit", "events+billing"]
+        items = [b"e%d" % i for i in range(300)]
+        put(server, "events", items)
+        for name, query in zip(sinks, queries, strict=True):
+            wait_until(lambda: (query.processAllAvailable(), waiting(server, f"events+{name}"))[1] == (0, 0),  # noqa: B023
+                       f"reader {name} to take every item")
+            query.processAllAvailable()
+    finally:
+        for query in queries:
+            query.stop()
+    assert sorted(sinks["billing"].rows()) == sorted(items) == sorted(sinks["audit"].rows())
+    assert waiting(server, "events") == (300, 0)  # the queue itself keeps its own copy, for its own readers
+
+
+def test_a_pattern_stream_takes_up_queues_that_appear_between_batches(spark: Any, server: ServerProcess,
+                                                                      tmp_path: Path) -> None:
+    put(server, "orders-eu", [b"eu%d" % i for i in range(100)])
+    put(server, "other", [b"x"])
+    sink = Sink()
+    query = stream(spark, address(server), tmp_path / "cp", queue="orders-*").writeStream.foreachBatch(sink) \
+        .option("checkpointLocation", str(tmp_path / "cp")).start()
+    try:
+        query.processAllAvailable()
+        put(server, "orders-us", [b"us%d" % i for i in range(50)])  # a new queue the pattern matches
+        wait_until(lambda: (query.processAllAvailable(), len(sink.rows()))[1] == 150, "the new queue's items")
+    finally:
+        query.stop()
+    assert sorted(sink.rows()) == sorted([b"eu%d" % i for i in range(100)] + [b"us%d" % i for i in range(50)])
+    assert waiting(server, "other") == (1, 0)
+    assert waiting(server, "orders-eu") == (0, 0) and waiting(server, "orders-us") == (0, 0)
+
+
+def test_a_frozen_server_stalls_no_batch_after_the_first_and_an_all_frozen_cluster_fails_in_time(
+        spark: Any, server_factory: Any, tmp_path: Path) -> None:
+    import signal
+
+    a, b = server_factory(name="a"), server_factory(name="b")
+    put(b, "events", [b"never"])
+    assert a.proc is not None and b.proc is not None
+    os.kill(b.proc.pid, signal.SIGSTOP)  # frozen: connections are accepted, nothing is answered
+    sink = Sink()
+    cp = tmp_path / "cp"
+    query = stream(spark, address(a, b), cp, timeoutMs=1000, unreachableTimeoutMs=4000).writeStream \
+        .foreachBatch(sink).option("checkpointLocation", str(cp)).start()
+    try:
+        for round_ in range(3):
+            put(a, "events", [b"%d-%d" % (round_, i) for i in range(100)])
+            wait_until(lambda: (query.processAllAvailable(), len(sink.rows()))[1] == 100 * (round_ + 1),  # noqa: B023
+                       f"round {round_} delivered")
+        stalls = [p.durationMs.get("latestOffset", 0) for p in query.recentProgress[1:]]
+        assert max(stalls) < STALL_S * 1000, stalls  # asked again in the background, not waited for
+        assert sorted(sink.rows()) == sorted(b"%d-%d" % (r, i) for r in range(3) for i in range(100))
+        os.kill(a.proc.pid, signal.SIGSTOP)  # now every server is frozen
+        frozen = time.monotonic()
+        with pytest.raises(Exception, match="no server answered for \\d+ s \\(unreachableTimeoutMs is 4000\\)"):
+            query.awaitTermination(120)
+        assert time.monotonic() - frozen < 4 + 1 + 3 * STALL_S  # the time-out, one call's, and a margin
+    finally:
+        for srv in (a, b):
+            os.kill(srv.proc.pid, signal.SIGCONT)
+        query.stop()
 
 
 @pytest.mark.parametrize("options, message", [

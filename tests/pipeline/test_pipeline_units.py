@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import threading
@@ -198,13 +199,13 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     before = int(time.time() * 1000)
     server.put("q", [b"%d" % i for i in range(30)])
     after = int(time.time() * 1000)
-    taken = take_open_reads(address, "q", 25, 60_000)
+    taken = take_open_reads(address, "q", 25, 60_000, 10_000)
     assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
     assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
     assert taken.failure is None
     assert server.peek("q").open_transactions == 25
     assert server.confirm("q", set(taken.ids)) == 25  # closed over another connection
-    lost = take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000)  # a lost server: nothing, and why
+    lost = take_open_reads(f"127.0.0.1:{free_port()}", "q", 5, 60_000, 10_000)  # a lost server: nothing, and why
     assert (lost.ids, lost.items) == ([], []) and "cannot connect" in str(lost.failure)
 
 
@@ -229,6 +230,28 @@ def test_the_writer_leaves_retrying_to_the_client(server: ServerProcess, retries
     retries.clear()
     live = KestrelWriter({**options, "servers": f"127.0.0.1:{server.thrift_port}"}, schema)
     assert live.write(iter([batch])).written == 2 and (retries.puts, pauses) == (1, [])
+
+
+def test_the_writers_puts_keep_to_batch_size_and_bytes_a_larger_item_alone(server: ServerProcess,
+                                                                            retries: Retries) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from kestrel.client import Server
+    from kestrel.pipeline.writer import KestrelWriter
+
+    schema = StructType([StructField("data", BinaryType())])
+    rows = [b"%04d" % i + b"." * 996 for i in range(30)]  # 1,000 bytes each
+    rows[17] = b"big" + b"!" * 50_000  # over batchBytes on its own
+    batches = [pa.RecordBatch.from_arrays([pa.array(rows[i:i + 12], pa.binary())], names=["data"])
+               for i in range(0, 30, 12)]  # Arrow batches of 12 rows, as Spark might send them
+    writer = KestrelWriter({"servers": f"127.0.0.1:{server.thrift_port}", "queue": "sized", "batchSize": "8",
+                            "batchBytes": "5000"}, schema)
+    assert writer.write(iter(batches)).written == 30
+    assert max(retries.sizes) <= 5 and 1 in retries.sizes  # 5 rows of 1,000 bytes; the big one alone
+    with Server("127.0.0.1", server.thrift_port) as client:
+        got = [item.data for item in client.get("sized", 100)]
+    assert got == rows  # every row once, in order
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:
@@ -370,10 +393,10 @@ def test_the_items_only_the_log_may_hold_are_those_of_uncommitted_batches_confir
     wal.mark_confirmed(logged(0, "h_1-0", 5))  # committed: the queue no longer holds them, by design
     _committed(checkpoint, "jobs-1", 0)
     wal.mark_confirmed(logged(1, "h_1-0", 3))  # confirmed early
-    wal.mark_confirming(logged(1, "h_1-1", 4))  # a confirm sent, its answer never noted
+    wal.mark_confirming(logged(1, "h_1-1", 4), 2.0)  # a confirm sent, its answer never noted
     logged(1, "h_1-2", 7)  # open reads: back to the queue after autoAbortMs
     undone = logged(1, "h_1-3", 2)
-    wal.mark_confirming(undone)
+    wal.mark_confirming(undone, 2.0)
     wal.unmark_confirming(undone)  # a confirm the server did not take
     assert wal.held_early(str(checkpoint)) == 3 + 4
     assert wal.batch_files(str(root), 1) == [str(root / "1" / f"h_1-{part}") for part in range(4)]
@@ -383,62 +406,150 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
                                                                     tmp_path: Path) -> None:
     import signal
 
-    from kestrel.client import Cluster, Server
+    from kestrel.client import Server
     from kestrel.pipeline import wal
     from kestrel.pipeline.stream_source import KestrelStreamReader
 
     address = f"127.0.0.1:{server.thrift_port}"
     direct = Server("127.0.0.1", server.thrift_port)
-    direct.put("events", [b"%d" % i for i in range(20)])
+    direct.put("events", [b"%d" % i for i in range(30)])
     checkpoint = tmp_path / "cp"
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text('{"id":"q"}\n')
-    reader = KestrelStreamReader({"servers": address, "queue": "events", "checkpointLocation": str(checkpoint)})
-    reader.cluster = Cluster([address], timeout_ms=300)  # a stalled server answers nothing within this
+    # A stalled server answers nothing within timeoutMs.
+    reader = KestrelStreamReader({"servers": address, "queue": "events", "checkpointLocation": str(checkpoint),
+                                  "timeoutMs": "300"})
 
     def log_batch(batch: int, quota: int) -> str:
-        taken = take_open_reads(address, "events", quota, 60_000)
+        opened_at = direct.peek_items("events", 0, 0).opened_at
+        taken = take_open_reads(address, "events", quota, 60_000, 10_000)
         path = os.path.join(reader.root, str(batch), "part-0")
-        assert wal.write_partition(path, wal.WalHeader(address, time.time(), len(taken.ids)), taken.ids,
-                                   wal.Logged(taken.items))
+        header = wal.WalHeader(address, time.time(), len(taken.ids), "events", opened_at=opened_at)
+        assert wal.write_partition(path, header, taken.ids, wal.Logged(taken.items))
         _committed(checkpoint, reader.source_key, batch)
         return path
 
-    # Stalled, not restarted: the confirm waits in the log and is tried again until the server answers.
+    def planned_until_gone(path: str) -> Callable[[], bool]:
+        def check() -> bool:  # what a planning does: ask the servers (a down one in the background), confirm
+            reader._waiting(strict=False)
+            reader._confirm_up_to(reader.spark_log.committed())
+            return not os.path.exists(path)
+        return check
+
+    # Stalled, not restarted: the confirm's answer is lost; it waits in the log, marked as sent, and is
+    # tried again once the server answers. The stalled server closed the reads once resumed: the retry
+    # finds none open, and knows that its first confirm closed them (sent in time, the queue not reopened).
     first = log_batch(0, 10)
     assert server.proc is not None
     os.kill(server.proc.pid, signal.SIGSTOP)
     try:
         reader._confirm_up_to(reader.spark_log.committed())
         assert os.path.exists(first) and not wal.is_confirmed(first)  # kept, not dropped
-        assert not os.path.exists(first + wal.CONFIRMING)  # nor counted as held by a failed drain
-        reader._confirm_up_to(reader.spark_log.committed())  # failed a moment ago: not asked again yet
-        assert os.path.exists(first)
+        assert wal.confirming_since(first) is not None  # its items may be in the log alone (held_early)
+        started = time.monotonic()
+        reader._waiting(strict=False)  # the server is down: asked in the background, not waited for
+        reader._confirm_up_to(reader.spark_log.committed())
+        assert time.monotonic() - started < 0.3 and os.path.exists(first)
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
+    wait_until(planned_until_gone(first), "the pending confirm to be retried")
+    assert direct.peek("events").items == 20 and direct.peek("events").open_transactions == 0
+    assert wal.returned(reader.root) == 0  # exact: nothing is delivered again
 
-    def retried(path: str) -> Callable[[], bool]:
-        def check() -> bool:
-            reader._confirm_up_to(reader.spark_log.committed())
-            return not os.path.exists(path)
-        return check
-
-    wait_until(retried(first), "the pending confirm to be retried")
-    assert direct.peek("events").items == 10 and direct.peek("events").open_transactions == 0
-    # The timed-out confirm had reached the stalled server, which closed the reads once resumed: the
-    # retry found none open and cannot tell that from a restart, so they count as possible duplicates.
-    assert wal.returned(reader.root) == 10
-
-    # Restarted meanwhile: the old ids close nothing; their items are back, counted as possible duplicates.
+    # Restarted meanwhile: the old ids close nothing; their items are back, counted as duplicates.
     second = log_batch(1, 4)
     server.stop()
     reader._confirm_up_to(reader.spark_log.committed())
-    assert os.path.exists(second)
+    assert os.path.exists(second) and wal.confirming_since(second) is None  # never reached the server
     server.start()
-    wait_until(retried(second), "the pending confirm to be retried")
-    assert wal.returned(reader.root) == 10 + 4
-    assert direct.peek("events").items == 10  # the 4 came back beside the 6 never taken
+    wait_until(planned_until_gone(second), "the pending confirm to be retried")
+    assert wal.returned(reader.root) == 4
+    assert direct.peek("events").items == 20  # the 4 came back beside the 16 never taken
+
+    # Stalled, its confirm's answer lost, then killed and restarted: the reads came back, and count.
+    third = log_batch(2, 6)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    reader._confirm_up_to(reader.spark_log.committed())
+    assert wal.confirming_since(third) is not None
+    server.kill()
+    server.start()
+    wait_until(planned_until_gone(third), "the pending confirm to be retried")
+    assert wal.returned(reader.root) == 4 + 6
+    assert direct.peek("events").items == 20
     reader.stop()
+
+
+def test_a_subscription_matches_names_patterns_and_a_readers_children() -> None:
+    from kestrel.pipeline.subscription import Subscription
+
+    held = ["jobs", "jobs+audit", "prod-1", "prod-2", "prod-2+app", "test-1"]
+    plain = Subscription(("prod-*", "jobs"))
+    assert plain.queues(held) == ["prod-1", "prod-2", "jobs"]  # a child is its queue's reader, not a queue
+    assert Subscription(("prod-2+*",)).queues(held) == ["prod-2+app"]  # unless the pattern names children
+    assert plain.children(held) == []
+    app = Subscription(("prod-*", "jobs"), "app")
+    assert app.queues(held) == ["prod-2+app"]  # the children the servers hold
+    assert app.children(held) == ["jobs+app", "prod-1+app"]  # and those a stream creates
+    assert app.children([]) == ["jobs+app"]  # a named queue's child is created before its queue exists
+    assert Subscription(("jobs", "nope", "x*")).unmatched([["jobs"], ["prod-1"]]) == ["nope", "x*"]
+    assert Subscription(("b", "a")).key() == Subscription(("a", "b")).key() != app.key()
+
+
+def test_a_streams_identity_is_what_it_reads_not_how_the_options_spell_it(tmp_path: Path) -> None:
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    def identity(servers: str, queue: str, **more: str) -> str:
+        reader = KestrelStreamReader({"servers": servers, "queue": queue, "checkpointLocation": str(tmp_path),
+                                      **more})
+        reader.stop()
+        return reader.source_key
+
+    first = identity("h1:2229,h2:2229", "a,b")
+    assert identity("h2:2229, h1", "b, a") == first  # reordered, respelled: the same stream
+    assert identity("h1:2229", "a,b") != first and identity("h1:2229,h2:2229", "a") != first
+    assert identity("h1:2229,h2:2229", "a,b", reader="app") != first
+    # A checkpoint of a version that named a stream by its options' text keeps that name.
+    earlier = "a-" + hashlib.sha1(b"a@h2:2229,h1:2229").hexdigest()[:12]
+    (tmp_path / "kestrel" / earlier).mkdir(parents=True)
+    assert identity("h2:2229,h1:2229", "a") == earlier
+    assert identity("h1:2229,h2:2229", "a") != earlier
+
+
+def test_a_task_that_does_not_see_the_drivers_checkpoint_takes_nothing(server: ServerProcess,
+                                                                      tmp_path: Path) -> None:
+    from kestrel.client import Server
+    from kestrel.pipeline.stream_source import CheckpointNotShared, StreamPartition, read_partition
+
+    direct = Server("127.0.0.1", server.thrift_port)
+    direct.put("private", [b"x"] * 5)
+    elsewhere = tmp_path / "executor-view" / "kestrel" / "private-1"  # the driver wrote its mark elsewhere
+    partition = StreamPartition(str(elsewhere / "0" / "part-0"), f"127.0.0.1:{server.thrift_port}", "private",
+                                5, 60_000, 10_000, "the-drivers-token", None)
+    with pytest.raises(CheckpointNotShared, match=f"does not see the checkpoint the driver wrote at "
+                                                  f"{tmp_path / 'executor-view'} .*must be storage the driver and "
+                                                  f"every executor share.*Nothing was taken"):
+        list(read_partition(partition))
+    assert direct.peek("private").items == 5 and direct.peek("private").open_transactions == 0
+
+
+def test_a_restart_past_the_window_warns_naming_it(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from kestrel.pipeline import wal
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    (tmp_path / "metadata").write_text("{}")
+    reader = KestrelStreamReader({"servers": f"127.0.0.1:{free_port()}", "queue": "q",
+                                  "checkpointLocation": str(tmp_path), "autoAbortMs": "1600"})
+    fetched = time.time() - 5  # a batch fetched 5 s ago, its reads never confirmed: the driver stopped
+    assert wal.write_partition(os.path.join(reader.root, "3", "h_1-0"), wal.WalHeader("h:1", fetched, 2, "q"),
+                               [7, 8], wal.Logged([b"a", b"b"]))
+    with capture_logs() as logs:
+        reader._start()
+    reader.stop()
+    late = [e for e in logs if e["event"].startswith("kestrel stream restarted")]
+    assert len(late) == 1 and late[0]["batch"] == 3 and late[0]["items"] == 2
+    assert "duplicates nothing if it comes within 1 s (0.4375 of autoAbortMs) of the stop" in late[0]["event"]
 
 
 class FakeSession:

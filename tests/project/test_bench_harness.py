@@ -113,3 +113,57 @@ def test_the_serve_loop_benchmark_answers_every_request() -> None:
 
     measured = measure_loop(50)  # raises unless each connection sent a reply to every request
     assert list(measured) == ["thrift", "memcache"] and all(us > 0 for us in measured.values())
+
+
+def test_servers_taking_turns_under_labels_in_words_each_serve_their_runs(binary: Path, server: Any) -> None:
+    """Labels such as "pure, `commit_log: on`" name the rows only: the clients' queue names come
+    from each server's place in the turns, which a queue name may hold."""
+    from bench import peers
+    from bench.bench_servers import Bench
+
+    assert server.proc is not None
+    running = peers.Running(server.proc.pid, {"thrift": server.thrift_port}, Path("."))
+    bench = Bench(binary, seconds=0.2, repeat=1)
+    measured = bench.alternate("thrift", {"pure, `commit_log: on`": running, "compiled, `commit_log: off`": running},
+                               "thrift", "turns", clients=2)
+    assert all(m is not None and m.load.items > 0 and m.load.wrong == 0 for m in measured.values()), measured
+
+
+SYNCING = """
+import os, sys, threading
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY)
+sys.stdin.readline()
+def sync() -> None:
+    for _ in range(7):
+        os.fdatasync(fd)
+thread = threading.Thread(target=sync)  # a thread started after the count began counts too
+thread.start()
+thread.join()
+for _ in range(3):
+    os.fsync(fd)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_fsyncs_are_counted_in_every_thread_of_a_server(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from bench.common import syscall_counts
+
+    tool("perf", "linux-perf")
+    proc = subprocess.Popen([sys.executable, "-c", SYNCING, str(tmp_path / "file")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with syscall_counts(proc.pid, ("fsync", "fdatasync")) as counts:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == "done\n"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    if "all" not in counts:
+        pytest.skip("perf stat cannot count the kernel's system call tracepoints here")
+    assert (counts["fdatasync"], counts["fsync"]) == (7, 3)

@@ -70,6 +70,12 @@ def test_commit_log_is_on_or_off_quoted_or_not(tmp_path: Path, text: str, on: bo
     assert load(str(path)).commit_log is on
 
 
+def test_the_commit_log_is_on_unless_turned_off(tmp_path: Path) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text("thrift_port: 2229\n")
+    assert load(str(path)).commit_log is True and ServerConfig().commit_log is True
+
+
 def test_command_line_overrides() -> None:
     config = with_overrides(ServerConfig(), thrift_port=1234, queue_path=None)
     assert config.thrift_port == 1234 and config.queue_path == ServerConfig().queue_path

@@ -53,20 +53,27 @@ def test_make_run_after_make_test_installs_nothing_more(tmp_path: Path) -> None:
     assert installs(planned(tmp_path, "run", stamps)) == []
 
 
-def test_the_compiled_build_is_made_again_once_a_source_changed(tmp_path: Path) -> None:
-    # `make test` runs the suite on build/compiled: never on compiled code older than its source.
+def test_the_compiled_build_is_made_once_per_source_and_again_once_a_source_changed(tmp_path: Path) -> None:
+    # `make test` runs the suite on build/compiled: never on compiled code older than its source, and
+    # mypyc's minutes of compiling are spent once per source (a touched file is the same source).
     source = tmp_path / "src" / "kestrel" / "turns.py"
     source.parent.mkdir(parents=True)
     source.write_text("TURN = 0.001\n")
-    stamps = (".venv/.installed-run", ".venv/.installed", "build/compiled/.built")
+    (tmp_path / "README.md").write_text("# Kestrel\n")
+    installed = (".venv/.installed-run", ".venv/.installed")
 
-    def compiles() -> list[str]:
-        return [line for line in planned(tmp_path, "test", stamps) if "--target build/compiled" in line]
+    def wheels(stamps: tuple[str, ...]) -> list[str]:
+        return [line for line in planned(tmp_path, "test", stamps) if "pip wheel" in line]
 
-    assert compiles() == []  # the stamps are newer than the source
+    (build,) = wheels(installed)
+    key = build.split(" -w build/wheels/")[1].split()[0]
+    built = (*installed, f"build/wheels/{key}/.built", f"build/compiled/.built-{key}")
+    assert wheels(built) == []
     edited = time.time() + 60
     os.utime(source, (edited, edited))
-    assert compiles(), "an edited source does not make the compiled build again"
+    assert wheels(built) == [], "a touched source compiles again"
+    source.write_text("TURN = 0.002\n")
+    assert wheels(built), "an edited source does not make the compiled build again"
 
 
 def test_make_test_sets_up_the_machine_before_pytest(tmp_path: Path) -> None:

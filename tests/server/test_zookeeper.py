@@ -324,7 +324,7 @@ def test_joining_removes_our_member_left_by_an_earlier_session(zookeeper: Any, z
     neighbour = zk.create(f"{prefix}/read/member_", member_data("127.0.0.1", {"thrift": 4321}),
                           ephemeral=True, sequence=True)
     config = ZooKeeperConfig(zookeeper.hosts, prefix, 1000, "127.0.0.1")
-    membership = ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", StatusKeeper(None, "up", 0))
+    membership = ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", StatusKeeper(None, Status.UP, 0))
     membership.start()
     try:
         def joined() -> bool:

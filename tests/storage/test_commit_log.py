@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log, journal_file
+from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, commit_log, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
 from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3 import files as kestrel3_files
 from kestrel.storage.queue_path import list_journal_files
 from kestrel.storage.runtime import GeventRuntime, ManualRuntime
 from kestrel.storage.tools import convert, dump
@@ -209,6 +216,68 @@ def test_records_go_to_the_journal_of_their_epoch(tmp_path: Path) -> None:
     assert journal_bytes(tmp_path, "q") == {"q.100": b"old+0", "q.200": b"100", "q": b"200"}
 
 
+def test_kestrel3_writer_records_go_to_the_file_of_their_number_and_a_new_file_is_made_from_its_header(
+        tmp_path: Path) -> None:
+    put = k3.encode(k3.Put(1, 0, T0, None, b"one"))
+    (tmp_path / "q.100").write_bytes(k3.WRITER_MAGIC + put[:3])  # cut short by a power cut
+    segment(tmp_path, encode_record("q", 100, 0, k3.WRITER_MAGIC, commit_log.WRITER),
+            encode_record("q", 100, 4, put, commit_log.WRITER),
+            encode_record("q", 101, 0, k3.WRITER_MAGIC, commit_log.WRITER))  # its creation was lost
+    recovery = recover(str(tmp_path), T0)
+    assert recovery.refused == {}
+    assert (tmp_path / "q.100").read_bytes() == k3.WRITER_MAGIC + put
+    assert (tmp_path / "q.101").read_bytes() == k3.WRITER_MAGIC
+    assert aside(tmp_path, f"q.100.torn-{T0}").read_bytes() == put[:3]
+
+
+def checkpoint_file(path: Path, name: str, *records: k3.Record) -> Path:
+    file = path / name
+    file.write_bytes(k3.READER_MAGIC + b"".join(map(k3.encode, records)))
+    return file
+
+
+def reader_record(queue: str, *records: k3.Record) -> bytes:
+    return encode_record(queue, 0, 0, b"".join(map(k3.encode, records)), commit_log.READER)
+
+
+def test_kestrel3_reader_records_are_applied_by_meaning_whatever_version_of_the_checkpoint_is_there(
+        tmp_path: Path) -> None:
+    # Logged while the checkpoint grew: ids 1 to 3 consumed, then 5; the checkpoint was then
+    # rewritten whole (head 3, 5 done), and 7 was logged after.
+    logged = [reader_record("q", k3.ReadHead(2)), reader_record("q", k3.ReadDone((5,)), k3.ReadHead(3)),
+              reader_record("q", k3.ReadDone((7,)))]
+    rewritten = checkpoint_file(tmp_path, "q.read.", k3.ReadHead(3), k3.ReadDone((5,)))
+    lost = checkpoint_file(tmp_path, "q.read.a", k3.ReadHead(1))  # a child's, lacking all after 1
+    segment(tmp_path, *logged, reader_record("q+a", k3.ReadHead(4)))
+    before = rewritten.read_bytes()
+    assert recover(str(tmp_path), T0).refused == {}
+    assert rewritten.read_bytes() == before + k3.encode(k3.ReadDone((7,)))  # what it lacked, once
+    assert kestrel3_files.read_checkpoint(str(rewritten)) == kestrel3_files.ReaderCheckpoint(3, frozenset({5, 7}))
+    assert kestrel3_files.read_checkpoint(str(lost)).head == 4
+    segment(tmp_path, *logged, name="2")  # recovered again (killed before the segment went): nothing new
+    recover(str(tmp_path), T0 + 1)
+    assert rewritten.read_bytes() == before + k3.encode(k3.ReadDone((7,)))
+
+
+def test_a_torn_checkpoint_is_cut_keeping_a_copy_before_the_log_adds_to_it(tmp_path: Path) -> None:
+    checkpoint = checkpoint_file(tmp_path, "q.read.", k3.ReadHead(1))
+    whole = checkpoint.read_bytes()
+    checkpoint.write_bytes(whole + bytes(6))  # a power cut's zeros where an append went
+    segment(tmp_path, reader_record("q", k3.ReadHead(2)))
+    assert recover(str(tmp_path), T0).refused == {}
+    assert checkpoint.read_bytes() == whole + k3.encode(k3.ReadHead(2))
+    assert any(p.name.startswith("q.read..torn-") for p in (tmp_path / ".kestrel" / "aside").iterdir())
+
+
+def test_records_of_a_reader_whose_checkpoint_is_missing_refuse_that_queue_alone(tmp_path: Path) -> None:
+    checkpoint_file(tmp_path, "q.read.")
+    segment(tmp_path, reader_record("q+gone", k3.ReadHead(2)), reader_record("q", k3.ReadHead(1)))
+    recovery = recover(str(tmp_path), T0)
+    assert list(recovery.refused) == ["q+gone"] and "missing" in recovery.refused["q+gone"].reason
+    assert kestrel3_files.read_checkpoint(str(tmp_path / "q.read.")).head == 1
+    assert list(commit_log.held_paths(str(tmp_path))) == ["q+gone"]
+
+
 def test_the_torn_tail_of_the_log_is_cut_keeping_a_copy_and_what_precedes_it_applied(tmp_path: Path) -> None:
     whole = encode_record("q", 0, 0, b"whole")
     torn = encode_record("q", 0, 5, b"torn")[:-2]
@@ -323,12 +392,14 @@ def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(t
     again.close()
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("on", [True, False], ids=["commit_log-on", "commit_log-off"])
 @pytest.mark.parametrize("keep", [0, 5])
 def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp_path: Path, on: bool,
-                                                                             keep: int) -> None:
+                                                                             keep: int, journal_format: str) -> None:
     with Disk() as disk:
-        coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200")
+        coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200",
+                          journal_format=journal_format)
         expected = []
         for n in range(60):
             coll.put("q", [b"item-%02d" % n + b"." * 20])
@@ -338,7 +409,7 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
                 expected.pop(0)
         coll.queue("q").wait_for_packing()
         disk.power_cut(str(tmp_path), keep)
-        again = collection(tmp_path, on)
+        again = collection(tmp_path, on, journal_format=journal_format)
         assert drain(again, "q") == expected
         again.close()
 
@@ -559,13 +630,13 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
     synced_dirs: list[str] = []
-    real = journal_file.fsync_path
+    real = disk.fsync_path
 
     def fsync_path(path: str) -> None:
         synced_dirs.append(path)
         real(path)
 
-    monkeypatch.setattr(journal_file, "fsync_path", fsync_path)
+    monkeypatch.setattr(disk, "fsync_path", fsync_path)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
         coll.put("q", [b"x" * 40])
         assert one(coll.remove("q")) is not None
@@ -579,7 +650,9 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
 
 
 class GeventWithFsyncs(GeventRuntime):
-    """The server's runtime, whose group commit's fsyncs go through `fsync` (on Python threads)."""
+    """The server's runtime, whose group commit's fsyncs go through `fsync` (on Python threads), and
+    whose commit log checkpoints only when a test says (on a busy machine a test may outlast the
+    log's second between checkpoints, which would add fsyncs it does not count)."""
 
     def __init__(self, fsync: Callable[[int], None]) -> None:
         super().__init__(FakeClock(T0))
@@ -587,6 +660,16 @@ class GeventWithFsyncs(GeventRuntime):
 
     def group_commit(self) -> GroupCommit:
         return self._group_commit
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
+        if getattr(fn, "__func__", None) is commit_log.CommitLog._tick:
+            return NeverFires()
+        return super().call_later(seconds, fn)
+
+
+class NeverFires:
+    def cancel(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize("log_fsync_fails", [False, True])
@@ -672,3 +755,347 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
     assert drain(again, "a") == [b"created", b"item", b"after"]
     assert [drain(again, n) for n in ("b", "c")] == [[b"created", b"item"]] * 2
     again.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Acknowledgements held by the caller (the server's connections): no wait in the change
+
+
+class Held:
+    """A greenlet's held acknowledgements, noting when the log told it that its turn settled and
+    whether the log had been fsynced by then."""
+
+    def __init__(self, synced: list[str] | None = None, log_dir: str = "") -> None:
+        self.acks = acknowledgements.Acknowledgements(self._told)
+        self.told = gevent.event.Event()
+        self.synced = synced
+        self.log_dir = log_dir
+        self.log_fsyncs_when_told: list[int] = []
+
+    def _told(self) -> None:
+        if self.synced is not None:
+            self.log_fsyncs_when_told.append(sum(p.startswith(self.log_dir) for p in self.synced))
+        if not self.acks.pending:
+            self.told.set()
+
+    def change(self, do: Callable[[], object]) -> None:
+        """In this greenlet: hold, make the change, check it did not wait, wait to be told."""
+        acknowledgements.hold(self.acks)
+        self.told.clear()
+        do()
+        assert self.acks.pending, "the change waited for the disk"
+        self.told.wait()
+
+
+def gevent_collection(path: Path, fsync: Callable[[int], None], **queue: Any) -> QueueCollection:
+    coll = QueueCollection(str(path), QueueConfigs({"sync_journal": "always", **queue}),
+                           runtime=GeventWithFsyncs(fsync), commit_log=True)
+    coll.load()
+    return coll
+
+
+def test_a_change_where_acknowledgements_are_held_does_not_wait_and_its_holder_is_told_after_the_fsync(
+        tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        os.fdatasync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    coll = gevent_collection(tmp_path, fsync)
+    for name in ("a", "b", "c", "d"):
+        coll.put(name, [b"created"])
+    synced.clear()
+    holders = {name: Held(synced, log_dir) for name in ("a", "b", "c", "d")}
+    gevent.joinall([gevent.spawn(h.change, partial(coll.put, name, [b"item"])) for name, h in holders.items()],
+                   raise_error=True)
+    # One turn, one fsync of the log, and every holder told once it had run.
+    assert [h.log_fsyncs_when_told for h in holders.values()] == [[1]] * 4
+    assert [os.path.basename(p) for p in synced if not p.startswith(log_dir)] == []
+    gevent.joinall([gevent.spawn(h.change, partial(coll.remove, name)) for name, h in holders.items()],
+                   raise_error=True)
+    coll.close()
+    again = collection(tmp_path)
+    assert [drain(again, n) for n in holders] == [[b"item"]] * 4
+    again.close()
+
+
+@pytest.mark.parametrize("journal_fails", [False, True])
+def test_a_turn_the_log_cannot_make_durable_has_its_holders_journals_fsynced_and_a_double_failure_fails_them(
+        tmp_path: Path, journal_fails: bool) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+    failing = {"log": False, "journal": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["log" if path.startswith(log_dir) else "journal"]:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        synced.append(path)
+
+    coll = gevent_collection(tmp_path, fsync)
+    coll.put("q", [b"created"])
+    synced.clear()
+    failing.update(log=True, journal=journal_fails)
+    held = Held()
+    gevent.spawn(held.change, partial(coll.put, "q", [b"item"])).join()
+    assert (held.acks.failed is not None) == journal_fails  # its replies are withheld
+    assert [os.path.basename(p) for p in synced] == ([] if journal_fails else ["q"])
+    failing.update(log=False, journal=False)
+    coll.close()
+
+
+def test_turns_settle_in_order_a_later_turn_waits_for_an_earlier_ones_fallback(tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    slow = threading.Event()
+    failing = {"log": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["log"] and path.startswith(log_dir):
+            raise OSError(errno.EIO, "Input/output error")
+        if failing["log"] and os.path.basename(path) == "slow":
+            slow.wait(30)
+        os.fdatasync(fd)
+
+    coll = gevent_collection(tmp_path, fsync)
+    coll.put("slow", [b"created"])
+    coll.put("fast", [b"created"])
+    failing["log"] = True
+    first, second = Held(), Held()
+    told: list[str] = []
+    first.told.rawlink(lambda _: told.append("first"))
+    second.told.rawlink(lambda _: told.append("second"))
+    slow_one = gevent.spawn(first.change, partial(coll.put, "slow", [b"item"]))
+    gevent.sleep(0.05)  # its turn is written and its fallback waits on the slow journal
+    fast_one = gevent.spawn(second.change, partial(coll.put, "fast", [b"item"]))
+    gevent.sleep(0.05)
+    assert told == [] and second.acks.pending
+    slow.set()
+    gevent.joinall([slow_one, fast_one], raise_error=True)
+    assert told == ["first", "second"]
+    failing["log"] = False
+    coll.close()
+
+
+class GatheringRuntime(GeventWithFsyncs):
+    """`GeventWithFsyncs` whose timers wait until a test fires them: a round that gathers changes
+    waits for them, however slowly they come."""
+
+    def __init__(self, fsync: Callable[[int], None]) -> None:
+        super().__init__(fsync)
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
+        if fn.__name__ != "_join":
+            return super().call_later(seconds, fn)
+        self.timers.append((seconds, fn))
+        return self._cancellable(len(self.timers) - 1)
+
+    def _cancellable(self, index: int) -> Any:
+        timers = self.timers
+
+        class Timer:
+            def cancel(self) -> None:
+                timers[index] = (timers[index][0], lambda: None)
+
+        return Timer()
+
+
+def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    log_fsyncs: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            log_fsyncs.append(fd)
+        os.fdatasync(fd)
+
+    runtime = GatheringRuntime(fsync)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    names = [f"q{n}" for n in range(8)]
+    changes = [0]
+    stop = gevent.event.Event()
+
+    def client(index: int, name: str) -> None:
+        held = Held()
+        while not stop.is_set():
+            for _ in range(index):  # the clients come back over several turns of the loop
+                gevent.sleep(0)
+            held.change(partial(coll.put, name, [b"x"]))
+            changes[0] += 1
+
+    def when(count: int) -> None:
+        while changes[0] < count:
+            gevent.sleep(0.001)
+
+    clients = [gevent.spawn(client, i, name) for i, name in enumerate(names)]
+    when(80)  # the rounds have settled into carrying every client
+    log_fsyncs.clear()
+    start = changes[0]
+    when(start + 160)
+    assert len(log_fsyncs) <= (changes[0] - start) // 8 + 2  # one round for the eight, every time
+    assert all(0 < seconds <= commit_log.GATHER_SECONDS * 1.01 for seconds, _ in runtime.timers)
+    stop.set()
+    while not all(c.dead for c in clients):  # the last rounds wait for clients that have left: the
+        for _, fire in runtime.timers[:]:  # timers end the wait
+            fire()
+        gevent.sleep(0.01)
+    gevent.joinall(clients, raise_error=True)
+    coll.close()
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journal_format: str) -> None:
+    with Disk() as disk:
+        coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd), journal_format=journal_format)
+        told: dict[str, list[bytes]] = {f"q{n}": [] for n in range(6)}
+        changes = [0]
+
+        def client(name: str) -> None:
+            held = Held()
+            for n in itertools.count():
+                item = b"%s-%d" % (name.encode(), n)
+                held.change(partial(coll.put, name, [item]))
+                told[name].append(item)
+                if n % 3 == 2:
+                    held.change(partial(coll.remove, name))
+                    told[name].pop(0)
+                changes[0] += 1
+
+        clients = [gevent.spawn(client, name) for name in told]
+        while changes[0] < 300:
+            gevent.sleep(0.001)
+        disk.power_cut(str(tmp_path), keep=3)  # with changes in flight: the greenlets stop here
+        expected = {name: list(items) for name, items in told.items()}
+        gevent.killall(clients)
+    again = collection(tmp_path, journal_format=journal_format)
+    for name, items in expected.items():
+        got = drain(again, name)
+        # What was told is there in order, then perhaps a change in flight: an add, or a remove of
+        # the first item (its reply never sent).
+        assert got[:len(items)] == items or got[:len(items) - 1] == items[1:], (name, got, items)
+    again.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kestrel 3 queues and periodic syncs under the log
+
+
+def test_a_kestrel3_queue_logs_its_writer_files_by_position_and_its_readers_by_meaning(tmp_path: Path) -> None:
+    coll = collection(tmp_path, journal_format="kestrel3")
+    coll.queue("q+audit")
+    coll.put("q", [b"one", b"two"])
+    item = one(coll.remove("q", transaction=True))
+    assert item is not None
+    coll.confirm("q", [item.xid])
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    records = [r for _, r in read_segment(seg, last=True).records]
+    writer = [r for r in records if r.kind == commit_log.WRITER]
+    (number,) = {r.epoch for r in writer}
+    assert b"".join(r.data for r in writer) == (tmp_path / f"q.{number}").read_bytes()
+    readers = [r for r in records if r.kind == commit_log.READER]
+    assert {r.queue for r in readers} == {"q"}  # the child consumed nothing
+    assert (tmp_path / "q.read.").read_bytes().endswith(b"".join(r.data for r in readers))
+    coll.close()
+    assert commit_log.segment_paths(str(tmp_path)) == []
+
+
+def test_a_writer_file_every_reader_passed_goes_once_a_checkpoint_dropped_its_records(tmp_path: Path) -> None:
+    coll = collection(tmp_path, journal_format="kestrel3", default_journal_size="200")
+    for n in range(20):
+        coll.put("q", [b"item-%02d" % n + b"." * 20])
+    assert len(kestrel3_files.list_queue_files(str(tmp_path), "q").writers) > 2
+    assert drain(coll, "q") == [b"item-%02d" % n + b"." * 20 for n in range(20)]
+    kept = kestrel3_files.list_queue_files(str(tmp_path), "q").writers
+    assert len(kept) > 1  # consumed, but the log's records still name them
+    assert coll.commit_log is not None
+    coll.commit_log.checkpoint()
+    assert kestrel3_files.list_queue_files(str(tmp_path), "q").writers == kept[-1:]
+    coll.close()
+
+
+def test_deleting_a_kestrel3_queue_or_reader_waits_for_a_checkpoint(tmp_path: Path) -> None:
+    coll = collection(tmp_path, journal_format="kestrel3")
+    coll.put("q", [b"x"])
+    coll.queue("q+a")
+    coll.put("q", [b"y"])
+    assert coll.remove("q+a") != []
+    coll.delete("q+a")
+    coll.delete("q")
+    assert commit_log.pending(str(tmp_path)) is False  # no record names what was deleted
+    coll.close()
+    assert recover(str(tmp_path), T0).refused == {}
+    assert kestrel3_files.list_queue_files(str(tmp_path), "q") == kestrel3_files.QueueFiles()
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_queue_under_a_periodic_sync_logs_and_the_log_is_fsynced_within_its_interval(
+        tmp_path: Path, journal_format: str) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        os.fdatasync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "20ms", "journal_format": journal_format}),
+                           runtime=GeventWithFsyncs(fsync), commit_log=True)
+    coll.load()
+    coll.put("p", [b"created"])
+    gevent.sleep(0.1)
+    synced.clear()
+    coll.put("p", [b"item"])
+    assert synced == []  # no wait for the disk
+    deadline = time.monotonic() + 5
+    while not synced and time.monotonic() < deadline:
+        gevent.sleep(0.005)
+    assert synced and all(p.startswith(log_dir) for p in synced)  # the log's round, not the journal's
+    coll.close()
+    again = collection(tmp_path, journal_format=journal_format)
+    assert drain(again, "p") == [b"created", b"item"]
+    again.close()
+
+
+def test_when_the_log_cannot_take_a_periodic_syncs_turn_its_journal_fsyncs_itself(tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+    failing = {"log": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if failing["log"] and path.startswith(log_dir):
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        synced.append(path)
+
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "20ms"}), runtime=GeventWithFsyncs(fsync),
+                           commit_log=True)
+    coll.load()
+    coll.put("p", [b"created"])
+    gevent.sleep(0.1)
+    synced.clear()
+    failing["log"] = True
+    coll.put("p", [b"item"])
+    deadline = time.monotonic() + 5
+    while str(tmp_path / "p") not in synced and time.monotonic() < deadline:
+        gevent.sleep(0.005)
+    assert str(tmp_path / "p") in synced
+    failing["log"] = False
+    coll.close()
+
+
+def test_a_queue_reloaded_to_never_still_logs_and_its_records_ride_the_next_round(tmp_path: Path) -> None:
+    coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd))
+    coll.put("was-always", [b"created"])
+    coll.reload(QueueConfigs({"sync_journal": "never"}, {"other": {"sync_journal": "always"}}), {})
+    coll.put("was-always", [b"no wait"])  # logged (fixed at creation), waits for nothing
+    gevent.sleep(0.05)
+    coll.put("other", [b"always"])  # its round takes the record along
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    assert [r.data[-7:] for _, r in read_segment(seg, last=True).records][-2:] == [b"no wait", b"\x00always"]
+    coll.close()

@@ -103,7 +103,9 @@ def seal_late(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return late
 
 
-@pytest.mark.parametrize("seal_late", [False, True], ids=["sealed-at-once", "sealed-late"], indirect=True)
+@pytest.mark.parametrize("seal_late", [pytest.param(False, id="sealed-at-once"),
+                                       pytest.param(True, id="sealed-late", marks=pytest.mark.pure_build)],
+                         indirect=True)
 def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
         tmp_path: Path, seal_late: bool) -> None:
     queues = tmp_path / "queues"

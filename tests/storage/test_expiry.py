@@ -39,6 +39,7 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_a_sweep_looks_at_the_queues_that_are_due_or_changed_and_no_other(
         tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,6 +68,7 @@ def test_a_sweep_looks_at_the_queues_that_are_due_or_changed_and_no_other(
     assert coll.queue("q150").length == 0 and coll.queue("q150").expired_items == 1
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_an_item_behind_a_head_that_never_expires_waits_until_it_reaches_the_head(
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:
@@ -101,6 +103,7 @@ def test_an_aborted_read_of_an_expired_item_is_swept_once_it_is_back_at_the_head
     assert drain(coll, "q") == [b"y"] and drain(coll, "dead") == [b"x"]
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_the_head_comes_due_without_a_change_and_a_round_stops_at_max_expire_sweep(
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:
@@ -119,6 +122,7 @@ def test_the_head_comes_due_without_a_change_and_a_round_stops_at_max_expire_swe
     assert drain(coll, "q") == [b"kept"]
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_a_queue_past_max_queue_age_is_deleted_at_its_time_without_a_change(
         tmp_path: Path, journal_format: str, looks: list[str]) -> None:

@@ -543,6 +543,7 @@ class Crash(BaseException):
     """The process stops here: nothing after it runs, nothing is closed."""
 
 
+@pytest.mark.pure_build
 @pytest.mark.parametrize("renamed", [False, True])
 def test_a_checkpoint_rewrite_cut_off_on_either_side_of_its_rename_still_loads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:

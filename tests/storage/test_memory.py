@@ -275,6 +275,7 @@ def count_targets(coll: QueueCollection, monkeypatch: pytest.MonkeyPatch) -> lis
     return measured
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, journal_format: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,6 +306,7 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     coll.close()  # its 400 journals' descriptors
 
 
+@pytest.mark.pure_build
 @FORMATS
 def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_of_it(
         tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:

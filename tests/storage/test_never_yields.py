@@ -171,6 +171,7 @@ def test_an_append_whose_failed_part_cannot_be_cut_off_does_not_yield(tmp_path: 
 # Under load: puts and reads in many greenlets, fsyncs shared, the commit log on, packs in threads
 
 
+@pytest.mark.pure_build
 def test_no_section_documented_never_to_yield_yields_under_load(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     failures = hold_to_never_switching(monkeypatch, SECTIONS)

@@ -140,6 +140,42 @@ def test_poison_items_leave_after_max_errors_or_return_when_refused(tmp_path: Pa
 
 
 @FORMATS
+def test_a_look_changes_nothing_and_is_no_delivery(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, {"q": {"max_errors": 2, "error_queue": "dead"},
+                                           "big": {"max_memory_size": 1000}}, clock=clock)
+    coll.put("q", [b"%d" % i for i in range(10)])
+    coll.put("q", [b"brief"], T0 + 1000)
+    q = coll.queue("q")
+    before = (q.stats(), q.journal_size, [i.data for i in q.look(0, 100).shown])
+    for _ in range(5):  # as many looks as max_errors twice over: none counts as a failed delivery
+        looked = q.look(0, 100)
+    assert looked.shown[0].errors == 0
+    assert (q.stats(), q.journal_size, [i.data for i in q.look(0, 100).shown]) == before
+    assert looked == (q.create_time, 0, 11, 11, looked.shown) and len(looked.shown) == 11
+    assert coll.get("dead") is None
+    # Positions stay with their items: taking from the head moves the head on, a read put back one back.
+    taken = coll.remove("q", 3, transaction=True)
+    assert q.look(0, 2)[1:4] == (3, 8, 5) and [i.data for i in q.look(0, 2).shown] == [b"3", b"4"]
+    assert [i.data for i in q.look(6, 2).shown] == [b"6", b"7"]
+    assert coll.unremove("q", [taken[2].xid])
+    assert q.look(0, 1)[1:4] == (2, 9, 3) and [i.data for i in q.look(2, 1).shown] == [b"2"]
+    assert [i.data for i in q.look(6, 2).shown] == [b"6", b"7"]
+    assert q.look(11, 5)[1:4] == (2, 9, 11) and q.look(11, 5).shown == []  # past the end
+    clock.advance(1000)
+    assert [i.data for i in q.look(9, 5).shown] == [b"9"]  # an expired item is left out, as a get would
+    assert q.look(9, 5).after == 11
+    # Only what memory holds is shown: the look stops where read-behind keeps the rest on disk.
+    items = [b"%04d" % i + b"." * 96 for i in range(30)]
+    coll.put("big", items)
+    big = coll.queue("big")
+    assert big.in_read_behind
+    held = len(big.look(0, 100).shown)
+    assert 0 < held < 30 and big.look(0, 100).after == held and big.look(held, 5).after == held
+    assert [i.data for i in big.look(0, 100).shown] == items[:held]
+
+
+@FORMATS
 def test_a_wait_ends_at_its_deadline_or_with_the_item_that_arrives(tmp_path: Path,
                                                                     journal_format: str) -> None:
     runtime = ManualRuntime()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, journal_file
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.queue_path import list_journal_files
@@ -125,13 +125,13 @@ class QueueModel(RuleBasedStateMachine):
             "abort": lambda: self.coll.unremove("q", [xid]) or None,
             "flush": lambda: self.coll.flush("q"),
         }
-        real = journal_file.write_all
+        real = disk.write_all
 
         def full(fd: int, payload: bytes) -> None:
             os.write(fd, payload[: max(1, len(payload) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        journal_file.write_all = full
+        disk.write_all = full
         try:
             result = calls[op]()
         except JournalWriteError as e:
@@ -139,7 +139,7 @@ class QueueModel(RuleBasedStateMachine):
         else:
             assert result is None  # nothing to do, so nothing was written
         finally:
-            journal_file.write_all = real
+            disk.write_all = real
 
     @precondition(lambda self: self.budget)
     @rule(advance=st.integers(0, 500))

@@ -7,7 +7,6 @@ import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
@@ -19,22 +18,25 @@ from kestrel.client.server import Server
 class Retries:
     puts: int = 0  # attempts, one a server tried
     pauses: list[float] = field(default_factory=list)  # seconds asked of `sleep`
+    sizes: list[int] = field(default_factory=list)  # the items of each attempt
 
     def clear(self) -> None:
         self.puts = 0
         self.pauses.clear()
+        self.sizes.clear()
 
 
 @pytest.fixture(name="retries")
 def recorded_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[Retries]:
     seen = Retries()
-    real_put = Server.put
+    real_put = Server.put_checked  # what a Cluster calls, a server at a time
 
-    def counted(self: Server, *args: Any, **kwargs: Any) -> int:
+    def counted(self: Server, queue: str, items: list[bytes], expiration_ms: int) -> int:
         seen.puts += 1
-        return real_put(self, *args, **kwargs)
+        seen.sizes.append(len(items))
+        return real_put(self, queue, items, expiration_ms)
 
-    monkeypatch.setattr(Server, "put", counted)
+    monkeypatch.setattr(Server, "put_checked", counted)
     monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=time.monotonic,
                                                                       sleep=seen.pauses.append))
     yield seen

@@ -6,4 +6,9 @@
 # precompiled from site-packages once the zips are left out.
 PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\n' | grep -v '/pyspark/python/lib/' | paste -sd: -)
 export PYTHONPATH
+# A streaming source's process must connect back within Spark's fixed 10 s: it connects before
+# importing pyspark (tests/support/spark_connect_first.py).
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.sql.streaming.python_streaming_source_runner" ]; then
+    exec "$KESTREL_SPARK_PYTHON" "$(dirname "$0")/spark_connect_first.py" "$2"
+fi
 exec "$KESTREL_SPARK_PYTHON" "$@"

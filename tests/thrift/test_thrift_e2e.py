@@ -164,6 +164,32 @@ def test_queue_names_and_get_timed_create_no_queue(server_factory: Any) -> None:
     assert not (server.queue_path / "missing").exists()
 
 
+def counters(server: ServerProcess) -> dict[str, str]:
+    """The stats a read would move: the server's request counts and every figure of queue `jobs` but
+    those time moves (how long the head has waited)."""
+    stats = memcache_stats(server.memcache_port)
+    return {k: v for k, v in stats.items()
+            if k.startswith(("queue_jobs_", "cmd_", "get_")) and not k.endswith("_wait_ms")}
+
+
+def test_peek_items_shows_items_in_place_and_counts_nothing(server_factory: Any) -> None:
+    server = server_factory({"queues": {"jobs": {"max_errors": 1, "error_queue": "failed"}}})
+    with client(server) as c:
+        c.put("jobs", [b"%d" % i for i in range(5)], 0)
+        before = counters(server)
+        for _ in range(3):  # each look past max_errors: none is a failed delivery
+            looked = c.peek_items("jobs", 0, 3)
+        assert [i.data for i in looked.shown] == [b"0", b"1", b"2"] and all(i.id == 0 for i in looked.shown)
+        assert (looked.head, looked.items, looked.after) == (0, 5, 3) and looked.opened_at > 0
+        assert looked.shown[0].add_time_msec >= looked.opened_at and looked.shown[0].expiry_msec is None
+        assert [i.data for i in c.peek_items("jobs", looked.after, 10).shown] == [b"3", b"4"]
+        assert counters(server) == before
+        assert c.queue_names() == ["jobs"]  # the error queue was never needed
+        assert c.peek_items("missing", 0, 5) == kestrel.ItemsAt(0, 0, 0, 0, [])
+        assert c.queue_names() == ["jobs"]
+    assert not (server.queue_path / "missing").exists()
+
+
 def test_get_timed_gives_each_items_add_time_and_expiry(server: ServerProcess) -> None:
     with client(server) as c:
         before = int(time.time() * 1000)
@@ -225,9 +251,12 @@ def test_set_status_without_a_status_file_fails_clearly(server_factory: Any) -> 
         assert c.put("q", [b"still up"], 0) == 1
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("commit_log", ["off", "on"])
-def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any, commit_log: str) -> None:
-    srv = server_factory({"default_queue": {"sync_journal": "always"}, "commit_log": commit_log})
+def test_sigkill_loses_no_item_put_with_sync_always(server_factory: Any, commit_log: str,
+                                                    journal_format: str) -> None:
+    srv = server_factory({"default_queue": {"sync_journal": "always", "journal_format": journal_format},
+                          "commit_log": commit_log})
     acknowledged = 0
     with client(srv) as c:
         for n in range(50):

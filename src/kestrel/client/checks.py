@@ -13,6 +13,7 @@ from collections.abc import Iterable
 BytesLike = bytes | bytearray | memoryview
 BYTES_LIKE = (bytes, bytearray, memoryview)
 I32_MAX = 2**31 - 1
+_JUST_BYTES = {bytes}
 
 
 def check_queue(queue: object, what: str) -> str:
@@ -56,10 +57,13 @@ def check_item(item: object, what: str) -> bytes:
 
 def check_items(items: Iterable[BytesLike], what: str) -> list[bytes]:
     """A batch of items as a list of bytes, refusing a batch that is a single str or bytes (whose
-    characters or bytes would otherwise each become an item)."""
+    characters or bytes would otherwise each become an item). A list of bytes is returned as it is,
+    the caller's own list: it is sent, never changed."""
     if isinstance(items, str | bytes | bytearray | memoryview):
         raise TypeError(f"{what}: items must be a list of bytes, got a single {type(items).__name__} "
                         f"(to put one item, call put() or wrap it in a list)")
+    if type(items) is list and {*map(type, items)} <= _JUST_BYTES:
+        return items  # a list of plain bytes, the usual batch: looked at in one compiled pass, not copied
     try:
         listed = list(items)
     except TypeError:

@@ -203,7 +203,7 @@ class Cluster:
             round_ = _Round()
             for server in self._in_turn(self.writers(), "put"):
                 try:
-                    accepted = server.put(queue, remaining, expiration_ms)
+                    accepted = server.put_checked(queue, remaining, expiration_ms)
                 except (ServerUnavailable, Refused) as e:
                     round_.errors.append(e)
                     log.debug("put moved on from %s: %s", server.address, e)

@@ -8,12 +8,16 @@ class KestrelClientError(Exception):
 
 
 class ServerUnavailable(KestrelClientError, ConnectionError):
-    """Raised when a server cannot be reached or the connection broke during a call."""
+    """Raised when a server cannot be reached or the connection broke during a call.
 
-    def __init__(self, address: str, reason: str) -> None:
+    `maybe_done` is true when the request was sent and its answer lost (a time-out, a connection
+    broken mid-call): the server may have carried the call out. False when it never got there."""
+
+    def __init__(self, address: str, reason: str, maybe_done: bool = False) -> None:
         super().__init__(f"kestrel {address}: {reason}")
         self.address = address
         self.reason = reason
+        self.maybe_done = maybe_done
 
 
 class ServerClosing(ServerUnavailable):

@@ -113,7 +113,12 @@ class Server:
         what = f"put on {queue!r}"
         check_queue(queue, what)
         check_count(expiration_ms, "expiration_ms", what)
-        return int(self.call("put", queue, check_items(items, what), expiration_ms))
+        return self.put_checked(queue, check_items(items, what), expiration_ms)
+
+    def put_checked(self, queue: str, items: list[bytes], expiration_ms: int) -> int:
+        """`put` of arguments already checked (a Cluster checks a batch once, whatever the servers
+        it tries)."""
+        return int(self.call("put", queue, items, expiration_ms))
 
     def get(self, queue: str, max_items: int = 1, timeout_ms: int = 0, auto_abort_ms: int = 0) -> list[Any]:
         """Up to `max_items` Items (`data`, `id`), waiting up to `timeout_ms` for the first.
@@ -137,6 +142,19 @@ class Server:
         check_count(timeout_ms, "timeout_ms", what)
         check_count(auto_abort_ms, "auto_abort_ms", what)
         return list(self.call(method, queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+
+    def peek_items(self, queue: str, first: int = 0, max_items: int = 1) -> Any:
+        """Up to `max_items` items from position `first` on, left where they are: an ItemsAt
+        (`opened_at`, `head`, `items`, `after`, `shown`: TimedItems). Nothing is opened or counted,
+        so a look is no delivery; only items the server holds in memory are shown (`after` stops
+        where the rest is on disk); a queue the server does not hold is not created. A call
+        Kestrel's own servers lack."""
+        what = f"peek_items of {queue!r}"
+        check_queue(queue, what)
+        check_count(max_items, "max_items", what)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise TypeError(f"{what}: first must be an int, got {type(first).__name__}")
+        return self.call("peek_items", queue, first, max_items)
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (aliases not); creates nothing. A call Kestrel's servers lack."""
@@ -206,7 +224,7 @@ class Server:
                 if reused and attempt == 1 and not isinstance(e, socket.timeout):
                     continue  # an idle connection the server closed: say it again on a new one
                 self.down_until = time.monotonic() + self.retry_after
-                raise ServerUnavailable(self.address, f"{method} failed: {e!r}") from e
+                raise ServerUnavailable(self.address, f"{method} failed: {e!r}", maybe_done=True) from e
             except BaseException:
                 conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
                 raise

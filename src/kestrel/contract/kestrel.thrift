@@ -1,5 +1,5 @@
 # Kestrel's RPC contract. Kestrel's own IDL, unchanged on the wire, so any client generated from it
-# (Finagle/Scala, Java, Ruby, Go, Python) talks to this server unchanged; plus two calls at the end
+# (Finagle/Scala, Java, Ruby, Go, Python) talks to this server unchanged; plus three calls at the end
 # that Kestrel lacks, which its clients never make (a Kestrel server answers them as unknown methods).
 
 namespace java net.lag.kestrel.thrift
@@ -20,6 +20,17 @@ struct TimedItem {
   2: i64 id
   3: i64 add_time_msec
   4: optional i64 expiry_msec  # absent: never expires
+}
+
+# What `peek_items` saw: items left where they are, and where the queue stands. Positions count the
+# queue's items from when the server opened it: an item keeps its position while it stays in the
+# queue (items taken from the head move `head` on; an aborted read put back moves it one back).
+struct ItemsAt {
+  1: i64 opened_at  # when the server opened the queue (ms since the epoch): positions count from then
+  2: i64 head  # the head item's position
+  3: i64 items  # the items in the queue (open reads not counted)
+  4: i64 after  # the position after the last one the look covered
+  5: list<TimedItem> shown  # in queue order, each with id 0; expired items left out
 }
 
 # What `peek` reports: the head item (if any) and the queue's figures.
@@ -75,4 +86,10 @@ service Kestrel {
   # `get`, with each item's add time and expiry. A queue the server does not hold is not created:
   # the answer is no items, at once.
   list<TimedItem> get_timed(1: string queue_name, 2: i32 max_items, 3: i32 timeout_msec = 0, 4: i32 auto_abort_msec = 0)
+
+  # Up to max_items items from position `first` on (from the head, if that is past it), left where
+  # they are: nothing is opened, taken, counted or journaled, so a look is no delivery and moves no
+  # item towards max_errors. Only items held in memory are shown: `after` stops where the queue goes
+  # on on disk (read-behind). A queue the server does not hold is not created (every figure 0).
+  ItemsAt peek_items(1: string queue_name, 2: i64 first, 3: i32 max_items)
 }

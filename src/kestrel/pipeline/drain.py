@@ -34,8 +34,10 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
               .option("checkpointLocation", location))
     for key, value in options.items():
         reader = reader.option(key, str(value))
-    query = (reader.load().writeStream.foreachBatch(write).option("checkpointLocation", location)
-             .trigger(availableNow=True).start())
+    # Named, so that the Spark UI and each progress report show what it drains (Spark names the
+    # source itself after its own class, which a Python source cannot change).
+    query = (reader.load().writeStream.queryName(f"kestrel drain of {queue!r}").foreachBatch(write)
+             .option("checkpointLocation", location).trigger(availableNow=True).start())
     try:
         query.awaitTermination()  # raises what the query raised
     except Exception as error:

@@ -1,8 +1,12 @@
 """`format("kestrel")`: the data source over live servers (batch read, stream read, write).
 
-- `spark.read` looks without taking: each task takes up to its share as open reads and aborts them
-  all before handing Spark a row, so the items are back at the head of their queue in order
-  whatever Spark then does with the rows (count twice, show, take, limit, first, isEmpty...).
+- `spark.read` looks without taking: when the job is planned, the driver notes where each queue's
+  items are (`peek_items`: the head's position and the length, on each server holding it) and
+  splits them into partitions; each task looks at its share with `peek_items`, which opens,
+  counts and journals nothing. So whatever Spark does with the rows (count twice, show, take,
+  limit...), the queues are as they were: no error count moves towards `max_errors`, no counter,
+  no order. The rows are the queues' items as they stood when the read was planned, less any
+  taken meanwhile by other readers.
 - Taking items for good is a write-side operation: `kestrel.pipeline.drain` (a stream that runs until the
   queues are empty, confirming each batch only after the sink wrote it) or `spark.readStream`.
 - `df.write` and `writeStream` put rows (see src/kestrel/pipeline/writer.py).
@@ -25,85 +29,135 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from kestrel.client import KestrelClientError
-from kestrel.pipeline.options import Option, parse_options, queue_names, text, unknown_option, whole
-from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
-from kestrel.pipeline.servers import (
-    ServersUnreachable,
-    TakenReads,
-    fresh_connections,
-    parse_servers,
-    take_open_reads,
+from kestrel.pipeline.options import (
+    Option,
+    parse_options,
+    queue_names,
+    reader_name,
+    text,
+    unknown_option,
+    whole,
 )
+from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
+from kestrel.pipeline.servers import ServersUnreachable, connect, extend_timed, parse_servers
+from kestrel.pipeline.subscription import Subscription
 
 log = structlog.get_logger("kestrel.pipeline")
 
 READ_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", queue_names, doc="one queue, or several comma-separated"),
-    Option("maxItems", whole(1), 10_000, "at most this many items, shared evenly over servers and queues"),
-    Option("autoAbortMs", whole(1000), 60_000, "a task that dies leaves its reads to return this soon"),
+    Option("queue", queue_names, doc="one queue, or several comma-separated; `*`, `?` and `[...]` make a "
+                                     "pattern over the queues the servers hold"),
+    Option("reader", reader_name, None, "read each queue's fanout child <queue>+<reader>"),
+    Option("maxItems", whole(1), None, "refuse the read when the queues hold more items than this"),
+    Option("itemsPerPartition", whole(1), 10_000, "a queue's items on one server are split into partitions "
+                                                  "of this size"),
 ]
 
+LOOK_CHUNK = 10_000  # items one peek_items call asks for (the server caps it at max_batch_items)
 
-class PeekPartition(InputPartition):
-    def __init__(self, index: int, server: str, queue: str, quota: int, auto_abort_ms: int) -> None:
+
+class LookPartition(InputPartition):
+    """Positions `first` to `first + count` of one queue on one server, as planned on the driver;
+    `opened_at` says which opening of the queue the positions count from."""
+
+    def __init__(self, index: int, server: str, queue: str, opened_at: int, first: int, count: int) -> None:
         super().__init__(index)
-        self.server, self.queue, self.quota, self.auto_abort_ms = server, queue, quota, auto_abort_ms
+        self.server, self.queue, self.opened_at = server, queue, opened_at
+        self.first, self.count = first, count
 
 
-def look(partition: PeekPartition) -> TakenReads:
-    """The first `quota` items of one server's queue, left in place: taken as open reads, then
-    aborted (read ids are unique on a server, so any connection may give them back).
+class Looked:
+    """The items one partition looked at, with their add times and expiries (ms; expiry 0: never)."""
 
-    A server that cannot be reached, or fails before the quota or the queue's end, fails the task
-    rather than make a short answer look whole (`count()` of 0 for a server that is down); what was
-    taken is given back first."""
-    taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
-    if taken.ids:
-        try:
-            fresh_connections(partition.server).abort(partition.queue, set(taken.ids))
-        except KestrelClientError as e:
-            log.warning("could not give back looked-at items; they return after autoAbortMs",
-                        server=partition.server, items=len(taken.ids), error=str(e))
-    if taken.failure is not None:
-        raise ServersUnreachable(f"kestrel read of queue {partition.queue!r}: server {partition.server} "
-                                 f"failed after {len(taken.ids)} items: {taken.failure}")
-    return taken
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+        self.added: list[int] = []
+        self.expiry: list[int] = []
+
+
+def look(partition: LookPartition) -> Looked:
+    """The partition's items, left in place (`peek_items`, a chunk at a time). Items taken by other
+    readers since planning are gone and left out. A server that cannot be reached fails the task,
+    naming it and what it had shown; so do a queue the server reopened since the planning (a
+    restart or a delete: its positions count anew) and a queue the server keeps partly on disk
+    (read-behind), which a look cannot show: never a short answer passed off as the whole."""
+    looked = Looked()
+    position, end = partition.first, partition.first + partition.count
+    where = f"kestrel read of queue {partition.queue!r}: server {partition.server}"
+    with connect(partition.server) as server:
+        while position < end:
+            try:
+                at = server.peek_items(partition.queue, position, min(end - position, LOOK_CHUNK))
+            except KestrelClientError as e:
+                raise ServersUnreachable(f"{where} failed after {len(looked.items)} items: {e}") from e
+            if at.opened_at != partition.opened_at:
+                raise RuntimeError(f"{where} reopened the queue during the read (a restart, or the "
+                                   f"queue was deleted): run the read again")
+            position = max(position, at.head)
+            stop = min(end, at.head + at.items)
+            if at.after <= position and position < stop:
+                raise ValueError(f"{where} keeps the queue partly on disk (read-behind: more than its "
+                                 f"max_memory_size), and a look shows only items held in memory, the first "
+                                 f"{position - at.head} of {at.items}. Read its journal instead (format("
+                                 f"'kestrel-journal').option('view', 'items')), or raise max_memory_size")
+            extend_timed(looked.items, looked.added, looked.expiry, at.shown)
+            if at.after >= stop:
+                break
+            position = at.after
+    return looked
 
 
 class KestrelBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         o = parse_options(options, READ_OPTIONS, "kestrel read", required=("servers", "queue"))
         self.servers = parse_servers(o["servers"])
-        self.queues: list[str] = o["queue"]
-        self.max_items: int = o["maxItems"]
-        self.auto_abort_ms: int = o["autoAbortMs"]
+        self.subscription = Subscription(tuple(o["queue"]), o["reader"])
+        self.max_items: int | None = o["maxItems"]
+        self.per_partition: int = o["itemsPerPartition"]
 
     def partitions(self) -> list[InputPartition]:
-        """One partition per server and queue that server holds; a queue held by no server fails the
-        read, naming it. Asked with a call that creates nothing (a `get` would create the queue)."""
-        held = {server: set(self._queue_names(server)) for server in self.servers}
-        missing = [queue for queue in self.queues if not any(queue in names for names in held.values())]
+        """The queues' items as they stand now, in partitions of `itemsPerPartition` per server and
+        queue. A queue (or pattern) no server holds fails the read, naming it, and so does a total
+        over `maxItems`. Asked with calls that create nothing (a `get` or `peek` would create the queue)."""
+        what = f"kestrel read of {','.join(self.subscription.entries)!r}"
+        held: dict[str, list[str]] = {}
+        for address in self.servers:
+            with connect(address) as server:
+                try:
+                    held[address] = server.queue_names()
+                except KestrelClientError as e:
+                    raise ServersUnreachable(f"{what}: server {address} could not list its queues: "
+                                             f"{e}") from e
+        missing = self.subscription.unmatched(held.values())
         if missing:
             raise ValueError(f"kestrel read: no server holds queue {', '.join(map(repr, missing))} "
                              f"(servers {', '.join(self.servers)}; nothing was created)")
-        pairs = [(server, queue) for queue in self.queues for server in self.servers if queue in held[server]]
-        share, extra = divmod(self.max_items, len(pairs))
-        return [PeekPartition(i, server, queue, share + (1 if i < extra else 0), self.auto_abort_ms)
-                for i, (server, queue) in enumerate(pairs)]
-
-    def _queue_names(self, server: str) -> list[str]:
-        try:
-            return fresh_connections(server).queue_names()
-        except KestrelClientError as e:
-            raise ServersUnreachable(f"kestrel read of queue {','.join(self.queues)!r}: server {server} "
-                                     f"could not list its queues: {e}") from e
+        spans: list[tuple[str, str, int, int, int]] = []  # server, queue, opened_at, head, items
+        for address in self.servers:
+            with connect(address) as server:
+                for queue in self.subscription.queues(held[address]):
+                    try:
+                        at = server.peek_items(queue, 0, 0)
+                    except KestrelClientError as e:
+                        raise ServersUnreachable(f"{what}: server {address} could not show queue {queue!r}: "
+                                                 f"{e}") from e
+                    spans.append((address, queue, at.opened_at, at.head, at.items))
+        total = sum(span[4] for span in spans)
+        if self.max_items is not None and total > self.max_items:
+            raise ValueError(f"kestrel read: the queues hold {total:,} items, more than maxItems "
+                             f"({self.max_items:,}): raise maxItems, or leave it out to read them all")
+        out: list[InputPartition] = []
+        for address, queue, opened_at, head, items in spans:
+            for first in range(head, head + items, self.per_partition):
+                count = min(self.per_partition, head + items - first)
+                out.append(LookPartition(len(out), address, queue, opened_at, first, count))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, PeekPartition)
-        if partition.quota:
-            taken = look(partition)
-            yield from queue_rows(taken.items, partition.queue, partition.server, taken.added, taken.expiry)
+        assert isinstance(partition, LookPartition)
+        looked = look(partition)
+        yield from queue_rows(looked.items, partition.queue, partition.server, looked.added, looked.expiry)
 
 
 class KestrelDataSource(DataSource):

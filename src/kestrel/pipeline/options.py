@@ -63,7 +63,8 @@ def queue_name(name: str, value: str) -> str:
 
 def queue_names(name: str, value: str) -> list[str]:
     """One queue or several, comma-separated (as Kafka's `subscribe` lists topics), each checked as
-    `queue_name` checks one; an empty entry or a queue listed twice is refused."""
+    `queue_name` checks one; an empty entry or a queue listed twice is refused. An entry may be a
+    pattern (`jobs-*`: see src/kestrel/pipeline/subscription.py), checked as a name is."""
     names: list[str] = []
     for position, part in enumerate(text(name, value).split(","), 1):
         queue = part.strip()
@@ -74,6 +75,22 @@ def queue_names(name: str, value: str) -> list[str]:
         if names.count(queue) > 1:
             raise ValueError(f"option {name!r} lists {queue!r} twice")
     return names
+
+
+def reader_name(name: str, value: str) -> str:
+    """A fanout child's name after the `+` (`<queue>+<reader>`), checked as the server would."""
+    reader = text(name, value)
+    if "+" in reader:
+        raise ValueError(f"option {name!r}: {reader!r} contains '+': give the reader's own name, the "
+                         f"part after the '+' of queue+reader")
+    from kestrel.storage.errors import InvalidQueueName
+    from kestrel.storage.filenames import check_queue_name
+
+    try:
+        check_queue_name(f"queue+{reader}")
+    except InvalidQueueName as e:
+        raise ValueError(f"option {name!r}: {reader!r} cannot name a fanout child ({e})") from None
+    return reader
 
 
 def choice(*allowed: str) -> Callable[[str, str], str]:

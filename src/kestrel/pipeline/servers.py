@@ -9,13 +9,18 @@ What is the pipeline's own:
 - `take_open_reads`: a server caps the open reads of one connection on one queue
   (`max_open_reads`), and Thrift open reads outlive their connection, so each `get` of a fetch goes
   over a connection of its own.
+
+Every call's time-out is the stream's `timeoutMs` (or the client's default for a batch read).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
 import structlog
 
@@ -49,10 +54,12 @@ def parse_servers(text: str | None) -> list[str]:
     return out
 
 
-def fresh_connections(address: str) -> Server:
-    """A Server that opens a new connection for every call (it keeps none idle)."""
+def connect(address: str, timeout_ms: int = 10_000, max_idle: int = 8) -> Server:
+    """A client of one server of the `servers` option (connections opened as calls need them), each
+    call failing after `timeout_ms` without an answer (connecting: at most 2 s of it)."""
     host, port = parse_address(address)
-    return Server(host, port, max_idle=0)
+    return Server(host, port, timeout_ms=timeout_ms, connect_timeout_ms=min(timeout_ms, 2000),
+                  max_idle=max_idle)
 
 
 RETRY_S = 1.0  # a server that failed a call is asked again no sooner (a stream plans every few ms)
@@ -80,41 +87,58 @@ class Reachability:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.servers, self.fail_after_s, self.what, self.clock = servers, fail_after_s, what, clock
         self.down: dict[str, _Down] = {}
+        self.lock = threading.Lock()  # planning and the stream's keeper both report
 
     def due(self, server: str) -> bool:
         down = self.down.get(server)
         return down is None or self.clock() >= down.retry_at
 
-    def failed(self, server: str, call: str, error: BaseException) -> None:
-        now = self.clock()
-        down = self.down.get(server)
-        if down is None:
-            self.down[server] = _Down(now, now + RETRY_S, now, 1, str(error))
-            log.warning("server unreachable; going on without it, asking again every second",
-                        server=server, call=call, error=str(error))
-            return
-        down.retry_at, down.attempts, down.error = now + RETRY_S, down.attempts + 1, str(error)
-        if now - down.logged_at >= LOG_EVERY_S:
-            down.logged_at = now
-            log.warning("server still unreachable", server=server, call=call, down_s=round(now - down.since),
-                        attempts=down.attempts, error=str(error))
+    def is_down(self, server: str) -> bool:
+        return server in self.down
+
+    def failed(self, server: str, call: str, error: BaseException, started: float | None = None) -> None:
+        """`call` to `server` failed; `started` (monotonic) is when it was sent, where the outage
+        began at the latest (a call that times out is reported only when its time is up)."""
+        with self.lock:
+            now = self.clock()
+            down = self.down.get(server)
+            if down is None:
+                since = now if started is None else started
+                self.down[server] = _Down(since, now + RETRY_S, now, 1, str(error))
+                log.warning("server unreachable; going on without it, asking again every second",
+                            server=server, call=call, error=str(error))
+                return
+            down.retry_at, down.attempts, down.error = now + RETRY_S, down.attempts + 1, str(error)
+            if now - down.logged_at >= LOG_EVERY_S:
+                down.logged_at = now
+                log.warning("server still unreachable", server=server, call=call,
+                            down_s=round(now - down.since), attempts=down.attempts, error=str(error))
 
     def answered(self, server: str) -> None:
-        down = self.down.pop(server, None)
-        if down is not None:
-            log.info("server reachable again", server=server, down_s=round(self.clock() - down.since, 1),
-                     attempts=down.attempts)
+        with self.lock:
+            down = self.down.pop(server, None)
+            if down is not None:
+                log.info("server reachable again", server=server,
+                         down_s=round(self.clock() - down.since, 1), attempts=down.attempts)
 
     def check(self) -> None:
         """Raises ServersUnreachable when no server has answered for `fail_after_s`."""
-        if not self.fail_after_s or len(self.down) < len(self.servers):
-            return
-        all_down_s = self.clock() - max(d.since for d in self.down.values())
-        if all_down_s >= self.fail_after_s:
-            errors = "; ".join(f"{s}: {self.down[s].error}" for s in self.servers)
-            raise ServersUnreachable(
-                f"{self.what}: no server answered for {all_down_s:.0f} s (unreachableTimeoutMs is "
-                f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
+        with self.lock:
+            if not self.fail_after_s or len(self.down) < len(self.servers):
+                return
+            all_down_s = self.clock() - max(d.since for d in self.down.values())
+            if all_down_s >= self.fail_after_s:
+                errors = "; ".join(f"{s}: {self.down[s].error}" for s in self.servers)
+                raise ServersUnreachable(
+                    f"{self.what}: no server answered for {all_down_s:.0f} s (unreachableTimeoutMs is "
+                    f"{self.fail_after_s * 1000:.0f}): {', '.join(self.servers)} ({errors})")
+
+    def down_now(self) -> list[str]:
+        with self.lock:
+            return sorted(self.down)
+
+
+_ID, _DATA, _ADDED, _EXPIRY = map(attrgetter, ("id", "data", "add_time_msec", "expiry_msec"))
 
 
 @dataclass
@@ -128,12 +152,12 @@ class TakenReads:
     failure: KestrelClientError | None = None
 
 
-def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) -> TakenReads:
+def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int, timeout_ms: int) -> TakenReads:
     """Up to `quota` items as open reads with their times, without waiting, each `get_timed` over a
     new connection (it creates no queue), until the quota is met or the queue is empty. A server
     that fails or refuses ends the fetch early with what was taken so far; the caller decides what
     that failure means."""
-    server = fresh_connections(address)
+    server = connect(address, timeout_ms, max_idle=0)
     taken = TakenReads()
     while len(taken.ids) < quota:
         try:
@@ -144,8 +168,14 @@ def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int) ->
             break
         if not got:
             break
-        taken.ids.extend(item.id for item in got)
-        taken.items.extend(item.data for item in got)
-        taken.added.extend(item.add_time_msec for item in got)
-        taken.expiry.extend(item.expiry_msec or 0 for item in got)
+        taken.ids.extend(map(_ID, got))
+        extend_timed(taken.items, taken.added, taken.expiry, got)
     return taken
+
+
+def extend_timed(items: list[bytes], added: list[int], expiry: list[int], timed: Any) -> None:
+    """Append TimedItems' data, add times and expiries (0: never), each field in one compiled pass
+    over the items rather than a Python loop."""
+    items.extend(map(_DATA, timed))
+    added.extend(map(_ADDED, timed))
+    expiry.extend(expiry or 0 for expiry in map(_EXPIRY, timed))

@@ -1,17 +1,19 @@
 """`spark.readStream.format("kestrel")`: queues as a stream, exactly-once into idempotent sinks.
 
 How a micro-batch lives:
-1. Planning (driver, `latestOffset`): peek every server over the driver's pooled connections (only
-   the queues it holds: a peek creates its queue) and decide how many items to take from each,
-   within `maxItemsPerTrigger`. No items are taken yet; an idle stream only peeks, over the same
-   connections.
-2. Reading (executors, `read`): each partition takes its share as open reads and writes them, with
-   their read ids, to the write-ahead log under the checkpoint before Spark sees a row. A replayed
-   batch reads the log instead of the servers, so it yields the same rows.
-3. Committing: once Spark's commit log shows the batch committed by the sink (checked at every
-   planning, so an idle stream commits too) or Spark calls `commit`, its read ids are confirmed.
-   A confirm the server could not take stays pending in the log and is tried again at the next
-   planning or commit, never dropped.
+1. Planning (driver, `latestOffset`): ask every server that answers, all at once over the
+   driver's pooled connections, which queues it holds and how many items each of the stream's
+   holds (`peek_items`, which creates nothing), and decide how many items to take from each,
+   within `maxItemsPerTrigger`. No items are taken yet; an idle stream only asks.
+2. Reading (executors, `read`): each partition checks that it sees the checkpoint the driver
+   wrote, takes its share as open reads and writes them, with their read ids, to the write-ahead
+   log under the checkpoint before Spark sees a row. A replayed batch reads the log instead of
+   the servers, so it yields the same rows.
+3. Committing: once Spark's commit log shows the batch committed by the sink (checked whenever a
+   planning or Spark's `commit` wakes the driver's keeper thread, so an idle stream commits too),
+   its read ids are confirmed, off the planning's path, while the next batch is fetched; a
+   planning with nothing to take confirms at once (an AvailableNow query ends after it). A confirm
+   the server could not take stays pending in the log and is tried again, never dropped.
 
 Reads in flight are handed to the log, not renewed: Kestrel has no call that extends an open read,
 so reads older than half of `autoAbortMs` are confirmed early, their items already safe in the log
@@ -23,8 +25,12 @@ over any connection to their server, by whichever query runs from the checkpoint
 after a stop or a driver kill confirms the batches the sink committed, and confirms at once the
 logged reads of the batch it replays (their rows come from the log). An id from before a server
 restart closes nothing (the restarted server never hands it out again): the restart returned its
-item to the queue, the item is delivered again, and the shortfall of the confirm is counted as
-possible duplicates (`<checkpoint>/kestrel/<source>/returned`).
+item to the queue, the item is delivered again, and is counted as a duplicate
+(`<checkpoint>/kestrel/<source>/returned`).
+
+A server that does not answer within `timeoutMs` is left out of the plannings that follow and
+asked again in the background, once a second, so that it stalls no batch but the one that found it
+gone; the query fails once no server has answered for `unreachableTimeoutMs`.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ import hashlib
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import structlog
@@ -45,11 +54,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from kestrel.client import Cluster, KestrelClientError
+from kestrel.client import Cluster, KestrelClientError, ServerUnavailable
 from kestrel.pipeline import wal
-from kestrel.pipeline.options import Option, parse_options, queue_names, text, whole
+from kestrel.pipeline.options import Option, parse_options, queue_names, reader_name, text, whole
 from kestrel.pipeline.rows import queue_rows
 from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
+from kestrel.pipeline.subscription import Subscription
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -73,27 +83,45 @@ ONCE_REFUSED = ("kestrel stream: Trigger.Once is not supported; use .trigger(ava
                 "AvailableNow takes what the queues hold when the query starts (in batches of at most "
                 "maxItemsPerTrigger), confirms every batch the sink committed, then stops")
 
+# Reads in flight are confirmed once older than half of autoAbortMs, looked at every sixteenth of
+# it: a driver that stops leaves none at risk for longer than 9/16 of autoAbortMs after its fetch,
+# so a restart within 7/16 of autoAbortMs of the stop duplicates nothing (RESTART_WINDOW).
+EARLY_CONFIRM = 1 / 2
+KEEPER_PERIOD = 1 / 16
+RESTART_WINDOW = 1 - EARLY_CONFIRM - KEEPER_PERIOD
+
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
-    Option("queue", queue_names, doc="one queue, or several comma-separated"),
+    Option("queue", queue_names, doc="one queue, or several comma-separated; `*`, `?` and `[...]` make a "
+                                     "pattern over the queues the servers hold, new ones joining"),
+    Option("reader", reader_name, None, "read each queue's fanout child <queue>+<reader>, created for it"),
     Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
     Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
     Option("minPartitions", whole(1), None, "at least this many partitions per micro-batch, when it has as "
                                             "many items"),
-    Option("autoAbortMs", whole(1000), 60_000, "open reads return to their queue if not confirmed in time"),
+    Option("autoAbortMs", whole(1000), 600_000, "open reads return to their queue if not confirmed in time; "
+                                                "a restarted query duplicates nothing within 7/16 of it"),
+    Option("timeoutMs", whole(100), 10_000, "a call a server has not answered in this time counts as failed"),
     Option("unreachableTimeoutMs", whole(0), 120_000, "fail the query once no server has answered for this "
                                                        "long (0: never)"),
 ]
 
 
+class CheckpointNotShared(RuntimeError):
+    """Raised in a task that does not see the checkpoint the driver wrote: the executors' log of
+    taken items would be lost to the driver, which confirms from it."""
+
+
 class StreamPartition(InputPartition):
     """One task's share of one queue on one server in one micro-batch."""
 
-    def __init__(self, path: str, server: str, queue: str, quota: int, auto_abort_ms: int) -> None:
+    def __init__(self, path: str, server: str, queue: str, quota: int, auto_abort_ms: int, timeout_ms: int,
+                 token: str, opened_at: int | None) -> None:
         super().__init__(path)
         self.path, self.server, self.queue, self.quota = path, server, queue, quota
-        self.auto_abort_ms = auto_abort_ms
+        self.auto_abort_ms, self.timeout_ms = auto_abort_ms, timeout_ms
+        self.token, self.opened_at = token, opened_at
 
 
 def read_partition(partition: StreamPartition) -> Iterator[Any]:
@@ -101,14 +129,41 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
     if os.path.exists(partition.path):
         logged = wal.read_items(partition.path)
     else:
+        check_shared(partition)
         started = time.time()
         # A server failing mid-fetch leaves this batch shorter; the next batch asks it again.
-        taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms)
+        taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms,
+                                partition.timeout_ms)
         logged = wal.Logged(taken.items, taken.added, taken.expiry)
-        header = wal.WalHeader(partition.server, started, len(taken.ids), partition.queue)
+        header = wal.WalHeader(partition.server, started, len(taken.ids), partition.queue,
+                               opened_at=partition.opened_at, took=time.time() - started)
         if not wal.write_partition(partition.path, header, taken.ids, logged):
             logged = wal.read_items(partition.path)  # another attempt logged first: its rows stand
     yield from queue_rows(logged.items, partition.queue, partition.server, logged.added, logged.expiry)
+
+
+def check_shared(partition: StreamPartition) -> None:
+    """Refuse to take anything where the driver's mark of this stream's log cannot be seen: the
+    checkpoint is not storage the driver and this executor share."""
+    root = os.path.dirname(os.path.dirname(partition.path))
+    if wal.read_token(root) != partition.token:
+        checkpoint = os.path.dirname(os.path.dirname(root))
+        raise CheckpointNotShared(
+            f"kestrel stream: this executor ({os.uname().nodename}) does not see the checkpoint the driver "
+            f"wrote at {checkpoint} (its mark {wal.token_path(root)} is missing or another): the "
+            f"checkpoint location must be storage the driver and every executor share, the same directory "
+            f"seen at the same path (a shared mount), since executors log the items they take there and "
+            f"the driver confirms them from it. Nothing was taken")
+
+
+@dataclass
+class Answer:
+    """What one server said at a planning: each queue's items and the opening its positions count from."""
+
+    address: str
+    started: float  # monotonic, when the first call was sent
+    depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # queue: (items, opened_at)
+    error: KestrelClientError | None = None
 
 
 class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -117,25 +172,44 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if o["checkpointLocation"] is None:
             raise ValueError(f"kestrel stream: option 'checkpointLocation' is required: {CHECKPOINT_HELP}")
         self.servers = parse_servers(o["servers"])
-        self.queues: list[str] = o["queue"]
+        self.subscription = Subscription(tuple(o["queue"]), o["reader"])
         self.max_per_trigger: int | None = o["maxItemsPerTrigger"]
         self.per_partition: int = o["itemsPerPartition"]
         self.min_partitions: int | None = o["minPartitions"]
         self.auto_abort_ms: int = o["autoAbortMs"]
+        self.timeout_ms: int = o["timeoutMs"]
         self.checkpoint = wal.checkpoint_dir(o["checkpointLocation"])
-        listed = ",".join(self.queues)
-        key = hashlib.sha1(f"{listed}@{o['servers']}".encode()).hexdigest()[:12]
-        label = self.queues[0] if len(self.queues) == 1 else f"{len(self.queues)}-queues"
-        self.source_key = f"{label}-{key}"
+        self.source_key = self._identity(o["queue"], o["servers"])
         self.root = os.path.join(self.checkpoint, "kestrel", self.source_key)
         self.spark_log = wal.SparkCommitLog(self.checkpoint, self.source_key)
-        self.cluster = Cluster(self.servers)
+        self.cluster = Cluster(self.servers, timeout_ms=self.timeout_ms,
+                               connect_timeout_ms=min(self.timeout_ms, 2000))
         self.available_now: dict[tuple[str, str], int] | None = None  # left to take, per (server, queue)
         self.reach = Reachability(self.servers, o["unreachableTimeoutMs"] / 1000.0,
-                                  f"kestrel stream of {listed!r}")
-        self.lock = threading.Lock()
+                                  f"kestrel stream of {','.join(self.subscription.entries)!r}")
+        self.asking = ThreadPoolExecutor(2 * len(self.servers), thread_name_prefix="kestrel-ask")
+        self.probes: dict[str, Future[Answer]] = {}  # servers down, being asked again in the background
+        self.depth: dict[tuple[str, str], int] = {}  # items waiting, as the latest planning saw them
+        self.last_batch: dict[str, int] = {}  # the latest committed batch: its items, its longest fetch
+        self.token = ""
+        self.lock = threading.Lock()  # planning's state: what the servers hold, what is left to take
+        self.confirming = threading.Lock()  # the log's files, confirmed by one thread at a time
+        self._committed_hint = -1  # the latest batch Spark said it committed (its commit log may lag)
+        self._wake = threading.Event()  # committed batches may wait to be confirmed
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
+
+    def _identity(self, listed: list[str], servers: str) -> str:
+        """The stream's name in the checkpoint and in Spark's offsets: what it reads (the set of
+        servers, the queues or patterns and the reader), however the options spell or order them.
+        A checkpoint of a version that named a stream by its options' text keeps that name."""
+        label = listed[0] if len(listed) == 1 and not self.subscription.patterns else f"{len(listed)}-queues"
+        spelled = ",".join(listed) + "@" + servers
+        earlier = f"{label}-{hashlib.sha1(spelled.encode()).hexdigest()[:12]}"
+        if os.path.isdir(os.path.join(self.checkpoint, "kestrel", earlier)):
+            return earlier
+        what = self.subscription.key() + "@" + ",".join(sorted(self.servers))
+        return f"{label}-{hashlib.sha1(what.encode()).hexdigest()[:12]}"
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -148,40 +222,69 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """Take what is there now and no more; every server must answer before anything is taken."""
         with self.lock:
-            self.available_now = self._waiting(strict=True)
+            self.available_now = {k: n for k, (n, _) in self._waiting(strict=True).items()}
 
-    def _waiting(self, strict: bool) -> dict[tuple[str, str], int]:
-        """How many items wait in each queue on each server; none where the server holds no such
-        queue (nothing is created), none on a server that is down (asked again a second later)
-        unless `strict`, where it fails the query before anything is taken."""
-        waiting: dict[tuple[str, str], int] = {}
+    def _ask(self, address: str) -> Answer:
+        """One server's queues and how many items each holds; a reader's children created first."""
+        answer = Answer(address, time.monotonic())
+        try:
+            server = self.cluster.server(address)
+            held = server.queue_names()  # a peek would create the queue it looks at
+            for child in self.subscription.children(held):
+                server.peek(child)  # creates the reader's child (and its queue): it keeps what comes now
+                log.info("created a fanout child for this stream's reader", server=address, queue=child)
+                held.append(child)
+            for queue in self.subscription.queues(held):
+                at = server.peek_items(queue, 0, 0)
+                answer.depth[queue] = (int(at.items), int(at.opened_at))
+        except KestrelClientError as e:
+            answer.error = e
+        return answer
+
+    def _waiting(self, strict: bool) -> dict[tuple[str, str], tuple[int, int]]:
+        """How many items wait in each queue on each server, and each queue's opening, asked of
+        every server at once; none where the server holds no such queue (nothing is created, but a
+        reader's children). A server that failed is left out and asked again in the background,
+        once a second, until it answers; `strict` asks every server and fails the query before
+        anything is taken if one does not answer."""
+        asked: dict[str, Future[Answer]] = {}
         for address in self.servers:
-            if not strict and not self.reach.due(address):
+            if strict or not self.reach.is_down(address):
+                asked[address] = self.asking.submit(self._ask, address)
                 continue
-            try:
-                server = self.cluster.server(address)
-                held = set(server.queue_names())  # a peek would create the queue it looks at
-                for queue in self.queues:
-                    waiting[(address, queue)] = int(server.peek(queue).items) if queue in held else 0
-            except KestrelClientError as e:
+            probe = self.probes.get(address)
+            if probe is None and self.reach.due(address):
+                self.probes[address] = self.asking.submit(self._ask, address)
+            elif probe is not None and probe.done():
+                asked[address] = self.probes.pop(address)
+        waiting: dict[tuple[str, str], tuple[int, int]] = {}
+        for address, future in asked.items():
+            answer = future.result()
+            if answer.error is not None:
                 if strict:
-                    raise ServersUnreachable(f"{e}: nothing was taken from any server") from e
-                self.reach.failed(address, "peek", e)
-                for queue in self.queues:
-                    waiting.pop((address, queue), None)
+                    raise ServersUnreachable(f"{answer.error}: nothing was taken from any server"
+                                             ) from answer.error
+                self.reach.failed(address, "peek_items", answer.error, started=answer.started)
                 continue
             self.reach.answered(address)
+            waiting.update({(address, queue): depth for queue, depth in answer.depth.items()})
+        self.depth = {k: n for k, (n, _) in waiting.items()}
         return waiting
 
     def _start(self) -> None:
-        """Once per query, in the driver, before the first batch is planned or replayed: confirm
-        what the log holds (committed batches for good, the batch to be replayed early, since its
-        rows come from the log), then keep in-flight reads from timing out."""
+        """Once per query, in the driver, before the first batch is planned or replayed: mark the
+        log for the executors to find, confirm what it holds (committed batches for good, the
+        batch to be replayed early, since its rows come from the log), then keep in-flight reads
+        from timing out."""
         if self._keeper is not None:
             return
         if not os.path.exists(os.path.join(self.checkpoint, "metadata")):
             raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
                              f"Spark checkpoint, so it is not this query's: {CHECKPOINT_HELP}")
+        self.token = wal.read_token(self.root) or wal.write_token(self.root, uuid.uuid4().hex)
+        self._note_others()
+        for batch in wal.batches(self.root):
+            self._note_late(batch)
         self._confirm_up_to(self.spark_log.committed())
         for batch in wal.batches(self.root):
             for path in wal.batch_files(self.root, batch):
@@ -190,27 +293,78 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._keeper = threading.Thread(target=self._keep_reads_alive, daemon=True, name="kestrel-keeper")
         self._keeper.start()
 
+    def _note_late(self, batch: int) -> None:
+        """Warn when a restarted query finds reads of its log older than autoAbortMs, not confirmed:
+        the servers have put their items back, and they will be delivered again."""
+        late = [header for path in wal.batch_files(self.root, batch) if not wal.is_confirmed(path)
+                for header in (wal.read_ids(path)[0],)
+                if header.count and time.time() - header.fetched_at > self.auto_abort_ms / 1000.0]
+        if late:
+            past_s = time.time() - min(h.fetched_at for h in late) - self.auto_abort_ms / 1000.0
+            window_s = RESTART_WINDOW * self.auto_abort_ms / 1000
+            log.warning(f"kestrel stream restarted {past_s:.0f} s too late: batch {batch} was fetched more "
+                        f"than autoAbortMs ({self.auto_abort_ms} ms) ago and its reads were never confirmed, "
+                        f"so the servers have put its items back and they are delivered again. A restart "
+                        f"duplicates nothing if it comes within {window_s:.0f} s ({RESTART_WINDOW:.4g} of "
+                        f"autoAbortMs) of the stop: raise autoAbortMs for longer ones",
+                        batch=batch, items=sum(h.count for h in late), checkpoint=self.checkpoint)
+
+    def _note_others(self) -> None:
+        """Warn of the logs of other streams in this checkpoint (its servers or queues were others)
+        still holding reads: this stream does not confirm them."""
+        top = os.path.join(self.checkpoint, "kestrel")
+        for name in sorted(os.listdir(top)) if os.path.isdir(top) else []:
+            other = os.path.join(top, name)
+            if name != self.source_key and os.path.isdir(other):
+                pending = sum(1 for batch in wal.batches(other) for path in wal.batch_files(other, batch)
+                              if not wal.is_confirmed(path))
+                if pending:
+                    log.warning("the checkpoint holds the log of a stream that read other servers or queues; "
+                                "its reads are not confirmed by this one and go back to their queues after "
+                                "autoAbortMs", log=other, files=pending)
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if isinstance(limit, ReadAllAvailable) and self.available_now is None:
             raise ValueError(ONCE_REFUSED)
         with self.lock:
             self._start()
-            self._confirm_up_to(self.spark_log.committed())
-            waiting = self._waiting(strict=False)
+            self._wake.set()  # the keeper confirms what the sink committed, while this batch goes on
+            found = self._waiting(strict=False)
             self.reach.check()
+            waiting = {k: n for k, (n, _) in found.items()}
             if self.available_now is not None:
                 waiting = {k: min(n, self.available_now.get(k, 0)) for k, n in waiting.items()}
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             take = share(waiting, cap)
             if not take:
+                # Nothing to fetch meanwhile, and an AvailableNow query ends here: confirm now.
+                with self.confirming:
+                    self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
                 return start
             if self.available_now is not None:
                 for k, n in take.items():
                     self.available_now[k] -= n
             by_server: dict[str, dict[str, int]] = {}
+            opened: dict[str, dict[str, int]] = {}
             for (address, queue), n in take.items():
                 by_server.setdefault(address, {})[queue] = n
-            return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": by_server}
+                opened.setdefault(address, {})[queue] = found[(address, queue)][1]
+            return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": by_server,
+                    "opened": opened}
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        """What Spark shows as the source's latest offset in each progress report: the items each
+        queue holds on each server (what the stream has still to read), the servers left out as
+        down, and the latest committed batch: its items and its longest fetch."""
+        waiting: dict[str, dict[str, int]] = {}
+        with self.lock:
+            for (address, queue), n in sorted(self.depth.items()):
+                waiting.setdefault(address, {})[queue] = n
+            report: dict[str, Any] = {"source": self.source_key, "waiting": waiting,
+                                      "down": self.reach.down_now()}
+            if self.last_batch:
+                report["lastBatch"] = self.last_batch
+        return report
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         if end.get("batch") == start.get("batch") or "take" not in end:
@@ -220,17 +374,22 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.lock:
             self._start()
             # {server: {queue: n}}; offsets of versions that read one queue are {server: n}
+            first = self.subscription.target(self.subscription.entries[0])
             take = {(address, queue): n for address, counts in end["take"].items() for queue, n in
-                    (counts if isinstance(counts, dict) else {self.queues[0]: counts}).items()}
+                    (counts if isinstance(counts, dict) else {first: counts}).items()}
+            opened = end.get("opened", {})
             size = partition_size(sum(take.values()), self.per_partition, self.min_partitions)
+            several = len(self.subscription.entries) > 1 or bool(self.subscription.patterns)
             for (address, queue), count in sorted(take.items()):
-                for part, first in enumerate(range(0, count, size)):
+                for part, first_item in enumerate(range(0, count, size)):
                     name = f"{address.replace(':', '_')}-{part}"
-                    if len(self.queues) > 1:
+                    if several:
                         name = f"{queue}~{name}"
                     path = os.path.join(self.root, str(batch), name)
-                    quota = min(size, count - first)
-                    out.append(StreamPartition(path, address, queue, quota, self.auto_abort_ms))
+                    quota = min(size, count - first_item)
+                    opened_at = opened.get(address, {}).get(queue)
+                    out.append(StreamPartition(path, address, queue, quota, self.auto_abort_ms,
+                                               self.timeout_ms, self.token, opened_at))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -244,8 +403,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- committing -----------------------------------------------------------------------------
 
     def commit(self, end: dict[str, Any]) -> None:
-        with self.lock:
-            self._confirm_up_to(int(end.get("batch", -1)))
+        self._committed_hint = max(self._committed_hint, int(end.get("batch", -1)))
+        self._wake.set()
 
     def _confirm_up_to(self, committed: int) -> None:
         """Confirm the reads of every logged batch the sink has committed, then forget the batch.
@@ -256,7 +415,12 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if batch > committed:
                 break
             pending = 0
-            for path in wal.batch_files(self.root, batch):
+            files = wal.batch_files(self.root, batch)
+            if batch > self.last_batch.get("batch", -1):
+                headers = [wal.read_ids(path)[0] for path in files]
+                self.last_batch = {"batch": batch, "items": sum(h.count for h in headers),
+                                   "fetchMs": round(1000 * max((h.took or 0.0 for h in headers), default=0))}
+            for path in files:
                 if wal.is_confirmed(path) or self._confirm(path):
                     wal.forget_file(path)
                 else:
@@ -267,26 +431,32 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _confirm(self, path: str) -> bool:
         """Confirm one log file's reads, over any connection to their server, and mark it so.
 
-        False when the server did not take it (unreachable, shutting down, refusing), or failed a
-        call less than a second ago (servers.RETRY_S): the file stays as it was, to be tried again. Reads
-        the server no longer holds (a restart returned them, or autoAbortMs did; a read id from
-        before a restart closes nothing, as a server never hands out an id twice) had their items
-        put back in the queue: they are delivered again, and counted as possible duplicates in the
-        log's `returned` file."""
+        False when the server did not take it (unreachable, shutting down, refusing), or is down
+        (asked again in the background): the file stays as it was, to be tried again. A confirm
+        whose answer was lost (a time-out) leaves its `.confirming` mark with the time it was sent.
+        Reads the server no longer holds had their items put back in the queue, by a restart or by
+        autoAbortMs (a read id from before a restart closes nothing, as a server never hands out
+        an id twice): they are delivered again, and counted in the log's `returned` file; but those
+        a confirm whose answer was lost had closed are not (see `_closed_before`)."""
         header, ids = wal.read_ids(path)
         if ids:
-            if not self.reach.due(header.server):
+            if self.reach.is_down(header.server):
                 return False
-            wal.mark_confirming(path)
+            queue = header.queue or self.subscription.target(self.subscription.entries[0])
+            sent_before = wal.confirming_since(path)
+            sent = time.time()
+            wal.mark_confirming(path, sent if sent_before is None else sent_before)
+            started = time.monotonic()
             try:
-                queue = header.queue or self.queues[0]
-                closed = self.cluster.server(header.server).confirm(queue, set(ids))
+                server = self.cluster.server(header.server)
+                closed = server.confirm(queue, set(ids))
             except KestrelClientError as e:
-                wal.unmark_confirming(path)
-                self.reach.failed(header.server, "confirm (kept in the log, tried again)", e)
+                if not (isinstance(e, ServerUnavailable) and e.maybe_done) and sent_before is None:
+                    wal.unmark_confirming(path)
+                self.reach.failed(header.server, "confirm (kept in the log, tried again)", e, started=started)
                 return False
             self.reach.answered(header.server)
-            if closed < len(ids):
+            if closed < len(ids) and not self._closed_before(header, queue, sent_before):
                 total = wal.count_returned(self.root, len(ids) - closed)
                 log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
                             "items are delivered again", server=header.server, items=len(ids) - closed,
@@ -294,17 +464,38 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wal.mark_confirmed(path)
         return True
 
+    def _closed_before(self, header: wal.WalHeader, queue: str, sent_before: float | None) -> bool:
+        """Whether the reads a confirm found closed were closed by an earlier confirm whose answer
+        was lost: one was sent before any of them could time out (autoAbortMs after the fetch), and
+        the server has not reopened the queue since the fetch (a restart returns open reads)."""
+        if sent_before is None or header.opened_at is None:
+            return False
+        if sent_before >= header.fetched_at + self.auto_abort_ms / 1000.0:
+            return False
+        try:
+            at = self.cluster.server(header.server).peek_items(queue, 0, 0)
+        except KestrelClientError:
+            return False
+        return int(at.opened_at) == header.opened_at
+
     def _keep_reads_alive(self) -> None:
-        """Confirm in-flight reads at half their auto-abort time (their items are in the log)."""
-        period = self.auto_abort_ms / 8000.0
-        while not self._stopped.wait(period):
-            with self.lock:
+        """Confirm the batches the sink committed when woken (at every planning and commit), off the
+        planning's path, so that the next batch is fetched meanwhile; and in-flight reads at half
+        their auto-abort time (their items are in the log)."""
+        period = self.auto_abort_ms * KEEPER_PERIOD / 1000.0
+        while True:
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            with self.confirming:
+                self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
                 for batch in wal.batches(self.root):
                     for path in wal.batch_files(self.root, batch):
                         if wal.is_confirmed(path):
                             continue
                         header, _ = wal.read_ids(path)
-                        if time.time() - header.fetched_at > self.auto_abort_ms / 2000.0:
+                        if time.time() - header.fetched_at > self.auto_abort_ms * EARLY_CONFIRM / 1000.0:
                             self._confirm(path)
 
     def stop(self) -> None:
@@ -312,8 +503,10 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         next query from this checkpoint replays that batch from the log and confirms them (or,
         after autoAbortMs, they return to their queue)."""
         self._stopped.set()
-        with self.lock:
-            self._confirm_up_to(self.spark_log.committed())
+        self._wake.set()
+        with self.confirming:
+            self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
+        self.asking.shutdown(wait=False, cancel_futures=True)
         self.cluster.close()
 
 

@@ -13,7 +13,9 @@ source reads several queues (`~` is never part of a queue's name). An empty `<pa
 beside it says its reads were confirmed, and `<partition>.confirming` that a confirm was sent and
 its answer not yet noted (the server may have closed them);
 `<checkpoint>/kestrel/<source>/returned` counts the items delivered again because their reads had
-gone back to the queue when they were confirmed.
+gone back to the queue when they were confirmed, and `<checkpoint>/kestrel/<source>/driver-mark` holds
+a token the driver writes and every task checks before it takes anything: a task that does not find
+it does not share the checkpoint with the driver.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
 the sink has committed, since Spark tells a source only when it plans the next batch.
@@ -28,14 +30,16 @@ import shutil
 import struct
 import uuid
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from kestrel.storage.journal_file import fsync_path
+from kestrel.storage.disk import fsync_path
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
 CONFIRMING = ".confirming"  # beside a file whose reads a confirm was sent for, its answer not yet noted
 RETURNED = "returned"  # in the source's folder: items delivered again, counted
+TOKEN = "driver-mark"  # in the source's folder: written by the driver, checked by the executors
 _LEN = struct.Struct("<I")
 
 
@@ -46,6 +50,8 @@ class WalHeader:
     count: int
     queue: str | None = None  # absent from files of versions that read one queue per source
     timed: bool = False  # each item's add time and expiry follow the items (absent from earlier files)
+    opened_at: int | None = None  # when the server had opened the queue (peek_items), at planning
+    took: float | None = None  # seconds the fetch took
 
 
 @dataclass
@@ -79,7 +85,9 @@ def write_partition(path: str, header: WalHeader, ids: list[int], logged: Logged
     with open(aside, "wb") as f:
         f.write(MAGIC + head)
         f.write(struct.pack(f"<{len(ids)}q", *ids))
-        f.write(b"".join(_LEN.pack(len(item)) + item for item in logged.items))
+        # each item's length, then the item, laid out in one compiled pass
+        lengths = map(_LEN.pack, map(len, logged.items))
+        f.write(b"".join(chain.from_iterable(zip(lengths, logged.items, strict=True))))
         if logged.added is not None and logged.expiry is not None:
             f.write(struct.pack(f"<{2 * len(ids)}q", *logged.added, *logged.expiry))
         f.flush()
@@ -140,11 +148,48 @@ def batch_files(root: str, batch: int) -> list[str]:
     return [os.path.join(folder, n) for n in names if not n.endswith((".tmp", CONFIRMED, CONFIRMING))]
 
 
-def mark_confirming(path: str) -> None:
-    """Note, before the confirm is sent, that the server may close a file's reads from now on: a
-    process killed before `mark_confirmed` leaves this behind (see `held_early`)."""
-    with open(path + CONFIRMING, "wb"):
-        pass
+def mark_confirming(path: str, sent: float) -> None:
+    """Note, before the confirm is sent (at `sent`, seconds since the epoch), that the server may
+    close a file's reads from now on: a confirm whose answer was lost, or a process killed before
+    `mark_confirmed`, leaves this behind (see `held_early`)."""
+    with open(path + CONFIRMING, "w", encoding="ascii") as f:
+        f.write(f"{sent}\n")
+
+
+def confirming_since(path: str) -> float | None:
+    """When the first confirm of a file's reads whose answer was never noted was sent (0.0: at a
+    time not noted, by an earlier version); None if there is none."""
+    try:
+        with open(path + CONFIRMING, encoding="ascii") as f:
+            return float(f.read().strip() or 0.0)
+    except FileNotFoundError:
+        return None
+
+
+def token_path(root: str) -> str:
+    return os.path.join(root, TOKEN)
+
+
+def write_token(root: str, token: str) -> str:
+    """Mark a stream's log with `token` (written once, by the driver): an executor that does not
+    find it there does not share the checkpoint with the driver."""
+    os.makedirs(root, exist_ok=True)
+    aside = f"{token_path(root)}.{uuid.uuid4().hex}.tmp"
+    with open(aside, "w", encoding="ascii") as f:
+        f.write(token)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(aside, token_path(root))
+    fsync_path(root)
+    return token
+
+
+def read_token(root: str) -> str | None:
+    try:
+        with open(token_path(root), encoding="ascii") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def unmark_confirming(path: str) -> None:

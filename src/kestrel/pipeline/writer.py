@@ -32,7 +32,9 @@ log = structlog.get_logger("kestrel.pipeline")
 WRITE_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,... (port 2229 by default)"),
     Option("queue", queue_name, doc="the queue to put into"),
-    Option("batchSize", whole(1), 1000, "items per put"),
+    Option("batchSize", whole(1), 10_000, "items per put, at most"),
+    Option("batchBytes", whole(1), 4 << 20, "bytes of items per put, at most (a server refuses a put over "
+                                            "its max_batch_bytes, 16 MB by default); a larger item alone"),
     Option("retries", whole(0), 5, "passes over the servers again when none could take a put"),
     Option("retryBackoffMs", whole(1), 100, "the pause before the first of them; doubled each time, at most "
                                             "10 s, each shortened at random by up to half"),
@@ -89,6 +91,7 @@ class KestrelWriter(DataSourceArrowWriter):
         self.servers: list[str] = parse_servers(o["servers"])
         self.queue: str = o["queue"]
         self.batch_size: int = o["batchSize"]
+        self.batch_bytes: int = o["batchBytes"]
         self.retries: int = o["retries"]
         self.backoff_ms: int = o["retryBackoffMs"]
         self.on_full: str = o["onFull"]
@@ -107,6 +110,7 @@ class KestrelWriter(DataSourceArrowWriter):
                           backoff_ms=self.backoff_ms, max_backoff_ms=MAX_BACKOFF_MS)
         written = refused = nulls = 0
         pending: list[bytes] = []
+        pending_bytes = 0
 
         def put(items: list[bytes]) -> None:
             nonlocal written, refused
@@ -138,15 +142,34 @@ class KestrelWriter(DataSourceArrowWriter):
                     column = pc.drop_null(column)
                 if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                     column = column.cast(pa.binary())
-                pending.extend(column.to_pylist())
-                while len(pending) >= self.batch_size:
-                    put(pending[:self.batch_size])
-                    del pending[:self.batch_size]
+                for piece, size in self._pieces(column):
+                    if pending and (len(pending) + len(piece) > self.batch_size
+                                    or pending_bytes + size > self.batch_bytes):
+                        put(pending)
+                        pending, pending_bytes = [], 0
+                    pending.extend(piece.to_pylist())
+                    pending_bytes += size
             if pending:
                 put(pending)
         finally:
             cluster.close()
         return PutReport(written, refused, nulls)
+
+    def _pieces(self, column: Any) -> Iterator[tuple[Any, int]]:
+        """The column in slices that each fit one put (`batchSize` rows, `batchBytes` bytes, or one
+        larger row alone), with their bytes: measured by Arrow, a slice at a time, not row by row."""
+        import pyarrow.compute as pc
+
+        for first in range(0, len(column), self.batch_size):
+            todo = [column.slice(first, self.batch_size)]
+            while todo:
+                piece = todo.pop()
+                size = pc.sum(pc.binary_length(piece)).as_py() or 0
+                if size <= self.batch_bytes or len(piece) == 1:
+                    yield piece, size
+                else:
+                    half = len(piece) // 2
+                    todo += [piece.slice(half), piece.slice(0, half)]  # the first half comes out first
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.report(messages)

@@ -13,6 +13,7 @@ import gevent
 import structlog
 
 from kestrel.service.listener import Listener
+from kestrel.service.replies import Replies
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session
 from kestrel.service.socket_io import ClientSocket, SendTimeout
@@ -44,6 +45,7 @@ class BufferedConnection:
         idle = server.config.client_timeout
         self.idle_timeout = None if idle is None else idle / 1000.0
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
 
     def process(self, buf: bytearray) -> int:
@@ -62,11 +64,11 @@ class BufferedConnection:
         return False
 
     def send(self) -> None:
+        """Send the replies so far (they wait for the changes they acknowledge: `Replies`)."""
         if self.out:
             data = b"".join(self.out)
             self.out.clear()
-            self.server.stats.bytes_written += len(data)
-            self.io.send_all(data)
+            self.replies.send(data)
 
     def _receive(self, buf: bytearray, deadline: float | None) -> int:
         """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
@@ -89,10 +91,12 @@ class BufferedConnection:
         buf = bytearray()
         request_timeout = self.server.config.request_timeout / 1000.0
         deadline: float | None = None  # the request in progress must be complete by then
+        self.replies.hold()
         try:
             while True:
                 received = self._receive(buf, deadline)
                 if not received:
+                    self.replies.finish()
                     return
                 self.server.stats.bytes_read += received
                 del buf[:self.process(buf)]
@@ -104,9 +108,11 @@ class BufferedConnection:
                 self.take_turns()  # a client streaming a large request lets the others in too
         except CloseConnection:
             self.send()
+            self.replies.finish()
         except ClientGone:
             pass
         finally:
+            self.replies.release()
             self.io.close()
             self.session.close()
 

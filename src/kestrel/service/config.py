@@ -205,9 +205,9 @@ class ServerConfig:
     max_memory_total: int = field(default_factory=default_memory_total)
     shutdown_timeout: int = 5000  # ms that calls in flight get to answer on shutdown
     salvage: bool = False
-    # Kestrel 2 queues under sync_journal: always wait for one server-wide log's fsync, not their
-    # journals' (src/kestrel/storage/commit_log.py; docs/durability.md). Off until it has earned trust.
-    commit_log: bool = False
+    # Queues under sync_journal: always or a periodic sync, in either format, wait for one server-wide
+    # log's fsync, not their journals' (src/kestrel/storage/commit_log.py; docs/durability.md).
+    commit_log: bool = True
     zookeeper: ZooKeeperConfig | None = None  # None: join no server sets
     queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)

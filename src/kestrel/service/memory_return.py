@@ -9,7 +9,8 @@ lists; glibc meanwhile kept the larger blocks (saved greenlet stacks) as free he
 twice the idle server's.
 
 So once the connections open fall to half the most there were since the last time (and at least
-`MIN_DROP` fewer), and `SETTLE_S` later, when the closes of that wave are done, the server empties
+`MIN_DROP` fewer), and once no connection has closed for `SETTLE_S` (the wave is over, however long
+a busy machine takes to close it), the server empties
 the type cache and the free lists (a full garbage collection empties the lists) and asks glibc to
 hand its free pages back (`malloc_trim`). It costs a few milliseconds of the loop, once per wave
 of disconnections; a steady stream of clients coming and going never triggers it.
@@ -31,7 +32,7 @@ import structlog
 log = structlog.get_logger("kestrel.memory")
 
 MIN_DROP = 1000  # connections closed since the peak before anything is given back (about 10 MB)
-SETTLE_S = 1.0  # after the drop, for the rest of the wave to close
+SETTLE_S = 1.0  # without a close, for the wave to count as over
 
 
 def _malloc_trim(pad: int) -> None:
@@ -67,11 +68,14 @@ class MemoryReturn:
 
     def __init__(self, min_drop: int = MIN_DROP, settle_s: float = SETTLE_S,
                  later: Callable[[float, Callable[[], None]], Any] = gevent.spawn_later,
-                 release: Callable[[], dict[str, Any]] = give_back) -> None:
+                 release: Callable[[], dict[str, Any]] = give_back,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.min_drop = min_drop
         self.settle_s = settle_s
         self._later = later
         self._release = release
+        self._clock = clock
+        self._last_close = 0.0
         self.open = 0
         self.peak = 0  # the most open at once since the last release
         self.releases = 0
@@ -84,11 +88,16 @@ class MemoryReturn:
 
     def closed(self) -> None:
         self.open -= 1
+        self._last_close = self._clock()
         if not self._scheduled and self.peak - self.open >= self.min_drop and self.open * 2 <= self.peak:
             self._scheduled = True
             self._later(self.settle_s, self._run)
 
     def _run(self) -> None:
+        quiet = self._clock() - self._last_close
+        if quiet < self.settle_s:  # still closing: what is released now would fill again
+            self._later(self.settle_s - quiet, self._run)
+            return
         self._scheduled = False
         closed = self.peak - self.open
         done = self._release()

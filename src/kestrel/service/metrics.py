@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_document
@@ -71,26 +71,6 @@ class LoopHistogram(Collector):
                 buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
             family.add_metric(list(values), buckets, series.sum)
         yield family
-
-
-class HistogramSeries:
-    """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * len(bounds)
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.sum += seconds
-
-    def observe_many(self, seconds: float, count: int) -> None:
-        """`count` requests answered together in `seconds` (a pipelined run): each took that long."""
-        self.counts[bisect_left(self.bounds, seconds)] += count
-        self.sum += seconds * count
 
 
 # Requests range from microseconds (a memcache get) to minutes (a get that waits for an item).

@@ -49,10 +49,10 @@ class QueueCollection:
     `ThreadsRuntime()` in a program of plain threads; `clock` is the runtime's unless given.
     `max_memory_total` is the budget of what every queue holds in memory (0: none;
     src/kestrel/storage/memory.py).
-    `commit_log`: Kestrel 2 queues under `sync_journal: always` wait for one server-wide log's
-    fsync instead of their journals' (src/kestrel/storage/commit_log.py), from `load` on. Whatever the
-    setting,
-    `load` first recovers what a log left by an earlier run holds.
+    `commit_log`: queues under `sync_journal: always` or a periodic sync, in either format, wait
+    for one server-wide log's fsync instead of their journals' (src/kestrel/storage/commit_log.py),
+    from `load` on (the server's default; the library's is off). Whatever the setting, `load`
+    first recovers what a log left by an earlier run holds.
     """
 
     def __init__(self, path: str, configs: QueueConfigs | None = None,
@@ -127,8 +127,17 @@ class QueueCollection:
         for name, error in recover_commit_log(self.path, self.clock.now_ms(), self.salvage).refused.items():
             self._refuse(name, error)
         if self._commit_log_on:
-            self.commit_log = CommitLog(self.path, self.runtime)
-            self.commit_log.open()
+            commit_log = CommitLog(self.path, self.runtime)
+            try:
+                commit_log.open()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: nothing is lost, the journals fsync themselves.
+                log.warning("cannot open the commit log: the disk is full; every journal fsyncs itself",
+                            error=str(e))
+            else:
+                self.commit_log = self._kestrel3.commit_log = commit_log
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners
@@ -146,8 +155,8 @@ class QueueCollection:
             self._waiting = len(queues) - index - 1
             try:
                 check_queue_name(name)
-            except InvalidQueueName as e:
-                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(e))
+            except InvalidQueueName as invalid:
+                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(invalid))
                 continue
             formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:

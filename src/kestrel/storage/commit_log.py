@@ -1,57 +1,67 @@
-"""The commit log: one write-ahead log for every Kestrel 2 queue under `sync_journal: always`
-(`commit_log: on`; docs/durability.md).
+"""The commit log: one write-ahead log for every queue under `sync_journal: always` or a periodic
+sync, in either format (`commit_log: on`, the default; docs/durability.md).
 
 Why: with a journal per queue, a turn of the event loop in which 16 such queues change costs 16
-fdatasyncs. With the commit log, each change's journal bytes are still appended to its queue's
-journal (so every reader of the journal sees it at once), and also to one log shared by the
-server: every change of a loop turn in one `write`, and the replies of that turn wait for one
-fdatasync of that log instead of one of each journal. A background checkpoint then fdatasyncs
-the journals that took records and deletes the log's older segments.
+fdatasyncs. With the commit log, each change's bytes are still appended to its queue's files (so
+every reader of them sees the change at once), and also to one log shared by the server: every
+change of a loop turn in one `write`, and the replies of that turn wait for one fdatasync of that
+log instead of one of each journal (a periodic sync's interval, for one round of the log within
+it). A background checkpoint then fdatasyncs the files that took records and deletes the log's
+older segments.
 
 Files: `<queue_path>/.kestrel/commit-log/<seq>` segments, replayed in order (in the server's own
 directory, which no scan of journals reads). A segment starts with `MARK`, then records:
 
     u32 body size | u32 CRC-32 of the body | body
-    body: u16 queue name size | queue name (UTF-8) | u64 epoch | u64 offset | journal bytes
+    body: u16 queue name size | queue name (UTF-8) | u64 kind << 56 | epoch | u64 offset | bytes
 
-`epoch` names the journal file the bytes went to without its name, which rotation changes: the
-stamp of the queue's latest rotation when they were written (0 before any). Bytes of epoch S belong
-to the live journal while the queue has no rotated journal newer than S, else to the oldest one
-newer than S. `offset` is where they start in that file. So recovery is idempotent by position: a
-record is applied only where the journal ends before it, and never twice.
+The kind says which file of the queue the bytes went to, and how recovery puts them back:
 
-Two rules keep that mapping true: a queue's new live journal is created (its directory fsynced,
-which makes the rename of the old one durable) before any record of its new epoch is written; and
-no journal file is deleted or replaced (a pack, a deleted queue) before a checkpoint has dropped
-every record written before.
+- JOURNAL (0), a Kestrel 2 journal, by position. `epoch` names the file without its name, which
+  rotation changes: the stamp of the queue's latest rotation when the bytes were written (0 before
+  any). Bytes of epoch S belong to the live journal while the queue has no rotated journal newer
+  than S, else to the oldest one newer than S. `offset` is where they start in that file.
+- WRITER (1), a Kestrel 3 writer file, by position: `epoch` is the file's number (`<queue>.<epoch>`),
+  and a new file's header is logged too, at offset 0.
+- READER (2), a Kestrel 3 reader checkpoint (the queue's name is the reader's: `q` or `q+child`),
+  by meaning: the bytes are the READ_DONE and READ_HEAD records appended. A checkpoint is rewritten
+  whole now and then (durably, before anything later is logged), so a position in it does not last;
+  but what a reader consumed stays consumed, so recovery appends what the checkpoint lacks of
+  them, whatever version of the file it finds.
+
+So recovery is idempotent: a record is applied only where its file lacks it, and never twice.
+
+Two rules keep the positions true: a new file (a live journal, a writer file) is created with its
+name durable (its directory fsynced, which also makes a rotation's rename durable) before any record
+of it is written; and no file records name is deleted or replaced (a pack, a writer file every
+reader passed, a deleted queue or reader) before a checkpoint has dropped every record written
+before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import gevent
 import structlog
 
-from kestrel.storage import filenames, layout, torn_tail
-from kestrel.storage.errors import CommitLogDamaged
+from kestrel.storage import acknowledgements, filenames, layout, torn_tail
+from kestrel.storage.acknowledgements import Acknowledgements
+from kestrel.storage.disk import fsync_path, pwrite_all, write_all
+from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
-from kestrel.storage.journal_file import (
-    JournalWriter,
-    copy_from,
-    cut_keeping_copy,
-    fsync_path,
-    pwrite_all,
-    record_timing,
-    write_all,
-)
+from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing
+from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
 
@@ -61,11 +71,15 @@ HELD_PREFIX = "held-"  # records kept for a queue recovery refused: `held-<queue
 MARK = b"KCLOG\x00\x00\x01"  # what a segment starts with (format version 1)
 _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
-_PLACE = struct.Struct("<QQ")  # epoch, offset
+_PLACE = struct.Struct("<QQ")  # kind << 56 | epoch, offset
+JOURNAL, WRITER, READER = 0, 1, 2  # the kinds of record (the module's doc)
+_KINDS = (JOURNAL, WRITER, READER)
+_EPOCH = (1 << 56) - 1
 _MIN_BODY = _NAME.size + 1 + _PLACE.size  # a name of one byte, no journal bytes
 MAX_BODY = 1 << 31
 CHECKPOINT_SECONDS = 1.0  # how often the journals that took records are made durable
 SEGMENT_BYTES = 64 << 20  # a segment this large asks for a checkpoint at once
+GATHER_SECONDS = 0.002  # the longest a round waits for the changes the last one let it expect
 
 # Test hook: called with a step name before each file operation of a recovery; raising stops the
 # recovery there, which is how the tests simulate a crash at every step.
@@ -83,18 +97,31 @@ def _step(name: str) -> None:
 
 @dataclass(frozen=True)
 class Record:
-    """Journal bytes of one queue: where they go (`epoch`, `offset`) and what they are."""
+    """Bytes of one queue: which of its files they go to (`kind`, `epoch`), where (`offset`, for
+    the kinds placed by position), and what they are."""
 
     queue: str
     epoch: int
     offset: int
     data: bytes
+    kind: int = JOURNAL
 
 
-def encode_record(queue: str, epoch: int, offset: int, data: bytes) -> bytes:
+def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
+    return encode_with_name(_encoded_name(queue), epoch, offset, data, kind)
+
+
+def _encoded_name(queue: str) -> bytes:
+    """The body's first field: the queue's name with its size."""
     name = queue.encode("utf-8")
-    body = b"".join((_NAME.pack(len(name)), name, _PLACE.pack(epoch, offset), data))
-    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+    return _NAME.pack(len(name)) + name
+
+
+def encode_with_name(name: bytes, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
+    """A record whose name field (`_encoded_name`) is encoded already: a file that logs keeps it."""
+    place = _PLACE.pack(kind << 56 | epoch, offset)
+    crc = zlib.crc32(data, zlib.crc32(place, zlib.crc32(name)))
+    return b"".join((_HEAD.pack(len(name) + len(place) + len(data), crc), name, place, data))
 
 
 def _decode_body(body: bytes) -> Record | None:
@@ -109,8 +136,11 @@ def _decode_body(body: bytes) -> Record | None:
         queue = body[_NAME.size:place].decode("utf-8")
     except UnicodeDecodeError:
         return None
-    epoch, offset = _PLACE.unpack_from(body, place)
-    return Record(queue, epoch, offset, body[place + _PLACE.size:])
+    kind_epoch, offset = _PLACE.unpack_from(body, place)
+    kind = kind_epoch >> 56
+    if kind not in _KINDS:
+        return None
+    return Record(queue, kind_epoch & _EPOCH, offset, body[place + _PLACE.size:], kind)
 
 
 def _read_record(data: bytes, at: int) -> tuple[Record | None, int, str, bool]:
@@ -302,8 +332,8 @@ class Recovery:
 
 
 def _journal_for(queue_path: str, files: JournalFiles, record: Record) -> str | None:
-    """The journal file the record's bytes belong to, of its queue's `files` (see the module's doc
-    on epochs); None when only a pack is newer than its epoch."""
+    """The Kestrel 2 journal file the record's bytes belong to, of its queue's `files` (see the
+    module's doc on epochs); None when only a pack is newer than its epoch."""
     stamps = [ts for ts, _ in files.rotated] + [ts for ts, _ in files.packs]
     if not stamps or record.epoch >= max(stamps):
         return filenames.live_path(queue_path, record.queue)
@@ -324,7 +354,13 @@ class _Placing:
         self._copied: set[str] = set()  # journals whose replaced bytes are kept already
 
     def holds(self, record: Record) -> bool:
-        """Whether the record's journal holds its bytes at its offset."""
+        """Whether the record's file holds its bytes at its offset (a reader checkpoint: whether it
+        holds what they consume)."""
+        if record.kind == READER:
+            try:
+                return checkpoint_lacks(self.checkpoint(record.queue), [record.data], repair=False) == b""
+            except (OSError, CorruptJournalError):
+                return False
         journal = self.journal(record)
         if journal is None:
             return False
@@ -335,7 +371,14 @@ class _Placing:
         except FileNotFoundError:
             return False
 
+    def checkpoint(self, queue: str) -> str:
+        """The checkpoint file of reader queue `queue` (`q` or `q+child`)."""
+        parent, _, reader = queue.partition("+")
+        return os.path.join(self.queue_path, filenames.reader_file_name(parent, reader))
+
     def journal(self, record: Record) -> str | None:
+        if record.kind == WRITER:
+            return os.path.join(self.queue_path, filenames.writer_file_name(record.queue, record.epoch))
         files = self._scanned.get(record.queue)
         if files is None:
             files = self._scanned[record.queue] = list_journal_files(self.queue_path, record.queue)
@@ -385,6 +428,34 @@ class _Placing:
         finally:
             os.close(fd)
         self.journals.add(journal)
+        return None
+
+    def apply(self, queue: str, logged: list[Record]) -> str | None:
+        """Append to reader queue `queue`'s checkpoint what it lacks of the ids the `logged` records
+        consume (applied by meaning, whatever version of the file is there; a torn tail is cut
+        off first, a copy kept); why it cannot be, if it cannot."""
+        path = self.checkpoint(queue)
+        if not os.path.exists(path):
+            return (f"reader checkpoint {path} is missing: what the commit log says reader {queue!r} "
+                    "consumed cannot be recorded")
+        try:
+            _step("read-checkpoint")
+            lacking = checkpoint_lacks(path, [r.data for r in logged], repair=not self.dry_run)
+        except CorruptJournalError as e:
+            return f"reader checkpoint {path} is damaged ({e}): the commit log's records cannot be added"
+        self.journals.add(path)  # fsynced before the log is deleted, whatever it lacked
+        if not lacking:
+            return None
+        self.recovery.written += 1
+        if self.dry_run:
+            return None
+        _step("write")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            write_all(fd, lacking)
+        finally:
+            os.close(fd)
+        self.journals.add(path)
         return None
 
     def _keep_copy(self, journal: str, offset: int, label: str) -> None:
@@ -439,14 +510,21 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
                 reasons.setdefault(queue, (segment.path, damage.at, why + (
                     "" if claims is not None else ", where no record can be read: it may be this queue's")))
     records: dict[str, list[Record]] = {}
+    readers: dict[str, tuple[str, int, list[Record]]] = {}  # applied by meaning, once all are read
     for segment in segments:
         for at, record in segment.records:
             records.setdefault(record.queue, []).append(record)
             if record.queue in reasons:
                 continue
+            if record.kind == READER:
+                readers.setdefault(record.queue, (segment.path, at, []))[2].append(record)
+                continue
             refusal = placing.place(segment.path, at, record)
             if refusal is not None:
                 reasons[record.queue] = (segment.path, at, refusal)
+    for queue, (where, at, logged) in readers.items():
+        if queue not in reasons and (refusal := placing.apply(queue, logged)) is not None:
+            reasons[queue] = (where, at, refusal)
     if dry_run:
         recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])))
                             for q, (where, at, why) in sorted(reasons.items())}
@@ -516,23 +594,69 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
 # The live log
 
 
+class FileLog:
+    """What a file that logs its appends keeps (`JournalWriter.log`): which file it is (the kind of
+    its records, its queue's name, encoded once, and epoch) and the turns that hold what it
+    appended since it last waited."""
+
+    __slots__ = ("log", "kind", "name", "epoch", "turns")
+
+    def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
+        self.log = log
+        self.kind = kind
+        self.name = _encoded_name(queue)
+        self.epoch = epoch
+        self.turns: list[Turn] = []
+
+    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None:
+        """`data` was just appended to `journal` at `offset`: log it. Never yields."""
+        turn = self.log.add(journal, self, offset, data)
+        turns = self.turns
+        if not turns or turns[-1] is not turn:
+            turns.append(turn)
+
+    def commit(self, journal: JournalWriter) -> None:
+        """Wait as `journal`'s sync policy says for what it appended: under `always`, for the log
+        (or not at all where acknowledgements are held); under a periodic sync, not at all (a
+        round of the log is due within the interval). Raises OSError."""
+        turns = self.turns
+        if turns:
+            self.turns = []
+            if journal.sync_ms == 0:
+                for turn in turns:
+                    self.log.sync(turn, journal, journal.size)
+
+
 class Turn:
     """The records of one loop turn: written in one `write`, then made durable together.
 
     `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
     group commit, else once they are written and each waiter syncs the log itself (`durable` is
-    False then)."""
+    False then). The changes of connections that hold their acknowledgements (`holders`,
+    src/kestrel/storage/acknowledgements.py) do not wait on `done`: the turn is `settled` for them, in
+    the order turns are numbered (`seq`), once it is durable or their journals' own fsyncs stood in
+    for it."""
 
-    __slots__ = ("chunks", "segment", "position", "error", "durable", "done", "started")
+    __slots__ = ("chunks", "changes", "periodic", "segment", "position", "error", "durable", "done",
+                 "started", "seq", "holders", "settled", "falling_back", "fallen_back")
 
-    def __init__(self, done: Event) -> None:
+    def __init__(self, done: Event, seq: int) -> None:
         self.chunks: list[bytes] = []
+        self.changes = 0  # records of journals under `always`: what a round that takes it carries
+        # journals under a periodic sync with records in it -> their interval in ms: the turn is due
+        # within the shortest, and were the log to fail, each journal's own periodic fsync takes over
+        self.periodic: dict[JournalWriter, int] = {}
         self.segment: _Segment | None = None  # where they were written
         self.position = 0  # the segment's size once they were
         self.error: OSError | None = None
         self.durable = False
         self.done = done
         self.started = 0.0  # when they were written (`perf_counter`), for the fsync timing
+        self.seq = seq
+        self.holders: list[Acknowledgements] = []
+        self.settled = False
+        self.falling_back = False  # not durable in the log: the holders' journals are being fsynced
+        self.fallen_back = False  # and have been
 
 
 class _Segment:
@@ -545,10 +669,18 @@ class _Segment:
 class CommitLog:
     """The server's commit log (`open` it once recovery has run; `close` it after every queue).
 
-    Under the gevent runtime the records of a turn are written once the turn has run, by a callback
-    that also puts the log in the group commit's next round and wakes every waiter of the turn
-    when that round has run: a change waits once, and no greenlet runs for the turn. Elsewhere
-    each record is written at once, and its waiter fsyncs the log.
+    Under the gevent runtime the records of a turn are written once the turn has run, by a callback;
+    the turns written are then put in the group commit's next round together (`_join`), and each
+    is settled once that round has run: its waiters wake, and the connections holding their
+    acknowledgements are told. No greenlet runs for a turn, and a change made where
+    acknowledgements are held does not wait at all. Elsewhere each record is written at once, and
+    its waiter fsyncs the log.
+
+    Rounds grow with the load: one round of the log is in flight at a time, and when it has run,
+    the next waits for as many changes as the round just run carried and the turns written
+    meanwhile hold (the clients it released come back with their next changes, and one round
+    then takes them all), though never longer than that round took, at most GATHER_SECONDS. With
+    one client, its next change starts the next round at once.
     """
 
     def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -563,46 +695,74 @@ class CommitLog:
         self._segments: list[_Segment] = []  # oldest first; the last takes records
         self._seq = 0
         self._turn: Turn | None = None
+        self._turns = 0  # turns numbered so far
+        self._unsettled: deque[Turn] = deque()  # written, oldest first, until settled
+        self._gathered: list[Turn] = []  # written, not yet in a round
+        self._gathered_changes = 0
+        self._in_flight = False  # a round of the log's runs or waits to
+        self._wanted = 0  # changes the next round waits for
+        self._gather_seconds = 0.0  # and for how long at most,
+        self._gather_from: float | None = None  # from when (the runtime's monotonic clock)
+        self._due = math.inf  # when the earliest periodic sync gathered is due
+        self._gathering: Timer | None = None  # starts the next round at `_join_at`
+        self._join_at = math.inf
         self._checkpointing: Event | None = None
+        self._after_checkpoint: list[Callable[[], None]] = []
         self._timer: Timer | None = None
         self.checkpoints = 0
+        self.rounds = 0  # group commit rounds the log's turns went to
 
     def open(self) -> None:
-        """Start the first segment (the log holds none: recovery ran). Raises OSError."""
+        """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
+        segment behind."""
         os.makedirs(self.directory, exist_ok=True)
         fsync_path(self.queue_path)
         self._seq = 1
         path = os.path.join(self.directory, str(self._seq))
-        _create_segment(path)
+        try:
+            _create_segment(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):
+                _remove_directory(self.queue_path)
+            raise
         self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
         self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
 
     # -----------------------------------------------------------------------------------------
     # Appending and waiting
 
-    def add(self, journal: JournalWriter, queue: str, epoch: int, offset: int, data: bytes) -> Turn:
+    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes) -> Turn:
         """Log bytes just appended to `journal` at `offset`; the turn to wait for. Never yields."""
         with self._lock:
             segment = self._segments[-1]
             segment.journals[journal] = offset + len(data)
             turn = self._turn
             if turn is None:
-                turn = self._turn = Turn(self.runtime.event())
+                self._turns += 1
+                turn = self._turn = Turn(self.runtime.event(), self._turns)
                 if self._group_commit is not None:
                     gevent.get_hub().loop.run_callback(self._write_turn)
-            turn.chunks.append(encode_record(queue, epoch, offset, data))
+            turn.chunks.append(encode_with_name(file.name, file.epoch, offset, data, file.kind))
+            sync_ms = journal.sync_ms
+            if sync_ms == 0:
+                turn.changes += 1
+            elif sync_ms is not None:
+                turn.periodic[journal] = sync_ms
             if self._group_commit is None:
                 self._write_turn()
             return turn
 
     def _write_turn(self) -> None:
         """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`);
-        under a group commit, put the log in its next round, which sets the turn `done`."""
+        under a group commit, it then waits for a round (`_gather`)."""
         with self._lock:
             turn = self._turn
             if turn is None:
                 return
             self._turn = None
+            self._unsettled.append(turn)
             segment = turn.segment = self._segments[-1]
             try:
                 segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
@@ -610,18 +770,86 @@ class CommitLog:
                 turn.started = time.perf_counter()
             except OSError as e:
                 turn.error = e
-            except BaseException as e:  # no waiter may wait for a write that will never end
-                turn.error = OSError(errno.EIO, f"writing the commit log failed: {e!r}")
+            except BaseException as other:  # no waiter may wait for a write that will never end
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
                 raise
             finally:
                 turn.chunks = []
                 if turn.error is not None or self._group_commit is None or segment.failed:
+                    self._periodic_fall_back(turn)
                     turn.done.set()  # failed: its waiters fall back on their journals
+                    self._settle()
                 else:
-                    round_ = self._group_commit.join(segment.writer)
-                    round_.done.rawlink(lambda _: self._turn_synced(turn, round_))
+                    self._gather(turn)
             if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
                 self.runtime.spawn(self._checkpoint_logged)
+
+    def _gather(self, turn: Turn) -> None:
+        """The turn waits for the next round (`_decide`)."""
+        self._gathered.append(turn)
+        self._gathered_changes += turn.changes
+        if turn.periodic:
+            self._due = min(self._due, self.runtime.clock.monotonic() + min(turn.periodic.values()) / 1000.0)
+        self._decide()
+
+    def _decide(self) -> None:
+        """Start the next round when none is in flight and the changes gathered are those the last
+        round let it expect; else once they are, or once gathering has lasted as long as it may,
+        or once a periodic sync's interval is up (turns of periodic syncs alone start no round
+        before)."""
+        if self._in_flight or not self._gathered:
+            return
+        changes = self._gathered_changes
+        if changes and changes >= self._wanted:
+            self._join()
+            return
+        now = self.runtime.clock.monotonic()
+        at = self._due
+        if changes:
+            if self._gather_from is None:
+                self._gather_from = now
+            at = min(at, self._gather_from + self._gather_seconds)
+        if at == math.inf:
+            return  # records of queues reloaded to `never`: they ride the next round, whenever
+        if self._gathering is not None:
+            if self._join_at <= at:
+                return  # a timer set already starts it soon enough
+            self._gathering.cancel()
+        self._join_at = at
+        self._gathering = self.runtime.call_later(max(at - now, 0.0), self._join)
+
+    def _join(self) -> None:
+        """Put the gathered turns in the group commit's next round, together."""
+        if self._gathering is not None:
+            self._gathering.cancel()
+            self._gathering = None
+        self._join_at = self._due = math.inf
+        self._gather_from = None
+        turns, self._gathered = self._gathered, []
+        changes, self._gathered_changes = self._gathered_changes, 0
+        if not turns:
+            return
+        assert self._group_commit is not None
+        self._in_flight = True
+        self.rounds += 1
+        round_: Round | None = None
+        for writer in {turn.segment.writer for turn in turns if turn.segment is not None}:
+            round_ = self._group_commit.join(writer)  # one round: the next, whichever segments
+        assert round_ is not None
+        joined = time.perf_counter()
+        round_.done.rawlink(lambda _: self._round_run(round_, turns, changes, joined))
+
+    def _round_run(self, round_: Round, turns: list[Turn], changes: int, joined: float) -> None:
+        """The round has run: settle its turns, and say what the next round waits for."""
+        took = time.perf_counter() - joined
+        self._in_flight = False
+        try:
+            for turn in turns:
+                self._turn_synced(turn, round_)
+        finally:
+            self._wanted = changes + self._gathered_changes
+            self._gather_seconds = min(took, GATHER_SECONDS)
+            self._decide()
 
     def _turn_synced(self, turn: Turn, round_: Round) -> None:
         """The group commit's round that took the turn's segment has run: wake the turn's waiters
@@ -637,15 +865,79 @@ class CommitLog:
                 error = round_.failed.get(writer)
                 segment.failed = True  # no later fsync of it can vouch for what it holds
                 turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
+                self._periodic_fall_back(turn)
         finally:
             turn.done.set()  # whatever happens, no waiter waits on for a round that has run
+            self._settle()
+
+    def _periodic_fall_back(self, turn: Turn) -> None:
+        """The log could not take the turn: the journals of periodic syncs in it fsync themselves
+        within their interval, as they do without a log."""
+        for journal in turn.periodic:
+            journal.sync_later()
+
+    def _settle(self) -> None:
+        """Settle the turns whose rounds have run, oldest first, telling each one's holders. A turn
+        the log could not make durable first has its holders' journals fsynced (`_fall_back`)."""
+        unsettled = self._unsettled
+        while unsettled:
+            turn = unsettled[0]
+            if not turn.done.is_set():
+                return
+            if not turn.durable and turn.holders and not turn.fallen_back:
+                if not turn.falling_back:
+                    turn.falling_back = True
+                    self.runtime.spawn(partial(self._fall_back, turn))
+                return
+            unsettled.popleft()
+            turn.settled = True
+            for holder in turn.holders:
+                if holder.last is turn:
+                    holder.journals.clear()  # every turn of the holder's is settled
+                try:
+                    holder.settled()
+                except Exception:
+                    log.exception("a holder of acknowledgements failed when told of its turn")
+
+    def _fall_back(self, turn: Turn) -> None:
+        """The log could not make the turn durable: each holder's journals are fsynced instead; a
+        holder whose journal fails too is `failed` (its replies are never sent)."""
+        try:
+            log.warning("the commit log could not take a turn; its journals are fsynced instead",
+                        error=str(turn.error))
+            for holder in turn.holders:
+                for journal, end in list(holder.journals.items()):
+                    try:
+                        journal.sync_to(end)
+                    except OSError as e:
+                        holder.failed = holder.failed or e
+                        log.error("cannot make a change durable: the commit log and its journal both "
+                                  "failed; the client's replies are withheld", file=journal.path,
+                                  error=str(e))
+        finally:
+            turn.fallen_back = True
+            self._settle()
 
     def sync(self, turn: Turn, journal: JournalWriter, journal_end: int) -> None:
-        """Return once the turn's records are on disk. Where the log could not take them (a failed
-        write or fsync of the log), `journal`'s own fsync up to `journal_end` keeps the promise.
+        """Return once the turn's records are on disk; where the calling greenlet holds its
+        acknowledgements (src/kestrel/storage/acknowledgements.py), at once, the turn telling its
+        holder when. Where the log could not take them (a failed write or fsync of the log),
+        `journal`'s own fsync up to `journal_end` keeps the promise.
 
         Raises OSError when that fails too.
         """
+        if self._group_commit is not None and not turn.settled:
+            holder = acknowledgements.holder()
+            if holder is not None:
+                last = holder.last
+                if last is not turn:
+                    turn.holders.append(holder)
+                    if last is None or turn.seq > last.seq:
+                        holder.last = turn
+                journals = holder.journals
+                if journals.get(journal, -1) < journal_end:
+                    journals[journal] = journal_end
+                return
         if not turn.done.is_set():
             turn.done.wait()
         if turn.durable:
@@ -664,6 +956,14 @@ class CommitLog:
         log.warning("the commit log could not take a change; its journal is fsynced instead",
                     file=journal.path, error=str(error))
         journal.sync_to(journal_end)
+
+    def names(self, path: str) -> bool:
+        """Whether the log holds records of file `path` (it may not be deleted before a checkpoint)."""
+        return any(journal.path == path for segment in self._segments for journal in segment.journals)
+
+    def after_checkpoint(self, then: Callable[[], None]) -> None:
+        """Call `then` once the next checkpoint has dropped the segments it retires."""
+        self._after_checkpoint.append(then)
 
     def stats(self) -> dict[str, int]:
         """What the log holds now and how often it was checkpointed (the admin page's figures)."""
@@ -717,6 +1017,12 @@ class CommitLog:
         finally:
             self._checkpointing = None
             done.set()
+        waiting, self._after_checkpoint = self._after_checkpoint, []
+        for then in waiting:
+            try:
+                then()
+            except Exception:
+                log.exception("work waiting for a checkpoint of the commit log failed")
 
     def _switch(self) -> None:
         """Start a new segment: what was logged so far is in the older ones."""
@@ -757,6 +1063,8 @@ class CommitLog:
         while (running := self._checkpointing) is not None:
             running.wait()
         self._write_turn()
+        if self._group_commit is not None:
+            self._join()  # what is gathered waits no longer: its round finds it durable
         segments, self._segments = self._segments, []
         still_open = [j.path for s in segments for j in s.journals if j.fd >= 0]
         for segment in segments:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import ConfigError, CorruptJournalError
-from kestrel.storage.journal_file import fsync_path
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
 

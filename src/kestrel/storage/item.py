@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 
 class QItemPython:
@@ -120,3 +120,18 @@ class TakenItems:
         ids = [self.ids] * len(self.items) if isinstance(self.ids, int) else self.ids
         return [(item.data, xid, item.add_time, item.expiry or None)
                 for item, xid in zip(self.items, ids, strict=True)]
+
+
+class LookedItems(NamedTuple):
+    """What a look at a queue (`PersistentQueue.look`) saw: items left where they are.
+
+    Positions count the queue's items from when the server opened it: `head` is the head item's,
+    the one behind it is at `head + 1`, and an item keeps its position while it stays in the queue
+    (the items taken from the head move `head` on, an aborted read put back moves it one back).
+    `after` is the position after the last one the look covered, `items` the queue's length."""
+
+    opened_at: int  # when the queue was opened (ms since the epoch): positions count from then
+    head: int
+    items: int
+    after: int
+    shown: list[QItem]

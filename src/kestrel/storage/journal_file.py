@@ -1,6 +1,6 @@
 """One journal file on disk, in either format: appending with a sync policy (`JournalWriter`),
-reading through a buffer (`BufferedFile`), cutting a damaged tail off keeping a copy, fsyncing a
-file or a directory, and the timings of writes and fsyncs.
+reading through a buffer (`BufferedFile`), cutting a damaged tail off keeping a copy, and the
+timings of writes and fsyncs. The system calls that write and fsync are `disk.py`'s.
 
 Which files a queue has is `queue_path.py`'s; the byte layouts are the codecs'
 (`kestrel2/codec.py`, `kestrel3/codec.py`): this module moves bytes.
@@ -14,9 +14,11 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
+from kestrel.storage import disk
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
@@ -29,26 +31,6 @@ READ_CHUNK = 1 << 20
 CURSOR_CHUNK = 64 << 10
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (a short write means the disk is full: it raises)."""
-    done = os.write(fd, data)
-    while done < len(data):
-        n = os.write(fd, memoryview(data)[done:])
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done += n
-
-
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """os.pwrite until every byte is written at `offset` (a short write means the disk is full)."""
-    done = 0
-    while done < len(data):
-        n = os.pwrite(fd, memoryview(data)[done:], offset + done)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done += n
-
-
 def copy_from(path: str, offset: int, copy: str) -> None:
     """Save the bytes of `path` from `offset` on, durably, as `copy` (its folder exists). Raises
     OSError (and leaves no copy)."""
@@ -58,7 +40,7 @@ def copy_from(path: str, offset: int, copy: str) -> None:
             shutil.copyfileobj(src, dst)
             dst.flush()
             os.fsync(dst.fileno())
-        fsync_path(os.path.dirname(copy))
+        disk.fsync_path(os.path.dirname(copy))
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(copy)
@@ -84,15 +66,6 @@ def check_writable(path: str) -> None:
         raise JournalNotWritable(path, e) from None
 
 
-def fsync_path(path: str) -> None:
-    """Make a directory's entries, or a whole file, durable (opened read-only: no write is due)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 
@@ -100,10 +73,9 @@ def fsync_path(path: str) -> None:
 class BufferedFile:
     """A file read forward through a buffer (the record readers of both journal formats)."""
 
-    chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
-
     def __init__(self, path: str, offset: int) -> None:
         self.path = path
+        self.chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -156,6 +128,14 @@ def record_timing(event: str, started: float) -> None:
         observe(time.perf_counter() - started)
 
 
+class AppendLog(Protocol):
+    """A commit log's side of a file that logs its appends (`commit_log.FileLog`)."""
+
+    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None: ...
+
+    def commit(self, journal: JournalWriter) -> None: ...
+
+
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
 
@@ -177,9 +157,10 @@ class JournalWriter:
             self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
-        # Whether creating the file fsyncs its directory whatever the policy (a commit log's records
-        # may name it: src/kestrel/storage/commit_log.py); under `always` it always does.
-        self.durable_name = False
+        # The commit log this file's appends go to as well, if it logs them
+        # (src/kestrel/storage/commit_log.py): its sync policy is then kept through the log. Its
+        # records name the file, so creating it fsyncs its directory whatever the policy.
+        self.log: AppendLog | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -189,8 +170,8 @@ class JournalWriter:
             return
         created = not os.path.exists(self.path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if created and (self.sync_ms == 0 or self.durable_name):
-            fsync_path(os.path.dirname(self.path) or ".")  # the new file's name must survive a power cut too
+        if created and (self.sync_ms == 0 or self.log is not None):
+            disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
@@ -199,7 +180,7 @@ class JournalWriter:
             return
         os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
         if self.sync_ms == 0:
-            fsync_path(os.path.dirname(self.path) or ".")
+            disk.fsync_path(os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
@@ -214,12 +195,15 @@ class JournalWriter:
         if self.fd < 0:
             self.open()
         try:
-            write_all(self.fd, data)
+            disk.write_all(self.fd, data)
         except OSError:
             self._cut_back()
             raise
+        offset = self.size
         self.size += len(data)
         record_timing("write", started)
+        if self.log is not None:
+            self.log.appended(self, offset, data)
 
     def _cut_back(self) -> None:
         """Remove whatever part of a failed append reached the file."""
@@ -233,10 +217,18 @@ class JournalWriter:
                       size=self.size, exc_info=e)
 
     def commit(self) -> None:
-        """Wait as the sync policy requires for everything appended so far."""
-        if self.sync_ms == 0:
+        """Wait as the sync policy requires for everything appended so far (through the commit
+        log, if the file logs its appends)."""
+        if self.log is not None:
+            self.log.commit(self)
+        elif self.sync_ms == 0:
             self.sync_to(self.size)
-        elif self.sync_ms is not None and self._timer is None and self.synced < self.size:
+        else:
+            self.sync_later()
+
+    def sync_later(self) -> None:
+        """Under a periodic sync: fsync what is appended within the interval."""
+        if self.sync_ms and self._timer is None and self.synced < self.size:
             self._timer = self.runtime.call_later(self.sync_ms / 1000.0, self._periodic_sync)
 
     def sync_to(self, position: int) -> None:

@@ -18,7 +18,7 @@ import os
 import structlog
 
 from kestrel.storage import filenames
-from kestrel.storage.journal_file import fsync_path
+from kestrel.storage.disk import fsync_path
 
 log = structlog.get_logger("kestrel.layout")
 

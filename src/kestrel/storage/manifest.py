@@ -45,8 +45,8 @@ from gevent import monkey
 
 from kestrel.storage import damage, filenames, layout
 from kestrel.storage.crc32c import crc32c, file_crc32c
+from kestrel.storage.disk import fsync_path, write_all
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.journal_file import fsync_path, write_all
 
 log = structlog.get_logger("kestrel.manifest")
 

@@ -23,6 +23,7 @@ from kestrel.service.buffered_connection import (
     CloseConnection,
     make_listener,
 )
+from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.memcache.commands import Command, ProtocolError, absolute_expiry_ms, parse_line
 from kestrel.service.memcache.runs import RUN_LIMIT, scan_gets, scan_sets, values
@@ -67,7 +68,7 @@ class MemcacheConnection(BufferedConnection):
         self.discard_reply = b""  # sent once they are dropped
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
         # Each command's handler and answer-time histogram, looked up at its first use only.
-        self.commands: dict[str, tuple[Callable[[Command], None], metrics.HistogramSeries]] = {}
+        self.commands: dict[str, tuple[Callable[[Command], None], HistogramSeries]] = {}
         self.set_latency = metrics.request_latency("memcache", "set")
         self.get_latency = metrics.request_latency("memcache", "get")
 
@@ -236,7 +237,7 @@ class MemcacheConnection(BufferedConnection):
         finally:
             latency.observe(time.perf_counter() - started)
 
-    def _command(self, name: str) -> tuple[Callable[[Command], None], metrics.HistogramSeries]:
+    def _command(self, name: str) -> tuple[Callable[[Command], None], HistogramSeries]:
         found = self.commands[name] = (getattr(self, f"do_{name}"), metrics.request_latency("memcache", name))
         return found
 

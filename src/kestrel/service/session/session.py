@@ -23,7 +23,7 @@ from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.item import TakenItems, item_data
+from kestrel.storage.item import LookedItems, TakenItems, item_data
 
 log = structlog.get_logger("kestrel.session")
 
@@ -210,6 +210,18 @@ class Session:
         else:
             self.stats.get_misses += 1
         return TakenItems(items, ids if transaction else 0)
+
+    def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
+        """Up to `max_items` (at most `max_batch_items`) items from position `first` on, left where
+        they are (`PersistentQueue.look`): a look, not a delivery, so it counts nothing. A queue the
+        server does not hold is not created (no items, every figure 0)."""
+        check_queue_name(queue)
+        self.coll.check_refused(queue)
+        self.status.check_read("peek")
+        q = self.coll.get(queue)
+        if q is None:
+            return LookedItems(0, 0, 0, 0, [])
+        return q.look(first, min(max_items, self.server.config.max_batch_items))
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""

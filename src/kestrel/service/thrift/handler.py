@@ -72,6 +72,12 @@ class ThriftHandler:
         return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
                                       auto_abort_msec or 0, create=False)
 
+    def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
+        """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
+        looked = self.session.peek_items(_queue(queue_name), first or 0, max_items or 0)
+        shown = [(item.data, 0, item.add_time, item.expiry or None) for item in looked.shown]
+        return (looked.opened_at, looked.head, looked.items, looked.after, shown)
+
     def queue_names(self) -> list[str]:
         return self.session.queue_names()
 
@@ -112,7 +118,7 @@ class ThriftConnection:
         cfg = server.config
         self.cfg = cfg
         self.peer = peer
-        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout)
+        self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
         self.handler = ThriftHandler(self.session)
@@ -122,14 +128,18 @@ class ThriftConnection:
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
 
     def run(self) -> None:
+        self.stream.replies.hold()
         try:
-            if self.cfg.thrift_transport == "framed":
-                self._serve_framed()
-            else:
-                self._serve_buffered()
-        except ConnectionDone as e:
-            log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            try:
+                if self.cfg.thrift_transport == "framed":
+                    self._serve_framed()
+                else:
+                    self._serve_buffered()
+            except ConnectionDone as e:
+                log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            self.stream.replies.finish()
         finally:
+            self.stream.replies.release()
             self.stream.close()
             self.session.close()
 

@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 
+from kestrel.service.replies import Replies
 from kestrel.service.session.stats import ServerStats
 from kestrel.service.socket_io import ClientSocket
 
@@ -26,7 +27,7 @@ class ClientStream:
     """The socket with its receive buffer; reads wait at most as long as the timeouts allow."""
 
     def __init__(self, sock: socket.socket, stats: ServerStats, idle_timeout_ms: int | None,
-                 request_timeout_ms: int) -> None:
+                 request_timeout_ms: int, peer: str = "") -> None:
         self.stats = stats
         self.idle_timeout = None if idle_timeout_ms is None else idle_timeout_ms / 1000.0
         self.request_timeout = request_timeout_ms / 1000.0
@@ -34,6 +35,7 @@ class ClientStream:
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        self.replies = Replies(self.io, stats, peer)  # each waits for the changes it acknowledges
         self.deadline: float | None = None  # the request in progress must be complete by then
 
     def _recv(self, timeout: float) -> None:
@@ -93,15 +95,13 @@ class ClientStream:
         return frame
 
     def send(self, data: bytes) -> None:
-        """Send `data`, waiting at most `client_timeout` for a client that stopped reading."""
-        self.stats.bytes_written += len(data)
-        self.io.send_all(data)
+        """Send `data` once the changes it acknowledges are durable (`Replies`), waiting at most
+        `client_timeout` for a client that stopped reading."""
+        self.replies.send(data)
 
     def send_frame(self, payload: bytes) -> None:
         """`send` one frame holding `payload`."""
-        data = _FRAME_HEADER.pack(len(payload)) + payload
-        self.stats.bytes_written += len(data)
-        self.io.send_all(data)
+        self.replies.send(_FRAME_HEADER.pack(len(payload)) + payload)
 
     def close(self) -> None:
         self.io.close()

@@ -48,7 +48,9 @@ static int sync_one(int fd, int whole_file_system) {
     return failed ? errno : 0;
 }
 
-/* Take and run the round's descriptors until none is left; called and returns with `lock` held. */
+/* Take and run the round's descriptors until none is left; called and returns with `lock` held.
+ * The eventfd is written with `lock` released: a thread preempted while holding it would stall the
+ * event loop's next `finish` or `start` until it ran again (on a busy machine, hundreds of µs). */
 static void take_jobs(void) {
     while (next_job < round_size) {
         Py_ssize_t i = next_job++;
@@ -58,7 +60,10 @@ static void take_jobs(void) {
         pthread_mutex_lock(&lock);
         round_errors[i] = error;
         if (--unfinished == 0) {
-            notify(round_notify);
+            int notify_fd = round_notify;
+            pthread_mutex_unlock(&lock);
+            notify(notify_fd); /* the round is over: `finish` may free it from here on */
+            pthread_mutex_lock(&lock);
         }
     }
 }
@@ -154,16 +159,20 @@ static PyObject *start(PyObject *self, PyObject *args) {
     round_size = n;
     next_job = 0;
     unfinished = n;
+    Py_ssize_t hands = 0;
     if (n == 0) {
+        pthread_mutex_unlock(&lock);
         notify(notify_fd);
+        Py_RETURN_NONE;
     } else if (hire(n) == 0) {
         take_jobs(); /* no thread could be started: this one does the round, and notifies */
     } else {
-        for (Py_ssize_t i = 0; i < n && i < workers; i++) {
-            pthread_cond_signal(&work); /* as many hands as the round needs, not every idle thread */
-        }
+        hands = n < workers ? n : workers; /* as many as the round needs, not every idle thread */
     }
     pthread_mutex_unlock(&lock);
+    for (Py_ssize_t i = 0; i < hands; i++) {
+        pthread_cond_signal(&work); /* after the unlock: a thread woken takes the lock at once */
+    }
     Py_RETURN_NONE;
 }
 

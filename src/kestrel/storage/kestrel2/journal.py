@@ -16,7 +16,7 @@ from typing import Protocol
 import structlog
 
 from kestrel.storage import damage, filenames, journal_file, layout, manifest
-from kestrel.storage.commit_log import CommitLog, Turn
+from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
@@ -91,8 +91,7 @@ class QueueJournal:
         self.rotated: Files = []  # (timestamp, path), oldest first
         self.archived_size = 0
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
-        self.commit_log = commit_log if sync_ms == 0 else None
-        self._turns: list[Turn] = []  # of the commit log, holding appends not yet waited for
+        self.commit_log = commit_log if sync_ms is not None else None
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
         # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
         self.pack_ready: packer.PackRequest | None = None
@@ -433,8 +432,8 @@ class QueueJournal:
 
     def _live_writer(self) -> JournalWriter:
         writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
-        # A new live journal's name is durable before any record of its epoch is logged.
-        writer.durable_name = self.commit_log is not None
+        if self.commit_log is not None:  # its name is durable before any record of its epoch is logged
+            writer.log = FileLog(self.commit_log, JOURNAL, self.name, self.epoch)
         return writer
 
     def write(self, data: bytes) -> None:
@@ -451,30 +450,17 @@ class QueueJournal:
         pending = self._pending
         if not pending:
             return
-        writer = self.writer
-        assert writer is not None
+        assert self.writer is not None
         data = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
-        offset = writer.size
-        writer.append(data)
-        if self.commit_log is not None:
-            turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
-            if not self._turns or self._turns[-1] is not turn:
-                self._turns.append(turn)
+        self.writer.append(data)  # logged too, if the journal logs (`JournalWriter.log`)
 
     def sync(self) -> bool:
         """After `flush`: wait as the sync policy says; whether the live journal is due for rotation."""
         writer = self.writer
         if writer is None:
             return False
-        if self.commit_log is not None:
-            turns, self._turns = self._turns, []
-            if writer.sync_ms == 0:
-                for turn in turns:
-                    self.commit_log.sync(turn, writer, writer.size)
-                return writer.size >= self.rotate_at
-        if writer.sync_ms is not None:
-            writer.commit()
+        writer.commit()
         return writer.size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:

@@ -33,9 +33,9 @@ import structlog
 
 from kestrel.storage import damage, filenames
 from kestrel.storage.crc32c import crc32c
+from kestrel.storage.disk import fsync_path, write_all
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.item import QItem
-from kestrel.storage.journal_file import fsync_path, write_all
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Record
 from kestrel.storage.kestrel2.reader import JournalReader

@@ -22,6 +22,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import replace
+from typing import ClassVar
 
 import structlog
 
@@ -54,8 +55,8 @@ class Kestrel2Queue(PersistentQueue):
     `clock` the runtime's unless given.
     """
 
-    _placeholder_expiry = codec.PLACEHOLDER_EXPIRY
-    journal_format = 2
+    _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
+    journal_format: ClassVar[int] = 2
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -285,8 +286,8 @@ class Kestrel2Queue(PersistentQueue):
         if self._orphans:
             try:
                 self._return_orphans()
-            except (OSError, JournalWriteError) as e:
-                self._change_failed(e)
+            except (OSError, JournalWriteError) as failed:
+                self._change_failed(failed)
                 raise
 
     def _after_change(self) -> None:

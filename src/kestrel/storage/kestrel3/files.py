@@ -16,10 +16,11 @@ from itertools import takewhile
 
 import structlog
 
-from kestrel.storage import journal_file, layout, torn_tail
+from kestrel.storage import disk, journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.deferred_log import log_later
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -29,7 +30,7 @@ from kestrel.storage.filenames import (
     writer_file_name,
     writer_file_number,
 )
-from kestrel.storage.journal_file import JournalWriter, fsync_path
+from kestrel.storage.journal_file import AppendLog, JournalWriter
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
@@ -245,6 +246,30 @@ def read_checkpoint(path: str, high_id: int | None = None, repair: bool = True) 
     return ReaderCheckpoint(head, frozenset(done)).normalized()
 
 
+def checkpoint_lacks(path: str, logged: list[bytes], repair: bool = True) -> bytes:
+    """What reader checkpoint `path` must have appended to hold every id consumed by `logged`,
+    READ_DONE and READ_HEAD records as the commit log keeps them (src/kestrel/storage/commit_log.py):
+    nothing when it holds them all. What a reader consumed stays consumed, so this holds whatever
+    version of the file is there (it may have been rewritten whole since). A torn tail is cut off
+    first, a copy kept, unless not `repair`. Raises CorruptJournalError (damage), OSError."""
+    state = read_checkpoint(path, repair=repair)
+    head, done = state.head, set(state.done)
+    for chunk in logged:
+        at = 0
+        while at < len(chunk):
+            record, at = k3.decode(chunk, at, k3.FileKind.READER)
+            if isinstance(record, k3.ReadHead):
+                head = max(head, record.id)
+            elif isinstance(record, k3.ReadDone):
+                done.update(record.ids)
+    wanted = ReaderCheckpoint(head, frozenset(done)).normalized()
+    if wanted == state:
+        return b""
+    extra = tuple(sorted(wanted.done - state.done))
+    return ((k3.encode(k3.ReadDone(extra)) if extra else b"")
+            + (k3.encode(k3.ReadHead(wanted.head)) if wanted.head != state.head else b""))
+
+
 def encode_checkpoint(checkpoint: ReaderCheckpoint) -> bytes:
     """A whole checkpoint file: the header, the (normalized) head, then the ids done above it."""
     state = checkpoint.normalized()
@@ -270,7 +295,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     data = encode_checkpoint(checkpoint)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        journal_file.write_all(fd, data)
+        disk.write_all(fd, data)
         if sync:
             os.fsync(fd)
     except OSError:
@@ -339,11 +364,13 @@ class WriterJournal:
     New ids follow the newest file's, and `after_id` too: the files of consumed ids are deleted, so
     the readers' checkpoints may be all that remembers how far ids went. `writers`: the writer files,
     when the caller knows them (a new queue has none), instead of listing the queue path.
+    `file_log`: where each file, by its number, logs its appends too (a new file's header with them).
     """
 
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
                  clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
-                 writers: list[tuple[int, str]] | None = None) -> None:
+                 writers: list[tuple[int, str]] | None = None,
+                 file_log: Callable[[int], AppendLog] | None = None) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
@@ -351,6 +378,8 @@ class WriterJournal:
         self.sync_ms = sync_ms
         self.clock = clock
         self.runtime = runtime
+        # Where each file's appends are logged too, by its number (src/kestrel/storage/commit_log.py)
+        self.file_log = file_log
         self.files: list[WriterFile] = []
         self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
@@ -366,7 +395,7 @@ class WriterJournal:
         self.archived_size = sum(os.path.getsize(f.path) for f in self.files[:-1])
         self._writer: JournalWriter | None = None
         if self.files:
-            self._writer = JournalWriter(self.files[-1].path, sync_ms, runtime)
+            self._writer = self._file_writer(self.files[-1])
         else:
             self.rotate()
             self.commit()
@@ -440,14 +469,20 @@ class WriterJournal:
         while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
             number += 1
         old = self._writer
-        self._writer = JournalWriter(path, self.sync_ms, self.runtime)
-        self._writer.append(k3.WRITER_MAGIC)
         self.files.append(WriterFile(number, path))
+        self._writer = self._file_writer(self.current)
+        self._writer.append(k3.WRITER_MAGIC)
         if old is not None:
             self.archived_size += old.size
             self._sealer.add(old, partial(self._seal, self.files[-2]))
         log_later(self.runtime, log.info, "started writer journal file", queue=self.queue, file=path)
         return self.current
+
+    def _file_writer(self, info: WriterFile) -> JournalWriter:
+        writer = JournalWriter(info.path, self.sync_ms, self.runtime)
+        if self.file_log is not None:
+            writer.log = self.file_log(info.number)
+        return writer
 
     def _seal(self, info: WriterFile) -> None:
         """A previous file is fsynced and closed: `sealed` lists it (in a thread)."""
@@ -456,18 +491,21 @@ class WriterJournal:
                 self.sealed(info)
 
     def remove_consumed_files(self, heads: Iterable[int],
-                              before: Callable[[list[WriterFile]], None] | None = None) -> list[str]:
+                              before: Callable[[list[WriterFile]], None] | None = None,
+                              logged: Callable[[str], bool] | None = None) -> list[str]:
         """Delete the files every reader has passed (all their ids at or below every head in `heads`).
 
-        The current file is never deleted, nor anything when `heads` is empty. `before` is told of
-        the files first (the manifest marks them as being deleted). Returns the paths removed.
+        The current file is never deleted, nor anything when `heads` is empty, nor a file `logged`
+        says a commit log's records still name (nor any after it). `before` is told of the files
+        first (the manifest marks them as being deleted). Returns the paths removed.
         """
         lowest = min(heads, default=0)
         removed = []
-        going = list(takewhile(lambda f: f.last_id <= lowest, self.files[:-1]))
+        going = list(takewhile(lambda f: f.last_id <= lowest and not (logged and logged(f.path)),
+                               self.files[:-1]))
         if going and before is not None:
             before(going)
-        while len(self.files) > 1 and self.files[0].last_id <= lowest:
+        for _ in going:
             self.archived_size -= os.path.getsize(self.files[0].path)
             os.unlink(self.files[0].path)
             removed.append(self.files.pop(0).path)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 import structlog
 
 from kestrel.storage import damage, formats, manifest
+from kestrel.storage.commit_log import READER, WRITER, CommitLog, FileLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError
@@ -226,6 +228,9 @@ class Kestrel3Journals(Generic[R]):
         self.queue_path = queue_path
         self.runtime = runtime
         self.salvage = salvage  # set damage aside rather than refuse it (src/kestrel/storage/manifest.py)
+        # The server's commit log, once open: the files of a queue created under `sync_journal: always`
+        # or a periodic sync log their appends there (src/kestrel/storage/commit_log.py).
+        self.commit_log: CommitLog | None = None
         self._journals: dict[str, Kestrel3Journal[R]] = {}
 
     def journal(self, name: str, config: QueueConfig, new: bool = False) -> Kestrel3Journal[R]:
@@ -272,6 +277,8 @@ class Kestrel3Journal(Generic[R]):
         if record is not None:
             gone, fresh = self._check.files(record, on_disk)
             on_disk = list_queue_files(self.queue_path, name)
+        # Whether its files log their appends is fixed here, at the queue's creation.
+        self.commit_log = owner.commit_log if config.sync_journal is not None else None
         self.writer = self._open_writer(config, new, owner.runtime)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).
@@ -302,6 +309,7 @@ class Kestrel3Journal(Generic[R]):
         self.readers: dict[str, R] = {}
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
+        self._release_after_checkpoint = False
 
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
@@ -310,11 +318,12 @@ class Kestrel3Journal(Generic[R]):
         """The writer journal, its files scanned. A damaged record refuses the queue naming what
         salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
         done: set[tuple[str, int]] = set()
+        logs = None if self.commit_log is None else partial(FileLog, self.commit_log, WRITER, self.name)
         while True:
             try:
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
-                                     writers=[] if new else None)
+                                     writers=[] if new else None, file_log=logs)
             except CorruptJournalError as e:
                 if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
@@ -441,30 +450,46 @@ class Kestrel3Journal(Generic[R]):
         self.closed = True
         self.writer.close()
         self.owner.forget(self)
+        if self.commit_log is not None:
+            self.commit_log.checkpoint()  # no record in the log may outlive the files it names
         manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
         for _, path in list_queue_files(self.queue_path, self.name).writers:
             os.unlink(path)
 
     def release(self) -> None:
-        """Delete the writer files every reader has passed."""
+        """Delete the writer files every reader has passed, but none the commit log's records still
+        name: those once a checkpoint of the log has dropped them."""
         if len(self.writer.files) > 1 and not self.closed:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
-            removed = self.writer.remove_consumed_files(heads, self._deleting)
+            logged = self.commit_log.names if self.commit_log is not None else None
+            removed = self.writer.remove_consumed_files(heads, self._deleting, logged)
             for path in removed:
                 log_later(self.owner.runtime, log.info, "deleted writer journal file every reader has passed",
                           queue=self.name, file=path)
             if removed:
                 self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
                                     self._unlisted())
+            files = self.writer.files
+            if (self.commit_log is not None and not self._release_after_checkpoint and len(files) > 1
+                    and files[0].last_id <= min(heads, default=0)):
+                self._release_after_checkpoint = True  # what the log names goes after its checkpoint
+                self.commit_log.after_checkpoint(self._release_again)
+
+    def _release_again(self) -> None:
+        """After a checkpoint of the commit log: delete what its records named."""
+        self._release_after_checkpoint = False
+        with self.lock:
+            self.release()
 
 
 class ReaderFile:
     """One reader's checkpoint file: appended to as items are consumed, rewritten when it grows."""
 
     def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
-                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None]
-                 ) -> None:
+                 runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None],
+                 commit_log: CommitLog | None = None) -> None:
         self.queue_path = queue_path
+        self.commit_log = commit_log  # its appends go there too, by meaning (`commit_log.READER`)
         self.written = written  # the manifest learns of each whole write
         self.runtime = runtime
         self.queue = queue
@@ -480,7 +505,14 @@ class ReaderFile:
             written(reader, self.entry, None)
         self.head = progress.head
         self.done = set(progress.done)
-        self.writer = JournalWriter(self.path, sync_ms, runtime)
+        self.writer = self._writer(sync_ms)
+
+    def _writer(self, sync_ms: int | None) -> JournalWriter:
+        writer = JournalWriter(self.path, sync_ms, self.runtime)
+        if self.commit_log is not None:
+            name = f"{self.queue}+{self.reader}" if self.reader else self.queue  # the reader's queue
+            writer.log = FileLog(self.commit_log, READER, name)
+        return writer
 
     def consumed(self, item_id: int) -> bool:
         return item_id <= self.head or item_id in self.done
@@ -515,7 +547,7 @@ class ReaderFile:
         write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
         self.entry = entry
         self.head, self.done = head, set(done)
-        self.writer = JournalWriter(self.path, old.sync_ms, self.runtime)
+        self.writer = self._writer(old.sync_ms)
         self.runtime.spawn(old.close)
 
     def commit(self) -> None:

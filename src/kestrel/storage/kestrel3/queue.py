@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from operator import attrgetter
+from typing import ClassVar
 
 import structlog
 
@@ -60,8 +61,8 @@ class Kestrel3Queue(PersistentQueue):
     by the readers of each). A fanout-only parent keeps no reader of its own.
     """
 
-    shares_writes = True
-    journal_format = 3
+    shares_writes: ClassVar[bool] = True
+    journal_format: ClassVar[int] = 3
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -141,7 +142,8 @@ class Kestrel3Queue(PersistentQueue):
         writer = self._journal.writer
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
         self._file = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
-                                 start, self._journals.runtime, self._journal.checkpoint_written)
+                                start, self._journals.runtime, self._journal.checkpoint_written,
+                                self._journal.commit_log if self.config.sync_journal is not None else None)
         self._journal.attach(self)
         for info in writer.files:
             if info.last_id <= self._file.head:
@@ -423,6 +425,8 @@ class Kestrel3Queue(PersistentQueue):
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
+            if self._file.commit_log is not None:
+                self._file.commit_log.checkpoint()  # no record in the log may name a reader deleted
             if journal is not None:  # unlisted first: a crash before the unlink keeps the reader
                 journal.checkpoint_deleted(self.reader)
             os.unlink(self._file.path)

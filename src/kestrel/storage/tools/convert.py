@@ -31,6 +31,7 @@ from kestrel.storage import filenames, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import JOURNAL_FORMATS
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import (
     ConvertError,
     CorruptJournalError,
@@ -50,7 +51,6 @@ from kestrel.storage.formats import (
     write_intent,
 )
 from kestrel.storage.item import QItem
-from kestrel.storage.journal_file import fsync_path
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files

@@ -1,0 +1,163 @@
+"""A connection's replies on their way out, each held until the changes it acknowledges are durable.
+
+Under `sync_journal: always` with the commit log, a change made by a connection does not wait for
+the disk (src/kestrel/storage/acknowledgements.py): the connection builds its reply at once and
+goes back to reading its socket, and the reply waits here for the turn of the log that holds the
+change. When that turn's fsync round has run, the log tells every connection of the turn on the
+event loop, and each sends what it holds with one non-blocking `send`; no greenlet is switched to
+for it, and the socket's watcher is never stopped across a loop turn (which cost two `epoll_ctl`
+calls a request). Replies go out in order: one built while an earlier one is held waits behind it,
+changes or not. A reply that does not fit the socket at once is finished by a greenlet of its own,
+which gives up after `client_timeout` as the connection's own sends do.
+
+If the log and a change's journal both fail to make it durable, no reply from then on is sent:
+the connection is cut off, so the client never reads an acknowledgement the disk did not keep.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from contextvars import Token
+
+import gevent
+import gevent.event
+import structlog
+
+from kestrel.service.session.stats import ServerStats
+from kestrel.service.socket_io import ClientSocket, SendTimeout
+from kestrel.storage import acknowledgements
+from kestrel.storage.acknowledgements import Acknowledgements, Settled
+
+log = structlog.get_logger("kestrel.connection")
+
+
+class Replies:
+    """The replies of one connection: sent at once when nothing holds them, else held in order.
+
+    `hold` is called in the connection's greenlet before it serves requests; `finish` when it ends,
+    to wait until what it holds has gone out (or can never go), and `release` last.
+    """
+
+    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "cut_off", "_holding")
+
+    def __init__(self, io: ClientSocket, stats: ServerStats, peer: str = "") -> None:
+        self.io = io
+        self.stats = stats
+        self.peer = peer
+        self.acks = Acknowledgements(self._settled)
+        self._held: deque[tuple[Settled | None, bytes]] = deque()  # (the turn each waits for, reply)
+        self._sending = False  # a send waits for room: later replies queue behind it
+        self._idle: gevent.event.Event | None = None  # `finish` waits on it
+        self.cut_off = False  # a reply could not be made durable or sent: nothing more goes out
+        self._holding: Token[Acknowledgements | None] | None = None
+
+    def hold(self) -> None:
+        """Changes made from now on in the calling greenlet (the connection's) do not wait for the
+        disk; their replies wait here instead (until `release`)."""
+        self._holding = acknowledgements.hold(self.acks)
+
+    def release(self) -> None:
+        """The connection has ended: changes in its greenlet wait for the disk again."""
+        holding, self._holding = self._holding, None
+        if holding is not None:
+            acknowledgements.release(holding)
+
+    def send(self, data: bytes) -> None:
+        """Send `data` after every earlier reply, once the changes made so far are durable: at once
+        when nothing holds it (waiting, in the connection's greenlet, for room as
+        `ClientSocket.send_all` does). Raises SendTimeout, OSError from that send."""
+        if self.cut_off:
+            return
+        last = self.acks.last
+        if self._held or self._sending or (last is not None and not last.settled):
+            self._held.append((last, data))
+            return
+        self.stats.bytes_written += len(data)
+        self._sending = True
+        try:
+            self.io.send_all(data)
+            self._send_released()
+        finally:
+            self._sending = False
+            self._check_idle()
+
+    def _released(self) -> bytes:
+        """The held replies whose changes are all settled, in order, taken out of the queue."""
+        held = self._held
+        out: list[bytes] = []
+        while held:
+            turn = held[0][0]
+            if turn is not None and not turn.settled:
+                break
+            out.append(held.popleft()[1])
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self.stats.bytes_written += len(data)
+        return data
+
+    def _send_released(self) -> None:
+        """Send what was released while this greenlet sent (waiting for room as it goes)."""
+        while data := self._released():
+            self.io.send_all(data)
+
+    def _settled(self) -> None:
+        """From the commit log, on the event loop: a turn of this connection's changes is settled."""
+        if self.acks.failed is not None:
+            self._cut("a change could not be made durable")
+            return
+        if self._sending or self.cut_off:
+            return  # the greenlet sending takes what was released when it is done
+        data = self._released()
+        if not data:
+            return
+        try:
+            sent = self.io.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the client is gone: its connection finds out when it reads
+            self._cut(None)
+            return
+        if sent < len(data):
+            self._sending = True
+            gevent.spawn(self._finish_sending, memoryview(data)[sent:])
+        else:
+            self._check_idle()
+
+    def _finish_sending(self, rest: memoryview) -> None:
+        """A greenlet of its own: the rest of a released reply, then what was released meanwhile."""
+        try:
+            self.io.send_all(bytes(rest))
+            self._send_released()
+        except SendTimeout:
+            log.info("closing a client that stopped reading its replies", client=self.peer,
+                     limit="client_timeout")
+            self._cut(None)
+        except OSError:
+            self._cut(None)
+        finally:
+            self._sending = False
+            self._check_idle()
+
+    def _cut(self, why: str | None) -> None:
+        """Send nothing more and end the connection: its greenlet reads the end of the stream."""
+        if why is not None and not self.cut_off:
+            log.error(f"closing a client: {why}; its replies since are not sent", client=self.peer,
+                      error=str(self.acks.failed))
+        self.cut_off = True
+        self._held.clear()
+        try:
+            self.io.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        idle = self._idle
+        if idle is not None and not (self._held or self._sending):
+            idle.set()
+
+    def finish(self) -> None:
+        """Return once every reply has gone out, or can never go (the connection ends)."""
+        if self._held or self._sending:
+            self._idle = gevent.event.Event()
+            self._idle.wait()

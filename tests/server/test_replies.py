@@ -1,0 +1,174 @@
+"""A connection's replies held for the disk (src/kestrel/service/replies.py): each goes out once the
+changes it acknowledges are durable, in order, from the event loop; none goes out after a change
+the disk could not keep."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Any
+
+import gevent
+import gevent.socket
+import pytest
+
+from kestrel.service.replies import Replies
+from kestrel.service.session.stats import ServerStats
+from kestrel.service.socket_io import ClientSocket, accepted
+from kestrel.storage import acknowledgements
+from tests.conftest import STALL_S
+
+
+class FakeTurn:
+    """A turn of the commit log as a holder sees it."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.settled = False
+
+
+@pytest.fixture
+def pair() -> Any:
+    """(the connection's replies, the client's socket)."""
+    a, b = gevent.socket.socketpair()
+    server = accepted(a)
+    replies = Replies(ClientSocket(server, 4096, send_timeout=STALL_S), ServerStats(start_time=0))
+    yield replies, b
+    server.close()
+    b.close()
+
+
+def settle(replies: Replies, turn: FakeTurn) -> None:
+    turn.settled = True
+    replies.acks.settled()
+
+
+def received(client: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = client.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def nothing_waiting(client: socket.socket) -> bool:
+    client.setblocking(False)
+    try:
+        client.recv(1)
+    except BlockingIOError:
+        return True
+    finally:
+        client.setblocking(True)
+    return False
+
+
+def test_a_reply_with_nothing_pending_goes_out_at_once(pair: Any) -> None:
+    replies, client = pair
+    replies.send(b"STORED\r\n")
+    assert received(client, 8) == b"STORED\r\n"
+    assert replies.stats.bytes_written == 8
+
+
+def test_replies_wait_for_their_turn_and_go_out_together_in_order(pair: Any) -> None:
+    replies, client = pair
+    first, second = FakeTurn(1), FakeTurn(2)
+    replies.acks.last = first
+    replies.send(b"one\r\n")
+    replies.send(b"peek\r\n")  # no change of its own: it waits behind the reply before it
+    replies.acks.last = second
+    replies.send(b"two\r\n")
+    assert nothing_waiting(client) and replies.stats.bytes_written == 0
+    settle(replies, first)
+    assert received(client, 11) == b"one\r\npeek\r\n"
+    assert nothing_waiting(client)
+    settle(replies, second)
+    assert received(client, 5) == b"two\r\n"
+    replies.send(b"three\r\n")  # every turn settled: at once again
+    assert received(client, 7) == b"three\r\n"
+
+
+def test_a_change_the_disk_could_not_keep_cuts_the_connection_off_without_its_reply(pair: Any) -> None:
+    replies, client = pair
+    turn = FakeTurn(1)
+    replies.acks.last = turn
+    replies.send(b"STORED\r\n")
+    replies.acks.failed = OSError(errno.EIO, "Input/output error")
+    settle(replies, turn)
+    client.settimeout(STALL_S)
+    assert client.recv(100) == b""  # the end of the stream, and no acknowledgement
+    replies.send(b"later\r\n")
+    assert replies.cut_off and replies.stats.bytes_written == 0
+
+
+def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair: Any) -> None:
+    replies, client = pair
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    replies.io.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket holds
+    turn = FakeTurn(1)
+    replies.acks.last = turn
+    replies.send(big)
+    settle(replies, turn)  # part goes at once, a greenlet sends the rest
+    replies.send(b"after")  # behind it, though nothing holds it
+    got = gevent.spawn(received, client, len(big) + 5)
+    assert got.get(timeout=STALL_S) == big + b"after"
+
+
+def test_finish_waits_until_the_held_replies_are_out(pair: Any) -> None:
+    replies, client = pair
+    turn = FakeTurn(1)
+    replies.acks.last = turn
+    replies.send(b"STORED\r\n")
+    finishing = gevent.spawn(replies.finish)
+    gevent.sleep(0.01)
+    assert not finishing.dead
+    settle(replies, turn)
+    finishing.join(STALL_S)
+    assert finishing.dead and received(client, 8) == b"STORED\r\n"
+
+
+def test_hold_is_per_greenlet(pair: Any) -> None:
+    replies, _ = pair
+
+    def connection() -> object:
+        replies.hold()
+        gevent.sleep(0)
+        return acknowledgements.holder()
+
+    assert gevent.spawn(connection).get() is replies.acks
+    assert gevent.spawn(acknowledgements.holder).get() is None  # another greenlet holds nothing
+
+
+@pytest.mark.parametrize("protocol", ["memcache", "thrift"])
+def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(tmp_path: Any, protocol: str) -> None:
+    """A connection served in a greenlet that lives on (an embedding, a benchmark) gives the holder
+    back when it ends: later changes made there wait for the disk again, as a library caller's do."""
+    from kestrel.service.config import from_mapping
+    from kestrel.service.memcache.handler import MemcacheConnection
+    from kestrel.service.session.server_state import ServerState
+    from kestrel.service.thrift.handler import ThriftConnection
+    from tests.support.thrift_wire import encode_call, framed
+
+    server = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
+    server.collection.load()
+    ours, theirs = gevent.socket.socketpair()
+    if protocol == "memcache":
+        connection: Any = MemcacheConnection(server, ours, "test")
+        theirs.sendall(b"set q 0 0 1\r\nx\r\n")
+    else:
+        connection = ThriftConnection(server, ours, "test")
+        theirs.sendall(framed(encode_call("binary", "put", queue_name="q", items=[b"x"], expiration_msec=0)))
+    theirs.shutdown(socket.SHUT_WR)
+
+    def serve() -> object:
+        connection.run()
+        return acknowledgements.holder()
+
+    try:
+        assert gevent.spawn(serve).get(timeout=STALL_S) is None
+        assert theirs.recv(4096)  # the reply went out once its change was durable
+    finally:
+        theirs.close()
+        server.collection.close()
