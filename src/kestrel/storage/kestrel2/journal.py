@@ -442,6 +442,11 @@ class QueueJournal:
         if self.writer is not None and data:
             self._pending.append(data)
 
+    def write_parts(self, parts: list[bytes]) -> None:
+        """Queue records given as pieces (headers, and items not copied) for the next `flush`."""
+        if self.writer is not None:
+            self._pending.extend(parts)
+
     def discard_pending(self) -> None:
         self._pending.clear()
 
@@ -453,10 +458,17 @@ class QueueJournal:
             return
         writer = self.writer
         assert writer is not None
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
         offset = writer.size
-        writer.append(data)
+        try:
+            if len(pending) == 1:
+                data = pending[0]
+                writer.append(data)
+            else:
+                writer.append_parts(pending)
+                # The commit log takes its records as one string (a copy, with the log on only).
+                data = b"".join(pending) if self.commit_log is not None else b""
+        finally:
+            pending.clear()
         if self.commit_log is not None:
             turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
             if not self._turns or self._turns[-1] is not turn:
