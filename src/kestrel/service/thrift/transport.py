@@ -99,9 +99,8 @@ class ClientStream:
 
     def send_frame(self, payload: bytes) -> None:
         """`send` one frame holding `payload`."""
-        data = _FRAME_HEADER.pack(len(payload)) + payload
-        self.stats.bytes_written += len(data)
-        self.io.send_all(data)
+        self.stats.bytes_written += 4 + len(payload)
+        self.io.send_framed(_FRAME_HEADER.pack(len(payload)), payload)
 
     def close(self) -> None:
         self.io.close()
