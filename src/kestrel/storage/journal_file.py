@@ -48,7 +48,7 @@ def writev_all(fd: int, parts: list[bytes]) -> int:
     write means the disk is full: it raises); how many bytes that was."""
     total = 0
     for first in range(0, len(parts), WRITE_PIECES):
-        pieces = parts[first:first + WRITE_PIECES]
+        pieces = parts if len(parts) <= WRITE_PIECES else parts[first:first + WRITE_PIECES]
         size = sum(map(len, pieces))
         done = os.writev(fd, pieces)
         if done < size:  # the rest of the pieces, from where the write stopped

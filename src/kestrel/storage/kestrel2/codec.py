@@ -34,6 +34,7 @@ MAX_OPCODE = REMOVE_TENTATIVE_XID
 _I32 = struct.Struct("<i")
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
 _ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
+_ADDX_RECORD_HEAD = struct.Struct("<Biqq")  # the opcode, then as _ADDX_HEAD
 _XID_ADDX_HEAD = struct.Struct("<iiqq")  # xid, size, add time, expiry
 _TWO_I32 = struct.Struct("<ii")
 _TWO_I64 = struct.Struct("<qq")
@@ -166,6 +167,8 @@ def addx_parts(add_time: int, expiry: int, items: list[bytes]) -> list[bytes]:
     """The ADDX records of items added together (one time and expiry) as the pieces a gathering
     write takes: each record's header, then the item itself, not a copy of it. Joined, the same
     bytes as `encode_addx` of each; each distinct header is packed once."""
+    if len(items) == 1:  # the usual large put: one header
+        return [_ADDX_RECORD_HEAD.pack(ADDX, ITEM_HEADER + len(items[0]), add_time, expiry), items[0]]
     times = _TWO_I64.pack(add_time, expiry)
     sizes = list(map(len, items))
     if sizes and min(sizes) == max(sizes):  # the usual batch: one header for all
