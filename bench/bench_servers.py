@@ -20,8 +20,8 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
   `sync_journal: always`, with `commit_log` off and on (run by run in turn), against beanstalkd -f0
   and Redis appendfsync always.
 - latency: one client, one item per request, with and without fsync (and the commit log).
-- sizes: 1 KB and 64 KB items, one per request, 4 clients: Thrift and memcache against Redis
-  RPUSH/LPOP (what copying an item's bytes costs, where 128-byte items hide it).
+- sizes: 128 B, 1 KB and 64 KB items, one per request, 4 clients: Thrift and memcache against
+  Redis RPUSH/LPOP (what moving an item's bytes costs, which 128-byte items hide).
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
                                             [--only single|batch|durability|latency|sizes]
@@ -206,10 +206,10 @@ def latency(bench: Bench, work: Path) -> None:
 
 
 def sizes(bench: Bench, work: Path) -> None:
-    header("Large items: 4 clients, one item per request")
+    header("Item sizes: 4 clients, one item per request")
     with bench.ours(work) as k, peers.redis(work) as red:
-        for size in (1024, 65536):
-            label = f"{size // 1024} KB"
+        for size in (128, 1024, 65536):
+            label = f"{size} B" if size < 1024 else f"{size // 1024} KB"
             redis = bench.measure("redis", red, "redis", f"size{size}", size=size)
             for protocol in ("thrift", "memcache"):
                 ours = bench.alternate(protocol, k, protocol, f"size{size}", size=size)
