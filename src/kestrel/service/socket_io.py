@@ -51,9 +51,8 @@ GATHER_FROM = 512
 
 # The buffer every connection's receives land in until it receives in place. Connections run on the
 # one thread of the event loop, and a receive copies out of it before its greenlet can yield, so one
-# is enough: 10,000 idle
-# connections held 10,000 of them (256 KiB each for Thrift), and glibc kept most of that memory
-# after they closed.
+# is enough: 10,000 idle connections held 10,000 of them (256 KiB each for Thrift), and glibc kept
+# most of that memory after they closed.
 _SCRATCH = memoryview(bytearray(MAX_CHUNK))
 
 
