@@ -170,12 +170,9 @@ class ClientSocket:
         else:
             gevent.socket.wait(self._readable, timeout)
 
-    def send_framed(self, header: bytes, payload: bytes) -> None:
-        """`send_all` of `header` then `payload`: a large payload goes out from where it is (one
-        gathering `sendmsg`), a small one joined to its header, which costs less."""
-        if len(payload) < GATHER_FROM:
-            self.send_all(header + payload)
-            return
+    def send_gathered(self, header: bytes, payload: bytes) -> None:
+        """`send_all` of `header` then `payload`, the payload from where it is (one gathering
+        `sendmsg`): for a large one (`GATHER_FROM`), as joining it to its header costs a copy."""
         try:
             sent = self.sock.sendmsg((header, payload))
         except BlockingIOError:

@@ -232,7 +232,8 @@ class JournalWriter:
         nothing half-written stays at its end, and the OSError is raised.
         """
         started = time.perf_counter()
-        self._ready()
+        if self.damaged or self.fd < 0:
+            self._ready()
         try:
             write_all(self.fd, data)
         except OSError:

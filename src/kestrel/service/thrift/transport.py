@@ -12,7 +12,7 @@ import struct
 import time
 
 from kestrel.service.session.stats import ServerStats
-from kestrel.service.socket_io import ClientSocket
+from kestrel.service.socket_io import GATHER_FROM, ClientSocket
 
 RECV_CHUNK = 256 * 1024
 _FRAME_HEADER = struct.Struct("!i")
@@ -100,7 +100,10 @@ class ClientStream:
     def send_frame(self, payload: bytes) -> None:
         """`send` one frame holding `payload`."""
         self.stats.bytes_written += 4 + len(payload)
-        self.io.send_framed(_FRAME_HEADER.pack(len(payload)), payload)
+        if len(payload) < GATHER_FROM:
+            self.io.send_all(_FRAME_HEADER.pack(len(payload)) + payload)
+        else:
+            self.io.send_gathered(_FRAME_HEADER.pack(len(payload)), payload)
 
     def close(self) -> None:
         self.io.close()

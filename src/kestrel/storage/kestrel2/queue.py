@@ -231,7 +231,7 @@ class Kestrel2Queue(PersistentQueue):
     def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
         if self._journal.writer is None:
             return
-        if max(map(len, items), default=0) >= WRITTEN_WHERE_THEY_ARE:
+        if items and max(map(len, items)) >= WRITTEN_WHERE_THEY_ARE:
             self._journal.write_parts(codec.addx_parts(now, expiry, items))
         else:
             self._journal.write(codec.encode_addx_many(now, expiry, items))
