@@ -91,6 +91,7 @@ class QueueJournal:
         self.rotated: Files = []  # (timestamp, path), oldest first
         self.archived_size = 0
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
+        self._gathered = False  # some of them are pieces to write as they are (`write_parts`)
         self.commit_log = commit_log if sync_ms == 0 else None
         self._turns: list[Turn] = []  # of the commit log, holding appends not yet waited for
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
@@ -443,12 +444,15 @@ class QueueJournal:
             self._pending.append(data)
 
     def write_parts(self, parts: list[bytes]) -> None:
-        """Queue records given as pieces (headers, and items not copied) for the next `flush`."""
+        """Queue records given as pieces (headers, and items not copied) for the next `flush`,
+        which writes them as they are (a gathering write) rather than joined."""
         if self.writer is not None:
             self._pending.extend(parts)
+            self._gathered = True
 
     def discard_pending(self) -> None:
         self._pending.clear()
+        self._gathered = False
 
     def flush(self) -> None:
         """Append the pending records in one write (no yield between a change and its record).
@@ -460,8 +464,8 @@ class QueueJournal:
         assert writer is not None
         offset = writer.size
         try:
-            if len(pending) == 1:
-                data = pending[0]
+            if not self._gathered:
+                data = pending[0] if len(pending) == 1 else b"".join(pending)
                 writer.append(data)
             else:
                 writer.append_parts(pending)
@@ -469,6 +473,7 @@ class QueueJournal:
                 data = b"".join(pending) if self.commit_log is not None else b""
         finally:
             pending.clear()
+            self._gathered = False
         if self.commit_log is not None:
             turn = self.commit_log.add(writer, self.name, self.epoch, offset, data)
             if not self._turns or self._turns[-1] is not turn:
