@@ -21,9 +21,11 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
   beanstalkd -f0 and Redis appendfsync always; with each server's fsyncs per item (fsync and
   fdatasync, all its threads, counted by `perf stat` on the kernel's tracepoints).
 - latency: one client, one item per request, with and without fsync (and the commit log).
+- sizes: 128 B, 1 KB and 64 KB items, one per request, 4 clients: Thrift and memcache against
+  Redis RPUSH/LPOP (what moving an item's bytes costs, which 128-byte items hide).
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
-                                            [--only single|batch|durability|latency]
+                                            [--only single|batch|durability|latency|sizes]
                                             [--builds compiled pure]
 """
 
@@ -220,8 +222,19 @@ def latency(bench: Bench, work: Path) -> None:
                  bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1))
 
 
+def sizes(bench: Bench, work: Path) -> None:
+    header("Item sizes: 4 clients, one item per request")
+    with bench.ours(work) as k, peers.redis(work) as red:
+        for size in (128, 1024, 65536):
+            label = f"{size} B" if size < 1024 else f"{size // 1024} KB"
+            redis = bench.measure("redis", red, "redis", f"size{size}", size=size)
+            for protocol in ("thrift", "memcache"):
+                ours = bench.alternate(protocol, k, protocol, f"size{size}", size=size)
+                rows(f"{protocol} put + get, {label}", ours, "Redis RPUSH/LPOP", redis)
+
+
 SECTIONS: dict[str, Section] = {"single": single, "batch": batch, "durability": durability,
-                                "latency": latency}
+                                "latency": latency, "sizes": sizes}
 
 
 @contextlib.contextmanager

@@ -77,6 +77,7 @@ C_HELPERS = (
     "kestrel.storage._crc32c",
     "kestrel.service.thrift._binary",
     "kestrel.service.memcache._scan",
+    "kestrel.service._receive",
 )
 
 

@@ -14,6 +14,7 @@ import gevent.socket
 import pytest
 from gevent.exceptions import ConcurrentObjectUseError
 
+from kestrel.service import socket_io
 from kestrel.service.socket_io import LINGER_S, ClientSocket, SendTimeout, accepted, close_lingering
 from tests.conftest import STALL_S
 
@@ -68,6 +69,31 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any)
     gevent.spawn_later(0.05, client.sendall, b"rest")
     assert io.receive(buf, 1.0) == 4
     assert sock.found == [12, "nothing", 4]
+    io.close()
+
+
+@pytest.mark.skipif(socket_io.lengthen is None, reason="built without a C compiler: no receive in place")
+def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_nothing_leaves_it(
+        pair: Any) -> None:
+    server, client = pair
+    sock = CountingSocket(server)
+    io = ClientSocket(sock, socket_io.MAX_CHUNK)  # type: ignore[arg-type]
+    buf = bytearray()
+    client.sendall(b"s" * 100)
+    assert io.receive(buf, 1.0) == 100 and not io.in_place  # a small receive: through the scratch
+    client.sendall(b"L" * socket_io.IN_PLACE_FROM)
+    assert io.receive(buf, 1.0) == socket_io.IN_PLACE_FROM and io.in_place
+    socket_io._SCRATCH[:] = bytes(len(socket_io._SCRATCH))
+    gevent.spawn_later(0.05, client.sendall, b"rest")
+    assert io.receive(buf, 1.0) == 4  # found nothing first, then waited
+    assert sock.found[-2:] == ["nothing", 4]
+    assert buf == b"s" * 100 + b"L" * socket_io.IN_PLACE_FROM + b"rest"
+    assert not any(socket_io._SCRATCH[:16]), "the input went through the scratch buffer"
+    # Room is made at most IN_PLACE_ROOM at a time, and what it did not fill is cut off.
+    client.sendall(b"x" * (socket_io.IN_PLACE_ROOM + 10))
+    assert io.receive(buf, 1.0) == socket_io.IN_PLACE_ROOM and not io.drained
+    assert io.receive(buf, 1.0) == 10 and io.drained
+    assert len(buf) == 100 + socket_io.IN_PLACE_FROM + 4 + socket_io.IN_PLACE_ROOM + 10
     io.close()
 
 

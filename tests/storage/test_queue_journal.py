@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from kestrel.storage.collection import QueueCollection
+from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.item import QItem
+from kestrel.storage.disk import writev_all
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import PackState, QueueJournal
+from kestrel.storage.kestrel2.queue import WRITTEN_WHERE_THEY_ARE
 from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.replay import QueueReplay
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
@@ -183,3 +187,41 @@ def test_replaying_nothing_gives_an_empty_file_set(tmp_path: Path) -> None:
     j = QueueJournal(str(tmp_path), "q", None, 1 << 20, runtime, runtime.lock())
     assert j.replay(JournalFiles(), True, QueueReplay()) == 0
     assert j.rotated == [] and j.size == 0
+
+
+def test_a_journal_append_from_pieces_that_fails_is_cut_back(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gathering write of a large put: half of it reaching the disk before ENOSPC is cut off,
+    and the put is refused with nothing changed."""
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    coll.put("q", [b"small"])
+    size = os.path.getsize(tmp_path / "q")
+    real = os.writev
+
+    def full(fd: int, pieces: list[bytes]) -> int:
+        half = sum(map(len, pieces)) // 2
+        os.write(fd, b"".join(pieces)[:half])
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(os, "writev", full)
+    with pytest.raises(JournalWriteError):
+        coll.put("q", [b"x" * WRITTEN_WHERE_THEY_ARE])
+    monkeypatch.setattr(os, "writev", real)
+    assert os.path.getsize(tmp_path / "q") == size
+    assert coll.put("q", [b"y" * WRITTEN_WHERE_THEY_ARE]) == 1
+    assert [coll.remove("q")[0].data for _ in range(2)] == [b"small", b"y" * WRITTEN_WHERE_THEY_ARE]
+    coll.close()
+
+
+def test_pieces_written_whole_after_a_short_gathering_write(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, pieces: real(fd, [bytes(pieces[0])[:3]]))
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        assert writev_all(fd, [b"head", b"item-bytes", b"", b"tail"]) == 18
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"headitem-bytestail"
+

@@ -2,8 +2,8 @@
 or a folder.
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
-`disk.write_all` and `disk.fsync_path`, looked up on each call, so that the fault tests can replace
-them to fail a write or an fsync in either build.
+`disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so that the
+fault tests can replace them to fail a write or an fsync in either build.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import errno
 import os
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
     """os.write until every byte is written (a short write means the disk is full: it raises)."""
     done = os.write(fd, data)
     while done < len(data):
@@ -20,6 +20,29 @@ def write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += n
+
+
+# The most pieces one gathering write takes (the system's IOV_MAX).
+WRITE_PIECES = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
+
+
+def writev_all(fd: int, parts: list[bytes]) -> int:
+    """os.writev until every byte of `parts` is written, in order and without joining them (a short
+    write means the disk is full: it raises); how many bytes that was."""
+    total = 0
+    for first in range(0, len(parts), WRITE_PIECES):
+        pieces = parts if len(parts) <= WRITE_PIECES else parts[first:first + WRITE_PIECES]
+        size = sum(map(len, pieces))
+        done = os.writev(fd, pieces)
+        if done < size:  # the rest of the pieces, from where the write stopped
+            for piece in pieces:
+                if done >= len(piece):
+                    done -= len(piece)
+                    continue
+                write_all(fd, memoryview(piece)[done:])
+                done = 0
+        total += size
+    return total
 
 
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:

@@ -22,6 +22,7 @@ from kestrel.service.buffered_connection import (
     BufferedConnection,
     CloseConnection,
     make_listener,
+    take,
 )
 from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
@@ -124,7 +125,7 @@ class MemcacheConnection(BufferedConnection):
             if nl - pos > self.max_line:
                 self.out.append(b"CLIENT_ERROR line too long\r\n")
                 raise CloseConnection
-            line = bytes(buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl])
+            line = take(buf, pos, nl - 1 if nl > pos and buf[nl - 1] == 13 else nl)
             start, pos = pos, nl + 1
             try:
                 command = parse_line(line)
@@ -154,7 +155,7 @@ class MemcacheConnection(BufferedConnection):
                 pos = resync + 1
                 continue
             answered = NOREPLY if command.noreply else REPLY
-            self.store(command.key, command.expiry, [bytes(buf[pos:data_end])], answered)
+            self.store(command.key, command.expiry, [take(buf, pos, data_end)], answered)
             pos = data_end + 2
         return pos
 
@@ -248,8 +249,7 @@ class MemcacheConnection(BufferedConnection):
 
     def _value(self, command: Command, data: bytes) -> None:
         cas = b" 0" if command.cas else b""
-        self.out.append(b"VALUE %s 0 %d%s\r\n" % (command.key.encode(), len(data), cas))
-        self.out.append(data + CRLF)
+        self.out += (b"VALUE %s 0 %d%s\r\n" % (command.key.encode(), len(data), cas), data, CRLF)
 
     def do_get(self, command: Command) -> None:
         options = command.get

@@ -21,6 +21,7 @@ from kestrel.service.buffered_connection import (
     BufferedConnection,
     CloseConnection,
     make_listener,
+    take,
 )
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
@@ -47,7 +48,7 @@ class PutBlock:
 
 
 def item(data: bytes | None) -> bytes:
-    return b"*\n" if data is None else b":" + data + b"\n"
+    return b"*\n" if data is None else b":%s\n" % data  # the item copied once
 
 
 class TextConnection(BufferedConnection):
@@ -65,7 +66,7 @@ class TextConnection(BufferedConnection):
         while (nl := buf.find(b"\n", pos)) >= 0:
             if pos:
                 self.take_turns()
-            line = bytes(buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl])
+            line = take(buf, pos, nl - 1 if nl > pos and buf[nl - 1] == 13 else nl)
             pos = nl + 1
             if len(line) > self.max_line:
                 self.out.append(b"-line too long\n")

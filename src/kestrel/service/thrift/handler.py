@@ -163,6 +163,7 @@ class ThriftConnection:
             if reply is None:
                 return
             stream.send_frame(reply)
+            reply = None  # not held while the connection waits (a get's reply holds its items)
             turns.pause()
 
     def answer_frame(self, payload: bytes) -> bytes | None:

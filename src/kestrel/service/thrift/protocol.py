@@ -89,8 +89,10 @@ class Reader:
         if pos + n > self.end or n < 0:
             self._short(pos, n, what)
         self.pos = pos + n
-        data = self.buf[pos:pos + n]
-        return bytes(data) if self.mutable else data  # type: ignore[return-value]
+        if self.mutable:  # a receive buffer: copied once, through a view (its own slice is a copy)
+            with memoryview(self.buf) as view:
+                return bytes(view[pos:pos + n])
+        return self.buf[pos:pos + n]  # type: ignore[return-value]
 
     def read_string(self, what: str) -> str:
         data = self.read_binary(what)

@@ -13,7 +13,7 @@ import time
 
 from kestrel.service.replies import Replies
 from kestrel.service.session.stats import ServerStats
-from kestrel.service.socket_io import ClientSocket
+from kestrel.service.socket_io import GATHER_FROM, ClientSocket
 
 RECV_CHUNK = 256 * 1024
 _FRAME_HEADER = struct.Struct("!i")
@@ -101,7 +101,11 @@ class ClientStream:
 
     def send_frame(self, payload: bytes) -> None:
         """`send` one frame holding `payload`."""
-        self.replies.send(_FRAME_HEADER.pack(len(payload)) + payload)
+        header = _FRAME_HEADER.pack(len(payload))
+        if len(payload) < GATHER_FROM:
+            self.replies.send(header + payload)
+        else:  # a large item's bytes go out from where they are, not joined to their header
+            self.replies.send(header, payload)
 
     def close(self) -> None:
         self.io.close()

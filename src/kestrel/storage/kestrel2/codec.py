@@ -34,6 +34,7 @@ MAX_OPCODE = REMOVE_TENTATIVE_XID
 _I32 = struct.Struct("<i")
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
 _ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
+_ADDX_RECORD_HEAD = struct.Struct("<Biqq")  # the opcode, then as _ADDX_HEAD
 _XID_ADDX_HEAD = struct.Struct("<iiqq")  # xid, size, add time, expiry
 _TWO_I32 = struct.Struct("<ii")
 _TWO_I64 = struct.Struct("<qq")
@@ -162,10 +163,12 @@ def encode_addx(add_time: int, expiry: int, data: bytes) -> bytes:
     return b"\x02" + _ADDX_HEAD.pack(ITEM_HEADER + len(data), add_time, expiry) + data
 
 
-def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> bytes:
-    """The ADDX records of items added together (one time and expiry), as one string: the same bytes
-    as `encode_addx` of each, with each distinct header packed once (the reference for the compiled
-    `encode_addx_many`)."""
+def addx_parts(add_time: int, expiry: int, items: list[bytes]) -> list[bytes]:
+    """The ADDX records of items added together (one time and expiry) as the pieces a gathering
+    write takes: each record's header, then the item itself, not a copy of it. Joined, the same
+    bytes as `encode_addx` of each; each distinct header is packed once."""
+    if len(items) == 1:  # the usual large put: one header
+        return [_ADDX_RECORD_HEAD.pack(ADDX, ITEM_HEADER + len(items[0]), add_time, expiry), items[0]]
     times = _TWO_I64.pack(add_time, expiry)
     sizes = list(map(len, items))
     if sizes and min(sizes) == max(sizes):  # the usual batch: one header for all
@@ -177,7 +180,13 @@ def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> b
     parts = items * 2
     parts[::2] = heads
     parts[1::2] = items
-    return b"".join(parts)
+    return parts
+
+
+def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+    """The ADDX records of items added together, as one string (the reference for the compiled
+    `encode_addx_many`)."""
+    return b"".join(addx_parts(add_time, expiry, items))
 
 
 def encode_xid(opcode: int, xid: int) -> bytes:

@@ -92,6 +92,7 @@ class QueueJournal:
         self.archived_size = 0
         self._pending: list[bytes] = []  # records of changes made in memory, not yet appended
         self.commit_log = commit_log if sync_ms is not None else None
+        self._gathered = False  # some of them are pieces to write as they are (`write_parts`)
         # A pack taken while a change is in progress is `ready`; it is `queued` once the change is
         # journaled. Packs are written one at a time; a newer queued pack supersedes an older one.
         self.pack_ready: packer.PackRequest | None = None
@@ -441,8 +442,16 @@ class QueueJournal:
         if self.writer is not None and data:
             self._pending.append(data)
 
+    def write_parts(self, parts: list[bytes]) -> None:
+        """Queue records given as pieces (headers, and items not copied) for the next `flush`,
+        which writes them as they are (a gathering write) rather than joined."""
+        if self.writer is not None:
+            self._pending.extend(parts)
+            self._gathered = True
+
     def discard_pending(self) -> None:
         self._pending.clear()
+        self._gathered = False
 
     def flush(self) -> None:
         """Append the pending records in one write (no yield between a change and its record).
@@ -450,10 +459,17 @@ class QueueJournal:
         pending = self._pending
         if not pending:
             return
-        assert self.writer is not None
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
-        self.writer.append(data)  # logged too, if the journal logs (`JournalWriter.log`)
+        writer = self.writer
+        assert writer is not None
+        try:
+            if not self._gathered:
+                # logged too, if the journal logs (`JournalWriter.log`)
+                writer.append(pending[0] if len(pending) == 1 else b"".join(pending))
+            else:
+                writer.append_parts(pending)
+        finally:
+            pending.clear()
+            self._gathered = False
 
     def sync(self) -> bool:
         """After `flush`: wait as the sync policy says; whether the live journal is due for rotation."""
