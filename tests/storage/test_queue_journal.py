@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kestrel.storage.collection import QueueCollection
+from kestrel.storage.disk import writev_all
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.item import QItem
-from kestrel.storage.disk import writev_all
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import PackState, QueueJournal
 from kestrel.storage.kestrel2.queue import WRITTEN_WHERE_THEY_ARE
