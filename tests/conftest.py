@@ -344,6 +344,19 @@ def server(server_factory: Any) -> ServerProcess:
     return server_factory()
 
 
+@pytest.fixture
+def server_state(tmp_path: Path) -> Iterator[Any]:
+    """A server's state (collection, stats, config) in this process, on its own queue path, for
+    connections served on a socket pair."""
+    from kestrel.service.config import from_mapping
+    from kestrel.service.session.server_state import ServerState
+
+    state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
+    state.collection.load()
+    yield state
+    state.collection.close()
+
+
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One standalone ZooKeeper for the session; tests keep apart by using their own path prefix."""

@@ -17,8 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import tracemalloc
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import gevent
 import gevent.socket
@@ -26,7 +25,6 @@ import pytest
 
 from kestrel.service import socket_io
 from kestrel.service.buffered_connection import Connection
-from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.text.handler import TextConnection
@@ -46,14 +44,6 @@ MARK = 0xA5
 def item(n: int, size: int = SIZE) -> bytes:
     """Item `n` of `size` bytes, with no line end in it (the text protocol's items are lines)."""
     return bytes(97 + i % 26 for i in range(size - 8)) + b"%08d" % n
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerState]:
-    state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
-    state.collection.load()
-    yield state
-    state.collection.close()
 
 
 class Client:
@@ -156,10 +146,10 @@ PROTOCOLS: dict[str, tuple[type[Connection], Exchange, Exchange]] = {
 @pytest.mark.parametrize("size", [1024, SIZE])
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_a_1_kb_or_64_kb_item_is_copied_once_from_the_socket_to_the_journal_and_once_back(
-        server: ServerState, protocol: str, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        server_state: ServerState, protocol: str, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The peak's bound tells one copy from two at 64 KB; at 1 KB the other checks count."""
     kind, put, get = PROTOCOLS[protocol]
-    client = Client(server, kind)
+    client = Client(server_state, kind)
     try:
         # A first item: the queue and its journal are made, and the connection has seen a large request.
         first = item(1, size)
@@ -179,10 +169,10 @@ def test_a_1_kb_or_64_kb_item_is_copied_once_from_the_socket_to_the_journal_and_
         assert socket_io._SCRATCH.tobytes() == bytes([MARK]) * len(socket_io._SCRATCH), \
             "the request went through the scratch buffer: a copy more"
         assert put_peak <= socket_io.IN_PLACE_ROOM + size + SLACK, f"{put_peak:,} bytes held at once"
-        stored = server.collection.peek("q")
+        stored = server_state.collection.peek("q")
         assert stored is not None and stored.data == second
         assert any(piece is stored.data for piece in written), "the journal was written from a copy"
-        record = journal_tail(server, "q", 1 + codec.ITEM_HEADER + 4 + size)
+        record = journal_tail(server_state, "q", 1 + codec.ITEM_HEADER + 4 + size)
         assert record[0] == codec.ADDX and record[1:5] == (codec.ITEM_HEADER + size).to_bytes(4, "little")
         assert record.endswith(second)
 

@@ -159,17 +159,14 @@ def test_hold_is_per_greenlet(pair: Any) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["memcache", "thrift"])
-def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(tmp_path: Any, protocol: str) -> None:
+def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(server_state: Any, protocol: str) -> None:
     """A connection served in a greenlet that lives on (an embedding, a benchmark) gives the holder
     back when it ends: later changes made there wait for the disk again, as a library caller's do."""
-    from kestrel.service.config import from_mapping
     from kestrel.service.memcache.handler import MemcacheConnection
-    from kestrel.service.session.server_state import ServerState
     from kestrel.service.thrift.handler import ThriftConnection
     from tests.support.thrift_wire import encode_call, framed
 
-    server = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
-    server.collection.load()
+    server = server_state
     ours, theirs = gevent.socket.socketpair()
     if protocol == "memcache":
         connection: Any = MemcacheConnection(server, ours, "test")
@@ -188,4 +185,3 @@ def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(tmp_path: A
         assert theirs.recv(4096)  # the reply went out once its change was durable
     finally:
         theirs.close()
-        server.collection.close()

@@ -8,14 +8,10 @@ protocol's answer), since a bug has no request that reaches it on purpose.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from thriftpy2.thrift import TApplicationException
 
-from kestrel.service.config import from_mapping
 from kestrel.service.memcache.commands import parse_line
 from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
@@ -32,16 +28,8 @@ def _bug(*args: Any, **kwargs: Any) -> None:
     raise RuntimeError("a bug")
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerState]:
-    state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
-    state.collection.load()
-    yield state
-    state.collection.close()
-
-
-def test_thrift_answers_an_internal_error_and_goes_on(server: ServerState) -> None:
-    conn = ThriftConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
+    conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
     handler, method, latency = conn.calls["put"]
     conn.calls["put"] = (_bug, method, latency)
     reply = decode_reply(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put")
@@ -52,8 +40,8 @@ def test_thrift_answers_an_internal_error_and_goes_on(server: ServerState) -> No
     assert decode_reply(conn._call("put", 8, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put") == 1
 
 
-def test_memcache_answers_a_server_error_and_goes_on(server: ServerState) -> None:
-    conn = MemcacheConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+def test_memcache_answers_a_server_error_and_goes_on(server_state: ServerState) -> None:
+    conn = MemcacheConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
     conn.process(bytearray(b"version\r\n"))  # the command's handler is looked up once, then kept
     conn.commands["version"] = (_bug, conn.commands["version"][1])
     conn.execute(parse_line(b"version"))
@@ -61,8 +49,8 @@ def test_memcache_answers_a_server_error_and_goes_on(server: ServerState) -> Non
     assert conn.out[1:] == [b"SERVER_ERROR internal error: RuntimeError('a bug')\r\n", b"STORED\r\n"]
 
 
-def test_text_answers_an_internal_error_and_goes_on(server: ServerState) -> None:
-    conn = TextConnection(server, _Unused(), "test")  # type: ignore[arg-type]
+def test_text_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
+    conn = TextConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
     conn.answer(_bug)
     conn.answer(lambda: b"+next\n")
     assert conn.out == [b"-internal error: RuntimeError('a bug')\n", b"+next\n"]
