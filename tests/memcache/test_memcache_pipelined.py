@@ -212,6 +212,18 @@ def test_a_plain_get_beside_an_open_read_answers_error_and_closes(
     # The open read was aborted with the connection: `a` went back, the drain found both.
 
 
+def test_a_run_of_gets_ended_by_an_open_read_counts_the_gets_answered(
+        servers: tuple[ServerProcess, ServerProcess]) -> None:
+    """The get that answers ERROR beside an open read is counted in the latency histogram, as it
+    is alone; the gets after it are never read."""
+    before = [counters(srv) for srv in servers]
+    commands = [set_command("full", b""), get_command("full/open")] + [get_command("full")] * 4
+    assert compare(servers, commands).endswith(b"ERROR\r\n")  # and the connection closed
+    batched, reference = ({name: count - before[n].get(name, 0) for name, count in counters(srv).items()}
+                          for n, srv in enumerate(servers))
+    assert batched == reference
+
+
 def test_bad_lines_and_an_item_over_max_frame_size_in_the_middle_of_runs(
         servers: tuple[ServerProcess, ServerProcess]) -> None:
     big = b"z" * (MAX_FRAME + 1)

@@ -168,23 +168,28 @@ class MemcacheConnection(BufferedConnection):
         expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
         count = len(datas)
         done = 0
-        while done < count:
-            reply = NOT_STORED
-            try:
-                stored = self.session.put(queue, datas[done:] if done else datas, expiry)
-            except (ConnectionError, ClientGone):
-                raise
-            except Exception as e:
-                stored, reply = 0, self._error(e)
-            if stored:
-                self.out.append(STORED * answered.count(1, done, done + stored))
-                done += stored
-                if done == count:
-                    break
-            if answered[done]:
-                self.out.append(reply)
-            done += 1
-        self.set_latency.observe_many(time.perf_counter() - started, count)
+        try:
+            while done < count:
+                reply = NOT_STORED
+                try:
+                    stored = self.session.put(queue, datas[done:] if done else datas, expiry)
+                except (ConnectionError, ClientGone):
+                    raise
+                except Exception as e:
+                    stored, reply = 0, self._error(e)
+                if stored:
+                    self.out.append(STORED * answered.count(1, done, done + stored))
+                    done += stored
+                    if done == count:
+                        break
+                if answered[done]:
+                    self.out.append(reply)
+                done += 1
+        except BaseException:
+            count = done + 1  # the connection ends at this set: the run's later sets are never read
+            raise
+        finally:
+            self.set_latency.observe_many(time.perf_counter() - started, count)
 
     def fetch(self, key: bytes, count: int) -> None:
         """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found
@@ -193,23 +198,28 @@ class MemcacheConnection(BufferedConnection):
         started = time.perf_counter()
         queue = key.decode()
         done = 0
-        while done < count:
-            try:
-                datas = self.session.get(queue, count - done)
-            except (ConnectionError, ClientGone):
-                raise
-            except OpenReadConflict:
-                # Kestrel's answer to a plain get beside an open read: ERROR, and the connection
-                # closes (which aborts the open read, so its item goes back to the queue).
-                self.out.append(b"ERROR\r\n")
-                raise CloseConnection from None
-            except Exception as e:
-                self.out.append(self._error(e))
-                done += 1
-                continue
-            self.out.append(values(key, datas, count - done - len(datas)))
-            break
-        self.get_latency.observe_many(time.perf_counter() - started, count)
+        try:
+            while done < count:
+                try:
+                    datas = self.session.get(queue, count - done)
+                except (ConnectionError, ClientGone):
+                    raise
+                except OpenReadConflict:
+                    # Kestrel's answer to a plain get beside an open read: ERROR, and the connection
+                    # closes (which aborts the open read, so its item goes back to the queue).
+                    self.out.append(b"ERROR\r\n")
+                    raise CloseConnection from None
+                except Exception as e:
+                    self.out.append(self._error(e))
+                    done += 1
+                    continue
+                self.out.append(values(key, datas, count - done - len(datas)))
+                break
+        except BaseException:
+            count = done + 1  # the connection ends at this get: the run's later gets are never read
+            raise
+        finally:
+            self.get_latency.observe_many(time.perf_counter() - started, count)
 
     def _error(self, e: Exception) -> bytes:
         if isinstance(e, InvalidQueueName | SessionError):
