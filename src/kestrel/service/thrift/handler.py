@@ -127,7 +127,8 @@ class ThriftConnection:
                       for name, method in METHODS.items()}
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Serve the client until it leaves; True when it ended the stream and all of it was read."""
         self.stream.replies.hold()
         try:
             try:
@@ -142,6 +143,7 @@ class ThriftConnection:
             self.stream.replies.release()
             self.stream.close()
             self.session.close()
+        return self.stream.io.ended
 
     def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
