@@ -212,3 +212,16 @@ def test_a_connection_says_whether_its_client_ended_the_stream(server_state: Ser
         assert serving.get(timeout=STALL_S) is client_closes
         sock.close()
         client.close()
+
+
+def test_thrift_connections_share_one_table_of_calls(server_state: ServerState) -> None:
+    """Looked up once in the process, not per connection (a cost every connect paid); each
+    connection's calls still reach its own session."""
+    first, second = (gevent.socket.socketpair() for _ in range(2))
+    one = ThriftConnection(server_state, accepted(first[0]), "peer:1")
+    other = ThriftConnection(server_state, accepted(second[0]), "peer:2")
+    assert one.calls is other.calls
+    one._call("put", 1, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})
+    assert one.session.stats.total_connections == 2 and server_state.collection.peek("q") is not None
+    for sock in (*first, *second):
+        sock.close()
