@@ -101,8 +101,11 @@ def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
 
 
 def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int,
-                 per_partition: int) -> None:
+                 per_partition: int | None) -> None:
     from kestrel.client import Server
+    from kestrel.pipeline.stream_source import ITEMS_PER_PARTITION
+
+    per_partition = per_partition or ITEMS_PER_PARTITION
 
     rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
     with servers(1, work) as (port,):
@@ -253,7 +256,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
     parser.add_argument("--batch-size", type=int, default=10_000, help="writer: rows per put (batchSize)")
     parser.add_argument("--per-trigger", type=int, default=500_000, help="stream: maxItemsPerTrigger")
-    parser.add_argument("--per-partition", type=int, default=10_000, help="stream: itemsPerPartition")
+    parser.add_argument("--per-partition", type=int, help="stream: itemsPerPartition (the source's default)")
     parser.add_argument("--unix-sockets", choices=("true", "false"), default="true",
                         help="spark.python.unix.domain.socket.enabled (Python workers over Unix sockets)")
     parser.add_argument("--only", choices=("writer", "read", "stream", "journal"), action="append",

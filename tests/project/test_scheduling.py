@@ -26,9 +26,9 @@ class FakeItem:
 
 
 def test_group_suffix_is_taken_off_but_not_an_at_sign_in_a_parameter() -> None:
-    assert plain_nodeid("tests/test_a.py::test_x@tests/test_a.py") == "tests/test_a.py::test_x"
-    assert plain_nodeid("tests/test_a.py::test_x[a@b]") == "tests/test_a.py::test_x[a@b]"
-    assert plain_nodeid("tests/test_a.py::test_x[a@b]@spark-1") == "tests/test_a.py::test_x[a@b]"
+    assert plain_nodeid("t.py::test_x@t.py") == "t.py::test_x"
+    assert plain_nodeid("t.py::test_x[a@b]") == "t.py::test_x[a@b]"
+    assert plain_nodeid("t.py::test_x[a@b]@spark-1") == "t.py::test_x[a@b]"
 
 
 def test_dealing_out_balances_known_durations_and_keeps_the_file_order() -> None:
@@ -50,6 +50,7 @@ def test_dealing_out_unknown_tests_goes_round_the_hands_slow_ones_first() -> Non
     assert deal_out(items[:1], 3, {}) == [items[:1]]  # type: ignore[arg-type]  # no empty groups
 
 
+SCRATCH = "tests"  # the scratch project's test folder, whose files this module writes
 PROJECT = {
     "tests/__init__.py": "",
     "tests/support/__init__.py": "",
@@ -57,14 +58,14 @@ PROJECT = {
         "def pytest_configure(config):\n"
         "    from tests.support.scheduling import Scheduler\n"
         "    config.pluginmanager.register(Scheduler(config), 'kestrel-scheduling')\n"),
-    "tests/test_shared.py": (
+    f"{SCRATCH}/test_shared.py": (
         "import os, pytest\n"
         "@pytest.fixture(scope='module')\n"
         "def resource():\n"
         "    return 'expensive'\n"
         + "".join(f"def test_s{i}(resource):\n    open('ran/s{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
                   for i in range(6))),
-    "tests/test_alone.py": "".join(
+    f"{SCRATCH}/test_alone.py": "".join(
         f"def test_a{i}():\n    open('ran/a{i}', 'w').write(__import__('os').environ['PYTEST_XDIST_WORKER'])\n"
         for i in range(6)),
 }
@@ -87,5 +88,5 @@ def test_a_module_fixture_keeps_its_tests_in_one_process_and_durations_are_kept(
     shared = {(tmp_path / "ran" / f"s{i}").read_text() for i in range(6)}
     assert len(shared) == 1, shared
     kept = json.loads((tmp_path / ".pytest_cache" / "v" / DURATIONS_KEY).read_text())
-    assert set(kept) == {f"tests/test_shared.py::test_s{i}" for i in range(6)} | {
-        f"tests/test_alone.py::test_a{i}" for i in range(6)}
+    assert set(kept) == {f"{SCRATCH}/test_shared.py::test_s{i}" for i in range(6)} | {
+        f"{SCRATCH}/test_alone.py::test_a{i}" for i in range(6)}

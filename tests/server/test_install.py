@@ -100,7 +100,8 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
     # name the Python of Spark's driver side (src/kestrel_pyspark_python.py) with its .pth.
     assert top == {"kestrel", "pyspark_kestrel.py", "pyspark_kestrel_journal.py", "kestrel_pyspark_python.py",
                    "kestrel-pyspark-python.pth"}, top
-    assert {"kestrel/contract/kestrel.thrift", "kestrel/service/kestrel.yaml"} <= set(installed)
+    assert {os.path.join("kestrel", "contract", "kestrel.thrift"),
+            os.path.join("kestrel", "service", "kestrel.yaml")} <= set(installed)
     # The request path compiled from its source (mypyc is among the build's requirements), each
     # module beside that source; only without a C compiler does the build leave it pure.
     compiler = shutil.which("cc") or shutil.which("gcc")

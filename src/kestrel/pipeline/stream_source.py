@@ -90,6 +90,11 @@ EARLY_CONFIRM = 1 / 2
 KEEPER_PERIOD = 1 / 16
 RESTART_WINDOW = 1 - EARLY_CONFIRM - KEEPER_PERIOD
 
+# Each partition costs Spark a task, and the source a fetch begun and a log file fsynced: at 10,000
+# items a partition a stream ran at about 40% of its speed at 50,000 (bench/README.md). A task holds
+# its partition's items in memory about three times over (fetched, logged, as Arrow).
+ITEMS_PER_PARTITION = 50_000
+
 STREAM_OPTIONS = [
     Option("servers", text, doc="host:port,host:port,..."),
     Option("queue", queue_names, doc="one queue, or several comma-separated; `*`, `?` and `[...]` make a "
@@ -97,7 +102,8 @@ STREAM_OPTIONS = [
     Option("reader", reader_name, None, "read each queue's fanout child <queue>+<reader>, created for it"),
     Option("checkpointLocation", text, doc="the query's own checkpoint location, again (the log goes there)"),
     Option("maxItemsPerTrigger", whole(1), None, "a cap on the items of one micro-batch, over all servers"),
-    Option("itemsPerPartition", whole(1), 10_000, "a server's share is split into partitions of this size"),
+    Option("itemsPerPartition", whole(1), ITEMS_PER_PARTITION,
+           "a server's share is split into partitions of this size"),
     Option("minPartitions", whole(1), None, "at least this many partitions per micro-batch, when it has as "
                                             "many items"),
     Option("autoAbortMs", whole(1000), 600_000, "open reads return to their queue if not confirmed in time; "

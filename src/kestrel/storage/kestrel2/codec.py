@@ -505,9 +505,13 @@ def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) 
 def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:
     """Whether whole records start at `pos`: reaching `limit` with an item record among them, or
     at least two item records before the bytes stop making sense."""
-    view = memoryview(buf)[:limit]
+    return _records_reach(memoryview(buf)[:limit], pos, limit)
+
+
+def _records_reach(view: memoryview, pos: int, end: int) -> bool:
+    """`_records_fill` over what `view` holds, a last record free to run past `end` within it."""
     items = 0
-    while pos < limit:
+    while pos < end:
         try:
             record, pos = decode(view, pos, True)
         except (Incomplete, Malformed):
@@ -524,17 +528,7 @@ class TailRecords:
         return field[0] + 4 if field is not None else 1
 
     def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
-        if tail[pos] > MAX_OPCODE:
-            return False
-        view = memoryview(tail)
-        items = 0
-        while pos < end:
-            try:
-                record, pos = decode(view, pos, True)
-            except (Incomplete, Malformed):
-                return items >= 2
-            items += isinstance(record, AddX | AddXid | Add)
-        return items >= 1
+        return tail[pos] <= MAX_OPCODE and _records_reach(memoryview(tail), pos, end)
 
     def explain(self, tail: bytes, end: int, offset: int) -> str | None:
         real_end = misplaced_end(tail, 0, len(tail))
