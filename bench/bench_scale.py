@@ -13,7 +13,8 @@
   get, of the tick and of the sweep, the best of three.
 - connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
   process each): CPU µs per item, and the ratio.
-- connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
+- connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection,
+  our server in each of BUILDS (bench/peers.py).
 
 Every server starts afresh for each row (our server on its defaults: `max_memory_total` auto, the
 expiry sweep every second). `--source DIR` runs our server from another source tree (the code
@@ -22,6 +23,7 @@ before a change, say), with this checkout's load generator.
     .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
                                           [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
                                           [--only queues|library|connections|connect]
+                                          [--builds pure compiled]
                                           [--source DIR]
 """
 
@@ -213,9 +215,9 @@ def connect_and_close(work: Path, args: argparse.Namespace) -> None:
     print(f"\n### Accepting and closing a connection: {args.cycles:,} in turn, no request\n")
     print("| server | CPU µs per connection |")
     print("| --- | --- |")
-    rows = [("kestrel-py (memcache port)", lambda: peers.kestrel(work), "memcache"),
-            ("kestrel-py (Thrift port)", lambda: peers.kestrel(work), "thrift"),
-            ("Redis", lambda: peers.redis(work), "redis")]
+    rows = [(f"kestrel-py {build} ({name} port)", ours(work, build), port)
+            for build in args.builds for name, port in (("memcache", "memcache"), ("Thrift", "thrift"))]
+    rows.append(("Redis", lambda: peers.redis(work), "redis"))
     for label, start, port in rows:
         with start() as server:
             address = ("127.0.0.1", server[port])
@@ -228,6 +230,11 @@ def connect_and_close(work: Path, args: argparse.Namespace) -> None:
             time.sleep(0.5)  # the last closes handled
             cost = (process_cpu_seconds(server.pid) - before - idle_cpu(server, 0.5)) / args.cycles * 1e6
         print(f"| {label} | {cost:.0f} |", flush=True)
+
+
+def ours(work: Path, build: str) -> Server:
+    """Starts our server in `build`."""
+    return lambda: peers.kestrel(work, build=build)
 
 
 def idle_cpu(server: peers.Running, seconds: float) -> float:
@@ -247,6 +254,8 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle server is watched")
     parser.add_argument("--cycles", type=int, default=2_000, help="connections opened and closed")
     parser.add_argument("--only", choices=["queues", "library", "connections", "connect"])
+    parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["pure"],
+                        help="our server's builds the connect + close rows measure (default: pure)")
     parser.add_argument("--library-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help="run our server from this source tree")
     args = parser.parse_args()

@@ -10,8 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gevent
+import gevent.event
+import gevent.socket
 import pytest
 
+from kestrel.service import listener
+from kestrel.service.listener import Listener
+from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.socket_io import accepted
+from kestrel.service.text.handler import TextConnection
+from kestrel.service.thrift.handler import ThriftConnection
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.thrift_wire import decode_reply, encode_call, framed
 
@@ -111,3 +121,107 @@ def test_a_connection_closed_on_a_protocol_error_delivers_its_last_reply_and_end
     else:
         assert received == reply
     assert not reset, f"reset after {received!r}"
+
+
+@pytest.fixture
+def closes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The connections the listener closed lingering (the others it closed at once)."""
+    seen: list[str] = []
+    lingering = listener.close_lingering
+
+    def recorded(sock: Any) -> None:
+        seen.append("lingering")
+        lingering(sock)
+
+    monkeypatch.setattr(listener, "close_lingering", recorded)
+    return seen
+
+
+def _serve_one(handle: Any, keepalive_ms: int | None = None) -> Any:
+    """A listener on a free port serving one connection with `handle`; returns it once it closed."""
+    done = gevent.event.Event()
+
+    def handled(sock: Any, address: tuple[str, int]) -> Any:
+        try:
+            return handle(sock, address)
+        finally:
+            gevent.get_hub().loop.run_callback(done.set)
+
+    listening = Listener("test", ("127.0.0.1", 0), handled, 4, keepalive_ms)
+    listening.start()
+    try:
+        client = gevent.socket.create_connection(listening.address)
+        client.close()
+        assert done.wait(STALL_S)
+        listening.join(STALL_S)
+    finally:
+        listening.stop_accepting()
+    return listening
+
+
+def test_a_connection_whose_client_ended_the_stream_closes_without_lingering(closes: list[str]) -> None:
+    _serve_one(lambda sock, address: True)
+    assert closes == []
+
+
+@pytest.mark.parametrize("outcome", [None, False, "raises"])
+def test_any_other_connection_closes_lingering(closes: list[str], outcome: Any) -> None:
+    def handle(sock: Any, address: tuple[str, int]) -> Any:
+        if outcome == "raises":
+            raise OSError("gone")
+        return outcome
+
+    _serve_one(handle)
+    assert closes == ["lingering"]
+
+
+def test_an_accepted_connection_takes_the_keepalive_of_its_listener() -> None:
+    """Set once on the listening socket, not four system calls a connection."""
+    seen: list[tuple[int, int, int, int]] = []
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        seen.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                     sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)))
+        return False
+
+    _serve_one(handle, keepalive_ms=9_000)
+    assert seen == [(1, 9, 3, 3)]
+
+
+CONNECTIONS = {"memcache": (MemcacheConnection, b"version\r\n", b"get " + b"q" * 2 * MAX_LINE + b"\r\n"),
+               "text": (TextConnection, b"version\n", b"get " + b"q" * 2 * MAX_LINE + b"\n"),
+               "thrift": (ThriftConnection, framed(encode_call("binary", "get_version")), b"\xff" * 8)}
+
+
+@pytest.mark.parametrize("protocol", CONNECTIONS)
+def test_a_connection_says_whether_its_client_ended_the_stream(server_state: ServerState, protocol: str) -> None:
+    """True when the client closed with all it sent read (the listener then closes at once); False
+    when the server ends it on a protocol error, the client's later input perhaps unread."""
+    server_state.config.max_line_length = MAX_LINE
+    connection, request_, bad = CONNECTIONS[protocol]
+    for sent, client_closes in ((request_, True), (bad, False)):
+        a, client = gevent.socket.socketpair()
+        sock = accepted(a)
+        serving = gevent.spawn(connection(server_state, sock, "peer:1").run)
+        client.sendall(sent)
+        if client_closes:
+            assert client.recv(65536)  # answered
+            client.shutdown(socket.SHUT_WR)
+        assert serving.get(timeout=STALL_S) is client_closes
+        sock.close()
+        client.close()
+
+
+def test_thrift_connections_share_one_table_of_calls(server_state: ServerState) -> None:
+    """Looked up once in the process, not per connection (a cost every connect paid); each
+    connection's calls still reach its own session."""
+    first, second = (gevent.socket.socketpair() for _ in range(2))
+    one = ThriftConnection(server_state, accepted(first[0]), "peer:1")
+    other = ThriftConnection(server_state, accepted(second[0]), "peer:2")
+    assert one.calls is other.calls
+    one._call("put", 1, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})
+    assert one.session.stats.total_connections == 2 and server_state.collection.peek("q") is not None
+    for sock in (*first, *second):
+        sock.close()

@@ -157,6 +157,29 @@ def test_a_closed_client_is_a_receive_of_nothing(pair: Any) -> None:
     io.close()
 
 
+def test_a_receive_that_finds_the_end_of_the_stream_says_the_client_ended(pair: Any) -> None:
+    """What lets the listener close at once, without lingering: nothing is left unread."""
+    server, client = pair
+    io = ClientSocket(server, 1024)
+    client.sendall(b"version\r\n")
+    buf = bytearray()
+    assert io.receive(buf, STALL_S, between_requests=True) == 9 and not io.ended
+    client.close()
+    assert io.receive(buf, STALL_S, between_requests=True) == 0 and io.ended
+
+
+@pytest.mark.skipif(socket_io.lengthen is None, reason="built without a C compiler: no receive in place")
+def test_a_receive_in_place_that_finds_the_end_of_the_stream_says_the_client_ended(pair: Any) -> None:
+    server, client = pair
+    io = ClientSocket(server, 64 * 1024)
+    client.sendall(bytes(socket_io.IN_PLACE_FROM))
+    buf = bytearray()
+    assert io.receive(buf, STALL_S, between_requests=True) == socket_io.IN_PLACE_FROM
+    assert io.in_place and not io.ended
+    client.close()
+    assert io.receive(buf, STALL_S, between_requests=True) == 0 and io.ended
+
+
 def test_a_reply_larger_than_the_socket_takes_goes_out_whole_as_the_client_reads(pair: Any) -> None:
     server, client = pair
     server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)

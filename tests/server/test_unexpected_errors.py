@@ -30,6 +30,7 @@ def _bug(*args: Any, **kwargs: Any) -> None:
 
 def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
     conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
+    conn.calls = dict(conn.calls)  # every connection's table: this one's alone is changed
     handler, method, latency = conn.calls["put"]
     conn.calls["put"] = (_bug, method, latency)
     reply = decode_reply(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put")

@@ -94,7 +94,8 @@ class BufferedConnection:
             log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
             raise CloseConnection from None
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Serve the client until it leaves; True when it ended the stream and all of it was read."""
         buf = bytearray()
         request_timeout = self.server.config.request_timeout / 1000.0
         deadline: float | None = None  # the request in progress must be complete by then
@@ -104,7 +105,7 @@ class BufferedConnection:
                 received = self._receive(buf, deadline)
                 if not received:
                     self.replies.finish()
-                    return
+                    break
                 self.server.stats.bytes_read += received
                 del buf[:self.process(buf)]
                 self.send()
@@ -122,6 +123,7 @@ class BufferedConnection:
             self.replies.release()
             self.io.close()
             self.session.close()
+        return self.io.ended
 
     def watching(self, call: Callable[[], T], waits: bool = True) -> T:
         """Run a session call that `waits` for items while watching the socket.
@@ -165,21 +167,24 @@ class Connection(Protocol):
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None: ...
 
-    def run(self) -> None: ...
+    def run(self) -> bool:
+        """Serve the client until it leaves; True when it ended the stream and all of it was read
+        (the socket then closes without lingering)."""
 
 
 def make_listener(connection: type[Connection], server: ServerState, listener: tuple[str, int]) -> Listener:
     """A listener running one `connection` per client (every protocol's)."""
 
-    def handle(sock: socket.socket, address: tuple[str, int]) -> None:
+    def handle(sock: socket.socket, address: tuple[str, int]) -> bool:
         peer = f"{address[0]}:{address[1]}"
         try:
-            connection(server, sock, peer).run()
+            return connection(server, sock, peer).run()
         except SendTimeout:
             log.info("closing a client that stopped reading its replies", client=peer,
                      protocol=connection.protocol, limit="client_timeout")
         except (ConnectionError, OSError):
             pass  # the listener closes the socket
+        return False
 
     return Listener(connection.protocol, listener, handle, server.config.max_connections,
                     server.config.tcp_keepalive)

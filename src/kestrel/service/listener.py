@@ -7,7 +7,9 @@ attempts, and picks up the clients waiting in the backlog as soon as descriptors
 
 A client whose machine vanished (power cut, a dropped route) sends no FIN: without TCP keepalive its
 connection, its waits and its open memcache reads would stay until `client_timeout`, which is
-unlimited by default. So every accepted connection is probed once idle for `tcp_keepalive`.
+unlimited by default. So every accepted connection is probed once idle for `tcp_keepalive`: the
+options are set on the listening socket, from which each accepted connection takes them (Linux), rather
+than four system calls a connection.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.listener")
 
-Handler = Callable[[Any, tuple[str, int]], None]
+# Serves one connection; True when its client ended the stream and all it sent was read, so that
+# the socket closes at once (nothing unread, nothing more to come: no lingering close needed).
+Handler = Callable[[Any, tuple[str, int]], bool | None]
 
 # accept() fails with these while the process or the system has no descriptor (or buffer) to spare.
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -69,11 +73,12 @@ class Listener:
         self.name = name
         self.cooperative = cooperative
         self.handle = handle
-        self.keepalive_ms = keepalive_ms
         self.pool = Pool(max_connections)
         self.warn_interval = warn_interval
         self.socket = gsocket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if keepalive_ms is not None:
+            set_keepalive(self.socket, keepalive_ms)  # inherited by every connection it accepts
         self.socket.bind(address)
         self.socket.listen(LISTEN_BACKLOG)
         self.address: tuple[str, int] = self.socket.getsockname()[:2]
@@ -140,10 +145,9 @@ class Listener:
         self._last_warning = None
 
     def _serve(self, sock: socket.socket | gsocket, address: tuple[str, int]) -> None:
+        ended = False
         try:
-            if self.keepalive_ms is not None:
-                set_keepalive(sock, self.keepalive_ms)
-            self.handle(sock, address)
+            ended = self.handle(sock, address) is True
         except OSError:
             pass  # the client went away; the handler has closed its session
         except Exception:
@@ -151,7 +155,10 @@ class Listener:
                           client=f"{address[0]}:{address[1]}")
         finally:
             self.connections.discard(sock)
-            close_lingering(sock)  # the replies sent last reach the client, whatever it sent after
+            if ended:
+                sock.close()
+            else:
+                close_lingering(sock)  # the replies sent last reach the client, whatever it sent after
             MEMORY_RETURN.closed()  # after a wave of closes, their memory goes back to the system
 
     # -----------------------------------------------------------------------------------------

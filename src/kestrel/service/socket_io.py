@@ -82,8 +82,10 @@ class SendTimeout(TimeoutError):
 
 def accepted(sock: gsocket) -> socket.socket:
     """The OS socket of a connection gevent's listening socket accepted, in non-blocking mode; it
-    takes over the descriptor (the gevent socket is left closed) and is what the connection uses."""
-    os_socket = _OSSocket(fileno=sock.detach())
+    takes over the descriptor (the gevent socket is left closed) and is what the connection uses.
+    Its family, type and protocol are passed on, else the new socket asks the kernel for them (three
+    system calls a connection)."""
+    os_socket = _OSSocket(sock.family, sock.type, sock.proto, sock.detach())
     os_socket.setblocking(False)
     return os_socket
 
@@ -114,6 +116,8 @@ class ClientSocket:
         self.sock = sock
         self.chunk = chunk
         self.drained = True  # the last receive took all there was (it did not fill its room)
+        # a receive found the end of the stream: the client closed its side and all it sent was read
+        self.ended = False
         self.in_place = False  # receives land in the input itself (a large receive was seen)
         # a receive waited for input since this was last cleared (src/kestrel/service/turns.py)
         self.waited = False
@@ -138,6 +142,7 @@ class ClientSocket:
                 self.waited = True
                 self._wait_readable(timeout)
         buf += scratch[:n]
+        self.ended = n == 0
         self.drained = n < self.chunk
         self.in_place = n >= IN_PLACE_FROM and lengthen is not None
         return n
@@ -157,6 +162,7 @@ class ClientSocket:
                 room_view.release()  # whoever still holds it (a traceback), `buf` can be resized
                 del buf[have + max(n, 0):]
             if n >= 0:
+                self.ended = n == 0
                 self.drained = n < room
                 return n
             self.waited = True

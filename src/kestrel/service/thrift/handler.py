@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import structlog
@@ -19,6 +20,7 @@ import structlog
 from kestrel.contract import kestrel_thrift
 from kestrel.service import metrics
 from kestrel.service.buffered_connection import make_listener
+from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session, SessionError
@@ -29,6 +31,7 @@ from kestrel.service.thrift.messages import (
     PROTOCOL_ERROR,
     UNKNOWN,
     UNKNOWN_METHOD,
+    Method,
     encode_exception,
     encode_reply,
     read_args,
@@ -109,6 +112,21 @@ class ThriftHandler:
         return self.session.server.version
 
 
+# Each method's handler function, contract and answer-time histogram, looked up once in the process
+# (at the first connection, so that a server without Thrift clients shows no Thrift series): every
+# connection shares them, where each once built its own table at a cost that showed in a connect.
+Call = tuple[Callable[..., Any], Method, HistogramSeries]
+_calls: dict[str, Call] = {}
+
+
+def method_calls() -> dict[str, Call]:
+    """The table every connection answers calls from (`_calls`), made on first use."""
+    if not _calls:
+        _calls.update({name: (getattr(ThriftHandler, name), method, metrics.request_latency("thrift", name))
+                       for name, method in METHODS.items()})
+    return _calls
+
+
 class ThriftConnection:
     """One client: read a request, call the handler, write the reply; errors map here, once."""
 
@@ -122,12 +140,11 @@ class ThriftConnection:
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
         self.handler = ThriftHandler(self.session)
-        # Each method's handler, contract and answer-time histogram, looked up once per connection.
-        self.calls = {name: (getattr(self.handler, name), method, metrics.request_latency("thrift", name))
-                      for name, method in METHODS.items()}
+        self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Serve the client until it leaves; True when it ended the stream and all of it was read."""
         self.stream.replies.hold()
         try:
             try:
@@ -142,6 +159,7 @@ class ThriftConnection:
             self.stream.replies.release()
             self.stream.close()
             self.session.close()
+        return self.stream.io.ended
 
     def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:
         return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
@@ -213,10 +231,10 @@ class ThriftConnection:
 
     def _call(self, name: str, seqid: int, args: dict[str, Any]) -> bytes:
         """The reply to a call of method `name` (one the contract has) with `args`, timed."""
-        handler, method, latency = self.calls[name]
+        function, method, latency = self.calls[name]
         started = time.perf_counter()
         try:
-            result = handler(**args)
+            result = function(self.handler, **args)
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:
