@@ -488,11 +488,15 @@ def test_a_round_waiting_when_the_process_forks_does_not_take_the_childs_results
         mine = gevent.spawn(way.fsync_all, [child.fd])
         mine.join(timeout=10)
         leftover.join(timeout=1)
-        ok = mine.successful() and mine.value == [None] and not leftover.successful()
-        os._exit(0 if ok else 1)
+        # Each way to fail exits with its own code, which the parent names.
+        os._exit(2 if not mine.ready() else 3 if not mine.successful() else 4 if mine.value != [None]
+                 else 5 if leftover.successful() else 0)
     leftover.join(timeout=10)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    code = os.waitstatus_to_exitcode(status)
+    assert code == 0, {1: "the child raised", 2: "the child's round never ended", 3: "the child's round failed",
+                       4: "the child's round returned another's results",
+                       5: "the parent's round ended in the child"}.get(code, code)
     assert leftover.successful() and leftover.value == [None]  # the parent's round is the parent's
 
 
