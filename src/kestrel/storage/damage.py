@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
@@ -35,6 +36,32 @@ class Remedy(enum.Enum):
     CUT = "cut"  # kept before `offset`, the rest copied aside
     NONE = "nothing to move"  # a missing file; a file cut short, whose whole records are kept
 
+
+
+class RecordFile(Protocol):
+    """A reader of one journal file's records, either format's."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+def items_before_damage(open_file: Callable[[], RecordFile], is_item: Callable[[Any], bool]) -> int | None:
+    """How many of a file's records are items, counted up to its end or its first damage (None if
+    it cannot be read at all): what setting it aside would withhold."""
+    try:
+        reader = open_file()
+    except (OSError, CorruptJournalError):
+        return None
+    count = 0
+    try:
+        for record in reader:
+            count += is_item(record)
+    except CorruptJournalError:
+        pass
+    finally:
+        reader.close()
+    return count
 
 @dataclass(frozen=True)
 class Finding:

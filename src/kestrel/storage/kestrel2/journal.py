@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import time
+from functools import partial
 from typing import Protocol
 
 import structlog
@@ -631,21 +632,8 @@ def _mismatched(path: str, entry: manifest.Entry, why: str) -> damage.Finding:
 
 
 def count_items(path: str) -> int | None:
-    """The items a journal file adds, counted up to its end or its first damage (None if it cannot
-    be read at all)."""
-    try:
-        reader = JournalReader(path)
-    except OSError:
-        return None
-    count = 0
-    try:
-        for _offset, record in reader:
-            count += isinstance(record, ADDS)
-    except CorruptJournalError:
-        pass
-    finally:
-        reader.close()
-    return count
+    """The items a journal file adds, counted up to its end or its first damage."""
+    return damage.items_before_damage(partial(JournalReader, path), lambda entry: isinstance(entry[1], ADDS))
 
 
 def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:

@@ -159,19 +159,7 @@ class ManifestCheck:
 
 def count_items(path: str) -> int | None:
     """The items a writer file holds, counted up to its end or its first damage."""
-    try:
-        reader = RecordReader(path, k3.FileKind.WRITER)
-    except (OSError, CorruptJournalError):
-        return None
-    count = 0
-    try:
-        for _ in reader:
-            count += 1
-    except CorruptJournalError:
-        pass
-    finally:
-        reader.close()
-    return count
+    return damage.items_before_damage(partial(RecordReader, path, k3.FileKind.WRITER), lambda _record: True)
 
 
 def manifest_findings(queue_path: str, name: str) -> list[damage.Finding]:
