@@ -94,6 +94,12 @@ def cpu_per_item(binary: Path, server: peers.Running, port: str, protocol: str, 
     return best
 
 
+def growth(few: Cost, many: Cost) -> float:
+    """CPU per item under the heavier load over the lighter's (NaN where a run was too short for
+    /proc's clock ticks to see the server)."""
+    return many.cpu_us_per_item / few.cpu_us_per_item if few.cpu_us_per_item else float("nan")
+
+
 # Each server's figures on 4 queues and on many, and % of a core idle holding the many.
 QueueFigures = dict[str, tuple[Cost, Cost, float]]
 
@@ -119,7 +125,7 @@ def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> Queue
             if "admin" in server.ports:
                 polls.append((label, *stats_poll(server)))
         figures[label] = (few, many, idle)
-        ratio = many.cpu_us_per_item / few.cpu_us_per_item
+        ratio = growth(few, many)
         print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | {ratio:.2f} "
               f"| {idle:.2f} |", flush=True)
     print(f"\n`GET /stats.json` with {args.queues:,} queues, and a light client's rounds meanwhile:\n")
@@ -237,7 +243,7 @@ def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str,
                                 queues=4)
         figures[label] = (few, many)
         print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | "
-              f"{many.cpu_us_per_item / few.cpu_us_per_item:.2f} |", flush=True)
+              f"{growth(few, many):.2f} |", flush=True)
     return figures
 
 
