@@ -4,8 +4,8 @@ or a folder.
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
 that the fault tests can replace them to fail a write or an fsync in either build. `write` is the
-system call itself, which every `write_all` goes through too: a journal's append calls it straight,
-so no Python frame runs between the compiled request path and the kernel.
+system call itself (`os.write` as it was at import): a journal's append calls it straight, so no
+Python frame runs between the compiled request path and the kernel.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ write = os.write
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
-    """`write` until every byte is written (a short write means the disk is full: it raises)."""
-    done = write(fd, data)
+    """os.write until every byte is written (a short write means the disk is full: it raises)."""
+    done = os.write(fd, data)
     while done < len(data):
-        n = write(fd, memoryview(data)[done:])
+        n = os.write(fd, memoryview(data)[done:])
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += n
