@@ -34,19 +34,28 @@ class FailingDisk:
         self.full = False
         self.only: str | None = None  # fail only the journal of this queue
         self.failures = 0
-        self._real = disk_calls.write_all
+        self._real = disk_calls.write
+        self._real_all = disk_calls.write_all
 
-    def write_all(self, fd: int, data: bytes) -> None:
+    def _fail(self, fd: int, data: bytes | memoryview) -> None:
         if self.full and (self.only is None or os.readlink(f"/proc/self/fd/{fd}").endswith("/" + self.only)):
             self.failures += 1
             os.write(fd, data[: max(1, len(data) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._real(fd, data)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self._fail(fd, data)
+        return self._real(fd, data)
+
+    def write_all(self, fd: int, data: bytes | memoryview) -> None:
+        self._fail(fd, data)
+        self._real_all(fd, data)
 
 
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingDisk]:
     fake = FailingDisk()
+    monkeypatch.setattr(disk_calls, "write", fake.write)
     monkeypatch.setattr(disk_calls, "write_all", fake.write_all)
     yield fake
 

@@ -366,8 +366,8 @@ def test_closing_reads_in_a_batch_journals_as_one_by_one_in_one_write(tmp_path: 
     close = getattr(single, many)
     assert [close("q", [xid]) for xid in closing] == [1, 1, 0]
     appends: list[bytes] = []
-    write_all = disk.write_all
-    monkeypatch.setattr(disk, "write_all", lambda fd, data: (appends.append(data), write_all(fd, data))[1])
+    write = disk.write
+    monkeypatch.setattr(disk, "write", lambda fd, data: (appends.append(data), write(fd, data))[1])
     assert getattr(batch, many)("q", closing) == 2
     assert len(appends) == 1
     assert _journal_bytes(single) == _journal_bytes(batch)

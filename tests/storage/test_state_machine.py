@@ -125,13 +125,13 @@ class QueueModel(RuleBasedStateMachine):
             "abort": lambda: self.coll.unremove("q", [xid]) or None,
             "flush": lambda: self.coll.flush("q"),
         }
-        real = disk.write_all
+        real = disk.write
 
-        def full(fd: int, payload: bytes) -> None:
+        def full(fd: int, payload: bytes | memoryview) -> int:
             os.write(fd, payload[: max(1, len(payload) // 2)])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        disk.write_all = full
+        disk.write = full
         try:
             result = calls[op]()
         except JournalWriteError as e:
@@ -139,7 +139,7 @@ class QueueModel(RuleBasedStateMachine):
         else:
             assert result is None  # nothing to do, so nothing was written
         finally:
-            disk.write_all = real
+            disk.write = real
 
     @precondition(lambda self: self.budget)
     @rule(advance=st.integers(0, 500))

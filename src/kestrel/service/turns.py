@@ -10,16 +10,17 @@ not do: the loop runs such wake-ups in batches before it looks at the sockets ag
 
 from __future__ import annotations
 
-import time
+from typing import Final
 
 import gevent
 
 from kestrel.service.socket_io import ClientSocket
+from kestrel.storage.clock import perf_counter
 
 # Seconds of work without waiting before a connection steps aside. A light client's round under a
 # flood is about one turn of each flooder: 1 ms halved it from 2 ms, and the flood's own rate did not
 # move (bench/bench_fairness.py, 2026-11-27).
-TURN = 0.001
+TURN: Final = 0.001
 
 
 class Turns:
@@ -29,15 +30,15 @@ class Turns:
 
     def __init__(self, io: ClientSocket) -> None:
         self.io = io
-        self.ends = time.perf_counter() + TURN
+        self.ends = perf_counter() + TURN
 
     def over(self) -> bool:
         """Whether the connection has worked a whole turn since it last waited or stepped aside."""
         if self.io.waited:
             self.io.waited = False
-            self.ends = time.perf_counter() + TURN
+            self.ends = perf_counter() + TURN
             return False
-        return time.perf_counter() >= self.ends
+        return perf_counter() >= self.ends
 
     def pause(self) -> None:
         """Step aside if the turn is over: between requests, and between the slices of a large one."""
@@ -47,7 +48,7 @@ class Turns:
     def step_aside(self) -> None:
         """Let every other ready connection run, then start a new turn."""
         step_aside()
-        self.ends = time.perf_counter() + TURN
+        self.ends = perf_counter() + TURN
 
 
 def step_aside() -> None:

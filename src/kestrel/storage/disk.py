@@ -2,14 +2,18 @@
 or a folder.
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
-`disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so that the
-fault tests can replace them to fail a write or an fsync in either build.
+`disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
+that the fault tests can replace them to fail a write or an fsync in either build. `write` is the
+system call itself (`os.write` as it was at import): a journal's append calls it straight, so no
+Python frame runs between the compiled request path and the kernel.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+
+write = os.write
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

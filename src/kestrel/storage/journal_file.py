@@ -12,13 +12,13 @@ import contextlib
 import errno
 import os
 import shutil
-import time
 from collections.abc import Callable
 from typing import Protocol
 
 import structlog
 
 from kestrel.storage import disk
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
@@ -122,10 +122,10 @@ timings: dict[str, Callable[[float], None]] = {}
 
 
 def record_timing(event: str, started: float) -> None:
-    """Report the time since `started` (a `time.perf_counter()` reading) to the event's observer."""
+    """Report the time since `started` (a `perf_counter()` reading) to the event's observer."""
     observe = timings.get(event)
     if observe is not None:
-        observe(time.perf_counter() - started)
+        observe(perf_counter() - started)
 
 
 class AppendLog(Protocol):
@@ -189,11 +189,13 @@ class JournalWriter:
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
         """
-        started = time.perf_counter()
+        started = perf_counter()
         if self.damaged or self.fd < 0:
             self._ready()
         try:
-            disk.write_all(self.fd, data)
+            written = disk.write(self.fd, data)
+            if written < len(data):
+                disk.write_all(self.fd, memoryview(data)[written:])
         except OSError:
             self._cut_back()
             raise
@@ -206,7 +208,7 @@ class JournalWriter:
     def append_parts(self, parts: list[bytes]) -> None:
         """`append` the records given as pieces, in one gathering write (`disk.writev_all`): the pieces
         (an item among them) reach the OS from where they are, not copied into one string."""
-        started = time.perf_counter()
+        started = perf_counter()
         if self.damaged or self.fd < 0:
             self._ready()
         try:
@@ -259,7 +261,7 @@ class JournalWriter:
         round with every other journal; elsewhere writers of this journal share its next fsync."""
         if self.synced >= position:
             return
-        started = time.perf_counter()
+        started = perf_counter()
         group_commit = self.runtime.group_commit()
         if group_commit is not None:
             group_commit.sync(self, position)

@@ -10,9 +10,8 @@ bounded by `max_line_length` and items by `max_frame_size` before anything is al
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import structlog
 
@@ -32,23 +31,31 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import dump_stats, memcache_stats, queue_blocks
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import InvalidQueueName, KestrelError
 
 log = structlog.get_logger("kestrel.memcache")
 
-CRLF = b"\r\n"
-END = b"END\r\n"
-STORED = b"STORED\r\n"
-NOT_STORED = b"NOT_STORED\r\n"
-REPLY, NOREPLY = b"\x01", b"\x00"  # a set's byte in a run's `answered`: whether it wants a reply
+# `Final`: the compiled build reads these as constants, not from the module's dictionary.
+CRLF: Final = b"\r\n"
+END: Final = b"END\r\n"
+STORED: Final = b"STORED\r\n"
+NOT_STORED: Final = b"NOT_STORED\r\n"
+# a set's byte in a run's `answered`: whether it wants a reply
+REPLY: Final = b"\x01"
+NOREPLY: Final = b"\x00"
 
 
-BINARY_MAGIC = 0x80
-BINARY_HEADER = 24
+BINARY_MAGIC: Final = 0x80
+BINARY_HEADER: Final = 24
 BINARY_REFUSAL = b"binary protocol not supported: use the memcache text protocol"
 # The first byte of a command that may begin a run, where the scanner was built.
-SET_START, GET_START = ord("s"), ord("g")
-RUN_STARTS = (SET_START, GET_START) if scan_sets is not None else ()
+SET_START: Final = ord("s")
+GET_START: Final = ord("g")
+RUN_STARTS: Final = (SET_START, GET_START) if scan_sets is not None else ()
+# The scanner's entry points, bound once (a `Final` name is a C static in the compiled build).
+_scan_sets: Final = scan_sets
+_scan_gets: Final = scan_gets
 
 
 def binary_refusal(header: bytes) -> bytes:
@@ -99,15 +106,15 @@ class MemcacheConnection(BufferedConnection):
                 raise CloseConnection
             if first in RUN_STARTS and not self.skip_line:  # a run of plain sets or gets, read in one step
                 if first == SET_START:
-                    assert scan_sets is not None
-                    sets = scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
+                    assert _scan_sets is not None
+                    sets = _scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
                     if sets is not None:
                         key, exptime, datas, answered, pos = sets
                         self.store(key.decode(), exptime, datas, answered)
                         continue
                 else:
-                    assert scan_gets is not None
-                    gets = scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
+                    assert _scan_gets is not None
+                    gets = _scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
                     if gets is not None:
                         key, count, pos = gets
                         self.fetch(key, count)
@@ -164,7 +171,7 @@ class MemcacheConnection(BufferedConnection):
         accepted, then NOT_STORED, or the error, for the one refused, and the rest put again, so
         that each set is answered as it would have been alone; nothing for those sent with noreply
         (`answered` has a 0 there)."""
-        started = time.perf_counter()
+        started = perf_counter()
         expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
         count = len(datas)
         done = 0
@@ -189,13 +196,13 @@ class MemcacheConnection(BufferedConnection):
             count = done + 1  # the connection ends at this set: the run's later sets are never read
             raise
         finally:
-            self.set_latency.observe_many(time.perf_counter() - started, count)
+            self.set_latency.observe_many(perf_counter() - started, count)
 
     def fetch(self, key: bytes, count: int) -> None:
         """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found
         answer the first gets, END alone the others. A get that meets an error answers it and the
         rest get again; beside an open read the first answers ERROR and the connection closes."""
-        started = time.perf_counter()
+        started = perf_counter()
         queue = key.decode()
         done = 0
         try:
@@ -219,7 +226,7 @@ class MemcacheConnection(BufferedConnection):
             count = done + 1  # the connection ends at this get: the run's later gets are never read
             raise
         finally:
-            self.get_latency.observe_many(time.perf_counter() - started, count)
+            self.get_latency.observe_many(perf_counter() - started, count)
 
     def _error(self, e: Exception) -> bytes:
         if isinstance(e, InvalidQueueName | SessionError):
@@ -231,7 +238,7 @@ class MemcacheConnection(BufferedConnection):
 
     def execute(self, command: Command) -> None:
         handler, latency = self.commands.get(command.name) or self._command(command.name)
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             handler(command)
         except (CloseConnection, ConnectionError, ClientGone):
@@ -246,7 +253,7 @@ class MemcacheConnection(BufferedConnection):
         except Exception as unexpected:
             self.reply(command, self._error(unexpected))
         finally:
-            latency.observe(time.perf_counter() - started)
+            latency.observe(perf_counter() - started)
 
     def _command(self, name: str) -> tuple[Callable[[Command], None], HistogramSeries]:
         found = self.commands[name] = (getattr(self, f"do_{name}"), metrics.request_latency("memcache", name))

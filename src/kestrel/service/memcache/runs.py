@@ -18,8 +18,9 @@ it without a compiler.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
-RUN_LIMIT = 1024  # commands in one run: a run's work stays well within a connection's turn
+RUN_LIMIT: Final = 1024  # commands in one run: a run's work stays well within a connection's turn
 
 
 def values_python(key: bytes, datas: list[bytes], misses: int) -> bytes:

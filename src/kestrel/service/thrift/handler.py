@@ -11,7 +11,6 @@ so its connection is closed after the reply.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -41,6 +40,7 @@ from kestrel.service.thrift.messages import (
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
 from kestrel.service.thrift.transport import ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.item import TakenItems
 
@@ -169,12 +169,13 @@ class ThriftConnection:
         plain binary call in one compiled step, any other by the protocol's reader."""
         stream, turns, cfg = self.stream, self.turns, self.cfg
         max_frame, plain = cfg.max_frame_size, self.reader_cls is BinaryReader
-        limits = (cfg.max_batch_items, cfg.max_batch_bytes)
+        max_items, max_bytes = cfg.max_batch_items, cfg.max_batch_bytes
+        # (no `*` in the calls: the compiled build then calls the compiled function straight)
         while stream.wait_request():
-            call = read_buffered_frame(stream.buf, max_frame, *limits) if plain else None
+            call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None
             if call is None:
                 end = stream.whole_frame(max_frame)
-                call = read_buffered_frame(stream.buf, max_frame, *limits) if plain else None
+                call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None
             if call is not None:
                 del stream.buf[:call[3]]
                 reply: bytes | None = self._call(call[0], call[1], call[2])
@@ -235,7 +236,7 @@ class ThriftConnection:
     def _call(self, name: str, seqid: int, args: dict[str, Any]) -> bytes:
         """The reply to a call of method `name` (one the contract has) with `args`, timed."""
         function, method, latency = self.calls[name]
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             result = function(self.handler, **args)
         except KestrelError as e:
@@ -244,7 +245,7 @@ class ThriftConnection:
             log.exception("thrift call failed", method=name, client=self.peer)
             return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {unexpected!r}")
         finally:
-            latency.observe(time.perf_counter() - started)
+            latency.observe(perf_counter() - started)
         return encode_reply(self.writer_cls, method, seqid, result)
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from typing import Final
 
 from kestrel.service.replies import Replies
 from kestrel.service.session.stats import ServerStats
 from kestrel.service.socket_io import GATHER_FROM, ClientSocket
 
 RECV_CHUNK = 256 * 1024
-_FRAME_HEADER = struct.Struct("!i")
+_FRAME_HEADER: Final = struct.Struct("!i")
 
 
 class ConnectionDone(Exception):

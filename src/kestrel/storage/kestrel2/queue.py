@@ -22,7 +22,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import structlog
 
@@ -48,7 +48,7 @@ log = structlog.get_logger("kestrel.queue")
 # A put with an item of this many bytes or more is written with its items where they are (one
 # gathering write of headers and items) instead of copied into one string of records: copying a
 # small item costs less than a piece of the write.
-WRITTEN_WHERE_THEY_ARE = 512
+WRITTEN_WHERE_THEY_ARE: Final = 512
 
 
 class Kestrel2Queue(PersistentQueue):
@@ -232,7 +232,7 @@ class Kestrel2Queue(PersistentQueue):
     def _log_put(self, items: list[bytes], now: int, expiry: int, first_id: int) -> None:
         if self._journal.writer is None:
             return
-        if items and max(map(len, items)) >= WRITTEN_WHERE_THEY_ARE:
+        if any(len(data) >= WRITTEN_WHERE_THEY_ARE for data in items):
             self._journal.write_parts(codec.addx_parts(now, expiry, items))
         else:
             self._journal.write(codec.encode_addx_many(now, expiry, items))
