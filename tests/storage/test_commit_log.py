@@ -662,7 +662,11 @@ class GeventWithFsyncs(GeventRuntime):
         return self._group_commit
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
-        if getattr(fn, "__func__", None) is commit_log.CommitLog._tick:
+        # Told by name and owner: a compiled log's bound method has no `__func__` to compare. Left
+        # to fire, a checkpoint of a log abandoned by a simulated power cut deletes the segments of
+        # the log the test opens next on the same path.
+        if getattr(fn, "__name__", "") == "_tick" and isinstance(getattr(fn, "__self__", None),
+                                                                 commit_log.CommitLog):
             return NeverFires()
         return super().call_later(seconds, fn)
 

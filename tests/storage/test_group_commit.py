@@ -525,3 +525,56 @@ def test_an_eventfd_is_read_once_above_zero_and_a_wake_up_that_finds_it_at_zero_
         assert os.eventfd_read(fd) == 1
     finally:
         os.close(fd)
+
+
+def test_a_round_on_the_c_threads_runs_with_no_greenlet_and_fails_only_its_own_journal(tmp_path: Path) -> None:
+    way = c_threads()
+    commit = GroupCommit(way)
+    good, closed = Journal(tmp_path / "good"), Journal(tmp_path / "closed")
+    good_end, closed_end = good.append(b"x"), closed.append(b"y")
+    os.close(closed.fd)  # its fdatasync fails with EBADF; the journal still names its old descriptor
+    waiters = [gevent.spawn(commit.sync, good, good_end), gevent.spawn(commit.sync, closed, closed_end)]
+    gevent.joinall(waiters)
+    assert commit.runner is None  # handed out by a callback of the loop, ended by the eventfd's watcher
+    assert waiters[0].successful() and good.synced == good_end
+    error = waiters[1].exception
+    assert isinstance(error, OSError) and error.errno == errno.EBADF and closed.synced == 0
+
+
+def test_a_waiting_round_and_a_round_with_no_waiter_on_the_c_threads_take_turns(tmp_path: Path) -> None:
+    way = c_threads()
+    commit = GroupCommit(way)
+    journals = [Journal(tmp_path / f"q{i}") for i in range(3)]
+    ends = [j.append(b"record") for j in journals]
+    logged = gevent.spawn(commit.sync, journals[0], ends[0])
+    while commit._running is None:  # until the commit's round is on the threads
+        gevent.sleep(0)
+    assert way.fsync_all([journals[1].fd, journals[2].fd]) == [None, None]  # after it, with its own results
+    logged.join(timeout=10)
+    assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None
+
+
+def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_path: Path) -> None:
+    way = c_threads()
+    commit = GroupCommit(way)
+    parent = Journal(tmp_path / "parent")
+    end = parent.append(b"x")
+    leftover = gevent.spawn(commit.sync, parent, end)
+    while commit._running is None:  # until the round is on the threads, its end awaited by the watcher
+        gevent.sleep(0)
+    pid = os.fork()
+    if pid == 0:
+        gevent.reinit()
+        leftover.join(timeout=10)
+        child = Journal(tmp_path / "child")
+        mine = gevent.spawn(way.fsync_all, [child.append(b"y") and child.fd])
+        mine.join(timeout=10)
+        os._exit(2 if not leftover.ready() else 3 if leftover.successful() else
+                 4 if not mine.ready() or mine.value != [None] else 0)
+    leftover.join(timeout=10)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code == 0, {2: "the parent's round left its waiter waiting in the child",
+                       3: "the parent's round ended well in the child",
+                       4: "the child's own round failed"}.get(code, code)
+    assert leftover.successful() and parent.synced == end

@@ -127,6 +127,29 @@ class _Greenlet:
         self.greenlet.kill(block=False)
 
 
+class _LoopTimer:
+    """A call that a timer of the loop starts in a greenlet of its own once it is due. No greenlet
+    exists before: one that is cancelled (a round of the commit log that gathered its changes before
+    its timer, an auto-abort of a read confirmed in time) costs only the timer, where killing a
+    greenlet that never ran cost an exception."""
+
+    __slots__ = ("_timer", "_fn", "_greenlet")
+
+    def __init__(self, seconds: float, fn: Callable[[], None]) -> None:
+        self._fn = fn
+        self._greenlet: gevent.Greenlet[Any, Any] | None = None
+        self._timer = gevent.get_hub().loop.timer(seconds)
+        self._timer.start(self._due)
+
+    def _due(self) -> None:
+        self._greenlet = gevent.spawn(self._fn)
+
+    def cancel(self) -> None:
+        self._timer.stop()
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)  # due, not yet run: it does not start
+
+
 class _NoLock:
     """Gevent's lock: nothing to take, since a greenlet is never preempted inside a change."""
 
@@ -160,7 +183,7 @@ class GeventRuntime:
         return _Greenlet(gevent.spawn(fn))
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> Timer:
-        return _Greenlet(gevent.spawn_later(seconds, fn))
+        return _LoopTimer(seconds, fn)
 
     def event(self) -> Event:
         event: Event = gevent.event.Event()

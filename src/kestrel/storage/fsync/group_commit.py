@@ -13,6 +13,9 @@ oversubscribed they wait for a turn far longer than our own threads do). With `K
 round of two or more journals on one file system is one syncfs instead (`src/kestrel/storage/fsync/syncfs.py`:
 one commit of the file system for the whole round, on the same threads), where the kernel reports its
 errors.
+On the C threads a round needs no greenlet: it is handed out by a callback on the loop and ends in
+the callback of the eventfd's watcher, which tells its waiters and hands out the next round (other
+ways, and a round the C threads cannot take at once, run in a greenlet that waits for them).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -140,7 +143,9 @@ class ThreadFsync:
 class NativeThreadFsync:
     """A round's fsyncs on C threads (`src/kestrel/storage/fsync/_fsync_many.c`): `start` hands them out and
     returns, the last to finish adds 1 to an eventfd the loop watches, and `finish` collects the results; no
-    Python thread takes part, so the interpreter lock never changes hands for a round.
+    Python thread takes part, so the interpreter lock never changes hands for a round. A greenlet
+    waits for the round (`fsync_all`), or nothing does and the watcher's callback passes the
+    results on (`begin`).
 
     The helper's threads and its round belong to the process, so there is one of these per process
     (`native_threads()`), and its rounds take turns. The eventfd is made at once (at import, for the
@@ -157,6 +162,7 @@ class NativeThreadFsync:
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
         self._abandoned = False  # a round whose waiter was killed: finished before the next starts
         self._forks = 0  # how many times this process was forked from the one that made this
+        self._then: tuple[Callable[[list[OSError | None]], None], int] | None = None  # `begin`'s round
         os.register_at_fork(after_in_child=self._new_eventfd)
 
     @staticmethod
@@ -171,11 +177,19 @@ class NativeThreadFsync:
         """A forked child must not share its parent's eventfd (each would read the other's rounds),
         nor wait for a turn that a greenlet of its parent held; a parent's round that was waiting
         when the process forked fails in the child instead of reading the child's rounds."""
+        if self._watcher is not None:
+            self._watcher.stop()
         if self._eventfd >= 0:
             os.close(self._eventfd)
         self._eventfd, self._watcher, self._abandoned = self._make_eventfd(), None, False
         self._turn = gevent.lock.Semaphore()
         self._forks += 1
+        if self._then is not None:  # a parent's round: it fails in the child, on the child's loop
+            then, size = self._then
+            self._then = None
+            failed: list[OSError | None] = [OSError(errno.EIO, "an fsync round begun before this process "
+                                                    "was forked")] * size
+            gevent.get_hub().loop.run_callback(then, failed)
 
     @property
     def ready(self) -> bool:
@@ -188,6 +202,44 @@ class NativeThreadFsync:
     def syncfs_all(self, fds: list[int]) -> list[OSError | None]:
         """The syncfs of each descriptor's file system (callers check the kernel: `libc_syncfs`)."""
         return self._round(fds, syncfs=True)
+
+    def begin(self, fds: list[int], then: Callable[[list[OSError | None]], None]) -> bool:
+        """Hand an fdatasync of each of `fds` to the C threads and return at once: `then` is called
+        with the results on the event loop, by the eventfd's watcher, once all have run. No greenlet
+        waits for the round, so none is switched to and from for it. False, with nothing handed
+        out, when the threads serve another round or cannot tell the loop (no eventfd): the caller
+        then runs it with `fsync_all`."""
+        if not fds or self._eventfd < 0 or self._abandoned or not self._turn.acquire(blocking=False):
+            return False
+        try:
+            if self._watcher is None:
+                self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+            self._start(fds, self._eventfd, False)
+        except BaseException:
+            self._turn.release()
+            raise
+        self._then = (then, len(fds))
+        self._watcher.start(self._ended)
+        return True
+
+    def _ended(self) -> None:
+        """On the loop: the eventfd is readable. If `begin`'s round has ended, collect its results
+        and hand them on (a wake-up that finds the counter at zero waits on)."""
+        if self._then is None:
+            return
+        try:
+            os.eventfd_read(self._eventfd)
+        except BlockingIOError:
+            return
+        then, _ = self._then
+        self._then = None
+        assert self._watcher is not None
+        self._watcher.stop()
+        try:
+            codes = self._finish()
+        finally:
+            self._turn.release()
+        then([OSError(code, os.strerror(code)) if code else None for code in codes])
 
     def _round(self, fds: list[int], syncfs: bool) -> list[OSError | None]:
         if not fds:
@@ -314,9 +366,34 @@ class GroupCommit:
 
     def _start(self) -> None:
         if self._running is None and self._next is not None:
-            self.runner = gevent.spawn(self._run_rounds)
             self._running = self._next  # claimed now, so that no second runner starts
             self._next = None
+            if not self._begin_on_loop(self._running):
+                self.runner = gevent.spawn(self._run_rounds)
+
+    def _begin_on_loop(self, round_: Round) -> bool:
+        """Hand the claimed round to the C threads, to end in a callback on the loop
+        (`_ran_on_loop`) with no greenlet waiting for it; False where this way of fsyncing cannot
+        (then a runner greenlet runs it)."""
+        native = self._fsync_many
+        if not isinstance(native, NativeThreadFsync):
+            return False
+        journals = self._claim(round_)
+        if not journals:
+            return False
+        return native.begin([j.fd for j in journals], partial(self._ran_on_loop, round_, journals))
+
+    def _ran_on_loop(self, round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
+        """On the loop: a round begun there has run. Its waiters are told, and the round gathered
+        meanwhile begins."""
+        try:
+            self._record(round_, journals, errors)
+        finally:
+            round_.done.set()
+            self._running = self._next
+            self._next = None
+            if self._running is not None and not self._begin_on_loop(self._running):
+                self.runner = gevent.spawn(self._run_rounds)
 
     def _run_rounds(self) -> None:
         """Run the claimed round, then each round gathered meanwhile, until none is waiting."""
@@ -340,6 +417,12 @@ class GroupCommit:
             raise
 
     def _run(self, round_: Round) -> None:
+        journals = self._claim(round_)
+        self._record(round_, journals, self._fsync_all([j.fd for j in journals]))
+
+    @staticmethod
+    def _claim(round_: Round) -> list[Syncable]:
+        """The round begins: what each journal holds now is what it covers; the open journals."""
         journals = []
         for journal in round_.journals:
             round_.journals[journal] = journal.size
@@ -347,7 +430,11 @@ class GroupCommit:
                 round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
             else:
                 journals.append(journal)
-        for journal, error in zip(journals, self._fsync_all([j.fd for j in journals]), strict=True):
+        return journals
+
+    @staticmethod
+    def _record(round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
+        for journal, error in zip(journals, errors, strict=True):
             if error is not None:
                 round_.failed[journal] = error
             else:
