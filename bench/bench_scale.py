@@ -5,8 +5,9 @@
   connections, on 4 queues and on QUEUES queues each holding FILL items, the load spread over all of
   them (each round on the client's next queue): CPU µs per item, and the ratio of the two.
 - idle: the server still holding those QUEUES queues, no client: % of one core over IDLE seconds.
-- stats: `GET /stats.json` of the server holding those queues: how long it took (the least of
-  three), and the longest round of a light client (memcache `version`, one at a time) meanwhile.
+- stats: `GET /stats.json` and `GET /metrics` of the server holding those queues: how long each
+  took (the least of three), and the longest round of a light client (memcache `version`, one at a
+  time) meanwhile.
 - library: the same put + get through the storage alone (`QueueCollection`, in one process, no
   socket), on 4 queues and on QUEUES queues, the memory governor's tick and the expiry sweep called
   every ITEMS_PER_TICK items (about the server's rate over 250 ms): CPU µs per item of the put +
@@ -123,22 +124,25 @@ def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> Queue
             time.sleep(args.idle)
             idle = (process_cpu_seconds(server.pid) - before) / args.idle * 100
             if "admin" in server.ports:
-                polls.append((label, *stats_poll(server)))
+                polls.append((label, *stats_poll(server, "/stats.json"), *stats_poll(server, "/metrics")))
         figures[label] = (few, many, idle)
         ratio = growth(few, many)
         print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | {ratio:.2f} "
               f"| {idle:.2f} |", flush=True)
-    print(f"\n`GET /stats.json` with {args.queues:,} queues, and a light client's rounds meanwhile:\n")
-    print("| server | ms to answer | longest light round, ms |")
-    print("| --- | --- | --- |")
-    for label, took, longest in polls:
-        print(f"| {label} | {took * 1000:.0f} | {longest * 1000:.1f} |", flush=True)
+    print(f"\n`GET /stats.json` and `GET /metrics` with {args.queues:,} queues, and a light client's "
+          "rounds meanwhile:\n")
+    print("| server | /stats.json, ms to answer | longest light round, ms | /metrics, ms to answer | "
+          "longest light round, ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, took, longest, metrics_took, metrics_longest in polls:
+        print(f"| {label} | {took * 1000:.0f} | {longest * 1000:.1f} | {metrics_took * 1000:.0f} | "
+              f"{metrics_longest * 1000:.1f} |", flush=True)
     return figures
 
 
-def stats_poll(server: peers.Running) -> tuple[float, float]:
-    """Seconds a `GET /stats.json` took (the least of three), and the longest round of a light
-    memcache client (`version`, one request at a time) while they ran."""
+def stats_poll(server: peers.Running, path: str) -> tuple[float, float]:
+    """Seconds a `GET path` of the admin port took (the least of three), and the longest round of a
+    light memcache client (`version`, one request at a time) while they ran."""
     longest = 0.0
     polling = threading.Event()
     polling.set()
@@ -156,7 +160,7 @@ def stats_poll(server: peers.Running) -> tuple[float, float]:
     client = threading.Thread(target=light_client)
     client.start()
     took = float("inf")
-    url = f"http://127.0.0.1:{server['admin']}/stats.json"
+    url = f"http://127.0.0.1:{server['admin']}{path}"
     try:
         for _ in range(3):
             started = time.perf_counter()

@@ -13,10 +13,14 @@ import gevent
 import pytest
 import structlog
 from gevent import socket as gsocket
+from prometheus_client.parser import text_string_to_metric_families
 
+from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import memcache_stats, stats_document, stats_json
+from kestrel.storage import QueueConfigs
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import PACE, ManualRuntime
 
 QUEUES = 2 * PACE + 100  # three slices
@@ -90,3 +94,41 @@ def test_the_figures_of_every_queue_let_the_other_clients_in_between_slices(
     # Each walk over the queues (their figures; their items, bytes and memory summed; the JSON's
     # encoding) pauses after each slice but the last, for a turn of the loop: a round is two.
     assert rounds >= 3
+
+
+def _server_wide(body: bytes) -> dict[str, float]:
+    """The unlabelled samples of a `/metrics` page, by name."""
+    return {sample.name: sample.value for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples if not sample.labels}
+
+
+def test_metrics_sum_the_queues_figures_as_each_queue_shows_them(tmp_path: Path) -> None:
+    config = ServerConfig(queue_path=str(tmp_path / "queues"), queues=QueueConfigs({}, {"big": {"max_memory_size": 1000}}))
+    state = ServerState(config, runtime=ManualRuntime())
+    state.collection.load()
+    try:
+        state.collection.put("jobs", [b"abc"] * 3)
+        assert state.collection.remove("jobs", 2, transaction=True)  # two open reads
+        state.collection.put("big", [b"x" * 100] * 30)  # past its memory: paged out
+        state.collection.put("jobs+copy", [b"d"])
+        queues = stats_document(state)["queues"]
+        shown = _server_wide(metrics.render(state))
+        assert shown["kestrel_queues"] == len(queues) == 3
+        for key, figure in metrics.QUEUE_SUMS.items():
+            assert shown[figure.name] == sum(q[key] for q in queues.values()), key
+        assert shown["kestrel_open_reads"] == 2 and shown["kestrel_paged_out_bytes"] > 0
+        assert shown["kestrel_journal_bytes"] > 0
+    finally:
+        state.close()
+
+
+@pytest.mark.pure_build
+def test_metrics_build_no_queues_figures_and_let_the_other_clients_in(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(q: PersistentQueue) -> dict[str, int]:
+        raise AssertionError(f"/metrics built the figures of queue {q.name!r}")
+
+    monkeypatch.setattr(PersistentQueue, "stats", refused)
+    body, rounds = rounds_while(lambda: metrics.render(server))
+    assert _server_wide(body)["kestrel_queues"] == QUEUES
+    assert rounds >= 3  # the walks over the queues (items, bytes, the sums) pause after each slice

@@ -1,6 +1,7 @@
 """The expiry sweep (src/kestrel/storage/expiry.py) in both journal formats: it looks only at the
-queues whose head is due or that changed, and expires exactly what Kestrel's sweep does (expired
-items at the head, at most `max_expire_sweep` a round; an empty queue past `max_queue_age`)."""
+queues whose head is due (never at a queue that can expire nothing), and expires exactly what
+Kestrel's sweep does (expired items at the head, at most `max_expire_sweep` a round; an empty queue
+past `max_queue_age`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.runtime import ThreadsRuntime
 from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
@@ -162,3 +164,103 @@ def test_many_reschedules_keep_the_schedule_small(tmp_path: Path, journal_format
         coll.remove("q")
         coll.sweep()
     assert len(coll._expiry._heap) <= 2 * 1 + 64
+
+
+@pytest.mark.pure_build
+@FORMATS
+def test_a_queue_that_can_expire_nothing_is_never_looked_at(
+        tmp_path: Path, journal_format: str, looks: list[str]) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"aged": {"max_age": "1h"}})
+    for _ in range(5):  # puts, gets, reliable reads and aborts, the sweep every round
+        for i in range(100):
+            coll.put(f"q{i:03}", [b"never expires"] * 2)
+            taken = one(coll.remove(f"q{i:03}", transaction=True))
+            assert taken is not None and coll.unremove(f"q{i:03}", [taken.xid])
+            assert one(coll.remove(f"q{i:03}")) is not None
+        clock.advance(1_000)
+        assert coll.sweep() == 0
+    coll = reopen(coll)
+    coll.sweep()
+    assert looks == []
+    coll.put("aged", [b"capped by max_age"])  # a queue whose settings age its items is watched
+    assert drain(coll, "q000") == [b"never expires"] * 5 and set(looks) == {"aged"}
+    coll.put("q000", [b"soon"], T0 + 10_000)  # and one given an item with an expiry, from then on
+    assert set(looks) == {"aged", "q000"}
+    clock.advance(5_000)
+    assert coll.sweep() == 1 and coll.queue("q000").length == 0
+
+
+@FORMATS
+def test_items_on_disk_at_start_up_expire_once_they_reach_the_head(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"q": {"max_memory_size": 1000}})
+    coll.put("q", [b"n" * 100] * 20)  # never expire, and fill memory: read-behind
+    coll.put("q", [b"a", b"b"], T0 + 1_000)
+    coll.put("q", [b"kept"])
+    coll = reopen(coll)
+    assert coll.queue("q").in_read_behind
+    clock.advance(2_000)
+    assert coll.sweep() == 0  # the head never expires
+    assert len(coll.remove("q", 20)) == 20
+    assert coll.sweep() == 2
+    assert drain(coll, "q") == [b"kept"] and coll.queue("q").expired_items == 2
+
+
+@FORMATS
+def test_a_fanout_child_given_items_with_an_expiry_is_swept(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    coll.queue("q+a")
+    coll.put("q", [b"x", b"y"], T0 + 1_000)
+    coll.put("q", [b"kept"])
+    clock.advance(2_000)
+    assert coll.sweep() == 4
+    assert drain(coll, "q") == [b"kept"] and drain(coll, "q+a") == [b"kept"]
+
+
+@FORMATS
+def test_new_settings_that_age_queues_bring_them_under_the_sweep(tmp_path: Path, journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock)
+    assert one(coll.remove("tmp")) is None  # created, empty
+    coll.put("q", [b"old"])
+    coll.reload(QueueConfigs({"journal_format": journal_format},
+                             {"tmp": {"max_queue_age": "10s"}, "q": {"max_age": "5s"}}), {})
+    coll.put("q", [b"capped"])
+    clock.advance(6_000)
+    assert coll.sweep() == 0  # "old" came before max_age, and never expires
+    assert one(coll.remove("q")).data == b"old"  # type: ignore[union-attr]
+    assert coll.sweep() == 1 and coll.queue("q").length == 0
+    clock.advance(5_000)
+    coll.sweep()
+    assert "tmp" not in coll.queue_names() and coll.queue_expires == 1
+
+
+@FORMATS
+def test_under_plain_threads_every_expiring_item_is_swept(tmp_path: Path, journal_format: str) -> None:
+    """Changes in other threads while sweeps run: no queue's look is lost."""
+    import threading
+
+    clock = FakeClock(T0)
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": journal_format}), clock=clock,
+                           runtime=ThreadsRuntime())
+    coll.load()
+    stop = threading.Event()
+
+    def sweeping() -> None:
+        while not stop.is_set():
+            coll.sweep()
+
+    sweeper = threading.Thread(target=sweeping)
+    sweeper.start()
+    try:
+        for i in range(200):
+            coll.put(f"q{i % 20}", [b"soon", b"soon"], T0 + 1_000 + i)
+            coll.remove(f"q{i % 20}")
+    finally:
+        stop.set()
+        sweeper.join()
+    clock.advance(2_000)
+    assert coll.sweep() == 200
+    assert all(coll.queue(f"q{i}").length == 0 for i in range(20))

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import MemoryBudgetExceeded
-from kestrel.storage.memory import ENGAGE, Demand, MemoryGovernor, plan
+from kestrel.storage.memory import AT_EASE_TAKE, ENGAGE, Demand, MemoryGovernor, plan
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime
 from tests.support.queues import drain, held_in_memory, one, reopen
 
@@ -343,6 +344,35 @@ def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_o
     coll.put("q3", [item(2)])
     runtime.advance(500)
     assert measured == []
+    coll.close()
+
+
+@pytest.mark.pure_build
+@FORMATS
+def test_at_ease_a_queue_notes_its_changes_once_in_many_ticks(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Far under the budget the changed queues are taken one tick in AT_EASE_TAKE: between, a queue
+    that changed stays noted, and its further changes note nothing (one flag test each)."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 1_000_000)
+    names = [f"q{i}" for i in range(50)]
+    for name in names:
+        coll.put(name, [item(0)])
+    runtime.advance(250 * AT_EASE_TAKE)  # let go, and past a take
+    notes: list[str] = []
+    note_change = PersistentQueue.note_change
+
+    def counted(q: PersistentQueue) -> None:
+        notes.append(q.name)
+        note_change(q)
+
+    monkeypatch.setattr(PersistentQueue, "note_change", counted)
+    for _ in range(AT_EASE_TAKE):
+        for name in names:
+            coll.put(name, [item(1)])
+            coll.remove(name, 1)
+        runtime.advance(250)
+    assert len(notes) <= 2 * len(names)  # once before a take, once after it
+    assert set(notes) == set(names)
     coll.close()
 
 

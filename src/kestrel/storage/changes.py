@@ -1,8 +1,8 @@
 """Which queues changed since each of the collection's background tasks last looked.
 
-The memory governor (src/kestrel/storage/memory.py) and the expiry sweep
-(src/kestrel/storage/expiry.py) visit the queues that changed rather than every queue, so that
-what they cost follows the work and an idle server is idle. A queue tells of its first change after
+The memory governor (src/kestrel/storage/memory.py) visits the queues that changed rather than
+every queue, so that what it costs follows the work and an idle server is idle (the expiry sweep
+needs less: the queues due, src/kestrel/storage/expiry.py). A queue tells of its first change after
 each look through its `noted` flag (`PersistentQueue.note_changes_to`): one attribute test a change.
 """
 

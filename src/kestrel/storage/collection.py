@@ -93,10 +93,10 @@ class QueueCollection:
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
-        # The queues changed since the governor's last tick and since the last sweep: those are
-        # what each visits, rather than every queue (src/kestrel/storage/changes.py).
+        # The queues changed since the governor's last tick: what it visits, rather than every
+        # queue (src/kestrel/storage/changes.py); the sweep visits only the queues due.
         self._changes = ChangedQueues()
-        self._expiry = ExpirySchedule(self._changes.reader())
+        self._expiry = ExpirySchedule(runtime.lock())
         self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
         self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
                                         self.ledger, changes=self._changes.reader())
@@ -256,7 +256,8 @@ class QueueCollection:
             raise
         self._queues[name] = q
         q.note_changes_to(self._changes.note)
-        q.note_change()  # the background tasks look at what it loaded
+        q.note_change()  # the governor looks at what it loaded
+        q.watch_expiry(self._expiry.watch)
         if owners is not None:
             owners.add(name)
         if self.waits_ended:
@@ -401,27 +402,32 @@ class QueueCollection:
         if self._owners is not None:
             self._owners.difference_update(gone)  # named again, it is created from nothing
         if not q.noted:
-            q.note_change()  # the background tasks forget it
+            q.note_change()  # the governor forgets it
+        self._expiry.forget(q)
         self.queue_deletes += 1
         log.info("queue deleted", queue=name)
 
     # -----------------------------------------------------------------------------------------
     # Figures
 
+    def queues(self) -> list[PersistentQueue]:
+        """Every queue now: a copy, since a walk over it may let other tasks in (`paced`)."""
+        return list(self._queues.values())
+
     def current_items(self) -> int:
         """Items in every queue: a walk that lets the other tasks in (`paced`), over a copy."""
-        return sum(q.length for q in paced(list(self._queues.values()), self.runtime))
+        return sum(q.length for q in paced(self.queues(), self.runtime))
 
     def current_bytes(self) -> int:
-        return sum(q.bytes for q in paced(list(self._queues.values()), self.runtime))
+        return sum(q.bytes for q in paced(self.queues(), self.runtime))
 
     # -----------------------------------------------------------------------------------------
     # Background expiry and configuration
 
     def sweep(self) -> int:
         """Expire the due items at the heads of the queues, and delete the empty queues past
-        `max_queue_age`: a look at the queues where something is due or that changed since the
-        last sweep (src/kestrel/storage/expiry.py). Returns the items expired."""
+        `max_queue_age`: a look at the queues where something is due
+        (src/kestrel/storage/expiry.py). Returns the items expired."""
         return self._expiry.sweep(self.clock.now_ms(), self._expire_queue)
 
     def _expire_queue(self, q: PersistentQueue) -> None:
@@ -456,7 +462,8 @@ class QueueCollection:
         for name, q in list(self._queues.items()):
             q.reconfigure(self.config_for(name))
             if not q.noted:
-                q.note_change()  # its limits, ceiling and ages may have changed
+                q.note_change()  # its limits and ceiling may have changed
+            q.watch_expiry(self._expiry.watch)  # and its ages
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
 
     def end_waits(self) -> None:

@@ -5,13 +5,14 @@ head (a put, a get or a peek expires the head first: src/kestrel/storage/queue.p
 every `expiration_timer_frequency` removes expired items from the head of each queue, at most
 `max_expire_sweep` a round, and deletes a queue that is empty and older than `max_queue_age`.
 
-Scanning every queue each round made an idle server with 10,000 queues busy. A queue's head can
-only become due in two ways: its head item's expiry comes, or the queue changes (a get reveals a
-new head, an abort puts one back, a put reaches an empty queue). So the schedule keeps, as Redis
+Scanning every queue each round made an idle server with 10,000 queues busy, and looking at each
+queue that changed made every item on 10,000 queues pay for a look. So the schedule keeps, as Redis
 keeps its volatile keys, a heap of queues keyed by the next time a look could find something (the
-head's expiry, the end of `max_queue_age`), and takes every queue that changed since the last
-sweep (src/kestrel/storage/changes.py). A round costs what is due and what changed, not the number
-of queues.
+head's expiry, the end of `max_queue_age`), and nothing else. A queue that can expire nothing (no
+`max_age`, no `max_queue_age`, no item ever given an expiry: `PersistentQueue.may_expire`) is never
+in it and never looked at. One that can tells the schedule after each change (`watch`), which
+brings its entry forward when the change revealed an earlier head; a later head is found when the
+earlier entry comes due. A round costs what is due, not the number of queues or of items.
 """
 
 from __future__ import annotations
@@ -23,23 +24,44 @@ from operator import attrgetter
 
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.runtime import Lock
 
 _NAME = attrgetter("name")
 
 
 class ExpirySchedule:
-    """When to look at each queue again. `changes` returns the queues changed since its last call."""
+    """When to look at each queue that can expire something. `lock` guards the heap against
+    changes made in other threads (a no-op under gevent); it is never held while a queue is looked
+    at, so that a change (holding its queue's lock) can always `watch`."""
 
-    def __init__(self, changes: Callable[[], set[PersistentQueue]]) -> None:
-        self._changes = changes
+    def __init__(self, lock: Lock) -> None:
+        self._lock = lock
         self._heap: list[tuple[int, int, PersistentQueue]] = []  # (when, order, queue); stale ones too
         self._when: dict[PersistentQueue, int] = {}  # each queue's one live entry
         self._order = count()
 
+    def watch(self, q: PersistentQueue) -> None:
+        """`q`, which can expire something, changed (or was loaded, or given new settings): make
+        sure it is looked at by the time its head expires (at the next sweep when the head is due or
+        on disk, or when the queue is past `max_queue_age`, to see whether it is empty now)."""
+        head = q.head_expiry()
+        at = 1 if head < 0 else head  # 0: the head never expires
+        age = q.config.max_queue_age
+        if age:
+            ends = q.create_time + age + 1
+            at = min(at, ends) if at else ends
+        if at:
+            self._schedule(q, at)
+
+    def forget(self, q: PersistentQueue) -> None:
+        """`q` is closed or deleted: no look at it is due any more."""
+        with self._lock:
+            self._when.pop(q, None)
+
     def sweep(self, now: int, expire_queue: Callable[[PersistentQueue], None]) -> int:
-        """Look at the queues due by `now` or changed since the last sweep, in name order: discard
-        the expired items at their heads, and hand each queue past `max_queue_age` (empty, no open
-        read) to `expire_queue`. Returns the items expired."""
+        """Look at the queues due by `now`, in name order: discard the expired items at their
+        heads, and hand each queue past `max_queue_age` (empty, no open read) to `expire_queue`.
+        Returns the items expired."""
         expired = 0
         for q in self._due(now):
             head = q.head_expiry()
@@ -51,29 +73,26 @@ class ExpirySchedule:
                     pass  # the queue logged it and is read-only: looked at again next sweep
                 head = q.head_expiry()
             if age and q.length == 0 and q.open_transactions == 0 and now - q.create_time > age:
-                self._when.pop(q, None)
+                self.forget(q)
                 expire_queue(q)
                 continue
-            self._schedule(q, self._next_look(q, head, now))
+            at = self._next_look(q, head, now)
+            if at:
+                self._schedule(q, at)
         return expired
 
     def _due(self, now: int) -> list[PersistentQueue]:
-        """The queues to look at, by name: those whose time has come, and those changed that
-        can come due at all (the others, the common case, leave the schedule here)."""
-        heap, when = self._heap, self._when
+        """The queues whose time has come, by name, their entries taken from the schedule."""
         due = []
-        for q in self._changes():
-            if q.closed or not (q.head_expiry() or q.config.max_queue_age):
-                when.pop(q, None)
-            else:
-                due.append(q)
-        while heap and heap[0][0] <= now:
-            at, _, q = heapq.heappop(heap)
-            if when.get(q) == at:
-                del when[q]
-                if not q.closed:
-                    due.append(q)
-        return sorted(set(due), key=_NAME)
+        with self._lock:
+            heap, when = self._heap, self._when
+            while heap and heap[0][0] <= now:
+                at, _, q = heapq.heappop(heap)
+                if when.get(q) == at:
+                    del when[q]
+                    if not q.closed:
+                        due.append(q)
+        return sorted(due, key=_NAME)
 
     @staticmethod
     def _next_look(q: PersistentQueue, head: int, now: int) -> int:
@@ -89,15 +108,16 @@ class ExpirySchedule:
         return at
 
     def _schedule(self, q: PersistentQueue, at: int) -> None:
-        when = self._when
-        if not at:
-            when.pop(q, None)
-            return
-        if when.get(q) == at:
-            return
-        when[q] = at
-        heap = self._heap
-        heapq.heappush(heap, (at, next(self._order), q))
-        if len(heap) > 2 * len(when) + 64:  # stale entries: keep the heap within twice the live ones
-            self._heap = [(at, next(self._order), q) for q, at in when.items()]
-            heapq.heapify(self._heap)
+        """A look at `q` by `at`: an earlier entry already there stands (a change in another thread
+        may have made it while a sweep looked at `q`)."""
+        with self._lock:
+            when = self._when
+            live = when.get(q)
+            if live is not None and live <= at:
+                return
+            when[q] = at
+            heap = self._heap
+            heapq.heappush(heap, (at, next(self._order), q))
+            if len(heap) > 2 * len(when) + 64:  # stale entries: keep the heap within twice the live ones
+                self._heap = [(at, next(self._order), q) for q, at in when.items()]
+                heapq.heapify(self._heap)

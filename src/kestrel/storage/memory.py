@@ -59,6 +59,9 @@ IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (
 # under LET_GO: meanwhile each queue holds up to its own max_memory_size, and no tick measures one.
 ENGAGE = 0.5
 LET_GO = 0.25
+# At ease, the changed queues are taken one tick in this many: between, each queue changed stays
+# noted and a change costs it one flag test; taking them now and then lets go of deleted queues.
+AT_EASE_TAKE = 40
 
 
 class MemoryLedger(MemoryAccount):
@@ -333,14 +336,19 @@ class MemoryGovernor:
         self._last_tick = now
         self._tick += 1
         if self._changes is not None:
-            changed = self._changes()
             pressed = self.flow_control or self._over or self._tight
             held = self.ledger.total + self._buffer_total
             if self._at_ease:
                 if held <= self.budget * ENGAGE and not pressed:
+                    if not self._tick % AT_EASE_TAKE:
+                        self._changes()
                     return
                 self._at_ease = False  # engaged: every queue measured and planned, rates from now on
-            elif held < self.budget * LET_GO and not pressed:
+                self._changes()  # and the changes noted afresh from now on
+                self._tick_all(seconds, now)
+                return
+            changed = self._changes()
+            if held < self.budget * LET_GO and not pressed:
                 self._let_go()
                 return
             elif not changed and not pressed and held <= self.budget:

@@ -111,6 +111,8 @@ class _Change:
         queue = self.queue
         if not queue.noted:
             queue.note_change()
+        if queue.may_expire:
+            queue._expiry_watch(queue)
         try:
             if error is None:
                 queue._after_change()
@@ -118,6 +120,10 @@ class _Change:
                 queue._change_failed(error)
         finally:
             queue._lock.__exit__(None, None, None)
+
+
+def _unwatched(queue: PersistentQueue) -> None:
+    """What a queue no collection watches tells of its changes: nothing."""
 
 
 class PersistentQueue(ABC):
@@ -165,10 +171,13 @@ class PersistentQueue(ABC):
         # The running total of the server's memory this queue counts its items and open reads in
         # (`count_in`): its own until the collection counts it in the server's.
         self._ledger = MemoryAccount()
-        # Whether a change since the collection last looked was noted (`note_changes_to`): its
-        # background work (memory governor, expiry) visits the queues that changed, not every one.
+        # Whether a change since the collection last looked was noted (`note_changes_to`): the
+        # memory governor visits the queues that changed, not every one.
         self.noted = True  # nothing to tell until `note_changes_to`
         self._changed: Callable[[PersistentQueue], None] | None = None
+        # Whether anything here can expire (`watch_expiry`); once true, told after every change.
+        self.may_expire = False
+        self._expiry_watch: Callable[[PersistentQueue], None] = _unwatched
         # At least as many as the items at the head of memory that were ever taken (aborted reads
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
         self._pushed = 0
@@ -209,6 +218,11 @@ class PersistentQueue(ABC):
         return self._waits.ended
 
     @property
+    def paged_out(self) -> int:
+        """Bytes of items only in the journal (read-behind, or paged out under the memory budget)."""
+        return self.bytes - self.memory_bytes
+
+    @property
     def in_read_behind(self) -> bool:
         """Whether items beyond `max_memory_size` are only counted, to be read back from disk."""
         return self._behind is not None
@@ -240,7 +254,7 @@ class PersistentQueue(ABC):
             "poisoned": self.poisoned,
             # Not ending in _bytes: Kestrel clients read `queue_<name>_<...>_bytes` as a queue name.
             "memory_target": self.memory_target,
-            "paged_out": self.bytes - self.memory_bytes,
+            "paged_out": self.paged_out,
             # Not ending in _age: Kestrel clients read `queue_<name>_<...>_age` as a queue name too.
             "head_wait_ms": self.clock.now_ms() - mem[0].add_time if self.length and mem else 0,
             "read_behind": int(self._behind is not None),
@@ -266,12 +280,12 @@ class PersistentQueue(ABC):
         return []
 
     # -----------------------------------------------------------------------------------------
-    # What the collection's background work reads: which queues changed, when a head expires
+    # What the collection's background work reads: which queues changed, what can expire, when
 
     def note_changes_to(self, changed: Callable[[PersistentQueue], None]) -> None:
         """From now on the first change after `noted` is cleared calls `changed(self)` and sets it:
-        one attribute test a change, so that the collection's background tasks visit the queues
-        that changed rather than all of them."""
+        one attribute test a change, so that the memory governor visits the queues that changed
+        rather than all of them."""
         self._changed = changed
         self.noted = False
 
@@ -280,6 +294,22 @@ class PersistentQueue(ABC):
         self.noted = True
         if self._changed is not None:
             self._changed(self)
+
+    def watch_expiry(self, watch: Callable[[PersistentQueue], None]) -> None:
+        """From now on `watch(self)` after every change while anything here can expire: the
+        settings age items or the queue (`max_age`, `max_queue_age`), or it was given an item with
+        an expiry (`_receive`) or loaded one, or items wait on disk, unread. Called once the queue is
+        loaded and after new settings; a queue that can expire nothing costs the expiry sweep
+        nothing (src/kestrel/storage/expiry.py). Once true it stays so: an open read or a later item
+        may still carry an expiry."""
+        self._expiry_watch = watch
+        if not self.may_expire:
+            cfg = self.config
+            self.may_expire = bool(cfg.max_age or cfg.max_queue_age or self._behind is not None
+                                   or any(item.expiry for item in self._mem)
+                                   or any(item.expiry for item in self._opens.values()))
+        if self.may_expire:
+            watch(self)
 
     def head_expiry(self) -> int:
         """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
@@ -359,6 +389,8 @@ class PersistentQueue(ABC):
         cfg = self.config
         if cfg.max_age:
             expiry = self._capped_expiry(now, expiry)
+        if expiry:
+            self.may_expire = True
         count = len(items)
         ledger = self._ledger
         if self._behind is None and ledger.total + size > ledger.limit:

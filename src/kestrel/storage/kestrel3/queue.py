@@ -239,6 +239,8 @@ class Kestrel3Queue(PersistentQueue):
         for q in readers:
             if count or q.reader in taking:
                 q._sync_checkpoint()
+            if q is not self and q.may_expire:
+                q._expiry_watch(q)  # each reader's new items, outside its own change
         runs = taking.get(self.reader)
         return runs[-1][1] if runs else 0
 
