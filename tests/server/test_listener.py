@@ -7,6 +7,7 @@ import json
 import select
 import socket
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -333,3 +334,30 @@ def test_a_flood_of_connects_lets_the_connections_already_accepted_run() -> None
         for client in clients:
             client.close()
         listening.stop_accepting()
+
+
+def test_a_kept_greenlet_serves_the_next_connection_in_a_context_of_its_own() -> None:
+    """A greenlet whose connection ended serves the next one (no greenlet made, no frame stack mapped),
+    which sees none of the context variables the last one set; stopping ends the kept ones."""
+    variable: ContextVar[str] = ContextVar("variable", default="fresh")
+    seen: list[tuple[Any, str]] = []
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        seen.append((gevent.getcurrent(), variable.get()))
+        variable.set(f"set by connection {len(seen)}")
+        return True
+
+    listening = Listener("test", ("127.0.0.1", 0), handle, 4)
+    listening.start()
+    try:
+        for _ in range(3):
+            with gevent.socket.create_connection(listening.address) as client:
+                client.settimeout(STALL_S)
+                assert client.recv(1) == b""  # served and closed
+            assert listening.join(STALL_S)
+    finally:
+        listening.stop_accepting()
+    workers = {worker for worker, _ in seen}
+    assert len(workers) == 1 and [value for _, value in seen] == ["fresh"] * 3
+    gevent.sleep(0.01)
+    assert all(worker.dead for worker in workers)

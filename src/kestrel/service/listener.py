@@ -15,10 +15,16 @@ Each connection is accepted from the OS listening socket itself, with no gevent 
 accept makes a socket object of its own for each connection (four system calls: `getsockname`, an
 `ioctl` and two `fcntl`) only for it to be handed over. Here the loop calls `accept` until it would
 block, then waits on one watcher of the listening socket, made once.
+
+A connection is served on a greenlet kept from one that ended (up to `SPARE_WORKERS` are kept): a new
+greenlet costs about 12 µs to spawn and end, a map and an unmap of its 16 KB frame stack among them,
+against 1 µs to hand a kept one the next connection. Each connection still starts in a context of its
+own (the context variables of the last one are not seen), in the pool while it is served.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import socket
 import time
@@ -27,7 +33,7 @@ from typing import Any
 
 import gevent
 import structlog
-from gevent import get_hub
+from gevent import get_hub, getcurrent
 from gevent.pool import Pool
 from gevent.socket import socket as gsocket
 
@@ -54,6 +60,7 @@ WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exha
 
 KEEPALIVE_PROBES = 3
 ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connections run
+SPARE_WORKERS = 32  # greenlets kept, once their connection ended, for the next ones
 
 # The OS socket's own accept: the new connection's descriptor and address, no socket object made (the
 # typed `accept` makes one, of the class monkey patching put in the `socket` module: gevent's).
@@ -95,6 +102,7 @@ class Listener:
         self.address: tuple[str, int] = self.socket.getsockname()[:2]
         self.connections: set[socket.socket | gsocket] = set()
         self._acceptor: gevent.Greenlet | None = None
+        self._spare: list[gevent.Greenlet] = []  # workers waiting for a connection, out of the pool
         self._refused = 0  # accepts refused for want of descriptors since the last warning
         self._refused_total = 0
         self._exhausted_since = 0.0
@@ -148,7 +156,12 @@ class Listener:
                 self._note_recovered()
             self.connections.add(sock)
             MEMORY_RETURN.opened()
-            self.pool.spawn(self._serve, sock, address)
+            if self._spare:
+                worker = self._spare.pop()
+                self.pool.add(worker)
+                get_hub().loop.run_callback(worker.switch, (sock, address))
+            else:
+                self.pool.spawn(self._work, sock, address)
             accepted_count += 1
             if accepted_count % ACCEPT_BURST == 0:
                 step_aside()  # thousands connecting at once: the connections already here go on
@@ -171,6 +184,19 @@ class Listener:
                     seconds_without_descriptors=round(time.monotonic() - self._exhausted_since, 3))
         self._refused = self._refused_total = 0
         self._last_warning = None
+
+    def _work(self, sock: socket.socket | gsocket, address: tuple[str, int]) -> None:
+        """Serve connections, each in a new context, the next one while kept in `_spare`. A kill ends
+        the worker whether it is serving or waiting."""
+        worker = getcurrent()
+        hub = get_hub()
+        while True:
+            contextvars.Context().run(self._serve, sock, address)
+            if self._acceptor is None or len(self._spare) >= SPARE_WORKERS:
+                return
+            self.pool.discard(worker)
+            self._spare.append(worker)
+            sock, address = hub.switch()
 
     def _serve(self, sock: socket.socket | gsocket, address: tuple[str, int]) -> None:
         ended = False
@@ -197,6 +223,9 @@ class Listener:
         if self._acceptor is not None:
             self._acceptor.kill(block=False)
             self._acceptor = None
+        for worker in self._spare:
+            worker.kill(block=False)
+        self._spare.clear()
         self.socket.close()
 
     def end_reading(self) -> None:
