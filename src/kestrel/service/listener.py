@@ -60,7 +60,9 @@ WARN_INTERVAL = 10.0  # seconds between two warnings while descriptors stay exha
 
 KEEPALIVE_PROBES = 3
 ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connections run
-SPARE_WORKERS = 32  # greenlets kept, once their connection ended, for the next ones
+# Greenlets kept, once their connection ended, for the next ones: as many as the accept loop takes in
+# a row, so that a burst of clients that connect and close (each burst taken in one go) makes none.
+SPARE_WORKERS = ACCEPT_BURST
 
 # The OS socket's own accept: the new connection's descriptor and address, no socket object made (the
 # typed `accept` makes one, of the class monkey patching put in the `socket` module: gevent's).
