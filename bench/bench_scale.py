@@ -12,8 +12,9 @@
   socket), on 4 queues and on QUEUES queues, the memory governor's tick and the expiry sweep called
   every ITEMS_PER_TICK items (about the server's rate over 250 ms): CPU µs per item of the put +
   get, of the tick and of the sweep, the best of three.
-- connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
-  process each): CPU µs per item, and the ratio.
+- connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections,
+  both from 4 client processes (each driving its share of the connections on one event loop, so
+  that the clients' own scheduling is the same in both): CPU µs per item, and the ratio.
 - connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
 
 Our server runs in each of BUILDS (bench/peers.py) in every row.
@@ -242,9 +243,9 @@ def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str,
     figures = {}
     for label, start, port, protocol in rows:
         with start() as server:
-            few = cpu_per_item(binary, server, port, protocol, args, clients=4, queues=4)
+            few = cpu_per_item(binary, server, port, protocol, args, clients=4, processes=4, queues=4)
             many = cpu_per_item(binary, server, port, protocol, args, clients=args.connections,
-                                queues=4)
+                                processes=4, queues=4)
         figures[label] = (few, many)
         print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | "
               f"{growth(few, many):.2f} |", flush=True)

@@ -1,6 +1,10 @@
 /* loadgen: the load generator of kestrel-py's benchmarks, in C so that the server is what is measured.
  *
- * CLIENTS processes each open one connection and work on their own queue (PREFIX0, PREFIX1, ...).
+ * CLIENTS connections each work on their own queue (PREFIX0, PREFIX1, ...), each in a process of its
+ * own, or with -p PROCESSES spread over that many processes, each driving its share on one epoll loop
+ * (as memtier and redis-benchmark do), so that 1,000 connections need no more processes, and no more of
+ * the machine's scheduling, than 4. There each connection still runs request/response, the same code as
+ * a process of its own: a coroutine (ucontext) that yields to the loop where a blocking call would wait.
  * A round puts BATCH items of SIZE bytes and takes them back, request/response; an item is one put
  * plus one get. Every request is timed; the items/s and per-request latency percentiles go to stdout.
  *
@@ -21,12 +25,13 @@
  * the last value of a key; bytes and order for the rest). Exit status 0 when every round got back
  * what it put, 1 on any error or lost item. No library beyond libc: cc -O2 -o loadgen loadgen.c
  *
- *   loadgen PROTOCOL PORT [-c CLIENTS] [-b BATCH] [-s SIZE] [-n ITEMS] [-t SECONDS] [-a MS]
+ *   loadgen PROTOCOL PORT [-c CLIENTS] [-p PROCESSES] [-b BATCH] [-s SIZE] [-n ITEMS] [-t SECONDS] [-a MS]
  *           [-q PREFIX] [-H HOST] [-P] [-j] [-Q QUEUES] [-F FILL] [-W]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <netdb.h>
@@ -37,10 +42,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 /* ---- latency histogram: 32 linear sub-buckets per power of two of nanoseconds (~3% resolution) ---- */
@@ -73,7 +80,7 @@ static double bucket_ns(int b) {                 /* the middle of a bucket's ran
     return (double)low + (double)((uint64_t)1 << shift) / 2;
 }
 
-/* ---- one client's state ---- */
+/* ---- the process's state, and the connection being served (its fields are swapped in and out) ---- */
 
 static report_t *me;
 static int sock = -1;
@@ -81,6 +88,9 @@ static char queue[64];
 static int batch = 1, size = 128, pipelined, abort_ms, queues, fill, warm = 1;
 static char **items;
 static int clients_total;
+static int multiplexed;                          /* this process drives several connections */
+static void wait_for(uint32_t events);         /* a multiplexed connection's wait for its socket */
+static void *current_connection(void);
 
 static void fail(const char *fmt, ...) {
     va_list ap;
@@ -98,7 +108,8 @@ static uint64_t now_ns(void) {
 }
 
 /* Outgoing bytes gather in one buffer and leave with one write per request (or pipelined burst). */
-static struct { char *p; size_t len, cap; } out;
+typedef struct { char *p; size_t len, cap; } out_t;
+static out_t out;
 
 static void emit(const void *p, size_t n) {
     if (out.len + n > out.cap) {
@@ -124,6 +135,7 @@ static void send_out(void) {
     while (done < out.len) {
         ssize_t k = send(sock, out.p + done, out.len - done, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN && multiplexed) { wait_for(EPOLLOUT); continue; }
         if (k <= 0) fail("send to %s: %s", queue, strerror(errno));
         done += (size_t)k;
     }
@@ -131,7 +143,8 @@ static void send_out(void) {
 }
 
 /* Incoming bytes: a growable window [head, tail) over one buffer. */
-static struct { char *p; size_t head, tail, cap; } in;
+typedef struct { char *p; size_t head, tail, cap; } in_t;
+static in_t in;
 
 static void receive_more(void) {
     if (in.head == in.tail) in.head = in.tail = 0;
@@ -147,7 +160,12 @@ static void receive_more(void) {
         }
     }
     ssize_t k;
-    do k = recv(sock, in.p + in.tail, in.cap - in.tail, 0); while (k < 0 && errno == EINTR);
+    for (;;) {
+        k = recv(sock, in.p + in.tail, in.cap - in.tail, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN && multiplexed) { wait_for(EPOLLIN); continue; }
+        break;
+    }
     if (k == 0) fail("the server closed the connection");
     if (k < 0) fail("recv: %s", strerror(errno));
     in.tail += (size_t)k;
@@ -211,7 +229,8 @@ static void call_end(void) {
 }
 
 /* A reader over one reply frame. */
-static struct { const unsigned char *p, *end; } fr;
+typedef struct { const unsigned char *p, *end; } frame_t;
+static frame_t fr;
 
 static const unsigned char *need(size_t n) {
     if ((size_t)(fr.end - fr.p) < n) fail("thrift reply truncated");
@@ -513,9 +532,15 @@ static void fill_queue(const char *protocol) {
     }
 }
 
-/* ---- the client process ---- */
+/* ---- one connection: connect, warm up, then rounds until the deadline ---- */
 
-static void connect_to(const char *host, const char *port) {
+static const char *protocol, *host, *port, *prefix;
+static long rounds;
+static double seconds_to_run;
+static uint64_t start, deadline;                 /* set at the start barrier */
+static int epfd = -1;
+
+static void connect_to(void) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
     int rc = getaddrinfo(host, port, &hints, &res);
     if (rc) fail("%s:%s: %s", host, port, gai_strerror(rc));
@@ -531,16 +556,22 @@ static void connect_to(const char *host, const char *port) {
     setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static void client(int index, const char *protocol, const char *host, const char *port, const char *prefix,
-                   long rounds, double seconds, int ready_fd, int start_fd) {
-    /* Its queues: first + stride * r for r = 0 .. mine - 1 (one of its own without -Q). */
-    int first = index, stride = 1, mine = 1;
-    if (queues > 0) {
-        first = index % queues;
-        stride = clients_total;
-        mine = queues > index ? (queues - index + clients_total - 1) / clients_total : 1;
-    }
-    snprintf(queue, sizeof queue, "%s%d", prefix, first);
+static long (*round_of(void))(void) {
+    return !strcmp(protocol, "thrift") ? thrift_round
+         : !strcmp(protocol, "memcache") ? memcache_round
+         : !strcmp(protocol, "redis") ? redis_round : beanstalk_round;
+}
+
+/* Its queues: first + stride * r for r = 0 .. mine - 1 (one of its own without -Q). */
+static int first_queue(int index) { return queues > 0 ? index % queues : index; }
+static int stride(void) { return queues > 0 ? clients_total : 1; }
+static int queues_of(int index) {
+    return queues > index ? (queues - index + clients_total - 1) / clients_total : 1;
+}
+
+/* Connects connection `index` and warms it up: its items, its queues made (and filled). */
+static void prepare(int index) {
+    snprintf(queue, sizeof queue, "%s%d", prefix, first_queue(index));
     unsigned seed = 2654435761u * (unsigned)((queues > 0 ? 0 : index) + 1);
     items = calloc((size_t)batch, sizeof *items);
     ids = calloc((size_t)batch, sizeof *ids);
@@ -551,30 +582,31 @@ static void client(int index, const char *protocol, const char *host, const char
         if (!items[i]) fail("out of memory");
         for (int j = 0; j < size; j++) items[i][j] = (char)('a' + (seed = seed * 1103515245u + 12345u) % 26);
     }
-    connect_to(host, port);
-    long (*round)(void) = !strcmp(protocol, "thrift") ? thrift_round
-                        : !strcmp(protocol, "memcache") ? memcache_round
-                        : !strcmp(protocol, "redis") ? redis_round : beanstalk_round;
+    connect_to();
+    if (multiplexed) {
+        struct epoll_event ev = {.events = EPOLLIN};
+        ev.data.ptr = current_connection();
+        if (fcntl(sock, F_SETFL, O_NONBLOCK) || epoll_ctl(epfd, EPOLL_CTL_ADD, sock, &ev))
+            fail("epoll: %s", strerror(errno));
+    }
+    long (*round)(void) = round_of();
     if (round == beanstalk_round) {
         emitf("use %s\r\nwatch %s\r\nignore default\r\n", queue, queue);
         send_out();
         for (int i = 0; i < 3; i++) take_line();
     }
-    for (int r = 0; warm && r < mine; r++) {      /* warm-up: creates the queues, not counted */
-        snprintf(queue, sizeof queue, "%s%d", prefix, first + stride * r);
+    for (int r = 0; warm && r < queues_of(index); r++) {   /* warm-up: creates the queues, not counted */
+        snprintf(queue, sizeof queue, "%s%d", prefix, first_queue(index) + stride() * r);
         round();
         if (fill) fill_queue(protocol);
     }
-    memset(me->count, 0, sizeof me->count);
-    me->put = me->got = me->wrong = 0;
+}
 
-    char c = 'r';
-    if (write(ready_fd, &c, 1) != 1) fail("start barrier");
-    close(ready_fd);                              /* so that the parent sees every client ready or gone */
-    if (read(start_fd, &c, 1) < 0) fail("start barrier");
-    uint64_t start = now_ns(), deadline = seconds > 0 ? start + (uint64_t)(seconds * 1e9) : 0;
+static void run_rounds(int index) {
+    long (*round)(void) = round_of();
+    int mine = queues_of(index);
     for (long r = 0; rounds <= 0 || r < rounds; r++) {
-        if (mine > 1) snprintf(queue, sizeof queue, "%s%ld", prefix, first + stride * (r % mine));
+        if (mine > 1) snprintf(queue, sizeof queue, "%s%ld", prefix, first_queue(index) + stride() * (r % mine));
         uint64_t t = now_ns();
         long got = round();
         uint64_t done = now_ns();
@@ -582,6 +614,130 @@ static void client(int index, const char *protocol, const char *host, const char
         if (got < batch) fail("%s: a round put %d items and got %ld back", queue, batch, got);
         if (deadline && done >= deadline) break;
     }
+}
+
+/* Both barriers: this process is ready (all its connections warm), then every process starts. */
+static void barrier(int ready_fd, int start_fd) {
+    memset(me->count, 0, sizeof me->count);
+    me->put = me->got = me->wrong = 0;
+    char c = 'r';
+    if (write(ready_fd, &c, 1) != 1) fail("start barrier");
+    close(ready_fd);                              /* so that the parent sees every client ready or gone */
+    if (read(start_fd, &c, 1) < 0) fail("start barrier");
+    start = now_ns();
+    deadline = seconds_to_run > 0 ? start + (uint64_t)(seconds_to_run * 1e9) : 0;
+}
+
+/* A process with one connection: blocking calls, as a simple client makes them. */
+static void client(int index, int ready_fd, int start_fd) {
+    prepare(index);
+    barrier(ready_fd, start_fd);
+    run_rounds(index);
+    me->seconds = (double)(now_ns() - start) / 1e9;
+    _exit(0);
+}
+
+/* ---- a process with many connections: each a coroutine with the code above, switched on epoll ---- */
+
+enum { RUNNING, WAITING, READY, DONE };
+#define STACK (256 * 1024)
+
+typedef struct {
+    ucontext_t ctx;
+    int index, state;
+    int sock;                                     /* the connection's globals while another runs */
+    char queue[64];
+    out_t out;
+    in_t in;
+    frame_t fr;
+    int32_t seqid;
+    char **items;
+    int64_t *ids;
+    unsigned long long *jobs;
+} conn_t;
+
+static conn_t *cur;
+static ucontext_t loop_ctx;
+static int parked[DONE + 1];                      /* connections in each state */
+
+static void *current_connection(void) { return cur; }
+
+static void save(conn_t *c) {
+    c->sock = sock; memcpy(c->queue, queue, sizeof queue); c->out = out; c->in = in; c->fr = fr;
+    c->seqid = seqid; c->items = items; c->ids = ids; c->jobs = jobs;
+}
+
+static void load(conn_t *c) {
+    sock = c->sock; memcpy(queue, c->queue, sizeof queue); out = c->out; in = c->in; fr = c->fr;
+    seqid = c->seqid; items = c->items; ids = c->ids; jobs = c->jobs;
+}
+
+static void park(int state) {                   /* back to the loop until resumed */
+    conn_t *c = cur;
+    save(c);
+    c->state = state;
+    parked[state]++;
+    swapcontext(&c->ctx, &loop_ctx);
+}
+
+static void resume(conn_t *c) {
+    parked[c->state]--;
+    c->state = RUNNING;
+    cur = c;
+    load(c);
+    swapcontext(&loop_ctx, &c->ctx);
+}
+
+static void wait_for(uint32_t events) {
+    struct epoll_event ev = {.events = EPOLLIN | events, .data.ptr = cur};
+    if (events != EPOLLIN) epoll_ctl(epfd, EPOLL_CTL_MOD, sock, &ev);
+    park(WAITING);
+    ev.events = EPOLLIN;
+    if (events != EPOLLIN) epoll_ctl(epfd, EPOLL_CTL_MOD, sock, &ev);
+}
+
+static void connection(void) {
+    int index = cur->index;
+    prepare(index);
+    park(READY);
+    run_rounds(index);
+    park(DONE);
+}
+
+static void serve_until(int state, int count) {  /* resume connections as their sockets wake */
+    struct epoll_event evs[64];
+    while (parked[state] < count) {
+        int n = epoll_wait(epfd, evs, 64, -1);
+        if (n < 0 && errno != EINTR) fail("epoll_wait: %s", strerror(errno));
+        for (int i = 0; i < n; i++) {
+            conn_t *c = evs[i].data.ptr;
+            if (c->state == WAITING) resume(c);
+        }
+    }
+}
+
+static void many_clients(int process, int processes, int ready_fd, int start_fd) {
+    int count = (clients_total - process + processes - 1) / processes;
+    conn_t *conns = calloc((size_t)count, sizeof *conns);
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (!conns || epfd < 0) fail("setting up %d connections: %s", count, strerror(errno));
+    for (int k = 0; k < count; k++) {
+        conn_t *c = &conns[k];
+        c->index = process + k * processes;
+        c->sock = -1;
+        char *stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (stack == MAP_FAILED || getcontext(&c->ctx)) fail("a coroutine's stack: %s", strerror(errno));
+        c->ctx.uc_stack.ss_sp = stack;
+        c->ctx.uc_stack.ss_size = STACK;
+        c->ctx.uc_link = &loop_ctx;
+        makecontext(&c->ctx, connection, 0);
+        parked[RUNNING]++;
+        resume(c);                                /* connects, then warms up until its first wait */
+    }
+    serve_until(READY, count);
+    barrier(ready_fd, start_fd);
+    for (int k = 0; k < count; k++) resume(&conns[k]);
+    serve_until(DONE, count);
     me->seconds = (double)(now_ns() - start) / 1e9;
     _exit(0);
 }
@@ -599,7 +755,7 @@ static double percentile(const uint64_t *count, uint64_t total, double p) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: loadgen thrift|memcache|redis|beanstalk PORT [-c CLIENTS] [-b BATCH] [-s SIZE]\n"
+    fprintf(stderr, "usage: loadgen thrift|memcache|redis|beanstalk PORT [-c CLIENTS] [-p PROCESSES] [-b BATCH] [-s SIZE]\n"
                     "       [-n ITEMS per client] [-t SECONDS] [-a AUTO_ABORT_MS] [-q PREFIX] [-H HOST] [-P] [-j]\n"
                     "       [-Q QUEUES shared by the clients] [-F FILL items left in each queue] [-W: no warm-up]\n");
     exit(2);
@@ -607,16 +763,17 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) usage();
-    const char *protocol = argv[1], *port = argv[2], *host = "127.0.0.1", *prefix = "loadgen";
+    protocol = argv[1], port = argv[2], host = "127.0.0.1", prefix = "loadgen";
     if (strcmp(protocol, "thrift") && strcmp(protocol, "memcache") && strcmp(protocol, "redis") &&
         strcmp(protocol, "beanstalk")) usage();
-    int clients = 4, json = 0;
+    int clients = 4, processes = 0, json = 0;
     long per_client = 0;
     double seconds = 0;
     optind = 3;
-    for (int o; (o = getopt(argc, argv, "c:b:s:n:t:a:q:H:PjQ:F:W")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "c:p:b:s:n:t:a:q:H:PjQ:F:W")) != -1;) {
         switch (o) {
         case 'c': clients = atoi(optarg); break;
+        case 'p': processes = atoi(optarg); break;
         case 'b': batch = atoi(optarg); break;
         case 's': size = atoi(optarg); break;
         case 'n': per_client = atol(optarg); break;
@@ -641,38 +798,46 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loadgen: -Q and -F take a count; -F and -Q are not for beanstalk\n");
         return 2;
     }
+    if (processes < 0) {
+        fprintf(stderr, "loadgen: PROCESSES must be positive\n");
+        return 2;
+    }
+    if (processes == 0 || processes > clients) processes = clients;
+    multiplexed = processes < clients;
     clients_total = clients;
-    long rounds = per_client > 0 ? (per_client + batch - 1) / batch : 0;
+    rounds = per_client > 0 ? (per_client + batch - 1) / batch : 0;
+    seconds_to_run = seconds;
 
-    report_t *reports = mmap(NULL, sizeof(report_t) * (size_t)clients, PROT_READ | PROT_WRITE,
+    report_t *reports = mmap(NULL, sizeof(report_t) * (size_t)processes, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (reports == MAP_FAILED) { perror("mmap"); return 1; }
     int ready[2], start[2];
     if (pipe(ready) || pipe(start)) { perror("pipe"); return 1; }
-    for (int k = 0; k < clients; k++) {
+    for (int k = 0; k < processes; k++) {
         pid_t pid = fork();
         if (pid < 0) { perror("fork"); return 1; }
         if (pid == 0) {
             me = &reports[k];
             close(ready[0]);
             close(start[1]);
-            client(k, protocol, host, port, prefix, rounds, seconds, ready[1], start[0]);
+            if (multiplexed) many_clients(k, processes, ready[1], start[0]);
+            client(k, ready[1], start[0]);
         }
     }
     close(ready[1]);
     close(start[0]);
     int arrived = 0;
-    for (char c; arrived < clients && read(ready[0], &c, 1) == 1;) arrived++;
+    for (char c; arrived < processes && read(ready[0], &c, 1) == 1;) arrived++;
     close(start[1]);                              /* every waiting client's read returns: go */
     while (wait(NULL) > 0) {}
 
     report_t all = {0};
     double slowest = 0;
     int failures = 0;
-    for (int k = 0; k < clients; k++) {
+    for (int k = 0; k < processes; k++) {
         report_t *r = &reports[k];
         if (r->failed || r->seconds == 0) {
-            fprintf(stderr, "loadgen: client %d: %s\n", k, r->failed ? r->error : "did not finish");
+            fprintf(stderr, "loadgen: %s %d: %s\n", multiplexed ? "process" : "client", k, r->failed ? r->error : "did not finish");
             failures++;
             continue;
         }

@@ -63,7 +63,8 @@ class LoadResult:
         return self.latency_us[request][percentile]
 
 
-def run(binary: Path, protocol: str, port: int, *, clients: int = 4, batch: int = 1, size: int = 128,
+def run(binary: Path, protocol: str, port: int, *, clients: int = 4, processes: int = 0, batch: int = 1,
+        size: int = 128,
         seconds: float = 0.0, items: int = 0, auto_abort_ms: int = 0, pipelined: bool = False,
         prefix: str = "loadgen", timeout: float = 120.0, queues: int = 0, fill: int = 0,
         warm_up: bool = True) -> LoadResult:
@@ -71,12 +72,15 @@ def run(binary: Path, protocol: str, port: int, *, clients: int = 4, batch: int 
 
     protocol is one of thrift, memcache, redis, beanstalk. `auto_abort_ms` makes Thrift gets open
     reads that are then confirmed; `pipelined` makes Redis send a batch as single-item commands;
-    `queues` makes the clients share that many queues (0: one each); `fill` leaves that many items
-    in each queue first (thrift, memcache, redis); without `warm_up` no round precedes the timed ones (the
-    queues are an earlier run's).
+    `processes` spreads the clients' connections over that many processes, each driving its share
+    on one event loop (0: a process each); `queues` makes the clients share that many queues (0: one
+    each); `fill` leaves that many items in each queue first (thrift, memcache, redis); without
+    `warm_up` no round precedes the timed ones (the queues are an earlier run's).
     """
     args = [str(binary), protocol, str(port), "-c", str(clients), "-b", str(batch), "-s", str(size),
             "-q", prefix, "-j"]
+    if processes:
+        args += ["-p", str(processes)]
     if seconds:
         args += ["-t", str(seconds)]
     if items:

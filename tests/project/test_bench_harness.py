@@ -11,6 +11,7 @@ from pymemcache.client.base import Client
 from bench import loadgen
 from tests.conftest import free_port
 from tests.support.system import tool
+from tests.support.wire import memcache_stats
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,24 @@ def test_loadgen_spreads_its_load_over_shared_queues_and_fills_them(binary: Path
     assert again.items == 9
     assert sum(queue_stats(server.memcache_port, f"{prefix}{q}")["total_items"] for q in range(10)) == \
         sum(s["total_items"] for s in stats.values()) + 9
+
+
+@pytest.mark.parametrize("protocol", ["memcache", "thrift"])
+def test_loadgen_drives_many_connections_from_a_few_processes(binary: Path, server: Any, protocol: str) -> None:
+    """-p: 50 connections from 2 processes, each connection request/response on its own queue, every
+    reply checked, the server seeing each connection's warm-up round and its rounds."""
+    port = server.memcache_port if protocol == "memcache" else server.thrift_port
+    prefix = f"many_{protocol}"
+    before = int(memcache_stats(server.memcache_port)["total_connections"])
+    result = loadgen.run(binary, protocol, port, clients=50, processes=2, batch=2, items=6, prefix=prefix)
+    assert (result.put, result.items, result.wrong) == (300, 300, 0)
+    assert result.latency_us["round"]["requests"] == 150
+    assert int(memcache_stats(server.memcache_port)["total_connections"]) - before == 51  # and the stats'
+    for client in range(50):
+        stats = queue_stats(server.memcache_port, f"{prefix}{client}")
+        assert (stats["total_items"], stats["items"]) == (8, 0), (client, stats)
+    with pytest.raises(loadgen.LoadgenError, match=r"process \d: thrift put failed: queue name 'bad\.\d' contains"):
+        loadgen.run(binary, "thrift", server.thrift_port, clients=4, processes=2, items=1, prefix="bad.")
 
 
 def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:

@@ -7,6 +7,7 @@ import json
 import select
 import socket
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from kestrel.service import listener
 from kestrel.service.listener import Listener
 from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.socket_io import accepted
+from kestrel.service.socket_io import ClientSocket, accepted
 from kestrel.service.text.handler import TextConnection
 from kestrel.service.thrift.handler import ThriftConnection
 from tests.conftest import STALL_S, ServerProcess, wait_until
@@ -225,3 +226,138 @@ def test_thrift_connections_share_one_table_of_calls(server_state: ServerState) 
     assert one.session.stats.total_connections == 2 and server_state.collection.peek("q") is not None
     for sock in (*first, *second):
         sock.close()
+
+
+def _until_the_client_closes(sock: socket.socket) -> bool:
+    """Greet the client, then serve it until it closes (a connection holding its place in the pool)."""
+    sock.sendall(b"hi")
+    io = ClientSocket(sock, 1024)
+    try:
+        while io.receive(bytearray(), None):
+            pass
+    finally:
+        io.close()
+    return True
+
+
+def _greeted(sock: gevent.socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return bool(sock.recv(2) == b"hi")
+    except TimeoutError:
+        return False
+
+
+def test_a_client_beyond_max_connections_waits_in_the_backlog_until_one_closes() -> None:
+    listening = Listener("test", ("127.0.0.1", 0), lambda sock, address: _until_the_client_closes(sock), 2)
+    listening.start()
+    clients = [gevent.socket.create_connection(listening.address) for _ in range(3)]
+    try:
+        assert _greeted(clients[0], STALL_S) and _greeted(clients[1], STALL_S)
+        assert not _greeted(clients[2], 0.3)  # connected, in the backlog: not accepted
+        clients[0].close()
+        assert _greeted(clients[2], STALL_S)
+    finally:
+        for client in clients:
+            client.close()
+        listening.stop_accepting()
+        listening.kill()
+
+
+def test_a_listener_binds_where_configured_ipv6_too() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    peers: list[tuple[str, int]] = []
+    served = gevent.event.Event()
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        peers.append(address[:2])
+        served.set()
+        return True
+
+    listening = Listener("test", ("::1", 0), handle, 4)
+    listening.start()
+    try:
+        with gevent.socket.create_connection(listening.address) as client:
+            assert served.wait(STALL_S)
+            assert peers == [client.getsockname()[:2]] and peers[0][0] == "::1"
+    finally:
+        listening.stop_accepting()
+
+
+def test_connections_are_accepted_from_the_os_socket_with_no_gevent_socket_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gevent's accept made a socket object of its own for each connection (four system calls),
+    only for it to be handed over; the connection gets the OS socket, non-blocking."""
+    def refused(self: Any) -> Any:
+        raise AssertionError("gevent's accept")
+
+    monkeypatch.setattr(gevent.socket.socket, "accept", refused)
+    handed: list[Any] = []
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        handed.append(sock)
+        return True
+
+    listening = Listener("test", ("127.0.0.1", 0), handle, 4)
+    listening.start()
+    try:
+        with gevent.socket.create_connection(listening.address) as client:
+            client.settimeout(STALL_S)
+            assert client.recv(1) == b""  # served, then closed
+            assert type(handed[0]) is not gevent.socket.socket and handed[0].gettimeout() == 0.0
+    finally:
+        listening.stop_accepting()
+
+
+def test_a_flood_of_connects_lets_the_connections_already_accepted_run() -> None:
+    """Thousands connecting at once: the accept loop steps aside every ACCEPT_BURST accepts, so the
+    first connection is served before the last is accepted."""
+    flood = 3 * listener.ACCEPT_BURST
+    open_at_first_serve: list[int] = []
+    served = gevent.event.Event()
+    listening = Listener("test", ("127.0.0.1", 0), lambda sock, address: True, 2 * flood)
+
+    def first_served(sock: Any, address: tuple[str, int]) -> bool:
+        if not open_at_first_serve:
+            open_at_first_serve.append(len(listening.connections))
+            served.set()
+        return True
+
+    listening.handle = first_served
+    clients = [gevent.socket.create_connection(listening.address) for _ in range(flood)]  # all in the backlog
+    listening.start()
+    try:
+        assert served.wait(STALL_S)
+        assert open_at_first_serve[0] <= listener.ACCEPT_BURST
+    finally:
+        for client in clients:
+            client.close()
+        listening.stop_accepting()
+
+
+def test_a_kept_greenlet_serves_the_next_connection_in_a_context_of_its_own() -> None:
+    """A greenlet whose connection ended serves the next one (no greenlet made, no frame stack mapped),
+    which sees none of the context variables the last one set; stopping ends the kept ones."""
+    variable: ContextVar[str] = ContextVar("variable", default="fresh")
+    seen: list[tuple[Any, str]] = []
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        seen.append((gevent.getcurrent(), variable.get()))
+        variable.set(f"set by connection {len(seen)}")
+        return True
+
+    listening = Listener("test", ("127.0.0.1", 0), handle, 4)
+    listening.start()
+    try:
+        for _ in range(3):
+            with gevent.socket.create_connection(listening.address) as client:
+                client.settimeout(STALL_S)
+                assert client.recv(1) == b""  # served and closed
+            assert listening.join(STALL_S)
+    finally:
+        listening.stop_accepting()
+    workers = {worker for worker, _ in seen}
+    assert len(workers) == 1 and [value for _, value in seen] == ["fresh"] * 3
+    gevent.sleep(0.01)
+    assert all(worker.dead for worker in workers)

@@ -27,7 +27,8 @@ try:
 except ImportError:  # built without a C compiler: every receive goes through the scratch buffer
     lengthen = None
 
-_OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
+# The OS socket class, whatever monkey patching put in the `socket` module.
+OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 
 
 MAX_CHUNK: Final = 256 * 1024  # the largest receive any connection asks for
@@ -90,7 +91,7 @@ def accepted(sock: gsocket) -> socket.socket:
     takes over the descriptor (the gevent socket is left closed) and is what the connection uses.
     Its family, type and protocol are passed on, else the new socket asks the kernel for them (three
     system calls a connection)."""
-    os_socket = _OSSocket(sock.family, sock.type, sock.proto, sock.detach())
+    os_socket = OSSocket(sock.family, sock.type, sock.proto, sock.detach())
     os_socket.setblocking(False)
     return os_socket
 
