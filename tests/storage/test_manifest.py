@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, manifest
+from kestrel.storage import QueueCollection, QueueConfigs, filenames, manifest
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
@@ -354,18 +354,22 @@ def _emptied_at_rotations(path: Path, rounds: int) -> QueueCollection:
 
 def test_a_rotated_journal_its_pack_replaces_is_neither_fsynced_nor_read_for_a_checksum(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    touched: list[str] = []
+    touched: list[str] = []  # files of this queue path fsynced or sealed (another test's may be too)
+
+    def note(path: str) -> None:
+        if os.path.dirname(os.path.abspath(path)) == str(tmp_path):
+            touched.append(os.path.basename(path))
 
     def noting(real: Callable[[int], None]) -> Callable[[int], None]:
         def call(fd: int) -> None:
-            touched.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            note(os.readlink(f"/proc/self/fd/{fd}"))
             real(fd)
         return call
 
     real_seal = manifest.seal
 
     def seal(path: str, *args: Any) -> manifest.Entry:
-        touched.append(os.path.basename(path))
+        note(path)
         return real_seal(path, *args)
 
     monkeypatch.setattr(os, "fsync", noting(os.fsync))
@@ -416,8 +420,9 @@ def test_a_crash_after_the_pack_is_listed_before_it_is_in_place_loads_the_unlist
     queues, crashed = tmp_path / "queues", tmp_path / "crashed"
     queues.mkdir()
 
-    def crash(step: str) -> None:
-        if step == "rename-pack" and not crashed.exists():
+    def crash(step: str) -> None:  # this queue's pack (another test's may run meanwhile), renamed next
+        if step == "rename-pack" and not crashed.exists() and any(
+                name.startswith("q") and filenames.is_temporary(name) for name in os.listdir(queues)):
             shutil.copytree(queues, crashed)  # the files a crash here would leave
 
     coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": EMPTIED}), runtime=InlineRuntime()))
