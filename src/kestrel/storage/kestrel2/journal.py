@@ -514,11 +514,12 @@ class QueueJournal:
 
         With `packed` a pack of the state at this rotation is taken with it, and it replaces the
         rotated file: a queue that empties rotates every `default_journal_size` and packs at once.
-        The file is then closed without an fsync and not sealed (neither read for its checksum nor
-        listed): the pack, fsynced and listed, takes its place, and the kernel need never write
-        the file's pages, which the pack deletes. Should the pack fail, the file is sealed then as
-        any other (`_finish_pack`); a crash before the pack is in place finds it unlisted and
-        newer than what the manifest lists, or of the pack's own timestamp (`_compare`).
+        Where that pack starts at once (no other is being written or waiting), the file is closed
+        without an fsync and not sealed (neither read for its checksum nor listed): the pack,
+        fsynced and listed, takes its place, and the kernel need never write the file's pages,
+        which the pack deletes. Should the pack fail, the file is sealed then as any other
+        (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
+        the manifest lists, or of the pack's own timestamp (`_compare`).
         """
         assert self.writer is not None
         self.flush()
@@ -533,7 +534,7 @@ class QueueJournal:
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = self._live_writer()
-        if packed and old.log is None and self.pack_state is not PackState.STOPPED:
+        if packed and old.log is None and self.pack_state is PackState.IDLE and not self.pack_pending:
             old.close(sync=False)
             self._replaced.add(rotated)
         else:
