@@ -13,15 +13,18 @@
   get, of the tick and of the sweep, the best of three.
 - connections: the same load on 4 queues from 4 connections and from CONNECTIONS connections (a
   process each): CPU µs per item, and the ratio.
-- connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection,
-  our server in each of BUILDS (bench/peers.py).
+- connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
+
+Our server runs in each of BUILDS (bench/peers.py) in every row.
 
 Every server starts afresh for each row (our server on its defaults: `max_memory_total` auto, the
-expiry sweep every second). `--source DIR` runs our server from another source tree (the code
+expiry sweep every second), and is left SETTLE seconds after its queues are made for the background
+tasks' first look at them. `--source DIR` runs our server from another source tree (the code
 before a change, say), with this checkout's load generator.
 
     .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
                                           [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
+                                          [--settle 1]
                                           [--only queues|library|connections|connect]
                                           [--builds pure compiled]
                                           [--source DIR]
@@ -41,6 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import loadgen, peers
@@ -49,60 +53,87 @@ from bench.common import load_average, machine, process_cpu_seconds
 Server = Callable[[], AbstractContextManager[peers.Running]]
 
 
-def servers(work: Path) -> Iterator[tuple[str, Server, str, str]]:
+def servers(work: Path, builds: list[str]) -> Iterator[tuple[str, Server, str, str]]:
     """(label, start, port name, load generator protocol) of each server a row compares."""
-    yield "kestrel-py", lambda: peers.kestrel(work), "memcache", "memcache"
+    for build in builds:
+        yield f"kestrel-py {build}", ours(work, build), "memcache", "memcache"
     yield "Redis", lambda: peers.redis(work), "redis", "redis"
 
 
-def queue_rows(work: Path) -> Iterator[tuple[str, Server, str, str]]:
+def queue_rows(work: Path, builds: list[str]) -> Iterator[tuple[str, Server, str, str]]:
     """The rows of the queues table: ours on both protocols (the admin port open, for the stats)."""
-    yield "kestrel-py memcache", lambda: peers.kestrel(work, admin=True), "memcache", "memcache"
-    yield "kestrel-py Thrift", lambda: peers.kestrel(work, admin=True), "thrift", "thrift"
+    for build in builds:
+        yield f"kestrel-py {build} memcache", ours(work, build, admin=True), "memcache", "memcache"
+        yield f"kestrel-py {build} Thrift", ours(work, build, admin=True), "thrift", "thrift"
     yield "Redis", lambda: peers.redis(work), "redis", "redis"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The run of least server CPU per item (a put and a get), and its items/s."""
+
+    cpu_us_per_item: float
+    items_per_s: float
 
 
 def cpu_per_item(binary: Path, server: peers.Running, port: str, protocol: str, args: argparse.Namespace,
-                 fill: int = 0, **options: int) -> float:
-    """Server CPU µs per item (a put and a get), the least of `args.repeat` runs of `args.seconds`
-    (other work on a shared machine only ever adds to it), after a short run that creates the
-    queues (and fills them), so that their creation is not counted."""
+                 fill: int = 0, **options: int) -> Cost:
+    """Server CPU µs per item, the least of `args.repeat` runs of `args.seconds` (other work on a
+    shared machine only ever adds to it), after a short run that creates the queues (and fills
+    them), so that their creation is not counted."""
     loadgen.run(binary, protocol, server[port], seconds=0.1, timeout=600, fill=fill, **options)
-    time.sleep(1.0)  # the background tasks' first look at the new queues
-    best = float("inf")
+    time.sleep(args.settle)  # the background tasks' first look at the new queues
+    best = Cost(float("inf"), 0.0)
     for _ in range(args.repeat):
         before = process_cpu_seconds(server.pid)
         result = loadgen.run(binary, protocol, server[port], seconds=args.seconds, timeout=600,
                              warm_up=False, **options)
-        best = min(best, (process_cpu_seconds(server.pid) - before) * 1e6 / max(result.items, 1))
+        cpu = (process_cpu_seconds(server.pid) - before) * 1e6 / max(result.items, 1)
+        if cpu < best.cpu_us_per_item:
+            best = Cost(cpu, result.items_per_s)
     return best
 
 
-def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> None:
+def growth(few: Cost, many: Cost) -> float:
+    """CPU per item under the heavier load over the lighter's (NaN where a run was too short for
+    /proc's clock ticks to see the server)."""
+    return many.cpu_us_per_item / few.cpu_us_per_item if few.cpu_us_per_item else float("nan")
+
+
+# Each server's figures on 4 queues and on many, and % of a core idle holding the many.
+QueueFigures = dict[str, tuple[Cost, Cost, float]]
+
+
+def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> QueueFigures:
     print(f"\n### {args.queues:,} queues against 4: memcache set + get, Thrift put + get (Redis RPUSH / "
           f"LPOP), 128 B, 4 connections, {args.fill} items left in each queue\n")
     print("| server | CPU µs/item, 4 queues | CPU µs/item, "
           f"{args.queues:,} queues | ratio | idle with {args.queues:,} queues, % of a core |")
     print("| --- | --- | --- | --- | --- |")
     polls = []
-    for label, start, port, protocol in queue_rows(work):
+    figures: QueueFigures = {}
+    for label, start, port, protocol in queue_rows(work, args.builds):
         with start() as server:
             few = cpu_per_item(binary, server, port, protocol, args, fill=args.fill, queues=4)
         with start() as server:
             many = cpu_per_item(binary, server, port, protocol, args, fill=args.fill,
                                 queues=args.queues)
-            time.sleep(2.0)  # the first look of the background tasks at what the load changed
+            time.sleep(2 * args.settle)  # the first look of the background tasks at what the load changed
             before = process_cpu_seconds(server.pid)
             time.sleep(args.idle)
             idle = (process_cpu_seconds(server.pid) - before) / args.idle * 100
             if "admin" in server.ports:
                 polls.append((label, *stats_poll(server)))
-        print(f"| {label} | {few:.1f} | {many:.1f} | {many / few:.2f} | {idle:.2f} |", flush=True)
+        figures[label] = (few, many, idle)
+        ratio = growth(few, many)
+        print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | {ratio:.2f} "
+              f"| {idle:.2f} |", flush=True)
     print(f"\n`GET /stats.json` with {args.queues:,} queues, and a light client's rounds meanwhile:\n")
     print("| server | ms to answer | longest light round, ms |")
     print("| --- | --- | --- |")
     for label, took, longest in polls:
         print(f"| {label} | {took * 1000:.0f} | {longest * 1000:.1f} |", flush=True)
+    return figures
 
 
 def stats_poll(server: peers.Running) -> tuple[float, float]:
@@ -198,17 +229,22 @@ def library_child(queues: int, fill: int) -> None:
     print(json.dumps(best))
 
 
-def connections(binary: Path, work: Path, args: argparse.Namespace) -> None:
+def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str, tuple[Cost, Cost]]:
+    """Each server's figures from 4 connections and from `args.connections`."""
     print(f"\n### {args.connections:,} connections against 4: the same load on 4 queues\n")
     print(f"| server | CPU µs/item, 4 connections | CPU µs/item, {args.connections:,} connections | ratio |")
     print("| --- | --- | --- | --- |")
-    rows = [*servers(work), ("memcached", lambda: peers.memcached(work), "memcache", "memcache")]
+    rows = [*servers(work, args.builds), ("memcached", lambda: peers.memcached(work), "memcache", "memcache")]
+    figures = {}
     for label, start, port, protocol in rows:
         with start() as server:
             few = cpu_per_item(binary, server, port, protocol, args, clients=4, queues=4)
             many = cpu_per_item(binary, server, port, protocol, args, clients=args.connections,
                                 queues=4)
-        print(f"| {label} | {few:.1f} | {many:.1f} | {many / few:.2f} |", flush=True)
+        figures[label] = (few, many)
+        print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | "
+              f"{growth(few, many):.2f} |", flush=True)
+    return figures
 
 
 def connect_and_close(work: Path, args: argparse.Namespace) -> None:
@@ -232,9 +268,9 @@ def connect_and_close(work: Path, args: argparse.Namespace) -> None:
         print(f"| {label} | {cost:.0f} |", flush=True)
 
 
-def ours(work: Path, build: str) -> Server:
-    """Starts our server in `build`."""
-    return lambda: peers.kestrel(work, build=build)
+def ours(work: Path, build: str, admin: bool = False) -> Server:
+    """Starts our server in `build` (with the admin port open with `admin`)."""
+    return lambda: peers.kestrel(work, admin=admin, build=build)
 
 
 def idle_cpu(server: peers.Running, seconds: float) -> float:
@@ -254,8 +290,10 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle server is watched")
     parser.add_argument("--cycles", type=int, default=2_000, help="connections opened and closed")
     parser.add_argument("--only", choices=["queues", "library", "connections", "connect"])
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="seconds left to the background tasks after the queues are made")
     parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["pure"],
-                        help="our server's builds the connect + close rows measure (default: pure)")
+                        help="our server's builds, each measured in every row (default: pure)")
     parser.add_argument("--library-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help="run our server from this source tree")
     args = parser.parse_args()

@@ -149,7 +149,10 @@ def row(workload: str, ours: Measured | None, peer: str, theirs: Measured | None
     print(f"| {workload} | {cell(ours)} | {peer} | {cell(theirs)} | {ratio} |", flush=True)
 
 
-Section = Callable[[Bench, Path], None]
+# What a section measured, for a caller to read beside its table (bench/bench_aims.py): our
+# figures under "<what> <build>", the peers' under their names.
+Figures = dict[str, Measured | None]
+Section = Callable[[Bench, Path], Figures]
 
 
 def rows(workload: str, ours: dict[str, Measured | None], peer: str, theirs: Measured | None) -> None:
@@ -157,7 +160,12 @@ def rows(workload: str, ours: dict[str, Measured | None], peer: str, theirs: Mea
         row(f"{workload} ({build})", measured, peer, theirs)
 
 
-def single(bench: Bench, work: Path) -> None:
+def named(what: str, ours: dict[str, Measured | None]) -> Figures:
+    """Our figures of each build (or setting), under "<what> <build>"."""
+    return {f"{what} {build}": measured for build, measured in ours.items()}
+
+
+def single(bench: Bench, work: Path) -> Figures:
     header("Single items: 4 clients, 128 B, one item per request")
     with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
@@ -173,28 +181,32 @@ def single(bench: Bench, work: Path) -> None:
         rows("memcache set + get", memcache, "memcached set/get", memcached)
         rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
         rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis)
+    return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
+            "beanstalkd": beans, "redis": redis, "memcached": memcached}
 
 
-def batch(bench: Bench, work: Path) -> None:
+def batch(bench: Bench, work: Path) -> Figures:
     header("Batches of 100: 4 clients, 128 B, one round = put 100 + get 100")
     with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
         thrift = bench.alternate("thrift", k, "thrift", "batch", batch=100)
-        rows("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100",
-             bench.measure("redis", red, "redis", "batch", batch=100))
-        rows("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined",
-             bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True))
+        redis = bench.measure("redis", red, "redis", "batch", batch=100)
+        rows("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100", redis)
+        pipelined = bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True)
+        rows("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined", pipelined)
         beans = bench.measure("beanstalk", bean, "beanstalk", "batch", batch=100)
         rows("Thrift put(100) + get(100)", thrift, "beanstalkd -F 100 put/reserve/delete pipelined", beans)
         confirmed = bench.alternate("thrift", k, "thrift", "confirm", batch=100, auto_abort_ms=10_000)
         rows("Thrift put + get/auto-abort + confirm (100)", confirmed,
              "beanstalkd -F 100 put/reserve/delete pipelined", beans)
         memcache = bench.alternate("memcache", k, "memcache", "batch", batch=100)
-        rows("memcache 100 set + 100 get pipelined", memcache, "memcached, the same",
-             bench.measure("memcache", mc, "memcache", "m", batch=100))
+        memcached = bench.measure("memcache", mc, "memcache", "m", batch=100)
+        rows("memcache 100 set + 100 get pipelined", memcache, "memcached, the same", memcached)
+    return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
+            "redis": redis, "redis pipelined": pipelined, "beanstalkd": beans, "memcached": memcached}
 
 
-def durability(bench: Bench, work: Path) -> None:
+def durability(bench: Bench, work: Path) -> Figures:
     header("Durability: 16 clients each on its own queue, one item per put, fsync before every reply "
            "(CPU µs/item with fsyncs per item)")
     with bench.ours(work, "always", "off") as off, bench.ours(work, "always") as on, \
@@ -209,21 +221,26 @@ def durability(bench: Bench, work: Path) -> None:
         beans, redis = measured.pop("beanstalkd"), measured.pop("redis")
         rows("Thrift put + get, `sync_journal: always`", measured, "beanstalkd -f0", beans)
         rows("Thrift put + get, `sync_journal: always`", measured, "Redis appendfsync always", redis)
+    return {**named("always", measured), "beanstalkd": beans, "redis": redis}
 
 
-def latency(bench: Bench, work: Path) -> None:
+def latency(bench: Bench, work: Path) -> Figures:
     header("Latency: one client, one item per request")
+    figures: Figures = {}
     for sync, commit_log in (("never", "off"), ("always", "off"), ("always", "on")):
         with bench.ours(work, sync, commit_log) as k, peers.beanstalkd(work, sync) as bean:
             flag = "-F" if sync == "never" else "-f0"
             logged = ", `commit_log: on`" if commit_log == "on" else ""
-            rows(f"Thrift put + get, `sync_journal: {sync}`{logged}",
-                 bench.alternate("thrift", k, "thrift", "latency", clients=1), f"beanstalkd {flag}",
-                 bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1))
+            ours = bench.alternate("thrift", k, "thrift", "latency", clients=1)
+            beans = bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1)
+            rows(f"Thrift put + get, `sync_journal: {sync}`{logged}", ours, f"beanstalkd {flag}", beans)
+            figures |= {**named(f"{sync} {commit_log}", ours), f"beanstalkd {flag}": beans}
+    return figures
 
 
-def sizes(bench: Bench, work: Path) -> None:
+def sizes(bench: Bench, work: Path) -> Figures:
     header("Item sizes: 4 clients, one item per request")
+    figures: Figures = {}
     with bench.ours(work) as k, peers.redis(work) as red:
         for size in (128, 1024, 65536):
             label = f"{size} B" if size < 1024 else f"{size // 1024} KB"
@@ -231,6 +248,9 @@ def sizes(bench: Bench, work: Path) -> None:
             for protocol in ("thrift", "memcache"):
                 ours = bench.alternate(protocol, k, protocol, f"size{size}", size=size)
                 rows(f"{protocol} put + get, {label}", ours, "Redis RPUSH/LPOP", redis)
+                figures |= named(f"{protocol} {size}", ours)
+            figures[f"redis {size}"] = redis
+    return figures
 
 
 SECTIONS: dict[str, Section] = {"single": single, "batch": batch, "durability": durability,

@@ -167,3 +167,48 @@ def test_fsyncs_are_counted_in_every_thread_of_a_server(tmp_path: Path) -> None:
     if "all" not in counts:
         pytest.skip("perf stat cannot count the kernel's system call tracepoints here")
     assert (counts["fdatasync"], counts["fsync"]) == (7, 3)
+
+
+@pytest.mark.slow
+def test_the_aims_table_has_every_row_with_its_peers() -> None:
+    """`bench_aims --quick` runs every aim's measurement and prints one table: each row of the aims
+    with its figures and its peers'. Its ratios are the benchmark's business, not a test's."""
+    import subprocess
+    import sys
+
+    from bench.bench_aims import COLUMNS
+
+    for command, package in (("gcc", "gcc"), ("beanstalkd", "beanstalkd"), ("redis-server", "redis-server"),
+                             ("memcached", "memcached")):
+        tool(command, package)
+    done = subprocess.run([sys.executable, "-m", "bench.bench_aims", "--quick", "--builds", "pure"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split("### The aims\n", 1)[1].strip().splitlines()
+    header, rule, *rows = (line for line in table if line.startswith("|"))
+    assert header == f"| {' | '.join(COLUMNS)} |" and rule.count("---") == len(COLUMNS)
+    cells = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in rows]
+    assert all(len(row) == len(COLUMNS) for row in cells), rows
+    by_workload = {row[0]: row for row in cells}
+    expected = {
+        "Thrift single items, 4 clients (pure)": ("beanstalkd -F", "Redis"),
+        "memcache single items, 4 clients (pure)": ("beanstalkd -F", "Redis"),
+        "Thrift batches of 100 (pure)": ("Redis RPUSH of 100 values",),
+        "`always`, 16 producers, `commit_log: on` (the default) (pure)": ("Redis appendfsync always", "beanstalkd -f0"),
+        "`always`, 16 producers, `commit_log: off` (pure)": ("Redis appendfsync always", "beanstalkd -f0"),
+        "200 filled queues against 4, memcache (pure)": ("Redis",),
+        "200 filled queues against 4, Thrift (pure)": ("Redis",),
+        "an idle server holding 200 queues (pure)": ("Redis",),
+        "20 connections against 4, memcache (pure)": ("memcached", "Redis"),
+        **{f"{size} items, {protocol} (pure)": ("Redis",) for size in ("1 KB", "64 KB")
+           for protocol in ("Thrift", "memcache")},
+    }
+    assert sorted(by_workload) == sorted(expected)
+    for workload, names in expected.items():
+        _, ours, peers, *_ = by_workload[workload]
+        found = peers.split("; ")
+        assert len(found) == len(names) and all(map(str.startswith, found, names)), (workload, peers)
+        assert "failed" not in ours and "failed" not in peers, (workload, ours, peers)
+    assert all(row[5] in ("met", "not met", "-") for row in cells)
+    copies = [row for row in cells if " KB items" in row[0]]
+    assert all(row[3].startswith("copies: ") for row in copies), copies
