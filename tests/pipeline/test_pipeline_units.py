@@ -19,6 +19,7 @@ from kestrel.client import Refused, ServerUnavailable  # noqa: E402
 from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
 from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
 from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
+from tests.support.wire import memcache_stats  # noqa: E402
 from tests.support.client_retries import Retries, recorded_retries  # noqa: E402, F401  (the `retries` fixture)
 
 
@@ -204,7 +205,9 @@ def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
         checkpoint_dir("s3a://bucket/cp")
 
 
-def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: Any) -> None:
+def test_a_fetch_takes_more_than_max_open_reads_over_one_connection(server_factory: Any) -> None:
+    """`get_timed`'s reads are not capped per connection: a fetch is one call, not a connection
+    for each `max_open_reads` items."""
     from kestrel.client import Server
 
     srv = server_factory({"max_open_reads": 7})
@@ -213,7 +216,9 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     before = int(time.time() * 1000)
     server.put("q", [b"%d" % i for i in range(30)])
     after = int(time.time() * 1000)
+    connections = int(memcache_stats(srv.memcache_port)["total_connections"])
     taken = take_open_reads(address, "q", 25, 60_000, 10_000)
+    assert int(memcache_stats(srv.memcache_port)["total_connections"]) - connections == 1 + 1  # + the stats'
     assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
     assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
     assert taken.failure is None
