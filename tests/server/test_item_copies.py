@@ -136,10 +136,20 @@ def thrift_get(data: bytes, first: bool) -> tuple[bytes, int | None]:
     return framed(call), None
 
 
+def compact_put(data: bytes, first: bool) -> tuple[bytes, int | None]:
+    return framed(encode_call("compact", "put", queue_name="q", items=[data], expiration_msec=0)), None
+
+
+def compact_get(data: bytes, first: bool) -> tuple[bytes, int | None]:
+    call = encode_call("compact", "get", queue_name="q", max_items=1, timeout_msec=0, auto_abort_msec=0)
+    return framed(call), None
+
+
 PROTOCOLS: dict[str, tuple[type[Connection], Exchange, Exchange]] = {
     "memcache": (MemcacheConnection, memcache_put, memcache_get),
     "text": (TextConnection, text_put, text_get),
     "thrift": (ThriftConnection, thrift_put, thrift_get),
+    "thrift compact": (ThriftConnection, compact_put, compact_get),
 }
 
 
@@ -149,6 +159,8 @@ def test_a_1_kb_or_64_kb_item_is_copied_once_from_the_socket_to_the_journal_and_
         server_state: ServerState, protocol: str, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The peak's bound tells one copy from two at 64 KB; at 1 KB the other checks count."""
     kind, put, get = PROTOCOLS[protocol]
+    if protocol == "thrift compact":
+        monkeypatch.setattr(server_state.config, "thrift_protocol", "compact")
     client = Client(server_state, kind)
     try:
         # A first item: the queue and its journal are made, and the connection has seen a large request.
@@ -163,6 +175,9 @@ def test_a_1_kb_or_64_kb_item_is_copied_once_from_the_socket_to_the_journal_and_
         written: list[bytes] = []
         writev = os.writev
         monkeypatch.setattr(os, "writev", lambda fd, pieces: writev(fd, written.extend(pieces) or pieces))
+        # The get's first bytes come with the put (a client pipelining its next request), so the
+        # receive buffer keeps its room while the put is read: a copy of the request beside it shows.
+        put_request += get_request[:3]
         put_peak = allocated(lambda: client.ask(put_request, put_reply))
         monkeypatch.setattr(os, "writev", writev)
         # The request was received in place, parsed into one new item, which the journal was written from.
@@ -177,7 +192,7 @@ def test_a_1_kb_or_64_kb_item_is_copied_once_from_the_socket_to_the_journal_and_
         assert record.endswith(second)
 
         replies: list[int] = []
-        get_peak = allocated(lambda: replies.append(client.ask(get_request, get_reply)))
+        get_peak = allocated(lambda: replies.append(client.ask(get_request[3:], get_reply)))
         assert second in client.reply[:replies[0]].tobytes()
         # The get's request is small; its reply carries the one copy of the item.
         assert get_peak <= socket_io.IN_PLACE_ROOM + SLACK, f"{get_peak:,} bytes held at once"

@@ -17,6 +17,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from kestrel.service.socket_io import GATHER_FROM
+
 try:
     from kestrel.service.thrift import _binary as _thrift_binary
 except ImportError:  # built without a C compiler: the Python code alone
@@ -45,15 +47,15 @@ class ThriftProtocolError(Exception):
 
 
 class Reader:
-    """One message in a buffer. Subclasses read one protocol; `more(need)` reads on to `need`
-    bytes and returns the new end (None: the buffer is a whole frame)."""
+    """One message in a buffer, from `start` on. Subclasses read one protocol; `more(need)` reads on
+    to `need` bytes and returns the new end (None: the buffer holds the whole frame, to `limit`)."""
 
     MIN_SIZE: ClassVar[dict[int, int]] = {}
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
-                 more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
+                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0) -> None:
         self.buf = buf
-        self.pos = 0
+        self.pos = start
         self.end = end
         self.limit = limit
         self.max_items = max_items
@@ -328,8 +330,8 @@ class CompactReader(Reader):
         SET: 1, LIST: 1, UUID: 16}
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
-                 more: Callable[[int], int] | None = None, scope: str = "frame") -> None:
-        super().__init__(buf, end, limit, max_items, max_bytes, more, scope)
+                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0) -> None:
+        super().__init__(buf, end, limit, max_items, max_bytes, more, scope, start)
         self._last_fid = 0
         self._fids: list[int] = []
         self._bool: bool | None = None
@@ -442,13 +444,24 @@ class CompactReader(Reader):
 
 
 class Writer:
-    """A reply under construction; `getvalue()` is the message."""
+    """A reply under construction; `getvalue()` is the message. A large value (a get's item) is
+    kept where it is until then, so that its bytes are copied once, into the message."""
 
     def __init__(self) -> None:
         self.out = bytearray()
+        self._before: list[bytes | bytearray] = []  # what precedes `out`, large values as they are
 
     def getvalue(self) -> bytes:
-        return bytes(self.out)
+        if not self._before:
+            return bytes(self.out)
+        return b"".join((*self._before, self.out))
+
+    def _value_bytes(self, raw: bytes) -> None:
+        if len(raw) < GATHER_FROM:
+            self.out += raw
+        else:
+            self._before += (self.out, raw)
+            self.out = bytearray()
 
     def write_message_begin(self, name: str, mtype: int, seqid: int) -> None:
         raise NotImplementedError
@@ -486,7 +499,7 @@ class BinaryWriter(Writer):
         if ttype == STRING:
             raw = value.encode() if isinstance(value, str) else value
             out += _I32.pack(len(raw))
-            out += raw
+            self._value_bytes(raw)
         elif ttype == I64:
             out += _I64.pack(value)
         elif ttype == I32:
@@ -558,7 +571,7 @@ class CompactWriter(Writer):
         if ttype == STRING:
             raw = value.encode() if isinstance(value, str) else value
             out += _varint(len(raw))
-            out += raw
+            self._value_bytes(raw)
         elif ttype in (I64, I32, I16):
             out += _varint((value << 1) ^ (value >> 63))
         elif ttype == BYTE:
