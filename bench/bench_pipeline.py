@@ -10,6 +10,10 @@
   kestrel.storage.kestrel2.reader.read_journal on the same files (and one over the reader's fast path),
   and against what Spark alone costs for a Python source's Arrow batches.
 
+Beside the writer and the stream, Spark's own floor in the same runs: a Python writer that only
+receives the rows, and a Python streaming source that yields the same rows ready-made, in the same
+batches and partitions (no server): what no source or writer of ours can go below.
+
 The Spark and plain sides take turns, best of `--runs` each, so that both meet the same moments of
 the machine's load; each run has queues of its own.
 
@@ -53,6 +57,10 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
     df = spark.range(0, n, numPartitions=4).selectExpr(rows_expr).cache()
     df.count()
     rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
+    spark.dataSource.register(NullSink)
+    nothing = df.write.format("null-sink").mode("append")
+    nothing.save()
+    null_s = float("inf")
     for count in (1, 3):
         with servers(count, work) as ports:
             target = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -68,10 +76,15 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
                         for i in range(0, n, batch_size):
                             cluster.put_many(queue, rows[i:i + batch_size])
                     plain_s = min(plain_s, timed(plain))
+                if count == 1:
+                    null_s = min(null_s, timed(nothing.save))
             print(f"writer into {count} server(s), batches of {batch_size:,}: "
                   f"spark {n / spark_s:,.0f} rows/s, "
                   f"plain loop through the client into one {n / plain_s:,.0f} rows/s, "
                   f"ratio {plain_s / spark_s:.2f}")
+            if count == 1:
+                print(f"  Spark's own floor (a Python writer that only receives the rows): "
+                      f"{n / null_s:,.0f} rows/s ({null_s:.2f} s), ratio {plain_s / null_s:.2f}")
 
 
 def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
@@ -126,10 +139,17 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_tri
             while got := client.get_timed(queue, 1000, 0, 60_000):
                 client.confirm(queue, {item.id for item in got})
 
+        def run_ready(checkpoint: str) -> None:
+            (spark.readStream.format("ready-stream").option("rows", n).option("perTrigger", per_trigger)
+             .option("perPartition", per_partition).load()
+             .writeStream.foreachBatch(count).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start().awaitTermination())
+
+        spark.dataSource.register(ReadyStream)
         for i in range(0, 1000, 1000):
             client.put("warmup", rows[i:i + 1000])
         run_stream("warmup", tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work))  # workers started
-        spark_s = plain_s = float("inf")
+        spark_s = plain_s = ready_s = float("inf")
         for run in range(runs):
             for i in range(0, n, 10_000):
                 client.put(f"spark{run}", rows[i:i + 10_000])
@@ -139,12 +159,19 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_tri
             spark_s = min(spark_s, timed(lambda: run_stream(f"spark{run}", checkpoint)))  # noqa: B023
             assert seen[0] == n, seen[0]
             plain_s = min(plain_s, timed(lambda: plain(f"plain{run}")))  # noqa: B023
+            seen[0] = 0
+            checkpoint = tempfile.mkdtemp(prefix="kestrel-bench-cp-", dir=work)
+            ready_s = min(ready_s, timed(lambda: run_ready(checkpoint)))  # noqa: B023
+            assert seen[0] == n, seen[0]
         client.close()
         print(f"streaming ({n:,} rows, AvailableNow, {per_trigger:,} per trigger, {per_partition:,} per "
               f"partition): "
               f"spark {n / spark_s:,.0f} rows/s, "
               f"plain get_timed + confirm loop through the client {n / plain_s:,.0f} rows/s, "
               f"ratio {plain_s / spark_s:.2f}")
+        print(f"  Spark's own floor (a Python streaming source yielding the same rows ready-made, in the "
+              f"same batches and partitions): {n / ready_s:,.0f} rows/s ({ready_s:.2f} s), "
+              f"ratio {plain_s / ready_s:.2f}")
 
 
 def read_all(path: str) -> int:
@@ -246,6 +273,93 @@ def _ready_batches() -> Any:
 
 
 ReadyBatches = _ready_batches()
+
+
+def _null_sink() -> Any:
+    """A writer that receives the rows and does nothing: what Spark alone costs for a Python writer."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class Writer(DataSourceArrowWriter):
+        def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class Sink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "null-sink"
+
+        def writer(self, schema: Any, overwrite: bool) -> Writer:
+            return Writer()
+
+    return Sink
+
+
+NullSink = _null_sink()
+
+
+def _ready_stream() -> Any:
+    """A streaming source that holds its rows ready-made, cut into the kestrel stream's batches and
+    partitions: what Spark alone costs for a Python streaming source under AvailableNow."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+    class Part(InputPartition):
+        def __init__(self, first: int, count: int) -> None:
+            super().__init__(first)
+            self.first, self.count = first, count
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self, rows: int, per_trigger: int, per_partition: int) -> None:
+            self.rows, self.per_trigger, self.per_partition = rows, per_trigger, per_partition
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"at": 0}
+
+        def getDefaultReadLimit(self) -> ReadLimit:
+            return ReadMaxRows(self.per_trigger)
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+            return {"at": min(self.rows, start["at"] + self.per_trigger)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return [Part(first, min(self.per_partition, end["at"] - first))
+                    for first in range(start["at"], end["at"], self.per_partition)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import pyarrow as pa
+
+            assert isinstance(partition, Part)
+            payload = b"x" * 64
+            for first in range(partition.first, partition.first + partition.count, 10_000):
+                last = min(first + 10_000, partition.first + partition.count)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([b"%s%d" % (payload, i) for i in range(first, last)], pa.binary())],
+                    names=["data"])
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ready-stream"
+
+        def schema(self) -> str:
+            return "data binary"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            o = self.options
+            return Reader(int(o["rows"]), int(o["perTrigger"]), int(o["perPartition"]))
+
+    return Source
+
+
+ReadyStream = _ready_stream()
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
 from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
 from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
 from tests.support.client_retries import Retries, recorded_retries  # noqa: E402, F401  (the `retries` fixture)
+from tests.support.wire import memcache_stats  # noqa: E402
 
 
 @pytest.mark.parametrize("text, message", [
@@ -204,7 +205,9 @@ def test_spark_commit_log_names_the_source_batch(tmp_path: Path) -> None:
         checkpoint_dir("s3a://bucket/cp")
 
 
-def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: Any) -> None:
+def test_a_fetch_takes_more_than_max_open_reads_over_one_connection(server_factory: Any) -> None:
+    """`get_timed`'s reads are not capped per connection: a fetch is one call, not a connection
+    for each `max_open_reads` items."""
     from kestrel.client import Server
 
     srv = server_factory({"max_open_reads": 7})
@@ -213,7 +216,9 @@ def test_a_fetch_takes_more_than_one_connection_may_hold_open(server_factory: An
     before = int(time.time() * 1000)
     server.put("q", [b"%d" % i for i in range(30)])
     after = int(time.time() * 1000)
+    connections = int(memcache_stats(srv.memcache_port)["total_connections"])
     taken = take_open_reads(address, "q", 25, 60_000, 10_000)
+    assert int(memcache_stats(srv.memcache_port)["total_connections"]) - connections == 1 + 1  # + the stats'
     assert taken.items == [b"%d" % i for i in range(25)] and len(set(taken.ids)) == 25
     assert all(before <= t <= after for t in taken.added) and taken.expiry == [0] * 25
     assert taken.failure is None
@@ -266,6 +271,28 @@ def test_the_writers_puts_keep_to_batch_size_and_bytes_a_larger_item_alone(serve
     with Server("127.0.0.1", server.thrift_port) as client:
         got = [item.data for item in client.get("sized", 100)]
     assert got == rows  # every row once, in order
+
+
+def test_a_put_in_flight_that_fails_fails_the_write(server_factory: Any) -> None:
+    """The writer keeps one put in flight while it reads on: a put refused meanwhile still fails the
+    task (here the last one, in flight when the rows ran out), with what was written counted."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from kestrel.client import Server
+    from kestrel.pipeline.writer import KestrelWriter, QueueFullError
+
+    srv = server_factory({"queues": {"small": {"max_items": 10}}})
+    schema = StructType([StructField("data", BinaryType())])
+    batches = [pa.RecordBatch.from_arrays([pa.array([b"%d" % i for i in range(first, first + 4)], pa.binary())],
+                                          names=["data"]) for first in range(0, 12, 4)]
+    options = {"servers": f"127.0.0.1:{srv.thrift_port}", "queue": "small", "batchSize": "4"}
+    with pytest.raises(QueueFullError, match="refused 2 of 4"):
+        KestrelWriter(options, schema).write(iter(batches))
+    counted = KestrelWriter({**options, "onFull": "count"}, schema).write(iter(batches))
+    assert (counted.written, counted.refused) == (0, 12)
+    with Server("127.0.0.1", srv.thrift_port) as client:
+        assert [item.data for item in client.get("small", 20)] == [b"%d" % i for i in range(10)]
 
 
 def test_replay_reopens_open_reads_first_in_order() -> None:

@@ -214,6 +214,15 @@ def test_max_open_reads_caps_each_queue_of_each_connection(server: ServerState) 
     assert [data for data, _ in session.get_items("q", 10, auto_abort_ms=60_000).pairs()] == [b"6"]
 
 
+def test_uncapped_get_items_opens_past_max_open_reads(server: ServerState) -> None:
+    session = Session(server, "client")
+    session.put("q", [b"%d" % i for i in range(8)])
+    assert len(session.get_items("q", 10, auto_abort_ms=60_000).pairs()) == 3  # max_open_reads: 3
+    uncapped = session.get_items("q", 4, auto_abort_ms=60_000, create=False, capped=False).pairs()
+    assert [data for data, _ in uncapped] == [b"3", b"4", b"5", b"6"]
+    assert session.confirm_ids("q", {read_id for _, read_id in uncapped}) == 4
+
+
 def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None:
     session = Session(make_server(max_batch_items=2), "client")
     session.put("q", [b"a", b"b", b"c"])

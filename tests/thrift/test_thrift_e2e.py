@@ -127,6 +127,22 @@ def test_max_open_reads_per_connection(server_factory: Any) -> None:
         assert len(c.get("cap", 5, 0, 60_000)) == 1
 
 
+def test_get_timed_is_not_capped_per_connection(server_factory: Any) -> None:
+    """Kestrel's `get` keeps its cap; `get_timed`, whose reads outlive their connection, takes what
+    it asks for (up to `max_batch_items`) whatever the connection holds."""
+    srv = server_factory({"max_open_reads": 3, "max_batch_items": 8})
+    with client(srv) as c:
+        for first in (0, 8, 16):
+            c.put("cap", [b"%d" % i for i in range(first, min(first + 8, 20))], 0)
+        assert len(c.get("cap", 5, 0, 60_000)) == 3
+        got = c.get_timed("cap", 10, 0, 60_000)
+        assert [i.data for i in got] == [b"%d" % i for i in range(3, 11)]  # max_batch_items: 8
+        assert len(c.get_timed("cap", 10, 0, 60_000)) == 8
+        assert len(c.get_timed("cap", 10, 0, 60_000)) == 1
+        assert c.get("cap", 1, 0, 60_000) == []  # the connection is past Kestrel's cap
+        assert c.peek("cap").open_transactions == 20
+
+
 def test_expiration_is_relative(server: ServerProcess) -> None:
     with client(server) as c:
         started = time.monotonic()

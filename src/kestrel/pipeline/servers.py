@@ -6,9 +6,10 @@ What is the pipeline's own:
 - `Reachability`: which servers a stream could not reach, since when; it spaces out the attempts
   on a server that is down, logs once per interval rather than once per attempt, and fails the
   stream once no server has answered for the stream's `unreachableTimeoutMs`.
-- `take_open_reads`: a server caps the open reads of one connection on one queue
-  (`max_open_reads`), and Thrift open reads outlive their connection, so each `get` of a fetch goes
-  over a connection of its own.
+- `take_open_reads`: a fetch's open reads, taken with `get_timed`, which a server does not cap per
+  connection (Kestrel's `get` stops at `max_open_reads`): a fetch is one call, up to the server's
+  `max_batch_items`. Each further call goes over a new connection, so that a server which still
+  caps it (an older version of this one) hands out the rest there.
 
 Every call's time-out is the stream's `timeoutMs` (or the client's default for a batch read).
 """
@@ -154,7 +155,8 @@ class TakenReads:
 
 def take_open_reads(address: str, queue: str, quota: int, auto_abort_ms: int, timeout_ms: int) -> TakenReads:
     """Up to `quota` items as open reads with their times, without waiting, each `get_timed` over a
-    new connection (it creates no queue), until the quota is met or the queue is empty. A server
+    new connection (it creates no queue), until the quota is met or the queue is empty: one call
+    and one connection for a quota within the server's `max_batch_items`. A server
     that fails or refuses ends the fetch early with what was taken so far; the caller decides what
     that failure means."""
     server = connect(address, timeout_ms, max_idle=0)

@@ -16,6 +16,7 @@ recorded) is put again, so the items of the batches in flight at a failure may b
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,17 @@ class KestrelWriter(DataSourceArrowWriter):
                         f"queue {self.queue!r} is full on every server: they refused {len(left)} "
                         f"of {len(items)} items (set onFull=count to go on)")
 
+        # One put in flight while the next rows are read and cut: the server stores a batch while
+        # Spark hands over the next, rather than each waiting on the other. Puts stay in row order.
+        putting = ThreadPoolExecutor(1, thread_name_prefix="kestrel-put")
+        in_flight: Future[None] | None = None
+
+        def send(items: list[bytes]) -> None:
+            nonlocal in_flight
+            if in_flight is not None:
+                in_flight.result()  # raises what the put raised
+            in_flight = putting.submit(put, items)
+
         try:
             for batch in iterator:
                 column = batch.column(batch.schema.get_field_index(self.column))
@@ -145,13 +157,16 @@ class KestrelWriter(DataSourceArrowWriter):
                 for piece, size in self._pieces(column):
                     if pending and (len(pending) + len(piece) > self.batch_size
                                     or pending_bytes + size > self.batch_bytes):
-                        put(pending)
+                        send(pending)
                         pending, pending_bytes = [], 0
                     pending.extend(piece.to_pylist())
                     pending_bytes += size
             if pending:
-                put(pending)
+                send(pending)
+            if in_flight is not None:
+                in_flight.result()
         finally:
+            putting.shutdown(wait=True)  # a put in flight ends before its connection is closed
             cluster.close()
         return PutReport(written, refused, nulls)
 

@@ -157,12 +157,15 @@ class Session:
     # Thrift-style reads: server-wide ids, auto-abort timers, a cap per connection and queue
 
     def get_items(self, queue: str, max_items: int, timeout_ms: int = 0, auto_abort_ms: int = 0,
-                  create: bool = True) -> TakenItems:
+                  create: bool = True, capped: bool = True) -> TakenItems:
         """One Thrift get: up to `max_items` (at most `max_batch_items`) with the ids of their open
         reads (0 without auto-abort), waiting up to `timeout_ms` (at most `max_wait`) for each
-        while the queue is empty. With auto-abort the connection may hold `max_open_reads` open
-        reads on each queue, as Kestrel counts them. Without `create` a queue the server does not
-        hold is not created (no items, at once).
+        while the queue is empty. With auto-abort and `capped` the connection may hold
+        `max_open_reads` open reads on each queue, as Kestrel counts them (its `get`); uncapped, one
+        call opens up to `max_batch_items` whatever the connection holds (`get_timed`: reads with
+        ids outlive their connection, so a count per connection bounds nothing a new connection
+        would not undo). Without `create` a queue the server does not hold is not created (no
+        items, at once).
 
         The queue is taken a slice of `GET_SLICE` at a time: each slice's reads are opened before
         the connection lets the others run (`pause`), so that none is left without an owner.
@@ -176,7 +179,7 @@ class Session:
         self.status.check_read("get")
         max_items = min(max_items, self.server.config.max_batch_items)
         transaction = auto_abort_ms > 0
-        if transaction:
+        if transaction and capped:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
         items: list[QItem] = []

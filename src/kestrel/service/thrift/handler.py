@@ -73,7 +73,7 @@ class ThriftHandler:
                   auto_abort_msec: int | None) -> TakenItems:
         """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
         return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                      auto_abort_msec or 0, create=False)
+                                      auto_abort_msec or 0, create=False, capped=False)
 
     def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
         """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
