@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, manifest
+from kestrel.storage import QueueCollection, QueueConfigs, filenames, manifest
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
-from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.reader import read_journal
+from tests.support.crash_points import InlineRuntime
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path, one
 
 ITEM = b"x" * 200
@@ -334,6 +335,113 @@ def test_a_rotation_cut_off_before_its_manifest_write_still_loads(tmp_path: Path
     coll = k2(tmp_path)
     assert len(drain(coll, "q")) == 250
     coll.close()
+
+
+# A queue that empties once its live journal passes `default_journal_size` rotates and packs at
+# once: the pack replaces the rotated journal, which is then neither fsynced nor sealed.
+EMPTIED: dict[str, Any] = {"sync_journal": "never", "default_journal_size": 4096, "max_memory_size": 16384}
+
+
+def _emptied_at_rotations(path: Path, rounds: int) -> QueueCollection:
+    coll = load_strictly(QueueCollection(str(path), QueueConfigs({}, {"q": EMPTIED}), runtime=InlineRuntime()))
+    for round_ in range(rounds):
+        for i in range(30):
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
+        assert len(coll.remove("q", 30)) == 30  # emptied past default_journal_size: rotated and packed
+        coll.queue("q").wait_for_packing()
+    return coll
+
+
+def test_a_rotated_journal_its_pack_replaces_is_neither_fsynced_nor_read_for_a_checksum(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    touched: list[str] = []  # files of this queue path fsynced or sealed (another test's may be too)
+
+    def note(path: str) -> None:
+        if os.path.dirname(os.path.abspath(path)) == str(tmp_path):
+            touched.append(os.path.basename(path))
+
+    def noting(real: Callable[[int], None]) -> Callable[[int], None]:
+        def call(fd: int) -> None:
+            note(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+        return call
+
+    real_seal = manifest.seal
+
+    def seal(path: str, *args: Any) -> manifest.Entry:
+        note(path)
+        return real_seal(path, *args)
+
+    monkeypatch.setattr(os, "fsync", noting(os.fsync))
+    monkeypatch.setattr(os, "fdatasync", noting(os.fdatasync))
+    monkeypatch.setattr(manifest, "seal", seal)
+    coll = _emptied_at_rotations(tmp_path, 3)
+    packs = rotated(tmp_path)
+    assert len(packs) == 1  # each pack replaced the journals before it
+    assert not [name for name in touched if name.startswith("q.") and name[2:].isdigit()], touched
+    coll.close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == packs and record.files[packs[0]].pack
+    coll = k2(tmp_path, **EMPTIED)
+    assert drain(coll, "q") == []
+    coll.close()
+
+
+def test_a_rotated_journal_whose_pack_failed_is_sealed_after_all(tmp_path: Path) -> None:
+    failed: list[str] = []
+
+    def fail_once(step: str) -> None:
+        if step == "write" and not failed:
+            failed.append(step)
+            raise OSError(28, "no space left (simulated)")
+
+    packer.failpoint = fail_once
+    try:
+        coll = _emptied_at_rotations(tmp_path, 1)
+    finally:
+        packer.failpoint = None
+    assert failed == ["write"]
+    unpacked = rotated(tmp_path)
+    assert len(unpacked) == 1 and not packer.is_our_pack(str(tmp_path / unpacked[0]))
+    for i in range(80):  # past max_memory_size: a rotation sealed into the manifest as usual
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.close()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == rotated(tmp_path) and len(record.files) == 2
+    for name, entry in record.files.items():
+        assert manifest.mismatch(str(tmp_path / name), entry) is None
+    coll = k2(tmp_path, **EMPTIED)  # the first rotated journal is listed: not refused as a stray
+    assert drain(coll, "q") == [b"%04d" % i + ITEM for i in range(80)]
+    coll.close()
+
+
+def test_a_crash_after_the_pack_is_listed_before_it_is_in_place_loads_the_unlisted_journal(
+        tmp_path: Path) -> None:
+    queues, crashed = tmp_path / "queues", tmp_path / "crashed"
+    queues.mkdir()
+
+    def crash(step: str) -> None:  # this queue's pack (another test's may run meanwhile), renamed next
+        if step == "rename-pack" and not crashed.exists() and any(
+                name.startswith("q") and filenames.is_temporary(name) for name in os.listdir(queues)):
+            shutil.copytree(queues, crashed)  # the files a crash here would leave
+
+    coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": EMPTIED}), runtime=InlineRuntime()))
+    for i in range(30):
+        coll.put("q", [b"%04d" % i + ITEM])
+    assert len(coll.remove("q", 25)) == 25
+    coll.put("q", [b"last"])
+    packer.failpoint = crash
+    try:
+        assert len(coll.remove("q", 6)) == 6  # emptied: rotated, packed
+        coll.queue("q").wait_for_packing()
+    finally:
+        packer.failpoint = None
+    coll.close()
+    record = manifest.read(str(crashed), "q")
+    assert record is not None and record.files and all(entry.pack for entry in record.files.values())
+    again = k2(crashed, **EMPTIED)  # the rotated journal, unlisted, is the pack's own: not a stray
+    assert drain(again, "q") == []
+    again.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -296,12 +296,14 @@ class JournalWriter:
         if self.fd >= 0:
             self.sync_to(self.size)
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
+        """fsync what is unsynced (unless not to `sync`: a file about to be deleted) and close."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.fd >= 0:
-            self.flush()
+            if sync:
+                self.flush()
             os.close(self.fd)
             self.fd = -1
 
@@ -314,11 +316,12 @@ class Sealer:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._pending: list[tuple[JournalWriter, Callable[[], None]]] = []
+        self._pending: list[tuple[JournalWriter | None, Callable[[], None]]] = []
         self._running = 0
         self._done: Event | None = None
 
-    def add(self, old: JournalWriter, then: Callable[[], None]) -> None:
+    def add(self, old: JournalWriter | None, then: Callable[[], None]) -> None:
+        """Finish `old` (None: a file closed already), then run `then`."""
         self._pending.append((old, then))
         self.runtime.spawn(self.run)
 
@@ -332,10 +335,12 @@ class Sealer:
             while self._pending:
                 old, then = self._pending.pop(0)
                 try:
-                    old.close()
+                    if old is not None:
+                        old.close()
                     self.runtime.run_blocking(then)
                 except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
-                    log.exception("rotated journal file not sealed into the manifest", file=old.path)
+                    log.exception("rotated journal file not sealed into the manifest",
+                                  file=None if old is None else old.path)
         finally:
             self._running = 0
             if self._done is not None:

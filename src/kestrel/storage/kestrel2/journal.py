@@ -18,6 +18,7 @@ import structlog
 
 from kestrel.storage import damage, filenames, journal_file, layout, manifest
 from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
+from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
@@ -106,6 +107,9 @@ class QueueJournal:
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
         self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
+        # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
+        # unless that pack fails (`rotate`).
+        self._replaced: set[str] = set()
 
     @property
     def live_path(self) -> str:
@@ -227,6 +231,7 @@ class QueueJournal:
         found: list[tuple[int, damage.Finding]] = []
         verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
         covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
+        unplaced = set()  # timestamps of listed packs never put in place: their journals stay unlisted
         for final, (ts, entry) in listed_packs.items():
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
@@ -236,6 +241,7 @@ class QueueJournal:
             else:  # never put in place (a crash before its rename): the journals it covers must be there
                 log.info("pack listed in the manifest was never put in place", queue=self.name,
                          file=os.path.join(self.queue_path, pack))
+                unplaced.add(ts)
                 continue
             if why is None:
                 covered = max(covered, ts)
@@ -269,7 +275,9 @@ class QueueJournal:
         newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
-            if ts > newest or ts <= covered:  # rotated just before a stop; or superseded by the pack
+            # Rotated just before a stop; or superseded by a pack; or rotated for a pack that never
+            # came to replace it (`rotate`: such a journal is not listed)
+            if ts > newest or ts <= covered or ts in unplaced:
                 log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
                 continue
@@ -349,8 +357,9 @@ class QueueJournal:
             self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
         return self._manifest
 
-    def _seal_one(self, path: str) -> None:
-        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread).
+    def _seal_one(self, path: str, unsynced: bool = False) -> None:
+        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread);
+        fsynced first when it was closed `unsynced` (a pack meant to replace it failed).
 
         A pack taken at this rotation bears the journal's name once in place: when it was written
         first (a slow fsync here), the manifest lists it under that name already, and the name now
@@ -360,6 +369,8 @@ class QueueJournal:
             if os.path.basename(path) in keeper.manifest.files:
                 return
             try:
+                if unsynced:
+                    fsync_path(path)
                 keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
             except FileNotFoundError:  # packed away meanwhile
                 return
@@ -494,12 +505,21 @@ class QueueJournal:
     # -----------------------------------------------------------------------------------------
     # Rotation and packing
 
-    def rotate(self) -> int:
+    def rotate(self, packed: bool = False) -> int:
         """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp.
 
         The queue's first rotated file is never without a manifest: one is written before it (the
         rotated file is listed once sealed, or taken at the next start for a rotation not yet
         recorded), so that a crash just after leaves whole-file checks in force.
+
+        With `packed` a pack of the state at this rotation is taken with it, and it replaces the
+        rotated file: a queue that empties rotates every `default_journal_size` and packs at once.
+        Where that pack starts at once (no other is being written or waiting), the file is closed
+        without an fsync and not sealed (neither read for its checksum nor listed): the pack,
+        fsynced and listed, takes its place, and the kernel need never write the file's pages,
+        which the pack deletes. Should the pack fail, the file is sealed then as any other
+        (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
+        the manifest lists, or of the pack's own timestamp (`_compare`).
         """
         assert self.writer is not None
         self.flush()
@@ -514,7 +534,11 @@ class QueueJournal:
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = self._live_writer()
-        self._sealer.add(old, lambda: self._seal_one(rotated))
+        if packed and old.log is None and self.pack_state is PackState.IDLE and not self.pack_pending:
+            old.close(sync=False)
+            self._replaced.add(rotated)
+        else:
+            self._sealer.add(old, partial(self._seal_one, rotated))
         return stamp
 
     @property
@@ -572,6 +596,8 @@ class QueueJournal:
         self._pack_job = None
         self.pack_state = PackState.IDLE
         stamp = job.request.timestamp
+        replaced = self._replaced.intersection(job.dead)
+        self._replaced -= replaced
         if job.final is not None:
             self.rotated = [(ts, p) for ts, p in self.rotated if ts > stamp]
             self.rotated.insert(0, (stamp, job.final))
@@ -583,6 +609,8 @@ class QueueJournal:
             log.error("packing failed half way; no more packs until the next start", queue=self.name)
         else:
             log.error("packing failed; the old journal files stay and remain correct", queue=self.name)
+            for path in sorted(replaced, key=job.dead.index):  # in rotation order, before any later one
+                self._sealer.add(None, partial(self._seal_one, path, True))
         self.start_next_pack()
 
     def wait_for_packing(self) -> None:

@@ -380,9 +380,10 @@ class Kestrel2Queue(PersistentQueue):
             else:
                 self._rotate(checkpoint=False)
 
-    def _rotate(self, checkpoint: bool) -> None:
-        """Rotate the live journal; with `checkpoint`, note the state at the rotation for a pack."""
-        stamp = self._journal.rotate()
+    def _rotate(self, checkpoint: bool, packed: bool = False) -> None:
+        """Rotate the live journal; with `checkpoint`, note the state at the rotation for a pack
+        (`packed`: one taken at once, which replaces the rotated file)."""
+        stamp = self._journal.rotate(packed)
         if self._rb is not None:
             self._rb.live_rotated(stamp)
         if checkpoint:
@@ -390,7 +391,7 @@ class Kestrel2Queue(PersistentQueue):
 
     def _pack_now(self) -> None:
         """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
-        self._rotate(checkpoint=True)
+        self._rotate(checkpoint=True, packed=True)
         self._pack_horizon = self._journal.rotated[-1][0]
         self._journal.queue_pack(self._take_pack(self._checkpoints.pop()))
 
