@@ -514,12 +514,15 @@ class QueueJournal:
 
         With `packed` a pack of the state at this rotation is taken with it, and it replaces the
         rotated file: a queue that empties rotates every `default_journal_size` and packs at once.
-        Where that pack starts at once (no other is being written or waiting), the file is closed
-        without an fsync and not sealed (neither read for its checksum nor listed): the pack,
-        fsynced and listed, takes its place, and the kernel need never write the file's pages,
-        which the pack deletes. Should the pack fail, the file is sealed then as any other
-        (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
-        the manifest lists, or of the pack's own timestamp (`_compare`).
+        Where that pack starts at once (no other is being written or waiting) and the file is one
+        nothing waits to see fsynced (`sync_journal: never`, no commit log: under `always` a change
+        being acknowledged waits for this very file's fsync, and closing it first would fail that
+        change and leave the queue read-only), the file is closed without an fsync and not sealed
+        (neither read for its checksum nor listed): the pack, fsynced and listed, takes its place,
+        and the kernel need never write the file's pages, which the pack deletes. Should the pack
+        fail, the file is sealed then as any other (`_finish_pack`); a crash before the pack is in
+        place finds it unlisted and newer than what the manifest lists, or of the pack's own
+        timestamp (`_compare`).
         """
         assert self.writer is not None
         self.flush()
@@ -534,7 +537,8 @@ class QueueJournal:
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = self._live_writer()
-        if packed and old.log is None and self.pack_state is PackState.IDLE and not self.pack_pending:
+        if packed and old.sync_ms is None and old.log is None and self.pack_state is PackState.IDLE \
+                and not self.pack_pending:
             old.close(sync=False)
             self._replaced.add(rotated)
         else:
