@@ -187,8 +187,7 @@ class NativeThreadFsync:
         if self._then is not None:  # a parent's round: it fails in the child, on the child's loop
             then, size = self._then
             self._then = None
-            failed: list[OSError | None] = [OSError(errno.EIO, "an fsync round begun before this process "
-                                                    "was forked")] * size
+            failed: list[OSError | None] = [_forked()] * size
             gevent.get_hub().loop.run_callback(then, failed)
 
     @property
@@ -239,7 +238,7 @@ class NativeThreadFsync:
             codes = self._finish()
         finally:
             self._turn.release()
-        then([OSError(code, os.strerror(code)) if code else None for code in codes])
+        then(_errors(codes))
 
     def _round(self, fds: list[int], syncfs: bool) -> list[OSError | None]:
         if not fds:
@@ -256,19 +255,29 @@ class NativeThreadFsync:
             self._start(fds, self._eventfd, syncfs)
             self._abandoned = True  # until its results are collected
             codes = self._wait_and_finish()
-        return [OSError(code, os.strerror(code)) if code else None for code in codes]
+        return _errors(codes)
 
     def _wait_and_finish(self) -> list[int]:
         forks, watcher = self._forks, self._watcher
 
         def not_forked() -> None:
             if self._forks != forks:
-                raise OSError(errno.EIO, "an fsync round begun before this process was forked")
+                raise _forked()
 
         read_when_ready(self._eventfd, partial(gevent.get_hub().wait, watcher), not_forked)
         codes = self._finish()
         self._abandoned = False
         return codes
+
+
+def _errors(codes: list[int]) -> list[OSError | None]:
+    """The C threads' result codes (0: the fsync succeeded) as each descriptor's error."""
+    return [OSError(code, os.strerror(code)) if code else None for code in codes]
+
+
+def _forked() -> OSError:
+    """What a round begun in the parent gives its waiters in a forked child."""
+    return OSError(errno.EIO, "an fsync round begun before this process was forked")
 
 
 _native: NativeThreadFsync | None = None
