@@ -26,7 +26,7 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
 
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
                                             [--only single|batch|durability|latency|sizes]
-                                            [--builds compiled pure]
+                                            [--builds compiled pure] [--against DIR]
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class Bench:
     seconds: float
     repeat: int
     builds: tuple[str, ...] = ("compiled", "pure")
+    against: Path | None = None  # another version's build, run beside ours as `before`
 
     def measure(self, protocol: str, server: peers.Running, port: str, prefix: str, fsyncs: bool = False,
                 **options: Any) -> Measured | None:
@@ -120,10 +121,14 @@ class Bench:
     @contextlib.contextmanager
     def ours(self, work: Path, sync: str = "never",
              commit_log: str = "on") -> Iterator[dict[str, peers.Running]]:
-        """Our server in each build, started side by side."""
+        """Our server in each build (and the version `against`, as `before`), started side by side."""
         with contextlib.ExitStack() as stack:
-            yield {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
-                   for build in self.builds}
+            servers = {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
+                       for build in self.builds}
+            if self.against is not None:
+                servers["before"] = stack.enter_context(peers.kestrel(work, sync, commit_log,
+                                                                      source=self.against))
+            yield servers
 
 
 def cell(measured: Measured | None) -> str:
@@ -276,13 +281,16 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(SECTIONS))
     parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["compiled", "pure"],
                         help="our server's builds, measured in turn (default: compiled pure)")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="also run the server from DIR (another version's build/compiled, or its "
+                             "src/), as `before`, in turn with ours")
     args = parser.parse_args()
     seconds, repeat = (0.5, 1) if args.quick else (args.seconds, args.repeat)
     print(f"# server benchmarks, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {repeat} "
           f"run(s) of {seconds:g} s; load average before: {load_average()}")
     with work_directory() as work:
-        bench = Bench(loadgen.build(work), seconds, repeat, tuple(args.builds))
+        bench = Bench(loadgen.build(work), seconds, repeat, tuple(args.builds), args.against)
         try:
             for name, section in SECTIONS.items():
                 if args.only in (None, name):

@@ -94,11 +94,13 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 
 @contextlib.contextmanager
 def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool = False,
-            prepare: Callable[[Path], None] | None = None, build: str = "pure") -> Iterator[Running]:
-    """This checkout's server in `build` with the Thrift and memcache ports open (and the admin port
-    with `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it
+            prepare: Callable[[Path], None] | None = None, build: str = "pure",
+            source: Path | None = None) -> Iterator[Running]:
+    """This checkout's server in `build` (or the build or source tree at `source`, another version
+    of the code to compare with) with the Thrift and memcache ports open (and the admin port with
+    `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it
     starts."""
-    path = build_path(build)
+    path = build_path(build) if source is None else source.resolve()
     ports = {"thrift": free_port(), "memcache": free_port()}
     if admin:
         ports["admin"] = free_port()
