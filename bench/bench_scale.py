@@ -22,14 +22,15 @@ Our server runs in each of BUILDS (bench/peers.py) in every row.
 Every server starts afresh for each row (our server on its defaults: `max_memory_total` auto, the
 expiry sweep every second), and is left SETTLE seconds after its queues are made for the background
 tasks' first look at them. `--source DIR` runs our server from another source tree (the code
-before a change, say), with this checkout's load generator.
+before a change, say), with this checkout's load generator; `--compiled DIR` runs the compiled
+build installed in DIR (another checkout's build/compiled) in place of this checkout's.
 
     .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
                                           [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
                                           [--settle 1]
                                           [--only queues|library|connections|connect]
                                           [--builds pure compiled]
-                                          [--source DIR]
+                                          [--source DIR] [--compiled DIR]
 """
 
 from __future__ import annotations
@@ -301,14 +302,18 @@ def main() -> None:
                         help="our server's builds, each measured in every row (default: pure)")
     parser.add_argument("--library-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help="run our server from this source tree")
+    parser.add_argument("--compiled", type=Path, help="run our compiled build from this directory")
     args = parser.parse_args()
     if args.library_child:
         library_child(args.library_child, args.fill)
         return
     if args.source is not None:
         peers.SOURCE = args.source.resolve()
+    if args.compiled is not None:
+        peers.COMPILED = args.compiled.resolve()
     print(f"# cost that follows the work, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
-    print(f"# our server from {peers.SOURCE}; load average before: {load_average()}")
+    print(f"# our server from {peers.SOURCE} (compiled: {peers.COMPILED}); load average before: "
+          f"{load_average()}")
     with tempfile.TemporaryDirectory(prefix="kestrel-scale-") as directory:
         work = Path(directory)
         try:

@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The source tree our server runs from: this checkout's, or another's (a benchmark's `--source`,
 # to measure the code before a change beside the code after, in one run of this script).
 SOURCE = ROOT / "src"
-# Our server's builds: `pure` runs SOURCE, `compiled` this checkout's compiled build.
+# Our server's builds: `pure` runs SOURCE, `compiled` COMPILED: this checkout's compiled build, or
+# another's (a benchmark's `--compiled`, the code before a change).
 BUILDS = ("compiled", "pure")
-COMPILED = ROOT / "build" / "compiled"
+OWN_COMPILED = ROOT / "build" / "compiled"
+COMPILED = OWN_COMPILED
 
 
 class MissingPeer(Exception):
@@ -37,9 +39,11 @@ class MissingPeer(Exception):
 def build_path(build: str) -> Path:
     """Where our server's `build` is imported from, checked to hold that build and, compiled, to be
     made from the source as it is (else the figures would be of older code: `make -q` asks the
-    Makefile, which keys the compiled build by the source's hash)."""
+    Makefile, which keys the compiled build by the source's hash; another tree's build is taken as
+    it is)."""
     path = COMPILED if build == "compiled" else SOURCE
-    if build == "compiled" and subprocess.run(["make", "-q", "compiled"], cwd=ROOT).returncode != 0:
+    if (build == "compiled" and path == OWN_COMPILED
+            and subprocess.run(["make", "-q", "compiled"], cwd=ROOT).returncode != 0):
         raise MissingPeer(f"{path} is missing or older than the source: run `make compiled` first")
     probe = "from kestrel.build import build_name; print(build_name())"
     found = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(path)),

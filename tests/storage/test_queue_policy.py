@@ -201,6 +201,28 @@ def test_a_wait_ends_at_its_deadline_or_with_the_item_that_arrives(tmp_path: Pat
 
 
 @FORMATS
+def test_waits_end_on_a_queue_nobody_waited_on(tmp_path: Path, journal_format: str) -> None:
+    """A queue keeps no list of waiting readers until one waits; ending the waits, or closing the
+    queue, before any wait still stops every later read from waiting."""
+    runtime = ManualRuntime()
+    coll = make(tmp_path, journal_format, runtime=runtime)
+    coll.put("ended", [b"x"])
+    coll.put("closed", [b"x"])
+    assert coll.remove("ended") and coll.remove("closed")
+    assert coll.queue("ended").waiters == 0 and not coll.queue("ended").waits_ended
+    coll.queue("ended").end_waits()
+    assert coll.queue("ended").waits_ended
+    assert coll.remove("ended", 1, False, 5.0) == []  # at once: the manual clock never moves
+    assert coll.peek("ended", 5.0) is None
+    closed = coll.queue("closed")
+    closed.close()
+    assert closed.waits_ended  # a wait that began now would return at once
+    coll.put("ended", [b"y"])  # a put with nobody waiting wakes nobody
+    assert one(coll.remove("ended", 1, False, 5.0)).data == b"y"  # type: ignore[union-attr]
+    coll.close()
+
+
+@FORMATS
 def test_items_past_the_memory_budget_are_read_back_in_order(tmp_path: Path, journal_format: str) -> None:
     coll = make(tmp_path, journal_format, {"q": {"max_memory_size": 1000}})
     items = [b"%04d" % i + b"." * 96 for i in range(60)]

@@ -139,7 +139,9 @@ class QueueConfig:
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any], key: str = "queue",
                      base: QueueConfig | None = None) -> QueueConfig:
-        """Settings from a YAML mapping laid over `base`; unknown keys are errors naming `key`."""
+        """Settings from a YAML mapping laid over `base` (with none, `base` itself: the queues of
+        no settings of their own share the default's one object, which every put and get reads,
+        rather than each reading a copy of its own); unknown keys are errors naming `key`."""
         if not isinstance(settings, Mapping):
             raise ConfigError(key, f"expected a mapping of queue settings, got {settings!r}")
         changes: dict[str, Any] = {}
@@ -149,7 +151,9 @@ class QueueConfig:
                 known = ", ".join(sorted(_PARSERS))
                 raise ConfigError(f"{key}.{name}", f"unknown queue setting (known: {known})")
             changes[name] = parser(f"{key}.{name}", value)
-        return dataclasses.replace(base or cls(), **changes)
+        if base is None:
+            return cls(**changes)
+        return dataclasses.replace(base, **changes) if changes else base
 
     def values(self) -> dict[str, Any]:
         """Each setting by name, as the server holds it (sizes in bytes, times in ms, None for none)."""

@@ -182,7 +182,9 @@ class PersistentQueue(ABC):
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
         self._pushed = 0
         self._watchers: Sequence[DepartureWatcher] = ()
-        self._waits = WaitList(runtime)
+        # Readers waiting for an item: made at the first wait (`_wait_list`), so that a queue nobody
+        # waits on keeps no list to look at on each put.
+        self._waits: WaitList | None = None
         self.on_poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
         self.closed = False
         # A write of the journal failed: changes are refused until a probe write succeeds.
@@ -211,11 +213,11 @@ class PersistentQueue(ABC):
 
     @property
     def waiters(self) -> int:
-        return len(self._waits)
+        return len(self._waits) if self._waits is not None else 0
 
     @property
     def waits_ended(self) -> bool:
-        return self._waits.ended
+        return self._waits is not None and self._waits.ended
 
     @property
     def paged_out(self) -> int:
@@ -242,7 +244,7 @@ class PersistentQueue(ABC):
             "mem_bytes": self.memory_bytes,
             "age": age,
             "discarded": self.discarded,
-            "waiters": len(self._waits),
+            "waiters": self.waiters,
             "open_transactions": len(self._opens),
             "transactions": self.total_transactions,
             "canceled_transactions": self.canceled_transactions,
@@ -429,9 +431,10 @@ class PersistentQueue(ABC):
             if logged < count:
                 self._log_put(items[logged:], now, expiry, first_id + logged if first_id else 0)
         self.total_items += count
-        if len(self._waits):
+        waits = self._waits
+        if waits is not None and len(waits):
             for _ in range(count):
-                if not self._waits.wake_one():
+                if not waits.wake_one():
                     break
 
     def _capped_expiry(self, add_time: int, expiry: int) -> int:
@@ -489,7 +492,7 @@ class PersistentQueue(ABC):
             self._commit()
         if taken or timeout <= 0:
             return taken
-        return self._waits.wait(lambda: self.remove(count, transaction) or None, timeout) or []
+        return self._wait_list().wait(lambda: self.remove(count, transaction) or None, timeout) or []
 
     def _take_each(self, count: int, now: int, transaction: bool) -> list[QItem]:
         """`remove`'s items one at a time, each head checked for expiry first (read-behind, or items
@@ -648,9 +651,11 @@ class PersistentQueue(ABC):
                 self._log_confirm(poisoned)
             if returned:
                 self._log_return(returned)
-                for _ in returned:
-                    if not self._waits.wake_one():
-                        break
+                waits = self._waits
+                if waits is not None:
+                    for _ in returned:
+                        if not waits.wake_one():
+                            break
             if aborted:
                 self._commit()
             return aborted
@@ -660,13 +665,21 @@ class PersistentQueue(ABC):
 
     def end_waits(self) -> None:
         """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
-        self._waits.end()
+        self._wait_list().end()
 
     def wait_peek(self, timeout: float) -> QItem | None:
-        item = self._waits.wait(self.peek, timeout)
+        waits = self._wait_list()
+        item = waits.wait(self.peek, timeout)
         if item is not None:
-            self._waits.wake_one()  # a peek takes nothing: let the next waiter look too
+            waits.wake_one()  # a peek takes nothing: let the next waiter look too
         return item
+
+    def _wait_list(self) -> WaitList:
+        """The queue's waiting readers, made at the first wait (or end of waits)."""
+        waits = self._waits
+        if waits is None:
+            waits = self._waits = WaitList(self.runtime)
+        return waits
 
     # -----------------------------------------------------------------------------------------
     # Settings and shutting down
@@ -678,7 +691,7 @@ class PersistentQueue(ABC):
         self.wait_for_packing()
         with self._lock:
             self.closed = True
-            self._waits.end()
+            self._wait_list().end()
             self._close_files()
             self._end_read_behind()
             self.count_in(MemoryAccount())  # what it holds leaves the server's total

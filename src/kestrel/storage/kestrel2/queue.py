@@ -20,7 +20,7 @@ import errno
 import os
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import ClassVar, Final
 
@@ -82,7 +82,9 @@ class Kestrel2Queue(PersistentQueue):
         self._rebuilding = False
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
-        self._orphans: list[int] = []  # reads open at start-up, not yet journaled back to the head
+        # Reads open at start-up, not yet journaled back to the head (a tuple when none: each change
+        # looks, and an empty one shared by every queue costs no look at memory of this queue's).
+        self._orphans: Sequence[int] = ()
 
     @property
     def journal_size(self) -> int:
@@ -142,7 +144,7 @@ class Kestrel2Queue(PersistentQueue):
                 returned.append(item)
         self._log_return(returned)
         self._commit()
-        self._orphans = []
+        self._orphans = ()
 
     def _replay(self, files: JournalFiles, repair: bool) -> int:
         """Rebuild the queue from its journal files (`QueueJournal.replay`); the bytes replayed."""
