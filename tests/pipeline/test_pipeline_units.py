@@ -291,6 +291,7 @@ def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: S
                for i in range(0, len(rows), 10_000)]
     schema = StructType([StructField("data", BinaryType() if kind.endswith("binary") else StringType())])
     writer = KestrelWriter({"servers": f"127.0.0.1:{server.thrift_port}", "queue": f"arrow-{kind}"}, schema)
+    writer.write(iter(batches[:1]))  # what a first write imports and sets up is not per row
     tracemalloc.start()
     try:
         report = writer.write(iter(batches))
@@ -303,7 +304,7 @@ def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: S
     with Server("127.0.0.1", server.thrift_port) as client:
         while taken := client.get(f"arrow-{kind}", 10_000):
             got += [item.data for item in taken]
-    assert got == rows
+    assert got == rows[:10_000] + rows
 
 
 def test_a_put_in_flight_that_fails_fails_the_write(server_factory: Any) -> None:
