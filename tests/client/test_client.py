@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from kestrel.client import (
     Cluster,
     KestrelClientError,
     NoServers,
+    PackedItems,
     Refused,
     Server,
     ServerUnavailable,
@@ -97,6 +99,45 @@ def test_puts_spread_round_robin_and_random(three: list[ServerProcess]) -> None:
     assert all(40 < items_on(s, "random") < 160 for s in three)
     cluster.close()
     randomly.close()
+
+
+def laid_out(items: list[bytes]) -> bytes:
+    """Items as Thrift's list<binary> carries them: each a 4-byte big-endian length, then its bytes."""
+    return b"".join(struct.pack(">i", len(item)) + item for item in items)
+
+
+def test_packed_items_are_the_put_thriftpy2_sends() -> None:
+    """A put of items laid out already is, byte for byte, the framed call thriftpy2 makes of a list,
+    and cutting it after k items leaves the items a list would leave."""
+    from thriftpy2.protocol.cybin import TCyBinaryProtocol
+    from thriftpy2.transport import TCyMemoryBuffer
+
+    items = [b"", b"a", b"\x00" * 300, bytes(range(256)), "é".encode()] * 3
+    packed = PackedItems(laid_out(items), len(items))
+    encoded = TCyMemoryBuffer()
+    protocol = TCyBinaryProtocol(encoded)
+    protocol.write_message_begin("put", 1, 0)  # a CALL, sequence id 0: thriftpy2's client
+    kestrel.Kestrel.put_args(queue_name="jobs-é", items=items, expiration_msec=1500).write(protocol)
+    protocol.write_message_end()
+    call = encoded.getvalue()
+    assert b"".join(packed.put_call("jobs-é", 1500)) == struct.pack(">i", len(call)) + call
+    for k in range(len(items) + 2):
+        rest = packed[k:]
+        assert (len(rest), bytes(rest.body)) == (len(items[k:]), laid_out(items[k:]))
+    with pytest.raises(ValueError, match=r"only be cut as \[first:\]"):
+        packed[1:3]
+
+
+def test_packed_items_move_on_from_a_full_server_in_order(three: list[ServerProcess], server_factory: Any) -> None:
+    """A put of PackedItems is a put like any other: what a full queue refuses goes to the next
+    server, from the first item it did not take."""
+    small, roomy = server_factory({"queues": {"few": {"max_items": 5}}}), three[2]
+    items = [b"packed %d" % i + b"!" * i for i in range(12)]
+    with cluster_of(small, roomy) as cluster:
+        assert cluster.put_many("few", PackedItems(laid_out(items), len(items))) == 12
+    with on(small) as first, on(roomy) as second:
+        got = [i.data for i in first.get("few", 20)], [i.data for i in second.get("few", 20)]
+    assert got == (items[:5], items[5:])
 
 
 def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProcess]) -> None:

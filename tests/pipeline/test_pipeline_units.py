@@ -273,6 +273,40 @@ def test_the_writers_puts_keep_to_batch_size_and_bytes_a_larger_item_alone(serve
     assert got == rows  # every row once, in order
 
 
+@pytest.mark.parametrize("kind", ["binary", "string", "large_binary", "large_string"])
+def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: ServerProcess, kind: str) -> None:
+    """A put is laid out from the Arrow column's buffers: the Python heap holds no object per row
+    while 100,000 rows go (a list of them would take megabytes), and every row arrives, in order."""
+    import tracemalloc
+
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from kestrel.client import Server
+    from kestrel.pipeline.writer import KestrelWriter
+
+    rows = [b"row %06d " % i + b"." * (i % 97) for i in range(100_000)]
+    values: list[Any] = rows if kind.endswith("binary") else [row.decode() for row in rows]
+    batches = [pa.RecordBatch.from_arrays([pa.array(values[i:i + 10_000], getattr(pa, kind)())], names=["data"])
+               for i in range(0, len(rows), 10_000)]
+    schema = StructType([StructField("data", BinaryType() if kind.endswith("binary") else StringType())])
+    writer = KestrelWriter({"servers": f"127.0.0.1:{server.thrift_port}", "queue": f"arrow-{kind}"}, schema)
+    writer.write(iter(batches[:1]))  # what a first write imports and sets up is not per row
+    tracemalloc.start()
+    try:
+        report = writer.write(iter(batches))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.written == len(rows)
+    assert peak < 512 << 10, f"{peak:,} bytes of Python objects at the peak"
+    got: list[bytes] = []
+    with Server("127.0.0.1", server.thrift_port) as client:
+        while taken := client.get(f"arrow-{kind}", 10_000):
+            got += [item.data for item in taken]
+    assert got == rows[:10_000] + rows
+
+
 def test_a_put_in_flight_that_fails_fails_the_write(server_factory: Any) -> None:
     """The writer keeps one put in flight while it reads on: a put refused meanwhile still fails the
     task (here the last one, in flight when the rows ran out), with what was written counted."""

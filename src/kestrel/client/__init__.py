@@ -27,6 +27,7 @@ from kestrel.client.errors import (
     ServerSetsUnavailable,
     ServerUnavailable,
 )
+from kestrel.client.packed import PackedItems
 from kestrel.client.server import Server
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Cluster",
     "KestrelClientError",
     "NoServers",
+    "PackedItems",
     "Refused",
     "Server",
     "ServerClosing",

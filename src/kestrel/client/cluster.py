@@ -25,6 +25,7 @@ from typing import Any
 from kestrel.client.checks import BytesLike, check_count, check_item, check_items, check_queue, check_seconds
 from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
 from kestrel.client.errors import ClientClosed, KestrelClientError, NoServers, Refused, ServerUnavailable
+from kestrel.client.packed import PackedItems
 from kestrel.client.server import Server
 
 log = logging.getLogger("kestrel.client")
@@ -177,12 +178,13 @@ class Cluster:
         check_queue(queue, what)
         return self.put_many(queue, [check_item(item, what)], expiration_ms) == 1
 
-    def put_many(self, queue: str, items: Iterable[BytesLike], expiration_ms: int = 0) -> int:
+    def put_many(self, queue: str, items: Iterable[BytesLike] | PackedItems, expiration_ms: int = 0) -> int:
         """Put a batch on the next server; what it refuses (full queue, errors) goes to the next.
 
         Items are bytes, bytearray or memoryview. Anything else, and a batch that is itself a str or
         bytes, raises TypeError naming the item's position, before anything is sent: a queue keeps
-        what it is given, and a wrong item found by its consumer is found too late.
+        what it is given, and a wrong item found by its consumer is found too late. PackedItems (items
+        laid out already, as a producer holding them in one buffer makes them) go as they are.
 
         Returns how many items were stored: fewer than given when the servers refused the rest
         (full queues, or unreachable after the retries). When no server could be reached, every
@@ -191,7 +193,7 @@ class Cluster:
         """
         what = f"put on {queue!r}"
         check_queue(queue, what)
-        remaining = check_items(items, what)
+        remaining = items if isinstance(items, PackedItems) else check_items(items, what)
         check_count(expiration_ms, "expiration_ms", what)
         self._check_open(what)
         if not remaining:

@@ -27,6 +27,7 @@ from kestrel.client.errors import (
     ServerUnavailable,
     refusal,
 )
+from kestrel.client.packed import PackedItems, send_parts
 from kestrel.contract import kestrel_thrift
 
 # What a lost or unreachable server looks like from here.
@@ -42,6 +43,15 @@ class _Connection:
         transport = TCyFramedTransportFactory().get_transport(self.socket)
         transport.open()
         self.client = TClient(kestrel_thrift.Kestrel, TCyBinaryProtocolFactory().get_protocol(transport))
+
+    def invoke(self, method: str, args: tuple[Any, ...]) -> Any:
+        """One call and its answer. A put of PackedItems is written whole, framed around the items'
+        bytes as they are, and its answer read as thriftpy2 reads any."""
+        if method == "put" and isinstance(args[1], PackedItems):
+            queue, items, expiration_ms = args
+            send_parts(self.socket.sock, items.put_call(queue, expiration_ms))
+            return self.client._recv("put")
+        return getattr(self.client, method)(*args)
 
     def close(self) -> None:
         self.socket.close()
@@ -115,9 +125,9 @@ class Server:
         check_count(expiration_ms, "expiration_ms", what)
         return self.put_checked(queue, check_items(items, what), expiration_ms)
 
-    def put_checked(self, queue: str, items: list[bytes], expiration_ms: int) -> int:
+    def put_checked(self, queue: str, items: list[bytes] | PackedItems, expiration_ms: int) -> int:
         """`put` of arguments already checked (a Cluster checks a batch once, whatever the servers
-        it tries)."""
+        it tries), or of items laid out already (PackedItems)."""
         return int(self.call("put", queue, items, expiration_ms))
 
     def get(self, queue: str, max_items: int = 1, timeout_ms: int = 0, auto_abort_ms: int = 0) -> list[Any]:
@@ -208,7 +218,7 @@ class Server:
             conn, reused = self._take()
             conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
             try:
-                result = getattr(conn.client, method)(*args)
+                result = conn.invoke(method, args)
             except TApplicationException as e:
                 error = refusal(self.address, e.message or str(e))
                 if isinstance(error, ServerClosing):

@@ -15,6 +15,8 @@ recorded) is put again, so the items of the batches in flight at a failure may b
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ import structlog
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from kestrel.client import Cluster
+from kestrel.client import Cluster, PackedItems
 from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
 from kestrel.pipeline.servers import parse_servers
 
@@ -86,6 +88,24 @@ def data_column(schema: StructType, chosen: str | None) -> str:
     return name
 
 
+def packed(pieces: list[Any], size: int) -> PackedItems:
+    """Arrow binary slices (no nulls) of `size` bytes of items in all, laid out as a put carries them:
+    each item's 4-byte big-endian length, then its bytes. Arrow joins every item to its length in
+    one pass, so a put costs no Python object per item."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces)
+    count = len(column)
+    lengths = array("i")
+    lengths.frombytes(pc.binary_length(column).buffers()[1][:4 * count])
+    if sys.byteorder == "little":
+        lengths.byteswap()
+    prefixes = pa.Array.from_buffers(pa.binary(4), count, [None, pa.py_buffer(lengths)]).cast(pa.binary())
+    body = pc.binary_join_element_wise(prefixes, column, b"").buffers()[2]  # a new array: from byte 0
+    return PackedItems(memoryview(body)[:4 * count + size], count)
+
+
 class KestrelWriter(DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         o = parse_options(options, WRITE_OPTIONS, "kestrel writer", required=("servers", "queue"))
@@ -110,10 +130,10 @@ class KestrelWriter(DataSourceArrowWriter):
         cluster = Cluster(self.servers[turn:] + self.servers[:turn], retries=self.retries,
                           backoff_ms=self.backoff_ms, max_backoff_ms=MAX_BACKOFF_MS)
         written = refused = nulls = 0
-        pending: list[bytes] = []
-        pending_bytes = 0
+        pending: list[Any] = []  # Arrow slices of the next put
+        pending_count = pending_bytes = 0
 
-        def put(items: list[bytes]) -> None:
+        def put(items: PackedItems) -> None:
             nonlocal written, refused
             left = items
             while left:
@@ -137,8 +157,9 @@ class KestrelWriter(DataSourceArrowWriter):
         putting = ThreadPoolExecutor(1, thread_name_prefix="kestrel-put")
         in_flight: Future[None] | None = None
 
-        def send(items: list[bytes]) -> None:
+        def send(pieces: list[Any], size: int) -> None:
             nonlocal in_flight
+            items = packed(pieces, size)
             if in_flight is not None:
                 in_flight.result()  # raises what the put raised
             in_flight = putting.submit(put, items)
@@ -152,17 +173,18 @@ class KestrelWriter(DataSourceArrowWriter):
                                             f"(set onNull=count to skip and count them)")
                     nulls += column.null_count
                     column = pc.drop_null(column)
-                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                if not pa.types.is_binary(column.type):  # string, large_string or large_binary
                     column = column.cast(pa.binary())
                 for piece, size in self._pieces(column):
-                    if pending and (len(pending) + len(piece) > self.batch_size
+                    if pending and (pending_count + len(piece) > self.batch_size
                                     or pending_bytes + size > self.batch_bytes):
-                        send(pending)
-                        pending, pending_bytes = [], 0
-                    pending.extend(piece.to_pylist())
+                        send(pending, pending_bytes)
+                        pending, pending_count, pending_bytes = [], 0, 0
+                    pending.append(piece)
+                    pending_count += len(piece)
                     pending_bytes += size
             if pending:
-                send(pending)
+                send(pending, pending_bytes)
             if in_flight is not None:
                 in_flight.result()
         finally:
