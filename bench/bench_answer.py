@@ -40,7 +40,7 @@ from typing import Any
 from bench import peers
 from bench.common import load_average, machine
 from kestrel.build import build_name
-from kestrel.service import metrics
+from kestrel.service import metrics, socket_io
 from kestrel.service.config import from_mapping
 from kestrel.service.logs import configure_logging
 from kestrel.service.memcache.handler import MemcacheConnection
@@ -78,10 +78,11 @@ def measure(batch: int, items: int, profile: bool, get_call: str = "get", protoc
 
 
 class _ReadySocket:
-    """A client's socket as a connection sees it, always holding the next request: `recv_into`
-    hands out the requests in turn (then 0, the client closed) and `send` takes each reply whole.
-    Its descriptor is one end of a socket pair with a byte left unread, so each wait for input is
-    a real turn of the hub that finds it readable at once."""
+    """A client's socket as a connection sees it, always holding the next request: its receive
+    hands out the requests in turn (then 0, the client closed) and its send takes each reply whole,
+    in place of the connection's system calls (`socket_io._receive_appending` and `_send_some`,
+    replaced while the loop runs). Its descriptor is one end of a socket pair with a byte left
+    unread, so each wait for input is a real turn of the hub that finds it readable at once."""
 
     def __init__(self, requests: list[bytes], readable: socket.socket) -> None:
         self.requests = iter(requests)
@@ -91,12 +92,12 @@ class _ReadySocket:
     def fileno(self) -> int:
         return self.readable.fileno()
 
-    def recv_into(self, buffer: Any, nbytes: int) -> int:
+    def receive(self, fd: int, buf: bytearray, chunk: int) -> int:
         request = next(self.requests, b"")
-        buffer[:len(request)] = request
+        buf += request
         return len(request)
 
-    def send(self, data: bytes) -> int:
+    def send(self, fd: int, data: bytes | memoryview) -> int:
         self.replies += 1
         return len(data)
 
@@ -120,7 +121,12 @@ def measure_loop(rounds: int) -> dict[str, float]:
 
             def serve(n: int, connection: Any = connection, requests: list[bytes] = requests) -> None:
                 client = _ReadySocket(requests * n, readable)
-                connection(server, client, "bench").run()
+                calls = socket_io._receive_appending, socket_io._send_some
+                socket_io._receive_appending, socket_io._send_some = client.receive, client.send
+                try:
+                    connection(server, client, "bench").run()
+                finally:
+                    socket_io._receive_appending, socket_io._send_some = calls
                 if client.replies != 2 * n:
                     raise RuntimeError(f"{client.replies} replies to {2 * n} requests")
 

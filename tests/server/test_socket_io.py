@@ -40,6 +40,21 @@ class CountingSocket:
 
 
 @pytest.fixture
+def receives(monkeypatch: pytest.MonkeyPatch) -> list[int | str]:
+    """What each receive through the scratch buffer found (`socket_io._receive_appending` counted)."""
+    found: list[int | str] = []
+    receive = socket_io._receive_appending
+
+    def counted(fd: int, buf: bytearray, chunk: int) -> int:
+        n = receive(fd, buf, chunk)
+        found.append("nothing" if n < 0 else n)
+        return n
+
+    monkeypatch.setattr(socket_io, "_receive_appending", counted)
+    return found
+
+
+@pytest.fixture
 def pair() -> Any:
     """(server side, client side): the server side as the listener hands it to a connection."""
     a, b = gevent.socket.socketpair()
@@ -56,19 +71,18 @@ def test_the_accepted_socket_is_the_os_socket_in_non_blocking_mode(pair: Any) ->
         server.recv(1)
 
 
-def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any) -> None:
+def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any, receives: list[int | str]) -> None:
     server, client = pair
-    sock = CountingSocket(server)
-    io = ClientSocket(sock, 1024)  # type: ignore[arg-type]
+    io = ClientSocket(server, 1024)
     buf = bytearray()
     later = gevent.spawn_later(0.05, client.sendall, b"next request")
     assert io.receive(buf, None, between_requests=True) == 12
-    assert buf == b"next request" and sock.found == [12]
+    assert buf == b"next request" and receives == [12]
     later.join()
     # Mid-request, the receive reads at once (the rest of a request is likely on its way).
     gevent.spawn_later(0.05, client.sendall, b"rest")
     assert io.receive(buf, 1.0) == 4
-    assert sock.found == [12, "nothing", 4]
+    assert receives == [12, "nothing", 4]
     io.close()
 
 
@@ -97,10 +111,9 @@ def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_n
     io.close()
 
 
-def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any) -> None:
+def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any, receives: list[int | str]) -> None:
     server, client = pair
-    sock = CountingSocket(server)
-    io = ClientSocket(sock, 8)  # type: ignore[arg-type]
+    io = ClientSocket(server, 8)
     client.sendall(b"0123456789")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 8
@@ -108,7 +121,7 @@ def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any
     io.waited = False
     assert io.receive(buf, None, between_requests=True) == 2
     assert not io.waited  # not this one: the first filled the buffer, so more was waiting
-    assert buf == b"0123456789" and sock.found == [8, 2]
+    assert buf == b"0123456789" and receives == [8, 2]
     io.close()
 
 
@@ -147,6 +160,75 @@ def test_a_wait_for_input_ends_at_its_timeout(pair: Any) -> None:
             io.receive(bytearray(), 0.05, between_requests=between_requests)
         assert 0.04 < time.monotonic() - started < STALL_S
     io.close()
+
+
+# The system calls of each request: the C helper's and their Python twins, which must answer alike.
+RECEIVES = [pytest.param(socket_io.receive_appending, id="python")] + (
+    [] if socket_io._c_receive is None else [pytest.param(socket_io._c_receive, id="c")])
+SENDS = [pytest.param(socket_io.send_some, id="python")] + (
+    [] if socket_io._c_send is None else [pytest.param(socket_io._c_send, id="c")])
+
+
+@pytest.mark.parametrize("receive", RECEIVES)
+def test_a_receive_appends_what_came_and_answers_nothing_yet_and_the_end_with_numbers(
+        pair: Any, receive: Any) -> None:
+    server, client = pair
+    buf = bytearray(b"held")
+    assert receive(server.fileno(), buf, 64) == -1 and buf == b"held"  # nothing yet: no exception
+    client.sendall(b"0123456789")
+    assert receive(server.fileno(), buf, 4) == 4 and buf == b"held0123"  # at most `chunk`
+    assert receive(server.fileno(), buf, 64) == 6 and buf == b"held0123456789"
+    client.close()
+    assert receive(server.fileno(), buf, 64) == 0 and buf == b"held0123456789"  # the end of the stream
+    with pytest.raises(ValueError, match="receive chunk 0 is not within"):
+        receive(server.fileno(), buf, 0)
+
+
+@pytest.mark.parametrize("send", SENDS)
+def test_a_send_answers_what_the_socket_took_and_no_room_with_zero(pair: Any, send: Any) -> None:
+    server, client = pair
+    assert send(server.fileno(), b"reply") == 5 and client.recv(64) == b"reply"
+    assert send(server.fileno(), memoryview(b"a reply")[2:]) == 5 and client.recv(64) == b"reply"
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    taken = [send(server.fileno(), bytes(65536)) for _ in range(64)]
+    assert taken[0] > 0 and taken[-1] == 0  # full: no room, and no exception
+    client.close()
+    with pytest.raises(OSError):  # the client is gone (EPIPE, or a reset of what it left unread)
+        send(server.fileno(), b"reply")
+
+
+@pytest.mark.parametrize(("receive", "send"), [pytest.param(r.values[0], s.values[0], id=r.id)
+                                               for r, s in zip(RECEIVES, SENDS, strict=True)])
+def test_a_receive_or_send_on_a_closed_descriptor_raises_oserror(receive: Any, send: Any) -> None:
+    with pytest.raises(OSError):
+        receive(-1, bytearray(), 64)
+    with pytest.raises(OSError):
+        send(-1, b"reply")
+
+
+def test_a_closed_connection_reaches_no_socket_that_reused_its_descriptor(pair: Any) -> None:
+    """A reply sent after the connection closed (a late one) fails; it never goes to whichever
+    connection the kernel gave the descriptor's number next."""
+    server, client = pair
+    io = ClientSocket(server, 64)
+    number = server.fileno()
+    io.close()
+    server.close()
+    reused, other_client = socket.socketpair()
+    try:
+        if reused.fileno() != number:
+            reused, other_client = other_client, reused
+        assert reused.fileno() == number  # the kernel hands out the lowest free number
+        with pytest.raises(OSError):
+            io.send_all(b"late reply")
+        with pytest.raises(OSError):
+            io.receive(bytearray(), 0.05)
+        other_client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            other_client.recv(64)
+    finally:
+        reused.close()
+        other_client.close()
 
 
 def test_a_closed_client_is_a_receive_of_nothing(pair: Any) -> None:

@@ -23,6 +23,9 @@ from tests.support.thrift_wire import decode_reply
 class _Unused:
     """A client's socket the connection keeps but these tests never reach."""
 
+    def fileno(self) -> int:
+        return -1
+
 
 def _bug(*args: Any, **kwargs: Any) -> None:
     raise RuntimeError("a bug")

@@ -1,4 +1,10 @@
-/* Room at the end of a receive buffer, so that a receive lands where the request is parsed.
+/* A connection's socket system calls, and room at the end of a receive buffer.
+ *
+ * `receive` and `send` are the system calls a request/response connection makes for each request,
+ * made straight on the descriptor: the socket module's methods parse their arguments by keyword,
+ * build an argument tuple and, when nothing is there, raise BlockingIOError, at each call. Here a
+ * socket with nothing to receive answers -1 and one with no room to send 0. Their Python twins
+ * (src/kestrel/service/socket_io.py) serve where the build had no C compiler, with the same answers.
  *
  * Python's bytearray cannot grow without writing its new bytes (zeros, or a copy of something):
  * `lengthen` makes it longer by `room` bytes left as they are, for a `recv_into` to fill; the caller
@@ -8,6 +14,104 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* What a receive lands in before it is appended: the most any connection asks for (`MAX_CHUNK`).
+ * The GIL is held from the receive to the copy, so one buffer serves every thread. */
+#define MAX_CHUNK (256 * 1024)
+static char scratch[MAX_CHUNK];
+
+/* A descriptor from a Python int; -1 with an error set when it is not one (check PyErr_Occurred). */
+static int as_fd(PyObject *value) {
+    long fd = PyLong_AsLong(value);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (fd < INT_MIN || fd > INT_MAX) {  /* a closed socket's -1 gets EBADF from the call */
+        PyErr_Format(PyExc_OverflowError, "%ld is not a file descriptor", fd);
+        return -1;
+    }
+    return (int)fd;
+}
+
+/* receive(fd, buf, chunk) -> int: up to `chunk` bytes from the socket appended to the bytearray
+ * `buf`; how many (0: the end of the stream), or -1 when nothing is there yet. Raises OSError. */
+static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyByteArray_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "receive(fd: int, buf: bytearray, chunk: int)");
+        return NULL;
+    }
+    int fd = as_fd(args[0]);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
+    if (chunk == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (chunk <= 0 || chunk > MAX_CHUNK) {
+        PyErr_Format(PyExc_ValueError, "receive chunk %zd is not within 1..%d", chunk, MAX_CHUNK);
+        return NULL;
+    }
+    ssize_t n;
+    while ((n = recv(fd, scratch, (size_t)chunk, 0)) < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return PyLong_FromLong(-1);
+        }
+        if (errno != EINTR) {
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (PyErr_CheckSignals() < 0) {
+            return NULL;
+        }
+    }
+    PyObject *buf = args[1];
+    Py_ssize_t have = PyByteArray_GET_SIZE(buf);
+    if (n > 0) {
+        if (PyByteArray_Resize(buf, have + n) < 0) {
+            return NULL;  /* the bytes are lost with the connection, which this error ends */
+        }
+        memcpy(PyByteArray_AS_STRING(buf) + have, scratch, (size_t)n);
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+/* send(fd, data) -> int: how many bytes of `data` the socket took (0: it had no room). Raises OSError. */
+static PyObject *send_some(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send(fd: int, data: bytes)");
+        return NULL;
+    }
+    int fd = as_fd(args[0]);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    ssize_t n;
+    while ((n = send(fd, data.buf, (size_t)data.len, MSG_NOSIGNAL)) < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            n = 0;
+            break;
+        }
+        if (errno != EINTR) {
+            PyBuffer_Release(&data);
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (PyErr_CheckSignals() < 0) {
+            PyBuffer_Release(&data);
+            return NULL;
+        }
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromSsize_t(n);
+}
 
 static PyObject *lengthen(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyByteArray_Check(args[0])) {
@@ -32,6 +136,10 @@ static PyObject *lengthen(PyObject *self, PyObject *const *args, Py_ssize_t narg
 }
 
 static PyMethodDef functions[] = {
+    {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
+     "Append up to `chunk` bytes from socket `fd` to a bytearray; how many, -1 when none is there yet."},
+    {"send", (PyCFunction)(void (*)(void))send_some, METH_FASTCALL,
+     "Send what socket `fd` takes of `data` at once; how many bytes (0: no room)."},
     {"lengthen", (PyCFunction)(void (*)(void))lengthen, METH_FASTCALL,
      "Make a bytearray `room` bytes longer, the new bytes unwritten; return its old length."},
     {NULL, NULL, 0, NULL},
@@ -39,7 +147,7 @@ static PyMethodDef functions[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kestrel.service._receive",
-    "Receive buffers grown without writing (see src/kestrel/service/socket_io.py).", -1, functions,
+    "A connection's socket system calls, and receive buffers grown without writing (see src/kestrel/service/socket_io.py).", -1, functions,
 };
 
 PyMODINIT_FUNC PyInit__receive(void) {

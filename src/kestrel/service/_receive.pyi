@@ -1,2 +1,9 @@
 def lengthen(buf: bytearray, room: int, /) -> int:
     """Make `buf` `room` bytes longer, the new bytes unwritten; its length before."""
+
+def receive(fd: int, buf: bytearray, chunk: int, /) -> int:
+    """Up to `chunk` bytes from socket `fd` appended to `buf`; how many (0: the end of the stream),
+    -1 when nothing is there yet."""
+
+def send(fd: int, data: bytes | memoryview, /) -> int:
+    """How many bytes of `data` socket `fd` took at once (0: it had no room)."""

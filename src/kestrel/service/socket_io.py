@@ -9,6 +9,7 @@ wrapper does too.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -22,10 +23,14 @@ from gevent.socket import socket as gsocket
 from mypy_extensions import mypyc_attr
 
 lengthen: Callable[[bytearray, int], int] | None
+_c_receive: Callable[[int, bytearray, int], int] | None
+_c_send: Callable[[int, bytes | memoryview], int] | None
 try:
     from kestrel.service._receive import lengthen
+    from kestrel.service._receive import receive as _c_receive
+    from kestrel.service._receive import send as _c_send
 except ImportError:  # built without a C compiler: every receive goes through the scratch buffer
-    lengthen = None
+    lengthen = _c_receive = _c_send = None
 
 # The OS socket class, whatever monkey patching put in the `socket` module.
 OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
@@ -55,6 +60,36 @@ GATHER_FROM: Final = 512
 # is enough: 10,000 idle connections held 10,000 of them (256 KiB each for Thrift), and glibc kept
 # most of that memory after they closed.
 _SCRATCH: Final = memoryview(bytearray(MAX_CHUNK))
+
+
+def receive_appending(fd: int, buf: bytearray, chunk: int) -> int:
+    """Up to `chunk` bytes from socket `fd` appended to `buf`; how many (0: the end of the stream),
+    or -1 when nothing is there yet. Raises OSError. The Python twin of the C helper's `receive`
+    (src/kestrel/service/_receive.c), which a build with a C compiler calls instead."""
+    if not 0 < chunk <= MAX_CHUNK:
+        raise ValueError(f"receive chunk {chunk} is not within 1..{MAX_CHUNK}")
+    try:
+        n = os.readv(fd, [_SCRATCH[:chunk]])
+    except BlockingIOError:
+        return -1
+    buf += _SCRATCH[:n]
+    return n
+
+
+def send_some(fd: int, data: bytes | memoryview) -> int:
+    """How many bytes of `data` socket `fd` took at once (0: it had no room). Raises OSError. The
+    Python twin of the C helper's `send`."""
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+
+
+# The two system calls of every request, made by the C helper where the build has one. Not `Final`:
+# a stand-in replaces them where no socket is wanted (bench/bench_answer.py's serve loop, tests).
+_receive_appending: Callable[[int, bytearray, int], int] = (
+    receive_appending if _c_receive is None else _c_receive)
+_send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is None else _c_send
 
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
@@ -113,13 +148,18 @@ class ClientSocket:
     likely waiting.
 
     A reply goes out in one `send` when the socket takes it all; the rest waits for room, at most
-    `send_timeout` seconds (None: without limit) for a client that stopped reading.
+    `send_timeout` seconds (None: without limit) for a client that stopped reading. Both calls are
+    made on the descriptor (`receive_appending`, `send_some`: the C helper's where the build has
+    one), which answers "nothing yet" and "no room" with a number rather than an exception.
     """
 
     def __init__(self, sock: socket.socket, chunk: int, send_timeout: float | None = None) -> None:
         if not 0 < chunk <= MAX_CHUNK:
             raise ValueError(f"receive chunk {chunk} is not within 1..{MAX_CHUNK}")
         self.sock = sock
+        # its descriptor, for the system calls of each request; -1 once closed, so that a late call
+        # fails with EBADF rather than reach a connection that reused the number
+        self.fd = sock.fileno()
         self.chunk = chunk
         self.drained = True  # the last receive took all there was (it did not fill its room)
         # a receive found the end of the stream: the client closed its side and all it sent was read
@@ -139,15 +179,9 @@ class ClientSocket:
             self._wait_readable(timeout)
         if self.in_place:
             return self._receive_in_place(buf, timeout)
-        scratch = _SCRATCH
-        while True:
-            try:
-                n = self.sock.recv_into(scratch, self.chunk)
-                break
-            except BlockingIOError:
-                self.waited = True
-                self._wait_readable(timeout)
-        buf += scratch[:n]
+        while (n := _receive_appending(self.fd, buf, self.chunk)) < 0:
+            self.waited = True
+            self._wait_readable(timeout)
         self.ended = n == 0
         self.drained = n < self.chunk
         self.in_place = n >= IN_PLACE_FROM and lengthen is not None
@@ -176,7 +210,7 @@ class ClientSocket:
 
     def _wait_readable(self, timeout: float | None) -> None:
         if self._readable is None:
-            self._readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+            self._readable = gevent.get_hub().loop.io(self.fd, 1)
         if timeout is None:
             wait(self._readable)
         else:
@@ -198,26 +232,22 @@ class ClientSocket:
     def send_all(self, data: bytes | memoryview) -> None:
         """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
         when the client takes none of it for `send_timeout`, OSError when it is gone."""
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
+        sent = _send_some(self.fd, data)
         while sent < len(data):
             if self._writable is None:
-                self._writable = gevent.get_hub().loop.io(self.sock.fileno(), 2)
+                self._writable = gevent.get_hub().loop.io(self.fd, 2)
             gevent.socket.wait(self._writable, self.send_timeout,
                                SendTimeout(f"the client took no reply for {self.send_timeout} s"))
-            try:
-                sent += self.sock.send(memoryview(data)[sent:])
-            except BlockingIOError:
-                pass
+            sent += _send_some(self.fd, memoryview(data)[sent:])
 
     def close(self) -> None:
-        """Release the watchers (the socket itself is the listener's to close)."""
+        """Release the watchers (the socket itself is the listener's to close); no call reaches its
+        descriptor after this."""
         for watcher in (self._readable, self._writable):
             if watcher is not None:
                 watcher.close()
         self._readable = self._writable = None
+        self.fd = -1
 
 
 def close_lingering(sock: socket.socket | gsocket, seconds: float = LINGER_S,

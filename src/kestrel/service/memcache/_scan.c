@@ -149,10 +149,17 @@ static PyObject *scan_sets(PyObject *self, PyObject *const *args, Py_ssize_t nar
              && line.key_len == first.key_len && memcmp(b + line.key, b + first.key, (size_t)first.key_len) == 0
              && line.exptime == first.exptime);
     PyObject *flags = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(answered), PyByteArray_GET_SIZE(answered));
-    if (flags != NULL) {
-        result = Py_BuildValue("(y#KNNn)", (const char *)b + first.key, first.key_len, first.exptime, datas,
-                               flags, pos);
-        datas = NULL;  /* the tuple holds it now (or it was released with the failed tuple) */
+    if (flags != NULL) {  /* the tuple made directly: Py_BuildValue parses its format at every call */
+        PyObject *key = PyBytes_FromStringAndSize((const char *)b + first.key, first.key_len);
+        PyObject *exptime = PyLong_FromUnsignedLongLong(first.exptime);
+        PyObject *after = PyLong_FromSsize_t(pos);
+        if (key != NULL && exptime != NULL && after != NULL) {
+            result = PyTuple_Pack(5, key, exptime, datas, flags, after);
+        }
+        Py_XDECREF(after);
+        Py_XDECREF(exptime);
+        Py_XDECREF(key);
+        Py_DECREF(flags);
     }
 done:
     Py_XDECREF(datas);
@@ -197,7 +204,16 @@ static PyObject *scan_gets(PyObject *self, PyObject *const *args, Py_ssize_t nar
         pos += line_len;
     } while (count < limit && end - pos >= line_len && max_line >= line_len - 1
              && memcmp(b + pos, b + key - 4, (size_t)line_len) == 0);
-    PyObject *result = Py_BuildValue("(y#nn)", (const char *)b + key, key_len, count, pos);
+    PyObject *result = NULL;  /* the tuple made directly, as above */
+    PyObject *name = PyBytes_FromStringAndSize((const char *)b + key, key_len);
+    PyObject *gets = PyLong_FromSsize_t(count);
+    PyObject *after = PyLong_FromSsize_t(pos);
+    if (name != NULL && gets != NULL && after != NULL) {
+        result = PyTuple_Pack(3, name, gets, after);
+    }
+    Py_XDECREF(after);
+    Py_XDECREF(gets);
+    Py_XDECREF(name);
     PyBuffer_Release(&view);
     return result;
 }

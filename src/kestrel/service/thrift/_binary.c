@@ -341,9 +341,19 @@ static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t 
             read = parse_call(buf + start, size, args[first], max_items, max_bytes, &name, &mtype, &seqid,
                               &values, &pos);
         }
-        if (read > 0) {
-            result = max_frame < 0 ? Py_BuildValue("(NiiNn)", name, mtype, (int)seqid, values, pos)
-                                   : Py_BuildValue("(NiNn)", name, (int)seqid, values, start + size);
+        if (read > 0) {  /* the tuple made directly: Py_BuildValue parses its format at every call */
+            PyObject *seq = PyLong_FromLong(seqid);
+            PyObject *at = PyLong_FromSsize_t(max_frame < 0 ? pos : start + size);
+            PyObject *type = max_frame < 0 ? PyLong_FromLong(mtype) : NULL;
+            if (seq != NULL && at != NULL && (max_frame >= 0 || type != NULL)) {
+                result = max_frame < 0 ? PyTuple_Pack(5, name, type, seq, values, at)
+                                       : PyTuple_Pack(4, name, seq, values, at);
+            }
+            Py_XDECREF(type);
+            Py_XDECREF(at);
+            Py_XDECREF(seq);
+            Py_DECREF(values);
+            Py_DECREF(name);
         } else if (read == 0) {
             result = Py_NewRef(Py_None);
         }
