@@ -5,6 +5,8 @@
  * attributes, constructor, equality, repr and (absent) hash, and is made without running any
  * Python code. Its fields hold ints and bytes, which cannot refer back to an item, so it takes no
  * part in the cyclic garbage collector. tests/storage/test_item.py runs the same checks on both classes.
+ * Beside it, functions over a batch of items, each with a Python twin in storage.item: a batch put's
+ * items made in one call (`new_items`), a get's taken from the queue's head in one (`take_items`).
  * Optional: without a C compiler the build goes on and storage.item uses the Python class.
  */
 #define PY_SSIZE_T_CLEAN
