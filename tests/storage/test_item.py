@@ -208,7 +208,8 @@ def test_take_items_from_the_head(take: Any, cls: Any) -> None:
     assert take(empty, 5) == ([], 0) and take(empty, 0) == ([], 0)
     items = [cls(1, 0, b"a"), cls(2, 0, b"bb"), cls(3, 0, b"ccc"), cls(4, 0, b"dddd")]
     mem = deque(items)
-    assert take(mem, 0) == ([], 0) and take(mem, -3) == ([], 0) and len(mem) == 4
+    assert take(mem, 0) == ([], 0) and take(mem, -3) == ([], 0) and take(mem, -(2**70)) == ([], 0)
+    assert len(mem) == 4
     taken, size = take(mem, 2)  # part of the queue
     assert [one.data for one in taken] == [b"a", b"bb"] and size == 3 and list(mem) == items[2:]
     assert taken[0] is items[0]
@@ -216,6 +217,8 @@ def test_take_items_from_the_head(take: Any, cls: Any) -> None:
     assert [one.data for one in taken] == [b"ccc", b"dddd"] and size == 7 and not mem
     mem = deque(items)
     assert take(mem, 4)[1] == 10 and not mem  # exactly what it holds
+    mem = deque(items)
+    assert take(mem, 2**70) == (items, 10) and not mem  # a count past any length
 
 
 @pytest.mark.parametrize("take", TAKE)

@@ -369,7 +369,7 @@ static PyObject *take_items(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *mem = args[0];
-    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyNumber_AsSsize_t(args[1], NULL);  /* past a Py_ssize_t: clipped, as min() would */
     if (count == -1 && PyErr_Occurred()) {
         return NULL;
     }
