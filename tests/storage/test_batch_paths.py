@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kestrel.storage import QueueCollection
 from kestrel.storage.clock import FakeClock
+from kestrel.storage.config import QueueConfigs
 from kestrel.storage.kestrel2 import codec
 from tests.support.queues import drain
 
@@ -71,4 +72,79 @@ def test_a_batch_get_over_items_that_expire_drops_the_expired_ones(tmp_path: Pat
     clock.advance(20)
     assert [item.data for item in coll.remove("q", 10)] == [b"a", b"b", b"c"]
     assert coll.queue("q").length == 0
+    coll.close()
+
+
+FORMATS = ["kestrel2", "kestrel3"]
+
+
+def _collection(tmp_path: Path, journal_format: str, clock: FakeClock | None = None,
+                **settings: object) -> QueueCollection:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}, {"q": {"journal_format": journal_format, **settings}}),
+                           clock=clock or FakeClock(1_700_000_000_000))
+    coll.load()
+    return coll
+
+
+@pytest.mark.parametrize("journal_format", FORMATS)
+def test_an_empty_batch_adds_and_takes_nothing(tmp_path: Path, journal_format: str) -> None:
+    coll = _collection(tmp_path, journal_format)
+    q = coll.queue("q")
+    assert coll.put("q", []) == 0 and q.length == 0
+    assert coll.remove("q", 0) == [] and coll.remove("q", 100) == []
+    coll.put("q", [b"a"])
+    assert coll.remove("q", 0) == [] and q.length == 1  # asked for none: none taken
+    assert [one.data for one in coll.remove("q", 100)] == [b"a"]
+    coll.close()
+
+
+@pytest.mark.parametrize("journal_format", FORMATS)
+def test_batches_crossing_into_read_behind_come_back_whole_and_in_order(tmp_path: Path,
+                                                                        journal_format: str) -> None:
+    """A put of 100 that fills memory part way through goes on into read-behind; gets of 100 take
+    the items held in memory and then those read back from the journal, in order, and the queue
+    comes back the same after a restart."""
+    sent = [b"%05d" % n + b"x" * 120 for n in range(1000)]
+    coll = _collection(tmp_path, journal_format, max_memory_size=4096, default_journal_size=8192)
+    q = coll.queue("q")
+    for start in range(0, 500, 100):
+        assert coll.put("q", sent[start:start + 100]) == 100
+    assert q.in_read_behind and q.length == 500
+    got = [one.data for one in coll.remove("q", 150)]
+    for start in range(500, 1000, 100):
+        assert coll.put("q", sent[start:start + 100]) == 100
+    assert got == sent[:150]
+    coll.close()
+    again = _collection(tmp_path, journal_format, max_memory_size=4096, default_journal_size=8192)
+    assert drain(again, "q") == sent[150:]
+    again.close()
+
+
+@pytest.mark.parametrize("journal_format", FORMATS)
+def test_a_batch_get_takes_the_items_left_after_expired_ones_in_the_batch(tmp_path: Path,
+                                                                          journal_format: str) -> None:
+    clock = FakeClock(1_700_000_000_000)
+    coll = _collection(tmp_path, journal_format, clock)
+    coll.put("q", [b"a%d" % n for n in range(50)])
+    coll.put("q", [b"gone%d" % n for n in range(50)], expiry_ms=clock.now_ms() + 10)
+    coll.put("q", [b"b%d" % n for n in range(50)])
+    assert [one.data for one in coll.remove("q", 40)] == [b"a%d" % n for n in range(40)]  # none expired yet
+    clock.advance(20)
+    got = coll.remove("q", 100)
+    assert [one.data for one in got] == [b"a%d" % n for n in range(40, 50)] + [b"b%d" % n for n in range(50)]
+    assert coll.queue("q").length == 0
+    coll.close()
+
+
+@pytest.mark.parametrize("journal_format", FORMATS)
+@pytest.mark.parametrize("discard_old", [False, True])
+def test_a_batch_put_over_max_items_keeps_what_the_limit_allows(tmp_path: Path, journal_format: str,
+                                                                discard_old: bool) -> None:
+    coll = _collection(tmp_path, journal_format, max_items=30, discard_old_when_full=discard_old)
+    sent = [b"%03d" % n for n in range(100)]
+    accepted = coll.put("q", sent)
+    kept = sent[70:] if discard_old else sent[:30]
+    assert accepted == (100 if discard_old else 30)
+    assert coll.queue("q").length == 30
+    assert [one.data for one in coll.remove("q", 100)] == kept
     coll.close()

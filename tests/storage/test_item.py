@@ -7,6 +7,7 @@ import operator
 import random
 import shutil
 import sys
+from collections import deque
 from typing import Any
 
 import pytest
@@ -16,17 +17,19 @@ from kestrel.storage.item import QItemPython
 
 try:
     from kestrel.storage._item import QItem as QItemCompiled
-    from kestrel.storage._item import data_sizes, data_with_ids, item_data, plain_size
+    from kestrel.storage._item import data_sizes, data_with_ids, item_data, new_items, plain_size, take_items
 except ImportError:  # the build skips the helper only where there is no C compiler
     if shutil.which("cc") or shutil.which("gcc"):
         raise
-    QItemCompiled = data_sizes = data_with_ids = item_data = plain_size = None
+    QItemCompiled = data_sizes = data_with_ids = item_data = new_items = plain_size = take_items = None
 
 CLASSES = [QItemPython] + ([QItemCompiled] if QItemCompiled is not None else [])
 SIZES = [item.data_sizes_python] + ([data_sizes] if data_sizes is not None else [])
 PLAIN = [item.plain_size_python] + ([plain_size] if plain_size is not None else [])
 WITH_IDS = [item.data_with_ids_python] + ([data_with_ids] if data_with_ids is not None else [])
 DATA = [item.item_data_python] + ([item_data] if item_data is not None else [])
+NEW = [(item.new_items_python, QItemPython)] + ([(new_items, QItemCompiled)] if new_items is not None else [])
+TAKE = [item.take_items_python] + ([take_items] if take_items is not None else [])
 
 
 def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
@@ -35,6 +38,8 @@ def test_the_engine_uses_the_compiled_item_where_it_was_built() -> None:
     assert item.plain_size is (plain_size or item.plain_size_python)
     assert item.data_with_ids is (data_with_ids or item.data_with_ids_python)
     assert item.item_data is (item_data or item.item_data_python)
+    assert item.new_items is (new_items or item.new_items_python)
+    assert item.take_items is (take_items or item.take_items_python)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -176,3 +181,102 @@ def test_compiled_batch_functions_answer_as_the_python_ones_on_random_batches() 
         assert data_with_ids(items, ids) == item.data_with_ids_python(items, ids)
         assert data_with_ids(items, 0) == item.data_with_ids_python(items, 0)
         assert item_data(items) == item.item_data_python(items)
+
+
+@pytest.mark.parametrize(("make", "cls"), NEW)
+def test_new_items_of_a_batch(make: Any, cls: Any) -> None:
+    assert make(5, 0, [], 0) == [] and make(5, 0, [], 7) == []
+    datas = [b"a", b"", b"ccc"]
+    made = make(1_700_000_000_000, 99, datas, 0)
+    assert all(type(one) is cls for one in made)
+    assert [(one.add_time, one.expiry, one.data, one.xid, one.errors) for one in made] == [
+        (1_700_000_000_000, 99, b"a", 0, 0), (1_700_000_000_000, 99, b"", 0, 0), (1_700_000_000_000, 99, b"ccc", 0, 0)]
+    assert all(one.data is data for one, data in zip(made, datas, strict=True))  # no copies
+    assert [one.xid for one in make(1, 0, datas, 41)] == [41, 42, 43]  # Kestrel 3: each its id
+    edge = 2**63 - 2  # ids past a C long long count on as Python's ints do
+    assert [one.xid for one in make(1, 0, datas, edge)] == [edge, edge + 1, edge + 2]
+    assert [one.xid for one in make(1, 0, datas, 2**70)] == [2**70, 2**70 + 1, 2**70 + 2]
+    assert [one.data for one in make(1, 0, (b"x", b"y"), 0)] == [b"x", b"y"]  # any sequence
+    with pytest.raises(TypeError):
+        make(1, 0, None, 0)
+
+
+@pytest.mark.parametrize("take", TAKE)
+@pytest.mark.parametrize("cls", CLASSES)
+def test_take_items_from_the_head(take: Any, cls: Any) -> None:
+    empty: deque[Any] = deque()
+    assert take(empty, 5) == ([], 0) and take(empty, 0) == ([], 0)
+    items = [cls(1, 0, b"a"), cls(2, 0, b"bb"), cls(3, 0, b"ccc"), cls(4, 0, b"dddd")]
+    mem = deque(items)
+    assert take(mem, 0) == ([], 0) and take(mem, -3) == ([], 0) and take(mem, -(2**70)) == ([], 0)
+    assert len(mem) == 4
+    taken, size = take(mem, 2)  # part of the queue
+    assert [one.data for one in taken] == [b"a", b"bb"] and size == 3 and list(mem) == items[2:]
+    assert taken[0] is items[0]
+    taken, size = take(mem, 100)  # more than it holds: all of it
+    assert [one.data for one in taken] == [b"ccc", b"dddd"] and size == 7 and not mem
+    mem = deque(items)
+    assert take(mem, 4)[1] == 10 and not mem  # exactly what it holds
+    mem = deque(items)
+    assert take(mem, 2**70) == (items, 10) and not mem  # a count past any length
+
+
+@pytest.mark.parametrize("take", TAKE)
+@pytest.mark.parametrize("cls", CLASSES)
+def test_take_items_leaves_items_that_can_expire(take: Any, cls: Any) -> None:
+    """An item that can expire among those asked for: nothing is taken (the caller takes them one by
+    one, dropping the expired); one past them does not count."""
+    items = [cls(1, 0, b"a"), cls(2, 0, b"bb"), cls(3, 50, b"ccc"), cls(4, 0, b"dddd")]
+    for count in (3, 4, 10):
+        mem = deque(items)
+        assert take(mem, count) == ([], -1)
+        assert list(mem) == items and all(a is b for a, b in zip(mem, items, strict=True))
+    mem = deque(items)
+    taken, size = take(mem, 2)
+    assert taken == items[:2] and size == 3 and list(mem) == items[2:]
+    gone = cls(1, 0, b"x")
+    del gone.data
+    mem = deque([gone])
+    with pytest.raises(AttributeError):
+        take(mem, 1)
+    assert list(mem) == [gone]
+
+
+@pytest.mark.skipif(take_items is None, reason="built without a C compiler")
+def test_compiled_take_items_refuses_what_it_cannot_read() -> None:
+    for args in [([], 1), (deque(), None), (deque(),), (deque(), 1, 2)]:
+        with pytest.raises(TypeError):
+            take_items(*args)
+
+
+@pytest.mark.skipif(new_items is None, reason="built without a C compiler")
+def test_compiled_new_items_hold_their_data_once_and_let_go_of_it() -> None:
+    data = b"held by each item"
+    before = sys.getrefcount(data)
+    made = new_items(1, 0, [data] * 1000, 0)
+    assert sys.getrefcount(data) == before + 1000
+    mem = deque(made)
+    del made
+    taken, _ = take_items(mem, 600)
+    assert len(taken) == 600 and len(mem) == 400
+    del taken, mem
+    assert sys.getrefcount(data) == before
+
+
+def test_compiled_new_and_take_items_answer_as_the_python_ones_on_random_batches() -> None:
+    if new_items is None or take_items is None:
+        pytest.skip("built without a C compiler")
+    draw = random.Random(20261129)
+    for _ in range(1000):
+        datas = [bytes(draw.choice((0, 1, 7, 128))) for _ in range(draw.randrange(0, 40))]
+        first_id = draw.choice((0, 0, 1, draw.randrange(0, 2**64)))
+        expiry = 0 if draw.random() < 0.8 else draw.randrange(1, 10**13)
+        compiled, python = new_items(3, expiry, datas, first_id), item.new_items_python(3, expiry, datas, first_id)
+        assert [(one.add_time, one.expiry, one.data, one.xid) for one in compiled] == [
+            (one.add_time, one.expiry, one.data, one.xid) for one in python]
+        if draw.random() < 0.3:  # some of the queue may expire
+            compiled = [QItemCompiled(1, draw.choice((0, 0, 0, 9)), one.data) for one in compiled]
+        count = draw.randrange(-1, 50)
+        a, b = deque(compiled), deque(compiled)
+        assert take_items(a, count) == item.take_items_python(b, count)
+        assert list(a) == list(b)

@@ -5,6 +5,8 @@
  * attributes, constructor, equality, repr and (absent) hash, and is made without running any
  * Python code. Its fields hold ints and bytes, which cannot refer back to an item, so it takes no
  * part in the cyclic garbage collector. tests/storage/test_item.py runs the same checks on both classes.
+ * Beside it, functions over a batch of items, each with a Python twin in storage.item: a batch put's
+ * items made in one call (`new_items`), a get's taken from the queue's head in one (`take_items`).
  * Optional: without a C compiler the build goes on and storage.item uses the Python class.
  */
 #define PY_SSIZE_T_CLEAN
@@ -12,6 +14,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
 
 typedef struct {
     PyObject_HEAD
@@ -298,12 +301,154 @@ static PyObject *data_with_ids(PyObject *module, PyObject *const *args, Py_ssize
     return pairs;
 }
 
+/* new_items(add_time, expiry, datas, first_id): [QItem(add_time, expiry, data, xid), ...], one for
+   each of `datas`, their xids counting up from `first_id` (0: each xid 0). A batch put's items made
+   in one step, with no call per item (src/kestrel/storage/item.py, `new_items_python`). */
+static PyObject *new_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "new_items takes add_time, expiry, datas and first_id");
+        return NULL;
+    }
+    PyObject *add_time = args[0], *expiry = args[1], *first = args[3];
+    if (!PyLong_CheckExact(first)) {
+        PyErr_SetString(PyExc_TypeError, "new_items takes an int first_id");
+        return NULL;
+    }
+    int overflow = 0;
+    long long first_id = PyLong_AsLongLongAndOverflow(first, &overflow);
+    if (first_id == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "new_items takes a sequence of data");
+    if (seq == NULL) {
+        return NULL;
+    }
+    /* Nothing below runs Python code, so the sequence cannot change while it is read. */
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *items = PyList_New(n);
+    if (items == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int counted = overflow == 0 && first_id != 0;
+    int small = counted && first_id >= 0 && first_id <= LLONG_MAX - n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *xid;
+        if (overflow == 0 && first_id == 0) {
+            xid = Py_NewRef(zero);
+        } else if (small) {
+            xid = PyLong_FromLongLong(first_id + i);
+        } else {  /* ids past a long long (or below zero): as Python counts them */
+            PyObject *step = PyLong_FromSsize_t(i);
+            xid = step == NULL ? NULL : PyNumber_Add(first, step);
+            Py_XDECREF(step);
+        }
+        PyObject *item = xid == NULL ? NULL
+                         : make(&QItemType, add_time, expiry, PySequence_Fast_GET_ITEM(seq, i), xid, zero);
+        Py_XDECREF(xid);
+        if (item == NULL) {
+            Py_DECREF(items);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        PyList_SET_ITEM(items, i, item);
+    }
+    Py_DECREF(seq);
+    return items;
+}
+
+/* collections.deque, and its methods a take calls (looked up once, at import). */
+static PyObject *deque_type, *deque_popleft, *deque_clear;
+
+/* take_items(mem, count): up to `count` items from the head of the deque `mem` and their bytes of
+   data, taken in one step when none of them can expire; else ([], -1) with `mem` as it was, for the
+   caller to take them one by one (src/kestrel/storage/item.py, `take_items_python`). */
+static PyObject *take_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !Py_IS_TYPE(args[0], (PyTypeObject *)deque_type) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_items takes a deque and an int");
+        return NULL;
+    }
+    PyObject *mem = args[0];
+    Py_ssize_t count = PyNumber_AsSsize_t(args[1], NULL);  /* past a Py_ssize_t: clipped, as min() would */
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t length = PyObject_Length(mem);
+    if (length < 0) {
+        return NULL;
+    }
+    Py_ssize_t n = count < 0 ? 0 : (count < length ? count : length);
+    PyObject *taken;
+    if (n == length) {
+        taken = PySequence_List(mem);
+    } else {
+        taken = PyList_New(n);
+        PyObject *it = taken == NULL ? NULL : PyObject_GetIter(mem);
+        for (Py_ssize_t i = 0; it != NULL && i < n; i++) {
+            PyObject *item = PyIter_Next(it);
+            if (item == NULL) {
+                Py_CLEAR(it);
+                break;
+            }
+            PyList_SET_ITEM(taken, i, item);
+        }
+        if (it == NULL) {
+            if (!PyErr_Occurred() && taken != NULL) {
+                PyErr_SetString(PyExc_RuntimeError, "the queue changed size while being read");
+            }
+            Py_XDECREF(taken);
+            return NULL;
+        }
+        Py_DECREF(it);
+    }
+    if (taken == NULL) {
+        return NULL;
+    }
+    PyObject *size = plain_size(module, taken);  /* runs Python code only for items of another type */
+    if (size == NULL || PyObject_Length(mem) != length) {
+        if (size != NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "the queue changed size while being read");
+        }
+        Py_XDECREF(size);
+        Py_DECREF(taken);
+        return NULL;
+    }
+    if (PyLong_AsSsize_t(size) < 0) {
+        Py_DECREF(taken);
+        return Py_BuildValue("([]N)", size);
+    }
+    if (n == length && n > 0) {
+        PyObject *none = PyObject_CallOneArg(deque_clear, mem);
+        if (none == NULL) {
+            Py_DECREF(size);
+            Py_DECREF(taken);
+            return NULL;
+        }
+        Py_DECREF(none);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {  /* popleft takes what was read: nothing ran between */
+            PyObject *item = PyObject_CallOneArg(deque_popleft, mem);
+            if (item == NULL) {
+                Py_DECREF(size);
+                Py_DECREF(taken);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+    }
+    return Py_BuildValue("(NN)", taken, size);
+}
+
 static PyMethodDef functions[] = {
     {"data_with_ids", (PyCFunction)(void (*)(void))data_with_ids, METH_FASTCALL,
      "[(item.data, id), ...]: ids an int for every item or a list, one each."},
     {"data_sizes", data_sizes, METH_O, "(total bytes, largest) of a batch's data."},
     {"item_data", item_data, METH_O, "[item.data, ...] of a list of items."},
     {"plain_size", plain_size, METH_O, "The bytes of data of items none of which can expire, else -1."},
+    {"new_items", (PyCFunction)(void (*)(void))new_items, METH_FASTCALL,
+     "A batch put's items, one for each data, xids counting up from first_id (0: each 0)."},
+    {"take_items", (PyCFunction)(void (*)(void))take_items, METH_FASTCALL,
+     "Up to count items from the head of a deque and their bytes, when none can expire; else ([], -1)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -314,6 +459,17 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__item(void) {
     zero = PyLong_FromLong(0);
     if (zero == NULL || PyType_Ready(&QItemType) < 0) {
+        return NULL;
+    }
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL) {
+        return NULL;
+    }
+    deque_type = PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    if (deque_type == NULL || !PyType_Check(deque_type)
+        || (deque_popleft = PyObject_GetAttrString(deque_type, "popleft")) == NULL
+        || (deque_clear = PyObject_GetAttrString(deque_type, "clear")) == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);

@@ -2,15 +2,18 @@
 
 `QItem` is the compiled class (src/kestrel/storage/_item.c) where the build had a C compiler, else
 `QItemPython`, the reference: the same attributes, constructor, equality and repr, checked on both
-by tests/storage/test_item.py. A batch put makes one item per element, and replay one per record.
-Likewise `data_sizes`, `plain_size`, `item_data` and `data_with_ids`, one pass over a batch each
-where Python made two or three.
+by tests/storage/test_item.py. A batch put makes one item per element (`new_items`, all in one
+call), and replay one per record. Likewise `data_sizes`, `plain_size`, `item_data`,
+`data_with_ids` and `take_items` (a get's items from the head of the queue), one pass over a batch
+each where Python made two or three, or a call per item.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import count as count_from
+from itertools import islice, repeat, starmap
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -71,6 +74,30 @@ def data_with_ids_python(items: list[QItemPython], ids: int | list[int]) -> list
     return list(zip(map(_DATA, items), ids, strict=True))
 
 
+def new_items_python(add_time: int, expiry: int, datas: Sequence[bytes], first_id: int) -> list[QItemPython]:
+    """A batch put's items, one for each of `datas`, their xids counting up from `first_id` (0: each
+    xid 0, as a Kestrel 2 item's is until it is opened)."""
+    ids = count_from(first_id) if first_id else repeat(0)
+    return list(map(QItemPython, repeat(add_time), repeat(expiry), datas, ids))
+
+
+def take_items_python(mem: deque[QItemPython], count: int) -> tuple[list[QItemPython], int]:
+    """Up to `count` items from the head of `mem` and their bytes of data, taken in one step when
+    none of them can expire (the common get); else ([], -1) with `mem` as it was, for the caller to
+    take them one by one, each head checked for expiry."""
+    length = len(mem)
+    n = max(0, min(count, length))
+    taken = list(mem) if n == length else list(islice(mem, n))
+    size = plain_size_python(taken)
+    if size < 0:
+        return [], -1
+    if n == length:
+        mem.clear()
+    else:
+        deque(starmap(mem.popleft, repeat((), n)), maxlen=0)  # popleft, n times
+    return taken, size
+
+
 def item_data_python(items: list[QItemPython]) -> list[bytes]:
     """Each item's data: what a get's reply is laid out from, beside the ids (`TakenItems`)."""
     return list(map(_DATA, items))
@@ -82,12 +109,23 @@ if TYPE_CHECKING:
     plain_size = plain_size_python
     data_with_ids = data_with_ids_python
     item_data = item_data_python
+    new_items = new_items_python
+    take_items = take_items_python
 else:
     try:
-        from kestrel.storage._item import QItem, data_sizes, data_with_ids, item_data, plain_size
+        from kestrel.storage._item import (
+            QItem,
+            data_sizes,
+            data_with_ids,
+            item_data,
+            new_items,
+            plain_size,
+            take_items,
+        )
     except ImportError:  # built without a C compiler: the Python class and functions
-        QItem, data_sizes, plain_size, data_with_ids, item_data = (
-            QItemPython, data_sizes_python, plain_size_python, data_with_ids_python, item_data_python)
+        QItem, data_sizes, plain_size, data_with_ids, item_data, new_items, take_items = (
+            QItemPython, data_sizes_python, plain_size_python, data_with_ids_python, item_data_python,
+            new_items_python, take_items_python)
 
 
 class TakenItems:

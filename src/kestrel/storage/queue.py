@@ -24,8 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import count as count_from
-from itertools import islice, repeat, starmap
+from itertools import islice
 from operator import attrgetter
 from typing import ClassVar, Protocol
 
@@ -36,7 +35,7 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
-from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, plain_size
+from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
@@ -402,10 +401,7 @@ class PersistentQueue(ABC):
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
             self._log_put(items, now, expiry, first_id)
-            if first_id:
-                self._mem.extend(map(QItem, repeat(now), repeat(expiry), items, count_from(first_id)))
-            else:
-                self._mem.extend(map(QItem, repeat(now), repeat(expiry), items))
+            self._mem.extend(new_items(now, expiry, items, first_id))
             self.length += count
             self.bytes += size
             self.memory_bytes += size
@@ -415,9 +411,8 @@ class PersistentQueue(ABC):
             # item that fills memory. Each run of adds is journaled before a discard or read-behind
             # reads the journal.
             discard = cfg.discard_old_when_full
-            ids = count_from(first_id) if first_id else repeat(0)
             logged = 0  # items[:logged] are journaled
-            for n, item in enumerate(map(QItem, repeat(now), repeat(expiry), items, ids)):
+            for n, item in enumerate(new_items(now, expiry, items, first_id)):
                 if discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
                     self._log_put(items[logged:n], now, expiry, first_id + logged if first_id else 0)
                     logged = n
@@ -468,13 +463,8 @@ class PersistentQueue(ABC):
             mem = self._mem
             if self._behind is None and not self._watchers:
                 # The common get: when none of the items can expire they go in one step.
-                if count == 1:
-                    taken = [mem.popleft()] if mem else []
-                else:
-                    taken = list(starmap(mem.popleft, repeat((), min(count, len(mem)))))  # popleft, n times
-                size = plain_size(taken)
+                taken, size = take_items(mem, count)
                 if size < 0:
-                    mem.extendleft(reversed(taken))
                     taken = self._take_each(count, now, transaction)
                 elif taken:
                     self.length -= len(taken)
