@@ -13,10 +13,7 @@ from collections.abc import Callable
 
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 
-SPARE_CORES = 0.5  # idle time, in cores, that counts as a core to spare,
-STILL_SPARE_CORES = 0.2  # and once it did, what still does: what splitting rounds uses of it (an
-# fsync more per pair of rounds, and serving more items) must not turn it off again, else the
-# rounds would change from halves to whole and back every second
+SPARE_CORES = 0.5  # idle time, in cores, that counts as a core to spare
 EVERY_SECONDS = 1.0  # how often the reading is taken again
 
 
@@ -33,8 +30,7 @@ def read_proc_stat() -> tuple[int, int, int]:
 
 class SpareCpu:
     """Called: whether at least SPARE_CORES of the machine's CPU time went idle between the last two
-    readings (STILL_SPARE_CORES once it did). False until two readings have been taken, and
-    wherever /proc/stat cannot be read."""
+    readings. False until two readings have been taken, and wherever /proc/stat cannot be read."""
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK,
                  read: Callable[[], tuple[int, int, int]] = read_proc_stat) -> None:
@@ -57,6 +53,5 @@ class SpareCpu:
         last, self._last = self._last, reading
         if last is not None:
             idle, total = reading[0] - last[0], reading[1] - last[1]
-            enough = STILL_SPARE_CORES if self._spare else SPARE_CORES
-            self._spare = total > 0 and idle / total * reading[2] >= enough
+            self._spare = total > 0 and idle / total * reading[2] >= SPARE_CORES
         return self._spare
