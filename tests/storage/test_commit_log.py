@@ -910,8 +910,7 @@ class GatheringRuntime(GeventWithFsyncs):
         return Timer()
 
 
-@pytest.mark.parametrize("spare", [False, True])
-def test_rounds_carry_every_client_or_with_a_core_to_spare_each_half_of_them(tmp_path: Path, spare: bool) -> None:
+def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Path) -> None:
     log_dir = commit_log.directory(str(tmp_path))
     log_fsyncs: list[int] = []
 
@@ -924,8 +923,6 @@ def test_rounds_carry_every_client_or_with_a_core_to_spare_each_half_of_them(tmp
     coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
                            commit_log=True)
     coll.load()
-    assert coll.commit_log is not None
-    coll.commit_log.spare_cpu = lambda: spare
     names = [f"q{n}" for n in range(8)]
     changes = [0]
     stop = gevent.event.Event()
@@ -943,12 +940,11 @@ def test_rounds_carry_every_client_or_with_a_core_to_spare_each_half_of_them(tmp
             gevent.sleep(0.001)
 
     clients = [gevent.spawn(client, i, name) for i, name in enumerate(names)]
-    when(80)  # the rounds have settled
+    when(80)  # the rounds have settled into carrying every client
     log_fsyncs.clear()
     start = changes[0]
     when(start + 160)
-    per_round = 4 if spare else 8  # one round for the eight, or one for each half, every time
-    assert len(log_fsyncs) <= (changes[0] - start) // per_round + 2
+    assert len(log_fsyncs) <= (changes[0] - start) // 8 + 2  # one round for the eight, every time
     assert all(0 < seconds <= commit_log.GATHER_SECONDS * 1.01 for seconds, _ in runtime.timers)
     stop.set()
     while not all(c.dead for c in clients):  # the last rounds wait for clients that have left: the
@@ -956,39 +952,6 @@ def test_rounds_carry_every_client_or_with_a_core_to_spare_each_half_of_them(tmp
             fire()
         gevent.sleep(0.01)
     gevent.joinall(clients, raise_error=True)
-    coll.close()
-
-
-@pytest.mark.parametrize("spare", [False, True])
-def test_with_a_core_to_spare_a_round_waits_for_half_the_changes_the_last_one_let_it_expect(
-        tmp_path: Path, spare: bool) -> None:
-    # Waiting for every client the last round released keeps them in one convoy: the event loop
-    # idle through each fsync, each client waiting for the fsync and for every other's requests.
-    # Where a core is idle to run an fsync more, half of them start a round while the other half
-    # is served; where none is, the fsync more would only cost CPU time, and the round waits.
-    runtime = GatheringRuntime(os.fdatasync)
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
-                           commit_log=True)
-    coll.load()
-    assert coll.commit_log is not None
-    coll.commit_log.spare_cpu = lambda: spare
-    names = [f"q{n}" for n in range(8)]
-    for name in names:
-        coll.put(name, [b"created"])
-    holders = [Held() for _ in names]
-    first = coll.commit_log.rounds
-    gevent.joinall([gevent.spawn(h.change, partial(coll.put, n, [b"a"])) for h, n in zip(holders, names, strict=True)],
-                   raise_error=True)
-    assert coll.commit_log.rounds == first + 1  # the eight changes of one turn: one round
-    half = [gevent.spawn(h.change, partial(coll.put, n, [b"b"])) for h, n in zip(holders[:4], names[:4], strict=True)]
-    done = gevent.joinall(half, timeout=0.5 if not spare else 10, raise_error=True)
-    if spare:  # no gathering timer fired
-        assert done == half and coll.commit_log.rounds == first + 2 and runtime.timers == []
-    else:  # they wait for the other four, or for the timer
-        assert done == [] and coll.commit_log.rounds == first + 1 and len(runtime.timers) == 1
-        runtime.timers[0][1]()
-        gevent.joinall(half, timeout=10, raise_error=True)
-        assert all(g.successful() for g in half) and coll.commit_log.rounds == first + 2
     coll.close()
 
 

@@ -64,7 +64,6 @@ from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_c
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
-from kestrel.storage.spare_cpu import SpareCpu
 
 log = structlog.get_logger("kestrel.commit_log")
 
@@ -681,11 +680,7 @@ class CommitLog:
     the next waits for as many changes as the round just run carried and the turns written
     meanwhile hold (the clients it released come back with their next changes, and one round
     then takes them all), though never longer than that round took, at most GATHER_SECONDS. With
-    one client, its next change starts the next round at once. Where the machine has a core to
-    spare (`spare_cpu`), the next round waits for half of them instead: the clients settle into
-    two halves, one served by the event loop while the other's fsync runs, where one round for
-    all of them leaves the loop idle through each fsync and each client waiting for the fsync and
-    for every other client's requests; the fsync more per pair of rounds runs on the idle core.
+    one client, its next change starts the next round at once.
     """
 
     def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -716,7 +711,6 @@ class CommitLog:
         self._timer: Timer | None = None
         self.checkpoints = 0
         self.rounds = 0  # group commit rounds the log's turns went to
-        self.spare_cpu: Callable[[], bool] = SpareCpu(runtime.clock)  # whether rounds split in halves
 
     def open(self) -> None:
         """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
@@ -853,8 +847,7 @@ class CommitLog:
             for turn in turns:
                 self._turn_synced(turn, round_)
         finally:
-            expected = changes + self._gathered_changes
-            self._wanted = (expected + 1) // 2 if self.spare_cpu() else expected
+            self._wanted = changes + self._gathered_changes
             self._gather_seconds = min(took, GATHER_SECONDS)
             self._decide()
 
