@@ -344,12 +344,45 @@ def end_waits(work: Path) -> tuple[float, float]:
     return took, 0.1
 
 
+def per_queue_scrape(work: Path) -> tuple[float, float]:
+    """test_stats_render: another client's longest wait during a /metrics/per-queue of 10,000 queues."""
+    import urllib.request
+
+    queues = 10_000
+    with server(work) as srv, connect(srv.memcache_port) as filler:
+        for start in range(0, queues, 1000):
+            names = range(start, min(queues, start + 1000))
+            sets = b"".join(b"set q%05d 0 0 1\r\nx\r\n" % i for i in names)
+            exchange(filler, sets, b"STORED\r\n" * len(names))
+        other = connect(srv.memcache_port)
+        delays: list[float] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            while not done.is_set():
+                started = time.perf_counter()
+                exchange(other, b"version\r\n", b"\r\n")
+                delays.append(time.perf_counter() - started)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            url = f"http://127.0.0.1:{srv.admin_port}/metrics/per-queue"
+            with urllib.request.urlopen(url, timeout=120) as reply:
+                assert b'kestrel_queue_items{queue="q09999"} 1.0' in reply.read()
+        finally:
+            done.set()
+            prober.join()
+            other.close()
+    return max(delays), 0.25
+
+
 FIGURES: dict[str, Measure] = {
     "large-put": large_put, "large-put-redis": large_put_redis, "hang-up": hang_up,
     "stuck-reader": stuck_reader, "stop-idle": stop_idle, "stop-waiting": stop_waiting,
     "tiny-frame": tiny_frame, "descriptors-back": descriptors_back, "dead-server-puts": dead_server_puts,
     "get-wake": get_wake, "gevent-ticker": gevent_ticker, "zookeeper-down": zookeeper_down,
-    "thread-wake": thread_wake, "end-waits": end_waits,
+    "thread-wake": thread_wake, "end-waits": end_waits, "per-queue-scrape": per_queue_scrape,
 }
 PEERS = {"large-put-redis"}  # rows of a peer: printed, not held to the budget
 

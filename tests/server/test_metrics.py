@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,17 +151,26 @@ def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> 
     assert 'le="+Inf"' in generate_latest(ours).decode()
 
 
-def test_promtool_accepts_both_pages(server: ServerProcess) -> None:
+def test_promtool_accepts_both_pages(server_factory: Any, tmp_path: Path) -> None:
     """Prometheus's own linter: names, units, `_total` on counters only, help on every family."""
     promtool = tool("promtool")
+    # A Kestrel 2 queue whose journal's name is not UTF-8 (a lone surrogate in its name, which
+    # used to fail the whole per-queue page), and one with a quote that a label escapes.
+    queues = tmp_path / "server" / "queues"
+    queues.mkdir(parents=True)
+    (queues / os.fsdecode(b"caf\xe9")).write_bytes(b"")
+    server = server_factory()
     mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5, default_noreply=False)
     try:
         assert mc.set("linted", b"x") and mc.get("linted") == b"x" and mc.get("linted/open") is None
+        assert mc.set('say"hi', b"x")
     finally:
         mc.close()
     for path in ("/metrics", "/metrics/per-queue"):
         text = _text(server, path)
         assert "kestrel_" in text
+        if path == "/metrics/per-queue":
+            assert 'queue="caf\\\\udce9"' in text and 'queue="say\\"hi"' in text
         done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (

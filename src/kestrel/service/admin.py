@@ -50,8 +50,7 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         "/stats.json": lambda: (ok, "application/json", stats_json(server)),
         "/stats.txt": lambda: (ok, "text/plain", stats_text(server)),
         "/metrics": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render(server)),
-        "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST,
-                                       metrics.render(server, per_queue=True)),
+        "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render_per_queue(server)),
     }
     dashboard = Dashboard(server)
 
