@@ -30,7 +30,7 @@ from kestrel.service.memcache.runs import RUN_LIMIT, scan_gets, scan_sets, value
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
-from kestrel.service.stats_render import dump_stats, memcache_stats, queue_blocks
+from kestrel.service.stats_render import dump_config, dump_stats, memcache_stats, queue_blocks
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import InvalidQueueName, KestrelError
 
@@ -322,12 +322,10 @@ class MemcacheConnection(BufferedConnection):
             return
         coll = self.session.coll
         per_queue = {name: q.stats() if (q := coll.get(name)) else {} for name in command.keys}
-        self.out.append(queue_blocks(per_queue))
+        self.out.append(queue_blocks(self.server, per_queue))
 
     def do_dump_config(self, command: Command) -> None:
-        coll = self.session.coll
-        configs = {name: q.config.describe() for name in coll.queue_names() if (q := coll.get(name))}
-        self.out.append(queue_blocks(configs))
+        self.out.append(dump_config(self.server))
 
     def do_monitor(self, command: Command) -> None:
         self.send()
