@@ -115,6 +115,37 @@ def test_empty_queue_starts_a_fresh_journal_with_only_open_reads(tmp_path: Path)
     assert one(coll.remove("q")) is None
 
 
+def test_a_queue_emptied_into_a_large_batch_of_open_reads_packs_once_the_batch_is_confirmed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack taken while a consumer holds a large batch open (a Spark stream's, until its sink
+    commits) would write every item of the batch again, just before the confirm closes it."""
+    from kestrel.storage.kestrel2.queue import EMPTY_PACK_OPEN_READS
+
+    written: list[int] = []
+    real = packer.write_pack
+
+    def counting(req: packer.PackRequest, *args: object, **kwargs: object) -> str:
+        if req.queue_path == str(tmp_path):  # not another test's pack still being written
+            written.append(len(req.open_reads))
+        return real(req, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(packer, "write_pack", counting)
+    coll = make(tmp_path, max_memory_size=1 << 24)
+    q = coll.queue("q")
+    batch = EMPTY_PACK_OPEN_READS + 1
+    coll.put("q", [item(n) for n in range(batch)])
+    held = coll.remove("q", batch, transaction=True)  # empties the queue, its journal past 2048 bytes
+    q.wait_for_packing()
+    assert len(held) == batch and written == []
+    assert coll.confirm("q", [i.xid for i in held[:-1]]) == batch - 1  # one read left: packs now
+    q.wait_for_packing()
+    assert written == [1] and q.journal_size < 2048
+    coll = reopen(coll)
+    back = one(coll.remove("q"))
+    assert back is not None and back.data == item(batch - 1)
+    assert one(coll.remove("q")) is None
+
+
 @pytest.mark.parametrize("step", ["write", "fsync", "rename-pack", "delete", "rename-final"])
 def test_a_crash_at_each_step_of_packing_still_loads_correctly(tmp_path: Path, step: str) -> None:
     coll = make(tmp_path)

@@ -45,6 +45,13 @@ from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
 
 log = structlog.get_logger("kestrel.queue")
 
+# A queue that empties with its live journal past `default_journal_size` packs at once only while it
+# holds at most this many open reads: the pack writes every open read's item again, and a batch
+# held open until its consumer commits (a Spark stream's, tens of thousands) is closed soon after,
+# when the confirm that closes it takes a pack of almost nothing. Past `max_journal_size` a queue
+# packs whatever it holds open.
+EMPTY_PACK_OPEN_READS: Final = 1000
+
 # A put with an item of this many bytes or more is written with its items where they are (one
 # gathering write of headers and items) instead of copied into one string of records: copying a
 # small item costs less than a piece of the write.
@@ -370,7 +377,8 @@ class Kestrel2Queue(PersistentQueue):
         if writer is None or journal.pack_pending:
             return
         cfg = self.config
-        if self.length == 0 and not self._checkpoints and writer.size >= cfg.default_journal_size:
+        if (self.length == 0 and len(self._opens) <= EMPTY_PACK_OPEN_READS and not self._checkpoints
+                and writer.size >= cfg.default_journal_size):
             self._pack_now()
             journal.start_next_pack()
         elif writer.size >= cfg.max_memory_size:
