@@ -47,7 +47,9 @@ def rooted(word: str, root: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # `pip install .` compiles the request path in a fresh build environment
+# `pip install .` compiles the request path in a fresh build environment (`make test` hands over its
+# wheel instead): run alone on a loaded machine that has taken more than ten minutes.
+@pytest.mark.timeout(1800)
 def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the service's steps run as root (systemd-tmpfiles gives the queue path to its user)")
@@ -83,7 +85,7 @@ def test_the_readme_installs_an_enabled_service_that_serves(tmp_path: Path) -> N
             pass
         else:
             raise AssertionError(f"a step the test does not know how to run: {line}")
-        done = subprocess.run(words, cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(words, cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
         assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
         ran.append(line)
     assert len(ran) >= 8, ran
