@@ -133,15 +133,18 @@ def cpu_between_pauses(server: ServerState, work: Callable[[], object]) -> list[
 
 
 @pytest.mark.parametrize("render", EVERY_QUEUE)
-def test_writing_the_figures_of_every_queue_holds_the_others_no_longer_than_reading_them(
+def test_no_stretch_between_two_pauses_is_a_large_part_of_the_figures_of_every_queue(
         server: ServerState, render: Callable[[ServerState], bytes]) -> None:
-    """Reading each queue's figures pauses after each slice of queues; writing them out must too:
-    2,100 queues' lines (about 46,000) written in one stretch after they were read held every client
-    for seconds at 10,000 queues."""
-    # Two runs of each, read in the code's favour, so that a stray stall of the machine is not taken for it.
-    reading = max(max(cpu_between_pauses(server, server.queue_stats)) for _ in range(2))
-    longest = min(max(cpu_between_pauses(server, lambda: render(server))) for _ in range(2))
-    assert longest < 3 * reading, (reading, longest)
+    """Reading each queue's figures pauses after each slice of queues, and writing them out must
+    too: 2,100 queues' lines (about 46,000) written in one stretch after they were read were 54–96%
+    of the work, and held every client for seconds at 10,000 queues. Each build's reading and
+    writing run at their own speeds, so the measure is the longest stretch's share of the whole."""
+    def share() -> float:
+        stretches = cpu_between_pauses(server, lambda: render(server))
+        return max(stretches) / sum(stretches)
+
+    # The better of two runs, so that a stray stall of the machine is not taken for the code's.
+    assert min(share() for _ in range(2)) < 0.25
 
 
 def _server_wide(body: bytes) -> dict[str, float]:
