@@ -74,10 +74,9 @@ def stopped_seconds(srv: ServerProcess) -> float:
     return float([e for e in lines if e.get("event") == "kestrel stopped"][-1]["seconds"])
 
 
-def other_client_waits(port: int, request: bytes, reply_end: bytes, big: bytes,
-                       big_end: bytes) -> tuple[float, float]:
-    """The longest another client waited for `request`'s reply while `big` was sent and answered, and
-    how long that took."""
+@contextlib.contextmanager
+def other_client(port: int, request: bytes, reply_end: bytes) -> Iterator[list[float]]:
+    """Another client sending `request` one at a time while the block runs; each round's seconds."""
     other = connect(port)
     delays: list[float] = []
     done = threading.Event()
@@ -91,15 +90,22 @@ def other_client_waits(port: int, request: bytes, reply_end: bytes, big: bytes,
     prober = threading.Thread(target=probe)
     prober.start()
     try:
-        with connect(port) as putter:
-            putter.settimeout(120)
-            started = time.perf_counter()
-            exchange(putter, big, big_end)
-            took = time.perf_counter() - started
+        yield delays
     finally:
         done.set()
         prober.join()
         other.close()
+
+
+def other_client_waits(port: int, request: bytes, reply_end: bytes, big: bytes,
+                       big_end: bytes) -> tuple[float, float]:
+    """The longest another client waited for `request`'s reply while `big` was sent and answered, and
+    how long that took."""
+    with other_client(port, request, reply_end) as delays, connect(port) as putter:
+        putter.settimeout(120)
+        started = time.perf_counter()
+        exchange(putter, big, big_end)
+        took = time.perf_counter() - started
     return max(delays), took
 
 
@@ -374,24 +380,8 @@ def every_queue(work: Path) -> tuple[float, float]:
                 assert b"q09999" in exchange(reader, command, b"END\r\n", wait=120), command
 
         read_all()
-        other = connect(srv.memcache_port)
-        delays: list[float] = []
-        done = threading.Event()
-
-        def probe() -> None:
-            while not done.is_set():
-                started = time.perf_counter()
-                exchange(other, b"version\r\n", b"\r\n")
-                delays.append(time.perf_counter() - started)
-
-        prober = threading.Thread(target=probe)
-        prober.start()
-        try:
+        with other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
             read_all()
-        finally:
-            done.set()
-            prober.join()
-            other.close()
     return max(delays), 0.25
 
 
