@@ -128,6 +128,23 @@ def test_metrics_parse_with_help_types_and_latency_histograms(server_factory: An
                    "kestrel_journal_pack_duration_seconds_sum") > 0
 
 
+def test_an_observation_lands_in_the_bucket_bisect_left_finds() -> None:
+    """The compiled search from the lowest bound up answers as `bisect_left` does, bounds, values
+    between them, infinity and NaN included."""
+    import bisect
+    import math
+
+    from kestrel.service.histogram_series import HistogramSeries
+
+    bounds = (0.00001, 0.000025, 0.0001, 0.001, 0.5, 1.0, 300.0, math.inf)
+    series = HistogramSeries(bounds)
+    values = [-1.0, 0.0, 5e-6, *bounds, *(b * 1.5 for b in bounds[:-1]), 1e9, math.nan]
+    assert [series.bucket(v) for v in values] == [bisect.bisect_left(bounds, v) for v in values]
+    for v in values:
+        series.observe(v)
+    assert sum(series.counts) == len(values)
+
+
 def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 

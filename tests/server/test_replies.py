@@ -116,23 +116,6 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     assert got.get(timeout=STALL_S) == big + b"after"
 
 
-def test_a_reply_in_two_parts_goes_out_whole_whether_sent_at_once_or_held(pair: Any) -> None:
-    """A large item's reply comes as its header and its bytes (a Thrift frame): sent gathered when
-    nothing holds it, joined when it must wait, and in order either way."""
-    replies, client = pair
-    item = bytes(range(256)) * 256  # 64 KiB
-    replies.send(b"head", item)
-    turn = FakeTurn(1)
-    replies.acks.last = turn
-    replies.send(b"held", item)
-    replies.send(b"after")
-    assert replies.stats.bytes_written == 4 + len(item)
-    settle(replies, turn)
-    got = gevent.spawn(received, client, 2 * (4 + len(item)) + 5)
-    assert got.get(timeout=STALL_S) == b"head" + item + b"held" + item + b"after"
-    assert replies.stats.bytes_written == 2 * (4 + len(item)) + 5
-
-
 def test_finish_waits_until_the_held_replies_are_out(pair: Any) -> None:
     replies, client = pair
     turn = FakeTurn(1)

@@ -17,7 +17,7 @@ from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.text.handler import TextConnection
 from kestrel.service.thrift.handler import ThriftConnection
-from tests.support.thrift_wire import decode_reply
+from tests.support.thrift_wire import decode_reply, unframed
 
 
 class _Unused:
@@ -36,12 +36,14 @@ def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState)
     conn.calls = dict(conn.calls)  # every connection's table: this one's alone is changed
     handler, method, latency = conn.calls["put"]
     conn.calls["put"] = (_bug, method, latency)
-    reply = decode_reply(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put")
+    reply = decode_reply(unframed(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})),
+                         "binary", "put")
     assert isinstance(reply, TApplicationException)
     assert reply.type == TApplicationException.INTERNAL_ERROR
     assert reply.message == "internal error in put: RuntimeError('a bug')"
     conn.calls["put"] = (handler, method, latency)
-    assert decode_reply(conn._call("put", 8, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0}), "binary", "put") == 1
+    assert decode_reply(unframed(conn._call("put", 8, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})),
+                        "binary", "put") == 1
 
 
 def test_memcache_answers_a_server_error_and_goes_on(server_state: ServerState) -> None:

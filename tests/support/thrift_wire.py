@@ -29,6 +29,13 @@ def framed(payload: bytes) -> bytes:
     return struct.pack("!i", len(payload)) + payload
 
 
+def unframed(frame: bytes) -> bytes:
+    """The payload of one whole frame, its size checked."""
+    (size,) = struct.unpack_from("!i", frame)
+    assert size == len(frame) - 4, f"a frame announcing {size} bytes holds {len(frame) - 4}"
+    return frame[4:]
+
+
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
     data = bytearray()
     while len(data) < n:

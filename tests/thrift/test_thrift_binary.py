@@ -39,7 +39,7 @@ from kestrel.service.thrift.protocol import (
     ThriftProtocolError,
 )
 from kestrel.storage.item import QItem, TakenItems
-from tests.support.thrift_wire import encode_call
+from tests.support.thrift_wire import encode_call, framed
 from tests.thrift.test_thrift_codec import CALLS
 
 try:
@@ -152,6 +152,8 @@ def test_anything_but_bytes_and_plain_ids_is_left_to_write_reply(datas: list[Any
     assert compiled.write_reply(b"head", 1, (1, 2, 3, 4), datas, ids, [0] * len(datas), [0] * len(datas)) is None
     assert compiled.write_reply(b"head", 1, (1, 2, 3, 4), [b"x"], 0, [1], [2**63]) is None  # an expiry too
     assert compiled.write_reply(b"head", 2**31, 5) is None and compiled.write_reply(b"head", 1, 2**31) is None
+    assert compiled.write_framed_reply(b"head", 1, (1, 2), datas, ids) is None
+    assert compiled.write_framed_reply(b"head", 2**31, 5) is None
 
 
 @pytest.mark.parametrize("ids", [0, list(range(50))])
@@ -317,3 +319,43 @@ def test_binary_replies_are_the_bytes_written_field_by_field(reply: tuple[str, A
     except (struct.error, TypeError, ValueError) as e:
         laid = type(e)
     assert laid == reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(REPLIES, st.integers(-(2**31), 2**31 - 1), st.sampled_from([BinaryWriter, CompactWriter]))
+def test_a_framed_reply_is_the_reply_after_its_size(reply: tuple[str, Any], seqid: int,
+                                                     protocol: type[BinaryWriter] | type[CompactWriter]) -> None:
+    """A framed transport's reply is made as one frame, its size first: by the compiled writer
+    (binary) and by the Python writers, the bytes of the unframed reply after a 4-byte size."""
+    name, value = reply
+    fields = value
+    if isinstance(value, TakenItems):
+        fields = value.pairs() if name == "get" else value.timed()
+
+    def made(make: Any) -> Any:
+        try:
+            return make()
+        except (struct.error, TypeError, ValueError) as e:  # a value out of its type's range
+            return type(e)
+
+    reference = made(lambda: write_reply(protocol(), METHODS[name], seqid, fields))
+    if isinstance(reference, bytes):
+        reference = framed(reference)
+    assert made(lambda: encode_reply(protocol, METHODS[name], seqid, value, framed=True)) == reference
+    assert made(lambda: write_reply(protocol(framed=True), METHODS[name], seqid, fields)) == reference
+
+
+@pytest.mark.parametrize("sizes", [[600], [3, 70_000, 10, 512], [511, 1]])
+@pytest.mark.parametrize("protocol", [BinaryWriter, CompactWriter])
+def test_a_framed_reply_holding_large_items_is_one_frame(sizes: list[int],
+                                                         protocol: type[BinaryWriter] | type[CompactWriter]) -> None:
+    """Items from `GATHER_FROM` bytes up stay where they are until the reply is joined: the frame's
+    size, at the front of the first piece, counts every piece."""
+    got = TakenItems([QItem(0, 0, bytes([n % 251]) * n) for n in sizes], 7)
+    reference = write_reply(protocol(), METHODS["get"], 9, got.pairs())
+    assert write_reply(protocol(framed=True), METHODS["get"], 9, got.pairs()) == framed(reference)
+    assert encode_reply(protocol, METHODS["get"], 9, got, framed=True) == framed(reference)
+    head = _BINARY_REPLY_HEADS["get"]
+    if protocol is BinaryWriter:
+        laid = compiled.write_framed_reply(head, 9, (1, 2), [data for data, _ in got.pairs()], 7)
+        assert laid == framed(reference)

@@ -190,3 +190,39 @@ def test_frames_arriving_in_pieces_are_answered_as_whole_ones(server: ServerProc
             time.sleep(0.02)  # most likely a receive of its own; the answers must not depend on it
         assert read_framed_reply(s, "binary", "put") == 1
         assert [item.data for item in read_framed_reply(s, "binary", "get")] == [b"x" * 300]
+
+
+@pytest.mark.parametrize("protocol", ["binary", "compact"])
+def test_a_pipelined_burst_is_answered_frame_by_frame_in_order(server_state: Any, protocol: str) -> None:
+    """Every reply goes out as one frame, its size first, in the order of the calls: a large item's
+    (its bytes kept where they are until the frame is made), small ones, an error's, and a call
+    whose frame arrives in two parts."""
+    import gevent
+    import gevent.socket
+
+    from kestrel.service.thrift.handler import ThriftConnection
+
+    server_state.config.thrift_protocol = protocol
+    big = bytes(range(256)) * 256  # 64 KiB
+    calls = [("put", {"queue_name": "q", "items": [big, b"small"], "expiration_msec": 0}),
+             ("get", {"queue_name": "q", "max_items": 1, "timeout_msec": 0, "auto_abort_msec": 0}),
+             ("put", {"items": [b"x"], "expiration_msec": 0}),  # no queue: an error's reply
+             ("get", {"queue_name": "q", "max_items": 5, "timeout_msec": 0, "auto_abort_msec": 0}),
+             ("get_version", {})]
+    burst = b"".join(framed(encode_call(protocol, name, **args)) for name, args in calls)
+    ours, theirs = gevent.socket.socketpair()
+    served = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    try:
+        theirs.sendall(burst[:-7])  # the last call's frame arrives in two parts
+        gevent.sleep(0.01)
+        theirs.sendall(burst[-7:])
+        replies = [read_framed_reply(theirs, protocol, name) for name, _ in calls]
+        theirs.shutdown(socket.SHUT_WR)
+        served.get(timeout=STALL_S)
+    finally:
+        theirs.close()
+    assert replies[0] == 2
+    assert [item.data for item in replies[1]] == [big]
+    assert "queue_name is missing" in replies[2].message
+    assert [item.data for item in replies[3]] == [b"small"]
+    assert isinstance(replies[4], str)

@@ -3,12 +3,6 @@ journal write's): compiled with it (src/kestrel/build.py); `metrics.py` names an
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from typing import Final
-
-# Bound once: the compiled build calls it from a C static, not a lookup in the module's dictionary.
-_bisect_left: Final = bisect_left
-
 
 class HistogramSeries:
     """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before."""
@@ -21,10 +15,21 @@ class HistogramSeries:
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[_bisect_left(self.bounds, seconds)] += 1
+        self.counts[self.bucket(seconds)] += 1
         self.sum += seconds
 
     def observe_many(self, seconds: float, count: int) -> None:
         """`count` requests answered together in `seconds` (a pipelined run): each took that long."""
-        self.counts[_bisect_left(self.bounds, seconds)] += count
+        self.counts[self.bucket(seconds)] += count
         self.sum += seconds * count
+
+    def bucket(self, seconds: float) -> int:
+        """The index of the first bound at or above `seconds` (`bisect_left`'s answer), found from the
+        lowest bound up: most observations (a request's answer, a journal write) fall in the first
+        buckets, and compiled, each step compares two C doubles where `bisect_left` called Python's
+        comparison of two float objects (about 0.3 µs an observation, four an item)."""
+        bounds = self.bounds
+        i = 0
+        while bounds[i] < seconds:
+            i += 1
+        return i

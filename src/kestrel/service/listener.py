@@ -118,13 +118,14 @@ class Listener:
 
     def _accept_loop(self) -> None:
         listening = self.socket
-        readable = get_hub().loop.io(listening.fileno(), 1)
+        hub = get_hub()
+        readable = hub.loop.io(listening.fileno(), 1)
         try:
-            self._accept_from(listening, readable)
+            self._accept_from(listening, readable, hub)
         finally:
             readable.close()
 
-    def _accept_from(self, listening: socket.socket, readable: Any) -> None:
+    def _accept_from(self, listening: socket.socket, readable: Any, hub: Any) -> None:
         family, kind, proto = listening.family, listening.type, listening.proto
         backoff = MIN_BACKOFF
         accepted_count = 0
@@ -133,7 +134,7 @@ class Listener:
             try:
                 fd, address = _accept(listening)
             except BlockingIOError:
-                wait(readable)  # until a client connects
+                wait(readable, hub)  # until a client connects
                 continue
             except OSError as e:
                 if listening.fileno() < 0:

@@ -63,24 +63,20 @@ class Replies:
         if holding is not None:
             acknowledgements.release(holding)
 
-    def send(self, data: bytes, payload: bytes = b"") -> None:
-        """Send `data`, then `payload` if given, after every earlier reply, once the changes made so
-        far are durable: at once when nothing holds it (waiting, in the connection's greenlet, for
-        room as `ClientSocket.send_all` does), a payload from where it lies (`send_gathered`).
-        Raises SendTimeout, OSError from that send."""
+    def send(self, data: bytes) -> None:
+        """Send `data` after every earlier reply, once the changes made so far are durable: at once
+        when nothing holds it (waiting, in the connection's greenlet, for room as
+        `ClientSocket.send_all` does). Raises SendTimeout, OSError from that send."""
         if self.cut_off:
             return
         last = self.acks.last
         if self._held or self._sending or (last is not None and not last.settled):
-            self._held.append((last, data + payload if payload else data))
+            self._held.append((last, data))
             return
-        self.stats.bytes_written += len(data) + len(payload)
+        self.stats.bytes_written += len(data)
         self._sending = True
         try:
-            if payload:
-                self.io.send_gathered(data, payload)
-            else:
-                self.io.send_all(data)
+            self.io.send_all(data)
             self._send_released()
         finally:
             self._sending = False

@@ -52,9 +52,6 @@ IN_PLACE_FROM: Final = 1024
 # for a 128-byte request, 2026-11-28); a 64 KB item's request fits.
 IN_PLACE_ROOM: Final = 96 * 1024
 
-# A reply's payload of this many bytes or more is sent from where it is, not joined to its header.
-GATHER_FROM: Final = 512
-
 # The buffer every connection's receives land in until it receives in place. Connections run on the
 # one thread of the event loop, and a receive copies out of it before its greenlet can yield, so one
 # is enough: 10,000 idle connections held 10,000 of them (256 KiB each for Thrift), and glibc kept
@@ -94,11 +91,12 @@ _send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is N
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
 _getcurrent: Final = getcurrent
-_get_hub: Final = get_hub
 
 
-def wait(watcher: Any) -> None:
-    """Wait, without a time limit, for `watcher` (a socket's, not started) to see its event.
+def wait(watcher: Any, hub: Any) -> None:
+    """Wait, without a time limit, for `watcher` (a socket's, not started, made by the loop of `hub`,
+    this thread's hub: its caller keeps it beside the watcher, as `get_hub` looks it up in the
+    thread's locals, 0.1 µs a wait) to see its event.
 
     gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
     switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
@@ -111,7 +109,7 @@ def wait(watcher: Any) -> None:
         raise ConcurrentObjectUseError(f"this socket is already waited for by {watcher.callback!r}")
     watcher.start(_getcurrent().switch)
     try:
-        _get_hub().switch()
+        hub.switch()
     finally:
         watcher.stop()
 
@@ -170,6 +168,7 @@ class ClientSocket:
         self.send_timeout = send_timeout
         self._readable: Any = None  # the loop's watchers of the socket, made at their first wait
         self._writable: Any = None
+        self._hub: Any = None  # the hub whose loop made them
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
         """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
@@ -210,24 +209,12 @@ class ClientSocket:
 
     def _wait_readable(self, timeout: float | None) -> None:
         if self._readable is None:
-            self._readable = gevent.get_hub().loop.io(self.fd, 1)
+            self._hub = get_hub()
+            self._readable = self._hub.loop.io(self.fd, 1)
         if timeout is None:
-            wait(self._readable)
+            wait(self._readable, self._hub)
         else:
             gevent.socket.wait(self._readable, timeout)
-
-    def send_gathered(self, header: bytes, payload: bytes) -> None:
-        """`send_all` of `header` then `payload`, the payload from where it is (one gathering
-        `sendmsg`): for a large one (`GATHER_FROM`), as joining it to its header costs a copy."""
-        try:
-            sent = self.sock.sendmsg((header, payload))
-        except BlockingIOError:
-            sent = 0
-        if sent < len(header):
-            self.send_all(header[sent:])
-            sent = len(header)
-        if sent - len(header) < len(payload):
-            self.send_all(memoryview(payload)[sent - len(header):])
 
     def send_all(self, data: bytes | memoryview) -> None:
         """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout

@@ -440,6 +440,16 @@ static PyObject *list_of(PyObject *const *args, Py_ssize_t n, Py_ssize_t count) 
     return PyList_CheckExact(list) && PyList_GET_SIZE(list) == count ? list : NULL;
 }
 
+/* A new bytes object of `size` bytes after `frame` bytes of room (0, or 4 for a frame header); the
+ * header, when there is room for one, holds `size`, big-endian: Thrift's framed transport. */
+static PyObject *framed(Py_ssize_t size, Py_ssize_t frame) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, frame + size);
+    if (out != NULL && frame) {
+        write_be32((unsigned char *)PyBytes_AS_STRING(out), (uint32_t)size);
+    }
+    return out;
+}
+
 /* write_reply(head, seqid[, result]) and write_reply(head, seqid, fids, datas, ids[, added, expiries])
  *   -> bytes | None
  * A binary reply: `head` (the message header up to the sequence id, the same for every reply of a
@@ -447,7 +457,7 @@ static PyObject *list_of(PyObject *const *args, Py_ssize_t n, Py_ssize_t count) 
  * list of structs, one per data in `datas`: a binary field then i64 fields with the ids `fids`, the
  * i64s being the data's id (`ids`: one int for all, or a list) and, for TimedItems, its add time and
  * expiry (lists; an expiry of 0 is left out, the field being optional). */
-static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *reply(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t frame) {
     if (nargs < 2 || nargs == 4 || nargs == 6 || nargs > 7 || !PyBytes_CheckExact(args[0])) {
         PyErr_SetString(PyExc_TypeError, "write_reply(head, seqid[, result]) or "
                         "write_reply(head, seqid, fids, datas, ids[, added, expiries])");
@@ -461,11 +471,11 @@ static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     Py_ssize_t head_len = PyBytes_GET_SIZE(args[0]);
     if (nargs <= 3) {  /* STOP, or field 0 as an i32 then STOP */
-        PyObject *out = PyBytes_FromStringAndSize(NULL, head_len + 4 + (nargs == 3 ? 7 : 0) + 1);
+        PyObject *out = framed(head_len + 4 + (nargs == 3 ? 7 : 0) + 1, frame);
         if (out == NULL) {
             return NULL;
         }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out) + frame;
         memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)head_len);
         p = write_be32(p + head_len, (uint32_t)seqid);
         if (nargs == 3) {
@@ -509,7 +519,7 @@ static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t n
             exact_int(PyList_GET_ITEM(added, i), INT64_MIN, INT64_MAX, &bad);
             fields += 11 + (exact_int(PyList_GET_ITEM(expiries, i), INT64_MIN, INT64_MAX, &bad) ? 11 : 0);
         }
-        if (total > PY_SSIZE_T_MAX - fields - PyBytes_GET_SIZE(data)) {
+        if (total > (frame ? INT32_MAX : PY_SSIZE_T_MAX) - fields - PyBytes_GET_SIZE(data)) {  /* a frame's size: an i32 */
             Py_RETURN_NONE;
         }
         total += fields + PyBytes_GET_SIZE(data);
@@ -517,11 +527,11 @@ static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (bad) {
         Py_RETURN_NONE;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *out = framed(total, frame);
     if (out == NULL) {
         return NULL;
     }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out) + frame;
     memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)head_len);
     p = write_be32(p + head_len, (uint32_t)seqid);
     *p++ = T_LIST;
@@ -555,6 +565,16 @@ static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t n
     return out;
 }
 
+static PyObject *write_reply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return reply(args, nargs, 0);
+}
+
+/* write_framed_reply(...) -> bytes | None: `write_reply`'s reply as one frame of the framed
+ * transport, its 4-byte size first, laid out with it (no second string to join them). */
+static PyObject *write_framed_reply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return reply(args, nargs, 4);
+}
+
 static PyMethodDef methods[] = {
     {"read_call", (PyCFunction)(void (*)(void))read_call, METH_FASTCALL,
      "A whole call frame's name, type, sequence id, arguments and end, or None where Python must read."},
@@ -564,6 +584,8 @@ static PyMethodDef methods[] = {
      "The list's elements and the position after them, or None where the Python loop must read."},
     {"write_reply", (PyCFunction)(void (*)(void))write_reply, METH_FASTCALL,
      "A binary reply: void, an i32, or a list of Items or TimedItems; None where Python must write."},
+    {"write_framed_reply", (PyCFunction)(void (*)(void))write_framed_reply, METH_FASTCALL,
+     "write_reply's reply as one frame, its size first; None where Python must write."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,9 @@ def write_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
     """A binary reply: `(head, seqid)` void, `(head, seqid, result)` an i32, `(head, seqid, fids,
     datas, ids[, added, expiries])` a list of Items or TimedItems; None where Python must write."""
 
+def write_framed_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
+    """`write_reply`'s reply as one frame of the framed transport: its 4-byte size, then the reply."""
+
 def read_call(frame: bytes | bytearray, methods: dict[str, Any], max_items: int, max_bytes: int, /
               ) -> tuple[str, int, int, dict[str, Any], int] | None:
     """A whole call frame's name, message type, sequence id, arguments and end; None where Python

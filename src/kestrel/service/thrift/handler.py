@@ -150,6 +150,7 @@ class ThriftConnection:
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
+        self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
 
     def run(self) -> bool:
         """Serve the client until it leaves; True when it ended the stream and all of it was read."""
@@ -192,7 +193,7 @@ class ThriftConnection:
                 del stream.buf[:end]
             if reply is None:
                 return
-            stream.send_frame(reply)
+            stream.send(reply)
             reply = None  # not held while the connection waits (a get's reply holds its items)
             turns.pause()
 
@@ -254,10 +255,10 @@ class ThriftConnection:
             return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {unexpected!r}")
         finally:
             latency.observe(perf_counter() - started)
-        return encode_reply(self.writer_cls, method, seqid, result)
+        return encode_reply(self.writer_cls, method, seqid, result, self.framed)
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
-        return encode_exception(self.writer_cls(), name, seqid, kind, message)
+        return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
 
 
 def make_thrift_server(server: ServerState, listener: tuple[str, int]) -> Listener:

@@ -221,26 +221,29 @@ _ITEM_RESULTS = {
 }
 
 
-def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any) -> bytes:
+def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any,
+                 framed: bool = False) -> bytes:
     """The reply to `method` carrying `value` (None: a void method's, or no result), in the
-    `protocol` of that writer class: a binary reply of the hot path (nothing, an i32, a get's items)
-    laid out in one compiled step (src/kestrel/service/thrift/_binary.c), anything else by
-    `write_reply`. A get's items come as TakenItems."""
+    `protocol` of that writer class, `framed`: as one frame of the framed transport: a binary reply
+    of the hot path (nothing, an i32, a get's items) laid out in one compiled step, its frame header
+    with it (src/kestrel/service/thrift/_binary.c), anything else by `write_reply`. A get's items
+    come as TakenItems."""
     if protocol is BinaryWriter and compiled_binary is not None:
         head = _BINARY_REPLY_HEADS[method.name]
+        write = compiled_binary.write_framed_reply if framed else compiled_binary.write_reply
         reply = None
         if method.result is None or value is None:
-            reply = compiled_binary.write_reply(head, seqid)
+            reply = write(head, seqid)
         elif type(value) is int and method.result.ttype == I32:
-            reply = compiled_binary.write_reply(head, seqid, value)
+            reply = write(head, seqid, value)
         elif type(value) is TakenItems and (fids := _ITEM_RESULTS.get(method.name)) is not None:
             times = value.times() if len(fids) == 4 else ()
-            reply = compiled_binary.write_reply(head, seqid, fids, value.data(), value.ids, *times)
+            reply = write(head, seqid, fids, value.data(), value.ids, *times)
         if reply is not None:
             return reply
     if type(value) is TakenItems:  # the writers take tuples of the fields in order
         value = value.pairs() if len(_ITEM_RESULTS.get(method.name, ())) == 2 else value.timed()
-    return write_reply(protocol(), method, seqid, value)
+    return write_reply(protocol(framed), method, seqid, value)
 
 
 def write_reply(writer: Writer, method: Method, seqid: int, value: Any) -> bytes:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, ClassVar
-
-from kestrel.service.socket_io import GATHER_FROM
+from typing import Any, ClassVar, Final
 
 try:
     from kestrel.service.thrift import _binary as _thrift_binary
@@ -38,6 +36,10 @@ _I64 = struct.Struct("!q")
 _DOUBLE = struct.Struct("!d")
 _DOUBLE_LE = struct.Struct("<d")
 _FIELD = struct.Struct("!bh")
+
+# A value of this many bytes or more (a get's item) stays where it is until a Python writer's reply
+# is joined, rather than being copied into the writer's buffer first and then into the reply.
+GATHER_FROM: Final = 512
 _BINARY_VERSION = 0x80010000
 _COMPACT_ID = 0x82
 
@@ -444,14 +446,21 @@ class CompactReader(Reader):
 
 
 class Writer:
-    """A reply under construction; `getvalue()` is the message. A large value (a get's item) is
+    """A reply under construction; `getvalue()` is the message, `framed`: as one frame of the framed
+    transport (its size first, room for it kept from the start). A large value (a get's item) is
     kept where it is until then, so that its bytes are copied once, into the message."""
 
-    def __init__(self) -> None:
-        self.out = bytearray()
+    def __init__(self, framed: bool = False) -> None:
+        self.framed = framed
+        self.out = bytearray(4 if framed else 0)
         self._before: list[bytes | bytearray] = []  # what precedes `out`, large values as they are
 
     def getvalue(self) -> bytes:
+        if self.framed:  # the room at the front of the first piece takes the frame's size
+            first = self._before[0] if self._before else self.out
+            assert isinstance(first, bytearray)
+            size = len(self.out) + sum(len(piece) for piece in self._before) - 4
+            _I32.pack_into(first, 0, size)
         if not self._before:
             return bytes(self.out)
         return b"".join((*self._before, self.out))
@@ -524,8 +533,8 @@ def _varint(n: int) -> bytes:
 
 
 class CompactWriter(Writer):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, framed: bool = False) -> None:
+        super().__init__(framed)
         self._last_fid = 0
         self._fids: list[int] = []
         self._bool_fid: int | None = None

@@ -14,7 +14,7 @@ from typing import Final
 
 from kestrel.service.replies import Replies
 from kestrel.service.session.stats import ServerStats
-from kestrel.service.socket_io import GATHER_FROM, ClientSocket
+from kestrel.service.socket_io import ClientSocket
 
 RECV_CHUNK = 256 * 1024
 _FRAME_HEADER: Final = struct.Struct("!i")
@@ -93,17 +93,10 @@ class ClientStream:
         return 4 + int(size)
 
     def send(self, data: bytes) -> None:
-        """Send `data` once the changes it acknowledges are durable (`Replies`), waiting at most
-        `client_timeout` for a client that stopped reading."""
+        """Send `data` (a framed transport's reply comes made as one frame, its size first: the
+        writers lay it out so) once the changes it acknowledges are durable (`Replies`), waiting at
+        most `client_timeout` for a client that stopped reading."""
         self.replies.send(data)
-
-    def send_frame(self, payload: bytes) -> None:
-        """`send` one frame holding `payload`."""
-        header = _FRAME_HEADER.pack(len(payload))
-        if len(payload) < GATHER_FROM:
-            self.replies.send(header + payload)
-        else:  # a large item's bytes go out from where they are, not joined to their header
-            self.replies.send(header, payload)
 
     def close(self) -> None:
         self.io.close()
