@@ -20,8 +20,9 @@ import importlib.util
 # journals, journal files and record codecs. Beside it stay Python, each for a reason:
 # `storage.disk`, the system calls the fault tests replace to fail a write or an fsync (a compiled
 # module's own functions are called directly, so a replacement would not be seen); `storage.runtime`,
-# reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests; and
-# `storage.item`, the Python twin of the C helper `_item`.
+# reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests (its lock
+# for gevent, `storage.no_lock`, is compiled: every change takes it); and `storage.item`, the
+# Python twin of the C helper `_item` (a get's `TakenItems` live in `storage.taken_items`).
 COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
@@ -56,9 +57,11 @@ COMPILED_MODULES = (
     "kestrel.storage.fanout",
     "kestrel.storage.journal_file",
     "kestrel.storage.memory",
+    "kestrel.storage.no_lock",
     "kestrel.storage.poison",
     "kestrel.storage.queue",
     "kestrel.storage.read_behind",
+    "kestrel.storage.taken_items",
     "kestrel.storage.wait_list",
     "kestrel.storage.kestrel2.codec",
     "kestrel.storage.kestrel2.journal",

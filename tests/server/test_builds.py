@@ -16,9 +16,11 @@ import importlib
 import importlib.machinery
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,43 @@ def test_the_compiled_modules_give_each_caught_exception_name_one_type() -> None
                     caught.setdefault(node.name, set()).add(ast.unparse(node.type))
             mixed = {name: types for name, types in caught.items() if len(types) > 1}
             assert not mixed, f"{path}:{function.lineno} {function.name}: {mixed}"
+
+
+@pytest.mark.skipif(build_name() != "compiled", reason="the pure build interprets every module")
+def test_a_compiled_request_path_runs_no_interpreted_code_of_the_package(server_state: Any) -> None:
+    """A Thrift put and get and a memcache set and get, each answered as its connection answers it,
+    call no function of the package's Python source: what the build leaves interpreted (the runtime,
+    the item's Python twin) stays off the path of a request."""
+    from kestrel.service.memcache.handler import MemcacheConnection
+    from kestrel.service.thrift.handler import ThriftConnection
+    from tests.support.thrift_wire import encode_call
+
+    ours, theirs = socket.socketpair()  # where a reply sent between requests goes
+    thrift = ThriftConnection(server_state, ours, "test")
+    memcache = MemcacheConnection(server_state, ours, "test")
+    put = encode_call("binary", "put", queue_name="q", items=[b"x" * 128], expiration_msec=0)
+    get = encode_call("binary", "get", queue_name="q", max_items=1, timeout_msec=0, auto_abort_msec=0)
+    burst = b"set m 0 0 3\r\nabc\r\nget m\r\n"
+
+    def requests() -> None:
+        assert thrift.answer_frame(put) is not None and thrift.answer_frame(get) is not None
+        assert memcache.process(bytearray(burst)) == len(burst)
+
+    requests()  # the first requests make the queues and look up what later ones keep
+    package = str(Path(importlib.import_module("kestrel").__file__ or "").parent)
+    called: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            called.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        requests()
+    finally:
+        sys.setprofile(None)
+    assert called == []
+    memcache.send()
+    assert theirs.recv(4096).endswith(b"abc\r\nEND\r\n")
+    ours.close()
+    theirs.close()

@@ -14,6 +14,7 @@ import pytest
 
 from kestrel.storage import item
 from kestrel.storage.item import QItemPython
+from kestrel.storage.taken_items import TakenItems
 
 try:
     from kestrel.storage._item import QItem as QItemCompiled
@@ -156,8 +157,8 @@ def test_item_data(data_of: Any, cls: Any) -> None:
 
 def test_taken_items_give_their_data_and_their_pairs() -> None:
     items = [item.QItem(1, 0, b"a"), item.QItem(2, 0, b"bb")]
-    assert len(item.TakenItems(items, 0)) == 2 and item.TakenItems(items, 0).data() == [b"a", b"bb"]
-    assert item.TakenItems(items, [4, 5]).pairs() == [(b"a", 4), (b"bb", 5)]
+    assert len(TakenItems(items, 0)) == 2 and TakenItems(items, 0).data() == [b"a", b"bb"]
+    assert TakenItems(items, [4, 5]).pairs() == [(b"a", 4), (b"bb", 5)]
 
 
 @pytest.mark.skipif(data_with_ids is None, reason="built without a C compiler")

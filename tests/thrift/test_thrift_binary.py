@@ -38,7 +38,8 @@ from kestrel.service.thrift.protocol import (
     CompactWriter,
     ThriftProtocolError,
 )
-from kestrel.storage.item import QItem, TakenItems
+from kestrel.storage.item import QItem
+from kestrel.storage.taken_items import TakenItems
 from tests.support.thrift_wire import encode_call, framed
 from tests.thrift.test_thrift_codec import CALLS
 

@@ -128,38 +128,6 @@ else:
             new_items_python, take_items_python)
 
 
-class TakenItems:
-    """The items one get took and the ids of their open reads (`ids`: one for every item, 0 without
-    auto-abort, or a list, one each). A protocol lays its reply out from the data and the ids
-    apart: a (data, id) pair made and freed for each item cost a 100,000-item get more than taking
-    the items did (bench/bench_fairness.py, 2026-11-27); `pairs()` makes them where a protocol
-    needs them."""
-
-    __slots__ = ("items", "ids")
-
-    def __init__(self, items: list[QItem], ids: int | list[int]) -> None:
-        self.items, self.ids = items, ids
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def data(self) -> list[bytes]:
-        return item_data(self.items)
-
-    def pairs(self) -> list[tuple[bytes, int]]:
-        return data_with_ids(self.items, self.ids)
-
-    def times(self) -> tuple[list[int], list[int]]:
-        """Each item's add time, and each one's expiry (0: never)."""
-        return list(map(_ADD_TIME, self.items)), list(map(_EXPIRY, self.items))
-
-    def timed(self) -> list[tuple[bytes, int, int, int | None]]:
-        """Each item as (data, id, add time, expiry or None): what `get_timed` hands out."""
-        ids = [self.ids] * len(self.items) if isinstance(self.ids, int) else self.ids
-        return [(item.data, xid, item.add_time, item.expiry or None)
-                for item, xid in zip(self.items, ids, strict=True)]
-
-
 class LookedItems(NamedTuple):
     """What a look at a queue (`PersistentQueue.look`) saw: items left where they are.
 

@@ -24,6 +24,7 @@ import gevent.event
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.group_commit import GroupCommit
+from kestrel.storage.no_lock import NO_LOCK
 
 T = TypeVar("T")
 
@@ -150,28 +151,6 @@ class _LoopTimer:
             self._greenlet.kill(block=False)  # due, not yet run: it does not start
 
 
-class _NoLock:
-    """Gevent's lock: nothing to take, since a greenlet is never preempted inside a change."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        return None
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return True
-
-    def release(self) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
-
-
 class GeventRuntime:
     """Greenlets on gevent's hub; blocking calls on the hub's threadpool. Locks are no-ops: a
     greenlet is never preempted, and the engine does not yield inside a change."""
@@ -190,7 +169,7 @@ class GeventRuntime:
         return event
 
     def lock(self) -> Lock:
-        return _NO_LOCK
+        return NO_LOCK
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the

@@ -23,7 +23,8 @@ from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.item import LookedItems, TakenItems, item_data
+from kestrel.storage.item import LookedItems, item_data
+from kestrel.storage.taken_items import TakenItems
 
 log = structlog.get_logger("kestrel.session")
 

@@ -42,7 +42,7 @@ from kestrel.service.thrift.transport import ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import KestrelError
-from kestrel.storage.item import TakenItems
+from kestrel.storage.taken_items import TakenItems
 
 log = structlog.get_logger("kestrel.thrift")
 

@@ -30,7 +30,7 @@ from kestrel.service.thrift.protocol import (
     Writer,
     compiled_binary,
 )
-from kestrel.storage.item import TakenItems
+from kestrel.storage.taken_items import TakenItems
 
 
 @dataclass(frozen=True)
