@@ -77,7 +77,9 @@ HELD_PREFIX = "held-"  # records kept for a queue recovery refused: `held-<queue
 MARK = b"KCLOG\x00\x00\x02"  # what a segment starts with (format version 2: laid down ahead)
 MARK_V1 = b"KCLOG\x00\x00\x01"  # a segment of version 1: appended, no zeros after its records
 PREPARED_NAME = f"next{filenames.TEMPORARY_MARK}"  # the next segment, laid down ahead
-PREALLOCATE_BYTES = 1 << 20  # the least a segment is laid down with (more when the last took more)
+# The least a segment is laid down with (more when the last one took more): a server logging a
+# change a second writes 64 KB of zeros a second ahead, not a megabyte.
+PREALLOCATE_BYTES = 1 << 16
 _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
 _PLACE = struct.Struct("<QQ")  # kind << 56 | epoch, offset
