@@ -101,7 +101,7 @@ def seals(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
         real(self, path, *args)
 
     def after_packs(self: QueueJournal, path: str, *args: Any) -> None:
-        for _ in range(10_000):  # bounded: a pack that never ends shows in the crash points
+        for _ in range(10_000):  # bounded: a seal never waits for good
             if not self.pack_pending:
                 break
             gevent.sleep(0)
@@ -150,7 +150,7 @@ def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
                                     "-> .kestrel/q.manifest"))
 
 
-@pytest.mark.parametrize("seals", [SEALS[0], SEALS[2]], indirect=True)
+@pytest.mark.parametrize("seals", [SEALS[0], SEALS[2]], indirect=True)  # the two extremes
 def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag_refuses_nothing(
         tmp_path: Path, seals: str) -> None:
     """The churn of the end-to-end kills (tests/end_to_end/test_damage_and_durability.py), every
