@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import struct
 import sys
 from collections.abc import Callable
@@ -154,18 +155,24 @@ def test_a_batch_put_over_max_items_keeps_what_the_limit_allows(tmp_path: Path, 
 
 
 def _python_calls(work: Callable[[], object]) -> int:
-    """The Python functions `work` calls (each resumption of a generator counts as one)."""
+    """The Python functions `work` calls (each resumption of a generator counts as one), with the
+    collector held off, so that no finalizer of an earlier test's garbage runs among them."""
     calls = 0
 
     def count(_frame: FrameType, event: str, _arg: object) -> None:
         nonlocal calls
         calls += event == "call"
 
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(count)
     try:
         work()
     finally:
         sys.setprofile(None)
+        if collecting:
+            gc.enable()
     return calls
 
 
