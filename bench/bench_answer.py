@@ -50,7 +50,10 @@ from tests.support.thrift_wire import encode_call, framed
 
 
 class _NoSocket:
-    """`answer` never touches the socket; the connection only keeps it."""
+    """`answer` never touches the socket; the connection only keeps it and its descriptor (none)."""
+
+    def fileno(self) -> int:
+        return -1
 
 
 def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift") -> float:

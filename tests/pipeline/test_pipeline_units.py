@@ -273,6 +273,24 @@ def test_the_writers_puts_keep_to_batch_size_and_bytes_a_larger_item_alone(serve
     assert got == rows  # every row once, in order
 
 
+def test_a_put_is_laid_out_as_thrift_lays_out_a_list_of_binary() -> None:
+    """Each item's 4-byte big-endian length, then its bytes: from slices at any offset, pieces of
+    more than one batch, empty items, and puts of sizes met before (their order of taking is kept)."""
+    import pyarrow as pa
+
+    from kestrel.pipeline.writer import packed
+
+    rows = [b"row %d " % i + b"." * (i % 13) for i in range(3000)]
+    column = pa.array(rows, pa.binary())
+    other = pa.array([b"", b"z", b""], pa.binary())
+    for pieces in ([column], [column.slice(7, 500), column.slice(2000, 500)], [other], [column.slice(1, 1000)],
+                   [column.slice(5, 1000)], [other, column.slice(0, 2)]):
+        items = [row for piece in pieces for row in piece.to_pylist()]
+        laid_out = packed(pieces, sum(map(len, items)))
+        assert laid_out.count == len(items)
+        assert bytes(laid_out.body) == b"".join(struct.pack(">i", len(row)) + row for row in items)
+
+
 @pytest.mark.parametrize("kind", ["binary", "string", "large_binary", "large_string"])
 def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: ServerProcess, kind: str) -> None:
     """A put is laid out from the Arrow column's buffers: the Python heap holds no object per row

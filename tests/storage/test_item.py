@@ -120,6 +120,8 @@ def test_plain_size_of_items_that_cannot_expire(plain: Any, cls: Any) -> None:
         marked = list(items)
         marked[i] = cls(1, 99, b"abc")
         assert plain(marked) == -1
+    # the usual item (bytes, expiry the int 0) is read in place; any other is asked as Python would
+    assert plain([*items, cls(4, False, bytearray(b"xy")), cls(5, 0, memoryview(b"z"))]) == 11
     item_without_data = cls(1, 0, b"x")
     del item_without_data.data
     with pytest.raises(AttributeError):

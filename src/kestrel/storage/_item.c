@@ -201,6 +201,12 @@ static PyObject *plain_size(PyObject *module, PyObject *items) {
     }
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {  /* see data_sizes */
+        QItem *plain = (QItem *)PySequence_Fast_GET_ITEM(seq, i);
+        if (Py_IS_TYPE(plain, &QItemType) && plain->expiry == zero && plain->data != NULL
+                && PyBytes_CheckExact(plain->data)) {
+            total += PyBytes_GET_SIZE(plain->data);  /* the usual item, read in place: no call, nothing held */
+            continue;
+        }
         PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
         PyObject *expiry = field(item, offsetof(QItem, expiry), "expiry");
         int expires = expiry == NULL ? -1 : PyObject_IsTrue(expiry);
