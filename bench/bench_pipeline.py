@@ -38,10 +38,11 @@ from bench.common import load_average, machine
 
 
 @contextlib.contextmanager
-def servers(count: int, work: str) -> Iterator[list[int]]:
-    """`count` servers of this checkout, started as the other benchmarks start them; their Thrift ports."""
+def servers(count: int, work: str, build: str) -> Iterator[list[int]]:
+    """`count` servers of this checkout in `build`, started as the other benchmarks start them; their
+    Thrift ports."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(peers.kestrel(Path(work)))["thrift"] for _ in range(count)]
+        yield [stack.enter_context(peers.kestrel(Path(work), build=build))["thrift"] for _ in range(count)]
 
 
 def timed(work: Any) -> float:
@@ -50,7 +51,7 @@ def timed(work: Any) -> float:
     return time.perf_counter() - started
 
 
-def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_size: int) -> None:
+def bench_writer(spark: Any, n: int, payload: str, work: str, build: str, runs: int, batch_size: int) -> None:
     from kestrel.client import Cluster
 
     rows_expr = f"concat('{payload}', cast(id as string)) as data"
@@ -62,7 +63,7 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
     nothing.save()
     null_s = float("inf")
     for count in (1, 3):
-        with servers(count, work) as ports:
+        with servers(count, work, build) as ports:
             target = ",".join(f"127.0.0.1:{p}" for p in ports)
             df.limit(1000).write.format("kestrel").option("servers", target).option("queue", "warmup") \
                 .mode("append").save()  # starts the Python workers outside the timing
@@ -87,10 +88,10 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, runs: int, batch_s
                       f"{n / null_s:,.0f} rows/s ({null_s:.2f} s), ratio {plain_s / null_s:.2f}")
 
 
-def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
+def bench_read(spark: Any, n: int, payload: str, work: str, build: str, runs: int) -> None:
     from kestrel.client import Server
 
-    with servers(1, work) as (port,), Server("127.0.0.1", port) as client:
+    with servers(1, work, build) as (port,), Server("127.0.0.1", port) as client:
         for i in range(0, n, 10_000):
             client.put("look", [b"%s%d" % (payload.encode(), j) for j in range(i, min(n, i + 10_000))])
         read = spark.read.format("kestrel").option("servers", f"127.0.0.1:{port}").option("queue", "look") \
@@ -113,7 +114,7 @@ def bench_read(spark: Any, n: int, payload: str, work: str, runs: int) -> None:
               f"ratio {plain_s / spark_s:.2f}")
 
 
-def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_trigger: int,
+def bench_stream(spark: Any, n: int, payload: str, work: str, build: str, runs: int, per_trigger: int,
                  per_partition: int | None) -> None:
     from kestrel.client import Server
     from kestrel.pipeline.stream_source import ITEMS_PER_PARTITION
@@ -121,7 +122,7 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, runs: int, per_tri
     per_partition = per_partition or ITEMS_PER_PARTITION
 
     rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
-    with servers(1, work) as (port,):
+    with servers(1, work, build) as (port,):
         client = Server("127.0.0.1", port)
         seen = [0]
 
@@ -368,6 +369,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--journal-mb", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--build", choices=peers.BUILDS, default="compiled",
+                        help="the servers' build (default: compiled, as the wheel installs it; "
+                        "`make compiled` first)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="writer: rows per put (batchSize)")
     parser.add_argument("--per-trigger", type=int, default=500_000, help="stream: maxItemsPerTrigger")
     parser.add_argument("--per-partition", type=int, help="stream: itemsPerPartition (the source's default)")
@@ -390,16 +394,17 @@ def main() -> None:
     payload = "x" * 64
     print(f"# pipeline benchmark, {time.strftime('%Y-%m-%d')}, {machine()}, {args.rows:,} rows of about "
           f"70 B, Spark {spark.version} local[2], Python workers over "
-          f"{'Unix' if args.unix_sockets == 'true' else 'TCP'} sockets")
+          f"{'Unix' if args.unix_sockets == 'true' else 'TCP'} sockets; the servers' build: {args.build}")
     work = tempfile.mkdtemp(prefix="kestrel-bench-")
     try:
         parts = args.only or ["writer", "read", "stream", "journal"]
         if "writer" in parts:
-            bench_writer(spark, args.rows, payload, work, args.runs, args.batch_size)
+            bench_writer(spark, args.rows, payload, work, args.build, args.runs, args.batch_size)
         if "read" in parts:
-            bench_read(spark, args.rows, payload, work, args.runs)
+            bench_read(spark, args.rows, payload, work, args.build, args.runs)
         if "stream" in parts:
-            bench_stream(spark, args.rows, payload, work, args.runs, args.per_trigger, args.per_partition)
+            bench_stream(spark, args.rows, payload, work, args.build, args.runs, args.per_trigger,
+                         args.per_partition)
         if "journal" in parts:
             bench_journal(spark, args.journal_mb, work, args.runs)
     finally:
