@@ -211,7 +211,8 @@ SERVER_FIGURES: dict[str, Figure | None] = {
                                       "Time spent in full garbage collections.", MS),
     "gc_longest_full_collection_ms": _gauge("kestrel_gc_longest_full_collection_seconds",
                                             "The longest full garbage collection since start.", MS),
-    "gc_objects": _gauge("kestrel_gc_objects", "Objects the next full garbage collection walks."),
+    "gc_objects": _gauge("kestrel_gc_objects", "Objects the last full garbage collection left unfrozen: "
+                         "where the next one's walk starts."),
     "gc_frozen_objects": _gauge("kestrel_gc_frozen_objects", "Objects frozen out of the garbage collector's "
                                 "walks (the loaded queues, and what a long full collection left)."),
     "gc_freezes": _counter("kestrel_gc_freezes_total", "Times the objects alive were frozen."),
