@@ -417,22 +417,24 @@ def make_queues(sock: socket.socket, count: int) -> None:
 
 
 def collections_seen(gc_log: Path, rounds: Rounds) -> str:
-    """The server's full collections while `rounds` ran, the longest, and the collector's share of
-    the longest round (its time in collections of the middle and oldest generations then)."""
+    """The server's full collections while `rounds` ran, the longest, the collector's share of the
+    longest round and its whole time meanwhile (in collections of the middle and oldest
+    generations)."""
     began, ended = rounds.longest()
     first, last = rounds.began[0], rounds.began[-1] + rounds[-1]
-    full, longest, in_longest = 0, 0.0, 0.0
+    full, longest, in_longest, total = 0, 0.0, 0.0, 0.0
     for line in gc_log.read_text().splitlines():
         generation, end, seconds = line.split()
         stop, took = float(end), float(seconds)
         if not first <= stop <= last:
             continue  # at start-up, before any client, or at the stop
+        total += took
         if generation == "2":
             full += 1
             longest = max(longest, took)
         in_longest += max(0.0, min(stop, ended) - max(stop - took, began))
     return (f"{full} full collections, the longest {longest * 1000:.0f} ms; the collector took "
-            f"{in_longest * 1000:.0f} ms of the longest wait")
+            f"{in_longest * 1000:.0f} ms of the longest wait, {total * 1000:.0f} ms in all")
 
 
 def serve_and_read(srv: ServerProcess, client: socket.socket) -> None:
