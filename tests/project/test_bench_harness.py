@@ -188,8 +188,8 @@ def test_fsyncs_are_counted_in_every_thread_of_a_server(tmp_path: Path) -> None:
     assert (counts["fdatasync"], counts["fsync"]) == (7, 3)
 
 
-# The quick run of every aim takes about a minute on an idle machine and five on one loaded 20-fold;
-# past the suite's timeout of a test it would be cut without a word of where it was.
+# The quick run of every aim takes about a minute (at a load of 15 on two cores), and longer still on a
+# busier machine; cut by the suite's timeout of a test (300 s), it would say nothing of where it was.
 AIMS_TIMEOUT_S = 900
 
 
