@@ -164,10 +164,6 @@ class PersistentQueue(ABC):
         self.current_age = 0
         self.journal_write_errors = 0
 
-    # -----------------------------------------------------------------------------------------
-    # Figures
-
-
     # Every change runs `with self:` (a queue refers to no object that refers back to it, so a deleted
     # queue is freed by reference counting alone, even where the garbage collector never looks:
     # src/kestrel/service/gc_pauses.py). A context manager rather than a generator, since every add
@@ -200,6 +196,9 @@ class PersistentQueue(ABC):
                 self._change_failed(error)
         finally:
             self._lock.__exit__(None, None, None)
+
+    # -----------------------------------------------------------------------------------------
+    # Figures
 
     @property
     def open_transactions(self) -> int:
