@@ -2,11 +2,12 @@
 what lives long.
 
 A full collection walks every object the collector tracks, and no client is answered meanwhile.
-Items are not tracked, but each queue accounts for about twenty objects (the queue, its journal and
-writer, their lists and sets, the methods they call back), so with 10,000 queues one collection
-walked 250,000 objects: 0.2–0.9 s of the loop. CPython runs one once the objects that survived the
-younger collections have grown the old ones by a quarter (`FULL_COLLECTION_AFTER` middle ones
-apart at least), which creating queues, or serving a heap that large, soon brings about.
+Items are not tracked, but each queue accounts for a dozen objects (the queue, its journal and
+writer, their lists and sets), so with 10,000 queues one collection walked 150,000 objects or more
+(250,000 before the queues had fewer): 0.1–0.9 s of the loop. CPython runs one once the objects
+that survived the younger collections have grown the old ones by a quarter
+(`FULL_COLLECTION_AFTER` middle ones apart at least), which creating queues, or serving a heap
+that large, soon brings about.
 
 `gc.freeze()` moves every object alive to a generation no collection walks. The server freezes:
 - what start-up made, once the journals are loaded and before it listens (`freeze_loaded`): the
