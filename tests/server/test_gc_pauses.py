@@ -58,6 +58,7 @@ def make_queues(port: int, count: int) -> None:
             exchange(s, b"".join(b"set q%05d 0 0 1\r\nx\r\n" % i for i in names), b"STORED\r\n" * len(names))
 
 
+@pytest.mark.slow
 def test_the_queues_a_server_loads_are_never_walked_by_a_full_collection(server_factory: Any) -> None:
     """Each queue accounts for a dozen tracked objects or more: 3,000 loaded queues would add 36,000
     to every full collection's walk. Frozen at start-up, they add none; deleted, they are freed
