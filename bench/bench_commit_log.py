@@ -11,13 +11,20 @@ fsync threads' system time is in it) and the event loop thread's alone, which is
 rate a server reaches on one core, and the fsync rounds of the log per item. The fsyncs are real;
 the queue path is a temporary directory under --dir (the disk the server's queues would be on).
 
-    .venv/bin/python -m bench.bench_commit_log [--items 2000] [--runs 3] [--dir /tmp]
+First, what a round's fdatasync of a segment costs on that disk, each way a segment can be written:
+appended (a segment of format version 1), and over zeros laid down and synced ahead (version 2,
+what the log does): a turn's write of 16 records (3,200 B) then an fdatasync, `--fsyncs` times;
+the median and 90th percentile of the fdatasync's wall time, and the CPU of the write and the
+fdatasync together (the thread's, which is the fsync thread's share in the server).
+
+    .venv/bin/python -m bench.bench_commit_log [--items 2000] [--runs 3] [--fsyncs 1500] [--dir /tmp]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import shutil
 import tempfile
@@ -87,15 +94,54 @@ def run(directory: str, sync: str, logged: bool, hold: bool, items: int) -> tupl
     return total / wall, cpu(process, process_after), cpu(loop, loop_after), rounds / total
 
 
+TURN = b"r" * 3200  # a turn's write of the log under 16 producers
+
+
+def segment_fsyncs(directory: str, laid_down: bool, writes: int) -> tuple[float, float, float]:
+    """The fdatasync after each turn's write of a segment: median and 90th percentile wall µs, and
+    CPU µs of the write and the fdatasync together."""
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-segment-", dir=directory), "segment")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (0 if laid_down else os.O_APPEND), 0o644)
+    try:
+        if laid_down:
+            os.write(fd, bytes(len(TURN) * writes))
+            os.fsync(fd)
+        waits: list[float] = []
+        cpu = time.thread_time()
+        for n in range(writes):
+            if laid_down:
+                os.pwrite(fd, TURN, n * len(TURN))
+            else:
+                os.write(fd, TURN)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            waits.append(time.perf_counter() - started)
+        cpu = time.thread_time() - cpu
+    finally:
+        os.close(fd)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    waits.sort()
+    return waits[len(waits) // 2] * 1e6, waits[len(waits) * 9 // 10] * 1e6, cpu / writes * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=2000, help="items each producer puts and gets")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--fsyncs", type=int, default=1500, help="writes and fdatasyncs of each kind")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     print(f"# commit log path, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load {load_average()}")
+    print("| a segment's fdatasync after a write of 3,200 B | median µs | p90 µs "
+          "| CPU µs (write + fdatasync) |")
+    print("| --- | --- | --- | --- |")
+    for _ in range(args.runs):
+        for label, laid_down in (("appended (version 1)", False), ("over zeros laid down (version 2)", True)):
+            median, p90, cpu = segment_fsyncs(args.dir, laid_down, args.fsyncs)
+            print(f"| {label} | {median:.0f} | {p90:.0f} | {cpu:.0f} |", flush=True)
+    print()
     print(f"# {PRODUCERS} producers each on its own queue, put + get of 128 B, {args.items} items each\n")
     print("| setting | items/s | CPU µs/item (process) | CPU µs/item (event loop thread) "
           "| rounds of the log per item |")

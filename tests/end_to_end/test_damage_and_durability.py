@@ -351,7 +351,7 @@ CHURN = textwrap.dedent("""
     fmt = sys.argv[2]
     q = {"journal_format": fmt, "sync_journal": sys.argv[3], "max_memory_size": 3000,
          "default_journal_size": 2000, "max_journal_size": 12000}
-    coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}))
+    coll = QueueCollection(sys.argv[1], QueueConfigs({}, {"q": q}), commit_log=True)
     coll.load()
     coll.queue("q+c")
     n = 0

@@ -80,9 +80,36 @@ def test_a_last_write_torn_at_every_offset_is_a_torn_tail_and_the_records_before
         assert seg.torn_at == (None if cut == len(write) // 2 else torn_at), cut
 
 
-def test_zeros_after_the_last_record_are_a_torn_tail(tmp_path: Path) -> None:
-    seg = read_segment(str(segment(tmp_path, encode_record("q", 0, 0, b"x"), bytes(40))), last=True)
-    assert len(seg.records) == 1 and seg.torn_at is not None
+def test_zeros_after_the_last_record_of_a_version_1_segment_are_a_torn_tail(tmp_path: Path) -> None:
+    path = segment(tmp_path)
+    path.write_bytes(commit_log.MARK_V1 + encode_record("q", 0, 0, b"x") + bytes(40))
+    seg = read_segment(str(path), last=True)
+    assert [r.data for _, r in seg.records] == [b"x"] and seg.torn_at is not None
+
+
+@pytest.mark.parametrize("last", [True, False])
+def test_zeros_to_the_end_of_a_segment_laid_down_ahead_are_its_clean_end(tmp_path: Path, last: bool) -> None:
+    seg = read_segment(str(segment(tmp_path, encode_record("q", 0, 0, b"x"), bytes(4096))), last=last)
+    assert [r.data for _, r in seg.records] == [b"x"]
+    assert seg.torn_at is None and seg.damage == []
+
+
+def test_a_record_torn_over_the_zeros_laid_down_is_a_torn_tail(tmp_path: Path) -> None:
+    write = encode_record("q", 0, 1, b"never acknowledged")
+    for cut in range(1, len(write)):
+        torn = write[:cut] + bytes(len(write) - cut)  # what reached the disk, over the zeros
+        seg = read_segment(str(segment(tmp_path, encode_record("q", 0, 0, b"x"), torn, bytes(4096))), last=True)
+        assert [r.data for _, r in seg.records] == [b"x"], cut
+        at = len(MARK) + len(encode_record("q", 0, 0, b"x"))
+        assert seg.damage == [] and seg.torn_at in (None if not any(write[:cut]) else at,), cut
+
+
+def test_a_byte_after_the_zeros_of_a_segment_laid_down_is_damage(tmp_path: Path) -> None:
+    kept = encode_record("q", 0, 0, b"x")
+    seg = read_segment(str(segment(tmp_path, kept, bytes(4096), b"\x01", bytes(100))), last=True)
+    assert [r.data for _, r in seg.records] == [b"x"] and seg.torn_at is None
+    (damage,) = seg.damage
+    assert damage.at == len(MARK) + len(kept)
 
 
 def test_a_damaged_record_with_records_after_it_is_damage_and_the_records_after_it_are_read(
@@ -379,6 +406,46 @@ def test_a_checkpoint_makes_the_journals_durable_and_drops_the_older_segments(tm
     coll.close()
 
 
+def test_records_are_written_over_a_segment_laid_down_ahead_and_its_size_does_not_grow(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    size = os.path.getsize(seg)
+    assert size >= commit_log.PREALLOCATE_BYTES and Path(seg).read_bytes() == MARK + bytes(size - len(MARK))
+    for n in range(50):
+        coll.put("q", [b"item-%d" % n])
+    assert os.path.getsize(seg) == size
+    records = read_segment(seg, last=True)
+    assert len(records.records) == 50 and records.torn_at is None and records.damage == []
+    assert commit_log.pending(str(tmp_path))
+    assert coll.commit_log is not None
+    coll.commit_log.checkpoint()  # the next segment was laid down ahead, and the one after it is
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    laid_down = Path(commit_log.directory(str(tmp_path))) / commit_log.PREPARED_NAME
+    assert os.path.getsize(seg) >= commit_log.PREALLOCATE_BYTES and laid_down.exists()
+    assert not commit_log.pending(str(tmp_path))  # an empty segment laid down holds no record
+    coll.close()
+    assert not Path(commit_log.directory(str(tmp_path))).exists()
+
+
+def test_a_kill_in_the_middle_of_a_write_over_the_zeros_loses_no_acknowledged_item(tmp_path: Path) -> None:
+    coll = collection(tmp_path)
+    for n in range(20):
+        coll.put("q", [b"item-%d" % n])
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    end = max(at + len(encode_record(r.queue, r.epoch, r.offset, r.data))
+              for at, r in read_segment(seg, last=True).records)
+    with open(seg, "r+b") as f:  # the start of a write that was never acknowledged, over the zeros
+        f.seek(end)
+        f.write(encode_record("q", 0, 999, b"never acknowledged")[:11])
+    journal = (tmp_path / "q").read_bytes()
+    (tmp_path / "q").write_bytes(journal[:len(journal) // 2])  # lost with the page cache
+    again = collection(tmp_path)
+    assert drain(again, "q") == [b"item-%d" % n for n in range(20)]
+    assert [p.name for p in Path(commit_log.directory(str(tmp_path))).iterdir()
+            if p.name.startswith("1.torn-")], "the torn write is cut off, a copy kept"
+    again.close()
+
+
 def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     for n in range(20):
@@ -524,10 +591,17 @@ def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path
     real_write, real_fdatasync = os.write, os.fdatasync
     log_dir = commit_log.directory(str(tmp_path))
 
+    real_pwrite = os.pwrite
+
     def full_log(fd: int, data: Any) -> int:
         if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
+
+    def full_log_at(fd: int, data: Any, offset: int) -> int:  # the segment, laid down, is written by position
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
 
     def fdatasync(fd: int) -> None:
         synced.append(os.fstat(fd).st_ino)
@@ -535,6 +609,8 @@ def test_a_failed_write_of_the_log_falls_back_on_the_journals_own_fsync(tmp_path
 
     monkeypatch.setattr(os, "write", full_log)
     monkeypatch.setattr(disk, "write", full_log)  # the journal files' appends call it straight
+    monkeypatch.setattr(os, "pwrite", full_log_at)
+    monkeypatch.setattr(disk, "pwrite", full_log_at)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
     coll.put("q", [b"second"])  # acknowledged: its journal was fsynced instead
     assert os.stat(tmp_path / "q").st_ino in synced
@@ -735,24 +811,25 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
     for name in ("a", "b", "c"):
         coll.put(name, [b"created"])
     (seg,) = commit_log.segment_paths(str(tmp_path))
-    size = os.path.getsize(seg)
-    real_write = os.write
+    before = read_segment(seg, last=True).records
+    real_pwrite = os.pwrite
     written: list[int] = []
 
-    def full_log(fd: int, data: Any) -> int:
+    def full_log(fd: int, data: Any, offset: int) -> int:  # the segment, laid down, is written by position
         if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
-            written.append(real_write(fd, bytes(data)[:7]))  # a short write, then the disk is full
+            written.append(real_pwrite(fd, bytes(data)[:7], offset))  # a short write, then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", full_log)
-    monkeypatch.setattr(disk, "write", full_log)  # the journal files' appends call it straight
+    monkeypatch.setattr(os, "pwrite", full_log)
+    monkeypatch.setattr(disk, "pwrite", full_log)  # the log's writer calls it straight
     synced.clear()
     gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c")],
                    raise_error=True)  # one turn: its one write of the log fails, every change is acknowledged
     monkeypatch.undo()
     assert written == [7]
-    assert os.path.getsize(seg) == size  # the failed write was cut back off the log
+    after = read_segment(seg, last=True)  # the failed write was cut back off the log
+    assert after.records == before and after.torn_at is None and after.damage == []
     assert sorted(os.path.basename(p) for p in synced) == ["a", "b", "c"]  # each journal's own fsync
     coll.put("a", [b"after"])  # the segment took no fsync that failed: the log carries the next turn
     assert [r.data[-5:] for _, r in read_segment(seg, last=True).records][-1] == b"after"

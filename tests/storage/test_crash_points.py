@@ -87,27 +87,39 @@ def item(n: int) -> bytes:
 
 
 @pytest.fixture
-def seal_late(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Rotated Kestrel 2 journals sealed into the manifest at once, or after other work had turns
-    of the loop (a slow fsync: the pack taken at the rotation may be written first)."""
-    late: bool = request.param
-    if late:
-        real = QueueJournal._seal_one
+def seals(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """When rotated Kestrel 2 journals are sealed into the manifest: at once; after other work had
+    turns of the loop (a slow fsync: the pack taken at the rotation may be written first); or only
+    once no pack is being written or waits to be (a seal lagging behind later rotations and packs:
+    a pack lists itself while journals it replaces are not listed yet)."""
+    when: str = request.param
+    real = QueueJournal._seal_one
 
-        def slow(self: QueueJournal, path: str) -> None:
-            for _ in range(5):
-                gevent.sleep(0)
-            real(self, path)
+    def late(self: QueueJournal, path: str, *args: Any) -> None:
+        for _ in range(5):
+            gevent.sleep(0)
+        real(self, path, *args)
 
-        monkeypatch.setattr(QueueJournal, "_seal_one", slow)
-    return late
+    def after_packs(self: QueueJournal, path: str, *args: Any) -> None:
+        for _ in range(10_000):  # bounded: a seal never waits for good
+            if not self.pack_pending:
+                break
+            gevent.sleep(0)
+        real(self, path, *args)
+
+    if when != "at-once":
+        monkeypatch.setattr(QueueJournal, "_seal_one", late if when == "late" else after_packs)
+    return when
 
 
-@pytest.mark.parametrize("seal_late", [pytest.param(False, id="sealed-at-once"),
-                                       pytest.param(True, id="sealed-late", marks=pytest.mark.pure_build)],
-                         indirect=True)
+SEALS = [pytest.param("at-once", id="sealed-at-once"),
+         pytest.param("late", id="sealed-late", marks=pytest.mark.pure_build),
+         pytest.param("after-packs", id="sealed-after-packs", marks=pytest.mark.pure_build)]
+
+
+@pytest.mark.parametrize("seals", SEALS, indirect=True)
 def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
-        tmp_path: Path, seal_late: bool) -> None:
+        tmp_path: Path, seals: str) -> None:
     queues = tmp_path / "queues"
     q = {"sync_journal": "always", "max_memory_size": 2048, "default_journal_size": 1024,
          "max_journal_size": 1 << 20}
@@ -136,6 +148,48 @@ def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
         name for name in record.files if packer.is_our_pack(str(queues / name))}  # a seal never unmarks a pack
     check(points.crashes, configs, ("rename q -> q.", ".pack -> q.", "unlink q.",
                                     "-> .kestrel/q.manifest"))
+
+
+@pytest.mark.parametrize("seals", [SEALS[0], SEALS[2]], indirect=True)  # the two extremes
+def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag_refuses_nothing(
+        tmp_path: Path, seals: str) -> None:
+    """The churn of the end-to-end kills (tests/end_to_end/test_damage_and_durability.py), every
+    step of it: `q` fed five items at a time and consumed three at a time, a fanout `q+c` reading
+    behind and emptied by flushes (checkpoint packs, and a pack as it catches up), a fanout `q+d`
+    created and deleted, under `always` with the commit log, whose checkpoints come between. The
+    background work runs every few changes only, so that rotated journals wait to be sealed while
+    later rotations and packs are taken."""
+    queues = tmp_path / "queues"
+    q = {"sync_journal": "always", "max_memory_size": 1024, "default_journal_size": 768,
+         "max_journal_size": 4096}
+    configs = QueueConfigs({}, {"q": q})
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime(), commit_log=True))
+    assert coll.commit_log is not None
+    coll.queue("q+c")
+    model = Model(["q", "q+c"])
+    n = 0
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+        for burst in range(8):
+            for _ in range(3):
+                batch = [item(n + i) for i in range(5)]
+                n += 5
+                model.change({name: items + batch for name, items in model.items.items()}, coll.put, "q", batch)
+                model.change({"q": model.items["q"][3:]}, coll.remove, "q", 3)
+            if burst % 4 == 3:
+                model.change({"q+c": []}, coll.flush, "q+c")
+            if burst % 6 == 1:
+                coll.queue("q+d")
+                model.items["q+d"], model.held["q+d"] = [], []
+            elif burst % 6 == 4:
+                del model.items["q+d"], model.held["q+d"]  # what a kill part way leaves is not known
+                coll.delete("q+d")
+            settle(coll, *model.items)
+            if burst % 3 == 1:
+                coll.commit_log.checkpoint()
+    coll.close()
+    check(points.crashes, configs, ("rename q -> q.", "rename q+c -> q+c.", ".pack -> q+c.", "unlink q+c.",
+                                    "-> .kestrel/q+c.manifest", "unlink q+d", "create .kestrel/commit-log/",
+                                    "unlink .kestrel/commit-log/"))
 
 
 def test_a_kill_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refuses_nothing(

@@ -450,6 +450,68 @@ def test_a_crash_after_the_pack_is_listed_before_it_is_in_place_loads_the_unlist
     again.close()
 
 
+def test_a_crash_after_the_pack_is_listed_loads_older_journals_it_replaces_not_yet_sealed(tmp_path: Path) -> None:
+    """Rotated journals are sealed into the manifest in the background (an fsync, a checksum), and a
+    pack lists itself without waiting for them: a crash before the pack is in place may find
+    journals it replaces unlisted and older than the pack, rotations not yet recorded, not strays.
+    (tests/storage/test_crash_points.py reaches this state through seals that lag; here the
+    journals' entries are taken out of the crashed copy's manifest.)"""
+    queues, crashed = tmp_path / "queues", tmp_path / "crashed"
+    queues.mkdir()
+
+    def crash(step: str) -> None:  # this queue's pack (another test's may run meanwhile), renamed next
+        if step == "rename-pack" and not crashed.exists() and any(
+                name.startswith("q") and filenames.is_temporary(name) for name in os.listdir(queues)):
+            shutil.copytree(queues, crashed)
+
+    settings = {**EMPTIED, "sync_journal": "always"}
+    coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
+    for i in range(100):  # past max_memory_size: rotated, not packed
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.queue("q").wait_for_packing()
+    (older,) = rotated(queues)
+    packer.failpoint = crash
+    try:
+        assert len(coll.remove("q", 100)) == 100  # emptied: rotated and packed, `older` replaced too
+        coll.queue("q").wait_for_packing()
+    finally:
+        packer.failpoint = None
+    coll.close()
+    record = manifest.read(str(crashed), "q")
+    newest = rotated(crashed)[-1]  # the journal rotated for the pack, of its timestamp
+    assert record is not None and sorted(record.files) == [older, newest, f"{newest}.pack"]
+    del record.files[older], record.files[newest]  # their seals had not run yet (in rotation order)
+    manifest.write(str(crashed), "q", record)
+    again = k2(crashed, **settings)
+    assert drain(again, "q") == []
+    again.close()
+
+
+def test_an_older_copy_of_a_journal_a_pack_in_place_replaced_is_refused_not_replayed_before_it(
+        tmp_path: Path) -> None:
+    """A pack at its final name replaced every journal up to its own (they are deleted before its
+    last rename): one found there unlisted is a stray, whose records replayed before the pack would
+    bring its items back; salvage sets it aside."""
+    settings = {**EMPTIED, "sync_journal": "always"}
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
+    for i in range(100):  # past max_memory_size: rotated, not packed
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.queue("q").wait_for_packing()
+    (older,) = rotated(tmp_path)
+    backup = (tmp_path / older).read_bytes()
+    assert len(coll.remove("q", 100)) == 100  # emptied: rotated and packed, `older` replaced too
+    coll.queue("q").wait_for_packing()
+    coll.put("q", [b"after"])
+    coll.close()
+    assert older not in rotated(tmp_path) and int(older[2:]) < int(rotated(tmp_path)[0][2:])
+    (tmp_path / older).write_bytes(backup)  # put back from a copy
+    refused(tmp_path, lambda: k2(tmp_path, **settings), str(tmp_path / older), "not listed in the manifest")
+    coll = k2(tmp_path, salvage=True, **settings)
+    assert drain(coll, "q") == [b"after"]
+    coll.close()
+    assert [n for n in aside(tmp_path) if n.startswith(older + ".")]
+
+
 # ---------------------------------------------------------------------------------------------
 # Kestrel 3
 

@@ -10,7 +10,13 @@ it). A background checkpoint then fdatasyncs the files that took records and del
 older segments.
 
 Files: `<queue_path>/.kestrel/commit-log/<seq>` segments, replayed in order (in the server's own
-directory, which no scan of journals reads). A segment starts with `MARK`, then records:
+directory, which no scan of journals reads). A segment starts with `MARK`, then records, then
+zeros to its end: each segment is laid down ahead (its mark and zeros written and made durable,
+off the event loop, while the one before it fills), and records are written over the zeros by
+position, so that the fdatasync a round waits for commits data alone, no new size or block. Where
+the zeros begin, the records end (a segment outgrowing what was laid down grows by appending).
+Segments of format version 1 (`MARK_V1`) were appended and end with their last record; they are
+still read. A record:
 
     u32 body size | u32 CRC-32 of the body | body
     body: u16 queue name size | queue name (UTF-8) | u64 kind << 56 | epoch | u64 offset | bytes
@@ -68,7 +74,12 @@ from kestrel.storage.runtime import Event, Runtime, Timer
 log = structlog.get_logger("kestrel.commit_log")
 
 HELD_PREFIX = "held-"  # records kept for a queue recovery refused: `held-<queue>`
-MARK = b"KCLOG\x00\x00\x01"  # what a segment starts with (format version 1)
+MARK = b"KCLOG\x00\x00\x02"  # what a segment starts with (format version 2: laid down ahead)
+MARK_V1 = b"KCLOG\x00\x00\x01"  # a segment of version 1: appended, no zeros after its records
+PREPARED_NAME = f"next{filenames.TEMPORARY_MARK}"  # the next segment, laid down ahead
+# The least a segment is laid down with (more when the last one took more): a server logging a
+# change a second writes 64 KB of zeros a second ahead, not a megabyte.
+PREALLOCATE_BYTES = 1 << 16
 _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
 _PLACE = struct.Struct("<QQ")  # kind << 56 | epoch, offset
@@ -211,8 +222,9 @@ def read_segment(path: str, last: bool) -> Segment:
     with open(path, "rb") as f:
         data = f.read()
     segment = Segment(path)
-    if len(data) < len(MARK) or not data.startswith(MARK):
-        if MARK.startswith(data) or not any(data):
+    laid_down = data.startswith(MARK)
+    if not laid_down and not data.startswith(MARK_V1):
+        if MARK.startswith(data) or torn_tail.zeros_only(data):
             segment.torn_at = 0 if data else None  # created and cut short before its mark was written
         else:
             segment.damage.append(Damage(0, len(data), "not a commit log segment (no mark at its start)"))
@@ -224,12 +236,15 @@ def read_segment(path: str, last: bool) -> Segment:
             segment.records.append((at, record))
             at = end
             continue
+        if laid_down and torn_tail.ends_cleanly(data, at):
+            break
         error = torn_tail.judge(path, at, reason, LOG_RECORDS, last, startable, tail=(data[at:], True))
         if error is None:
             segment.torn_at = at
             break
         tail = data[at:]
-        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail), LOG_RECORDS.whole_records_at)
+        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")),
+                                              LOG_RECORDS.whole_records_at)
         resume = len(data) if found is None else at + found
         damage = _damage(data, at, resume, error.reason)
         segment.damage.append(damage)
@@ -281,7 +296,14 @@ def pending(queue_path: str) -> bool:
     """Whether the log holds records: a server runs on the path, or stopped without a clean
     shutdown (a clean one leaves no log), or recovery refused a queue and keeps its records."""
     segments = segment_paths(queue_path)
-    return bool(held_paths(queue_path)) or any(os.path.getsize(p) > len(MARK) for p in segments)
+    return bool(held_paths(queue_path)) or any(_holds_records(p) for p in segments)
+
+
+def _holds_records(path: str) -> bool:
+    """Whether a segment holds anything but its mark and the zeros laid down after it."""
+    with open(path, "rb") as f:
+        f.seek(len(MARK))
+        return not torn_tail.zeros_only(f.read())
 
 
 def pending_message(queue_path: str) -> str:
@@ -304,6 +326,29 @@ def _remove_directory(queue_path: str) -> None:
         fsync_path(folder)
         return
     fsync_path(os.path.dirname(folder))
+
+
+def _lay_down(path: str, size: int) -> None:
+    """A segment laid down ahead at `path`: its mark and zeros up to `size` bytes, written and
+    made durable (its name is not: `CommitLog._install`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, MARK)
+        zeros = bytes(min(size, 1 << 20))
+        at = len(MARK)
+        while at < size:
+            chunk = min(len(zeros), size - at)
+            write_all(fd, zeros if chunk == len(zeros) else zeros[:chunk])
+            at += chunk
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop_prepared(queue_path: str) -> None:
+    """Delete the next segment laid down ahead, if any: it holds nothing."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory(queue_path), PREPARED_NAME))
 
 
 def _create_segment(path: str, records: bytes = b"") -> None:
@@ -493,7 +538,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     recovery = Recovery()
     held = held_paths(queue_path)
     paths = list(held.values()) + segment_paths(queue_path)
-    last = max([i for i, p in enumerate(paths) if os.path.getsize(p) > len(MARK)], default=len(paths) - 1)
+    last = max([i for i, p in enumerate(paths) if _holds_records(p)], default=len(paths) - 1)
     segments = [read_segment(p, i >= last) for i, p in enumerate(paths)]
     placing = _Placing(queue_path, now_ms, recovery, dry_run)
     reasons: dict[str, tuple[str, int, str]] = {}  # refused queue -> (where, offset, why)
@@ -529,6 +574,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])))
                             for q, (where, at, why) in sorted(reasons.items())}
         return recovery
+    _drop_prepared(queue_path)
     for queue, (where, at, why) in sorted(reasons.items()):
         kept = records.get(queue, [])
         if salvage:
@@ -559,7 +605,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
             continue  # rewritten by `_hold`
         _step("delete-segment")
         os.unlink(segment.path)
-    if segments:
+    if segments or os.path.isdir(directory(queue_path)):
         _remove_directory(queue_path)
     if placing.journals or recovery.refused:
         log.info("commit log recovered", segments=len(segments), journals=len(placing.journals),
@@ -711,6 +757,8 @@ class CommitLog:
         self._timer: Timer | None = None
         self.checkpoints = 0
         self.rounds = 0  # group commit rounds the log's turns went to
+        self._prepared = False  # the next segment is laid down (`PREPARED_NAME`)
+        self._lay_down_bytes = min(PREALLOCATE_BYTES, max(segment_bytes, len(MARK)))
 
     def open(self) -> None:
         """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
@@ -720,14 +768,15 @@ class CommitLog:
         self._seq = 1
         path = os.path.join(self.directory, str(self._seq))
         try:
-            _create_segment(path)
+            self._install(path, False)
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             with contextlib.suppress(OSError):
+                _drop_prepared(self.queue_path)
                 _remove_directory(self.queue_path)
             raise
-        self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
+        self._segments.append(_Segment(JournalWriter(path, 0, self.runtime, end=len(MARK))))
         self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
 
     # -----------------------------------------------------------------------------------------
@@ -1001,6 +1050,7 @@ class CommitLog:
         try:
             self._switch()
             retired = self._segments[:-1]
+            taken = sum(segment.writer.size for segment in retired)
             ends: dict[JournalWriter, int] = {}
             for segment in retired:
                 for journal, end in segment.journals.items():
@@ -1014,6 +1064,8 @@ class CommitLog:
                 self._segments.remove(segment)
             self.runtime.run_blocking(fsync_path, self.directory)
             self.checkpoints += 1
+            if self._segments:  # not closed meanwhile
+                self._prepare(taken)
         finally:
             self._checkpointing = None
             done.set()
@@ -1027,11 +1079,35 @@ class CommitLog:
     def _switch(self) -> None:
         """Start a new segment: what was logged so far is in the older ones."""
         path = os.path.join(self.directory, str(self._seq + 1))
-        self.runtime.run_blocking(_create_segment, path)
+        prepared, self._prepared = self._prepared, False
+        self.runtime.run_blocking(self._install, path, prepared)
         with self._lock:
             self._seq += 1
             self._write_turn()  # this turn's records so far go to the older segment
-            self._segments.append(_Segment(JournalWriter(path, 0, self.runtime)))
+            self._segments.append(_Segment(JournalWriter(path, 0, self.runtime, end=len(MARK))))
+
+    def _install(self, path: str, prepared: bool) -> None:
+        """Make the segment laid down ahead (laying it down now unless `prepared`) the segment
+        `path`, durable with its name. Raises OSError."""
+        laid_down = os.path.join(self.directory, PREPARED_NAME)
+        if not prepared:
+            _lay_down(laid_down, self._lay_down_bytes)
+        os.rename(laid_down, path)
+        fsync_path(self.directory)
+
+    def _prepare(self, taken: int) -> None:
+        """Lay down the next segment, off the loop, as large as half again what the last one took
+        (`taken` bytes), within PREALLOCATE_BYTES and the size that asks for a checkpoint."""
+        ceiling = max(self.segment_bytes, len(MARK))
+        self._lay_down_bytes = min(max(PREALLOCATE_BYTES, taken * 3 // 2), ceiling)
+        try:
+            self.runtime.run_blocking(_lay_down, os.path.join(self.directory, PREPARED_NAME),
+                                      self._lay_down_bytes)
+        except OSError as e:
+            log.warning("cannot lay down the commit log's next segment ahead; it is laid down when "
+                        "it is needed", error=str(e))
+            return
+        self._prepared = True
 
     def _sync_journals(self, ends: dict[JournalWriter, int]) -> None:
         """fdatasync the journals up to those positions, together (one group commit round)."""
@@ -1066,6 +1142,9 @@ class CommitLog:
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable
         segments, self._segments = self._segments, []
+        with contextlib.suppress(OSError):
+            _drop_prepared(self.queue_path)
+        self._prepared = False
         still_open = [j.path for s in segments for j in s.journals if j.fd >= 0]
         for segment in segments:
             writer = segment.writer

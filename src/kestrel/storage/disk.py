@@ -14,6 +14,7 @@ import errno
 import os
 
 write = os.write
+pwrite = os.pwrite
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

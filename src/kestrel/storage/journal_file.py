@@ -146,15 +146,22 @@ class JournalWriter:
     nothing; a power cut may).
     """
 
-    def __init__(self, path: str, sync_ms: int | None, runtime: Runtime = DEFAULT_RUNTIME) -> None:
+    def __init__(self, path: str, sync_ms: int | None, runtime: Runtime = DEFAULT_RUNTIME,
+                 end: int | None = None) -> None:
         self.path = path
         self.runtime = runtime
         self.sync_ms = sync_ms
         self.fd = -1  # opened by the first change (`open`): an idle queue holds no descriptor
-        try:
-            self.size = os.stat(path).st_size
-        except FileNotFoundError:
-            self.size = 0
+        # A preallocated file (zeros written and synced ahead, past `end`) is written over by
+        # position, so that an fdatasync after a write commits no new size or block.
+        self.preallocated = end is not None
+        if end is not None:
+            self.size = end
+        else:
+            try:
+                self.size = os.stat(path).st_size
+            except FileNotFoundError:
+                self.size = 0
         self.synced = self.size  # how far the file is known to be on disk
         self.damaged = False
         # The commit log this file's appends go to as well, if it logs them
@@ -169,7 +176,8 @@ class JournalWriter:
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        appending = 0 if self.preallocated else os.O_APPEND
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | appending, 0o644)
         if created and (self.sync_ms == 0 or self.log is not None):
             disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
 
@@ -193,9 +201,14 @@ class JournalWriter:
         if self.damaged or self.fd < 0:
             self._ready()
         try:
-            written = disk.write(self.fd, data)
-            if written < len(data):
-                disk.write_all(self.fd, memoryview(data)[written:])
+            if self.preallocated:
+                written = disk.pwrite(self.fd, data, self.size)
+                if written < len(data):
+                    disk.pwrite_all(self.fd, data[written:], self.size + written)
+            else:
+                written = disk.write(self.fd, data)
+                if written < len(data):
+                    disk.write_all(self.fd, memoryview(data)[written:])
         except OSError:
             self._cut_back()
             raise

@@ -13,6 +13,11 @@ file and the offset:
   cutting there would drop every record after it;
 - anything that cannot be read whole in a file that is not the log's last.
 
+A file laid down ahead (zeros written and made durable before records are written over them by
+position: the commit log's segments) ends where its zeros begin: nothing but zeros from there to
+its end is its clean end (`ends_cleanly`), neither torn nor damaged. A record cut short there, or
+any byte that is not zero after the zeros, is judged by the rules above.
+
 Each format says only how its records read (`Records`): where whole records could start inside a
 record, and whether they start at a place. The decision is here, once.
 """
@@ -56,6 +61,11 @@ def read_tail(path: str, offset: int) -> tuple[bytes, bool]:
 def zeros_only(tail: bytes) -> bool:
     """Nothing but zeros (or nothing): what a power cut leaves where data had not reached the disk."""
     return not tail.strip(b"\0")
+
+
+def ends_cleanly(data: bytes, at: int) -> bool:
+    """Whether a file laid down ahead ends at `at`: nothing but its zeros follow to its end."""
+    return len(data.rstrip(b"\0")) <= at
 
 
 def judge(path: str, offset: int, why: str, records: Records, last: bool, startable: bool = True,

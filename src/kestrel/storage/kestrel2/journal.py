@@ -272,11 +272,16 @@ class QueueJournal:
                 found.append((ts, damage.Finding(os.path.join(self.queue_path, name),
                                                  f"missing: the manifest lists it with {entry.size} bytes",
                                                  damage.Remedy.NONE, also="its records are lost")))
-        newest = max([ts for ts, _ in listed.values()] + [ts for ts, _ in listed_packs.values()], default=0)
+        # Rotated journals are listed in rotation order (`_seal_one`), a pack at its final name once
+        # the journals it replaced are deleted, and a pack being put in place as it is written,
+        # without waiting for those to be listed: a journal not listed yet is newer than every file
+        # listed under a rotated name.
+        newest = max((ts for ts, _ in listed.values()), default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
-            # Rotated just before a stop; or superseded by a pack; or rotated for a pack that never
-            # came to replace it (`rotate`: such a journal is not listed)
+            # Rotated before a stop and not sealed yet (a pack that replaces it may be listed); or
+            # superseded by a pack; or rotated for a pack that never came to replace it (`rotate`:
+            # such a journal is not listed, while a later rotation may be)
             if ts > newest or ts <= covered or ts in unplaced:
                 log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
