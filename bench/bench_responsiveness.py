@@ -12,7 +12,13 @@ PING): how long a server that runs a command to its end makes the others wait. T
 have no peer that does the same thing; compare them across checkouts in the same run, on an idle
 machine. The good client's latency under fuzzing is bench/fuzz_servers.py's.
 
-    .venv/bin/python -m bench.bench_responsiveness [--repeat 5] [--only large-put ...]
+The rows of 10,000 queues lay each stall to the garbage collector or not: every server these rows
+start (this checkout's, or `--source`'s) logs the time of each of its collections of the middle and
+oldest generations, by a `gc.callbacks` entry its Python loads at start (`sitecustomize`, written
+here); beside another client's longest wait they give the full collections run meanwhile, the
+longest, and how much of that wait the collector took.
+
+    .venv/bin/python -m bench.bench_responsiveness [--repeat 5] [--only large-put ...] [--source DIR]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import select
 import socket
 import statistics
@@ -38,17 +45,43 @@ from kestrel.service.logs import configure_logging
 from tests.conftest import ServerProcess, wait_until
 from tests.support.lines import exchange
 
-# A measurement: (the figure in seconds, the budget it is held to).
-Measure = Callable[[Path], tuple[float, float]]
+# Loaded at start by the Python of a server told KESTREL_BENCH_GC_LOG: a line per collection of the
+# middle or oldest generation, "generation end-time seconds" (the young ones last microseconds).
+GC_TIMER = """
+import gc, os, time
+_log = open(os.environ["KESTREL_BENCH_GC_LOG"], "a", buffering=1)
+_started = [0.0]
+def _timed(phase, info):
+    if info["generation"] == 0:
+        return
+    if phase == "start":
+        _started[0] = time.perf_counter()
+    else:
+        _log.write(f"{info['generation']} {time.time():.6f} {time.perf_counter() - _started[0]:.6f}\\n")
+gc.callbacks.append(_timed)
+"""
+
+# A measurement: (the figure in seconds, the budget it is held to), and what the server said of it.
+Measure = Callable[[Path], tuple[float, float] | tuple[float, float, str]]
 LARGE_PUT_ITEMS = 400_000
+SOURCE: Path | None = None  # `--source`: the tree our server runs from, before this checkout's
 
 
 @contextlib.contextmanager
-def server(work: Path, config: dict[str, Any] | None = None,
-           open_files: int | None = None) -> Iterator[ServerProcess]:
+def server(work: Path, config: dict[str, Any] | None = None, open_files: int | None = None,
+           gc_log: Path | None = None) -> Iterator[ServerProcess]:
+    """Our server on its defaults and `config`; with `gc_log`, logging its collections there."""
     work.mkdir(parents=True, exist_ok=True)
     srv = ServerProcess(Path(tempfile.mkdtemp(dir=work)), config)
     srv.open_files_limit = open_files
+    if SOURCE is not None:
+        srv.python_path = [str(SOURCE)]
+    if gc_log is not None:
+        site = work / "site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(GC_TIMER)
+        srv.python_path.append(str(site))
+        os.environ["KESTREL_BENCH_GC_LOG"] = str(gc_log)
     srv.start()
     try:
         yield srv
@@ -74,18 +107,32 @@ def stopped_seconds(srv: ServerProcess) -> float:
     return float([e for e in lines if e.get("event") == "kestrel stopped"][-1]["seconds"])
 
 
+class Rounds(list[float]):
+    """Each round's seconds, and when each began (`time.time()`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.began: list[float] = []
+
+    def longest(self) -> tuple[float, float]:
+        """The longest round: when it began and ended."""
+        n = max(range(len(self)), key=self.__getitem__)
+        return self.began[n], self.began[n] + self[n]
+
+
 @contextlib.contextmanager
-def other_client(port: int, request: bytes, reply_end: bytes) -> Iterator[list[float]]:
+def other_client(port: int, request: bytes, reply_end: bytes) -> Iterator[Rounds]:
     """Another client sending `request` one at a time while the block runs; each round's seconds."""
     other = connect(port)
-    delays: list[float] = []
+    delays = Rounds()
     done = threading.Event()
 
     def probe() -> None:
         while not done.is_set():
-            started = time.perf_counter()
+            began, started = time.time(), time.perf_counter()
             exchange(other, request, reply_end)
             delays.append(time.perf_counter() - started)
+            delays.began.append(began)
 
     prober = threading.Thread(target=probe)
     prober.start()
@@ -356,32 +403,106 @@ EVERY_QUEUE_PAGES = {"/stats.json": b"q09999", "/stats.txt": b"q09999", "/metric
 EVERY_QUEUE_COMMANDS = (b"stats\r\n", b"dump_stats\r\n", b"dump_config\r\n")
 
 
+MANY_QUEUES = 10_000
+MADE_AT_ONCE = 1000  # queues made, or served, by one burst of pipelined requests
+ROUNDS = 8
+
+
+def make_queues(sock: socket.socket, count: int) -> None:
+    """`count` queues, each made by a memcache set of one item."""
+    for start in range(0, count, MADE_AT_ONCE):
+        names = range(start, min(count, start + MADE_AT_ONCE))
+        sets = b"".join(b"set q%05d 0 0 1\r\nx\r\n" % i for i in names)
+        exchange(sock, sets, b"STORED\r\n" * len(names), wait=120)
+
+
+def collections_seen(gc_log: Path, rounds: Rounds) -> str:
+    """The server's full collections while `rounds` ran, the longest, the collector's share of the
+    longest round and its whole time meanwhile (in collections of the middle and oldest
+    generations)."""
+    began, ended = rounds.longest()
+    first, last = rounds.began[0], rounds.began[-1] + rounds[-1]
+    full, longest, in_longest, total = 0, 0.0, 0.0, 0.0
+    for line in gc_log.read_text().splitlines():
+        generation, end, seconds = line.split()
+        stop, took = float(end), float(seconds)
+        if not first <= stop <= last:
+            continue  # at start-up, before any client, or at the stop
+        total += took
+        if generation == "2":
+            full += 1
+            longest = max(longest, took)
+        in_longest += max(0.0, min(stop, ended) - max(stop - took, began))
+    return (f"{full} full collections, the longest {longest * 1000:.0f} ms; the collector took "
+            f"{in_longest * 1000:.0f} ms of the longest wait, {total * 1000:.0f} ms in all")
+
+
+def serve_and_read(srv: ServerProcess, client: socket.socket) -> None:
+    """`ROUNDS` rounds of a set and a get on every queue (1,000 queues a burst), then all their
+    figures read: about as much as brings CPython to a full collection of the old code's heap."""
+    for _ in range(ROUNDS):
+        for start in range(0, MANY_QUEUES, MADE_AT_ONCE):
+            names = range(start, start + MADE_AT_ONCE)
+            client.sendall(b"".join(b"set q%05d 0 0 1\r\ny\r\nget q%05d\r\n" % (i, i) for i in names))
+            replies = b""
+            while replies.count(b"END\r\n") < len(names):
+                got = client.recv(1 << 16)
+                assert got, "the server closed the connection"
+                replies += got
+        read_every_queue(srv, client)
+
+
+def queues_created(work: Path) -> tuple[float, float, str]:
+    """Another client's longest wait while 10,000 queues are created (1,000 sets a burst), then
+    served and all their figures read, 8 times."""
+    gc_log = work / "gc.log"
+    with server(work, gc_log=gc_log) as srv, connect(srv.memcache_port) as client:
+        client.settimeout(120)
+        with other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
+            make_queues(client, MANY_QUEUES)
+            serve_and_read(srv, client)
+    return max(delays), 0.25, collections_seen(gc_log, delays)
+
+
+def queues_loaded(work: Path) -> tuple[float, float, str]:
+    """Another client's longest wait while 10,000 queues loaded at start are served and all their
+    figures read, 8 times."""
+    gc_log = work / "gc.log"
+    with server(work, gc_log=gc_log) as srv:
+        with connect(srv.memcache_port) as maker:
+            maker.settimeout(120)
+            make_queues(maker, MANY_QUEUES)
+        srv.restart()
+        with connect(srv.memcache_port) as client, \
+                other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
+            client.settimeout(120)
+            serve_and_read(srv, client)
+    return max(delays), 0.25, collections_seen(gc_log, delays)
+
+
+def read_every_queue(srv: ServerProcess, reader: socket.socket) -> None:
+    """Every page and command of all queues' figures, once."""
+    import urllib.request
+
+    for page, shown in EVERY_QUEUE_PAGES.items():
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{page}", timeout=120) as reply:
+            assert shown in reply.read(), page
+    for command in EVERY_QUEUE_COMMANDS:
+        assert b"q09999" in exchange(reader, command, b"END\r\n", wait=120), command
+
+
 def every_queue(work: Path) -> tuple[float, float]:
     """test_stats_render: another client's longest wait while the figures of 10,000 queues are read.
 
-    After one round of the reads: the first after creating 10,000 queues also pays CPython's full
-    garbage collections of the grown heap (0.3–0.5 s each on a loaded machine), which come with the
-    growth, not with the reads."""
-    import urllib.request
-
-    queues = 10_000
+    After one round of the reads, as the test reads: the reads and the creation of the queues bring
+    full garbage collections about (one every 6 to 8 rounds here), whose stalls the rows
+    queues-created and queues-loaded measure."""
     with server(work) as srv, connect(srv.memcache_port) as reader:
         reader.settimeout(120)
-        for start in range(0, queues, 1000):
-            names = range(start, min(queues, start + 1000))
-            sets = b"".join(b"set q%05d 0 0 1\r\nx\r\n" % i for i in names)
-            exchange(reader, sets, b"STORED\r\n" * len(names))
-
-        def read_all() -> None:
-            for page, shown in EVERY_QUEUE_PAGES.items():
-                with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}{page}", timeout=120) as reply:
-                    assert shown in reply.read(), page
-            for command in EVERY_QUEUE_COMMANDS:
-                assert b"q09999" in exchange(reader, command, b"END\r\n", wait=120), command
-
-        read_all()
+        make_queues(reader, MANY_QUEUES)
+        read_every_queue(srv, reader)
         with other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
-            read_all()
+            read_every_queue(srv, reader)
     return max(delays), 0.25
 
 
@@ -391,6 +512,7 @@ FIGURES: dict[str, Measure] = {
     "tiny-frame": tiny_frame, "descriptors-back": descriptors_back, "dead-server-puts": dead_server_puts,
     "get-wake": get_wake, "gevent-ticker": gevent_ticker, "zookeeper-down": zookeeper_down,
     "thread-wake": thread_wake, "end-waits": end_waits, "every-queue": every_queue,
+    "queues-created": queues_created, "queues-loaded": queues_loaded,
 }
 PEERS = {"large-put-redis"}  # rows of a peer: printed, not held to the budget
 
@@ -400,7 +522,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", nargs="+", choices=sorted(FIGURES))
+    parser.add_argument("--source", type=Path, help="run our server from this tree (another version's "
+                        "src/ or build/compiled)")
     args = parser.parse_args()
+    global SOURCE
+    SOURCE = args.source.resolve() if args.source else None
     configure_logging("warning")  # the rows that run the queues in this process
     print(f"# responsiveness, {time.strftime('%Y-%m-%d')}, {machine()}; median and worst of {args.repeat}; "
           f"load {load_average()}")
@@ -415,13 +541,14 @@ def main() -> None:
             except MissingPeer as e:
                 print(f"{name:<18} {'--':>10} {'--':>10} {'--':>10}  {e}")
                 continue
-            figures = [figure for figure, _ in runs]
+            figures = [run[0] for run in runs]
             worst = max(runs)
-            over = any(figure >= budget for figure, budget in runs) and name not in PEERS
+            over = any(run[0] >= run[1] for run in runs) and name not in PEERS
             failed = failed or over
             doc = (measure.__doc__ or "").split("\n")[0]
+            said = "".join(f"\n{'':<18}   {run[0] * 1000:.1f} ms; {run[2]}" for run in runs if len(run) > 2)
             print(f"{name:<18} {statistics.median(figures) * 1000:>10.1f} {worst[0] * 1000:>10.1f} "
-                  f"{worst[1] * 1000:>10.1f}  {'OVER ' if over else ''}{doc}")
+                  f"{worst[1] * 1000:>10.1f}  {'OVER ' if over else ''}{doc}{said}", flush=True)
     sys.exit(1 if failed else 0)
 
 

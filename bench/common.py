@@ -12,22 +12,32 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, from this process's own block below the ephemeral range, as the
+    tests pick theirs (tests/conftest.py): a port from the ephemeral range (`bind` to port 0) can be
+    taken by any client's connection before the server binds it, which a loaded machine running
+    suites and load generators beside does."""
+    from tests.conftest import free_port as tests_free_port
+
+    return tests_free_port()
 
 
-def wait_port(port: int, timeout: float = 20) -> None:
+def wait_port(port: int, timeout: float = 60, alive: Callable[[], str | None] = lambda: None) -> None:
+    """Wait until something listens on `port`; RuntimeError after `timeout`, or as soon as `alive`
+    says why the server meant to listen there is gone (a loaded machine may take many seconds to
+    start one, so the timeout is generous)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return
+        gone = alive()
+        if gone is not None:
+            raise RuntimeError(f"nothing listens on {port}: {gone}")
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
+    raise RuntimeError(f"nothing listens on {port} after {timeout:g} s")
 
 
 def machine() -> str:

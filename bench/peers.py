@@ -82,10 +82,20 @@ class Running:
 @contextlib.contextmanager
 def started(args: list[str], ports: dict[str, int], home: Path,
             env: dict[str, str] | None = None) -> Iterator[Running]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    """`args` started and listening on `ports`; its output kept in `home` to say why it did not."""
+    output = home / f"{Path(args[0]).name}-{min(ports.values())}.log"
+    with open(output, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def gone() -> str | None:
+        if proc.poll() is None:
+            return None
+        said = output.read_text(errors="replace").strip().splitlines()[-5:]
+        return f"{Path(args[0]).name} exited with status {proc.returncode}: {' / '.join(said)}"
+
     try:
         for port in ports.values():
-            wait_port(port)
+            wait_port(port, alive=gone)
         yield Running(proc.pid, ports, home)
     finally:
         proc.terminate()

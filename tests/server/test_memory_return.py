@@ -91,4 +91,4 @@ def test_clients_coming_and_going_never_trigger_it() -> None:
 
 def test_giving_back_reports_what_it_did() -> None:
     done: dict[str, Any] = give_back()
-    assert set(done) == {"rss_mb_before", "rss_mb_after", "ms"} and done["rss_mb_after"] > 0
+    assert set(done) == {"rss_mb_before", "rss_mb_after", "ms", "thawed"} and done["rss_mb_after"] > 0

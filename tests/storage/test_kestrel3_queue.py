@@ -93,7 +93,7 @@ def test_poison_after_max_errors_aborts_is_removed_for_good_and_handed_over(tmp_
     coll = collection(tmp_path, q={"max_errors": 3})
     q = k3(coll, "q")
     poisoned: list[QItem] = []
-    q.on_poison = poisoned.append
+    q.on_poison = lambda _queue, _error_queue, item: poisoned.append(item)
     coll.put("q", [b"bad", b"good"])
     for attempt in range(1, 4):
         item = one(coll.remove("q", transaction=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -68,3 +69,34 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
     again = load_strictly(reopen(coll))
     assert sorted(drain(again, name)) == sorted(b"%d-%d" % (who, i) for who in range(4) for i in range(3))
     again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_deleted_queue_is_freed_by_reference_counting_alone(tmp_path: Path, fmt: str) -> None:
+    """The server freezes the objects of the queues it loaded (src/kestrel/service/gc_pauses.py),
+    and the garbage collector never looks at a frozen object again: a queue deleted later must leave
+    no reference cycle behind, or its objects would never be freed."""
+    coll = open_collection(tmp_path, {"journal_format": fmt}, max_memory_total=1 << 30)
+    assert coll.governor is not None  # the server's: it forgets a deleted queue at its next look
+    coll.put("warm", [b"x"])
+    coll.delete("warm")  # what the first queue makes once for all (caches, the governor's lists)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+    try:
+        coll.put("gone", [b"a", b"b", b"c"])
+        read = coll.remove("gone", 1, transaction=True)
+        assert read
+        coll.unremove("gone", [read[0].xid])
+        coll.delete("gone")
+        coll.governor.tick()
+        gc.collect()
+        left = [type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("kestrel")]
+        alive = [o for o in gc.get_objects() if isinstance(o, PersistentQueue)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
+    assert alive == [], "a deleted queue is still referred to"
+    coll.close()

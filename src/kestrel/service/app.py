@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import importlib
 import ipaddress
 import os
@@ -24,6 +23,7 @@ import structlog
 from kestrel.build import build_name
 from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
+from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from kestrel.service.zookeeper import ServerSetMembership
 
 log = structlog.get_logger("kestrel.app")
-
-# A full garbage collection walks every object alive: each item the queues hold in memory, each open
-# read. Python runs one after ten collections of the middle generation once the objects that
-# survived them grew the old ones by a quarter, which a client holding tens of thousands of reads
-# open (a Spark stream's batch, until its sink commits) brings about every few calls: such fetches
-# spent 45% of the server's CPU in it. A hundred middle collections between full ones instead;
-# cycles that reach the oldest generation wait that much longer to be freed.
-FULL_COLLECTION_AFTER = 100
 
 # (config field, module, factory) for each listener; a port of 0 disables it.
 LISTENERS = (
@@ -128,6 +120,7 @@ class App:
                 check_writable(status_file)
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()
+        GC_PAUSES.freeze_loaded()  # no full collection walks the loaded queues while clients wait
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
         if self.server.collection.governor is not None:
             self.server.collection.governor.start()
@@ -191,8 +184,7 @@ class App:
         gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
         gevent.signal_handler(signal.SIGHUP, self._reload)
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+        GC_PAUSES.install()
         try:
             self.start()
         except BaseException:

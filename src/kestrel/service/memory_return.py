@@ -13,7 +13,10 @@ So once the connections open fall to half the most there were since the last tim
 a busy machine takes to close it), the server empties
 the type cache and the free lists (a full garbage collection empties the lists) and asks glibc to
 hand its free pages back (`malloc_trim`). It costs a few milliseconds of the loop, once per wave
-of disconnections; a steady stream of clients coming and going never triggers it.
+of disconnections; a steady stream of clients coming and going never triggers it. When objects
+were frozen while clients were connected (src/kestrel/service/gc_pauses.py), the collection thaws
+them first, to free the connections' that died frozen: then it walks the whole heap, 0.1–0.5 s
+with 10,000 queues, once per such wave.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 
 import gevent
 import structlog
+
+from kestrel.service.gc_pauses import GC_PAUSES
 
 log = structlog.get_logger("kestrel.memory")
 
@@ -57,10 +62,11 @@ def give_back() -> dict[str, Any]:
     before = rss_bytes()
     clear = getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache
     clear()
+    thawed = GC_PAUSES.thaw_after_closes()
     gc.collect()  # a full collection empties the free lists (tuples, dicts, lists, contexts)
     _malloc_trim(0)
     return {"rss_mb_before": round(before / 2**20, 1), "rss_mb_after": round(rss_bytes() / 2**20, 1),
-            "ms": round((time.perf_counter() - started) * 1000, 1)}
+            "ms": round((time.perf_counter() - started) * 1000, 1), "thawed": thawed}
 
 
 class MemoryReturn:

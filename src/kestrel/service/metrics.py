@@ -205,6 +205,17 @@ SERVER_FIGURES: dict[str, Figure | None] = {
     "flow_control_ms": _counter("kestrel_flow_control_seconds_total", "Time spent under flow control.", MS),
     "flow_control_refused": _counter("kestrel_flow_control_refused_puts_total",
                                      "Puts refused under flow control."),
+    "gc_full_collections": _counter("kestrel_gc_full_collections_total", "Full garbage collections of the "
+                                    "server's process: the loop answers nobody during each."),
+    "gc_full_collection_ms": _counter("kestrel_gc_full_collection_seconds_total",
+                                      "Time spent in full garbage collections.", MS),
+    "gc_longest_full_collection_ms": _gauge("kestrel_gc_longest_full_collection_seconds",
+                                            "The longest full garbage collection since start.", MS),
+    "gc_objects": _gauge("kestrel_gc_objects", "Objects the last full garbage collection left unfrozen: "
+                         "where the next one's walk starts."),
+    "gc_frozen_objects": _gauge("kestrel_gc_frozen_objects", "Objects frozen out of the garbage collector's "
+                                "walks (the loaded queues, and what a long full collection left)."),
+    "gc_freezes": _counter("kestrel_gc_freezes_total", "Times the objects alive were frozen."),
 }
 
 # Kestrel's per-queue figure -> how each queue's is exported on /metrics/per-queue, label `queue`.

@@ -7,7 +7,6 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from functools import partial
 
 import structlog
 
@@ -97,6 +96,13 @@ class QueueCollection:
         # queue (src/kestrel/storage/changes.py); the sweep visits only the queues due.
         self._changes = ChangedQueues()
         self._expiry = ExpirySchedule(runtime.lock())
+        # What every queue calls back, each bound once for all of them: a bound method made for each
+        # queue would be one more object of each that every full garbage collection walks
+        # (src/kestrel/service/gc_pauses.py).
+        self._note_change = self._changes.note
+        self._watch_expiry = self._expiry.watch
+        self._expire_to = self._expire_target
+        self._poison_to = self._route_poison
         self.ledger = MemoryLedger()  # what every queue holds in memory, kept as it changes
         self.governor = (MemoryGovernor(lambda: list(self._queues.values()), max_memory_total, runtime,
                                         self.ledger, changes=self._changes.reader())
@@ -233,7 +239,7 @@ class QueueCollection:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
-        q.on_poison = partial(self._route_poison, q)
+        q.on_poison = self._poison_to
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
@@ -255,9 +261,9 @@ class QueueCollection:
                                     f"max_queues)") from None
             raise
         self._queues[name] = q
-        q.note_changes_to(self._changes.note)
+        q.note_changes_to(self._note_change)
         q.note_change()  # the governor looks at what it loaded
-        q.watch_expiry(self._expiry.watch)
+        q.watch_expiry(self._watch_expiry)
         if owners is not None:
             owners.add(name)
         if self.waits_ended:
@@ -276,9 +282,9 @@ class QueueCollection:
         reader of its parent's one writer journal), not yet set up."""
         config = self.config_for(name)
         if self.config_for(parent_name).journal_format == formats.KESTREL3:
-            return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+            return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_to,
                                  journals=self._kestrel3)
-        return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_target,
+        return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_to,
                              salvage=self.salvage, runtime=self.runtime, commit_log=self.commit_log)
 
     def config_for(self, name: str) -> QueueConfig:
@@ -298,8 +304,8 @@ class QueueCollection:
             log.warning("expire_to_queue names a queue that cannot be created", queue=name, reason=str(e))
             return None
 
-    def _route_poison(self, source: PersistentQueue, item: QItem) -> None:
-        poison.route(self.put, source.name, source.config.error_queue, item)
+    def _route_poison(self, source: str, error_queue: str | None, item: QItem) -> None:
+        poison.route(self.put, source, error_queue, item)
 
     def is_alias(self, name: str) -> bool:
         return name in self.aliases
@@ -463,7 +469,7 @@ class QueueCollection:
             q.reconfigure(self.config_for(name))
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
-            q.watch_expiry(self._expiry.watch)  # and its ages
+            q.watch_expiry(self._watch_expiry)  # and its ages
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
 
     def end_waits(self) -> None:

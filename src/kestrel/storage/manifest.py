@@ -265,3 +265,8 @@ class Keeper:
             if high_id is not None:
                 self.manifest.high_id = max(self.manifest.high_id, high_id)
             write(self.queue_path, self.queue, self.manifest)
+
+    def list_sealed(self, path: str, first_id: int, last_id: int) -> None:
+        """A rotated file holding ids `first_id` to `last_id` is fsynced (in a thread): listed as
+        sealed. Files are sealed in rotation order, so every older one is listed already or deleted."""
+        self.update({os.path.basename(path): seal(path, first_id=first_id, last_id=last_id)}, high_id=last_id)

@@ -24,6 +24,9 @@ from kestrel.storage.runtime import Runtime
 log = structlog.get_logger("kestrel.queue")
 
 Put = Callable[[str, list[bytes], int], int]  # the collection's put: (queue, items, expiry) -> accepted
+# Takes a poison item: (its queue, that queue's error_queue, the item). Told the queue rather than
+# bound to it, so that a queue and its receiver refer to each other in no cycle.
+Receiver = Callable[[str, str | None, QItem], None]
 
 
 def is_poison(item: QItem, config: QueueConfig) -> bool:
@@ -31,14 +34,16 @@ def is_poison(item: QItem, config: QueueConfig) -> bool:
     return 0 < config.max_errors <= item.errors
 
 
-def hand_over(to: Callable[[QItem], None] | None, queue: str, item: QItem, runtime: Runtime) -> bool:
-    """Give poison `item` of `queue` to `to` (None drops it); False when that refuses it, and the
-    abort returns it to the head instead. Called before the read is closed, so a failure here loses
-    nothing (at worst, a read closed meanwhile by another client leaves a copy in the error queue)."""
+def hand_over(to: Receiver | None, queue: str, error_queue: str | None, item: QItem,
+              runtime: Runtime) -> bool:
+    """Give poison `item` of `queue` (whose error queue is `error_queue`) to `to` (None drops it);
+    False when that refuses it, and the abort returns it to the head instead. Called before the
+    read is closed, so a failure here loses nothing (at worst, a read closed meanwhile by another
+    client leaves a copy in the error queue)."""
     if to is None:
         return True
     try:
-        to(item)
+        to(queue, error_queue, item)
     except KestrelError as e:
         log_later(runtime, log.warning, "poison item refused by its error queue; back at the head",
                   queue=queue, errors=item.errors, reason=str(e))

@@ -81,46 +81,6 @@ class DepartureWatcher(Protocol):
     def note_departure(self, item: QItem, opened: bool) -> None: ...
 
 
-class _Change:
-    """Around every change (`PersistentQueue._around_change`): the queue's lock, the closed check,
-    the probe of a read-only queue's journal and `_prepare_change`, then `_after_change` or
-    `_change_failed`. A class rather than a generator,
-    since every add and remove enters it (a generator's context manager cost a microsecond each
-    time). It keeps no state of its own, so one per queue serves every change, nested ones included."""
-
-    __slots__ = ("queue",)
-
-    def __init__(self, queue: PersistentQueue) -> None:
-        self.queue = queue
-
-    def __enter__(self) -> None:
-        queue = self.queue
-        queue._lock.__enter__()
-        try:
-            if queue.closed:
-                raise QueueClosed(f"queue {queue.name!r} is closed")
-            if queue.read_only:
-                queue._probe()
-            queue._prepare_change()
-        except BaseException:
-            queue._lock.__exit__(None, None, None)
-            raise
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        queue = self.queue
-        if not queue.noted:
-            queue.note_change()
-        if queue.may_expire:
-            queue._expiry_watch(queue)
-        try:
-            if error is None:
-                queue._after_change()
-            else:
-                queue._change_failed(error)
-        finally:
-            queue._lock.__exit__(None, None, None)
-
-
 def _unwatched(queue: PersistentQueue) -> None:
     """What a queue no collection watches tells of its changes: nothing."""
 
@@ -128,13 +88,14 @@ def _unwatched(queue: PersistentQueue) -> None:
 class PersistentQueue(ABC):
     """A durable FIFO queue with reliable reads, limits, expiry, poison items and read-behind.
 
-    Locking is decided here once: every change takes the queue's lock, in `_Change`, and the rules
-    take none of their own. Under gevent (the server) the runtime's lock is a no-op: a greenlet is
-    never preempted, and a change does not yield before its records are appended (the sync
-    policy's wait comes last, in `_commit`), so the loop needs no lock and pays for none. A program
-    of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each change is atomic
-    against the other threads; the readers of one Kestrel 3 writer journal share their journal's
-    lock, since a put changes each of them. Readers wait for items outside the lock (`remove`).
+    Locking is decided here once: every change takes the queue's lock, in `with self:`
+    (`__enter__`), and the rules take none of their own. Under gevent (the server) the runtime's
+    lock is a no-op: a greenlet is never preempted, and a change does not yield before its records
+    are appended (the sync policy's wait comes last, in `_commit`), so the loop needs no lock and
+    pays for none. A program of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each
+    change is atomic against the other threads; the readers of one Kestrel 3 writer journal share
+    their journal's lock, since a put changes each of them. Readers wait for items outside the
+    lock (`remove`).
 
     Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
     `runtime`, `expire_to` (looks up the queue that expired items move to).
@@ -157,7 +118,6 @@ class PersistentQueue(ABC):
         self.runtime = runtime
         self._expire_to = expire_to
         self._lock: Lock = runtime.lock()
-        self._around_change = _Change(self)
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
@@ -184,7 +144,8 @@ class PersistentQueue(ABC):
         # Readers waiting for an item: made at the first wait (`_wait_list`), so that a queue nobody
         # waits on keeps no list to look at on each put.
         self._waits: WaitList | None = None
-        self.on_poison: Callable[[QItem], None] | None = None  # takes items aborted max_errors times
+        # Takes items aborted max_errors times, told the queue's name and error queue (poison.hand_over).
+        self.on_poison: poison.Receiver | None = None
         self.closed = False
         # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
@@ -202,6 +163,39 @@ class PersistentQueue(ABC):
         self.poisoned = 0
         self.current_age = 0
         self.journal_write_errors = 0
+
+    # Every change runs `with self:` (a queue refers to no object that refers back to it, so a deleted
+    # queue is freed by reference counting alone, even where the garbage collector never looks:
+    # src/kestrel/service/gc_pauses.py). A context manager rather than a generator, since every add
+    # and remove enters it (a generator's cost a microsecond each time); it keeps no state, so nested
+    # changes share it.
+    def __enter__(self) -> None:
+        """The queue's lock, the closed check, the probe of a read-only queue's journal and
+        `_prepare_change`."""
+        self._lock.__enter__()
+        try:
+            if self.closed:
+                raise QueueClosed(f"queue {self.name!r} is closed")
+            if self.read_only:
+                self._probe()
+            self._prepare_change()
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        """`_after_change` or `_change_failed`, the collection told, the lock released."""
+        if not self.noted:
+            self.note_change()
+        if self.may_expire:
+            self._expiry_watch(self)
+        try:
+            if error is None:
+                self._after_change()
+            else:
+                self._change_failed(error)
+        finally:
+            self._lock.__exit__(None, None, None)
 
     # -----------------------------------------------------------------------------------------
     # Figures
@@ -333,7 +327,7 @@ class PersistentQueue(ABC):
         and offers its readers those and the first that does not (Kestrel 3).
         Raises JournalWriteError (nothing was added).
         """
-        with self._around_change:
+        with self:
             now = self.clock.now_ms() if add_time is None else add_time
             if self.config.fanout_only and not self._is_child:
                 fitting = self._fitting(items)
@@ -458,7 +452,7 @@ class PersistentQueue(ABC):
 
         Raises JournalWriteError (nothing was taken).
         """
-        with self._around_change:
+        with self:
             now = self.clock.now_ms()
             mem = self._mem
             if self._behind is None and not self._watchers:
@@ -517,7 +511,7 @@ class PersistentQueue(ABC):
             now = self.clock.now_ms()
             with self._lock:
                 return next((i for i in self._mem if not i.expiry or i.expiry > now), None)
-        with self._around_change:
+        with self:
             if self._expire_head(self.clock.now_ms()):
                 self._commit(housekeeping=True)
             mem = self._mem
@@ -552,7 +546,7 @@ class PersistentQueue(ABC):
         """
         if self.closed or self.read_only:
             return 0
-        with self._around_change:
+        with self:
             expired = self._expire_head(self.clock.now_ms(), limit)
             if expired:
                 self._commit()
@@ -587,7 +581,7 @@ class PersistentQueue(ABC):
 
         Raises JournalWriteError (nothing was dropped).
         """
-        with self._around_change:
+        with self:
             self._drop_items()
             self.total_flushes += 1
             self._commit()
@@ -600,7 +594,7 @@ class PersistentQueue(ABC):
 
         Raises JournalWriteError (the reads stay open).
         """
-        with self._around_change:
+        with self:
             opens = self._opens
             closed = [item for xid in xids if (item := opens.pop(xid, None)) is not None]
             if closed:
@@ -618,7 +612,7 @@ class PersistentQueue(ABC):
         Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
         be there too: a copy, never a loss).
         """
-        with self._around_change:
+        with self:
             aborted = 0
             returned: list[QItem] = []
             poisoned: list[QItem] = []
@@ -629,7 +623,8 @@ class PersistentQueue(ABC):
                 item.errors += 1
                 self.canceled_transactions += 1
                 aborted += 1
-                if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name, item,
+                if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name,
+                                                                            self.config.error_queue, item,
                                                                             self.runtime):
                     if self._opens.pop(xid, None) is item:  # still open after the hand-over
                         self._ledger.total -= len(item.data)

@@ -10,6 +10,7 @@ import structlog
 
 from kestrel import SERVER_VERSION
 from kestrel.service.config import ServerConfig
+from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.session.open_reads import ReadsById
 from kestrel.service.session.read_ids import ReadIds
 from kestrel.service.session.stats import ServerStats
@@ -83,6 +84,7 @@ class ServerState:
             "queue_expires": coll.queue_expires,
             "refused_queues": len(coll.refused),
             **(coll.governor.stats() if coll.governor is not None else {}),
+            **GC_PAUSES.stats(),
         }
 
     def queue_stats(self) -> dict[str, dict[str, int]]:

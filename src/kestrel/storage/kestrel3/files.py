@@ -382,7 +382,9 @@ class WriterJournal:
         self.file_log = file_log
         self.files: list[WriterFile] = []
         self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
-        self.sealed: Callable[[WriterFile], None] | None = None  # told of each (the manifest)
+        # Told of each sealed file, its path and ids (the manifest's keeper); the writer's list is not
+        # read there, as the queue changes it meanwhile.
+        self.sealed: Callable[[str, int, int], None] | None = None
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
         if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
             self._rewrite_header(found[-1][1])
@@ -488,7 +490,7 @@ class WriterJournal:
         """A previous file is fsynced and closed: `sealed` lists it (in a thread)."""
         if self.sealed is not None:
             with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
-                self.sealed(info)
+                self.sealed(info.path, info.first_id, info.last_id)
 
     def remove_consumed_files(self, heads: Iterable[int],
                               before: Callable[[list[WriterFile]], None] | None = None,

@@ -292,7 +292,9 @@ class Kestrel3Journal(Generic[R]):
                        for r, path in on_disk.readers.items() if r not in fresh}
         self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
         self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
-        self.writer.sealed = self._writer_sealed
+        # The keeper, not this journal, told of each seal: a journal's writer refers to nothing that
+        # refers back to the journal (a deleted queue is freed by reference counting alone).
+        self.writer.sealed = self._keeper.list_sealed
         self.record_files(checkpoints, {} if new else None)
         self.readers: dict[str, R] = {}
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
@@ -372,13 +374,6 @@ class Kestrel3Journal(Generic[R]):
         part way is not taken for lost files."""
         self._keeper.update({os.path.basename(f.path): manifest.Entry(DELETING, None, f.first_id, f.last_id)
                              for f in going}, self.writer.tail_id, self._unlisted())
-
-    def _writer_sealed(self, info: WriterFile) -> None:
-        """A rotated writer file is fsynced (in a thread). Files are sealed in rotation order, so
-        every older one is listed already or deleted; the writer's list is not read here, as the
-        queue changes it meanwhile."""
-        entry = manifest.seal(info.path, first_id=info.first_id, last_id=info.last_id)
-        self._keeper.update({os.path.basename(info.path): entry}, high_id=info.last_id)
 
     def checkpoint_written(self, reader: str, entry: manifest.Entry, now: manifest.Entry | None) -> None:
         """A reader's checkpoint was just created as `entry` records it, or is about to be rewritten
