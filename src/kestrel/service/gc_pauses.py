@@ -15,12 +15,14 @@ that large, soon brings about.
 - after a full collection that left more than `FREEZE_ABOVE` objects unfrozen (queues created
   since, mostly), what survived it: the next full collection walks only what came after.
 
-A frozen object is never collected, so cyclic garbage among frozen objects would stay. A queue
-makes none: deleted, it is freed by reference counting (tests/storage/test_queue_lifecycle.py). A
-connection's objects do refer to each other, and a freeze while many clients are connected keeps
-theirs once they close; so the server thaws everything before the full collection it makes after a
-wave of closes (src/kestrel/service/memory_return.py), which frees them, and freezes again what
-survives it when that is more than `FREEZE_ABOVE`.
+A frozen object is never collected, so cyclic garbage among frozen objects would stay. Neither a
+queue nor a connection makes any: a deleted queue (tests/storage/test_queue_lifecycle.py) and a
+closed connection of any protocol, killed in a wait or not (tests/server/test_connection_cycles.py),
+are freed by reference counting, frozen or not. Whatever else might still die frozen in a cycle
+(objects of gevent's or of the admin port's web server, an error's traceback) is not proven free
+of them; so the server still thaws everything before the full collection it makes after a wave of
+closes (src/kestrel/service/memory_return.py), and freezes again what survives it when that is more
+than `FREEZE_ABOVE`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ the type cache and the free lists (a full garbage collection empties the lists) 
 hand its free pages back (`malloc_trim`). It costs a few milliseconds of the loop, once per wave
 of disconnections; a steady stream of clients coming and going never triggers it. When objects
 were frozen while clients were connected (src/kestrel/service/gc_pauses.py), the collection thaws
-them first, to free the connections' that died frozen: then it walks the whole heap, 0.1–0.5 s
-with 10,000 queues, once per such wave.
+them first, to free any cycle that died frozen (a connection makes none; this is cover for what
+else might): then it walks the whole heap, 0.1–0.5 s with 10,000 queues, once per such wave.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ from kestrel.storage.acknowledgements import Acknowledgements, Settled
 log = structlog.get_logger("kestrel.connection")
 
 
+def _nothing_to_send() -> None:
+    """What a turn settled after its connection ended calls: its replies can go nowhere."""
+
+
 class Replies:
     """The replies of one connection: sent at once when nothing holds them, else held in order.
 
@@ -58,7 +62,11 @@ class Replies:
         self._holding = acknowledgements.hold(self.acks)
 
     def release(self) -> None:
-        """The connection has ended: changes in its greenlet wait for the disk again."""
+        """The connection has ended: changes in its greenlet wait for the disk again, and turns
+        settled later call nothing here. That call was a reference back from `acks` to these
+        replies: left, the cycle outlives the connection until a full collection, and for good
+        once a freeze caught it (src/kestrel/service/gc_pauses.py)."""
+        self.acks.settled = _nothing_to_send
         holding, self._holding = self._holding, None
         if holding is not None:
             acknowledgements.release(holding)

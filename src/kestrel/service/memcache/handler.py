@@ -75,8 +75,11 @@ class MemcacheConnection(BufferedConnection):
         self.discard = 0  # bytes of item data still to drop unread
         self.discard_reply = b""  # sent once they are dropped
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
-        # Each command's handler and answer-time histogram, looked up at its first use only.
-        self.commands: dict[str, tuple[Callable[[Command], None], HistogramSeries]] = {}
+        # Each command's handler and answer-time histogram, looked up at its first use only. The
+        # handlers are the class's functions, not this connection's bound methods: a table of those
+        # would refer back to the connection, a cycle only a full collection frees (and none frees
+        # once a freeze caught it, src/kestrel/service/gc_pauses.py).
+        self.commands: dict[str, tuple[Callable[[MemcacheConnection, Command], None], HistogramSeries]] = {}
         self.set_latency = metrics.request_latency("memcache", "set")
         self.get_latency = metrics.request_latency("memcache", "get")
 
@@ -240,7 +243,7 @@ class MemcacheConnection(BufferedConnection):
         handler, latency = self.commands.get(command.name) or self._command(command.name)
         started = perf_counter()
         try:
-            handler(command)
+            handler(self, command)
         except (CloseConnection, ConnectionError, ClientGone):
             raise
         except OpenReadConflict:
@@ -255,8 +258,9 @@ class MemcacheConnection(BufferedConnection):
         finally:
             latency.observe(perf_counter() - started)
 
-    def _command(self, name: str) -> tuple[Callable[[Command], None], HistogramSeries]:
-        found = self.commands[name] = (getattr(self, f"do_{name}"), metrics.request_latency("memcache", name))
+    def _command(self, name: str) -> tuple[Callable[[MemcacheConnection, Command], None], HistogramSeries]:
+        function = getattr(type(self), f"do_{name}")
+        found = self.commands[name] = (function, metrics.request_latency("memcache", name))
         return found
 
     def reply(self, command: Command, line: bytes) -> None:

@@ -1,0 +1,115 @@
+"""A closed connection is freed by reference counting alone, in every protocol: none of its objects
+refer to each other in a cycle. The server freezes what lives long (src/kestrel/service/gc_pauses.py),
+and a frozen cycle is never collected: a connection left in one would stay for good.
+
+Each connection here is real (the listener, the protocol's connection, a client on a socket) and
+served with the collector off; once it has closed, a collection that keeps what it finds
+(`gc.DEBUG_SAVEALL`) must find nothing of it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import gevent
+import gevent.event
+import gevent.socket
+import pytest
+
+from kestrel.service.buffered_connection import make_listener
+from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
+from kestrel.service.text.handler import TextConnection
+from kestrel.service.thrift.handler import ThriftConnection
+from tests.conftest import STALL_S
+from tests.support.thrift_wire import encode_call, framed
+
+
+def thrift(method: str, **args: Any) -> bytes:
+    return framed(encode_call("binary", method, **args))
+
+
+def thrift_get(timeout_ms: int, auto_abort_ms: int = 0) -> bytes:
+    return thrift("get", queue_name="q", max_items=1, timeout_msec=timeout_ms, auto_abort_msec=auto_abort_ms)
+
+
+# Each protocol's connection; requests that put, open a read, close it, wait in a get that an item
+# ends and in one that times out (each answered before the next is sent); and a get left waiting.
+PROTOCOLS: dict[str, tuple[Any, list[bytes], bytes]] = {
+    "memcache": (MemcacheConnection,
+                 [b"set q 0 0 1\r\nx\r\n", b"set q 0 0 1\r\ny\r\n", b"get q/open\r\n", b"get q/close/t=50\r\n",
+                  b"get q/t=50\r\n"],
+                 b"get q/t=60000\r\n"),
+    "text": (TextConnection,
+             [b"put q:\nx\ny\n\n", b"get q 50\n", b"get q 50\n", b"get q 50\n"],
+             b"get q 60000\n"),
+    "thrift": (ThriftConnection,
+               [thrift("put", queue_name="q", items=[b"x", b"y"], expiration_msec=0),
+                thrift_get(0, auto_abort_ms=60_000), thrift_get(50), thrift_get(50)],
+               thrift_get(300)),  # a Thrift connection finds its client gone once the wait ends
+}
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The collector off, with nothing left for it: what it finds later is the test's."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def cyclic_garbage() -> list[str]:
+    """The server's objects a collection finds unreachable (kept, not freed, to be named)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    gc.collect()
+    gc.set_debug(0)
+    found = sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
+                   if type(o).__module__.startswith("kestrel."))
+    gc.garbage.clear()
+    return found
+
+
+@pytest.mark.parametrize("killed_mid_wait", [False, True], ids=["closed", "killed mid-wait"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_closed_connection_leaves_no_cycle(server_state: ServerState, collector_off: None, protocol: str,
+                                            killed_mid_wait: bool) -> None:
+    connection, requests, waiting_get = PROTOCOLS[protocol]
+    handled = gevent.event.Event()
+    listener = make_listener(connection, server_state, ("127.0.0.1", 0))
+    serve = listener.handle
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        try:
+            return serve(sock, address)
+        finally:
+            gevent.get_hub().loop.run_callback(handled.set)
+
+    listener.handle = handle
+    listener.start()
+    try:
+        client = gevent.socket.create_connection(listener.address)
+        client.settimeout(STALL_S)
+        for request in requests:
+            client.sendall(request)
+            assert client.recv(65536)
+        if killed_mid_wait:
+            client.sendall(waiting_get)
+            queue = server_state.collection.get("q")
+            assert queue is not None
+            with gevent.Timeout(STALL_S, AssertionError("the get never waited for an item")):
+                while queue.stats()["waiters"] != 1:
+                    gevent.sleep(0.005)  # the server runs here, in this process
+        client.close()
+        assert handled.wait(STALL_S)
+        gevent.sleep(0)  # the listener's own end of the connection
+        assert server_state.stats.curr_connections == 0
+        assert cyclic_garbage() == []
+    finally:
+        listener.stop_accepting()
