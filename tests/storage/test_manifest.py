@@ -806,3 +806,34 @@ def test_a_fanout_reader_deletion_cut_off_before_its_unlink_keeps_the_reader(
     after = k3(tmp_path)
     assert len(drain(after, "q+child")) == 10
     after.close()
+
+
+def test_a_seal_that_fails_holds_back_the_newer_ones_so_the_next_start_refuses_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotated journal whose seal fails (a disk error) stays unlisted: a newer one listed after it
+    would make it an older journal missing from the manifest, a stray to the next start. Seals are
+    held back behind it and tried again at the next rotation."""
+    real_seal, failed = manifest.seal, []
+
+    def seal_failing_once(path: str, *args: Any, **kwargs: Any) -> manifest.Entry:
+        if not failed:
+            failed.append(os.path.basename(path))
+            raise OSError(5, "Input/output error", path)
+        return real_seal(path, *args, **kwargs)
+
+    settings = {"max_journal_size": 8192}
+    coll = k2(tmp_path, **settings)
+    monkeypatch.setattr(manifest, "seal", seal_failing_once)
+    for i in range(120):  # in read-behind past max_memory_size: a rotation each 8 KB of journal
+        coll.put("q", [b"%04d" % i + ITEM])
+        coll.queue("q").wait_for_packing()
+        if failed and len(rotated(tmp_path)) >= 3:
+            break
+    assert failed and len(rotated(tmp_path)) >= 3
+    record = manifest.read(str(tmp_path), "q")  # the failed seal, tried again, listed it before the rest
+    assert record is not None and sorted(record.files, key=lambda n: int(n[2:])) == rotated(tmp_path)
+    coll.close()
+    monkeypatch.undo()
+    coll = k2(tmp_path, **settings)  # no journal refused as not listed
+    assert drain(coll, "q") == [b"%04d" % i + ITEM for i in range(i + 1)]
+    coll.close()

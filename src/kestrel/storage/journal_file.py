@@ -103,14 +103,6 @@ class BufferedFile:
             self.fd = -1
 
 
-
-
-
-
-
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing
 
@@ -340,20 +332,28 @@ class Sealer:
 
     def run(self) -> None:
         """Finish the pending files, one at a time and in rotation order (the manifest must never
-        list a file while an older rotated one is not); a second caller leaves it to the first."""
+        list a file while an older rotated one is not); a second caller leaves it to the first.
+
+        A file that fails to finish stays first, and the newer ones wait behind it: the next
+        rotation (or `wait`) tries it again. Unlisted, they are all newer than every file listed,
+        which the next start takes as rotations not yet recorded; listing a newer one would make it
+        an older file missing from the manifest, refused as a stray."""
         if self._running:
             return
         self._running = 1
         try:
             while self._pending:
-                old, then = self._pending.pop(0)
+                old, then = self._pending[0]
                 try:
                     if old is not None:
                         old.close()
                     self.runtime.run_blocking(then)
                 except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
-                    log.exception("rotated journal file not sealed into the manifest",
-                                  file=None if old is None else old.path)
+                    log.exception("rotated journal file not sealed into the manifest; tried again at the "
+                                  "next rotation", file=None if old is None else old.path,
+                                  waiting=len(self._pending) - 1)
+                    return
+                del self._pending[0]
         finally:
             self._running = 0
             if self._done is not None:

@@ -624,8 +624,9 @@ class QueueJournal:
 
     def wait_for_packing(self) -> None:
         """Return once every pack taken so far is written (or has failed) and every rotated journal
-        is in the manifest. The caller may hold the queue's lock: the pack is then finished here
-        rather than by its own task."""
+        is in the manifest (but one whose seal failed, and the ones after it: `Sealer.run`). The
+        caller may hold the queue's lock: the pack is then finished here rather than by its own
+        task."""
         while (job := self._pack_job) is not None:
             job.written.wait()
             with self._lock:
