@@ -157,7 +157,7 @@ def _thrift_rounds(server: ServerState, batch: int, get_call: str) -> Callable[[
     return rounds
 
 
-class _Discard:
+class _Discard(_NoSocket):
     """A client's socket that takes every reply whole and never has input."""
 
     def send(self, data: bytes) -> int:
