@@ -29,6 +29,15 @@ from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
 
 
+def closed_far_up(fd: int, number: int = 900) -> int:
+    """A descriptor number that names nothing (made from `fd`, which stays open), far above the
+    lowest free one: a number just closed is the next any thread of the process opens, and an
+    fdatasync of it would then succeed."""
+    os.dup2(fd, number)
+    os.close(number)
+    return number
+
+
 class Journal:
     """A file being appended to, as a round sees it."""
 
@@ -379,8 +388,7 @@ def test_syncfs_on_c_threads_and_python_threads_answer_alike(tmp_path: Path) -> 
     ways = syncfs_ways()  # first: the C threads' eventfd, if made now, takes the lowest free number
     journal = Journal(tmp_path / "q")
     journal.append(b"record")
-    closed = os.dup2(journal.fd, 900)  # a number far above the lowest free one, which nothing takes
-    os.close(closed)
+    closed = closed_far_up(journal.fd)
     answers = {}
     for name, syncfs_all in ways.items():
         results = syncfs_all([journal.fd, closed, journal.fd])
@@ -465,7 +473,7 @@ def test_c_thread_rounds_of_two_group_commits_at_once_each_get_their_own_results
     way = c_threads()
     good = Journal(tmp_path / "good")
     closed = Journal(tmp_path / "closed")
-    os.close(closed.fd)  # its fdatasync fails with EBADF
+    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
     good.append(b"x")
     first = gevent.spawn(way.fsync_all, [good.fd, closed.fd])
     second = gevent.spawn(way.fsync_all, [good.fd])
@@ -536,7 +544,7 @@ def test_a_round_on_the_c_threads_runs_with_no_greenlet_and_fails_only_its_own_j
     commit = GroupCommit(way)
     good, closed = Journal(tmp_path / "good"), Journal(tmp_path / "closed")
     good_end, closed_end = good.append(b"x"), closed.append(b"y")
-    os.close(closed.fd)  # its fdatasync fails with EBADF; the journal still names its old descriptor
+    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
     waiters = [gevent.spawn(commit.sync, good, good_end), gevent.spawn(commit.sync, closed, closed_end)]
     gevent.joinall(waiters)
     assert commit.runner is None  # handed out by a callback of the loop, ended by the eventfd's watcher
