@@ -758,7 +758,7 @@ class CommitLog:
         self.checkpoints = 0
         self.rounds = 0  # group commit rounds the log's turns went to
         self._prepared = False  # the next segment is laid down (`PREPARED_NAME`)
-        self._lay_down_bytes = min(PREALLOCATE_BYTES, max(segment_bytes, len(MARK)))
+        self._lay_down_bytes = self._lay_down_size(0)
 
     def open(self) -> None:
         """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
@@ -1095,11 +1095,14 @@ class CommitLog:
         os.rename(laid_down, path)
         fsync_path(self.directory)
 
+    def _lay_down_size(self, taken: int) -> int:
+        """How large a segment is laid down after one that took `taken` bytes: half again as large,
+        at least PREALLOCATE_BYTES, at most the size that asks for a checkpoint."""
+        return min(max(PREALLOCATE_BYTES, taken * 3 // 2), max(self.segment_bytes, len(MARK)))
+
     def _prepare(self, taken: int) -> None:
-        """Lay down the next segment, off the loop, as large as half again what the last one took
-        (`taken` bytes), within PREALLOCATE_BYTES and the size that asks for a checkpoint."""
-        ceiling = max(self.segment_bytes, len(MARK))
-        self._lay_down_bytes = min(max(PREALLOCATE_BYTES, taken * 3 // 2), ceiling)
+        """Lay down the next segment, off the loop (`_lay_down_size`)."""
+        self._lay_down_bytes = self._lay_down_size(taken)
         try:
             self.runtime.run_blocking(_lay_down, os.path.join(self.directory, PREPARED_NAME),
                                       self._lay_down_bytes)
