@@ -30,6 +30,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from kestrel.client import Cluster, PackedItems
 from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
 from kestrel.pipeline.servers import parse_servers
+from kestrel.pipeline.worker import spare_collections
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -140,6 +141,8 @@ class KestrelWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        if context is not None:  # in Spark's Python worker, not a process that only calls write()
+            spare_collections()
         turn = context.partitionId() % len(self.servers) if context is not None else 0
         # Tasks start on different servers; the client retries, the writer does not retry on top.
         cluster = Cluster(self.servers[turn:] + self.servers[:turn], retries=self.retries,
