@@ -1,4 +1,4 @@
-"""What the writer does to Spark's Python worker process itself, rather than to its rows."""
+"""What the pipeline does to Spark's Python worker process itself, rather than to its rows."""
 
 from __future__ import annotations
 
