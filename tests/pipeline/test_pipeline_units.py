@@ -325,43 +325,61 @@ def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: S
     assert got == rows[:10_000] + rows
 
 
-# A writer's tasks in one Spark Python worker: outside a task, then two tasks, each write followed by
-# the full collection pyspark's daemon runs after a task; prints what each collection had to walk.
-_TASKS_IN_A_WORKER = """
-import gc, sys
+# One step of a write in a process of its own, as pyspark's daemon runs it (`python -m pyspark.daemon`)
+# or not: planning (the writer made), a task (two tasks, each on its own), or committing; each followed
+# by the full collection the daemon runs after a request. Prints the objects each collection walked
+# and how many were frozen.
+_STEP_IN_A_WORKER = """
+import gc, importlib.util, sys
+step, address, daemon = sys.argv[1], sys.argv[2], sys.argv[3] == "daemon"
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.types import BinaryType, StructField, StructType
-from kestrel.pipeline.writer import KestrelWriter
+from kestrel.pipeline.writer import KestrelWriter, PutReport
 
 schema = StructType([StructField("data", BinaryType())])
-writer = KestrelWriter({"servers": sys.argv[1], "queue": "tasks"}, schema)
+options = {"servers": address, "queue": "steps"}
 batch = pa.RecordBatch.from_arrays([pa.array([b"row %d" % i for i in range(1000)], pa.binary())], names=["data"])
+writer = KestrelWriter(options, schema)  # made, as a task finds it, before the process is the daemon's
+if daemon:
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec("pyspark.daemon")
 walked = []
-for task in (None, 0, 1):
-    if task is not None:
-        TaskContext._getOrCreate()._partitionId = task
-    assert writer.write(iter([batch])).written == 1000
+for request in ((0, 1) if step == "task" else (0,)):
+    if step == "plan":
+        KestrelWriter(options, schema)
+    elif step == "task":
+        TaskContext._getOrCreate()._partitionId = request
+        assert writer.write(iter([batch])).written == 1000
+    else:
+        writer.commit([PutReport(1000, 0, 0), PutReport(1000, 0, 0)])
     gc.collect()
     walked.append(len(gc.get_objects()))
-print(*walked, gc.get_freeze_count())
+print(gc.get_freeze_count(), *walked)
 """
 
 
-def test_collections_after_the_writers_tasks_leave_out_the_modules_it_imported(server: ServerProcess) -> None:
-    """pyspark's worker collects garbage after every task, walking every object the process holds
-    (some 55,000 with the writer's modules imported, 25 ms of CPU a task): inside a task the writer
-    freezes what the process holds once, so the collections after its tasks walk only what is new;
-    outside a task (a process that only calls `write()`) it leaves the collector alone."""
+@pytest.mark.parametrize("step", ["plan", "task", "commit"])
+def test_collections_after_each_step_of_a_write_leave_out_the_modules_it_loaded(server: ServerProcess,
+                                                                              step: str) -> None:
+    """pyspark's daemon collects garbage after every request a worker serves, walking every object the
+    process holds (some 55,000 with the writer's modules loaded, 25 ms of CPU a task): in a process
+    the daemon runs, planning, each task and committing freeze what the process holds once, so the
+    collections after them walk only what is new; elsewhere (a driver, a process that only calls
+    the writer) the collector is left alone."""
     import subprocess
     import sys
 
-    shown = subprocess.run([sys.executable, "-c", _TASKS_IN_A_WORKER, f"127.0.0.1:{server.thrift_port}"],
-                           capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    outside, first, second, frozen = map(int, shown.stdout.split())
-    assert outside > 30_000 and frozen > 30_000, (outside, frozen)  # the modules, walked until frozen
-    assert first < 2_000 and second < 2_000, (first, second)
+    def run(daemon: str) -> list[int]:
+        shown = subprocess.run([sys.executable, "-c", _STEP_IN_A_WORKER, step,
+                                f"127.0.0.1:{server.thrift_port}", daemon],
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        return [int(number) for number in shown.stdout.splitlines()[-1].split()]  # after the log's lines
+
+    frozen, *walked = run("daemon")
+    assert frozen > 30_000 and max(walked) < 2_000, (frozen, walked)  # the modules, frozen once
+    frozen, *walked = run("elsewhere")
+    assert frozen == 0 and min(walked) > 30_000, (frozen, walked)
 
 
 def test_a_put_in_flight_that_fails_fails_the_write(server_factory: Any) -> None:
