@@ -674,7 +674,8 @@ class FileLog:
 
 
 class Turn:
-    """The records of one loop turn: written in one `write`, then made durable together.
+    """The records of one loop turn, made durable together: under a group commit, written with the
+    other turns of their round in one `write` when the round starts (`CommitLog._join`).
 
     `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
     group commit, else once they are written and each waiter syncs the log itself (`durable` is
@@ -692,8 +693,8 @@ class Turn:
         # journals under a periodic sync with records in it -> their interval in ms: the turn is due
         # within the shortest, and were the log to fail, each journal's own periodic fsync takes over
         self.periodic: dict[JournalWriter, int] = {}
-        self.segment: _Segment | None = None  # where they were written
-        self.position = 0  # the segment's size once they were
+        self.segment: _Segment | None = None  # where they were written (None: not yet)
+        self.position = 0  # the end of its records there
         self.error: OSError | None = None
         self.durable = False
         self.done = done
@@ -715,12 +716,12 @@ class _Segment:
 class CommitLog:
     """The server's commit log (`open` it once recovery has run; `close` it after every queue).
 
-    Under the gevent runtime the records of a turn are written once the turn has run, by a callback;
-    the turns written are then put in the group commit's next round together (`_join`), and each
-    is settled once that round has run: its waiters wake, and the connections holding their
-    acknowledgements are told. No greenlet runs for a turn, and a change made where
-    acknowledgements are held does not wait at all. Elsewhere each record is written at once, and
-    its waiter fsyncs the log.
+    Under the gevent runtime a turn, once it has run (a callback), waits for the group commit's
+    next round with the others gathered (`_gather`); when that round is joined, their records are
+    written in one `write` (`_join`), and each turn is settled once the round has run: its waiters
+    wake, and the connections holding their acknowledgements are told. No greenlet runs for a
+    turn, and a change made where acknowledgements are held does not wait at all. Elsewhere each
+    record is written at once, and its waiter fsyncs the log.
 
     Rounds grow with the load: one round of the log is in flight at a time, and when it has run,
     the next waits for as many changes as the round just run carried and the turns written
@@ -743,7 +744,7 @@ class CommitLog:
         self._turn: Turn | None = None
         self._turns = 0  # turns numbered so far
         self._unsettled: deque[Turn] = deque()  # written, oldest first, until settled
-        self._gathered: list[Turn] = []  # written, not yet in a round
+        self._gathered: list[Turn] = []  # run, not yet in a round (written by `_join` or `_switch`)
         self._gathered_changes = 0
         self._in_flight = False  # a round of the log's runs or waits to
         self._wanted = 0  # changes the next round waits for
@@ -792,7 +793,7 @@ class CommitLog:
                 self._turns += 1
                 turn = self._turn = Turn(self.runtime.event(), self._turns)
                 if self._group_commit is not None:
-                    gevent.get_hub().loop.run_callback(self._write_turn)
+                    gevent.get_hub().loop.run_callback(self._end_turn)
             turn.chunks.append(encode_with_name(file.name, file.epoch, offset, data, file.kind))
             sync_ms = journal.sync_ms
             if sync_ms == 0:
@@ -800,38 +801,78 @@ class CommitLog:
             elif sync_ms is not None:
                 turn.periodic[journal] = sync_ms
             if self._group_commit is None:
-                self._write_turn()
+                self._end_turn()
             return turn
 
-    def _write_turn(self) -> None:
-        """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`);
-        under a group commit, it then waits for a round (`_gather`)."""
+    def _end_turn(self) -> None:
+        """The turn has run: under a group commit it waits for a round (`_gather`), which writes
+        it; elsewhere it is written at once, and each waiter fsyncs the log itself."""
         with self._lock:
             turn = self._turn
             if turn is None:
                 return
             self._turn = None
             self._unsettled.append(turn)
-            segment = turn.segment = self._segments[-1]
+            if self._group_commit is not None:
+                self._gather(turn)
+                return
             try:
-                segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
-                turn.position = segment.writer.size
-                turn.started = time.perf_counter()
-            except OSError as e:
-                turn.error = e
-            except BaseException as other:  # no waiter may wait for a write that will never end
-                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
-                raise
+                self._write([turn])
             finally:
+                self._periodic_fall_back(turn)
+                turn.done.set()
+                self._settle()
+
+    def _write(self, turns: list[Turn]) -> None:
+        """Write the records of `turns`, in order, to the last segment in one `write`, cut back if
+        it fails (`JournalWriter.append`): each turn then has its `segment` and `position`, or,
+        every one of them, the `error`."""
+        segment = self._segments[-1]
+        writer = segment.writer
+        chunks = turns[0].chunks if len(turns) == 1 else [chunk for turn in turns for chunk in turn.chunks]
+        start = writer.size
+        try:
+            writer.append(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except OSError as e:
+            for turn in turns:
+                turn.error = e
+        except BaseException as other:  # no waiter may wait for a write that will never end
+            for turn in turns:
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
+            raise
+        else:
+            started = time.perf_counter()
+            end = start
+            for turn in turns:
+                for chunk in turn.chunks:
+                    end += len(chunk)
+                turn.segment = segment
+                turn.position = end
+                turn.started = started
+        finally:
+            for turn in turns:
                 turn.chunks = []
-                if turn.error is not None or self._group_commit is None or segment.failed:
-                    self._periodic_fall_back(turn)
-                    turn.done.set()  # failed: its waiters fall back on their journals
-                    self._settle()
-                else:
-                    self._gather(turn)
-            if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
-                self.runtime.spawn(self._checkpoint_logged)
+        if writer.size >= self.segment_bytes and self._checkpointing is None:
+            self.runtime.spawn(self._checkpoint_logged)
+
+    def _write_gathered(self) -> None:
+        """Write the turns gathered and not written yet, together (`_write`). Those it could not
+        write, or wrote to a segment whose fsync failed, leave the gathering: their waiters fall
+        back on their journals."""
+        written = [turn for turn in self._gathered if turn.segment is not None]  # before a switch
+        if len(written) == len(self._gathered):
+            return
+        unwritten = [turn for turn in self._gathered if turn.segment is None]
+        segment = self._segments[-1]
+        self._write(unwritten)
+        if unwritten[0].error is None and not segment.failed:
+            return
+        self._gathered = written
+        self._gathered_changes = sum(turn.changes for turn in self._gathered)
+        for turn in unwritten:
+            self._periodic_fall_back(turn)
+            turn.done.set()
+        self._settle()
 
     def _gather(self, turn: Turn) -> None:
         """The turn waits for the next round (`_decide`)."""
@@ -874,6 +915,7 @@ class CommitLog:
             self._gathering = None
         self._join_at = self._due = math.inf
         self._gather_from = None
+        self._write_gathered()
         turns, self._gathered = self._gathered, []
         changes, self._gathered_changes = self._gathered_changes, 0
         if not turns:
@@ -1083,7 +1125,8 @@ class CommitLog:
         self.runtime.run_blocking(self._install, path, prepared)
         with self._lock:
             self._seq += 1
-            self._write_turn()  # this turn's records so far go to the older segment
+            self._end_turn()  # what was logged so far goes to the older segment
+            self._write_gathered()
             self._segments.append(_Segment(JournalWriter(path, 0, self.runtime, end=len(MARK))))
 
     def _install(self, path: str, prepared: bool) -> None:
@@ -1141,7 +1184,7 @@ class CommitLog:
             self._timer = None
         while (running := self._checkpointing) is not None:
             running.wait()
-        self._write_turn()
+        self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable
         segments, self._segments = self._segments, []
