@@ -119,7 +119,8 @@ class Record:
 
 
 def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
-    return encode_with_name(_encoded_name(queue), epoch, offset, data, kind)
+    name = _encoded_name(queue)
+    return b"".join(record_parts(name, zlib.crc32(name), epoch, offset, [data], kind))
 
 
 def _encoded_name(queue: str) -> bytes:
@@ -128,11 +129,18 @@ def _encoded_name(queue: str) -> bytes:
     return _NAME.pack(len(name)) + name
 
 
-def encode_with_name(name: bytes, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
-    """A record whose name field (`_encoded_name`) is encoded already: a file that logs keeps it."""
+def record_parts(name: bytes, name_crc: int, epoch: int, offset: int, data: list[bytes],
+                 kind: int = JOURNAL) -> list[bytes]:
+    """A record as the pieces its write joins with the others of that write: its name field
+    encoded already (`_encoded_name`) with the field's CRC-32, as a file that logs keeps them, and
+    its bytes as the pieces they were appended from (not joined first)."""
     place = _PLACE.pack(kind << 56 | epoch, offset)
-    crc = zlib.crc32(data, zlib.crc32(place, zlib.crc32(name)))
-    return b"".join((_HEAD.pack(len(name) + len(place) + len(data), crc), name, place, data))
+    crc = zlib.crc32(place, name_crc)
+    size = len(name) + len(place)
+    for part in data:
+        crc = zlib.crc32(part, crc)
+        size += len(part)
+    return [_HEAD.pack(size, crc), name, place, *data]
 
 
 def _decode_body(body: bytes) -> Record | None:
@@ -645,17 +653,18 @@ class FileLog:
     its records, its queue's name, encoded once, and epoch) and the turns that hold what it
     appended since it last waited."""
 
-    __slots__ = ("log", "kind", "name", "epoch", "turns")
+    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "turns")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
         self.kind = kind
         self.name = _encoded_name(queue)
+        self.name_crc = zlib.crc32(self.name)
         self.epoch = epoch
         self.turns: list[Turn] = []
 
-    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None:
-        """`data` was just appended to `journal` at `offset`: log it. Never yields."""
+    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
+        """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
         turns = self.turns
         if not turns or turns[-1] is not turn:
@@ -783,18 +792,19 @@ class CommitLog:
     # -----------------------------------------------------------------------------------------
     # Appending and waiting
 
-    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes) -> Turn:
-        """Log bytes just appended to `journal` at `offset`; the turn to wait for. Never yields."""
+    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
+        """Log bytes just appended (in pieces) to `journal` at `offset`, where it ends now; the turn
+        to wait for. Never yields."""
         with self._lock:
             segment = self._segments[-1]
-            segment.journals[journal] = offset + len(data)
+            segment.journals[journal] = journal.size
             turn = self._turn
             if turn is None:
                 self._turns += 1
                 turn = self._turn = Turn(self.runtime.event(), self._turns)
                 if self._group_commit is not None:
                     gevent.get_hub().loop.run_callback(self._end_turn)
-            turn.chunks.append(encode_with_name(file.name, file.epoch, offset, data, file.kind))
+            turn.chunks += record_parts(file.name, file.name_crc, file.epoch, offset, data, file.kind)
             sync_ms = journal.sync_ms
             if sync_ms == 0:
                 turn.changes += 1
