@@ -874,15 +874,16 @@ class CommitLog:
             return
         unwritten = [turn for turn in self._gathered if turn.segment is None]
         segment = self._segments[-1]
-        self._write(unwritten)
-        if unwritten[0].error is None and not segment.failed:
-            return
-        self._gathered = written
-        self._gathered_changes = sum(turn.changes for turn in self._gathered)
-        for turn in unwritten:
-            self._periodic_fall_back(turn)
-            turn.done.set()
-        self._settle()
+        try:
+            self._write(unwritten)
+        finally:  # whatever happens, no waiter waits on for a round that will not take its turn
+            if unwritten[0].error is not None or segment.failed:
+                self._gathered = written
+                self._gathered_changes = sum(turn.changes for turn in written)
+                for turn in unwritten:
+                    self._periodic_fall_back(turn)
+                    turn.done.set()
+                self._settle()
 
     def _gather(self, turn: Turn) -> None:
         """The turn waits for the next round (`_decide`)."""
