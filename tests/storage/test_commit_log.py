@@ -1250,6 +1250,18 @@ def test_a_queue_under_a_periodic_sync_logs_and_the_log_is_fsynced_within_its_in
     again.close()
 
 
+def test_a_turn_of_periodic_syncs_alone_is_written_to_the_log_once_it_has_run_not_an_interval_later(
+        tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "1s"}), runtime=GeventWithFsyncs(os.fdatasync),
+                           commit_log=True)
+    coll.load()
+    coll.put("p", [b"created"])
+    gevent.sleep(0)  # the turn has run: its round is up to a second away
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    assert [r.queue for _, r in read_segment(seg, last=True).records][-1:] == ["p"]  # a kill now finds it
+    coll.close()
+
+
 def test_when_the_log_cannot_take_a_periodic_syncs_turn_its_journal_fsyncs_itself(tmp_path: Path) -> None:
     log_dir = commit_log.directory(str(tmp_path))
     synced: list[str] = []

@@ -598,7 +598,7 @@ def test_rounds_begun_on_the_loop_keep_one_watcher_started_that_holds_the_loop_o
     group = GroupCommit(native)
     journal = Journal(tmp_path / "j")
     watchers = []
-    for n in range(3):  # each round alone: nothing else keeps the loop running while it waits
+    for _ in range(3):  # each round alone: nothing else keeps the loop running while it waits
         group.sync(journal, journal.append(b"x"))
         watchers.append(native._ending)
         assert watchers[-1] is not None and watchers[-1].active  # not stopped: no epoll_ctl a round

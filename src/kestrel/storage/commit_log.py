@@ -866,7 +866,10 @@ class CommitLog:
             self.runtime.spawn(self._checkpoint_logged)
 
     def _write_gathered(self) -> None:
-        """Write the turns gathered and not written yet, together (`_write`). Those it could not
+        """Write the turns gathered and not written yet, together (`_write`): when a round takes
+        them, or a new segment starts, or, for periodic syncs alone, when they are gathered (a
+        process killed meanwhile leaves them in the log as it did in their journals, rather than
+        an interval later). Those it could not
         write, or wrote to a segment whose fsync failed, leave the gathering: their waiters fall
         back on their journals."""
         written = [turn for turn in self._gathered if turn.segment is not None]  # before a switch
@@ -904,6 +907,10 @@ class CommitLog:
         if changes and changes >= self._wanted:
             self._join()
             return
+        if not changes:  # periodic syncs alone, whose round may be an interval away: written now
+            self._write_gathered()
+            if not self._gathered:
+                return
         now = self.runtime.clock.monotonic()
         at = self._due
         if changes:
