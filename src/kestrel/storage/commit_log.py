@@ -842,7 +842,7 @@ class CommitLog:
         chunks = turns[0].chunks if len(turns) == 1 else [chunk for turn in turns for chunk in turn.chunks]
         start = writer.size
         try:
-            writer.append(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            writer.append(b"".join(chunks))
         except OSError as e:
             for turn in turns:
                 turn.error = e
@@ -869,9 +869,8 @@ class CommitLog:
         """Write the turns gathered and not written yet, together (`_write`): when a round takes
         them, or a new segment starts, or, for periodic syncs alone, when they are gathered (a
         process killed meanwhile leaves them in the log as it did in their journals, rather than
-        an interval later). Those it could not
-        write, or wrote to a segment whose fsync failed, leave the gathering: their waiters fall
-        back on their journals."""
+        an interval later). Those it could not write, or wrote to a segment whose fsync failed,
+        leave the gathering: their waiters fall back on their journals."""
         written = [turn for turn in self._gathered if turn.segment is not None]  # before a switch
         if len(written) == len(self._gathered):
             return
