@@ -73,9 +73,13 @@ def aio() -> AioFsync:
 
 
 def c_threads() -> NativeThreadFsync:
+    """The process's one handle on the C threads, once no round of an earlier test's (a queue it
+    left behind may still sync) holds them: a test's round then begins on the loop."""
     found = native_threads()
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
+    assert found._turn.acquire(timeout=10), "a round of an earlier test still holds the C threads"
+    found._turn.release()
     return found
 
 
