@@ -382,6 +382,37 @@ def test_collections_after_each_step_of_a_write_leave_out_the_modules_it_loaded(
     assert frozen == 0 and min(walked) > 30_000, (frozen, walked)
 
 
+class _Spared(Exception):
+    pass
+
+
+@pytest.mark.parametrize("reader", ["batch read", "stream", "journal read"])
+def test_each_read_task_spares_its_worker_the_collections_of_what_it_loaded(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, reader: str) -> None:
+    """A read task, like a write's, leaves what its Python worker holds out of the collections
+    pyspark's daemon runs after each task (`kestrel.pipeline.worker.spare_collections`), before it
+    reads anything."""
+    from kestrel.pipeline import journal_source, kestrel_source, stream_source
+
+    def spare() -> None:
+        raise _Spared
+
+    module: Any
+    if reader == "batch read":
+        module, source, partition = (kestrel_source, kestrel_source.KestrelBatchReader,
+                                     kestrel_source.LookPartition(0, "127.0.0.1:1", "q", 0, 0, 1))
+    elif reader == "stream":
+        module, source, partition = (stream_source, stream_source.KestrelStreamReader,
+                                     stream_source.StreamPartition(str(tmp_path / "log"), "127.0.0.1:1", "q",
+                                                                   1, 1000, 1000, "t", None))
+    else:
+        module, source, partition = (journal_source, journal_source.JournalReader,
+                                     journal_source.JournalPartition("q", [str(tmp_path / "q")]))
+    monkeypatch.setattr(module, "spare_collections", spare)
+    with pytest.raises(_Spared):
+        next(iter(object.__new__(source).read(partition)))
+
+
 def test_a_put_in_flight_that_fails_fails_the_write(server_factory: Any) -> None:
     """The writer keeps one put in flight while it reads on: a put refused meanwhile still fails the
     task (here the last one, in flight when the rows ran out), with what was written counted."""

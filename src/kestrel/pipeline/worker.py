@@ -14,7 +14,7 @@ def spare_collections() -> None:
 
     pyspark's daemon runs a full collection after each request a reused worker serves (a task, or
     planning or committing a write), walking every object the process holds: pyspark's and pyarrow's,
-    and once the writer has been loaded, the client's, thriftpy2's, the Thrift contract's and
+    and once a source or the writer has been loaded, the client's, thriftpy2's, the Thrift contract's and
     structlog's (about 55,000 in all), some 25 ms of CPU a task on the cores the tasks share. Those
     objects are modules and what their import made, alive as long as the process: `gc.freeze()`
     moves them out of the collector's reach (with the cyclic garbage of that one moment, never
