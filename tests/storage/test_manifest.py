@@ -512,6 +512,48 @@ def test_an_older_copy_of_a_journal_a_pack_in_place_replaced_is_refused_not_repl
     assert [n for n in aside(tmp_path) if n.startswith(older + ".")]
 
 
+def test_a_pack_that_fails_after_listing_itself_leaves_no_entry_to_mislead_a_later_start(tmp_path: Path) -> None:
+    """A pack listed as `q.<ts>.pack` that then fails (a disk error before its rename) is taken out
+    of the manifest when its failure is handled: left there, it outlived later packs, the next
+    start said it was never put in place, and it made an older copy of the journal rotated at
+    `<ts>`, put back after those packs, pass for that pack's own journal (replayed, its items back)."""
+    failed: list[str] = []
+
+    def fail_once(step: str) -> None:
+        if step == "rename-pack" and not failed:
+            failed.append(step)
+            raise OSError(5, "Input/output error (simulated)")
+
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": EMPTIED}), runtime=InlineRuntime()))
+    for i in range(30):
+        coll.put("q", [b"%04d" % i + ITEM])
+    packer.failpoint = fail_once
+    try:
+        assert len(coll.remove("q", 20)) == 20
+        coll.queue("q").wait_for_packing()
+        assert len(coll.remove("q", 10)) == 10  # emptied: rotated and packed, and the pack fails
+        coll.queue("q").wait_for_packing()
+    finally:
+        packer.failpoint = None
+    assert failed
+    (journal,) = rotated(tmp_path)
+    backup = (tmp_path / journal).read_bytes()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == [journal]  # sealed, and no pack entry left
+    for round_ in range(2):  # later packs, in place: `journal` packed away
+        for i in range(30):
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
+        assert len(coll.remove("q", 30)) == 30
+        coll.queue("q").wait_for_packing()
+    coll.put("q", [b"last"])
+    coll.close()
+    assert journal not in rotated(tmp_path)
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == rotated(tmp_path)
+    (tmp_path / journal).write_bytes(backup)  # an older copy put back
+    refused(tmp_path, lambda: k2(tmp_path, **EMPTIED), str(tmp_path / journal), "not listed in the manifest")
+
+
 # ---------------------------------------------------------------------------------------------
 # Kestrel 3
 
