@@ -263,6 +263,54 @@ def test_a_rotation_while_a_pack_taken_at_once_is_written_then_its_failure_keeps
     check(points.crashes, configs, ("-> .kestrel/q.manifest",))
 
 
+def test_an_older_copy_of_a_packed_journal_put_back_at_every_step_is_refused_once_the_pack_is_in_place(
+        tmp_path: Path) -> None:
+    """A pack takes its final name once every journal up to its own is deleted, so a journal older
+    than a pack found there is a copy put back: at every step of rotations and packs, each start
+    with such a copy beside the pack refuses it, naming it, whatever the manifest has recorded of
+    that pack so far (before, one start just after the pack's final rename replayed it)."""
+    queues = tmp_path / "queues"
+    q = {"sync_journal": "always", "max_memory_size": 2048, "default_journal_size": 1024,
+         "max_journal_size": 1 << 20}
+    configs = QueueConfigs({}, {"q": q})
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    for n in range(60):  # read-behind: rotated journals
+        coll.put("q", [item(n)])
+        settle(coll, "q")
+    oldest = min(p for p in queues.iterdir() if p.name[2:].isdigit())
+    stray, backup = oldest.name, oldest.read_bytes()
+    model = Model(["q"])
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+        for _ in range(60):
+            coll.remove("q")
+            settle(coll, "q")
+        for n in range(60, 100):
+            coll.put("q", [item(n)])
+            coll.remove("q")
+            settle(coll, "q")
+    coll.close()
+    probed, window, wrong = [], [], []
+    for crash in points.crashes:
+        copy = Path(crash.path)
+        packs = [p.name for p in copy.iterdir() if p.name[2:].isdigit() and int(p.name[2:]) > int(stray[2:])
+                 and packer.is_our_pack(str(p))]
+        if packs and not (copy / stray).exists():
+            record = manifest.read(str(copy), "q")
+            if record is not None and any(f"{pack}.pack" in record.files for pack in packs):
+                window.append(crash.step)  # renamed, not yet recorded at its final name
+            (copy / stray).write_bytes(backup)
+            probed.append(crash.step)
+            try:
+                load_strictly(QueueCollection(str(copy), configs, runtime=InlineRuntime())).close()
+                wrong.append(f"before {crash.step}: loaded")
+            except CorruptJournalError as e:
+                if e.path != str(copy / stray):
+                    wrong.append(f"before {crash.step}: refused for {e.path}: {e.reason}")
+        shutil.rmtree(copy)
+    assert window, probed
+    assert not wrong, f"{len(wrong)} of {len(probed)} crash points:\n" + "\n".join(wrong)
+
+
 PACK_STEPS = ("write", "fsync", "rename-pack", "delete", "rename-final")  # packer.failpoint's names
 
 

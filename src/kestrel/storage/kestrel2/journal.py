@@ -233,23 +233,28 @@ class QueueJournal:
         found: list[tuple[int, damage.Finding]] = []
         verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
         covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
-        unplaced = set()  # timestamps of listed packs never put in place: their journals stay unlisted
+        pending = 0  # ... and those still there are deleted by the `.pack` that replaces them
+        # ... and none is left: the pack took its final name once they were deleted
+        renamed = max((ts for n, (ts, entry) in listed.items() if entry.pack and n in on_disk), default=0)
         for final, (ts, entry) in listed_packs.items():
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
                 why = manifest.mismatch(packs[pack][1], entry)
+                pending = max(pending, ts) if why is None else pending
             elif final in on_disk and manifest.mismatch(on_disk[final][1], entry) is None:
                 why = None  # renamed to its final name before the crash
-            else:  # never put in place (a crash before its rename): the journals it covers must be there
-                log.info("pack listed in the manifest was never put in place", queue=self.name,
-                         file=os.path.join(self.queue_path, pack))
-                unplaced.add(ts)
+                renamed = max(renamed, ts)
+            else:  # a crash before its rename, or before its failure was recorded: its journals stand
+                log.info("a pack listed in the manifest is not in place (the process stopped before its "
+                         "rename, or before recording that it failed); the journals it would have "
+                         "replaced are replayed", queue=self.name, file=os.path.join(self.queue_path, pack))
                 continue
             if why is None:
                 covered = max(covered, ts)
                 verified[final] = entry
             else:
                 found.append((ts, _mismatched(packs[pack][1], entry, why)))
+        in_place = filenames.rotated_name(self.name, renamed)  # the newest pack at its final name
         unseen = self._unseen_pack(record, {n: (ts, e) for n, (ts, e) in listed.items() if ts > covered},
                                    on_disk, verified)
         if unseen is not None:
@@ -264,7 +269,9 @@ class QueueJournal:
         for name, (ts, entry) in listed.items():
             if name in verified:
                 continue
-            if name in on_disk:
+            if name in on_disk and ts < renamed:
+                found.append((ts, _replaced_copy(on_disk[name][1], in_place)))
+            elif name in on_disk:
                 why = manifest.mismatch(on_disk[name][1], entry)
                 if why is None:
                     verified[name] = entry
@@ -274,23 +281,23 @@ class QueueJournal:
                 found.append((ts, damage.Finding(os.path.join(self.queue_path, name),
                                                  f"missing: the manifest lists it with {entry.size} bytes",
                                                  damage.Remedy.NONE, also="its records are lost")))
-        # Rotated journals are listed in rotation order (`_seal_one`), a pack at its final name once
-        # the journals it replaced are deleted, and a pack being put in place as it is written,
-        # without waiting for those to be listed: a journal not listed yet is newer than every file
-        # listed under a rotated name.
+        # Rotated journals are listed in rotation order (`journal_file.Sealer`), a pack at its final
+        # name once the journals it replaced are deleted, and a pack being put in place as it is
+        # written, without waiting for those to be listed: a journal not listed yet is newer than
+        # every file listed under a rotated name, or at or before a `.pack` that replaces it. One at
+        # or before a pack found at its final name was deleted before that rename: a copy.
         newest = max((ts for ts, _ in listed.values()), default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
-            # Rotated before a stop and not sealed yet (a pack that replaces it may be listed); or
-            # superseded by a pack; or rotated for a pack that never came to replace it (`rotate`:
-            # such a journal is not listed, while a later rotation may be)
-            if ts > newest or ts <= covered or ts in unplaced:
+            if ts <= renamed:
+                found.append((ts, _replaced_copy(path, in_place)))
+            elif ts > newest or ts <= pending:
                 log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
-                continue
-            found.append((ts, damage.Finding(path, "not listed in the manifest: a stray journal file (an "
-                                             "older copy, or one from elsewhere); it was not applied",
-                                             damage.Remedy.SET_ASIDE, items=count_items(path))))
+            else:
+                found.append((ts, damage.Finding(path, "not listed in the manifest: a stray journal file (an "
+                                                 "older copy, or one from elsewhere); it was not applied",
+                                                 damage.Remedy.SET_ASIDE, items=count_items(path))))
         listed_pack_names = {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}
         for name, (ts, path) in packs.items():
             if name not in listed_pack_names:
@@ -704,6 +711,15 @@ def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callabl
             first()
         then()
     return both
+
+
+def _replaced_copy(path: str, pack: str) -> damage.Finding:
+    """A journal found beside a pack in place at a later timestamp, which replaced every journal up
+    to its own and took its final name once they were deleted: a copy put back, whose records
+    replayed before the pack would bring removed items back."""
+    return damage.Finding(path, f"a journal older than the pack {pack} in place, which replaced it "
+                          "(deleted before the pack took its name): a stray copy; it was not applied",
+                          damage.Remedy.SET_ASIDE, items=count_items(path))
 
 
 def count_items(path: str) -> int | None:
