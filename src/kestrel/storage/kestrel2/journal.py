@@ -630,8 +630,8 @@ class QueueJournal:
                 manifest.mismatch(final, manifest.Entry(*job.listed)) is None:
             # In place, its journals deleted, but a disk error after its last rename kept the
             # manifest from recording it there.
-            log.warning("the pack is in place despite the error; the manifest records it so now",
-                        queue=self.name, file=final)
+            log.warning("the pack is in place despite the error after its rename; recorded so in the "
+                        "manifest now", queue=self.name, file=final)
             job.final = final
             record = partial(self._pack_finished, pack, final, job.dead, *job.listed)
         seals: list[Callable[[], None] | None] = [None] * len(held)
