@@ -6,6 +6,7 @@ change of a name; each copy is started on without salvage)."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -316,8 +317,8 @@ PACK_STEPS = ("write", "fsync", "rename-pack", "delete", "rename-final")  # pack
 
 @pytest.fixture
 def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """One disk error, once armed (the list it returns made non-empty): at a step of a pack, in the
-    fsync of the directory after its final rename, in the manifest write of a pack listing itself
+    """One disk error, once armed (the list it returns made non-empty): in the rename of a rotation,
+    at a step of a pack, in the fsync of the directory after its final rename, in the manifest write of a pack listing itself
     (`listing`) or of a pack in place (`listed`), or in a rotated journal's seal; the step's name
     is added to the list as it fires."""
     where: str = request.param
@@ -346,6 +347,10 @@ def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> li
 
         monkeypatch.setattr(packer, "failpoint", note)
         monkeypatch.setattr(packer, "fsync_path", sync)
+    elif where == "rotate":  # the rename of the live journal
+        real_rename = os.rename
+        monkeypatch.setattr(os, "rename", lambda src, dst: fire() if os.path.basename(src) == "q" and due()
+                            else real_rename(src, dst))
     elif where == "seal":
         real_seal = manifest.seal
         monkeypatch.setattr(manifest, "seal", lambda *args, **kw: fire() if due() else real_seal(*args, **kw))
@@ -364,7 +369,8 @@ def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> li
     return fired
 
 
-@pytest.mark.parametrize("fault", [*PACK_STEPS, "sync-final", "listing", "listed", "seal"], indirect=True)
+@pytest.mark.parametrize("fault", ["rotate", *PACK_STEPS, "sync-final", "listing", "listed", "seal"],
+                         indirect=True)
 @pytest.mark.parametrize("seals", [SEALS[0], SEALS[2]], indirect=True)
 def test_a_disk_error_then_a_kill_at_every_later_step_of_kestrel2_packs_refuses_nothing(
         tmp_path: Path, seals: str, fault: list[str]) -> None:

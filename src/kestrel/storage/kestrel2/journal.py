@@ -544,7 +544,9 @@ class QueueJournal:
         assert self.writer is not None
         self.flush()
         if self._manifest is None:
-            self._keeper().update({})
+            keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+            keeper.update({})  # kept once written: a rotation that failed here is tried again whole
+            self._manifest = keeper
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
