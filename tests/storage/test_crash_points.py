@@ -1,7 +1,9 @@
-"""A SIGKILL at every step of rotations, packs, checkpoint rewrites and deletions, in both formats:
-each start-up refuses nothing, and the queue holds every acknowledged item once and none whose
-removal was acknowledged (`tests/support/crash_points.py` copies the queue path before each
-change of a name; each copy is started on without salvage)."""
+"""A SIGKILL at every step of rotations, packs, checkpoint rewrites and deletions, in both formats,
+also after a disk error at one step of a Kestrel 2 rotation, pack or seal: each start-up refuses
+nothing, and the queue holds every acknowledged item once and none whose removal was acknowledged
+(`tests/support/crash_points.py` copies the queue path before each change of a name; each copy is
+started on without salvage); and one refuses an older copy of a journal put beside a pack that
+replaced it, at every step."""
 
 from __future__ import annotations
 

@@ -392,4 +392,3 @@ class Sealer:
             done = self._done = self._done or self.runtime.event()
             done.wait()
         self.run()
-

@@ -397,11 +397,11 @@ class Kestrel2Queue(PersistentQueue):
         A rotation comes after the change that made it due is journaled: one that fails (a disk
         error; nothing is changed then) fails no change, which would otherwise be undone in memory
         only, its records kept (a remove's items gone, never handed out). The live journal grows
-        on, and the next change tries again."""
+        on, and a later change that finds it due tries again."""
         try:
             stamp = self._journal.rotate(packed)
         except OSError as e:
-            log_later(self.runtime, log.error, "cannot rotate the journal; the next change tries again",
+            log_later(self.runtime, log.error, "cannot rotate the journal; a later change tries again",
                       queue=self.name, file=self._journal.live_path, error=str(e))
             return False
         if self._rb is not None:
