@@ -245,8 +245,10 @@ def test_a_rotation_while_a_pack_taken_at_once_is_written_then_its_failure_keeps
     model = Model(["q"])
     failed: list[str] = []
 
+    mine = packing_under(monkeypatch, tmp_path)
+
     def fail_once(step: str) -> None:
-        if step == "write" and not failed:
+        if step == "write" and not failed and mine():
             failed.append(step)
             raise OSError(errno.ENOSPC, "No space left on device (simulated)")
 
@@ -314,15 +316,29 @@ def test_an_older_copy_of_a_packed_journal_put_back_at_every_step_is_refused_onc
     assert not wrong, f"{len(wrong)} of {len(probed)} crash points:\n" + "\n".join(wrong)
 
 
+def packing_under(monkeypatch: pytest.MonkeyPatch, path: Path) -> Callable[[], bool]:
+    """Whether the pack being written is one of the queue path `path` (another test's abandoned
+    queue may pack meanwhile, and a fault meant for this one must not hit it)."""
+    mine = [False]
+    real = packer.write_pack
+
+    def write_pack(req: packer.PackRequest, *args: Any) -> str:
+        mine[0] = Path(req.queue_path).is_relative_to(path)
+        return real(req, *args)
+
+    monkeypatch.setattr(packer, "write_pack", write_pack)
+    return lambda: mine[0]
+
+
 PACK_STEPS = ("write", "fsync", "rename-pack", "delete", "rename-final")  # packer.failpoint's names
 
 
 @pytest.fixture
-def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """One disk error, once armed (the list it returns made non-empty): in the rename of a rotation,
-    at a step of a pack, in the fsync of the directory after its final rename, in the manifest write of a pack listing itself
-    (`listing`) or of a pack in place (`listed`), or in a rotated journal's seal; the step's name
-    is added to the list as it fires."""
+def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """One disk error in this test's queue path, once armed (the list it returns made non-empty):
+    in the rename of a rotation, at a step of a pack, in the fsync of the directory after its final
+    rename, in the manifest write of a pack listing itself (`listing`) or of a pack in place
+    (`listed`), or in a rotated journal's seal; the step's name is added to the list as it fires."""
     where: str = request.param
     fired: list[str] = []
 
@@ -330,11 +346,16 @@ def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> li
         fired.append(where)
         raise OSError(errno.EIO, f"Input/output error (simulated, {where})")
 
-    def due() -> bool:
-        return len(fired) == 1  # armed, not fired yet
+    packing = packing_under(monkeypatch, tmp_path)
+
+    def due(here: bool = True) -> bool:
+        return len(fired) == 1 and here  # armed, not fired yet
+
+    def mine(path: str) -> bool:
+        return Path(path).is_relative_to(tmp_path)
 
     if where in PACK_STEPS:
-        monkeypatch.setattr(packer, "failpoint", lambda step: fire() if step == where and due() else None)
+        monkeypatch.setattr(packer, "failpoint", lambda step: fire() if step == where and due(packing()) else None)
     elif where == "sync-final":  # the directory's fsync after the final rename
         renamed = [False]
         real_sync = packer.fsync_path
@@ -343,7 +364,7 @@ def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> li
             renamed[0] = step == "rename-final"
 
         def sync(path: str) -> None:
-            if renamed[0] and due():
+            if renamed[0] and due(mine(path)):
                 fire()
             real_sync(path)
 
@@ -351,17 +372,18 @@ def fault(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> li
         monkeypatch.setattr(packer, "fsync_path", sync)
     elif where == "rotate":  # the rename of the live journal
         real_rename = os.rename
-        monkeypatch.setattr(os, "rename", lambda src, dst: fire() if os.path.basename(src) == "q" and due()
-                            else real_rename(src, dst))
+        monkeypatch.setattr(os, "rename", lambda src, dst: fire() if os.path.basename(src) == "q"
+                            and due(mine(src)) else real_rename(src, dst))
     elif where == "seal":
         real_seal = manifest.seal
-        monkeypatch.setattr(manifest, "seal", lambda *args, **kw: fire() if due() else real_seal(*args, **kw))
+        monkeypatch.setattr(manifest, "seal", lambda path, *args, **kw: fire() if due(mine(path))
+                            else real_seal(path, *args, **kw))
     else:
         method = "_pack_placed" if where == "listing" else "_pack_finished"
         real = getattr(QueueJournal, method)
 
         def failing_write(self: QueueJournal, *args: Any) -> None:
-            if not due():
+            if not due(mine(self.queue_path)):
                 return real(self, *args)
             with monkeypatch.context() as m:
                 m.setattr(manifest, "write", lambda *a: fire())
