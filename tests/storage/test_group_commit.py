@@ -590,3 +590,18 @@ def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_pa
                        3: "the parent's round ended well in the child",
                        4: "the child's own round failed"}.get(code, code)
     assert leftover.successful() and parent.synced == end
+
+
+def test_rounds_begun_on_the_loop_keep_one_watcher_started_that_holds_the_loop_only_while_one_runs(
+        tmp_path: Path) -> None:
+    native = c_threads()
+    group = GroupCommit(native)
+    journal = Journal(tmp_path / "j")
+    watchers = []
+    for _ in range(3):  # each round alone: nothing else keeps the loop running while it waits
+        group.sync(journal, journal.append(b"x"))
+        watchers.append(native._ending)
+        assert watchers[-1] is not None and watchers[-1].active  # not stopped: no epoll_ctl a round
+        assert not watchers[-1].ref  # an idle server's loop is not held by it
+    assert journal.synced == 3 and len({id(w) for w in watchers}) == 1  # one watcher, started once
+    os.close(journal.fd)
