@@ -20,6 +20,7 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec, packer
+from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel2.reader import read_journal
 from tests.support.crash_points import InlineRuntime
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path, one
@@ -505,11 +506,100 @@ def test_an_older_copy_of_a_journal_a_pack_in_place_replaced_is_refused_not_repl
     coll.close()
     assert older not in rotated(tmp_path) and int(older[2:]) < int(rotated(tmp_path)[0][2:])
     (tmp_path / older).write_bytes(backup)  # put back from a copy
-    refused(tmp_path, lambda: k2(tmp_path, **settings), str(tmp_path / older), "not listed in the manifest")
+    refused(tmp_path, lambda: k2(tmp_path, **settings), str(tmp_path / older), "older than the pack")
     coll = k2(tmp_path, salvage=True, **settings)
     assert drain(coll, "q") == [b"after"]
     coll.close()
     assert [n for n in aside(tmp_path) if n.startswith(older + ".")]
+
+
+def _copied_before(queues: Path, crashed: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """`crashed` becomes a copy of `queues` as a kill just before this queue's journal first runs
+    `method` (a QueueJournal method) would leave it."""
+    real = getattr(QueueJournal, method)
+
+    def copying(self: QueueJournal, *args: Any) -> Any:
+        if self.queue_path == str(queues) and not crashed.exists():
+            shutil.copytree(queues, crashed)
+        return real(self, *args)
+
+    monkeypatch.setattr(QueueJournal, method, copying)
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+def test_a_journal_older_than_a_pack_at_its_final_name_not_yet_recorded_there_is_a_stray(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listed: bool) -> None:
+    """Between a pack's final rename and the manifest write that records it there, the manifest
+    still lists it as `q.<ts>.pack`; every journal at or before it was deleted before that rename,
+    so one found there (an older copy put back, listed or not) is a stray, refused as elsewhere:
+    replayed before the pack, it brought removed items back."""
+    queues, crashed = tmp_path / "queues", tmp_path / "crashed"
+    queues.mkdir()
+    _copied_before(queues, crashed, monkeypatch, "_pack_finished")
+    settings = {**EMPTIED, "sync_journal": "always"}
+    coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
+    for i in range(100):  # past max_memory_size: rotated, not packed
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.queue("q").wait_for_packing()
+    (older,) = rotated(queues)
+    backup = (queues / older).read_bytes()
+    assert len(coll.remove("q", 100)) == 100  # emptied: rotated and packed, `older` replaced too
+    coll.queue("q").wait_for_packing()
+    coll.close()
+    record = manifest.read(str(crashed), "q")
+    (pack,) = rotated(crashed)
+    assert record is not None and f"{pack}.pack" in record.files and older not in rotated(crashed)
+    stray = older if listed else f"q.{int(older[2:]) - 1}"
+    assert (stray in record.files) == listed
+    (crashed / stray).write_bytes(backup)
+    refused(crashed, lambda: k2(crashed, **settings), str(crashed / stray), pack)
+    coll = k2(crashed, salvage=True, **settings)
+    assert drain(coll, "q") == []
+    coll.close()
+    assert [n for n in aside(crashed) if n.startswith(stray + ".")]
+
+
+def test_a_pack_that_fails_after_listing_itself_leaves_no_entry_to_mislead_a_later_start(tmp_path: Path) -> None:
+    """A pack listed as `q.<ts>.pack` that then fails (a disk error before its rename) is taken out
+    of the manifest when its failure is handled: left there, it outlived later packs, the next
+    start said it was never put in place, and it made an older copy of the journal rotated at
+    `<ts>`, put back after those packs, pass for that pack's own journal (replayed, its items back)."""
+    failed: list[str] = []
+
+    def fail_once(step: str) -> None:  # this queue's pack (another test's may run meanwhile)
+        if step == "rename-pack" and not failed and any(
+                name.startswith("q") and filenames.is_temporary(name) for name in os.listdir(tmp_path)):
+            failed.append(step)
+            raise OSError(5, "Input/output error (simulated)")
+
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": EMPTIED}), runtime=InlineRuntime()))
+    for i in range(30):
+        coll.put("q", [b"%04d" % i + ITEM])
+    packer.failpoint = fail_once
+    try:
+        assert len(coll.remove("q", 20)) == 20
+        coll.queue("q").wait_for_packing()
+        assert len(coll.remove("q", 10)) == 10  # emptied: rotated and packed, and the pack fails
+        coll.queue("q").wait_for_packing()
+    finally:
+        packer.failpoint = None
+    assert failed
+    (journal,) = rotated(tmp_path)
+    backup = (tmp_path / journal).read_bytes()
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == [journal]  # sealed, and no pack entry left
+    for round_ in range(2):  # later packs, in place: `journal` packed away
+        for i in range(30):
+            coll.put("q", [b"%d-%04d" % (round_, i) + ITEM])
+        assert len(coll.remove("q", 30)) == 30
+        coll.queue("q").wait_for_packing()
+    coll.put("q", [b"last"])
+    coll.close()
+    assert journal not in rotated(tmp_path)
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == rotated(tmp_path)
+    (tmp_path / journal).write_bytes(backup)  # an older copy put back
+    refused(tmp_path, lambda: k2(tmp_path, **EMPTIED), str(tmp_path / journal), "older than the pack")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,11 +3,14 @@ set (`QueueJournal`), pack scheduling and its states, and the read-behind cursor
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kestrel.storage import QueueConfigs, manifest
 from kestrel.storage.collection import QueueCollection
 from kestrel.storage.disk import writev_all
 from kestrel.storage.errors import JournalWriteError
@@ -19,6 +22,8 @@ from kestrel.storage.kestrel2.read_behind import LIVE, JournalCursor
 from kestrel.storage.kestrel2.replay import QueueReplay
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import ManualRuntime
+from tests.support.crash_points import InlineRuntime
+from tests.support.queues import drain
 
 
 def _journal(path: Path, runtime: ManualRuntime) -> QueueJournal:
@@ -225,3 +230,41 @@ def test_pieces_written_whole_after_a_short_gathering_write(tmp_path: Path,
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"headitem-bytestail"
 
+
+
+@pytest.mark.parametrize("fails", ["rename", "manifest"])
+def test_a_rotation_that_fails_fails_no_change_and_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  fails: str) -> None:
+    """A rotation comes after the change that made it due is journaled. One that fails (a disk
+    error renaming the live journal, or writing the queue's first manifest) fails no change: a
+    remove that emptied the queue was undone in memory only, its records kept, so its items were
+    gone and never handed out. A later change rotates."""
+    configs = QueueConfigs({}, {"q": {"sync_journal": "never", "default_journal_size": 4096,
+                                      "max_memory_size": 1 << 20}})
+    coll = QueueCollection(str(tmp_path), configs, runtime=InlineRuntime())
+    coll.load()
+    items = [b"%04d" % i + b"x" * 200 for i in range(40)]
+    coll.put("q", items)
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error (simulated)")
+
+    with monkeypatch.context() as m:
+        if fails == "rename":
+            real = os.rename
+            m.setattr(os, "rename", lambda src, dst: fail() if os.path.basename(src) == "q" else real(src, dst))
+        else:
+            m.setattr(manifest, "write", fail)
+        taken = coll.remove("q", 40)  # emptied past default_journal_size: due to rotate and pack
+    assert [item.data for item in taken] == items
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("q.")]
+    coll.put("q", [b"again"])
+    assert len(coll.remove("q", 1)) == 1  # emptied again: rotated and packed now
+    coll.queue("q").wait_for_packing()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("q.")] and manifest.read(str(tmp_path), "q")
+    coll.put("q", [b"last"])
+    coll.close()
+    again = QueueCollection(str(tmp_path), configs, runtime=InlineRuntime())
+    again.load()
+    assert not again.refused and drain(again, "q") == [b"last"]
+    again.close()

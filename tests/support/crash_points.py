@@ -46,10 +46,12 @@ class Crash:
 class CrashPoints:
     """Copies of `queue_path` into `into/<n>` before each change of a name under it."""
 
-    def __init__(self, queue_path: str, into: str, note: Callable[[], Any]) -> None:
+    def __init__(self, queue_path: str, into: str, note: Callable[[], Any],
+                 armed: Callable[[], bool] = lambda: True) -> None:
         self.queue_path = os.path.abspath(queue_path)
         self.into = into
         self.note = note
+        self.armed = armed  # copies are taken only while it says so (after a fault, say)
         self.crashes: list[Crash] = []
         self._real: dict[str, Any] = {}
         self._copying = False
@@ -58,7 +60,7 @@ class CrashPoints:
         return isinstance(path, str) and os.path.abspath(path).startswith(self.queue_path + os.sep)
 
     def _copy(self, step: str) -> None:
-        if self._copying:
+        if self._copying or not self.armed():
             return
         self._copying = True
         try:

@@ -314,20 +314,45 @@ class JournalWriter:
 
 
 
+class Seal:
+    """One rotated file the `Sealer` finishes: `old`'s writer closed, then `then` run; a `held`
+    place waits for `Sealer.release`."""
+
+    def __init__(self, old: JournalWriter | None, then: Callable[[], None] | None,
+                 held: bool = False) -> None:
+        self.old = old
+        self.then = then
+        self.held = held
+
+
 class Sealer:
     """Rotated files finished in the background, in order: each fsynced and closed, then `then` run
     in a thread (the manifest reads the whole file for its checksum). `wait` (close) returns once
-    every one is done, the ones in flight included."""
+    every one is done, the ones in flight included. A file whose finish is not known yet (a pack
+    taken at its rotation may replace it) holds its place in that order (`hold`) until `release`
+    says what to run for it."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._pending: list[tuple[JournalWriter | None, Callable[[], None]]] = []
+        self._pending: list[Seal] = []
         self._running = 0
         self._done: Event | None = None
 
     def add(self, old: JournalWriter | None, then: Callable[[], None]) -> None:
         """Finish `old` (None: a file closed already), then run `then`."""
-        self._pending.append((old, then))
+        self._pending.append(Seal(old, then))
+        self.runtime.spawn(self.run)
+
+    def hold(self) -> Seal:
+        """A place in the order for a file closed already, whose finish `release` gives later: the
+        files rotated after it wait behind it meanwhile."""
+        seal = Seal(None, None, held=True)
+        self._pending.append(seal)
+        return seal
+
+    def release(self, seal: Seal, then: Callable[[], None] | None) -> None:
+        """What to run for a held place (None: nothing, the file went with the pack)."""
+        seal.then, seal.held = then, False
         self.runtime.spawn(self.run)
 
     def run(self) -> None:
@@ -335,22 +360,24 @@ class Sealer:
         list a file while an older rotated one is not); a second caller leaves it to the first.
 
         A file that fails to finish stays first, and the newer ones wait behind it: the next
-        rotation (or `wait`) tries it again. Unlisted, they are all newer than every file listed,
-        which the next start takes as rotations not yet recorded; listing a newer one would make it
-        an older file missing from the manifest, refused as a stray."""
+        rotation (or `wait`) tries it again; so do they behind a place held. Unlisted, they are all
+        newer than every file listed, which the next start takes as rotations not yet recorded;
+        listing a newer one would make it an older file missing from the manifest, refused as a
+        stray."""
         if self._running:
             return
         self._running = 1
         try:
-            while self._pending:
-                old, then = self._pending[0]
+            while self._pending and not self._pending[0].held:
+                seal = self._pending[0]
                 try:
-                    if old is not None:
-                        old.close()
-                    self.runtime.run_blocking(then)
+                    if seal.old is not None:
+                        seal.old.close()
+                    if seal.then is not None:
+                        self.runtime.run_blocking(seal.then)
                 except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
                     log.exception("rotated journal file not sealed into the manifest; tried again at the "
-                                  "next rotation", file=None if old is None else old.path,
+                                  "next rotation", file=None if seal.old is None else seal.old.path,
                                   waiting=len(self._pending) - 1)
                     return
                 del self._pending[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -66,6 +67,7 @@ class _PackJob:
         self.dead = dead
         self.written = written
         self.final: str | None = None  # the pack's path once written
+        self.listed: tuple[int, int] | None = None  # its size and CRC32C, once listed as being put in place
         self.finished = False
 
 
@@ -108,8 +110,8 @@ class QueueJournal:
         self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
         # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
-        # unless that pack fails (`rotate`).
-        self._replaced: set[str] = set()
+        # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile.
+        self._replaced: dict[str, journal_file.Seal] = {}
 
     @property
     def live_path(self) -> str:
@@ -231,23 +233,28 @@ class QueueJournal:
         found: list[tuple[int, damage.Finding]] = []
         verified = self._sealed  # file name (a pack by its final name) -> the entry it matched
         covered = 0  # rotated journals at or before a listed pack's timestamp may be gone
-        unplaced = set()  # timestamps of listed packs never put in place: their journals stay unlisted
+        pending = 0  # ... and those still there are deleted by the `.pack` that replaces them
+        # ... and none is left: the pack took its final name once they were deleted
+        renamed = max((ts for n, (ts, entry) in listed.items() if entry.pack and n in on_disk), default=0)
         for final, (ts, entry) in listed_packs.items():
             pack = filenames.pack_name(self.name, ts)
             if pack in packs:
                 why = manifest.mismatch(packs[pack][1], entry)
+                pending = max(pending, ts) if why is None else pending
             elif final in on_disk and manifest.mismatch(on_disk[final][1], entry) is None:
                 why = None  # renamed to its final name before the crash
-            else:  # never put in place (a crash before its rename): the journals it covers must be there
-                log.info("pack listed in the manifest was never put in place", queue=self.name,
-                         file=os.path.join(self.queue_path, pack))
-                unplaced.add(ts)
+                renamed = max(renamed, ts)
+            else:  # a crash before its rename, or before its failure was recorded: its journals stand
+                log.info("a pack listed in the manifest is not in place (the process stopped before its "
+                         "rename, or before recording that it failed); the journals it would have "
+                         "replaced are replayed", queue=self.name, file=os.path.join(self.queue_path, pack))
                 continue
             if why is None:
                 covered = max(covered, ts)
                 verified[final] = entry
             else:
                 found.append((ts, _mismatched(packs[pack][1], entry, why)))
+        in_place = filenames.rotated_name(self.name, renamed)  # the newest pack at its final name
         unseen = self._unseen_pack(record, {n: (ts, e) for n, (ts, e) in listed.items() if ts > covered},
                                    on_disk, verified)
         if unseen is not None:
@@ -262,7 +269,9 @@ class QueueJournal:
         for name, (ts, entry) in listed.items():
             if name in verified:
                 continue
-            if name in on_disk:
+            if name in on_disk and ts < renamed:
+                found.append((ts, _replaced_copy(on_disk[name][1], in_place)))
+            elif name in on_disk:
                 why = manifest.mismatch(on_disk[name][1], entry)
                 if why is None:
                     verified[name] = entry
@@ -272,23 +281,23 @@ class QueueJournal:
                 found.append((ts, damage.Finding(os.path.join(self.queue_path, name),
                                                  f"missing: the manifest lists it with {entry.size} bytes",
                                                  damage.Remedy.NONE, also="its records are lost")))
-        # Rotated journals are listed in rotation order (`_seal_one`), a pack at its final name once
-        # the journals it replaced are deleted, and a pack being put in place as it is written,
-        # without waiting for those to be listed: a journal not listed yet is newer than every file
-        # listed under a rotated name.
+        # Rotated journals are listed in rotation order (`journal_file.Sealer`), a pack at its final
+        # name once the journals it replaced are deleted, and a pack being put in place as it is
+        # written, without waiting for those to be listed: a journal not listed yet is newer than
+        # every file listed under a rotated name, or at or before a `.pack` that replaces it. One at
+        # or before a pack found at its final name was deleted before that rename: a copy.
         newest = max((ts for ts, _ in listed.values()), default=0)
         unlisted = [(ts, p) for n, (ts, p) in on_disk.items() if n not in listed and n not in listed_packs]
         for ts, path in unlisted:
-            # Rotated before a stop and not sealed yet (a pack that replaces it may be listed); or
-            # superseded by a pack; or rotated for a pack that never came to replace it (`rotate`:
-            # such a journal is not listed, while a later rotation may be)
-            if ts > newest or ts <= covered or ts in unplaced:
+            if ts <= renamed:
+                found.append((ts, _replaced_copy(path, in_place)))
+            elif ts > newest or ts <= pending:
                 log.info("journal not yet in the manifest: rotated just before a stop", queue=self.name,
                          file=path)
-                continue
-            found.append((ts, damage.Finding(path, "not listed in the manifest: a stray journal file (an "
-                                             "older copy, or one from elsewhere); it was not applied",
-                                             damage.Remedy.SET_ASIDE, items=count_items(path))))
+            else:
+                found.append((ts, damage.Finding(path, "not listed in the manifest: a stray journal file (an "
+                                                 "older copy, or one from elsewhere); it was not applied",
+                                                 damage.Remedy.SET_ASIDE, items=count_items(path))))
         listed_pack_names = {filenames.pack_name(self.name, t) for t, _ in listed_packs.values()}
         for name, (ts, path) in packs.items():
             if name not in listed_pack_names:
@@ -383,6 +392,8 @@ class QueueJournal:
 
     def _pack_placed(self, pack: str, size: int, crc: int) -> None:
         """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""
+        if self._pack_job is not None:
+            self._pack_job.listed = (size, crc)
         self._keeper().update({os.path.basename(pack): manifest.Entry(size, crc, pack=True)})
 
     def _pack_finished(self, pack: str, final: str, dead: list[str], size: int, crc: int) -> None:
@@ -524,15 +535,18 @@ class QueueJournal:
         being acknowledged waits for this very file's fsync, and closing it first would fail that
         change and leave the queue read-only), the file is closed without an fsync and not sealed
         (neither read for its checksum nor listed): the pack, fsynced and listed, takes its place,
-        and the kernel need never write the file's pages, which the pack deletes. Should the pack
-        fail, the file is sealed then as any other (`_finish_pack`); a crash before the pack is in
-        place finds it unlisted and newer than what the manifest lists, or of the pack's own
-        timestamp (`_compare`).
+        and the kernel need never write the file's pages, which the pack deletes. It holds its
+        place in the sealing order until the pack is done, so that a journal rotated meanwhile is
+        never listed before it: should the pack fail, it is sealed then as any other
+        (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
+        the manifest lists (`_compare`).
         """
         assert self.writer is not None
         self.flush()
         if self._manifest is None:
-            self._keeper().update({})
+            keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+            keeper.update({})  # kept once written: a rotation that failed here is tried again whole
+            self._manifest = keeper
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
@@ -545,7 +559,7 @@ class QueueJournal:
         if packed and old.sync_ms is None and old.log is None and self.pack_state is PackState.IDLE \
                 and not self.pack_pending:
             old.close(sync=False)
-            self._replaced.add(rotated)
+            self._replaced[rotated] = self._sealer.hold()
         else:
             self._sealer.add(old, partial(self._seal_one, rotated))
         return stamp
@@ -599,27 +613,50 @@ class QueueJournal:
             self._finish_pack(job)
 
     def _finish_pack(self, job: _PackJob) -> None:
+        """Record how the pack ended. The places its journals rotated unsynced hold in the sealing
+        order are released: with nothing to run once it is in place, else (it failed before) each
+        fsynced and listed, and its `q.<ts>.pack` entry taken out with the newest of them (or after
+        the seals queued before it): an entry left there outlived later packs, and made the next
+        start take an older copy of that journal for the pack's own."""
         if job.finished:
             return
         job.finished = True
         self._pack_job = None
         self.pack_state = PackState.IDLE
         stamp = job.request.timestamp
-        replaced = self._replaced.intersection(job.dead)
-        self._replaced -= replaced
+        pack = packer.pack_path(job.request)
+        final = filenames.rotated_path(self.queue_path, self.name, stamp)
+        held = [(path, self._replaced.pop(path)) for path in job.dead if path in self._replaced]
+        record: Callable[[], None] | None = None  # the manifest's record of how the pack ended
+        if job.final is None and job.listed is not None and os.path.exists(final) and \
+                manifest.mismatch(final, manifest.Entry(*job.listed)) is None:
+            # In place, its journals deleted, but a disk error after its last rename kept the
+            # manifest from recording it there.
+            log.warning("the pack is in place despite the error after its rename; recorded so in the "
+                        "manifest now", queue=self.name, file=final)
+            job.final = final
+            record = partial(self._pack_finished, pack, final, job.dead, *job.listed)
+        seals: list[Callable[[], None] | None] = [None] * len(held)
         if job.final is not None:
             self.rotated = [(ts, p) for ts, p in self.rotated if ts > stamp]
             self.rotated.insert(0, (stamp, job.final))
             self.archived_size = sum(os.path.getsize(p) for _, p in self.rotated)
-        elif os.path.exists(packer.pack_path(job.request)):
+        elif os.path.exists(pack):
             # Complete but not yet in place: only the next start-up may finish it, and no later
             # pack may be written before (it would be replayed after this one).
             self.pack_state = PackState.STOPPED
             log.error("packing failed half way; no more packs until the next start", queue=self.name)
         else:
             log.error("packing failed; the old journal files stay and remain correct", queue=self.name)
-            for path in sorted(replaced, key=job.dead.index):  # in rotation order, before any later one
-                self._sealer.add(None, partial(self._seal_one, path, True))
+            seals = [partial(self._seal_one, path, True) for path, _ in held]
+            if job.listed is not None:
+                record = partial(self._keeper().update, {os.path.basename(pack): None})
+        if record is not None and held:
+            seals[-1] = _then(seals[-1], record)
+        elif record is not None:
+            self._sealer.add(None, record)
+        for (_, place), seal in zip(held, seals, strict=True):
+            self._sealer.release(place, seal)
         self.start_next_pack()
 
     def wait_for_packing(self) -> None:
@@ -667,6 +704,24 @@ def _mismatched(path: str, entry: manifest.Entry, why: str) -> damage.Finding:
         return damage.Finding(path, why, damage.Remedy.NONE,
                               also="its whole records are kept, what it lost is gone")
     return damage.Finding(path, why, damage.Remedy.SET_ASIDE, items=count_items(path))
+
+
+def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    """`first` (if any), then `then`: one step of the sealing order."""
+    def both() -> None:
+        if first is not None:
+            first()
+        then()
+    return both
+
+
+def _replaced_copy(path: str, pack: str) -> damage.Finding:
+    """A journal found beside a pack in place at a later timestamp, which replaced every journal up
+    to its own and took its final name once they were deleted: a copy put back, whose records
+    replayed before the pack would bring removed items back."""
+    return damage.Finding(path, f"a journal older than the pack {pack} in place, which replaced it "
+                          "(deleted before the pack took its name): a stray copy; it was not applied",
+                          damage.Remedy.SET_ASIDE, items=count_items(path))
 
 
 def count_items(path: str) -> int | None:

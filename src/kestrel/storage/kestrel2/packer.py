@@ -119,10 +119,14 @@ def write_pack(req: PackRequest, dead_files: list[str],
         os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
         raise
     os.close(fd)
-    if placed is not None:  # listed first: a crash after the rename finds it expected
-        placed(pack, total, crc)
-    _step("rename-pack")
-    os.rename(temp, pack)
+    try:
+        if placed is not None:  # listed first: a crash after the rename finds it expected
+            placed(pack, total, crc)
+        _step("rename-pack")
+        os.rename(temp, pack)
+    except BaseException:
+        os.unlink(temp)
+        raise
     fsync_path(req.queue_path)
     for path in dead_files:
         _step("delete")

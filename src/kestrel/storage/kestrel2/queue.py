@@ -390,18 +390,30 @@ class Kestrel2Queue(PersistentQueue):
             else:
                 self._rotate(checkpoint=False)
 
-    def _rotate(self, checkpoint: bool, packed: bool = False) -> None:
+    def _rotate(self, checkpoint: bool, packed: bool = False) -> bool:
         """Rotate the live journal; with `checkpoint`, note the state at the rotation for a pack
-        (`packed`: one taken at once, which replaces the rotated file)."""
-        stamp = self._journal.rotate(packed)
+        (`packed`: one taken at once, which replaces the rotated file). Whether it rotated.
+
+        A rotation comes after the change that made it due is journaled: one that fails (a disk
+        error; nothing is changed then) fails no change, which would otherwise be undone in memory
+        only, its records kept (a remove's items gone, never handed out). The live journal grows
+        on, and a later change that finds it due tries again."""
+        try:
+            stamp = self._journal.rotate(packed)
+        except OSError as e:
+            log_later(self.runtime, log.error, "cannot rotate the journal; a later change tries again",
+                      queue=self.name, file=self._journal.live_path, error=str(e))
+            return False
         if self._rb is not None:
             self._rb.live_rotated(stamp)
         if checkpoint:
             self._checkpoints.append(RotationCheckpoint(stamp, self._xid, list(self._opens.items())))
+        return True
 
     def _pack_now(self) -> None:
         """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
-        self._rotate(checkpoint=True, packed=True)
+        if not self._rotate(checkpoint=True, packed=True):
+            return
         self._pack_horizon = self._journal.rotated[-1][0]
         self._journal.queue_pack(self._take_pack(self._checkpoints.pop()))
 
