@@ -1049,8 +1049,9 @@ def test_a_failed_write_of_gathered_turns_leaves_the_log_as_it_was_and_each_fall
 
     journal_fsyncs: list[str] = []
     real_sync_to = JournalWriter.sync_to
-    monkeypatch.setattr(JournalWriter, "sync_to", lambda self, position: (
-        journal_fsyncs.append(os.path.basename(self.path)), real_sync_to(self, position))[1])
+    monkeypatch.setattr(JournalWriter, "sync_to", lambda self, position: (  # this test's journals only
+        self.path.startswith(str(tmp_path)) and journal_fsyncs.append(os.path.basename(self.path)),
+        real_sync_to(self, position))[1])
     coll, before, holders = turns_behind_a_round_in_flight(tmp_path, full_log)
     monkeypatch.undo()
     assert attempts == [7]  # one write for the three turns, failed and cut back
