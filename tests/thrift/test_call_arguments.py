@@ -165,3 +165,18 @@ def _varint(n: int) -> bytes:
         n >>= 7
     return bytes([*out, n])
 
+
+
+@pytest.mark.pure_build
+def test_a_handler_not_taking_its_method_s_arguments_is_refused_by_name_and_no_table_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.service.thrift import handler
+
+    def peek_items(self: ThriftHandler, first: int | None, queue_name: str | None, max_items: int | None) -> Any:
+        return None
+
+    monkeypatch.setattr(handler, "_calls", [])
+    monkeypatch.setattr(ThriftHandler, "peek_items", peek_items)  # the contract's last method
+    with pytest.raises(TypeError, match=r"ThriftHandler.peek_items takes \('first', 'queue_name', 'max_items'\)"):
+        handler.method_calls()
+    assert handler._calls == []  # not the methods before it: the next connection is refused too

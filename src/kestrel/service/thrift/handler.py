@@ -137,12 +137,14 @@ def method_calls() -> list[Call]:
     """The table every connection answers calls from (`_calls`), made on first use. A handler whose
     parameters are not its method's arguments in the contract's order is refused here, once."""
     if not _calls:
+        calls: list[Call] = []
         for number, (name, method) in enumerate(METHODS.items()):
             function = getattr(ThriftHandler, name)
             if number != method.number or parameter_names(function) != method.names:
                 raise TypeError(f"ThriftHandler.{name} takes {parameter_names(function)}, the contract "
                                 f"{method.names}")
-            _calls.append((function, method, metrics.request_latency("thrift", name)))
+            calls.append((function, method, metrics.request_latency("thrift", name)))
+        _calls.extend(calls)
     return _calls
 
 
