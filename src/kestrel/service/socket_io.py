@@ -105,17 +105,17 @@ def wait(watcher: Any, hub: Any) -> None:
     (alternated with gevent's on an always-readable socket, 2026-11-27), and a request waits
     once. It switches with greenlet's own `switch`, not the hub's method, whose one check (that
     the hub is not the one waiting: its `switch_out`, the only one a greenlet here can have) is
-    made here, where the current greenlet is at hand anyway: a method call and an attribute
-    looked up in vain fewer a wait. A wake-up that is not the socket's (a stray switch) only
-    costs a receive or send that finds nothing and waits again; an exception thrown in (a kill)
-    stops the watcher on its way out, as gevent's does.
+    made here: a method call and an attribute looked up in vain fewer a wait. A wake-up that is
+    not the socket's (a stray switch) only costs a receive or send that finds nothing and waits
+    again; an exception thrown in (a kill) stops the watcher on its way out, as gevent's does.
     """
     if watcher.callback is not None:
         raise ConcurrentObjectUseError(f"this socket is already waited for by {watcher.callback!r}")
-    current = _getcurrent()
-    if current is hub:  # what the hub's own `switch` refuses before it switches
+    # (the current greenlet is not kept in a local: a kill's traceback would hold this frame, and
+    # through it the greenlet, a cycle)
+    if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
         raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
-    watcher.start(current.switch)
+    watcher.start(_getcurrent().switch)
     try:
         _switch(hub)
     finally:
