@@ -34,21 +34,55 @@ from pathlib import Path
 from typing import Any
 
 from bench import peers
-from bench.common import load_average, machine
+from bench.common import load_average, machine, process_cpu_seconds, tree_cpu_seconds
 
 
 @contextlib.contextmanager
-def servers(count: int, work: str, build: str) -> Iterator[list[int]]:
-    """`count` servers of this checkout in `build`, started as the other benchmarks start them; their
-    Thrift ports."""
+def servers(count: int, work: str, build: str) -> Iterator[list[peers.Running]]:
+    """`count` servers of this checkout in `build`, started as the other benchmarks start them."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(peers.kestrel(Path(work), build=build))["thrift"] for _ in range(count)]
+        yield [stack.enter_context(peers.kestrel(Path(work), build=build)) for _ in range(count)]
 
 
 def timed(work: Any) -> float:
     started = time.perf_counter()
     work()
     return time.perf_counter() - started
+
+
+class Cpu:
+    """CPU seconds of each process a side of the writer's comparison runs in, over one timed run:
+    the servers, Spark's JVM, its Python workers (every process under the JVM) and this process (the
+    plain loop's client; for Spark, the driver's Python)."""
+
+    PARTS = ("servers", "JVM", "Python workers", "this process")
+
+    def __init__(self, spark: Any) -> None:
+        self.jvm = int(spark.sparkContext._gateway.proc.pid)
+        self.runs: dict[str, list[dict[str, float]]] = {}
+
+    def now(self, running: list[peers.Running]) -> dict[str, float]:
+        jvm_own, jvm_all = tree_cpu_seconds(self.jvm)
+        return {"servers": sum(process_cpu_seconds(r.pid) for r in running), "JVM": jvm_own,
+                "Python workers": jvm_all - jvm_own, "this process": process_cpu_seconds(os.getpid())}
+
+    def timed(self, side: str, running: list[peers.Running], work: Any) -> float:
+        before = self.now(running)
+        seconds = timed(work)
+        after = self.now(running)
+        self.runs.setdefault(side, []).append({k: after[k] - before[k] for k in self.PARTS})
+        return seconds
+
+    def report(self, side: str, rows: int) -> str:
+        """Per million rows, the range over the runs, of each process that spent any."""
+        runs = self.runs.pop(side)
+        cells = []
+        for part in (*self.PARTS, "all"):
+            spent = sorted(sum(r.values()) if part == "all" else r[part] for r in runs)
+            low, high = spent[0] * 1e6 / rows, spent[-1] * 1e6 / rows
+            if high >= 0.005:
+                cells.append(f"{part} {low:.2f}–{high:.2f}")
+        return f"  CPU s per million rows, {side}: " + ", ".join(cells)
 
 
 def bench_writer(spark: Any, n: int, payload: str, work: str, build: str, runs: int, batch_size: int) -> None:
@@ -61,37 +95,42 @@ def bench_writer(spark: Any, n: int, payload: str, work: str, build: str, runs: 
     spark.dataSource.register(NullSink)
     nothing = df.write.format("null-sink").mode("append")
     nothing.save()
+    cpu = Cpu(spark)
     null_s = float("inf")
     for count in (1, 3):
-        with servers(count, work, build) as ports:
-            target = ",".join(f"127.0.0.1:{p}" for p in ports)
-            df.limit(1000).write.format("kestrel").option("servers", target).option("queue", "warmup") \
-                .mode("append").save()  # starts the Python workers outside the timing
+        with servers(count, work, build) as running:
+            target = ",".join(f"127.0.0.1:{r['thrift']}" for r in running)
+            # Imports the writer's modules into each Python worker outside the timing (a task each).
+            df.limit(1000).repartition(4).write.format("kestrel").option("servers", target) \
+                .option("queue", "warmup").mode("append").save()
             spark_s = plain_s = float("inf")
             for run in range(runs):
                 writer = df.write.format("kestrel").option("servers", target).option("queue", f"spark{run}") \
                     .option("batchSize", batch_size).mode("append")
-                spark_s = min(spark_s, timed(writer.save))
+                spark_s = min(spark_s, cpu.timed("writer", running, writer.save))
                 with Cluster([target.split(",")[0]]) as cluster:
                     def plain(cluster: Any = cluster, queue: str = f"plain{run}") -> None:
                         for i in range(0, n, batch_size):
                             cluster.put_many(queue, rows[i:i + batch_size])
-                    plain_s = min(plain_s, timed(plain))
+                    plain_s = min(plain_s, cpu.timed("plain loop", running[:1], plain))
                 if count == 1:
-                    null_s = min(null_s, timed(nothing.save))
+                    null_s = min(null_s, cpu.timed("Spark's floor", running, nothing.save))
             print(f"writer into {count} server(s), batches of {batch_size:,}: "
                   f"spark {n / spark_s:,.0f} rows/s, "
                   f"plain loop through the client into one {n / plain_s:,.0f} rows/s, "
-                  f"ratio {plain_s / spark_s:.2f}")
+                  f"ratio {plain_s / spark_s:.2f} (load average {load_average()})")
             if count == 1:
                 print(f"  Spark's own floor (a Python writer that only receives the rows): "
                       f"{n / null_s:,.0f} rows/s ({null_s:.2f} s), ratio {plain_s / null_s:.2f}")
+            for side in ("writer", "plain loop", "Spark's floor")[:3 if count == 1 else 2]:
+                print(cpu.report(side, n))
 
 
 def bench_read(spark: Any, n: int, payload: str, work: str, build: str, runs: int) -> None:
     from kestrel.client import Server
 
-    with servers(1, work, build) as (port,), Server("127.0.0.1", port) as client:
+    with servers(1, work, build) as (running,), Server("127.0.0.1", running["thrift"]) as client:
+        port = running["thrift"]
         for i in range(0, n, 10_000):
             client.put("look", [b"%s%d" % (payload.encode(), j) for j in range(i, min(n, i + 10_000))])
         read = spark.read.format("kestrel").option("servers", f"127.0.0.1:{port}").option("queue", "look") \
@@ -122,7 +161,8 @@ def bench_stream(spark: Any, n: int, payload: str, work: str, build: str, runs: 
     per_partition = per_partition or ITEMS_PER_PARTITION
 
     rows = [b"%s%d" % (payload.encode(), i) for i in range(n)]
-    with servers(1, work, build) as (port,):
+    with servers(1, work, build) as (running,):
+        port = running["thrift"]
         client = Server("127.0.0.1", port)
         seen = [0]
 

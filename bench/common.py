@@ -61,6 +61,32 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of process `pid` alone (all its threads), and of `pid` with every process under it,
+    those still running and those ended and waited for: user plus system, from /proc. Differences of
+    the second over a span count descendants that came and went within it too."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        times[int(entry)] = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+    own = times.get(pid, (0, 0))[0]
+    total, todo = 0, [pid]
+    while todo:
+        at = todo.pop()
+        total += sum(times.get(at, (0, 0)))
+        todo += children.get(at, [])
+    return own / tick, total / tick
+
+
 @contextlib.contextmanager
 def syscall_counts(pid: int, calls: tuple[str, ...]) -> Iterator[dict[str, int]]:
     """Count the system calls `calls` of process `pid` and all its threads (new ones too) while the

@@ -1,7 +1,7 @@
 """Where the server's time goes under load: perf's on-CPU samples, py-spy's Python frames, /proc.
 
 For each workload this starts our server (`sync_journal: never`; `always` for thrift-durable) and
-drives it with bench/loadgen.c (4 clients, 16 for thrift-durable and thrift-durable-log, the second
+drives it with bench/loadgen.c (4 clients; 16 for thrift-16, thrift-durable and thrift-durable-log, the last
 with the commit log on; 128 B items). Over the first
 window it reads the server's user and system CPU time from /proc and, when `perf` is installed,
 records on-CPU call chains: kernel time is grouped by the system call that entered the kernel (send,
@@ -42,6 +42,7 @@ WORKLOADS = {  # name: (port, loadgen options)
     "memcache": ("memcache", {"protocol": "memcache", "batch": 1}),
     "thrift-batch": ("thrift", {"protocol": "thrift", "batch": 100}),
     "thrift-batch-confirm": ("thrift", {"protocol": "thrift", "batch": 100, "auto_abort_ms": 10_000}),
+    "thrift-16": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16}),  # thrift-durable's peer
     "thrift-durable": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always"}),
     "thrift-durable-log": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always",
                                       "commit_log": "on"}),
@@ -224,7 +225,8 @@ def syscalls_per_request(pid: int, binary: Path, port: int, options: dict[str, A
     return f"system calls per request (strace -c, {requests} requests): {listed}"
 
 
-TRACED_SYSCALLS = ("recvfrom", "sendto", "write", "epoll_wait", "getpid", "epoll_ctl", "futex", "fdatasync")
+TRACED_SYSCALLS = ("recvfrom", "sendto", "write", "pwrite64", "read", "epoll_wait", "getpid", "epoll_ctl",
+                   "futex", "fdatasync")
 
 
 def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
 from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files as kestrel3_files
 from kestrel.storage.queue_path import list_journal_files
@@ -963,6 +964,111 @@ def test_turns_settle_in_order_a_later_turn_waits_for_an_earlier_ones_fallback(t
     coll.close()
 
 
+def turns_behind_a_round_in_flight(tmp_path: Path, pwrite: Callable[[int, Any, int], int],
+                                   checkpoint: bool = False) -> tuple[
+        QueueCollection, list[bytes], dict[str, Held]]:
+    """Queue `a`'s change starts a round whose fsync of the log is held back; `b`, `c` and `d`
+    each change in a loop turn of its own meanwhile, with the log's `pwrite` through `pwrite`;
+    then the fsync runs. The collection, the log's records (their bytes) when `b` changed, and
+    the holders."""
+    log_dir = commit_log.directory(str(tmp_path))
+    held_back = threading.Event()
+    holding = {"log": False}
+
+    def fsync(fd: int) -> None:
+        if holding["log"] and os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            held_back.wait(30)
+        os.fdatasync(fd)
+
+    coll = gevent_collection(tmp_path, fsync)
+    for name in ("a", "b", "c", "d"):
+        coll.put(name, [b"created"])
+    holders = {name: Held() for name in ("a", "b", "c", "d")}
+    holding["log"] = True
+    first = gevent.spawn(holders["a"].change, partial(coll.put, "a", [b"item"]))
+    gevent.sleep(0.05)  # its round runs, its fsync held back
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    before = [r.data for _, r in read_segment(seg, last=True).records]
+    real_pwrite = disk.pwrite
+    disk.pwrite = pwrite  # type: ignore[assignment]
+    try:
+        later = []
+        for name in ("b", "c", "d"):
+            later.append(gevent.spawn(holders[name].change, partial(coll.put, name, [b"item"])))
+            gevent.sleep(0.01)  # a loop turn of its own
+        assert not any(h.told.is_set() for h in holders.values())
+        if checkpoint:  # a new segment starts while they wait: they go to the older one
+            assert coll.commit_log is not None
+            later.append(gevent.spawn(coll.commit_log.checkpoint))
+            gevent.sleep(0.05)
+        held_back.set()
+        gevent.joinall([first, *later], raise_error=True)
+    finally:
+        disk.pwrite = real_pwrite  # type: ignore[assignment]
+        holding["log"] = False
+    return coll, before, holders
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_turns_gathered_behind_a_round_in_flight_are_written_to_the_log_in_one_write(
+        tmp_path: Path, checkpoint: bool) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    log_writes: list[str] = []
+    real_pwrite = disk.pwrite
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(log_dir):
+            log_writes.append(os.path.basename(path))
+        return real_pwrite(fd, data, offset)
+
+    coll, before, holders = turns_behind_a_round_in_flight(tmp_path, pwrite, checkpoint)
+    assert log_writes == ["1"]  # three turns, one write of the log, to the segment they were logged in
+    if not checkpoint:
+        (seg,) = commit_log.segment_paths(str(tmp_path))
+        records = [r for _, r in read_segment(seg, last=True).records]
+        assert [r.queue for r in records[len(before):]] == ["b", "c", "d"]  # in the order of their turns
+    assert all(h.acks.failed is None for h in holders.values())
+    coll.close()
+    again = collection(tmp_path)
+    assert [drain(again, n) for n in ("a", "b", "c", "d")] == [[b"created", b"item"]] * 4
+    again.close()
+
+
+def test_a_failed_write_of_gathered_turns_leaves_the_log_as_it_was_and_each_falls_back_on_its_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    attempts: list[int] = []
+    real_pwrite = disk.pwrite
+
+    def full_log(fd: int, data: Any, offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
+            attempts.append(real_pwrite(fd, bytes(data)[:7], offset))  # a short write, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    journal_fsyncs: list[str] = []
+    real_sync_to = JournalWriter.sync_to
+    monkeypatch.setattr(JournalWriter, "sync_to", lambda self, position: (
+        journal_fsyncs.append(os.path.basename(self.path)), real_sync_to(self, position))[1])
+    coll, before, holders = turns_behind_a_round_in_flight(tmp_path, full_log)
+    monkeypatch.undo()
+    assert attempts == [7]  # one write for the three turns, failed and cut back
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    after = read_segment(seg, last=True)
+    assert [r.data for _, r in after.records] == before  # `a`'s turn last, as before the write
+    assert after.records[-1][1].queue == "a" and after.torn_at is None and after.damage == []
+    assert sorted(n for n in journal_fsyncs if n != "1") == ["b", "c", "d"]  # each journal's own fsync
+    assert all(h.acks.failed is None for h in holders.values())  # every change acknowledged
+    coll.put("b", [b"after"])  # the log takes the next turn
+    assert read_segment(seg, last=True).records[-1][1].data.endswith(b"after")
+    coll.close()
+    again = collection(tmp_path)
+    assert drain(again, "b") == [b"created", b"item", b"after"]
+    assert [drain(again, n) for n in ("a", "c", "d")] == [[b"created", b"item"]] * 3
+    again.close()
+
+
 class GatheringRuntime(GeventWithFsyncs):
     """`GeventWithFsyncs` whose timers wait until a test fires them: a round that gathers changes
     waits for them, however slowly they come."""
@@ -1142,6 +1248,18 @@ def test_a_queue_under_a_periodic_sync_logs_and_the_log_is_fsynced_within_its_in
     again = collection(tmp_path, journal_format=journal_format)
     assert drain(again, "p") == [b"created", b"item"]
     again.close()
+
+
+def test_a_turn_of_periodic_syncs_alone_is_written_to_the_log_once_it_has_run_not_an_interval_later(
+        tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "1s"}), runtime=GeventWithFsyncs(os.fdatasync),
+                           commit_log=True)
+    coll.load()
+    coll.put("p", [b"created"])
+    gevent.sleep(0)  # the turn has run: its round is up to a second away
+    (seg,) = commit_log.segment_paths(str(tmp_path))
+    assert [r.queue for _, r in read_segment(seg, last=True).records][-1:] == ["p"]  # a kill now finds it
+    coll.close()
 
 
 def test_when_the_log_cannot_take_a_periodic_syncs_turn_its_journal_fsyncs_itself(tmp_path: Path) -> None:

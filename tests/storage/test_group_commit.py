@@ -73,9 +73,13 @@ def aio() -> AioFsync:
 
 
 def c_threads() -> NativeThreadFsync:
+    """The process's one handle on the C threads, once no round of an earlier test's (a queue it
+    left behind may still sync) holds them: a test's round then begins on the loop."""
     found = native_threads()
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
+    assert found._turn.acquire(timeout=10), "a round of an earlier test still holds the C threads"
+    found._turn.release()
     return found
 
 
@@ -590,3 +594,18 @@ def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_pa
                        3: "the parent's round ended well in the child",
                        4: "the child's own round failed"}.get(code, code)
     assert leftover.successful() and parent.synced == end
+
+
+def test_rounds_begun_on_the_loop_keep_one_watcher_started_that_holds_the_loop_only_while_one_runs(
+        tmp_path: Path) -> None:
+    native = c_threads()
+    group = GroupCommit(native)
+    journal = Journal(tmp_path / "j")
+    watchers = []
+    for _ in range(3):  # each round alone: nothing else keeps the loop running while it waits
+        group.sync(journal, journal.append(b"x"))
+        watchers.append(native._ending)
+        assert watchers[-1] is not None and watchers[-1].active  # not stopped: no epoll_ctl a round
+        assert not watchers[-1].ref  # an idle server's loop is not held by it
+    assert journal.synced == 3 and len({id(w) for w in watchers}) == 1  # one watcher, started once
+    os.close(journal.fd)

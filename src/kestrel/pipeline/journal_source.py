@@ -42,6 +42,7 @@ from pyspark.sql.types import (
 
 from kestrel.pipeline.options import Option, choice, parse_options, text, whole
 from kestrel.pipeline.rows import TIMESTAMP, timestamps
+from kestrel.pipeline.worker import spare_collections
 
 RECORDS_SCHEMA = StructType([
     StructField("queue", StringType(), False),
@@ -338,6 +339,7 @@ class JournalReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, JournalPartition)
+        spare_collections()
         if not partition.paths:
             return
         if self.view == "items":

@@ -41,6 +41,7 @@ from kestrel.pipeline.options import (
 from kestrel.pipeline.rows import QUEUE_SCHEMA, queue_rows
 from kestrel.pipeline.servers import ServersUnreachable, connect, extend_timed, parse_servers
 from kestrel.pipeline.subscription import Subscription
+from kestrel.pipeline.worker import spare_collections
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -156,6 +157,7 @@ class KestrelBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, LookPartition)
+        spare_collections()
         looked = look(partition)
         yield from queue_rows(looked.items, partition.queue, partition.server, looked.added, looked.expiry)
 

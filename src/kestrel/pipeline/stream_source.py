@@ -60,6 +60,7 @@ from kestrel.pipeline.options import Option, parse_options, queue_names, reader_
 from kestrel.pipeline.rows import queue_rows
 from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
 from kestrel.pipeline.subscription import Subscription
+from kestrel.pipeline.worker import spare_collections
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -400,6 +401,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, StreamPartition)
+        spare_collections()
         return read_partition(partition)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from kestrel.client import Cluster, PackedItems
 from kestrel.pipeline.options import Option, choice, parse_options, queue_name, text, whole
 from kestrel.pipeline.servers import parse_servers
+from kestrel.pipeline.worker import spare_collections
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -133,12 +134,14 @@ class KestrelWriter(DataSourceArrowWriter):
         self.on_full: str = o["onFull"]
         self.on_null: str = o["onNull"]
         self.column = data_column(schema, o["column"])
+        spare_collections()  # in the Python worker that plans the write
 
     def write(self, iterator: Iterator[Any]) -> PutReport:
         import pyarrow as pa
         import pyarrow.compute as pc
         from pyspark import TaskContext
 
+        spare_collections()
         context = TaskContext.get()
         turn = context.partitionId() % len(self.servers) if context is not None else 0
         # Tasks start on different servers; the client retries, the writer does not retry on top.
@@ -227,6 +230,7 @@ class KestrelWriter(DataSourceArrowWriter):
         self.report(messages)
 
     def report(self, messages: list[WriterCommitMessage | None], **batch: int) -> None:
+        spare_collections()  # in the Python worker that commits the write
         reports = [m for m in messages if isinstance(m, PutReport)]
         written = sum(r.written for r in reports)
         refused = sum(r.refused for r in reports)

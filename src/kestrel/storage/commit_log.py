@@ -119,7 +119,8 @@ class Record:
 
 
 def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
-    return encode_with_name(_encoded_name(queue), epoch, offset, data, kind)
+    name = _encoded_name(queue)
+    return b"".join(record_parts(name, zlib.crc32(name), epoch, offset, [data], kind))
 
 
 def _encoded_name(queue: str) -> bytes:
@@ -128,11 +129,18 @@ def _encoded_name(queue: str) -> bytes:
     return _NAME.pack(len(name)) + name
 
 
-def encode_with_name(name: bytes, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
-    """A record whose name field (`_encoded_name`) is encoded already: a file that logs keeps it."""
+def record_parts(name: bytes, name_crc: int, epoch: int, offset: int, data: list[bytes],
+                 kind: int = JOURNAL) -> list[bytes]:
+    """A record as the pieces its write joins with the others of that write: its name field
+    encoded already (`_encoded_name`) with the field's CRC-32, as a file that logs keeps them, and
+    its bytes as the pieces they were appended from (not joined first)."""
     place = _PLACE.pack(kind << 56 | epoch, offset)
-    crc = zlib.crc32(data, zlib.crc32(place, zlib.crc32(name)))
-    return b"".join((_HEAD.pack(len(name) + len(place) + len(data), crc), name, place, data))
+    crc = zlib.crc32(place, name_crc)
+    size = len(name) + len(place)
+    for part in data:
+        crc = zlib.crc32(part, crc)
+        size += len(part)
+    return [_HEAD.pack(size, crc), name, place, *data]
 
 
 def _decode_body(body: bytes) -> Record | None:
@@ -645,17 +653,18 @@ class FileLog:
     its records, its queue's name, encoded once, and epoch) and the turns that hold what it
     appended since it last waited."""
 
-    __slots__ = ("log", "kind", "name", "epoch", "turns")
+    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "turns")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
         self.kind = kind
         self.name = _encoded_name(queue)
+        self.name_crc = zlib.crc32(self.name)
         self.epoch = epoch
         self.turns: list[Turn] = []
 
-    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None:
-        """`data` was just appended to `journal` at `offset`: log it. Never yields."""
+    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
+        """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
         turns = self.turns
         if not turns or turns[-1] is not turn:
@@ -674,7 +683,8 @@ class FileLog:
 
 
 class Turn:
-    """The records of one loop turn: written in one `write`, then made durable together.
+    """The records of one loop turn, made durable together: under a group commit, written with the
+    other turns of their round in one `write` when the round starts (`CommitLog._join`).
 
     `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
     group commit, else once they are written and each waiter syncs the log itself (`durable` is
@@ -692,8 +702,8 @@ class Turn:
         # journals under a periodic sync with records in it -> their interval in ms: the turn is due
         # within the shortest, and were the log to fail, each journal's own periodic fsync takes over
         self.periodic: dict[JournalWriter, int] = {}
-        self.segment: _Segment | None = None  # where they were written
-        self.position = 0  # the segment's size once they were
+        self.segment: _Segment | None = None  # where they were written (None: not yet)
+        self.position = 0  # the end of its records there
         self.error: OSError | None = None
         self.durable = False
         self.done = done
@@ -715,12 +725,12 @@ class _Segment:
 class CommitLog:
     """The server's commit log (`open` it once recovery has run; `close` it after every queue).
 
-    Under the gevent runtime the records of a turn are written once the turn has run, by a callback;
-    the turns written are then put in the group commit's next round together (`_join`), and each
-    is settled once that round has run: its waiters wake, and the connections holding their
-    acknowledgements are told. No greenlet runs for a turn, and a change made where
-    acknowledgements are held does not wait at all. Elsewhere each record is written at once, and
-    its waiter fsyncs the log.
+    Under the gevent runtime a turn, once it has run (a callback), waits for the group commit's
+    next round with the others gathered (`_gather`); when that round is joined, their records are
+    written in one `write` (`_join`), and each turn is settled once the round has run: its waiters
+    wake, and the connections holding their acknowledgements are told. No greenlet runs for a
+    turn, and a change made where acknowledgements are held does not wait at all. Elsewhere each
+    record is written at once, and its waiter fsyncs the log.
 
     Rounds grow with the load: one round of the log is in flight at a time, and when it has run,
     the next waits for as many changes as the round just run carried and the turns written
@@ -743,7 +753,7 @@ class CommitLog:
         self._turn: Turn | None = None
         self._turns = 0  # turns numbered so far
         self._unsettled: deque[Turn] = deque()  # written, oldest first, until settled
-        self._gathered: list[Turn] = []  # written, not yet in a round
+        self._gathered: list[Turn] = []  # run, not yet in a round (written by `_join` or `_switch`)
         self._gathered_changes = 0
         self._in_flight = False  # a round of the log's runs or waits to
         self._wanted = 0  # changes the next round waits for
@@ -782,56 +792,100 @@ class CommitLog:
     # -----------------------------------------------------------------------------------------
     # Appending and waiting
 
-    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes) -> Turn:
-        """Log bytes just appended to `journal` at `offset`; the turn to wait for. Never yields."""
+    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
+        """Log bytes just appended (in pieces) to `journal` at `offset`, where it ends now; the turn
+        to wait for. Never yields."""
         with self._lock:
             segment = self._segments[-1]
-            segment.journals[journal] = offset + len(data)
+            segment.journals[journal] = journal.size
             turn = self._turn
             if turn is None:
                 self._turns += 1
                 turn = self._turn = Turn(self.runtime.event(), self._turns)
                 if self._group_commit is not None:
-                    gevent.get_hub().loop.run_callback(self._write_turn)
-            turn.chunks.append(encode_with_name(file.name, file.epoch, offset, data, file.kind))
+                    gevent.get_hub().loop.run_callback(self._end_turn)
+            turn.chunks += record_parts(file.name, file.name_crc, file.epoch, offset, data, file.kind)
             sync_ms = journal.sync_ms
             if sync_ms == 0:
                 turn.changes += 1
             elif sync_ms is not None:
                 turn.periodic[journal] = sync_ms
             if self._group_commit is None:
-                self._write_turn()
+                self._end_turn()
             return turn
 
-    def _write_turn(self) -> None:
-        """Write the records of the turn in one `write` (cut back if it fails: `JournalWriter`);
-        under a group commit, it then waits for a round (`_gather`)."""
+    def _end_turn(self) -> None:
+        """The turn has run: under a group commit it waits for a round (`_gather`), which writes
+        it; elsewhere it is written at once, and each waiter fsyncs the log itself."""
         with self._lock:
             turn = self._turn
             if turn is None:
                 return
             self._turn = None
             self._unsettled.append(turn)
-            segment = turn.segment = self._segments[-1]
+            if self._group_commit is not None:
+                self._gather(turn)
+                return
             try:
-                segment.writer.append(turn.chunks[0] if len(turn.chunks) == 1 else b"".join(turn.chunks))
-                turn.position = segment.writer.size
-                turn.started = time.perf_counter()
-            except OSError as e:
-                turn.error = e
-            except BaseException as other:  # no waiter may wait for a write that will never end
-                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
-                raise
+                self._write([turn])
             finally:
+                self._periodic_fall_back(turn)
+                turn.done.set()
+                self._settle()
+
+    def _write(self, turns: list[Turn]) -> None:
+        """Write the records of `turns`, in order, to the last segment in one `write`, cut back if
+        it fails (`JournalWriter.append`): each turn then has its `segment` and `position`, or,
+        every one of them, the `error`."""
+        segment = self._segments[-1]
+        writer = segment.writer
+        chunks = turns[0].chunks if len(turns) == 1 else [chunk for turn in turns for chunk in turn.chunks]
+        start = writer.size
+        try:
+            writer.append(b"".join(chunks))
+        except OSError as e:
+            for turn in turns:
+                turn.error = e
+        except BaseException as other:  # no waiter may wait for a write that will never end
+            for turn in turns:
+                turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
+            raise
+        else:
+            started = time.perf_counter()
+            end = start
+            for turn in turns:
+                for chunk in turn.chunks:
+                    end += len(chunk)
+                turn.segment = segment
+                turn.position = end
+                turn.started = started
+        finally:
+            for turn in turns:
                 turn.chunks = []
-                if turn.error is not None or self._group_commit is None or segment.failed:
+        if writer.size >= self.segment_bytes and self._checkpointing is None:
+            self.runtime.spawn(self._checkpoint_logged)
+
+    def _write_gathered(self) -> None:
+        """Write the turns gathered and not written yet, together (`_write`): when a round takes
+        them, or a new segment starts, or, for periodic syncs alone, when they are gathered (a
+        process killed meanwhile leaves them in the log as it did in their journals, rather than
+        an interval later). Those it could not write, or wrote to a segment whose fsync failed,
+        leave the gathering: their waiters fall back on their journals."""
+        written = [turn for turn in self._gathered if turn.segment is not None]  # before a switch
+        if len(written) == len(self._gathered):
+            return
+        unwritten = [turn for turn in self._gathered if turn.segment is None]
+        segment = self._segments[-1]
+        try:
+            self._write(unwritten)
+        finally:  # whatever happens, no waiter waits on for a round that will not take its turn
+            if unwritten[0].error is not None or segment.failed:
+                self._gathered = written
+                self._gathered_changes = sum(turn.changes for turn in written)
+                for turn in unwritten:
                     self._periodic_fall_back(turn)
-                    turn.done.set()  # failed: its waiters fall back on their journals
-                    self._settle()
-                else:
-                    self._gather(turn)
-            if segment.writer.size >= self.segment_bytes and self._checkpointing is None:
-                self.runtime.spawn(self._checkpoint_logged)
+                    turn.done.set()
+                self._settle()
 
     def _gather(self, turn: Turn) -> None:
         """The turn waits for the next round (`_decide`)."""
@@ -852,6 +906,10 @@ class CommitLog:
         if changes and changes >= self._wanted:
             self._join()
             return
+        if not changes:  # periodic syncs alone, whose round may be an interval away: written now
+            self._write_gathered()
+            if not self._gathered:
+                return
         now = self.runtime.clock.monotonic()
         at = self._due
         if changes:
@@ -874,6 +932,7 @@ class CommitLog:
             self._gathering = None
         self._join_at = self._due = math.inf
         self._gather_from = None
+        self._write_gathered()
         turns, self._gathered = self._gathered, []
         changes, self._gathered_changes = self._gathered_changes, 0
         if not turns:
@@ -1083,7 +1142,8 @@ class CommitLog:
         self.runtime.run_blocking(self._install, path, prepared)
         with self._lock:
             self._seq += 1
-            self._write_turn()  # this turn's records so far go to the older segment
+            self._end_turn()  # what was logged so far goes to the older segment
+            self._write_gathered()
             self._segments.append(_Segment(JournalWriter(path, 0, self.runtime, end=len(MARK))))
 
     def _install(self, path: str, prepared: bool) -> None:
@@ -1141,7 +1201,7 @@ class CommitLog:
             self._timer = None
         while (running := self._checkpointing) is not None:
             running.wait()
-        self._write_turn()
+        self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable
         segments, self._segments = self._segments, []

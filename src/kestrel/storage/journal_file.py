@@ -124,7 +124,7 @@ def record_timing(event: str, started: float) -> None:
 class AppendLog(Protocol):
     """A commit log's side of a file that logs its appends (`commit_log.FileLog`)."""
 
-    def appended(self, journal: JournalWriter, offset: int, data: bytes) -> None: ...
+    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None: ...
 
     def commit(self, journal: JournalWriter) -> None: ...
 
@@ -209,7 +209,7 @@ class JournalWriter:
         self.size += len(data)
         record_timing("write", started)
         if self.log is not None:
-            self.log.appended(self, offset, data)
+            self.log.appended(self, offset, [data])
 
     def append_parts(self, parts: list[bytes]) -> None:
         """`append` the records given as pieces, in one gathering write (`disk.writev_all`): the pieces
@@ -225,8 +225,8 @@ class JournalWriter:
         offset = self.size
         self.size += written
         record_timing("write", started)
-        if self.log is not None:  # the log takes its record as one string: a copy, with the log on only
-            self.log.appended(self, offset, b"".join(parts))
+        if self.log is not None:  # the pieces as they are: the log's write joins them with the rest
+            self.log.appended(self, offset, parts)
 
     def _ready(self) -> None:
         """Open the file for an append, or raise OSError when a failed one left it damaged."""

@@ -160,6 +160,10 @@ class NativeThreadFsync:
         self._turn = gevent.lock.Semaphore()  # from start to finish, one round at a time
         self._eventfd = self._make_eventfd()
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
+        # `begin`'s watcher: started by its first round and never stopped (a start and a stop each
+        # round cost an `epoll_ctl` and the loop's bookkeeping); it keeps the loop running (`ref`)
+        # only while a round it waits for runs.
+        self._ending: Any = None
         self._abandoned = False  # a round whose waiter was killed: finished before the next starts
         self._forks = 0  # how many times this process was forked from the one that made this
         self._then: tuple[Callable[[list[OSError | None]], None], int] | None = None  # `begin`'s round
@@ -177,11 +181,12 @@ class NativeThreadFsync:
         """A forked child must not share its parent's eventfd (each would read the other's rounds),
         nor wait for a turn that a greenlet of its parent held; a parent's round that was waiting
         when the process forked fails in the child instead of reading the child's rounds."""
-        if self._watcher is not None:
-            self._watcher.stop()
+        for watcher in (self._watcher, self._ending):
+            if watcher is not None:
+                watcher.stop()
         if self._eventfd >= 0:
             os.close(self._eventfd)
-        self._eventfd, self._watcher, self._abandoned = self._make_eventfd(), None, False
+        self._eventfd, self._watcher, self._ending, self._abandoned = self._make_eventfd(), None, None, False
         self._turn = gevent.lock.Semaphore()
         self._forks += 1
         if self._then is not None:  # a parent's round: it fails in the child, on the child's loop
@@ -211,19 +216,21 @@ class NativeThreadFsync:
         if not fds or self._eventfd < 0 or self._abandoned or not self._turn.acquire(blocking=False):
             return False
         try:
-            if self._watcher is None:
-                self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+            if self._ending is None:
+                self._ending = gevent.get_hub().loop.io(self._eventfd, 1)
+                self._ending.start(self._ended)
             self._start(fds, self._eventfd, False)
         except BaseException:
             self._turn.release()
             raise
         self._then = (then, len(fds))
-        self._watcher.start(self._ended)
+        self._ending.ref = True
         return True
 
     def _ended(self) -> None:
         """On the loop: the eventfd is readable. If `begin`'s round has ended, collect its results
-        and hand them on (a wake-up that finds the counter at zero waits on)."""
+        and hand them on (a wake-up that finds the counter at zero, or that is a round of
+        `_round`'s, whose greenlet reads it, waits on)."""
         if self._then is None:
             return
         try:
@@ -232,8 +239,7 @@ class NativeThreadFsync:
             return
         then, _ = self._then
         self._then = None
-        assert self._watcher is not None
-        self._watcher.stop()
+        self._ending.ref = False
         try:
             codes = self._finish()
         finally:
