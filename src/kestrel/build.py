@@ -62,6 +62,7 @@ COMPILED_MODULES = (
     "kestrel.storage.queue",
     "kestrel.storage.read_behind",
     "kestrel.storage.taken_items",
+    "kestrel.storage.timing",
     "kestrel.storage.wait_list",
     "kestrel.storage.kestrel2.codec",
     "kestrel.storage.kestrel2.journal",

@@ -23,6 +23,7 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.socket_io import ClientSocket, accepted
 from kestrel.service.text.handler import TextConnection
 from kestrel.service.thrift.handler import ThriftConnection
+from kestrel.service.thrift.messages import METHODS
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.thrift_wire import decode_reply, encode_call, framed
 
@@ -222,7 +223,7 @@ def test_thrift_connections_share_one_table_of_calls(server_state: ServerState) 
     one = ThriftConnection(server_state, accepted(first[0]), "peer:1")
     other = ThriftConnection(server_state, accepted(second[0]), "peer:2")
     assert one.calls is other.calls
-    one._call("put", 1, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})
+    one._call(METHODS["put"], 1, ("q", [b"x"], 0))
     assert one.session.stats.total_connections == 2 and server_state.collection.peek("q") is not None
     for sock in (*first, *second):
         sock.close()

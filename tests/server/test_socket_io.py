@@ -12,7 +12,7 @@ from typing import Any
 import gevent
 import gevent.socket
 import pytest
-from gevent.exceptions import ConcurrentObjectUseError
+from gevent.exceptions import BlockingSwitchOutError, ConcurrentObjectUseError
 
 from kestrel.service import socket_io
 from kestrel.service.socket_io import LINGER_S, ClientSocket, SendTimeout, accepted, close_lingering
@@ -148,6 +148,29 @@ def test_two_receives_waiting_on_one_socket_is_refused_by_name(pair: Any) -> Non
         io.receive(bytearray(), None, between_requests=True)
     client.sendall(b"x")
     assert first.get(timeout=STALL_S) == 1
+    io.close()
+
+
+def test_a_wait_from_the_event_loop_s_own_greenlet_is_refused_and_starts_no_watcher(pair: Any) -> None:
+    """The hub cannot wait for a socket (nothing would switch back to it): refused as gevent's own
+    `switch` refuses it, before the watcher starts; a connection's wait afterwards is untouched."""
+    server, client = pair
+    io = ClientSocket(server, 64)
+    hub = gevent.get_hub()
+    watcher = hub.loop.io(server.fileno(), 1)
+    refused: list[BaseException] = []
+
+    def from_the_hub() -> None:
+        try:
+            socket_io.wait(watcher, hub)
+        except BlockingSwitchOutError as e:
+            refused.append(e)
+
+    hub.loop.run_callback(from_the_hub)
+    gevent.sleep(0.01)
+    assert len(refused) == 1 and not watcher.active and watcher.callback is None
+    client.sendall(b"x")
+    assert io.receive(bytearray(), None, between_requests=True) == 1
     io.close()
 
 

@@ -17,6 +17,7 @@ from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.text.handler import TextConnection
 from kestrel.service.thrift.handler import ThriftConnection
+from kestrel.service.thrift.messages import METHODS
 from tests.support.thrift_wire import decode_reply, unframed
 
 
@@ -33,16 +34,17 @@ def _bug(*args: Any, **kwargs: Any) -> None:
 
 def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
     conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
-    conn.calls = dict(conn.calls)  # every connection's table: this one's alone is changed
-    handler, method, latency = conn.calls["put"]
-    conn.calls["put"] = (_bug, method, latency)
-    reply = decode_reply(unframed(conn._call("put", 7, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})),
+    conn.calls = list(conn.calls)  # every connection's table: this one's alone is changed
+    put = METHODS["put"]
+    handler, method, latency = conn.calls[put.number]
+    conn.calls[put.number] = (_bug, method, latency)
+    reply = decode_reply(unframed(conn._call(put, 7, ("q", [b"x"], 0))),
                          "binary", "put")
     assert isinstance(reply, TApplicationException)
     assert reply.type == TApplicationException.INTERNAL_ERROR
     assert reply.message == "internal error in put: RuntimeError('a bug')"
-    conn.calls["put"] = (handler, method, latency)
-    assert decode_reply(unframed(conn._call("put", 8, {"queue_name": "q", "items": [b"x"], "expiration_msec": 0})),
+    conn.calls[put.number] = (handler, method, latency)
+    assert decode_reply(unframed(conn._call(put, 8, ("q", [b"x"], 0))),
                         "binary", "put") == 1
 
 

@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kestrel.service.thrift.messages import (
-    _BINARY_REPLY_HEADS,
     _PLAIN_CALLS,
     METHODS,
     encode_reply,
@@ -128,7 +127,7 @@ TIMED = st.lists(st.tuples(st.binary(max_size=100), st.integers(-(2**63), 2**63 
 @given(PAIRS, TIMED, st.integers(-(2**31), 2**31 - 1))
 def test_items_are_laid_out_as_write_reply_lays_them_out(pairs: list[tuple[bytes, int]],
                                                          timed: list[tuple[bytes, int, int, int]], seqid: int) -> None:
-    head = _BINARY_REPLY_HEADS["get"]
+    head = METHODS["get"].reply_head
     datas = [data for data, _ in pairs]
     reference = write_reply(BinaryWriter(), METHODS["get"], seqid, pairs)
     assert compiled.write_reply(head, seqid, (1, 2), datas, [number for _, number in pairs]) == reference
@@ -137,7 +136,7 @@ def test_items_are_laid_out_as_write_reply_lays_them_out(pairs: list[tuple[bytes
     fields = [(data, number, added, expiry or None) for data, number, added, expiry in timed]
     reference = write_reply(BinaryWriter(), METHODS["get_timed"], seqid, fields)
     columns = [list(column) for column in zip(*timed, strict=True)] or [[], [], [], []]
-    assert compiled.write_reply(_BINARY_REPLY_HEADS["get_timed"], seqid, (1, 2, 3, 4), *columns) == reference
+    assert compiled.write_reply(METHODS["get_timed"].reply_head, seqid, (1, 2, 3, 4), *columns) == reference
 
 
 @pytest.mark.parametrize("datas, ids", [
@@ -196,9 +195,10 @@ def compiled_call(frame: bytes) -> Any:
     if call is None:
         assert read_plain_frame(frame, 100_000, 16 << 20) is None
         return None
-    name, _, seqid, args, pos = call
-    assert read_plain_frame(frame, 100_000, 16 << 20) == (name, seqid, args)
-    return name, seqid, args, pos
+    method, _, seqid, args, pos = call
+    assert method is METHODS[method.name]
+    assert read_plain_frame(frame, 100_000, 16 << 20) == (method, seqid, args)
+    return method.name, seqid, args, pos
 
 
 @settings(max_examples=500, deadline=None)
@@ -218,13 +218,12 @@ def test_call_frames_read_as_the_python_readers_read_them(call: tuple[str, Any],
 
 def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
     put = encode_call("binary", "put", seqid=7, queue_name="q", items=[b"a", b"bc"], expiration_msec=5)
-    assert compiled_call(put) == ("put", 7, {"queue_name": "q", "items": [b"a", b"bc"], "expiration_msec": 5},
-                                  len(put))
+    assert compiled_call(put) == ("put", 7, ("q", [b"a", b"bc"], 5), len(put))
     get = encode_call("binary", "get", seqid=8, queue_name="q", max_items=10, timeout_msec=0, auto_abort_msec=0)
     assert compiled_call(get) is not None
     confirm = encode_call("binary", "confirm", seqid=9, queue_name="q", ids={1, 2})
     read = compiled_call(confirm)
-    assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2]["ids"]) == [1, 2]
+    assert read is not None and read[:2] == ("confirm", 9) and sorted(read[2][1]) == [1, 2]
     unknown_field = put[:-1] + b"\x08\x00\x63" + struct.pack("!i", 1) + b"\x00"  # field 99: not put's
     assert compiled_call(unknown_field) is None and python_call(unknown_field) is not None  # read field by field
 
@@ -275,17 +274,17 @@ def test_limits_and_bad_text_are_left_to_the_python_readers() -> None:
 
 def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
     """A made-up method with one argument of each kind (Kestrel's own have no plain i64), its frame
-    cut at every length: only the whole frame is read, and to the right values."""
-    methods = {"m": ({"t": None}, {1: ("a", 8, 0), 2: ("b", 10, 1), 3: ("t", 11, 2), 4: ("r", 11, 3),
-                                   5: ("l", 15, 4), 6: ("s", 14, 5)})}
+    cut at every length: only the whole frame is read, and to the right values, each in its place
+    (not the order of the field ids), the default where the call has none."""
+    fields = (None, (1, 8, 0), (0, 10, 1), (2, 11, 2), (3, 11, 3), (4, 15, 4), (5, 14, 5))
+    methods = ((b"n", "not this", (None,), (None, (0, 8, 0))), (b"m", "M", (None,) * 6 + (7,), fields))
     body = (b"\x08\x00\x01" + struct.pack("!i", -5) + b"\x0a\x00\x02" + struct.pack("!q", -(2**40))
             + b"\x0b\x00\x03" + struct.pack("!i", 3) + "é!".encode() + b"\x0b\x00\x04" + struct.pack("!i", 2)
             + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"])
             + b"\x0e\x00\x06\x0a" + struct.pack("!iqq", 2, -1, 2**62) + b"\x00")
     frame = struct.pack("!I", 0x80010001) + struct.pack("!i", 1) + b"m" + struct.pack("!i", 42) + body
     whole = compiled.read_call(frame, methods, 100, 100)
-    assert whole == ("m", 1, 42, {"a": -5, "b": -(2**40), "t": "é!", "r": b"\xff\x00", "l": [b"x", b"yz"],
-                                  "s": [-1, 2**62]}, len(frame))
+    assert whole == ("M", 1, 42, (-(2**40), -5, "é!", b"\xff\x00", [b"x", b"yz"], [-1, 2**62], 7), len(frame))
     for cut in range(len(frame)):
         assert compiled.read_call(frame[:cut], methods, 100, 100) is None
 
@@ -356,7 +355,7 @@ def test_a_framed_reply_holding_large_items_is_one_frame(sizes: list[int],
     reference = write_reply(protocol(), METHODS["get"], 9, got.pairs())
     assert write_reply(protocol(framed=True), METHODS["get"], 9, got.pairs()) == framed(reference)
     assert encode_reply(protocol, METHODS["get"], 9, got, framed=True) == framed(reference)
-    head = _BINARY_REPLY_HEADS["get"]
+    head = METHODS["get"].reply_head
     if protocol is BinaryWriter:
         laid = compiled.write_framed_reply(head, 9, (1, 2), [data for data, _ in got.pairs()], 7)
         assert laid == framed(reference)

@@ -35,11 +35,12 @@ def reader(protocol: str, data: bytes, **limits: Any) -> Any:
 
 
 def decode(protocol: str, data: bytes, **limits: Any) -> tuple[str, int, dict[str, Any]]:
+    """The call's name, message type and arguments by their names in the contract."""
     r = reader(protocol, data, **limits)
     name, mtype, _ = r.read_message_begin()
     args, problem = read_args(r, METHODS.get(name))
     assert problem is None
-    return name, mtype, args
+    return name, mtype, dict(zip(METHODS[name].names, args, strict=True))
 
 
 @settings(max_examples=300, deadline=None)

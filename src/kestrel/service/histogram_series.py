@@ -3,8 +3,10 @@ journal write's): compiled with it (src/kestrel/build.py); `metrics.py` names an
 
 from __future__ import annotations
 
+from kestrel.storage.timing import Timing
 
-class HistogramSeries:
+
+class HistogramSeries(Timing):
     """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before."""
 
     __slots__ = ("bounds", "counts", "sum")

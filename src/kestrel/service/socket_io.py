@@ -18,8 +18,9 @@ from typing import Any, Final
 import gevent
 import gevent.socket
 from gevent import get_hub, getcurrent, monkey
-from gevent.exceptions import ConcurrentObjectUseError
+from gevent.exceptions import BlockingSwitchOutError, ConcurrentObjectUseError
 from gevent.socket import socket as gsocket
+from greenlet import greenlet
 from mypy_extensions import mypyc_attr
 
 lengthen: Callable[[bytearray, int], int] | None
@@ -91,6 +92,7 @@ _send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is N
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
 _getcurrent: Final = getcurrent
+_switch: Final = greenlet.switch  # a greenlet's switch, called with the greenlet to switch to
 
 
 def wait(watcher: Any, hub: Any) -> None:
@@ -101,15 +103,21 @@ def wait(watcher: Any, hub: Any) -> None:
     gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
     switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
     (alternated with gevent's on an always-readable socket, 2026-11-27), and a request waits
-    once. A wake-up that is not the socket's (a stray switch) only costs a receive or send that
-    finds nothing and waits again; an exception thrown in (a kill) stops the watcher on its way
-    out, as gevent's does.
+    once. It switches with greenlet's own `switch`, not the hub's method, whose one check (that
+    the hub is not the one waiting: its `switch_out`, the only one a greenlet here can have) is
+    made here: a method call and an attribute looked up in vain fewer a wait. A wake-up that is
+    not the socket's (a stray switch) only costs a receive or send that finds nothing and waits
+    again; an exception thrown in (a kill) stops the watcher on its way out, as gevent's does.
     """
     if watcher.callback is not None:
         raise ConcurrentObjectUseError(f"this socket is already waited for by {watcher.callback!r}")
+    # (the current greenlet is not kept in a local: a kill's traceback would hold this frame, and
+    # through it the greenlet, a cycle)
+    if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
+        raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
     watcher.start(_getcurrent().switch)
     try:
-        hub.switch()
+        _switch(hub)
     finally:
         watcher.stop()
 

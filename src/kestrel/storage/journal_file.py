@@ -22,6 +22,7 @@ from kestrel.storage.clock import perf_counter
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
+from kestrel.storage.timing import Timing
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -107,17 +108,17 @@ class BufferedFile:
 # Writing
 
 
-# Filled by the server to record timings (storage knows no metrics library): each event's observer,
-# called with the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One
-# call per event, as every request's append reports its write.
-timings: dict[str, Callable[[float], None]] = {}
+# Filled by the server to record timings (storage knows no metrics library): each event's Timing,
+# given the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One report
+# per event, as every request's append reports its write.
+timings: dict[str, Timing] = {}
 
 
 def record_timing(event: str, started: float) -> None:
-    """Report the time since `started` (a `perf_counter()` reading) to the event's observer."""
-    observe = timings.get(event)
-    if observe is not None:
-        observe(perf_counter() - started)
+    """Report the time since `started` (a `perf_counter()` reading) to the event's Timing."""
+    timing = timings.get(event)
+    if timing is not None:
+        timing.observe(perf_counter() - started)
 
 
 class AppendLog(Protocol):

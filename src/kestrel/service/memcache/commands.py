@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kestrel.storage.clock import Clock
+
 # Absolute expiry times are at or above this; smaller ones are relative seconds (memcache's rule).
 RELATIVE_EXPIRY_LIMIT = 1_000_000
 
@@ -218,12 +220,13 @@ def parse_line(line: bytes) -> Command:
     raise client_error(f"unknown command {name[:64]!r}")
 
 
-def absolute_expiry_ms(exptime: int, now_ms: int) -> int:
-    """memcache exptime → absolute ms: 0 never; under 1,000,000 relative seconds; else epoch seconds."""
+def absolute_expiry_ms(exptime: int, clock: Clock) -> int:
+    """memcache exptime → absolute ms: 0 never; under 1,000,000 relative seconds; else epoch seconds.
+    The clock is read only for a relative time (most sets never expire)."""
     if exptime == 0:
         return 0
     if exptime < 0:
-        return now_ms  # already expired, as memcache treats negative times
+        return clock.now_ms()  # already expired, as memcache treats negative times
     if exptime < RELATIVE_EXPIRY_LIMIT:
-        return now_ms + exptime * 1000
+        return clock.now_ms() + exptime * 1000
     return exptime * 1000

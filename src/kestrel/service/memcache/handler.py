@@ -175,7 +175,7 @@ class MemcacheConnection(BufferedConnection):
         that each set is answered as it would have been alone; nothing for those sent with noreply
         (`answered` has a 0 there)."""
         started = perf_counter()
-        expiry = absolute_expiry_ms(exptime, self.session.coll.clock.now_ms())
+        expiry = absolute_expiry_ms(exptime, self.session.coll.clock)
         count = len(datas)
         done = 0
         try:
@@ -188,7 +188,11 @@ class MemcacheConnection(BufferedConnection):
                 except Exception as e:
                     stored, reply = 0, self._error(e)
                 if stored:
-                    self.out.append(STORED * answered.count(1, done, done + stored))
+                    if count == 1:  # a set alone, the common case: no call of `count`
+                        if answered[0]:
+                            self.out.append(STORED)
+                    else:
+                        self.out.append(STORED * answered.count(1, done, done + stored))
                     done += stored
                     if done == count:
                         break

@@ -207,14 +207,47 @@ static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io
     return value;
 }
 
+/* The entry of `methods` for the method named buf[0:size] (borrowed), or NULL: each entry is (name
+ * as UTF-8 bytes, the method, defaults, fields by id), a handful of them, compared by length first. */
+static PyObject *find_method(const unsigned char *name, Py_ssize_t size, PyObject *methods) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(methods); i++) {
+        PyObject *entry = PyTuple_GET_ITEM(methods, i);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4 || !PyBytes_Check(PyTuple_GET_ITEM(entry, 0))
+                || !PyTuple_Check(PyTuple_GET_ITEM(entry, 2)) || !PyTuple_Check(PyTuple_GET_ITEM(entry, 3))) {
+            continue;
+        }
+        PyObject *known = PyTuple_GET_ITEM(entry, 0);
+        if (PyBytes_GET_SIZE(known) == size && memcmp(PyBytes_AS_STRING(known), name, (size_t)size) == 0) {
+            return entry;
+        }
+    }
+    return NULL;
+}
+
+/* A field's (position, wire type, kind) as C numbers; 0 where it is not three small ints. */
+static int field_rule(PyObject *field, Py_ssize_t slots, Py_ssize_t *position, long *ttype, long *kind) {
+    if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 3) {
+        return 0;
+    }
+    *position = PyLong_AsSsize_t(PyTuple_GET_ITEM(field, 0));
+    *ttype = PyLong_AsLong(PyTuple_GET_ITEM(field, 1));
+    *kind = PyLong_AsLong(PyTuple_GET_ITEM(field, 2));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return *position >= 0 && *position < slots;
+}
+
 /* The call in buf[0:end]: a strict binary message header, a known method, a call, then fields the
- * method has, each of its type, up to STOP. `methods`: {name: (defaults, {field id: (argument
- * name, wire type, kind)})}. 1 with *name, *mtype, *seqid, *values (new references) and *pos (where
- * the call ends) set; 0 where the Python readers must read it; -1 with an exception. */
+ * method has, each of its type, up to STOP. `methods`: a tuple of (name as UTF-8 bytes, the method,
+ * its defaults in argument order, its fields by field id: (position, wire type, kind) or None),
+ * as messages.py makes them from the contract. 1 with *method (the entry's method), *mtype, *seqid,
+ * *values (the arguments in order, the defaults where the call has none; new references) and *pos
+ * (where the call ends) set; 0 where the Python readers must read it; -1 with an exception. */
 static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *methods, Py_ssize_t max_items,
-                      long long max_bytes, PyObject **name_out, int *mtype_out, int32_t *seqid_out,
+                      long long max_bytes, PyObject **method_out, int *mtype_out, int32_t *seqid_out,
                       PyObject **values_out, Py_ssize_t *pos_out) {
-    PyObject *name = NULL, *values = NULL;
     if (end < 8) {
         return 0;
     }
@@ -225,28 +258,22 @@ static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *method
         return 0;
     }
     int mtype = (int)(first & 0xff);
-    name = PyUnicode_DecodeUTF8((const char *)buf + 8, name_size, "replace");
-    if (name == NULL) {
-        return -1;
+    PyObject *entry = find_method(buf + 8, name_size, methods);  /* borrowed */
+    if (entry == NULL || mtype != CALL) {
+        return 0;
     }
     Py_ssize_t pos = 8 + name_size;
     int32_t seqid = read_be32(buf + pos);
     pos += 4;
-    PyObject *method = PyDict_GetItemWithError(methods, name);  /* borrowed */
-    if (method == NULL) {
-        if (!PyErr_Occurred()) {
-            goto declined;
-        }
-        goto failed;
-    }
-    if (mtype != CALL || !PyTuple_Check(method) || PyTuple_GET_SIZE(method) != 2) {
-        goto declined;
-    }
-    values = PyDict_Copy(PyTuple_GET_ITEM(method, 0));
+    PyObject *defaults = PyTuple_GET_ITEM(entry, 2), *fields = PyTuple_GET_ITEM(entry, 3);
+    Py_ssize_t slots = PyTuple_GET_SIZE(defaults);
+    PyObject *values = PyTuple_New(slots);
     if (values == NULL) {
-        goto failed;
+        return -1;
     }
-    PyObject *fields = PyTuple_GET_ITEM(method, 1);
+    for (Py_ssize_t i = 0; i < slots; i++) {
+        PyTuple_SET_ITEM(values, i, Py_NewRef(PyTuple_GET_ITEM(defaults, i)));
+    }
     for (;;) {
         if (pos >= end) {
             goto declined;
@@ -259,71 +286,51 @@ static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *method
         if (end - pos < 3) {
             goto declined;
         }
-        PyObject *fid = PyLong_FromLong(read_be16(buf + pos + 1));
-        if (fid == NULL) {
-            goto failed;
+        int fid = read_be16(buf + pos + 1);
+        if (fid < 0 || fid >= PyTuple_GET_SIZE(fields)) {
+            goto declined;
         }
-        PyObject *field = PyDict_GetItemWithError(fields, fid);  /* borrowed */
-        Py_DECREF(fid);
-        if (field == NULL) {
-            if (PyErr_Occurred()) {
-                goto failed;
-            }
+        Py_ssize_t position;
+        long wire_type, kind;
+        if (!field_rule(PyTuple_GET_ITEM(fields, fid), slots, &position, &wire_type, &kind) || wire_type != ttype) {
             goto declined;
         }
         pos += 3;
-        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 3
-                || PyLong_AsLong(PyTuple_GET_ITEM(field, 1)) != ttype) {
-            if (PyErr_Occurred()) {
-                goto failed;
-            }
-            goto declined;
-        }
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(field, 2));
-        if (kind == -1 && PyErr_Occurred()) {
-            goto failed;
-        }
         int declined;
         PyObject *value = argument((int)kind, buf, &pos, end, max_items, max_bytes, &declined);
         if (value == NULL) {
             if (declined) {
                 goto declined;
             }
-            goto failed;
+            Py_DECREF(values);
+            return -1;
         }
-        int set = PyDict_SetItem(values, PyTuple_GET_ITEM(field, 0), value);
-        Py_DECREF(value);
-        if (set < 0) {
-            goto failed;
-        }
+        PyObject *old = PyTuple_GET_ITEM(values, position);  /* the tuple is still this reader's own */
+        PyTuple_SET_ITEM(values, position, value);
+        Py_DECREF(old);
     }
-    *name_out = name;
+    *method_out = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
     *mtype_out = mtype;
     *seqid_out = seqid;
     *values_out = values;
     *pos_out = pos;
     return 1;
 declined:
-    Py_XDECREF(name);
-    Py_XDECREF(values);
+    Py_DECREF(values);
     return 0;
-failed:
-    Py_XDECREF(name);
-    Py_XDECREF(values);
-    return -1;
 }
 
 /* The call `parse_call` reads in `args[0]` (a buffer), with `args[first]` the methods and the two
  * after it max_items and max_bytes. `max_frame` < 0: the buffer is a frame's payload, answered
- * (name, mtype, seqid, args, pos); else it starts with a frame (a 4-byte size, then the payload)
- * read in place when whole and within `max_frame`, answered (name, seqid, args, end of the frame).
+ * (method, mtype, seqid, args, pos); else it starts with a frame (a 4-byte size, then the payload)
+ * read in place when whole and within `max_frame`, answered (method, seqid, args, end of the frame).
  * None where there is no such call. */
 static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t max_frame) {
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyObject *result = NULL, *name, *values;
+    PyObject *result = NULL, *method, *values;
     int mtype;
     int32_t seqid;
     Py_ssize_t pos;
@@ -338,7 +345,7 @@ static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t 
         }
         int read = 0;
         if (max_frame < 0 || (size >= 0 && size <= max_frame && size <= view.len - 4)) {
-            read = parse_call(buf + start, size, args[first], max_items, max_bytes, &name, &mtype, &seqid,
+            read = parse_call(buf + start, size, args[first], max_items, max_bytes, &method, &mtype, &seqid,
                               &values, &pos);
         }
         if (read > 0) {  /* the tuple made directly: Py_BuildValue parses its format at every call */
@@ -346,14 +353,14 @@ static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t 
             PyObject *at = PyLong_FromSsize_t(max_frame < 0 ? pos : start + size);
             PyObject *type = max_frame < 0 ? PyLong_FromLong(mtype) : NULL;
             if (seq != NULL && at != NULL && (max_frame >= 0 || type != NULL)) {
-                result = max_frame < 0 ? PyTuple_Pack(5, name, type, seq, values, at)
-                                       : PyTuple_Pack(4, name, seq, values, at);
+                result = max_frame < 0 ? PyTuple_Pack(5, method, type, seq, values, at)
+                                       : PyTuple_Pack(4, method, seq, values, at);
             }
             Py_XDECREF(type);
             Py_XDECREF(at);
             Py_XDECREF(seq);
             Py_DECREF(values);
-            Py_DECREF(name);
+            Py_DECREF(method);
         } else if (read == 0) {
             result = Py_NewRef(Py_None);
         }
@@ -362,23 +369,23 @@ static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t 
     return result;
 }
 
-/* read_call(frame, methods, max_items, max_bytes) -> (name, mtype, seqid, args, pos) | None:
+/* read_call(frame, methods, max_items, max_bytes) -> (method, mtype, seqid, args, pos) | None:
  * the call a whole frame's payload holds (`parse_call`). */
 static PyObject *read_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[1])) {
+    if (nargs != 4 || !PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "read_call takes frame, methods, max_items, max_bytes");
         return NULL;
     }
     return plain_call(args, 1, -1);
 }
 
-/* read_framed_call(buf, max_frame, methods, max_items, max_bytes) -> (name, seqid, args, end) | None:
+/* read_framed_call(buf, max_frame, methods, max_items, max_bytes) -> (method, seqid, args, end) | None:
  * the call of the frame at the start of a receive buffer (a 4-byte size, then the payload), read in
  * place, when the frame is whole, within `max_frame` and its call one `parse_call` reads; `end` is
  * where the frame ends. None for anything else: a frame still arriving, one refused, a call the
  * Python readers must read. */
 static PyObject *read_framed_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyDict_Check(args[2])) {
+    if (nargs != 5 || !PyTuple_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "read_framed_call takes buf, max_frame, methods, max_items, max_bytes");
         return NULL;
     }
@@ -577,7 +584,7 @@ static PyObject *write_framed_reply(PyObject *self, PyObject *const *args, Py_ss
 
 static PyMethodDef methods[] = {
     {"read_call", (PyCFunction)(void (*)(void))read_call, METH_FASTCALL,
-     "A whole call frame's name, type, sequence id, arguments and end, or None where Python must read."},
+     "A whole call frame's method, type, sequence id, arguments and end, or None where Python must read."},
     {"read_framed_call", (PyCFunction)(void (*)(void))read_framed_call, METH_FASTCALL,
      "The call of the whole frame a receive buffer starts with, and where the frame ends, or None."},
     {"read_binary_list", (PyCFunction)(void (*)(void))read_binary_list, METH_FASTCALL,

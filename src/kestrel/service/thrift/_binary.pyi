@@ -11,12 +11,16 @@ def write_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
 def write_framed_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
     """`write_reply`'s reply as one frame of the framed transport: its 4-byte size, then the reply."""
 
-def read_call(frame: bytes | bytearray, methods: dict[str, Any], max_items: int, max_bytes: int, /
-              ) -> tuple[str, int, int, dict[str, Any], int] | None:
-    """A whole call frame's name, message type, sequence id, arguments and end; None where Python
-    must read it."""
+# Each method: its name as UTF-8, itself, its defaults in argument order, its fields by id:
+# (position, wire type, kind) or None.
+Methods = tuple[tuple[bytes, Any, tuple[Any, ...], tuple[tuple[int, int, int] | None, ...]], ...]
 
-def read_framed_call(buf: bytes | bytearray, max_frame: int, methods: dict[str, Any], max_items: int,
-                     max_bytes: int, /) -> tuple[str, int, dict[str, Any], int] | None:
-    """The call of the whole frame `buf` starts with (name, sequence id, arguments) and where the
+def read_call(frame: bytes | bytearray, methods: Methods, max_items: int, max_bytes: int, /
+              ) -> tuple[Any, int, int, tuple[Any, ...], int] | None:
+    """A whole call frame's method (as `methods` gives it), message type, sequence id, arguments in
+    order and end; None where Python must read it."""
+
+def read_framed_call(buf: bytes | bytearray, max_frame: int, methods: Methods, max_items: int,
+                     max_bytes: int, /) -> tuple[Any, int, tuple[Any, ...], int] | None:
+    """The call of the whole frame `buf` starts with (method, sequence id, arguments) and where the
     frame ends; None where the frame is not whole, is refused, or Python must read its call."""

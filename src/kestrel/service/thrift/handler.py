@@ -10,6 +10,7 @@ so its connection is closed after the reply.
 
 from __future__ import annotations
 
+import inspect
 import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -53,85 +54,97 @@ def _queue(name: str | None) -> str:
     return name
 
 
-# A call's arguments as the readers give them: by the contract's names, its defaults for those a
-# client left out, None for one with no default left out (messages.py).
-Arguments = dict[str, Any]
+# A call's arguments as the readers give them: in the contract's order, its default for each a
+# client left out (None where it has none) (messages.py).
+Arguments = tuple[Any, ...]
 
 
 class ThriftHandler:
     """The Kestrel service methods, each a thin shell over the session layer. Each takes the call's
-    `Arguments` as they were read, passed whole: a call by keywords would cost a parse of the
-    names at every request."""
+    arguments positionally, in the contract's order and under its names (`method_calls` checks
+    them against it): the readers hand them over as a tuple, with no dict made and looked up."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def put(self, args: Arguments) -> int:
-        expiry = self.session.expiry_after(args["expiration_msec"] or 0)
-        return self.session.put(_queue(args["queue_name"]), args["items"] or [], expiry)
+    def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
+        expiry = self.session.expiry_after(expiration_msec or 0)
+        return self.session.put(_queue(queue_name), items or [], expiry)
 
-    def get(self, args: Arguments) -> TakenItems:
+    def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
+            auto_abort_msec: int | None) -> TakenItems:
         """The Items: each item's data and id (the encoder lays them out)."""
-        return self.session.get_items(_queue(args["queue_name"]), args["max_items"] or 0,
-                                      args["timeout_msec"] or 0, args["auto_abort_msec"] or 0)
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0)
 
-    def get_timed(self, args: Arguments) -> TakenItems:
+    def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
+                  auto_abort_msec: int | None) -> TakenItems:
         """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
-        return self.session.get_items(_queue(args["queue_name"]), args["max_items"] or 0,
-                                      args["timeout_msec"] or 0, args["auto_abort_msec"] or 0,
-                                      create=False, capped=False)
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0, create=False, capped=False)
 
-    def peek_items(self, args: Arguments) -> tuple[Any, ...]:
+    def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
         """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
-        looked = self.session.peek_items(_queue(args["queue_name"]), args["first"] or 0,
-                                         args["max_items"] or 0)
+        looked = self.session.peek_items(_queue(queue_name), first or 0, max_items or 0)
         shown = [(item.data, 0, item.add_time, item.expiry or None) for item in looked.shown]
         return (looked.opened_at, looked.head, looked.items, looked.after, shown)
 
-    def queue_names(self, args: Arguments) -> list[str]:
+    def queue_names(self) -> list[str]:
         return self.session.queue_names()
 
-    def confirm(self, args: Arguments) -> int:
-        return self.session.confirm_ids(_queue(args["queue_name"]), set(args["ids"] or ()))
+    def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.confirm_ids(_queue(queue_name), set(ids or ()))
 
-    def abort(self, args: Arguments) -> int:
-        return self.session.abort_ids(_queue(args["queue_name"]), set(args["ids"] or ()))
+    def abort(self, queue_name: str | None, ids: list[int] | None) -> int:
+        return self.session.abort_ids(_queue(queue_name), set(ids or ()))
 
-    def peek(self, args: Arguments) -> Any:
-        return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(args["queue_name"])))
+    def peek(self, queue_name: str | None) -> Any:
+        return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(queue_name)))
 
-    def flush_queue(self, args: Arguments) -> None:
-        self.session.flush(_queue(args["queue_name"]))
+    def flush_queue(self, queue_name: str | None) -> None:
+        self.session.flush(_queue(queue_name))
 
-    def flush_all_queues(self, args: Arguments) -> None:
+    def flush_all_queues(self) -> None:
         self.session.flush_all()
 
-    def delete_queue(self, args: Arguments) -> None:
-        self.session.delete(_queue(args["queue_name"]))
+    def delete_queue(self, queue_name: str | None) -> None:
+        self.session.delete(_queue(queue_name))
 
-    def current_status(self, args: Arguments) -> int:
+    def current_status(self) -> int:
         return int(self.session.current_status())
 
-    def set_status(self, args: Arguments) -> None:
-        status = args["status"]
+    def set_status(self, status: int | None) -> None:
         self.session.set_status(-1 if status is None else status)
 
-    def get_version(self, args: Arguments) -> str:
+    def get_version(self) -> str:
         return self.session.server.version
 
 
-# Each method's handler function, contract and answer-time histogram, looked up once in the process
-# (at the first connection, so that a server without Thrift clients shows no Thrift series): every
-# connection shares them, where each once built its own table at a cost that showed in a connect.
-Call = tuple[Callable[[ThriftHandler, Arguments], Any], Method, HistogramSeries]
-_calls: dict[str, Call] = {}
+# Each method's handler function, contract and answer-time histogram, by the method's number, looked
+# up once in the process (at the first connection, so that a server without Thrift clients shows no
+# Thrift series): every connection shares them, where each once built its own table at a cost that
+# showed in a connect.
+Call = tuple[Callable[..., Any], Method, HistogramSeries]
+_calls: list[Call] = []
 
 
-def method_calls() -> dict[str, Call]:
-    """The table every connection answers calls from (`_calls`), made on first use."""
+def parameter_names(function: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of a handler function's parameters after `self`, as the contract must name them."""
+    return tuple(inspect.signature(function).parameters)[1:]
+
+
+def method_calls() -> list[Call]:
+    """The table every connection answers calls from (`_calls`), made on first use. A handler whose
+    parameters are not its method's arguments in the contract's order is refused here, once."""
     if not _calls:
-        _calls.update({name: (getattr(ThriftHandler, name), method, metrics.request_latency("thrift", name))
-                       for name, method in METHODS.items()})
+        calls: list[Call] = []
+        for number, (name, method) in enumerate(METHODS.items()):
+            function = getattr(ThriftHandler, name)
+            if number != method.number or parameter_names(function) != method.names:
+                raise TypeError(f"ThriftHandler.{name} takes {parameter_names(function)}, the contract "
+                                f"{method.names}")
+            calls.append((function, method, metrics.request_latency("thrift", name)))
+        _calls.extend(calls)
     return _calls
 
 
@@ -203,7 +216,7 @@ class ThriftConnection:
         if self.reader_cls is BinaryReader:
             plain = read_plain_frame(payload, self.cfg.max_batch_items, self.cfg.max_batch_bytes)
             if plain is not None:
-                return self._call(*plain)
+                return self._call(plain[0], plain[1], plain[2])
         return self.answer(self._reader(payload, len(payload), len(payload)))[0]
 
     def _serve_buffered(self) -> None:
@@ -240,14 +253,15 @@ class ThriftConnection:
             return self._error(name, seqid, UNKNOWN_METHOD, f"unknown method {name!r}"), True
         if problem is not None:
             return self._error(name, seqid, PROTOCOL_ERROR, problem), True
-        return self._call(name, seqid, args), True
+        return self._call(method, seqid, args), True
 
-    def _call(self, name: str, seqid: int, args: Arguments) -> bytes:
-        """The reply to a call of method `name` (one the contract has) with `args`, timed."""
-        function, method, latency = self.calls[name]
+    def _call(self, called: Method, seqid: int, args: Arguments) -> bytes:
+        """The reply to a call of `called` with `args`, timed."""
+        function, method, latency = self.calls[called.number]
+        name = method.name
         started = perf_counter()
         try:
-            result = function(self.handler, args)
+            result = function(self.handler, *args)
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:

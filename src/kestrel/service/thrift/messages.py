@@ -1,15 +1,17 @@
 """Kestrel's calls and replies, shaped by the contract and read with the checked protocol readers.
 
-Each service method's arguments and result come from the loaded contract's specs, so the field ids
-and types on the wire are the IDL's. Arguments are read into a dict (the IDL's defaults for fields
-a client leaves out); a field of an unexpected type is skipped, as Thrift does.
+Each service method's arguments and result come from the loaded contract's specs, so the field ids,
+types, order and defaults are the IDL's. A call's arguments are read into a tuple in the IDL's order
+(its defaults for fields a client leaves out), what the handler's method takes positionally: no
+dict is made and looked up per call. A field the method does not have, or of another type, is
+skipped, as Thrift does.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from thriftpy2.thrift import TApplicationException
 
@@ -46,10 +48,21 @@ class ValueType:
 
 @dataclass(frozen=True)
 class Method:
+    """A service method: `number`, its place in `METHODS`; `args`, each field id's argument as
+    (position in `names`, name, type); `names` and `defaults`, the arguments in the IDL's order and
+    the value of each a call leaves out; `reply_head`, a binary reply's message header up to its
+    sequence id (the same every time); `item_fields`, for a result that is a list of structs of a
+    binary then i64s (`get`'s Items, `get_timed`'s TimedItems), their field ids, for the compiled
+    writer (else empty)."""
+
     name: str
-    args: dict[int, tuple[str, ValueType]]
-    defaults: dict[str, Any]
-    result: ValueType | None = None
+    number: int
+    args: dict[int, tuple[int, str, ValueType]]
+    names: tuple[str, ...]
+    defaults: tuple[Any, ...]
+    result: ValueType | None
+    reply_head: bytes
+    item_fields: tuple[int, ...]
 
 
 _THRIFTPY_BINARY = 18  # thriftpy2 marks `binary` with its own code; on the wire it is a string
@@ -77,19 +90,39 @@ def _struct_fields(spec: dict[int, tuple[Any, ...]]) -> tuple[tuple[int, str, Va
     return tuple((fid, s[1], _spec_type(s)) for fid, s in sorted(spec.items()))
 
 
+def _item_fields(result: ValueType | None) -> tuple[int, ...]:
+    if result is None or result.ttype != LIST or result.elem is None:
+        return ()
+    fields = result.elem.fields
+    if (len(fields) in (2, 4) and (fields[0][2].ttype, fields[0][2].utf8) == (STRING, False)
+            and all(f[2].ttype == I64 for f in fields[1:])):
+        return tuple(fid for fid, _, _ in fields)
+    return ()
+
+
 def _methods() -> dict[str, Method]:
     service = kestrel_thrift.Kestrel
     methods = {}
-    for name in service.thrift_services:
+    for number, name in enumerate(service.thrift_services):
         args_cls = getattr(service, f"{name}_args")
         result_spec = getattr(service, f"{name}_result").thrift_spec
-        args = {fid: (s[1], _spec_type(s)) for fid, s in args_cls.thrift_spec.items()}
+        names = tuple(arg for arg, _ in args_cls.default_spec)  # the IDL's order
+        args = {fid: (names.index(s[1]), s[1], _spec_type(s)) for fid, s in args_cls.thrift_spec.items()}
         result = _spec_type(result_spec[0]) if 0 in result_spec else None
-        methods[name] = Method(name, args, dict(args_cls.default_spec), result)
+        reply_head = struct.pack("!Ii", 0x80010000 | REPLY, len(name.encode())) + name.encode()
+        methods[name] = Method(name, number, args, names, tuple(d for _, d in args_cls.default_spec), result,
+                               reply_head, _item_fields(result))
     return methods
 
 
 METHODS = _methods()
+
+# The compiled reader's and writer's entry points, bound once: a `Final` name is a C static in the
+# compiled build, where `compiled_binary.read_framed_call` costs two dictionary lookups a call.
+_read_call: Final = None if compiled_binary is None else compiled_binary.read_call
+_read_framed_call: Final = None if compiled_binary is None else compiled_binary.read_framed_call
+_write_reply: Final = None if compiled_binary is None else compiled_binary.write_reply
+_write_framed_reply: Final = None if compiled_binary is None else compiled_binary.write_framed_reply
 
 # How the compiled call reader takes each argument: numbers, text, binary, a list of binaries, a list
 # or set of i64.
@@ -111,12 +144,17 @@ def _argument_kind(vtype: ValueType) -> int | None:
     return None
 
 
-# The methods as the compiled reader takes them: {name: (defaults, {field id: (name, type, kind)})}.
-_PLAIN_CALLS = {
-    method.name: (method.defaults, {fid: (arg, vtype.ttype, kind) for fid, (arg, vtype) in method.args.items()
-                                    if (kind := _argument_kind(vtype)) is not None})
-    for method in METHODS.values()
-}
+def _plain_fields(method: Method) -> tuple[tuple[int, int, int] | None, ...]:
+    """A method's fields as the compiled reader takes them, by field id: (position, wire type,
+    kind), or None for an id it does not have or reads otherwise."""
+    plain = {fid: (position, vtype.ttype, kind) for fid, (position, _, vtype) in method.args.items()
+             if (kind := _argument_kind(vtype)) is not None}
+    return tuple(plain.get(fid) for fid in range(max(plain, default=0) + 1))
+
+
+# The methods as the compiled reader takes them: (name as UTF-8, the Method, defaults, fields by id).
+_PLAIN_CALLS: Final = tuple((method.name.encode(), method, method.defaults, _plain_fields(method))
+                     for method in METHODS.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,34 +177,35 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
     return reader.read_value(ttype, what)
 
 
-def read_plain_frame(frame: bytes, max_items: int, max_bytes: int) -> tuple[str, int, dict[str, Any]] | None:
-    """A whole binary frame's call (name, sequence id, arguments) read in one compiled step
+def read_plain_frame(frame: bytes, max_items: int,
+                     max_bytes: int) -> tuple[Method, int, tuple[Any, ...]] | None:
+    """A whole binary frame's call (method, sequence id, arguments) read in one compiled step
     (src/kestrel/service/thrift/_binary.c): a call of a known method whose every field is one of its
     own, of its type, and a number, a string, a list of binaries or a list or set of i64 (every
     request of the hot path). None for anything else, or without the compiled reader:
     `read_message_begin` and `read_args` then read the message and name what is wrong."""
-    if compiled_binary is None:
+    if _read_call is None:
         return None
-    call = compiled_binary.read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
+    call = _read_call(frame, _PLAIN_CALLS, max_items, max_bytes)
     return None if call is None else (call[0], call[2], call[3])
 
 
 def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
-                        max_bytes: int) -> tuple[str, int, dict[str, Any], int] | None:
+                        max_bytes: int) -> tuple[Method, int, tuple[Any, ...], int] | None:
     """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of
-    its payload): (name, sequence id, arguments, where the frame ends). None where the frame is not
+    its payload): (method, sequence id, arguments, where the frame ends). None where the frame is not
     whole yet or is over `max_frame`, or `read_plain_frame` would decline: the connection then takes
     the frame out of the buffer and answers it as any other."""
-    if compiled_binary is None:
+    if _read_framed_call is None:
         return None
-    return compiled_binary.read_framed_call(buf, max_frame, _PLAIN_CALLS, max_items, max_bytes)
+    return _read_framed_call(buf, max_frame, _PLAIN_CALLS, max_items, max_bytes)
 
 
-def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], str | None]:
-    """The call's arguments, field by field (every protocol; the reference the compiled reader is
-    compared with), and a problem that leaves the message readable (e.g. a name that is not UTF-8)
-    to answer once the whole message is consumed. Raises ThriftProtocolError."""
-    values = dict(method.defaults) if method is not None else {}
+def read_args(reader: Reader, method: Method | None) -> tuple[tuple[Any, ...], str | None]:
+    """The call's arguments in the IDL's order, field by field (every protocol; the reference the
+    compiled reader is compared with), and a problem that leaves the message readable (e.g. a name
+    that is not UTF-8) to answer once the whole message is consumed. Raises ThriftProtocolError."""
+    values = list(method.defaults) if method is not None else []
     problem = None
     reader.read_struct_begin()
     while True:
@@ -174,15 +213,15 @@ def read_args(reader: Reader, method: Method | None) -> tuple[dict[str, Any], st
         if ttype == STOP:
             break
         arg = method.args.get(fid) if method is not None else None
-        if arg is None or arg[1].ttype != ttype:
+        if arg is None or arg[2].ttype != ttype:
             reader.skip(ttype)
             continue
         try:
-            values[arg[0]] = read_value(reader, arg[1], arg[0])
+            values[arg[0]] = read_value(reader, arg[2], arg[1])
         except ValueError as e:
             problem = str(e)
     reader.read_struct_end()
-    return values, problem
+    return tuple(values), problem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,19 +247,6 @@ def write_value(writer: Writer, vtype: ValueType, value: Any) -> None:
         writer.write_value(ttype, value)
 
 
-# A binary reply's message header up to its sequence id, for each method (the same every time).
-_BINARY_REPLY_HEADS = {name: struct.pack("!Ii", 0x80010000 | REPLY, len(name.encode())) + name.encode()
-                       for name in METHODS}
-# Methods answering a list of structs of a binary then i64s (`get`'s Items, `get_timed`'s
-# TimedItems): the field ids, for the compiled writer.
-_ITEM_RESULTS = {
-    method.name: tuple(fid for fid, _, _ in fields) for method in METHODS.values()
-    if method.result is not None and method.result.ttype == LIST and method.result.elem is not None
-    and (fields := method.result.elem.fields) and (fields[0][2].ttype, fields[0][2].utf8) == (STRING, False)
-    and len(fields) in (2, 4) and all(f[2].ttype == I64 for f in fields[1:])
-}
-
-
 def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any,
                  framed: bool = False) -> bytes:
     """The reply to `method` carrying `value` (None: a void method's, or no result), in the
@@ -228,21 +254,21 @@ def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any,
     of the hot path (nothing, an i32, a get's items) laid out in one compiled step, its frame header
     with it (src/kestrel/service/thrift/_binary.c), anything else by `write_reply`. A get's items
     come as TakenItems."""
-    if protocol is BinaryWriter and compiled_binary is not None:
-        head = _BINARY_REPLY_HEADS[method.name]
-        write = compiled_binary.write_framed_reply if framed else compiled_binary.write_reply
+    if protocol is BinaryWriter and _write_reply is not None and _write_framed_reply is not None:
+        head = method.reply_head
+        write = _write_framed_reply if framed else _write_reply
         reply = None
         if method.result is None or value is None:
             reply = write(head, seqid)
         elif type(value) is int and method.result.ttype == I32:
             reply = write(head, seqid, value)
-        elif type(value) is TakenItems and (fids := _ITEM_RESULTS.get(method.name)) is not None:
+        elif type(value) is TakenItems and (fids := method.item_fields):
             times = value.times() if len(fids) == 4 else ()
             reply = write(head, seqid, fids, value.data(), value.ids, *times)
         if reply is not None:
             return reply
     if type(value) is TakenItems:  # the writers take tuples of the fields in order
-        value = value.pairs() if len(_ITEM_RESULTS.get(method.name, ())) == 2 else value.timed()
+        value = value.pairs() if len(method.item_fields) == 2 else value.timed()
     return write_reply(protocol(framed), method, seqid, value)
 
 
