@@ -488,20 +488,27 @@ def test_a_crash_after_the_pack_is_listed_loads_older_journals_it_replaces_not_y
     again.close()
 
 
+def _filled_then_emptied(queues: Path, settings: dict[str, Any]) -> tuple[QueueCollection, str, bytes]:
+    """Queue `q` filled past its memory (a journal rotated, not packed), then emptied (rotated and
+    packed, that older journal replaced too): the collection, the older journal's name and its bytes."""
+    coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
+    for i in range(100):
+        coll.put("q", [b"%04d" % i + ITEM])
+    coll.queue("q").wait_for_packing()
+    (older,) = rotated(queues)
+    backup = (queues / older).read_bytes()
+    assert len(coll.remove("q", 100)) == 100
+    coll.queue("q").wait_for_packing()
+    return coll, older, backup
+
+
 def test_an_older_copy_of_a_journal_a_pack_in_place_replaced_is_refused_not_replayed_before_it(
         tmp_path: Path) -> None:
     """A pack at its final name replaced every journal up to its own (they are deleted before its
     last rename): one found there unlisted is a stray, whose records replayed before the pack would
     bring its items back; salvage sets it aside."""
     settings = {**EMPTIED, "sync_journal": "always"}
-    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
-    for i in range(100):  # past max_memory_size: rotated, not packed
-        coll.put("q", [b"%04d" % i + ITEM])
-    coll.queue("q").wait_for_packing()
-    (older,) = rotated(tmp_path)
-    backup = (tmp_path / older).read_bytes()
-    assert len(coll.remove("q", 100)) == 100  # emptied: rotated and packed, `older` replaced too
-    coll.queue("q").wait_for_packing()
+    coll, older, backup = _filled_then_emptied(tmp_path, settings)
     coll.put("q", [b"after"])
     coll.close()
     assert older not in rotated(tmp_path) and int(older[2:]) < int(rotated(tmp_path)[0][2:])
@@ -537,14 +544,7 @@ def test_a_journal_older_than_a_pack_at_its_final_name_not_yet_recorded_there_is
     queues.mkdir()
     _copied_before(queues, crashed, monkeypatch, "_pack_finished")
     settings = {**EMPTIED, "sync_journal": "always"}
-    coll = load_strictly(QueueCollection(str(queues), QueueConfigs({}, {"q": settings}), runtime=InlineRuntime()))
-    for i in range(100):  # past max_memory_size: rotated, not packed
-        coll.put("q", [b"%04d" % i + ITEM])
-    coll.queue("q").wait_for_packing()
-    (older,) = rotated(queues)
-    backup = (queues / older).read_bytes()
-    assert len(coll.remove("q", 100)) == 100  # emptied: rotated and packed, `older` replaced too
-    coll.queue("q").wait_for_packing()
+    coll, older, backup = _filled_then_emptied(queues, settings)
     coll.close()
     record = manifest.read(str(crashed), "q")
     (pack,) = rotated(crashed)
