@@ -121,14 +121,20 @@ SEALS = [pytest.param("at-once", id="sealed-at-once"),
          pytest.param("after-packs", id="sealed-after-packs", marks=pytest.mark.pure_build)]
 
 
+def rotating_queue(queues: Path, sync_journal: str) -> tuple[QueueConfigs, QueueCollection]:
+    """Queue `q` with journals small enough to rotate every few items and a memory that reads
+    behind past 2 KB, loaded strictly into a collection at `queues`: its configs and the collection."""
+    q = {"sync_journal": sync_journal, "max_memory_size": 2048, "default_journal_size": 1024,
+         "max_journal_size": 1 << 20}
+    configs = QueueConfigs({}, {"q": q})
+    return configs, load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+
+
 @pytest.mark.parametrize("seals", SEALS, indirect=True)
 def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
         tmp_path: Path, seals: str) -> None:
     queues = tmp_path / "queues"
-    q = {"sync_journal": "always", "max_memory_size": 2048, "default_journal_size": 1024,
-         "max_journal_size": 1 << 20}
-    configs = QueueConfigs({}, {"q": q})
-    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    configs, coll = rotating_queue(queues, "always")
     model = Model(["q"])
     n = 0
     with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
@@ -275,10 +281,7 @@ def test_an_older_copy_of_a_packed_journal_put_back_at_every_step_is_refused_onc
     with such a copy beside the pack refuses it, naming it, whatever the manifest has recorded of
     that pack so far (before, one start just after the pack's final rename replayed it)."""
     queues = tmp_path / "queues"
-    q = {"sync_journal": "always", "max_memory_size": 2048, "default_journal_size": 1024,
-         "max_journal_size": 1 << 20}
-    configs = QueueConfigs({}, {"q": q})
-    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    configs, coll = rotating_queue(queues, "always")
     for n in range(60):  # read-behind: rotated journals
         coll.put("q", [item(n)])
         settle(coll, "q")
@@ -403,10 +406,7 @@ def test_a_disk_error_then_a_kill_at_every_later_step_of_kestrel2_packs_refuses_
     of a pack or a seal, then a kill at any later step. Each start refuses nothing and finds every
     item, and the queue goes on meanwhile: the manifest lists no pack that failed."""
     queues = tmp_path / "queues"
-    q = {"sync_journal": "never", "max_memory_size": 2048, "default_journal_size": 1024,
-         "max_journal_size": 1 << 20}
-    configs = QueueConfigs({}, {"q": q})
-    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    configs, coll = rotating_queue(queues, "never")
     model = Model(["q"])
     n = changes = 0
 
