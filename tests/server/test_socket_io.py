@@ -130,9 +130,9 @@ def test_a_receive_killed_in_its_wait_leaves_the_watcher_stopped_for_the_next(pa
     io = ClientSocket(server, 64)
     waiting = gevent.spawn(io.receive, bytearray(), None, True)
     gevent.sleep(0.01)
-    assert io._readable is not None and io._readable.active
+    assert io._readable is not None and io._readable.watcher.active
     waiting.kill()
-    assert not io._readable.active and io._readable.callback is None
+    assert not io._readable.watcher.active and io._readable.watcher.callback is None
     client.sendall(b"after")
     buf = bytearray()
     assert io.receive(buf, None, between_requests=True) == 5 and buf == b"after"
@@ -156,18 +156,17 @@ def test_a_wait_from_the_event_loop_s_own_greenlet_is_refused_and_starts_no_watc
     `switch` refuses it, before the watcher starts; a connection's wait afterwards is untouched."""
     server, client = pair
     io = ClientSocket(server, 64)
-    hub = gevent.get_hub()
-    watcher = hub.loop.io(server.fileno(), 1)
     refused: list[BaseException] = []
 
     def from_the_hub() -> None:
         try:
-            socket_io.wait(watcher, hub)
+            io.receive(bytearray(), None, between_requests=True)
         except BlockingSwitchOutError as e:
             refused.append(e)
 
-    hub.loop.run_callback(from_the_hub)
+    gevent.get_hub().loop.run_callback(from_the_hub)
     gevent.sleep(0.01)
+    watcher = io._readable.watcher  # type: ignore[union-attr]
     assert len(refused) == 1 and not watcher.active and watcher.callback is None
     client.sendall(b"x")
     assert io.receive(bytearray(), None, between_requests=True) == 1

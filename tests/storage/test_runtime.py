@@ -6,11 +6,15 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import gevent
+import pytest
 from gevent._hub_local import get_hub_if_exists
 
 from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage.errors import QueueClosed
+from kestrel.storage.no_lock import NoLock
 from kestrel.storage.runtime import ManualRuntime, ThreadsRuntime
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
@@ -93,6 +97,67 @@ def test_a_thread_waiting_for_an_item_is_woken_by_another_threads_add(tmp_path: 
     waiter.join(timeout=30)
     # Woken by the add, not by its own time-out (how soon is bench/bench_responsiveness.py's figure).
     assert result == [b"hello"] and time.monotonic() - started < STALL_S
+    coll.close()
+
+
+class _CountingThreadsRuntime(ThreadsRuntime):
+    """Plain threads whose locks count how often a change enters and leaves them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = self.left = 0
+
+    def lock(self) -> Any:
+        runtime, lock = self, threading.RLock()
+
+        class Counted:
+            def __enter__(self) -> None:
+                runtime.entered += 1
+                lock.acquire()
+
+            def __exit__(self, *exc: object) -> None:
+                runtime.left += 1
+                lock.release()
+
+            def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+                return lock.acquire(blocking, timeout)
+
+            def release(self) -> None:
+                lock.release()
+
+        return Counted()
+
+
+def test_every_change_enters_and_leaves_a_threads_runtime_s_lock(tmp_path: Path) -> None:
+    """A queue skips only gevent's lock, which does nothing; a real one is taken by each change,
+    also one that fails."""
+    runtime = _CountingThreadsRuntime()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}), runtime=runtime)
+    coll.load()
+    coll.put("q", [b"a"])  # creating the queue may take its lock for more than the change
+    entered = runtime.entered
+    coll.put("q", [b"b"])
+    assert one(coll.remove("q")) is not None
+    assert runtime.entered - entered >= 2 and runtime.entered == runtime.left
+    queue = coll.queue("q")
+    coll.close()
+    before = runtime.entered
+    with pytest.raises(QueueClosed):
+        queue.put([b"c"], 0, 0)
+    assert runtime.entered == runtime.left == before + 1
+
+
+@pytest.mark.pure_build  # NoLock's methods are replaced, which compiled callers would not see
+def test_a_change_under_gevent_makes_no_call_of_its_lock_that_does_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({}))
+    coll.load()
+    coll.put("q", [b"a"])  # the queue made (the collection's lock taken for it)
+    calls: list[str] = []
+    monkeypatch.setattr(NoLock, "__enter__", lambda self: calls.append("enter"))
+    monkeypatch.setattr(NoLock, "__exit__", lambda self, *exc: calls.append("exit"))
+    coll.put("q", [b"b"])
+    assert one(coll.remove("q")) is not None and calls == []
     coll.close()
 
 

@@ -39,7 +39,7 @@ from gevent.socket import socket as gsocket
 
 from kestrel.service import LISTEN_BACKLOG
 from kestrel.service.memory_return import MEMORY_RETURN
-from kestrel.service.socket_io import OSSocket, close_lingering, wait
+from kestrel.service.socket_io import OSSocket, Readable, close_lingering
 from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.listener")
@@ -118,14 +118,13 @@ class Listener:
 
     def _accept_loop(self) -> None:
         listening = self.socket
-        hub = get_hub()
-        readable = hub.loop.io(listening.fileno(), 1)
+        readable = Readable(listening.fileno())
         try:
-            self._accept_from(listening, readable, hub)
+            self._accept_from(listening, readable)
         finally:
             readable.close()
 
-    def _accept_from(self, listening: socket.socket, readable: Any, hub: Any) -> None:
+    def _accept_from(self, listening: socket.socket, readable: Readable) -> None:
         family, kind, proto = listening.family, listening.type, listening.proto
         backoff = MIN_BACKOFF
         accepted_count = 0
@@ -134,7 +133,7 @@ class Listener:
             try:
                 fd, address = _accept(listening)
             except BlockingIOError:
-                wait(readable, hub)  # until a client connects
+                readable.wait()  # until a client connects
                 continue
             except OSError as e:
                 if listening.fileno() < 0:

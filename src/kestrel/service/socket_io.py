@@ -23,15 +23,17 @@ from gevent.socket import socket as gsocket
 from greenlet import greenlet
 from mypy_extensions import mypyc_attr
 
-lengthen: Callable[[bytearray, int], int] | None
+_c_lengthen: Callable[[bytearray, int], int] | None
 _c_receive: Callable[[int, bytearray, int], int] | None
 _c_send: Callable[[int, bytes | memoryview], int] | None
 try:
-    from kestrel.service._receive import lengthen
+    from kestrel.service._receive import lengthen as _c_lengthen
     from kestrel.service._receive import receive as _c_receive
     from kestrel.service._receive import send as _c_send
 except ImportError:  # built without a C compiler: every receive goes through the scratch buffer
-    lengthen = _c_receive = _c_send = None
+    _c_lengthen = _c_receive = _c_send = None
+# (bound `Final`: the compiled build reads it from a C static, not the module's dictionary)
+lengthen: Final = _c_lengthen
 
 # The OS socket class, whatever monkey patching put in the `socket` module.
 OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
@@ -95,31 +97,66 @@ _getcurrent: Final = getcurrent
 _switch: Final = greenlet.switch  # a greenlet's switch, called with the greenlet to switch to
 
 
-def wait(watcher: Any, hub: Any) -> None:
-    """Wait, without a time limit, for `watcher` (a socket's, not started, made by the loop of `hub`,
-    this thread's hub: its caller keeps it beside the watcher, as `get_hub` looks it up in the
-    thread's locals, 0.1 µs a wait) to see its event.
+class Readable:
+    """A socket's wait for input, without a time limit, on the loop of `hub` (this thread's hub,
+    kept beside the watcher: `get_hub` looks it up in the thread's locals, 0.1 µs a wait).
 
     gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
     switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
     (alternated with gevent's on an always-readable socket, 2026-11-27), and a request waits
-    once. It switches with greenlet's own `switch`, not the hub's method, whose one check (that
-    the hub is not the one waiting: its `switch_out`, the only one a greenlet here can have) is
-    made here: a method call and an attribute looked up in vain fewer a wait. A wake-up that is
-    not the socket's (a stray switch) only costs a receive or send that finds nothing and waits
-    again; an exception thrown in (a kill) stops the watcher on its way out, as gevent's does.
+    once. The watcher's `start` and `stop` and the waiting greenlet's `switch` are bound once (by
+    name, each was a method or attribute looked up in a Cython type's dictionary every wait), and
+    whether a wait is under way is a flag of its own rather than the watcher's `callback`. It
+    switches with greenlet's own `switch`, not the hub's method, whose one check (that the hub is
+    not the one waiting: its `switch_out`, the only one a greenlet here can have) is made here. A
+    wake-up that is not the socket's (a stray switch) only costs a receive that finds nothing and
+    waits again; an exception thrown in (a kill) stops the watcher on its way out, as gevent's does.
     """
-    if watcher.callback is not None:
-        raise ConcurrentObjectUseError(f"this socket is already waited for by {watcher.callback!r}")
-    # (the current greenlet is not kept in a local: a kill's traceback would hold this frame, and
-    # through it the greenlet, a cycle)
-    if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
-        raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
-    watcher.start(_getcurrent().switch)
-    try:
-        _switch(hub)
-    finally:
-        watcher.stop()
+
+    def __init__(self, fd: int) -> None:
+        self.hub: Any = get_hub()
+        self.watcher: Any = self.hub.loop.io(fd, 1)
+        self._start: Callable[[Any], None] = self.watcher.start
+        self._stop: Callable[[], None] = self.watcher.stop
+        self.waiting = False  # a greenlet waits, here or in a wait with a time limit
+        # The greenlet that waited last and its bound `switch` (a connection's greenlet, each time
+        # but while a `watching` call's watcher reads its socket); let go at `close`.
+        self._waiter: Any = None
+        self._wake: Callable[[], Any] | None = None
+
+    def wait(self) -> None:
+        """Wait for input; raises ConcurrentObjectUseError when another greenlet waits for it
+        already, BlockingSwitchOutError in the hub's own greenlet."""
+        if self.waiting:
+            raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
+        hub = self.hub
+        if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
+            raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
+        # (the current greenlet is not kept in a local: a kill's traceback would hold this frame)
+        if _getcurrent() is not self._waiter:
+            self._waiter = _getcurrent()
+            self._wake = self._waiter.switch
+        self._start(self._wake)
+        self.waiting = True
+        try:
+            _switch(hub)
+        finally:
+            self.waiting = False
+            self._stop()
+
+    def wait_at_most(self, timeout: float) -> None:
+        """Wait for input at most `timeout` seconds (gevent's wait); raises TimeoutError."""
+        if self.waiting:
+            raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
+        self.waiting = True
+        try:
+            gevent.socket.wait(self.watcher, timeout)
+        finally:
+            self.waiting = False
+
+    def close(self) -> None:
+        self.watcher.close()
+        self._waiter = self._wake = None
 
 
 @mypyc_attr(native_class=False)  # compiled classes derive from Exception only
@@ -174,9 +211,8 @@ class ClientSocket:
         # a receive waited for input since this was last cleared (src/kestrel/service/turns.py)
         self.waited = False
         self.send_timeout = send_timeout
-        self._readable: Any = None  # the loop's watchers of the socket, made at their first wait
-        self._writable: Any = None
-        self._hub: Any = None  # the hub whose loop made them
+        self._readable: Readable | None = None  # the waits for input, made at the first
+        self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
         """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
@@ -217,12 +253,11 @@ class ClientSocket:
 
     def _wait_readable(self, timeout: float | None) -> None:
         if self._readable is None:
-            self._hub = get_hub()
-            self._readable = self._hub.loop.io(self.fd, 1)
+            self._readable = Readable(self.fd)
         if timeout is None:
-            wait(self._readable, self._hub)
+            self._readable.wait()
         else:
-            gevent.socket.wait(self._readable, timeout)
+            self._readable.wait_at_most(timeout)
 
     def send_all(self, data: bytes | memoryview) -> None:
         """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
@@ -238,9 +273,10 @@ class ClientSocket:
     def close(self) -> None:
         """Release the watchers (the socket itself is the listener's to close); no call reaches its
         descriptor after this."""
-        for watcher in (self._readable, self._writable):
-            if watcher is not None:
-                watcher.close()
+        if self._readable is not None:
+            self._readable.close()
+        if self._writable is not None:
+            self._writable.close()
         self._readable = self._writable = None
         self.fd = -1
 

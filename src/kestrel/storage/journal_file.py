@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import structlog
 
@@ -111,7 +111,7 @@ class BufferedFile:
 # Filled by the server to record timings (storage knows no metrics library): each event's Timing,
 # given the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One report
 # per event, as every request's append reports its write.
-timings: dict[str, Timing] = {}
+timings: Final[dict[str, Timing]] = {}
 
 
 def record_timing(event: str, started: float) -> None:

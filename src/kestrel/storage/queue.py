@@ -36,6 +36,7 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
+from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
@@ -118,6 +119,9 @@ class PersistentQueue(ABC):
         self.runtime = runtime
         self._expire_to = expire_to
         self._lock: Lock = runtime.lock()
+        # A change enters the lock only when it is one: gevent's (`NO_LOCK`) does nothing, and its two
+        # calls a change were a method looked up and called by name each (the type is the protocol's).
+        self._locks = self._lock is not NO_LOCK
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
@@ -172,7 +176,8 @@ class PersistentQueue(ABC):
     def __enter__(self) -> None:
         """The queue's lock, the closed check, the probe of a read-only queue's journal and
         `_prepare_change`."""
-        self._lock.__enter__()
+        if self._locks:
+            self._lock.__enter__()
         try:
             if self.closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
@@ -180,7 +185,8 @@ class PersistentQueue(ABC):
                 self._probe()
             self._prepare_change()
         except BaseException:
-            self._lock.__exit__(None, None, None)
+            if self._locks:
+                self._lock.__exit__(None, None, None)
             raise
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
@@ -195,7 +201,8 @@ class PersistentQueue(ABC):
             else:
                 self._change_failed(error)
         finally:
-            self._lock.__exit__(None, None, None)
+            if self._locks:
+                self._lock.__exit__(None, None, None)
 
     # -----------------------------------------------------------------------------------------
     # Figures
