@@ -86,7 +86,8 @@ def send_some(fd: int, data: bytes | memoryview) -> int:
 
 
 # The two system calls of every request, made by the C helper where the build has one. Not `Final`:
-# a stand-in replaces them where no socket is wanted (bench/bench_answer.py's serve loop, tests).
+# a stand-in replaces them where no socket is wanted (bench/bench_answer.py's serve loop, tests),
+# before the connection is made: each `ClientSocket` binds them once.
 _receive_appending: Callable[[int, bytearray, int], int] = (
     receive_appending if _c_receive is None else _c_receive)
 _send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is None else _c_send
@@ -204,6 +205,8 @@ class ClientSocket:
         # fails with EBADF rather than reach a connection that reused the number
         self.fd = sock.fileno()
         self.chunk = chunk
+        self._receive_appending = _receive_appending  # (a module global would be looked up each call)
+        self._send_some = _send_some
         self.drained = True  # the last receive took all there was (it did not fill its room)
         # a receive found the end of the stream: the client closed its side and all it sent was read
         self.ended = False
@@ -222,7 +225,7 @@ class ClientSocket:
             self._wait_readable(timeout)
         if self.in_place:
             return self._receive_in_place(buf, timeout)
-        while (n := _receive_appending(self.fd, buf, self.chunk)) < 0:
+        while (n := self._receive_appending(self.fd, buf, self.chunk)) < 0:
             self.waited = True
             self._wait_readable(timeout)
         self.ended = n == 0
@@ -262,13 +265,13 @@ class ClientSocket:
     def send_all(self, data: bytes | memoryview) -> None:
         """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
         when the client takes none of it for `send_timeout`, OSError when it is gone."""
-        sent = _send_some(self.fd, data)
+        sent = self._send_some(self.fd, data)
         while sent < len(data):
             if self._writable is None:
                 self._writable = gevent.get_hub().loop.io(self.fd, 2)
             gevent.socket.wait(self._writable, self.send_timeout,
                                SendTimeout(f"the client took no reply for {self.send_timeout} s"))
-            sent += _send_some(self.fd, memoryview(data)[sent:])
+            sent += self._send_some(self.fd, memoryview(data)[sent:])
 
     def close(self) -> None:
         """Release the watchers (the socket itself is the listener's to close); no call reaches its

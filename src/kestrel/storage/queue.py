@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 import structlog
 
@@ -45,6 +45,13 @@ from kestrel.storage.wait_list import WaitList
 log = structlog.get_logger("kestrel.queue")
 
 _XID = attrgetter("xid")
+
+# Called by every put and get, bound once: names imported from a module the build leaves
+# interpreted (`storage.item`, the Python twin of its C helper) are looked up in this module's
+# dictionary each call, where a `Final` one is a C static (src/kestrel/build.py).
+_data_sizes: Final = data_sizes
+_new_items: Final = new_items
+_take_items: Final = take_items
 
 class MemoryAccount:
     """Where a queue counts the bytes it holds in memory (its items in memory and its open reads),
@@ -352,7 +359,7 @@ class PersistentQueue(ABC):
     def _fitting(self, items: list[bytes]) -> int:
         """How many of `items` come before the first one over `max_item_size`."""
         limit = self.config.max_item_size
-        if data_sizes(items)[1] <= limit:
+        if _data_sizes(items)[1] <= limit:
             return len(items)
         return next(i for i, data in enumerate(items) if len(data) > limit)
 
@@ -364,11 +371,11 @@ class PersistentQueue(ABC):
         if self._behind is not None or (mem and mem[0].expiry):
             self._expire_head(now)
         cfg = self.config
-        size, largest = data_sizes(items)
+        size, largest = _data_sizes(items)
         count = len(items)
         if largest > cfg.max_item_size:
             count = self._fitting(items)
-            size = data_sizes(items[:count])[0]
+            size = _data_sizes(items[:count])[0]
         if self.length + count < cfg.max_items and self.bytes + size < cfg.max_size:
             return count, size  # all fit with room to spare (the common put)
         if cfg.discard_old_when_full:
@@ -402,7 +409,7 @@ class PersistentQueue(ABC):
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
             self._log_put(items, now, expiry, first_id)
-            self._mem.extend(new_items(now, expiry, items, first_id))
+            self._mem.extend(_new_items(now, expiry, items, first_id))
             self.length += count
             self.bytes += size
             self.memory_bytes += size
@@ -464,7 +471,7 @@ class PersistentQueue(ABC):
             mem = self._mem
             if self._behind is None and not self._watchers:
                 # The common get: when none of the items can expire they go in one step.
-                taken, size = take_items(mem, count)
+                taken, size = _take_items(mem, count)
                 if size < 0:
                     taken = self._take_each(count, now, transaction)
                 elif taken:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from array import array
 from dataclasses import dataclass
+from typing import Final
 
 ADD = 0
 REMOVE = 1
@@ -143,7 +144,7 @@ OPCODE_NAMES: dict[type, str] = {
     Continue: "CONTINUE", RemoveTentativeXid: "REMOVE_TENTATIVE_XID",
 }
 
-REMOVE_BYTES = bytes([REMOVE])
+REMOVE_BYTES: Final = bytes([REMOVE])
 
 
 class Incomplete(Exception):
