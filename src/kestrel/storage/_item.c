@@ -177,7 +177,13 @@ static PyObject *data_sizes(PyObject *module, PyObject *datas) {
         }
     }
     Py_DECREF(seq);
-    return Py_BuildValue("(nn)", total, largest);
+    /* the tuple made directly: Py_BuildValue parses its format at every call (two a put) */
+    PyObject *total_obj = PyLong_FromSsize_t(total);
+    PyObject *largest_obj = total_obj == NULL ? NULL : PyLong_FromSsize_t(largest);
+    PyObject *result = largest_obj == NULL ? NULL : PyTuple_Pack(2, total_obj, largest_obj);
+    Py_XDECREF(total_obj);
+    Py_XDECREF(largest_obj);
+    return result;
 }
 
 /* One field of an item, this type's directly, another object's by name (a new reference). */
@@ -442,7 +448,10 @@ static PyObject *take_items(PyObject *module, PyObject *const *args, Py_ssize_t 
             Py_DECREF(item);
         }
     }
-    return Py_BuildValue("(NN)", taken, size);
+    PyObject *result = PyTuple_Pack(2, taken, size);  /* as data_sizes makes its tuple */
+    Py_DECREF(taken);
+    Py_DECREF(size);
+    return result;
 }
 
 static PyMethodDef functions[] = {
