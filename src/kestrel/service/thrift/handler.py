@@ -261,7 +261,9 @@ class ThriftConnection:
         name = method.name
         started = perf_counter()
         try:
-            result = function(self.handler, *args)
+            # (the arguments joined to the handler as one tuple: `function(self.handler, *args)`
+            # compiled makes a list of the two, extends it and copies it into a tuple each call)
+            result = function(*((self.handler,) + args))
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:
