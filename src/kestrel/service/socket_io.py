@@ -99,8 +99,8 @@ _switch: Final = greenlet.switch  # a greenlet's switch, called with the greenle
 
 
 class Readable:
-    """A socket's wait for input, without a time limit, on the loop of `hub` (this thread's hub,
-    kept beside the watcher: `get_hub` looks it up in the thread's locals, 0.1 µs a wait).
+    """A socket's wait for input on the loop of this thread's hub, which it keeps beside its watcher
+    (`get_hub` looks it up in the thread's locals, 0.1 µs a wait).
 
     gevent's own wait makes a `Waiter` for each wait and goes through its checks; this one
     switches to the hub with the watcher set to switch straight back, 0.3–0.7 µs less a wait
@@ -133,7 +133,6 @@ class Readable:
         hub = self.hub
         if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
             raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
-        # (the current greenlet is not kept in a local: a kill's traceback would hold this frame)
         if _getcurrent() is not self._waiter:
             self._waiter = _getcurrent()
             self._wake = self._waiter.switch
