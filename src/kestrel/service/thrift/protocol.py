@@ -355,17 +355,22 @@ class CompactReader(Reader):
             shift += 7
         raise ThriftProtocolError(f"{what}: a varint longer than {max_bytes} bytes")
 
-    def read_i16(self) -> int:
-        return _zigzag(self._varint(3, "an i16"))
-
-    def read_i32(self) -> int:
-        value = _zigzag(self._varint(5, "an i32"))
-        if not -(1 << 31) <= value < (1 << 31):
-            raise ThriftProtocolError(f"an i32 of {value} is out of range")
+    def _signed(self, bits: int, what: str) -> int:
+        """A zigzag varint of at most the bytes an integer of `bits` takes, refused past its range
+        (the longest varint holds 7 bits a byte, more than the type: 2^69 in an i64's ten bytes)."""
+        value = _zigzag(self._varint((bits + 6) // 7, what))
+        if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+            raise ThriftProtocolError(f"{what} of {value} is out of range")
         return value
 
+    def read_i16(self) -> int:
+        return self._signed(16, "an i16")
+
+    def read_i32(self) -> int:
+        return self._signed(32, "an i32")
+
     def read_i64(self) -> int:
-        return _zigzag(self._varint(10, "an i64"))
+        return self._signed(64, "an i64")
 
     def read_double(self) -> float:
         return float(_DOUBLE_LE.unpack(self.take(8, "a double"))[0])
