@@ -392,7 +392,10 @@ class CompactReader(Reader):
         vt = self._ubyte("the message header")
         if vt & 0x1f != 1:
             raise ThriftProtocolError(f"unknown compact protocol version {vt & 0x1f}")
-        seqid = self._varint(5, "the sequence id")
+        seqid = self._varint(5, "the sequence id")  # an i32, written as the unsigned 32 bits it has
+        if seqid >> 32:
+            raise ThriftProtocolError(f"a sequence id of {seqid} is past 32 bits")
+        seqid -= (seqid >> 31) << 32
         n = self._varint(5, "the method name")
         if n > 256:
             raise ThriftProtocolError(f"a method name of {n} bytes")
