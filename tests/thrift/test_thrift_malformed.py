@@ -212,6 +212,13 @@ def unreadable(protocol: str) -> list[tuple[str, bytes, str]]:
         ("put", encode_message(protocol, "put", [(1, TType.STRING, b"cut"), (2, TType.LIST, (TType.I32, [1, 2]))]),
          "items: expected elements of type 11, got 8"),
     ]
+    unknown_type = encode_message(protocol, "put", [(9, TType.LIST, (TType.I32, [MARK])), *put_fields(b"cut", b"x")])
+    if protocol == "binary":  # 5 is no type of the binary protocol's, 14 none of the compact's
+        one = b"\x08\x00\x00\x00\x01" + struct.pack("!i", MARK)
+        cases.append(("put", unknown_type.replace(one, b"\x05" + one[1:]), "has elements of unknown type 5"))
+    else:
+        one = b"\x15" + _zigzag_varint(MARK)
+        cases.append(("put", unknown_type.replace(one, b"\x1e" + one[1:]), "has the unknown compact type 14"))
     if protocol == "compact":  # ten varint bytes hold 70 bits: past an i64, refused as the i32 is
         peek = encode_message(protocol, "peek_items", [(1, TType.STRING, b"cut"), (2, TType.I64, 1 << 40),
                                                        (3, TType.I32, 5)])

@@ -324,6 +324,15 @@ _TO_COMPACT = {BOOL: 1, BYTE: 3, I16: 4, I32: 5, I64: 6, DOUBLE: 7, STRING: 8, L
                STRUCT: 12, UUID: 13}
 
 
+def _compact_type(nibble: int, what: str) -> int:
+    """The binary type code of a compact type nibble; one the protocol lacks is refused by its own
+    number (not the binary code it has none of)."""
+    ttype = _FROM_COMPACT.get(nibble)
+    if ttype is None:
+        raise ThriftProtocolError(f"{what} has the unknown compact type {nibble}")
+    return ttype
+
+
 class CompactReader(Reader):
     """TCompactProtocol: zigzag varints, field-id deltas, bools folded into field headers."""
 
@@ -413,9 +422,7 @@ class CompactReader(Reader):
         b = self._ubyte("a field header")
         if b == 0:
             return STOP, 0
-        ttype = _FROM_COMPACT.get(b & 0x0f)
-        if ttype is None:
-            raise ThriftProtocolError(f"unknown compact field type {b & 0x0f}")
+        ttype = _compact_type(b & 0x0f, "a field")
         delta = b >> 4
         fid = self._last_fid + delta if delta else self.read_i16()
         self._last_fid = fid
@@ -428,7 +435,7 @@ class CompactReader(Reader):
         count = b >> 4
         if count == 15:
             count = self._varint(5, what)
-        etype = _FROM_COMPACT.get(b & 0x0f, -1)
+        etype = _compact_type(b & 0x0f, what)
         self._count(etype, count, what)
         return etype, count
 
@@ -437,7 +444,7 @@ class CompactReader(Reader):
         if count == 0:
             return STRING, STRING, 0
         kv = self._ubyte(what)
-        ktype, vtype = _FROM_COMPACT.get(kv >> 4, -1), _FROM_COMPACT.get(kv & 0x0f, -1)
+        ktype, vtype = _compact_type(kv >> 4, what), _compact_type(kv & 0x0f, what)
         self._count(ktype, count, what)
         self._count(vtype, count, what)
         return ktype, vtype, count
