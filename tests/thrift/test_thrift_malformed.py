@@ -25,6 +25,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TMemoryBuffer
 
 from kestrel.contract import kestrel_thrift
+from kestrel.service.thrift.protocol import MAX_FIELDS
 from tests.conftest import STALL_S, ServerProcess
 from tests.support.clients import thrift
 from tests.support.thrift_wire import PROTOCOLS, Field, closed_or_silent, encode_message, framed
@@ -34,13 +35,15 @@ INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 UNKNOWN = TApplicationException.UNKNOWN
 SETTINGS = [(t, p) for t in ("framed", "buffered") for p in ("binary", "compact")]
+MAX_BATCH_ITEMS = 1000  # small, so that a message past it is small too
 
 
 @pytest.fixture(scope="module", params=SETTINGS, ids=[f"{t}-{p}" for t, p in SETTINGS])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     transport, protocol = request.param
     srv = ServerProcess(tmp_path_factory.mktemp(f"{transport}-{protocol}"),
-                        {"thrift_transport": transport, "thrift_protocol": protocol}).start()
+                        {"thrift_transport": transport, "thrift_protocol": protocol,
+                         "max_batch_items": MAX_BATCH_ITEMS}).start()
     yield srv, transport, protocol
     srv.stop()
 
@@ -211,6 +214,23 @@ def unreadable(protocol: str) -> list[tuple[str, bytes, str]]:
         ("put", encode_message(protocol, "put", [_deep(40), *put_fields(b"cut", b"x")]), "nested deeper than 32"),
         ("put", encode_message(protocol, "put", [(1, TType.STRING, b"cut"), (2, TType.LIST, (TType.I32, [1, 2]))]),
          "items: expected elements of type 11, got 8"),
+    ]
+    # Each element and field costs a step of Python whether it is read or skipped, during which no
+    # other client is served: a message's containers hold max_batch_items elements in all, its
+    # structs MAX_FIELDS fields (with the default limits, 16 MB of empty structs took seconds).
+    empty_structs = (TType.STRUCT, [[]] * (MAX_BATCH_ITEMS // 2 + 1))
+    cases += [
+        ("put", encode_message(protocol, "put", [(9, TType.LIST, (TType.LIST, [empty_structs] * 2)),
+                                                 *put_fields(b"cut", b"x")]),
+         f"the message's containers hold more than max_batch_items {MAX_BATCH_ITEMS} elements in all"),
+        ("put", encode_message(protocol, "put", [(1, TType.STRING, b"cut"),
+                                                 *[(2, TType.LIST, (TType.STRING, [b""] * (MAX_BATCH_ITEMS // 2 + 1)))] * 2]),
+         f"the message's containers hold more than max_batch_items {MAX_BATCH_ITEMS} elements in all"),
+        ("put", encode_message(protocol, "put", [*put_fields(b"cut", b"x"), *[(3, TType.I32, 0)] * MAX_FIELDS]),
+         f"a message of more than {MAX_FIELDS} fields"),
+        ("put", encode_message(protocol, "put", [(9, TType.STRUCT, [(n, TType.BOOL, True) for n in range(1100)]),
+                                                 *put_fields(b"cut", b"x")]),
+         f"a message of more than {MAX_FIELDS} fields"),
     ]
     unknown_type = encode_message(protocol, "put", [(9, TType.LIST, (TType.I32, [MARK])), *put_fields(b"cut", b"x")])
     if protocol == "binary":  # 5 is no type of the binary protocol's, 14 none of the compact's

@@ -28,6 +28,10 @@ STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = 
     0, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16)
 CALL, REPLY, EXCEPTION = 1, 2, 3
 MAX_DEPTH = 32  # nesting of skipped structs and containers
+# Fields in one message, nested ones included: a call of the contract has four at most. Each field,
+# as each container element (`max_batch_items` for the whole message), costs the loop a step of
+# Python that no other client is served during, whether it is read or skipped.
+MAX_FIELDS = 1024
 
 _I8 = struct.Struct("!b")
 _I16 = struct.Struct("!h")
@@ -65,6 +69,8 @@ class Reader:
         self.more = more
         self.scope = scope
         self.mutable = isinstance(buf, bytearray)
+        self.elements = 0  # in the message's containers so far, read or skipped
+        self.fields = 0  # in the message so far, nested ones included
 
     def _short(self, pos: int, n: int, what: str) -> int:
         """`n` bytes at `pos` are past the data at hand: read on, or refuse. Returns the new end."""
@@ -87,6 +93,16 @@ class Reader:
                                       f"bytes are left in the {self.scope}")
         if count > self.max_items:
             raise ThriftProtocolError(f"{what} has {count} elements, over max_batch_items {self.max_items}")
+        self.elements += count
+        if self.elements > self.max_items:
+            raise ThriftProtocolError(f"the message's containers hold more than max_batch_items "
+                                      f"{self.max_items} elements in all")
+
+    @staticmethod
+    def too_many_fields() -> ThriftProtocolError:
+        """What each protocol's `read_field_begin` raises at the field past MAX_FIELDS (it counts
+        them inline: a call here would cost every request of the Python readers)."""
+        return ThriftProtocolError(f"a message of more than {MAX_FIELDS} fields")
 
     def take(self, n: int, what: str) -> bytes:
         pos = self.pos
@@ -120,6 +136,7 @@ class Reader:
         raise NotImplementedError
 
     def read_field_begin(self) -> tuple[int, int]:
+        """The next field's type and id (STOP: the struct ends), counted against MAX_FIELDS."""
         raise NotImplementedError
 
     def read_struct_begin(self) -> None:
@@ -261,6 +278,9 @@ class BinaryReader(Reader):
         if pos + 3 > self.end:
             self._short(pos, 3, "a field header")
         self.pos = pos + 3
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise self.too_many_fields()
         ttype, fid = _FIELD.unpack_from(self.buf, pos)
         return ttype, fid
 
@@ -422,6 +442,9 @@ class CompactReader(Reader):
         b = self._ubyte("a field header")
         if b == 0:
             return STOP, 0
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise self.too_many_fields()
         ttype = _compact_type(b & 0x0f, "a field")
         delta = b >> 4
         fid = self._last_fid + delta if delta else self.read_i16()
