@@ -169,7 +169,8 @@ class Session:
         items, at once).
 
         The queue is taken a slice of `GET_SLICE` at a time: each slice's reads are opened before
-        the connection lets the others run (`pause`), so that none is left without an owner.
+        the connection lets the others run (`pause`), so that none is left without an owner. A wait
+        is the one a hang-up ends (`_wait_for_item`): a client gone takes no item it would lose.
         """
         if not create:
             check_queue_name(queue)
@@ -192,8 +193,12 @@ class Session:
             try:
                 while len(items) < max_items:
                     want = min(max_items - len(items), GET_SLICE)
-                    wait = deadline - self._monotonic() if deadline else 0.0
-                    more = self.coll.remove(queue, want, transaction, wait)  # waits only while it is empty
+                    more = self.coll.remove(queue, want, transaction)
+                    while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
+                        remaining = deadline - self._monotonic()
+                        if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                            break
+                        more = self.coll.remove(queue, want, transaction)
                     if transaction:
                         xids = [item.xid for item in more]
                         ids += self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)

@@ -19,11 +19,11 @@ import structlog
 
 from kestrel.contract import kestrel_thrift
 from kestrel.service import metrics
-from kestrel.service.buffered_connection import make_listener
+from kestrel.service.buffered_connection import make_listener, wait_watching
 from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.session import Session, SessionError
+from kestrel.service.session.session import ClientGone, Session, SessionError
 from kestrel.service.thrift.messages import (
     INTERNAL_ERROR,
     INVALID_MESSAGE_TYPE,
@@ -39,7 +39,7 @@ from kestrel.service.thrift.messages import (
     read_plain_frame,
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
-from kestrel.service.thrift.transport import ClientStream, ConnectionDone
+from kestrel.service.thrift.transport import RECV_CHUNK, ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import KestrelError
@@ -64,8 +64,9 @@ class ThriftHandler:
     arguments positionally, in the contract's order and under its names (`method_calls` checks
     them against it): the readers hand them over as a tuple, with no dict made and looked up."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, stream: ClientStream) -> None:
         self.session = session
+        self.stream = stream  # watched during a get's wait
 
     def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
         expiry = self.session.expiry_after(expiration_msec or 0)
@@ -74,14 +75,29 @@ class ThriftHandler:
     def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
             auto_abort_msec: int | None) -> TakenItems:
         """The Items: each item's data and id (the encoder lays them out)."""
-        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                      auto_abort_msec or 0)
+        return self._take(_queue(queue_name), max_items or 0, timeout_msec or 0, auto_abort_msec or 0, True)
 
     def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
                   auto_abort_msec: int | None) -> TakenItems:
         """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
-        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
-                                      auto_abort_msec or 0, create=False, capped=False)
+        return self._take(_queue(queue_name), max_items or 0, timeout_msec or 0, auto_abort_msec or 0, False)
+
+    def _take(self, queue: str, max_items: int, timeout_ms: int, auto_abort_ms: int,
+              plain: bool) -> TakenItems:
+        """A get (`plain`) or a get_timed. One that waits watches the socket meanwhile
+        (`wait_watching`): the requests that follow are received (up to RECV_CHUNK bytes), and a
+        client that hangs up ends the wait (ClientGone) and takes no item, which a plain get would
+        lose with it."""
+        session = self.session
+        if timeout_ms <= 0:
+            return session.get_items(queue, max_items, 0, auto_abort_ms, create=plain, capped=plain)
+        stream = self.stream
+        before = len(stream.buf)
+        try:
+            return wait_watching(stream.io, session, stream.buf, RECV_CHUNK, lambda: session.get_items(
+                queue, max_items, timeout_ms, auto_abort_ms, create=plain, capped=plain))
+        finally:
+            stream.stats.bytes_read += len(stream.buf) - before
 
     def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
         """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
@@ -160,7 +176,7 @@ class ThriftConnection:
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
-        self.handler = ThriftHandler(self.session)
+        self.handler = ThriftHandler(self.session, self.stream)
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
@@ -176,6 +192,8 @@ class ThriftConnection:
                     self._serve_buffered()
             except ConnectionDone as e:
                 log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            except ClientGone:
+                return self.stream.io.ended  # hung up during a get's wait: nothing more to answer
             self.stream.replies.finish()
         finally:
             self.stream.replies.release()
@@ -262,6 +280,8 @@ class ThriftConnection:
         started = perf_counter()
         try:
             result = function(self.handler, *args)
+        except ClientGone:
+            raise
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:
