@@ -131,10 +131,10 @@ class BufferedConnection:
         wait runs as it is."""
         if not waits:
             return call()
-        return wait_watching(self.io, self.session, self.inbox, self.max_line, call)
+        return wait_watching(self.io, self.inbox, self.max_line, self.session, call)
 
 
-def wait_watching(io: ClientSocket, session: Session, inbox: bytearray, most: int,
+def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,
                   call: Callable[[], T]) -> T:
     """Run a session call that waits for items while watching the client's socket, every
     protocol's: input that arrives meanwhile is appended to `inbox` (up to `most` bytes; beyond,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 import structlog
@@ -64,9 +65,8 @@ class ThriftHandler:
     arguments positionally, in the contract's order and under its names (`method_calls` checks
     them against it): the readers hand them over as a tuple, with no dict made and looked up."""
 
-    def __init__(self, session: Session, stream: ClientStream) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
-        self.stream = stream  # watched during a get's wait
 
     def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
         expiry = self.session.expiry_after(expiration_msec or 0)
@@ -75,29 +75,14 @@ class ThriftHandler:
     def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
             auto_abort_msec: int | None) -> TakenItems:
         """The Items: each item's data and id (the encoder lays them out)."""
-        return self._take(_queue(queue_name), max_items or 0, timeout_msec or 0, auto_abort_msec or 0, True)
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0)
 
     def get_timed(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
                   auto_abort_msec: int | None) -> TakenItems:
         """The TimedItems: each item's data, id, add time and expiry; creates no queue."""
-        return self._take(_queue(queue_name), max_items or 0, timeout_msec or 0, auto_abort_msec or 0, False)
-
-    def _take(self, queue: str, max_items: int, timeout_ms: int, auto_abort_ms: int,
-              plain: bool) -> TakenItems:
-        """A get (`plain`) or a get_timed. One that waits watches the socket meanwhile
-        (`wait_watching`): the requests that follow are received (up to RECV_CHUNK bytes), and a
-        client that hangs up ends the wait (ClientGone) and takes no item, which a plain get would
-        lose with it."""
-        session = self.session
-        if timeout_ms <= 0:
-            return session.get_items(queue, max_items, 0, auto_abort_ms, create=plain, capped=plain)
-        stream = self.stream
-        before = len(stream.buf)
-        try:
-            return wait_watching(stream.io, session, stream.buf, RECV_CHUNK, lambda: session.get_items(
-                queue, max_items, timeout_ms, auto_abort_ms, create=plain, capped=plain))
-        finally:
-            stream.stats.bytes_read += len(stream.buf) - before
+        return self.session.get_items(_queue(queue_name), max_items or 0, timeout_msec or 0,
+                                      auto_abort_msec or 0, create=False, capped=False)
 
     def peek_items(self, queue_name: str | None, first: int | None, max_items: int | None) -> tuple[Any, ...]:
         """ItemsAt as a tuple of its fields in order, each TimedItem a tuple too (id 0)."""
@@ -175,8 +160,9 @@ class ThriftConnection:
         self.peer = peer
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
-        self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
-        self.handler = ThriftHandler(self.session, self.stream)
+        self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
+                               watch=partial(_watched, self.stream))
+        self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
@@ -293,6 +279,17 @@ class ThriftConnection:
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
         return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
+
+
+def _watched(stream: ClientStream, session: Session, wait: Callable[[], bool]) -> bool:
+    """A get's wait for an item while the socket is watched (`wait_watching`): the requests that
+    follow are received meanwhile (up to RECV_CHUNK bytes), and a client that hangs up ends the
+    wait and takes no item, which a get without auto-abort would lose with it."""
+    before = len(stream.buf)
+    try:
+        return wait_watching(stream.io, stream.buf, RECV_CHUNK, session, wait)
+    finally:
+        stream.stats.bytes_read += len(stream.buf) - before
 
 
 def make_thrift_server(server: ServerState, listener: tuple[str, int]) -> Listener:
