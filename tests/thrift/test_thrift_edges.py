@@ -136,6 +136,29 @@ def test_a_client_that_hangs_up_during_a_get_s_wait_takes_no_item(server_factory
     assert "Traceback" not in log and '"level": "error"' not in log
 
 
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_calls_sent_during_a_get_s_wait_are_answered_after_it(server_factory: Any, transport: str) -> None:
+    srv = server_factory({"thrift_transport": transport})
+    calls = [encode_call("binary", "get", seqid=1, queue_name="later", max_items=1, timeout_msec=60_000,
+                         auto_abort_msec=0),
+             encode_call("binary", "get_version", seqid=2)]
+    with client(srv, transport=transport) as c, raw(srv) as waiting:
+        waiting.sendall(framed(calls[0]) if transport == "framed" else calls[0])
+        wait_until(lambda: c.peek("later").waiters == 1, "the get to wait")
+        waiting.sendall(framed(calls[1]) if transport == "framed" else calls[1])
+        time.sleep(0.05)  # most likely read during the wait; the answers must not depend on it
+        assert c.put("later", [b"arrived"], 0) == 1
+        if transport == "framed":
+            assert [item.data for item in read_framed_reply(waiting, "binary", "get")] == [b"arrived"]
+            assert isinstance(read_framed_reply(waiting, "binary", "get_version"), str)
+        else:
+            waiting.settimeout(STALL_S)
+            received = b""
+            while b"get_version" not in received or not received.endswith(b"\x00"):
+                received += waiting.recv(65536)
+            assert received.index(b"arrived") < received.index(b"get_version")
+
+
 def test_put_counts_items_accepted_before_an_oversized_one(server: ServerProcess) -> None:
     with client(server) as c:
         assert c.put("small", [b"12345"], 0) == 0
