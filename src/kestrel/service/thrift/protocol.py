@@ -337,6 +337,10 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+def _out_of_range(what: str, value: int) -> ThriftProtocolError:
+    return ThriftProtocolError(f"{what} of {value} is out of range")
+
+
 # Compact type nibble -> binary type code (1 and 2 are bools carrying their value).
 _FROM_COMPACT = {1: BOOL, 2: BOOL, 3: BYTE, 4: I16, 5: I32, 6: I64, 7: DOUBLE, 8: STRING, 9: LIST, 10: SET,
                  11: MAP, 12: STRUCT, 13: UUID}
@@ -344,13 +348,10 @@ _TO_COMPACT = {BOOL: 1, BYTE: 3, I16: 4, I32: 5, I64: 6, DOUBLE: 7, STRING: 8, L
                STRUCT: 12, UUID: 13}
 
 
-def _compact_type(nibble: int, what: str) -> int:
-    """The binary type code of a compact type nibble; one the protocol lacks is refused by its own
-    number (not the binary code it has none of)."""
-    ttype = _FROM_COMPACT.get(nibble)
-    if ttype is None:
-        raise ThriftProtocolError(f"{what} has the unknown compact type {nibble}")
-    return ttype
+def _unknown_type(nibble: int, what: str) -> ThriftProtocolError:
+    """A compact type nibble the protocol lacks, named by its own number (not by the binary code it
+    has none of)."""
+    return ThriftProtocolError(f"{what} has the unknown compact type {nibble}")
 
 
 class CompactReader(Reader):
@@ -384,22 +385,26 @@ class CompactReader(Reader):
             shift += 7
         raise ThriftProtocolError(f"{what}: a varint longer than {max_bytes} bytes")
 
-    def _signed(self, bits: int, what: str) -> int:
-        """A zigzag varint of at most the bytes an integer of `bits` takes, refused past its range
-        (the longest varint holds 7 bits a byte, more than the type: 2^69 in an i64's ten bytes)."""
-        value = _zigzag(self._varint((bits + 6) // 7, what))
-        if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
-            raise ThriftProtocolError(f"{what} of {value} is out of range")
-        return value
+    # Each integer is a zigzag varint of at most the bytes its type takes, refused past its range:
+    # the longest varint holds 7 bits a byte, more than the type (2^69 in an i64's ten bytes).
 
     def read_i16(self) -> int:
-        return self._signed(16, "an i16")
+        value = _zigzag(self._varint(3, "an i16"))
+        if not -0x8000 <= value < 0x8000:
+            raise _out_of_range("an i16", value)
+        return value
 
     def read_i32(self) -> int:
-        return self._signed(32, "an i32")
+        value = _zigzag(self._varint(5, "an i32"))
+        if not -0x8000_0000 <= value < 0x8000_0000:
+            raise _out_of_range("an i32", value)
+        return value
 
     def read_i64(self) -> int:
-        return self._signed(64, "an i64")
+        value = _zigzag(self._varint(10, "an i64"))
+        if not -0x8000_0000_0000_0000 <= value < 0x8000_0000_0000_0000:
+            raise _out_of_range("an i64", value)
+        return value
 
     def read_double(self) -> float:
         return float(_DOUBLE_LE.unpack(self.take(8, "a double"))[0])
@@ -445,7 +450,9 @@ class CompactReader(Reader):
         self.fields += 1
         if self.fields > MAX_FIELDS:
             raise self.too_many_fields()
-        ttype = _compact_type(b & 0x0f, "a field")
+        ttype = _FROM_COMPACT.get(b & 0x0f)
+        if ttype is None:
+            raise _unknown_type(b & 0x0f, "a field")
         delta = b >> 4
         fid = self._last_fid + delta if delta else self.read_i16()
         self._last_fid = fid
@@ -458,7 +465,9 @@ class CompactReader(Reader):
         count = b >> 4
         if count == 15:
             count = self._varint(5, what)
-        etype = _compact_type(b & 0x0f, what)
+        etype = _FROM_COMPACT.get(b & 0x0f)
+        if etype is None:
+            raise _unknown_type(b & 0x0f, what)
         self._count(etype, count, what)
         return etype, count
 
@@ -467,7 +476,9 @@ class CompactReader(Reader):
         if count == 0:
             return STRING, STRING, 0
         kv = self._ubyte(what)
-        ktype, vtype = _compact_type(kv >> 4, what), _compact_type(kv & 0x0f, what)
+        ktype, vtype = _FROM_COMPACT.get(kv >> 4), _FROM_COMPACT.get(kv & 0x0f)
+        if ktype is None or vtype is None:
+            raise _unknown_type(kv >> 4 if ktype is None else kv & 0x0f, what)
         self._count(ktype, count, what)
         self._count(vtype, count, what)
         return ktype, vtype, count
