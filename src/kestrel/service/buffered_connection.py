@@ -142,14 +142,14 @@ def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Sessio
     is raised in the caller), so the dead connection takes no item, which would be lost with it, and
     its waiter and open reads are withdrawn."""
     waiter = gevent.getcurrent()
-    watcher = gevent.spawn(_watch, io, session, inbox, most, waiter)
+    watcher = gevent.spawn(_watch, io, inbox, most, session, waiter)
     try:
         return call()
     finally:
         watcher.kill()  # before the caller reads the socket again
 
 
-def _watch(io: ClientSocket, session: Session, inbox: bytearray, most: int, waiter: gevent.Greenlet) -> None:
+def _watch(io: ClientSocket, inbox: bytearray, most: int, session: Session, waiter: gevent.Greenlet) -> None:
     while len(inbox) <= most:
         try:
             received = io.receive(inbox, None)
