@@ -369,3 +369,32 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), classpath).start()
     yield zk
     zk.stop()
+
+
+APACHE_GENERATED = "apache_kestrel"
+
+
+@pytest.fixture(scope="session")
+def apache_generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(the service module, the types module) Apache Thrift's own compiler generates from the
+    contract, for PyPI's `thrift` library. The contract's Python namespace is `kestrel`, which this
+    package's own namespace takes in this process: generated under another name (a namespace names
+    modules only; the wire is the same)."""
+    import importlib
+
+    from kestrel.contract import IDL_PATH
+    from tests.support.system import tool
+
+    compiler = tool("thrift")
+    out = tmp_path_factory.mktemp("gen-py")
+    idl = out / "kestrel.thrift"
+    idl.write_text(IDL_PATH.read_text().replace("namespace py kestrel", f"namespace py {APACHE_GENERATED}"))
+    subprocess.run([compiler, "--gen", "py", "-out", str(out), str(idl)], check=True)
+    sys.path.insert(0, str(out))
+    try:
+        yield (importlib.import_module(f"{APACHE_GENERATED}.Kestrel"),
+               importlib.import_module(f"{APACHE_GENERATED}.ttypes"))
+    finally:
+        sys.path.remove(str(out))
+        for name in [m for m in sys.modules if m == APACHE_GENERATED or m.startswith(f"{APACHE_GENERATED}.")]:
+            del sys.modules[name]

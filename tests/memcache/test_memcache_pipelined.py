@@ -188,6 +188,36 @@ def test_a_burst_split_at_every_byte_boundary(servers: tuple[ServerProcess, Serv
     assert drain(servers[0]) == {queue: [] for queue in QUEUES}
 
 
+ODD_SETS = [
+    b"set plain 4294967295 0 3\r\nmax\r\n",  # the largest flags memcache has
+    b"set plain 00 -0 02\r\nz0\r\n",  # zeros written long
+    b"set plain 0 -2147483648 1\r\ne\r\n",  # the earliest expiry: already expired
+    b"set plain 0 4294967295 1\r\nl\r\n",  # the latest: in 2106
+    b"set plain 0 999999 1\r\nr\r\n",  # relative, in 11 days
+    b"set plain 0 1000000 1\r\na\r\n",  # absolute, in 1970: expired
+    b"set plain 0 0 0\r\n\r\n",  # an empty item
+    b"set plain 4294967296 0 1\r\nF\r\n",  # flags past 32 bits: refused, its data skipped
+    b"set plain 0 4294967296 1\r\nE\r\n",  # exptime past 32 bits: refused likewise
+    b"set plain +1 0 1\r\nP\r\n",
+    b"set plain 0 0 2\r\nshort\r\n",  # fewer bytes announced than sent: a bad data chunk
+]
+
+
+def test_sets_with_odd_flags_expiries_and_byte_counts_split_at_every_byte(
+        servers: tuple[ServerProcess, ServerProcess]) -> None:
+    """Each answered, whole or in two pieces cut anywhere, as a set alone is answered: STORED, or an
+    error naming the field, its data never run as a command; the items stored as sent."""
+    commands = [*ODD_SETS, *[get_command("plain")] * 6]
+    want = compare(servers, commands)
+    assert want.count(b"STORED\r\n") == 7 and want.count(b"CLIENT_ERROR") == 4
+    for value in (b"max", b"z0", b"l", b"r", b""):
+        assert b"VALUE plain 0 %d\r\n%s\r\n" % (len(value), value) in want
+    size = len(b"".join(commands))
+    for cut in range(1, size):
+        assert send_burst(servers[0].memcache_port, commands, (cut,)) == want, cut
+    assert drain(servers[0]) == {queue: [] for queue in QUEUES}
+
+
 def test_a_run_of_gets_emptying_the_queue(servers: tuple[ServerProcess, ServerProcess]) -> None:
     commands = [set_command("plain", b"x%d" % n) for n in range(3)] + [get_command("plain")] * 5
     assert compare(servers, commands).endswith(b"VALUE plain 0 2\r\nx2\r\nEND\r\nEND\r\nEND\r\n" + VERSION_LINE)

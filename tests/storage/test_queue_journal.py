@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from kestrel.storage import QueueConfigs, manifest
 from kestrel.storage.collection import QueueCollection
@@ -145,6 +146,54 @@ def test_a_pack_that_fails_after_its_file_is_complete_stops_packing(tmp_path: Pa
     j.forget_packs()
     j.close()
     assert _replayed(tmp_path, runtime) == [b"a", b"b"]  # start-up finished the first pack
+
+
+@pytest.mark.parametrize("step", ["fsync", "rename-pack"])
+def test_a_pack_whose_cleanup_fails_too_raises_the_failure_that_stopped_it(tmp_path: Path, step: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack stopped while its temporary is open (its fsync) or once it is closed (its rename)
+    raises that failure, not the one of deleting the temporary on a disk that fails again; the
+    temporary left is deleted at the next start."""
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    _add(j, b"a")
+    stamp = j.rotate()
+    temporary = str(tmp_path / f"q~~{stamp}")
+    unlink, close = os.unlink, os.close
+    closed: list[int] = []
+
+    def stop(name: str) -> None:
+        if name == step:
+            raise OSError(errno.ENOSPC, f"no space left at {name}")
+
+    def failing_unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path) == temporary:
+            raise OSError(errno.EIO, "input/output error deleting the temporary")
+        unlink(path, *args, **kwargs)
+
+    def counted_close(fd: int) -> None:
+        closed.append(fd)
+        close(fd)
+
+    monkeypatch.setattr(packer, "failpoint", stop)
+    monkeypatch.setattr(os, "unlink", failing_unlink)
+    monkeypatch.setattr(os, "close", counted_close)
+    with capture_logs() as logs, pytest.raises(OSError) as raised:
+        packer.write_pack(_pack_of(j, stamp, [b"a"]), [f"{tmp_path}/q.{stamp}"])
+    monkeypatch.setattr(os, "close", close)
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert raised.value.errno == errno.ENOSPC and step in str(raised.value)
+    assert len(closed) == 1  # the temporary's descriptor, closed once whichever way it failed
+    assert [(e["event"], e["step"], e["file"]) for e in logs if e["log_level"] == "warning"] == [
+        ("could not clean up after a failed pack", "delete", temporary)]
+    assert os.path.exists(temporary)
+    monkeypatch.setattr(packer, "failpoint", None)
+    j.close()
+    coll = QueueCollection(str(tmp_path), runtime=InlineRuntime())  # the next start
+    coll.load()
+    assert not os.path.exists(temporary)
+    assert drain(coll, "q") == [b"a"]  # the rotated journal still holds the item
+    coll.close()
 
 
 def _write(path: Path, *records: bytes) -> str:

@@ -1,5 +1,6 @@
-"""Raw Thrift messages for tests: calls encoded by thriftpy2 (binary or compact), sent framed or not,
-and replies decoded, so that a test can send exactly the bytes it means (and mutate them)."""
+"""Raw Thrift messages for tests: calls encoded by thriftpy2 (binary or compact), or field by field by
+Apache Thrift's own writers, sent framed or not, and replies decoded, so that a test can send
+exactly the bytes it means (and mutate them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import socket
 import struct
 from typing import Any
 
+from thrift.protocol import TBinaryProtocol as ApacheBinary
+from thrift.protocol import TCompactProtocol as ApacheCompact
+from thrift.Thrift import TType
+from thrift.transport import TTransport
 from thriftpy2.protocol import TBinaryProtocol, TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport import TMemoryBuffer
@@ -83,3 +88,55 @@ def rss_kb(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+# A field as `encode_message` writes it: (id, Thrift type code, value). A struct's value is a list
+# of fields; a list's or set's (element type, [values]); a map's (key type, value type, [(k, v)]).
+Field = tuple[int, int, Any]
+
+
+def encode_message(protocol: str, name: str, fields: list[Field], mtype: int = TMessageType.CALL,
+                   seqid: int = 1, strict: bool = True) -> bytes:
+    """A message laid out field by field, in the order given, by Apache Thrift's own protocol
+    writers: any field, of any type, any number of times (what no generated client sends), with the
+    binary protocol's unversioned header where not `strict`."""
+    buf = TTransport.TMemoryBuffer()
+    proto = (ApacheBinary.TBinaryProtocol(buf, strictWrite=strict) if protocol == "binary"
+             else ApacheCompact.TCompactProtocol(buf))
+    proto.writeMessageBegin(name, mtype, seqid)
+    _write_struct(proto, fields)
+    proto.writeMessageEnd()
+    return bytes(buf.getvalue())
+
+
+def _write_struct(proto: Any, fields: list[Field]) -> None:
+    proto.writeStructBegin("args")
+    for fid, ttype, value in fields:
+        proto.writeFieldBegin("", ttype, fid)
+        _write_value(proto, ttype, value)
+        proto.writeFieldEnd()
+    proto.writeFieldStop()
+    proto.writeStructEnd()
+
+
+def _write_value(proto: Any, ttype: int, value: Any) -> None:
+    if ttype == TType.STRUCT:
+        _write_struct(proto, value)
+    elif ttype in (TType.LIST, TType.SET):
+        etype, values = value
+        (proto.writeListBegin if ttype == TType.LIST else proto.writeSetBegin)(etype, len(values))
+        for v in values:
+            _write_value(proto, etype, v)
+        (proto.writeListEnd if ttype == TType.LIST else proto.writeSetEnd)()
+    elif ttype == TType.MAP:
+        ktype, vtype, pairs = value
+        proto.writeMapBegin(ktype, vtype, len(pairs))
+        for k, v in pairs:
+            _write_value(proto, ktype, k)
+            _write_value(proto, vtype, v)
+        proto.writeMapEnd()
+    else:
+        write = {TType.BOOL: proto.writeBool, TType.BYTE: proto.writeByte, TType.I16: proto.writeI16,
+                 TType.I32: proto.writeI32, TType.I64: proto.writeI64, TType.DOUBLE: proto.writeDouble,
+                 TType.STRING: proto.writeBinary}[ttype]
+        write(value)

@@ -3,51 +3,23 @@ transport (framed, buffered) and protocol (binary, compact) the server can be se
 
 from __future__ import annotations
 
-import importlib
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from kestrel.contract import IDL_PATH
-from tests.support.system import tool
-
-GENERATED = "apache_kestrel"
-
-
-@pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    compiler = tool("thrift")
-    out = tmp_path_factory.mktemp("gen-py")
-    # The contract's Python namespace is `kestrel`, which this package's own namespace takes in this
-    # process: generate under another name (a namespace names modules only; the wire is the same).
-    idl = out / "kestrel.thrift"
-    idl.write_text(IDL_PATH.read_text().replace("namespace py kestrel", f"namespace py {GENERATED}"))
-    subprocess.run([compiler, "--gen", "py", "-out", str(out), str(idl)], check=True)
-    sys.path.insert(0, str(out))
-    try:
-        yield (importlib.import_module(f"{GENERATED}.Kestrel"),
-               importlib.import_module(f"{GENERATED}.ttypes"))
-    finally:
-        sys.path.remove(str(out))
-        for name in [m for m in sys.modules if m == GENERATED or m.startswith(f"{GENERATED}.")]:
-            del sys.modules[name]
-
-
 SETTINGS = [(t, p) for t in ("framed", "buffered") for p in ("binary", "compact")]
 
 
 @pytest.fixture(params=SETTINGS, ids=[f"{t}-{p}" for t, p in SETTINGS])
-def apache_client(request: pytest.FixtureRequest, generated: Any, server_factory: Any) -> Iterator[Any]:
+def apache_client(request: pytest.FixtureRequest, apache_generated: Any, server_factory: Any) -> Iterator[Any]:
     from thrift.protocol import TBinaryProtocol, TCompactProtocol
     from thrift.transport import TSocket, TTransport
 
     transport_name, protocol_name = request.param
     srv = server_factory({"thrift_transport": transport_name, "thrift_protocol": protocol_name})
-    service, _ = generated
+    service, _ = apache_generated
     sock = TSocket.TSocket("127.0.0.1", srv.thrift_port)
     sock.setTimeout(10_000)
     wrap = TTransport.TFramedTransport if transport_name == "framed" else TTransport.TBufferedTransport
@@ -61,8 +33,8 @@ def apache_client(request: pytest.FixtureRequest, generated: Any, server_factory
         transport.close()
 
 
-def test_every_operation_with_the_generated_client(generated: Any, apache_client: Any) -> None:
-    _, ttypes = generated
+def test_every_operation_with_the_generated_client(apache_generated: Any, apache_client: Any) -> None:
+    _, ttypes = apache_generated
     c = apache_client
     assert c.put("apache", [b"one", b"two", b"\x00\xff" * 100], 0) == 3
     info = c.peek("apache")

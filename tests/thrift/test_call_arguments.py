@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from thrift.Thrift import TMessageType, TType
 from thriftpy2.protocol import TBinaryProtocol, TCompactProtocol
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TMemoryBuffer
@@ -18,9 +19,9 @@ from thriftpy2.transport import TMemoryBuffer
 from kestrel.contract import kestrel_thrift
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.thrift.handler import ThriftConnection, ThriftHandler, method_calls, parameter_names
-from kestrel.service.thrift.messages import METHODS, read_args, read_plain_frame
-from kestrel.service.thrift.protocol import PROTOCOLS
-from tests.support.thrift_wire import decode_reply, encode_call, unframed
+from kestrel.service.thrift.messages import METHODS, ValueType, read_args, read_plain_frame
+from kestrel.service.thrift.protocol import PROTOCOLS, ThriftProtocolError
+from tests.support.thrift_wire import Field, decode_reply, encode_call, encode_message, unframed
 
 THRIFTPY = {"binary": TBinaryProtocol, "compact": TCompactProtocol}
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -180,3 +181,110 @@ def test_a_handler_not_taking_its_method_s_arguments_is_refused_by_name_and_no_t
     with pytest.raises(TypeError, match=r"ThriftHandler.peek_items takes \('first', 'queue_name', 'max_items'\)"):
         handler.method_calls()
     assert handler._calls == []  # not the methods before it: the next connection is refused too
+
+
+# Calls no generated client sends, each read here and by Apache Thrift's own generated reader.
+
+_SCALARS = {TType.BOOL: st.booleans(), TType.BYTE: st.integers(-128, 127), TType.I16: st.integers(-(2**15), 2**15 - 1),
+            TType.I32: I32, TType.I64: I64, TType.DOUBLE: st.floats(allow_nan=False),
+            TType.STRING: st.text(max_size=6).map(str.encode)}  # UTF-8: Apache's Python decodes a skipped string
+_CONTAINERS = (TType.STRUCT, TType.LIST, TType.SET, TType.MAP)
+
+
+def _any_value(ttype: int, depth: int) -> st.SearchStrategy[Any]:
+    """A value of any type, containers nested up to `depth` more levels, a few elements each."""
+    if ttype in _SCALARS:
+        return _SCALARS[ttype]
+    inner = st.sampled_from(sorted(_SCALARS) + (list(_CONTAINERS) if depth else []))
+    if ttype == TType.STRUCT:
+        return st.lists(_any_field(depth - 1), max_size=3)
+    if ttype == TType.MAP:
+        return st.tuples(inner, inner).flatmap(lambda kv: st.tuples(
+            st.just(kv[0]), st.just(kv[1]),
+            st.lists(st.tuples(_any_value(kv[0], depth - 1), _any_value(kv[1], depth - 1)), max_size=3)))
+    return inner.flatmap(lambda e: st.tuples(st.just(e), st.lists(_any_value(e, depth - 1), max_size=3)))
+
+
+def _any_field(depth: int) -> st.SearchStrategy[Field]:
+    types = sorted(_SCALARS) + (list(_CONTAINERS) if depth > 0 else [])
+    return st.tuples(st.integers(-3, 12), st.sampled_from(types)).flatmap(
+        lambda f: st.tuples(st.just(f[0]), st.just(f[1]), _any_value(f[1], depth)))
+
+
+def _argument(vtype: ValueType) -> st.SearchStrategy[Any]:
+    """A value of an argument's own type, as `encode_message` writes it."""
+    if vtype.ttype == TType.STRING:
+        return st.text(max_size=8).map(str.encode) if vtype.utf8 else st.binary(max_size=8)
+    if vtype.ttype in (TType.LIST, TType.SET):
+        assert vtype.elem is not None
+        return st.tuples(st.just(vtype.elem.ttype), st.lists(_argument(vtype.elem), max_size=4))
+    return _SCALARS[vtype.ttype]
+
+
+@st.composite
+def _hostile_calls(draw: Any) -> tuple[str, list[Field], int, int, bool]:
+    """(method, fields, message type, sequence id, strict header): each argument left out, given
+    once or twice, fields of unknown ids or of another type than their id's argument, with nested
+    containers, all in any order."""
+    name = draw(st.sampled_from(sorted(METHODS)))
+    method = METHODS[name]
+    fields: list[Field] = []
+    for fid, (_, _, vtype) in method.args.items():
+        for _ in range(draw(st.sampled_from([0, 1, 1, 2]))):
+            fields.append((fid, vtype.ttype, draw(_argument(vtype))))
+    for fid, ttype, value in draw(st.lists(_any_field(2), max_size=3)):
+        if fid in method.args and method.args[fid][2].ttype == ttype:
+            fid += 100  # not one of the method's own: that would be an argument of its type
+        fields.append((fid, ttype, value))
+    mtype = draw(st.sampled_from([TMessageType.CALL, TMessageType.CALL, TMessageType.ONEWAY]))
+    return name, draw(st.permutations(fields)), mtype, draw(I32), draw(st.booleans())
+
+
+def apache_read(service: Any, protocol: str, data: bytes) -> tuple[tuple[str, int, int], dict[str, Any]]:
+    """The message header and the arguments by name, as Apache Thrift's generated code reads them."""
+    from thrift.protocol import TBinaryProtocol as ApacheBinary
+    from thrift.protocol import TCompactProtocol as ApacheCompact
+    from thrift.transport import TTransport
+
+    buf = TTransport.TMemoryBuffer(data)
+    proto = ApacheBinary.TBinaryProtocol(buf) if protocol == "binary" else ApacheCompact.TCompactProtocol(buf)
+    header = proto.readMessageBegin()
+    args = getattr(service, f"{header[0]}_args")()
+    args.read(proto)
+    return header, vars(args)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(call=_hostile_calls(), cut=st.floats(0, 1, exclude_max=True))
+def test_calls_no_client_sends_read_as_apache_thrift_reads_them(apache_generated: Any,
+                                                                call: tuple[str, list[Field], int, int, bool],
+                                                                cut: float) -> None:
+    """Every argument as Apache Thrift's generated reader takes it (the last of a repeated field, its
+    default where left out, unknown and mistyped fields skipped, however deep); the compiled reader,
+    where it reads a call at all (never one repeating an argument: the Python reader counts what a
+    message holds), the same; and the message cut anywhere refused by name, by both."""
+    service, _ = apache_generated
+    name, fields, mtype, seqid, strict = call
+    method = METHODS[name]
+    for protocol in ("binary", "compact"):
+        data = encode_message(protocol, name, fields, mtype, seqid, strict)
+        header, theirs = apache_read(service, protocol, data)
+        reader = PROTOCOLS[protocol][0](data, len(data), len(data), 100_000, 16 << 20)
+        assert reader.read_message_begin() == header == (name, mtype, seqid)
+        args, problem = read_args(reader, method)
+        assert problem is None and reader.pos == len(data)
+        assert same(args, tuple(theirs[arg] for arg in method.names)), (protocol, fields)
+        if protocol == "binary":
+            plain = read_plain_frame(data, 100_000, 16 << 20)
+            if plain is not None:  # the compiled reader, where the build has it: strict calls, each argument once
+                given = [fid for fid, ttype, _ in fields if fid in method.args and method.args[fid][2].ttype == ttype]
+                assert strict and mtype == TMessageType.CALL and len(set(given)) == len(given)
+                assert plain[0] is method and plain[1] == seqid and same(plain[2], args)
+        short = data[:int(cut * len(data))]
+        with pytest.raises(Exception):  # noqa: B017  (Apache's transport raises its own)
+            apache_read(service, protocol, short)
+        with pytest.raises(ThriftProtocolError, match="left in the frame"):
+            reader = PROTOCOLS[protocol][0](short, len(short), len(short), 100_000, 16 << 20)
+            reader.read_message_begin()
+            read_args(reader, method)
+        assert read_plain_frame(short, 100_000, 16 << 20) is None

@@ -1,5 +1,6 @@
-"""Thrift at a connection's edges: read ids across restarts, idle and slow clients, wait caps,
-refusals inside a batch, negative expiry, open reads counted per connection and queue."""
+"""Thrift at a connection's edges: read ids across restarts, idle and slow clients, wait caps, a
+client hanging up during a wait, refusals inside a batch, negative expiry, open reads counted per
+connection and queue."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from kestrel.service.session.read_ids import BLOCK, SHIFT, ReadIds
 from kestrel.storage.clock import FakeClock
-from tests.conftest import STALL_S, ServerProcess
+from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.thrift_wire import closed_or_silent, encode_call, framed, read_framed_reply
 from tests.support.wire import shared_server  # noqa: F401  (the module's `server`)
 from tests.thrift.test_thrift_hostile import client, raw
@@ -111,6 +112,51 @@ def test_get_waits_are_capped_at_max_wait(server_factory: Any) -> None:
         started = time.monotonic()
         assert c.get("empty", 1, 60_000, 0) == []
         assert 0.15 < time.monotonic() - started < STALL_S
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+@pytest.mark.parametrize("method", ["get", "get_timed"])
+def test_a_client_that_hangs_up_during_a_get_s_wait_takes_no_item(server_factory: Any, transport: str,
+                                                                  method: str) -> None:
+    """Its wait ends at the hang-up, as a memcache or text client's does: the next item put is kept
+    for a live client, not handed to the dead connection (where a get without auto-abort loses it)."""
+    srv = server_factory({"thrift_transport": transport})
+    queue = f"hang-up-{method}"
+    with client(srv, transport=transport) as c:
+        assert c.put(queue, [b"first"], 0) == 1  # the queue exists (get_timed creates none)
+        assert [item.data for item in c.get(queue, 1, 0, 0)] == [b"first"]
+        call = encode_call("binary", method, queue_name=queue, max_items=1, timeout_msec=600_000, auto_abort_msec=0)
+        with raw(srv) as gone:
+            gone.sendall(framed(call) if transport == "framed" else call)
+            wait_until(lambda: c.peek(queue).waiters == 1, "the get to wait")
+        wait_until(lambda: c.peek(queue).waiters == 0, "the hung-up get's wait to end", timeout=STALL_S)
+        assert c.put(queue, [b"kept"], 0) == 1
+        assert [item.data for item in c.get(queue, 1, 0, 0)] == [b"kept"]
+    log = srv.log()
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_calls_sent_during_a_get_s_wait_are_answered_after_it(server_factory: Any, transport: str) -> None:
+    srv = server_factory({"thrift_transport": transport})
+    calls = [encode_call("binary", "get", seqid=1, queue_name="later", max_items=1, timeout_msec=60_000,
+                         auto_abort_msec=0),
+             encode_call("binary", "get_version", seqid=2)]
+    with client(srv, transport=transport) as c, raw(srv) as waiting:
+        waiting.sendall(framed(calls[0]) if transport == "framed" else calls[0])
+        wait_until(lambda: c.peek("later").waiters == 1, "the get to wait")
+        waiting.sendall(framed(calls[1]) if transport == "framed" else calls[1])
+        time.sleep(0.05)  # most likely read during the wait; the answers must not depend on it
+        assert c.put("later", [b"arrived"], 0) == 1
+        if transport == "framed":
+            assert [item.data for item in read_framed_reply(waiting, "binary", "get")] == [b"arrived"]
+            assert isinstance(read_framed_reply(waiting, "binary", "get_version"), str)
+        else:
+            waiting.settimeout(STALL_S)
+            received = b""
+            while b"get_version" not in received or not received.endswith(b"\x00"):
+                received += waiting.recv(65536)
+            assert received.index(b"arrived") < received.index(b"get_version")
 
 
 def test_put_counts_items_accepted_before_an_oversized_one(server: ServerProcess) -> None:

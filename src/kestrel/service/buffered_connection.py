@@ -126,38 +126,46 @@ class BufferedConnection:
         return self.io.ended
 
     def watching(self, call: Callable[[], T], waits: bool = True) -> T:
-        """Run a session call that `waits` for items while watching the socket.
-
-        Input that arrives meanwhile is kept for after the call (up to one line's worth; beyond,
-        the client waits). When the client hangs up, the session's wait is cancelled at once, so
-        the dead connection takes no item and its waiter and open reads are withdrawn. A call that
-        does not wait runs as it is.
-        """
+        """Run a session call that `waits` for items while watching the socket (`wait_watching`), input
+        that arrives meanwhile kept for after the call up to one line's worth; a call that does not
+        wait runs as it is."""
         if not waits:
             return call()
-        waiter = gevent.getcurrent()
-        watcher = gevent.spawn(self._watch, waiter)
+        return wait_watching(self.io, self.inbox, self.max_line, self.session, call)
+
+
+def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,
+                  call: Callable[[], T]) -> T:
+    """Run a session call that waits for items while watching the client's socket, every
+    protocol's: input that arrives meanwhile is appended to `inbox` (up to `most` bytes; beyond,
+    the client waits). When the client hangs up, the session's wait is cancelled at once (ClientGone
+    is raised in the caller), so the dead connection takes no item, which would be lost with it, and
+    its waiter and open reads are withdrawn."""
+    waiter = gevent.getcurrent()
+    watcher = gevent.spawn(_watch, io, inbox, most, session, waiter)
+    try:
+        return call()
+    finally:
+        watcher.kill()  # before the caller reads the socket again
+
+
+def _watch(io: ClientSocket, inbox: bytearray, most: int, session: Session, waiter: gevent.Greenlet) -> None:
+    while len(inbox) <= most:
         try:
-            return call()
-        finally:
-            watcher.kill()  # before this greenlet reads the socket again
+            received = io.receive(inbox, None)
+        except OSError:
+            received = 0
+        if not received:
+            session.client_gone()
+            gevent.get_hub().loop.run_callback(_cancel_wait, session, waiter)
+            return
 
-    def _watch(self, waiter: gevent.Greenlet) -> None:
-        while len(self.inbox) <= self.max_line:
-            try:
-                received = self.io.receive(self.inbox, None)
-            except OSError:
-                received = 0
-            if not received:
-                self.session.client_gone()
-                gevent.get_hub().loop.run_callback(self._cancel_wait, waiter)
-                return
 
-    def _cancel_wait(self, waiter: gevent.Greenlet) -> None:
-        """From the hub, once the watcher is done: end `waiter`'s wait for an item if it is in one
-        (the session says when; anywhere else, an item could be taken half way)."""
-        if self.session.waiting and not waiter.dead:
-            waiter.throw(ClientGone())
+def _cancel_wait(session: Session, waiter: gevent.Greenlet) -> None:
+    """From the hub, once the watcher is done: end `waiter`'s wait for an item if it is in one (the
+    session says when; anywhere else, an item could be taken half way)."""
+    if session.waiting and not waiter.dead:
+        waiter.throw(ClientGone())
 
 
 class Connection(Protocol):

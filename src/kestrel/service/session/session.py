@@ -50,17 +50,25 @@ class ClientGone(Exception):
     thrown into the waiting task by the connection that saw the hang-up)."""
 
 
+# A connection's watch of its client during a wait: called with the session and the wait, it runs
+# the wait and raises ClientGone in it when the client hangs up meanwhile.
+Watch = Callable[["Session", Callable[[], bool]], bool]
+
+
 class Session:
     """One client connection's view of the server."""
 
     def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None,
-                 protocol: str = "") -> None:
+                 protocol: str = "", watch: Watch | None = None) -> None:
         self.server = server
         self.peer = peer
         self.protocol = protocol
         # Called between the slices of a large get: the connection lets the others run there if its
         # turn is over (src/kestrel/service/turns.py). Nothing by default (tests, and single-item protocols).
         self.pause = pause or _go_on
+        # Runs a wait for an item while the connection watches its client (a hang-up ends it), only
+        # once a get does wait: a connection that watches whole commands instead leaves it None.
+        self.watch = watch
         bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
@@ -169,7 +177,8 @@ class Session:
         items, at once).
 
         The queue is taken a slice of `GET_SLICE` at a time: each slice's reads are opened before
-        the connection lets the others run (`pause`), so that none is left without an owner.
+        the connection lets the others run (`pause`), so that none is left without an owner. A wait
+        is the one a hang-up ends (`_wait_for_item`): a client gone takes no item it would lose.
         """
         if not create:
             check_queue_name(queue)
@@ -192,8 +201,12 @@ class Session:
             try:
                 while len(items) < max_items:
                     want = min(max_items - len(items), GET_SLICE)
-                    wait = deadline - self._monotonic() if deadline else 0.0
-                    more = self.coll.remove(queue, want, transaction, wait)  # waits only while it is empty
+                    more = self.coll.remove(queue, want, transaction)
+                    while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
+                        remaining = deadline - self._monotonic()
+                        if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                            break
+                        more = self.coll.remove(queue, want, transaction)
                     if transaction:
                         xids = [item.xid for item in more]
                         ids += self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
@@ -253,11 +266,14 @@ class Session:
         self.gone = True
 
     def _wait_for_item(self, queue: str, seconds: float) -> bool:
-        """Wait until `queue` has a head item (the one wait a hang-up may cancel)."""
+        """Wait until `queue` has a head item (the one wait a hang-up may cancel), watched by the
+        connection's `watch` where it has one."""
         if self.gone:
             raise ClientGone
         self.waiting = True
         try:
+            if self.watch is not None:
+                return self.watch(self, lambda: self.coll.peek(queue, seconds) is not None)
             return self.coll.peek(queue, seconds) is not None
         finally:
             self.waiting = False

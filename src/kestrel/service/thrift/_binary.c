@@ -7,7 +7,7 @@
  * reference: `read_message_begin` and `read_args` for a call, `read_binary_list_python` for a list,
  * `write_reply` for a reply. Every function here takes only the plain case and answers None for
  * anything else (a length that is negative, over a limit or past the frame; a field the method does
- * not have or of another type; a string that is not UTF-8; a data that is not bytes or a number that
+ * not have, of another type or given again; a string that is not UTF-8; a data that is not bytes or a number that
  * is not a plain int of its range), without having read or written anything: the Python code then
  * runs from the same place and names the fault, so every rule and message stays written once, in
  * Python. tests/thrift/test_thrift_binary.py compares the two on intact and damaged input, and
@@ -240,7 +240,7 @@ static int field_rule(PyObject *field, Py_ssize_t slots, Py_ssize_t *position, l
 }
 
 /* The call in buf[0:end]: a strict binary message header, a known method, a call, then fields the
- * method has, each of its type, up to STOP. `methods`: a tuple of (name as UTF-8 bytes, the method,
+ * method has, each of its type and once, up to STOP. `methods`: a tuple of (name as UTF-8 bytes, the method,
  * its defaults in argument order, its fields by field id: (position, wire type, kind) or None),
  * as messages.py makes them from the contract. 1 with *method (the entry's method), *mtype, *seqid,
  * *values (the arguments in order, the defaults where the call has none; new references) and *pos
@@ -274,6 +274,7 @@ static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *method
     for (Py_ssize_t i = 0; i < slots; i++) {
         PyTuple_SET_ITEM(values, i, Py_NewRef(PyTuple_GET_ITEM(defaults, i)));
     }
+    uint64_t given = 0;  /* the arguments read so far, by position: a repeated one is Python's to count */
     for (;;) {
         if (pos >= end) {
             goto declined;
@@ -292,9 +293,11 @@ static int parse_call(const unsigned char *buf, Py_ssize_t end, PyObject *method
         }
         Py_ssize_t position;
         long wire_type, kind;
-        if (!field_rule(PyTuple_GET_ITEM(fields, fid), slots, &position, &wire_type, &kind) || wire_type != ttype) {
+        if (!field_rule(PyTuple_GET_ITEM(fields, fid), slots, &position, &wire_type, &kind) || wire_type != ttype
+                || position >= 64 || given & (UINT64_C(1) << position)) {
             goto declined;
         }
+        given |= UINT64_C(1) << position;
         pos += 3;
         int declined;
         PyObject *value = argument((int)kind, buf, &pos, end, max_items, max_bytes, &declined);

@@ -13,17 +13,18 @@ from __future__ import annotations
 import inspect
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 import structlog
 
 from kestrel.contract import kestrel_thrift
 from kestrel.service import metrics
-from kestrel.service.buffered_connection import make_listener
+from kestrel.service.buffered_connection import make_listener, wait_watching
 from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.session import Session, SessionError
+from kestrel.service.session.session import ClientGone, Session, SessionError
 from kestrel.service.thrift.messages import (
     INTERNAL_ERROR,
     INVALID_MESSAGE_TYPE,
@@ -39,7 +40,7 @@ from kestrel.service.thrift.messages import (
     read_plain_frame,
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
-from kestrel.service.thrift.transport import ClientStream, ConnectionDone
+from kestrel.service.thrift.transport import RECV_CHUNK, ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import KestrelError
@@ -159,7 +160,8 @@ class ThriftConnection:
         self.peer = peer
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
-        self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol)
+        self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
+                               watch=partial(_watched, self.stream))
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
@@ -176,6 +178,8 @@ class ThriftConnection:
                     self._serve_buffered()
             except ConnectionDone as e:
                 log.warning("closing thrift connection", client=self.peer, reason=str(e))
+            except ClientGone:
+                return self.stream.io.ended  # hung up during a get's wait: nothing more to answer
             self.stream.replies.finish()
         finally:
             self.stream.replies.release()
@@ -264,6 +268,8 @@ class ThriftConnection:
             # (the arguments joined to the handler as one tuple: `function(self.handler, *args)`
             # compiled makes a list of the two, extends it and copies it into a tuple each call)
             result = function(*((self.handler,) + args))
+        except ClientGone:
+            raise
         except KestrelError as e:
             return self._error(name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:
@@ -275,6 +281,17 @@ class ThriftConnection:
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
         return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
+
+
+def _watched(stream: ClientStream, session: Session, wait: Callable[[], bool]) -> bool:
+    """A get's wait for an item while the socket is watched (`wait_watching`): the requests that
+    follow are received meanwhile (up to RECV_CHUNK bytes), and a client that hangs up ends the
+    wait and takes no item, which a get without auto-abort would lose with it."""
+    before = len(stream.buf)
+    try:
+        return wait_watching(stream.io, stream.buf, RECV_CHUNK, session, wait)
+    finally:
+        stream.stats.bytes_read += len(stream.buf) - before
 
 
 def make_thrift_server(server: ServerState, listener: tuple[str, int]) -> Listener:

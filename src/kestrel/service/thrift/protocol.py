@@ -28,6 +28,10 @@ STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = 
     0, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16)
 CALL, REPLY, EXCEPTION = 1, 2, 3
 MAX_DEPTH = 32  # nesting of skipped structs and containers
+# Fields in one message, nested ones included: a call of the contract has four at most. Each field,
+# as each container element (`max_batch_items` for the whole message), costs the loop a step of
+# Python that no other client is served during, whether it is read or skipped.
+MAX_FIELDS = 1024
 
 _I8 = struct.Struct("!b")
 _I16 = struct.Struct("!h")
@@ -65,6 +69,8 @@ class Reader:
         self.more = more
         self.scope = scope
         self.mutable = isinstance(buf, bytearray)
+        self.elements = 0  # in the message's containers so far, read or skipped
+        self.fields = 0  # in the message so far, nested ones included
 
     def _short(self, pos: int, n: int, what: str) -> int:
         """`n` bytes at `pos` are past the data at hand: read on, or refuse. Returns the new end."""
@@ -87,6 +93,16 @@ class Reader:
                                       f"bytes are left in the {self.scope}")
         if count > self.max_items:
             raise ThriftProtocolError(f"{what} has {count} elements, over max_batch_items {self.max_items}")
+        self.elements += count
+        if self.elements > self.max_items:
+            raise ThriftProtocolError(f"the message's containers hold more than max_batch_items "
+                                      f"{self.max_items} elements in all")
+
+    @staticmethod
+    def too_many_fields() -> ThriftProtocolError:
+        """What each protocol's `read_field_begin` raises at the field past MAX_FIELDS (it counts
+        them inline: a call here would cost every request of the Python readers)."""
+        return ThriftProtocolError(f"a message of more than {MAX_FIELDS} fields")
 
     def take(self, n: int, what: str) -> bytes:
         pos = self.pos
@@ -120,6 +136,7 @@ class Reader:
         raise NotImplementedError
 
     def read_field_begin(self) -> tuple[int, int]:
+        """The next field's type and id (STOP: the struct ends), counted against MAX_FIELDS."""
         raise NotImplementedError
 
     def read_struct_begin(self) -> None:
@@ -261,6 +278,9 @@ class BinaryReader(Reader):
         if pos + 3 > self.end:
             self._short(pos, 3, "a field header")
         self.pos = pos + 3
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise self.too_many_fields()
         ttype, fid = _FIELD.unpack_from(self.buf, pos)
         return ttype, fid
 
@@ -317,11 +337,21 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+def _out_of_range(what: str, value: int) -> ThriftProtocolError:
+    return ThriftProtocolError(f"{what} of {value} is out of range")
+
+
 # Compact type nibble -> binary type code (1 and 2 are bools carrying their value).
 _FROM_COMPACT = {1: BOOL, 2: BOOL, 3: BYTE, 4: I16, 5: I32, 6: I64, 7: DOUBLE, 8: STRING, 9: LIST, 10: SET,
                  11: MAP, 12: STRUCT, 13: UUID}
 _TO_COMPACT = {BOOL: 1, BYTE: 3, I16: 4, I32: 5, I64: 6, DOUBLE: 7, STRING: 8, LIST: 9, SET: 10, MAP: 11,
                STRUCT: 12, UUID: 13}
+
+
+def _unknown_type(nibble: int, what: str) -> ThriftProtocolError:
+    """A compact type nibble the protocol lacks, named by its own number (not by the binary code it
+    has none of)."""
+    return ThriftProtocolError(f"{what} has the unknown compact type {nibble}")
 
 
 class CompactReader(Reader):
@@ -355,17 +385,26 @@ class CompactReader(Reader):
             shift += 7
         raise ThriftProtocolError(f"{what}: a varint longer than {max_bytes} bytes")
 
+    # Each integer is a zigzag varint of at most the bytes its type takes, refused past its range:
+    # the longest varint holds 7 bits a byte, more than the type (2^69 in an i64's ten bytes).
+
     def read_i16(self) -> int:
-        return _zigzag(self._varint(3, "an i16"))
+        value = _zigzag(self._varint(3, "an i16"))
+        if not -0x8000 <= value < 0x8000:
+            raise _out_of_range("an i16", value)
+        return value
 
     def read_i32(self) -> int:
         value = _zigzag(self._varint(5, "an i32"))
-        if not -(1 << 31) <= value < (1 << 31):
-            raise ThriftProtocolError(f"an i32 of {value} is out of range")
+        if not -0x8000_0000 <= value < 0x8000_0000:
+            raise _out_of_range("an i32", value)
         return value
 
     def read_i64(self) -> int:
-        return _zigzag(self._varint(10, "an i64"))
+        value = _zigzag(self._varint(10, "an i64"))
+        if not -0x8000_0000_0000_0000 <= value < 0x8000_0000_0000_0000:
+            raise _out_of_range("an i64", value)
+        return value
 
     def read_double(self) -> float:
         return float(_DOUBLE_LE.unpack(self.take(8, "a double"))[0])
@@ -387,7 +426,10 @@ class CompactReader(Reader):
         vt = self._ubyte("the message header")
         if vt & 0x1f != 1:
             raise ThriftProtocolError(f"unknown compact protocol version {vt & 0x1f}")
-        seqid = self._varint(5, "the sequence id")
+        seqid = self._varint(5, "the sequence id")  # an i32, written as the unsigned 32 bits it has
+        if seqid >> 32:
+            raise ThriftProtocolError(f"a sequence id of {seqid} is past 32 bits")
+        seqid -= (seqid >> 31) << 32
         n = self._varint(5, "the method name")
         if n > 256:
             raise ThriftProtocolError(f"a method name of {n} bytes")
@@ -405,9 +447,12 @@ class CompactReader(Reader):
         b = self._ubyte("a field header")
         if b == 0:
             return STOP, 0
+        self.fields += 1
+        if self.fields > MAX_FIELDS:
+            raise self.too_many_fields()
         ttype = _FROM_COMPACT.get(b & 0x0f)
         if ttype is None:
-            raise ThriftProtocolError(f"unknown compact field type {b & 0x0f}")
+            raise _unknown_type(b & 0x0f, "a field")
         delta = b >> 4
         fid = self._last_fid + delta if delta else self.read_i16()
         self._last_fid = fid
@@ -420,7 +465,9 @@ class CompactReader(Reader):
         count = b >> 4
         if count == 15:
             count = self._varint(5, what)
-        etype = _FROM_COMPACT.get(b & 0x0f, -1)
+        etype = _FROM_COMPACT.get(b & 0x0f)
+        if etype is None:
+            raise _unknown_type(b & 0x0f, what)
         self._count(etype, count, what)
         return etype, count
 
@@ -429,7 +476,9 @@ class CompactReader(Reader):
         if count == 0:
             return STRING, STRING, 0
         kv = self._ubyte(what)
-        ktype, vtype = _FROM_COMPACT.get(kv >> 4, -1), _FROM_COMPACT.get(kv & 0x0f, -1)
+        ktype, vtype = _FROM_COMPACT.get(kv >> 4), _FROM_COMPACT.get(kv & 0x0f)
+        if ktype is None or vtype is None:
+            raise _unknown_type(kv >> 4 if ktype is None else kv & 0x0f, what)
         self._count(ktype, count, what)
         self._count(vtype, count, what)
         return ktype, vtype, count

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import structlog
 
@@ -115,8 +116,7 @@ def write_pack(req: PackRequest, dead_files: list[str],
         _step("fsync")
         os.fsync(fd)
     except BaseException:
-        os.close(fd)
-        os.unlink(temp)  # a half-written pack only takes space (a full disk is the usual cause)
+        _remove_temporary(temp, fd)
         raise
     os.close(fd)
     try:
@@ -125,7 +125,7 @@ def write_pack(req: PackRequest, dead_files: list[str],
         _step("rename-pack")
         os.rename(temp, pack)
     except BaseException:
-        os.unlink(temp)
+        _remove_temporary(temp)
         raise
     fsync_path(req.queue_path)
     for path in dead_files:
@@ -141,6 +141,19 @@ def write_pack(req: PackRequest, dead_files: list[str],
     return final
 
 
+def _remove_temporary(temp: str, fd: int | None = None) -> None:
+    """Close and delete the temporary file of a pack that failed, so that only the failure that
+    stopped the pack is raised: a cleanup that fails too (the disk that failed the write may fail
+    this as well) is logged, and leaves a `~~` temporary that only takes space until the next start
+    deletes it (src/kestrel/storage/queue_path.py)."""
+    steps = [("delete", partial(os.unlink, temp))]
+    if fd is not None:
+        steps.insert(0, ("close", partial(os.close, fd)))
+    for step, run in steps:
+        try:
+            run()
+        except OSError as e:
+            log.warning("could not clean up after a failed pack", file=temp, step=step, error=str(e))
 
 
 _PACK_RECORDS = (codec.SaveXid, codec.AddXid, codec.AddX, codec.RemoveTentativeXid)
