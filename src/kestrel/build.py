@@ -17,8 +17,7 @@ import importlib.util
 
 # Compiled by mypyc from their Python source: the request path from the protocols' connection loops
 # and codecs through the session, the collection and the queue policy to both formats' queues,
-# journals, journal files and record codecs, and the group commit whose rounds every change under
-# `sync_journal: always` joins (storage.fsync.group_commit). Beside it stay Python, each for a reason:
+# journals, journal files and record codecs. Beside it stay Python, each for a reason:
 # `storage.disk`, the system calls the fault tests replace to fail a write or an fsync (a compiled
 # module's own functions are called directly, so a replacement would not be seen); `storage.runtime`,
 # reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests (its lock
@@ -56,7 +55,6 @@ COMPILED_MODULES = (
     "kestrel.storage.deferred_log",
     "kestrel.storage.expiry",
     "kestrel.storage.fanout",
-    "kestrel.storage.fsync.group_commit",
     "kestrel.storage.journal_file",
     "kestrel.storage.memory",
     "kestrel.storage.no_lock",
