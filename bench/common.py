@@ -61,6 +61,23 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_seconds(pid: int, names: tuple[str, ...]) -> float:
+    """CPU time so far of the threads of process `pid` whose names start with one of `names` (from
+    /proc: a thread's name is cut to 15 characters)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as f:
+                name, fields = f.read().split("(", 1)[1].rsplit(")", 1)
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith(names):
+            parts = fields.split()
+            spent += int(parts[11]) + int(parts[12])
+    return spent / tick
+
+
 def tree_cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU time of process `pid` alone (all its threads), and of `pid` with every process under it,
     those still running and those ended and waited for: user plus system, from /proc. Differences of

@@ -117,6 +117,36 @@ def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
     assert process_cpu_seconds(os.getpid()) - before >= 0.15
 
 
+def test_thread_cpu_time_counts_the_named_threads_alone() -> None:
+    import ctypes
+    import os
+    import threading
+    import time
+
+    from bench.common import threads_cpu_seconds
+
+    spun, measured = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        ctypes.CDLL(None).prctl(15, b"bench-spinner")  # PR_SET_NAME: the name /proc shows
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        measured.wait()  # a thread's time is read while it lives
+
+    pid = os.getpid()
+    before, others_before = threads_cpu_seconds(pid, ("bench-spin",)), threads_cpu_seconds(pid, ("C2 Compiler",))
+    worker = threading.Thread(target=spin)
+    worker.start()
+    spun.wait()
+    spent = threads_cpu_seconds(pid, ("bench-spin",)) - before
+    measured.set()
+    worker.join()
+    assert spent >= 0.1
+    assert threads_cpu_seconds(pid, ("C2 Compiler",)) == others_before
+
+
 @pytest.mark.parametrize("figure", ["hang-up", "tiny-frame", "thread-wake", "end-waits"])
 def test_responsiveness_figures_are_measured(figure: str, tmp_path: Path) -> None:
     """Each kind of figure of bench/bench_responsiveness.py (over a server, in this process) still runs;
