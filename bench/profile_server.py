@@ -13,7 +13,8 @@ C call lands on the Python frame that made it, and time spent runnable but off t
 machine, right after a send wakes a client) counts too, so its socket share is higher than perf's;
 its split of the rest is the Python view.
 Last, `strace -c` counts the system calls of 1,000 rounds from one client, and `perf stat` those
-per item under the workload's own clients.
+per item under the workload's own clients, while /proc gives the CPU per item of the event loop
+thread and of the others (the fsync threads of the group commit) apart.
 
     .venv/bin/pip install py-spy
     .venv/bin/python -m bench.profile_server [--workload NAME] [--seconds 4] [--build compiled|pure]
@@ -47,6 +48,8 @@ WORKLOADS = {  # name: (port, loadgen options)
     "thrift-durable-log": ("thrift", {"protocol": "thrift", "batch": 1, "clients": 16, "sync": "always",
                                       "commit_log": "on"}),
 }
+
+SYSCALL_ITEMS = 20_000  # each client's items while the system calls are counted
 
 # Innermost frame's file → what the time is spent on; the first match wins.
 # Threads off the event loop: a threadpool thread waiting for work, and the group commit's fsync
@@ -92,6 +95,29 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """Each thread's CPU seconds so far (user + system), by thread id (the event loop's is `pid`)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def cpu_by_thread(pid: int, before: dict[int, float], items: int) -> str:
+    """CPU µs per item of the event loop thread and of the others together since `before`."""
+    after = thread_cpu_seconds(pid)
+    spent = {tid: seconds - before.get(tid, 0.0) for tid, seconds in after.items()}
+    others = [seconds for tid, seconds in spent.items() if tid != pid and seconds > 0]
+    return (f"server CPU per item by thread under load ({items:,} items, /proc): event loop "
+            f"{spent.get(pid, 0.0) / items * 1e6:.1f} µs, other threads {sum(others) / items * 1e6:.1f} µs "
+            f"({len(others)} of them)")
 
 
 def read_stacks(raw: Path) -> list[tuple[list[str], int]]:
@@ -236,7 +262,7 @@ def syscalls_per_item(pid: int, binary: Path, port: int, options: dict[str, Any]
     if shutil.which("perf") is None:
         return "perf is not installed: no system call counts under load"
     clients, batch = int(options.get("clients", 4)), int(options["batch"])
-    items = 20_000 // batch * batch
+    items = SYSCALL_ITEMS // batch * batch
     with syscall_counts(pid, TRACED_SYSCALLS) as counts:
         loadgen.run(binary, str(options["protocol"]), port, clients=clients, batch=batch, items=items,
                     auto_abort_ms=int(options.get("auto_abort_ms", 0)), prefix="syscalls")
@@ -268,7 +294,10 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
                              capture_output=True, text=True)
         out, err = load.communicate()
         syscalls = syscalls_per_request(server.pid, binary, server[port_name], options, work)
+        threads_before = thread_cpu_seconds(server.pid)
         under_load = syscalls_per_item(server.pid, binary, server[port_name], options)
+        batch = int(options["batch"])
+        by_thread = cpu_by_thread(server.pid, threads_before, SYSCALL_ITEMS // batch * batch * int(clients))
     confirm = ", get with auto-abort + confirm" if options.get("auto_abort_ms") else ""
     print(f"\n## {name}: {clients} clients, batch {options['batch']}{confirm}, 128 B, "
           f"`sync_journal: {sync}`, `commit_log: {commit_log}`, the {build} build")
@@ -284,6 +313,7 @@ def profile(name: str, binary: Path, work: Path, seconds: float, rate: int, top:
         report_on_cpu(chains, top)
     print(f"  {syscalls}")
     print(f"  {under_load}")
+    print(f"  {by_thread}")
     if spy.returncode != 0 or not raw.exists():
         print(f"  py-spy failed: {spy.stderr.strip()}")
         return

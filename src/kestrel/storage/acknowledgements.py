@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import Protocol
+from typing import Final, Protocol
 
 
 class Settled(Protocol):
@@ -64,7 +64,10 @@ class Acknowledgements:
         return last is not None and not last.settled
 
 
-_HOLDER: ContextVar[Acknowledgements | None] = ContextVar("kestrel_acknowledgements", default=None)
+_HOLDER: Final[ContextVar[Acknowledgements | None]] = ContextVar("kestrel_acknowledgements", default=None)
+# Asked by every change under `always`, bound once (a C static in the compiled build, not a lookup
+# of the module's global and of its method).
+_holder: Final = _HOLDER.get
 
 
 def hold(acknowledgements: Acknowledgements) -> Token[Acknowledgements | None]:
@@ -83,4 +86,4 @@ def release(token: Token[Acknowledgements | None]) -> None:
 
 def holder() -> Acknowledgements | None:
     """The calling greenlet's holder, if it holds its acknowledgements (`hold`)."""
-    return _HOLDER.get()
+    return _holder()
