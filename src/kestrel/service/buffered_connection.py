@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import ClassVar, Protocol, TypeVar
 
 import gevent
@@ -45,13 +46,17 @@ class BufferedConnection:
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         self.server = server
         self.peer = peer
-        self.session = Session(server, peer, protocol=self.protocol)
         self.max_line = server.config.max_line_length
         self.out: list[bytes] = []
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting
         idle = server.config.client_timeout
         self.idle_timeout = None if idle is None else idle / 1000.0
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        # A get's wait watches the socket once it does wait (`wait_watching`), input that arrives
+        # meanwhile kept for after the call up to one line's worth (the watch holds no reference
+        # to the connection: no cycle through its session).
+        self.session = Session(server, peer, protocol=self.protocol,
+                               watch=partial(wait_watching, self.io, self.inbox, self.max_line))
         self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
 
@@ -124,14 +129,6 @@ class BufferedConnection:
             self.io.close()
             self.session.close()
         return self.io.ended
-
-    def watching(self, call: Callable[[], T], waits: bool = True) -> T:
-        """Run a session call that `waits` for items while watching the socket (`wait_watching`), input
-        that arrives meanwhile kept for after the call up to one line's worth; a call that does not
-        wait runs as it is."""
-        if not waits:
-            return call()
-        return wait_watching(self.io, self.inbox, self.max_line, self.session, call)
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

@@ -121,7 +121,7 @@ class Readable:
         self._stop: Callable[[], None] = self.watcher.stop
         self.waiting = False  # a greenlet waits, here or in a wait with a time limit
         # The greenlet that waited last and its bound `switch` (a connection's greenlet, each time
-        # but while a `watching` call's watcher reads its socket); let go at `close`.
+        # but while a get's wait has its watcher (`wait_watching`) read the socket); let go at `close`.
         self._waiter: Any = None
         self._wake: Callable[[], Any] | None = None
 

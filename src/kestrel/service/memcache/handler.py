@@ -281,9 +281,8 @@ class MemcacheConnection(BufferedConnection):
         assert options is not None
         if options.timeout_ms:
             self.send()  # earlier replies go out before this one waits
-        datas = self.watching(lambda: self.session.get(
-            options.queue, timeout_ms=options.timeout_ms, open=options.open, close=options.close,
-            abort=options.abort, peek=options.peek), waits=options.timeout_ms > 0)
+        datas = self.session.get(options.queue, timeout_ms=options.timeout_ms, open=options.open,
+                                 close=options.close, abort=options.abort, peek=options.peek)
         if datas:
             self._value(command, datas[0])
         self.out.append(END)
@@ -338,7 +337,7 @@ class MemcacheConnection(BufferedConnection):
     def do_monitor(self, command: Command) -> None:
         self.send()
         items = self.session.monitor(command.key, command.timeout_ms, command.count)
-        while (data := self.watching(lambda: next(items, None))) is not None:
+        while (data := next(items, None)) is not None:
             self._value(command, data)
             self.send()
         self.out.append(END)

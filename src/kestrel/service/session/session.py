@@ -67,7 +67,7 @@ class Session:
         # turn is over (src/kestrel/service/turns.py). Nothing by default (tests, and single-item protocols).
         self.pause = pause or _go_on
         # Runs a wait for an item while the connection watches its client (a hang-up ends it), only
-        # once a get does wait: a connection that watches whole commands instead leaves it None.
+        # once a get does wait. None: the wait is not watched (tests, library callers).
         self.watch = watch
         bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection

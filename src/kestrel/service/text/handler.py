@@ -149,9 +149,7 @@ class TextConnection(BufferedConnection):
         self.session.confirm_reads(command.queue)
         if command.timeout_ms:
             self.send()  # earlier replies go out before this one waits
-        datas = self.watching(lambda: self.session.get(command.queue, timeout_ms=command.timeout_ms,
-                                                       open=open, peek=peek),
-                              waits=command.timeout_ms > 0)
+        datas = self.session.get(command.queue, timeout_ms=command.timeout_ms, open=open, peek=peek)
         return item(datas[0] if datas else None)
 
     def do_get(self, command: TextCommand) -> bytes:
@@ -164,7 +162,7 @@ class TextConnection(BufferedConnection):
         self.session.confirm_reads(command.queue)
         self.send()
         items = self.session.monitor(command.queue, command.timeout_ms, command.count)
-        while (data := self.watching(lambda: next(items, None))) is not None:
+        while (data := next(items, None)) is not None:
             self.out.append(item(data))
             self.send()
         return item(None)
