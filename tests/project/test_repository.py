@@ -113,3 +113,22 @@ def test_every_benchmark_command_the_docs_give_runs() -> None:
         done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, (module, done.stderr[-2000:])
+
+
+_PURE_BUILD_MARK = re.compile(r"(?:^@|marks=)pytest\.mark\.pure_build\b", re.M)
+
+
+def test_every_module_with_pure_build_tests_runs_in_make_test_s_pure_pass() -> None:
+    """A test marked `pure_build` is skipped on the compiled build, so `make test` runs it only if its
+    module is in the Makefile's PURE_TESTS (a file, or a folder holding it)."""
+    makefile = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^PURE_TESTS :=((?:.*\\\n)*.*)$", makefile, re.M)
+    assert listed is not None, "the Makefile has no PURE_TESTS"
+    paths = listed.group(1).replace("\\\n", " ").split()
+    marked = [path for path in tracked_files()
+              if path.startswith("tests/") and path.endswith(".py") and path != "tests/conftest.py"
+              and _PURE_BUILD_MARK.search((ROOT / path).read_text())]
+    assert marked, "no test is marked pure_build: this check looks for the wrong mark"
+    left_out = [path for path in marked
+                if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)]
+    assert left_out == [], f"modules with pure_build tests outside PURE_TESTS: {left_out}"
