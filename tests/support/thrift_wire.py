@@ -140,3 +140,18 @@ def _write_value(proto: Any, ttype: int, value: Any) -> None:
                  TType.I32: proto.writeI32, TType.I64: proto.writeI64, TType.DOUBLE: proto.writeDouble,
                  TType.STRING: proto.writeBinary}[ttype]
         write(value)
+
+
+def varint(n: int) -> bytes:
+    """`n` (not negative) as the compact protocol's unsigned varint, written here apart from the
+    server's writer so that a test's bytes do not come from the code under test."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def zigzag_varint(n: int, bits: int = 64) -> bytes:
+    """`n` as the compact protocol writes an integer of `bits` bits: zigzag, then a varint."""
+    return varint((n << 1) ^ (n >> (bits - 1)))

@@ -21,7 +21,14 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.thrift.handler import ThriftConnection, ThriftHandler, method_calls, parameter_names
 from kestrel.service.thrift.messages import METHODS, ValueType, read_args, read_plain_frame
 from kestrel.service.thrift.protocol import PROTOCOLS, ThriftProtocolError
-from tests.support.thrift_wire import Field, decode_reply, encode_call, encode_message, unframed
+from tests.support.thrift_wire import (
+    Field,
+    decode_reply,
+    encode_call,
+    encode_message,
+    unframed,
+    zigzag_varint,
+)
 
 THRIFTPY = {"binary": TBinaryProtocol, "compact": TCompactProtocol}
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -155,17 +162,8 @@ def _with_field(call: bytes, protocol: str, fid: int, number: int) -> bytes:
     if protocol == "binary":
         field = bytes([8, fid >> 8, fid & 0xFF]) + number.to_bytes(4, "big", signed=True)
     else:
-        field = bytes([5]) + _varint((fid << 1) ^ (fid >> 15)) + _varint((number << 1) ^ (number >> 31))
+        field = bytes([5]) + zigzag_varint(fid, 16) + zigzag_varint(number, 32)
     return call[:-1] + field + b"\x00"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    return bytes([*out, n])
-
 
 
 @pytest.mark.pure_build

@@ -28,7 +28,15 @@ from kestrel.contract import kestrel_thrift
 from kestrel.service.thrift.protocol import MAX_FIELDS
 from tests.conftest import STALL_S, ServerProcess
 from tests.support.clients import thrift
-from tests.support.thrift_wire import PROTOCOLS, Field, closed_or_silent, encode_message, framed
+from tests.support.thrift_wire import (
+    PROTOCOLS,
+    Field,
+    closed_or_silent,
+    encode_message,
+    framed,
+    varint,
+    zigzag_varint,
+)
 
 UNKNOWN_METHOD = TApplicationException.UNKNOWN_METHOD
 INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
@@ -177,15 +185,6 @@ def test_pipelined_odd_calls_split_at_every_byte_get_the_same_replies(served: An
     assert_good_client_served(srv, transport, protocol)
 
 
-def _zigzag_varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    return bytes([*out, n])
-
-
 MARK = 0x5A5A5A5A  # an i32 whose bytes are found in a message to change what precedes it
 
 
@@ -196,8 +195,8 @@ def _huge_inner_list(protocol: str) -> bytes:
     if protocol == "binary":
         one = b"\x08\x00\x00\x00\x01" + struct.pack("!i", MARK)
         return call.replace(one, b"\x08\x7f\xff\xff\xff" + struct.pack("!i", MARK))
-    one = b"\x15" + _zigzag_varint(MARK)
-    return call.replace(one, b"\xf5\xff\xff\xff\xff\x07" + _zigzag_varint(MARK))
+    one = b"\x15" + zigzag_varint(MARK)
+    return call.replace(one, b"\xf5\xff\xff\xff\xff\x07" + zigzag_varint(MARK))
 
 
 def _deep(depth: int) -> Field:
@@ -237,15 +236,15 @@ def unreadable(protocol: str) -> list[tuple[str, bytes, str]]:
         one = b"\x08\x00\x00\x00\x01" + struct.pack("!i", MARK)
         cases.append(("put", unknown_type.replace(one, b"\x05" + one[1:]), "has elements of unknown type 5"))
     else:
-        one = b"\x15" + _zigzag_varint(MARK)
+        one = b"\x15" + zigzag_varint(MARK)
         cases.append(("put", unknown_type.replace(one, b"\x1e" + one[1:]), "has the unknown compact type 14"))
     if protocol == "compact":  # ten varint bytes hold 70 bits: past an i64, refused as the i32 is
         peek = encode_message(protocol, "peek_items", [(1, TType.STRING, b"cut"), (2, TType.I64, 1 << 40),
                                                        (3, TType.I32, 5)])
         confirm = encode_message(protocol, "confirm", [(1, TType.STRING, b"cut"), (2, TType.SET, (TType.I64, [1 << 40]))])
         past = b"\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x7f"  # zigzag: 2^69 - 1
-        cases += [("peek_items", peek.replace(_zigzag_varint(1 << 40), past), "an i64 of 590295810358705651711 is out of range"),
-                  ("confirm", confirm.replace(_zigzag_varint(1 << 40), past), "is out of range")]
+        cases += [("peek_items", peek.replace(zigzag_varint(1 << 40), past), "an i64 of 590295810358705651711 is out of range"),
+                  ("confirm", confirm.replace(zigzag_varint(1 << 40), past), "is out of range")]
     return cases
 
 
@@ -310,19 +309,11 @@ def test_a_method_name_of_an_impossible_length_closes_the_connection(served: Any
     if protocol == "binary":
         lied = call[:4] + struct.pack("!i", announced) + call[8:]
     else:  # after the protocol id, the version and type, and the one-byte sequence id: an unsigned varint
-        lied = call[:3] + _unsigned_varint(announced & 0xFFFFFFFF) + call[4:]
+        lied = call[:3] + varint(announced & 0xFFFFFFFF) + call[4:]
     with socket.create_connection(("127.0.0.1", srv.thrift_port), timeout=30) as sock:
         sock.sendall(framed(lied) if transport == "framed" else lied)
         assert closed_or_silent(sock, STALL_S)
     assert_good_client_served(srv, transport, protocol)
-
-
-def _unsigned_varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    return bytes([*out, n])
 
 
 @pytest.mark.parametrize("change", [-1, 1])
