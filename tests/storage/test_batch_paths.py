@@ -154,6 +154,30 @@ def test_a_batch_put_over_max_items_keeps_what_the_limit_allows(tmp_path: Path, 
     coll.close()
 
 
+@pytest.mark.parametrize("journal_format", FORMATS)
+def test_limits_past_the_compiled_build_s_small_ints_still_limit_nothing_and_show_as_set(
+        tmp_path: Path, journal_format: str) -> None:
+    huge = 2**70  # a put compares with the native stand-in for it (`native_limit`), the config shows it
+    coll = _collection(tmp_path, journal_format, max_items=huge, max_size=huge, max_item_size=huge)
+    q = coll.queue("q")
+    assert (q.config.max_items, q.config.max_size, q.config.max_item_size) == (huge, huge, huge)
+    assert coll.put("q", [b"x" * 1000] * 50) == 50
+    assert q.length == 50
+    coll.close()
+
+
+@pytest.mark.parametrize("journal_format", FORMATS)
+def test_a_reload_sets_the_limits_each_put_compares_with(tmp_path: Path, journal_format: str) -> None:
+    coll = _collection(tmp_path, journal_format)
+    assert coll.put("q", [b"abc"] * 4) == 4
+    coll.reload(QueueConfigs({}, {"q": {"journal_format": journal_format, "max_items": 6, "max_item_size": 3}}), {})
+    assert coll.put("q", [b"abc", b"abcd"]) == 1  # the second is over max_item_size
+    assert coll.put("q", [b"a"] * 3) == 1  # the sixth item fills the queue
+    coll.reload(QueueConfigs({}, {"q": {"journal_format": journal_format, "max_size": 18}}), {})
+    assert coll.put("q", [b"a"] * 3) == 2  # 16 bytes in the queue: two more, and it holds max_size
+    coll.close()
+
+
 def _python_calls(work: Callable[[], object]) -> int:
     """The Python functions `work` calls (each resumption of a generator counts as one), with the
     collector held off, so that no finalizer of an earlier test's garbage runs among them."""

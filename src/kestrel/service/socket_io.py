@@ -95,7 +95,6 @@ _send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is N
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
 _getcurrent: Final = getcurrent
-_switch: Final = greenlet.switch  # a greenlet's switch, called with the greenlet to switch to
 
 
 class Readable:
@@ -109,13 +108,16 @@ class Readable:
     name, each was a method or attribute looked up in a Cython type's dictionary every wait), and
     whether a wait is under way is a flag of its own rather than the watcher's `callback`. It
     switches with greenlet's own `switch`, not the hub's method, whose one check (that the hub is
-    not the one waiting: its `switch_out`, the only one a greenlet here can have) is made here. A
+    not the one waiting: its `switch_out`, the only one a greenlet here can have) is made here;
+    that `switch` is bound to the hub once too (called unbound, it checked each time that the hub
+    is a greenlet, through the five classes of the hub's type). A
     wake-up that is not the socket's (a stray switch) only costs a receive that finds nothing and
     waits again; an exception thrown in (a kill) stops the watcher on its way out, as gevent's does.
     """
 
     def __init__(self, fd: int) -> None:
         self.hub: Any = get_hub()
+        self._to_hub: Callable[[], Any] = greenlet.switch.__get__(self.hub)
         self.watcher: Any = self.hub.loop.io(fd, 1)
         self._start: Callable[[Any], None] = self.watcher.start
         self._stop: Callable[[], None] = self.watcher.stop
@@ -130,16 +132,16 @@ class Readable:
         already, BlockingSwitchOutError in the hub's own greenlet."""
         if self.waiting:
             raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
-        hub = self.hub
-        if _getcurrent() is hub:  # what the hub's own `switch` refuses before it switches
+        current = _getcurrent()
+        if current is self.hub:  # what the hub's own `switch` refuses before it switches
             raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
-        if _getcurrent() is not self._waiter:
-            self._waiter = _getcurrent()
-            self._wake = self._waiter.switch
+        if current is not self._waiter:
+            self._waiter = current
+            self._wake = current.switch
         self._start(self._wake)
         self.waiting = True
         try:
-            _switch(hub)
+            self._to_hub()
         finally:
             self.waiting = False
             self._stop()

@@ -24,18 +24,27 @@ TURN: Final = 0.001
 
 
 class Turns:
-    """One connection's turn: it starts again whenever the connection waits for its client."""
+    """One connection's turn: it starts again whenever the connection waits for its client.
+
+    A new turn's clock starts at its first check that finds no wait since the one before: a
+    request/response client waits before each request, so its checks read no clock at all (a
+    reading and its float cost about 1% of a request's instructions), and a pipelining client's
+    turn starts one request after the wait that began it: a few microseconds of its 1 ms.
+    """
 
     __slots__ = ("io", "ends")
 
     def __init__(self, io: ClientSocket) -> None:
         self.io = io
-        self.ends = perf_counter() + TURN
+        self.ends = 0.0  # when the turn is over; 0: its clock has not started
 
     def over(self) -> bool:
         """Whether the connection has worked a whole turn since it last waited or stepped aside."""
         if self.io.waited:
             self.io.waited = False
+            self.ends = 0.0
+            return False
+        if not self.ends:
             self.ends = perf_counter() + TURN
             return False
         return perf_counter() >= self.ends
@@ -48,7 +57,7 @@ class Turns:
     def step_aside(self) -> None:
         """Let every other ready connection run, then start a new turn."""
         step_aside()
-        self.ends = perf_counter() + TURN
+        self.ends = 0.0
 
 
 def step_aside() -> None:
