@@ -17,12 +17,14 @@ class HistogramSeries(Timing):
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[self.bucket(seconds)] += 1
-        self.sum += seconds
+        self.observe_many(seconds, 1)
 
     def observe_many(self, seconds: float, count: int) -> None:
         """`count` requests answered together in `seconds` (a pipelined run): each took that long."""
-        self.counts[self.bucket(seconds)] += count
+        counts, i = self.counts, self.bucket(seconds)
+        # (not `+=` on the item: compiled, that is Python's generic in-place add of two objects)
+        total: int = counts[i]
+        counts[i] = total + count
         self.sum += seconds * count
 
     def bucket(self, seconds: float) -> int:

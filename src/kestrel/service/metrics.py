@@ -136,7 +136,8 @@ def storage_totals() -> dict[str, tuple[int, float]]:
 
 def install_storage_timing() -> None:
     """Route storage's journal write, fsync and pack timings to the histograms."""
-    journal_file.timings.update(_STORAGE_SECONDS)
+    for event, series in _STORAGE_SECONDS.items():
+        setattr(journal_file.timings, event, series)
 
 
 # ---------------------------------------------------------------------------------------------

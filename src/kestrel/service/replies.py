@@ -85,7 +85,8 @@ class Replies:
         self._sending = True
         try:
             self.io.send_all(data)
-            self._send_released()
+            if self._held:  # (most sends find none: no list made and joined for nothing)
+                self._send_released()
         finally:
             self._sending = False
             self._check_idle()

@@ -67,7 +67,7 @@ from kestrel.storage.acknowledgements import Acknowledgements
 from kestrel.storage.disk import fsync_path, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
-from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing
+from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing, timings
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
@@ -977,7 +977,7 @@ class CommitLog:
         try:
             if writer.synced >= turn.position:  # the round, or a checkpoint, made the records durable
                 turn.durable = True
-                record_timing("fsync", turn.started)
+                record_timing(timings.fsync, turn.started)
             else:
                 error = round_.failed.get(writer)
                 segment.failed = True  # no later fsync of it can vouch for what it holds

@@ -108,15 +108,25 @@ class BufferedFile:
 # Writing
 
 
-# Filled by the server to record timings (storage knows no metrics library): each event's Timing,
-# given the seconds one took: "write" (one append), "fsync", "pack" (one whole pack). One report
-# per event, as every request's append reports its write.
-timings: Final[dict[str, Timing]] = {}
+class Timings:
+    """Each storage event's Timing, given the seconds one took, set by the server to record timings
+    (storage knows no metrics library); None: not recorded. One report per event, as every
+    request's append reports its write: an attribute each, where a lookup by the event's name in a
+    dict cost an append about 130 instructions."""
+
+    __slots__ = ("write", "fsync", "pack")
+
+    def __init__(self) -> None:
+        self.write: Timing | None = None  # one append
+        self.fsync: Timing | None = None
+        self.pack: Timing | None = None  # one whole pack
 
 
-def record_timing(event: str, started: float) -> None:
-    """Report the time since `started` (a `perf_counter()` reading) to the event's Timing."""
-    timing = timings.get(event)
+timings: Final = Timings()
+
+
+def record_timing(timing: Timing | None, started: float) -> None:
+    """Report the time since `started` (a `perf_counter()` reading) to `timing`, one of `timings`."""
     if timing is not None:
         timing.observe(perf_counter() - started)
 
@@ -207,7 +217,7 @@ class JournalWriter:
             raise
         offset = self.size
         self.size += len(data)
-        record_timing("write", started)
+        record_timing(timings.write, started)
         if self.log is not None:
             self.log.appended(self, offset, [data])
 
@@ -224,7 +234,7 @@ class JournalWriter:
             raise
         offset = self.size
         self.size += written
-        record_timing("write", started)
+        record_timing(timings.write, started)
         if self.log is not None:  # the pieces as they are: the log's write joins them with the rest
             self.log.appended(self, offset, parts)
 
@@ -273,7 +283,7 @@ class JournalWriter:
             group_commit.sync(self, position)
         else:
             self._sync_alone(position)
-        record_timing("fsync", started)
+        record_timing(timings.fsync, started)
 
     def _sync_alone(self, position: int) -> None:
         while self.synced < position:

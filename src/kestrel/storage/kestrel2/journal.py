@@ -605,7 +605,7 @@ class QueueJournal:
                 self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
             job.final = self.runtime.run_blocking(packer.write_pack, job.request, job.dead,
                                                   self._pack_placed, self._pack_finished)
-            journal_file.record_timing("pack", started)
+            journal_file.record_timing(journal_file.timings.pack, started)
         except Exception:
             log.exception("packing failed", queue=self.name)
         job.written.set()
