@@ -326,11 +326,16 @@ static void write_le64(unsigned char *p, uint64_t v) {
     }
 }
 
-/* encode_addx_many(add_time, expiry, items) -> bytes | None */
-static PyObject *encode_addx_many(PyObject *self, PyObject *args) {
-    PyObject *add_time_obj, *expiry_obj, *items;
-    if (!PyArg_ParseTuple(args, "OOO!", &add_time_obj, &expiry_obj, &PyList_Type, &items)) {
+/* encode_addx_many(add_time, expiry, items) -> bytes | None: called with its arguments as they
+   are (no tuple made and parsed for them, every put); None for anything but a list of bytes. */
+static PyObject *encode_addx_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "encode_addx_many takes 3 arguments, not %zd", nargs);
         return NULL;
+    }
+    PyObject *add_time_obj = args[0], *expiry_obj = args[1], *items = args[2];
+    if (!PyList_Check(items)) {
+        Py_RETURN_NONE;
     }
     int overflow_time = 0, overflow_expiry = 0;
     long long add_time = PyLong_Check(add_time_obj)
@@ -376,7 +381,7 @@ static PyObject *encode_addx_many(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"encode_addx_many", encode_addx_many, METH_VARARGS,
+    {"encode_addx_many", (PyCFunction)(void (*)(void))encode_addx_many, METH_FASTCALL,
      "encode_addx_many(add_time, expiry, items) -> the ADDX records as one string, or None"},
     {"decode_common", decode_common, METH_VARARGS,
      "decode_common(buf, pos, base, budget, check_sizes, misplaced_end) -> (run, pos, previous)"},

@@ -430,10 +430,12 @@ except ImportError:  # built without a C compiler: the Python loops alone
     decode_common_columns = decode_common_columns_python
     encode_addx_many = encode_addx_many_python
 else:
+    _c_encode_addx_many: Final = _codec.encode_addx_many  # (a C static compiled: no lookup in `_codec`)
+
     def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
         """`encode_addx_many_python` compiled (src/kestrel/storage/kestrel2/_codec.c) for lists of bytes;
         anything else goes to the Python function, which encodes it or says what is wrong."""
-        encoded = _codec.encode_addx_many(add_time, expiry, items)
+        encoded = _c_encode_addx_many(add_time, expiry, items)
         return encode_addx_many_python(add_time, expiry, items) if encoded is None else encoded
 
     def decode_common(buf: bytes, pos: int, base: int, budget: int,
