@@ -132,19 +132,28 @@ class Readable:
         already, BlockingSwitchOutError in the hub's own greenlet."""
         if self.waiting:
             raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
-        current = _getcurrent()
-        if current is self.hub:  # what the hub's own `switch` refuses before it switches
-            raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
-        if current is not self._waiter:
-            self._waiter = current
-            self._wake = current.switch
-        self._start(self._wake)
+        self._start(self._waking())
         self.waiting = True
         try:
             self._to_hub()
         finally:
             self.waiting = False
             self._stop()
+
+    def _waking(self) -> Callable[[], Any]:
+        """The calling greenlet's `switch`, for the watcher to end its wait; raises
+        BlockingSwitchOutError in the hub's own greenlet (what the hub's `switch` refuses). Apart
+        from `wait`, whose frame a traceback through it keeps, so that the frame holds no greenlet:
+        a greenlet keeps the traceback it ended with, and the two would make a cycle."""
+        current = _getcurrent()
+        if current is self.hub:
+            raise BlockingSwitchOutError("a socket cannot be waited for from the event loop's own greenlet")
+        if current is not self._waiter:
+            self._waiter = current
+            self._wake = current.switch
+        wake = self._wake
+        assert wake is not None
+        return wake
 
     def wait_at_most(self, timeout: float) -> None:
         """Wait for input at most `timeout` seconds (gevent's wait); raises TimeoutError."""

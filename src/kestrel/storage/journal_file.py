@@ -259,9 +259,10 @@ class JournalWriter:
     def commit(self) -> None:
         """Wait as the sync policy requires for everything appended so far (through the commit
         log, if the file logs its appends)."""
+        sync_ms = self.sync_ms
         if self.log is not None:
             self.log.commit(self)
-        elif self.sync_ms == 0:
+        elif sync_ms is not None and sync_ms == 0:  # (`None == 0` compiled is a compare of two objects)
             self.sync_to(self.size)
         else:
             self.sync_later()

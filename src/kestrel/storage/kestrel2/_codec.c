@@ -327,15 +327,17 @@ static void write_le64(unsigned char *p, uint64_t v) {
 }
 
 /* encode_addx_many(add_time, expiry, items) -> bytes | None: called with its arguments as they
-   are (no tuple made and parsed for them, every put); None for anything but a list of bytes. */
+   are (no tuple made and parsed for them, every put). */
 static PyObject *encode_addx_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "encode_addx_many takes 3 arguments, not %zd", nargs);
+        PyErr_Format(PyExc_TypeError, "encode_addx_many() takes 3 arguments, not %zd", nargs);
         return NULL;
     }
     PyObject *add_time_obj = args[0], *expiry_obj = args[1], *items = args[2];
     if (!PyList_Check(items)) {
-        Py_RETURN_NONE;
+        PyErr_Format(PyExc_TypeError, "encode_addx_many() argument 3 must be list, not %.200s",
+                     Py_TYPE(items)->tp_name);
+        return NULL;
     }
     int overflow_time = 0, overflow_expiry = 0;
     long long add_time = PyLong_Check(add_time_obj)
