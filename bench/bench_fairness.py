@@ -25,13 +25,20 @@ core, from /proc):
 - memcache: `get` lines of max_line_length bytes; a set of an item of max_frame_size bytes and its get;
 - connections dropped mid-request, again and again (half a Thrift frame, half a memcache set).
 
+And what the loop is held for at most by one of those Thrift frames, without sockets (`--only
+reading`): each read by this process's build of the server's readers (`PYTHONPATH=build/compiled`
+for the compiled one), best of 3, in thread CPU time: the whole message, and the longest stretch
+between two of the pauses the reader offers the connection (every PAUSE_EVERY values), where a
+connection whose turn is over steps aside.
+
     .venv/bin/python -m bench.bench_fairness [--rounds 300] [--flooders 10] [--connections 5000]
-        [--only flood neighbours] [--build pure|compiled] [--source DIR]
+        [--only flood neighbours reading] [--build pure|compiled] [--source DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import resource
 import socket
@@ -44,6 +51,9 @@ from pathlib import Path
 
 from bench import hostile, peers
 from bench.common import load_average, machine, process_cpu_seconds
+from kestrel.build import build_name
+from kestrel.service.thrift.messages import METHODS, read_args
+from kestrel.service.thrift.protocol import PROTOCOLS, Reader
 from tests.support.flood import LIGHT_TIMEOUT, Flooder, Light
 from tests.support.thrift_wire import encode_call, framed, recv_exactly
 
@@ -194,13 +204,39 @@ def neighbours(work: Path, rounds: int, build: str, source: Path | None) -> list
     return rows
 
 
+def paused_reading(reader_cls: type[Reader], message: bytes) -> list[float]:
+    """The thread's CPU time at the start of reading `message`, at each pause offered, at the end."""
+    marks = [time.thread_time()]
+    reader = reader_cls(message, len(message), len(message), hostile.MAX_ITEMS, hostile.MAX_BYTES,
+                        pause=lambda: marks.append(time.thread_time()))
+    name, _, _ = reader.read_message_begin()
+    read_args(reader, METHODS[name])
+    marks.append(time.thread_time())
+    return marks
+
+
+def reading() -> list[tuple[str, str]]:
+    rows = []
+    for protocol in ("binary", "compact"):
+        reader_cls = PROTOCOLS[protocol][0]
+        for kind, message in hostile.thrift_frames(protocol).items():
+            whole, stretch = [], []
+            for _ in range(3):
+                marks = paused_reading(reader_cls, message)
+                whole.append(marks[-1] - marks[0])
+                stretch.append(max(b - a for a, b in itertools.pairwise(marks)))
+            rows.append((f"{protocol}: {kind}", f"{min(whole) * 1000:8.2f} {min(stretch) * 1000:8.3f}"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--flooders", type=int, default=10)
     parser.add_argument("--connections", type=int, default=5000)
-    parser.add_argument("--only", nargs="+", choices=("flood", "neighbours"), default=("flood", "neighbours"))
+    parser.add_argument("--only", nargs="+", choices=("flood", "neighbours", "reading"),
+                        default=("flood", "neighbours", "reading"))
     parser.add_argument("--build", choices=("pure", "compiled"), default="pure",
                         help="our server's build for the neighbours")
     parser.add_argument("--source", type=Path, help="run our server from this tree (another version's src/ "
@@ -218,6 +254,11 @@ def main() -> None:
         for name, figures in rows:
             print(f"{name:<36} {figures}")
         print(f"load average {load_average()}")
+    if "reading" in args.only:
+        print(f"one Thrift frame read without sockets ({build_name()} build), CPU ms: whole message, "
+              f"longest stretch between pauses")
+        for name, figures in reading():
+            print(f"{name:<36} {figures}")
     if "flood" in args.only:
         flood_scenarios(args)
 

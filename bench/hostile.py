@@ -19,14 +19,16 @@ from thrift.Thrift import TType
 from thriftpy2.protocol import TBinaryProtocol, TCompactProtocol
 from thriftpy2.transport import TBufferedTransport, TFramedTransport, TSocket
 
+from kestrel.service.config import ServerConfig
 from kestrel.service.thrift.protocol import MAX_DEPTH, MAX_FIELDS
 from tests.support.clients import thrift_client
 from tests.support.thrift_wire import encode_message, framed
 
 ITEM = b"x" * 128  # a light client's item
-MAX_ITEMS = 100_000  # max_batch_items, the default
-MAX_BYTES = 16 * 1024 * 1024  # max_frame_size and max_batch_bytes, the defaults
-MAX_LINE = 64 * 1024  # max_line_length, the default
+# The limits of a server on the defaults, which the benchmark's servers keep.
+MAX_ITEMS = ServerConfig.max_batch_items
+MAX_BYTES = min(ServerConfig.max_frame_size, ServerConfig.max_batch_bytes)
+MAX_LINE = ServerConfig.max_line_length
 
 
 def thrift_frames(protocol: str) -> dict[str, bytes]:
