@@ -1,8 +1,8 @@
 """A Thrift message as large as the limits allow is read in pieces, other clients served between them.
 
 Each element and field of a message costs the event loop a step of Python, read or skipped: the
-largest message the limits let through (max_batch_items elements) took 6-26 ms of the compiled
-build and up to 74 ms of the pure one, during which no other client was served. Here two
+largest message the limits let through (max_batch_items elements) took 6-20 ms of the compiled
+build and 21-58 ms of the pure one (bench/README.md), during which no other client was served. Here two
 connections are served in this process on socket pairs, each request already waiting when the
 loop first runs them; the one of the large message runs first. How long anything takes is
 bench/bench_fairness.py's to measure; this checks the order, which the loop's turns decide.
