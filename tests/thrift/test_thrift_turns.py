@@ -98,3 +98,15 @@ def test_the_readers_offer_a_pause_every_so_many_values(protocol: str, kind: str
     assert reader.pos == len(message)
     assert len(at) >= values // PAUSE_EVERY
     assert at == sorted(at)
+
+
+def test_the_binary_readers_python_list_of_items_offers_pauses_too() -> None:
+    """The list of a put's items where the compiled loop declines (or the build has none)."""
+    put = encode_call("binary", "put", queue_name="q", items=[b"i"] * 50_000, expiration_msec=0)
+    at: list[int] = []
+    reader = PROTOCOLS["binary"][0](put, len(put), len(put), MAX_ITEMS, 16 << 20,
+                                    pause=lambda: at.append(reader.pos))
+    start = put.index(b"\x0f\x00\x02\x0b") + 8  # the items list's header
+    reader.pos = start
+    assert reader.read_binary_list_python(50_000, "items") == [b"i"] * 50_000
+    assert len(at) >= 50_000 // PAUSE_EVERY

@@ -33,8 +33,8 @@ MAX_DEPTH = 32  # nesting of skipped structs and containers
 # Python that no other client is served during, whether it is read or skipped.
 MAX_FIELDS = 1024
 # Values read or skipped one at a time between two looks at the connection's turn: the largest message
-# the limits let through (100,000 elements) is seconds of Python at worst, which would hold every
-# other client of the loop, and is less than a turn's work in pieces of this size.
+# the limits let through (100,000 elements) is tens of milliseconds of Python, which every other
+# client of the loop would wait for; in pieces of this size each is well under a turn.
 PAUSE_EVERY = 256
 
 _I8 = struct.Struct("!b")
@@ -333,6 +333,7 @@ class BinaryReader(Reader):
         items: list[Any] = []
         append = items.append
         for i in range(count):
+            self.tick()
             if pos + 4 > end:
                 end = self._short(pos, 4, f"{what} element {i}")
             (n,) = unpack(buf, pos)
