@@ -33,6 +33,7 @@ REMOVE_TENTATIVE_XID = 9
 MAX_OPCODE = REMOVE_TENTATIVE_XID
 
 _I32 = struct.Struct("<i")
+_XID_RECORD = struct.Struct("<Bi")  # an opcode and its xid: one pack, no concatenation
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
 _ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
 _ADDX_RECORD_HEAD = struct.Struct("<Biqq")  # the opcode, then as _ADDX_HEAD
@@ -191,7 +192,7 @@ def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> b
 
 
 def encode_xid(opcode: int, xid: int) -> bytes:
-    return bytes([opcode]) + _I32.pack(xid)
+    return _XID_RECORD.pack(opcode, xid)
 
 
 def encode(record: Record) -> bytes:

@@ -168,9 +168,13 @@ class Kestrel2Queue(PersistentQueue):
         return replayed
 
     def _next_xid(self) -> int:
-        """Take the next free xid, as Kestrel counts them."""
-        self._xid = next_free_xid(self._xid, self._opens)
-        return self._xid
+        """Take the next free xid, as Kestrel counts them: the one after the last, unless that
+        wraps or is open (`next_free_xid`, which runs interpreted, finds it then)."""
+        xid = self._xid + 1
+        if not 0 < xid < 2**31 or xid in self._opens:
+            xid = next_free_xid(self._xid, self._opens)
+        self._xid = xid
+        return xid
 
     # -----------------------------------------------------------------------------------------
     # Read-behind
