@@ -170,6 +170,9 @@ def test_kestrel2_xids_skip_open_ones_and_zero_and_wrap_as_kestrel_counts_them(t
     assert [item.xid for item in taken] == [2**31 - 3, 2**31 - 1, -(2**31)]
     queue._xid = -2  # type: ignore[attr-defined]
     assert [item.xid for item in coll.remove("q", 2, transaction=True)] == [-1, 1]
+    coll.unremove("q", [-1, 1, held.xid, *(item.xid for item in taken)])
+    queue._xid = 2**31 - 3  # type: ignore[attr-defined]  # a run across the end, none open
+    assert [item.xid for item in coll.remove("q", 3, transaction=True)] == [2**31 - 2, 2**31 - 1, -(2**31)]
     coll = reopen(coll)  # the replay counts them alike: every read open at the stop comes back
     assert sorted(drain(coll, "q")) == sorted([b"%d" % n for n in range(6)])
 

@@ -260,24 +260,22 @@ class Kestrel2Queue(PersistentQueue):
         self._journal.write(codec.REMOVE_BYTES * len(items))
 
     def _log_open(self, items: list[QItem]) -> None:
-        records = []
+        xids = []
         for item in items:
             item.xid = xid = self._next_xid()
-            records.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
-        self._journal.write(b"".join(records))
+            xids.append(xid)
+        self._journal.write(codec.encode_xids(codec.REMOVE_TENTATIVE_XID, xids))
 
     def _log_confirm(self, items: list[QItem]) -> None:
         for checkpoint in self._checkpoints:
             for item in items:
                 checkpoint.note_confirm(item)
-        self._journal.write(b"".join([codec.encode_xid(codec.CONFIRM_REMOVE, item.xid) for item in items]))
+        self._journal.write(codec.encode_xids(codec.CONFIRM_REMOVE, [item.xid for item in items]))
 
     def _log_return(self, items: list[QItem]) -> None:
-        records = []
+        self._journal.write(codec.encode_xids(codec.UNREMOVE, [item.xid for item in items]))
         for item in items:
-            records.append(codec.encode_xid(codec.UNREMOVE, item.xid))
             item.xid = 0  # its next open takes the next free xid
-        self._journal.write(b"".join(records))
 
     def _drop_items(self) -> None:
         """Every item leaves the head, journaled as one REMOVE each."""
