@@ -271,6 +271,31 @@ def test_a_fault_part_way_through_a_large_get_puts_back_the_slices_taken(
     assert _drain(server, "q") == datas
 
 
+@pytest.mark.pure_build
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_fault_in_a_get_s_closing_step_puts_back_what_it_took(
+        server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch, auto_abort_ms: int) -> None:
+    """The confirm (no auto-abort) or the read ids (auto-abort) that end a get that waited fail:
+    the fault is the answer and the items go back."""
+    session, producer = Session(server, "client"), Session(server, "producer")
+    producer.put("q", [b"a", b"b"])
+
+    def failing(*args: Any) -> Any:
+        raise JournalWriteError("q", "q", OSError(errno.ENOSPC, "No space left on device"))
+
+    if auto_abort_ms:
+        monkeypatch.setattr(server.reads_by_id, "open_many", failing)
+    else:
+        monkeypatch.setattr(server.collection, "confirm", failing)
+    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=500, auto_abort_ms=auto_abort_ms, capped=False)
+    gevent.sleep(0)
+    runtime.advance(500)
+    gevent.sleep(0)
+    assert isinstance(getter.exception, JournalWriteError)
+    monkeypatch.undo()
+    assert _open_reads(server, "q") == 0 and _drain(server, "q") == [b"a", b"b"]
+
+
 @pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
 def test_a_get_killed_between_its_slices_puts_back_what_it_took(
         make_server: MakeServer, auto_abort_ms: int) -> None:

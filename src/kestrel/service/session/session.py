@@ -192,34 +192,30 @@ class Session:
         if transaction and capped:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
-        ids: list[int] = []
         if 0 < max_items <= GET_SLICE and not transaction and (timeout_ms <= 0
                                                               or self.coll.holds(queue, max_items)):
             # The usual get: one slice, no read, and no wait (none asked, or every item is there).
-            items = self.coll.remove(queue, max_items)
+            taken = TakenItems(self.coll.remove(queue, max_items), 0)
         else:
-            items = self._take_slices(queue, max_items, timeout_ms, transaction)
-            if transaction and items:
-                ids = self.server.reads_by_id.open_many(self.reads, queue, [item.xid for item in items],
-                                                        auto_abort_ms)
-        if items:
+            taken = self._take_slices(queue, max_items, timeout_ms, auto_abort_ms)
+        if taken.items:
             self.stats.get_hits += 1
         else:
             self.stats.get_misses += 1
-        return TakenItems(items, ids if transaction else 0)
+        return taken
 
-    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, transaction: bool) -> list[QItem]:
+    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, auto_abort_ms: int) -> TakenItems:
         """A get's items a slice at a time, letting the others run between slices (`pause`) and
         waiting up to `timeout_ms` for more while the queue is empty (the wait a hang-up ends).
 
-        Every item is taken as an open read, the get's own until it replies: without `transaction`
-        they are confirmed (removed for good) once all are taken. A get that ends without a reply
-        (its client hung up during the wait, a fault in a later slice, its task killed) puts them
-        all back at the head, in order (`_put_back`), and its error is the answer: a slice taken is
-        never lost with the connection.
+        Every item is taken as an open read, the get's own until it replies: then, without
+        auto-abort, confirmed (removed for good), or with it, given its read id. A get that ends
+        without a reply (its client hung up during the wait, a fault in a later slice or in the
+        closing step, its task killed) puts them all back at the head, in order (`_put_back`), and
+        its error is the answer: a slice taken is never lost with the connection.
         """
         deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
-        held = not transaction
+        held = auto_abort_ms <= 0
         items: list[QItem] = []
         try:
             while len(items) < max_items:
@@ -235,13 +231,17 @@ class Session:
                     break
                 if len(items) < max_items:
                     self.pause()
-            if held and items:
-                self.coll.confirm(queue, [item.xid for item in items])
+            if held:
+                if items:
+                    self.coll.confirm(queue, [item.xid for item in items])
+                return TakenItems(items, 0)
+            xids = [item.xid for item in items]
+            ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+            return TakenItems(items, ids)
         except BaseException:
             if items:
                 self._put_back(queue, items)
             raise
-        return items
 
     def _put_back(self, queue: str, items: list[QItem]) -> None:
         """Items a get took and never handed out go back to the head, the first taken first, with
