@@ -677,9 +677,10 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
 class FileLog:
     """What a file that logs its appends keeps (`JournalWriter.log`): which file it is (the kind of
     its records, its queue's name, encoded once, and epoch) and the turns that hold what it
-    appended since it last waited."""
+    appended since it last waited: one, but for a change logged without a group commit, whose
+    every record is a turn (no list made and dropped a change)."""
 
-    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turns")
+    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turn", "later")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
@@ -688,26 +689,37 @@ class FileLog:
         self.name_crc = zlib.crc32(self.name)
         self.epoch = epoch
         self.place = kind << 56 | epoch  # the record's field of both
-        self.turns: list[Turn] = []
+        self.turn: Turn | None = None  # the first turn holding what it appended since it last waited
+        self.later: list[Turn] | None = None  # the turns after that one, if any
 
     def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
         """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
-        turns = self.turns
-        if not turns or turns[-1] is not turn:
-            turns.append(turn)
+        first = self.turn
+        if first is None:
+            self.turn = turn
+        elif first is not turn:
+            later = self.later
+            if later is None:
+                self.later = [turn]
+            elif later[-1] is not turn:
+                later.append(turn)
 
     def commit(self, journal: JournalWriter) -> None:
         """Wait as `journal`'s sync policy says for what it appended: under `always`, for the log
         (or not at all where acknowledgements are held); under a periodic sync, not at all (a
         round of the log is due within the interval). Raises OSError."""
-        turns = self.turns
-        if turns:
-            self.turns = []
-            sync_ms = journal.sync_ms
-            if sync_ms is not None and sync_ms == 0:
-                for turn in turns:
-                    self.log.sync(turn, journal, journal.size)
+        turn = self.turn
+        if turn is None:
+            return
+        later = self.later
+        self.turn = self.later = None  # what is appended while this waits waits in its own change
+        sync_ms = journal.sync_ms
+        if sync_ms is not None and sync_ms == 0:
+            log = self.log
+            log.sync(turn, journal, journal.size)
+            for each in later or ():
+                log.sync(each, journal, journal.size)
 
 
 class Turn:
@@ -1077,9 +1089,7 @@ class CommitLog:
                     turn.holders.append(holder)
                     if last is None or turn.seq > last.seq:
                         holder.last = turn
-                journals = holder.journals
-                if journals.get(journal, -1) < journal_end:
-                    journals[journal] = journal_end
+                holder.journals[journal] = journal_end  # a journal's end only grows: the last is the most
                 return
         if not turn.done.is_set():
             turn.done.wait()
