@@ -680,7 +680,7 @@ class FileLog:
     appended since it last waited: one, but for a change logged without a group commit, whose
     every record is a turn (no list made and dropped a change)."""
 
-    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turn", "later")
+    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turn", "later", "segment")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
@@ -691,6 +691,7 @@ class FileLog:
         self.place = kind << 56 | epoch  # the record's field of both
         self.turn: Turn | None = None  # the first turn holding what it appended since it last waited
         self.later: list[Turn] | None = None  # the turns after that one, if any
+        self.segment: _Segment | None = None  # the last segment told that this file has records in it
 
     def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
         """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
@@ -758,7 +759,8 @@ class Turn:
 class _Segment:
     def __init__(self, writer: JournalWriter) -> None:
         self.writer = writer
-        self.journals: dict[JournalWriter, int] = {}  # journal -> end of its last record here
+        # the journals with records here (a checkpoint fsyncs each as far as it is written then)
+        self.journals: set[JournalWriter] = set()
         self.failed = False  # an fsync of it failed: its waiters rely on their journals instead
 
 
@@ -844,7 +846,9 @@ class CommitLog:
     def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
         """`add`, in the lock where the runtime has one."""
         segment = self._segments[-1]
-        segment.journals[journal] = journal.size
+        if file.segment is not segment:  # the file's first record there
+            file.segment = segment
+            segment.journals.add(journal)
         turn = self._turn
         if turn is None:
             self._turns += 1
@@ -1155,10 +1159,7 @@ class CommitLog:
             self._switch()
             retired = self._segments[:-1]
             taken = sum(segment.writer.size for segment in retired)
-            ends: dict[JournalWriter, int] = {}
-            for segment in retired:
-                for journal, end in segment.journals.items():
-                    ends[journal] = max(ends.get(journal, 0), end)
+            ends = {journal: journal.size for segment in retired for journal in segment.journals}
             self._sync_journals(ends)
             for segment in retired:
                 writer = segment.writer
