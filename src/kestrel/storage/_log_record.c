@@ -78,7 +78,15 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_ssize_t at = PyByteArray_GET_SIZE(out);
-    if (PyByteArray_Resize(out, at + 8 + size) < 0) {
+    Py_ssize_t end = at + 8 + size;
+    /* A turn's buffer grows a record at a time: past what it holds, twice as large (a bytearray
+       grown by more than an eighth is reallocated to the exact size, a copy each record), then
+       cut to `end` within that room, which costs nothing. */
+    Py_ssize_t room = ((PyByteArrayObject *)out)->ob_alloc;
+    if (end >= room && room <= PY_SSIZE_T_MAX / 2 && PyByteArray_Resize(out, end > 2 * room ? end : 2 * room) < 0) {
+        return NULL;
+    }
+    if (PyByteArray_Resize(out, end) < 0) {
         return NULL;
     }
     unsigned char *head = (unsigned char *)PyByteArray_AS_STRING(out) + at;
