@@ -44,7 +44,7 @@ PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-
 # The compiled modules' own tests, without servers, run on the pure build as well (a pure server
 # serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
 # whole suite: `make test-pure`). Tests marked `pure_build` run there only (tests/conftest.py).
-PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py \
+PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py tests/thrift/test_thrift_turns.py \
 	tests/memcache/test_memcache_protocol.py tests/memcache/test_memcache_runs.py \
 	tests/text/test_text_protocol.py tests/server/test_socket_io.py tests/server/test_builds.py \
 	tests/server/test_unexpected_errors.py tests/server/test_dashboard.py tests/server/test_waits_watched.py \
@@ -94,7 +94,7 @@ SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-om
 SANITIZE_TESTS := tests/thrift/test_thrift_binary.py tests/memcache/test_memcache_runs.py \
 	tests/storage/test_item.py tests/storage/test_manifest.py tests/storage/test_decode_common.py \
 	tests/storage/test_replay_fast_path.py tests/storage/test_batch_paths.py tests/storage/test_group_commit.py \
-	tests/server/test_socket_io.py tests/server/test_item_copies.py
+	tests/storage/test_commit_log.py tests/server/test_socket_io.py tests/server/test_item_copies.py
 CC ?= cc
 
 sanitize: $(STAMP)

@@ -9,7 +9,8 @@
 - The C helpers (`C_HELPERS`), `optional=True`: where no C compiler is at hand the build goes on
   without them, and the Python code each one stands in for serves alone: the group commit uses
   Python threads (src/kestrel/storage/fsync/group_commit.py), items are
-  `kestrel.storage.item.QItemPython`, CRC32C is `kestrel.storage.crc32c.crc32c_python`, the journal
+  `kestrel.storage.item.QItemPython`, CRC32C is `kestrel.storage.crc32c.crc32c_python`, a commit log
+  record is encoded by `kestrel.storage.commit_log.append_record_python`, the journal
   readers use `kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its
   Python readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses
   each command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
@@ -158,5 +159,6 @@ def _mypyc_extensions() -> list[Extension]:
 
 setup(
     cmdclass={"build_ext": BuildExt, "build_py": BuildWithPth},
-    ext_modules=[Extension(name, [_path(name, ".c")], optional=True) for name in BUILD["C_HELPERS"]],
+    ext_modules=[Extension(name, [_path(name, ".c")], optional=True,
+                           libraries=BUILD["C_LIBRARIES"].get(name, [])) for name in BUILD["C_HELPERS"]],
 )

@@ -8,11 +8,15 @@ best of five runs. What it leaves out is the kernel's part (recv, send, the jour
 so it isolates what Python changes can win; run it in two checkouts to compare code.
 
     .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed]
+                                           [--timeout-ms MS [--short]]
                                            [--protocol thrift|memcache] [--profile]
     .venv/bin/python -m bench.bench_answer --loop [--rounds 20000]
     .venv/bin/python -m bench.bench_answer ... --builds compiled pure [--runs 5]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
+`--timeout-ms` gives the Thrift get a time-out (its items are there: it need not wait); with
+`--short` it asks for one item more than the round put, so it takes them all and waits out its
+time-out for the rest (the wait unwatched: there is no socket; CPU time leaves the wait out).
 `--loop` measures a connection's whole serve loop instead, Thrift and memcache, single items: framing,
 each request's wait for input on the hub, the answer, the reply; over a socket stand-in that always
 holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does).
@@ -56,7 +60,8 @@ class _NoSocket:
         return -1
 
 
-def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift") -> float:
+def measure(batch: int, items: int, profile: bool, get_call: str = "get", protocol: str = "thrift",
+            timeout_ms: int = 0, short: bool = False) -> float:
     """CPU µs per round of `batch` items (the best of five)."""
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     try:
@@ -64,7 +69,7 @@ def measure(batch: int, items: int, profile: bool, get_call: str = "get", protoc
         server.collection.load()
         metrics.install_storage_timing()
         if protocol == "thrift":
-            rounds = _thrift_rounds(server, batch, get_call)
+            rounds = _thrift_rounds(server, batch, get_call, timeout_ms, short)
         else:
             rounds = _memcache_rounds(server, batch)
         n = max(items // batch // 5, 1)
@@ -143,11 +148,14 @@ def measure_loop(rounds: int) -> dict[str, float]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _thrift_rounds(server: ServerState, batch: int, get_call: str) -> Callable[[int], None]:
+def _thrift_rounds(server: ServerState, batch: int, get_call: str, timeout_ms: int = 0,
+                   short: bool = False) -> Callable[[int], None]:
     no_socket: Any = _NoSocket()
     conn = ThriftConnection(server, no_socket, "bench")
+    conn.session.watch = None  # no socket to watch during a wait
     put = encode_call("binary", "put", queue_name="q", items=[bytes(128)] * batch, expiration_msec=0)
-    get = encode_call("binary", get_call, queue_name="q", max_items=batch, timeout_msec=0, auto_abort_msec=0)
+    get = encode_call("binary", get_call, queue_name="q", max_items=batch + short, timeout_msec=timeout_ms,
+                      auto_abort_msec=0)
 
     def rounds(n: int) -> None:
         for _ in range(n):
@@ -191,7 +199,8 @@ def measure_all(args: argparse.Namespace) -> dict[str, float]:
     configure_logging("warning")
     if args.loop:
         return measure_loop(args.rounds)
-    return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol)
+    return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol, args.timeout_ms,
+                                args.short)
             for batch in args.batch}
 
 
@@ -216,6 +225,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20000, help="items per measurement (default 20000)")
     parser.add_argument("--get", choices=["get", "get_timed"], default="get",
                         help="the read call (default get)")
+    parser.add_argument("--timeout-ms", type=int, default=0, help="the Thrift get's time-out (default 0)")
+    parser.add_argument("--short", action="store_true",
+                        help="the get asks for one item more than there are, and waits out its time-out")
     parser.add_argument("--protocol", choices=["thrift", "memcache"], default="thrift",
                         help="the requests answered (default thrift)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
@@ -229,8 +241,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(measure_all(args)))
         return
+    get = f"{args.get} (time-out {args.timeout_ms} ms{', one item short' if args.short else ''})"
     what = ("the serve loop of one connection, single items" if args.loop
-            else f"put + {args.get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
+            else f"put + {get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
             else "pipelined sets + gets through MemcacheConnection.process")
     row = "protocol" if args.loop else "items per request"
     print(f"# {what}, CPU µs per put + get round, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, "

@@ -109,11 +109,11 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 @contextlib.contextmanager
 def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool = False,
             prepare: Callable[[Path], None] | None = None, build: str = "pure",
-            source: Path | None = None) -> Iterator[Running]:
+            source: Path | None = None, settings: dict[str, str] | None = None) -> Iterator[Running]:
     """This checkout's server in `build` (or the build or source tree at `source`, another version
     of the code to compare with) with the Thrift and memcache ports open (and the admin port with
-    `admin`), `sync_journal: sync` and `commit_log`; `prepare` fills its queue path before it
-    starts."""
+    `admin`), `sync_journal: sync` and `commit_log`, and any other top-level `settings` of its
+    config; `prepare` fills its queue path before it starts."""
     path = build_path(build) if source is None else source.resolve()
     ports = {"thrift": free_port(), "memcache": free_port()}
     if admin:
@@ -127,7 +127,8 @@ def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool
     config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\n"
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: {ports.get('admin', 0)}\ncommit_log: {commit_log}\n"
-                      f"default_queue:\n  sync_journal: {sync}\n")
+                      + "".join(f"{key}: {value}\n" for key, value in (settings or {}).items())
+                      + f"default_queue:\n  sync_journal: {sync}\n")
     env = dict(os.environ, PYTHONPATH=str(path))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:

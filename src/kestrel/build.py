@@ -81,10 +81,15 @@ C_HELPERS = (
     "kestrel.storage.kestrel2._codec",
     "kestrel.storage._item",
     "kestrel.storage._crc32c",
+    "kestrel.storage._log_record",
     "kestrel.service.thrift._binary",
     "kestrel.service.memcache._scan",
     "kestrel.service._receive",
 )
+
+# The libraries a helper links with (zlib's CRC-32 is the commit log record's checksum, as Python's
+# `zlib.crc32` is its reference's): where one is missing, that helper is not built.
+C_LIBRARIES = {"kestrel.storage._log_record": ["z"]}
 
 
 def is_extension(module: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +284,21 @@ def test_the_aims_table_has_every_row_with_its_peers() -> None:
     assert all(row[5] in ("met", "not met", "-") for row in cells), rows
     copies = [row for row in cells if " KB items" in row[0]]
     assert all(row[3].startswith("copies: ") for row in copies), copies
+
+
+@pytest.mark.parametrize("protocol", ["binary", "compact"])
+def test_the_hostile_neighbours_frames_are_as_large_as_the_limits_let_through(server_factory: Any,
+                                                                              protocol: str) -> None:
+    """bench_fairness measures a light client beside the largest frames a server reads: each must
+    be answered, not refused by a limit (a refusal is cheap and would measure nothing)."""
+    from bench import hostile
+    from tests.support.thrift_wire import encode_call, framed, read_framed_reply
+
+    srv = server_factory({"thrift_protocol": protocol})
+    with socket.create_connection(("127.0.0.1", srv.thrift_port), timeout=60) as s:
+        s.sendall(framed(encode_call(protocol, "get_version")))
+        version = read_framed_reply(s, protocol, "get_version")
+        assert isinstance(version, str)
+        for kind, message in hostile.thrift_frames(protocol).items():
+            s.sendall(framed(message))
+            assert read_framed_reply(s, protocol, "get_version") == version, kind

@@ -116,6 +116,18 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     assert got.get(timeout=STALL_S) == big + b"after"
 
 
+def test_a_reply_released_to_a_client_that_is_gone_cuts_the_connection_off(pair: Any) -> None:
+    replies, client = pair
+    turn = FakeTurn(1)
+    replies.acks.last = turn
+    replies.send(b"STORED\r\n")
+    client.close()  # the client hung up while its reply waited for the disk
+    settle(replies, turn)
+    assert replies.cut_off
+    replies.send(b"END\r\n")  # nothing more is sent, nor raised
+    replies.finish()
+
+
 def test_finish_waits_until_the_held_replies_are_out(pair: Any) -> None:
     replies, client = pair
     turn = FakeTurn(1)

@@ -53,7 +53,7 @@ def server(make_server: MakeServer) -> ServerState:
 
 def _drain(server: ServerState, queue: str) -> list[bytes]:
     """What `queue` holds, head first (taken out past the session, so no counter moves)."""
-    return [item.data for item in server.collection.remove(queue, 1_000)]
+    return [item.data for item in server.collection.remove(queue, 1_000_000)]
 
 
 def _open_reads(server: ServerState, queue: str) -> int:
@@ -245,27 +245,131 @@ def test_a_large_get_lets_the_others_run_between_its_slices(make_server: MakeSer
 
 
 @pytest.mark.pure_build
-def test_a_fault_part_way_through_a_large_get_hands_out_the_slices_taken(
-        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_fault_part_way_through_a_large_get_puts_back_the_slices_taken(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch, auto_abort_ms: int) -> None:
     session = Session(server, "client")
     datas = [b"%06d" % n for n in range(GET_SLICE + 5)]
     session.put("q", datas)
     take = server.collection.remove
     calls: list[int] = []
 
-    def failing_second(queue: str, count: int = 1, transaction: bool = False, timeout: float = 0.0) -> list[Any]:
+    def failing_second(queue: str, count: int = 1, transaction: bool = False, timeout: float = 0.0,
+                       held: bool = False) -> list[Any]:
         calls.append(count)
         if len(calls) == 2:
             raise JournalWriteError(queue, "q", OSError(errno.ENOSPC, "No space left on device"))
-        return take(queue, count, transaction, timeout)
+        return take(queue, count, transaction, timeout, held)
 
     monkeypatch.setattr(server.collection, "remove", failing_second)
-    assert session.get_items("q", len(datas)).data() == datas[:GET_SLICE]  # taken: not lost
-    calls[:] = [GET_SLICE]  # the next call fails, the get's first
-    with pytest.raises(JournalWriteError):  # nothing taken yet: the fault is the answer
-        session.get_items("q", 1)
+    with pytest.raises(JournalWriteError):  # the fault is the answer; the slice taken goes back
+        session.get_items("q", len(datas), auto_abort_ms=auto_abort_ms, capped=False)
     monkeypatch.undo()
-    assert _drain(server, "q") == datas[GET_SLICE:]
+    assert (_open_reads(server, "q"), len(server.reads_by_id._reads)) == (0, 0)
+    stats = server.collection.queue("q").stats()
+    assert (stats["canceled_transactions"], stats["transactions"]) == (0, GET_SLICE if auto_abort_ms else 0)
+    assert _drain(server, "q") == datas
+
+
+@pytest.mark.pure_build
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_fault_in_a_get_s_closing_step_puts_back_what_it_took(
+        server: ServerState, runtime: ManualRuntime, monkeypatch: pytest.MonkeyPatch, auto_abort_ms: int) -> None:
+    """The confirm (no auto-abort) or the read ids (auto-abort) that end a get that waited fail:
+    the fault is the answer and the items go back."""
+    session, producer = Session(server, "client"), Session(server, "producer")
+    producer.put("q", [b"a", b"b"])
+
+    def failing(*args: Any) -> Any:
+        raise JournalWriteError("q", "q", OSError(errno.ENOSPC, "No space left on device"))
+
+    if auto_abort_ms:
+        monkeypatch.setattr(server.reads_by_id, "open_many", failing)
+    else:
+        monkeypatch.setattr(server.collection, "confirm", failing)
+    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=500, auto_abort_ms=auto_abort_ms, capped=False)
+    gevent.sleep(0)
+    runtime.advance(500)
+    gevent.sleep(0)
+    assert isinstance(getter.exception, JournalWriteError)
+    monkeypatch.undo()
+    assert _open_reads(server, "q") == 0 and _drain(server, "q") == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_get_killed_between_its_slices_puts_back_what_it_took(
+        make_server: MakeServer, auto_abort_ms: int) -> None:
+    server = make_server(max_open_reads=4 * GET_SLICE)
+    session = Session(server, "client", pause=gevent.sleep)  # lets the others run: here, the kill
+    datas = [b"%06d" % n for n in range(2 * GET_SLICE + 5)]
+    session.put("q", datas)
+    getter = gevent.spawn(session.get_items, "q", len(datas), auto_abort_ms=auto_abort_ms)
+    gevent.sleep(0)
+    assert _open_reads(server, "q") == GET_SLICE  # the first slice, held by the get
+    getter.kill()  # the server stopping, say
+    assert getter.dead and (_open_reads(server, "q"), len(server.reads_by_id._reads)) == (0, 0)
+    assert _drain(server, "q") == datas
+
+
+@pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
+def test_a_get_whose_client_hangs_up_while_it_waits_for_more_puts_back_what_it_took(
+        make_server: MakeServer, runtime: ManualRuntime, auto_abort_ms: int) -> None:
+    """Back without an error counted: a get that replied nothing delivered nothing, so even
+    `max_errors: 1` makes none of them poison."""
+    server = make_server(queues=QueueConfigs({}, {"q": {"max_errors": 1}}))
+    session, producer = Session(server, "client"), Session(server, "producer")
+    producer.put("q", [b"a", b"b"])
+    getter = gevent.spawn(session.get_items, "q", 5, timeout_ms=10_000, auto_abort_ms=auto_abort_ms)
+    gevent.sleep(0)
+    assert session.waiting and _open_reads(server, "q") == 2
+    producer.put("q", [b"c"])  # taken too, and the get waits on
+    gevent.sleep(0)
+    assert session.waiting and _open_reads(server, "q") == 3
+    session.client_gone()
+    getter.kill(ClientGone)  # what the connection does while `waiting` says it may
+    assert isinstance(getter.exception, ClientGone)
+    stats = server.collection.queue("q").stats()
+    assert (stats["open_transactions"], stats["canceled_transactions"], stats["items"]) == (0, 0, 3)
+    runtime.advance(60_000)  # no auto-abort left to come
+    assert _drain(server, "q") == [b"a", b"b", b"c"]
+
+
+def test_a_get_short_of_items_by_an_expired_head_holds_what_it_took_while_it_waits(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    """Three items for a get of three, but the head expires: the get takes two and waits on, and its
+    client's hang-up puts them back."""
+    session, producer = Session(server, "client"), Session(server, "producer")
+    producer.put("q", [b"stale"], producer.expiry_after(100))
+    producer.put("q", [b"a", b"b"])
+    runtime.advance(100)
+    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=10_000)
+    gevent.sleep(0)
+    assert session.waiting and _open_reads(server, "q") == 2
+    session.client_gone()
+    getter.kill(ClientGone)
+    assert _drain(server, "q") == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_get_that_waited_removes_its_items_for_good_once_it_replies(
+        make_server: MakeServer, runtime: ManualRuntime, tmp_path: Path, journal_format: str) -> None:
+    """Confirmed when the get replies: nothing open after it, none back after a restart, and no
+    transaction counted (none was asked for)."""
+    server = make_server(queues=QueueConfigs({"journal_format": journal_format}))
+    session, producer = Session(server, "client"), Session(server, "producer")
+    producer.put("q", [b"a", b"b", b"kept"])
+    assert session.get_items("q", 2, timeout_ms=500).data() == [b"a", b"b"]
+    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=500)
+    gevent.sleep(0)
+    runtime.advance(500)
+    gevent.sleep(0)
+    assert getter.value.data() == [b"kept"]
+    stats = server.collection.queue("q").stats()
+    assert (stats["open_transactions"], stats["transactions"], stats["items"]) == (0, 0, 0)
+    producer.put("q", [b"after"])
+    server.close()
+    again = make_server(queues=QueueConfigs({"journal_format": journal_format}))
+    assert _drain(again, "q") == [b"after"]
 
 
 def test_auto_abort_puts_the_items_back_at_the_head_when_its_time_comes(

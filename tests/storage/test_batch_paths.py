@@ -33,6 +33,14 @@ def test_addx_records_of_a_batch_are_those_of_each_item(add_time: int, expiry: i
     assert codec.encode_addx_many_python(add_time, expiry, items) == each
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([codec.REMOVE_TENTATIVE_XID, codec.CONFIRM_REMOVE, codec.UNREMOVE]),
+       st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3 * codec.XIDS_LAID_OUT))
+def test_xid_records_of_a_batch_are_those_of_each_xid(opcode: int, xids: list[int]) -> None:
+    assert codec.encode_xids(opcode, xids) == b"".join(codec.encode_xid(opcode, xid) for xid in xids)
+    assert codec.encode_xids(opcode, xids) == b"".join(bytes([opcode]) + struct.pack("<i", xid) for xid in xids)
+
+
 @pytest.mark.parametrize(("add_time", "expiry", "items", "refusal"), [
     (2**63, 0, [b"x"], "argument out of range"),  # a time past the record's i64
     (0, -(2**63) - 1, [b"x"], "argument out of range"),

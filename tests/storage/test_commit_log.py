@@ -7,10 +7,13 @@ import errno
 import io
 import itertools
 import os
+import random
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -68,6 +71,30 @@ def test_records_read_back_with_their_offsets(tmp_path: Path) -> None:
     assert [(at, r.queue, r.epoch, r.offset, r.data) for at, r in seg.records] == [
         (len(MARK), "jobs", 0, 0, b"abc"), (len(MARK) + len(first), "jobs+audit", 1_700_000_000_123, 3, b"")]
     assert seg.torn_at is None
+
+
+def test_a_record_is_laid_out_as_the_format_says() -> None:
+    body = struct.pack("<H", 4) + b"jobs" + struct.pack("<QQ", commit_log.WRITER << 56 | 7, 3) + b"abc"
+    assert encode_record("jobs", 7, 3, b"abc", commit_log.WRITER) == struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+
+def test_the_compiled_record_encoding_matches_its_python_reference() -> None:
+    from kestrel.storage import _log_record  # built with the C helpers (src/kestrel/storage/_log_record.c)
+
+    rng = random.Random(38)
+    for n in range(300):
+        name = commit_log._encoded_name(rng.choice(["q", "jobs+audit", "é" * 40, "x" * 1000]))
+        place = rng.choice([0, 1 << 56 | rng.getrandbits(56), 2 << 56 | (1 << 56) - 1])
+        offset = rng.choice([0, rng.getrandbits(64)])
+        data = [rng.randbytes(rng.choice([0, 1, 7, 128, 70_000])) for _ in range(rng.randrange(4))]
+        start = rng.randbytes(rng.randrange(50))  # what the turn's buffer held already
+        compiled, python = bytearray(start), bytearray(start)
+        assert _log_record.append_record(compiled, name, zlib.crc32(name), place, offset, data) is True
+        assert commit_log.append_record_python(python, name, zlib.crc32(name), place, offset, data)
+        assert compiled == python, n
+    out = bytearray(b"held")
+    assert _log_record.append_record(out, b"\x01\x00q", 0, 0, 0, [b"a", memoryview(b"b")]) is False
+    assert out == b"held"  # declined (a part not bytes), nothing appended: left to the Python
 
 
 def test_a_last_write_torn_at_every_offset_is_a_torn_tail_and_the_records_before_it_stay(tmp_path: Path) -> None:

@@ -156,6 +156,27 @@ def test_xids_keep_increasing_across_restarts(tmp_path: Path) -> None:
     assert second is not None and second.xid > first.xid
 
 
+def test_kestrel2_xids_skip_open_ones_and_zero_and_wrap_as_kestrel_counts_them(tmp_path: Path) -> None:
+    """The next free xid: the one after the last, passing over those still open and 0, wrapping at
+    the i32's end."""
+    coll = make(tmp_path, default={"journal_format": "kestrel2"})
+    coll.put("q", [b"%d" % n for n in range(6)])
+    queue = coll.queue("q")
+    queue._xid = 2**31 - 3  # type: ignore[attr-defined]
+    held = coll.remove("q", 1, transaction=True)[0]
+    assert held.xid == 2**31 - 2
+    queue._xid = 2**31 - 4  # type: ignore[attr-defined]  # the next one is open: passed over
+    taken = coll.remove("q", 3, transaction=True)
+    assert [item.xid for item in taken] == [2**31 - 3, 2**31 - 1, -(2**31)]
+    queue._xid = -2  # type: ignore[attr-defined]
+    assert [item.xid for item in coll.remove("q", 2, transaction=True)] == [-1, 1]
+    coll.unremove("q", [-1, 1, held.xid, *(item.xid for item in taken)])
+    queue._xid = 2**31 - 3  # type: ignore[attr-defined]  # a run across the end, none open
+    assert [item.xid for item in coll.remove("q", 3, transaction=True)] == [2**31 - 2, 2**31 - 1, -(2**31)]
+    coll = reopen(coll)  # the replay counts them alike: every read open at the stop comes back
+    assert sorted(drain(coll, "q")) == sorted([b"%d" % n for n in range(6)])
+
+
 def test_flush_and_delete(tmp_path: Path) -> None:
     coll = make(tmp_path)
     coll.put("q", [b"a", b"b"])

@@ -30,6 +30,7 @@ PACKAGES = {
     "zookeeper": "/usr/share/java/zookeeper.jar",
     "gcc": "gcc",                           # bench/loadgen.c, the C helpers
     "libc6-dev": "/usr/include/stdio.h",
+    "zlib1g-dev": "/usr/include/zlib.h",    # the commit log record's helper (src/kestrel/storage/_log_record.c)
     "systemd": "systemd-analyze",           # verify and security of deploy/kestrel.service
     "chromium": "chromium",                 # pages of the admin port, in a browser
     "chromium-driver": "chromedriver",

@@ -272,6 +272,11 @@ class ClientSocket:
         else:
             self._readable.wait_at_most(timeout)
 
+    def send_some(self, data: bytes | memoryview) -> int:
+        """How much of `data` the socket takes at once (0: no room), never waiting: what a reply
+        released on the event loop sends (src/kestrel/service/replies.py). Raises OSError."""
+        return self._send_some(self.fd, data)
+
     def send_all(self, data: bytes | memoryview) -> None:
         """Send all of `data`, in one system call when the socket takes it all. Raises SendTimeout
         when the client takes none of it for `send_timeout`, OSError when it is gone."""

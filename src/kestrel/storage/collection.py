@@ -339,16 +339,23 @@ class QueueCollection:
         return accepted
 
     def remove(self, name: str, count: int = 1, transaction: bool = False,
-               timeout: float = 0.0) -> list[QItem]:
+               timeout: float = 0.0, held: bool = False) -> list[QItem]:
         """Take up to `count` items from the head with one journal write (with `transaction`, as
-        open reads), waiting up to `timeout` seconds for the next ones when there are none; an alias
-        gives none. Raises InvalidQueueName, even when asked for no items."""
+        open reads; `held` ones a get's own until it replies: `PersistentQueue.remove`), waiting up
+        to `timeout` seconds for the next ones when there are none; an alias gives none. Raises
+        InvalidQueueName, even when asked for no items."""
         if name in self.aliases:
             return []
         if count <= 0:
             check_queue_name(name)
             return []
-        return self.queue(name).remove(count, transaction, timeout)
+        return self.queue(name).remove(count, transaction, timeout, held)
+
+    def holds(self, name: str, count: int) -> bool:
+        """Whether a remove of `count` from queue `name` takes `count` items now
+        (`PersistentQueue.holds`); False for a queue not held, or an alias."""
+        q = self._queues.get(name)
+        return q is not None and q.holds(count)
 
     def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
         if name in self.aliases:
@@ -360,10 +367,11 @@ class QueueCollection:
         q = self._queues.get(name)
         return q.confirm(xids) if q is not None else 0
 
-    def unremove(self, name: str, xids: list[int]) -> int:
-        """Abort open reads with one journal write, each back at the head in turn; how many were open."""
+    def unremove(self, name: str, xids: list[int], handed_out: bool = True) -> int:
+        """Abort open reads with one journal write, each back at the head in turn; how many were
+        open. Those never `handed_out` count no error (`PersistentQueue.unremove`)."""
         q = self._queues.get(name)
-        return q.unremove(xids) if q is not None else 0
+        return q.unremove(xids, handed_out) if q is not None else 0
 
     def flush(self, name: str) -> None:
         """Empty a queue; one that does not exist is not created (as Kestrel). Raises

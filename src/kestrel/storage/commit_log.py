@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final
+from typing import Final, cast
 
 import gevent
 import structlog
@@ -69,6 +69,7 @@ from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
 from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing, timings
 from kestrel.storage.kestrel3.files import checkpoint_lacks
+from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
 from kestrel.storage.runtime import Event, Runtime, Timer
 
@@ -121,7 +122,9 @@ class Record:
 
 def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
     name = _encoded_name(queue)
-    return b"".join(record_parts(name, zlib.crc32(name), epoch, offset, [data], kind))
+    out = bytearray()
+    append_record(out, name, zlib.crc32(name), kind << 56 | epoch, offset, [data])
+    return bytes(out)
 
 
 def _encoded_name(queue: str) -> bytes:
@@ -130,26 +133,40 @@ def _encoded_name(queue: str) -> bytes:
     return _NAME.pack(len(name)) + name
 
 
-# Called for every change that logs, bound once: the compiled build calls a `Final` name from a C
-# static, where a module's attribute or a struct's method costs a lookup each call (about a third
-# of a record's encoding).
-_pack_head: Final = _HEAD.pack
-_pack_place: Final = _PLACE.pack
-_crc32: Final = zlib.crc32
-
-
-def record_parts(name: bytes, name_crc: int, epoch: int, offset: int, data: list[bytes],
-                 kind: int = JOURNAL) -> list[bytes]:
-    """A record as the pieces its write joins with the others of that write: its name field
-    encoded already (`_encoded_name`) with the field's CRC-32, as a file that logs keeps them, and
-    its bytes as the pieces they were appended from (not joined first)."""
-    place = _pack_place(kind << 56 | epoch, offset)
-    crc = _crc32(place, name_crc)
-    size = len(name) + len(place)
+def append_record_python(out: bytearray, name: bytes, name_crc: int, place: int, offset: int,
+                         data: list[bytes]) -> bool:
+    """Append a record to `out`: its name field encoded already (`_encoded_name`) with the field's
+    CRC-32, as a file that logs keeps them, `place` its kind and epoch (`kind << 56 | epoch`), and
+    its bytes as the pieces they were appended from (not joined first). The reference of the
+    compiled `_log_record.append_record` (src/kestrel/storage/_log_record.c); True, as it says."""
+    fields = _PLACE.pack(place, offset)
+    crc = zlib.crc32(fields, name_crc)
+    size = len(name) + len(fields)
     for part in data:
-        crc = _crc32(part, crc)
+        crc = zlib.crc32(part, crc)
         size += len(part)
-    return [_pack_head(size, crc), name, place, *data]
+    out += _HEAD.pack(size, crc)
+    out += name
+    out += fields
+    for part in data:
+        out += part
+    return True
+
+
+try:
+    from kestrel.storage._log_record import append_record as _compiled
+except ImportError:  # built without a C compiler (or zlib): the Python alone
+    _compiled = append_record_python
+_append_compiled: Final = _compiled  # a C static in the compiled build, not a lookup a record
+
+
+def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset: int,
+                  data: list[bytes]) -> None:
+    """`append_record_python`, compiled where the build made src/kestrel/storage/_log_record.c (every
+    change under `always` encodes a record: one call, no struct packer or checksum call per field);
+    what it declines (a part not bytes) the Python encodes."""
+    if not _append_compiled(out, name, name_crc, place, offset, data):
+        append_record_python(out, name, name_crc, place, offset, data)
 
 
 def _decode_body(body: bytes) -> Record | None:
@@ -660,9 +677,10 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
 class FileLog:
     """What a file that logs its appends keeps (`JournalWriter.log`): which file it is (the kind of
     its records, its queue's name, encoded once, and epoch) and the turns that hold what it
-    appended since it last waited."""
+    appended since it last waited: one, but for a change logged without a group commit, whose
+    every record is a turn (no list made and dropped a change)."""
 
-    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "turns")
+    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turn", "later", "segment")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
@@ -670,25 +688,39 @@ class FileLog:
         self.name = _encoded_name(queue)
         self.name_crc = zlib.crc32(self.name)
         self.epoch = epoch
-        self.turns: list[Turn] = []
+        self.place = kind << 56 | epoch  # the record's field of both
+        self.turn: Turn | None = None  # the first turn holding what it appended since it last waited
+        self.later: list[Turn] | None = None  # the turns after that one, if any
+        self.segment: _Segment | None = None  # the last segment told that this file has records in it
 
     def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
         """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
-        turns = self.turns
-        if not turns or turns[-1] is not turn:
-            turns.append(turn)
+        first = self.turn
+        if first is None:
+            self.turn = turn
+        elif first is not turn:
+            later = self.later
+            if later is None:
+                self.later = [turn]
+            elif later[-1] is not turn:
+                later.append(turn)
 
     def commit(self, journal: JournalWriter) -> None:
         """Wait as `journal`'s sync policy says for what it appended: under `always`, for the log
         (or not at all where acknowledgements are held); under a periodic sync, not at all (a
         round of the log is due within the interval). Raises OSError."""
-        turns = self.turns
-        if turns:
-            self.turns = []
-            if journal.sync_ms == 0:
-                for turn in turns:
-                    self.log.sync(turn, journal, journal.size)
+        turn = self.turn
+        if turn is None:
+            return
+        later = self.later
+        self.turn = self.later = None  # what is appended while this waits waits in its own change
+        sync_ms = journal.sync_ms
+        if sync_ms is not None and sync_ms == 0:
+            log = self.log
+            log.sync(turn, journal, journal.size)
+            for each in later or ():
+                log.sync(each, journal, journal.size)
 
 
 class Turn:
@@ -702,11 +734,11 @@ class Turn:
     the order turns are numbered (`seq`), once it is durable or their journals' own fsyncs stood in
     for it."""
 
-    __slots__ = ("chunks", "changes", "periodic", "segment", "position", "error", "durable", "done",
+    __slots__ = ("records", "changes", "periodic", "segment", "position", "error", "durable", "done",
                  "started", "seq", "holders", "settled", "falling_back", "fallen_back")
 
     def __init__(self, done: Event, seq: int) -> None:
-        self.chunks: list[bytes] = []
+        self.records = bytearray()  # encoded, as they are written
         self.changes = 0  # records of journals under `always`: what a round that takes it carries
         # journals under a periodic sync with records in it -> their interval in ms: the turn is due
         # within the shortest, and were the log to fail, each journal's own periodic fsync takes over
@@ -727,7 +759,8 @@ class Turn:
 class _Segment:
     def __init__(self, writer: JournalWriter) -> None:
         self.writer = writer
-        self.journals: dict[JournalWriter, int] = {}  # journal -> end of its last record here
+        # the journals with records here (a checkpoint fsyncs each as far as it is written then)
+        self.journals: set[JournalWriter] = set()
         self.failed = False  # an fsync of it failed: its waiters rely on their journals instead
 
 
@@ -757,6 +790,7 @@ class CommitLog:
         self.segment_bytes = segment_bytes
         self._group_commit = runtime.group_commit()
         self._lock = runtime.lock()
+        self._locks = self._lock is not NO_LOCK  # gevent's does nothing: a change does not enter it
         self._segments: list[_Segment] = []  # oldest first; the last takes records
         self._seq = 0
         self._turn: Turn | None = None
@@ -804,24 +838,33 @@ class CommitLog:
     def add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
         """Log bytes just appended (in pieces) to `journal` at `offset`, where it ends now; the turn
         to wait for. Never yields."""
-        with self._lock:
-            segment = self._segments[-1]
-            segment.journals[journal] = journal.size
-            turn = self._turn
-            if turn is None:
-                self._turns += 1
-                turn = self._turn = Turn(self.runtime.event(), self._turns)
-                if self._group_commit is not None:
-                    gevent.get_hub().loop.run_callback(self._end_turn)
-            turn.chunks += record_parts(file.name, file.name_crc, file.epoch, offset, data, file.kind)
-            sync_ms = journal.sync_ms
+        if self._locks:
+            with self._lock:
+                return self._add(journal, file, offset, data)
+        return self._add(journal, file, offset, data)
+
+    def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
+        """`add`, in the lock where the runtime has one."""
+        segment = self._segments[-1]
+        if file.segment is not segment:  # the file's first record there
+            file.segment = segment
+            segment.journals.add(journal)
+        turn = self._turn
+        if turn is None:
+            self._turns += 1
+            turn = self._turn = Turn(self.runtime.event(), self._turns)
+            if self._group_commit is not None:
+                gevent.get_hub().loop.run_callback(self._end_turn)
+        append_record(turn.records, file.name, file.name_crc, file.place, offset, data)
+        sync_ms = journal.sync_ms
+        if sync_ms is not None:  # an int compared as one, not as an object
             if sync_ms == 0:
                 turn.changes += 1
-            elif sync_ms is not None:
+            else:
                 turn.periodic[journal] = sync_ms
-            if self._group_commit is None:
-                self._end_turn()
-            return turn
+        if self._group_commit is None:
+            self._end_turn()
+        return turn
 
     def _end_turn(self) -> None:
         """The turn has run: under a group commit it waits for a round (`_gather`), which writes
@@ -848,10 +891,10 @@ class CommitLog:
         every one of them, the `error`."""
         segment = self._segments[-1]
         writer = segment.writer
-        chunks = turns[0].chunks if len(turns) == 1 else [chunk for turn in turns for chunk in turn.chunks]
         start = writer.size
         try:
-            writer.append(b"".join(chunks))
+            writer.append(bytes(turns[0].records) if len(turns) == 1
+                          else b"".join([turn.records for turn in turns]))
         except OSError as e:
             for turn in turns:
                 turn.error = e
@@ -863,14 +906,13 @@ class CommitLog:
             started = time.perf_counter()
             end = start
             for turn in turns:
-                for chunk in turn.chunks:
-                    end += len(chunk)
+                end += len(turn.records)
                 turn.segment = segment
                 turn.position = end
                 turn.started = started
         finally:
             for turn in turns:
-                turn.chunks = []
+                turn.records = bytearray()
         if writer.size >= self.segment_bytes and self._checkpointing is None:
             self.runtime.spawn(self._checkpoint_logged)
 
@@ -1046,14 +1088,12 @@ class CommitLog:
         if self._group_commit is not None and not turn.settled:
             holder = acknowledgements.holder()
             if holder is not None:
-                last = holder.last
+                last = cast("Turn | None", holder.last)  # a turn's `seq` read as its field is
                 if last is not turn:
                     turn.holders.append(holder)
                     if last is None or turn.seq > last.seq:
                         holder.last = turn
-                journals = holder.journals
-                if journals.get(journal, -1) < journal_end:
-                    journals[journal] = journal_end
+                holder.journals[journal] = journal_end  # a journal's end only grows: the last is the most
                 return
         if not turn.done.is_set():
             turn.done.wait()
@@ -1119,10 +1159,7 @@ class CommitLog:
             self._switch()
             retired = self._segments[:-1]
             taken = sum(segment.writer.size for segment in retired)
-            ends: dict[JournalWriter, int] = {}
-            for segment in retired:
-                for journal, end in segment.journals.items():
-                    ends[journal] = max(ends.get(journal, 0), end)
+            ends = {journal: journal.size for segment in retired for journal in segment.journals}
             self._sync_journals(ends)
             for segment in retired:
                 writer = segment.writer

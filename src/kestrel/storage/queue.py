@@ -459,10 +459,13 @@ class PersistentQueue(ABC):
     # -----------------------------------------------------------------------------------------
     # Removing
 
-    def remove(self, count: int = 1, transaction: bool = False, timeout: float = 0.0) -> list[QItem]:
+    def remove(self, count: int = 1, transaction: bool = False, timeout: float = 0.0,
+               held: bool = False) -> list[QItem]:
         """Take up to `count` items from the head with one journal write; with `transaction` each
         becomes an open read (its `xid` set). An empty queue is waited on up to `timeout` seconds
-        for its next items, waiters served first come first (outside the lock).
+        for its next items, waiters served first come first (outside the lock). `held` open reads
+        are a get's own until it replies (confirmed then, or put back with `handed_out=False`):
+        not counted as transactions.
 
         Raises JournalWriteError (nothing was taken).
         """
@@ -487,10 +490,18 @@ class PersistentQueue(ABC):
                 taken = self._take_each(count, now, transaction)
             if taken:
                 self.current_age = max(0, now - taken[-1].add_time)
+                if held:
+                    self.total_transactions -= len(taken)
             self._commit()
         if taken or timeout <= 0:
             return taken
-        return self._wait_list().wait(lambda: self.remove(count, transaction) or None, timeout) or []
+        return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
+                                      timeout) or []
+
+    def holds(self, count: int) -> bool:
+        """Whether a remove of `count` takes `count` items now: the queue holds them and none can
+        expire (`may_expire`; one expired at the head would be dropped rather than taken)."""
+        return self.length >= count and not self.may_expire
 
     def _take_each(self, count: int, now: int, transaction: bool) -> list[QItem]:
         """`remove`'s items one at a time, each head checked for expiry first (read-behind, or items
@@ -617,11 +628,12 @@ class PersistentQueue(ABC):
                 self._commit()
             return len(closed)
 
-    def unremove(self, xids: Iterable[int]) -> int:
+    def unremove(self, xids: Iterable[int], handed_out: bool = True) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
         ends up first), their records in one journal write; how many were open. An item aborted for
         the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to
-        `on_poison` (src/kestrel/storage/poison.py).
+        `on_poison` (src/kestrel/storage/poison.py). Items never `handed_out` (a get that ended
+        without a reply) just go back: no error counted, no abort, never poison.
 
         Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
         be there too: a copy, never a loss).
@@ -634,9 +646,13 @@ class PersistentQueue(ABC):
                 item = self._opens.get(xid)
                 if item is None:
                     continue
+                aborted += 1
+                if not handed_out:
+                    if self._unremove(xid):
+                        returned.append(item)
+                    continue
                 item.errors += 1
                 self.canceled_transactions += 1
-                aborted += 1
                 if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name,
                                                                             self.config.error_queue, item,
                                                                             self.runtime):

@@ -176,9 +176,9 @@ class Session:
         would not undo). Without `create` a queue the server does not hold is not created (no
         items, at once).
 
-        The queue is taken a slice of `GET_SLICE` at a time: each slice's reads are opened before
-        the connection lets the others run (`pause`), so that none is left without an owner. A wait
-        is the one a hang-up ends (`_wait_for_item`): a client gone takes no item it would lose.
+        The queue is taken a slice of `GET_SLICE` at a time (`_take_slices`) when the get may let
+        others run or wait before it replies; a get that cannot (one slice, without auto-abort,
+        with no time-out or with every item it asks for in the queue) takes them in one remove.
         """
         if not create:
             check_queue_name(queue)
@@ -192,41 +192,66 @@ class Session:
         if transaction and capped:
             max_items = min(max_items, self.reads.room(queue))
         self.stats.cmd_get += 1
-        items: list[QItem] = []
-        ids: list[int] = []
-        if 0 < max_items <= GET_SLICE and timeout_ms <= 0 and not transaction:
-            items = self.coll.remove(queue, max_items)  # the usual get: one slice, no wait, no read
+        if 0 < max_items <= GET_SLICE and not transaction and (timeout_ms <= 0
+                                                              or self.coll.holds(queue, max_items)):
+            # The usual get: one slice, no read, and no wait (none asked, or every item is there).
+            taken = TakenItems(self.coll.remove(queue, max_items), 0)
         else:
-            deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
-            try:
-                while len(items) < max_items:
-                    want = min(max_items - len(items), GET_SLICE)
-                    more = self.coll.remove(queue, want, transaction)
-                    while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
-                        remaining = deadline - self._monotonic()
-                        if remaining <= 0 or not self._wait_for_item(queue, remaining):
-                            break
-                        more = self.coll.remove(queue, want, transaction)
-                    if transaction:
-                        xids = [item.xid for item in more]
-                        ids += self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
-                    items += more
-                    if not more or (len(more) < want and not deadline):
-                        break
-                    if len(items) < max_items:
-                        self.pause()
-            except KestrelError:
-                if not items:
-                    raise
-                # The slices taken already left the journal: hand them out rather than lose them;
-                # the fault answers the next request.
-                log.warning("a get ended early by a fault; handing out what it took", queue=queue,
-                            items=len(items), exc_info=True)
-        if items:
+            taken = self._take_slices(queue, max_items, timeout_ms, auto_abort_ms)
+        if taken.items:
             self.stats.get_hits += 1
         else:
             self.stats.get_misses += 1
-        return TakenItems(items, ids if transaction else 0)
+        return taken
+
+    def _take_slices(self, queue: str, max_items: int, timeout_ms: int, auto_abort_ms: int) -> TakenItems:
+        """A get's items a slice at a time, letting the others run between slices (`pause`) and
+        waiting up to `timeout_ms` for more while the queue is empty (the wait a hang-up ends).
+
+        Every item is taken as an open read, the get's own until it replies: then, without
+        auto-abort, confirmed (removed for good), or with it, given its read id. A get that ends
+        without a reply (its client hung up during the wait, a fault in a later slice or in the
+        closing step, its task killed) puts them all back at the head, in order (`_put_back`), and
+        its error is the answer: a slice taken is never lost with the connection.
+        """
+        deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
+        held = auto_abort_ms <= 0
+        items: list[QItem] = []
+        try:
+            while len(items) < max_items:
+                want = min(max_items - len(items), GET_SLICE)
+                more = self.coll.remove(queue, want, True, 0.0, held)
+                while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
+                    remaining = deadline - self._monotonic()
+                    if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                        break
+                    more = self.coll.remove(queue, want, True, 0.0, held)
+                items += more
+                if not more or (len(more) < want and not deadline):
+                    break
+                if len(items) < max_items:
+                    self.pause()
+            if held:
+                if items:
+                    self.coll.confirm(queue, [item.xid for item in items])
+                return TakenItems(items, 0)
+            xids = [item.xid for item in items]
+            ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+            return TakenItems(items, ids)
+        except BaseException:
+            if items:
+                self._put_back(queue, items)
+            raise
+
+    def _put_back(self, queue: str, items: list[QItem]) -> None:
+        """Items a get took and never handed out go back to the head, the first taken first, with
+        no error counted. Where that cannot be written (a journal that fails), they stay open reads
+        in the journal and come back at the next start."""
+        try:
+            self.coll.unremove(queue, [item.xid for item in reversed(items)], False)
+        except Exception:
+            log.error("a get ended without a reply and could not put back what it took; it comes "
+                      "back at the next start", queue=queue, items=len(items), exc_info=True)
 
     def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
         """Up to `max_items` (at most `max_batch_items`) items from position `first` on, left where

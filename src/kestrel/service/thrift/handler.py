@@ -188,7 +188,8 @@ class ThriftConnection:
         return self.stream.io.ended
 
     def _reader(self, buf: bytes | bytearray, end: int, limit: int, **kwargs: Any) -> Reader:
-        return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes, **kwargs)
+        return self.reader_cls(buf, end, limit, self.cfg.max_batch_items, self.cfg.max_batch_bytes,
+                               pause=self.turns.pause, **kwargs)
 
     def _serve_framed(self) -> None:
         """Each frame in turn, read where it lies in the receive buffer (no copy of the frame): a

@@ -171,7 +171,11 @@ def read_value(reader: Reader, vtype: ValueType, what: str) -> Any:
             raise ThriftProtocolError(f"{what}: expected elements of type {vtype.elem.ttype}, got {etype}")
         if vtype.elem.ttype == STRING and not vtype.elem.utf8:
             return reader.read_binary_list(count, what)
-        return [read_value(reader, vtype.elem, what) for _ in range(count)]
+        values = []
+        for _ in range(count):
+            reader.tick()
+            values.append(read_value(reader, vtype.elem, what))
+        return values
     if ttype == STRUCT:
         raise ThriftProtocolError(f"{what}: struct arguments are not part of this contract")
     return reader.read_value(ttype, what)

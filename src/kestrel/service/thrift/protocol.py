@@ -32,6 +32,10 @@ MAX_DEPTH = 32  # nesting of skipped structs and containers
 # as each container element (`max_batch_items` for the whole message), costs the loop a step of
 # Python that no other client is served during, whether it is read or skipped.
 MAX_FIELDS = 1024
+# Values read or skipped one at a time between two looks at the connection's turn: the largest message
+# the limits let through (100,000 elements) is tens of milliseconds of Python, which every other
+# client of the loop would wait for; in pieces of this size each is well under a turn.
+PAUSE_EVERY = 256
 
 _I8 = struct.Struct("!b")
 _I16 = struct.Struct("!h")
@@ -54,12 +58,15 @@ class ThriftProtocolError(Exception):
 
 class Reader:
     """One message in a buffer, from `start` on. Subclasses read one protocol; `more(need)` reads on
-    to `need` bytes and returns the new end (None: the buffer holds the whole frame, to `limit`)."""
+    to `need` bytes and returns the new end (None: the buffer holds the whole frame, to `limit`);
+    `pause()` lets the connection step aside if its turn is over, every PAUSE_EVERY values read or
+    skipped one at a time, so that a large message is read in pieces between other clients' requests."""
 
     MIN_SIZE: ClassVar[dict[int, int]] = {}
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
-                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0) -> None:
+                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0,
+                 pause: Callable[[], None] | None = None) -> None:
         self.buf = buf
         self.pos = start
         self.end = end
@@ -71,6 +78,16 @@ class Reader:
         self.mutable = isinstance(buf, bytearray)
         self.elements = 0  # in the message's containers so far, read or skipped
         self.fields = 0  # in the message so far, nested ones included
+        self.pause = pause
+        self.countdown = PAUSE_EVERY  # values to read or skip before the next pause
+
+    def tick(self) -> None:
+        """One value read or skipped on its own: the connection may step aside every PAUSE_EVERY."""
+        self.countdown -= 1
+        if not self.countdown:
+            self.countdown = PAUSE_EVERY
+            if self.pause is not None:
+                self.pause()
 
     def _short(self, pos: int, n: int, what: str) -> int:
         """`n` bytes at `pos` are past the data at hand: read on, or refuse. Returns the new end."""
@@ -188,6 +205,7 @@ class Reader:
         """Step over a value of a field this server does not know (bounded like any other read)."""
         if depth > MAX_DEPTH:
             raise ThriftProtocolError(f"values nested deeper than {MAX_DEPTH}")
+        self.tick()
         if ttype == STRUCT:
             self.read_struct_begin()
             while True:
@@ -315,6 +333,7 @@ class BinaryReader(Reader):
         items: list[Any] = []
         append = items.append
         for i in range(count):
+            self.tick()
             if pos + 4 > end:
                 end = self._short(pos, 4, f"{what} element {i}")
             (n,) = unpack(buf, pos)
@@ -362,8 +381,9 @@ class CompactReader(Reader):
         SET: 1, LIST: 1, UUID: 16}
 
     def __init__(self, buf: bytes | bytearray, end: int, limit: int, max_items: int, max_bytes: int,
-                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0) -> None:
-        super().__init__(buf, end, limit, max_items, max_bytes, more, scope, start)
+                 more: Callable[[int], int] | None = None, scope: str = "frame", start: int = 0,
+                 pause: Callable[[], None] | None = None) -> None:
+        super().__init__(buf, end, limit, max_items, max_bytes, more, scope, start, pause)
         self._last_fid = 0
         self._fids: list[int] = []
         self._bool: bool | None = None
@@ -486,6 +506,7 @@ class CompactReader(Reader):
     def read_binary_list(self, count: int, what: str) -> list[bytes]:
         items, budget = [], self.max_bytes
         for i in range(count):
+            self.tick()
             n = self._varint(5, f"{what} element {i}")
             if n > budget:
                 raise ThriftProtocolError(f"{what} holds more than max_batch_bytes {self.max_bytes} bytes")

@@ -33,6 +33,9 @@ REMOVE_TENTATIVE_XID = 9
 MAX_OPCODE = REMOVE_TENTATIVE_XID
 
 _I32 = struct.Struct("<i")
+_XID_RECORD = struct.Struct("<Bi")  # an opcode and its xid: one pack, no concatenation
+XID_RECORD_SIZE = _XID_RECORD.size
+XIDS_LAID_OUT = 8  # from this many xid records on, `encode_xids` lays them out whole
 _ADD_HEAD = struct.Struct("<ii")  # size, expiry seconds
 _ADDX_HEAD = struct.Struct("<iqq")  # size, add time ms, expiry ms
 _ADDX_RECORD_HEAD = struct.Struct("<Biqq")  # the opcode, then as _ADDX_HEAD
@@ -191,7 +194,22 @@ def encode_addx_many_python(add_time: int, expiry: int, items: list[bytes]) -> b
 
 
 def encode_xid(opcode: int, xid: int) -> bytes:
-    return bytes([opcode]) + _I32.pack(xid)
+    return _XID_RECORD.pack(opcode, xid)
+
+
+def encode_xids(opcode: int, xids: list[int]) -> bytes:
+    """The records of `opcode` (REMOVE_TENTATIVE_XID, CONFIRM_REMOVE, UNREMOVE) for each xid in turn,
+    as one string: a run of them laid out in a few whole-buffer steps (the xids packed at once, then
+    each byte column placed beside the opcodes) rather than a pack per record."""
+    count = len(xids)
+    if count < XIDS_LAID_OUT:
+        return b"".join([_XID_RECORD.pack(opcode, xid) for xid in xids])
+    packed = struct.pack(f"<{count}i", *xids)
+    records = bytearray(XID_RECORD_SIZE * count)
+    records[0::XID_RECORD_SIZE] = bytes((opcode,)) * count
+    for column in range(4):
+        records[column + 1::XID_RECORD_SIZE] = packed[column::4]
+    return bytes(records)
 
 
 def encode(record: Record) -> bytes:

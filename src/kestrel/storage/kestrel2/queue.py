@@ -168,9 +168,13 @@ class Kestrel2Queue(PersistentQueue):
         return replayed
 
     def _next_xid(self) -> int:
-        """Take the next free xid, as Kestrel counts them."""
-        self._xid = next_free_xid(self._xid, self._opens)
-        return self._xid
+        """Take the next free xid, as Kestrel counts them: the one after the last, unless that
+        wraps or is open (`next_free_xid`, which runs interpreted, finds it then)."""
+        xid = self._xid + 1
+        if not 0 < xid < 2**31 or xid in self._opens:
+            xid = next_free_xid(self._xid, self._opens)
+        self._xid = xid
+        return xid
 
     # -----------------------------------------------------------------------------------------
     # Read-behind
@@ -256,24 +260,22 @@ class Kestrel2Queue(PersistentQueue):
         self._journal.write(codec.REMOVE_BYTES * len(items))
 
     def _log_open(self, items: list[QItem]) -> None:
-        records = []
+        xids = []
         for item in items:
             item.xid = xid = self._next_xid()
-            records.append(codec.encode_xid(codec.REMOVE_TENTATIVE_XID, xid))
-        self._journal.write(b"".join(records))
+            xids.append(xid)
+        self._journal.write(codec.encode_xids(codec.REMOVE_TENTATIVE_XID, xids))
 
     def _log_confirm(self, items: list[QItem]) -> None:
         for checkpoint in self._checkpoints:
             for item in items:
                 checkpoint.note_confirm(item)
-        self._journal.write(b"".join([codec.encode_xid(codec.CONFIRM_REMOVE, item.xid) for item in items]))
+        self._journal.write(codec.encode_xids(codec.CONFIRM_REMOVE, [item.xid for item in items]))
 
     def _log_return(self, items: list[QItem]) -> None:
-        records = []
+        self._journal.write(codec.encode_xids(codec.UNREMOVE, [item.xid for item in items]))
         for item in items:
-            records.append(codec.encode_xid(codec.UNREMOVE, item.xid))
             item.xid = 0  # its next open takes the next free xid
-        self._journal.write(b"".join(records))
 
     def _drop_items(self) -> None:
         """Every item leaves the head, journaled as one REMOVE each."""

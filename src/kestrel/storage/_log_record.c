@@ -1,0 +1,126 @@
+/* A commit log record appended to a turn's buffer in one call (the layout: the docstring of
+ * src/kestrel/storage/commit_log.py). Every change under `sync_journal: always` encodes one, so
+ * its fields are packed and its CRC-32 (zlib's, as the Python's `zlib.crc32`) taken here rather
+ * than by a struct packer and a checksum call per field. `commit_log.append_record_python` is
+ * the reference, which tests/storage/test_commit_log.py compares this with, and which serves
+ * where the build had no C compiler or no zlib, and for what this declines (a part not bytes).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+static uLong crc_update(uLong crc, const unsigned char *p, Py_ssize_t n) {
+    while (n > 0) { /* zlib takes an unsigned int a call */
+        uInt chunk = n > (Py_ssize_t)UINT_MAX ? UINT_MAX : (uInt)n;
+        crc = crc32(crc, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)(v >> (8 * i));
+    }
+}
+
+/* append_record(out, name, name_crc, place, offset, data): `out` (a bytearray) gains
+ * u32 body size | u32 CRC-32 of the body | name | u64 place | u64 offset | the parts of `data`,
+ * and True is returned; False, with nothing appended, where a part is not bytes. */
+static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_record(out, name, name_crc, place, offset, data)");
+        return NULL;
+    }
+    PyObject *out = args[0], *name = args[1], *data = args[5];
+    if (!PyByteArray_CheckExact(out) || !PyBytes_CheckExact(name) || !PyList_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes a bytearray, a name's bytes and a list of parts");
+        return NULL;
+    }
+    unsigned long name_crc = PyLong_AsUnsignedLong(args[2]);
+    if (name_crc == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long long place = PyLong_AsUnsignedLongLong(args[3]);
+    if (place == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[4]);
+    if (offset == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (name_crc > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_OverflowError, "name_crc is not a CRC-32");
+        return NULL;
+    }
+    Py_ssize_t parts = PyList_GET_SIZE(data);
+    Py_ssize_t name_size = PyBytes_GET_SIZE(name);
+    Py_ssize_t size = name_size + 16;
+    for (Py_ssize_t i = 0; i < parts; i++) {
+        PyObject *part = PyList_GET_ITEM(data, i);
+        if (!PyBytes_Check(part)) {
+            Py_RETURN_FALSE;
+        }
+        size += PyBytes_GET_SIZE(part);
+    }
+    if ((uint64_t)size > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_OverflowError, "a commit log record's body is at most 4 GiB");
+        return NULL;
+    }
+    Py_ssize_t at = PyByteArray_GET_SIZE(out);
+    Py_ssize_t end = at + 8 + size;
+    /* A turn's buffer grows a record at a time: past what it holds, twice as large (a bytearray
+       grown by more than an eighth is reallocated to the exact size, a copy each record), then
+       cut to `end` within that room, which costs nothing. */
+    Py_ssize_t room = ((PyByteArrayObject *)out)->ob_alloc;
+    if (end >= room && room <= PY_SSIZE_T_MAX / 2 && PyByteArray_Resize(out, end > 2 * room ? end : 2 * room) < 0) {
+        return NULL;
+    }
+    if (PyByteArray_Resize(out, end) < 0) {
+        return NULL;
+    }
+    unsigned char *head = (unsigned char *)PyByteArray_AS_STRING(out) + at;
+    unsigned char *p = head + 8;
+    memcpy(p, PyBytes_AS_STRING(name), (size_t)name_size);
+    p += name_size;
+    unsigned char *fields = p;
+    put_u64(p, (uint64_t)place);
+    put_u64(p + 8, (uint64_t)offset);
+    p += 16;
+    uLong crc = crc32((uLong)name_crc, fields, 16);
+    for (Py_ssize_t i = 0; i < parts; i++) {
+        PyObject *part = PyList_GET_ITEM(data, i);
+        Py_ssize_t n = PyBytes_GET_SIZE(part);
+        memcpy(p, PyBytes_AS_STRING(part), (size_t)n);
+        crc = crc_update(crc, p, n);
+        p += n;
+    }
+    put_u32(head, (uint32_t)size);
+    put_u32(head + 4, (uint32_t)crc);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef functions[] = {
+    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
+     "Append a commit log record to a bytearray (commit_log.append_record_python)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "kestrel.storage._log_record",
+    "A commit log record's encoding, compiled (see src/kestrel/storage/commit_log.py).", -1, functions,
+};
+
+PyMODINIT_FUNC PyInit__log_record(void) {
+    return PyModule_Create(&module);
+}

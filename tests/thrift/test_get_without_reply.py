@@ -1,0 +1,76 @@
+"""A Thrift get that took items and then waits for more: when it ends without a reply (its client
+hangs up, the server stops), what it took is back at the head of its queue, in order, for the next
+client and after a restart; nothing taken is lost and nothing is both handed out and kept."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from tests.conftest import STALL_S, ServerProcess, wait_until
+from tests.support.clients import thrift as client
+from tests.support.thrift_wire import encode_call, framed, read_framed_reply
+
+ITEMS = [b"first", b"second", b"third"]
+
+
+def _raw(srv: ServerProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", srv.thrift_port), timeout=5)
+
+
+def _send_waiting_get(srv: ServerProcess, c: Any, sock: socket.socket, queue: str, method: str,
+                      auto_abort_msec: int) -> None:
+    """A get of more than `queue` holds, with a long time-out: it takes every item, then waits."""
+    call = encode_call("binary", method, queue_name=queue, max_items=10, timeout_msec=600_000,
+                       auto_abort_msec=auto_abort_msec)
+    sock.sendall(framed(call))
+    wait_until(lambda: c.peek(queue).waiters == 1, "the get to take the items and wait for more")
+    info = c.peek(queue)
+    assert info.items == 0  # taken by the waiting get
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize(("method", "auto_abort_msec"), [("get", 0), ("get", 60_000), ("get_timed", 0)])
+def test_a_get_whose_client_hangs_up_while_it_waits_for_more_puts_back_what_it_took(
+        server_factory: Any, journal_format: str, method: str, auto_abort_msec: int) -> None:
+    srv = server_factory({"default_queue": {"journal_format": journal_format}})
+    queue = "taken"
+    with client(srv) as c:
+        assert c.put(queue, ITEMS, 0) == len(ITEMS)
+        with _raw(srv) as gone:
+            _send_waiting_get(srv, c, gone, queue, method, auto_abort_msec)
+        wait_until(lambda: c.peek(queue).waiters == 0, "the hung-up get's wait to end", timeout=STALL_S)
+        info = c.peek(queue)
+        assert (info.items, info.open_transactions) == (len(ITEMS), 0)
+    srv.kill()  # the journal says so too
+    srv.start()
+    with client(srv) as c:
+        assert [item.data for item in c.get(queue, 10, 0, 0)] == ITEMS
+    log = srv.log()
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_get_waiting_for_more_when_the_server_stops_hands_out_or_keeps_each_item_once(
+        server_factory: Any, journal_format: str) -> None:
+    """The stop ends the wait: the get replies with what it took, or, where the reply cannot be
+    made, leaves it in the queue; each item is in exactly one of the two."""
+    srv = server_factory({"default_queue": {"journal_format": journal_format}})
+    queue = "stopping"
+    with client(srv) as c, _raw(srv) as waiting:
+        assert c.put(queue, ITEMS, 0) == len(ITEMS)
+        _send_waiting_get(srv, c, waiting, queue, "get", 0)
+        srv.stop()
+        try:
+            reply = read_framed_reply(waiting, "binary", "get")
+        except (OSError, EOFError):
+            reply = None
+        handed = [item.data for item in reply] if isinstance(reply, list) else []
+    srv.start()
+    with client(srv) as c:
+        kept = [item.data for item in c.get(queue, 10, 0, 0)]
+    assert sorted(handed + kept) == sorted(ITEMS) and (handed == ITEMS or kept == ITEMS)
+    log = srv.log()
+    assert "Traceback" not in log and '"level": "error"' not in log
