@@ -169,9 +169,8 @@ def test_a_batch_put_over_max_items_keeps_what_the_limit_allows(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("journal_format", FORMATS)
-def test_limits_past_the_compiled_build_s_small_ints_still_limit_nothing_and_show_as_set(
-        tmp_path: Path, journal_format: str) -> None:
-    huge = 2**70  # a put compares with the native stand-in for it (`native_limit`), the config shows it
+def test_limits_past_any_total_limit_nothing_and_show_as_set(tmp_path: Path, journal_format: str) -> None:
+    huge = 2**70  # past an i64, as a setting may be
     coll = _collection(tmp_path, journal_format, max_items=huge, max_size=huge, max_item_size=huge)
     q = coll.queue("q")
     assert (q.config.max_items, q.config.max_size, q.config.max_item_size) == (huge, huge, huge)
@@ -181,7 +180,7 @@ def test_limits_past_the_compiled_build_s_small_ints_still_limit_nothing_and_sho
 
 
 @pytest.mark.parametrize("journal_format", FORMATS)
-def test_a_reload_sets_the_limits_each_put_compares_with(tmp_path: Path, journal_format: str) -> None:
+def test_a_reload_sets_the_limits_each_put_keeps_to(tmp_path: Path, journal_format: str) -> None:
     coll = _collection(tmp_path, journal_format)
     assert coll.put("q", [b"abc"] * 4) == 4
     coll.reload(QueueConfigs({}, {"q": {"journal_format": journal_format, "max_items": 6, "max_item_size": 3}}), {})
