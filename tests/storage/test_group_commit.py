@@ -127,6 +127,53 @@ def test_an_already_synced_position_waits_for_nothing(tmp_path: Path, fsync_many
     assert len(counting.rounds) == 1
 
 
+def test_what_waits_for_a_round_with_no_greenlet_is_called_after_its_fsync_before_the_next_round(
+        tmp_path: Path, fsync_many: FsyncMany) -> None:
+    """The commit log's way of waiting: no link on the round's event, a call where the round ends;
+    a round it joins from there begins at once, and a call that fails leaves the others called."""
+    counting = Counting(fsync_many)
+    commit = GroupCommit(counting)
+    journal = Journal(tmp_path / "q")
+    seen: list[tuple[str, int, int]] = []
+    ended = gevent.event.Event()
+
+    def first() -> None:
+        seen.append(("first", journal.synced, len(counting.rounds)))
+        raise RuntimeError("a call that fails")
+
+    def second() -> None:
+        seen.append(("second", journal.synced, len(counting.rounds)))
+        journal.append(b"two")
+        commit.join(journal).after(ended.set)  # joined from the call: the next round
+
+    journal.append(b"one")
+    round_ = commit.join(journal)
+    round_.after(first)
+    round_.after(second)
+    assert ended.wait(timeout=10)
+    assert seen == [("first", 3, 1), ("second", 3, 1)]  # after the fsync covering "one", in order
+    assert journal.synced == 6 and len(counting.rounds) == 2 and round_.done.is_set()
+
+
+def test_a_round_on_the_c_threads_calls_what_waits_for_it_from_the_loop(tmp_path: Path) -> None:
+    """Begun and ended on the loop (no greenlet runs rounds): the calls come after the fsync, and a
+    round joined from one begins there too."""
+    commit = GroupCommit(c_threads())
+    journal = Journal(tmp_path / "q")
+    seen: list[int] = []
+    ended = gevent.event.Event()
+
+    def then() -> None:
+        seen.append(journal.synced)
+        journal.append(b"two")
+        commit.join(journal).after(ended.set)
+
+    journal.append(b"one")
+    commit.join(journal).after(then)
+    assert ended.wait(timeout=10)
+    assert seen == [3] and journal.synced == 6 and commit.runner is None
+
+
 def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fsync_many: FsyncMany) -> None:
     commit = GroupCommit(fsync_many)
     good = Journal(tmp_path / "good")

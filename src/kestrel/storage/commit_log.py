@@ -732,17 +732,18 @@ class Turn:
     """The records of one loop turn, made durable together: under a group commit, written with the
     other turns of their round in one `write` when the round starts (`CommitLog._join`).
 
-    `done` is set once they are durable (or could not be made so: `error`) where the runtime has a
+    `done` is true once they are durable (or could not be made so: `error`) where the runtime has a
     group commit, else once they are written and each waiter syncs the log itself (`durable` is
     False then). The changes of connections that hold their acknowledgements (`holders`,
-    src/kestrel/storage/acknowledgements.py) do not wait on `done`: the turn is `settled` for them, in
-    the order turns are numbered (`seq`), once it is durable or their journals' own fsyncs stood in
-    for it."""
+    src/kestrel/storage/acknowledgements.py) do not wait for `done`: the turn is `settled` for them,
+    in the order turns are numbered (`seq`), once it is durable or their journals' own fsyncs stood
+    in for it. So an event is made only for a waiter that finds the turn not done (`waiting`,
+    `CommitLog._wait`): the server's turns have none."""
 
     __slots__ = ("records", "changes", "periodic", "segment", "position", "error", "durable", "done",
-                 "started", "seq", "holders", "settled", "falling_back", "fallen_back")
+                 "waiting", "started", "seq", "holders", "settled", "falling_back", "fallen_back")
 
-    def __init__(self, done: Event, seq: int) -> None:
+    def __init__(self, seq: int) -> None:
         self.records = bytearray()  # encoded, as they are written
         self.changes = 0  # records of journals under `always`: what a round that takes it carries
         # journals under a periodic sync with records in it -> their interval in ms: the turn is due
@@ -752,7 +753,8 @@ class Turn:
         self.position = 0  # the end of its records there
         self.error: OSError | None = None
         self.durable = False
-        self.done = done
+        self.done = False
+        self.waiting: Event | None = None  # set with `done`, made by the first waiter
         self.started = 0.0  # when they were written (`perf_counter`), for the fsync timing
         self.seq = seq
         self.holders: list[Acknowledgements] = []
@@ -857,7 +859,7 @@ class CommitLog:
         turn = self._turn
         if turn is None:
             self._turns += 1
-            turn = self._turn = Turn(self.runtime.event(), self._turns)
+            turn = self._turn = Turn(self._turns)
             if self._group_commit is not None:
                 gevent.get_hub().loop.run_callback(self._end_turn)
         append_record(turn.records, file.name, file.name_crc, file.place, offset, data)
@@ -887,7 +889,7 @@ class CommitLog:
                 self._write([turn])
             finally:
                 self._periodic_fall_back(turn)
-                turn.done.set()
+                self._done(turn)
                 self._settle()
 
     def _write(self, turns: list[Turn]) -> None:
@@ -940,7 +942,7 @@ class CommitLog:
                 self._gathered_changes = sum(turn.changes for turn in written)
                 for turn in unwritten:
                     self._periodic_fall_back(turn)
-                    turn.done.set()
+                    self._done(turn)
                 self._settle()
 
     def _gather(self, turn: Turn) -> None:
@@ -1001,7 +1003,7 @@ class CommitLog:
             round_ = self._group_commit.join(writer)  # one round: the next, whichever segments
         assert round_ is not None
         joined = time.perf_counter()
-        round_.done.rawlink(lambda _: self._round_run(round_, turns, changes, joined))
+        round_.after(partial(self._round_run, round_, turns, changes, joined))
 
     def _round_run(self, round_: Round, turns: list[Turn], changes: int, joined: float) -> None:
         """The round has run: settle its turns, and say what the next round waits for."""
@@ -1031,8 +1033,24 @@ class CommitLog:
                 turn.error = error or OSError(errno.EIO, f"the commit log {writer.path} was not synced")
                 self._periodic_fall_back(turn)
         finally:
-            turn.done.set()  # whatever happens, no waiter waits on for a round that has run
+            self._done(turn)  # whatever happens, no waiter waits on for a round that has run
             self._settle()
+
+    @staticmethod
+    def _done(turn: Turn) -> None:
+        """The turn's records are durable, or could not be made so: its waiters wake."""
+        turn.done = True
+        waiting = turn.waiting
+        if waiting is not None:
+            waiting.set()
+
+    def _wait(self, turn: Turn) -> None:
+        """Wait until the turn is done (`_done`)."""
+        waiting = turn.waiting
+        if waiting is None:
+            waiting = turn.waiting = self.runtime.event()
+        while not turn.done:
+            waiting.wait()
 
     def _periodic_fall_back(self, turn: Turn) -> None:
         """The log could not take the turn: the journals of periodic syncs in it fsync themselves
@@ -1046,7 +1064,7 @@ class CommitLog:
         unsettled = self._unsettled
         while unsettled:
             turn = unsettled[0]
-            if not turn.done.is_set():
+            if not turn.done:
                 return
             if not turn.durable and turn.holders and not turn.fallen_back:
                 if not turn.falling_back:
@@ -1100,8 +1118,8 @@ class CommitLog:
                         holder.last = turn
                 holder.journals[journal] = journal_end  # a journal's end only grows: the last is the most
                 return
-        if not turn.done.is_set():
-            turn.done.wait()
+        if not turn.done:
+            self._wait(turn)
         if turn.durable:
             return
         segment = turn.segment

@@ -322,12 +322,32 @@ def filesystem_sync(each: FsyncMany) -> FilesystemSync | None:
 
 class Round:
     """The journals one round fsyncs, how far each was written when the round began, and the
-    errors of those that failed; `done` is set once it has run."""
+    errors of those that failed; `done` is set once it has run, and then each of `then` is
+    called, on the loop and in the order given (`after`)."""
+
+    __slots__ = ("journals", "failed", "done", "then")
 
     def __init__(self) -> None:
         self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
         self.failed: dict[Syncable, OSError] = {}
         self.done = gevent.event.Event()
+        self.then: list[Callable[[], None]] = []
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Call `fn` once the round has run, where it ends (a callback of the loop or the greenlet
+        running rounds), before the next round begins: a caller with no greenlet waiting (the
+        commit log's rounds) costs no link on `done`, and no callback of the hub a round."""
+        self.then.append(fn)
+
+    def ran(self) -> None:
+        """The round has run: wake its waiters and call what waits for it (an error is logged: a
+        round is never left without its end)."""
+        self.done.set()
+        for fn in self.then:
+            try:
+                fn()
+            except Exception:
+                log.exception("a call made when a group commit round had run failed")
 
 
 class GroupCommit:
@@ -404,7 +424,7 @@ class GroupCommit:
         try:
             self._record(round_, journals, errors)
         finally:
-            round_.done.set()
+            round_.ran()  # what it calls may join the next round: it begins here, with no callback
             self._running = self._next
             self._next = None
             if self._running is not None and not self._begin_on_loop(self._running):
@@ -422,7 +442,7 @@ class GroupCommit:
                     for journal in round_.journals:
                         round_.failed.setdefault(journal, OSError(errno.EIO, f"group commit failed: {e!r}"))
                 finally:
-                    round_.done.set()  # killed midway: its waiters find themselves unsynced and ask again
+                    round_.ran()  # killed midway: its waiters find themselves unsynced and ask again
                 round_ = self._running = self._next
                 self._next = None
         except BaseException:  # this runner was killed: the rounds still waiting get a runner of their own
