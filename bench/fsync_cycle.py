@@ -6,15 +6,16 @@ Each server runs in turn under bench/loadgen.c's 16 durable clients (Thrift put 
 ours, with the commit log; RPUSH + LPOP for Redis). From the trace, over the middle of the run:
 
 - fsyncs a second, their duration, and the gap from one's end to the next one's start; the
-  share of the time an fsync runs (the disk's busy fraction);
+  share of the time some fsync runs (the disk's busy fraction);
 - the event loop thread's share of the time blocked in `epoll_wait` (Redis's loop is blocked in
   its `fdatasync` instead: it fsyncs on the loop);
 - each cycle's phases on the loop thread, medians: from an fsync's end to the first reply, the
   burst of replies, from there to the log's write (or Redis's fsync), and from that write to the
   fsync's start on our fsync thread;
-- replies a cycle, and CPU per item: the server (its loop thread apart), the clients (their
-  rusage), and the machine's idle share while it ran (`/proc/stat`): near 0, the 2 cores are the
-  limit and items/s follows the CPU an item costs everyone.
+- replies a cycle; and, from a run just before without the trace (which adds to the traced
+  server's CPU), items/s and CPU per item: the server (its event loop thread apart), the clients
+  (their rusage), and the machine's idle share while it ran (`/proc/stat`): near 0, the 2 cores are
+  the limit and items/s follows the CPU an item costs everyone.
 
     .venv/bin/python -m bench.fsync_cycle [--seconds 3] [--runs 2] [--build compiled|pure]
 """
@@ -96,25 +97,29 @@ def measure(name: str, running: peers.Running, protocol: str, binary: Path, work
     """Run the clients against `running` under the tracepoints and print its row."""
     ours = protocol == "thrift"
     loadgen.run(binary, protocol, running[protocol], clients=CLIENTS, seconds=1, prefix="warm")
+    # CPU from a run without the trace (which adds to the traced server's), then the traced run
+    idle0, total0 = _idle_ticks()
+    cpu0, threads0 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
+    clients0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    plain = loadgen.run(binary, protocol, running[protocol], clients=CLIENTS, seconds=seconds,
+                        prefix="plain")
+    clients1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu1, threads1 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
+    idle1, total1 = _idle_ticks()
+    items = plain.items_per_s * plain.seconds
+    loop_cpu = threads1.get(running.pid, 0.0) - threads0.get(running.pid, 0.0)
+    clients_cpu = (clients1.ru_utime + clients1.ru_stime) - (clients0.ru_utime + clients0.ru_stime)
+
     data = work / f"{name}-{running.pid}.data"
     events = ",".join(f"syscalls:sys_{edge}_{call}" for call in EVENTS for edge in ("enter", "exit"))
     recorder = subprocess.Popen(
         ["perf", "record", "-q", "-e", events, "-p", str(running.pid), "-o", str(data)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.7)  # perf attaches in the background
-    idle0, total0 = _idle_ticks()
-    cpu0, threads0 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
-    clients0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = loadgen.run(binary, protocol, running[protocol], clients=CLIENTS, seconds=seconds,
                          prefix="durable")
-    clients1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu1, threads1 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
-    idle1, total1 = _idle_ticks()
     recorder.send_signal(signal.SIGINT)
     recorder.wait(30)
-    items = result.items_per_s * result.seconds
-    loop_cpu = threads1.get(running.pid, 0.0) - threads0.get(running.pid, 0.0)
-    clients_cpu = (clients1.ru_utime + clients1.ru_stime) - (clients0.ru_utime + clients0.ru_stime)
 
     calls = _trace(data)
     if not calls:
@@ -135,6 +140,10 @@ def measure(name: str, running: peers.Running, protocol: str, binary: Path, work
         print(f"| {name} | fewer than two fsyncs traced |")
         return
     span = fsyncs[-1][1] - fsyncs[0][0]
+    busy, reached = 0.0, fsyncs[0][0]  # the time some fsync runs (a checkpoint's run side by side)
+    for began, ended in fsyncs:
+        busy += max(ended - max(began, reached), 0.0)
+        reached = max(reached, ended)
     durations = [(b - a) * 1e6 for a, b in fsyncs]
     gaps = [(fsyncs[i + 1][0] - fsyncs[i][1]) * 1e6 for i in range(len(fsyncs) - 1)]
     loop = [call for call in calls if call.tid == running.pid and start <= call.at <= end]
@@ -168,13 +177,14 @@ def measure(name: str, running: peers.Running, protocol: str, binary: Path, work
             hand_off.append((began - writes[-1]) * 1e6)
         elif not ours:
             serving.append((began - last) * 1e6)
-    print(f"| {name} | {result.items_per_s:,.0f} | {(cpu1 - cpu0) / items * 1e6:.1f} "
+    print(f"| {name} | {plain.items_per_s:,.0f} ({result.items_per_s:,.0f}) "
+          f"| {(cpu1 - cpu0) / items * 1e6:.1f} "
           f"({loop_cpu / items * 1e6:.1f}) | {clients_cpu / items * 1e6:.1f} "
           f"| {100 * (idle1 - idle0) / max(total1 - total0, 1):.0f}% "
           f"| {len(fsyncs) / span:,.0f} ({len(fsyncs) / span / result.items_per_s:.3f}) "
           f"| {_median(durations):.0f} / {_percentile(durations, 0.9):.0f} "
           f"| {_median(gaps):.0f} / {_percentile(gaps, 0.9):.0f} "
-          f"| {100 * sum(durations) / 1e6 / span:.0f}% | {100 * blocked / (end - start):.0f}% "
+          f"| {100 * busy / span:.0f}% | {100 * blocked / (end - start):.0f}% "
           f"| {_median(to_first):.0f}, {_median(burst):.0f}, {_median(serving):.0f}, "
           f"{_median(hand_off):.0f} | {_median(replies):.0f} |", flush=True)
 
@@ -189,7 +199,7 @@ def main() -> None:
     peers.ensure_command("perf", "linux-perf")
     print(f"# the fsync cycle under {CLIENTS} durable clients, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
           f"{machine()}, load {load_average()}\n")
-    print("| run | items/s | server CPU µs/item (loop thread) | clients CPU µs/item | machine idle "
+    print("| run | items/s (traced) | server CPU µs/item (loop thread) | clients CPU µs/item | machine idle "
           "| fsyncs/s (per item) | fsync µs p50 / p90 | gap µs p50 / p90 | fsync busy | loop in epoll_wait "
           "| cycle µs: to the first reply, reply burst, serving, write to fsync | replies a cycle |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
