@@ -4,9 +4,12 @@ their own journal; native AIO and threads give the same answers."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -51,6 +54,10 @@ class Journal:
         os.write(self.fd, data)
         self.size += len(data)
         return self.size
+
+
+class Syncable:
+    """Something a round holds (a journal, a turn): only its lifetime matters."""
 
 
 class Counting:
@@ -172,6 +179,30 @@ def test_a_round_on_the_c_threads_calls_what_waits_for_it_from_the_loop(tmp_path
     commit.join(journal).after(then)
     assert ended.wait(timeout=10)
     assert seen == [3] and journal.synced == 6 and commit.runner is None
+
+
+def test_a_call_that_holds_its_round_is_dropped_once_made_so_the_round_is_freed_by_reference_counting(
+        tmp_path: Path) -> None:
+    """The commit log's calls hold their round (and its turns, and the journals the round fsynced,
+    a deleted queue's among them): kept after the round ran, each round would be a cycle that only a
+    full collection frees, which the server keeps its loaded queues out of
+    (src/kestrel/service/gc_pauses.py)."""
+    commit = GroupCommit(c_threads())
+    journal = Journal(tmp_path / "q")
+    ended = gevent.event.Event()
+    journal.append(b"one")
+    round_ = commit.join(journal)
+    held = Syncable()  # what the round holds, as the log's rounds hold their turns and journals
+    round_.after(partial(lambda *_: ended.set(), round_, held))  # holds its round, as the log's do
+    gone = weakref.ref(held)
+    del round_, held
+    gc.disable()  # only reference counting frees it
+    try:
+        assert ended.wait(timeout=10)
+        gevent.sleep(0)  # the loop's callback that ended the round has returned
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fsync_many: FsyncMany) -> None:

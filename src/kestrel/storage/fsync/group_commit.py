@@ -341,9 +341,11 @@ class Round:
 
     def ran(self) -> None:
         """The round has run: wake its waiters and call what waits for it (an error is logged: a
-        round is never left without its end)."""
+        round is never left without its end). The calls are dropped once made: one that holds the
+        round (the log's do) would otherwise keep it, and all it holds, until a full collection."""
         self.done.set()
-        for fn in self.then:
+        then, self.then = self.then, []
+        for fn in then:
             try:
                 fn()
             except Exception:
