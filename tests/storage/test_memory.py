@@ -307,6 +307,26 @@ def test_a_tick_measures_the_queues_that_changed_and_no_other(tmp_path: Path, jo
     coll.close()  # its 400 journals' descriptors
 
 
+@FORMATS
+def test_a_queue_deleted_leaves_the_governor_s_sums_at_once(tmp_path: Path, journal_format: str) -> None:
+    """Engaged, the governor plans the changed queues from sums it keeps over its records: a queue
+    deleted takes its part away at its delete and leaves the governor holding nothing of it, so the
+    next tick shares out the room it had (docs/queue-lifetime.md)."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 30_000)
+    for i in range(20):
+        coll.put(f"q{i}", [item(n) for n in range(10)])  # 20 KB held: past ENGAGE of the budget
+    runtime.advance(500)
+    coll.put("q3", [item(10)] * 5)
+    runtime.advance(250)  # a tick of the changed queues: q3's want moved the sums
+    coll.delete("q3")
+    records = governor._records
+    assert sorted(q.name for q in records) == sorted(f"q{i}" for i in range(20) if i != 3)
+    assert governor._want_total == sum(r.want for r in records.values())
+    assert governor._fixed_total == sum(r.fixed for r in records.values())
+    assert all(q.name != "q3" for q in governor._candidates)
+    coll.close()
+
+
 @pytest.mark.pure_build
 @FORMATS
 def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_of_it(
