@@ -128,3 +128,23 @@ def test_a_large_write_that_fails_leaves_the_journal_as_it_was(
     again = load_strictly(collection(tmp_path, settings, commit_log))
     assert drain(again, "q") == []
     again.close()
+
+
+def test_a_checkpoint_deletes_the_segments_of_large_items_off_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deleting a segment that held large items frees its pages, tens of milliseconds: a thread's."""
+    coll = collection(tmp_path, {"sync_journal": "always"}, True)
+    coll.put("q", [LARGE])
+    loop_thread, unlink = threading.get_ident(), os.unlink
+    deleted: list[tuple[str, bool]] = []
+
+    def noted(path: str, *args: Any, **kwargs: Any) -> None:
+        deleted.append((os.path.basename(os.path.dirname(path)), threading.get_ident() == loop_thread))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", noted)
+    assert coll.commit_log is not None
+    coll.commit_log.checkpoint()
+    monkeypatch.undo()
+    assert ("commit-log", False) in deleted and ("commit-log", True) not in deleted
+    coll.close()

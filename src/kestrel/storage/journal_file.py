@@ -199,7 +199,9 @@ class JournalWriter:
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
-        (what it logs is written after: `src/kestrel/storage/deferred_log.py`).
+        (what it logs is written after: `src/kestrel/storage/deferred_log.py`), but for an append
+        of `LARGE_APPEND` bytes or more, written off the loop while its journal's changes wait at
+        the `gate` (`src/kestrel/storage/write_gate.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.

@@ -485,7 +485,8 @@ class QueueJournal:
         self._gathered = False
 
     def flush(self) -> None:
-        """Append the pending records in one write (no yield between a change and its record).
+        """Append the pending records in one write (no yield between a change and its record, but
+        for a large append, written off the loop while the queue's changes wait: `JournalWriter.append`).
         Raises OSError (the records are dropped: the queue rebuilds from the journal)."""
         pending = self._pending
         if not pending:

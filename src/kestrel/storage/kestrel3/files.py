@@ -437,8 +437,9 @@ class WriterJournal:
         """Append items under the next ids with one write, without waiting for the sync policy
         (`commit` does). Never yields: the ids are taken (the tail moved past them) before anything
         else, and nothing until they are written can let another put run (a rotation's log line
-        waits: `src/kestrel/storage/deferred_log.py`). Raises OSError (nothing was appended, no id
-        taken)."""
+        waits: `src/kestrel/storage/deferred_log.py`; a large append is written off the loop while
+        every reader's changes wait at the journal's gate: `JournalWriter.append`). Raises OSError
+        (nothing was appended, no id taken)."""
         if not items:
             return []
         first = self.tail_id + 1
