@@ -21,9 +21,9 @@ from kestrel.storage import disk
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
-from kestrel.storage.journal_gate import LARGE_IO, JournalGate
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 from kestrel.storage.timing import Timing
+from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -78,9 +78,6 @@ class BufferedFile:
     def __init__(self, path: str, offset: int) -> None:
         self.path = path
         self.chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
-        # A read-behind cursor's: where a read of `LARGE_IO` bytes or more (an item of megabytes)
-        # runs off the loop, its queue's changes waiting (src/kestrel/storage/journal_gate.py).
-        self.gate: JournalGate | None = None
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -95,12 +92,6 @@ class BufferedFile:
     def buffered(self) -> int:
         """Bytes read ahead and held."""
         return len(self._buf)
-
-    def read_at(self, size: int, offset: int) -> bytes:
-        """Up to `size` bytes of the file from `offset` (off the loop through the `gate` when large)."""
-        if size >= LARGE_IO and self.gate is not None:
-            return self.gate.run(os.pread, self.fd, size, offset)
-        return os.pread(self.fd, size, offset)
 
     def release_buffer(self) -> None:
         """Forget what was read ahead (an idle read-behind cursor); the next read starts at `offset`."""
@@ -182,8 +173,8 @@ class JournalWriter:
         # records name the file, so creating it fsyncs its directory whatever the policy.
         self.log: AppendLog | None = None
         # Where a large append is written off the loop, the changes of its journal waiting
-        # (src/kestrel/storage/journal_gate.py); None: every append on the caller's thread.
-        self.gate: JournalGate | None = None
+        # (src/kestrel/storage/write_gate.py); None: every append on the caller's thread.
+        self.gate: WriteGate | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -209,8 +200,8 @@ class JournalWriter:
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
         (what it logs is written after: `src/kestrel/storage/deferred_log.py`), but for an append
-        of `LARGE_IO` bytes or more, written off the loop while its journal's changes wait at
-        the `gate` (`src/kestrel/storage/journal_gate.py`).
+        of `LARGE_APPEND` bytes or more, written off the loop while its journal's changes wait at
+        the `gate` (`src/kestrel/storage/write_gate.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
@@ -223,8 +214,8 @@ class JournalWriter:
                 written = disk.pwrite(self.fd, data, self.size)
                 if written < len(data):
                     disk.pwrite_all(self.fd, data[written:], self.size + written)
-            elif len(data) >= LARGE_IO and self.gate is not None:
-                self.gate.run(disk.write_all, self.fd, data)
+            elif len(data) >= LARGE_APPEND and self.gate is not None:
+                self.gate.write(disk.write_all, self.fd, data)
             else:
                 written = disk.write(self.fd, data)
                 if written < len(data):
@@ -246,8 +237,8 @@ class JournalWriter:
             self._ready()
         gate = self.gate
         try:
-            if gate is not None and sum(map(len, parts)) >= LARGE_IO:
-                written = gate.run(disk.writev_all, self.fd, parts)
+            if gate is not None and sum(map(len, parts)) >= LARGE_APPEND:
+                written = gate.write(disk.writev_all, self.fd, parts)
             else:
                 written = disk.writev_all(self.fd, parts)
         except OSError:

@@ -36,12 +36,12 @@ from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
-from kestrel.storage.journal_gate import JournalGate
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -105,7 +105,7 @@ class PersistentQueue(ABC):
     change is atomic against the other threads; the readers of one Kestrel 3 writer journal share
     their journal's lock, since a put changes each of them. Readers wait for items outside the
     lock (`remove`). An append of megabytes is the exception: it is written off the loop, and the
-    changes of its journal wait at the journal's gate meanwhile (`src/kestrel/storage/journal_gate.py`).
+    changes of its journal wait at the journal's gate meanwhile (`src/kestrel/storage/write_gate.py`).
 
     Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
     `runtime`, `expire_to` (looks up the queue that expired items move to).
@@ -133,7 +133,7 @@ class PersistentQueue(ABC):
         self._locks = self._lock is not NO_LOCK
         # Where changes wait while a large append of this queue's journal is written off the loop
         # (Kestrel 3: its writer journal's, which every reader shares).
-        self._gate = JournalGate(runtime)
+        self._gate = WriteGate(runtime)
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id

@@ -22,7 +22,6 @@ from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
 from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.journal_file import JournalWriter
-from kestrel.storage.journal_gate import JournalGate
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader
@@ -35,6 +34,7 @@ from kestrel.storage.queue_path import (
     size_on_disk,
 )
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -83,7 +83,7 @@ class QueueJournal:
 
     def __init__(self, queue_path: str, name: str, sync_ms: int | None, rotate_at: int,
                  runtime: Runtime, lock: Lock, salvage: bool = False,
-                 commit_log: CommitLog | None = None, gate: JournalGate | None = None) -> None:
+                 commit_log: CommitLog | None = None, gate: WriteGate | None = None) -> None:
         self.queue_path = queue_path
         self.name = name
         self.sync_ms = sync_ms

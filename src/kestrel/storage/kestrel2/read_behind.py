@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from kestrel.storage.item import QItem
 from kestrel.storage.journal_file import CURSOR_CHUNK
-from kestrel.storage.journal_gate import JournalGate
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
 
@@ -30,15 +29,13 @@ class JournalCursor:
 
     def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
                  on_leave: Callable[[int], None] | None = None,
-                 sync: Callable[[], None] | None = None, gate: JournalGate | None = None) -> None:
+                 sync: Callable[[], None] | None = None) -> None:
         self._files = files
         self._on_leave = on_leave
         self._sync = sync
         self.key = key
-        self.gate = gate  # the queue's: a large record is read off the loop (journal_gate.py)
         self.reader = JournalReader(path, offset)
         self.reader.chunk = CURSOR_CHUNK
-        self.reader.gate = gate
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
 
     def sync(self) -> None:
@@ -79,7 +76,6 @@ class JournalCursor:
         self.key = following[0]
         self.reader = JournalReader(following[1])
         self.reader.chunk = CURSOR_CHUNK
-        self.reader.gate = self.gate
         if self._on_leave is not None:
             self._on_leave(left)
         return True

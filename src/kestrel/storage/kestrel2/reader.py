@@ -36,7 +36,7 @@ class JournalReader(BufferedFile):
         self._buf_start += self._pos
         self._pos = 0
         want = max(self.chunk, len(rest))
-        chunk = self.read_at(want, self._buf_start + len(rest))
+        chunk = os.pread(self.fd, want, self._buf_start + len(rest))
         self._buf = rest + chunk
         self._eof = len(chunk) < want
         return bool(chunk)

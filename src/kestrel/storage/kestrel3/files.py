@@ -31,11 +31,11 @@ from kestrel.storage.filenames import (
     writer_file_number,
 )
 from kestrel.storage.journal_file import AppendLog, JournalWriter
-from kestrel.storage.journal_gate import JournalGate
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -114,7 +114,7 @@ class RecordReader(journal_file.BufferedFile):
         self._buf_start += self._pos
         self._pos = 0
         need = min(max(self.chunk, want), self.size - self._buf_start) - len(rest)
-        self._buf = rest + self.read_at(need, self._buf_start + len(rest))
+        self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
         return len(self._buf) >= want
 
     def next(self) -> tuple[int, k3.Record] | None:
@@ -371,7 +371,7 @@ class WriterJournal:
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
                  clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
                  writers: list[tuple[int, str]] | None = None,
-                 file_log: Callable[[int], AppendLog] | None = None, gate: JournalGate | None = None) -> None:
+                 file_log: Callable[[int], AppendLog] | None = None, gate: WriteGate | None = None) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
@@ -381,7 +381,7 @@ class WriterJournal:
         self.runtime = runtime
         # Where each file's appends are logged too, by its number (src/kestrel/storage/commit_log.py)
         self.file_log = file_log
-        self.gate = gate  # where each file's large appends are written off the loop (journal_gate.py)
+        self.gate = gate  # where each file's large appends are written off the loop (write_gate.py)
         self.files: list[WriterFile] = []
         self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         # Told of each sealed file, its path and ids (the manifest's keeper); the writer's list is not

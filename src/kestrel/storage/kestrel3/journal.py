@@ -26,7 +26,6 @@ from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
 from kestrel.storage.formats import KESTREL3
 from kestrel.storage.journal_file import JournalWriter, check_writable
-from kestrel.storage.journal_gate import JournalGate
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import (
     QueueFiles,
@@ -42,6 +41,7 @@ from kestrel.storage.kestrel3.files import (
 from kestrel.storage.queue import ReaderPosition
 from kestrel.storage.queue_path import JournalFileFigures, list_journal_files, size_on_disk
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -268,7 +268,7 @@ class Kestrel3Journal(Generic[R]):
             on_disk = list_queue_files(self.queue_path, name)
         # Whether its files log their appends is fixed here, at the queue's creation.
         self.commit_log = owner.commit_log if config.sync_journal is not None else None
-        self.gate = JournalGate(owner.runtime)  # every reader's: they wait while a large put is written
+        self.gate = WriteGate(owner.runtime)  # every reader's: they wait while a large put is written
         self.writer = self._open_writer(config, new, owner.runtime)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).

@@ -478,7 +478,6 @@ class ReaderCursor:
                     return None
                 self.reader = RecordReader(info.path, k3.FileKind.WRITER)
                 self.reader.chunk = CURSOR_CHUNK
-                self.reader.gate = self.queue._gate  # a large item read off the loop (journal_gate.py)
                 self.file = info.number
             entry = self.reader.next()
             if entry is None:

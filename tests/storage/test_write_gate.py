@@ -1,4 +1,4 @@
-"""Large appends written off the event loop (src/kestrel/storage/journal_gate.py): the write runs on
+"""Large appends written off the event loop (src/kestrel/storage/write_gate.py): the write runs on
 another thread while the loop serves other queues, the changes of its own journal wait their turn,
 and a write that fails leaves the journal as it was. Observed through the threads the system
 calls run on and the greenlets that are done, never through timing."""
@@ -17,11 +17,11 @@ import pytest
 
 from kestrel.storage import JournalWriteError, QueueCollection, disk
 from kestrel.storage.clock import FakeClock
-from kestrel.storage.journal_gate import LARGE_IO
+from kestrel.storage.write_gate import LARGE_APPEND
 from tests.support.queues import drain, load_strictly, open_collection
 
 T0 = 1_700_000_000_000
-LARGE = b"L" * (LARGE_IO + 1000)
+LARGE = b"L" * (LARGE_APPEND + 1000)
 
 SETTINGS = [
     pytest.param({"journal_format": "kestrel2"}, False, id="kestrel2"),
@@ -67,7 +67,7 @@ class HeldWrites:
     @property
     def large(self) -> list[bool]:
         """For each write of the large item: whether it ran on the loop thread."""
-        return [on_loop for on_loop, size in self.threads if size >= LARGE_IO]
+        return [on_loop for on_loop, size in self.threads if size >= LARGE_APPEND]
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def collection(path: Path, settings: dict[str, str], commit_log: bool) -> QueueC
 def test_a_large_put_is_written_off_the_loop_and_its_queue_waits_its_turn(
         tmp_path: Path, writes: HeldWrites, settings: dict[str, str], commit_log: bool) -> None:
     coll = collection(tmp_path, settings, commit_log)
-    under = b"u" * (LARGE_IO - 1000)  # Kestrel 2 writes it where it is, as the large one
+    under = b"u" * (LARGE_APPEND - 1000)  # Kestrel 2 writes it where it is, as the large one
     coll.put("q", [under])
     assert coll.remove("q", 1)[0].data == under
     assert all(on_loop for on_loop, _ in writes.threads)  # appends under 1 MB stay on the loop
@@ -147,47 +147,4 @@ def test_a_checkpoint_deletes_the_segments_of_large_items_off_the_loop(
     coll.commit_log.checkpoint()
     monkeypatch.undo()
     assert ("commit-log", False) in deleted and ("commit-log", True) not in deleted
-    coll.close()
-
-
-@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
-def test_a_large_item_read_back_from_the_journal_is_read_off_the_loop(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal_format: str) -> None:
-    """A get that reads a large item back (read-behind) reads it on another thread while the loop
-    serves other queues, and the queue's next change waits until it has."""
-    coll = collection(tmp_path, {"journal_format": journal_format, "max_memory_size": "1KB"}, False)
-    large = b"R" * (3 * LARGE_IO)
-    coll.put("q", [b"head"])
-    coll.put("q", [large, large])
-    assert coll.queue("q").in_read_behind
-    assert coll.remove("q", 1)[0].data == b"head"
-    loop_thread, pread = threading.get_ident(), os.pread
-    reads: list[bool] = []  # for each read of LARGE_IO bytes or more: whether on the loop thread
-    started, release = threading.Event(), threading.Event()
-
-    def held(fd: int, size: int, offset: int) -> bytes:
-        on_loop = threading.get_ident() == loop_thread
-        if size >= LARGE_IO:
-            reads.append(on_loop)
-            if not on_loop:
-                started.set()
-                release.wait(60)
-        return pread(fd, size, offset)
-
-    monkeypatch.setattr(os, "pread", held)
-    try:
-        get = gevent.spawn(coll.remove, "q", 1)
-        while not started.is_set() and not get.ready():
-            gevent.sleep(0.001)
-        assert reads and not any(reads), "the large item was read on the loop thread"
-        next_get = gevent.spawn(coll.remove, "q", 1)
-        assert coll.put("other", [b"meanwhile"]) == 1
-        gevent.sleep(0)
-        assert not get.ready() and not next_get.ready()
-    finally:
-        release.set()
-    assert [item.data for item in get.get(timeout=60)] == [large]
-    assert [item.data for item in next_get.get(timeout=60)] == [large]
-    monkeypatch.undo()
-    assert drain(coll, "q") == [] and drain(coll, "other") == [b"meanwhile"]
     coll.close()
