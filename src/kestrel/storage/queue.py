@@ -32,7 +32,7 @@ import structlog
 
 from kestrel.storage import poison
 from kestrel.storage.clock import Clock
-from kestrel.storage.config import QueueConfig
+from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, native_limit
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
@@ -41,6 +41,7 @@ from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -61,7 +62,7 @@ class MemoryAccount:
 
     __slots__ = ("total", "limit")
 
-    UNLIMITED: ClassVar[int] = 1 << 62  # a limit that no total reaches
+    UNLIMITED: ClassVar[int] = NATIVE_LIMIT  # a limit that no total reaches
 
     def __init__(self) -> None:
         self.total = 0
@@ -103,7 +104,8 @@ class PersistentQueue(ABC):
     pays for none. A program of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each
     change is atomic against the other threads; the readers of one Kestrel 3 writer journal share
     their journal's lock, since a put changes each of them. Readers wait for items outside the
-    lock (`remove`).
+    lock (`remove`). An append of megabytes is the exception: it is written off the loop, and the
+    changes of its journal wait at the journal's gate meanwhile (`src/kestrel/storage/write_gate.py`).
 
     Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
     `runtime`, `expire_to` (looks up the queue that expired items move to).
@@ -129,6 +131,9 @@ class PersistentQueue(ABC):
         # A change enters the lock only when it is one: gevent's (`NO_LOCK`) does nothing, and its two
         # calls a change were a method looked up and called by name each (the type is the protocol's).
         self._locks = self._lock is not NO_LOCK
+        # Where changes wait while a large append of this queue's journal is written off the loop
+        # (Kestrel 3: its writer journal's, which every reader shares).
+        self._gate = WriteGate(runtime)
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
@@ -186,6 +191,8 @@ class PersistentQueue(ABC):
         if self._locks:
             self._lock.__enter__()
         try:
+            if self._gate.busy is not None:
+                self._gate.wait_turn()
             if self.closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
             if self.read_only:
@@ -213,6 +220,19 @@ class PersistentQueue(ABC):
 
     # -----------------------------------------------------------------------------------------
     # Figures
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue's settings. Setting them sets the limits each put compares its totals with, in
+        the compiled build without a Python object (`native_limit`)."""
+        return self._config
+
+    @config.setter
+    def config(self, config: QueueConfig) -> None:
+        self._config = config
+        self._max_items = native_limit(config.max_items)
+        self._max_size = native_limit(config.max_size)
+        self._max_item_size = native_limit(config.max_item_size)
 
     @property
     def open_transactions(self) -> int:
@@ -370,19 +390,19 @@ class PersistentQueue(ABC):
         mem = self._mem
         if self._behind is not None or (mem and mem[0].expiry):
             self._expire_head(now)
-        cfg = self.config
         size, largest = _data_sizes(items)
         count = len(items)
-        if largest > cfg.max_item_size:
+        max_items, max_size = self._max_items, self._max_size
+        if largest > self._max_item_size:
             count = self._fitting(items)
             size = _data_sizes(items[:count])[0]
-        if self.length + count < cfg.max_items and self.bytes + size < cfg.max_size:
+        if self.length + count < max_items and self.bytes + size < max_size:
             return count, size  # all fit with room to spare (the common put)
-        if cfg.discard_old_when_full:
-            return (0, 0) if cfg.max_items == 0 or cfg.max_size == 0 else (count, size)
+        if self.config.discard_old_when_full:
+            return (0, 0) if max_items == 0 or max_size == 0 else (count, size)
         length, total, taken = self.length, self.bytes, 0
         for data in items[:count]:
-            if length >= cfg.max_items or total >= cfg.max_size:
+            if length >= max_items or total >= max_size:
                 break
             length += 1
             total += len(data)
@@ -405,7 +425,8 @@ class PersistentQueue(ABC):
         if self._behind is None and ledger.total + size > ledger.limit:
             # over the server's budget: page out now (src/kestrel/storage/memory.py)
             ledger.make_room(self, size)
-        if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
+        max_items, max_size = self._max_items, self._max_size
+        if (self._behind is None and self.length + count < max_items and self.bytes + size < max_size
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
             self._log_put(items, now, expiry, first_id)
@@ -421,10 +442,10 @@ class PersistentQueue(ABC):
             discard = cfg.discard_old_when_full
             logged = 0  # items[:logged] are journaled
             for n, item in enumerate(new_items(now, expiry, items, first_id)):
-                if discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
+                if discard and (self.length >= max_items or self.bytes >= max_size):
                     self._log_put(items[logged:n], now, expiry, first_id + logged if first_id else 0)
                     logged = n
-                    while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
+                    while self.length >= max_items or self.bytes >= max_size:
                         if not self._discard_head():
                             break
                 if self._append(item):
@@ -705,6 +726,7 @@ class PersistentQueue(ABC):
             return
         self.wait_for_packing()
         with self._lock:
+            self._gate.wait_turn()
             self.closed = True
             self._wait_list().end()
             self._close_files()
@@ -872,6 +894,8 @@ class PersistentQueue(ABC):
         if not self._lock.acquire(blocking=wait):
             return 0
         try:
+            if self._gate.busy is not None:  # the items dropped would be read back from bytes not yet written
+                return 0
             return self._shed()
         finally:
             self._lock.release()
