@@ -16,6 +16,7 @@ from typing import Any, Final
 from thriftpy2.thrift import TApplicationException
 
 from kestrel.contract import kestrel_thrift
+from kestrel.service.socket_io import BoxedInt
 from kestrel.service.thrift.protocol import (
     EXCEPTION,
     I32,
@@ -194,8 +195,8 @@ def read_plain_frame(frame: bytes, max_items: int,
     return None if call is None else (call[0], call[2], call[3])
 
 
-def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
-                        max_bytes: int) -> tuple[Method, int, tuple[Any, ...], int] | None:
+def read_buffered_frame(buf: bytearray, max_frame: BoxedInt, max_items: BoxedInt,
+                        max_bytes: BoxedInt) -> tuple[Method, int, tuple[Any, ...], int] | None:
     """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of
     its payload): (method, sequence id, arguments, where the frame ends). None where the frame is not
     whole yet or is over `max_frame`, or `read_plain_frame` would decline: the connection then takes
