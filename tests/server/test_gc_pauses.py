@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from kestrel.service.gc_pauses import Pauses
-from tests.conftest import wait_until
 from tests.support.lines import exchange
 from tests.support.wire import conn, memcache_stats
 
@@ -60,9 +59,11 @@ def make_queues(port: int, count: int) -> None:
 
 @pytest.mark.slow
 def test_the_queues_a_server_loads_are_never_walked_by_a_full_collection(server_factory: Any) -> None:
-    """Each queue accounts for a dozen tracked objects or more: 3,000 loaded queues would add 36,000
-    to every full collection's walk. Frozen at start-up, they add none; deleted, they are freed
-    all the same (by reference counting: a frozen cycle would stay)."""
+    """Each queue accounts for ten to a dozen tracked objects (ten in the compiled build): 3,000
+    loaded queues would add 30,000 or more to every full collection's walk. Frozen at start-up, they
+    add none; deleted, they are freed all the same, each by reference counting at its delete (a
+    frozen cycle would stay, and nothing holds a deleted queue for a later tick:
+    docs/queue-lifetime.md)."""
     server = server_factory()
     empty = int(memcache_stats(server.memcache_port)["gc_frozen_objects"])
     make_queues(server.memcache_port, QUEUES)
@@ -70,12 +71,16 @@ def test_the_queues_a_server_loads_are_never_walked_by_a_full_collection(server_
     stats = memcache_stats(server.memcache_port)
     assert stats["curr_items"] == str(QUEUES)
     frozen = int(stats["gc_frozen_objects"])
-    assert (frozen - empty) / QUEUES > 10, "the loaded queues are not frozen"
+    assert (frozen - empty) / QUEUES >= 5, "the loaded queues are not frozen"
     assert int(stats["gc_objects"]) == 0 and int(stats["gc_freezes"]) >= 1
     # Each delete closes a journal (an fsync) and removes its file: 3,000 of them take a loaded disk
     # far longer than a reply's usual deadline.
     with conn(server.memcache_port) as s:
         deletes = b"".join(b"delete q%05d\r\n" % i for i in range(QUEUES))
         assert exchange(s, deletes, b"DELETED\r\n" * QUEUES, wait=300) == b"DELETED\r\n" * QUEUES
-    wait_until(lambda: int(memcache_stats(server.memcache_port)["gc_frozen_objects"]) < frozen - 10 * QUEUES,
-               "the deleted queues' frozen objects to be freed", timeout=120)
+    # Freed once the replies have come: no wait, so no time a busy machine could run out of. The
+    # frozen objects are back to an empty server's, within a hundred: a deleted queue kept alive
+    # keeps ten or more, and a thaw would leave none frozen at all.
+    left = int(memcache_stats(server.memcache_port)["gc_frozen_objects"])
+    assert abs(left - empty) < 100, \
+        f"frozen objects: {empty} in an empty server, {frozen} loaded, {left} after the deletes"

@@ -11,6 +11,7 @@ import pytest
 
 from kestrel.storage import QueueCollection
 from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.runtime import ManualRuntime
 from tests.support.queues import drain, load_strictly, open_collection, reopen
 
 FORMATS = ["kestrel2", "kestrel3"]
@@ -71,33 +72,68 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
     again.close()
 
 
+# How a queue was used before its delete: its settings and the server's memory budget. Each puts it
+# where the collection's background work keeps queues: the governor's changed queues (at ease), its
+# records, shares and paging candidates (engaged: the budget is tight and the queue in read-behind),
+# the expiry schedule (items with a `max_age`), a waiting reader.
+USES = {
+    "at ease": ({}, 1 << 30),
+    "engaged, in read-behind": ({"max_memory_size": "1k"}, 8_000),
+    "expiring": ({"max_age": "1h"}, 1 << 30),
+    "waited on": ({}, 1 << 30),
+}
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_deleted_queue_is_freed_by_reference_counting_alone(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("use", USES)
+def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
+        tmp_path: Path, fmt: str, use: str) -> None:
     """The server freezes the objects of the queues it loaded (src/kestrel/service/gc_pauses.py),
     and the garbage collector never looks at a frozen object again: a queue deleted later must leave
-    no reference cycle behind, or its objects would never be freed."""
-    coll = open_collection(tmp_path, {"journal_format": fmt}, max_memory_total=1 << 30)
-    assert coll.governor is not None  # the server's: it forgets a deleted queue at its next look
+    no reference cycle behind, or its objects would never be freed. Nor may anything hold it until a
+    later tick, sweep or timeout: it is freed when its delete returns (docs/queue-lifetime.md), with
+    no tick, no sweep and no collection in between."""
+    settings, budget = USES[use]
+    runtime = ManualRuntime()
+    coll = open_collection(tmp_path, {"journal_format": fmt, **settings}, runtime=runtime,
+                           max_memory_total=budget)
+    assert coll.governor is not None  # the server's
+    coll.governor.start()
     coll.put("warm", [b"x"])
     coll.delete("warm")  # what the first queue makes once for all (caches, the governor's lists)
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
     try:
-        coll.put("gone", [b"a", b"b", b"c"])
-        read = coll.remove("gone", 1, transaction=True)
-        assert read
-        coll.unremove("gone", [read[0].xid])
+        if use == "waited on":
+            coll.queue("gone")
+            waiting = gevent.spawn(coll.remove, "gone", 1, timeout=60.0)
+            gevent.sleep(0)  # it waits for an item
+        else:
+            coll.put("gone", [b"%04d" % n * 25 for n in range(40)])
+            coll.put("kept", [b"%04d" % n * 25 for n in range(20)])
+            runtime.advance(1000)  # the governor's ticks look at both queues
+            read = coll.remove("gone", 1, transaction=True)
+            assert read
+            coll.unremove("gone", [read[0].xid])
+            runtime.advance(1000)
+            gone = coll.queue("gone")
+            assert gone.in_read_behind == (use == "engaged, in read-behind")
+            assert gone.may_expire == (use == "expiring")
+            del gone, read
         coll.delete("gone")
-        coll.governor.tick()
+        if use == "waited on":
+            gevent.sleep(0)  # the reader, woken by the delete, answers empty-handed
+            assert waiting.ready() and waiting.value == []
+            del waiting
+        alive = [o for o in gc.get_objects()  # this collection's: another test's may be alive still
+                 if isinstance(o, PersistentQueue) and o.queue_path == coll.path and o.name == "gone"]
         gc.collect()
         left = [type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("kestrel")]
-        alive = [o for o in gc.get_objects()  # this collection's: another test's may be alive still
-                 if isinstance(o, PersistentQueue) and o.queue_path == coll.path]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
-    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
     assert alive == [], "a deleted queue is still referred to"
+    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
     coll.close()

@@ -16,7 +16,7 @@ that large, soon brings about.
   since, mostly), what survived it: the next full collection walks only what came after.
 
 A frozen object is never collected, so cyclic garbage among frozen objects would stay. Neither a
-queue nor a connection makes any: a deleted queue (tests/storage/test_queue_lifecycle.py) and a
+queue nor a connection makes any: a deleted queue, freed at its delete (docs/queue-lifetime.md), and a
 closed connection of any protocol, killed in a wait or not (tests/server/test_connection_cycles.py),
 are freed by reference counting, frozen or not. Whatever else might still die frozen in a cycle
 (objects of gevent's or of the admin port's web server, an error's traceback) is not proven free

@@ -415,8 +415,11 @@ class QueueCollection:
         gone = q.destroy()
         if self._owners is not None:
             self._owners.difference_update(gone)  # named again, it is created from nothing
-        if not q.noted:
-            q.note_change()  # the governor forgets it
+        # Nothing of the collection's background work holds it past this line: freed now, by
+        # reference counting (docs/queue-lifetime.md).
+        self._changes.forget(q)
+        if self.governor is not None:
+            self.governor.forget(q)
         self._expiry.forget(q)
         self.queue_deletes += 1
         log.info("queue deleted", queue=name)

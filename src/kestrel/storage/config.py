@@ -10,7 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Final
 
 from kestrel.storage.errors import ConfigError, InvalidQueueName
 from kestrel.storage.filenames import check_queue_name
@@ -19,6 +19,17 @@ KB = 1024
 MB = 1024 * KB
 GB = 1024 * MB
 UNLIMITED = 2**63 - 1
+# The largest int the compiled build keeps unboxed (mypyc's short int): a total compared with a
+# larger limit, UNLIMITED among them, is compared as two Python objects. No count or size of a
+# queue reaches it, so it stands in for any larger limit (`native_limit`).
+NATIVE_LIMIT: Final = (1 << 62) - 1
+
+
+def native_limit(limit: int) -> int:
+    """`limit` as a put compares totals with it: itself, or NATIVE_LIMIT when larger, which no
+    total reaches either (the setting itself, which the config and stats show, stays as it is)."""
+    return min(limit, NATIVE_LIMIT)
+
 
 _SIZE_UNITS = {
     "": 1, "b": 1, "k": KB, "kb": KB, "m": MB, "mb": MB, "g": GB, "gb": GB, "t": 1024 * GB, "tb": 1024 * GB,

@@ -13,6 +13,10 @@ head's expiry, the end of `max_queue_age`), and nothing else. A queue that can e
 in it and never looked at. One that can tells the schedule after each change (`watch`), which
 brings its entry forward when the change revealed an earlier head; a later head is found when the
 earlier entry comes due. A round costs what is due, not the number of queues or of items.
+
+An entry left behind in the heap (a sooner one replaced it, or its queue was deleted) lets go of its
+queue at once: the heap never keeps a deleted queue alive until the entry's time comes
+(docs/queue-lifetime.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,18 @@ from kestrel.storage.runtime import Lock
 _NAME = attrgetter("name")
 
 
+class _Look:
+    """A look at `queue` due at `at`: the heap's entry, and its queue's live one until it is due,
+    replaced or forgotten, when `queue` becomes None (the heap may keep the entry a while; it holds
+    no queue then)."""
+
+    __slots__ = ("at", "queue")
+
+    def __init__(self, at: int, queue: PersistentQueue) -> None:
+        self.at = at
+        self.queue: PersistentQueue | None = queue
+
+
 class ExpirySchedule:
     """When to look at each queue that can expire something. `lock` guards the heap against
     changes made in other threads (a no-op under gevent); it is never held while a queue is looked
@@ -36,8 +52,8 @@ class ExpirySchedule:
 
     def __init__(self, lock: Lock) -> None:
         self._lock = lock
-        self._heap: list[tuple[int, int, PersistentQueue]] = []  # (when, order, queue); stale ones too
-        self._when: dict[PersistentQueue, int] = {}  # each queue's one live entry
+        self._heap: list[tuple[int, int, _Look]] = []  # (when, order, look); stale ones too
+        self._when: dict[PersistentQueue, _Look] = {}  # each queue's one live entry
         self._order = count()
 
     def watch(self, q: PersistentQueue) -> None:
@@ -56,7 +72,9 @@ class ExpirySchedule:
     def forget(self, q: PersistentQueue) -> None:
         """`q` is closed or deleted: no look at it is due any more."""
         with self._lock:
-            self._when.pop(q, None)
+            look = self._when.pop(q, None)
+            if look is not None:
+                look.queue = None
 
     def sweep(self, now: int, expire_queue: Callable[[PersistentQueue], None]) -> int:
         """Look at the queues due by `now`, in name order: discard the expired items at their
@@ -87,8 +105,8 @@ class ExpirySchedule:
         with self._lock:
             heap, when = self._heap, self._when
             while heap and heap[0][0] <= now:
-                at, _, q = heapq.heappop(heap)
-                if when.get(q) == at:
+                q = heapq.heappop(heap)[2].queue
+                if q is not None:  # the queue's live entry
                     del when[q]
                     if not q.closed:
                         due.append(q)
@@ -113,11 +131,13 @@ class ExpirySchedule:
         with self._lock:
             when = self._when
             live = when.get(q)
-            if live is not None and live <= at:
-                return
-            when[q] = at
+            if live is not None:
+                if live.at <= at:
+                    return
+                live.queue = None  # stale from now on
+            look = when[q] = _Look(at, q)
             heap = self._heap
-            heapq.heappush(heap, (at, next(self._order), q))
+            heapq.heappush(heap, (at, next(self._order), look))
             if len(heap) > 2 * len(when) + 64:  # stale entries: keep the heap within twice the live ones
-                self._heap = [(at, next(self._order), q) for q, at in when.items()]
+                self._heap = [(look.at, next(self._order), look) for look in when.values()]
                 heapq.heapify(self._heap)

@@ -59,9 +59,6 @@ IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (
 # under LET_GO: meanwhile each queue holds up to its own max_memory_size, and no tick measures one.
 ENGAGE = 0.5
 LET_GO = 0.25
-# At ease, the changed queues are taken one tick in this many: between, each queue changed stays
-# noted and a change costs it one flag test; taking them now and then lets go of deleted queues.
-AT_EASE_TAKE = 40
 
 
 class MemoryLedger(MemoryAccount):
@@ -306,6 +303,20 @@ class MemoryGovernor:
         self._watch = set()
         self._released.set()
 
+    def forget(self, queue: PersistentQueue) -> None:
+        """`queue` was deleted: its record leaves the sums, and nothing here holds it any more (it
+        is freed at its delete, not at the next tick: docs/queue-lifetime.md)."""
+        record = self._records.pop(queue, None)
+        if record is not None:
+            self._want_total -= record.want
+            self._fixed_total -= record.fixed
+            self._buffer_total -= record.buffer
+            ingress = self._ingress_total - record.ingress * _decay(self._sums_tick - record.tick)
+            self._ingress_total = max(ingress, 0.0)
+            self._watch.discard(record)
+        if queue in self._candidates:
+            self._candidates = [q for q in self._candidates if q is not queue]
+
     def admit(self, queue: PersistentQueue, among: int, waiting: int = 0) -> None:
         """`queue` is about to load its items from its files, one of `among` queues at start-up with
         `waiting` still to load after it: it may hold in memory what the budget has left beyond a
@@ -340,9 +351,7 @@ class MemoryGovernor:
             held = self.ledger.total + self._buffer_total
             if self._at_ease:
                 if held <= self.budget * ENGAGE and not pressed:
-                    if not self._tick % AT_EASE_TAKE:
-                        self._changes()
-                    return
+                    return  # the changed queues stay noted: a change costs each a flag test
                 self._at_ease = False  # engaged: every queue measured and planned, rates from now on
                 self._changes()  # and the changes noted afresh from now on
                 self._tick_all(seconds, now)
@@ -396,8 +405,8 @@ class MemoryGovernor:
                 fixed_total -= record.fixed
                 buffer_total -= record.buffer
                 ingress_total -= record.ingress * _decay(tick - record.tick)
-                if q.closed:
-                    del records[q]
+                if q.closed:  # deleted as this tick began (plain threads): `forget` may race it
+                    records.pop(q, None)
                     self._watch.discard(record)
                     continue
                 record.sample(q, seconds, tick)

@@ -32,7 +32,7 @@ import structlog
 
 from kestrel.storage import poison
 from kestrel.storage.clock import Clock
-from kestrel.storage.config import QueueConfig
+from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, native_limit
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
@@ -61,7 +61,7 @@ class MemoryAccount:
 
     __slots__ = ("total", "limit")
 
-    UNLIMITED: ClassVar[int] = 1 << 62  # a limit that no total reaches
+    UNLIMITED: ClassVar[int] = NATIVE_LIMIT  # a limit that no total reaches
 
     def __init__(self) -> None:
         self.total = 0
@@ -213,6 +213,19 @@ class PersistentQueue(ABC):
 
     # -----------------------------------------------------------------------------------------
     # Figures
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue's settings. Setting them sets the limits each put compares its totals with, in
+        the compiled build without a Python object (`native_limit`)."""
+        return self._config
+
+    @config.setter
+    def config(self, config: QueueConfig) -> None:
+        self._config = config
+        self._max_items = native_limit(config.max_items)
+        self._max_size = native_limit(config.max_size)
+        self._max_item_size = native_limit(config.max_item_size)
 
     @property
     def open_transactions(self) -> int:
@@ -370,19 +383,19 @@ class PersistentQueue(ABC):
         mem = self._mem
         if self._behind is not None or (mem and mem[0].expiry):
             self._expire_head(now)
-        cfg = self.config
         size, largest = _data_sizes(items)
         count = len(items)
-        if largest > cfg.max_item_size:
+        max_items, max_size = self._max_items, self._max_size
+        if largest > self._max_item_size:
             count = self._fitting(items)
             size = _data_sizes(items[:count])[0]
-        if self.length + count < cfg.max_items and self.bytes + size < cfg.max_size:
+        if self.length + count < max_items and self.bytes + size < max_size:
             return count, size  # all fit with room to spare (the common put)
-        if cfg.discard_old_when_full:
-            return (0, 0) if cfg.max_items == 0 or cfg.max_size == 0 else (count, size)
+        if self.config.discard_old_when_full:
+            return (0, 0) if max_items == 0 or max_size == 0 else (count, size)
         length, total, taken = self.length, self.bytes, 0
         for data in items[:count]:
-            if length >= cfg.max_items or total >= cfg.max_size:
+            if length >= max_items or total >= max_size:
                 break
             length += 1
             total += len(data)
@@ -405,7 +418,8 @@ class PersistentQueue(ABC):
         if self._behind is None and ledger.total + size > ledger.limit:
             # over the server's budget: page out now (src/kestrel/storage/memory.py)
             ledger.make_room(self, size)
-        if (self._behind is None and self.length + count < cfg.max_items and self.bytes + size < cfg.max_size
+        max_items, max_size = self._max_items, self._max_size
+        if (self._behind is None and self.length + count < max_items and self.bytes + size < max_size
                 and self.memory_bytes + size < self.memory_target):
             # All fit in memory with room to spare: no per-item checks (the common put).
             self._log_put(items, now, expiry, first_id)
@@ -421,10 +435,10 @@ class PersistentQueue(ABC):
             discard = cfg.discard_old_when_full
             logged = 0  # items[:logged] are journaled
             for n, item in enumerate(new_items(now, expiry, items, first_id)):
-                if discard and (self.length >= cfg.max_items or self.bytes >= cfg.max_size):
+                if discard and (self.length >= max_items or self.bytes >= max_size):
                     self._log_put(items[logged:n], now, expiry, first_id + logged if first_id else 0)
                     logged = n
-                    while self.length >= cfg.max_items or self.bytes >= cfg.max_size:
+                    while self.length >= max_items or self.bytes >= max_size:
                         if not self._discard_head():
                             break
                 if self._append(item):
