@@ -64,6 +64,7 @@ COMPILED_MODULES = (
     "kestrel.storage.taken_items",
     "kestrel.storage.timing",
     "kestrel.storage.wait_list",
+    "kestrel.storage.write_gate",
     "kestrel.storage.kestrel2.codec",
     "kestrel.storage.kestrel2.journal",
     "kestrel.storage.kestrel2.queue",

@@ -15,7 +15,7 @@ from gevent._hub_local import get_hub_if_exists
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import QueueClosed
 from kestrel.storage.no_lock import NoLock
-from kestrel.storage.runtime import ManualRuntime, ThreadsRuntime
+from kestrel.storage.runtime import GeventRuntime, ManualRuntime, ThreadsRuntime
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
 from tests.support.queues import one
@@ -287,3 +287,31 @@ def test_a_timer_for_the_rest_of_a_wait_fires_at_the_waits_deadline() -> None:
     assert fired == []
     runtime.advance(1)
     assert fired == [runtime.clock.ms]
+
+
+def test_a_caller_killed_during_a_blocking_call_ends_only_once_the_call_has_ended() -> None:
+    """The thread of `run_blocking` cannot be stopped, so its caller must not go on beside it (a
+    journal's next append beside a large one still being written): a kill waits for the call."""
+    runtime = GeventRuntime()
+    started, release = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    def call() -> str:
+        started.set()
+        release.wait(STALL_S)
+        ended.append("call")
+        return "done"
+
+    caller = gevent.spawn(runtime.run_blocking, call)
+    for _ in range(int(STALL_S / 0.01)):
+        if started.is_set():
+            break
+        gevent.sleep(0.01)
+    assert started.is_set()
+    caller.kill(block=False)
+    gevent.sleep(0.2)
+    assert not caller.dead, "the killed caller went on while its call still ran"
+    release.set()
+    caller.join(STALL_S)
+    assert caller.dead and ended == ["call"]
+    assert isinstance(caller.value, gevent.GreenletExit)

@@ -23,6 +23,7 @@ from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 from kestrel.storage.timing import Timing
+from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 
 log = structlog.get_logger("kestrel.journal")
 
@@ -171,6 +172,9 @@ class JournalWriter:
         # (src/kestrel/storage/commit_log.py): its sync policy is then kept through the log. Its
         # records name the file, so creating it fsyncs its directory whatever the policy.
         self.log: AppendLog | None = None
+        # Where a large append is written off the loop, the changes of its journal waiting
+        # (src/kestrel/storage/write_gate.py); None: every append on the caller's thread.
+        self.gate: WriteGate | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
 
@@ -195,7 +199,9 @@ class JournalWriter:
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
-        (what it logs is written after: `src/kestrel/storage/deferred_log.py`).
+        (what it logs is written after: `src/kestrel/storage/deferred_log.py`), but for an append
+        of `LARGE_APPEND` bytes or more, written off the loop while its journal's changes wait at
+        the `gate` (`src/kestrel/storage/write_gate.py`).
 
         If the write fails (disk full, I/O error) the file is cut back to where it was, so that
         nothing half-written stays at its end, and the OSError is raised.
@@ -208,6 +214,8 @@ class JournalWriter:
                 written = disk.pwrite(self.fd, data, self.size)
                 if written < len(data):
                     disk.pwrite_all(self.fd, data[written:], self.size + written)
+            elif len(data) >= LARGE_APPEND and self.gate is not None:
+                self.gate.write(disk.write_all, self.fd, data)
             else:
                 written = disk.write(self.fd, data)
                 if written < len(data):
@@ -227,8 +235,12 @@ class JournalWriter:
         started = perf_counter()
         if self.damaged or self.fd < 0:
             self._ready()
+        gate = self.gate
         try:
-            written = disk.writev_all(self.fd, parts)
+            if gate is not None and sum(map(len, parts)) >= LARGE_APPEND:
+                written = gate.write(disk.writev_all, self.fd, parts)
+            else:
+                written = disk.writev_all(self.fd, parts)
         except OSError:
             self._cut_back()
             raise

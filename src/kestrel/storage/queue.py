@@ -41,6 +41,7 @@ from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -103,7 +104,8 @@ class PersistentQueue(ABC):
     pays for none. A program of plain threads (`ThreadsRuntime`) gets a reentrant lock, so that each
     change is atomic against the other threads; the readers of one Kestrel 3 writer journal share
     their journal's lock, since a put changes each of them. Readers wait for items outside the
-    lock (`remove`).
+    lock (`remove`). An append of megabytes is the exception: it is written off the loop, and the
+    changes of its journal wait at the journal's gate meanwhile (`src/kestrel/storage/write_gate.py`).
 
     Parameters: `name` (`q`, or `q+child` for a fanout child), `queue_path`, `config`, `clock`,
     `runtime`, `expire_to` (looks up the queue that expired items move to).
@@ -129,6 +131,9 @@ class PersistentQueue(ABC):
         # A change enters the lock only when it is one: gevent's (`NO_LOCK`) does nothing, and its two
         # calls a change were a method looked up and called by name each (the type is the protocol's).
         self._locks = self._lock is not NO_LOCK
+        # Where changes wait while a large append of this queue's journal is written off the loop
+        # (Kestrel 3: its writer journal's, which every reader shares).
+        self._gate = WriteGate(runtime)
         self._is_child = "+" in name
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
@@ -186,6 +191,8 @@ class PersistentQueue(ABC):
         if self._locks:
             self._lock.__enter__()
         try:
+            if self._gate.busy is not None:
+                self._gate.wait_turn()
             if self.closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
             if self.read_only:
@@ -719,6 +726,7 @@ class PersistentQueue(ABC):
             return
         self.wait_for_packing()
         with self._lock:
+            self._gate.wait_turn()
             self.closed = True
             self._wait_list().end()
             self._close_files()
@@ -886,6 +894,8 @@ class PersistentQueue(ABC):
         if not self._lock.acquire(blocking=wait):
             return 0
         try:
+            if self._gate.busy is not None:  # the items dropped would be read back from bytes not yet written
+                return 0
             return self._shed()
         finally:
             self._lock.release()

@@ -88,7 +88,8 @@ class Runtime(Protocol):
     def lock(self) -> Lock: ...
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call (fsync, a pack) without stopping the other tasks."""
+        """Run a blocking call (fsync, a pack) without stopping the other tasks. Returns or raises
+        only once the call has ended, even when the caller is killed meanwhile."""
         ...
 
     def sleep(self, seconds: float) -> None: ...
@@ -174,7 +175,19 @@ class GeventRuntime:
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
-        ok, value = gevent.get_hub().threadpool.apply(_outcome, (fn, args))
+        call = gevent.get_hub().threadpool.spawn(_outcome, fn, args)
+        # A kill (or a time-out) thrown into the caller meanwhile is raised once the call has ended:
+        # the thread cannot be stopped, and a caller that went on would race it (a journal's next
+        # append beside a large one still being written, a file closed under a write).
+        thrown: BaseException | None = None
+        while not call.ready():
+            try:
+                call.wait()
+            except BaseException as e:
+                thrown = thrown or e
+        if thrown is not None:
+            raise thrown
+        ok, value = call.get()
         if not ok:
             raise value
         result: T = value

@@ -34,6 +34,7 @@ from kestrel.storage.queue_path import (
     size_on_disk,
 )
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Lock, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -82,7 +83,7 @@ class QueueJournal:
 
     def __init__(self, queue_path: str, name: str, sync_ms: int | None, rotate_at: int,
                  runtime: Runtime, lock: Lock, salvage: bool = False,
-                 commit_log: CommitLog | None = None) -> None:
+                 commit_log: CommitLog | None = None, gate: WriteGate | None = None) -> None:
         self.queue_path = queue_path
         self.name = name
         self.sync_ms = sync_ms
@@ -91,6 +92,7 @@ class QueueJournal:
         self.clock = runtime.clock
         self.salvage = salvage
         self._lock = lock
+        self.gate = gate  # the queue's: each live journal's large appends are written through it (None: none)
         self.writer: JournalWriter | None = None
         self.rotated: Files = []  # (timestamp, path), oldest first
         self.archived_size = 0
@@ -461,6 +463,7 @@ class QueueJournal:
 
     def _live_writer(self) -> JournalWriter:
         writer = JournalWriter(self.live_path, self.sync_ms, self.runtime)
+        writer.gate = self.gate
         if self.commit_log is not None:  # its name is durable before any record of its epoch is logged
             writer.log = FileLog(self.commit_log, JOURNAL, self.name, self.epoch)
         return writer
@@ -482,7 +485,8 @@ class QueueJournal:
         self._gathered = False
 
     def flush(self) -> None:
-        """Append the pending records in one write (no yield between a change and its record).
+        """Append the pending records in one write (no yield between a change and its record, but
+        for a large append, written off the loop while the queue's changes wait: `JournalWriter.append`).
         Raises OSError (the records are dropped: the queue rebuilds from the journal)."""
         pending = self._pending
         if not pending:

@@ -86,7 +86,7 @@ class Kestrel2Queue(PersistentQueue):
                          expire_to)
         self._reads_behind = config.keep_journal  # fixed at creation (`reconfigure`)
         self._journal = QueueJournal(queue_path, name, config.sync_journal, _rotate_at(config), runtime,
-                                     self._lock, salvage, commit_log)
+                                     self._lock, salvage, commit_log, self._gate)
         self._xid = 0
         self._rb: JournalCursor | None = None  # the read-behind cursor
         # Oldest first, one per rotation in read-behind; told of each departure (changed in place).

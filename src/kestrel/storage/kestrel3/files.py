@@ -35,6 +35,7 @@ from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.manifest import Entry
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -370,7 +371,7 @@ class WriterJournal:
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
                  clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
                  writers: list[tuple[int, str]] | None = None,
-                 file_log: Callable[[int], AppendLog] | None = None) -> None:
+                 file_log: Callable[[int], AppendLog] | None = None, gate: WriteGate | None = None) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
@@ -380,6 +381,7 @@ class WriterJournal:
         self.runtime = runtime
         # Where each file's appends are logged too, by its number (src/kestrel/storage/commit_log.py)
         self.file_log = file_log
+        self.gate = gate  # where each file's large appends are written off the loop (write_gate.py)
         self.files: list[WriterFile] = []
         self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         # Told of each sealed file, its path and ids (the manifest's keeper); the writer's list is not
@@ -435,8 +437,9 @@ class WriterJournal:
         """Append items under the next ids with one write, without waiting for the sync policy
         (`commit` does). Never yields: the ids are taken (the tail moved past them) before anything
         else, and nothing until they are written can let another put run (a rotation's log line
-        waits: `src/kestrel/storage/deferred_log.py`). Raises OSError (nothing was appended, no id
-        taken)."""
+        waits: `src/kestrel/storage/deferred_log.py`; a large append is written off the loop while
+        every reader's changes wait at the journal's gate: `JournalWriter.append`). Raises OSError
+        (nothing was appended, no id taken)."""
         if not items:
             return []
         first = self.tail_id + 1
@@ -482,6 +485,7 @@ class WriterJournal:
 
     def _file_writer(self, info: WriterFile) -> JournalWriter:
         writer = JournalWriter(info.path, self.sync_ms, self.runtime)
+        writer.gate = self.gate
         if self.file_log is not None:
             writer.log = self.file_log(info.number)
         return writer

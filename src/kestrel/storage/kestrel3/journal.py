@@ -41,6 +41,7 @@ from kestrel.storage.kestrel3.files import (
 from kestrel.storage.queue import ReaderPosition
 from kestrel.storage.queue_path import JournalFileFigures, list_journal_files, size_on_disk
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -267,6 +268,7 @@ class Kestrel3Journal(Generic[R]):
             on_disk = list_queue_files(self.queue_path, name)
         # Whether its files log their appends is fixed here, at the queue's creation.
         self.commit_log = owner.commit_log if config.sync_journal is not None else None
+        self.gate = WriteGate(owner.runtime)  # every reader's: they wait while a large put is written
         self.writer = self._open_writer(config, new, owner.runtime)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).
@@ -313,7 +315,7 @@ class Kestrel3Journal(Generic[R]):
             try:
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
-                                     writers=[] if new else None, file_log=logs)
+                                     writers=[] if new else None, file_log=logs, gate=self.gate)
             except CorruptJournalError as e:
                 if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None

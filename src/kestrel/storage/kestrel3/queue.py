@@ -137,6 +137,7 @@ class Kestrel3Queue(PersistentQueue):
         started = time.monotonic()
         self._journal = self._journals.journal(self.parent, self.config, fresh)
         self._lock = self._journal.lock
+        self._gate = self._journal.gate
         if not self.is_reader:
             return
         writer = self._journal.writer

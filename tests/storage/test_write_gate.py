@@ -1,0 +1,150 @@
+"""Large appends written off the event loop (src/kestrel/storage/write_gate.py): the write runs on
+another thread while the loop serves other queues, the changes of its own journal wait their turn,
+and a write that fails leaves the journal as it was. Observed through the threads the system
+calls run on and the greenlets that are done, never through timing."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+
+from kestrel.storage import JournalWriteError, QueueCollection, disk
+from kestrel.storage.clock import FakeClock
+from kestrel.storage.write_gate import LARGE_APPEND
+from tests.support.queues import drain, load_strictly, open_collection
+
+T0 = 1_700_000_000_000
+LARGE = b"L" * (LARGE_APPEND + 1000)
+
+SETTINGS = [
+    pytest.param({"journal_format": "kestrel2"}, False, id="kestrel2"),
+    pytest.param({"journal_format": "kestrel3"}, False, id="kestrel3"),
+    pytest.param({"journal_format": "kestrel2", "sync_journal": "always"}, True, id="kestrel2-commit-log"),
+    pytest.param({"journal_format": "kestrel3", "sync_journal": "always"}, True, id="kestrel3-commit-log"),
+]
+
+
+class HeldWrites:
+    """`disk.write_all` and `disk.writev_all` (which a journal's appends of 1 MB or more call) noting
+    the thread each runs on and how many bytes; a write off the loop thread waits for `release`,
+    and fails with `error` if one is set. On the loop thread nothing waits (the test would hang)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loop_thread = threading.get_ident()
+        self.threads: list[tuple[bool, int]] = []  # (on the loop thread, bytes) per write
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.error: OSError | None = None
+        write_all, writev_all = disk.write_all, disk.writev_all
+
+        def held(fn: Callable[..., Any], size: Callable[[Any], int]) -> Callable[..., Any]:
+            def write(fd: int, data: Any) -> Any:
+                on_loop = threading.get_ident() == self.loop_thread
+                self.threads.append((on_loop, size(data)))
+                if not on_loop:
+                    self.started.set()
+                    self.release.wait(60)
+                    if self.error is not None:
+                        raise self.error
+                return fn(fd, data)
+            return write
+
+        monkeypatch.setattr(disk, "write_all", held(write_all, len))
+        monkeypatch.setattr(disk, "writev_all", held(writev_all, lambda parts: sum(map(len, parts))))
+
+    def wait_started(self, put: gevent.Greenlet) -> None:
+        """Let the loop run until the large write is under way on its thread (or `put` ended)."""
+        while not self.started.is_set() and not put.ready():
+            gevent.sleep(0.001)
+
+    @property
+    def large(self) -> list[bool]:
+        """For each write of the large item: whether it ran on the loop thread."""
+        return [on_loop for on_loop, size in self.threads if size >= LARGE_APPEND]
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldWrites]:
+    held = HeldWrites(monkeypatch)
+    yield held
+    held.release.set()
+
+
+def collection(path: Path, settings: dict[str, str], commit_log: bool) -> QueueCollection:
+    return open_collection(path, settings, clock=FakeClock(T0), commit_log=commit_log)
+
+
+@pytest.mark.parametrize(("settings", "commit_log"), SETTINGS)
+def test_a_large_put_is_written_off_the_loop_and_its_queue_waits_its_turn(
+        tmp_path: Path, writes: HeldWrites, settings: dict[str, str], commit_log: bool) -> None:
+    coll = collection(tmp_path, settings, commit_log)
+    under = b"u" * (LARGE_APPEND - 1000)  # Kestrel 2 writes it where it is, as the large one
+    coll.put("q", [under])
+    assert coll.remove("q", 1)[0].data == under
+    assert all(on_loop for on_loop, _ in writes.threads)  # appends under 1 MB stay on the loop
+    put = gevent.spawn(coll.put, "q", [LARGE])
+    writes.wait_started(put)
+    assert writes.large == [False], "the large item was written on the loop thread"
+    # The loop serves other queues meanwhile; a get of this queue waits until the item is written.
+    get = gevent.spawn(coll.remove, "q", 1)
+    assert coll.put("other", [b"meanwhile"]) == 1
+    gevent.sleep(0)
+    assert not put.ready() and not get.ready()
+    writes.release.set()
+    assert put.get(timeout=60) == 1
+    assert [item.data for item in get.get(timeout=60)] == [LARGE]
+    coll.put("q", [b"after"])
+    coll.close()
+    again = load_strictly(collection(tmp_path, settings, commit_log))
+    assert drain(again, "q") == [b"after"]  # the journal has the put, then the get, then the next put
+    assert drain(again, "other") == [b"meanwhile"]
+    again.close()
+
+
+@pytest.mark.parametrize(("settings", "commit_log"), SETTINGS)
+def test_a_large_write_that_fails_leaves_the_journal_as_it_was(
+        tmp_path: Path, writes: HeldWrites, settings: dict[str, str], commit_log: bool) -> None:
+    coll = collection(tmp_path, settings, commit_log)
+    coll.put("q", [b"before"])
+    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    put = gevent.spawn(coll.put, "q", [LARGE])
+    writes.wait_started(put)
+    get = gevent.spawn(coll.remove, "q", 2)
+    writes.release.set()
+    with pytest.raises(JournalWriteError, match="disk is full"):
+        put.get(timeout=60)
+    assert writes.large == [False]
+    get.join(timeout=60)
+    # The get ran after the failed put was undone: at most the item from before, never the large one.
+    assert get.successful() and [item.data for item in get.value] == [b"before"]
+    coll.close()
+    again = load_strictly(collection(tmp_path, settings, commit_log))
+    assert drain(again, "q") == []
+    again.close()
+
+
+def test_a_checkpoint_deletes_the_segments_of_large_items_off_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deleting a segment that held large items frees its pages, tens of milliseconds: a thread's."""
+    coll = collection(tmp_path, {"sync_journal": "always"}, True)
+    coll.put("q", [LARGE])
+    loop_thread, unlink = threading.get_ident(), os.unlink
+    deleted: list[tuple[str, bool]] = []
+
+    def noted(path: str, *args: Any, **kwargs: Any) -> None:
+        deleted.append((os.path.basename(os.path.dirname(path)), threading.get_ident() == loop_thread))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", noted)
+    assert coll.commit_log is not None
+    coll.commit_log.checkpoint()
+    monkeypatch.undo()
+    assert ("commit-log", False) in deleted and ("commit-log", True) not in deleted
+    coll.close()
