@@ -8,8 +8,9 @@ system call itself: a journal's append calls it straight, so no Python frame run
 compiled request path and the kernel. Where the build has a C compiler it is the C helper's
 (src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the write; `os.write`, its
 twin, gives the lock up and takes it back around each one. `write` serves the appends made on the
-event loop's thread; the large ones written on the thread pool (src/kestrel/storage/write_gate.py) go through
-`write_all` and `writev_all`, which give the lock up, so the loop runs meanwhile.
+event loop's thread; the large ones written on the thread pool
+(src/kestrel/storage/write_gate.py) go through `write_all` and `writev_all`, which give the lock
+up, so the loop runs meanwhile.
 """
 
 from __future__ import annotations
