@@ -94,7 +94,8 @@ SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-om
 SANITIZE_TESTS := tests/thrift/test_thrift_binary.py tests/memcache/test_memcache_runs.py \
 	tests/storage/test_item.py tests/storage/test_manifest.py tests/storage/test_decode_common.py \
 	tests/storage/test_replay_fast_path.py tests/storage/test_batch_paths.py tests/storage/test_group_commit.py \
-	tests/storage/test_commit_log.py tests/server/test_socket_io.py tests/server/test_item_copies.py
+	tests/storage/test_commit_log.py tests/server/test_socket_io.py tests/server/test_item_copies.py \
+	tests/storage/test_disk_write.py
 CC ?= cc
 
 sanitize: $(STAMP)

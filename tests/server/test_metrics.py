@@ -142,7 +142,11 @@ def test_an_observation_lands_in_the_bucket_bisect_left_finds() -> None:
     assert [series.bucket(v) for v in values] == [bisect.bisect_left(bounds, v) for v in values]
     for v in values:
         series.observe(v)
-    assert sum(series.counts) == len(values)
+    assert series.counts == [sum(bisect.bisect_left(bounds, v) == i for v in values) for i in range(len(bounds))]
+    before = series.counts
+    series.observe_many(0.0, 3)  # the first bucket's count, kept apart, and the others alike
+    series.observe_many(0.75, 2)
+    assert series.counts == [before[0] + 3, *before[1:5], before[5] + 2, *before[6:]]
 
 
 def test_loop_histograms_expose_what_prometheus_clients_own_histogram_does() -> None:

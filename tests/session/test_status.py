@@ -37,6 +37,28 @@ def test_grace_period_delays_a_stricter_status(tmp_path: Path) -> None:
     keeper.check_write("put")
 
 
+@pytest.mark.parametrize(("status", "writes", "reads"), [
+    (Status.UP, True, True), (Status.READ_ONLY, False, True), (Status.QUIESCENT, False, False)])
+def test_the_checks_follow_the_status_set_and_the_one_read_at_start(tmp_path: Path, status: Status, writes: bool,
+                                                                      reads: bool) -> None:
+    def allowed(keeper: StatusKeeper) -> tuple[bool, bool]:
+        answers = []
+        for check in (keeper.check_write, keeper.check_read):
+            try:
+                check("put")
+                answers.append(True)
+            except RefusedByStatus:
+                answers.append(False)
+        return answers[0], answers[1]
+
+    path = str(tmp_path / "status")
+    keeper = StatusKeeper(path, Status.UP, 0)
+    keeper.set(status)
+    assert allowed(keeper) == (writes, reads)
+    assert allowed(StatusKeeper(path, Status.UP, 0)) == (writes, reads)  # read from the file at start
+    assert allowed(StatusKeeper(None, status, 0)) == (True, True)  # not configured: nothing refused
+
+
 def test_a_change_during_a_pending_grace_period_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "status"
     keeper = StatusKeeper(str(path), Status.UP, 60_000)

@@ -25,6 +25,7 @@ from kestrel.service.thrift.messages import (
     _PLAIN_CALLS,
     METHODS,
     encode_reply,
+    field_rules,
     read_args,
     read_buffered_frame,
     read_plain_frame,
@@ -276,8 +277,8 @@ def test_every_argument_kind_is_read_whole_or_declined_at_every_cut() -> None:
     """A made-up method with one argument of each kind (Kestrel's own have no plain i64), its frame
     cut at every length: only the whole frame is read, and to the right values, each in its place
     (not the order of the field ids), the default where the call has none."""
-    fields = (None, (1, 8, 0), (0, 10, 1), (2, 11, 2), (3, 11, 3), (4, 15, 4), (5, 14, 5))
-    methods = ((b"n", "not this", (None,), (None, (0, 8, 0))), (b"m", "M", (None,) * 6 + (7,), fields))
+    fields = field_rules((None, (1, 8, 0), (0, 10, 1), (2, 11, 2), (3, 11, 3), (4, 15, 4), (5, 14, 5)))
+    methods = ((b"n", "not this", (None,), field_rules((None, (0, 8, 0)))), (b"m", "M", (None,) * 6 + (7,), fields))
     body = (b"\x08\x00\x01" + struct.pack("!i", -5) + b"\x0a\x00\x02" + struct.pack("!q", -(2**40))
             + b"\x0b\x00\x03" + struct.pack("!i", 3) + "é!".encode() + b"\x0b\x00\x04" + struct.pack("!i", 2)
             + b"\xff\x00" + b"\x0f\x00\x05\x0b" + struct.pack("!i", 2) + encoded([b"x", b"yz"])

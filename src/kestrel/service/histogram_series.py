@@ -7,25 +7,40 @@ from kestrel.storage.timing import Timing
 
 
 class HistogramSeries(Timing):
-    """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before."""
+    """One label set's counts: `counts[i]` observations at or below `bounds[i]` and above the one before.
 
-    __slots__ = ("bounds", "counts", "sum")
+    The first bucket's count is an attribute of its own (`in_first`), the others a list (`above`):
+    most observations fall in the first (a request's answer, a journal write), and compiled, an int
+    attribute adds natively where a list's item is boxed anew at each count past Python's small ints
+    (an allocation, and the old count freed: about 150 instructions an observation)."""
+
+    __slots__ = ("bounds", "in_first", "above", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self.counts = [0] * len(bounds)
+        self.in_first = 0
+        self.above = [0] * (len(bounds) - 1)
         self.sum = 0.0
+
+    @property
+    def counts(self) -> list[int]:
+        """Each bucket's count, in the order of `bounds`."""
+        return [self.in_first, *self.above]
 
     def observe(self, seconds: float) -> None:
         self.observe_many(seconds, 1)
 
     def observe_many(self, seconds: float, count: int) -> None:
         """`count` requests answered together in `seconds` (a pipelined run): each took that long."""
-        counts, i = self.counts, self.bucket(seconds)
-        # (not `+=` on the item: compiled, that is Python's generic in-place add of two objects)
-        total: int = counts[i]
-        counts[i] = total + count
         self.sum += seconds * count
+        i = self.bucket(seconds)
+        if not i:
+            self.in_first += count
+            return
+        above = self.above
+        # (not `+=` on the item: compiled, that is Python's generic in-place add of two objects)
+        total: int = above[i - 1]
+        above[i - 1] = total + count
 
     def bucket(self, seconds: float) -> int:
         """The index of the first bound at or above `seconds` (`bisect_left`'s answer), found from the

@@ -92,6 +92,12 @@ _receive_appending: Callable[[int, bytearray, int], int] = (
     receive_appending if _c_receive is None else _c_receive)
 _send_some: Callable[[int, bytes | memoryview], int] = send_some if _c_send is None else _c_send
 
+# An int handed to a C helper on every request (a connection's limits, its receive size), held as
+# the Python object it is: an `int` is kept unboxed by the compiled build and boxed again for each
+# call of C, which allocates for any value past Python's small ints (256), about 130 instructions a
+# value a call.
+BoxedInt = Any
+
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
 _getcurrent: Final = getcurrent
@@ -215,6 +221,7 @@ class ClientSocket:
         # fails with EBADF rather than reach a connection that reused the number
         self.fd = sock.fileno()
         self.chunk = chunk
+        self._chunk: BoxedInt = chunk  # what each receive asks the C helper for
         self._receive_appending = _receive_appending  # (a module global would be looked up each call)
         self._send_some = _send_some
         self.drained = True  # the last receive took all there was (it did not fill its room)
@@ -235,7 +242,7 @@ class ClientSocket:
             self._wait_readable(timeout)
         if self.in_place:
             return self._receive_in_place(buf, timeout)
-        while (n := self._receive_appending(self.fd, buf, self.chunk)) < 0:
+        while (n := self._receive_appending(self.fd, buf, self._chunk)) < 0:
             self.waited = True
             self._wait_readable(timeout)
         self.ended = n == 0

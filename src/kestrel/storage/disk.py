@@ -4,16 +4,26 @@ or a folder.
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
 that the fault tests can replace them to fail a write or an fsync in either build. `write` is the
-system call itself (`os.write` as it was at import): a journal's append calls it straight, so no
-Python frame runs between the compiled request path and the kernel.
+system call itself: a journal's append calls it straight, so no Python frame runs between the
+compiled request path and the kernel. Where the build has a C compiler it is the C helper's
+(src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the write; `os.write`, its
+twin, gives the lock up and takes it back around each one. `write` serves the appends made on the
+event loop's thread; the large ones written on the thread pool
+(src/kestrel/storage/write_gate.py) go through `write_all` and `writev_all`, which give the lock
+up, so the loop runs meanwhile.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 
-write = os.write
+write: Callable[[int, bytes | memoryview], int]
+try:
+    from kestrel.storage._disk import write
+except ImportError:  # built without a C compiler
+    write = os.write
 pwrite = os.pwrite
 
 

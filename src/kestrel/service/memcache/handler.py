@@ -30,6 +30,7 @@ from kestrel.service.memcache.runs import RUN_LIMIT, scan_gets, scan_sets, value
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
+from kestrel.service.socket_io import BoxedInt
 from kestrel.service.stats_render import dump_config, dump_stats, memcache_stats, queue_blocks
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import InvalidQueueName, KestrelError
@@ -72,6 +73,10 @@ class MemcacheConnection(BufferedConnection):
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
         self.max_item = server.config.max_frame_size
+        # What each scan is handed, boxed once (`BoxedInt`).
+        self.scan_line: BoxedInt = self.max_line
+        self.scan_item: BoxedInt = self.max_item
+        self.scan_run: BoxedInt = RUN_LIMIT
         self.discard = 0  # bytes of item data still to drop unread
         self.discard_reply = b""  # sent once they are dropped
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
@@ -110,14 +115,14 @@ class MemcacheConnection(BufferedConnection):
             if first in RUN_STARTS and not self.skip_line:  # a run of plain sets or gets, read in one step
                 if first == SET_START:
                     assert _scan_sets is not None
-                    sets = _scan_sets(buf, pos, end, self.max_line, self.max_item, RUN_LIMIT)
+                    sets = _scan_sets(buf, pos, end, self.scan_line, self.scan_item, self.scan_run)
                     if sets is not None:
                         key, exptime, datas, answered, pos = sets
                         self.store(key.decode(), exptime, datas, answered)
                         continue
                 else:
                     assert _scan_gets is not None
-                    gets = _scan_gets(buf, pos, end, self.max_line, RUN_LIMIT)
+                    gets = _scan_gets(buf, pos, end, self.scan_line, self.scan_run)
                     if gets is not None:
                         key, count, pos = gets
                         self.fetch(key, count)

@@ -11,9 +11,9 @@ def write_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
 def write_framed_reply(head: bytes, seqid: int, /, *values: Any) -> bytes | None:
     """`write_reply`'s reply as one frame of the framed transport: its 4-byte size, then the reply."""
 
-# Each method: its name as UTF-8, itself, its defaults in argument order, its fields by id:
-# (position, wire type, kind) or None.
-Methods = tuple[tuple[bytes, Any, tuple[Any, ...], tuple[tuple[int, int, int] | None, ...]], ...]
+# Each method: its name as UTF-8, itself, its defaults in argument order, its field rules: three
+# bytes a field id (position, wire type, kind), 0xff first where the reader has none.
+Methods = tuple[tuple[bytes, Any, tuple[Any, ...], bytes], ...]
 
 def read_call(frame: bytes | bytearray, methods: Methods, max_items: int, max_bytes: int, /
               ) -> tuple[Any, int, int, tuple[Any, ...], int] | None:

@@ -25,6 +25,7 @@ from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session, SessionError
+from kestrel.service.socket_io import BoxedInt
 from kestrel.service.thrift.messages import (
     INTERNAL_ERROR,
     INVALID_MESSAGE_TYPE,
@@ -195,8 +196,11 @@ class ThriftConnection:
         """Each frame in turn, read where it lies in the receive buffer (no copy of the frame): a
         plain binary call in one compiled step, any other by the protocol's reader."""
         stream, turns, cfg = self.stream, self.turns, self.cfg
-        max_frame, plain = cfg.max_frame_size, self.reader_cls is BinaryReader
-        max_items, max_bytes = cfg.max_batch_items, cfg.max_batch_bytes
+        plain = self.reader_cls is BinaryReader
+        # (boxed once: each frame hands them to the compiled reader)
+        max_frame: BoxedInt = cfg.max_frame_size
+        max_items: BoxedInt = cfg.max_batch_items
+        max_bytes: BoxedInt = cfg.max_batch_bytes
         # (no `*` in the calls: the compiled build then calls the compiled function straight)
         while stream.wait_request():
             call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None

@@ -16,6 +16,7 @@ from typing import Any, Final
 from thriftpy2.thrift import TApplicationException
 
 from kestrel.contract import kestrel_thrift
+from kestrel.service.socket_io import BoxedInt
 from kestrel.service.thrift.protocol import (
     EXCEPTION,
     I32,
@@ -144,15 +145,20 @@ def _argument_kind(vtype: ValueType) -> int | None:
     return None
 
 
-def _plain_fields(method: Method) -> tuple[tuple[int, int, int] | None, ...]:
-    """A method's fields as the compiled reader takes them, by field id: (position, wire type,
-    kind), or None for an id it does not have or reads otherwise."""
+def field_rules(fields: tuple[tuple[int, int, int] | None, ...]) -> bytes:
+    """Fields by id, each (position, wire type, kind) or None, as the compiled reader takes them:
+    three bytes a field id, 0xff first for an id it does not have or reads otherwise."""
+    return b"".join(b"\xff\x00\x00" if field is None else bytes(field) for field in fields)
+
+
+def _plain_fields(method: Method) -> bytes:
+    """A method's field rules (`field_rules`) for the compiled reader."""
     plain = {fid: (position, vtype.ttype, kind) for fid, (position, _, vtype) in method.args.items()
              if (kind := _argument_kind(vtype)) is not None}
-    return tuple(plain.get(fid) for fid in range(max(plain, default=0) + 1))
+    return field_rules(tuple(plain.get(fid) for fid in range(max(plain, default=0) + 1)))
 
 
-# The methods as the compiled reader takes them: (name as UTF-8, the Method, defaults, fields by id).
+# The methods as the compiled reader takes them: (name as UTF-8, the Method, defaults, field rules).
 _PLAIN_CALLS: Final = tuple((method.name.encode(), method, method.defaults, _plain_fields(method))
                      for method in METHODS.values())
 
@@ -194,8 +200,8 @@ def read_plain_frame(frame: bytes, max_items: int,
     return None if call is None else (call[0], call[2], call[3])
 
 
-def read_buffered_frame(buf: bytearray, max_frame: int, max_items: int,
-                        max_bytes: int) -> tuple[Method, int, tuple[Any, ...], int] | None:
+def read_buffered_frame(buf: bytearray, max_frame: BoxedInt, max_items: BoxedInt,
+                        max_bytes: BoxedInt) -> tuple[Method, int, tuple[Any, ...], int] | None:
     """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of
     its payload): (method, sequence id, arguments, where the frame ends). None where the frame is not
     whole yet or is over `max_frame`, or `read_plain_frame` would decline: the connection then takes
@@ -306,5 +312,5 @@ INVALID_MESSAGE_TYPE = TApplicationException.INVALID_MESSAGE_TYPE
 INTERNAL_ERROR = TApplicationException.INTERNAL_ERROR
 PROTOCOL_ERROR = TApplicationException.PROTOCOL_ERROR
 
-__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "read_args",
+__all__ = ["METHODS", "Method", "ValueType", "encode_exception", "encode_reply", "field_rules", "read_args",
            "read_buffered_frame", "read_plain_frame"]
