@@ -444,7 +444,8 @@ def test_retries_have_a_count_and_a_backoff(server: ServerProcess, retries: Retr
 
 
 def test_a_restarting_server_is_waited_for_within_the_retries(server: ServerProcess) -> None:
-    cluster = cluster_of(server, retries=8, backoff_ms=200, max_backoff_ms=1000)
+    # About 38 s of retries: a server's start on a loaded machine takes seconds, not milliseconds.
+    cluster = cluster_of(server, retries=40, backoff_ms=200, max_backoff_ms=1000)
     assert cluster.put("comeback", b"before")
     server.kill()
     restart = threading.Thread(target=server.start)
