@@ -9,6 +9,7 @@ shape gets the same answer in a Kestrel 2 journal, a Kestrel 3 writer file and t
 
 from __future__ import annotations
 
+import random
 import struct
 from pathlib import Path
 
@@ -98,3 +99,68 @@ def test_zeros_or_a_torn_record_at_the_end_of_the_last_file_are_cut_off_keeping_
     assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
     if fmt != "commit log":  # the log's own recovery cuts it (tests/storage/test_commit_log.py)
         assert list(aside(tmp_path).values()) == [cut]  # what was cut off, and nothing else
+
+
+def record_bytes(fmt: str, megabytes: int) -> bytes:
+    """Item data that reads as records from place after place, each failing late: the worst a torn
+    record's data can do to the rule that looks for whole records inside it.
+
+    Kestrel 2: REMOVE opcodes, a chain of records with no item from every place. Kestrel 3 and the
+    log: every 64 bytes the header of a record of a quarter of the data, ending on nonsense (a
+    PUT's next byte is no command; the log record's fields do not fit)."""
+    size = megabytes << 20
+    if fmt == "kestrel2":
+        return bytes([codec.REMOVE]) * size
+    quarter = size // 4
+    if fmt == "kestrel3":
+        block = put(1, b"")[:1] + struct.pack("<iiQq", quarter, 0, 1, T0)
+    else:
+        block = struct.pack("<II", quarter, 0) + struct.pack("<H", 1) + b"q" + struct.pack("<QQ", 9 << 56, 0)
+    return (block + bytes(64 - len(block))) * (size // 64)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("megabytes", [1, 16])
+def test_a_torn_record_whose_data_reads_as_records_everywhere_is_judged_in_linear_time(
+        tmp_path: Path, fmt: str, megabytes: int) -> None:
+    """Judged place by place, such data took time quadratic in its size (hours for 1 MB of REMOVE
+    opcodes): the rule reads each place's chain of records once. Nothing inside is evidence."""
+    data = record_bytes(fmt, megabytes)
+    if fmt == "kestrel2":
+        whole = codec.encode_addx(T0, 0, data)
+    elif fmt == "kestrel3":
+        whole = put(4, data)
+    else:
+        whole = commit_log.encode_record("q", 0, 36, data)
+    cut = whole[:len(whole) - 1000]
+    lay_out(tmp_path, fmt, b"".join(records(fmt, 3)) + cut)
+    assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
+    if fmt != "commit log":
+        assert list(aside(tmp_path).values()) == [cut]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_torn_record_of_random_opcode_bytes_is_judged_as_the_rule_says(tmp_path: Path, fmt: str) -> None:
+    """A megabyte of bytes 0x00 to 0x09: in a Kestrel 2 journal they happen to hold whole records
+    (item records among them), so the torn record is damage; elsewhere they cannot, so it is cut."""
+    data = random.Random(7).randbytes(1 << 20).translate(bytes(n % 10 for n in range(256)))
+    if fmt == "kestrel2":
+        whole = codec.encode_addx(T0, 0, data)
+    elif fmt == "kestrel3":
+        whole = put(4, data)
+    else:
+        whole = commit_log.encode_record("q", 0, 36, data)
+    cut = whole[:len(whole) // 2]
+    path = lay_out(tmp_path, fmt, b"".join(records(fmt, 3)) + cut)
+    if fmt == "kestrel2":
+        with pytest.raises(CorruptJournalError) as err:
+            load(tmp_path, fmt)
+        assert err.value.path == str(path) and err.value.offset == path.stat().st_size - len(cut)
+        assert "whole records start inside it" in err.value.reason and aside(tmp_path) == {}
+        return
+    assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
+    if fmt != "commit log":
+        assert list(aside(tmp_path).values()) == [cut]

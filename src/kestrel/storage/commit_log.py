@@ -169,23 +169,28 @@ def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset
         append_record_python(out, name, name_crc, place, offset, data)
 
 
-def _decode_body(body: bytes) -> Record | None:
-    """The record a body holds, or None if its fields do not fit together."""
+def _decode_body(body: bytes | memoryview, crc: int | None = None) -> Record | None:
+    """The record a body holds, or None if its fields do not fit together or (given `crc`) its
+    checksum is not `crc`. The fields are read first and the data copied last: bytes that merely
+    claim a record's size cost no checksum or copy unless their fields fit (the torn-tail rule asks
+    this at every place of a torn record)."""
     if len(body) < _MIN_BODY:
         return None
     (name_size,) = _NAME.unpack_from(body, 0)
     place = _NAME.size + name_size
     if name_size == 0 or place + _PLACE.size > len(body):
         return None
-    try:
-        queue = body[_NAME.size:place].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
     kind_epoch, offset = _PLACE.unpack_from(body, place)
     kind = kind_epoch >> 56
     if kind not in _KINDS:
         return None
-    return Record(queue, kind_epoch & _EPOCH, offset, body[place + _PLACE.size:], kind)
+    try:
+        queue = str(body[_NAME.size:place], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    if crc is not None and zlib.crc32(body) != crc:
+        return None
+    return Record(queue, kind_epoch & _EPOCH, offset, bytes(body[place + _PLACE.size:]), kind)
 
 
 def _read_record(data: bytes, at: int) -> tuple[Record | None, int, str, bool]:
@@ -199,8 +204,7 @@ def _read_record(data: bytes, at: int) -> tuple[Record | None, int, str, bool]:
         return None, end, f"a record size of {size} bytes", False
     if end > len(data):
         return None, end, "a record running past the end of the file", True
-    body = data[at + _HEAD.size:end]
-    record = _decode_body(body) if zlib.crc32(body) == crc else None
+    record = _decode_body(memoryview(data)[at + _HEAD.size:end], crc)
     if record is None:
         return None, end, "a record whose checksum or fields are wrong", True
     return record, end, "", True
@@ -213,10 +217,14 @@ class _LogRecords:
     def body_start(self, tail: bytes) -> int:
         return _HEAD.size
 
-    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
-        return _read_record(tail, pos)[0] is not None
+    evidence_at_end = 1
+    evidence_before_nonsense = 1
 
-    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        record, end, _, _ = _read_record(tail, pos)
+        return None if record is None else (end, 1)
+
+    def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
         return None
 
 
@@ -277,8 +285,7 @@ def read_segment(path: str, last: bool) -> Segment:
             segment.torn_at = at
             break
         tail = data[at:]
-        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")),
-                                              LOG_RECORDS.whole_records_at)
+        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")), LOG_RECORDS)
         resume = len(data) if found is None else at + found
         damage = _damage(data, at, resume, error.reason)
         segment.damage.append(damage)

@@ -19,12 +19,15 @@ its end is its clean end (`ends_cleanly`), neither torn nor damaged. A record cu
 any byte that is not zero after the zeros, is judged by the rules above.
 
 Each format says only how its records read (`Records`): where whole records could start inside a
-record, and whether they start at a place. The decision is here, once.
+record, and how one record at a place reads. The decision is here, once, and so is the reading on
+from each place (`Chains`): every place's chain of records is read at most once and each chain stops
+once its evidence is met, so judging takes time linear in the bytes judged (item data that reads as
+a chain of records from every place would otherwise be read again from each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
 from typing import Protocol
 
 from kestrel.storage.errors import CorruptJournalError
@@ -40,14 +43,20 @@ class Records(Protocol):
     def body_start(self, tail: bytes) -> int:
         """Where whole records could start inside the record at `tail[0]`: after its size field."""
 
-    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
-        """Whether whole records start at `pos`: reading on, they reach `end` (where the file's
-        trailing zeros start, or the window's end) with at least one record, or give at least two
-        whole records before the bytes stop making sense."""
+    # Whole records start at a place when, reading on, the records count at least this many (as
+    # `record_at` counts them) on reaching the end (where the file's trailing zeros start, or the
+    # window's end), or this many before the bytes stop making sense.
+    evidence_at_end: int
+    evidence_before_nonsense: int
 
-    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        """The record at `pos` if it reads whole within `tail` (its data is not copied): where it
+        ends and whether it counts as evidence (1) or not (0); None if it does not read."""
+
+    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
         """A sharper account of the damage at `offset` than "whole records start inside it", if the
-        format has one (a size field one bit off), else None."""
+        format has one (a size field one bit off), else None. `chains`: where whole records start,
+        reading on to the end of `tail`."""
 
 
 def read_tail(path: str, offset: int) -> tuple[bytes, bool]:
@@ -82,10 +91,10 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
     if not startable:
         return CorruptJournalError(path, offset, opcode, why)
     end = len(data.rstrip(b"\0")) if at_end else len(data)
-    explained = records.explain(data, end, offset)
+    explained = records.explain(data, end, offset, Chains(data, len(data), records))
     if explained is not None:
         return CorruptJournalError(path, offset, opcode, explained)
-    inside = first_whole_records(data, records.body_start(data), end, records.whole_records_at)
+    inside = first_whole_records(data, records.body_start(data), end, records)
     if inside is None:
         return None
     return CorruptJournalError(path, offset, opcode, (
@@ -93,10 +102,75 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
         f"({len(data)} bytes): its size field or its bytes are damaged, this is not a torn write"))
 
 
-def first_whole_records(tail: bytes, start: int, end: int,
-                        whole_records_at: Callable[[bytes, int, int], bool]) -> int | None:
+def first_whole_records(tail: bytes, start: int, end: int, records: Records) -> int | None:
     """The first place in `tail[start:end]` where whole records start, or None."""
+    chains = Chains(tail, end, records)
     for pos in range(max(start, 1), end):
-        if whole_records_at(tail, pos, end):
+        if chains.whole_records_at(pos):
             return pos
     return None
+
+
+# What `Chains` knows of a place: not read yet, or how many records count from it (up to the
+# evidence asked for) and whether that chain reached the end or met nonsense.
+_UNKNOWN = 0
+_REACHED = 1
+_STOPPED = 2
+
+
+class Chains:
+    """Where whole records start in `tail`, reading on to `end`, each place's chain read once.
+
+    A place's chain is the place's record, then the chain of the place where it ends: what a place
+    was found to read to is kept (its count, saturated at the evidence asked for, and how its chain
+    ended), and a later chain that meets a place already read takes its answer from there. A chain
+    stops as soon as its count is evidence whatever follows.
+    """
+
+    def __init__(self, tail: bytes, end: int, records: Records) -> None:
+        self.tail = tail
+        self.end = end
+        self.records = records
+        self.enough = max(records.evidence_at_end, records.evidence_before_nonsense)
+        self._known = bytearray(end)  # per place: _UNKNOWN, or 4 * count + how its chain ended
+
+    def whole_records_at(self, pos: int) -> bool:
+        count, ended = self._read_on(pos)
+        if count >= self.enough:
+            return True
+        return count >= (self.records.evidence_at_end if ended == _REACHED
+                         else self.records.evidence_before_nonsense)
+
+    def _read_on(self, pos: int) -> tuple[int, int]:
+        """How many records count from `pos` (at most `enough`) and how the chain ended; keeps the
+        same for every place the chain passed."""
+        known, tail, end, enough = self._known, self.tail, self.end, self.enough
+        record_at = self.records.record_at
+        places = array("q")  # the places this chain read, and what each counted
+        counts = bytearray()
+        found = 0
+        at = pos
+        while True:
+            if at >= end:
+                base, ended = 0, _REACHED
+                break
+            if known[at]:
+                base, ended = known[at] >> 2, known[at] & 3
+                break
+            record = record_at(tail, at)
+            if record is None:
+                base, ended = 0, _STOPPED
+                break
+            places.append(at)
+            counts.append(record[1])
+            found += record[1]
+            at = record[0]
+            if found >= enough:  # evidence whatever follows: the places near the stop are left unknown
+                base, ended = 0, _STOPPED
+                break
+        total = base
+        for i in range(len(places) - 1, -1, -1):
+            total = min(enough, total + counts[i])
+            if found < enough or total == enough:
+                known[places[i]] = total << 2 | ended
+        return total, ended

@@ -7,7 +7,7 @@ Every record is a one-byte opcode and its fields, little-endian; a leading `size
 block after it. One frozen dataclass per record kind, and pure encode/decode functions with no I/O.
 
 Opcode 8 means STATE_DUMP in the journal format document and CONTINUE in released Kestrel 2.4;
-`decode` tells them apart by what follows (see `_decode_opcode_8`). A reliable read is written as
+`decode` tells them apart by what follows (see `_opcode_8_span`). A reliable read is written as
 released Kestrel 2.4 writes it, REMOVE_TENTATIVE_XID (9) with its xid: every Kestrel from 2.1 to 2.4
 reads the document's REMOVE_TENTATIVE (3) as xid 0, so a journal of opcode-3 records would replay
 differently there. Opcode 3 is still read as the document says (the next free xid).
@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+from kestrel.storage.torn_tail import Chains
 
 ADD = 0
 REMOVE = 1
@@ -246,6 +249,34 @@ def decode(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int
     Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be a
     record. `at_eof` says that nothing follows `buf`, which opcode 8 needs to look ahead.
     """
+    stop, data = record_span(buf, pos, at_eof)
+    op = buf[pos]
+    if op == ADDX:
+        add_time, expiry = _TWO_I64.unpack_from(buf, pos + 5)
+        return AddX(add_time, expiry, bytes(buf[data:stop])), stop
+    if op == REMOVE:
+        return Remove(), stop
+    if op == REMOVE_TENTATIVE:
+        return RemoveTentative(), stop
+    if op == ADD_XID:
+        xid, _, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, pos + 1)
+        return AddXid(xid, add_time, expiry, bytes(buf[data:stop])), stop
+    if op == 8:
+        xid, second = _TWO_I32.unpack_from(buf, pos + 1)
+        if stop == pos + 9:
+            return StateDump(xid, second), stop
+        add_time, expiry = _TWO_I64.unpack_from(buf, pos + 9)
+        return Continue(xid, add_time, expiry, bytes(buf[data:stop])), stop
+    if op == ADD:
+        (expiry_s,) = _I32.unpack_from(buf, pos + 5)
+        return Add(expiry_s, bytes(buf[data:stop])), stop
+    (xid,) = _I32.unpack_from(buf, pos + 1)
+    return _XID_RECORDS[op](xid), stop
+
+
+def record_span(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[int, int]:
+    """Where the record starting at `pos` ends and where its item data starts (its end if it has
+    none), read as `decode` reads it but copying nothing; raises as `decode` does."""
     end = len(buf)
     if pos >= end:
         raise Incomplete
@@ -254,38 +285,34 @@ def decode(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int
     if op == ADDX:
         if p + 20 > end:
             raise Incomplete
-        size, add_time, expiry = _ADDX_HEAD.unpack_from(buf, p)
+        (size,) = _I32.unpack_from(buf, p)
         if size < ITEM_HEADER:
             raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
         stop = p + 4 + size
         if stop > end:
             raise Incomplete
-        return AddX(add_time, expiry, bytes(buf[p + 20:stop])), stop
-    if op == REMOVE:
-        return Remove(), p
-    if op == REMOVE_TENTATIVE:
-        return RemoveTentative(), p
-    if op in (SAVE_XID, UNREMOVE, CONFIRM_REMOVE, REMOVE_TENTATIVE_XID):
+        return stop, p + 20
+    if op in (REMOVE, REMOVE_TENTATIVE):
+        return p, p
+    if op in _XID_RECORDS:
         if p + 4 > end:
             raise Incomplete
-        (xid,) = _I32.unpack_from(buf, p)
-        cls = _XID_RECORDS[op]
-        return cls(xid), p + 4
+        return p + 4, p + 4
     if op == ADD_XID:
-        xid, size, add_time, expiry, stop = _item_with_xid(buf, p, op)
-        return AddXid(xid, add_time, expiry, bytes(buf[p + 24:stop])), stop
+        stop = _item_with_xid(buf, p, op)[4]
+        return stop, p + 24
     if op == 8:
-        return _decode_opcode_8(buf, pos, at_eof)
+        return _opcode_8_span(buf, pos, at_eof)
     if op == ADD:
         if p + 8 > end:
             raise Incomplete
-        size, expiry_s = _ADD_HEAD.unpack_from(buf, p)
+        (size,) = _I32.unpack_from(buf, p)
         if size < 4:
             raise Malformed(op, f"ADD block of {size} bytes is shorter than its 4-byte expiry")
         stop = p + 4 + size
         if stop > end:
             raise Incomplete
-        return Add(expiry_s, bytes(buf[p + 8:stop])), stop
+        return stop, p + 8
     raise Malformed(op, f"unknown opcode {op}")
 
 
@@ -309,12 +336,13 @@ def _item_with_xid(buf: bytes | memoryview, p: int, op: int) -> tuple[int, int, 
     return xid, size, add_time, expiry, stop
 
 
-def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[Record, int]:
+def _opcode_8_span(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[int, int]:
     """STATE_DUMP (xid, count, then `count` ADD_XID records) or CONTINUE (xid, item block).
 
-    A STATE_DUMP is taken when its count is 0 or the next `count` records all decode as ADD_XID.
-    Otherwise it is a CONTINUE if its block is a plausible item block followed by the end of the
-    file or a known opcode. If neither reading fits, the record is malformed.
+    A STATE_DUMP is taken when its count is 0 or the next `count` records all decode as ADD_XID:
+    it ends after its count (its data start and end are the same). Otherwise it is a CONTINUE if its
+    block is a plausible item block followed by the end of the file or a known opcode. If neither
+    reading fits, the record is malformed.
     """
     p = pos + 1
     end = len(buf)
@@ -323,14 +351,13 @@ def _decode_opcode_8(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[R
     xid, second = _TWO_I32.unpack_from(buf, p)
     after = p + 8
     if second == 0 or (second > 0 and _add_xids_follow(buf, after, second, at_eof)):
-        return StateDump(xid, second), after
+        return after, after
     if second >= ITEM_HEADER:
         stop = after + second
         if stop > end or (stop == end and not at_eof):
             raise Incomplete
         if stop == end or buf[stop] <= MAX_OPCODE:
-            add_time, expiry = struct.unpack_from("<qq", buf, after)
-            return Continue(xid, add_time, expiry, bytes(buf[after + ITEM_HEADER:stop])), stop
+            return stop, after + ITEM_HEADER
     raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
 
 
@@ -486,7 +513,8 @@ SIZED_RECORDS = (Add, AddX, AddXid, Continue)
 _SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
 
 
-def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False) -> int | None:
+def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False,
+                  fills: Callable[[int], bool] | None = None) -> int | None:
     """Where the record at `pos` really ends if its size field has one bit flipped, else None.
 
     The format has no checksums; this is the one damage it lets us see. A record whose size is one
@@ -494,7 +522,9 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     smaller size leaves records that read as whole journal records up to `limit` (the record's
     claimed end, or the end of the file), the size is taken as damaged. With `grow`, one-bit larger
     sizes are tried too (a record that ended too early, so that what follows it is unreadable).
-    Item data would need whole item records at that exact place to be mistaken for this.
+    Item data would need whole item records at that exact place to be mistaken for this. `fills`
+    answers `_records_fill` to `limit` where the caller keeps those answers (the torn-tail rule's
+    chains).
     """
     field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
     if field is None or pos + field[0] + 4 > len(buf):
@@ -512,7 +542,8 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
         sizes.extend(size | (1 << b) for b in range(31) if not size & (1 << b))
     for real in sizes:
         end = start + real
-        if real >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
+        if real >= least and end < limit and buf[end] <= MAX_OPCODE \
+                and (fills(end) if fills is not None else _records_fill(buf, end, limit)):
             return end
     return None
 
@@ -542,18 +573,29 @@ def _records_reach(view: memoryview, pos: int, end: int) -> bool:
 
 
 class TailRecords:
-    """How Kestrel 2 records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py)."""
+    """How Kestrel 2 records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py):
+    item records count, as `_records_fill` counts them."""
+
+    evidence_at_end = 1
+    evidence_before_nonsense = 2
 
     def body_start(self, tail: bytes) -> int:
         field = _SIZE_FIELD.get(tail[0]) if tail else None
         return field[0] + 4 if field is not None else 1
 
-    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
-        return tail[pos] <= MAX_OPCODE and _records_reach(memoryview(tail), pos, end)
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        try:
+            stop = record_span(tail, pos, True)[0]
+        except (Incomplete, Malformed):
+            return None
+        return stop, 1 if tail[pos] in _ITEM_OPCODES else 0
 
-    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
-        real_end = misplaced_end(tail, 0, len(tail))
+    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
+        real_end = misplaced_end(tail, 0, len(tail), fills=chains.whole_records_at)
         return None if real_end is None else size_damage(offset, offset + real_end)
+
+
+_ITEM_OPCODES = (ADD, ADDX, ADD_XID)  # the records `_records_reach` counts as items
 
 
 TAIL_RECORDS = TailRecords()

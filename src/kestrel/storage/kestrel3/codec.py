@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
+from kestrel.storage.torn_tail import Chains
 
 WRITER_MAGIC = bytes.fromhex("27642603")
 READER_MAGIC = bytes.fromhex("263C2603")
@@ -165,50 +166,58 @@ def decode(buf: bytes | memoryview, pos: int, kind: FileKind) -> tuple[Record, i
 
     Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be one.
     """
+    stop = record_end(buf, pos, kind)
+    command = buf[pos] >> 4
+    if command == PUT:
+        size, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
+        expire_time = _I64.unpack_from(buf, pos + 25)[0] if buf[pos] & 0x0F == 8 else None
+        return Put(item_id, errors, add_time, expire_time, bytes(buf[stop - size:stop])), stop
+    if command == READ_HEAD:
+        return ReadHead(_U64.unpack_from(buf, pos + 1)[0]), stop
+    return ReadDone(tuple(struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5))), stop
+
+
+def record_end(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
+    """Where the record starting at `pos` ends, checked as `decode` checks it but copying no PUT
+    data; raises as `decode` does."""
     stop = pos + record_length(buf, pos, kind)
     if stop > len(buf):
         raise Incomplete
     byte = buf[pos]
     command = byte >> 4
     if command == PUT:
-        size, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
+        _, errors, item_id, _ = _PUT_HEAD.unpack_from(buf, pos + 1)
         if item_id == 0:
             raise Malformed(byte, "PUT of item id 0 (item ids are non-zero)")
         if errors < 0:
             raise Malformed(byte, f"PUT of item {item_id} has a negative error count {errors}")
-        expire_time = _I64.unpack_from(buf, pos + 25)[0] if byte & 0x0F == 8 else None
-        return Put(item_id, errors, add_time, expire_time, bytes(buf[stop - size:stop])), stop
-    if command == READ_HEAD:
-        return ReadHead(_U64.unpack_from(buf, pos + 1)[0]), stop
-    ids = tuple(struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5))
-    if 0 in ids:
+    elif command == READ_DONE and 0 in struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5):
         raise Malformed(byte, "READ_DONE lists item id 0 (item ids are non-zero)")
-    return ReadDone(ids), stop
+    return stop
 
 
 class TailRecords:
     """How the records of one kind of Kestrel 3 file read, for the one torn-tail rule
     (src/kestrel/storage/torn_tail.py)."""
 
+    evidence_before_nonsense = 2
+
     def __init__(self, kind: FileKind) -> None:
         self.kind = kind
+        # A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
+        # whole records are asked for even at the end.
+        self.evidence_at_end = 1 if kind is FileKind.WRITER else 2
 
     def body_start(self, tail: bytes) -> int:
         return 5  # the command byte and the first header word (a data block's size)
 
-    def whole_records_at(self, tail: bytes, pos: int, end: int) -> bool:
-        """A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
-        whole records are asked for even at the end."""
-        records = 0
-        while pos < end:
-            try:
-                _, pos = decode(tail, pos, self.kind)
-            except (Incomplete, Malformed):
-                return records >= 2
-            records += 1
-        return records >= (1 if self.kind is FileKind.WRITER else 2)
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        try:
+            return record_end(tail, pos, self.kind), 1
+        except (Incomplete, Malformed):
+            return None
 
-    def explain(self, tail: bytes, end: int, offset: int) -> str | None:
+    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
         return None
 
 
