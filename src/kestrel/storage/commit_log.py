@@ -217,6 +217,7 @@ class _LogRecords:
     def body_start(self, tail: bytes) -> int:
         return _HEAD.size
 
+    first_bytes = b""  # a size field's first byte: any
     evidence_at_end = 1
     evidence_before_nonsense = 1
 

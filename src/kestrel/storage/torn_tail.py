@@ -27,7 +27,9 @@ a chain of records from every place would otherwise be read again from each).
 
 from __future__ import annotations
 
+import re
 from array import array
+from collections.abc import Iterable
 from typing import Protocol
 
 from kestrel.storage.errors import CorruptJournalError
@@ -42,6 +44,10 @@ class Records(Protocol):
 
     def body_start(self, tail: bytes) -> int:
         """Where whole records could start inside the record at `tail[0]`: after its size field."""
+
+    # The bytes a record can begin with (empty: any byte): places holding another are passed over
+    # in one search, none read.
+    first_bytes: bytes
 
     # Whole records start at a place when, reading on, the records count at least this many (as
     # `record_at` counts them) on reaching the end (where the file's trailing zeros start, or the
@@ -105,7 +111,13 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
 def first_whole_records(tail: bytes, start: int, end: int, records: Records) -> int | None:
     """The first place in `tail[start:end]` where whole records start, or None."""
     chains = Chains(tail, end, records)
-    for pos in range(max(start, 1), end):
+    start = max(start, 1)
+    if not records.first_bytes:
+        places: Iterable[int] = range(start, end)
+    else:
+        starts = re.compile(b"[" + re.escape(records.first_bytes) + b"]")
+        places = (found.start() for found in starts.finditer(tail, start, end))
+    for pos in places:
         if chains.whole_records_at(pos):
             return pos
     return None
@@ -145,22 +157,20 @@ class Chains:
         """How many records count from `pos` (at most `enough`) and how the chain ended; keeps the
         same for every place the chain passed."""
         known, tail, end, enough = self._known, self.tail, self.end, self.enough
+        if pos >= end:
+            return 0, _REACHED
+        if known[pos] != _UNKNOWN:
+            return known[pos] >> 2, known[pos] & 3
         record_at = self.records.record_at
+        record = record_at(tail, pos)
+        if record is None:  # most places of a torn record: nothing to keep but this
+            known[pos] = _STOPPED
+            return 0, _STOPPED
         places = array("q")  # the places this chain read, and what each counted
         counts = bytearray()
         found = 0
         at = pos
         while True:
-            if at >= end:
-                base, ended = 0, _REACHED
-                break
-            if known[at]:
-                base, ended = known[at] >> 2, known[at] & 3
-                break
-            record = record_at(tail, at)
-            if record is None:
-                base, ended = 0, _STOPPED
-                break
             places.append(at)
             counts.append(record[1])
             found += record[1]
@@ -168,6 +178,17 @@ class Chains:
             if found >= enough:  # evidence whatever follows: the places near the stop are left unknown
                 base, ended = 0, _STOPPED
                 break
+            if at >= end:
+                base, ended = 0, _REACHED
+                break
+            if known[at] != _UNKNOWN:
+                base, ended = known[at] >> 2, known[at] & 3
+                break
+            next_record = record_at(tail, at)
+            if next_record is None:
+                base, ended = 0, _STOPPED
+                break
+            record = next_record
         total = base
         for i in range(len(places) - 1, -1, -1):
             total = min(enough, total + counts[i])

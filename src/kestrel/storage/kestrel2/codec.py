@@ -576,6 +576,7 @@ class TailRecords:
     """How Kestrel 2 records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py):
     item records count, as `_records_fill` counts them."""
 
+    first_bytes = bytes(range(MAX_OPCODE + 1))
     evidence_at_end = 1
     evidence_before_nonsense = 2
 

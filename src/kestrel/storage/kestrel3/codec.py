@@ -204,6 +204,8 @@ class TailRecords:
 
     def __init__(self, kind: FileKind) -> None:
         self.kind = kind
+        self.first_bytes = bytes(command_byte(command, words) for command in ALLOWED[kind]
+                                 for words in _HEADER_WORDS[command])
         # A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
         # whole records are asked for even at the end.
         self.evidence_at_end = 1 if kind is FileKind.WRITER else 2
