@@ -4,7 +4,9 @@ interpreter's lock through the system call, answers as `os.write`, its twin, doe
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,8 @@ try:
     from kestrel.storage._disk import write as c_write
 except ImportError:  # built without a C compiler
     c_write = None
+
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)  # Linux's, named from Python 3.10
 
 Write = Callable[[int, bytes | memoryview], int]
 WRITES = [pytest.param(os.write, id="os")] + ([] if c_write is None else [pytest.param(c_write, id="c")])
@@ -69,3 +73,65 @@ def test_what_is_not_a_descriptor_or_bytes_is_refused_by_name(write: Write) -> N
         write(1, "data")  # type: ignore[arg-type]
     with pytest.raises(OverflowError):
         write(1 << 40, b"data")
+
+
+def pipe_with_room(room: int) -> tuple[int, int]:
+    """A pipe whose write end has exactly `room` bytes of space left (its reader reads nothing)."""
+    read_end, write_end = os.pipe()
+    capacity = fcntl.fcntl(write_end, F_GETPIPE_SZ)
+    os.set_blocking(write_end, False)
+    os.write(write_end, b"\0" * (capacity - room))
+    return read_end, write_end
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_short_write_answers_what_was_taken_and_the_next_call_what_follows(write: Write) -> None:
+    """Where the file takes part of the data (a pipe with little room, as a disk nearly full), both
+    answer the count taken, and a write with no room the errno: `JournalWriter.append` finishes
+    the rest with `write_all` or cuts it back."""
+    read_end, write_end = pipe_with_room(4096)
+    try:
+        assert write(write_end, b"x" * 10_000) == 4096
+        with pytest.raises(BlockingIOError) as raised:
+            write(write_end, b"more")
+        assert raised.value.errno == errno.EAGAIN
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("write", WRITES)
+@pytest.mark.parametrize("handler_raises", [False, True])
+def test_a_write_interrupted_by_a_signal_runs_the_handler_then_goes_on_or_raises_its_error(
+        write: Write, handler_raises: bool) -> None:
+    """A write that blocks (a full pipe) and is interrupted (EINTR) runs the signal's handler and is
+    made again, as PEP 475 makes os.write; a handler that raises ends it with that error, nothing
+    written. The handler here makes the room the write waits for."""
+    read_end, write_end = pipe_with_room(0)
+    os.set_blocking(write_end, True)
+    handled: list[int] = []
+
+    def make_room(signum: int, frame: object) -> None:
+        handled.append(signum)
+        os.read(read_end, 1 << 16)
+        if handler_raises:
+            raise InterruptedError("the handler's own error")
+
+    previous = signal.signal(signal.SIGALRM, make_room)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        if handler_raises:
+            with pytest.raises(InterruptedError, match="the handler's own error"):
+                write(write_end, b"data")
+            os.set_blocking(read_end, False)
+            with pytest.raises(BlockingIOError):
+                os.read(read_end, 1 << 20)  # the handler emptied the pipe and nothing of it was written
+        else:
+            assert write(write_end, b"data") == 4
+            assert os.read(read_end, 1 << 20).endswith(b"data")
+        assert handled == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.close(read_end)
+        os.close(write_end)
