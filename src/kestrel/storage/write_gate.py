@@ -43,7 +43,8 @@ class WriteGate:
     def write(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` (a system call appending to the journal) on the runtime's thread pool, the
         journal's other changes waiting meanwhile; what it returns or raises. The gate opens only
-        once the write has ended, even for a caller killed meanwhile (`Runtime.run_blocking`)."""
+        once the write has ended, even for a caller killed meanwhile, which takes the write's outcome
+        first, so that the journal counts or cuts back what reached it (`Runtime.run_blocking`)."""
         self.wait_turn()
         done = self.busy = self.runtime.event()
         try:
