@@ -130,6 +130,7 @@ LARGEST = 2**63 - 1
     ("max_batch_items", LARGEST, LARGEST, LARGEST + 1),
     ("max_batch_bytes", f"{LARGEST}b", LARGEST, f"{LARGEST + 1}b"),
     ("max_line_length", LARGEST, LARGEST, 2**70),
+    ("max_memory_total", LARGEST, LARGEST, 2**70),
     ("max_open_reads", LARGEST, LARGEST, LARGEST + 1),
     ("max_connections", MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_CONNECTIONS + 1),
     ("tcp_keepalive", "32767s", 32_767_000, "32768s"),

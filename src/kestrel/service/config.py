@@ -225,10 +225,7 @@ def _memory_total(key: str, value: Any) -> int:
     """A size, 0 (no budget) or `auto` (`default_memory_total`, what an unset key gives)."""
     if value == "auto":
         return default_memory_total()
-    try:
-        return parse_size(key, value)
-    except ConfigError:
-        raise ConfigError(key, f"expected a size such as 2GB, 0 (no budget) or auto, got {value!r}") from None
+    return parse_size(key, value, expected="a size such as 2GB, 0 (no budget) or auto")
 
 
 # Listener limits the system sets: gevent's pool counts connections in a C int; Linux takes a TCP

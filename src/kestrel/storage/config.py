@@ -71,11 +71,11 @@ def _at_most(key: str, value: int, most: int, unit: str, given: Any) -> int:
     return value
 
 
-def parse_size(key: str, value: Any, most: int = UNLIMITED) -> int:
-    """Bytes from an int or a string such as `16MB`, `512k`, `1GB`; at most `most`."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a size such as 16MB, got {value!r}")
-    if isinstance(value, int):
+def parse_size(key: str, value: Any, most: int = UNLIMITED,
+               expected: str = "a size such as 16MB, 512KB or a byte count") -> int:
+    """Bytes from an int or a string such as `16MB`, `512k`, `1GB`; at most `most`. What is not a
+    size is refused as not `expected`."""
+    if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ConfigError(key, f"a size cannot be negative, got {value!r}")
         return _at_most(key, value, most, " bytes", value)
@@ -83,7 +83,7 @@ def parse_size(key: str, value: Any, most: int = UNLIMITED) -> int:
         size = _amount(value, _SIZE_UNITS)
         if size is not None:
             return _at_most(key, size, most, " bytes", value)
-    raise ConfigError(key, f"expected a size such as 16MB, 512KB or a byte count, got {value!r}")
+    raise ConfigError(key, f"expected {expected}, got {value!r}")
 
 
 def parse_duration_ms(key: str, value: Any, most: int = MAX_DURATION_MS) -> int:
