@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 import gevent
 import gevent.event
 
+from kestrel.storage import disk
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.group_commit import GroupCommit
@@ -176,6 +177,9 @@ class GeventRuntime:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
         call = gevent.get_hub().threadpool.spawn(_outcome, fn, args)
+        # Meanwhile the loop's journal writes give the interpreter's lock up, so that the call's
+        # Python runs beside them (src/kestrel/storage/_disk.c).
+        disk.workers(1)
         # A kill (or a time-out) thrown into the caller meanwhile is raised once the call has ended:
         # the thread cannot be stopped, and a caller that went on would race it (a journal's next
         # append beside a large one still being written, a file closed under a write).
@@ -185,6 +189,7 @@ class GeventRuntime:
                 call.wait()
             except BaseException as e:
                 thrown = thrown or e
+        disk.workers(-1)
         if thrown is not None:
             raise thrown
         ok, value = call.get()
