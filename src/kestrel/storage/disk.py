@@ -1,5 +1,5 @@
 """The system calls that put a journal's bytes on the disk: writing all of a buffer, fsyncing a file
-or a folder.
+or a folder; and the one read of a large record a journal reader makes (`pread`).
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
@@ -10,7 +10,8 @@ compiled request path and the kernel. Where the build has a C compiler it is the
 twin, gives the lock up and takes it back around each one. `write` serves the appends made on the
 event loop's thread; the large ones written on the thread pool
 (src/kestrel/storage/write_gate.py) go through `write_all` and `writev_all`, which give the lock
-up, so the loop runs meanwhile.
+up, so the loop runs meanwhile; so does `pread`, by which a reader reads a record larger than its
+buffer whole, on the thread pool from `LARGE_APPEND` bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ try:
 except ImportError:  # built without a C compiler
     write = os.write
 pwrite = os.pwrite
+pread = os.pread
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
