@@ -9,8 +9,12 @@ the longest stretch the loop was held during each get; the main thread's CPU tim
 loop's CPU for it (a read on the thread pool is not counted). The peer in the same process: the same
 gets with the items held in memory (`max_memory_size` 1GB).
 
+`--drain N`: what the change costs small items instead, counted by valgrind's callgrind: the main
+thread's instructions an item of N and then 4 N puts of 128 B and the gets that read them back
+(`max_memory_size` 16KB: read-behind), the difference divided by the 3 N items between them.
+
     .venv/bin/python -m bench.bench_large_read [--repeat 3] [--format kestrel2] [--build compiled]
-        [--source DIR]
+        [--source DIR] [--drain N]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.callgrind_log import _callgrind, _main_thread_instructions
 from bench.common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +92,35 @@ def child(journal_format: str, memory: str, cold: bool) -> list[tuple[float, flo
     return figures
 
 
+def drain(count: int) -> None:
+    """`count` puts of 128 B and the gets that read them back, through read-behind."""
+    from kestrel.storage import QueueCollection, QueueConfigs
+
+    with tempfile.TemporaryDirectory(prefix="bench-large-read-") as directory:
+        coll = QueueCollection(directory, QueueConfigs({"max_memory_size": "16KB"}))
+        coll.load()
+        queue = coll.queue("small")
+        data = [b"s" * 128]
+        for _ in range(count):
+            queue.put(data)
+        for _ in range(count):
+            assert queue.remove()
+        coll.close()
+
+
+def drain_instructions(path: str, count: int) -> float:
+    """Main thread instructions an item of `drain`, from runs of `count` and 4 `count` items."""
+    counts = []
+    with tempfile.TemporaryDirectory(prefix="bench-large-read-") as work:
+        for n in (count, 4 * count):
+            out = f"{work}/drain-{n}.%p"
+            subprocess.run([*_callgrind(out), sys.executable, "-m", "bench.bench_large_read", "--child",
+                            "drain", str(n), "-"], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
+                           check=True, capture_output=True)
+            counts.append(_main_thread_instructions(f"{work}/drain-{n}.*-01"))
+    return (counts[1] - counts[0]) / (3 * count)
+
+
 def run(path: str, journal_format: str, memory: str, cold: bool) -> list[tuple[float, float]]:
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-m", "bench.bench_large_read", "--child", journal_format, memory,
@@ -103,14 +137,25 @@ def main() -> None:
     parser.add_argument("--build", default="compiled", choices=("pure", "compiled"))
     parser.add_argument("--source", type=Path,
                         help="another tree's src/ or build/compiled, run in turn with this one")
+    parser.add_argument("--drain", type=int, metavar="N", help="count small items' instructions instead")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         journal_format, memory, cache = args.child
-        print(json.dumps(child(journal_format, memory, cache == "cold")))
+        if journal_format == "drain":
+            drain(int(memory))
+        else:
+            print(json.dumps(child(journal_format, memory, cache == "cold")))
         return
     here = str(ROOT / ("build/compiled" if args.build == "compiled" else "src"))
     trees = [("this", here)] + ([("source", str(args.source.resolve()))] if args.source else [])
+    if args.drain:
+        print(f"# {machine()}; {args.build} build; main thread instructions an item, 128 B put + get "
+              f"through read-behind ({args.drain} and {4 * args.drain} items)")
+        for _ in range(args.repeat):
+            for name, path in trees:
+                print(f"| {name} | {drain_instructions(path, args.drain):,.0f} |", flush=True)
+        return
     print(f"# {machine()}; {ITEMS} items of {SIZE >> 20} MB, {args.format}, {args.build} build; "
           f"ms per get: longest loop hold / loop CPU (the gets that read an item back)")
     print("| tree | pages | read-behind hold | read-behind loop CPU | in memory hold | in memory loop CPU |")
