@@ -27,9 +27,10 @@ class JournalReader(BufferedFile):
     A record larger than the buffer is read whole in one read of the size its header gives, once
     the file is seen to hold that much (a damaged size allocates nothing: the record reads as
     incomplete, for the torn-tail rule to judge), never in chunks joined to each other. Its item is
-    read on its own, as the item's bytes themselves, but where sizes are checked (replay: they are
-    checked against the bytes after the record's end); from `LARGE_APPEND` bytes, that read runs off
-    the loop through the `gate` of the journal's queue (src/kestrel/storage/write_gate.py).
+    read on its own, as the item's bytes themselves; with `check_sizes` the whole record is read
+    into one buffer instead (a size one bit off is looked for inside it) and the item copied out.
+    From `LARGE_APPEND` bytes the read runs off the loop through the `gate` of the journal's queue
+    (src/kestrel/storage/write_gate.py).
     """
 
     def __init__(self, path: str, offset: int = 0, check_sizes: bool = False,
