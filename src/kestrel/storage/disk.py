@@ -1,5 +1,5 @@
 """The system calls that put a journal's bytes on the disk: writing all of a buffer, fsyncing a file
-or a folder.
+or a folder; and the one read of a large record a journal reader makes (`pread`).
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
@@ -11,7 +11,8 @@ runs on a worker thread (`workers`, counted by the runtime's `run_blocking`), an
 `os.write`, its twin, does around each one while any does, so that the worker's Python runs beside
 the loop's writes. `write` serves the appends made on the event loop's thread; the large ones
 written on the thread pool (src/kestrel/storage/write_gate.py) go through `write_all` and
-`writev_all`, which give the lock up, so the loop runs meanwhile.
+`writev_all`, which give the lock up, so the loop runs meanwhile; so does `pread`, by which a
+reader reads a record larger than its buffer whole, on the thread pool from `LARGE_APPEND` bytes.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ except ImportError:  # built without a C compiler: every write gives the lock up
         """The helper's count of calls on worker threads, which `os.write` does not need."""
         return 0
 pwrite = os.pwrite
+pread = os.pread
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
