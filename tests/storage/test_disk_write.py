@@ -1,5 +1,6 @@
 """A journal append's write: the C helper (src/kestrel/storage/_disk.c), which keeps the
-interpreter's lock through the system call, answers as `os.write`, its twin, does."""
+interpreter's lock through the system call while no call runs on a worker thread, answers as
+`os.write`, its twin, does, and gives the lock up while one runs."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import errno
 import fcntl
 import os
 import signal
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import gevent
 import pytest
+from gevent import monkey
 
 from kestrel.storage import disk
+from kestrel.storage.runtime import GeventRuntime
+from tests.conftest import STALL_S
 
 try:
     from kestrel.storage._disk import write as c_write
@@ -135,3 +142,53 @@ def test_a_write_interrupted_by_a_signal_runs_the_handler_then_goes_on_or_raises
         signal.signal(signal.SIGALRM, previous)
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.fixture
+def long_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval made far longer than the test: a thread that waits for the
+    lock gets it only when its holder gives it up."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10 * STALL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
+@pytest.mark.skipif(c_write is None, reason="built without a C compiler: every write gives the lock up")
+@pytest.mark.usefixtures("long_switch_interval")
+def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_path: Path) -> None:
+    """A loop busy with appends never waits, so a pack's Python on a worker thread would get the
+    lock only when the interpreter made the loop let go of it (every 5 ms, a hand-over each time):
+    while the runtime runs a call there, each write gives the lock up, and the call runs beside a
+    loop that writes without ever yielding. Once the call is done, the count is back to none."""
+    gate = monkey.get_original("_thread", "allocate_lock")()  # waited on without the lock
+    gate.acquire()
+    waiting: list[bool] = []
+    ran: list[bool] = []
+
+    def call() -> None:
+        waiting.append(True)
+        gate.acquire()
+        ran.append(True)  # the lock wanted, to go on from `acquire`
+
+    caller = gevent.spawn(GeventRuntime().run_blocking, call)
+    deadline = time.monotonic() + STALL_S
+    while not waiting and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert waiting and disk.workers(0) == 1
+    fd = os.open(tmp_path / "journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        gate.release()  # (keeps the lock): from here the call goes on only when a write gives it up
+        chunk = bytes(64 * 1024)
+        writes = 0
+        while not ran and writes < 4096:  # up to 256 MB
+            disk.write(fd, chunk)  # never yields to the hub
+            writes += 1
+        ran_beside = bool(ran)  # (before the close, which gives the lock up)
+    finally:
+        os.close(fd)
+    assert ran_beside, f"the worker's call did not run during {writes} writes made while it waited for the lock"
+    caller.join(STALL_S)
+    assert caller.dead and disk.workers(0) == 0

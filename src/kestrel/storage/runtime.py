@@ -22,6 +22,7 @@ import gevent
 import gevent.event
 from greenlet import getcurrent, greenlet
 
+from kestrel.storage import disk
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.group_commit import GroupCommit
@@ -179,6 +180,9 @@ class GeventRuntime:
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
         hub = gevent.get_hub()
         call = hub.threadpool.spawn(_outcome, fn, args)
+        # Meanwhile the loop's journal writes give the interpreter's lock up, so that the call's
+        # Python runs beside them (src/kestrel/storage/_disk.c).
+        disk.workers(1)
         # A kill (or a time-out) thrown into the caller meanwhile waits for the call to end: the
         # thread cannot be stopped, and a caller that went on would race it (a journal's next append
         # beside a large one still being written, a file closed under a write). It is then thrown
@@ -192,6 +196,7 @@ class GeventRuntime:
                 call.wait()
             except BaseException as e:
                 thrown = thrown or e
+        disk.workers(-1)
         if thrown is not None:
             hub.loop.run_callback(_throw, getcurrent(), thrown)
         ok, value = call.get()
