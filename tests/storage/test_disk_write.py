@@ -109,11 +109,21 @@ def test_a_short_write_answers_what_was_taken_and_the_next_call_what_follows(wri
 
 @pytest.mark.parametrize("write", WRITES)
 @pytest.mark.parametrize("handler_raises", [False, True])
+@pytest.mark.parametrize("workers", [0, 1], ids=["lock-held", "lock-given-up"])
 def test_a_write_interrupted_by_a_signal_runs_the_handler_then_goes_on_or_raises_its_error(
-        write: Write, handler_raises: bool) -> None:
+        write: Write, handler_raises: bool, workers: int) -> None:
     """A write that blocks (a full pipe) and is interrupted (EINTR) runs the signal's handler and is
     made again, as PEP 475 makes os.write; a handler that raises ends it with that error, nothing
-    written. The handler here makes the room the write waits for."""
+    written. The handler here makes the room the write waits for. The same whether the C helper
+    holds the interpreter's lock or, a call running on a worker thread, gives it up."""
+    disk.workers(workers)
+    try:
+        _interrupted_write(write, handler_raises)
+    finally:
+        disk.workers(-workers)
+
+
+def _interrupted_write(write: Write, handler_raises: bool) -> None:
     read_end, write_end = pipe_with_room(0)
     os.set_blocking(write_end, True)
     handled: list[int] = []
