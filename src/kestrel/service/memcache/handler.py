@@ -110,6 +110,8 @@ class MemcacheConnection(BufferedConnection):
                     self.out.append(self.discard_reply)
                 continue
             first = buf[pos]
+            if self.in_hub and first not in RUN_STARTS:
+                return pos  # any other command in the connection's greenlet
             if first == BINARY_MAGIC and not self.skip_line:
                 if end - pos < BINARY_HEADER:
                     return pos
@@ -140,7 +142,7 @@ class MemcacheConnection(BufferedConnection):
                         self.fetch(key, queue, count)
                         continue
             if self.in_hub:
-                return pos  # any other command in the connection's greenlet
+                return pos  # not a run the scanner reads
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos > self.max_line:
