@@ -256,9 +256,9 @@ class ThriftConnection:
                 return  # nothing after all
             if received:
                 stream.stats.bytes_read += received
-                while (call := read_buffered_frame(buf, self.max_frame, self.max_items,
-                                                   self.max_bytes)) is not None:
-                    if not self._answers_at_once(call[0], call[2]):
+                while buf:
+                    call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
+                    if call is None or not self._answers_at_once(call[0], call[2]):
                         break
                     del buf[:call[3]]
                     stream.replies.send_at_once(self._call(call[0], call[1], call[2]))
