@@ -144,7 +144,6 @@ class BufferedConnection:
             self.session.close()
         return self.io.ended
 
-
     def _serve_from_hub(self) -> bool:
         """Wait for input, the requests that cannot wait answered in the hub meanwhile; True when
         input is left for this greenlet to answer, False when the client closed."""
