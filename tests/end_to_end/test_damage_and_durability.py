@@ -140,6 +140,42 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: 
     assert got == [b"item-%d" % i for i in range(len(got))]
 
 
+LARGE_READER = textwrap.dedent("""
+    import sys
+    from kestrel.storage import QueueCollection, QueueConfigs
+    configs = QueueConfigs({"sync_journal": sys.argv[2], "max_memory_size": "1MB"})
+    coll = QueueCollection(sys.argv[1], configs)
+    coll.load()
+    for n in range(8):   # over 1 MB each: read back off the loop, one read each
+        coll.put("big", [bytes([65 + n]) * ((1 << 20) + 1000)])
+    while taken := coll.remove("big", 1):
+        print(taken[0].data[:1].decode(), flush=True)   # acknowledged: gone for good
+""")
+
+
+@pytest.mark.parametrize("sync", ["never", "always"])
+def test_sigkill_while_large_items_are_read_back_loses_none_and_repeats_none(tmp_path: Path, sync: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", LARGE_READER, str(tmp_path), sync], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    removed = []
+    for line in proc.stdout:
+        if len(line.strip()) == 1:
+            removed.append(line.strip())
+            if len(removed) == 3:
+                break  # its next get is reading the next item back meanwhile
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert removed == ["A", "B", "C"]
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"max_memory_size": "1MB"}))
+    coll.load()
+    left = drain(coll, "big")
+    coll.close()
+    # The gets after the third may have been journaled before the kill: every item after them is there.
+    first = 8 - len(left)
+    assert first >= 3 and left == [bytes([65 + n]) * ((1 << 20) + 1000) for n in range(first, 8)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Damage that is not a torn tail
 
@@ -463,3 +499,53 @@ def test_sigkill_amid_kestrel3_rotations_beside_kestrel2_packs_loses_nothing(ser
         assert not set(left) & set(confirmed[queue]), f"{queue}: a confirmed item came back"
         missing = set(acknowledged[queue]) - set(left) - set(confirmed[queue]) - set(unanswered)
         assert not missing, f"{queue}: {len(missing)} acknowledged items lost"
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_sigkill_while_large_items_are_written_off_the_loop_loses_nothing(server_factory: Any,
+                                                                           journal_format: str) -> None:
+    """Items of 1 MB and more are written on the thread pool while their queue's other changes wait
+    (src/kestrel/storage/write_gate.py); small items go on beside them. Killed amid both, the server
+    starts again with every acknowledged item once, in each producer's order, and at most the one
+    item each producer had in flight (a put whose reply never came) besides."""
+    from kestrel.storage.write_gate import LARGE_APPEND
+
+    srv = server_factory({"default_queue": {"journal_format": journal_format, "sync_journal": "always"}})
+    acknowledged: dict[bytes, list[bytes]] = {}
+    stop = threading.Event()
+
+    def produce(name: bytes, size: int) -> None:
+        acknowledged[name] = []
+        with client(srv) as c:
+            n = 0
+            while not stop.is_set():
+                head = b"%s-%06d." % (name, n)
+                try:
+                    if c.put("q", [head.ljust(size, b".")], 0) == 1:
+                        acknowledged[name].append(head)
+                except Exception:
+                    return
+                n += 1
+
+    sizes = {b"large-a": LARGE_APPEND, b"large-b": 3 * LARGE_APPEND // 2, b"small": 100}
+    threads = [threading.Thread(target=produce, args=(name, size)) for name, size in sizes.items()]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: all(len(acknowledged.get(name, ())) >= 5 for name in sizes),
+                   "five items of each producer acknowledged", timeout=120)
+    finally:
+        srv.kill()
+        stop.set()
+        for t in threads:
+            t.join(15)
+    srv.start()
+    left: list[bytes] = []
+    with client(srv) as c:
+        while got := c.get("q", 10, 0, 0):
+            left.extend(item.data[:item.data.index(b".") + 1] for item in got)
+    assert len(left) == len(set(left)), "an item is there twice"
+    for name, heads in acknowledged.items():
+        mine = [head for head in left if head.startswith(name + b"-")]
+        assert mine[:len(heads)] == heads, f"{name!r}: acknowledged items lost or out of order"
+        assert len(mine) <= len(heads) + 1, f"{name!r}: items no put was in flight for"

@@ -24,6 +24,7 @@ from kestrel.storage import disk as disk_calls
 from kestrel.storage.clock import FakeClock
 from tests.conftest import PACKAGE_ROOT
 from tests.support import kestrel24, system
+from tests.support.clients import thrift
 from tests.support.queues import aside, drain, journal_files, one
 
 
@@ -347,3 +348,35 @@ def test_a_torn_tail_on_a_full_disk_is_left_alone_with_a_clear_error(small_disk:
     filler.unlink()
     assert drain(loaded(queues), "q") == [b"kept"]
     assert [n for n in aside(queues) if n.startswith("q.torn-")]
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_large_item_the_full_disk_takes_part_of_is_cut_back_and_the_server_goes_on(
+        small_disk: Path, server_factory: Any, journal_format: str) -> None:
+    """An item of LARGE_APPEND bytes or more is written on the thread pool
+    (src/kestrel/storage/write_gate.py); on a real file system with room for half of it the kernel
+    takes a part, then refuses the rest: the part is cut off the journal, only that put fails and
+    says why, other queues and the same queue's later puts are served, and a restart reads back
+    exactly what was acknowledged. Under the commit log (`always`), whose segments share the disk."""
+    from thriftpy2.thrift import TApplicationException
+
+    from kestrel.storage.write_gate import LARGE_APPEND
+
+    queues = small_disk / "queues"
+    srv = server_factory({"queue_path": str(queues),
+                          "default_queue": {"journal_format": journal_format, "sync_journal": "always"}})
+    large = b"L" * (LARGE_APPEND + LARGE_APPEND // 4)
+    with thrift(srv) as client:
+        assert client.put("q", [b"before"], 0) == 1
+        sizes = {p.name: p.stat().st_size for p in queues.iterdir() if p.is_file()}
+        filler = fill(small_disk, len(large) // 2)
+        with pytest.raises(TApplicationException, match="the disk is full"):
+            client.put("q", [large], 0)
+        assert {p.name: p.stat().st_size for p in queues.iterdir() if p.is_file()} == sizes
+        assert client.put("other", [b"meanwhile"], 0) == 1
+        filler.unlink()
+        assert client.put("q", [b"after"], 0) == 1
+    srv.restart()
+    with thrift(srv) as client:
+        assert [item.data for item in client.get("q", 10, 0, 0)] == [b"before", b"after"]
+        assert [item.data for item in client.get("other", 10, 0, 0)] == [b"meanwhile"]

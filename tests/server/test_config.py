@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kestrel.service.config import (
     EXAMPLE,
+    MAX_CONNECTIONS,
+    MAX_KEEPALIVE_MS,
     ServerConfig,
     default_memory_total,
     from_mapping,
     load,
     with_overrides,
 )
+from kestrel.storage.config import MAX_DURATION_MS
 from kestrel.storage.errors import ConfigError
+from tests.support.clients import thrift
 
 
 def test_documented_example_loads_with_every_default() -> None:
@@ -134,3 +140,33 @@ def test_the_memory_budget_is_on_by_default_a_quarter_of_memory_and_off_at_zero(
     assert from_mapping({"max_memory_total": "2GB"}).max_memory_total == 2 << 30
     with pytest.raises(ConfigError, match="max_memory_total.*0 \\(no budget\\) or auto, got 'lots'"):
         from_mapping({"max_memory_total": "lots"})
+
+
+def test_a_server_at_every_limit_s_bound_serves_each_protocol_and_keeps_its_items(server_factory: Any) -> None:
+    """The largest counts, sizes and durations the config takes (tests/server/test_config_errors.py)
+    are ones the server holds: the C readers take their limits, gevent's pool its size, the kernel
+    its keepalive, and an item under the longest `max_age` is journaled in both formats and read
+    back after a restart."""
+    from pymemcache.client.base import Client
+
+    largest = 2**63 - 1
+    srv = server_factory({
+        "max_frame_size": largest, "max_batch_items": largest, "max_batch_bytes": largest,
+        "max_line_length": largest, "max_open_reads": largest, "max_connections": MAX_CONNECTIONS,
+        "tcp_keepalive": f"{MAX_KEEPALIVE_MS}ms",
+        "default_queue": {"max_age": f"{MAX_DURATION_MS}ms", "max_items": largest, "max_size": largest},
+        "queues": {"k3": {"journal_format": "kestrel3"}},
+    })
+    with thrift(srv) as client:
+        assert client.put("k2", [b"thrift"], 0) == 1
+        assert client.put("k3", [b"thrift"], 0) == 1
+    mc = Client(("127.0.0.1", srv.memcache_port), timeout=10)
+    assert mc.set("k2", b"memcache", noreply=False) and mc.set("k3", b"memcache", noreply=False)
+    mc.close()
+    with socket.create_connection(("127.0.0.1", srv.text_port), timeout=10) as text:
+        text.sendall(b"put k2:\ntext\n\n")
+        assert text.recv(100) == b"+1\n"
+    srv.restart()
+    with thrift(srv) as client:
+        assert [item.data for item in client.get("k2", 10, 0, 0)] == [b"thrift", b"memcache", b"text"]
+        assert [item.data for item in client.get("k3", 10, 0, 0)] == [b"thrift", b"memcache"]

@@ -5,10 +5,20 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kestrel.service.config import ConfigErrors, ServerConfig, each_error, from_mapping, load, with_overrides
+from kestrel.service.config import (
+    MAX_CONNECTIONS,
+    ConfigErrors,
+    ServerConfig,
+    each_error,
+    from_mapping,
+    load,
+    with_overrides,
+)
+from kestrel.storage.config import MAX_DURATION_MS
 from kestrel.storage.errors import ConfigError
 
 
@@ -109,3 +119,41 @@ def test_bad_yaml_is_one_line_with_where(tmp_path: Path, text: str) -> None:
         load(str(path))
     message = str(err.value)
     assert "\n" not in message and re.search(r"not valid YAML: line \d+, column \d+: ", message), message
+
+
+LONGEST = MAX_DURATION_MS
+LARGEST = 2**63 - 1
+
+
+@pytest.mark.parametrize(("key", "at_most", "read_as", "over"), [
+    ("max_frame_size", LARGEST, LARGEST, LARGEST + 1),
+    ("max_batch_items", LARGEST, LARGEST, LARGEST + 1),
+    ("max_batch_bytes", f"{LARGEST}b", LARGEST, f"{LARGEST + 1}b"),
+    ("max_line_length", LARGEST, LARGEST, 2**70),
+    ("max_memory_total", LARGEST, LARGEST, 2**70),
+    ("max_open_reads", LARGEST, LARGEST, LARGEST + 1),
+    ("max_connections", MAX_CONNECTIONS, MAX_CONNECTIONS, MAX_CONNECTIONS + 1),
+    ("tcp_keepalive", "32767s", 32_767_000, "32768s"),
+    ("max_wait", f"{LONGEST}ms", LONGEST, f"{LONGEST + 1}ms"),
+    ("default_queue.max_items", LARGEST, LARGEST, LARGEST + 1),
+    ("default_queue.max_size", LARGEST, LARGEST, "8388608 TB"),
+    ("default_queue.max_size", f"{LARGEST}b", LARGEST, "9" * 400 + "MB"),
+    ("default_queue.max_age", f"{LONGEST}ms", LONGEST, "9" * 30 + " days"),
+])
+def test_every_limit_is_refused_by_name_past_what_holds_it(key: str, at_most: Any, read_as: int,
+                                                          over: Any) -> None:
+    """A count, size or duration the server could not hold (a put's journal record, the C readers'
+    limits, gevent's pool, the kernel's keepalive) is refused with the file, where it was accepted and
+    then failed every put or connection, or stopped the start with a traceback. At the bound it is
+    read exactly (no float rounds `9223372036854775807b` up)."""
+    outer, _, inner = key.partition(".")
+
+    def config(value: Any) -> ServerConfig:
+        return from_mapping({outer: {inner: value}} if inner else {outer: value})
+
+    settings = config(at_most)
+    assert (getattr(settings.queues.default, inner) if inner else getattr(settings, outer)) == read_as
+    with pytest.raises(ConfigError) as err:
+        config(over)
+    assert type(err.value) is ConfigError and err.value.key == key
+    assert err.value.reason.startswith("at most "), err.value.reason

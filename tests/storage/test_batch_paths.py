@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import struct
 import sys
@@ -170,12 +171,16 @@ def test_a_batch_put_over_max_items_keeps_what_the_limit_allows(tmp_path: Path, 
 
 @pytest.mark.parametrize("journal_format", FORMATS)
 def test_limits_past_any_total_limit_nothing_and_show_as_set(tmp_path: Path, journal_format: str) -> None:
-    huge = 2**70  # past an i64, as a setting may be
-    coll = _collection(tmp_path, journal_format, max_items=huge, max_size=huge, max_item_size=huge)
+    largest = 2**63 - 1  # the most a config file takes (past the unboxed limit)
+    coll = _collection(tmp_path, journal_format, max_items=largest, max_size=largest, max_item_size=largest)
     q = coll.queue("q")
+    assert (q.config.max_items, q.config.max_size, q.config.max_item_size) == (largest, largest, largest)
+    assert coll.put("q", [b"x" * 1000] * 50) == 50
+    huge = 2**70  # past an i64, as a program setting a queue's config itself may give
+    q.config = dataclasses.replace(q.config, max_items=huge, max_size=huge, max_item_size=huge)
     assert (q.config.max_items, q.config.max_size, q.config.max_item_size) == (huge, huge, huge)
     assert coll.put("q", [b"x" * 1000] * 50) == 50
-    assert q.length == 50
+    assert q.length == 100
     coll.close()
 
 

@@ -1,21 +1,32 @@
 """A journal append's write: the C helper (src/kestrel/storage/_disk.c), which keeps the
-interpreter's lock through the system call, answers as `os.write`, its twin, does."""
+interpreter's lock through the system call while no call runs on a worker thread, answers as
+`os.write`, its twin, does, and gives the lock up while one runs."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
-from collections.abc import Callable
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import gevent
 import pytest
+from gevent import monkey
 
 from kestrel.storage import disk
+from kestrel.storage.runtime import GeventRuntime
+from tests.conftest import STALL_S
 
 try:
     from kestrel.storage._disk import write as c_write
 except ImportError:  # built without a C compiler
     c_write = None
+
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)  # Linux's, named from Python 3.10
 
 Write = Callable[[int, bytes | memoryview], int]
 WRITES = [pytest.param(os.write, id="os")] + ([] if c_write is None else [pytest.param(c_write, id="c")])
@@ -69,3 +80,125 @@ def test_what_is_not_a_descriptor_or_bytes_is_refused_by_name(write: Write) -> N
         write(1, "data")  # type: ignore[arg-type]
     with pytest.raises(OverflowError):
         write(1 << 40, b"data")
+
+
+def pipe_with_room(room: int) -> tuple[int, int]:
+    """A pipe whose write end has exactly `room` bytes of space left (its reader reads nothing)."""
+    read_end, write_end = os.pipe()
+    capacity = fcntl.fcntl(write_end, F_GETPIPE_SZ)
+    os.set_blocking(write_end, False)
+    os.write(write_end, b"\0" * (capacity - room))
+    return read_end, write_end
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_short_write_answers_what_was_taken_and_the_next_call_what_follows(write: Write) -> None:
+    """Where the file takes part of the data (a pipe with little room, as a disk nearly full), both
+    answer the count taken, and a write with no room the errno: `JournalWriter.append` finishes
+    the rest with `write_all` or cuts it back."""
+    read_end, write_end = pipe_with_room(4096)
+    try:
+        assert write(write_end, b"x" * 10_000) == 4096
+        with pytest.raises(BlockingIOError) as raised:
+            write(write_end, b"more")
+        assert raised.value.errno == errno.EAGAIN
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("write", WRITES)
+@pytest.mark.parametrize("handler_raises", [False, True])
+@pytest.mark.parametrize("workers", [0, 1], ids=["lock-held", "lock-given-up"])
+def test_a_write_interrupted_by_a_signal_runs_the_handler_then_goes_on_or_raises_its_error(
+        write: Write, handler_raises: bool, workers: int) -> None:
+    """A write that blocks (a full pipe) and is interrupted (EINTR) runs the signal's handler and is
+    made again, as PEP 475 makes os.write; a handler that raises ends it with that error, nothing
+    written. The handler here makes the room the write waits for. The same whether the C helper
+    holds the interpreter's lock or, a call running on a worker thread, gives it up."""
+    disk.workers(workers)
+    try:
+        _interrupted_write(write, handler_raises)
+    finally:
+        disk.workers(-workers)
+
+
+def _interrupted_write(write: Write, handler_raises: bool) -> None:
+    read_end, write_end = pipe_with_room(0)
+    os.set_blocking(write_end, True)
+    handled: list[int] = []
+
+    def make_room(signum: int, frame: object) -> None:
+        handled.append(signum)
+        os.read(read_end, 1 << 16)
+        if handler_raises:
+            raise InterruptedError("the handler's own error")
+
+    previous = signal.signal(signal.SIGALRM, make_room)
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        if handler_raises:
+            with pytest.raises(InterruptedError, match="the handler's own error"):
+                write(write_end, b"data")
+            os.set_blocking(read_end, False)
+            with pytest.raises(BlockingIOError):
+                os.read(read_end, 1 << 20)  # the handler emptied the pipe and nothing of it was written
+        else:
+            assert write(write_end, b"data") == 4
+            assert os.read(read_end, 1 << 20).endswith(b"data")
+        assert handled == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.fixture
+def long_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval made far longer than the test: a thread that waits for the
+    lock gets it only when its holder gives it up."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10 * STALL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+
+
+@pytest.mark.skipif(c_write is None, reason="built without a C compiler: every write gives the lock up")
+@pytest.mark.usefixtures("long_switch_interval")
+def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_path: Path) -> None:
+    """A loop busy with appends never waits, so a pack's Python on a worker thread would get the
+    lock only when the interpreter made the loop let go of it (every 5 ms, a hand-over each time):
+    while the runtime runs a call there, each write gives the lock up, and the call runs beside a
+    loop that writes without ever yielding. Once the call is done, the count is back to none."""
+    gate = monkey.get_original("_thread", "allocate_lock")()  # waited on without the lock
+    gate.acquire()
+    waiting: list[bool] = []
+    ran: list[bool] = []
+
+    def call() -> None:
+        waiting.append(True)
+        gate.acquire()
+        ran.append(True)  # the lock wanted, to go on from `acquire`
+
+    caller = gevent.spawn(GeventRuntime().run_blocking, call)
+    deadline = time.monotonic() + STALL_S
+    while not waiting and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert waiting and disk.workers(0) == 1
+    fd = os.open(tmp_path / "journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        gate.release()  # (keeps the lock): from here the call goes on only when a write gives it up
+        chunk = bytes(64 * 1024)
+        writes = 0
+        while not ran and writes < 4096:  # up to 256 MB
+            disk.write(fd, chunk)  # never yields to the hub
+            writes += 1
+        ran_beside = bool(ran)  # (before the close, which gives the lock up)
+    finally:
+        os.close(fd)
+    assert ran_beside, f"the worker's call did not run during {writes} writes made while it waited for the lock"
+    caller.join(STALL_S)
+    assert caller.dead and disk.workers(0) == 0

@@ -253,6 +253,21 @@ def test_compiled_take_items_refuses_what_it_cannot_read() -> None:
 
 
 @pytest.mark.skipif(new_items is None, reason="built without a C compiler")
+def test_compiled_items_made_after_others_were_freed_hold_only_their_own_fields() -> None:
+    """Freed items are kept for the next ones made (more of them than the helper keeps, here): an
+    item made from a freed one has its own fields, and the freed one's are let go of."""
+    old, new = b"the first batch's", b"the second batch's"
+    before = sys.getrefcount(old)
+    first = new_items(1, 2, [old] * 3000, 7) + [QItemCompiled(3, 4, old, 5, 6) for _ in range(100)]
+    del first
+    assert sys.getrefcount(old) == before
+    second = new_items(8, 0, [new] * 3000, 0) + [QItemCompiled(9, 10, new) for _ in range(100)]
+    assert [(i.add_time, i.expiry, i.data, i.xid, i.errors) for i in second] == (
+        [(8, 0, new, 0, 0)] * 3000 + [(9, 10, new, 0, 0)] * 100)
+    assert sys.getrefcount(old) == before
+
+
+@pytest.mark.skipif(new_items is None, reason="built without a C compiler")
 def test_compiled_new_items_hold_their_data_once_and_let_go_of_it() -> None:
     data = b"held by each item"
     before = sys.getrefcount(data)

@@ -3,6 +3,7 @@ that makes waits, expiry sweeps and periodic fsyncs a matter of moving a clock, 
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from pathlib import Path
@@ -289,20 +290,34 @@ def test_a_timer_for_the_rest_of_a_wait_fires_at_the_waits_deadline() -> None:
     assert fired == [runtime.clock.ms]
 
 
-def test_a_caller_killed_during_a_blocking_call_ends_only_once_the_call_has_ended() -> None:
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_caller_killed_during_a_blocking_call_takes_its_outcome_then_the_kill(fails: bool) -> None:
     """The thread of `run_blocking` cannot be stopped, so its caller must not go on beside it (a
-    journal's next append beside a large one still being written): a kill waits for the call."""
+    journal's next append beside a large one still being written): a kill waits for the call. The
+    caller then gets what the call returned or raised, which its state must follow, and the kill at
+    its next wait."""
     runtime = GeventRuntime()
     started, release = threading.Event(), threading.Event()
     ended: list[str] = []
+    seen: list[object] = []
 
     def call() -> str:
         started.set()
         release.wait(STALL_S)
         ended.append("call")
+        if fails:
+            raise OSError(errno.ENOSPC, "the call's own error")
         return "done"
 
-    caller = gevent.spawn(runtime.run_blocking, call)
+    def caller_body() -> None:
+        try:
+            seen.append(runtime.run_blocking(call))
+        except OSError as e:
+            seen.append(e.errno)
+        gevent.sleep(STALL_S)  # its next wait: the kill comes here
+        seen.append("not killed")
+
+    caller = gevent.spawn(caller_body)
     for _ in range(int(STALL_S / 0.01)):
         if started.is_set():
             break
@@ -314,4 +329,5 @@ def test_a_caller_killed_during_a_blocking_call_ends_only_once_the_call_has_ende
     release.set()
     caller.join(STALL_S)
     assert caller.dead and ended == ["call"]
+    assert seen == [errno.ENOSPC if fails else "done"]
     assert isinstance(caller.value, gevent.GreenletExit)

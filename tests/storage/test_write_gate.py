@@ -34,7 +34,8 @@ SETTINGS = [
 class HeldWrites:
     """`disk.write_all` and `disk.writev_all` (which a journal's appends of 1 MB or more call) noting
     the thread each runs on and how many bytes; a write off the loop thread waits for `release`,
-    and fails with `error` if one is set. On the loop thread nothing waits (the test would hang)."""
+    and fails with `error` if one is set, once `part` bytes of it reached the file (a disk filling
+    up). On the loop thread nothing waits (the test would hang)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loop_thread = threading.get_ident()
@@ -42,6 +43,7 @@ class HeldWrites:
         self.started = threading.Event()
         self.release = threading.Event()
         self.error: OSError | None = None
+        self.part = 0
         write_all, writev_all = disk.write_all, disk.writev_all
 
         def held(fn: Callable[..., Any], size: Callable[[Any], int]) -> Callable[..., Any]:
@@ -52,6 +54,7 @@ class HeldWrites:
                     self.started.set()
                     self.release.wait(60)
                     if self.error is not None:
+                        os.write(fd, (data if isinstance(data, bytes) else b"".join(data))[:self.part])
                         raise self.error
                 return fn(fd, data)
             return write
@@ -148,3 +151,43 @@ def test_a_checkpoint_deletes_the_segments_of_large_items_off_the_loop(
     monkeypatch.undo()
     assert ("commit-log", False) in deleted and ("commit-log", True) not in deleted
     coll.close()
+
+
+@pytest.mark.parametrize(("settings", "commit_log"), SETTINGS)
+@pytest.mark.parametrize("fails", [False, True], ids=["written", "failed-part-way"])
+def test_a_caller_killed_during_a_large_write_leaves_the_journal_as_the_write_left_it(
+        tmp_path: Path, writes: HeldWrites, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str],
+        commit_log: bool, fails: bool) -> None:
+    """A put killed (a shutdown's time-out ends its connection) while its large item is written
+    off the loop: the write's outcome is the change's, the kill comes after. Written whole, the
+    item is counted where the journal ends (an unacknowledged item kept, as after a crash); failed
+    part way, the part is cut off and the put undone. Raising the kill instead of the outcome left
+    the journal's size behind the file, so that a later failed append cut back to it, through an
+    acknowledged put (and Kestrel 3 gave the item's ids out again)."""
+    coll = collection(tmp_path, settings, commit_log)
+    coll.put("q", [b"before"])
+    if fails:
+        writes.error, writes.part = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), len(LARGE) // 2
+    put = gevent.spawn(coll.put, "q", [LARGE])
+    writes.wait_started(put)
+    put.kill(block=False)
+    gevent.sleep(0)
+    assert not put.dead, "the killed put went on while its write still ran"
+    writes.release.set()
+    put.join(timeout=60)
+    assert put.dead
+    assert coll.put("q", [b"after"]) == 1  # acknowledged
+
+    def fail_part_way(fd: int, data: bytes | memoryview) -> int:
+        os.write(fd, data[:1])
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    write = disk.write
+    monkeypatch.setattr(disk, "write", fail_part_way)
+    with pytest.raises(JournalWriteError):
+        coll.put("q", [b"refused"])  # cut back to where the journal's writer believes it ends
+    monkeypatch.setattr(disk, "write", write)
+    coll.close()
+    again = load_strictly(collection(tmp_path, settings, commit_log))
+    assert drain(again, "q") == ([b"before", b"after"] if fails else [b"before", LARGE, b"after"])
+    again.close()

@@ -7,6 +7,7 @@ operator fixes the file in one pass instead of one restart per mistake.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -224,11 +225,13 @@ def _memory_total(key: str, value: Any) -> int:
     """A size, 0 (no budget) or `auto` (`default_memory_total`, what an unset key gives)."""
     if value == "auto":
         return default_memory_total()
-    try:
-        return parse_size(key, value)
-    except ConfigError:
-        raise ConfigError(key, f"expected a size such as 2GB, 0 (no budget) or auto, got {value!r}") from None
+    return parse_size(key, value, expected="a size such as 2GB, 0 (no budget) or auto")
 
+
+# Listener limits the system sets: gevent's pool counts connections in a C int; Linux takes a TCP
+# keepalive idle time of at most 32767 s (the listener's socket option is refused past it).
+MAX_CONNECTIONS = 2**31 - 1
+MAX_KEEPALIVE_MS = 32_767_000
 
 _PARSERS: dict[str, Any] = {
     "queue_path": _string,
@@ -246,9 +249,9 @@ _PARSERS: dict[str, Any] = {
     "thrift_protocol": _choice("binary", "compact"),
     "max_frame_size": parse_size,
     "max_line_length": parse_size,
-    "max_connections": parse_count,
+    "max_connections": functools.partial(parse_count, most=MAX_CONNECTIONS),
     "client_timeout": parse_optional_duration_ms,
-    "tcp_keepalive": parse_optional_duration_ms,
+    "tcp_keepalive": functools.partial(parse_optional_duration_ms, most=MAX_KEEPALIVE_MS),
     "request_timeout": parse_duration_ms,
     "max_wait": parse_duration_ms,
     "max_batch_items": parse_count,

@@ -1,2 +1,6 @@
 def write(fd: int, data: bytes | memoryview, /) -> int:
-    """How many bytes of `data` file `fd` took (as `os.write`), the interpreter's lock held."""
+    """How many bytes of `data` file `fd` took (as `os.write`), the interpreter's lock held unless
+    a call runs on a worker thread (`workers`)."""
+
+def workers(change: int, /) -> int:
+    """Add `change` to the calls running on worker threads; how many run now."""

@@ -27,11 +27,27 @@ typedef struct {
 
 static PyObject *zero;
 
+static PyTypeObject QItemType;
+
+/* Items freed, kept for the next ones made (the type cannot be subclassed: each is a QItem). A get
+ * frees its batch and the next put makes as many again: reusing them saves the allocator's work
+ * both ways, about 150 instructions an item (callgrind, a Thrift put(100) + get(100) round). At
+ * most `FREE_ITEMS` are kept (56 KB); beyond, a freed item goes back to the allocator. */
+#define FREE_ITEMS 1024
+static QItem *free_items[FREE_ITEMS];
+static int free_count;
+
 static PyObject *make(PyTypeObject *type, PyObject *add_time, PyObject *expiry, PyObject *data,
                       PyObject *xid, PyObject *errors) {
-    QItem *self = (QItem *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        return NULL;
+    QItem *self;
+    if (type == &QItemType && free_count > 0) {
+        self = free_items[--free_count];
+        PyObject_Init((PyObject *)self, type);
+    } else {
+        self = (QItem *)type->tp_alloc(type, 0);
+        if (self == NULL) {
+            return NULL;
+        }
     }
     self->add_time = Py_NewRef(add_time);
     self->expiry = Py_NewRef(expiry);
@@ -90,6 +106,10 @@ static void qitem_dealloc(QItem *self) {
     Py_XDECREF(self->data);
     Py_XDECREF(self->xid);
     Py_XDECREF(self->errors);
+    if (Py_TYPE(self) == &QItemType && free_count < FREE_ITEMS) {
+        free_items[free_count++] = self;
+        return;
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

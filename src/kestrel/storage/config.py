@@ -10,6 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from typing import Any, Final
 
 from kestrel.storage.errors import ConfigError, InvalidQueueName
@@ -23,6 +24,11 @@ UNLIMITED = 2**63 - 1
 # larger limit, UNLIMITED among them, is compared as two Python objects. No count or size of a
 # queue reaches it, so it stands in for any larger limit (`native_limit`).
 NATIVE_LIMIT: Final = (1 << 62) - 1
+
+
+# The longest duration a setting takes: an item's expiry, its add time plus `max_age`, must still fit
+# the journals' signed 64-bit milliseconds (about 146 million years; past it every put would fail).
+MAX_DURATION_MS: Final = (1 << 62) - 1
 
 
 def native_limit(limit: int) -> int:
@@ -44,37 +50,58 @@ _DURATION_UNITS = {
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(key: str, value: Any) -> int:
-    """Bytes from an int or a string such as `16MB`, `512k`, `1GB`."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a size such as 16MB, got {value!r}")
-    if isinstance(value, int):
+def _amount(text: str, units: Mapping[str, int]) -> int | None:
+    """`16MB`, `1.5s`: the number, exactly (no float rounds or overflows it), times its unit in
+    `units`, rounded down; None where `text` is not such a number."""
+    m = _QUANTITY.match(text)
+    if m is None or m.group(2).lower() not in units:
+        return None
+    try:
+        return int(Fraction(m.group(1)) * units[m.group(2).lower()])
+    except ValueError:  # more digits than Python reads into an int
+        return None
+
+
+def _at_most(key: str, value: int, most: int, unit: str, given: Any) -> int:
+    """`value`, or ConfigError when it is over `most`: every count, size and duration fits what
+    holds it (a signed 64-bit integer at most, as in Kestrel's settings), so that none is refused
+    only later, by a put or the listener."""
+    if value > most:
+        raise ConfigError(key, f"at most {most}{unit}, got {given!r}")
+    return value
+
+
+def parse_size(key: str, value: Any, most: int = UNLIMITED,
+               expected: str = "a size such as 16MB, 512KB or a byte count") -> int:
+    """Bytes from an int or a string such as `16MB`, `512k`, `1GB`; at most `most`. What is not a
+    size is refused as not `expected`."""
+    if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ConfigError(key, f"a size cannot be negative, got {value!r}")
-        return value
+        return _at_most(key, value, most, " bytes", value)
     if isinstance(value, str):
-        m = _QUANTITY.match(value)
-        if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-    raise ConfigError(key, f"expected a size such as 16MB, 512KB or a byte count, got {value!r}")
+        size = _amount(value, _SIZE_UNITS)
+        if size is not None:
+            return _at_most(key, size, most, " bytes", value)
+    raise ConfigError(key, f"expected {expected}, got {value!r}")
 
 
-def parse_duration_ms(key: str, value: Any) -> int:
-    """Milliseconds from a string such as `500ms`, `1s`, `10 minutes`; 0 stays 0."""
+def parse_duration_ms(key: str, value: Any, most: int = MAX_DURATION_MS) -> int:
+    """Milliseconds from a string such as `500ms`, `1s`, `10 minutes`; 0 stays 0; at most `most`."""
     if value == 0 and not isinstance(value, bool):
         return 0
     if isinstance(value, str):
-        m = _QUANTITY.match(value)
-        if m and m.group(2).lower() in _DURATION_UNITS:
-            return int(float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()])
+        ms = _amount(value, _DURATION_UNITS)
+        if ms is not None:
+            return _at_most(key, ms, most, " ms", value)
     raise ConfigError(key, f"expected a duration with a unit such as 500ms, 1s or 10min, got {value!r}")
 
 
-def parse_optional_duration_ms(key: str, value: Any) -> int | None:
+def parse_optional_duration_ms(key: str, value: Any, most: int = MAX_DURATION_MS) -> int | None:
     """A duration where null, 0 or `never` mean "no limit"."""
     if value is None or value == "never":
         return None
-    ms = parse_duration_ms(key, value)
+    ms = parse_duration_ms(key, value, most)
     return ms or None
 
 
@@ -97,9 +124,9 @@ def parse_bool(key: str, value: Any) -> bool:
     raise ConfigError(key, f"expected true or false, got {value!r}")
 
 
-def parse_count(key: str, value: Any) -> int:
+def parse_count(key: str, value: Any, most: int = UNLIMITED) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+        return _at_most(key, value, most, "", value)
     raise ConfigError(key, f"expected a non-negative whole number, got {value!r}")
 
 

@@ -1,18 +1,19 @@
 """The system calls that put a journal's bytes on the disk: writing all of a buffer, fsyncing a file
-or a folder.
+or a folder; and the one read of a large record a journal reader makes (`pread`).
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
 that the fault tests can replace them to fail a write or an fsync in either build. `write` is the
 system call itself: a journal's append calls it straight, so no Python frame runs between the
 compiled request path and the kernel. Where the build has a C compiler it is the C helper's
-(src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the write; `os.write`, its
-twin, gives the lock up and takes it back around each one. `write` serves the appends made on the
-event loop's thread; the large ones written on the thread pool
-(src/kestrel/storage/write_gate.py) go through `write_all` and `writev_all`, which give the lock
-up, so the loop runs meanwhile.
+(src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the write while no call
+runs on a worker thread (`workers`, counted by the runtime's `run_blocking`), and gives it up as
+`os.write`, its twin, does around each one while any does, so that the worker's Python runs beside
+the loop's writes. `write` serves the appends made on the event loop's thread; the large ones
+written on the thread pool (src/kestrel/storage/write_gate.py) go through `write_all` and
+`writev_all`, which give the lock up, so the loop runs meanwhile; so does `pread`, by which a
+reader reads a record larger than its buffer whole, on the thread pool from `LARGE_APPEND` bytes.
 """
-
 from __future__ import annotations
 
 import errno
@@ -20,11 +21,17 @@ import os
 from collections.abc import Callable
 
 write: Callable[[int, bytes | memoryview], int]
+workers: Callable[[int], int]
 try:
-    from kestrel.storage._disk import write
-except ImportError:  # built without a C compiler
+    from kestrel.storage._disk import workers, write
+except ImportError:  # built without a C compiler: every write gives the lock up, none counts workers
     write = os.write
+
+    def workers(change: int) -> int:
+        """The helper's count of calls on worker threads, which `os.write` does not need."""
+        return 0
 pwrite = os.pwrite
+pread = os.pread
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

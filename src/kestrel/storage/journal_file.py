@@ -215,7 +215,7 @@ class JournalWriter:
                 if written < len(data):
                     disk.pwrite_all(self.fd, data[written:], self.size + written)
             elif len(data) >= LARGE_APPEND and self.gate is not None:
-                self.gate.write(disk.write_all, self.fd, data)
+                self.gate.off_loop(disk.write_all, self.fd, data)
             else:
                 written = disk.write(self.fd, data)
                 if written < len(data):
@@ -238,7 +238,7 @@ class JournalWriter:
         gate = self.gate
         try:
             if gate is not None and sum(map(len, parts)) >= LARGE_APPEND:
-                written = gate.write(disk.writev_all, self.fd, parts)
+                written = gate.off_loop(disk.writev_all, self.fd, parts)
             else:
                 written = disk.writev_all(self.fd, parts)
         except OSError:

@@ -888,8 +888,8 @@ class PersistentQueue(ABC):
     def release_cursor_buffer(self) -> None:
         """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
         with self._lock:
-            if self._behind is not None and not self.closed:
-                self._behind.cursor.release_buffer()
+            if self._behind is not None and not self.closed and self._gate.busy is None:
+                self._behind.cursor.release_buffer()  # (not while it reads a record off the loop)
 
     def shed(self, wait: bool = True) -> int:
         """Drop the items held beyond `memory_target` from the tail of memory and read them back

@@ -20,7 +20,9 @@ from typing import Any, Protocol, TypeVar
 
 import gevent
 import gevent.event
+from greenlet import getcurrent, greenlet
 
+from kestrel.storage import disk
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.group_commit import GroupCommit
@@ -89,7 +91,8 @@ class Runtime(Protocol):
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call (fsync, a pack) without stopping the other tasks. Returns or raises
-        only once the call has ended, even when the caller is killed meanwhile."""
+        what the call did, once it has ended, even when the caller is killed meanwhile: the kill
+        reaches the caller at its next wait, once it has dealt with the call's outcome."""
         ...
 
     def sleep(self, seconds: float) -> None: ...
@@ -175,18 +178,27 @@ class GeventRuntime:
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
-        call = gevent.get_hub().threadpool.spawn(_outcome, fn, args)
-        # A kill (or a time-out) thrown into the caller meanwhile is raised once the call has ended:
-        # the thread cannot be stopped, and a caller that went on would race it (a journal's next
-        # append beside a large one still being written, a file closed under a write).
+        hub = gevent.get_hub()
+        call = hub.threadpool.spawn(_outcome, fn, args)
+        # Meanwhile the loop's journal writes give the interpreter's lock up, so that the call's
+        # Python runs beside them (src/kestrel/storage/_disk.c).
+        disk.workers(1)
+        # A kill (or a time-out) thrown into the caller meanwhile waits for the call to end: the
+        # thread cannot be stopped, and a caller that went on would race it (a journal's next append
+        # beside a large one still being written, a file closed under a write). It is then thrown
+        # again at the caller's next wait, as gevent's kill reaches a greenlet that is running: the
+        # caller first takes the call's outcome, which its state must follow (a journal's append
+        # written whole is counted, one that failed is cut back and its change undone), where
+        # raising the kill instead left the journal's size, its ids or a torn tail unaccounted.
         thrown: BaseException | None = None
         while not call.ready():
             try:
                 call.wait()
             except BaseException as e:
                 thrown = thrown or e
+        disk.workers(-1)
         if thrown is not None:
-            raise thrown
+            hub.loop.run_callback(_throw, getcurrent(), thrown)
         ok, value = call.get()
         if not ok:
             raise value
@@ -203,6 +215,12 @@ class GeventRuntime:
 
     def group_commit(self) -> GroupCommit | None:
         return group_commit.shared()  # its rounds run on the hub
+
+
+def _throw(waiter: greenlet, error: BaseException) -> None:
+    """`error` thrown into `waiter`, unless it has ended meanwhile (it did not wait again)."""
+    if not waiter.dead:
+        waiter.throw(error)
 
 
 def _outcome(fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, Any]:

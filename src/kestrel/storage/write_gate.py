@@ -1,4 +1,5 @@
-"""Large appends written off the event loop, with the journal's other changes waiting their turn.
+"""Large appends written, and large records read back, off the event loop, with the journal's other
+changes waiting their turn.
 
 A change is applied in memory and appended to its journal before anything yields, so the journal's
 order is the order of the changes. An append of megabytes (a 16 MB item) would hold the loop for
@@ -9,6 +10,11 @@ in Kestrel 3, those of every reader of its writer journal) wait at the gate unti
 so none sees memory its journal does not hold yet, and their records follow it in order. The
 write is the same system call either way: what fails leaves the journal as it was and fails the
 change, and its acknowledgement still comes after the write (and its fsync under `always`).
+
+A read-behind cursor reads a record of `LARGE_APPEND` bytes or more back the same way, in one read
+on the thread pool (src/kestrel/storage/kestrel2/reader.py): the change that reads it is in
+progress, so the queue's other changes wait at the gate until it is read, and nothing that would
+move the cursor (a change, paging out, a close) runs meanwhile.
 """
 
 from __future__ import annotations
@@ -20,30 +26,33 @@ from kestrel.storage.runtime import Event, Runtime
 
 T = TypeVar("T")
 
-# The size from which an append is written off the loop. Below it a write costs the loop less than
-# handing it to a thread and back (0.2 ms of CPU for a megabyte into the page cache: bench/README.md).
+# The size from which an append is written, or a record read, off the loop. Below it a write costs
+# the loop less than handing it to a thread and back (0.2 ms of CPU for a megabyte into the page
+# cache: bench/README.md).
 LARGE_APPEND: Final = 1 << 20
 
 
 class WriteGate:
     """The changes of one journal (every reader's, for a Kestrel 3 writer journal) wait here while
-    a large append of theirs is written off the loop (`write`)."""
+    a large append of theirs is written, or a large record read, off the loop (`off_loop`)."""
 
     __slots__ = ("runtime", "busy")
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.busy: Event | None = None  # set while an append is written off the loop
+        self.busy: Event | None = None  # set while an append or a read runs off the loop
 
     def wait_turn(self) -> None:
-        """Return once no append of this journal is being written off the loop."""
+        """Return once no append or read of this journal is running off the loop."""
         while (busy := self.busy) is not None:
             busy.wait()
 
-    def write(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)` (a system call appending to the journal) on the runtime's thread pool, the
-        journal's other changes waiting meanwhile; what it returns or raises. The gate opens only
-        once the write has ended, even for a caller killed meanwhile (`Runtime.run_blocking`)."""
+    def off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` (a system call appending to the journal or reading a record of it) on the
+        runtime's thread pool, the journal's other changes waiting meanwhile; what it returns or
+        raises. The gate opens only once the call has ended, even for a caller killed meanwhile,
+        which takes the call's outcome first, so that the journal counts or cuts back what reached
+        it (`Runtime.run_blocking`)."""
         self.wait_turn()
         done = self.busy = self.runtime.event()
         try:

@@ -482,8 +482,11 @@ def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
 
 # Records with a size field: the ones whose size can be damaged into a wrong but readable one.
 SIZED_RECORDS = (Add, AddX, AddXid, Continue)
-# Where each sized record keeps its size field (counted from its opcode byte), and its least size.
-_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
+# Where each sized record keeps its size field (counted from its opcode byte), and its least size:
+# first those whose item a reader may read on its own (`item_extent`), then opcode 8, a CONTINUE or
+# a STATE_DUMP by what follows it.
+_ITEM_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER)}
+_SIZE_FIELD = {**_ITEM_SIZE_FIELD, 8: (5, ITEM_HEADER)}
 
 
 def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False) -> int | None:
@@ -515,6 +518,36 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
         if real >= least and end < limit and buf[end] <= MAX_OPCODE and _records_fill(buf, end, limit):
             return end
     return None
+
+
+def item_extent(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
+    """Where the item of the record at `pos` starts and where the record ends, counted from `pos`,
+    read from its header alone: a reader then reads the item at once, however large (`item_record`).
+    None unless the record is an ADD, ADDX or ADD_XID whose header `buf` holds whole and whose
+    size is not too small for it (which `decode` refuses)."""
+    field = _ITEM_SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    if field is None:
+        return None
+    at, least = field
+    start = at + 4 + least
+    if pos + start > len(buf):
+        return None
+    size: int = _I32.unpack_from(buf, pos + at)[0]
+    return (start, at + 4 + size) if size >= least else None
+
+
+def item_record(head: bytes | memoryview, data: bytes) -> Add | AddX | AddXid:
+    """The record whose bytes before its item are `head` (an `item_extent` start's worth), holding
+    `data` as its item, as it is (not copied)."""
+    op = head[0]
+    if op == ADDX:
+        _, add_time, expiry = _ADDX_HEAD.unpack_from(head, 1)
+        return AddX(add_time, expiry, data)
+    if op == ADD_XID:
+        xid, _, add_time, expiry = _XID_ADDX_HEAD.unpack_from(head, 1)
+        return AddXid(xid, add_time, expiry, data)
+    _, expiry_s = _ADD_HEAD.unpack_from(head, 1)
+    return Add(expiry_s, data)
 
 
 def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:

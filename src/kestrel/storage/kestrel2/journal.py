@@ -613,6 +613,8 @@ class QueueJournal:
         except Exception:
             log.exception("packing failed", queue=self.name)
         job.written.set()
+        if self.gate is not None:  # not while a change of the queue reads or writes off the loop
+            self.gate.wait_turn()
         with self._lock:
             self._finish_pack(job)
 

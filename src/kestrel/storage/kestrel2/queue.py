@@ -182,7 +182,7 @@ class Kestrel2Queue(PersistentQueue):
     def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> JournalCursor:
         """A cursor reading items back from file `key` at `offset`."""
         self._rb = JournalCursor(self._journal.files, key, path, offset, self._cursor_left,
-                                 self._journal.flush)
+                                 self._journal.flush, self._gate)
         self._rb.stop = stop
         return self._rb
 

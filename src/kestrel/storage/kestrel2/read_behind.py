@@ -15,6 +15,7 @@ from kestrel.storage.item import QItem
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
+from kestrel.storage.write_gate import WriteGate
 
 Files = list[tuple[int, str]]  # (sort key, path) in replay order: rotated timestamps, then LIVE
 LIVE = 2**63  # sort key of the live journal, after every rotated timestamp
@@ -24,18 +25,19 @@ class JournalCursor:
     """Reads add records forward from (`key`, `offset`), crossing into later files of `files()`.
 
     `on_leave(key)` is told each time the cursor has read the whole of file `key` and moved on;
-    `sync` appends what the journal holds pending, before a fill reads.
+    `sync` appends what the journal holds pending, before a fill reads; a record of `LARGE_APPEND`
+    bytes or more is read off the loop through the queue's `gate` (`JournalReader`).
     """
 
     def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
                  on_leave: Callable[[int], None] | None = None,
-                 sync: Callable[[], None] | None = None) -> None:
+                 sync: Callable[[], None] | None = None, gate: WriteGate | None = None) -> None:
         self._files = files
         self._on_leave = on_leave
         self._sync = sync
+        self._gate = gate
         self.key = key
-        self.reader = JournalReader(path, offset)
-        self.reader.chunk = CURSOR_CHUNK
+        self.reader = self._open(path, offset)
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
 
     def sync(self) -> None:
@@ -74,11 +76,15 @@ class JournalCursor:
         left = self.key
         self.reader.close()
         self.key = following[0]
-        self.reader = JournalReader(following[1])
-        self.reader.chunk = CURSOR_CHUNK
+        self.reader = self._open(following[1], 0)
         if self._on_leave is not None:
             self._on_leave(left)
         return True
+
+    def _open(self, path: str, offset: int) -> JournalReader:
+        reader = JournalReader(path, offset, gate=self._gate)
+        reader.chunk = CURSOR_CHUNK
+        return reader
 
     def live_rotated(self, stamp: int) -> None:
         """The live journal was renamed to the rotated file `stamp`: a cursor in it is there now."""

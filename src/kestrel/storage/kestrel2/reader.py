@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from kestrel.storage import torn_tail
+from kestrel.storage import disk, torn_tail
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.journal_file import BufferedFile
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
+from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 
 SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
 
@@ -22,11 +23,21 @@ class JournalReader(BufferedFile):
     when no complete record is there yet, or where nothing but zeros follows (what a power cut can
     leave). With `check_sizes` (replay) a record whose size field looks one bit off is reported as
     corrupt. Replay asks `tail_damage` at the end whether what is left is a torn write.
+
+    A record larger than the buffer is read whole in one read of the size its header gives, once
+    the file is seen to hold that much (a damaged size allocates nothing: the record reads as
+    incomplete, for the torn-tail rule to judge), never in chunks joined to each other. Its item is
+    read on its own, as the item's bytes themselves; with `check_sizes` the whole record is read
+    into one buffer instead (a size one bit off is looked for inside it) and the item copied out.
+    From `LARGE_APPEND` bytes the read runs off the loop through the `gate` of the journal's queue
+    (src/kestrel/storage/write_gate.py).
     """
 
-    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False) -> None:
+    def __init__(self, path: str, offset: int = 0, check_sizes: bool = False,
+                 gate: WriteGate | None = None) -> None:
         super().__init__(path, offset)
         self.check_sizes = check_sizes  # replay: look for size fields that swallow records
+        self.gate = gate  # where a large record is read off the loop (None: on the caller's thread)
         self._previous: int | None = None  # offset of the record just read, if it has a size field
         self._eof = False
 
@@ -53,6 +64,14 @@ class JournalReader(BufferedFile):
                         raise Malformed(self._buf[self._pos],
                                         codec.size_damage(self.offset, self._buf_start + real_end))
             except Incomplete:
+                extent = codec.item_extent(self._buf, self._pos)
+                if extent is not None and extent[1] > self.chunk:
+                    if not self._holds(extent[1]):
+                        return None
+                    if not self.check_sizes:
+                        return self._read_item(*extent)
+                    self._buf, self._buf_start, self._pos = self._read(extent[1], self.offset), self.offset, 0
+                    continue
                 was_eof = self._eof
                 if not self._fill() and was_eof:
                     return None
@@ -66,6 +85,32 @@ class JournalReader(BufferedFile):
             self._pos = stop
             self._previous = at if isinstance(record, codec.SIZED_RECORDS) else None
             return at, record
+
+    def _holds(self, size: int) -> bool:
+        """Whether the file holds the `size` bytes of the record here (else it is at its end)."""
+        self._eof = self.offset + size > os.fstat(self.fd).st_size
+        return not self._eof
+
+    def _read(self, size: int, at: int) -> bytes:
+        """`size` bytes of the file at `at`, in one read (off the loop from `LARGE_APPEND`)."""
+        gate = self.gate
+        if gate is not None and size >= LARGE_APPEND:
+            return gate.off_loop(disk.pread, self.fd, size, at)
+        return disk.pread(self.fd, size, at)
+
+    def _read_item(self, start: int, end: int) -> tuple[int, Record] | None:
+        """The item record here, its item read on its own from `start` to `end` (from the record's
+        offset); None if the file turns out shorter. The reader's place is taken from before the
+        read, which may have let the loop run (`release_buffer` meanwhile changes no offset)."""
+        at = self.offset
+        head = self._buf[self._pos:self._pos + start]
+        data = self._read(end - start, at + start)
+        if len(data) < end - start:
+            self._eof = True
+            return None
+        self._buf, self._buf_start, self._pos = b"", at + end, 0
+        self._previous = at
+        return at, codec.item_record(head, data)
 
     def common_run(self, budget: int) -> list[codec.Common]:
         """The run of common records whole in the buffer from here (`codec.decode_common`), read.

@@ -1,0 +1,193 @@
+"""A Kestrel 2 record larger than the reader's buffer (src/kestrel/storage/kestrel2/reader.py): read
+whole in one read of the size its header gives, its item read as itself; from `LARGE_APPEND` bytes
+on the thread pool while the queue's other changes wait at its gate; a size the file does not hold
+allocating nothing. Observed through the reads made and the threads they run on, never timing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import pytest
+
+from kestrel.storage import CorruptJournalError, disk
+from kestrel.storage.journal_file import CURSOR_CHUNK, READ_CHUNK
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2.reader import JournalReader, read_journal
+from kestrel.storage.write_gate import LARGE_APPEND
+from tests.support.queues import aside, drain, journal_files, open_collection, reopen
+
+SETTINGS = {"journal_format": "kestrel2", "max_memory_size": "1MB"}
+
+
+def large(n: int, size: int = LARGE_APPEND + 1000) -> bytes:
+    return bytes([n]) * size
+
+
+class Reads:
+    """`disk.pread` (a reader's one read of a large record) and `os.pread` (its buffer's fills),
+    each call noted with whether it ran on the loop thread and how many bytes it asked for; a
+    `disk.pread` off the loop thread waits for `release` once `hold` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loop_thread = threading.get_ident()
+        self.records: list[tuple[bool, int]] = []
+        self.fills: list[int] = []
+        self.hold = False
+        self.started = threading.Event()
+        self.release = threading.Event()
+        fill = os.pread
+        pread = getattr(disk, "pread", fill)  # (a build without it reads through `os.pread` alone)
+
+        def record(fd: int, size: int, at: int) -> bytes:
+            on_loop = threading.get_ident() == self.loop_thread
+            self.records.append((on_loop, size))
+            if self.hold and not on_loop:
+                self.started.set()
+                self.release.wait(60)
+            return pread(fd, size, at)
+
+        def chunk(fd: int, size: int, at: int) -> bytes:
+            self.fills.append(size)
+            return fill(fd, size, at)
+
+        monkeypatch.setattr(disk, "pread", record, raising=False)
+        monkeypatch.setattr(os, "pread", chunk)
+
+    def wait_started(self, get: gevent.Greenlet) -> None:
+        while not self.started.is_set() and not get.ready():
+            gevent.sleep(0.001)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    noted = Reads(monkeypatch)
+    yield noted
+    noted.release.set()
+
+
+def test_read_behind_reads_a_large_item_once_off_the_loop(tmp_path: Path, reads: Reads) -> None:
+    coll = open_collection(tmp_path, SETTINGS)
+    items = [large(n) for n in range(4)]
+    for item in items:
+        coll.put("q", [item])  # the first fills memory: the others are in the journal only
+    assert coll.get("q").in_read_behind  # type: ignore[union-attr]
+    reads.fills.clear()
+    assert drain(coll, "q") == items
+    # Each item read back: one read of exactly its size, on the thread pool; the buffer's own
+    # fills read no more than a chunk at a time (no record gathered in doubling pieces).
+    assert reads.fills and max(reads.fills) <= CURSOR_CHUNK
+    assert reads.records == [(False, len(item)) for item in items[1:]]
+    coll.close()
+
+
+def test_a_record_under_large_append_is_read_once_on_the_loop(tmp_path: Path, reads: Reads) -> None:
+    coll = open_collection(tmp_path, SETTINGS)
+    items = [large(n, 3 * CURSOR_CHUNK) for n in range(12)]  # 192 KB each: 4 fill memory
+    coll.put("q", items)
+    assert drain(coll, "q") == items
+    assert reads.records and all(on_loop and size == len(items[0]) for on_loop, size in reads.records)
+    coll.close()
+
+
+def test_the_queue_waits_while_its_record_is_read_and_keeps_its_order(tmp_path: Path, reads: Reads) -> None:
+    coll = open_collection(tmp_path, SETTINGS)
+    items = [large(n) for n in range(3)]
+    for item in items:
+        coll.put("q", [item])
+    reads.hold = True
+    get = gevent.spawn(coll.remove, "q", 1)  # takes the first, and reads the second back
+    reads.wait_started(get)
+    assert reads.started.is_set(), "the record was not read off the loop"
+    # The loop serves other queues meanwhile; this queue's next change waits for the read.
+    put = gevent.spawn(coll.put, "q", [b"after"])
+    assert coll.put("other", [b"meanwhile"]) == 1
+    gevent.sleep(0.01)
+    assert not get.ready() and not put.ready()
+    reads.release.set()
+    assert [item.data for item in get.get(timeout=60)] == items[:1]
+    assert put.get(timeout=60) == 1
+    assert drain(coll, "q") == [*items[1:], b"after"]
+    coll.put("q", [b"last"])
+    again = reopen(coll)
+    assert drain(again, "q") == [b"last"]
+    assert drain(again, "other") == [b"meanwhile"]
+    again.close()
+
+
+def test_items_survive_a_restart_in_read_behind(tmp_path: Path) -> None:
+    coll = open_collection(tmp_path, SETTINGS)
+    items = [large(n, READ_CHUNK + n) for n in range(4)]  # over replay's buffer too
+    for item in items:
+        coll.put("q", [item])
+    assert [i.data for i in coll.remove("q", 1)] == items[:1]
+    again = reopen(coll)
+    assert drain(again, "q") == items[1:]
+    again.close()
+
+
+def _journal(path: Path, *records: bytes) -> Path:
+    journal = path / "q"
+    journal.write_bytes(b"".join(records))
+    return journal
+
+
+@pytest.mark.parametrize("check_sizes", [False, True], ids=["read-behind", "replay"])
+def test_a_reader_reads_each_large_record_in_one_read(tmp_path: Path, reads: Reads, check_sizes: bool) -> None:
+    items = [large(1, READ_CHUNK + 5), b"small", large(2, 3 * READ_CHUNK), b""]
+    journal = _journal(tmp_path, *(codec.encode_addx(7, 9, item) for item in items), b"\x01")
+    reader = JournalReader(str(journal), check_sizes=check_sizes)
+    records = [record for _, record in reader]
+    reader.close()
+    assert records == [codec.AddX(7, 9, item) for item in items] + [codec.Remove()]
+    assert max(reads.fills) <= READ_CHUNK
+    record_sizes = [size for _, size in reads.records]
+    # Read-behind reads the large items alone; replay reads each whole record (its sizes checked).
+    assert record_sizes == [len(items[0]) + 21 * check_sizes, len(items[2]) + 21 * check_sizes]
+
+
+def test_a_size_the_file_does_not_hold_allocates_nothing_and_is_refused(tmp_path: Path) -> None:
+    """A size field damaged to near 2 GB, whole records after it: refused at start, as before,
+    without the reader allocating the size it claims; salvage sets the damage aside."""
+    head = codec.encode_addx(1, 0, b"kept")
+    damaged = bytearray(codec.encode_addx(1, 0, b"d" * 100))
+    damaged[1:5] = (codec.MAX_BLOCK - 1).to_bytes(4, "little")
+    after = [codec.encode_addx(1, 0, b"x" * 40) for _ in range(3)]
+    journal = _journal(tmp_path, head, bytes(damaged), *after)
+    for check_sizes in (False, True):
+        reader = JournalReader(str(journal), check_sizes=check_sizes)
+        tracemalloc.start()
+        try:
+            assert [record for _, record in reader] == [codec.AddX(1, 0, b"kept")]
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 << 20
+        error = reader.tail_damage(last=True)
+        reader.close()
+        assert isinstance(error, CorruptJournalError) and error.offset == len(head)
+    refused = open_collection(tmp_path, SETTINGS)
+    assert f"offset {len(head)}" in refused.refused_queues()["q"]
+    refused.close()
+    coll = open_collection(tmp_path, SETTINGS, salvage=True)
+    assert drain(coll, "q") == [b"kept"]
+    assert aside(tmp_path), "the damaged bytes were not set aside"
+    coll.close()
+
+
+def test_a_torn_large_record_is_cut_off_as_before(tmp_path: Path) -> None:
+    """A large item's record cut short at the end of the live journal is a torn write: cut off
+    with a copy kept, the items before it kept."""
+    record = codec.encode_addx(1, 0, b"Z" * (2 * READ_CHUNK))
+    journal = _journal(tmp_path, codec.encode_addx(1, 0, b"before"), record[:READ_CHUNK + 100])
+    torn = journal.stat().st_size
+    coll = open_collection(tmp_path, SETTINGS)
+    assert drain(coll, "q") == [b"before"]
+    coll.close()
+    assert journal.stat().st_size < torn and "q" in journal_files(tmp_path)
+    assert any(len(copy) == READ_CHUNK + 100 for copy in aside(tmp_path).values())
+    assert [record for _, record in read_journal(str(journal))][0] == codec.AddX(1, 0, b"before")
