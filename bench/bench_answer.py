@@ -10,7 +10,7 @@ so it isolates what Python changes can win; run it in two checkouts to compare c
     .venv/bin/python -m bench.bench_answer [--batch 1 100] [--rounds 20000] [--get get_timed]
                                            [--timeout-ms MS [--short]]
                                            [--protocol thrift|memcache] [--profile]
-    .venv/bin/python -m bench.bench_answer --loop [--rounds 20000]
+    .venv/bin/python -m bench.bench_answer --loop [--rounds 20000] [--protocol thrift|memcache]
     .venv/bin/python -m bench.bench_answer ... --builds compiled pure [--runs 5]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
@@ -19,7 +19,9 @@ so it isolates what Python changes can win; run it in two checkouts to compare c
 time-out for the rest (the wait unwatched: there is no socket; CPU time leaves the wait out).
 `--loop` measures a connection's whole serve loop instead, Thrift and memcache, single items: framing,
 each request's wait for input on the hub, the answer, the reply; over a socket stand-in that always
-holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does).
+holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does): each
+request is one turn of the hub, answered in its callback where it can be (docs/architecture.md,
+*Requests answered in the hub*); `--protocol` measures one of the two.
 `--builds` compares builds of the server (bench/peers.py; the compiled one is made by `make
 compiled`): a process of each in turn, `--runs` times, the median of each printed beside the first's.
 """
@@ -110,7 +112,7 @@ class _ReadySocket:
         return len(data)
 
 
-def measure_loop(rounds: int) -> dict[str, float]:
+def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache")) -> dict[str, float]:
     """CPU µs per put + get round of the Thrift and memcache connections' serve loops (best of five)."""
     measured = {}
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
@@ -126,6 +128,8 @@ def measure_loop(rounds: int) -> dict[str, float]:
         memcache = [b"set q 0 0 128\r\n" + bytes(128) + b"\r\n", b"get q\r\n"]
         for name, connection, requests in (("thrift", ThriftConnection, thrift),
                                            ("memcache", MemcacheConnection, memcache)):
+            if name not in protocols:
+                continue
 
             def serve(n: int, connection: Any = connection, requests: list[bytes] = requests) -> None:
                 client = _ReadySocket(requests * n, readable)
@@ -198,7 +202,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, float]:
     """What the command line asks for, in this process: CPU µs per round by row."""
     configure_logging("warning")
     if args.loop:
-        return measure_loop(args.rounds)
+        return measure_loop(args.rounds, (args.protocol,) if args.protocol else ("thrift", "memcache"))
     return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol, args.timeout_ms,
                                 args.short)
             for batch in args.batch}
@@ -228,8 +232,8 @@ def main() -> None:
     parser.add_argument("--timeout-ms", type=int, default=0, help="the Thrift get's time-out (default 0)")
     parser.add_argument("--short", action="store_true",
                         help="the get asks for one item more than there are, and waits out its time-out")
-    parser.add_argument("--protocol", choices=["thrift", "memcache"], default="thrift",
-                        help="the requests answered (default thrift)")
+    parser.add_argument("--protocol", choices=["thrift", "memcache"],
+                        help="the requests answered (default thrift; with --loop, both)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     parser.add_argument("--loop", action="store_true",
                         help="measure the connections' serve loops (Thrift and memcache, single items)")
@@ -243,7 +247,7 @@ def main() -> None:
         return
     get = f"{args.get} (time-out {args.timeout_ms} ms{', one item short' if args.short else ''})"
     what = ("the serve loop of one connection, single items" if args.loop
-            else f"put + {get} through ThriftConnection.answer_frame" if args.protocol == "thrift"
+            else f"put + {get} through ThriftConnection.answer_frame" if args.protocol != "memcache"
             else "pipelined sets + gets through MemcacheConnection.process")
     row = "protocol" if args.loop else "items per request"
     print(f"# {what}, CPU µs per put + get round, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, "

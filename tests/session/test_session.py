@@ -603,3 +603,35 @@ def test_under_flow_control_a_put_is_held_then_refused_as_one_item(make_server: 
     assert server.stats.cmd_set == 1 and governor.refused_puts == 1 and _drain(server, "q") == []
     governor.flow_control = False
     assert session.put("q", [b"a", b"b"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests answered in the hub's callback
+
+
+def test_only_a_put_or_get_that_cannot_yield_is_answered_at_once(make_server: MakeServer,
+                                                                  runtime: ManualRuntime) -> None:
+    server = make_server(
+        max_memory_total=64 * 1024 * 1024, aliases={"both": ["plain"]},
+        queues=QueueConfigs({}, {"durable": {"sync_journal": "always"}, "moving": {"expire_to_queue": "plain"},
+                                 "poisoned": {"error_queue": "plain", "max_errors": 1},
+                                 "behind": {"max_memory_size": 16}}))
+    session = Session(server, "client")
+    assert not session.answers_at_once("plain")  # not held yet: its creation may wait for an fsync
+    for name in ("plain", "durable", "moving", "poisoned", "fan", "fan+out"):
+        session.put(name, [b"x"])
+    assert session.answers_at_once("plain") and session.answers_at_once("fan+out")
+    assert session.answers_at_once("plain", GET_SLICE) and not session.answers_at_once("plain", GET_SLICE + 1)
+    assert session.answers_at_once("plain", 1, timeout_ms=1000)  # the item is there: no wait
+    assert not session.answers_at_once("plain", 2, timeout_ms=1000)  # it would wait for the second
+    assert not session.answers_at_once("durable")  # its changes wait for an fsync
+    assert not session.answers_at_once("moving") and not session.answers_at_once("poisoned")
+    assert not session.answers_at_once("both") and not session.answers_at_once("fan")  # alias, fanout parent
+    session.put("behind", [b"x" * 64] * 4)
+    assert server.collection.queue("behind").in_read_behind
+    assert session.answers_at_once("behind")  # a put writes the journal only
+    assert not session.answers_at_once("behind", 1)  # a get may read a large record back off the loop
+    governor = server.collection.governor
+    assert governor is not None
+    governor._start_flow(governor.budget + 1, runtime.clock.now_ms())
+    assert not session.answers_at_once("plain")  # a put is held under flow control

@@ -42,6 +42,9 @@ class BufferedConnection:
     the replies of one read burst go out in a single `send`."""
 
     protocol: ClassVar[str] = ""
+    # Whether `process` stops before a request that may wait when `in_hub` is set, so that the
+    # requests that cannot wait are answered in the hub's callback (`_served_in_hub`).
+    answers_in_hub: ClassVar[bool] = False
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         self.server = server
@@ -59,6 +62,12 @@ class BufferedConnection:
                                watch=partial(wait_watching, self.io, self.inbox, self.max_line))
         self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
+        self.buf = bytearray()  # input received and not yet answered
+        # Between requests the requests that cannot wait are answered in the hub's callback
+        # (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
+        self.hub_serves = self.answers_in_hub and self.idle_timeout is None
+        self.in_hub = False  # `process` runs in the hub: it stops before a request that may wait
+        self.handed: Exception | None = None  # raised in the hub's callback, for the greenlet to raise
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used. Between two
@@ -101,17 +110,22 @@ class BufferedConnection:
 
     def run(self) -> bool:
         """Serve the client until it leaves; True when it ended the stream and all of it was read."""
-        buf = bytearray()
+        buf = self.buf
         request_timeout = self.server.config.request_timeout / 1000.0
         deadline: float | None = None  # the request in progress must be complete by then
         self.replies.hold()
         try:
             while True:
-                received = self._receive(buf, deadline)
-                if not received:
-                    self.replies.finish()
-                    break
-                self.server.stats.bytes_read += received
+                if deadline is None and self.hub_serves and not (buf or self.inbox or self.io.in_place):
+                    if not self._serve_from_hub():
+                        self.replies.finish()
+                        break
+                else:
+                    received = self._receive(buf, deadline)
+                    if not received:
+                        self.replies.finish()
+                        break
+                    self.server.stats.bytes_read += received
                 del buf[:self.process(buf)]
                 self.send()
                 if not buf and not self.mid_request():
@@ -129,6 +143,41 @@ class BufferedConnection:
             self.io.close()
             self.session.close()
         return self.io.ended
+
+    def _serve_from_hub(self) -> bool:
+        """Wait for input, the requests that cannot wait answered in the hub meanwhile; True when
+        input is left for this greenlet to answer, False when the client closed."""
+        self.io.serve_from_hub(self._served_in_hub)
+        handed, self.handed = self.handed, None
+        if handed is not None:
+            raise handed
+        return not self.io.ended
+
+    def _served_in_hub(self) -> None:
+        """In the hub, the socket readable: answer the requests that cannot wait (`process` stops
+        before any other), their replies sent without waiting, and wake the connection's greenlet
+        for the rest, the end of the stream, or an error."""
+        buf = self.buf
+        try:
+            received = self.io.receive_ready(buf)
+            if received < 0:
+                return  # nothing after all
+            if received:
+                self.server.stats.bytes_read += received
+                self.in_hub = True
+                try:
+                    del buf[:self.process(buf)]
+                finally:
+                    self.in_hub = False
+                if self.out:
+                    data = b"".join(self.out)
+                    self.out.clear()
+                    self.replies.send_at_once(data)
+                if not buf and not self.mid_request() and not self.io.in_place:
+                    return
+        except Exception as e:  # never the hub's: raised in the connection's greenlet
+            self.handed = e
+        self.io.wake()
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

@@ -93,6 +93,18 @@ class Replies:
             self._sending = False
             self._check_idle()
 
+    def send_at_once(self, data: bytes) -> None:
+        """`send` that never waits, for a request answered in the hub's callback: what the socket
+        does not take at once is finished by a greenlet of its own, as a released reply's is."""
+        if self.cut_off:
+            return
+        last = self.acks.last
+        if self._held or self._sending or (last is not None and not last.settled):
+            self._held.append((last, data))
+            return
+        self.stats.bytes_written += len(data)
+        self._send_some(data)
+
     def _released(self) -> bytes:
         """The held replies whose changes are all settled, in order, taken out of the queue."""
         held = self._held
@@ -122,8 +134,11 @@ class Replies:
         if self._sending or self.cut_off:
             return  # the greenlet sending takes what was released when it is done
         data = self._released()
-        if not data:
-            return
+        if data:
+            self._send_some(data)
+
+    def _send_some(self, data: bytes) -> None:
+        """On the event loop: send what the socket takes at once, and the rest from a greenlet."""
         try:
             sent = self.io.send_some(data)
         except OSError:  # the client is gone: its connection finds out when it reads

@@ -161,6 +161,26 @@ class Readable:
         assert wake is not None
         return wake
 
+    def serve(self, serving: Callable[[], Any]) -> None:
+        """Leave the socket's input to `serving`, called in the hub whenever the socket is readable
+        (the watcher stays started between its calls), until it calls `wake`; raises as `wait`."""
+        if self.waiting:
+            raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
+        self._waking()
+        self._start(serving)
+        self.waiting = True
+        try:
+            self._to_hub()
+        finally:
+            self.waiting = False
+            self._stop()
+
+    def wake(self) -> None:
+        """From `serve`'s callback, in the hub: resume the greenlet that serves (it stops the watcher)."""
+        wake = self._wake
+        assert wake is not None
+        wake()
+
     def wait_at_most(self, timeout: float) -> None:
         """Wait for input at most `timeout` seconds (gevent's wait); raises TimeoutError."""
         if self.waiting:
@@ -270,6 +290,29 @@ class ClientSocket:
                 return n
             self.waited = True
             self._wait_readable(timeout)
+
+    def receive_ready(self, buf: bytearray) -> int:
+        """Append what input is there to `buf`, never waiting: how many bytes (0: the client closed),
+        or -1 when nothing is there yet (what a hub's callback receives, `serve_from_hub`)."""
+        n = self._receive_appending(self.fd, buf, self._chunk)
+        if n >= 0:
+            self.waited = True  # the callback's call was the connection's wait for its client
+            self.ended = n == 0
+            self.drained = n < self.chunk
+            self.in_place = n >= IN_PLACE_FROM and lengthen is not None
+        return n
+
+    def serve_from_hub(self, serving: Callable[[], Any]) -> None:
+        """Wait for input with `serving` called in the hub each time the socket is readable, until it
+        calls `wake` (docs/architecture.md, *Requests answered in the hub*)."""
+        if self._readable is None:
+            self._readable = Readable(self.fd)
+        self._readable.serve(serving)
+
+    def wake(self) -> None:
+        """From `serve_from_hub`'s callback: the connection's greenlet goes on with its input."""
+        assert self._readable is not None
+        self._readable.wake()
 
     def _wait_readable(self, timeout: float | None) -> None:
         if self._readable is None:

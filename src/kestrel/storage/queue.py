@@ -519,6 +519,16 @@ class PersistentQueue(ABC):
         return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
                                       timeout) or []
 
+    def never_waits(self, removing: bool = False) -> bool:
+        """Whether a put to this queue, or (`removing`) a remove of one slice without a wait, returns
+        without yielding: its changes wait for no fsync (`sync_journal: never`), no large append or
+        read of its journal runs off the loop, it hands no item to another queue (expired or poison:
+        that queue's creation may wait), and a remove reads nothing back from disk (in read-behind a
+        large record is read off the loop)."""
+        cfg = self.config
+        return (cfg.sync_journal is None and self._gate.busy is None and cfg.expire_to_queue is None
+                and cfg.error_queue is None and not (removing and self._behind is not None))
+
     def holds(self, count: int) -> bool:
         """Whether a remove of `count` takes `count` items now: the queue holds them and none can
         expire (`may_expire`; one expired at the head would be dropped rather than taken)."""

@@ -69,6 +69,7 @@ class MemcacheConnection(BufferedConnection):
     """One memcache client; an item being swallowed or skipped spans read bursts."""
 
     protocol: ClassVar[str] = "memcache"
+    answers_in_hub: ClassVar[bool] = bool(RUN_STARTS)  # the runs the scanner finds (built with it)
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
@@ -97,7 +98,10 @@ class MemcacheConnection(BufferedConnection):
         end = len(buf)
         while pos < end:
             if pos:
-                self.take_turns()
+                if not self.in_hub:
+                    self.take_turns()
+                elif self.turns.over():
+                    return pos  # the rest in the connection's greenlet, which steps aside
             if self.discard:
                 step = min(self.discard, end - pos)
                 self.discard -= step
@@ -106,6 +110,8 @@ class MemcacheConnection(BufferedConnection):
                     self.out.append(self.discard_reply)
                 continue
             first = buf[pos]
+            if self.in_hub and first not in RUN_STARTS:
+                return pos  # any other command in the connection's greenlet
             if first == BINARY_MAGIC and not self.skip_line:
                 if end - pos < BINARY_HEADER:
                     return pos
@@ -117,16 +123,26 @@ class MemcacheConnection(BufferedConnection):
                     assert _scan_sets is not None
                     sets = _scan_sets(buf, pos, end, self.scan_line, self.scan_item, self.scan_run)
                     if sets is not None:
-                        key, exptime, datas, answered, pos = sets
-                        self.store(key.decode(), exptime, datas, answered)
+                        key, exptime, datas, answered, after = sets
+                        queue = key.decode()
+                        if self.in_hub and not self.session.answers_at_once(queue):
+                            return pos
+                        pos = after
+                        self.store(queue, exptime, datas, answered)
                         continue
                 else:
                     assert _scan_gets is not None
                     gets = _scan_gets(buf, pos, end, self.scan_line, self.scan_run)
                     if gets is not None:
-                        key, count, pos = gets
-                        self.fetch(key, count)
+                        key, count, after = gets
+                        queue = key.decode()
+                        if self.in_hub and not self.session.answers_at_once(queue, count):
+                            return pos
+                        pos = after
+                        self.fetch(key, queue, count)
                         continue
+            if self.in_hub:
+                return pos  # not a run the scanner reads
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos > self.max_line:
@@ -210,12 +226,11 @@ class MemcacheConnection(BufferedConnection):
         finally:
             self.set_latency.observe_many(perf_counter() - started, count)
 
-    def fetch(self, key: bytes, count: int) -> None:
+    def fetch(self, key: bytes, queue: str, count: int) -> None:
         """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found
         answer the first gets, END alone the others. A get that meets an error answers it and the
         rest get again; beside an open read the first answers ERROR and the connection closes."""
         started = perf_counter()
-        queue = key.decode()
         done = 0
         try:
             while done < count:

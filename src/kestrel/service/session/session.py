@@ -109,6 +109,15 @@ class Session:
             return 0
         return max(self.coll.clock.now_ms() + ms, 1)
 
+    def answers_at_once(self, queue: str, count: int = 0, timeout_ms: int = 0) -> bool:
+        """Whether a plain put to `queue`, or a get of up to `count` items from it without auto-abort,
+        completes without yielding: what a connection may answer in the hub's callback, where
+        anything that waits would fail (docs/architecture.md, *Requests answered in the hub*). Such
+        a get takes its items in one remove (one slice, no time-out or every item there), from
+        memory (none read back from disk)."""
+        return (count <= GET_SLICE and (timeout_ms <= 0 or self.coll.holds(queue, count))
+                and self.coll.never_waits(queue, count > 0))
+
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
         """Add items (absolute expiry in ms, 0 = never); how many were accepted: those before the
         first the queue refused (full, or over `max_item_size`). A pipelined run of single-item

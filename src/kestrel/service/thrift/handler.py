@@ -31,6 +31,7 @@ from kestrel.service.thrift.messages import (
     INVALID_MESSAGE_TYPE,
     METHODS,
     PROTOCOL_ERROR,
+    READS_BUFFERED_FRAMES,
     UNKNOWN,
     UNKNOWN_METHOD,
     Method,
@@ -167,6 +168,15 @@ class ThriftConnection:
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
+        # Between requests the plain binary puts and gets that cannot wait are answered in the hub's
+        # callback (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
+        self.hub_serves = (READS_BUFFERED_FRAMES and self.framed and self.reader_cls is BinaryReader
+                           and cfg.client_timeout is None)
+        self.handed: Exception | None = None  # raised in the hub's callback, for the greenlet to raise
+        # (boxed once: each frame hands them to the compiled reader)
+        self.max_frame: BoxedInt = cfg.max_frame_size
+        self.max_items: BoxedInt = cfg.max_batch_items
+        self.max_bytes: BoxedInt = cfg.max_batch_bytes
 
     def run(self) -> bool:
         """Serve the client until it leaves; True when it ended the stream and all of it was read."""
@@ -195,14 +205,18 @@ class ThriftConnection:
     def _serve_framed(self) -> None:
         """Each frame in turn, read where it lies in the receive buffer (no copy of the frame): a
         plain binary call in one compiled step, any other by the protocol's reader."""
-        stream, turns, cfg = self.stream, self.turns, self.cfg
+        stream, turns = self.stream, self.turns
         plain = self.reader_cls is BinaryReader
-        # (boxed once: each frame hands them to the compiled reader)
-        max_frame: BoxedInt = cfg.max_frame_size
-        max_items: BoxedInt = cfg.max_batch_items
-        max_bytes: BoxedInt = cfg.max_batch_bytes
+        max_frame, max_items, max_bytes = self.max_frame, self.max_items, self.max_bytes
         # (no `*` in the calls: the compiled build then calls the compiled function straight)
-        while stream.wait_request():
+        while True:
+            if self.hub_serves and not stream.buf and not stream.io.in_place:
+                if not self._serve_from_hub():
+                    return
+                if not stream.buf:
+                    continue  # woken with nothing to answer
+            elif not stream.wait_request():
+                return
             call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None
             if call is None:
                 end = stream.whole_frame(max_frame)
@@ -218,6 +232,54 @@ class ThriftConnection:
             stream.send(reply)
             reply = None  # not held while the connection waits (a get's reply holds its items)
             turns.pause()
+
+    def _serve_from_hub(self) -> bool:
+        """Wait for input, the requests that cannot wait answered in the hub meanwhile; True when
+        input is left for this greenlet to answer, False when the client closed."""
+        stream = self.stream
+        stream.deadline = None
+        stream.io.serve_from_hub(self._served_in_hub)
+        handed, self.handed = self.handed, None
+        if handed is not None:
+            raise handed
+        return not stream.io.ended
+
+    def _served_in_hub(self) -> None:
+        """In the hub, the socket readable: answer the whole plain calls that cannot wait, each
+        reply sent without waiting, and wake the connection's greenlet for the rest, the end of the
+        stream, or an error."""
+        stream = self.stream
+        buf = stream.buf
+        try:
+            received = stream.io.receive_ready(buf)
+            if received < 0:
+                return  # nothing after all
+            if received:
+                stream.stats.bytes_read += received
+                while buf:
+                    call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
+                    if call is None or not self._answers_at_once(call[0], call[2]):
+                        break
+                    del buf[:call[3]]
+                    stream.replies.send_at_once(self._call(call[0], call[1], call[2]))
+                    if buf and self.turns.over():
+                        break  # the rest in the connection's greenlet, which steps aside
+                if not buf and not stream.io.in_place:
+                    return
+        except Exception as e:  # never the hub's: raised in the connection's greenlet
+            self.handed = e
+        stream.io.wake()
+
+    def _answers_at_once(self, method: Method, args: Arguments) -> bool:
+        """Whether a call completes without yielding: a put, or a get without auto-abort, that
+        its session answers at once (`Session.answers_at_once`)."""
+        name = method.name
+        if name == "put":
+            return args[0] is not None and self.session.answers_at_once(args[0])
+        if name == "get":
+            return (args[0] is not None and not args[3]
+                    and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0))
+        return False
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request's payload (None: nothing can be answered), as

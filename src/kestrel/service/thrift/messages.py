@@ -200,6 +200,11 @@ def read_plain_frame(frame: bytes, max_items: int,
     return None if call is None else (call[0], call[2], call[3])
 
 
+# Whether `read_buffered_frame` reads plain calls (the build has the C helper), as a connection that
+# answers them in the hub's callback needs.
+READS_BUFFERED_FRAMES: Final = _read_framed_call is not None
+
+
 def read_buffered_frame(buf: bytearray, max_frame: BoxedInt, max_items: BoxedInt,
                         max_bytes: BoxedInt) -> tuple[Method, int, tuple[Any, ...], int] | None:
     """`read_plain_frame` on the frame a receive buffer starts with, read where it lies (no copy of

@@ -1,0 +1,201 @@
+"""Requests answered in the hub's callback (docs/architecture.md, *Requests answered in the hub*):
+a ready put or get costs the connection's greenlet no switch, anything that may wait is answered in
+that greenlet as before, replies keep their order across the two, and an error in the callback
+ends its connection, never the hub. Connections served on a socket pair in this process."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import gevent
+import gevent.socket
+import greenlet
+import pytest
+
+from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.session import Session
+from kestrel.service.thrift.handler import ThriftConnection
+from tests.conftest import STALL_S
+from tests.support.thrift_wire import encode_call, framed, read_framed_reply
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(the connection's socket, the client's)."""
+    ours, theirs = gevent.socket.socketpair()
+    theirs.settimeout(STALL_S)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+def received(client: socket.socket, expected: bytes) -> bytes:
+    """What the client reads until it has as many bytes as `expected` (or the stream ends)."""
+    data = b""
+    while len(data) < len(expected):
+        chunk = client.recv(len(expected) - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def memcache_round(client: socket.socket, queue: str, data: bytes) -> None:
+    client.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(data), data))
+    assert received(client, b"STORED\r\n") == b"STORED\r\n"
+    client.sendall(b"get %s\r\n" % queue.encode())
+    value = b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (queue.encode(), len(data), data)
+    assert received(client, value) == value
+
+
+def thrift_round(client: socket.socket, queue: str, data: bytes) -> None:
+    client.sendall(framed(encode_call("binary", "put", queue_name=queue, items=[data], expiration_msec=0)))
+    assert read_framed_reply(client, "binary", "put") == 1
+    client.sendall(framed(encode_call("binary", "get", queue_name=queue, max_items=1, timeout_msec=0,
+                                      auto_abort_msec=0)))
+    assert [item.data for item in read_framed_reply(client, "binary", "get")] == [data]
+
+
+ROUNDS = {"memcache": (MemcacheConnection, memcache_round), "thrift": (ThriftConnection, thrift_round)}
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    connection = connection_type(server_state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
+    switches: list[str] = []
+
+    def trace(event: str, args: Any) -> None:
+        if event in ("switch", "throw") and args[1] is serving:
+            switches.append(event)
+
+    previous = greenlet.settrace(trace)
+    try:
+        for i in range(20):
+            one_round(client, "ready", b"item %d" % i)
+    finally:
+        greenlet.settrace(previous)
+    assert switches == []
+    client.shutdown(socket.SHUT_WR)
+    assert serving.get(timeout=STALL_S) is True  # the client ended the stream, all of it read
+    assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
+
+
+def test_pipelined_memcache_requests_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
+    ours, client = pair
+    serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
+    memcache_round(client, "a", b"0")
+    memcache_round(client, "b", b"0")  # both queues held: their plain sets and gets are answered in the hub
+    client.sendall(b"set a 0 0 1\r\n1\r\nget a\r\nget b/t=10000\r\nset a 0 0 1\r\n2\r\nget a\r\nget a\r\n")
+    gevent.sleep(0.05)
+    assert server_state.collection.put("b", [b"late"]) == 1  # ends the wait of `get b/t=10000`
+    expected = (b"STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nVALUE b/t=10000 0 4\r\nlate\r\nEND\r\n"
+                b"STORED\r\nVALUE a 0 1\r\n2\r\nEND\r\nEND\r\n")
+    assert received(client, expected) == expected
+    memcache_round(client, "a", b"3")  # back in the hub after the wait
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+def test_pipelined_thrift_calls_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
+    ours, client = pair
+    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    thrift_round(client, "a", b"0")
+    thrift_round(client, "b", b"0")
+    calls = [encode_call("binary", "put", seqid=1, queue_name="a", items=[b"1"], expiration_msec=0),
+             encode_call("binary", "get", seqid=2, queue_name="b", max_items=1, timeout_msec=10_000,
+                         auto_abort_msec=0),
+             encode_call("binary", "get", seqid=3, queue_name="a", max_items=1, timeout_msec=0,
+                         auto_abort_msec=0)]
+    client.sendall(b"".join(framed(call) for call in calls))
+    gevent.sleep(0.05)
+    assert server_state.collection.put("b", [b"late"]) == 1
+    assert read_framed_reply(client, "binary", "put") == 1
+    assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
+    assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
+    thrift_round(client, "a", b"2")
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_a_client_that_hangs_up_behind_pipelined_puts_loses_none_acknowledged(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
+    one_round(client, "flood", b"0")
+    if protocol == "memcache":
+        client.sendall(b"set flood 0 0 1\r\nx\r\n" * 500)
+        assert client.recv(1)  # the first put is acknowledged
+    else:
+        client.sendall(framed(encode_call("binary", "put", queue_name="flood", items=[b"x"],
+                                          expiration_msec=0)) * 500)
+        assert read_framed_reply(client, "binary", "put") == 1
+    client.close()  # without reading the other replies
+    serving.join(timeout=STALL_S)  # (ended by the end of the stream, or by a send that fails: the
+    assert serving.ready()         # listener takes an OSError as the client gone)
+    flood = server_state.collection.get("flood")
+    assert flood is not None and 1 <= flood.length <= 500
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_a_request_that_must_wait_is_answered_in_the_connection_s_greenlet(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    """A get that waits for an item on a held queue: the hub hands it over rather than fail."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
+    one_round(client, "slow", b"0")
+    gevent.spawn_later(0.05, server_state.collection.put, "slow", [b"late"])
+    if protocol == "memcache":
+        client.sendall(b"get slow/t=10000\r\n")
+        value = b"VALUE slow/t=10000 0 4\r\nlate\r\nEND\r\n"
+        assert received(client, value) == value
+    else:
+        client.sendall(framed(encode_call("binary", "get", queue_name="slow", max_items=1, timeout_msec=10_000,
+                                          auto_abort_msec=0)))
+        assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
+    one_round(client, "slow", b"after")
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+@pytest.mark.pure_build
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_an_error_in_the_hub_s_callback_ends_its_connection_not_the_hub(
+        server_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
+    one_round(client, "broken", b"0")
+
+    def fails(*args: Any) -> bool:
+        raise RuntimeError("the rule failed")
+
+    monkeypatch.setattr(Session, "answers_at_once", fails)
+    if protocol == "memcache":
+        client.sendall(b"get broken\r\n")
+    else:
+        client.sendall(framed(encode_call("binary", "get", queue_name="broken", max_items=1, timeout_msec=0,
+                                          auto_abort_msec=0)))
+    with pytest.raises(RuntimeError, match="the rule failed"):
+        serving.get(timeout=STALL_S)  # raised in the connection's greenlet, which ends
+    assert not gevent.get_hub().dead
+    monkeypatch.undo()
+    other, other_client = gevent.socket.socketpair()
+    other_client.settimeout(STALL_S)
+    try:
+        again = gevent.spawn(connection_type(server_state, other, "test").run)
+        one_round(other_client, "broken", b"1")  # the loop serves the next connection
+        other_client.close()
+        assert again.get(timeout=STALL_S) is True
+    finally:
+        other.close()
+        other_client.close()
