@@ -67,7 +67,6 @@ class BufferedConnection:
         # (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
         self.hub_serves = self.answers_in_hub and self.idle_timeout is None
         self.in_hub = False  # `process` runs in the hub: it stops before a request that may wait
-        self.handed: Exception | None = None  # raised in the hub's callback, for the greenlet to raise
 
     def process(self, buf: bytearray) -> int:
         """Answer every complete request in `buf`; return how many bytes were used. Between two
@@ -117,7 +116,8 @@ class BufferedConnection:
         try:
             while True:
                 if deadline is None and self.hub_serves and not (buf or self.inbox or self.io.in_place):
-                    if not self._serve_from_hub():
+                    self.io.serve_from_hub(self._served_in_hub)
+                    if self.io.ended:
                         self.replies.finish()
                         break
                 else:
@@ -144,40 +144,27 @@ class BufferedConnection:
             self.session.close()
         return self.io.ended
 
-    def _serve_from_hub(self) -> bool:
-        """Wait for input, the requests that cannot wait answered in the hub meanwhile; True when
-        input is left for this greenlet to answer, False when the client closed."""
-        self.io.serve_from_hub(self._served_in_hub)
-        handed, self.handed = self.handed, None
-        if handed is not None:
-            raise handed
-        return not self.io.ended
-
-    def _served_in_hub(self) -> None:
+    def _served_in_hub(self) -> bool:
         """In the hub, the socket readable: answer the requests that cannot wait (`process` stops
-        before any other), their replies sent without waiting, and wake the connection's greenlet
-        for the rest, the end of the stream, or an error."""
+        before any other), their replies sent without waiting; False to wake the connection's
+        greenlet for the rest or the end of the stream (`ClientSocket.serve_from_hub`)."""
         buf = self.buf
+        received = self.io.receive_ready(buf)
+        if received < 0:
+            return True  # nothing after all
+        if not received:
+            return False
+        self.server.stats.bytes_read += received
+        self.in_hub = True
         try:
-            received = self.io.receive_ready(buf)
-            if received < 0:
-                return  # nothing after all
-            if received:
-                self.server.stats.bytes_read += received
-                self.in_hub = True
-                try:
-                    del buf[:self.process(buf)]
-                finally:
-                    self.in_hub = False
-                if self.out:
-                    data = b"".join(self.out)
-                    self.out.clear()
-                    self.replies.send_at_once(data)
-                if not buf and not self.mid_request() and not self.io.in_place:
-                    return
-        except Exception as e:  # never the hub's: raised in the connection's greenlet
-            self.handed = e
-        self.io.wake()
+            del buf[:self.process(buf)]
+        finally:
+            self.in_hub = False
+        if self.out:
+            data = b"".join(self.out)
+            self.out.clear()
+            self.replies.send_at_once(data)
+        return not buf and not self.mid_request() and not self.io.in_place
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

@@ -252,6 +252,8 @@ class ClientSocket:
         self.waited = False
         self.send_timeout = send_timeout
         self._readable: Readable | None = None  # the waits for input, made at the first
+        self._serving: Callable[[], bool] | None = None  # `serve_from_hub`'s, while it waits
+        self._handed: Exception | None = None  # what `_serving` raised, for the greenlet to raise
         self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
@@ -302,15 +304,31 @@ class ClientSocket:
             self.in_place = n >= IN_PLACE_FROM and lengthen is not None
         return n
 
-    def serve_from_hub(self, serving: Callable[[], Any]) -> None:
+    def serve_from_hub(self, serving: Callable[[], bool]) -> None:
         """Wait for input with `serving` called in the hub each time the socket is readable, until it
-        calls `wake` (docs/architecture.md, *Requests answered in the hub*)."""
+        returns False: then this greenlet goes on with its input. What `serving` raises is raised
+        here, in this greenlet, never in the hub (docs/architecture.md, *Requests answered in the
+        hub*)."""
         if self._readable is None:
             self._readable = Readable(self.fd)
-        self._readable.serve(serving)
+        self._serving = serving
+        try:
+            self._readable.serve(self._serve_ready)
+        finally:
+            self._serving = None  # not held between waits: it is the connection's own method
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            raise handed
 
-    def wake(self) -> None:
-        """From `serve_from_hub`'s callback: the connection's greenlet goes on with its input."""
+    def _serve_ready(self) -> None:
+        """The watcher's callback while `serve_from_hub` waits, in the hub."""
+        try:
+            serving = self._serving
+            assert serving is not None
+            if serving():
+                return
+        except Exception as e:  # never the hub's: raised in the waiting greenlet
+            self._handed = e
         assert self._readable is not None
         self._readable.wake()
 

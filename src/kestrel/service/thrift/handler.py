@@ -172,7 +172,6 @@ class ThriftConnection:
         # callback (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
         self.hub_serves = (READS_BUFFERED_FRAMES and self.framed and self.reader_cls is BinaryReader
                            and cfg.client_timeout is None)
-        self.handed: Exception | None = None  # raised in the hub's callback, for the greenlet to raise
         # (boxed once: each frame hands them to the compiled reader)
         self.max_frame: BoxedInt = cfg.max_frame_size
         self.max_items: BoxedInt = cfg.max_batch_items
@@ -239,36 +238,29 @@ class ThriftConnection:
         stream = self.stream
         stream.deadline = None
         stream.io.serve_from_hub(self._served_in_hub)
-        handed, self.handed = self.handed, None
-        if handed is not None:
-            raise handed
         return not stream.io.ended
 
-    def _served_in_hub(self) -> None:
+    def _served_in_hub(self) -> bool:
         """In the hub, the socket readable: answer the whole plain calls that cannot wait, each
-        reply sent without waiting, and wake the connection's greenlet for the rest, the end of the
-        stream, or an error."""
+        reply sent without waiting; False to wake the connection's greenlet for the rest or the end
+        of the stream (`ClientSocket.serve_from_hub`)."""
         stream = self.stream
         buf = stream.buf
-        try:
-            received = stream.io.receive_ready(buf)
-            if received < 0:
-                return  # nothing after all
-            if received:
-                stream.stats.bytes_read += received
-                while buf:
-                    call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
-                    if call is None or not self._answers_at_once(call[0], call[2]):
-                        break
-                    del buf[:call[3]]
-                    stream.replies.send_at_once(self._call(call[0], call[1], call[2]))
-                    if buf and self.turns.over():
-                        break  # the rest in the connection's greenlet, which steps aside
-                if not buf and not stream.io.in_place:
-                    return
-        except Exception as e:  # never the hub's: raised in the connection's greenlet
-            self.handed = e
-        stream.io.wake()
+        received = stream.io.receive_ready(buf)
+        if received < 0:
+            return True  # nothing after all
+        if not received:
+            return False
+        stream.stats.bytes_read += received
+        while buf:
+            call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
+            if call is None or not self._answers_at_once(call[0], call[2]):
+                break
+            del buf[:call[3]]
+            stream.replies.send_at_once(self._call(call[0], call[1], call[2]))
+            if buf and self.turns.over():
+                break  # the rest in the connection's greenlet, which steps aside
+        return not buf and not stream.io.in_place
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
         """Whether a call completes without yielding: a put, or a get without auto-abort, that
