@@ -77,13 +77,8 @@ class Replies:
         """Send `data` after every earlier reply, once the changes made so far are durable: at once
         when nothing holds it (waiting, in the connection's greenlet, for room as
         `ClientSocket.send_all` does). Raises SendTimeout, OSError from that send."""
-        if self.cut_off:
+        if not self._goes_now(data):
             return
-        last = self.acks.last
-        if self._held or self._sending or (last is not None and not last.settled):
-            self._held.append((last, data))
-            return
-        self.stats.bytes_written += len(data)
         self._sending = True
         try:
             self.io.send_all(data)
@@ -96,14 +91,20 @@ class Replies:
     def send_at_once(self, data: bytes) -> None:
         """`send` that never waits, for a request answered in the hub's callback: what the socket
         does not take at once is finished by a greenlet of its own, as a released reply's is."""
+        if self._goes_now(data):
+            self._send_some(data)
+
+    def _goes_now(self, data: bytes) -> bool:
+        """Whether `data` goes out now (counted as written): else it is held behind the replies held
+        or being sent and the changes not yet settled, or dropped once the connection is cut off."""
         if self.cut_off:
-            return
+            return False
         last = self.acks.last
         if self._held or self._sending or (last is not None and not last.settled):
             self._held.append((last, data))
-            return
+            return False
         self.stats.bytes_written += len(data)
-        self._send_some(data)
+        return True
 
     def _released(self) -> bytes:
         """The held replies whose changes are all settled, in order, taken out of the queue."""
