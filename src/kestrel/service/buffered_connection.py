@@ -116,7 +116,7 @@ class BufferedConnection:
         try:
             while True:
                 if deadline is None and self.hub_serves and not (buf or self.inbox or self.io.in_place):
-                    self.io.serve_from_hub(self._served_in_hub)
+                    self.io.serve_from_hub(buf, self._served_in_hub)
                     if self.io.ended:
                         self.replies.finish()
                         break
@@ -144,16 +144,11 @@ class BufferedConnection:
             self.session.close()
         return self.io.ended
 
-    def _served_in_hub(self) -> bool:
-        """In the hub, the socket readable: answer the requests that cannot wait (`process` stops
+    def _served_in_hub(self, received: int) -> bool:
+        """In the hub, `received` bytes come: answer the requests that cannot wait (`process` stops
         before any other), their replies sent without waiting; False to wake the connection's
-        greenlet for the rest or the end of the stream (`ClientSocket.serve_from_hub`)."""
+        greenlet for the rest (`ClientSocket.serve_from_hub`)."""
         buf = self.buf
-        received = self.io.receive_ready(buf)
-        if received < 0:
-            return True  # nothing after all
-        if not received:
-            return False
         self.server.stats.bytes_read += received
         self.in_hub = True
         try:

@@ -252,7 +252,8 @@ class ClientSocket:
         self.waited = False
         self.send_timeout = send_timeout
         self._readable: Readable | None = None  # the waits for input, made at the first
-        self._serving: Callable[[], bool] | None = None  # `serve_from_hub`'s, while it waits
+        self._serving: Callable[[int], bool] | None = None  # `serve_from_hub`'s, while it waits
+        self._serving_into: bytearray | None = None  # the input it receives into meanwhile
         self._handed: Exception | None = None  # what `_serving` raised, for the greenlet to raise
         self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
 
@@ -304,18 +305,19 @@ class ClientSocket:
             self.in_place = n >= IN_PLACE_FROM and lengthen is not None
         return n
 
-    def serve_from_hub(self, serving: Callable[[], bool]) -> None:
-        """Wait for input with `serving` called in the hub each time the socket is readable, until it
-        returns False: then this greenlet goes on with its input. What `serving` raises is raised
-        here, in this greenlet, never in the hub (docs/architecture.md, *Requests answered in the
-        hub*)."""
+    def serve_from_hub(self, buf: bytearray, serving: Callable[[int], bool]) -> None:
+        """Wait for input: each time the socket is readable, in the hub, what is there is appended to
+        `buf` and `serving` called with how many bytes came, until it returns False or the client
+        closes; then this greenlet goes on with its input. What `serving` raises is raised here, in
+        this greenlet, never in the hub (docs/architecture.md, *Requests answered in the hub*)."""
         if self._readable is None:
             self._readable = Readable(self.fd)
-        self._serving = serving
+        self._serving, self._serving_into = serving, buf
         try:
             self._readable.serve(self._serve_ready)
         finally:
-            self._serving = None  # not held between waits: it is the connection's own method
+            # not held between waits: the connection's own method and input
+            self._serving = self._serving_into = None
         handed, self._handed = self._handed, None
         if handed is not None:
             raise handed
@@ -323,10 +325,11 @@ class ClientSocket:
     def _serve_ready(self) -> None:
         """The watcher's callback while `serve_from_hub` waits, in the hub."""
         try:
-            serving = self._serving
-            assert serving is not None
-            if serving():
-                return
+            buf, serving = self._serving_into, self._serving
+            assert buf is not None and serving is not None
+            received = self.receive_ready(buf)
+            if received < 0 or (received and serving(received)):
+                return  # nothing there after all, or all of it answered
         except Exception as e:  # never the hub's: raised in the waiting greenlet
             self._handed = e
         assert self._readable is not None

@@ -237,20 +237,15 @@ class ThriftConnection:
         input is left for this greenlet to answer, False when the client closed."""
         stream = self.stream
         stream.deadline = None
-        stream.io.serve_from_hub(self._served_in_hub)
+        stream.io.serve_from_hub(stream.buf, self._served_in_hub)
         return not stream.io.ended
 
-    def _served_in_hub(self) -> bool:
-        """In the hub, the socket readable: answer the whole plain calls that cannot wait, each
-        reply sent without waiting; False to wake the connection's greenlet for the rest or the end
-        of the stream (`ClientSocket.serve_from_hub`)."""
+    def _served_in_hub(self, received: int) -> bool:
+        """In the hub, `received` bytes come: answer the whole plain calls that cannot wait, each
+        reply sent without waiting; False to wake the connection's greenlet for the rest
+        (`ClientSocket.serve_from_hub`)."""
         stream = self.stream
         buf = stream.buf
-        received = stream.io.receive_ready(buf)
-        if received < 0:
-            return True  # nothing after all
-        if not received:
-            return False
         stream.stats.bytes_read += received
         while buf:
             call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
