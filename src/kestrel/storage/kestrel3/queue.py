@@ -441,7 +441,9 @@ class Kestrel3Queue(PersistentQueue):
 
 class ReaderCursor:
     """A reader's read-behind cursor (src/kestrel/storage/read_behind.py): its items read back from
-    the writer files from id `start` on, skipping those it consumed."""
+    the writer files from id `start` on, skipping those it consumed; an item of `LARGE_APPEND`
+    bytes or more read off the loop while every reader of the writer journal waits at its gate
+    (`RecordReader`)."""
 
     def __init__(self, queue: Kestrel3Queue, start: int) -> None:
         self.queue = queue
@@ -476,14 +478,14 @@ class ReaderCursor:
                 info = next((f for f in files if f.last_id >= self.next_id), None)
                 if info is None:
                     return None
-                self.reader = RecordReader(info.path, k3.FileKind.WRITER)
+                self.reader = RecordReader(info.path, k3.FileKind.WRITER, self.queue._gate)
                 self.reader.chunk = CURSOR_CHUNK
                 self.file = info.number
-            entry = self.reader.next()
+            entry = self.reader.next(self.next_id)
             if entry is None:
                 if self.file == files[-1].number:
                     self.reader.grow()
-                    entry = self.reader.next()
+                    entry = self.reader.next(self.next_id)
                     if entry is None:
                         return None
                 else:
