@@ -284,6 +284,31 @@ def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_th
     assert always_state.stats.cmd_set == 21 and always_state.stats.get_hits == 21
 
 
+@pytest.mark.parametrize("commit_log", [True, False])
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
+        tmp_path: Path, pair: Any, protocol: str, commit_log: bool) -> None:
+    """A periodic sync's change waits for no fsync, with the log or without: a timer fsyncs later."""
+    connection_type, one_round = ROUNDS[protocol]
+    state = server_state_with(tmp_path, commit_log=commit_log, sync_journal="10ms")
+    try:
+        ours, client = pair
+        serving = gevent.spawn(connection_type(state, ours, "test").run)
+        one_round(client, "periodic", b"first")
+        switches: list[str] = []
+        previous = greenlet.settrace(switches_into(serving, switches))
+        try:
+            for i in range(10):
+                one_round(client, "periodic", b"item %d" % i)
+        finally:
+            greenlet.settrace(previous)
+        assert switches == []
+        client.close()
+        assert serving.get(timeout=STALL_S) is True
+    finally:
+        state.collection.close()
+
+
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_a_reply_answered_in_the_hub_waits_for_its_fsync_round_and_replies_keep_their_order(
         always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:

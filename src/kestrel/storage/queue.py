@@ -527,14 +527,11 @@ class PersistentQueue(ABC):
         may wait), and a remove reads nothing back from disk (in read-behind a large record is read
         off the loop).
 
-        A change waits for no fsync under `sync_journal: never`; under a periodic sync (a timer
-        fsyncs its journal later, or a round of the commit log within the interval); and under
-        `always` where every file it commits logs to the commit log and the caller holds its
-        acknowledgements (src/kestrel/storage/acknowledgements.py): the change records the log's
-        turn that holds it and returns, its reply waiting for that turn instead
-        (`CommitLog.sync`). Rotation, a log segment filling, a checkpoint and a pack start off the
-        change (spawned, or a callback of the loop); a turn the log fails falls back on the
-        journals in a greenlet of its own. Without the log, or without a holder, `always` waits."""
+        No fsync is waited for under `never`, under a periodic sync (a timer or the commit log's
+        round fsyncs later), nor under `always` where every file a change commits logs to the
+        commit log and the caller holds its acknowledgements: the change leaves its turn of the log
+        to the holder (`CommitLog.sync`), and what a change may start besides (a rotation, a
+        segment filling, a checkpoint, a pack, a failed turn's fallback) runs off it."""
         cfg = self.config
         sync = cfg.sync_journal
         return ((sync is None or sync > 0 or (self._commit_logged() and holder() is not None))
