@@ -355,7 +355,8 @@ class QueueCollection:
         """Whether a put to queue `name`, or (`removing`) a remove of one slice from it without a
         wait, returns without yielding: the queue is held (a creation may wait for an fsync), is
         neither an alias nor a fanout parent, its own changes never wait
-        (`PersistentQueue.never_waits`), and the memory governor holds no puts."""
+        (`PersistentQueue.never_waits`: under `always`, only through the commit log where the
+        caller holds its acknowledgements), and the memory governor holds no puts."""
         q = self._queues.get(name)
         if q is None or name in self.aliases or name in self.fanouts:
             return False

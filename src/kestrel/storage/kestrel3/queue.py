@@ -361,6 +361,12 @@ class Kestrel3Queue(PersistentQueue):
         if self._returned:
             self._returned.clear()
 
+    def _commit_logged(self) -> bool:
+        """A change commits the writer journal and this reader's checkpoint: both log, if each was
+        opened under a sync policy with the log on."""
+        return (self._journal is not None and self._journal.commit_log is not None
+                and self._file is not None and self._file.commit_log is not None)
+
     def _journal_path(self) -> str:
         if self._file is not None:
             return self._file.path
