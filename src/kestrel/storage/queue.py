@@ -519,15 +519,17 @@ class PersistentQueue(ABC):
         return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
                                       timeout) or []
 
-    def never_waits(self, removing: bool = False) -> bool:
-        """Whether a put to this queue, or (`removing`) a remove of one slice without a wait, returns
-        without yielding: its changes wait for no fsync (`sync_journal: never`), no large append or
-        read of its journal runs off the loop, it hands no item to another queue (expired or poison:
-        that queue's creation may wait), and a remove reads nothing back from disk (in read-behind a
-        large record is read off the loop)."""
+    def never_waits(self, removing: bool = False, aborting: bool = False) -> bool:
+        """Whether a put to this queue, a confirm of open reads, or (`removing`) a remove of one slice
+        without a wait, or (`aborting`) an abort of open reads, returns without yielding: its changes
+        wait for no fsync (`sync_journal: never`), no large append or read of its journal runs off
+        the loop, it hands no item to another queue (expired or poison: that queue's creation may
+        wait), a remove reads nothing back from disk (in read-behind a large record is read off the
+        loop), and an abort makes no poison item (its hand-over or drop is logged there and then)."""
         cfg = self.config
         return (cfg.sync_journal is None and self._gate.busy is None and cfg.expire_to_queue is None
-                and cfg.error_queue is None and not (removing and self._behind is not None))
+                and cfg.error_queue is None and not (removing and self._behind is not None)
+                and not (aborting and cfg.max_errors))
 
     def holds(self, count: int) -> bool:
         """Whether a remove of `count` takes `count` items now: the queue holds them and none can
