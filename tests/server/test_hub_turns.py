@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -15,7 +16,9 @@ import gevent.socket
 import greenlet
 import pytest
 
+from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session
 from kestrel.service.thrift.handler import ThriftConnection
 from tests.conftest import STALL_S
@@ -110,9 +113,20 @@ def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
     assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
 
 
+@pytest.fixture(params=["kestrel2", "kestrel3"])
+def any_format_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """`server_state` with its queues in each journal format."""
+    state = ServerState(from_mapping({"queue_path": str(tmp_path),
+                                      "default_queue": {"journal_format": request.param}}, str(tmp_path)))
+    state.collection.load()
+    yield state
+    state.collection.close()
+
+
 def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connection(
-        server_state: Any, pair: Any) -> None:
+        any_format_state: Any, pair: Any) -> None:
     """get with auto-abort, then confirm or abort by id: the reliable reader's every call in the hub."""
+    server_state = any_format_state
     ours, client = pair
     serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
     thrift_round(client, "reliable", b"first")  # creates the queue, in the greenlet
@@ -156,8 +170,9 @@ def test_a_read_opened_in_the_hub_is_aborted_by_its_timer(server_state: Any, pai
 
 
 def test_memcache_reliable_reads_are_answered_without_switching_to_the_connection(
-        server_state: Any, pair: Any) -> None:
+        any_format_state: Any, pair: Any) -> None:
     """`/open`, `/close/open`, `/close`, `/abort` and `/peek` gets: each in the hub."""
+    server_state = any_format_state
     ours, client = pair
     serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
     memcache_round(client, "work", b"first")  # creates the queue, in the greenlet
