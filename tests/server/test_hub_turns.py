@@ -7,6 +7,7 @@ Connections served on a socket pair in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -20,7 +21,9 @@ import gevent.socket
 import greenlet
 import pytest
 
+from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session
 from kestrel.service.thrift.handler import ThriftConnection
 from kestrel.storage.fsync.group_commit import GroupCommit
@@ -68,14 +71,9 @@ def thrift_round(client: socket.socket, queue: str, data: bytes) -> None:
 ROUNDS = {"memcache": (MemcacheConnection, memcache_round), "thrift": (ThriftConnection, thrift_round)}
 
 
-@pytest.mark.parametrize("protocol", sorted(ROUNDS))
-def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
-        server_state: Any, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    connection = connection_type(server_state, ours, "test")
-    serving = gevent.spawn(connection.run)
-    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
+@contextlib.contextmanager
+def switches_into(serving: gevent.Greenlet) -> Iterator[list[str]]:
+    """The switches into (or throws at) the connection's greenlet while the block runs."""
     switches: list[str] = []
 
     def trace(event: str, args: Any) -> None:
@@ -84,14 +82,125 @@ def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
 
     previous = greenlet.settrace(trace)
     try:
-        for i in range(20):
-            one_round(client, "ready", b"item %d" % i)
+        yield switches
     finally:
         greenlet.settrace(previous)
+
+
+def thrift_call(client: socket.socket, method: str, **args: Any) -> Any:
+    client.sendall(framed(encode_call("binary", method, **args)))
+    return read_framed_reply(client, "binary", method)
+
+
+def thrift_get(client: socket.socket, queue: str, auto_abort_msec: int, timeout_msec: int = 0) -> Any:
+    return thrift_call(client, "get", queue_name=queue, max_items=1, timeout_msec=timeout_msec,
+                       auto_abort_msec=auto_abort_msec)
+
+
+def memcache_ask(client: socket.socket, request: bytes, expected: bytes) -> None:
+    client.sendall(request)
+    assert received(client, expected) == expected
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    connection = connection_type(server_state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
+    with switches_into(serving) as switches:
+        for i in range(20):
+            one_round(client, "ready", b"item %d" % i)
     assert switches == []
     client.shutdown(socket.SHUT_WR)
     assert serving.get(timeout=STALL_S) is True  # the client ended the stream, all of it read
     assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
+
+
+@pytest.fixture(params=["kestrel2", "kestrel3"])
+def any_format_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """`server_state` with its queues in each journal format."""
+    state = ServerState(from_mapping({"queue_path": str(tmp_path),
+                                      "default_queue": {"journal_format": request.param}}, str(tmp_path)))
+    state.collection.load()
+    yield state
+    state.collection.close()
+
+
+def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connection(
+        any_format_state: Any, pair: Any) -> None:
+    """get with auto-abort, then confirm or abort by id: the reliable reader's every call in the hub."""
+    server_state = any_format_state
+    ours, client = pair
+    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    thrift_round(client, "reliable", b"first")  # creates the queue, in the greenlet
+    with switches_into(serving) as switches:
+        for i in range(10):
+            assert thrift_call(client, "put", queue_name="reliable", items=[b"item %d" % i], expiration_msec=0) == 1
+            (item,) = thrift_get(client, "reliable", auto_abort_msec=60_000)
+            assert item.data == b"item %d" % i and item.id > 0
+            if i % 2:
+                assert thrift_call(client, "abort", queue_name="reliable", ids={item.id}) == 1
+                (again,) = thrift_get(client, "reliable", auto_abort_msec=60_000)  # back at the head
+                assert again.data == item.data and again.id != item.id
+                item = again
+            assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 1
+            assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 0  # closed once
+    assert switches == []
+    reliable = server_state.collection.get("reliable")
+    assert reliable.length == 0 and reliable.open_transactions == 0
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+def test_a_read_opened_in_the_hub_is_aborted_by_its_timer(server_state: Any, pair: Any) -> None:
+    ours, client = pair
+    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    thrift_round(client, "timed", b"first")
+    assert thrift_call(client, "put", queue_name="timed", items=[b"a", b"b"], expiration_msec=0) == 2
+    with switches_into(serving) as switches:
+        (opened,) = thrift_get(client, "timed", auto_abort_msec=1)
+    assert switches == [] and opened.data == b"a"
+    timed = server_state.collection.get("timed")
+    with gevent.Timeout(STALL_S):
+        while timed.open_transactions:  # until the timer has run
+            gevent.sleep(0.001)
+    # "a" is back at the head, before "b".
+    assert [item.data for item in thrift_call(client, "get", queue_name="timed", max_items=2, timeout_msec=0,
+                                              auto_abort_msec=0)] == [b"a", b"b"]
+    assert thrift_call(client, "confirm", queue_name="timed", ids={opened.id}) == 0  # no longer open
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+def test_memcache_reliable_reads_are_answered_without_switching_to_the_connection(
+        any_format_state: Any, pair: Any) -> None:
+    """`/open`, `/close/open`, `/close`, `/abort` and `/peek` gets: each in the hub."""
+    server_state = any_format_state
+    ours, client = pair
+    serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
+    memcache_round(client, "work", b"first")  # creates the queue, in the greenlet
+    with switches_into(serving) as switches:
+        for data in (b"a", b"b", b"c"):
+            memcache_ask(client, b"set work 0 0 1\r\n%s\r\n" % data, b"STORED\r\n")
+        memcache_ask(client, b"get work/open\r\n", b"VALUE work/open 0 1\r\na\r\nEND\r\n")
+        memcache_ask(client, b"get work/close/open\r\n", b"VALUE work/close/open 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/abort\r\n", b"END\r\n")  # "b" back at the head
+        memcache_ask(client, b"get work/peek\r\n", b"VALUE work/peek 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/t=1000/open\r\n", b"VALUE work/t=1000/open 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/close\r\n", b"END\r\n")
+    assert switches == []
+    work = server_state.collection.get("work")
+    assert work.length == 1 and work.open_transactions == 0  # "a" and "b" confirmed, "c" left
+    # A read that must wait for its item is the greenlet's, and its reply comes in order.
+    gevent.spawn_later(0.05, server_state.collection.put, "work", [b"late"])
+    memcache_ask(client, b"get work/open\r\nget work/close/t=10000/open\r\n",
+                 b"VALUE work/open 0 1\r\nc\r\nEND\r\nVALUE work/close/t=10000/open 0 4\r\nlate\r\nEND\r\n")
+    client.close()  # its open read goes back to the queue
+    assert serving.get(timeout=STALL_S) is True
+    assert work.length == 1 and work.open_transactions == 0
 
 
 def test_pipelined_memcache_requests_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
