@@ -364,13 +364,6 @@ class Fsyncs:
         return [None for _ in fds]
 
 
-def switches_into(serving: gevent.Greenlet, switches: list[str]) -> Any:
-    """A greenlet trace recording each switch into `serving` (greenlet.settrace's)."""
-    def trace(event: str, args: Any) -> None:
-        if event in ("switch", "throw") and args[1] is serving:
-            switches.append(event)
-    return trace
-
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_the_hub(
@@ -379,13 +372,9 @@ def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_th
     ours, client = pair
     serving = gevent.spawn(connection_type(always_state, ours, "test").run)
     one_round(client, "durable", b"first")  # creates the queue, in the greenlet
-    switches: list[str] = []
-    previous = greenlet.settrace(switches_into(serving, switches))
-    try:
+    with switches_into(serving) as switches:
         for i in range(20):
             one_round(client, "durable", b"item %d" % i)
-    finally:
-        greenlet.settrace(previous)
     assert switches == []
     assert always_state.collection.commit_log.rounds >= 20  # each reply waited for a round of the log
     client.shutdown(socket.SHUT_WR)
@@ -404,13 +393,9 @@ def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
         ours, client = pair
         serving = gevent.spawn(connection_type(state, ours, "test").run)
         one_round(client, "periodic", b"first")
-        switches: list[str] = []
-        previous = greenlet.settrace(switches_into(serving, switches))
-        try:
+        with switches_into(serving) as switches:
             for i in range(10):
                 one_round(client, "periodic", b"item %d" % i)
-        finally:
-            greenlet.settrace(previous)
         assert switches == []
         client.close()
         assert serving.get(timeout=STALL_S) is True
@@ -427,9 +412,7 @@ def test_under_always_a_reply_answered_in_the_hub_waits_for_its_fsync_round_and_
     serving = gevent.spawn(connection_type(always_state, ours, "test").run)
     one_round(client, "held", b"0")
     fsyncs.go.clear()  # from now on each round's fsyncs wait
-    switches: list[str] = []
-    previous = greenlet.settrace(switches_into(serving, switches))
-    try:
+    with switches_into(serving) as switches:
         if protocol == "memcache":
             client.sendall(b"set held 0 0 1\r\n1\r\nset held 0 0 1\r\n2\r\nget held\r\n")
         else:
@@ -453,8 +436,6 @@ def test_under_always_a_reply_answered_in_the_hub_waits_for_its_fsync_round_and_
             assert read_framed_reply(client, "binary", "put") == 1
             assert read_framed_reply(client, "binary", "put") == 1
             assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
-    finally:
-        greenlet.settrace(previous)
     assert switches == []
     assert [item.data for item in always_state.collection.remove("held", 3)] == [b"2"]
     client.close()
@@ -492,12 +473,8 @@ def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_gr
         ours, client = pair
         serving = gevent.spawn(connection_type(state, ours, "test").run)
         one_round(client, "waits", b"0")
-        switches: list[str] = []
-        previous = greenlet.settrace(switches_into(serving, switches))
-        try:
+        with switches_into(serving) as switches:
             one_round(client, "waits", b"1")
-        finally:
-            greenlet.settrace(previous)
         assert switches
         client.close()
         assert serving.get(timeout=STALL_S) is True
