@@ -151,6 +151,23 @@ def test_a_change_whose_write_fails_is_undone_without_yielding(tmp_path: Path, j
     coll.close()
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_an_abort_that_drops_a_poison_item_does_not_yield(tmp_path: Path, journal_format: str) -> None:
+    """The drop is said in the log after the abort's change (a reliable reader's abort is answered
+    in the hub's callback, where a pause would end its connection)."""
+    coll = collection(tmp_path, journal_format=journal_format, max_errors=1)
+    coll.put("q", [b"poison", b"next"])
+    [item] = coll.remove("q", transaction=True)
+    with capture_logs() as logs, logs_that_pause():
+        with never_switches("an abort that drops a poison item"):
+            coll.unremove("q", [item.xid])
+        with gevent.Timeout(10):
+            while not any(line["event"] == "poison item dropped: no error_queue" for line in logs):
+                gevent.sleep(0.001)
+    assert drain(coll, "q") == [b"next"]
+    coll.close()
+
+
 def test_an_append_whose_failed_part_cannot_be_cut_off_does_not_yield(tmp_path: Path, disk: FailingDisk,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     writer = JournalWriter(str(tmp_path / "q"), None, GeventRuntime())

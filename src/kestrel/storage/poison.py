@@ -51,18 +51,20 @@ def hand_over(to: Receiver | None, queue: str, error_queue: str | None, item: QI
     return True
 
 
-def route(put: Put, source: str, error_queue: str | None, item: QItem) -> None:
+def route(put: Put, runtime: Runtime, source: str, error_queue: str | None, item: QItem) -> None:
     """Put poison `item` of queue `source` to its `error_queue` with its data and expiry, or drop it
-    when none is set. Raises ErrorQueueRefused, TooManyQueues, JournalWriteError (the source queue
-    then returns the item to its head)."""
+    when none is set; said in the log once the abort's change is over (`log_later`: the change must
+    not pause). Raises ErrorQueueRefused, TooManyQueues, JournalWriteError (the source queue then
+    returns the item to its head)."""
     if error_queue is None:
-        log.warning("poison item dropped: no error_queue", queue=source, errors=item.errors,
-                    bytes=len(item.data))
+        log_later(runtime, log.warning, "poison item dropped: no error_queue", queue=source,
+                  errors=item.errors, bytes=len(item.data))
         return
     if not put(error_queue, [item.data], item.expiry):
         raise ErrorQueueRefused(f"error queue {error_queue!r} refused a poison item of {source!r} "
                                 f"({len(item.data)} bytes): full, or the item is over max_item_size")
-    log.info("poison item moved", queue=source, error_queue=error_queue, errors=item.errors)
+    log_later(runtime, log.info, "poison item moved", queue=source, error_queue=error_queue,
+              errors=item.errors)
 
 
 def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:

@@ -520,13 +520,13 @@ class PersistentQueue(ABC):
         return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
                                       timeout) or []
 
-    def never_waits(self, removing: bool = False, aborting: bool = False) -> bool:
-        """Whether a put to this queue, a confirm of open reads, or (`removing`) a remove of one slice
-        without a wait, or (`aborting`) an abort of open reads, returns without yielding: its changes
-        wait for no fsync, no large append or read of its journal runs off the loop, it hands no
-        item to another queue (expired or poison: that queue's creation may wait), a remove reads
-        nothing back from disk (in read-behind a large record is read off the loop), and an abort
-        makes no poison item (its hand-over or drop is logged there and then).
+    def never_waits(self, removing: bool = False) -> bool:
+        """Whether a put to this queue, a confirm or an abort of open reads, or (`removing`) a remove
+        of one slice without a wait, returns without yielding: its changes wait for no fsync, no
+        large append or read of its journal runs off the loop, it hands no item to another queue
+        (expired or poison: that queue's creation may wait; a poison item dropped is logged after the
+        change), and a remove reads nothing back from disk (in read-behind a large record is read off
+        the loop).
 
         No fsync is waited for under `never`, under a periodic sync (a timer or the commit log's
         round fsyncs later), nor under `always` where every file a change commits logs to the
@@ -537,7 +537,7 @@ class PersistentQueue(ABC):
         sync = cfg.sync_journal
         return ((sync is None or sync > 0 or (self._commit_logged() and holder() is not None))
                 and self._gate.busy is None and cfg.expire_to_queue is None and cfg.error_queue is None
-                and not (removing and self._behind is not None) and not (aborting and cfg.max_errors))
+                and not (removing and self._behind is not None))
 
     def holds(self, count: int) -> bool:
         """Whether a remove of `count` takes `count` items now: the queue holds them and none can

@@ -266,7 +266,7 @@ class MemcacheConnection(BufferedConnection):
             return False
         reads = options.open or options.peek or not (options.close or options.abort)
         return self.session.answers_at_once(options.queue, 1 if reads else 0,
-                                            options.timeout_ms if reads else 0, options.abort)
+                                            options.timeout_ms if reads else 0)
 
     def _error(self, e: Exception) -> bytes:
         if isinstance(e, InvalidQueueName | SessionError):

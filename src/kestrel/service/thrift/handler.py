@@ -264,10 +264,8 @@ class ThriftConnection:
         name = method.name
         if name == "get":
             return args[0] is not None and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0)
-        if name == "put" or name == "confirm":
-            return args[0] is not None and self.session.answers_at_once(args[0])
-        return (name == "abort" and args[0] is not None
-                and self.session.answers_at_once(args[0], aborting=True))
+        return (name in ("put", "confirm", "abort") and args[0] is not None
+                and self.session.answers_at_once(args[0]))
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request's payload (None: nothing can be answered), as
