@@ -54,6 +54,7 @@ COMPILED_MODULES = (
     "kestrel.storage.config",
     "kestrel.storage.deferred_log",
     "kestrel.storage.expiry",
+    "kestrel.storage.fsync.group_commit",
     "kestrel.storage.fanout",
     "kestrel.storage.journal_file",
     "kestrel.storage.memory",

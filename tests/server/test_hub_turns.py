@@ -26,7 +26,7 @@ from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session
 from kestrel.service.thrift.handler import ThriftConnection
-from kestrel.storage.fsync.group_commit import GroupCommit
+from kestrel.storage.fsync.group_commit import shared
 from tests.conftest import STALL_S
 from tests.support.thrift_wire import encode_call, framed, read_framed_reply
 
@@ -351,8 +351,8 @@ class Fsyncs:
         self.go.set()
         self.failing = False
         self.rounds = 0
-        monkeypatch.setattr(GroupCommit, "_begin_on_loop", lambda group, round_: False)
-        monkeypatch.setattr(GroupCommit, "_fsync_all", self.fsync_all)
+        # rounds through this (not the C threads): a runner greenlet runs them, calling `fsync_all`
+        monkeypatch.setattr(shared(), "_fsync_many", self)
 
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         self.rounds += 1

@@ -463,7 +463,7 @@ def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
     assert [j.synced for j in journals] == [6] * 4
     native = native_threads()
     if native is not None:  # the server's rounds: on the C helper's threads, as its fdatasyncs
-        assert getattr(made._syncfs, "__func__", None) is NativeThreadFsync.syncfs_all
+        assert made._syncfs == native.syncfs_all
 
 
 def test_syncfs_on_c_threads_and_python_threads_answer_alike(tmp_path: Path) -> None:
