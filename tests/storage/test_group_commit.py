@@ -159,7 +159,7 @@ def test_what_waits_for_a_round_with_no_greenlet_is_called_after_its_fsync_befor
     round_.after(second)
     assert ended.wait(timeout=10)
     assert seen == [("first", 3, 1), ("second", 3, 1)]  # after the fsync covering "one", in order
-    assert journal.synced == 6 and len(counting.rounds) == 2 and round_.done.is_set()
+    assert journal.synced == 6 and len(counting.rounds) == 2 and round_.ended
 
 
 def test_a_round_on_the_c_threads_calls_what_waits_for_it_from_the_loop(tmp_path: Path) -> None:

@@ -732,8 +732,9 @@ class FileLog:
         if sync_ms is not None and sync_ms == 0:
             log = self.log
             log.sync(turn, journal, journal.size)
-            for each in later or ():
-                log.sync(each, journal, journal.size)
+            if later is not None:  # (rare: no iterator made over an empty tuple a change)
+                for each in later:
+                    log.sync(each, journal, journal.size)
 
 
 class Turn:

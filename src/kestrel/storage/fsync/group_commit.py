@@ -322,28 +322,43 @@ def filesystem_sync(each: FsyncMany) -> FilesystemSync | None:
 
 class Round:
     """The journals one round fsyncs, how far each was written when the round began, and the
-    errors of those that failed; `done` is set once it has run, and then each of `then` is
-    called, on the loop and in the order given (`after`)."""
+    errors of those that failed; `ended` once it has run, and then each of `then` is called, on
+    the loop and in the order given (`after`)."""
 
-    __slots__ = ("journals", "failed", "done", "then")
+    __slots__ = ("journals", "failed", "ended", "_ending", "then")
 
     def __init__(self) -> None:
         self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
         self.failed: dict[Syncable, OSError] = {}
-        self.done = gevent.event.Event()
+        self.ended = False
+        # what a greenlet waiting for the round (`wait`) waits on, made by the first: the log's
+        # rounds have none, and an event a round cost them its making and its setting
+        self._ending: gevent.event.Event | None = None
         self.then: list[Callable[[], None]] = []
+
+    def wait(self) -> None:
+        """Return once the round has run (the calling greenlet waits)."""
+        if self.ended:
+            return
+        ending = self._ending
+        if ending is None:
+            ending = self._ending = gevent.event.Event()
+        ending.wait()
 
     def after(self, fn: Callable[[], None]) -> None:
         """Call `fn` once the round has run, where it ends (a callback of the loop or the greenlet
         running rounds), before the next round begins: a caller with no greenlet waiting (the
-        commit log's rounds) costs no link on `done`, and no callback of the hub a round."""
+        commit log's rounds) costs no event, and no callback of the hub a round."""
         self.then.append(fn)
 
     def ran(self) -> None:
         """The round has run: wake its waiters and call what waits for it (an error is logged: a
         round is never left without its end). The calls are dropped once made: one that holds the
         round (the log's do) would otherwise keep it, and all it holds, until a full collection."""
-        self.done.set()
+        self.ended = True
+        ending = self._ending
+        if ending is not None:
+            ending.set()
         then, self.then = self.then, []
         for fn in then:
             try:
@@ -384,14 +399,14 @@ class GroupCommit:
                 round_ = running  # the round in flight covers it: wait for that one
             else:
                 round_ = self.join(journal)
-            round_.done.wait()
+            round_.wait()
             error = round_.failed.get(journal)
             if error is not None:
                 raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
 
     def join(self, journal: Syncable) -> Round:
-        """The next round, with `journal` in it (also for a caller that waits on its `done` in its
-        own way): it starts once this turn has run, or once the round in flight has finished, and
+        """The next round, with `journal` in it (also for a caller that waits for it in its own
+        way: `Round.after`): it starts once this turn has run, or once the round in flight has finished, and
         covers what `journal` holds then. Never yields."""
         round_ = self._next
         if round_ is None:
