@@ -67,7 +67,14 @@ from kestrel.storage.acknowledgements import Acknowledgements
 from kestrel.storage.disk import fsync_path, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
-from kestrel.storage.journal_file import JournalWriter, copy_from, cut_keeping_copy, record_timing, timings
+from kestrel.storage.journal_file import (
+    AppendLog,
+    JournalWriter,
+    copy_from,
+    cut_keeping_copy,
+    record_timing,
+    timings,
+)
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
@@ -687,7 +694,7 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
 # The live log
 
 
-class FileLog:
+class FileLog(AppendLog):
     """What a file that logs its appends keeps (`JournalWriter.log`): which file it is (the kind of
     its records, its queue's name, encoded once, and epoch) and the turns that hold what it
     appended since it last waited: one, but for a change logged without a group commit, whose

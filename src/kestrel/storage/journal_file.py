@@ -13,9 +13,10 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final
 
 import structlog
+from mypy_extensions import trait
 
 from kestrel.storage import disk
 from kestrel.storage.clock import perf_counter
@@ -147,8 +148,11 @@ def record_timing(timing: Timing | None, started: float) -> None:
         timing.observe(perf_counter() - started)
 
 
-class AppendLog(Protocol):
-    """A commit log's side of a file that logs its appends (`commit_log.FileLog`)."""
+@trait
+class AppendLog:
+    """A commit log's side of a file that logs its appends (`commit_log.FileLog`, which the log's
+    module, importing this one, derives from it): a trait, so that the compiled build calls its
+    methods through the class's table, not by name (two calls a change under `always`)."""
 
     def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None: ...
 
