@@ -87,8 +87,8 @@ class _Worker:
                 fsync(fd)
             except OSError as e:
                 error = e
-            except BaseException as e:  # never leave a round without its report
-                error = OSError(errno.EIO, f"fsync raised {e!r}")
+            except BaseException as other:  # never leave a round without its report
+                error = OSError(errno.EIO, f"fsync raised {other!r}")
             self._idle.append(self)  # free again before the round can learn it is over
             report(index, error)
 
@@ -501,8 +501,8 @@ class GroupCommit:
                 return self._threads.fsync_all(fds)
         try:
             return self._fsync_many.fsync_all(fds)
-        except AioUnsupported as e:
-            log.info("fsyncs of a group commit go to threads", reason=str(e))
+        except AioUnsupported as refused:
+            log.info("fsyncs of a group commit go to threads", reason=str(refused))
             self._fsync_many = self._threads
             return self._threads.fsync_all(fds)
 
