@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,45 @@ def test_a_torn_record_whose_data_reads_as_records_everywhere_is_judged_in_linea
     assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
     if fmt != "commit log":
         assert list(aside(tmp_path).values()) == [cut]
+
+
+def fitting_log_tail(kilobytes: int) -> bytes:
+    """A torn commit log record whose data holds, every 64 bytes, the head of a record of a quarter
+    of the data whose fields fit (a JOURNAL record of queue `q`) and whose checksum fails: the
+    bodies claimed overlap, and each must be checksummed before it is refused."""
+    size = kilobytes << 10
+    block = struct.pack("<IIH", size // 4, 0, 1) + b"q" + struct.pack("<QQ", 0, 0)
+    data = (block + bytes(64 - len(block))) * (size // 64)
+    return commit_log.encode_record("q", 0, 36, data)[:-1000]
+
+
+def test_a_torn_log_record_claiming_overlapping_bodies_whose_fields_fit_is_checksummed_in_linear_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each place's claimed body was checksummed whole: work grew with places × body size, quadratic
+    in the bytes judged. Bodies are checksummed from the tail's prefix checksums: twice the bytes,
+    about twice the work (bench/bench_torn_tail.py: `fitting`, 16 MB)."""
+    checksummed = [0]
+    crc32 = zlib.crc32
+
+    def counted(data: bytes | memoryview, value: int = 0) -> int:
+        checksummed[0] += len(data)
+        return crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", counted)
+    work = {}
+    for kilobytes in (128, 256):
+        cut = fitting_log_tail(kilobytes)
+        folder = tmp_path / str(kilobytes)
+        folder.mkdir()
+        lay_out(folder, "commit log", b"".join(records("commit log", 3)) + cut)
+        checksummed[0] = 0
+        segment = commit_log.read_segment(commit_log.segment_paths(str(folder))[0], last=True)
+        assert [r.data for _, r in segment.records] == [b"item-%02d" % n for n in range(3)]
+        assert segment.torn_at == len(commit_log.MARK) + sum(map(len, records("commit log", 3)))  # cut
+        assert not segment.damage
+        work[kilobytes] = checksummed[0]
+    assert work[256] < 2.5 * work[128]  # linear (each body checksummed whole: 4 times)
+    assert work[256] < 40 * (256 << 10)
 
 
 @pytest.mark.timeout(300)
