@@ -10,13 +10,14 @@ shape gets the same answer in a Kestrel 2 journal, a Kestrel 3 writer file and t
 from __future__ import annotations
 
 import random
+import re
 import struct
 import zlib
 from pathlib import Path
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log, torn_tail
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import codec
@@ -179,6 +180,67 @@ def test_a_torn_log_record_claiming_overlapping_bodies_whose_fields_fit_is_check
         work[kilobytes] = checksummed[0]
     assert work[256] < 2.5 * work[128]  # linear (each body checksummed whole: 4 times)
     assert work[256] < 40 * (256 << 10)
+
+
+class Counted:
+    """A format's records for the rule, counting the places read."""
+
+    def __init__(self, records: torn_tail.Records) -> None:
+        self.records = records
+        self.evidence_at_end = records.evidence_at_end
+        self.evidence_before_nonsense = records.evidence_before_nonsense
+        self.read = 0
+
+    def starts(self, tail: bytes) -> re.Pattern[bytes] | None:
+        return self.records.starts(tail)
+
+    def body_start(self, tail: bytes) -> int:
+        return self.records.body_start(tail)
+
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        self.read += 1
+        return self.records.record_at(tail, pos)
+
+    def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
+        return self.records.explain(tail, end, offset, chains)
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "commit log"])
+def test_a_torn_record_whose_data_reads_as_records_is_read_at_most_once_a_place(fmt: str) -> None:
+    """Kestrel 2: the chains read to account for a damaged size field are the search's too (each
+    place was read twice). The log: only places whose bytes can be a record's head are read (each
+    place was)."""
+    data = record_bytes(fmt, 1)[:256 << 10]
+    whole = codec.encode_addx(T0, 0, data) if fmt == "kestrel2" else commit_log.encode_record("q", 0, 36, data)
+    tail = whole[:-1000]
+    records = Counted(codec.TAIL_RECORDS if fmt == "kestrel2" else commit_log.LogRecords())
+    assert torn_tail.judge("torn", 0, "an incomplete record", records, last=True, tail=(tail, True)) is None
+    assert records.read <= (len(tail) if fmt == "kestrel2" else len(tail) // 8), records.read
+
+
+def test_the_log_s_record_heads_are_searched_for_wherever_a_record_reads() -> None:
+    """The rule reads only the places the log's `starts` finds: every place where a record reads
+    must be among them (names of 1 and 256 bytes: a name size's either byte not zero; a body past
+    16 MB: a size's last byte not zero)."""
+    rng = random.Random(43)
+    small = bytes(rng.choice([0, 0, 0, 1, 2, 0x13, 0xFF, ord("q")]) for _ in range(256))
+    for n in range(40):
+        tail = bytearray(rng.randbytes(rng.randrange(1, 1500)).translate(small))
+        for _ in range(rng.randrange(1, 4)):
+            name = rng.choice(["q", "x" * 256, "é"])
+            record = commit_log.encode_record(name, rng.getrandbits(8), 0, rng.randbytes(rng.choice([0, 5, 300])),
+                                              rng.choice([commit_log.JOURNAL, commit_log.WRITER]))
+            at = rng.randrange(len(tail) + 1)
+            tail[at:at] = record
+        data = bytes(tail)
+        log_records = commit_log.LogRecords()
+        starts = log_records.starts(data)
+        reads = [p for p in range(len(data)) if log_records.record_at(data, p) is not None]
+        assert reads, n
+        assert all(starts.match(data, p) for p in reads), n
+    large = commit_log.encode_record("q", 0, 0, bytes(1 << 24)) + b"more"
+    log_records = commit_log.LogRecords()
+    assert log_records.record_at(large, 0) is not None and log_records.starts(large).match(large, 0)
 
 
 @pytest.mark.timeout(300)
