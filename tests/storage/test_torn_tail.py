@@ -21,6 +21,7 @@ from kestrel.storage import QueueCollection, QueueConfigs, commit_log, torn_tail
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel3.codec import FileKind, TailRecords
 from tests.support.queues import aside, drain, load_strictly
 
 T0 = 1_700_000_000_000
@@ -216,6 +217,31 @@ def test_a_torn_record_whose_data_reads_as_records_is_read_at_most_once_a_place(
     records = Counted(codec.TAIL_RECORDS if fmt == "kestrel2" else commit_log.LogRecords())
     assert torn_tail.judge("torn", 0, "an incomplete record", records, last=True, tail=(tail, True)) is None
     assert records.read <= (len(tail) if fmt == "kestrel2" else len(tail) // 8), records.read
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_search_finds_the_first_place_a_chain_read_alone_from_it_finds(fmt: str) -> None:
+    """The search reads each chain once, skips places no head can be at and places already read:
+    its answer is the first place whose chain, read alone, is evidence (random bytes of the
+    format's small values with whole records among them, cut short or not)."""
+    rng = random.Random(44)
+    small = bytes(rng.choice([0, 1, 2, 3, 6, 7, 9, 0x13, 0x86, ord("q")]) for _ in range(256))
+    for n in range(60):
+        tail = bytearray(rng.randbytes(rng.randrange(1, 300)).translate(small))
+        for _ in range(rng.randrange(3)):  # a run of records, the last perhaps cut short
+            run = b"".join(records(fmt, rng.randrange(1, 4)))
+            at = rng.choice([rng.randrange(len(tail) + 1), len(tail)])
+            tail[at:at] = run[:rng.choice([len(run), rng.randrange(len(run))])]
+        data = bytes(tail) + bytes(rng.choice([0, 0, 9]))
+        end = len(data.rstrip(b"\0"))
+        shape = {"kestrel2": codec.TAIL_RECORDS, "kestrel3": TailRecords(FileKind.WRITER),
+                 "commit log": commit_log.LogRecords()}[fmt]
+        alone = next((p for p in range(1, end) if torn_tail.Chains(data, end, shape).whole_records_at(p)), None)
+        assert torn_tail.first_whole_records(data, 1, end, shape) == alone, n
+        chains = torn_tail.Chains(data, end, shape)
+        for p in rng.sample(range(end), min(end, 5)):  # some read first, as an account of damage does
+            chains.whole_records_at(p)
+        assert torn_tail.first_whole_records(data, 1, end, shape, chains) == alone, n
 
 
 def test_the_log_s_record_heads_are_searched_for_wherever_a_record_reads() -> None:
