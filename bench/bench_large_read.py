@@ -12,6 +12,8 @@ gets with the items held in memory (`max_memory_size` 1GB).
 `--drain N`: what the change costs small items instead, counted by valgrind's callgrind: the main
 thread's instructions an item of N and then 4 N puts of 128 B and the gets that read them back
 (`max_memory_size` 16KB: read-behind), the difference divided by the 3 N items between them.
+`--format` names the journal format of either measure (Kestrel 3: the writer journal's readers
+read back through the same gate).
 
     .venv/bin/python -m bench.bench_large_read [--repeat 3] [--format kestrel2] [--build compiled]
         [--source DIR] [--drain N]
@@ -92,12 +94,13 @@ def child(journal_format: str, memory: str, cold: bool) -> list[tuple[float, flo
     return figures
 
 
-def drain(count: int) -> None:
+def drain(count: int, journal_format: str) -> None:
     """`count` puts of 128 B and the gets that read them back, through read-behind."""
     from kestrel.storage import QueueCollection, QueueConfigs
 
     with tempfile.TemporaryDirectory(prefix="bench-large-read-") as directory:
-        coll = QueueCollection(directory, QueueConfigs({"max_memory_size": "16KB"}))
+        coll = QueueCollection(directory, QueueConfigs({"journal_format": journal_format,
+                                                        "max_memory_size": "16KB"}))
         coll.load()
         queue = coll.queue("small")
         data = [b"s" * 128]
@@ -108,15 +111,15 @@ def drain(count: int) -> None:
         coll.close()
 
 
-def drain_instructions(path: str, count: int) -> float:
+def drain_instructions(path: str, count: int, journal_format: str) -> float:
     """Main thread instructions an item of `drain`, from runs of `count` and 4 `count` items."""
     counts = []
     with tempfile.TemporaryDirectory(prefix="bench-large-read-") as work:
         for n in (count, 4 * count):
             out = f"{work}/drain-{n}.%p"
             subprocess.run([*_callgrind(out), sys.executable, "-m", "bench.bench_large_read", "--child",
-                            "drain", str(n), "-"], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
-                           check=True, capture_output=True)
+                            "drain", str(n), journal_format], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": path}, check=True, capture_output=True)
             counts.append(_main_thread_instructions(f"{work}/drain-{n}.*-01"))
     return (counts[1] - counts[0]) / (3 * count)
 
@@ -143,18 +146,18 @@ def main() -> None:
     if args.child:
         journal_format, memory, cache = args.child
         if journal_format == "drain":
-            drain(int(memory))
+            drain(int(memory), cache)
         else:
             print(json.dumps(child(journal_format, memory, cache == "cold")))
         return
     here = str(ROOT / ("build/compiled" if args.build == "compiled" else "src"))
     trees = [("this", here)] + ([("source", str(args.source.resolve()))] if args.source else [])
     if args.drain:
-        print(f"# {machine()}; {args.build} build; main thread instructions an item, 128 B put + get "
-              f"through read-behind ({args.drain} and {4 * args.drain} items)")
+        print(f"# {machine()}; {args.format}, {args.build} build; main thread instructions an item, "
+              f"128 B put + get through read-behind ({args.drain} and {4 * args.drain} items)")
         for _ in range(args.repeat):
             for name, path in trees:
-                print(f"| {name} | {drain_instructions(path, args.drain):,.0f} |", flush=True)
+                print(f"| {name} | {drain_instructions(path, args.drain, args.format):,.0f} |", flush=True)
         return
     print(f"# {machine()}; {ITEMS} items of {SIZE >> 20} MB, {args.format}, {args.build} build; "
           f"ms per get: longest loop hold / loop CPU (the gets that read an item back)")

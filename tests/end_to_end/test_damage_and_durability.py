@@ -143,7 +143,7 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: 
 LARGE_READER = textwrap.dedent("""
     import sys
     from kestrel.storage import QueueCollection, QueueConfigs
-    configs = QueueConfigs({"sync_journal": sys.argv[2], "max_memory_size": "1MB"})
+    configs = QueueConfigs({"sync_journal": sys.argv[2], "max_memory_size": "1MB", "journal_format": sys.argv[3]})
     coll = QueueCollection(sys.argv[1], configs)
     coll.load()
     for n in range(8):   # over 1 MB each: read back off the loop, one read each
@@ -153,10 +153,12 @@ LARGE_READER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 @pytest.mark.parametrize("sync", ["never", "always"])
-def test_sigkill_while_large_items_are_read_back_loses_none_and_repeats_none(tmp_path: Path, sync: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", LARGE_READER, str(tmp_path), sync], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+def test_sigkill_while_large_items_are_read_back_loses_none_and_repeats_none(tmp_path: Path, sync: str,
+                                                                             journal_format: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", LARGE_READER, str(tmp_path), sync, journal_format],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     removed = []
     for line in proc.stdout:
@@ -167,7 +169,7 @@ def test_sigkill_while_large_items_are_read_back_loses_none_and_repeats_none(tmp
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert removed == ["A", "B", "C"]
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"max_memory_size": "1MB"}))
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"max_memory_size": "1MB", "journal_format": journal_format}))
     coll.load()
     left = drain(coll, "big")
     coll.close()

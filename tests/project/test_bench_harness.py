@@ -163,6 +163,8 @@ def test_the_serve_loop_benchmark_answers_every_request() -> None:
 
     measured = measure_loop(50)  # raises unless each connection sent a reply to every request
     assert list(measured) == ["thrift", "memcache"] and all(us > 0 for us in measured.values())
+    reliable = measure_loop(50, reliable=True)  # raises too unless each read was confirmed
+    assert list(reliable) == ["thrift", "memcache"] and all(us > 0 for us in reliable.values())
 
 
 def test_servers_taking_turns_under_labels_in_words_each_serve_their_runs(binary: Path, server: Any) -> None:

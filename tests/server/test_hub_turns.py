@@ -1,22 +1,32 @@
 """Requests answered in the hub's callback (docs/architecture.md, *Requests answered in the hub*):
 a ready put or get costs the connection's greenlet no switch, anything that may wait is answered in
 that greenlet as before, replies keep their order across the two, and an error in the callback
-ends its connection, never the hub. Connections served on a socket pair in this process."""
+ends its connection, never the hub. Under `sync_journal: always` with the commit log, the same
+requests are answered in the hub, their replies held until the log's fsync round has run.
+Connections served on a socket pair in this process."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 import gevent.socket
 import greenlet
 import pytest
 
+from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
+from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session
 from kestrel.service.thrift.handler import ThriftConnection
+from kestrel.storage.fsync.group_commit import GroupCommit
 from tests.conftest import STALL_S
 from tests.support.thrift_wire import encode_call, framed, read_framed_reply
 
@@ -61,14 +71,9 @@ def thrift_round(client: socket.socket, queue: str, data: bytes) -> None:
 ROUNDS = {"memcache": (MemcacheConnection, memcache_round), "thrift": (ThriftConnection, thrift_round)}
 
 
-@pytest.mark.parametrize("protocol", sorted(ROUNDS))
-def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
-        server_state: Any, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    connection = connection_type(server_state, ours, "test")
-    serving = gevent.spawn(connection.run)
-    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
+@contextlib.contextmanager
+def switches_into(serving: gevent.Greenlet) -> Iterator[list[str]]:
+    """The switches into (or throws at) the connection's greenlet while the block runs."""
     switches: list[str] = []
 
     def trace(event: str, args: Any) -> None:
@@ -77,14 +82,125 @@ def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
 
     previous = greenlet.settrace(trace)
     try:
-        for i in range(20):
-            one_round(client, "ready", b"item %d" % i)
+        yield switches
     finally:
         greenlet.settrace(previous)
+
+
+def thrift_call(client: socket.socket, method: str, **args: Any) -> Any:
+    client.sendall(framed(encode_call("binary", method, **args)))
+    return read_framed_reply(client, "binary", method)
+
+
+def thrift_get(client: socket.socket, queue: str, auto_abort_msec: int, timeout_msec: int = 0) -> Any:
+    return thrift_call(client, "get", queue_name=queue, max_items=1, timeout_msec=timeout_msec,
+                       auto_abort_msec=auto_abort_msec)
+
+
+def memcache_ask(client: socket.socket, request: bytes, expected: bytes) -> None:
+    client.sendall(request)
+    assert received(client, expected) == expected
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    connection = connection_type(server_state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
+    with switches_into(serving) as switches:
+        for i in range(20):
+            one_round(client, "ready", b"item %d" % i)
     assert switches == []
     client.shutdown(socket.SHUT_WR)
     assert serving.get(timeout=STALL_S) is True  # the client ended the stream, all of it read
     assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
+
+
+@pytest.fixture(params=["kestrel2", "kestrel3"])
+def any_format_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """`server_state` with its queues in each journal format."""
+    state = ServerState(from_mapping({"queue_path": str(tmp_path),
+                                      "default_queue": {"journal_format": request.param}}, str(tmp_path)))
+    state.collection.load()
+    yield state
+    state.collection.close()
+
+
+def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connection(
+        any_format_state: Any, pair: Any) -> None:
+    """get with auto-abort, then confirm or abort by id: the reliable reader's every call in the hub."""
+    server_state = any_format_state
+    ours, client = pair
+    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    thrift_round(client, "reliable", b"first")  # creates the queue, in the greenlet
+    with switches_into(serving) as switches:
+        for i in range(10):
+            assert thrift_call(client, "put", queue_name="reliable", items=[b"item %d" % i], expiration_msec=0) == 1
+            (item,) = thrift_get(client, "reliable", auto_abort_msec=60_000)
+            assert item.data == b"item %d" % i and item.id > 0
+            if i % 2:
+                assert thrift_call(client, "abort", queue_name="reliable", ids={item.id}) == 1
+                (again,) = thrift_get(client, "reliable", auto_abort_msec=60_000)  # back at the head
+                assert again.data == item.data and again.id != item.id
+                item = again
+            assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 1
+            assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 0  # closed once
+    assert switches == []
+    reliable = server_state.collection.get("reliable")
+    assert reliable.length == 0 and reliable.open_transactions == 0
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+def test_a_read_opened_in_the_hub_is_aborted_by_its_timer(server_state: Any, pair: Any) -> None:
+    ours, client = pair
+    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
+    thrift_round(client, "timed", b"first")
+    assert thrift_call(client, "put", queue_name="timed", items=[b"a", b"b"], expiration_msec=0) == 2
+    with switches_into(serving) as switches:
+        (opened,) = thrift_get(client, "timed", auto_abort_msec=1)
+    assert switches == [] and opened.data == b"a"
+    timed = server_state.collection.get("timed")
+    with gevent.Timeout(STALL_S):
+        while timed.open_transactions:  # until the timer has run
+            gevent.sleep(0.001)
+    # "a" is back at the head, before "b".
+    assert [item.data for item in thrift_call(client, "get", queue_name="timed", max_items=2, timeout_msec=0,
+                                              auto_abort_msec=0)] == [b"a", b"b"]
+    assert thrift_call(client, "confirm", queue_name="timed", ids={opened.id}) == 0  # no longer open
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+def test_memcache_reliable_reads_are_answered_without_switching_to_the_connection(
+        any_format_state: Any, pair: Any) -> None:
+    """`/open`, `/close/open`, `/close`, `/abort` and `/peek` gets: each in the hub."""
+    server_state = any_format_state
+    ours, client = pair
+    serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
+    memcache_round(client, "work", b"first")  # creates the queue, in the greenlet
+    with switches_into(serving) as switches:
+        for data in (b"a", b"b", b"c"):
+            memcache_ask(client, b"set work 0 0 1\r\n%s\r\n" % data, b"STORED\r\n")
+        memcache_ask(client, b"get work/open\r\n", b"VALUE work/open 0 1\r\na\r\nEND\r\n")
+        memcache_ask(client, b"get work/close/open\r\n", b"VALUE work/close/open 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/abort\r\n", b"END\r\n")  # "b" back at the head
+        memcache_ask(client, b"get work/peek\r\n", b"VALUE work/peek 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/t=1000/open\r\n", b"VALUE work/t=1000/open 0 1\r\nb\r\nEND\r\n")
+        memcache_ask(client, b"get work/close\r\n", b"END\r\n")
+    assert switches == []
+    work = server_state.collection.get("work")
+    assert work.length == 1 and work.open_transactions == 0  # "a" and "b" confirmed, "c" left
+    # A read that must wait for its item is the greenlet's, and its reply comes in order.
+    gevent.spawn_later(0.05, server_state.collection.put, "work", [b"late"])
+    memcache_ask(client, b"get work/open\r\nget work/close/t=10000/open\r\n",
+                 b"VALUE work/open 0 1\r\nc\r\nEND\r\nVALUE work/close/t=10000/open 0 4\r\nlate\r\nEND\r\n")
+    client.close()  # its open read goes back to the queue
+    assert serving.get(timeout=STALL_S) is True
+    assert work.length == 1 and work.open_transactions == 0
 
 
 def test_pipelined_memcache_requests_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
@@ -199,3 +315,168 @@ def test_an_error_in_the_hub_s_callback_ends_its_connection_not_the_hub(
     finally:
         other.close()
         other_client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Under `sync_journal: always`: the commit log's turn holds the change, the reply waits for its round
+
+
+def server_state_with(path: Path, commit_log: bool = True, **queue: Any) -> Any:
+    """A server's state as `server_state`'s, every queue under `always` and `queue`'s settings."""
+    from kestrel.service.config import from_mapping
+    from kestrel.service.session.server_state import ServerState
+
+    config = {"queue_path": str(path), "commit_log": commit_log,
+              "default_queue": {"sync_journal": "always", **queue}}
+    state = ServerState(from_mapping(config, str(path)))
+    state.collection.load()
+    return state
+
+
+@pytest.fixture(params=["kestrel2", "kestrel3"])
+def always_state(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A server's state whose queues are under `always`, with the commit log (the default), in
+    each journal format."""
+    state = server_state_with(tmp_path, journal_format=request.param)
+    yield state
+    state.collection.close()
+
+
+class Fsyncs:
+    """The fsync rounds of the process's group commit, run by the test in a greenlet of their own:
+    each waits until `go` is set, and fails with EIO while `failing`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.go = gevent.event.Event()
+        self.go.set()
+        self.failing = False
+        self.rounds = 0
+        monkeypatch.setattr(GroupCommit, "_begin_on_loop", lambda group, round_: False)
+        monkeypatch.setattr(GroupCommit, "_fsync_all", self.fsync_all)
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.rounds += 1
+        self.go.wait()
+        if self.failing:
+            return [OSError(errno.EIO, "Input/output error") for _ in fds]
+        for fd in fds:
+            os.fdatasync(fd)
+        return [None for _ in fds]
+
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_the_hub(
+        always_state: Any, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
+    one_round(client, "durable", b"first")  # creates the queue, in the greenlet
+    with switches_into(serving) as switches:
+        for i in range(20):
+            one_round(client, "durable", b"item %d" % i)
+    assert switches == []
+    assert always_state.collection.commit_log.rounds >= 20  # each reply waited for a round of the log
+    client.shutdown(socket.SHUT_WR)
+    assert serving.get(timeout=STALL_S) is True
+    assert always_state.stats.cmd_set == 21 and always_state.stats.get_hits == 21
+
+
+@pytest.mark.parametrize("commit_log", [True, False])
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
+        tmp_path: Path, pair: Any, protocol: str, commit_log: bool) -> None:
+    """A periodic sync's change waits for no fsync, with the log or without: a timer fsyncs later."""
+    connection_type, one_round = ROUNDS[protocol]
+    state = server_state_with(tmp_path, commit_log=commit_log, sync_journal="10ms")
+    try:
+        ours, client = pair
+        serving = gevent.spawn(connection_type(state, ours, "test").run)
+        one_round(client, "periodic", b"first")
+        with switches_into(serving) as switches:
+            for i in range(10):
+                one_round(client, "periodic", b"item %d" % i)
+        assert switches == []
+        client.close()
+        assert serving.get(timeout=STALL_S) is True
+    finally:
+        state.collection.close()
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_a_reply_answered_in_the_hub_waits_for_its_fsync_round_and_replies_keep_their_order(
+        always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    fsyncs = Fsyncs(monkeypatch)
+    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
+    one_round(client, "held", b"0")
+    fsyncs.go.clear()  # from now on each round's fsyncs wait
+    with switches_into(serving) as switches:
+        if protocol == "memcache":
+            client.sendall(b"set held 0 0 1\r\n1\r\nset held 0 0 1\r\n2\r\nget held\r\n")
+        else:
+            calls = [encode_call("binary", "put", seqid=1, queue_name="held", items=[b"1"], expiration_msec=0),
+                     encode_call("binary", "put", seqid=2, queue_name="held", items=[b"2"], expiration_msec=0),
+                     encode_call("binary", "get", seqid=3, queue_name="held", max_items=1, timeout_msec=0,
+                                 auto_abort_msec=0)]
+            client.sendall(b"".join(framed(call) for call in calls))
+        with gevent.Timeout(STALL_S):
+            while always_state.stats.cmd_get < 2:  # the three answered, their replies held
+                gevent.sleep(0.01)
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            client.recv(1)  # no acknowledgement before its change is durable
+        client.settimeout(STALL_S)
+        fsyncs.go.set()
+        if protocol == "memcache":
+            expected = b"STORED\r\nSTORED\r\nVALUE held 0 1\r\n1\r\nEND\r\n"
+            assert received(client, expected) == expected
+        else:
+            assert read_framed_reply(client, "binary", "put") == 1
+            assert read_framed_reply(client, "binary", "put") == 1
+            assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
+    assert switches == []
+    assert [item.data for item in always_state.collection.remove("held", 3)] == [b"2"]
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_a_change_answered_in_the_hub_that_the_disk_cannot_keep_cuts_the_connection_off(
+        always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log's fsync fails, then its journal's: the client reads the end of the stream, never
+    the acknowledgement."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    fsyncs = Fsyncs(monkeypatch)
+    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
+    one_round(client, "lost", b"0")
+    fsyncs.failing = True
+    if protocol == "memcache":
+        client.sendall(b"set lost 0 0 1\r\n1\r\n")
+    else:
+        client.sendall(framed(encode_call("binary", "put", queue_name="lost", items=[b"1"], expiration_msec=0)))
+    assert client.recv(100) == b""
+    serving.join(timeout=STALL_S)
+    assert serving.ready() and always_state.stats.cmd_set == 2
+    fsyncs.failing = False
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_greenlet(
+        tmp_path: Path, pair: Any, protocol: str) -> None:
+    """Each change waits for its journal's fsync there: the hub hands every put over."""
+    connection_type, one_round = ROUNDS[protocol]
+    state = server_state_with(tmp_path, commit_log=False)
+    try:
+        ours, client = pair
+        serving = gevent.spawn(connection_type(state, ours, "test").run)
+        one_round(client, "waits", b"0")
+        with switches_into(serving) as switches:
+            one_round(client, "waits", b"1")
+        assert switches
+        client.close()
+        assert serving.get(timeout=STALL_S) is True
+    finally:
+        state.collection.close()

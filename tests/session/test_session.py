@@ -615,11 +615,14 @@ def test_only_a_put_or_get_that_cannot_yield_is_answered_at_once(make_server: Ma
         max_memory_total=64 * 1024 * 1024, aliases={"both": ["plain"]},
         queues=QueueConfigs({}, {"durable": {"sync_journal": "always"}, "moving": {"expire_to_queue": "plain"},
                                  "poisoned": {"error_queue": "plain", "max_errors": 1},
-                                 "behind": {"max_memory_size": 16}}))
+                                 "dropping": {"max_errors": 2}, "behind": {"max_memory_size": 16}}))
     session = Session(server, "client")
     assert not session.answers_at_once("plain")  # not held yet: its creation may wait for an fsync
-    for name in ("plain", "durable", "moving", "poisoned", "fan", "fan+out"):
+    for name in ("plain", "durable", "moving", "poisoned", "dropping", "fan", "fan+out"):
         session.put(name, [b"x"])
+    assert session.answers_at_once("plain", aborting=True)  # an abort that makes no poison item
+    assert session.answers_at_once("dropping", 1)  # a put, a get, a confirm
+    assert not session.answers_at_once("dropping", aborting=True)  # an abort may drop a poison item, logged
     assert session.answers_at_once("plain") and session.answers_at_once("fan+out")
     assert session.answers_at_once("plain", GET_SLICE) and not session.answers_at_once("plain", GET_SLICE + 1)
     assert session.answers_at_once("plain", 1, timeout_ms=1000)  # the item is there: no wait

@@ -9,7 +9,7 @@ import pytest
 
 from kestrel.storage import QueueCollection
 from kestrel.storage.item import QItem
-from kestrel.storage.kestrel2 import packer
+from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.codec import (
     Add,
     AddX,
@@ -281,3 +281,26 @@ def test_unknown_opcode_is_named_in_the_error(tmp_path: Path, opcode: int) -> No
     assert err.value.offset == len(addx(b"a"))
     assert err.value.opcode == opcode
     assert str(tmp_path / "q") in str(err.value)
+
+
+
+@pytest.mark.parametrize("record", [Add(9, b"abc"), AddX(T0, 0, b"abc"), AddXid(4, T0, 0, b""),
+                                    codec.Continue(4, T0, 0, b"abc")], ids=lambda r: type(r).__name__)
+def test_an_item_record_ends_where_its_header_says(record: codec.Record) -> None:
+    """One rule for where an item record ends: `record_span` (the whole record, as replay and the
+    torn-tail rule read it) agrees with `item_extent` (its header alone, as a reader reading a large
+    item reads it), and a size too small for the header is refused, not taken for an extent."""
+    data = b"\x01" + encode(record)  # at offset 1: the extent counts from the record
+    extent = codec.item_extent(data, 1)
+    assert extent is not None and len(data) == 1 + extent[1]
+    start, end = extent
+    assert codec.record_span(data, 1, True) == (1 + end, 1 + start)
+    assert codec.item_extent(data[:1 + start], 1) == extent  # the header alone
+    assert codec.item_extent(data[:start], 1) is None  # a byte short of it
+    if isinstance(record, codec.Continue):
+        return  # its size too small reads as a STATE_DUMP's count
+    small = bytearray(data)
+    field = 5 if isinstance(record, AddXid) else 1
+    small[1 + field:1 + field + 4] = struct.pack("<i", 3)
+    with pytest.raises(codec.Malformed, match="of 3 bytes is shorter than its"):
+        codec.record_span(bytes(small), 1, True)

@@ -1,7 +1,8 @@
-"""A Kestrel 2 record larger than the reader's buffer (src/kestrel/storage/kestrel2/reader.py): read
-whole in one read of the size its header gives, its item read as itself; from `LARGE_APPEND` bytes
-on the thread pool while the queue's other changes wait at its gate; a size the file does not hold
-allocating nothing. Observed through the reads made and the threads they run on, never timing."""
+"""A record larger than the reader's buffer, in either format (src/kestrel/storage/kestrel2/reader.py,
+src/kestrel/storage/kestrel3/files.py): read whole in one read of the size its header gives, its
+item read as itself; from `LARGE_APPEND` bytes on the thread pool while the queue's other changes
+(in Kestrel 3, every reader's of its writer journal) wait at its gate; a size the file does not
+hold allocating nothing. Observed through the reads made and the threads they run on, never timing."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ from kestrel.storage import CorruptJournalError, disk
 from kestrel.storage.journal_file import CURSOR_CHUNK, READ_CHUNK
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import JournalReader, read_journal
+from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.write_gate import LARGE_APPEND
 from tests.support.queues import aside, drain, journal_files, open_collection, reopen
 
 SETTINGS = {"journal_format": "kestrel2", "max_memory_size": "1MB"}
+FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+
+
+def settings(journal_format: str) -> dict[str, str]:
+    return {**SETTINGS, "journal_format": journal_format}
 
 
 def large(n: int, size: int = LARGE_APPEND + 1000) -> bytes:
@@ -70,8 +78,10 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
     noted.release.set()
 
 
-def test_read_behind_reads_a_large_item_once_off_the_loop(tmp_path: Path, reads: Reads) -> None:
-    coll = open_collection(tmp_path, SETTINGS)
+@FORMATS
+def test_read_behind_reads_a_large_item_once_off_the_loop(tmp_path: Path, reads: Reads,
+                                                          journal_format: str) -> None:
+    coll = open_collection(tmp_path, settings(journal_format))
     items = [large(n) for n in range(4)]
     for item in items:
         coll.put("q", [item])  # the first fills memory: the others are in the journal only
@@ -85,8 +95,10 @@ def test_read_behind_reads_a_large_item_once_off_the_loop(tmp_path: Path, reads:
     coll.close()
 
 
-def test_a_record_under_large_append_is_read_once_on_the_loop(tmp_path: Path, reads: Reads) -> None:
-    coll = open_collection(tmp_path, SETTINGS)
+@FORMATS
+def test_a_record_under_large_append_is_read_once_on_the_loop(tmp_path: Path, reads: Reads,
+                                                              journal_format: str) -> None:
+    coll = open_collection(tmp_path, settings(journal_format))
     items = [large(n, 3 * CURSOR_CHUNK) for n in range(12)]  # 192 KB each: 4 fill memory
     coll.put("q", items)
     assert drain(coll, "q") == items
@@ -94,8 +106,10 @@ def test_a_record_under_large_append_is_read_once_on_the_loop(tmp_path: Path, re
     coll.close()
 
 
-def test_the_queue_waits_while_its_record_is_read_and_keeps_its_order(tmp_path: Path, reads: Reads) -> None:
-    coll = open_collection(tmp_path, SETTINGS)
+@FORMATS
+def test_the_queue_waits_while_its_record_is_read_and_keeps_its_order(tmp_path: Path, reads: Reads,
+                                                                      journal_format: str) -> None:
+    coll = open_collection(tmp_path, settings(journal_format))
     items = [large(n) for n in range(3)]
     for item in items:
         coll.put("q", [item])
@@ -119,8 +133,9 @@ def test_the_queue_waits_while_its_record_is_read_and_keeps_its_order(tmp_path: 
     again.close()
 
 
-def test_items_survive_a_restart_in_read_behind(tmp_path: Path) -> None:
-    coll = open_collection(tmp_path, SETTINGS)
+@FORMATS
+def test_items_survive_a_restart_in_read_behind(tmp_path: Path, journal_format: str) -> None:
+    coll = open_collection(tmp_path, settings(journal_format))
     items = [large(n, READ_CHUNK + n) for n in range(4)]  # over replay's buffer too
     for item in items:
         coll.put("q", [item])
@@ -191,3 +206,98 @@ def test_a_torn_large_record_is_cut_off_as_before(tmp_path: Path) -> None:
     assert journal.stat().st_size < torn and "q" in journal_files(tmp_path)
     assert any(len(copy) == READ_CHUNK + 100 for copy in aside(tmp_path).values())
     assert [record for _, record in read_journal(str(journal))][0] == codec.AddX(1, 0, b"before")
+
+
+def test_a_large_opcode_8_record_is_read_in_one_read(tmp_path: Path, reads: Reads) -> None:
+    """Released Kestrel 2.4's CONTINUE (opcode 8, a CONTINUE or a STATE_DUMP by what follows it)
+    larger than the buffer: the whole record and the byte after it in one read, not a buffer grown
+    by doubling fills; a STATE_DUMP and its ADD_XID records after it read as before."""
+    item = large(3, 3 * READ_CHUNK)
+    t = 1_700_000_000_000
+    records = [codec.Continue(5, t, 0, item), codec.StateDump(6, 1), codec.AddXid(6, t, 0, b"x"),
+               codec.RemoveTentative(), codec.Continue(6, t, t + 60_000, large(4, 2 * READ_CHUNK))]
+    journal = _journal(tmp_path, *map(codec.encode, records))
+    for check_sizes in (False, True):
+        reads.records.clear()
+        reads.fills.clear()
+        reader = JournalReader(str(journal), check_sizes=check_sizes)
+        assert [record for _, record in reader] == records
+        reader.close()
+        assert max(reads.fills) <= READ_CHUNK
+        # each with the byte after it asked for (the last, at the end of the file, has none)
+        assert [size for _, size in reads.records] == [len(item) + 26, 2 * READ_CHUNK + 26]
+
+
+def _writer_file(path: Path, *records: k3.Put, raw: bytes = b"") -> Path:
+    """Writer file `q.1` holding `records`, then `raw`; the queue's reader has consumed nothing."""
+    journal = path / "q.1"
+    journal.write_bytes(k3.WRITER_MAGIC + b"".join(map(k3.encode, records)) + raw)
+    (path / "q.read.").write_bytes(k3.READER_MAGIC + k3.encode(k3.ReadHead(0)))
+    return journal
+
+
+def test_a_kestrel3_reader_reads_each_large_put_in_one_read(tmp_path: Path, reads: Reads) -> None:
+    """PUTs with and without an expiry (8 and 6 header words): each item larger than the buffer read
+    on its own in one read of its size, never in the buffer's fills."""
+    records = [k3.Put(1, 0, 7, 9, large(1, READ_CHUNK + 5)), k3.Put(2, 1, 7, None, b"small"),
+               k3.Put(3, 2, 7, None, large(2, 3 * READ_CHUNK)), k3.Put(4, 0, 7, 9, b"")]
+    reader = RecordReader(str(_writer_file(tmp_path, *records)))
+    assert [record for _, record in reader] == records
+    assert reader.torn is None
+    reader.close()
+    assert max(reads.fills) <= READ_CHUNK
+    assert reads.records == [(True, READ_CHUNK + 5), (True, 3 * READ_CHUNK)]
+
+
+def test_a_kestrel3_put_damaged_in_its_header_is_refused_before_its_item_is_read(
+        tmp_path: Path, reads: Reads) -> None:
+    kept = k3.Put(1, 0, 7, None, b"kept")
+    damaged = bytearray(k3.encode(k3.Put(2, 0, 7, None, large(2, 2 * READ_CHUNK))))
+    damaged[9:17] = bytes(8)  # item id 0
+    journal = _writer_file(tmp_path, kept, raw=bytes(damaged))
+    reader = RecordReader(str(journal))
+    assert reader.next() == (4, kept)
+    with pytest.raises(CorruptJournalError, match="PUT of item id 0") as caught:
+        reader.next()
+    reader.close()
+    assert caught.value.offset == 4 + len(k3.encode(kept))
+    assert not reads.records and max(reads.fills) <= READ_CHUNK
+
+
+def test_a_kestrel3_size_the_file_does_not_hold_allocates_nothing_and_is_refused(tmp_path: Path) -> None:
+    """A PUT's size damaged to near 2 GB, whole records after it: refused at start as damage, naming
+    its offset, without the reader allocating the size it claims; salvage sets it aside."""
+    head = k3.encode(k3.Put(1, 0, 7, None, b"kept"))
+    damaged = bytearray(k3.encode(k3.Put(2, 0, 7, None, b"d" * 100)))
+    damaged[1:5] = (k3.MAX_DATA - 1).to_bytes(4, "little")
+    after = [k3.encode(k3.Put(n, 0, 7, None, b"x" * 40)) for n in (3, 4, 5)]
+    journal = _writer_file(tmp_path, raw=head + bytes(damaged) + b"".join(after))
+    reader = RecordReader(str(journal))
+    tracemalloc.start()
+    try:
+        assert [record for _, record in reader] == [k3.Put(1, 0, 7, None, b"kept")]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20 and reader.torn is not None
+    error = reader.tail_damage(last=True)
+    reader.close()
+    assert isinstance(error, CorruptJournalError) and error.offset == 4 + len(head)
+    refused = open_collection(tmp_path, settings("kestrel3"))
+    assert f"offset {4 + len(head)}" in refused.refused_queues()["q"]
+    refused.close()
+    coll = open_collection(tmp_path, settings("kestrel3"), salvage=True)
+    assert drain(coll, "q") == [b"kept"]
+    assert aside(tmp_path), "the damaged bytes were not set aside"
+    coll.close()
+
+
+def test_a_torn_large_kestrel3_put_is_cut_off_as_before(tmp_path: Path) -> None:
+    record = k3.encode(k3.Put(2, 0, 7, None, b"Z" * (2 * READ_CHUNK)))
+    journal = _writer_file(tmp_path, k3.Put(1, 0, 7, None, b"before"), raw=record[:READ_CHUNK + 100])
+    torn = journal.stat().st_size
+    coll = open_collection(tmp_path, settings("kestrel3"))
+    assert drain(coll, "q") == [b"before"]
+    coll.close()
+    assert journal.stat().st_size < torn
+    assert any(len(copy) == READ_CHUNK + 100 for copy in aside(tmp_path).values())

@@ -13,7 +13,8 @@ import gevent
 import pytest
 from structlog.testing import capture_logs
 
-from kestrel.storage import JournalWriteError, QueueCollection
+from kestrel.storage import JournalWriteError, QueueCollection, acknowledgements
+from kestrel.storage.acknowledgements import Acknowledgements
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.fsync.group_commit import GroupCommit
@@ -165,6 +166,73 @@ def test_an_append_whose_failed_part_cannot_be_cut_off_does_not_yield(tmp_path: 
         "cannot cut a failed append off the journal"]
     with pytest.raises(OSError, match="restart to repair"):
         writer.append(b"more")
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole changes where the sync policy waits for no fsync: the rule (`never_waits`) held to its word
+
+
+def test_a_change_waits_for_no_fsync_under_never_a_periodic_sync_or_always_through_the_log_where_held(
+        tmp_path: Path) -> None:
+    """`always` waits for the disk inside the change unless its journal logs to the commit log and
+    the caller holds its acknowledgements; `never` and a periodic sync wait for it nowhere."""
+    held = Acknowledgements(lambda: None)
+    for commit_log in (False, True):
+        coll = open_collection(tmp_path / str(commit_log), {"sync_journal": "always"},
+                               {"never": {"sync_journal": "never"}, "periodic": {"sync_journal": "10ms"},
+                                "k3": {"journal_format": "kestrel3"}}, commit_log=commit_log)
+        for name in ("always", "never", "periodic", "k3"):
+            coll.put(name, [b"created"])
+        token = acknowledgements.hold(held)
+        try:
+            waits_not = {(name, removing): coll.never_waits(name, removing)
+                         for name in ("always", "k3", "never", "periodic") for removing in (False, True)}
+        finally:
+            acknowledgements.release(token)
+        assert waits_not == {key: commit_log or key[0] in ("never", "periodic") for key in waits_not}
+        assert not coll.never_waits("always") and not coll.never_waits("k3")  # held by nobody
+        assert coll.never_waits("periodic") and coll.never_waits("never")
+        coll.close()
+
+
+@pytest.mark.parametrize(("journal_format", "sync"), [("kestrel2", "always"), ("kestrel3", "always"),
+                                                      ("kestrel2", "10ms"), ("kestrel3", "10ms")])
+def test_changes_through_the_commit_log_where_acknowledgements_are_held_never_yield(
+        tmp_path: Path, journal_format: str, sync: str) -> None:
+    """Puts and reads through rotations and the log's turns, each made where the rule says it never
+    waits: one stretch of the caller's greenlet each; every item comes back after a restart."""
+    settings = {"sync_journal": sync, "journal_format": journal_format, "default_journal_size": 400,
+                "max_memory_size": 2000}
+    coll = open_collection(tmp_path, settings, commit_log=True)
+    coll.put("q", [b"created"])
+    assert one(coll.remove("q")) is not None
+    told: list[int] = []
+    held = Acknowledgements(lambda: told.append(1))
+    token = acknowledgements.hold(held)
+    items = [b"%03d" % i + b"." * 60 for i in range(60)]
+    got = []
+    try:
+        with logs_that_pause():
+            for i in range(0, 60, 3):
+                assert coll.never_waits("q")
+                with never_switches(f"put {i}"):
+                    assert coll.put("q", items[i:i + 3]) == 3
+                for _ in range(2):
+                    assert coll.never_waits("q", removing=True)
+                    with never_switches(f"read after {i}"):
+                        item = one(coll.remove("q"))
+                    assert item is not None
+                    got.append(item.data)
+            gevent.sleep(0.1)  # the log's rounds, and the lines logged meanwhile
+    finally:
+        acknowledgements.release(token)
+    # under `always` each change left its turn to the holder, which was told once they settled
+    assert bool(told) == (held.last is not None) == (sync == "always")
+    assert not held.pending and held.failed is None
+    coll.close()
+    again = open_collection(tmp_path, settings, commit_log=True)
+    assert got + drain(again, "q") == items
+    again.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextvars import copy_context
+from functools import partial
 from typing import Any, Final
 
 import gevent
@@ -255,6 +257,8 @@ class ClientSocket:
         self._serving: Callable[[int], bool] | None = None  # `serve_from_hub`'s, while it waits
         self._serving_into: bytearray | None = None  # the input it receives into meanwhile
         self._handed: Exception | None = None  # what `_serving` raised, for the greenlet to raise
+        # `_serve_input` run in the waiting greenlet's context (a copy), while `serve_from_hub` waits
+        self._serve_in_context: Callable[[], bool] | None = None
         self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
 
     def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
@@ -313,27 +317,40 @@ class ClientSocket:
         if self._readable is None:
             self._readable = Readable(self.fd)
         self._serving, self._serving_into = serving, buf
+        # made once a wait, not once a callback; held only meanwhile (it refers back to this socket)
+        self._serve_in_context = partial(copy_context().run, self._serve_input)
         try:
             self._readable.serve(self._serve_ready)
         finally:
-            # not held between waits: the connection's own method and input
-            self._serving = self._serving_into = None
+            # not held between waits: the connection's own method, input and context
+            self._serving = self._serving_into = self._serve_in_context = None
         handed, self._handed = self._handed, None
         if handed is not None:
             raise handed
 
     def _serve_ready(self) -> None:
-        """The watcher's callback while `serve_from_hub` waits, in the hub."""
+        """The watcher's callback while `serve_from_hub` waits, in the hub: `_serve_input` in the
+        waiting greenlet's context, so that the requests answered see its context variables as its
+        own code does (a connection's held acknowledgements: src/kestrel/storage/acknowledgements.py);
+        the greenlet woken after, from the hub's own context."""
+        serve = self._serve_in_context
+        assert serve is not None
+        if not serve():
+            assert self._readable is not None
+            self._readable.wake()
+
+    def _serve_input(self) -> bool:
+        """What is there received and served; whether the callback goes on waiting (False: the
+        greenlet takes over, with what `serving` raised, if anything)."""
         try:
             buf, serving = self._serving_into, self._serving
             assert buf is not None and serving is not None
             received = self.receive_ready(buf)
             if received < 0 or (received and serving(received)):
-                return  # nothing there after all, or all of it answered
+                return True  # nothing there after all, or all of it answered
         except Exception as e:  # never the hub's: raised in the waiting greenlet
             self._handed = e
-        assert self._readable is not None
-        self._readable.wake()
+        return False
 
     def _wait_readable(self, timeout: float | None) -> None:
         if self._readable is None:

@@ -351,16 +351,18 @@ class QueueCollection:
             return []
         return self.queue(name).remove(count, transaction, timeout, held)
 
-    def never_waits(self, name: str, removing: bool = False) -> bool:
-        """Whether a put to queue `name`, or (`removing`) a remove of one slice from it without a
-        wait, returns without yielding: the queue is held (a creation may wait for an fsync), is
-        neither an alias nor a fanout parent, its own changes never wait
-        (`PersistentQueue.never_waits`), and the memory governor holds no puts."""
+    def never_waits(self, name: str, removing: bool = False, aborting: bool = False) -> bool:
+        """Whether a put to queue `name`, a confirm of its open reads, or (`removing`) a remove of one
+        slice from it without a wait, or (`aborting`) an abort of its open reads, returns without
+        yielding: the queue is held (a creation may wait for an fsync), is neither an alias nor a
+        fanout parent, its own changes never wait (`PersistentQueue.never_waits`: under `always`, only
+        through the commit log where the caller holds its acknowledgements), and the memory governor
+        holds no puts."""
         q = self._queues.get(name)
         if q is None or name in self.aliases or name in self.fanouts:
             return False
         governor = self.governor
-        return (governor is None or not governor.flow_control) and q.never_waits(removing)
+        return (governor is None or not governor.flow_control) and q.never_waits(removing, aborting)
 
     def holds(self, name: str, count: int) -> bool:
         """Whether a remove of `count` from queue `name` takes `count` items now

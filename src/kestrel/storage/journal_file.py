@@ -73,11 +73,17 @@ def check_writable(path: str) -> None:
 
 
 class BufferedFile:
-    """A file read forward through a buffer (the record readers of both journal formats)."""
+    """A file read forward through a buffer (the record readers of both journal formats).
 
-    def __init__(self, path: str, offset: int) -> None:
+    A record larger than the buffer is read whole, or its item on its own, in one read of the size
+    its header gives (`read_at`), never gathered in chunks; from `LARGE_APPEND` bytes that read runs
+    off the loop through the `gate` of the journal's queue (src/kestrel/storage/write_gate.py).
+    """
+
+    def __init__(self, path: str, offset: int, gate: WriteGate | None = None) -> None:
         self.path = path
         self.chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
+        self.gate = gate  # where a large record is read off the loop (None: on the caller's thread)
         self.fd = os.open(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
@@ -98,6 +104,15 @@ class BufferedFile:
         self._buf_start += self._pos
         self._pos = 0
         self._buf = b""
+
+    def read_at(self, size: int, at: int) -> bytes:
+        """`size` bytes of the file at `at` (fewer if it ends first), in one read: off the loop from
+        `LARGE_APPEND` bytes where the reader has a gate. The caller checked the file's size first:
+        a damaged size field allocates nothing."""
+        gate = self.gate
+        if gate is not None and size >= LARGE_APPEND:
+            return gate.off_loop(disk.pread, self.fd, size, at)
+        return disk.pread(self.fd, size, at)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -31,6 +31,7 @@ from typing import ClassVar, Final, Protocol
 import structlog
 
 from kestrel.storage import poison
+from kestrel.storage.acknowledgements import holder
 from kestrel.storage.clock import Clock
 from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, native_limit
 from kestrel.storage.deferred_log import log_later
@@ -519,15 +520,24 @@ class PersistentQueue(ABC):
         return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
                                       timeout) or []
 
-    def never_waits(self, removing: bool = False) -> bool:
-        """Whether a put to this queue, or (`removing`) a remove of one slice without a wait, returns
-        without yielding: its changes wait for no fsync (`sync_journal: never`), no large append or
-        read of its journal runs off the loop, it hands no item to another queue (expired or poison:
-        that queue's creation may wait), and a remove reads nothing back from disk (in read-behind a
-        large record is read off the loop)."""
+    def never_waits(self, removing: bool = False, aborting: bool = False) -> bool:
+        """Whether a put to this queue, a confirm of open reads, or (`removing`) a remove of one slice
+        without a wait, or (`aborting`) an abort of open reads, returns without yielding: its changes
+        wait for no fsync, no large append or read of its journal runs off the loop, it hands no
+        item to another queue (expired or poison: that queue's creation may wait), a remove reads
+        nothing back from disk (in read-behind a large record is read off the loop), and an abort
+        makes no poison item (its hand-over or drop is logged there and then).
+
+        No fsync is waited for under `never`, under a periodic sync (a timer or the commit log's
+        round fsyncs later), nor under `always` where every file a change commits logs to the
+        commit log and the caller holds its acknowledgements: the change leaves its turn of the log
+        to the holder (`CommitLog.sync`), and what a change may start besides (a rotation, a
+        segment filling, a checkpoint, a pack, a failed turn's fallback) runs off it."""
         cfg = self.config
-        return (cfg.sync_journal is None and self._gate.busy is None and cfg.expire_to_queue is None
-                and cfg.error_queue is None and not (removing and self._behind is not None))
+        sync = cfg.sync_journal
+        return ((sync is None or sync > 0 or (self._commit_logged() and holder() is not None))
+                and self._gate.busy is None and cfg.expire_to_queue is None and cfg.error_queue is None
+                and not (removing and self._behind is not None) and not (aborting and cfg.max_errors))
 
     def holds(self, count: int) -> bool:
         """Whether a remove of `count` takes `count` items now: the queue holds them and none can
@@ -1042,6 +1052,11 @@ class PersistentQueue(ABC):
     @abstractmethod
     def _after_change(self) -> None:
         """Under the lock, after a change that succeeded."""
+
+    @abstractmethod
+    def _commit_logged(self) -> bool:
+        """Whether every file a change of this queue commits logs its appends to the commit log,
+        whose turn then holds the change (`never_waits`)."""
 
     @abstractmethod
     def _journal_path(self) -> str:

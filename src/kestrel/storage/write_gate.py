@@ -11,10 +11,10 @@ so none sees memory its journal does not hold yet, and their records follow it i
 write is the same system call either way: what fails leaves the journal as it was and fails the
 change, and its acknowledgement still comes after the write (and its fsync under `always`).
 
-A read-behind cursor reads a record of `LARGE_APPEND` bytes or more back the same way, in one read
-on the thread pool (src/kestrel/storage/kestrel2/reader.py): the change that reads it is in
-progress, so the queue's other changes wait at the gate until it is read, and nothing that would
-move the cursor (a change, paging out, a close) runs meanwhile.
+A read-behind cursor of either format reads a record of `LARGE_APPEND` bytes or more back the same
+way, in one read on the thread pool (`BufferedFile.read_at`, src/kestrel/storage/journal_file.py):
+the change that reads it is in progress, so the journal's other changes wait at the gate until it
+is read, and nothing that would move the cursor (a change, paging out, a close) runs meanwhile.
 """
 
 from __future__ import annotations

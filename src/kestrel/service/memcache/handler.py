@@ -69,7 +69,7 @@ class MemcacheConnection(BufferedConnection):
     """One memcache client; an item being swallowed or skipped spans read bursts."""
 
     protocol: ClassVar[str] = "memcache"
-    answers_in_hub: ClassVar[bool] = bool(RUN_STARTS)  # the runs the scanner finds (built with it)
+    answers_in_hub: ClassVar[bool] = bool(RUN_STARTS)  # the scanner's runs, gets with options (built with it)
 
     def __init__(self, server: ServerState, sock: socket.socket, peer: str) -> None:
         super().__init__(server, sock, peer)
@@ -141,8 +141,8 @@ class MemcacheConnection(BufferedConnection):
                         pos = after
                         self.fetch(key, queue, count)
                         continue
-            if self.in_hub:
-                return pos  # not a run the scanner reads
+            if self.in_hub and first != GET_START:
+                return pos  # not a run the scanner reads, nor a get with options
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 if end - pos > self.max_line:
@@ -168,6 +168,8 @@ class MemcacheConnection(BufferedConnection):
                 self.discard, self.discard_reply = e.skip, b""
                 continue
             if command.name != "set":
+                if self.in_hub and not self._answers_at_once(command):
+                    return start  # in the connection's greenlet, which parses it again (a cached line)
                 self.execute(command)
                 continue
             if command.size > self.max_item:
@@ -255,6 +257,17 @@ class MemcacheConnection(BufferedConnection):
         finally:
             self.get_latency.observe_many(perf_counter() - started, count)
 
+    def _answers_at_once(self, command: Command) -> bool:
+        """Whether a get with options (`/open`, `/close`, `/abort`, `/peek`, `/t=`) completes without
+        yielding (`Session.answers_at_once`): one that reads asks for one item, a close or an abort
+        alone for none."""
+        options = command.get
+        if options is None:
+            return False
+        reads = options.open or options.peek or not (options.close or options.abort)
+        return self.session.answers_at_once(options.queue, 1 if reads else 0,
+                                            options.timeout_ms if reads else 0, options.abort)
+
     def _error(self, e: Exception) -> bytes:
         if isinstance(e, InvalidQueueName | SessionError):
             return f"CLIENT_ERROR {e}\r\n".encode()
@@ -299,7 +312,7 @@ class MemcacheConnection(BufferedConnection):
     def do_get(self, command: Command) -> None:
         options = command.get
         assert options is not None
-        if options.timeout_ms:
+        if options.timeout_ms and not self.in_hub:  # (in the hub its items are there: it never waits)
             self.send()  # earlier replies go out before this one waits
         datas = self.session.get(options.queue, timeout_ms=options.timeout_ms, open=options.open,
                                  close=options.close, abort=options.abort, peek=options.peek)

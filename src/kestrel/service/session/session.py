@@ -109,14 +109,17 @@ class Session:
             return 0
         return max(self.coll.clock.now_ms() + ms, 1)
 
-    def answers_at_once(self, queue: str, count: int = 0, timeout_ms: int = 0) -> bool:
-        """Whether a plain put to `queue`, or a get of up to `count` items from it without auto-abort,
-        completes without yielding: what a connection may answer in the hub's callback, where
-        anything that waits would fail (docs/architecture.md, *Requests answered in the hub*). Such
-        a get takes its items in one remove (one slice, no time-out or every item there), from
-        memory (none read back from disk)."""
+    def answers_at_once(self, queue: str, count: int = 0, timeout_ms: int = 0,
+                        aborting: bool = False) -> bool:
+        """Whether a put to `queue`, a confirm of open reads on it, a get (or peek) of up to `count`
+        items from it, with or without auto-abort or an open read, or (`aborting`) an abort of open
+        reads on it completes without yielding: what a connection may answer in the hub's callback,
+        where anything that waits would fail (docs/architecture.md, *Requests answered in the
+        hub*). Such a get takes its items in one remove (one slice, no time-out or every item
+        there), from memory (none read back from disk); arming its auto-abort starts a timer of
+        the loop, which never waits."""
         return (count <= GET_SLICE and (timeout_ms <= 0 or self.coll.holds(queue, count))
-                and self.coll.never_waits(queue, count > 0))
+                and self.coll.never_waits(queue, count > 0, aborting))
 
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
         """Add items (absolute expiry in ms, 0 = never); how many were accepted: those before the

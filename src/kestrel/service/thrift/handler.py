@@ -168,8 +168,9 @@ class ThriftConnection:
         self.calls = method_calls()
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
-        # Between requests the plain binary puts and gets that cannot wait are answered in the hub's
-        # callback (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
+        # Between requests the plain binary puts, gets, confirms and aborts that cannot wait are
+        # answered in the hub's callback (`_served_in_hub`), unless an idle time-out needs a timer
+        # for each wait.
         self.hub_serves = (READS_BUFFERED_FRAMES and self.framed and self.reader_cls is BinaryReader
                            and cfg.client_timeout is None)
         # (boxed once: each frame hands them to the compiled reader)
@@ -258,15 +259,15 @@ class ThriftConnection:
         return not buf and not stream.io.in_place
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
-        """Whether a call completes without yielding: a put, or a get without auto-abort, that
-        its session answers at once (`Session.answers_at_once`)."""
+        """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
+        or an abort that its session answers at once (`Session.answers_at_once`)."""
         name = method.name
-        if name == "put":
-            return args[0] is not None and self.session.answers_at_once(args[0])
         if name == "get":
-            return (args[0] is not None and not args[3]
-                    and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0))
-        return False
+            return args[0] is not None and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0)
+        if name == "put" or name == "confirm":
+            return args[0] is not None and self.session.answers_at_once(args[0])
+        return (name == "abort" and args[0] is not None
+                and self.session.answers_at_once(args[0], aborting=True))
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request's payload (None: nothing can be answered), as

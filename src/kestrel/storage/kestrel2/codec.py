@@ -35,6 +35,7 @@ ADD_XID = 7
 STATE_DUMP = 8
 REMOVE_TENTATIVE_XID = 9
 MAX_OPCODE = REMOVE_TENTATIVE_XID
+_ITEM_OPCODES = (ADD, ADDX, ADD_XID)  # the records that add an item (`_records_reach` counts them)
 
 _I32 = struct.Struct("<i")
 _XID_RECORD = struct.Struct("<Bi")  # an opcode and its xid: one pack, no concatenation
@@ -283,37 +284,16 @@ def record_span(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[int, i
         raise Incomplete
     op = buf[pos]
     p = pos + 1
-    if op == ADDX:
-        if p + 20 > end:
-            raise Incomplete
-        (size,) = _I32.unpack_from(buf, p)
-        if size < ITEM_HEADER:
-            raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
-        stop = p + 4 + size
-        if stop > end:
-            raise Incomplete
-        return stop, p + 20
+    if op in _ITEM_OPCODES:
+        return _item_span(buf, pos)
     if op in (REMOVE, REMOVE_TENTATIVE):
         return p, p
     if op in _XID_RECORDS:
         if p + 4 > end:
             raise Incomplete
         return p + 4, p + 4
-    if op == ADD_XID:
-        stop = _item_with_xid(buf, p, op)[4]
-        return stop, p + 24
     if op == 8:
         return _opcode_8_span(buf, pos, at_eof)
-    if op == ADD:
-        if p + 8 > end:
-            raise Incomplete
-        (size,) = _I32.unpack_from(buf, p)
-        if size < 4:
-            raise Malformed(op, f"ADD block of {size} bytes is shorter than its 4-byte expiry")
-        stop = p + 4 + size
-        if stop > end:
-            raise Incomplete
-        return stop, p + 8
     raise Malformed(op, f"unknown opcode {op}")
 
 
@@ -325,16 +305,20 @@ _XID_RECORDS: dict[int, type[SaveXid] | type[Unremove] | type[ConfirmRemove] | t
 }
 
 
-def _item_with_xid(buf: bytes | memoryview, p: int, op: int) -> tuple[int, int, int, int, int]:
-    if p + 24 > len(buf):
+def _item_span(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """`record_span` of the ADD, ADDX or ADD_XID at `pos`, by `item_extent`."""
+    extent = item_extent(buf, pos)
+    if extent is None:
         raise Incomplete
-    xid, size, add_time, expiry = _XID_ADDX_HEAD.unpack_from(buf, p)
-    if size < ITEM_HEADER:
-        raise Malformed(op, f"item block of {size} bytes is shorter than its 16-byte header")
-    stop = p + 8 + size
-    if stop > len(buf):
+    start, stop = extent
+    if stop < start:
+        op = buf[pos]
+        size = stop - start + _SIZE_FIELD[op][1]
+        raise Malformed(op, f"ADD block of {size} bytes is shorter than its 4-byte expiry" if op == ADD
+                        else f"item block of {size} bytes is shorter than its 16-byte header")
+    if pos + stop > len(buf):
         raise Incomplete
-    return xid, size, add_time, expiry, stop
+    return pos + stop, pos + start
 
 
 def _opcode_8_span(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[int, int]:
@@ -354,11 +338,12 @@ def _opcode_8_span(buf: bytes | memoryview, pos: int, at_eof: bool) -> tuple[int
     if second == 0 or (second > 0 and _add_xids_follow(buf, after, second, at_eof)):
         return after, after
     if second >= ITEM_HEADER:
-        stop = after + second
-        if stop > end or (stop == end and not at_eof):
+        extent = item_extent(buf, pos)  # read as a CONTINUE
+        if extent is None or pos + extent[1] > end or (pos + extent[1] == end and not at_eof):
             raise Incomplete
+        stop = pos + extent[1]
         if stop == end or buf[stop] <= MAX_OPCODE:
-            return stop, after + ITEM_HEADER
+            return stop, pos + extent[0]
     raise Malformed(8, f"opcode 8 with xid {xid} and {second} is neither a STATE_DUMP nor a CONTINUE")
 
 
@@ -375,7 +360,7 @@ def _add_xids_follow(buf: bytes | memoryview, p: int, count: int, at_eof: bool) 
         if buf[p] != ADD_XID:
             return False
         try:
-            *_, p = _item_with_xid(buf, p + 1, ADD_XID)
+            p = _item_span(buf, p)[0]
         except Malformed:
             return False
         except Incomplete:
@@ -510,11 +495,10 @@ def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
 
 # Records with a size field: the ones whose size can be damaged into a wrong but readable one.
 SIZED_RECORDS = (Add, AddX, AddXid, Continue)
-# Where each sized record keeps its size field (counted from its opcode byte), and its least size:
-# first those whose item a reader may read on its own (`item_extent`), then opcode 8, a CONTINUE or
-# a STATE_DUMP by what follows it.
-_ITEM_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER)}
-_SIZE_FIELD = {**_ITEM_SIZE_FIELD, 8: (5, ITEM_HEADER)}
+# Where each sized record keeps its size field (counted from its opcode byte), and its least size
+# (the bytes of its block before the item): opcode 8 as a CONTINUE, a STATE_DUMP's second field
+# being its count.
+_SIZE_FIELD = {ADD: (1, 4), ADDX: (1, ITEM_HEADER), ADD_XID: (5, ITEM_HEADER), 8: (5, ITEM_HEADER)}
 
 
 def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = False,
@@ -554,10 +538,12 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
 
 def item_extent(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
     """Where the item of the record at `pos` starts and where the record ends, counted from `pos`,
-    read from its header alone: a reader then reads the item at once, however large (`item_record`).
-    None unless the record is an ADD, ADDX or ADD_XID whose header `buf` holds whole and whose
-    size is not too small for it (which `decode` refuses)."""
-    field = _ITEM_SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
+    read from its header alone: the one rule of an item record's extent, which `record_span`
+    follows and by which a reader reads a large item at once (`item_record`). None unless the
+    record is an ADD, ADDX, ADD_XID or opcode 8 (read as a CONTINUE) whose header `buf` holds
+    whole. A size too small for the header ends the record before its item starts: `record_span`
+    refuses it."""
+    field = _SIZE_FIELD.get(buf[pos]) if pos < len(buf) else None
     if field is None:
         return None
     at, least = field
@@ -565,12 +551,12 @@ def item_extent(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
     if pos + start > len(buf):
         return None
     size: int = _I32.unpack_from(buf, pos + at)[0]
-    return (start, at + 4 + size) if size >= least else None
+    return start, at + 4 + size
 
 
 def item_record(head: bytes | memoryview, data: bytes) -> Add | AddX | AddXid:
-    """The record whose bytes before its item are `head` (an `item_extent` start's worth), holding
-    `data` as its item, as it is (not copied)."""
+    """The ADD, ADDX or ADD_XID whose bytes before its item are `head` (an `item_extent` start's
+    worth), holding `data` as its item, as it is (not copied)."""
     op = head[0]
     if op == ADDX:
         _, add_time, expiry = _ADDX_HEAD.unpack_from(head, 1)
@@ -632,10 +618,7 @@ class TailRecords:
         return None if real_end is None else size_damage(offset, offset + real_end)
 
 
-_ITEM_OPCODES = (ADD, ADDX, ADD_XID)  # the records `_records_reach` counts as items
-_OPCODE_BYTES: Final = any_of(bytes(range(MAX_OPCODE + 1)))
-
-
+_OPCODE_BYTES: Final = any_of(bytes(range(MAX_OPCODE + 1)))  # the bytes a record can begin with
 TAIL_RECORDS = TailRecords()
 
 

@@ -334,6 +334,10 @@ class Kestrel2Queue(PersistentQueue):
                     self._pack_now()  # what the backlog left behind: at most max_memory_size of items
         journal.start_next_pack()
 
+    def _commit_logged(self) -> bool:
+        """The journal logs to the commit log if it was made under a sync policy with the log on."""
+        return self._journal.commit_log is not None
+
     def _journal_path(self) -> str:
         return self._journal.live_path if self._journal.writer is not None else self.queue_path
 

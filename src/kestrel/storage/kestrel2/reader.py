@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from kestrel.storage import disk, torn_tail
+from kestrel.storage import torn_tail
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.journal_file import BufferedFile
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed, Record
-from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
+from kestrel.storage.write_gate import WriteGate
 
 SIZE_CHECK_WINDOW = 1 << 16  # bytes read past unreadable ones to look for a size field one bit small
 
@@ -28,16 +28,16 @@ class JournalReader(BufferedFile):
     the file is seen to hold that much (a damaged size allocates nothing: the record reads as
     incomplete, for the torn-tail rule to judge), never in chunks joined to each other. Its item is
     read on its own, as the item's bytes themselves; with `check_sizes` the whole record is read
-    into one buffer instead (a size one bit off is looked for inside it) and the item copied out.
+    into one buffer instead (a size one bit off is looked for inside it) and the item copied out,
+    and so is an opcode 8, with the byte after it (a CONTINUE or a STATE_DUMP by what follows).
     From `LARGE_APPEND` bytes the read runs off the loop through the `gate` of the journal's queue
-    (src/kestrel/storage/write_gate.py).
+    (`BufferedFile.read_at`).
     """
 
     def __init__(self, path: str, offset: int = 0, check_sizes: bool = False,
                  gate: WriteGate | None = None) -> None:
-        super().__init__(path, offset)
+        super().__init__(path, offset, gate)
         self.check_sizes = check_sizes  # replay: look for size fields that swallow records
-        self.gate = gate  # where a large record is read off the loop (None: on the caller's thread)
         self._previous: int | None = None  # offset of the record just read, if it has a size field
         self._eof = False
 
@@ -65,12 +65,15 @@ class JournalReader(BufferedFile):
                                         codec.size_damage(self.offset, self._buf_start + real_end))
             except Incomplete:
                 extent = codec.item_extent(self._buf, self._pos)
-                if extent is not None and extent[1] > self.chunk:
+                if extent is not None and extent[1] > self.chunk and len(self._buf) - self._pos <= extent[1]:
                     if not self._holds(extent[1]):
                         return None
-                    if not self.check_sizes:
+                    told_by_what_follows = self._buf[self._pos] == codec.STATE_DUMP
+                    if not self.check_sizes and not told_by_what_follows:
                         return self._read_item(*extent)
-                    self._buf, self._buf_start, self._pos = self._read(extent[1], self.offset), self.offset, 0
+                    at, want = self.offset, extent[1] + told_by_what_follows
+                    self._buf, self._buf_start, self._pos = self.read_at(want, at), at, 0
+                    self._eof = len(self._buf) < want
                     continue
                 was_eof = self._eof
                 if not self._fill() and was_eof:
@@ -91,20 +94,13 @@ class JournalReader(BufferedFile):
         self._eof = self.offset + size > os.fstat(self.fd).st_size
         return not self._eof
 
-    def _read(self, size: int, at: int) -> bytes:
-        """`size` bytes of the file at `at`, in one read (off the loop from `LARGE_APPEND`)."""
-        gate = self.gate
-        if gate is not None and size >= LARGE_APPEND:
-            return gate.off_loop(disk.pread, self.fd, size, at)
-        return disk.pread(self.fd, size, at)
-
     def _read_item(self, start: int, end: int) -> tuple[int, Record] | None:
         """The item record here, its item read on its own from `start` to `end` (from the record's
         offset); None if the file turns out shorter. The reader's place is taken from before the
         read, which may have let the loop run (`release_buffer` meanwhile changes no offset)."""
         at = self.offset
         head = self._buf[self._pos:self._pos + start]
-        data = self._read(end - start, at + start)
+        data = self.read_at(end - start, at + start)
         if len(data) < end - start:
             self._eof = True
             return None

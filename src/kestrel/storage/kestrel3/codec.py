@@ -148,7 +148,7 @@ def record_length(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
         expected = " or ".join(str(n) for n in _HEADER_WORDS[command])
         raise Malformed(byte, f"{name} takes {expected} header words, not {words} "
                               f"(command byte 0x{byte:02x})")
-    length = 1 + 4 * words
+    length = _head_length(byte)
     if command < 8:
         return length
     if pos + 5 > len(buf):
@@ -167,34 +167,70 @@ def decode(buf: bytes | memoryview, pos: int, kind: FileKind) -> tuple[Record, i
 
     Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be one.
     """
-    stop = record_end(buf, pos, kind)
+    stop = _whole_record(buf, pos, kind)
     command = buf[pos] >> 4
     if command == PUT:
-        size, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
-        expire_time = _I64.unpack_from(buf, pos + 25)[0] if buf[pos] & 0x0F == 8 else None
-        return Put(item_id, errors, add_time, expire_time, bytes(buf[stop - size:stop])), stop
+        return Put(*put_fields(buf, pos), bytes(buf[pos + _head_length(buf[pos]):stop])), stop
     if command == READ_HEAD:
         return ReadHead(_U64.unpack_from(buf, pos + 1)[0]), stop
-    return ReadDone(tuple(struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5))), stop
+    return ReadDone(_done_ids(buf, pos, stop)), stop
 
 
 def record_end(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
     """Where the record starting at `pos` ends, checked as `decode` checks it but copying no PUT
     data; raises as `decode` does."""
+    stop = _whole_record(buf, pos, kind)
+    command = buf[pos] >> 4
+    if command == PUT:
+        put_fields(buf, pos)
+    elif command == READ_DONE:
+        _done_ids(buf, pos, stop)
+    return stop
+
+
+def _whole_record(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
+    """Where the record at `pos` ends, if `buf` holds it whole (else Incomplete)."""
     stop = pos + record_length(buf, pos, kind)
     if stop > len(buf):
         raise Incomplete
-    byte = buf[pos]
-    command = byte >> 4
-    if command == PUT:
-        _, errors, item_id, _ = _PUT_HEAD.unpack_from(buf, pos + 1)
-        if item_id == 0:
-            raise Malformed(byte, "PUT of item id 0 (item ids are non-zero)")
-        if errors < 0:
-            raise Malformed(byte, f"PUT of item {item_id} has a negative error count {errors}")
-    elif command == READ_DONE and 0 in struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5):
-        raise Malformed(byte, "READ_DONE lists item id 0 (item ids are non-zero)")
     return stop
+
+
+PutFields = tuple[int, int, int, int | None]  # id, error count, add time, expiry: `Put(*fields, data)`
+
+
+def put_fields(buf: bytes | memoryview, pos: int) -> PutFields:
+    """The fields of the PUT whose header `buf` holds whole at `pos` (`item_start` bytes), checked;
+    raises Malformed for an id 0 or a negative error count."""
+    byte = buf[pos]
+    _, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
+    if item_id == 0:
+        raise Malformed(byte, "PUT of item id 0 (item ids are non-zero)")
+    if errors < 0:
+        raise Malformed(byte, f"PUT of item {item_id} has a negative error count {errors}")
+    expire_time: int | None = _I64.unpack_from(buf, pos + 25)[0] if byte & 0x0F == 8 else None
+    return item_id, errors, add_time, expire_time
+
+
+def item_start(buf: bytes | memoryview, pos: int) -> int | None:
+    """Where the item of the record at `pos` starts, counted from `pos` (its end is
+    `record_length`), read from its command byte alone: a reader reads a large item on its own
+    from there (`put_fields`). None unless the record is a PUT."""
+    byte = buf[pos]
+    return _head_length(byte) if byte >> 4 == PUT else None
+
+
+def _head_length(byte: int) -> int:
+    """The bytes before a record's data block: its command byte and header words."""
+    return 1 + 4 * (byte & 0x0F)
+
+
+def _done_ids(buf: bytes | memoryview, pos: int, stop: int) -> tuple[int, ...]:
+    """The ids of the READ_DONE at `pos` (ending at `stop`), read once; raises Malformed for id 0."""
+    ids: tuple[int, ...] = struct.unpack_from(f"<{(stop - pos - 5) // 8}Q", buf, pos + 5)
+    if 0 in ids:
+        raise Malformed(buf[pos], "READ_DONE lists item id 0 (item ids are non-zero)")
+    return ids
 
 
 class TailRecords:

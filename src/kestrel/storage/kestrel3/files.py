@@ -76,10 +76,15 @@ class RecordReader(journal_file.BufferedFile):
     is where that record starts, and `tail_damage` judges it (src/kestrel/storage/torn_tail.py). A
     record that can never be valid raises CorruptJournalError naming file and offset. The file is
     read up to the size it had when opened.
+
+    A PUT larger than the buffer has its header checked, then its item read on its own in one read
+    of the size the header gives, as the item's bytes themselves (no chunks joined, no copy out);
+    from `LARGE_APPEND` bytes off the loop through `gate`, the writer journal's
+    (`BufferedFile.read_at`).
     """
 
-    def __init__(self, path: str, expect: k3.FileKind | None = None) -> None:
-        super().__init__(path, k3.MAGIC_SIZE)
+    def __init__(self, path: str, expect: k3.FileKind | None = None, gate: WriteGate | None = None) -> None:
+        super().__init__(path, k3.MAGIC_SIZE, gate)
         self.size = os.fstat(self.fd).st_size
         self.torn: str | None = None
         try:
@@ -117,32 +122,57 @@ class RecordReader(journal_file.BufferedFile):
         self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
         return len(self._buf) >= want
 
-    def next(self) -> tuple[int, k3.Record] | None:
-        """The next record and its offset, or None at the end of the file or at a torn record."""
-        if self.offset >= self.size:
-            return None
-        try:
-            if not self._have(min(5, self.size - self.offset)):
-                self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
-                return None
+    def next(self, from_id: int = 0) -> tuple[int, k3.Record] | None:
+        """The next record and its offset, or None at the end of the file or at a torn record. A
+        PUT larger than the buffer with an id below `from_id` (where a read-behind cursor starts)
+        is passed over, its item not read."""
+        while self.offset < self.size:
             try:
-                length = k3.record_length(self._buf, self._pos, self.kind)
-            except Incomplete:
-                self.torn = f"{self.size - self.offset} bytes, too short for a record header"
-                return None
-            if not self._have(length):
-                left = self.size - self.offset
-                self.torn = f"record of {length} bytes runs past the end of the file ({left} bytes left)"
-                return None
-            record, stop = k3.decode(self._buf, self._pos, self.kind)
-        except Malformed as e:
-            if self._zeros_to_end():
-                self.torn = f"{self.size - self.offset} bytes of zeros"
-                return None
-            raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+                if not self._have(min(5, self.size - self.offset)):
+                    self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
+                    return None
+                try:
+                    length = k3.record_length(self._buf, self._pos, self.kind)
+                except Incomplete:
+                    self.torn = f"{self.size - self.offset} bytes, too short for a record header"
+                    return None
+                if length > self.chunk and self.offset + length <= self.size \
+                        and (start := k3.item_start(self._buf, self._pos)) is not None:
+                    if not self._have(start):
+                        self.torn = f"{self.size - self.offset} bytes could not be read (the file shrank)"
+                        return None
+                    fields = k3.put_fields(self._buf, self._pos)
+                    if fields[0] >= from_id:
+                        return self._read_item(start, length, fields)
+                    self._buf, self._buf_start, self._pos = b"", self.offset + length, 0
+                    continue
+                if not self._have(length):
+                    left = self.size - self.offset
+                    self.torn = f"record of {length} bytes runs past the end of the file ({left} bytes left)"
+                    return None
+                record, stop = k3.decode(self._buf, self._pos, self.kind)
+            except Malformed as e:
+                if self._zeros_to_end():
+                    self.torn = f"{self.size - self.offset} bytes of zeros"
+                    return None
+                raise CorruptJournalError(self.path, self.offset, e.opcode, e.reason) from None
+            at = self.offset
+            self._pos = stop
+            return at, record
+        return None
+
+    def _read_item(self, start: int, length: int, fields: k3.PutFields) -> tuple[int, k3.Record] | None:
+        """The PUT of `length` bytes here, which the file holds, with the `fields` of its header and
+        its item read on its own from `start`; None if the file turns out shorter. The reader's
+        place is taken from before the read, which may have let the loop run (`release_buffer`
+        meanwhile changes no offset)."""
         at = self.offset
-        self._pos = stop
-        return at, record
+        data = self.read_at(length - start, at + start)
+        if len(data) < length - start:
+            self.torn = f"{self.size - at} bytes could not be read (the file shrank)"
+            return None
+        self._buf, self._buf_start, self._pos = b"", at + length, 0
+        return at, k3.Put(*fields, data)
 
     def __iter__(self) -> Iterator[tuple[int, k3.Record]]:
         while (entry := self.next()) is not None:

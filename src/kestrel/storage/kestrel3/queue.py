@@ -361,6 +361,12 @@ class Kestrel3Queue(PersistentQueue):
         if self._returned:
             self._returned.clear()
 
+    def _commit_logged(self) -> bool:
+        """A change commits the writer journal and this reader's checkpoint: both log, if each was
+        opened under a sync policy with the log on."""
+        return (self._journal is not None and self._journal.commit_log is not None
+                and self._file is not None and self._file.commit_log is not None)
+
     def _journal_path(self) -> str:
         if self._file is not None:
             return self._file.path
@@ -441,7 +447,9 @@ class Kestrel3Queue(PersistentQueue):
 
 class ReaderCursor:
     """A reader's read-behind cursor (src/kestrel/storage/read_behind.py): its items read back from
-    the writer files from id `start` on, skipping those it consumed."""
+    the writer files from id `start` on, skipping those it consumed; an item of `LARGE_APPEND`
+    bytes or more read off the loop while every reader of the writer journal waits at its gate
+    (`RecordReader`)."""
 
     def __init__(self, queue: Kestrel3Queue, start: int) -> None:
         self.queue = queue
@@ -476,14 +484,14 @@ class ReaderCursor:
                 info = next((f for f in files if f.last_id >= self.next_id), None)
                 if info is None:
                     return None
-                self.reader = RecordReader(info.path, k3.FileKind.WRITER)
+                self.reader = RecordReader(info.path, k3.FileKind.WRITER, self.queue._gate)
                 self.reader.chunk = CURSOR_CHUNK
                 self.file = info.number
-            entry = self.reader.next()
+            entry = self.reader.next(self.next_id)
             if entry is None:
                 if self.file == files[-1].number:
                     self.reader.grow()
-                    entry = self.reader.next()
+                    entry = self.reader.next(self.next_id)
                     if entry is None:
                         return None
                 else:
