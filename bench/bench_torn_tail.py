@@ -63,10 +63,9 @@ def judge_once(fmt: str, megabytes: int, kind: str) -> dict[str, object]:
     from kestrel.storage.kestrel2 import codec
     from kestrel.storage.kestrel3.codec import FileKind, TailRecords
 
-    # (code before the log's records kept checksums for the tail judged had one for all: LOG_RECORDS)
-    log = commit_log.LogRecords() if hasattr(commit_log, "LogRecords") else vars(commit_log)["LOG_RECORDS"]
     choices: dict[str, torn_tail.Records] = {
-        "kestrel2": codec.TAIL_RECORDS, "kestrel3": TailRecords(FileKind.WRITER), "commit log": log}
+        "kestrel2": codec.TAIL_RECORDS, "kestrel3": TailRecords(FileKind.WRITER),
+        "commit log": commit_log.LogRecords()}
     records = choices[fmt]
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "torn")
