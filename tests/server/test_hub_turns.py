@@ -180,6 +180,27 @@ def test_under_a_client_timeout_a_connection_answered_in_the_hub_is_closed_once_
     assert [entry for entry in logs if IDLE_CLOSES[protocol].items() <= entry.items()]
 
 
+def test_under_a_client_timeout_a_connection_served_in_its_greenlet_is_closed_once_idle_and_not_before(
+        tmp_path: Path, pair: Any) -> None:
+    """The text protocol's requests are answered in the connection's greenlet, whose waits the same
+    timer checks: kept past its first deadline while active, closed once idle, as above."""
+    from kestrel.service.text.handler import TextConnection
+
+    ours, client = pair
+    with state_with_client_timeout(tmp_path, "1s") as state, structlog.testing.capture_logs() as logs:
+        serving = gevent.spawn(TextConnection(state, ours, "test").run)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.6:
+            gevent.sleep(0.2)
+            last = time.monotonic()
+            client.sendall(b"put active:\nx\n\n")
+            assert received(client, b"+1\n") == b"+1\n"
+        assert serving.get(timeout=1 + STALL_S) is False
+        assert time.monotonic() - last >= 1.0
+    assert [entry for entry in logs if {"event": "closing a slow or idle client", "protocol": "text",
+                                        "limit": "client_timeout"}.items() <= entry.items()]
+
+
 @pytest.fixture(params=["kestrel2", "kestrel3"])
 def any_format_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """`server_state` with its queues in each journal format."""
