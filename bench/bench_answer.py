@@ -145,15 +145,17 @@ def _memcache_requests(client: _ReadySocket, n: int, reliable: bool) -> Iterator
 
 
 def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"),
-                 reliable: bool = False) -> dict[str, float]:
+                 reliable: bool = False, client_timeout_ms: int | None = None) -> dict[str, float]:
     """CPU µs per put + get round of the Thrift and memcache connections' serve loops (best of five);
-    `reliable`: each read opened and confirmed as a reliable reader does."""
+    `reliable`: each read opened and confirmed as a reliable reader does; `client_timeout_ms`: the
+    server's idle time-out between requests."""
     measured = {}
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     readable, writer = socket.socketpair()
     writer.send(b"x")
     try:
-        server = ServerState(from_mapping({"queue_path": home}, home))
+        idle = None if client_timeout_ms is None else f"{client_timeout_ms}ms"
+        server = ServerState(from_mapping({"queue_path": home, "client_timeout": idle}, home))
         server.collection.load()
         metrics.install_storage_timing()
         per_round = 3 if reliable else 2
@@ -239,7 +241,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, float]:
     configure_logging("warning")
     if args.loop:
         return measure_loop(args.rounds, (args.protocol,) if args.protocol else ("thrift", "memcache"),
-                            args.reliable)
+                            args.reliable, args.client_timeout_ms)
     return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol, args.timeout_ms,
                                 args.short)
             for batch in args.batch}
@@ -274,6 +276,8 @@ def main() -> None:
     parser.add_argument("--reliable", action="store_true",
                         help="with --loop: reliable reads (Thrift get with auto-abort then confirm; "
                              "memcache get q/close/open)")
+    parser.add_argument("--client-timeout-ms", type=int,
+                        help="with --loop: the server's client_timeout (default: none)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     parser.add_argument("--loop", action="store_true",
                         help="measure the connections' serve loops (Thrift and memcache, single items)")

@@ -27,6 +27,7 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
     .venv/bin/python -m bench.bench_servers [--seconds S] [--repeat N] [--quick]
                                             [--only single|batch|durability|latency|sizes]
                                             [--builds compiled pure] [--against DIR]
+                                            [--client-timeout DURATION]
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Bench:
     repeat: int
     builds: tuple[str, ...] = ("compiled", "pure")
     against: Path | None = None  # another version's build, run beside ours as `before`
+    settings: dict[str, str] | None = None  # our servers' other top-level settings (`--client-timeout`)
 
     def measure(self, protocol: str, server: peers.Running, port: str, prefix: str, fsyncs: bool = False,
                 **options: Any) -> Measured | None:
@@ -123,11 +125,13 @@ class Bench:
              commit_log: str = "on") -> Iterator[dict[str, peers.Running]]:
         """Our server in each build (and the version `against`, as `before`), started side by side."""
         with contextlib.ExitStack() as stack:
-            servers = {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build))
+            servers = {build: stack.enter_context(peers.kestrel(work, sync, commit_log, build=build,
+                                                                settings=self.settings))
                        for build in self.builds}
             if self.against is not None:
                 servers["before"] = stack.enter_context(peers.kestrel(work, sync, commit_log,
-                                                                      source=self.against))
+                                                                      source=self.against,
+                                                                      settings=self.settings))
             yield servers
 
 
@@ -284,13 +288,16 @@ def main() -> None:
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="also run the server from DIR (another version's build/compiled, or its "
                              "src/), as `before`, in turn with ours")
+    parser.add_argument("--client-timeout", metavar="DURATION",
+                        help="our servers' client_timeout, such as 60s (default: none)")
     args = parser.parse_args()
     seconds, repeat = (0.5, 1) if args.quick else (args.seconds, args.repeat)
     print(f"# server benchmarks, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {repeat} "
           f"run(s) of {seconds:g} s; load average before: {load_average()}")
     with work_directory() as work:
-        bench = Bench(loadgen.build(work), seconds, repeat, tuple(args.builds), args.against)
+        settings = None if args.client_timeout is None else {"client_timeout": args.client_timeout}
+        bench = Bench(loadgen.build(work), seconds, repeat, tuple(args.builds), args.against, settings)
         try:
             for name, section in SECTIONS.items():
                 if args.only in (None, name):

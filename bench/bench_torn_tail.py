@@ -4,9 +4,10 @@ holds nothing but one torn record, beside a CRC-32 of the same bytes (one pass i
 The record's data reads as records from place after place, each failing late, the worst for a rule
 that looks for whole records inside a torn record (tests/storage/test_torn_tail.py lays out the
 same): REMOVE opcodes in a Kestrel 2 journal; in a Kestrel 3 writer file and a commit log segment,
-every 64 bytes the header of a record of a quarter of the data. Also a megabyte of random bytes
-0x00 to 0x09. Each case runs in a process of its own, stopped after `--limit` seconds; `--source`
-runs another tree's code (bench/README.md, "Comparing code").
+every 64 bytes the header of a record of a quarter of the data. For the log also the same headers
+with fields that fit (`fitting`): every place's claimed body is checksummed, the bodies overlapping.
+Also a megabyte of random bytes 0x00 to 0x09. Each case runs in a process of its own, stopped after
+`--limit` seconds; `--source` runs another tree's code (bench/README.md, "Comparing code").
 
     .venv/bin/python -m bench.bench_torn_tail [--megabytes 1 16] [--limit 120] [--source DIR]
         [--only kestrel2 kestrel3 'commit log']
@@ -29,13 +30,14 @@ T0 = 1_700_000_000_000
 CASES = ("kestrel2", "kestrel3", "commit log")
 
 
-def torn_record(fmt: str, megabytes: int, random_bytes: bool) -> bytes:
-    """One record of `megabytes` of data, its last 1,000 bytes cut off."""
+def torn_record(fmt: str, megabytes: int, kind: str) -> bytes:
+    """One record of `megabytes` of data of `kind` (late, fitting, random), its last 1,000 bytes cut
+    off."""
     from kestrel.storage import commit_log
     from kestrel.storage.kestrel2 import codec
 
     size = megabytes << 20
-    if random_bytes:
+    if kind == "random":
         data = random.Random(7).randbytes(size).translate(bytes(n % 10 for n in range(256)))
     elif fmt == "kestrel2":
         data = bytes([codec.REMOVE]) * size
@@ -43,7 +45,8 @@ def torn_record(fmt: str, megabytes: int, random_bytes: bool) -> bytes:
         if fmt == "kestrel3":
             block = bytes([0x86]) + struct.pack("<iiQq", size // 4, 0, 1, T0)
         else:
-            block = struct.pack("<IIH", size // 4, 0, 1) + b"q" + struct.pack("<QQ", 9 << 56, 0)
+            kind_epoch = 0 if kind == "fitting" else 9 << 56  # a JOURNAL record, or no kind at all
+            block = struct.pack("<IIH", size // 4, 0, 1) + b"q" + struct.pack("<QQ", kind_epoch, 0)
         data = (block + bytes(64 - len(block))) * (size // 64)
     if fmt == "kestrel2":
         whole = codec.encode_addx(T0, 0, data)
@@ -54,7 +57,7 @@ def torn_record(fmt: str, megabytes: int, random_bytes: bool) -> bytes:
     return whole[:-1000]
 
 
-def judge_once(fmt: str, megabytes: int, random_bytes: bool) -> dict[str, object]:
+def judge_once(fmt: str, megabytes: int, kind: str) -> dict[str, object]:
     """The rule's answer for the torn record and its time (wall, CPU), and the peer's."""
     from kestrel.storage import commit_log, torn_tail
     from kestrel.storage.kestrel2 import codec
@@ -62,12 +65,12 @@ def judge_once(fmt: str, megabytes: int, random_bytes: bool) -> dict[str, object
 
     choices: dict[str, torn_tail.Records] = {
         "kestrel2": codec.TAIL_RECORDS, "kestrel3": TailRecords(FileKind.WRITER),
-        "commit log": commit_log.LOG_RECORDS}
+        "commit log": commit_log.LogRecords()}
     records = choices[fmt]
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "torn")
         with open(path, "wb") as f:
-            f.write(torn_record(fmt, megabytes, random_bytes))
+            f.write(torn_record(fmt, megabytes, kind))
         started = time.perf_counter()
         zlib.crc32(torn_tail.read_tail(path, 0)[0])
         peer = time.perf_counter() - started
@@ -87,14 +90,15 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)  # fmt/megabytes/random: one case, here
     args = parser.parse_args()
     if args.case:
-        fmt, megabytes, random_bytes = args.case.split("/")
-        print(json.dumps(judge_once(fmt, int(megabytes), random_bytes == "random")))
+        fmt, megabytes, kind = args.case.split("/")
+        print(json.dumps(judge_once(fmt, int(megabytes), kind)))
         return
     env = dict(os.environ)
     if args.source:
         paths = [os.path.join(args.source, "build", "compiled"), os.path.join(args.source, "src")]
         env["PYTHONPATH"] = os.pathsep.join(paths + [os.getcwd()])
     cases = [(fmt, mb, "late") for mb in args.megabytes for fmt in args.only]
+    cases += [("commit log", mb, "fitting") for mb in args.megabytes if "commit log" in args.only]
     cases += [(fmt, 1, "random") for fmt in args.only]
     for fmt, megabytes, kind in cases:
         command = [sys.executable, "-m", "bench.bench_torn_tail", "--case", f"{fmt}/{megabytes}/{kind}"]
@@ -102,10 +106,10 @@ def main() -> None:
             out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.limit,
                                  check=True).stdout
         except subprocess.TimeoutExpired:
-            print(f"{fmt:10} {megabytes:3} MB {kind:6}  stopped after {args.limit:.0f} s", flush=True)
+            print(f"{fmt:10} {megabytes:3} MB {kind:7}  stopped after {args.limit:.0f} s", flush=True)
             continue
         got = json.loads(out.strip().splitlines()[-1])
-        print(f"{fmt:10} {megabytes:3} MB {kind:6}  rule {got['wall']:8.2f} s wall {got['cpu']:8.2f} s CPU"
+        print(f"{fmt:10} {megabytes:3} MB {kind:7}  rule {got['wall']:8.2f} s wall {got['cpu']:8.2f} s CPU"
               f"  peer CRC-32 {got['peer'] * 1000:7.1f} ms  ratio {got['wall'] / got['peer']:8.0f}"
               f"  {got['decision']}", flush=True)
 

@@ -22,7 +22,9 @@ import importlib.util
 # module's own functions are called directly, so a replacement would not be seen); `storage.runtime`,
 # reached only through the `Runtime` protocol (calls on gevent) and subclassed by tests (its lock
 # for gevent, `storage.no_lock`, is compiled: every change takes it); and `storage.item`, the
-# Python twin of the C helper `_item` (a get's `TakenItems` live in `storage.taken_items`).
+# Python twin of the C helper `_item` (a get's `TakenItems` live in `storage.taken_items`). Off the
+# request path, `storage.torn_tail` is compiled too: start-up may judge megabytes of a torn record
+# with it, a step per place where a record could start.
 COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
@@ -64,6 +66,7 @@ COMPILED_MODULES = (
     "kestrel.storage.read_behind",
     "kestrel.storage.taken_items",
     "kestrel.storage.timing",
+    "kestrel.storage.torn_tail",
     "kestrel.storage.wait_list",
     "kestrel.storage.write_gate",
     "kestrel.storage.kestrel2.codec",

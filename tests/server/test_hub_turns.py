@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import gevent.event
 import gevent.socket
 import greenlet
 import pytest
+import structlog.testing
 
 from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
@@ -117,6 +119,86 @@ def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
     client.shutdown(socket.SHUT_WR)
     assert serving.get(timeout=STALL_S) is True  # the client ended the stream, all of it read
     assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
+
+
+# ---------------------------------------------------------------------------------------------
+# Under a `client_timeout`: one timer checks the idle time, the requests stay in the hub
+
+
+@contextlib.contextmanager
+def state_with_client_timeout(path: Path, client_timeout: str) -> Iterator[Any]:
+    state = ServerState(from_mapping({"queue_path": str(path), "client_timeout": client_timeout}, str(path)))
+    state.collection.load()
+    try:
+        yield state
+    finally:
+        state.collection.close()
+
+
+IDLE_CLOSES = {"memcache": {"event": "closing a slow or idle client", "limit": "client_timeout"},
+               "thrift": {"event": "closing thrift connection",
+                          "reason": "idle for longer than client_timeout (2000 ms)"}}
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_a_client_timeout_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
+        tmp_path: Path, pair: Any, protocol: str) -> None:
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    with state_with_client_timeout(tmp_path, "60s") as state:
+        serving = gevent.spawn(connection_type(state, ours, "test").run)
+        one_round(client, "ready", b"first")
+        with switches_into(serving) as switches:
+            for i in range(20):
+                one_round(client, "ready", b"item %d" % i)
+        assert switches == []
+        client.shutdown(socket.SHUT_WR)
+        assert serving.get(timeout=STALL_S) is True
+        assert state.stats.cmd_set == 21 and state.stats.get_hits == 21
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_a_client_timeout_a_connection_answered_in_the_hub_is_closed_once_idle_and_not_before(
+        tmp_path: Path, pair: Any, protocol: str) -> None:
+    """Requests every 0.1 s for 2.4 s keep a 2 s client_timeout's connection past its first deadline
+    (real time: only a stall of the machine near 2 s would close it); once it is idle it is closed,
+    no sooner than client_timeout after its last request, logged as the greenlet's wait logs it."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    with state_with_client_timeout(tmp_path, "2s") as state, structlog.testing.capture_logs() as logs:
+        serving = gevent.spawn(connection_type(state, ours, "test").run)
+        one_round(client, "active", b"first")
+        started = time.monotonic()
+        with switches_into(serving) as switches:
+            while time.monotonic() - started < 2.4:
+                gevent.sleep(0.1)
+                last = time.monotonic()  # before the request: the idle time starts after it
+                one_round(client, "active", b"again")
+        assert switches == []  # all answered in the hub, the idle timer re-armed there
+        assert serving.get(timeout=2 + STALL_S) is False  # closed by the server: the stream did not end
+        assert time.monotonic() - last >= 2.0
+    assert [entry for entry in logs if IDLE_CLOSES[protocol].items() <= entry.items()]
+
+
+def test_under_a_client_timeout_a_connection_served_in_its_greenlet_is_closed_once_idle_and_not_before(
+        tmp_path: Path, pair: Any) -> None:
+    """The text protocol's requests are answered in the connection's greenlet, whose waits the same
+    timer checks: kept past its first deadline while active, closed once idle, as above."""
+    from kestrel.service.text.handler import TextConnection
+
+    ours, client = pair
+    with state_with_client_timeout(tmp_path, "2s") as state, structlog.testing.capture_logs() as logs:
+        serving = gevent.spawn(TextConnection(state, ours, "test").run)
+        started = time.monotonic()
+        while time.monotonic() - started < 2.4:
+            gevent.sleep(0.1)
+            last = time.monotonic()
+            client.sendall(b"put active:\nx\n\n")
+            assert received(client, b"+1\n") == b"+1\n"
+        assert serving.get(timeout=2 + STALL_S) is False
+        assert time.monotonic() - last >= 2.0
+    assert [entry for entry in logs if {"event": "closing a slow or idle client", "protocol": "text",
+                                        "limit": "client_timeout"}.items() <= entry.items()]
 
 
 @pytest.fixture(params=["kestrel2", "kestrel3"])

@@ -174,13 +174,32 @@ def test_a_wait_from_the_event_loop_s_own_greenlet_is_refused_and_starts_no_watc
 
 
 def test_a_wait_for_input_ends_at_its_timeout(pair: Any) -> None:
+    """Within a request at the receive's `timeout`; between requests at the idle time-out."""
     server, _ = pair
-    io = ClientSocket(server, 64)
+    io = ClientSocket(server, 64, idle_timeout=0.05)
     for between_requests in (True, False):
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            io.receive(bytearray(), 0.05, between_requests=between_requests)
+            io.receive(bytearray(), None if between_requests else 0.05, between_requests=between_requests)
         assert 0.04 < time.monotonic() - started < STALL_S
+    io.close()
+
+
+def test_waits_between_requests_with_input_inside_the_idle_time_out_outlast_its_first_deadline(pair: Any) -> None:
+    """One timer checks the idle time-out, armed at the first wait and left running: it finds each
+    later wait within its time and arms itself for the rest (a stall of 0.3 s in the client would
+    close it: real time); the wait that gets no input ends no sooner than the time-out."""
+    server, client = pair
+    io = ClientSocket(server, 64, idle_timeout=0.5)
+    started = time.monotonic()
+    for _ in range(5):
+        gevent.spawn_later(0.2, client.sendall, b"x")
+        assert io.receive(bytearray(), between_requests=True) == 1
+    assert time.monotonic() - started > 0.5  # past the first wait's deadline
+    last = time.monotonic()
+    with pytest.raises(TimeoutError):
+        io.receive(bytearray(), between_requests=True)
+    assert 0.5 <= time.monotonic() - last < STALL_S
     io.close()
 
 
@@ -267,9 +286,9 @@ def test_a_receive_that_finds_the_end_of_the_stream_says_the_client_ended(pair: 
     io = ClientSocket(server, 1024)
     client.sendall(b"version\r\n")
     buf = bytearray()
-    assert io.receive(buf, STALL_S, between_requests=True) == 9 and not io.ended
+    assert io.receive(buf, between_requests=True) == 9 and not io.ended
     client.close()
-    assert io.receive(buf, STALL_S, between_requests=True) == 0 and io.ended
+    assert io.receive(buf, between_requests=True) == 0 and io.ended
 
 
 @pytest.mark.skipif(socket_io.lengthen is None, reason="built without a C compiler: no receive in place")
@@ -278,10 +297,10 @@ def test_a_receive_in_place_that_finds_the_end_of_the_stream_says_the_client_end
     io = ClientSocket(server, 64 * 1024)
     client.sendall(bytes(socket_io.IN_PLACE_FROM))
     buf = bytearray()
-    assert io.receive(buf, STALL_S, between_requests=True) == socket_io.IN_PLACE_FROM
+    assert io.receive(buf, between_requests=True) == socket_io.IN_PLACE_FROM
     assert io.in_place and not io.ended
     client.close()
-    assert io.receive(buf, STALL_S, between_requests=True) == 0 and io.ended
+    assert io.receive(buf, between_requests=True) == 0 and io.ended
 
 
 def test_a_reply_larger_than_the_socket_takes_goes_out_whole_as_the_client_reads(pair: Any) -> None:

@@ -97,6 +97,30 @@ def test_the_compiled_record_encoding_matches_its_python_reference() -> None:
     assert out == b"held"  # declined (a part not bytes), nothing appended: left to the Python
 
 
+def test_crc32_combine_compiled_and_its_python_reference_join_checksums_as_zlib_does() -> None:
+    from kestrel.storage import _log_record  # built with the C helpers (src/kestrel/storage/_log_record.c)
+
+    rng = random.Random(41)
+    for n in range(200):
+        first, second = (rng.randbytes(rng.choice([0, 1, 3, 1000, rng.randrange(70_000)])) for _ in range(2))
+        joined = zlib.crc32(first + second)
+        assert _log_record.crc32_combine(zlib.crc32(first), zlib.crc32(second), len(second)) == joined, n
+        assert commit_log.crc32_combine_python(zlib.crc32(first), zlib.crc32(second), len(second)) == joined, n
+    assert commit_log.crc32_combine_python(5, 7, 1 << 39) == _log_record.crc32_combine(5, 7, 1 << 39)
+
+
+def test_range_checksums_are_zlibs_crc32_of_every_range() -> None:
+    rng = random.Random(42)
+    data = rng.randbytes(10_000)
+    checksums = commit_log.RangeChecksums(data)
+    step = commit_log.RangeChecksums.STEP
+    edges = [0, 1, step - 1, step, step + 1, 2 * step, 3 * step + 5, len(data) - 1, len(data)]
+    ranges = [(a, b) for a in edges for b in edges if a <= b]
+    ranges += [tuple(sorted((rng.randrange(len(data) + 1), rng.randrange(len(data) + 1)))) for _ in range(300)]
+    for start, end in ranges:
+        assert checksums.crc(start, end) == zlib.crc32(data[start:end]), (start, end)
+
+
 def test_a_last_write_torn_at_every_offset_is_a_torn_tail_and_the_records_before_it_stay(tmp_path: Path) -> None:
     kept = encode_record("q", 0, 0, b"kept")
     write = encode_record("q", 0, 4, b"one") + encode_record("q", 0, 7, b"two")  # one turn's write
@@ -1232,6 +1256,7 @@ def test_a_writer_file_every_reader_passed_goes_once_a_checkpoint_dropped_its_re
     assert len(kept) > 1  # consumed, but the log's records still name them
     assert coll.commit_log is not None
     coll.commit_log.checkpoint()
+    coll.queue("q").wait_for_packing()  # the release the checkpoint started, deleting off the loop
     assert kestrel3_files.list_queue_files(str(tmp_path), "q").writers == kept[-1:]
     coll.close()
 

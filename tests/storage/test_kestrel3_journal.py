@@ -357,18 +357,21 @@ def test_a_newest_file_without_its_header_gets_one(tmp_path: Path) -> None:
     assert (tmp_path / "jobs.2").read_bytes() == WRITER + put6(2, b"b")
 
 
-def test_files_are_removed_only_once_every_head_passed_them(tmp_path: Path) -> None:
+def test_files_are_taken_only_once_every_head_passed_them(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     journal = files.WriterJournal(str(tmp_path), "jobs", max_file_size=40, clock=clock)
     for d in (b"1", b"2", b"3", b"4"):
         clock.advance(1)
         journal.put(d, T0)  # one item per file: 4 + 26 = 30 bytes, a second would pass 40
     assert [(f.first_id, f.last_id) for f in journal.files] == [(1, 1), (2, 2), (3, 3), (4, 4)]
-    assert journal.remove_consumed_files([]) == []
-    assert journal.remove_consumed_files([0, 3]) == []
-    removed = journal.remove_consumed_files([2, 3])
-    assert [os.path.basename(p) for p in removed] == [f"jobs.{T0}", f"jobs.{T0 + 2}"]
-    assert journal.remove_consumed_files([9]) == [str(tmp_path / f"jobs.{T0 + 3}")]  # never the current file
+    assert journal.take_consumed_files([]) == []
+    assert journal.take_consumed_files([0, 3]) == []
+    taken = journal.take_consumed_files([2, 3])
+    assert [os.path.basename(f.path) for f in taken] == [f"jobs.{T0}", f"jobs.{T0 + 2}"]
+    assert all(os.path.exists(f.path) for f in taken)  # taken out of the journal, not yet deleted
+    files.delete_writer_files(str(tmp_path), taken)
+    assert not any(os.path.exists(f.path) for f in taken)
+    assert [f.path for f in journal.take_consumed_files([9])] == [str(tmp_path / f"jobs.{T0 + 3}")]  # never the current file
     assert [f.last_id for f in journal.files] == [4]
     journal.close()
 

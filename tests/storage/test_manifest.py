@@ -690,7 +690,7 @@ def test_kestrel3_consumed_files_deleted_and_manifest_kept_exact(tmp_path: Path)
     coll.put("q", [b"last"])
     coll.close()
     record = manifest.read(str(tmp_path), "q")
-    assert record is not None and record.format == "kestrel3" and record.high_id == 1000
+    assert record is not None and record.format == "kestrel3" and record.high_id == 1001
     assert sorted(n for n in record.files if n[2:].isdigit()) == writers(tmp_path)
     coll = k3(tmp_path, default_journal_size=2000)
     assert drain(coll, "q") == [b"last"] and drain(coll, "q+child") == [b"last"]

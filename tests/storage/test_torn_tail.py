@@ -10,15 +10,18 @@ shape gets the same answer in a Kestrel 2 journal, a Kestrel 3 writer file and t
 from __future__ import annotations
 
 import random
+import re
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, commit_log
+from kestrel.storage import QueueCollection, QueueConfigs, commit_log, torn_tail
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel3.codec import FileKind, TailRecords
 from tests.support.queues import aside, drain, load_strictly
 
 T0 = 1_700_000_000_000
@@ -139,6 +142,131 @@ def test_a_torn_record_whose_data_reads_as_records_everywhere_is_judged_in_linea
     assert load(tmp_path, fmt) == [b"item-%02d" % n for n in range(3)]
     if fmt != "commit log":
         assert list(aside(tmp_path).values()) == [cut]
+
+
+def fitting_log_tail(kilobytes: int) -> bytes:
+    """A torn commit log record whose data holds, every 64 bytes, the head of a record of a quarter
+    of the data whose fields fit (a JOURNAL record of queue `q`) and whose checksum fails: the
+    bodies claimed overlap, and each must be checksummed before it is refused."""
+    size = kilobytes << 10
+    block = struct.pack("<IIH", size // 4, 0, 1) + b"q" + struct.pack("<QQ", 0, 0)
+    data = (block + bytes(64 - len(block))) * (size // 64)
+    return commit_log.encode_record("q", 0, 36, data)[:-1000]
+
+
+def test_a_torn_log_record_claiming_overlapping_bodies_whose_fields_fit_is_checksummed_in_linear_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each place's claimed body was checksummed whole: work grew with places × body size, quadratic
+    in the bytes judged. Bodies are checksummed from the tail's prefix checksums: twice the bytes,
+    about twice the work (bench/bench_torn_tail.py: `fitting`, 16 MB)."""
+    checksummed = [0]
+    crc32 = zlib.crc32
+
+    def counted(data: bytes | memoryview, value: int = 0) -> int:
+        checksummed[0] += len(data)
+        return crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", counted)
+    work = {}
+    for kilobytes in (128, 256):
+        cut = fitting_log_tail(kilobytes)
+        folder = tmp_path / str(kilobytes)
+        folder.mkdir()
+        lay_out(folder, "commit log", b"".join(records("commit log", 3)) + cut)
+        checksummed[0] = 0
+        segment = commit_log.read_segment(commit_log.segment_paths(str(folder))[0], last=True)
+        assert [r.data for _, r in segment.records] == [b"item-%02d" % n for n in range(3)]
+        assert segment.torn_at == len(commit_log.MARK) + sum(map(len, records("commit log", 3)))  # cut
+        assert not segment.damage
+        work[kilobytes] = checksummed[0]
+    assert work[256] < 2.5 * work[128]  # linear (each body checksummed whole: 4 times)
+    assert work[256] < 40 * (256 << 10)
+
+
+class Counted:
+    """A format's records for the rule, counting the places read."""
+
+    def __init__(self, records: torn_tail.Records) -> None:
+        self.records = records
+        self.evidence_at_end = records.evidence_at_end
+        self.evidence_before_nonsense = records.evidence_before_nonsense
+        self.read = 0
+
+    def starts(self, tail: bytes) -> re.Pattern[bytes] | None:
+        return self.records.starts(tail)
+
+    def body_start(self, tail: bytes) -> int:
+        return self.records.body_start(tail)
+
+    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+        self.read += 1
+        return self.records.record_at(tail, pos)
+
+    def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
+        return self.records.explain(tail, end, offset, chains)
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "commit log"])
+def test_a_torn_record_whose_data_reads_as_records_is_read_at_most_once_a_place(fmt: str) -> None:
+    """Kestrel 2: the chains read to account for a damaged size field are the search's too (each
+    place was read twice). The log: only places whose bytes can be a record's head are read (each
+    place was)."""
+    data = record_bytes(fmt, 1)[:256 << 10]
+    whole = codec.encode_addx(T0, 0, data) if fmt == "kestrel2" else commit_log.encode_record("q", 0, 36, data)
+    tail = whole[:-1000]
+    records = Counted(codec.TAIL_RECORDS if fmt == "kestrel2" else commit_log.LogRecords())
+    assert torn_tail.judge("torn", 0, "an incomplete record", records, last=True, tail=(tail, True)) is None
+    assert records.read <= (len(tail) if fmt == "kestrel2" else len(tail) // 8), records.read
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_search_finds_the_first_place_a_chain_read_alone_from_it_finds(fmt: str) -> None:
+    """The search reads each chain once, skips places no head can be at and places already read:
+    its answer is the first place whose chain, read alone, is evidence (random bytes of the
+    format's small values with whole records among them, cut short or not)."""
+    rng = random.Random(44)
+    small = bytes(rng.choice([0, 1, 2, 3, 6, 7, 9, 0x13, 0x86, ord("q")]) for _ in range(256))
+    for n in range(60):
+        tail = bytearray(rng.randbytes(rng.randrange(1, 300)).translate(small))
+        for _ in range(rng.randrange(3)):  # a run of records, the last perhaps cut short
+            run = b"".join(records(fmt, rng.randrange(1, 4)))
+            at = rng.choice([rng.randrange(len(tail) + 1), len(tail)])
+            tail[at:at] = run[:rng.choice([len(run), rng.randrange(len(run))])]
+        data = bytes(tail) + bytes(rng.choice([0, 0, 9]))
+        end = len(data.rstrip(b"\0"))
+        shape = {"kestrel2": codec.TAIL_RECORDS, "kestrel3": TailRecords(FileKind.WRITER),
+                 "commit log": commit_log.LogRecords()}[fmt]
+        alone = next((p for p in range(1, end) if torn_tail.Chains(data, end, shape).whole_records_at(p)), None)
+        assert torn_tail.first_whole_records(data, 1, end, shape) == alone, n
+        chains = torn_tail.Chains(data, end, shape)
+        for p in rng.sample(range(end), min(end, 5)):  # some read first, as an account of damage does
+            chains.whole_records_at(p)
+        assert torn_tail.first_whole_records(data, 1, end, shape, chains) == alone, n
+
+
+def test_the_log_s_record_heads_are_searched_for_wherever_a_record_reads() -> None:
+    """The rule reads only the places the log's `starts` finds: every place where a record reads
+    must be among them (names of 1 and 256 bytes: a name size's either byte not zero; a body past
+    16 MB: a size's last byte not zero)."""
+    rng = random.Random(43)
+    small = bytes(rng.choice([0, 0, 0, 1, 2, 0x13, 0xFF, ord("q")]) for _ in range(256))
+    for n in range(40):
+        tail = bytearray(rng.randbytes(rng.randrange(1, 1500)).translate(small))
+        for _ in range(rng.randrange(1, 4)):
+            name = rng.choice(["q", "x" * 256, "é"])
+            record = commit_log.encode_record(name, rng.getrandbits(8), 0, rng.randbytes(rng.choice([0, 5, 300])),
+                                              rng.choice([commit_log.JOURNAL, commit_log.WRITER]))
+            at = rng.randrange(len(tail) + 1)
+            tail[at:at] = record
+        data = bytes(tail)
+        log_records = commit_log.LogRecords()
+        starts = log_records.starts(data)
+        reads = [p for p in range(len(data)) if log_records.record_at(data, p) is not None]
+        assert reads, n
+        assert all(starts.match(data, p) for p in reads), n
+    large = commit_log.encode_record("q", 0, 0, bytes(1 << 24)) + b"more"
+    log_records = commit_log.LogRecords()
+    assert log_records.record_at(large, 0) is not None and log_records.starts(large).match(large, 0)
 
 
 @pytest.mark.timeout(300)

@@ -54,7 +54,8 @@ class BufferedConnection:
         self.inbox = bytearray()  # input that arrived while a blocking read was waiting
         idle = server.config.client_timeout
         self.idle_timeout = None if idle is None else idle / 1000.0
-        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout,
+                               idle_timeout=self.idle_timeout)
         # A get's wait watches the socket once it does wait (`wait_watching`), input that arrives
         # meanwhile kept for after the call up to one line's worth (the watch holds no reference
         # to the connection: no cycle through its session).
@@ -63,9 +64,6 @@ class BufferedConnection:
         self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
         self.buf = bytearray()  # input received and not yet answered
-        # Between requests the requests that cannot wait are answered in the hub's callback
-        # (`_served_in_hub`), unless an idle time-out needs a timer for each wait.
-        self.hub_serves = self.answers_in_hub and self.idle_timeout is None
         self.in_hub = False  # `process` runs in the hub: it stops before a request that may wait
 
     def process(self, buf: bytearray) -> int:
@@ -93,39 +91,42 @@ class BufferedConnection:
     def _receive(self, buf: bytearray, deadline: float | None) -> int:
         """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
         `deadline` or, between requests, by `client_timeout`; how many bytes (0: the client closed).
-        Raises CloseConnection when the client is too slow or idle."""
+        Raises TimeoutError when the client is too slow or idle."""
         if self.inbox:
             n = len(self.inbox)
             buf += self.inbox
             self.inbox.clear()
             return n
-        timeout = self.idle_timeout if deadline is None else max(deadline - time.monotonic(), 0.001)
-        try:
-            return self.io.receive(buf, timeout, between_requests=deadline is None)
-        except TimeoutError:
-            reason = "request_timeout" if deadline is not None else "client_timeout"
-            log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol, limit=reason)
-            raise CloseConnection from None
+        if deadline is None:
+            return self.io.receive(buf, between_requests=True)
+        return self.io.receive(buf, max(deadline - time.monotonic(), 0.001))
 
     def run(self) -> bool:
         """Serve the client until it leaves; True when it ended the stream and all of it was read."""
         buf = self.buf
         request_timeout = self.server.config.request_timeout / 1000.0
         deadline: float | None = None  # the request in progress must be complete by then
+        # between requests, the requests that cannot wait are answered in the hub's callback
+        hub_serves = self.answers_in_hub
         self.replies.hold()
         try:
             while True:
-                if deadline is None and self.hub_serves and not (buf or self.inbox or self.io.in_place):
-                    self.io.serve_from_hub(buf, self._served_in_hub)
-                    if self.io.ended:
-                        self.replies.finish()
-                        break
-                else:
-                    received = self._receive(buf, deadline)
-                    if not received:
-                        self.replies.finish()
-                        break
-                    self.server.stats.bytes_read += received
+                try:
+                    if deadline is None and hub_serves and not (buf or self.inbox or self.io.in_place):
+                        self.io.serve_from_hub(buf, self._served_in_hub)
+                        ended = self.io.ended
+                    else:
+                        received = self._receive(buf, deadline)
+                        self.server.stats.bytes_read += received
+                        ended = not received
+                except TimeoutError:
+                    reason = "request_timeout" if deadline is not None else "client_timeout"
+                    log.info("closing a slow or idle client", client=self.peer, protocol=self.protocol,
+                             limit=reason)
+                    raise CloseConnection from None
+                if ended:
+                    self.replies.finish()
+                    break
                 del buf[:self.process(buf)]
                 self.send()
                 if not buf and not self.mid_request():

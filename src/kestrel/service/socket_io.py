@@ -103,6 +103,10 @@ BoxedInt = Any
 # Called on every wait, bound once: the compiled build calls a `Final` name from a C static, where a
 # module global costs a lookup in the module's dictionary (so does every `Final` above).
 _getcurrent: Final = getcurrent
+# The clock of the idle time-out's stamps (`ClientSocket._check_idle`): the loop's timers run on the
+# monotonic clock, its cached `now()` on the wall clock, which a step forward would make close a
+# connection early.
+_monotonic: Final = time.monotonic
 
 
 class Readable:
@@ -235,7 +239,8 @@ class ClientSocket:
     one), which answers "nothing yet" and "no room" with a number rather than an exception.
     """
 
-    def __init__(self, sock: socket.socket, chunk: int, send_timeout: float | None = None) -> None:
+    def __init__(self, sock: socket.socket, chunk: int, send_timeout: float | None = None,
+                 idle_timeout: float | None = None) -> None:
         if not 0 < chunk <= MAX_CHUNK:
             raise ValueError(f"receive chunk {chunk} is not within 1..{MAX_CHUNK}")
         self.sock = sock
@@ -253,6 +258,13 @@ class ClientSocket:
         # a receive waited for input since this was last cleared (src/kestrel/service/turns.py)
         self.waited = False
         self.send_timeout = send_timeout
+        # the longest wait between requests (`client_timeout`; None: without limit), which one timer
+        # of the loop checks (`_check_idle`), whether the greenlet waits or the hub serves
+        self.idle_timeout = idle_timeout
+        self._idle: Any = None  # that timer, from the first wait between requests on
+        self._idle_waiting = False  # a wait between requests is under way
+        self._active = 0.0  # when that wait began, or input last came to the hub meanwhile
+        self._idle_over = False  # the timer found the connection idle for idle_timeout: ending its wait
         self._readable: Readable | None = None  # the waits for input, made at the first
         self._serving: Callable[[int], bool] | None = None  # `serve_from_hub`'s, while it waits
         self._serving_into: bytearray | None = None  # the input it receives into meanwhile
@@ -261,23 +273,24 @@ class ClientSocket:
         self._serve_in_context: Callable[[], bool] | None = None
         self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
 
-    def receive(self, buf: bytearray, timeout: float | None, between_requests: bool = False) -> int:
-        """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit);
-        how many bytes came (0: the client closed). Raises TimeoutError."""
+    def receive(self, buf: bytearray, timeout: float | None = None, between_requests: bool = False) -> int:
+        """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit),
+        or between requests at most `idle_timeout`; how many bytes came (0: the client closed).
+        Raises TimeoutError."""
         if between_requests and self.drained:
             self.waited = True
-            self._wait_readable(timeout)
+            self._wait_readable(timeout, between_requests)
         if self.in_place:
-            return self._receive_in_place(buf, timeout)
+            return self._receive_in_place(buf, timeout, between_requests)
         while (n := self._receive_appending(self.fd, buf, self._chunk)) < 0:
             self.waited = True
-            self._wait_readable(timeout)
+            self._wait_readable(timeout, between_requests)
         self.ended = n == 0
         self.drained = n < self.chunk
         self.in_place = n >= IN_PLACE_FROM and lengthen is not None
         return n
 
-    def _receive_in_place(self, buf: bytearray, timeout: float | None) -> int:
+    def _receive_in_place(self, buf: bytearray, timeout: float | None, between_requests: bool) -> int:
         assert lengthen is not None
         room = min(self.chunk, IN_PLACE_ROOM)
         while True:
@@ -296,7 +309,7 @@ class ClientSocket:
                 self.drained = n < room
                 return n
             self.waited = True
-            self._wait_readable(timeout)
+            self._wait_readable(timeout, between_requests)
 
     def receive_ready(self, buf: bytearray) -> int:
         """Append what input is there to `buf`, never waiting: how many bytes (0: the client closed),
@@ -313,20 +326,22 @@ class ClientSocket:
         """Wait for input: each time the socket is readable, in the hub, what is there is appended to
         `buf` and `serving` called with how many bytes came, until it returns False or the client
         closes; then this greenlet goes on with its input. What `serving` raises is raised here, in
-        this greenlet, never in the hub (docs/architecture.md, *Requests answered in the hub*)."""
-        if self._readable is None:
-            self._readable = Readable(self.fd)
+        this greenlet, never in the hub (docs/architecture.md, *Requests answered in the hub*); so is
+        TimeoutError, when no input came for `idle_timeout`."""
+        readable = self._begin_idle()
         self._serving, self._serving_into = serving, buf
         # made once a wait, not once a callback; held only meanwhile (it refers back to this socket)
         self._serve_in_context = partial(copy_context().run, self._serve_input)
         try:
-            self._readable.serve(self._serve_ready)
+            readable.serve(self._serve_ready)
         finally:
             # not held between waits: the connection's own method, input and context
             self._serving = self._serving_into = self._serve_in_context = None
+            self._idle_waiting = False
         handed, self._handed = self._handed, None
         if handed is not None:
             raise handed
+        self._end_idle()
 
     def _serve_ready(self) -> None:
         """The watcher's callback while `serve_from_hub` waits, in the hub: `_serve_input` in the
@@ -346,19 +361,70 @@ class ClientSocket:
             buf, serving = self._serving_into, self._serving
             assert buf is not None and serving is not None
             received = self.receive_ready(buf)
+            if received > 0 and self._idle is not None:
+                self._active = _monotonic()  # the one cost of the idle time-out a request
             if received < 0 or (received and serving(received)):
                 return True  # nothing there after all, or all of it answered
         except Exception as e:  # never the hub's: raised in the waiting greenlet
             self._handed = e
         return False
 
-    def _wait_readable(self, timeout: float | None) -> None:
+    def _wait_readable(self, timeout: float | None, between_requests: bool) -> None:
+        if between_requests:
+            readable = self._begin_idle()
+            try:
+                readable.wait()
+            finally:
+                self._idle_waiting = False
+            self._end_idle()
+            return
         if self._readable is None:
             self._readable = Readable(self.fd)
         if timeout is None:
             self._readable.wait()
         else:
             self._readable.wait_at_most(timeout)
+
+    def _begin_idle(self) -> Readable:
+        """A wait between requests begins: its idle time starts now (the timer is started at the
+        first and left running: a wait costs no timer of its own)."""
+        if self._readable is None:
+            self._readable = Readable(self.fd)
+        if self.idle_timeout is not None:
+            self._active = _monotonic()
+            self._idle_waiting = True
+            if self._idle is None:
+                self._arm_idle(self.idle_timeout)
+        return self._readable
+
+    def _end_idle(self) -> None:
+        """After a wait between requests: TimeoutError if the timer ended it."""
+        if self._idle_over:
+            self._idle_over = False
+            raise TimeoutError(f"no request for {self.idle_timeout} s")
+
+    def _arm_idle(self, seconds: float) -> None:
+        assert self._readable is not None
+        self._idle = self._readable.hub.loop.timer(seconds)
+        self._idle.start(self._check_idle)
+
+    def _check_idle(self) -> None:
+        """The idle timer's callback, in the hub: a connection waiting between requests with no
+        input for `idle_timeout` has its wait ended (TimeoutError in its greenlet); else the timer
+        is armed again for what is left of the time-out (all of it, for a connection in a request,
+        whose wait has yet to begin), as Redis checks a client's last interaction in its cron."""
+        timeout = self.idle_timeout
+        assert timeout is not None and self._readable is not None
+        self._idle.close()
+        self._idle = None
+        left = timeout
+        if self._idle_waiting:
+            left = self._active + timeout - _monotonic()
+            if left <= 0:
+                self._idle_over = True
+                self._readable.wake()
+                return
+        self._arm_idle(left)
 
     def send_some(self, data: bytes | memoryview) -> int:
         """How much of `data` the socket takes at once (0: no room), never waiting: what a reply
@@ -377,8 +443,11 @@ class ClientSocket:
             sent += self._send_some(self.fd, memoryview(data)[sent:])
 
     def close(self) -> None:
-        """Release the watchers (the socket itself is the listener's to close); no call reaches its
-        descriptor after this."""
+        """Release the watchers and the idle timer (the socket itself is the listener's to close); no
+        call reaches its descriptor after this."""
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
         if self._readable is not None:
             self._readable.close()
         if self._writable is not None:

@@ -4,6 +4,10 @@
  * than by a struct packer and a checksum call per field. `commit_log.append_record_python` is
  * the reference, which tests/storage/test_commit_log.py compares this with, and which serves
  * where the build had no C compiler or no zlib, and for what this declines (a part not bytes).
+ *
+ * Beside it, zlib's `crc32_combine`: the CRC-32 of two ranges joined, from theirs and the second's
+ * length, with which the torn-tail rule checks a record's body from CRC-32s of the tail's prefixes
+ * (`commit_log.RangeChecksums`); `commit_log.crc32_combine_python` is its reference.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -110,7 +114,38 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
     Py_RETURN_TRUE;
 }
 
+/* crc32_combine(crc1, crc2, length): the CRC-32 of A + B from A's, B's and B's length. */
+static PyObject *combine(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "crc32_combine(crc1, crc2, length)");
+        return NULL;
+    }
+    unsigned long crcs[2];
+    for (int i = 0; i < 2; i++) {
+        crcs[i] = PyLong_AsUnsignedLong(args[i]);
+        if (crcs[i] == (unsigned long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (crcs[i] > 0xFFFFFFFFul) {
+            PyErr_SetString(PyExc_OverflowError, "not a CRC-32");
+            return NULL;
+        }
+    }
+    long long length = PyLong_AsLongLong(args[2]);
+    if (length == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (length < 0 || (long long)(z_off_t)length != length) {
+        PyErr_SetString(PyExc_ValueError, "crc32_combine: a length from 0 to z_off_t's largest");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(crc32_combine((uLong)crcs[0], (uLong)crcs[1], (z_off_t)length));
+}
+
 static PyMethodDef functions[] = {
+    {"crc32_combine", (PyCFunction)(void (*)(void))combine, METH_FASTCALL,
+     "The CRC-32 of two ranges joined (commit_log.crc32_combine_python)."},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      "Append a commit log record to a bytearray (commit_log.append_record_python)."},
     {NULL, NULL, 0, NULL},
@@ -118,7 +153,8 @@ static PyMethodDef functions[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kestrel.storage._log_record",
-    "A commit log record's encoding, compiled (see src/kestrel/storage/commit_log.py).", -1, functions,
+    "A commit log record's encoding and zlib's crc32_combine, compiled (see src/kestrel/storage/commit_log.py).",
+    -1, functions,
 };
 
 PyMODINIT_FUNC PyInit__log_record(void) {

@@ -1,3 +1,7 @@
 def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset: int, data: list[bytes],
                   /) -> bool:
     """`commit_log.append_record_python`, True; False (nothing appended) where a part is not bytes."""
+
+
+def crc32_combine(crc1: int, crc2: int, length: int, /) -> int:
+    """`commit_log.crc32_combine_python`: the CRC-32 of A + B from A's, B's and B's `length`."""

@@ -50,6 +50,7 @@ import contextlib
 import errno
 import math
 import os
+import re
 import struct
 import time
 import zlib
@@ -160,11 +161,56 @@ def append_record_python(out: bytearray, name: bytes, name_crc: int, place: int,
     return True
 
 
+def _zero_shifts() -> list[list[int]]:
+    """The operators appending 2**k zero bytes to a CRC-32 (k from 0 to 39), each as its 32 columns
+    (zlib's crc32_combine squares them again at every call): made once, on the first combine."""
+    shifts: list[list[int]] = []
+    one_bit = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+    operator = one_bit
+    for _ in range(3):  # one zero bit squared three times: one zero byte
+        operator = [_gf2_times(operator, column) for column in operator]
+    for _ in range(40):
+        shifts.append(operator)
+        operator = [_gf2_times(operator, column) for column in operator]
+    return shifts
+
+
+def _gf2_times(operator: list[int], vector: int) -> int:
+    total = 0
+    column = 0
+    while vector:
+        if vector & 1:
+            total ^= operator[column]
+        vector >>= 1
+        column += 1
+    return total
+
+
+_shifts: list[list[int]] = []
+
+
+def crc32_combine_python(crc1: int, crc2: int, length: int) -> int:
+    """The CRC-32 (zlib's) of two ranges joined, from the first's, the second's and the second's
+    `length`: the reference of the compiled `_log_record.crc32_combine` (zlib's own)."""
+    if not _shifts:
+        _shifts.extend(_zero_shifts())
+    k = 0
+    while length:
+        if length & 1:
+            crc1 = _gf2_times(_shifts[k], crc1)
+        length >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
 try:
     from kestrel.storage._log_record import append_record as _compiled
+    from kestrel.storage._log_record import crc32_combine as _combine
 except ImportError:  # built without a C compiler (or zlib): the Python alone
     _compiled = append_record_python
+    _combine = crc32_combine_python
 _append_compiled: Final = _compiled  # a C static in the compiled build, not a lookup a record
+crc32_combine: Final = _combine
 
 
 def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset: int,
@@ -176,11 +222,23 @@ def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset
         append_record_python(out, name, name_crc, place, offset, data)
 
 
-def _decode_body(body: bytes | memoryview, crc: int | None = None) -> Record | None:
-    """The record a body holds, or None if its fields do not fit together or (given `crc`) its
-    checksum is not `crc`. The fields are read first and the data copied last: bytes that merely
-    claim a record's size cost no checksum or copy unless their fields fit (the torn-tail rule asks
-    this at every place of a torn record)."""
+def _decode_body(body: bytes | memoryview) -> Record | None:
+    """The record a body holds, or None if its fields do not fit together (its checksum unchecked).
+    The fields are read first and the data copied last: bytes that merely claim a record's size
+    cost no copy unless their fields fit (the torn-tail rule asks this at every place of a torn
+    record)."""
+    fields = _body_fields(body)
+    return None if fields is None else _record(body, fields)
+
+
+def _record(body: bytes | memoryview, fields: tuple[str, int, int, int]) -> Record:
+    queue, kind_epoch, offset, data_at = fields
+    return Record(queue, kind_epoch & _EPOCH, offset, bytes(body[data_at:]), kind_epoch >> 56)
+
+
+def _body_fields(body: bytes | memoryview) -> tuple[str, int, int, int] | None:
+    """The queue, `kind << 56 | epoch` and offset a body holds, and where its bytes start, or None
+    if its fields do not fit together."""
     if len(body) < _MIN_BODY:
         return None
     (name_size,) = _NAME.unpack_from(body, 0)
@@ -188,55 +246,98 @@ def _decode_body(body: bytes | memoryview, crc: int | None = None) -> Record | N
     if name_size == 0 or place + _PLACE.size > len(body):
         return None
     kind_epoch, offset = _PLACE.unpack_from(body, place)
-    kind = kind_epoch >> 56
-    if kind not in _KINDS:
+    if kind_epoch >> 56 not in _KINDS:
         return None
     try:
         queue = str(body[_NAME.size:place], "utf-8")
     except UnicodeDecodeError:
         return None
-    if crc is not None and zlib.crc32(body) != crc:
-        return None
-    return Record(queue, kind_epoch & _EPOCH, offset, bytes(body[place + _PLACE.size:]), kind)
+    return queue, kind_epoch, offset, place + _PLACE.size
 
 
-def _read_record(data: bytes, at: int) -> tuple[Record | None, int, str, bool]:
+def _read_record(data: bytes, at: int, checksums: RangeChecksums | None = None
+                 ) -> tuple[Record | None, int, str, bool]:
     """The record at `at` if it reads whole and verifies, the offset after it, and otherwise why
-    not and whether its first bytes could start a record (a plausible size)."""
+    not and whether its first bytes could start a record (a plausible size). Its body's checksum
+    is taken only once its fields fit, from `checksums` when given (places whose claimed bodies
+    overlap), else over the body."""
     if len(data) - at < _HEAD.size:
         return None, len(data), "a record header cut short", True
     size, crc = _HEAD.unpack_from(data, at)
-    end = at + _HEAD.size + size
+    start = at + _HEAD.size
+    end = start + size
     if size < _MIN_BODY or size > MAX_BODY:
         return None, end, f"a record size of {size} bytes", False
     if end > len(data):
         return None, end, "a record running past the end of the file", True
-    record = _decode_body(memoryview(data)[at + _HEAD.size:end], crc)
-    if record is None:
+    body = memoryview(data)[start:end]
+    fields = _body_fields(body)
+    if fields is None or (zlib.crc32(body) if checksums is None else checksums.crc(start, end)) != crc:
         return None, end, "a record whose checksum or fields are wrong", True
-    return record, end, "", True
+    return _record(body, fields), end, "", True
 
 
-class _LogRecords:
+class RangeChecksums:
+    """CRC-32s of ranges of `data` (zlib's, as `zlib.crc32` of the range), each taken in time
+    bounded by `STEP` bytes whatever its length: from the CRC-32s of `data`'s prefixes at every
+    `STEP` bytes, taken once when first asked, joined by `crc32_combine`. The torn-tail rule checks
+    the bodies claimed at place after place of one tail: crafted bytes can make those bodies long
+    and overlapping, and checking each whole would grow with places × body sizes."""
+
+    STEP: Final = 1 << 10
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._view = memoryview(data)
+        self._prefixes: list[int] = []
+
+    def crc(self, start: int, end: int) -> int:
+        if end - start <= 2 * self.STEP:
+            return zlib.crc32(self._view[start:end])
+        return crc32_combine(self._prefix(start), self._prefix(end), end - start)
+
+    def _prefix(self, at: int) -> int:
+        """The CRC-32 of `data[:at]`."""
+        prefixes, view, step = self._prefixes, self._view, self.STEP
+        if not prefixes:
+            crc = 0
+            prefixes.append(crc)
+            for mark in range(step, len(view) + 1, step):
+                crc = zlib.crc32(view[mark - step:mark], crc)
+                prefixes.append(crc)
+        mark = at // step
+        return zlib.crc32(view[mark * step:at], prefixes[mark])
+
+
+class LogRecords:
     """How the log's records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py): a
-    record whose checksum verifies is evidence enough."""
+    record whose checksum verifies is evidence enough. One for each segment judged: it keeps the
+    prefix checksums of the tail it is asked about (`RangeChecksums`)."""
+
+    def __init__(self) -> None:
+        self._checksums = RangeChecksums(b"")
 
     def body_start(self, tail: bytes) -> int:
         return _HEAD.size
 
-    first_bytes = b""  # a size field's first byte: any
     evidence_at_end = 1
     evidence_before_nonsense = 1
 
+    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+        """Where a record's head could be: a size field whose last byte lets the record end within
+        `tail` (below 16 MB: zero), and a name size that is not zero. Item data whose every place
+        reads as a head is rare; without this, each place was read in Python."""
+        most = min(len(tail) >> 24, MAX_BODY >> 24)
+        return re.compile(rb"(?=[\s\S]{3}[\x00-\x%02x][\s\S]{4}(?:[^\x00]|\x00[^\x00]))" % most)
+
     def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
-        record, end, _, _ = _read_record(tail, pos)
+        if self._checksums.data is not tail:
+            self._checksums = RangeChecksums(tail)
+        record, end, _, _ = _read_record(tail, pos, self._checksums)
         return None if record is None else (end, 1)
 
     def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
         return None
-
-
-LOG_RECORDS = _LogRecords()
 
 
 @dataclass(frozen=True)
@@ -280,6 +381,7 @@ def read_segment(path: str, last: bool) -> Segment:
             segment.damage.append(Damage(0, len(data), "not a commit log segment (no mark at its start)"))
         return segment
     at = len(MARK)
+    log_records = LogRecords()
     while at < len(data):
         record, end, reason, startable = _read_record(data, at)
         if record is not None:
@@ -288,12 +390,12 @@ def read_segment(path: str, last: bool) -> Segment:
             continue
         if laid_down and torn_tail.ends_cleanly(data, at):
             break
-        error = torn_tail.judge(path, at, reason, LOG_RECORDS, last, startable, tail=(data[at:], True))
+        error = torn_tail.judge(path, at, reason, log_records, last, startable, tail=(data[at:], True))
         if error is None:
             segment.torn_at = at
             break
         tail = data[at:]
-        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")), LOG_RECORDS)
+        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")), log_records)
         resume = len(data) if found is None else at + found
         damage = _damage(data, at, resume, error.reason)
         segment.damage.append(damage)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Iterable
 from typing import Protocol
 
 from kestrel.storage.errors import CorruptJournalError
@@ -45,9 +44,10 @@ class Records(Protocol):
     def body_start(self, tail: bytes) -> int:
         """Where whole records could start inside the record at `tail[0]`: after its size field."""
 
-    # The bytes a record can begin with (empty: any byte): places holding another are passed over
-    # in one search, none read.
-    first_bytes: bytes
+    def starts(self, tail: bytes) -> re.Pattern[bytes] | None:
+        """Where in `tail` a record could start: a pattern that matches there (a byte, or a look
+        ahead at a record's head), and need not elsewhere; None: anywhere. Places it passes over are
+        passed in one search, none read: it must match wherever `record_at` reads a record."""
 
     # Whole records start at a place when, reading on, the records count at least this many (as
     # `record_at` counts them) on reaching the end (where the file's trailing zeros start, or the
@@ -97,10 +97,13 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
     if not startable:
         return CorruptJournalError(path, offset, opcode, why)
     end = len(data.rstrip(b"\0")) if at_end else len(data)
-    explained = records.explain(data, end, offset, Chains(data, len(data), records))
+    chains = Chains(data, len(data), records)
+    explained = records.explain(data, end, offset, chains)
     if explained is not None:
         return CorruptJournalError(path, offset, opcode, explained)
-    inside = first_whole_records(data, records.body_start(data), end, records)
+    # What the account read is the search's too where both read on to the same end (no zeros after)
+    inside = first_whole_records(data, records.body_start(data), end, records,
+                                 chains if end == len(data) else None)
     if inside is None:
         return None
     return CorruptJournalError(path, offset, opcode, (
@@ -108,19 +111,32 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
         f"({len(data)} bytes): its size field or its bytes are damaged, this is not a torn write"))
 
 
-def first_whole_records(tail: bytes, start: int, end: int, records: Records) -> int | None:
-    """The first place in `tail[start:end]` where whole records start, or None."""
-    chains = Chains(tail, end, records)
-    start = max(start, 1)
-    if not records.first_bytes:
-        places: Iterable[int] = range(start, end)
-    else:
-        starts = re.compile(b"[" + re.escape(records.first_bytes) + b"]")
-        places = (found.start() for found in starts.finditer(tail, start, end))
-    for pos in places:
+def first_whole_records(tail: bytes, start: int, end: int, records: Records,
+                        chains: Chains | None = None) -> int | None:
+    """The first place in `tail[start:end]` where whole records start, or None. `chains`: what was
+    read of `tail`'s chains to `end` already, if anything."""
+    if chains is None:
+        chains = Chains(tail, end, records)
+    starts = records.starts(tail)
+    pos = max(start, 1)
+    while pos < end:
+        pos = chains.unread(pos)
+        if starts is not None and pos < end:  # (a head may run on past `end`, into the zeros: searched too)
+            found = starts.search(tail, pos)
+            if found is None:
+                return None
+            pos = found.start()
+            if pos >= end:
+                return None
         if chains.whole_records_at(pos):
             return pos
+        pos += 1
     return None
+
+
+def any_of(first_bytes: bytes) -> re.Pattern[bytes]:
+    """`Records.starts` for a format whose records begin with one of `first_bytes`."""
+    return re.compile(b"[" + re.escape(first_bytes) + b"]")
 
 
 # What `Chains` knows of a place: not read yet, or how many records count from it (up to the
@@ -145,13 +161,24 @@ class Chains:
         self.records = records
         self.enough = max(records.evidence_at_end, records.evidence_before_nonsense)
         self._known = bytearray(end)  # per place: _UNKNOWN, or 4 * count + how its chain ended
+        self._evidence_seen = False  # whether a place asked about was evidence
 
     def whole_records_at(self, pos: int) -> bool:
         count, ended = self._read_on(pos)
-        if count >= self.enough:
-            return True
-        return count >= (self.records.evidence_at_end if ended == _REACHED
-                         else self.records.evidence_before_nonsense)
+        evidence = count >= self.enough or count >= (
+            self.records.evidence_at_end if ended == _REACHED else self.records.evidence_before_nonsense)
+        self._evidence_seen = self._evidence_seen or evidence
+        return evidence
+
+    def unread(self, pos: int) -> int:
+        """The first place from `pos` whose chain was not read (`end` if none), while no place asked
+        about was evidence: then no place read is (each lies on the chain of a place asked about, its
+        chain ending alike, counting no more), and a search for the first that is passes over them
+        in one step (item data that reads as one chain of records from every place)."""
+        if self._evidence_seen:
+            return pos
+        found = self._known.find(_UNKNOWN, pos)
+        return self.end if found < 0 else found
 
     def _read_on(self, pos: int) -> tuple[int, int]:
         """How many records count from `pos` (at most `enough`) and how the chain ended; keeps the

@@ -169,10 +169,8 @@ class ThriftConnection:
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
         # Between requests the plain binary puts, gets, confirms and aborts that cannot wait are
-        # answered in the hub's callback (`_served_in_hub`), unless an idle time-out needs a timer
-        # for each wait.
-        self.hub_serves = (READS_BUFFERED_FRAMES and self.framed and self.reader_cls is BinaryReader
-                           and cfg.client_timeout is None)
+        # answered in the hub's callback (`_served_in_hub`).
+        self.hub_serves = READS_BUFFERED_FRAMES and self.framed and self.reader_cls is BinaryReader
         # (boxed once: each frame hands them to the compiled reader)
         self.max_frame: BoxedInt = cfg.max_frame_size
         self.max_items: BoxedInt = cfg.max_batch_items
@@ -238,7 +236,10 @@ class ThriftConnection:
         input is left for this greenlet to answer, False when the client closed."""
         stream = self.stream
         stream.deadline = None
-        stream.io.serve_from_hub(stream.buf, self._served_in_hub)
+        try:
+            stream.io.serve_from_hub(stream.buf, self._served_in_hub)
+        except TimeoutError:
+            raise stream.idle_over() from None
         return not stream.io.ended
 
     def _served_in_hub(self, received: int) -> bool:

@@ -35,7 +35,8 @@ class ClientStream:
         self.idle_timeout_ms = idle_timeout_ms
         self.request_timeout_ms = request_timeout_ms
         self.buf = bytearray()
-        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout)
+        self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout,
+                               idle_timeout=self.idle_timeout)
         self.replies = Replies(self.io, stats, peer)  # each waits for the changes it acknowledges
         self.deadline: float | None = None  # the request in progress must be complete by then
 
@@ -55,12 +56,15 @@ class ClientStream:
         if self.buf:
             return True
         try:
-            n = self.io.receive(self.buf, self.idle_timeout, between_requests=True)
+            n = self.io.receive(self.buf, between_requests=True)
         except TimeoutError:
-            late = f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)"
-            raise ConnectionDone(late) from None
+            raise self.idle_over() from None
         self.stats.bytes_read += n
         return n > 0
+
+    def idle_over(self) -> ConnectionDone:
+        """What ends a connection whose wait between requests ran out (`ClientSocket.idle_timeout`)."""
+        return ConnectionDone(f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)")
 
     def fill(self, need: int) -> int:
         """Read until the buffer holds `need` bytes, before the request's deadline; the new length."""

@@ -15,13 +15,14 @@ differently there. Opcode 3 is still read as the document says (the next free xi
 
 from __future__ import annotations
 
+import re
 import struct
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from kestrel.storage.torn_tail import Chains
+from kestrel.storage.torn_tail import Chains, any_of
 
 ADD = 0
 REMOVE = 1
@@ -595,9 +596,11 @@ class TailRecords:
     """How Kestrel 2 records read, for the one torn-tail rule (src/kestrel/storage/torn_tail.py):
     item records count, as `_records_fill` counts them."""
 
-    first_bytes = bytes(range(MAX_OPCODE + 1))
     evidence_at_end = 1
     evidence_before_nonsense = 2
+
+    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+        return _OPCODE_BYTES
 
     def body_start(self, tail: bytes) -> int:
         field = _SIZE_FIELD.get(tail[0]) if tail else None
@@ -615,6 +618,7 @@ class TailRecords:
         return None if real_end is None else size_damage(offset, offset + real_end)
 
 
+_OPCODE_BYTES: Final = any_of(bytes(range(MAX_OPCODE + 1)))  # the bytes a record can begin with
 TAIL_RECORDS = TailRecords()
 
 

@@ -12,12 +12,13 @@ read as a count of ids.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from enum import Enum
 
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
-from kestrel.storage.torn_tail import Chains
+from kestrel.storage.torn_tail import Chains, any_of
 
 WRITER_MAGIC = bytes.fromhex("27642603")
 READER_MAGIC = bytes.fromhex("263C2603")
@@ -240,11 +241,14 @@ class TailRecords:
 
     def __init__(self, kind: FileKind) -> None:
         self.kind = kind
-        self.first_bytes = bytes(command_byte(command, words) for command in ALLOWED[kind]
-                                 for words in _HEADER_WORDS[command])
+        self._starts = any_of(bytes(command_byte(command, words) for command in ALLOWED[kind]
+                                    for words in _HEADER_WORDS[command]))
         # A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
         # whole records are asked for even at the end.
         self.evidence_at_end = 1 if kind is FileKind.WRITER else 2
+
+    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+        return self._starts
 
     def body_start(self, tail: bytes) -> int:
         return 5  # the command byte and the first header word (a data block's size)

@@ -526,28 +526,22 @@ class WriterJournal:
             with contextlib.suppress(FileNotFoundError):  # every reader passed it: deleted meanwhile
                 self.sealed(info.path, info.first_id, info.last_id)
 
-    def remove_consumed_files(self, heads: Iterable[int],
-                              before: Callable[[list[WriterFile]], None] | None = None,
-                              logged: Callable[[str], bool] | None = None) -> list[str]:
-        """Delete the files every reader has passed (all their ids at or below every head in `heads`).
+    def take_consumed_files(self, heads: Iterable[int], logged: Callable[[str], bool] | None = None
+                            ) -> list[WriterFile]:
+        """Take out of the journal the files every reader has passed (all their ids at or below every
+        head in `heads`), for `delete_writer_files` to delete. Deletes nothing and never yields.
 
-        The current file is never deleted, nor anything when `heads` is empty, nor a file `logged`
-        says a commit log's records still name (nor any after it). `before` is told of the files
-        first (the manifest marks them as being deleted). Returns the paths removed.
+        The current file is never taken, nor anything when `heads` is empty, nor a file `logged` says
+        a commit log's records still name (nor any after it). Heads only move forward and only the
+        current file is appended to, so a file taken stays deletable.
         """
         lowest = min(heads, default=0)
-        removed = []
         going = list(takewhile(lambda f: f.last_id <= lowest and not (logged and logged(f.path)),
                                self.files[:-1]))
-        if going and before is not None:
-            before(going)
-        for _ in going:
-            self.archived_size -= os.path.getsize(self.files[0].path)
-            os.unlink(self.files[0].path)
-            removed.append(self.files.pop(0).path)
-        if removed:
-            fsync_path(self.queue_path)
-        return removed
+        if going:
+            del self.files[:len(going)]
+            self.archived_size -= sum(os.path.getsize(f.path) for f in going)
+        return going
 
     def reconfigure(self, max_file_size: int, sync_ms: int | None) -> None:
         """New settings from a reload: the next rotation and the next commit follow them."""
@@ -569,6 +563,15 @@ class WriterJournal:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def delete_writer_files(queue_path: str, going: list[WriterFile]) -> None:
+    """Unlink writer files taken by `take_consumed_files` (one gone already is skipped), then fsync
+    the folder once for all of them: blocking, it runs off the loop. Raises OSError."""
+    for info in going:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(info.path)
+    fsync_path(queue_path)
 
 
 # ---------------------------------------------------------------------------------------------

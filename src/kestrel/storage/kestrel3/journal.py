@@ -21,7 +21,6 @@ import structlog
 from kestrel.storage import damage, formats, manifest
 from kestrel.storage.commit_log import READER, WRITER, CommitLog, FileLog
 from kestrel.storage.config import QueueConfig
-from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import reader_file_name, reader_of, writer_file_number
 from kestrel.storage.formats import KESTREL3
@@ -34,13 +33,14 @@ from kestrel.storage.kestrel3.files import (
     WriterFile,
     WriterJournal,
     checkpoint_entry,
+    delete_writer_files,
     list_queue_files,
     read_checkpoint,
     write_checkpoint,
 )
 from kestrel.storage.queue import ReaderPosition
 from kestrel.storage.queue_path import JournalFileFigures, list_journal_files, size_on_disk
-from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime
+from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime
 from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -64,11 +64,15 @@ class Reader(Protocol):
     def position(self) -> ReaderPosition:
         """Where it stands in the journal."""
 
+    def sync_head(self) -> None:
+        """Return once its checkpoint is on disk as its sync policy requires (a writer file its head
+        passed is deleted only then). Raises OSError."""
+
 
 R = TypeVar("R", bound=Reader)
 
 
-DELETING = -1  # a writer file's manifest size while it is being deleted: it may be gone
+DELETING = -1  # a writer file's manifest size from just before it is deleted until the next release or close
 
 
 @dataclass
@@ -302,6 +306,9 @@ class Kestrel3Journal(Generic[R]):
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
         self._release_after_checkpoint = False
+        self._going: list[WriterFile] = []  # taken by `release`, to be deleted off the loop
+        self._gone: list[str] = []  # deleted, and their folder fsynced, but still marked in the manifest
+        self._releasing: Event | None = None  # set while `_delete_released` runs
 
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
@@ -371,12 +378,6 @@ class Kestrel3Journal(Generic[R]):
         return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in self.writer.files
                 if (name := os.path.basename(f.path)) not in listed}
 
-    def _deleting(self, going: list[WriterFile]) -> None:
-        """Consumed writer files about to be deleted: listed as such first (size -1), so that a crash
-        part way is not taken for lost files."""
-        self._keeper.update({os.path.basename(f.path): manifest.Entry(DELETING, None, f.first_id, f.last_id)
-                             for f in going}, self.writer.tail_id, self._unlisted())
-
     def checkpoint_written(self, reader: str, entry: manifest.Entry, now: manifest.Entry | None) -> None:
         """A reader's checkpoint was just created as `entry` records it, or is about to be rewritten
         so over what `now` records: listed with both, as a crash before the rename leaves `now`."""
@@ -428,13 +429,15 @@ class Kestrel3Journal(Generic[R]):
         if not self.readers and not self.closed:
             self.closed = True
             self.writer.close()
+            self._drop_gone()
             self.owner.forget(self)
 
     def destroy(self) -> None:
-        """Delete every writer file (no reader is left)."""
+        """Delete every writer file (no reader is left), once a release under way has ended."""
         self.closed = True
         self.writer.close()
         self.owner.forget(self)
+        self.wait_for_release()
         if self.commit_log is not None:
             self.commit_log.checkpoint()  # no record in the log may outlive the files it names
         manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
@@ -442,23 +445,84 @@ class Kestrel3Journal(Generic[R]):
             os.unlink(path)
 
     def release(self) -> None:
-        """Delete the writer files every reader has passed, but none the commit log's records still
-        name: those once a checkpoint of the log has dropped them."""
+        """Take the writer files every reader has passed, but none the commit log's records still
+        name (those once a checkpoint of the log has dropped them), and delete them off the loop
+        (`_delete_released`): the change that moved a head does not wait for it."""
         if len(self.writer.files) > 1 and not self.closed:
             heads = [*(q.head for q in self.readers.values()), *self._unattached.values()]
             logged = self.commit_log.names if self.commit_log is not None else None
-            removed = self.writer.remove_consumed_files(heads, self._deleting, logged)
-            for path in removed:
-                log_later(self.owner.runtime, log.info, "deleted writer journal file every reader has passed",
-                          queue=self.name, file=path)
-            if removed:
-                self._keeper.update({os.path.basename(p): None for p in removed}, self.writer.tail_id,
-                                    self._unlisted())
+            going = self.writer.take_consumed_files(heads, logged)
+            if going:
+                self._going += going
+                if self._releasing is None:
+                    done = self._releasing = self.owner.runtime.event()
+                    self.owner.runtime.spawn(partial(self._delete_released, done))
             files = self.writer.files
             if (self.commit_log is not None and not self._release_after_checkpoint and len(files) > 1
                     and files[0].last_id <= min(heads, default=0)):
                 self._release_after_checkpoint = True  # what the log names goes after its checkpoint
                 self.commit_log.after_checkpoint(self._release_again)
+
+    def _delete_released(self, done: Event) -> None:
+        """Delete the files `release` took, a batch at a time (the files taken meanwhile make the
+        next: one release runs at a time). Each batch: every reader's checkpoint on disk as its
+        sync policy requires (no file goes before the heads that passed it), the rotated files
+        sealed (no seal lists a file after it is marked), then off the loop one manifest write
+        marking the batch as being deleted (and dropping the previous batch, gone for good), the
+        unlinks, and one fsync of the folder. A batch that fails is kept for the next release."""
+        try:
+            while True:
+                with self.lock:
+                    if not self._going or self.closed:  # closed: the files stay listed for the next start
+                        return
+                    going, self._going = self._going, []
+                    readers = list(self.readers.values())
+                    unlisted = self._unlisted()
+                try:
+                    for q in readers:
+                        q.sync_head()
+                    self.writer.wait_for_sealing()
+                    self.owner.runtime.run_blocking(self._delete, going, self._gone, unlisted)
+                except OSError as e:
+                    with self.lock:
+                        self._going[:0] = going
+                    log.error("cannot delete the writer journal files every reader has passed; tried "
+                              "again at the next release", queue=self.name, error=str(e))
+                    return
+                self._gone = [os.path.basename(f.path) for f in going]
+                for info in going:
+                    log.info("deleted writer journal file every reader has passed", queue=self.name,
+                             file=info.path)
+        finally:
+            self._releasing = None
+            done.set()
+
+    def _delete(self, going: list[WriterFile], gone: list[str], unlisted: dict[str, manifest.Entry]) -> None:
+        """Off the loop: mark `going` in the manifest as being deleted (size -1), so that a crash part
+        way is not taken for lost files, drop `gone` (deleted by the batch before) and list the
+        `unlisted` files (`_unlisted`); then delete `going`. Raises OSError."""
+        marks: dict[str, manifest.Entry | None] = dict.fromkeys(gone)
+        marks.update({os.path.basename(f.path): manifest.Entry(DELETING, None, f.first_id, f.last_id)
+                      for f in going})
+        self._keeper.update(marks, self.writer.tail_id, unlisted)
+        delete_writer_files(self.queue_path, going)
+
+    def _drop_gone(self) -> None:
+        """At close: the files the last release deleted leave the manifest, which then lists just
+        the files there are (should that write fail, the next start drops them)."""
+        if self._gone:
+            gone: dict[str, manifest.Entry | None] = dict.fromkeys(self._gone)
+            self._gone = []
+            try:
+                self.owner.runtime.run_blocking(self._keeper.update, gone)
+            except OSError as e:
+                log.warning("cannot drop deleted writer journal files from the manifest; the next start "
+                            "does", queue=self.name, error=str(e))
+
+    def wait_for_release(self) -> None:
+        """Return once no release is deleting files (a close, a delete of the queue)."""
+        while (running := self._releasing) is not None:
+            running.wait()
 
     def _release_again(self) -> None:
         """After a checkpoint of the commit log: delete what its records named."""

@@ -347,6 +347,12 @@ class Kestrel3Queue(PersistentQueue):
         if self._file is not None and not self.closed:
             self._file.commit()
 
+    def sync_head(self) -> None:
+        """Return once what this reader's checkpoint was given is on disk as the sync policy requires
+        (closed, it was fsynced). Raises OSError."""
+        if self._file is not None and not self.closed:
+            self._file.writer.commit()
+
     # -----------------------------------------------------------------------------------------
     # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
 
@@ -407,9 +413,10 @@ class Kestrel3Queue(PersistentQueue):
     # Settings and shutting down
 
     def wait_for_packing(self) -> None:
-        """Kestrel 3 journals are never packed (their files are deleted): wait until every rotated
-        writer file is in the manifest."""
+        """Kestrel 3 journals are never packed (their files are deleted): wait until the files every
+        reader has passed are deleted and every rotated writer file is in the manifest."""
         if self._journal is not None:
+            self._journal.wait_for_release()
             self._journal.writer.wait_for_sealing()
 
     def reconfigure(self, config: QueueConfig) -> None:
