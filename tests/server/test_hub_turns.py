@@ -28,6 +28,8 @@ from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import Session
 from kestrel.service.thrift.handler import ThriftConnection
+from kestrel.storage import disk
+from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.fsync.group_commit import shared
 from tests.conftest import STALL_S
 from tests.support.thrift_wire import encode_call, framed, read_framed_reply
@@ -543,6 +545,50 @@ def test_under_always_a_change_answered_in_the_hub_that_the_disk_cannot_keep_cut
     serving.join(timeout=STALL_S)
     assert serving.ready() and always_state.stats.cmd_set == 2
     fsyncs.failing = False
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_a_change_behind_a_turn_the_log_failed_waits_for_its_journal_in_the_greenlet(
+        always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk with room for a probe's record but not an item's: a put fails and the queue goes
+    read-only; the next put's probe writes, its item does not, and the log's fsync fails for that
+    turn, which no change waited for. The put after, once the disk has room, must wait for the
+    journal's own fsync of the probe's bytes: answered in the greenlet, acknowledged, the connection
+    goes on (in the hub it raised BlockingSwitchOutError)."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    fsyncs = Fsyncs(monkeypatch)
+    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
+    one_round(client, "behind", b"0")
+    item = b"x" * 4096
+    write, writev_all = disk.write, disk.writev_all
+
+    def full(fd: int, size: int) -> None:
+        if size >= len(item) and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith("behind"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk, "write", lambda fd, data: full(fd, len(data)) or write(fd, data))
+    monkeypatch.setattr(disk, "writev_all", lambda fd, parts: full(fd, sum(map(len, parts))) or writev_all(fd, parts))
+    with pytest.raises(JournalWriteError):
+        always_state.collection.put("behind", [item])  # the queue goes read-only
+    fsyncs.failing = True
+    with pytest.raises(JournalWriteError):
+        always_state.collection.put("behind", [item])  # the probe's record written, the item's not
+    log = always_state.collection.commit_log
+    with gevent.Timeout(STALL_S):
+        while log._turn is not None or log._unsettled:  # the probe's turn ended, settled, not durable
+            gevent.sleep(0.01)
+    fsyncs.failing = False
+    monkeypatch.setattr(disk, "write", write)
+    monkeypatch.setattr(disk, "writev_all", writev_all)
+    with switches_into(serving) as switches:
+        one_round(client, "behind", b"1")
+    assert switches  # the put waited for its journal's fsync in the greenlet
+    with switches_into(serving) as switches:
+        one_round(client, "behind", b"2")
+    assert switches == []  # and the queue's changes are the hub's again
+    client.close()
+    assert serving.get(timeout=STALL_S) is True
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))

@@ -828,6 +828,16 @@ class FileLog(AppendLog):
             elif later[-1] is not turn:
                 later.append(turn)
 
+    def falls_back(self) -> bool:
+        """Whether a commit now falls back on the file's own fsync, in the caller, even where it
+        holds its acknowledgements: a turn holding what the file appended since it last waited is
+        settled without being durable (bytes no change waited for, a probe's before a change that
+        failed, in a turn the log could not take). The rule of the hub asks (`never_waits`)."""
+        turn = self.turn
+        if turn is None:
+            return False
+        return any(each.settled and not each.durable for each in (turn, *(self.later or ())))
+
     def commit(self, journal: JournalWriter) -> None:
         """Wait as `journal`'s sync policy says for what it appended: under `always`, for the log
         (or not at all where acknowledgements are held); under a periodic sync, not at all (a

@@ -158,6 +158,9 @@ class AppendLog:
 
     def commit(self, journal: JournalWriter) -> None: ...
 
+    def falls_back(self) -> bool:
+        raise NotImplementedError
+
 
 class JournalWriter:
     """Appends records to the live journal and keeps the promise of its sync policy.
@@ -297,6 +300,12 @@ class JournalWriter:
             self.sync_to(self.size)
         else:
             self.sync_later()
+
+    def falls_back(self) -> bool:
+        """Whether a commit now falls back on this file's own fsync though the caller holds its
+        acknowledgements (`commit_log.FileLog.falls_back`)."""
+        log = self.log
+        return log is not None and log.falls_back()
 
     def sync_later(self) -> None:
         """Under a periodic sync: fsync what is appended within the interval."""

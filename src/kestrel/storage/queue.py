@@ -532,7 +532,9 @@ class PersistentQueue(ABC):
         round fsyncs later), nor under `always` where every file a change commits logs to the
         commit log and the caller holds its acknowledgements: the change leaves its turn of the log
         to the holder (`CommitLog.sync`), and what a change may start besides (a rotation, a
-        segment filling, a checkpoint, a pack, a failed turn's fallback) runs off it."""
+        segment filling, a checkpoint, a pack, a failed turn's fallback) runs off it. A file holding
+        bytes of a turn the log settled without making durable does not log alone: its commit waits
+        for its own fsync (`_commit_logged`)."""
         cfg = self.config
         sync = cfg.sync_journal
         return ((sync is None or sync > 0 or (self._commit_logged() and holder() is not None))
@@ -1056,7 +1058,8 @@ class PersistentQueue(ABC):
     @abstractmethod
     def _commit_logged(self) -> bool:
         """Whether every file a change of this queue commits logs its appends to the commit log,
-        whose turn then holds the change (`never_waits`)."""
+        whose turn then holds the change (`never_waits`): none falls back on its own fsync
+        (`JournalWriter.falls_back`)."""
 
     @abstractmethod
     def _journal_path(self) -> str:

@@ -335,8 +335,11 @@ class Kestrel2Queue(PersistentQueue):
         journal.start_next_pack()
 
     def _commit_logged(self) -> bool:
-        """The journal logs to the commit log if it was made under a sync policy with the log on."""
-        return self._journal.commit_log is not None
+        """The journal logs to the commit log if it was made under a sync policy with the log on,
+        and does not fall back on its own fsync."""
+        journal = self._journal
+        writer = journal.writer
+        return journal.commit_log is not None and (writer is None or not writer.falls_back())
 
     def _journal_path(self) -> str:
         return self._journal.live_path if self._journal.writer is not None else self.queue_path

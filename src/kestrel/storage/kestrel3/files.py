@@ -494,6 +494,11 @@ class WriterJournal:
         if self._writer is not None:
             self._writer.commit()
 
+    def falls_back(self) -> bool:
+        """Whether a commit now falls back on the current file's own fsync
+        (`JournalWriter.falls_back`)."""
+        return self._writer is not None and self._writer.falls_back()
+
     def rotate(self) -> WriterFile:
         """Start the next file (an empty file holds just the header) without yielding to other
         greenlets; the previous one is fsynced and closed in the background, the header reaches the

@@ -369,9 +369,10 @@ class Kestrel3Queue(PersistentQueue):
 
     def _commit_logged(self) -> bool:
         """A change commits the writer journal and this reader's checkpoint: both log, if each was
-        opened under a sync policy with the log on."""
-        return (self._journal is not None and self._journal.commit_log is not None
-                and self._file is not None and self._file.commit_log is not None)
+        opened under a sync policy with the log on, and neither falls back on its own fsync."""
+        journal, file = self._journal, self._file
+        return (journal is not None and journal.commit_log is not None and not journal.writer.falls_back()
+                and file is not None and file.commit_log is not None and not file.writer.falls_back())
 
     def _journal_path(self) -> str:
         if self._file is not None:
