@@ -12,7 +12,7 @@ import errno
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,30 @@ def thrift_round(client: socket.socket, queue: str, data: bytes) -> None:
     assert [item.data for item in read_framed_reply(client, "binary", "get")] == [data]
 
 
-ROUNDS = {"memcache": (MemcacheConnection, memcache_round), "thrift": (ThriftConnection, thrift_round)}
+ROUNDS: dict[str, tuple[Any, Callable[[socket.socket, str, bytes], None]]] = {
+    "memcache": (MemcacheConnection, memcache_round), "thrift": (ThriftConnection, thrift_round)}
+
+
+def serve(state: Any, pair: tuple[socket.socket, socket.socket], protocol: str, *queues: str) -> gevent.Greenlet:
+    """A connection of `protocol` on the pair's first socket, in a greenlet of its own, after a
+    first round on each of `queues` (a queue's creation may wait: in the greenlet)."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    serving = gevent.spawn(connection_type(state, ours, "test").run)
+    for queue in queues:
+        one_round(client, queue, b"0")
+    return serving
+
+
+@contextlib.contextmanager
+def served(state: Any, pair: tuple[socket.socket, socket.socket], protocol: str,
+           *queues: str) -> Iterator[gevent.Greenlet]:
+    """`serve`; once the block has run, the client ends the stream and the connection must end
+    cleanly, all of it read."""
+    serving = serve(state, pair, protocol, *queues)
+    yield serving
+    pair[1].shutdown(socket.SHUT_WR)
+    assert serving.get(timeout=STALL_S) is True
 
 
 @contextlib.contextmanager
@@ -109,17 +132,12 @@ def memcache_ask(client: socket.socket, request: bytes, expected: bytes) -> None
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
         server_state: Any, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    connection = connection_type(server_state, ours, "test")
-    serving = gevent.spawn(connection.run)
-    one_round(client, "ready", b"first")  # creates the queue: a creation may wait, in the greenlet
-    with switches_into(serving) as switches:
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
+    with served(server_state, pair, protocol, "ready") as serving, switches_into(serving) as switches:
         for i in range(20):
             one_round(client, "ready", b"item %d" % i)
-    assert switches == []
-    client.shutdown(socket.SHUT_WR)
-    assert serving.get(timeout=STALL_S) is True  # the client ended the stream, all of it read
+        assert switches == []
     assert server_state.stats.cmd_set == 21 and server_state.stats.get_hits == 21
 
 
@@ -145,17 +163,13 @@ IDLE_CLOSES = {"memcache": {"event": "closing a slow or idle client", "limit": "
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_a_client_timeout_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
         tmp_path: Path, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
     with state_with_client_timeout(tmp_path, "60s") as state:
-        serving = gevent.spawn(connection_type(state, ours, "test").run)
-        one_round(client, "ready", b"first")
-        with switches_into(serving) as switches:
+        with served(state, pair, protocol, "ready") as serving, switches_into(serving) as switches:
             for i in range(20):
                 one_round(client, "ready", b"item %d" % i)
-        assert switches == []
-        client.shutdown(socket.SHUT_WR)
-        assert serving.get(timeout=STALL_S) is True
+            assert switches == []
         assert state.stats.cmd_set == 21 and state.stats.get_hits == 21
 
 
@@ -165,11 +179,10 @@ def test_under_a_client_timeout_a_connection_answered_in_the_hub_is_closed_once_
     """Requests every 0.1 s for 2.4 s keep a 2 s client_timeout's connection past its first deadline
     (real time: only a stall of the machine near 2 s would close it); once it is idle it is closed,
     no sooner than client_timeout after its last request, logged as the greenlet's wait logs it."""
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
     with state_with_client_timeout(tmp_path, "2s") as state, structlog.testing.capture_logs() as logs:
-        serving = gevent.spawn(connection_type(state, ours, "test").run)
-        one_round(client, "active", b"first")
+        serving = serve(state, pair, protocol, "active")
         started = time.monotonic()
         with switches_into(serving) as switches:
             while time.monotonic() - started < 2.4:
@@ -217,10 +230,8 @@ def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connec
         any_format_state: Any, pair: Any) -> None:
     """get with auto-abort, then confirm or abort by id: the reliable reader's every call in the hub."""
     server_state = any_format_state
-    ours, client = pair
-    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
-    thrift_round(client, "reliable", b"first")  # creates the queue, in the greenlet
-    with switches_into(serving) as switches:
+    client = pair[1]
+    with served(server_state, pair, "thrift", "reliable") as serving, switches_into(serving) as switches:
         for i in range(10):
             assert thrift_call(client, "put", queue_name="reliable", items=[b"item %d" % i], expiration_msec=0) == 1
             (item,) = thrift_get(client, "reliable", auto_abort_msec=60_000)
@@ -232,105 +243,88 @@ def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connec
                 item = again
             assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 1
             assert thrift_call(client, "confirm", queue_name="reliable", ids={item.id}) == 0  # closed once
-    assert switches == []
-    reliable = server_state.collection.get("reliable")
-    assert reliable.length == 0 and reliable.open_transactions == 0
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+        assert switches == []
+        reliable = server_state.collection.get("reliable")
+        assert reliable.length == 0 and reliable.open_transactions == 0
 
 
 def test_a_read_opened_in_the_hub_is_aborted_by_its_timer(server_state: Any, pair: Any) -> None:
-    ours, client = pair
-    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
-    thrift_round(client, "timed", b"first")
-    assert thrift_call(client, "put", queue_name="timed", items=[b"a", b"b"], expiration_msec=0) == 2
-    with switches_into(serving) as switches:
-        (opened,) = thrift_get(client, "timed", auto_abort_msec=1)
-    assert switches == [] and opened.data == b"a"
-    timed = server_state.collection.get("timed")
-    with gevent.Timeout(STALL_S):
-        while timed.open_transactions:  # until the timer has run
-            gevent.sleep(0.001)
-    # "a" is back at the head, before "b".
-    assert [item.data for item in thrift_call(client, "get", queue_name="timed", max_items=2, timeout_msec=0,
-                                              auto_abort_msec=0)] == [b"a", b"b"]
-    assert thrift_call(client, "confirm", queue_name="timed", ids={opened.id}) == 0  # no longer open
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    client = pair[1]
+    with served(server_state, pair, "thrift", "timed") as serving:
+        assert thrift_call(client, "put", queue_name="timed", items=[b"a", b"b"], expiration_msec=0) == 2
+        with switches_into(serving) as switches:
+            (opened,) = thrift_get(client, "timed", auto_abort_msec=1)
+        assert switches == [] and opened.data == b"a"
+        timed = server_state.collection.get("timed")
+        with gevent.Timeout(STALL_S):
+            while timed.open_transactions:  # until the timer has run
+                gevent.sleep(0.001)
+        # "a" is back at the head, before "b".
+        assert [item.data for item in thrift_call(client, "get", queue_name="timed", max_items=2, timeout_msec=0,
+                                                  auto_abort_msec=0)] == [b"a", b"b"]
+        assert thrift_call(client, "confirm", queue_name="timed", ids={opened.id}) == 0  # no longer open
 
 
 def test_memcache_reliable_reads_are_answered_without_switching_to_the_connection(
         any_format_state: Any, pair: Any) -> None:
     """`/open`, `/close/open`, `/close`, `/abort` and `/peek` gets: each in the hub."""
     server_state = any_format_state
-    ours, client = pair
-    serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
-    memcache_round(client, "work", b"first")  # creates the queue, in the greenlet
-    with switches_into(serving) as switches:
-        for data in (b"a", b"b", b"c"):
-            memcache_ask(client, b"set work 0 0 1\r\n%s\r\n" % data, b"STORED\r\n")
-        memcache_ask(client, b"get work/open\r\n", b"VALUE work/open 0 1\r\na\r\nEND\r\n")
-        memcache_ask(client, b"get work/close/open\r\n", b"VALUE work/close/open 0 1\r\nb\r\nEND\r\n")
-        memcache_ask(client, b"get work/abort\r\n", b"END\r\n")  # "b" back at the head
-        memcache_ask(client, b"get work/peek\r\n", b"VALUE work/peek 0 1\r\nb\r\nEND\r\n")
-        memcache_ask(client, b"get work/t=1000/open\r\n", b"VALUE work/t=1000/open 0 1\r\nb\r\nEND\r\n")
-        memcache_ask(client, b"get work/close\r\n", b"END\r\n")
-    assert switches == []
-    work = server_state.collection.get("work")
-    assert work.length == 1 and work.open_transactions == 0  # "a" and "b" confirmed, "c" left
-    # A read that must wait for its item is the greenlet's, and its reply comes in order.
-    gevent.spawn_later(0.05, server_state.collection.put, "work", [b"late"])
-    memcache_ask(client, b"get work/open\r\nget work/close/t=10000/open\r\n",
-                 b"VALUE work/open 0 1\r\nc\r\nEND\r\nVALUE work/close/t=10000/open 0 4\r\nlate\r\nEND\r\n")
-    client.close()  # its open read goes back to the queue
-    assert serving.get(timeout=STALL_S) is True
-    assert work.length == 1 and work.open_transactions == 0
+    client = pair[1]
+    with served(server_state, pair, "memcache", "work") as serving:
+        with switches_into(serving) as switches:
+            for data in (b"a", b"b", b"c"):
+                memcache_ask(client, b"set work 0 0 1\r\n%s\r\n" % data, b"STORED\r\n")
+            memcache_ask(client, b"get work/open\r\n", b"VALUE work/open 0 1\r\na\r\nEND\r\n")
+            memcache_ask(client, b"get work/close/open\r\n", b"VALUE work/close/open 0 1\r\nb\r\nEND\r\n")
+            memcache_ask(client, b"get work/abort\r\n", b"END\r\n")  # "b" back at the head
+            memcache_ask(client, b"get work/peek\r\n", b"VALUE work/peek 0 1\r\nb\r\nEND\r\n")
+            memcache_ask(client, b"get work/t=1000/open\r\n", b"VALUE work/t=1000/open 0 1\r\nb\r\nEND\r\n")
+            memcache_ask(client, b"get work/close\r\n", b"END\r\n")
+        assert switches == []
+        work = server_state.collection.get("work")
+        assert work.length == 1 and work.open_transactions == 0  # "a" and "b" confirmed, "c" left
+        # A read that must wait for its item is the greenlet's, and its reply comes in order.
+        gevent.spawn_later(0.05, server_state.collection.put, "work", [b"late"])
+        memcache_ask(client, b"get work/open\r\nget work/close/t=10000/open\r\n",
+                     b"VALUE work/open 0 1\r\nc\r\nEND\r\nVALUE work/close/t=10000/open 0 4\r\nlate\r\nEND\r\n")
+    assert work.length == 1 and work.open_transactions == 0  # its open read went back to the queue
 
 
 def test_pipelined_memcache_requests_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
-    ours, client = pair
-    serving = gevent.spawn(MemcacheConnection(server_state, ours, "test").run)
-    memcache_round(client, "a", b"0")
-    memcache_round(client, "b", b"0")  # both queues held: their plain sets and gets are answered in the hub
-    client.sendall(b"set a 0 0 1\r\n1\r\nget a\r\nget b/t=10000\r\nset a 0 0 1\r\n2\r\nget a\r\nget a\r\n")
-    gevent.sleep(0.05)
-    assert server_state.collection.put("b", [b"late"]) == 1  # ends the wait of `get b/t=10000`
-    expected = (b"STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nVALUE b/t=10000 0 4\r\nlate\r\nEND\r\n"
-                b"STORED\r\nVALUE a 0 1\r\n2\r\nEND\r\nEND\r\n")
-    assert received(client, expected) == expected
-    memcache_round(client, "a", b"3")  # back in the hub after the wait
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    client = pair[1]
+    # both queues held: their plain sets and gets are answered in the hub
+    with served(server_state, pair, "memcache", "a", "b"):
+        client.sendall(b"set a 0 0 1\r\n1\r\nget a\r\nget b/t=10000\r\nset a 0 0 1\r\n2\r\nget a\r\nget a\r\n")
+        gevent.sleep(0.05)
+        assert server_state.collection.put("b", [b"late"]) == 1  # ends the wait of `get b/t=10000`
+        expected = (b"STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nVALUE b/t=10000 0 4\r\nlate\r\nEND\r\n"
+                    b"STORED\r\nVALUE a 0 1\r\n2\r\nEND\r\nEND\r\n")
+        assert received(client, expected) == expected
+        memcache_round(client, "a", b"3")  # back in the hub after the wait
 
 
 def test_pipelined_thrift_calls_keep_their_order_across_a_get_that_waits(server_state: Any, pair: Any) -> None:
-    ours, client = pair
-    serving = gevent.spawn(ThriftConnection(server_state, ours, "test").run)
-    thrift_round(client, "a", b"0")
-    thrift_round(client, "b", b"0")
-    calls = [encode_call("binary", "put", seqid=1, queue_name="a", items=[b"1"], expiration_msec=0),
-             encode_call("binary", "get", seqid=2, queue_name="b", max_items=1, timeout_msec=10_000,
-                         auto_abort_msec=0),
-             encode_call("binary", "get", seqid=3, queue_name="a", max_items=1, timeout_msec=0,
-                         auto_abort_msec=0)]
-    client.sendall(b"".join(framed(call) for call in calls))
-    gevent.sleep(0.05)
-    assert server_state.collection.put("b", [b"late"]) == 1
-    assert read_framed_reply(client, "binary", "put") == 1
-    assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
-    assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
-    thrift_round(client, "a", b"2")
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    client = pair[1]
+    with served(server_state, pair, "thrift", "a", "b"):
+        calls = [encode_call("binary", "put", seqid=1, queue_name="a", items=[b"1"], expiration_msec=0),
+                 encode_call("binary", "get", seqid=2, queue_name="b", max_items=1, timeout_msec=10_000,
+                             auto_abort_msec=0),
+                 encode_call("binary", "get", seqid=3, queue_name="a", max_items=1, timeout_msec=0,
+                             auto_abort_msec=0)]
+        client.sendall(b"".join(framed(call) for call in calls))
+        gevent.sleep(0.05)
+        assert server_state.collection.put("b", [b"late"]) == 1
+        assert read_framed_reply(client, "binary", "put") == 1
+        assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
+        assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
+        thrift_round(client, "a", b"2")
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_a_client_that_hangs_up_behind_pipelined_puts_loses_none_acknowledged(
         server_state: Any, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
-    one_round(client, "flood", b"0")
+    client = pair[1]
+    serving = serve(server_state, pair, protocol, "flood")
     if protocol == "memcache":
         client.sendall(b"set flood 0 0 1\r\nx\r\n" * 500)
         assert client.recv(1)  # the first put is acknowledged
@@ -349,32 +343,27 @@ def test_a_client_that_hangs_up_behind_pipelined_puts_loses_none_acknowledged(
 def test_a_request_that_must_wait_is_answered_in_the_connection_s_greenlet(
         server_state: Any, pair: Any, protocol: str) -> None:
     """A get that waits for an item on a held queue: the hub hands it over rather than fail."""
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
-    one_round(client, "slow", b"0")
-    gevent.spawn_later(0.05, server_state.collection.put, "slow", [b"late"])
-    if protocol == "memcache":
-        client.sendall(b"get slow/t=10000\r\n")
-        value = b"VALUE slow/t=10000 0 4\r\nlate\r\nEND\r\n"
-        assert received(client, value) == value
-    else:
-        client.sendall(framed(encode_call("binary", "get", queue_name="slow", max_items=1, timeout_msec=10_000,
-                                          auto_abort_msec=0)))
-        assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
-    one_round(client, "slow", b"after")
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
+    with served(server_state, pair, protocol, "slow"):
+        gevent.spawn_later(0.05, server_state.collection.put, "slow", [b"late"])
+        if protocol == "memcache":
+            client.sendall(b"get slow/t=10000\r\n")
+            value = b"VALUE slow/t=10000 0 4\r\nlate\r\nEND\r\n"
+            assert received(client, value) == value
+        else:
+            client.sendall(framed(encode_call("binary", "get", queue_name="slow", max_items=1, timeout_msec=10_000,
+                                              auto_abort_msec=0)))
+            assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"late"]
+        one_round(client, "slow", b"after")
 
 
 @pytest.mark.pure_build
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_an_error_in_the_hub_s_callback_ends_its_connection_not_the_hub(
         server_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    serving = gevent.spawn(connection_type(server_state, ours, "test").run)
-    one_round(client, "broken", b"0")
+    client = pair[1]
+    serving = serve(server_state, pair, protocol, "broken")
 
     def fails(*args: Any) -> bool:
         raise RuntimeError("the rule failed")
@@ -392,10 +381,8 @@ def test_an_error_in_the_hub_s_callback_ends_its_connection_not_the_hub(
     other, other_client = gevent.socket.socketpair()
     other_client.settimeout(STALL_S)
     try:
-        again = gevent.spawn(connection_type(server_state, other, "test").run)
-        one_round(other_client, "broken", b"1")  # the loop serves the next connection
-        other_client.close()
-        assert again.get(timeout=STALL_S) is True
+        with served(server_state, (other, other_client), protocol, "broken"):
+            pass  # the loop serves the next connection
     finally:
         other.close()
         other_client.close()
@@ -452,17 +439,13 @@ class Fsyncs:
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_the_hub(
         always_state: Any, pair: Any, protocol: str) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
-    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
-    one_round(client, "durable", b"first")  # creates the queue, in the greenlet
-    with switches_into(serving) as switches:
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
+    with served(always_state, pair, protocol, "durable") as serving, switches_into(serving) as switches:
         for i in range(20):
             one_round(client, "durable", b"item %d" % i)
-    assert switches == []
-    assert always_state.collection.commit_log.rounds >= 20  # each reply waited for a round of the log
-    client.shutdown(socket.SHUT_WR)
-    assert serving.get(timeout=STALL_S) is True
+        assert switches == []
+        assert always_state.collection.commit_log.rounds >= 20  # each reply waited for a round of the log
     assert always_state.stats.cmd_set == 21 and always_state.stats.get_hits == 21
 
 
@@ -471,18 +454,14 @@ def test_under_always_with_the_commit_log_ready_puts_and_gets_are_answered_in_th
 def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
         tmp_path: Path, pair: Any, protocol: str, commit_log: bool) -> None:
     """A periodic sync's change waits for no fsync, with the log or without: a timer fsyncs later."""
-    connection_type, one_round = ROUNDS[protocol]
+    _, one_round = ROUNDS[protocol]
     state = server_state_with(tmp_path, commit_log=commit_log, sync_journal="10ms")
     try:
-        ours, client = pair
-        serving = gevent.spawn(connection_type(state, ours, "test").run)
-        one_round(client, "periodic", b"first")
-        with switches_into(serving) as switches:
+        client = pair[1]
+        with served(state, pair, protocol, "periodic") as serving, switches_into(serving) as switches:
             for i in range(10):
                 one_round(client, "periodic", b"item %d" % i)
-        assert switches == []
-        client.close()
-        assert serving.get(timeout=STALL_S) is True
+            assert switches == []
     finally:
         state.collection.close()
 
@@ -490,40 +469,36 @@ def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_a_reply_answered_in_the_hub_waits_for_its_fsync_round_and_replies_keep_their_order(
         always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
+    client = pair[1]
     fsyncs = Fsyncs(monkeypatch)
-    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
-    one_round(client, "held", b"0")
-    fsyncs.go.clear()  # from now on each round's fsyncs wait
-    with switches_into(serving) as switches:
-        if protocol == "memcache":
-            client.sendall(b"set held 0 0 1\r\n1\r\nset held 0 0 1\r\n2\r\nget held\r\n")
-        else:
-            calls = [encode_call("binary", "put", seqid=1, queue_name="held", items=[b"1"], expiration_msec=0),
-                     encode_call("binary", "put", seqid=2, queue_name="held", items=[b"2"], expiration_msec=0),
-                     encode_call("binary", "get", seqid=3, queue_name="held", max_items=1, timeout_msec=0,
-                                 auto_abort_msec=0)]
-            client.sendall(b"".join(framed(call) for call in calls))
-        with gevent.Timeout(STALL_S):
-            while always_state.stats.cmd_get < 2:  # the three answered, their replies held
-                gevent.sleep(0.01)
-        client.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            client.recv(1)  # no acknowledgement before its change is durable
-        client.settimeout(STALL_S)
-        fsyncs.go.set()
-        if protocol == "memcache":
-            expected = b"STORED\r\nSTORED\r\nVALUE held 0 1\r\n1\r\nEND\r\n"
-            assert received(client, expected) == expected
-        else:
-            assert read_framed_reply(client, "binary", "put") == 1
-            assert read_framed_reply(client, "binary", "put") == 1
-            assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
-    assert switches == []
-    assert [item.data for item in always_state.collection.remove("held", 3)] == [b"2"]
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    with served(always_state, pair, protocol, "held") as serving:
+        fsyncs.go.clear()  # from now on each round's fsyncs wait
+        with switches_into(serving) as switches:
+            if protocol == "memcache":
+                client.sendall(b"set held 0 0 1\r\n1\r\nset held 0 0 1\r\n2\r\nget held\r\n")
+            else:
+                calls = [encode_call("binary", "put", seqid=1, queue_name="held", items=[b"1"], expiration_msec=0),
+                         encode_call("binary", "put", seqid=2, queue_name="held", items=[b"2"], expiration_msec=0),
+                         encode_call("binary", "get", seqid=3, queue_name="held", max_items=1, timeout_msec=0,
+                                     auto_abort_msec=0)]
+                client.sendall(b"".join(framed(call) for call in calls))
+            with gevent.Timeout(STALL_S):
+                while always_state.stats.cmd_get < 2:  # the three answered, their replies held
+                    gevent.sleep(0.01)
+            client.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                client.recv(1)  # no acknowledgement before its change is durable
+            client.settimeout(STALL_S)
+            fsyncs.go.set()
+            if protocol == "memcache":
+                expected = b"STORED\r\nSTORED\r\nVALUE held 0 1\r\n1\r\nEND\r\n"
+                assert received(client, expected) == expected
+            else:
+                assert read_framed_reply(client, "binary", "put") == 1
+                assert read_framed_reply(client, "binary", "put") == 1
+                assert [item.data for item in read_framed_reply(client, "binary", "get")] == [b"1"]
+        assert switches == []
+        assert [item.data for item in always_state.collection.remove("held", 3)] == [b"2"]
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
@@ -531,11 +506,9 @@ def test_under_always_a_change_answered_in_the_hub_that_the_disk_cannot_keep_cut
         always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The log's fsync fails, then its journal's: the client reads the end of the stream, never
     the acknowledgement."""
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
+    client = pair[1]
     fsyncs = Fsyncs(monkeypatch)
-    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
-    one_round(client, "lost", b"0")
+    serving = serve(always_state, pair, protocol, "lost")
     fsyncs.failing = True
     if protocol == "memcache":
         client.sendall(b"set lost 0 0 1\r\n1\r\n")
@@ -555,56 +528,57 @@ def test_under_always_a_change_behind_a_turn_the_log_failed_waits_for_its_journa
     turn, which no change waited for. The put after, once the disk has room, must wait for the
     journal's own fsync of the probe's bytes: answered in the greenlet, acknowledged, the connection
     goes on (in the hub it raised BlockingSwitchOutError)."""
-    connection_type, one_round = ROUNDS[protocol]
-    ours, client = pair
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
     fsyncs = Fsyncs(monkeypatch)
-    serving = gevent.spawn(connection_type(always_state, ours, "test").run)
-    one_round(client, "behind", b"0")
     item = b"x" * 4096
     write, writev_all = disk.write, disk.writev_all
 
-    def full(fd: int, size: int) -> None:
+    def refuse(fd: int, size: int) -> None:
         if size >= len(item) and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith("behind"):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk, "write", lambda fd, data: full(fd, len(data)) or write(fd, data))
-    monkeypatch.setattr(disk, "writev_all", lambda fd, parts: full(fd, sum(map(len, parts))) or writev_all(fd, parts))
-    with pytest.raises(JournalWriteError):
-        always_state.collection.put("behind", [item])  # the queue goes read-only
-    fsyncs.failing = True
-    with pytest.raises(JournalWriteError):
-        always_state.collection.put("behind", [item])  # the probe's record written, the item's not
-    log = always_state.collection.commit_log
-    with gevent.Timeout(STALL_S):
-        while log._turn is not None or log._unsettled:  # the probe's turn ended, settled, not durable
-            gevent.sleep(0.01)
-    fsyncs.failing = False
-    monkeypatch.setattr(disk, "write", write)
-    monkeypatch.setattr(disk, "writev_all", writev_all)
-    with switches_into(serving) as switches:
-        one_round(client, "behind", b"1")
-    assert switches  # the put waited for its journal's fsync in the greenlet
-    with switches_into(serving) as switches:
-        one_round(client, "behind", b"2")
-    assert switches == []  # and the queue's changes are the hub's again
-    client.close()
-    assert serving.get(timeout=STALL_S) is True
+    def full_write(fd: int, data: bytes | memoryview) -> int:
+        refuse(fd, len(data))
+        return write(fd, data)
+
+    def full_writev_all(fd: int, parts: list[bytes]) -> int:
+        refuse(fd, sum(map(len, parts)))
+        return writev_all(fd, parts)
+
+    with served(always_state, pair, protocol, "behind") as serving:
+        monkeypatch.setattr(disk, "write", full_write)
+        monkeypatch.setattr(disk, "writev_all", full_writev_all)
+        with pytest.raises(JournalWriteError):
+            always_state.collection.put("behind", [item])  # the queue goes read-only
+        fsyncs.failing = True
+        with pytest.raises(JournalWriteError):
+            always_state.collection.put("behind", [item])  # the probe's record written, the item's not
+        log = always_state.collection.commit_log
+        with gevent.Timeout(STALL_S):
+            while log._turn is not None or log._unsettled:  # the probe's turn ended, settled, not durable
+                gevent.sleep(0.01)
+        fsyncs.failing = False
+        monkeypatch.setattr(disk, "write", write)
+        monkeypatch.setattr(disk, "writev_all", writev_all)
+        with switches_into(serving) as switches:
+            one_round(client, "behind", b"1")
+        assert switches  # the put waited for its journal's fsync in the greenlet
+        with switches_into(serving) as switches:
+            one_round(client, "behind", b"2")
+        assert switches == []  # and the queue's changes are the hub's again
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_greenlet(
         tmp_path: Path, pair: Any, protocol: str) -> None:
     """Each change waits for its journal's fsync there: the hub hands every put over."""
-    connection_type, one_round = ROUNDS[protocol]
+    _, one_round = ROUNDS[protocol]
     state = server_state_with(tmp_path, commit_log=False)
     try:
-        ours, client = pair
-        serving = gevent.spawn(connection_type(state, ours, "test").run)
-        one_round(client, "waits", b"0")
-        with switches_into(serving) as switches:
+        client = pair[1]
+        with served(state, pair, protocol, "waits") as serving, switches_into(serving) as switches:
             one_round(client, "waits", b"1")
-        assert switches
-        client.close()
-        assert serving.get(timeout=STALL_S) is True
+            assert switches
     finally:
         state.collection.close()
