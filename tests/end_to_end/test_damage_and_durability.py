@@ -3,12 +3,14 @@ program using the engine and of the server under load."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,37 @@ from tests.support.clients import thrift as client
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
 
 T0 = 1_700_000_000_000
+
+
+@contextlib.contextmanager
+def killed_at_the_end(script: str, *args: str, on_stderr: bool = False) -> Iterator[Iterator[str]]:
+    """A Python program running `script` with `args`, its progress lines (on stdout, or on stderr)
+    to read in the block, its other stream discarded; killed with SIGKILL when the block ends."""
+    piped, dropped = subprocess.PIPE, subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], text=True,
+                            stdout=dropped if on_stderr else piped, stderr=piped if on_stderr else dropped)
+    lines = proc.stderr if on_stderr else proc.stdout
+    assert lines is not None
+    try:
+        yield lines
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def killed_under_load(srv: Any, workers: list[threading.Thread], stop: threading.Event,
+                      ready: Callable[[], bool], what: str) -> None:
+    """Start the `workers` on the server, and once `ready` (within 120 s) kill it with SIGKILL under
+    them; then `stop` them and let each end (15 s at most)."""
+    for t in workers:
+        t.start()
+    try:
+        wait_until(ready, what, timeout=120)
+    finally:
+        srv.kill()
+        stop.set()
+        for t in workers:
+            t.join(15)
 
 
 def addx(data: bytes) -> bytes:
@@ -120,18 +153,14 @@ WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("batch", [1, 7])
 def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: int, commit_log: str,
                                            journal_format: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(batch), commit_log, str(budget),
-                             journal_format], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
     acknowledged = 0
-    for line in proc.stdout:
-        if not line.strip().isdigit():
-            continue  # a log line
-        acknowledged = int(line)
-        if acknowledged >= 200:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with killed_at_the_end(WRITER, str(tmp_path), str(batch), commit_log, str(budget), journal_format) as lines:
+        for line in lines:
+            if not line.strip().isdigit():
+                continue  # a log line
+            acknowledged = int(line)
+            if acknowledged >= 200:
+                break
     configs = QueueConfigs({"sync_journal": "always", "journal_format": journal_format})
     coll = QueueCollection(str(tmp_path), configs, max_memory_total=budget)
     coll.load()
@@ -157,17 +186,13 @@ LARGE_READER = textwrap.dedent("""
 @pytest.mark.parametrize("sync", ["never", "always"])
 def test_sigkill_while_large_items_are_read_back_loses_none_and_repeats_none(tmp_path: Path, sync: str,
                                                                              journal_format: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", LARGE_READER, str(tmp_path), sync, journal_format],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
     removed = []
-    for line in proc.stdout:
-        if len(line.strip()) == 1:
-            removed.append(line.strip())
-            if len(removed) == 3:
-                break  # its next get is reading the next item back meanwhile
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with killed_at_the_end(LARGE_READER, str(tmp_path), sync, journal_format) as lines:
+        for line in lines:
+            if len(line.strip()) == 1:
+                removed.append(line.strip())
+                if len(removed) == 3:
+                    break  # its next get is reading the next item back meanwhile
     assert removed == ["A", "B", "C"]
     coll = QueueCollection(str(tmp_path), QueueConfigs({"max_memory_size": "1MB", "journal_format": journal_format}))
     coll.load()
@@ -417,23 +442,19 @@ def test_sigkill_amid_rotations_packs_and_checkpoint_rewrites_loads_without_refu
     acknowledged one included, and none whose removal was acknowledged (removes not read before
     the kill may have consumed a few more). The commit log is on (the default), under `always` and
     under a periodic sync."""
-    proc = subprocess.Popen([sys.executable, "-c", CHURN, str(tmp_path), fmt, sync],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None  # the progress; the log goes to stdout
     added, removed, seen = 0, set(), 0
-    for line in proc.stderr:
-        word, _, number = line.strip().partition(" ")
-        if word == "add":
-            added = int(number)
-        elif word == "rm":
-            removed.add(int(number))
-        else:
-            continue  # a log line
-        seen += 1
-        if seen >= lines:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with killed_at_the_end(CHURN, str(tmp_path), fmt, sync, on_stderr=True) as progress:  # the log: stdout
+        for line in progress:
+            word, _, number = line.strip().partition(" ")
+            if word == "add":
+                added = int(number)
+            elif word == "rm":
+                removed.add(int(number))
+            else:
+                continue  # a log line
+            seen += 1
+            if seen >= lines:
+                break
     q = {"journal_format": fmt, "max_memory_size": 3000, "default_journal_size": 2000}
     coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": q})))
     got = [int(data[:6]) for data in drain(coll, "q")]
@@ -481,16 +502,9 @@ def test_sigkill_amid_kestrel3_rotations_beside_kestrel2_packs_loses_nothing(ser
     threads = [threading.Thread(target=produce, args=("jobs", w)) for w in range(4)]
     threads += [threading.Thread(target=produce, args=("packed", 0)), threading.Thread(target=consume, args=("packed",)),
                 threading.Thread(target=consume, args=("jobs",))]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(lambda: len(acknowledged["jobs"]) >= 1500 and srv.log().count("packed journal") >= 3,
-                   "1500 items acknowledged and 3 Kestrel 2 packs", timeout=120)
-    finally:
-        srv.kill()
-        stop.set()
-        for t in threads:
-            t.join(15)
+    killed_under_load(srv, threads, stop,
+                      lambda: len(acknowledged["jobs"]) >= 1500 and srv.log().count("packed journal") >= 3,
+                      "1500 items acknowledged and 3 Kestrel 2 packs")
     assert srv.log().count("started writer journal file") > 10
     srv.start()
     assert "QUEUE REFUSED" not in srv.log(), [line for line in srv.log().splitlines() if "REFUSED" in line]
@@ -531,16 +545,8 @@ def test_sigkill_while_large_items_are_written_off_the_loop_loses_nothing(server
 
     sizes = {b"large-a": LARGE_APPEND, b"large-b": 3 * LARGE_APPEND // 2, b"small": 100}
     threads = [threading.Thread(target=produce, args=(name, size)) for name, size in sizes.items()]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(lambda: all(len(acknowledged.get(name, ())) >= 5 for name in sizes),
-                   "five items of each producer acknowledged", timeout=120)
-    finally:
-        srv.kill()
-        stop.set()
-        for t in threads:
-            t.join(15)
+    killed_under_load(srv, threads, stop, lambda: all(len(acknowledged.get(name, ())) >= 5 for name in sizes),
+                      "five items of each producer acknowledged")
     srv.start()
     left: list[bytes] = []
     with client(srv) as c:
