@@ -16,7 +16,51 @@
 #include <string.h>
 #include <zlib.h>
 
+/* zlib's crc32 takes short pieces (a record's 16 bytes of fields, a small item) a byte at a time
+ * after a call's setup; this takes them eight bytes a step (slicing-by-8 over tables made at the
+ * module's import), the same CRC-32/IEEE, and leaves longer ones, where zlib's own is faster, to it. */
+#define SHORT_CRC_LIMIT 256
+static uint32_t crc_tables[8][256];
+
+static void crc_tables_make(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) {
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        }
+        crc_tables[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_tables[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_tables[0][c & 0xFF] ^ (c >> 8);
+            crc_tables[k][n] = c;
+        }
+    }
+}
+
+static uint32_t crc_short(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;
+        crc = crc_tables[7][w & 0xFF] ^ crc_tables[6][(w >> 8) & 0xFF] ^ crc_tables[5][(w >> 16) & 0xFF] ^
+              crc_tables[4][(w >> 24) & 0xFF] ^ crc_tables[3][(w >> 32) & 0xFF] ^
+              crc_tables[2][(w >> 40) & 0xFF] ^ crc_tables[1][(w >> 48) & 0xFF] ^ crc_tables[0][w >> 56];
+    }
+#endif
+    for (; n > 0; p++, n--) {
+        crc = crc_tables[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
+    }
+    return ~crc;
+}
+
 static uLong crc_update(uLong crc, const unsigned char *p, Py_ssize_t n) {
+    if (n < SHORT_CRC_LIMIT) {
+        return crc_short((uint32_t)crc, p, (size_t)n);
+    }
     while (n > 0) { /* zlib takes an unsigned int a call */
         uInt chunk = n > (Py_ssize_t)UINT_MAX ? UINT_MAX : (uInt)n;
         crc = crc32(crc, p, chunk);
@@ -101,7 +145,7 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
     put_u64(p, (uint64_t)place);
     put_u64(p + 8, (uint64_t)offset);
     p += 16;
-    uLong crc = crc32((uLong)name_crc, fields, 16);
+    uLong crc = crc_short((uint32_t)name_crc, fields, 16);
     for (Py_ssize_t i = 0; i < parts; i++) {
         PyObject *part = PyList_GET_ITEM(data, i);
         Py_ssize_t n = PyBytes_GET_SIZE(part);
@@ -158,5 +202,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__log_record(void) {
+    crc_tables_make();
     return PyModule_Create(&module);
 }
