@@ -17,15 +17,8 @@ from kestrel.service.replies import Replies
 from kestrel.service.session.stats import ServerStats
 from kestrel.service.socket_io import ClientSocket, accepted
 from kestrel.storage import acknowledgements
+from kestrel.storage.commit_log import Turn  # what a holder's `last` is (a trait, `Settled`)
 from tests.conftest import STALL_S
-
-
-class FakeTurn:
-    """A turn of the commit log as a holder sees it."""
-
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-        self.settled = False
 
 
 @pytest.fixture
@@ -39,7 +32,7 @@ def pair() -> Any:
     b.close()
 
 
-def settle(replies: Replies, turn: FakeTurn) -> None:
+def settle(replies: Replies, turn: Turn) -> None:
     turn.settled = True
     replies.acks.settled()
 
@@ -74,7 +67,7 @@ def test_a_reply_with_nothing_pending_goes_out_at_once(pair: Any) -> None:
 
 def test_replies_wait_for_their_turn_and_go_out_together_in_order(pair: Any) -> None:
     replies, client = pair
-    first, second = FakeTurn(1), FakeTurn(2)
+    first, second = Turn(1), Turn(2)
     replies.acks.last = first
     replies.send(b"one\r\n")
     replies.send(b"peek\r\n")  # no change of its own: it waits behind the reply before it
@@ -92,7 +85,7 @@ def test_replies_wait_for_their_turn_and_go_out_together_in_order(pair: Any) -> 
 
 def test_a_change_the_disk_could_not_keep_cuts_the_connection_off_without_its_reply(pair: Any) -> None:
     replies, client = pair
-    turn = FakeTurn(1)
+    turn = Turn(1)
     replies.acks.last = turn
     replies.send(b"STORED\r\n")
     replies.acks.failed = OSError(errno.EIO, "Input/output error")
@@ -108,7 +101,7 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     replies.io.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket holds
-    turn = FakeTurn(1)
+    turn = Turn(1)
     replies.acks.last = turn
     replies.send(big)
     settle(replies, turn)  # part goes at once, a greenlet sends the rest
@@ -119,7 +112,7 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
 
 def test_a_reply_released_to_a_client_that_is_gone_cuts_the_connection_off(pair: Any) -> None:
     replies, client = pair
-    turn = FakeTurn(1)
+    turn = Turn(1)
     replies.acks.last = turn
     replies.send(b"STORED\r\n")
     # The client hung up while its reply waited for the disk: its descriptor closed now (gevent's
@@ -133,7 +126,7 @@ def test_a_reply_released_to_a_client_that_is_gone_cuts_the_connection_off(pair:
 
 def test_finish_waits_until_the_held_replies_are_out(pair: Any) -> None:
     replies, client = pair
-    turn = FakeTurn(1)
+    turn = Turn(1)
     replies.acks.last = turn
     replies.send(b"STORED\r\n")
     finishing = gevent.spawn(replies.finish)

@@ -97,6 +97,28 @@ def test_the_compiled_record_encoding_matches_its_python_reference() -> None:
     assert out == b"held"  # declined (a part not bytes), nothing appended: left to the Python
 
 
+def test_the_compiled_records_crc_32_is_zlibs_at_every_short_length_seed_and_alignment() -> None:
+    """The C helper takes short pieces' CRC-32 with its own tables, eight bytes a step, and leaves
+    long ones to zlib: every length across that edge and the byte-wise tail, any seed (the name's
+    CRC-32), any alignment of the buffer's end, a body split into parts at random."""
+    from kestrel.storage import _log_record  # built with the C helpers (src/kestrel/storage/_log_record.c)
+
+    rng = random.Random(39)
+    for size in range(700):
+        body = rng.randbytes(size)
+        cuts = sorted(rng.randrange(size + 1) for _ in range(rng.randrange(4)))
+        data = [body[a:b] for a, b in zip([0, *cuts], [*cuts, size], strict=True)]
+        name, seed = commit_log._encoded_name("q"), rng.getrandbits(32)
+        place, offset = rng.getrandbits(64), rng.getrandbits(64)
+        start = rng.randbytes(rng.randrange(16))
+        compiled, python = bytearray(start), bytearray(start)
+        assert _log_record.append_record(compiled, name, seed, place, offset, data) is True
+        assert commit_log.append_record_python(python, name, seed, place, offset, data)
+        assert compiled == python, size
+        fields = struct.pack("<QQ", place, offset)
+        assert compiled[len(start) + 4:len(start) + 8] == struct.pack("<I", zlib.crc32(fields + body, seed)), size
+
+
 def test_crc32_combine_compiled_and_its_python_reference_join_checksums_as_zlib_does() -> None:
     from kestrel.storage import _log_record  # built with the C helpers (src/kestrel/storage/_log_record.c)
 

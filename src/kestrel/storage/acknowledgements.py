@@ -20,11 +20,16 @@ from collections.abc import Callable
 from contextvars import ContextVar, Token
 from typing import Final, Protocol
 
+from mypy_extensions import trait
 
-class Settled(Protocol):
+
+@trait
+class Settled:
     """A turn of the commit log, as a holder sees it: numbered in the order turns are written, and
     settled once its changes are durable or their fallback has run (the holder's `failed` then
-    says whether its journals failed)."""
+    says whether its journals failed). A trait (`commit_log.Turn` derives from it), so that the
+    compiled build reads `settled` of each held reply's turn through the class's table, not by
+    name."""
 
     seq: int
     settled: bool

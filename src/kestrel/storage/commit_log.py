@@ -64,7 +64,7 @@ import gevent
 import structlog
 
 from kestrel.storage import acknowledgements, filenames, layout, torn_tail
-from kestrel.storage.acknowledgements import Acknowledgements
+from kestrel.storage.acknowledgements import Acknowledgements, Settled
 from kestrel.storage.disk import fsync_path, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
@@ -856,7 +856,7 @@ class FileLog(AppendLog):
                     log.sync(each, journal, journal.size)
 
 
-class Turn:
+class Turn(Settled):
     """The records of one loop turn, made durable together: under a group commit, written with the
     other turns of their round in one `write` when the round starts (`CommitLog._join`).
 
