@@ -171,7 +171,10 @@ def test_sigkill_loses_no_acknowledged_item(tmp_path: Path, batch: int, budget: 
 
 LARGE_READER = textwrap.dedent("""
     import sys
+    import structlog
     from kestrel.storage import QueueCollection, QueueConfigs
+    # the log on stderr: a line a pack's thread logs could fall between an item's letter and its newline
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     configs = QueueConfigs({"sync_journal": sys.argv[2], "max_memory_size": "1MB", "journal_format": sys.argv[3]})
     coll = QueueCollection(sys.argv[1], configs)
     coll.load()
