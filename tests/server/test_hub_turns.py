@@ -580,3 +580,42 @@ def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_gr
             assert switches
     finally:
         state.collection.close()
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_a_client_that_half_closes_during_a_get_s_wait_reads_the_replies_held_before_it(
+        always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put answered in the hub, its reply held for its round, then a get that waits; the client
+    ends its side of the stream (it sends nothing more, it still reads). Its end cancels the wait,
+    and the put's acknowledgement goes out once durable, as under `never` it went out before the
+    wait, then the stream ends."""
+    connection_type, one_round = ROUNDS[protocol]
+    ours, client = pair
+    fsyncs = Fsyncs(monkeypatch)
+    connection = connection_type(always_state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    one_round(client, "held", b"0")
+    one_round(client, "empty", b"0")
+    fsyncs.go.clear()  # the put's round waits
+    if protocol == "memcache":
+        client.sendall(b"set held 0 0 1\r\n1\r\nget empty/t=60000\r\n")
+    else:
+        client.sendall(framed(encode_call("binary", "put", queue_name="held", items=[b"1"], expiration_msec=0))
+                       + framed(encode_call("binary", "get", queue_name="empty", max_items=1, timeout_msec=60_000,
+                                            auto_abort_msec=0)))
+    client.shutdown(socket.SHUT_WR)
+    replies = connection.replies if protocol == "memcache" else connection.stream.replies
+    with gevent.Timeout(STALL_S):
+        while not connection.session.gone:  # the wait saw the end of the stream
+            gevent.sleep(0.01)
+        while not (serving.dead or replies._idle is not None):  # ended, or waiting for its replies
+            gevent.sleep(0.01)
+    fsyncs.go.set()
+    assert serving.get(timeout=STALL_S) is True
+    ours.close()  # as the listener closes it
+    if protocol == "memcache":
+        assert received(client, b"STORED\r\n") == b"STORED\r\n"
+    else:
+        assert read_framed_reply(client, "binary", "put") == 1
+    assert client.recv(1) == b""
+    assert always_state.collection.get("held").length == 1

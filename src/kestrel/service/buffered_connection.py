@@ -137,8 +137,8 @@ class BufferedConnection:
         except CloseConnection:
             self.send()
             self.replies.finish()
-        except ClientGone:
-            pass
+        except ClientGone:  # its end of the stream ended a get's wait: a half-closed client still
+            self.replies.finish()  # reads the replies held for the changes made before it
         finally:
             self.replies.release()
             self.io.close()

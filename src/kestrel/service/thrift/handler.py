@@ -187,8 +187,8 @@ class ThriftConnection:
                     self._serve_buffered()
             except ConnectionDone as e:
                 log.warning("closing thrift connection", client=self.peer, reason=str(e))
-            except ClientGone:
-                return self.stream.io.ended  # hung up during a get's wait: nothing more to answer
+            except ClientGone:  # its end of the stream ended a get's wait: nothing more to answer,
+                pass  # but a half-closed client still reads the replies held before it
             self.stream.replies.finish()
         finally:
             self.stream.replies.release()
