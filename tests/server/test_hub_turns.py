@@ -420,12 +420,14 @@ def always_state(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any
 
 class Fsyncs:
     """The fsync rounds of the process's group commit, run by the test in a greenlet of their own:
-    each waits until `go` is set, and fails with EIO while `failing`."""
+    each waits until `go` is set, and fails with EIO while `failing`, or for the files under the
+    queue path whose names begin with one of `failing_files`."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.go = gevent.event.Event()
         self.go.set()
         self.failing = False
+        self.failing_files: tuple[str, ...] = ()
         self.rounds = 0
         # rounds through this (not the C threads): a runner greenlet runs them, calling `fsync_all`
         monkeypatch.setattr(shared(), "_fsync_many", self)
@@ -433,11 +435,14 @@ class Fsyncs:
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         self.rounds += 1
         self.go.wait()
-        if self.failing:
-            return [OSError(errno.EIO, "Input/output error") for _ in fds]
-        for fd in fds:
-            os.fdatasync(fd)
-        return [None for _ in fds]
+        return [self._fsync(fd) for fd in fds]
+
+    def _fsync(self, fd: int) -> OSError | None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if self.failing or any(f"{os.sep}{part}" in name for part in self.failing_files):
+            return OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        return None
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
@@ -516,6 +521,46 @@ def test_under_always_a_change_answered_in_the_hub_that_the_disk_cannot_keep_cut
     serving.join(timeout=STALL_S)
     assert serving.ready() and always_state.stats.cmd_set == 2
     fsyncs.failing = False
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_under_always_a_journal_that_cannot_keep_a_change_cuts_off_its_own_connection_only(
+        always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two connections' puts answered in the hub, their replies held for one round; the log's fsync
+    fails, then one queue's journal's: that put's client reads the end of the stream, never the
+    acknowledgement; the other's journal keeps its put, its client reads the reply and goes on."""
+    other_protocol = next(name for name in ROUNDS if name != protocol)
+    other, other_client = gevent.socket.socketpair()
+    other_client.settimeout(STALL_S)
+    try:
+        fsyncs = Fsyncs(monkeypatch)
+        serving = serve(always_state, pair, protocol, "doomed")
+        serve(always_state, (other, other_client), other_protocol, "kept")
+        fsyncs.go.clear()
+        for client, name, queue in ((pair[1], protocol, b"doomed"), (other_client, other_protocol, b"kept")):
+            if name == "memcache":
+                client.sendall(b"set %s 0 0 1\r\n1\r\n" % queue)
+            else:
+                client.sendall(framed(encode_call("binary", "put", queue_name=queue.decode(), items=[b"1"],
+                                                  expiration_msec=0)))
+        with gevent.Timeout(STALL_S):
+            while always_state.stats.cmd_set < 4:  # both answered, their replies held
+                gevent.sleep(0.01)
+        fsyncs.failing_files = ("commit-log", "doomed")
+        fsyncs.go.set()
+        assert pair[1].recv(100) == b""
+        serving.join(timeout=STALL_S)
+        assert serving.ready()
+        if other_protocol == "memcache":
+            assert received(other_client, b"STORED\r\n") == b"STORED\r\n"
+        else:
+            assert read_framed_reply(other_client, "binary", "put") == 1
+        assert [item.data for item in always_state.collection.remove("kept", 2)] == [b"1"]
+        fsyncs.failing_files = ()
+        ROUNDS[other_protocol][1](other_client, "kept", b"2")  # and its connection goes on
+    finally:
+        other.close()
+        other_client.close()
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
