@@ -326,6 +326,58 @@ def test_pipelined_thrift_calls_keep_their_order_across_a_get_that_waits(server_
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_a_client_that_reads_no_replies_is_read_no_more_once_its_socket_is_full(
+        server_state: Any, pair: Any, protocol: str) -> None:
+    """1,000 gets of 16 KB items pipelined in bursts, their replies not read: once a reply waits for room
+    in the socket, the connection reads no more requests, so the queue keeps most of its items
+    rather than their replies piling up in the server's memory. Once the client reads, every get
+    is answered, in order."""
+    connection_type, _ = ROUNDS[protocol]
+    ours, client = pair
+    count, size = 1000, 16 * 1024
+    items = [b"%05d" % i + b"x" * (size - 5) for i in range(count)]
+    connection = connection_type(server_state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    if protocol == "memcache":
+        client.sendall(b"set unread 0 0 1\r\n0\r\nget unread\r\n")
+        request = b"get unread\r\n"
+    else:
+        client.sendall(framed(encode_call("binary", "put", queue_name="unread", items=[b"0"], expiration_msec=0)))
+        client.sendall(framed(encode_call("binary", "get", queue_name="unread", max_items=1, timeout_msec=0,
+                                          auto_abort_msec=0)))
+        request = framed(encode_call("binary", "get", queue_name="unread", max_items=1, timeout_msec=0,
+                                     auto_abort_msec=0))
+    gevent.sleep(0.1)  # (the queue's creation, in the connection's greenlet)
+    queue = server_state.collection.get("unread")
+    with gevent.Timeout(STALL_S):
+        while queue is None:
+            gevent.sleep(0.01)
+            queue = server_state.collection.get("unread")
+    assert server_state.collection.put("unread", items) == count
+    replies = connection.replies if protocol == "memcache" else connection.stream.replies
+    for burst in range(10):  # (a burst of memcache gets is one run: one remove of them all)
+        client.sendall(request * (count // 10))
+        with gevent.Timeout(STALL_S):  # until it reads no more, or has answered the burst
+            while not (getattr(replies, "_room", None) is not None
+                       or queue.length <= count - (burst + 1) * count // 10):
+                gevent.sleep(0.01)
+    assert queue.length > count // 2
+    if protocol == "memcache":
+        first = received(client, b"STORED\r\nVALUE unread 0 1\r\n0\r\nEND\r\n")
+        assert first.endswith(b"0\r\nEND\r\n")
+        for item in items:
+            value = b"VALUE unread 0 %d\r\n%s\r\nEND\r\n" % (size, item)
+            assert received(client, value) == value
+    else:
+        assert read_framed_reply(client, "binary", "put") == 1
+        assert [got.data for got in read_framed_reply(client, "binary", "get")] == [b"0"]
+        for item in items:
+            assert [got.data for got in read_framed_reply(client, "binary", "get")] == [item]
+    client.shutdown(socket.SHUT_WR)
+    assert serving.get(timeout=STALL_S) is True
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_a_client_that_hangs_up_behind_pipelined_puts_loses_none_acknowledged(
         server_state: Any, pair: Any, protocol: str) -> None:
     client = pair[1]

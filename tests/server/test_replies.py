@@ -105,9 +105,28 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     replies.acks.last = turn
     replies.send(big)
     settle(replies, turn)  # part goes at once, a greenlet sends the rest
-    replies.send(b"after")  # behind it, though nothing holds it
+    assert replies.sending
+    got = gevent.spawn(received, client, len(big) + 5)
+    replies.send(b"after")  # behind it, though nothing holds it: once the rest has had room
+    assert got.get(timeout=STALL_S) == big + b"after"
+
+
+def test_a_send_behind_a_reply_that_waits_for_room_waits_too(pair: Any) -> None:
+    """A connection whose client does not read its replies is read no more: its next reply's send
+    waits until the reply before it has had room (`wait_sent`), as its own send would."""
+    replies, client = pair
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    replies.io.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096
+    replies.send_at_once(big)  # as a request answered in the hub sends its reply
+    assert replies.sending
+    sending = gevent.spawn(replies.send, b"after")
+    gevent.sleep(0.05)
+    assert not sending.dead  # waits while nothing is read
     got = gevent.spawn(received, client, len(big) + 5)
     assert got.get(timeout=STALL_S) == big + b"after"
+    sending.join(STALL_S)
+    assert sending.dead and not replies.sending
 
 
 def test_a_reply_released_to_a_client_that_is_gone_cuts_the_connection_off(pair: Any) -> None:

@@ -109,8 +109,11 @@ class BufferedConnection:
         # between requests, the requests that cannot wait are answered in the hub's callback
         hub_serves = self.answers_in_hub
         self.replies.hold()
+        replies = self.replies
         try:
             while True:
+                if replies.sending:
+                    replies.wait_sent()  # no more requests read while a reply waits for room
                 try:
                     if deadline is None and hub_serves and not (buf or self.inbox or self.io.in_place):
                         self.io.serve_from_hub(buf, self._served_in_hub)
@@ -148,7 +151,8 @@ class BufferedConnection:
     def _served_in_hub(self, received: int) -> bool:
         """In the hub, `received` bytes come: answer the requests that cannot wait (`process` stops
         before any other), their replies sent without waiting; False to wake the connection's
-        greenlet for the rest (`ClientSocket.serve_from_hub`)."""
+        greenlet for the rest (`ClientSocket.serve_from_hub`), or to wait there while a reply
+        waits for room."""
         buf = self.buf
         self.server.stats.bytes_read += received
         self.in_hub = True
@@ -160,7 +164,7 @@ class BufferedConnection:
             data = b"".join(self.out)
             self.out.clear()
             self.replies.send_at_once(data)
-        return not buf and not self.mid_request() and not self.io.in_place
+        return not buf and not self.mid_request() and not self.io.in_place and not self.replies.sending
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

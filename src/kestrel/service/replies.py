@@ -9,7 +9,9 @@ connection's own sends are made: `ClientSocket.send_some`); no greenlet is switc
 for it, and the socket's watcher is never stopped across a loop turn (which cost two `epoll_ctl`
 calls a request). Replies go out in order: one built while an earlier one is held waits behind it,
 changes or not. A reply that does not fit the socket at once is finished by a greenlet of its own,
-which gives up after `client_timeout` as the connection's own sends do.
+which gives up after `client_timeout` as the connection's own sends do; meanwhile the connection
+reads no more requests (`wait_sent`), as when it waits for room itself: a client that does not read
+its replies does not have them pile up in the server.
 
 If the log and a change's journal both fail to make it durable, no reply from then on is sent:
 the connection is cut off, so the client never reads an acknowledgement the disk did not keep.
@@ -43,7 +45,7 @@ class Replies:
     to wait until what it holds has gone out (or can never go), and `release` last.
     """
 
-    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "cut_off", "_holding")
+    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "_room", "cut_off", "_holding")
 
     def __init__(self, io: ClientSocket, stats: ServerStats, peer: str = "") -> None:
         self.io = io
@@ -55,6 +57,7 @@ class Replies:
         self._held: list[tuple[Settled | None, bytes]] = []
         self._sending = False  # a send waits for room: later replies queue behind it
         self._idle: gevent.event.Event | None = None  # `finish` waits on it
+        self._room: gevent.event.Event | None = None  # `wait_sent` waits on it
         self.cut_off = False  # a reply could not be made durable or sent: nothing more goes out
         self._holding: Token[Acknowledgements | None] | None = None
 
@@ -76,8 +79,10 @@ class Replies:
     def send(self, data: bytes) -> None:
         """Send `data` after every earlier reply, once the changes made so far are durable: at once
         when nothing holds it (waiting, in the connection's greenlet, for room as
-        `ClientSocket.send_all` does). Raises SendTimeout, OSError from that send."""
+        `ClientSocket.send_all` does, or for a reply before it to get room: `wait_sent`). Raises
+        SendTimeout, OSError from that send."""
         if not self._goes_now(data):
+            self.wait_sent()
             return
         self._sending = True
         try:
@@ -87,6 +92,21 @@ class Replies:
         finally:
             self._sending = False
             self._check_idle()
+
+    @property
+    def sending(self) -> bool:
+        """Whether a reply waits for room in the socket (a greenlet of its own finishes it)."""
+        return self._sending
+
+    def wait_sent(self) -> None:
+        """Return once no reply waits for room in the socket: what a connection calls before it
+        reads more requests, so that a client that stops reading is read no more either."""
+        if self._sending:
+            self._room = gevent.event.Event()
+            try:
+                self._room.wait()
+            finally:
+                self._room = None
 
     def send_at_once(self, data: bytes) -> None:
         """`send` that never waits, for a request answered in the hub's callback: what the socket
@@ -180,8 +200,13 @@ class Replies:
         self._check_idle()
 
     def _check_idle(self) -> None:
+        if self._sending:
+            return
+        room = self._room
+        if room is not None:
+            room.set()
         idle = self._idle
-        if idle is not None and not (self._held or self._sending):
+        if idle is not None and not self._held:
             idle.set()
 
     def finish(self) -> None:

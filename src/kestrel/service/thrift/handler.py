@@ -207,7 +207,10 @@ class ThriftConnection:
         plain = self.reader_cls is BinaryReader
         max_frame, max_items, max_bytes = self.max_frame, self.max_items, self.max_bytes
         # (no `*` in the calls: the compiled build then calls the compiled function straight)
+        replies = stream.replies
         while True:
+            if replies.sending:
+                replies.wait_sent()  # no more requests read while a reply waits for room
             if self.hub_serves and not stream.buf and not stream.io.in_place:
                 if not self._serve_from_hub():
                     return
@@ -245,7 +248,7 @@ class ThriftConnection:
     def _served_in_hub(self, received: int) -> bool:
         """In the hub, `received` bytes come: answer the whole plain calls that cannot wait, each
         reply sent without waiting; False to wake the connection's greenlet for the rest
-        (`ClientSocket.serve_from_hub`)."""
+        (`ClientSocket.serve_from_hub`), or to wait there while a reply waits for room."""
         stream = self.stream
         buf = stream.buf
         stream.stats.bytes_read += received
@@ -254,10 +257,11 @@ class ThriftConnection:
             if call is None or not self._answers_at_once(call[0], call[2]):
                 break
             del buf[:call[3]]
-            stream.replies.send_at_once(self._call(call[0], call[1], call[2]))
-            if buf and self.turns.over():
-                break  # the rest in the connection's greenlet, which steps aside
-        return not buf and not stream.io.in_place
+            replies = stream.replies
+            replies.send_at_once(self._call(call[0], call[1], call[2]))
+            if replies.sending or (buf and self.turns.over()):
+                break  # the rest in the connection's greenlet, which waits for room or steps aside
+        return not buf and not stream.io.in_place and not stream.replies.sending
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
         """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
