@@ -325,6 +325,61 @@ def test_pipelined_thrift_calls_keep_their_order_across_a_get_that_waits(server_
         thrift_round(client, "a", b"2")
 
 
+# A burst mixing requests the hub answers with requests its greenlet answers; each leaves the
+# queue as it found it (empty, no read open), so that every connection's replies are the same.
+MIXED_BURSTS = {
+    "memcache": b"".join([
+        b"set s 0 0 1\r\na\r\nset s 0 0 1\r\nb\r\nget s/open\r\nversion\r\nget s/close/open\r\n",
+        b"get s/abort\r\nget s/peek\r\ndelete other\r\nget s\r\nget s\r\n"]),
+    "thrift": b"".join(framed(call) for call in [
+        encode_call("binary", "put", seqid=1, queue_name="s", items=[b"a", b"b"], expiration_msec=0),
+        encode_call("binary", "get", seqid=2, queue_name="s", max_items=1, timeout_msec=0, auto_abort_msec=0),
+        encode_call("binary", "confirm", seqid=3, queue_name="s", ids={1}),
+        encode_call("binary", "get_version", seqid=4),
+        encode_call("binary", "abort", seqid=5, queue_name="s", ids={2}),
+        encode_call("binary", "get", seqid=6, queue_name="s", max_items=2, timeout_msec=0, auto_abort_msec=0),
+        encode_call("binary", "delete_queue", seqid=7, queue_name="other"),
+        encode_call("binary", "get", seqid=8, queue_name="s", max_items=1, timeout_msec=0, auto_abort_msec=0)])}
+
+
+def mixed_burst_replies(state: Any, protocol: str, at: int, expected: bytes | None = None) -> bytes:
+    """The replies to `protocol`'s mixed burst sent in two parts, the first `at` bytes read by the
+    connection before the rest is sent; as many bytes as `expected` (all of them, without it)."""
+    ours, client = gevent.socket.socketpair()
+    client.settimeout(STALL_S)
+    try:
+        serving = serve(state, (ours, client), protocol, "s")
+        burst = MIXED_BURSTS[protocol]
+        read_before = state.stats.bytes_read
+        client.sendall(burst[:at])
+        with gevent.Timeout(STALL_S):
+            while state.stats.bytes_read < read_before + at:
+                gevent.sleep(0.001)
+        client.sendall(burst[at:])
+        replies = received(client, expected) if expected is not None else b""
+        client.shutdown(socket.SHUT_WR)
+        assert serving.get(timeout=STALL_S) is True
+        ours.close()  # as the listener closes it
+        while chunk := client.recv(65536):
+            replies += chunk
+        return replies
+    finally:
+        ours.close()
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_a_mixed_burst_split_at_any_byte_gets_the_replies_it_gets_whole(server_state: Any, protocol: str) -> None:
+    """Requests cut anywhere (a line, an item, a frame's size or body) between what the hub reads
+    and what follows: the hub hands the partial request to the greenlet, which reads it whole and
+    hands the next ones back; every reply as the burst sent in one piece gets, in order."""
+    whole = mixed_burst_replies(server_state, protocol, len(MIXED_BURSTS[protocol]))
+    found = b"VALUE s" if protocol == "memcache" else b"\x0b\x00\x01\x00\x00\x00\x01"  # an item's data
+    assert whole.count(found) == {"memcache": 4, "thrift": 2}[protocol]
+    for at in range(1, len(MIXED_BURSTS[protocol])):
+        assert mixed_burst_replies(server_state, protocol, at, whole) == whole, at
+
+
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_a_client_that_reads_no_replies_is_read_no_more_once_its_socket_is_full(
         server_state: Any, pair: Any, protocol: str) -> None:
