@@ -33,7 +33,7 @@ from kestrel.storage import fanout
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import JournalWriteError
+from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
@@ -77,6 +77,7 @@ class Kestrel3Queue(PersistentQueue):
         self._file: ReaderFile | None = None
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
+        self._compacting = False  # a rewrite of the checkpoint grown large is on its way (`_compact`)
         # The change in progress: the ids it consumed (written by `_commit`), and what it did, to
         # be undone if that write fails.
         self._consumed: list[int] = []
@@ -144,6 +145,7 @@ class Kestrel3Queue(PersistentQueue):
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
         self._file = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
                                 start, self._journals.runtime, self._journal.checkpoint_written,
+                                self._gate,
                                 self._journal.commit_log if self.config.sync_journal is not None else None)
         self._journal.attach(self)
         for info in writer.files:
@@ -343,15 +345,35 @@ class Kestrel3Queue(PersistentQueue):
                       "next write", queue=self.name, error=str(e))
 
     def _sync_checkpoint(self) -> None:
-        """Wait as the sync policy says for what this reader's checkpoint was given."""
-        if self._file is not None and not self.closed:
-            self._file.commit()
+        """Wait as the sync policy says for what this reader's checkpoint was given; one grown large
+        is rewritten after the change, in a change of its own (`_compact`)."""
+        file = self._file
+        if file is not None and not self.closed:
+            if file.grown and not self._compacting:
+                self._compacting = True
+                self.runtime.spawn(self._compact)
+            file.commit()
+
+    def _compact(self) -> None:
+        """Rewrite this reader's checkpoint grown large, off the loop while the readers of the writer
+        journal wait at its gate (`ReaderFile.replace`): not in the change that grew it, which may be
+        one answered without yielding. A write that fails leaves the file as it was, and the queue
+        read-only until a probe succeeds, as any change's (logged there); the next change tries again."""
+        try:
+            with self:
+                file = self._file
+                if file is not None and file.grown:
+                    file.replace(file.head, file.done)
+        except (JournalWriteError, QueueClosed):
+            pass  # closed meanwhile, or the failure is logged and counted by the change
+        finally:
+            self._compacting = False
 
     def sync_head(self) -> None:
         """Return once what this reader's checkpoint was given is on disk as the sync policy requires
         (closed, it was fsynced). Raises OSError."""
         if self._file is not None and not self.closed:
-            self._file.writer.commit()
+            self._file.commit()
 
     # -----------------------------------------------------------------------------------------
     # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
