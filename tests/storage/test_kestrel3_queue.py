@@ -3,6 +3,7 @@ expiry, and writes that fail."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import threading
@@ -310,6 +311,22 @@ def test_a_checkpoint_grown_large_is_rewritten_after_the_change_and_off_the_loop
     assert rewrites.on_loop("q.read.", "q.manifest") == []
     coll = reopen(coll)
     assert drain(coll, "q") == [b"%d" % i for i in range(removes + 1, 8_000)]
+
+
+def test_a_queue_deleted_while_its_checkpoint_rewrite_waits_is_freed_at_its_delete(tmp_path: Path) -> None:
+    """The rewrite after the change that grew the checkpoint runs before the delete's close, which
+    then holds nothing of the queue (docs/queue-lifetime.md)."""
+    coll = collection(tmp_path)
+    coll.queue("q+c")
+    coll.put("q", [b"%d" % i for i in range(8_000)])
+    checkpoint = tmp_path / "q.read.c"
+    while checkpoint.stat().st_size <= COMPACT_AT:
+        assert coll.remove("q+c")
+    coll.delete("q+c")
+    assert not [o for o in gc.get_objects() if isinstance(o, Kestrel3Queue) and o.name == "q+c"
+                and o.queue_path == coll.path], "a deleted queue is still referred to"
+    assert not checkpoint.exists()
+    assert drain(reopen(coll), "q") == [b"%d" % i for i in range(8_000)]
 
 
 def test_a_reload_changes_rotation_size_and_limits(tmp_path: Path) -> None:
