@@ -12,7 +12,8 @@ compiled`, and `pure`), the builds taking turns run by run; each row names the b
 
 - single: one item per request, 4 clients. Our `sync_journal: never` against beanstalkd -F and
   Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached
-  and Redis.
+  and Redis. Reliable reads against beanstalkd's reserve + delete: Thrift get with auto-abort then
+  confirm, memcache `get q/open` then `get q/close`, as Kestrel's clients make them.
 - batch: 100 items per round, 4 clients: one Thrift put and get against Redis's multi-value RPUSH
   and LPOP with a count, against 100 pipelined single-item Redis commands, and against 100
   pipelined beanstalkd commands (it has no batch command); memcache pipelined against memcached.
@@ -190,8 +191,10 @@ def single(bench: Bench, work: Path) -> Figures:
         rows("memcache set + get", memcache, "memcached set/get", memcached)
         rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
         rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis)
+        opened = bench.alternate("memcache", k, "memcache", "open", open_reads=True)
+        rows("memcache set + get/open + get/close", opened, "beanstalkd -F put/reserve/delete", beans)
     return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
-            "beanstalkd": beans, "redis": redis, "memcached": memcached}
+            **named("memcache open", opened), "beanstalkd": beans, "redis": redis, "memcached": memcached}
 
 
 def batch(bench: Bench, work: Path) -> Figures:

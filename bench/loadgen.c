@@ -10,7 +10,9 @@
  *
  *   thrift     Kestrel's Thrift service, framed binary: put(q, items) then get(q, BATCH); with -a MS
  *              the get opens reads that abort after MS unless confirmed, and a confirm(q, ids) follows
- *   memcache   set q / get q, for Kestrel's memcache port and memcached alike (BATCH > 1: pipelined)
+ *   memcache   set q / get q, for Kestrel's memcache port and memcached alike (BATCH > 1: pipelined);
+ *              with -o the get is a reliable read, as Kestrel's clients make it: get q/open, then
+ *              get q/close confirms it (BATCH 1: a connection holds one open read)
  *   redis      RPUSH q v1..vBATCH / LPOP q [BATCH]; with -P, BATCH single-item commands pipelined
  *   beanstalk  put / reserve-with-timeout 0 / delete on tube q (BATCH > 1: pipelined)
  *
@@ -26,7 +28,7 @@
  * what it put, 1 on any error or lost item. No library beyond libc: cc -O2 -o loadgen loadgen.c
  *
  *   loadgen PROTOCOL PORT [-c CLIENTS] [-p PROCESSES] [-b BATCH] [-s SIZE] [-n ITEMS] [-t SECONDS] [-a MS]
- *           [-q PREFIX] [-H HOST] [-P] [-j] [-Q QUEUES] [-F FILL] [-W]
+ *           [-o] [-q PREFIX] [-H HOST] [-P] [-j] [-Q QUEUES] [-F FILL] [-W]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -85,7 +87,7 @@ static double bucket_ns(int b) {                 /* the middle of a bucket's ran
 static report_t *me;
 static int sock = -1;
 static char queue[64];
-static int batch = 1, size = 128, pipelined, abort_ms, queues, fill, warm = 1;
+static int batch = 1, size = 128, pipelined, abort_ms, open_reads, queues, fill, warm = 1;
 static char **items;
 static int clients_total;
 static int multiplexed;                          /* this process drives several connections */
@@ -367,7 +369,7 @@ static long memcache_round(void) {
     }
     uint64_t t1 = now_ns();
     me->count[OP_PUT][bucket_of(t1 - t0)]++;
-    for (int i = 0; i < batch; i++) emitf("get %s\r\n", queue);
+    for (int i = 0; i < batch; i++) emitf(open_reads ? "get %s/open\r\n" : "get %s\r\n", queue);
     send_out();
     long got = 0;
     for (int i = 0; i < batch; i++) {
@@ -380,8 +382,16 @@ static long memcache_round(void) {
         if (strcmp(take_line(), "END") != 0) fail("memcache get: no END after the value");
         got++;
     }
-    me->count[OP_GET][bucket_of(now_ns() - t1)]++;
+    uint64_t t2 = now_ns();
+    me->count[OP_GET][bucket_of(t2 - t1)]++;
     me->got += (uint64_t)got;
+    if (open_reads && got > 0) {
+        emitf("get %s/close\r\n", queue);
+        send_out();
+        char *line = take_line();
+        if (strcmp(line, "END") != 0) fail("memcache get/close: %s", line);
+        me->count[OP_ACK][bucket_of(now_ns() - t2)]++;
+    }
     return got;
 }
 
@@ -756,7 +766,8 @@ static double percentile(const uint64_t *count, uint64_t total, double p) {
 
 static void usage(void) {
     fprintf(stderr, "usage: loadgen thrift|memcache|redis|beanstalk PORT [-c CLIENTS] [-p PROCESSES] [-b BATCH] [-s SIZE]\n"
-                    "       [-n ITEMS per client] [-t SECONDS] [-a AUTO_ABORT_MS] [-q PREFIX] [-H HOST] [-P] [-j]\n"
+                    "       [-n ITEMS per client] [-t SECONDS] [-a AUTO_ABORT_MS] [-o: memcache open reads]\n"
+                    "       [-q PREFIX] [-H HOST] [-P] [-j]\n"
                     "       [-Q QUEUES shared by the clients] [-F FILL items left in each queue] [-W: no warm-up]\n");
     exit(2);
 }
@@ -770,7 +781,7 @@ int main(int argc, char **argv) {
     long per_client = 0;
     double seconds = 0;
     optind = 3;
-    for (int o; (o = getopt(argc, argv, "c:p:b:s:n:t:a:q:H:PjQ:F:W")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "c:p:b:s:n:t:a:oq:H:PjQ:F:W")) != -1;) {
         switch (o) {
         case 'c': clients = atoi(optarg); break;
         case 'p': processes = atoi(optarg); break;
@@ -779,6 +790,7 @@ int main(int argc, char **argv) {
         case 'n': per_client = atol(optarg); break;
         case 't': seconds = atof(optarg); break;
         case 'a': abort_ms = atoi(optarg); break;
+        case 'o': open_reads = 1; break;
         case 'q': prefix = optarg; break;
         case 'H': host = optarg; break;
         case 'P': pipelined = 1; break;
@@ -791,6 +803,10 @@ int main(int argc, char **argv) {
     }
     if (clients < 1 || batch < 1 || size < 1 || (per_client <= 0 && seconds <= 0)) {
         fprintf(stderr, "loadgen: CLIENTS, BATCH and SIZE must be positive, and -n or -t given\n");
+        return 2;
+    }
+    if (open_reads && (strcmp(protocol, "memcache") || batch != 1)) {
+        fprintf(stderr, "loadgen: -o is for memcache, one item a round\n");
         return 2;
     }
     if (queues < 0 || fill < 0 || (fill && !strcmp(protocol, "beanstalk")) ||

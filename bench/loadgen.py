@@ -65,13 +65,15 @@ class LoadResult:
 
 def run(binary: Path, protocol: str, port: int, *, clients: int = 4, processes: int = 0, batch: int = 1,
         size: int = 128,
-        seconds: float = 0.0, items: int = 0, auto_abort_ms: int = 0, pipelined: bool = False,
+        seconds: float = 0.0, items: int = 0, auto_abort_ms: int = 0, open_reads: bool = False,
+        pipelined: bool = False,
         prefix: str = "loadgen", timeout: float = 120.0, queues: int = 0, fill: int = 0,
         warm_up: bool = True) -> LoadResult:
     """Run the generator for `seconds`, or for `items` per client; raise LoadgenError if anything failed.
 
     protocol is one of thrift, memcache, redis, beanstalk. `auto_abort_ms` makes Thrift gets open
-    reads that are then confirmed; `pipelined` makes Redis send a batch as single-item commands;
+    reads that are then confirmed; `open_reads` makes memcache gets reliable reads (`get q/open`,
+    then `get q/close`, one item a round); `pipelined` makes Redis send a batch as single-item commands;
     `processes` spreads the clients' connections over that many processes, each driving its share
     on one event loop (0: a process each); `queues` makes the clients share that many queues (0: one
     each); `fill` leaves that many items in each queue first (thrift, memcache, redis); without
@@ -87,6 +89,8 @@ def run(binary: Path, protocol: str, port: int, *, clients: int = 4, processes: 
         args += ["-n", str(items)]
     if auto_abort_ms:
         args += ["-a", str(auto_abort_ms)]
+    if open_reads:
+        args.append("-o")
     if pipelined:
         args.append("-P")
     if queues:

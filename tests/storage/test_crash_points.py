@@ -236,6 +236,32 @@ def test_a_kill_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refus
     check(points.crashes, configs, ("create q.", "unlink q.", "-> .kestrel/q.manifest"))
 
 
+def test_a_kill_at_every_step_of_a_kestrel3_checkpoint_rewritten_once_large_refuses_nothing(
+        tmp_path: Path) -> None:
+    """A reader's checkpoint grown past `COMPACT_AT` is rewritten after the change that grew it, off
+    the loop (its manifest entry, then the file): a kill at each step leaves the old file or the new
+    one whole, and the queue holds what was acknowledged."""
+    queues = tmp_path / "queues"
+    configs = QueueConfigs({}, {"q": {"journal_format": "kestrel3"}})  # (a kill keeps what is not fsynced)
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    coll.queue("q+c")
+    items = [item(n) for n in range(16_000)]  # each remove appends 9 bytes: 7,300 to grow past 64 KB
+    coll.put("q", items)
+    model = Model(["q", "q+c"])
+    model.items = {"q": list(items), "q+c": list(items)}
+    checkpoint = queues / "q.read."
+    rewrites = 0
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+        while rewrites < 2:
+            size = checkpoint.stat().st_size
+            model.change({"q": model.items["q"][1:]}, coll.remove, "q")
+            settle(coll, "q")  # the rewrite, when due, runs here
+            rewrites += checkpoint.stat().st_size < size
+        model.change({"q+c": model.items["q+c"][5:]}, coll.remove, "q+c", 5)
+    coll.close()
+    check(points.crashes, configs, ("create q~~read.", "q~~read. -> q.read.", "-> .kestrel/q.manifest"))
+
+
 def test_a_rotation_while_a_pack_taken_at_once_is_written_then_its_failure_keeps_rotation_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under `never` the journal rotated for a pack taken at once is neither fsynced nor sealed, and

@@ -3,8 +3,11 @@ expiry, and writes that fail."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError
 from kestrel.storage.item import QItem
+from kestrel.storage.kestrel3.journal import COMPACT_AT
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
@@ -197,6 +201,7 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
     sizes = []
     for _ in range(9_000):  # each moves the head: one small record appended
         coll.remove("q")
+        gevent.sleep(0)  # the rewrite runs after the change, in a greenlet of its own
         sizes.append(checkpoint.stat().st_size)
     assert max(sizes) < 64 * 1024 + 64
     assert any(b < a for a, b in zip(sizes, sizes[1:], strict=False))  # rewritten at least once
@@ -204,9 +209,124 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
     assert held is not None
     for _ in range(9_000):
         coll.remove("q")
+        gevent.sleep(0)
     assert checkpoint.stat().st_size < 4 * 8 * 9_000  # never far above its state's own size
     coll = reopen(coll)
     assert drain(coll, "q") == [b"9000"] + [b"%d" % i for i in range(18_001, 20_000)]
+
+
+class HeldRewrites:
+    """`os.replace` and `os.fsync` noting whether each ran on the loop thread (a rename by the name
+    it gives, an fsync by the file or folder it syncs); off the loop, the rename of queue `q`'s
+    checkpoint waits for `release`. On the loop thread nothing waits (the test would hang)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loop_thread = threading.get_ident()
+        self.calls: list[tuple[str, bool, str]] = []  # (call, on the loop thread, name)
+        self.started = threading.Event()
+        self.release = threading.Event()
+        rename, fsync = os.replace, os.fsync
+
+        def held_rename(src: str, dst: str) -> None:
+            on_loop = threading.get_ident() == self.loop_thread
+            self.calls.append(("rename", on_loop, os.path.basename(dst)))
+            if not on_loop and os.path.basename(dst) == "q.read.":
+                self.started.set()
+                self.release.wait(60)
+            rename(src, dst)
+
+        def noted_fsync(fd: int) -> None:
+            name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+            self.calls.append(("fsync", threading.get_ident() == self.loop_thread, name))
+            fsync(fd)
+
+        monkeypatch.setattr(os, "replace", held_rename)
+        monkeypatch.setattr(os, "fsync", noted_fsync)
+
+    def wait_started(self, task: gevent.Greenlet) -> None:
+        """Let the loop run until the rename of the checkpoint is under way on its thread (or `task` ended)."""
+        while not self.started.is_set() and not task.ready():
+            gevent.sleep(0.001)
+
+    def on_loop(self, *names: str) -> list[tuple[str, str]]:
+        """The calls that ran on the loop thread for a file whose name starts with one of `names`."""
+        return [(call, name) for call, on_loop, name in self.calls if on_loop and name.startswith(names)]
+
+
+@pytest.fixture
+def rewrites(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldRewrites]:
+    held = HeldRewrites(monkeypatch)
+    yield held
+    held.release.set()
+
+
+def test_a_flush_rewrites_the_checkpoint_off_the_loop_while_other_queues_are_served(
+        tmp_path: Path, rewrites: HeldRewrites) -> None:
+    """Under `always` a rewrite is two writes of a file in one step, each with two fsyncs (the
+    manifest listing the new checkpoint, then the checkpoint): none of them on the loop thread,
+    other queues served meanwhile, the readers of the journal waiting their turn."""
+    coll = collection(tmp_path, q={"sync_journal": "always"})
+    coll.queue("q+c")
+    coll.put("q", [b"a", b"b", b"c", b"d"])
+    rewrites.calls.clear()
+    flush = gevent.spawn(coll.flush, "q")
+    rewrites.wait_started(flush)
+    assert rewrites.on_loop("q.read.", "q.manifest") == []
+    assert not flush.ready()
+    assert coll.put("other", [b"meanwhile"]) == 1  # another queue is served
+    get = gevent.spawn(coll.remove, "q+c", 1)  # a reader of the same journal waits
+    gevent.sleep(0)
+    assert not get.ready()
+    rewrites.release.set()
+    flush.get(timeout=60)
+    assert [item.data for item in get.get(timeout=60)] == [b"a"]
+    assert rewrites.on_loop("q.read.", "q.manifest") == []
+    coll = reopen(coll)
+    assert drain(coll, "q") == []
+    assert drain(coll, "q+c") == [b"b", b"c", b"d"]
+    assert drain(coll, "other") == [b"meanwhile"]
+
+
+def test_a_checkpoint_grown_large_is_rewritten_after_the_change_and_off_the_loop(
+        tmp_path: Path, rewrites: HeldRewrites) -> None:
+    """The change that grows the checkpoint past `COMPACT_AT` neither rewrites it nor yields (it may
+    be one answered in the hub's callback); the rewrite follows in a change of its own, off the loop."""
+    coll = collection(tmp_path)
+    coll.put("q", [b"%d" % i for i in range(8_000)])
+    checkpoint = tmp_path / "q.read."
+    removes = 0
+    while checkpoint.stat().st_size <= COMPACT_AT and removes < 8_000:  # each appends a small record
+        assert coll.remove("q")
+        removes += 1
+    assert checkpoint.stat().st_size > COMPACT_AT, "rewritten in the change that grew it"
+    rewrites.calls.clear()
+    task = gevent.spawn(coll.remove, "q")
+    rewrites.wait_started(task)
+    assert rewrites.started.is_set(), "the checkpoint was not rewritten off the loop"
+    assert rewrites.on_loop("q.read.", "q.manifest") == []
+    assert not task.ready()  # the next change of the reader waits for the rewrite
+    rewrites.release.set()
+    assert [item.data for item in task.get(timeout=60)] == [b"%d" % removes]
+    assert checkpoint.stat().st_size < 1024
+    assert rewrites.on_loop("q.read.", "q.manifest") == []
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"%d" % i for i in range(removes + 1, 8_000)]
+
+
+def test_a_queue_deleted_while_its_checkpoint_rewrite_waits_is_freed_at_its_delete(tmp_path: Path) -> None:
+    """The rewrite after the change that grew the checkpoint runs before the delete's close, which
+    then holds nothing of the queue (docs/queue-lifetime.md)."""
+    coll = collection(tmp_path)
+    coll.queue("q+c")
+    coll.put("q", [b"%d" % i for i in range(8_000)])
+    checkpoint = tmp_path / "q.read.c"
+    while checkpoint.stat().st_size <= COMPACT_AT:
+        assert coll.remove("q+c")
+    coll.delete("q+c")
+    assert not [o for o in gc.get_objects() if isinstance(o, Kestrel3Queue) and o.name == "q+c"
+                and o.queue_path == coll.path], "a deleted queue is still referred to"
+    assert not checkpoint.exists()
+    assert drain(reopen(coll), "q") == [b"%d" % i for i in range(8_000)]
 
 
 def test_a_reload_changes_rotation_size_and_limits(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ A read-behind cursor of either format reads a record of `LARGE_APPEND` bytes or 
 way, in one read on the thread pool (`BufferedFile.read_at`, src/kestrel/storage/journal_file.py):
 the change that reads it is in progress, so the journal's other changes wait at the gate until it
 is read, and nothing that would move the cursor (a change, paging out, a close) runs meanwhile.
+A Kestrel 3 reader's checkpoint rewritten whole (its manifest entry, the file, their fsyncs) goes
+the same way, every reader of the writer journal waiting meanwhile
+(src/kestrel/storage/kestrel3/journal.py, `ReaderFile.replace`).
 """
 
 from __future__ import annotations

@@ -375,7 +375,8 @@ class Kestrel3Journal(Generic[R]):
         """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
         a manifest listing a newer file lists every older one too, or start-up takes them for strays."""
         listed = self._keeper.manifest.files
-        return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in self.writer.files
+        files = list(self.writer.files)  # one copy: a checkpoint rewrite asks from the thread pool
+        return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in files
                 if (name := os.path.basename(f.path)) not in listed}
 
     def checkpoint_written(self, reader: str, entry: manifest.Entry, now: manifest.Entry | None) -> None:
@@ -536,10 +537,11 @@ class ReaderFile:
 
     def __init__(self, queue_path: str, queue: str, reader: str, sync_ms: int | None, start: int,
                  runtime: Runtime, written: Callable[[str, manifest.Entry, manifest.Entry | None], None],
-                 commit_log: CommitLog | None = None) -> None:
+                 gate: WriteGate, commit_log: CommitLog | None = None) -> None:
         self.queue_path = queue_path
         self.commit_log = commit_log  # its appends go there too, by meaning (`commit_log.READER`)
         self.written = written  # the manifest learns of each whole write
+        self.gate = gate  # the writer journal's: its readers' changes wait there while this file is rewritten
         self.runtime = runtime
         self.queue = queue
         self.reader = reader
@@ -587,22 +589,35 @@ class ReaderFile:
         return moved
 
     def replace(self, head: int, done: set[int]) -> None:
-        """Write the whole checkpoint anew (a flush, or a file grown large), without yielding to
-        other greenlets: the old file's descriptor is closed in the background. Raises OSError."""
+        """Write the whole checkpoint anew (a flush, or a file `grown` large) off the loop, its
+        manifest entry and the file each with their fsyncs, while every reader of the writer
+        journal waits at its gate (nothing is appended to the old file meanwhile): the caller, a
+        change, has its turn there. The old file's descriptor is closed in the background. Raises
+        OSError, and then the reader is as it was."""
         old = self.writer
         state = ReaderCheckpoint(head, frozenset(done))
         entry = checkpoint_entry(state)
-        self.written(self.reader, entry, self.entry)  # listed first, beside what the file holds now
-        write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=old.sync_ms is not None)
+        self.gate.off_loop(self._write_whole, state, entry, self.entry, old.sync_ms is not None)
         self.entry = entry
         self.head, self.done = head, set(done)
         self.writer = self._writer(old.sync_ms)
         self.runtime.spawn(old.close)
 
+    def _write_whole(self, state: ReaderCheckpoint, entry: manifest.Entry, now: manifest.Entry,
+                     sync: bool) -> None:
+        """On the thread pool: list `entry` in the manifest beside `now` (what the file holds: a
+        crash before the rename leaves it), then write the file anew in one step."""
+        self.written(self.reader, entry, now)
+        write_checkpoint(self.queue_path, self.queue, self.reader, state, sync=sync)
+
+    @property
+    def grown(self) -> bool:
+        """Whether the file grew much larger than its state: time to rewrite it (`replace`)."""
+        size = self.writer.size
+        return size > COMPACT_AT and size > 4 * (24 + 8 * len(self.done))
+
     def commit(self) -> None:
-        """Rewrite the file if it grew much larger than its state, then wait as the sync policy requires."""
-        if self.writer.size > COMPACT_AT and self.writer.size > 4 * (24 + 8 * len(self.done)):
-            self.replace(self.head, self.done)
+        """Wait as the sync policy requires for what the file was given."""
         self.writer.commit()
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ from kestrel.storage import fanout
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import JournalWriteError
+from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
@@ -41,7 +41,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReaderPosition
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
-from kestrel.storage.runtime import GeventRuntime
+from kestrel.storage.runtime import GeventRuntime, Task
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -77,6 +77,7 @@ class Kestrel3Queue(PersistentQueue):
         self._file: ReaderFile | None = None
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
         self._unsaved: set[int] = set()  # consumed, not yet in the checkpoint file (a write failed)
+        self._compaction: Task | None = None  # the rewrite of a checkpoint grown large (`_compact`)
         # The change in progress: the ids it consumed (written by `_commit`), and what it did, to
         # be undone if that write fails.
         self._consumed: list[int] = []
@@ -144,6 +145,7 @@ class Kestrel3Queue(PersistentQueue):
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
         self._file = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
                                 start, self._journals.runtime, self._journal.checkpoint_written,
+                                self._gate,
                                 self._journal.commit_log if self.config.sync_journal is not None else None)
         self._journal.attach(self)
         for info in writer.files:
@@ -343,15 +345,35 @@ class Kestrel3Queue(PersistentQueue):
                       "next write", queue=self.name, error=str(e))
 
     def _sync_checkpoint(self) -> None:
-        """Wait as the sync policy says for what this reader's checkpoint was given."""
-        if self._file is not None and not self.closed:
-            self._file.commit()
+        """Wait as the sync policy says for what this reader's checkpoint was given; one grown large
+        is rewritten after the change, in a change of its own (`_compact`)."""
+        file = self._file
+        if file is not None and not self.closed:
+            if file.grown and self._compaction is None:
+                self._compaction = self.runtime.spawn(self._compact)
+            file.commit()
+
+    def _compact(self) -> None:
+        """Rewrite this reader's checkpoint grown large, off the loop while the readers of the writer
+        journal wait at its gate (`ReaderFile.replace`): not in the change that grew it, which may be
+        one answered without yielding. A write that fails leaves the file as it was, and the queue
+        read-only until a probe succeeds, as any change's (logged there); the next change tries again.
+        A close waits for it (`wait_for_packing`): nothing holds a deleted queue after its delete."""
+        try:
+            with self:
+                file = self._file
+                if file is not None and file.grown:
+                    file.replace(file.head, file.done)
+        except (JournalWriteError, QueueClosed):
+            pass  # closed meanwhile, or the failure is logged and counted by the change
+        finally:
+            self._compaction = None
 
     def sync_head(self) -> None:
         """Return once what this reader's checkpoint was given is on disk as the sync policy requires
         (closed, it was fsynced). Raises OSError."""
         if self._file is not None and not self.closed:
-            self._file.writer.commit()
+            self._file.commit()
 
     # -----------------------------------------------------------------------------------------
     # Around each change (a failed write: the queue policy's, src/kestrel/storage/queue.py)
@@ -414,8 +436,11 @@ class Kestrel3Queue(PersistentQueue):
     # Settings and shutting down
 
     def wait_for_packing(self) -> None:
-        """Kestrel 3 journals are never packed (their files are deleted): wait until the files every
-        reader has passed are deleted and every rotated writer file is in the manifest."""
+        """Kestrel 3 journals are never packed (their files are deleted): wait until this reader's
+        checkpoint rewrite under way has ended, the files every reader has passed are deleted and
+        every rotated writer file is in the manifest."""
+        if (compaction := self._compaction) is not None:
+            compaction.join()
         if self._journal is not None:
             self._journal.wait_for_release()
             self._journal.writer.wait_for_sealing()
