@@ -1018,8 +1018,8 @@ def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since
         synced.append(path)
 
     coll = gevent_collection(tmp_path, fsync)
-    coll.put("old", [b"created"])
-    coll.put("new", [b"created"])
+    for name in ("old", "new", "other"):
+        coll.put(name, [b"created"])
     held = Held()
     for _ in range(2):  # settled, durable in the log: the holder needs `old` no longer
         gevent.spawn(held.change, partial(coll.put, "old", [b"item"])).join()
@@ -1029,12 +1029,20 @@ def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since
     assert held.acks.failed is None  # `old`, which would fail, is not among its journals
     assert [os.path.basename(p) for p in synced] == ["new"]
     failing.update(old=False)
-    gevent.spawn(held.change, partial(coll.put, "new", [b"again"])).join()  # the same journal, a later end
-    assert held.acks.failed is None and [os.path.basename(p) for p in synced] == ["new", "new"]
+    synced.clear()
+
+    def three() -> None:  # one turn: the same journal twice (its later end), and another
+        coll.put("new", [b"again"])
+        coll.put("other", [b"item"])
+        coll.put("new", [b"last"])
+
+    gevent.spawn(held.change, three).join()
+    assert held.acks.failed is None and sorted(os.path.basename(p) for p in synced) == ["new", "other"]
     failing.update(log=False)
     coll.close()
     again = collection(tmp_path)
-    assert drain(again, "new") == [b"created", b"item", b"again"]
+    assert drain(again, "new") == [b"created", b"item", b"again", b"last"]
+    assert drain(again, "other") == [b"created", b"item"]
     assert drain(again, "old") == [b"created", b"item", b"item"]
     again.close()
 

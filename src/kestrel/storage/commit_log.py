@@ -1216,7 +1216,7 @@ class CommitLog:
             log.warning("the commit log could not take a turn; its journals are fsynced instead",
                         error=str(turn.error))
             for holder in turn.holders:
-                for journal, end in list(holder.journals.items()):
+                for journal, end in holder.written():
                     try:
                         journal.sync_to(end)
                     except OSError as e:
