@@ -1004,6 +1004,49 @@ def test_a_turn_the_log_cannot_make_durable_has_its_holders_journals_fsynced_and
     coll.close()
 
 
+def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since_its_turns_last_settled(
+        tmp_path: Path) -> None:
+    log_dir = commit_log.directory(str(tmp_path))
+    synced: list[str] = []
+    failing = {"log": False, "old": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if (failing["log"] and path.startswith(log_dir)) or (failing["old"] and os.path.basename(path) == "old"):
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        synced.append(path)
+
+    coll = gevent_collection(tmp_path, fsync)
+    for name in ("old", "new", "other"):
+        coll.put(name, [b"created"])
+    held = Held()
+    for _ in range(2):  # settled, durable in the log: the holder needs `old` no longer
+        gevent.spawn(held.change, partial(coll.put, "old", [b"item"])).join()
+    synced.clear()
+    failing.update(log=True, old=True)
+    gevent.spawn(held.change, partial(coll.put, "new", [b"item"])).join()
+    assert held.acks.failed is None  # `old`, which would fail, is not among its journals
+    assert [os.path.basename(p) for p in synced] == ["new"]
+    failing.update(old=False)
+    synced.clear()
+
+    def three() -> None:  # one turn: the same journal twice (its later end), and another
+        coll.put("new", [b"again"])
+        coll.put("other", [b"item"])
+        coll.put("new", [b"last"])
+
+    gevent.spawn(held.change, three).join()
+    assert held.acks.failed is None and sorted(os.path.basename(p) for p in synced) == ["new", "other"]
+    failing.update(log=False)
+    coll.close()
+    again = collection(tmp_path)
+    assert drain(again, "new") == [b"created", b"item", b"again", b"last"]
+    assert drain(again, "other") == [b"created", b"item"]
+    assert drain(again, "old") == [b"created", b"item", b"item"]
+    again.close()
+
+
 def test_turns_settle_in_order_a_later_turn_waits_for_an_earlier_ones_fallback(tmp_path: Path) -> None:
     log_dir = commit_log.directory(str(tmp_path))
     slow = threading.Event()

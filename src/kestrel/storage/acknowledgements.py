@@ -46,21 +46,49 @@ class Syncable(Protocol):
 class Acknowledgements:
     """The changes of one client that the disk has still to take, and what to call when it has.
 
-    `last` is the newest turn holding one of them (a reply built now waits for it); `journals`
-    each journal written since the client's replies were last all released, with its end, for the
-    fallback on a failed turn; `failed` the error that makes the client's replies since then
-    undeliverable: its connection is closed rather than answered. `settled` is called on the
-    event loop (never inside a change) once for each turn of the client's that is settled, in
-    order.
+    `last` is the newest turn holding one of them (a reply built now waits for it); `failed` the
+    error that makes the client's replies since then undeliverable: its connection is closed
+    rather than answered. `settled` is called on the event loop (never inside a change) once for
+    each turn of the client's that is settled, in order. The journals written since the client's
+    turns were last all settled are kept, each with its end, for the fallback on a failed turn
+    (`wrote`, `written`).
     """
 
-    __slots__ = ("last", "journals", "failed", "settled")
+    __slots__ = ("last", "_journal", "_end", "_more", "failed", "settled")
 
     def __init__(self, settled: Callable[[], None]) -> None:
         self.last: Settled | None = None
-        self.journals: dict[Syncable, int] = {}
+        # The first journal written and its end in fields of their own, any other (a client of
+        # several queues at once) in a dict: a client writing one queue, the usual case, costs no
+        # dict filled a change and emptied when its turns settle.
+        self._journal: Syncable | None = None
+        self._end = 0
+        self._more: dict[Syncable, int] | None = None
         self.failed: OSError | None = None
         self.settled = settled
+
+    def wrote(self, journal: Syncable, end: int) -> None:
+        """A change of the client's, held for a turn not yet settled, was appended to `journal`,
+        which ends at `end` now (an end only grows: the last is the most)."""
+        first = self._journal
+        if first is None or first is journal:
+            self._journal = journal
+            self._end = end
+        elif self._more is None:
+            self._more = {journal: end}
+        else:
+            self._more[journal] = end
+
+    def all_settled(self) -> None:
+        """Every turn holding a change of the client's is settled: none of its journals is needed."""
+        self._journal = None
+        self._more = None
+
+    def written(self) -> list[tuple[Syncable, int]]:
+        """Each journal written since the client's turns were last all settled, with its end."""
+        if self._journal is None:
+            return []
+        return [(self._journal, self._end), *(self._more or {}).items()]
 
     @property
     def pending(self) -> bool:

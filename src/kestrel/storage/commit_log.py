@@ -1203,7 +1203,7 @@ class CommitLog:
             turn.settled = True
             for holder in turn.holders:
                 if holder.last is turn:
-                    holder.journals.clear()  # every turn of the holder's is settled
+                    holder.all_settled()
                 try:
                     holder.settled()
                 except Exception:
@@ -1216,7 +1216,7 @@ class CommitLog:
             log.warning("the commit log could not take a turn; its journals are fsynced instead",
                         error=str(turn.error))
             for holder in turn.holders:
-                for journal, end in list(holder.journals.items()):
+                for journal, end in holder.written():
                     try:
                         journal.sync_to(end)
                     except OSError as e:
@@ -1244,7 +1244,7 @@ class CommitLog:
                     turn.holders.append(holder)
                     if last is None or turn.seq > last.seq:
                         holder.last = turn
-                holder.journals[journal] = journal_end  # a journal's end only grows: the last is the most
+                holder.wrote(journal, journal_end)
                 return
         if not turn.done:
             self._wait(turn)

@@ -486,7 +486,10 @@ class GroupCommit:
 
     @staticmethod
     def _record(round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
-        for journal, error in zip(journals, errors, strict=True):
+        if len(errors) != len(journals):
+            raise ValueError(f"{len(errors)} results for a round of {len(journals)} journals")
+        for index, journal in enumerate(journals):  # (a `zip` with `strict` is a generic call a round)
+            error = errors[index]
             if error is not None:
                 round_.failed[journal] = error
             else:
