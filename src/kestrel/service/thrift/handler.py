@@ -14,7 +14,7 @@ import inspect
 import socket
 from collections.abc import Callable
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import structlog
 
@@ -56,6 +56,13 @@ def _queue(name: str | None) -> str:
         raise SessionError("queue_name is missing")
     return name
 
+
+# The methods a connection may answer in the hub's callback (`_answers_at_once`), known by identity:
+# a comparison of names cost two string comparisons a request.
+_GET: Final = METHODS["get"]
+_PUT: Final = METHODS["put"]
+_CONFIRM: Final = METHODS["confirm"]
+_ABORT: Final = METHODS["abort"]
 
 # A call's arguments as the readers give them: in the contract's order, its default for each a
 # client left out (None where it has none) (messages.py).
@@ -166,6 +173,8 @@ class ThriftConnection:
                                watch=partial(_watched, self.stream))
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
+        # Each method's function bound to this connection's handler, at its first call (`_call`).
+        self.bound: list[Callable[..., Any] | None] = [None] * len(self.calls)
         self.reader_cls, self.writer_cls = PROTOCOLS[cfg.thrift_protocol]
         self.framed = cfg.thrift_transport == "framed"  # each reply made as a frame, its size first
         # Between requests the plain binary puts, gets, confirms and aborts that cannot wait are
@@ -223,8 +232,9 @@ class ThriftConnection:
                 end = stream.whole_frame(max_frame)
                 call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None
             if call is not None:
-                del stream.buf[:call[3]]
-                reply: bytes | None = self._call(call[0], call[1], call[2])
+                method, seqid, args, at = call  # (once: compiled, each `call[i]` checks the whole tuple)
+                del stream.buf[:at]
+                reply: bytes | None = self._call(method, seqid, args)
             else:
                 reply = self.answer(self._reader(stream.buf, end, end, start=4))[0]
                 del stream.buf[:end]
@@ -254,11 +264,14 @@ class ThriftConnection:
         stream.stats.bytes_read += received
         while buf:
             call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
-            if call is None or not self._answers_at_once(call[0], call[2]):
+            if call is None:
                 break
-            del buf[:call[3]]
+            method, seqid, args, end = call  # (once: compiled, each `call[i]` checks the whole tuple)
+            if not self._answers_at_once(method, args):
+                break
+            del buf[:end]
             replies = stream.replies
-            replies.send_at_once(self._call(call[0], call[1], call[2]))
+            replies.send_at_once(self._call(method, seqid, args))
             if replies.sending or (buf and self.turns.over()):
                 break  # the rest in the connection's greenlet, which waits for room or steps aside
         return not buf and not stream.io.in_place and not stream.replies.sending
@@ -266,10 +279,9 @@ class ThriftConnection:
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
         """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
         or an abort that its session answers at once (`Session.answers_at_once`)."""
-        name = method.name
-        if name == "get":
+        if method is _GET:
             return args[0] is not None and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0)
-        return (name in ("put", "confirm", "abort") and args[0] is not None
+        return ((method is _PUT or method is _CONFIRM or method is _ABORT) and args[0] is not None
                 and self.session.answers_at_once(args[0]))
 
     def answer_frame(self, payload: bytes) -> bytes | None:
@@ -278,7 +290,8 @@ class ThriftConnection:
         if self.reader_cls is BinaryReader:
             plain = read_plain_frame(payload, self.cfg.max_batch_items, self.cfg.max_batch_bytes)
             if plain is not None:
-                return self._call(plain[0], plain[1], plain[2])
+                method, seqid, args = plain
+                return self._call(method, seqid, args)
         return self.answer(self._reader(payload, len(payload), len(payload)))[0]
 
     def _serve_buffered(self) -> None:
@@ -319,13 +332,18 @@ class ThriftConnection:
 
     def _call(self, called: Method, seqid: int, args: Arguments) -> bytes:
         """The reply to a call of `called` with `args`, timed."""
-        function, method, latency = self.calls[called.number]
+        number = called.number
+        _, method, latency = self.calls[number]
         name = method.name
+        function = self.bound[number]
+        if function is None:
+            function = self.bound[number] = getattr(self.handler, name)
         started = perf_counter()
         try:
-            # (the arguments joined to the handler as one tuple: `function(self.handler, *args)`
-            # compiled makes a list of the two, extends it and copies it into a tuple each call)
-            result = function(*((self.handler,) + args))
+            # (bound, it takes the arguments' tuple as it is: `function(self.handler, *args)` compiled
+            # makes a list of the two, extends it and copies it into a tuple each call, and
+            # `function(*((self.handler,) + args))` makes a tuple each call)
+            result = function(*args)
         except ClientGone:
             raise
         except KestrelError as e:

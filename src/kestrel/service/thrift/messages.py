@@ -278,8 +278,12 @@ def encode_reply(protocol: type[Writer], method: Method, seqid: int, value: Any,
         elif type(value) is int and method.result.ttype == I32:
             reply = write(head, seqid, value)
         elif type(value) is TakenItems and (fids := method.item_fields):
-            times = value.times() if len(fids) == 4 else ()
-            reply = write(head, seqid, fids, value.data(), value.ids, *times)
+            # (no `*` in the calls: compiled, it builds a list and a tuple of the arguments each call)
+            if len(fids) == 4:
+                added, expiries = value.times()
+                reply = write(head, seqid, fids, value.data(), value.ids, added, expiries)
+            else:
+                reply = write(head, seqid, fids, value.data(), value.ids)
         if reply is not None:
             return reply
     if type(value) is TakenItems:  # the writers take tuples of the fields in order
