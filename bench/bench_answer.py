@@ -11,6 +11,7 @@ so it isolates what Python changes can win; run it in two checkouts to compare c
                                            [--timeout-ms MS [--short]]
                                            [--protocol thrift|memcache] [--profile]
     .venv/bin/python -m bench.bench_answer --loop [--rounds 20000] [--protocol thrift|memcache] [--reliable]
+                                           [--queues N]
     .venv/bin/python -m bench.bench_answer ... --builds compiled pure [--runs 5]
 
 `--get get_timed` reads with the call that also hands out each item's add time and expiry.
@@ -21,7 +22,9 @@ time-out for the rest (the wait unwatched: there is no socket; CPU time leaves t
 each request's wait for input on the hub, the answer, the reply; over a socket stand-in that always
 holds the next request, so that no `recv` or `send` runs (the hub's `epoll_wait` does): each
 request is one turn of the hub, answered in its callback where it can be (docs/architecture.md,
-*Requests answered in the hub*); `--protocol` measures one of the two. With `--reliable` each read
+*Requests answered in the hub*); `--protocol` measures one of the two; with `--queues N` each
+round goes to the next of N queues (made, each holding an item, before anything is measured), as
+`bench_scale --only queues` spreads its load. With `--reliable` each read
 is a reliable reader's: a Thrift get with auto-abort then a confirm of its id (three requests a
 round), a memcache `get q/close/open` (closing the read of the round before).
 `--builds` compares builds of the server (bench/peers.py; the compiled one is made by `make
@@ -121,34 +124,42 @@ class _ReadySocket:
 _ID_MARK = 0x0102030405060708
 
 
-def _thrift_requests(client: _ReadySocket, n: int, reliable: bool) -> Iterator[bytes]:
-    """`n` rounds of a put and a get of one item; `reliable`: the get with auto-abort, then a
-    confirm of the id its reply gave."""
-    put = framed(encode_call("binary", "put", queue_name="q", items=[bytes(128)], expiration_msec=0))
-    get = framed(encode_call("binary", "get", queue_name="q", max_items=1, timeout_msec=0,
-                             auto_abort_msec=60_000 if reliable else 0))
-    confirm = framed(encode_call("binary", "confirm", queue_name="q", ids={_ID_MARK}))
-    at = confirm.index(_ID_MARK.to_bytes(8, "big"))
-    for _ in range(n):
+def _thrift_requests(client: _ReadySocket, n: int, reliable: bool, names: list[str]) -> Iterator[bytes]:
+    """`n` rounds of a put and a get of one item, each round to the next queue of `names`;
+    `reliable`: the get with auto-abort, then a confirm of the id its reply gave."""
+    rounds = []
+    for name in names:
+        put = framed(encode_call("binary", "put", queue_name=name, items=[bytes(128)], expiration_msec=0))
+        get = framed(encode_call("binary", "get", queue_name=name, max_items=1, timeout_msec=0,
+                                 auto_abort_msec=60_000 if reliable else 0))
+        confirm = framed(encode_call("binary", "confirm", queue_name=name, ids={_ID_MARK}))
+        rounds.append((put, get, confirm, confirm.index(_ID_MARK.to_bytes(8, "big"))))
+    for i in range(n):
+        put, get, confirm, at = rounds[i % len(rounds)]
         yield put
         yield get
         if reliable:
             yield confirm[:at] + client.last_id + confirm[at + 8:]
 
 
-def _memcache_requests(client: _ReadySocket, n: int, reliable: bool) -> Iterator[bytes]:
-    """`n` rounds of a set and a get; `reliable`: `get q/close/open`, closing the read before."""
-    get = b"get q/close/open\r\n" if reliable else b"get q\r\n"
-    for _ in range(n):
-        yield b"set q 0 0 128\r\n" + bytes(128) + b"\r\n"
+def _memcache_requests(client: _ReadySocket, n: int, reliable: bool, names: list[str]) -> Iterator[bytes]:
+    """`n` rounds of a set and a get, each round to the next queue of `names`; `reliable`: `get
+    q/close/open`, closing the read before."""
+    rounds = [(b"set %s 0 0 128\r\n%s\r\n" % (name.encode(), bytes(128)),
+               b"get %s%s\r\n" % (name.encode(), b"/close/open" if reliable else b"")) for name in names]
+    for i in range(n):
+        put, get = rounds[i % len(rounds)]
+        yield put
         yield get
 
 
 def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"),
-                 reliable: bool = False, client_timeout_ms: int | None = None) -> dict[str, float]:
+                 reliable: bool = False, client_timeout_ms: int | None = None,
+                 queues: int = 1) -> dict[str, float]:
     """CPU µs per put + get round of the Thrift and memcache connections' serve loops (best of five);
     `reliable`: each read opened and confirmed as a reliable reader does; `client_timeout_ms`: the
-    server's idle time-out between requests."""
+    server's idle time-out between requests; `queues`: the rounds go round that many queues, each
+    made (and holding an item) before anything is measured."""
     measured = {}
     home = tempfile.mkdtemp(prefix="kestrel-answer-")
     readable, writer = socket.socketpair()
@@ -158,6 +169,10 @@ def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"
         server = ServerState(from_mapping({"queue_path": home, "client_timeout": idle}, home))
         server.collection.load()
         metrics.install_storage_timing()
+        names = ["q"] if queues == 1 else [f"q{i}" for i in range(queues)]
+        if queues > 1:
+            for name in names:
+                server.collection.put(name, [bytes(128)])
         per_round = 3 if reliable else 2
         for name, connection, requests, replies in (
                 ("thrift", ThriftConnection, _thrift_requests, per_round),
@@ -168,7 +183,7 @@ def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"
             def serve(n: int, connection: Any = connection, requests: Any = requests,
                       replies: int = replies) -> None:
                 client = _ReadySocket(readable)
-                client.requests = requests(client, n, reliable)
+                client.requests = requests(client, n, reliable, names)
                 calls = socket_io._receive_appending, socket_io._send_some
                 socket_io._receive_appending, socket_io._send_some = client.receive, client.send
                 try:
@@ -177,7 +192,7 @@ def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"
                     socket_io._receive_appending, socket_io._send_some = calls
                 if client.replies != replies * n:
                     raise RuntimeError(f"{client.replies} replies to {replies * n} requests")
-                if reliable and server.collection.queue("q").open_transactions > 1:
+                if reliable and server.collection.queue(names[-1]).open_transactions > 1:
                     raise RuntimeError("the reads were not confirmed")  # (memcache leaves its last open)
 
             serve(rounds // 5)  # warm up
@@ -241,7 +256,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, float]:
     configure_logging("warning")
     if args.loop:
         return measure_loop(args.rounds, (args.protocol,) if args.protocol else ("thrift", "memcache"),
-                            args.reliable, args.client_timeout_ms)
+                            args.reliable, args.client_timeout_ms, args.queues)
     return {str(batch): measure(batch, args.rounds, args.profile, args.get, args.protocol, args.timeout_ms,
                                 args.short)
             for batch in args.batch}
@@ -278,6 +293,8 @@ def main() -> None:
                              "memcache get q/close/open)")
     parser.add_argument("--client-timeout-ms", type=int,
                         help="with --loop: the server's client_timeout (default: none)")
+    parser.add_argument("--queues", type=int, default=1,
+                        help="with --loop: the rounds go round this many queues (default 1)")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     parser.add_argument("--loop", action="store_true",
                         help="measure the connections' serve loops (Thrift and memcache, single items)")
@@ -290,7 +307,8 @@ def main() -> None:
         print(json.dumps(measure_all(args)))
         return
     get = f"{args.get} (time-out {args.timeout_ms} ms{', one item short' if args.short else ''})"
-    loop = f"the serve loop of one connection, single items{', reliable reads' if args.reliable else ''}"
+    loop = (f"the serve loop of one connection, single items{', reliable reads' if args.reliable else ''}"
+            f"{f', round {args.queues:,} queues' if args.queues > 1 else ''}")
     what = (loop if args.loop
             else f"put + {get} through ThriftConnection.answer_frame" if args.protocol != "memcache"
             else "pipelined sets + gets through MemcacheConnection.process")

@@ -167,6 +167,8 @@ def test_the_serve_loop_benchmark_answers_every_request() -> None:
     assert list(measured) == ["thrift", "memcache"] and all(us > 0 for us in measured.values())
     reliable = measure_loop(50, reliable=True)  # raises too unless each read was confirmed
     assert list(reliable) == ["thrift", "memcache"] and all(us > 0 for us in reliable.values())
+    spread = measure_loop(50, queues=7)  # round 7 queues, each holding an item first
+    assert list(spread) == ["thrift", "memcache"] and all(us > 0 for us in spread.values())
 
 
 def test_servers_taking_turns_under_labels_in_words_each_serve_their_runs(binary: Path, server: Any) -> None:
