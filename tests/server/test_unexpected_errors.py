@@ -34,16 +34,16 @@ def _bug(*args: Any, **kwargs: Any) -> None:
 
 def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
     conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
-    conn.calls = list(conn.calls)  # every connection's table: this one's alone is changed
     put = METHODS["put"]
-    handler, method, latency = conn.calls[put.number]
-    conn.calls[put.number] = (_bug, method, latency)
+    conn._call(put, 6, ("q", [b"x"], 0))  # the handler function is bound at its first call, then kept
+    handler = conn.bound[put.number]
+    conn.bound[put.number] = _bug
     reply = decode_reply(unframed(conn._call(put, 7, ("q", [b"x"], 0))),
                          "binary", "put")
     assert isinstance(reply, TApplicationException)
     assert reply.type == TApplicationException.INTERNAL_ERROR
     assert reply.message == "internal error in put: RuntimeError('a bug')"
-    conn.calls[put.number] = (handler, method, latency)
+    conn.bound[put.number] = handler
     assert decode_reply(unframed(conn._call(put, 8, ("q", [b"x"], 0))),
                         "binary", "put") == 1
 
