@@ -7,7 +7,7 @@ time do.
   with 6 × `--items` each, and the difference of the main thread's instructions is divided by the
   difference of items (so start-up and the first rounds cancel out).
 - `server`: the server itself (`always`, `commit_log: on`, Thrift) under 16 clients of
-  bench/loadgen.c, put + get of 128 B, one item at a time; callgrind counts only from the end of
+  bench/loadgen.c, put + get of 128 B (`--size`), one item at a time; callgrind counts only from the end of
   a warm-up to the end of `--seconds` of load (`callgrind_control -i on`, then a dump).
 - `never`: the same server and load under `sync_journal: never`, the floor that the log's path
   adds to.
@@ -16,6 +16,7 @@ Each build named runs in turn (`--against DIR`: another version's build/compiled
 beside this checkout's compiled build), `--runs` times. Needs valgrind.
 
     .venv/bin/python -m bench.callgrind_log [--against DIR] [--runs 2] [--only path server never]
+                                            [--size BYTES]
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def path_instructions(build: Path, work: Path, items: int) -> tuple[float, float
     return (counts[1] - counts[0]) / (5 * items * CLIENTS), rounds
 
 
-def server_instructions(build: Path, work: Path, binary: Path, sync: str, seconds: float) -> float:
+def server_instructions(build: Path, work: Path, binary: Path, sync: str, seconds: float,
+                        size: int = 128) -> float:
     """Loop thread instructions per item of the server under the clients' load."""
     home = Path(tempfile.mkdtemp(prefix=f"server-{sync}-", dir=work))
     port = free_port()
@@ -93,10 +95,11 @@ def server_instructions(build: Path, work: Path, binary: Path, sync: str, second
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start: see {home / 'server.log'}") from None
                 time.sleep(1)
-        loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=5, prefix="durable", timeout=600)
+        loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=5, size=size, prefix="durable",
+                    timeout=600)
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
-        result = loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=seconds, prefix="durable",
-                             timeout=600, warm_up=False)
+        result = loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=seconds, size=size,
+                             prefix="durable", timeout=600, warm_up=False)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
         proc.terminate()
@@ -113,13 +116,15 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=40,
                         help="items each greenlet moves in `path`'s shorter run")
     parser.add_argument("--seconds", type=float, default=15, help="of load counted on the server")
+    parser.add_argument("--size", type=int, default=128,
+                        help="bytes of each item the clients put (default 128)")
     parser.add_argument("--only", nargs="+", choices=("path", "server", "never"),
                         default=["path", "server", "never"])
     args = parser.parse_args()
     builds = {"compiled": peers.build_path("compiled")}
     if args.against is not None:
         builds["before"] = args.against.resolve()
-    print(f"# instructions of the event loop thread an item (callgrind), "
+    print(f"# instructions of the event loop thread an item of {args.size} B (callgrind), "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load {load_average()}\n")
     print("| run | build | the log's path without sockets (rounds/item) | the server, `always` with the log "
           "| the server, `never` |")
@@ -136,9 +141,11 @@ def main() -> None:
                 else:
                     cells.append("")
                 for sync in ("always", "never"):
-                    wanted = "server" if sync == "always" else "never"
-                    cells.append(f"{server_instructions(build, work, binary, sync, args.seconds):,.0f}"
-                                 if wanted in args.only else "")
+                    if ("server" if sync == "always" else "never") not in args.only:
+                        cells.append("")
+                        continue
+                    count = server_instructions(build, work, binary, sync, args.seconds, args.size)
+                    cells.append(f"{count:,.0f}")
                 print(f"| {run} | {name} | {' | '.join(cells)} |", flush=True)
 
 

@@ -23,6 +23,7 @@ import greenlet
 import pytest
 import structlog.testing
 
+from kestrel.service import socket_io
 from kestrel.service.config import from_mapping
 from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
@@ -144,6 +145,44 @@ def rounds_without_switching(state: Any, pair: Any, protocol: str, queue: str) -
 def test_ready_puts_and_gets_are_answered_without_switching_to_the_connection(
         server_state: Any, pair: Any, protocol: str) -> None:
     rounds_without_switching(server_state, pair, protocol, "ready")
+
+
+def burst(client: socket.socket, protocol: str, queue: str, count: int, data: bytes) -> None:
+    """`count` puts of `data` on `queue` sent in one piece, then their replies read."""
+    if protocol == "memcache":
+        memcache_ask(client, b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(data), data) * count,
+                     b"STORED\r\n" * count)
+        return
+    client.sendall(framed(encode_call("binary", "put", queue_name=queue, items=[data], expiration_msec=0)) * count)
+    assert [read_framed_reply(client, "binary", "put") for _ in range(count)] == [1] * count
+
+
+LARGE = b"L" * 4096
+MARK = 0xA5
+
+
+@pytest.mark.parametrize("first", ["a 4 KB item", "a burst of small puts"])
+@pytest.mark.parametrize("protocol", sorted(ROUNDS))
+def test_after_a_large_receive_requests_are_answered_in_the_hub_and_large_items_received_in_place(
+        server_state: Any, pair: Any, protocol: str, first: str) -> None:
+    """A receive of `IN_PLACE_FROM` bytes or more makes the connection receive in place from then on
+    (one copy of an item's bytes); small requests and large ones are still answered in the hub."""
+    _, one_round = ROUNDS[protocol]
+    client = pair[1]
+    with served(server_state, pair, protocol, "mixed", "burst") as serving:
+        if first == "a 4 KB item":
+            one_round(client, "mixed", LARGE)
+        else:
+            burst(client, protocol, "burst", 16, b"b" * 100)
+        with switches_into(serving) as switches:
+            for i in range(20):
+                one_round(client, "mixed", b"item %d" % i)
+            socket_io._SCRATCH[:] = bytes([MARK]) * len(socket_io._SCRATCH)
+            one_round(client, "mixed", LARGE)
+            assert switches == []
+        if socket_io.lengthen is not None:
+            assert socket_io._SCRATCH.tobytes() == bytes([MARK]) * len(socket_io._SCRATCH), (
+                "the large item went through the scratch buffer: a copy more")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class BufferedConnection:
                 if replies.sending:
                     replies.wait_sent()  # no more requests read while a reply waits for room
                 try:
-                    if deadline is None and hub_serves and not (buf or self.inbox or self.io.in_place):
+                    if deadline is None and hub_serves and not (buf or self.inbox):
                         self.io.serve_from_hub(buf, self._served_in_hub)
                         ended = self.io.ended
                     else:
@@ -164,7 +164,7 @@ class BufferedConnection:
             data = b"".join(self.out)
             self.out.clear()
             self.replies.send_at_once(data)
-        return not buf and not self.mid_request() and not self.io.in_place and not self.replies.sending
+        return not buf and not self.mid_request() and not self.replies.sending
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

@@ -223,10 +223,10 @@ class ClientSocket:
     Each receive of up to `chunk` bytes lands in the thread's scratch buffer (a `recv` of a fresh
     bytes object would allocate the full chunk size each time), then is appended to the input, so
     an idle connection holds no receive buffer at all. From its first receive of `IN_PLACE_FROM`
-    bytes or more on, a connection receives in place instead: into room made at the end of its
-    input, cut back to what came, so that an item's bytes are copied once on their way to the
-    journal (into the item), not twice; for small items the copy costs less than making the room,
-    so they keep the scratch buffer. Between requests it
+    bytes or more on, a connection receives in place instead, in its greenlet and in the hub's
+    callback alike: into room made at the end of its input, cut back to what came, so that an
+    item's bytes are copied once on their way to the journal (into the item), not twice; for small
+    items the copy costs less than making the room, so they keep the scratch buffer. Between requests it
     first waits for the socket to be readable: a request/response client's next request is seldom
     there the moment its reply has gone out, and a `recv` that finds nothing costs a system call and
     an exception before the wait happens anyway (under 4 such clients the server made two `recvfrom`
@@ -280,46 +280,48 @@ class ClientSocket:
         if between_requests and self.drained:
             self.waited = True
             self._wait_readable(timeout, between_requests)
-        if self.in_place:
-            return self._receive_in_place(buf, timeout, between_requests)
-        while (n := self._receive_appending(self.fd, buf, self._chunk)) < 0:
+        while (n := self._receive_now(buf)) < 0:
             self.waited = True
             self._wait_readable(timeout, between_requests)
-        self.ended = n == 0
-        self.drained = n < self.chunk
-        self.in_place = n >= IN_PLACE_FROM and lengthen is not None
         return n
-
-    def _receive_in_place(self, buf: bytearray, timeout: float | None, between_requests: bool) -> int:
-        assert lengthen is not None
-        room = min(self.chunk, IN_PLACE_ROOM)
-        while True:
-            have = lengthen(buf, room)
-            room_view = memoryview(buf)[have:]
-            n = -1  # nothing came: the room goes again
-            try:
-                n = self.sock.recv_into(room_view, room)
-            except BlockingIOError:
-                pass
-            finally:
-                room_view.release()  # whoever still holds it (a traceback), `buf` can be resized
-                del buf[have + max(n, 0):]
-            if n >= 0:
-                self.ended = n == 0
-                self.drained = n < room
-                return n
-            self.waited = True
-            self._wait_readable(timeout, between_requests)
 
     def receive_ready(self, buf: bytearray) -> int:
         """Append what input is there to `buf`, never waiting: how many bytes (0: the client closed),
         or -1 when nothing is there yet (what a hub's callback receives, `serve_from_hub`)."""
-        n = self._receive_appending(self.fd, buf, self._chunk)
+        n = self._receive_now(buf)
         if n >= 0:
             self.waited = True  # the callback's call was the connection's wait for its client
+        return n
+
+    def _receive_now(self, buf: bytearray) -> int:
+        """One receive appended to `buf`, in place once a large one was seen, through the scratch
+        buffer before: how many bytes (0: the end of the stream), -1 when nothing is there yet."""
+        if self.in_place:
+            return self._receive_in_place(buf)
+        n = self._receive_appending(self.fd, buf, self._chunk)
+        if n >= 0:
             self.ended = n == 0
             self.drained = n < self.chunk
             self.in_place = n >= IN_PLACE_FROM and lengthen is not None
+        return n
+
+    def _receive_in_place(self, buf: bytearray) -> int:
+        """`_receive_now` into room made at the end of `buf`, cut back to what came."""
+        assert lengthen is not None
+        room = min(self.chunk, IN_PLACE_ROOM)
+        have = lengthen(buf, room)
+        room_view = memoryview(buf)[have:]
+        n = -1  # nothing came: the room goes again
+        try:
+            n = self.sock.recv_into(room_view, room)
+        except BlockingIOError:
+            pass
+        finally:
+            room_view.release()  # whoever still holds it (a traceback), `buf` can be resized
+            del buf[have + max(n, 0):]
+        if n >= 0:
+            self.ended = n == 0
+            self.drained = n < room
         return n
 
     def serve_from_hub(self, buf: bytearray, serving: Callable[[int], bool]) -> None:

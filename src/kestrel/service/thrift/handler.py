@@ -220,7 +220,7 @@ class ThriftConnection:
         while True:
             if replies.sending:
                 replies.wait_sent()  # no more requests read while a reply waits for room
-            if self.hub_serves and not stream.buf and not stream.io.in_place:
+            if self.hub_serves and not stream.buf:
                 if not self._serve_from_hub():
                     return
                 if not stream.buf:
@@ -274,7 +274,7 @@ class ThriftConnection:
             replies.send_at_once(self._call(method, seqid, args))
             if replies.sending or (buf and self.turns.over()):
                 break  # the rest in the connection's greenlet, which waits for room or steps aside
-        return not buf and not stream.io.in_place and not stream.replies.sending
+        return not buf and not stream.replies.sending
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
         """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
