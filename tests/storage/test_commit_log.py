@@ -1255,48 +1255,6 @@ def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Pat
     coll.close()
 
 
-def test_a_round_waits_for_its_changes_up_to_twice_as_long_as_the_last_round_took(tmp_path: Path) -> None:
-    # Its clients come back only once all its replies went out and their requests were served,
-    # which on a busy machine outlasts the round: a wait of one round's time split the rounds.
-    log_dir = commit_log.directory(str(tmp_path))
-    fsync_seconds = 0.0009  # each round of the log takes at least this long
-
-    def fsync(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(log_dir):
-            time.sleep(fsync_seconds)
-        os.fdatasync(fd)
-
-    runtime = GatheringRuntime(fsync)
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
-                           commit_log=True)
-    coll.load()
-    names = [f"q{n}" for n in range(4)]
-    changes = [0]
-    stop = gevent.event.Event()
-
-    def client(index: int, name: str) -> None:
-        held = Held()
-        while not stop.is_set():
-            for _ in range(index):  # the clients come back over several turns: each round waits
-                gevent.sleep(0)
-            held.change(partial(coll.put, name, [b"x"]))
-            changes[0] += 1
-
-    clients = [gevent.spawn(client, i, name) for i, name in enumerate(names)]
-    while changes[0] < 40 or len(runtime.timers) < 5:
-        gevent.sleep(0.001)
-    waits = [seconds for seconds, _ in runtime.timers[1:]]  # (the first follows no round of changes)
-    expected = min(commit_log.GATHER_ROUNDS * fsync_seconds, commit_log.GATHER_SECONDS)
-    assert all(expected <= seconds <= commit_log.GATHER_SECONDS * 1.01 for seconds in waits), waits
-    stop.set()
-    while not all(c.dead for c in clients):
-        for _, fire in runtime.timers[:]:
-            fire()
-        gevent.sleep(0.01)
-    gevent.joinall(clients, raise_error=True)
-    coll.close()
-
-
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journal_format: str) -> None:
     with Disk() as disk:

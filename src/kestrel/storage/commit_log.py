@@ -101,9 +101,6 @@ MAX_BODY = 1 << 31
 CHECKPOINT_SECONDS = 1.0  # how often the journals that took records are made durable
 SEGMENT_BYTES = 64 << 20  # a segment this large asks for a checkpoint at once
 GATHER_SECONDS = 0.002  # the longest a round waits for the changes the last one let it expect
-# and, within that, how many times as long as the last round took: its clients come back after all
-# its replies went out and their requests were served, which on a busy machine outlasts the round
-GATHER_ROUNDS = 2
 
 # Test hook: called with a step name before each file operation of a recovery; raising stops the
 # recovery there, which is how the tests simulate a crash at every step.
@@ -915,9 +912,8 @@ class CommitLog:
     Rounds grow with the load: one round of the log is in flight at a time, and when it has run,
     the next waits for as many changes as the round just run carried and the turns written
     meanwhile hold (the clients it released come back with their next changes, and one round
-    then takes them all), though never longer than twice as long as that round took
-    (GATHER_ROUNDS), at most GATHER_SECONDS. With one client, its next change starts the next round
-    at once.
+    then takes them all), though never longer than that round took, at most GATHER_SECONDS. With
+    one client, its next change starts the next round at once.
     """
 
     def __init__(self, queue_path: str, runtime: Runtime, checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -1146,7 +1142,7 @@ class CommitLog:
                 self._turn_synced(turn, round_)
         finally:
             self._wanted = changes + self._gathered_changes
-            self._gather_seconds = min(took * GATHER_ROUNDS, GATHER_SECONDS)
+            self._gather_seconds = min(took, GATHER_SECONDS)
             self._decide()
 
     def _turn_synced(self, turn: Turn, round_: Round) -> None:
