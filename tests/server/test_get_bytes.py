@@ -30,10 +30,15 @@ COUNT, SIZE = 200, 256 * 1024
 MOST_TAKEN = 4 * GET_BYTES // SIZE
 
 
-@pytest.fixture(params=["memory", "read-behind"])
+@pytest.fixture(params=[(held, journal) for held in ("memory", "read-behind") for journal in ("kestrel2", "kestrel3")],
+                ids="-".join)
 def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """A server's state whose queue holds its items in memory, or pages them out (read-behind)."""
-    queue = {"max_memory_size": "1MB"} if request.param == "read-behind" else {}
+    """A server's state whose queue holds its items in memory, or pages them out (read-behind), in
+    each journal format."""
+    held, journal = request.param
+    queue: dict[str, Any] = {"journal_format": journal}
+    if held == "read-behind":
+        queue["max_memory_size"] = "1MB"
     config = from_mapping({"queue_path": str(tmp_path), "default_queue": queue}, str(tmp_path))
     server_state = ServerState(config)
     server_state.collection.load()
