@@ -15,7 +15,14 @@ import structlog
 
 from kestrel.service.config import ServerConfig
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.session import GET_SLICE, ClientGone, OpenReadConflict, Session, SessionError
+from kestrel.service.session.session import (
+    GET_BYTES,
+    GET_SLICE,
+    ClientGone,
+    OpenReadConflict,
+    Session,
+    SessionError,
+)
 from kestrel.service.session.status import Status
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import JournalWriteError, MemoryBudgetExceeded, RefusedByStatus
@@ -255,11 +262,11 @@ def test_a_fault_part_way_through_a_large_get_puts_back_the_slices_taken(
     calls: list[int] = []
 
     def failing_second(queue: str, count: int = 1, transaction: bool = False, timeout: float = 0.0,
-                       held: bool = False) -> list[Any]:
+                       held: bool = False, max_bytes: int = GET_BYTES) -> list[Any]:
         calls.append(count)
         if len(calls) == 2:
             raise JournalWriteError(queue, "q", OSError(errno.ENOSPC, "No space left on device"))
-        return take(queue, count, transaction, timeout, held)
+        return take(queue, count, transaction, timeout, held, max_bytes)
 
     monkeypatch.setattr(server.collection, "remove", failing_second)
     with pytest.raises(JournalWriteError):  # the fault is the answer; the slice taken goes back

@@ -16,7 +16,7 @@ from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
-from kestrel.storage.config import QueueConfig, QueueConfigs
+from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, QueueConfigs
 from kestrel.storage.errors import (
     CorruptJournalError,
     InvalidQueueName,
@@ -339,17 +339,18 @@ class QueueCollection:
         return accepted
 
     def remove(self, name: str, count: int = 1, transaction: bool = False,
-               timeout: float = 0.0, held: bool = False) -> list[QItem]:
+               timeout: float = 0.0, held: bool = False, max_bytes: int = NATIVE_LIMIT) -> list[QItem]:
         """Take up to `count` items from the head with one journal write (with `transaction`, as
-        open reads; `held` ones a get's own until it replies: `PersistentQueue.remove`), waiting up
-        to `timeout` seconds for the next ones when there are none; an alias gives none. Raises
-        InvalidQueueName, even when asked for no items."""
+        open reads; `held` ones a get's own until it replies; stopping once their bytes reach
+        `max_bytes`: `PersistentQueue.remove`), waiting up to `timeout` seconds for the next ones
+        when there are none; an alias gives none. Raises InvalidQueueName, even when asked for no
+        items."""
         if name in self.aliases:
             return []
         if count <= 0:
             check_queue_name(name)
             return []
-        return self.queue(name).remove(count, transaction, timeout, held)
+        return self.queue(name).remove(count, transaction, timeout, held, max_bytes)
 
     def never_waits(self, name: str, removing: bool = False) -> bool:
         """Whether a put to queue `name`, a confirm or an abort of its open reads, or (`removing`) a

@@ -95,6 +95,20 @@ def _unwatched(queue: PersistentQueue) -> None:
     """What a queue no collection watches tells of its changes: nothing."""
 
 
+def _within(mem: deque[QItem], taken: list[QItem], max_bytes: int) -> tuple[list[QItem], int]:
+    """Of items just taken from the head of `mem`, those up to the first whose bytes reach
+    `max_bytes`, and their bytes; the rest go back to the head, in order (nothing was logged)."""
+    size = 0
+    keep = 0
+    for item in taken:
+        size += len(item.data)
+        keep += 1
+        if size >= max_bytes:
+            break
+    mem.extendleft(reversed(taken[keep:]))
+    return taken[:keep], size
+
+
 class PersistentQueue(ABC):
     """A durable FIFO queue with reliable reads, limits, expiry, poison items and read-behind.
 
@@ -482,9 +496,11 @@ class PersistentQueue(ABC):
     # Removing
 
     def remove(self, count: int = 1, transaction: bool = False, timeout: float = 0.0,
-               held: bool = False) -> list[QItem]:
+               held: bool = False, max_bytes: int = NATIVE_LIMIT) -> list[QItem]:
         """Take up to `count` items from the head with one journal write; with `transaction` each
-        becomes an open read (its `xid` set). An empty queue is waited on up to `timeout` seconds
+        becomes an open read (its `xid` set). The items taken stop once their bytes reach
+        `max_bytes` (one at least): what a get's reply holds is bounded before any item is read
+        back from disk or laid out. An empty queue is waited on up to `timeout` seconds
         for its next items, waiters served first come first (outside the lock). `held` open reads
         are a get's own until it replies (confirmed then, or put back with `handed_out=False`):
         not counted as transactions.
@@ -498,8 +514,10 @@ class PersistentQueue(ABC):
                 # The common get: when none of the items can expire they go in one step.
                 taken, size = _take_items(mem, count)
                 if size < 0:
-                    taken = self._take_each(count, now, transaction)
+                    taken = self._take_each(count, now, transaction, max_bytes)
                 elif taken:
+                    if size > max_bytes:
+                        taken, size = _within(mem, taken, max_bytes)
                     self.length -= len(taken)
                     self.bytes -= size
                     self.memory_bytes -= size
@@ -509,7 +527,7 @@ class PersistentQueue(ABC):
                         self._ledger.total -= size
                         self._log_gone(taken)
             else:
-                taken = self._take_each(count, now, transaction)
+                taken = self._take_each(count, now, transaction, max_bytes)
             if taken:
                 self.current_age = max(0, now - taken[-1].add_time)
                 if held:
@@ -517,7 +535,7 @@ class PersistentQueue(ABC):
             self._commit()
         if taken or timeout <= 0:
             return taken
-        return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held) or None,
+        return self._wait_list().wait(lambda: self.remove(count, transaction, 0.0, held, max_bytes) or None,
                                       timeout) or []
 
     def never_waits(self, removing: bool = False) -> bool:
@@ -546,12 +564,13 @@ class PersistentQueue(ABC):
         expire (`may_expire`; one expired at the head would be dropped rather than taken)."""
         return self.length >= count and not self.may_expire
 
-    def _take_each(self, count: int, now: int, transaction: bool) -> list[QItem]:
+    def _take_each(self, count: int, now: int, transaction: bool, max_bytes: int) -> list[QItem]:
         """`remove`'s items one at a time, each head checked for expiry first (read-behind, or items
         that can expire)."""
         mem = self._mem
         taken: list[QItem] = []
-        while len(taken) < count:
+        size = 0
+        while len(taken) < count and size < max_bytes:
             if self._behind is not None or (mem and mem[0].expiry):
                 self._expire_head(now)
             item = self._take_head(opened=transaction)
@@ -563,6 +582,7 @@ class PersistentQueue(ABC):
             else:
                 self._log_gone([item])
             taken.append(item)
+            size += len(item.data)
         return taken
 
     def _opened(self, items: list[QItem]) -> None:

@@ -138,8 +138,17 @@ class MemcacheConnection(BufferedConnection):
                         queue = key.decode()
                         if self.in_hub and not self.session.answers_at_once(queue, count):
                             return pos
-                        pos = after
-                        self.fetch(key, queue, count)
+                        served = self.fetch(key, queue, count)
+                        if served == count:
+                            pos = after
+                            continue
+                        # the items' bytes bounded the run (`Session.get_run`): its replies go out
+                        # before the gets left are read again
+                        pos += (after - pos) // count * served
+                        if self.in_hub:
+                            return pos
+                        self.send()
+                        self.replies.wait_sent()
                         continue
             if self.in_hub and first != GET_START:
                 return pos  # not a run the scanner reads, nor a get with options
@@ -228,16 +237,17 @@ class MemcacheConnection(BufferedConnection):
         finally:
             self.set_latency.observe_many(perf_counter() - started, count)
 
-    def fetch(self, key: bytes, queue: str, count: int) -> None:
+    def fetch(self, key: bytes, queue: str, count: int) -> int:
         """`count` plain gets of one queue (one, or a pipelined run) as one get: the items found
-        answer the first gets, END alone the others. A get that meets an error answers it and the
-        rest get again; beside an open read the first answers ERROR and the connection closes."""
+        answer the first gets, END alone the others; how many gets were answered (fewer when the
+        items' bytes bounded the get: `Session.get_run`). A get that meets an error answers it and
+        the rest get again; beside an open read the first answers ERROR and the connection closes."""
         started = perf_counter()
         done = 0
         try:
             while done < count:
                 try:
-                    datas = self.session.get(queue, count - done)
+                    datas, answered = self.session.get_run(queue, count - done)
                 except (ConnectionError, ClientGone):
                     raise
                 except OpenReadConflict:
@@ -249,13 +259,15 @@ class MemcacheConnection(BufferedConnection):
                     self.out.append(self._error(e))
                     done += 1
                     continue
-                self.out.append(values(key, datas, count - done - len(datas)))
+                self.out.append(values(key, datas, answered - len(datas)))
+                done += answered
                 break
         except BaseException:
-            count = done + 1  # the connection ends at this get: the run's later gets are never read
+            done += 1  # the connection ends at this get: the run's later gets are never read
             raise
         finally:
-            self.get_latency.observe_many(perf_counter() - started, count)
+            self.get_latency.observe_many(perf_counter() - started, done)
+        return done
 
     def _answers_at_once(self, command: Command) -> bool:
         """Whether a get with options (`/open`, `/close`, `/abort`, `/peek`, `/t=`) completes without

@@ -31,6 +31,10 @@ log = structlog.get_logger("kestrel.session")
 # Items a get takes before the connection may let others run: a 100,000-item get held the loop
 # for 20 ms in one piece (bench/bench_fairness.py, 2026-11-27); a slice costs well under a turn.
 GET_SLICE = 8192
+# Item bytes a get takes at most, past the first item that reaches them (a Thrift get of
+# `max_items`, a memcache run of gets): what one reply holds stays bounded however large its items
+# (up to `max_item_size` each, read back from disk in read-behind), whatever the count asked.
+GET_BYTES = 512 * 1024
 
 
 def _go_on() -> None:
@@ -206,7 +210,7 @@ class Session:
         if 0 < max_items <= GET_SLICE and not transaction and (timeout_ms <= 0
                                                               or self.coll.holds(queue, max_items)):
             # The usual get: one slice, no read, and no wait (none asked, or every item is there).
-            taken = TakenItems(self.coll.remove(queue, max_items), 0)
+            taken = TakenItems(self.coll.remove(queue, max_items, max_bytes=GET_BYTES), 0)
         else:
             taken = self._take_slices(queue, max_items, timeout_ms, auto_abort_ms)
         if taken.items:
@@ -228,17 +232,21 @@ class Session:
         deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
         held = auto_abort_ms <= 0
         items: list[QItem] = []
+        room = GET_BYTES
         try:
             while len(items) < max_items:
                 want = min(max_items - len(items), GET_SLICE)
-                more = self.coll.remove(queue, want, True, 0.0, held)
+                more = self.coll.remove(queue, want, True, 0.0, held, room)
                 while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
                     remaining = deadline - self._monotonic()
                     if remaining <= 0 or not self._wait_for_item(queue, remaining):
                         break
-                    more = self.coll.remove(queue, want, True, 0.0, held)
+                    more = self.coll.remove(queue, want, True, 0.0, held, room)
                 items += more
                 if not more or (len(more) < want and not deadline):
+                    break
+                room -= sum(map(len, item_data(more)))
+                if room <= 0:
                     break
                 if len(items) < max_items:
                     self.pause()
@@ -336,10 +344,19 @@ class Session:
 
     def get(self, queue: str, count: int = 1, *, timeout_ms: int = 0, open: bool = False, close: bool = False,
             abort: bool = False, peek: bool = False) -> list[bytes]:
+        """One get (memcache, text), or `count` gets answered alike: `get_run`'s data."""
+        return self.get_run(queue, count, timeout_ms=timeout_ms, open=open, close=close, abort=abort,
+                            peek=peek)[0]
+
+    def get_run(self, queue: str, count: int = 1, *, timeout_ms: int = 0, open: bool = False,
+                close: bool = False, abort: bool = False, peek: bool = False) -> tuple[list[bytes], int]:
         """`count` gets of one item each (memcache, text): the data of those that found one, the
-        first ones. A pipelined run of plain gets is one call; one get alone takes the memcache
-        options `/t=`, `/open`, `/close`, `/abort`, `/peek`. Each get counts (`cmd_get` or
-        `cmd_peek`, a hit or a miss), and one that meets an error counts alone.
+        first ones, and how many gets were answered: all, unless the items' bytes reached
+        `GET_BYTES` first (`PersistentQueue.remove`), which answers as many gets as items taken and
+        leaves the others for the connection to read again. A pipelined run of plain gets is one
+        call; one get alone takes the memcache options `/t=`, `/open`, `/close`, `/abort`, `/peek`.
+        Each get answered counts (`cmd_get` or `cmd_peek`, a hit or a miss), and one that meets an
+        error counts alone.
 
         Raises OpenReadConflict for a plain get while this connection holds an open read on `queue`.
         """
@@ -350,7 +367,7 @@ class Session:
                 self.status.check_read("abort")
                 self.abort_pending(queue)
             if not (open or peek):
-                return []
+                return [], count
         self.status.check_read("peek" if peek else "get")
         if not peek and self.reads.holds(queue):
             if not open:
@@ -361,13 +378,16 @@ class Session:
             if peek or timeout_ms > 0:
                 items = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
             else:
-                items = self.coll.remove(queue, count, open)
+                items = self.coll.remove(queue, count, open, max_bytes=GET_BYTES)
         except BaseException:
             if peek:
                 stats.cmd_peek += 1
             else:
                 stats.cmd_get += 1
             raise
+        datas = item_data(items)
+        if len(items) < count and sum(map(len, datas)) >= GET_BYTES:
+            count = len(items)  # the rest are left unanswered, to be read again
         if peek:
             stats.cmd_peek += count
         else:
@@ -377,7 +397,7 @@ class Session:
                 self.reads.open(queue, item.xid)
         stats.get_hits += len(items)
         stats.get_misses += count - len(items)
-        return item_data(items)
+        return datas, count
 
     def monitor(self, queue: str, timeout_ms: int, max_items: int | None = None) -> Iterator[bytes]:
         """Items arriving within `timeout_ms`, each an open read to be closed with `confirm_reads`.
