@@ -100,12 +100,12 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     replies, client = pair
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     replies.io.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket holds
+    big = bytes(range(256)) * 2048  # 512 KiB: far more than the socket holds, less than HELD_BYTES
     turn = Turn(1)
     replies.acks.last = turn
     replies.send(big)
     settle(replies, turn)  # part goes at once, a greenlet sends the rest
-    assert replies.sending
+    assert replies.full
     got = gevent.spawn(received, client, len(big) + 5)
     replies.send(b"after")  # behind it, though nothing holds it: once the rest has had room
     assert got.get(timeout=STALL_S) == big + b"after"
@@ -119,14 +119,14 @@ def test_a_send_behind_a_reply_that_waits_for_room_waits_too(pair: Any) -> None:
     replies.io.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = bytes(range(256)) * 4096
     replies.send_at_once(big)  # as a request answered in the hub sends its reply
-    assert replies.sending
+    assert replies.full
     sending = gevent.spawn(replies.send, b"after")
     gevent.sleep(0.05)
     assert not sending.dead  # waits while nothing is read
     got = gevent.spawn(received, client, len(big) + 5)
     assert got.get(timeout=STALL_S) == big + b"after"
     sending.join(STALL_S)
-    assert sending.dead and not replies.sending
+    assert sending.dead and not replies.full
 
 
 def test_a_reply_released_to_a_client_that_is_gone_cuts_the_connection_off(pair: Any) -> None:

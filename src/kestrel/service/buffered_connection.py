@@ -112,8 +112,8 @@ class BufferedConnection:
         replies = self.replies
         try:
             while True:
-                if replies.sending:
-                    replies.wait_sent()  # no more requests read while a reply waits for room
+                if replies.full:
+                    replies.wait_sent()  # no more requests read while a reply waits for room or the disk
                 try:
                     if deadline is None and hub_serves and not (buf or self.inbox):
                         self.io.serve_from_hub(buf, self._served_in_hub)
@@ -164,7 +164,7 @@ class BufferedConnection:
             data = b"".join(self.out)
             self.out.clear()
             self.replies.send_at_once(data)
-        return not buf and not self.mid_request() and not self.replies.sending
+        return not buf and not self.mid_request() and not self.replies.full
 
 
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,

@@ -9,9 +9,10 @@ connection's own sends are made: `ClientSocket.send_some`); no greenlet is switc
 for it, and the socket's watcher is never stopped across a loop turn (which cost two `epoll_ctl`
 calls a request). Replies go out in order: one built while an earlier one is held waits behind it,
 changes or not. A reply that does not fit the socket at once is finished by a greenlet of its own,
-which gives up after `client_timeout` as the connection's own sends do; meanwhile the connection
-reads no more requests (`wait_sent`), as when it waits for room itself: a client that does not read
-its replies does not have them pile up in the server.
+which gives up after `client_timeout` as the connection's own sends do. Meanwhile, and while the
+replies held for the disk reach `HELD_BYTES`, the connection reads no more requests (`wait_sent`),
+as when it waits for room itself: a client that does not read its replies, or a burst of gets of
+large items under `always`, does not have them pile up in the server.
 
 If the log and a change's journal both fail to make it durable, no reply from then on is sent:
 the connection is cut off, so the client never reads an acknowledgement the disk did not keep.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import socket
 from contextvars import Token
+from typing import Final
 
 import gevent
 import gevent.event
@@ -30,6 +32,10 @@ from kestrel.service.session.stats import ServerStats
 from kestrel.service.socket_io import ClientSocket, SendTimeout
 from kestrel.storage import acknowledgements
 from kestrel.storage.acknowledgements import Acknowledgements, Settled
+
+# The bytes of replies held for the disk past which a connection reads no more requests until a
+# round releases them: twice a get's bound (src/kestrel/service/session/session.py, `GET_BYTES`).
+HELD_BYTES: Final = 1 << 20
 
 log = structlog.get_logger("kestrel.connection")
 
@@ -45,7 +51,8 @@ class Replies:
     to wait until what it holds has gone out (or can never go), and `release` last.
     """
 
-    __slots__ = ("io", "stats", "peer", "acks", "_held", "_sending", "_idle", "_room", "cut_off", "_holding")
+    __slots__ = ("io", "stats", "peer", "acks", "_held", "_held_bytes", "_sending", "_idle", "_room",
+                 "cut_off", "_holding")
 
     def __init__(self, io: ClientSocket, stats: ServerStats, peer: str = "") -> None:
         self.io = io
@@ -55,6 +62,7 @@ class Replies:
         # (the turn each waits for, reply), oldest first: a list, whose calls the compiled build makes
         # directly (a deque's are looked up as methods); a client waiting for its replies holds one
         self._held: list[tuple[Settled | None, bytes]] = []
+        self._held_bytes = 0  # the bytes of `_held`
         self._sending = False  # a send waits for room: later replies queue behind it
         self._idle: gevent.event.Event | None = None  # `finish` waits on it
         self._room: gevent.event.Event | None = None  # `wait_sent` waits on it
@@ -94,14 +102,15 @@ class Replies:
             self._check_idle()
 
     @property
-    def sending(self) -> bool:
-        """Whether a reply waits for room in the socket (a greenlet of its own finishes it)."""
-        return self._sending
+    def full(self) -> bool:
+        """Whether a reply waits for room in the socket (a greenlet of its own finishes it), or the
+        replies held for the disk reach `HELD_BYTES`: the connection reads no more meanwhile."""
+        return self._sending or self._held_bytes >= HELD_BYTES
 
     def wait_sent(self) -> None:
-        """Return once no reply waits for room in the socket: what a connection calls before it
-        reads more requests, so that a client that stops reading is read no more either."""
-        if self._sending:
+        """Return once the replies are no longer `full`: what a connection calls before it reads more
+        requests, so that a client that stops reading is read no more either."""
+        while self.full:
             self._room = gevent.event.Event()
             try:
                 self._room.wait()
@@ -122,6 +131,7 @@ class Replies:
         last = self.acks.last
         if self._held or self._sending or (last is not None and not last.settled):
             self._held.append((last, data))
+            self._held_bytes += len(data)
             return False
         self.stats.bytes_written += len(data)
         return True
@@ -139,6 +149,7 @@ class Replies:
             self._held = []  # the usual case: a new list costs less than a slice deleted
         else:
             del held[:count]
+        self._held_bytes -= len(data)
         self.stats.bytes_written += len(data)
         return data
 
@@ -193,6 +204,7 @@ class Replies:
                       error=str(self.acks.failed))
         self.cut_off = True
         self._held.clear()
+        self._held_bytes = 0
         try:
             self.io.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

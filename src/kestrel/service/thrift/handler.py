@@ -218,8 +218,8 @@ class ThriftConnection:
         # (no `*` in the calls: the compiled build then calls the compiled function straight)
         replies = stream.replies
         while True:
-            if replies.sending:
-                replies.wait_sent()  # no more requests read while a reply waits for room
+            if replies.full:
+                replies.wait_sent()  # no more requests read while a reply waits for room or the disk
             if self.hub_serves and not stream.buf:
                 if not self._serve_from_hub():
                     return
@@ -272,9 +272,9 @@ class ThriftConnection:
             del buf[:end]
             replies = stream.replies
             replies.send_at_once(self._call(method, seqid, args))
-            if replies.sending or (buf and self.turns.over()):
+            if replies.full or (buf and self.turns.over()):
                 break  # the rest in the connection's greenlet, which waits for room or steps aside
-        return not buf and not stream.replies.sending
+        return not buf and not stream.replies.full
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
         """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
