@@ -354,7 +354,7 @@ def server_state(tmp_path: Path) -> Iterator[Any]:
     state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
     state.collection.load()
     yield state
-    state.collection.close()
+    state.close()
 
 
 @pytest.fixture(scope="session")
