@@ -86,7 +86,7 @@ def measure(batch: int, items: int, profile: bool, get_call: str = "get", protoc
             profiler = cProfile.Profile()
             profiler.runcall(rounds, n)
             pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
-        server.collection.close()
+        server.close()
         return best / n * 1e6
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -197,7 +197,7 @@ def measure_loop(rounds: int, protocols: tuple[str, ...] = ("thrift", "memcache"
 
             serve(rounds // 5)  # warm up
             measured[name] = min(_cpu(serve, rounds) for _ in range(5)) / rounds * 1e6
-        server.collection.close()
+        server.close()
         return measured
     finally:
         readable.close()

@@ -256,7 +256,7 @@ def counted(protocols: tuple[str, ...] = ("thrift", "thrift compact", "memcache"
                 try:
                     yield protocol, count(server, protocol, size)
                 finally:
-                    server.collection.close()
+                    server.close()
 
 
 def main() -> None:

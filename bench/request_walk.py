@@ -188,7 +188,7 @@ def run(journal_format: str, show: bool) -> None:
         print("| --- | --- | --- | --- | --- |")
         for title, entry, step in rows:
             _report(title, trace(entry, step), show)
-        server.collection.close()
+        server.close()
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

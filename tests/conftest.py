@@ -317,6 +317,15 @@ class ServerProcess:
         return str(started[-1]["build"])
 
 
+@pytest.fixture(autouse=True)
+def _no_hub_leftovers() -> Iterator[None]:
+    """Fail a test that leaves a timer of the engine on the gevent hub (tests/support/hub_leftovers.py)."""
+    from tests.support.hub_leftovers import no_hub_leftovers
+
+    with no_hub_leftovers():
+        yield
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Any]:
     """Start servers with extra YAML settings: `server_factory({"default_queue": {...}})`."""
@@ -354,7 +363,7 @@ def server_state(tmp_path: Path) -> Iterator[Any]:
     state = ServerState(from_mapping({"queue_path": str(tmp_path)}, str(tmp_path)))
     state.collection.load()
     yield state
-    state.collection.close()
+    state.close()
 
 
 @pytest.fixture(scope="session")

@@ -196,7 +196,7 @@ def state_with_client_timeout(path: Path, client_timeout: str) -> Iterator[Any]:
     try:
         yield state
     finally:
-        state.collection.close()
+        state.close()
 
 
 IDLE_CLOSES = {"memcache": {"event": "closing a slow or idle client", "limit": "client_timeout"},
@@ -267,7 +267,7 @@ def any_format_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
                                       "default_queue": {"journal_format": request.param}}, str(tmp_path)))
     state.collection.load()
     yield state
-    state.collection.close()
+    state.close()
 
 
 def test_a_reliable_thrift_read_loop_is_answered_without_switching_to_the_connection(
@@ -561,7 +561,7 @@ def always_state(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any
     each journal format."""
     state = server_state_with(tmp_path, journal_format=request.param)
     yield state
-    state.collection.close()
+    state.close()
 
 
 class Fsyncs:
@@ -612,7 +612,7 @@ def test_under_a_periodic_sync_ready_puts_and_gets_are_answered_in_the_hub(
                 one_round(client, "periodic", b"item %d" % i)
             assert switches == []
     finally:
-        state.collection.close()
+        state.close()
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
@@ -770,7 +770,7 @@ def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_gr
             one_round(client, "waits", b"1")
             assert switches
     finally:
-        state.collection.close()
+        state.close()
 
 
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))

@@ -4,7 +4,6 @@ a connection it closes on a protocol error delivers its last reply, whatever the
 from __future__ import annotations
 
 import json
-import select
 import socket
 import time
 from contextvars import ContextVar
@@ -26,11 +25,7 @@ from kestrel.service.thrift.handler import ThriftConnection
 from kestrel.service.thrift.messages import METHODS
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.thrift_wire import decode_reply, encode_call, framed
-
-
-def _answered(sock: socket.socket) -> bool:
-    """Whether a reply is there to read (without waiting)."""
-    return bool(select.select([sock], [], [], 0)[0])
+from tests.support.wire import readable_now
 
 
 def _refusals(srv: ServerProcess) -> list[dict[str, Any]]:
@@ -50,8 +45,8 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path) -> 
             sock.sendall(b"version\r\n")
             # Answered, or connected in the backlog while the server, out of descriptors, cannot accept it
             # (it says so in its log); whichever happens first.
-            wait_until(lambda s=sock: _answered(s) or bool(_refusals(srv)), "a reply or a refusal")
-            if not _answered(sock):
+            wait_until(lambda s=sock: readable_now(s) or bool(_refusals(srv)), "a reply or a refusal")
+            if not readable_now(sock):
                 waiting = sock
                 break
             assert sock.recv(100).startswith(b"VERSION ")

@@ -61,7 +61,7 @@ def test_the_checks_follow_the_status_set_and_the_one_read_at_start(tmp_path: Pa
 
 def test_a_change_during_a_pending_grace_period_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "status"
-    keeper = StatusKeeper(str(path), Status.UP, 60_000)
+    keeper = StatusKeeper(str(path), Status.UP, 60_000, ManualRuntime())  # its grace timer off the hub
     keeper.set(Status.READ_ONLY)
     keeper.set(Status.READ_ONLY)  # the same change again is no change
     for status in (Status.QUIESCENT, Status.UP):

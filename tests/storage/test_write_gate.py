@@ -15,10 +15,10 @@ from typing import Any
 import gevent
 import pytest
 
-from kestrel.storage import JournalWriteError, QueueCollection, disk
+from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.write_gate import LARGE_APPEND
-from tests.support.queues import drain, load_strictly, open_collection
+from tests.support.queues import drain, load_strictly
 
 T0 = 1_700_000_000_000
 LARGE = b"L" * (LARGE_APPEND + 1000)
@@ -81,7 +81,9 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldWrites]:
 
 
 def collection(path: Path, settings: dict[str, str], commit_log: bool) -> QueueCollection:
-    return open_collection(path, settings, clock=FakeClock(T0), commit_log=commit_log)
+    """A collection on `path`, loaded once; a refused queue raises its CorruptJournalError."""
+    return load_strictly(QueueCollection(str(path), QueueConfigs(settings), clock=FakeClock(T0),
+                                         commit_log=commit_log))
 
 
 @pytest.mark.parametrize(("settings", "commit_log"), SETTINGS)
@@ -105,7 +107,7 @@ def test_a_large_put_is_written_off_the_loop_and_its_queue_waits_its_turn(
     assert [item.data for item in get.get(timeout=60)] == [LARGE]
     coll.put("q", [b"after"])
     coll.close()
-    again = load_strictly(collection(tmp_path, settings, commit_log))
+    again = collection(tmp_path, settings, commit_log)
     assert drain(again, "q") == [b"after"]  # the journal has the put, then the get, then the next put
     assert drain(again, "other") == [b"meanwhile"]
     again.close()
@@ -128,7 +130,7 @@ def test_a_large_write_that_fails_leaves_the_journal_as_it_was(
     # The get ran after the failed put was undone: at most the item from before, never the large one.
     assert get.successful() and [item.data for item in get.value] == [b"before"]
     coll.close()
-    again = load_strictly(collection(tmp_path, settings, commit_log))
+    again = collection(tmp_path, settings, commit_log)
     assert drain(again, "q") == []
     again.close()
 
@@ -188,6 +190,6 @@ def test_a_caller_killed_during_a_large_write_leaves_the_journal_as_the_write_le
         coll.put("q", [b"refused"])  # cut back to where the journal's writer believes it ends
     monkeypatch.setattr(disk, "write", write)
     coll.close()
-    again = load_strictly(collection(tmp_path, settings, commit_log))
+    again = collection(tmp_path, settings, commit_log)
     assert drain(again, "q") == ([b"before", b"after"] if fails else [b"before", LARGE, b"after"])
     again.close()

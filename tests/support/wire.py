@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,14 @@ def close_sockets(server_factory: Any) -> Iterator[None]:
     yield
     while _opened:
         _opened.pop().close()
+
+
+def readable_now(sock: socket.socket) -> bool:
+    """Whether the socket has something to read now, without waiting. Asked with poll: select
+    refuses a descriptor past 1023, which a test process that has run many tests may hand out."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def closed_by_server(sock: socket.socket, wait: float = DEADLINE_S) -> bool:

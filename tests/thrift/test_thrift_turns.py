@@ -11,7 +11,6 @@ bench/bench_fairness.py's to measure; this checks the order, which the loop's tu
 from __future__ import annotations
 
 import functools
-import select
 from typing import Any
 
 import gevent
@@ -25,6 +24,7 @@ from kestrel.service.thrift.messages import METHODS, read_args
 from kestrel.service.thrift.protocol import PAUSE_EVERY, PROTOCOLS
 from tests.conftest import STALL_S
 from tests.support.thrift_wire import encode_call, encode_message, framed, read_framed_reply
+from tests.support.wire import readable_now
 
 MAX_ITEMS = 100_000  # max_batch_items, the default
 # The slowest values for the bytes they take, within a socket's buffer: an empty struct is one byte
@@ -33,11 +33,6 @@ LARGEST = {
     "binary": (TType.LIST, (TType.STRUCT, [[]] * MAX_ITEMS)),
     "compact": (TType.LIST, (TType.I64, [-1] * MAX_ITEMS)),
 }
-
-
-def _nothing_yet(sock: gevent.socket.socket) -> bool:
-    """Whether the socket has nothing to read now (a gevent socket's own receive would wait)."""
-    return not select.select([sock.fileno()], [], [], 0)[0]
 
 
 @pytest.mark.parametrize("protocol", ["binary", "compact"])
@@ -52,7 +47,7 @@ def test_another_client_is_answered_while_a_large_message_is_being_read(server_s
 
     def light() -> tuple[Any, bool]:
         reply = read_framed_reply(light_client, protocol, "get_version")
-        return reply, _nothing_yet(large_client)
+        return reply, not readable_now(large_client)
 
     reading = gevent.spawn(light)
     gevent.idle()  # the light client waits for its reply before the server runs

@@ -1,0 +1,39 @@
+"""The suite's check that a test leaves no work of the engine on the gevent hub
+(tests/support/hub_leftovers.py, applied to every test by tests/conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.hub_leftovers import no_hub_leftovers
+from tests.support.queues import open_collection
+
+ALWAYS = {"sync_journal": "always"}
+
+
+def test_a_commit_log_left_open_is_named_and_its_tick_cancelled(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match=f"CommitLog CommitLog._tick on {tmp_path}"):
+        with no_hub_leftovers():
+            coll = open_collection(tmp_path, ALWAYS, commit_log=True)
+    assert coll.commit_log is not None and coll.commit_log._timer is not None
+    assert not coll.commit_log._timer._timer.active, "the tick left is still armed"  # type: ignore[attr-defined]
+    coll.close()
+
+
+def test_a_sweeper_left_running_names_its_collection(tmp_path: Path) -> None:
+    coll = open_collection(tmp_path)
+    # The pure build names the collection's path too; a closure mypyc compiled keeps it out of reach.
+    with pytest.raises(AssertionError, match="QueueCollection.*tick|tick.*QueueCollection"):
+        with no_hub_leftovers():
+            coll.start_sweeper(60_000)
+    coll.close()
+
+
+def test_a_collection_closed_leaves_nothing(tmp_path: Path) -> None:
+    with no_hub_leftovers():
+        coll = open_collection(tmp_path, ALWAYS, commit_log=True)
+        coll.start_sweeper(60_000)
+        coll.put("q", [b"x"])
+        coll.close()

@@ -1,0 +1,81 @@
+"""Timers a test leaves on the gevent hub: the work of a collection, commit log, journal or server
+state it never closed (a checkpoint tick, a periodic sync, a sweep, the memory governor's run).
+
+Each test process has one hub: a timer left there runs in whatever test comes next, whenever that
+test yields, and a later test that counts greenlets, switches or objects, or needs the hub idle,
+fails depending on which tests ran before it. `conftest.py` records the timers the engine sets on
+gevent (`GeventRuntime.call_later`) while a test runs, and after
+it cancels those still pending and fails the test, naming whose work they were."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kestrel.storage import runtime
+
+
+class _Recorder:
+    """The loop timers set during the current test; one for the process, patched in once. It keeps the
+    loop's watcher alone: a watcher that ran or was stopped drops its callback, so nothing the
+    test made is kept alive by being recorded."""
+
+    def __init__(self) -> None:
+        self.watchers: list[Any] = []
+        original = runtime.GeventRuntime.call_later
+
+        def call_later(self_: runtime.GeventRuntime, seconds: float, fn: Callable[[], None]) -> runtime.Timer:
+            timer = original(self_, seconds, fn)
+            if len(self.watchers) >= PRUNE_AT:
+                self.watchers = [w for w in self.watchers if w.active]
+            self.watchers.append(timer._timer)  # type: ignore[attr-defined]
+            return timer
+
+        runtime.GeventRuntime.call_later = call_later  # type: ignore[method-assign, assignment]
+
+    def pending(self) -> list[Any]:
+        """The timers recorded still armed: their `_LoopTimer`s."""
+        return [w.callback.__self__ for w in self.watchers if w.active]
+
+
+PRUNE_AT = 4096  # recorded watchers past which those done are dropped (a test may set millions)
+_RECORDER: _Recorder | None = None
+
+
+def describe(fn: Callable[[], None]) -> str:
+    """Whose work a timer's call is: the method and the queue path of the object it belongs to
+    (bound methods, and closures such as the collection's sweep)."""
+    owner = getattr(fn, "__self__", None)
+    if owner is None:
+        cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
+        owner = next((c for c in cells if hasattr(c, "path") or hasattr(c, "queue_path")), None)
+    # A closure compiled by mypyc has neither: its class names it and its function's class
+    # (`tick_start_sweeper_QueueCollection_obj`), and what it closes over is out of reach.
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    if owner is None:
+        return str(name)
+    path = getattr(owner, "queue_path", None) or getattr(owner, "path", None)
+    return f"{type(owner).__name__} {name}" + (f" on {path}" if path else "")
+
+
+@contextmanager
+def no_hub_leftovers() -> Iterator[None]:
+    """Around one test: AssertionError naming the timers it left pending (cancelled first, so that
+    the next test starts on a quiet hub)."""
+    global _RECORDER
+    if _RECORDER is None:
+        _RECORDER = _Recorder()
+    recorder = _RECORDER
+    outer, recorder.watchers = recorder.watchers, []
+    try:
+        yield
+    finally:
+        left = recorder.pending()
+        recorder.watchers = outer
+        for timer in left:
+            timer.cancel()
+    if left:
+        names = sorted({describe(timer._fn) for timer in left})
+        raise AssertionError("the test left work on the gevent hub: close what it opened (with "
+                             "contextlib.closing, or in a fixture's teardown): " + "; ".join(names))
