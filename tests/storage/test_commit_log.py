@@ -1418,3 +1418,19 @@ def test_a_queue_reloaded_to_never_still_logs_and_its_records_ride_the_next_roun
     (seg,) = commit_log.segment_paths(str(tmp_path))
     assert [r.data[-7:] for _, r in read_segment(seg, last=True).records][-2:] == [b"no wait", b"\x00always"]
     coll.close()
+
+
+def test_a_collection_loaded_twice_is_refused_and_keeps_its_one_commit_log(tmp_path: Path) -> None:
+    """A second `load` would open a second commit log and leave the first, its segment and its
+    checkpoint timer, running with nothing to close them: it is refused, naming the path."""
+    coll = collection(tmp_path)
+    first = coll.commit_log
+    assert first is not None
+    with pytest.raises(RuntimeError, match="loaded already"):
+        coll.load()
+    assert coll.commit_log is first
+    coll.put("jobs", [b"a"])
+    coll.close()
+    again = collection(tmp_path)
+    assert [item.data for item in again.remove("jobs")] == [b"a"]
+    again.close()

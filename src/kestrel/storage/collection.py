@@ -92,6 +92,7 @@ class QueueCollection:
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
+        self._loaded = False  # `load` ran: a second would open a second commit log beside the first
         # The queues changed since the governor's last tick: what it visits, rather than every
         # queue (src/kestrel/storage/changes.py); the sweep visits only the queues due.
         self._changes = ChangedQueues()
@@ -125,8 +126,12 @@ class QueueCollection:
         out of file descriptors, ConfigError for files in the other format than `journal_format`.
         A queue whose journal is damaged (CorruptJournalError, without salvage), or whose records in
         a commit log left by a crash cannot be placed in its journal, is refused alone: logged,
-        kept in `refused`, and every request to it raises QueueDamaged.
+        kept in `refused`, and every request to it raises QueueDamaged. Raises RuntimeError when
+        the collection was loaded already.
         """
+        if self._loaded:
+            raise RuntimeError(f"the queue collection at {self.path} is loaded already: load it once")
+        self._loaded = True
         layout.tidy(self.path)
         if (converted := formats.finish_interrupted(self.path)) is not None:
             log.warning("finished a journal conversion that was interrupted", queue=converted)
