@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -152,9 +153,18 @@ class QueueModel(RuleBasedStateMachine):
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
         self.coll.queue("q").wait_for_packing()
-        if not crash:
+        if crash:
+            self._die()
+        else:
             self.coll.close()
         self._restarted()
+
+    def _die(self) -> None:
+        """What a crash of the process leaves of the collection: its files as written, and nothing
+        more done (its live journal closed unsynced, which cancels a periodic sync pending)."""
+        writer = cast(Any, self.coll.queue("q"))._journal.writer
+        if writer is not None:
+            writer.close(sync=False)
 
     def _restarted(self) -> None:
         self.coll = self._open()
