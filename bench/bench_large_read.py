@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench.callgrind_log import _callgrind, _main_thread_instructions
-from bench.common import machine
+from bench.common import filled_queue, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = 6
@@ -96,16 +96,9 @@ def child(journal_format: str, memory: str, cold: bool) -> list[tuple[float, flo
 
 def drain(count: int, journal_format: str) -> None:
     """`count` puts of 128 B and the gets that read them back, through read-behind."""
-    from kestrel.storage import QueueCollection, QueueConfigs
-
     with tempfile.TemporaryDirectory(prefix="bench-large-read-") as directory:
-        coll = QueueCollection(directory, QueueConfigs({"journal_format": journal_format,
-                                                        "max_memory_size": "16KB"}))
-        coll.load()
-        queue = coll.queue("small")
-        data = [b"s" * 128]
-        for _ in range(count):
-            queue.put(data)
+        coll, queue = filled_queue(directory, "small", count, {"journal_format": journal_format,
+                                                               "max_memory_size": "16KB"})
         for _ in range(count):
             assert queue.remove()
         coll.close()

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import load_average, machine
+from bench.common import filled_queue, load_average, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,6 @@ def child(items: int) -> dict[str, float]:
     import _thread
 
     import gevent
-
-    from kestrel.storage import QueueCollection, QueueConfigs
 
     main = _thread.get_ident()
     calls = {"loop fsync": 0, "loop unlink": 0, "pool fsync": 0, "pool unlink": 0}
@@ -49,13 +47,8 @@ def child(items: int) -> dict[str, float]:
         return call
 
     with tempfile.TemporaryDirectory(prefix="bench-release-") as directory:
-        coll = QueueCollection(directory, QueueConfigs({"journal_format": "kestrel3",
-                                                        "default_journal_size": "16KB"}))
-        coll.load()
-        queue = coll.queue("drain")
-        data = [b"s" * 128]
-        for _ in range(items):
-            queue.put(data)
+        coll, queue = filled_queue(directory, "drain", items, {"journal_format": "kestrel3",
+                                                              "default_journal_size": "16KB"})
         gevent.sleep(0.2)  # the rotated files sealed into the manifest
         fsync, unlink = os.fsync, os.unlink
         os.fsync, os.unlink = counted("fsync", fsync), counted("unlink", unlink)

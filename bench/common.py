@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def free_port() -> int:
@@ -129,3 +130,19 @@ def syscall_counts(pid: int, calls: tuple[str, ...]) -> Iterator[dict[str, int]]
             fields = line.split(",")
             if len(fields) > 2 and fields[0].strip().isdigit():
                 counts[fields[2].rsplit("sys_enter", 1)[-1].lstrip("_") or "all"] = int(fields[0])
+
+
+def filled_queue(directory: str, name: str, count: int, settings: dict[str, str]) -> tuple[Any, Any]:
+    """A queue collection loaded from `directory` (every queue with `settings`) and its queue `name`
+    given `count` items of 128 B, one put each: the storage's own state for the benchmarks that
+    time reading them back. Imported late, so that a child runs the tree its PYTHONPATH names."""
+    from kestrel.storage import QueueCollection, QueueConfigs
+
+    coll = QueueCollection(directory, QueueConfigs(settings))
+    coll.load()
+    queue = coll.queue(name)
+    data = [b"s" * 128]
+    for _ in range(count):
+        queue.put(data)
+    return coll, queue
+
