@@ -254,6 +254,29 @@ def test_a_frame_in_the_receive_buffer_reads_as_its_payload_reads(call: tuple[st
     assert read_buffered_frame(negative, 1 << 20, 100_000, 16 << 20) is None
 
 
+def test_a_receive_buffer_is_held_still_while_read_and_let_go_after() -> None:
+    """The readers hold a bytearray's bytes by its export count, as its buffer protocol does: after
+    every answer (a call, a decline, an error) it can be resized again, as the connection does to
+    take the frame out; and a buffer already exported (a view over it) is read alike."""
+    payload = encode_call("binary", "put", seqid=3, queue_name="q", items=[b"ab"], expiration_msec=0)
+    frame = struct.pack("!i", len(payload)) + payload
+    buf = bytearray(frame + b"next")
+    read = read_buffered_frame(buf, len(payload), 100_000, 16 << 20)
+    assert read is not None and read[1:] == (3, ("q", [b"ab"], 0), len(frame))
+    assert read_buffered_frame(buf, len(payload) - 1, 100_000, 16 << 20) is None  # declined: over max_frame
+    with pytest.raises(TypeError):
+        compiled.read_framed_call(buf, len(payload), _PLAIN_CALLS, "many", 16 << 20)
+    body = bytearray(encoded([b"x", b"yz"]))
+    assert compiled.read_binary_list(body, 0, len(body), 2, 100) == ([b"x", b"yz"], len(body))
+    with memoryview(buf):  # exported meanwhile: not resizable until the view goes
+        assert read_buffered_frame(buf, len(payload), 100_000, 16 << 20) == read
+        with pytest.raises(BufferError):
+            del buf[:len(frame)]
+    del buf[:len(frame)]
+    del body[:]
+    assert buf == b"next"
+
+
 @pytest.mark.parametrize("etype", [2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16, 0, 1, 5, 99])
 def test_an_empty_list_of_any_element_type_reads_as_the_python_reader_reads_it(etype: int) -> None:
     """An empty list names an element type the Python reader takes (or refuses) without reading one."""

@@ -321,14 +321,59 @@ declined:
     return 0;
 }
 
+/* The bytes of a buffer held still while a call reads them (`hold`, then `let_go`): an exact bytearray
+ * (a receive buffer) has its export count taken as its own buffer protocol takes it, so that nothing
+ * can resize it meanwhile (an allocation here may run the collector, and a finalizer Python code),
+ * without a Py_buffer filled and released (235 instructions a call); bytes are immutable; anything
+ * else goes through the buffer protocol. */
+typedef struct {
+    PyObject *owner;  /* the bytearray whose export is taken, else NULL */
+    const unsigned char *buf;
+    Py_ssize_t len;
+    Py_buffer view;
+    int viewed;
+} Held;
+
+static int hold(PyObject *obj, Held *held) {
+    held->owner = NULL;
+    held->viewed = 0;
+    if (PyByteArray_CheckExact(obj)) {
+        ((PyByteArrayObject *)obj)->ob_exports++;
+        held->owner = obj;
+        held->buf = (const unsigned char *)PyByteArray_AS_STRING(obj);
+        held->len = PyByteArray_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyBytes_CheckExact(obj)) {
+        held->buf = (const unsigned char *)PyBytes_AS_STRING(obj);
+        held->len = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &held->view, PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    held->viewed = 1;
+    held->buf = held->view.buf;
+    held->len = held->view.len;
+    return 0;
+}
+
+static void let_go(Held *held) {
+    if (held->owner != NULL) {
+        ((PyByteArrayObject *)held->owner)->ob_exports--;
+    } else if (held->viewed) {
+        PyBuffer_Release(&held->view);
+    }
+}
+
 /* The call `parse_call` reads in `args[0]` (a buffer), with `args[first]` the methods and the two
  * after it max_items and max_bytes. `max_frame` < 0: the buffer is a frame's payload, answered
  * (method, mtype, seqid, args, pos); else it starts with a frame (a 4-byte size, then the payload)
  * read in place when whole and within `max_frame`, answered (method, seqid, args, end of the frame).
  * None where there is no such call. */
 static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t max_frame) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    Held held;
+    if (hold(args[0], &held) < 0) {
         return NULL;
     }
     PyObject *result = NULL, *method, *values;
@@ -338,35 +383,43 @@ static PyObject *plain_call(PyObject *const *args, Py_ssize_t first, Py_ssize_t 
     Py_ssize_t max_items = PyLong_AsSsize_t(args[first + 1]);
     long long max_bytes = PyLong_AsLongLong(args[first + 2]);
     if (!PyErr_Occurred()) {
-        const unsigned char *buf = view.buf;
-        Py_ssize_t start = 0, size = view.len;
+        const unsigned char *buf = held.buf;
+        Py_ssize_t start = 0, size = held.len;
         if (max_frame >= 0) {
             start = 4;
-            size = view.len >= 4 ? read_be32(buf) : -1;
+            size = held.len >= 4 ? read_be32(buf) : -1;
         }
         int read = 0;
-        if (max_frame < 0 || (size >= 0 && size <= max_frame && size <= view.len - 4)) {
+        if (max_frame < 0 || (size >= 0 && size <= max_frame && size <= held.len - 4)) {
             read = parse_call(buf + start, size, args[first], max_items, max_bytes, &method, &mtype, &seqid,
                               &values, &pos);
         }
-        if (read > 0) {  /* the tuple made directly: Py_BuildValue parses its format at every call */
-            PyObject *seq = PyLong_FromLong(seqid);
-            PyObject *at = PyLong_FromSsize_t(max_frame < 0 ? pos : start + size);
-            PyObject *type = max_frame < 0 ? PyLong_FromLong(mtype) : NULL;
-            if (seq != NULL && at != NULL && (max_frame >= 0 || type != NULL)) {
-                result = max_frame < 0 ? PyTuple_Pack(5, method, type, seq, values, at)
-                                       : PyTuple_Pack(4, method, seq, values, at);
+        if (read > 0) {  /* the tuple made directly, taking the references made for it */
+            Py_ssize_t n = max_frame < 0 ? 5 : 4, i = 0;
+            result = PyTuple_New(n);
+            if (result == NULL) {
+                Py_DECREF(values);
+                Py_DECREF(method);
+            } else {
+                PyTuple_SET_ITEM(result, i++, method);
+                if (max_frame < 0) {
+                    PyTuple_SET_ITEM(result, i++, PyLong_FromLong(mtype));
+                }
+                PyTuple_SET_ITEM(result, i++, PyLong_FromLong(seqid));
+                PyTuple_SET_ITEM(result, i++, values);
+                PyTuple_SET_ITEM(result, i, PyLong_FromSsize_t(max_frame < 0 ? pos : start + size));
+                for (i = 0; i < n; i++) {
+                    if (PyTuple_GET_ITEM(result, i) == NULL) {  /* a number not made: no memory */
+                        Py_CLEAR(result);
+                        break;
+                    }
+                }
             }
-            Py_XDECREF(type);
-            Py_XDECREF(at);
-            Py_XDECREF(seq);
-            Py_DECREF(values);
-            Py_DECREF(method);
         } else if (read == 0) {
             result = Py_NewRef(Py_None);
         }
     }
-    PyBuffer_Release(&view);
+    let_go(&held);
     return result;
 }
 
@@ -406,8 +459,8 @@ static PyObject *read_binary_list(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "read_binary_list takes buf, pos, end, count, budget");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    Held held;
+    if (hold(args[0], &held) < 0) {
         return NULL;
     }
     PyObject *result = NULL;
@@ -416,18 +469,18 @@ static PyObject *read_binary_list(PyObject *self, PyObject *const *args, Py_ssiz
     Py_ssize_t count = PyLong_AsSsize_t(args[3]);
     long long budget = PyLong_AsLongLong(args[4]);
     if (!PyErr_Occurred()) {
-        if (end > view.len) {
-            end = view.len;
+        if (end > held.len) {
+            end = held.len;
         }
         int declined;
-        PyObject *items = binary_list(view.buf, &pos, end, count, budget, &declined);
+        PyObject *items = binary_list(held.buf, &pos, end, count, budget, &declined);
         if (items != NULL) {
             result = Py_BuildValue("(Nn)", items, pos);
         } else if (declined) {
             result = Py_NewRef(Py_None);
         }
     }
-    PyBuffer_Release(&view);
+    let_go(&held);
     return result;
 }
 
