@@ -3,7 +3,8 @@ error naming the exception, and the connection goes on, in both builds (tests/se
 
 Each connection is made in this process over a socket it never uses; the failing command is put in
 the place the connection looks it up (Thrift's and memcache's tables of handlers, the text
-protocol's answer), since a bug has no request that reaches it on purpose.
+protocol's answer), since a bug has no request that reaches it on purpose; a Thrift put, called on
+the handler directly, meets arguments of the wrong type instead.
 """
 
 from __future__ import annotations
@@ -34,18 +35,28 @@ def _bug(*args: Any, **kwargs: Any) -> None:
 
 def test_thrift_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
     conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
-    put = METHODS["put"]
-    conn._call(put, 6, ("q", [b"x"], 0))  # the handler function is bound at its first call, then kept
-    handler = conn.bound[put.number]
-    conn.bound[put.number] = _bug
-    reply = decode_reply(unframed(conn._call(put, 7, ("q", [b"x"], 0))),
-                         "binary", "put")
+    peek = METHODS["peek"]
+    conn._call(peek, 6, ("q",))  # the handler function is bound at its first call, then kept
+    handler = conn.bound[peek.number]
+    conn.bound[peek.number] = _bug
+    reply = decode_reply(unframed(conn._call(peek, 7, ("q",))), "binary", "peek")
     assert isinstance(reply, TApplicationException)
     assert reply.type == TApplicationException.INTERNAL_ERROR
-    assert reply.message == "internal error in put: RuntimeError('a bug')"
-    conn.bound[put.number] = handler
-    assert decode_reply(unframed(conn._call(put, 8, ("q", [b"x"], 0))),
-                        "binary", "put") == 1
+    assert reply.message == "internal error in peek: RuntimeError('a bug')"
+    conn.bound[peek.number] = handler
+    assert decode_reply(unframed(conn._call(peek, 8, ("q",))), "binary", "peek").items == 0
+
+
+def test_a_put_called_directly_answers_an_internal_error_and_goes_on(server_state: ServerState) -> None:
+    """A put (as a get) is called on the handler directly, not through the bound table: what it
+    raises is answered the same way (items that are not a list: a TypeError, in either build)."""
+    conn = ThriftConnection(server_state, _Unused(), "test")  # type: ignore[arg-type]
+    put = METHODS["put"]
+    reply = decode_reply(unframed(conn._call(put, 7, ("q", 5, 0))), "binary", "put")
+    assert isinstance(reply, TApplicationException)
+    assert reply.type == TApplicationException.INTERNAL_ERROR
+    assert reply.message.startswith("internal error in put: TypeError(")
+    assert decode_reply(unframed(conn._call(put, 8, ("q", [b"x"], 0))), "binary", "put") == 1
 
 
 def test_memcache_answers_a_server_error_and_goes_on(server_state: ServerState) -> None:

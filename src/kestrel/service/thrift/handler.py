@@ -136,6 +136,9 @@ class ThriftHandler:
 # showed in a connect.
 Call = tuple[Callable[..., Any], Method, HistogramSeries]
 _calls: list[Call] = []
+# The histograms of `_calls` alone, by the method's number, for each call (`Final`: a C static in the
+# compiled build, and no tuple of the three taken apart a call).
+_latencies: Final[list[HistogramSeries]] = []
 
 
 def parameter_names(function: Callable[..., Any]) -> tuple[str, ...]:
@@ -155,6 +158,7 @@ def method_calls() -> list[Call]:
                                 f"{method.names}")
             calls.append((function, method, metrics.request_latency("thrift", name)))
         _calls.extend(calls)
+        _latencies[:] = [latency for _, _, latency in calls]
     return _calls
 
 
@@ -331,29 +335,36 @@ class ThriftConnection:
         return self._call(method, seqid, args), True
 
     def _call(self, called: Method, seqid: int, args: Arguments) -> bytes:
-        """The reply to a call of `called` with `args`, timed."""
+        """The reply to a call of `called` with `args`, timed. A put and a get, the calls of the hot
+        path, are called on the handler as compiled methods (a direct call, about 280 instructions
+        less than a call through their bound function taking the arguments' tuple); the others
+        through the function bound at their first call."""
         number = called.number
-        _, method, latency = self.calls[number]
-        name = method.name
-        function = self.bound[number]
-        if function is None:
-            function = self.bound[number] = getattr(self.handler, name)
+        latency = _latencies[number]
         started = perf_counter()
         try:
-            # (bound, it takes the arguments' tuple as it is: `function(self.handler, *args)` compiled
-            # makes a list of the two, extends it and copies it into a tuple each call, and
-            # `function(*((self.handler,) + args))` makes a tuple each call)
-            result = function(*args)
+            if called is _PUT:
+                result: Any = self.handler.put(args[0], args[1], args[2])
+            elif called is _GET:
+                result = self.handler.get(args[0], args[1], args[2], args[3])
+            else:
+                function = self.bound[number]
+                if function is None:
+                    function = self.bound[number] = getattr(self.handler, called.name)
+                # (bound, it takes the arguments' tuple as it is: `function(self.handler, *args)`
+                # compiled makes a list of the two, extends it and copies it into a tuple each call)
+                result = function(*args)
         except ClientGone:
             raise
         except KestrelError as e:
-            return self._error(name, seqid, UNKNOWN, str(e))
+            return self._error(called.name, seqid, UNKNOWN, str(e))
         except Exception as unexpected:
+            name = called.name
             log.exception("thrift call failed", method=name, client=self.peer)
             return self._error(name, seqid, INTERNAL_ERROR, f"internal error in {name}: {unexpected!r}")
         finally:
             latency.observe(perf_counter() - started)
-        return encode_reply(self.writer_cls, method, seqid, result, self.framed)
+        return encode_reply(self.writer_cls, called, seqid, result, self.framed)
 
     def _error(self, name: str, seqid: int, kind: int, message: str) -> bytes:
         return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
