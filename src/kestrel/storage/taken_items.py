@@ -3,7 +3,13 @@ with the request path (src/kestrel/build.py), since every get makes one."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from kestrel.storage.item import QItem, data_with_ids, item_data
+
+# (bound `Final`: the compiled build calls them from C statics, not the module's dictionary)
+_item_data: Final = item_data
+_data_with_ids: Final = data_with_ids
 
 
 class TakenItems:
@@ -22,10 +28,10 @@ class TakenItems:
         return len(self.items)
 
     def data(self) -> list[bytes]:
-        return item_data(self.items)
+        return _item_data(self.items)
 
     def pairs(self) -> list[tuple[bytes, int]]:
-        return data_with_ids(self.items, self.ids)
+        return _data_with_ids(self.items, self.ids)
 
     def times(self) -> tuple[list[int], list[int]]:
         """Each item's add time, and each one's expiry (0: never)."""

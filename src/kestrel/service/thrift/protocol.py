@@ -23,10 +23,24 @@ except ImportError:  # built without a C compiler: the Python code alone
     _thrift_binary = None  # type: ignore[assignment]
 compiled_binary = _thrift_binary  # what src/kestrel/service/thrift/messages.py uses too
 
-# Type codes as the binary protocol writes them.
-STOP, BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST, UUID = (
-    0, 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15, 16)
-CALL, REPLY, EXCEPTION = 1, 2, 3
+# Type codes as the binary protocol writes them, and message types (`Final`: constants in the
+# compiled build, where a module's name is a lookup in its dictionary at each use).
+STOP: Final = 0
+BOOL: Final = 2
+BYTE: Final = 3
+DOUBLE: Final = 4
+I16: Final = 6
+I32: Final = 8
+I64: Final = 10
+STRING: Final = 11
+STRUCT: Final = 12
+MAP: Final = 13
+SET: Final = 14
+LIST: Final = 15
+UUID: Final = 16
+CALL: Final = 1
+REPLY: Final = 2
+EXCEPTION: Final = 3
 MAX_DEPTH = 32  # nesting of skipped structs and containers
 # Fields in one message, nested ones included: a call of the contract has four at most. Each field,
 # as each container element (`max_batch_items` for the whole message), costs the loop a step of
