@@ -266,7 +266,7 @@ class ThriftConnection:
         stream = self.stream
         buf = stream.buf
         stream.stats.bytes_read += received
-        while buf:
+        while True:  # (`buf` holds what came; its truth tested once a request, about 40 instructions a test)
             call = read_buffered_frame(buf, self.max_frame, self.max_items, self.max_bytes)
             if call is None:
                 break
@@ -276,7 +276,9 @@ class ThriftConnection:
             del buf[:end]
             replies = stream.replies
             replies.send_at_once(self._call(method, seqid, args))
-            if replies.full or (buf and self.turns.over()):
+            if not buf:
+                return not replies.full
+            if replies.full or self.turns.over():
                 break  # the rest in the connection's greenlet, which waits for room or steps aside
         return not buf and not stream.replies.full
 
