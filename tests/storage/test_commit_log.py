@@ -1331,6 +1331,44 @@ def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only
     again.close()
 
 
+def test_a_log_closed_while_its_tick_checkpoints_is_left_with_no_tick_armed(tmp_path: Path) -> None:
+    """close waits for the checkpoint in progress; the tick that began it must not arm the next
+    one once it ends (a closed log's tick would run a second later, in whatever runs then)."""
+    gate = gevent.event.Event()
+
+    class Gated(GeventRuntime):
+        held = False
+
+        def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+            if self.held:
+                gate.wait()
+            return super().run_blocking(fn, *args)
+
+    runtime = Gated()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    coll.put("q", [b"x"])
+    log = coll.commit_log
+    assert log is not None
+    armed = log._timer
+    assert armed is not None
+    armed.cancel()  # it fires now: its call runs here
+    runtime.held = True
+    ticking = gevent.spawn(log._tick)
+    while log._checkpointing is None:  # until its checkpoint waits off the loop
+        gevent.sleep(0)
+    closing = gevent.spawn(coll.close)
+    gevent.sleep(0.01)  # close waits for the checkpoint
+    runtime.held = False
+    gate.set()
+    gevent.joinall([ticking, closing], raise_error=True)
+    assert log._timer is None
+    again = collection(tmp_path)
+    assert drain(again, "q") == [b"x"]
+    again.close()
+
+
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journal_format: str) -> None:
     with Disk() as disk:

@@ -1397,11 +1397,11 @@ class CommitLog:
     def close(self) -> None:
         """After every queue closed (their journals fsynced): delete the segments. Any journal
         still open (its close failed) keeps them for the next start's recovery."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         while (running := self._checkpointing) is not None:
             running.wait()
+        if self._timer is not None:  # after the wait: a tick whose checkpoint ran set it again
+            self._timer.cancel()
+            self._timer = None
         self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable
