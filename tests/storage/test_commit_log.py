@@ -21,13 +21,14 @@ from typing import Any
 
 import gevent
 import gevent.event
+import greenlet
 import pytest
 
 from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, commit_log, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.commit_log import MARK, encode_record, read_segment, recover
 from kestrel.storage.errors import QueueDamaged
-from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync
+from kestrel.storage.fsync.group_commit import GroupCommit, ThreadFsync, native_threads
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files as kestrel3_files
@@ -1187,25 +1188,25 @@ def test_a_failed_write_of_gathered_turns_leaves_the_log_as_it_was_and_each_fall
 
 
 class GatheringRuntime(GeventWithFsyncs):
-    """`GeventWithFsyncs` whose timers wait until a test fires them: a round that gathers changes
-    waits for them, however slowly they come."""
+    """`GeventWithFsyncs` whose group commit's timers (`GroupCommit.later`: the log's gathering)
+    wait until a test fires them: a round that gathers changes waits for them, however slowly
+    they come."""
 
     def __init__(self, fsync: Callable[[int], None]) -> None:
         super().__init__(fsync)
         self.timers: list[tuple[float, Callable[[], None]]] = []
+        self._group_commit = GroupCommit(ThreadFsync(fsync), timer=self._held)
 
-    def call_later(self, seconds: float, fn: Callable[[], None]) -> Any:
-        if fn.__name__ != "_join":
-            return super().call_later(seconds, fn)
-        self.timers.append((seconds, fn))
-        return self._cancellable(len(self.timers) - 1)
-
-    def _cancellable(self, index: int) -> Any:
+    def _held(self, seconds: float) -> Any:
         timers = self.timers
 
         class Timer:
-            def cancel(self) -> None:
-                timers[index] = (timers[index][0], lambda: None)
+            def start(self, fn: Callable[[], None]) -> None:
+                self.index = len(timers)
+                timers.append((seconds, fn))
+
+            def stop(self) -> None:
+                timers[self.index] = (seconds, lambda: None)
 
         return Timer()
 
@@ -1253,6 +1254,119 @@ def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Pat
         gevent.sleep(0.01)
     gevent.joinall(clients, raise_error=True)
     coll.close()
+
+
+def test_a_round_the_gathering_timer_begins_runs_from_the_loop_with_no_greenlet(tmp_path: Path) -> None:
+    """The timer that ends a round's wait for the changes it expects calls the log from the loop's
+    own callback, and the round begins there: no greenlet is made or switched to for it (one a
+    round was a spawn and two switches), and its holder is told once the fsync has run."""
+    native = native_threads()
+    if native is None:
+        pytest.skip("the C helper was not built (no C compiler at install time)")
+    runtime = GeventWithFsyncs(os.fdatasync)
+    runtime._group_commit = GroupCommit(native)  # rounds begun and ended on the loop
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    log = coll.commit_log
+    assert log is not None
+    for name in ("a", "b"):
+        coll.put(name, [b"created"])
+    a, b = Held(), Held()
+    gevent.joinall([gevent.spawn(a.change, partial(coll.put, "a", [b"one"])),
+                    gevent.spawn(b.change, partial(coll.put, "b", [b"one"]))], raise_error=True)
+    rounds = log.rounds
+    switched_to: set[Any] = set()
+
+    def trace(event: str, args: tuple[Any, Any]) -> None:
+        if event in ("switch", "throw"):
+            switched_to.add(args[1])
+
+    previous = greenlet.settrace(trace)
+    try:  # one change where the last round carried two: the timer ends its wait for a second
+        alone = gevent.spawn(a.change, partial(coll.put, "a", [b"two"]))
+        alone.join()
+    finally:
+        greenlet.settrace(previous)
+    assert alone.successful() and log.rounds == rounds + 1
+    assert switched_to - {gevent.get_hub(), alone, greenlet.getcurrent()} == set()
+    coll.close()
+    again = collection(tmp_path)
+    assert drain(again, "a") == [b"created", b"one", b"two"]
+    again.close()
+
+
+def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only_replies_no_journal_kept(
+        tmp_path: Path) -> None:
+    """Two changes where three were expected: the timer begins their round; the log's fsync fails,
+    each change falls back on its journal's, and only the client whose journal failed too has its
+    replies withheld (its connection is cut off), the other is told its change is durable."""
+    log_dir = commit_log.directory(str(tmp_path))
+    failing = {"log": False, "b": False}
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if (failing["log"] and path.startswith(log_dir)) or (failing["b"] and os.path.basename(path) == "b"):
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+
+    coll = gevent_collection(tmp_path, fsync)
+    log = coll.commit_log
+    assert log is not None
+    holders = {name: Held() for name in ("a", "b", "c")}
+    for name in holders:
+        coll.put(name, [b"created"])
+    gevent.joinall([gevent.spawn(h.change, partial(coll.put, name, [b"one"])) for name, h in holders.items()],
+                   raise_error=True)
+    rounds = log.rounds
+    failing.update(log=True, b=True)
+    gevent.joinall([gevent.spawn(holders[name].change, partial(coll.put, name, [b"two"])) for name in ("a", "b")],
+                   raise_error=True)
+    assert log.rounds == rounds + 1  # one round for both, begun by the timer
+    assert holders["a"].acks.failed is None and holders["b"].acks.failed is not None
+    failing.update(log=False, b=False)
+    coll.close()
+    again = collection(tmp_path)
+    assert drain(again, "a") == [b"created", b"one", b"two"]
+    again.close()
+
+
+def test_a_log_closed_while_its_tick_checkpoints_is_left_with_no_tick_armed(tmp_path: Path) -> None:
+    """close waits for the checkpoint in progress; the tick that began it must not arm the next
+    one once it ends (a closed log's tick would run a second later, in whatever runs then)."""
+    gate = gevent.event.Event()
+
+    class Gated(GeventRuntime):
+        held = False
+
+        def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+            if self.held:
+                gate.wait()
+            return super().run_blocking(fn, *args)
+
+    runtime = Gated()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    coll.put("q", [b"x"])
+    log = coll.commit_log
+    assert log is not None
+    armed = log._timer
+    assert armed is not None
+    armed.cancel()  # it fires now: its call runs here
+    runtime.held = True
+    ticking = gevent.spawn(log._tick)
+    while log._checkpointing is None:  # until its checkpoint waits off the loop
+        gevent.sleep(0)
+    closing = gevent.spawn(coll.close)
+    gevent.sleep(0.01)  # close waits for the checkpoint
+    runtime.held = False
+    gate.set()
+    gevent.joinall([ticking, closing], raise_error=True)
+    assert log._timer is None
+    again = collection(tmp_path)
+    assert drain(again, "q") == [b"x"]
+    again.close()
 
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])

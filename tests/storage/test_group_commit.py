@@ -224,6 +224,29 @@ def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fs
         os.close(fd)
 
 
+def test_journals_joined_now_begin_their_round_at_once_and_a_failed_fsync_fails_only_its_own(
+        tmp_path: Path, fsync_many: FsyncMany) -> None:
+    """`join_now` (the commit log's, once its turn has run) begins the round before the loop runs
+    again; a journal joining later in the same turn waits for the round after."""
+    commit = GroupCommit(fsync_many)
+    good, closed, late = (Journal(tmp_path / name) for name in ("good", "closed", "late"))
+    good_end, late_end = good.append(b"x"), late.append(b"z")
+    closed.append(b"y")
+    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
+    round_ = commit.join_now({good, closed})
+    assert commit._running is round_  # begun, with no callback of the loop queued for it
+    assert commit.join(late) is not round_
+    ended = gevent.event.Event()
+    round_.after(ended.set)
+    assert ended.wait(timeout=10)
+    assert good.synced == good_end and closed.synced == 0 and round_.failed[closed].errno == errno.EBADF
+    assert good not in round_.failed
+    commit.sync(late, late_end)
+    assert late.synced == late_end
+    os.close(good.fd)
+    os.close(late.fd)
+
+
 def test_aio_python_threads_and_c_threads_answer_alike(tmp_path: Path) -> None:
     native = aio()
     pipe = os.pipe()  # fsync of a pipe fails with EINVAL

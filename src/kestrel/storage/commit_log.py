@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import gevent
 import structlog
@@ -938,7 +938,9 @@ class CommitLog:
         self._gather_seconds = 0.0  # and for how long at most,
         self._gather_from: float | None = None  # from when (the runtime's monotonic clock)
         self._due = math.inf  # when the earliest periodic sync gathered is due
-        self._gathering: Timer | None = None  # starts the next round at `_join_at`
+        # starts the next round at `_join_at`: a timer of the loop that calls `_join` itself (no
+        # greenlet a round; `GroupCommit.later`)
+        self._gathering: Any = None
         self._join_at = math.inf
         self._checkpointing: Event | None = None
         self._after_checkpoint: list[Callable[[], None]] = []
@@ -1104,17 +1106,19 @@ class CommitLog:
             at = min(at, self._gather_from + self._gather_seconds)
         if at == math.inf:
             return  # records of queues reloaded to `never`: they ride the next round, whenever
+        group_commit = self._group_commit
+        assert group_commit is not None  # (turns gather only under a group commit)
         if self._gathering is not None:
             if self._join_at <= at:
                 return  # a timer set already starts it soon enough
-            self._gathering.cancel()
+            self._gathering.stop()
         self._join_at = at
-        self._gathering = self.runtime.call_later(max(at - now, 0.0), self._join)
+        self._gathering = group_commit.later(max(at - now, 0.0), self._join)
 
     def _join(self) -> None:
         """Put the gathered turns in the group commit's next round, together."""
         if self._gathering is not None:
-            self._gathering.cancel()
+            self._gathering.stop()
             self._gathering = None
         self._join_at = self._due = math.inf
         self._gather_from = None
@@ -1126,10 +1130,9 @@ class CommitLog:
         assert self._group_commit is not None
         self._in_flight = True
         self.rounds += 1
-        round_: Round | None = None
-        for writer in {turn.segment.writer for turn in turns if turn.segment is not None}:
-            round_ = self._group_commit.join(writer)  # one round: the next, whichever segments
-        assert round_ is not None
+        # one round, the next, whichever segments: begun here, the turns being in
+        writers = {turn.segment.writer for turn in turns if turn.segment is not None}
+        round_ = self._group_commit.join_now(writers)
         joined = time.perf_counter()
         round_.after(partial(self._round_run, round_, turns, changes, joined))
 
@@ -1394,11 +1397,11 @@ class CommitLog:
     def close(self) -> None:
         """After every queue closed (their journals fsynced): delete the segments. Any journal
         still open (its close failed) keeps them for the next start's recovery."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         while (running := self._checkpointing) is not None:
             running.wait()
+        if self._timer is not None:  # after the wait: a tick whose checkpoint ran set it again
+            self._timer.cancel()
+            self._timer = None
         self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable

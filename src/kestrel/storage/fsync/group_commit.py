@@ -2,7 +2,8 @@
 
 A writer that must wait for the disk (`sync_journal: always`, rotation, shutdown) asks for its
 journal to be in the next round and waits for that round. A round starts once the event-loop turn
-that asked for it has run (so every change made in that turn joins it), and fdatasyncs its
+that asked for it has run (so every change made in that turn joins it), or at once for a caller
+whose turn has run already (the commit log's, `join_now`), and fdatasyncs its
 journals concurrently: the file system joins concurrent fsyncs into one commit of its own journal,
 where fsyncs issued one after another each wait for a commit. They are issued on threads kept for
 it, one per journal in the round: C threads from `src/kestrel/storage/fsync/_fsync_many.c` when it was built
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, Protocol
 
@@ -367,11 +368,19 @@ class Round:
                 log.exception("a call made when a group commit round had run failed")
 
 
+def loop_timer(seconds: float) -> Any:
+    """A timer of the running hub's loop, due in `seconds` (`start` it with its callback)."""
+    return gevent.get_hub().loop.timer(seconds)
+
+
 class GroupCommit:
     """Rounds of concurrent fsyncs for every journal of the process (`shared()`)."""
 
-    def __init__(self, fsync_many: FsyncMany | None = None, way: str = "") -> None:
-        """Rounds through `fsync_many`, or else the way named (one of FSYNC_WAYS)."""
+    def __init__(self, fsync_many: FsyncMany | None = None, way: str = "",
+                 timer: Callable[[float], Any] = loop_timer) -> None:
+        """Rounds through `fsync_many`, or else the way named (one of FSYNC_WAYS); `later`'s timers
+        from `timer`."""
+        self._timer = timer
         # fdatasync: the journals only grow, and the size they grow to is flushed with the data.
         self._threads = _threads()
         if fsync_many is None and way not in FSYNC_WAYS:
@@ -404,6 +413,14 @@ class GroupCommit:
             if error is not None:
                 raise OSError(error.errno, f"fsync of {journal.path} failed: {error.strerror}")
 
+    def later(self, seconds: float, fn: Callable[[], None]) -> Any:
+        """Call `fn` on the loop once `seconds` have passed, from the loop's own callback: no greenlet
+        is made for it, so `fn` must never yield. What a caller gathering a round waits with (the
+        commit log's `_join`); `stop()` the timer returned to cancel it."""
+        timer = self._timer(seconds)
+        timer.start(fn)
+        return timer
+
     def join(self, journal: Syncable) -> Round:
         """The next round, with `journal` in it (also for a caller that waits for it in its own
         way: `Round.after`): it starts once this turn has run, or once the round in flight has finished, and
@@ -414,6 +431,20 @@ class GroupCommit:
             if self._running is None:
                 gevent.get_hub().loop.run_callback(self._start)
         round_.journals[journal] = -1  # its position is taken when the round starts
+        return round_
+
+    def join_now(self, journals: Iterable[Syncable]) -> Round:
+        """The next round, with each of `journals` in it, begun at once where none is in flight
+        (else once the one in flight has finished): for a caller whose turn has run already, the
+        commit log's, whose changes are all in, so that no callback of the loop is queued to begin
+        it (a journal that joins later in this turn of the loop waits for the round after)."""
+        round_ = self._next
+        if round_ is None:
+            round_ = self._next = Round()
+        for journal in journals:
+            round_.journals[journal] = -1
+        if self._running is None:
+            self._start()
         return round_
 
     def _start(self) -> None:
