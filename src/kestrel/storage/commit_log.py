@@ -1285,11 +1285,15 @@ class CommitLog:
     # Checkpoints
 
     def _tick(self) -> None:
-        self._timer = None
-        if self._segments and self._segments[-1].journals and self._checkpointing is None:
+        """A checkpoint every `checkpoint_seconds` while the log is open. The next tick is set
+        before this one's checkpoint yields, so that a close meanwhile cancels it: set once the
+        checkpoint ended, it outlived a close that had waited for that checkpoint."""
+        if not self._segments:  # closed
+            self._timer = None
+            return
+        self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
+        if self._segments[-1].journals and self._checkpointing is None:
             self._checkpoint_logged()
-        if self._segments:  # not closed
-            self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
 
     def _checkpoint_logged(self) -> None:
         try:
