@@ -205,6 +205,16 @@ def test_batch_read_takes_the_whole_queue_or_refuses_naming_max_items(spark: Any
     assert waiting(server, "deep") == (25_000, 0)
 
 
+def test_batch_read_of_large_items_reads_every_item(spark: Any, server: ServerProcess) -> None:
+    """A look's items stop at a get's bytes (512 KB), fewer than it asked: each task goes on from
+    where its last look ended and never takes a short look for the end of its positions."""
+    items = [b"%02d" % i + bytes([65 + i]) * (200 * 1024) for i in range(12)]  # 2.4 MB: five looks
+    put(server, "large", items)
+    rows = spark.read.format("kestrel").option("servers", address(server)).option("queue", "large").load()
+    assert [bytes(r.data) for r in rows.collect()] == items
+    assert waiting(server, "large") == (12, 0)
+
+
 def test_batch_read_by_pattern_reads_the_queues_it_matches(spark: Any, server_factory: Any) -> None:
     a, b = server_factory(name="a"), server_factory(name="b")
     put(a, "prod-1", [b"a1"])

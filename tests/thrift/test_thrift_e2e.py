@@ -14,6 +14,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
+from kestrel.service.session.session import GET_BYTES
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.clients import thrift
 from tests.support.wire import memcache_stats, shared_server  # noqa: F401  (the module's `server`)
@@ -204,6 +205,27 @@ def test_peek_items_shows_items_in_place_and_counts_nothing(server_factory: Any)
         assert c.peek_items("missing", 0, 5) == kestrel.ItemsAt(0, 0, 0, 0, [])
         assert c.queue_names() == ["jobs"]
     assert not (server.queue_path / "missing").exists()
+
+
+def test_peek_items_of_large_items_shows_those_within_a_gets_bytes(server: ServerProcess) -> None:
+    """A look is bounded by its items' bytes as a get is (`GET_BYTES`), whatever `max_items` asks:
+    looks from `after` on show the rest, in order, and an item over the bound is shown alone."""
+    size = 256 * 1024
+    items = [b"%02d" % i + bytes([65 + i]) * (size - 2) for i in range(20)] + [b"x" * (2 * GET_BYTES)]
+    with client(server) as c:
+        assert c.put("large_looks", items, 0) == len(items)
+        seen: list[bytes] = []
+        position = 0
+        while position < len(items):
+            looked = c.peek_items("large_looks", position, len(items))
+            shown = [i.data for i in looked.shown]
+            sizes = [len(data) for data in shown]
+            assert sizes and sum(sizes[:-1]) < GET_BYTES, sizes
+            assert looked.after == position + len(shown)
+            seen += shown
+            position = looked.after
+        assert seen == items
+        assert c.peek("large_looks").items == len(items)  # nothing taken
 
 
 def test_get_timed_gives_each_items_add_time_and_expiry(server: ServerProcess) -> None:

@@ -155,7 +155,8 @@ class Server:
 
     def peek_items(self, queue: str, first: int = 0, max_items: int = 1) -> Any:
         """Up to `max_items` items from position `first` on, left where they are: an ItemsAt
-        (`opened_at`, `head`, `items`, `after`, `shown`: TimedItems). Nothing is opened or counted,
+        (`opened_at`, `head`, `items`, `after`, `shown`: TimedItems), fewer once their bytes reach
+        512 KB (go on from `after`). Nothing is opened or counted,
         so a look is no delivery; only items the server holds in memory are shown (`after` stops
         where the rest is on disk); a queue the server does not hold is not created. A call
         Kestrel's own servers lack."""

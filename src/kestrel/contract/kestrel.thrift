@@ -90,6 +90,7 @@ service Kestrel {
   # Up to max_items items from position `first` on (from the head, if that is past it), left where
   # they are: nothing is opened, taken, counted or journaled, so a look is no delivery and moves no
   # item towards max_errors. Only items held in memory are shown: `after` stops where the queue goes
-  # on on disk (read-behind). A queue the server does not hold is not created (every figure 0).
+  # on on disk (read-behind). The items stop once their bytes reach 512 KB, as a get's do (one at
+  # least): go on from `after`. A queue the server does not hold is not created (every figure 0).
   ItemsAt peek_items(1: string queue_name, 2: i64 first, 3: i32 max_items)
 }

@@ -95,16 +95,23 @@ def _unwatched(queue: PersistentQueue) -> None:
     """What a queue no collection watches tells of its changes: nothing."""
 
 
-def _within(mem: deque[QItem], taken: list[QItem], max_bytes: int) -> tuple[list[QItem], int]:
-    """Of items just taken from the head of `mem`, those up to the first whose bytes reach
-    `max_bytes`, and their bytes; the rest go back to the head, in order (nothing was logged)."""
+def _reaching(items: Iterable[QItem], max_bytes: int) -> tuple[int, int]:
+    """How many of `items` a reply holds: those up to the first whose bytes reach `max_bytes` (one at
+    least), and their bytes. The one byte bound of a get's and a look's items."""
     size = 0
     keep = 0
-    for item in taken:
+    for item in items:
         size += len(item.data)
         keep += 1
         if size >= max_bytes:
             break
+    return keep, size
+
+
+def _within(mem: deque[QItem], taken: list[QItem], max_bytes: int) -> tuple[list[QItem], int]:
+    """Of items just taken from the head of `mem`, those `_reaching` keeps, and their bytes; the
+    rest go back to the head, in order (nothing was logged)."""
+    keep, size = _reaching(taken, max_bytes)
     mem.extendleft(reversed(taken[keep:]))
     return taken[:keep], size
 
@@ -607,10 +614,12 @@ class PersistentQueue(ABC):
                 self._fill()
             return mem[0] if mem else None
 
-    def look(self, first: int, count: int) -> LookedItems:
+    def look(self, first: int, count: int, max_bytes: int = NATIVE_LIMIT) -> LookedItems:
         """Up to `count` items from position `first` on (from the head, if that is past it), left
         where they are: nothing is taken, opened, counted or journaled, so a look is not a delivery
         and moves no error count towards `max_errors`. Expired items are left out, as a get would.
+        The items covered stop once their bytes reach `max_bytes` (one at least, so that looks from
+        `after` on go on), as a get's do (`remove`); an expired one counts, being passed over.
 
         The head's position is how many items have left the head since the queue was opened, less
         those put back: `total_items - length`, the figure the memory governor reads as items out.
@@ -623,9 +632,11 @@ class PersistentQueue(ABC):
             start = max(first - head, 0)
             mem = self._mem
             end = min(start + max(count, 0), len(mem)) if start < len(mem) else start
+            covered = list(islice(mem, start, end))
+            del covered[_reaching(covered, max_bytes)[0]:]
             now = self.clock.now_ms()
-            shown = [item for item in islice(mem, start, end) if not item.expiry or item.expiry > now]
-            return LookedItems(self.create_time, head, self.length, head + end, shown)
+            shown = [item for item in covered if not item.expiry or item.expiry > now]
+            return LookedItems(self.create_time, head, self.length, head + start + len(covered), shown)
 
     def discard_expired(self, limit: int | None = None) -> int:
         """Drop expired items from the head (at most `limit`); the sweeper calls this.

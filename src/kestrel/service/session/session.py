@@ -33,8 +33,9 @@ log = structlog.get_logger("kestrel.session")
 # (`Final`, as GET_BYTES: a constant in the compiled build, not a lookup in the module's dictionary)
 GET_SLICE: Final = 8192
 # Item bytes a get takes at most, past the first item that reaches them (a Thrift get of
-# `max_items`, a memcache run of gets): what one reply holds stays bounded however large its items
-# (up to `max_item_size` each, read back from disk in read-behind), whatever the count asked.
+# `max_items`, a memcache run of gets), and a look shows (`peek_items`): what one reply holds stays
+# bounded however large its items (up to `max_item_size` each, read back from disk in read-behind),
+# whatever the count asked.
 GET_BYTES: Final = 512 * 1024
 
 
@@ -275,15 +276,17 @@ class Session:
 
     def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
         """Up to `max_items` (at most `max_batch_items`) items from position `first` on, left where
-        they are (`PersistentQueue.look`): a look, not a delivery, so it counts nothing. A queue the
-        server does not hold is not created (no items, every figure 0)."""
+        they are (`PersistentQueue.look`): a look, not a delivery, so it counts nothing. Its items
+        stop once their bytes reach `GET_BYTES`, as a get's do, so a reply stays bounded whatever its
+        items' size; the next look goes on from `after`. A queue the server does not hold is not
+        created (no items, every figure 0)."""
         check_queue_name(queue)
         self.coll.check_refused(queue)
         self.status.check_read("peek")
         q = self.coll.get(queue)
         if q is None:
             return LookedItems(0, 0, 0, 0, [])
-        return q.look(first, min(max_items, self.server.config.max_batch_items))
+        return q.look(first, min(max_items, self.server.config.max_batch_items), GET_BYTES)
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""
