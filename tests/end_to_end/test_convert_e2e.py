@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import ROOT, ServerProcess
 from tests.server.test_shutdown import _thrift_client
+from tests.support.clients import every_item
 
 
 def convert(srv: ServerProcess, to: str, *queues: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +30,7 @@ def put(srv: ServerProcess, queue: str, items: list[bytes]) -> None:
 def take_all(srv: ServerProcess, queue: str) -> list[bytes]:
     c = _thrift_client(srv.thrift_port)
     try:
-        return [i.data for i in c.get(queue, 100, 0, 0)]
+        return every_item(c, queue)
     finally:
         c.close()
 

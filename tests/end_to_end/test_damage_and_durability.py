@@ -32,6 +32,7 @@ from kestrel.storage.kestrel2.codec import (
 )
 from tests.conftest import wait_until
 from tests.support import kestrel24
+from tests.support.clients import every_item
 from tests.support.clients import thrift as client
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
 
@@ -513,7 +514,7 @@ def test_sigkill_amid_kestrel3_rotations_beside_kestrel2_packs_loses_nothing(ser
     assert "QUEUE REFUSED" not in srv.log(), [line for line in srv.log().splitlines() if "REFUSED" in line]
     for queue in ("jobs", "packed"):
         with client(srv) as c:
-            left = [i.data for i in c.get(queue, 100_000, 0, 0)]
+            left = every_item(c, queue)
         assert len(left) == len(set(left)), f"{queue}: an item is there twice"
         assert not set(left) & set(confirmed[queue]), f"{queue}: a confirmed item came back"
         missing = set(acknowledged[queue]) - set(left) - set(confirmed[queue]) - set(unanswered)

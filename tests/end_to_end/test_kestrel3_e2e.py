@@ -15,6 +15,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage import commit_log as commit_log_module
 from kestrel.storage.kestrel3 import files as kestrel3_files
 from tests.conftest import ServerProcess, wait_until
+from tests.support.clients import every_item
 from tests.support.queues import drain
 from tests.support.wire import shared_server  # noqa: F401  (the module's `server`)
 from tests.thrift.test_thrift_e2e import client
@@ -217,8 +218,8 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
     srv.start()
     assert ("commit log recovered" in srv.log()) == logged
     with client(srv) as c:
-        left = [i.data for i in c.get("jobs", 100_000, 0, 0)]
-        kept = [i.data for i in c.get("jobs+audit", 100_000, 0, 0)] if audit else []
+        left = every_item(c, "jobs")
+        kept = every_item(c, "jobs+audit") if audit else []
     assert not set(left) & set(confirmed), "a confirmed item came back"
     assert len(left) == len(set(left)), "an item is there twice"
     missing = set(acknowledged) - set(left) - set(confirmed) - set(unanswered)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(900)
 
 
 from tests.conftest import ROOT, STALL_S, ServerProcess, free_port, wait_until  # noqa: E402
-from tests.support.clients import thrift_client  # noqa: E402
+from tests.support.clients import every_item, thrift_client  # noqa: E402
 from tests.support.system import need_java  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
@@ -102,11 +102,10 @@ def put(srv: ServerProcess, queue: str, items: list[bytes]) -> None:
 
 def take_all(srv: ServerProcess, queue: str) -> list[bytes]:
     c = client(srv)
-    out: list[bytes] = []
-    while got := c.get(queue, 5000, 0, 0):
-        out.extend(i.data for i in got)
-    c.close()
-    return out
+    try:
+        return every_item(c, queue)
+    finally:
+        c.close()
 
 
 def connections_made(srv: ServerProcess) -> int:

@@ -32,3 +32,12 @@ def thrift(srv: Any, protocol: str = "binary", transport: str = "framed", **opti
         yield c
     finally:
         c.close()
+
+
+def every_item(c: Any, queue: str) -> list[bytes]:
+    """Every item of `queue` through Thrift client `c`, by gets until one comes back empty: one get
+    stops once its items reach a get's bytes (512 KB), however many it asks for."""
+    taken: list[bytes] = []
+    while got := c.get(queue, 10_000, 0, 0):
+        taken.extend(item.data for item in got)
+    return taken
