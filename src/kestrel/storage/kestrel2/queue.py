@@ -76,6 +76,14 @@ class Kestrel2Queue(PersistentQueue):
     _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
     journal_format: ClassVar[int] = 2
 
+    # What every change reads, laid out together after the fields of `PersistentQueue` (as its own
+    # are, for the same reason).
+    _journal: QueueJournal
+    _rb: JournalCursor | None
+    _orphans: Sequence[int]
+    _rebuilding: bool
+    _left_read_behind: bool
+
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
                  salvage: bool = False, runtime: Runtime | None = None,
