@@ -6,6 +6,7 @@ side and reads what its client still sends, within bounds, before it closes."""
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from typing import Any
 
@@ -236,6 +237,48 @@ def test_a_send_answers_what_the_socket_took_and_no_room_with_zero(pair: Any, se
     client.close()
     with pytest.raises(OSError):  # the client is gone (EPIPE, or a reset of what it left unread)
         send(server.fileno(), b"reply")
+
+
+DROPS = [pytest.param(socket_io._drop_answered, id="python")] + (
+    [] if socket_io._c_drop_answered is None else [pytest.param(socket_io._c_drop_answered, id="c")])
+
+
+@pytest.mark.parametrize("drop", DROPS)
+def test_dropping_answered_input_leaves_what_del_leaves_and_a_receive_appends_after_it(drop: Any) -> None:
+    for size in (0, 1, 150, 1024, 5000):
+        data = bytes(i % 251 for i in range(size))
+        for end in sorted({0, 1, size // 2, size - 1, size, size + 3} - {-1}):
+            buf = bytearray(data)
+            drop(buf, end)
+            assert buf == data[end:]
+            buf += b"next request"
+            assert buf == data[end:] + b"next request"
+    buf = bytearray(data[:150])
+    drop(buf, 100)  # a partial request left, then answered with what came after it
+    buf += b"rest"
+    drop(buf, len(buf))
+    assert buf == b""
+    buf += b"next"
+    assert buf == b"next" and bytes(buf) == b"next"
+    buf = bytearray(b"held by a reader")
+    with memoryview(buf), pytest.raises(BufferError):  # as `del` refuses: a view would see it change
+        drop(buf, len(buf))
+    assert buf == b"held by a reader"
+
+
+@pytest.mark.skipif(socket_io._c_drop_answered is None, reason="built without a C compiler")
+def test_input_emptied_keeps_a_small_request_s_block_and_lets_a_large_one_go() -> None:
+    drop = socket_io.drop_answered
+    buf = bytearray()
+    buf += bytes(150)
+    held = sys.getsizeof(buf)
+    drop(buf, 150)
+    assert buf == b"" and sys.getsizeof(buf) == held  # kept for the next request
+    buf += bytes(150)
+    assert sys.getsizeof(buf) == held  # which found its room there
+    buf += bytes(100_000)
+    drop(buf, len(buf))
+    assert buf == b"" and sys.getsizeof(buf) < held  # a large request's block is not held on to
 
 
 @pytest.mark.parametrize(("receive", "send"), [pytest.param(r.values[0], s.values[0], id=r.id)

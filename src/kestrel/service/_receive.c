@@ -11,6 +11,12 @@
  * then cuts it back to what came (`del buf[end:]`). Its Python twin is the copy it saves: a receive
  * into a scratch buffer appended to the bytearray (src/kestrel/service/socket_io.py, which serves
  * alone where the build had no C compiler).
+ *
+ * `drop_answered` takes the bytes of the requests answered off the front of a receive buffer. Python's
+ * `del buf[:end]` that empties it also gives back its block (a bytearray cut below half its block is
+ * reallocated to fit), which the next receive then grows again: a free and two allocations a request.
+ * Emptied, a buffer whose block is at most `KEEP_BLOCK` bytes keeps it; a larger one (a large
+ * request's) is let go as before, as is any buffer with a request's bytes left after `end`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -135,6 +141,36 @@ static PyObject *lengthen(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromSsize_t(have);
 }
 
+/* The largest block an emptied receive buffer keeps for the next request: a small request's (under
+ * `IN_PLACE_FROM`, src/kestrel/service/socket_io.py), so that an idle connection holds at most this. */
+#define KEEP_BLOCK 1024
+
+/* drop_answered(buf, end): `del buf[:end]`, keeping a small block when that empties `buf`. */
+static PyObject *drop_answered(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "drop_answered(buf: bytearray, end: int)");
+        return NULL;
+    }
+    PyByteArrayObject *buf = (PyByteArrayObject *)args[0];
+    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
+    if (end == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    /* Not while a view of it is held: then `del` raises BufferError, as it should. */
+    if (end >= Py_SIZE(buf) && buf->ob_exports == 0 && buf->ob_alloc <= KEEP_BLOCK) {
+        if (Py_SIZE(buf) > 0) {
+            Py_SET_SIZE(buf, 0);
+            buf->ob_start = buf->ob_bytes;
+            buf->ob_bytes[0] = '\0';  /* a bytearray's bytes always end with a NUL */
+        }
+        Py_RETURN_NONE;
+    }
+    if (PySequence_DelSlice((PyObject *)buf, 0, end) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef functions[] = {
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
      "Append up to `chunk` bytes from socket `fd` to a bytearray; how many, -1 when none is there yet."},
@@ -142,6 +178,8 @@ static PyMethodDef functions[] = {
      "Send what socket `fd` takes of `data` at once; how many bytes (0: no room)."},
     {"lengthen", (PyCFunction)(void (*)(void))lengthen, METH_FASTCALL,
      "Make a bytearray `room` bytes longer, the new bytes unwritten; return its old length."},
+    {"drop_answered", (PyCFunction)(void (*)(void))drop_answered, METH_FASTCALL,
+     "`del buf[:end]`, a small block kept when that empties the bytearray."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,3 +1,6 @@
+def drop_answered(buf: bytearray, end: int, /) -> None:
+    """`del buf[:end]`, a small block kept when that empties `buf`."""
+
 def lengthen(buf: bytearray, room: int, /) -> int:
     """Make `buf` `room` bytes longer, the new bytes unwritten; its length before."""
 

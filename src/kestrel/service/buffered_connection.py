@@ -17,7 +17,7 @@ from kestrel.service.listener import Listener
 from kestrel.service.replies import Replies
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session
-from kestrel.service.socket_io import ClientSocket, SendTimeout
+from kestrel.service.socket_io import ClientSocket, SendTimeout, drop_answered
 from kestrel.service.turns import Turns
 
 log = structlog.get_logger("kestrel.connection")
@@ -130,7 +130,7 @@ class BufferedConnection:
                 if ended:
                     self.replies.finish()
                     break
-                del buf[:self.process(buf)]
+                drop_answered(buf, self.process(buf))
                 self.send()
                 if not buf and not self.mid_request():
                     deadline = None
@@ -157,7 +157,7 @@ class BufferedConnection:
         self.server.stats.bytes_read += received
         self.in_hub = True
         try:
-            del buf[:self.process(buf)]
+            drop_answered(buf, self.process(buf))
         finally:
             self.in_hub = False
         if self.out:

@@ -25,7 +25,7 @@ from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, Session, SessionError
-from kestrel.service.socket_io import BoxedInt
+from kestrel.service.socket_io import BoxedInt, drop_answered
 from kestrel.service.thrift.messages import (
     INTERNAL_ERROR,
     INVALID_MESSAGE_TYPE,
@@ -237,11 +237,11 @@ class ThriftConnection:
                 call = read_buffered_frame(stream.buf, max_frame, max_items, max_bytes) if plain else None
             if call is not None:
                 method, seqid, args, at = call  # (once: compiled, each `call[i]` checks the whole tuple)
-                del stream.buf[:at]
+                drop_answered(stream.buf, at)
                 reply: bytes | None = self._call(method, seqid, args)
             else:
                 reply = self.answer(self._reader(stream.buf, end, end, start=4))[0]
-                del stream.buf[:end]
+                drop_answered(stream.buf, end)
             if reply is None:
                 return
             stream.send(reply)
@@ -273,7 +273,7 @@ class ThriftConnection:
             method, seqid, args, end = call  # (once: compiled, each `call[i]` checks the whole tuple)
             if not self._answers_at_once(method, args):
                 break
-            del buf[:end]
+            drop_answered(buf, end)
             replies = stream.replies
             replies.send_at_once(self._call(method, seqid, args))
             if not buf:
@@ -310,7 +310,7 @@ class ThriftConnection:
                 stream.send(reply)
             if not intact:
                 return
-            del stream.buf[:reader.pos]
+            drop_answered(stream.buf, reader.pos)
             self.turns.pause()
 
     def answer(self, reader: Reader) -> tuple[bytes | None, bool]:
