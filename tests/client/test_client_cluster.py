@@ -283,3 +283,38 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
         watching.close()
         zk.stop()
         zk.close()
+
+
+def test_a_new_session_reads_every_member_afresh(zookeeper: Any) -> None:
+    """Member names are unique only within one life of a set's node: an ensemble restarted empty
+    numbers its members from 0 again, so a name the client knew may be another server's once its
+    new session connects. Here the name passes to another server while the client has no session."""
+    prefix = "/kestrel-member-names"
+    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    zk.start(timeout=30)
+
+    def name_member(port: int) -> None:
+        member = {"serviceEndpoint": {"host": "127.0.0.1", "port": port},
+                  "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}}, "status": "ALIVE"}
+        for name in ("write", "read"):
+            path = f"{prefix}/{name}/member_0000000000"
+            if zk.exists(path):
+                zk.delete(path)
+            zk.create(path, json.dumps(member).encode(), makepath=True)
+
+    name_member(7001)
+    # A session timeout longer than the test: the new session is the one started below.
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
+                   "the first member")
+        watching.zk.stop()
+        name_member(7002)
+        watching.zk.start(timeout=30)
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7002},
+                   "the server now holding the name")
+    finally:
+        watching.close()
+        zk.delete(prefix, recursive=True)
+        zk.stop()
+        zk.close()

@@ -165,6 +165,9 @@ class ZooKeeperServerSets:
                 return
             self._generation += 1
             generation = self._generation
+            # Member names are unique only within one life of a set's node: an ensemble restarted
+            # empty numbers its members from 0 again, so a name known before may now be another server's.
+            self._members = {name: {} for name in self.SETS}
         try:
             for name in self.SETS:
                 path = f"{self.path_prefix}/{name}"
@@ -213,8 +216,11 @@ class ZooKeeperServerSets:
             fresh[child] = member_address(data, self.endpoint)
             if fresh[child] is None:
                 log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
-        self._members[name] = fresh
-        self._lists[name] = sorted({a for a in fresh.values() if a is not None})
+        with self._watch_lock:  # a view read with the members of a retired generation is not kept
+            if generation != self._generation:
+                return False
+            self._members[name] = fresh
+            self._lists[name] = sorted({a for a in fresh.values() if a is not None})
         log.info("server set %s/%s: %s", self.path_prefix, name,
                  ", ".join(f"{h}:{p}" for h, p in self._lists[name]) or "empty")
         return None
