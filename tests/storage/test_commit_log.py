@@ -877,19 +877,9 @@ def test_a_close_during_a_ticks_checkpoint_leaves_no_next_tick_on_the_hub(tmp_pa
 @pytest.mark.parametrize("log_fsync_fails", [False, True])
 def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
         tmp_path: Path, log_fsync_fails: bool) -> None:
-    log_dir = commit_log.directory(str(tmp_path))
-    synced: list[str] = []
-
-    def fsync(fd: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if log_fsync_fails and path.startswith(log_dir):
-            raise OSError(errno.EIO, "Input/output error")
-        synced.append(path)
-        os.fdatasync(fd)
-
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}),
-                           runtime=GeventWithFsyncs(fsync), commit_log=True)
-    coll.load()
+    fsyncs = Fsyncs(tmp_path, *(["log"] if log_fsync_fails else []))
+    synced = fsyncs.synced
+    coll = gevent_collection(tmp_path, fsyncs)
     for name in ("a", "b", "c", "d"):
         coll.put(name, [b"created"])
     synced.clear()
@@ -898,14 +888,14 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
     (seg,) = commit_log.segment_paths(str(tmp_path))
     writes = [r.queue for _, r in read_segment(seg, last=True).records]
     assert writes[-4:] == ["a", "b", "c", "d"]
-    journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
+    journals = sorted(fsyncs.journals())
     if log_fsync_fails:
         assert journals == ["a", "b", "c", "d"]  # each fell back on its own journal's fsync
     else:
         assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
     synced.clear()
     gevent.joinall([gevent.spawn(coll.put, name, [b"later"]) for name in ("a", "b")], raise_error=True)
-    journals = sorted(os.path.basename(p) for p in synced if not p.startswith(log_dir))
+    journals = sorted(fsyncs.journals())
     if log_fsync_fails:  # no fsync of a segment that failed one vouches for it: the journals' do
         assert (journals, len(synced)) == (["a", "b"], 2)
     else:
@@ -998,6 +988,29 @@ def gevent_collection(path: Path, fsync: Callable[[int], None], **queue: Any) ->
     return coll
 
 
+class Fsyncs:
+    """The fsync a test gives its collection under `path`: it fails (EIO) on a file `failing` names,
+    "log" for the commit log's segments, "journal" for every journal or a journal by its queue's
+    name, and records the path of each fsync that succeeded in `synced`."""
+
+    def __init__(self, path: Path, *failing: str) -> None:
+        self.log_dir = commit_log.directory(str(path))
+        self.failing = set(failing)
+        self.synced: list[str] = []
+
+    def __call__(self, fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        names = {"log"} if path.startswith(self.log_dir) else {"journal", os.path.basename(path)}
+        if names & self.failing:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+        self.synced.append(path)
+
+    def journals(self) -> list[str]:
+        """The journals synced, by their queue's name, in order."""
+        return [os.path.basename(p) for p in self.synced if not p.startswith(self.log_dir)]
+
+
 def test_a_change_where_acknowledgements_are_held_does_not_wait_and_its_holder_is_told_after_the_fsync(
         tmp_path: Path) -> None:
     log_dir = commit_log.directory(str(tmp_path))
@@ -1028,54 +1041,35 @@ def test_a_change_where_acknowledgements_are_held_does_not_wait_and_its_holder_i
 @pytest.mark.parametrize("journal_fails", [False, True])
 def test_a_turn_the_log_cannot_make_durable_has_its_holders_journals_fsynced_and_a_double_failure_fails_them(
         tmp_path: Path, journal_fails: bool) -> None:
-    log_dir = commit_log.directory(str(tmp_path))
-    synced: list[str] = []
-    failing = {"log": False, "journal": False}
-
-    def fsync(fd: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if failing["log" if path.startswith(log_dir) else "journal"]:
-            raise OSError(errno.EIO, "Input/output error")
-        os.fdatasync(fd)
-        synced.append(path)
-
-    coll = gevent_collection(tmp_path, fsync)
+    fsyncs = Fsyncs(tmp_path)
+    coll = gevent_collection(tmp_path, fsyncs)
     coll.put("q", [b"created"])
-    synced.clear()
-    failing.update(log=True, journal=journal_fails)
+    fsyncs.synced.clear()
+    fsyncs.failing = {"log", "journal"} if journal_fails else {"log"}
     held = Held()
     gevent.spawn(held.change, partial(coll.put, "q", [b"item"])).join()
     assert (held.acks.failed is not None) == journal_fails  # its replies are withheld
-    assert [os.path.basename(p) for p in synced] == ([] if journal_fails else ["q"])
-    failing.update(log=False, journal=False)
+    assert [os.path.basename(p) for p in fsyncs.synced] == ([] if journal_fails else ["q"])
+    fsyncs.failing.clear()
     coll.close()
 
 
 def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since_its_turns_last_settled(
         tmp_path: Path) -> None:
-    log_dir = commit_log.directory(str(tmp_path))
-    synced: list[str] = []
-    failing = {"log": False, "old": False}
-
-    def fsync(fd: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if (failing["log"] and path.startswith(log_dir)) or (failing["old"] and os.path.basename(path) == "old"):
-            raise OSError(errno.EIO, "Input/output error")
-        os.fdatasync(fd)
-        synced.append(path)
-
-    coll = gevent_collection(tmp_path, fsync)
+    fsyncs = Fsyncs(tmp_path)
+    synced = fsyncs.synced
+    coll = gevent_collection(tmp_path, fsyncs)
     for name in ("old", "new", "other"):
         coll.put(name, [b"created"])
     held = Held()
     for _ in range(2):  # settled, durable in the log: the holder needs `old` no longer
         gevent.spawn(held.change, partial(coll.put, "old", [b"item"])).join()
     synced.clear()
-    failing.update(log=True, old=True)
+    fsyncs.failing = {"log", "old"}
     gevent.spawn(held.change, partial(coll.put, "new", [b"item"])).join()
     assert held.acks.failed is None  # `old`, which would fail, is not among its journals
     assert [os.path.basename(p) for p in synced] == ["new"]
-    failing.update(old=False)
+    fsyncs.failing = {"log"}
     synced.clear()
 
     def three() -> None:  # one turn: the same journal twice (its later end), and another
@@ -1085,7 +1079,7 @@ def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since
 
     gevent.spawn(held.change, three).join()
     assert held.acks.failed is None and sorted(os.path.basename(p) for p in synced) == ["new", "other"]
-    failing.update(log=False)
+    fsyncs.failing.clear()
     coll.close()
     again = collection(tmp_path)
     assert drain(again, "new") == [b"created", b"item", b"again", b"last"]
@@ -1347,16 +1341,8 @@ def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only
     """Two changes where three were expected: the timer begins their round; the log's fsync fails,
     each change falls back on its journal's, and only the client whose journal failed too has its
     replies withheld (its connection is cut off), the other is told its change is durable."""
-    log_dir = commit_log.directory(str(tmp_path))
-    failing = {"log": False, "b": False}
-
-    def fsync(fd: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if (failing["log"] and path.startswith(log_dir)) or (failing["b"] and os.path.basename(path) == "b"):
-            raise OSError(errno.EIO, "Input/output error")
-        os.fdatasync(fd)
-
-    coll = gevent_collection(tmp_path, fsync)
+    fsyncs = Fsyncs(tmp_path)
+    coll = gevent_collection(tmp_path, fsyncs)
     log = coll.commit_log
     assert log is not None
     holders = {name: Held() for name in ("a", "b", "c")}
@@ -1365,12 +1351,12 @@ def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only
     gevent.joinall([gevent.spawn(h.change, partial(coll.put, name, [b"one"])) for name, h in holders.items()],
                    raise_error=True)
     rounds = log.rounds
-    failing.update(log=True, b=True)
+    fsyncs.failing = {"log", "b"}
     gevent.joinall([gevent.spawn(holders[name].change, partial(coll.put, name, [b"two"])) for name in ("a", "b")],
                    raise_error=True)
     assert log.rounds == rounds + 1  # one round for both, begun by the timer
     assert holders["a"].acks.failed is None and holders["b"].acks.failed is not None
-    failing.update(log=False, b=False)
+    fsyncs.failing.clear()
     coll.close()
     again = collection(tmp_path)
     assert drain(again, "a") == [b"created", b"one", b"two"]
@@ -1503,30 +1489,19 @@ def test_a_turn_of_periodic_syncs_alone_is_written_to_the_log_once_it_has_run_no
 
 
 def test_when_the_log_cannot_take_a_periodic_syncs_turn_its_journal_fsyncs_itself(tmp_path: Path) -> None:
-    log_dir = commit_log.directory(str(tmp_path))
-    synced: list[str] = []
-    failing = {"log": False}
-
-    def fsync(fd: int) -> None:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if failing["log"] and path.startswith(log_dir):
-            raise OSError(errno.EIO, "Input/output error")
-        os.fdatasync(fd)
-        synced.append(path)
-
-    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "20ms"}), runtime=GeventWithFsyncs(fsync),
-                           commit_log=True)
-    coll.load()
+    fsyncs = Fsyncs(tmp_path)
+    synced = fsyncs.synced
+    coll = gevent_collection(tmp_path, fsyncs, sync_journal="20ms")
     coll.put("p", [b"created"])
     gevent.sleep(0.1)
     synced.clear()
-    failing["log"] = True
+    fsyncs.failing = {"log"}
     coll.put("p", [b"item"])
     deadline = time.monotonic() + 5
     while str(tmp_path / "p") not in synced and time.monotonic() < deadline:
         gevent.sleep(0.005)
     assert str(tmp_path / "p") in synced
-    failing["log"] = False
+    fsyncs.failing.clear()
     coll.close()
 
 
