@@ -229,6 +229,13 @@ def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[Serve
     assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
 
 
+def member_on(port: int) -> bytes:
+    """A server set member's data, as a server at 127.0.0.1:`port` serving Thrift writes it."""
+    return json.dumps({"serviceEndpoint": {"host": "127.0.0.1", "port": port},
+                       "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}},
+                       "status": "ALIVE"}).encode()
+
+
 def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any) -> None:
     """A real restart, and ZooKeeper going away again while the client sets its watches once more:
     ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
@@ -242,10 +249,8 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
     zk.start(timeout=30)
 
     def join(port: int) -> None:
-        member = {"serviceEndpoint": {"host": "127.0.0.1", "port": port},
-                  "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}}, "status": "ALIVE"}
         for name in ("write", "read"):
-            zk.create(f"{prefix}/{name}/member_", json.dumps(member).encode(), sequence=True, makepath=True)
+            zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
 
     join(7001)
     watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
@@ -294,13 +299,11 @@ def test_a_new_session_reads_every_member_afresh(zookeeper: Any) -> None:
     zk.start(timeout=30)
 
     def name_member(port: int) -> None:
-        member = {"serviceEndpoint": {"host": "127.0.0.1", "port": port},
-                  "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}}, "status": "ALIVE"}
         for name in ("write", "read"):
             path = f"{prefix}/{name}/member_0000000000"
             if zk.exists(path):
                 zk.delete(path)
-            zk.create(path, json.dumps(member).encode(), makepath=True)
+            zk.create(path, member_on(port), makepath=True)
 
     name_member(7001)
     # A session timeout longer than the test: the new session is the one started below.
