@@ -351,3 +351,33 @@ def test_serving_never_waits_for_zookeeper(zookeeper: Any, zk: KazooClient, serv
     assert time.monotonic() - started < STALL_S  # not a session timeout (1 s) a call, 50 of them
     client.close()
     assert srv.proc is not None and srv.proc.poll() is None
+
+
+def test_a_member_deleted_from_outside_joins_again(zookeeper: Any, zk: KazooClient, tmp_path: Any) -> None:
+    """A member deleted by hand while the session lives is made again at once (not at the next status
+    change or session), once: never two members for one server, and none in a set its status leaves."""
+    prefix = "/kestrel-member-deleted"
+    # A session longer than the test: the rejoining is the deletion's doing, not a periodic check's.
+    config = ZooKeeperConfig(zookeeper.hosts, prefix, 600_000, "127.0.0.1")
+    status = StatusKeeper(str(tmp_path / "status"), Status.UP, 0)
+    membership = ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", status)
+
+    def in_sets(write: int, read: int) -> bool:
+        """Whether the sets hold that many members (any of them ours: nobody else joins them)."""
+        gevent.sleep(0.02)  # the membership works in greenlets of this process
+        return tuple(len(zk.get_children(f"{prefix}/{name}")) if zk.exists(f"{prefix}/{name}") else 0
+                     for name in ("write", "read")) == (write, read)
+
+    membership.start()
+    try:
+        wait_until(lambda: in_sets(1, 1) and set(membership.members) == {"read", "write"}, "the membership to join")
+        first = membership.members["write"]
+        zk.delete(first)
+        wait_until(lambda: in_sets(1, 1) and membership.members["write"] != first, "the member made again")
+        status.set(Status.READ_ONLY)
+        wait_until(lambda: in_sets(0, 1), "the write set left")
+        zk.delete(membership.members["read"])
+        wait_until(lambda: in_sets(0, 1) and "write" not in membership.members, "the read member made again")
+    finally:
+        membership.stop()
+    assert (zk.get_children(f"{prefix}/write"), zk.get_children(f"{prefix}/read")) == ([], [])

@@ -4,7 +4,7 @@ A server is a member of the sets its status allows (Up: both, ReadOnly: read, Qu
 an ephemeral sequential `member_` znode holding Twitter's ServerSet JSON, so that ServerSet-aware
 clients (Finagle's resolver, go.serversets, `client/`) read it unchanged. The membership follows
 status changes at once (the grace period delays only the refusals, so clients learn first) and is
-rebuilt whenever a new ZooKeeper session starts.
+rebuilt whenever a new ZooKeeper session starts, or a member of ours is deleted from outside.
 
 All ZooKeeper work runs in one background greenlet on kazoo's gevent handler: a ZooKeeper that is
 down, slow or restarting never delays a request.
@@ -23,6 +23,7 @@ import structlog
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.gevent import SequentialGeventHandler
+from kazoo.protocol.states import WatchedEvent
 
 from kestrel.service.config import ZooKeeperConfig
 from kestrel.service.session.status import Status, StatusKeeper
@@ -174,9 +175,11 @@ class ServerSetMembership:
     def _join(self, name: str, session: int | None) -> None:
         path = self._joined.get(name)
         if path is not None:
-            stat = self.zk.exists(path)
+            stat = self.zk.exists(path, watch=self._on_member_event)
             if stat is not None and stat.ephemeralOwner == session:
                 return
+            if stat is None:
+                log.warning("our member was deleted while our session lives; joining again", member=path)
             del self._joined[name]
         parent = self.set_path(name)
         self.zk.ensure_path(parent)
@@ -184,7 +187,12 @@ class ServerSetMembership:
         if path is None:
             path = self.zk.create(f"{parent}/member_", self.data, ephemeral=True, sequence=True)
         self._joined[name] = path
+        self.zk.exists(path, watch=self._on_member_event)
         log.info("joined server set", set=parent, member=path, status=self.status.current.label)
+
+    def _on_member_event(self, event: WatchedEvent) -> None:
+        """A member of ours changed (deleted by hand, or by us on leaving): the worker checks them all."""
+        self._wake.set()
 
     def _claim(self, parent: str, session: int | None) -> str | None:
         """Our existing member under `parent`, if any; twins are deleted.
