@@ -321,3 +321,34 @@ def test_a_new_session_reads_every_member_afresh(zookeeper: Any) -> None:
         zk.delete(prefix, recursive=True)
         zk.stop()
         zk.close()
+
+
+def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any) -> None:
+    """An operator's `deleteall` of a set while the client's session lives: kazoo ends a children
+    watch for good when its node goes, without a word, so the client must watch the new node once
+    the set is made again, and see the servers that join it."""
+    prefix = "/kestrel-set-deleted"
+    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    zk.start(timeout=30)
+
+    def join(port: int) -> None:
+        for name in ("write", "read"):
+            zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
+
+    join(7001)
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
+                   "the first member")
+        zk.delete(f"{prefix}/write", recursive=True)
+        wait_until(lambda: watching.writers() == [], "the deleted set to be empty")
+        assert thrift_ports(watching.readers()) == {7001}
+        zk.create(f"{prefix}/write/member_", member_on(7002), sequence=True, makepath=True)
+        wait_until(lambda: thrift_ports(watching.writers()) == {7002}, "the member of the set made again")
+        zk.create(f"{prefix}/write/member_", member_on(7003), sequence=True)
+        wait_until(lambda: thrift_ports(watching.writers()) == {7002, 7003}, "a later member of that set")
+    finally:
+        watching.close()
+        zk.delete(prefix, recursive=True)
+        zk.stop()
+        zk.close()

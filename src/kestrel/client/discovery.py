@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.protocol.states import ZnodeStat
 
 from kestrel.client.checks import check_seconds
 from kestrel.client.errors import ServerSetsUnavailable
@@ -138,6 +139,7 @@ class ZooKeeperServerSets:
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry,
                               command_retry={**retry, "deadline": session_timeout})
         self._generation = 0  # each setting of the watches retires those of the one before
+        self._lives: dict[str, int | None] = {}  # set name -> the creation zxid of its node (None: deleted)
         self._watch_lock = threading.Lock()
         try:
             try:
@@ -168,6 +170,7 @@ class ZooKeeperServerSets:
             # Member names are unique only within one life of a set's node: an ensemble restarted
             # empty numbers its members from 0 again, so a name known before may now be another server's.
             self._members = {name: {} for name in self.SETS}
+            self._lives = {}
         try:
             for name in self.SETS:
                 path = f"{self.path_prefix}/{name}"
@@ -175,7 +178,7 @@ class ZooKeeperServerSets:
                     self.zk.ensure_path(path)
                 except KazooException as e:  # read-only access: the servers create the sets
                     log.debug("cannot create the server set path %s: %r", path, e)
-                self.zk.ChildrenWatch(path, partial(self._on_children, name, generation))
+                self.zk.DataWatch(path, partial(self._on_set_node, name, generation))
         except KazooException as e:
             if not retry:
                 raise
@@ -197,8 +200,40 @@ class ZooKeeperServerSets:
     def readers(self) -> list[Address]:
         return self._lists["read"]
 
-    def _on_children(self, name: str, generation: int, children: list[str]) -> bool | None:
+    def _on_set_node(self, name: str, generation: int, data: bytes | None,
+                     stat: ZnodeStat | None) -> bool | None:
+        """A set's node came or went: watch the members of each life of it.
+
+        Kazoo ends a children watch for good, without calling it, when its node is deleted (an
+        operator's `deleteall`); a set deleted has no members, and one made again is watched afresh.
+        A life is the node's creation transaction, so a node deleted and made again between two
+        looks is still seen as new.
+        """
         if self._closed or generation != self._generation:
+            return False  # stop watching
+        life = stat.czxid if stat is not None else None
+        with self._watch_lock:
+            if generation != self._generation:
+                return False
+            if name in self._lives and self._lives[name] == life:
+                return None  # the same node (its data changed): its children watch goes on
+            self._lives[name] = life
+            self._members[name] = {}  # member names are unique only within one life of the node
+            if life is None:
+                self._lists[name] = []
+        if life is None:
+            log.info("server set %s/%s: deleted", self.path_prefix, name)
+            return None
+        try:
+            self.zk.ChildrenWatch(f"{self.path_prefix}/{name}",
+                                  partial(self._on_children, name, generation, life))
+        except KazooException as e:
+            self._watch_later(generation, f"cannot watch the server set {name}: {e!r}")
+            return False
+        return None
+
+    def _on_children(self, name: str, generation: int, life: int, children: list[str]) -> bool | None:
+        if self._closed or generation != self._generation or self._lives.get(name) != life:
             return False  # stop watching
         known = self._members[name]
         fresh: dict[str, Address | None] = {}
@@ -217,7 +252,7 @@ class ZooKeeperServerSets:
             if fresh[child] is None:
                 log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
         with self._watch_lock:  # a view read with the members of a retired generation is not kept
-            if generation != self._generation:
+            if generation != self._generation or self._lives.get(name) != life:
                 return False
             self._members[name] = fresh
             self._lists[name] = sorted({a for a in fresh.values() if a is not None})
