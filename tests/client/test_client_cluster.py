@@ -236,6 +236,12 @@ def member_on(port: int) -> bytes:
                        "status": "ALIVE"}).encode()
 
 
+def join(zk: KazooClient, prefix: str, port: int) -> None:
+    """A member for 127.0.0.1:`port` in both sets under `prefix`, as a server joins them."""
+    for name in ("write", "read"):
+        zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
+
+
 def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any) -> None:
     """A real restart, and ZooKeeper going away again while the client sets its watches once more:
     ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
@@ -247,12 +253,7 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
     prefix = "/kestrel-watch-loss"
     zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
     zk.start(timeout=30)
-
-    def join(port: int) -> None:
-        for name in ("write", "read"):
-            zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
-
-    join(7001)
+    join(zk, prefix, 7001)
     watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
     try:
         wait_until(lambda: thrift_ports(watching.writers()) == {7001}, "the first member")
@@ -280,7 +281,7 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
         wait_until(lambda: failed >= 15, "the client's reads of the sets to fail after the restart")
         failing.clear()
         zk.start(timeout=30)
-        join(7002)
+        join(zk, prefix, 7002)
         wait_until(lambda: thrift_ports(watching.writers()) == {7001, 7002}
                    and thrift_ports(watching.readers()) == {7001, 7002}, "the member joined after the restart")
         assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
@@ -330,12 +331,7 @@ def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any) -> None:
     prefix = "/kestrel-set-deleted"
     zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
     zk.start(timeout=30)
-
-    def join(port: int) -> None:
-        for name in ("write", "read"):
-            zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
-
-    join(7001)
+    join(zk, prefix, 7001)
     watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
     try:
         wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
