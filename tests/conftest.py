@@ -380,6 +380,19 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     zk.stop()
 
 
+@pytest.fixture
+def zk(zookeeper: Any) -> Iterator[Any]:
+    """A KazooClient of that ZooKeeper, started (a test may stop and start it again), for a test's own
+    look at the sets or changes to them from outside; stopped and closed after the test."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
 APACHE_GENERATED = "apache_kestrel"
 
 

@@ -242,7 +242,7 @@ def join(zk: KazooClient, prefix: str, port: int) -> None:
         zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
 
 
-def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any) -> None:
+def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any, zk: KazooClient) -> None:
     """A real restart, and ZooKeeper going away again while the client sets its watches once more:
     ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
     keeps trying at least every few seconds (the pauses it asks for are recorded and cut short, not
@@ -251,8 +251,6 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
     from kazoo.exceptions import ConnectionLoss
 
     prefix = "/kestrel-watch-loss"
-    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
-    zk.start(timeout=30)
     join(zk, prefix, 7001)
     watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
     try:
@@ -287,17 +285,13 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
         assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
     finally:
         watching.close()
-        zk.stop()
-        zk.close()
 
 
-def test_a_new_session_reads_every_member_afresh(zookeeper: Any) -> None:
+def test_a_new_session_reads_every_member_afresh(zookeeper: Any, zk: KazooClient) -> None:
     """Member names are unique only within one life of a set's node: an ensemble restarted empty
     numbers its members from 0 again, so a name the client knew may be another server's once its
     new session connects. Here the name passes to another server while the client has no session."""
     prefix = "/kestrel-member-names"
-    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
-    zk.start(timeout=30)
 
     def name_member(port: int) -> None:
         for name in ("write", "read"):
@@ -320,17 +314,13 @@ def test_a_new_session_reads_every_member_afresh(zookeeper: Any) -> None:
     finally:
         watching.close()
         zk.delete(prefix, recursive=True)
-        zk.stop()
-        zk.close()
 
 
-def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any) -> None:
+def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any, zk: KazooClient) -> None:
     """An operator's `deleteall` of a set while the client's session lives: kazoo ends a children
     watch for good when its node goes, without a word, so the client must watch the new node once
     the set is made again, and see the servers that join it."""
     prefix = "/kestrel-set-deleted"
-    zk = KazooClient(hosts=zookeeper.hosts, timeout=10)
-    zk.start(timeout=30)
     join(zk, prefix, 7001)
     watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
     try:
@@ -346,5 +336,3 @@ def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any) -> None:
     finally:
         watching.close()
         zk.delete(prefix, recursive=True)
-        zk.stop()
-        zk.close()

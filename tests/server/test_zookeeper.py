@@ -30,15 +30,6 @@ SESSION_TIMEOUT = "1s"  # short, so that a killed server's session expires quick
 MEMBER_SESSION_TIMEOUT = "3s"  # the members whose sets follow their statuses
 
 
-@pytest.fixture
-def zk(zookeeper: Any) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts, timeout=5)
-    client.start(timeout=10)
-    yield client
-    client.stop()
-    client.close()
-
-
 def zk_config(zookeeper: Any, prefix: str, **extra: Any) -> dict[str, Any]:
     return {"zookeeper": {"hosts": zookeeper.hosts, "path_prefix": prefix, "session_timeout": SESSION_TIMEOUT,
                           "advertise_host": "127.0.0.1", **extra}}
