@@ -88,6 +88,7 @@ C_HELPERS = (
     "kestrel.storage._crc32c",
     "kestrel.storage._log_record",
     "kestrel.storage._disk",
+    "kestrel.storage._clock",
     "kestrel.service.thrift._binary",
     "kestrel.service.memcache._scan",
     "kestrel.service._receive",

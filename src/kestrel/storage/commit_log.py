@@ -52,7 +52,6 @@ import math
 import os
 import re
 import struct
-import time
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -65,6 +64,7 @@ import structlog
 
 from kestrel.storage import acknowledgements, filenames, layout, torn_tail
 from kestrel.storage.acknowledgements import Acknowledgements, Settled
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.disk import fsync_path, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
@@ -1040,7 +1040,7 @@ class CommitLog:
                 turn.error = OSError(errno.EIO, f"writing the commit log failed: {other!r}")
             raise
         else:
-            started = time.perf_counter()
+            started = perf_counter()
             end = start
             for turn in turns:
                 end += len(turn.records)
@@ -1133,12 +1133,12 @@ class CommitLog:
         # one round, the next, whichever segments: begun here, the turns being in
         writers = {turn.segment.writer for turn in turns if turn.segment is not None}
         round_ = self._group_commit.join_now(writers)
-        joined = time.perf_counter()
+        joined = perf_counter()
         round_.after(partial(self._round_run, round_, turns, changes, joined))
 
     def _round_run(self, round_: Round, turns: list[Turn], changes: int, joined: float) -> None:
         """The round has run: settle its turns, and say what the next round waits for."""
-        took = time.perf_counter() - joined
+        took = perf_counter() - joined
         self._in_flight = False
         try:
             for turn in turns:
