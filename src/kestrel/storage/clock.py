@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Literal, TypeVar
+
+T = TypeVar("T")
 
 
-def _performance_counter() -> Callable[[], float]:
-    """`time.perf_counter`, or where it reads CLOCK_MONOTONIC and the build has its C twin, the
-    twin: the same readings at about two thirds of the instructions (src/kestrel/storage/_clock.c)."""
+def wall_ms_python() -> int:
+    """The wall clock in milliseconds since the epoch (the reference of `_clock.now_ms`)."""
+    return time.time_ns() // 1_000_000
+
+
+def _c_twin(python: Callable[[], T], name: str, clock: Literal["perf_counter", "time"],
+            reads: str) -> Callable[[], T]:
+    """`python`, or where the build has its C twin `name` (src/kestrel/storage/_clock.c) and Python
+    reads `clock` as the twin does (`reads`), the twin: the same readings at a third to two thirds
+    of the instructions."""
     try:
-        from kestrel.storage._clock import perf_counter as c_perf_counter
+        from kestrel.storage import _clock
     except ImportError:
-        return time.perf_counter
-    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
-        return time.perf_counter
-    return c_perf_counter
+        return python
+    if time.get_clock_info(clock).implementation != reads:
+        return python
+    twin: Callable[[], T] = getattr(_clock, name)
+    return twin
 
 
 # The clocks read on every request, bound once: the compiled build reads a `Final` name from a C
 # static, where `time.perf_counter` costs two dictionary lookups a call (src/kestrel/build.py).
-perf_counter: Final = _performance_counter()
-_time_ns: Final = time.time_ns
+perf_counter: Final = _c_twin(time.perf_counter, "perf_counter", "perf_counter",
+                              "clock_gettime(CLOCK_MONOTONIC)")
+_now_ms: Final = _c_twin(wall_ms_python, "now_ms", "time", "clock_gettime(CLOCK_REALTIME)")
 _monotonic: Final = time.monotonic
 
 
@@ -31,7 +42,7 @@ class Clock:
     in seconds for deadlines (waits, grace periods, auto-aborts)."""
 
     def now_ms(self) -> int:
-        return _time_ns() // 1_000_000
+        return _now_ms()
 
     def monotonic(self) -> float:
         return _monotonic()
