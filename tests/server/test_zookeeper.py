@@ -380,3 +380,27 @@ def test_a_member_deleted_from_outside_joins_again(zookeeper: Any, zk: KazooClie
         membership.stop()
     assert (zk.get_children(f"{prefix}/write"), zk.get_children(f"{prefix}/read")) == ([], [])
 
+
+def test_a_member_deleted_before_it_is_watched_joins_again(zookeeper: Any, zk: KazooClient, tmp_path: Any) -> None:
+    """A member deleted between its creation and the watch set on it (a hand racing the join) is made
+    again too: the watch finds it gone."""
+    prefix = "/kestrel-member-deleted-early"
+    membership, _ = lone_membership(zookeeper, prefix, tmp_path)
+    create = membership.zk.create
+    deleted: list[str] = []
+
+    def create_then_delete(*args: Any, **kwargs: Any) -> str:
+        path: str = create(*args, **kwargs)
+        if not deleted and f"{prefix}/write/" in path:
+            zk.delete(path)  # before the membership has the reply, so before it watches the member
+            deleted.append(path)
+        return path
+
+    membership.zk.create = create_then_delete  # type: ignore[method-assign]
+    membership.start()
+    try:
+        wait_until(lambda: in_sets(zk, prefix, 1, 1) and membership.members.get("write") not in (None, *deleted),
+                   "the member made again")
+    finally:
+        membership.stop()
+    assert len(deleted) == 1
