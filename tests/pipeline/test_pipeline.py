@@ -73,6 +73,16 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def spark_active(spark: Any) -> None:
+    """The shared session active on the JVM thread that serves this test's calls, as it is in a
+    driver that has just created it. Spark 4.3 looks a Python sink up, a batch write's `save()` as a
+    stream's `start()`, through that thread's active session (DataSource.lookupDataSource), not the
+    DataFrame's own; after some earlier tests of the process (a write that rode out a server's
+    restart, streams) the thread had none, and the next write failed with DATA_SOURCE_NOT_FOUND."""
+    spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+
+
 def client(srv: ServerProcess) -> Any:
     # thriftpy2's default of 3 s ran out once on a machine loaded by two test runs and their Spark
     # JVMs, just after the server had restarted.
@@ -946,10 +956,6 @@ def test_stream_of_two_queues_into_a_queue(spark: Any, server: ServerProcess, tm
     put(server, "events", [b"e%d" % i for i in range(500)])
     put(server, "others", [b"o%d" % i for i in range(100)])
     cp = str(tmp_path / "cp")
-    # Spark 4.3 looks a Python streaming sink up through the session active on the JVM thread that
-    # serves the call (DataSource.lookupDataSource), not the query's own; after earlier streams in
-    # this process that thread may have none, and start() would fail with DATA_SOURCE_NOT_FOUND.
-    spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
     query = spark.readStream.format("kestrel").option("servers", address(server)) \
         .option("queue", "events,others").option("checkpointLocation", cp).option("maxItemsPerTrigger", 200) \
         .option("minPartitions", 4).load().writeStream \

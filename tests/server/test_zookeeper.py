@@ -344,31 +344,63 @@ def test_serving_never_waits_for_zookeeper(zookeeper: Any, zk: KazooClient, serv
     assert srv.proc is not None and srv.proc.poll() is None
 
 
+def lone_membership(zookeeper: Any, prefix: str, tmp_path: Any) -> tuple[ServerSetMembership, StatusKeeper]:
+    """A membership of its own in this process, Up, with a session longer than its test: what rejoins
+    is a deletion's doing, not a periodic check's."""
+    config = ZooKeeperConfig(zookeeper.hosts, prefix, 600_000, "127.0.0.1")
+    status = StatusKeeper(str(tmp_path / "status"), Status.UP, 0)
+    return ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", status), status
+
+
+def in_sets(zk: KazooClient, prefix: str, write: int, read: int) -> bool:
+    """Whether the sets hold that many members (any of them ours: nobody else joins them)."""
+    gevent.sleep(0.02)  # the membership works in greenlets of this process
+    return tuple(len(zk.get_children(f"{prefix}/{name}")) if zk.exists(f"{prefix}/{name}") else 0
+                 for name in ("write", "read")) == (write, read)
+
+
 def test_a_member_deleted_from_outside_joins_again(zookeeper: Any, zk: KazooClient, tmp_path: Any) -> None:
     """A member deleted by hand while the session lives is made again at once (not at the next status
     change or session), once: never two members for one server, and none in a set its status leaves."""
     prefix = "/kestrel-member-deleted"
-    # A session longer than the test: the rejoining is the deletion's doing, not a periodic check's.
-    config = ZooKeeperConfig(zookeeper.hosts, prefix, 600_000, "127.0.0.1")
-    status = StatusKeeper(str(tmp_path / "status"), Status.UP, 0)
-    membership = ServerSetMembership(config, {"thrift": 1234}, "127.0.0.1", status)
-
-    def in_sets(write: int, read: int) -> bool:
-        """Whether the sets hold that many members (any of them ours: nobody else joins them)."""
-        gevent.sleep(0.02)  # the membership works in greenlets of this process
-        return tuple(len(zk.get_children(f"{prefix}/{name}")) if zk.exists(f"{prefix}/{name}") else 0
-                     for name in ("write", "read")) == (write, read)
-
+    membership, status = lone_membership(zookeeper, prefix, tmp_path)
     membership.start()
     try:
-        wait_until(lambda: in_sets(1, 1) and set(membership.members) == {"read", "write"}, "the membership to join")
+        wait_until(lambda: in_sets(zk, prefix, 1, 1) and set(membership.members) == {"read", "write"}, "the membership to join")
         first = membership.members["write"]
         zk.delete(first)
-        wait_until(lambda: in_sets(1, 1) and membership.members["write"] != first, "the member made again")
+        # (between the new member's creation and its reply, the membership has no write member yet)
+        wait_until(lambda: in_sets(zk, prefix, 1, 1) and membership.members.get("write") not in (None, first),
+                   "the member made again")
         status.set(Status.READ_ONLY)
-        wait_until(lambda: in_sets(0, 1), "the write set left")
+        wait_until(lambda: in_sets(zk, prefix, 0, 1), "the write set left")
         zk.delete(membership.members["read"])
-        wait_until(lambda: in_sets(0, 1) and "write" not in membership.members, "the read member made again")
+        wait_until(lambda: in_sets(zk, prefix, 0, 1) and "write" not in membership.members, "the read member made again")
     finally:
         membership.stop()
     assert (zk.get_children(f"{prefix}/write"), zk.get_children(f"{prefix}/read")) == ([], [])
+
+
+def test_a_member_deleted_before_it_is_watched_joins_again(zookeeper: Any, zk: KazooClient, tmp_path: Any) -> None:
+    """A member deleted between its creation and the watch set on it (a hand racing the join) is made
+    again too: the watch finds it gone."""
+    prefix = "/kestrel-member-deleted-early"
+    membership, _ = lone_membership(zookeeper, prefix, tmp_path)
+    create = membership.zk.create
+    deleted: list[str] = []
+
+    def create_then_delete(*args: Any, **kwargs: Any) -> str:
+        path: str = create(*args, **kwargs)
+        if not deleted and f"{prefix}/write/" in path:
+            zk.delete(path)  # before the membership has the reply, so before it watches the member
+            deleted.append(path)
+        return path
+
+    membership.zk.create = create_then_delete  # type: ignore[method-assign]
+    membership.start()
+    try:
+        wait_until(lambda: in_sets(zk, prefix, 1, 1) and membership.members.get("write") not in (None, *deleted),
+                   "the member made again")
+    finally:
+        membership.stop()
+    assert len(deleted) == 1

@@ -187,7 +187,8 @@ class ServerSetMembership:
         if path is None:
             path = self.zk.create(f"{parent}/member_", self.data, ephemeral=True, sequence=True)
         self._joined[name] = path
-        self.zk.exists(path, watch=self._on_member_event)
+        if self.zk.exists(path, watch=self._on_member_event) is None:
+            self._wake.set()  # deleted before it was watched, so no event will say so: the next round rejoins
         log.info("joined server set", set=parent, member=path, status=self.status.current.label)
 
     def _on_member_event(self, event: WatchedEvent) -> None:
