@@ -85,8 +85,10 @@ def c_threads() -> NativeThreadFsync:
     found = native_threads()
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
-    assert found._turn.acquire(timeout=10), "a round of an earlier test still holds the C threads"
-    found._turn.release()
+    with gevent.Timeout(10, AssertionError("a round of an earlier test still holds the C threads")):
+        with found._turn:
+            while found._then is not None:  # a round begun on the loop, which takes no turn
+                gevent.sleep(0.001)
     return found
 
 
@@ -669,6 +671,35 @@ def test_a_waiting_round_and_a_round_with_no_waiter_on_the_c_threads_take_turns(
     assert way.fsync_all([journals[1].fd, journals[2].fd]) == [None, None]  # after it, with its own results
     logged.join(timeout=10)
     assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None
+
+
+def test_a_greenlet_waiting_for_the_c_threads_is_not_passed_over_by_rounds_begun_on_the_loop(
+        tmp_path: Path) -> None:
+    """A round with no waiter that ends hands out the next at once, on the loop, as a busy commit
+    log's do; a greenlet's round waiting for the threads goes before it all the same."""
+    way = c_threads()
+    commit = GroupCommit(way)
+    logged, other = Journal(tmp_path / "logged"), Journal(tmp_path / "other")
+    ended = []
+
+    def next_round() -> None:
+        ended.append(logged.synced)
+        if len(ended) < 50:
+            logged.append(b"x")
+            commit.join_now([logged]).after(next_round)
+
+    logged.append(b"x")
+    commit.join_now([logged]).after(next_round)
+    assert way._then is not None  # begun on the loop, its end awaited by the watcher
+    other.append(b"y")
+    assert way.fsync_all([other.fd]) == [None]
+    assert len(ended) == 1  # the round in flight ended; the log's next waited for this one
+    with gevent.Timeout(30, AssertionError("the log's rounds did not all run")):
+        while len(ended) < 50:
+            gevent.sleep(0.01)
+    assert ended == list(range(1, 51))
+    for journal in (logged, other):
+        os.close(journal.fd)
 
 
 def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_path: Path) -> None:
