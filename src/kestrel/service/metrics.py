@@ -11,7 +11,6 @@ and build no queue's document: with 10,000 queues that was most of a scrape.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import QUEUES_A_SLICE, server_document
 from kestrel.storage import journal_file
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.runtime import paced
 
 __all__ = ["CONTENT_TYPE_LATEST", "install_storage_timing", "observe", "render", "render_per_queue",
@@ -122,11 +122,11 @@ def observe(protocol: str, command: str, seconds: float) -> None:
 def timed(protocol: str, command: str, call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """`call(*args, **kwargs)`, its duration recorded under `protocol` and `command` (also when it
     raises)."""
-    started = time.perf_counter()
+    started = perf_counter()
     try:
         return call(*args, **kwargs)
     finally:
-        observe(protocol, command, time.perf_counter() - started)
+        observe(protocol, command, perf_counter() - started)
 
 
 def storage_totals() -> dict[str, tuple[int, float]]:

@@ -150,9 +150,9 @@ class NativeThreadFsync:
 
     The helper's threads and its round belong to the process, so there is one of these per process
     (`native_threads()`), and its rounds take turns: the greenlets' (`_round`) through a semaphore,
-    whose holder claims the threads (`_claimed`) and waits for a round of `begin`'s in flight to end;
-    `begin`, which never waits, through plain fields only (the semaphore's non-blocking acquire was
-    a fifth of the loop's instructions to start a round). The eventfd is made at once (at
+    whose holder waits for a round of `begin`'s in flight to end; `begin`, which never waits, hands
+    out no round while the semaphore is held, and takes it no more (its non-blocking acquire was a
+    fifth of the loop's instructions to start a round). The eventfd is made at once (at
     import, for the server), not by the first round, which may come when the process is out of
     descriptors; without one, rounds go to Python threads."""
 
@@ -162,7 +162,6 @@ class NativeThreadFsync:
         self._finish = finish
         self._fallback = ThreadFsync()
         self._turn = gevent.lock.Semaphore()  # `_round`'s, one greenlet's round at a time
-        self._claimed = False  # the turn's holder wants the threads: `begin` hands out no round
         self._begun_ended: gevent.event.Event | None = None  # what the holder waits on for `begin`'s round
         self._eventfd = self._make_eventfd()
         self._watcher: Any = None  # made by the first round, in the loop of the process that runs it
@@ -193,7 +192,7 @@ class NativeThreadFsync:
         if self._eventfd >= 0:
             os.close(self._eventfd)
         self._eventfd, self._watcher, self._ending, self._abandoned = self._make_eventfd(), None, None, False
-        self._turn, self._claimed = gevent.lock.Semaphore(), False
+        self._turn = gevent.lock.Semaphore()
         waiting, self._begun_ended = self._begun_ended, None
         if waiting is not None:  # the turn's holder, waiting for `begin`'s round: it fails in the child
             waiting.set()
@@ -222,7 +221,7 @@ class NativeThreadFsync:
         waits for the round, so none is switched to and from for it. False, with nothing handed
         out, when the threads serve another round or cannot tell the loop (no eventfd): the caller
         then runs it with `fsync_all`."""
-        if not fds or self._eventfd < 0 or self._then is not None or self._claimed or self._abandoned:
+        if not fds or self._eventfd < 0 or self._then is not None or self._abandoned or self._turn.locked():
             return False
         if self._ending is None:
             self._ending = gevent.get_hub().loop.io(self._eventfd, 1)
@@ -263,25 +262,20 @@ class NativeThreadFsync:
             return self._fallback.fsync_all(fds)
         if self._watcher is None:
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
-        with self._turn:
+        with self._turn:  # held, it keeps `begin` from handing out another round
             forks = self._forks
-            self._claimed = True
-            try:
-                while self._then is not None:  # `begin`'s round is on the threads: it ends on the loop
-                    waiting = self._begun_ended
-                    if waiting is None:
-                        waiting = self._begun_ended = gevent.event.Event()
-                    waiting.wait()
-                if self._forks != forks:  # a greenlet of the parent's: the threads are the child's
-                    raise _forked()
-                if self._abandoned:
-                    self._wait_and_finish()
-                self._start(fds, self._eventfd, syncfs)
-                self._abandoned = True  # until its results are collected
-                codes = self._wait_and_finish()
-            finally:
-                if self._forks == forks:  # (a child's turn is its own: a greenlet of its parent's left it)
-                    self._claimed = False
+            while self._then is not None:  # `begin`'s round is on the threads: it ends on the loop
+                waiting = self._begun_ended
+                if waiting is None:
+                    waiting = self._begun_ended = gevent.event.Event()
+                waiting.wait()
+            if self._forks != forks:  # a greenlet of the parent's: the threads are the child's
+                raise _forked()
+            if self._abandoned:
+                self._wait_and_finish()
+            self._start(fds, self._eventfd, syncfs)
+            self._abandoned = True  # until its results are collected
+            codes = self._wait_and_finish()
         return _errors(codes)
 
     def _wait_and_finish(self) -> list[int]:

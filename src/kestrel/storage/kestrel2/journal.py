@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import os
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Protocol
@@ -18,6 +17,7 @@ from typing import Protocol
 import structlog
 
 from kestrel.storage import damage, filenames, journal_file, layout, manifest
+from kestrel.storage.clock import perf_counter
 from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
 from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
@@ -603,7 +603,7 @@ class QueueJournal:
         self.runtime.spawn(lambda: self._write_pack(job))
 
     def _write_pack(self, job: _PackJob) -> None:
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             if self.commit_log is not None:
                 self.commit_log.checkpoint()  # no record in the log may name a file the pack replaces
