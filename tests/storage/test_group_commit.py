@@ -734,6 +734,47 @@ def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_pa
     assert leftover.successful() and parent.synced == end
 
 
+def test_a_greenlet_queued_for_the_c_threads_when_the_process_forks_fails_in_the_child(tmp_path: Path) -> None:
+    """At the fork, one greenlet holds the threads' turn (waiting for a round begun on the loop) and
+    another waits for the turn. In the child both are the parent's: neither may run a round on the
+    child's threads, which the child's own rounds take turns for."""
+    way = c_threads()
+    commit = GroupCommit(way)
+    logged, first, second = (Journal(tmp_path / name) for name in ("logged", "first", "second"))
+    for _ in range(100):  # until the round begun on the loop is still on the threads at the fork
+        for journal in (logged, first, second):
+            journal.append(b"x")
+        commit.join_now([logged]).after(lambda: None)  # a round begun on the loop, no greenlet waiting
+        holder = gevent.spawn(way.fsync_all, [first.fd])
+        queued = gevent.spawn(way.fsync_all, [second.fd])
+        gevent.sleep(0)  # the holder takes the turn and waits; the other waits for the turn
+        if way._then is not None and way._turn.locked() and not queued.ready():
+            break
+        gevent.joinall([holder, queued], timeout=10)
+    else:
+        pytest.fail("no round was still on the threads with both greenlets waiting, in 100 tries")
+    pid = os.fork()
+    if pid == 0:
+        gevent.reinit()
+        gevent.joinall([holder, queued], timeout=10)
+        child = Journal(tmp_path / "child")
+        mine = gevent.spawn(way.fsync_all, [child.append(b"w") and child.fd])
+        mine.join(timeout=10)
+        forked = [isinstance(g.exception, OSError) and "forked" in str(g.exception) for g in (holder, queued)]
+        os._exit(2 if not (holder.ready() and queued.ready()) else 3 if not forked[0] else
+                 4 if not forked[1] else 5 if not mine.ready() or mine.value != [None] else 0)
+    gevent.joinall([holder, queued], timeout=10)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code == 0, {2: "a parent's greenlet was left waiting in the child",
+                       3: "the turn's holder did not fail as a parent's round in the child",
+                       4: "the greenlet queued for the turn did not fail as a parent's round in the child",
+                       5: "the child's own round failed"}.get(code, code)
+    assert holder.value == [None] and queued.value == [None]  # the parent's rounds are the parent's
+    for journal in (logged, first, second):
+        os.close(journal.fd)
+
+
 def test_rounds_begun_on_the_loop_keep_one_watcher_started_that_holds_the_loop_only_while_one_runs(
         tmp_path: Path) -> None:
     native = c_threads()

@@ -185,7 +185,8 @@ class NativeThreadFsync:
     def _new_eventfd(self) -> None:
         """A forked child must not share its parent's eventfd (each would read the other's rounds),
         nor wait for a turn that a greenlet of its parent held; a parent's round that was waiting
-        when the process forked fails in the child instead of reading the child's rounds."""
+        when the process forked, for the threads or for its turn, fails in the child instead of
+        reading the child's rounds or running beside them."""
         for watcher in (self._watcher, self._ending):
             if watcher is not None:
                 watcher.stop()
@@ -262,8 +263,8 @@ class NativeThreadFsync:
             return self._fallback.fsync_all(fds)
         if self._watcher is None:
             self._watcher = gevent.get_hub().loop.io(self._eventfd, 1)
+        forks = self._forks  # before the turn: a greenlet that waited for it across a fork is the parent's
         with self._turn:  # held, it keeps `begin` from handing out another round
-            forks = self._forks
             while self._then is not None:  # `begin`'s round is on the threads: it ends on the loop
                 waiting = self._begun_ended
                 if waiting is None:
