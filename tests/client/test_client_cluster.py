@@ -375,9 +375,17 @@ def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -
         at_each = [sorted(reads[begin:end]) for begin, end in zip(starts, [*starts[1:], len(reads)], strict=True)]
         assert at_each == [at_each[0]] * len(at_each), at_each
         zk.start(timeout=30)
+        joined = len(reads)
         join(zk, prefix, 7002)
         wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001, 7002},
                    "the member joined after the last restart")
+        # Kazoo calls the watches of one event in turn, before those of the next: holding one watch
+        # per set, the client reads each set's members once for that member and once for the next.
+        join(zk, prefix, 7003)
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001, 7002, 7003},
+                   "the next member")
+        members_read = Counter(path for call, path in reads[joined:] if call == "get_children")
+        assert members_read == {f"{prefix}/write": 2, f"{prefix}/read": 2}, members_read
     finally:
         watching.close()
         zk.start(timeout=30)

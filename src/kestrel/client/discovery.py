@@ -210,11 +210,12 @@ class ZooKeeperServerSets:
         self._on_event(event, children=True)
 
     def _on_event(self, event: WatchedEvent, children: bool) -> None:
-        """Watches are ZooKeeper's own, one-shot, and always these two methods, which kazoo keeps once
-        per node: each reading arms the one watch again, so a connection's reading adds none beside it
-        (kazoo's recipes kept one more per connection, each reading its node again at every later one).
-
-        An event without a path is kazoo's word that the session ended: the next one reads afresh.
+        """The watches are ZooKeeper's one-shot ones, armed by each read of a node with one of these two
+        methods. Kazoo drops every watch when the connection goes, calling it with an event without a
+        path (nothing to do: the next connection reads the sets afresh, arming them again), and keeps a
+        method armed twice on a node once; so the client holds one watch per node however often it
+        reconnects. Kazoo's recipes instead were one more pair per connection, each reading its node
+        again at every later one, and stopped only when a change called them back.
         """
         if event.path is None or self._closed:
             return
