@@ -346,8 +346,9 @@ def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -
     still see a member that joins after the last reconnection."""
     prefix = "/kestrel-watch-reconnect"
     join(zk, prefix, 7001)
-    # A session timeout longer than the test: each restart is a reconnection of the same session.
-    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
+    # A ZooKeeper just restarted may take a connection and never answer it: the client starts a new
+    # session after a session timeout without one, well within the wait below.
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
     try:
         wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
                    "the first member")
@@ -370,7 +371,7 @@ def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -
             zookeeper.restart(wipe=False)
             # Every member is read afresh at a reconnection, last of its reading of the sets.
             wait_until(lambda: {path.split("/")[2] for _, path in reads[starts[-1]:] if "/member_" in path}
-                       == {"write", "read"}, "the members read again after the restart")
+                       == {"write", "read"}, "the members read again after the restart", timeout=60)
         assert len(watching.zk.state_listeners) == listeners
         at_each = [sorted(reads[begin:end]) for begin, end in zip(starts, [*starts[1:], len(reads)], strict=True)]
         assert at_each == [at_each[0]] * len(at_each), at_each
