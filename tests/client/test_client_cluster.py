@@ -336,3 +336,58 @@ def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any, zk: Kazoo
     finally:
         watching.close()
         zk.delete(prefix, recursive=True)
+
+
+def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -> None:
+    """Each reconnection reads the sets afresh; with stable sets, kazoo's recipes (a data and a
+    children watch per set, started at each connection) never ended, and each read its node again
+    at every later connection: the reads there grew with the reconnections behind them, as did the
+    session listeners. The client must hold one watch per node however often it reconnects, and
+    still see a member that joins after the last reconnection."""
+    prefix = "/kestrel-watch-reconnect"
+    join(zk, prefix, 7001)
+    # A ZooKeeper just restarted may take a connection and never answer it: the client starts a new
+    # session after a session timeout without one, well within the wait below.
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
+                   "the first member")
+        listeners = len(watching.zk.state_listeners)
+        reads: list[tuple[str, str]] = []  # (call, path) of each read that answered
+
+        def recorded(call: str, read: Any) -> Any:
+            def recording(path: str, *args: Any, **kwargs: Any) -> Any:
+                result = read(path, *args, **kwargs)
+                reads.append((call, path))
+                return result
+            return recording
+
+        watching.zk.get = recorded("get", watching.zk.get)  # type: ignore[method-assign]
+        watching.zk.get_children = recorded("get_children", watching.zk.get_children)  # type: ignore[method-assign]
+        zk.stop()
+        starts: list[int] = []  # where the reads that followed each reconnection begin
+        for _ in range(4):
+            starts.append(len(reads))
+            zookeeper.restart(wipe=False)
+            # Every member is read afresh at a reconnection, last of its reading of the sets.
+            wait_until(lambda: {path.split("/")[2] for _, path in reads[starts[-1]:] if "/member_" in path}
+                       == {"write", "read"}, "the members read again after the restart", timeout=60)
+        assert len(watching.zk.state_listeners) == listeners
+        at_each = [sorted(reads[begin:end]) for begin, end in zip(starts, [*starts[1:], len(reads)], strict=True)]
+        assert at_each == [at_each[0]] * len(at_each), at_each
+        zk.start(timeout=30)
+        joined = len(reads)
+        join(zk, prefix, 7002)
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001, 7002},
+                   "the member joined after the last restart")
+        # Kazoo calls the watches of one event in turn, before those of the next: holding one watch
+        # per set, the client reads each set's members once for that member and once for the next.
+        join(zk, prefix, 7003)
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001, 7002, 7003},
+                   "the next member")
+        members_read = Counter(path for call, path in reads[joined:] if call == "get_children")
+        assert members_read == {f"{prefix}/write": 2, f"{prefix}/read": 2}, members_read
+    finally:
+        watching.close()
+        zk.start(timeout=30)
+        zk.delete(prefix, recursive=True)

@@ -10,14 +10,13 @@ import json
 import logging
 import threading
 from collections.abc import Iterable
-from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
-from kazoo.protocol.states import ZnodeStat
+from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
 from kestrel.client.checks import check_seconds
 from kestrel.client.errors import ServerSetsUnavailable
@@ -138,9 +137,10 @@ class ZooKeeperServerSets:
         # so a watch whose read met ConnectionLoss while ZooKeeper restarted stayed unset that long.
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout, handler=handler, connection_retry=retry,
                               command_retry={**retry, "deadline": session_timeout})
-        self._generation = 0  # each setting of the watches retires those of the one before
+        self._generation = 0  # each reading of the sets afresh retires the reads of the one before
         self._lives: dict[str, int | None] = {}  # set name -> the creation zxid of its node (None: deleted)
         self._watch_lock = threading.Lock()
+        self._read_lock = threading.Lock()  # one reading of the sets at a time: the last begun is kept
         try:
             try:
                 self.zk.start(timeout=connect_timeout)
@@ -158,10 +158,10 @@ class ZooKeeperServerSets:
             raise
 
     def _watch(self, generation: int, retry: bool = True) -> None:
-        """Watch both sets, retiring earlier watches (kazoo drops a watch whose node went missing,
-        as the sets do when an ensemble restarts empty, so each connection starts new ones); nothing
-        if `generation` was retired meanwhile. A failure is tried again after RETRY_S (raised instead
-        when not `retry`: the first watch, in the constructor)."""
+        """Read both sets afresh, retiring earlier reads (kazoo drops a watch whose node went missing,
+        as the sets do when an ensemble restarts empty, so each connection reads and watches anew);
+        nothing if `generation` was retired meanwhile. A failure is tried again after RETRY_S (raised
+        instead when not `retry`: the first watch, in the constructor)."""
         with self._watch_lock:
             if self._closed or generation != self._generation:
                 return
@@ -172,13 +172,14 @@ class ZooKeeperServerSets:
             self._members = {name: {} for name in self.SETS}
             self._lives = {}
         try:
-            for name in self.SETS:
-                path = f"{self.path_prefix}/{name}"
-                try:
-                    self.zk.ensure_path(path)
-                except KazooException as e:  # read-only access: the servers create the sets
-                    log.debug("cannot create the server set path %s: %r", path, e)
-                self.zk.DataWatch(path, partial(self._on_set_node, name, generation))
+            with self._read_lock:
+                for name in self.SETS:
+                    path = f"{self.path_prefix}/{name}"
+                    try:
+                        self.zk.ensure_path(path)
+                    except KazooException as e:  # read-only access: the servers create the sets
+                        log.debug("cannot create the server set path %s: %r", path, e)
+                    self._read_node(name, generation)
         except KazooException as e:
             if not retry:
                 raise
@@ -200,41 +201,75 @@ class ZooKeeperServerSets:
     def readers(self) -> list[Address]:
         return self._lists["read"]
 
-    def _on_set_node(self, name: str, generation: int, data: bytes | None,
-                     stat: ZnodeStat | None) -> bool | None:
-        """A set's node came or went: watch the members of each life of it.
+    def _on_node_event(self, event: WatchedEvent) -> None:
+        """A set's node changed, went or came: read it again, which arms its watch again."""
+        self._on_event(event, children=False)
 
-        Kazoo ends a children watch for good, without calling it, when its node is deleted (an
-        operator's `deleteall`); a set deleted has no members, and one made again is watched afresh.
-        A life is the node's creation transaction, so a node deleted and made again between two
-        looks is still seen as new.
+    def _on_children_event(self, event: WatchedEvent) -> None:
+        """A set's members changed: read them again, which arms their watch again."""
+        self._on_event(event, children=True)
+
+    def _on_event(self, event: WatchedEvent, children: bool) -> None:
+        """The watches are ZooKeeper's one-shot ones, armed by each read of a node with one of these two
+        methods. Kazoo drops every watch when the connection goes, calling it with an event without a
+        path (nothing to do: the next connection reads the sets afresh, arming them again), and keeps a
+        method armed twice on a node once; so the client holds one watch per node however often it
+        reconnects. Kazoo's recipes instead were one more pair per connection, each reading its node
+        again at every later one, and stopped only when a change called them back.
         """
-        if self._closed or generation != self._generation:
-            return False  # stop watching
+        if event.path is None or self._closed:
+            return
+        name = event.path.rpartition("/")[2]
+        with self._read_lock:
+            generation = self._generation
+            try:
+                if not children:
+                    self._read_node(name, generation)
+                elif (life := self._lives.get(name)) is not None:
+                    self._read_children(name, generation, life)
+            except KazooException as e:
+                self._watch_later(generation, f"cannot read the server set {name}: {e!r}")
+
+    def _read_node(self, name: str, generation: int) -> None:
+        """Read a set's node, watching it; a new life of it has its members read.
+
+        A set deleted (an operator's `deleteall`) has no members, and one made again is a new life,
+        whose members are read afresh. A life is the node's creation transaction, so a node deleted
+        and made again between two looks is still seen as new. Called with `_read_lock` held.
+        """
+        path = f"{self.path_prefix}/{name}"
+        stat: ZnodeStat | None = None
+        while stat is None:
+            try:
+                _, stat = self.zk.retry(self.zk.get, path, watch=self._on_node_event)
+            except NoNodeError:  # watch for its creation instead; made meanwhile: read it
+                if self.zk.retry(self.zk.exists, path, watch=self._on_node_event) is None:
+                    break
         life = stat.czxid if stat is not None else None
         with self._watch_lock:
-            if generation != self._generation:
-                return False
+            if self._closed or generation != self._generation:
+                return
             if name in self._lives and self._lives[name] == life:
-                return None  # the same node (its data changed): its children watch goes on
+                return  # the same node (its data changed): its children watch goes on
             self._lives[name] = life
             self._members[name] = {}  # member names are unique only within one life of the node
             if life is None:
                 self._lists[name] = []
         if life is None:
             log.info("server set %s/%s: deleted", self.path_prefix, name)
-            return None
-        try:
-            self.zk.ChildrenWatch(f"{self.path_prefix}/{name}",
-                                  partial(self._on_children, name, generation, life))
-        except KazooException as e:
-            self._watch_later(generation, f"cannot watch the server set {name}: {e!r}")
-            return False
-        return None
+            return
+        self._read_children(name, generation, life)
 
-    def _on_children(self, name: str, generation: int, life: int, children: list[str]) -> bool | None:
-        if self._closed or generation != self._generation or self._lives.get(name) != life:
-            return False  # stop watching
+    def _read_children(self, name: str, generation: int, life: int) -> None:
+        """Read the members of one life of a set, watching them. Called with `_read_lock` held."""
+        path = f"{self.path_prefix}/{name}"
+        try:
+            children, stat = self.zk.retry(self.zk.get_children, path, watch=self._on_children_event,
+                                           include_data=True)
+        except NoNodeError:
+            return  # deleted meanwhile: its node's watch says so
+        if stat.czxid != life:
+            return  # another life of the node, which its node's watch reads
         known = self._members[name]
         fresh: dict[str, Address | None] = {}
         for child in children:
@@ -242,23 +277,19 @@ class ZooKeeperServerSets:
                 fresh[child] = known[child]  # members never change their data
                 continue
             try:
-                data, _ = self.zk.get(f"{self.path_prefix}/{name}/{child}")
+                data, _ = self.zk.retry(self.zk.get, f"{path}/{child}")
             except NoNodeError:
                 continue
-            except KazooException as e:  # the connection went away mid-read: this view is incomplete
-                self._watch_later(generation, f"cannot read member {name}/{child}: {e!r}")
-                return False
             fresh[child] = member_address(data, self.endpoint)
             if fresh[child] is None:
                 log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
         with self._watch_lock:  # a view read with the members of a retired generation is not kept
             if generation != self._generation or self._lives.get(name) != life:
-                return False
+                return
             self._members[name] = fresh
             self._lists[name] = sorted({a for a in fresh.values() if a is not None})
         log.info("server set %s/%s: %s", self.path_prefix, name,
                  ", ".join(f"{h}:{p}" for h, p in self._lists[name]) or "empty")
-        return None
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED or self._closed:
