@@ -97,6 +97,12 @@ def test_the_compiled_record_encoding_matches_its_python_reference() -> None:
     out = bytearray(b"held")
     assert _log_record.append_record(out, commit_log.record_head("q", 0, 0), 0, [b"a", memoryview(b"b")]) is False
     assert out == b"held"  # declined (a part not bytes), nothing appended: left to the Python
+    assert _log_record.append_record(out, commit_log.record_head("q", 0, 0), 0, bytearray(b"ab")) is False
+    assert out == b"held"
+    one, parts = bytearray(), bytearray()
+    assert _log_record.append_record(one, commit_log.record_head("q", 0, 0), 3, b"ab") is True  # one piece
+    assert commit_log.append_record_python(parts, commit_log.record_head("q", 0, 0), 3, [b"a", b"b"])
+    assert one == parts
 
 
 def test_the_compiled_records_crc_32_is_zlibs_at_every_short_length_seed_and_alignment() -> None:

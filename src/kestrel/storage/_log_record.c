@@ -127,27 +127,30 @@ static void put_u64(unsigned char *p, uint64_t v) {
 }
 
 /* append_record(out, head, offset, data): `out` (a bytearray) gains
- * u32 body size | u32 CRC-32 of the body | head (the name field, u64 place) | u64 offset | the parts of `data`,
- * and True is returned; False, with nothing appended, where a part is not bytes. */
+ * u32 body size | u32 CRC-32 of the body | head (the name field, u64 place) | u64 offset | `data`,
+ * one piece or a list of parts, and True is returned; False, with nothing appended, where a piece
+ * is not bytes. */
 static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "append_record(out, head, offset, data)");
         return NULL;
     }
     PyObject *out = args[0], *head_bytes = args[1], *data = args[3];
-    if (!PyByteArray_CheckExact(out) || !PyBytes_CheckExact(head_bytes) || !PyList_CheckExact(data)) {
-        PyErr_SetString(PyExc_TypeError, "append_record takes a bytearray, a record's head and a list of parts");
+    if (!PyByteArray_CheckExact(out) || !PyBytes_CheckExact(head_bytes)) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes a bytearray and a record's head");
         return NULL;
     }
+    int many = PyList_CheckExact(data); /* else one piece, which must be bytes as each part must */
+    PyObject *const *pieces = many ? (PyObject *const *)((PyListObject *)data)->ob_item : &args[3];
+    Py_ssize_t parts = many ? PyList_GET_SIZE(data) : 1;
     unsigned long long offset = PyLong_AsUnsignedLongLong(args[2]);
     if (offset == (unsigned long long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    Py_ssize_t parts = PyList_GET_SIZE(data);
     Py_ssize_t head_size = PyBytes_GET_SIZE(head_bytes);
     Py_ssize_t size = head_size + 8;
     for (Py_ssize_t i = 0; i < parts; i++) {
-        PyObject *part = PyList_GET_ITEM(data, i);
+        PyObject *part = pieces[i];
         if (!PyBytes_Check(part)) {
             Py_RETURN_FALSE;
         }
@@ -177,7 +180,7 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
     put_u64(p, (uint64_t)offset);
     p += 8;
     for (Py_ssize_t i = 0; i < parts; i++) {
-        PyObject *part = PyList_GET_ITEM(data, i);
+        PyObject *part = pieces[i];
         Py_ssize_t n = PyBytes_GET_SIZE(part);
         memcpy(p, PyBytes_AS_STRING(part), (size_t)n);
         p += n;

@@ -131,7 +131,7 @@ class Record:
 
 def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
     out = bytearray()
-    append_record(out, record_head(queue, kind, epoch), offset, [data])
+    append_record(out, record_head(queue, kind, epoch), offset, data)
     return bytes(out)
 
 
@@ -142,11 +142,13 @@ def record_head(queue: str, kind: int, epoch: int) -> bytes:
     return _NAME.pack(len(name)) + name + _U64.pack(kind << 56 | epoch)
 
 
-def append_record_python(out: bytearray, head: bytes, offset: int, data: list[bytes]) -> bool:
+def append_record_python(out: bytearray, head: bytes, offset: int, data: bytes | list[bytes]) -> bool:
     """Append a record to `out`: its head encoded already (`record_head`), as a file that logs keeps
-    it, then `offset`, and its bytes as the pieces they were appended from (not joined first). The
-    reference of the compiled `_log_record.append_record` (src/kestrel/storage/_log_record.c); True,
-    as it says."""
+    it, then `offset`, and its bytes as the one piece or the pieces they were appended from (not
+    joined first). The reference of the compiled `_log_record.append_record`
+    (src/kestrel/storage/_log_record.c); True, as it says."""
+    if not isinstance(data, list):
+        data = [data]
     fields = _U64.pack(offset)
     crc = zlib.crc32(fields, zlib.crc32(head))
     size = len(head) + len(fields)
@@ -213,7 +215,7 @@ _append_compiled: Final = _compiled  # a C static in the compiled build, not a l
 crc32_combine: Final = _combine
 
 
-def append_record(out: bytearray, head: bytes, offset: int, data: list[bytes]) -> None:
+def append_record(out: bytearray, head: bytes, offset: int, data: bytes | list[bytes]) -> None:
     """`append_record_python`, compiled where the build made src/kestrel/storage/_log_record.c (every
     change under `always` encodes a record: one call, no struct packer or checksum call per field);
     what it declines (a part not bytes) the Python encodes."""
@@ -814,8 +816,8 @@ class FileLog(AppendLog):
         self.later: list[Turn] | None = None  # the turns after that one, if any
         self.segment: _Segment | None = None  # the last segment told that this file has records in it
 
-    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
-        """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
+    def appended(self, journal: JournalWriter, offset: int, data: bytes | list[bytes]) -> None:
+        """`data` (one piece or many) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
         first = self.turn
         if first is None:
@@ -971,15 +973,15 @@ class CommitLog:
     # -----------------------------------------------------------------------------------------
     # Appending and waiting
 
-    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
-        """Log bytes just appended (in pieces) to `journal` at `offset`, where it ends now; the turn
+    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes | list[bytes]) -> Turn:
+        """Log bytes just appended (one piece or many) to `journal` at `offset`, where it ends now; the turn
         to wait for. Never yields."""
         if self._locks:
             with self._lock:
                 return self._add(journal, file, offset, data)
         return self._add(journal, file, offset, data)
 
-    def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
+    def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes | list[bytes]) -> Turn:
         """`add`, in the lock where the runtime has one."""
         segment = self._segments[-1]
         if file.segment is not segment:  # the file's first record there
