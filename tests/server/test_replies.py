@@ -83,6 +83,22 @@ def test_replies_wait_for_their_turn_and_go_out_together_in_order(pair: Any) -> 
     assert received(client, 7) == b"three\r\n"
 
 
+def test_pipelined_replies_over_three_turns_go_out_turn_by_turn_in_order(pair: Any) -> None:
+    """Replies held behind the first: each turn settled sends those it releases, the rest wait on."""
+    replies, client = pair
+    turns = [Turn(1), Turn(2), Turn(3)]
+    for n, turn in enumerate(turns):
+        replies.acks.last = turn
+        replies.send(b"%da\r\n" % n)
+        replies.send(b"%db\r\n" % n)
+    assert nothing_waiting(client)
+    for n, turn in enumerate(turns):
+        settle(replies, turn)
+        assert received(client, 8) == b"%da\r\n%db\r\n" % (n, n)
+        assert nothing_waiting(client)
+    assert replies.stats.bytes_written == 24
+
+
 def test_a_change_the_disk_could_not_keep_cuts_the_connection_off_without_its_reply(pair: Any) -> None:
     replies, client = pair
     turn = Turn(1)

@@ -85,24 +85,30 @@ def test_the_compiled_record_encoding_matches_its_python_reference() -> None:
 
     rng = random.Random(38)
     for n in range(300):
-        name = commit_log._encoded_name(rng.choice(["q", "jobs+audit", "é" * 40, "x" * 1000]))
-        place = rng.choice([0, 1 << 56 | rng.getrandbits(56), 2 << 56 | (1 << 56) - 1])
+        head = commit_log.record_head(rng.choice(["q", "jobs+audit", "é" * 40, "x" * 1000]),
+                                      rng.choice(commit_log._KINDS), rng.choice([0, rng.getrandbits(56), (1 << 56) - 1]))
         offset = rng.choice([0, rng.getrandbits(64)])
         data = [rng.randbytes(rng.choice([0, 1, 7, 128, 70_000])) for _ in range(rng.randrange(4))]
         start = rng.randbytes(rng.randrange(50))  # what the turn's buffer held already
         compiled, python = bytearray(start), bytearray(start)
-        assert _log_record.append_record(compiled, name, zlib.crc32(name), place, offset, data) is True
-        assert commit_log.append_record_python(python, name, zlib.crc32(name), place, offset, data)
+        assert _log_record.append_record(compiled, head, offset, data) is True
+        assert commit_log.append_record_python(python, head, offset, data)
         assert compiled == python, n
     out = bytearray(b"held")
-    assert _log_record.append_record(out, b"\x01\x00q", 0, 0, 0, [b"a", memoryview(b"b")]) is False
+    assert _log_record.append_record(out, commit_log.record_head("q", 0, 0), 0, [b"a", memoryview(b"b")]) is False
     assert out == b"held"  # declined (a part not bytes), nothing appended: left to the Python
+    assert _log_record.append_record(out, commit_log.record_head("q", 0, 0), 0, bytearray(b"ab")) is False
+    assert out == b"held"
+    one, parts = bytearray(), bytearray()
+    assert _log_record.append_record(one, commit_log.record_head("q", 0, 0), 3, b"ab") is True  # one piece
+    assert commit_log.append_record_python(parts, commit_log.record_head("q", 0, 0), 3, [b"a", b"b"])
+    assert one == parts
 
 
 def test_the_compiled_records_crc_32_is_zlibs_at_every_short_length_seed_and_alignment() -> None:
     """The C helper takes short pieces' CRC-32 with its own tables, eight bytes a step, and leaves
-    long ones to zlib: every length across that edge and the byte-wise tail, any seed (the name's
-    CRC-32), any alignment of the buffer's end, a body split into parts at random."""
+    long ones to zlib: every length across that edge and the byte-wise tail, a head of any length
+    (the queue's name), any alignment of the buffer's end, a body split into parts at random."""
     from kestrel.storage import _log_record  # built with the C helpers (src/kestrel/storage/_log_record.c)
 
     rng = random.Random(39)
@@ -110,15 +116,15 @@ def test_the_compiled_records_crc_32_is_zlibs_at_every_short_length_seed_and_ali
         body = rng.randbytes(size)
         cuts = sorted(rng.randrange(size + 1) for _ in range(rng.randrange(4)))
         data = [body[a:b] for a, b in zip([0, *cuts], [*cuts, size], strict=True)]
-        name, seed = commit_log._encoded_name("q"), rng.getrandbits(32)
-        place, offset = rng.getrandbits(64), rng.getrandbits(64)
+        head = commit_log.record_head("q" * rng.randrange(1, 40), rng.choice(commit_log._KINDS), rng.getrandbits(56))
+        offset = rng.getrandbits(64)
         start = rng.randbytes(rng.randrange(16))
         compiled, python = bytearray(start), bytearray(start)
-        assert _log_record.append_record(compiled, name, seed, place, offset, data) is True
-        assert commit_log.append_record_python(python, name, seed, place, offset, data)
+        assert _log_record.append_record(compiled, head, offset, data) is True
+        assert commit_log.append_record_python(python, head, offset, data)
         assert compiled == python, size
-        fields = struct.pack("<QQ", place, offset)
-        assert compiled[len(start) + 4:len(start) + 8] == struct.pack("<I", zlib.crc32(fields + body, seed)), size
+        fields = head + struct.pack("<Q", offset)
+        assert compiled[len(start) + 4:len(start) + 8] == struct.pack("<I", zlib.crc32(fields + body)), size
 
 
 def test_crc32_combine_compiled_and_its_python_reference_join_checksums_as_zlib_does() -> None:

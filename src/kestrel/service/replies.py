@@ -51,18 +51,22 @@ class Replies:
     to wait until what it holds has gone out (or can never go), and `release` last.
     """
 
-    __slots__ = ("io", "stats", "peer", "acks", "_held", "_held_bytes", "_sending", "_idle", "_room",
-                 "cut_off", "_holding")
+    __slots__ = ("io", "stats", "peer", "acks", "_first_turn", "_first", "_more", "_held_bytes", "_sending",
+                 "_idle", "_room", "cut_off", "_holding")
 
     def __init__(self, io: ClientSocket, stats: ServerStats, peer: str = "") -> None:
         self.io = io
         self.stats = stats
         self.peer = peer
         self.acks = Acknowledgements(self._settled)
-        # (the turn each waits for, reply), oldest first: a list, whose calls the compiled build makes
-        # directly (a deque's are looked up as methods); a client waiting for its replies holds one
-        self._held: list[tuple[Settled | None, bytes]] = []
-        self._held_bytes = 0  # the bytes of `_held`
+        # The replies held, oldest first, each with the turn it waits for: the first in fields of its
+        # own, any after it (a client's pipelined requests) in a list of (turn, reply). A client
+        # waiting for each reply before its next request, the usual case, holds one a round: no
+        # tuple and list entry made for it, nor a list made and freed when it goes.
+        self._first_turn: Settled | None = None
+        self._first: bytes | None = None  # None: nothing held
+        self._more: list[tuple[Settled | None, bytes]] = []
+        self._held_bytes = 0  # the bytes held
         self._sending = False  # a send waits for room: later replies queue behind it
         self._idle: gevent.event.Event | None = None  # `finish` waits on it
         self._room: gevent.event.Event | None = None  # `wait_sent` waits on it
@@ -95,7 +99,7 @@ class Replies:
         self._sending = True
         try:
             self.io.send_all(data)
-            if self._held:  # (most sends find none: no list made and joined for nothing)
+            if self._first is not None:  # (most sends find none: nothing joined for nothing)
                 self._send_released()
         finally:
             self._sending = False
@@ -129,26 +133,39 @@ class Replies:
         if self.cut_off:
             return False
         last = self.acks.last
-        if self._held or self._sending or (last is not None and not last.settled):
-            self._held.append((last, data))
-            self._held_bytes += len(data)
-            return False
-        self.stats.bytes_written += len(data)
-        return True
+        if self._first is not None:
+            self._more.append((last, data))
+        elif self._sending or (last is not None and not last.settled):
+            self._first_turn = last
+            self._first = data
+        else:
+            self.stats.bytes_written += len(data)
+            return True
+        self._held_bytes += len(data)
+        return False
 
     def _released(self) -> bytes:
         """The held replies whose changes are all settled, in order, taken out of the queue."""
-        held = self._held
-        count = 0
-        for turn, _ in held:
-            if turn is not None and not turn.settled:
-                break
-            count += 1
-        data = held[0][1] if count == 1 else b"".join([reply for _, reply in held[:count]])
-        if count == len(held):
-            self._held = []  # the usual case: a new list costs less than a slice deleted
+        data = self._first
+        turn = self._first_turn
+        if data is None or (turn is not None and not turn.settled):
+            return b""
+        more = self._more
+        if more:
+            count = 0
+            for turn, _ in more:
+                if turn is not None and not turn.settled:
+                    break
+                count += 1
+            data = b"".join([data, *[reply for _, reply in more[:count]]])
+            if count < len(more):
+                self._first_turn, self._first = more[count]
+                del more[:count + 1]
+            else:
+                self._first_turn = self._first = None
+                more.clear()
         else:
-            del held[:count]
+            self._first_turn = self._first = None
         self._held_bytes -= len(data)
         self.stats.bytes_written += len(data)
         return data
@@ -203,7 +220,8 @@ class Replies:
             log.error(f"closing a client: {why}; its replies since are not sent", client=self.peer,
                       error=str(self.acks.failed))
         self.cut_off = True
-        self._held.clear()
+        self._first_turn = self._first = None
+        self._more.clear()
         self._held_bytes = 0
         try:
             self.io.sock.shutdown(socket.SHUT_RDWR)
@@ -218,11 +236,11 @@ class Replies:
         if room is not None:
             room.set()
         idle = self._idle
-        if idle is not None and not self._held:
+        if idle is not None and self._first is None:
             idle.set()
 
     def finish(self) -> None:
         """Return once every reply has gone out, or can never go (the connection ends)."""
-        if self._held or self._sending:
+        if self._first is not None or self._sending:
             self._idle = gevent.event.Event()
             self._idle.wait()

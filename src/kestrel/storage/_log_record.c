@@ -126,40 +126,31 @@ static void put_u64(unsigned char *p, uint64_t v) {
     }
 }
 
-/* append_record(out, name, name_crc, place, offset, data): `out` (a bytearray) gains
- * u32 body size | u32 CRC-32 of the body | name | u64 place | u64 offset | the parts of `data`,
- * and True is returned; False, with nothing appended, where a part is not bytes. */
+/* append_record(out, head, offset, data): `out` (a bytearray) gains
+ * u32 body size | u32 CRC-32 of the body | head (the name field, u64 place) | u64 offset | `data`,
+ * one piece or a list of parts, and True is returned; False, with nothing appended, where a piece
+ * is not bytes. */
 static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "append_record(out, name, name_crc, place, offset, data)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append_record(out, head, offset, data)");
         return NULL;
     }
-    PyObject *out = args[0], *name = args[1], *data = args[5];
-    if (!PyByteArray_CheckExact(out) || !PyBytes_CheckExact(name) || !PyList_CheckExact(data)) {
-        PyErr_SetString(PyExc_TypeError, "append_record takes a bytearray, a name's bytes and a list of parts");
+    PyObject *out = args[0], *head_bytes = args[1], *data = args[3];
+    if (!PyByteArray_CheckExact(out) || !PyBytes_CheckExact(head_bytes)) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes a bytearray and a record's head");
         return NULL;
     }
-    unsigned long name_crc = PyLong_AsUnsignedLong(args[2]);
-    if (name_crc == (unsigned long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    unsigned long long place = PyLong_AsUnsignedLongLong(args[3]);
-    if (place == (unsigned long long)-1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    unsigned long long offset = PyLong_AsUnsignedLongLong(args[4]);
+    int many = PyList_CheckExact(data); /* else one piece, which must be bytes as each part must */
+    PyObject *const *pieces = many ? (PyObject *const *)((PyListObject *)data)->ob_item : &args[3];
+    Py_ssize_t parts = many ? PyList_GET_SIZE(data) : 1;
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[2]);
     if (offset == (unsigned long long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (name_crc > 0xFFFFFFFFul) {
-        PyErr_SetString(PyExc_OverflowError, "name_crc is not a CRC-32");
-        return NULL;
-    }
-    Py_ssize_t parts = PyList_GET_SIZE(data);
-    Py_ssize_t name_size = PyBytes_GET_SIZE(name);
-    Py_ssize_t size = name_size + 16;
+    Py_ssize_t head_size = PyBytes_GET_SIZE(head_bytes);
+    Py_ssize_t size = head_size + 8;
     for (Py_ssize_t i = 0; i < parts; i++) {
-        PyObject *part = PyList_GET_ITEM(data, i);
+        PyObject *part = pieces[i];
         if (!PyBytes_Check(part)) {
             Py_RETURN_FALSE;
         }
@@ -182,21 +173,20 @@ static PyObject *append_record(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     unsigned char *head = (unsigned char *)PyByteArray_AS_STRING(out) + at;
-    unsigned char *p = head + 8;
-    memcpy(p, PyBytes_AS_STRING(name), (size_t)name_size);
-    p += name_size;
-    unsigned char *fields = p;
-    put_u64(p, (uint64_t)place);
-    put_u64(p + 8, (uint64_t)offset);
-    p += 16;
+    unsigned char *body = head + 8;
+    unsigned char *p = body;
+    memcpy(p, PyBytes_AS_STRING(head_bytes), (size_t)head_size);
+    p += head_size;
+    put_u64(p, (uint64_t)offset);
+    p += 8;
     for (Py_ssize_t i = 0; i < parts; i++) {
-        PyObject *part = PyList_GET_ITEM(data, i);
+        PyObject *part = pieces[i];
         Py_ssize_t n = PyBytes_GET_SIZE(part);
         memcpy(p, PyBytes_AS_STRING(part), (size_t)n);
         p += n;
     }
     put_u32(head, (uint32_t)size);
-    put_u32(head + 4, crc_update((uint32_t)name_crc, fields, p - fields)); /* the name's CRC-32 given */
+    put_u32(head + 4, crc_update(0, body, p - body));
     Py_RETURN_TRUE;
 }
 

@@ -93,6 +93,7 @@ PREALLOCATE_BYTES = 1 << 16
 _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
 _PLACE = struct.Struct("<QQ")  # kind << 56 | epoch, offset
+_U64 = struct.Struct("<Q")
 JOURNAL, WRITER, READER = 0, 1, 2  # the kinds of record (the module's doc)
 _KINDS = (JOURNAL, WRITER, READER)
 _EPOCH = (1 << 56) - 1
@@ -129,32 +130,33 @@ class Record:
 
 
 def encode_record(queue: str, epoch: int, offset: int, data: bytes, kind: int = JOURNAL) -> bytes:
-    name = _encoded_name(queue)
     out = bytearray()
-    append_record(out, name, zlib.crc32(name), kind << 56 | epoch, offset, [data])
+    append_record(out, record_head(queue, kind, epoch), offset, data)
     return bytes(out)
 
 
-def _encoded_name(queue: str) -> bytes:
-    """The body's first field: the queue's name with its size."""
+def record_head(queue: str, kind: int, epoch: int) -> bytes:
+    """The fields that begin the body of every record of one file: the queue's name with its size,
+    and the file's kind and epoch (`kind << 56 | epoch`)."""
     name = queue.encode("utf-8")
-    return _NAME.pack(len(name)) + name
+    return _NAME.pack(len(name)) + name + _U64.pack(kind << 56 | epoch)
 
 
-def append_record_python(out: bytearray, name: bytes, name_crc: int, place: int, offset: int,
-                         data: list[bytes]) -> bool:
-    """Append a record to `out`: its name field encoded already (`_encoded_name`) with the field's
-    CRC-32, as a file that logs keeps them, `place` its kind and epoch (`kind << 56 | epoch`), and
-    its bytes as the pieces they were appended from (not joined first). The reference of the
-    compiled `_log_record.append_record` (src/kestrel/storage/_log_record.c); True, as it says."""
-    fields = _PLACE.pack(place, offset)
-    crc = zlib.crc32(fields, name_crc)
-    size = len(name) + len(fields)
+def append_record_python(out: bytearray, head: bytes, offset: int, data: bytes | list[bytes]) -> bool:
+    """Append a record to `out`: its head encoded already (`record_head`), as a file that logs keeps
+    it, then `offset`, and its bytes as the one piece or the pieces they were appended from (not
+    joined first). The reference of the compiled `_log_record.append_record`
+    (src/kestrel/storage/_log_record.c); True, as it says."""
+    if not isinstance(data, list):
+        data = [data]
+    fields = _U64.pack(offset)
+    crc = zlib.crc32(fields, zlib.crc32(head))
+    size = len(head) + len(fields)
     for part in data:
         crc = zlib.crc32(part, crc)
         size += len(part)
     out += _HEAD.pack(size, crc)
-    out += name
+    out += head
     out += fields
     for part in data:
         out += part
@@ -213,13 +215,12 @@ _append_compiled: Final = _compiled  # a C static in the compiled build, not a l
 crc32_combine: Final = _combine
 
 
-def append_record(out: bytearray, name: bytes, name_crc: int, place: int, offset: int,
-                  data: list[bytes]) -> None:
+def append_record(out: bytearray, head: bytes, offset: int, data: bytes | list[bytes]) -> None:
     """`append_record_python`, compiled where the build made src/kestrel/storage/_log_record.c (every
     change under `always` encodes a record: one call, no struct packer or checksum call per field);
     what it declines (a part not bytes) the Python encodes."""
-    if not _append_compiled(out, name, name_crc, place, offset, data):
-        append_record_python(out, name, name_crc, place, offset, data)
+    if not _append_compiled(out, head, offset, data):
+        append_record_python(out, head, offset, data)
 
 
 def _decode_body(body: bytes | memoryview) -> Record | None:
@@ -798,25 +799,25 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
 
 class FileLog(AppendLog):
     """What a file that logs its appends keeps (`JournalWriter.log`): which file it is (the kind of
-    its records, its queue's name, encoded once, and epoch) and the turns that hold what it
-    appended since it last waited: one, but for a change logged without a group commit, whose
-    every record is a turn (no list made and dropped a change)."""
+    its records, its queue's name and epoch, encoded once as its records' head) and the turns that
+    hold what it appended since it last waited: one, but for a change logged without a group
+    commit, whose every record is a turn (no list made and dropped a change)."""
 
-    __slots__ = ("log", "kind", "name", "name_crc", "epoch", "place", "turn", "later", "segment")
+    __slots__ = ("log", "kind", "epoch", "head", "turn", "later", "segment")
 
     def __init__(self, log: CommitLog, kind: int, queue: str, epoch: int = 0) -> None:
         self.log = log
         self.kind = kind
-        self.name = _encoded_name(queue)
-        self.name_crc = zlib.crc32(self.name)
         self.epoch = epoch
-        self.place = kind << 56 | epoch  # the record's field of both
+        # its records' first fields, encoded once: passed as one string, where the name's CRC-32 and
+        # the place passed as numbers cost each record an int made and freed
+        self.head = record_head(queue, kind, epoch)
         self.turn: Turn | None = None  # the first turn holding what it appended since it last waited
         self.later: list[Turn] | None = None  # the turns after that one, if any
         self.segment: _Segment | None = None  # the last segment told that this file has records in it
 
-    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None:
-        """`data` (in pieces) was just appended to `journal` at `offset`: log it. Never yields."""
+    def appended(self, journal: JournalWriter, offset: int, data: bytes | list[bytes]) -> None:
+        """`data` (one piece or many) was just appended to `journal` at `offset`: log it. Never yields."""
         turn = self.log.add(journal, self, offset, data)
         first = self.turn
         if first is None:
@@ -972,15 +973,15 @@ class CommitLog:
     # -----------------------------------------------------------------------------------------
     # Appending and waiting
 
-    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
-        """Log bytes just appended (in pieces) to `journal` at `offset`, where it ends now; the turn
+    def add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes | list[bytes]) -> Turn:
+        """Log bytes just appended (one piece or many) to `journal` at `offset`, where it ends now; the turn
         to wait for. Never yields."""
         if self._locks:
             with self._lock:
                 return self._add(journal, file, offset, data)
         return self._add(journal, file, offset, data)
 
-    def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: list[bytes]) -> Turn:
+    def _add(self, journal: JournalWriter, file: FileLog, offset: int, data: bytes | list[bytes]) -> Turn:
         """`add`, in the lock where the runtime has one."""
         segment = self._segments[-1]
         if file.segment is not segment:  # the file's first record there
@@ -992,7 +993,7 @@ class CommitLog:
             turn = self._turn = Turn(self._turns)
             if self._group_commit is not None:
                 gevent.get_hub().loop.run_callback(self._end_turn)
-        append_record(turn.records, file.name, file.name_crc, file.place, offset, data)
+        append_record(turn.records, file.head, offset, data)
         sync_ms = journal.sync_ms
         if sync_ms is not None:  # an int compared as one, not as an object
             if sync_ms == 0:

@@ -154,7 +154,7 @@ class AppendLog:
     module, importing this one, derives from it): a trait, so that the compiled build calls its
     methods through the class's table, not by name (two calls a change under `always`)."""
 
-    def appended(self, journal: JournalWriter, offset: int, data: list[bytes]) -> None: ...
+    def appended(self, journal: JournalWriter, offset: int, data: bytes | list[bytes]) -> None: ...
 
     def commit(self, journal: JournalWriter) -> None: ...
 
@@ -249,7 +249,7 @@ class JournalWriter:
         self.size += len(data)
         record_timing(timings.write, started)
         if self.log is not None:
-            self.log.appended(self, offset, [data])
+            self.log.appended(self, offset, data)  # (no list made and freed a change)
 
     def append_parts(self, parts: list[bytes]) -> None:
         """`append` the records given as pieces, in one gathering write (`disk.writev_all`): the pieces
