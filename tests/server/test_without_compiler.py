@@ -43,7 +43,7 @@ def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> 
              "from kestrel.service import socket_io; from kestrel.build import build_name; "
              "from kestrel.storage import commit_log; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
-             "codec.encode_addx_many is codec.encode_addx_many_python, thrift_protocol.compiled_binary is None, "
+             "codec._encode_addx_many_c is None, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None, runs.scan_sets is None, "
              "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python, "
              "socket_io.lengthen is None, build_name() == 'pure', "

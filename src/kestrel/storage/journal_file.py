@@ -18,7 +18,10 @@ from typing import Final
 import structlog
 from mypy_extensions import trait
 
-from kestrel.storage import disk
+# (imported whole: the compiled build holds the module in a C static, where a name imported from its
+# package is looked up in this module's dictionary on each append; its functions stay looked up on
+# it each call, so that the fault tests' replacements are seen)
+import kestrel.storage.disk as disk
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable

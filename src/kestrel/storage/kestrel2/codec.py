@@ -454,20 +454,15 @@ def decode_common_columns_python(buf: bytes, pos: int, base: int, budget: int,
     return columns, pos, previous
 
 
+_c_encode_addx_many: Callable[[int, int, list[bytes]], bytes | None] | None
 try:
     from kestrel.storage.kestrel2 import _codec
 except ImportError:  # built without a C compiler: the Python loops alone
     decode_common = decode_common_python
     decode_common_columns = decode_common_columns_python
-    encode_addx_many = encode_addx_many_python
+    _c_encode_addx_many = None
 else:
-    _c_encode_addx_many: Final = _codec.encode_addx_many  # (a C static compiled: no lookup in `_codec`)
-
-    def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
-        """`encode_addx_many_python` compiled (src/kestrel/storage/kestrel2/_codec.c) for lists of bytes;
-        anything else goes to the Python function, which encodes it or says what is wrong."""
-        encoded = _c_encode_addx_many(add_time, expiry, items)
-        return encode_addx_many_python(add_time, expiry, items) if encoded is None else encoded
+    _c_encode_addx_many = _codec.encode_addx_many
 
     def decode_common(buf: bytes, pos: int, base: int, budget: int,
                       check_sizes: bool) -> tuple[list[Common], int, int]:
@@ -479,6 +474,19 @@ else:
                               check_sizes: bool) -> tuple[CommonColumns, int, int]:
         """`decode_common_columns_python` compiled: no Python object per record."""
         return _codec.decode_common_columns(buf, pos, base, budget, check_sizes, misplaced_end)
+
+
+# (bound `Final`: the compiled build reads it from a C static, not from the module's dictionary)
+_encode_addx_many_c: Final = _c_encode_addx_many
+
+
+def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
+    """`encode_addx_many_python` compiled (src/kestrel/storage/kestrel2/_codec.c) for lists of bytes
+    where the build has the helper; anything else goes to the Python function, which encodes it or
+    says what is wrong. Defined once whatever the build, so that the compiled queue calls it as a
+    compiled function (its ints unboxed), not through a Python object chosen at import."""
+    encoded = None if _encode_addx_many_c is None else _encode_addx_many_c(add_time, expiry, items)
+    return encode_addx_many_python(add_time, expiry, items) if encoded is None else encoded
 
 
 def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:

@@ -57,10 +57,8 @@ EMPTY_PACK_OPEN_READS: Final = 1000
 # small item costs less than a piece of the write.
 WRITTEN_WHERE_THEY_ARE: Final = 512
 
-# Called by every put, bound once: a name that is not `Final` is looked up in this module's
-# dictionary (the encoder: defined as the build has the C helper or not) or, imported from a module
-# the build leaves interpreted (`storage.item`), in this one's, each call; a `Final` one is a C static.
-_encode_addx_many: Final = codec.encode_addx_many
+# Called by every put, bound once: a name imported from a module the build leaves interpreted
+# (`storage.item`) is looked up in this module's dictionary each call; a `Final` one is a C static.
 _data_sizes: Final = data_sizes
 
 
@@ -262,7 +260,7 @@ class Kestrel2Queue(PersistentQueue):
         if _data_sizes(items)[1] >= WRITTEN_WHERE_THEY_ARE:  # the largest, in one call: no Python per item
             self._journal.write_parts(codec.addx_parts(now, expiry, items))
         else:
-            self._journal.write(_encode_addx_many(now, expiry, items))
+            self._journal.write(codec.encode_addx_many(now, expiry, items))
 
     def _log_gone(self, items: list[QItem]) -> None:
         self._journal.write(codec.REMOVE_BYTES * len(items))
