@@ -40,7 +40,9 @@ WHEEL_INPUTS := $(sort setup.py pyproject.toml README.md $(shell find src -type 
 BUILD_KEY := $(shell (echo $(WHEEL_INPUTS); cat $(WHEEL_INPUTS)) | sha256sum | cut -c1-16)
 WHEELS := build/wheels
 WHEEL_DIR := $(WHEELS)/$(BUILD_KEY)
-PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+# A worker that dies (a crash in C code) ends the run at once, naming the test it ran: pytest-xdist
+# 3.8 replaces it otherwise, and under --dist loadgroup the replacement can wait forever.
+PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
 # The compiled modules' own tests, without servers, run on the pure build as well (a pure server
 # serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
 # whole suite: `make test-pure`). Tests marked `pure_build` run there only (tests/conftest.py).
