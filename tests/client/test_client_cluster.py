@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -242,6 +243,24 @@ def join(zk: KazooClient, prefix: str, port: int) -> None:
         zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
 
 
+@contextlib.contextmanager
+def watching_one_member(zookeeper: Any, zk: KazooClient, prefix: str,
+                        session_timeout: float) -> Iterator[ZooKeeperServerSets]:
+    """A client of the sets under `prefix` once it sees their first member (7001) in both; closed
+    after, and the sets deleted (`zk` started again if the test left it stopped)."""
+    join(zk, prefix, 7001)
+    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=session_timeout)
+    try:
+        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
+                   "the first member")
+        yield watching
+    finally:
+        watching.close()
+        if not zk.connected:
+            zk.start(timeout=30)
+        zk.delete(prefix, recursive=True)
+
+
 def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper: Any, zk: KazooClient) -> None:
     """A real restart, and ZooKeeper going away again while the client sets its watches once more:
     ConnectionLoss on every read of a set (made to happen here) until 15 have failed. The client
@@ -251,10 +270,7 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
     from kazoo.exceptions import ConnectionLoss
 
     prefix = "/kestrel-watch-loss"
-    join(zk, prefix, 7001)
-    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
-    try:
-        wait_until(lambda: thrift_ports(watching.writers()) == {7001}, "the first member")
+    with watching_one_member(zookeeper, zk, prefix, session_timeout=20.0) as watching:
         failing = threading.Event()
         failed = 0
         real_get_children = watching.zk.get_children
@@ -283,8 +299,6 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
         wait_until(lambda: thrift_ports(watching.writers()) == {7001, 7002}
                    and thrift_ports(watching.readers()) == {7001, 7002}, "the member joined after the restart")
         assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
-    finally:
-        watching.close()
 
 
 def test_a_new_session_reads_every_member_afresh(zookeeper: Any, zk: KazooClient) -> None:
@@ -321,11 +335,7 @@ def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any, zk: Kazoo
     watch for good when its node goes, without a word, so the client must watch the new node once
     the set is made again, and see the servers that join it."""
     prefix = "/kestrel-set-deleted"
-    join(zk, prefix, 7001)
-    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=60.0)
-    try:
-        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
-                   "the first member")
+    with watching_one_member(zookeeper, zk, prefix, session_timeout=60.0) as watching:
         zk.delete(f"{prefix}/write", recursive=True)
         wait_until(lambda: watching.writers() == [], "the deleted set to be empty")
         assert thrift_ports(watching.readers()) == {7001}
@@ -333,9 +343,6 @@ def test_a_set_deleted_and_made_again_is_watched_again(zookeeper: Any, zk: Kazoo
         wait_until(lambda: thrift_ports(watching.writers()) == {7002}, "the member of the set made again")
         zk.create(f"{prefix}/write/member_", member_on(7003), sequence=True)
         wait_until(lambda: thrift_ports(watching.writers()) == {7002, 7003}, "a later member of that set")
-    finally:
-        watching.close()
-        zk.delete(prefix, recursive=True)
 
 
 def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -> None:
@@ -345,13 +352,9 @@ def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -
     session listeners. The client must hold one watch per node however often it reconnects, and
     still see a member that joins after the last reconnection."""
     prefix = "/kestrel-watch-reconnect"
-    join(zk, prefix, 7001)
     # A ZooKeeper just restarted may take a connection and never answer it: the client starts a new
     # session after a session timeout without one, well within the wait below.
-    watching = ZooKeeperServerSets(zookeeper.hosts, prefix, session_timeout=20.0)
-    try:
-        wait_until(lambda: thrift_ports(watching.writers()) == thrift_ports(watching.readers()) == {7001},
-                   "the first member")
+    with watching_one_member(zookeeper, zk, prefix, session_timeout=20.0) as watching:
         listeners = len(watching.zk.state_listeners)
         reads: list[tuple[str, str]] = []  # (call, path) of each read that answered
 
@@ -387,7 +390,3 @@ def test_reconnections_keep_one_watch_per_set(zookeeper: Any, zk: KazooClient) -
                    "the next member")
         members_read = Counter(path for call, path in reads[joined:] if call == "get_children")
         assert members_read == {f"{prefix}/write": 2, f"{prefix}/read": 2}, members_read
-    finally:
-        watching.close()
-        zk.start(timeout=30)
-        zk.delete(prefix, recursive=True)
