@@ -81,7 +81,9 @@ def aio() -> AioFsync:
 
 def c_threads() -> NativeThreadFsync:
     """The process's one handle on the C threads, once no round of an earlier test's (a queue it
-    left behind may still sync) holds them: a test's round then begins on the loop."""
+    left behind may still sync) holds them: a round the test begins before it next yields
+    (`GroupCommit.join_now`) then begins on the loop. One begun by a callback of the loop (`join`)
+    may find a leftover's round there first, and go to a runner greenlet."""
     found = native_threads()
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
@@ -178,7 +180,7 @@ def test_a_round_on_the_c_threads_calls_what_waits_for_it_from_the_loop(tmp_path
         commit.join(journal).after(ended.set)
 
     journal.append(b"one")
-    commit.join(journal).after(then)
+    commit.join_now([journal]).after(then)
     assert ended.wait(timeout=10)
     assert seen == [3] and journal.synced == 6 and commit.runner is None
 
@@ -652,9 +654,10 @@ def test_a_round_on_the_c_threads_runs_with_no_greenlet_and_fails_only_its_own_j
     good, closed = Journal(tmp_path / "good"), Journal(tmp_path / "closed")
     good_end, closed_end = good.append(b"x"), closed.append(b"y")
     closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
+    commit.join_now([good, closed])  # the round the waiters find in flight
     waiters = [gevent.spawn(commit.sync, good, good_end), gevent.spawn(commit.sync, closed, closed_end)]
     gevent.joinall(waiters)
-    assert commit.runner is None  # handed out by a callback of the loop, ended by the eventfd's watcher
+    assert commit.runner is None  # handed out on the loop, ended by the eventfd's watcher
     assert waiters[0].successful() and good.synced == good_end
     error = waiters[1].exception
     assert isinstance(error, OSError) and error.errno == errno.EBADF and closed.synced == 0
@@ -665,9 +668,9 @@ def test_a_waiting_round_and_a_round_with_no_waiter_on_the_c_threads_take_turns(
     commit = GroupCommit(way)
     journals = [Journal(tmp_path / f"q{i}") for i in range(3)]
     ends = [j.append(b"record") for j in journals]
+    commit.join_now([journals[0]])
+    assert way._then is not None  # the commit's round is on the threads, its end awaited by the watcher
     logged = gevent.spawn(commit.sync, journals[0], ends[0])
-    while commit._running is None:  # until the commit's round is on the threads
-        gevent.sleep(0)
     assert way.fsync_all([journals[1].fd, journals[2].fd]) == [None, None]  # after it, with its own results
     logged.join(timeout=10)
     assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None
