@@ -42,7 +42,10 @@ WHEELS := build/wheels
 WHEEL_DIR := $(WHEELS)/$(BUILD_KEY)
 # A worker that dies (a crash in C code) ends the run at once, naming the test it ran: pytest-xdist
 # 3.8 replaces it otherwise, and under --dist loadgroup the replacement can wait forever.
-PYTEST := $(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
+# A test process that dies of a signal leaves a core dump, whose threads' C stacks are printed, and
+# the dump deleted, after the run (tests/support/crash_report.py).
+PYTEST := $(BIN)/python tests/support/crash_report.py \
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
 # The compiled modules' own tests, without servers, run on the pure build as well (a pure server
 # serves in tests/server/test_builds.py and, without the C helpers, test_without_compiler.py; the
 # whole suite: `make test-pure`). Tests marked `pure_build` run there only (tests/conftest.py).

@@ -34,6 +34,7 @@ PACKAGES = {
     "systemd": "systemd-analyze",           # verify and security of deploy/kestrel.service
     "chromium": "chromium",                 # pages of the admin port, in a browser
     "chromium-driver": "chromedriver",
+    "gdb": "gdb",                           # the C stacks of a test process that crashed (crash_report.py)
 }
 # Files taken out of a package without installing it: name -> (package, path inside it).
 EXTRACTED = {
