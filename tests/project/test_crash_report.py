@@ -1,6 +1,6 @@
 """`make test`'s crash report (tests/support/crash_report.py): a process of the run that dies of a
-segmentation fault in C has its threads' C stacks printed, its dump deleted, and the run's status
-kept."""
+segmentation fault in C has its threads' C stacks printed and its dump deleted, and the run's status
+is kept."""
 
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ def test_a_crash_in_c_prints_its_c_stack_and_the_dump_is_deleted(tmp_path: Path)
     assert "crash report: " in done.stderr and "core" in done.stderr, done.stderr[-2000:]
     assert "strlen" in done.stderr, done.stderr[-4000:]  # the C function that read address 0
     assert "Thread 1" in done.stderr
+    assert not crash_report.dumps_since(0, tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
+@pytest.mark.skipif(not plain_core_pattern(), reason="core dumps go to a program on this machine")
+def test_a_crash_that_the_run_lets_pass_is_reported_too(tmp_path: Path) -> None:
+    """A test that runs a process which crashes, and passes all the same: the run's status stands,
+    and the dump left behind is read and deleted."""
+    tolerant = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {CRASHES!r}])\n"
+    done = run_report(tmp_path, sys.executable, "-c", tolerant)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "strlen" in done.stderr, done.stderr[-4000:]
     assert not crash_report.dumps_since(0, tmp_path)
 
 

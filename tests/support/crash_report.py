@@ -1,5 +1,6 @@
-"""Run a command (`make test`'s pytest) with core dumps allowed; when it fails and a process of it
-died leaving a dump, print every thread's C stack in that dump (gdb), then delete the dump.
+"""Run a command (`make test`'s pytest) with core dumps allowed; when a process of it died leaving a
+dump (the run failed, or a test let it pass), print every thread's C stack in that dump (gdb), then
+delete the dump.
 
 Why: a test process that dies of a signal in C code shows, through Python's faulthandler, only its
 threads' Python frames, and none at all for a thread in compiled code or in a greenlet that runs
@@ -7,10 +8,11 @@ only compiled code. The C stack names the function that crashed.
 
     python tests/support/crash_report.py COMMAND [ARG ...]
 
-The exit status is the command's (128 + N where a signal N killed it, as a shell gives). Dumps land where the kernel's `core_pattern` puts them: with a
-plain pattern (Debian's default, `core`), in the dying process's working directory, which for the
-test processes is the checkout; a pattern that pipes dumps to a program (systemd-coredump, apport)
-leaves nothing here to read, which the report says.
+The exit status is the command's (128 + N where a signal N killed it, as a shell gives). Dumps land
+where the kernel's `core_pattern` puts them: with a plain pattern (Debian's default, `core`), in the
+dying process's working directory, which for the test processes is the checkout; a pattern that
+pipes dumps to a program (systemd-coredump, apport) leaves nothing here to read, which the report
+of a failed run says.
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ def c_stacks(dump: Path, executable: str) -> str:
     return done.stdout + done.stderr
 
 
-def report(started: float, where: Path, executable: str) -> None:
+def report(started: float, where: Path, executable: str, failed: bool) -> None:
     dumps = dumps_since(started, where)
     if not dumps:
         pattern = CORE_PATTERN.read_text().strip() if CORE_PATTERN.exists() else "?"
-        if pattern.startswith("|"):
+        if failed and pattern.startswith("|"):
             print(f"crash report: core dumps go to a program here ({pattern}), none to read", file=sys.stderr)
         return
     for dump in dumps:
@@ -66,8 +68,7 @@ def main(command: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))  # inherited by the command's processes
     started = time.time()
     status = subprocess.call(command)
-    if status != 0:
-        report(started, Path.cwd(), os.path.realpath(sys.executable))
+    report(started, Path.cwd(), os.path.realpath(sys.executable), failed=status != 0)
     return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell says
 
 
