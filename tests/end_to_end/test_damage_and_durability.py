@@ -32,7 +32,7 @@ from kestrel.storage.kestrel2.codec import (
 )
 from tests.conftest import wait_until
 from tests.support import kestrel24
-from tests.support.clients import every_item
+from tests.support.clients import consume_until_stopped, every_item
 from tests.support.clients import thrift as client
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path
 
@@ -494,14 +494,7 @@ def test_sigkill_amid_kestrel3_rotations_beside_kestrel2_packs_loses_nothing(ser
 
     def consume(queue: str) -> None:
         with client(srv) as c:
-            while not stop.is_set():
-                try:
-                    got = c.get(queue, 5, 100, 30_000)
-                    if got and c.confirm(queue, {i.id for i in got}) == len(got):
-                        confirmed[queue].extend(i.data for i in got)
-                except Exception:
-                    unanswered.extend(i.data for i in got)
-                    return
+            consume_until_stopped(c, queue, 5, stop, confirmed[queue], unanswered)
 
     threads = [threading.Thread(target=produce, args=("jobs", w)) for w in range(4)]
     threads += [threading.Thread(target=produce, args=("packed", 0)), threading.Thread(target=consume, args=("packed",)),

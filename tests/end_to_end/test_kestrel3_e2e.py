@@ -15,7 +15,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage import commit_log as commit_log_module
 from kestrel.storage.kestrel3 import files as kestrel3_files
 from tests.conftest import ServerProcess, wait_until
-from tests.support.clients import every_item
+from tests.support.clients import consume_until_stopped, every_item
 from tests.support.queues import drain
 from tests.support.wire import shared_server  # noqa: F401  (the module's `server`)
 from tests.thrift.test_thrift_e2e import client
@@ -186,17 +186,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_put_once_and_no_confirmed_i
 
     def consume() -> None:
         with client(srv) as c:
-            while not stop.is_set():
-                try:
-                    got = c.get("jobs", 10, 10, 30_000)
-                except Exception:
-                    return
-                try:
-                    if got and c.confirm("jobs", {i.id for i in got}) == len(got):
-                        confirmed.extend(i.data for i in got)
-                except Exception:
-                    unanswered.extend(i.data for i in got)
-                    return
+            consume_until_stopped(c, "jobs", 10, stop, confirmed, unanswered)
 
     threads = [threading.Thread(target=produce, args=(w,)) for w in range(2)]
     threads += [threading.Thread(target=consume) for _ in range(2)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,3 +42,23 @@ def every_item(c: Any, queue: str) -> list[bytes]:
     while got := c.get(queue, 10_000, 0, 0):
         taken.extend(item.data for item in got)
     return taken
+
+
+def consume_until_stopped(c: Any, queue: str, max_items: int, stop: threading.Event, confirmed: list[bytes],
+                          unanswered: list[bytes]) -> None:
+    """Take up to `max_items` at a time from `queue` as open reads (30 s auto-abort) through Thrift
+    client `c`, and confirm each batch, until `stop` is set or the server goes. A batch whose confirm
+    was answered in full goes to `confirmed`; one whose confirm went unanswered (the server died
+    meanwhile: done or not, no one knows) to `unanswered`; what a get in flight took comes back to
+    the queue at the restart, its reads open."""
+    while not stop.is_set():
+        try:
+            got = c.get(queue, max_items, 100, 30_000)
+        except Exception:
+            return
+        try:
+            if got and c.confirm(queue, {i.id for i in got}) == len(got):
+                confirmed.extend(i.data for i in got)
+        except Exception:
+            unanswered.extend(i.data for i in got)
+            return
