@@ -4,6 +4,7 @@ is kept."""
 
 from __future__ import annotations
 
+import resource
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from tests.support import crash_report
 CRASHES = "import ctypes\ndef crashing_here():\n    ctypes.string_at(0)\ncrashing_here()\n"
 
 
-def plain_core_pattern() -> bool:
-    return not crash_report.CORE_PATTERN.read_text().startswith("|")
+def dumps_here() -> bool:
+    """Whether a crashed process can leave a dump in its directory: no program takes the dumps, and
+    the hard limit on their size lets one be written."""
+    return (not crash_report.CORE_PATTERN.read_text().startswith("|")
+            and resource.getrlimit(resource.RLIMIT_CORE)[1] != 0)
 
 
 def run_report(tmp_path: Path, *command: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +33,7 @@ def run_report(tmp_path: Path, *command: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
-@pytest.mark.skipif(not plain_core_pattern(), reason="core dumps go to a program on this machine")
+@pytest.mark.skipif(not dumps_here(), reason="no core dump can be left here (core_pattern, ulimit -c)")
 def test_a_crash_in_c_prints_its_c_stack_and_the_dump_is_deleted(tmp_path: Path) -> None:
     done = run_report(tmp_path, sys.executable, "-c", CRASHES)
     assert done.returncode == 128 + 11, (done.returncode, done.stderr[-2000:])  # SIGSEGV
@@ -40,7 +44,7 @@ def test_a_crash_in_c_prints_its_c_stack_and_the_dump_is_deleted(tmp_path: Path)
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
-@pytest.mark.skipif(not plain_core_pattern(), reason="core dumps go to a program on this machine")
+@pytest.mark.skipif(not dumps_here(), reason="no core dump can be left here (core_pattern, ulimit -c)")
 def test_a_crash_that_the_run_lets_pass_is_reported_too(tmp_path: Path) -> None:
     """A test that runs a process which crashes, and passes all the same: the run's status stands,
     and the dump left behind is read and deleted."""
