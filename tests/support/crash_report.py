@@ -27,6 +27,7 @@ from pathlib import Path
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 FRAMES_PER_THREAD = 40
+GDB_SECONDS = 300
 
 
 def dumps_since(started: float, where: Path) -> list[Path]:
@@ -38,9 +39,13 @@ def dumps_since(started: float, where: Path) -> list[Path]:
 
 def c_stacks(dump: Path, executable: str) -> str:
     """Every thread's C stack in `dump` of a process of `executable`, as gdb prints it."""
-    done = subprocess.run(["gdb", "-batch", "-nx", "-q", "-iex", "set auto-load safe-path /",
-                           "-ex", f"thread apply all bt {FRAMES_PER_THREAD}", executable, str(dump)],
-                          capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(["gdb", "-batch", "-nx", "-q", "-iex", "set auto-load safe-path /",
+                               "-ex", f"thread apply all bt {FRAMES_PER_THREAD}", executable, str(dump)],
+                              capture_output=True, text=True, timeout=GDB_SECONDS)
+    except subprocess.TimeoutExpired as e:  # (what it captured comes as bytes, text or not)
+        printed = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        return f"gdb took over {GDB_SECONDS} s; what it printed:\n{printed}"
     return done.stdout + done.stderr
 
 
