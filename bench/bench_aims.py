@@ -18,10 +18,13 @@ peer's from the same run, the ratio the aim is stated in, the aim, and whether i
   and the journal, beside Redis at that size.
 
 `--quick` is a smoke run of the harness (seconds of load, 200 queues, 20 connections): its ratios
-mean nothing. The default suits a quiet machine and takes about 6 minutes a build.
+mean nothing. The default suits a quiet machine and takes about 6 minutes a build. On two shared
+cores one run's ratios move by more than the servers differ: `--runs N` measures everything N times,
+a table each, then one more with each aim's row over the N runs (in how many it was met, each run's
+ratios), where a verdict is read.
 
     .venv/bin/python -m bench.bench_aims [--quick] [--seconds 3] [--repeat 2] [--builds compiled pure]
-                                         [--queues 10000] [--connections 1000] [--idle 10]
+                                         [--queues 10000] [--connections 1000] [--idle 10] [--runs 1]
 """
 
 from __future__ import annotations
@@ -227,6 +230,20 @@ def print_table(rows: list[Row]) -> None:
         print(row.line(), flush=True)
 
 
+def print_over_runs(runs: list[list[Row]]) -> None:
+    """Each aim's row over the runs (each run gives the same rows in the same order): in how many of
+    the runs that judged it it was met, and each run's ratios."""
+    print(f"\n### The aims over {len(runs)} runs\n")
+    print("| aim's row | aim | met in | each run's ratios |")
+    print("| --- | --- | --- | --- |")
+    for index, first in enumerate(runs[0]):
+        rows = [run[index] for run in runs]
+        judged = [row.met for row in rows if row.met is not None]
+        met = f"{sum(judged)} of {len(judged)}" if judged else "-"
+        ratios = " / ".join(row.ratio for row in rows)
+        print(f"| {first.workload} | {first.aim} | {met} | {ratios} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,6 +259,8 @@ def main() -> None:
                         help="a smoke run of the harness: seconds, not figures")
     parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["compiled"],
                         help="our server's builds, measured in turn (default: compiled)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="times everything is measured, then each aim over the runs (default 1)")
     args = parser.parse_args()
     args.settle = 1.0
     if args.quick:
@@ -250,11 +269,17 @@ def main() -> None:
     print(f"# every aim beside its peers, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {args.repeat} "
           f"run(s) of {args.seconds:g} s; load average before: {load_average()}")
-    try:
-        rows = aims(args)
-    except peers.MissingPeer as e:
-        sys.exit(str(e))
-    print_table(rows)
+    runs: list[list[Row]] = []
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"\n## Run {run + 1} of {args.runs}, load average before: {load_average()}")
+        try:
+            runs.append(aims(args))
+        except peers.MissingPeer as e:
+            sys.exit(str(e))
+        print_table(runs[-1])
+    if args.runs > 1:
+        print_over_runs(runs)
     print(f"\n# load average after: {load_average()}")
 
 

@@ -292,6 +292,22 @@ def test_the_aims_table_has_every_row_with_its_peers() -> None:
     assert all(row[3].startswith("copies: ") for row in copies), copies
 
 
+def test_the_aims_over_several_runs_count_where_each_was_met(capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench_aims --runs N` ends with each aim's row over the runs: in how many it was met (of those
+    that judged it: a failed run or a row with no aim of its own judges nothing), each run's ratios."""
+    from bench.bench_aims import Row, print_over_runs
+
+    def runs_of(always: bool | None, ratio: str) -> list[Row]:
+        return [Row("`always`", "1 (2)", ("Redis 1 (2)",), ratio, "≥1.0× Redis", always),
+                Row("log off", "1 (2)", ("Redis 1 (2)",), "0.40× Redis", "(the aim is the default's)", None)]
+
+    print_over_runs([runs_of(True, "1.01× Redis"), runs_of(False, "0.90× Redis"), runs_of(None, "-")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "### The aims over 3 runs"
+    assert lines[-2:] == ["| `always` | ≥1.0× Redis | 1 of 2 | 1.01× Redis / 0.90× Redis / - |",
+                          "| log off | (the aim is the default's) | - | 0.40× Redis / 0.40× Redis / 0.40× Redis |"]
+
+
 @pytest.mark.parametrize("protocol", ["binary", "compact"])
 def test_the_hostile_neighbours_frames_are_as_large_as_the_limits_let_through(server_factory: Any,
                                                                               protocol: str) -> None:
