@@ -4,6 +4,8 @@ is kept."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import resource
 import shutil
 import subprocess
@@ -28,8 +30,11 @@ def dumps_here() -> bool:
 
 
 def run_report(tmp_path: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """The report around `command`, run in `tmp_path`, with `tmp_path` for the temporary directory
+    (pytest's directories below it, none there to begin with)."""
     return subprocess.run([sys.executable, str(ROOT / "tests/support/crash_report.py"), *command],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -40,7 +45,21 @@ def test_a_crash_in_c_prints_its_c_stack_and_the_dump_is_deleted(tmp_path: Path)
     assert "crash report: " in done.stderr and "core" in done.stderr, done.stderr[-2000:]
     assert "strlen" in done.stderr, done.stderr[-4000:]  # the C function that read address 0
     assert "Thread 1" in done.stderr
-    assert not crash_report.dumps(tmp_path)
+    assert not crash_report.dumps(tmp_path, tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
+@pytest.mark.skipif(not dumps_here(), reason="no core dump can be left here (core_pattern, ulimit -c)")
+def test_a_server_crashed_in_a_directory_of_pytests_is_reported_too(tmp_path: Path) -> None:
+    """The servers a test starts run in a directory of pytest's, where a crash leaves its dump."""
+    server_dir = tmp_path / f"pytest-of-{getpass.getuser()}" / "pytest-1" / "test_x0" / "server"
+    server_dir.mkdir(parents=True)
+    starts = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {CRASHES!r}], cwd={str(server_dir)!r})\n"
+    done = run_report(tmp_path, sys.executable, "-c", starts)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"crash report: {server_dir / 'core'}" in done.stderr, done.stderr[-2000:]
+    assert "strlen" in done.stderr, done.stderr[-4000:]
+    assert not list(server_dir.iterdir())
 
 
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
@@ -64,12 +83,15 @@ def test_a_crash_that_the_run_lets_pass_is_reported_too(tmp_path: Path) -> None:
     done = run_report(tmp_path, sys.executable, "-c", tolerant)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "strlen" in done.stderr, done.stderr[-4000:]
-    assert not crash_report.dumps(tmp_path)
+    assert not crash_report.dumps(tmp_path, tmp_path)
 
 
 def test_a_run_that_passes_or_fails_without_a_crash_reports_nothing(tmp_path: Path) -> None:
     (tmp_path / "core.unrelated").write_text("an older file of that name")
-    passed = run_report(tmp_path, sys.executable, "-c", "pass")
+    below = tmp_path / f"pytest-of-{getpass.getuser()}"
+    below.mkdir()
+    writes = f"open({str(below / 'core.py')!r}, 'w').write('a module so named, written in the run')"
+    passed = run_report(tmp_path, sys.executable, "-c", writes)
     failed = run_report(tmp_path, sys.executable, "-c", "raise SystemExit(3)")
     assert (passed.returncode, failed.returncode) == (0, 3)
     assert "crash report" not in passed.stderr + failed.stderr

@@ -10,37 +10,65 @@ only compiled code. The C stack names the function that crashed.
 
 The exit status is the command's (128 + N where a signal N killed it, as a shell gives). Dumps land
 where the kernel's `core_pattern` puts them: with a plain pattern (Debian's default, `core`), in the
-dying process's working directory, which for the test processes is the checkout; a pattern that
-pipes dumps to a program (systemd-coredump, apport) leaves nothing here to read, which the report
-of a failed run says.
+dying process's working directory, which for the test processes is the checkout and for the servers
+they start a directory of pytest's; a pattern that pipes dumps to a program (systemd-coredump,
+apport) leaves nothing here to read, which the report of a failed run says.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
 FRAMES_PER_THREAD = 40
 GDB_SECONDS = 300
+ELF_CORE = 4  # e_type of an ELF core file
 
 
-def dumps(where: Path) -> dict[Path, int]:
-    """The core dumps in `where` (files named `core` or `core.<anything>`), each with its change time
-    in ns: a dump written during a run is one not there before, or changed since (the file system's
-    clock is coarser than the process's, so a time taken at the start cannot tell)."""
-    return {path: path.stat().st_mtime_ns for path in where.glob("core*")
-            if (path.name == "core" or path.name.startswith("core.")) and path.is_file()}
+def pytest_directories() -> Path:
+    """Where pytest makes the tests' own directories: each server a test starts runs in one, and
+    would leave its dump there."""
+    return Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
 
 
-def new_dumps(before: dict[Path, int], where: Path) -> list[Path]:
-    """The dumps in `where` that `before` (`dumps` then) did not hold as they are now."""
-    return sorted(path for path, changed in dumps(where).items() if before.get(path) != changed)
+def is_dump(path: Path) -> bool:
+    """Whether `path` is a core dump: an ELF file of type core, by its first bytes (a file named like
+    one may be anything: `core.py`, `core.cpython-311.pyc`)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(18)
+    except OSError:  # gone meanwhile (pytest removes its older directories), or no file
+        return False
+    return head[:4] == b"\x7fELF" and int.from_bytes(head[16:18], "little") == ELF_CORE
+
+
+def dumps(where: Path, below: Path | None) -> dict[Path, int]:
+    """The core dumps named `core` or `core.<anything>` in `where` and anywhere below `below`, each
+    with its change time in ns: a dump written during a run is one not there before, or changed since
+    (the file system's clock is coarser than the process's, so a time taken at the start cannot
+    tell)."""
+    named = [*where.glob("core*"), *(below.rglob("core*") if below is not None and below.is_dir() else ())]
+    found: dict[Path, int] = {}
+    for path in named:
+        if (path.name == "core" or path.name.startswith("core.")) and is_dump(path):
+            try:
+                found[path] = path.stat().st_mtime_ns
+            except OSError:
+                continue
+    return found
+
+
+def new_dumps(before: dict[Path, int], now: dict[Path, int]) -> list[Path]:
+    """The dumps of `now` that `before` did not hold as they are now."""
+    return sorted(path for path, changed in now.items() if before.get(path) != changed)
 
 
 def executable_of(dump: Path) -> str | None:
@@ -70,8 +98,7 @@ def c_stacks(dump: Path, executable: str) -> str:
     return done.stdout + done.stderr
 
 
-def report(before: dict[Path, int], where: Path, executable: str, failed: bool) -> None:
-    left = new_dumps(before, where)
+def report(left: list[Path], executable: str, failed: bool) -> None:
     if not left:
         pattern = CORE_PATTERN.read_text().strip() if CORE_PATTERN.exists() else "?"
         if failed and pattern.startswith("|"):
@@ -92,9 +119,10 @@ def main(command: list[str]) -> int:
         return 2
     _, hard = resource.getrlimit(resource.RLIMIT_CORE)
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))  # inherited by the command's processes
-    before = dumps(Path.cwd())
+    before = dumps(Path.cwd(), pytest_directories())
     status = subprocess.call(command)
-    report(before, Path.cwd(), os.path.realpath(sys.executable), failed=status != 0)
+    left = new_dumps(before, dumps(Path.cwd(), pytest_directories()))
+    report(left, os.path.realpath(sys.executable), failed=status != 0)
     return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell says
 
 
