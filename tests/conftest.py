@@ -319,11 +319,15 @@ class ServerProcess:
 
 @pytest.fixture(autouse=True)
 def _no_hub_leftovers() -> Iterator[None]:
-    """Fail a test that leaves a timer of the engine on the gevent hub (tests/support/hub_leftovers.py)."""
-    from tests.support.hub_leftovers import no_hub_leftovers
+    """Fail a test that leaves a timer of the engine on the gevent hub, and let the work it left off
+    the loop finish before the next test (tests/support/hub_leftovers.py)."""
+    from tests.support.hub_leftovers import let_background_work_finish, no_hub_leftovers
 
-    with no_hub_leftovers():
-        yield
+    try:
+        with no_hub_leftovers():
+            yield
+    finally:
+        let_background_work_finish()
 
 
 @pytest.fixture
