@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import gevent
+import gevent.event
 import pytest
 
-from tests.support.hub_leftovers import no_hub_leftovers
+from kestrel.storage.fsync.group_commit import native_threads
+from tests.support.hub_leftovers import let_background_work_finish, no_hub_leftovers
 from tests.support.queues import open_collection
 
 ALWAYS = {"sync_journal": "always"}
@@ -37,3 +41,22 @@ def test_a_collection_closed_leaves_nothing(tmp_path: Path) -> None:
         coll.start_sweeper(60_000)
         coll.put("q", [b"x"])
         coll.close()
+
+
+def test_a_round_whose_waiter_was_killed_is_collected_so_the_next_begins_on_the_loop(tmp_path: Path) -> None:
+    """Left, it sends every later round to a runner greenlet until some greenlet's round collects it."""
+    native = native_threads()
+    if native is None:
+        pytest.skip("the C helper was not built (no C compiler at install time)")
+    fd = os.open(tmp_path / "journal", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        waiter = gevent.spawn(native.fsync_all, [fd])
+        gevent.sleep(0)  # the round is on the threads; its waiter waits for the eventfd
+        waiter.kill()
+        assert native._abandoned and not native.begin([fd], lambda errors: None)
+        let_background_work_finish()
+        ended = gevent.event.Event()
+        assert not native._abandoned and native.begin([fd], lambda errors: ended.set())
+        assert ended.wait(timeout=10)
+    finally:
+        os.close(fd)

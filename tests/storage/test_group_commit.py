@@ -30,6 +30,7 @@ from kestrel.storage.fsync.group_commit import (
 from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs, reports_errors
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
+from tests.support.hub_leftovers import background_work_left, let_background_work_finish
 
 
 def closed_far_up(fd: int, number: int = 900) -> int:
@@ -81,16 +82,15 @@ def aio() -> AioFsync:
 
 def c_threads() -> NativeThreadFsync:
     """The process's one handle on the C threads, once no round of an earlier test's (a queue it
-    left behind may still sync) holds them: a round the test begins before it next yields
-    (`GroupCommit.join_now`) then begins on the loop. One begun by a callback of the loop (`join`)
-    may find a leftover's round there first, and go to a runner greenlet."""
+    left behind may still sync, a killed waiter's round) holds them: a round the test begins before
+    it next yields (`GroupCommit.join_now`) then begins on the loop. One begun by a callback of the
+    loop (`join`) may find a leftover's round there first, and go to a runner greenlet."""
     found = native_threads()
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
-    with gevent.Timeout(10, AssertionError("a round of an earlier test still holds the C threads")):
-        with found._turn:
-            while found._then is not None:  # a round begun on the loop, which takes no turn
-                gevent.sleep(0.001)
+    let_background_work_finish(10)
+    assert not background_work_left() and not found._abandoned, (
+        "a round of an earlier test still holds the C threads")
     return found
 
 
