@@ -24,7 +24,7 @@ from kestrel.service.dashboard.pages import POLICY, load_static
 from kestrel.service.session.server_state import ServerState
 from kestrel.storage.config import QueueConfig, QueueConfigs
 from kestrel.storage.runtime import ManualRuntime
-from tests.conftest import ServerProcess
+from tests.conftest import STALL_S, ServerProcess
 from tests.end_to_end.test_refused_queue import _damage
 from tests.support.queues import one
 
@@ -285,3 +285,27 @@ def test_a_queue_page_gives_its_settings_as_the_server_holds_them(server: Server
     config = server.collection.config_for("jobs")
     assert settings["sync_journal"] == config.sync_journal and settings["max_age"] == config.max_age
     assert settings["error_queue"] is None and settings["max_memory_size"] == config.max_memory_size
+
+
+def test_the_admin_port_closes_a_connection_that_sends_nothing_or_trickles_its_request(server_factory: Any) -> None:
+    """Each request, from the wait for it to its answer, has `request_timeout`: a client that
+    connects and says nothing, or sends half a request, holds no connection of the port for good.
+    One that asks in time is answered, and its connection kept for the next request."""
+    srv: ServerProcess = server_factory({"request_timeout": "1s"})
+    silent = socket.create_connection(("127.0.0.1", srv.admin_port))
+    half = socket.create_connection(("127.0.0.1", srv.admin_port))
+    prompt = socket.create_connection(("127.0.0.1", srv.admin_port))
+    try:
+        for sock in (silent, half, prompt):
+            sock.settimeout(STALL_S)
+        half.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")  # the blank line that ends it never comes
+        for _ in range(2):
+            prompt.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"pong\n") and (chunk := prompt.recv(1000)):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"pong\n")
+        assert silent.recv(100) == b"" and half.recv(100) == b""  # closed by the server
+    finally:
+        for sock in (silent, half, prompt):
+            sock.close()

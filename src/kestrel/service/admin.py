@@ -5,6 +5,11 @@
 for a load balancer in front of writers: 200 while the server is Up, 503 once it is ReadOnly or
 Quiescent or shutting down; `/ready/read` the same for readers (200 while Up or ReadOnly). Both
 follow a status change at once, as the ZooKeeper server sets do, ahead of its grace period.
+
+Each request, from the wait for its first line to the last byte of its answer, has
+`request_timeout`: a client that connects and sends nothing, trickles its request or reads its
+answer that slowly is closed rather than holding one of the port's connections for good (the
+probes, scrapes and the page's polls take milliseconds; a browser connects again for its next).
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gevent.pywsgi import WSGIServer
+import gevent
+from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from kestrel.service import metrics
 from kestrel.service.dashboard import Dashboard
@@ -38,6 +44,27 @@ def readiness(server: ServerState, path: str) -> Answer:
     if status in READY_FOR[path]:
         return "200 OK", "text/plain", f"{label}\n".encode()
     return "503 Service Unavailable", "text/plain", f"{label}\n".encode()
+
+
+class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type hints)
+    """gevent's HTTP/1.1 handler, each request of a connection within `request_timeout`."""
+
+    def handle_one_request(self) -> Any:
+        with gevent.Timeout(self.server.request_timeout_s, False):
+            return super().handle_one_request()
+        return None  # out of time: the connection closes
+
+
+class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
+    handler_class = _TimedHandler
+
+    def __init__(self, server: ServerState, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state = server
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self._state.config.request_timeout / 1000.0
 
 
 def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:
@@ -71,6 +98,6 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
         return [body]
 
-    wsgi = WSGIServer(listener, app, log=None, environ={"SERVER_NAME": listener[0]})
+    wsgi = _AdminWSGIServer(server, listener, app, log=None, environ={"SERVER_NAME": listener[0]})
     return Listener("admin", listener, wsgi.handle, server.config.max_connections,
                     server.config.tcp_keepalive, cooperative=True)
