@@ -61,7 +61,11 @@ class Browser:
                             element_id))
 
     def wait(self, check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-        wait_until(check, what, timeout)
+        """`wait_until`, its failure naming the console's errors too (a file the page could not load)."""
+        try:
+            wait_until(check, what, timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the console's errors: {self.console_errors()}") from None
 
     def console_errors(self) -> list[dict[str, Any]]:
         """The console's errors since the last call (a failed request for a file counts as one)."""
