@@ -29,6 +29,7 @@ import resource
 import shutil
 import tempfile
 import time
+from functools import partial
 
 import gevent
 import gevent.event
@@ -78,7 +79,7 @@ def run(directory: str, sync: str, logged: bool, hold: bool, items: int) -> tupl
         process = resource.getrusage(resource.RUSAGE_SELF)
         loop = resource.getrusage(resource.RUSAGE_THREAD)
         started = time.perf_counter()
-        gevent.joinall([gevent.spawn(producer, name) for name in names], raise_error=True)
+        gevent.joinall([gevent.spawn(partial(producer, name)) for name in names], raise_error=True)
         wall = time.perf_counter() - started
         rounds = coll.commit_log.rounds - before if coll.commit_log is not None else 0
         process_after = resource.getrusage(resource.RUSAGE_SELF)

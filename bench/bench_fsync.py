@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from functools import partial
 
 import gevent
 
@@ -78,7 +79,8 @@ def rounds_per_second(way: FsyncMany, count: int, seconds: float, where: str) ->
                 os.write(journal.fd, RECORD)
                 journal.size += len(RECORD)
             # Each waits in a greenlet of its own, as requests do: all join the round of this turn.
-            gevent.joinall([gevent.spawn(commit.sync, j, j.size) for j in journals], raise_error=True)
+            waiting = [gevent.spawn(partial(commit.sync, j, j.size)) for j in journals]
+            gevent.joinall(waiting, raise_error=True)
             rounds += 1
         for journal in journals:
             os.close(journal.fd)

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -386,7 +387,7 @@ def end_waits(work: Path) -> tuple[float, float]:
 
     work.mkdir(parents=True, exist_ok=True)
     coll = QueueCollection(tempfile.mkdtemp(dir=work))
-    waiter = gevent.spawn(coll.remove, "empty", 1, False, 30.0)
+    waiter = gevent.spawn(partial(coll.remove, "empty", 1, False, 30.0))
     gevent.sleep(0)
     started = time.perf_counter()
     coll.end_waits()

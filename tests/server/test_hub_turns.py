@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -328,7 +329,7 @@ def test_memcache_reliable_reads_are_answered_without_switching_to_the_connectio
         work = server_state.collection.get("work")
         assert work.length == 1 and work.open_transactions == 0  # "a" and "b" confirmed, "c" left
         # A read that must wait for its item is the greenlet's, and its reply comes in order.
-        gevent.spawn_later(0.05, server_state.collection.put, "work", [b"late"])
+        gevent.spawn_later(0.05, partial(server_state.collection.put, "work", [b"late"]))
         memcache_ask(client, b"get work/open\r\nget work/close/t=10000/open\r\n",
                      b"VALUE work/open 0 1\r\nc\r\nEND\r\nVALUE work/close/t=10000/open 0 4\r\nlate\r\nEND\r\n")
     assert work.length == 1 and work.open_transactions == 0  # its open read went back to the queue
@@ -497,7 +498,7 @@ def test_a_request_that_must_wait_is_answered_in_the_connection_s_greenlet(
     _, one_round = ROUNDS[protocol]
     client = pair[1]
     with served(server_state, pair, protocol, "slow"):
-        gevent.spawn_later(0.05, server_state.collection.put, "slow", [b"late"])
+        gevent.spawn_later(0.05, partial(server_state.collection.put, "slow", [b"late"]))
         if protocol == "memcache":
             client.sendall(b"get slow/t=10000\r\n")
             value = b"VALUE slow/t=10000 0 4\r\nlate\r\nEND\r\n"

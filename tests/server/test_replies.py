@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from functools import partial
 from typing import Any
 
 import gevent
@@ -122,7 +123,7 @@ def test_a_released_reply_larger_than_the_socket_takes_is_finished_in_order(pair
     replies.send(big)
     settle(replies, turn)  # part goes at once, a greenlet sends the rest
     assert replies.full
-    got = gevent.spawn(received, client, len(big) + 5)
+    got = gevent.spawn(partial(received, client, len(big) + 5))
     replies.send(b"after")  # behind it, though nothing holds it: once the rest has had room
     assert got.get(timeout=STALL_S) == big + b"after"
 
@@ -136,10 +137,10 @@ def test_a_send_behind_a_reply_that_waits_for_room_waits_too(pair: Any) -> None:
     big = bytes(range(256)) * 4096
     replies.send_at_once(big)  # as a request answered in the hub sends its reply
     assert replies.full
-    sending = gevent.spawn(replies.send, b"after")
+    sending = gevent.spawn(partial(replies.send, b"after"))
     gevent.sleep(0.05)
     assert not sending.dead  # waits while nothing is read
-    got = gevent.spawn(received, client, len(big) + 5)
+    got = gevent.spawn(partial(received, client, len(big) + 5))
     assert got.get(timeout=STALL_S) == big + b"after"
     sending.join(STALL_S)
     assert sending.dead and not replies.full

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from functools import partial
 from typing import Any
 
 from pymemcache.client.base import Client as MemcacheClient
@@ -130,7 +131,7 @@ def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path:
 
     coll = QueueCollection(str(tmp_path))
     coll.put("full", [b"item"])
-    waiter = gevent.spawn(coll.remove, "empty", 1, False, 30.0)
+    waiter = gevent.spawn(partial(coll.remove, "empty", 1, False, 30.0))
     gevent.sleep(0)
     assert coll.get("empty") is not None and coll.get("empty").waiters == 1  # type: ignore[union-attr]
     started = time.monotonic()

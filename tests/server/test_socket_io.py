@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import gevent
@@ -76,12 +77,12 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any,
     server, client = pair
     io = ClientSocket(server, 1024)
     buf = bytearray()
-    later = gevent.spawn_later(0.05, client.sendall, b"next request")
+    later = gevent.spawn_later(0.05, partial(client.sendall, b"next request"))
     assert io.receive(buf, None, between_requests=True) == 12
     assert buf == b"next request" and receives == [12]
     later.join()
     # Mid-request, the receive reads at once (the rest of a request is likely on its way).
-    gevent.spawn_later(0.05, client.sendall, b"rest")
+    gevent.spawn_later(0.05, partial(client.sendall, b"rest"))
     assert io.receive(buf, 1.0) == 4
     assert receives == [12, "nothing", 4]
     io.close()
@@ -99,7 +100,7 @@ def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_n
     client.sendall(b"L" * socket_io.IN_PLACE_FROM)
     assert io.receive(buf, 1.0) == socket_io.IN_PLACE_FROM and io.in_place
     socket_io._SCRATCH[:] = bytes(len(socket_io._SCRATCH))
-    gevent.spawn_later(0.05, client.sendall, b"rest")
+    gevent.spawn_later(0.05, partial(client.sendall, b"rest"))
     assert io.receive(buf, 1.0) == 4  # found nothing first, then waited
     assert sock.found[-2:] == ["nothing", 4]
     assert buf == b"s" * 100 + b"L" * socket_io.IN_PLACE_FROM + b"rest"
@@ -129,7 +130,7 @@ def test_after_a_receive_that_filled_the_buffer_the_next_reads_at_once(pair: Any
 def test_a_receive_killed_in_its_wait_leaves_the_watcher_stopped_for_the_next(pair: Any) -> None:
     server, client = pair
     io = ClientSocket(server, 64)
-    waiting = gevent.spawn(io.receive, bytearray(), None, True)
+    waiting = gevent.spawn(partial(io.receive, bytearray(), None, True))
     gevent.sleep(0.01)
     assert io._readable is not None and io._readable.watcher.active
     waiting.kill()
@@ -143,7 +144,7 @@ def test_a_receive_killed_in_its_wait_leaves_the_watcher_stopped_for_the_next(pa
 def test_two_receives_waiting_on_one_socket_is_refused_by_name(pair: Any) -> None:
     server, client = pair
     io = ClientSocket(server, 64)
-    first = gevent.spawn(io.receive, bytearray(), None, True)
+    first = gevent.spawn(partial(io.receive, bytearray(), None, True))
     gevent.sleep(0.01)
     with pytest.raises(ConcurrentObjectUseError, match="already waited for"):
         io.receive(bytearray(), None, between_requests=True)
@@ -194,7 +195,7 @@ def test_waits_between_requests_with_input_inside_the_idle_time_out_outlast_its_
     io = ClientSocket(server, 64, idle_timeout=0.5)
     started = time.monotonic()
     for _ in range(5):
-        gevent.spawn_later(0.2, client.sendall, b"x")
+        gevent.spawn_later(0.2, partial(client.sendall, b"x"))
         assert io.receive(bytearray(), between_requests=True) == 1
     assert time.monotonic() - started > 0.5  # past the first wait's deadline
     last = time.monotonic()
@@ -381,7 +382,7 @@ def test_while_one_greenlet_waits_for_input_another_may_take_over_after_it_is_ki
     server, client = pair
     io = ClientSocket(server, 64)
     inbox = bytearray()
-    watcher = gevent.spawn(io.receive, inbox, None)
+    watcher = gevent.spawn(partial(io.receive, inbox, None))
     gevent.sleep(0.02)
     watcher.kill()
     client.sendall(b"after")
@@ -417,7 +418,7 @@ def _read_to_the_end(sock: Any) -> tuple[bytes, bool]:
 def test_a_lingering_close_delivers_the_last_reply_to_a_client_still_sending(tcp_pair: Any) -> None:
     server, client = tcp_pair
     server.send(b"CLIENT_ERROR line too long\r\n")
-    closing = gevent.spawn(close_lingering, server)
+    closing = gevent.spawn(partial(close_lingering, server))
     client.sendall(bytes(256 * 1024))  # pipelined behind the request at fault: read and dropped
     assert _read_to_the_end(client) == (b"CLIENT_ERROR line too long\r\n", False)
     client.close()
@@ -445,7 +446,7 @@ def test_a_client_that_keeps_sending_holds_a_lingering_close_no_more_than_its_by
             pass  # reset: the server gave up reading
 
     flooding = gevent.spawn(flood)
-    closing = gevent.spawn(close_lingering, server, 600.0, 64 * 1024)
+    closing = gevent.spawn(partial(close_lingering, server, 600.0, 64 * 1024))
     closing.join(STALL_S)
     assert closing.successful() and server.fileno() < 0
     flooding.join(STALL_S)
@@ -456,7 +457,7 @@ def test_a_client_that_neither_sends_nor_closes_holds_a_lingering_close_no_longe
         tcp_pair: Any) -> None:
     server, client = tcp_pair
     started = time.monotonic()
-    closing = gevent.spawn(close_lingering, server, 0.1)
+    closing = gevent.spawn(partial(close_lingering, server, 0.1))
     client.settimeout(STALL_S)
     assert client.recv(100) == b""  # the end of the stream at once: the server's side is shut
     closing.join(STALL_S)
@@ -469,7 +470,7 @@ def test_a_lingering_close_takes_gevents_socket_too(tcp_pair: Any) -> None:
     server, client = tcp_pair
     cooperative = gevent.socket.socket(fileno=server.detach())
     cooperative.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-    closing = gevent.spawn(close_lingering, cooperative)
+    closing = gevent.spawn(partial(close_lingering, cooperative))
     client.sendall(bytes(64 * 1024))
     assert _read_to_the_end(client) == (b"HTTP/1.1 400 Bad Request\r\n\r\n", False)
     client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -294,7 +295,7 @@ def test_a_fault_in_a_get_s_closing_step_puts_back_what_it_took(
         monkeypatch.setattr(server.reads_by_id, "open_many", failing)
     else:
         monkeypatch.setattr(server.collection, "confirm", failing)
-    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=500, auto_abort_ms=auto_abort_ms, capped=False)
+    getter = gevent.spawn(partial(session.get_items, "q", 3, timeout_ms=500, auto_abort_ms=auto_abort_ms, capped=False))
     gevent.sleep(0)
     runtime.advance(500)
     gevent.sleep(0)
@@ -310,7 +311,7 @@ def test_a_get_killed_between_its_slices_puts_back_what_it_took(
     session = Session(server, "client", pause=gevent.sleep)  # lets the others run: here, the kill
     datas = [b"%06d" % n for n in range(2 * GET_SLICE + 5)]
     session.put("q", datas)
-    getter = gevent.spawn(session.get_items, "q", len(datas), auto_abort_ms=auto_abort_ms)
+    getter = gevent.spawn(partial(session.get_items, "q", len(datas), auto_abort_ms=auto_abort_ms))
     gevent.sleep(0)
     assert _open_reads(server, "q") == GET_SLICE  # the first slice, held by the get
     getter.kill()  # the server stopping, say
@@ -326,7 +327,7 @@ def test_a_get_whose_client_hangs_up_while_it_waits_for_more_puts_back_what_it_t
     server = make_server(queues=QueueConfigs({}, {"q": {"max_errors": 1}}))
     session, producer = Session(server, "client"), Session(server, "producer")
     producer.put("q", [b"a", b"b"])
-    getter = gevent.spawn(session.get_items, "q", 5, timeout_ms=10_000, auto_abort_ms=auto_abort_ms)
+    getter = gevent.spawn(partial(session.get_items, "q", 5, timeout_ms=10_000, auto_abort_ms=auto_abort_ms))
     gevent.sleep(0)
     assert session.waiting and _open_reads(server, "q") == 2
     producer.put("q", [b"c"])  # taken too, and the get waits on
@@ -349,7 +350,7 @@ def test_a_get_short_of_items_by_an_expired_head_holds_what_it_took_while_it_wai
     producer.put("q", [b"stale"], producer.expiry_after(100))
     producer.put("q", [b"a", b"b"])
     runtime.advance(100)
-    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=10_000)
+    getter = gevent.spawn(partial(session.get_items, "q", 3, timeout_ms=10_000))
     gevent.sleep(0)
     assert session.waiting and _open_reads(server, "q") == 2
     session.client_gone()
@@ -366,7 +367,7 @@ def test_a_get_that_waited_removes_its_items_for_good_once_it_replies(
     session, producer = Session(server, "client"), Session(server, "producer")
     producer.put("q", [b"a", b"b", b"kept"])
     assert session.get_items("q", 2, timeout_ms=500).data() == [b"a", b"b"]
-    getter = gevent.spawn(session.get_items, "q", 3, timeout_ms=500)
+    getter = gevent.spawn(partial(session.get_items, "q", 3, timeout_ms=500))
     gevent.sleep(0)
     runtime.advance(500)
     gevent.sleep(0)
@@ -416,7 +417,7 @@ def test_a_get_with_a_timeout_comes_back_empty_at_its_deadline(
         server: ServerState, runtime: ManualRuntime) -> None:
     session = Session(server, "client")
     timers = runtime.timers  # the server's own (the commit log's checkpoints)
-    waiter = gevent.spawn(session.get, "q", timeout_ms=500)
+    waiter = gevent.spawn(partial(session.get, "q", timeout_ms=500))
     gevent.sleep(0)
     assert session.waiting and server.collection.queue("q").waiters == 1
     runtime.advance(499)
@@ -433,7 +434,7 @@ def test_a_waiting_get_is_served_by_an_item_put_before_its_deadline(
         server: ServerState, runtime: ManualRuntime) -> None:
     session, producer = Session(server, "client"), Session(server, "producer")
     timers = runtime.timers  # the server's own (the commit log's checkpoints)
-    waiter = gevent.spawn(session.get, "q", timeout_ms=500, open=True)
+    waiter = gevent.spawn(partial(session.get, "q", timeout_ms=500, open=True))
     gevent.sleep(0)
     runtime.advance(400)
     producer.put("q", [b"a"])
@@ -446,7 +447,7 @@ def test_a_waiting_get_is_served_by_an_item_put_before_its_deadline(
 def test_a_thrift_get_waits_for_the_rest_of_its_items_until_its_deadline(
         server: ServerState, runtime: ManualRuntime) -> None:
     session, producer = Session(server, "client"), Session(server, "producer")
-    waiter = gevent.spawn(session.get_items, "q", 2, 1_000)
+    waiter = gevent.spawn(partial(session.get_items, "q", 2, 1_000))
     gevent.sleep(0)
     runtime.advance(100)
     producer.put("q", [b"a"])
@@ -484,7 +485,7 @@ def test_monitor_keeps_one_deadline_for_all_its_items(server: ServerState, runti
 def test_every_wait_is_capped_by_max_wait(make_server: MakeServer, runtime: ManualRuntime,
                                           get: Callable[[Session], object]) -> None:
     session = Session(make_server(max_wait=2_000), "client")
-    waiter = gevent.spawn(get, session)
+    waiter = gevent.spawn(partial(get, session))
     gevent.sleep(0)
     runtime.advance(1_999)
     gevent.sleep(0)
@@ -497,7 +498,7 @@ def test_every_wait_is_capped_by_max_wait(make_server: MakeServer, runtime: Manu
 def test_once_the_client_is_gone_no_wait_starts_and_a_cancelled_wait_takes_nothing(
         server: ServerState) -> None:
     session, producer = Session(server, "client"), Session(server, "producer")
-    waiter = gevent.spawn(session.get, "q", timeout_ms=10_000)
+    waiter = gevent.spawn(partial(session.get, "q", timeout_ms=10_000))
     gevent.sleep(0)
     assert session.waiting
     session.client_gone()
@@ -556,7 +557,7 @@ def test_the_server_takes_its_collections_runtime(tmp_path: Path, runtime: Manua
     collection = QueueCollection(str(tmp_path), runtime=runtime)
     server = ServerState(config, collection)
     assert server.runtime is runtime
-    waiter = gevent.spawn(server.shutdown_requested.wait, 1.0)
+    waiter = gevent.spawn(partial(server.shutdown_requested.wait, 1.0))
     gevent.sleep(0)
     runtime.advance(1_000)  # the shutdown event is the runtime's: its wait ends on the manual clock
     gevent.sleep(0)
@@ -600,7 +601,7 @@ def test_under_flow_control_a_put_is_held_then_refused_as_one_item(make_server: 
     assert governor is not None
     governor._start_flow(governor.budget + 1, runtime.clock.now_ms())
     session = Session(server, "pipelined")
-    put = gevent.spawn(session.put, "q", [b"a", b"b"])
+    put = gevent.spawn(partial(session.put, "q", [b"a", b"b"]))
     gevent.sleep(0)
     assert not put.ready()  # held
     runtime.advance(governor.hold_ms)

@@ -889,7 +889,7 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
     for name in ("a", "b", "c", "d"):
         coll.put(name, [b"created"])
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c", "d")],
+    gevent.joinall([gevent.spawn(partial(coll.put, name, [b"item"])) for name in ("a", "b", "c", "d")],
                    raise_error=True)  # each added in the same turn, all acknowledged
     (seg,) = commit_log.segment_paths(str(tmp_path))
     writes = [r.queue for _, r in read_segment(seg, last=True).records]
@@ -900,7 +900,7 @@ def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
     else:
         assert (journals, len(synced)) == ([], 1)  # one fsync of the log for the four
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.put, name, [b"later"]) for name in ("a", "b")], raise_error=True)
+    gevent.joinall([gevent.spawn(partial(coll.put, name, [b"later"])) for name in ("a", "b")], raise_error=True)
     journals = sorted(fsyncs.journals())
     if log_fsync_fails:  # no fsync of a segment that failed one vouches for it: the journals' do
         assert (journals, len(synced)) == (["a", "b"], 2)
@@ -941,7 +941,7 @@ def test_under_gevent_a_turn_whose_log_write_fails_falls_back_on_each_journal_an
     monkeypatch.setattr(os, "pwrite", full_log)
     monkeypatch.setattr(disk, "pwrite", full_log)  # the log's writer calls it straight
     synced.clear()
-    gevent.joinall([gevent.spawn(coll.put, name, [b"item"]) for name in ("a", "b", "c")],
+    gevent.joinall([gevent.spawn(partial(coll.put, name, [b"item"])) for name in ("a", "b", "c")],
                    raise_error=True)  # one turn: its one write of the log fails, every change is acknowledged
     monkeypatch.undo()
     assert written == [7]
@@ -1031,12 +1031,12 @@ def test_a_change_where_acknowledgements_are_held_does_not_wait_and_its_holder_i
         coll.put(name, [b"created"])
     synced.clear()
     holders = {name: Held(synced, log_dir) for name in ("a", "b", "c", "d")}
-    gevent.joinall([gevent.spawn(h.change, partial(coll.put, name, [b"item"])) for name, h in holders.items()],
+    gevent.joinall([gevent.spawn(partial(h.change, partial(coll.put, name, [b"item"]))) for name, h in holders.items()],
                    raise_error=True)
     # One turn, one fsync of the log, and every holder told once it had run.
     assert [h.log_fsyncs_when_told for h in holders.values()] == [[1]] * 4
     assert [os.path.basename(p) for p in synced if not p.startswith(log_dir)] == []
-    gevent.joinall([gevent.spawn(h.change, partial(coll.remove, name)) for name, h in holders.items()],
+    gevent.joinall([gevent.spawn(partial(h.change, partial(coll.remove, name))) for name, h in holders.items()],
                    raise_error=True)
     coll.close()
     again = collection(tmp_path)
@@ -1053,7 +1053,7 @@ def test_a_turn_the_log_cannot_make_durable_has_its_holders_journals_fsynced_and
     fsyncs.synced.clear()
     fsyncs.failing = {"log", "journal"} if journal_fails else {"log"}
     held = Held()
-    gevent.spawn(held.change, partial(coll.put, "q", [b"item"])).join()
+    gevent.spawn(partial(held.change, partial(coll.put, "q", [b"item"]))).join()
     assert (held.acks.failed is not None) == journal_fails  # its replies are withheld
     assert [os.path.basename(p) for p in fsyncs.synced] == ([] if journal_fails else ["q"])
     fsyncs.failing.clear()
@@ -1069,10 +1069,10 @@ def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since
         coll.put(name, [b"created"])
     held = Held()
     for _ in range(2):  # settled, durable in the log: the holder needs `old` no longer
-        gevent.spawn(held.change, partial(coll.put, "old", [b"item"])).join()
+        gevent.spawn(partial(held.change, partial(coll.put, "old", [b"item"]))).join()
     synced.clear()
     fsyncs.failing = {"log", "old"}
-    gevent.spawn(held.change, partial(coll.put, "new", [b"item"])).join()
+    gevent.spawn(partial(held.change, partial(coll.put, "new", [b"item"]))).join()
     assert held.acks.failed is None  # `old`, which would fail, is not among its journals
     assert [os.path.basename(p) for p in synced] == ["new"]
     fsyncs.failing = {"log"}
@@ -1083,7 +1083,7 @@ def test_a_failed_turns_fallback_fsyncs_only_the_journals_its_holder_wrote_since
         coll.put("other", [b"item"])
         coll.put("new", [b"last"])
 
-    gevent.spawn(held.change, three).join()
+    gevent.spawn(partial(held.change, three)).join()
     assert held.acks.failed is None and sorted(os.path.basename(p) for p in synced) == ["new", "other"]
     fsyncs.failing.clear()
     coll.close()
@@ -1115,9 +1115,9 @@ def test_turns_settle_in_order_a_later_turn_waits_for_an_earlier_ones_fallback(t
     told: list[str] = []
     first.told.rawlink(lambda _: told.append("first"))
     second.told.rawlink(lambda _: told.append("second"))
-    slow_one = gevent.spawn(first.change, partial(coll.put, "slow", [b"item"]))
+    slow_one = gevent.spawn(partial(first.change, partial(coll.put, "slow", [b"item"])))
     gevent.sleep(0.05)  # its turn is written and its fallback waits on the slow journal
-    fast_one = gevent.spawn(second.change, partial(coll.put, "fast", [b"item"]))
+    fast_one = gevent.spawn(partial(second.change, partial(coll.put, "fast", [b"item"])))
     gevent.sleep(0.05)
     assert told == [] and second.acks.pending
     slow.set()
@@ -1148,7 +1148,7 @@ def turns_behind_a_round_in_flight(tmp_path: Path, pwrite: Callable[[int, Any, i
         coll.put(name, [b"created"])
     holders = {name: Held() for name in ("a", "b", "c", "d")}
     holding["log"] = True
-    first = gevent.spawn(holders["a"].change, partial(coll.put, "a", [b"item"]))
+    first = gevent.spawn(partial(holders["a"].change, partial(coll.put, "a", [b"item"])))
     gevent.sleep(0.05)  # its round runs, its fsync held back
     (seg,) = commit_log.segment_paths(str(tmp_path))
     before = [r.data for _, r in read_segment(seg, last=True).records]
@@ -1157,7 +1157,7 @@ def turns_behind_a_round_in_flight(tmp_path: Path, pwrite: Callable[[int, Any, i
     try:
         later = []
         for name in ("b", "c", "d"):
-            later.append(gevent.spawn(holders[name].change, partial(coll.put, name, [b"item"])))
+            later.append(gevent.spawn(partial(holders[name].change, partial(coll.put, name, [b"item"]))))
             gevent.sleep(0.01)  # a loop turn of its own
         assert not any(h.told.is_set() for h in holders.values())
         if checkpoint:  # a new segment starts while they wait: they go to the older one
@@ -1286,7 +1286,7 @@ def test_a_round_waits_for_as_many_changes_as_the_last_one_carried(tmp_path: Pat
         while changes[0] < count:
             gevent.sleep(0.001)
 
-    clients = [gevent.spawn(client, i, name) for i, name in enumerate(names)]
+    clients = [gevent.spawn(partial(client, i, name)) for i, name in enumerate(names)]
     when(80)  # the rounds have settled into carrying every client
     log_fsyncs.clear()
     start = changes[0]
@@ -1319,8 +1319,8 @@ def test_a_round_the_gathering_timer_begins_runs_from_the_loop_with_no_greenlet(
     for name in ("a", "b"):
         coll.put(name, [b"created"])
     a, b = Held(), Held()
-    gevent.joinall([gevent.spawn(a.change, partial(coll.put, "a", [b"one"])),
-                    gevent.spawn(b.change, partial(coll.put, "b", [b"one"]))], raise_error=True)
+    gevent.joinall([gevent.spawn(partial(a.change, partial(coll.put, "a", [b"one"]))),
+                    gevent.spawn(partial(b.change, partial(coll.put, "b", [b"one"])))], raise_error=True)
     rounds = log.rounds
     switched_to: set[Any] = set()
 
@@ -1330,7 +1330,7 @@ def test_a_round_the_gathering_timer_begins_runs_from_the_loop_with_no_greenlet(
 
     previous = greenlet.settrace(trace)
     try:  # one change where the last round carried two: the timer ends its wait for a second
-        alone = gevent.spawn(a.change, partial(coll.put, "a", [b"two"]))
+        alone = gevent.spawn(partial(a.change, partial(coll.put, "a", [b"two"])))
         alone.join()
     finally:
         greenlet.settrace(previous)
@@ -1354,11 +1354,11 @@ def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only
     holders = {name: Held() for name in ("a", "b", "c")}
     for name in holders:
         coll.put(name, [b"created"])
-    gevent.joinall([gevent.spawn(h.change, partial(coll.put, name, [b"one"])) for name, h in holders.items()],
+    gevent.joinall([gevent.spawn(partial(h.change, partial(coll.put, name, [b"one"]))) for name, h in holders.items()],
                    raise_error=True)
     rounds = log.rounds
     fsyncs.failing = {"log", "b"}
-    gevent.joinall([gevent.spawn(holders[name].change, partial(coll.put, name, [b"two"])) for name in ("a", "b")],
+    gevent.joinall([gevent.spawn(partial(holders[name].change, partial(coll.put, name, [b"two"]))) for name in ("a", "b")],
                    raise_error=True)
     assert log.rounds == rounds + 1  # one round for both, begun by the timer
     assert holders["a"].acks.failed is None and holders["b"].acks.failed is not None
@@ -1387,7 +1387,7 @@ def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journ
                     told[name].pop(0)
                 changes[0] += 1
 
-        clients = [gevent.spawn(client, name) for name in told]
+        clients = [gevent.spawn(partial(client, name)) for name in told]
         while changes[0] < 300:
             gevent.sleep(0.001)
         disk.power_cut(str(tmp_path), keep=3)  # with changes in flight: the greenlets stop here

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -183,7 +184,7 @@ def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_pa
         gate.acquire()
         ran.append(True)  # the lock wanted, to go on from `acquire`
 
-    caller = gevent.spawn(GeventRuntime().run_blocking, call)
+    caller = gevent.spawn(partial(GeventRuntime().run_blocking, call))
     deadline = time.monotonic() + STALL_S
     while not waiting and time.monotonic() < deadline:
         gevent.sleep(0.01)

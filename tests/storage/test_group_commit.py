@@ -111,7 +111,7 @@ def test_journals_waiting_in_one_turn_share_one_round(tmp_path: Path, fsync_many
     counting = Counting(fsync_many)
     commit = GroupCommit(counting)
     journals = [Journal(tmp_path / f"q{i}") for i in range(8)]
-    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    waiters = [gevent.spawn(partial(commit.sync, j, j.append(b"record"))) for j in journals]
     gevent.joinall(waiters, raise_error=True)
     assert len(counting.rounds) == 1 and sorted(counting.rounds[0]) == sorted(j.fd for j in journals)
     assert all(j.synced == j.size == 6 for j in journals)
@@ -121,9 +121,9 @@ def test_appends_during_a_round_wait_for_the_next(tmp_path: Path, fsync_many: Fs
     counting = Counting(fsync_many)
     commit = GroupCommit(counting)
     journal = Journal(tmp_path / "q")
-    first = gevent.spawn(commit.sync, journal, journal.append(b"one"))
+    first = gevent.spawn(partial(commit.sync, journal, journal.append(b"one")))
     gevent.sleep(0)  # the round starts
-    second = gevent.spawn(commit.sync, journal, journal.append(b"two"))
+    second = gevent.spawn(partial(commit.sync, journal, journal.append(b"two")))
     gevent.joinall([first, second], raise_error=True)
     assert journal.synced == 6
     assert len(counting.rounds) == 2  # the second append was not covered by the first fsync
@@ -221,8 +221,8 @@ def test_a_failed_fsync_fails_only_the_waiters_of_its_journal(tmp_path: Path, fs
     bad_position = bad.append(b"record")
     pipe = os.pipe()
     os.dup2(pipe[0], bad.fd)  # its fsync fails with EINVAL (a closed fd could be reused meanwhile)
-    waiters = [gevent.spawn(commit.sync, good, good.append(b"record")),
-               gevent.spawn(commit.sync, bad, bad_position), gevent.spawn(commit.sync, bad, bad_position)]
+    waiters = [gevent.spawn(partial(commit.sync, good, good.append(b"record"))),
+               gevent.spawn(partial(commit.sync, bad, bad_position)), gevent.spawn(partial(commit.sync, bad, bad_position))]
     gevent.joinall(waiters)
     assert waiters[0].successful() and good.synced == 6
     for failed in waiters[1:]:
@@ -326,7 +326,7 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
     if pid == 0:  # the child: no work for the parent's absent thread (reinit as gevent's fork does)
         gevent.reinit()
         child = Journal(tmp_path / "child")
-        waiter = gevent.spawn(commit.sync, child, child.append(b"x"))
+        waiter = gevent.spawn(partial(commit.sync, child, child.append(b"x")))
         waiter.join(timeout=10)
         os._exit(0 if waiter.successful() and child.synced == 1 else 1)
     _, status = os.waitpid(pid, 0)
@@ -357,7 +357,7 @@ def test_queues_with_sync_always_share_rounds_across_journals(tmp_path: Path) ->
     for i in range(8):
         coll.put(f"q{i}", [b"first"])  # each queue's journal is open and synced before the turn
     counting.rounds.clear()
-    puts = [gevent.spawn(coll.put, f"q{i}", [b"second"]) for i in range(8)]
+    puts = [gevent.spawn(partial(coll.put, f"q{i}", [b"second"])) for i in range(8)]
     gevent.joinall(puts, raise_error=True)
     assert all(put.value for put in puts)
     assert len(counting.rounds) == 1 and len(counting.rounds[0]) == 8
@@ -429,7 +429,7 @@ def test_a_round_of_journals_on_one_file_system_is_one_syncfs(tmp_path: Path) ->
     each, syncfs = FailingFor(set()), SyncfsCalls()
     commit = GroupCommit(FilesystemSync(each, syncfs))
     journals = [Journal(tmp_path / f"q{i}") for i in range(8)]
-    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    waiters = [gevent.spawn(partial(commit.sync, j, j.append(b"record"))) for j in journals]
     gevent.joinall(waiters, raise_error=True)
     assert len(syncfs.fds) == 1 and each.rounds == []
     assert all(j.synced == 6 for j in journals)
@@ -448,7 +448,7 @@ def test_journals_on_other_file_systems_are_fsynced_each(tmp_path: Path) -> None
     each, syncfs = FailingFor(set()), SyncfsCalls()
     elsewhere = journals[2].fd
     commit = GroupCommit(FilesystemSync(each, syncfs, device=lambda fd: 2 if fd == elsewhere else 1))
-    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals], raise_error=True)
+    gevent.joinall([gevent.spawn(partial(commit.sync, j, j.append(b"record"))) for j in journals], raise_error=True)
     assert syncfs.fds == [] and sorted(each.rounds[0]) == sorted(j.fd for j in journals)
 
 
@@ -456,7 +456,7 @@ def test_a_failed_syncfs_fails_only_the_journals_whose_own_fsync_fails(tmp_path:
     journals = [Journal(tmp_path / f"q{i}") for i in range(4)]
     each, syncfs = FailingFor({journals[1].fd}), SyncfsCalls(errno.EIO)
     commit = GroupCommit(FilesystemSync(each, syncfs))
-    waiters = [gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals]
+    waiters = [gevent.spawn(partial(commit.sync, j, j.append(b"record"))) for j in journals]
     gevent.joinall(waiters)
     assert len(syncfs.fds) == 1 and len(each.rounds) == 1  # the syncfs, then each journal's own
     assert [w.successful() for w in waiters] == [True, False, True, True]
@@ -491,7 +491,7 @@ def test_a_real_syncfs_round_syncs_real_journals(tmp_path: Path) -> None:
         pytest.skip("this kernel does not report writeback errors through syncfs (Linux before 5.8)")
     journals = [Journal(tmp_path / f"q{i}") for i in range(4)]
     commit = GroupCommit(made)
-    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"record")) for j in journals], raise_error=True)
+    gevent.joinall([gevent.spawn(partial(commit.sync, j, j.append(b"record"))) for j in journals], raise_error=True)
     assert [j.synced for j in journals] == [6] * 4
     native = native_threads()
     if native is not None:  # the server's rounds: on the C helper's threads, as its fdatasyncs
@@ -523,7 +523,7 @@ def test_a_c_thread_round_whose_waiter_was_killed_does_not_block_the_next(tmp_pa
     journals = [Journal(tmp_path / f"q{i}") for i in range(3)]
     for j in journals:
         j.append(b"record")
-    waiter = gevent.spawn(way.fsync_all, [j.fd for j in journals])
+    waiter = gevent.spawn(partial(way.fsync_all, [j.fd for j in journals]))
     gevent.sleep(0)  # the round is handed to the threads; its waiter waits for the eventfd
     waiter.kill()
     assert way.fsync_all([journals[0].fd]) == [None]  # the abandoned round is collected first
@@ -546,7 +546,7 @@ def test_a_killed_round_runner_leaves_no_waiter_waiting_for_good(tmp_path: Path)
     way = HangsOnce()
     commit = GroupCommit(way)
     journal = Journal(tmp_path / "q")
-    waiter = gevent.spawn(commit.sync, journal, journal.append(b"one"))
+    waiter = gevent.spawn(partial(commit.sync, journal, journal.append(b"one")))
     deadline = time.monotonic() + 30  # polled with gevent's sleep: the round runs in this loop's turns
     while not way.rounds and time.monotonic() < deadline:
         gevent.sleep(0.001)
@@ -572,7 +572,7 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
     assert refused is not None and refused.errno == errno.EMFILE
     journals = [journal, Journal(tmp_path / "r")]
     commit = GroupCommit(FilesystemSync(way, way.syncfs_all))
-    gevent.joinall([gevent.spawn(commit.sync, j, j.append(b"more")) for j in journals], raise_error=True)
+    gevent.joinall([gevent.spawn(partial(commit.sync, j, j.append(b"more"))) for j in journals], raise_error=True)
     assert [j.synced for j in journals] == [10, 4]
 
 
@@ -589,8 +589,8 @@ def test_c_thread_rounds_of_two_group_commits_at_once_each_get_their_own_results
     closed = Journal(tmp_path / "closed")
     closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
     good.append(b"x")
-    first = gevent.spawn(way.fsync_all, [good.fd, closed.fd])
-    second = gevent.spawn(way.fsync_all, [good.fd])
+    first = gevent.spawn(partial(way.fsync_all, [good.fd, closed.fd]))
+    second = gevent.spawn(partial(way.fsync_all, [good.fd]))
     gevent.joinall([first, second], raise_error=True)
     assert first.value[0] is None and first.value[1] is not None and first.value[1].errno == errno.EBADF
     assert second.value == [None]
@@ -601,7 +601,7 @@ def test_a_round_waiting_when_the_process_forks_does_not_take_the_childs_results
     parent = Journal(tmp_path / "parent")
     parent.append(b"x")
     for _ in range(100):  # a round that ended during the loop's turn below is not in flight: again
-        leftover = gevent.spawn(way.fsync_all, [parent.fd])  # still waiting for its eventfd at the fork
+        leftover = gevent.spawn(partial(way.fsync_all, [parent.fd]))  # still waiting for its eventfd at the fork
         gevent.sleep(0)
         if not leftover.ready():
             break
@@ -611,7 +611,7 @@ def test_a_round_waiting_when_the_process_forks_does_not_take_the_childs_results
         gevent.reinit()
         child = Journal(tmp_path / "child")
         child.append(b"y")
-        mine = gevent.spawn(way.fsync_all, [child.fd])
+        mine = gevent.spawn(partial(way.fsync_all, [child.fd]))
         mine.join(timeout=10)
         leftover.join(timeout=1)
         # Each way to fail exits with its own code, which the parent names.
@@ -660,7 +660,7 @@ def test_a_round_on_the_c_threads_runs_with_no_greenlet_and_fails_only_its_own_j
     good_end, closed_end = good.append(b"x"), closed.append(b"y")
     closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
     commit.join_now([good, closed])  # the round the waiters find in flight
-    waiters = [gevent.spawn(commit.sync, good, good_end), gevent.spawn(commit.sync, closed, closed_end)]
+    waiters = [gevent.spawn(partial(commit.sync, good, good_end)), gevent.spawn(partial(commit.sync, closed, closed_end))]
     gevent.joinall(waiters)
     assert commit.runner is None  # handed out on the loop, ended by the eventfd's watcher
     assert waiters[0].successful() and good.synced == good_end
@@ -675,7 +675,7 @@ def test_a_waiting_round_and_a_round_with_no_waiter_on_the_c_threads_take_turns(
     ends = [j.append(b"record") for j in journals]
     commit.join_now([journals[0]])
     assert way._then is not None  # the commit's round is on the threads, its end awaited by the watcher
-    logged = gevent.spawn(commit.sync, journals[0], ends[0])
+    logged = gevent.spawn(partial(commit.sync, journals[0], ends[0]))
     assert way.fsync_all([journals[1].fd, journals[2].fd]) == [None, None]  # after it, with its own results
     logged.join(timeout=10)
     assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None
@@ -716,7 +716,7 @@ def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_pa
     parent = Journal(tmp_path / "parent")
     for _ in range(100):  # until a round is still on the threads when the process forks
         end = parent.append(b"x")
-        leftover = gevent.spawn(commit.sync, parent, end)
+        leftover = gevent.spawn(partial(commit.sync, parent, end))
         while commit._running is None:  # until the round is on the threads, its end awaited by the watcher
             gevent.sleep(0)
         if way._then is not None:  # its results not yet collected: nothing yields from here to the fork
@@ -729,7 +729,7 @@ def test_a_round_with_no_waiter_when_the_process_forks_fails_in_the_child(tmp_pa
         gevent.reinit()
         leftover.join(timeout=10)
         child = Journal(tmp_path / "child")
-        mine = gevent.spawn(way.fsync_all, [child.append(b"y") and child.fd])
+        mine = gevent.spawn(partial(way.fsync_all, [child.append(b"y") and child.fd]))
         mine.join(timeout=10)
         os._exit(2 if not leftover.ready() else 3 if leftover.successful() else
                  4 if not mine.ready() or mine.value != [None] else 0)
@@ -753,8 +753,8 @@ def test_a_greenlet_queued_for_the_c_threads_when_the_process_forks_fails_in_the
         for journal in (logged, first, second):
             journal.append(b"x")
         commit.join_now([logged]).after(lambda: None)  # a round begun on the loop, no greenlet waiting
-        holder = gevent.spawn(way.fsync_all, [first.fd])
-        queued = gevent.spawn(way.fsync_all, [second.fd])
+        holder = gevent.spawn(partial(way.fsync_all, [first.fd]))
+        queued = gevent.spawn(partial(way.fsync_all, [second.fd]))
         gevent.sleep(0)  # the holder takes the turn and waits; the other waits for the turn
         if way._then is not None and way._turn.locked() and not queued.ready():
             break
@@ -766,7 +766,7 @@ def test_a_greenlet_queued_for_the_c_threads_when_the_process_forks_fails_in_the
         gevent.reinit()
         gevent.joinall([holder, queued], timeout=10)
         child = Journal(tmp_path / "child")
-        mine = gevent.spawn(way.fsync_all, [child.append(b"w") and child.fd])
+        mine = gevent.spawn(partial(way.fsync_all, [child.append(b"w") and child.fd]))
         mine.join(timeout=10)
         forked = [isinstance(g.exception, OSError) and "forked" in str(g.exception) for g in (holder, queued)]
         os._exit(2 if not (holder.ready() and queued.ready()) else 3 if not forked[0] else

@@ -8,6 +8,7 @@ import io
 import os
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> N
 def test_a_waiting_reader_is_woken_by_a_put_to_the_parent(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     coll.queue("q+c")
-    waiter = gevent.spawn(coll.remove, "q+c", 1, True, 5.0)
+    waiter = gevent.spawn(partial(coll.remove, "q+c", 1, True, 5.0))
     gevent.sleep(0)  # the waiter is waiting
     assert coll.queue("q+c").waiters == 1
     coll.put("q", [b"wake"])
@@ -269,12 +270,12 @@ def test_a_flush_rewrites_the_checkpoint_off_the_loop_while_other_queues_are_ser
     coll.queue("q+c")
     coll.put("q", [b"a", b"b", b"c", b"d"])
     rewrites.calls.clear()
-    flush = gevent.spawn(coll.flush, "q")
+    flush = gevent.spawn(partial(coll.flush, "q"))
     rewrites.wait_started(flush)
     assert rewrites.on_loop("q.read.", "q.manifest") == []
     assert not flush.ready()
     assert coll.put("other", [b"meanwhile"]) == 1  # another queue is served
-    get = gevent.spawn(coll.remove, "q+c", 1)  # a reader of the same journal waits
+    get = gevent.spawn(partial(coll.remove, "q+c", 1))  # a reader of the same journal waits
     gevent.sleep(0)
     assert not get.ready()
     rewrites.release.set()
@@ -300,7 +301,7 @@ def test_a_checkpoint_grown_large_is_rewritten_after_the_change_and_off_the_loop
         removes += 1
     assert checkpoint.stat().st_size > COMPACT_AT, "rewritten in the change that grew it"
     rewrites.calls.clear()
-    task = gevent.spawn(coll.remove, "q")
+    task = gevent.spawn(partial(coll.remove, "q"))
     rewrites.wait_started(task)
     assert rewrites.started.is_set(), "the checkpoint was not rewritten off the loop"
     assert rewrites.on_loop("q.read.", "q.manifest") == []

@@ -10,6 +10,7 @@ import os
 import threading
 import tracemalloc
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -114,11 +115,11 @@ def test_the_queue_waits_while_its_record_is_read_and_keeps_its_order(tmp_path: 
     for item in items:
         coll.put("q", [item])
     reads.hold = True
-    get = gevent.spawn(coll.remove, "q", 1)  # takes the first, and reads the second back
+    get = gevent.spawn(partial(coll.remove, "q", 1))  # takes the first, and reads the second back
     reads.wait_started(get)
     assert reads.started.is_set(), "the record was not read off the loop"
     # The loop serves other queues meanwhile; this queue's next change waits for the read.
-    put = gevent.spawn(coll.put, "q", [b"after"])
+    put = gevent.spawn(partial(coll.put, "q", [b"after"]))
     assert coll.put("other", [b"meanwhile"]) == 1
     gevent.sleep(0.01)
     assert not get.ready() and not put.ready()

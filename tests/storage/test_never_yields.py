@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def test_two_kestrel3_puts_at_a_rotation_take_distinct_ids_and_every_item_comes_
     coll.put("q", [b"first"])
     batches = [[b"a%02d" % i + b"." * 40 for i in range(6)], [b"b%02d" % i + b"." * 40 for i in range(6)]]
     with logs_that_pause():
-        puts = [gevent.spawn(coll.put, "q", batch) for batch in batches]
+        puts = [gevent.spawn(partial(coll.put, "q", batch)) for batch in batches]
         gevent.joinall(puts, raise_error=True)
     assert [p.value for p in puts] == [6, 6]
     q = coll.queue("q")
@@ -289,8 +290,8 @@ def test_no_section_documented_never_to_yield_yields_under_load(tmp_path: Path,
             taken[name].append(item.data)
 
     with logs_that_pause():
-        tasks = [gevent.spawn(produce, name, who) for who in range(2) for name in ("k3", "k2")]
-        tasks += [gevent.spawn(consume, "k3"), gevent.spawn(consume, "k2")]
+        tasks = [gevent.spawn(partial(produce, name, who)) for who in range(2) for name in ("k3", "k2")]
+        tasks += [gevent.spawn(partial(consume, "k3")), gevent.spawn(partial(consume, "k2"))]
         gevent.joinall(tasks, raise_error=True)
         coll.close()
     assert failures == []

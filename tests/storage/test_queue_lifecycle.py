@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -64,7 +65,7 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
         coll.put(name, [b"%d-%d" % (who, i) for i in range(3)])
         return coll.queue(name)
 
-    puts = [gevent.spawn(put, who) for who in range(4)]
+    puts = [gevent.spawn(partial(put, who)) for who in range(4)]
     gevent.joinall(puts, raise_error=True)
     assert len({id(p.value) for p in puts}) == 1 and coll.queue_creates == 1 + ("+" in name)
     again = reopen(coll)
@@ -119,7 +120,7 @@ def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
     try:
         if use == "waited on":
             coll.queue("gone")
-            waiting = gevent.spawn(coll.remove, "gone", 1, timeout=60.0)
+            waiting = gevent.spawn(partial(coll.remove, "gone", 1, timeout=60.0))
             gevent.sleep(0)  # it waits for an item
         else:
             coll.put("gone", [b"%04d" % n * 25 for n in range(40)])

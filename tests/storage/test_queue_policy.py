@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,21 +181,21 @@ def test_a_wait_ends_at_its_deadline_or_with_the_item_that_arrives(tmp_path: Pat
                                                                     journal_format: str) -> None:
     runtime = ManualRuntime()
     coll = make(tmp_path, journal_format, runtime=runtime)
-    late = gevent.spawn(coll.remove, "q", 1, False, 0.05)
+    late = gevent.spawn(partial(coll.remove, "q", 1, False, 0.05))
     gevent.sleep(0)
     runtime.advance(49)
     gevent.sleep(0)
     assert not late.ready() and coll.queue("q").waiters == 1
     runtime.advance(1)
     assert late.get(timeout=2) == [] and coll.queue("q").waiters == 0
-    waiters = [gevent.spawn(coll.remove, "q", 1, True, 5.0) for _ in range(2)]
+    waiters = [gevent.spawn(partial(coll.remove, "q", 1, True, 5.0)) for _ in range(2)]
     gevent.sleep(0)
     runtime.advance(4_000)
     coll.put("q", [b"x", b"y"])
     got = [w.get(timeout=2) for w in waiters]
     assert [i.data for taken in got for i in taken] == [b"x", b"y"]
     assert runtime.timers == 0  # the waits' deadlines are gone with them
-    peeker = gevent.spawn(coll.peek, "q", 5.0)
+    peeker = gevent.spawn(partial(coll.peek, "q", 5.0))
     gevent.sleep(0)
     coll.end_waits()
     assert peeker.get(timeout=2) is None

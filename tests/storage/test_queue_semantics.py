@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 import gevent
@@ -281,7 +282,7 @@ def test_directory_scan_ignores_subdirectories_and_temporaries(tmp_path: Path) -
 def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", 1, False, 5.0)
+    waiter = gevent.spawn(partial(coll.remove, "q", 1, False, 5.0))
     gevent.sleep(0)
     assert coll.queue("q").waiters == 1
     runtime.advance(4_000)
@@ -294,7 +295,7 @@ def test_waiting_remove_is_woken_by_an_add(tmp_path: Path) -> None:
 def test_waiting_remove_times_out(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", 1, False, 0.05)
+    waiter = gevent.spawn(partial(coll.remove, "q", 1, False, 0.05))
     gevent.sleep(0)
     runtime.advance(49)
     gevent.sleep(0)
@@ -315,7 +316,7 @@ def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
 
     greenlets = []
     for n in range(3):
-        greenlets.append(gevent.spawn(wait, n))
+        greenlets.append(gevent.spawn(partial(wait, n)))
         gevent.sleep(0)
     for data in (b"a", b"b", b"c"):
         coll.put("q", [data])

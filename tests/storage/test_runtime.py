@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def test_a_change_under_gevent_makes_no_call_of_its_lock_that_does_nothing(
 def test_a_wait_times_out_when_the_clock_passes_its_deadline(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     coll = QueueCollection(str(tmp_path), runtime=runtime)
-    waiter = gevent.spawn(coll.remove, "q", 1, False, 5.0)
+    waiter = gevent.spawn(partial(coll.remove, "q", 1, False, 5.0))
     gevent.sleep(0)
     assert coll.queue("q").waiters == 1
     runtime.advance(4_999)
@@ -217,7 +218,7 @@ def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path)
     waits = WaitList(runtime)
     items: list[str] = []
     take = lambda: items.pop(0) if items else None  # noqa: E731
-    waiters = [gevent.spawn(waits.wait, take, 10.0) for _ in range(3)]
+    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(3)]
     gevent.sleep(0)
     assert len(waits) == 3
     items.append("a")

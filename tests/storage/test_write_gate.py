@@ -9,6 +9,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,11 @@ def test_a_large_put_is_written_off_the_loop_and_its_queue_waits_its_turn(
     coll.put("q", [under])
     assert coll.remove("q", 1)[0].data == under
     assert all(on_loop for on_loop, _ in writes.threads)  # appends under 1 MB stay on the loop
-    put = gevent.spawn(coll.put, "q", [LARGE])
+    put = gevent.spawn(partial(coll.put, "q", [LARGE]))
     writes.wait_started(put)
     assert writes.large == [False], "the large item was written on the loop thread"
     # The loop serves other queues meanwhile; a get of this queue waits until the item is written.
-    get = gevent.spawn(coll.remove, "q", 1)
+    get = gevent.spawn(partial(coll.remove, "q", 1))
     assert coll.put("other", [b"meanwhile"]) == 1
     gevent.sleep(0)
     assert not put.ready() and not get.ready()
@@ -119,9 +120,9 @@ def test_a_large_write_that_fails_leaves_the_journal_as_it_was(
     coll = collection(tmp_path, settings, commit_log)
     coll.put("q", [b"before"])
     writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    put = gevent.spawn(coll.put, "q", [LARGE])
+    put = gevent.spawn(partial(coll.put, "q", [LARGE]))
     writes.wait_started(put)
-    get = gevent.spawn(coll.remove, "q", 2)
+    get = gevent.spawn(partial(coll.remove, "q", 2))
     writes.release.set()
     with pytest.raises(JournalWriteError, match="disk is full"):
         put.get(timeout=60)
@@ -170,7 +171,7 @@ def test_a_caller_killed_during_a_large_write_leaves_the_journal_as_the_write_le
     coll.put("q", [b"before"])
     if fails:
         writes.error, writes.part = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), len(LARGE) // 2
-    put = gevent.spawn(coll.put, "q", [LARGE])
+    put = gevent.spawn(partial(coll.put, "q", [LARGE]))
     writes.wait_started(put)
     put.kill(block=False)
     gevent.sleep(0)

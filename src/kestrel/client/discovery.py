@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
@@ -297,7 +298,7 @@ class ZooKeeperServerSets:
                 self._renewal.cancel()
                 self._renewal = None
             if not self._closed:
-                self.zk.handler.spawn(self._watch, self._generation)
+                self.zk.handler.spawn(partial(self._watch, self._generation))
             return
         log.warning("zookeeper %s: connection %s; keeping the last server lists", self.hosts, state)
         if self._renewal is None:

@@ -175,7 +175,7 @@ def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Sessio
     is raised in the caller), so the dead connection takes no item, which would be lost with it, and
     its waiter and open reads are withdrawn."""
     waiter = gevent.getcurrent()
-    watcher = gevent.spawn(_watch, io, inbox, most, session, waiter)
+    watcher = gevent.spawn(partial(_watch, io, inbox, most, session, waiter))
     try:
         return call()
     finally:

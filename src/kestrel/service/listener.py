@@ -29,6 +29,7 @@ import errno
 import socket
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import gevent
@@ -163,7 +164,7 @@ class Listener:
                 self.pool.add(worker)
                 get_hub().loop.run_callback(worker.switch, (sock, address))
             else:
-                self.pool.spawn(self._work, sock, address)
+                self.pool.spawn(partial(self._work, sock, address))
             accepted_count += 1
             if accepted_count % ACCEPT_BURST == 0:
                 step_aside()  # thousands connecting at once: the connections already here go on

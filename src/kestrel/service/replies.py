@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import socket
 from contextvars import Token
+from functools import partial
 from typing import Final
 
 import gevent
@@ -195,7 +196,7 @@ class Replies:
             return
         if sent < len(data):
             self._sending = True
-            gevent.spawn(self._finish_sending, memoryview(data)[sent:])
+            gevent.spawn(partial(self._finish_sending, memoryview(data)[sent:]))
         else:
             self._check_idle()
 

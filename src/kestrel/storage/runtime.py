@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -179,7 +180,7 @@ class GeventRuntime:
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
         hub = gevent.get_hub()
-        call = hub.threadpool.spawn(_outcome, fn, args)
+        call = hub.threadpool.spawn(partial(_outcome, fn, args))
         # Meanwhile the loop's journal writes give the interpreter's lock up, so that the call's
         # Python runs beside them (src/kestrel/storage/_disk.c).
         disk.workers(1)
