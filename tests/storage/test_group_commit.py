@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import resource
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -33,13 +34,19 @@ from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
 from tests.support.hub_leftovers import background_work_left, let_background_work_finish
 
 
-def closed_far_up(fd: int, number: int = 900) -> int:
-    """A descriptor number that names nothing (made from `fd`, which stays open), far above the
-    lowest free one: a number just closed is the next any thread of the process opens, and an
-    fdatasync of it would then succeed."""
-    os.dup2(fd, number)
-    os.close(number)
-    return number
+def naming_nothing() -> int:
+    """A descriptor number that names nothing, far above the lowest free one (a number just closed
+    is the next any thread of the process opens, and an fdatasync of it would then succeed): the
+    highest free one under the process's limit. A fixed number (900) was reached by the files a
+    long run's worker holds, and made over as the test's: a live journal's descriptor was closed."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    top = limit if limit != resource.RLIM_INFINITY else 1 << 16
+    for number in range(min(top, 1 << 16) - 1, 2, -1):
+        try:
+            os.fstat(number)
+        except OSError:
+            return number
+    raise AssertionError("every descriptor number is in use")
 
 
 class Journal:
@@ -89,8 +96,7 @@ def c_threads() -> NativeThreadFsync:
     if found is None:
         pytest.skip("the C helper was not built (no C compiler at install time)")
     let_background_work_finish(10)
-    assert not background_work_left() and not found._abandoned, (
-        "a round of an earlier test still holds the C threads")
+    assert not background_work_left() and not found.busy, "a round of an earlier test still holds the C threads"
     return found
 
 
@@ -182,7 +188,7 @@ def test_a_round_on_the_c_threads_calls_what_waits_for_it_from_the_loop(tmp_path
         commit.join(journal).after(ended.set)
         # (an earlier test's greenlet may have taken the threads while this round ran: its next
         # round then goes to a runner greenlet, as it must)
-        free.append(not (way._turn.locked() or way._abandoned))
+        free.append(not way.busy)
 
     journal.append(b"one")
     commit.join_now([journal]).after(then)
@@ -241,7 +247,7 @@ def test_journals_joined_now_begin_their_round_at_once_and_a_failed_fsync_fails_
     good, closed, late = (Journal(tmp_path / name) for name in ("good", "closed", "late"))
     good_end, late_end = good.append(b"x"), late.append(b"z")
     closed.append(b"y")
-    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
+    closed.fd = naming_nothing()  # its fdatasync fails with EBADF
     round_ = commit.join_now({good, closed})
     assert commit._running is round_  # begun, with no callback of the loop queued for it
     assert commit.join(late) is not round_
@@ -502,7 +508,7 @@ def test_syncfs_on_c_threads_and_python_threads_answer_alike(tmp_path: Path) -> 
     ways = syncfs_ways()  # first: the C threads' eventfd, if made now, takes the lowest free number
     journal = Journal(tmp_path / "q")
     journal.append(b"record")
-    closed = closed_far_up(journal.fd)
+    closed = naming_nothing()
     answers = {}
     for name, syncfs_all in ways.items():
         results = syncfs_all([journal.fd, closed, journal.fd])
@@ -587,7 +593,7 @@ def test_c_thread_rounds_of_two_group_commits_at_once_each_get_their_own_results
     way = c_threads()
     good = Journal(tmp_path / "good")
     closed = Journal(tmp_path / "closed")
-    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
+    closed.fd = naming_nothing()  # its fdatasync fails with EBADF
     good.append(b"x")
     first = gevent.spawn(partial(way.fsync_all, [good.fd, closed.fd]))
     second = gevent.spawn(partial(way.fsync_all, [good.fd]))
@@ -658,7 +664,7 @@ def test_a_round_on_the_c_threads_runs_with_no_greenlet_and_fails_only_its_own_j
     commit = GroupCommit(way)
     good, closed = Journal(tmp_path / "good"), Journal(tmp_path / "closed")
     good_end, closed_end = good.append(b"x"), closed.append(b"y")
-    closed.fd = closed_far_up(closed.fd)  # its fdatasync fails with EBADF
+    closed.fd = naming_nothing()  # its fdatasync fails with EBADF
     commit.join_now([good, closed])  # the round the waiters find in flight
     waiters = [gevent.spawn(partial(commit.sync, good, good_end)), gevent.spawn(partial(commit.sync, closed, closed_end))]
     gevent.joinall(waiters)
@@ -675,10 +681,11 @@ def test_a_waiting_round_and_a_round_with_no_waiter_on_the_c_threads_take_turns(
     ends = [j.append(b"record") for j in journals]
     commit.join_now([journals[0]])
     assert way._then is not None  # the commit's round is on the threads, its end awaited by the watcher
+    assert way.busy and not way.begin([journals[1].fd], lambda errors: None)  # one round at a time
     logged = gevent.spawn(partial(commit.sync, journals[0], ends[0]))
     assert way.fsync_all([journals[1].fd, journals[2].fd]) == [None, None]  # after it, with its own results
     logged.join(timeout=10)
-    assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None
+    assert logged.successful() and journals[0].synced == ends[0] and commit.runner is None and not way.busy
 
 
 def test_a_greenlet_waiting_for_the_c_threads_is_not_passed_over_by_rounds_begun_on_the_loop(

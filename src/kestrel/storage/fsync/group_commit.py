@@ -209,6 +209,12 @@ class NativeThreadFsync:
         """Whether rounds go to the C threads (there is an eventfd to hear from them)."""
         return self._eventfd >= 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether a round holds the threads: `begin`'s in flight, a greenlet's holding the turn, or
+        one whose waiter was killed, not yet collected. `begin` hands out none meanwhile."""
+        return self._then is not None or self._abandoned or self._turn.locked()
+
     def fsync_all(self, fds: list[int]) -> list[OSError | None]:
         return self._round(fds, syncfs=False)
 
@@ -222,7 +228,7 @@ class NativeThreadFsync:
         waits for the round, so none is switched to and from for it. False, with nothing handed
         out, when the threads serve another round or cannot tell the loop (no eventfd): the caller
         then runs it with `fsync_all`."""
-        if not fds or self._eventfd < 0 or self._then is not None or self._abandoned or self._turn.locked():
+        if not fds or self._eventfd < 0 or self.busy:
             return False
         if self._ending is None:
             self._ending = gevent.get_hub().loop.io(self._eventfd, 1)
