@@ -152,21 +152,19 @@ class Replies:
         if data is None or (turn is not None and not turn.settled):
             return b""
         more = self._more
-        if more:
-            count = 0
-            for turn, _ in more:
-                if turn is not None and not turn.settled:
-                    break
-                count += 1
+        count = 0
+        for turn, _ in more:
+            if turn is not None and not turn.settled:
+                break
+            count += 1
+        if count:
             data = b"".join([data, *[reply for _, reply in more[:count]]])
-            if count < len(more):
-                self._first_turn, self._first = more[count]
-                del more[:count + 1]
-            else:
-                self._first_turn = self._first = None
-                more.clear()
+        if count < len(more):  # the first still held
+            self._first_turn, self._first = more[count]
+            del more[:count + 1]
         else:
             self._first_turn = self._first = None
+            more.clear()
         self._held_bytes -= len(data)
         self.stats.bytes_written += len(data)
         return data
