@@ -103,9 +103,10 @@ def test_make_clean_keeps_the_queues(tmp_path: Path) -> None:
 def test_make_sanitize_builds_every_helper_under_both_sanitizers_and_runs_the_tests_comparing_them(
         tmp_path: Path) -> None:
     recipe = " ".join(planned(tmp_path, "sanitize", (".venv/.installed", ".venv/.installed-run")))
-    build = recipe[:recipe.index("build_ext")]
+    helpers, compiled = recipe.split("rm -rf build/sanitize-compiled", 1)  # the helpers' pass, then the compiled build's
+    build = helpers[:helpers.index("build_ext")]
     assert "-fsanitize=address,undefined" in build and "-fno-sanitize-recover=all" in build, recipe
-    tests = [word for word in recipe[recipe.index("pytest"):].split() if word.startswith("tests/")]
+    tests = [word for word in helpers[helpers.index("pytest"):].split() if word.startswith("tests/")]
     assert tests and all((ROOT / test).is_file() for test in tests), tests
     # Each helper's comparison with its Python reference is among them.
     for helper, test in [("_binary.c", "test_thrift_binary.py"), ("_scan.c", "test_memcache_runs.py"),
@@ -115,3 +116,8 @@ def test_make_sanitize_builds_every_helper_under_both_sanitizers_and_runs_the_te
                          ("_disk.c", "test_disk_write.py"), ("_clock.c", "test_clock.py")]:
         assert list((ROOT / "src").rglob(helper)) and any(t.endswith(test) for t in tests), helper
     assert len(list((ROOT / "src").rglob("*.c"))) == 10  # a new helper needs its line above
+    # The compiled build's pass: heap checks, with Python's allocator off, over the engine's tests.
+    assert "-fsanitize=address" in compiled and "asan-stack=0" in compiled, recipe
+    run = compiled[compiled.index("pytest"):].split()
+    assert "PYTHONMALLOC=malloc" in compiled and "KESTREL_TEST_BUILD=compiled" in compiled, recipe
+    assert "tests/storage" in run and "tests/session" in run, run
