@@ -110,27 +110,30 @@ SANITIZE_TESTS := tests/thrift/test_thrift_binary.py tests/memcache/test_memcach
 SANITIZE_COMPILED := build/sanitize-compiled
 SANITIZE_COMPILED_FLAGS := -fsanitize=address --param asan-stack=0 -fno-omit-frame-pointer -g -O1
 CC ?= cc
+SANITIZER_PRELOAD = LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so)"
+
+# A copy of the source in folder $(1) for a build of its own, without helpers built in src/.
+define copy_source
+rm -rf $(1) && mkdir -p $(1)
+cp -r setup.py pyproject.toml README.md src $(1)/
+find $(1)/src -name '*.so' -delete
+endef
 
 sanitize: $(STAMP)
-	rm -rf $(SANITIZE) && mkdir -p $(SANITIZE)
-	cp -r setup.py pyproject.toml README.md src $(SANITIZE)/
-	find $(SANITIZE)/src -name '*.so' -delete
+	$(call copy_source,$(SANITIZE))
 	cd $(SANITIZE) && CC=$(CC) CFLAGS="$(SANITIZE_FLAGS)" LDFLAGS="$(SANITIZE_FLAGS)" \
 		$(CURDIR)/$(BIN)/python setup.py --quiet build_ext --inplace
 	test "$$(find $(SANITIZE)/src -name '*.so' | wc -l)" -eq "$$(find src -name '*.c' | wc -l)"  # each one built
 	PYTHONPATH=$(SANITIZE)/src $(BIN)/python -c "import kestrel; assert '$(SANITIZE)/' in kestrel.__file__"
-	PYTHONPATH=$(SANITIZE)/src ASAN_OPTIONS=detect_leaks=0 \
-		LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so)" \
+	PYTHONPATH=$(SANITIZE)/src ASAN_OPTIONS=detect_leaks=0 $(SANITIZER_PRELOAD) \
 		$(BIN)/python -m pytest -q -p no:cacheprovider -n 0 $(SANITIZE_TESTS)
-	rm -rf $(SANITIZE_COMPILED) && mkdir -p $(SANITIZE_COMPILED)/source
-	cp -r setup.py pyproject.toml README.md src $(SANITIZE_COMPILED)/source/
-	find $(SANITIZE_COMPILED)/source/src -name '*.so' -delete
+	rm -rf $(SANITIZE_COMPILED)
+	$(call copy_source,$(SANITIZE_COMPILED)/source)
 	cd $(SANITIZE_COMPILED)/source && CC=$(CC) CFLAGS="$(SANITIZE_COMPILED_FLAGS)" LDFLAGS="-fsanitize=address" \
 		$(CURDIR)/$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w ../wheel .
 	$(BIN)/pip install --quiet --no-deps --no-compile --target $(SANITIZE_COMPILED)/build $(SANITIZE_COMPILED)/wheel/kestrel_py-*.whl
 	PYTHONPATH=$(SANITIZE_COMPILED)/build KESTREL_TEST_BUILD=compiled PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
-		LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libstdc++.so)" \
-		$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadgroup tests/storage tests/session
+		$(SANITIZER_PRELOAD) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadgroup tests/storage tests/session
 
 run: $(RUN_STAMP)
 	$(BIN)/kestrel serve
