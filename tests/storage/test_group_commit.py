@@ -37,11 +37,11 @@ from tests.support.hub_leftovers import background_work_left, let_background_wor
 def naming_nothing() -> int:
     """A descriptor number that names nothing, far above the lowest free one (a number just closed
     is the next any thread of the process opens, and an fdatasync of it would then succeed): the
-    highest free one under the process's limit. A fixed number (900) was reached by the files a
-    long run's worker holds, and made over as the test's: a live journal's descriptor was closed."""
+    highest free one under the process's limit, looked up, as the files a long run's worker holds
+    open reach any fixed number."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    top = limit if limit != resource.RLIM_INFINITY else 1 << 16
-    for number in range(min(top, 1 << 16) - 1, 2, -1):
+    top = 1 << 16 if limit == resource.RLIM_INFINITY else min(limit, 1 << 16)
+    for number in range(top - 1, 2, -1):
         try:
             os.fstat(number)
         except OSError:
