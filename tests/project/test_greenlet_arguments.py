@@ -4,8 +4,8 @@ callable it runs (`functools.partial`).
 gevent's `kill` drops a greenlet's `args` at once, even while the greenlet runs, and its `run` passes
 them on without a reference of its own. Compiled code borrows its arguments from its caller, so a
 compiled function that goes on after the kill (a put whose large write the runtime lets finish)
-read a freed list: the test process crashed in `data_sizes`, about once in fifteen whole runs. A
-bound callable is held by the greenlet until it ends, and so are its arguments.
+reads freed objects. A bound callable is held by the greenlet until it ends, and so are its
+arguments.
 """
 
 from __future__ import annotations
