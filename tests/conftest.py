@@ -30,12 +30,20 @@ ROOT = Path(__file__).resolve().parent.parent
 # and commands the tests start run that build too.
 PACKAGE_ROOT = Path(kestrel.__file__).resolve().parent.parent
 STARTED = "kestrel started"  # the server's log line once every listener is bound
+OPEN_FILES_WANTED = 65_536  # the test processes' soft limit of descriptors, where the hard one allows
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from tests.support.scheduling import Scheduler
 
     config.pluginmanager.register(Scheduler(config), "kestrel-scheduling")
+    # A long run's worker holds some hundreds of files its tests leave open (a crash model's
+    # collections, a test's journals): near the usual soft limit of 1,024 descriptors, where a
+    # clean machine would fail later tests with EMFILE. The hard limit is the machine's bound.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     # pytest keeps the test modules' rewritten asserts like compiled modules, unless told not to write
     # bytecode (PYTHONDONTWRITEBYTECODE): then every test process rewrites every test module again,
     # 3 s of CPU each. __pycache__ is ignored by git.
