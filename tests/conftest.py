@@ -33,6 +33,11 @@ STARTED = "kestrel started"  # the server's log line once every listener is boun
 OPEN_FILES_WANTED = 65_536  # the test processes' soft limit of descriptors, where the hard one allows
 
 
+def open_files_within(limit: int) -> int:
+    """`OPEN_FILES_WANTED`, or fewer descriptors where `limit` (RLIMIT_NOFILE's) is lower."""
+    return OPEN_FILES_WANTED if limit == resource.RLIM_INFINITY else min(limit, OPEN_FILES_WANTED)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from tests.support.scheduling import Scheduler
 
@@ -41,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # collections, a test's journals): near the usual soft limit of 1,024 descriptors, where a
     # clean machine would fail later tests with EMFILE. The hard limit is the machine's bound.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    wanted = open_files_within(hard)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     # pytest keeps the test modules' rewritten asserts like compiled modules, unless told not to write

@@ -31,6 +31,7 @@ from kestrel.storage.fsync.group_commit import (
 from kestrel.storage.fsync.syncfs import FilesystemSync, libc_syncfs, reports_errors
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
+from tests.conftest import open_files_within
 from tests.support.hub_leftovers import background_work_left, let_background_work_finish
 
 
@@ -39,9 +40,7 @@ def naming_nothing() -> int:
     is the next any thread of the process opens, and an fdatasync of it would then succeed): the
     highest free one under the process's limit, looked up, as the files a long run's worker holds
     open reach any fixed number."""
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    top = 1 << 16 if limit == resource.RLIM_INFINITY else min(limit, 1 << 16)
-    for number in range(top - 1, 2, -1):
+    for number in range(open_files_within(resource.getrlimit(resource.RLIMIT_NOFILE)[0]) - 1, 2, -1):
         try:
             os.fstat(number)
         except OSError:
