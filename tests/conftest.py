@@ -333,14 +333,17 @@ class ServerProcess:
 @pytest.fixture(autouse=True)
 def _no_hub_leftovers() -> Iterator[None]:
     """Fail a test that leaves a timer of the engine on the gevent hub, and let the work it left off
-    the loop finish before the next test (tests/support/hub_leftovers.py)."""
+    the loop finish before the next test (tests/support/hub_leftovers.py). Then close the
+    collections the storage helpers opened and the test left open (tests/support/queues.py)."""
     from tests.support.hub_leftovers import let_background_work_finish, no_hub_leftovers
+    from tests.support.queues import close_left_open
 
     try:
         with no_hub_leftovers():
             yield
     finally:
         let_background_work_finish()
+        close_left_open()
 
 
 @pytest.fixture

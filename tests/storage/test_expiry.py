@@ -14,7 +14,7 @@ from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ThreadsRuntime
-from tests.support.queues import drain, one, reopen
+from tests.support.queues import drain, one, opened, reopen
 
 T0 = 1_700_000_000_000
 
@@ -22,7 +22,7 @@ FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 
 
 def make(path: Path, journal_format: str, clock: FakeClock, queues: dict[str, Any] | None = None) -> QueueCollection:
-    coll = QueueCollection(str(path), QueueConfigs({"journal_format": journal_format}, queues), clock=clock)
+    coll = opened(QueueCollection(str(path), QueueConfigs({"journal_format": journal_format}, queues), clock=clock))
     coll.load()
     return coll
 

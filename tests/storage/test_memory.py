@@ -18,7 +18,7 @@ from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.memory import ENGAGE, Demand, MemoryGovernor, plan
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime
-from tests.support.queues import drain, held_in_memory, one, reopen
+from tests.support.queues import drain, held_in_memory, one, opened, reopen
 
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 KB = 1024
@@ -27,7 +27,7 @@ KB = 1024
 def make(path: Path, journal_format: str, budget: int = 0, queues: dict[str, Any] | None = None,
          runtime: ManualRuntime | None = None, **default: Any) -> QueueCollection:
     configs = QueueConfigs({"journal_format": journal_format, **default}, queues)
-    coll = QueueCollection(str(path), configs, runtime=runtime or ManualRuntime(), max_memory_total=budget)
+    coll = opened(QueueCollection(str(path), configs, runtime=runtime or ManualRuntime(), max_memory_total=budget))
     coll.load()
     return coll
 

@@ -15,14 +15,14 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.config import MB, QueueConfig, parse_duration_ms, parse_size
 from kestrel.storage.errors import ConfigError, InvalidQueueName
 from kestrel.storage.runtime import ManualRuntime
-from tests.support.queues import drain, one, reopen
+from tests.support.queues import drain, one, opened, reopen
 
 T0 = 1_700_000_000_000
 
 
 def make(tmp_path: Path, queues: dict | None = None, default: dict | None = None,
          aliases: dict | None = None, clock: FakeClock | None = None) -> QueueCollection:
-    coll = QueueCollection(str(tmp_path), QueueConfigs(default, queues), aliases, clock or FakeClock(T0))
+    coll = opened(QueueCollection(str(tmp_path), QueueConfigs(default, queues), aliases, clock or FakeClock(T0)))
     coll.load()
     return coll
 

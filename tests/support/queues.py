@@ -11,6 +11,27 @@ from kestrel.storage import QueueCollection, QueueConfigs
 T = TypeVar("T")
 
 
+# Collections a test's helper `opened`: those the test left open are closed after it
+# (`close_left_open`, tests/conftest.py), so that a test process does not hold every test's journals.
+# Only for collections no test "crashes": closing one that a test left for dead would write to files
+# the test has since cut or removed, as no killed process does.
+_opened: list[QueueCollection] = []
+
+
+def opened(coll: QueueCollection) -> QueueCollection:
+    """`coll`, to be closed after the running test if the test leaves it open."""
+    _opened.append(coll)
+    return coll
+
+
+def close_left_open() -> None:
+    """Close the collections `opened` in the test just run that it left open, the last first."""
+    while _opened:
+        coll = _opened.pop()
+        if not coll.closed:
+            coll.close()
+
+
 def open_collection(path: Any, defaults: dict[str, Any] | None = None, queues: dict[str, Any] | None = None,
                     **options: Any) -> QueueCollection:
     """A loaded collection on `path`: `defaults` for every queue, `queues` by name, and the
@@ -56,9 +77,11 @@ def held_in_memory(coll: QueueCollection) -> int:
 
 
 def reopen(coll: QueueCollection) -> QueueCollection:
-    """Close the collection and load its directory again, as a restart does."""
+    """Close the collection and load its directory again, as a restart does (`opened`, as it was)."""
     coll.close()
     again = QueueCollection(coll.path, coll.configs, coll.aliases, coll.clock)
+    if any(held is coll for held in _opened):
+        opened(again)
     again.load()
     return again
 
