@@ -338,6 +338,62 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def fsync_threads() -> list[int]:
+    """The C helper's threads of this process (by the name it gives them)."""
+    return [int(thread) for thread in os.listdir("/proc/self/task")
+            if Path(f"/proc/self/task/{thread}/comm").read_text().strip() == "kestrel-fsync"]
+
+
+ONE_CPU = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a round runs there anyway")
+
+
+@ONE_CPU
+def test_a_round_on_the_c_threads_runs_on_the_loops_cpu_and_the_loop_gets_its_cpus_back(tmp_path: Path) -> None:
+    """A hand-over between CPUs costs a wake-up across them each way: the round, the threads and
+    the caller (the loop), run on the CPU the caller ran on, and the caller is free again after."""
+    c_threads()
+    from kestrel.storage.fsync._fsync_many import finish, start
+
+    allowed = os.sched_getaffinity(0)
+    journal = Journal(tmp_path / "q")
+    journal.append(b"x")
+    done = os.eventfd(0, os.EFD_CLOEXEC)
+    try:
+        start([journal.fd], done)
+        bound = os.sched_getaffinity(0)
+        threads = {thread: os.sched_getaffinity(thread) for thread in fsync_threads()}
+        os.eventfd_read(done)  # the round is over
+        assert finish() == [0]
+    finally:
+        os.close(done)
+    assert len(bound) == 1 and bound <= allowed
+    assert threads and all(cpus == bound for cpus in threads.values()), (bound, threads)
+    assert os.sched_getaffinity(0) == allowed
+
+
+@ONE_CPU
+def test_a_child_forked_during_a_round_runs_where_the_loop_could_before_it(tmp_path: Path) -> None:
+    c_threads()
+    from kestrel.storage.fsync._fsync_many import finish, start
+
+    allowed = os.sched_getaffinity(0)
+    journal = Journal(tmp_path / "q")
+    journal.append(b"x")
+    done = os.eventfd(0, os.EFD_CLOEXEC)
+    try:
+        start([journal.fd], done)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if os.sched_getaffinity(0) == allowed else 1)
+        os.eventfd_read(done)
+        assert finish() == [0]
+    finally:
+        os.close(done)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child stayed bound to the round's CPU"
+    assert os.sched_getaffinity(0) == allowed
+
+
 class GeventWithItsOwnRounds(GeventRuntime):
     """The server's runtime, its journals in rounds of a group commit of their own: the process's
     shared one also takes the journals other tests left syncing in the background (a rotated
