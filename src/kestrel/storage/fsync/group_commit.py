@@ -16,7 +16,8 @@ one commit of the file system for the whole round, on the same threads), where t
 errors.
 On the C threads a round needs no greenlet: it is handed out by a callback on the loop and ends in
 the callback of the eventfd's watcher, which tells its waiters and hands out the next round (other
-ways, and a round the C threads cannot take at once, run in a greenlet that waits for them).
+ways, and a round the C threads cannot take at once, run in a greenlet that waits for them); and on
+Linux it runs on the loop's CPU, the loop bound there until it collects the round (`_fsync_many.c`).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
