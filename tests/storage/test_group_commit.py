@@ -3,6 +3,7 @@ their own journal; native AIO and threads give the same answers."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
@@ -347,10 +348,10 @@ def fsync_threads() -> list[int]:
 ONE_CPU = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a round runs there anyway")
 
 
-@ONE_CPU
-def test_a_round_on_the_c_threads_runs_on_the_loops_cpu_and_the_loop_gets_its_cpus_back(tmp_path: Path) -> None:
-    """A hand-over between CPUs costs a wake-up across them each way: the round, the threads and
-    the caller (the loop), run on the CPU the caller ran on, and the caller is free again after."""
+@contextlib.contextmanager
+def round_in_flight(tmp_path: Path) -> Iterator[set[int]]:
+    """A round of one journal handed to the C threads by this thread (the loop, to the helper) and
+    collected when the block ends; the CPUs this thread could run on before it."""
     c_threads()
     from kestrel.storage.fsync._fsync_many import finish, start
 
@@ -358,14 +359,23 @@ def test_a_round_on_the_c_threads_runs_on_the_loops_cpu_and_the_loop_gets_its_cp
     journal = Journal(tmp_path / "q")
     journal.append(b"x")
     done = os.eventfd(0, os.EFD_CLOEXEC)
+    start([journal.fd], done)
     try:
-        start([journal.fd], done)
+        yield allowed
+    finally:
+        os.eventfd_read(done)  # the round is over
+        codes = finish()
+        os.close(done)
+    assert codes == [0]
+
+
+@ONE_CPU
+def test_a_round_on_the_c_threads_runs_on_the_loops_cpu_and_the_loop_gets_its_cpus_back(tmp_path: Path) -> None:
+    """A hand-over between CPUs costs a wake-up across them each way: the round, the threads and
+    the caller (the loop), run on the CPU the caller ran on, and the caller is free again after."""
+    with round_in_flight(tmp_path) as allowed:
         bound = os.sched_getaffinity(0)
         threads = {thread: os.sched_getaffinity(thread) for thread in fsync_threads()}
-        os.eventfd_read(done)  # the round is over
-        assert finish() == [0]
-    finally:
-        os.close(done)
     assert len(bound) == 1 and bound <= allowed
     assert threads and all(cpus == bound for cpus in threads.values()), (bound, threads)
     assert os.sched_getaffinity(0) == allowed
@@ -373,22 +383,10 @@ def test_a_round_on_the_c_threads_runs_on_the_loops_cpu_and_the_loop_gets_its_cp
 
 @ONE_CPU
 def test_a_child_forked_during_a_round_runs_where_the_loop_could_before_it(tmp_path: Path) -> None:
-    c_threads()
-    from kestrel.storage.fsync._fsync_many import finish, start
-
-    allowed = os.sched_getaffinity(0)
-    journal = Journal(tmp_path / "q")
-    journal.append(b"x")
-    done = os.eventfd(0, os.EFD_CLOEXEC)
-    try:
-        start([journal.fd], done)
+    with round_in_flight(tmp_path) as allowed:
         pid = os.fork()
         if pid == 0:
             os._exit(0 if os.sched_getaffinity(0) == allowed else 1)
-        os.eventfd_read(done)
-        assert finish() == [0]
-    finally:
-        os.close(done)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child stayed bound to the round's CPU"
     assert os.sched_getaffinity(0) == allowed
