@@ -14,6 +14,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.client import Server
 from tests.conftest import ServerProcess, wait_until
+from tests.support.descriptors import descriptors, sockets
 
 SETTINGS = {
     "queues": {
@@ -22,21 +23,6 @@ SETTINGS = {
         "small": {"default_journal_size": "1KB", "max_memory_size": "2KB"},  # rotates, reads behind
     },
 }
-
-
-def descriptors(pid: int) -> dict[int, str]:
-    """What each of the process's descriptors names (a file's path, `socket:[…]`, `pipe:[…]`)."""
-    named = {}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            named[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:  # closed meanwhile
-            pass
-    return named
-
-
-def sockets(pid: int) -> int:
-    return sum(1 for name in descriptors(pid).values() if name.startswith("socket:"))
 
 
 def lifetimes(srv: ServerProcess, round_: int) -> None:

@@ -7,14 +7,13 @@ import os
 from pathlib import Path
 
 from kestrel.storage import QueueCollection
+from tests.support.descriptors import descriptors
 from tests.support.queues import close_left_open, open_collection, opened, reopen
 
 
 def journal_descriptors(path: Path) -> list[str]:
     """This process's descriptors naming a file under `path`."""
-    named = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-             if os.path.exists(f"/proc/self/fd/{fd}")]
-    return [name for name in named if name.startswith(str(path))]
+    return [name for name in descriptors(os.getpid()).values() if name.startswith(str(path))]
 
 
 def test_a_collection_opened_and_left_open_is_closed_with_its_journals(tmp_path: Path) -> None:

@@ -127,11 +127,13 @@ static void bind_round(void) {
  * round bound (`finish` is called on the loop that called `start`; a child forked by another
  * thread was never bound). */
 static void free_loop(void) {
-    if (!loop_bound || !pthread_equal(pthread_self(), loop_thread)) {
-        loop_bound = 0;
+    if (!loop_bound) {
         return;
     }
     loop_bound = 0;
+    if (!pthread_equal(pthread_self(), loop_thread)) {
+        return;
+    }
     if (sched_setaffinity(0, sizeof loop_cpus, &loop_cpus) != 0) {
         cpu_set_t every;
         memset(&every, 0xff, sizeof every);
