@@ -16,6 +16,8 @@ import pytest
 import yaml
 from pymemcache.client.base import Client as MemcacheClient
 
+from kestrel.storage.fsync.completion_cpu import completion_cpu
+from kestrel.storage.fsync.group_commit import native_threads
 from kestrel.storage.runtime import GeventRuntime
 from tests.conftest import PACKAGE_ROOT, ServerProcess, free_port, wait_for_port, wait_until
 
@@ -48,6 +50,18 @@ def test_a_queue_first_used_by_a_client_is_logged_once_with_its_address(server_f
     firsts = [e for e in events if e.get("queue") == "fresh" and e["event"] in (
         "queue created", "queue referenced for the first time")]
     assert [(e["event"], e["client"]) for e in firsts] == [("queue created", f"127.0.0.1:{local_port}")]
+
+
+def test_the_fsync_rounds_run_on_the_cpu_that_takes_the_disks_completions_where_one_does(
+        server_factory: Any) -> None:
+    """A disk with one queue finishes every write on the CPU its interrupt goes to: the server runs
+    its rounds there and says so once at start; on any other disk it says nothing of it."""
+    srv = server_factory()
+    srv.stop()
+    events = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
+    said = [e.get("cpu") for e in events if e["event"].startswith("fsync rounds run on")]
+    cpu = completion_cpu(str(srv.queue_path))
+    assert said == ([] if cpu is None or native_threads() is None else [cpu])
 
 
 def test_a_failed_blocking_call_is_reported_once_by_its_caller_only(capfd: pytest.CaptureFixture[str]) -> None:

@@ -392,6 +392,33 @@ def test_a_child_forked_during_a_round_runs_where_the_loop_could_before_it(tmp_p
     assert os.sched_getaffinity(0) == allowed
 
 
+@ONE_CPU
+def test_a_round_runs_on_the_cpu_preferred_where_the_loop_may_run_there(tmp_path: Path) -> None:
+    """The CPU that takes the disk's completions (`completion_cpu`), named to the helper: the round
+    and the loop go there, wherever the loop ran; a CPU the loop may not run on is passed over."""
+    native = c_threads()
+    allowed = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(allowed):
+            native.prefer(cpu)
+            (tmp_path / str(cpu)).mkdir()
+            with round_in_flight(tmp_path / str(cpu)):
+                bound = os.sched_getaffinity(0)
+                threads = {thread: os.sched_getaffinity(thread) for thread in fsync_threads()}
+            assert bound == {cpu} and all(cpus == {cpu} for cpus in threads.values()), (cpu, threads)
+            assert os.sched_getaffinity(0) == allowed
+        os.sched_setaffinity(0, {min(allowed)})  # the loop may no longer run on the CPU preferred
+        native.prefer(max(allowed))
+        (tmp_path / "barred").mkdir()
+        with round_in_flight(tmp_path / "barred"):
+            assert os.sched_getaffinity(0) == {min(allowed)}
+    finally:
+        native.prefer(-1)
+        os.sched_setaffinity(0, allowed)
+    with pytest.raises(ValueError, match="not a CPU"):
+        native.prefer(-2)
+
+
 class GeventWithItsOwnRounds(GeventRuntime):
     """The server's runtime, its journals in rounds of a group commit of their own: the process's
     shared one also takes the journals other tests left syncing in the background (a rotated
@@ -621,7 +648,7 @@ def test_c_threads_without_an_eventfd_use_python_threads(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(os, "eventfd", out_of_descriptors)
     shared = c_threads()
-    way = NativeThreadFsync(shared._start, shared._finish)  # a handle made with no descriptor left
+    way = NativeThreadFsync(shared._start, shared._finish, shared.prefer)  # a handle made with no descriptor left
     journal = Journal(tmp_path / "q")
     journal.append(b"record")
     assert way.fsync_all([journal.fd, -5])[0] is None

@@ -29,6 +29,7 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.fsync import group_commit
+from kestrel.storage.fsync.completion_cpu import completion_cpu
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import DEFAULT_RUNTIME
 
@@ -114,6 +115,9 @@ class App:
         fds = raise_open_file_limit()
         metrics.install_storage_timing()
         group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
+        cpu = completion_cpu(cfg.queue_path)
+        if cpu is not None and group_commit.run_rounds_on(cpu):
+            log.info("fsync rounds run on the CPU that takes the queue path's disk completions", cpu=cpu)
         status_file = cfg.resolved_status_file()
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):

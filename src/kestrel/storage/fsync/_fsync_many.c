@@ -10,11 +10,13 @@
  * A round may instead syncfs each descriptor's file system (KESTREL_FSYNC=syncfs, src/kestrel/storage/fsync/syncfs.py).
  *
  * On Linux a round runs on one CPU: `start` binds the calling thread (the event loop) and the
- * threads to the CPU it runs on, and `finish` gives the loop back the CPUs it had. A wake-up across
- * CPUs (the loop waking a thread, the thread waking the loop) cost 28-37 µs each on a virtual
- * machine, against a few on one CPU; between rounds the scheduler moves the loop as it likes (bound
- * for good, it could not move it off a CPU something else took over). bench/README.md, "The event
- * loop and its fsync threads on one CPU", has the figures.
+ * threads to the CPU it runs on, or to the one `prefer` named (the CPU that takes the disk's
+ * completions: src/kestrel/storage/fsync/completion_cpu.py), and `finish` gives the loop back the
+ * CPUs it had. A wake-up across CPUs (the loop waking a thread, the thread waking the loop, the
+ * disk's interrupt waking the thread) cost 28-37 µs each on a virtual machine, against a few on one
+ * CPU; between rounds the scheduler moves the loop as it likes (bound for good, it could not move
+ * it off a CPU something else took over). bench/README.md, "The event loop and its fsync threads on
+ * one CPU", has the figures.
  * Optional: without a C compiler the rounds use Python threads.
  */
 #define _GNU_SOURCE /* sched_getcpu, sched_setaffinity, pthread_setaffinity_np, pthread_setname_np */
@@ -40,6 +42,7 @@ static int workers_cpu = -1; /* the CPU the threads are bound to (-1: none, or n
 static cpu_set_t loop_cpus;  /* the CPUs the loop may run on, while a round binds it to one */
 static pthread_t loop_thread; /* the thread a round bound (`start`'s caller), */
 static int loop_bound;        /* while it is bound (`finish` lets it go) */
+static int preferred_cpu = -1; /* the CPU rounds run on where the loop may (`prefer`); -1: the loop's */
 #endif
 static int busy;          /* a round was started and not yet finished */
 static int *round_fds;    /* the round in progress: its descriptors, */
@@ -98,12 +101,16 @@ static void *serve(void *unused) {
 }
 
 #ifdef __linux__
-/* Bind the round to the CPU the loop (the caller, with `lock` held) runs on: the threads, when that
- * CPU changed since the last round, and the loop until `finish`. Where it cannot (the CPU not told,
- * or not allowed), the round runs where the scheduler puts it. */
+/* Bind the round to one CPU: the one `prefer` named, where the loop (the caller, with `lock` held)
+ * may run there, else the one it runs on; the threads, when that CPU changed since the last round,
+ * and the loop until `finish`. Where it cannot (the CPU not told, or not allowed), the round runs
+ * where the scheduler puts it. */
 static void bind_round(void) {
-    int cpu = sched_getcpu();
-    if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof loop_cpus, &loop_cpus) != 0) {
+    if (sched_getaffinity(0, sizeof loop_cpus, &loop_cpus) != 0) {
+        return;
+    }
+    int cpu = preferred_cpu >= 0 && CPU_ISSET(preferred_cpu, &loop_cpus) ? preferred_cpu : sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
         return;
     }
     cpu_set_t one;
@@ -284,12 +291,33 @@ static PyObject *finish(PyObject *self, PyObject *unused) {
     return result;
 }
 
+static PyObject *prefer(PyObject *self, PyObject *args) {
+    (void)self;
+    int cpu;
+    if (!PyArg_ParseTuple(args, "i:prefer", &cpu)) {
+        return NULL;
+    }
+#ifdef __linux__
+    if (cpu < -1 || cpu >= CPU_SETSIZE) {
+        PyErr_Format(PyExc_ValueError, "not a CPU: %d", cpu);
+        return NULL;
+    }
+    pthread_mutex_lock(&lock);
+    preferred_cpu = cpu;
+    pthread_mutex_unlock(&lock);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"start", start, METH_VARARGS,
      "start(fds, eventfd, syncfs=False): fdatasync every descriptor (or syncfs its file system) "
      "concurrently on C threads; the eventfd gets 1 when all are done."},
     {"finish", finish, METH_NOARGS,
      "finish() -> list of errno (0 for success), one per descriptor of the round that is over."},
+    {"prefer", prefer, METH_VARARGS,
+     "prefer(cpu): run the rounds on `cpu` wherever the calling thread may run there (-1: on the CPU "
+     "the caller runs on, the default)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,8 @@ errors.
 On the C threads a round needs no greenlet: it is handed out by a callback on the loop and ends in
 the callback of the eventfd's watcher, which tells its waiters and hands out the next round (other
 ways, and a round the C threads cannot take at once, run in a greenlet that waits for them); and on
-Linux it runs on the loop's CPU, the loop bound there until it collects the round (`_fsync_many.c`).
+Linux it runs on one CPU, the loop's or the one that takes the disk's completions (`run_rounds_on`),
+the loop bound there until it collects the round (`_fsync_many.c`).
 Requests that arrive while a round runs go into the next one. A journal whose fsync fails fails
 exactly the waiters whose records that round covered; the other journals of the round are unaffected.
 """
@@ -158,9 +159,10 @@ class NativeThreadFsync:
     descriptors; without one, rounds go to Python threads."""
 
     def __init__(self, start: Callable[[list[int], int, bool], None],
-                 finish: Callable[[], list[int]]) -> None:
+                 finish: Callable[[], list[int]], prefer: Callable[[int], None]) -> None:
         self._start = start
         self._finish = finish
+        self.prefer = prefer  # the CPU rounds run on where the loop may (-1: the loop's own)
         self._fallback = ThreadFsync()
         self._turn = gevent.lock.Semaphore()  # `_round`'s, one greenlet's round at a time
         self._begun_ended: gevent.event.Event | None = None  # what the holder waits on for `begin`'s round
@@ -318,11 +320,22 @@ def native_threads() -> NativeThreadFsync | None:
     global _native
     if _native is None:
         try:
-            from kestrel.storage.fsync._fsync_many import finish, start
+            from kestrel.storage.fsync._fsync_many import finish, prefer, start
         except ImportError:
             return None
-        _native = NativeThreadFsync(start, finish)
+        _native = NativeThreadFsync(start, finish, prefer)
     return _native
+
+
+def run_rounds_on(cpu: int) -> bool:
+    """Run the C threads' rounds on `cpu` (the one that takes the disk's completions:
+    `completion_cpu.py`) wherever the loop may run there, rather than on the CPU the loop is on;
+    whether rounds go to the C threads, where this applies."""
+    native = native_threads()
+    if native is None or not native.ready:
+        return False
+    native.prefer(cpu)
+    return True
 
 
 def _threads() -> FsyncMany:
