@@ -116,8 +116,8 @@ class App:
         metrics.install_storage_timing()
         group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
         cpu = completion_cpu(cfg.queue_path)
-        if cpu is not None and group_commit.run_rounds_on(cpu):
-            log.info("fsync rounds run on the CPU that takes the queue path's disk completions", cpu=cpu)
+        # the CPU that takes the queue path's disk completions, where the fsync rounds then run
+        fsync_cpu = {"fsync_cpu": cpu} if cpu is not None and group_commit.run_rounds_on(cpu) else {}
         status_file = cfg.resolved_status_file()
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):
@@ -155,7 +155,7 @@ class App:
         log.info("kestrel started", version=self.server.version, build=build_name(),
                  queue_path=os.path.abspath(cfg.queue_path), listen_address=cfg.listen_address,
                  status=self.server.status.current.label,
-                 queues=len(self.server.collection.queue_names()), open_files=fds, **ports)
+                 queues=len(self.server.collection.queue_names()), open_files=fds, **ports, **fsync_cpu)
 
     def stop(self) -> None:
         """Leave the server sets first, so clients stop sending here; then stop accepting at once; let
