@@ -419,6 +419,16 @@ def test_a_round_runs_on_the_cpu_preferred_where_the_loop_may_run_there(tmp_path
         native.prefer(-2)
 
 
+def test_rounds_go_to_the_cpu_preferred_only_where_they_run_on_the_c_threads() -> None:
+    native = c_threads()
+    try:
+        assert GroupCommit().run_rounds_on(0)
+        assert not GroupCommit(way="aio").run_rounds_on(0)
+        assert not GroupCommit(ThreadFsync()).run_rounds_on(0)
+    finally:
+        native.prefer(-1)
+
+
 class GeventWithItsOwnRounds(GeventRuntime):
     """The server's runtime, its journals in rounds of a group commit of their own: the process's
     shared one also takes the journals other tests left syncing in the background (a rotated

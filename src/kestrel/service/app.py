@@ -114,10 +114,10 @@ class App:
         cfg = self.config
         fds = raise_open_file_limit()
         metrics.install_storage_timing()
-        group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
+        rounds = group_commit.shared()  # now, so that a word about KESTREL_FSYNC comes at start, in the log
         cpu = completion_cpu(cfg.queue_path)
         # the CPU that takes the queue path's disk completions, where the fsync rounds then run
-        fsync_cpu = {"fsync_cpu": cpu} if cpu is not None and group_commit.run_rounds_on(cpu) else {}
+        fsync_cpu = {"fsync_cpu": cpu} if cpu is not None and rounds.run_rounds_on(cpu) else {}
         status_file = cfg.resolved_status_file()
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):

@@ -327,17 +327,6 @@ def native_threads() -> NativeThreadFsync | None:
     return _native
 
 
-def run_rounds_on(cpu: int) -> bool:
-    """Run the C threads' rounds on `cpu` (the one that takes the disk's completions:
-    `completion_cpu.py`) wherever the loop may run there, rather than on the CPU the loop is on;
-    whether rounds go to the C threads, where this applies."""
-    native = native_threads()
-    if native is None or not native.ready:
-        return False
-    native.prefer(cpu)
-    return True
-
-
 def _threads() -> FsyncMany:
     """C threads when the helper was built, else Python threads."""
     return native_threads() or ThreadFsync()
@@ -431,6 +420,18 @@ class GroupCommit:
         self._next: Round | None = None  # gathering journals; starts when its turn has run
         self._running: Round | None = None
         self.runner: gevent.Greenlet | None = None  # the greenlet running rounds, the latest one
+
+    def run_rounds_on(self, cpu: int) -> bool:
+        """Run the rounds on `cpu` (the one that takes the disk's completions: `completion_cpu.py`)
+        wherever the loop may run there, rather than on the CPU the loop is on; whether this group
+        commit's rounds go to the C threads, where that applies (not native AIO's, nor Python
+        threads')."""
+        native = native_threads()
+        if native is None or not native.ready or not (
+                self._fsync_many is native or isinstance(self._fsync_many, FilesystemSync)):
+            return False
+        native.prefer(cpu)
+        return True
 
     def sync(self, journal: Syncable, position: int) -> None:
         """Return once `journal` is on disk up to `position` (its `synced` is moved on by the round).
