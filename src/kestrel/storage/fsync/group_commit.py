@@ -426,8 +426,8 @@ class GroupCommit:
         wherever the loop may run there, rather than on the CPU the loop is on; whether this group
         commit's rounds go to the C threads, where that applies (not native AIO's, nor Python
         threads')."""
-        native = native_threads()
-        if native is None or not native.ready or not (
+        native = self._threads
+        if not isinstance(native, NativeThreadFsync) or not native.ready or not (
                 self._fsync_many is native or isinstance(self._fsync_many, FilesystemSync)):
             return False
         native.prefer(cpu)
