@@ -12,11 +12,13 @@ time do.
 - `never`: the same server and load under `sync_journal: never`, the floor that the log's path
   adds to.
 
+`--protocol memcache` drives the two server measurements over memcache (set + get) instead.
+
 Each build named runs in turn (`--against DIR`: another version's build/compiled, or a src/ tree,
 beside this checkout's compiled build), `--runs` times. Needs valgrind.
 
     .venv/bin/python -m bench.callgrind_log [--against DIR] [--runs 2] [--only path server never]
-                                            [--size BYTES]
+                                            [--size BYTES] [--protocol thrift|memcache]
 """
 
 from __future__ import annotations
@@ -71,13 +73,15 @@ def path_instructions(build: Path, work: Path, items: int) -> tuple[float, float
 
 
 def server_instructions(build: Path, work: Path, binary: Path, sync: str, seconds: float,
-                        size: int = 128) -> float:
-    """Loop thread instructions per item of the server under the clients' load."""
+                        size: int = 128, protocol: str = "thrift") -> float:
+    """Loop thread instructions per item of the server under the clients' load over `protocol`."""
     home = Path(tempfile.mkdtemp(prefix=f"server-{sync}-", dir=work))
     port = free_port()
+    ports = {"thrift": 0, "memcache": 0, protocol: port}
     config = home / "kestrel.yaml"
-    config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\nthrift_port: {port}\n"
-                      f"memcache_port: 0\ntext_port: 0\nadmin_port: 0\ncommit_log: on\n"
+    config.write_text(f"queue_path: {home / 'queues'}\nlisten_address: 127.0.0.1\n"
+                      f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
+                      f"text_port: 0\nadmin_port: 0\ncommit_log: on\n"
                       f"default_queue:\n  sync_journal: {sync}\n")
     out = str(home / "server.%p")
     command = [*_callgrind(out, "--instr-atstart=no"), sys.executable, "-m", "kestrel", "serve",
@@ -95,10 +99,10 @@ def server_instructions(build: Path, work: Path, binary: Path, sync: str, second
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start: see {home / 'server.log'}") from None
                 time.sleep(1)
-        loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=5, size=size, prefix="durable",
+        loadgen.run(binary, protocol, port, clients=CLIENTS, seconds=5, size=size, prefix="durable",
                     timeout=600)
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
-        result = loadgen.run(binary, "thrift", port, clients=CLIENTS, seconds=seconds, size=size,
+        result = loadgen.run(binary, protocol, port, clients=CLIENTS, seconds=seconds, size=size,
                              prefix="durable", timeout=600, warm_up=False)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
@@ -120,11 +124,13 @@ def main() -> None:
                         help="bytes of each item the clients put (default 128)")
     parser.add_argument("--only", nargs="+", choices=("path", "server", "never"),
                         default=["path", "server", "never"])
+    parser.add_argument("--protocol", choices=("thrift", "memcache"), default="thrift",
+                        help="the clients' protocol in `server` and `never` (default thrift)")
     args = parser.parse_args()
     builds = {"compiled": peers.build_path("compiled")}
     if args.against is not None:
         builds["before"] = args.against.resolve()
-    print(f"# instructions of the event loop thread an item of {args.size} B (callgrind), "
+    print(f"# instructions of the event loop thread an item of {args.size} B (callgrind, {args.protocol}), "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load {load_average()}\n")
     print("| run | build | the log's path without sockets (rounds/item) | the server, `always` with the log "
           "| the server, `never` |")
@@ -144,7 +150,8 @@ def main() -> None:
                     if ("server" if sync == "always" else "never") not in args.only:
                         cells.append("")
                         continue
-                    count = server_instructions(build, work, binary, sync, args.seconds, args.size)
+                    count = server_instructions(build, work, binary, sync, args.seconds, args.size,
+                                                args.protocol)
                     cells.append(f"{count:,.0f}")
                 print(f"| {run} | {name} | {' | '.join(cells)} |", flush=True)
 

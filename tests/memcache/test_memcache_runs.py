@@ -1,9 +1,13 @@
 """The compiled scanner of pipelined runs (src/kestrel/service/memcache/_scan.c) against
 `commands.parse_line`, the memcache grammar's one Python reading: for every line a run takes, at
 every split of intact and damaged buffers, the command parse_line reads from it; and a run stops
-where another command begins."""
+where another command begins. A connection names a run's queue once for runs of one key in a row.
+"""
 
 from __future__ import annotations
+
+import socket
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -137,3 +141,26 @@ def test_values_lays_out_what_single_gets_answer() -> None:
     with pytest.raises(TypeError):
         _scan.values(b"q", ["text"], 0)
 
+
+
+def test_runs_of_one_key_share_its_queue_name_and_other_keys_name_their_own(server_state: Any) -> None:
+    """A connection makes the queue name of a run's key once for runs of the same key in a row
+    (`queue_named`): the same str, whose hash the queue's lookup has computed; a run of another key
+    names its own queue, and its items go there."""
+    from kestrel.service.memcache.handler import MemcacheConnection
+
+    ours, theirs = socket.socketpair()
+    connection = MemcacheConnection(server_state, ours, "test")
+    first = connection.queue_named(b"jobs")
+    assert first == "jobs" and connection.queue_named(b"jobs") is first
+    assert connection.queue_named(b"jobs2") == "jobs2" and connection.queue_named(b"jobs") == "jobs"
+    burst = b"set a 0 0 1\r\nx\r\nset b 0 0 1\r\ny\r\nset a 0 0 1\r\nz\r\nget b\r\nget a\r\nget a\r\n"
+    assert connection.process(bytearray(burst)) == len(burst)
+    connection.send()
+    replies = b""
+    while not replies.endswith(b"z\r\nEND\r\n"):
+        replies += theirs.recv(4096)
+    assert replies == (b"STORED\r\n" * 3 + b"VALUE b 0 1\r\ny\r\nEND\r\nVALUE a 0 1\r\nx\r\nEND\r\n"
+                       b"VALUE a 0 1\r\nz\r\nEND\r\n")
+    ours.close()
+    theirs.close()

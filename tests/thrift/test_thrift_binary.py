@@ -229,6 +229,38 @@ def test_calls_of_the_hot_path_take_the_compiled_reader() -> None:
     assert compiled_call(unknown_field) is None and python_call(unknown_field) is not None  # read field by field
 
 
+def _name_slot(name: str) -> int:
+    """The slot the compiled reader keeps an ASCII name's str in (FNV-1a of its bytes, 64 slots)."""
+    raw = name.encode()
+    h = 2166136261 ^ len(raw)
+    for byte in raw:
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h % 64
+
+
+def _name_read(name: str) -> str:
+    call = compiled_call(encode_call("binary", "peek", seqid=1, queue_name=name))
+    assert call is not None
+    read: str = call[2][0]
+    assert read == name
+    return read
+
+
+def test_a_queue_name_read_again_is_the_same_str() -> None:
+    """A name the reader has kept is given again for the same bytes (no decode, its hash known), also
+    after another name took its slot and gave it back; names over 64 bytes or not ASCII are decoded
+    each time, and every name reads as the Python reader reads it (`compiled_call` checks that)."""
+    first = _name_read("orders")
+    assert _name_read("orders") is first
+    rival = next(f"q{n}" for n in range(10_000) if _name_slot(f"q{n}") == _name_slot("orders"))
+    kept_rival = _name_read(rival)  # takes the slot
+    assert _name_read(rival) is kept_rival
+    assert _name_read("orders") is not first  # read anew, and kept again
+    assert _name_read("ordert") != "orders" and _name_read("order") == "order"  # same slot or not, its own bytes
+    for name in ("q" * 65, "файлы", "caf\u00e9"):
+        assert _name_read(name) is not _name_read(name)
+
+
 @settings(max_examples=300, deadline=None)
 @given(CALLS, st.data())
 def test_a_frame_in_the_receive_buffer_reads_as_its_payload_reads(call: tuple[str, Any], data: Any) -> None:

@@ -88,6 +88,9 @@ class MemcacheConnection(BufferedConnection):
         self.discard = 0  # bytes of item data still to drop unread
         self.discard_reply = b""  # sent once they are dropped
         self.skip_line = False  # after a bad data chunk: drop input up to the next line end
+        # The key of the last run and the queue name made of it (`queue_named`).
+        self.last_key = b""
+        self.last_queue = ""
         # Each command's handler and answer-time histogram, looked up at its first use only. The
         # handlers are the class's functions, not this connection's bound methods: a table of those
         # would refer back to the connection, a cycle only a full collection frees (and none frees
@@ -95,6 +98,17 @@ class MemcacheConnection(BufferedConnection):
         self.commands: dict[str, tuple[Callable[[MemcacheConnection, Command], None], HistogramSeries]] = {}
         self.set_latency = metrics.request_latency("memcache", "set")
         self.get_latency = metrics.request_latency("memcache", "get")
+
+    def queue_named(self, key: bytes) -> str:
+        """The queue a run's `key` names: the str made for the last run's key when it is the same,
+        as a client's runs name the same queue one after another (no decode, and the queue's lookup
+        finds the str's hash already computed)."""
+        if key == self.last_key:
+            return self.last_queue
+        queue = key.decode()
+        self.last_key = key
+        self.last_queue = queue
+        return queue
 
     def mid_request(self) -> bool:
         return self.discard > 0 or self.skip_line
@@ -131,7 +145,7 @@ class MemcacheConnection(BufferedConnection):
                     sets = _scan_sets(buf, pos, end, self.scan_line, self.scan_item, self.scan_run)
                     if sets is not None:
                         key, exptime, datas, answered, after = sets
-                        queue = key.decode()
+                        queue = self.queue_named(key)
                         if self.in_hub and not self.session.answers_at_once(queue):
                             return pos
                         pos = after
@@ -142,7 +156,7 @@ class MemcacheConnection(BufferedConnection):
                     gets = _scan_gets(buf, pos, end, self.scan_line, self.scan_run)
                     if gets is not None:
                         key, count, after = gets
-                        queue = key.decode()
+                        queue = self.queue_named(key)
                         if self.in_hub and not self.session.answers_at_once(queue, count):
                             return pos
                         served = self.fetch(key, queue, count)

@@ -107,6 +107,34 @@ static int known_type(int t) {
     }
 }
 
+/* The text arguments are queue names, and a client names the same few queues call after call: the
+ * str of a name is kept, in a slot chosen by a hash of its bytes, and given again for the same bytes,
+ * so that a call decodes no name its slot holds, and the queue's lookup finds the str's hash already
+ * computed (a decode and a hash of the name: about a thirtieth of a request's instructions). Only
+ * ASCII names are kept: their str holds the bytes as they came, one a character, to compare with. */
+enum { NAME_SLOTS = 64, MAX_KEPT_NAME = 64 };
+static PyObject *kept_names[NAME_SLOTS];
+
+static PyObject *text(const char *start, int32_t n) {
+    if (n > MAX_KEPT_NAME) {
+        return PyUnicode_DecodeUTF8(start, n, "strict");
+    }
+    uint32_t hash = 2166136261u ^ (uint32_t)n;  /* FNV-1a */
+    for (int32_t i = 0; i < n; i++) {
+        hash = (hash ^ (unsigned char)start[i]) * 16777619u;
+    }
+    PyObject **slot = &kept_names[hash % NAME_SLOTS];
+    PyObject *kept = *slot;
+    if (kept != NULL && PyUnicode_GET_LENGTH(kept) == n && memcmp(PyUnicode_DATA(kept), start, (size_t)n) == 0) {
+        return Py_NewRef(kept);
+    }
+    PyObject *value = PyUnicode_DecodeUTF8(start, n, "strict");
+    if (value != NULL && PyUnicode_IS_ASCII(value)) {
+        Py_XSETREF(*slot, Py_NewRef(value));
+    }
+    return value;
+}
+
 /* The value of one argument of `kind` at buf[*pos:end] (after its field header), or NULL as above. */
 static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io, Py_ssize_t end,
                           Py_ssize_t max_items, long long max_bytes, int *declined) {
@@ -141,7 +169,7 @@ static PyObject *argument(int kind, const unsigned char *buf, Py_ssize_t *pos_io
         if (kind == ARG_BINARY) {
             value = PyBytes_FromStringAndSize(start, n);
         } else {
-            value = PyUnicode_DecodeUTF8(start, n, "strict");
+            value = text(start, n);
             if (value == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                 PyErr_Clear();  /* the Python reader names the byte */
                 return NULL;
