@@ -282,6 +282,35 @@ def test_input_emptied_keeps_a_small_request_s_block_and_lets_a_large_one_go() -
     assert buf == b"" and sys.getsizeof(buf) < held  # a large request's block is not held on to
 
 
+@pytest.mark.skipif(socket_io._c_receive is None, reason="built without a C compiler")
+def test_requests_of_any_size_received_into_a_kept_block_leave_it_as_it_is(pair: Any) -> None:
+    """A put's request then a get's (under half its size) then a put's again land in the block the
+    first kept, which neither shrinks nor grows; a request larger than the block still grows it,
+    and a view held over the buffer still refuses any change."""
+    server, client = pair
+    receive, drop = socket_io._c_receive, socket_io.drop_answered
+    buf = bytearray()
+    client.sendall(bytes(range(150)))
+    assert receive(server.fileno(), buf, 4096) == 150
+    drop(buf, 150)
+    held = sys.getsizeof(buf)
+    for request in (b"get" * 20, bytes(range(150)), b"g"):
+        client.sendall(request)
+        assert receive(server.fileno(), buf, 4096) == len(request)
+        assert buf == request and bytes(buf) == request and sys.getsizeof(buf) == held
+        drop(buf, len(buf))
+    client.sendall(b"first")
+    assert receive(server.fileno(), buf, 4096) == 5
+    client.sendall(b" and the rest")
+    assert receive(server.fileno(), buf, 4096) == 13 and buf == b"first and the rest"
+    client.sendall(bytes(600))
+    assert receive(server.fileno(), buf, 4096) == 600 and sys.getsizeof(buf) > held
+    assert buf == b"first and the rest" + bytes(600)
+    client.sendall(b"more")
+    with memoryview(buf), pytest.raises(BufferError):
+        receive(server.fileno(), buf, 4096)
+
+
 @pytest.mark.parametrize(("receive", "send"), [pytest.param(r.values[0], s.values[0], id=r.id)
                                                for r, s in zip(RECEIVES, SENDS, strict=True)])
 def test_a_receive_or_send_on_a_closed_descriptor_raises_oserror(receive: Any, send: Any) -> None:

@@ -16,7 +16,8 @@
  * `del buf[:end]` that empties it also gives back its block (a bytearray cut below half its block is
  * reallocated to fit), which the next receive then grows again: a free and two allocations a request.
  * Emptied, a buffer whose block is at most `KEEP_BLOCK` bytes keeps it; a larger one (a large
- * request's) is let go as before, as is any buffer with a request's bytes left after `end`.
+ * request's) is let go as before, as is any buffer with a request's bytes left after `end`; and
+ * `receive` appends into the block it kept wherever it has room, smaller requests among larger.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -75,13 +76,19 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
     }
-    PyObject *buf = args[1];
-    Py_ssize_t have = PyByteArray_GET_SIZE(buf);
+    PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
+    Py_ssize_t have = Py_SIZE(buf);
     if (n > 0) {
-        if (PyByteArray_Resize(buf, have + n) < 0) {
+        /* Into the block `drop_answered` kept, where it has room, as it is: a bytearray resized to
+         * under half its block gives the block back (a get's request after a put's: a reallocation
+         * to shrink, then one to grow, each request). Not while a view of it is held. */
+        if (buf->ob_exports == 0 && (buf->ob_start - buf->ob_bytes) + have + n < buf->ob_alloc) {
+            Py_SET_SIZE(buf, have + n);
+            buf->ob_start[have + n] = '\0';  /* a bytearray's bytes always end with a NUL */
+        } else if (PyByteArray_Resize((PyObject *)buf, have + n) < 0) {
             return NULL;  /* the bytes are lost with the connection, which this error ends */
         }
-        memcpy(PyByteArray_AS_STRING(buf) + have, scratch, (size_t)n);
+        memcpy(buf->ob_start + have, scratch, (size_t)n);
     }
     return PyLong_FromSsize_t(n);
 }
