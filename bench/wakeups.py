@@ -9,14 +9,17 @@ the two happens follows how busy each CPU is, so a server that spends more CPU a
 for each of its wake-ups too. `perf record -e sched:sched_wakeup -e sched:sched_switch -a` over
 `--seconds` of each server's load counts, per item, the wake-ups the server's threads made, the
 share of them sent to another CPU than the waker's, and how often the server was switched out while
-still runnable (preempted); /proc gives its CPU per item over the same window. Needs `perf`.
+still runnable (preempted); /proc gives its CPU per item over the same window. `--split` binds
+every thread of the server to CPU 0 and the clients to CPU 1, so that every wake-up of either server
+crosses CPUs: the two then pay alike for it. Needs `perf`.
 
-    .venv/bin/python -m bench.wakeups [--runs 2] [--seconds 3]
+    .venv/bin/python -m bench.wakeups [--runs 2] [--seconds 3] [--split]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -90,10 +93,15 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="each server this many times, in turn")
     parser.add_argument("--seconds", type=float, default=3.0, help="of load traced a run")
+    parser.add_argument("--split", action="store_true",
+                        help="the server bound to CPU 0, the clients (started from here) to CPU 1")
     args = parser.parse_args()
     if shutil.which("perf") is None:
         sys.exit("perf is not installed (Debian: apt-get install linux-perf)")
-    print(f"# wake-ups a server's replies make, {CLIENTS} clients, 128 B, "
+    if args.split:
+        os.sched_setaffinity(0, {1})  # the load generator's processes inherit it
+    print(f"# wake-ups a server's replies make, {CLIENTS} clients, 128 B"
+          f"{', the server on CPU 0 and they on CPU 1' if args.split else ''}, "
           f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}, load average {load_average()}\n")
     print("| run | server | items/s | server CPU µs an item | wake-ups an item | to another CPU "
           "| preempted an item |")
@@ -104,6 +112,9 @@ def main() -> None:
         for run in range(1, args.runs + 1):
             for name, protocol, started in servers(work):
                 with started as server:
+                    if args.split:
+                        for thread in os.listdir(f"/proc/{server.pid}/task"):
+                            os.sched_setaffinity(int(thread), {0})
                     print(f"| {run} | {name} | {measure(binary, work, protocol, server, args.seconds)} |",
                           flush=True)
 
