@@ -5,13 +5,14 @@ Each reply a server sends wakes the client waiting for it. The scheduler runs th
 an idle CPU when one is idle, which on a virtual machine is an inter-processor interrupt and an exit
 to the host, paid inside the sender's `send`; when no CPU is idle, it may run the client on the
 sender's own CPU instead, where the wake-up is cheap and the client preempts the sender. Which of
-the two happens follows how busy each CPU is, so a server that spends more CPU an item pays more
-for each of its wake-ups too. `perf record -e sched:sched_wakeup -e sched:sched_switch -a` over
-`--seconds` of each server's load counts, per item, the wake-ups the server's threads made, the
-share of them sent to another CPU than the waker's, and how often the server was switched out while
-still runnable (preempted); /proc gives its CPU per item over the same window. `--split` binds
-every thread of the server to CPU 0 and the clients to CPU 1, so that every wake-up of either server
-crosses CPUs: the two then pay alike for it. Needs `perf`.
+the two happens follows how busy each CPU is and how soon the reply comes, so a server that answers
+more slowly, its CPU busier, wakes its clients across CPUs more often.
+`perf record -e sched:sched_wakeup -e sched:sched_switch -a` over `--seconds` of each server's load
+counts, per item, the wake-ups the server's threads made, the share of them sent to another CPU than
+the waker's, and how often the server was switched out while still runnable (preempted); /proc
+gives its CPU per item over the same window. `--split` binds every thread of the server to CPU 0
+and the clients to CPU 1, so that every wake-up of either server crosses CPUs: the two then pay
+alike for it. Needs `perf`.
 
     .venv/bin/python -m bench.wakeups [--runs 2] [--seconds 3] [--split]
 """
