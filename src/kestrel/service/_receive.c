@@ -45,6 +45,13 @@ static int as_fd(PyObject *value) {
     return (int)fd;
 }
 
+/* Set the length of a bytearray, within its block and with no view of it held, as its own resize
+ * would leave it: its bytes always end with a NUL. */
+static void set_length(PyByteArrayObject *buf, Py_ssize_t length) {
+    Py_SET_SIZE(buf, length);
+    buf->ob_start[length] = '\0';
+}
+
 /* receive(fd, buf, chunk) -> int: up to `chunk` bytes from the socket appended to the bytearray
  * `buf`; how many (0: the end of the stream), or -1 when nothing is there yet. Raises OSError. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -83,8 +90,7 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
          * under half its block gives the block back (a get's request after a put's: a reallocation
          * to shrink, then one to grow, each request). Not while a view of it is held. */
         if (buf->ob_exports == 0 && (buf->ob_start - buf->ob_bytes) + have + n < buf->ob_alloc) {
-            Py_SET_SIZE(buf, have + n);
-            buf->ob_start[have + n] = '\0';  /* a bytearray's bytes always end with a NUL */
+            set_length(buf, have + n);
         } else if (PyByteArray_Resize((PyObject *)buf, have + n) < 0) {
             return NULL;  /* the bytes are lost with the connection, which this error ends */
         }
@@ -178,9 +184,8 @@ static PyObject *drop_answered(PyObject *self, PyObject *const *args, Py_ssize_t
     /* Not while a view of it is held: then `del` raises BufferError, as it should. */
     if (end >= Py_SIZE(buf) && buf->ob_exports == 0 && buf->ob_alloc <= KEEP_BLOCK) {
         if (Py_SIZE(buf) > 0) {
-            Py_SET_SIZE(buf, 0);
             buf->ob_start = buf->ob_bytes;
-            buf->ob_bytes[0] = '\0';  /* a bytearray's bytes always end with a NUL */
+            set_length(buf, 0);
         }
         Py_RETURN_NONE;
     }
