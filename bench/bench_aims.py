@@ -2,7 +2,8 @@
 
 The measurements are those of the scripts that own them, called here: bench/bench_servers.py's
 single items, batches, durability and item sizes; bench/bench_scale.py's 10,000 filled queues
-against 4, the idle server holding them, and 1,000 connections against 4; the copies of an item's
+against 4, the idle server holding them, 1,000 connections against 4, and a connection's accept and
+close; the copies of an item's
 bytes counted by bench/item_copies.py in a process on our server's build. Each prints its own
 tables as it goes; then one table gives each aim's row: our items/s and server CPU µs per item, each
 peer's from the same run, the ratio the aim is stated in, the aim, and whether it is met.
@@ -13,7 +14,11 @@ peer's from the same run, the ratio the aim is stated in, the aim, and whether i
   always and beanstalkd -f0 (the aim is the default's);
 - 10,000 filled queues against 4 (memcache and Thrift), beside Redis's ratio;
 - an idle server holding 10,000 queues, % of a core, beside Redis;
-- 1,000 connections against 4, beside memcached's and Redis's ratios;
+- memcache single items beside a minimal gevent server (bench/minimal_gevent_server.py): the
+  floor of Python and gevent, no journal; no aim of its own;
+- 1,000 connections against 4, beside memcached's, Redis's and the minimal gevent server's ratios;
+- accepting and closing a connection, CPU µs, beside Redis and the minimal gevent server; no aim
+  of its own (the aim is that it be cheap);
 - 1 KB and 64 KB items over Thrift and memcache: the copies of an item's bytes between the socket
   and the journal, beside Redis at that size.
 
@@ -24,7 +29,8 @@ a table each, then one more with each aim's row over the N runs (in how many it 
 ratios), where a verdict is read.
 
     .venv/bin/python -m bench.bench_aims [--quick] [--seconds 3] [--repeat 2] [--builds compiled pure]
-                                         [--queues 10000] [--connections 1000] [--idle 10] [--runs 1]
+                                         [--queues 10000] [--connections 1000] [--idle 10]
+                                         [--cycles 2000] [--runs 1]
 """
 
 from __future__ import annotations
@@ -113,6 +119,11 @@ def single_rows(figures: Figures, build: str) -> Iterator[Row]:
                   f"{times(by_bean)} beanstalkd, {times(by_redis)} Redis; CPU {times(cpu)} Redis's",
                   "≥1.5× beanstalkd, ≥0.8× Redis; CPU ≤1.3× Redis's",
                   all_met(at_least(by_bean, 1.5), at_least(by_redis, 0.8), at_most(cpu, 1.3)))
+    ours, floor = figures[f"memcache {build}"], figures["minimal gevent"]
+    yield Row(f"memcache single items beside the stack's floor ({build})", figure(ours),
+              (f"a minimal gevent server, no journal {figure(floor)}",),
+              f"{times(ratio(ours, floor))} its items/s; CPU {times(cpu_ratio(ours, floor))} its",
+              "(none: what Python and gevent cost alone)", None)
 
 
 def batch_rows(figures: Figures, build: str) -> Iterator[Row]:
@@ -160,8 +171,17 @@ def connection_rows(figures: dict[str, tuple[Cost, Cost]], build: str,
     few, many = figures[f"kestrel-py {build}"]
     growth = cpu_ratio(many, few)
     yield Row(f"{connections:,} connections against 4, memcache ({build})", few_and_many(few, many),
-              tuple(f"{peer} {few_and_many(*figures[peer])}" for peer in ("memcached", "Redis")),
+              tuple(f"{peer} {few_and_many(*figures[peer])}"
+                    for peer in ("memcached", "Redis", "a minimal gevent server")),
               f"CPU {times(growth)} of 4 connections'", "CPU ≤1.3× of 4 connections'", at_most(growth, 1.3))
+
+
+def connect_rows(costs: dict[str, float], build: str) -> Iterator[Row]:
+    ours = max(costs[f"kestrel-py {build} ({port} port)"] for port in ("memcache", "Thrift"))
+    yield Row(f"accepting and closing a connection ({build})", f"{ours:.0f} µs of CPU",
+              tuple(f"{peer} {costs[peer]:.0f} µs" for peer in ("Redis", "a minimal gevent server")),
+              f"{times(divided(ours, costs['Redis']))} Redis's (the more of our two ports)",
+              "(none: cheap; 210 µs when the aims were set)", None)
 
 
 def copy_rows(figures: Figures, copies: dict[tuple[str, int], tuple[int, int]] | str,
@@ -203,7 +223,7 @@ def aims(args: argparse.Namespace) -> list[Row]:
     """Every measurement, its tables printed as it goes; the aims' rows."""
     scale = argparse.Namespace(queues=args.queues, fill=2, seconds=args.seconds, repeat=args.repeat,
                                idle=args.idle, settle=args.settle, connections=args.connections,
-                               builds=args.builds)
+                               cycles=args.cycles, builds=args.builds)
     with bench_servers.work_directory() as work:
         bench = bench_servers.Bench(loadgen.build(work), args.seconds, args.repeat, tuple(args.builds))
         single = bench_servers.single(bench, work)
@@ -212,12 +232,13 @@ def aims(args: argparse.Namespace) -> list[Row]:
         sizes = bench_servers.sizes(bench, work)
         queues = bench_scale.queues_and_idle(bench.binary, work, scale)
         connections = bench_scale.connections(bench.binary, work, scale)
+        connects = bench_scale.connect_and_close(work, scale)
     rows: list[Row] = []
     for build in args.builds:
         copies = count_copies(build)
         rows += [*single_rows(single, build), *batch_rows(batch, build), *always_rows(always, build),
                  *queue_rows(queues, build, args.queues),
-                 *connection_rows(connections, build, args.connections),
+                 *connection_rows(connections, build, args.connections), *connect_rows(connects, build),
                  *copy_rows(sizes, copies, build)]
     return rows
 
@@ -255,6 +276,8 @@ def main() -> None:
                         help="the many connections (default 1000)")
     parser.add_argument("--idle", type=float, default=10.0,
                         help="seconds the idle server is watched (default 10)")
+    parser.add_argument("--cycles", type=int, default=2_000,
+                        help="connections opened and closed, each server (default 2000)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run of the harness: seconds, not figures")
     parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["compiled"],
@@ -265,7 +288,7 @@ def main() -> None:
     args.settle = 1.0
     if args.quick:
         args.seconds, args.repeat, args.idle, args.settle = 0.5, 1, 0.5, 0.1
-        args.queues, args.connections = 200, 20
+        args.queues, args.connections, args.cycles = 200, 20, 100
     print(f"# every aim beside its peers, {time.strftime('%Y-%m-%d %H:%M %Z')}, {machine()}")
     print(f"# load: bench/loadgen.c, one process per connection; each figure the best of {args.repeat} "
           f"run(s) of {args.seconds:g} s; load average before: {load_average()}")

@@ -1,5 +1,6 @@
 """Cost that follows the work: what many queues and many connections cost this server, beside Redis
-(and memcached for connections) in the same run, as server CPU time from /proc.
+(and, for connections, memcached and a minimal gevent server) in the same run, as server CPU time
+from /proc.
 
 - queues: memcache set + get and Thrift put + get of 128-byte items (Redis: RPUSH / LPOP), 4
   connections, on 4 queues and on QUEUES queues each holding FILL items, the load spread over all of
@@ -240,7 +241,8 @@ def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str,
     print(f"\n### {args.connections:,} connections against 4: the same load on 4 queues\n")
     print(f"| server | CPU µs/item, 4 connections | CPU µs/item, {args.connections:,} connections | ratio |")
     print("| --- | --- | --- | --- |")
-    rows = [*servers(work, args.builds), ("memcached", lambda: peers.memcached(work), "memcache", "memcache")]
+    rows = [*servers(work, args.builds), ("memcached", lambda: peers.memcached(work), "memcache", "memcache"),
+            ("a minimal gevent server", lambda: peers.minimal_gevent(work), "memcache", "memcache")]
     figures = {}
     for label, start, port, protocol in rows:
         with start() as server:
@@ -253,13 +255,16 @@ def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str,
     return figures
 
 
-def connect_and_close(work: Path, args: argparse.Namespace) -> None:
+def connect_and_close(work: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Each server's CPU µs to accept and close a connection."""
     print(f"\n### Accepting and closing a connection: {args.cycles:,} in turn, no request\n")
     print("| server | CPU µs per connection |")
     print("| --- | --- |")
     rows = [(f"kestrel-py {build} ({name} port)", ours(work, build), port)
             for build in args.builds for name, port in (("memcache", "memcache"), ("Thrift", "thrift"))]
     rows.append(("Redis", lambda: peers.redis(work), "redis"))
+    rows.append(("a minimal gevent server", lambda: peers.minimal_gevent(work), "memcache"))
+    costs = {}
     for label, start, port in rows:
         with start() as server:
             address = ("127.0.0.1", server[port])
@@ -271,7 +276,9 @@ def connect_and_close(work: Path, args: argparse.Namespace) -> None:
                 socket.create_connection(address).close()
             time.sleep(0.5)  # the last closes handled
             cost = (process_cpu_seconds(server.pid) - before - idle_cpu(server, 0.5)) / args.cycles * 1e6
+        costs[label] = cost
         print(f"| {label} | {cost:.0f} |", flush=True)
+    return costs
 
 
 def ours(work: Path, build: str, admin: bool = False) -> Server:

@@ -1,4 +1,5 @@
-"""Side-by-side server benchmarks: this server against beanstalkd, Redis and memcached, in one run.
+"""Side-by-side server benchmarks: this server against beanstalkd, Redis, memcached and a minimal
+gevent server, in one run.
 
 The load comes from bench/loadgen.c, built here with the machine's C compiler: CLIENTS processes, one
 connection each, each on its own queue, request/response, 128-byte items; an item is one put plus
@@ -11,8 +12,9 @@ Our server runs in each build named by `--builds` (bench/peers.py: `compiled`, m
 compiled`, and `pure`), the builds taking turns run by run; each row names the build.
 
 - single: one item per request, 4 clients. Our `sync_journal: never` against beanstalkd -F and
-  Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached
-  and Redis. Reliable reads against beanstalkd's reserve + delete: Thrift get with auto-abort then
+  Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached,
+  Redis and a minimal gevent server (bench/minimal_gevent_server.py: the stack's floor, no
+  journal). Reliable reads against beanstalkd's reserve + delete: Thrift get with auto-abort then
   confirm, memcache `get q/open` then `get q/close`, as Kestrel's clients make them.
 - batch: 100 items per round, 4 clients: one Thrift put and get against Redis's multi-value RPUSH
   and LPOP with a count, against 100 pipelined single-item Redis commands, and against 100
@@ -178,7 +180,7 @@ def named(what: str, ours: dict[str, Measured | None]) -> Figures:
 def single(bench: Bench, work: Path) -> Figures:
     header("Single items: 4 clients, 128 B, one item per request")
     with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
-            peers.memcached(work) as mc:
+            peers.memcached(work) as mc, peers.minimal_gevent(work) as floor:
         thrift = bench.alternate("thrift", k, "thrift", "single")
         beans = bench.measure("beanstalk", bean, "beanstalk", "single")
         redis = bench.measure("redis", red, "redis", "single")
@@ -191,10 +193,13 @@ def single(bench: Bench, work: Path) -> Figures:
         rows("memcache set + get", memcache, "memcached set/get", memcached)
         rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
         rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis)
+        minimal = bench.measure("memcache", floor, "memcache", "g")
+        rows("memcache set + get", memcache, "a minimal gevent server (no journal)", minimal)
         opened = bench.alternate("memcache", k, "memcache", "open", open_reads=True)
         rows("memcache set + get/open + get/close", opened, "beanstalkd -F put/reserve/delete", beans)
     return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
-            **named("memcache open", opened), "beanstalkd": beans, "redis": redis, "memcached": memcached}
+            **named("memcache open", opened), "beanstalkd": beans, "redis": redis, "memcached": memcached,
+            "minimal gevent": minimal}
 
 
 def batch(bench: Bench, work: Path) -> Figures:

@@ -3,8 +3,9 @@
 Our server runs from this checkout (`python -m kestrel serve`), in either build of its one source
 (src/kestrel/build.py): `pure`, the Python source in src/, or `compiled`, the request path compiled
 by mypyc in build/compiled (`make compiled` makes it). The peers come from Debian and are installed
-with apt-get when the script runs as root, or named in a clear message otherwise. Every server keeps
-its data under the benchmark's work directory.
+with apt-get when the script runs as root, or named in a clear message otherwise; the one peer of
+ours, bench/minimal_gevent_server.py, runs on this interpreter. Every server keeps its data under
+the benchmark's work directory.
 """
 
 from __future__ import annotations
@@ -167,4 +168,14 @@ def memcached(work: Path) -> Iterator[Running]:
     user = ["-u", "root"] if os.geteuid() == 0 else []
     with started([ensure_command("memcached", "memcached"), "-l", "127.0.0.1", "-p", str(port), "-U", "0",
                   *user], {"memcache": port}, Path(work)) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def minimal_gevent(work: Path) -> Iterator[Running]:
+    """bench/minimal_gevent_server.py: a memcache queue server with a greenlet per connection and
+    no journal, the floor of what Python and gevent cost an item (the memcache workload)."""
+    port = free_port()
+    with started([sys.executable, "-m", "bench.minimal_gevent_server", str(port)], {"memcache": port},
+                 Path(work), env=dict(os.environ, PYTHONPATH=str(ROOT))) as running:
         yield running

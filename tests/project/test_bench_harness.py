@@ -92,6 +92,33 @@ def test_loadgen_drives_many_connections_from_a_few_processes(binary: Path, serv
         loadgen.run(binary, "thrift", server.thrift_port, clients=4, processes=2, items=1, prefix="bad.")
 
 
+@pytest.mark.parametrize("batch", [1, 7])
+def test_the_minimal_gevent_server_moves_every_item_the_load_generator_puts(binary: Path, tmp_path: Path,
+                                                                           batch: int) -> None:
+    """The stack's floor, a peer of the benchmarks, answers loadgen's memcache rounds as a queue
+    does (each get the item its client put), one request at a time and pipelined."""
+    from bench import peers
+
+    with peers.minimal_gevent(tmp_path) as floor:
+        result = loadgen.run(binary, "memcache", floor["memcache"], clients=3, batch=batch, items=21)
+    rounds = -(-21 // batch)
+    assert (result.put, result.items, result.wrong) == (3 * rounds * batch, 3 * rounds * batch, 0)
+
+
+def test_the_minimal_gevent_server_answers_requests_split_anywhere() -> None:
+    """A request cut at any byte is answered once the rest arrives, and not before."""
+    from bench.minimal_gevent_server import answer, queues
+
+    requests = b"set split 0 0 5\r\nhello\r\nget split\r\nget split\r\nflush_all\r\n"
+    expected = [b"STORED\r\n", b"VALUE split 0 5\r\nhello\r\nEND\r\n", b"END\r\n", b"ERROR\r\n"]
+    for cut in range(len(requests) + 1):
+        queues.clear()
+        replies: list[bytes] = []
+        left = answer(requests[:cut], replies)
+        left = answer(left + requests[cut:], replies)
+        assert (replies, left) == (expected, b""), cut
+
+
 def test_loadgen_names_what_went_wrong(binary: Path, server: Any) -> None:
     with pytest.raises(loadgen.LoadgenError, match="connect to 127.0.0.1"):
         loadgen.run(binary, "thrift", free_port(), clients=1, items=1)
