@@ -12,7 +12,7 @@ against. Not for anything but a benchmark: it trusts its client.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections import defaultdict, deque
 
 from gevent.server import StreamServer
@@ -64,7 +64,9 @@ def serve(connection: socket, _address: object) -> None:
 
 
 def main() -> None:
-    StreamServer(("127.0.0.1", int(sys.argv[1])), serve).serve_forever()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("port", type=int, help="the loopback port to listen on")
+    StreamServer(("127.0.0.1", parser.parse_args().port), serve).serve_forever()
 
 
 if __name__ == "__main__":

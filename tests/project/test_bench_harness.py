@@ -303,7 +303,9 @@ def test_the_aims_table_has_every_row_with_its_peers() -> None:
         "200 filled queues against 4, memcache (pure)": ("Redis",),
         "200 filled queues against 4, Thrift (pure)": ("Redis",),
         "an idle server holding 200 queues (pure)": ("Redis",),
-        "20 connections against 4, memcache (pure)": ("memcached", "Redis"),
+        "memcache single items beside the stack's floor (pure)": ("a minimal gevent server",),
+        "20 connections against 4, memcache (pure)": ("memcached", "Redis", "a minimal gevent server"),
+        "accepting and closing a connection (pure)": ("Redis", "a minimal gevent server"),
         **{f"{size} items, {protocol} (pure)": ("Redis",) for size in ("1 KB", "64 KB")
            for protocol in ("Thrift", "memcache")},
     }
