@@ -3,10 +3,10 @@
 The measurements are those of the scripts that own them, called here: bench/bench_servers.py's
 single items, batches, durability and item sizes; bench/bench_scale.py's 10,000 filled queues
 against 4, the idle server holding them, 1,000 connections against 4, and a connection's accept and
-close; the copies of an item's
-bytes counted by bench/item_copies.py in a process on our server's build. Each prints its own
-tables as it goes; then one table gives each aim's row: our items/s and server CPU µs per item, each
-peer's from the same run, the ratio the aim is stated in, the aim, and whether it is met.
+close; the copies of an item's bytes counted by bench/item_copies.py in a process on our server's
+build. Each prints its own tables as it goes; then one table gives each aim's row: our items/s and
+server CPU µs per item, each peer's from the same run, the ratio the aim is stated in, the aim, and
+whether it is met.
 
 - single items: Thrift and memcache, 4 clients, beside beanstalkd -F and Redis (appendfsync no);
 - Thrift batches of 100 beside Redis's multi-value RPUSH and LPOP with a count;
