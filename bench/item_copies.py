@@ -36,6 +36,7 @@ from kestrel.service.memcache.handler import MemcacheConnection
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.text.handler import TextConnection
 from kestrel.service.thrift.handler import ThriftConnection
+from kestrel.storage import disk
 from kestrel.storage.kestrel2 import codec
 from tests.support.thrift_wire import encode_call, framed
 
@@ -229,7 +230,7 @@ def count(server: ServerState, protocol: str, size: int, tries: int = TRIES) -> 
 
 def _put_and_get(server: ServerState, client: Client, put: Exchange, get: Exchange, data: bytes) -> Copies:
     """One put of `data` and one get of it, counted."""
-    writev = os.writev
+    writev_all = disk.writev_all
     put_request, put_reply = put(data, False)
     get_request, get_reply = get(data, False)
     socket_io._SCRATCH[:] = bytes([MARK]) * len(socket_io._SCRATCH)
@@ -237,16 +238,16 @@ def _put_and_get(server: ServerState, client: Client, put: Exchange, get: Exchan
 
     def watched(fd: int, pieces: list[bytes]) -> int:
         written.extend(pieces)
-        return writev(fd, pieces)
+        return writev_all(fd, pieces)
 
     # The get's first bytes come with the put (a client pipelining its next request), so the
     # receive buffer keeps its room while the put is read: a copy of the request beside it shows.
     put_request += get_request[:3]
-    setattr(os, "writev", watched)  # noqa: B010 (the journal's writes, watched)
+    disk.writev_all = watched  # the journal's gathering writes, watched
     try:
         put_peak = allocated(lambda: client.ask(put_request, put_reply))
     finally:
-        setattr(os, "writev", writev)  # noqa: B010
+        disk.writev_all = writev_all
     received_in_place = socket_io._SCRATCH.tobytes() == bytes([MARK]) * len(socket_io._SCRATCH)
     stored = server.collection.peek("q")
     stored_intact = stored is not None and stored.data == data

@@ -1,9 +1,11 @@
-"""A journal append's write: the C helper (src/kestrel/storage/_disk.c), which keeps the
-interpreter's lock through the system call while no call runs on a worker thread, answers as
-`os.write`, its twin, does, and gives the lock up while one runs."""
+"""A journal append's writes: the C helper (src/kestrel/storage/_disk.c), which keeps the
+interpreter's lock through the system calls while no call runs on a worker thread, answers as its
+twins do (`os.write`; `disk.writev_all_python`, the gathering writes of an append's pieces), and
+gives the lock up while one runs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import gevent
 import pytest
@@ -24,17 +27,96 @@ from tests.conftest import STALL_S
 
 try:
     from kestrel.storage._disk import write as c_write
+    from kestrel.storage._disk import writev_all as c_writev_all
 except ImportError:  # built without a C compiler
-    c_write = None
+    c_write = c_writev_all = None
 
 F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)  # Linux's, named from Python 3.10
 
 Write = Callable[[int, bytes | memoryview], int]
+WritevAll = Callable[[int, list[Any]], int]
 WRITES = [pytest.param(os.write, id="os")] + ([] if c_write is None else [pytest.param(c_write, id="c")])
+WRITEV_ALLS = [pytest.param(disk.writev_all_python, id="python")] + (
+    [] if c_writev_all is None else [pytest.param(c_writev_all, id="c")])
 
 
 def test_the_journal_appends_write_through_the_helper_where_the_build_has_it() -> None:
     assert disk.write is (os.write if c_write is None else c_write)
+    assert disk.writev_all is (disk.writev_all_python if c_writev_all is None else c_writev_all)
+
+
+@pytest.mark.parametrize("writev_all", WRITEV_ALLS)
+def test_gathering_writes_land_every_piece_in_order_however_many(tmp_path: Path, writev_all: WritevAll) -> None:
+    """More pieces than one system call takes (the system's IOV_MAX), of each kind of bytes and
+    empty ones among them, land whole and in order; what is not a sequence of bytes is refused."""
+    path = tmp_path / "journal"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pieces: list[Any] = [bytes([n % 256]) * (n % 7) for n in range(disk.WRITE_PIECES + 5)]
+    pieces[3:6] = [memoryview(b"--mv--")[2:-2], bytearray(b"ba"), b""]
+    try:
+        assert writev_all(fd, pieces) == sum(map(len, pieces))
+        assert writev_all(fd, []) == 0 and writev_all(fd, [b"", b""]) == 0
+        assert writev_all(fd, (b"a", b"tuple")) == 6  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            writev_all(fd, 5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            writev_all(fd, [b"a", "str"])
+        with pytest.raises(TypeError):
+            writev_all("3", [b"a"])  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+    assert path.read_bytes().startswith(b"".join(bytes(piece) for piece in pieces) + b"atuple")
+
+
+@pytest.mark.parametrize("writev_all", WRITEV_ALLS)
+def test_gathering_writes_that_fail_raise_the_oserror_of_their_errno(tmp_path: Path, writev_all: WritevAll) -> None:
+    reading = os.open(tmp_path / "r", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as raised:
+            writev_all(reading, [b"da", b"ta"])  # not open for writing
+        assert raised.value.errno == errno.EBADF
+    finally:
+        os.close(reading)
+    if os.path.exists("/dev/full"):
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            with pytest.raises(OSError) as raised:
+                writev_all(full, [b"da", b"ta"])
+            assert raised.value.errno == errno.ENOSPC
+        finally:
+            os.close(full)
+
+
+@pytest.mark.parametrize("writev_all", WRITEV_ALLS)
+def test_gathering_writes_cut_short_by_signals_go_on_from_where_they_stopped(writev_all: WritevAll) -> None:
+    """Into a pipe with no room, which a signal's handler empties every few milliseconds: each write
+    is interrupted, with nothing written (EINTR: made again) or part of it (a short write: the rest
+    follows); every byte arrives once, in order."""
+    read_end, write_end = pipe_with_room(0)
+    os.set_blocking(write_end, True)
+    received: list[bytes] = []
+    capacity = fcntl.fcntl(write_end, F_GETPIPE_SZ)
+    os.read(read_end, capacity)  # the filler: what the handlers read from here on is what was written
+
+    def drain(signum: int, frame: object) -> None:
+        os.set_blocking(read_end, False)
+        with contextlib.suppress(BlockingIOError):
+            received.append(os.read(read_end, 1 << 20))
+
+    os.write(write_end, b"\0" * capacity)  # full again
+    received.clear()
+    pieces = [bytes([n]) * 10_000 for n in range(1, 40)]
+    previous = signal.signal(signal.SIGALRM, drain)
+    signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)
+    try:
+        assert writev_all(write_end, pieces) == sum(map(len, pieces))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    drain(0, None)
+    os.close(write_end)
+    os.close(read_end)
+    assert b"".join(received).lstrip(b"\0") == b"".join(pieces)
 
 
 @pytest.mark.parametrize("write", WRITES)
@@ -169,7 +251,8 @@ def long_switch_interval() -> Iterator[None]:
 
 @pytest.mark.skipif(c_write is None, reason="built without a C compiler: every write gives the lock up")
 @pytest.mark.usefixtures("long_switch_interval")
-def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gathering", [False, True], ids=["write", "writev_all"])
+def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_path: Path, gathering: bool) -> None:
     """A loop busy with appends never waits, so a pack's Python on a worker thread would get the
     lock only when the interpreter made the loop let go of it (every 5 ms, a hand-over each time):
     while the runtime runs a call there, each write gives the lock up, and the call runs beside a
@@ -195,7 +278,10 @@ def test_the_writes_give_the_lock_up_while_a_call_runs_on_a_worker_thread(tmp_pa
         chunk = bytes(64 * 1024)
         writes = 0
         while not ran and writes < 4096:  # up to 256 MB
-            disk.write(fd, chunk)  # never yields to the hub
+            if gathering:
+                disk.writev_all(fd, [chunk])  # never yields to the hub
+            else:
+                disk.write(fd, chunk)
             writes += 1
         ran_beside = bool(ran)  # (before the close, which gives the lock up)
     finally:

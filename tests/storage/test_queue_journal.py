@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from kestrel.storage import QueueConfigs, manifest
+from kestrel.storage import QueueConfigs, disk, manifest
 from kestrel.storage.collection import QueueCollection
-from kestrel.storage.disk import writev_all
+from kestrel.storage.disk import writev_all_python
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel2 import codec, packer
@@ -251,17 +251,17 @@ def test_a_journal_append_from_pieces_that_fails_is_cut_back(tmp_path: Path,
     coll.load()
     coll.put("q", [b"small"])
     size = os.path.getsize(tmp_path / "q")
-    real = os.writev
+    real = disk.writev_all
 
     def full(fd: int, pieces: list[bytes]) -> int:
         half = sum(map(len, pieces)) // 2
         os.write(fd, b"".join(pieces)[:half])
         raise OSError(28, os.strerror(28))
 
-    monkeypatch.setattr(os, "writev", full)
+    monkeypatch.setattr(disk, "writev_all", full)  # the gathering writes an append makes, either build
     with pytest.raises(JournalWriteError):
         coll.put("q", [b"x" * WRITTEN_WHERE_THEY_ARE])
-    monkeypatch.setattr(os, "writev", real)
+    monkeypatch.setattr(disk, "writev_all", real)
     assert os.path.getsize(tmp_path / "q") == size
     assert coll.put("q", [b"y" * WRITTEN_WHERE_THEY_ARE]) == 1
     assert [coll.remove("q")[0].data for _ in range(2)] == [b"small", b"y" * WRITTEN_WHERE_THEY_ARE]
@@ -274,7 +274,7 @@ def test_pieces_written_whole_after_a_short_gathering_write(tmp_path: Path,
     monkeypatch.setattr(os, "writev", lambda fd, pieces: real(fd, [bytes(pieces[0])[:3]]))
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
     try:
-        assert writev_all(fd, [b"head", b"item-bytes", b"", b"tail"]) == 18
+        assert writev_all_python(fd, [b"head", b"item-bytes", b"", b"tail"]) == 18
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"headitem-bytestail"

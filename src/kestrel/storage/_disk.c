@@ -1,5 +1,5 @@
-/* A journal append's system call, made with the interpreter's lock held while no worker thread
- * needs it.
+/* A journal append's system calls, `write` and the gathering writes of `writev_all`, made with the
+ * interpreter's lock held while no worker thread needs it.
  *
  * `os.write` gives the lock up around every write and takes it back after, so that other threads
  * run meanwhile: a mutex, a condition signalled and a mutex again each way, about 500 instructions
@@ -10,19 +10,56 @@
  * never waits would otherwise keep it from the worker's Python until the interpreter made it let go
  * (its switch interval, 5 ms, a wait and a hand-over of the lock each time), which under batches of
  * 100 cost more futex calls and system time than the append saved. `write` answers as `os.write`
- * does (a count, or OSError with the errno), which stays its twin where the build had no C
- * compiler (src/kestrel/storage/disk.py).
+ * does (a count, or OSError with the errno), and `writev_all` as `writev_all_python`, which stay
+ * their twins where the build had no C compiler (src/kestrel/storage/disk.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
 #include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* Calls running on worker threads (`workers`), counted by the event loop's thread alone, under the
  * interpreter's lock. */
 static Py_ssize_t working;
+
+/* The system call `call`, the lock given up around it while a call runs on a worker thread. */
+#define HELD_UNLESS_WORKING(call) \
+    do { \
+        if (working) { \
+            Py_BEGIN_ALLOW_THREADS \
+            call; \
+            Py_END_ALLOW_THREADS \
+        } else { \
+            call; \
+        } \
+    } while (0)
+
+/* `fd` read from `obj` into `out`: 0, or -1 with the error set (as os.write's argument). */
+static int descriptor(PyObject *obj, int *out) {
+    long fd = PyLong_AsLong(obj);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (fd < INT_MIN || fd > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%ld is not a file descriptor", fd);
+        return -1;
+    }
+    *out = (int)fd;
+    return 0;
+}
+
+/* After a failed system call: 1 to make it again (interrupted, and the signals' handlers ran), or 0
+ * with the error set (its errno's OSError, or what a handler raised), as PEP 475 has os.write. */
+static int again(void) {
+    if (errno != EINTR) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return 0;
+    }
+    return PyErr_CheckSignals() == 0;
+}
 
 /* write(fd, data) -> int: how many bytes of `data` file `fd` took. Raises OSError. */
 static PyObject *write_held(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -30,12 +67,8 @@ static PyObject *write_held(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "write(fd: int, data: bytes)");
         return NULL;
     }
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (fd < INT_MIN || fd > INT_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%ld is not a file descriptor", fd);
+    int fd;
+    if (descriptor(args[0], &fd) < 0) {
         return NULL;
     }
     Py_buffer data;
@@ -44,27 +77,102 @@ static PyObject *write_held(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     ssize_t n;
     for (;;) {
-        if (working) {
-            Py_BEGIN_ALLOW_THREADS
-            n = write((int)fd, data.buf, (size_t)data.len);
-            Py_END_ALLOW_THREADS
-        } else {
-            n = write((int)fd, data.buf, (size_t)data.len);
-        }
-        if (n >= 0) {
+        HELD_UNLESS_WORKING(n = write(fd, data.buf, (size_t)data.len));
+        if (n >= 0 || !again()) {
             break;
-        }
-        if (errno != EINTR) {
-            PyBuffer_Release(&data);
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-        if (PyErr_CheckSignals() < 0) {
-            PyBuffer_Release(&data);
-            return NULL;
         }
     }
     PyBuffer_Release(&data);
-    return PyLong_FromSsize_t(n);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+/* Pieces a gathering write keeps on the stack; more are allocated. */
+#define STACK_PIECES 16
+
+/* writev_all(fd, pieces) -> int: every byte of `pieces`, in their order, written to file `fd` in
+ * gathering writes of up to IOV_MAX pieces each, a short write gone on with from where it stopped
+ * (a write that takes nothing is the disk full: ENOSPC); how many bytes. Raises OSError. */
+static PyObject *writev_all_held(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "writev_all(fd: int, pieces: list[bytes])");
+        return NULL;
+    }
+    int fd;
+    if (descriptor(args[0], &fd) < 0) {
+        return NULL;
+    }
+    PyObject *pieces = PySequence_Fast(args[1], "writev_all() arg 2 must be a sequence");
+    if (pieces == NULL) {
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(pieces);
+    Py_buffer stack_buffers[STACK_PIECES];
+    struct iovec stack_vectors[STACK_PIECES];
+    Py_buffer *buffers = stack_buffers;
+    struct iovec *vectors = stack_vectors;
+    if (count > STACK_PIECES) {
+        buffers = PyMem_New(Py_buffer, count);
+        vectors = PyMem_New(struct iovec, count);
+        if (buffers == NULL || vectors == NULL) {
+            PyMem_Free(buffers);
+            PyMem_Free(vectors);
+            Py_DECREF(pieces);
+            return PyErr_NoMemory();
+        }
+    }
+    PyObject *result = NULL;
+    Py_ssize_t held = 0;  /* buffers taken, each released at the end */
+    Py_ssize_t total = 0;
+    for (; held < count; held++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(pieces, held), &buffers[held], PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        vectors[held].iov_base = buffers[held].buf;
+        vectors[held].iov_len = (size_t)buffers[held].len;
+        total += buffers[held].len;
+    }
+    Py_ssize_t at = 0;  /* the first piece not wholly written */
+    for (;;) {
+        while (at < count && vectors[at].iov_len == 0) {
+            at++;
+        }
+        if (at == count) {
+            break;
+        }
+        int batch = count - at < IOV_MAX ? (int)(count - at) : IOV_MAX;
+        ssize_t n;
+        HELD_UNLESS_WORKING(n = writev(fd, vectors + at, batch));
+        if (n < 0) {
+            if (again()) {
+                continue;
+            }
+            goto done;
+        }
+        if (n == 0) {
+            errno = ENOSPC;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        for (; n > 0; at++) {  /* past what was written; a piece written in part goes on from there */
+            if ((size_t)n < vectors[at].iov_len) {
+                vectors[at].iov_base = (char *)vectors[at].iov_base + n;
+                vectors[at].iov_len -= (size_t)n;
+                break;
+            }
+            n -= (ssize_t)vectors[at].iov_len;
+        }
+    }
+    result = PyLong_FromSsize_t(total);
+done:
+    while (held > 0) {
+        PyBuffer_Release(&buffers[--held]);
+    }
+    if (count > STACK_PIECES) {
+        PyMem_Free(buffers);
+        PyMem_Free(vectors);
+    }
+    Py_DECREF(pieces);
+    return result;
 }
 
 /* workers(change) -> int: add `change` to the calls running on worker threads; how many run now. */
@@ -84,6 +192,9 @@ static PyObject *workers(PyObject *self, PyObject *change) {
 static PyMethodDef functions[] = {
     {"write", (PyCFunction)(void (*)(void))write_held, METH_FASTCALL,
      "Write `data` to file `fd`, holding the interpreter's lock unless a worker thread runs; how many bytes it took."},
+    {"writev_all", (PyCFunction)(void (*)(void))writev_all_held, METH_FASTCALL,
+     "Write every byte of `pieces` in order to file `fd` in gathering writes, holding the interpreter's lock unless "
+     "a worker thread runs; how many bytes."},
     {"workers", workers, METH_O,
      "Add `change` to the calls running on worker threads (while any runs, a write gives the lock up); how many run."},
     {NULL, NULL, 0, NULL},
@@ -91,7 +202,7 @@ static PyMethodDef functions[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kestrel.storage._disk",
-    "A journal append's write with the interpreter's lock held (see src/kestrel/storage/disk.py).", -1,
+    "A journal append's writes with the interpreter's lock held (see src/kestrel/storage/disk.py).", -1,
     functions,
 };
 

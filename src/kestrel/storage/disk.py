@@ -4,15 +4,16 @@ or a folder; and the one read of a large record a journal reader makes (`pread`)
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
 that the fault tests can replace them to fail a write or an fsync in either build. `write` is the
-system call itself: a journal's append calls it straight, so no Python frame runs between the
-compiled request path and the kernel. Where the build has a C compiler it is the C helper's
-(src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the write while no call
+system call itself, and `writev_all` the gathering writes of an append's pieces (an item among
+them, written where it is): a journal's append calls them straight, so no Python frame runs between
+the compiled request path and the kernel. Where the build has a C compiler they are the C helper's
+(src/kestrel/storage/_disk.c), which keeps the interpreter's lock through the writes while no call
 runs on a worker thread (`workers`, counted by the runtime's `run_blocking`), and gives it up as
-`os.write`, its twin, does around each one while any does, so that the worker's Python runs beside
-the loop's writes. `write` serves the appends made on the event loop's thread; the large ones
-written on the thread pool (src/kestrel/storage/write_gate.py) go through `write_all` and
-`writev_all`, which give the lock up, so the loop runs meanwhile; so does `pread`, by which a
-reader reads a record larger than its buffer whole, on the thread pool from `LARGE_APPEND` bytes.
+`os.write` and `writev_all_python`, their twins, do around each one while any does, so that the
+worker's Python runs beside the loop's writes. The large appends are written on the thread pool
+(src/kestrel/storage/write_gate.py), through `write_all` and `writev_all`, which give the lock up
+there, so the loop runs meanwhile; so does `pread`, by which a reader reads a record larger than its
+buffer whole, on the thread pool from `LARGE_APPEND` bytes.
 """
 from __future__ import annotations
 
@@ -20,16 +21,6 @@ import errno
 import os
 from collections.abc import Callable
 
-write: Callable[[int, bytes | memoryview], int]
-workers: Callable[[int], int]
-try:
-    from kestrel.storage._disk import workers, write
-except ImportError:  # built without a C compiler: every write gives the lock up, none counts workers
-    write = os.write
-
-    def workers(change: int) -> int:
-        """The helper's count of calls on worker threads, which `os.write` does not need."""
-        return 0
 pwrite = os.pwrite
 pread = os.pread
 
@@ -48,7 +39,7 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 WRITE_PIECES = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
 
-def writev_all(fd: int, parts: list[bytes]) -> int:
+def writev_all_python(fd: int, parts: list[bytes]) -> int:
     """os.writev until every byte of `parts` is written, in order and without joining them (a short
     write means the disk is full: it raises); how many bytes that was."""
     total = 0
@@ -65,6 +56,20 @@ def writev_all(fd: int, parts: list[bytes]) -> int:
                 done = 0
         total += size
     return total
+
+
+write: Callable[[int, bytes | memoryview], int]
+writev_all: Callable[[int, list[bytes]], int]
+workers: Callable[[int], int]
+try:
+    from kestrel.storage._disk import workers, write, writev_all
+except ImportError:  # built without a C compiler: every write gives the lock up, none counts workers
+    write = os.write
+    writev_all = writev_all_python
+
+    def workers(change: int) -> int:
+        """The helper's count of calls on worker threads, which `os.write` does not need."""
+        return 0
 
 
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:

@@ -29,9 +29,9 @@ from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
 from kestrel.storage.timing import Timing
 from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 
-# `disk`'s dictionary, where each append finds `write`: compiled, a key of it costs about 130
-# instructions and the module's attribute a generic look-up of about 270; either way the fault
-# tests' replacement of the function is what is called.
+# `disk`'s dictionary, where each append finds `write` or `writev_all`: compiled, a key of it costs
+# about 130 instructions and the module's attribute a generic look-up of about 270; either way the
+# fault tests' replacement of the function is what is called.
 _disk_names: Final[dict[str, Any]] = vars(disk)
 
 log = structlog.get_logger("kestrel.journal")
@@ -270,7 +270,7 @@ class JournalWriter:
             if gate is not None and sum(map(len, parts)) >= LARGE_APPEND:
                 written = gate.off_loop(disk.writev_all, self.fd, parts)
             else:
-                written = disk.writev_all(self.fd, parts)
+                written = _disk_names["writev_all"](self.fd, parts)
         except OSError:
             self._cut_back()
             raise
