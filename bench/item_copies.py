@@ -281,7 +281,7 @@ def main() -> None:
     from kestrel.service.logs import configure_logging
 
     configure_logging("warning")
-    if socket_io.lengthen is None:
+    if socket_io.receive_in_place is None:
         print(json.dumps({"error": "built without a C compiler: receives go through the scratch buffer"}))
         return
     print(json.dumps([{"protocol": protocol, **dataclasses.asdict(copies),

@@ -181,7 +181,7 @@ def test_after_a_large_receive_requests_are_answered_in_the_hub_and_large_items_
             socket_io._SCRATCH[:] = bytes([MARK]) * len(socket_io._SCRATCH)
             one_round(client, "mixed", LARGE)
             assert switches == []
-        if socket_io.lengthen is not None:
+        if socket_io.receive_in_place is not None:
             assert socket_io._SCRATCH.tobytes() == bytes([MARK]) * len(socket_io._SCRATCH), (
                 "the large item went through the scratch buffer: a copy more")
 

@@ -11,7 +11,7 @@ from bench import item_copies
 from kestrel.service import socket_io
 from kestrel.service.session.server_state import ServerState
 
-pytestmark = pytest.mark.skipif(socket_io.lengthen is None,
+pytestmark = pytest.mark.skipif(socket_io.receive_in_place is None,
                                 reason="built without a C compiler: receives go through the scratch buffer")
 
 

@@ -21,26 +21,6 @@ from kestrel.service.socket_io import LINGER_S, ClientSocket, SendTimeout, accep
 from tests.conftest import STALL_S
 
 
-class CountingSocket:
-    """An OS socket with its `recv_into` calls and what each found counted."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.found: list[int | str] = []
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
-        try:
-            n = self.sock.recv_into(buffer, nbytes)
-        except BlockingIOError:
-            self.found.append("nothing")
-            raise
-        self.found.append(n)
-        return n
-
-
 @pytest.fixture
 def receives(monkeypatch: pytest.MonkeyPatch) -> list[int | str]:
     """What each receive through the scratch buffer found (`socket_io._receive_appending` counted)."""
@@ -88,12 +68,11 @@ def test_between_requests_the_receive_waits_for_input_then_reads_once(pair: Any,
     io.close()
 
 
-@pytest.mark.skipif(socket_io.lengthen is None, reason="built without a C compiler: no receive in place")
+@pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")
 def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_nothing_leaves_it(
         pair: Any) -> None:
     server, client = pair
-    sock = CountingSocket(server)
-    io = ClientSocket(sock, socket_io.MAX_CHUNK)  # type: ignore[arg-type]
+    io = ClientSocket(server, socket_io.MAX_CHUNK)
     buf = bytearray()
     client.sendall(b"s" * 100)
     assert io.receive(buf, 1.0) == 100 and not io.in_place  # a small receive: through the scratch
@@ -101,8 +80,8 @@ def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_n
     assert io.receive(buf, 1.0) == socket_io.IN_PLACE_FROM and io.in_place
     socket_io._SCRATCH[:] = bytes(len(socket_io._SCRATCH))
     gevent.spawn_later(0.05, partial(client.sendall, b"rest"))
-    assert io.receive(buf, 1.0) == 4  # found nothing first, then waited
-    assert sock.found[-2:] == ["nothing", 4]
+    io.waited = False
+    assert io.receive(buf, 1.0) == 4 and io.waited  # found nothing first, then waited
     assert buf == b"s" * 100 + b"L" * socket_io.IN_PLACE_FROM + b"rest"
     assert not any(socket_io._SCRATCH[:16]), "the input went through the scratch buffer"
     # Room is made at most IN_PLACE_ROOM at a time, and what it did not fill is cut off.
@@ -311,6 +290,35 @@ def test_requests_of_any_size_received_into_a_kept_block_leave_it_as_it_is(pair:
         receive(server.fileno(), buf, 4096)
 
 
+@pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")
+def test_a_receive_in_place_lands_after_the_input_and_keeps_its_room_for_the_next(pair: Any) -> None:
+    """Input received in place follows what the buffer held, with nothing past it; the room made
+    stays the buffer's block for the next receive, until the answered input is dropped; nothing
+    there leaves the buffer as it was; a view held over it refuses, the input left in the socket."""
+    server, client = pair
+    receive_in_place, drop, fd = socket_io.receive_in_place, socket_io.drop_answered, server.fileno()
+    assert receive_in_place is not None
+    buf = bytearray(b"held")
+    assert receive_in_place(fd, buf, 4096) == -1 and buf == b"held"
+    client.sendall(bytes(range(200)))
+    assert receive_in_place(fd, buf, 4096) == 200 and buf == b"held" + bytes(range(200))
+    block = sys.getsizeof(buf)
+    assert block > 4096  # the room, kept
+    client.sendall(b"rest")  # room for it in that block: received there, the block as it was
+    assert receive_in_place(fd, buf, 1024) == 4 and buf == b"held" + bytes(range(200)) + b"rest"
+    assert sys.getsizeof(buf) == block and bytes(buf) == b"held" + bytes(range(200)) + b"rest"
+    drop(buf, len(buf))
+    assert buf == b"" and sys.getsizeof(buf) < block  # given back with the answered input
+    client.sendall(b"more")
+    with memoryview(buf), pytest.raises(BufferError):
+        receive_in_place(fd, buf, 4096)
+    assert receive_in_place(fd, buf, 4096) == 4 and buf == b"more"
+    with pytest.raises(OSError):
+        receive_in_place(-1, buf, 64)
+    with pytest.raises(ValueError):
+        receive_in_place(fd, buf, 0)
+
+
 @pytest.mark.parametrize(("receive", "send"), [pytest.param(r.values[0], s.values[0], id=r.id)
                                                for r, s in zip(RECEIVES, SENDS, strict=True)])
 def test_a_receive_or_send_on_a_closed_descriptor_raises_oserror(receive: Any, send: Any) -> None:
@@ -364,7 +372,7 @@ def test_a_receive_that_finds_the_end_of_the_stream_says_the_client_ended(pair: 
     assert io.receive(buf, between_requests=True) == 0 and io.ended
 
 
-@pytest.mark.skipif(socket_io.lengthen is None, reason="built without a C compiler: no receive in place")
+@pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")
 def test_a_receive_in_place_that_finds_the_end_of_the_stream_says_the_client_ended(pair: Any) -> None:
     server, client = pair
     io = ClientSocket(server, 64 * 1024)

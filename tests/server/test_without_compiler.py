@@ -46,7 +46,7 @@ def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> 
              "codec._encode_addx_many_c is None, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None, runs.scan_sets is None, "
              "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python, "
-             "socket_io.lengthen is None, build_name() == 'pure', "
+             "socket_io.receive_in_place is None, build_name() == 'pure', "
              "commit_log._append_compiled is commit_log.append_record_python)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)

@@ -7,10 +7,10 @@
  * (src/kestrel/service/socket_io.py) serve where the build had no C compiler, with the same answers.
  *
  * Python's bytearray cannot grow without writing its new bytes (zeros, or a copy of something):
- * `lengthen` makes it longer by `room` bytes left as they are, for a `recv_into` to fill; the caller
- * then cuts it back to what came (`del buf[end:]`). Its Python twin is the copy it saves: a receive
- * into a scratch buffer appended to the bytearray (src/kestrel/service/socket_io.py, which serves
- * alone where the build had no C compiler).
+ * `receive_in_place` makes room for `room` bytes at its end, left as they are, receives into it and
+ * keeps what came, the block as it is. Its Python twin is the copy it saves: a receive into a
+ * scratch buffer appended to the bytearray (`receive`, and src/kestrel/service/socket_io.py, which
+ * serves alone where the build had no C compiler).
  *
  * `drop_answered` takes the bytes of the requests answered off the front of a receive buffer. Python's
  * `del buf[:end]` that empties it also gives back its block (a bytearray cut below half its block is
@@ -52,6 +52,25 @@ static void set_length(PyByteArrayObject *buf, Py_ssize_t length) {
     buf->ob_start[length] = '\0';
 }
 
+/* Up to `room` bytes from socket `fd` into `into`: how many (0: the end of the stream), -1 when
+ * nothing is there yet, or -2 with the error set (OSError, or what a signal's handler raised). */
+static ssize_t received(int fd, char *into, size_t room) {
+    ssize_t n;
+    while ((n = recv(fd, into, room, 0)) < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return -1;
+        }
+        if (errno != EINTR) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -2;
+        }
+        if (PyErr_CheckSignals() < 0) {
+            return -2;
+        }
+    }
+    return n;
+}
+
 /* receive(fd, buf, chunk) -> int: up to `chunk` bytes from the socket appended to the bytearray
  * `buf`; how many (0: the end of the stream), or -1 when nothing is there yet. Raises OSError. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -71,17 +90,9 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "receive chunk %zd is not within 1..%d", chunk, MAX_CHUNK);
         return NULL;
     }
-    ssize_t n;
-    while ((n = recv(fd, scratch, (size_t)chunk, 0)) < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            return PyLong_FromLong(-1);
-        }
-        if (errno != EINTR) {
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-        if (PyErr_CheckSignals() < 0) {
-            return NULL;
-        }
+    ssize_t n = received(fd, scratch, (size_t)chunk);
+    if (n < 0) {
+        return n == -1 ? PyLong_FromLong(-1) : NULL;
     }
     PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
     Py_ssize_t have = Py_SIZE(buf);
@@ -144,26 +155,43 @@ done:
     return result;
 }
 
-static PyObject *lengthen(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyByteArray_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "lengthen(buf: bytearray, room: int)");
+/* receive_in_place(fd, buf, room) -> int: up to `room` bytes from the socket received straight into
+ * room made at the end of the bytearray `buf`, which keeps what came (its block as it is, for the
+ * next receive or for `drop_answered` to give back); how many (0: the end of the stream), or -1
+ * when nothing is there yet. Raises OSError, and BufferError while a view of `buf` is held. */
+static PyObject *receive_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyByteArray_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "receive_in_place(fd: int, buf: bytearray, room: int)");
         return NULL;
     }
-    PyObject *buf = args[0];
-    Py_ssize_t room = PyLong_AsSsize_t(args[1]);
+    int fd = as_fd(args[0]);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
+    Py_ssize_t room = PyLong_AsSsize_t(args[2]);
     if (room == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    Py_ssize_t have = PyByteArray_GET_SIZE(buf);
-    if (room < 0 || room > PY_SSIZE_T_MAX - have) {
-        PyErr_Format(PyExc_ValueError, "cannot lengthen a buffer of %zd bytes by %zd", have, room);
+    Py_ssize_t have = Py_SIZE(buf);
+    if (room <= 0 || room > PY_SSIZE_T_MAX - have) {
+        PyErr_Format(PyExc_ValueError, "cannot receive %zd bytes into a buffer of %zd", room, have);
         return NULL;
     }
-    /* Resizing never writes the new bytes; it raises BufferError while a view of `buf` is held. */
-    if (PyByteArray_Resize(buf, have + room) < 0) {
-        return NULL;
+    /* Into the block as it is where it has the room (a resize would give back a block over twice
+     * what it holds); else resized, which never writes the new bytes and raises BufferError while
+     * a view of `buf` is held. */
+    if (buf->ob_exports > 0 || (buf->ob_start - buf->ob_bytes) + have + room >= buf->ob_alloc) {
+        if (PyByteArray_Resize((PyObject *)buf, have + room) < 0) {
+            return NULL;
+        }
     }
-    return PyLong_FromSsize_t(have);
+    ssize_t n = received(fd, buf->ob_start + have, (size_t)room);
+    set_length(buf, have + (n > 0 ? n : 0));  /* within the block */
+    if (n < 0) {
+        return n == -1 ? PyLong_FromLong(-1) : NULL;
+    }
+    return PyLong_FromSsize_t(n);
 }
 
 /* The largest block an emptied receive buffer keeps for the next request: a small request's (under
@@ -200,8 +228,8 @@ static PyMethodDef functions[] = {
      "Append up to `chunk` bytes from socket `fd` to a bytearray; how many, -1 when none is there yet."},
     {"send", (PyCFunction)(void (*)(void))send_some, METH_FASTCALL,
      "Send what socket `fd` takes of `data` at once; how many bytes (0: no room)."},
-    {"lengthen", (PyCFunction)(void (*)(void))lengthen, METH_FASTCALL,
-     "Make a bytearray `room` bytes longer, the new bytes unwritten; return its old length."},
+    {"receive_in_place", (PyCFunction)(void (*)(void))receive_in_place, METH_FASTCALL,
+     "Receive up to `room` bytes from socket `fd` straight onto the end of a bytearray; how many, -1 when none is there yet."},
     {"drop_answered", (PyCFunction)(void (*)(void))drop_answered, METH_FASTCALL,
      "`del buf[:end]`, a small block kept when that empties the bytearray."},
     {NULL, NULL, 0, NULL},
@@ -209,7 +237,7 @@ static PyMethodDef functions[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kestrel.service._receive",
-    "A connection's socket system calls, and receive buffers grown without writing (see src/kestrel/service/socket_io.py).", -1, functions,
+    "A connection's socket system calls, received into buffers grown without writing (see src/kestrel/service/socket_io.py).", -1, functions,
 };
 
 PyMODINIT_FUNC PyInit__receive(void) {

@@ -24,19 +24,19 @@ from gevent.socket import socket as gsocket
 from greenlet import greenlet
 from mypy_extensions import mypyc_attr
 
-_c_lengthen: Callable[[bytearray, int], int] | None
+_c_receive_in_place: Callable[[int, bytearray, int], int] | None
 _c_receive: Callable[[int, bytearray, int], int] | None
 _c_send: Callable[[int, bytes | memoryview], int] | None
 _c_drop_answered: Callable[[bytearray, int], None] | None
 try:
     from kestrel.service._receive import drop_answered as _c_drop_answered
-    from kestrel.service._receive import lengthen as _c_lengthen
     from kestrel.service._receive import receive as _c_receive
+    from kestrel.service._receive import receive_in_place as _c_receive_in_place
     from kestrel.service._receive import send as _c_send
 except ImportError:  # built without a C compiler: every receive goes through the scratch buffer
-    _c_lengthen = _c_receive = _c_send = _c_drop_answered = None
+    _c_receive_in_place = _c_receive = _c_send = _c_drop_answered = None
 # (bound `Final`: the compiled build reads it from a C static, not the module's dictionary)
-lengthen: Final = _c_lengthen
+receive_in_place: Final = _c_receive_in_place
 
 
 def _drop_answered(buf: bytearray, end: int) -> None:
@@ -313,23 +313,14 @@ class ClientSocket:
         if n >= 0:
             self.ended = n == 0
             self.drained = n < self.chunk
-            self.in_place = n >= IN_PLACE_FROM and lengthen is not None
+            self.in_place = n >= IN_PLACE_FROM and receive_in_place is not None
         return n
 
     def _receive_in_place(self, buf: bytearray) -> int:
-        """`_receive_now` into room made at the end of `buf`, cut back to what came."""
-        assert lengthen is not None
+        """`_receive_now` straight into room made at the end of `buf` (the C helper's)."""
+        assert receive_in_place is not None
         room = min(self.chunk, IN_PLACE_ROOM)
-        have = lengthen(buf, room)
-        room_view = memoryview(buf)[have:]
-        n = -1  # nothing came: the room goes again
-        try:
-            n = self.sock.recv_into(room_view, room)
-        except BlockingIOError:
-            pass
-        finally:
-            room_view.release()  # whoever still holds it (a traceback), `buf` can be resized
-            del buf[have + max(n, 0):]
+        n = receive_in_place(self.fd, buf, room)
         if n >= 0:
             self.ended = n == 0
             self.drained = n < room
