@@ -84,11 +84,43 @@ def test_from_a_large_receive_on_input_lands_in_place_and_a_receive_that_finds_n
     assert io.receive(buf, 1.0) == 4 and io.waited  # found nothing first, then waited
     assert buf == b"s" * 100 + b"L" * socket_io.IN_PLACE_FROM + b"rest"
     assert not any(socket_io._SCRATCH[:16]), "the input went through the scratch buffer"
-    # Room is made at most IN_PLACE_ROOM at a time, and what it did not fill is cut off.
-    client.sendall(b"x" * (socket_io.IN_PLACE_ROOM + 10))
-    assert io.receive(buf, 1.0) == socket_io.IN_PLACE_ROOM and not io.drained
-    assert io.receive(buf, 1.0) == 10 and io.drained
-    assert len(buf) == 100 + socket_io.IN_PLACE_FROM + 4 + socket_io.IN_PLACE_ROOM + 10
+    # The room starts at IN_PLACE_LEAST_ROOM and doubles each time a receive fills it, up to
+    # IN_PLACE_ROOM; what a receive did not fill is not kept.
+    least, most = socket_io.IN_PLACE_LEAST_ROOM, socket_io.IN_PLACE_ROOM
+    assert 8 * least < most < 16 * least
+    sizes = []
+    for _ in range(3):
+        client.sendall(b"x" * (most + 10))
+        sizes.append(io.receive(buf, 1.0))
+        while not io.drained:
+            sizes.append(io.receive(buf, 1.0))
+    assert sizes == [least, 2 * least, 4 * least, most + 10 - 7 * least,  # filled thrice: doubled
+                     8 * least, most + 10 - 8 * least,  # once more, to the most
+                     most, 10]  # and no more
+    assert len(buf) == 100 + socket_io.IN_PLACE_FROM + 4 + 3 * (most + 10)
+    io.close()
+
+
+@pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")
+def test_a_connection_of_1_kb_requests_receives_each_into_the_block_it_keeps(pair: Any) -> None:
+    """Once it receives in place, a connection of 1 KB requests and small ones makes its room once:
+    each request lands in the block its input keeps when answered, which neither grows nor shrinks."""
+    server, client = pair
+    io = ClientSocket(server, socket_io.MAX_CHUNK)
+    buf = bytearray()
+    client.sendall(bytes(1100))
+    assert io.receive(buf, 1.0) == 1100 and io.in_place  # through the scratch buffer, the last time
+    socket_io.drop_answered(buf, 1100)
+    client.sendall(bytes(1100))
+    assert io.receive(buf, 1.0) == 1100  # in place: room made
+    held = sys.getsizeof(buf)
+    assert held < 2 * socket_io.IN_PLACE_LEAST_ROOM
+    for request in (b"get q", bytes(range(256)) * 4, b"g", bytes(1100)):
+        socket_io.drop_answered(buf, len(buf))
+        assert buf == b"" and sys.getsizeof(buf) == held
+        client.sendall(request)
+        assert io.receive(buf, 1.0) == len(request) and buf == request and bytes(buf) == request
+        assert sys.getsizeof(buf) == held
     io.close()
 
 
@@ -293,8 +325,9 @@ def test_requests_of_any_size_received_into_a_kept_block_leave_it_as_it_is(pair:
 @pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")
 def test_a_receive_in_place_lands_after_the_input_and_keeps_its_room_for_the_next(pair: Any) -> None:
     """Input received in place follows what the buffer held, with nothing past it; the room made
-    stays the buffer's block for the next receive, until the answered input is dropped; nothing
-    there leaves the buffer as it was; a view held over it refuses, the input left in the socket."""
+    stays the buffer's block for the next receive, and for the next request when it is small, a
+    large one given back with the answered input; nothing there leaves the buffer as it was; a view
+    held over it refuses, the input left in the socket."""
     server, client = pair
     receive_in_place, drop, fd = socket_io.receive_in_place, socket_io.drop_answered, server.fileno()
     assert receive_in_place is not None
@@ -308,7 +341,14 @@ def test_a_receive_in_place_lands_after_the_input_and_keeps_its_room_for_the_nex
     assert receive_in_place(fd, buf, 1024) == 4 and buf == b"held" + bytes(range(200)) + b"rest"
     assert sys.getsizeof(buf) == block and bytes(buf) == b"held" + bytes(range(200)) + b"rest"
     drop(buf, len(buf))
-    assert buf == b"" and sys.getsizeof(buf) < block  # given back with the answered input
+    assert buf == b"" and sys.getsizeof(buf) == block  # a small block, kept for the next request
+    client.sendall(b"next")
+    assert receive_in_place(fd, buf, 4096) == 4 and buf == b"next" and sys.getsizeof(buf) == block
+    assert receive_in_place(fd, buf, 32 * 1024) == -1 and buf == b"next"  # room beyond the block's
+    large = sys.getsizeof(buf)
+    assert large > 32 * 1024
+    drop(buf, len(buf))
+    assert buf == b"" and sys.getsizeof(buf) < block  # a large block: given back with the answered input
     client.sendall(b"more")
     with memoryview(buf), pytest.raises(BufferError):
         receive_in_place(fd, buf, 4096)

@@ -15,8 +15,8 @@
  * `drop_answered` takes the bytes of the requests answered off the front of a receive buffer. Python's
  * `del buf[:end]` that empties it also gives back its block (a bytearray cut below half its block is
  * reallocated to fit), which the next receive then grows again: a free and two allocations a request.
- * Emptied, a buffer whose block is at most `KEEP_BLOCK` bytes keeps it; a larger one (a large
- * request's) is let go as before, as is any buffer with a request's bytes left after `end`; and
+ * Emptied, a buffer whose block is at most `KEEP_BLOCK` bytes keeps it (a small request's, or a
+ * receive in place's least room); a larger one (a large request's) is let go as before, as is any buffer with a request's bytes left after `end`; and
  * `receive` appends into the block it kept wherever it has room, smaller requests among larger.
  */
 #define PY_SSIZE_T_CLEAN
@@ -194,9 +194,10 @@ static PyObject *receive_in_place(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromSsize_t(n);
 }
 
-/* The largest block an emptied receive buffer keeps for the next request: a small request's (under
- * `IN_PLACE_FROM`, src/kestrel/service/socket_io.py), so that an idle connection holds at most this. */
-#define KEEP_BLOCK 1024
+/* The largest block an emptied receive buffer keeps for the next request: a small request's, or the
+ * least room of a receive in place and what it follows (`IN_PLACE_LEAST_ROOM`,
+ * src/kestrel/service/socket_io.py), so that an idle connection holds at most this. */
+#define KEEP_BLOCK (16 * 1024)
 
 /* drop_answered(buf, end): `del buf[:end]`, keeping a small block when that empties `buf`. */
 static PyObject *drop_answered(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

@@ -69,6 +69,12 @@ IN_PLACE_FROM: Final = 1024
 # (128 KiB), which would cost a map, page faults and an unmap each receive (16 µs against 2.6 µs
 # for a 128-byte request, 2026-11-28); a 64 KB item's request fits.
 IN_PLACE_ROOM: Final = 96 * 1024
+# The least: the room follows what the connection receives, twice the receive that turned it to
+# receiving in place and doubled each time a receive fills it, up to IN_PLACE_ROOM. A connection of
+# 1 KB items so keeps a block the C helper's `drop_answered` keeps for the next request (up to 16
+# KiB), where 96 KiB of room was a block allocated and given back twice an item (about 2,800
+# instructions an item of 1 KB, 2026-12-01).
+IN_PLACE_LEAST_ROOM: Final = 8 * 1024
 
 # The buffer every connection's receives land in until it receives in place. Connections run on the
 # one thread of the event loop, and a receive copies out of it before its greenlet can yield, so one
@@ -234,17 +240,17 @@ class ClientSocket:
     """A connection's receives and sends.
 
     Each receive of up to `chunk` bytes lands in the thread's scratch buffer (a `recv` of a fresh
-    bytes object would allocate the full chunk size each time), then is appended to the input, so
-    an idle connection holds no receive buffer at all. From its first receive of `IN_PLACE_FROM`
-    bytes or more on, a connection receives in place instead, in its greenlet and in the hub's
-    callback alike: into room made at the end of its input, cut back to what came, so that an
-    item's bytes are copied once on their way to the journal (into the item), not twice; for small
-    items the copy costs less than making the room, so they keep the scratch buffer. Between requests it
-    first waits for the socket to be readable: a request/response client's next request is seldom
-    there the moment its reply has gone out, and a `recv` that finds nothing costs a system call and
-    an exception before the wait happens anyway (under 4 such clients the server made two `recvfrom`
-    per request). It receives at once when the last receive filled the buffer, as more is then
-    likely waiting.
+    bytes object would allocate the full chunk size each time), then is appended to the input, so an
+    idle connection holds no receive buffer at all. From its first receive of `IN_PLACE_FROM` bytes
+    or more on, a connection receives in place instead, in its greenlet and in the hub's callback
+    alike: straight into room made at the end of its input (room that follows what it receives,
+    `IN_PLACE_LEAST_ROOM`), so that an item's bytes are copied once on their way to the journal
+    (into the item), not twice; for small items the copy costs less than making the room, so they
+    keep the scratch buffer. Between requests it first waits for the socket to be readable: a
+    request/response client's next request is seldom there the moment its reply has gone out, and a
+    `recv` that finds nothing costs a system call and an exception before the wait happens anyway
+    (under 4 such clients the server made two `recvfrom` per request). It receives at once when the
+    last receive filled the buffer, as more is then likely waiting.
 
     A reply goes out in one `send` when the socket takes it all; the rest waits for room, at most
     `send_timeout` seconds (None: without limit) for a client that stopped reading. Both calls are
@@ -268,6 +274,7 @@ class ClientSocket:
         # a receive found the end of the stream: the client closed its side and all it sent was read
         self.ended = False
         self.in_place = False  # receives land in the input itself (a large receive was seen)
+        self._room = 0  # what each receive in place asks for (`IN_PLACE_LEAST_ROOM`)
         # a receive waited for input since this was last cleared (src/kestrel/service/turns.py)
         self.waited = False
         self.send_timeout = send_timeout
@@ -313,17 +320,22 @@ class ClientSocket:
         if n >= 0:
             self.ended = n == 0
             self.drained = n < self.chunk
-            self.in_place = n >= IN_PLACE_FROM and receive_in_place is not None
+            if n >= IN_PLACE_FROM and receive_in_place is not None:
+                self.in_place = True
+                self._room = min(max(2 * n, IN_PLACE_LEAST_ROOM), self.chunk, IN_PLACE_ROOM)
         return n
 
     def _receive_in_place(self, buf: bytearray) -> int:
-        """`_receive_now` straight into room made at the end of `buf` (the C helper's)."""
+        """`_receive_now` straight into room made at the end of `buf` (the C helper's), the room
+        doubled when it filled."""
         assert receive_in_place is not None
-        room = min(self.chunk, IN_PLACE_ROOM)
+        room = self._room
         n = receive_in_place(self.fd, buf, room)
         if n >= 0:
             self.ended = n == 0
             self.drained = n < room
+            if n == room:
+                self._room = min(2 * room, self.chunk, IN_PLACE_ROOM)
         return n
 
     def serve_from_hub(self, buf: bytearray, serving: Callable[[int], bool]) -> None:

@@ -266,8 +266,11 @@ class JournalWriter:
         if self.damaged or self.fd < 0:
             self._ready()
         gate = self.gate
+        size = 0  # (a loop the compiled build runs in C: `sum(map(len, ...))` looks up three builtins)
+        for part in parts:
+            size += len(part)
         try:
-            if gate is not None and sum(map(len, parts)) >= LARGE_APPEND:
+            if gate is not None and size >= LARGE_APPEND:
                 written = gate.off_loop(disk.writev_all, self.fd, parts)
             else:
                 written = _disk_names["writev_all"](self.fd, parts)
