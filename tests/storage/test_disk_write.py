@@ -70,21 +70,7 @@ def test_gathering_writes_land_every_piece_in_order_however_many(tmp_path: Path,
 
 @pytest.mark.parametrize("writev_all", WRITEV_ALLS)
 def test_gathering_writes_that_fail_raise_the_oserror_of_their_errno(tmp_path: Path, writev_all: WritevAll) -> None:
-    reading = os.open(tmp_path / "r", os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        with pytest.raises(OSError) as raised:
-            writev_all(reading, [b"da", b"ta"])  # not open for writing
-        assert raised.value.errno == errno.EBADF
-    finally:
-        os.close(reading)
-    if os.path.exists("/dev/full"):
-        full = os.open("/dev/full", os.O_WRONLY)
-        try:
-            with pytest.raises(OSError) as raised:
-                writev_all(full, [b"da", b"ta"])
-            assert raised.value.errno == errno.ENOSPC
-        finally:
-            os.close(full)
+    refused_by_errno(lambda fd: writev_all(fd, [b"da", b"ta"]), tmp_path)
 
 
 @pytest.mark.parametrize("writev_all", WRITEV_ALLS)
@@ -138,10 +124,16 @@ def test_a_failed_write_raises_the_oserror_of_its_errno(tmp_path: Path, write: W
     with pytest.raises(OSError) as raised:
         write(reading, b"data")  # closed
     assert raised.value.errno == errno.EBADF
-    reading = os.open(tmp_path / "r", os.O_RDONLY)
+    refused_by_errno(lambda fd: write(fd, b"data"), tmp_path)
+
+
+def refused_by_errno(write: Callable[[int], object], tmp_path: Path) -> None:
+    """`write` on a file open only for reading raises EBADF, and on /dev/full (where there is one)
+    ENOSPC, as the OSError of its errno."""
+    reading = os.open(tmp_path / "r", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         with pytest.raises(OSError) as raised:
-            write(reading, b"data")  # not open for writing
+            write(reading)  # not open for writing
         assert raised.value.errno == errno.EBADF
     finally:
         os.close(reading)
@@ -149,7 +141,7 @@ def test_a_failed_write_raises_the_oserror_of_its_errno(tmp_path: Path, write: W
         full = os.open("/dev/full", os.O_WRONLY)
         try:
             with pytest.raises(OSError) as raised:
-                write(full, b"data")
+                write(full)
             assert raised.value.errno == errno.ENOSPC
         finally:
             os.close(full)
