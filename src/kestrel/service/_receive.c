@@ -16,8 +16,9 @@
  * `del buf[:end]` that empties it also gives back its block (a bytearray cut below half its block is
  * reallocated to fit), which the next receive then grows again: a free and two allocations a request.
  * Emptied, a buffer whose block is at most `KEEP_BLOCK` bytes keeps it (a small request's, or a
- * receive in place's least room); a larger one (a large request's) is let go as before, as is any buffer with a request's bytes left after `end`; and
- * `receive` appends into the block it kept wherever it has room, smaller requests among larger.
+ * receive in place's least room); a larger one (a large request's) is let go as before, as is any
+ * buffer with a request's bytes left after `end`; and both receives land in the block it kept
+ * wherever it has room (`make_room`), smaller requests among larger.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,6 +51,18 @@ static int as_fd(PyObject *value) {
 static void set_length(PyByteArrayObject *buf, Py_ssize_t length) {
     Py_SET_SIZE(buf, length);
     buf->ob_start[length] = '\0';
+}
+
+/* Make `buf` able to hold `length` bytes: within its block as it is, where the block has the room
+ * and no view of it is held (a resize to under half its block would give the block back: a get's
+ * request after a put's, a reallocation to shrink, then one to grow, each request); else resized,
+ * which never writes the new bytes and raises BufferError while a view is held. 0, or -1 with the
+ * error set; its length is the caller's to set (`set_length`). */
+static int make_room(PyByteArrayObject *buf, Py_ssize_t length) {
+    if (buf->ob_exports == 0 && (buf->ob_start - buf->ob_bytes) + length < buf->ob_alloc) {
+        return 0;
+    }
+    return PyByteArray_Resize((PyObject *)buf, length);
 }
 
 /* Up to `room` bytes from socket `fd` into `into`: how many (0: the end of the stream), -1 when
@@ -97,14 +110,10 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
     Py_ssize_t have = Py_SIZE(buf);
     if (n > 0) {
-        /* Into the block `drop_answered` kept, where it has room, as it is: a bytearray resized to
-         * under half its block gives the block back (a get's request after a put's: a reallocation
-         * to shrink, then one to grow, each request). Not while a view of it is held. */
-        if (buf->ob_exports == 0 && (buf->ob_start - buf->ob_bytes) + have + n < buf->ob_alloc) {
-            set_length(buf, have + n);
-        } else if (PyByteArray_Resize((PyObject *)buf, have + n) < 0) {
+        if (make_room(buf, have + n) < 0) {
             return NULL;  /* the bytes are lost with the connection, which this error ends */
         }
+        set_length(buf, have + n);
         memcpy(buf->ob_start + have, scratch, (size_t)n);
     }
     return PyLong_FromSsize_t(n);
@@ -178,13 +187,8 @@ static PyObject *receive_in_place(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_Format(PyExc_ValueError, "cannot receive %zd bytes into a buffer of %zd", room, have);
         return NULL;
     }
-    /* Into the block as it is where it has the room (a resize would give back a block over twice
-     * what it holds); else resized, which never writes the new bytes and raises BufferError while
-     * a view of `buf` is held. */
-    if (buf->ob_exports > 0 || (buf->ob_start - buf->ob_bytes) + have + room >= buf->ob_alloc) {
-        if (PyByteArray_Resize((PyObject *)buf, have + room) < 0) {
-            return NULL;
-        }
+    if (make_room(buf, have + room) < 0) {
+        return NULL;
     }
     ssize_t n = received(fd, buf->ob_start + have, (size_t)room);
     set_length(buf, have + (n > 0 ? n : 0));  /* within the block */

@@ -322,7 +322,7 @@ class ClientSocket:
             self.drained = n < self.chunk
             if n >= IN_PLACE_FROM and receive_in_place is not None:
                 self.in_place = True
-                self._room = min(max(2 * n, IN_PLACE_LEAST_ROOM), self.chunk, IN_PLACE_ROOM)
+                self._room = self._room_for(2 * n)
         return n
 
     def _receive_in_place(self, buf: bytearray) -> int:
@@ -335,8 +335,13 @@ class ClientSocket:
             self.ended = n == 0
             self.drained = n < room
             if n == room:
-                self._room = min(2 * room, self.chunk, IN_PLACE_ROOM)
+                self._room = self._room_for(2 * room)
         return n
+
+    def _room_for(self, wanted: int) -> int:
+        """The room a receive in place asks for where `wanted` would do: at least
+        `IN_PLACE_LEAST_ROOM`, at most the chunk and `IN_PLACE_ROOM`."""
+        return min(max(wanted, IN_PLACE_LEAST_ROOM), self.chunk, IN_PLACE_ROOM)
 
     def serve_from_hub(self, buf: bytearray, serving: Callable[[int], bool]) -> None:
         """Wait for input: each time the socket is readable, in the hub, what is there is appended to
