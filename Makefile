@@ -14,7 +14,7 @@ TEST_PROCESSES ?= 4
 # (about 60 MB). `make test` installs the test and Spark extras too (pytest, mypy, PySpark, PyArrow:
 # about 840 MB), which is all `make run` needs as well.
 # The compiled helpers are built by the install, so a changed C source installs again.
-C_SOURCES := $(shell find src -name '*.c')
+C_SOURCES := $(shell find src -name '*.[ch]')
 
 $(RUN_STAMP): pyproject.toml setup.py $(C_SOURCES)
 	$(PY) -m venv $(VENV)

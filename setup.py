@@ -157,8 +157,18 @@ def _mypyc_extensions() -> list[Extension]:
     return extensions
 
 
+# What the C helpers' system calls share (a descriptor from a Python int, the retry after EINTR):
+# one header, included by each.
+SHARED_HEADER = "src/kestrel/system_calls.h"
+
+
+def _c_helper(name: str) -> Extension:
+    """A C helper's extension module, built from its C file, or left out where it cannot be."""
+    return Extension(name, [_path(name, ".c")], optional=True, libraries=BUILD["C_LIBRARIES"].get(name, []),
+                     include_dirs=[os.path.dirname(SHARED_HEADER)], depends=[SHARED_HEADER])
+
+
 setup(
     cmdclass={"build_ext": BuildExt, "build_py": BuildWithPth},
-    ext_modules=[Extension(name, [_path(name, ".c")], optional=True,
-                           libraries=BUILD["C_LIBRARIES"].get(name, [])) for name in BUILD["C_HELPERS"]],
+    ext_modules=[_c_helper(name) for name in BUILD["C_HELPERS"]],
 )

@@ -24,27 +24,15 @@
 #include <Python.h>
 
 #include <errno.h>
-#include <limits.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include "system_calls.h"
 
 /* What a receive lands in before it is appended: the most any connection asks for (`MAX_CHUNK`).
  * The GIL is held from the receive to the copy, so one buffer serves every thread. */
 #define MAX_CHUNK (256 * 1024)
 static char scratch[MAX_CHUNK];
-
-/* A descriptor from a Python int; -1 with an error set when it is not one (check PyErr_Occurred). */
-static int as_fd(PyObject *value) {
-    long fd = PyLong_AsLong(value);
-    if (fd == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (fd < INT_MIN || fd > INT_MAX) {  /* a closed socket's -1 gets EBADF from the call */
-        PyErr_Format(PyExc_OverflowError, "%ld is not a file descriptor", fd);
-        return -1;
-    }
-    return (int)fd;
-}
 
 /* Set the length of a bytearray, within its block and with no view of it held, as its own resize
  * would leave it: its bytes always end with a NUL. */
@@ -73,11 +61,7 @@ static ssize_t received(int fd, char *into, size_t room) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             return -1;
         }
-        if (errno != EINTR) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -2;
-        }
-        if (PyErr_CheckSignals() < 0) {
+        if (!again()) {
             return -2;
         }
     }
@@ -91,8 +75,8 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "receive(fd: int, buf: bytearray, chunk: int)");
         return NULL;
     }
-    int fd = as_fd(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
+    int fd;
+    if (descriptor(args[0], &fd) < 0) {
         return NULL;
     }
     Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
@@ -127,8 +111,8 @@ static PyObject *send_some(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "send(fd: int, data: bytes)");
         return NULL;
     }
-    int fd = as_fd(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
+    int fd;
+    if (descriptor(args[0], &fd) < 0) {
         return NULL;
     }
     Py_buffer data;
@@ -148,11 +132,7 @@ static PyObject *send_some(PyObject *self, PyObject *const *args, Py_ssize_t nar
             n = 0;
             break;
         }
-        if (errno != EINTR) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            goto done;
-        }
-        if (PyErr_CheckSignals() < 0) {
+        if (!again()) {
             goto done;
         }
     }
@@ -173,8 +153,8 @@ static PyObject *receive_in_place(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "receive_in_place(fd: int, buf: bytearray, room: int)");
         return NULL;
     }
-    int fd = as_fd(args[0]);
-    if (fd == -1 && PyErr_Occurred()) {
+    int fd;
+    if (descriptor(args[0], &fd) < 0) {
         return NULL;
     }
     PyByteArrayObject *buf = (PyByteArrayObject *)args[1];

@@ -21,6 +21,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "system_calls.h"
+
 /* Calls running on worker threads (`workers`), counted by the event loop's thread alone, under the
  * interpreter's lock. */
 static Py_ssize_t working;
@@ -36,30 +38,6 @@ static Py_ssize_t working;
             call; \
         } \
     } while (0)
-
-/* `fd` read from `obj` into `out`: 0, or -1 with the error set (as os.write's argument). */
-static int descriptor(PyObject *obj, int *out) {
-    long fd = PyLong_AsLong(obj);
-    if (fd == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (fd < INT_MIN || fd > INT_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%ld is not a file descriptor", fd);
-        return -1;
-    }
-    *out = (int)fd;
-    return 0;
-}
-
-/* After a failed system call: 1 to make it again (interrupted, and the signals' handlers ran), or 0
- * with the error set (its errno's OSError, or what a handler raised), as PEP 475 has os.write. */
-static int again(void) {
-    if (errno != EINTR) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        return 0;
-    }
-    return PyErr_CheckSignals() == 0;
-}
 
 /* write(fd, data) -> int: how many bytes of `data` file `fd` took. Raises OSError. */
 static PyObject *write_held(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
