@@ -17,6 +17,9 @@ from /proc.
   both from 4 client processes (each driving its share of the connections on one event loop, so
   that the clients' own scheduling is the same in both): CPU µs per item, and the ratio.
 - connect + close: CYCLES connections opened and closed in turn, no request: CPU µs per connection.
+- files: the kernel's part of a journal file a queue, with no server: appends of a put's record
+  (150 bytes) to QUEUES files in turn against 4 files, in `--dir` (the file system to measure;
+  default the work folder): the system time of a `write`, the least of `--repeat` runs.
 
 Our server runs in each of BUILDS (bench/peers.py) in every row.
 
@@ -29,7 +32,8 @@ build installed in DIR (another checkout's build/compiled) in place of this chec
     .venv/bin/python -m bench.bench_scale [--queues 10000] [--fill 2] [--connections 1000]
                                           [--seconds 3] [--repeat 3] [--idle 10] [--cycles 2000]
                                           [--settle 1]
-                                          [--only queues|library|connections|connect]
+                                          [--only queues|library|connections|connect|files]
+                                          [--dir DIR]
                                           [--builds pure compiled]
                                           [--source DIR] [--compiled DIR]
 """
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -281,6 +286,59 @@ def connect_and_close(work: Path, args: argparse.Namespace) -> dict[str, float]:
     return costs
 
 
+RECORD = 150  # a put's record of a 128-byte item: its opcode, length, times and data
+
+
+def journal_files(work: Path, args: argparse.Namespace) -> dict[int, float]:
+    """System µs per append to each of `args.queues` files in turn and to each of 4 (`files`)."""
+    root = Path(tempfile.mkdtemp(prefix="journal-files-", dir=args.dir or work))
+    try:
+        return appends(root, args)
+    finally:
+        shutil.rmtree(root)
+
+
+def appends(root: Path, args: argparse.Namespace) -> dict[int, float]:
+    print(f"\n### Appends of {RECORD} bytes to {args.queues:,} files in turn against 4, in "
+          f"{args.dir or 'the work folder'} (`{file_system(root)}`), no server\n")
+    print("| files | system µs a write | user µs a write (the Python loop) |\n| --- | --- | --- |")
+    figures: dict[int, float] = {}
+    record = b"x" * RECORD
+    for files in (4, args.queues):
+        folder = root / str(files)
+        folder.mkdir()
+        fds = [os.open(folder / str(i), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for i in range(files)]
+        try:
+            writes = max(200_000 // files, 20) * files  # each file written past its first page of records
+            best = (float("inf"), float("inf"))
+            for _ in range(args.repeat):
+                before = os.times()
+                for i in range(writes):
+                    os.write(fds[i % files], record)
+                after = os.times()
+                best = min(best, ((after.system - before.system) * 1e6 / writes,
+                                  (after.user - before.user) * 1e6 / writes))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        figures[files] = best[0]
+        print(f"| {files:,} | {best[0]:.2f} | {best[1]:.2f} |")
+    ratio = figures[args.queues] / figures[4]
+    print(f"\n{args.queues:,} files cost {ratio:.2f}× the system time a write of 4.")
+    return figures
+
+
+def file_system(path: Path) -> str:
+    """The type and mount options of the file system holding `path` (/proc/mounts)."""
+    best = ("", "")
+    with open("/proc/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            _, point, kind, options = line.split()[:4]
+            if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best[0]):
+                best = (point, f"{kind} {options}")
+    return best[1]
+
+
 def ours(work: Path, build: str, admin: bool = False) -> Server:
     """Starts our server in `build` (with the admin port open with `admin`)."""
     return lambda: peers.kestrel(work, admin=admin, build=build)
@@ -302,7 +360,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="load runs per figure, the least CPU kept")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle server is watched")
     parser.add_argument("--cycles", type=int, default=2_000, help="connections opened and closed")
-    parser.add_argument("--only", choices=["queues", "library", "connections", "connect"])
+    parser.add_argument("--only", choices=["queues", "library", "connections", "connect", "files"])
+    parser.add_argument("--dir", type=Path, help="where `files` appends (the file system to measure)")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds left to the background tasks after the queues are made")
     parser.add_argument("--builds", nargs="+", choices=sorted(peers.BUILDS), default=["pure"],
@@ -333,6 +392,8 @@ def main() -> None:
                 connections(binary, work, args)
             if args.only in (None, "connect"):
                 connect_and_close(work, args)
+            if args.only in (None, "files"):
+                journal_files(work, args)
         except peers.MissingPeer as e:
             sys.exit(str(e))
     print(f"\n# load average after: {load_average()}")

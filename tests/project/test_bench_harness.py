@@ -353,3 +353,21 @@ def test_the_hostile_neighbours_frames_are_as_large_as_the_limits_let_through(se
         for kind, message in hostile.thrift_frames(protocol).items():
             s.sendall(framed(message))
             assert read_framed_reply(s, protocol, "get_version") == version, kind
+
+
+def test_the_journal_files_figure_appends_to_each_file_and_leaves_none(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_scale's `files`: a system time for 4 files and for `--queues`, each file written; the
+    folder it wrote in is gone after."""
+    import argparse
+
+    from bench.bench_scale import RECORD, appends, journal_files
+
+    args = argparse.Namespace(queues=7, repeat=1, dir=tmp_path)
+    figures = journal_files(tmp_path, args)
+    assert sorted(figures) == [4, 7] and all(seconds >= 0 for seconds in figures.values())
+    assert list(tmp_path.iterdir()) == []
+    assert "| 7 |" in capsys.readouterr().out
+    appends(tmp_path, args)  # in a folder kept: each file holds whole records, the same count
+    sizes = {path.stat().st_size for path in (tmp_path / "7").iterdir()}
+    assert len(sizes) == 1 and sizes.pop() % RECORD == 0 and len(list((tmp_path / "7").iterdir())) == 7
