@@ -68,19 +68,30 @@ static ssize_t received(int fd, char *into, size_t room) {
     return n;
 }
 
+/* Both receives' arguments, (fd, buf, count): a descriptor, a bytearray and an int, read into the
+ * three; 0, or -1 with the error set (TypeError naming `usage` for a wrong count or buffer). */
+static int receive_arguments(PyObject *const *args, Py_ssize_t nargs, const char *usage, int *fd,
+                             PyByteArrayObject **buf, Py_ssize_t *count) {
+    if (nargs != 3 || !PyByteArray_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (descriptor(args[0], fd) < 0) {
+        return -1;
+    }
+    *buf = (PyByteArrayObject *)args[1];
+    *count = PyLong_AsSsize_t(args[2]);
+    return *count == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* receive(fd, buf, chunk) -> int: up to `chunk` bytes from the socket appended to the bytearray
  * `buf`; how many (0: the end of the stream), or -1 when nothing is there yet. Raises OSError. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyByteArray_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "receive(fd: int, buf: bytearray, chunk: int)");
-        return NULL;
-    }
     int fd;
-    if (descriptor(args[0], &fd) < 0) {
-        return NULL;
-    }
-    Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
-    if (chunk == -1 && PyErr_Occurred()) {
+    PyByteArrayObject *buf;
+    Py_ssize_t chunk;
+    if (receive_arguments(args, nargs, "receive(fd: int, buf: bytearray, chunk: int)", &fd, &buf,
+                          &chunk) < 0) {
         return NULL;
     }
     if (chunk <= 0 || chunk > MAX_CHUNK) {
@@ -91,7 +102,6 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (n < 0) {
         return n == -1 ? PyLong_FromLong(-1) : NULL;
     }
-    PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
     Py_ssize_t have = Py_SIZE(buf);
     if (n > 0) {
         if (make_room(buf, have + n) < 0) {
@@ -149,17 +159,11 @@ done:
  * next receive or for `drop_answered` to give back); how many (0: the end of the stream), or -1
  * when nothing is there yet. Raises OSError, and BufferError while a view of `buf` is held. */
 static PyObject *receive_in_place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyByteArray_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "receive_in_place(fd: int, buf: bytearray, room: int)");
-        return NULL;
-    }
     int fd;
-    if (descriptor(args[0], &fd) < 0) {
-        return NULL;
-    }
-    PyByteArrayObject *buf = (PyByteArrayObject *)args[1];
-    Py_ssize_t room = PyLong_AsSsize_t(args[2]);
-    if (room == -1 && PyErr_Occurred()) {
+    PyByteArrayObject *buf;
+    Py_ssize_t room;
+    if (receive_arguments(args, nargs, "receive_in_place(fd: int, buf: bytearray, room: int)", &fd, &buf,
+                          &room) < 0) {
         return NULL;
     }
     Py_ssize_t have = Py_SIZE(buf);
