@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from kestrel.service.config import ServerConfig
 from kestrel.service.session.read_ids import ReadIds
+from kestrel.service.session.status import Status, StatusKeeper
 from kestrel.storage import QueueCollection, QueueConfigs, commit_log
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec
@@ -59,10 +61,12 @@ def test_the_model_skips_directories_and_temporaries_and_finishes_packs(tmp_path
 def lived_in(path: Path) -> dict[str, list[str]]:
     """A queue path after what this server does to one: rotations and packs (with manifests), the
     commit log (left by a crash), a torn tail cut off and damage salvaged (copies kept), Thrift read
-    ids, the lock held. Returns the journals each queue should be found with."""
+    ids, the server's status set (where the default `status_file` keeps it), the lock held. Returns
+    the journals each queue should be found with."""
     lock = QueuePathLock(str(path))
     lock.acquire("test")
     ReadIds(str(path), FakeClock(T0)).next()
+    StatusKeeper(status_file(path), Status.UP, 0).set(Status.READ_ONLY)
     configs = QueueConfigs({"max_memory_size": 4096, "max_journal_size": 8192, "sync_journal": "always"})
     coll = QueueCollection(str(path), configs, runtime=ManualRuntime(clock=FakeClock(T0)), commit_log=True)
     coll.load()
@@ -84,6 +88,14 @@ def lived_in(path: Path) -> dict[str, list[str]]:
     again.close()
     return {q: [n for n in journal_files(path) if n == q or n.startswith(q + ".")]
             for q in ("damaged", "logged", "packed", "torn")}
+
+
+def status_file(path: Path, setting: str | None = None) -> str | None:
+    """The status file a server on `path` keeps, with the default `status_file` or `setting`."""
+    config = ServerConfig(queue_path=str(path))
+    if setting is not None:
+        config.status_file = setting
+    return config.resolved_status_file()
 
 
 def test_a_queue_path_this_server_has_written_is_one_kestrel_241_opens(tmp_path: Path) -> None:
@@ -111,6 +123,7 @@ def test_an_earlier_layout_is_moved_out_of_kestrels_way_and_loads_as_before(
     for manifest in own.glob("*.manifest"):
         shutil.copy(manifest, earlier / manifest.name)
     shutil.copy(own / "read_ids", earlier / ".read_ids")
+    shutil.copy(own / "status", earlier / ".status")
     for copy in (own / "aside").iterdir():
         shutil.copy(copy, earlier / copy.name)
     (earlier / ".lock").write_bytes(b"")
@@ -131,3 +144,6 @@ def test_an_earlier_layout_is_moved_out_of_kestrels_way_and_loads_as_before(
     assert "NO MANIFEST" not in capsys.readouterr().out  # the manifests were found where they went
     assert sorted(kestrel24.open_queue_path(str(earlier))) == ["damaged", "logged", "packed", "torn"]
     assert sorted(os.listdir(earlier / ".kestrel" / "aside")) == sorted(os.listdir(own / "aside"))
+    # The status, moved, is found by the default setting and by the earlier one, which names its old place.
+    for setting in (None, "{queue_path}/.status", str(earlier / ".status")):
+        assert StatusKeeper(status_file(earlier, setting), Status.UP, 0).current == Status.READ_ONLY

@@ -70,9 +70,10 @@ def test_unit_config_sysusers_and_tmpfiles_agree() -> None:
         assert int(mode, 8) & 0o700 == 0o700
     for directory in state:  # no directory made that nothing uses
         assert directory == queue_path, f"StateDirectory {directory} is not the config's queue_path"
-    # The status file lives where the server may write (src/kestrel/service/startup.py checks it at start).
+    # The status file lives where the server may write (src/kestrel/service/startup.py checks it at start):
+    # in the queue path's own directory, which the server makes.
     status = str(config["status_file"]).replace("{queue_path}", queue_path)
-    assert os.path.dirname(status) == queue_path
+    assert os.path.dirname(status) == os.path.join(queue_path, ".kestrel")
 
     # The unit runs the installed command on the config the README installs, with arguments it takes.
     exec_start = shlex.split(service["ExecStart"])

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from kestrel.service.session.status import Status, UnknownStatus
+from kestrel.storage import layout
 from kestrel.storage.config import (
     QueueConfig,
     QueueConfigs,
@@ -187,7 +188,8 @@ class ServerConfig:
     expiration_timer_frequency: int = 1000  # ms; 0 turns the background sweep off
     max_open_reads: int = 100
     default_status: Status = Status.UP
-    status_file: str | None = "{queue_path}/.status"
+    # In the server's own directory, out of the scan by which Kestrel finds journals (layout.py).
+    status_file: str | None = "{queue_path}/.kestrel/status"
     status_change_grace_period: int = 0  # ms
     thrift_transport: str = "framed"
     thrift_protocol: str = "binary"
@@ -216,9 +218,11 @@ class ServerConfig:
     overridden: tuple[str, ...] = ()  # the keys the command line set, which a reload leaves alone
 
     def resolved_status_file(self) -> str | None:
+        """The status file's path; the earlier default, beside the journals, is where the owner of the
+        queue path moved it (`layout.migrate`)."""
         if self.status_file is None:
             return None
-        return self.status_file.replace("{queue_path}", self.queue_path)
+        return layout.current_path(self.queue_path, self.status_file.replace("{queue_path}", self.queue_path))
 
 
 def _memory_total(key: str, value: Any) -> int:

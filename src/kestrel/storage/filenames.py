@@ -186,6 +186,7 @@ def reader_of(queue: str, file_name: str) -> str | None:
 OWN_DIRECTORY = ".kestrel"
 LOCK_NAME = "lock"
 READ_IDS_NAME = "read_ids"
+STATUS_NAME = "status"  # the server's status, where `status_file` is left at its default
 CONVERT_NAME = "convert"
 COMMIT_LOG_NAME = "commit-log"
 ASIDE_NAME = "aside"

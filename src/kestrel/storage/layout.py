@@ -3,11 +3,11 @@
 Only journals (and their `~~` temporaries) stay beside each other in the queue path, named as
 Kestrel names them; everything else of the server's lives in `<queue_path>/.kestrel/`
 (`filenames.OWN_DIRECTORY`), which Kestrel's scans never read (docs/durability.md, "Files
-Kestrel can open"). Versions before it kept the lock (`.lock`), the read-id floor (`.read_ids`), a
-conversion's record (`.convert`), the manifests (`<queue>.manifest`), the commit log (`commit-log/`)
-and the copies damage handling set aside (`<file>.torn-<ms>`, `<file>.corrupt-<ms>`) beside the
-journals; `migrate` moves them, once: the owner of the path does so when it takes the path's lock
-(src/kestrel/storage/lock.py), before it reads anything else.
+Kestrel can open"). Versions before it kept the lock (`.lock`), the read-id floor (`.read_ids`), the
+server's status (`.status`), a conversion's record (`.convert`), the manifests (`<queue>.manifest`),
+the commit log (`commit-log/`) and the copies damage handling set aside (`<file>.torn-<ms>`,
+`<file>.corrupt-<ms>`) beside the journals; `migrate` moves them, once: the owner of the path
+does so when it takes the path's lock (src/kestrel/storage/lock.py), before it reads anything else.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from kestrel.storage.disk import fsync_path
 log = structlog.get_logger("kestrel.layout")
 
 # An earlier layout's file names in the queue path, and their names in the server's own directory.
-_MOVED = {".read_ids": filenames.READ_IDS_NAME, ".convert": filenames.CONVERT_NAME}  # files
+_MOVED = {".read_ids": filenames.READ_IDS_NAME, ".convert": filenames.CONVERT_NAME,  # files
+          ".status": filenames.STATUS_NAME}
 _MOVED_DIRECTORY = {"commit-log": filenames.COMMIT_LOG_NAME}  # a file of that name is a queue's journal
 _DROPPED = (".lock", ".convert" + filenames.TEMPORARY_MARK, ".read_ids" + filenames.TEMPORARY_MARK)
 _COPY_LABELS = (".torn-", ".corrupt-")
@@ -70,6 +71,15 @@ def earlier_name(name: str, is_dir: bool) -> str | None:
     if any(label in name for label in _COPY_LABELS) and not filenames.is_temporary(name):
         return os.path.join(filenames.ASIDE_NAME, name)
     return None
+
+
+def current_path(queue_path: str, path: str) -> str:
+    """`path`, or where `migrate` moves it when it names a file an earlier version kept beside the
+    journals (a setting written for that version: `status_file: "{queue_path}/.status"`)."""
+    if os.path.normpath(os.path.dirname(path)) != os.path.normpath(queue_path):
+        return path
+    target = earlier_name(os.path.basename(path), is_dir=False)
+    return path if target is None else filenames.own_path(queue_path, target)
 
 
 def migrate(queue_path: str) -> list[str]:
