@@ -22,7 +22,7 @@ from kestrel.storage.kestrel2.codec import encode_addx
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files
 from kestrel.storage.queue_path import remove_temporaries
-from kestrel.storage.tools.dump import dump_files
+from kestrel.storage.tools.dump import dump_files, dump_queue
 from tests.conftest import ROOT
 
 SEED = ROOT.parent / "shared" / "seeds" / "kestrel3-journal-format.md"
@@ -449,6 +449,33 @@ def test_journal_dump_prints_both_formats(tmp_path: Path) -> None:
         "           4  torn: record of 28 bytes runs past the end of the file (27 bytes left)",
         f"{torn}: torn record at offset 4 after 0 records",
     ]
+
+
+def test_dump_of_a_kestrel3_queue_prints_what_each_reader_would_load_and_changes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "jobs.1").write_bytes(WRITER + b"".join(put6(i, b"item %d" % i) for i in (1, 2, 3)))
+    (tmp_path / "jobs.2").write_bytes(WRITER + put8(4, b"item 4", T0 + 5, errors=2))
+    (tmp_path / "jobs.read.").write_bytes(READER + read_head(1) + read_done(3))
+    (tmp_path / "jobs.read.audit").write_bytes(READER + read_head(0) + read_done(7)[:-1])  # torn: left as it is
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def dumped(queue: str) -> tuple[int, list[str], str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = dump_queue(str(tmp_path), queue, out, err)
+        return status, [line.split(None, 1)[1] for line in out.getvalue().splitlines()[:-1]], err.getvalue()
+
+    assert dumped("jobs") == (0, [f"queued id=2 add={T0} expire=- 6:item 2",
+                                  f"queued id=4 add={T0} expire={T0 + 5} 6:item 4"], "")
+    status, lines, _ = dumped("jobs+audit")
+    assert status == 0 and [line.split()[1] for line in lines] == ["id=1", "id=2", "id=3", "id=4"]
+    assert dumped("jobs+nobody") == (1, [], f"{tmp_path}: Kestrel 3 queue 'jobs' has no reader 'nobody'\n")
+    status, _, said = dumped("../jobs")
+    assert status == 2 and said.startswith("--queue: ") and "'/'" in said  # no name that leaves the path
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    run = subprocess.run([sys.executable, "-m", "kestrel", "journal", "dump", "--queue", "jobs", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "jobs: 2 items (Kestrel 3)"
 
 
 def test_dump_names_a_file_it_cannot_read_and_goes_on(tmp_path: Path) -> None:

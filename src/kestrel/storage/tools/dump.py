@@ -3,9 +3,10 @@ records with offsets.
 
 Reads either format: a Kestrel 3 writer journal or reader checkpoint is told by its 4-byte header
 (neither header starts with a Kestrel 2 opcode), anything else is read as a Kestrel 2 journal. With
-`--queue NAME DIR` it prints instead the items a start-up would load for that queue from the
-Kestrel 2 journals in DIR (a read-only replay). For operators looking at a damaged or surprising
-journal; it never changes a file.
+`--queue NAME DIR` it prints instead the items a start-up would load for that queue from its files
+in DIR, in the format they are in: a Kestrel 2 queue's journals replayed, a Kestrel 3 queue's
+writer files past its reader's checkpoint (`NAME` or `NAME+READER`). For operators looking at a
+damaged or surprising journal; it never changes a file.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from kestrel.storage import commit_log
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
+from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.formats import KESTREL3, queues_on_disk
 from kestrel.storage.kestrel2.codec import describe
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import replay_queue
@@ -91,9 +94,17 @@ def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.std
 
 
 def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Print the queue as a start-up would load it, open reads first; return 0, or 1 if it is damaged."""
+    """Print the queue as a start-up would load it, open reads first; return 0, 1 if it is damaged
+    or (Kestrel 3) has no such reader, 2 if `queue` is no queue's name."""
+    try:
+        check_queue_name(queue)
+    except InvalidQueueName as e:
+        print(f"--queue: {e}", file=err)
+        return 2
     say_if_pending([queue_path], err)
     try:
+        if queues_on_disk(queue_path).get(queue.partition("+")[0]) == KESTREL3:
+            return _dump_kestrel3_queue(queue_path, queue, out, err)
         state = replay_queue(queue_path, queue)
     except CorruptJournalError as e:
         print(f"{e.path}: corrupt record at offset {e.offset}: {e.reason}", file=err)
@@ -103,11 +114,33 @@ def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextI
         return 1
     for position, item in enumerate(state.restart_order()):
         state_of = f"open xid={item.xid}" if position < len(state.opens) else "queued"
-        expiry = item.expiry or "-"
-        out.write(f"{position:>12}  {state_of} add={item.add_time} expire={expiry} "
-                  f"{len(item.data)}:{item.data.decode('utf-8', 'replace')}\n")
+        _print_item(out, position, state_of, item.add_time, item.expiry, item.data)
     out.write(f"{queue}: {len(state.opens)} open reads, {len(state.items)} items\n")
     return 0
+
+
+def _dump_kestrel3_queue(queue_path: str, queue: str, out: TextIO, err: TextIO) -> int:
+    """The items of a Kestrel 3 queue's reader (`unit+reader`, or the unit's own) that its checkpoint
+    has not consumed: its open reads are not kept on disk, so they are all queued at a start."""
+    unit, _, reader = queue.partition("+")
+    path = kestrel3_files.list_queue_files(queue_path, unit).readers.get(reader)
+    if reader and path is None:
+        print(f"{queue_path}: Kestrel 3 queue {unit!r} has no reader {reader!r}", file=err)
+        return 1
+    checkpoint = (kestrel3_files.read_checkpoint(path, repair=False) if path is not None
+                  else kestrel3_files.ReaderCheckpoint())  # a reader that consumed nothing yet
+    count = 0
+    for put in kestrel3_files.pending_items(queue_path, unit, checkpoint):
+        _print_item(out, count, f"queued id={put.id}", put.add_time, put.expire_time, put.data)
+        count += 1
+    out.write(f"{queue}: {count} items (Kestrel 3)\n")
+    return 0
+
+
+def _print_item(out: TextIO, position: int, state_of: str, add_time: int, expiry: int | None,
+                data: bytes) -> None:
+    out.write(f"{position:>12}  {state_of} add={add_time} expire={expiry or '-'} "
+              f"{len(data)}:{data.decode('utf-8', 'replace')}\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
