@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from kestrel.service.session.status import Status, StatusChangePending, StatusKeeper, UnknownStatus
-from kestrel.storage.errors import RefusedByStatus
+from kestrel.storage.errors import KestrelError, RefusedByStatus
 from kestrel.storage.runtime import ManualRuntime
+from tests.support.power_loss import Disk
 
 
 def test_status_persists_and_defaults(tmp_path: Path) -> None:
@@ -19,6 +20,22 @@ def test_status_persists_and_defaults(tmp_path: Path) -> None:
     assert keeper.current == Status.QUIESCENT
     keeper.set(Status.READ_ONLY)
     assert StatusKeeper(path, Status.UP, 0).current == Status.READ_ONLY
+
+
+def test_a_status_set_survives_a_power_cut_and_one_that_cannot_be_written_is_not_taken(tmp_path: Path) -> None:
+    path = tmp_path / "status"
+    keeper = StatusKeeper(str(path), Status.UP, 0)
+    with Disk() as disk:
+        keeper.set(Status.READ_ONLY)
+        disk.power_cut(str(tmp_path))  # what no fsync covered is lost
+    assert StatusKeeper(str(path), Status.UP, 0).current == Status.READ_ONLY
+
+    path.unlink()
+    path.mkdir()  # the file cannot be replaced now
+    with pytest.raises(KestrelError, match=f"cannot write the status file {path}: .*; the status stays ReadOnly"):
+        keeper.set(Status.QUIESCENT)
+    assert keeper.current == keeper.enforced == Status.READ_ONLY
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status"]  # no temporary left
 
 
 def test_grace_period_delays_a_stricter_status(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from kestrel.storage.disk import fsync_path
+from kestrel.storage.disk import fsync_path, replace_file
 
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
@@ -174,13 +174,7 @@ def write_token(root: str, token: str) -> str:
     """Mark a stream's log with `token` (written once, by the driver): an executor that does not
     find it there does not share the checkpoint with the driver."""
     os.makedirs(root, exist_ok=True)
-    aside = f"{token_path(root)}.{uuid.uuid4().hex}.tmp"
-    with open(aside, "w", encoding="ascii") as f:
-        f.write(token)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(aside, token_path(root))
-    fsync_path(root)
+    replace_file(token_path(root), token.encode("ascii"), f"{token_path(root)}.{uuid.uuid4().hex}.tmp")
     return token
 
 
@@ -227,9 +221,7 @@ def count_returned(root: str, items: int) -> int:
     path = os.path.join(root, RETURNED)
     total = returned(root) + items
     os.makedirs(root, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="ascii") as f:
-        f.write(f"{total}\n")
-    os.replace(path + ".tmp", path)
+    replace_file(path, f"{total}\n".encode(), path + ".tmp", sync=False)  # a count of duplicates, not data
     return total
 
 

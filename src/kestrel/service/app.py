@@ -27,6 +27,7 @@ from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
+from kestrel.storage import filenames
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.completion_cpu import completion_cpu
@@ -64,7 +65,7 @@ def check_writable(status_file: str) -> None:
     now, at start, that it can be, rather than at the first status change."""
     if os.path.isdir(status_file):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), status_file)
-    temp = f"{status_file}~~"
+    temp = status_file + filenames.TEMPORARY_MARK
     try:
         with open(temp, "w", encoding="utf-8"):
             pass

@@ -17,6 +17,7 @@ buffer whole, on the thread pool from `LARGE_APPEND` bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -89,3 +90,26 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, data: bytes, temporary: str, sync: bool = True) -> None:
+    """Put `data` in `path` in one step, so that a crash leaves the old file or the new, never a
+    mix: written to `temporary` (a name start-up deletes), fsynced, renamed over `path`, and the
+    folder fsynced, so that the new name is on disk too. Without `sync` neither fsync is made: the
+    change may be lost by a power cut, but still not torn. On failure the temporary is removed and
+    the OSError raised, `path` as it was."""
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            write_all(fd, data)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    if sync:
+        fsync_path(os.path.dirname(path) or os.curdir)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
-from kestrel.storage.disk import fsync_path
+from kestrel.storage.disk import fsync_path, replace_file
 from kestrel.storage.errors import ConfigError, CorruptJournalError
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
@@ -92,12 +92,7 @@ def write_intent(queue_path: str, intent: Intent) -> None:
     temporary = os.path.join(layout.ensure(queue_path), filenames.CONVERT_NAME + filenames.TEMPORARY_MARK)
     body = json.dumps({"to": intent.to, "queue": intent.queue, "renames": intent.renames,
                        "deletes": intent.deletes}).encode()
-    with open(temporary, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, os.path.join(queue_path, INTENT_NAME))
-    fsync_path(filenames.own_path(queue_path))
+    replace_file(os.path.join(queue_path, INTENT_NAME), body, temporary)
 
 
 def _read_intent(path: str) -> Intent:

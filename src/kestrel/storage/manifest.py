@@ -34,7 +34,6 @@ of a writer file are its first and last item ids (0 for a Kestrel 2 journal).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -45,7 +44,7 @@ from gevent import monkey
 
 from kestrel.storage import damage, filenames, layout
 from kestrel.storage.crc32c import crc32c, file_crc32c
-from kestrel.storage.disk import fsync_path, write_all
+from kestrel.storage.disk import fsync_path, replace_file
 from kestrel.storage.errors import CorruptJournalError
 
 log = structlog.get_logger("kestrel.manifest")
@@ -162,18 +161,7 @@ def write(queue_path: str, queue: str, manifest: Manifest) -> None:
     """Replace the manifest in one step: temporary, fsync, rename, fsync of the directory."""
     writer = f"-{os.getpid()}-{threading.get_ident()}"
     temporary = os.path.join(layout.ensure(queue_path), filenames.manifest_temporary_name(queue, writer))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, encode(manifest))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    os.close(fd)
-    os.replace(temporary, path_of(queue_path, queue))
-    fsync_path(os.path.dirname(temporary))
+    replace_file(path_of(queue_path, queue), encode(manifest), temporary)
 
 
 def remove(queue_path: str, queue: str) -> None:

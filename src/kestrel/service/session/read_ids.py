@@ -9,12 +9,9 @@ block is handed out, so ids never go backwards even if the clock does. Ids stay 
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import structlog
 
-from kestrel.storage import filenames, layout
+from kestrel.storage import disk, filenames, layout
 from kestrel.storage.clock import Clock
 from kestrel.storage.errors import KestrelError
 
@@ -53,17 +50,10 @@ class ReadIds:
         reserved = self._reserved + BLOCK
         if reserved > MAX_ID:
             raise OverflowError("read ids are exhausted (past the largest i64)")
-        temp = self.path + "~~"
         try:
             layout.ensure(self.queue_path)
-            with open(temp, "w", encoding="ascii") as f:
-                f.write(f"{reserved}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, self.path)
+            disk.replace_file(self.path, f"{reserved}\n".encode(), self.path + filenames.TEMPORARY_MARK)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
             raise KestrelError(f"cannot write the read-id floor {self.path}: {e.strerror or e}") from None
         self._reserved = reserved
 

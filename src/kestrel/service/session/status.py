@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Callable
 
 import structlog
 
+from kestrel.storage import disk, filenames
 from kestrel.storage.errors import KestrelError, RefusedByStatus
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
 
@@ -98,7 +98,9 @@ class StatusKeeper:
         """Change the status and persist it.
 
         Raises RefusedByStatus when no status file is configured, StatusChangePending while an earlier
-        change is still in its grace period (setting that same status again is a no-op).
+        change is still in its grace period (setting that same status again is a no-op), KestrelError
+        when the status file cannot be written (the status stays as it was). The file is on disk
+        before the change takes effect: a status set survives a power cut.
         """
         if self.status_file is None:
             raise RefusedByStatus("server status is not configured (no status_file)")
@@ -111,10 +113,12 @@ class StatusKeeper:
             raise StatusChangePending(
                 f"cannot change the status to {status.label}: the change from {self.enforced.label} to "
                 f"{self.current.label} is still in its grace period ({left_ms} ms left)")
-        temp = f"{self.status_file}~~"
-        with open(temp, "w", encoding="utf-8") as f:
-            f.write(status.label + "\n")
-        os.replace(temp, self.status_file)
+        try:
+            disk.replace_file(self.status_file, f"{status.label}\n".encode(),
+                              self.status_file + filenames.TEMPORARY_MARK)
+        except OSError as e:
+            raise KestrelError(f"cannot write the status file {self.status_file}: {e.strerror or e}; "
+                               f"the status stays {self.current.label}") from None
         previous, self.current = self.current, status
         log.info("server status changed", status=status.label, previous=previous.label)
         if status < self.enforced and self.grace_period_ms > 0:

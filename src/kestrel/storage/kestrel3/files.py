@@ -323,20 +323,7 @@ def write_checkpoint(queue_path: str, queue: str, reader: str, checkpoint: Reade
     """
     final = os.path.join(queue_path, reader_file_name(queue, reader))
     temporary = os.path.join(queue_path, checkpoint_temporary_name(queue, reader))
-    data = encode_checkpoint(checkpoint)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        disk.write_all(fd, data)
-        if sync:
-            os.fsync(fd)
-    except OSError:
-        os.unlink(temporary)
-        raise
-    finally:
-        os.close(fd)
-    os.replace(temporary, final)
-    if sync:
-        fsync_path(queue_path)
+    disk.replace_file(final, encode_checkpoint(checkpoint), temporary, sync)
     return final
 
 
