@@ -48,6 +48,18 @@ def test_set_with_an_unreadable_length_closes_and_never_runs_the_data(server: Se
     assert get_item(server.memcache_port, "victim") == b"VALUE victim 0 8\r\nprecious\r\nEND\r\n"
 
 
+def test_a_set_with_an_argument_too_many_closes_and_never_runs_the_data(server: ServerProcess) -> None:
+    set_item(server.memcache_port, "victim", b"precious")
+    s = conn(server.memcache_port)
+    # A key with a space: taken by position, the length would be the exptime (0), the rest commands.
+    s.sendall(b"set my queue 0 0 17\r\nXXdelete victim\r\n\r\nget victim\r\n")
+    reply = s.recv(4096)
+    assert reply == (b"CLIENT_ERROR usage: set <queue> <flags> <exptime> <bytes> [noreply] "
+                     b"(closing: the item's length is unknown)\r\n")
+    assert closed_by_server(s)
+    assert get_item(server.memcache_port, "victim") == b"VALUE victim 0 8\r\nprecious\r\nEND\r\n"
+
+
 def test_refused_set_header_skips_its_announced_data(server: ServerProcess) -> None:
     set_item(server.memcache_port, "victim", b"precious")
     s = conn(server.memcache_port)

@@ -13,7 +13,8 @@ from kestrel.service.memcache.commands import ProtocolError, parse_line
     (b"set q 0 0 99999999999", 0, True),
     (b"set q x 0 5", 7, False),  # the length is known: its data and CRLF are skipped
     (b"set q 0 9223372036854776 1", 3, False),
-    (b"set q 0 0 5 loudly", 7, False),
+    (b"set q 0 0 5 loudly", 0, True),  # an argument too many: which one is the length is unknown
+    (b"set my queue 0 0 5", 0, True),  # (taken as the 4th, 2 bytes of 5 would be skipped)
 ])
 def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close: bool) -> None:
     with pytest.raises(ProtocolError) as refused:
@@ -33,6 +34,12 @@ def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close
 def test_noreply_forms(line: bytes, name: str, noreply: bool) -> None:
     command = parse_line(line)
     assert (command.name, command.noreply) == (name, noreply)
+
+
+def test_arguments_are_split_at_spaces_alone() -> None:
+    # Python's other whitespace is part of a key (then refused as a queue name), never a separator.
+    assert parse_line("get n\x85m".encode()).key == "n\x85m"
+    assert parse_line(b"get  q   other").key == "q"
 
 
 def test_gets_and_multi_key_get() -> None:
@@ -62,6 +69,9 @@ def test_empty_and_unknown_lines_are_client_errors() -> None:
     (b"cas q 0 0 10 12345", 12, False),
     (b"add q 0 0 abc", 0, True),  # its length unreadable: the connection closes
     (b"cas q", 0, True),
+    (b"add my queue 0 0 5", 0, True),  # each verb's own arguments, or the length is unknown
+    (b"cas q 0 0 10", 0, True),
+    (b"cas q 0 0 10 1 2", 0, True),
 ])
 def test_unsupported_storage_commands_drop_their_data(line: bytes, skip: int, close: bool) -> None:
     with pytest.raises(ProtocolError) as refused:

@@ -127,19 +127,28 @@ _ONE_QUEUE = {"delete", "flush", "flush_expired"}
 # memcache storage commands Kestrel does not support: their data block is read and dropped, never
 # run as commands, as Kestrel's decoder reads the data of any storage command.
 _UNSUPPORTED_STORAGE = {"add", "replace", "append", "prepend", "cas"}
+# The arguments of each storage command before `noreply`: `<key> <flags> <exptime> <bytes>`, and
+# `cas`'s `<cas unique>` after them.
+_STORAGE_ARGUMENTS = dict.fromkeys(("set", *_UNSUPPORTED_STORAGE), 4) | {"cas": 5}
 
 
-def _data_length(args: list[str]) -> int | None:
-    """A storage command's `<bytes>` field (its fourth argument), or None when it cannot be read."""
-    if len(args) >= 4 and _is_digits(args[3]) and len(args[3]) <= 10 and int(args[3]) <= MAX_ITEM_BYTES:
-        return int(args[3])
+def _data_length(name: str, args: list[str]) -> int | None:
+    """A storage command's `<bytes>` field (its fourth argument), or None when it cannot be read:
+    on a line with more or fewer arguments than the command takes, which one is the count is
+    unknown (`set my queue 0 0 5` would skip 2 bytes of the 5 and read the rest as commands)."""
+    count = _STORAGE_ARGUMENTS[name]
+    if not (len(args) == count or (len(args) == count + 1 and args[-1] == "noreply")):
+        return None
+    size = args[3]
+    if _is_digits(size) and len(size) <= 10 and int(size) <= MAX_ITEM_BYTES:
+        return int(size)
     return None
 
 
 def _refuse_storage(name: str, args: list[str]) -> ProtocolError:
     """`add`, `cas` and the like: one error, and the announced data block skipped unread."""
     reply = f"CLIENT_ERROR {name} is not supported: kestrel queues take set"
-    size = _data_length(args)
+    size = _data_length(name, args)
     if size is None:
         return ProtocolError(reply + " (closing: the item's length is unknown)", close=True)
     return ProtocolError(reply, skip=size + 2)
@@ -147,7 +156,7 @@ def _refuse_storage(name: str, args: list[str]) -> ProtocolError:
 
 def _parse_set(args: list[str]) -> Command:
     """`set <queue> <flags> <exptime> <bytes> [noreply]`; a refusal says how much data to skip."""
-    size = _data_length(args)
+    size = _data_length("set", args)
     try:
         if len(args) not in (4, 5) or (len(args) == 5 and args[4] != "noreply"):
             raise client_error("usage: set <queue> <flags> <exptime> <bytes> [noreply]")
@@ -173,7 +182,7 @@ def parse_line(line: bytes) -> Command:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         raise client_error("command line is not valid UTF-8") from None
-    parts = text.split()
+    parts = [part for part in text.split(" ") if part]  # spaces only, as memcached: a key holds no space
     if not parts:
         raise client_error("empty command line")
     name = parts[0].lower()
