@@ -154,6 +154,11 @@ def test_unknown_missing_and_mistyped_fields_are_answered_as_thrift_answers_them
     assert isinstance(reply, TApplicationException) and reply.message == "queue_name is missing"
     got = answer(encode_call(protocol, "get", queue_name="q", max_items=5), "get")  # timeouts default to 0
     assert [item.data for item in got] == [b"a", b"b"]
+    # Arguments without a default, left out: named, never taken as empty (a put of nothing, status -1).
+    for method, sent, field in (("put", {"queue_name": "q"}, "items"), ("confirm", {"queue_name": "q"}, "ids"),
+                                ("abort", {"queue_name": "q"}, "ids"), ("set_status", {}, "status")):
+        refused = answer(encode_call(protocol, method, **sent), method)
+        assert isinstance(refused, TApplicationException) and refused.message == f"{field} is missing"
 
 
 def _with_field(call: bytes, protocol: str, fid: int, number: int) -> bytes:

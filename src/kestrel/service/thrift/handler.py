@@ -14,7 +14,7 @@ import inspect
 import socket
 from collections.abc import Callable
 from functools import partial
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 import structlog
 
@@ -50,11 +50,19 @@ from kestrel.storage.taken_items import TakenItems
 
 log = structlog.get_logger("kestrel.thrift")
 
+T = TypeVar("T")
+
 
 def _queue(name: str | None) -> str:
-    if name is None:
-        raise SessionError("queue_name is missing")
-    return name
+    return _given("queue_name", name)
+
+
+def _given(field: str, value: T | None) -> T:
+    """An argument the call cannot do without (its contract gives it no default); a client that
+    left it out is told so, rather than answered as if it had sent an empty one."""
+    if value is None:
+        raise SessionError(f"{field} is missing")
+    return value
 
 
 # The methods a connection may answer in the hub's callback (`_answers_at_once`), known by identity:
@@ -79,7 +87,7 @@ class ThriftHandler:
 
     def put(self, queue_name: str | None, items: list[bytes] | None, expiration_msec: int | None) -> int:
         expiry = self.session.expiry_after(expiration_msec or 0)
-        return self.session.put(_queue(queue_name), items or [], expiry)
+        return self.session.put(_queue(queue_name), _given("items", items), expiry)
 
     def get(self, queue_name: str | None, max_items: int | None, timeout_msec: int | None,
             auto_abort_msec: int | None) -> TakenItems:
@@ -103,10 +111,10 @@ class ThriftHandler:
         return self.session.queue_names()
 
     def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
-        return self.session.confirm_ids(_queue(queue_name), set(ids or ()))
+        return self.session.confirm_ids(_queue(queue_name), set(_given("ids", ids)))
 
     def abort(self, queue_name: str | None, ids: list[int] | None) -> int:
-        return self.session.abort_ids(_queue(queue_name), set(ids or ()))
+        return self.session.abort_ids(_queue(queue_name), set(_given("ids", ids)))
 
     def peek(self, queue_name: str | None) -> Any:
         return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(queue_name)))
@@ -124,7 +132,7 @@ class ThriftHandler:
         return int(self.session.current_status())
 
     def set_status(self, status: int | None) -> None:
-        self.session.set_status(-1 if status is None else status)
+        self.session.set_status(_given("status", status))
 
     def get_version(self) -> str:
         return self.session.server.version
