@@ -233,3 +233,20 @@ def test_status_shows_in_stats_metrics_and_readiness(server: ServerProcess) -> N
         assert _get(server, "/ready") == (write, f"{label}\n")
         assert _get(server, "/ready/read") == (read, f"{label}\n")
         assert _get(server, "/ping") == (200, "pong\n")
+
+
+def test_a_request_the_admin_port_refuses_is_one_warning_in_the_log(server_factory: Any) -> None:
+    srv = server_factory()
+    requests = [b"GET /ping HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n",  # http.client's header limit
+                b"GARBAGE\r\n\r\n", b"GET /ping HTTP/9.9\r\n\r\n"]
+    for request in requests:
+        with socket.create_connection(("127.0.0.1", srv.admin_port), timeout=10) as s:
+            s.sendall(request)
+            assert s.recv(4096).startswith(b"HTTP/1.1 400 ")
+    assert _get(srv, "/ping") == (200, "pong\n")  # and the port serves on
+    srv.stop()
+    events = [json.loads(line) for line in srv.log().splitlines()]  # every line a JSON event: no bare text
+    refused = [e for e in events if e["event"] == "admin request refused"]
+    assert len(refused) == len(requests) and all(e["client"].startswith("('127.0.0.1', ") for e in refused)
+    assert "got more than 100 headers" in refused[0]["reason"]
+    assert not any("Traceback" in str(e) for e in events)

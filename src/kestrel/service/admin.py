@@ -10,6 +10,8 @@ Each request, from the wait for its first line to the last byte of its answer, h
 `request_timeout`: a client that connects and sends nothing, trickles its request or reads its
 answer that slowly is closed rather than holding one of the port's connections for good (the
 probes, scrapes and the page's polls take milliseconds; a browser connects again for its next).
+A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
+the server's log, naming the client and the reason, never a bare traceback or line on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import gevent
+import structlog
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from kestrel.service import metrics
@@ -26,6 +29,8 @@ from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_json, stats_text
+
+log = structlog.get_logger("kestrel.admin")
 
 Answer = tuple[str, str, bytes]  # HTTP status line, content type, body
 
@@ -53,6 +58,21 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         with gevent.Timeout(self.server.request_timeout_s, False):
             return super().handle_one_request()
         return None  # out of time: the connection closes
+
+    def _handle_client_error(self, ex: BaseException) -> Any:
+        """A request refused as the client's fault: gevent prints the traceback of one that is not a
+        ValueError (http.client's "got more than 100 headers") to stderr; it is the same refusal."""
+        if not isinstance(ex, (ValueError, OSError)):
+            ex = ValueError(str(ex) or type(ex).__name__)
+        return super()._handle_client_error(ex)
+
+    def log_error(self, msg: str, *args: Any) -> None:
+        """gevent's note of a request it refused or could not answer, as a line of the server's log."""
+        try:
+            reason = msg % args if args else msg
+        except (TypeError, ValueError):
+            reason = f"{msg!r} {args!r}"
+        log.warning("admin request refused", client=str(self.client_address), reason=reason)
 
 
 class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
