@@ -96,6 +96,23 @@ def test_an_error_no_greenlet_caught_is_one_structured_line() -> None:
     assert event["event"] == "uncaught error" and "No space left on device" in event["exception"]
 
 
+def test_a_console_line_shows_a_clients_control_characters_escaped() -> None:
+    code = ("import structlog\n"
+            "from kestrel.service.logs import configure_logging\n"
+            "configure_logging(log_format='console')\n"
+            "log = structlog.get_logger('t')\n"
+            "log.warning('malformed thrift request', method='ab\\x00\\x1b[2Jcd')  # no space nor line break: not quoted\n"
+            "try:\n"
+            "    raise ValueError('x')\n"
+            "except ValueError:\n"
+            "    log.exception('failed')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    first, *rest = done.stderr.splitlines()
+    assert "method=ab\\x00\\x1b[2Jcd" in first
+    assert "\x1b" not in done.stderr and "\x00" not in done.stderr
+    assert "Traceback (most recent call last):" in rest  # a traceback keeps its lines
+
+
 def test_one_stream_one_format_and_what_each_queue_did(tmp_path: Path) -> None:
     """With --log-format json, every line is JSON on stderr, stdout stays empty: the environment
     variable's warning, a queue loaded at start-up (not "created"), a refused one, a new one."""

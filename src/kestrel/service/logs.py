@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -39,6 +40,7 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *([_escape_controls] if console else []),  # (JSON escapes them itself)
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
@@ -50,6 +52,21 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     root.handlers[:] = [_ToStructlog()]
     root.setLevel(getattr(logging, level.upper()))
     logging.captureWarnings(True)
+
+
+# Control characters as escapes: C0 (but for the line breaks and tabs of a traceback), DEL and C1.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_TRACEBACK_CONTROLS = {c: e for c, e in _CONTROLS.items() if chr(c) not in "\n\t"}
+
+
+def _escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A console line shows what a client sent (a method name, a queue name) with its control
+    characters escaped: raw, an escape sequence would move the terminal's cursor or clear it, and a
+    line break would forge a line."""
+    for key, value in event.items():
+        if isinstance(value, str) and not value.isprintable():
+            event[key] = value.translate(_TRACEBACK_CONTROLS if key == "exception" else _CONTROLS)
+    return event
 
 
 class _ToStructlog(logging.Handler):
