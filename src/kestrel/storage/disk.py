@@ -96,8 +96,9 @@ def replace_file(path: str, data: bytes, temporary: str, sync: bool = True) -> N
     """Put `data` in `path` in one step, so that a crash leaves the old file or the new, never a
     mix: written to `temporary` (a name start-up deletes), fsynced, renamed over `path`, and the
     folder fsynced, so that the new name is on disk too. Without `sync` neither fsync is made: the
-    change may be lost by a power cut, but still not torn. On failure the temporary is removed and
-    the OSError raised, `path` as it was."""
+    change may be lost by a power cut, but still not torn. A failure raises its OSError: before the
+    rename with the temporary removed and `path` as it was; in the folder's fsync after it, with
+    the new file in place but perhaps not yet durable."""
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
