@@ -14,7 +14,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from kestrel.contract import kestrel_thrift as kestrel  # noqa: E402
-from kestrel.service.session.session import GET_BYTES
+from kestrel.service.session.session import GET_BYTES, GET_SLICE
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.clients import thrift
 from tests.support.wire import memcache_stats, shared_server  # noqa: F401  (the module's `server`)
@@ -226,6 +226,17 @@ def test_peek_items_of_large_items_shows_those_within_a_gets_bytes(server: Serve
             position = looked.after
         assert seen == items
         assert c.peek("large_looks").items == len(items)  # nothing taken
+
+
+def test_a_look_shows_at_most_a_gets_slice_of_items_and_goes_on_from_after(server: ServerProcess) -> None:
+    """A look is one step of the loop: however many small items it asks for, it shows a slice's."""
+    count = GET_SLICE + 100
+    with client(server) as c:
+        assert c.put("many_looks", [b""] * count, 0) == count
+        first = c.peek_items("many_looks", 0, count)
+        assert (len(first.shown), first.after, first.items) == (GET_SLICE, GET_SLICE, count)
+        rest = c.peek_items("many_looks", first.after, count)
+        assert (len(rest.shown), rest.after) == (100, count)
 
 
 def test_get_timed_gives_each_items_add_time_and_expiry(server: ServerProcess) -> None:

@@ -30,6 +30,8 @@ log = structlog.get_logger("kestrel.session")
 
 # Items a get takes before the connection may let others run: a 100,000-item get held the loop
 # for 20 ms in one piece (bench/bench_fairness.py, 2026-11-27); a slice costs well under a turn.
+# A look (`peek_items`), which is one step, shows at most a slice: 100,000 empty items held the
+# others 137–209 ms (docs/protocols.md).
 # (`Final`, as GET_BYTES: a constant in the compiled build, not a lookup in the module's dictionary)
 GET_SLICE: Final = 8192
 # Item bytes a get takes at most, past the first item that reaches them (a Thrift get of
@@ -278,18 +280,18 @@ class Session:
                       "back at the next start", queue=queue, items=len(items), exc_info=True)
 
     def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
-        """Up to `max_items` (at most `max_batch_items`) items from position `first` on, left where
-        they are (`PersistentQueue.look`): a look, not a delivery, so it counts nothing. Its items
-        stop once their bytes reach `GET_BYTES`, as a get's do, so a reply stays bounded whatever its
-        items' size; the next look goes on from `after`. A queue the server does not hold is not
-        created (no items, every figure 0)."""
+        """Up to `max_items` (at most `max_batch_items` and `GET_SLICE`) items from position `first`
+        on, left where they are (`PersistentQueue.look`): a look, not a delivery, so it counts
+        nothing. Its items stop once their bytes reach `GET_BYTES`, as a get's do, so a reply stays
+        bounded whatever its items' size and count; the next look goes on from `after`. A queue the
+        server does not hold is not created (no items, every figure 0)."""
         check_queue_name(queue)
         self.coll.check_refused(queue)
         self.status.check_read("peek")
         q = self.coll.get(queue)
         if q is None:
             return LookedItems(0, 0, 0, 0, [])
-        return q.look(first, min(max_items, self.max_batch_items), GET_BYTES)
+        return q.look(first, min(max_items, self.max_batch_items, GET_SLICE), GET_BYTES)
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""
