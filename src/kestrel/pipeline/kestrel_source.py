@@ -55,7 +55,7 @@ READ_OPTIONS = [
                                                   "of this size"),
 ]
 
-LOOK_CHUNK = 10_000  # items one peek_items call asks for (the server stops at max_batch_items or 512 KB)
+LOOK_CHUNK = 10_000  # items one peek_items call asks for (the server stops at 8,192 or 512 KB)
 
 
 class LookPartition(InputPartition):
