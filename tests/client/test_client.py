@@ -27,7 +27,7 @@ from kestrel.client import (
     parse_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port
+from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port, wait_until
 from tests.support.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
 from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
 
@@ -193,6 +193,28 @@ def test_a_lost_answer_says_the_call_may_have_been_done(server: ServerProcess) -
     with pytest.raises(Refused):
         one.put("bad/name", [b"x"])  # answered: a refusal is no lost answer
     one.close()
+
+
+def test_a_plain_get_whose_answer_was_lost_is_not_sent_again(server_factory: Any) -> None:
+    """A get without a reliable read that timed out may have taken its items (the server carries it
+    out when it wakes): each try again would take more, so the call stops at that server and says so."""
+    import signal
+
+    frozen = server_factory()
+    assert on(frozen).put("lossy", [b"%d" % i for i in range(5)]) == 5
+    assert frozen.proc is not None
+    cluster = cluster_of(frozen, timeout_ms=300, retries=3, backoff_ms=1)
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NoServers) as lost:
+            cluster.get_many("lossy", 2)
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+        cluster.close()
+    wait_until(lambda: items_on(frozen, "lossy") < 5, "the woken server to carry out the get it was sent")
+    time.sleep(0.5)  # and any other it was sent
+    assert items_on(frozen, "lossy") == 3  # one get of 2 was carried out, not one a try
+    assert f"may have taken items from 127.0.0.1:{frozen.thrift_port}, lost with its answer" in str(lost.value)
 
 
 def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> None:

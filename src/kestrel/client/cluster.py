@@ -362,15 +362,23 @@ class Cluster:
 
         None when none came within `timeout`; NoServers when no reader could be asked in a pass and
         the retries are spent.
+
+        A plain get (no `auto_abort_ms`) whose answer was lost may have taken items the server will
+        not give again (`maybe_done`): that server is not asked again in this call, where each try
+        could take more, and NoServers then says what may have been taken.
         """
         what = f"get from {queue!r}"
         check_queue(queue, what)
         check_count(max_items, "max_items", what, least=1)
         deadline = time.monotonic() + check_seconds(timeout, "timeout", what)
         failed_rounds = 0
+        spent: dict[str, ServerUnavailable] = {}  # by address: a plain get's lost answers
         while True:
             self._check_open(what)
-            readers = self._in_turn(self.readers(), "get")
+            readers = self._in_turn([s for s in self.readers() if s.address not in spent], "get")
+            if spent and not readers:
+                raise NoServers(f"{what} (a get without a reliable read may have taken items from "
+                                f"{', '.join(spent)}, lost with its answer)", list(spent.values()))
             left = deadline - time.monotonic()
             if first_look or not readers:
                 wait_ms = 0
@@ -378,9 +386,13 @@ class Cluster:
                 wait_ms = int(max(0.0, min(left, self.poll_ms / 1000.0 / len(readers))) * 1000)
             round_ = _Round()
             for server in readers:
+                failures = len(round_.errors)
                 items = self._get_from(server, queue, max_items, wait_ms, auto_abort_ms, round_)
                 if items:
                     return server, items
+                lost = round_.errors[-1] if len(round_.errors) > failures else None
+                if not auto_abort_ms and isinstance(lost, ServerUnavailable) and lost.maybe_done:
+                    spent[server.address] = lost
             if not round_.answered:
                 if self._gave_up(round_, failed_rounds):
                     raise NoServers(what, round_.errors)
