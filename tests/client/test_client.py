@@ -81,6 +81,13 @@ def test_addresses() -> None:
             parse_address(bad)
     with pytest.raises(ValueError, match="no servers"):
         StaticServers([])
+    assert StaticServers([("k", 1), ("k", "2"), "k:3"]).servers == [("k", 1), ("k", 2), ("k", 3)]
+    with pytest.raises(TypeError, match=r"not one string: \['localhost'\]"):
+        Cluster("localhost")  # type: ignore[arg-type]  # (iterated: nine servers of one letter)
+    for wrong, error in ((("k", 99999), ValueError), (("k", "x"), ValueError), (None, TypeError),
+                         ((1, 2), TypeError), (("", 1), ValueError), (("k", True), ValueError)):
+        with pytest.raises(error, match="bad server address"):  # named before any connection is tried
+            StaticServers([wrong])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="strategy"):
         Cluster(["k:1"], strategy="sticky")
 

@@ -52,14 +52,26 @@ def parse_address(text: str, default_port: int = DEFAULT_THRIFT_PORT) -> Address
 
 
 def as_address(server: str | Address) -> Address:
-    """An address given as `host:port` or as (host, port)."""
-    return parse_address(server) if isinstance(server, str) else (server[0], int(server[1]))
+    """An address given as `host:port` or as (host, port); TypeError or ValueError naming it
+    otherwise, before any connection is tried."""
+    if isinstance(server, str):
+        return parse_address(server)
+    if not isinstance(server, (tuple, list)) or len(server) != 2 or not isinstance(server[0], str):
+        raise TypeError(f"bad server address {server!r}: expected 'host:port' or (host, port)")
+    host, port = server
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not host or isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"bad server address {server!r}: expected a host and a port of 1..65535")
+    return host, port
 
 
 class StaticServers:
     """A fixed list: every server takes puts and reads."""
 
     def __init__(self, servers: Iterable[str | Address]) -> None:
+        if isinstance(servers, (str, bytes)):  # iterated, a str would be a server a character
+            raise TypeError(f"servers must be a list of addresses, not one string: [{servers!r}]")
         self.servers = [as_address(s) for s in servers]
         if not self.servers:
             raise ValueError("no servers given")
