@@ -224,6 +224,19 @@ def test_a_plain_get_whose_answer_was_lost_is_not_sent_again(server_factory: Any
     assert f"may have taken items from 127.0.0.1:{frozen.thrift_port}, lost with its answer" in str(lost.value)
 
 
+def test_a_put_over_the_servers_frame_size_is_refused_before_it_is_sent(server: ServerProcess) -> None:
+    """The servers close a frame over `max_frame_size` unread: every one would look down to the put."""
+    with cluster_of(server) as cluster:
+        with pytest.raises(ValueError, match=r"1 items make a call of \d+ bytes, over max_frame_size \(16777216\)"):
+            cluster.put("big", b"x" * (16 * 1024 * 1024))
+        assert cluster.put("big", b"fits")  # and no server was taken for down
+        assert not cluster.server(("127.0.0.1", server.thrift_port)).avoids("put")
+    with cluster_of(server, max_frame_size=1000) as cluster:
+        with pytest.raises(ValueError, match="2 items make a call of"):
+            cluster.put_many("big", [b"x" * 500, b"y" * 500])
+        assert cluster.put_many("big", [b"x" * 500]) == 1
+
+
 def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> None:
     one = on(server)
     assert one.put("restart", [b"before"]) == 1

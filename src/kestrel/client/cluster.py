@@ -33,6 +33,9 @@ log = logging.getLogger("kestrel.client")
 STRATEGIES = ("round_robin", "random")
 
 
+MAX_FRAME_SIZE = 16 * 1024 * 1024  # the servers' default `max_frame_size`
+
+
 class _Round:
     """What one pass over the servers heard: whether any answered, and each failure."""
 
@@ -62,26 +65,28 @@ class Cluster:
     `retries`: how many more passes over the servers a call makes when none could take it (none
     reachable, or the set empty; not when every server answered with a refusal); `backoff_ms`: the
     pause before the first of them, doubling for each next one up to `max_backoff_ms` (each pause
-    shortened at random by up to half, so that clients do not retry in step).
+    shortened at random by up to half, so that clients do not retry in step); `max_frame_size`: the
+    servers' own (`max_frame_size`, 16MB by default), over which they refuse a call unread.
     """
 
     def __init__(self, servers: Iterable[str | Address] | ServerSource, *, strategy: str = "round_robin",
                  timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000, auto_abort_ms: int = 60_000,
                  poll_ms: int = 500, retries: int = 2, backoff_ms: int = 100,
-                 max_backoff_ms: int = 2_000) -> None:
+                 max_backoff_ms: int = 2_000, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         for name, value, least in (
                 ("timeout_ms", timeout_ms, 1), ("connect_timeout_ms", connect_timeout_ms, 1),
                 ("auto_abort_ms", auto_abort_ms, 1), ("poll_ms", poll_ms, 1),
                 ("retries", retries, 0), ("backoff_ms", backoff_ms, 0),
-                ("max_backoff_ms", max_backoff_ms, backoff_ms)):
+                ("max_backoff_ms", max_backoff_ms, backoff_ms), ("max_frame_size", max_frame_size, 1)):
             check_count(value, name, "Cluster", least=least)
         self.source = servers if isinstance(servers, ServerSource) else StaticServers(servers)
         self.strategy = strategy
         self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
         self.auto_abort_ms, self.poll_ms = auto_abort_ms, poll_ms
         self.retries, self.backoff_ms, self.max_backoff_ms = retries, backoff_ms, max_backoff_ms
+        self.max_frame_size = max_frame_size
         self._servers: dict[Address, Server] = {}
         self._lock = threading.Lock()
         self._turn = itertools.count()
@@ -198,6 +203,10 @@ class Cluster:
         self._check_open(what)
         if not remaining:
             return 0
+        framed = _put_frame_size(queue, remaining)
+        if framed > self.max_frame_size:  # every server would close the connection unread
+            raise ValueError(f"{what}: {len(remaining)} items make a call of {framed} bytes, over "
+                             f"max_frame_size ({self.max_frame_size}): put fewer at a time")
         stored = 0
         failed_rounds = 0
         while True:
@@ -452,6 +461,13 @@ class _NotYetFound:
 
     def close(self) -> None:
         pass
+
+
+def _put_frame_size(queue: str, items: list[bytes] | PackedItems) -> int:
+    """The bytes of a framed binary `put` call of `items`: each item's 4-byte length and bytes, the
+    queue's name and the message's and fields' headers (64 bytes covers them)."""
+    body = len(items.body) if isinstance(items, PackedItems) else sum(len(item) + 4 for item in items)
+    return body + len(queue.encode()) + 64
 
 
 def _rotated(servers: list[Server], turn: int) -> list[Server]:
