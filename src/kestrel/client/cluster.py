@@ -175,7 +175,8 @@ class Cluster:
     # Writing
 
     def put(self, queue: str, item: BytesLike, expiration_ms: int = 0) -> bool:
-        """Put one item; False when every server's queue is full. Raises NoServers (see put_many).
+        """Put one item; False when every server's queue refused it: full, or the item over its
+        `max_item_size` (a put answers how many items it took, not why). Raises NoServers (see put_many).
 
         The item is bytes, bytearray or memoryview; anything else (a str included) raises TypeError.
         """

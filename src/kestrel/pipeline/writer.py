@@ -43,7 +43,8 @@ WRITE_OPTIONS = [
     Option("retries", whole(0), 5, "passes over the servers again when none could take a put"),
     Option("retryBackoffMs", whole(1), 100, "the pause before the first of them; doubled each time, at most "
                                             "10 s, each shortened at random by up to half"),
-    Option("onFull", choice("fail", "count"), "fail", "items refused by a full queue fail the job or count"),
+    Option("onFull", choice("fail", "count"), "fail", "items every server's queue refused (full, or over "
+                                                       "its max_item_size) fail the job or count"),
     Option("onNull", choice("fail", "count"), "fail", "a null fails the job, or is skipped and counted"),
     Option("column", text, None, "the column to put (default: `data`, else `value`, else the only one)"),
 ]
@@ -167,8 +168,9 @@ class KestrelWriter(DataSourceArrowWriter):
                 refused += len(left)
                 if self.on_full == "fail":
                     raise QueueFullError(
-                        f"queue {self.queue!r} is full on every server: they refused {len(left)} "
-                        f"of {len(items)} items (set onFull=count to go on)")
+                        f"queue {self.queue!r} refused {len(left)} of {len(items)} items on every "
+                        f"server: full, or an item over its max_item_size (a put answers how many it "
+                        f"took, not why) (set onFull=count to go on)")
 
         # One put in flight while the next rows are read and cut: the server stores a batch while
         # Spark hands over the next, rather than each waiting on the other. Puts stay in row order.
