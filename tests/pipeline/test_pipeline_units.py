@@ -80,6 +80,10 @@ def test_sources_refuse_what_is_not_a_list_of_queue_names(queue: str, message: s
     schema = KestrelDataSource({}).schema()
     with pytest.raises(ValueError, match="'a,b' is not one queue's name \\(a comma\\)"):
         KestrelWriter({"servers": "127.0.0.1:1", "queue": "a,b"}, schema)  # a put goes to one queue
+    from kestrel.pipeline.journal_source import KestrelJournalDataSource
+
+    with pytest.raises(ValueError, match=message):  # a journal read's filter too: not 0 rows
+        KestrelJournalDataSource({"path": "/q", "queue": queue}).reader(KestrelJournalDataSource({}).schema())
 
 
 def test_min_partitions_splits_a_micro_batch_further(tmp_path: Path) -> None:
@@ -805,3 +809,10 @@ def test_drain_removes_its_temporary_checkpoint_unless_it_holds_items(monkeypatc
         assert kept.is_dir() and repr(str(kept)) in "".join(err.value.__notes__)  # named, and there
     finally:
         kept.rmdir()
+
+
+def test_drain_refuses_a_write_that_is_not_a_function_before_spark_runs_it() -> None:
+    from kestrel.pipeline.drain import drain
+
+    with pytest.raises(TypeError, match="write must be a function of \\(batch_df, batch_id\\), got None"):
+        drain(object(), "127.0.0.1:1", "q", None)  # type: ignore[arg-type]  # (no Spark session needed)

@@ -28,6 +28,8 @@ def drain(spark: Any, servers: str, queue: str, write: Callable[[Any, int], None
     (`maxItemsPerTrigger`, `autoAbortMs`, ...). Raises what the query raised, with a note naming
     the checkpoint when the failed batch is held in its log alone.
     """
+    if not callable(write):  # else found only inside Spark's first batch, as a call of None
+        raise TypeError(f"drain: write must be a function of (batch_df, batch_id), got {write!r}")
     temporary = checkpoint is None  # removed at the end, unless it holds items
     location = checkpoint or tempfile.mkdtemp(prefix="kestrel-drain-")
     reader = (spark.readStream.format("kestrel").option("servers", servers).option("queue", queue)

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kestrel.pipeline.options import Option, choice, parse_options, text, whole
+from kestrel.pipeline.options import Option, choice, parse_options, queue_names, text, whole
 from kestrel.pipeline.rows import TIMESTAMP, timestamps
 from kestrel.pipeline.worker import spare_collections
 
@@ -71,7 +71,7 @@ JOURNAL_OPTIONS = [
     Option("paths", text, doc="several queue paths: what load([path, ...]) passes (a JSON list)"),
     Option("view", choice("records", "items"), "records"),
     Option("mode", choice("PERMISSIVE", "FAILFAST"), "PERMISSIVE", "what damage does"),
-    Option("queue", text, None, "only these queues, comma-separated"),
+    Option("queue", queue_names, None, "only these queues, comma-separated"),
     Option("filterPushdown", choice("true", "false"), "false", "take `queue` filters from `where`"),
     Option("maxPartitionBytes", whole(1), 128 << 20, "larger files are split at record boundaries"),
 ]
@@ -377,7 +377,7 @@ class KestrelJournalDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         o = self._options()
         paths = queue_paths(o["path"], o["paths"])
-        queues = {q.strip() for q in o["queue"].split(",")} if o["queue"] else None
+        queues = set(o["queue"]) if o["queue"] else None
         kind = FilteringJournalReader if o["filterPushdown"] == "true" else JournalReader
         return kind(paths, o["view"], o["mode"] == "FAILFAST", queues, o["maxPartitionBytes"])
 
