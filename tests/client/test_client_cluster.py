@@ -66,6 +66,9 @@ def test_member_addresses() -> None:
 def test_unreachable_zookeeper_is_a_clear_error() -> None:
     with pytest.raises(ServerSetsUnavailable, match="cannot reach ZooKeeper"):
         ZooKeeperServerSets(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
+    for hosts in ("", " ", None):
+        with pytest.raises(ValueError, match="hosts must be ZooKeeper's connection string"):
+            Cluster.from_zookeeper(hosts)  # type: ignore[arg-type]  # (kazoo's own: "bad hostname")
 
 
 def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: list[ServerProcess]) -> None:

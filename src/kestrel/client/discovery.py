@@ -131,6 +131,9 @@ class ZooKeeperServerSets:
     def __init__(self, hosts: str, path_prefix: str = "/kestrel", *, endpoint: str | None = "thrift",
                  session_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
         what = "ZooKeeperServerSets"
+        if not isinstance(hosts, str) or not hosts.strip():
+            raise ValueError(f"{what}: hosts must be ZooKeeper's connection string ('zk1:2181,zk2:2181'), "
+                             f"got {hosts!r}")
         for name, value in (("session_timeout", session_timeout), ("connect_timeout", connect_timeout)):
             if not check_seconds(value, name, what) > 0:
                 raise ValueError(f"{what}: {name} must be positive, got {value}")
