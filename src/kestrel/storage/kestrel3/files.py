@@ -238,8 +238,8 @@ class ReaderCheckpoint:
         return ReaderCheckpoint(head, frozenset(i for i in self.done if i > head))
 
 
-def read_checkpoint(path: str, high_id: int | None = None, repair: bool = True) -> ReaderCheckpoint:
-    """A reader's checkpoint file (a missing file is a reader that consumed nothing).
+def read_checkpoint(path: str | None, high_id: int | None = None, repair: bool = True) -> ReaderCheckpoint:
+    """A reader's checkpoint file (a missing file, or none named, is a reader that consumed nothing).
 
     The last READ_HEAD wins and READ_DONE records add up, as they are appended one by one. A torn
     final record (an append the process did not finish, so never acknowledged) is cut off, a copy
@@ -248,7 +248,7 @@ def read_checkpoint(path: str, high_id: int | None = None, repair: bool = True) 
     not yet written, and taking it would silently empty the reader. Without `repair` a torn record
     is left where it is (read-only readers). Raises CorruptJournalError.
     """
-    if not os.path.exists(path):
+    if path is None or not os.path.exists(path):
         return ReaderCheckpoint()
     head, done = 0, set[int]()
     reader = RecordReader(path, k3.FileKind.READER)

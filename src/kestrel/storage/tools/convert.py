@@ -242,10 +242,8 @@ def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
         existing = list_journal_files(queue_path, name)
         if existing.live or existing.packs or (reader and existing.rotated):
             raise ConvertError(f"{name!r} already has Kestrel 2 journal files in {queue_path}")
-        path = readers.get(reader)
         tally = _Tally()
-        checkpoint = read_checkpoint(path) if path else ReaderCheckpoint()
-        records = _addx_records(queue_path, unit, checkpoint, tally)
+        records = _addx_records(queue_path, unit, read_checkpoint(readers.get(reader)), tally)
         _write_file(os.path.join(queue_path, _temporary(name, name)), records)
         intent.renames.append((_temporary(name, name), name))
         result.items[name] = tally.items

@@ -127,8 +127,7 @@ def _dump_kestrel3_queue(queue_path: str, queue: str, out: TextIO, err: TextIO) 
     if reader and path is None:
         print(f"{queue_path}: Kestrel 3 queue {unit!r} has no reader {reader!r}", file=err)
         return 1
-    checkpoint = (kestrel3_files.read_checkpoint(path, repair=False) if path is not None
-                  else kestrel3_files.ReaderCheckpoint())  # a reader that consumed nothing yet
+    checkpoint = kestrel3_files.read_checkpoint(path, repair=False)
     count = 0
     for put in kestrel3_files.pending_items(queue_path, unit, checkpoint):
         _print_item(out, count, f"queued id={put.id}", put.add_time, put.expire_time, put.data)
