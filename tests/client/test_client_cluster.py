@@ -69,6 +69,12 @@ def test_unreachable_zookeeper_is_a_clear_error() -> None:
     for hosts in ("", " ", None):
         with pytest.raises(ValueError, match="hosts must be ZooKeeper's connection string"):
             Cluster.from_zookeeper(hosts)  # type: ignore[arg-type]  # (kazoo's own: "bad hostname")
+    for endpoint in ("", 2229):  # every member would be ignored, the cluster empty
+        with pytest.raises(ValueError, match="endpoint must be a member endpoint's name"):
+            Cluster.from_zookeeper("127.0.0.1:2181", endpoint=endpoint)  # type: ignore[arg-type]
+    for endpoint in ("memcache", "text"):  # Thrift calls to another protocol's port: every server down
+        with pytest.raises(ValueError, match=f"endpoint '{endpoint}' is a {endpoint} port; the client speaks Thrift"):
+            Cluster.from_zookeeper("127.0.0.1:2181", endpoint=endpoint)
 
 
 def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: list[ServerProcess]) -> None:

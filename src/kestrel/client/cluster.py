@@ -34,6 +34,7 @@ STRATEGIES = ("round_robin", "random")
 
 
 MAX_FRAME_SIZE = 16 * 1024 * 1024  # the servers' default `max_frame_size`
+OTHER_PROTOCOLS = ("memcache", "text")  # the servers' endpoints, beside "thrift", in their member data
 
 
 class _Round:
@@ -104,6 +105,9 @@ class Cluster:
         member endpoint to use. Any other keyword is a Cluster option (`retries`, `timeout_ms`, ...).
         A bad option raises before ZooKeeper is contacted, and a failure after it closes the session.
         """
+        if endpoint in OTHER_PROTOCOLS:  # each server advertises its ports by these names
+            raise ValueError(f"Cluster.from_zookeeper: endpoint {endpoint!r} is a {endpoint} port; the "
+                             f"client speaks Thrift (the servers advertise it as 'thrift')")
         cluster = cls(_NotYetFound(), **options)  # the options are checked before ZooKeeper is asked
         cluster.source = ZooKeeperServerSets(hosts, path_prefix, endpoint=endpoint,
                                              session_timeout=session_timeout, connect_timeout=connect_timeout)

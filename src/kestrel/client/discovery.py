@@ -139,6 +139,9 @@ class ZooKeeperServerSets:
                 raise ValueError(f"{what}: {name} must be positive, got {value}")
         if not isinstance(path_prefix, str) or not path_prefix.startswith("/"):
             raise ValueError(f"{what}: path_prefix must be an absolute path, got {path_prefix!r}")
+        if endpoint is not None and not (isinstance(endpoint, str) and endpoint):
+            raise ValueError(f"{what}: endpoint must be a member endpoint's name ('thrift'), or None for "
+                             f"each member's default endpoint, got {endpoint!r}")
         self.hosts, self.path_prefix, self.endpoint = hosts, path_prefix.rstrip("/"), endpoint
         self.session_timeout = session_timeout
         self._lists: dict[str, list[Address]] = {name: [] for name in self.SETS}
