@@ -65,7 +65,7 @@ def lived_in(path: Path) -> dict[str, list[str]]:
     the journals each queue should be found with."""
     lock = QueuePathLock(str(path))
     lock.acquire("test")
-    ReadIds(str(path), FakeClock(T0)).next()
+    ReadIds(str(path), FakeClock(T0)).take()
     StatusKeeper(status_file(path), Status.UP, 0).set(Status.READ_ONLY)
     configs = QueueConfigs({"max_memory_size": 4096, "max_journal_size": 8192, "sync_journal": "always"})
     coll = QueueCollection(str(path), configs, runtime=ManualRuntime(clock=FakeClock(T0)), commit_log=True)

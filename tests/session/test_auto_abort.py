@@ -106,3 +106,30 @@ def test_the_default_runtime_fires_on_real_time() -> None:
             gevent.sleep(0.005)
     assert fired == [[1]]
     aborts.close()
+
+
+def test_a_run_of_reads_is_one_entry_whose_closed_reads_are_skipped() -> None:
+    open_ids: dict[int, object] = {read_id: None for read_id in range(1_000, 1_100)}
+    aborts, fired, runtime = _list(open_ids)
+    aborts.add_run(1_000, 100, aborts.deadline_after(0.02))
+    aborts.add(7, 0.01)  # an earlier deadline, added later
+    open_ids[7] = None
+    for read_id in range(1_000, 1_100, 2):
+        del open_ids[read_id]  # half confirmed in time
+    assert len(aborts) == 2
+    runtime.advance(50)
+    assert fired == [[7], list(range(1_001, 1_100, 2))]
+    aborts.close()
+
+
+def test_runs_whose_reads_are_all_closed_are_compacted_away() -> None:
+    open_ids: dict[int, object] = {}
+    aborts, fired, runtime = _list(open_ids)
+    for run in range(3 * SLACK):
+        first = run * 100
+        open_ids.update(dict.fromkeys(range(first, first + 100)))
+        aborts.add_run(first, 100, aborts.deadline_after(60.0))
+        for read_id in range(first, first + 100):
+            del open_ids[read_id]
+    assert len(aborts) <= SLACK + 1
+    aborts.close()

