@@ -99,9 +99,17 @@ def test_monitor_and_confirm(server: ServerProcess) -> None:
     exchange(s, b"set m 0 0 1\r\na\r\nset m 0 0 1\r\nb\r\nset m 0 0 1\r\nc\r\n", b"STORED\r\n" * 3)
     reply = exchange(s, b"monitor m 1 2\r\n", b"END\r\n")
     assert reply == b"VALUE m 0 1\r\na\r\nVALUE m 0 1\r\nb\r\nEND\r\n"
+    assert exchange(s, b"confirm m 3\r\n") == b"ERROR\r\n"  # more than are open: none (Kestrel's rule)
+    assert exchange(s, b"confirm m 0\r\n") == b"ERROR\r\n"
     assert exchange(s, b"confirm m 2\r\n") == b"END\r\n"
     assert exchange(s, b"confirm m 1\r\n") == b"ERROR\r\n"
     assert exchange(s, b"get m\r\n", b"END\r\n") == b"VALUE m 0 1\r\nc\r\nEND\r\n"
+    exchange(s, b"set m 0 0 1\r\nd\r\n", b"STORED\r\n")
+    assert exchange(s, b"monitor m 1 1\r\n", b"END\r\n") == b"VALUE m 0 1\r\nd\r\nEND\r\n"
+    assert exchange(s, b"confirm m 2\r\n") == b"ERROR\r\n"  # the one read stays open...
+    s.close()
+    again = conn(server.memcache_port)  # ...and comes back when the connection goes
+    assert exchange(again, b"get m/t=2000\r\n", b"END\r\n") == b"VALUE m/t=2000 0 1\r\nd\r\nEND\r\n"
 
 
 def test_pipelined_commands_are_answered_in_order(server: ServerProcess) -> None:

@@ -99,12 +99,12 @@ def test_quiescent_refuses_reads_but_open_reads_can_still_be_confirmed(server: S
     reads: list[Callable[[], object]] = [
         lambda: session.get("q"), lambda: session.get("q", peek=True),
         lambda: session.get("q", abort=True), lambda: session.get_items("q", 1),
-        lambda: session.abort_ids("q", {read_id}), lambda: session.peek("q"), lambda: session.queue_info("q"),
+        lambda: session.abort_ids({read_id}), lambda: session.peek("q"), lambda: session.queue_info("q"),
         lambda: list(session.monitor("q", 1_000)), lambda: session.put("q", [b"d"])]
     for read in reads:
         with pytest.raises(RefusedByStatus, match="refused: server is Quiescent"):
             read()
-    assert session.confirm_ids("q", {read_id}) == 1
+    assert session.confirm_ids({read_id}) == 1
     assert session.get("r", close=True) == []  # a memcache close alone is a confirm
     assert _open_reads(server, "q") == _open_reads(server, "r") == 0
     assert _drain(server, "q") == [b"b", b"c"] and _drain(server, "r") == [b"y"]
@@ -168,6 +168,8 @@ def test_monitor_opens_reads_up_to_max_open_reads(server: ServerState) -> None:
     assert list(session.monitor("q", 1_000)) == []  # no room left on this queue
     assert session.confirm_reads("q", 2) == 2  # the oldest two
     assert list(session.monitor("q", 1_000, max_items=1)) == [b"4"]
+    assert session.confirm_reads("q", 3) == 0  # more than are open: none (Kestrel's ItemIdList.pop)
+    assert session.confirm_reads("q", 0) == 0
     session.abort_pending("q")  # 3 and 4 go back, oldest first
     assert _drain(server, "q") == [b"3", b"4", b"5"]
     assert server.stats.get_hits == 4 and server.stats.cmd_get == 0
@@ -218,7 +220,7 @@ def test_max_open_reads_caps_each_queue_of_each_connection(server: ServerState) 
     assert session.get_items("q", 1).pairs() == [(b"3", 0)]  # without auto-abort nothing stays open
     assert len(session.get_items("r", 10, auto_abort_ms=60_000).pairs()) == 1  # another queue
     assert len(other.get_items("q", 2, auto_abort_ms=60_000).pairs()) == 2  # another connection
-    assert session.confirm_ids("q", {reads[0][1]}) == 1
+    assert session.confirm_ids({reads[0][1]}) == 1
     assert [data for data, _ in session.get_items("q", 10, auto_abort_ms=60_000).pairs()] == [b"6"]
 
 
@@ -228,7 +230,7 @@ def test_uncapped_get_items_opens_past_max_open_reads(server: ServerState) -> No
     assert len(session.get_items("q", 10, auto_abort_ms=60_000).pairs()) == 3  # max_open_reads: 3
     uncapped = session.get_items("q", 4, auto_abort_ms=60_000, create=False, capped=False).pairs()
     assert [data for data, _ in uncapped] == [b"3", b"4", b"5", b"6"]
-    assert session.confirm_ids("q", {read_id for _, read_id in uncapped}) == 4
+    assert session.confirm_ids({read_id for _, read_id in uncapped}) == 4
 
 
 def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None:
@@ -248,7 +250,7 @@ def test_a_large_get_lets_the_others_run_between_its_slices(make_server: MakeSer
     assert taken.data() == datas and len(pauses) >= 2
     if auto_abort_ms:  # each slice's reads were opened before the pause that followed it
         assert pauses[:2] == [GET_SLICE, 2 * GET_SLICE]
-        assert session.confirm_ids("q", set(taken.ids)) == len(datas)  # type: ignore[arg-type]
+        assert session.confirm_ids(set(taken.ids)) == len(datas)  # type: ignore[arg-type]
     assert server.collection.queue("q").stats()["items"] == 0
 
 
@@ -390,7 +392,7 @@ def test_auto_abort_puts_the_items_back_at_the_head_when_its_time_comes(
     assert _open_reads(server, "q") == 2
     runtime.advance(1)
     assert _open_reads(server, "q") == 0
-    assert session.confirm_ids("q", {read_id for _, read_id in reads}) == 0  # too late
+    assert session.confirm_ids({read_id for _, read_id in reads}) == 0  # too late
     assert _drain(server, "q") == [b"a", b"b", b"c"]
 
 
@@ -401,12 +403,26 @@ def test_reads_by_id_outlive_their_connection_and_close_from_any_other(
     [(_, first), (_, second)] = session.get_items("q", 2, auto_abort_ms=1_000).pairs()
     session.close()
     assert _open_reads(server, "q") == 2  # closing the connection does not abort them
-    assert other.confirm_ids("q", {first}) == 1
-    assert other.confirm_ids("r", {second}) == 0  # an id closes a read of its own queue only
-    assert other.abort_ids("q", {second, 12345}) == 1
+    assert other.confirm_ids({first}) == 1
+    assert other.abort_ids({second, 12345}) == 1
     assert _open_reads(server, "q") == 0
     runtime.advance(1_000)  # the timer finds nothing left to abort
     assert _drain(server, "q") == [b"b", b"c"]
+
+
+def test_ids_close_their_reads_in_their_own_queues_in_one_call(server: ServerState) -> None:
+    """The queue a Thrift confirm or abort names is not asked, as in Kestrel (`closePendingReads`):
+    a client that names another queue still closes its reads."""
+    session = Session(server, "client")
+    session.put("q", [b"q1", b"q2"])
+    session.put("r", [b"r1", b"r2"])
+    q_ids = session.get_items("q", 2, auto_abort_ms=1_000).ids
+    r_ids = session.get_items("r", 2, auto_abort_ms=1_000).ids
+    assert isinstance(q_ids, list) and isinstance(r_ids, list)
+    assert session.confirm_ids({q_ids[0], r_ids[0]}) == 2
+    assert session.abort_ids({q_ids[1], r_ids[1]}) == 2
+    assert _open_reads(server, "q") == _open_reads(server, "r") == 0
+    assert _drain(server, "q") == [b"q2"] and _drain(server, "r") == [b"r2"]
 
 
 # ---------------------------------------------------------------------------------------------

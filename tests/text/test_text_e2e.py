@@ -128,6 +128,8 @@ def test_get_confirms_the_previous_read_on_that_queue_only(server: ServerProcess
     assert exchange(s, b"get a\n", b"\n") == b":a1\n"
     assert exchange(s, b"get b\n", b"\n") == b":b1\n"
     assert exchange(s, b"get a\n", b"\n") == b":a2\n"  # confirms a1; b1 stays open
+    assert exchange(s, b"confirm a 2\n", b"\n") == b"-Not that many transactions open.\n"  # 1 is
+    assert exchange(s, b"confirm a 0\n", b"\n") == b"-Not that many transactions open.\n"  # (Kestrel's)
     assert exchange(s, b"confirm b 1\n", b"\n") == b"+1\n"
     s.close()  # a2 was open: it comes back
     wait_until(lambda: text(port, b"peek a\n") == b":a2\n", "the open read to come back", timeout=STALL_S)

@@ -66,8 +66,14 @@ class OpenReads:
 
     def take_oldest(self, queue: str, count: int | None = None) -> list[OpenRead]:
         """Remove and return the oldest `count` open reads on `queue` (None: all of them) that have
-        no id: those with one are closed by id only, and outlive the connection."""
-        reads = [read for read in self._by_queue.get(queue, ()) if not read.read_id][:count]
+        no id: those with one are closed by id only, and outlive the connection. A count of none,
+        or of more than are open, takes none (Kestrel's `ItemIdList.pop`): `confirm q 5` with 3
+        open is refused, and leaves all 3 open."""
+        reads = [read for read in self._by_queue.get(queue, ()) if not read.read_id]
+        if count is not None:
+            if not 0 < count <= len(reads):
+                return []
+            reads = reads[:count]
         for read in reads:
             self.forget(read)
         return reads
@@ -101,17 +107,14 @@ class ReadsById:
         self.auto_aborts.add_run(first, count, self.auto_aborts.deadline_after(auto_abort_ms / 1000.0))
         return read_ids
 
-    def _take(self, read_ids: list[int] | set[int], queue: str | None = None) -> dict[str, list[int]]:
-        """Remove the open reads among `read_ids` (of `queue` only, if given), newest first so that
-        aborted items end up at the head in the order they were read; their xids by queue."""
+    def _take(self, read_ids: list[int] | set[int]) -> dict[str, list[int]]:
+        """Remove the open reads among `read_ids`, newest first so that aborted items end up at the
+        head in the order they were read; their xids by queue."""
         xids: dict[str, list[int]] = {}
         by_id = self._reads
         for read_id in sorted(read_ids, reverse=True):
             read = by_id.pop(read_id, None)
             if read is None:
-                continue
-            if queue is not None and read.queue != queue:
-                by_id[read_id] = read
                 continue
             read.owner.forget(read)
             xids.setdefault(read.queue, []).append(read.xid)
@@ -122,14 +125,15 @@ class ReadsById:
         for queue, xids in self._take(read_ids).items():
             self.collection.unremove(queue, xids)
 
-    def close(self, queue: str, ids: set[int], confirm: bool) -> int:
-        """Confirm (or abort) the open reads of `queue` among `ids`, in one journal write; how many
-        were open."""
-        xids = self._take(ids, queue).get(queue)
-        if not xids:
-            return 0
+    def close(self, ids: set[int], confirm: bool) -> int:
+        """Confirm (or abort) the open reads among `ids`, each in its own queue whatever queue the
+        call named (Kestrel's `closePendingReads`), in one journal write a queue; how many were
+        open."""
         coll = self.collection
-        return coll.confirm(queue, xids) if confirm else coll.unremove(queue, xids)
+        closed = 0
+        for queue, xids in self._take(ids).items():
+            closed += coll.confirm(queue, xids) if confirm else coll.unremove(queue, xids)
+        return closed
 
     def cancel_timers(self) -> None:
         """Stop the auto-abort wait list (at shutdown: the reads stay open in their journals)."""

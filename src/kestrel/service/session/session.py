@@ -297,13 +297,14 @@ class Session:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""
         return self.coll.queue_names()
 
-    def confirm_ids(self, queue: str, ids: set[int]) -> int:
-        """Confirm open reads by id (from any connection); Quiescent still allows this."""
-        return self.server.reads_by_id.close(queue, ids, confirm=True)
+    def confirm_ids(self, ids: set[int]) -> int:
+        """Confirm open reads by id (from any connection, each in its own queue: the queue a Thrift
+        call names is not asked); Quiescent still allows this."""
+        return self.server.reads_by_id.close(ids, confirm=True)
 
-    def abort_ids(self, queue: str, ids: set[int]) -> int:
+    def abort_ids(self, ids: set[int]) -> int:
         self.status.check_read("abort")
-        return self.server.reads_by_id.close(queue, ids, confirm=False)
+        return self.server.reads_by_id.close(ids, confirm=False)
 
     # -----------------------------------------------------------------------------------------
     # Memcache-style reads: open reads kept per queue on this connection, oldest first

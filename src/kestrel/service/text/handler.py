@@ -170,7 +170,7 @@ class TextConnection(BufferedConnection):
     def do_confirm(self, command: TextCommand) -> bytes:
         assert command.count is not None
         confirmed = self.session.confirm_reads(command.queue, command.count)
-        if not confirmed and command.count:
+        if not confirmed:  # the count is that of the reads open, or none is confirmed
             return b"-Not that many transactions open.\n"
         return b"+%d\n" % confirmed
 

@@ -111,10 +111,12 @@ class ThriftHandler:
         return self.session.queue_names()
 
     def confirm(self, queue_name: str | None, ids: list[int] | None) -> int:
-        return self.session.confirm_ids(_queue(queue_name), set(_given("ids", ids)))
+        _queue(queue_name)  # required by the contract; the reads are closed by id, in their own queues
+        return self.session.confirm_ids(set(_given("ids", ids)))
 
     def abort(self, queue_name: str | None, ids: list[int] | None) -> int:
-        return self.session.abort_ids(_queue(queue_name), set(_given("ids", ids)))
+        _queue(queue_name)
+        return self.session.abort_ids(set(_given("ids", ids)))
 
     def peek(self, queue_name: str | None) -> Any:
         return kestrel_thrift.QueueInfo(**self.session.queue_info(_queue(queue_name)))
