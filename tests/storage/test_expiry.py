@@ -229,9 +229,8 @@ def test_new_settings_that_age_queues_bring_them_under_the_sweep(tmp_path: Path,
                              {"tmp": {"max_queue_age": "10s"}, "q": {"max_age": "5s"}}), {})
     coll.put("q", [b"capped"])
     clock.advance(6_000)
-    assert coll.sweep() == 0  # "old" came before max_age, and never expires
-    assert one(coll.remove("q")).data == b"old"  # type: ignore[union-attr]
-    assert coll.sweep() == 1 and coll.queue("q").length == 0
+    # "old" came before max_age, and is aged by it all the same (Kestrel's adjustExpiry)
+    assert coll.sweep() == 2 and coll.queue("q").length == 0
     clock.advance(5_000)
     coll.sweep()
     assert "tmp" not in coll.queue_names() and coll.queue_expires == 1
@@ -264,3 +263,33 @@ def test_under_plain_threads_every_expiring_item_is_swept(tmp_path: Path, journa
     clock.advance(2_000)
     assert coll.sweep() == 200
     assert all(coll.queue(f"q{i}").length == 0 for i in range(20))
+
+
+@FORMATS
+def test_a_lower_max_age_ages_the_items_already_queued(tmp_path: Path, journal_format: str) -> None:
+    """Kestrel reads `max_age` at each look at the head: a reload, or a restart with new settings,
+    ages the items queued before, open reads and items read back from disk among them; a raised one
+    lengthens no expiry already given."""
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"q": {"max_memory_size": "4", "max_age": "1h"}})
+    coll.put("q", [b"%d" % i for i in range(8)])  # past 4 bytes: read-behind holds the rest on disk
+    assert coll.queue("q").in_read_behind
+    [read] = coll.remove("q", transaction=True)  # an open read
+    clock.advance(30_000)
+    coll.reload(QueueConfigs({"journal_format": journal_format}, {"q": {"max_memory_size": "4", "max_age": "10s"}}), {})
+    assert coll.queue("q").head_expiry() == T0 + 10_000 and read.expiry == T0 + 10_000
+    coll.unremove("q", [read.xid])
+    assert coll.sweep() == 8 and coll.queue("q").length == 0  # from memory, then read back
+    coll.put("q", [b"kept"])
+    coll.reload(QueueConfigs({"journal_format": journal_format}, {"q": {"max_age": "1h"}}), {})
+    assert coll.queue("q").head_expiry() == T0 + 40_000  # its 10 s from the put, not an hour
+    coll.close()
+
+    clock = FakeClock(T0)
+    coll = make(tmp_path / "restart", journal_format, clock, {"q": {"max_memory_size": "4"}})
+    coll.put("q", [b"%d" % i for i in range(8)])  # no max_age: never expire
+    coll.close()
+    clock.advance(30_000)
+    coll = make(tmp_path / "restart", journal_format, clock, {"q": {"max_memory_size": "4", "max_age": "10s"}})
+    assert coll.sweep() == 8 and coll.queue("q").length == 0
+    coll.close()

@@ -268,6 +268,7 @@ class QueueCollection:
         self._queues[name] = q
         q.note_changes_to(self._note_change)
         q.note_change()  # the governor looks at what it loaded
+        q.age_held_items()
         q.watch_expiry(self._watch_expiry)
         if owners is not None:
             owners.add(name)
@@ -500,6 +501,7 @@ class QueueCollection:
             q.reconfigure(self.config_for(name))
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
+            q.age_held_items()
             q.watch_expiry(self._watch_expiry)  # and its ages
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
 

@@ -204,6 +204,8 @@ class PersistentQueue(ABC):
         self._changed: Callable[[PersistentQueue], None] | None = None
         # Whether anything here can expire (`watch_expiry`); once true, told after every change.
         self.may_expire = False
+        # The `max_age` the items held were last capped by (`age_held_items`).
+        self._aged_by: int | None = None
         self._expiry_watch: Callable[[PersistentQueue], None] = _unwatched
         # At least as many as the items at the head of memory that were ever taken (aborted reads
         # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
@@ -390,6 +392,25 @@ class PersistentQueue(ABC):
                                    or any(item.expiry for item in self._opens.values()))
         if self.may_expire:
             watch(self)
+
+    def age_held_items(self) -> None:
+        """Cap the items held (in memory, and open reads) by `max_age` after their add time, once the
+        queue is loaded and after new settings. Kestrel reads its current `max_age` at each look at
+        the head (`adjustExpiry`), so lowering it, by a reload or in the settings of a restart, ages
+        the items already queued, not only those put after (items read back from disk are capped
+        as they come: `_fill`). A raised `max_age` lengthens no cap already given, as in Kestrel,
+        where an item keeps the expiry its put was given."""
+        max_age = self.config.max_age
+        if max_age is None or max_age == self._aged_by:
+            self._aged_by = max_age
+            return
+        self._aged_by = max_age
+        with self._lock:
+            for held in (self._mem, self._opens.values()):
+                for item in held:
+                    cap = item.add_time + max_age
+                    if not item.expiry or item.expiry > cap:
+                        item.expiry = cap
 
     def head_expiry(self) -> int:
         """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
@@ -881,11 +902,17 @@ class PersistentQueue(ABC):
         behind = self._behind
         if behind is None:
             return
+        mem = self._mem
+        held = len(mem)
         try:
-            done = behind.fill(self._mem, self.memory_bytes, self.memory_target, self.clock.now_ms())
+            done = behind.fill(mem, self.memory_bytes, self.memory_target, self.clock.now_ms())
         finally:
             self.memory_bytes += behind.filled
             self._ledger.total += behind.filled
+            max_age = self.config.max_age
+            if max_age:  # what the journal says, capped by the settings of now (`age_held_items`)
+                for item in islice(reversed(mem), len(mem) - held):
+                    item.expiry = self._capped_expiry(item.add_time, item.expiry)
         if done:
             self._end_read_behind()
 
