@@ -237,6 +237,9 @@ def test_get_items_is_capped_by_max_batch_items(make_server: MakeServer) -> None
     session = Session(make_server(max_batch_items=2), "client")
     session.put("q", [b"a", b"b", b"c"])
     assert session.get_items("q", 10).pairs() == [(b"a", 0), (b"b", 0)]
+    for none in (0, -1):  # (Kestrel's loop, counting down to 0, drains the queue for -1)
+        assert session.get_items("q", none, auto_abort_ms=1_000).pairs() == []
+    assert _drain(session.server, "q") == [b"c"]
 
 
 @pytest.mark.parametrize("auto_abort_ms", [0, 60_000])
