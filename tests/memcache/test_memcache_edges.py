@@ -345,3 +345,23 @@ def test_alias_with_a_refusing_destination_answers_not_stored(server: ServerProc
     s = conn(server.memcache_port)
     assert exchange(s, b"set both 0 0 1\r\n1\r\n") == b"STORED\r\n"
     assert exchange(s, b"set both 0 0 1\r\n2\r\n") == b"NOT_STORED\r\n"
+    # an alias's figures, as Kestrel's AliasedQueue gives them: every item offered, taken or not
+    stats = memcache_stats(server.memcache_port)
+    assert (stats["queue_both_put_items"], stats["queue_both_put_bytes"]) == ("2", "2")
+    assert stats["queue_both_children"] == "aliased_full"
+    dump = exchange(s, b"dump_stats both\r\n", b"END\r\n").decode()
+    assert dump == "queue 'both' {\r\n  put_items=2\r\n  put_bytes=2\r\n  children=aliased_full\r\n}\r\nEND\r\n"
+
+
+def test_a_fanout_parent_names_its_children_and_every_queue_s_add_counts(server: ServerProcess) -> None:
+    s = conn(server.memcache_port)
+    for child in (b"fanned+b", b"fanned+a"):
+        assert exchange(s, b"get %s\r\n" % child, b"END\r\n") == b"END\r\n"  # created
+    before = int(memcache_stats(server.memcache_port)["total_items"])
+    assert exchange(s, b"set fanned 0 0 1\r\nx\r\n") == b"STORED\r\n"
+    stats = memcache_stats(server.memcache_port)
+    assert stats["queue_fanned_children"] == "fanned+a,fanned+b"
+    assert int(stats["total_items"]) == before + 3  # the parent's and each child's (Kestrel's count)
+    assert float(stats["reserved_memory_ratio"]) >= 0
+    dump = exchange(s, b"dump_stats fanned\r\n", b"END\r\n").decode()
+    assert "  children=fanned+a,fanned+b\r\n}\r\nEND\r\n" in dump

@@ -179,6 +179,7 @@ SERVER_FIGURES: dict[str, Figure | None] = {
     "total_items": _counter("kestrel_items_added_total",
                             "Items ever added to a queue (fanout copies count)."),
     "bytes": _gauge("kestrel_item_bytes", "Bytes of item data in every queue."),
+    "reserved_memory_ratio": None,  # Kestrel's text figure; the queues' memory targets are exported
     "curr_connections": _gauge("kestrel_open_connections", "Client connections open now, every protocol."),
     "total_connections": _counter("kestrel_accepted_connections_total", "Client connections accepted."),
     "cmd_get": _counter("kestrel_get_requests_total", "Get requests; a get that waits counts once."),

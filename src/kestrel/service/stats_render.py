@@ -48,7 +48,7 @@ def _flat_stats(server: ServerState, line: Callable[[str, Any], str], tail: str 
         name, stats = entry
         return "".join([line(f"queue_{name}_{key}", value) for key, value in stats.items()])
 
-    return written_paced(server, list(server.queue_stats().items()), queue_lines, "".join(head), tail)
+    return written_paced(server, list(server.kestrel_queue_stats().items()), queue_lines, "".join(head), tail)
 
 
 def memcache_stats(server: ServerState) -> bytes:
@@ -72,8 +72,10 @@ def queue_blocks(server: ServerState, per_queue: dict[str, dict[str, Any]]) -> b
     return written_paced(server, list(per_queue.items()), block, tail="END\r\n")
 
 
-def dump_stats(server: ServerState) -> bytes:
-    return queue_blocks(server, server.queue_stats())
+def dump_stats(server: ServerState, names: Sequence[str] | None = None) -> bytes:
+    """Kestrel's DUMP_STATS: every queue's block, or those of `names` (a name that is no queue's or
+    alias's gets an empty block)."""
+    return queue_blocks(server, server.kestrel_queue_stats(names))
 
 
 def dump_config(server: ServerState) -> bytes:

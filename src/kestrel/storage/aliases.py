@@ -28,3 +28,12 @@ class Aliases(dict[str, list[str]]):
             if not all(took):
                 return n
         return len(items)
+
+
+class AliasPuts(dict[str, tuple[int, int]]):
+    """Items and bytes offered to each alias since the server started, by alias name (Kestrel's
+    `put_items` and `put_bytes` of an alias: every item offered, taken or not)."""
+
+    def count(self, name: str, offered: list[bytes]) -> None:
+        items, size = self.get(name, (0, 0))
+        self[name] = (items + len(offered), size + sum(map(len, offered)))

@@ -11,7 +11,7 @@ from dataclasses import replace
 import structlog
 
 from kestrel.storage import fanout, formats, layout, poison
-from kestrel.storage.aliases import Aliases
+from kestrel.storage.aliases import Aliases, AliasPuts
 from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
@@ -83,6 +83,7 @@ class QueueCollection:
         self._owners: set[str] | None = None
         self._kestrel3: Kestrel3Journals[Kestrel3Queue] = Kestrel3Journals(path, runtime, salvage=salvage)
         self.fanouts = Fanouts()
+        self.alias_puts = AliasPuts()
         self._sweeper: Timer | None = None
         self.total_items_added = 0
         self.queue_creates = 0
@@ -336,14 +337,17 @@ class QueueCollection:
         # first whether there is any alias or fanout at all, as most servers have none)
         if self.aliases and name in self.aliases:
             check_queue_name(name)
-            return self.aliases.put(name, items, expiry_ms, self.put)
+            accepted = self.aliases.put(name, items, expiry_ms, self.put)
+            self.alias_puts.count(name, items[:accepted + 1])
+            return accepted
         q = self.queue(name)
         now = self.clock.now_ms()
         accepted = q.put(items, expiry_ms, now)
+        self.total_items_added += accepted
         if self.fanouts and name in self.fanouts and not q.shares_writes:  # else one write feeds the children
             children = [cq for child in self.fanouts.children(name) if (cq := self._queues.get(child))]
-            fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
-        self.total_items_added += accepted
+            # each child's adds count, as Kestrel's `total_items` counts every queue's
+            self.total_items_added += fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
         return accepted
 
     def remove(self, name: str, count: int = 1, transaction: bool = False,
@@ -458,6 +462,10 @@ class QueueCollection:
 
     def current_bytes(self) -> int:
         return sum(q.bytes for q in paced(self.queues(), self.runtime))
+
+    def reserved_memory(self) -> int:
+        """What the queues may hold in memory together: their `max_memory_size`s (Kestrel's sum)."""
+        return sum(q.config.max_memory_size for q in paced(self.queues(), self.runtime))
 
     # -----------------------------------------------------------------------------------------
     # Background expiry and configuration

@@ -31,7 +31,7 @@ from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import ClientGone, OpenReadConflict, SessionError
 from kestrel.service.session.status import Status
 from kestrel.service.socket_io import BoxedInt
-from kestrel.service.stats_render import dump_config, dump_stats, memcache_stats, queue_blocks
+from kestrel.service.stats_render import dump_config, dump_stats, memcache_stats
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import InvalidQueueName, KestrelError
 
@@ -390,12 +390,7 @@ class MemcacheConnection(BufferedConnection):
         self.out.append(memcache_stats(self.server))
 
     def do_dump_stats(self, command: Command) -> None:
-        if not command.keys:
-            self.out.append(dump_stats(self.server))
-            return
-        coll = self.session.coll
-        per_queue = {name: q.stats() if (q := coll.get(name)) else {} for name in command.keys}
-        self.out.append(queue_blocks(self.server, per_queue))
+        self.out.append(dump_stats(self.server, command.keys or None))
 
     def do_dump_config(self, command: Command) -> None:
         self.out.append(dump_config(self.server))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
 from kestrel import SERVER_VERSION
-from kestrel.service.config import ServerConfig
+from kestrel.service.config import ServerConfig, default_memory_total
 from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.session.open_reads import ReadsById
 from kestrel.service.session.read_ids import ReadIds
@@ -63,6 +63,7 @@ class ServerState:
         coll = self.collection
         s = self.stats
         now = coll.clock.now_ms() / 1000.0
+        budget = self.config.max_memory_total or default_memory_total()
         return {
             "uptime": int(now - s.start_time),
             "time": int(now),
@@ -70,6 +71,9 @@ class ServerState:
             "curr_items": coll.current_items(),
             "total_items": coll.total_items_added,
             "bytes": coll.current_bytes(),
+            # What the queues may hold in memory (their max_memory_size) over the server's budget,
+            # or the default budget without one (Kestrel's: over the JVM's heap).
+            "reserved_memory_ratio": f"{coll.reserved_memory() / budget:.3f}",
             "curr_connections": s.curr_connections,
             "total_connections": s.total_connections,
             "cmd_get": s.cmd_get,
@@ -96,6 +100,25 @@ class ServerState:
             q = get(name)
             if q is not None:
                 out[name] = q.stats()
+        return out
+
+    def kestrel_queue_stats(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each queue's figures as Kestrel's `stats` and `dump_stats` give them (`QueueCollection.stats`):
+        `queue_stats()` (or those of `names` only: none for a name that is neither a queue nor an
+        alias), a fanout parent's with its `children`, and each alias's `put_items`, `put_bytes` and
+        `children` (its destinations)."""
+        coll = self.collection
+        if names is None:
+            out: dict[str, dict[str, Any]] = dict(self.queue_stats())
+        else:
+            out = {name: q.stats() if (q := coll.get(name)) else {} for name in names}
+        for parent, children in coll.fanouts.items():
+            if out.get(parent):
+                out[parent]["children"] = ",".join(sorted(children))
+        for alias, destinations in coll.aliases.items():
+            if names is None or alias in out:
+                items, size = coll.alias_puts.get(alias, (0, 0))
+                out[alias] = {"put_items": items, "put_bytes": size, "children": ",".join(destinations)}
         return out
 
     def reload(self) -> None:
