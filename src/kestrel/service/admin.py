@@ -29,6 +29,7 @@ from kestrel.service.listener import Listener
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_json, stats_text
+from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.admin")
 
@@ -52,9 +53,17 @@ def readiness(server: ServerState, path: str) -> Answer:
 
 
 class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type hints)
-    """gevent's HTTP/1.1 handler, each request of a connection within `request_timeout`."""
+    """gevent's HTTP/1.1 handler, each request of a connection within `request_timeout`, stepping
+    aside before each after the first (src/kestrel/service/turns.py): gevent's handler answers the
+    requests a client pipelines one after another without waiting, so one client sending `/ping`
+    in a loop held every queue port for as long as it sent."""
+
+    answered = False
 
     def handle_one_request(self) -> Any:
+        if self.answered:
+            step_aside()
+        self.answered = True
         with gevent.Timeout(self.server.request_timeout_s, False):
             return super().handle_one_request()
         return None  # out of time: the connection closes
@@ -102,6 +111,12 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
     dashboard = Dashboard(server)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        answer = respond(environ, start_response)
+        # A HEAD's answer is its headers alone (gevent's handler would send the body, which a
+        # keep-alive client then reads as the next answer's status line).
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else answer
+
+    def respond(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         route = routes.get(path)
         reading = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
