@@ -119,6 +119,28 @@ def test_hostile_queue_names_stay_text(server_factory: Any, browser: Browser) ->
     assert browser.console_errors() == []
 
 
+def test_a_queue_whose_name_is_not_utf8_is_listed_and_has_its_page(
+        tmp_path: Path, server_factory: Any, browser: Browser) -> None:
+    """A Kestrel 2 journal whose file name is not UTF-8 is a name with a lone surrogate, on which
+    the browser's encodeURIComponent throws: the overview drew no row of any queue and stopped."""
+    queues = tmp_path / "server" / "queues"
+    queues.mkdir(parents=True)
+    (queues / "plain").write_bytes(b"")
+    (queues / "caf\udce9").write_bytes(b"")  # the file name b"caf\xe9"
+    srv = server_factory()
+    put(srv.memcache_port, "plain", 2)
+    browser.open(page(srv))
+    browser.wait(lambda: set(browser.table_rows()) == {"plain", "caf\ufffd"} and shows_row(browser, "plain", items="2"),
+                 "both queues in the table")
+    hrefs = browser.js("return [...document.querySelectorAll('#queues tbody a')].map(a => a.getAttribute('href'))")
+    assert sorted(hrefs) == ["#/queue/caf%E9", "#/queue/plain"]
+    put(srv.memcache_port, "plain", 1)
+    browser.wait(lambda: shows_row(browser, "plain", items="3"), "the overview polling on")
+    browser.open(page(srv, "#/queue/caf%E9"))
+    browser.wait(lambda: "Items0" in browser.text("q-now"), "the page of the queue not named in UTF-8")
+    assert browser.console_errors() == []
+
+
 def test_the_rate_chart_moves_after_a_burst_of_puts(server_factory: Any, browser: Browser) -> None:
     srv = server_factory()
     put(srv.memcache_port, "burst", 1)

@@ -196,6 +196,19 @@ def test_promtool_accepts_both_pages(server_factory: Any, tmp_path: Path) -> Non
                               timeout=60)
         assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
             path, done.stdout, done.stderr)
+    # Kestrel's text figures name it as /stats.json does (they failed with a UnicodeEncodeError)
+    assert "queue_caf\\udce9_items: 0" in _get(server, "/stats.txt")[1]
+    with socket.create_connection(("127.0.0.1", server.memcache_port), timeout=10) as s:
+        for command, shown in ((b"stats", b"STAT queue_caf\\udce9_items 0\r\n"),
+                               (b"dump_stats", b"queue 'caf\\udce9' {\r\n"),
+                               (b"dump_config", b"queue 'caf\\udce9' {\r\n")):
+            s.sendall(command + b"\r\n")
+            reply = b""
+            while not reply.endswith(b"END\r\n"):
+                chunk = s.recv(65536)
+                assert chunk and not reply.startswith(b"SERVER_ERROR"), reply[:300]
+                reply += chunk
+            assert shown in reply, (command, reply[:300])
 
 
 def test_every_kestrel_figure_is_placed_in_the_metrics(server: ServerProcess) -> None:

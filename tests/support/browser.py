@@ -72,12 +72,13 @@ class Browser:
         return [entry for entry in self.driver.get_log("browser") if entry.get("level") == "SEVERE"]
 
     def table_rows(self) -> dict[str, dict[str, str]]:
-        """The queue table's rows in view: queue name -> column key -> the cell's text."""
+        """The queue table's rows in view: queue name -> column key -> the cell's text (a lone
+        surrogate, in a name not UTF-8 on disk, as U+FFFD: WebDriver cannot carry it)."""
         rows = self.js("""
             const keys = [...document.querySelectorAll('#queues thead th')].map(th => th.dataset.key);
             return [...document.querySelectorAll('#queues tbody tr:not(.spacer)')]
                 .filter(tr => tr.children.length === keys.length)
-                .map(tr => Object.fromEntries(keys.map((k, i) => [k, tr.children[i].textContent])));""")
+                .map(tr => Object.fromEntries(keys.map((k, i) => [k, tr.children[i].textContent.toWellFormed()])));""")
         return {row["name"]: row for row in rows}
 
     def screenshot(self, path: Path) -> None:

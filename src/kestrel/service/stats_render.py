@@ -30,9 +30,11 @@ def in_slices(server: ServerState, entries: Sequence[T]) -> Iterator[Sequence[T]
 def written_paced(server: ServerState, entries: Sequence[T], text: Callable[[T], str], head: str = "",
                   tail: str = "") -> bytes:
     """`head`, `text(entry)` of every entry, then `tail`: each slice of entries encoded on its own
-    (`in_slices`), the whole joined once."""
-    pieces = [head.encode()]
-    pieces.extend("".join([text(entry) for entry in part]).encode() for part in in_slices(server, entries))
+    (`in_slices`), the whole joined once. A queue name that is not UTF-8 on disk (a Kestrel 2
+    journal's: lone surrogates) is written as `/stats.json` shows it, `\udce9`."""
+    pieces = [head.encode(errors="backslashreplace")]
+    pieces.extend("".join([text(entry) for entry in part]).encode(errors="backslashreplace")
+                  for part in in_slices(server, entries))
     pieces.append(tail.encode())
     return b"".join(pieces)
 

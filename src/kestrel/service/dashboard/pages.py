@@ -66,7 +66,8 @@ class Dashboard:
         if path == f"{PREFIX}overview.json":
             return _json(self.figures.snapshot().body)
         if path == f"{PREFIX}queue.json":
-            name = parse_qs(query).get("name", [""])[0]
+            # (a byte that is not UTF-8 is the lone surrogate the name holds for it: `encodeName`)
+            name = parse_qs(query, errors="surrogateescape").get("name", [""])[0]
             document = queue_document(self.server, self.figures, name) if name else None
             if document is None:
                 return "404 Not Found", [("Content-Type", JSON_TYPE), *HEADERS], json.dumps(

@@ -95,8 +95,23 @@
     return element;
   }
 
+  // A queue's name in a URL: UTF-8, percent-encoded, but for a name that is not UTF-8 on disk (a
+  // Kestrel 2 journal's), which comes as lone surrogates U+DC80-U+DCFF, one for each byte that is
+  // not: each goes as that byte (`%E9`), which the server reads back into the same name.
+  // (encodeURIComponent throws on a lone surrogate: once it failed the whole overview.)
+  function encodeName(name) {
+    let out = "";
+    for (const ch of String(name)) {
+      const code = ch.charCodeAt(0);
+      out += ch.length === 1 && code >= 0xdc80 && code <= 0xdcff
+        ? "%" + (code - 0xdc00).toString(16).toUpperCase()
+        : encodeURIComponent(ch.length === 1 && code >= 0xd800 && code <= 0xdfff ? "\ufffd" : ch);
+    }
+    return out;
+  }
+
   function queueHref(name) {
-    return "#/queue/" + encodeURIComponent(name);
+    return "#/queue/" + encodeName(name);
   }
 
   function queueLink(name, text) {
@@ -601,13 +616,16 @@
   function currentRoute() {
     const hash = location.hash;
     if (hash.indexOf("#/queue/") === 0) {
-      let name = "";
+      const encoded = hash.slice("#/queue/".length);
+      let name = encoded;
+      let query = encoded;  // as the link wrote it (a name not UTF-8 does not decode)
       try {
-        name = decodeURIComponent(hash.slice("#/queue/".length));
+        name = decodeURIComponent(encoded);
+        query = encodeName(name);
       } catch (e) {
-        name = hash.slice("#/queue/".length);
+        // shown as it came
       }
-      return { kind: "queue", name: name, url: "/dashboard/queue.json?name=" + encodeURIComponent(name) };
+      return { kind: "queue", name: name, url: "/dashboard/queue.json?name=" + query };
     }
     return { kind: "overview", url: "/dashboard/overview.json" };
   }
