@@ -311,3 +311,49 @@ def test_a_client_pipelining_admin_requests_does_not_hold_the_queue_ports(server
     prober.join()
     during = [at for at in rounds if first <= at <= last]
     assert len(during) >= 5, (len(during), last - first)
+
+
+def test_an_answer_read_too_slowly_closes_at_request_timeout_without_a_traceback(server_factory: Any) -> None:
+    """A client that asks and never reads: its answer's write runs out of `request_timeout`, which
+    gevent's handler logged as an uncaught error with a traceback, one a connection."""
+    import time
+
+    srv = server_factory({"request_timeout": "1s"})
+    clients = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.connect(("127.0.0.1", srv.admin_port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400)
+        clients.append(s)
+    time.sleep(2.5)
+    for s in clients:
+        s.close()
+    assert _get(srv, "/ping") == (200, "pong\n")
+    srv.stop()
+    events = [json.loads(line) for line in srv.log().splitlines()]
+    assert not [e for e in events if e["event"] == "uncaught error" or "Traceback" in str(e)]
+
+
+def test_the_admin_port_holds_at_most_its_connections_and_the_rest_wait(server: ServerProcess) -> None:
+    """Idle admin connections once took the descriptors the queue ports' clients needed: the port
+    holds `ADMIN_CONNECTIONS` at once; the others wait in the listen backlog, as any port's do when
+    descriptors run out."""
+    import time
+
+    from kestrel.service.admin import ADMIN_CONNECTIONS
+
+    assert server.proc is not None
+    descriptors = Path(f"/proc/{server.proc.pid}/fd")
+    before = len(list(descriptors.iterdir()))
+    idle = [socket.create_connection(("127.0.0.1", server.admin_port), timeout=10)
+            for _ in range(ADMIN_CONNECTIONS + 100)]
+    try:
+        wait_until(lambda: len(list(descriptors.iterdir())) >= before + ADMIN_CONNECTIONS - 5,
+                   "the port's connections")
+        time.sleep(0.5)  # the rest wait in the backlog, unaccepted
+        assert len(list(descriptors.iterdir())) <= before + ADMIN_CONNECTIONS + 5
+    finally:
+        for s in idle:
+            s.close()
+    assert _get(server, "/ping") == (200, "pong\n")

@@ -35,6 +35,11 @@ log = structlog.get_logger("kestrel.admin")
 
 Answer = tuple[str, str, bytes]  # HTTP status line, content type, body
 
+# Connections the admin port holds at once; more wait in the listen backlog. Probes, scrapes and
+# pages need a few: 450 idle ones took the descriptors a queue port's clients needed (under
+# `ulimit -n 400`, a memcache client waited 29 s, until their `request_timeout`).
+ADMIN_CONNECTIONS = 128
+
 # The statuses in which the server takes each kind of client's requests (NotConfigured: always Up).
 READY_FOR = {
     "/ready": (Status.UP, Status.NOT_CONFIGURED),
@@ -67,6 +72,14 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         with gevent.Timeout(self.server.request_timeout_s, False):
             return super().handle_one_request()
         return None  # out of time: the connection closes
+
+    def handle_error(self, kind: type[BaseException], error: BaseException, traceback: Any) -> None:
+        """An answer that ran out of `request_timeout` while being written (a client reading it that
+        slowly) reaches gevent's handler of internal errors, which logged it as an uncaught error
+        with its traceback: it is the request's time-out, which closes the connection."""
+        if isinstance(error, gevent.Timeout):
+            raise error
+        super().handle_error(kind, error, traceback)
 
     def _handle_client_error(self, ex: BaseException) -> Any:
         """A request refused as the client's fault: gevent prints the traceback of one that is not a
@@ -134,5 +147,5 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         return [body]
 
     wsgi = _AdminWSGIServer(server, listener, app, log=None, environ={"SERVER_NAME": listener[0]})
-    return Listener("admin", listener, wsgi.handle, server.config.max_connections,
+    return Listener("admin", listener, wsgi.handle, min(server.config.max_connections, ADMIN_CONNECTIONS),
                     server.config.tcp_keepalive, cooperative=True)
