@@ -202,6 +202,11 @@ def test_config_check_without_starting(tmp_path: Path) -> None:
     checked = kestrel_command("serve", "--check", "--config", str(EXAMPLE),
                               "--thrift-port=99999")
     assert checked.returncode == 2 and "--thrift-port: expected a port number" in checked.stderr
+    # The options given before `serve` are its own (they were dropped: the defaults served).
+    before = kestrel_command("--check", "--config", str(bad), "serve")
+    assert before.returncode == 2 and "thrift_prot" in before.stderr, (before.stdout, before.stderr)
+    before = kestrel_command("--config", str(EXAMPLE), "--thrift-port=99999", "serve", "--check")
+    assert before.returncode == 2 and "--thrift-port: expected a port number" in before.stderr
 
 
 def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:

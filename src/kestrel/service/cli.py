@@ -86,10 +86,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve a damaged queue, setting aside only what does not verify (a copy kept "
                         "in .kestrel/aside/), instead of refusing it (default: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="least severe log lines written (default: %(default)s)")
+                   help="least severe log lines written (default: info)")
     p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
                    help="JSON lines, or readable console lines; auto: console on a terminal, JSON "
-                        "otherwise (default: %(default)s)")
+                        "otherwise (default: auto)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=exit_codes_epilog(), formatter_class=_HelpFormatter)
     for p in (parser, serve):
         add_serve_arguments(p)
+    # An option `serve` is not given keeps the value given before it: argparse's subcommand sets
+    # its own defaults over them (`kestrel --config k.yaml serve` served the built-in defaults).
+    for action in serve._actions:
+        if action.dest != "help":
+            action.default = argparse.SUPPRESS
     config = sub.add_parser("config", help="check a config file without starting, or write the example")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser(
