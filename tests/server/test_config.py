@@ -61,6 +61,9 @@ def test_example_documents_every_key() -> None:
     ({"default_queue": {"sync_journal": "often"}}, "default_queue.sync_journal"),
     ({"aliases": {"a": {"destination_queues": "q"}}}, "aliases.a.destination_queues"),
     ({"aliases": {"a": {"targets": ["q"]}}}, "aliases.a.targets"),
+    # an alias that reaches itself: each put went round to the recursion limit, a copy a turn
+    ({"aliases": {"x": {"destination_queues": ["q", "y"]}, "y": {"destination_queues": ["x"]}}},
+     "aliases.x.destination_queues"),
     ({"commit_log": "sometimes"}, "commit_log"),
 ])
 def test_bad_values_name_the_key(data: dict, key: str) -> None:

@@ -121,6 +121,27 @@ def test_bad_yaml_is_one_line_with_where(tmp_path: Path, text: str) -> None:
     assert "\n" not in message and re.search(r"not valid YAML: line \d+, column \d+: ", message), message
 
 
+def _alias_levels(levels: int) -> str:
+    """A YAML file whose aliases nest `levels` deep, nine references each: 9**levels values."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return "\n".join(lines) + f"\ndefault_queue: *l{levels - 1}\n"
+
+
+@pytest.mark.parametrize("text, reason", [
+    # 400 bytes: a check of its values (their repr in the error among them) ran for minutes, and a
+    # reload of it held the running server as long
+    (_alias_levels(9), "YAML aliases (*name) expand to more than 100,000 values"),
+    ("a: &a {b: *a}\n", "a YAML alias (*name) within itself"),
+    ("x: " + "[" * 5_000 + "]" * 5_000 + "\n", "nested too deeply"),
+])
+def test_a_file_too_large_once_read_is_refused_at_once(tmp_path: Path, text: str, reason: str) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        load(str(path))
+
+
 LONGEST = MAX_DURATION_MS
 LARGEST = 2**63 - 1
 

@@ -280,7 +280,27 @@ def _aliases(value: Any, collect: _Collector) -> dict[str, list[str]]:
         dests = collect.check(_alias, f"aliases.{name}", settings)
         if dests is not None:
             out[str(name)] = dests
+    for name in out:
+        collect.check(_no_alias_cycle, name, out)
     return out
+
+
+def _no_alias_cycle(name: str, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an alias that reaches itself through the aliases it writes to: each put would go round
+    until the interpreter's recursion limit, adding a copy to every queue on the way each time."""
+    path, todo = [name], [(name, iter(aliases[name]))]
+    while todo:
+        _, dests = todo[-1]
+        dest = next(dests, None)
+        if dest is None:
+            todo.pop()
+            path.pop()
+        elif dest == name:
+            raise ConfigError(f"aliases.{name}.destination_queues",
+                              f"goes round back to itself: {' -> '.join([*path, name])}")
+        elif dest in aliases and dest not in path:
+            path.append(dest)
+            todo.append((dest, iter(aliases[dest])))
 
 
 def _alias(key: str, settings: Any) -> list[str]:
@@ -366,7 +386,11 @@ def load(path: str | None) -> ServerConfig:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        duplicates = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        composed = yaml.compose(text, Loader=yaml.SafeLoader)
+        if _expanded_size(composed, {}) > MAX_EXPANDED_VALUES:
+            raise ConfigError(path, f"its YAML aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} "
+                                    f"values: not a config file")
+        duplicates = _duplicate_keys(composed)
         data = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
@@ -374,6 +398,9 @@ def load(path: str | None) -> ServerConfig:
         raise ConfigError(path, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
     except yaml.YAMLError as e:
         raise ConfigError(path, f"not valid YAML: {_one_line(e)}") from None
+    except RecursionError:
+        raise ConfigError(path, "nested too deeply, or a YAML alias (*name) within itself: not a config "
+                                "file") from None
     try:
         config = from_mapping(data, os.path.abspath(path))
     except ConfigError as e:
@@ -392,6 +419,29 @@ def _one_line(error: yaml.YAMLError) -> str:
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     context = f" ({error.context})" if error.context else ""
     return f"{where}{error.problem}{context}"
+
+
+# Values a config file may hold once its aliases are expanded: nine levels of aliases in 400 bytes
+# are a billion, and each check of a value (its repr in an error among them) would walk them all.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node | None, sizes: dict[int, int]) -> int:
+    """How many values `node` holds with every alias expanded, each node counted once (`sizes`)."""
+    if node is None:
+        return 0
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = 1  # (a node within itself: YAML allows it; counted once)
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(item, sizes) for item in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
 
 
 def _duplicate_keys(node: yaml.Node | None, path: str = "") -> list[ConfigError]:
