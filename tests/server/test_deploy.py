@@ -184,3 +184,37 @@ def test_sysusers_and_tmpfiles_create_the_user_and_its_queue_path(tmp_path: Path
     queue_path = root / yaml.safe_load(CONFIG.read_text())["queue_path"].lstrip("/")
     made = queue_path.stat()
     assert (made.st_uid, made.st_gid) == (uid, gid) and queue_path.is_dir()
+
+
+def test_the_unit_s_system_call_filter_lets_the_fsync_rounds_take_their_cpu() -> None:
+    """The filter's lines, applied in order as systemd applies them (an allow-list, then `~` lines
+    taking from it, then lines adding to it): sched_setaffinity, which pins the fsync rounds to the
+    disk's CPU (README, Performance), is in @resources, which the unit denies."""
+    analyze = tool("systemd-analyze")
+
+    def calls(names: list[str]) -> set[str]:
+        found: set[str] = set()
+        for name in names:
+            if not name.startswith("@"):
+                found.add(name)
+                continue
+            listed = subprocess.run([analyze, "syscall-filter", name], capture_output=True, text=True, timeout=60)
+            assert listed.returncode == 0, listed.stderr
+            found |= {line.strip() for line in listed.stdout.splitlines()[1:]
+                      if line.startswith("    ") and not line.strip().startswith(("#", "@"))}
+            found |= calls([line.strip() for line in listed.stdout.splitlines()[1:]
+                            if line.strip().startswith("@")])
+        return found
+
+    lines = [line.partition("=")[2].split() for line in UNIT.read_text().splitlines()
+             if line.startswith("SystemCallFilter=")]
+    assert "sched_setaffinity" in calls(["@resources"])
+    allowed: set[str] = set()
+    for n, names in enumerate(lines):
+        if names[0].startswith("~"):
+            allowed -= calls([names[0][1:], *names[1:]])
+        elif n == 0:
+            allowed = calls(names)
+        else:
+            allowed |= calls(names)
+    assert "sched_setaffinity" in allowed and "fdatasync" in allowed and "reboot" not in allowed

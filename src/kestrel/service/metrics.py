@@ -175,7 +175,8 @@ SERVER_FIGURES: dict[str, Figure | None] = {
     "uptime": None,  # process_start_time_seconds
     "time": None,  # the scrape's own timestamp
     "version": None,  # kestrel_build_info
-    "curr_items": _gauge("kestrel_items", "Items in every queue, open reads included."),
+    "curr_items": _gauge("kestrel_items",
+                         "Items waiting in every queue (open reads are kestrel_open_reads)."),
     "total_items": _counter("kestrel_items_added_total",
                             "Items ever added to a queue (fanout copies count)."),
     "bytes": _gauge("kestrel_item_bytes", "Bytes of item data in every queue."),
@@ -222,7 +223,8 @@ SERVER_FIGURES: dict[str, Figure | None] = {
 
 # Kestrel's per-queue figure -> how each queue's is exported on /metrics/per-queue, label `queue`.
 QUEUE_FIGURES: dict[str, Figure | None] = {
-    "items": _gauge("kestrel_queue_items", "Items in the queue, open reads included."),
+    "items": _gauge("kestrel_queue_items",
+                    "Items waiting in the queue (open reads are kestrel_queue_open_reads)."),
     "bytes": _gauge("kestrel_queue_item_bytes", "Bytes of item data in the queue."),
     "total_items": _counter("kestrel_queue_items_added_total", "Items ever added to the queue."),
     "logsize": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk."),

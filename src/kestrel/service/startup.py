@@ -31,8 +31,9 @@ EXIT_CODES = (
     (EXIT_DAMAGED_JOURNAL, "damage that no one queue owns: the record of an interrupted journal "
                            "conversion (a queue whose own files are damaged is refused alone, and the "
                            "others serve; so is one whose commit log records cannot be placed)"),
-    (EXIT_QUEUE_PATH, "the queue path, a journal or the status file cannot be used (missing, not a "
-                      "directory, not writable, disk full), or another process holds the queue path"),
+    (EXIT_QUEUE_PATH, "the queue path or the status file cannot be used (not a directory, not "
+                      "writable, disk full), or another process holds the queue path (a queue whose "
+                      "own journal cannot be written is refused alone, and the others serve)"),
     (EXIT_LISTENER, "a listener cannot bind its address:port (in use, a port below 1024 without the "
                     "privilege, an address this machine does not have)"),
     (EXIT_DESCRIPTORS, "out of file descriptors (raise LimitNOFILE or ulimit -n)"),
