@@ -73,3 +73,30 @@ def test_a_second_server_on_the_same_queue_path_refuses_to_start(server_factory:
     first.kill()  # a crash drops the lock with the process
     second.start()
     second.stop()
+
+
+def test_a_journal_format_the_queues_files_lack_is_refused_by_the_check_and_the_reload(
+        server_factory: Any) -> None:
+    """A live queue keeps its files' format, and the next start refuses such a setting (exit 2): the
+    check and a reload said it was fine, and the unit then stayed down after its restart."""
+    import json
+    import signal
+
+    import yaml
+
+    from tests.conftest import wait_until
+
+    srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel2"}}})
+    put(srv, "jobs", [b"one"])
+    srv.config_path.write_text(yaml.safe_dump(dict(srv.config, queues={"jobs": {"journal_format": "kestrel3"}})))
+    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
+                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert f"kestrel journal convert --to kestrel3 {srv.queue_path} jobs" in checked.stderr
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "queues.jobs.journal_format" in srv.log(), "the reload's refusal")
+    refusal = next(json.loads(line) for line in srv.log().splitlines() if "queues.jobs.journal_format" in line)
+    assert refusal["level"] in ("error", "warning"), refusal
+    put(srv, "jobs", [b"two"])  # the settings as they were: the queue serves on
+    assert take_all(srv, "jobs") == [b"one", b"two"]

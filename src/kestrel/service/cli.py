@@ -37,6 +37,7 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_DAMAGED_JOURNAL,
     StartupError,
 )
+from kestrel.storage import formats  # noqa: E402
 from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
 from kestrel.storage.tools import check as journal_check  # noqa: E402
 from kestrel.storage.tools import convert as journal_convert  # noqa: E402
@@ -141,6 +142,18 @@ def report_config_error(error: ConfigError) -> int:
     return EXIT_CONFIG
 
 
+def _format_refusals(config: ServerConfig) -> list[ConfigError]:
+    """What a start would refuse of the queues on disk: those whose files are in the other format
+    than their `journal_format` (none while the queue path is not there yet)."""
+    try:
+        on_disk = formats.queues_on_disk(config.queue_path)
+    except OSError:
+        return []  # the start says what is wrong with the path
+    return [formats.format_refusal(config.queue_path, name, found, wanted)
+            for name, found in sorted(on_disk.items())
+            if found != (wanted := config.queues.for_queue(name).journal_format)]
+
+
 def read_config(args: argparse.Namespace) -> ServerConfig:
     """The config file with the command line's values laid over it; raises ConfigError."""
     return with_overrides(load(args.config), queue_path=args.queue_path, listen_address=args.listen_address,
@@ -188,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return report_config_error(e)
     if args.check:
+        refused = _format_refusals(config)
+        for error in refused:
+            report_config_error(error)
+        if refused:
+            return EXIT_CONFIG
         print(f"{args.config or '(built-in defaults)'}: ok")
         return 0
     configure_logging(args.log_level, args.log_format)

@@ -503,6 +503,10 @@ class QueueCollection:
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
         poison.check_error_queues(configs, aliases)
+        for name, q in self._queues.items():  # a live queue keeps its files' format
+            on_disk, configured = f"kestrel{q.journal_format}", configs.for_queue(name).journal_format
+            if on_disk != configured:
+                raise formats.format_refusal(self.path, name, on_disk, configured)
         self.configs = configs
         self.aliases = Aliases.of(aliases)
         for name, q in list(self._queues.items()):

@@ -64,13 +64,18 @@ def check_format(queue_path: str, name: str, files: JournalFiles, configured: st
     Raises ConfigError naming the convert command.
     """
     on_disk = format_of(files)
-    if on_disk == configured:
-        return
+    if on_disk != configured:
+        raise format_refusal(queue_path, name, on_disk, configured)
+
+
+def format_refusal(queue_path: str, name: str, on_disk: str, configured: str) -> ConfigError:
+    """Queue `name`'s files are in format `on_disk`, its setting says `configured`: at a start, or
+    at a reload (a live queue keeps its files' format, and the next start would refuse it)."""
     unit = name.partition("+")[0]
-    raise ConfigError(f"queues.{name}.journal_format",
-                      f"queue {name!r} has {format_title(on_disk)} journal files in {queue_path} but its "
-                      f"journal_format is {configured}: convert them with `kestrel journal convert "
-                      f"--to {configured} {queue_path} {unit}`, or set journal_format: {on_disk}")
+    return ConfigError(f"queues.{name}.journal_format",
+                       f"queue {name!r} has {format_title(on_disk)} journal files in {queue_path} but its "
+                       f"journal_format is {configured}: convert them with `kestrel journal convert "
+                       f"--to {configured} {queue_path} {unit}`, or set journal_format: {on_disk}")
 
 
 def format_title(fmt: str) -> str:
