@@ -11,6 +11,7 @@ import gevent.event
 import pytest
 
 from kestrel.storage.fsync.group_commit import native_threads
+from kestrel.storage.runtime import DEFAULT_RUNTIME
 from tests.support.hub_leftovers import let_background_work_finish, no_hub_leftovers
 from tests.support.queues import open_collection
 
@@ -64,3 +65,27 @@ def test_a_round_whose_waiter_was_killed_is_collected_so_the_next_begins_on_the_
         assert ended.wait(timeout=10)
     finally:
         os.close(fd)
+
+
+def test_work_a_test_spawned_and_the_loop_did_not_run_yet_is_run_before_the_next_test() -> None:
+    """A rotated journal's seal spawned by a test's last put would otherwise write its manifest in
+    the next test, through the fakes that test patched in (a full disk it simulates)."""
+    ran: list[str] = []
+    with no_hub_leftovers():
+        DEFAULT_RUNTIME.spawn(lambda: ran.append("sealed"))
+    assert ran == []
+    let_background_work_finish()
+    assert ran == ["sealed"]
+
+
+def test_work_a_test_spawned_that_does_not_end_is_killed_and_named() -> None:
+    never = gevent.event.Event()
+
+    def waits_for_ever() -> None:
+        never.wait()
+
+    with no_hub_leftovers():
+        task = DEFAULT_RUNTIME.spawn(waits_for_ever)
+    with pytest.raises(AssertionError, match="did not end within 0 s: .*waits_for_ever"):
+        let_background_work_finish(0.05)
+    assert task.greenlet.dead  # type: ignore[attr-defined]

@@ -238,6 +238,7 @@ def test_items_past_the_memory_budget_are_read_back_in_order(tmp_path: Path, jou
         got.append(item.data)
         assert coll.queue("q").memory_bytes <= 1100 + 500
     assert got == items and not coll.queue("q").in_read_behind
+    coll.close()
 
 
 @FORMATS

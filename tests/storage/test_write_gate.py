@@ -34,9 +34,11 @@ SETTINGS = [
 
 class HeldWrites:
     """`disk.write_all` and `disk.writev_all` (which a journal's appends of 1 MB or more call) noting
-    the thread each runs on and how many bytes; a write off the loop thread waits for `release`,
-    and fails with `error` if one is set, once `part` bytes of it reached the file (a disk filling
-    up). On the loop thread nothing waits (the test would hang)."""
+    the thread each runs on and how many bytes; the large item's write off the loop thread waits
+    for `release`, and fails with `error` if one is set, once `part` bytes of it reached the file (a
+    disk filling up). Other writes go through: the commit log lays its next segment down on a thread
+    too, in writes of at most 1 MB, and holding one of those was taken for the item's write. On the
+    loop thread nothing waits (the test would hang)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loop_thread = threading.get_ident()
@@ -51,7 +53,7 @@ class HeldWrites:
             def write(fd: int, data: Any) -> Any:
                 on_loop = threading.get_ident() == self.loop_thread
                 self.threads.append((on_loop, size(data)))
-                if not on_loop:
+                if not on_loop and size(data) >= len(LARGE):
                     self.started.set()
                     self.release.wait(60)
                     if self.error is not None:
@@ -71,7 +73,7 @@ class HeldWrites:
     @property
     def large(self) -> list[bool]:
         """For each write of the large item: whether it ran on the loop thread."""
-        return [on_loop for on_loop, size in self.threads if size >= LARGE_APPEND]
+        return [on_loop for on_loop, size in self.threads if size >= len(LARGE)]
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Timers a test leaves on the gevent hub: the work of a collection, commit log, journal or server
 state it never closed (a checkpoint tick, a periodic sync, a sweep, the memory governor's run); and
-the work a test's last calls left running off the loop, let finish before the next test.
+the work a test's last calls left running off the loop or spawned on it, let finish before the
+next test.
 
 Each test process has one hub: a timer left there runs in whatever test comes next, whenever that
 test yields, and a later test that counts greenlets, switches or objects, or needs the hub idle,
@@ -23,9 +24,9 @@ from kestrel.storage.fsync import group_commit
 
 
 class _Recorder:
-    """The loop timers set during the current test; one for the process, patched in once. It keeps the
-    loop's watcher alone: a watcher that ran or was stopped drops its callback, so nothing the
-    test made is kept alive by being recorded."""
+    """The loop timers set, and the greenlets spawned, by the engine during the current test; one
+    for the process, patched in once. It keeps the loop's watcher alone: a watcher that ran or was
+    stopped drops its callback, so nothing the test made is kept alive by being recorded."""
 
     def __init__(self) -> None:
         self.watchers: list[Any] = []
@@ -39,10 +40,27 @@ class _Recorder:
             return timer
 
         runtime.GeventRuntime.call_later = call_later  # type: ignore[method-assign, assignment]
+        # Each greenlet with whose work it is, named at once: holding the work itself would keep
+        # what it belongs to alive after it ran (a deleted queue whose freeing a test checks).
+        self.spawned: list[tuple[gevent.Greenlet[Any, Any], str]] = []
+        start = runtime.GeventRuntime.spawn
+
+        def spawned(self_: runtime.GeventRuntime, fn: Callable[[], None]) -> runtime.Task:
+            task = start(self_, fn)
+            if len(self.spawned) >= PRUNE_AT:
+                self.spawned = self.running()
+            self.spawned.append((task.greenlet, describe(fn)))  # type: ignore[attr-defined]
+            return task
+
+        runtime.GeventRuntime.spawn = spawned  # type: ignore[method-assign, assignment]
 
     def pending(self) -> list[Any]:
         """The timers recorded still armed: their `_LoopTimer`s."""
         return [w.callback.__self__ for w in self.watchers if w.active]
+
+    def running(self) -> list[tuple[gevent.Greenlet[Any, Any], str]]:
+        """The greenlets recorded not done yet (those not started yet included), with whose work."""
+        return [(greenlet, name) for greenlet, name in self.spawned if not greenlet.dead]
 
 
 PRUNE_AT = 4096  # recorded watchers past which those done are dropped (a test may set millions)
@@ -74,6 +92,7 @@ def no_hub_leftovers() -> Iterator[None]:
         _RECORDER = _Recorder()
     recorder = _RECORDER
     outer, recorder.watchers = recorder.watchers, []
+    recorder.spawned = []
     try:
         yield
     finally:
@@ -101,15 +120,24 @@ def background_work_left() -> bool:
 
 
 def let_background_work_finish(seconds: float = BACKGROUND_WAIT_S) -> None:
-    """After a test, let the work its last calls left off the loop finish (a closed Kestrel 3 queue's
-    deletion of the files its readers passed, a pack, a read-behind read, an fsync round), the loop
-    running meanwhile: run into the next test, that work adds calls to those it counts (the same file
-    names, the same clock) or holds the C threads its round expects free. About one test in a hundred
-    leaves some; it is the engine's own, finishing after a close, so it is waited for, not failed."""
+    """After a test, let the work its last calls left off the loop, or spawned on it and not run yet,
+    finish (a closed Kestrel 3 queue's deletion of the files its readers passed, a pack, a
+    read-behind read, an fsync round, a rotated journal's seal into the manifest, a log line): run
+    into the next test, that work adds calls to those it counts (the same file names, the same
+    clock), writes through the fakes it patched in, or holds the C threads its round expects free.
+    About one test in ten leaves some; it is the engine's own, finishing after a close or beside a
+    collection left to the process's end, so it is waited for, not failed. What is still running
+    at the deadline is killed, and named."""
     deadline = time.monotonic() + seconds
-    while background_work_left() and time.monotonic() < deadline:
+    running = _RECORDER.running() if _RECORDER is not None else []
+    while (background_work_left() or running) and time.monotonic() < deadline:
         gevent.sleep(0.001)
+        running = [(greenlet, name) for greenlet, name in running if not greenlet.dead]
     collect_abandoned_round()
+    if running:
+        gevent.killall([greenlet for greenlet, _ in running], timeout=1.0)
+        raise AssertionError(f"the test left work that did not end within {seconds:.0f} s: "
+                             + "; ".join(sorted({name for _, name in running})))
 
 
 def collect_abandoned_round() -> None:
