@@ -63,7 +63,7 @@ class _Recorder:
         return [(greenlet, name) for greenlet, name in self.spawned if not greenlet.dead]
 
 
-PRUNE_AT = 4096  # recorded watchers past which those done are dropped (a test may set millions)
+PRUNE_AT = 4096  # recorded watchers (or greenlets) past which those done are dropped (a test may set millions)
 _RECORDER: _Recorder | None = None
 
 
