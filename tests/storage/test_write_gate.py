@@ -51,9 +51,9 @@ class HeldWrites:
 
         def held(fn: Callable[..., Any], size: Callable[[Any], int]) -> Callable[..., Any]:
             def write(fd: int, data: Any) -> Any:
-                on_loop = threading.get_ident() == self.loop_thread
-                self.threads.append((on_loop, size(data)))
-                if not on_loop and size(data) >= len(LARGE):
+                on_loop, count = threading.get_ident() == self.loop_thread, size(data)
+                self.threads.append((on_loop, count))
+                if not on_loop and count >= len(LARGE):
                     self.started.set()
                     self.release.wait(60)
                     if self.error is not None:
