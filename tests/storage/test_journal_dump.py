@@ -1,0 +1,151 @@
+"""`kestrel journal dump --queue` on a directory a running server is changing: a reading that lost a
+file or saw the queue's files change is read again, so the dump shows one state the queue was in."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kestrel.storage.kestrel2 import codec
+from kestrel.storage.kestrel2 import replay as kestrel2_replay
+from kestrel.storage.kestrel3 import files as kestrel3_files
+from kestrel.storage.tools import dump
+
+T0 = 1_700_000_000_000
+WRITER = bytes([0x27, 0x64, 0x26, 0x03])
+
+
+@pytest.fixture(autouse=True)
+def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dump, "SETTLE_PAUSE_S", 0)
+
+
+def adds(*items: bytes) -> bytes:
+    return b"".join(codec.encode_addx(T0, 0, data) for data in items)
+
+
+def put6(item_id: int, data: bytes) -> bytes:
+    """A Kestrel 3 put record, field by field as the format document lays it out."""
+    return (bytes([8 << 4 | 6]) + len(data).to_bytes(4, "little") + bytes(4)
+            + item_id.to_bytes(8, "little") + T0.to_bytes(8, "little") + data)
+
+
+def dumped(path: Path, queue: str = "q") -> tuple[int, list[str], str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = dump.dump_queue(str(path), queue, out, err)
+    return status, [line.rsplit(":", 1)[1] for line in out.getvalue().splitlines()[:-1]], err.getvalue()
+
+
+def listing_then(monkeypatch: pytest.MonkeyPatch, change: Callable[[int], None]) -> list[int]:
+    """Make each Kestrel 2 replay list the files, then run `change(reading)` before reading them, as
+    a server rotating or packing between the two would; the readings made."""
+    readings: list[int] = []
+    real = kestrel2_replay.replay_files
+
+    def listed_then_changed(queue_path: str, queue: str) -> list[str]:
+        paths = real(queue_path, queue)
+        readings.append(len(readings) + 1)
+        change(len(readings))
+        return paths
+
+    monkeypatch.setattr(kestrel2_replay, "replay_files", listed_then_changed)
+    return readings
+
+
+def test_a_rotation_between_listing_and_reading_is_read_again(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "q").write_bytes(adds(b"one", b"two"))
+
+    def rotate(reading: int) -> None:
+        if reading == 1:  # the live journal becomes a rotated one; a new live journal takes the next put
+            os.rename(tmp_path / "q", tmp_path / f"q.{T0}")
+            (tmp_path / "q").write_bytes(adds(b"three"))
+
+    readings = listing_then(monkeypatch, rotate)
+    assert dumped(tmp_path) == (0, ["one", "two", "three"], "")
+    assert readings == [1, 2]
+
+
+def test_a_pack_that_deleted_a_listed_journal_is_read_again(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / f"q.{T0}").write_bytes(adds(b"one"))
+    (tmp_path / f"q.{T0 + 1}").write_bytes(adds(b"two"))
+    (tmp_path / "q").write_bytes(adds(b"three"))
+
+    def pack(reading: int) -> None:
+        if reading == 1:  # both rotated journals become one pack, and go
+            (tmp_path / f"q.{T0 + 1}.pack").write_bytes(adds(b"one", b"two"))
+            os.remove(tmp_path / f"q.{T0}")
+            os.remove(tmp_path / f"q.{T0 + 1}")
+
+    readings = listing_then(monkeypatch, pack)
+    assert dumped(tmp_path) == (0, ["one", "two", "three"], "")
+    assert readings == [1, 2]
+
+
+def test_files_that_never_hold_still_are_named_not_half_printed(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "q").write_bytes(adds(b"one"))
+
+    def rotate_every_time(reading: int) -> None:
+        os.rename(tmp_path / "q", tmp_path / f"q.{T0 + reading}")
+        (tmp_path / "q").write_bytes(b"")
+
+    readings = listing_then(monkeypatch, rotate_every_time)
+    status, lines, said = dumped(tmp_path)
+    assert (status, lines) == (1, [])
+    assert said == (f"{tmp_path}: the files of queue 'q' changed during each of {dump.READINGS} readings "
+                    "(a busy server rotating or packing them); try again\n")
+    assert len(readings) == dump.READINGS
+
+
+def kestrel3_readings(monkeypatch: pytest.MonkeyPatch, during_first: Callable[[], None]) -> list[int]:
+    """Run `during_first()` once the first reading of a Kestrel 3 queue's writer files is under way."""
+    readings: list[int] = []
+    real = kestrel3_files.pending_items
+
+    def pending_items(*args: Any) -> Iterator[Any]:
+        readings.append(len(readings) + 1)
+        try:
+            yield from real(*args)
+        finally:
+            if len(readings) == 1:
+                during_first()
+
+    monkeypatch.setattr(kestrel3_files, "pending_items", pending_items)
+    return readings
+
+
+def test_a_kestrel3_append_read_half_written_is_read_again(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    record = put6(2, b"two")
+    writer = tmp_path / "q.1"
+    writer.write_bytes(WRITER + put6(1, b"one") + record[:9])
+
+    def finish_the_append() -> None:
+        with open(writer, "ab") as f:
+            f.write(record[9:])
+
+    readings = kestrel3_readings(monkeypatch, finish_the_append)
+    assert dumped(tmp_path) == (0, ["one", "two"], "")
+    assert readings == [1, 2]
+
+
+def test_damage_in_files_that_held_still_is_reported_after_one_reading(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "q.1").write_bytes(WRITER + put6(1, b"one") + put6(2, b"two")[:9])
+    readings = kestrel3_readings(monkeypatch, lambda: None)
+    status, lines, said = dumped(tmp_path)
+    assert (status, lines) == (1, []) and said.startswith(f"{tmp_path / 'q.1'}: corrupt record at offset ")
+    assert readings == [1]
+
+
+def test_a_queue_with_no_journal_is_named_not_shown_empty(tmp_path: Path) -> None:
+    (tmp_path / "other").write_bytes(adds(b"one"))
+    assert dumped(tmp_path, "q") == (1, [], f"{tmp_path}: holds no journal of queue 'q'\n")
+    assert dumped(tmp_path, "other") == (0, ["one"], "")
