@@ -125,6 +125,9 @@ class App:
                 check_writable(status_file)
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()
+        # From here a stop is clean; taken before any listener can let a client in.
+        gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
+        gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
         GC_PAUSES.freeze_loaded()  # no full collection walks the loaded queues while clients wait
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
         if self.server.collection.governor is not None:
@@ -184,10 +187,12 @@ class App:
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""
-        # Handlers first: a signal that arrives while the listeners start must not kill the process
-        # with the default action once clients can already reach it.
-        gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
-        gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
+        # Until the queues are loaded SIGTERM and SIGINT end the process at once, their default
+        # action: nothing has been served yet, and a start-up killed at any point loses nothing
+        # (docs/durability.md), where the loop would see them only once a long replay had ended.
+        # Their handlers come in `start`, once the queues are loaded. A reload asked for meanwhile
+        # waits for the queues, where the default action would kill the process.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         gevent.signal_handler(signal.SIGHUP, self._reload)
         GC_PAUSES.install()
         try:
