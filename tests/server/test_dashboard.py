@@ -271,7 +271,7 @@ def test_the_admin_port_serves_the_page_and_json_counting_connections_by_protoco
     request = urllib.request.Request(admin + "/dashboard/overview.json", method="POST", data=b"")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request)
-    assert refused.value.code == 404  # read-only
+    assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, HEAD"  # read-only
 
 
 def test_a_queue_page_gives_its_settings_as_the_server_holds_them(server: ServerState) -> None:

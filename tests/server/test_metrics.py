@@ -280,6 +280,33 @@ def test_a_head_request_is_answered_with_headers_alone(server: ServerProcess) ->
         assert head.startswith(b"HTTP/1.1 200 ") and ping.startswith(b"HTTP/1.1 200 OK\r\n"), answers
 
 
+def test_a_head_says_the_length_a_get_would_and_other_methods_are_refused(server: ServerProcess) -> None:
+    """A HEAD's Content-Length is its GET's (it was 0 where the length came from the body sent);
+    a method the port does not take is 405 with the ones it does, wherever it is sent."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server.admin_port, timeout=10)
+    try:
+        for path in ("/", "/ping", "/nosuch", "/dashboard/queue.json?name=nosuch"):
+            connection.request("GET", path)
+            got = connection.getresponse()
+            body = got.read()
+            connection.request("HEAD", path)
+            head = connection.getresponse()
+            assert head.read() == b"" and head.status == got.status, path
+            assert head.getheader("Content-Length") == got.getheader("Content-Length") == str(len(body)), path
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            for path in ("/ping", "/", "/nosuch"):
+                connection.request(method, path, body=b"x")
+                refused = connection.getresponse()
+                assert (refused.status, refused.getheader("Allow")) == (405, "GET, HEAD"), (method, path)
+                assert refused.read() == b"the admin port answers GET and HEAD only\n"
+        connection.request("GET", "/ping")
+        assert connection.getresponse().read() == b"pong\n"  # the connection still serves
+    finally:
+        connection.close()
+
+
 def test_a_client_pipelining_admin_requests_does_not_hold_the_queue_ports(server: ServerProcess) -> None:
     """gevent's handler answers a connection's pipelined requests one after another; between two it
     now steps aside. Before, a memcache client waited for the whole stream (2.7 s for 3,000 /stats.json)."""

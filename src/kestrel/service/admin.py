@@ -109,6 +109,15 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
         return self._state.config.request_timeout / 1000.0
 
 
+def reply(start_response: Callable[..., Any], status: str, headers: list[tuple[str, str]],
+          body: bytes) -> list[bytes]:
+    """Every answer's headers say its length, so a HEAD's (its body left out) says the GET's."""
+    if not status.startswith("304 "):  # a 304 has no body, and its length would be the page's
+        headers = [*headers, ("Content-Length", str(len(body)))]
+    start_response(status, headers)
+    return [body]
+
+
 def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:
     """HTTP/1.1 on gevent's WSGI handler, accepted by the shared listener so that it stops with the rest."""
     ok = "200 OK"
@@ -130,21 +139,20 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         return [] if environ.get("REQUEST_METHOD") == "HEAD" else answer
 
     def respond(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return reply(start_response, "405 Method Not Allowed",
+                         [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")],
+                         b"the admin port answers GET and HEAD only\n")
         path = environ.get("PATH_INFO", "")
         route = routes.get(path)
-        reading = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
-        if route is None and reading:
-            page = dashboard.respond(path, environ.get("QUERY_STRING", ""), environ.get("HTTP_IF_NONE_MATCH"))
-            if page is not None:
-                status, headers, body = page
-                start_response(status, headers)
-                return [body]
-        if route is None or not reading:
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [f"not found: try /, {', '.join(routes)}\n".encode()]
-        status, content_type, body = route()
-        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-        return [body]
+        if route is not None:
+            status, content_type, body = route()
+            return reply(start_response, status, [("Content-Type", content_type)], body)
+        page = dashboard.respond(path, environ.get("QUERY_STRING", ""), environ.get("HTTP_IF_NONE_MATCH"))
+        if page is not None:
+            return reply(start_response, *page)
+        return reply(start_response, "404 Not Found", [("Content-Type", "text/plain")],
+                     f"not found: try /, {', '.join(routes)}\n".encode())
 
     wsgi = _AdminWSGIServer(server, listener, app, log=None, environ={"SERVER_NAME": listener[0]})
     return Listener("admin", listener, wsgi.handle, min(server.config.max_connections, ADMIN_CONNECTIONS),
