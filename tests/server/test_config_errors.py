@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from kestrel.service.config import (
 )
 from kestrel.storage.config import MAX_DURATION_MS
 from kestrel.storage.errors import ConfigError
+from tests.conftest import PACKAGE_ROOT
 
 
 def test_one_bad_key_is_a_plain_config_error_with_its_message() -> None:
@@ -178,3 +182,31 @@ def test_every_limit_is_refused_by_name_past_what_holds_it(key: str, at_most: An
         config(over)
     assert type(err.value) is ConfigError and err.value.key == key
     assert err.value.reason.startswith("at most "), err.value.reason
+
+
+def test_two_listeners_on_one_port_are_refused_before_the_start() -> None:
+    """Found by `--check`, where the start would have failed binding the second listener."""
+    with pytest.raises(ConfigError) as err:
+        from_mapping({"text_port": 2229})
+    assert str(err.value) == ("text_port: 2229 is thrift_port too: each listener needs a port of its own "
+                              "(0 turns one off)")
+    from_mapping({"text_port": 0, "admin_port": 0})  # two listeners off share nothing
+    with pytest.raises(ConfigError) as err:
+        with_overrides(ServerConfig(), memcache_port=2223)
+    assert str(err.value).startswith("admin_port: 2223 is --memcache-port too: ")
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--admin-port", "22133"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert checked.returncode == 2 and "--admin-port: 22133 is memcache_port too" in checked.stderr, checked
+
+
+def test_an_alias_must_write_somewhere_and_not_share_a_queue_s_name() -> None:
+    """An alias with no queues answered each put as stored and kept nothing; one named like a
+    configured queue left that queue's settings to a name no put reaches."""
+    with pytest.raises(ConfigErrors) as err:
+        from_mapping({"queues": {"jobs": {"max_items": 5}},
+                      "aliases": {"nowhere": {"destination_queues": []}, "jobs": {"destination_queues": ["a"]}}})
+    assert [str(e) for e in each_error(err.value)] == [
+        "aliases.nowhere.destination_queues: expected at least one queue: an alias with none would answer "
+        "each put as stored and keep nothing",
+        "aliases.jobs: 'jobs' is configured under queues too: a name is an alias or a queue, not both"]

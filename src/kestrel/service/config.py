@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,6 +312,9 @@ def _alias(key: str, settings: Any) -> list[str]:
     dests = settings.get("destination_queues")
     if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
         raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
+    if not dests:
+        raise ConfigError(f"{key}.destination_queues", "expected at least one queue: an alias with none "
+                          "would answer each put as stored and keep nothing")
     for dest in dests:
         _queue_name(f"{key}.destination_queues", dest, "queue")
     return list(dests)
@@ -372,11 +375,27 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
         else:
             known = ", ".join(sorted([*_PARSERS, "default_queue", "queues", "aliases"]))
             collect.errors.append(ConfigError(str(key), f"unknown setting (known: {known})"))
+    for name in sorted(set(values.get("aliases") or ()) & set(queues)):
+        collect.errors.append(ConfigError(f"aliases.{name}", f"{name!r} is configured under queues too: "
+                                          "a name is an alias or a queue, not both"))
     collect.raise_any()
     # every queue setting parsed once, here; then the settings that name other queues
     values["queues"] = QueueConfigs(default_queue, queues)
     check_error_queues(values["queues"], values.get("aliases") or {})
-    return ServerConfig(**values)
+    config = ServerConfig(**values)
+    _check_ports(config, lambda field: field)
+    return config
+
+
+def _check_ports(config: ServerConfig, name_of: Callable[[str], str]) -> None:
+    """Refuse two listeners on one port: the second could never bind, yet `--check` said ok."""
+    taken: dict[int, str] = {}
+    for key in (f.name for f in dataclasses.fields(config) if f.name.endswith("_port")):
+        port = getattr(config, key)
+        if port and port in taken:
+            raise ConfigError(name_of(key), f"{port} is {name_of(taken[port])} too: each listener "
+                              "needs a port of its own (0 turns one off)")
+        taken[port] = key
 
 
 def load(path: str | None) -> ServerConfig:
@@ -471,4 +490,6 @@ def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
     for key, value in given.items():
         collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
     collect.raise_any()
-    return dataclasses.replace(config, **given, overridden=tuple(given))
+    config = dataclasses.replace(config, **given, overridden=tuple(given))
+    _check_ports(config, lambda field: f"--{field.replace('_', '-')}" if field in given else field)
+    return config
