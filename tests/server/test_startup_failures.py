@@ -231,6 +231,10 @@ def test_serve_help_has_a_description_defaults_and_exit_codes() -> None:
 def test_config_example_writes_the_shipped_example(tmp_path: Path) -> None:
     shown = kestrel_command("config", "example")
     assert shown.returncode == 0 and shown.stdout == EXAMPLE.read_text()
+    dashed = subprocess.run([sys.executable, "-m", "kestrel", "config", "example", "-"], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert dashed.returncode == 0 and dashed.stdout == EXAMPLE.read_text()
+    assert not (tmp_path / "-").exists()  # the usual name of standard output, not a file called "-"
     target = tmp_path / "kestrel.yaml"
     assert kestrel_command("config", "example", str(target)).returncode == 0
     assert target.read_text() == EXAMPLE.read_text()

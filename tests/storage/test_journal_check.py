@@ -51,6 +51,14 @@ def test_a_clean_queue_path_is_ok(tmp_path: Path) -> None:
     assert every_file(tmp_path) == before
 
 
+def test_a_path_with_no_queues_says_so(tmp_path: Path) -> None:
+    """A mistyped path that exists passed with no word at all."""
+    assert run(tmp_path) == (0, f"{tmp_path}: no queue journals found\n")
+    (tmp_path / "q").write_bytes(b"")
+    code, out = run(tmp_path)
+    assert code == 0 and "no queue journals found" not in out
+
+
 def test_damage_is_reported_with_what_salvage_would_set_aside_and_salvage_does_just_that(tmp_path: Path) -> None:
     rotated_queue(tmp_path)
     rotated = sorted(p for p in tmp_path.iterdir() if p.name[2:].isdigit())

@@ -119,10 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     example = config_sub.add_parser(
         "example", help="write the example config file: every key, its default and what it does",
         description="Write the example config file (every key with its default and a comment; queue_path "
-                    "is the systemd unit's /var/spool/kestrel) to FILE, or to standard output. An "
-                    "existing FILE is left alone (exit 1).")
+                    "is the systemd unit's /var/spool/kestrel) to FILE, or to standard output (no FILE, "
+                    "or -). An existing FILE is left alone (exit 1).")
     example.add_argument("file", metavar="FILE", nargs="?",
-                         help="where to write it (default: standard output)")
+                         help="where to write it (default, or -: standard output)")
     journal = sub.add_parser("journal", help="offline tools for journal files")
     journal_sub = journal.add_subparsers(dest="journal_command", required=True)
     journal_dump.add_arguments(journal_sub.add_parser(
@@ -163,9 +163,10 @@ def read_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def write_example(path: str | None) -> int:
-    """The example config to `path` (a new file; its directory made if missing) or to stdout."""
+    """The example config to `path` (a new file; its directory made if missing) or to stdout (no
+    path, or `-`)."""
     text = EXAMPLE.read_text(encoding="utf-8")
-    if path is None:
+    if path is None or path == "-":
         sys.stdout.write(text)
         return 0
     try:

@@ -144,6 +144,8 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
             damaged += 1
         out.write(f"{queue_path}: the queues below are judged as their journals stand before recovery\n")
     on_disk = queues_on_disk(queue_path)
+    if not on_disk and not queues:  # say so: a mistyped path would otherwise pass in silence
+        out.write(f"{queue_path}: no queue journals found\n")
     for name in queues:
         if name not in on_disk:
             out.write(f"{name}: no such queue in {queue_path}\n")
