@@ -150,3 +150,28 @@ def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
     assert alive == [], "a deleted queue is still referred to"
     assert left == [], "a deleted queue's objects were freed only by the garbage collector"
     coll.close()
+
+
+@pytest.mark.parametrize("fmt, setting, before, after", [("kestrel2", "keep_journal", False, True),
+                                                         ("kestrel3", "fanout_only", False, True)])
+def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: Path, fmt: str, setting: str,
+                                                                     before: bool, after: bool) -> None:
+    """A queue keeps what it took at its creation (a journal, or none): a reload that changes it
+    says so, where it was silent and an operator turning a journal on went on losing items at a crash."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"q": {setting: before}})
+    coll.put("q", [b"x"])
+    coll.put("other", [b"y"])
+    with capture_logs() as logs:
+        coll.reload(QueueConfigs({"journal_format": fmt}, {"q": {setting: after}, "other": {"max_items": 5}}), {})
+    assert getattr(coll.queue("q").config, setting) is before
+    assert coll.queue("other").config.max_items == 5  # the rest of the reload applied
+    kept = [e for e in logs if e["event"].startswith("reload ignored")]
+    assert [e["queues"] for e in kept] == [{"q": [setting]}] and kept[0]["log_level"] == "warning"
+    coll.close()
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"q": {setting: after}})
+    assert getattr(coll.queue("q").config, setting) is after  # a restart applies it
+    coll.close()

@@ -509,13 +509,20 @@ class QueueCollection:
                 raise formats.format_refusal(self.path, name, on_disk, configured)
         self.configs = configs
         self.aliases = Aliases.of(aliases)
+        kept: dict[str, list[str]] = {}
         for name, q in list(self._queues.items()):
-            q.reconfigure(self.config_for(name))
+            config = self.config_for(name)
+            if ignored := q.reload_ignores(config):
+                kept[name] = ignored
+            q.reconfigure(config)
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
             q.age_held_items()
             q.watch_expiry(self._watch_expiry)  # and its ages
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
+        if kept:
+            log.warning("reload ignored changed queue settings that a queue keeps from its creation; a "
+                        "restart applies them", queues=kept)
 
     def end_waits(self) -> None:
         """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""

@@ -23,7 +23,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from operator import attrgetter
 from typing import ClassVar, Final, Protocol
@@ -140,6 +140,8 @@ class PersistentQueue(ABC):
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
     _placeholder_expiry: ClassVar[int] = -1
+    # Settings a queue takes at its creation and keeps through reloads: a restart applies a change.
+    fixed_settings: ClassVar[tuple[str, ...]] = ()
 
     # What every put and get reads, declared ahead of the rest so that the compiled build lays these
     # fields out together, in the object's first three cache lines (the flags side by side): with
@@ -1121,7 +1123,15 @@ class PersistentQueue(ABC):
 
     @abstractmethod
     def reconfigure(self, config: QueueConfig) -> None:
-        """New settings from a reload (those fixed at creation stay)."""
+        """New settings from a reload (those fixed at creation stay: `keeping_fixed`)."""
+
+    def reload_ignores(self, config: QueueConfig) -> list[str]:
+        """The settings whose change in `config` a reload leaves until a restart."""
+        return [key for key in self.fixed_settings if getattr(config, key) != getattr(self.config, key)]
+
+    def keeping_fixed(self, config: QueueConfig) -> QueueConfig:
+        """`config` with the settings fixed at this queue's creation as they are."""
+        return replace(config, **{key: getattr(self.config, key) for key in self.fixed_settings})
 
     @abstractmethod
     def destroy(self) -> list[str]:

@@ -21,7 +21,6 @@ import os
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import ClassVar, Final
 
 import structlog
@@ -73,6 +72,7 @@ class Kestrel2Queue(PersistentQueue):
 
     _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
     journal_format: ClassVar[int] = 2
+    fixed_settings: ClassVar[tuple[str, ...]] = ("keep_journal",)
 
     # What every change reads, laid out together after the fields of `PersistentQueue` (as its own
     # are, for the same reason).
@@ -452,7 +452,7 @@ class Kestrel2Queue(PersistentQueue):
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
-        self.config = replace(config, keep_journal=self.config.keep_journal)
+        self.config = self.keeping_fixed(config)
         self._memory_ceiling_changed()
         self._journal.set_sync(config.sync_journal, _rotate_at(config))
 

@@ -23,7 +23,6 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from operator import attrgetter
 from typing import ClassVar
 
@@ -63,6 +62,7 @@ class Kestrel3Queue(PersistentQueue):
 
     shares_writes: ClassVar[bool] = True
     journal_format: ClassVar[int] = 3
+    fixed_settings: ClassVar[tuple[str, ...]] = ("fanout_only",)
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
@@ -447,7 +447,7 @@ class Kestrel3Queue(PersistentQueue):
 
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (whether a parent is fanout-only is fixed at creation)."""
-        self.config = replace(config, fanout_only=self.config.fanout_only)
+        self.config = self.keeping_fixed(config)
         self._memory_ceiling_changed()
         if self._journal is not None and not self.reader:
             self._journal.writer.reconfigure(config.default_journal_size, config.sync_journal)
