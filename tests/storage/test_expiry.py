@@ -293,3 +293,22 @@ def test_a_lower_max_age_ages_the_items_already_queued(tmp_path: Path, journal_f
     coll = make(tmp_path / "restart", journal_format, clock, {"q": {"max_memory_size": "4", "max_age": "10s"}})
     assert coll.sweep() == 8 and coll.queue("q").length == 0
     coll.close()
+
+
+@pytest.mark.parametrize("queues, default", [({"jobs": {"expire_to_queue": "both"}}, None),
+                                             (None, {"expire_to_queue": "both"})])
+def test_an_expire_to_queue_that_is_an_alias_is_refused_at_load_and_reload(tmp_path: Path, queues: Any,
+                                                                          default: Any) -> None:
+    """The items went to a queue made under the alias's name, which no read of the alias reaches."""
+    from kestrel.storage.errors import ConfigError
+
+    where = "queues.jobs" if queues else "default_queue"
+    with pytest.raises(ConfigError) as raised:
+        QueueCollection(str(tmp_path), QueueConfigs(default, queues), {"both": ["a", "b"]})
+    assert str(raised.value) == f"{where}.expire_to_queue: 'both' is an alias; expired items need a queue"
+    coll = opened(QueueCollection(str(tmp_path), QueueConfigs(default, queues), {}))
+    coll.load()
+    with pytest.raises(ConfigError):
+        coll.reload(QueueConfigs(default, queues), {"both": ["a", "b"]})
+    assert not coll.aliases  # nothing of the refused reload applied
+    coll.close()

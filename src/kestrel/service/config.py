@@ -21,6 +21,7 @@ from kestrel.storage import layout
 from kestrel.storage.config import (
     QueueConfig,
     QueueConfigs,
+    check_queue_targets,
     parse_bool,
     parse_count,
     parse_duration_ms,
@@ -29,7 +30,6 @@ from kestrel.storage.config import (
 )
 from kestrel.storage.errors import ConfigError, InvalidQueueName
 from kestrel.storage.filenames import check_queue_name
-from kestrel.storage.poison import check_error_queues
 
 # The example configuration, every key with a comment, shipped in the package (`kestrel config example`).
 EXAMPLE = Path(__file__).with_name("kestrel.yaml")
@@ -381,7 +381,7 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
     collect.raise_any()
     # every queue setting parsed once, here; then the settings that name other queues
     values["queues"] = QueueConfigs(default_queue, queues)
-    check_error_queues(values["queues"], values.get("aliases") or {})
+    check_queue_targets(values["queues"], values.get("aliases") or {})
     config = ServerConfig(**values)
     _check_ports(config, lambda field: field)
     return config

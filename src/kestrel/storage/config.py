@@ -261,6 +261,42 @@ class QueueConfigs:
         return cfg
 
 
+# The settings naming the queue that items leave to: what leaves, the setting that turns the move off
+# at 0 (None: always on), and whether the queue itself may be named (an `expire_to_queue` naming its
+# own queue drops its expired items, as Kestrel's did; an error queue of its own would keep poison).
+QUEUE_TARGETS = (("error_queue", "poison items", "max_errors", False),
+                 ("expire_to_queue", "expired items", None, True))
+
+
+def check_queue_targets(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """Refuse an `error_queue` or `expire_to_queue` that is an alias, or an `error_queue` that is the
+    queue itself: the items would go to a queue made under the alias's name, which no read reaches,
+    or go round for good.
+
+    Checked for every configured queue and for each target (which inherits `default_queue`'s
+    settings too). Raises ConfigError naming the setting.
+    """
+    configured = set(configs.configured_names())
+    for setting, leaving, switch, itself in QUEUE_TARGETS:
+        targets = [getattr(configs.for_queue(q), setting) for q in configured]
+        names = configured | {t for t in [getattr(configs.default, setting), *targets] if t}
+        for name in sorted(names):
+            config = configs.for_queue(name)
+            target = getattr(config, setting)
+            if target is None or (switch is not None and not getattr(config, switch)):
+                continue
+            key = f"queues.{name}.{setting}" if name in configured else f"default_queue.{setting}"
+            try:
+                check_queue_name(target)
+            except InvalidQueueName as e:
+                raise ConfigError(key, str(e)) from None
+            if target in aliases:
+                raise ConfigError(key, f"{target!r} is an alias; {leaving} need a queue")
+            if target == name and not itself:
+                raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
+                                       f"queues.{name}.max_errors: 0 or another error_queue)")
+
+
 _UNITS: dict[Callable[[str, Any], Any], str] = {
     parse_size: "bytes", parse_optional_duration_ms: "ms", parse_sync: "sync", parse_count: "count",
     parse_bool: "flag",

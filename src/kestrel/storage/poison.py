@@ -5,19 +5,18 @@ The queue hands the item over before it closes the read (`hand_over`), so a fail
 loses nothing: when the error queue refuses it (full, the item over its `max_item_size`, its journal
 unwritable) the abort puts it back at the head instead, and the next abort tries again. The
 collection routes it (`route`), and refuses at load and reload an `error_queue` that cannot take
-items (`check_error_queues`).
+items (`check_queue_targets`, src/kestrel/storage/config.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import structlog
 
-from kestrel.storage.config import QueueConfig, QueueConfigs
+from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import ConfigError, ErrorQueueRefused, InvalidQueueName, KestrelError
-from kestrel.storage.filenames import check_queue_name
+from kestrel.storage.errors import ErrorQueueRefused, KestrelError
 from kestrel.storage.item import QItem
 from kestrel.storage.runtime import Runtime
 
@@ -65,29 +64,3 @@ def route(put: Put, runtime: Runtime, source: str, error_queue: str | None, item
                                 f"({len(item.data)} bytes): full, or the item is over max_item_size")
     log_later(runtime, log.info, "poison item moved", queue=source, error_queue=error_queue,
               errors=item.errors)
-
-
-def check_error_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-    """Refuse an `error_queue` that is an alias, not a queue name, or the queue itself.
-
-    Checked for every configured queue and for each error queue (which inherits `default_queue`'s
-    settings too). Raises ConfigError naming the setting.
-    """
-    configured = set(configs.configured_names())
-    targets = [configs.default.error_queue] + [configs.for_queue(q).error_queue for q in configured]
-    names = configured | {t for t in targets if t}
-    for name in sorted(names):
-        config = configs.for_queue(name)
-        target = config.error_queue
-        if not config.max_errors or target is None:
-            continue
-        key = f"queues.{name}.error_queue" if name in configured else "default_queue.error_queue"
-        try:
-            check_queue_name(target)
-        except InvalidQueueName as e:
-            raise ConfigError(key, str(e)) from None
-        if target in aliases:
-            raise ConfigError(key, f"{target!r} is an alias; poison items need a queue")
-        if target == name:
-            raise ConfigError(key, f"queue {name!r} cannot be its own error queue (set "
-                                   f"queues.{name}.max_errors: 0 or another error_queue)")
