@@ -21,7 +21,7 @@ import gevent
 import structlog
 
 from kestrel.build import build_name
-from kestrel.service import metrics
+from kestrel.service import metrics, service_manager
 from kestrel.service.config import ServerConfig
 from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener
@@ -123,6 +123,7 @@ class App:
         if status_file is not None:
             with startup_step("status file", status_file, EXIT_QUEUE_PATH):
                 check_writable(status_file)
+        service_manager.notify("STATUS=loading the queues")
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()
         # From here a stop is clean; taken before any listener can let a client in.
@@ -156,10 +157,11 @@ class App:
             log.warning("listening beyond this machine: nothing authenticates clients, so any host that "
                         "reaches these ports may read, write, flush or shut down; keep them on a private "
                         "network or behind a firewall", listen_address=cfg.listen_address)
+        queues = len(self.server.collection.queue_names())
         log.info("kestrel started", version=self.server.version, build=build_name(),
                  queue_path=os.path.abspath(cfg.queue_path), listen_address=cfg.listen_address,
-                 status=self.server.status.current.label,
-                 queues=len(self.server.collection.queue_names()), open_files=fds, **ports, **fsync_cpu)
+                 status=self.server.status.current.label, queues=queues, open_files=fds, **ports, **fsync_cpu)
+        service_manager.notify("READY=1", f"STATUS=serving; queues: {queues}")
 
     def stop(self) -> None:
         """Leave the server sets first, so clients stop sending here; then stop accepting at once; let
@@ -168,6 +170,7 @@ class App:
         close the queues (journals flushed and fsynced)."""
         started = time.monotonic()
         log.info("kestrel shutting down", connections=sum(len(lst.connections) for lst in self.listeners))
+        service_manager.notify("STOPPING=1", "STATUS=stopping")
         if self.membership is not None:
             self.membership.stop()
         for listener in self.listeners:
