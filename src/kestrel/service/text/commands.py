@@ -10,6 +10,7 @@ has one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 class TextError(Exception):
@@ -21,16 +22,25 @@ class TextError(Exception):
         self.opens_block = opens_block
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)
 class TextCommand:
-    """One parsed request."""
+    """One parsed request (made for each: its own `__init__`, docs/architecture.md)."""
 
-    name: str
-    queue: str = ""
-    timeout_ms: int = 0  # get/peek: how long to wait; monitor: how long to watch
-    expiry_ms: int | None = None  # put: relative expiry of every item of the block
-    count: int | None = None  # confirm: how many; monitor: at most how many items
-    status: str | None = None  # status: the new status
+    name: Final[str]
+    queue: Final[str]
+    timeout_ms: Final[int]  # get/peek: how long to wait; monitor: how long to watch
+    expiry_ms: Final[int | None]  # put: relative expiry of every item of the block
+    count: Final[int | None]  # confirm: how many; monitor: at most how many items
+    status: Final[str | None]  # status: the new status
+
+    def __init__(self, name: str, queue: str = "", timeout_ms: int = 0, expiry_ms: int | None = None,
+                 count: int | None = None, status: str | None = None) -> None:
+        self.name = name
+        self.queue = queue
+        self.timeout_ms = timeout_ms
+        self.expiry_ms = expiry_ms
+        self.count = count
+        self.status = status
 
 
 QUEUE_REQUIRED = "Queue name required."

@@ -16,28 +16,31 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.torn_tail import Chains, any_of
 
-WRITER_MAGIC = bytes.fromhex("27642603")
-READER_MAGIC = bytes.fromhex("263C2603")
-MAGIC_SIZE = 4
+# `Final` throughout: the compiled build reads a final name directly, any other module-level name by
+# a lookup in the module's dictionary, several for every record read.
+WRITER_MAGIC: Final = bytes.fromhex("27642603")
+READER_MAGIC: Final = bytes.fromhex("263C2603")
+MAGIC_SIZE: Final = 4
 
-READ_HEAD = 0
-PUT = 8
-READ_DONE = 9
+READ_HEAD: Final = 0
+PUT: Final = 8
+READ_DONE: Final = 9
 
-COMMAND_NAMES = {READ_HEAD: "READ_HEAD", PUT: "PUT", READ_DONE: "READ_DONE"}
+COMMAND_NAMES: Final = {READ_HEAD: "READ_HEAD", PUT: "PUT", READ_DONE: "READ_DONE"}
 
 # Data sizes are i32 and ids u64 (non-zero for items).
-MAX_DATA = 2**31 - 1
-MAX_ID = 2**64 - 1
+MAX_DATA: Final = 2**31 - 1
+MAX_ID: Final = 2**64 - 1
 
-_I32 = struct.Struct("<i")
-_U64 = struct.Struct("<Q")
-_PUT_HEAD = struct.Struct("<iiQq")  # data size, error count, id, add time
-_I64 = struct.Struct("<q")
+_I32: Final = struct.Struct("<i")
+_U64: Final = struct.Struct("<Q")
+_PUT_HEAD: Final = struct.Struct("<iiQq")  # data size, error count, id, add time
+_I64: Final = struct.Struct("<q")
 
 
 class FileKind(Enum):
@@ -59,36 +62,58 @@ def kind_of(header: bytes) -> FileKind | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+# A record is made for every item put, read back or loaded: each class has its own `__init__` and
+# `Final` fields, not `frozen=True` (docs/architecture.md, "The compiled build").
+@dataclass(init=False, slots=True)
 class Put:
     """An item added to the queue (writer files only). Times are ms since the epoch."""
 
-    id: int
-    error_count: int
-    add_time: int
-    expire_time: int | None
-    data: bytes
+    id: Final[int]
+    error_count: Final[int]
+    add_time: Final[int]
+    expire_time: Final[int | None]
+    data: Final[bytes]
+
+    def __init__(self, id: int, error_count: int, add_time: int, expire_time: int | None,
+                 data: bytes) -> None:
+        self.id = id
+        self.error_count = error_count
+        self.add_time = add_time
+        self.expire_time = expire_time
+        self.data = data
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)
 class ReadHead:
     """A reader's head: the id of the last item it consumed (0 = nothing consumed yet)."""
 
-    id: int
+    id: Final[int]
+
+    def __init__(self, id: int) -> None:
+        self.id = id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)
 class ReadDone:
     """Ids above the head that the reader confirmed out of order."""
 
-    ids: tuple[int, ...]
+    ids: Final[tuple[int, ...]]
+
+    def __init__(self, ids: tuple[int, ...]) -> None:
+        self.ids = ids
 
 
 Record = Put | ReadHead | ReadDone
 
 # The commands each kind of file may hold, and the header words each command takes.
-ALLOWED = {FileKind.WRITER: (PUT,), FileKind.READER: (READ_HEAD, READ_DONE)}
-_HEADER_WORDS = {PUT: (6, 8), READ_HEAD: (2,), READ_DONE: (1,)}
+_WRITER_COMMANDS: Final = (PUT,)
+_READER_COMMANDS: Final = (READ_HEAD, READ_DONE)
+_HEADER_WORDS: Final = {PUT: (6, 8), READ_HEAD: (2,), READ_DONE: (1,)}
+
+
+def allowed_commands(kind: FileKind) -> tuple[int, ...]:
+    """The commands a file of `kind` may hold (told by identity: an Enum's hash runs interpreted)."""
+    return _WRITER_COMMANDS if kind is FileKind.WRITER else _READER_COMMANDS
 
 
 def command_byte(command: int, header_words: int) -> int:
@@ -142,7 +167,7 @@ def record_length(buf: bytes | memoryview, pos: int, kind: FileKind) -> int:
     if command not in COMMAND_NAMES:
         raise Malformed(byte, f"unknown command {command} (command byte 0x{byte:02x})")
     name = COMMAND_NAMES[command]
-    if command not in ALLOWED[kind]:
+    if command not in allowed_commands(kind):
         raise Malformed(byte, f"{name} (command byte 0x{byte:02x}) does not belong in a {kind.title}")
     if words not in _HEADER_WORDS[command]:
         expected = " or ".join(str(n) for n in _HEADER_WORDS[command])
@@ -167,10 +192,19 @@ def decode(buf: bytes | memoryview, pos: int, kind: FileKind) -> tuple[Record, i
 
     Raises Incomplete when `buf` ends inside the record, Malformed when the bytes cannot be one.
     """
-    stop = _whole_record(buf, pos, kind)
+    return decode_measured(buf, pos, _whole_record(buf, pos, kind))
+
+
+def decode_measured(buf: bytes | memoryview, pos: int, stop: int) -> tuple[Record, int]:
+    """`decode` of a record already measured by `record_length` and whole in `buf` up to `stop`.
+
+    Raises Malformed for an id 0 or a negative error count.
+    """
     command = buf[pos] >> 4
     if command == PUT:
-        return Put(*put_fields(buf, pos), bytes(buf[pos + _head_length(buf[pos]):stop])), stop
+        item_id, errors, add_time, expire_time = put_fields(buf, pos)
+        data = bytes(buf[pos + _head_length(buf[pos]):stop])
+        return Put(item_id, errors, add_time, expire_time, data), stop
     if command == READ_HEAD:
         return ReadHead(_U64.unpack_from(buf, pos + 1)[0]), stop
     return ReadDone(_done_ids(buf, pos, stop)), stop
@@ -241,7 +275,7 @@ class TailRecords:
 
     def __init__(self, kind: FileKind) -> None:
         self.kind = kind
-        self._starts = any_of(bytes(command_byte(command, words) for command in ALLOWED[kind]
+        self._starts = any_of(bytes(command_byte(command, words) for command in allowed_commands(kind)
                                     for words in _HEADER_WORDS[command]))
         # A checkpoint's ids are small numbers whose bytes often read as a READ_HEAD: there, two
         # whole records are asked for even at the end.

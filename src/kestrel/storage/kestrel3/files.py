@@ -150,7 +150,7 @@ class RecordReader(journal_file.BufferedFile):
                     left = self.size - self.offset
                     self.torn = f"record of {length} bytes runs past the end of the file ({left} bytes left)"
                     return None
-                record, stop = k3.decode(self._buf, self._pos, self.kind)
+                record, stop = k3.decode_measured(self._buf, self._pos, self._pos + length)
             except Malformed as e:
                 if self._zeros_to_end():
                     self.torn = f"{self.size - self.offset} bytes of zeros"
@@ -172,7 +172,8 @@ class RecordReader(journal_file.BufferedFile):
             self.torn = f"{self.size - at} bytes could not be read (the file shrank)"
             return None
         self._buf, self._buf_start, self._pos = b"", at + length, 0
-        return at, k3.Put(*fields, data)
+        item_id, errors, add_time, expire_time = fields
+        return at, k3.Put(item_id, errors, add_time, expire_time, data)
 
     def __iter__(self) -> Iterator[tuple[int, k3.Record]]:
         while (entry := self.next()) is not None:
