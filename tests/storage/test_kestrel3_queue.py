@@ -373,3 +373,49 @@ def test_a_queue_converted_to_kestrel3_is_served_by_its_readers_and_back(tmp_pat
     back = QueueCollection(str(tmp_path))
     back.load()
     assert drain(back, "q") == [b"after"] and drain(back, "q+c") == [b"after"]
+
+
+def filled_in_sealed_files(path: Path) -> tuple[list[bytes], list[tuple[int, str]]]:
+    """A Kestrel 3 queue closed with its items in several writer files, all but the newest sealed."""
+    from kestrel.storage.kestrel3 import files
+
+    coll = collection(path, q={"default_journal_size": 1024})
+    items = [b"%04d" % n * 8 for n in range(400)]
+    for n in range(0, len(items), 10):
+        coll.put("q", items[n:n + 10])
+    coll.close()
+    writers = files.list_queue_files(str(path), "q").writers
+    assert len(writers) > 5
+    return items, writers
+
+
+@pytest.mark.pure_build
+def test_a_start_reads_only_the_writer_files_the_manifest_has_not_verified_for_their_ids(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sealed file whose checksum the manifest verified keeps the ids it was sealed with: start-up
+    takes them from there rather than reading the file once for them and again for its items."""
+    from kestrel.storage.kestrel3 import files
+
+    items, writers = filled_in_sealed_files(tmp_path)
+    scanned: list[str] = []
+    real = files.scan_writer_file
+
+    def scan(number: int, path: str, *args: Any) -> files.WriterFile:
+        scanned.append(os.path.basename(path))
+        return real(number, path, *args)
+
+    monkeypatch.setattr(files, "scan_writer_file", scan)
+    coll = collection(tmp_path, q={"default_journal_size": 1024})
+    assert scanned == [os.path.basename(writers[-1][1])]  # the newest, still written to: unsealed
+    assert drain(coll, "q") == items
+    coll.close()
+
+
+def test_a_sealed_writer_file_changed_since_is_refused_not_taken_on_its_manifest_ids(tmp_path: Path) -> None:
+    _, writers = filled_in_sealed_files(tmp_path)
+    with open(writers[1][1], "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"?")
+    coll = collection(tmp_path, q={"default_journal_size": 1024})
+    assert "q" in coll.refused and "manifest" in str(coll.refused["q"])
+    coll.close()

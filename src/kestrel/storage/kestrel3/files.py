@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import takewhile
@@ -379,7 +379,9 @@ class WriterJournal:
     """Appends PUT records to `<queue>.<number>`, starting a new file once one passes `max_file_size`.
 
     Opening scans every writer file for its id range (ids must increase from file to file) and cuts a
-    torn record off the newest one. `sync_ms` is the sync policy of `files.JournalWriter`.
+    torn record off the newest one; a file in `verified` (by name: the ids of a sealed file whose
+    bytes the manifest's checksum found as they were sealed) is not read again for them.
+    `sync_ms` is the sync policy of `files.JournalWriter`.
     New ids follow the newest file's, and `after_id` too: the files of consumed ids are deleted, so
     the readers' checkpoints may be all that remembers how far ids went. `writers`: the writer files,
     when the caller knows them (a new queue has none), instead of listing the queue path.
@@ -389,7 +391,8 @@ class WriterJournal:
     def __init__(self, queue_path: str, queue: str, max_file_size: int, sync_ms: int | None = None,
                  clock: Clock = SYSTEM_CLOCK, after_id: int = 0, runtime: Runtime = DEFAULT_RUNTIME,
                  writers: list[tuple[int, str]] | None = None,
-                 file_log: Callable[[int], AppendLog] | None = None, gate: WriteGate | None = None) -> None:
+                 file_log: Callable[[int], AppendLog] | None = None, gate: WriteGate | None = None,
+                 verified: Mapping[str, tuple[int, int]] | None = None) -> None:
         check_name_part("queue", queue)
         self.queue_path = queue_path
         self.queue = queue
@@ -410,7 +413,11 @@ class WriterJournal:
             self._rewrite_header(found[-1][1])
         last_id = 0
         for i, (number, path) in enumerate(found):
-            info = scan_writer_file(number, path, last_id, i == len(found) - 1, clock.now_ms())
+            ids = verified.get(os.path.basename(path)) if verified and i < len(found) - 1 else None
+            if ids is not None and ids[0] > last_id:  # else read: an empty file, or ids out of order
+                info = WriterFile(number, path, *ids)
+            else:
+                info = scan_writer_file(number, path, last_id, i == len(found) - 1, clock.now_ms())
             last_id = info.last_id or last_id
             self.files.append(info)
         self.tail_id = max(last_id, after_id)

@@ -267,9 +267,13 @@ class Kestrel3Journal(Generic[R]):
                         manifest=manifest.path_of(self.queue_path, name))
         gone: list[tuple[str, manifest.Entry]] = []  # listed writer files missing: consumed, or lost
         fresh: set[str] = set()  # readers whose checkpoint was set aside: they start again at id 0
+        # The id ranges of the sealed writer files the manifest's checksums found as they were sealed.
+        self._verified: dict[str, tuple[int, int]] = {}
         if record is not None:
             gone, fresh = self._check.files(record, on_disk)
             on_disk = list_queue_files(self.queue_path, name)
+            self._verified = {n: (e.first_id, e.last_id) for n, e in record.files.items() if e.sealed
+                              and n in self._check.matched and writer_file_number(name, n) is not None}
         # Whether its files log their appends is fixed here, at the queue's creation.
         self.commit_log = owner.commit_log if config.sync_journal is not None else None
         self.gate = WriteGate(owner.runtime)  # every reader's: they wait while a large put is written
@@ -322,7 +326,8 @@ class Kestrel3Journal(Generic[R]):
             try:
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
-                                     writers=[] if new else None, file_log=logs, gate=self.gate)
+                                     writers=[] if new else None, file_log=logs, gate=self.gate,
+                                     verified=self._verified)
             except CorruptJournalError as e:
                 if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
