@@ -414,7 +414,7 @@ class WriterJournal:
         last_id = 0
         for i, (number, path) in enumerate(found):
             ids = verified.get(os.path.basename(path)) if verified and i < len(found) - 1 else None
-            if ids is not None and ids[0] > last_id:  # else read: an empty file, or ids out of order
+            if ids is not None and last_id < ids[0] <= ids[1]:  # else read: no ids listed, or out of order
                 info = WriterFile(number, path, *ids)
             else:
                 info = scan_writer_file(number, path, last_id, i == len(found) - 1, clock.now_ms())
