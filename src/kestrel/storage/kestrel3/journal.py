@@ -268,16 +268,16 @@ class Kestrel3Journal(Generic[R]):
         gone: list[tuple[str, manifest.Entry]] = []  # listed writer files missing: consumed, or lost
         fresh: set[str] = set()  # readers whose checkpoint was set aside: they start again at id 0
         # The id ranges of the sealed writer files the manifest's checksums found as they were sealed.
-        self._verified: dict[str, tuple[int, int]] = {}
+        verified: dict[str, tuple[int, int]] = {}
         if record is not None:
             gone, fresh = self._check.files(record, on_disk)
             on_disk = list_queue_files(self.queue_path, name)
-            self._verified = {n: (e.first_id, e.last_id) for n, e in record.files.items() if e.sealed
-                              and n in self._check.matched and writer_file_number(name, n) is not None}
+            verified = {n: (e.first_id, e.last_id) for n, e in record.files.items() if e.sealed
+                        and n in self._check.matched and writer_file_number(name, n) is not None}
         # Whether its files log their appends is fixed here, at the queue's creation.
         self.commit_log = owner.commit_log if config.sync_journal is not None else None
         self.gate = WriteGate(owner.runtime)  # every reader's: they wait while a large put is written
-        self.writer = self._open_writer(config, new, owner.runtime)
+        self.writer = self._open_writer(config, new, owner.runtime, verified)
         # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
         # newest writer file holds no item).
         high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
@@ -317,9 +317,11 @@ class Kestrel3Journal(Generic[R]):
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
 
-    def _open_writer(self, config: QueueConfig, new: bool, runtime: Runtime) -> WriterJournal:
-        """The writer journal, its files scanned. A damaged record refuses the queue naming what
-        salvage would cut; with salvage the file is cut there (a copy kept) and scanned again."""
+    def _open_writer(self, config: QueueConfig, new: bool, runtime: Runtime,
+                     verified: dict[str, tuple[int, int]]) -> WriterJournal:
+        """The writer journal, its files scanned but those `verified` (WriterJournal). A damaged record
+        refuses the queue naming what salvage would cut; with salvage the file is cut there (a copy
+        kept) and scanned again."""
         done: set[tuple[str, int]] = set()
         logs = None if self.commit_log is None else partial(FileLog, self.commit_log, WRITER, self.name)
         while True:
@@ -327,7 +329,7 @@ class Kestrel3Journal(Generic[R]):
                 return WriterJournal(self.queue_path, self.name, config.default_journal_size,
                                      config.sync_journal, runtime.clock, runtime=runtime,
                                      writers=[] if new else None, file_log=logs, gate=self.gate,
-                                     verified=self._verified)
+                                     verified=verified)
             except CorruptJournalError as e:
                 if not self.salvage or (e.path, e.offset) in done:  # cut already: it did not go away
                     raise damage.refuse_record(e, k3.MAGIC_SIZE) from None
