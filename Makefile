@@ -100,7 +100,7 @@ SANITIZE_TESTS := tests/thrift/test_thrift_binary.py tests/memcache/test_memcach
 	tests/storage/test_item.py tests/storage/test_manifest.py tests/storage/test_decode_common.py \
 	tests/storage/test_replay_fast_path.py tests/storage/test_batch_paths.py tests/storage/test_group_commit.py \
 	tests/storage/test_commit_log.py tests/server/test_socket_io.py tests/server/test_item_copies.py \
-	tests/storage/test_disk_write.py tests/storage/test_clock.py
+	tests/storage/test_disk_write.py tests/storage/test_clock.py tests/storage/test_kestrel3_decode_puts.py
 # Then the compiled build (mypyc's request path and the helpers) under AddressSanitizer, from a
 # wheel built in build/sanitize-compiled, with the storage and session tests: Python's own allocator
 # off (PYTHONMALLOC=malloc), so that an object freed while compiled code still uses it is freed

@@ -11,7 +11,8 @@
   Python threads (src/kestrel/storage/fsync/group_commit.py), items are
   `kestrel.storage.item.QItemPython`, CRC32C is `kestrel.storage.crc32c.crc32c_python`, a commit log
   record is encoded by `kestrel.storage.commit_log.append_record_python`, the journal
-  readers use `kestrel.storage.kestrel2.codec.decode_common_python`, the Thrift binary protocol its
+  readers use `kestrel.storage.kestrel2.codec.decode_common_python` and
+  `kestrel.storage.kestrel3.codec.decode_puts_python`, the Thrift binary protocol its
   Python readers and writers (src/kestrel/service/thrift/protocol.py), and the memcache port parses
   each command alone (src/kestrel/service/memcache/runs.py). `make sanitize` builds them under
   AddressSanitizer and UBSan and runs their tests.

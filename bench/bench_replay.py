@@ -2,9 +2,11 @@
 
 For 64-byte and 1 KB items: records/s and MB/s from opening the collection to the queue serving,
 and from starting a Python process (imports included) to the same point.
-`--profile` prints where the time goes (cProfile, the 64-byte journal).
+`--profile` prints where the time goes (cProfile, the 64-byte journal). `--kestrel3 N` loads a
+Kestrel 3 queue of N items of 16 B put in batches of 1,000 instead, and prints the CPU seconds of
+each load (the build is the one on PYTHONPATH: run it with another build's for a before).
 
-    .venv/bin/python -m bench.bench_replay [--quick] [--profile]
+    .venv/bin/python -m bench.bench_replay [--quick] [--profile SIZE] [--kestrel3 N [--repeat R]]
 """
 
 from __future__ import annotations
@@ -45,6 +47,29 @@ def replay_seconds(directory: str) -> float:
     return elapsed
 
 
+KESTREL3 = QueueConfigs({"journal_format": "kestrel3", "max_memory_size": "1GB", "sync_journal": "never"})
+
+
+def write_kestrel3_queue(directory: str, items: int) -> None:
+    coll = QueueCollection(directory, KESTREL3)
+    coll.load()
+    batch = [b"0123456789abcdef"] * 1000
+    for _ in range(items // 1000):
+        coll.put("replay", batch)
+    coll.close()
+
+
+def kestrel3_load_cpu_seconds(directory: str) -> tuple[float, int]:
+    """The process's CPU seconds for loading the Kestrel 3 queue, and the items it holds."""
+    started = time.process_time()
+    coll = QueueCollection(directory, KESTREL3)
+    coll.load()
+    items = coll.queue("replay").length
+    elapsed = time.process_time() - started
+    coll.close()
+    return elapsed, items
+
+
 def process_seconds(directory: str) -> float:
     """The same replay in a new process, from its start (interpreter and imports included)."""
     started = time.perf_counter()
@@ -58,8 +83,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small journals, for a smoke run")
     parser.add_argument("--profile", type=int, metavar="SIZE", help="cProfile the replay of SIZE-byte items")
+    parser.add_argument("--kestrel3", type=int, metavar="N", help="load a Kestrel 3 queue of N items instead")
+    parser.add_argument("--repeat", type=int, default=3, help="loads of the Kestrel 3 queue (default 3)")
     args = parser.parse_args()
     print(f"# replay benchmark, {time.strftime('%Y-%m-%d')}, {machine()}")
+    if args.kestrel3:
+        directory = tempfile.mkdtemp(prefix="kestrel-replay-")
+        try:
+            write_kestrel3_queue(directory, args.kestrel3)
+            for _ in range(args.repeat):
+                seconds, items = kestrel3_load_cpu_seconds(directory)
+                print(f"Kestrel 3 queue of {items:,} items of 16 B: loaded in {seconds:.2f} s of CPU, "
+                      f"{seconds / items * 1e6:.2f} µs an item")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
     for size, megabytes in ((64, 20), (1024, 200)):
         megabytes //= 10 if args.quick else 1
         directory = tempfile.mkdtemp(prefix="kestrel-replay-")

@@ -84,6 +84,7 @@ COMPILED_MODULES = (
 C_HELPERS = (
     "kestrel.storage.fsync._fsync_many",
     "kestrel.storage.kestrel2._codec",
+    "kestrel.storage.kestrel3._codec",
     "kestrel.storage._item",
     "kestrel.storage._crc32c",
     "kestrel.storage._log_record",

@@ -41,16 +41,16 @@ def test_the_python_fallbacks_are_what_such_a_process_uses(no_helpers: Path) -> 
              "from kestrel.storage.fsync import group_commit; from kestrel.service.thrift import protocol as thrift_protocol; "
              "from kestrel.service.memcache import runs; from kestrel.storage import crc32c; "
              "from kestrel.service import socket_io; from kestrel.build import build_name; "
-             "from kestrel.storage import commit_log; "
+             "from kestrel.storage import commit_log; from kestrel.storage.kestrel3 import codec as k3; "
              "print(item.QItem is item.QItemPython, codec.decode_common is codec.decode_common_python, "
              "codec._encode_addx_many_c is None, thrift_protocol.compiled_binary is None, "
              "group_commit.native_threads() is None, runs.scan_sets is None, "
              "runs.scan_gets is None, runs.values is runs.values_python, crc32c.crc32c is crc32c.crc32c_python, "
              "socket_io.receive_in_place is None, build_name() == 'pure', "
-             "commit_log._append_compiled is commit_log.append_record_python)")
+             "commit_log._append_compiled is commit_log.append_record_python, k3._DECODE_PUTS_C is None)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(no_helpers), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True"] * 12
+    assert out.stdout.split() == ["True"] * 13
 
 
 def test_a_server_without_its_helpers_serves_every_path_and_replays(tmp_path: Path, no_helpers: Path) -> None:

@@ -230,6 +230,18 @@ def test_replay_refuses_ids_that_go_backwards(tmp_path: Path) -> None:
         list(files.replay(str(tmp_path), "jobs"))
 
 
+@pytest.mark.parametrize("last", [True, False])
+def test_a_writer_file_whose_ids_go_backwards_mid_run_is_refused_at_that_record(tmp_path: Path,
+                                                                                 last: bool) -> None:
+    records = [put6(1, b"a"), put8(2, b"bb", T0), put6(3, b""), put8(3, b"ccc", T0), put6(4, b"d")]
+    (tmp_path / "jobs.1").write_bytes(WRITER + b"".join(records))
+    offset = 4 + sum(len(r) for r in records[:3])
+    with pytest.raises(CorruptJournalError, match=rf"jobs\.1 at offset {offset} .*item id 3 does not follow id 3"):
+        files.scan_writer_file(1, str(tmp_path / "jobs.1"), 0, last)
+    with pytest.raises(CorruptJournalError, match=r"jobs\.1 at offset 4 .*item id 1 does not follow id 7"):
+        files.scan_writer_file(1, str(tmp_path / "jobs.1"), 7, last)
+
+
 def valid_file() -> bytes:
     return WRITER + put6(1, b"abc") + put8(2, b"de", T0) + put6(3, b"")
 

@@ -3,7 +3,8 @@
 A file is a 4-byte header naming its kind (writer journal or reader checkpoint), then records. A
 record is a command byte — the command in the high nibble, the number of 32-bit header words in the
 low nibble — then those header words, little-endian, then for commands 8 to 15 a data block whose
-byte count is the first header word. One frozen dataclass per command, pure encode/decode, no I/O.
+byte count is the first header word. One dataclass per command, pure encode/decode, no I/O; runs of
+PUTs read as rows (`decode_puts`, with its compiled twin `_codec.c`).
 
 READ_DONE's first header word counts data bytes (8 per id): that is the rule for every command with
 a data block, and what Kestrel 3 writes; the format document's field name "count" could also be
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -246,6 +248,43 @@ def put_fields(buf: bytes | memoryview, pos: int) -> PutFields:
     return item_id, errors, add_time, expire_time
 
 
+# A PUT as `decode_puts` reads it: id, error count, add time, expiry (None: none), item.
+PutRow = tuple[int, int, int, int | None, bytes]
+_PUT_BYTES: Final = (command_byte(PUT, 6), command_byte(PUT, 8))
+
+
+def decode_puts_python(buf: bytes, pos: int) -> tuple[list[PutRow], int]:
+    """The run of PUT records that starts at `pos`, as rows: a reader's fast path through a writer
+    journal (start-up reads every item of every reader that way).
+
+    The run stops before a record that is not whole in `buf` and before anything `decode` would
+    question or refuse (another command, a negative size, id 0, a negative error count): the
+    record-by-record path takes over there, so every check keeps its one form. Returns the run and
+    the position after it. The compiled twin is `_codec.decode_puts`.
+    """
+    if pos < 0:
+        raise ValueError(f"negative position {pos}")
+    run: list[PutRow] = []
+    end = len(buf)
+    while pos < end:
+        byte = buf[pos]
+        start = pos + _head_length(byte)
+        if byte not in _PUT_BYTES or start > end:
+            break
+        size, errors, item_id, add_time = _PUT_HEAD.unpack_from(buf, pos + 1)
+        if size < 0 or start + size > end or item_id == 0 or errors < 0:
+            break
+        expire_time: int | None = _I64.unpack_from(buf, pos + 25)[0] if byte & 0x0F == 8 else None
+        run.append((item_id, errors, add_time, expire_time, buf[start:start + size]))
+        pos = start + size
+    return run, pos
+
+
+def row_length(row: PutRow) -> int:
+    """The bytes of the PUT record `row` was read from."""
+    return _head_length(_PUT_BYTES[row[3] is not None]) + len(row[4])
+
+
 def item_start(buf: bytes | memoryview, pos: int) -> int | None:
     """Where the item of the record at `pos` starts, counted from `pos` (its end is
     `record_length`), read from its command byte alone: a reader reads a large item on its own
@@ -309,3 +348,17 @@ def describe(record: Record) -> str:
         case ReadDone(ids):
             return f"read-done({','.join(str(i) for i in ids)})"
     raise TypeError(f"not a Kestrel 3 record: {record!r}")
+
+
+_decode_puts_c: Callable[[bytes, int], tuple[list[PutRow], int]] | None
+try:
+    from kestrel.storage.kestrel3._codec import decode_puts as _decode_puts_c
+except ImportError:  # built without a C compiler: the Python loop alone
+    _decode_puts_c = None
+_DECODE_PUTS_C: Final = _decode_puts_c
+
+
+def decode_puts(buf: bytes, pos: int) -> tuple[list[PutRow], int]:
+    """`decode_puts_python`, compiled where the build had a C compiler
+    (src/kestrel/storage/kestrel3/_codec.c): the same rows, without an object per field read."""
+    return decode_puts_python(buf, pos) if _DECODE_PUTS_C is None else _DECODE_PUTS_C(buf, pos)

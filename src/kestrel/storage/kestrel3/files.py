@@ -161,6 +161,23 @@ class RecordReader(journal_file.BufferedFile):
             return at, record
         return None
 
+    def puts(self) -> list[k3.PutRow]:
+        """The next run of a writer journal's PUTs as rows, read together from the buffer
+        (`k3.decode_puts`); one record at a time through `next` where a run cannot go on (the
+        buffer's end, a large item, damage). Empty at the end of the file or at a torn record
+        (`torn`); raises as `next` does."""
+        run, stop = k3.decode_puts(self._buf, self._pos)
+        if run:
+            self._pos = stop
+            return run
+        entry = self.next()
+        if entry is None:
+            return []
+        record = entry[1]
+        if not isinstance(record, k3.Put):  # next() refuses it in a writer journal
+            raise TypeError(f"{self.path} is not a writer journal")
+        return [(record.id, record.error_count, record.add_time, record.expire_time, record.data)]
+
     def _read_item(self, start: int, length: int, fields: k3.PutFields) -> tuple[int, k3.Record] | None:
         """The PUT of `length` bytes here, which the file holds, with the `fields` of its header and
         its item read on its own from `start`; None if the file turns out shorter. The reader's
@@ -351,12 +368,15 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: i
     info = WriterFile(number, path)
     reader = RecordReader(path, k3.FileKind.WRITER)
     try:
-        for offset, record in reader:
-            assert isinstance(record, k3.Put)
-            _check_order(path, offset, record.id, after_id)
-            after_id = record.id
-            info.first_id = info.first_id or record.id
-            info.last_id = record.id
+        start = reader.offset
+        while run := reader.puts():
+            for at, row in enumerate(run):
+                if row[0] <= after_id:
+                    _check_order(path, start + sum(map(k3.row_length, run[:at])), row[0], after_id)
+                after_id = row[0]
+            info.first_id = info.first_id or run[0][0]
+            info.last_id = after_id
+            start = reader.offset
         if reader.torn:
             damage = reader.tail_damage(last)
             if damage is not None:

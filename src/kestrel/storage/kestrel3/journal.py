@@ -206,9 +206,8 @@ def _last_id(on_disk: QueueFiles) -> int:
     if on_disk.writers:
         reader = RecordReader(on_disk.writers[-1][1], k3.FileKind.WRITER)
         try:
-            for _offset, record in reader:
-                assert isinstance(record, k3.Put)
-                last = record.id
+            while run := reader.puts():
+                last = run[-1][0]
         finally:
             reader.close()
     return last

@@ -153,12 +153,8 @@ class Kestrel3Queue(PersistentQueue):
                 continue
             reader = RecordReader(info.path, k3.FileKind.WRITER)
             try:
-                for _, record in reader:
-                    assert isinstance(record, k3.Put)
-                    if not self._file.consumed(record.id):
-                        item = self._item_of(record)
-                        if self._append(item):
-                            self._read_behind_from(self._start_read_behind(item))
+                while run := reader.puts():
+                    self._load(run)
             finally:
                 reader.close()
         self._seen = writer.tail_id
@@ -167,10 +163,20 @@ class Kestrel3Queue(PersistentQueue):
                      seconds=round(time.monotonic() - started, 3), read_behind=self.in_read_behind)
         self._journal.release()
 
-    def _item_of(self, record: k3.Put) -> QItem:
+    def _load(self, run: list[k3.PutRow]) -> None:
+        """The items of `run` this reader has still to consume, counted in at the tail."""
+        checkpoint = self._file
+        assert checkpoint is not None
+        for item_id, errors, add_time, expire_time, data in run:
+            if not checkpoint.consumed(item_id):
+                item = self._item_of(item_id, errors, add_time, expire_time, data)
+                if self._append(item):
+                    self._read_behind_from(self._start_read_behind(item))
+
+    def _item_of(self, item_id: int, errors: int, add_time: int, expire_time: int | None,
+                 data: bytes) -> QItem:
         """The item of a PUT as this reader holds it: its expiry capped by the reader's `max_age`."""
-        return QItem(record.add_time, self._capped_expiry(record.add_time, record.expire_time or 0),
-                     record.data, record.id, record.error_count)
+        return QItem(add_time, self._capped_expiry(add_time, expire_time or 0), data, item_id, errors)
 
     # -----------------------------------------------------------------------------------------
     # Read-behind
@@ -504,7 +510,8 @@ class ReaderCursor:
                 return None
             self.next_id = record.id + 1
             if not checkpoint.consumed(record.id) and record.id not in queue._unsaved:
-                return queue._item_of(record)
+                return queue._item_of(record.id, record.error_count, record.add_time, record.expire_time,
+                                      record.data)
         return None
 
     def _next_record(self) -> k3.Put | None:
