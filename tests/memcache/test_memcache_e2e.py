@@ -133,6 +133,21 @@ def test_wrong_byte_count_never_desynchronises(server: ServerProcess) -> None:
     assert exchange(s, b"get w\r\n", b"END\r\n") == b"VALUE w 0 2\r\nok\r\nEND\r\n"
 
 
+def test_a_set_whose_line_is_not_utf8_never_has_its_data_run_as_commands(server: ServerProcess,
+                                                                          mc: Client) -> None:
+    s = conn(server.memcache_port)
+    assert exchange(s, b"set victim 0 0 9\r\nimportant\r\n") == b"STORED\r\n"
+    for line in (b"set jobs\xff 0 0 13", b"set jobs\xc0\x80 0 0 13", b"add \xed\xa0\x80 0 0 13"):
+        assert exchange(s, line + b"\r\ndelete victim\r\n").startswith(b"CLIENT_ERROR command line is not valid")
+    pymemcache_error = None
+    try:
+        mc.set(b"jobs\xff", b"delete victim")
+    except Exception as e:  # pymemcache refuses the reply's CLIENT_ERROR
+        pymemcache_error = e
+    assert pymemcache_error is not None
+    assert exchange(s, b"get victim\r\n", b"END\r\n") == b"VALUE victim 0 9\r\nimportant\r\nEND\r\n"
+
+
 def test_full_queue_and_oversized_item(server_factory: Any) -> None:
     srv = server_factory({"queues": {"tiny": {"max_items": 1, "max_item_size": "4"}}, "max_frame_size": "1KB"})
     s = conn(srv.memcache_port)

@@ -15,6 +15,10 @@ from kestrel.service.memcache.commands import ProtocolError, parse_line
     (b"set q 0 9223372036854776 1", 3, False),
     (b"set q 0 0 5 loudly", 0, True),  # an argument too many: which one is the length is unknown
     (b"set my queue 0 0 5", 0, True),  # (taken as the 4th, 2 bytes of 5 would be skipped)
+    (b"set jobs\xff 0 0 13", 15, False),  # not UTF-8 anywhere on the line: refused, its data skipped
+    (b"set jobs 0 0 5 \xc0\x80", 0, True),  # (an overlong encoding: an argument too many)
+    (b"set jobs\xed\xa0\x80 0 0 2 noreply", 4, False),  # (a surrogate)
+    (b"SET jobs \xff 0 3", 5, False),
 ])
 def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close: bool) -> None:
     with pytest.raises(ProtocolError) as refused:
@@ -78,6 +82,21 @@ def test_unsupported_storage_commands_drop_their_data(line: bytes, skip: int, cl
         parse_line(line)
     verb = line.split()[0].decode()
     assert refused.value.reply.startswith(f"CLIENT_ERROR {verb} is not supported")
+    assert (refused.value.skip, refused.value.close) == (skip, close)
+
+
+@pytest.mark.parametrize("line, skip, close", [
+    (b"add q\xff 0 0 10", 12, False),
+    (b"cas q 0 0 10 1\xfe", 12, False),
+    (b"cas q\xff 0 0 10", 0, True),
+    (b"delete q\xff", 0, False),  # not a storage command: no data follows
+    (b"g\xffet q", 0, False),
+])
+def test_a_line_that_is_not_utf8_is_refused_and_its_data_never_read_as_commands(line: bytes, skip: int,
+                                                                               close: bool) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_line(line)
+    assert refused.value.reply.startswith("CLIENT_ERROR command line is not valid UTF-8")
     assert (refused.value.skip, refused.value.close) == (skip, close)
 
 

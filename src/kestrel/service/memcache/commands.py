@@ -145,9 +145,12 @@ def _data_length(name: str, args: list[str]) -> int | None:
     return None
 
 
-def _refuse_storage(name: str, args: list[str]) -> ProtocolError:
-    """`add`, `cas` and the like: one error, and the announced data block skipped unread."""
-    reply = f"CLIENT_ERROR {name} is not supported: kestrel queues take set"
+def _refusal(name: str, args: list[str], reply: str) -> ProtocolError:
+    """The error a refused command gets: after a storage command's line its announced data block
+    is skipped unread, or, where its length cannot be read, the connection closes (the data would
+    be read as commands)."""
+    if name not in _STORAGE_ARGUMENTS:
+        return ProtocolError(reply)
     size = _data_length(name, args)
     if size is None:
         return ProtocolError(reply + " (closing: the item's length is unknown)", close=True)
@@ -166,9 +169,7 @@ def _parse_set(args: list[str]) -> Command:
         return Command("set", key=args[0], expiry=_int(args[2], "exptime", EXPIRY_LOW, EXPIRY_HIGH),
                        size=size, noreply=len(args) == 5)
     except ProtocolError as e:
-        if size is None:
-            raise ProtocolError(e.reply + " (closing: the item's length is unknown)", close=True) from None
-        raise ProtocolError(e.reply, skip=size + 2) from None
+        raise _refusal("set", args, e.reply) from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,13 +181,17 @@ def parse_line(line: bytes) -> Command:
     """
     try:
         text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        raise client_error("command line is not valid UTF-8") from None
+        valid = True
+    except UnicodeDecodeError:  # refused, but split as it is: a storage command's data is skipped
+        text = line.decode("utf-8", "replace")
+        valid = False
     parts = [part for part in text.split(" ") if part]  # spaces only, as memcached: a key holds no space
     if not parts:
         raise client_error("empty command line")
     name = parts[0].lower()
     args = parts[1:]
+    if not valid:
+        raise _refusal(name, args, "CLIENT_ERROR command line is not valid UTF-8")
     if name in ("get", "gets"):
         if not args:
             raise client_error(f"usage: {name} <queue>[/options]")
@@ -195,7 +200,7 @@ def parse_line(line: bytes) -> Command:
     if name == "set":
         return _parse_set(args)
     if name in _UNSUPPORTED_STORAGE:
-        raise _refuse_storage(name, args)
+        raise _refusal(name, args, f"CLIENT_ERROR {name} is not supported: kestrel queues take set")
     args, noreply = _split_noreply(args)
     if name in _ONE_QUEUE:
         if len(args) == 2 and name == "delete" and args[1] == "0":
