@@ -14,6 +14,7 @@ from kestrel.storage import QueueCollection, formats
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
 from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.kestrel3.codec import WRITER_MAGIC
 from kestrel.storage.kestrel3.files import (
     ReaderCheckpoint,
     WriterJournal,
@@ -223,6 +224,30 @@ def test_start_up_refuses_files_in_the_other_format_naming_the_convert_command(t
     with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
         k2_collection(tmp_path, fmt="kestrel3")
     assert drain(k2_collection(tmp_path), "jobs") == [b"b", b"d", b"e"]
+
+
+@pytest.mark.parametrize("header", [b"", WRITER_MAGIC[:1], WRITER_MAGIC[:3]])
+def test_a_lone_writer_file_whose_header_never_reached_the_disk_loads_in_the_configured_format(
+        tmp_path: Path, header: bytes) -> None:
+    coll = k2_collection(tmp_path, fmt="kestrel3")
+    coll.put("other", [b"kept"])
+    coll.remove("jobs")  # creates jobs's writer file
+    coll.close()
+    (writer,) = list_queue_files(str(tmp_path), "jobs").writers
+    Path(writer[1]).write_bytes(header)  # a crash before its header reached the disk
+    assert convert.queues_on_disk(str(tmp_path))["jobs"] == "kestrel3"
+    coll = k2_collection(tmp_path, fmt="kestrel3")
+    coll.put("jobs", [b"new"])
+    assert drain(coll, "jobs") == [b"new"] and drain(coll, "other") == [b"kept"]
+    coll.close()
+
+
+def test_an_empty_file_named_like_a_rotated_journal_is_still_kestrel2_s_under_kestrel2(tmp_path: Path) -> None:
+    (tmp_path / "jobs.1796209255114").write_bytes(b"")
+    coll = k2_collection(tmp_path)
+    coll.put("jobs", [b"a"])
+    assert drain(coll, "jobs") == [b"a"]
+    coll.close()
 
 
 def test_naming_queues_converts_only_those_and_says_what_it_skipped(tmp_path: Path) -> None:

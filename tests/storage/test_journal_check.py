@@ -12,6 +12,7 @@ from kestrel.storage import QueueCollection, QueueConfigs, commit_log
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
+from kestrel.storage.kestrel3.files import list_queue_files
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.tools import check
@@ -115,3 +116,15 @@ def test_kestrel_journal_check_on_the_command_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("q (kestrel2): ok")
+
+
+def test_a_kestrel3_writer_file_whose_header_never_reached_the_disk_is_what_a_start_writes(tmp_path: Path) -> None:
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": "kestrel3"}))
+    coll.load()
+    coll.remove("jobs")
+    coll.close()
+    (writer,) = list_queue_files(str(tmp_path), "jobs").writers
+    Path(writer[1]).write_bytes(b"")
+    status, out = run(tmp_path)
+    assert status == 0, out
+    assert "jobs (kestrel3): ok; " in out and "header never reached the disk: the next start writes it" in out

@@ -369,6 +369,15 @@ def test_a_newest_file_without_its_header_gets_one(tmp_path: Path) -> None:
     assert (tmp_path / "jobs.2").read_bytes() == WRITER + put6(2, b"b")
 
 
+def test_a_newest_file_too_short_for_a_header_that_does_not_begin_one_is_refused_not_rewritten(
+        tmp_path: Path) -> None:
+    (tmp_path / "jobs.1").write_bytes(WRITER + put6(1, b"a"))
+    (tmp_path / "jobs.2").write_bytes(b"\x00\x07")
+    with pytest.raises(CorruptJournalError, match=r"jobs\.2 at offset 0 .*header 00 07 is neither"):
+        files.WriterJournal(str(tmp_path), "jobs", max_file_size=1 << 20)
+    assert (tmp_path / "jobs.2").read_bytes() == b"\x00\x07"
+
+
 def test_files_are_taken_only_once_every_head_passed_them(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     journal = files.WriterJournal(str(tmp_path), "jobs", max_file_size=40, clock=clock)

@@ -147,7 +147,8 @@ def _format_refusals(config: ServerConfig) -> list[ConfigError]:
     """What a start would refuse of the queues on disk: those whose files are in the other format
     than their `journal_format` (none while the queue path is not there yet)."""
     try:
-        on_disk = formats.queues_on_disk(config.queue_path)
+        on_disk = formats.queues_on_disk(config.queue_path,
+                                         lambda name: config.queues.for_queue(name).journal_format)
     except OSError:
         return []  # the start says what is wrong with the path
     return [formats.format_refusal(config.queue_path, name, found, wanted)

@@ -35,22 +35,26 @@ def step(name: str) -> None:
         failpoint(name)
 
 
-def _has_kestrel3_header(path: str) -> bool:
-    with open(path, "rb") as f:
-        return k3.kind_of(f.read(k3.MAGIC_SIZE)) is not None
-
-
-def format_of(files: JournalFiles) -> str:
+def format_of(files: JournalFiles, configured: str | None = None) -> str:
     """The format of files a Kestrel 2 scan found for one name: Kestrel 3 writer journals (`q.<n>`)
-    look like rotated Kestrel 2 journals by name, and are told apart by their header."""
-    if files.live is None and not files.packs and files.rotated and _has_kestrel3_header(files.rotated[0][1]):
-        return KESTREL3
+    look like rotated Kestrel 2 journals by name, and are told apart by their header. A lone writer
+    file whose header never reached the disk (`k3.unfinished_header`: empty, or its first bytes) could
+    be either: it is taken to be in the `configured` format, or else in Kestrel 3's."""
+    if files.live is None and not files.packs and files.rotated:
+        with open(files.rotated[0][1], "rb") as f:
+            header = f.read(k3.MAGIC_SIZE)
+        if k3.kind_of(header) is not None:
+            return KESTREL3
+        if k3.unfinished_header(header):
+            return configured or KESTREL3
     return KESTREL2
 
 
-def queues_on_disk(queue_path: str) -> dict[str, str]:
-    """Every queue of the path with the format of its files (Kestrel 2 names include `parent+child`)."""
-    found = {name: format_of(files) for name, files in scan_queue_dir(queue_path).queues.items()}
+def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = None) -> dict[str, str]:
+    """Every queue of the path with the format of its files (Kestrel 2 names include `parent+child`);
+    `configured` gives a queue's `journal_format`, for files that could be in either (`format_of`)."""
+    found = {name: format_of(files, configured(name) if configured else None)
+             for name, files in scan_queue_dir(queue_path).queues.items()}
     for entry in os.scandir(queue_path):
         queue, infix, _reader = entry.name.partition(filenames.READER_INFIX)
         if infix and queue and not filenames.is_temporary(entry.name):
@@ -63,7 +67,7 @@ def check_format(queue_path: str, name: str, files: JournalFiles, configured: st
 
     Raises ConfigError naming the convert command.
     """
-    on_disk = format_of(files)
+    on_disk = format_of(files, configured)
     if on_disk != configured:
         raise format_refusal(queue_path, name, on_disk, configured)
 

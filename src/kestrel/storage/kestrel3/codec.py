@@ -113,6 +113,12 @@ _READER_COMMANDS: Final = (READ_HEAD, READ_DONE)
 _HEADER_WORDS: Final = {PUT: (6, 8), READ_HEAD: (2,), READ_DONE: (1,)}
 
 
+def unfinished_header(header: bytes) -> bool:
+    """Whether a file's first bytes, shorter than a header, begin a writer journal's: a file created
+    whose header never reached the disk (only the newest writer file can be so)."""
+    return len(header) < MAGIC_SIZE and WRITER_MAGIC.startswith(header)
+
+
 def allowed_commands(kind: FileKind) -> tuple[int, ...]:
     """The commands a file of `kind` may hold (told by identity: an Enum's hash runs interpreted)."""
     return _WRITER_COMMANDS if kind is FileKind.WRITER else _READER_COMMANDS

@@ -389,6 +389,13 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: i
     return info
 
 
+def header_unwritten(path: str) -> bool:
+    """Whether the writer file at `path` was created but its header never reached the disk
+    (`k3.unfinished_header`): when it is the newest, start-up writes the header."""
+    with open(path, "rb") as f:
+        return k3.unfinished_header(f.read(k3.MAGIC_SIZE))
+
+
 def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
     if item_id <= after_id:
         raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),
@@ -429,7 +436,7 @@ class WriterJournal:
         # read there, as the queue changes it meanwhile.
         self.sealed: Callable[[str, int, int], None] | None = None
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
-        if found and os.path.getsize(found[-1][1]) < k3.MAGIC_SIZE:
+        if found and header_unwritten(found[-1][1]):
             self._rewrite_header(found[-1][1])
         last_id = 0
         for i, (number, path) in enumerate(found):

@@ -34,6 +34,7 @@ from kestrel.storage.kestrel3.files import (
     WriterJournal,
     checkpoint_entry,
     delete_writer_files,
+    header_unwritten,
     list_queue_files,
     read_checkpoint,
     write_checkpoint,
@@ -203,7 +204,7 @@ def _checkpoint_on_disk(path: str, listed: manifest.Entry | None) -> manifest.En
 def _last_id(on_disk: QueueFiles) -> int:
     """The last item id in the newest writer file (0 if none; a torn last record left out)."""
     last = 0
-    if on_disk.writers:
+    if on_disk.writers and not header_unwritten(on_disk.writers[-1][1]):
         reader = RecordReader(on_disk.writers[-1][1], k3.FileKind.WRITER)
         try:
             while run := reader.puts():

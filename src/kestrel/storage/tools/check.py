@@ -25,7 +25,7 @@ from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import journal as kestrel3_journal
-from kestrel.storage.kestrel3.files import RecordReader, list_queue_files, read_checkpoint
+from kestrel.storage.kestrel3.files import RecordReader, header_unwritten, list_queue_files, read_checkpoint
 from kestrel.storage.lock import EARLIER_LOCK_NAME
 
 EXIT_DAMAGED = 1
@@ -93,6 +93,10 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
     last_id = 0
     items = 0
     for index, (_number, path) in enumerate(files.writers):
+        if index == len(files.writers) - 1 and header_unwritten(path):
+            report.notes.append(f"{os.path.basename(path)} was created but its header never reached the "
+                                "disk: the next start writes it")
+            continue
         try:
             reader = RecordReader(path, k3.FileKind.WRITER)
         except CorruptJournalError as e:
