@@ -3,6 +3,7 @@ answers every request, on every protocol, with an error naming it, the damage an
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -157,6 +158,36 @@ def test_a_journal_the_collection_cannot_write_is_refused_at_load_and_left_as_it
     assert journal.read_bytes() == before
     coll = open_collection(tmp_path, {"journal_format": fmt})  # write access back: served again
     assert drain(coll, "locked") == [b"kept"]
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_torn_tail_that_cannot_be_cut_refuses_its_queue_alone_and_changes_nothing(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    coll.put("torn", [b"kept"])
+    coll.put("open", [b"served"])
+    coll.close()
+    journal = tmp_path / ("torn" if fmt == "kestrel2" else
+                          next(n for n in os.listdir(tmp_path) if n.startswith("torn.") and n[5:].isdigit()))
+    with open(journal, "ab") as f:
+        f.write(b"\x02\x11\x00\x00" if fmt == "kestrel2" else b"\x86\x05\x00")  # a record begun
+    before = journal.read_bytes()
+
+    def append_only(path: object, length: int) -> None:  # as `chattr +a` answers
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "truncate", append_only)
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    assert sorted(coll.refused) == ["torn"] and drain(coll, "open") == [b"served"]
+    with pytest.raises(QueueDamaged, match=r"torn\S* cannot be written: Operation not permitted.*chattr -i -a"):
+        coll.put("torn", [b"x"])
+    coll.close()
+    assert journal.read_bytes() == before
+    assert not list((tmp_path / ".kestrel").glob("aside/*"))  # the copy made for the cut removed again
+    monkeypatch.undo()
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    assert drain(coll, "torn") == [b"kept"]
     coll.close()
 
 

@@ -73,18 +73,19 @@ class CommitLogDamaged(CorruptJournalError):
 
 
 class JournalNotWritable(CorruptJournalError):
-    """Raised at start-up when a file a queue appends to cannot be opened for writing (its owner or
-    mode, an immutable file, a read-only mount): the queue is refused alone, as a damaged one is,
-    rather than failing every request with nothing in its figures. Nothing is changed."""
+    """Raised at start-up when a file a queue appends to cannot be opened for writing, or a torn
+    tail cannot be cut from it (its owner or mode, an immutable or append-only file, a read-only
+    mount): the queue is refused alone, as a damaged one is, rather than failing every request with
+    nothing in its figures, or the start. Nothing is changed."""
 
     refusal = "its journal cannot be written"
 
     def __init__(self, path: str, error: OSError) -> None:
-        super().__init__(path, 0, None, f"the server cannot open it for writing: {error.strerror or error}")
+        super().__init__(path, 0, None, f"the server cannot write it: {error.strerror or error}")
         self.args = (f"journal {path} cannot be written: {error.strerror or error}",)
 
     def remedy(self) -> str:
-        return ("give the server's user write access to the file (its owner, its mode, `chattr -i`, a "
+        return ("give the server's user write access to the file (its owner, its mode, `chattr -i -a`, a "
                 "read-write mount) and restart; the file was not changed (--salvage does not apply)")
 
 

@@ -60,9 +60,17 @@ def copy_from(path: str, offset: int, copy: str) -> None:
 
 def cut_keeping_copy(path: str, offset: int, copy: str) -> str:
     """Cut `path` at `offset`, first saving what is cut, durably, as `copy` (its folder exists);
-    return the copy's path. Raises OSError (and changes nothing) when the copy cannot be written."""
+    return the copy's path. Raises OSError (and changes nothing) when the copy cannot be written,
+    JournalNotWritable when the file cannot be cut (append-only, its owner, a read-only mount): the
+    copy is removed again and nothing changed, and a queue is refused alone, as one whose journal
+    cannot be opened is."""
     copy_from(path, offset, copy)
-    os.truncate(path, offset)
+    try:
+        os.truncate(path, offset)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(copy)
+        raise JournalNotWritable(path, e) from None
     return copy
 
 
