@@ -45,10 +45,25 @@ def test_every_bad_key_is_reported_in_the_file_s_order() -> None:
         })
     keys = [e.key for e in each_error(err.value)]
     assert keys == ["thrift_port", "colour", "default_queue.max_items", "default_queue.sync_journal",
-                    "queues.jobs.max_size", "queues.mail", "aliases.a.targets", "aliases.c.destination_queues",
+                    "queues.jobs.max_size", "queues.mail", "aliases.a.targets", "aliases.a.destination_queues",
+                    "aliases.c.destination_queues",
                     "zookeeper.session_timeout"]
     assert isinstance(err.value, ConfigError) and err.value.key == "thrift_port"  # callers of one error still work
     assert "; colour: unknown setting" in str(err.value)
+
+
+def test_every_bad_setting_of_a_zookeeper_or_alias_block_is_reported() -> None:
+    with pytest.raises(ConfigErrors) as err:
+        from_mapping({"zookeeper": {"hosts": ["a", "b"], "session_timeout": "abc", "path_prefix": 7, "port": 1},
+                      "aliases": {"al": {"destination_queues": "b", "bogus": 1}}})
+    assert [e.key for e in each_error(err.value)] == [
+        "zookeeper.port", "zookeeper.hosts", "zookeeper.path_prefix", "zookeeper.session_timeout",
+        "aliases.al.bogus", "aliases.al.destination_queues"]
+    with pytest.raises(ConfigErrors) as err:
+        from_mapping({"zookeeper": {"session_timeout": 0}})
+    assert [str(e) for e in each_error(err.value)] == [
+        'zookeeper.hosts: required: the ZooKeeper ensemble, e.g. "zk1:2181,zk2:2181"',
+        "zookeeper.session_timeout: must be more than 0 (a session that ends at once), got 0"]
 
 
 def test_the_error_queue_is_checked_when_the_file_is_read() -> None:
@@ -144,6 +159,21 @@ def test_a_file_too_large_once_read_is_refused_at_once(tmp_path: Path, text: str
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(reason)):
         load(str(path))
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("max_connections", 0, "no connection would be served"),
+    ("request_timeout", 0, "every request would time out at once"),
+    ("request_timeout", "0ms", "every request would time out at once"),
+    ("max_frame_size", "0KB", "no frame or item would fit"),
+    ("max_line_length", 0, "no command line would fit"),
+    ("max_batch_items", 0, "no put could hold an item"),
+    ("max_batch_bytes", 0, "no put could hold an item"),
+])
+def test_a_setting_that_would_leave_the_server_serving_nothing_is_refused_at_0(key: str, value: Any,
+                                                                                why: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{key}: must be more than 0 \\({why}\\), got {value!r}$"):
+        from_mapping({key: value})
 
 
 LONGEST = MAX_DURATION_MS

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from kestrel.service.session.status import Status, UnknownStatus
-from kestrel.storage import layout
+from kestrel.storage import disk, layout
 from kestrel.storage.config import (
     QueueConfig,
     QueueConfigs,
@@ -128,31 +128,35 @@ class ZooKeeperConfig:
 
 
 def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
+    """The `zookeeper` block; every bad setting of it reported at once."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ConfigError(key, f"expected a mapping with hosts, path_prefix, session_timeout, "
                                f"advertise_host; got {value!r}")
     known = ("hosts", "path_prefix", "session_timeout", "advertise_host")
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}", f"unknown zookeeper setting (known: {', '.join(known)})")
+    collect = _Collector()
+    collect.errors += [ConfigError(f"{key}.{name}", f"unknown zookeeper setting (known: {', '.join(known)})")
+                       for name in sorted(set(value) - set(known), key=str)]
     if "hosts" not in value:
-        raise ConfigError(f"{key}.hosts", "required: the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\"")
-    prefix = _string(f"{key}.path_prefix", value.get("path_prefix", "/kestrel")).rstrip("/")
-    if not prefix.startswith("/") or "//" in prefix:
-        raise ConfigError(f"{key}.path_prefix", f"expected an absolute ZooKeeper path such as /kestrel, "
-                                                f"got {value.get('path_prefix')!r}")
-    timeout = parse_duration_ms(f"{key}.session_timeout", value.get("session_timeout", "10s"))
-    if timeout <= 0:
-        raise ConfigError(f"{key}.session_timeout", "must be longer than 0")
+        collect.errors.append(ConfigError(f"{key}.hosts", "required: the ZooKeeper ensemble, e.g. "
+                                                          "\"zk1:2181,zk2:2181\""))
+    hosts = collect.check(_string, f"{key}.hosts", value.get("hosts", "-"))
+    prefix = collect.check(_zookeeper_path, f"{key}.path_prefix", value.get("path_prefix", "/kestrel"))
+    timeout = collect.check(_more_than_zero(parse_duration_ms, "a session that ends at once"),
+                            f"{key}.session_timeout", value.get("session_timeout", "10s"))
     advertise = value.get("advertise_host")
-    return ZooKeeperConfig(
-        hosts=_string(f"{key}.hosts", value["hosts"]),
-        path_prefix=prefix,
-        session_timeout=timeout,
-        advertise_host=None if advertise is None else _string(f"{key}.advertise_host", advertise),
-    )
+    if advertise is not None:
+        advertise = collect.check(_string, f"{key}.advertise_host", advertise)
+    collect.raise_any()
+    return ZooKeeperConfig(hosts=hosts, path_prefix=prefix, session_timeout=timeout, advertise_host=advertise)
+
+
+def _zookeeper_path(key: str, value: Any) -> str:
+    prefix = _string(key, value).rstrip("/")
+    if not prefix.startswith("/") or "//" in prefix:
+        raise ConfigError(key, f"expected an absolute ZooKeeper path such as /kestrel, got {value!r}")
+    return prefix
 
 
 def default_memory_total() -> int:
@@ -237,6 +241,16 @@ def _memory_total(key: str, value: Any) -> int:
 MAX_CONNECTIONS = 2**31 - 1
 MAX_KEEPALIVE_MS = 32_767_000
 
+def _more_than_zero(parse: Callable[[str, Any], int], why: str) -> Callable[[str, Any], int]:
+    """`parse`, refusing 0 for a setting where 0 leaves the server serving nothing (`why`)."""
+    def parse_more_than_zero(key: str, value: Any) -> int:
+        parsed = parse(key, value)
+        if parsed == 0:
+            raise ConfigError(key, f"must be more than 0 ({why}), got {value!r}")
+        return parsed
+    return parse_more_than_zero
+
+
 _PARSERS: dict[str, Any] = {
     "queue_path": _string,
     "listen_address": _string,
@@ -251,15 +265,16 @@ _PARSERS: dict[str, Any] = {
     "status_change_grace_period": parse_duration_ms,
     "thrift_transport": _choice("framed", "buffered"),
     "thrift_protocol": _choice("binary", "compact"),
-    "max_frame_size": parse_size,
-    "max_line_length": parse_size,
-    "max_connections": functools.partial(parse_count, most=MAX_CONNECTIONS),
+    "max_frame_size": _more_than_zero(parse_size, "no frame or item would fit"),
+    "max_line_length": _more_than_zero(parse_size, "no command line would fit"),
+    "max_connections": _more_than_zero(functools.partial(parse_count, most=MAX_CONNECTIONS),
+                                       "no connection would be served"),
     "client_timeout": parse_optional_duration_ms,
     "tcp_keepalive": functools.partial(parse_optional_duration_ms, most=MAX_KEEPALIVE_MS),
-    "request_timeout": parse_duration_ms,
+    "request_timeout": _more_than_zero(parse_duration_ms, "every request would time out at once"),
     "max_wait": parse_duration_ms,
-    "max_batch_items": parse_count,
-    "max_batch_bytes": parse_size,
+    "max_batch_items": _more_than_zero(parse_count, "no put could hold an item"),
+    "max_batch_bytes": _more_than_zero(parse_size, "no put could hold an item"),
     "max_queues": parse_count,
     "max_memory_total": _memory_total,
     "shutdown_timeout": parse_duration_ms,
@@ -304,20 +319,26 @@ def _no_alias_cycle(name: str, aliases: Mapping[str, list[str]]) -> None:
 
 
 def _alias(key: str, settings: Any) -> list[str]:
+    """One alias's settings; every bad one reported at once."""
     if not isinstance(settings, Mapping):
         raise ConfigError(key, f"expected a mapping with destination_queues, got {settings!r}")
-    unknown = set(settings) - {"destination_queues"}
-    if unknown:
-        raise ConfigError(f"{key}.{sorted(unknown)[0]}", "unknown alias setting (known: destination_queues)")
-    dests = settings.get("destination_queues")
-    if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
-        raise ConfigError(f"{key}.destination_queues", f"expected a list of queue names, got {dests!r}")
-    if not dests:
-        raise ConfigError(f"{key}.destination_queues", "expected at least one queue: an alias with none "
-                          "would answer each put as stored and keep nothing")
-    for dest in dests:
-        _queue_name(f"{key}.destination_queues", dest, "queue")
+    collect = _Collector()
+    collect.errors += [ConfigError(f"{key}.{name}", "unknown alias setting (known: destination_queues)")
+                       for name in sorted(set(settings) - {"destination_queues"}, key=str)]
+    dests = collect.check(_destinations, f"{key}.destination_queues", settings.get("destination_queues"))
+    collect.raise_any()
     return list(dests)
+
+
+def _destinations(key: str, dests: Any) -> list[str]:
+    if not isinstance(dests, list) or not all(isinstance(d, str) and d for d in dests):
+        raise ConfigError(key, f"expected a list of queue names, got {dests!r}")
+    if not dests:
+        raise ConfigError(key, "expected at least one queue: an alias with none would answer each put as "
+                               "stored and keep nothing")
+    for dest in dests:
+        _queue_name(key, dest, "queue")
+    return dests
 
 
 def _queue_name(key: str, name: Any, what: str) -> None:
@@ -403,8 +424,7 @@ def load(path: str | None) -> ServerConfig:
     if path is None:
         return ServerConfig()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read_config_text(path)
         composed = yaml.compose(text, Loader=yaml.SafeLoader)
         if _expanded_size(composed, {}) > MAX_EXPANDED_VALUES:
             raise ConfigError(path, f"its YAML aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} "
@@ -443,6 +463,19 @@ def _one_line(error: yaml.YAMLError) -> str:
 # Values a config file may hold once its aliases are expanded: nine levels of aliases in 400 bytes
 # are a billion, and each check of a value (its repr in an error among them) would walk them all.
 MAX_EXPANDED_VALUES = 100_000
+# A config file is read whole, before anything of it is parsed: no config comes near this size.
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _read_config_text(path: str) -> str:
+    """The file's text: a regular file (a FIFO would hold a reload's loop until written) of at most
+    MAX_CONFIG_BYTES (a device such as /dev/zero never ends). Raises OSError, ConfigError,
+    UnicodeDecodeError."""
+    with os.fdopen(disk.open_file(path, os.O_RDONLY), "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(path, f"larger than {MAX_CONFIG_BYTES:,} bytes: not a config file")
+    return raw.decode("utf-8")
 
 
 def _expanded_size(node: yaml.Node | None, sizes: dict[int, int]) -> int:

@@ -65,7 +65,7 @@ import structlog
 from kestrel.storage import acknowledgements, filenames, layout, torn_tail
 from kestrel.storage.acknowledgements import Acknowledgements, Settled
 from kestrel.storage.clock import perf_counter
-from kestrel.storage.disk import fsync_path, pwrite_all, write_all
+from kestrel.storage.disk import fsync_path, open_file, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
 from kestrel.storage.journal_file import (
@@ -624,7 +624,7 @@ class _Placing:
         if self.dry_run:
             return None
         _step("write")
-        fd = os.open(journal, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = open_file(journal, os.O_WRONLY | os.O_CREAT)
         try:
             pwrite_all(fd, record.data, record.offset)
         finally:
@@ -652,7 +652,7 @@ class _Placing:
         if self.dry_run:
             return None
         _step("write")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fd = open_file(path, os.O_WRONLY | os.O_APPEND)
         try:
             write_all(fd, lacking)
         finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable
 
 pwrite = os.pwrite
@@ -81,6 +82,41 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
         if n <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += n
+
+
+def open_file(path: str, flags: int, mode: int = 0o644) -> int:
+    """`os.open` of a queue's file, or of a file the server reads whole (its config): a FIFO or a
+    device in the file's place would hold the loop in `open` or `read` for good, so the open never
+    waits (`O_NONBLOCK`, which a regular file's reads and writes ignore), and anything but a regular
+    file is refused. Raises OSError naming the path."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader, or a device: name it
+            raise _not_regular(path, os.stat(path).st_mode) from None
+        raise
+    try:
+        kind = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        raise _not_regular(path, kind)
+    return fd
+
+
+def _not_regular(path: str, mode: int) -> OSError:
+    return OSError(errno.EINVAL, f"not a regular file but a {_file_kind(mode)}", path)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def fsync_path(path: str) -> None:

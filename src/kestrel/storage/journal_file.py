@@ -78,7 +78,7 @@ def check_writable(path: str) -> None:
     """Raise JournalNotWritable if the file at `path` exists and cannot be opened for appending:
     start-up finds it, rather than every change (a queue's files are opened by its first change)."""
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        os.close(disk.open_file(path, os.O_WRONLY | os.O_APPEND))
     except FileNotFoundError:
         return
     except OSError as e:
@@ -101,7 +101,7 @@ class BufferedFile:
         self.path = path
         self.chunk = READ_CHUNK  # bytes read at a time (CURSOR_CHUNK for a read-behind cursor)
         self.gate = gate  # where a large record is read off the loop (None: on the caller's thread)
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = disk.open_file(path, os.O_RDONLY)
         self._buf = b""
         self._buf_start = offset  # file offset of _buf[0]
         self._pos = 0  # position in _buf
@@ -222,7 +222,7 @@ class JournalWriter:
             return
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | appending, 0o644)
+        self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
         if created and (self.sync_ms == 0 or self.log is not None):
             disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
 
@@ -231,7 +231,7 @@ class JournalWriter:
         creates it: the queue is found again after a restart). Raises OSError."""
         if self.fd >= 0 or self.size or os.path.exists(self.path):
             return
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
         if self.sync_ms == 0:
             disk.fsync_path(os.path.dirname(self.path) or ".")
 

@@ -1,0 +1,55 @@
+"""A FIFO or a device where the server expects a regular file (a queue's journal, its config file)
+never holds the event loop: `open` of a FIFO waits for its other end, and `read` of a device never
+ends. The file is refused with its kind named, and every other client is served meanwhile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ServerProcess, wait_until
+from tests.support.wire import conn, exchange
+
+
+def ping(srv: ServerProcess) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/ping", timeout=5) as reply:
+        return bytes(reply.read()).strip()
+
+
+def test_a_fifo_where_a_queue_s_journal_goes_is_refused_and_the_server_serves_on(server_factory: Any) -> None:
+    srv: ServerProcess = server_factory({})
+    os.mkfifo(srv.queue_path / "fq")
+    s = conn(srv.memcache_port)
+    started = time.monotonic()
+    reply = exchange(s, b"set fq 0 0 1\r\nx\r\n")
+    assert time.monotonic() - started < 5
+    assert reply.startswith(b"SERVER_ERROR") and b"not a regular file but a FIFO" in reply, reply
+    assert ping(srv) == b"pong"
+    assert exchange(s, b"set other 0 0 2\r\nok\r\n") == b"STORED\r\n"
+    assert exchange(s, b"get other\r\n", b"END\r\n") == b"VALUE other 0 2\r\nok\r\nEND\r\n"
+
+
+def test_a_reload_from_a_fifo_is_refused_and_the_server_serves_on(server_factory: Any) -> None:
+    srv: ServerProcess = server_factory({})
+    srv.config_path.unlink()
+    os.mkfifo(srv.config_path)
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "not a regular file but a FIFO" in srv.log(), "the reload refused")
+    assert ping(srv) == b"pong"
+    s = conn(srv.memcache_port)
+    assert exchange(s, b"set q 0 0 1\r\nx\r\n") == b"STORED\r\n"
+
+
+def test_config_check_of_a_device_ends_with_an_error(tmp_path: Path) -> None:
+    for path in ("/dev/zero", "/dev/null"):
+        out = subprocess.run([sys.executable, "-m", "kestrel", "config", "check", path], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode != 0
+        assert "not a regular file but a character device" in out.stderr, out.stderr
