@@ -175,3 +175,29 @@ def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: P
     coll = open_collection(tmp_path, {"journal_format": fmt}, {"q": {setting: after}})
     assert getattr(coll.queue("q").config, setting) is after  # a restart applies it
     coll.close()
+
+
+def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path: Path) -> None:
+    """A get of an alias's name reads the alias (no item, as Kestrel answers), so the items of a queue
+    on disk under that name cannot be read while the alias exists: the log says so, where it was
+    silent and the queue's items seemed lost."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path)
+    coll.put("jobs", [b"j1", b"j2"])
+    with capture_logs() as logs:
+        coll.reload(QueueConfigs(), {"jobs": ["other"]})
+    assert coll.remove("jobs") == []
+    masked = [e for e in logs if e["event"].startswith("queue name(s) masked by alias(es)")]
+    assert [(e["queues"], e["log_level"]) for e in masked] == [({"jobs": 2}, "warning")]
+    coll.close()
+    with capture_logs() as logs:
+        coll = QueueCollection(str(tmp_path), QueueConfigs(), aliases={"jobs": ["other"]})
+        coll.load()
+    assert [e["queues"] for e in logs if e["event"].startswith("queue name(s) masked")] == [{"jobs": 2}]
+    coll.close()
+    coll = open_collection(tmp_path)  # the alias gone: every item served
+    assert drain(coll, "jobs") == [b"j1", b"j2"]
+    coll.close()

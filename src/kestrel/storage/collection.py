@@ -161,6 +161,7 @@ class QueueCollection:
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
                         queues=len(self._queues), max_queues=self.max_queues)
+        self._warn_masked()
 
     def _load_found(self, queues: dict[str, JournalFiles]) -> None:
         for index, name in enumerate(sorted(queues, key=lambda n: ("+" in n, n))):
@@ -520,9 +521,18 @@ class QueueCollection:
             q.age_held_items()
             q.watch_expiry(self._watch_expiry)  # and its ages
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
+        self._warn_masked()
         if kept:
             log.warning("reload ignored changed queue settings that a queue keeps from its creation; a "
                         "restart applies them", queues=kept)
+
+    def _warn_masked(self) -> None:
+        """Name the queues an alias of the same name hides: a get of the name reads the alias (no
+        item, as in Kestrel), so what such a queue holds is read only once the alias is gone."""
+        masked = {name: self._queues[name].length for name in sorted(self.aliases) if name in self._queues}
+        if masked:
+            log.warning("queue name(s) masked by alias(es): their items cannot be read while the alias "
+                        "exists", queues=masked)
 
     def end_waits(self) -> None:
         """Wake every waiting reader empty-handed; from now on no read waits (the server is stopping)."""
