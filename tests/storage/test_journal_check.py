@@ -4,6 +4,7 @@ before anything moves, and nothing changed by telling it."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,25 @@ def test_a_kestrel3_writer_file_whose_header_never_reached_the_disk_is_what_a_st
     status, out = run(tmp_path)
     assert status == 0, out
     assert "jobs (kestrel3): ok; " in out and "header never reached the disk: the next start writes it" in out
+
+
+def test_files_named_after_an_invalid_queue_name_are_said_to_be_ignored_as_a_start_ignores_them(
+        tmp_path: Path) -> None:
+    rotated_queue(tmp_path)
+    coll = QueueCollection(str(tmp_path))
+    coll.load()
+    coll.put("good", [b"x"])
+    coll.close()
+    os.rename(tmp_path / "good", tmp_path / "my jobs")
+    status, out = run(tmp_path)
+    assert status == 1
+    assert "'my jobs': not loaded: its files are named after an invalid queue name (" in out
+    assert "the server ignores them" in out and "q (kestrel2): ok" in out
+
+
+def test_a_queue_path_that_cannot_be_listed_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
+    os.symlink("loop", tmp_path / "loop")
+    done = subprocess.run([sys.executable, "-m", "kestrel", "journal", "check", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1
+    assert done.stderr == f"kestrel journal check: cannot read {tmp_path / 'loop'}: Too many levels of symbolic links\n"

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from kestrel.storage import commit_log, damage, filenames, layout
 from kestrel.storage.clock import SYSTEM_CLOCK
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
 from kestrel.storage.formats import KESTREL3, queues_on_disk
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
@@ -157,6 +157,13 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
     for name, fmt in sorted(on_disk.items()):
         if queues and name not in queues:
             continue
+        try:
+            filenames.check_queue_name(name)
+        except InvalidQueueName as invalid:  # as start-up: its files are left, never loaded
+            out.write(f"{name!r}: not loaded: its files are named after an invalid queue name ({invalid}); "
+                      f"the server ignores them\n")
+            damaged += 1
+            continue
         report = Report()
         try:
             (check_kestrel3 if fmt == KESTREL3 else check_kestrel2)(queue_path, name, report, not earlier)
@@ -191,4 +198,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         print(f"kestrel journal check: the queue path is in use (a process holds {holder}); stop it first",
               file=err)
         return EXIT_IN_USE
-    return check(args.queue_path, args.queues, out)
+    try:
+        return check(args.queue_path, args.queues, out)
+    except OSError as e:  # the path itself (a start stops on it too), not one queue's files
+        print(f"kestrel journal check: cannot read {e.filename or args.queue_path}: {e.strerror or e}",
+              file=err)
+        return EXIT_DAMAGED
