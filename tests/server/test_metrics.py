@@ -362,6 +362,36 @@ def test_an_answer_read_too_slowly_closes_at_request_timeout_without_a_traceback
     assert not [e for e in events if e["event"] == "uncaught error" or "Traceback" in str(e)]
 
 
+def test_probes_are_answered_while_every_admin_connection_is_stalled(server: ServerProcess) -> None:
+    """Stalled clients (a request line begun, never ended) once held every admin connection until
+    their `request_timeout` (30 s), /ping and /ready unanswered: the one that has waited longest for a
+    request gives way to a client waiting to connect."""
+    from kestrel.service.admin import ADMIN_CONNECTIONS
+
+    stalled = []
+    for _ in range(ADMIN_CONNECTIONS + 10):
+        s = socket.create_connection(("127.0.0.1", server.admin_port), timeout=10)
+        s.sendall(b"GET /ping HTTP/1.1\r\n")
+        stalled.append(s)
+    try:
+        for _ in range(3):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/ping", timeout=10) as reply:
+                assert reply.read() == b"pong\n"
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.admin_port}/ready", timeout=10) as reply:
+                assert reply.status == 200
+        closed = 0
+        for s in stalled[:20]:  # the oldest made room: closed by the server
+            s.settimeout(5)
+            try:
+                closed += s.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                pass
+        assert closed >= 10
+    finally:
+        for s in stalled:
+            s.close()
+
+
 def test_the_admin_port_holds_at_most_its_connections_and_the_rest_wait(server: ServerProcess) -> None:
     """Idle admin connections once took the descriptors the queue ports' clients needed: the port
     holds `ADMIN_CONNECTIONS` at once; the others wait in the listen backlog, as any port's do when

@@ -9,7 +9,9 @@ follow a status change at once, as the ZooKeeper server sets do, ahead of its gr
 Each request, from the wait for its first line to the last byte of its answer, has
 `request_timeout`: a client that connects and sends nothing, trickles its request or reads its
 answer that slowly is closed rather than holding one of the port's connections for good (the
-probes, scrapes and the page's polls take milliseconds; a browser connects again for its next).
+probes, scrapes and the page's polls take milliseconds; a browser connects again for its next);
+and when every connection is taken and another client is waiting to connect, the one that has
+waited longest for a request is closed to make room for it.
 A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
 the server's log, naming the client and the reason, never a bare traceback or line on stderr.
 """
@@ -69,9 +71,19 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         if self.answered:
             step_aside()
         self.answered = True
-        with gevent.Timeout(self.server.request_timeout_s, False):
-            return super().handle_one_request()
-        return None  # out of time: the connection closes
+        worker = gevent.getcurrent()
+        waiting = self.server.waiting
+        waiting[worker] = None  # until its request is in (`handle_one_response`)
+        try:
+            with gevent.Timeout(self.server.request_timeout_s, False):
+                return super().handle_one_request()
+            return None  # out of time: the connection closes
+        finally:
+            waiting.pop(worker, None)
+
+    def handle_one_response(self) -> Any:
+        self.server.waiting.pop(gevent.getcurrent(), None)  # the request is in: answering it
+        return super().handle_one_response()
 
     def handle_error(self, kind: type[BaseException], error: BaseException, traceback: Any) -> None:
         """An answer that ran out of `request_timeout` while being written (a client reading it that
@@ -103,6 +115,18 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
     def __init__(self, server: ServerState, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._state = server
+        # The workers whose connection waits for a request (its line, its headers), oldest first.
+        self.waiting: dict[gevent.Greenlet, None] = {}
+
+    def make_room(self) -> None:
+        """Close the connection that has waited longest for a request, for a client waiting to
+        connect to a full port: stalled clients (`ADMIN_CONNECTIONS` of them held the port until
+        their `request_timeout`, /ping and /ready unanswered meanwhile) and idle keep-alives give
+        way to the probe, which sends its request at once."""
+        for worker in self.waiting:
+            del self.waiting[worker]
+            worker.kill(block=False)
+            return
 
     @property
     def request_timeout_s(self) -> float:
@@ -156,4 +180,4 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
 
     wsgi = _AdminWSGIServer(server, listener, app, log=None, environ={"SERVER_NAME": listener[0]})
     return Listener("admin", listener, wsgi.handle, min(server.config.max_connections, ADMIN_CONNECTIONS),
-                    server.config.tcp_keepalive, cooperative=True)
+                    server.config.tcp_keepalive, cooperative=True, make_room=wsgi.make_room)

@@ -89,9 +89,10 @@ class Listener:
 
     def __init__(self, name: str, address: tuple[str, int], handle: Handler, max_connections: int,
                  keepalive_ms: int | None = None, warn_interval: float = WARN_INTERVAL,
-                 cooperative: bool = False) -> None:
+                 cooperative: bool = False, make_room: Callable[[], None] | None = None) -> None:
         self.name = name
         self.cooperative = cooperative
+        self.make_room = make_room  # called when the pool is full and a client waits to connect
         self.handle = handle
         self.pool = Pool(max_connections)
         self.warn_interval = warn_interval
@@ -130,6 +131,10 @@ class Listener:
         backoff = MIN_BACKOFF
         accepted_count = 0
         while True:
+            if self.make_room is not None and self.pool.full():
+                readable.wait()  # a client waits in the backlog
+                if self.pool.full():
+                    self.make_room()
             self.pool.wait_available()
             try:
                 fd, address = _accept(listening)
