@@ -197,7 +197,8 @@ def test_config_check_without_starting(tmp_path: Path) -> None:
     done = kestrel_command("config", "check", str(bad))
     assert done.returncode == 2
     keys = [line.removeprefix("kestrel: bad configuration: ").split(":")[0] for line in done.stderr.splitlines()]
-    assert keys == ["thrift_prot", "default_queue.sync_journal", "aliases.a.targets"], done.stderr
+    assert keys == ["thrift_prot", "default_queue.sync_journal", "aliases.a.targets",
+                    "aliases.a.destination_queues"], done.stderr
     # `serve --check` checks the command line's values too, and starts nothing.
     checked = kestrel_command("serve", "--check", "--config", str(EXAMPLE),
                               "--thrift-port=99999")
