@@ -15,6 +15,7 @@ import pytest
 
 from kestrel.storage.kestrel2 import codec
 from tests.storage.test_replay_fast_path import random_journal
+from tests.support.damaged_bytes import damaged
 
 try:
     from kestrel.storage.kestrel2 import _codec as compiled
@@ -26,18 +27,6 @@ except ImportError:  # the build skips the helper only where there is no C compi
 
 def journal_bytes(seed: int, count: int = 120) -> bytes:
     return b"".join(codec.encode(r) for r in random_journal(random.Random(seed), count))
-
-
-def damaged(rng: random.Random, buf: bytes) -> bytes:
-    """`buf` with a few bytes overwritten, a bit flipped in a size field's range, or its tail cut."""
-    out = bytearray(buf)
-    for _ in range(rng.randrange(1, 4)):
-        at = rng.randrange(len(out))
-        if rng.random() < 0.5:
-            out[at] = rng.randrange(256)
-        else:
-            out[at] ^= 1 << rng.randrange(8)
-    return bytes(out[:rng.randrange(len(out) // 2, len(out) + 1)])
 
 
 def both(buf: bytes, pos: int, budget: int, check_sizes: bool) -> None:

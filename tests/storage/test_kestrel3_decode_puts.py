@@ -22,6 +22,7 @@ from kestrel.storage.journal_file import READ_CHUNK
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader, list_queue_files
+from tests.support.damaged_bytes import damaged
 
 try:
     from kestrel.storage.kestrel3 import _codec as compiled
@@ -41,18 +42,6 @@ def random_puts(rng: random.Random, count: int) -> bytes:
                                     rng.choice((0, -5, 1_700_000_000_000, 2**63 - 1)), expire, data)))
         item_id += 1
     return b"".join(out)
-
-
-def damaged(rng: random.Random, buf: bytes) -> bytes:
-    """`buf` with a few bytes overwritten or flipped, and its tail cut."""
-    out = bytearray(buf)
-    for _ in range(rng.randrange(1, 4)):
-        at = rng.randrange(len(out))
-        if rng.random() < 0.5:
-            out[at] = rng.randrange(256)
-        else:
-            out[at] ^= 1 << rng.randrange(8)
-    return bytes(out[:rng.randrange(len(out) // 2, len(out) + 1)])
 
 
 def decoded_one_by_one(buf: bytes, pos: int) -> list[k3.PutRow]:
