@@ -324,3 +324,15 @@ def test_the_benchmark_runs_from_a_clone() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
     assert len(rows) == 2 and all(row.count("(") == 2 for row in rows)
+
+
+def test_files_named_after_an_invalid_queue_name_are_left_as_a_start_leaves_them(tmp_path: Path) -> None:
+    coll = k2_collection(tmp_path)
+    coll.put("a", [b"1"])
+    coll.put("b", [b"2"])
+    coll.close()
+    os.rename(tmp_path / "b", tmp_path / "my jobs")
+    output = run(tmp_path, "kestrel3")
+    assert "'my jobs': not converted: its files are named after an invalid queue name (" in output
+    assert "a: converted to kestrel3: a 1 items" in output
+    assert (tmp_path / "my jobs").read_bytes() and convert.queues_on_disk(str(tmp_path))["a"] == "kestrel3"
