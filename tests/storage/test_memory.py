@@ -236,6 +236,31 @@ def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_pat
     assert [i.data for i in coll.remove("jobs+audit", 100_000)][:n] == [item(k, 9) for k in range(n)]
 
 
+@FORMATS
+def test_items_aborted_back_to_the_head_keep_nothing_in_memory_once_they_are_gone(tmp_path: Path,
+                                                                                   journal_format: str) -> None:
+    """Aborted reads back at the head are kept in memory by a shed (the journal holds them out of
+    order); their count was never lowered as they left, so a queue kept as many items of the journal
+    in memory for good, and a server whose memory they held between the low-water mark and the
+    budget refused every put. Found from outside: 50 reads aborted on each of three queues."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 1 << 20)
+    names = ["q0", "q1", "q2"]
+    for n in range(100):
+        for name in names:
+            coll.put(name, [item(n, 10_000)])
+    for name in names:
+        opened = coll.remove(name, 50, transaction=True)
+        assert coll.unremove(name, [i.xid for i in opened]) == 50
+        assert sorted(i.data for i in coll.remove(name, 50)) == [item(n, 10_000) for n in range(50)]
+    runtime.advance(250)
+    runtime.advance(250)
+    assert not governor.flow_control
+    assert coll.ledger.total == held_in_memory(coll) <= (1 << 20) * 0.9
+    coll.put("q0", [b"after"])  # puts go on
+    for name in names:
+        assert [i.data for i in coll.remove(name, 100)][:50] == [item(n, 10_000) for n in range(50, 100)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Start-up: the replay pages out under the same budget
 

@@ -591,8 +591,9 @@ class MemoryGovernor:
         if self.flow_control:
             self.refused_puts += 1
             raise MemoryBudgetExceeded(
-                f"server memory {self.memory_total} bytes is over max_memory_total {self.budget} "
-                f"(open reads or items that cannot be paged out); put refused, try again later")
+                f"server memory {self.memory_total} bytes went over max_memory_total {self.budget} and is "
+                f"not yet under {int(self.budget * LOW_WATER)} (open reads or items that cannot be paged "
+                f"out); put refused, try again later")
 
     def measure(self) -> int:
         """What the queues hold in memory now: items, open reads, read-behind buffers (a walk that

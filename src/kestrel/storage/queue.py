@@ -209,8 +209,11 @@ class PersistentQueue(ABC):
         # The `max_age` the items held were last capped by (`age_held_items`).
         self._aged_by: int | None = None
         self._expiry_watch: Callable[[PersistentQueue], None] = _unwatched
-        # At least as many as the items at the head of memory that were ever taken (aborted reads
-        # back at the head): the tail beyond them is the newest adds, in journal order (`shed`).
+        # At least as many as the items at the head of memory that were taken before (aborted reads
+        # back at the head, always its first items): the tail beyond them is the newest adds, in
+        # journal order (`shed`). Each item leaving the head lowers it: once they are gone, a shed
+        # may page out any item but the head (it kept them in memory for good, and a server whose
+        # memory they held above the flow-control mark refused every put).
         self._pushed = 0
         self._watchers: Sequence[DepartureWatcher] = ()
         # Readers waiting for an item: made at the first wait (`_wait_list`), so that a queue nobody
@@ -577,6 +580,8 @@ class PersistentQueue(ABC):
                 elif taken:
                     if size > max_bytes:
                         taken, size = _within(mem, taken, max_bytes)
+                    if self._pushed:
+                        self._pushed = max(0, self._pushed - len(taken))
                     self.length -= len(taken)
                     self.bytes -= size
                     self.memory_bytes -= size
@@ -851,6 +856,8 @@ class PersistentQueue(ABC):
             if not mem:
                 return None
         item = mem.popleft()
+        if self._pushed:
+            self._pushed -= 1
         size = len(item.data)
         self.length -= 1
         self.bytes -= size
