@@ -169,6 +169,38 @@ def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProc
         on(readonly).set_status(kestrel.Status.UP)
 
 
+@pytest.mark.parametrize("answer", [
+    b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
+    # a well-formed reply to `put` with no result in it
+    struct.pack(">iIi", 4 + 4 + 3 + 4 + 1, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x00",
+])
+def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: ServerProcess, answer: bytes) -> None:
+    with socket.socket() as other:  # another service on the port, a proxy
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+
+        def answer_each() -> None:
+            while True:
+                try:
+                    conn, _ = other.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(answer)
+
+        threading.Thread(target=answer_each, daemon=True).start()
+        port = other.getsockname()[1]
+        with pytest.raises(ServerUnavailable, match=rf"127.0.0.1:{port}.*put: the answer is not a Kestrel Thrift reply"):
+            Server("127.0.0.1", port).put("garbled", [b"x"])
+        cluster = Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"])
+        try:
+            assert cluster.put("garbled", b"x")  # taken by the next server
+            assert cluster.get("garbled") == b"x"
+        finally:
+            cluster.close()
+
+
 def test_no_server_could_take_it(server: ServerProcess) -> None:
     cluster = Cluster([f"127.0.0.1:{free_port()}", f"127.0.0.1:{server.thrift_port}"])
     with pytest.raises(NoServers) as e:

@@ -15,6 +15,8 @@ from types import TracebackType
 from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.protocol.cybin import ProtocolError  # type: ignore[attr-defined]  # (a C module without stubs)
+from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
@@ -32,6 +34,8 @@ from kestrel.contract import kestrel_thrift
 
 # What a lost or unreachable server looks like from here.
 CONNECTION_ERRORS = (TTransportException, OSError, EOFError)
+# What thriftpy2 raises reading bytes that are no Thrift reply (its C reader's error, and its own).
+NOT_A_REPLY = (ProtocolError, TProtocolException)
 
 
 class _Connection:
@@ -220,7 +224,14 @@ class Server:
             conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
             try:
                 result = conn.invoke(method, args)
-            except TApplicationException as e:
+            except (TApplicationException, *NOT_A_REPLY) as e:
+                if not isinstance(e, TApplicationException) or e.type == TApplicationException.MISSING_RESULT:
+                    # Bytes that are no Kestrel reply (another service on the port, a proxy): the
+                    # connection's state is unknown, and the next server may serve the call.
+                    conn.close()
+                    self.down_until = time.monotonic() + self.retry_after
+                    raise ServerUnavailable(self.address, f"{method}: the answer is not a Kestrel Thrift "
+                                                          f"reply ({e})", maybe_done=True) from e
                 error = refusal(self.address, e.message or str(e))
                 if isinstance(error, ServerClosing):
                     conn.close()
