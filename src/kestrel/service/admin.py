@@ -123,10 +123,10 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
         connect to a full port: stalled clients (`ADMIN_CONNECTIONS` of them held the port until
         their `request_timeout`, /ping and /ready unanswered meanwhile) and idle keep-alives give
         way to the probe, which sends its request at once."""
-        for worker in self.waiting:
-            del self.waiting[worker]
-            worker.kill(block=False)
-            return
+        oldest = next(iter(self.waiting), None)
+        if oldest is not None:
+            del self.waiting[oldest]
+            oldest.kill(block=False)
 
     @property
     def request_timeout_s(self) -> float:

@@ -1,5 +1,6 @@
 """The system calls that put a journal's bytes on the disk: writing all of a buffer, fsyncing a file
-or a folder; and the one read of a large record a journal reader makes (`pread`).
+or a folder; the one read of a large record a journal reader makes (`pread`); and the open of a
+queue's files, which never waits on a FIFO or a device in a file's place (`open_file`).
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
