@@ -138,10 +138,7 @@ def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
     collect = _Collector()
     collect.errors += [ConfigError(f"{key}.{name}", f"unknown zookeeper setting (known: {', '.join(known)})")
                        for name in sorted(set(value) - set(known), key=str)]
-    if "hosts" not in value:
-        collect.errors.append(ConfigError(f"{key}.hosts", "required: the ZooKeeper ensemble, e.g. "
-                                                          "\"zk1:2181,zk2:2181\""))
-    hosts = collect.check(_string, f"{key}.hosts", value.get("hosts", "-"))
+    hosts = collect.check(_zookeeper_hosts, f"{key}.hosts", value.get("hosts"))
     prefix = collect.check(_zookeeper_path, f"{key}.path_prefix", value.get("path_prefix", "/kestrel"))
     timeout = collect.check(_more_than_zero(parse_duration_ms, "a session that ends at once"),
                             f"{key}.session_timeout", value.get("session_timeout", "10s"))
@@ -150,6 +147,12 @@ def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
         advertise = collect.check(_string, f"{key}.advertise_host", advertise)
     collect.raise_any()
     return ZooKeeperConfig(hosts=hosts, path_prefix=prefix, session_timeout=timeout, advertise_host=advertise)
+
+
+def _zookeeper_hosts(key: str, value: Any) -> str:
+    if value is None:
+        raise ConfigError(key, "required: the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\"")
+    return _string(key, value)
 
 
 def _zookeeper_path(key: str, value: Any) -> str:
@@ -240,6 +243,7 @@ def _memory_total(key: str, value: Any) -> int:
 # keepalive idle time of at most 32767 s (the listener's socket option is refused past it).
 MAX_CONNECTIONS = 2**31 - 1
 MAX_KEEPALIVE_MS = 32_767_000
+
 
 def _more_than_zero(parse: Callable[[str, Any], int], why: str) -> Callable[[str, Any], int]:
     """`parse`, refusing 0 for a setting where 0 leaves the server serving nothing (`why`)."""
