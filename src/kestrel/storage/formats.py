@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, replace_file
-from kestrel.storage.errors import ConfigError, CorruptJournalError
+from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
 
@@ -60,6 +60,19 @@ def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = No
         if infix and queue and not filenames.is_temporary(entry.name):
             found[queue] = KESTREL3
     return found
+
+
+def ignored_names(on_disk: Mapping[str, str]) -> dict[str, str]:
+    """The names of `on_disk` no queue can have, each with why: a start leaves their files as they
+    are and loads none of them, and the tools say so."""
+    ignored = {}
+    for name in on_disk:
+        try:
+            filenames.check_queue_name(name)
+        except InvalidQueueName as invalid:
+            ignored[name] = (f"its files are named after an invalid queue name ({invalid}); the server "
+                             f"ignores them")
+    return ignored
 
 
 def check_format(queue_path: str, name: str, files: JournalFiles, configured: str) -> None:

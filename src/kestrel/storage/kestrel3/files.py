@@ -392,6 +392,8 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: i
 def header_unwritten(path: str) -> bool:
     """Whether the writer file at `path` was created but its header never reached the disk
     (`k3.unfinished_header`): when it is the newest, start-up writes the header."""
+    if os.path.getsize(path) >= k3.MAGIC_SIZE:  # every file but such a one: a stat, not a read
+        return False
     with open(path, "rb") as f:
         return k3.unfinished_header(f.read(k3.MAGIC_SIZE))
 

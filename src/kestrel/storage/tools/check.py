@@ -19,8 +19,8 @@ from typing import TextIO
 
 from kestrel.storage import commit_log, damage, filenames, layout
 from kestrel.storage.clock import SYSTEM_CLOCK
-from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
-from kestrel.storage.formats import KESTREL3, queues_on_disk
+from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
@@ -154,14 +154,12 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
         if name not in on_disk:
             out.write(f"{name}: no such queue in {queue_path}\n")
             damaged += 1
+    ignored = ignored_names(on_disk)
     for name, fmt in sorted(on_disk.items()):
         if queues and name not in queues:
             continue
-        try:
-            filenames.check_queue_name(name)
-        except InvalidQueueName as invalid:  # as start-up: its files are left, never loaded
-            out.write(f"{name!r}: not loaded: its files are named after an invalid queue name ({invalid}); "
-                      f"the server ignores them\n")
+        if name in ignored:
+            out.write(f"{name!r}: not loaded: {ignored[name]}\n")
             damaged += 1
             continue
         report = Report()

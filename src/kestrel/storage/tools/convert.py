@@ -46,6 +46,7 @@ from kestrel.storage.formats import (
     finish_intent,
     finish_interrupted,
     format_title,
+    ignored_names,
     queues_on_disk,
     step,
     write_intent,
@@ -344,13 +345,9 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
             out.write(f"{finished}: finished the conversion a crash interrupted\n")
         _remove_temporaries(queue_path)
         on_disk = queues_on_disk(queue_path)
-        for name in sorted(on_disk):
-            try:
-                filenames.check_queue_name(name)
-            except InvalidQueueName as invalid:  # as start-up: its files are left as they are
-                out.write(f"{name!r}: not converted: its files are named after an invalid queue name "
-                          f"({invalid}); the server ignores them\n")
-                del on_disk[name]
+        for name, why in sorted(ignored_names(on_disk).items()):
+            out.write(f"{name!r}: not converted: {why}\n")
+            del on_disk[name]
         units = _units(on_disk, to, named)
         for name in named:
             if name not in units and name.partition("+")[0] not in units:
