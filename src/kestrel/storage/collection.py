@@ -164,12 +164,11 @@ class QueueCollection:
         self._warn_masked()
 
     def _load_found(self, queues: dict[str, JournalFiles]) -> None:
+        ignored = formats.ignored_names(queues)
         for index, name in enumerate(sorted(queues, key=lambda n: ("+" in n, n))):
             self._waiting = len(queues) - index - 1
-            try:
-                check_queue_name(name)
-            except InvalidQueueName as invalid:
-                log.warning("ignoring journal with an invalid queue name", file=name, reason=str(invalid))
+            if name in ignored:
+                log.warning("ignoring journal with an invalid queue name", file=name, reason=ignored[name])
                 continue
             formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:

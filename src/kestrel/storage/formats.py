@@ -62,9 +62,9 @@ def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = No
     return found
 
 
-def ignored_names(on_disk: Mapping[str, str]) -> dict[str, str]:
+def ignored_names(on_disk: Mapping[str, object]) -> dict[str, str]:
     """The names of `on_disk` no queue can have, each with why: a start leaves their files as they
-    are and loads none of them, and the tools say so."""
+    are and loads none of them (`QueueCollection.load`), and the tools say so."""
     ignored = {}
     for name in on_disk:
         try:
