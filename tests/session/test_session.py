@@ -264,17 +264,18 @@ def test_a_fault_part_way_through_a_large_get_puts_back_the_slices_taken(
     session = Session(server, "client")
     datas = [b"%06d" % n for n in range(GET_SLICE + 5)]
     session.put("q", datas)
-    take = server.collection.remove
+    q = server.collection.queue("q")
+    take = q.remove
     calls: list[int] = []
 
-    def failing_second(queue: str, count: int = 1, transaction: bool = False, timeout: float = 0.0,
+    def failing_second(count: int = 1, transaction: bool = False, timeout: float = 0.0,
                        held: bool = False, max_bytes: int = GET_BYTES) -> list[Any]:
         calls.append(count)
         if len(calls) == 2:
-            raise JournalWriteError(queue, "q", OSError(errno.ENOSPC, "No space left on device"))
-        return take(queue, count, transaction, timeout, held, max_bytes)
+            raise JournalWriteError("q", "q", OSError(errno.ENOSPC, "No space left on device"))
+        return take(count, transaction, timeout, held, max_bytes)
 
-    monkeypatch.setattr(server.collection, "remove", failing_second)
+    monkeypatch.setattr(q, "remove", failing_second)
     with pytest.raises(JournalWriteError):  # the fault is the answer; the slice taken goes back
         session.get_items("q", len(datas), auto_abort_ms=auto_abort_ms, capped=False)
     monkeypatch.undo()
@@ -426,6 +427,54 @@ def test_ids_close_their_reads_in_their_own_queues_in_one_call(server: ServerSta
     assert session.abort_ids({q_ids[1], r_ids[1]}) == 2
     assert _open_reads(server, "q") == _open_reads(server, "r") == 0
     assert _drain(server, "q") == [b"q2"] and _drain(server, "r") == [b"r2"]
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_reads_of_a_deleted_queue_close_nothing_of_the_queue_created_under_its_name(
+        make_server: MakeServer, runtime: ManualRuntime, journal_format: str) -> None:
+    """A queue created again after a delete starts its xids again: the reads opened on the deleted
+    one (their items gone with it) confirm and abort nothing of the new one, whose reads stay
+    open until their own clients close them, by a confirm, an abort, a disconnect or a timer."""
+    server = make_server(max_open_reads=3, queues=QueueConfigs({"journal_format": journal_format}))
+    old, new, admin = Session(server, "old"), Session(server, "new"), Session(server, "admin")
+    admin.put("q", [b"gone 1"])
+    admin.put("r", [b"gone 2"])
+    assert old.get("q", open=True) == [b"gone 1"]
+    [(_, stale_id)] = old.get_items("r", 1, auto_abort_ms=1_000).pairs()
+    admin.delete("q")
+    admin.delete("r")
+    admin.put("q", [b"kept 1"])
+    admin.put("r", [b"kept 2"])
+    assert new.get("q", open=True) == [b"kept 1"]
+    [(_, kept_id)] = new.get_items("r", 1, auto_abort_ms=60_000).pairs()
+    assert old.confirm_reads("q") == 0  # its read went with the deleted queue
+    assert old.confirm_ids({stale_id}) == 0
+    assert _open_reads(server, "q") == _open_reads(server, "r") == 1  # the new reads are untouched
+    assert old.get("q", open=True) == []  # nothing else to take: the new read is still open
+    old.close()  # aborts what it holds: nothing of the new queue
+    runtime.advance(1_000)  # the stale read's timer: nothing of the new queue either
+    assert _open_reads(server, "q") == _open_reads(server, "r") == 1
+    assert new.confirm_ids({kept_id}) == 1
+    new.close()  # its read of `q` goes back
+    assert _drain(server, "q") == [b"kept 1"] and _drain(server, "r") == []
+
+
+def test_a_large_get_takes_no_slice_from_a_queue_created_after_its_queue_was_deleted(
+        make_server: MakeServer) -> None:
+    server = make_server(max_open_reads=4 * GET_SLICE)
+    admin = Session(server, "admin")
+
+    def delete_and_create_again() -> None:
+        if server.collection.queue("q").stats()["items"] == GET_SLICE:  # after the first slice
+            admin.delete("q")
+            admin.put("q", [b"new %d" % n for n in range(GET_SLICE)])
+
+    session = Session(server, "client", pause=delete_and_create_again)
+    session.put("q", [b"old %d" % n for n in range(2 * GET_SLICE)])
+    taken = session.get_items("q", 2 * GET_SLICE, auto_abort_ms=60_000)
+    assert taken.data() == [b"old %d" % n for n in range(GET_SLICE)]
+    assert session.abort_ids(set(taken.ids)) == 0  # type: ignore[arg-type]
+    assert _drain(server, "q") == [b"new %d" % n for n in range(GET_SLICE)]
 
 
 # ---------------------------------------------------------------------------------------------

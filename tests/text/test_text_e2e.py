@@ -165,3 +165,20 @@ def test_slow_put_block_is_closed_and_not_stored(server_factory: Any) -> None:
     s.sendall(b"put slow:\none\n")
     assert closed_by_server(s)
     assert text(srv.text_port, b"peek slow\n") == b"*\n"
+
+
+def test_a_read_of_a_deleted_queue_closes_nothing_of_the_queue_created_under_its_name(
+        server: ServerProcess) -> None:
+    port = server.text_port
+    assert text(port, b"put renewed:\nold\n\n") == b"+1\n"
+    stale = conn(port)
+    assert exchange(stale, b"get renewed\n", b"\n") == b":old\n"
+    assert text(port, b"delete renewed\n") == b"+0\n"
+    assert text(port, b"put renewed:\nnew\n\n") == b"+1\n"
+    holder = conn(port)
+    assert exchange(holder, b"get renewed\n", b"\n") == b":new\n"
+    assert exchange(stale, b"confirm renewed 1\n", b"\n") == b"-Not that many transactions open.\n"
+    stale.close()  # a disconnect aborts nothing of the new queue either
+    assert text(port, b"get renewed\n") == b"*\n"  # `new` is still the holder's
+    holder.close()
+    wait_until(lambda: text(port, b"peek renewed\n") == b":new\n", "the holder's read to come back")

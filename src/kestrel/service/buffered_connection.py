@@ -64,6 +64,9 @@ class BufferedConnection:
         self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
         self.buf = bytearray()  # input received and not yet answered
+        # Requests begun that span several receives (a text put block, a memcache item skipped): one
+        # still under way after a receive keeps its `request_timeout` deadline, any other restarts it.
+        self.requests_begun = 0
         self.in_hub = False  # `process` runs in the hub: it stops before a request that may wait
 
     def process(self, buf: bytearray) -> int:
@@ -130,11 +133,15 @@ class BufferedConnection:
                 if ended:
                     self.replies.finish()
                     break
-                drop_answered(buf, self.process(buf))
+                was_mid, begun = self.mid_request(), self.requests_begun
+                used = self.process(buf)
+                drop_answered(buf, used)
                 self.send()
-                if not buf and not self.mid_request():
+                mid = self.mid_request()
+                if not buf and not mid:
                     deadline = None
-                elif deadline is None:
+                elif deadline is None or (used and not (was_mid and mid and begun == self.requests_begun)):
+                    # The request in progress began in what was just received: its time starts now.
                     deadline = time.monotonic() + request_timeout
                 self.take_turns()  # a client streaming a large request lets the others in too
         except CloseConnection:

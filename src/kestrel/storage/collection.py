@@ -87,6 +87,7 @@ class QueueCollection:
         self._sweeper: Timer | None = None
         self.total_items_added = 0
         self.queue_creates = 0
+        self._serials = 0  # the last `serial` given to a queue
         self.queue_deletes = 0
         self.queue_expires = 0
         self.closed = False
@@ -245,6 +246,8 @@ class QueueCollection:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
+        self._serials += 1
+        q.serial = self._serials
         q.on_poison = self._poison_to
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
@@ -387,16 +390,32 @@ class QueueCollection:
             return None
         return self.queue(name).wait_peek(timeout)
 
-    def confirm(self, name: str, xids: list[int]) -> int:
-        """Confirm open reads with one journal write; how many were open."""
-        q = self._queues.get(name)
+    def reading(self, name: str) -> PersistentQueue | None:
+        """The queue a get on `name` takes from, created on first reference; None for an alias, which
+        gives nothing. Its `serial` names the queue the reads it opens belong to. Raises as `queue`."""
+        if self.aliases and name in self.aliases:  # (as in `put`)
+            return None
+        return self.queue(name)
+
+    def confirm(self, name: str, xids: list[int], serial: int | None = None) -> int:
+        """Confirm open reads with one journal write; how many were open. With `serial`, only on the
+        queue of that serial (`opened_on`)."""
+        q = self.opened_on(name, serial)
         return q.confirm(xids) if q is not None else 0
 
-    def unremove(self, name: str, xids: list[int], handed_out: bool = True) -> int:
+    def unremove(self, name: str, xids: list[int], handed_out: bool = True, serial: int | None = None) -> int:
         """Abort open reads with one journal write, each back at the head in turn; how many were
-        open. Those never `handed_out` count no error (`PersistentQueue.unremove`)."""
-        q = self._queues.get(name)
+        open. Those never `handed_out` count no error (`PersistentQueue.unremove`). With `serial`,
+        only on the queue of that serial (`opened_on`)."""
+        q = self.opened_on(name, serial)
         return q.unremove(xids, handed_out) if q is not None else 0
+
+    def opened_on(self, name: str, serial: int | None) -> PersistentQueue | None:
+        """Queue `name`, if it is still the queue of `serial` (None: whichever it is now): the reads
+        opened on a queue deleted since are gone with its items, and their xids name other items of
+        a queue created under its name after it."""
+        q = self._queues.get(name)
+        return q if q is not None and (serial is None or q.serial == serial) else None
 
     def flush(self, name: str) -> None:
         """Empty a queue; one that does not exist is not created (as Kestrel). Raises

@@ -222,6 +222,10 @@ class PersistentQueue(ABC):
         # Takes items aborted max_errors times, told the queue's name and error queue (poison.hand_over).
         self.on_poison: poison.Receiver | None = None
         self.closed = False
+        # Which of the queues ever called by this name in this process it is (given by the
+        # collection at its creation; 0 outside one): an open read closes only on the queue it was
+        # opened on, never on one created under the same name after a delete (its xids start again).
+        self.serial = 0
         # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
         self._own_failure: BaseException | None = None  # the change in progress failed a write of ours

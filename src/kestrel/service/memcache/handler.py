@@ -196,6 +196,7 @@ class MemcacheConnection(BufferedConnection):
                 if e.close:
                     raise CloseConnection from None
                 self.discard, self.discard_reply = e.skip, b""
+                self.requests_begun += 1
                 continue
             if command.name != "set":
                 if self.in_hub and not self._answers_at_once(command):
@@ -205,6 +206,7 @@ class MemcacheConnection(BufferedConnection):
             if command.size > self.max_item:
                 self.discard = command.size + 2
                 self.discard_reply = b"SERVER_ERROR object too large for cache\r\n"
+                self.requests_begun += 1
                 continue
             data_end = pos + command.size
             if data_end + 2 > end:
@@ -214,6 +216,7 @@ class MemcacheConnection(BufferedConnection):
                 resync = buf.find(b"\n", data_end)
                 if resync < 0:
                     self.skip_line = True
+                    self.requests_begun += 1
                     return end
                 pos = resync + 1
                 continue

@@ -15,14 +15,24 @@ from kestrel.storage import QueueCollection
 
 
 class OpenRead:
-    """One open read: its queue and xid, the connection's reads it belongs to, and for Thrift the id
-    the client closes it by (0 otherwise). (A class of its own `__init__`, not a dataclass: compiled,
-    a dataclass's generated `__init__` stays interpreted, 1,870 instructions an open read.)"""
+    """One open read: its queue, the `serial` of that queue (it closes on no other queue of the name:
+    `QueueCollection.opened_on`) and the xid, the connection's reads it belongs to, and for Thrift the
+    id the client closes it by (0 otherwise). (A class of its own `__init__`, not a dataclass:
+    compiled, a dataclass's generated `__init__` stays interpreted, 1,870 instructions an open read.)"""
 
-    __slots__ = ("queue", "xid", "owner", "read_id")
+    __slots__ = ("queue", "serial", "xid", "owner", "read_id")
 
-    def __init__(self, queue: str, xid: int, owner: OpenReads, read_id: int = 0) -> None:
-        self.queue, self.xid, self.owner, self.read_id = queue, xid, owner, read_id
+    def __init__(self, queue: str, serial: int, xid: int, owner: OpenReads, read_id: int = 0) -> None:
+        self.queue, self.serial, self.xid, self.owner, self.read_id = queue, serial, xid, owner, read_id
+
+
+def by_serial(reads: list[OpenRead]) -> dict[int, list[int]]:
+    """The xids of `reads` (of one queue name), in their order, by the serial of the queue each was
+    opened on: one, unless the queue was deleted and created again while they were open."""
+    xids: dict[int, list[int]] = {}
+    for read in reads:
+        xids.setdefault(read.serial, []).append(read.xid)
+    return xids
 
 
 class OpenReads:
@@ -39,18 +49,18 @@ class OpenReads:
     def holds(self, queue: str) -> bool:
         return queue in self._by_queue
 
-    def open(self, queue: str, xid: int, read_id: int = 0) -> OpenRead:
-        read = OpenRead(queue, xid, self, read_id)
+    def open(self, queue: str, serial: int, xid: int) -> OpenRead:
+        read = OpenRead(queue, serial, xid, self)
         self._by_queue.setdefault(queue, {})[read] = None
         return read
 
-    def open_run(self, queue: str, xids: list[int], first_id: int) -> list[OpenRead]:
-        """Open reads of `xids` on `queue`, their ids running on from `first_id`."""
+    def open_run(self, queue: str, serial: int, xids: list[int], first_id: int) -> list[OpenRead]:
+        """Open reads of `xids` on `queue` (of `serial`), their ids running on from `first_id`."""
         held = self._by_queue.setdefault(queue, {})
         reads = []
         read_id = first_id
         for xid in xids:  # (a loop: compiled, enumerate and dict.fromkeys go through generic calls)
-            read = OpenRead(queue, xid, self, read_id)
+            read = OpenRead(queue, serial, xid, self, read_id)
             held[read] = None
             reads.append(read)
             read_id += 1
@@ -92,38 +102,39 @@ class ReadsById:
         self._reads: dict[int, OpenRead] = {}
         self.auto_aborts = AutoAborts(self._reads, self._auto_abort, collection.runtime)
 
-    def open_many(self, reads: OpenReads, queue: str, xids: list[int], auto_abort_ms: int) -> list[int]:
-        """Open reads of `xids` for the connection holding `reads`, all due to abort at the same
-        moment; their ids."""
+    def open_many(self, reads: OpenReads, queue: str, serial: int, xids: list[int], auto_abort_ms: int
+                  ) -> list[int]:
+        """Open reads of `xids` on `queue` (of `serial`) for the connection holding `reads`, all due
+        to abort at the same moment; their ids."""
         count = len(xids)
         if not count:
             return []
         first = self.ids.take(count)
         by_id = self._reads
         read_ids = []
-        for read in reads.open_run(queue, xids, first):
+        for read in reads.open_run(queue, serial, xids, first):
             by_id[read.read_id] = read
             read_ids.append(read.read_id)
         self.auto_aborts.add_run(first, count, self.auto_aborts.deadline_after(auto_abort_ms / 1000.0))
         return read_ids
 
-    def _take(self, read_ids: list[int] | set[int]) -> dict[str, list[int]]:
+    def _take(self, read_ids: list[int] | set[int]) -> dict[tuple[str, int], list[int]]:
         """Remove the open reads among `read_ids`, newest first so that aborted items end up at the
-        head in the order they were read; their xids by queue."""
-        xids: dict[str, list[int]] = {}
+        head in the order they were read; their xids by queue and serial."""
+        xids: dict[tuple[str, int], list[int]] = {}
         by_id = self._reads
         for read_id in sorted(read_ids, reverse=True):
             read = by_id.pop(read_id, None)
             if read is None:
                 continue
             read.owner.forget(read)
-            xids.setdefault(read.queue, []).append(read.xid)
+            xids.setdefault((read.queue, read.serial), []).append(read.xid)
         return xids
 
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
-        for queue, xids in self._take(read_ids).items():
-            self.collection.unremove(queue, xids)
+        for (queue, serial), xids in self._take(read_ids).items():
+            self.collection.unremove(queue, xids, serial=serial)
 
     def close(self, ids: set[int], confirm: bool) -> int:
         """Confirm (or abort) the open reads among `ids`, each in its own queue whatever queue the
@@ -131,8 +142,11 @@ class ReadsById:
         open."""
         coll = self.collection
         closed = 0
-        for queue, xids in self._take(ids).items():
-            closed += coll.confirm(queue, xids) if confirm else coll.unremove(queue, xids)
+        for (queue, serial), xids in self._take(ids).items():
+            if confirm:
+                closed += coll.confirm(queue, xids, serial)
+            else:
+                closed += coll.unremove(queue, xids, serial=serial)
         return closed
 
     def cancel_timers(self) -> None:

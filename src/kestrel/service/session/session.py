@@ -17,10 +17,11 @@ from typing import Any, Final
 import structlog
 
 from kestrel.service.logs import bind_client
-from kestrel.service.session.open_reads import OpenReads
+from kestrel.service.session.open_reads import OpenReads, by_serial
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
+from kestrel.storage.config import NATIVE_LIMIT
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.item import LookedItems, item_data
@@ -240,15 +241,16 @@ class Session:
         held = auto_abort_ms <= 0
         items: list[QItem] = []
         room = GET_BYTES
+        serial = 0  # the queue's, once it gave an item: every slice comes from that one
         try:
             while len(items) < max_items:
                 want = min(max_items - len(items), GET_SLICE)
-                more = self.coll.remove(queue, want, True, 0.0, held, room)
+                more, serial = self._open_reads(queue, want, held, room, serial)
                 while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
                     remaining = deadline - self._monotonic()
                     if remaining <= 0 or not self._wait_for_item(queue, remaining):
                         break
-                    more = self.coll.remove(queue, want, True, 0.0, held, room)
+                    more, serial = self._open_reads(queue, want, held, room, serial)
                 items += more
                 if not more or (len(more) < want and not deadline):
                     break
@@ -259,22 +261,32 @@ class Session:
                     self.pause()
             if held:
                 if items:
-                    self.coll.confirm(queue, [item.xid for item in items])
+                    self.coll.confirm(queue, [item.xid for item in items], serial)
                 return TakenItems(items, 0)
             xids = [item.xid for item in items]
-            ids = self.server.reads_by_id.open_many(self.reads, queue, xids, auto_abort_ms)
+            ids = self.server.reads_by_id.open_many(self.reads, queue, serial, xids, auto_abort_ms)
             return TakenItems(items, ids)
         except BaseException:
             if items:
-                self._put_back(queue, items)
+                self._put_back(queue, serial, items)
             raise
 
-    def _put_back(self, queue: str, items: list[QItem]) -> None:
+    def _open_reads(self, queue: str, count: int, held: bool, max_bytes: int, serial: int = 0
+                    ) -> tuple[list[QItem], int]:
+        """Up to `count` head items of `queue` taken as open reads (`PersistentQueue.remove`), and the
+        serial of the queue they came from: none where the name is an alias or, given a `serial`,
+        where the queue of that name is another one now (the one of `serial` was deleted)."""
+        q = self.coll.reading(queue)
+        if q is None or (serial and q.serial != serial):
+            return [], serial
+        return q.remove(count, True, 0.0, held, max_bytes), q.serial
+
+    def _put_back(self, queue: str, serial: int, items: list[QItem]) -> None:
         """Items a get took and never handed out go back to the head, the first taken first, with
         no error counted. Where that cannot be written (a journal that fails), they stay open reads
         in the journal and come back at the next start."""
         try:
-            self.coll.unremove(queue, [item.xid for item in reversed(items)], False)
+            self.coll.unremove(queue, [item.xid for item in reversed(items)], False, serial)
         except Exception:
             log.error("a get ended without a reply and could not put back what it took; it comes "
                       "back at the next start", queue=queue, items=len(items), exc_info=True)
@@ -333,20 +345,24 @@ class Session:
             self.waiting = False
 
     def _take(self, queue: str, count: int, seconds: float, open: bool = False,
-              peek: bool = False) -> list[QItem]:
-        """Head items (removed, opened, or the head only looked at), waiting up to `seconds` for one."""
+              peek: bool = False) -> tuple[list[QItem], int]:
+        """Head items (removed, opened, or the head only looked at), waiting up to `seconds` for one,
+        and for open reads the serial of the queue they came from."""
         deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
+        serial = 0
         while True:
             if peek:
                 head = self.coll.peek(queue)
                 items = [head] if head is not None else []
+            elif open:
+                items, serial = self._open_reads(queue, count, False, NATIVE_LIMIT)
             else:
-                items = self.coll.remove(queue, count, open)
+                items = self.coll.remove(queue, count)
             if items or seconds <= 0:
-                return items
+                return items, serial
             remaining = deadline - self._monotonic()
             if remaining <= 0 or not self._wait_for_item(queue, remaining):
-                return []
+                return [], serial
 
     def _wait_seconds(self, timeout_ms: int) -> float:
         """A client's wait, capped by `max_wait`."""
@@ -384,11 +400,14 @@ class Session:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
             raise SessionError("already have an open read on this queue: close or abort it first")
         stats = self.stats
+        serial = 0
         try:
             if peek or timeout_ms > 0:
-                items = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+                items, serial = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+            elif open:
+                items, serial = self._open_reads(queue, count, False, GET_BYTES)
             else:
-                items = self.coll.remove(queue, count, open, max_bytes=GET_BYTES)
+                items = self.coll.remove(queue, count, max_bytes=GET_BYTES)
         except BaseException:
             if peek:
                 stats.cmd_peek += 1
@@ -404,7 +423,7 @@ class Session:
             stats.cmd_get += count
         if open:
             for item in items:
-                self.reads.open(queue, item.xid)
+                self.reads.open(queue, serial, item.xid)
         stats.get_hits += len(items)
         stats.get_misses += count - len(items)
         return datas, count
@@ -423,26 +442,30 @@ class Session:
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 return
-            taken = self._take(queue, 1, remaining, open=True)
+            taken, serial = self._take(queue, 1, remaining, open=True)
             if not taken:
                 self.stats.get_misses += 1
                 return
             item = taken[0]
             self.stats.get_hits += 1
-            self.reads.open(queue, item.xid)
+            self.reads.open(queue, serial, item.xid)
             count += 1
             yield item.data
 
     def confirm_reads(self, queue: str, count: int | None = None) -> int:
-        """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many."""
+        """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many were
+        open (those of a queue deleted since are closed with nothing to confirm)."""
         done = self.reads.take_oldest(queue, count)
-        if done:
-            self.coll.confirm(queue, [read.xid for read in done])
-        return len(done)
+        if not done:
+            return 0
+        return sum(self.coll.confirm(queue, xids, serial) for serial, xids in by_serial(done).items())
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        self.coll.unremove(queue, [read.xid for read in reversed(self.reads.take_oldest(queue))])
+        done = self.reads.take_oldest(queue)
+        done.reverse()
+        for serial, xids in by_serial(done).items():
+            self.coll.unremove(queue, xids, serial=serial)
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status

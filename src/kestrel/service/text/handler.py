@@ -75,8 +75,8 @@ class TextConnection(BufferedConnection):
                 self.item_line(self.block, line)
             else:
                 self.line(line)
-        if len(buf) - pos > self.max_line:
-            self.out.append(b"-line too long\n")
+        if len(buf) - pos - (buf[-1] == 13 if len(buf) > pos else 0) > self.max_line:
+            self.out.append(b"-line too long\n")  # (a CR at the end may be the line end's first half)
             raise CloseConnection
         return pos
 
@@ -97,6 +97,11 @@ class TextConnection(BufferedConnection):
             return
         self.answer(lambda: metrics.timed("text", "put", self.store, block))
 
+    def _begin(self, block: PutBlock) -> None:
+        """A put block begins: one request until its empty line, however many receives it spans."""
+        self.block = block
+        self.requests_begun += 1
+
     @staticmethod
     def _refuse(block: PutBlock, reason: str) -> None:
         block.refusal = reason
@@ -110,7 +115,14 @@ class TextConnection(BufferedConnection):
             if start:
                 self.take_turns()
             step = block.items[start:start + PUT_STEP]
-            stored = self.session.put(block.queue, step, expiry)
+            try:
+                stored = self.session.put(block.queue, step, expiry)
+            except KestrelError:
+                if not accepted:
+                    raise
+                # Refused after the first steps were stored (a status change, the memory budget, a
+                # failed write in between): the answer counts those, and a retry of the rest is told why.
+                break
             accepted += stored
             if stored < len(step):
                 break
@@ -121,14 +133,14 @@ class TextConnection(BufferedConnection):
             command = parse_line(line)
         except TextError as e:
             if e.opens_block:
-                self.block = PutBlock("", None, refusal=e.message)
+                self._begin(PutBlock("", None, refusal=e.message))
             else:
                 self.out.append(b"-%s\n" % e.message.encode()[:512])
             return
         if command is None:
             return
         if command.name == "put":
-            self.block = PutBlock(command.queue, command.expiry_ms)
+            self._begin(PutBlock(command.queue, command.expiry_ms))
             return
         handler = getattr(self, f"do_{command.name}")
         self.answer(lambda: metrics.timed("text", command.name, handler, command))
