@@ -816,3 +816,42 @@ def test_drain_refuses_a_write_that_is_not_a_function_before_spark_runs_it() -> 
 
     with pytest.raises(TypeError, match="write must be a function of \\(batch_df, batch_id\\), got None"):
         drain(object(), "127.0.0.1:1", "q", None)  # type: ignore[arg-type]  # (no Spark session needed)
+
+
+def test_a_record_cut_short_before_the_next_file_is_damage_and_at_the_end_of_the_last_torn(
+        tmp_path: Path) -> None:
+    """The one torn-tail rule, as the server's start-up keeps it: torn only in a queue's last file."""
+    from kestrel.pipeline.journal_source import record_batches
+    from kestrel.storage.kestrel2 import codec
+
+    path = tmp_path / "q.1700000000000"
+    path.write_bytes(b"".join(codec.encode(codec.AddX(1_700_000_000_000, 0, b"item %d" % n)) for n in range(3))[:-4])
+    for last, status in [(True, "torn"), (False, "corrupt: ")]:
+        rows = [row for batch in record_batches("q", str(path), False, last=last) for row in batch.to_pylist()]
+        assert [row["status"] for row in rows[:2]] == ["ok", "ok"]
+        assert rows[2]["status"].startswith(status) and rows[2]["offset"] == 2 * rows[1]["offset"]
+
+
+def test_the_items_view_reads_a_queue_again_when_a_server_rotated_it_under_the_reading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kestrel.pipeline.journal_source import item_batches
+    from kestrel.storage import settled_read
+    from kestrel.storage.kestrel2 import codec
+    from kestrel.storage.kestrel2 import replay as kestrel2_replay
+
+    monkeypatch.setattr(settled_read, "SETTLE_PAUSE_S", 0)
+    (tmp_path / "q").write_bytes(b"".join(codec.encode(codec.AddX(1_700_000_000_000, 0, d)) for d in (b"a", b"b")))
+    listed = kestrel2_replay.replay_files
+    readings: list[list[str]] = []
+
+    def listed_then_rotated(queue_path: str, queue: str) -> list[str]:
+        paths = listed(queue_path, queue)
+        readings.append(paths)
+        if len(readings) == 1:  # as a server rotating between the listing and the reading
+            os.rename(tmp_path / "q", tmp_path / "q.1700000000001")
+            (tmp_path / "q").write_bytes(codec.encode(codec.Remove()))
+        return paths
+
+    monkeypatch.setattr(kestrel2_replay, "replay_files", listed_then_rotated)
+    rows = [row for batch in item_batches("q", str(tmp_path), True) for row in batch.to_pylist()]
+    assert [row["data"] for row in rows] == [b"b"] and len(readings) == 2

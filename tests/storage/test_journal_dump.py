@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kestrel.storage import settled_read
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import replay as kestrel2_replay
 from kestrel.storage.kestrel3 import files as kestrel3_files
@@ -22,7 +23,7 @@ WRITER = bytes([0x27, 0x64, 0x26, 0x03])
 
 @pytest.fixture(autouse=True)
 def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dump, "SETTLE_PAUSE_S", 0)
+    monkeypatch.setattr(settled_read, "SETTLE_PAUSE_S", 0)
 
 
 def adds(*items: bytes) -> bytes:
@@ -99,9 +100,9 @@ def test_files_that_never_hold_still_are_named_not_half_printed(tmp_path: Path,
     readings = listing_then(monkeypatch, rotate_every_time)
     status, lines, said = dumped(tmp_path)
     assert (status, lines) == (1, [])
-    assert said == (f"{tmp_path}: the files of queue 'q' changed during each of {dump.READINGS} readings "
+    assert said == (f"{tmp_path}: the files of queue 'q' changed during each of {settled_read.READINGS} readings "
                     "(a busy server rotating or packing them); try again\n")
-    assert len(readings) == dump.READINGS
+    assert len(readings) == settled_read.READINGS
 
 
 def kestrel3_readings(monkeypatch: pytest.MonkeyPatch, during_first: Callable[[], None]) -> list[int]:

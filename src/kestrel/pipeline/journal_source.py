@@ -8,7 +8,10 @@ view's `file` column says which path a row came from.
   as Arrow batches.
 - `view=items`: the items each queue would hold after a restart (open reads first, marked), from a
   read-only replay of the files in place (src/kestrel/storage/kestrel2/replay.py): nothing is copied or
-  changed, so a running server's directory is safe to read.
+  changed, and a queue's files are listed when its partition is read and read again until they held
+  still through a reading (src/kestrel/storage/settled_read.py), so a running server's directory is
+  safe to read. The records view reads the files the job planned: one a running server removed
+  since fails the job, naming it.
 - `mode`: PERMISSIVE (default) reports damage as a row with `status` "torn" or "corrupt: ..."
   (records) or stops that queue's items at the damage with a logged error (items); FAILFAST fails
   the job naming the file and offset.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import errno
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -84,11 +88,13 @@ BYTES_PER_BATCH = 1 << 20
 
 
 class JournalPartition(InputPartition):
-    """A queue's files (items view), or one file's records from byte `start` up to `end` (records)."""
+    """A queue of a queue path (items view), or one file's records from byte `start` up to `end`
+    (records view; `last`: the file is its queue's last, whose tail may be torn)."""
 
-    def __init__(self, queue: str, paths: list[str], start: int = 0, end: int | None = None) -> None:
+    def __init__(self, queue: str, paths: list[str], start: int = 0, end: int | None = None,
+                 last: bool = True) -> None:
         super().__init__(queue)
-        self.queue, self.paths, self.start, self.end = queue, paths, start, end
+        self.queue, self.paths, self.start, self.end, self.last = queue, paths, start, end, last
 
 
 def split_points(path: str, max_bytes: int) -> list[tuple[int, int | None]]:
@@ -224,16 +230,22 @@ def _first_records(run: Any, count: int) -> Any:
 
 
 def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
-                   end: int | None = None) -> Iterator[Any]:
+                   end: int | None = None, last: bool = True) -> Iterator[Any]:
     """The records starting in [start, end) as Arrow batches of at most ROWS_PER_BATCH rows and
-    about BYTES_PER_BATCH of data; damage is a final row, or an error under FAILFAST."""
+    about BYTES_PER_BATCH of data; damage is a final row, or an error under FAILFAST. An incomplete
+    record at the end is torn only in the queue's `last` file, damage in any other."""
     from kestrel.storage.errors import CorruptJournalError
     from kestrel.storage.kestrel2.reader import JournalReader
 
     limit = end if end is not None else sys.maxsize
     columns = RecordColumns()
     damage: tuple[int, str] | None = None
-    reader = JournalReader(path, start)
+    try:
+        reader = JournalReader(path, start)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "journal file gone since the job was planned (a running "
+                                "server rotated, packed or consumed it): read the items view, a stopped "
+                                "server's queue path or a copy", path) from None
     try:
         try:
             while True:
@@ -255,7 +267,7 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
                     break
                 columns.add(*entry)
             if end is None and reader.leftover():  # the one torn-tail rule: torn, or a damaged size
-                error = reader.tail_damage(last=True)
+                error = reader.tail_damage(last)
                 if error is not None:
                     raise error
                 damage = (reader.offset, "torn")
@@ -273,22 +285,29 @@ def record_batches(queue: str, path: str, failfast: bool, start: int = 0,
         yield columns.batch(queue, path, damage[1])
 
 
-def item_batches(queue: str, paths: list[str], failfast: bool) -> Iterator[Any]:
-    """The queue as the server would load it, open reads first."""
+def item_batches(queue: str, queue_path: str, failfast: bool) -> Iterator[Any]:
+    """The queue as the server would load it, open reads first, from its files as they are now."""
     import structlog  # only here: a planning worker that reads no items does not pay for it
 
     from kestrel.storage.errors import CorruptJournalError
-    from kestrel.storage.kestrel2.replay import QueueReplay
+    from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
+    from kestrel.storage.settled_read import read_settled
 
-    replay = QueueReplay()
-    try:
-        replay.run(paths)
-    except CorruptJournalError as e:
+    def replayed() -> tuple[QueueReplay, CorruptJournalError | None]:
+        replay = QueueReplay()
+        try:
+            replay.run(replay_files(queue_path, queue))
+        except CorruptJournalError as e:
+            return replay, e  # what came before the damage, shown in PERMISSIVE mode
+        return replay, None
+
+    replay, damage = read_settled(queue_path, queue, replayed)
+    if damage is not None:
         if failfast:
-            raise
+            raise damage
         structlog.get_logger("kestrel.pipeline").error(
             "damaged journal: items after the damage are not shown (mode PERMISSIVE)", queue=queue,
-            file=e.path, offset=e.offset, reason=e.reason)
+            file=damage.path, offset=damage.offset, reason=damage.reason)
     opens = [replay.opens[xid] for xid in sorted(replay.opens)]
     items = opens + list(replay.items)
     arrow = pa.schema([
@@ -317,7 +336,6 @@ class JournalReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         from kestrel.storage import commit_log
-        from kestrel.storage.kestrel2.replay import replay_files
         from kestrel.storage.queue_path import scan_queue_dir
 
         out: list[InputPartition] = []
@@ -330,10 +348,10 @@ class JournalReader(DataSourceReader):
                 if self.queues is not None and name not in self.queues:
                     continue
                 if self.view == "items":
-                    out.append(JournalPartition(name, replay_files(queue_path, name)))
+                    out.append(JournalPartition(name, [queue_path]))
                 else:
                     paths = [p for _, p in files.packs] + files.replay_order()
-                    out.extend(JournalPartition(name, [p], start, end) for p in paths
+                    out.extend(JournalPartition(name, [p], start, end, p == paths[-1]) for p in paths
                                for start, end in split_points(p, self.max_partition_bytes))
         return out or [JournalPartition("", [])]
 
@@ -343,10 +361,10 @@ class JournalReader(DataSourceReader):
         if not partition.paths:
             return
         if self.view == "items":
-            yield from item_batches(partition.queue, partition.paths, self.failfast)
+            yield from item_batches(partition.queue, partition.paths[0], self.failfast)
         else:
             yield from record_batches(partition.queue, partition.paths[0], self.failfast, partition.start,
-                                      partition.end)
+                                      partition.end, partition.last)
 
 
 class FilteringJournalReader(JournalReader):

@@ -8,10 +8,8 @@ in DIR, in the format they are in: a Kestrel 2 queue's journals replayed, a Kest
 writer files past its reader's checkpoint (`NAME` or `NAME+READER`). For operators looking at a
 damaged or surprising journal; it never changes a file.
 
-A running server rotates, packs and deletes a queue's files while `--queue` reads them, so a reading
-counts only if the queue's file names held still through it; one that lost a file or saw them
-change is read again, and a damaged record is believed only if no file changed while it was read
-(an append being written looks torn until it is finished).
+A running server rotates, packs and deletes a queue's files while `--queue` reads them: it reads them
+until they held still through a reading (src/kestrel/storage/settled_read.py).
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 from kestrel.storage import commit_log
 from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
@@ -32,10 +29,7 @@ from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import files as kestrel3_files
-
-T = TypeVar("T")
-READINGS = 5  # readings of a busy queue's files before the dump gives up
-SETTLE_PAUSE_S = 0.05  # between two readings: a rotation or a pack under way has time to finish
+from kestrel.storage.settled_read import FilesKeptChanging, queue_files, read_settled
 
 
 def dump(path: str, out: TextIO = sys.stdout) -> int:
@@ -115,12 +109,12 @@ def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextI
     try:
         kestrel3 = queues_on_disk(queue_path).get(queue.partition("+")[0]) == KESTREL3
         owner = queue.partition("+")[0] if kestrel3 else queue  # a Kestrel 3 reader's files are its unit's
-        if not _queue_files(queue_path, owner):
+        if not queue_files(queue_path, owner):
             print(f"{queue_path}: holds no journal of queue {owner!r}", file=err)
             return 1
         if kestrel3:
             return _dump_kestrel3_queue(queue_path, queue, out, err)
-        state = _read_settled(queue_path, queue, lambda: replay_queue(queue_path, queue))
+        state = read_settled(queue_path, queue, lambda: replay_queue(queue_path, queue))
     except CorruptJournalError as e:
         print(f"{e.path}: corrupt record at offset {e.offset}: {e.reason}", file=err)
         return 1
@@ -150,51 +144,11 @@ def _dump_kestrel3_queue(queue_path: str, queue: str, out: TextIO, err: TextIO) 
         checkpoint = kestrel3_files.read_checkpoint(path, repair=False)
         return list(kestrel3_files.pending_items(queue_path, unit, checkpoint))
 
-    pending = _read_settled(queue_path, unit, read)
+    pending = read_settled(queue_path, unit, read)
     for position, put in enumerate(pending):
         _print_item(out, position, f"queued id={put.id}", put.add_time, put.expire_time, put.data)
     out.write(f"{queue}: {len(pending)} items (Kestrel 3)\n")
     return 0
-
-
-class FilesKeptChanging(Exception):
-    """Every reading of a queue's files saw them change (a server rotating or packing them)."""
-
-
-def _queue_files(queue_path: str, owner: str) -> dict[str, int]:
-    """The journal files of `owner` (a Kestrel 2 queue, a Kestrel 3 unit) and their sizes, temporaries
-    left out."""
-    files = {}
-    with os.scandir(queue_path) as entries:
-        for entry in entries:
-            if entry.name == owner or entry.name.startswith(owner + "."):
-                try:
-                    files[entry.name] = entry.stat().st_size
-                except FileNotFoundError:  # deleted since the listing: changed all the same
-                    files[entry.name] = -1
-    return files
-
-
-def _read_settled(queue_path: str, owner: str, read: Callable[[], T]) -> T:
-    """`read()`, read again until the file names of `owner` held still through it.
-
-    Raises CorruptJournalError (damage read while no file changed), OSError, FilesKeptChanging.
-    """
-    for reading in range(1, READINGS + 1):
-        before = _queue_files(queue_path, owner)
-        try:
-            result = read()
-        except FileNotFoundError:
-            pass  # a file listed was gone when opened: rotated, packed or consumed meanwhile
-        except CorruptJournalError:
-            if reading == READINGS or _queue_files(queue_path, owner) == before:
-                raise
-        else:
-            if _queue_files(queue_path, owner).keys() == before.keys():
-                return result
-        time.sleep(SETTLE_PAUSE_S)
-    raise FilesKeptChanging(f"{queue_path}: the files of queue {owner!r} changed during each of {READINGS} "
-                            "readings (a busy server rotating or packing them); try again")
 
 
 def _print_item(out: TextIO, position: int, state_of: str, add_time: int, expiry: int | None,
