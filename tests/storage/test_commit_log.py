@@ -218,8 +218,25 @@ def test_a_torn_record_in_a_segment_that_is_not_the_last_is_damage(tmp_path: Pat
 def test_a_file_without_the_mark_is_damage(tmp_path: Path) -> None:
     path = segment(tmp_path)
     path.write_bytes(b"not a segment at all")
-    (damage,) = read_segment(str(path), last=True).damage
-    assert "no mark" in damage.reason
+    mark, rest = read_segment(str(path), last=True).damage
+    assert "mark b'not a se' is damaged" in mark.reason and not mark.hides
+    assert (rest.at, rest.end, rest.hides) == (len(MARK), 20, True)  # no record found after it
+
+
+@pytest.mark.parametrize("byte", range(len(MARK)))
+def test_a_damaged_mark_hides_no_record_the_segment_holds(tmp_path: Path, byte: int) -> None:
+    """A flipped byte in a segment's mark: its records are placed, no queue is refused, and the
+    segment is kept as a copy like any damaged one."""
+    (tmp_path / "q").write_bytes(b"aaa")
+    path = segment(tmp_path, encode_record("q", 0, 3, b"bb"), encode_record("q", 0, 5, b"cc"))
+    data = bytearray(path.read_bytes())
+    data[byte] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert [r.data for _, r in read_segment(str(path), last=True).records] == [b"bb", b"cc"]
+    recovery = recover(str(tmp_path), T0)
+    assert (recovery.written, recovery.refused) == (2, {})
+    assert (tmp_path / "q").read_bytes() == b"aaabbcc"
+    assert Path(f"{path}.damaged-{T0}").read_bytes() == bytes(data)
 
 
 @pytest.mark.parametrize("bit", range(32))
@@ -284,6 +301,19 @@ def test_a_journal_holding_other_bytes_where_a_logged_record_goes_takes_the_logs
     assert (recovery.written, recovery.refused) == (1, {})
     assert (tmp_path / "q").read_bytes() == b"aaabb" + journal[5:]
     assert aside(tmp_path, f"q.replaced-{T0}").read_bytes() == journal[3:]
+
+
+def test_a_dry_run_places_each_record_after_those_it_placed_before(tmp_path: Path) -> None:
+    """What `kestrel journal check` predicts is what recovery does: a journal that lost several
+    logged changes (a power cut) is appended all of them, the later ones after the earlier."""
+    (tmp_path / "q").write_bytes(b"aaa")
+    segment(tmp_path, encode_record("q", 0, 0, b"aaa"), encode_record("q", 0, 3, b"bb"),
+            encode_record("q", 0, 5, b"cc"), encode_record("q", 0, 7, b"dd"))
+    predicted = recover(str(tmp_path), T0, dry_run=True)
+    assert (predicted.written, predicted.refused) == (3, {})
+    assert (tmp_path / "q").read_bytes() == b"aaa"  # nothing changed
+    done = recover(str(tmp_path), T0)
+    assert (done.written, done.refused) == (3, {}) and (tmp_path / "q").read_bytes() == b"aaabbccdd"
 
 
 def test_a_journal_ending_before_a_logged_record_refuses_its_queue_alone_and_keeps_the_records(

@@ -345,13 +345,15 @@ class LogRecords:
 class Damage:
     """Bytes of a segment that are neither records nor a torn tail: `at` to `end`. `record` is what
     they hold when only the size field was damaged (the body between the two verifies); `claims`,
-    what they seem to hold without verifying, for naming the queue they belong to."""
+    what they seem to hold without verifying, for naming the queue they belong to. `hides`: whether
+    a record could be lost in them (not in a damaged mark: its place and size are the mark's)."""
 
     at: int
     end: int
     reason: str
     record: Record | None = None
     claims: Record | None = None
+    hides: bool = True
 
 
 @dataclass
@@ -378,9 +380,13 @@ def read_segment(path: str, last: bool) -> Segment:
     if not laid_down and not data.startswith(MARK_V1):
         if MARK.startswith(data) or torn_tail.zeros_only(data):
             segment.torn_at = 0 if data else None  # created and cut short before its mark was written
-        else:
-            segment.damage.append(Damage(0, len(data), "not a commit log segment (no mark at its start)"))
-        return segment
+            return segment
+        # Damage like any other: whole records are looked for after it (those of a segment whose
+        # mark alone was damaged are all there; in a file that is no segment, none is found), and
+        # none of its bytes is believed a torn write: what cannot be read may hide records.
+        segment.damage.append(Damage(0, len(MARK), f"its mark {data[:len(MARK)]!r} is damaged", hides=False))
+        laid_down = _differing(data, MARK) <= _differing(data, MARK_V1)  # the version it is nearer
+        last = False
     at = len(MARK)
     log_records = LogRecords()
     while at < len(data):
@@ -404,6 +410,11 @@ def read_segment(path: str, last: bool) -> Segment:
             segment.records.append((at, damage.record))
         at = resume
     return segment
+
+
+def _differing(data: bytes, mark: bytes) -> int:
+    """How many bytes of `data`'s start differ from `mark`."""
+    return sum(a != b for a, b in zip(data, mark, strict=False)) + max(len(mark) - len(data), 0)
 
 
 def _damage(data: bytes, at: int, end: int, reason: str) -> Damage:
@@ -554,6 +565,7 @@ class _Placing:
         self.journals: set[str] = set()
         self._scanned: dict[str, JournalFiles] = {}
         self._copied: set[str] = set()  # journals whose replaced bytes are kept already
+        self._dry_ends: dict[str, int] = {}  # in a dry run: where each journal would end once written
 
     def holds(self, record: Record) -> bool:
         """Whether the record's file holds its bytes at its offset (a reader checkpoint: whether it
@@ -604,6 +616,8 @@ class _Placing:
         except FileNotFoundError:
             size = -1
         end = record.offset + len(record.data)
+        if size <= record.offset <= self._dry_ends.get(journal, -1):
+            size = record.offset  # the records a dry run placed before this one end here: appended
         present = b""
         if size > record.offset:
             with open(journal, "rb") as f:
@@ -622,6 +636,7 @@ class _Placing:
             self._keep_copy(journal, record.offset, "torn" if torn else "replaced")
         self.recovery.written += 1
         if self.dry_run:
+            self._dry_ends[journal] = max(self._dry_ends.get(journal, -1), end)
             return None
         _step("write")
         fd = open_file(journal, os.O_WRONLY | os.O_CREAT)
@@ -702,7 +717,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     named = {r.queue for s in segments for _, r in s.records}
     for segment in segments:
         for damage in segment.damage:
-            if damage.record is not None:
+            if damage.record is not None or not damage.hides:
                 continue
             claims = damage.claims
             if claims is not None and placing.holds(claims):
