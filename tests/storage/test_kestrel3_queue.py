@@ -151,6 +151,22 @@ def test_failed_checkpoint_writes_refuse_and_change_nothing(tmp_path: Path, disk
     assert drain(coll, "q") == [b"one"]  # the open read, never confirmed; nothing else came back
 
 
+def test_a_queue_whose_first_file_cannot_be_written_leaves_nothing_and_says_why(
+        tmp_path: Path, disk: FailingDisk) -> None:
+    """A new queue on a full disk: each put is refused as a journal write, and no empty writer file
+    is left behind to be a stray at the next start (the queue is made at the first put after)."""
+    coll = collection(tmp_path)
+    disk.full = True
+    for _ in range(3):
+        with pytest.raises(JournalWriteError, match="the disk is full"):
+            coll.put("q", [b"never"])
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("q")]
+    disk.full = False
+    assert coll.put("q", [b"kept"]) == 1
+    coll = reopen(coll)
+    assert drain(coll, "q") == [b"kept"]
+
+
 def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
     plain = QueueCollection(str(tmp_path))
     plain.put("q", [b"kept"])

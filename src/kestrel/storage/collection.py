@@ -258,7 +258,7 @@ class QueueCollection:
             self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)
         try:
             q.setup(files=files, fresh=fresh)
-        except CorruptJournalError:
+        except (CorruptJournalError, JournalWriteError):
             with contextlib.suppress(Exception):
                 q.close()
             raise

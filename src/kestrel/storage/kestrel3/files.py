@@ -533,9 +533,18 @@ class WriterJournal:
         while os.path.exists(path := os.path.join(self.queue_path, writer_file_name(self.queue, number))):
             number += 1
         old = self._writer
-        self.files.append(WriterFile(number, path))
-        self._writer = self._file_writer(self.current)
-        self._writer.append(k3.WRITER_MAGIC)
+        info = WriterFile(number, path)
+        writer = self._file_writer(info)
+        try:
+            writer.append(k3.WRITER_MAGIC)
+        except BaseException:
+            # (a full disk): the file it created holds nothing, and would be a stray at the next start
+            writer.close(sync=False)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        self.files.append(info)
+        self._writer = writer
         if old is not None:
             self.archived_size += old.size
             self._sealer.add(old, partial(self._seal, self.files[-2]))

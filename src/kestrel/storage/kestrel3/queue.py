@@ -19,6 +19,7 @@ read back from the writer files as the head drains (read-behind).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import time
@@ -133,10 +134,16 @@ class Kestrel3Queue(PersistentQueue):
 
         Reads open at a stop are served again in any case (they were never consumed), and the files
         are listed here unless `fresh` (none exists): `reopen` and `files` are Kestrel 2's. Raises
-        CorruptJournalError, ConfigError (the queue has Kestrel 2 journal files).
+        CorruptJournalError, ConfigError (the queue has Kestrel 2 journal files), JournalWriteError
+        (a full disk: its first file could not be written, and nothing is left of it).
         """
         started = time.monotonic()
-        self._journal = self._journals.journal(self.parent, self.config, fresh)
+        try:
+            self._journal = self._journals.journal(self.parent, self.config, fresh)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise JournalWriteError(self.name, e.filename or self.queue_path, e) from None  # nothing made
         self._lock = self._journal.lock
         self._gate = self._journal.gate
         if not self.is_reader:
