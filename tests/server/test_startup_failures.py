@@ -60,6 +60,7 @@ def test_a_port_in_use_names_the_listener_and_the_address(tmp_path: Path, held_p
     line = one_line(done)
     assert done.returncode == 5
     assert f"text listener 127.0.0.1:{held_port}: Address already in use" in line, line
+    assert "another process holds that port (a listener, or one end of a connection" in line, line
     # The listeners already open were closed: the port is free again.
     with socket.socket() as again:
         again.bind(("127.0.0.1", memcache))

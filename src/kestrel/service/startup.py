@@ -81,7 +81,8 @@ def _hint(code: int | None, listening: bool) -> str:
             return "ports below 1024 need root or CAP_NET_BIND_SERVICE"
         return f"the server runs as user {_user()}"
     if code == errno.EADDRINUSE:
-        return "another process is listening on that port"
+        return ("another process holds that port (a listener, or one end of a connection: `ss -tanp` "
+                "shows which)")
     if code == errno.EADDRNOTAVAIL:
         return "no network interface of this machine has that address: check listen_address"
     if code == errno.ENOTDIR:
