@@ -173,3 +173,74 @@ def test_a_server_at_every_limit_s_bound_serves_each_protocol_and_keeps_its_item
     with thrift(srv) as client:
         assert [item.data for item in client.get("k2", 10, 0, 0)] == [b"thrift", b"memcache", b"text"]
         assert [item.data for item in client.get("k3", 10, 0, 0)] == [b"thrift", b"memcache"]
+
+
+def test_a_fanout_child_in_another_journal_format_than_its_parent_is_refused(tmp_path: Path) -> None:
+    """A child is kept in its parent's format: its own setting would go unheeded until the next start
+    refused the files made meanwhile. Refused at a start and at a reload, naming the child."""
+    from kestrel.service.session.server_state import ServerState
+
+    with pytest.raises(ConfigError, match=r"queues\.p\+c\.journal_format: kestrel3, but a fanout child is kept "
+                                          r"in its parent's journal format, and queue 'p' is kestrel2"):
+        from_mapping({"queues": {"p": {}, "p+c": {"journal_format": "kestrel3"}}})
+    # Inherited, the child's format is its parent's: nothing to refuse.
+    inherited = from_mapping({"default_queue": {"journal_format": "kestrel3"},
+                              "queues": {"p": {"journal_format": "kestrel2"}, "p+c": {"max_items": 3}}})
+    assert inherited.queues.for_queue("p+c").journal_format == "kestrel2"
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  p: {{}}\n")
+    server = ServerState(load(str(path)))
+    try:
+        server.collection.put("p", [b"kept"])
+        path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  p: {{}}\n  p+c:\n    journal_format: kestrel3\n")
+        with pytest.raises(ConfigError, match=r"queues\.p\+c\.journal_format"):
+            server.reload()
+        assert server.collection.configs.for_queue("p+c").journal_format == "kestrel2"  # the old settings
+    finally:
+        server.close()
+
+
+def test_a_reload_reads_its_file_off_the_loop_and_the_last_begun_applies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of configured queues take a second to read: the clients are served meanwhile. A
+    reload whose reading ends after a later one's began applies nothing: the later one read the file
+    as it was then."""
+    import time
+
+    import gevent
+
+    from kestrel.service import config as config_module
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+
+    def write(max_items: int) -> None:
+        path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: {max_items}\n")
+
+    write(5)
+    server = ServerState(load(str(path)))
+    real_load, loads = config_module.load, []
+
+    def slow_first(source: str) -> Any:
+        loaded = real_load(source)
+        loads.append(loaded.queues.for_queue("jobs").max_items)
+        if len(loads) == 1:
+            time.sleep(0.5)  # in the reading's thread: the loop runs on
+        return loaded
+
+    monkeypatch.setattr(config_module, "load", slow_first)
+    turns: list[float] = []
+    ticking = gevent.spawn(lambda: [(turns.append(time.monotonic()), gevent.sleep(0.01)) for _ in range(30)])
+    try:
+        write(7)
+        first = gevent.spawn(server.reload)
+        while not loads:  # the first has read the file (7), and is still at it
+            gevent.sleep(0.01)
+        write(9)
+        server.reload()  # begun later, ended first: applies 9
+        first.get(timeout=10)
+        assert loads == [7, 9] and server.collection.configs.for_queue("jobs").max_items == 9
+        assert len(turns) >= 10  # the loop ran while the first reading took half a second
+    finally:
+        ticking.kill()
+        server.close()

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,19 @@ def test_a_reload_names_the_settings_only_a_restart_applies(server_factory: Any)
         assert stats.set("jobs", b"x")  # the queue setting applied; the server still on its old ports
     finally:
         stats.close()
+
+
+@pytest.mark.parametrize("noreply", [False, True])
+def test_a_failed_reload_is_logged_whoever_asked_for_it(server_factory: Any, noreply: bool) -> None:
+    srv = server_factory({"queues": {"jobs": {"max_items": 5}}})
+    srv.config_path.write_text(yaml.safe_dump(dict(srv.config, queues={"jobs": {"max_items": "banana"}})))
+    with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as mc:
+        if noreply:
+            mc.sendall(b"reload noreply\r\nversion\r\n")
+            assert mc.recv(100).startswith(b"VERSION ")  # the reload answered nothing
+        else:
+            mc.sendall(b"reload\r\n")
+            assert mc.recv(500).startswith(b"SERVER_ERROR queues.jobs.max_items")
+    wait_until(lambda: "reload failed" in srv.log(), "the failed reload's line")
+    line = json.loads(next(line for line in srv.log().splitlines() if "reload failed" in line))
+    assert "queues.jobs.max_items" in line["error"] and line["requested_by"].startswith("memcache client 127.0.0.1:")

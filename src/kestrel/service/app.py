@@ -216,7 +216,5 @@ class App:
         self.lock.release()
 
     def _reload(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # logged by `reload`: the current settings are kept
             self.server.reload()
-        except Exception as e:
-            log.error("reload failed; keeping the current settings", error=str(e))

@@ -21,7 +21,7 @@ from kestrel.storage import disk, layout
 from kestrel.storage.config import (
     QueueConfig,
     QueueConfigs,
-    check_queue_targets,
+    check_across_queues,
     parse_bool,
     parse_count,
     parse_duration_ms,
@@ -406,7 +406,7 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
     collect.raise_any()
     # every queue setting parsed once, here; then the settings that name other queues
     values["queues"] = QueueConfigs(default_queue, queues)
-    check_queue_targets(values["queues"], values.get("aliases") or {})
+    check_across_queues(values["queues"], values.get("aliases") or {})
     config = ServerConfig(**values)
     _check_ports(config, lambda field: field)
     return config

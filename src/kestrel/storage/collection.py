@@ -16,7 +16,7 @@ from kestrel.storage.changes import ChangedQueues
 from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.commit_log import recover as recover_commit_log
-from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, QueueConfigs, check_queue_targets
+from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, QueueConfigs, check_across_queues
 from kestrel.storage.errors import (
     CorruptJournalError,
     InvalidQueueName,
@@ -66,7 +66,7 @@ class QueueCollection:
         self.max_queues = max_queues
         self.configs = configs or QueueConfigs()
         self.aliases = Aliases.of(aliases)
-        check_queue_targets(self.configs, self.aliases)
+        check_across_queues(self.configs, self.aliases)
         self.clock = clock if clock is not None else runtime.clock
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
@@ -521,7 +521,7 @@ class QueueCollection:
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
-        check_queue_targets(configs, aliases)
+        check_across_queues(configs, aliases)
         for name, q in self._queues.items():  # a live queue keeps its files' format
             on_disk, configured = f"kestrel{q.journal_format}", configs.for_queue(name).journal_format
             if on_disk != configured:

@@ -268,6 +268,30 @@ QUEUE_TARGETS = (("error_queue", "poison items", "max_errors", False),
                  ("expire_to_queue", "expired items", None, True))
 
 
+def check_across_queues(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
+    """The checks of settings that concern more than one queue, at a start and at a reload
+    (`check_queue_targets`, `check_fanout_formats`). Raises ConfigError naming the setting."""
+    check_queue_targets(configs, aliases)
+    check_fanout_formats(configs)
+
+
+def check_fanout_formats(configs: QueueConfigs) -> None:
+    """Refuse a fanout child configured in another `journal_format` than its parent's: a child is
+    kept in its parent's journal (a Kestrel 3 parent's reader, or a Kestrel 2 journal of its own
+    beside the parent's), so its setting would go unheeded, and the next start would refuse the
+    files made meanwhile as in the other format. Raises ConfigError naming the child's setting."""
+    for name in sorted(configs.configured_names()):
+        parent, plus, _ = name.partition("+")
+        if not plus:
+            continue
+        child, kept = configs.for_queue(name).journal_format, configs.for_queue(parent).journal_format
+        if child != kept:
+            raise ConfigError(f"queues.{name}.journal_format",
+                              f"{child}, but a fanout child is kept in its parent's journal format, and "
+                              f"queue {parent!r} is {kept}: set journal_format on {parent!r} (converting "
+                              f"its files with `kestrel journal convert`), not on its child")
+
+
 def check_queue_targets(configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
     """Refuse an `error_queue` or `expire_to_queue` that is an alias, or an `error_queue` that is the
     queue itself: the items would go to a queue made under the alias's name, which no read reaches,

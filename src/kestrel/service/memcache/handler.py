@@ -386,7 +386,7 @@ class MemcacheConnection(BufferedConnection):
         raise CloseConnection
 
     def do_reload(self, command: Command) -> None:
-        self.server.reload()
+        self.server.reload(by=f"memcache client {self.peer}")
         self.reply(command, b"Reloaded config.\r\n")
 
     def do_stats(self, command: Command) -> None:

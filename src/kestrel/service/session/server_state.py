@@ -50,6 +50,7 @@ class ServerState:
         self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
+        self._reloads = 0  # reloads begun (`reload`: the last begun applies)
         # The ZooKeeper server-set membership, when the server joins sets (set by the app).
         self.membership: Callable[[], dict[str, bool]] | None = None
 
@@ -121,16 +122,30 @@ class ServerState:
                 out[alias] = {"put_items": items, "put_bytes": size, "children": ",".join(destinations)}
         return out
 
-    def reload(self) -> None:
+    def reload(self, by: str = "SIGHUP") -> None:
         """Re-read the config file: queue and alias settings only, as Kestrel does. Other settings the
-        file changed keep their running value, and the log names them: a restart applies them."""
+        file changed keep their running value, and the log names them: a restart applies them.
+
+        The file is read and checked off the loop (thousands of configured queues take a second,
+        which would hold every client) and applied on it; of reloads under way together, the last
+        begun applies the file as it then is. A failure is logged, whoever asked (`by`), and raised:
+        nothing changed.
+        """
         from kestrel.service.config import load
 
         if self.config.source is None:
             log.info("reload: no config file, nothing to reload")
             return
-        fresh = load(self.config.source)
-        self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
+        self._reloads += 1
+        ticket = self._reloads
+        try:
+            fresh = self.runtime.run_blocking(load, self.config.source)
+            if ticket != self._reloads:
+                return  # a reload begun since has read the file again, and applies it
+            self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
+        except Exception as e:
+            log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
+            raise
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
         ignored = [f.name for f in dataclasses.fields(fresh)
                    if f.name not in RELOADED and f.name not in self.config.overridden
