@@ -11,18 +11,23 @@ Each request, from the wait for its first line to the last byte of its answer, h
 answer that slowly is closed rather than holding one of the port's connections for good (the
 probes, scrapes and the page's polls take milliseconds; a browser connects again for its next);
 and when every connection is taken and another client is waiting to connect, the one that has
-waited longest for a request is closed to make room for it.
+waited longest for a request is closed to make room for it, or else the one that has been longest
+answering (a client reading its page that slowly). At most `PAGES_AT_ONCE` answers of the pages
+that cost a pass over every queue (the stats and metrics, megabytes with thousands of queues) are
+rendered or sent at once: the others wait their turn, so a crowd of slow readers holds that many
+copies in memory, not one each.
 A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
 the server's log, naming the client and the reason, never a bare traceback or line on stderr.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent
 import structlog
+from gevent.lock import BoundedSemaphore
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from kestrel.service import metrics
@@ -41,6 +46,9 @@ Answer = tuple[str, str, bytes]  # HTTP status line, content type, body
 # pages need a few: 450 idle ones took the descriptors a queue port's clients needed (under
 # `ulimit -n 400`, a memcache client waited 29 s, until their `request_timeout`).
 ADMIN_CONNECTIONS = 128
+# Answers of the pages that cost a pass over every queue, rendered or being sent at once (each holds
+# its page: megabytes with thousands of queues); more wait their turn, within `request_timeout`.
+PAGES_AT_ONCE = 4
 
 # The statuses in which the server takes each kind of client's requests (NotConfigured: always Up).
 READY_FOR = {
@@ -82,8 +90,14 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
             waiting.pop(worker, None)
 
     def handle_one_response(self) -> Any:
-        self.server.waiting.pop(gevent.getcurrent(), None)  # the request is in: answering it
-        return super().handle_one_response()
+        worker = gevent.getcurrent()
+        self.server.waiting.pop(worker, None)  # the request is in: answering it
+        answering = self.server.answering
+        answering[worker] = None
+        try:
+            return super().handle_one_response()
+        finally:
+            answering.pop(worker, None)
 
     def handle_error(self, kind: type[BaseException], error: BaseException, traceback: Any) -> None:
         """An answer that ran out of `request_timeout` while being written (a client reading it that
@@ -115,22 +129,44 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
     def __init__(self, server: ServerState, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._state = server
-        # The workers whose connection waits for a request (its line, its headers), oldest first.
+        # The workers whose connection waits for a request (its line, its headers), oldest first,
+        # and those answering one.
         self.waiting: dict[gevent.Greenlet, None] = {}
+        self.answering: dict[gevent.Greenlet, None] = {}
 
     def make_room(self) -> None:
-        """Close the connection that has waited longest for a request, for a client waiting to
-        connect to a full port: stalled clients (`ADMIN_CONNECTIONS` of them held the port until
-        their `request_timeout`, /ping and /ready unanswered meanwhile) and idle keep-alives give
-        way to the probe, which sends its request at once."""
-        oldest = next(iter(self.waiting), None)
-        if oldest is not None:
-            del self.waiting[oldest]
-            oldest.kill(block=False)
+        """Close the connection that has waited longest for a request, or else the one that has
+        been answering longest, for a client waiting to connect to a full port: stalled clients
+        (`ADMIN_CONNECTIONS` of them, sending nothing or reading a page a few bytes at a time, held
+        the port until their `request_timeout`, /ping and /ready unanswered meanwhile) and idle
+        keep-alives give way to the probe, which sends its request at once. An answer takes
+        milliseconds, so the oldest is the one a client is not reading."""
+        for workers in (self.waiting, self.answering):
+            oldest = next(iter(workers), None)
+            if oldest is not None:
+                del workers[oldest]
+                oldest.kill(block=False)
+                return
 
     @property
     def request_timeout_s(self) -> float:
         return self._state.config.request_timeout / 1000.0
+
+
+class _HeldPage:
+    """A page's answer, its turn (`PAGES_AT_ONCE`) held until the handler has sent it or given up:
+    WSGI's `close`, which gevent calls whatever became of the answer."""
+
+    def __init__(self, body: list[bytes], turns: BoundedSemaphore) -> None:
+        self.body, self.turns = body, turns
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        if self.body:
+            self.body = []
+            self.turns.release()
 
 
 def reply(start_response: Callable[..., Any], status: str, headers: list[tuple[str, str]],
@@ -154,15 +190,30 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         "/metrics": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render(server)),
         "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render_per_queue(server)),
     }
+    pages = {"/stats.json", "/stats.txt", "/metrics", "/metrics/per-queue"}  # a pass over every queue
+    page_turns = BoundedSemaphore(PAGES_AT_ONCE)
     dashboard = Dashboard(server)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        answer = respond(environ, start_response)
-        # A HEAD's answer is its headers alone (gevent's handler would send the body, which a
-        # keep-alive client then reads as the next answer's status line).
-        return [] if environ.get("REQUEST_METHOD") == "HEAD" else answer
+        answer: list[bytes] | _HeldPage
+        if environ.get("PATH_INFO") not in pages:
+            answer = respond(environ, start_response)
+        else:
+            page_turns.acquire()
+            try:
+                answer = _HeldPage(respond(environ, start_response), page_turns)
+            except BaseException:
+                page_turns.release()
+                raise
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            # Its headers alone (gevent's handler would send the body, which a keep-alive client
+            # then reads as the next answer's status line).
+            if isinstance(answer, _HeldPage):
+                answer.close()
+            return []
+        return answer
 
-    def respond(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def respond(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             return reply(start_response, "405 Method Not Allowed",
                          [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")],
