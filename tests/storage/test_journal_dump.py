@@ -150,3 +150,13 @@ def test_a_queue_with_no_journal_is_named_not_shown_empty(tmp_path: Path) -> Non
     (tmp_path / "other").write_bytes(adds(b"one"))
     assert dumped(tmp_path, "q") == (1, [], f"{tmp_path}: holds no journal of queue 'q'\n")
     assert dumped(tmp_path, "other") == (0, ["one"], "")
+
+
+def test_a_fifo_named_on_the_command_line_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "q"
+    os.mkfifo(fifo)
+    (tmp_path / "r").write_bytes(adds(b"one"))
+    out, err = io.StringIO(), io.StringIO()
+    assert dump.dump_files([str(fifo), str(tmp_path / "r")], out, err) == 1
+    assert err.getvalue().endswith(f"{fifo}: cannot read: not a regular file but a FIFO\n")
+    assert out.getvalue().endswith(f"{tmp_path / 'r'}: 1 records, 24 bytes\n")  # the next one is read

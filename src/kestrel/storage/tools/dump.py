@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kestrel.storage import commit_log
+from kestrel.storage import commit_log, disk
 from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.formats import KESTREL3, queues_on_disk
@@ -34,7 +34,7 @@ from kestrel.storage.settled_read import FilesKeptChanging, queue_files, read_se
 
 def dump(path: str, out: TextIO = sys.stdout) -> int:
     """Print every record of `path`, then a line naming the file; return 0, or 1 if it is torn or corrupt."""
-    with open(path, "rb") as f:
+    with os.fdopen(disk.open_file(path, os.O_RDONLY), "rb") as f:  # a FIFO refused, not waited on
         header = f.read(k3.MAGIC_SIZE)
     if k3.kind_of(header) is not None:
         k3_reader = kestrel3_files.RecordReader(path)
