@@ -53,3 +53,21 @@ def test_config_check_of_a_device_ends_with_an_error(tmp_path: Path) -> None:
                              text=True, timeout=60)
         assert out.returncode != 0
         assert "not a regular file but a character device" in out.stderr, out.stderr
+
+
+def test_a_fifo_among_the_commit_log_s_segments_or_a_queue_s_files_ends_each_reader_with_an_error(
+        tmp_path: Path) -> None:
+    """Start-up's recovery, `journal check` and `journal dump` read the commit log's segments and a
+    queue's files through the one open that refuses what is not a regular file."""
+    segments = tmp_path / "q" / ".kestrel" / "commit-log"
+    segments.mkdir(parents=True)
+    os.mkfifo(segments / "1")
+    os.mkfifo(tmp_path / "q" / "jobs.1700000000000")  # where a queue's rotated journal would be
+    runs = [["serve", "--queue-path", str(tmp_path / "q"), "--listen-address=127.0.0.1", "--thrift-port=0",
+             "--memcache-port=0", "--text-port=0", "--admin-port=0"],
+            ["journal", "check", str(tmp_path / "q")],
+            ["journal", "dump", str(tmp_path / "q" / "jobs.1700000000000")]]
+    for args in runs:
+        out = subprocess.run([sys.executable, "-m", "kestrel", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0, args
+        assert "not a regular file but a FIFO" in out.stderr + out.stdout, (args, out.stderr, out.stdout)

@@ -65,7 +65,7 @@ import structlog
 from kestrel.storage import acknowledgements, filenames, layout, torn_tail
 from kestrel.storage.acknowledgements import Acknowledgements, Settled
 from kestrel.storage.clock import perf_counter
-from kestrel.storage.disk import fsync_path, open_file, pwrite_all, write_all
+from kestrel.storage.disk import fsync_path, open_file, open_to_read, pwrite_all, write_all
 from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
 from kestrel.storage.fsync.group_commit import Round
 from kestrel.storage.journal_file import (
@@ -373,7 +373,7 @@ def read_segment(path: str, last: bool) -> Segment:
     are looked for again. A damaged span whose body verifies once the next record is found (only
     its size field was damaged) is a record too.
     """
-    with open(path, "rb") as f:
+    with open_to_read(path) as f:
         data = f.read()
     segment = Segment(path)
     laid_down = data.startswith(MARK)
@@ -464,7 +464,7 @@ def pending(queue_path: str) -> bool:
 
 def _holds_records(path: str) -> bool:
     """Whether a segment holds anything but its mark and the zeros laid down after it."""
-    with open(path, "rb") as f:
+    with open_to_read(path) as f:
         f.seek(len(MARK))
         return not torn_tail.zeros_only(f.read())
 
@@ -579,7 +579,7 @@ class _Placing:
         if journal is None:
             return False
         try:
-            with open(journal, "rb") as f:
+            with open_to_read(journal) as f:
                 f.seek(record.offset)
                 return f.read(len(record.data)) == record.data
         except FileNotFoundError:
@@ -620,7 +620,7 @@ class _Placing:
             size = record.offset  # the records a dry run placed before this one end here: appended
         present = b""
         if size > record.offset:
-            with open(journal, "rb") as f:
+            with open_to_read(journal) as f:
                 f.seek(record.offset)
                 present = f.read(len(record.data))
             if present == record.data:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kestrel.storage.disk import open_to_read
+
 POLYNOMIAL = 0x82F63B78  # reflected
 
 
@@ -51,7 +53,7 @@ def file_crc32c(path: str, size: int | None = None) -> int:
     crc = 0
     left = size
     buffer = bytearray(1 << 20)
-    with open(path, "rb", buffering=0) as f, memoryview(buffer) as view:
+    with open_to_read(path) as f, memoryview(buffer) as view:
         while left is None or left > 0:
             want = view if left is None or left >= len(buffer) else view[:left]
             got = f.readinto(want)

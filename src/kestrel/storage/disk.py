@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import stat
 from collections.abc import Callable
@@ -105,6 +106,12 @@ def open_file(path: str, flags: int, mode: int = 0o644) -> int:
         os.close(fd)
         raise _not_regular(path, kind)
     return fd
+
+
+def open_to_read(path: str) -> io.BufferedReader:
+    """A file of the queue path (a journal, a checkpoint, a commit log segment, a manifest) opened to
+    read as `open_file` opens it: a FIFO or a device in its place is refused, never waited on."""
+    return io.BufferedReader(io.FileIO(open_file(path, os.O_RDONLY), "rb"))
 
 
 def _not_regular(path: str, mode: int) -> OSError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
-from kestrel.storage.disk import fsync_path, replace_file
+from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
@@ -41,7 +41,7 @@ def format_of(files: JournalFiles, configured: str | None = None) -> str:
     file whose header never reached the disk (`k3.unfinished_header`: empty, or its first bytes) could
     be either: it is taken to be in the `configured` format, or else in Kestrel 3's."""
     if files.live is None and not files.packs and files.rotated:
-        with open(files.rotated[0][1], "rb") as f:
+        with open_to_read(files.rotated[0][1]) as f:
             header = f.read(k3.MAGIC_SIZE)
         if k3.kind_of(header) is not None:
             return KESTREL3
@@ -119,7 +119,7 @@ def write_intent(queue_path: str, intent: Intent) -> None:
 
 def _read_intent(path: str) -> Intent:
     try:
-        with open(path, "rb") as f:
+        with open_to_read(path) as f:
             raw = json.loads(f.read())
         renames = [(str(a), str(b)) for a, b in raw["renames"]]
         intent = Intent(str(raw["to"]), str(raw["queue"]), renames, [str(d) for d in raw["deletes"]])

@@ -46,7 +46,7 @@ def copy_from(path: str, offset: int, copy: str) -> None:
     """Save the bytes of `path` from `offset` on, durably, as `copy` (its folder exists). Raises
     OSError (and leaves no copy)."""
     try:
-        with open(path, "rb") as src, open(copy, "wb") as dst:
+        with disk.open_to_read(path) as src, open(copy, "wb") as dst:
             src.seek(offset)
             shutil.copyfileobj(src, dst)
             dst.flush()

@@ -44,7 +44,7 @@ from gevent import monkey
 
 from kestrel.storage import damage, filenames, layout
 from kestrel.storage.crc32c import crc32c, file_crc32c
-from kestrel.storage.disk import fsync_path, replace_file
+from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import CorruptJournalError
 
 log = structlog.get_logger("kestrel.manifest")
@@ -126,7 +126,7 @@ def read(queue_path: str, queue: str, fmt: str | None = None) -> Manifest | None
     """
     path = path_of(queue_path, queue)
     try:
-        with open(path, "rb") as f:
+        with open_to_read(path) as f:
             data = f.read()
     except FileNotFoundError:
         return None

@@ -31,6 +31,7 @@ import re
 from array import array
 from typing import Protocol
 
+from kestrel.storage.disk import open_to_read
 from kestrel.storage.errors import CorruptJournalError
 
 # Past this many bytes after a record that cannot be read whole, whole records are looked for in
@@ -67,7 +68,7 @@ class Records(Protocol):
 
 def read_tail(path: str, offset: int) -> tuple[bytes, bool]:
     """The bytes of `path` from `offset` (at most `SCAN_WINDOW`), and whether they run to its end."""
-    with open(path, "rb") as f:
+    with open_to_read(path) as f:
         f.seek(offset)
         tail = f.read(SCAN_WINDOW + 1)
     return tail[:SCAN_WINDOW], len(tail) <= SCAN_WINDOW

@@ -394,7 +394,7 @@ def header_unwritten(path: str) -> bool:
     (`k3.unfinished_header`): when it is the newest, start-up writes the header."""
     if os.path.getsize(path) >= k3.MAGIC_SIZE:  # every file but such a one: a stat, not a read
         return False
-    with open(path, "rb") as f:
+    with disk.open_to_read(path) as f:
         return k3.unfinished_header(f.read(k3.MAGIC_SIZE))
 
 
