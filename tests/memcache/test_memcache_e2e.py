@@ -157,6 +157,8 @@ def test_full_queue_and_oversized_item(server_factory: Any) -> None:
     reply = exchange(s, b"set other 0 0 2000\r\n" + b"x" * 2000 + b"\r\n")
     assert reply.startswith(b"SERVER_ERROR object too large")
     assert exchange(s, b"get tiny\r\n", b"END\r\n") == b"VALUE tiny 0 1\r\n1\r\nEND\r\n"
+    # With noreply it answers nothing, as every refusal of a well-formed set: the client reads no reply.
+    assert exchange(s, b"set other 0 0 2000 noreply\r\n" + b"x" * 2000 + b"\r\nversion\r\n").startswith(b"VERSION ")
 
 
 def test_status_applies_to_memcache(server: ServerProcess) -> None:

@@ -42,6 +42,7 @@ CRLF: Final = b"\r\n"
 END: Final = b"END\r\n"
 STORED: Final = b"STORED\r\n"
 NOT_STORED: Final = b"NOT_STORED\r\n"
+TOO_LARGE: Final = b"SERVER_ERROR object too large for cache\r\n"  # (a well-formed set: silent with noreply)
 # a set's byte in a run's `answered`: whether it wants a reply
 REPLY: Final = b"\x01"
 NOREPLY: Final = b"\x00"
@@ -205,7 +206,7 @@ class MemcacheConnection(BufferedConnection):
                 continue
             if command.size > self.max_item:
                 self.discard = command.size + 2
-                self.discard_reply = b"SERVER_ERROR object too large for cache\r\n"
+                self.discard_reply = b"" if command.noreply else TOO_LARGE
                 self.requests_begun += 1
                 continue
             data_end = pos + command.size
