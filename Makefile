@@ -51,7 +51,7 @@ PYTEST := $(BIN)/python tests/support/crash_report.py \
 # whole suite: `make test-pure`). Tests marked `pure_build` run there only (tests/conftest.py).
 PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.py tests/thrift/test_thrift_turns.py \
 	tests/memcache/test_memcache_protocol.py tests/memcache/test_memcache_runs.py \
-	tests/text/test_text_protocol.py tests/server/test_socket_io.py tests/server/test_builds.py \
+	tests/text/test_text_protocol.py tests/text/test_text_connection.py tests/server/test_socket_io.py tests/server/test_builds.py \
 	tests/server/test_unexpected_errors.py tests/server/test_dashboard.py tests/server/test_waits_watched.py \
 	tests/server/test_stats_render.py tests/server/test_turns.py tests/server/test_hub_turns.py tests/thrift/test_call_arguments.py tests/session \
 	tests/storage
