@@ -394,6 +394,29 @@ def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_o
 
 @pytest.mark.pure_build
 @FORMATS
+def test_an_idle_server_whose_queues_want_more_than_the_budget_measures_no_queue(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backlogs under the budget whose wants (items and headroom for their rates) do not fit it: a
+    tick with no change keeps the last plan, visiting no queue (10,000 such queues kept an idle
+    server at 5% of a core), and the next change is planned again."""
+    budget = 1_000_000
+    coll, governor, runtime = governed(tmp_path, journal_format, budget)
+    names = [f"q{i}" for i in range(50)]
+    for _ in range(2):  # 800 KB in all, past ENGAGE and under the budget; their rates add headroom
+        backlogs(coll, names, 8_000)
+        runtime.advance(250)
+    assert governor._tight  # (the wants do not fit: what made every idle tick plan every queue)
+    measured = count_targets(coll, monkeypatch)
+    runtime.advance(2_000)
+    assert measured == [] and governor.measure() <= budget
+    coll.put("q1", [item(1)])
+    runtime.advance(250)
+    assert "q1" in measured
+    coll.close()
+
+
+@pytest.mark.pure_build
+@FORMATS
 def test_at_ease_a_queue_notes_its_changes_once(
         tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Far under the budget no tick takes the changed queues: a queue that changed stays noted, and

@@ -340,7 +340,8 @@ class MemoryGovernor:
         wants fit the budget (and memory is under it), only they get new targets: an unchanged
         queue's target still holds what it has, and it gets a new one when it next changes. A tick
         with no change, under the budget and out of flow control, only lets idle read-behind
-        cursors give their buffers back. Otherwise the tick measures and plans every queue.
+        cursors give their buffers back, even when the last plan's wants did not fit the budget.
+        Otherwise the tick measures and plans every queue.
         """
         now = self.clock.now_ms()
         seconds = max((now - self._last_tick) / 1000.0, 0.001)
@@ -360,7 +361,9 @@ class MemoryGovernor:
             if held < self.budget * LET_GO and not pressed:
                 self._let_go()
                 return
-            elif not changed and not pressed and held <= self.budget:
+            elif not changed and not (self.flow_control or self._over) and held <= self.budget:
+                # Nothing moved: the last plan holds, tight or not (its shares bind only what grows,
+                # and what grows is a change, planned by the next tick), so an idle server is idle.
                 self._release_idle_cursors()
                 return
             elif not pressed and self._tick_changed(changed, seconds, now):
