@@ -50,9 +50,12 @@ def replay_seconds(directory: str) -> float:
 KESTREL3 = QueueConfigs({"journal_format": "kestrel3", "max_memory_size": "1GB", "sync_journal": "never"})
 
 
-def write_kestrel3_queue(directory: str, items: int) -> None:
+def write_kestrel3_queue(directory: str, items: int, readers: int = 1) -> None:
+    """A Kestrel 3 queue of `items` items, and `readers` - 1 fanout readers holding them all too."""
     coll = QueueCollection(directory, KESTREL3)
     coll.load()
+    for child in range(1, readers):
+        coll.queue(f"replay+r{child}")
     batch = [b"0123456789abcdef"] * 1000
     for _ in range(items // 1000):
         coll.put("replay", batch)
@@ -60,11 +63,11 @@ def write_kestrel3_queue(directory: str, items: int) -> None:
 
 
 def kestrel3_load_cpu_seconds(directory: str) -> tuple[float, int]:
-    """The process's CPU seconds for loading the Kestrel 3 queue, and the items it holds."""
+    """The process's CPU seconds for loading the Kestrel 3 queue, and the items its readers hold."""
     started = time.process_time()
     coll = QueueCollection(directory, KESTREL3)
     coll.load()
-    items = coll.queue("replay").length
+    items = sum(coll.queue(name).length for name in coll.queue_names())
     elapsed = time.process_time() - started
     coll.close()
     return elapsed, items
@@ -85,16 +88,19 @@ def main() -> None:
     parser.add_argument("--profile", type=int, metavar="SIZE", help="cProfile the replay of SIZE-byte items")
     parser.add_argument("--kestrel3", type=int, metavar="N", help="load a Kestrel 3 queue of N items instead")
     parser.add_argument("--repeat", type=int, default=3, help="loads of the Kestrel 3 queue (default 3)")
+    parser.add_argument("--readers", type=int, default=1,
+                        help="readers of the Kestrel 3 queue: the queue and its fanout children (default 1)")
     args = parser.parse_args()
     print(f"# replay benchmark, {time.strftime('%Y-%m-%d')}, {machine()}")
     if args.kestrel3:
         directory = tempfile.mkdtemp(prefix="kestrel-replay-")
         try:
-            write_kestrel3_queue(directory, args.kestrel3)
+            write_kestrel3_queue(directory, args.kestrel3, args.readers)
             for _ in range(args.repeat):
                 seconds, items = kestrel3_load_cpu_seconds(directory)
-                print(f"Kestrel 3 queue of {items:,} items of 16 B: loaded in {seconds:.2f} s of CPU, "
-                      f"{seconds / items * 1e6:.2f} µs an item")
+                print(f"Kestrel 3 queue of {args.kestrel3:,} items of 16 B, {args.readers} reader(s) holding "
+                      f"{items:,}: loaded in {seconds:.2f} s of CPU, {seconds / items * 1e6:.2f} µs an item "
+                      "held")
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return

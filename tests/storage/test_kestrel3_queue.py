@@ -167,6 +167,38 @@ def test_a_queue_whose_first_file_cannot_be_written_leaves_nothing_and_says_why(
     assert drain(coll, "q") == [b"kept"]
 
 
+@pytest.mark.pure_build
+def test_at_start_up_one_reading_of_each_sealed_writer_file_serves_every_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reader found on disk loads the items it has still to consume; the runs of PUTs of a
+    sealed file are read once for all of them (the newest file, still written, by each), and the
+    readers share the items' bytes as live puts do."""
+    from kestrel.storage.kestrel3 import journal as kestrel3_journal
+
+    coll = collection(tmp_path, q={"default_journal_size": 300})
+    for child in ("a", "b"):
+        coll.queue(f"q+{child}")
+    items = [b"%04d" % i + b"." * 40 for i in range(40)]
+    for i in range(0, 40, 4):
+        coll.put("q", items[i:i + 4])
+    assert drain(coll, "q+a") == items  # reader a has nothing left to load
+    assert len(writer_files(tmp_path)) > 4
+    readings: list[str] = []
+    real = kestrel3_journal.RecordReader
+
+    def counted(path: str, *args: Any) -> Any:
+        readings.append(os.path.basename(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(kestrel3_journal, "RecordReader", counted)
+    coll = reopen(coll)
+    newest = writer_files(tmp_path)[-1]
+    assert sorted(set(readings) - {newest}) == writer_files(tmp_path)[:-1]
+    assert all(readings.count(name) == 1 for name in writer_files(tmp_path)[:-1])
+    assert drain(coll, "q") == items and drain(coll, "q+b") == items
+    assert coll.queue("q+a").length == 0
+
+
 def test_a_kestrel2_journal_is_not_read_as_kestrel3(tmp_path: Path) -> None:
     plain = QueueCollection(str(tmp_path))
     plain.put("q", [b"kept"])

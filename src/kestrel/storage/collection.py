@@ -159,6 +159,7 @@ class QueueCollection:
             self._load_found(found.queues)
         finally:
             self._loading = self._waiting = 0
+            self._kestrel3.loaded()
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
                         queues=len(self._queues), max_queues=self.max_queues)

@@ -11,7 +11,7 @@ each reader has consumed, and when a writer file every reader has passed is dele
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Generic, Protocol, TypeVar
@@ -47,6 +47,9 @@ from kestrel.storage.write_gate import WriteGate
 log = structlog.get_logger("kestrel.kestrel3")
 
 COMPACT_AT = 64 * 1024  # a checkpoint file this large is rewritten, if that makes it much smaller
+# At start-up, the bytes of sealed writer files whose runs of PUTs the first reader to read them keeps
+# for the readers found on disk still to load (`Kestrel3Journal.runs`): one reading serves them all.
+RUNS_KEPT = 64 * 1024 * 1024
 
 
 class Reader(Protocol):
@@ -239,6 +242,11 @@ class Kestrel3Journals(Generic[R]):
         if self._journals.get(journal.name) is journal:
             del self._journals[journal.name]
 
+    def loaded(self) -> None:
+        """Start-up has loaded every queue: runs kept for a reader that never loaded (refused) go."""
+        for journal in self._journals.values():
+            journal.forget_runs()
+
 
 class Kestrel3Journal(Generic[R]):
     """One queue's writer journal and the readers attached to it."""
@@ -313,6 +321,9 @@ class Kestrel3Journal(Generic[R]):
         self._going: list[WriterFile] = []  # taken by `release`, to be deleted off the loop
         self._gone: list[str] = []  # deleted, and their folder fsynced, but still marked in the manifest
         self._releasing: Event | None = None  # set while `_delete_released` runs
+        # Sealed files' runs of PUTs, by path, read once for every reader loading (`runs`).
+        self._runs: dict[str, list[list[k3.PutRow]]] = {}
+        self._runs_bytes = 0
 
     # -----------------------------------------------------------------------------------------
     # The manifest (src/kestrel/storage/manifest.py)
@@ -424,6 +435,38 @@ class Kestrel3Journal(Generic[R]):
     def attach(self, queue: R) -> None:
         self.readers[queue.reader] = queue
         self._unattached.pop(queue.reader, None)
+
+    def runs(self, info: WriterFile) -> Iterator[list[k3.PutRow]]:
+        """The runs of whole PUTs of writer file `info`, for a reader loading its items. While readers
+        found on disk are still to load theirs, a sealed file's runs are kept (up to `RUNS_KEPT`
+        bytes of files) and theirs come from that one reading, sharing its items' bytes too."""
+        kept = self._runs.get(info.path)
+        if kept is not None:
+            yield from kept
+            return
+        keeping = (bool(self._unattached) and info is not self.writer.current
+                   and self._runs_bytes < RUNS_KEPT)
+        read: list[list[k3.PutRow]] = []
+        reader = RecordReader(info.path, k3.FileKind.WRITER)
+        try:
+            while run := reader.puts():
+                if keeping:
+                    read.append(run)
+                yield run
+        finally:
+            reader.close()
+        if keeping:  # (read whole: a reading cut short keeps nothing)
+            self._runs[info.path] = read
+            self._runs_bytes += os.path.getsize(info.path)
+
+    def loaded(self) -> None:
+        """A reader has loaded its items: once every reader found on disk has, the runs kept go."""
+        if not self._unattached:
+            self.forget_runs()
+
+    def forget_runs(self) -> None:
+        self._runs = {}
+        self._runs_bytes = 0
 
     @property
     def unread(self) -> bool:

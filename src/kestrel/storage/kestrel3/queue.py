@@ -156,14 +156,10 @@ class Kestrel3Queue(PersistentQueue):
                                 self._journal.commit_log if self.config.sync_journal is not None else None)
         self._journal.attach(self)
         for info in writer.files:
-            if info.last_id <= self._file.head:
-                continue
-            reader = RecordReader(info.path, k3.FileKind.WRITER)
-            try:
-                while run := reader.puts():
+            if info.last_id > self._file.head:
+                for run in self._journal.runs(info):
                     self._load(run)
-            finally:
-                reader.close()
+        self._journal.loaded()
         self._seen = writer.tail_id
         if self.length:
             log.info("loaded kestrel3 reader", queue=self.name, items=self.length, bytes=self.bytes,
