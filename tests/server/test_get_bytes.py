@@ -129,3 +129,38 @@ def test_a_thrift_get_of_large_items_returns_those_within_its_bytes(state: Any, 
     assert serving.get(timeout=STALL_S) is True
     ours.close()
     client.close()
+
+
+@pytest.mark.parametrize("protocol, request_, answer", [
+    ("memcache", b"get q/peek\r\n", b"VALUE q/peek 0 %d\r\n%s\r\nEND\r\n"),
+    ("memcache", b"get q/open\r\nget q/abort\r\n", b"VALUE q/open 0 %d\r\n%s\r\nEND\r\nEND\r\n"),
+    ("text", b"peek q\n", b":%s\n"),
+])
+def test_a_burst_of_gets_of_one_large_item_sends_their_replies_a_few_at_a_time(
+        state: Any, protocol: str, request_: bytes, answer: bytes) -> None:
+    """Gets that leave the item where it is (a peek, an open read aborted) answer it again and again:
+    their replies, joined to be sent, held the item as many times as the burst asked (4.2 KB of
+    `/peek`s of a 1 MB item made 569 MB). Past GET_BYTES of items the replies go out before the next
+    get is answered, so a client that does not read has no more built for it."""
+    from kestrel.service.text.handler import TextConnection
+
+    ours, client = gevent.socket.socketpair()
+    client.settimeout(STALL_S)
+    kind = MemcacheConnection if protocol == "memcache" else TextConnection
+    connection = kind(state, ours, "test")
+    serving = gevent.spawn(connection.run)
+    data = items()[0]
+    assert state.collection.put("q", [data]) == 1
+    client.sendall(request_ * COUNT)
+    with gevent.Timeout(STALL_S):
+        while not connection.replies.full:
+            gevent.sleep(0.01)
+    answered = state.stats.cmd_peek + state.stats.cmd_get
+    assert answered <= MOST_TAKEN * request_.count(b"\n"), answered
+    reply = answer % ((SIZE, data) if protocol == "memcache" else (data,))
+    for _ in range(COUNT):
+        assert received(client, reply) == reply
+    client.shutdown(socket.SHUT_WR)
+    assert serving.get(timeout=STALL_S) is True
+    ours.close()
+    client.close()

@@ -329,3 +329,31 @@ def test_a_put_that_catches_up_and_reads_behind_again_packs_nothing_it_does_not_
     assert coll.queue("q").in_read_behind
     coll = reopen(coll)
     assert drain(coll, "q") == items[2:]
+
+
+@pytest.mark.pure_build
+def test_out_of_file_descriptors_a_put_that_fills_memory_is_stored_whole_and_said_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entering read-behind opens a reader of the journal: with no descriptor left, the put (its
+    items journaled) was answered with the error, its items stored all the same, so a retry stored
+    them twice. The items stay in memory instead, and read-behind starts once a descriptor is free."""
+    import errno
+
+    from kestrel.storage.kestrel2 import read_behind
+
+    coll = make(tmp_path, max_memory_size=1_000)
+    real = read_behind.JournalReader
+
+    def no_descriptor(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(read_behind, "JournalReader", no_descriptor)
+    for n in range(0, 40, 4):
+        assert coll.put("q", [item(i) for i in range(n, n + 4)]) == 4
+    q = coll.queue("q")
+    assert not q.in_read_behind and q.length == 40 and q.memory_bytes > 1_000
+    monkeypatch.setattr(read_behind, "JournalReader", real)
+    assert coll.put("q", [item(i) for i in range(40, 44)]) == 4
+    assert q.in_read_behind
+    coll = reopen(coll)
+    assert drain(coll, "q") == [item(i) for i in range(44)]

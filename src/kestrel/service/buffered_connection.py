@@ -16,7 +16,7 @@ import structlog
 from kestrel.service.listener import Listener
 from kestrel.service.replies import Replies
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.session import ClientGone, Session
+from kestrel.service.session.session import GET_BYTES, ClientGone, Session
 from kestrel.service.socket_io import ClientSocket, SendTimeout, drop_answered
 from kestrel.service.turns import Turns
 
@@ -67,6 +67,9 @@ class BufferedConnection:
         # Requests begun that span several receives (a text put block, a memcache item skipped): one
         # still under way after a receive keeps its `request_timeout` deadline, any other restarts it.
         self.requests_begun = 0
+        # Item bytes in the replies built since the last send: past GET_BYTES they go out before the
+        # next request is answered (`replies_due`), so a burst of gets of a large item holds no more.
+        self.reply_bytes = 0
         self.in_hub = False  # `process` runs in the hub: it stops before a request that may wait
 
     def process(self, buf: bytearray) -> int:
@@ -86,10 +89,18 @@ class BufferedConnection:
 
     def send(self) -> None:
         """Send the replies so far (they wait for the changes they acknowledge: `Replies`)."""
+        self.reply_bytes = 0
         if self.out:
             data = b"".join(self.out)
             self.out.clear()
             self.replies.send(data)
+
+    def replies_due(self) -> bool:
+        """Between two requests: whether the replies built hold `GET_BYTES` of items, to be sent (in
+        the connection's greenlet, waiting for room) before the next is answered. Replies are joined
+        to be sent, so a burst of 300 gets of a 1 MB item, each a reference to the item, was joined
+        into 300 MB before any went out."""
+        return self.reply_bytes >= GET_BYTES
 
     def _receive(self, buf: bytearray, deadline: float | None) -> int:
         """Append the next input to `buf`: what arrived during a wait, else a recv bounded by
@@ -167,6 +178,7 @@ class BufferedConnection:
             drop_answered(buf, self.process(buf))
         finally:
             self.in_hub = False
+        self.reply_bytes = 0
         if self.out:
             data = b"".join(self.out)
             self.out.clear()

@@ -20,6 +20,7 @@ A subclass rather than a storage object beside the queue: a format rebuilds this
 from __future__ import annotations
 
 import contextlib
+import errno
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -193,6 +194,7 @@ class PersistentQueue(ABC):
         self._opens: dict[int, QItem] = {}  # open reads by id
         self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
+        self._behind_refused = False  # the last try to enter read-behind found no file descriptor
         # What the read-behind rules hold in memory: max_memory_size, or less while the memory
         # governor (src/kestrel/storage/memory.py) gives this queue a smaller share of the server's budget.
         self.memory_target = config.max_memory_size
@@ -532,7 +534,7 @@ class PersistentQueue(ABC):
                 if self._append(item):
                     self._log_put(items[logged:n + 1], now, expiry, first_id + logged if first_id else 0)
                     logged = n + 1
-                    self._read_behind_from(self._start_read_behind(item))
+                    self._enter_read_behind(item)
             if logged < count:
                 self._log_put(items[logged:], now, expiry, first_id + logged if first_id else 0)
         self.total_items += count
@@ -903,6 +905,23 @@ class PersistentQueue(ABC):
         self.memory_bytes += size
         self._ledger.total += size
         return self.memory_bytes >= self.memory_target and self._reads_behind
+
+    def _enter_read_behind(self, after: QItem) -> None:
+        """Read-behind starts after `after`, the item of a put that filled memory. Out of file
+        descriptors (its reader needs one), the items stay in memory past the target instead, and
+        the next item to find memory full tries again: the put, journaled, is not refused for it (it
+        was, and its items were stored all the same, so a client's retry stored them twice)."""
+        try:
+            self._read_behind_from(self._start_read_behind(after))
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if not self._behind_refused:
+                self._behind_refused = True
+                log_later(self.runtime, log.warning, "cannot enter read-behind: out of file descriptors; "
+                          "the queue holds its new items in memory until it can", queue=self.name)
+        else:
+            self._behind_refused = False
 
     def _read_behind_from(self, cursor: Cursor) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""

@@ -120,6 +120,11 @@ class MemcacheConnection(BufferedConnection):
         end = len(buf)
         while pos < end:
             if pos:
+                if self.replies_due():
+                    if self.in_hub:
+                        return pos  # sent, and the rest read in the connection's greenlet
+                    self.send()
+                    self.replies.wait_sent()
                 if not self.in_hub:
                     self.take_turns()
                 elif self.turns.over():
@@ -284,7 +289,9 @@ class MemcacheConnection(BufferedConnection):
                     self.out.append(self._error(e))
                     done += 1
                     continue
-                self.out.append(values(key, datas, answered - len(datas)))
+                reply = values(key, datas, answered - len(datas))
+                self.out.append(reply)
+                self.reply_bytes += len(reply)
                 done += answered
                 break
         except BaseException:
@@ -345,6 +352,7 @@ class MemcacheConnection(BufferedConnection):
     def _value(self, command: Command, data: bytes) -> None:
         cas = b" 0" if command.cas else b""
         self.out += (b"VALUE %s 0 %d%s\r\n" % (command.key.encode(), len(data), cas), data, CRLF)
+        self.reply_bytes += len(data)
 
     def do_get(self, command: Command) -> None:
         options = command.get

@@ -65,6 +65,9 @@ class TextConnection(BufferedConnection):
         pos = 0
         while (nl := buf.find(b"\n", pos)) >= 0:
             if pos:
+                if self.replies_due():
+                    self.send()
+                    self.replies.wait_sent()
                 self.take_turns()
             line = take(buf, pos, nl - 1 if nl > pos and buf[nl - 1] == 13 else nl)
             pos = nl + 1
@@ -162,7 +165,9 @@ class TextConnection(BufferedConnection):
         if command.timeout_ms:
             self.send()  # earlier replies go out before this one waits
         datas = self.session.get(command.queue, timeout_ms=command.timeout_ms, open=open, peek=peek)
-        return item(datas[0] if datas else None)
+        reply = item(datas[0] if datas else None)
+        self.reply_bytes += len(reply)
+        return reply
 
     def do_get(self, command: TextCommand) -> bytes:
         return self._fetch(command, open=True)
