@@ -7,6 +7,13 @@ import pytest
 from kestrel.service.memcache.commands import ProtocolError, parse_line
 
 
+def test_a_bad_value_is_not_echoed_whole() -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_line(b"confirm q " + b"9x" * 30_000)
+    assert refused.value.reply.startswith("CLIENT_ERROR bad count '9x9x")
+    assert len(refused.value.reply) == len("CLIENT_ERROR ") + 512 and refused.value.reply.endswith("...")
+
+
 @pytest.mark.parametrize("line, skip, close", [
     (b"set q 0 0 abc", 0, True),  # the length is unreadable: the connection must close
     (b"set q 0 0", 0, True),

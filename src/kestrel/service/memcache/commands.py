@@ -31,7 +31,9 @@ class ProtocolError(Exception):
 
 
 def client_error(reason: str) -> ProtocolError:
-    return ProtocolError(f"CLIENT_ERROR {reason}")
+    """The client's error, its reason at most 512 characters (a bad value of a 64 KB line is not
+    echoed whole), as the text protocol's."""
+    return ProtocolError(f"CLIENT_ERROR {reason if len(reason) <= 512 else reason[:509] + '...'}")
 
 
 @dataclass(frozen=True, slots=True)
