@@ -417,6 +417,34 @@ def test_probes_are_answered_while_every_admin_connection_is_read_too_slowly(ser
             s.close()
 
 
+def test_a_page_that_waits_a_second_for_a_turn_takes_the_one_held_longest() -> None:
+    """The pages that pass over every queue are answered PAGES_AT_ONCE at a time: clients reading
+    theirs a few bytes at a time held every turn, and every other page waited their `request_timeout`
+    (30 s). One that waits PAGE_TURN_WAIT_S takes the turn held longest, whose answer is given up."""
+    import gevent
+
+    from kestrel.service.admin import PAGES_AT_ONCE, _PageTurns
+
+    turns = _PageTurns()
+    given_back: list[int] = []
+
+    def slow_reader(n: int) -> None:
+        worker = turns.take()
+        try:
+            gevent.sleep(60)  # sending its answer to a client that does not read
+        finally:
+            given_back.append(n)
+            turns.give_back(worker)  # as its answer's close does
+
+    holders = [gevent.spawn(slow_reader, n) for n in range(PAGES_AT_ONCE)]
+    gevent.sleep(0.01)
+    with gevent.Timeout(10):
+        worker = turns.take()
+    assert given_back == [0] and holders[0].dead and not any(h.dead for h in holders[1:])
+    turns.give_back(worker)
+    gevent.killall(holders)
+
+
 def test_the_admin_port_holds_at_most_its_connections_and_the_rest_wait(server: ServerProcess) -> None:
     """Idle admin connections once took the descriptors the queue ports' clients needed: the port
     holds `ADMIN_CONNECTIONS` at once; the others wait in the listen backlog, as any port's do when

@@ -15,7 +15,7 @@ waited longest for a request is closed to make room for it, or else the one that
 answering (a client reading its page that slowly). At most `PAGES_AT_ONCE` answers of the pages
 that cost a pass over every queue (the stats and metrics, megabytes with thousands of queues) are
 rendered or sent at once: the others wait their turn, so a crowd of slow readers holds that many
-copies in memory, not one each.
+copies in memory, not one each, and one that waits a second takes the turn held longest.
 A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
 the server's log, naming the client and the reason, never a bare traceback or line on stderr.
 """
@@ -49,6 +49,8 @@ ADMIN_CONNECTIONS = 128
 # Answers of the pages that cost a pass over every queue, rendered or being sent at once (each holds
 # its page: megabytes with thousands of queues); more wait their turn, within `request_timeout`.
 PAGES_AT_ONCE = 4
+# How long a page's request waits for a turn before it takes the one held longest (`_PageTurns`).
+PAGE_TURN_WAIT_S = 1.0
 
 # The statuses in which the server takes each kind of client's requests (NotConfigured: always Up).
 READY_FOR = {
@@ -153,12 +155,38 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
         return self._state.config.request_timeout / 1000.0
 
 
-class _HeldPage:
-    """A page's answer, its turn (`PAGES_AT_ONCE`) held until the handler has sent it or given up:
-    WSGI's `close`, which gevent calls whatever became of the answer."""
+class _PageTurns:
+    """The turns of the answers of the pages that pass over every queue, `PAGES_AT_ONCE` at once.
+    A request that has waited `PAGE_TURN_WAIT_S` for one takes the turn held longest, closing its
+    connection: a page takes milliseconds, so a turn held that long is a client reading its answer
+    too slowly (four such held every page for their `request_timeout`)."""
 
-    def __init__(self, body: list[bytes], turns: BoundedSemaphore) -> None:
-        self.body, self.turns = body, turns
+    def __init__(self) -> None:
+        self._free = BoundedSemaphore(PAGES_AT_ONCE)
+        self._holders: dict[gevent.Greenlet, None] = {}  # oldest first
+
+    def take(self) -> gevent.Greenlet:
+        if not self._free.acquire(timeout=PAGE_TURN_WAIT_S):
+            oldest = next(iter(self._holders), None)
+            if oldest is not None:
+                del self._holders[oldest]
+                oldest.kill(block=False)  # its answer's `close` gives its turn back
+            self._free.acquire()
+        worker = gevent.getcurrent()
+        self._holders[worker] = None
+        return worker
+
+    def give_back(self, worker: gevent.Greenlet) -> None:
+        self._holders.pop(worker, None)
+        self._free.release()
+
+
+class _HeldPage:
+    """A page's answer, its turn held until the handler has sent it or given up: WSGI's `close`,
+    which gevent calls whatever became of the answer."""
+
+    def __init__(self, body: list[bytes], turns: _PageTurns, worker: gevent.Greenlet) -> None:
+        self.body, self.turns, self.worker = body, turns, worker
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.body)
@@ -166,7 +194,7 @@ class _HeldPage:
     def close(self) -> None:
         if self.body:
             self.body = []
-            self.turns.release()
+            self.turns.give_back(self.worker)
 
 
 def reply(start_response: Callable[..., Any], status: str, headers: list[tuple[str, str]],
@@ -191,7 +219,7 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         "/metrics/per-queue": lambda: (ok, metrics.CONTENT_TYPE_LATEST, metrics.render_per_queue(server)),
     }
     pages = {"/stats.json", "/stats.txt", "/metrics", "/metrics/per-queue"}  # a pass over every queue
-    page_turns = BoundedSemaphore(PAGES_AT_ONCE)
+    page_turns = _PageTurns()
     dashboard = Dashboard(server)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -199,11 +227,11 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
         if environ.get("PATH_INFO") not in pages:
             answer = respond(environ, start_response)
         else:
-            page_turns.acquire()
+            worker = page_turns.take()
             try:
-                answer = _HeldPage(respond(environ, start_response), page_turns)
+                answer = _HeldPage(respond(environ, start_response), page_turns, worker)
             except BaseException:
-                page_turns.release()
+                page_turns.give_back(worker)
                 raise
         if environ.get("REQUEST_METHOD") == "HEAD":
             # Its headers alone (gevent's handler would send the body, which a keep-alive client
