@@ -70,25 +70,6 @@ def test_a_put_block_refused_after_its_first_steps_answers_the_count_stored(
     assert _answer(text, theirs, b"put q:\nitem\n\n") == b"-put refused: server is ReadOnly\n"
 
 
-def test_a_put_block_keeps_its_items_end_to_end_and_makes_them_a_step_at_a_time() -> None:
-    """A block held 56 bytes of memory for each line of one byte (an object each); now about ten."""
-    import sys
-
-    from kestrel.service.text.handler import PutBlock
-
-    block = PutBlock("q", None)
-    lines = [b"x", b"", b"line two", b"\x00\xff", b"y" * 1000]
-    for line in lines:
-        block.add(line)
-    assert block.step(0, 2) == lines[:2] and block.step(2, 99) == lines[2:] and block.step(5, 9) == []
-    many = PutBlock("q", None)
-    for _ in range(100_000):
-        many.add(b"x")
-    held = sys.getsizeof(many.data) + sys.getsizeof(many.ends)
-    assert held < 12 * 100_000, held
-    assert many.step(99_999, 100_000) == [b"x"]
-
-
 def test_a_large_put_block_is_stored_whole_and_in_order(connection: tuple[TextConnection, socket.socket]) -> None:
     text, theirs = connection
     items = [b"%06d" % n for n in range(3 * PUT_STEP + 7)]
