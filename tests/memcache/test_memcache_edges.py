@@ -365,3 +365,17 @@ def test_a_fanout_parent_names_its_children_and_every_queue_s_add_counts(server:
     assert float(stats["reserved_memory_ratio"]) >= 0
     dump = exchange(s, b"dump_stats fanned\r\n", b"END\r\n").decode()
     assert "  children=fanned+a,fanned+b\r\n}\r\nEND\r\n" in dump
+
+
+def test_a_line_of_max_line_length_is_read_whichever_receive_its_line_end_comes_in(server_factory: Any) -> None:
+    """As the text port reads it: a line's length does not count its line end."""
+    srv = server_factory({"max_line_length": "1KB"})
+    longest = b"get q" + b" q" * 509 + b"x"  # 1,024 bytes: only the first key counts, as in Kestrel
+    assert len(longest) == 1024
+    s = conn(srv.memcache_port)
+    assert exchange(s, longest + b"\r\n", b"END\r\n") == b"END\r\n"
+    s.sendall(longest + b"\r")
+    time.sleep(0.1)  # the CR alone in its receive
+    assert exchange(s, b"\n", b"END\r\n") == b"END\r\n"
+    assert exchange(s, longest + b"x\r\n") == b"CLIENT_ERROR line too long\r\n"
+    assert closed_by_server(s)

@@ -421,6 +421,8 @@ def test_a_page_that_waits_a_second_for_a_turn_takes_the_one_held_longest() -> N
     """The pages that pass over every queue are answered PAGES_AT_ONCE at a time: clients reading
     theirs a few bytes at a time held every turn, and every other page waited their `request_timeout`
     (30 s). One that waits PAGE_TURN_WAIT_S takes the turn held longest, whose answer is given up."""
+    from functools import partial
+
     import gevent
 
     from kestrel.service.admin import PAGES_AT_ONCE, _PageTurns
@@ -436,7 +438,7 @@ def test_a_page_that_waits_a_second_for_a_turn_takes_the_one_held_longest() -> N
             given_back.append(n)
             turns.give_back(worker)  # as its answer's close does
 
-    holders = [gevent.spawn(slow_reader, n) for n in range(PAGES_AT_ONCE)]
+    holders = [gevent.spawn(partial(slow_reader, n)) for n in range(PAGES_AT_ONCE)]
     gevent.sleep(0.01)
     with gevent.Timeout(10):
         worker = turns.take()

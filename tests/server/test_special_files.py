@@ -5,6 +5,7 @@ ends. The file is refused with its kind named, and every other client is served 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -71,3 +72,30 @@ def test_a_fifo_among_the_commit_log_s_segments_or_a_queue_s_files_ends_each_rea
         out = subprocess.run([sys.executable, "-m", "kestrel", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0, args
         assert "not a regular file but a FIFO" in out.stderr + out.stdout, (args, out.stderr, out.stdout)
+
+
+def test_a_fifo_in_the_status_file_s_place_is_not_waited_on(tmp_path: Path) -> None:
+    """Start-up reads the status file through the same open: a FIFO there is refused (the default
+    status is used, and a warning says why) instead of holding the process before it serves."""
+    (tmp_path / "q" / ".kestrel").mkdir(parents=True)
+    os.mkfifo(tmp_path / "q" / ".kestrel" / "status")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kestrel", "serve", "--queue-path", str(tmp_path / "q"), "--thrift-port=0",
+         "--memcache-port=0", "--text-port=0", "--admin-port=0", "--log-format=json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        while not any("kestrel started" in line for line in lines):
+            ready, _, _ = select.select([server.stdout], [], [], max(deadline - time.monotonic(), 0))
+            line = server.stdout.readline() if ready else ""
+            if not line:
+                break  # out of time (a start held by the FIFO says nothing), or the process ended
+            lines.append(line)
+        assert any("kestrel started" in line for line in lines), lines
+        assert any("cannot read the status file" in line and "not a regular file but a FIFO" in line
+                   for line in lines), lines
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)

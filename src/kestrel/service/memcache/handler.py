@@ -181,7 +181,7 @@ class MemcacheConnection(BufferedConnection):
                 return pos  # not a run the scanner reads, nor a get with options
             nl = buf.find(b"\n", pos)
             if nl < 0:
-                if end - pos > self.max_line:
+                if end - pos - (buf[end - 1] == 13) > self.max_line:  # a CR may begin its line end
                     self.out.append(b"CLIENT_ERROR line too long\r\n")
                     raise CloseConnection
                 return pos
@@ -189,10 +189,11 @@ class MemcacheConnection(BufferedConnection):
                 self.skip_line = False
                 pos = nl + 1
                 continue
-            if nl - pos > self.max_line:
+            line_end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+            if line_end - pos > self.max_line:  # a line's length does not count its line end
                 self.out.append(b"CLIENT_ERROR line too long\r\n")
                 raise CloseConnection
-            line = take(buf, pos, nl - 1 if nl > pos and buf[nl - 1] == 13 else nl)
+            line = take(buf, pos, line_end)
             start, pos = pos, nl + 1
             try:
                 command = parse_line(line)

@@ -86,8 +86,8 @@ class StatusKeeper:
     def _read(self) -> Status | None:
         assert self.status_file is not None
         try:
-            with open(self.status_file, encoding="utf-8") as f:
-                return Status.parse(f.read())
+            with disk.open_to_read(self.status_file) as f:  # a FIFO refused, never waited on
+                return Status.parse(f.read().decode("utf-8"))
         except (OSError, ValueError) as e:
             if not isinstance(e, FileNotFoundError):
                 log.warning("cannot read the status file; using the default status", file=self.status_file,
