@@ -125,6 +125,17 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         log.warning("admin request refused", client=str(self.client_address), reason=reason)
 
 
+def _close_oldest(workers: dict[gevent.Greenlet, None]) -> bool:
+    """Kill the worker of `workers` (oldest first) that has been there longest, closing its
+    connection; False when there is none."""
+    oldest = next(iter(workers), None)
+    if oldest is None:
+        return False
+    del workers[oldest]
+    oldest.kill(block=False)
+    return True
+
+
 class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
     handler_class = _TimedHandler
 
@@ -143,12 +154,8 @@ class _AdminWSGIServer(WSGIServer):  # type: ignore[misc]
         the port until their `request_timeout`, /ping and /ready unanswered meanwhile) and idle
         keep-alives give way to the probe, which sends its request at once. An answer takes
         milliseconds, so the oldest is the one a client is not reading."""
-        for workers in (self.waiting, self.answering):
-            oldest = next(iter(workers), None)
-            if oldest is not None:
-                del workers[oldest]
-                oldest.kill(block=False)
-                return
+        if not _close_oldest(self.waiting):
+            _close_oldest(self.answering)
 
     @property
     def request_timeout_s(self) -> float:
@@ -167,10 +174,7 @@ class _PageTurns:
 
     def take(self) -> gevent.Greenlet:
         if not self._free.acquire(timeout=PAGE_TURN_WAIT_S):
-            oldest = next(iter(self._holders), None)
-            if oldest is not None:
-                del self._holders[oldest]
-                oldest.kill(block=False)  # its answer's `close` gives its turn back
+            _close_oldest(self._holders)  # its answer's `close` gives its turn back
             self._free.acquire()
         worker = gevent.getcurrent()
         self._holders[worker] = None

@@ -33,6 +33,12 @@ def take(buf: bytearray, start: int, end: int) -> bytes:
         return bytes(view[start:end])
 
 
+def line_end(buf: bytearray, start: int, nl: int) -> int:
+    """Where the line from `start` to its LF at `nl` ends: before its CR, if it has one (a line's
+    length, which `max_line_length` bounds, never counts its line end)."""
+    return nl - 1 if nl > start and buf[nl - 1] == 13 else nl
+
+
 class CloseConnection(Exception):
     """Raised by a handler: close the connection once the replies so far are sent."""
 
@@ -78,7 +84,12 @@ class BufferedConnection:
         raise NotImplementedError
 
     def take_turns(self) -> None:
-        """Step aside when this connection has worked a whole turn, its replies so far sent."""
+        """Between two requests: send the replies built once they hold `GET_BYTES` of items, waiting
+        for room (`replies_due`); and step aside when this connection has worked a whole turn, its
+        replies so far sent."""
+        if self.replies_due():
+            self.send()
+            self.replies.wait_sent()
         if self.turns.over():
             self.send()
             self.turns.step_aside()
@@ -96,11 +107,17 @@ class BufferedConnection:
             self.replies.send(data)
 
     def replies_due(self) -> bool:
-        """Between two requests: whether the replies built hold `GET_BYTES` of items, to be sent (in
-        the connection's greenlet, waiting for room) before the next is answered. Replies are joined
-        to be sent, so a burst of 300 gets of a 1 MB item, each a reference to the item, was joined
-        into 300 MB before any went out."""
+        """Whether the replies built hold `GET_BYTES` of items, to be sent (in the connection's
+        greenlet, waiting for room) before the next request is answered. Replies are joined to be
+        sent, so a burst of 300 gets of a 1 MB item, each a reference to the item, was joined into
+        300 MB before any went out."""
         return self.reply_bytes >= GET_BYTES
+
+    def unended_line_too_long(self, buf: bytearray, start: int) -> bool:
+        """Whether the bytes from `start`, no LF among them yet, are a line over `max_line_length`
+        already (a CR at their end may be the first half of its line end, which is not counted)."""
+        end = len(buf)
+        return end > start and end - start - (buf[end - 1] == 13) > self.max_line
 
     def _receive(self, buf: bytearray, deadline: float | None) -> int:
         """Append the next input to `buf`: what arrived during a wait, else a recv bounded by

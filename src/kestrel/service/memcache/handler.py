@@ -20,6 +20,7 @@ from kestrel.service import metrics
 from kestrel.service.buffered_connection import (
     BufferedConnection,
     CloseConnection,
+    line_end,
     make_listener,
     take,
 )
@@ -120,15 +121,10 @@ class MemcacheConnection(BufferedConnection):
         end = len(buf)
         while pos < end:
             if pos:
-                if self.replies_due():
-                    if self.in_hub:
-                        return pos  # sent, and the rest read in the connection's greenlet
-                    self.send()
-                    self.replies.wait_sent()
                 if not self.in_hub:
                     self.take_turns()
-                elif self.turns.over():
-                    return pos  # the rest in the connection's greenlet, which steps aside
+                elif self.turns.over() or self.replies_due():
+                    return pos  # the replies sent, the rest in the connection's greenlet
             if self.discard:
                 step = min(self.discard, end - pos)
                 self.discard -= step
@@ -181,7 +177,7 @@ class MemcacheConnection(BufferedConnection):
                 return pos  # not a run the scanner reads, nor a get with options
             nl = buf.find(b"\n", pos)
             if nl < 0:
-                if end - pos - (buf[end - 1] == 13) > self.max_line:  # a CR may begin its line end
+                if self.unended_line_too_long(buf, pos):
                     self.out.append(b"CLIENT_ERROR line too long\r\n")
                     raise CloseConnection
                 return pos
@@ -189,11 +185,11 @@ class MemcacheConnection(BufferedConnection):
                 self.skip_line = False
                 pos = nl + 1
                 continue
-            line_end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
-            if line_end - pos > self.max_line:  # a line's length does not count its line end
+            ends = line_end(buf, pos, nl)
+            if ends - pos > self.max_line:
                 self.out.append(b"CLIENT_ERROR line too long\r\n")
                 raise CloseConnection
-            line = take(buf, pos, line_end)
+            line = take(buf, pos, ends)
             start, pos = pos, nl + 1
             try:
                 command = parse_line(line)

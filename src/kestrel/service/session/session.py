@@ -455,10 +455,10 @@ class Session:
     def confirm_reads(self, queue: str, count: int | None = None) -> int:
         """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many were
         open (those of a queue deleted since are closed with nothing to confirm)."""
-        done = self.reads.take_oldest(queue, count)
-        if not done:
-            return 0
-        return sum(self.coll.confirm(queue, xids, serial) for serial, xids in by_serial(done).items())
+        closed = 0
+        for serial, xids in by_serial(self.reads.take_oldest(queue, count)).items():
+            closed += self.coll.confirm(queue, xids, serial)
+        return closed
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""

@@ -20,6 +20,7 @@ from kestrel.service import metrics
 from kestrel.service.buffered_connection import (
     BufferedConnection,
     CloseConnection,
+    line_end,
     make_listener,
     take,
 )
@@ -65,11 +66,8 @@ class TextConnection(BufferedConnection):
         pos = 0
         while (nl := buf.find(b"\n", pos)) >= 0:
             if pos:
-                if self.replies_due():
-                    self.send()
-                    self.replies.wait_sent()
                 self.take_turns()
-            line = take(buf, pos, nl - 1 if nl > pos and buf[nl - 1] == 13 else nl)
+            line = take(buf, pos, line_end(buf, pos, nl))
             pos = nl + 1
             if len(line) > self.max_line:
                 self.out.append(b"-line too long\n")
@@ -78,8 +76,8 @@ class TextConnection(BufferedConnection):
                 self.item_line(self.block, line)
             else:
                 self.line(line)
-        if len(buf) - pos - (buf[-1] == 13 if len(buf) > pos else 0) > self.max_line:
-            self.out.append(b"-line too long\n")  # (a CR at the end may be the line end's first half)
+        if self.unended_line_too_long(buf, pos):
+            self.out.append(b"-line too long\n")
             raise CloseConnection
         return pos
 
