@@ -416,7 +416,7 @@ def test_each_read_task_spares_its_worker_the_collections_of_what_it_loaded(
                                                                    1, 1000, 1000, "t", None))
     else:
         module, source, partition = (journal_source, journal_source.JournalReader,
-                                     journal_source.JournalPartition("q", [str(tmp_path / "q")]))
+                                     journal_source.JournalPartition("q", str(tmp_path / "q")))
     monkeypatch.setattr(module, "spare_collections", spare)
     with pytest.raises(_Spared):
         next(iter(object.__new__(source).read(partition)))

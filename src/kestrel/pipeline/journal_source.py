@@ -88,13 +88,14 @@ BYTES_PER_BATCH = 1 << 20
 
 
 class JournalPartition(InputPartition):
-    """A queue of a queue path (items view), or one file's records from byte `start` up to `end`
-    (records view; `last`: the file is its queue's last, whose tail may be torn)."""
+    """A queue of a queue path (items view: `path` is the queue path), or one file's records from
+    byte `start` up to `end` (records view: `path` is the file; `last`: the file is its queue's last,
+    whose tail may be torn). An empty `path` is the one partition of a read that found no queue."""
 
-    def __init__(self, queue: str, paths: list[str], start: int = 0, end: int | None = None,
+    def __init__(self, queue: str, path: str, start: int = 0, end: int | None = None,
                  last: bool = True) -> None:
         super().__init__(queue)
-        self.queue, self.paths, self.start, self.end, self.last = queue, paths, start, end, last
+        self.queue, self.path, self.start, self.end, self.last = queue, path, start, end, last
 
 
 def split_points(path: str, max_bytes: int) -> list[tuple[int, int | None]]:
@@ -348,22 +349,22 @@ class JournalReader(DataSourceReader):
                 if self.queues is not None and name not in self.queues:
                     continue
                 if self.view == "items":
-                    out.append(JournalPartition(name, [queue_path]))
+                    out.append(JournalPartition(name, queue_path))
                 else:
                     paths = [p for _, p in files.packs] + files.replay_order()
-                    out.extend(JournalPartition(name, [p], start, end, p == paths[-1]) for p in paths
+                    out.extend(JournalPartition(name, p, start, end, p == paths[-1]) for p in paths
                                for start, end in split_points(p, self.max_partition_bytes))
-        return out or [JournalPartition("", [])]
+        return out or [JournalPartition("", "")]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, JournalPartition)
         spare_collections()
-        if not partition.paths:
+        if not partition.path:
             return
         if self.view == "items":
-            yield from item_batches(partition.queue, partition.paths[0], self.failfast)
+            yield from item_batches(partition.queue, partition.path, self.failfast)
         else:
-            yield from record_batches(partition.queue, partition.paths[0], self.failfast, partition.start,
+            yield from record_batches(partition.queue, partition.path, self.failfast, partition.start,
                                       partition.end, partition.last)
 
 
