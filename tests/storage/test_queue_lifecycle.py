@@ -45,11 +45,18 @@ def test_a_queue_created_and_left_empty_survives_a_restart(tmp_path: Path, fmt: 
     again.close()
 
 
-def test_a_fanout_child_created_and_left_empty_survives_a_restart(tmp_path: Path) -> None:
-    coll = _collection(tmp_path, "kestrel2")
+@pytest.mark.parametrize("fmt, created", [("kestrel2", ["jobs+audit"]), ("kestrel3", ["jobs", "jobs+audit"])])
+def test_a_fanout_child_created_and_left_empty_survives_a_restart(tmp_path: Path, fmt: str,
+                                                                   created: list[str]) -> None:
+    """A Kestrel 2 child stands alone, as Kestrel's does (naming `parent+child` created `parent` too,
+    and for an alias `parent` a queue file the alias hid); a Kestrel 3 child is a reader of its
+    parent's journal, so the parent comes with it."""
+    coll = _collection(tmp_path, fmt)
     coll.queue("jobs+audit")
+    assert coll.queue_names() == created and coll.queue_creates == len(created)
     again = reopen(coll)
-    assert again.queue_names() == ["jobs", "jobs+audit"]
+    assert again.queue_names() == created
+    assert again.put("jobs", [b"a"]) == 1 and again.remove("jobs+audit") != []  # the parent feeds it
     again.close()
 
 
@@ -67,7 +74,7 @@ def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, f
 
     puts = [gevent.spawn(partial(put, who)) for who in range(4)]
     gevent.joinall(puts, raise_error=True)
-    assert len({id(p.value) for p in puts}) == 1 and coll.queue_creates == 1 + ("+" in name)
+    assert len({id(p.value) for p in puts}) == 1 and coll.queue_creates == 1 + ("+" in name and fmt == "kestrel3")
     again = reopen(coll)
     assert again.refused == {}
     assert sorted(drain(again, name)) == sorted(b"%d-%d" % (who, i) for who in range(4) for i in range(3))

@@ -225,9 +225,16 @@ class QueueCollection:
             return existing
         self.check_refused(name)
         parent_name, plus, _ = name.partition("+")
-        if plus:
+        if plus and self.config_for(parent_name).journal_format == formats.KESTREL3:
+            # A Kestrel 3 child is a reader of its parent's journal: the parent comes first (and
+            # creates the readers it finds). A Kestrel 2 child stands alone, as in Kestrel: its
+            # parent is created by its own first reference.
+            if parent_name in self.aliases:
+                raise InvalidQueueName(f"queue {name!r} would read the journal of {parent_name!r}, "
+                                       f"an alias, which keeps none (a Kestrel 3 fanout child reads "
+                                       f"its parent's journal)")
             self._create(parent_name, scanned)
-            existing = self._queues.get(name)  # a Kestrel 3 parent creates the readers it finds
+            existing = self._queues.get(name)
             if existing is not None:
                 return existing
         creating = self._creating.get(name)
@@ -335,8 +342,11 @@ class QueueCollection:
         `max_item_size`), as Kestrel's put counts them; nothing after a refused item is added. A
         fanout child is offered what its parent was (src/kestrel/storage/fanout.py); through an
         alias an item counts only if every destination accepted it (src/kestrel/storage/aliases.py).
-        Raises InvalidQueueName.
+        Raises InvalidQueueName. A put of no items creates nothing, as Kestrel's (a loop over them).
         """
+        if not items:
+            check_queue_name(name)
+            return 0
         # (an `in` of a dict that lacks the name costs about 100 instructions: the request path asks
         # first whether there is any alias or fanout at all, as most servers have none)
         if self.aliases and name in self.aliases:

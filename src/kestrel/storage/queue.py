@@ -739,11 +739,13 @@ class PersistentQueue(ABC):
         return removed
 
     def flush(self) -> None:
-        """Drop every item (open reads stay open).
+        """Drop every item (open reads stay open). Those expired at the head expire first, counted
+        and moved to `expire_to_queue`, as Kestrel's flush (a loop of removes) expires them.
 
         Raises JournalWriteError (nothing was dropped).
         """
         with self:
+            self._expire_head(self.clock.now_ms())
             self._drop_items()
             self.total_flushes += 1
             self._commit()

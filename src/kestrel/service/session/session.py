@@ -221,9 +221,11 @@ class Session:
             taken = TakenItems(self.coll.remove(queue, max_items, max_bytes=GET_BYTES), 0)
         else:
             taken = self._take_slices(queue, max_items, timeout_ms, auto_abort_ms)
-        if taken.items:
-            self.stats.get_hits += 1
-        else:
+        # Counted as Kestrel counts its Thrift get, a loop of removes: each item a hit, and a miss
+        # where it came back short on an empty queue (not where it stopped at its bytes).
+        got = len(taken.items)
+        self.stats.get_hits += got
+        if got < max_items and not self.coll.holds(queue, 1):
             self.stats.get_misses += 1
         return taken
 
@@ -471,9 +473,15 @@ class Session:
     # Inspection and status
 
     def peek(self, queue: str) -> QItem | None:
+        """The head item, left in place: a `cmd_peek`, and a hit or a miss as every get is."""
         self.status.check_read("peek")
         self.stats.cmd_peek += 1
-        return self.coll.peek(queue)
+        head = self.coll.peek(queue)
+        if head is None:
+            self.stats.get_misses += 1
+        else:
+            self.stats.get_hits += 1
+        return head
 
     def queue_info(self, queue: str) -> dict[str, Any]:
         """The head item and the figures Thrift's QueueInfo carries."""
