@@ -30,6 +30,7 @@ from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port, wait_until
 from tests.support.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
 from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+from tests.support.wire import memcache_stats
 
 
 def cluster_of(*servers: ServerProcess, **options: Any) -> Cluster:
@@ -277,6 +278,116 @@ def test_server_restart_between_calls_is_transparent(server: ServerProcess) -> N
     assert one.put("restart", [b"after"]) == 1
     assert [i.data for i in one.get("restart", 10)] == [b"before", b"after"]
     one.close()
+
+
+def test_a_restart_that_closed_every_pooled_connection_is_transparent(server_factory: Any) -> None:
+    """The repeat after a dead pooled connection took the next pooled one, as dead: the call failed
+    on a server that was up (a one-server Cluster raised NoServers)."""
+    srv = server_factory()
+    one = on(srv)
+    cluster = cluster_of(srv)
+    for pool in (one, cluster.server(("127.0.0.1", srv.thrift_port))):
+        waits = [threading.Thread(target=pool.get, args=("pooled", 1, 300)) for _ in range(4)]
+        for t in waits:
+            t.start()
+        for t in waits:
+            t.join()
+        assert len(pool._idle) == 4
+    srv.kill()
+    srv.start()  # every pooled connection is now dead
+    assert one.put("pooled", [b"server"]) == 1
+    assert cluster.put("pooled", b"cluster")
+    assert cluster.get_many("pooled", 10) == [b"server", b"cluster"]
+    one.close()
+    cluster.close()
+
+
+class _ChangingSets:
+    """A server source whose sets change as a watched ZooKeeper's do: a new list each time."""
+
+    def __init__(self, *servers: ServerProcess) -> None:
+        self.set_to(*servers)
+
+    def set_to(self, *servers: ServerProcess) -> None:
+        self.lists = [("127.0.0.1", s.thrift_port) for s in servers]
+
+    def writers(self) -> list[tuple[str, int]]:
+        return self.lists
+
+    def readers(self) -> list[tuple[str, int]]:
+        return self.lists
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_server_that_left_the_sets_is_let_go(three: list[ServerProcess], server_factory: Any) -> None:
+    """A Cluster kept a Server, and its pooled connections, for every address it ever saw: each
+    server that left (a rolling restart onto new ports) left a half-closed socket for good."""
+    leaving = server_factory()
+    sets = _ChangingSets(three[0], leaving)
+    cluster = Cluster(sets)
+
+    def connections() -> int:
+        return int(memcache_stats(leaving.memcache_port)["curr_connections"])
+
+    for _ in range(4):
+        assert cluster.put("sets", b"x")
+    held = connections()
+    sets.set_to(three[0])
+    assert cluster.put("sets", b"y")
+    wait_until(lambda: connections() == held - 1, "the pooled connection to be closed")
+    assert ("127.0.0.1", leaving.thrift_port) not in cluster._servers
+    sets.set_to(three[0], leaving)  # back: a Server afresh
+    assert cluster.get_many("sets", 10, timeout=1.0)
+    cluster.close()
+
+
+def test_a_get_over_many_empty_servers_ends_by_its_timeout(three: list[ServerProcess]) -> None:
+    """Each server of a round waited min(timeout, poll_ms / servers): three servers waited three
+    timeouts (0.2 s took 0.6 s with poll_ms 5,000)."""
+    cluster = cluster_of(*three, poll_ms=5_000)
+    cluster.get("nothing_here", timeout=0.1)  # connections open, so that the next get is all wait
+    started = time.monotonic()
+    assert cluster.get("nothing_here", timeout=1.0) is None
+    assert 1.0 <= time.monotonic() - started < 2.5  # three timeouts before
+    cluster.close()
+
+
+def test_threads_sharing_a_cluster_each_open_reads_on_a_connection_holding_none(server: ServerProcess) -> None:
+    """The server caps a connection's open reads on a queue (max_open_reads, 100); reliable reads
+    held by ten threads in turn all went over one pooled connection, and then a reliable read of a
+    queue of 400 items found none."""
+    cluster = cluster_of(server)
+    cluster.put_many("held", [b"%d" % n for n in range(500)])
+    holding = threading.Barrier(11)
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with cluster.reliable_read("held", max_items=10) as items:
+                assert len(items) == 10
+                holding.wait(STALL_S)
+                release.wait(STALL_S)
+        except BaseException as e:
+            errors.append(e)
+            holding.abort()
+
+    threads = []
+    for _ in range(10):  # one after another: each get gives its connection back before the next
+        threads.append(threading.Thread(target=hold))
+        threads[-1].start()
+        wait_until(lambda: holding.n_waiting == len(threads) or bool(errors), "the read to be held")
+    with cluster.reliable_read("held", max_items=10, timeout=1.0) as items:
+        assert len(items) == 10
+    holding.wait(STALL_S)
+    release.set()
+    for t in threads:
+        t.join(STALL_S)
+    assert not errors
+    assert items_on(server, "held") == 390  # every read confirmed
+    cluster.close()
 
 
 def test_get_waits_up_to_the_timeout_and_wakes_on_a_put(three: list[ServerProcess]) -> None:

@@ -89,6 +89,7 @@ class Cluster:
         self.retries, self.backoff_ms, self.max_backoff_ms = retries, backoff_ms, max_backoff_ms
         self.max_frame_size = max_frame_size
         self._servers: dict[Address, Server] = {}
+        self._sets_seen: tuple[list[Address], list[Address]] = ([], [])  # the source's lists last looked at
         self._lock = threading.Lock()
         self._turn = itertools.count()
         self._closed = False
@@ -145,11 +146,29 @@ class Cluster:
 
     def writers(self) -> list[Server]:
         """The servers taking puts now (the source may change them at any time)."""
+        self._retire_departed()
         return [self.server(a) for a in self.source.writers()]
 
     def readers(self) -> list[Server]:
         """The servers to read from now."""
+        self._retire_departed()
         return [self.server(a) for a in self.source.readers()]
+
+    def _retire_departed(self) -> None:
+        """Let go of the servers in neither set any more, once the source's lists change (they are
+        new lists then): a server that left (a rolling restart, a scale-down) kept its pooled
+        connections open, half-closed, for the Cluster's life. A call in flight on one finishes;
+        one that comes back is a new Server."""
+        writers, readers = self.source.writers(), self.source.readers()
+        seen = self._sets_seen
+        if writers is seen[0] and readers is seen[1]:
+            return
+        current = {*writers, *readers}
+        with self._lock:
+            self._sets_seen = (writers, readers)
+            gone = [self._servers.pop(a) for a in [a for a in self._servers if a not in current]]
+        for server in gone:
+            server.retire()
 
     def _in_turn(self, servers: Sequence[Server], method: str) -> list[Server]:
         """Every server once: those fit for `method` from the next in turn (or shuffled), then the
@@ -393,15 +412,16 @@ class Cluster:
             if spent and not readers:
                 raise NoServers(f"{what} (a get without a reliable read may have taken items from "
                                 f"{', '.join(spent)}, lost with its answer)", list(spent.values()))
-            left = deadline - time.monotonic()
-            if first_look or not readers:
-                wait_ms = 0
-            else:
-                wait_ms = int(max(0.0, min(left, self.poll_ms / 1000.0 / len(readers))) * 1000)
             round_ = _Round()
-            for server in readers:
+            for n, server in enumerate(readers):
+                # Each server's wait is its share of what is left of `timeout` among the servers
+                # still to ask this round (at most `poll_ms` a round in all), so that the round ends
+                # by the deadline however many servers there are.
+                wait_s = 0.0 if first_look else min((deadline - time.monotonic()) / (len(readers) - n),
+                                                    self.poll_ms / 1000.0 / len(readers))
                 failures = len(round_.errors)
-                items = self._get_from(server, queue, max_items, wait_ms, auto_abort_ms, round_)
+                items = self._get_from(server, queue, max_items, int(max(wait_s, 0.0) * 1000),
+                                       auto_abort_ms, round_)
                 if items:
                     return server, items
                 lost = round_.errors[-1] if len(round_.errors) > failures else None

@@ -39,9 +39,11 @@ NOT_A_REPLY = (ProtocolError, TProtocolException)
 
 
 class _Connection:
-    """One framed binary Thrift connection."""
+    """One framed binary Thrift connection, and the ids of the open reads its gets opened that
+    this client has not settled yet (the server caps a connection's open reads on each queue)."""
 
     def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+        self.open_reads: set[int] = set()
         self.socket = TSocket(host, port, socket_timeout=connect_timeout_ms,
                               connect_timeout=connect_timeout_ms)
         transport = TCyFramedTransportFactory().get_transport(self.socket)
@@ -65,7 +67,8 @@ class Server:
     """Kestrel's Thrift calls on one server.
 
     A call on a pooled connection that turns out to be dead is repeated once on a new connection
-    (the server may have restarted since); any other connection failure raises ServerUnavailable
+    (the server may have restarted since, closing every pooled one: they are dropped with it); any
+    other connection failure raises ServerUnavailable
     and marks the server down for `retry_after` seconds, which a Cluster uses to try it last.
     An error the server answers with raises Refused, except a closed queue (the server is shutting
     down), which raises ServerClosing, a ServerUnavailable, and marks the server down too. A refusal
@@ -73,6 +76,12 @@ class Server:
     (`avoids(method)`), so that a Cluster tries the other servers first.
 
     Use it as a context manager, or call `close()`; after either, every call raises ClientClosed.
+
+    A get that opens reads (`auto_abort_ms`) takes a connection holding none of this client's
+    unsettled ones, or a new one: the server caps the open reads of a connection on each queue
+    (`max_open_reads`), and threads sharing the pool would otherwise pile theirs on one connection
+    until a get of a queue full of items found none. A `confirm`, `abort` or `settle` of ids, from
+    any connection, frees theirs.
     """
 
     def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
@@ -84,6 +93,8 @@ class Server:
         self._refused_until: dict[str, float] = {}  # method → when a status refusal is stale
         self._closed = False
         self._idle: list[_Connection] = []
+        self._opened_on: dict[int, _Connection] = {}  # an unsettled open read's id → its connection
+        self._retired = False
         self._lock = threading.Lock()
 
     @property
@@ -219,8 +230,9 @@ class Server:
         """
         if self._closed and not after_close:
             raise ClientClosed(f"cannot call {method} on kestrel {self.address}")
+        opens_reads = method in ("get", "get_timed") and args[3] > 0
         for attempt in (1, 2):
-            conn, reused = self._take()
+            conn, reused = self._take(fresh=attempt == 2, without_reads=opens_reads)
             conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
             try:
                 result = conn.invoke(method, args)
@@ -244,20 +256,45 @@ class Server:
             except CONNECTION_ERRORS as e:
                 conn.close()
                 if reused and attempt == 1 and not isinstance(e, socket.timeout):
-                    continue  # an idle connection the server closed: say it again on a new one
+                    # An idle connection the server closed (a restart closes the others too): say
+                    # it again on a new one.
+                    self._drop_idle()
+                    continue
                 self.down_until = time.monotonic() + self.retry_after
                 raise ServerUnavailable(self.address, f"{method} failed: {e!r}", maybe_done=True) from e
             except BaseException:
                 conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
                 raise
+            finally:
+                if method in ("confirm", "abort"):  # settled, or left to the server's auto-abort
+                    self._forget_reads(args[1])
+            if opens_reads and result:
+                self._note_reads(conn, result)
             self._give_back(conn)
             return result
         raise AssertionError("unreachable")
 
-    def _take(self) -> tuple[_Connection, bool]:
+    def _note_reads(self, conn: _Connection, items: list[Any]) -> None:
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+            for item in items:
+                conn.open_reads.add(item.id)
+                self._opened_on[item.id] = conn
+
+    def _forget_reads(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            for read_id in ids:
+                conn = self._opened_on.pop(read_id, None)
+                if conn is not None:
+                    conn.open_reads.discard(read_id)
+
+    def _take(self, fresh: bool = False, without_reads: bool = False) -> tuple[_Connection, bool]:
+        """An idle connection (one holding no unsettled open reads, for a get that opens some), or,
+        `fresh` or with none idle, a new one."""
+        with self._lock:
+            if not fresh:
+                for n in range(len(self._idle) - 1, -1, -1):
+                    if not (without_reads and self._idle[n].open_reads):
+                        return self._idle.pop(n), True
         try:
             conn = _Connection(self.host, self.port, self.connect_timeout_ms)
         except CONNECTION_ERRORS as e:
@@ -268,15 +305,24 @@ class Server:
 
     def _give_back(self, conn: _Connection) -> None:
         with self._lock:
-            if not self._closed and len(self._idle) < self.max_idle:
+            if not self._closed and not self._retired and len(self._idle) < self.max_idle:
                 self._idle.append(conn)
                 return
         conn.close()
 
-    def close(self) -> None:
-        """Close the idle connections (calls in flight close theirs when they finish); final."""
+    def _drop_idle(self) -> None:
         with self._lock:
-            self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+    def retire(self) -> None:
+        """Close the idle connections and pool no more (a server that left its Cluster's sets);
+        calls still work, each on a connection of its own, closed when it ends."""
+        self._retired = True
+        self._drop_idle()
+
+    def close(self) -> None:
+        """Close the idle connections (calls in flight close theirs when they finish); final."""
+        self._closed = True
+        self._drop_idle()
