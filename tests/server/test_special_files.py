@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import ServerProcess, wait_until
 from tests.support.wire import conn, exchange
 
@@ -74,11 +76,15 @@ def test_a_fifo_among_the_commit_log_s_segments_or_a_queue_s_files_ends_each_rea
         assert "not a regular file but a FIFO" in out.stderr + out.stdout, (args, out.stderr, out.stdout)
 
 
-def test_a_fifo_in_the_status_file_s_place_is_not_waited_on(tmp_path: Path) -> None:
-    """Start-up reads the status file through the same open: a FIFO there is refused (the default
-    status is used, and a warning says why) instead of holding the process before it serves."""
+@pytest.mark.parametrize("name, warning", [("status", "cannot read the status file"),
+                                           ("read_ids", "ignoring an unreadable read-id floor")])
+def test_a_fifo_in_the_place_of_a_file_start_up_reads_is_not_waited_on(tmp_path: Path, name: str,
+                                                                       warning: str) -> None:
+    """Start-up reads the status file and the read ids' floor through the same open: a FIFO there is
+    refused (the default status is used, the ids start from the clock, and a warning says why)
+    instead of holding the process before it serves (the floor's own open held it for good)."""
     (tmp_path / "q" / ".kestrel").mkdir(parents=True)
-    os.mkfifo(tmp_path / "q" / ".kestrel" / "status")
+    os.mkfifo(tmp_path / "q" / ".kestrel" / name)
     server = subprocess.Popen(
         [sys.executable, "-m", "kestrel", "serve", "--queue-path", str(tmp_path / "q"), "--thrift-port=0",
          "--memcache-port=0", "--text-port=0", "--admin-port=0", "--log-format=json"],
@@ -94,8 +100,7 @@ def test_a_fifo_in_the_status_file_s_place_is_not_waited_on(tmp_path: Path) -> N
                 break  # out of time (a start held by the FIFO says nothing), or the process ended
             lines.append(line)
         assert any("kestrel started" in line for line in lines), lines
-        assert any("cannot read the status file" in line and "not a regular file but a FIFO" in line
-                   for line in lines), lines
+        assert any(warning in line and "not a regular file but a FIFO" in line for line in lines), lines
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

@@ -103,6 +103,21 @@ def test_a_queue_path_the_user_may_not_write(tmp_path: Path) -> None:
     assert f"queue path {parent / 'kestrel'}: Permission denied (the server runs as user " in line, line
 
 
+def test_a_queue_path_whose_own_directory_is_writable_but_not_the_path(tmp_path: Path) -> None:
+    """The server's own directory (`.kestrel`) writable, the queue path itself not: it started, and
+    each new queue failed with an internal error."""
+    queues = tmp_path / "queues"
+    (queues / ".kestrel").mkdir(parents=True)
+    queues.chmod(0o555)
+    try:
+        done = kestrel("--queue-path", str(queues), *NO_LISTENERS, command=as_plain_user())
+    finally:
+        queues.chmod(0o755)
+    line = one_line(done)
+    assert done.returncode == 4
+    assert f"queue path {queues}: Permission denied (the server runs as user " in line, line
+
+
 def test_a_queue_path_on_a_read_only_file_system(tmp_path: Path) -> None:
     """EROFS, as on a disk remounted read-only: a read-only bind mount in a mount namespace of its own."""
     unshare = shutil.which("unshare")
@@ -136,6 +151,19 @@ def test_a_queue_path_another_server_holds(server_factory: Any) -> None:
     line = one_line(done)
     assert done.returncode == 4
     assert f"queue path {first.queue_path} is in use by kestrel serve (pid {first.proc.pid})" in line, line
+
+
+def test_a_queue_path_whose_lock_file_was_removed_is_still_held(server_factory: Any) -> None:
+    """A lock file removed while its server runs (taken for a stale one) let a second server lock
+    a new file of that name and write the same journals: an acknowledged item was lost."""
+    first: ServerProcess = server_factory()
+    (first.queue_path / ".kestrel" / "lock").unlink()
+    done = kestrel("--queue-path", str(first.queue_path), *NO_LISTENERS)
+    line = one_line(done)
+    assert done.returncode == 4
+    assert (f"queue path {first.queue_path} is in use by another process, which holds the directory's "
+            f"lock although its lock file") in line, line
+    assert first.proc is not None and first.proc.poll() is None
 
 
 def test_out_of_file_descriptors(tmp_path: Path) -> None:

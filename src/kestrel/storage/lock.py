@@ -2,14 +2,19 @@
 
 `<queue_path>/.kestrel/lock` is locked with `flock` for as long as the owner lives; the kernel drops
 the lock when the process dies, so a crash never leaves it held. The file names its owner (what and
-which pid) so that a refused process can say who holds the path. The owner then moves what an
-earlier version kept beside the journals into the server's own directory (`layout.migrate`); a
-process of that version, which locks `<queue_path>/.lock`, is refused first.
+which pid) so that a refused process can say who holds the path. The queue path's directory itself
+is locked too: a lock file removed while its owner runs (taken for a stale one) would otherwise let
+a second process lock a new file of that name and write the same journals. The owner must be able
+to create files in the queue path (each new queue's journal goes there), which is checked before
+anything is served. It then moves what an earlier version kept beside the journals into the
+server's own directory (`layout.migrate`); a process of that version, which locks
+`<queue_path>/.lock`, is refused first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 
@@ -25,22 +30,26 @@ class QueuePathLock:
     def __init__(self, queue_path: str) -> None:
         self.queue_path = queue_path
         self.path = filenames.own_path(queue_path, filenames.LOCK_NAME)
-        self._fd = -1
+        self._fd = self._directory_fd = -1
 
     def acquire(self, owner: str) -> None:
         """Take the lock for `owner` (e.g. "kestrel serve"), then move an earlier layout's files.
 
-        Raises QueuePathInUse naming the process that holds it, OSError.
+        Raises QueuePathInUse naming the process that holds it, OSError (PermissionError for a
+        queue path no file can be created in).
         """
         layout.ensure(self.queue_path)
         fd = _lock(self.path, self.queue_path)
         try:
+            self._directory_fd = _lock_directory(self.queue_path, self.path)
+            check_writable_directory(self.queue_path)
             earlier = os.path.join(self.queue_path, EARLIER_LOCK_NAME)
             if os.path.exists(earlier):
                 os.close(_lock(earlier, self.queue_path))  # refused while an earlier version runs
             layout.migrate(self.queue_path)
         except BaseException:
             os.close(fd)
+            self._close_directory()
             raise
         with contextlib.suppress(OSError):  # naming the owner is a courtesy: a full disk refuses it
             os.ftruncate(fd, 0)
@@ -53,6 +62,12 @@ class QueuePathLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = -1
+        self._close_directory()
+
+    def _close_directory(self) -> None:
+        if self._directory_fd >= 0:
+            os.close(self._directory_fd)
+            self._directory_fd = -1
 
     def __enter__(self) -> QueuePathLock:
         return self
@@ -75,3 +90,34 @@ def _lock(path: str, queue_path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _lock_directory(queue_path: str, lock_file: str) -> int:
+    """A descriptor of the queue path's directory holding its lock. Its lock file taken, only a
+    process whose lock file was removed from under it can hold this one. Raises QueuePathInUse."""
+    fd = os.open(queue_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise QueuePathInUse(f"queue path {queue_path} is in use by another process, which holds the "
+                             f"directory's lock although its lock file {lock_file} was removed (never "
+                             f"remove the lock file of a running server; `fuser -v {queue_path}` shows "
+                             f"the process); stop it first") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_writable_directory(directory: str) -> None:
+    """Raise PermissionError naming `directory` unless a file can be created in it: an unnamed one
+    (O_TMPFILE), which leaves nothing behind even if the process dies, or where the file system
+    has none, the access check. Root without the right to override permissions is refused too."""
+    try:
+        os.close(os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600))
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise OSError(e.errno, e.strerror, directory) from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "no file can be created in it", directory) from None

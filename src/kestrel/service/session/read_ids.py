@@ -37,8 +37,8 @@ class ReadIds:
 
     def _stored_floor(self) -> int:
         try:
-            with open(self.path, encoding="ascii") as f:
-                return int(f.read().strip())
+            with disk.open_to_read(self.path) as f:  # a FIFO refused, never waited on
+                return int(f.read(64).decode("ascii").strip())
         except FileNotFoundError:
             return 0
         except (OSError, ValueError) as e:
