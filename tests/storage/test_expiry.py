@@ -295,6 +295,30 @@ def test_a_lower_max_age_ages_the_items_already_queued(tmp_path: Path, journal_f
     coll.close()
 
 
+@FORMATS
+def test_a_raised_max_age_lengthens_no_cap_already_given_to_items_on_disk(tmp_path: Path,
+                                                                         journal_format: str) -> None:
+    """A Kestrel 3 PUT kept the put's own expiry and each read back took the `max_age` of now: a
+    raised `max_age` brought back the expired items read-behind held on disk (after a restart, all
+    of them), where those in memory stayed expired."""
+    clock = FakeClock(T0)
+    small = {"max_memory_size": "4", "max_age": "3s"}
+    coll = make(tmp_path, journal_format, clock, {"q": small})
+    coll.put("q", [b"%d" % i for i in range(8)])  # past 4 bytes: read-behind holds the rest on disk
+    assert coll.queue("q").in_read_behind
+    clock.advance(4_000)
+    coll.reload(QueueConfigs({"journal_format": journal_format}, {"q": {**small, "max_age": "1h"}}), {})
+    assert coll.remove("q", 10) == []
+    coll.close()
+    coll = make(tmp_path / "restart", journal_format, FakeClock(T0), {"q": small})
+    coll.put("q", [b"%d" % i for i in range(8)])
+    coll.close()
+    clock = FakeClock(T0 + 4_000)
+    coll = make(tmp_path / "restart", journal_format, clock, {"q": {**small, "max_age": "1h"}})
+    assert coll.remove("q", 10) == []
+    coll.close()
+
+
 @pytest.mark.parametrize("queues, default", [({"jobs": {"expire_to_queue": "both"}}, None),
                                              (None, {"expire_to_queue": "both"})])
 def test_an_expire_to_queue_that_is_an_alias_is_refused_at_load_and_reload(tmp_path: Path, queues: Any,

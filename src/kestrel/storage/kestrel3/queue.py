@@ -230,8 +230,9 @@ class Kestrel3Queue(PersistentQueue):
             count = max((runs[-1][1] for runs in taking.values() if runs), default=0)
             if count:
                 writer = journal.writer
+                written = _journaled_expiry([q for q in readers if taking.get(q.reader)], now, expiry)
                 try:
-                    first = writer.append(items[:count], now, expiry or None)[0].id
+                    first = writer.append(items[:count], now, written or None)[0].id
                 except OSError as e:
                     raise self._write_error(writer.current.path, e) from None
                 for q in readers:
@@ -556,3 +557,15 @@ class ReaderCursor:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+
+def _journaled_expiry(takers: list[Kestrel3Queue], now: int, expiry: int) -> int:
+    """The expiry a PUT record carries: the put's, capped by `max_age` too where every reader taking
+    the items has one (by the largest: each reader caps by its own as it reads the record), so that
+    a `max_age` raised later, by a reload or a restart, lengthens no cap already given, as a Kestrel
+    2 journal's ADD keeps its capped expiry."""
+    ages = [q.config.max_age for q in takers]
+    if not ages or not all(ages):
+        return expiry
+    cap = now + max(age for age in ages if age)
+    return min(expiry, cap) if expiry else cap
