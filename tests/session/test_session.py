@@ -712,3 +712,16 @@ def test_only_a_put_or_get_that_cannot_yield_is_answered_at_once(make_server: Ma
     assert governor is not None
     governor._start_flow(governor.budget + 1, runtime.clock.now_ms())
     assert not session.answers_at_once("plain")  # a put is held under flow control
+
+
+def test_a_queue_an_alias_hides_shows_nothing_to_a_look(server: ServerState) -> None:
+    """A get of an alias's name finds nothing: `peek_items` showed the items of the queue the alias
+    hides, and Thrift's `peek` its figures beside no head item."""
+    session = Session(server, "client")
+    session.put("o", [b"secret"])
+    server.collection.reload(QueueConfigs(), {"o": ["elsewhere"]})
+    assert session.get("o") == [] and session.peek_items("o", 0, 5).shown == []
+    info = session.queue_info("o")
+    assert info["head_item"] is None and info["items"] == 0 and info["bytes"] == 0
+    server.collection.reload(QueueConfigs(), {})
+    assert len(session.peek_items("o", 0, 5).shown) == 1 and session.queue_info("o")["items"] == 1

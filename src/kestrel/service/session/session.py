@@ -25,6 +25,7 @@ from kestrel.storage.config import NATIVE_LIMIT
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.item import LookedItems, item_data
+from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.taken_items import TakenItems
 
 log = structlog.get_logger("kestrel.session")
@@ -302,10 +303,15 @@ class Session:
         check_queue_name(queue)
         self.coll.check_refused(queue)
         self.status.check_read("peek")
-        q = self.coll.get(queue)
+        q = self._looked_at(queue)
         if q is None:
             return LookedItems(0, 0, 0, 0, [])
         return q.look(first, min(max_items, self.max_batch_items, GET_SLICE), GET_BYTES)
+
+    def _looked_at(self, queue: str) -> PersistentQueue | None:
+        """The queue a look at `queue` shows, created by none: none for an alias, whose name hides a
+        queue under it (its items cannot be read while the alias exists, as a get finds nothing)."""
+        return None if self.coll.is_alias(queue) else self.coll.get(queue)
 
     def queue_names(self) -> list[str]:
         """The queues the server holds (fanout readers included, aliases not); creates nothing."""
@@ -486,7 +492,7 @@ class Session:
     def queue_info(self, queue: str) -> dict[str, Any]:
         """The head item and the figures Thrift's QueueInfo carries."""
         head = self.peek(queue)
-        q = self.coll.get(queue)
+        q = self._looked_at(queue)
         stats = q.stats() if q is not None else {}
         return {
             "head_item": head.data if head is not None else None,
