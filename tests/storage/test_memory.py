@@ -283,6 +283,24 @@ def test_a_restart_replays_every_backlog_under_the_budget(tmp_path: Path, journa
         assert drain(coll, name) == [item(i, 1000) for i in range(300)], name
 
 
+@FORMATS
+def test_a_restart_keeps_a_floor_for_each_fanout_child_still_to_load(tmp_path: Path, journal_format: str) -> None:
+    """A Kestrel 3 queue's readers load with it, unnamed in the scan of the queue path: the queue's
+    replay took the whole budget, keeping no floor for them, and the server restarted at 1.76x it
+    with three readers."""
+    names = ["q", "q+a", "q+b", "q+c"]
+    coll = make(tmp_path, journal_format)
+    for name in names[1:]:
+        coll.queue(name)
+    backlogs(coll, ["q"], 1_200_000)
+    coll.close()
+    coll, governor, runtime = governed(tmp_path, journal_format, 256_000)
+    assert sorted(coll.queue_names()) == names
+    assert coll.ledger.total == held_in_memory(coll) <= 256_000 + len(names) * 1000  # an item past a share
+    for name in names:
+        assert drain(coll, name) == [item(i, 1000) for i in range(1200)], name
+
+
 # ---------------------------------------------------------------------------------------------
 # Cost that follows the work
 

@@ -111,8 +111,9 @@ class QueueCollection:
                                         self.ledger, changes=self._changes.reader())
                          if max_memory_total else None)
         # During `load`: how many queues it found, and how many of them are still to replay (each
-        # replays under the budget, src/kestrel/storage/memory.py `admit`).
-        self._loading = self._waiting = 0
+        # replays under the budget, src/kestrel/storage/memory.py `admit`), Kestrel 3 readers among
+        # them (`_readers_left`: loaded with their queue, not named in the scan's queues).
+        self._loading = self._waiting = self._readers_left = 0
         os.makedirs(path, exist_ok=True)
 
     # -----------------------------------------------------------------------------------------
@@ -154,11 +155,12 @@ class QueueCollection:
         found = scan_queue_dir(self.path)
         delete_temporaries(found.temporaries)
         self._owners = found.owners
-        self._loading = len(found.queues)
+        self._loading = len(found.queues) + found.readers
+        self._readers_left = found.readers
         try:
             self._load_found(found.queues)
         finally:
-            self._loading = self._waiting = 0
+            self._loading = self._waiting = self._readers_left = 0
             self._kestrel3.loaded()
         if self.max_queues is not None and len(self._queues) > self.max_queues:
             log.warning("more queues on disk than max_queues; no new queue can be created",
@@ -168,7 +170,7 @@ class QueueCollection:
     def _load_found(self, queues: dict[str, JournalFiles]) -> None:
         ignored = formats.ignored_names(queues)
         for index, name in enumerate(sorted(queues, key=lambda n: ("+" in n, n))):
-            self._waiting = len(queues) - index - 1
+            self._waiting = len(queues) - index - 1 + self._readers_left
             if name in ignored:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=ignored[name])
                 continue
@@ -261,6 +263,10 @@ class QueueCollection:
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
         fresh = scanned is None and owners is not None and name not in owners
+        if scanned is not None and plus and name not in scanned and self._readers_left:
+            # a Kestrel 3 reader loading with its queue: one fewer still to load
+            self._readers_left -= 1
+            self._waiting = max(self._waiting - 1, 0)
         if self.governor is not None and not fresh:
             # What the replay may hold in memory: the budget is kept at start-up as while serving.
             self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)

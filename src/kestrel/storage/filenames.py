@@ -168,6 +168,12 @@ def writer_file_number(queue: str, file_name: str) -> int | None:
     return None
 
 
+def named_reader_checkpoint(file_name: str) -> bool:
+    """Whether `file_name` is the checkpoint of a named reader (a fanout child) of some queue."""
+    queue, infix, reader = file_name.partition(READER_INFIX)
+    return bool(queue and infix and reader) and reader_of(queue, file_name) is not None
+
+
 def reader_of(queue: str, file_name: str) -> str | None:
     """The reader whose checkpoint of `queue` is called `file_name`, or None if it is not one."""
     prefix = queue + READER_INFIX

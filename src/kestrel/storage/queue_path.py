@@ -36,6 +36,7 @@ class QueueDirectory:
     queues: dict[str, JournalFiles] = field(default_factory=dict)
     temporaries: list[str] = field(default_factory=list)
     owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
+    readers: int = 0  # named readers' checkpoints: Kestrel 3 fanout children, loaded with their queue
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
                 files.live = entry.path
             else:
                 (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
+        elif filenames.named_reader_checkpoint(entry.name):
+            found.readers += 1
     for files in found.queues.values():
         files.rotated.sort()
         files.packs.sort()
@@ -98,10 +101,6 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
 def list_journal_files(queue_path: str, name: str) -> JournalFiles:
     """The files of one queue (a queue created after start-up, or deleted)."""
     return scan_queue_dir(queue_path, name).queues.get(name, JournalFiles())
-
-
-
-
 
 
 def remove_temporaries(queue_path: str, name: str) -> None:
