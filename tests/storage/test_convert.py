@@ -24,7 +24,7 @@ from kestrel.storage.kestrel3.files import (
 )
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.queue_path import delete_temporaries, scan_queue_dir
-from kestrel.storage.tools import convert
+from kestrel.storage.tools import check, convert
 from tests.support.queues import drain, one, open_collection
 
 T0 = 1_700_000_000_000
@@ -224,6 +224,28 @@ def test_start_up_refuses_files_in_the_other_format_naming_the_convert_command(t
     with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
         k2_collection(tmp_path, fmt="kestrel3")
     assert drain(k2_collection(tmp_path), "jobs") == [b"b", b"d", b"e"]
+
+
+def test_a_stray_reader_checkpoint_beside_kestrel2_journals_leaves_the_queue_kestrel2_for_tools_and_start(
+        tmp_path: Path) -> None:
+    """A checkpoint with no writer file is no Kestrel 3 queue: the tools called the queue Kestrel 3 with
+    no items while a start loaded its journal, and the convert command a start named did nothing."""
+    coll = k2_collection(tmp_path)
+    coll.put("jobs", [b"one", b"two"])
+    coll.close()
+    write_checkpoint(str(tmp_path), "jobs", "x", ReaderCheckpoint(0))
+    assert convert.queues_on_disk(str(tmp_path)) == {"jobs": "kestrel2"}
+    out = io.StringIO()
+    assert check.check(str(tmp_path), [], out) == 0
+    assert "jobs (kestrel2): ok; 2 items, 0 of them open reads; jobs.read.x is a Kestrel 3 reader" in out.getvalue()
+    with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
+        k2_collection(tmp_path, fmt="kestrel3")
+    output = run(tmp_path, "kestrel3", "jobs")
+    assert "jobs: converted to kestrel3: jobs 2 items" in output and "jobs.read.x: a Kestrel 3 reader" in output
+    assert sorted(list_queue_files(str(tmp_path), "jobs").readers) == [""]  # set aside: not a reader now
+    coll = k2_collection(tmp_path, fmt="kestrel3")
+    assert drain(coll, "jobs") == [b"one", b"two"] and coll.queue_names() == ["jobs"]
+    coll.close()
 
 
 @pytest.mark.parametrize("header", [b"", WRITER_MAGIC[:1], WRITER_MAGIC[:3]])

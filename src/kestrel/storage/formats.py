@@ -18,6 +18,7 @@ from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName
 from kestrel.storage.kestrel3 import codec as k3
+from kestrel.storage.kestrel3.files import list_queue_files
 from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
@@ -51,15 +52,21 @@ def format_of(files: JournalFiles, configured: str | None = None) -> str:
 
 
 def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = None) -> dict[str, str]:
-    """Every queue of the path with the format of its files (Kestrel 2 names include `parent+child`);
-    `configured` gives a queue's `journal_format`, for files that could be in either (`format_of`)."""
-    found = {name: format_of(files, configured(name) if configured else None)
-             for name, files in scan_queue_dir(queue_path).queues.items()}
-    for entry in os.scandir(queue_path):
-        queue, infix, _reader = entry.name.partition(filenames.READER_INFIX)
-        if infix and queue and not filenames.is_temporary(entry.name):
-            found[queue] = KESTREL3
-    return found
+    """Every queue a start loads from the path, with the format it loads it in (Kestrel 2 names
+    include `parent+child`): the queues and the rule of `QueueCollection.load`, so that the tools
+    and the server cannot disagree. A queue is its journals or writer files, its format theirs
+    (`format_of`); a reader checkpoint decides neither (`stray_checkpoints`). `configured` gives a
+    queue's `journal_format`, for files that could be in either."""
+    return {name: format_of(files, configured(name) if configured else None)
+            for name, files in scan_queue_dir(queue_path).queues.items()}
+
+
+def stray_checkpoints(queue_path: str, name: str) -> list[str]:
+    """The Kestrel 3 reader checkpoints beside Kestrel 2 queue `name`'s journals: no start reads
+    them (there is no writer file they could be a reader of)."""
+    if "+" in name:  # a fanout child's readers would be its parent's
+        return []
+    return sorted(list_queue_files(queue_path, name).readers.values())
 
 
 def ignored_names(on_disk: Mapping[str, object]) -> dict[str, str]:

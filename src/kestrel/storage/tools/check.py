@@ -20,7 +20,7 @@ from typing import TextIO
 from kestrel.storage import commit_log, damage, filenames, layout
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk
+from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk, stray_checkpoints
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
@@ -81,6 +81,9 @@ def check_kestrel2(queue_path: str, name: str, report: Report, manifests: bool) 
         report.notes.append(f"records with nothing to act on: {replay.anomalies} (a file before may be "
                             "missing)")
     report.notes.append(f"{len(replay.restart_order())} items, {len(replay.opens)} of them open reads")
+    for path in stray_checkpoints(queue_path, name):
+        report.notes.append(f"{os.path.basename(path)} is a Kestrel 3 reader checkpoint with no writer file: "
+                            "no start reads it, and a conversion to Kestrel 3 sets it aside")
 
 
 def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from kestrel.storage import filenames, manifest
+from kestrel.storage import filenames, layout, manifest
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.commit_log import recover as recover_commit_log
 from kestrel.storage.config import JOURNAL_FORMATS
@@ -49,6 +49,7 @@ from kestrel.storage.formats import (
     ignored_names,
     queues_on_disk,
     step,
+    stray_checkpoints,
     write_intent,
 )
 from kestrel.storage.item import QItem
@@ -221,6 +222,10 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
                 [manifest.encode(record)])
     intent.renames.append((_temporary(unit, filenames.manifest_name(unit)), record_name))
     intent.deletes = [d for d in intent.deletes if d != record_name]
+    for path in stray_checkpoints(queue_path, unit):  # ids from 1 now: its head would skip new items
+        copy = layout.set_aside(queue_path, path, "stray", now)
+        result.notes.append(f"{os.path.basename(path)}: a Kestrel 3 reader checkpoint with no writer file, "
+                            f"which no start read: set aside as {copy}")
     return intent, result
 
 
