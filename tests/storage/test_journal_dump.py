@@ -160,3 +160,20 @@ def test_a_fifo_named_on_the_command_line_is_refused_not_waited_on(tmp_path: Pat
     assert dump.dump_files([str(fifo), str(tmp_path / "r")], out, err) == 1
     assert err.getvalue().endswith(f"{fifo}: cannot read: not a regular file but a FIFO\n")
     assert out.getvalue().endswith(f"{tmp_path / 'r'}: 1 records, 24 bytes\n")  # the next one is read
+
+
+@pytest.mark.parametrize("segment", ["fifo", "directory"])
+def test_a_commit_log_segment_that_cannot_be_read_is_one_note_and_the_journals_are_still_dumped(
+        tmp_path: Path, segment: str) -> None:
+    """The commit log is only looked at for a note: a segment that could not be opened ended each
+    dump in a traceback, printing none of the journal's records."""
+    segments = tmp_path / ".kestrel" / "commit-log"
+    segments.mkdir(parents=True)
+    os.mkfifo(segments / "1") if segment == "fifo" else (segments / "1").mkdir()
+    (tmp_path / "q").write_bytes(adds(b"one"))
+    out, err = io.StringIO(), io.StringIO()
+    assert dump.dump_files([str(tmp_path / "q")], out, err) == 0
+    assert out.getvalue().endswith(f"{tmp_path / 'q'}: 1 records, 24 bytes\n")
+    note = err.getvalue()
+    assert note.startswith(f"note: cannot read {segments / '1'}: not a regular file but a ") and note.count("\n") == 1
+    assert dumped(tmp_path) == (0, ["one"], note)

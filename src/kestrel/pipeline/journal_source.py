@@ -341,10 +341,10 @@ class JournalReader(DataSourceReader):
 
         out: list[InputPartition] = []
         for queue_path in self.paths:
-            if commit_log.pending(queue_path):
+            if (note := commit_log.pending_note(queue_path)) is not None:
                 import structlog
 
-                structlog.get_logger("kestrel.pipeline").warning(commit_log.pending_message(queue_path))
+                structlog.get_logger("kestrel.pipeline").warning(note)
             for name, files in sorted(scan_queue_dir(queue_path).queues.items()):
                 if self.queues is not None and name not in self.queues:
                     continue

@@ -469,8 +469,18 @@ def _holds_records(path: str) -> bool:
         return not torn_tail.zeros_only(f.read())
 
 
-def pending_message(queue_path: str) -> str:
-    """What the offline readers of journals say while `pending`."""
+def pending_note(queue_path: str) -> str | None:
+    """What the offline readers of journals say of the commit log before they read them: that
+    recovery is pending, or which segment could not be read to tell (one line, never a traceback:
+    the journals are read all the same); None when neither."""
+    try:
+        held = pending(queue_path)
+    except OSError as e:
+        return (f"cannot read {e.filename or directory(queue_path)}: {e.strerror or e}: whether the commit "
+                "log holds records the journals lack is unknown (`kestrel journal check` names it "
+                "too)")
+    if not held:
+        return None
     return (f"recovery is pending: the commit log {directory(queue_path)} holds records (a server runs "
             "on this path, or stopped without a clean shutdown); the journals hold every change "
             "unless the machine lost power since, which recovery repairs: start the server, or run "

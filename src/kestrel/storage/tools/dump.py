@@ -78,10 +78,11 @@ def _print_records(path: str, reader: JournalReader | kestrel3_files.RecordReade
 
 
 def say_if_pending(queue_paths: list[str], err: TextIO) -> None:
-    """Say so where a commit log holds records (the journals may lack what it holds)."""
+    """Say so where a commit log holds records (the journals may lack what it holds), or could not
+    be read to tell."""
     for queue_path in dict.fromkeys(queue_paths):
-        if commit_log.pending(queue_path):
-            print(f"note: {commit_log.pending_message(queue_path)}", file=err)
+        if (note := commit_log.pending_note(queue_path)) is not None:
+            print(f"note: {note}", file=err)
 
 
 def dump_files(paths: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
