@@ -285,13 +285,20 @@ def test_naming_queues_converts_only_those_and_says_what_it_skipped(tmp_path: Pa
         run(tmp_path, "kestrel3", "nope")
 
 
-def test_a_torn_tail_is_refused_and_nothing_changes(tmp_path: Path) -> None:
-    make_k2(tmp_path)
-    with open(tmp_path / "jobs", "ab") as f:
-        f.write(b"\x02\x10\x00")  # the start of an ADDX the process never finished
+@pytest.mark.parametrize("source", ["kestrel2", "kestrel3"])
+def test_a_torn_tail_is_refused_and_nothing_changes(tmp_path: Path, source: str) -> None:
+    if source == "kestrel2":
+        make_k2(tmp_path)
+        journal, torn = tmp_path / "jobs", b"\x02\x10\x00"  # the start of an ADDX never finished
+    else:
+        make_k3(tmp_path)
+        (_number, writer), = list_queue_files(str(tmp_path), "jobs").writers
+        journal, torn = Path(writer), b"\x86\x01\x00"  # the start of a PUT never finished
+    with open(journal, "ab") as f:
+        f.write(torn)
     before = file_names(tmp_path)
     with pytest.raises(CorruptJournalError, match="did not finish writing"):
-        run(tmp_path, "kestrel3")
+        run(tmp_path, "kestrel3" if source == "kestrel2" else "kestrel2")
     assert file_names(tmp_path) == before
 
 

@@ -15,7 +15,7 @@ from kestrel.storage import settled_read
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import replay as kestrel2_replay
 from kestrel.storage.kestrel3 import files as kestrel3_files
-from kestrel.storage.tools import dump
+from kestrel.storage.tools import check, dump
 
 T0 = 1_700_000_000_000
 WRITER = bytes([0x27, 0x64, 0x26, 0x03])
@@ -110,10 +110,10 @@ def kestrel3_readings(monkeypatch: pytest.MonkeyPatch, during_first: Callable[[]
     readings: list[int] = []
     real = kestrel3_files.pending_items
 
-    def pending_items(*args: Any) -> Iterator[Any]:
+    def pending_items(*args: Any, **kwargs: Any) -> Iterator[Any]:
         readings.append(len(readings) + 1)
         try:
-            yield from real(*args)
+            yield from real(*args, **kwargs)
         finally:
             if len(readings) == 1:
                 during_first()
@@ -122,8 +122,10 @@ def kestrel3_readings(monkeypatch: pytest.MonkeyPatch, during_first: Callable[[]
     return readings
 
 
-def test_a_kestrel3_append_read_half_written_is_read_again(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kestrel3_append_read_half_written_is_the_queue_before_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half written, the append is a torn tail of the newest file: a start would cut it off, so the
+    queue without it is one state it was in (as a Kestrel 2 journal's is)."""
     record = put6(2, b"two")
     writer = tmp_path / "q.1"
     writer.write_bytes(WRITER + put6(1, b"one") + record[:9])
@@ -133,17 +135,34 @@ def test_a_kestrel3_append_read_half_written_is_read_again(tmp_path: Path,
             f.write(record[9:])
 
     readings = kestrel3_readings(monkeypatch, finish_the_append)
+    torn = f"note: q.1 ends in a torn write at offset {4 + len(put6(1, b'one'))}: the next start cuts it off"
+    status, lines, said = dumped(tmp_path)
+    assert (status, lines) == (0, ["one"]) and said.startswith(torn)
+    assert readings == [1]
     assert dumped(tmp_path) == (0, ["one", "two"], "")
-    assert readings == [1, 2]
 
 
 def test_damage_in_files_that_held_still_is_reported_after_one_reading(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "q.1").write_bytes(WRITER + put6(1, b"one") + put6(2, b"two")[:9])
+    (tmp_path / "q.2").write_bytes(WRITER + put6(3, b"three"))  # a record cut short before it: damage
     readings = kestrel3_readings(monkeypatch, lambda: None)
     status, lines, said = dumped(tmp_path)
     assert (status, lines) == (1, []) and said.startswith(f"{tmp_path / 'q.1'}: corrupt record at offset ")
+    assert said.endswith("before the next file of the log\n")
     assert readings == [1]
+
+
+def test_a_kestrel3_torn_tail_is_dumped_as_check_and_a_start_take_it(tmp_path: Path) -> None:
+    """The torn-tail rule was told every writer file had a next one: a torn write at the end of the
+    newest made `dump --queue` print nothing and fail, where `check` and a start cut it off."""
+    whole = WRITER + put6(1, b"one") + put6(2, b"two")
+    (tmp_path / "q.1700000000000").write_bytes(whole + put6(3, b"three")[:10])
+    torn = f"q.1700000000000 ends in a torn write at offset {len(whole)}: the next start cuts it off, a copy kept"
+    assert dumped(tmp_path) == (0, ["one", "two"], f"note: {torn}\n")
+    out = io.StringIO()
+    assert check.check(str(tmp_path), ["q"], out) == 0
+    assert out.getvalue() == f"q (kestrel3): ok; {torn}; 2 items written, 0 readers\n"
 
 
 def test_a_queue_with_no_journal_is_named_not_shown_empty(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ a chain of records from every place would otherwise be read again from each).
 
 from __future__ import annotations
 
+import os
 import re
 from array import array
 from typing import Protocol
@@ -64,6 +65,12 @@ class Records(Protocol):
         """A sharper account of the damage at `offset` than "whole records start inside it", if the
         format has one (a size field one bit off), else None. `chains`: where whole records start,
         reading on to the end of `tail`."""
+
+
+def cut_note(path: str, offset: int) -> str:
+    """What the tools say of a torn tail they found: what the next start does with it."""
+    return (f"{os.path.basename(path)} ends in a torn write at offset {offset}: the next start cuts it off, "
+            "a copy kept")
 
 
 def read_tail(path: str, offset: int) -> tuple[bytes, bool]:

@@ -221,15 +221,20 @@ class RecordReader(journal_file.BufferedFile):
         return copy
 
 
-def read_records(path: str, expect: k3.FileKind | None = None) -> Iterator[tuple[int, k3.Record]]:
-    """Every record of one file with its offset. Raises CorruptJournalError for damage or a torn tail."""
+def read_records(path: str, expect: k3.FileKind | None = None, last: bool = False,
+                 torn_tail: Callable[[str, int], None] | None = None) -> Iterator[tuple[int, k3.Record]]:
+    """Every record of one file with its offset. What stops the reader is judged by the torn-tail
+    rule, told whether the file is the log's `last`: a torn write there ends the records (the next
+    start cuts it off), `torn_tail` hearing where it starts; anything else raises CorruptJournalError."""
     reader = RecordReader(path, expect)
     try:
         yield from reader
         if reader.torn:
-            damage = reader.tail_damage(last=False)
-            assert damage is not None  # not the last file: never a torn write
-            raise damage
+            damage = reader.tail_damage(last)
+            if damage is not None:
+                raise damage
+            if torn_tail is not None:
+                torn_tail(path, reader.offset)
     finally:
         reader.close()
 
@@ -627,14 +632,17 @@ def replay(queue_path: str, queue: str, reader: str = "") -> Iterator[k3.Put]:
     return pending_items(queue_path, queue, checkpoint)
 
 
-def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint) -> Iterator[k3.Put]:
+def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint,
+                  torn_tail: Callable[[str, int], None] | None = None) -> Iterator[k3.Put]:
     """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
 
-    Raises CorruptJournalError as `replay` does.
+    A torn write at the end of the newest file ends them, as a start cuts it off (`read_records`:
+    `torn_tail` hears of it). Raises CorruptJournalError as `replay` does.
     """
     last_id = 0
-    for _number, path in list_queue_files(queue_path, queue).writers:
-        for offset, record in read_records(path, k3.FileKind.WRITER):
+    writers = list_queue_files(queue_path, queue).writers
+    for index, (_number, path) in enumerate(writers):
+        for offset, record in read_records(path, k3.FileKind.WRITER, index == len(writers) - 1, torn_tail):
             assert isinstance(record, k3.Put)
             _check_order(path, offset, record.id, last_id)
             last_id = record.id

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import TextIO
 
-from kestrel.storage import commit_log, damage, filenames, layout
+from kestrel.storage import commit_log, damage, filenames, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk, stray_checkpoints
@@ -75,8 +75,7 @@ def check_kestrel2(queue_path: str, name: str, report: Report, manifests: bool) 
         return
     if replay.torn_tail is not None:
         path, offset = replay.torn_tail
-        report.notes.append(f"{os.path.basename(path)} ends in a torn write at offset {offset}: the next "
-                            "start cuts it off, a copy kept")
+        report.notes.append(torn_tail.cut_note(path, offset))
     if replay.anomalies:
         report.notes.append(f"records with nothing to act on: {replay.anomalies} (a file before may be "
                             "missing)")
@@ -118,8 +117,7 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
                 if error is not None:
                     report.damaged(error, k3.MAGIC_SIZE)
                 else:
-                    report.notes.append(f"{os.path.basename(path)} ends in a torn write at offset "
-                                        f"{reader.offset}: the next start cuts it off, a copy kept")
+                    report.notes.append(torn_tail.cut_note(path, reader.offset))
         except CorruptJournalError as e:
             report.damaged(e, k3.MAGIC_SIZE)
         finally:

@@ -154,15 +154,20 @@ def _kestrel2_queue(queue_path: str, name: str, now: int, notes: list[str]) -> t
     state = QueueReplay()
     state.run(replay_files(queue_path, name), now)
     if state.torn_tail is not None:
-        path, offset = state.torn_tail
-        raise CorruptJournalError(path, offset, None, "the journal ends in a record the process did not "
-                                  "finish writing: start the server once (it cuts it off, keeping a copy), "
-                                  "then convert")
+        _refuse_torn_tail(*state.torn_tail)
     if state.anomalies:
         notes.append(f"{name}: records with nothing to act on {state.anomalies} "
                      "(a journal file may be missing)")
     items = [item for item in state.restart_order() if not _is_placeholder(item)]
     return items, len(state.opens)
+
+
+def _refuse_torn_tail(path: str, offset: int) -> None:
+    """A torn tail is the next start's to cut (keeping a copy), not the converter's. Raises
+    CorruptJournalError."""
+    raise CorruptJournalError(path, offset, None, "the journal ends in a record the process did not "
+                              "finish writing: start the server once (it cuts it off, keeping a copy), "
+                              "then convert")
 
 
 def _all_kestrel2_files(queue_path: str, name: str) -> list[str]:
@@ -267,7 +272,7 @@ class _Tally:
 
 def _addx_records(queue_path: str, unit: str, checkpoint: ReaderCheckpoint, tally: _Tally) -> Iterator[bytes]:
     """The items `checkpoint` has not consumed as Kestrel 2 ADDX records, counted in `tally`."""
-    for put in pending_items(queue_path, unit, checkpoint):
+    for put in pending_items(queue_path, unit, checkpoint, torn_tail=_refuse_torn_tail):
         tally.items += 1
         tally.with_errors += put.error_count > 0
         yield codec.encode_addx(put.add_time, put.expire_time or 0, put.data)

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kestrel.storage import commit_log, disk
+from kestrel.storage import commit_log, disk, torn_tail
 from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
 from kestrel.storage.filenames import check_queue_name
 from kestrel.storage.formats import KESTREL3, queues_on_disk
@@ -116,6 +116,8 @@ def dump_queue(queue_path: str, queue: str, out: TextIO = sys.stdout, err: TextI
         if kestrel3:
             return _dump_kestrel3_queue(queue_path, queue, out, err)
         state = read_settled(queue_path, queue, lambda: replay_queue(queue_path, queue))
+        if state.torn_tail is not None:
+            print(f"note: {torn_tail.cut_note(*state.torn_tail)}", file=err)
     except CorruptJournalError as e:
         print(f"{e.path}: corrupt record at offset {e.offset}: {e.reason}", file=err)
         return 1
@@ -140,12 +142,17 @@ def _dump_kestrel3_queue(queue_path: str, queue: str, out: TextIO, err: TextIO) 
         print(f"{queue_path}: Kestrel 3 queue {unit!r} has no reader {reader!r}", file=err)
         return 1
 
-    def read() -> list[k3.Put]:
+    def read() -> tuple[list[k3.Put], list[tuple[str, int]]]:
         path = kestrel3_files.list_queue_files(queue_path, unit).readers.get(reader)
         checkpoint = kestrel3_files.read_checkpoint(path, repair=False)
-        return list(kestrel3_files.pending_items(queue_path, unit, checkpoint))
+        torn: list[tuple[str, int]] = []
+        pending = list(kestrel3_files.pending_items(queue_path, unit, checkpoint,
+                                                    torn_tail=lambda at, offset: torn.append((at, offset))))
+        return pending, torn
 
-    pending = read_settled(queue_path, unit, read)
+    pending, torn = read_settled(queue_path, unit, read)
+    for at, offset in torn:
+        print(f"note: {torn_tail.cut_note(at, offset)}", file=err)
     for position, put in enumerate(pending):
         _print_item(out, position, f"queued id={put.id}", put.add_time, put.expire_time, put.data)
     out.write(f"{queue}: {len(pending)} items (Kestrel 3)\n")
