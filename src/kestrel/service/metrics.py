@@ -296,8 +296,6 @@ def _family(figure: Figure, labels: list[str] | None = None) -> CounterMetricFam
     return GaugeMetricFamily(figure.name, figure.help, labels=labels)
 
 
-
-
 class ServerCollector(Collector):
     """/metrics: the server's figures, its status and server-set membership, sums over its queues
     (`stats`: `server_document`; `queues`: how many; `sums`: by the names of QUEUE_SUMS)."""

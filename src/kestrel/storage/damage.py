@@ -37,7 +37,6 @@ class Remedy(enum.Enum):
     NONE = "nothing to move"  # a missing file; a file cut short, whose whole records are kept
 
 
-
 class RecordFile(Protocol):
     """A reader of one journal file's records, either format's."""
 

@@ -95,7 +95,6 @@ def temporary_prefix(queue: str) -> str:
     return queue + TEMPORARY_MARK
 
 
-
 def parse_journal_name(file_name: str) -> tuple[str, str, int] | None:
     """("live" | "rotated" | "pack", queue, timestamp) for a Kestrel 2 journal, else None."""
     if is_temporary(file_name):

@@ -384,7 +384,6 @@ class JournalWriter:
             self.fd = -1
 
 
-
 class Seal:
     """One rotated file the `Sealer` finishes: `old`'s writer closed, then `then` run; a `held`
     place waits for `Sealer.release`."""

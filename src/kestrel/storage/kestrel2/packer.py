@@ -187,7 +187,6 @@ def check_pack(path: str) -> str | None:
     return None
 
 
-
 def is_our_pack(path: str) -> bool:
     """Whether the file is a complete pack written here (it starts with the SAVE_XID mark)."""
     try:

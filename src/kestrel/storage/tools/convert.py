@@ -70,34 +70,6 @@ from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.queue_path import list_journal_files
 
 # ---------------------------------------------------------------------------------------------
-# Which format a queue's files are in
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# The switch: what is left to do once the new files are complete
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
 # Converting one unit
 
 
