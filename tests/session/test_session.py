@@ -723,5 +723,7 @@ def test_a_queue_an_alias_hides_shows_nothing_to_a_look(server: ServerState) -> 
     assert session.get("o") == [] and session.peek_items("o", 0, 5).shown == []
     info = session.queue_info("o")
     assert info["head_item"] is None and info["items"] == 0 and info["bytes"] == 0
+    misses = server.stats.get_misses
+    assert session.get_items("o", 1).items == [] and server.stats.get_misses == misses + 1  # empty, as memcache's
     server.collection.reload(QueueConfigs(), {})
     assert len(session.peek_items("o", 0, 5).shown) == 1 and session.queue_info("o")["items"] == 1

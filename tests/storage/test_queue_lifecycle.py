@@ -60,6 +60,22 @@ def test_a_fanout_child_created_and_left_empty_survives_a_restart(tmp_path: Path
     again.close()
 
 
+def test_a_kestrel_3_child_on_disk_loads_when_an_alias_now_hides_its_parent(tmp_path: Path) -> None:
+    """A new child of an alias is refused (it would read a journal nobody writes); one on disk from
+    before the alias loads, masked with its parent, where its refusal ended the whole start."""
+    coll = _collection(tmp_path, "kestrel3")
+    coll.queue("p+c")
+    coll.put("p", [b"kept"])
+    coll.put("other", [b"serves"])
+    coll.close()
+    again = QueueCollection(coll.path, coll.configs, {"p": ["x"]}, coll.clock)
+    again.load()
+    assert "p+c" in again.queue_names() and again.refused == {}
+    assert [i.data for i in again.remove("other")] == [b"serves"]
+    assert [i.data for i in again.remove("p+c")] == [b"kept"]
+    again.close()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", ["jobs", "jobs+audit"])
 def test_a_queue_named_by_many_clients_at_once_is_created_once(tmp_path: Path, fmt: str, name: str) -> None:

@@ -231,7 +231,7 @@ class QueueCollection:
             # A Kestrel 3 child is a reader of its parent's journal: the parent comes first (and
             # creates the readers it finds). A Kestrel 2 child stands alone, as in Kestrel: its
             # parent is created by its own first reference.
-            if parent_name in self.aliases:
+            if scanned is None and parent_name in self.aliases:  # one on disk loads, masked
                 raise InvalidQueueName(f"queue {name!r} would read the journal of {parent_name!r}, "
                                        f"an alias, which keeps none (a Kestrel 3 fanout child reads "
                                        f"its parent's journal)")
@@ -399,6 +399,8 @@ class QueueCollection:
     def holds(self, name: str, count: int) -> bool:
         """Whether a remove of `count` from queue `name` takes `count` items now
         (`PersistentQueue.holds`); False for a queue not held, or an alias."""
+        if self.aliases and name in self.aliases:  # (as in `put`)
+            return False
         q = self._queues.get(name)
         return q is not None and q.holds(count)
 
