@@ -100,3 +100,18 @@ def test_a_journal_format_the_queues_files_lack_is_refused_by_the_check_and_the_
     assert refusal["level"] in ("error", "warning"), refusal
     put(srv, "jobs", [b"two"])  # the settings as they were: the queue serves on
     assert take_all(srv, "jobs") == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("tool", ["check", "convert"])
+def test_the_tools_are_refused_beside_a_server_whose_lock_file_was_removed(server_factory: Any, tool: str) -> None:
+    """`check` looked at the lock files alone: with the running server's removed, it read journals
+    still being written, as if no server ran."""
+    srv = server_factory()
+    put(srv, "q", [b"x"])
+    (srv.queue_path / ".kestrel" / "lock").unlink()
+    args = ["check", str(srv.queue_path)] if tool == "check" else ["convert", "--to", "kestrel3", str(srv.queue_path)]
+    done = subprocess.run([sys.executable, "-m", "kestrel", "journal", *args], capture_output=True, text=True,
+                          timeout=120, cwd=str(ROOT))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "in use" in done.stderr and str(srv.queue_path) in done.stderr, done.stderr
+    assert take_all(srv, "q") == [b"x"]

@@ -76,6 +76,25 @@ class QueuePathLock:
         self.release()
 
 
+def holder(queue_path: str) -> str | None:
+    """What a running process holds of the queue path's locks, if any (looked at, never created):
+    its lock file, an earlier version's, or the directory itself (its lock file removed)."""
+    for path, flags in ((filenames.own_path(queue_path, filenames.LOCK_NAME), os.O_RDONLY),
+                        (os.path.join(queue_path, EARLIER_LOCK_NAME), os.O_RDONLY),
+                        (queue_path, os.O_RDONLY | os.O_DIRECTORY)):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return path
+        finally:
+            os.close(fd)
+    return None
+
+
 def _lock(path: str, queue_path: str) -> int:
     """A descriptor of `path` holding its lock. Raises QueuePathInUse naming the holder."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

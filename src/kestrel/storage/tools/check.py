@@ -12,12 +12,11 @@ refuses to run while a server holds the path.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import sys
 from typing import TextIO
 
-from kestrel.storage import commit_log, damage, filenames, layout, torn_tail
+from kestrel.storage import commit_log, damage, layout, lock, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk, stray_checkpoints
@@ -26,7 +25,6 @@ from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3 import journal as kestrel3_journal
 from kestrel.storage.kestrel3.files import RecordReader, header_unwritten, list_queue_files, read_checkpoint
-from kestrel.storage.lock import EARLIER_LOCK_NAME
 
 EXIT_DAMAGED = 1
 EXIT_IN_USE = 3
@@ -41,23 +39,6 @@ class Report:
 
     def damaged(self, error: CorruptJournalError, header: int = 0, also: str = "") -> None:
         self.findings.append(damage.record_damage(error, header, also))
-
-
-def _held(queue_path: str) -> str | None:
-    """The lock file a running server holds on the path, if any (looked at, never created)."""
-    locks = (filenames.own_path(queue_path, filenames.LOCK_NAME), os.path.join(queue_path, EARLIER_LOCK_NAME))
-    for path in locks:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return path
-        finally:
-            os.close(fd)
-    return None
 
 
 def check_kestrel2(queue_path: str, name: str, report: Report, manifests: bool) -> None:
@@ -192,7 +173,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     if not os.path.isdir(args.queue_path):
         print(f"kestrel journal check: {args.queue_path} is not a directory", file=err)
         return EXIT_DAMAGED
-    holder = _held(args.queue_path)
+    holder = lock.holder(args.queue_path)
     if holder is not None:
         print(f"kestrel journal check: the queue path is in use (a process holds {holder}); stop it first",
               file=err)
