@@ -165,6 +165,15 @@ def test_a_kestrel3_torn_tail_is_dumped_as_check_and_a_start_take_it(tmp_path: P
     assert out.getvalue() == f"q (kestrel3): ok; {torn}; 2 items written, 0 readers\n"
 
 
+def test_a_newest_kestrel3_file_whose_header_never_reached_the_disk_is_dumped_as_a_start_takes_it(
+        tmp_path: Path) -> None:
+    """A start writes such a file's header (`check`: "the next start writes it"); `dump --queue`
+    called it corrupt at offset 0 and printed nothing."""
+    (tmp_path / "q.1700000000000").write_bytes(WRITER + put6(1, b"one"))
+    (tmp_path / "q.1700000000001").write_bytes(WRITER[:2])
+    assert dumped(tmp_path)[:2] == (0, ["one"])
+
+
 def test_a_queue_with_no_journal_is_named_not_shown_empty(tmp_path: Path) -> None:
     (tmp_path / "other").write_bytes(adds(b"one"))
     assert dumped(tmp_path, "q") == (1, [], f"{tmp_path}: holds no journal of queue 'q'\n")

@@ -637,12 +637,16 @@ def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint,
     """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
 
     A torn write at the end of the newest file ends them, as a start cuts it off (`read_records`:
-    `torn_tail` hears of it). Raises CorruptJournalError as `replay` does.
+    `torn_tail` hears of it), and a newest file whose header never reached the disk holds none, as
+    a start writes that header (`header_unwritten`). Raises CorruptJournalError as `replay` does.
     """
     last_id = 0
     writers = list_queue_files(queue_path, queue).writers
     for index, (_number, path) in enumerate(writers):
-        for offset, record in read_records(path, k3.FileKind.WRITER, index == len(writers) - 1, torn_tail):
+        last = index == len(writers) - 1
+        if last and header_unwritten(path):
+            return
+        for offset, record in read_records(path, k3.FileKind.WRITER, last, torn_tail):
             assert isinstance(record, k3.Put)
             _check_order(path, offset, record.id, last_id)
             last_id = record.id
