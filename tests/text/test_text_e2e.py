@@ -111,6 +111,7 @@ def test_kestrel_commands_and_replies(server: ServerProcess) -> None:
     assert not (server.queue_path / "q").exists()
     assert exchange(s, b"get q\n", b"\n") == b"*\n"
     assert exchange(s, b"dance\n", b"\n") == b"-Unknown command: dance\n"
+    assert exchange(s, b"\n", b"\n") == b"-Unknown command: \n"  # every line answered, a blank one too
     assert exchange(s, b"flush ghost\n", b"\n") == b"+0\n"
     assert not (server.queue_path / "ghost").exists()
 

@@ -1,10 +1,10 @@
 """Kestrel's text protocol: request lines parsed into values, with no I/O.
 
-`parse_line` turns one request line (without its line ending) into a TextCommand, None for a blank
-line, or raises TextError carrying the error to send. A line ending with `:` or starting with the
-word `put` always opens an item block (items one per line, up to an empty line), even when it is
-refused, so that item lines are never taken for commands. Error texts are Kestrel's where Kestrel
-has one.
+`parse_line` turns one request line (without its line ending) into a TextCommand, or raises
+TextError carrying the error to send (a blank line too: Kestrel answers every line). A line ending
+with `:` or starting with the word `put` always opens an item block (items one per line, up to an
+empty line), even when it is refused, so that item lines are never taken for commands. Error texts
+are Kestrel's where Kestrel has one.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ def _parse_put(args: list[str]) -> TextCommand:
     return TextCommand("put", queue=args[0], expiry_ms=expiry)
 
 
-def parse_line(line: bytes) -> TextCommand | None:
-    """Parse one command line; None for a blank one. Raises TextError for bad input.
+def parse_line(line: bytes) -> TextCommand:
+    """Parse one command line. Raises TextError for bad input, and for a blank line Kestrel's
+    answer to the command it reads there, the empty one (`-Unknown command: `).
 
     As in Kestrel, a line ending with `:` is followed by an item block; so is any line starting
     with the word `put` (a put that forgot its colon still has its items skipped, not run).
@@ -83,7 +84,7 @@ def parse_line(line: bytes) -> TextCommand | None:
     if not raw:
         if block:
             raise TextError(PUT_USAGE, opens_block=True)
-        return None
+        raise TextError("Unknown command: ")
     is_put = raw[0].lower() == b"put"
     try:
         words = [word.decode("utf-8") for word in raw]

@@ -138,8 +138,6 @@ class TextConnection(BufferedConnection):
             else:
                 self.out.append(b"-%s\n" % e.message.encode()[:512])
             return
-        if command is None:
-            return
         if command.name == "put":
             self._begin(PutBlock(command.queue, command.expiry_ms))
             return
