@@ -117,6 +117,39 @@ def test_a_micro_batch_is_split_into_partitions_large_enough_to_amortize_a_task(
     assert [p.quota for p in parts] == [50_000, 50_000, 20_000]
 
 
+def test_a_replayed_batch_is_split_as_it_was_planned_whatever_the_options_now(server: ServerProcess,
+                                                                             tmp_path: Path) -> None:
+    """A replay reads the log files its batch was fetched into: split by today's itemsPerPartition it
+    named other files, read none of those logged, and the restart had confirmed them all (items lost)."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from kestrel.client import Server
+    from kestrel.pipeline.stream_source import NO_CAP, KestrelStreamReader, StreamPartition
+
+    Server("127.0.0.1", server.thrift_port).put("events", [b"%d" % i for i in range(40)])
+    (tmp_path / "metadata").write_text("{}")
+    options = {"servers": f"127.0.0.1:{server.thrift_port}", "queue": "events",
+               "checkpointLocation": str(tmp_path)}
+
+    def split(end: dict[str, Any], **more: str) -> list[tuple[str, int]]:
+        reader = KestrelStreamReader(dict(options, **more))
+        try:
+            parts = reader.partitions({"batch": -1}, end)
+        finally:
+            reader.stop()
+        return [(p.path, p.quota) for p in parts if isinstance(p, StreamPartition)]
+
+    planner = KestrelStreamReader(dict(options, itemsPerPartition="10"))
+    try:
+        end = planner.latestOffset({"batch": -1}, ReadMaxRows(NO_CAP))
+    finally:
+        planner.stop()
+    planned = split(end, itemsPerPartition="10")
+    assert [quota for _, quota in planned] == [10, 10, 10, 10]
+    assert split(end) == planned  # restarted with the default itemsPerPartition
+    assert split(end, minPartitions="8", itemsPerPartition="3") == planned
+
+
 def test_option_names_no_operation_takes_fail_before_an_operation_is_chosen() -> None:
     from kestrel.pipeline.kestrel_source import KestrelDataSource
 

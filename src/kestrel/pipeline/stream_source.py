@@ -8,7 +8,8 @@ How a micro-batch lives:
 2. Reading (executors, `read`): each partition checks that it sees the checkpoint the driver
    wrote, takes its share as open reads and writes them, with their read ids, to the write-ahead
    log under the checkpoint before Spark sees a row. A replayed batch reads the log instead of
-   the servers, so it yields the same rows.
+   the servers, so it yields the same rows: it is split as it was planned (the split is kept in its
+   offset), whatever the options of the query that replays it.
 3. Committing: once Spark's commit log shows the batch committed by the sink (checked whenever a
    planning or Spark's `commit` wakes the driver's keeper thread, so an idle stream commits too),
    its read ids are confirmed, off the planning's path, while the next batch is fetched; a
@@ -356,8 +357,11 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for (address, queue), n in take.items():
                 by_server.setdefault(address, {})[queue] = n
                 opened.setdefault(address, {})[queue] = found[(address, queue)][1]
+            # The split goes with the batch: a replay names the log files the batch was fetched into,
+            # whatever itemsPerPartition and minPartitions say by then.
+            split = partition_size(sum(take.values()), self.per_partition, self.min_partitions)
             return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": by_server,
-                    "opened": opened}
+                    "opened": opened, "split": split}
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """What Spark shows as the source's latest offset in each progress report: the items each
@@ -385,7 +389,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             take = {(address, queue): n for address, counts in end["take"].items() for queue, n in
                     (counts if isinstance(counts, dict) else {first: counts}).items()}
             opened = end.get("opened", {})
-            size = partition_size(sum(take.values()), self.per_partition, self.min_partitions)
+            # offsets of versions that did not keep the split were split by the options of the day
+            size = int(end.get("split") or partition_size(sum(take.values()), self.per_partition,
+                                                          self.min_partitions))
             several = len(self.subscription.entries) > 1 or bool(self.subscription.patterns)
             for (address, queue), count in sorted(take.items()):
                 for part, first_item in enumerate(range(0, count, size)):
