@@ -320,6 +320,32 @@ def test_failed_multi_server_drain_leaves_every_item(spark: Any, server_factory:
     assert waiting(a, "jobs") == (1000, 0)
 
 
+def test_drain_whose_server_goes_down_midway_fails_rather_than_finish(spark: Any, server: ServerProcess,
+                                                                     tmp_path: Path) -> None:
+    """Left out of the planning as a stream leaves a down server, the server made the drain end as if
+    its queue were empty, 80 of its 100 items never taken."""
+    from kestrel.pipeline import drain
+
+    items = [b"%d" % i for i in range(100)]
+    put(server, "jobs", items)
+    seen: list[bytes] = []
+
+    def write(df: Any, batch_id: int) -> None:
+        seen.extend(r.data for r in df.collect())
+        if batch_id == 0:
+            server.stop()
+
+    cp = str(tmp_path / "cp")
+    with pytest.raises(Exception, match=f"server {address(server)} did not answer .* while it held 80 items "
+                                        f"this query was to take"):
+        drain(spark, address(server), "jobs", write, checkpoint=cp, maxItemsPerTrigger=20, timeoutMs=1000)
+    assert len(seen) == 20
+    server.start()
+    drain(spark, address(server), "jobs", write, checkpoint=cp, maxItemsPerTrigger=20)  # goes on
+    assert set(seen) == set(items)
+    assert waiting(server, "jobs") == (0, 0)
+
+
 def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, server: ServerProcess,
                                                                tmp_path: Path) -> None:
     from kestrel.pipeline import drain, wal

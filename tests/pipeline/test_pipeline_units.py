@@ -656,7 +656,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
 
     def planned_until_gone(path: str) -> Callable[[], bool]:
         def check() -> bool:  # what a planning does: ask the servers (a down one in the background), confirm
-            reader._waiting(strict=False)
+            reader._waiting()
             reader._confirm_up_to(reader.spark_log.committed())
             return not os.path.exists(path)
         return check
@@ -672,7 +672,7 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
         assert os.path.exists(first) and not wal.is_confirmed(first)  # kept, not dropped
         assert wal.confirming_since(first) is not None  # its items may be in the log alone (held_early)
         started = time.monotonic()
-        reader._waiting(strict=False)  # the server is down: asked in the background, not waited for
+        reader._waiting()  # the server is down: asked in the background, not waited for
         reader._confirm_up_to(reader.spark_log.committed())
         assert time.monotonic() - started < timeout and os.path.exists(first)
     finally:

@@ -1,8 +1,9 @@
 """Taking items out of queues for good, as a write: nothing leaves a queue before a sink holds it.
 
 `drain` runs the streaming source with `Trigger.AvailableNow`: every server is checked before
-anything is taken, each micro-batch is logged under the checkpoint, handed to `write`, and its
-items are confirmed only once Spark has committed the batch. A drain that fails leaves the items of
+anything is taken (and one that stops answering while it holds items to take fails the drain),
+each micro-batch is logged under the checkpoint, handed to `write`, and its items are confirmed
+only once Spark has committed the batch. A drain that fails leaves the items of
 the failed batch to return to their queues; run it again with the same checkpoint to go on. A batch
 that ran longer than half of `autoAbortMs` before failing had its reads confirmed early: its items
 are held in the checkpoint's log alone, and the error says so, naming the checkpoint that delivers

@@ -31,7 +31,8 @@ item to the queue, the item is delivered again, and is counted as a duplicate
 
 A server that does not answer within `timeoutMs` is left out of the plannings that follow and
 asked again in the background, once a second, so that it stalls no batch but the one that found it
-gone; the query fails once no server has answered for `unreachableTimeoutMs`.
+gone; the query fails once no server has answered for `unreachableTimeoutMs`. An AvailableNow
+query cannot go on without one: a server that holds items it is to take must answer, or it fails.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
@@ -230,7 +231,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         """Take what is there now and no more; every server must answer before anything is taken."""
         with self.lock:
-            self.available_now = {k: n for k, (n, _) in self._waiting(strict=True).items()}
+            self.available_now = {k: n for k, (n, _) in self._waiting(needed=self.servers).items()}
 
     def _ask(self, address: str) -> Answer:
         """One server's queues and how many items each holds; a reader's children created first."""
@@ -249,15 +250,16 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             answer.error = e
         return answer
 
-    def _waiting(self, strict: bool) -> dict[tuple[str, str], tuple[int, int]]:
+    def _waiting(self, needed: Collection[str] = ()) -> dict[tuple[str, str], tuple[int, int]]:
         """How many items wait in each queue on each server, and each queue's opening, asked of
         every server at once; none where the server holds no such queue (nothing is created, but a
         reader's children). A server that failed is left out and asked again in the background,
-        once a second, until it answers; `strict` asks every server and fails the query before
-        anything is taken if one does not answer."""
+        once a second, until it answers; but one `needed` (an AvailableNow query's, while it holds
+        items the query is to take) is asked now, and fails the query if it does not answer: left
+        out, it would make the query end as if it had taken them."""
         asked: dict[str, Future[Answer]] = {}
         for address in self.servers:
-            if strict or not self.reach.is_down(address):
+            if address in needed or not self.reach.is_down(address):
                 asked[address] = self.asking.submit(self._ask, address)
                 continue
             probe = self.probes.get(address)
@@ -269,15 +271,25 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for address, future in asked.items():
             answer = future.result()
             if answer.error is not None:
-                if strict:
-                    raise ServersUnreachable(f"{answer.error}: nothing was taken from any server"
-                                             ) from answer.error
+                if address in needed:
+                    raise ServersUnreachable(self._unanswered(address, answer.error)) from answer.error
                 self.reach.failed(address, "peek_items", answer.error, started=answer.started)
                 continue
             self.reach.answered(address)
             waiting.update({(address, queue): depth for queue, depth in answer.depth.items()})
         self.depth = {k: n for k, (n, _) in waiting.items()}
         return waiting
+
+    def _unanswered(self, address: str, error: KestrelClientError) -> str:
+        """Why an AvailableNow query fails when `address` does not answer: before anything was taken,
+        or with items left there that the query was to take."""
+        if self.available_now is None:
+            return f"{error}: nothing was taken from any server"
+        left = sum(n for (server, _), n in self.available_now.items() if server == address)
+        return (f"kestrel stream (availableNow): server {address} did not answer ({error}) while it held "
+                f"{left} items this query was to take: the query fails rather than end as if it had taken "
+                f"them. The batches committed so far stand; run it again from its checkpoint once the "
+                f"server answers")
 
     def _start(self) -> None:
         """Once per query, in the driver, before the first batch is planned or replayed: mark the
@@ -337,7 +349,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.lock:
             self._start()
             self._wake.set()  # the keeper confirms what the sink committed, while this batch goes on
-            found = self._waiting(strict=False)
+            needed = [] if self.available_now is None else \
+                sorted({address for (address, _), n in self.available_now.items() if n})
+            found = self._waiting(needed)
             self.reach.check()
             waiting = {k: n for k, (n, _) in found.items()}
             if self.available_now is not None:
