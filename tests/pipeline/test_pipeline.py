@@ -624,6 +624,28 @@ def test_stopped_stream_resumes_with_every_item_once(spark: Any, server: ServerP
     assert waiting(server, "events") == (0, 0)
 
 
+@pytest.mark.parametrize("stop", ["at once", "a moment later"])
+def test_a_stopped_query_leaves_no_committed_batch_open(spark: Any, server: ServerProcess, tmp_path: Path,
+                                                        stop: str) -> None:
+    """Spark tells a source of a commit only when it plans the next batch (30 s later here), and
+    ended the source's process at a query.stop() without its stop(): a committed batch stayed open
+    on the server and came back after autoAbortMs, to be delivered again."""
+    put(server, "events", [b"e%d" % i for i in range(20)])
+    sink = Sink()
+    cp = tmp_path / "cp"
+    query = stream(spark, address(server), cp).writeStream.foreachBatch(sink) \
+        .option("checkpointLocation", str(cp)).trigger(processingTime="30 seconds").start()
+    try:
+        wait_until(lambda: (cp / "commits" / "0").exists(), "batch 0 to be committed", timeout=120)
+        if stop == "a moment later":  # confirmed as soon as committed, the query running on
+            wait_until(lambda: waiting(server, "events") == (0, 0), "batch 0 to be confirmed", timeout=5)
+    finally:
+        query.stop()
+    # (the source's process confirms as it ends, which query.stop() does not wait for)
+    wait_until(lambda: waiting(server, "events") == (0, 0), "batch 0 to be confirmed", timeout=5)
+    assert sorted(sink.rows()) == sorted(b"e%d" % i for i in range(20))
+
+
 class BatchFiles:
     """An idempotent sink that outlives its driver: a file per batch, replaced whole when the batch
     is written again."""

@@ -10,11 +10,13 @@ How a micro-batch lives:
    log under the checkpoint before Spark sees a row. A replayed batch reads the log instead of
    the servers, so it yields the same rows: it is split as it was planned (the split is kept in its
    offset), whatever the options of the query that replays it.
-3. Committing: once Spark's commit log shows the batch committed by the sink (checked whenever a
-   planning or Spark's `commit` wakes the driver's keeper thread, so an idle stream commits too),
-   its read ids are confirmed, off the planning's path, while the next batch is fetched; a
-   planning with nothing to take confirms at once (an AvailableNow query ends after it). A confirm
-   the server could not take stays pending in the log and is tried again, never dropped.
+3. Committing: once Spark's commit log shows the batch committed by the sink (the driver's keeper
+   thread looks every COMMIT_WATCH_S while a batch awaits its commit, and at every planning: Spark
+   tells a source of a commit only when it plans the next batch, and a stopped query ends the
+   source without calling its stop()), its read ids are confirmed, off the planning's path, while
+   the next batch is fetched; a planning with nothing to take confirms at once (an AvailableNow
+   query ends after it). A confirm the server could not take stays pending in the log and is tried
+   again, never dropped.
 
 Reads in flight are handed to the log, not renewed: Kestrel has no call that extends an open read,
 so reads older than half of `autoAbortMs` are confirmed early, their items already safe in the log
@@ -62,7 +64,7 @@ from kestrel.pipeline.options import Option, parse_options, queue_names, reader_
 from kestrel.pipeline.rows import queue_rows
 from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
 from kestrel.pipeline.subscription import Subscription
-from kestrel.pipeline.worker import spare_collections
+from kestrel.pipeline.worker import spare_collections, stop_source_when_terminated
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -92,6 +94,12 @@ ONCE_REFUSED = ("kestrel stream: Trigger.Once is not supported; use .trigger(ava
 EARLY_CONFIRM = 1 / 2
 KEEPER_PERIOD = 1 / 16
 RESTART_WINDOW = 1 - EARLY_CONFIRM - KEEPER_PERIOD
+
+# While a planned batch is not yet committed, the keeper looks at Spark's commit log this often:
+# Spark tells a source of a commit only when it plans the next batch, and a query stopped before
+# that ends the source's process without calling its stop(), so a committed batch must be confirmed
+# on its own, at once. A look is a listing of the commit log's folder.
+COMMIT_WATCH_S = 0.05
 
 # Each partition costs Spark a task, and the source a fetch begun and a log file fsynced: at 10,000
 # items a partition a stream ran at about 40% of its speed at 50,000 (bench/README.md). A task holds
@@ -204,6 +212,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.lock = threading.Lock()  # planning's state: what the servers hold, what is left to take
         self.confirming = threading.Lock()  # the log's files, confirmed by one thread at a time
         self._committed_hint = -1  # the latest batch Spark said it committed (its commit log may lag)
+        self._planned = -1  # the latest batch planned or replayed: the keeper watches for its commit
         self._wake = threading.Event()  # committed batches may wait to be confirmed
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
@@ -302,10 +311,11 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError(f"kestrel stream: option 'checkpointLocation' ({self.checkpoint}) holds no "
                              f"Spark checkpoint, so it is not this query's: {CHECKPOINT_HELP}")
         self.token = wal.read_token(self.root) or wal.write_token(self.root, uuid.uuid4().hex)
+        stop_source_when_terminated()  # a stopped query's last committed batch is confirmed by stop()
         self._note_others()
         for batch in wal.batches(self.root):
             self._note_late(batch)
-        self._confirm_up_to(self.spark_log.committed())
+        self._confirm_up_to(self._committed())
         for batch in wal.batches(self.root):
             for path in wal.batch_files(self.root, batch):
                 if not wal.is_confirmed(path):
@@ -361,7 +371,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not take:
                 # Nothing to fetch meanwhile, and an AvailableNow query ends here: confirm now.
                 with self.confirming:
-                    self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
+                    self._confirm_up_to(self._committed())
                 return start
             if self.available_now is not None:
                 for k, n in take.items():
@@ -398,6 +408,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: list[InputPartition] = []
         with self.lock:
             self._start()
+            self._planned = max(self._planned, batch)
+            self._wake.set()  # the keeper watches for its commit from now on
             # {server: {queue: n}}; offsets of versions that read one queue are {server: n}
             first = self.subscription.target(self.subscription.entries[0])
             take = {(address, queue): n for address, counts in end["take"].items() for queue, n in
@@ -433,6 +445,10 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         self._committed_hint = max(self._committed_hint, int(end.get("batch", -1)))
         self._wake.set()
+
+    def _committed(self) -> int:
+        """The latest batch the sink has committed, as Spark's commit log or its `commit` call says."""
+        return max(self.spark_log.committed(), self._committed_hint)
 
     def _confirm_up_to(self, committed: int) -> None:
         """Confirm the reads of every logged batch the sink has committed, then forget the batch.
@@ -507,17 +523,25 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return int(at.opened_at) == header.opened_at
 
     def _keep_reads_alive(self) -> None:
-        """Confirm the batches the sink committed when woken (at every planning and commit), off the
-        planning's path, so that the next batch is fetched meanwhile; and in-flight reads at half
-        their auto-abort time (their items are in the log)."""
+        """Confirm the batches the sink committed as soon as Spark's commit log shows them (looked at
+        every COMMIT_WATCH_S while a planned batch awaits its commit, and at every planning), off the
+        planning's path, so that the next batch is fetched meanwhile; and, every sixteenth of
+        autoAbortMs, in-flight reads older than half of it (their items are in the log)."""
         period = self.auto_abort_ms * KEEPER_PERIOD / 1000.0
+        early_due = time.monotonic() + period
+        committed = -1
         while True:
-            self._wake.wait(period)
+            awaited = self._planned > committed
+            self._wake.wait(COMMIT_WATCH_S if awaited else max(0.0, early_due - time.monotonic()))
             self._wake.clear()
             if self._stopped.is_set():
                 return
             with self.confirming:
-                self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
+                committed = self._committed()
+                self._confirm_up_to(committed)
+                if time.monotonic() < early_due:
+                    continue
+                early_due = time.monotonic() + period
                 for batch in wal.batches(self.root):
                     for path in wal.batch_files(self.root, batch):
                         if wal.is_confirmed(path):
@@ -533,7 +557,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._stopped.set()
         self._wake.set()
         with self.confirming:
-            self._confirm_up_to(max(self.spark_log.committed(), self._committed_hint))
+            self._confirm_up_to(self._committed())
         self.asking.shutdown(wait=False, cancel_futures=True)
         self.cluster.close()
 

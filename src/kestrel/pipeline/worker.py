@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import signal
 import sys
+import threading
+from types import FrameType
 
 _frozen = False
 
@@ -31,3 +34,24 @@ def _forked_by_pyspark_daemon() -> bool:
     after every request. Without the daemon, each worker serves one task and exits."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) == "pyspark.daemon"
+
+
+def stop_source_when_terminated() -> None:
+    """In the process where Spark's driver runs a Python stream source, make SIGTERM end it as the
+    end of its input would; elsewhere (a test calling the source) do nothing.
+
+    When a query stops, Spark 4.3 ends that process with SIGTERM, which by default ends it at once:
+    pyspark's runner never reaches its `finally: reader.stop()`, and a batch the sink had just
+    committed stayed open on the servers, to be delivered again after autoAbortMs. Raised as
+    SystemExit in the runner's thread, the signal unwinds it through that `stop()`."""
+    if _runs_stream_source() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
+
+
+def _exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _runs_stream_source() -> bool:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "pyspark.sql.streaming.python_streaming_source_runner"
