@@ -704,6 +704,49 @@ def test_a_confirm_the_server_cannot_take_stays_pending_until_it_can(server: Ser
     reader.stop()
 
 
+def test_reads_of_a_deleted_queue_are_not_counted_as_delivered_again(server: ServerProcess,
+                                                                     tmp_path: Path) -> None:
+    """A confirm finds no read open in a deleted queue: the items went with it. They were counted in
+    `returned` as delivered again, under a warning that a restart or autoAbortMs had returned them."""
+    from structlog.testing import capture_logs
+
+    from kestrel.client import Server
+    from kestrel.pipeline import wal
+    from kestrel.pipeline.stream_source import KestrelStreamReader
+
+    address = f"127.0.0.1:{server.thrift_port}"
+    direct = Server("127.0.0.1", server.thrift_port)
+    (tmp_path / "metadata").write_text("{}")
+    reader = KestrelStreamReader({"servers": address, "queue": "events", "checkpointLocation": str(tmp_path)})
+
+    def log_batch(batch: int) -> None:
+        direct.put("events", [b"%d" % i for i in range(5)])
+        opened_at = direct.peek_items("events", 0, 0).opened_at
+        taken = take_open_reads(address, "events", 5, 60_000, 10_000)
+        path = os.path.join(reader.root, str(batch), "part-0")
+        header = wal.WalHeader(address, time.time(), len(taken.ids), "events", opened_at=opened_at)
+        assert wal.write_partition(path, header, taken.ids, wal.Logged(taken.items))
+        _committed(tmp_path, reader.source_key, batch)
+        direct.call("delete_queue", "events")
+
+    try:
+        log_batch(0)  # deleted, not made again: certainly gone
+        with capture_logs() as logs:
+            reader._confirm_up_to(reader.spark_log.committed())
+        assert wal.returned(reader.root) == 0
+        assert [e["items"] for e in logs if e["event"].startswith("reads of a queue deleted")] == [5]
+        log_batch(1)  # deleted, then made anew by a put: a restart would look the same to a confirm
+        time.sleep(0.01)  # a new queue opens at a later millisecond
+        direct.put("events", [b"new"])
+        with capture_logs() as logs:
+            reader._confirm_up_to(reader.spark_log.committed())
+        (warned,) = [e for e in logs if e["event"].startswith("reads no longer open")]
+        assert "by a server restart" in warned["event"] and "by a delete and a put" in warned["event"]
+        assert wal.returned(reader.root) == 5  # possibly delivered again: counted, and said so
+    finally:
+        reader.stop()
+
+
 def test_a_subscription_matches_names_patterns_and_a_readers_children() -> None:
     from kestrel.pipeline.subscription import Subscription
 

@@ -28,8 +28,9 @@ over any connection to their server, by whichever query runs from the checkpoint
 after a stop or a driver kill confirms the batches the sink committed, and confirms at once the
 logged reads of the batch it replays (their rows come from the log). An id from before a server
 restart closes nothing (the restarted server never hands it out again): the restart returned its
-item to the queue, the item is delivered again, and is counted as a duplicate
-(`<checkpoint>/kestrel/<source>/returned`).
+item to the queue, the item is delivered again, and is counted as a possible duplicate
+(`<checkpoint>/kestrel/<source>/returned`), as are the reads of a queue deleted and made anew since
+the fetch, which a confirm cannot tell from a restart; those of a queue deleted for good are not.
 
 A server that does not answer within `timeoutMs` is left out of the plannings that follow and
 asked again in the background, once a second, so that it stalls no batch but the one that found it
@@ -478,10 +479,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         False when the server did not take it (unreachable, shutting down, refusing), or is down
         (asked again in the background): the file stays as it was, to be tried again. A confirm
         whose answer was lost (a time-out) leaves its `.confirming` mark with the time it was sent.
-        Reads the server no longer holds had their items put back in the queue, by a restart or by
-        autoAbortMs (a read id from before a restart closes nothing, as a server never hands out
-        an id twice): they are delivered again, and counted in the log's `returned` file; but those
-        a confirm whose answer was lost had closed are not (see `_closed_before`)."""
+        Reads the server no longer holds open are told apart by `_note_closed` (a read id from
+        before a restart closes nothing, as a server never hands out an id twice)."""
         header, ids = wal.read_ids(path)
         if ids:
             if self.reach.is_down(header.server):
@@ -500,27 +499,43 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.reach.failed(header.server, "confirm (kept in the log, tried again)", e, started=started)
                 return False
             self.reach.answered(header.server)
-            if closed < len(ids) and not self._closed_before(header, queue, sent_before):
-                total = wal.count_returned(self.root, len(ids) - closed)
-                log.warning("reads no longer open (a server restart or autoAbortMs returned them): their "
-                            "items are delivered again", server=header.server, items=len(ids) - closed,
-                            returned_so_far=total)
+            if closed < len(ids):
+                self._note_closed(header, queue, len(ids) - closed, sent_before)
         wal.mark_confirmed(path)
         return True
 
-    def _closed_before(self, header: wal.WalHeader, queue: str, sent_before: float | None) -> bool:
-        """Whether the reads a confirm found closed were closed by an earlier confirm whose answer
-        was lost: one was sent before any of them could time out (autoAbortMs after the fetch), and
-        the server has not reopened the queue since the fetch (a restart returns open reads)."""
-        if sent_before is None or header.opened_at is None:
-            return False
-        if sent_before >= header.fetched_at + self.auto_abort_ms / 1000.0:
-            return False
+    def _note_closed(self, header: wal.WalHeader, queue: str, items: int, sent_before: float | None) -> None:
+        """Say what became of `items` reads a confirm found no longer open, from what the server
+        shows of their queue now, and count in `returned` those whose items may be delivered again.
+
+        The server no longer holds the queue: it was deleted, the items with it (not counted). The
+        queue has stayed open since the fetch: an earlier confirm whose answer was lost closed them
+        if it was sent before any could time out (not counted), else autoAbortMs returned them and
+        they are delivered again. The queue was reopened since the fetch: a server restart returned
+        them (delivered again), or a delete dropped them and a put made the queue anew (gone); a
+        confirm cannot tell the two apart, so they count, and the warning names both."""
         try:
-            at = self.cluster.server(header.server).peek_items(queue, 0, 0)
+            opened_at: int | None = int(self.cluster.server(header.server).peek_items(queue, 0, 0).opened_at)
         except KestrelClientError:
-            return False
-        return int(at.opened_at) == header.opened_at
+            opened_at = None
+        if opened_at == 0:
+            log.warning("reads of a queue deleted since their fetch: their items went with it, none is "
+                        "delivered again", server=header.server, queue=queue, items=items)
+            return
+        if header.opened_at is None or opened_at is None:
+            why = ("a server restart or autoAbortMs returned them to their queue, and their items are "
+                   "delivered again; or their queue was deleted and made anew, and they went with it")
+        elif opened_at != header.opened_at:
+            why = ("their queue was reopened since the fetch: by a server restart, which returned them "
+                   "(their items are delivered again), or by a delete and a put that made it anew (their "
+                   "items went with the old one); a confirm cannot tell which")
+        elif sent_before is not None and sent_before < header.fetched_at + self.auto_abort_ms / 1000.0:
+            return  # closed by the earlier confirm, sent before any of them could time out
+        else:
+            why = "autoAbortMs returned them to their queue: their items are delivered again"
+        total = wal.count_returned(self.root, items)
+        log.warning(f"reads no longer open: {why}", server=header.server, queue=queue, items=items,
+                    returned_so_far=total)
 
     def _keep_reads_alive(self) -> None:
         """Confirm the batches the sink committed as soon as Spark's commit log shows them (looked at

@@ -12,10 +12,10 @@ A file's name is `<host>_<port>-<part>`, preceded by `<queue>~` when the
 source reads several queues (`~` is never part of a queue's name). An empty `<partition>.confirmed`
 beside it says its reads were confirmed, and `<partition>.confirming` that a confirm was sent and
 its answer not yet noted (the server may have closed them);
-`<checkpoint>/kestrel/<source>/returned` counts the items delivered again because their reads had
-gone back to the queue when they were confirmed, and `<checkpoint>/kestrel/<source>/driver-mark` holds
-a token the driver writes and every task checks before it takes anything: a task that does not find
-it does not share the checkpoint with the driver.
+`<checkpoint>/kestrel/<source>/returned` counts the items possibly delivered again because their
+reads had gone back to the queue when they were confirmed (see the stream's `_note_closed`), and
+`<checkpoint>/kestrel/<source>/driver-mark` holds a token the driver writes and every task checks
+before it takes anything: a task that does not find it does not share the checkpoint with the driver.
 
 This module also reads Spark's own checkpoint logs (`commits/`, `offsets/`) to learn which batches
 the sink has committed, since Spark tells a source only when it plans the next batch.
@@ -38,7 +38,7 @@ from kestrel.storage.disk import fsync_path, replace_file
 MAGIC = b"KESTREL-WAL 1\n"
 CONFIRMED = ".confirmed"  # beside a file whose reads were confirmed
 CONFIRMING = ".confirming"  # beside a file whose reads a confirm was sent for, its answer not yet noted
-RETURNED = "returned"  # in the source's folder: items delivered again, counted
+RETURNED = "returned"  # in the source's folder: items possibly delivered again, counted
 TOKEN = "driver-mark"  # in the source's folder: written by the driver, checked by the executors
 _LEN = struct.Struct("<I")
 
@@ -216,8 +216,8 @@ def forget_batch(root: str, batch: int) -> None:
 
 
 def count_returned(root: str, items: int) -> int:
-    """Add to the source's count of items delivered again because their reads had returned to the
-    queue when confirmed (possible duplicates); returns the new total."""
+    """Add to the source's count of items possibly delivered again because their reads had returned
+    to the queue when confirmed (possible duplicates); returns the new total."""
     path = os.path.join(root, RETURNED)
     total = returned(root) + items
     os.makedirs(root, exist_ok=True)
