@@ -24,16 +24,18 @@ def spare_collections() -> None:
     freed). Every object made later, each task's own, is still collected.
     """
     global _frozen
-    if not _frozen and _forked_by_pyspark_daemon():
+    if not _frozen and _main_module() == "pyspark.daemon":
         _frozen = True
         gc.freeze()
 
 
-def _forked_by_pyspark_daemon() -> bool:
-    """Whether this process runs pyspark's daemon (`python -m pyspark.daemon`): the one that collects
-    after every request. Without the daemon, each worker serves one task and exits."""
+def _main_module() -> str | None:
+    """The module this process runs as `python -m`: `pyspark.daemon` for pyspark's daemon, the one
+    that collects after every request (without it, each worker serves one task and exits), or the
+    runner of a stream source in the driver's Python process."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "pyspark.daemon"
+    name = getattr(spec, "name", None)
+    return name if isinstance(name, str) else None
 
 
 def stop_source_when_terminated() -> None:
@@ -44,14 +46,10 @@ def stop_source_when_terminated() -> None:
     pyspark's runner never reaches its `finally: reader.stop()`, and a batch the sink had just
     committed stayed open on the servers, to be delivered again after autoAbortMs. Raised as
     SystemExit in the runner's thread, the signal unwinds it through that `stop()`."""
-    if _runs_stream_source() and threading.current_thread() is threading.main_thread():
+    if (_main_module() == "pyspark.sql.streaming.python_streaming_source_runner"
+            and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGTERM, _exit)
 
 
 def _exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
-
-
-def _runs_stream_source() -> bool:
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "pyspark.sql.streaming.python_streaming_source_runner"
