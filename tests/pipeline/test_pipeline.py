@@ -261,6 +261,11 @@ def test_batch_read_of_queues_no_server_holds_creates_nothing(spark: Any, server
     assert sorted(r.data for r in rows) == [b"1", b"2"]
     assert (queue_names(a), queue_names(b)) == before
     assert not (b.queue_path / "only-a").exists() and not (a.queue_path / "nowhere").exists()
+    # Through a reader, the queue missing is its child (the queue itself is held: it was named instead)
+    with pytest.raises(Exception, match=r"no server holds queue 'only-a\+billing' \(reader 'billing' of "
+                                        r"'only-a': a stream creates it, a batch read does not\)"):
+        spark.read.format("kestrel").option("servers", address(a, b)).option("queue", "only-a") \
+            .option("reader", "billing").load().collect()
 
 
 def test_rows_carry_each_items_add_time_and_expiry(spark: Any, server: ServerProcess, tmp_path: Path) -> None:

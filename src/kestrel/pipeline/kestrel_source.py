@@ -132,7 +132,10 @@ class KestrelBatchReader(DataSourceReader):
                                              f"{e}") from e
         missing = self.subscription.unmatched(held.values())
         if missing:
-            raise ValueError(f"kestrel read: no server holds queue {', '.join(map(repr, missing))} "
+            reader = self.subscription.reader
+            named = [f"{self.subscription.target(e)!r} (reader {reader!r} of {e!r}: a stream creates it, a "
+                     f"batch read does not)" if reader else repr(e) for e in missing]
+            raise ValueError(f"kestrel read: no server holds queue {', '.join(named)} "
                              f"(servers {', '.join(self.servers)}; nothing was created)")
         spans: list[tuple[str, str, int, int, int]] = []  # server, queue, opened_at, head, items
         for address in self.servers:
