@@ -351,6 +351,34 @@ def test_drain_whose_server_goes_down_midway_fails_rather_than_finish(spark: Any
     assert waiting(server, "jobs") == (0, 0)
 
 
+def test_drain_whose_server_dies_during_a_fetch_fails_rather_than_finish(spark: Any, server_factory: Any,
+                                                                          tmp_path: Path) -> None:
+    """Counted as taken when its batch was planned, the share a killed server never handed out made
+    the drain end as if that queue were empty, its 50 items left behind."""
+    from kestrel.pipeline import drain
+
+    a, b = server_factory(name="a"), server_factory(name="b")
+    items = [b"a%d" % i for i in range(50)] + [b"b%d" % i for i in range(50)]
+    put(a, "jobs", items[:50])
+    put(b, "jobs", items[50:])
+    seen: list[bytes] = []
+
+    def write(df: Any, batch_id: int) -> None:
+        if batch_id == 0:
+            b.kill()  # planned already: the fetch runs as the batch is collected
+        seen.extend(r.data for r in df.collect())
+
+    cp = str(tmp_path / "cp")
+    with pytest.raises(Exception, match=f"server {address(b)} did not answer .* while it held 50 items "
+                                        f"this query was to take"):
+        drain(spark, address(a, b), "jobs", write, checkpoint=cp, timeoutMs=2000)
+    assert sorted(seen) == sorted(items[:50])
+    b.start()
+    drain(spark, address(a, b), "jobs", write, checkpoint=cp)  # goes on
+    assert sorted(seen) == sorted(items)
+    assert waiting(a, "jobs") == (0, 0) and waiting(b, "jobs") == (0, 0)
+
+
 def test_drain_whose_sink_fails_confirms_nothing_of_that_batch(spark: Any, server: ServerProcess,
                                                                tmp_path: Path) -> None:
     from kestrel.pipeline import drain, wal

@@ -203,6 +203,8 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.cluster = Cluster(self.servers, timeout_ms=self.timeout_ms,
                                connect_timeout_ms=min(self.timeout_ms, 2000))
         self.available_now: dict[tuple[str, str], int] | None = None  # left to take, per (server, queue)
+        self.owed: dict[int, dict[tuple[str, str], int]] = {}  # AvailableNow batches planned, not yet counted
+        self.fetched: dict[int, dict[tuple[str, str], int]] = {}  # what committed batches' logs hold
         self.reach = Reachability(self.servers, o["unreachableTimeoutMs"] / 1000.0,
                                   f"kestrel stream of {','.join(self.subscription.entries)!r}")
         self.asking = ThreadPoolExecutor(2 * len(self.servers), thread_name_prefix="kestrel-ask")
@@ -360,6 +362,10 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.lock:
             self._start()
             self._wake.set()  # the keeper confirms what the sink committed, while this batch goes on
+            if self.available_now is not None:
+                with self.confirming:
+                    self._confirm_up_to(self._committed())  # counts what the batches committed fetched
+                self._settle()
             needed = [] if self.available_now is None else \
                 sorted({address for (address, _), n in self.available_now.items() if n})
             found = self._waiting(needed)
@@ -374,9 +380,11 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 with self.confirming:
                     self._confirm_up_to(self._committed())
                 return start
+            batch = int(start.get("batch", -1)) + 1
             if self.available_now is not None:
                 for k, n in take.items():
                     self.available_now[k] -= n
+                self.owed[batch] = take
             by_server: dict[str, dict[str, int]] = {}
             opened: dict[str, dict[str, int]] = {}
             for (address, queue), n in take.items():
@@ -385,8 +393,18 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # The split goes with the batch: a replay names the log files the batch was fetched into,
             # whatever itemsPerPartition and minPartitions say by then.
             split = partition_size(sum(take.values()), self.per_partition, self.min_partitions)
-            return {"source": self.source_key, "batch": int(start.get("batch", -1)) + 1, "take": by_server,
+            return {"source": self.source_key, "batch": batch, "take": by_server,
                     "opened": opened, "split": split}
+
+    def _settle(self) -> None:
+        """Give back to what an AvailableNow query has left to take the share of each batch it
+        planned that its fetch did not take (a server that failed mid-fetch ends it early): that
+        server is still needed, so a later planning takes the rest or fails if it does not answer."""
+        assert self.available_now is not None
+        for batch in [b for b in self.owed if b in self.fetched]:
+            fetched = self.fetched.pop(batch)
+            for k, n in self.owed.pop(batch).items():
+                self.available_now[k] += n - min(n, fetched.get(k, 0))
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """What Spark shows as the source's latest offset in each progress report: the items each
@@ -465,6 +483,12 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 headers = [wal.read_ids(path)[0] for path in files]
                 self.last_batch = {"batch": batch, "items": sum(h.count for h in headers),
                                    "fetchMs": round(1000 * max((h.took or 0.0 for h in headers), default=0))}
+                if batch in self.owed:
+                    fetched: dict[tuple[str, str], int] = {}
+                    for h in headers:
+                        k = (h.server, h.queue or self.subscription.target(self.subscription.entries[0]))
+                        fetched[k] = fetched.get(k, 0) + h.count
+                    self.fetched[batch] = fetched
             for path in files:
                 if wal.is_confirmed(path) or self._confirm(path):
                     wal.forget_file(path)
