@@ -521,6 +521,19 @@ def test_full_queue_fails_the_job_or_is_counted(spark: Any, server_factory: Any)
     assert waiting(srv, "small")[0] == 10
 
 
+def test_an_item_over_max_item_size_is_refused_alone(spark: Any, server_factory: Any) -> None:
+    """A put the server answered with 0 made the writer refuse the rest of its batch too: 6 of 11."""
+    srv = server_factory({"queues": {"fail": {"max_item_size": "100B"}, "count": {"max_item_size": "100B"}}})
+    rows = [(b"small %d" % i,) for i in range(5)] + [(b"x" * 1000,)] + [(b"small %d" % i,) for i in range(5, 10)]
+    df = spark.createDataFrame(rows, "data binary").coalesce(1)
+    with pytest.raises(Exception, match="refused 1 of 11 items on every server"):
+        df.write.format("kestrel").option("servers", address(srv)).option("queue", "fail").mode("append").save()
+    assert waiting(srv, "fail")[0] == 10
+    df.write.format("kestrel").option("servers", address(srv)).option("queue", "count") \
+        .option("onFull", "count").mode("append").save()
+    assert sorted(take_all(srv, "count")) == sorted(r[0] for r in rows if len(r[0]) <= 100)
+
+
 def test_writer_rides_out_a_server_restart(spark: Any, server: ServerProcess) -> None:
     df = spark.range(0, 30_000, numPartitions=2).selectExpr("cast(id as string) as data")
     bounce = threading.Timer(1.0, server.restart)

@@ -154,23 +154,22 @@ class KestrelWriter(DataSourceArrowWriter):
 
         def put(items: PackedItems) -> None:
             nonlocal written, refused
-            left = items
+            left, lost = items, 0
             while left:
-                # Raises NoServers once no server could be reached through the client's retries. A
-                # short answer is asked again for the rest: every server answering 0 means full
-                # queues, and servers lost mid-batch raise rather than count as full.
+                # Raises NoServers once no server could be reached through the client's retries; servers
+                # lost mid-batch raise rather than count as refusing. A put answers how many items came
+                # before the first one refused, not why: one that every server refused (over
+                # max_item_size, or full queues) is refused alone, and the items after it offered again.
                 accepted = cluster.put_many(self.queue, left)
                 written += accepted
-                if not accepted:
-                    break
-                left = left[accepted:]
-            if left:
-                refused += len(left)
-                if self.on_full == "fail":
-                    raise QueueFullError(
-                        f"queue {self.queue!r} refused {len(left)} of {len(items)} items on every "
-                        f"server: full, or an item over its max_item_size (a put answers how many it "
-                        f"took, not why) (set onFull=count to go on)")
+                lost += not accepted
+                left = left[accepted or 1:]
+            refused += lost
+            if lost and self.on_full == "fail":
+                raise QueueFullError(
+                    f"queue {self.queue!r} refused {lost} of {len(items)} items on every server: full, or "
+                    f"an item over its max_item_size (a put answers how many it took, not why) (set "
+                    f"onFull=count to go on)")
 
         # One put in flight while the next rows are read and cut: the server stores a batch while
         # Spark hands over the next, rather than each waiting on the other. Puts stay in row order.
