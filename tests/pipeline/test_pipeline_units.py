@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is installed by `make test` (the spark extra)")
 
 from kestrel.client import Refused, ServerUnavailable  # noqa: E402
+from kestrel.pipeline import wal  # noqa: E402
 from kestrel.pipeline.options import Option, parse_options, whole  # noqa: E402
 from kestrel.pipeline.servers import ServersUnreachable, parse_servers, take_open_reads  # noqa: E402
 from tests.conftest import ServerProcess, free_port, wait_until  # noqa: E402
@@ -931,3 +932,16 @@ def test_the_items_view_reads_a_queue_again_when_a_server_rotated_it_under_the_r
     monkeypatch.setattr(kestrel2_replay, "replay_files", listed_then_rotated)
     rows = [row for batch in item_batches("q", str(tmp_path), True) for row in batch.to_pylist()]
     assert [row["data"] for row in rows] == [b"b"] and len(readings) == 2
+
+
+def test_reads_are_judged_by_the_auto_abort_they_were_opened_with(tmp_path: Path) -> None:
+    """A query restarted with a lower autoAbortMs judged reads opened with 600,000 ms by its 5,000,
+    and warned that their items were delivered again although they were still open."""
+    path = str(tmp_path / "0" / "s-0")
+    os.makedirs(os.path.dirname(path))
+    header = wal.WalHeader("h:1", 1000.0, 1, "jobs", auto_abort_ms=600_000)
+    assert wal.write_partition(path, header, [7], wal.Logged([b"x"], [0], [0]))
+    logged, _ = wal.read_ids(path)
+    assert logged.returned_at(5_000) == 1600.0
+    earlier = wal.WalHeader("h:1", 1000.0, 1, "jobs")  # a file of a version that did not record it
+    assert earlier.returned_at(5_000) == 1005.0

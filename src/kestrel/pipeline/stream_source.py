@@ -154,7 +154,8 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
                                 partition.timeout_ms)
         logged = wal.Logged(taken.items, taken.added, taken.expiry)
         header = wal.WalHeader(partition.server, started, len(taken.ids), partition.queue,
-                               opened_at=partition.opened_at, took=time.time() - started)
+                               opened_at=partition.opened_at, took=time.time() - started,
+                               auto_abort_ms=partition.auto_abort_ms)
         if not wal.write_partition(partition.path, header, taken.ids, logged):
             logged = wal.read_items(partition.path)  # another attempt logged first: its rows stand
     yield from queue_rows(logged.items, partition.queue, partition.server, logged.added, logged.expiry)
@@ -331,15 +332,17 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         the servers have put their items back, and they will be delivered again."""
         late = [header for path in wal.batch_files(self.root, batch) if not wal.is_confirmed(path)
                 for header in (wal.read_ids(path)[0],)
-                if header.count and time.time() - header.fetched_at > self.auto_abort_ms / 1000.0]
+                if header.count and time.time() > header.returned_at(self.auto_abort_ms)]
         if late:
-            past_s = time.time() - min(h.fetched_at for h in late) - self.auto_abort_ms / 1000.0
-            window_s = RESTART_WINDOW * self.auto_abort_ms / 1000
+            past_s = time.time() - min(h.returned_at(self.auto_abort_ms) for h in late)
+            opened_ms = max(h.auto_abort_ms or self.auto_abort_ms for h in late)
+            window_s = RESTART_WINDOW * opened_ms / 1000
             log.warning(f"kestrel stream restarted {past_s:.0f} s too late: batch {batch} was fetched more "
-                        f"than autoAbortMs ({self.auto_abort_ms} ms) ago and its reads were never confirmed, "
-                        f"so the servers have put its items back and they are delivered again. A restart "
-                        f"duplicates nothing if it comes within {window_s:.0f} s ({RESTART_WINDOW:.4g} of "
-                        f"autoAbortMs) of the stop: raise autoAbortMs for longer ones",
+                        f"than the autoAbortMs its reads were opened with ({opened_ms} ms) ago and they were "
+                        f"never confirmed, so the servers have put its items back and they are delivered "
+                        f"again. A restart duplicates nothing if it comes within {window_s:.0f} s "
+                        f"({RESTART_WINDOW:.4g} of autoAbortMs) of the stop: raise autoAbortMs for longer "
+                        f"ones",
                         batch=batch, items=sum(h.count for h in late), checkpoint=self.checkpoint)
 
     def _note_others(self) -> None:
@@ -553,7 +556,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             why = ("their queue was reopened since the fetch: by a server restart, which returned them "
                    "(their items are delivered again), or by a delete and a put that made it anew (their "
                    "items went with the old one); a confirm cannot tell which")
-        elif sent_before is not None and sent_before < header.fetched_at + self.auto_abort_ms / 1000.0:
+        elif sent_before is not None and sent_before < header.returned_at(self.auto_abort_ms):
             return  # closed by the earlier confirm, sent before any of them could time out
         else:
             why = "autoAbortMs returned them to their queue: their items are delivered again"

@@ -52,6 +52,12 @@ class WalHeader:
     timed: bool = False  # each item's add time and expiry follow the items (absent from earlier files)
     opened_at: int | None = None  # when the server had opened the queue (peek_items), at planning
     took: float | None = None  # seconds the fetch took
+    auto_abort_ms: int | None = None  # what the reads were opened with (absent from earlier files)
+
+    def returned_at(self, auto_abort_ms: int) -> float:
+        """When the server puts back reads never confirmed: by the autoAbortMs they were opened with,
+        which a restarted query's option need not be; a file that does not say is judged by it."""
+        return self.fetched_at + (self.auto_abort_ms or auto_abort_ms) / 1000.0
 
 
 @dataclass
