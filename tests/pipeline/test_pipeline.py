@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(900)
 from tests.conftest import ROOT, STALL_S, ServerProcess, free_port, wait_until  # noqa: E402
 from tests.support.clients import every_item, thrift_client  # noqa: E402
 from tests.support.system import need_java  # noqa: E402
+from tests.support.wire import memcache_stats  # noqa: E402
 
 # Settings for short jobs: a JVM that starts fast (C1 only), Python workers over Unix sockets,
 # no web UI (no port to share between test processes), everything Spark writes under the test's
@@ -532,6 +533,17 @@ def test_an_item_over_max_item_size_is_refused_alone(spark: Any, server_factory:
     df.write.format("kestrel").option("servers", address(srv)).option("queue", "count") \
         .option("onFull", "count").mode("append").save()
     assert sorted(take_all(srv, "count")) == sorted(r[0] for r in rows if len(r[0]) <= 100)
+
+
+def test_a_full_queue_refuses_a_batch_in_one_put_not_one_a_row(spark: Any, server_factory: Any) -> None:
+    """Refused alone, each item of a batch to a full queue cost a put on every server: the items as
+    large as one refused are refused with it, and only smaller ones offered again."""
+    srv = server_factory({"queues": {"full": {"max_items": 5}}})
+    rows = [(b"%05d" % i,) for i in range(2_000)]
+    spark.createDataFrame(rows, "data binary").coalesce(1).write.format("kestrel") \
+        .option("servers", address(srv)).option("queue", "full").option("onFull", "count").mode("append").save()
+    assert waiting(srv, "full")[0] == 5
+    assert int(memcache_stats(srv.memcache_port)["cmd_set"]) < 50  # each put counts its items taken and one refused
 
 
 def test_writer_rides_out_a_server_restart(spark: Any, server: ServerProcess) -> None:

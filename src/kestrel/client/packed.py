@@ -36,6 +36,10 @@ class PackedItems:
     def __len__(self) -> int:
         return self.count
 
+    def first_size(self) -> int:
+        """The bytes of the first item (there must be one)."""
+        return int(_LENGTH.unpack_from(self.body, 0)[0])
+
     def __getitem__(self, rest: slice) -> PackedItems:
         """The items from `rest.start` on (only `[first:]` is supported: what a short answer leaves)."""
         if rest.stop is not None or rest.step is not None:

@@ -155,14 +155,25 @@ class KestrelWriter(DataSourceArrowWriter):
         def put(items: PackedItems) -> None:
             nonlocal written, refused
             left, lost = items, 0
+            refused_size: int | None = None  # the smallest item every server refused in this put
             while left:
+                if refused_size is not None and left.first_size() >= refused_size:
+                    # Refused as well, over max_item_size or by full queues, without a call each:
+                    # a full queue's batch costs one put, not one per item and server.
+                    lost += 1
+                    left = left[1:]
+                    continue
                 # Raises NoServers once no server could be reached through the client's retries; servers
                 # lost mid-batch raise rather than count as refusing. A put answers how many items came
                 # before the first one refused, not why: one that every server refused (over
-                # max_item_size, or full queues) is refused alone, and the items after it offered again.
+                # max_item_size, or full queues) is refused alone, and the smaller items after it
+                # offered again.
                 accepted = cluster.put_many(self.queue, left)
                 written += accepted
-                lost += not accepted
+                if not accepted:
+                    size = left.first_size()
+                    refused_size = size if refused_size is None else min(refused_size, size)
+                    lost += 1
                 left = left[accepted or 1:]
             refused += lost
             if lost and self.on_full == "fail":
