@@ -83,49 +83,51 @@ def holder(queue_path: str) -> str | None:
                         (os.path.join(queue_path, EARLIER_LOCK_NAME), os.O_RDONLY),
                         (queue_path, os.O_RDONLY | os.O_DIRECTORY)):
         try:
-            fd = os.open(path, flags)
+            fd, taken = _flocked(path, flags)
         except FileNotFoundError:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        os.close(fd)
+        if not taken:
             return path
-        finally:
-            os.close(fd)
     return None
+
+
+def _flocked(path: str, flags: int) -> tuple[int, bool]:
+    """A descriptor of `path` and whether it now holds its lock (taken at once, never waited for)."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return fd, False
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, True
 
 
 def _lock(path: str, queue_path: str) -> int:
     """A descriptor of `path` holding its lock. Raises QueuePathInUse naming the holder."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
+    fd, taken = _flocked(path, os.O_RDWR | os.O_CREAT)
+    if not taken:
+        try:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        finally:
+            os.close(fd)
         raise QueuePathInUse(f"queue path {queue_path} is in use by {holder} (it holds {path}); "
-                             "stop it first") from None
-    except BaseException:
-        os.close(fd)
-        raise
+                             "stop it first")
     return fd
 
 
 def _lock_directory(queue_path: str, lock_file: str) -> int:
     """A descriptor of the queue path's directory holding its lock. Its lock file taken, only a
     process whose lock file was removed from under it can hold this one. Raises QueuePathInUse."""
-    fd = os.open(queue_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    fd, taken = _flocked(queue_path, os.O_RDONLY | os.O_DIRECTORY)
+    if not taken:
         os.close(fd)
         raise QueuePathInUse(f"queue path {queue_path} is in use by another process, which holds the "
                              f"directory's lock although its lock file {lock_file} was removed (never "
                              f"remove the lock file of a running server; `fuser -v {queue_path}` shows "
-                             f"the process); stop it first") from None
-    except BaseException:
-        os.close(fd)
-        raise
+                             f"the process); stop it first")
     return fd
 
 

@@ -117,6 +117,15 @@ def _within(mem: deque[QItem], taken: list[QItem], max_bytes: int) -> tuple[list
     return taken[:keep], size
 
 
+
+def capped_expiry(add_time: int, expiry: int, max_age: int | None) -> int:
+    """An item's expiry (0 = never) capped by `max_age` (None or 0: no cap) after its add time."""
+    if not max_age:
+        return expiry
+    cap = add_time + max_age
+    return min(expiry, cap) if expiry else cap
+
+
 class PersistentQueue(ABC):
     """A durable FIFO queue with reliable reads, limits, expiry, poison items and read-behind.
 
@@ -419,9 +428,7 @@ class PersistentQueue(ABC):
         with self._lock:
             for held in (self._mem, self._opens.values()):
                 for item in held:
-                    cap = item.add_time + max_age
-                    if not item.expiry or item.expiry > cap:
-                        item.expiry = cap
+                    item.expiry = capped_expiry(item.add_time, item.expiry, max_age)
 
     def head_expiry(self) -> int:
         """When the head item expires: 0 never (or no item), -1 when the head is not in memory (a
@@ -545,11 +552,7 @@ class PersistentQueue(ABC):
                     break
 
     def _capped_expiry(self, add_time: int, expiry: int) -> int:
-        """An item's expiry (0 = never) capped by `max_age` after its add time."""
-        if not self.config.max_age:
-            return expiry
-        cap = add_time + self.config.max_age
-        return min(expiry, cap) if expiry else cap
+        return capped_expiry(add_time, expiry, self.config.max_age)
 
     def _discard_head(self) -> bool:
         """Discard the head item to make room; False if there is none."""

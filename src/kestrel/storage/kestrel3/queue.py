@@ -39,7 +39,7 @@ from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
-from kestrel.storage.queue import PersistentQueue, ReaderPosition
+from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.runtime import GeventRuntime, Task
 
@@ -567,5 +567,4 @@ def _journaled_expiry(takers: list[Kestrel3Queue], now: int, expiry: int) -> int
     ages = [q.config.max_age for q in takers]
     if not ages or not all(ages):
         return expiry
-    cap = now + max(age for age in ages if age)
-    return min(expiry, cap) if expiry else cap
+    return capped_expiry(now, expiry, max(age for age in ages if age))
