@@ -590,5 +590,5 @@ def test_new_stat_names_do_not_read_as_a_kestrel_queue_stat(tmp_path: Path) -> N
     stats = coll.queue("jobs").stats()
     suffix = re.compile(r"_(items|bytes|total_items|logsize|expired_items|mem_items|mem_bytes|age|discarded"
                         r"|waiters|open_transactions|transactions|flushes)$")
-    for key in ("memory_target", "paged_out", "head_wait_ms", "read_behind", "journal_format"):
+    for key in ("memory_target", "paged_out", "head_wait_ms", "read_behind", "journal_format", "journal_size"):
         assert key in stats and not suffix.search(f"queue_jobs_{key}")

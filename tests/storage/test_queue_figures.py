@@ -63,6 +63,8 @@ def test_a_kestrel2_queue_lists_its_journals_with_what_the_manifest_records(tmp_
     *rotated, live = files
     assert len(rotated) >= 2 and live.name == "q" and live.role == "live journal"
     assert live.size == os.path.getsize(tmp_path / "q")
+    stats = coll.queue("q").stats()  # the guide's logsize is the live file, as Kestrel's; the total beside
+    assert stats["logsize"] == live.size and stats["journal_size"] == sum(f.size for f in files)
     for f in rotated:
         assert f.role == "rotated journal" and f.size == os.path.getsize(tmp_path / f.name)
         assert f.manifest == f"{f.size} bytes with CRC32C {file_crc32c(str(tmp_path / f.name), f.size):08x}"
@@ -97,4 +99,7 @@ def test_a_kestrel3_queue_lists_its_readers_and_their_files(tmp_path: Path) -> N
     for f in writers[:-1]:
         assert f.manifest == f"{f.size} bytes with CRC32C {file_crc32c(str(tmp_path / f.name), f.size):08x}"
     assert writers[-1].manifest.startswith(("not listed yet", "listed, without a checksum"))  # it grows
+    stats = coll.queue("q").stats()
+    own = sum(f.size for f in files if f.name in ("q.read.", *(w.name for w in writers)))  # and its checkpoint
+    assert stats["logsize"] == writers[-1].size and stats["journal_size"] == own
     coll.close()

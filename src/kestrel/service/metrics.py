@@ -227,7 +227,8 @@ QUEUE_FIGURES: dict[str, Figure | None] = {
                     "Items waiting in the queue (open reads are kestrel_queue_open_reads)."),
     "bytes": _gauge("kestrel_queue_item_bytes", "Bytes of item data in the queue."),
     "total_items": _counter("kestrel_queue_items_added_total", "Items ever added to the queue."),
-    "logsize": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk."),
+    "logsize": None,  # the live file of journal_size
+    "journal_size": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk."),
     "expired_items": _counter("kestrel_queue_items_expired_total", "Items that expired in the queue."),
     "mem_items": _gauge("kestrel_queue_memory_items", "Items held in memory; the rest wait in the journal."),
     "mem_bytes": _gauge("kestrel_queue_memory_bytes", "Bytes of item data held in memory."),
@@ -267,7 +268,7 @@ QUEUE_SUMS: dict[str, Figure] = {
     "open_transactions": _gauge("kestrel_open_reads", "Reads handed out, not yet confirmed or aborted, in "
                                 "every queue."),
     "waiters": _gauge("kestrel_waiters", "Clients waiting for an item, on every queue."),
-    "logsize": _gauge("kestrel_journal_bytes", "Bytes of journal files on disk, every queue."),
+    "journal_size": _gauge("kestrel_journal_bytes", "Bytes of journal files on disk, every queue."),
     "read_only": _gauge("kestrel_read_only_queues", "Queues refusing changes after a failed journal write."),
     "paged_out": _gauge("kestrel_paged_out_bytes", "Bytes of items only in the journals, every queue."),
 }
@@ -286,7 +287,7 @@ def queue_sums(server: ServerState) -> tuple[int, dict[str, int]]:
         journal += q.journal_size
         read_only += q.read_only
         paged += q.paged_out
-    return len(queues), {"open_transactions": opens, "waiters": waiters, "logsize": journal,
+    return len(queues), {"open_transactions": opens, "waiters": waiters, "journal_size": journal,
                          "read_only": read_only, "paged_out": paged}
 
 

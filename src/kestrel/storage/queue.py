@@ -338,7 +338,8 @@ class PersistentQueue(ABC):
             "items": self.length,
             "bytes": self.bytes,
             "total_items": self.total_items,
-            "logsize": self.journal_size,
+            "logsize": self.live_journal_size,
+            "journal_size": self.journal_size,
             "expired_items": self.expired_items,
             "mem_items": len(self._mem),
             "mem_bytes": self.memory_bytes,
@@ -1150,6 +1151,12 @@ class PersistentQueue(ABC):
     @abstractmethod
     def journal_size(self) -> int:
         """Bytes of the journal files this queue reads."""
+
+    @property
+    @abstractmethod
+    def live_journal_size(self) -> int:
+        """Bytes of the journal file being written: the guide's `logsize`, as Kestrel's (the rotated
+        files are counted only in `journal_size`)."""
 
     @abstractmethod
     def wait_for_packing(self) -> None:

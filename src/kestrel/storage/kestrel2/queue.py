@@ -109,6 +109,10 @@ class Kestrel2Queue(PersistentQueue):
     def journal_size(self) -> int:
         return self._journal.size
 
+    @property
+    def live_journal_size(self) -> int:
+        return self._journal.writer.size if self._journal.writer is not None else 0
+
     def journal_files(self) -> list[JournalFileFigures]:
         return self._journal.file_figures()
 

@@ -101,6 +101,11 @@ class Kestrel3Queue(PersistentQueue):
             return 0
         return self._journal.writer.total_size + (self._file.writer.size if self._file else 0)
 
+    @property
+    def live_journal_size(self) -> int:
+        """Bytes of the writer journal's current file."""
+        return self._journal.writer.size if self._journal is not None else 0
+
     def readers_on_disk(self) -> list[str]:
         """The fanout readers whose checkpoints were found when the writer journal was opened."""
         return [r for r in (self._journal.readers_on_disk if self._journal else []) if r]

@@ -536,7 +536,7 @@
       ["In memory", count(s.mem_items) + " items, " + bytes(s.mem_bytes)],
       ["Memory share", bytes(s.memory_target)],
       ["Only on disk", bytes(s.paged_out)],
-      ["Journal", bytes(s.logsize)],
+      ["Journal", bytes(s.journal_size)],
       ["Journal writable", s.read_only ? "NO: the queue is read-only until it is" : "yes"],
       ["Failed journal writes", count(s.journal_write_errors)],
     ]);
