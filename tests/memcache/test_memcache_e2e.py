@@ -7,6 +7,7 @@ import re
 import resource
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -110,6 +111,20 @@ def test_monitor_and_confirm(server: ServerProcess) -> None:
     s.close()
     again = conn(server.memcache_port)  # ...and comes back when the connection goes
     assert exchange(again, b"get m/t=2000\r\n", b"END\r\n") == b"VALUE m/t=2000 0 1\r\nd\r\nEND\r\n"
+
+
+def test_monitors_of_one_queue_share_its_items(server: ServerProcess) -> None:
+    """Waiters are served first come first: a monitor that took an item waits behind the other."""
+    monitors = [conn(server.memcache_port) for _ in range(2)]
+    for s in monitors:
+        s.sendall(b"monitor shared 2 6\r\n")
+    wait_until(lambda: memcache_stats(server.memcache_port).get("queue_shared_waiters") == "2", "both monitors to wait")
+    producer = conn(server.memcache_port)
+    for n in range(6):
+        assert exchange(producer, b"set shared 0 0 1\r\n%d\r\n" % n) == b"STORED\r\n"
+        time.sleep(0.1)
+    taken = [exchange(s, b"", b"END\r\n").count(b"VALUE") for s in monitors]
+    assert sum(taken) == 6 and min(taken) >= 2, taken  # in turn (before: the first took all six)
 
 
 def test_pipelined_commands_are_answered_in_order(server: ServerProcess) -> None:

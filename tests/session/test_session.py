@@ -579,6 +579,79 @@ def test_once_the_client_is_gone_no_wait_starts_and_a_cancelled_wait_takes_nothi
     assert _drain(server, "q") == [b"a"]  # the dead connection took nothing
 
 
+def _yields_after_the_wait(gone: set[Session] | None = None) -> Callable[[Session, Callable[[], bool]], bool]:
+    """A watch that lets the others run once the wait is over, as a connection's does when it
+    stops watching its client; a session in `gone` sees its client hang up just then."""
+    def watch(session: Session, wait: Callable[[], bool]) -> bool:
+        found = wait()
+        if gone is not None and session in gone:
+            session.client_gone()
+        gevent.sleep(0)
+        return found
+    return watch
+
+
+@pytest.mark.parametrize("get", [
+    lambda session: session.get("q", timeout_ms=10_000),
+    lambda session: session.get("q", timeout_ms=10_000, open=True),
+    lambda session: [data for data, _ in session.get_items("q", 1, 10_000).pairs()],
+])
+def test_waiters_are_served_first_come_first_one_item_each(server: ServerState,
+                                                           get: Callable[[Session], list[bytes]]) -> None:
+    producer = Session(server, "producer")
+    sessions = [Session(server, f"client {n}", watch=_yields_after_the_wait()) for n in range(5)]
+    waiters = []
+    for session in sessions:
+        waiters.append(gevent.spawn(partial(get, session)))
+        gevent.sleep(0)
+    for n in range(5):
+        producer.put("q", [b"%d" % n])  # one at a time, the queue empty before each
+        gevent.sleep(0)
+        gevent.sleep(0)
+    gevent.joinall(waiters, timeout=1)
+    assert [w.value for w in waiters] == [[b"0"], [b"1"], [b"2"], [b"3"], [b"4"]]
+
+
+def test_monitors_of_one_queue_share_its_items_in_turn(server: ServerState) -> None:
+    producer = Session(server, "producer")
+    sessions = [Session(server, f"monitor {n}", watch=_yields_after_the_wait()) for n in range(2)]
+    monitors = []
+    for session in sessions:
+        monitors.append(gevent.spawn(lambda s=session: list(s.monitor("q", 10_000, 3))))
+        gevent.sleep(0)
+    for n in range(6):
+        producer.put("q", [b"%d" % n])
+        gevent.sleep(0)
+        gevent.sleep(0)
+    gevent.joinall(monitors, timeout=1)
+    assert [m.value for m in monitors] == [[b"0", b"2", b"4"], [b"1", b"3", b"5"]]
+
+
+def test_a_waiter_whose_client_hangs_up_as_its_item_comes_hands_the_item_to_the_next(
+        server: ServerState) -> None:
+    producer = Session(server, "producer")
+    first, second = Session(server, "first"), Session(server, "second")
+    first.watch, second.watch = _yields_after_the_wait({first}), _yields_after_the_wait()
+    waiters = [gevent.spawn(partial(s.get, "q", timeout_ms=10_000, open=True)) for s in (first, second)]
+    gevent.sleep(0)
+    producer.put("q", [b"a"])
+    gevent.joinall(waiters, timeout=1)
+    assert isinstance(waiters[0].exception, ClientGone) and waiters[1].value == [b"a"]
+
+
+def test_a_get_waiting_when_the_server_turns_quiescent_is_refused_when_an_item_comes(
+        server: ServerState) -> None:
+    admin = Session(server, "admin")
+    waiters = [gevent.spawn(partial(Session(server, f"client {n}").get, "q", timeout_ms=10_000)) for n in range(2)]
+    gevent.sleep(0)
+    admin.set_status("quiescent")
+    server.collection.put("q", [b"a"])  # an abort's return, say: the status refuses no return
+    gevent.joinall(waiters, timeout=1)
+    assert all(isinstance(w.exception, RefusedByStatus) for w in waiters)  # the turn passed on, refused too
+    assert "get refused: server is Quiescent" in str(waiters[0].exception)
+    assert _drain(server, "q") == [b"a"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Writes, expiry, stats
 

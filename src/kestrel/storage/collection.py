@@ -404,10 +404,18 @@ class QueueCollection:
         q = self._queues.get(name)
         return q is not None and q.holds(count)
 
-    def peek(self, name: str, timeout: float = 0.0) -> QItem | None:
+    def peek(self, name: str, timeout: float = 0.0, taking: bool = False) -> QItem | None:
+        """The head item of queue `name` (`PersistentQueue.wait_peek`); None for an alias."""
         if name in self.aliases:
             return None
-        return self.queue(name).wait_peek(timeout)
+        return self.queue(name).wait_peek(timeout, taking)
+
+    def pass_turn(self, name: str) -> None:
+        """The next waiter on queue `name` looks for the item a woken taker leaves
+        (`PersistentQueue.pass_turn`)."""
+        q = self._queues.get(name)
+        if q is not None:
+            q.pass_turn()
 
     def reading(self, name: str) -> PersistentQueue | None:
         """The queue a get on `name` takes from, created on first reference; None for an alias, which

@@ -825,12 +825,22 @@ class PersistentQueue(ABC):
         """Waiting readers return empty-handed now and later reads do not wait (the server is stopping)."""
         self._wait_list().end()
 
-    def wait_peek(self, timeout: float) -> QItem | None:
+    def wait_peek(self, timeout: float, taking: bool = False) -> QItem | None:
+        """The head item, waiting up to `timeout` seconds for one. Each item added wakes one waiter,
+        the longest waiting: a look passes its wake-up on (it takes nothing), a waiter `taking` keeps
+        it and removes next, or hands it on with `pass_turn`. (Were it passed on by every waiter,
+        the next one could take the item first and the first would wait again behind the others.)"""
         waits = self._wait_list()
         item = waits.wait(self.peek, timeout)
-        if item is not None:
-            waits.wake_one()  # a peek takes nothing: let the next waiter look too
+        if item is not None and not taking:
+            waits.wake_one()
         return item
+
+    def pass_turn(self) -> None:
+        """A waiter `wait_peek` woke to take an item will not take it: the next waiter looks."""
+        waits = self._waits
+        if waits is not None:
+            waits.wake_one()
 
     def _wait_list(self) -> WaitList:
         """The queue's waiting readers, made at the first wait (or end of waits)."""

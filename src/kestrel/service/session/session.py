@@ -251,7 +251,7 @@ class Session:
                 more, serial = self._open_reads(queue, want, held, room, serial)
                 while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
                     remaining = deadline - self._monotonic()
-                    if remaining <= 0 or not self._wait_for_item(queue, remaining):
+                    if remaining <= 0 or not self._wait_for_item(queue, remaining, "get"):
                         break
                     more, serial = self._open_reads(queue, want, held, room, serial)
                 items += more
@@ -339,23 +339,47 @@ class Session:
         """
         self.gone = True
 
-    def _wait_for_item(self, queue: str, seconds: float) -> bool:
+    def _wait_for_item(self, queue: str, seconds: float, operation: str) -> bool:
         """Wait until `queue` has a head item (the one wait a hang-up may cancel), watched by the
-        connection's `watch` where it has one."""
+        connection's `watch` where it has one, for `operation`: a `peek` looks, anything else takes.
+
+        Waiters are served first come first: an item wakes the longest waiting, and a taker keeps
+        that turn until it takes (`PersistentQueue.wait_peek`). One that will not take after all,
+        its client gone meanwhile or its operation refused by a status changed during the wait,
+        hands the turn to the next waiter as it raises.
+        """
         if self.gone:
             raise ClientGone
+        taking = operation != "peek"
         self.waiting = True
         try:
             if self.watch is not None:
-                return self.watch(self, lambda: self.coll.peek(queue, seconds) is not None)
-            return self.coll.peek(queue, seconds) is not None
+                found = self.watch(self, lambda: self._await_head(queue, seconds, taking))
+            else:
+                found = self._await_head(queue, seconds, taking)
         finally:
             self.waiting = False
+        if found:
+            try:
+                if self.gone:
+                    raise ClientGone
+                self.status.check_read(operation)
+            except BaseException:
+                if taking:
+                    self.coll.pass_turn(queue)
+                raise
+        return found
 
-    def _take(self, queue: str, count: int, seconds: float, open: bool = False,
+    def _await_head(self, queue: str, seconds: float, taking: bool) -> bool:
+        found = self.coll.peek(queue, seconds, taking) is not None
+        self.waiting = False  # over: a hang-up seen from now on is `_wait_for_item`'s to raise
+        return found
+
+    def _take(self, queue: str, count: int, seconds: float, operation: str, open: bool = False,
               peek: bool = False) -> tuple[list[QItem], int]:
         """Head items (removed, opened, or the head only looked at), waiting up to `seconds` for one,
-        and for open reads the serial of the queue they came from."""
+        and for open reads the serial of the queue they came from; `operation` names the request
+        to a status that refuses it."""
         deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
         serial = 0
         while True:
@@ -369,7 +393,7 @@ class Session:
             if items or seconds <= 0:
                 return items, serial
             remaining = deadline - self._monotonic()
-            if remaining <= 0 or not self._wait_for_item(queue, remaining):
+            if remaining <= 0 or not self._wait_for_item(queue, remaining, operation):
                 return [], serial
 
     def _wait_seconds(self, timeout_ms: int) -> float:
@@ -402,7 +426,8 @@ class Session:
                 self.abort_pending(queue)
             if not (open or peek):
                 return [], count
-        self.status.check_read("peek" if peek else "get")
+        operation = "peek" if peek else "get"
+        self.status.check_read(operation)
         if not peek and self.reads.holds(queue):
             if not open:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
@@ -411,7 +436,8 @@ class Session:
         serial = 0
         try:
             if peek or timeout_ms > 0:
-                items, serial = self._take(queue, count, self._wait_seconds(timeout_ms), open=open, peek=peek)
+                items, serial = self._take(queue, count, self._wait_seconds(timeout_ms), operation, open=open,
+                                           peek=peek)
             elif open:
                 items, serial = self._open_reads(queue, count, False, GET_BYTES)
             else:
@@ -450,7 +476,7 @@ class Session:
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 return
-            taken, serial = self._take(queue, 1, remaining, open=True)
+            taken, serial = self._take(queue, 1, remaining, "monitor", open=True)
             if not taken:
                 self.stats.get_misses += 1
                 return
