@@ -174,6 +174,13 @@ def test_a_look_changes_nothing_and_is_no_delivery(tmp_path: Path, journal_forma
     held = len(big.look(0, 100).shown)
     assert 0 < held < 30 and big.look(0, 100).after == held and big.look(held, 5).after == held
     assert [i.data for i in big.look(0, 100).shown] == items[:held]
+    # Positions count from the queue's opening: after a restart the head is at 0 again, not behind it.
+    assert one(coll.remove("q", transaction=True)) is not None  # open at the stop, as b"0" and b"1"
+    coll = reopen(coll)
+    q = coll.queue("q")
+    looked = q.look(0, 100)
+    assert looked[1:4] == (0, 11, 11) and [i.data for i in looked.shown] == [b"%d" % i for i in range(10)]
+    assert one(coll.remove("q")) is not None and q.look(0, 1)[1] == 1
 
 
 @FORMATS

@@ -244,6 +244,7 @@ class PersistentQueue(ABC):
         self.memory_bytes = 0
         self.create_time = clock.now_ms()
         self.total_items = 0
+        self._found = 0  # items the queue held when it was opened (`look` counts positions from them)
         self.expired_items = 0
         self.discarded = 0
         self.total_flushes = 0
@@ -689,13 +690,13 @@ class PersistentQueue(ABC):
         `after` on go on), as a get's do (`remove`); an expired one counts, being passed over.
 
         The head's position is how many items have left the head since the queue was opened, less
-        those put back: `total_items - length`, the figure the memory governor reads as items out.
+        those put back: the items found at the start and added since, less those it holds.
         Only items held in memory are shown: `after` stops where read-behind keeps the rest on disk.
         """
         with self._lock:
             if self.closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
-            head = self.total_items - self.length
+            head = self._found + self.total_items - self.length
             start = max(first - head, 0)
             mem = self._mem
             end = min(start + max(count, 0), len(mem)) if start < len(mem) else start
@@ -1147,7 +1148,6 @@ class PersistentQueue(ABC):
     # -----------------------------------------------------------------------------------------
     # Storage hooks: what a format supplies
 
-    @abstractmethod
     def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
         """Load the queue from its files and open them for writing.
 
@@ -1156,6 +1156,12 @@ class PersistentQueue(ABC):
         reads open at a stop go back to the head unless `reopen` is False.
         Raises CorruptJournalError, ConfigError (its files are in the other format).
         """
+        self._load_files(reopen, files, fresh)
+        self._found = self.length + len(self._opens)  # reads open at the stop count once back
+
+    @abstractmethod
+    def _load_files(self, reopen: bool, files: JournalFiles | None, fresh: bool) -> None:
+        """The format's `setup`."""
 
     @property
     @abstractmethod

@@ -119,7 +119,7 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Start-up: replay
 
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
+    def _load_files(self, reopen: bool, files: JournalFiles | None, fresh: bool) -> None:
         """Replay the journal files (if the queue keeps a journal) and open the live one.
 
         `files` is this queue's share of one scan of the queue path (start-up); without it the

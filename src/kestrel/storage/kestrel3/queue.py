@@ -133,7 +133,7 @@ class Kestrel3Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Start-up
 
-    def setup(self, reopen: bool = True, files: JournalFiles | None = None, fresh: bool = False) -> None:
+    def _load_files(self, reopen: bool, files: JournalFiles | None, fresh: bool) -> None:
         """Open the writer journal and this reader's checkpoint, and load the items it has still to
         consume, oldest first (those beyond `max_memory_size` are only counted).
 
