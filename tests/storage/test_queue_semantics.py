@@ -222,6 +222,29 @@ def test_a_fanout_child_is_offered_its_parents_items_as_kestrels_put_offers_them
     assert drain(coll, "q") == [b"1", b"too long"]
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_the_server_s_total_items_is_every_queue_s_adds_however_they_came(tmp_path: Path,
+                                                                          journal_format: str) -> None:
+    clock = FakeClock(T0)
+    coll = make(tmp_path, {"q": {"expire_to_queue": "dead"}, "jobs": {"max_errors": 1, "error_queue": "failed"}},
+                {"journal_format": journal_format}, aliases={"both": ["x", "y"]}, clock=clock)
+    coll.queue("fan+a")
+    coll.queue("fan+b")
+    coll.put("fan", [b"1", b"2"])  # to the parent and to each child: 6 adds
+    coll.put("q", [b"x"], expiry_ms=T0 + 1)  # and to `dead` when it expires: 2
+    clock.advance(2)
+    coll.sweep()
+    coll.put("jobs", [b"bad"])  # and to `failed` when it is aborted: 2
+    read = one(coll.remove("jobs", transaction=True))
+    assert read is not None and coll.unremove("jobs", [read.xid])
+    coll.put("both", [b"b"])  # to each destination: 2
+    added = {q.name: q.total_items for q in coll.queues()}
+    assert added == {"fan": 2, "fan+a": 2, "fan+b": 2, "q": 1, "dead": 1, "jobs": 1, "failed": 1, "x": 1, "y": 1}
+    assert coll.total_items_added == sum(added.values()) == 12
+    coll.delete("fan+b")
+    assert coll.total_items_added == 12  # since start: a deleted queue's adds stay counted
+
+
 def test_fanout_only_parent_keeps_no_journal(tmp_path: Path) -> None:
     coll = make(tmp_path, {"feed": {"fanout_only": True}})
     coll.queue("feed+a")

@@ -32,7 +32,7 @@ from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3.journal import Kestrel3Journals
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
-from kestrel.storage.queue import PersistentQueue
+from kestrel.storage.queue import AddCount, PersistentQueue
 from kestrel.storage.queue_path import JournalFiles, delete_temporaries, scan_queue_dir
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer, paced
 
@@ -85,7 +85,8 @@ class QueueCollection:
         self.fanouts = Fanouts()
         self.alias_puts = AliasPuts()
         self._sweeper: Timer | None = None
-        self.total_items_added = 0
+        # Items added to every queue since start: each queue counts its adds here (`AddCount`).
+        self.adds = AddCount()
         self.queue_creates = 0
         self._serials = 0  # the last `serial` given to a queue
         self.queue_deletes = 0
@@ -259,6 +260,7 @@ class QueueCollection:
         self._serials += 1
         q.serial = self._serials
         q.on_poison = self._poison_to
+        q.adds = self.adds
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
@@ -363,11 +365,9 @@ class QueueCollection:
         q = self.queue(name)
         now = self.clock.now_ms()
         accepted = q.put(items, expiry_ms, now)
-        self.total_items_added += accepted
         if self.fanouts and name in self.fanouts and not q.shares_writes:  # else one write feeds the children
             children = [cq for child in self.fanouts.children(name) if (cq := self._queues.get(child))]
-            # each child's adds count, as Kestrel's `total_items` counts every queue's
-            self.total_items_added += fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
+            fanout.feed(children, fanout.offered(items, accepted), expiry_ms, now)
         return accepted
 
     def remove(self, name: str, count: int = 1, transaction: bool = False,
@@ -497,6 +497,13 @@ class QueueCollection:
 
     # -----------------------------------------------------------------------------------------
     # Figures
+
+    @property
+    def total_items_added(self) -> int:
+        """Items added to the queues since start (the server's `total_items`): every queue's adds,
+        fanout copies and items moved by expiry or poison included, as Kestrel counts them; each
+        queue counts them where it counts its own (`AddCount`), so the figure is their sum."""
+        return self.adds.items
 
     def queues(self) -> list[PersistentQueue]:
         """Every queue now: a copy, since a walk over it may let other tasks in (`paced`)."""

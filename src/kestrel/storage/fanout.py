@@ -53,14 +53,12 @@ def runs(positions: list[int]) -> Iterator[tuple[int, int]]:
         yield start, stop
 
 
-def feed(children: Sequence[PersistentQueue], given: list[bytes], expiry: int, now: int) -> int:
+def feed(children: Sequence[PersistentQueue], given: list[bytes], expiry: int, now: int) -> None:
     """Put what their parent was offered to fanout children that keep journals of their own
-    (Kestrel 2), each taking every item on its own; how many they took together."""
-    taken = 0
+    (Kestrel 2), each taking every item on its own (each counts its adds, as every queue does)."""
     for child in children:
         keep = fitting(given, child.config.max_item_size)
-        taken += child.put(given if keep is None else [given[n] for n in keep], expiry, now)
-    return taken
+        child.put(given if keep is None else [given[n] for n in keep], expiry, now)
 
 
 class Fanouts(dict[str, set[str]]):

@@ -74,6 +74,18 @@ class MemoryAccount:
         """A put of `size` bytes into `queue`'s memory would take `total` over `limit`."""
 
 
+class AddCount:
+    """Where a queue counts its adds beside its own `total_items`, at the same line: the collection
+    hands every queue its one, so that the server's `total_items` is every queue's adds (fanout
+    copies, items expiry or poison moved to another queue), whichever path added them, and cannot
+    disagree with the queues' own. A queue counts in one of its own until the collection holds it."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items = 0
+
+
 @dataclass(frozen=True)
 class ReaderPosition:
     """One reader's place in a shared writer journal (Kestrel 3)."""
@@ -171,6 +183,7 @@ class PersistentQueue(ABC):
     _watchers: Sequence[DepartureWatcher]
     _waits: WaitList | None
     _ledger: MemoryAccount
+    adds: AddCount
     _config: QueueConfig
     _max_items: int
     _max_size: int
@@ -211,6 +224,8 @@ class PersistentQueue(ABC):
         # The running total of the server's memory this queue counts its items and open reads in
         # (`count_in`): its own until the collection counts it in the server's.
         self._ledger = MemoryAccount()
+        # The count of items added to every queue of the server this queue adds to (`AddCount`).
+        self.adds = AddCount()
         # Whether a change since the collection last looked was noted (`note_changes_to`): the
         # memory governor visits the queues that changed, not every one.
         self.noted = True  # nothing to tell until `note_changes_to`
@@ -547,6 +562,7 @@ class PersistentQueue(ABC):
             if logged < count:
                 self._log_put(items[logged:], now, expiry, first_id + logged if first_id else 0)
         self.total_items += count
+        self.adds.items += count  # the server's, counted with the queue's
         waits = self._waits
         if waits is not None and len(waits):
             for _ in range(count):
