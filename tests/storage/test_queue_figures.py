@@ -102,4 +102,32 @@ def test_a_kestrel3_queue_lists_its_readers_and_their_files(tmp_path: Path) -> N
     stats = coll.queue("q").stats()
     own = sum(f.size for f in files if f.name in ("q.read.", *(w.name for w in writers)))  # and its checkpoint
     assert stats["logsize"] == writers[-1].size and stats["journal_size"] == own
+    # The writer files, which both read, count once: the child's figure is its checkpoint.
+    assert coll.queue("q+child").stats()["journal_size"] == os.path.getsize(tmp_path / "q.read.child")
+    coll.close()
+
+
+def on_disk(path: Path) -> int:
+    """Bytes of the journal files in a queue path (the server's own folder aside)."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and not f.name.startswith("."))
+
+
+@pytest.mark.parametrize("fanout_only", [False, True])
+def test_the_queues_journal_sizes_sum_to_the_bytes_on_disk_whoever_reads_the_kestrel3_files(
+        tmp_path: Path, fanout_only: bool) -> None:
+    coll = collection(tmp_path, journal_format="kestrel3", default_journal_size=2000, fanout_only=fanout_only)
+    for child in ("q+a", "q+b"):
+        coll.queue(child)
+    for i in range(300):
+        coll.put("q", [b"%04d" % i])
+    coll.queue("q").wait_for_packing()
+
+    def sizes() -> dict[str, int]:
+        return {q.name: q.journal_size for q in coll.queues()}
+
+    writers = sum(f.size for f in coll.queue("q").journal_files() if f.role == "writer file")
+    assert writers > 2000 and sizes()["q"] >= writers  # the parent counts the writer files
+    assert sum(sizes().values()) == on_disk(tmp_path)  # and nothing counts them twice
+    coll.delete("q")  # its children read on: the first of them counts the writer files now
+    assert sizes()["q+a"] >= writers and sum(sizes().values()) == on_disk(tmp_path)
     coll.close()

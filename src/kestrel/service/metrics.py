@@ -228,7 +228,8 @@ QUEUE_FIGURES: dict[str, Figure | None] = {
     "bytes": _gauge("kestrel_queue_item_bytes", "Bytes of item data in the queue."),
     "total_items": _counter("kestrel_queue_items_added_total", "Items ever added to the queue."),
     "logsize": None,  # the live file of journal_size
-    "journal_size": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk."),
+    "journal_size": _gauge("kestrel_queue_journal_bytes", "Bytes of the queue's journal files on disk; a "
+                           "Kestrel 3 queue's writer files count in its own, not its fanout children's."),
     "expired_items": _counter("kestrel_queue_items_expired_total", "Items that expired in the queue."),
     "mem_items": _gauge("kestrel_queue_memory_items", "Items held in memory; the rest wait in the journal."),
     "mem_bytes": _gauge("kestrel_queue_memory_bytes", "Bytes of item data held in memory."),
@@ -268,7 +269,8 @@ QUEUE_SUMS: dict[str, Figure] = {
     "open_transactions": _gauge("kestrel_open_reads", "Reads handed out, not yet confirmed or aborted, in "
                                 "every queue."),
     "waiters": _gauge("kestrel_waiters", "Clients waiting for an item, on every queue."),
-    "journal_size": _gauge("kestrel_journal_bytes", "Bytes of journal files on disk, every queue."),
+    "journal_size": _gauge("kestrel_journal_bytes", "Bytes of journal files on disk, every queue's, each "
+                           "file once."),
     "read_only": _gauge("kestrel_read_only_queues", "Queues refusing changes after a failed journal write."),
     "paged_out": _gauge("kestrel_paged_out_bytes", "Bytes of items only in the journals, every queue."),
 }

@@ -315,6 +315,9 @@ class Kestrel3Journal(Generic[R]):
         self.writer.sealed = self._keeper.list_sealed
         self.record_files(checkpoints, {} if new else None)
         self.readers: dict[str, R] = {}
+        # The queue of this name (the parent, a fanout-only one too) is set up and not closed: its
+        # `journal_size` counts the writer files (`counts_writer_files`).
+        self.parent_open = False
         self.lock = owner.runtime.lock()  # every reader's: a put changes each of them
         self.closed = False
         self._release_after_checkpoint = False
@@ -427,6 +430,16 @@ class Kestrel3Journal(Generic[R]):
                      if entry is None and path == newest else manifest.describe(entry, size, name in matched))
             out.append(JournalFileFigures(name, role, size, words))
         return out
+
+    def counts_writer_files(self, queue: R) -> bool:
+        """Whether `queue`'s `journal_size` holds the writer files, which every reader reads: the
+        parent's while it is open, else (the parent deleted while its children read on) the first
+        child's attached, by name. One queue's, so that summed over the queues (/metrics'
+        `kestrel_journal_bytes`) each file on disk counts once, not once a reader."""
+        if self.parent_open:
+            return not queue.reader
+        readers = self.readers
+        return bool(readers) and readers[min(readers)] is queue
 
     def positions(self) -> list[ReaderPosition]:
         """Where each attached reader stands, the queue's own first."""

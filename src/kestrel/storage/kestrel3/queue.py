@@ -96,10 +96,14 @@ class Kestrel3Queue(PersistentQueue):
 
     @property
     def journal_size(self) -> int:
-        """Bytes of the writer journal this reader reads, and of its checkpoint."""
-        if self._journal is None:
+        """Bytes of this reader's checkpoint, and of the writer files it reads where it is the one
+        reader that counts them (`Kestrel3Journal.counts_writer_files`: the parent): the readers
+        share those files, and the sum over the queues is the bytes on disk."""
+        journal = self._journal
+        if journal is None:
             return 0
-        return self._journal.writer.total_size + (self._file.writer.size if self._file else 0)
+        own = self._file.writer.size if self._file else 0
+        return own + journal.writer.total_size if journal.counts_writer_files(self) else own
 
     @property
     def live_journal_size(self) -> int:
@@ -149,6 +153,8 @@ class Kestrel3Queue(PersistentQueue):
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise JournalWriteError(self.name, e.filename or self.queue_path, e) from None  # nothing made
+        if not self.reader:
+            self._journal.parent_open = True
         self._lock = self._journal.lock
         self._gate = self._journal.gate
         if not self.is_reader:
@@ -474,6 +480,8 @@ class Kestrel3Queue(PersistentQueue):
         if self._file is not None:
             self._file.close()
         if self._journal is not None:
+            if not self.reader:
+                self._journal.parent_open = False
             self._journal.detach(self)
 
     def destroy(self) -> list[str]:
