@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import urllib.error
@@ -17,7 +18,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel import SERVER_VERSION
 from kestrel.service.metrics import QUEUE_FIGURES, QUEUE_SUMS, SERVER_FIGURES
-from tests.conftest import ServerProcess, wait_until
+from tests.conftest import ROOT, ServerProcess, wait_until
 from tests.server.test_shutdown import _thrift_client
 from tests.support.system import tool
 
@@ -227,6 +228,25 @@ def test_every_kestrel_figure_is_placed_in_the_metrics(server: ServerProcess) ->
         if figure is not None:
             assert figure.name.endswith("_total") == (figure.kind == "counter"), figure.name
             assert not figure.name.endswith(("_ms", "_msec")), figure.name
+
+
+def test_the_series_docs_memory_md_names_are_served_and_the_bytes_paged_since_start_a_counter(
+        server: ServerProcess) -> None:
+    """docs/memory.md's "Figures" names the series of each memory figure; the bytes paged out since
+    start are a running count, a counter (`kestrel_paged_out_bytes` is what is paged out now)."""
+    mc = MemcacheClient(("127.0.0.1", server.memcache_port), timeout=5, default_noreply=False)
+    try:
+        assert mc.set("held", b"x")
+    finally:
+        mc.close()
+    named = set(re.findall(r"`(kestrel_\w+)", (ROOT / "docs" / "memory.md").read_text()))
+    assert {"kestrel_memory_held_bytes", "kestrel_queue_memory_target_bytes"} <= named
+    served = {sample.name for path in ("/metrics", "/metrics/per-queue")
+              for family in _scrape(server, path).values() for sample in family.samples}
+    assert named <= served, named - served
+    families = _scrape(server)
+    assert families["kestrel_memory_paged_out_bytes"].type == "counter"
+    assert "since start" in families["kestrel_memory_paged_out_bytes"].documentation
 
 
 def test_status_shows_in_stats_metrics_and_readiness(server: ServerProcess) -> None:

@@ -201,8 +201,10 @@ SERVER_FIGURES: dict[str, Figure | None] = {
                            "reads, read-behind buffers (counted against kestrel_memory_budget_bytes)."),
     "max_memory_total": _gauge("kestrel_memory_budget_bytes", "The memory budget of every queue together "
                                "(max_memory_total); 0 when there is none."),
-    "memory_paged_total": _gauge("kestrel_memory_paged_out_bytes", "Bytes of items paged out of memory to "
-                                 "stay under the budget; they are read back from the journals."),
+    "memory_paged_total": _counter("kestrel_memory_paged_out_bytes_total", "Bytes of items paged out of "
+                                   "memory to stay under the budget, since start (each read back from its "
+                                   "journal as its queue drains; what waits there now: "
+                                   "kestrel_paged_out_bytes)."),
     "flow_control": _gauge("kestrel_flow_control", "1 while puts wait and are refused because memory stays "
                            "over the budget, else 0."),
     "flow_control_ms": _counter("kestrel_flow_control_seconds_total", "Time spent under flow control.", MS),
