@@ -18,6 +18,8 @@ rendered or sent at once: the others wait their turn, so a crowd of slow readers
 copies in memory, not one each, and one that waits a second takes the turn held longest.
 A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
 the server's log, naming the client and the reason, never a bare traceback or line on stderr.
+Every reply, gevent's refusals too, carries `HEADERS`: the page's Content-Security-Policy, no
+sniffing, no referrer, no framing.
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ ADMIN_CONNECTIONS = 128
 PAGES_AT_ONCE = 4
 # How long a page's request waits for a turn before it takes the one held longest (`_PageTurns`).
 PAGE_TURN_WAIT_S = 1.0
+
+# On every reply of the port, in its handler (`_TimedHandler`): the page, its JSON, the figures, the
+# probes, 404s and gevent's own refusals alike. The page may load nothing but from its own origin (no
+# inline script or style, no request elsewhere), so that a server-provided string that slipped
+# through unescaped still could not run or reach out; no reply may be framed, sniffed into another
+# type (a queue name holding `<script>` in /stats.txt stays text) or name its URL to another site.
+POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+          "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = [("Content-Security-Policy", POLICY), ("X-Content-Type-Options", "nosniff"),
+           ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY")]
+# The same as lines of an answer gevent writes whole: its refusals of an unreadable request (400, 414).
+_HEADER_LINES = "".join(f"{name}: {value}\r\n" for name, value in HEADERS).encode("latin-1")
 
 # The statuses in which the server takes each kind of client's requests (NotConfigured: always Up).
 READY_FOR = {
@@ -86,7 +100,11 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         waiting[worker] = None  # until its request is in (`handle_one_response`)
         try:
             with gevent.Timeout(self.server.request_timeout_s, False):
-                return super().handle_one_request()
+                result = super().handle_one_request()
+                if isinstance(result, tuple):  # a refusal gevent writes whole: `HEADERS` too
+                    status, answer = result
+                    result = status, answer.removesuffix(b"\r\n") + _HEADER_LINES + b"\r\n"
+                return result
             return None  # out of time: the connection closes
         finally:
             waiting.pop(worker, None)
@@ -100,6 +118,12 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
             return super().handle_one_response()
         finally:
             answering.pop(worker, None)
+
+    def start_response(self, status: str, headers: Iterable[tuple[str, str]], exc_info: Any = None) -> Any:
+        """Every reply's headers, the application's and gevent's own error pages (a 500), with
+        `HEADERS`: the place every reply of the port passes but the refusals `handle_one_request`
+        gives them to."""
+        return super().start_response(status, [*headers, *HEADERS], exc_info)
 
     def handle_error(self, kind: type[BaseException], error: BaseException, traceback: Any) -> None:
         """An answer that ran out of `request_timeout` while being written (a client reading it that
