@@ -34,7 +34,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from kestrel.service import metrics
 from kestrel.service.dashboard import Dashboard
-from kestrel.service.listener import Listener
+from kestrel.service.listener import Listener, peer_text
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import stats_json, stats_text
@@ -141,12 +141,16 @@ class _TimedHandler(WSGIHandler):  # type: ignore[misc]  # (gevent has no type h
         return super()._handle_client_error(ex)
 
     def log_error(self, msg: str, *args: Any) -> None:
-        """gevent's note of a request it refused or could not answer, as a line of the server's log."""
+        """gevent's note of a request it refused or could not answer, as a line of the server's log,
+        the client written as every port's lines write it (`peer_text`), in the reason too."""
+        client = self.client_address
+        peer = peer_text(client) if isinstance(client, tuple) and len(client) >= 2 else str(client)
+        args = tuple(peer if arg is client else arg for arg in args)
         try:
             reason = msg % args if args else msg
         except (TypeError, ValueError):
             reason = f"{msg!r} {args!r}"
-        log.warning("admin request refused", client=str(self.client_address), reason=reason)
+        log.warning("admin request refused", client=peer, reason=reason)
 
 
 def _close_oldest(workers: dict[gevent.Greenlet, None]) -> bool:

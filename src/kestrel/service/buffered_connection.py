@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol, TypeVar
 import gevent
 import structlog
 
-from kestrel.service.listener import Listener
+from kestrel.service.listener import Listener, peer_text
 from kestrel.service.replies import Replies
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.session import GET_BYTES, ClientGone, Session
@@ -253,7 +253,7 @@ def make_listener(connection: type[Connection], server: ServerState, listener: t
     """A listener running one `connection` per client (every protocol's)."""
 
     def handle(sock: socket.socket, address: tuple[str, int]) -> bool:
-        peer = f"{address[0]}:{address[1]}"
+        peer = peer_text(address)
         try:
             return connection(server, sock, peer).run()
         except SendTimeout:

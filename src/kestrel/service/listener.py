@@ -65,6 +65,11 @@ ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connection
 # a row, so that a burst of clients that connect and close (each burst taken in one go) makes none.
 SPARE_WORKERS = ACCEPT_BURST
 
+def peer_text(address: tuple[str, int]) -> str:
+    """A client's address as every log line of every port writes it, `host:port` (not the tuple)."""
+    return f"{address[0]}:{address[1]}"
+
+
 # The OS socket's own accept: the new connection's descriptor and address, no socket object made (the
 # typed `accept` makes one, of the class monkey patching put in the `socket` module: gevent's).
 _accept: Callable[[socket.socket], tuple[int, Any]] = OSSocket._accept  # type: ignore[attr-defined]
@@ -214,7 +219,7 @@ class Listener:
             pass  # the client went away; the handler has closed its session
         except Exception:
             log.exception("connection handler failed", listener=self.name,
-                          client=f"{address[0]}:{address[1]}")
+                          client=peer_text(address))
         finally:
             self.connections.discard(sock)
             if ended:
