@@ -501,8 +501,8 @@ class QueueCollection:
     @property
     def total_items_added(self) -> int:
         """Items added to the queues since start (the server's `total_items`): every queue's adds,
-        fanout copies and items moved by expiry or poison included, as Kestrel counts them; each
-        queue counts them where it counts its own (`AddCount`), so the figure is their sum."""
+        fanout copies and items moved by expiry or poison included; each queue counts them where it
+        counts its own (`AddCount`), so the figure is their sum."""
         return self.adds.items
 
     def queues(self) -> list[PersistentQueue]:
