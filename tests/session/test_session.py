@@ -23,9 +23,10 @@ from kestrel.service.session.session import (
     OpenReadConflict,
     Session,
     SessionError,
+    Watch,
 )
 from kestrel.service.session.status import Status
-from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage import QItem, QueueCollection, QueueConfigs
 from kestrel.storage.errors import JournalWriteError, MemoryBudgetExceeded, RefusedByStatus
 from kestrel.storage.runtime import ManualRuntime
 
@@ -579,10 +580,10 @@ def test_once_the_client_is_gone_no_wait_starts_and_a_cancelled_wait_takes_nothi
     assert _drain(server, "q") == [b"a"]  # the dead connection took nothing
 
 
-def _yields_after_the_wait(gone: set[Session] | None = None) -> Callable[[Session, Callable[[], bool]], bool]:
+def _yields_after_the_wait(gone: set[Session] | None = None) -> Watch:
     """A watch that lets the others run once the wait is over, as a connection's does when it
     stops watching its client; a session in `gone` sees its client hang up just then."""
-    def watch(session: Session, wait: Callable[[], bool]) -> bool:
+    def watch(session: Session, wait: Callable[[], QItem | None]) -> QItem | None:
         found = wait()
         if gone is not None and session in gone:
             session.client_gone()
@@ -610,6 +611,23 @@ def test_waiters_are_served_first_come_first_one_item_each(server: ServerState,
         gevent.sleep(0)
     gevent.joinall(waiters, timeout=1)
     assert [w.value for w in waiters] == [[b"0"], [b"1"], [b"2"], [b"3"], [b"4"]]
+
+
+def test_waiting_peeks_see_the_item_that_comes_and_pass_it_on_to_the_next_waiter(server: ServerState) -> None:
+    producer = Session(server, "producer")
+    kinds = ["peek", "peek", "get", "peek", "get"]
+    waiters = []
+    for n, kind in enumerate(kinds):
+        session = Session(server, f"client {n}", watch=_yields_after_the_wait())
+        waiters.append(gevent.spawn(partial(session.get, "q", timeout_ms=10_000, peek=kind == "peek")))
+        gevent.sleep(0)
+    for n in range(2):
+        producer.put("q", [b"%d" % n])
+        for _ in range(4):
+            gevent.sleep(0)
+    gevent.joinall(waiters, timeout=1)
+    assert [w.value for w in waiters] == [[b"0"], [b"0"], [b"0"], [b"1"], [b"1"]]
+    assert server.collection.queue("q").waiters == 0 and _drain(server, "q") == []
 
 
 def test_monitors_of_one_queue_share_its_items_in_turn(server: ServerState) -> None:

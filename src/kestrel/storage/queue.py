@@ -846,12 +846,9 @@ class PersistentQueue(ABC):
         """The head item, waiting up to `timeout` seconds for one. Each item added wakes one waiter,
         the longest waiting: a look passes its wake-up on (it takes nothing), a waiter `taking` keeps
         it and removes next, or hands it on with `pass_turn`. (Were it passed on by every waiter,
-        the next one could take the item first and the first would wait again behind the others.)"""
-        waits = self._wait_list()
-        item = waits.wait(self.peek, timeout)
-        if item is not None and not taking:
-            waits.wake_one()
-        return item
+        the next one could take the item first and the first would wait again behind the others.)
+        A look that waited for nothing wakes nobody."""
+        return self._wait_list().wait(self.peek, timeout, looking=not taking)
 
     def pass_turn(self) -> None:
         """A waiter `wait_peek` woke to take an item will not take it: the next waiter looks."""

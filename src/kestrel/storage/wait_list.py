@@ -28,9 +28,11 @@ class WaitList:
     def __len__(self) -> int:
         return len(self._waiters)
 
-    def wait(self, fetch: Callable[[], T | None], timeout: float) -> T | None:
+    def wait(self, fetch: Callable[[], T | None], timeout: float, looking: bool = False) -> T | None:
         """`fetch()`'s first result that is not None, trying again at each wake-up until `timeout`
-        seconds have passed (or the list is ended); None if there was none."""
+        seconds have passed (or the list is ended); None if there was none. A wake-up this waiter
+        did not use is passed on to the next; so is one it used if it is `looking` (its fetch takes
+        nothing, as a peek: the next waiter may take what it saw)."""
         item = fetch()
         if item is not None or timeout <= 0 or self.ended:
             return item
@@ -39,6 +41,7 @@ class WaitList:
         event = self._runtime.event()
         with self._lock:
             self._waiters.append(event)
+        woken = False  # the last fetch followed a wake-up
         try:
             while not self.ended:
                 # Fetched again once registered: a wake-up between the first fetch and the
@@ -50,12 +53,13 @@ class WaitList:
                 if remaining <= 0 or not event.wait(remaining):
                     break
                 event.clear()
+                woken = True
             return item
         finally:
             with self._lock:
                 self._waiters.remove(event)
-            if event.is_set() and item is None and not self.ended:
-                self.wake_one()  # pass on a wake-up this waiter did not use
+            if not self.ended and (event.is_set() if item is None else looking and (woken or event.is_set())):
+                self.wake_one()
 
     def wake_one(self) -> bool:
         """Wake the longest-waiting reader not already woken; False if there is none."""

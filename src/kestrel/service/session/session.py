@@ -62,7 +62,7 @@ class ClientGone(Exception):
 
 # A connection's watch of its client during a wait: called with the session and the wait, it runs
 # the wait and raises ClientGone in it when the client hangs up meanwhile.
-Watch = Callable[["Session", Callable[[], bool]], bool]
+Watch = Callable[["Session", Callable[[], "QItem | None"]], "QItem | None"]
 
 
 class Session:
@@ -251,7 +251,7 @@ class Session:
                 more, serial = self._open_reads(queue, want, held, room, serial)
                 while not more and deadline:  # empty: wait for an item, in the wait a hang-up ends
                     remaining = deadline - self._monotonic()
-                    if remaining <= 0 or not self._wait_for_item(queue, remaining, "get"):
+                    if remaining <= 0 or self._wait_for_item(queue, remaining, "get") is None:
                         break
                     more, serial = self._open_reads(queue, want, held, room, serial)
                 items += more
@@ -339,9 +339,10 @@ class Session:
         """
         self.gone = True
 
-    def _wait_for_item(self, queue: str, seconds: float, operation: str) -> bool:
+    def _wait_for_item(self, queue: str, seconds: float, operation: str) -> QItem | None:
         """Wait until `queue` has a head item (the one wait a hang-up may cancel), watched by the
         connection's `watch` where it has one, for `operation`: a `peek` looks, anything else takes.
+        The head item seen, a peek's answer; None at the deadline.
 
         Waiters are served first come first: an item wakes the longest waiting, and a taker keeps
         that turn until it takes (`PersistentQueue.wait_peek`). One that will not take after all,
@@ -354,12 +355,12 @@ class Session:
         self.waiting = True
         try:
             if self.watch is not None:
-                found = self.watch(self, lambda: self._await_head(queue, seconds, taking))
+                head = self.watch(self, lambda: self._await_head(queue, seconds, taking))
             else:
-                found = self._await_head(queue, seconds, taking)
+                head = self._await_head(queue, seconds, taking)
         finally:
             self.waiting = False
-        if found:
+        if head is not None:
             try:
                 if self.gone:
                     raise ClientGone
@@ -368,18 +369,19 @@ class Session:
                 if taking:
                     self.coll.pass_turn(queue)
                 raise
-        return found
+        return head
 
-    def _await_head(self, queue: str, seconds: float, taking: bool) -> bool:
-        found = self.coll.peek(queue, seconds, taking) is not None
+    def _await_head(self, queue: str, seconds: float, taking: bool) -> QItem | None:
+        head = self.coll.peek(queue, seconds, taking)
         self.waiting = False  # over: a hang-up seen from now on is `_wait_for_item`'s to raise
-        return found
+        return head
 
     def _take(self, queue: str, count: int, seconds: float, operation: str, open: bool = False,
               peek: bool = False) -> tuple[list[QItem], int]:
         """Head items (removed, opened, or the head only looked at), waiting up to `seconds` for one,
         and for open reads the serial of the queue they came from; `operation` names the request
-        to a status that refuses it."""
+        to a status that refuses it. A peek that waited answers the head its wait saw (a second look
+        could find it taken and wait again, behind the waiters that came after it)."""
         deadline = self._monotonic() + seconds if seconds > 0 else 0.0  # no clock read for a plain get
         serial = 0
         while True:
@@ -393,8 +395,11 @@ class Session:
             if items or seconds <= 0:
                 return items, serial
             remaining = deadline - self._monotonic()
-            if remaining <= 0 or not self._wait_for_item(queue, remaining, operation):
+            seen = self._wait_for_item(queue, remaining, operation) if remaining > 0 else None
+            if seen is None:
                 return [], serial
+            if peek:
+                return [seen], serial
 
     def _wait_seconds(self, timeout_ms: int) -> float:
         """A client's wait, capped by `max_wait`."""

@@ -44,6 +44,7 @@ from kestrel.service.thrift.messages import (
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
 from kestrel.service.thrift.transport import RECV_CHUNK, ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
+from kestrel.storage import QItem
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.errors import KestrelError
 from kestrel.storage.taken_items import TakenItems
@@ -382,7 +383,7 @@ class ThriftConnection:
         return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
 
 
-def _watched(stream: ClientStream, session: Session, wait: Callable[[], bool]) -> bool:
+def _watched(stream: ClientStream, session: Session, wait: Callable[[], QItem | None]) -> QItem | None:
     """A get's wait for an item while the socket is watched (`wait_watching`): the requests that
     follow are received meanwhile (up to RECV_CHUNK bytes), and a client that hangs up ends the
     wait and takes no item, which a get without auto-abort would lose with it."""
