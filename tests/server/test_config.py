@@ -145,6 +145,52 @@ def test_the_memory_budget_is_on_by_default_a_quarter_of_memory_and_off_at_zero(
         from_mapping({"max_memory_total": "lots"})
 
 
+def _machine(tmp_path: Path, cgroup: str, files: dict[str, str], mem_total_kb: int = 16 << 20) -> tuple[str, str]:
+    """Fake /proc and /sys roots: the process's cgroup lines, MemTotal, and cgroup files by path."""
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "meminfo").write_text(f"MemTotal:       {mem_total_kb} kB\nMemFree:        1024 kB\n")
+    for path, text in files.items():
+        (sys_root / "fs" / "cgroup" / path).parent.mkdir(parents=True, exist_ok=True)
+        (sys_root / "fs" / "cgroup" / path).write_text(text + "\n")
+    return str(proc), str(sys_root)
+
+
+GIB = 1 << 30
+V1_NONE = "9223372036854771712"  # what cgroup v1 says where no limit is set
+
+
+@pytest.mark.parametrize("cgroup, files, budget", [
+    # v2, systemd's MemoryMax= on the service's own cgroup: the root has no memory.max
+    ("0::/system.slice/kestrel.service\n",
+     {"system.slice/memory.max": "max", "system.slice/kestrel.service/memory.max": str(GIB)}, GIB // 4),
+    # a parent's limit binds its children, set or not
+    ("0::/a/b\n", {"a/memory.max": str(2 * GIB), "a/b/memory.max": "max"}, 2 * GIB // 4),
+    ("0::/a/b\n", {"a/memory.max": str(2 * GIB), "a/b/memory.max": str(3 * GIB)}, 2 * GIB // 4),
+    # a cgroup namespace: the process's cgroup is the mount's root
+    ("0::/\n", {"memory.max": str(GIB)}, GIB // 4),
+    # none set anywhere: the machine's memory
+    ("0::/a\n", {"a/memory.max": "max"}, 16 * GIB // 4),
+    # v1: the memory controller's line, and a huge value is no limit
+    ("5:cpu,cpuacct:/x\n4:memory:/docker/c1\n0::/\n",
+     {"memory/memory.limit_in_bytes": V1_NONE, "memory/docker/memory.limit_in_bytes": V1_NONE,
+      "memory/docker/c1/memory.limit_in_bytes": str(GIB)}, GIB // 4),
+    ("4:memory:/docker/c1\n", {"memory/memory.limit_in_bytes": V1_NONE}, 16 * GIB // 4),
+    # a limit above the machine's memory changes nothing
+    ("0::/a\n", {"a/memory.max": str(64 * GIB)}, 16 * GIB // 4),
+])
+def test_auto_budget_is_a_quarter_of_the_smallest_limit_of_the_server_s_cgroup_and_its_ancestors(
+        tmp_path: Path, cgroup: str, files: dict[str, str], budget: int) -> None:
+    assert default_memory_total(*_machine(tmp_path, cgroup, files)) == budget
+
+
+def test_auto_budget_without_cgroup_files_is_a_quarter_of_the_machine(tmp_path: Path) -> None:
+    proc, sys_root = _machine(tmp_path, "", {}, mem_total_kb=8 << 20)
+    assert default_memory_total(proc, sys_root) == 8 * GIB // 4
+    assert default_memory_total(str(tmp_path / "none"), sys_root) > 0  # no meminfo: sysconf's figure
+
+
 def test_a_server_at_every_limit_s_bound_serves_each_protocol_and_keeps_its_items(server_factory: Any) -> None:
     """The largest counts, sizes and durations the config takes (tests/server/test_config_errors.py)
     are ones the server holds: the C readers take their limits, gevent's pool its size, the kernel

@@ -162,24 +162,80 @@ def _zookeeper_path(key: str, value: Any) -> str:
     return prefix
 
 
-def default_memory_total() -> int:
-    """`max_memory_total` when the file sets none: a quarter of the memory the server may use, its
-    cgroup's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) when one is set below the machine's
-    physical memory, else that. A quarter, since the budget counts item bytes alone: each item's
-    object, what the allocator keeps of freed ones, requests and journal buffers come on top."""
+def default_memory_total(proc_root: str = "/proc", sys_root: str = "/sys") -> int:
+    """`max_memory_total` when the file sets none: a quarter of the memory the server may use, the
+    smallest limit of its cgroup and the cgroup's ancestors (`cgroup_memory_limit`), else the machine's
+    memory (`MemTotal`). A quarter, since the budget counts item bytes alone: each item's object, what
+    the allocator keeps of freed ones, requests and journal buffers come on top. The roots are where
+    /proc and /sys are read (a test's fake trees)."""
+    limit = _physical_memory(proc_root)
+    cgroup = cgroup_memory_limit(proc_root, sys_root)
+    return (limit if cgroup is None else min(limit, cgroup)) // 4
+
+
+def _physical_memory(proc_root: str) -> int:
+    """The machine's memory: `MemTotal` of meminfo, else what sysconf says, else 4 GiB (assume small)."""
     try:
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # not a system that tells: assume a small machine
-        limit = 4 << 30
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with open(os.path.join(proc_root, "meminfo")) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 << 30
+
+
+# cgroup v1 says "no limit" with the largest page counter, a page short of 2**63 (9223372036854771712);
+# anything from 2**62 on is no limit a machine could meet.
+_V1_NO_LIMIT = 1 << 62
+
+
+def cgroup_memory_limit(proc_root: str = "/proc", sys_root: str = "/sys") -> int | None:
+    """The smallest memory limit the kernel holds this process to, or None: where the kernel kills.
+
+    A limit is set on a cgroup, and binds every cgroup beneath it, so each cgroup from the process's
+    own (named in /proc/self/cgroup: v2 `0::/path`, v1 the line of the `memory` controller) up to the
+    hierarchy's root is read: v2 `memory.max` ("max": none), v1 `memory.limit_in_bytes` (a huge value:
+    none). Reading the root alone missed systemd's `MemoryMax=`, set on the service's own cgroup. A
+    cgroup namespace or a container's mount shows its own cgroup as the root: read too, and a path
+    that is not under the mount (a missing directory) is skipped."""
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    v2_path = v1_path = "/"
+    for line in lines:
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if number == "0" and controllers == "":
+            v2_path = path
+        elif "memory" in controllers.split(","):
+            v1_path = path
+    root = os.path.join(sys_root, "fs", "cgroup")
+    limits = [*_limits_up_to_root(root, "memory.max", v2_path),
+              *_limits_up_to_root(os.path.join(root, "memory"), "memory.limit_in_bytes", v1_path)]
+    return min(limits, default=None)
+
+
+def _limits_up_to_root(base: str, name: str, path: str) -> list[int]:
+    """The limits set in file `name` of cgroup `path` (under the mount at `base`) and its ancestors."""
+    parts = [part for part in path.strip().split("/") if part]
+    if ".." in parts:  # a cgroup outside this namespace's root: only the root is ours to read
+        parts = []
+    limits = []
+    for depth in range(len(parts), -1, -1):
         try:
-            with open(path) as f:
+            with open(os.path.join(base, *parts[:depth], name)) as f:
                 text = f.read().strip()
         except OSError:
             continue
-        if text.isdigit():  # v2 says "max" when there is no limit
-            limit = min(limit, int(text))
-    return limit // 4
+        if text.isdigit() and int(text) < _V1_NO_LIMIT:  # v2 says "max" when there is none
+            limits.append(int(text))
+    return limits
 
 
 @dataclass
