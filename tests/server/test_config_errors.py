@@ -102,6 +102,60 @@ def test_config_check_refuses_every_name_the_server_would_refuse(tmp_path: Path)
     assert "'a/b'" in found["aliases.al ias.destination_queues"]
 
 
+def test_a_queue_or_alias_name_yaml_reads_as_other_than_a_string_is_refused_naming_it(tmp_path: Path) -> None:
+    """Unquoted, YAML reads `off` as False, `0755` as 493, `1.5` as a float and `yes` and `true` both as
+    True: their settings went to queues named 'False', '493'..., and `yes:` and `true:` were one entry.
+    Each is refused as the file writes it, saying to quote it: at start, `config check` and reload
+    (all read the file through `load`); a quoted name is a name."""
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(textwrap.dedent("""\
+        queues:
+          off: {max_items: 1}
+          0755: {max_items: 1}
+          1.5: {}
+          yes: {max_items: 3}
+          true: {max_items: 4}
+          "no": {max_items: 5}
+        aliases:
+          on: {destination_queues: ["no"]}
+          null: {destination_queues: ["no"]}
+        """))
+    with pytest.raises(ConfigErrors) as err:
+        load(str(path))
+    found = {e.key: e.reason for e in each_error(err.value)}
+    assert list(found) == ["queues.off", "queues.0755", "queues.1.5", "queues.yes", "queues.true",
+                           "aliases.on", "aliases.null"]
+    assert found["queues.off"] == ("YAML reads this queue name unquoted as False, not as the name 'off': "
+                                   'quote it ("off": ...)')
+    assert "as 493" in found["queues.0755"] and '"0755"' in found["queues.0755"]
+    assert "as True" in found["queues.yes"] and "as True" in found["queues.true"]
+    assert found["aliases.null"].startswith("YAML reads this alias name unquoted as None")
+    proc = subprocess.run([sys.executable, "-m", "kestrel", "config", "check", str(path)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert proc.returncode == 2 and "queues.off: YAML reads this queue name unquoted as False" in proc.stderr
+    path.write_text('queues:\n  "off": {max_items: 1}\n  "0755": {}\naliases:\n  "on": {destination_queues: ["off"]}\n')
+    config = load(str(path))
+    assert config.queues.for_queue("off").max_items == 1 and config.aliases == {"on": ["off"]}
+    with pytest.raises(ConfigError, match=r"queues\.False: expected a queue name, got False: in YAML, quote it"):
+        from_mapping({"queues": {False: {}}})  # a mapping built in Python: no text to name
+
+
+def test_a_reload_of_a_queue_name_yaml_reads_as_a_boolean_keeps_the_settings(tmp_path: Path) -> None:
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  'off': {{max_items: 5}}\n")
+    server = ServerState(load(str(path)))
+    try:
+        path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  off: {{max_items: 7}}\n")
+        with pytest.raises(ConfigError, match=r"queues\.off: YAML reads this queue name unquoted as False"):
+            server.reload()
+        assert server.collection.configs.for_queue("off").max_items == 5
+        assert server.collection.configs.for_queue("False") is server.collection.configs.default
+    finally:
+        server.close()
+
+
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
     path = tmp_path / "kestrel.yaml"
     path.write_text("thrift_port: 1\nqueues:\n  jobs:\n    max_items: 1\n    max_items: 2\nthrift_port: 2\n"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,21 +403,29 @@ def _destinations(key: str, dests: Any) -> list[str]:
 
 
 def _queue_name(key: str, name: Any, what: str) -> None:
-    """Refuse a configured name that a request naming it would be refused for."""
+    """Refuse a configured name that a request naming it would be refused for, and one that is not a
+    string: YAML reads an unquoted `off`, `yes`, `0755` or `~` as a boolean, a number or null, so
+    `off:` configured a queue named 'False' (and `yes:` and `true:` one entry, 'True')."""
     try:
         check_queue_name(str(name))
     except InvalidQueueName as e:
         raise ConfigError(key, str(e).replace("queue name", f"{what} name", 1)) from None
+    if isinstance(name, WrittenKey):
+        raise ConfigError(key, f"YAML reads this {what} name unquoted as {name.read_as!r}, not as the name "
+                               f"{str(name)!r}: quote it ({_quoted(name)}: ...)")
+    if not isinstance(name, str):
+        raise ConfigError(key, f"expected a {what} name, got {name!r}: in YAML, quote it")
 
 
 def _queue_settings(key: str, value: Any, collect: _Collector) -> dict[str, Any]:
     """The queue names and their raw settings under `queues`, each setting checked on its own."""
     if value is not None and not isinstance(value, Mapping):
         raise ConfigError(key, f"expected a mapping of queue name to settings, got {value!r}")
-    queues = {str(k): v if v is not None else {} for k, v in (value or {}).items()}
-    for name, settings in queues.items():
+    queues = {}
+    for name, settings in (value or {}).items():
         collect.check(_queue_name, f"{key}.{name}", name, "queue")
-        _check_queue_settings(f"{key}.{name}", settings, collect)
+        queues[str(name)] = settings if settings is not None else {}
+        _check_queue_settings(f"{key}.{name}", queues[str(name)], collect)
     return queues
 
 
@@ -490,7 +499,7 @@ def load(path: str | None) -> ServerConfig:
             raise ConfigError(path, f"its YAML aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} "
                                     f"values: not a config file")
         duplicates = _duplicate_keys(composed)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: builds no objects but plain data
     except OSError as e:
         raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
     except UnicodeDecodeError as e:
@@ -508,6 +517,41 @@ def load(path: str | None) -> ServerConfig:
     collect.errors = duplicates
     collect.raise_any()
     return config
+
+
+class WrittenKey(str):
+    """A mapping key that YAML reads as other than a string (an unquoted `off`, `yes`, `0755`, `~`),
+    kept as the file writes it, with what YAML reads it as (`read_as`): so that a queue or alias
+    name is refused naming what the file says (`_queue_name`), and `yes:` and `true:` stay two keys."""
+
+    read_as: Any
+
+    def __new__(cls, written: str, read_as: Any) -> WrittenKey:
+        key = super().__new__(cls, written)
+        key.read_as = read_as
+        return key
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but each mapping key YAML reads as other than a string is a WrittenKey."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        self.flatten_mapping(node)  # `<<: *other` merges, as the safe loader does
+        mapping: dict[Hashable, Any] = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key_node, yaml.ScalarNode) and not isinstance(key, str):
+                key = WrittenKey(key_node.value, key)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                        "found unhashable key", key_node.start_mark)
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+
+def _quoted(name: str) -> str:
+    """`name` as a YAML string: in double quotes, as JSON writes it (a YAML double-quoted string)."""
+    return json.dumps(name)
 
 
 def _one_line(error: yaml.YAMLError) -> str:
