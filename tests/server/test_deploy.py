@@ -131,6 +131,26 @@ def test_the_unit_is_hardened_at_least_as_debian_hardens_redis() -> None:
     assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "true"
 
 
+def test_the_exposure_the_readmes_give_is_the_one_systemd_analyze_rates() -> None:
+    """The README and bench/README.md give the unit's and Debian's Redis unit's figures as systemd 252
+    rates them: they said 1.1 for a unit that rated 1.2 once its filter allowed sched_setaffinity."""
+    analyze = tool("systemd-analyze")
+    version = subprocess.run([analyze, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if not version.startswith("systemd 252 "):
+        pytest.skip(f"the figures are systemd 252's, not {version.splitlines()[0]!r}'s")
+    ours, theirs = exposure(analyze, UNIT), exposure(analyze, tool("redis-server.service"))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    claim = re.search(r"`systemd-analyze security kestrel\.service` rates it (\d\.\d)(, as Debian's Redis unit"
+                      r"|, Debian's Redis unit (\d\.\d))", readme)
+    assert claim is not None, "the README's figure"
+    assert float(claim.group(1)) == ours and float(claim.group(3) or claim.group(1)) == theirs
+    bench = (ROOT / "bench" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (`deploy/kestrel\.service`|Debian's `redis-server\.service`[^|]*) \| (\d\.\d) ",
+                           bench, re.MULTILINE))
+    assert float(rows["`deploy/kestrel.service`"]) == ours
+    assert [float(v) for k, v in rows.items() if k.startswith("Debian's")] == [theirs]
+
+
 PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
 
 
