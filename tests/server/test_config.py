@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -45,7 +46,7 @@ def test_example_documents_every_key() -> None:
 
     from kestrel.storage.config import QueueConfig
     for f in fields(ServerConfig):
-        if f.name not in ("source", "overridden"):
+        if f.name not in ("source", "overridden", "file_keys"):
             assert f"\n{f.name}:" in text, f.name
     for f in fields(QueueConfig):
         assert f"  {f.name}:" in text, f.name
@@ -113,6 +114,35 @@ def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path:
     assert server.collection.configs is server.config.queues  # reload parses the file once, too
     assert server.config.queues.for_queue("jobs").max_items == 7
     server.close()
+
+
+@pytest.mark.parametrize("text", ["", "# queues:\n#   jobs: {sync_journal: always}\n", "\n\n", "~\n"])
+def test_a_reload_of_a_file_that_sets_nothing_is_refused_and_keeps_the_settings(tmp_path: Path, text: str) -> None:
+    """An emptied or cut off file read as one asking for every default reset each queue's settings,
+    `sync_journal: always` to `never`, with a warning about the server's own keys only. Refused, as
+    a broken file is; a file that sets something (`queues: {}`) still resets on purpose."""
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs: {{sync_journal: always}}\n")
+    server = ServerState(load(str(path)))
+    try:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=r"kestrel\.yaml: holds no settings \(empty, or only comments\), "
+                                              r"while the running config sets queue_path, queues: "):
+            server.reload()
+        assert server.collection.configs.for_queue("jobs").sync_journal == 0  # always, still
+        path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues: {{}}\n")
+        server.reload()
+        assert server.collection.configs.for_queue("jobs").sync_journal is None  # reset, as asked
+    finally:
+        server.close()
+    path.write_text("")  # a server started from a file that set nothing reloads one that sets nothing
+    server = ServerState(dataclasses.replace(load(str(path)), queue_path=str(tmp_path / "q")))
+    try:
+        server.reload()
+    finally:
+        server.close()
 
 
 def test_queues_without_settings_of_their_own_share_the_default_settings(tmp_path: Path) -> None:

@@ -184,6 +184,31 @@ def test_a_reload_names_the_settings_only_a_restart_applies(server_factory: Any)
         stats.close()
 
 
+def test_a_reload_of_an_emptied_file_is_refused_and_a_reload_names_each_queue_it_changes(server_factory: Any) -> None:
+    srv = server_factory({"queues": {"jobs": {"sync_journal": "always"}, "mail": {"max_items": 5}}})
+    stats = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        assert stats.set("jobs", b"x") and stats.set("mail", b"y")
+        srv.config_path.write_text("")  # cut off: nothing of the file reached the disk
+        with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as mc:
+            mc.sendall(b"reload\r\n")
+            reply = mc.recv(1000)
+            assert reply.startswith(b"SERVER_ERROR ") and b"holds no settings (empty, or only comments)" in reply
+            mc.sendall(b"dump_config\r\n")
+            assert b"sync_journal=always" in mc.recv(10_000)  # the settings kept
+        wait_until(lambda: "reload failed" in srv.log(), "the refused reload's line")
+        assert "reload changed" not in srv.log()
+        srv.config_path.write_text(yaml.safe_dump(dict(srv.config, queues={"mail": {"max_items": 5}})))
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reload changed" in srv.log(), "the reload's line for the queue it reset")
+        lines = [json.loads(line) for line in srv.log().splitlines() if "reload changed" in line]
+        assert [(line["queue"], line["keys"], line["was"], line["now"]) for line in lines] == [
+            ("jobs", ["sync_journal"], {"sync_journal": "always"}, {"sync_journal": "never"})]
+    finally:
+        stats.close()
+
+
 @pytest.mark.parametrize("noreply", [False, True])
 def test_a_failed_reload_is_logged_whoever_asked_for_it(server_factory: Any, noreply: bool) -> None:
     srv = server_factory({"queues": {"jobs": {"max_items": 5}}})

@@ -200,6 +200,37 @@ def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: P
     coll.close()
 
 
+def test_a_reload_logs_each_queue_whose_settings_it_changes_or_resets_naming_the_keys(tmp_path: Path) -> None:
+    """A file cut short resets the queues it no longer names to the defaults (`sync_journal: always`
+    to `never`): each queue a reload changes gets one line naming the keys, before and after; a queue
+    it leaves as it was, none."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path, {}, {"jobs": {"sync_journal": "always", "max_items": 5}, "mail": {"max_items": 3}})
+    for name in ("jobs", "mail", "other"):
+        coll.put(name, [b"x"])
+    try:
+        with capture_logs() as logs:
+            coll.reload(QueueConfigs({}, {"mail": {"max_items": 3}}), {})
+        changed = [e for e in logs if e["event"] == "reload changed a queue's settings"]
+        assert [(e["queue"], e["keys"], e["was"], e["now"]) for e in changed] == [
+            ("jobs", ["max_items", "sync_journal"], {"max_items": 5, "sync_journal": "always"},
+             {"max_items": 2**63 - 1, "sync_journal": "never"})]
+        assert changed[0]["log_level"] == "info"
+        with capture_logs() as logs:
+            coll.reload(QueueConfigs({"max_age": "1h"}, {"mail": {"max_items": 3}}), {})
+        changed = [e for e in logs if e["event"] == "reload changed a queue's settings"]
+        assert sorted((e["queue"], tuple(e["keys"])) for e in changed) == [
+            ("jobs", ("max_age",)), ("mail", ("max_age",)), ("other", ("max_age",))]
+        with capture_logs() as logs:
+            coll.reload(QueueConfigs({"max_age": "1h"}, {"mail": {"max_items": 3}}), {})
+        assert not [e for e in logs if e["event"] == "reload changed a queue's settings"]
+    finally:
+        coll.close()
+
+
 def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path: Path) -> None:
     """A get of an alias's name reads the alias (no item, as Kestrel answers), so the items of a queue
     on disk under that name cannot be read while the alias exists: the log says so, where it was

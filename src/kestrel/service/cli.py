@@ -49,9 +49,9 @@ Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and
 (/ping, /ready, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (`kestrel
 config example` writes one listing every key with its default); the options below override it.
 SIGTERM or SIGINT stop the server cleanly (while it loads its queues, at once: nothing is lost);
-SIGHUP reloads the queue and alias settings (and names the keys only a restart applies). A failure
-to start is one line on stderr naming what failed, where and why, and the exit code says which kind
-it is."""
+SIGHUP reloads the queue and alias settings (logging each queue it changes, and the keys only a
+restart applies; a bad or emptied file is refused and the settings kept). A failure to start is one
+line on stderr naming what failed, where and why, and the exit code says which kind it is."""
 
 
 def exit_codes_epilog() -> str:

@@ -279,6 +279,9 @@ class ServerConfig:
     queues: QueueConfigs = field(default_factory=QueueConfigs)  # `default_queue` and `queues`, parsed
     aliases: dict[str, list[str]] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for reloads
+    # The top-level keys the file set: a reload of a file that sets none, while these are some, is
+    # refused (`check_reload`).
+    file_keys: tuple[str, ...] = ()
     overridden: tuple[str, ...] = ()  # the keys the command line set, which a reload leaves alone
 
     def resolved_status_file(self) -> str | None:
@@ -445,7 +448,7 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
     if not isinstance(data, Mapping):
         raise ConfigError("(top level)", f"expected a mapping of settings, got {type(data).__name__}")
     collect = _Collector()
-    values: dict[str, Any] = {"source": source}
+    values: dict[str, Any] = {"source": source, "file_keys": tuple(str(key) for key in data)}
     default_queue: Mapping[str, Any] = {}
     queues: dict[str, Any] = {}
     for key, value in data.items():
@@ -552,6 +555,18 @@ class _ConfigLoader(yaml.SafeLoader):
 def _quoted(name: str) -> str:
     """`name` as a YAML string: in double quotes, as JSON writes it (a YAML double-quoted string)."""
     return json.dumps(name)
+
+
+def check_reload(running: ServerConfig, fresh: ServerConfig) -> None:
+    """Refuse a reload of a file that sets nothing (empty, only comments) while the running config
+    was read from one that set something: an emptied or truncated file (an editor's crash, a full
+    disk) read as one asking for the defaults reset every queue's settings (`sync_journal: always`
+    became `never`), with only a warning about the server's own keys. Raises ConfigError."""
+    if not fresh.file_keys and running.file_keys:
+        raise ConfigError(fresh.source or "(config)",
+                          "holds no settings (empty, or only comments), while the running config sets "
+                          f"{', '.join(running.file_keys)}: an emptied or cut off file? To reset every "
+                          "queue's settings on purpose, reload a file with `queues: {}`")
 
 
 def _one_line(error: yaml.YAMLError) -> str:

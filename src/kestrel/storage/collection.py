@@ -567,7 +567,13 @@ class QueueCollection:
             config = self.config_for(name)
             if ignored := q.reload_ignores(config):
                 kept[name] = ignored
+            before = q.config
             q.reconfigure(config)
+            if changed := q.config.changed_from(before):
+                # One line a queue: what the reload did to it, a reset to a default included (a file
+                # cut short resets every queue it no longer names), as an operator reads it.
+                log.info("reload changed a queue's settings", queue=name, keys=list(changed),
+                         was={k: v[0] for k, v in changed.items()}, now={k: v[1] for k, v in changed.items()})
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
             q.age_held_items()

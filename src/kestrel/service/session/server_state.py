@@ -22,7 +22,7 @@ log = structlog.get_logger("kestrel.server")
 
 # What a reload applies (as Kestrel's does): queue settings and aliases. `source` and `overridden`
 # describe where the settings came from.
-RELOADED = frozenset({"queues", "aliases", "source", "overridden"})
+RELOADED = frozenset({"queues", "aliases", "source", "overridden", "file_keys"})
 
 
 class ServerState:
@@ -129,9 +129,10 @@ class ServerState:
         The file is read and checked off the loop (thousands of configured queues take a second,
         which would hold every client) and applied on it; of reloads under way together, the last
         begun applies the file as it then is. A failure is logged, whoever asked (`by`), and raised:
-        nothing changed.
+        nothing changed; so is a file that sets nothing where the running one set something
+        (`check_reload`).
         """
-        from kestrel.service.config import load
+        from kestrel.service.config import check_reload, load
 
         if self.config.source is None:
             log.info("reload: no config file, nothing to reload")
@@ -142,11 +143,13 @@ class ServerState:
             fresh = self.runtime.run_blocking(load, self.config.source)
             if ticket != self._reloads:
                 return  # a reload begun since has read the file again, and applies it
+            check_reload(self.config, fresh)
             self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         except Exception as e:
             log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
             raise
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
+        self.config.file_keys = fresh.file_keys
         ignored = [f.name for f in dataclasses.fields(fresh)
                    if f.name not in RELOADED and f.name not in self.config.overridden
                    and getattr(fresh, f.name) != getattr(self.config, f.name)]
