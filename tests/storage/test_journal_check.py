@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kestrel.storage import QueueCollection, QueueConfigs, commit_log
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec
@@ -109,6 +111,37 @@ def test_a_queue_path_in_use_is_refused(tmp_path: Path) -> None:
         assert code == 3
     finally:
         lock.release()
+
+
+def test_a_queue_path_in_use_is_refused_naming_the_holder_and_its_pid_as_convert_and_recover_do(
+        tmp_path: Path) -> None:
+    """check only looks at the locks (it takes none), and named only the lock file held; convert and
+    recover, which take the lock, named the process and its pid. One lookup names it for all three."""
+    from kestrel.storage.errors import QueuePathInUse
+    from kestrel.storage.tools import recover
+
+    rotated_queue(tmp_path)
+    lock = QueuePathLock(str(tmp_path))
+    lock.acquire("kestrel serve")
+    try:
+        err = io.StringIO()
+        args = type("Args", (), {"queue_path": str(tmp_path), "queues": []})()
+        assert check.run(args, io.StringIO(), err) == 3  # type: ignore[arg-type]
+        said = err.getvalue().removeprefix("kestrel journal check: ").strip()
+        assert f"is in use by kestrel serve (pid {os.getpid()})" in said and lock.path in said
+        recover_err = io.StringIO()
+        assert recover.run(args, io.StringIO(), recover_err) == 3  # type: ignore[arg-type]
+        assert recover_err.getvalue().removeprefix("kestrel journal recover: ").strip() == said
+        with pytest.raises(QueuePathInUse) as refused:
+            QueuePathLock(str(tmp_path)).acquire("kestrel journal convert --to kestrel3")
+        assert str(refused.value) == said
+        os.unlink(lock.path)  # taken for a stale file: the directory's lock still says who holds it
+        err = io.StringIO()
+        assert check.run(args, io.StringIO(), err) == 3  # type: ignore[arg-type]
+        assert "holds the directory's lock although its lock file" in err.getvalue()
+    finally:
+        lock.release()
+    assert check.run(args, io.StringIO(), io.StringIO()) == 0  # type: ignore[arg-type]
 
 
 def test_kestrel_journal_check_on_the_command_line(tmp_path: Path) -> None:

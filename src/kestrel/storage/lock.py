@@ -76,20 +76,28 @@ class QueuePathLock:
         self.release()
 
 
-def holder(queue_path: str) -> str | None:
-    """What a running process holds of the queue path's locks, if any (looked at, never created):
-    its lock file, an earlier version's, or the directory itself (its lock file removed)."""
-    for path, flags in ((filenames.own_path(queue_path, filenames.LOCK_NAME), os.O_RDONLY),
-                        (os.path.join(queue_path, EARLIER_LOCK_NAME), os.O_RDONLY),
-                        (queue_path, os.O_RDONLY | os.O_DIRECTORY)):
+def holder(queue_path: str) -> QueuePathInUse | None:
+    """The refusal `acquire` would meet now, naming the process that holds the queue path (its lock
+    file's owner line: what and which pid), or None when no process holds any of its locks. Looked
+    at, never created: the lock file, an earlier version's, or the directory itself (its lock file
+    removed). For the tools that only read the journals (`kestrel journal check`)."""
+    lock_file = filenames.own_path(queue_path, filenames.LOCK_NAME)
+    for path in (lock_file, os.path.join(queue_path, EARLIER_LOCK_NAME)):
         try:
-            fd, taken = _flocked(path, flags)
+            fd, taken = _flocked(path, os.O_RDONLY)
         except FileNotFoundError:
             continue
-        os.close(fd)
-        if not taken:
-            return path
-    return None
+        try:
+            if not taken:
+                return _held(fd, path, queue_path)
+        finally:
+            os.close(fd)
+    try:
+        fd, taken = _flocked(queue_path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None
+    os.close(fd)
+    return None if taken else _directory_held(queue_path, lock_file)
 
 
 def _flocked(path: str, flags: int) -> tuple[int, bool]:
@@ -105,16 +113,29 @@ def _flocked(path: str, flags: int) -> tuple[int, bool]:
     return fd, True
 
 
+def _held(fd: int, path: str, queue_path: str) -> QueuePathInUse:
+    """The refusal for a lock file `path` (open as `fd`) that another process holds, naming it by
+    the owner line it wrote (`acquire`)."""
+    owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+    return QueuePathInUse(f"queue path {queue_path} is in use by {owner} (it holds {path}); stop it first")
+
+
+def _directory_held(queue_path: str, lock_file: str) -> QueuePathInUse:
+    """The refusal for a queue path whose directory another process holds, its lock file removed."""
+    return QueuePathInUse(f"queue path {queue_path} is in use by another process, which holds the "
+                          f"directory's lock although its lock file {lock_file} was removed (never "
+                          f"remove the lock file of a running server; `fuser -v {queue_path}` shows "
+                          f"the process); stop it first")
+
+
 def _lock(path: str, queue_path: str) -> int:
     """A descriptor of `path` holding its lock. Raises QueuePathInUse naming the holder."""
     fd, taken = _flocked(path, os.O_RDWR | os.O_CREAT)
     if not taken:
         try:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise _held(fd, path, queue_path)
         finally:
             os.close(fd)
-        raise QueuePathInUse(f"queue path {queue_path} is in use by {holder} (it holds {path}); "
-                             "stop it first")
     return fd
 
 
@@ -124,10 +145,7 @@ def _lock_directory(queue_path: str, lock_file: str) -> int:
     fd, taken = _flocked(queue_path, os.O_RDONLY | os.O_DIRECTORY)
     if not taken:
         os.close(fd)
-        raise QueuePathInUse(f"queue path {queue_path} is in use by another process, which holds the "
-                             f"directory's lock although its lock file {lock_file} was removed (never "
-                             f"remove the lock file of a running server; `fuser -v {queue_path}` shows "
-                             f"the process); stop it first")
+        raise _directory_held(queue_path, lock_file)
     return fd
 
 

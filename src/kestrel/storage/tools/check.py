@@ -173,10 +173,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     if not os.path.isdir(args.queue_path):
         print(f"kestrel journal check: {args.queue_path} is not a directory", file=err)
         return EXIT_DAMAGED
-    holder = lock.holder(args.queue_path)
-    if holder is not None:
-        print(f"kestrel journal check: the queue path is in use (a process holds {holder}); stop it first",
-              file=err)
+    in_use = lock.holder(args.queue_path)  # named as convert and recover name it
+    if in_use is not None:
+        print(f"kestrel journal check: {in_use}", file=err)
         return EXIT_IN_USE
     try:
         return check(args.queue_path, args.queues, out)
