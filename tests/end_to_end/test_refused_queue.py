@@ -132,6 +132,109 @@ def test_a_kestrel_client_reading_stats_finds_only_real_queue_names(server_facto
 
 
 # ---------------------------------------------------------------------------------------------
+# A file of the queue path that is another queue's file (a symbolic or hard link): refused alone
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()}
+
+
+@pytest.mark.parametrize("fmt, link, real, linked", [
+    ("kestrel2", os.symlink, "a", "b"),
+    ("kestrel2", os.link, "a", "b"),
+    ("kestrel2", os.symlink, "z", "a"),  # the link's name loads first: the file stays with z all the same
+    ("kestrel2", os.symlink, "a", "b.1700000000000"),  # a rotated journal
+    ("kestrel2", os.symlink, "a", "a+child"),  # a fanout child's journal
+    ("kestrel3", os.symlink, "a.*", "b.*"),  # a writer file (its number as the queue's)
+    ("kestrel3", os.link, "a.*", "b.*"),
+])
+def test_a_queue_whose_file_is_another_queue_s_file_is_refused_naming_both(
+        tmp_path: Path, fmt: str, link: Any, real: str, linked: str) -> None:
+    """Two queues appending to one file damage both: each replays the other's records as its own.
+    The queue whose name for the file is a link (a hard link: the later to load) is refused at the
+    start, both files named; the one the file is kept for serves; nothing on disk changes."""
+    owner, other = real.partition(".")[0], linked.partition(".")[0]
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    coll.put(owner, [b"one", b"two"])
+    coll.close()
+    if real.endswith(".*"):
+        (writer,) = tmp_path.glob(f"{owner}.[0-9]*")
+        real, linked = writer.name, writer.name.replace(owner, other, 1)
+    link(tmp_path / real, tmp_path / linked)
+    before = _files(tmp_path)
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    try:
+        assert sorted(coll.refused) == [other]
+        assert _files(tmp_path) == before  # the refused queue opened nothing, wrote nothing
+        assert str(coll.refused[other]) == (
+            f"journal file {tmp_path / linked} is the same file as {tmp_path / real}, a file of queue "
+            f"{owner!r} (a symbolic or hard link): two queues would write one file")
+        with pytest.raises(QueueDamaged, match=f"queue {re.escape(repr(other))} is not served: .* remove the link"):
+            coll.put(other, [b"x"])
+        assert drain(coll, owner) == [b"one", b"two"]  # the queue the file is kept for serves
+    finally:
+        coll.close()
+
+
+@pytest.mark.parametrize("reader", ["", "audit"])
+def test_a_kestrel3_queue_whose_reader_checkpoint_is_another_queue_s_is_refused(tmp_path: Path, reader: str) -> None:
+    """A reader's checkpoint is appended to between rewrites: a link to another queue's would have
+    both readers write it. A Kestrel 2 queue reads no checkpoint: a link among its strays refuses nothing."""
+    configs = ({"journal_format": "kestrel3"}, {})
+    coll = open_collection(tmp_path, *configs)
+    for name in ("a", "b"):
+        coll.put(name, [b"one"])
+        if reader:
+            coll.put(f"{name}+{reader}", [b"x"])  # creates the reader
+    coll.close()
+    checkpoint = f".read.{reader}"
+    (tmp_path / f"b{checkpoint}").unlink()
+    os.symlink(f"a{checkpoint}", tmp_path / f"b{checkpoint}")
+    coll = open_collection(tmp_path, *configs)
+    try:
+        assert sorted(coll.refused) == ["b"]
+        assert f"journal file {tmp_path / f'b{checkpoint}'} is the same file as {tmp_path / f'a{checkpoint}'}" \
+            in str(coll.refused["b"])
+        assert drain(coll, "a") == [b"one"]
+    finally:
+        coll.close()
+    kestrel2 = tmp_path / "k2"
+    coll = open_collection(kestrel2)
+    coll.put("a", [b"one"])
+    coll.put("b", [b"two"])
+    coll.close()
+    (kestrel2 / "a.read.x").write_bytes(b"")
+    os.symlink("a.read.x", kestrel2 / "b.read.x")
+    coll = open_collection(kestrel2)
+    try:
+        assert not coll.refused and drain(coll, "b") == [b"two"]
+    finally:
+        coll.close()
+
+
+def test_a_server_refuses_a_queue_linked_to_another_s_journal_and_says_why(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path)
+    srv.queue_path.mkdir(parents=True)
+    (srv.queue_path / "jobs").write_bytes(_addx(b"one"))
+    os.symlink("jobs", srv.queue_path / "copy")
+    srv.start()
+    try:
+        line = json.loads(next(line for line in srv.log().splitlines() if "QUEUE REFUSED" in line))
+        assert line["queue"] == "copy" and "its journal file is another queue's" in line["event"]
+        assert line["file"] == str(srv.queue_path / "copy") and "remove the link" in line["remedy"]
+        with conn(srv.memcache_port) as s:
+            reply = exchange(s, b"set copy 0 0 1\r\nx\r\n", b"\r\n").decode()
+            assert reply.startswith("SERVER_ERROR queue 'copy' is not served") and "same file as" in reply
+            assert exchange(s, b"get jobs\r\n", b"END\r\n") == b"VALUE jobs 0 3\r\none\r\nEND\r\n"
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json") as reply:
+            body = json.loads(reply.read())
+        assert str(srv.queue_path / "jobs") in body["refused_queues"]["copy"]
+    finally:
+        assert srv.stop(signal.SIGTERM) == 0
+    assert (srv.queue_path / "copy").is_symlink()
+
+
+# ---------------------------------------------------------------------------------------------
 # A journal the server cannot write: refused alone at start-up, as a damaged one is
 
 

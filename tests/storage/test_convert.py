@@ -365,3 +365,22 @@ def test_files_named_after_an_invalid_queue_name_are_left_as_a_start_leaves_them
     assert "'my jobs': not converted: its files are named after an invalid queue name (" in output
     assert "a: converted to kestrel3: a 1 items" in output
     assert (tmp_path / "my jobs").read_bytes() and convert.queues_on_disk(str(tmp_path))["a"] == "kestrel3"
+
+
+def test_a_queue_whose_journal_is_another_queue_s_file_is_left_as_a_start_leaves_it(tmp_path: Path) -> None:
+    """A start refuses a queue whose file is a link to another queue's (formats.shared_files): the
+    converter leaves it as it is too, rather than convert the other queue's items as its own, and
+    `journal check` says what a start would."""
+    coll = k2_collection(tmp_path)
+    coll.put("a", [b"1", b"2"])
+    coll.close()
+    os.symlink("a", tmp_path / "b")
+    checked = io.StringIO()
+    args = type("Args", (), {"queue_path": str(tmp_path), "queues": []})()
+    assert check.run(args, checked, io.StringIO()) == 1  # type: ignore[arg-type]
+    assert f"b: refused: journal file {tmp_path / 'b'} is the same file as {tmp_path / 'a'}, a file of queue 'a'" \
+        in checked.getvalue() and "a (kestrel2): ok; 2 items" in checked.getvalue()
+    output = run(tmp_path, "kestrel3")
+    assert f"b: not converted: journal file {tmp_path / 'b'} is the same file as" in output
+    assert "a: converted to kestrel3: a 2 items" in output and "b: converted" not in output
+    assert (tmp_path / "b").is_symlink()  # left as it was, dangling now that a's journal is converted

@@ -89,6 +89,27 @@ class JournalNotWritable(CorruptJournalError):
                 "read-write mount) and restart; the file was not changed (--salvage does not apply)")
 
 
+class JournalFileShared(CorruptJournalError):
+    """Raised at start-up for a queue one of whose files is the same file (same device and inode: a
+    symbolic or hard link) as a file another queue took: both queues would append to it, each
+    replaying the other's records as its own. The later queue is refused alone; nothing is changed."""
+
+    refusal = "its journal file is another queue's"
+
+    def __init__(self, path: str, other: str, owner: str) -> None:
+        super().__init__(path, 0, None, f"the same file as {other}, a file of queue {owner!r} (a symbolic "
+                                        f"or hard link): two queues would write one file")
+        self.args = (f"journal file {path} is the same file as {other}, a file of queue {owner!r} (a "
+                     f"symbolic or hard link): two queues would write one file",)
+        self.other = other
+        self.owner = owner
+
+    def remedy(self) -> str:
+        return (f"remove the link {self.path} (or put a copy of the file in its place, if this queue is "
+                f"to keep those items; `ls -li` shows the names sharing a file) and restart; nothing was "
+                f"changed (--salvage does not apply)")
+
+
 class QueueDamaged(KestrelError):
     """Raised for every request to a queue whose journal was refused at start-up (the other
     queues serve): names the queue, the damage, and how to proceed."""

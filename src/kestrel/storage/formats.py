@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kestrel.storage import filenames, layout
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
-from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName
+from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName, JournalFileShared
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import list_queue_files
-from kestrel.storage.queue_path import JournalFiles, scan_queue_dir
+from kestrel.storage.queue_path import JournalFiles, QueueDirectory, scan_queue_dir
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
 
@@ -59,6 +60,54 @@ def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = No
     queue's `journal_format`, for files that could be in either."""
     return {name: format_of(files, configured(name) if configured else None)
             for name, files in scan_queue_dir(queue_path).queues.items()}
+
+
+def load_order(name: str) -> tuple[bool, str]:
+    """The order a start loads the queues on disk in: parents before their fanout children, by name."""
+    return "+" in name, name
+
+
+def shared_files(found: QueueDirectory) -> dict[str, JournalFileShared]:
+    """The queues of a scan a start refuses because one of their files is the same file (same
+    `st_dev` and `st_ino`) as a file of another queue: a symbolic or hard link in the queue path,
+    through which both queues would append to one file. Every file a queue appends to or replays
+    counts: Kestrel 2 journals (live, rotated, packed), Kestrel 3 writer files and, for a Kestrel 3
+    queue, its readers' checkpoints (appended to between rewrites). The file stays with the queue
+    whose name for it is no symbolic link, else with the first in `load_order`; each other queue
+    naming it is refused, both files named. Files of one queue sharing with each other are not this
+    rule's. One `lstat` a file (and a `stat` of a symbolic link's target)."""
+    taken: dict[tuple[int, int], tuple[tuple[bool, bool, str], str, str]] = {}
+    named: list[tuple[tuple[int, int], tuple[bool, bool, str], str, str]] = []
+    for name, files in found.queues.items():
+        paths = [*files.replay_order(), *(p for _, p in files.packs)]
+        checkpoints = found.checkpoints.get(name)
+        if checkpoints and format_of(files) == KESTREL3:  # a Kestrel 2 queue reads none of them
+            paths += checkpoints
+        for path in paths:
+            try:
+                st = os.lstat(path)
+                link = stat.S_ISLNK(st.st_mode)
+                if link:
+                    st = os.stat(path)
+            except FileNotFoundError:
+                continue  # gone since the listing: no file to share
+            rank = (link, *load_order(name))
+            named.append(((st.st_dev, st.st_ino), rank, name, path))
+            kept = taken.get((st.st_dev, st.st_ino))
+            if kept is None or rank < kept[0]:
+                taken[st.st_dev, st.st_ino] = (rank, name, path)
+    refused: dict[str, JournalFileShared] = {}
+    for identity, _rank, name, path in sorted(named, key=lambda n: n[1:]):
+        _, owner, other = taken[identity]
+        if owner != name and name not in refused:
+            refused[name] = JournalFileShared(path, other, owner)
+    return refused
+
+
+def shared_on_disk(queue_path: str) -> dict[str, JournalFileShared]:
+    """`shared_files` of the queue path as it stands, for the tools (a start applies the rule to the
+    scan it loads from)."""
+    return shared_files(scan_queue_dir(queue_path))
 
 
 def stray_checkpoints(queue_path: str, name: str) -> list[str]:

@@ -37,6 +37,8 @@ class QueueDirectory:
     temporaries: list[str] = field(default_factory=list)
     owners: set[str] = field(default_factory=set)  # `file_owner` of every file seen, either format
     readers: int = 0  # named readers' checkpoints: Kestrel 3 fanout children, loaded with their queue
+    # Every reader checkpoint (`q.read.<reader>`, the queue's own `q.read.` too), by its queue.
+    checkpoints: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,12 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
                 files.live = entry.path
             else:
                 (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
-        elif filenames.named_reader_checkpoint(entry.name):
-            found.readers += 1
+        else:
+            queue, infix, reader = entry.name.partition(filenames.READER_INFIX)
+            if queue and infix and filenames.reader_of(queue, entry.name) is not None:
+                found.checkpoints.setdefault(queue, []).append(entry.path)
+                if reader:
+                    found.readers += 1
     for files in found.queues.values():
         files.rotated.sort()
         files.packs.sort()
