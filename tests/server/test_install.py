@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from kestrel.build import COMPILED_MODULES
-from tests.conftest import ROOT, free_ports, wait_for_port
+from tests.conftest import PACKAGE_ROOT, ROOT, free_ports, wait_for_port
 from tests.support.system import tool
 
 # What the test does not run, and why; every other line of the steps runs.
@@ -44,6 +44,21 @@ def readme_steps() -> list[str]:
 def rooted(word: str, root: Path) -> str:
     """An absolute path of the steps, moved under `root`."""
     return str(root) + word if word.startswith(("/opt/", "/etc/", "/usr/lib/", "/var/")) else word
+
+
+def test_every_installed_command_the_readme_says_to_run_is_one_the_cli_takes() -> None:
+    """An inline `/opt/kestrel/bin/kestrel ...` of the README is a command to type as it stands: the
+    command line parses it, required arguments and all (`config check` lacked its FILE). Parsed in a
+    process of its own: importing the command line patches the process for gevent."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    commands = re.findall(r"`/opt/kestrel/bin/kestrel ([^`]*)`", text)
+    assert any(c.startswith("config check") for c in commands), "the README says to check the config"
+    parse = ("import shlex, sys\nfrom kestrel.service.cli import build_parser\n"
+             "for command in sys.argv[1:]:\n    build_parser().parse_args(shlex.split(command))\n")
+    for command in commands:
+        done = subprocess.run([sys.executable, "-c", parse, command], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+        assert done.returncode == 0, f"the README's `kestrel {command}` is refused by the command line: {done.stderr}"
 
 
 @pytest.mark.slow
