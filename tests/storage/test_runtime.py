@@ -230,6 +230,28 @@ def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path)
     assert waits.wait(take, 10.0) is None and len(waits) == 0  # ended: no more waiting
 
 
+def test_a_wake_up_that_comes_while_a_woken_waiter_looks_goes_to_the_next_waiter() -> None:
+    runtime = ManualRuntime()
+    waits = WaitList(runtime)
+    items: list[str] = []
+
+    def slow_look() -> str | None:
+        """A look that lets others run (a queue's write gate), during which a second item comes."""
+        if items and len(items) == 1:
+            items.append("b")
+            waits.wake_one()
+            gevent.sleep(0)
+        return items[0] if items else None
+
+    first = gevent.spawn(partial(waits.wait, slow_look, 10.0))
+    second = gevent.spawn(partial(waits.wait, lambda: items[-1] if len(items) == 2 else None, 10.0))
+    gevent.sleep(0)
+    items.append("a")
+    waits.wake_one()
+    gevent.joinall([first, second], timeout=1)
+    assert first.value == "a" and second.value == "b"  # the second wake-up was not lost with the first
+
+
 def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_path: Path) -> None:
     configs = QueueConfigs({}, {"q": {"max_memory_size": 4096, "default_journal_size": 2048}})
     coll = QueueCollection(str(tmp_path), configs, runtime=ThreadsRuntime())

@@ -58,7 +58,9 @@ class WaitList:
         finally:
             with self._lock:
                 self._waiters.remove(event)
-            if not self.ended and (event.is_set() if item is None else looking and (woken or event.is_set())):
+            # Passed on: a wake-up not used (nothing found, or one that came while this waiter,
+            # already woken, looked), and a used one when it only looks.
+            if not self.ended and (event.is_set() or (item is not None and looking and woken)):
                 self.wake_one()
 
     def wake_one(self) -> bool:
