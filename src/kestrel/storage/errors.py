@@ -97,10 +97,10 @@ class JournalFileShared(CorruptJournalError):
     refusal = "its journal file is another queue's"
 
     def __init__(self, path: str, other: str, owner: str) -> None:
-        super().__init__(path, 0, None, f"the same file as {other}, a file of queue {owner!r} (a symbolic "
-                                        f"or hard link): two queues would write one file")
-        self.args = (f"journal file {path} is the same file as {other}, a file of queue {owner!r} (a "
-                     f"symbolic or hard link): two queues would write one file",)
+        reason = (f"the same file as {other}, a file of queue {owner!r} (a symbolic or hard link): two "
+                  "queues would write one file")
+        super().__init__(path, 0, None, reason)
+        self.args = (f"journal file {path} is {reason}",)
         self.other = other
         self.owner = owner
 

@@ -167,10 +167,12 @@ def writer_file_number(queue: str, file_name: str) -> int | None:
     return None
 
 
-def named_reader_checkpoint(file_name: str) -> bool:
-    """Whether `file_name` is the checkpoint of a named reader (a fanout child) of some queue."""
-    queue, infix, reader = file_name.partition(READER_INFIX)
-    return bool(queue and infix and reader) and reader_of(queue, file_name) is not None
+def checkpoint_of(file_name: str) -> tuple[str, str] | None:
+    """The queue and reader (`""`: the queue's own) whose checkpoint is called `file_name`, or None
+    if it is no reader checkpoint."""
+    queue, infix, _ = file_name.partition(READER_INFIX)
+    reader = reader_of(queue, file_name) if queue and infix else None
+    return None if reader is None else (queue, reader)
 
 
 def reader_of(queue: str, file_name: str) -> str | None:

@@ -92,12 +92,11 @@ def scan_queue_dir(queue_path: str, prefix: str = "") -> QueueDirectory:
                 files.live = entry.path
             else:
                 (files.rotated if kind == "rotated" else files.packs).append((ts, entry.path))
-        else:
-            queue, infix, reader = entry.name.partition(filenames.READER_INFIX)
-            if queue and infix and filenames.reader_of(queue, entry.name) is not None:
-                found.checkpoints.setdefault(queue, []).append(entry.path)
-                if reader:
-                    found.readers += 1
+        elif (checkpoint := filenames.checkpoint_of(entry.name)) is not None:
+            queue, reader = checkpoint
+            found.checkpoints.setdefault(queue, []).append(entry.path)
+            if reader:
+                found.readers += 1
     for files in found.queues.values():
         files.rotated.sort()
         files.packs.sort()
