@@ -97,6 +97,32 @@ def test_an_error_no_greenlet_caught_is_one_structured_line() -> None:
     assert event["event"] == "uncaught error" and "No space left on device" in event["exception"]
 
 
+def test_lines_logged_from_the_pools_threads_beside_the_loops_all_come_whole() -> None:
+    """A pack or a config load logs from one of the pool's threads while greenlets log on the loop:
+    a gevent lock on the writes hung the thread and its waiting caller for good."""
+    code = ("from gevent import monkey; monkey.patch_all()\n"
+            "import logging, gevent, structlog\n"
+            "from kestrel.service.logs import configure_logging\n"
+            "configure_logging(log_format='json')\n"
+            "log = structlog.get_logger('t')\n"
+            "def in_thread(n):\n"
+            "    for i in range(n):\n"
+            "        log.info('thread', i=i)\n"
+            "        logging.getLogger('lib').warning('library %d', i)\n"
+            "def on_loop(n):\n"
+            "    for i in range(n):\n"
+            "        log.info('loop', i=i)\n"
+            "        gevent.sleep(0)\n"
+            "pool = gevent.get_hub().threadpool\n"
+            "tasks = [gevent.spawn(on_loop, 500) for _ in range(3)] + [pool.spawn(in_thread, 500) for _ in range(3)]\n"
+            "assert len(gevent.wait(tasks, timeout=30)) == 6, 'a writer hung'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line)["event"] for line in done.stderr.splitlines()]
+    assert events.count("loop") == 1500 and events.count("thread") == 1500
+    assert sum(e.startswith("library ") for e in events) == 1500
+
+
 def test_a_console_line_shows_a_clients_control_characters_escaped() -> None:
     code = ("import structlog\n"
             "from kestrel.service.logs import configure_logging\n"

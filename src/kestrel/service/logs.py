@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 import structlog
+from gevent import monkey
 from gevent.hub import Hub
 
 log = structlog.get_logger("kestrel.server")
@@ -44,7 +45,7 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_LineWriterFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     Hub.print_exception = _log_uncaught
@@ -52,6 +53,35 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     root.handlers[:] = [_ToStructlog()]
     root.setLevel(getattr(logging, level.upper()))
     logging.captureWarnings(True)
+
+
+# An OS lock, whatever monkey patching made of `threading`: the pool's threads (a pack, a config load)
+# log too, and a gevent lock taken from one of them hung it, and the greenlet waiting on it, for good.
+_WRITE_LOCK = monkey.get_original("_thread", "allocate_lock")()
+_OSRLock = monkey.get_original("_thread", "RLock")
+
+
+class _LineWriter:
+    """Writes each rendered line whole, under one OS lock. Its holder only prints and flushes a
+    line, never yields: a greenlet that waits for it waits no longer than that write."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        with _WRITE_LOCK:
+            print(message, file=self._file, flush=True)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class _LineWriterFactory:
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> _LineWriter:
+        return _LineWriter(self._file)
 
 
 # Control characters as escapes: C0 (but for the line breaks and tabs of a traceback), DEL and C1.
@@ -71,6 +101,9 @@ def _escape_controls(logger: Any, method: str, event: MutableMapping[str, Any]) 
 
 class _ToStructlog(logging.Handler):
     """A standard-library log record as a line of the server's log, under its logger's name."""
+
+    def createLock(self) -> None:
+        self.lock = _OSRLock()  # taken by any thread that logs: an OS lock (see _LineWriter)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

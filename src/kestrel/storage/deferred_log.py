@@ -1,10 +1,12 @@
 """Log lines from sections that must not yield to other greenlets, written by a task of their own.
 
-Writing a log line can pause its caller: the server's logger writes each line under a lock, which
-gevent's monkey patching makes a gevent lock, and while a thread (a pack) holds it a greenlet that
-wants it waits, and another greenlet runs. A change must not pause before its records are appended,
-nor a Kestrel 3 put between taking its ids and writing them (two puts took the same ids so), so
-what such a section has to say is handed to `log_later`, which logs it once the section is over.
+Writing a log line may pause its caller, by whatever logger the process set up: one that writes
+under a gevent lock (structlog's own, under monkey patching) makes a greenlet that wants it wait, and
+another run, while a thread (a pack) holds it. The server's writes under an OS lock
+(src/kestrel/service/logs.py), which never switches, but the engine does not count on the logger it
+is given. A change must not pause before its records are appended, nor a Kestrel 3 put between
+taking its ids and writing them (two puts took the same ids so), so what such a section has to say
+is handed to `log_later`, which logs it once the section is over.
 `tests/support/switches.py` holds these sections to it.
 """
 
