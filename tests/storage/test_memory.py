@@ -32,11 +32,12 @@ def make(path: Path, journal_format: str, budget: int = 0, queues: dict[str, Any
     return coll
 
 
-def governed(path: Path, journal_format: str, budget: int) -> tuple[QueueCollection, MemoryGovernor, ManualRuntime]:
+def governed(path: Path, journal_format: str, budget: int,
+             **default: Any) -> tuple[QueueCollection, MemoryGovernor, ManualRuntime]:
     """A collection under `budget` on the manual runtime, its governor started (it ticks as the
-    runtime advances)."""
+    runtime advances); `default`: every queue's config."""
     runtime = ManualRuntime()
-    coll = make(path, journal_format, budget=budget, runtime=runtime)
+    coll = make(path, journal_format, budget=budget, runtime=runtime, **default)
     assert coll.governor is not None
     coll.governor.start()
     return coll, coll.governor, runtime
@@ -259,6 +260,66 @@ def test_items_aborted_back_to_the_head_keep_nothing_in_memory_once_they_are_gon
     coll.put("q0", [b"after"])  # puts go on
     for name in names:
         assert [i.data for i in coll.remove(name, 100)][:50] == [item(n, 10_000) for n in range(50, 100)]
+
+
+@FORMATS
+def test_flow_control_clears_once_every_item_but_the_heads_is_paged_out(tmp_path: Path,
+                                                                       journal_format: str) -> None:
+    """One item of nearly max_memory_size in each of four queues, then a second into two of them,
+    past the budget. The plan's shares left no room for the heads, which no page-out drops: memory
+    stayed between the low-water mark and the budget, all of it heads, and flow control refused
+    every put for good."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 160_000, max_memory_size=40_000)
+    names = ["q0", "q1", "q2", "q3"]
+    for name in names:
+        coll.put(name, [item(0, 39_000)])
+    for name in names[:2]:
+        coll.put(name, [item(1, 39_000)])
+    for _ in range(4):
+        runtime.advance(250)
+    assert not governor.flow_control and governor.stats()["flow_control"] == 0
+    assert governor.measure() <= 160_000
+    governor.admit_put()  # puts go on
+    coll.put("q3", [item(1, 39_000)])
+    for name in names:
+        assert drain(coll, name) == [item(0, 39_000), item(1, 39_000)][:1 if name == "q2" else 2], name
+
+
+@FORMATS
+def test_heads_over_the_budget_refuse_puts_until_gets_bring_memory_under_it(tmp_path: Path,
+                                                                           journal_format: str) -> None:
+    """Five queues' heads hold more than the budget and no page-out drops a head: puts are refused,
+    naming the budget, until gets bring memory under it. Flow control then ends at the next tick,
+    though over the low-water mark, as nothing is left to page out: it waited for that mark, which
+    only reads of these very queues could reach."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 160_000, max_memory_size=40_000)
+    names = [f"q{i}" for i in range(5)]
+    for name in names:
+        coll.put(name, [item(0, 39_000)])  # the fifth queue takes its head in past the budget
+    coll.put("q0", [item(1, 39_000)])  # memory over the budget already: flow control starts
+    runtime.advance(250)
+    runtime.advance(250)
+    assert governor.flow_control and governor.measure() == 195_000
+    refused: list[MemoryBudgetExceeded] = []
+
+    def put() -> None:
+        try:
+            governor.admit_put()
+        except MemoryBudgetExceeded as e:
+            refused.append(e)
+
+    waiting = gevent.spawn(put)
+    gevent.sleep(0)
+    runtime.advance(250)
+    runtime.advance(250)
+    waiting.join(1)
+    assert "max_memory_total 160000" in str(refused[0])
+    assert [i.data for i in coll.remove("q1", 1)] == [item(0, 39_000)]  # gets go on
+    runtime.advance(250)
+    assert not governor.flow_control and 160_000 * 0.9 < governor.measure() <= 160_000
+    governor.admit_put()
+    assert coll.put("q0", [item(2, 39_000)]) == 1
+    assert drain(coll, "q0") == [item(0, 39_000), item(1, 39_000), item(2, 39_000)]
 
 
 # ---------------------------------------------------------------------------------------------

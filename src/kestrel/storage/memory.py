@@ -10,8 +10,9 @@ memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
   held, while the budget is far from full (`MemoryGovernor.tick`), and nothing at all while the
   queues hold under a quarter of it (the governor lets go: `_let_go`).
 - Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
-  holds and room for what arrives before the next tick; past the budget, what it will consume in
-  the next D seconds (its "RAM duration"), D chosen so that the shares fill the budget. A hot
+  holds and room for what arrives before the next tick; past the budget, its head (which no
+  page-out drops) and what it will consume in the next D seconds (its "RAM duration"), D chosen so
+  that the shares fill the budget. A hot
   queue's head stays in memory; an idle backlog keeps a small floor. The queue's read-behind rules
   use the target in place of `max_memory_size`, so a queue over it pages its new items out at
   once, and reads them back as its head drains and its target allows.
@@ -28,11 +29,11 @@ queue's new items to read-behind. The tick still computes every share from rates
 At start-up the same budget holds: before a queue replays its journal, `admit` gives it what the
 budget has left as its target, so the replay leaves the rest on disk for read-behind, as a put would.
 
-What paging cannot release (open reads, read-behind buffers, items aborted back to the head) may
-still exceed the budget: then flow control holds puts briefly and refuses them with
+What paging cannot release (open reads, read-behind buffers, each queue's head and the items aborted
+back to it) may still exceed the budget: then flow control holds puts briefly and refuses them with
 `MemoryBudgetExceeded`, while gets, confirms and aborts go on, until the total is back under a
-low-water mark. The per-put cost is one attribute read (`flow_control`) and one comparison with
-the ledger.
+low-water mark, or under the budget with nothing left to page out. The per-put cost is one attribute
+read (`flow_control`) and one comparison with the ledger.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Demand:
     ceiling: int  # max_memory_size
     ingress: float
     egress: float
+    pinned: int = 0  # the bytes no page-out can drop: its head item, and items aborted back to it
     headroom: int = 0  # room for what arrives before the next tick
 
     def want(self, interval_s: float) -> int:
@@ -114,11 +116,14 @@ def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: i
 
 
 def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
-    """Each queue's memory target, summing to at most `budget` (already net of what cannot be paged).
+    """Each queue's memory target, summing to at most `budget` (already net of open reads and
+    cursor buffers) where the queues' pinned bytes allow it.
 
     Everything fits: each gets its want and a part of the rest (`fitting_share`).
-    Otherwise each gets what it will consume or receive in the next D seconds, between a floor
-    and its want, D found by bisection so that the targets fill the budget.
+    Otherwise each keeps its pinned bytes, and the rest of the budget is shared: each gets what it
+    will consume or receive in the next D seconds, between a floor and the rest of its want, D found
+    by bisection so that the shares fill it. Shares that ignored the pinned bytes left a page-out
+    short: each queue kept its head beyond its target, and memory stayed over the budget.
     """
     if not demands:
         return []
@@ -130,15 +135,18 @@ def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
         arriving = sum(d.ingress for d in demands)
         return [fitting_share(want, d.ceiling, d.ingress, spare, len(demands), arriving)
                 for d, want in zip(demands, wants, strict=True)]
-    floor = min(FLOOR, budget // (4 * len(demands)))
-    floors = [min(want, floor) for want in wants]
-    if sum(floors) >= budget:
-        return floors
+    pinned = [d.pinned for d in demands]
+    room = budget - sum(pinned)
+    pageable = [max(want - held, 0) for want, held in zip(wants, pinned, strict=True)]
+    floor = min(FLOOR, max(room, 0) // (4 * len(demands)))
+    floors = [min(want, floor) for want in pageable]
+    if sum(floors) >= room:
+        return [held + low for held, low in zip(pinned, floors, strict=True)]
 
     rates = [d.ingress + d.egress for d in demands]
-    duration = _fill_duration(rates, floors, wants, budget)
-    return [max(low, min(want, int(rate * duration)))
-            for rate, want, low in zip(rates, wants, floors, strict=True)]
+    duration = _fill_duration(rates, floors, pageable, room)
+    return [held + max(low, min(want, int(rate * duration)))
+            for rate, want, low, held in zip(rates, pageable, floors, pinned, strict=True)]
 
 
 def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budget: int) -> float:
@@ -217,9 +225,9 @@ class _Record:
         self.egress = egress + SMOOTHING * (out_bytes / seconds - egress)
         self.items, self.length, self.bytes = q.total_items, q.length, q.bytes
 
-    def demand(self, q: PersistentQueue) -> Demand:
+    def demand(self, q: PersistentQueue, pinned: int) -> Demand:
         ceiling = q.config.max_memory_size
-        return Demand(min(q.bytes, ceiling), ceiling, self.ingress, self.egress)
+        return Demand(min(q.bytes, ceiling), ceiling, self.ingress, self.egress, pinned)
 
 
 class MemoryGovernor:
@@ -447,7 +455,7 @@ class MemoryGovernor:
         self._candidates = sorted(over, key=self._wait)
         self._release_idle_cursors()
         self.memory_total = total
-        self._flow(total, now)
+        self._flow(total, now, fixed_total)
         return True
 
     def _tick_all(self, seconds: float, now: int) -> None:
@@ -458,7 +466,7 @@ class MemoryGovernor:
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         held: list[int] = []
-        fixed_total = buffers = 0
+        fixed_total = buffers = pinned_total = 0
         for q in queues:
             record = old.get(q)
             if record is None:
@@ -471,7 +479,9 @@ class MemoryGovernor:
             record.fixed, record.buffer = opens + buffer, buffer
             fixed_total += opens + buffer
             buffers += buffer
-            demands.append(record.demand(q))
+            pinned = q.pinned_bytes()
+            pinned_total += pinned
+            demands.append(record.demand(q, pinned))
         self._records = records
         total = sum(held) + fixed_total
         self.ledger.total = total - buffers  # as measured (see MemoryLedger)
@@ -500,7 +510,7 @@ class MemoryGovernor:
         self._watch = {record for q, record in records.items() if q.in_read_behind}
         self._release_idle_cursors()
         self.memory_total = total
-        self._flow(total, now)
+        self._flow(total, now, fixed_total + pinned_total)
 
     def _wait(self, q: PersistentQueue) -> float:
         """How long `q`'s items in memory wait: its bytes held over its egress (bytes a second)."""
@@ -563,13 +573,16 @@ class MemoryGovernor:
     # -----------------------------------------------------------------------------------------
     # Flow control
 
-    def _flow(self, total: int, now: int) -> None:
+    def _flow(self, total: int, now: int, unpageable: int) -> None:
         """Start after two ticks in a row over the budget once paged (a put starts it at once, in
-        `make_room`); end under the low-water mark."""
+        `make_room`); end under the low-water mark, or under the budget once paging has released
+        all it can (`unpageable`: open reads, cursor buffers, heads): held above the mark by what
+        only reads of those queues release, it refused every put for good (a put over the budget
+        starts it again)."""
         over, self._over = self._over, total > self.budget
         if not self.flow_control and over and self._over:
             self._start_flow(total, now)
-        elif self.flow_control and total <= self.budget * LOW_WATER:
+        elif self.flow_control and total <= max(self.budget * LOW_WATER, min(unpageable, self.budget)):
             self.flow_control = False
             spell = now - self._flow_since
             self.flow_control_ms += spell
@@ -595,8 +608,9 @@ class MemoryGovernor:
             self.refused_puts += 1
             raise MemoryBudgetExceeded(
                 f"server memory {self.memory_total} bytes went over max_memory_total {self.budget} and is "
-                f"not yet under {int(self.budget * LOW_WATER)} (open reads or items that cannot be paged "
-                f"out); put refused, try again later")
+                f"not yet under {int(self.budget * LOW_WATER)}, nor under the budget with nothing left to "
+                f"page out (open reads and each queue's head stay in memory until read); put refused, "
+                f"try again later")
 
     def measure(self) -> int:
         """What the queues hold in memory now: items, open reads, read-behind buffers (a walk that

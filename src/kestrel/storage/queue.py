@@ -1022,6 +1022,23 @@ class PersistentQueue(ABC):
             buffer = self._behind.cursor.buffered() if self._behind is not None else 0
             return self.memory_bytes, self._open_bytes(), buffer
 
+    def pinned_bytes(self) -> int:
+        """The bytes of the items in memory that `shed` keeps whatever the target: the memory
+        governor plans the rest of the budget around them."""
+        with self._lock:
+            mem, count = self._mem, self._pinned()
+            if count == len(mem):
+                return self.memory_bytes
+            return len(mem[0].data) if count == 1 else data_sizes(item_data(list(islice(mem, count))))[0]
+
+    def _pinned(self) -> int:
+        """How many items at the head of memory no page-out can drop: the head (a read-only peek
+        reads memory only) and the items aborted back to it (the journal holds them out of order),
+        or every one where the queue cannot page."""
+        if self.closed or self.read_only or not self._reads_behind:
+            return len(self._mem)
+        return min(len(self._mem), max(self._pushed, 1))
+
     def _open_bytes(self) -> int:
         """The open reads' bytes, summed in one compiled pass: the memory governor asks every tick,
         and a Spark stream holds a whole batch open (a generator over 200,000 reads cost 90 ms)."""
@@ -1084,7 +1101,7 @@ class PersistentQueue(ABC):
                 break
             held += size
             keep += 1
-        keep = max(keep, self._pushed, 1)  # the head stays, whatever the target
+        keep = max(keep, self._pinned())  # the head stays, whatever the target
         count = len(mem) - keep
         if count <= 0:
             return 0
