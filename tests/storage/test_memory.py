@@ -206,6 +206,25 @@ def test_a_put_over_what_paging_can_release_starts_flow_control_at_once(tmp_path
 
 
 @FORMATS
+def test_a_put_past_a_budget_full_of_heads_keeps_its_items_on_disk(tmp_path: Path, journal_format: str) -> None:
+    """Memory holds the heads of four queues (a fanout child among them), nothing to page out: a put
+    past the budget keeps its items on disk, read back in order as the head drains. The queue's
+    target fell to what it held, and the first item still entered memory past the budget, one a
+    queue, until a tick paged it out."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 160_000, max_memory_size=40_000)
+    coll.queue("q0+audit")
+    for name in ["q0", "q1", "q2"]:  # 156 KB: q0's item is its child's too
+        coll.put(name, [item(0, 39_000)])
+    for name in ["q0", "q1", "q2"]:
+        assert coll.put(name, [item(1, 39_000), item(2, 1000)]) == 2
+        assert coll.ledger.total == held_in_memory(coll) == 156_000
+        assert coll.queue(name).in_read_behind
+    assert not governor.flow_control
+    for name in ["q0", "q0+audit", "q1", "q2"]:
+        assert drain(coll, name) == [item(0, 39_000), item(1, 39_000), item(2, 1000)], name
+
+
+@FORMATS
 def test_flow_control_ends_when_a_tick_can_page_out_what_a_put_could_not(tmp_path: Path,
                                                                         journal_format: str) -> None:
     """A fanout child nobody reads fills memory before the first tick; open reads then take a put

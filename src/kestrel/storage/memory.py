@@ -566,7 +566,7 @@ class MemoryGovernor:
             if not victim.closed:
                 self.paged_out_total += victim.shed(wait=False)
         if ledger.total + size > ledger.limit:
-            queue.set_memory_target(min(queue.memory_target, queue.memory_bytes))
+            queue.hold_new_items_on_disk()
             if ledger.total > ledger.limit and not self.flow_control:
                 self._start_flow(ledger.total, self.clock.now_ms())
 

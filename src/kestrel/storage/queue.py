@@ -936,8 +936,9 @@ class PersistentQueue(ABC):
         self._ledger.total += size
         return self.memory_bytes >= self.memory_target and self._reads_behind
 
-    def _enter_read_behind(self, after: QItem) -> None:
-        """Read-behind starts after `after`, the item of a put that filled memory. Out of file
+    def _enter_read_behind(self, after: QItem | None) -> None:
+        """Read-behind starts after `after`, the item of a put that filled memory (None: after the
+        last item handed to the queue, before a put's items are journaled). Out of file
         descriptors (its reader needs one), the items stay in memory past the target instead, and
         the next item to find memory full tries again: the put, journaled, is not refused for it (it
         was, and its items were stored all the same, so a client's retry stored them twice)."""
@@ -1038,6 +1039,15 @@ class PersistentQueue(ABC):
         if self.closed or self.read_only or not self._reads_behind:
             return len(self._mem)
         return min(len(self._mem), max(self._pushed, 1))
+
+    def hold_new_items_on_disk(self) -> None:
+        """Inside a put, before its items are journaled: take no more into memory (the server's
+        budget is full). The target falls to what is held and read-behind starts now, so the put's
+        items are only counted; an empty queue still takes its head in. Lowering the target alone
+        let the item that filled it into memory, past the budget."""
+        self.set_memory_target(min(self.memory_target, self.memory_bytes))
+        if self._behind is None and self._mem and self._reads_behind:
+            self._enter_read_behind(None)
 
     def _open_bytes(self) -> int:
         """The open reads' bytes, summed in one compiled pass: the memory governor asks every tick,
@@ -1299,9 +1309,9 @@ class PersistentQueue(ABC):
         later if it cannot now. Raises OSError or JournalWriteError."""
 
     @abstractmethod
-    def _start_read_behind(self, after: QItem) -> Cursor:
-        """A cursor that reads back the items added after `after` (which filled memory)
-        (src/kestrel/storage/read_behind.py)."""
+    def _start_read_behind(self, after: QItem | None) -> Cursor:
+        """A cursor that reads back the items added after `after` (which filled memory; None: after
+        the last item handed to the queue) (src/kestrel/storage/read_behind.py)."""
 
     def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> Cursor | None:
         """A cursor that reads back the tail `first` starts (the newest `count` items in memory,

@@ -196,8 +196,8 @@ class Kestrel2Queue(PersistentQueue):
         self._rb.stop = stop
         return self._rb
 
-    def _start_read_behind(self, after: QItem) -> JournalCursor:
-        """Read-behind starts after the last record journaled (`after`'s)."""
+    def _start_read_behind(self, after: QItem | None) -> JournalCursor:
+        """Read-behind starts after the last record journaled (`after`'s, if given)."""
         writer = self._journal.writer
         assert writer is not None
         self._journal.flush()

@@ -195,8 +195,8 @@ class Kestrel3Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _start_read_behind(self, after: QItem) -> ReaderCursor:
-        return ReaderCursor(self, after.xid + 1)
+    def _start_read_behind(self, after: QItem | None) -> ReaderCursor:
+        return ReaderCursor(self, (after.xid if after is not None else self._seen) + 1)
 
     def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReaderCursor | None:
         """Read-behind from the id of `first`: every item ahead of it and every open read has a
