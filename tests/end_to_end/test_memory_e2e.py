@@ -6,6 +6,7 @@ bench/bench_memory.py's."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,31 @@ def test_flow_control_refuses_puts_on_every_protocol_and_serves_reads(server_fac
         c.close()
     log = srv.log()
     assert "memory over budget that paging cannot release" in log and "memory back under budget" in log
+
+
+@pytest.mark.xdist_group("memory_e2e")
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_big_items_past_the_budget_page_out_and_puts_go_on(server_factory: Any, journal_format: str) -> None:
+    """An item of nearly max_memory_size in each of four queues, a second into two of them, over
+    memcache: the server paged down to the heads, at 95% of the budget, and refused every put since."""
+    from pymemcache.client.base import Client
+
+    srv = server_factory({"max_memory_total": "16MB",
+                          "default_queue": {"max_memory_size": "4MB", "journal_format": journal_format}})
+    big = [b"%d" % n + b"m" * (3_900_000 - 1) for n in range(2)]
+    client = Client(("127.0.0.1", srv.memcache_port), timeout=30)
+    try:
+        for q in range(4):
+            assert client.set(f"q{q}", big[0], noreply=False)
+        for q in range(2):
+            assert client.set(f"q{q}", big[1], noreply=False)
+        time.sleep(1)  # ticks of the governor
+        assert memcache_stats(srv.memcache_port)["flow_control"] == "0"
+        assert client.set("q3", big[1], noreply=False)  # puts go on
+        for q in range(4):
+            assert [client.get(f"q{q}"), client.get(f"q{q}")] == [big[0], big[1] if q != 2 else None]
+    finally:
+        client.close()
 
 
 RESTART_QUEUES = 8
