@@ -9,6 +9,7 @@ function that start-up, rotation and packing call a few times.
 from __future__ import annotations
 
 from collections.abc import Callable
+from io import BufferedIOBase
 
 from kestrel.storage.disk import open_to_read
 
@@ -45,7 +46,13 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 
 def file_crc32c(path: str, size: int | None = None) -> int:
-    """CRC32C of the file's first `size` bytes (all of it when None); OSError if it is shorter.
+    """CRC32C of the file's first `size` bytes (all of it when None); OSError if it is shorter."""
+    with open_to_read(path) as f:
+        return read_crc32c(f, size, path)
+
+
+def read_crc32c(f: BufferedIOBase, size: int | None, path: str) -> int:
+    """`file_crc32c` of the file open as `f`, from where it stands (`path` names it in an error).
 
     Read into one reused buffer: a rotated journal costs its checksum and one copy from the page
     cache, not a new bytes object per chunk (twice as fast).
@@ -53,7 +60,7 @@ def file_crc32c(path: str, size: int | None = None) -> int:
     crc = 0
     left = size
     buffer = bytearray(1 << 20)
-    with open_to_read(path) as f, memoryview(buffer) as view:
+    with memoryview(buffer) as view:
         while left is None or left > 0:
             want = view if left is None or left >= len(buffer) else view[:left]
             got = f.readinto(want)

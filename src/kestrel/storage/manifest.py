@@ -43,7 +43,7 @@ import structlog
 from gevent import monkey
 
 from kestrel.storage import damage, filenames, layout
-from kestrel.storage.crc32c import crc32c, file_crc32c
+from kestrel.storage.crc32c import crc32c, file_crc32c, read_crc32c
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import CorruptJournalError
 
@@ -175,10 +175,12 @@ def remove(queue_path: str, queue: str) -> None:
 
 
 def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0) -> Entry:
-    """The entry of a file that will not change again (or of its first `size` bytes)."""
-    if size is None:
-        size = os.path.getsize(path)
-    return Entry(size, file_crc32c(path, size), first_id, last_id)
+    """The entry of a file that will not change again (or of its first `size` bytes), its size and
+    checksum read through one descriptor: of one file, whatever takes its name meanwhile."""
+    with open_to_read(path) as f:
+        if size is None:
+            size = os.fstat(f.fileno()).st_size
+        return Entry(size, read_crc32c(f, size, path), first_id, last_id)
 
 
 def describe(entry: Entry | None, size: int | None, checked: bool) -> str:
