@@ -9,19 +9,23 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
-from kestrel.storage import QueueCollection, QueueConfigs, filenames, manifest
+from kestrel.storage import QueueCollection, QueueConfigs, disk, filenames, manifest
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import crc32c, crc32c_python
 from kestrel.storage.errors import CorruptJournalError, QueueDamaged
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel2.reader import read_journal
+from kestrel.storage.runtime import ThreadsRuntime
 from tests.support.crash_points import InlineRuntime
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path, one
 
@@ -374,9 +378,9 @@ def test_a_rotated_journal_its_pack_replaces_is_neither_fsynced_nor_read_for_a_c
 
     real_seal = manifest.seal
 
-    def seal(path: str, *args: Any) -> manifest.Entry:
+    def seal(path: str, *args: Any, **kwargs: Any) -> manifest.Entry:
         note(path)
-        return real_seal(path, *args)
+        return real_seal(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "fsync", noting(os.fsync))
     monkeypatch.setattr(os, "fdatasync", noting(os.fdatasync))
@@ -390,6 +394,70 @@ def test_a_rotated_journal_its_pack_replaces_is_neither_fsynced_nor_read_for_a_c
     record = manifest.read(str(tmp_path), "q")
     assert record is not None and sorted(record.files) == packs and record.files[packs[0]].pack
     coll = k2(tmp_path, **EMPTIED)
+    assert drain(coll, "q") == []
+    coll.close()
+
+
+@pytest.mark.pure_build
+def test_a_seal_that_finds_the_pack_put_in_place_over_its_journal_while_it_reads_is_done_not_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a sync policy the journal rotated for a pack taken at once is sealed as any other, and
+    the pack, written meanwhile, does not wait for that seal: it may delete the journal and take its
+    name while the seal reads it. The seal took the journal's size, then read the pack's fewer bytes
+    under that name, and failed ("rotated journal file not sealed", an error logged for nothing);
+    reading the pack whole, it listed the pack as that journal."""
+    at_delete, opened = threading.Event(), threading.Event()
+    journal: list[str] = []  # the journal the pack replaces and renames itself to
+    real_seal, real_open, real_write = QueueJournal._seal_one, disk.open_file, manifest.write
+    written: list[manifest.Entry] = []  # the journal's name in each manifest written
+
+    def writing(queue_path: str, queue: str, record: manifest.Manifest) -> None:
+        if journal and os.path.basename(journal[0]) in record.files:
+            written.append(record.files[os.path.basename(journal[0])])
+        real_write(queue_path, queue, record)
+
+    def pack_waits(step: str) -> None:  # this queue's pack, its journals about to be deleted
+        packs = [n for n in os.listdir(tmp_path) if n.startswith("q.") and n.endswith(".pack")]
+        if step == "delete" and packs and not at_delete.is_set():
+            journal.append(str(tmp_path / packs[0].removesuffix(".pack")))
+            at_delete.set()
+            assert opened.wait(10)
+
+    def seal_once_the_pack_is_there(self: QueueJournal, path: str, *args: Any) -> None:
+        if self.queue_path == str(tmp_path):
+            assert at_delete.wait(10)
+        real_seal(self, path, *args)
+
+    def open_as_the_pack_takes_the_name(path: str, flags: int, mode: int = 0o644) -> int:
+        if journal and path == journal[0] and not opened.is_set():
+            opened.set()
+            for _ in range(10_000):  # bounded: the pack renames itself to the journal's name
+                if not os.path.exists(path + ".pack"):
+                    break
+                time.sleep(0.001)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(packer, "failpoint", pack_waits)
+    monkeypatch.setattr(QueueJournal, "_seal_one", seal_once_the_pack_is_there)
+    monkeypatch.setattr(disk, "open_file", open_as_the_pack_takes_the_name)
+    monkeypatch.setattr(manifest, "write", writing)
+    settings = {**EMPTIED, "sync_journal": "always"}
+    coll = load_strictly(QueueCollection(str(tmp_path), QueueConfigs({}, {"q": settings}),
+                                         runtime=ThreadsRuntime()))
+    for i in range(30):
+        coll.put("q", [b"%04d" % i + ITEM])
+    with capture_logs() as logs:
+        assert len(coll.remove("q", 30)) == 30  # emptied past default_journal_size: rotated and packed
+        coll.queue("q").wait_for_packing()
+    assert opened.is_set()
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == []
+    assert written and all(entry.pack for entry in written)  # listed at its name as the pack only
+    (pack,) = rotated(tmp_path)
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == [pack] and record.files[pack].pack
+    assert manifest.mismatch(str(tmp_path / pack), record.files[pack]) is None
+    coll.close()
+    coll = k2(tmp_path, **settings)
     assert drain(coll, "q") == []
     coll.close()
 

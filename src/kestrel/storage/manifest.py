@@ -34,6 +34,7 @@ of a writer file are its first and last item ids (0 for a Kestrel 2 journal).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -51,6 +52,8 @@ log = structlog.get_logger("kestrel.manifest")
 
 MAGIC = "kestrel-manifest"
 VERSION = 1
+
+FileId = tuple[int, int]  # (st_dev, st_ino): a file, whatever its name
 
 
 @dataclass
@@ -174,13 +177,24 @@ def remove(queue_path: str, queue: str) -> None:
     fsync_path(os.path.dirname(path))
 
 
-def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0) -> Entry:
+def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0,
+         of: FileId | None = None) -> Entry:
     """The entry of a file that will not change again (or of its first `size` bytes), its size and
-    checksum read through one descriptor: of one file, whatever takes its name meanwhile."""
+    checksum read through one descriptor: of one file, whatever takes its name meanwhile. Raises
+    FileNotFoundError when the name holds no file, or another than `of` (a rotated journal that a
+    pack was put in place over)."""
     with open_to_read(path) as f:
+        found = os.fstat(f.fileno())
+        if of is not None and file_id(found) != of:
+            raise FileNotFoundError(errno.ENOENT, "another file holds its name now", path)
         if size is None:
-            size = os.fstat(f.fileno()).st_size
+            size = found.st_size
         return Entry(size, read_crc32c(f, size, path), first_id, last_id)
+
+
+def file_id(found: os.stat_result) -> FileId:
+    """Which file `found` (an `os.fstat` of it) describes, whatever name it has."""
+    return found.st_dev, found.st_ino
 
 
 def describe(entry: Entry | None, size: int | None, checked: bool) -> str:

@@ -112,8 +112,9 @@ class QueueJournal:
         self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
         # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
-        # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile.
-        self._replaced: dict[str, journal_file.Seal] = {}
+        # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile,
+        # and is known by its file (`_seal_one`).
+        self._replaced: dict[str, tuple[journal_file.Seal, manifest.FileId]] = {}
 
     @property
     def live_path(self) -> str:
@@ -373,21 +374,22 @@ class QueueJournal:
             self._manifest = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
         return self._manifest
 
-    def _seal_one(self, path: str, unsynced: bool = False) -> None:
-        """A rotated journal is on disk: list it in the manifest with its checksum (in a thread);
-        fsynced first when it was closed `unsynced` (a pack meant to replace it failed).
+    def _seal_one(self, path: str, journal: manifest.FileId, unsynced: bool = False) -> None:
+        """The rotated journal `journal` is on disk at `path`: list it in the manifest with its
+        checksum (in a thread); fsynced first when it was closed `unsynced` (a pack meant to replace
+        it failed).
 
-        A pack taken at this rotation bears the journal's name once in place: when it was written
-        first (a slow fsync here), the manifest lists it under that name already, and the name now
-        holds the pack, not this journal."""
+        A pack does not wait for the seals of the journals it replaces: one is done when its
+        journal is no longer under its name, deleted by a pack or replaced by the pack taken at
+        its rotation, which bears its name once in place (written first: a slow fsync here). The
+        file under the name is told by what it is, not by what the manifest says of it: the pack
+        takes the name before the manifest records it there, and may take it while the seal reads."""
         keeper = self._keeper()
         with keeper.lock:  # a pack deleting it meanwhile drops its entry after this one is written
-            if os.path.basename(path) in keeper.manifest.files:
-                return
             try:
                 if unsynced:
                     fsync_path(path)
-                keeper.manifest.files[os.path.basename(path)] = manifest.seal(path)
+                keeper.manifest.files[os.path.basename(path)] = manifest.seal(path, of=journal)
             except FileNotFoundError:  # packed away meanwhile
                 return
             manifest.write(self.queue_path, self.name, keeper.manifest)
@@ -555,6 +557,7 @@ class QueueJournal:
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
         old.open()  # a live journal started by a rotation earlier in this change may not exist yet
+        journal = manifest.file_id(os.fstat(old.fd))  # what its seal lists, unless a pack took its name first
         rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
         self.rotated.append((stamp, rotated))
@@ -563,9 +566,9 @@ class QueueJournal:
         if packed and old.sync_ms is None and old.log is None and self.pack_state is PackState.IDLE \
                 and not self.pack_pending:
             old.close(sync=False)
-            self._replaced[rotated] = self._sealer.hold()
+            self._replaced[rotated] = (self._sealer.hold(), journal)
         else:
-            self._sealer.add(old, partial(self._seal_one, rotated))
+            self._sealer.add(old, partial(self._seal_one, rotated, journal))
         return stamp
 
     @property
@@ -654,14 +657,14 @@ class QueueJournal:
             log.error("packing failed half way; no more packs until the next start", queue=self.name)
         else:
             log.error("packing failed; the old journal files stay and remain correct", queue=self.name)
-            seals = [partial(self._seal_one, path, True) for path, _ in held]
+            seals = [partial(self._seal_one, path, journal, True) for path, (_, journal) in held]
             if job.listed is not None:
                 record = partial(self._keeper().update, {os.path.basename(pack): None})
         if record is not None and held:
             seals[-1] = _then(seals[-1], record)
         elif record is not None:
             self._sealer.add(None, record)
-        for (_, place), seal in zip(held, seals, strict=True):
+        for (_, (place, _)), seal in zip(held, seals, strict=True):
             self._sealer.release(place, seal)
         self.start_next_pack()
 
