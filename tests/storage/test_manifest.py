@@ -970,7 +970,7 @@ def test_a_seal_that_fails_holds_back_the_newer_ones_so_the_next_start_refuses_n
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rotated journal whose seal fails (a disk error) stays unlisted: a newer one listed after it
     would make it an older journal missing from the manifest, a stray to the next start. Seals are
-    held back behind it and tried again at the next rotation."""
+    held back behind it and tried again at the next rotation. The error names the rotated file."""
     real_seal, failed = manifest.seal, []
 
     def seal_failing_once(path: str, *args: Any, **kwargs: Any) -> manifest.Entry:
@@ -982,12 +982,15 @@ def test_a_seal_that_fails_holds_back_the_newer_ones_so_the_next_start_refuses_n
     settings = {"max_journal_size": 8192}
     coll = k2(tmp_path, **settings)
     monkeypatch.setattr(manifest, "seal", seal_failing_once)
-    for i in range(120):  # in read-behind past max_memory_size: a rotation each 8 KB of journal
-        coll.put("q", [b"%04d" % i + ITEM])
-        coll.queue("q").wait_for_packing()
-        if failed and len(rotated(tmp_path)) >= 3:
-            break
+    with capture_logs() as logs:
+        for i in range(120):  # in read-behind past max_memory_size: a rotation each 8 KB of journal
+            coll.put("q", [b"%04d" % i + ITEM])
+            coll.queue("q").wait_for_packing()
+            if failed and len(rotated(tmp_path)) >= 3:
+                break
     assert failed and len(rotated(tmp_path)) >= 3
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert [os.path.basename(e["file"]) for e in errors] == failed, errors
     record = manifest.read(str(tmp_path), "q")  # the failed seal, tried again, listed it before the rest
     assert record is not None and sorted(record.files, key=lambda n: int(n[2:])) == rotated(tmp_path)
     coll.close()

@@ -386,13 +386,14 @@ class JournalWriter:
 
 class Seal:
     """One rotated file the `Sealer` finishes: `old`'s writer closed, then `then` run; a `held`
-    place waits for `Sealer.release`."""
+    place waits for `Sealer.release`. `path` names the file where it is now, in a log line."""
 
     def __init__(self, old: JournalWriter | None, then: Callable[[], None] | None,
-                 held: bool = False) -> None:
+                 held: bool = False, path: str | None = None) -> None:
         self.old = old
         self.then = then
         self.held = held
+        self.path = path if path is not None or old is None else old.path
 
 
 class Sealer:
@@ -408,15 +409,16 @@ class Sealer:
         self._running = 0
         self._done: Event | None = None
 
-    def add(self, old: JournalWriter | None, then: Callable[[], None]) -> None:
-        """Finish `old` (None: a file closed already), then run `then`."""
-        self._pending.append(Seal(old, then))
+    def add(self, old: JournalWriter | None, then: Callable[[], None], path: str | None = None) -> None:
+        """Finish `old` (None: a file closed already), then run `then`; `path`: where the file is
+        now, when it was renamed since `old` opened it (a rotated Kestrel 2 journal)."""
+        self._pending.append(Seal(old, then, path=path))
         self.runtime.spawn(self.run)
 
-    def hold(self) -> Seal:
-        """A place in the order for a file closed already, whose finish `release` gives later: the
-        files rotated after it wait behind it meanwhile."""
-        seal = Seal(None, None, held=True)
+    def hold(self, path: str) -> Seal:
+        """A place in the order for the file at `path`, closed already, whose finish `release` gives
+        later: the files rotated after it wait behind it meanwhile."""
+        seal = Seal(None, None, held=True, path=path)
         self._pending.append(seal)
         return seal
 
@@ -447,7 +449,7 @@ class Sealer:
                         self.runtime.run_blocking(seal.then)
                 except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
                     log.exception("rotated journal file not sealed into the manifest; tried again at the "
-                                  "next rotation", file=None if seal.old is None else seal.old.path,
+                                  "next rotation", file=seal.path,
                                   waiting=len(self._pending) - 1)
                     return
                 del self._pending[0]

@@ -566,9 +566,9 @@ class QueueJournal:
         if packed and old.sync_ms is None and old.log is None and self.pack_state is PackState.IDLE \
                 and not self.pack_pending:
             old.close(sync=False)
-            self._replaced[rotated] = (self._sealer.hold(), journal)
+            self._replaced[rotated] = (self._sealer.hold(rotated), journal)
         else:
-            self._sealer.add(old, partial(self._seal_one, rotated, journal))
+            self._sealer.add(old, partial(self._seal_one, rotated, journal), rotated)
         return stamp
 
     @property
