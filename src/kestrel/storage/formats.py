@@ -14,7 +14,7 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kestrel.storage import filenames, layout
+from kestrel.storage import filenames, layout, manifest
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName, JournalFileShared
@@ -76,8 +76,8 @@ def shared_files(found: QueueDirectory) -> dict[str, JournalFileShared]:
     whose name for it is no symbolic link, else with the first in `load_order`; each other queue
     naming it is refused, both files named. Files of one queue sharing with each other are not this
     rule's. One `lstat` a file (and a `stat` of a symbolic link's target)."""
-    taken: dict[tuple[int, int], tuple[tuple[bool, bool, str], str, str]] = {}
-    named: list[tuple[tuple[int, int], tuple[bool, bool, str], str, str]] = []
+    taken: dict[manifest.FileId, tuple[tuple[bool, bool, str], str, str]] = {}
+    named: list[tuple[manifest.FileId, tuple[bool, bool, str], str, str]] = []
     for name, files in found.queues.items():
         paths = [*files.replay_order(), *(p for _, p in files.packs)]
         checkpoints = found.checkpoints.get(name)
@@ -91,11 +91,11 @@ def shared_files(found: QueueDirectory) -> dict[str, JournalFileShared]:
                     st = os.stat(path)
             except FileNotFoundError:
                 continue  # gone since the listing: no file to share
-            rank = (link, *load_order(name))
-            named.append(((st.st_dev, st.st_ino), rank, name, path))
-            kept = taken.get((st.st_dev, st.st_ino))
+            rank, identity = (link, *load_order(name)), manifest.file_id(st)
+            named.append((identity, rank, name, path))
+            kept = taken.get(identity)
             if kept is None or rank < kept[0]:
-                taken[st.st_dev, st.st_ino] = (rank, name, path)
+                taken[identity] = (rank, name, path)
     refused: dict[str, JournalFileShared] = {}
     for identity, _rank, name, path in sorted(named, key=lambda n: n[1:]):
         _, owner, other = taken[identity]

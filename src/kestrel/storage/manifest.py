@@ -193,7 +193,7 @@ def seal(path: str, size: int | None = None, first_id: int = 0, last_id: int = 0
 
 
 def file_id(found: os.stat_result) -> FileId:
-    """Which file `found` (an `os.fstat` of it) describes, whatever name it has."""
+    """Which file `found` (a stat of it) describes, whatever name it has."""
     return found.st_dev, found.st_ino
 
 
