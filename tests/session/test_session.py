@@ -29,6 +29,7 @@ from kestrel.service.session.status import Status
 from kestrel.storage import QItem, QueueCollection, QueueConfigs
 from kestrel.storage.errors import JournalWriteError, MemoryBudgetExceeded, RefusedByStatus
 from kestrel.storage.runtime import ManualRuntime
+from tests.storage.test_write_gate import LARGE, HeldWrites
 
 MakeServer = Callable[..., ServerState]
 
@@ -655,6 +656,33 @@ def test_a_waiter_whose_client_hangs_up_as_its_item_comes_hands_the_item_to_the_
     producer.put("q", [b"a"])
     gevent.joinall(waiters, timeout=1)
     assert isinstance(waiters[0].exception, ClientGone) and waiters[1].value == [b"a"]
+
+
+def test_a_waiter_whose_client_hangs_up_while_it_looks_hands_its_wake_up_to_the_next(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A woken waiter's look waits behind a large write of the queue's journal; its client gone
+    there, the item it was woken for goes to the next waiter, not to its deadline."""
+    writes = HeldWrites(monkeypatch)
+    producer = Session(server, "producer")
+    sessions = [Session(server, f"client {n}") for n in range(3)]
+    waiters = []
+    for session in sessions:
+        waiters.append(gevent.spawn(partial(session.get, "q", timeout_ms=10_000)))
+        gevent.sleep(0)
+
+    def produce() -> None:
+        producer.put("q", [b"a"])  # wakes the first waiter
+        producer.put("q", [LARGE])  # written off the loop: the first one's look waits at the gate
+
+    put = gevent.spawn(produce)
+    writes.wait_started(put)
+    assert sessions[0].waiting  # so its connection, seeing the hang-up, throws it into the wait
+    sessions[0].client_gone()
+    waiters[0].kill(ClientGone, timeout=1)
+    writes.release.set()
+    gevent.joinall([put, *waiters[1:]], timeout=5)
+    assert isinstance(waiters[0].exception, ClientGone)
+    assert [w.value for w in waiters[1:]] == [[b"a"], [LARGE]]
 
 
 def test_a_get_waiting_when_the_server_turns_quiescent_is_refused_when_an_item_comes(

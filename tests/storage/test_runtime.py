@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 import pytest
 from gevent._hub_local import get_hub_if_exists
 
@@ -250,6 +251,31 @@ def test_a_wake_up_that_comes_while_a_woken_waiter_looks_goes_to_the_next_waiter
     waits.wake_one()
     gevent.joinall([first, second], timeout=1)
     assert first.value == "a" and second.value == "b"  # the second wake-up was not lost with the first
+
+
+def test_a_woken_waiter_whose_look_is_cut_short_passes_its_wake_up_to_the_next_waiter() -> None:
+    """A look may let others run (a queue's write gate) and end there, its client gone: the item it
+    was woken for is still there, and the next waiter must not sleep beside it."""
+    runtime = ManualRuntime()
+    waits = WaitList(runtime)
+    items: list[str] = []
+    at_gate, gate = gevent.event.Event(), gevent.event.Event()
+
+    def look_at_gate() -> str | None:
+        if items:
+            at_gate.set()
+            gate.wait()
+        return items[0] if items else None
+
+    first = gevent.spawn(partial(waits.wait, look_at_gate, 10.0))
+    second = gevent.spawn(partial(waits.wait, lambda: items[0] if items else None, 10.0))
+    gevent.sleep(0)
+    items.append("a")
+    waits.wake_one()
+    at_gate.wait(timeout=1)
+    first.kill()  # as a hang-up is thrown into its wait
+    gevent.joinall([second], timeout=1)
+    assert second.value == "a" and len(waits) == 0
 
 
 def test_threads_drain_a_backlog_through_read_behind_rotation_and_packing(tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ class WaitList:
     def wait(self, fetch: Callable[[], T | None], timeout: float, looking: bool = False) -> T | None:
         """`fetch()`'s first result that is not None, trying again at each wake-up until `timeout`
         seconds have passed (or the list is ended); None if there was none. A wake-up this waiter
-        did not use is passed on to the next; so is one it used if it is `looking` (its fetch takes
-        nothing, as a peek: the next waiter may take what it saw)."""
+        did not use is passed on to the next, even when its fetch after the wake-up never ended (an
+        error, or the waiter cancelled while the fetch let others run); so is one it used if it is
+        `looking` (its fetch takes nothing, as a peek: the next waiter may take what it saw)."""
         item = fetch()
         if item is not None or timeout <= 0 or self.ended:
             return item
@@ -41,26 +42,28 @@ class WaitList:
         event = self._runtime.event()
         with self._lock:
             self._waiters.append(event)
-        woken = False  # the last fetch followed a wake-up
+        owed = False  # holding a wake-up the next waiter is owed if this one leaves now
         try:
             while not self.ended:
                 # Fetched again once registered: a wake-up between the first fetch and the
                 # registration (another thread's add) is not lost.
                 item = fetch()
                 if item is not None:
+                    owed = owed and looking  # a taker keeps its turn
                     break
+                owed = False  # what woke this waiter was taken by another
                 remaining = deadline - clock.monotonic()
                 if remaining <= 0 or not event.wait(remaining):
                     break
                 event.clear()
-                woken = True
+                owed = True  # until its fetch ends: one cut short used nothing
             return item
         finally:
             with self._lock:
                 self._waiters.remove(event)
-            # Passed on: a wake-up not used (nothing found, or one that came while this waiter,
-            # already woken, looked), and a used one when it only looks.
-            if not self.ended and (event.is_set() or (item is not None and looking and woken)):
+            # Passed on: a wake-up not used (one that came while this waiter, already woken, looked,
+            # or one whose fetch never ended), and a used one when it only looks.
+            if not self.ended and (event.is_set() or owed):
                 self.wake_one()
 
     def wake_one(self) -> bool:
