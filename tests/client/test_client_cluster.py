@@ -63,6 +63,14 @@ def test_member_addresses() -> None:
     assert member_address(b"not json", "thrift") is None
 
 
+def test_a_member_advertising_an_address_no_call_could_use_is_no_address() -> None:
+    """Another service may write a member into the sets; what it advertises is held to the rule a
+    server given by hand is, so that a member a call could never use is ignored where it is read."""
+    for host, port in (("h", 0), ("h", 99999), ("h", -5), ("h", True), ("", 2229), (None, 2229), ("h", 2.5)):
+        data = json.dumps({"additionalEndpoints": {"thrift": {"host": host, "port": port}}}).encode()
+        assert member_address(data, "thrift") is None, (host, port)
+
+
 def test_unreachable_zookeeper_is_a_clear_error() -> None:
     with pytest.raises(ServerSetsUnavailable, match="cannot reach ZooKeeper"):
         ZooKeeperServerSets(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
@@ -239,17 +247,44 @@ def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[Serve
     assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)
 
 
-def member_on(port: int) -> bytes:
-    """A server set member's data, as a server at 127.0.0.1:`port` serving Thrift writes it."""
-    return json.dumps({"serviceEndpoint": {"host": "127.0.0.1", "port": port},
-                       "additionalEndpoints": {"thrift": {"host": "127.0.0.1", "port": port}},
+def member_on(port: int, host: str = "127.0.0.1") -> bytes:
+    """A server set member's data, as a server at `host`:`port` serving Thrift writes it."""
+    return json.dumps({"serviceEndpoint": {"host": host, "port": port},
+                       "additionalEndpoints": {"thrift": {"host": host, "port": port}},
                        "status": "ALIVE"}).encode()
 
 
-def join(zk: KazooClient, prefix: str, port: int) -> None:
-    """A member for 127.0.0.1:`port` in both sets under `prefix`, as a server joins them."""
+def join(zk: KazooClient, prefix: str, port: int, data: bytes | None = None) -> None:
+    """A member for 127.0.0.1:`port` (or of `data`) in both sets under `prefix`, as a server joins them."""
     for name in ("write", "read"):
-        zk.create(f"{prefix}/{name}/member_", member_on(port), sequence=True, makepath=True)
+        zk.create(f"{prefix}/{name}/member_", member_on(port) if data is None else data, sequence=True,
+                  makepath=True)
+
+
+def ignored_members(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("ignoring server set member" in r.getMessage() for r in caplog.records)
+
+
+def test_a_running_client_ignores_a_member_advertising_an_address_no_call_could_use(
+        zookeeper: Any, zk: KazooClient, cluster3: list[ServerProcess], caplog: pytest.LogCaptureFixture) -> None:
+    """A member with port 0, 99999 or an empty host, written by another service into the sets a
+    client watches, made every put and get of that client raise ValueError ("bad server address"),
+    the real server unused. It is ignored with a warning, as malformed data is."""
+    prefix = "/kestrel-bad-address"
+    real = cluster3[0].thrift_port
+    join(zk, prefix, real)
+    try:
+        with Cluster.from_zookeeper(zookeeper.hosts, prefix) as cluster:
+            wait_until(lambda: thrift_ports(cluster.source.writers()) == {real}, "the real server")
+            for port in (0, 99999):
+                join(zk, prefix, port)
+            join(zk, prefix, 0, member_on(2229, host=""))
+            wait_until(lambda: ignored_members(caplog) >= 6, "the three members of each set ignored")
+            assert thrift_ports(cluster.source.writers()) == thrift_ports(cluster.source.readers()) == {real}
+            assert cluster.put("bad-address", b"x")
+            assert cluster.get("bad-address") == b"x"
+    finally:
+        zk.delete(prefix, recursive=True)
 
 
 @contextlib.contextmanager

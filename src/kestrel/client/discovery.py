@@ -87,13 +87,15 @@ class StaticServers:
 
 
 def member_address(data: bytes, endpoint: str | None) -> Address | None:
-    """The address a ServerSet member advertises for `endpoint` (None: its default endpoint)."""
+    """The address a ServerSet member advertises for `endpoint` (None: its default endpoint); None
+    when it offers none a client could use. The address is held to `as_address`'s rule, so that a
+    member another service wrote (port 0, an empty host) is ignored here, not raised by every call."""
     try:
         member = json.loads(data)
         if member.get("status", "ALIVE") != "ALIVE":
             return None
         where = member["serviceEndpoint"] if endpoint is None else member["additionalEndpoints"][endpoint]
-        return str(where["host"]), int(where["port"])
+        return as_address((where["host"], where["port"]))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -301,7 +303,8 @@ class ZooKeeperServerSets:
                 continue
             fresh[child] = member_address(data, self.endpoint)
             if fresh[child] is None:
-                log.warning("ignoring server set member %s/%s: no %s endpoint", name, child, self.endpoint)
+                log.warning("ignoring server set member %s/%s: no usable %s endpoint in %.200r", name, child,
+                            self.endpoint or "default", data)
         with self._watch_lock:  # a view read with the members of a retired generation is not kept
             if generation != self._generation or self._lives.get(name) != life:
                 return
