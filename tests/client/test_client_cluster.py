@@ -71,6 +71,14 @@ def test_a_member_advertising_an_address_no_call_could_use_is_no_address() -> No
         assert member_address(data, "thrift") is None, (host, port)
 
 
+def test_data_that_is_no_member_is_no_address() -> None:
+    """Nesting past what the parser follows raised RecursionError out of member_address; data over
+    MAX_MEMBER_BYTES is no member, whatever it holds, and is not parsed."""
+    assert member_address(b"[" * 30_000 + b"]" * 30_000, "thrift") is None
+    assert member_address(member_on(7001) + b" " * discovery.MAX_MEMBER_BYTES, "thrift") is None
+    assert member_address(member_on(7001) + b" " * 1000, "thrift") == ("127.0.0.1", 7001)
+
+
 def test_unreachable_zookeeper_is_a_clear_error() -> None:
     with pytest.raises(ServerSetsUnavailable, match="cannot reach ZooKeeper"):
         ZooKeeperServerSets(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
@@ -240,6 +248,25 @@ def test_ten_thousand_items_survive_a_readonly_server_and_a_killed_one(
     print(f"10,000 items: {redelivered} delivered twice (a lost confirm or a put resent after a kill)")
     on(readonly).set_status(kestrel.Status.UP)
     cluster.close()
+
+
+def test_a_member_whose_data_is_no_member_leaves_the_sets_followed(zookeeper: Any, zk: KazooClient) -> None:
+    """Member data of 100,000 `[` then as many `]` made reading it raise RecursionError: a new
+    client's construction raised it (no KestrelClientError), and a running client's watch died with
+    it, its lists frozen while the member lived. It is ignored, and a member joining later is seen."""
+    prefix = "/kestrel-no-member"
+    join(zk, prefix, 7001)
+    try:
+        with ZooKeeperServerSets(zookeeper.hosts, prefix) as running:
+            wait_until(lambda: thrift_ports(running.writers()) == {7001}, "the first member")
+            join(zk, prefix, 0, b"[" * 100_000 + b"]" * 100_000)
+            join(zk, prefix, 7002)
+            wait_until(lambda: thrift_ports(running.writers()) == thrift_ports(running.readers()) == {7001, 7002},
+                       "the member joined after it")
+        with ZooKeeperServerSets(zookeeper.hosts, prefix) as fresh:
+            assert thrift_ports(fresh.writers()) == thrift_ports(fresh.readers()) == {7001, 7002}
+    finally:
+        zk.delete(prefix, recursive=True)
 
 
 def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:

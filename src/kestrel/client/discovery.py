@@ -28,6 +28,7 @@ Address = tuple[str, int]
 DEFAULT_THRIFT_PORT = 2229
 RETRY_S = 1.0  # a watch that could not be set is set again this much later
 RETRY_MAX_DELAY_S = 2.0  # the longest pause between two tries of a ZooKeeper call (kazoo adds 40% jitter)
+MAX_MEMBER_BYTES = 64 * 1024  # a member's data is a few hundred bytes; more is no member, and is not parsed
 
 
 @runtime_checkable
@@ -89,14 +90,18 @@ class StaticServers:
 def member_address(data: bytes, endpoint: str | None) -> Address | None:
     """The address a ServerSet member advertises for `endpoint` (None: its default endpoint); None
     when it offers none a client could use. The address is held to `as_address`'s rule, so that a
-    member another service wrote (port 0, an empty host) is ignored here, not raised by every call."""
+    member another service wrote (port 0, an empty host) is ignored here, not raised by every call;
+    so is data that is no member at all, oversized or nested past what the parser can follow
+    (RecursionError), which escaped the watch and froze the lists."""
+    if len(data) > MAX_MEMBER_BYTES:
+        return None
     try:
         member = json.loads(data)
         if member.get("status", "ALIVE") != "ALIVE":
             return None
         where = member["serviceEndpoint"] if endpoint is None else member["additionalEndpoints"][endpoint]
         return as_address((where["host"], where["port"]))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 
