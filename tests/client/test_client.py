@@ -109,6 +109,23 @@ def test_puts_spread_round_robin_and_random(three: list[ServerProcess]) -> None:
     randomly.close()
 
 
+def test_puts_and_gets_of_one_cluster_each_go_round_the_servers(three: list[ServerProcess]) -> None:
+    """A producer and a consumer sharing one Cluster: puts and gets took turns from one counter, so
+    with two servers, each put alternating with a get, every put went to the first and every get
+    began at the second."""
+    first, _, last = three
+    for srv in (first, last):
+        one = on(srv)
+        one.put("interleaved-gets", [b"waiting"] * 20)
+        one.close()
+    with cluster_of(first, last) as cluster:
+        for i in range(20):
+            assert cluster.put("interleaved-puts", b"%d" % i)
+            assert cluster.get("interleaved-gets") == b"waiting"
+    assert [items_on(s, "interleaved-puts") for s in (first, last)] == [10, 10]
+    assert [items_on(s, "interleaved-gets") for s in (first, last)] == [10, 10]
+
+
 def laid_out(items: list[bytes]) -> bytes:
     """Items as Thrift's list<binary> carries them: each a 4-byte big-endian length, then its bytes."""
     return b"".join(struct.pack(">i", len(item)) + item for item in items)

@@ -91,7 +91,8 @@ class Cluster:
         self._servers: dict[Address, Server] = {}
         self._sets_seen: tuple[list[Address], list[Address]] = ([], [])  # the source's lists last looked at
         self._lock = threading.Lock()
-        self._turn = itertools.count()
+        # A turn of each call's own: puts go round the writers whatever gets do, and gets round the readers.
+        self._turns = {"put": itertools.count(), "get": itertools.count()}
         self._closed = False
 
     @classmethod
@@ -171,8 +172,8 @@ class Cluster:
             server.retire()
 
     def _in_turn(self, servers: Sequence[Server], method: str) -> list[Server]:
-        """Every server once: those fit for `method` from the next in turn (or shuffled), then the
-        ones that recently failed or refused it by status. Turning among the fit ones alone is what
+        """Every server once: those fit for `method` from the next in `method`'s turn (or shuffled),
+        then the ones that recently failed or refused it by status. Turning among the fit ones alone is what
         spreads a dead server's share evenly over the others, instead of onto the one after it."""
         fit: list[Server] = []
         unfit: list[Server] = []
@@ -182,7 +183,7 @@ class Cluster:
             random.shuffle(fit)
             random.shuffle(unfit)
             return fit + unfit
-        turn = next(self._turn)
+        turn = next(self._turns[method])
         return [*_rotated(fit, turn), *_rotated(unfit, turn)]
 
     def _pause(self, failed_rounds: int) -> None:
