@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import kestrel.client.server as server_module
 from kestrel.client import (
     ClientClosed,
     Cluster,
@@ -185,6 +187,40 @@ def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProc
         cluster.close()
     finally:
         on(readonly).set_status(kestrel.Status.UP)
+
+
+@pytest.mark.parametrize("silence", ["never accepts", "never answers"])
+def test_a_server_that_hangs_is_avoided_longer_than_a_try_of_it_costs(
+        server: ServerProcess, silence: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A try of a server whose listener never accepts costs the connect timeout (a partitioned host),
+    one of a server that never answers the call's timeout (a frozen one); after it the server was
+    avoided for `retry_after`, a second, which had run out by the time a producer came back to it
+    (with the default 2 s connect timeout two puts in three stalled). Here the hung server has no
+    `retry_after` of its own, so that only what its tries cost keeps it avoided, and timeouts of a
+    tenth of the defaults: it is tried a few times in 40 puts, not at every other one."""
+    tried: list[int] = []
+
+    class Counted(server_module._Connection):
+        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+            tried.append(port)
+            super().__init__(host, port, connect_timeout_ms)
+
+    monkeypatch.setattr(server_module, "_Connection", Counted)
+    with socket.socket() as hung, contextlib.ExitStack() as held:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(0 if silence == "never accepts" else 64)
+        port = hung.getsockname()[1]
+        if silence == "never accepts":
+            for _ in range(3):  # fill its backlog: the connects after these are never answered
+                queued = held.enter_context(socket.socket())
+                queued.setblocking(False)
+                queued.connect_ex(("127.0.0.1", port))
+        with Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"]) as cluster:
+            silent = cluster.server(f"127.0.0.1:{port}")
+            silent.retry_after, silent.connect_timeout_ms, silent.timeout_ms = 0.0, 200, 200
+            for i in range(40):
+                assert cluster.put("hung", b"%d" % i)
+    assert 1 <= tried.count(port) <= 4, tried.count(port)
 
 
 @pytest.mark.parametrize("answer", [

@@ -36,6 +36,10 @@ from kestrel.contract import kestrel_thrift
 CONNECTION_ERRORS = (TTransportException, OSError, EOFError)
 # What thriftpy2 raises reading bytes that are no Thrift reply (its C reader's error, and its own).
 NOT_A_REPLY = (ProtocolError, TProtocolException)
+# A server that failed is avoided at least this many times as long as the failed try took (a connect
+# or call timeout waited out), so that one which never answers costs its callers a tenth of their time.
+AVOID_PER_COST = 10
+MAX_AVOID_S = 60.0  # the longest avoidance that failures in a row grow to (unless retry_after is longer)
 
 
 class _Connection:
@@ -69,7 +73,8 @@ class Server:
     A call on a pooled connection that turns out to be dead is repeated once on a new connection
     (the server may have restarted since, closing every pooled one: they are dropped with it); any
     other connection failure raises ServerUnavailable
-    and marks the server down for `retry_after` seconds, which a Cluster uses to try it last.
+    and marks the server down for a while (`retry_after` seconds, longer after a try that waited out
+    a timeout and after failures in a row: `_mark_down`), which a Cluster uses to try it last.
     An error the server answers with raises Refused, except a closed queue (the server is shutting
     down), which raises ServerClosing, a ServerUnavailable, and marks the server down too. A refusal
     because of the server's status marks that method refused for `retry_after` seconds
@@ -90,6 +95,7 @@ class Server:
         self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
         self.retry_after, self.max_idle = retry_after, max_idle
         self.down_until = 0.0
+        self._failures = 0  # failures in a row, since the server last answered
         self._refused_until: dict[str, float] = {}  # method → when a status refusal is stale
         self._closed = False
         self._idle: list[_Connection] = []
@@ -103,7 +109,7 @@ class Server:
 
     @property
     def seems_down(self) -> bool:
-        """Failed to connect less than `retry_after` seconds ago."""
+        """Failed lately, and still avoided for it (see `_mark_down`)."""
         return time.monotonic() < self.down_until
 
     def avoids(self, method: str) -> bool:
@@ -234,6 +240,7 @@ class Server:
         for attempt in (1, 2):
             conn, reused = self._take(fresh=attempt == 2, without_reads=opens_reads)
             conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
+            started = time.monotonic()
             try:
                 result = conn.invoke(method, args)
             except (TApplicationException, *NOT_A_REPLY) as e:
@@ -241,14 +248,15 @@ class Server:
                     # Bytes that are no Kestrel reply (another service on the port, a proxy): the
                     # connection's state is unknown, and the next server may serve the call.
                     conn.close()
-                    self.down_until = time.monotonic() + self.retry_after
+                    self._mark_down(self._call_cost(started, wait_ms))
                     raise ServerUnavailable(self.address, f"{method}: the answer is not a Kestrel Thrift "
                                                           f"reply ({e})", maybe_done=True) from e
                 error = refusal(self.address, e.message or str(e))
                 if isinstance(error, ServerClosing):
                     conn.close()
-                    self.down_until = time.monotonic() + self.retry_after
+                    self._mark_down(self._call_cost(started, wait_ms))
                 else:
+                    self._answered()
                     if isinstance(error, Refused) and error.by_status:
                         self._refused_until[method] = time.monotonic() + self.retry_after
                     self._give_back(conn)
@@ -260,7 +268,7 @@ class Server:
                     # it again on a new one.
                     self._drop_idle()
                     continue
-                self.down_until = time.monotonic() + self.retry_after
+                self._mark_down(self._call_cost(started, wait_ms))
                 raise ServerUnavailable(self.address, f"{method} failed: {e!r}", maybe_done=True) from e
             except BaseException:
                 conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
@@ -268,6 +276,7 @@ class Server:
             finally:
                 if method in ("confirm", "abort"):  # settled, or left to the server's auto-abort
                     self._forget_reads(args[1])
+            self._answered()
             if opens_reads and result:
                 self._note_reads(conn, result)
             self._give_back(conn)
@@ -295,13 +304,36 @@ class Server:
                 for n in range(len(self._idle) - 1, -1, -1):
                     if not (without_reads and self._idle[n].open_reads):
                         return self._idle.pop(n), True
+        started = time.monotonic()
         try:
             conn = _Connection(self.host, self.port, self.connect_timeout_ms)
         except CONNECTION_ERRORS as e:
-            self.down_until = time.monotonic() + self.retry_after
+            self._mark_down(time.monotonic() - started)
             raise ServerUnavailable(self.address, f"cannot connect: {e!r}") from e
-        self.down_until = 0.0
         return conn, False
+
+    @staticmethod
+    def _call_cost(started: float, wait_ms: int) -> float:
+        """What a failed call cost its caller beyond the wait it asked for (a timeout waited out)."""
+        return max(time.monotonic() - started - max(wait_ms, 0) / 1000.0, 0.0)
+
+    def _mark_down(self, cost: float) -> None:
+        """Avoid the server after a failure that cost its caller `cost` seconds: for `retry_after`, or
+        AVOID_PER_COST times the cost if longer, doubled for each failure in a row before it, up to
+        MAX_AVOID_S. The avoidance must outlast what a try costs: a second of it after a connect
+        timeout of two had run out by the time a producer came back, and two puts in three stalled."""
+        with self._lock:
+            self._failures += 1
+            doublings = min(self._failures - 1, 16)
+        avoid = max(self.retry_after, AVOID_PER_COST * cost) * 2 ** doublings
+        self.down_until = time.monotonic() + min(avoid, max(MAX_AVOID_S, self.retry_after))
+
+    def _answered(self) -> None:
+        """The server answered: its failures in a row end, and so does its avoidance."""
+        if self._failures:
+            with self._lock:
+                self._failures = 0
+                self.down_until = 0.0
 
     def _give_back(self, conn: _Connection) -> None:
         with self._lock:
