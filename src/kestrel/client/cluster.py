@@ -414,7 +414,10 @@ class Cluster:
                 raise NoServers(f"{what} (a get without a reliable read may have taken items from "
                                 f"{', '.join(spent)}, lost with its answer)", list(spent.values()))
             round_ = _Round()
+            fit = sum(not server.avoids("get") for server in readers)  # `_in_turn` puts them first
             for n, server in enumerate(readers):
+                if n == fit and round_.answered:
+                    break  # the avoided are not waited on while another answers (their items wait)
                 # Each server's wait is its share of what is left of `timeout` among the servers
                 # still to ask this round (at most `poll_ms` a round in all), so that the round ends
                 # by the deadline however many servers there are.
