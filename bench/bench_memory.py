@@ -11,12 +11,18 @@ its RSS once serving, which under a budget should be what it ran in.
 
     .venv/bin/python -m bench.bench_memory [--queues 500] [--mb 4] [--budget 64MB] [--seconds 5]
                                            [--source DIR]
+
+`--tick`: instead, the governor's tick that plans every queue (a budget the backlogs' wants do not
+fit), in process on the storage alone: CPU per tick over `--queues` queues of three 200-byte items
+under half their bytes, for this tree and for `--source DIR` (another version's src/) in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +119,48 @@ def run(budget: str, queues: int, megabytes: int, seconds: float, source: Path |
         shutil.rmtree(home, ignore_errors=True)
 
 
+def tick_cost(queues: int, ticks: int = 40) -> float:
+    """CPU seconds of one governor tick over `queues` queues, each planned (run in a process whose
+    path starts with the tree measured)."""
+    from kestrel.storage import QueueCollection, QueueConfigs
+    from kestrel.storage.runtime import ManualRuntime
+
+    with tempfile.TemporaryDirectory(prefix="kestrel-tick-") as home:
+        runtime = ManualRuntime()
+        configs = QueueConfigs({"journal_format": "kestrel2", "sync_journal": "never"}, None)
+        coll = QueueCollection(home, configs, runtime=runtime, max_memory_total=queues * 300)
+        coll.load()
+        for q in range(queues):
+            coll.put(f"q{q}", [b"x" * 200] * 3)
+        governor = coll.governor
+        assert governor is not None
+        for _ in range(5):
+            governor.tick()
+        started = time.process_time()
+        for _ in range(ticks):
+            governor._tick_all(0.25, runtime.clock.now_ms())
+        spent = (time.process_time() - started) / ticks
+        coll.close()
+        return spent
+
+
+def compare_ticks(queues: int, source: Path | None, repeat: int = 3) -> None:
+    trees = [("this tree", Path(__file__).resolve().parent.parent / "src")]
+    if source is not None:
+        trees.append((str(source), source.resolve()))
+    print(f"# {machine()}; load {load_average()}")
+    print(f"# the governor's tick planning {queues} queues, CPU ms a tick (µs a queue), in turn")
+    for run_ in range(repeat):
+        for label, tree in trees:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree.parent)]))
+            done = subprocess.run([sys.executable, "-m", "bench.bench_memory", "--tick-here",
+                                   "--queues", str(queues)], env=env, capture_output=True, text=True,
+                                  check=True, cwd=Path(__file__).resolve().parent.parent)
+            seconds = float(done.stdout.split()[-1])
+            per_queue = seconds / queues * 1e6
+            print(f"run {run_ + 1}, {label}: {seconds * 1000:.2f} ms ({per_queue:.2f} µs a queue)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queues", type=int, default=500)
@@ -120,7 +168,18 @@ def main() -> None:
     parser.add_argument("--budget", default="64MB")
     parser.add_argument("--seconds", type=float, default=3.0, help="each of the pair's three runs")
     parser.add_argument("--source", type=Path, help="run the server from this source tree")
+    parser.add_argument("--tick", action="store_true", help="time the governor's tick instead")
+    parser.add_argument("--tick-here", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tick_here:
+        import structlog
+
+        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # no line a queue
+        print(tick_cost(args.queues))
+        return
+    if args.tick:
+        compare_ticks(args.queues, args.source)
+        return
     print(f"# {machine()}; load {load_average()}")
     print(f"# {args.queues} queues x {args.mb} MB of {ITEM}-byte items; hot pair: put {PAIR_BATCH} then "
           f"get {PAIR_BATCH}, best of 3 x {args.seconds:g} s (server CPU us per item in brackets)")
