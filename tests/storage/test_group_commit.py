@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import gevent
 import gevent.event
@@ -34,6 +35,8 @@ from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
 from tests.conftest import open_files_within
 from tests.support.hub_leftovers import background_work_left, let_background_work_finish
+
+T = TypeVar("T")
 
 
 def naming_nothing() -> int:
@@ -62,6 +65,12 @@ class Journal:
         os.write(self.fd, data)
         self.size += len(data)
         return self.size
+
+    def hold(self) -> int:
+        return self.fd
+
+    def release(self) -> None:
+        """(closed by the test, which knows when no round holds it)"""
 
 
 class Syncable:
@@ -491,6 +500,160 @@ def test_a_runtime_without_a_group_commit_syncs_each_journal_alone(tmp_path: Pat
     writer.commit()
     assert writer.synced == 1 and counting.rounds == []
     writer.close()
+
+
+class HeldRound:
+    """Rounds through `inner`, but for the round numbered `held` (1: the first), whose fsyncs are
+    issued only once `go` is set, as a thread's may be late under load: in flight until then."""
+
+    def __init__(self, inner: FsyncMany, held: int) -> None:
+        self.inner = inner
+        self.held = held
+        self.rounds = 0
+        self.in_flight = gevent.event.Event()
+        self.go = gevent.event.Event()
+
+    def fsync_all(self, fds: list[int]) -> list[OSError | None]:
+        self.rounds += 1
+        if self.rounds == self.held:
+            self.in_flight.set()
+            self.go.wait()
+        return self.inner.fsync_all(fds)
+
+
+def still_names(fd: int, path: str) -> bool:
+    """Whether descriptor `fd` is open on the file at `path`."""
+    try:
+        held = os.fstat(fd)
+    except OSError:
+        return False
+    on_disk = os.stat(path)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def test_a_journal_closed_fully_synced_while_a_later_round_fsyncs_it_keeps_its_descriptor_until_then(
+        tmp_path: Path) -> None:
+    """A round claimed by its runner only once that runs: a change that appended meanwhile finds it
+    unclaimed and joins the next, though the round, claiming all the journal holds, covers it. The
+    first round's waiter then closes the journal, synced to its end (a rotated journal's seal), while
+    the next round's fsync of it is in flight: closed under it, that fsync failed with EBADF and the
+    change with it (the queue read-only), or fsynced another file that took the number."""
+    way = HeldRound(ThreadFsync(), held=2)
+    commit = GroupCommit(way)
+    writer = JournalWriter(str(tmp_path / "q"), 0, GeventWithItsOwnRounds(commit))
+    writer.append(b"a")
+    first = commit.join(writer)  # its runner starts once the loop has run this turn's callbacks
+
+    def append_and_wait() -> None:
+        writer.append(b"b")
+        commit.sync(writer, writer.size)
+
+    later = gevent.spawn(append_and_wait)  # runs between the round's start and its runner
+    first.wait()
+    assert writer.synced == writer.size == 2 and way.in_flight.wait(timeout=10)  # the next round, redundant
+    fd = writer.fd
+    writer.close()  # nothing to fsync: closed at once, but for the round's fsync in flight
+    assert writer.fd == -1 and still_names(fd, writer.path)
+    way.go.set()
+    later.join(timeout=10)
+    assert later.successful() and writer.synced == 2
+    assert not still_names(fd, writer.path)  # closed once the round had run
+
+
+def test_a_journal_closed_fully_synced_while_its_round_waits_to_begin_is_not_failed_by_it(
+        tmp_path: Path) -> None:
+    """A commit log segment retired by a checkpoint (its records are in their journals) is closed
+    while the log's round for it waits behind the round in flight: nothing of it is left to fsync."""
+    way = HeldRound(ThreadFsync(), held=1)
+    commit = GroupCommit(way)
+    other = Journal(tmp_path / "other")
+    other.append(b"x")
+    commit.join_now([other])
+    assert way.in_flight.wait(timeout=10)
+    writer = JournalWriter(str(tmp_path / "segment"), 0, GeventWithItsOwnRounds(commit))
+    writer.append(b"record")
+    waiting = commit.join_now([writer])  # behind the round in flight
+    writer.synced = writer.size
+    writer.close()
+    way.go.set()
+    waiting.wait()
+    assert writer not in waiting.failed
+    commit.sync(writer, writer.size)  # returns at once
+    os.close(other.fd)
+
+
+class ThreadsOnCue:
+    """The C helper's `start` and `finish`, its threads' fdatasyncs made when the test says (`run`),
+    the round in flight until then; its end told through the eventfd, as the threads tell it."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self.eventfd = -1
+        self.codes: list[int] = []
+
+    def start(self, fds: list[int], eventfd: int, syncfs: bool) -> None:
+        self.fds, self.eventfd = list(fds), eventfd
+
+    def run(self) -> None:
+        self.codes = []
+        for fd in self.fds:
+            try:
+                os.fdatasync(fd)
+                self.codes.append(0)
+            except OSError as e:
+                self.codes.append(e.errno or errno.EIO)
+        os.eventfd_write(self.eventfd, 1)
+
+    def finish(self) -> list[int]:
+        return self.codes
+
+
+def test_a_journal_closed_while_a_round_begun_on_the_loop_fsyncs_it_is_closed_once_the_round_has_run(
+        tmp_path: Path) -> None:
+    """The C helper's threads are handed the descriptor when the round begins; a close meanwhile
+    (a file closed unsynced, to be deleted) leaves it open to them until the round has run."""
+    threads = ThreadsOnCue()
+    way = NativeThreadFsync(threads.start, threads.finish, lambda cpu: None)
+    try:
+        commit = GroupCommit(way)
+        writer = JournalWriter(str(tmp_path / "q"), 0, GeventWithItsOwnRounds(commit))
+        writer.append(b"record")
+        round_ = commit.join_now([writer])
+        assert threads.fds == [writer.fd]  # on the threads
+        fd = writer.fd
+        writer.close(sync=False)
+        assert writer.fd == -1 and still_names(fd, writer.path)
+        threads.run()
+        round_.wait()
+        assert writer not in round_.failed and writer.synced == 6
+        assert not still_names(fd, writer.path)
+    finally:
+        if way._ending is not None:
+            way._ending.stop()
+        os.close(way._eventfd)
+
+
+class ClosingDuringBlockingCalls(ThreadsRuntime):
+    """Plain threads, where the journal is closed (by another thread, say) as its fsync begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writer: JournalWriter | None = None
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.writer is not None:
+            self.writer.close(sync=False)
+        return fn(*args)
+
+
+def test_a_journal_synced_alone_keeps_its_descriptor_open_for_its_fsync(tmp_path: Path) -> None:
+    runtime = ClosingDuringBlockingCalls()
+    writer = JournalWriter(str(tmp_path / "q"), 0, runtime)
+    writer.append(b"record")
+    fd = writer.fd
+    runtime.writer = writer
+    writer.sync_to(writer.size)
+    assert writer.synced == 6 and writer.fd == -1 and not still_names(fd, writer.path)
 
 
 # ---------------------------------------------------------------------------------------------

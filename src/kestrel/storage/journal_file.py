@@ -215,6 +215,10 @@ class JournalWriter:
         self.gate: WriteGate | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
+        # fsyncs off the loop using the descriptor now (`hold`), and the descriptors closed meanwhile,
+        # which the last of them closes (`release`); None while there are none
+        self._holds = 0
+        self._closed_held: list[int] | None = None
 
     def open(self) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
@@ -353,11 +357,41 @@ class JournalWriter:
             done = self._syncing = self.runtime.event()
             target = self.size
             try:
-                self.runtime.run_blocking(os.fdatasync, self.fd)  # the other tasks go on meanwhile
+                fd = self.hold()
+                if fd < 0:
+                    raise OSError(errno.EBADF, f"{self.path} was closed before its fsync")
+                try:
+                    self.runtime.run_blocking(os.fdatasync, fd)  # the other tasks go on meanwhile
+                finally:
+                    self.release()
                 self.synced = max(self.synced, target)
             finally:
                 self._syncing = None
                 done.set()
+
+    def hold(self) -> int:
+        """The descriptor, for an fsync that runs off the loop (a thread, the C helper's threads,
+        native AIO), kept open until that fsync's `release`; -1 once closed. A `close` meanwhile
+        closes it when the last hold is released: closed under the fsync, it failed with EBADF, or
+        its number, taken by another file opened meanwhile, fsynced that file in this one's stead."""
+        fd = self.fd
+        if fd >= 0:
+            self._holds += 1
+        return fd
+
+    def release(self) -> None:
+        """The fsync that took a `hold` has ended: the descriptors closed meanwhile are closed
+        with the last. Never raises (an error closing is logged)."""
+        self._holds -= 1
+        closed = self._closed_held
+        if self._holds or closed is None:
+            return
+        self._closed_held = None
+        for fd in closed:
+            try:
+                os.close(fd)
+            except OSError as e:
+                log_later(self.runtime, log.error, "cannot close a journal file", file=self.path, exc_info=e)
 
     def _periodic_sync(self) -> None:
         self._timer = None
@@ -373,15 +407,21 @@ class JournalWriter:
             self.sync_to(self.size)
 
     def close(self, sync: bool = True) -> None:
-        """fsync what is unsynced (unless not to `sync`: a file about to be deleted) and close."""
+        """fsync what is unsynced (unless not to `sync`: a file about to be deleted) and close: the
+        descriptor at once, or, while an fsync off the loop holds it, once the last ends (`hold`)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.fd >= 0:
             if sync:
                 self.flush()
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            if not self._holds:
+                os.close(fd)
+            elif self._closed_held is None:
+                self._closed_held = [fd]  # an fsync of it is in flight: closed when it ends (`release`)
+            else:
+                self._closed_held.append(fd)
 
 
 class Seal:

@@ -56,12 +56,18 @@ FSYNC_WAYS = ("", "aio", "syncfs")
 
 
 class Syncable(Protocol):
-    """What a round needs of a journal: its descriptor and name, how far it is written and synced."""
+    """What a round needs of a journal: its descriptor and name, how far it is written and synced.
+    A round takes its descriptor with `hold` and gives it back with `release` once the fsync has
+    ended, so that a `close` meanwhile leaves it open until then (`JournalWriter.hold`)."""
 
     path: str
     fd: int
     size: int
     synced: int
+
+    def hold(self) -> int: ...
+
+    def release(self) -> None: ...
 
 
 class _Worker:
@@ -497,10 +503,13 @@ class GroupCommit:
         native = self._fsync_many
         if not isinstance(native, NativeThreadFsync):
             return False
-        journals = self._claim(round_)
+        journals, fds = self._claim(round_)
         if not journals:
             return False
-        return native.begin([j.fd for j in journals], partial(self._ran_on_loop, round_, journals))
+        if native.begin(fds, partial(self._ran_on_loop, round_, journals)):
+            return True
+        _release(journals)  # nothing handed out: the runner claims them again
+        return False
 
     def _ran_on_loop(self, round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
         """On the loop: a round begun there has run. Its waiters are told, and the round gathered
@@ -536,23 +545,36 @@ class GroupCommit:
             raise
 
     def _run(self, round_: Round) -> None:
-        journals = self._claim(round_)
-        self._record(round_, journals, self._fsync_all([j.fd for j in journals]))
+        journals, fds = self._claim(round_)
+        try:
+            errors = self._fsync_all(fds)
+        except Exception:  # no fsync runs on: the descriptors are let go (a killed runner's may run on)
+            _release(journals)
+            raise
+        self._record(round_, journals, errors)
 
     @staticmethod
-    def _claim(round_: Round) -> list[Syncable]:
-        """The round begins: what each journal holds now is what it covers; the open journals."""
-        journals = []
+    def _claim(round_: Round) -> tuple[list[Syncable], list[int]]:
+        """The round begins: what each journal holds now is what it covers; the open journals and
+        their descriptors, each held until the round has run (`_record`). A journal closed with
+        every byte synced (its close fsynced it) needs nothing more; one closed unsynced fails."""
+        journals: list[Syncable] = []
+        fds: list[int] = []
         for journal in round_.journals:
-            round_.journals[journal] = journal.size
-            if journal.fd < 0:
-                round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
-            else:
+            size = round_.journals[journal] = journal.size
+            fd = journal.hold()
+            if fd >= 0:
                 journals.append(journal)
-        return journals
+                fds.append(fd)
+            elif journal.synced < size:
+                round_.failed[journal] = OSError(errno.EBADF, "the journal was closed before its fsync")
+        return journals, fds
 
     @staticmethod
     def _record(round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
+        """The round's fsyncs have ended: the descriptors are let go, and each journal is synced
+        as far as its round covered, or failed."""
+        _release(journals)
         if len(errors) != len(journals):
             raise ValueError(f"{len(errors)} results for a round of {len(journals)} journals")
         for index, journal in enumerate(journals):  # (a `zip` with `strict` is a generic call a round)
@@ -575,6 +597,12 @@ class GroupCommit:
             log.info("fsyncs of a group commit go to threads", reason=str(refused))
             self._fsync_many = self._threads
             return self._threads.fsync_all(fds)
+
+
+def _release(journals: list[Syncable]) -> None:
+    """The fsyncs that held these journals' descriptors have ended (`Syncable.hold`)."""
+    for journal in journals:
+        journal.release()
 
 
 _shared: GroupCommit | None = None
