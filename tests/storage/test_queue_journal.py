@@ -66,6 +66,20 @@ def test_rotation_renames_the_live_journal_and_starts_a_new_one(tmp_path: Path) 
     assert _replayed(tmp_path, runtime) == [b"a", b"b", b"c"]
 
 
+def test_a_rotated_journal_s_writer_names_the_file_where_it_now_is(tmp_path: Path) -> None:
+    """Its seal, in the background, fsyncs and closes it: an error there names the rotated file, not
+    the live journal that took its old name."""
+    runtime = ManualRuntime()
+    j = _journal(tmp_path, runtime)
+    j.write(codec.encode_addx(1, 0, b"a"))
+    j.flush()
+    old = j.writer
+    stamp = j.rotate()
+    assert old is not None and j.writer is not old
+    assert old.path == str(tmp_path / f"q.{stamp}") and j.writer is not None and j.writer.path == str(tmp_path / "q")
+    j.close()
+
+
 def test_sync_says_when_the_live_journal_is_due_for_rotation(tmp_path: Path) -> None:
     runtime = ManualRuntime()
     j = QueueJournal(str(tmp_path), "q", None, 40, runtime, runtime.lock())

@@ -449,10 +449,9 @@ class Sealer:
         self._running = 0
         self._done: Event | None = None
 
-    def add(self, old: JournalWriter | None, then: Callable[[], None], path: str | None = None) -> None:
-        """Finish `old` (None: a file closed already), then run `then`; `path`: where the file is
-        now, when it was renamed since `old` opened it (a rotated Kestrel 2 journal)."""
-        self._pending.append(Seal(old, then, path=path))
+    def add(self, old: JournalWriter | None, then: Callable[[], None]) -> None:
+        """Finish `old` (None: a file closed already), then run `then`."""
+        self._pending.append(Seal(old, then))
         self.runtime.spawn(self.run)
 
     def hold(self, path: str) -> Seal:

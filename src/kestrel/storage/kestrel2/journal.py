@@ -560,6 +560,7 @@ class QueueJournal:
         journal = manifest.file_id(os.fstat(old.fd))  # what its seal lists, unless a pack took its name first
         rotated = filenames.rotated_path(self.queue_path, self.name, stamp)
         os.rename(old.path, rotated)  # its descriptor stays valid: finish it in the background
+        old.path = rotated  # what its seal's errors name, the live journal now being a new file
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
         self.writer = self._live_writer()
@@ -568,7 +569,7 @@ class QueueJournal:
             old.close(sync=False)
             self._replaced[rotated] = (self._sealer.hold(rotated), journal)
         else:
-            self._sealer.add(old, partial(self._seal_one, rotated, journal), rotated)
+            self._sealer.add(old, partial(self._seal_one, rotated, journal))
         return stamp
 
     @property
