@@ -302,6 +302,28 @@ def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
     assert drain(coll, "q") == []
 
 
+def test_a_put_back_the_failing_journal_refused_is_made_once_it_can_be_written_again(
+        tmp_path: Path, disk: FailingDisk) -> None:
+    """A get that ended without a reply puts back what it took, and no client holds those items to
+    try again. When the journal refused the put back, they stayed open reads until the next start:
+    they now go back once the journal can be written again, at the head in their order. (A Kestrel 3
+    put back writes nothing.)"""
+    coll = make(tmp_path, "kestrel2")
+    coll.put("q", [b"one", b"two", b"three"])
+    taken = coll.remove("q", 2, transaction=True)
+    disk.full = True
+    with pytest.raises(JournalWriteError):
+        coll.unremove("q", [item.xid for item in reversed(taken)], False)
+    disk.full = False
+    assert coll.put("q", [b"four"])  # the probe succeeds: the owed return follows this change
+    gevent.idle()
+    q = coll.queue("q")
+    assert q.stats()["open_transactions"] == 0
+    assert drain(coll, "q") == [b"one", b"two", b"three", b"four"]
+    coll = reopen(coll)
+    assert drain(coll, "q") == []
+
+
 @FORMATS
 def test_plain_threads_put_and_take_every_item_once(tmp_path: Path, journal_format: str) -> None:
     """Each change holds the queue's lock: with threads, no item is lost or served twice, and a

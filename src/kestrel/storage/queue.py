@@ -255,6 +255,8 @@ class PersistentQueue(ABC):
         # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
         self._own_failure: BaseException | None = None  # the change in progress failed a write of ours
+        # Items a failing journal refused to put back (`unremove`): returned once it can be written.
+        self._owed_returns: list[list[int]] = []
         self.length = 0
         self.memory_bytes = 0
         self.create_time = clock.now_ms()
@@ -796,8 +798,31 @@ class PersistentQueue(ABC):
         without a reply) just go back: no error counted, no abort, never poison.
 
         Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
-        be there too: a copy, never a loss).
+        be there too: a copy, never a loss). Items never handed out are then owed: returned once the
+        journal can be written again (`_pay_owed_returns`), as no client holds them to try again;
+        a client's own abort is its to repeat.
         """
+        xids = list(xids)
+        try:
+            return self._unremove_all(xids, handed_out)
+        except JournalWriteError:
+            if not handed_out:
+                self._owed_returns.append(xids)
+            raise
+
+    def _pay_owed_returns(self) -> None:
+        """The journal can be written again: the items it refused to put back go back (those still
+        open)."""
+        owed, self._owed_returns = self._owed_returns, []
+        for xids in owed:
+            try:
+                self.unremove(xids, False)
+            except JournalWriteError:
+                pass  # owed again, until the next probe that succeeds
+            except QueueClosed:
+                return  # open reads in its journal: the next start returns them
+
+    def _unremove_all(self, xids: list[int], handed_out: bool) -> int:
         with self:
             aborted = 0
             returned: list[QItem] = []
@@ -1145,6 +1170,8 @@ class PersistentQueue(ABC):
         self.read_only = False
         log_later(self.runtime, log.warning, "journal can be written again; queue accepts changes",
                   queue=self.name, file=path)
+        if self._owed_returns:
+            self.runtime.spawn(self._pay_owed_returns)  # after this change: a change of their own
 
     def _write_error(self, path: str, error: OSError) -> JournalWriteError:
         """The error to raise for a write of this queue's files that failed (counted): the change

@@ -287,12 +287,12 @@ class Session:
     def _put_back(self, queue: str, serial: int, items: list[QItem]) -> None:
         """Items a get took and never handed out go back to the head, the first taken first, with
         no error counted. Where that cannot be written (a journal that fails), they stay open reads
-        in the journal and come back at the next start."""
+        until the journal can be written again, and then go back (`PersistentQueue.unremove`)."""
         try:
             self.coll.unremove(queue, [item.xid for item in reversed(items)], False, serial)
         except Exception:
-            log.error("a get ended without a reply and could not put back what it took; it comes "
-                      "back at the next start", queue=queue, items=len(items), exc_info=True)
+            log.error("a get ended without a reply and could not put back what it took; it goes back "
+                      "once the journal can be written", queue=queue, items=len(items), exc_info=True)
 
     def peek_items(self, queue: str, first: int, max_items: int) -> LookedItems:
         """Up to `max_items` (at most `max_batch_items` and `GET_SLICE`) items from position `first`
