@@ -302,18 +302,20 @@ def test_a_failed_write_makes_the_queue_read_only_until_a_probe_write_succeeds(
     assert drain(coll, "q") == []
 
 
-def test_a_put_back_the_failing_journal_refused_is_made_once_it_can_be_written_again(
-        tmp_path: Path, disk: FailingDisk) -> None:
-    """A get that ended without a reply puts back what it took, and no client holds those items to
-    try again. When the journal refused the put back, they stayed open reads until the next start:
-    they now go back once the journal can be written again, at the head in their order. (A Kestrel 3
-    put back writes nothing.)"""
+@pytest.mark.parametrize("handed_out", [False, True])
+def test_an_owed_return_the_failing_journal_refused_is_made_once_it_can_be_written_again(
+        tmp_path: Path, handed_out: bool, disk: FailingDisk) -> None:
+    """The server takes open reads from whoever held them before it returns them (a get that ended
+    without a reply puts back what it took; an abort, an auto-abort, a connection closing): when the
+    journal refused the return, nobody was left to try again and they stayed open reads until the
+    next start. They now go back once the journal can be written again, at the head in their order.
+    (A Kestrel 3 return writes nothing.)"""
     coll = make(tmp_path, "kestrel2")
     coll.put("q", [b"one", b"two", b"three"])
     taken = coll.remove("q", 2, transaction=True)
     disk.full = True
     with pytest.raises(JournalWriteError):
-        coll.unremove("q", [item.xid for item in reversed(taken)], False)
+        coll.unremove("q", [item.xid for item in reversed(taken)], handed_out, owed=True)
     disk.full = False
     assert coll.put("q", [b"four"])  # the probe succeeds: the owed return follows this change
     gevent.idle()

@@ -434,12 +434,14 @@ class QueueCollection:
         q = self.opened_on(name, serial)
         return q.confirm(xids) if q is not None else 0
 
-    def unremove(self, name: str, xids: list[int], handed_out: bool = True, serial: int | None = None) -> int:
+    def unremove(self, name: str, xids: list[int], handed_out: bool = True, serial: int | None = None,
+                 owed: bool = False) -> int:
         """Abort open reads with one journal write, each back at the head in turn; how many were
-        open. Those never `handed_out` count no error (`PersistentQueue.unremove`). With `serial`,
-        only on the queue of that serial (`opened_on`)."""
+        open. Those never `handed_out` count no error; an `owed` return a failing journal refuses
+        is made once it can be written again (`PersistentQueue.unremove`). With `serial`, only on
+        the queue of that serial (`opened_on`)."""
         q = self.opened_on(name, serial)
-        return q.unremove(xids, handed_out) if q is not None else 0
+        return q.unremove(xids, handed_out, owed) if q is not None else 0
 
     def opened_on(self, name: str, serial: int | None) -> PersistentQueue | None:
         """Queue `name`, if it is still the queue of `serial` (None: whichever it is now): the reads

@@ -255,8 +255,9 @@ class PersistentQueue(ABC):
         # A write of the journal failed: changes are refused until a probe write succeeds.
         self.read_only = False
         self._own_failure: BaseException | None = None  # the change in progress failed a write of ours
-        # Items a failing journal refused to put back (`unremove`): returned once it can be written.
-        self._owed_returns: list[list[int]] = []
+        # Returns a failing journal refused that nobody will try again (`unremove`): made once it can be
+        # written again.
+        self._owed_returns: list[tuple[list[int], bool]] = []
         self.length = 0
         self.memory_bytes = 0
         self.create_time = clock.now_ms()
@@ -790,7 +791,7 @@ class PersistentQueue(ABC):
                 self._commit()
             return len(closed)
 
-    def unremove(self, xids: Iterable[int], handed_out: bool = True) -> int:
+    def unremove(self, xids: Iterable[int], handed_out: bool = True, owed: bool = False) -> int:
         """Abort these open reads, each item going back to the head in turn (so the last one given
         ends up first), their records in one journal write; how many were open. An item aborted for
         the `max_errors`th time leaves for good instead (journaled as a confirm) and goes to
@@ -798,25 +799,24 @@ class PersistentQueue(ABC):
         without a reply) just go back: no error counted, no abort, never poison.
 
         Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
-        be there too: a copy, never a loss). Items never handed out are then owed: returned once the
-        journal can be written again (`_pay_owed_returns`), as no client holds them to try again;
-        a client's own abort is its to repeat.
+        be there too: a copy, never a loss). A return `owed` (the caller took the reads from whoever
+        held them: nobody is left to try again) is then made once the journal can be written again
+        (`_pay_owed_returns`), where the reads stayed open until the next start.
         """
         xids = list(xids)
         try:
             return self._unremove_all(xids, handed_out)
         except JournalWriteError:
-            if not handed_out:
-                self._owed_returns.append(xids)
+            if owed:
+                self._owed_returns.append((xids, handed_out))
             raise
 
     def _pay_owed_returns(self) -> None:
-        """The journal can be written again: the items it refused to put back go back (those still
-        open)."""
+        """The journal can be written again: the returns it refused are made (of reads still open)."""
         owed, self._owed_returns = self._owed_returns, []
-        for xids in owed:
+        for xids, handed_out in owed:
             try:
-                self.unremove(xids, False)
+                self.unremove(xids, handed_out, owed=True)
             except JournalWriteError:
                 pass  # owed again, until the next probe that succeeds
             except QueueClosed:

@@ -134,7 +134,7 @@ class ReadsById:
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
         for (queue, serial), xids in self._take(read_ids).items():
-            self.collection.unremove(queue, xids, serial=serial)
+            self.collection.unremove(queue, xids, serial=serial, owed=True)
 
     def close(self, ids: set[int], confirm: bool) -> int:
         """Confirm (or abort) the open reads among `ids`, each in its own queue whatever queue the
@@ -146,7 +146,7 @@ class ReadsById:
             if confirm:
                 closed += coll.confirm(queue, xids, serial)
             else:
-                closed += coll.unremove(queue, xids, serial=serial)
+                closed += coll.unremove(queue, xids, serial=serial, owed=True)
         return closed
 
     def cancel_timers(self) -> None:

@@ -289,7 +289,7 @@ class Session:
         no error counted. Where that cannot be written (a journal that fails), they stay open reads
         until the journal can be written again, and then go back (`PersistentQueue.unremove`)."""
         try:
-            self.coll.unremove(queue, [item.xid for item in reversed(items)], False, serial)
+            self.coll.unremove(queue, [item.xid for item in reversed(items)], False, serial, owed=True)
         except Exception:
             log.error("a get ended without a reply and could not put back what it took; it goes back "
                       "once the journal can be written", queue=queue, items=len(items), exc_info=True)
@@ -504,7 +504,7 @@ class Session:
         done = self.reads.take_oldest(queue)
         done.reverse()
         for serial, xids in by_serial(done).items():
-            self.coll.unremove(queue, xids, serial=serial)
+            self.coll.unremove(queue, xids, serial=serial, owed=True)
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status
