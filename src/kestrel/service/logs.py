@@ -35,6 +35,7 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console
         else structlog.processors.JSONRenderer())
+    stream = sys.stderr
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -45,7 +46,7 @@ def configure_logging(level: str = "info", log_format: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=_LineWriterFactory(sys.stderr),
+        logger_factory=lambda *_: _LineWriter(stream),
         cache_logger_on_first_use=True,
     )
     Hub.print_exception = _log_uncaught
@@ -74,14 +75,6 @@ class _LineWriter:
 
     log = debug = info = warn = warning = msg
     fatal = failure = err = error = critical = exception = msg
-
-
-class _LineWriterFactory:
-    def __init__(self, file: Any) -> None:
-        self._file = file
-
-    def __call__(self, *args: Any) -> _LineWriter:
-        return _LineWriter(self._file)
 
 
 # Control characters as escapes: C0 (but for the line breaks and tabs of a traceback), DEL and C1.

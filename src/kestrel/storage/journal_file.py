@@ -433,7 +433,7 @@ class Seal:
         self.old = old
         self.then = then
         self.held = held
-        self.path = path if path is not None or old is None else old.path
+        self.path = path or (old.path if old is not None else None)
 
 
 class Sealer:
