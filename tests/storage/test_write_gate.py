@@ -18,7 +18,8 @@ import pytest
 
 from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, disk
 from kestrel.storage.clock import FakeClock
-from kestrel.storage.write_gate import LARGE_APPEND
+from kestrel.storage.journal_file import JournalWriter
+from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 from tests.support.queues import drain, load_strictly
 
 T0 = 1_700_000_000_000
@@ -196,3 +197,24 @@ def test_a_caller_killed_during_a_large_write_leaves_the_journal_as_the_write_le
     again = collection(tmp_path, settings, commit_log)
     assert drain(again, "q") == ([b"before", b"after"] if fails else [b"before", LARGE, b"after"])
     again.close()
+
+
+def test_a_journal_closed_while_its_large_append_is_written_off_the_loop_closes_its_descriptor_after(
+        tmp_path: Path, writes: HeldWrites) -> None:
+    """The descriptor a large append writes through on a thread is held (`JournalWriter.hold`), as
+    an fsync's is: a close meanwhile closes it once the write ends. Closed under the write, the
+    write failed with EBADF, or, had the number been taken by a file opened meanwhile, went there."""
+    writer = JournalWriter(str(tmp_path / "q"), None)
+    writer.gate = WriteGate(writer.runtime)
+    writer.open()
+    fd = writer.fd
+    append = gevent.spawn(writer.append, LARGE)
+    writes.wait_started(append)
+    writer.close(sync=False)
+    os.fstat(fd)  # still open under the write
+    writes.release.set()
+    append.get(timeout=60)
+    with pytest.raises(OSError) as closed:
+        os.fstat(fd)
+    assert closed.value.errno == errno.EBADF
+    assert (tmp_path / "q").read_bytes() == LARGE

@@ -257,7 +257,7 @@ class JournalWriter:
                 if written < len(data):
                     disk.pwrite_all(self.fd, data[written:], self.size + written)
             elif len(data) >= LARGE_APPEND and self.gate is not None:
-                self.gate.off_loop(disk.write_all, self.fd, data)
+                self._off_loop(self.gate, disk.write_all, data)
             else:
                 written = _disk_names["write"](self.fd, data)
                 if written < len(data):
@@ -283,7 +283,7 @@ class JournalWriter:
             size += len(part)
         try:
             if gate is not None and size >= LARGE_APPEND:
-                written = gate.off_loop(disk.writev_all, self.fd, parts)
+                written = self._off_loop(gate, disk.writev_all, parts)
             else:
                 written = _disk_names["writev_all"](self.fd, parts)
         except OSError:
@@ -294,6 +294,15 @@ class JournalWriter:
         record_timing(timings.write, started)
         if self.log is not None:  # the pieces as they are: the log's write joins them with the rest
             self.log.appended(self, offset, parts)
+
+    def _off_loop(self, gate: WriteGate, write: Callable[[int, Any], int | None], data: Any) -> int:
+        """`write(fd, data)` on the thread pool through `gate`, the descriptor held meanwhile
+        (`hold`) as every use of it off the loop holds it; what `write` returns (0 for None)."""
+        fd = self.hold()
+        try:
+            return gate.off_loop(write, fd, data) or 0
+        finally:
+            self.release()
 
     def _ready(self) -> None:
         """Open the file for an append, or raise OSError when a failed one left it damaged."""
