@@ -133,15 +133,39 @@ def test_journals_waiting_in_one_turn_share_one_round(tmp_path: Path, fsync_many
 
 
 def test_appends_during_a_round_wait_for_the_next(tmp_path: Path, fsync_many: FsyncMany) -> None:
-    counting = Counting(fsync_many)
+    way = HeldRound(fsync_many, held=1)
+    counting = Counting(way)
     commit = GroupCommit(counting)
     journal = Journal(tmp_path / "q")
     first = gevent.spawn(partial(commit.sync, journal, journal.append(b"one")))
-    gevent.sleep(0)  # the round starts
+    assert way.in_flight.wait(timeout=10)  # the round's fsync is under way
     second = gevent.spawn(partial(commit.sync, journal, journal.append(b"two")))
+    gevent.sleep(0)
+    way.go.set()
     gevent.joinall([first, second], raise_error=True)
     assert journal.synced == 6
     assert len(counting.rounds) == 2  # the second append was not covered by the first fsync
+
+
+def test_appends_before_a_round_runner_takes_its_journals_join_that_round(
+        tmp_path: Path, fsync_many: FsyncMany) -> None:
+    """A round handed to a runner greenlet takes the journals' positions when the runner runs, a
+    turn of the loop later: a change made meanwhile is covered by it, and waits for no round more
+    (it went to the next, whose fsync found nothing new)."""
+    counting = Counting(fsync_many)  # (no way of the C threads' own: the rounds go to a runner)
+    commit = GroupCommit(counting)
+    journal = Journal(tmp_path / "q")
+    first = commit.join(journal)
+    journal.append(b"one")
+    gevent.sleep(0)  # the loop's callbacks: the round is claimed, its runner spawned, not yet run
+    assert commit._running is first and not first.begun
+    assert commit.join(journal) is first
+    journal.append(b"two")
+    first.wait()
+    assert journal.synced == 6 and len(counting.rounds) == 1
+    commit.sync(journal, 6)
+    assert len(counting.rounds) == 1
+    os.close(journal.fd)
 
 
 def test_an_already_synced_position_waits_for_nothing(tmp_path: Path, fsync_many: FsyncMany) -> None:
@@ -258,8 +282,10 @@ def test_journals_joined_now_begin_their_round_at_once_and_a_failed_fsync_fails_
     closed.append(b"y")
     closed.fd = naming_nothing()  # its fdatasync fails with EBADF
     round_ = commit.join_now({good, closed})
-    assert commit._running is round_  # begun, with no callback of the loop queued for it
-    assert commit.join(late) is not round_
+    assert commit._running is round_  # claimed, with no callback of the loop queued for it
+    # Begun on the C threads (their positions taken), a later journal waits for the next round;
+    # handed to a runner greenlet, it joins this one, whose positions are taken when the runner runs.
+    assert (commit.join(late) is round_) is not round_.begun
     ended = gevent.event.Event()
     round_.after(ended.set)
     assert ended.wait(timeout=10)
@@ -531,32 +557,22 @@ def still_names(fd: int, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
-def test_a_journal_closed_fully_synced_while_a_later_round_fsyncs_it_keeps_its_descriptor_until_then(
-        tmp_path: Path) -> None:
-    """A round claimed by its runner only once that runs: a change that appended meanwhile finds it
-    unclaimed and joins the next, though the round, claiming all the journal holds, covers it. The
-    first round's waiter then closes the journal, synced to its end (a rotated journal's seal), while
-    the next round's fsync of it is in flight: closed under it, that fsync failed with EBADF and the
-    change with it (the queue read-only), or fsynced another file that took the number."""
-    way = HeldRound(ThreadFsync(), held=2)
+def test_a_journal_closed_while_a_round_fsyncs_it_keeps_its_descriptor_until_then(tmp_path: Path) -> None:
+    """A journal closed unsynced (a file about to be deleted) while a round's fsync of it is in
+    flight on a thread: closed under it, that fsync failed with EBADF and its waiters with it (the
+    queue read-only), or fsynced another file that took the number."""
+    way = HeldRound(ThreadFsync(), held=1)
     commit = GroupCommit(way)
     writer = JournalWriter(str(tmp_path / "q"), 0, GeventWithItsOwnRounds(commit))
     writer.append(b"a")
-    first = commit.join(writer)  # its runner starts once the loop has run this turn's callbacks
-
-    def append_and_wait() -> None:
-        writer.append(b"b")
-        commit.sync(writer, writer.size)
-
-    later = gevent.spawn(append_and_wait)  # runs between the round's start and its runner
-    first.wait()
-    assert writer.synced == writer.size == 2 and way.in_flight.wait(timeout=10)  # the next round, redundant
+    waiter = gevent.spawn(commit.sync, writer, writer.size)
+    assert way.in_flight.wait(timeout=10)
     fd = writer.fd
-    writer.close()  # nothing to fsync: closed at once, but for the round's fsync in flight
+    writer.close(sync=False)
     assert writer.fd == -1 and still_names(fd, writer.path)
     way.go.set()
-    later.join(timeout=10)
-    assert later.successful() and writer.synced == 2
+    waiter.join(timeout=10)
+    assert waiter.successful() and writer.synced == 1
     assert not still_names(fd, writer.path)  # closed once the round had run
 
 

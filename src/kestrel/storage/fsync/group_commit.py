@@ -356,10 +356,11 @@ class Round:
     errors of those that failed; `ended` once it has run, and then each of `then` is called, on
     the loop and in the order given (`after`)."""
 
-    __slots__ = ("journals", "failed", "ended", "_ending", "then")
+    __slots__ = ("journals", "begun", "failed", "ended", "_ending", "then")
 
     def __init__(self) -> None:
         self.journals: dict[Syncable, int] = {}  # journal -> position its fsync covers
+        self.begun = False  # its positions taken (`_claim`): a journal joining now waits for the next
         self.failed: dict[Syncable, OSError] = {}
         self.ended = False
         # what a greenlet waiting for the round (`wait`) waits on, made by the first: the log's
@@ -467,12 +468,23 @@ class GroupCommit:
         """The next round, with `journal` in it (also for a caller that waits for it in its own
         way: `Round.after`): it starts once this turn has run, or once the round in flight has finished, and
         covers what `journal` holds then. Never yields."""
-        round_ = self._next
+        round_ = self._gathering()
         if round_ is None:
             round_ = self._next = Round()
-            if self._running is None:
-                gevent.get_hub().loop.run_callback(self._start)
+            gevent.get_hub().loop.run_callback(self._start)
         round_.journals[journal] = -1  # its position is taken when the round starts
+        return round_
+
+    def _gathering(self) -> Round | None:
+        """The round a journal joins: the next, or the one claimed to run whose runner has not yet
+        taken the journals' positions (a round handed to a runner greenlet waits for its turn of the
+        loop), which would cover this turn's changes too; None where neither is, and none runs."""
+        running = self._running
+        if running is not None and not running.begun:
+            return running
+        round_ = self._next
+        if round_ is None and running is not None:
+            round_ = self._next = Round()  # begun once the one in flight has finished
         return round_
 
     def join_now(self, journals: Iterable[Syncable]) -> Round:
@@ -480,7 +492,7 @@ class GroupCommit:
         (else once the one in flight has finished): for a caller whose turn has run already, the
         commit log's, whose changes are all in, so that no callback of the loop is queued to begin
         it (a journal that joins later in this turn of the loop waits for the round after)."""
-        round_ = self._next
+        round_ = self._gathering()
         if round_ is None:
             round_ = self._next = Round()
         for journal in journals:
@@ -509,6 +521,7 @@ class GroupCommit:
         if native.begin(fds, partial(self._ran_on_loop, round_, journals)):
             return True
         _release(journals)  # nothing handed out: the runner claims them again
+        round_.begun = False
         return False
 
     def _ran_on_loop(self, round_: Round, journals: list[Syncable], errors: list[OSError | None]) -> None:
@@ -558,6 +571,7 @@ class GroupCommit:
         """The round begins: what each journal holds now is what it covers; the open journals and
         their descriptors, each held until the round has run (`_record`). A journal closed with
         every byte synced (its close fsynced it) needs nothing more; one closed unsynced fails."""
+        round_.begun = True
         journals: list[Syncable] = []
         fds: list[int] = []
         for journal in round_.journals:
