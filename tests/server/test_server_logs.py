@@ -229,8 +229,8 @@ def test_a_reload_of_an_emptied_file_is_refused_and_a_reload_names_each_queue_it
         srv.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: "reload changed" in srv.log(), "the reload's line for the queue it reset")
         lines = [json.loads(line) for line in srv.log().splitlines() if "reload changed" in line]
-        assert [(line["queue"], line["keys"], line["was"], line["now"]) for line in lines] == [
-            ("jobs", ["sync_journal"], {"sync_journal": "always"}, {"sync_journal": "never"})]
+        assert [(line["queues"], line["keys"], line["was"], line["now"]) for line in lines] == [
+            (["jobs"], ["sync_journal"], {"sync_journal": "always"}, {"sync_journal": "never"})]
     finally:
         stats.close()
 

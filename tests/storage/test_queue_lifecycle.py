@@ -200,13 +200,15 @@ def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: P
     coll.close()
 
 
-def test_a_reload_logs_each_queue_whose_settings_it_changes_or_resets_naming_the_keys(tmp_path: Path) -> None:
+def test_a_reload_logs_each_change_it_makes_naming_the_queues_and_the_keys(tmp_path: Path) -> None:
     """A file cut short resets the queues it no longer names to the defaults (`sync_journal: always`
-    to `never`): each queue a reload changes gets one line naming the keys, before and after; a queue
-    it leaves as it was, none."""
+    to `never`): each change a reload makes gets one line naming the keys, before and after, and the
+    queues it made it to (a changed default many queues inherit is one line, the first
+    LOGGED_NAMES of them named, with their count); a queue it leaves as it was, none."""
     from structlog.testing import capture_logs
 
     from kestrel.storage import QueueConfigs
+    from kestrel.storage.collection import LOGGED_NAMES
 
     coll = open_collection(tmp_path, {}, {"jobs": {"sync_journal": "always", "max_items": 5}, "mail": {"max_items": 3}})
     for name in ("jobs", "mail", "other"):
@@ -214,19 +216,27 @@ def test_a_reload_logs_each_queue_whose_settings_it_changes_or_resets_naming_the
     try:
         with capture_logs() as logs:
             coll.reload(QueueConfigs({}, {"mail": {"max_items": 3}}), {})
-        changed = [e for e in logs if e["event"] == "reload changed a queue's settings"]
-        assert [(e["queue"], e["keys"], e["was"], e["now"]) for e in changed] == [
-            ("jobs", ["max_items", "sync_journal"], {"max_items": 5, "sync_journal": "always"},
+        changed = [e for e in logs if e["event"] == "reload changed queue settings"]
+        assert [(e["queues"], e["count"], e["keys"], e["was"], e["now"]) for e in changed] == [
+            (["jobs"], 1, ["max_items", "sync_journal"], {"max_items": 5, "sync_journal": "always"},
              {"max_items": 2**63 - 1, "sync_journal": "never"})]
         assert changed[0]["log_level"] == "info"
         with capture_logs() as logs:
             coll.reload(QueueConfigs({"max_age": "1h"}, {"mail": {"max_items": 3}}), {})
-        changed = [e for e in logs if e["event"] == "reload changed a queue's settings"]
-        assert sorted((e["queue"], tuple(e["keys"])) for e in changed) == [
-            ("jobs", ("max_age",)), ("mail", ("max_age",)), ("other", ("max_age",))]
+        changed = [e for e in logs if e["event"] == "reload changed queue settings"]
+        assert [(sorted(e["queues"]), e["count"], e["keys"]) for e in changed] == [
+            (["jobs", "mail", "other"], 3, ["max_age"])]
         with capture_logs() as logs:
             coll.reload(QueueConfigs({"max_age": "1h"}, {"mail": {"max_items": 3}}), {})
-        assert not [e for e in logs if e["event"] == "reload changed a queue's settings"]
+        assert not [e for e in logs if e["event"] == "reload changed queue settings"]
+        many = [f"q{i:03}" for i in range(LOGGED_NAMES + 20)]
+        for name in many:
+            coll.put(name, [b"x"])
+        with capture_logs() as logs:
+            coll.reload(QueueConfigs({"max_age": "2h"}, {"mail": {"max_items": 3}}), {})
+        changed = [e for e in logs if e["event"] == "reload changed queue settings"]
+        assert len(changed) == 1 and changed[0]["count"] == len(many) + 3
+        assert len(changed[0]["queues"]) == LOGGED_NAMES
     finally:
         coll.close()
 

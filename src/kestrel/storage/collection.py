@@ -7,6 +7,7 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any, Final
 
 import structlog
 
@@ -38,6 +39,10 @@ from kestrel.storage.queue_path import JournalFiles, delete_temporaries, scan_qu
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.collection")
+
+# The queues a log line names at most (its `count` says how many there were): a reload changing a
+# default that 10,000 queues inherit names the first of them.
+LOGGED_NAMES: Final = 100
 
 
 class QueueCollection:
@@ -569,6 +574,10 @@ class QueueCollection:
         self.configs = configs
         self.aliases = Aliases.of(aliases)
         kept: dict[str, list[str]] = {}
+        # What the reload did, a reset to a default included (a file cut short resets every queue it
+        # no longer names), as an operator reads it: one line for each change, naming the queues it
+        # made it to, so that a changed default inherited by 10,000 queues is one line, not 10,000.
+        changes: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
         for name, q in list(self._queues.items()):
             config = self.config_for(name)
             if ignored := q.reload_ignores(config):
@@ -576,19 +585,21 @@ class QueueCollection:
             before = q.config
             q.reconfigure(config)
             if changed := q.config.changed_from(before):
-                # One line a queue: what the reload did to it, a reset to a default included (a file
-                # cut short resets every queue it no longer names), as an operator reads it.
-                log.info("reload changed a queue's settings", queue=name, keys=list(changed),
-                         was={k: v[0] for k, v in changed.items()}, now={k: v[1] for k, v in changed.items()})
+                changes.setdefault(repr(sorted(changed.items())), (changed, []))[1].append(name)
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
             q.age_held_items()
             q.watch_expiry(self._watch_expiry)  # and its ages
+        for changed, names in changes.values():
+            log.info("reload changed queue settings", queues=names[:LOGGED_NAMES], count=len(names),
+                     keys=list(changed), was={k: v[0] for k, v in changed.items()},
+                     now={k: v[1] for k, v in changed.items()})
         log.info("queue settings reloaded", queues=len(self._queues), aliases=len(self.aliases))
         self._warn_masked()
         if kept:
             log.warning("reload ignored changed queue settings that a queue keeps from its creation; a "
-                        "restart applies them", queues=kept)
+                        "restart applies them", queues=dict(list(kept.items())[:LOGGED_NAMES]),
+                        count=len(kept))
 
     def _warn_masked(self) -> None:
         """Name the queues an alias of the same name hides: a get of the name reads the alias (no
