@@ -245,6 +245,21 @@ def test_the_server_s_total_items_is_every_queue_s_adds_however_they_came(tmp_pa
     assert coll.total_items_added == 12  # since start: a deleted queue's adds stay counted
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_fanout_only_parent_s_put_counts_at_the_server_not_at_the_parent(tmp_path: Path,
+                                                                          journal_format: str) -> None:
+    """As Kestrel counts it: the server's `total_items` counts each put a queue accepted, a
+    fanout-only parent's too, and each copy its children took; the parent, which holds nothing,
+    counts nothing of its own."""
+    coll = make(tmp_path, {"feed": {"fanout_only": True}}, {"journal_format": journal_format})
+    coll.queue("feed+a")
+    coll.queue("feed+b")
+    assert coll.put("feed", [b"1", b"2"]) == 2
+    added = {q.name: q.total_items for q in coll.queues()}
+    assert added == {"feed": 0, "feed+a": 2, "feed+b": 2}
+    assert coll.total_items_added == 6
+
+
 def test_fanout_only_parent_keeps_no_journal(tmp_path: Path) -> None:
     coll = make(tmp_path, {"feed": {"fanout_only": True}})
     coll.queue("feed+a")

@@ -512,8 +512,8 @@ class QueueCollection:
     @property
     def total_items_added(self) -> int:
         """Items added to the queues since start (the server's `total_items`): every queue's adds,
-        fanout copies and items moved by expiry or poison included; each queue counts them where it
-        counts its own (`AddCount`), so the figure is their sum."""
+        fanout copies and items moved by expiry or poison included, and the puts a `fanout_only`
+        parent accepted (Kestrel's count); each queue counts them where it counts its own (`AddCount`)."""
         return self.adds.items
 
     def queues(self) -> list[PersistentQueue]:

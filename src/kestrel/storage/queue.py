@@ -477,6 +477,7 @@ class PersistentQueue(ABC):
                 fitting = self._fitting(items)
                 if self.shares_writes:
                     self._put_shared(items[:fitting + 1], expiry, now)
+                self.adds.items += fitting  # the server counts the put, as Kestrel's; the queue holds none
                 return fitting
             if self.shares_writes:
                 return self._put_shared(items, expiry, now)
