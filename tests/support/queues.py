@@ -70,10 +70,12 @@ def drain(coll: QueueCollection, name: str) -> list[bytes]:
 
 
 def held_in_memory(coll: QueueCollection) -> int:
-    """What the collection's queues hold in memory (items and open reads), counted item by item:
-    the running total the collection keeps as they change (`coll.ledger`) must equal it."""
+    """What the collection's queues hold in memory (items and open reads, counted item by item, and
+    read-behind buffers, as their cursors report them): the running total the collection keeps as
+    they change (`coll.ledger`) must equal it."""
     queues = [coll.get(name) for name in coll.queue_names()]
-    return sum(q.memory_bytes + sum(len(i.data) for i in q.open_reads()) for q in queues if q is not None)
+    return sum(q.memory_bytes + sum(len(i.data) for i in q.open_reads()) + q.held_bytes()[2]
+               for q in queues if q is not None)
 
 
 def reopen(coll: QueueCollection) -> QueueCollection:

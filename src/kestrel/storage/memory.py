@@ -20,11 +20,13 @@ memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
   beyond them (`PersistentQueue.shed`: from the journal, never rewritten), those whose items wait
   longest first, until the total is back under the budget.
 
-Between ticks the budget is kept on the path of every put: a `MemoryLedger` holds the running total
-of what the queues hold (each batch entering or leaving a queue's memory adds its bytes once), and a
-put that would take it over the budget calls `make_room`, which pages out at once (the queues the
-last tick found over their shares, those whose items wait longest first) or else sends the putting
-queue's new items to read-behind. The tick still computes every share from rates.
+Between ticks the budget is kept where memory grows: a `MemoryLedger` holds the running total of
+what the queues hold (each batch entering or leaving a queue's memory adds its bytes once, and each
+read-behind buffer its size as it changes). A put that would take it over the budget calls
+`make_room`, which pages out at once (the queues the last tick found over their shares, those whose
+items wait longest first) or else sends the putting queue's new items to read-behind; a refill from
+read-behind reads back no more than the room it leaves (`PersistentQueue._fill`). The tick still
+computes every share from rates.
 
 At start-up the same budget holds: before a queue replays its journal, `admit` gives it what the
 budget has left as its target, so the replay leaves the rest on disk for read-behind, as a put would.
@@ -63,10 +65,10 @@ LET_GO = 0.25
 
 
 class MemoryLedger(MemoryAccount):
-    """The bytes every queue of a server holds in memory now (its items in memory and its open
-    reads), kept as they change: a queue adds a batch's bytes once as it enters or leaves memory,
-    so a put sees in one comparison whether it would take the server over `limit` (the budget less
-    the read-behind cursors' buffers, as the governor last knew them; UNLIMITED without a budget).
+    """The bytes every queue of a server holds in memory now (its items in memory, its open reads
+    and its read-behind cursor's buffer), kept as they change: a queue adds a batch's bytes once as
+    it enters or leaves memory, so a put sees in one comparison whether it would take the server
+    over `limit` (the budget; UNLIMITED without one), and a refill how much it may read back.
 
     Under gevent (the server) no two changes interleave and the total is exact; a tick that
     measures every queue sets it to what it measures all the same, which under plain threads
@@ -257,9 +259,9 @@ class MemoryGovernor:
         self.ledger.limit = budget
         self._records: dict[PersistentQueue, _Record] = {}
         self._tick = 0
-        # Over every record, kept as records change: wants, fixed bytes, cursor buffers, and
-        # ingress as of tick `_sums_tick` (every rate decays alike between samples).
-        self._want_total = self._fixed_total = self._buffer_total = 0
+        # Over every record, kept as records change: wants, fixed bytes (open reads and cursor
+        # buffers), and ingress as of tick `_sums_tick` (every rate decays alike between samples).
+        self._want_total = self._fixed_total = 0
         self._ingress_total = 0.0
         self._sums_tick = 0
         self._tight = False  # the last tick's wants did not fit the budget
@@ -318,7 +320,6 @@ class MemoryGovernor:
         if record is not None:
             self._want_total -= record.want
             self._fixed_total -= record.fixed
-            self._buffer_total -= record.buffer
             ingress = self._ingress_total - record.ingress * _decay(self._sums_tick - record.tick)
             self._ingress_total = max(ingress, 0.0)
             self._watch.discard(record)
@@ -357,7 +358,7 @@ class MemoryGovernor:
         self._tick += 1
         if self._changes is not None:
             pressed = self.flow_control or self._over or self._tight
-            held = self.ledger.total + self._buffer_total
+            held = self.ledger.total
             if self._at_ease:
                 if held <= self.budget * ENGAGE and not pressed:
                     return  # the changed queues stay noted: a change costs each a flag test
@@ -403,7 +404,7 @@ class MemoryGovernor:
         interval = self.interval_ms / 1000.0
         records = self._records
         ingress_total = self._ingress_total * _decay(tick - self._sums_tick)
-        want_total, fixed_total, buffer_total = self._want_total, self._fixed_total, self._buffer_total
+        want_total, fixed_total = self._want_total, self._fixed_total
         fresh: list[_Record] = []
         for q in changed:
             record = records.get(q)
@@ -414,7 +415,6 @@ class MemoryGovernor:
             else:  # out of the sums, to come back in as measured now
                 want_total -= record.want
                 fixed_total -= record.fixed
-                buffer_total -= record.buffer
                 ingress_total -= record.ingress * _decay(tick - record.tick)
                 if q.closed:  # deleted as this tick began (plain threads): `forget` may race it
                     records.pop(q, None)
@@ -430,13 +430,12 @@ class MemoryGovernor:
                 _, opens, buffer = q.held_bytes()
                 record.fixed, record.buffer = opens + buffer, buffer
                 fixed_total += opens + buffer
-                buffer_total += buffer
             elif record.fixed:
                 record.fixed = record.buffer = 0
             fresh.append(record)
-        self._want_total, self._fixed_total, self._buffer_total = want_total, fixed_total, buffer_total
+        self._want_total, self._fixed_total = want_total, fixed_total
         self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick
-        total = self.ledger.total + buffer_total
+        total = self.ledger.total
         spare = self.budget - fixed_total - want_total
         if spare < 0 or total > self.budget:
             return False
@@ -451,7 +450,6 @@ class MemoryGovernor:
                 over.add(q)
             if q.in_read_behind:
                 watch.add(record)
-        self.ledger.limit = max(self.budget - buffer_total, 0)
         self._candidates = sorted(over, key=self._wait)
         self._release_idle_cursors()
         self.memory_total = total
@@ -466,7 +464,7 @@ class MemoryGovernor:
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         held: list[int] = []
-        fixed_total = buffers = pinned_total = 0
+        fixed_total = pinned_total = 0
         for q in queues:
             record = old.get(q)
             if record is None:
@@ -478,14 +476,12 @@ class MemoryGovernor:
             held.append(mem)
             record.fixed, record.buffer = opens + buffer, buffer
             fixed_total += opens + buffer
-            buffers += buffer
             pinned = q.pinned_bytes()
             pinned_total += pinned
             demands.append(record.demand(q, pinned))
         self._records = records
         total = sum(held) + fixed_total
-        self.ledger.total = total - buffers  # as measured (see MemoryLedger)
-        self.ledger.limit = max(self.budget - buffers, 0)
+        self.ledger.total = total  # as measured (see MemoryLedger)
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
         interval = self.interval_ms / 1000.0
@@ -495,7 +491,7 @@ class MemoryGovernor:
         for record, d in zip(records.values(), demands, strict=True):
             record.want = min(d.ceiling, d.need + d.headroom)
         self._want_total = sum(record.want for record in records.values())
-        self._fixed_total, self._buffer_total = fixed_total, buffers
+        self._fixed_total = fixed_total
         self._ingress_total = sum(d.ingress for d in demands)
         self._sums_tick = tick
         self._tight = self._want_total > self.budget - fixed_total
@@ -533,7 +529,6 @@ class MemoryGovernor:
                 q.release_cursor_buffer()
                 if record.buffer and self._records.get(q) is record:
                     self._fixed_total -= record.buffer
-                    self._buffer_total -= record.buffer
                     record.fixed -= record.buffer
                     record.buffer = 0
 

@@ -57,10 +57,11 @@ _new_items: Final = new_items
 _take_items: Final = take_items
 
 class MemoryAccount:
-    """Where a queue counts the bytes it holds in memory (its items in memory and its open reads),
-    kept as they change: a batch's bytes once as it enters or leaves memory. A queue has one of its
-    own until the collection counts it in the server's, the memory governor's ledger
-    (src/kestrel/storage/memory.py), whose `limit` is the budget and whose `make_room` pages out."""
+    """Where a queue counts the bytes it holds in memory (its items in memory, its open reads and its
+    read-behind cursor's buffer), kept as they change: a batch's bytes once as it enters or leaves
+    memory. A queue has one of its own until the collection counts it in the server's, the memory
+    governor's ledger (src/kestrel/storage/memory.py), whose `limit` is the budget and whose
+    `make_room` pages out."""
 
     __slots__ = ("total", "limit")
 
@@ -215,6 +216,7 @@ class PersistentQueue(ABC):
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
         self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
+        self._buffered = 0  # its cursor's read buffer, as counted in the ledger (`_count_buffer`)
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
         self._behind_refused = False  # the last try to enter read-behind found no file descriptor
         # What the read-behind rules hold in memory: max_memory_size, or less while the memory
@@ -929,7 +931,9 @@ class PersistentQueue(ABC):
             # Before refilling: crossing a checkpoint while refilling starts a pack that must see it.
             watcher.note_departure(item, opened)
         if self._behind is not None and (self.memory_bytes < self.memory_target or not mem):
-            self._fill()  # the head at least stays in memory (a read-only peek reads only memory)
+            # The head at least stays in memory (a read-only peek reads only memory). An item
+            # becoming an open read is counted again once opened: the refill counts it now.
+            self._fill(size if opened else 0)
         return item
 
     def _push_head(self, item: QItem) -> None:
@@ -985,19 +989,26 @@ class PersistentQueue(ABC):
         self._behind = ReadBehind(self.name, cursor, self.runtime)
         log_later(self.runtime, log.info, "queue entering read-behind", queue=self.name, bytes=self.bytes)
 
-    def _fill(self) -> None:
+    def _fill(self, opening: int = 0) -> None:
         """Read items back into memory up to the target (the head item at least) or until every item
-        is there (read-behind ends)."""
+        is there (read-behind ends), and no further than the room the server's budget has left:
+        the ledger's, less the `opening` bytes of an item on its way to the open reads (a replay's
+        target is that room: `MemoryGovernor.admit`). Up to the target alone, refills between
+        ticks passed the budget by the item that filled each queue, and by every open read whose
+        item they read back in beside it."""
         behind = self._behind
         if behind is None:
             return
         mem = self._mem
         held = len(mem)
+        ledger = self._ledger
+        target = min(self.memory_target, self.memory_bytes + ledger.limit - ledger.total - opening)
         try:
-            done = behind.fill(mem, self.memory_bytes, self.memory_target, self.clock.now_ms())
+            done = behind.fill(mem, self.memory_bytes, target, self.clock.now_ms())
         finally:
             self.memory_bytes += behind.filled
             self._ledger.total += behind.filled
+            self._count_buffer()
             max_age = self.config.max_age
             if max_age:  # what the journal says, capped by the settings of now (`age_held_items`)
                 for item in islice(reversed(mem), len(mem) - held):
@@ -1010,7 +1021,18 @@ class PersistentQueue(ABC):
         if behind is not None:
             self._behind = None
             behind.end(self.length)
+            self._count_buffer()
             self._read_behind_ended()
+
+    def _count_buffer(self) -> None:
+        """Count the read-behind cursor's buffer in the ledger as it is now: it grows as a refill
+        reads (to two reads of CURSOR_CHUNK at most) and goes with a release, a page-out's new
+        cursor or the end of read-behind. Known only as the last tick measured it, the buffers
+        grown since passed the budget unseen, by up to 128 KB a queue reading behind."""
+        behind = self._behind
+        buffered = behind.cursor.buffered() if behind is not None else 0
+        self._ledger.total += buffered - self._buffered
+        self._buffered = buffered
 
     def _forget_items(self) -> None:
         """Every item leaves memory and read-behind at once (a flush, or a rebuild from disk)."""
@@ -1081,10 +1103,11 @@ class PersistentQueue(ABC):
         return data_sizes(item_data(list(self._opens.values())))[0]
 
     def count_in(self, ledger: MemoryAccount) -> None:
-        """Count what this queue holds (items in memory, open reads) in `ledger` from now on,
-        taking it out of the one it was counted in: the collection's, once it holds the queue."""
+        """Count what this queue holds (items in memory, open reads, its cursor's buffer) in
+        `ledger` from now on, taking it out of the one it was counted in: the collection's, once
+        it holds the queue."""
         with self._lock:
-            held = self.memory_bytes + self._open_bytes()
+            held = self.memory_bytes + self._open_bytes() + self._buffered
             self._ledger.total -= held
             ledger.total += held
             self._ledger = ledger
@@ -1105,6 +1128,8 @@ class PersistentQueue(ABC):
         with self._lock:
             if self._behind is not None and not self.closed and self._gate.busy is None:
                 self._behind.cursor.release_buffer()  # (not while it reads a record off the loop)
+                if self._buffered:  # (a tick asks every idle cursor, most of them empty already)
+                    self._count_buffer()
 
     def shed(self, wait: bool = True) -> int:
         """Drop the items held beyond `memory_target` from the tail of memory and read them back
@@ -1155,6 +1180,7 @@ class PersistentQueue(ABC):
             self._behind = ReadBehind(self.name, cursor, self.runtime)
             log_later(self.runtime, log.info, "queue paged out of memory", queue=self.name,
                       kept=self.memory_bytes, paged_out=self.bytes - self.memory_bytes)
+        self._count_buffer()
         return freed
 
     # -----------------------------------------------------------------------------------------
