@@ -116,6 +116,23 @@ def test_kestrel_commands_and_replies(server: ServerProcess) -> None:
     assert not (server.queue_path / "ghost").exists()
 
 
+def test_extra_words_are_ignored_and_numbers_may_be_negative_as_in_kestrel(server: ServerProcess) -> None:
+    s = conn(server.text_port)
+    assert exchange(s, b"put q 0 extra:\na\nb\nc\n\n", b"\n") == b"+3\n"
+    assert exchange(s, b"get q -5\n", b"\n") == b":a\n"  # a deadline already past: no wait
+    assert exchange(s, b"get q 0 extra\n", b"\n") == b":b\n"
+    assert exchange(s, b"confirm q -1\n", b"\n") == b"-Not that many transactions open.\n"
+    assert exchange(s, b"confirm q 1 extra\n", b"\n") == b"+1\n"
+    assert exchange(s, b"peek q -1 extra\n", b"\n") == b":c\n"
+    assert exchange(s, b"monitor q -100 5 extra\n", b"*\n") == b"*\n"  # its time is up at once
+    assert exchange(s, b"status up now\n", b"\n") == b"+0\n"
+    assert exchange(s, b"version please\n", b"\n") == b":2.4.1-py0.1.0\n"
+    assert exchange(s, b"flush q extra\n", b"\n") == b"+0\n"
+    assert exchange(s, b"peek q\n", b"\n") == b"*\n"
+    assert exchange(s, b"delete q extra\n", b"\n") == b"+0\n"
+    assert not (server.queue_path / "q").exists()
+
+
 def test_status_not_configured(server_factory: Any) -> None:
     srv = server_factory({"status_file": None})
     assert text(srv.text_port, b"status\n") == b"-Server status not configured.\n"

@@ -32,6 +32,30 @@ def test_lines_parse_to_commands(line: bytes, command: TextCommand) -> None:
     assert parse_line(line) == command
 
 
+# Kestrel's TextHandler reads its arguments by position (`request.args(0)`, `args.drop(1).headOption`)
+# and parses numbers with `toInt`: words after the ones a command takes are ignored, numbers may be
+# negative (a past deadline: no wait; a confirm count of none).
+@pytest.mark.parametrize("line, command", [
+    (b"put q 1500 extra:", TextCommand("put", queue="q", expiry_ms=1500)),
+    (b"put my 5 queue:", TextCommand("put", queue="my", expiry_ms=5)),
+    (b"get q -5", TextCommand("get", queue="q", timeout_ms=-5)),
+    (b"get q 250 later", TextCommand("get", queue="q", timeout_ms=250)),
+    (b"peek q -1 x", TextCommand("peek", queue="q", timeout_ms=-1)),
+    (b"monitor q -500", TextCommand("monitor", queue="q", timeout_ms=-500)),
+    (b"monitor q 500 3 more", TextCommand("monitor", queue="q", timeout_ms=500, count=3)),
+    (b"confirm q -2", TextCommand("confirm", queue="q", count=-2)),
+    (b"confirm q 2 extra", TextCommand("confirm", queue="q", count=2)),
+    (b"flush q extra", TextCommand("flush", queue="q")),
+    (b"delete q extra", TextCommand("delete", queue="q")),
+    (b"status readonly now", TextCommand("status", status="readonly")),
+    (b"version please", TextCommand("version")),
+    (b"quit now", TextCommand("quit")),
+    (b"shutdown now", TextCommand("shutdown")),
+])
+def test_extra_words_are_ignored_and_numbers_may_be_negative(line: bytes, command: TextCommand) -> None:
+    assert parse_line(line) == command
+
+
 @pytest.mark.parametrize("line, message, opens_block", [
     (b"put my queue:", "Error parsing expiration time.", True),
     (b"put q", "usage: put <queue> [expiry-ms]: then one item per line, then an empty line", True),
@@ -42,7 +66,12 @@ def test_lines_parse_to_commands(line: bytes, command: TextCommand) -> None:
     (b"get q:", "usage: put <queue> [expiry-ms]: then one item per line, then an empty line", True),
     (b"get", "Queue name required.", False),
     (b"get q later", "Error parsing timeout.", False),
-    (b"get q -5", "Error parsing timeout.", False),
+    (b"get q --5", "Error parsing timeout.", False),
+    (b"get q 5.0", "Error parsing timeout.", False),
+    (b"put q 1x extra:", "Error parsing expiration time.", True),
+    (b"peek", "Queue name required.", False),
+    (b"monitor q 10 lots", "Error parsing max items.", False),
+    (b"delete", "Queue name required.", False),
     (b"monitor q", "Queue name & timeout required.", False),
     (b"monitor q nan", "Error parsing timeout.", False),
     (b"confirm q", "Queue name & count required.", False),

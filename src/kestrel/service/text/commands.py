@@ -3,14 +3,15 @@
 `parse_line` turns one request line (without its line ending) into a TextCommand, or raises
 TextError carrying the error to send (a blank line too: Kestrel answers every line). A line ending
 with `:` or starting with the word `put` always opens an item block (items one per line, up to an
-empty line), even when it is refused, so that item lines are never taken for commands. Error texts
-are Kestrel's where Kestrel has one.
+empty line), even when it is refused, so that item lines are never taken for commands. As in
+Kestrel's TextHandler, a command reads the words it takes by position and ignores any after them,
+and its numbers may be negative. Error texts are Kestrel's where Kestrel has one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 
 class TextError(Exception):
@@ -44,31 +45,60 @@ class TextCommand:
 
 
 QUEUE_REQUIRED = "Queue name required."
-_WAIT_COMMANDS = {"get", "peek"}
-_ONE_QUEUE = {"flush", "delete"}
-_NO_ARGS = {"version", "quit", "shutdown"}
+PUT_USAGE = "usage: put <queue> [expiry-ms]: then one item per line, then an empty line"
 
 
-def _number(text: str, error: str, signed: bool = False, opens_block: bool = False) -> int:
-    digits = text[1:] if signed and text.startswith("-") else text
+@dataclass(frozen=True, slots=True)
+class _Arguments:
+    """What a command reads from the words after its name, by position, as Kestrel's TextHandler
+    does: the first word (a queue, or `status`'s new status), then numbers. Fewer than `required`
+    words is the `missing` error; words past the last one read are ignored, as in Kestrel."""
+
+    required: int = 0
+    missing: str = QUEUE_REQUIRED
+    first: str | None = "queue"  # the field the first word fills
+    numbers: tuple[tuple[str, str], ...] = ()  # (field, error) for the second word on
+
+
+_TIMEOUT = ("timeout_ms", "Error parsing timeout.")
+_ARGUMENTS: Final[dict[str, _Arguments]] = {
+    "put": _Arguments(1, numbers=(("expiry_ms", "Error parsing expiration time."),)),
+    "get": _Arguments(1, numbers=(_TIMEOUT,)),
+    "peek": _Arguments(1, numbers=(_TIMEOUT,)),
+    # max-items is this server's (memcache's MONITOR has it); Kestrel's text monitor reads no third word
+    "monitor": _Arguments(2, "Queue name & timeout required.",
+                          numbers=(_TIMEOUT, ("count", "Error parsing max items."))),
+    "confirm": _Arguments(2, "Queue name & count required.", numbers=(("count", "Error parsing count."),)),
+    "flush": _Arguments(1),
+    "delete": _Arguments(1),
+    "status": _Arguments(first="status"),
+    "version": _Arguments(first=None),
+    "quit": _Arguments(first=None),
+    "shutdown": _Arguments(first=None),
+}
+
+
+def _number(text: str, error: str, opens_block: bool) -> int:
+    """A decimal integer, negative allowed as by Kestrel's `toInt`; at most 18 digits."""
+    digits = text.removeprefix("-")
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise TextError(error, opens_block)
     return int(text)
 
 
-PUT_USAGE = "usage: put <queue> [expiry-ms]: then one item per line, then an empty line"
-
-
-def _parse_put(args: list[str]) -> TextCommand:
-    """The words after `put` in `put <queue> [expiry-ms]:`."""
-    if not args:
-        raise TextError(QUEUE_REQUIRED, opens_block=True)
-    if len(args) > 2:
-        raise TextError("Error parsing expiration time.", opens_block=True)
-    expiry = None
-    if len(args) == 2:
-        expiry = _number(args[1], "Error parsing expiration time.", signed=True, opens_block=True)
-    return TextCommand("put", queue=args[0], expiry_ms=expiry)
+def _command(name: str, args: list[str], opens_block: bool) -> TextCommand:
+    """The command `name` with the words after it, read by its `_Arguments`."""
+    grammar = _ARGUMENTS.get(name)
+    if grammar is None:
+        raise TextError(f"Unknown command: {name[:64]}", opens_block)
+    if len(args) < grammar.required:
+        raise TextError(grammar.missing, opens_block)
+    fields: dict[str, Any] = {}
+    if grammar.first is not None and args:
+        fields[grammar.first] = args[0]
+    for (field, error), word in zip(grammar.numbers, args[1:], strict=False):  # the shorter ends it
+        fields[field] = _number(word, error, opens_block)
+    return TextCommand(name, **fields)
 
 
 def parse_line(line: bytes) -> TextCommand:
@@ -91,39 +121,6 @@ def parse_line(line: bytes) -> TextCommand:
     except UnicodeDecodeError:
         raise TextError("command line is not valid UTF-8", opens_block=block or is_put) from None
     name, args = words[0].lower(), words[1:]
-    if is_put or block:
-        if not (is_put and block):
-            raise TextError(PUT_USAGE, opens_block=True)
-        return _parse_put(args)
-    if name in _WAIT_COMMANDS:
-        if not args:
-            raise TextError(QUEUE_REQUIRED)
-        if len(args) > 2:
-            raise TextError(f"usage: {name} <queue> [timeout-ms]")
-        timeout = _number(args[1], "Error parsing timeout.") if len(args) == 2 else 0
-        return TextCommand(name, queue=args[0], timeout_ms=timeout)
-    if name == "monitor":
-        if len(args) < 2:
-            raise TextError("Queue name & timeout required.")
-        if len(args) > 3:
-            raise TextError("usage: monitor <queue> <timeout-ms> [max-items]")
-        count = _number(args[2], "Error parsing max items.") if len(args) == 3 else None
-        return TextCommand(name, queue=args[0], timeout_ms=_number(args[1], "Error parsing timeout."),
-                           count=count)
-    if name == "confirm":
-        if len(args) != 2:
-            raise TextError("Queue name & count required.")
-        return TextCommand(name, queue=args[0], count=_number(args[1], "Error parsing count."))
-    if name in _ONE_QUEUE:
-        if len(args) != 1:
-            raise TextError(QUEUE_REQUIRED if not args else f"usage: {name} <queue>")
-        return TextCommand(name, queue=args[0])
-    if name == "status":
-        if len(args) > 1:
-            raise TextError("usage: status [up|readonly|quiescent]")
-        return TextCommand(name, status=args[0] if args else None)
-    if name in _NO_ARGS:
-        if args:
-            raise TextError(f"{name} takes no arguments")
-        return TextCommand(name)
-    raise TextError(f"Unknown command: {name[:64]}")
+    if is_put != block:
+        raise TextError(PUT_USAGE, opens_block=True)
+    return _command(name, args, opens_block=block)
