@@ -327,6 +327,36 @@ def test_an_owed_return_the_failing_journal_refused_is_made_once_it_can_be_writt
 
 
 @FORMATS
+def test_an_abort_the_journal_refused_counts_its_errors_once_when_it_is_made(
+        tmp_path: Path, journal_format: str, disk: FailingDisk) -> None:
+    """An item's abort counts once toward `max_errors`, however many times its write was tried: the
+    try the journal refused counted nothing, the owed return paid later counts it. (Once counted at
+    each, an item aborted once was poisoned with `max_errors: 2`.) A Kestrel 3 return writes
+    nothing: here the write is that of the poison item's confirm, in the same abort."""
+    coll = make(tmp_path, journal_format, {"q": {"max_errors": 2}})
+    coll.put("q", [b"bad", b"fine"])
+    first = one(coll.remove("q", transaction=True))
+    assert first is not None
+    coll.unremove("q", [first.xid])  # bad: its first error
+    taken = coll.remove("q", 2, transaction=True)
+    disk.full = True
+    with pytest.raises(JournalWriteError):  # bad's second error poisons it; fine's first
+        coll.unremove("q", [item.xid for item in reversed(taken)], owed=True)
+    q = coll.queue("q")
+    assert (q.poisoned, q.canceled_transactions) == (0, 1)
+    disk.full = False
+    assert coll.put("q", [b"after"])  # the probe succeeds: the owed return follows this change
+    gevent.idle()
+    left = [(item.data, item.errors) for item in coll.remove("q", 10)]
+    if journal_format == "kestrel2":
+        # The failure rebuilt memory from the journal, which has no error counts (docs/sessions.md).
+        assert left == [(b"bad", 1), (b"fine", 1), (b"after", 0)] and q.poisoned == 0
+    else:
+        assert left == [(b"fine", 1), (b"after", 0)] and q.poisoned == 1
+    assert q.canceled_transactions == 3
+
+
+@FORMATS
 def test_plain_threads_put_and_take_every_item_once(tmp_path: Path, journal_format: str) -> None:
     """Each change holds the queue's lock: with threads, no item is lost or served twice, and a
     Kestrel 3 put to the parent reaches its fanout child whatever the child's readers do."""

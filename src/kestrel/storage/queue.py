@@ -801,10 +801,11 @@ class PersistentQueue(ABC):
         `on_poison` (src/kestrel/storage/poison.py). Items never `handed_out` (a get that ended
         without a reply) just go back: no error counted, no abort, never poison.
 
-        Raises JournalWriteError (the reads stay open; an item already handed to `on_poison` may then
-        be there too: a copy, never a loss). A return `owed` (the caller took the reads from whoever
-        held them: nobody is left to try again) is then made once the journal can be written again
-        (`_pay_owed_returns`), where the reads stayed open until the next start.
+        Raises JournalWriteError (the reads stay open and no error is counted; an item already
+        handed to `on_poison` may then be there too: a copy, never a loss). A return `owed` (the
+        caller took the reads from whoever held them: nobody is left to try again) is then made once
+        the journal can be written again (`_pay_owed_returns`), where the reads stayed open until the
+        next start.
         """
         xids = list(xids)
         try:
@@ -826,41 +827,50 @@ class PersistentQueue(ABC):
                 return  # open reads in its journal: the next start returns them
 
     def _unremove_all(self, xids: list[int], handed_out: bool) -> int:
+        """`unremove`'s change. An abort counts each item's error once, however many times its
+        write is tried: a write that fails undoes the change (`_change_failed`), its counts with it,
+        so that a retry (or an owed return paid) counts them again, and only then."""
         with self:
             aborted = 0
+            counted: list[QItem] = []
             returned: list[QItem] = []
             poisoned: list[QItem] = []
-            for xid in xids:
-                item = self._opens.get(xid)
-                if item is None:
-                    continue
-                aborted += 1
-                if not handed_out:
-                    if self._unremove(xid):
+            try:
+                for xid in xids:
+                    item = self._opens.get(xid)
+                    if item is None:
+                        continue
+                    aborted += 1
+                    if not handed_out:
+                        if self._unremove(xid):
+                            returned.append(item)
+                        continue
+                    item.errors += 1
+                    counted.append(item)
+                    if poison.is_poison(item, self.config) and poison.hand_over(
+                            self.on_poison, self.name, self.config.error_queue, item, self.runtime):
+                        if self._opens.pop(xid, None) is item:  # still open after the hand-over
+                            self._ledger.total -= len(item.data)
+                            poisoned.append(item)
+                    elif self._unremove(xid):
                         returned.append(item)
-                    continue
-                item.errors += 1
-                self.canceled_transactions += 1
-                if poison.is_poison(item, self.config) and poison.hand_over(self.on_poison, self.name,
-                                                                            self.config.error_queue, item,
-                                                                            self.runtime):
-                    if self._opens.pop(xid, None) is item:  # still open after the hand-over
-                        self._ledger.total -= len(item.data)
-                        poisoned.append(item)
-                elif self._unremove(xid):
-                    returned.append(item)
-            if poisoned:
-                self.poisoned += len(poisoned)
-                self._log_confirm(poisoned)
-            if returned:
-                self._log_return(returned)
-                waits = self._waits
-                if waits is not None:
-                    for _ in returned:
-                        if not waits.wake_one():
-                            break
-            if aborted:
-                self._commit()
+                if poisoned:
+                    self._log_confirm(poisoned)
+                if returned:
+                    self._log_return(returned)
+                    waits = self._waits
+                    if waits is not None:
+                        for _ in returned:
+                            if not waits.wake_one():
+                                break
+                if aborted:
+                    self._commit()
+            except (OSError, JournalWriteError):  # the failures `_change_failed` undoes the change for
+                for item in counted:
+                    item.errors -= 1
+                raise
+            self.canceled_transactions += len(counted)
+            self.poisoned += len(poisoned)
             return aborted
 
     # -----------------------------------------------------------------------------------------
