@@ -133,3 +133,30 @@ def test_runs_whose_reads_are_all_closed_are_compacted_away() -> None:
             del open_ids[read_id]
     assert len(aborts) <= SLACK + 1
     aborts.close()
+
+
+def test_a_read_opened_during_an_expire_does_not_hold_back_an_earlier_deadline() -> None:
+    """An expire's journal write can wait (sync_journal), and a get served meanwhile opens a read
+    with a later deadline: the entries already listed still come due at their own deadlines."""
+    open_ids: dict[int, object] = {1: None, 2: None}
+    fired: list[list[int]] = []
+    runtime = ManualRuntime()
+
+    def expire(ids: list[int]) -> None:
+        fired.append(ids)
+        for read_id in ids:
+            del open_ids[read_id]
+        if ids == [1]:  # a waiting get takes the aborted item back, with a long auto-abort
+            open_ids[3] = None
+            aborts.add(3, 30.0)
+
+    aborts = AutoAborts(open_ids, expire, runtime)
+    aborts.add(1, 0.5)
+    aborts.add(2, 1.5)
+    runtime.advance(500)
+    assert fired == [[1]]
+    runtime.advance(1_000)
+    assert fired == [[1], [2]]
+    runtime.advance(30_000)
+    assert fired == [[1], [2], [3]] and not open_ids and runtime.timers == 0
+    aborts.close()

@@ -53,8 +53,7 @@ class AutoAborts:
         if len(deadlines) > 2 * len(self.open_ids) + SLACK:
             self.deadlines = [entry for entry in deadlines if self._open_of(entry)]
             heapq.heapify(self.deadlines)
-        if self._timer is None or deadline < self._timer_at:
-            self._set_timer(deadline)
+        self._arm()
 
     def _open_of(self, entry: tuple[float, int, int]) -> list[int]:
         """The ids of an entry's run still open, in order."""
@@ -75,11 +74,18 @@ class AutoAborts:
             ids += self._open_of(heapq.heappop(deadlines))
         return ids
 
-    def _set_timer(self, deadline: float) -> None:
-        if self.closed:
+    def _arm(self) -> None:
+        """Have the timer wait for the earliest deadline, unless it already waits for none later. Also
+        after an expire: reads opened while its journal write waited set the timer for their own,
+        later deadline, ahead of entries still in the list."""
+        if self.closed or not self.deadlines:
             return
-        if self._timer is not None:
-            self._timer.cancel()
+        deadline = self.deadlines[0][0]
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= deadline:
+                return
+            timer.cancel()
         self._timer_at = deadline
         self._timer = self.runtime.call_later(max(deadline - self.runtime.clock.monotonic(), 0.0), self._fire)
 
@@ -91,8 +97,7 @@ class AutoAborts:
                 self.expire(ids)
             except Exception:
                 log.exception("auto-abort failed", read_ids=len(ids))
-        if self.deadlines and self._timer is None:
-            self._set_timer(self.deadlines[0][0])
+        self._arm()
 
     def close(self) -> None:
         """Stop the timer: reads still open stay open."""
