@@ -565,7 +565,7 @@ def test_a_journal_closed_while_a_round_fsyncs_it_keeps_its_descriptor_until_the
     commit = GroupCommit(way)
     writer = JournalWriter(str(tmp_path / "q"), 0, GeventWithItsOwnRounds(commit))
     writer.append(b"a")
-    waiter = gevent.spawn(commit.sync, writer, writer.size)
+    waiter = gevent.spawn(partial(commit.sync, writer, writer.size))
     assert way.in_flight.wait(timeout=10)
     fd = writer.fd
     writer.close(sync=False)

@@ -208,7 +208,7 @@ def test_a_journal_closed_while_its_large_append_is_written_off_the_loop_closes_
     writer.gate = WriteGate(writer.runtime)
     writer.open()
     fd = writer.fd
-    append = gevent.spawn(writer.append, LARGE)
+    append = gevent.spawn(partial(writer.append, LARGE))
     writes.wait_started(append)
     writer.close(sync=False)
     os.fstat(fd)  # still open under the write
