@@ -189,6 +189,40 @@ def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProc
         on(readonly).set_status(kestrel.Status.UP)
 
 
+@contextlib.contextmanager
+def hung_servers(count: int, silence: str) -> Iterator[list[str]]:
+    """Addresses of `count` listeners that never accept (their backlog full: a connect times out, as to
+    a partitioned host) or never answer (the kernel accepts, nobody reads: a call times out, as on a
+    frozen server)."""
+    with contextlib.ExitStack() as held:
+        addresses = []
+        for _ in range(count):
+            hung = held.enter_context(socket.socket())
+            hung.bind(("127.0.0.1", 0))
+            hung.listen(0 if silence == "never accepts" else 64)
+            port = hung.getsockname()[1]
+            addresses.append(f"127.0.0.1:{port}")
+            if silence == "never accepts":
+                for _ in range(3):  # fill its backlog: the connects after these are never answered
+                    queued = held.enter_context(socket.socket())
+                    queued.setblocking(False)
+                    queued.connect_ex(("127.0.0.1", port))
+        yield addresses
+
+
+def counted_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The address of each connection the client tries to open from now on (a try of a server)."""
+    tried: list[str] = []
+
+    class Counted(server_module._Connection):
+        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+            tried.append(f"{host}:{port}")
+            super().__init__(host, port, connect_timeout_ms)
+
+    monkeypatch.setattr(server_module, "_Connection", Counted)
+    return tried
+
+
 @pytest.mark.parametrize("call", ["put", "get"])
 @pytest.mark.parametrize("silence", ["never accepts", "never answers"])
 def test_a_server_that_hangs_is_avoided_longer_than_a_try_of_it_costs(
@@ -200,32 +234,48 @@ def test_a_server_that_hangs_is_avoided_longer_than_a_try_of_it_costs(
     `retry_after` of its own, so that only what its tries cost keeps it avoided, and timeouts of a
     tenth of the defaults: it is tried a few times in 40 puts, not at every other one. A get round
     asked every reader, the avoided last, and so waited out the hung one's timeout at every get."""
-    tried: list[int] = []
+    tried = counted_connections(monkeypatch)
+    with hung_servers(1, silence) as (hung,), Cluster([hung, f"127.0.0.1:{server.thrift_port}"]) as cluster:
+        silent = cluster.server(hung)
+        silent.retry_after, silent.connect_timeout_ms, silent.timeout_ms = 0.0, 200, 200
+        for i in range(40):
+            if call == "put":
+                assert cluster.put("hung", b"%d" % i)
+            else:
+                assert cluster.get("hung-empty") is None
+    assert 1 <= tried.count(hung) <= 4, tried.count(hung)
 
-    class Counted(server_module._Connection):
-        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
-            tried.append(port)
-            super().__init__(host, port, connect_timeout_ms)
 
-    monkeypatch.setattr(server_module, "_Connection", Counted)
-    with socket.socket() as hung, contextlib.ExitStack() as held:
-        hung.bind(("127.0.0.1", 0))
-        hung.listen(0 if silence == "never accepts" else 64)
-        port = hung.getsockname()[1]
-        if silence == "never accepts":
-            for _ in range(3):  # fill its backlog: the connects after these are never answered
-                queued = held.enter_context(socket.socket())
-                queued.setblocking(False)
-                queued.connect_ex(("127.0.0.1", port))
-        with Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"]) as cluster:
-            silent = cluster.server(f"127.0.0.1:{port}")
-            silent.retry_after, silent.connect_timeout_ms, silent.timeout_ms = 0.0, 200, 200
-            for i in range(40):
-                if call == "put":
-                    assert cluster.put("hung", b"%d" % i)
-                else:
-                    assert cluster.get("hung-empty") is None
-    assert 1 <= tried.count(port) <= 4, tried.count(port)
+@pytest.mark.parametrize("call", ["put", "get"])
+@pytest.mark.parametrize("silence", ["never accepts", "never answers"])
+def test_a_call_whose_every_server_hangs_fails_at_once_until_one_is_due_again(
+        silence: str, call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every server is avoided after a try that cost a timeout, a call asks none of them: it
+    raises NoServers at once, saying how long each stays avoided and why. A call asked every avoided
+    server again, on each of its passes, and so waited out every hung server's timeout three times
+    at every put or get. When an avoidance ends, the next call asks that server again."""
+    tried = counted_connections(monkeypatch)
+    with hung_servers(2, silence) as hung, Cluster(hung, connect_timeout_ms=150, timeout_ms=150,
+                                                   backoff_ms=1) as cluster:
+        for address in hung:
+            cluster.server(address).retry_after = 0.0  # avoided for ten times what a try cost: 1.5 s
+        do: Callable[[], object] = (lambda: cluster.put("hung", b"x")) if call == "put" \
+            else (lambda: cluster.get("hung"))
+        with pytest.raises(NoServers):
+            do()  # tries each, and finds them hung
+        assert sorted(set(tried)) == sorted(hung)
+        first = len(tried)
+        started = time.monotonic()
+        for _ in range(10):
+            with pytest.raises(NoServers, match="not asked, avoided .* s more after a try that cost") as e:
+                do()
+            assert sorted(err.address for err in e.value.errors) == sorted(hung)
+        assert len(tried) == first, tried  # none tried again: each call failed at once
+        assert time.monotonic() - started < 1.0  # 10 calls; each waited 0.9 s or more before
+        wait_until(lambda: not any(cluster.server(a).seems_down for a in hung), "the avoidance to end")
+        with pytest.raises(NoServers):
+            do()
+        assert len(tried) > first  # asked again, once due
 
 
 @pytest.mark.parametrize("answer", [

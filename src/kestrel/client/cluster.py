@@ -2,12 +2,13 @@
 
 Puts go to the write set, reads to the read set (the same list when the servers are given by hand).
 Each call tries the servers in turn (round-robin, or random), those that recently failed or refused
-by status last, so a dead server's share spreads evenly over the others; a connection error or a
-refusal moves the call to the next server. When no server could take a call, it is tried again,
-`retries` times, after a growing pause; then it raises NoServers, reads as well as puts, so that
-"the cluster is down" never looks like "the queue is empty". Delivery is at least once: a put whose
-reply was lost is sent again elsewhere, and an open read whose confirm was lost returns to its
-queue, so consumers should be idempotent.
+by status last, so a dead server's share spreads evenly over the others, and those whose failure
+cost a timeout not at all while they are avoided (a call finding only such fails at once); a
+connection error or a refusal moves the call to the next server. When no server could take a call,
+it is tried again, `retries` times, after a growing pause; then it raises NoServers, reads as well
+as puts, so that "the cluster is down" never looks like "the queue is empty". Delivery is at least
+once: a put whose reply was lost is sent again elsewhere, and an open read whose confirm was lost
+returns to its queue, so consumers should be idempotent.
 """
 
 from __future__ import annotations
@@ -38,17 +39,28 @@ OTHER_PROTOCOLS = ("memcache", "text")  # the servers' endpoints, beside "thrift
 
 
 class _Round:
-    """What one pass over the servers heard: whether any answered, and each failure."""
+    """What one pass over the servers heard: whether any answered, each failure, and why the servers
+    not asked were not (`skipped`: still hung, see `Cluster._in_turn`)."""
 
     def __init__(self) -> None:
         self.answered = False
         self.errors: list[KestrelClientError] = []
+        self.skipped: list[ServerUnavailable] = []
+        self.fit = 0  # how many of the servers to ask, the first ones, were neither hung nor avoided
+
+    @property
+    def failures(self) -> list[KestrelClientError]:
+        """Every server's failure, the skipped ones' included: what NoServers carries."""
+        return [*self.errors, *self.skipped]
 
     @property
     def worth_retrying(self) -> bool:
-        """Some server could not be reached (or none was there to ask): it may be back soon. A
-        round in which every server answered with a refusal is not repeated."""
-        return not self.errors or any(isinstance(e, ServerUnavailable) for e in self.errors)
+        """Some server asked could not be reached (or none was there to ask): it may be back soon. A
+        round in which every server answered with a refusal is not repeated, nor one that asked none
+        because all were still hung: they will be so still after the pause."""
+        if not self.errors:
+            return not self.skipped
+        return any(isinstance(e, ServerUnavailable) for e in self.errors)
 
 
 class Cluster:
@@ -171,14 +183,26 @@ class Cluster:
         for server in gone:
             server.retire()
 
-    def _in_turn(self, servers: Sequence[Server], method: str) -> list[Server]:
-        """Every server once: those fit for `method` from the next in `method`'s turn (or shuffled),
-        then the ones that recently failed or refused it by status. Turning among the fit ones alone is what
-        spreads a dead server's share evenly over the others, instead of onto the one after it."""
+    def _in_turn(self, servers: Sequence[Server], method: str, round_: _Round) -> list[Server]:
+        """The servers a pass of `round_` asks, each once: those fit for `method` from the next in
+        `method`'s turn (or shuffled), then the ones that recently failed at once or refused it by
+        status. Turning among the fit ones alone is what spreads a dead server's share evenly over
+        the others, instead of onto the one after it.
+
+        A server still hung (avoided after a failure that cost a timeout: `Server.still_hung`) is not
+        asked at all, even when no other is left, and the round says why (`skipped`): asking would
+        likely cost its caller the timeout again, and with every server so avoided each call waited
+        on all of them, where the call now fails at once (NoServers). Its avoidance ends by itself,
+        and the next call asks it again: that call is the probe."""
         fit: list[Server] = []
         unfit: list[Server] = []
         for server in servers:  # judged once each: another thread may mark one down meanwhile
-            (unfit if server.avoids(method) else fit).append(server)
+            hung = server.still_hung()
+            if hung is not None:
+                round_.skipped.append(hung)
+            else:
+                (unfit if server.avoids(method) else fit).append(server)
+        round_.fit = len(fit)
         if self.strategy == "random":
             random.shuffle(fit)
             random.shuffle(unfit)
@@ -237,7 +261,7 @@ class Cluster:
         while True:
             self._check_open(what)
             round_ = _Round()
-            for server in self._in_turn(self.writers(), "put"):
+            for server in self._in_turn(self.writers(), "put", round_):
                 try:
                     accepted = server.put_checked(queue, remaining, expiration_ms)
                 except (ServerUnavailable, Refused) as e:
@@ -253,7 +277,7 @@ class Cluster:
                 return stored  # every server answered: their queues are full
             if self._gave_up(round_, failed_rounds):
                 if not stored:
-                    raise NoServers(f"put {len(remaining)} items on {queue!r}", round_.errors)
+                    raise NoServers(f"put {len(remaining)} items on {queue!r}", round_.failures)
                 return stored
             self._pause(failed_rounds)
             failed_rounds += 1
@@ -351,7 +375,7 @@ class Cluster:
             self._check_open(what)
             round_ = _Round()
             got = 0
-            for server in self._in_turn(self.readers(), "get"):
+            for server in self._in_turn(self.readers(), "get", round_):
                 items = self._get_from(server, queue, batch, 0, self.auto_abort_ms, round_)
                 if items:
                     got += self._feed(server, queue, items, handle, stop)
@@ -360,7 +384,7 @@ class Cluster:
             handled += got
             if not round_.answered:
                 if self._gave_up(round_, failed_rounds):
-                    raise NoServers(f"get from {queue!r}", round_.errors)
+                    raise NoServers(f"get from {queue!r}", round_.failures)
                 self._pause(failed_rounds)
                 failed_rounds += 1
                 continue
@@ -409,14 +433,14 @@ class Cluster:
         spent: dict[str, ServerUnavailable] = {}  # by address: a plain get's lost answers
         while True:
             self._check_open(what)
-            readers = self._in_turn([s for s in self.readers() if s.address not in spent], "get")
+            round_ = _Round()
+            readers = self._in_turn([s for s in self.readers() if s.address not in spent], "get", round_)
             if spent and not readers:
                 raise NoServers(f"{what} (a get without a reliable read may have taken items from "
-                                f"{', '.join(spent)}, lost with its answer)", list(spent.values()))
-            round_ = _Round()
-            fit = sum(not server.avoids("get") for server in readers)  # `_in_turn` puts them first
+                                f"{', '.join(spent)}, lost with its answer)",
+                                [*spent.values(), *round_.skipped])
             for n, server in enumerate(readers):
-                if n == fit and round_.answered:
+                if n == round_.fit and round_.answered:
                     break  # the avoided are not waited on while another answers (their items wait)
                 # Each server's wait is its share of what is left of `timeout` among the servers
                 # still to ask this round (at most `poll_ms` a round in all), so that the round ends
@@ -433,7 +457,7 @@ class Cluster:
                     spent[server.address] = lost
             if not round_.answered:
                 if self._gave_up(round_, failed_rounds):
-                    raise NoServers(what, round_.errors)
+                    raise NoServers(what, round_.failures)
                 self._pause(failed_rounds)
                 failed_rounds += 1
                 continue

@@ -74,7 +74,8 @@ class Server:
     (the server may have restarted since, closing every pooled one: they are dropped with it); any
     other connection failure raises ServerUnavailable
     and marks the server down for a while (`retry_after` seconds, longer after a try that waited out
-    a timeout and after failures in a row: `_mark_down`), which a Cluster uses to try it last.
+    a timeout and after failures in a row: `_mark_down`), which a Cluster uses to try it last, or,
+    after a timeout waited out, not at all (`still_hung`).
     An error the server answers with raises Refused, except a closed queue (the server is shutting
     down), which raises ServerClosing, a ServerUnavailable, and marks the server down too. A refusal
     because of the server's status marks that method refused for `retry_after` seconds
@@ -96,6 +97,8 @@ class Server:
         self.retry_after, self.max_idle = retry_after, max_idle
         self.down_until = 0.0
         self._failures = 0  # failures in a row, since the server last answered
+        self._failure: ServerUnavailable | None = None  # the last of them, and what it cost
+        self._failure_cost = 0.0
         self._refused_until: dict[str, float] = {}  # method → when a status refusal is stale
         self._closed = False
         self._idle: list[_Connection] = []
@@ -111,6 +114,19 @@ class Server:
     def seems_down(self) -> bool:
         """Failed lately, and still avoided for it (see `_mark_down`)."""
         return time.monotonic() < self.down_until
+
+    def still_hung(self) -> ServerUnavailable | None:
+        """While the server is avoided after a failure that cost its caller a timeout (its cost, not
+        `retry_after`, set the avoidance), why: an error saying so, for a Cluster that does not ask
+        it at all meanwhile, since asking would likely cost as much again. None otherwise: a server
+        that failed at once (a refused connection) costs nothing to ask, and may be back."""
+        with self._lock:
+            failure, cost = self._failure, self._failure_cost
+        left = self.down_until - time.monotonic()
+        if failure is None or left <= 0 or AVOID_PER_COST * cost <= self.retry_after:
+            return None
+        return ServerUnavailable(self.address, f"not asked, avoided {left:.1f} s more after a try that cost "
+                                               f"{cost:.1f} s ({failure.reason})")
 
     def avoids(self, method: str) -> bool:
         """Seems down, or refused `method` because of its status less than `retry_after` ago."""
@@ -248,13 +264,13 @@ class Server:
                     # Bytes that are no Kestrel reply (another service on the port, a proxy): the
                     # connection's state is unknown, and the next server may serve the call.
                     conn.close()
-                    self._mark_down(self._call_cost(started, wait_ms))
-                    raise ServerUnavailable(self.address, f"{method}: the answer is not a Kestrel Thrift "
-                                                          f"reply ({e})", maybe_done=True) from e
+                    raise self._mark_down(self._call_cost(started, wait_ms), ServerUnavailable(
+                        self.address, f"{method}: the answer is not a Kestrel Thrift reply ({e})",
+                        maybe_done=True)) from e
                 error = refusal(self.address, e.message or str(e))
                 if isinstance(error, ServerClosing):
                     conn.close()
-                    self._mark_down(self._call_cost(started, wait_ms))
+                    self._mark_down(self._call_cost(started, wait_ms), error)
                 else:
                     self._answered()
                     if isinstance(error, Refused) and error.by_status:
@@ -268,8 +284,8 @@ class Server:
                     # it again on a new one.
                     self._drop_idle()
                     continue
-                self._mark_down(self._call_cost(started, wait_ms))
-                raise ServerUnavailable(self.address, f"{method} failed: {e!r}", maybe_done=True) from e
+                raise self._mark_down(self._call_cost(started, wait_ms), ServerUnavailable(
+                    self.address, f"{method} failed: {e!r}", maybe_done=True)) from e
             except BaseException:
                 conn.close()  # interrupted mid-call (a gevent timeout, a signal): its state is unknown
                 raise
@@ -308,8 +324,8 @@ class Server:
         try:
             conn = _Connection(self.host, self.port, self.connect_timeout_ms)
         except CONNECTION_ERRORS as e:
-            self._mark_down(time.monotonic() - started)
-            raise ServerUnavailable(self.address, f"cannot connect: {e!r}") from e
+            raise self._mark_down(time.monotonic() - started,
+                                  ServerUnavailable(self.address, f"cannot connect: {e!r}")) from e
         return conn, False
 
     @staticmethod
@@ -317,16 +333,20 @@ class Server:
         """What a failed call cost its caller beyond the wait it asked for (a timeout waited out)."""
         return max(time.monotonic() - started - max(wait_ms, 0) / 1000.0, 0.0)
 
-    def _mark_down(self, cost: float) -> None:
-        """Avoid the server after a failure that cost its caller `cost` seconds: for `retry_after`, or
+    def _mark_down(self, cost: float, failure: ServerUnavailable) -> ServerUnavailable:
+        """Avoid the server after `failure`, which cost its caller `cost` seconds: for `retry_after`, or
         AVOID_PER_COST times the cost if longer, doubled for each failure in a row before it, up to
-        MAX_AVOID_S. The avoidance must outlast what a try costs: a second of it after a connect
-        timeout of two had run out by the time a producer came back, and two puts in three stalled."""
+        MAX_AVOID_S; returns `failure`. The avoidance must outlast what a try costs: a second of it
+        after a connect timeout of two had run out by the time a producer came back, and two puts in
+        three stalled. A failure whose cost set the avoidance (a timeout waited out) makes the server
+        `still_hung` for all of it."""
         with self._lock:
             self._failures += 1
             doublings = min(self._failures - 1, 16)
+            self._failure, self._failure_cost = failure, cost
         avoid = max(self.retry_after, AVOID_PER_COST * cost) * 2 ** doublings
         self.down_until = time.monotonic() + min(avoid, max(MAX_AVOID_S, self.retry_after))
+        return failure
 
     def _answered(self) -> None:
         """The server answered: its failures in a row end, and so does its avoidance."""
