@@ -278,6 +278,45 @@ def test_a_call_whose_every_server_hangs_fails_at_once_until_one_is_due_again(
         assert len(tried) > first  # asked again, once due
 
 
+@pytest.mark.parametrize("call", ["put", "get"])
+def test_a_call_meeting_many_servers_that_never_accept_waits_out_their_connects_side_by_side(
+        server: ServerProcess, call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call to meet hung servers (their connects time out) before a live one waited out
+    each one's connect timeout in turn, six here: 2.4 s. Their connects now run side by side, each
+    begun a share of the timeout after the one before, so the call waits under two timeouts, and
+    every one of them is found hung by it: the calls after it try none."""
+    tried = counted_connections(monkeypatch)
+    connecting, most = [0], [0]
+    lock = threading.Lock()
+
+    class Overlapping(server_module._Connection):  # the counting one
+        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+            with lock:
+                connecting[0] += 1
+                most[0] = max(most[0], connecting[0])
+            try:
+                super().__init__(host, port, connect_timeout_ms)
+            finally:
+                with lock:
+                    connecting[0] -= 1
+
+    monkeypatch.setattr(server_module, "_Connection", Overlapping)
+    live = f"127.0.0.1:{server.thrift_port}"
+    with hung_servers(6, "never accepts") as hung, Cluster([*hung, live], connect_timeout_ms=400) as cluster:
+        do: Callable[[], object] = (lambda: cluster.put("side-by-side", b"x")) if call == "put" \
+            else (lambda: cluster.get("side-by-side-empty"))
+        started = time.monotonic()
+        assert do() in (True, None)
+        took = time.monotonic() - started
+        assert sorted(a for a in tried if a != live) == sorted(hung)  # each tried once, and so found hung
+        assert all(cluster.server(a).still_hung() for a in hung)
+        assert most[0] >= 2, most  # one connect at a time before
+        assert took < 1.6, took  # four connect timeouts; 2.4 s before
+        for _ in range(10):
+            assert do() in (True, None)
+        assert sorted(a for a in tried if a != live) == sorted(hung)  # none tried again
+
+
 @pytest.mark.parametrize("answer", [
     b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
     # a well-formed reply to `put` with no result in it

@@ -4,11 +4,13 @@ Puts go to the write set, reads to the read set (the same list when the servers 
 Each call tries the servers in turn (round-robin, or random), those that recently failed or refused
 by status last, so a dead server's share spreads evenly over the others, and those whose failure
 cost a timeout not at all while they are avoided (a call finding only such fails at once); a
-connection error or a refusal moves the call to the next server. When no server could take a call,
-it is tried again, `retries` times, after a growing pause; then it raises NoServers, reads as well
-as puts, so that "the cluster is down" never looks like "the queue is empty". Delivery is at least
-once: a put whose reply was lost is sent again elsewhere, and an open read whose confirm was lost
-returns to its queue, so consumers should be idempotent.
+connection error or a refusal moves the call to the next server. The connects a pass needs are begun
+side by side while the one at hand is slow (`Cluster._ahead`), so hung hosts' connect timeouts are
+waited out together, not in a row. When no server could take a call, it is tried again, `retries`
+times, after a growing pause; then it raises NoServers, reads as well as puts, so that "the cluster
+is down" never looks like "the queue is empty". Delivery is at least once: a put whose reply was
+lost is sent again elsewhere, and an open read whose confirm was lost returns to its queue, so
+consumers should be idempotent.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from kestrel.client.checks import BytesLike, check_count, check_item, check_item
 from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
 from kestrel.client.errors import ClientClosed, KestrelClientError, NoServers, Refused, ServerUnavailable
 from kestrel.client.packed import PackedItems
-from kestrel.client.server import Server
+from kestrel.client.server import Opening, Server
 
 log = logging.getLogger("kestrel.client")
 
@@ -210,6 +212,45 @@ class Cluster:
         turn = next(self._turns[method])
         return [*_rotated(fit, turn), *_rotated(unfit, turn)]
 
+    def _ahead(self, servers: list[Server], round_: _Round,
+               without_reads: bool = False) -> Iterator[tuple[int, Server]]:
+        """`servers` (a pass of `round_`, from `_in_turn`) in their order, with their index, each once
+        a call to it would meet no connect: a fit one (the first `round_.fit`) once a pooled
+        connection awaits it (holding no open reads, `without_reads`), opened in a thread of its own
+        if none did (`Server.open_ahead`). The last fit one, with none begun for it, comes as it is
+        (nothing is left to begin beside its connect, which its call makes), and so do the others
+        (they failed at once lately: their connect costs nothing). A server whose connection could
+        not be opened is not yielded: its error goes to the round.
+
+        While a fit server's connection is being opened, the next fit server's is begun each
+        `stagger` (the server's connect timeout shared among the fit servers), so that a pass begins
+        all its connects within one connect timeout, and those of hung servers run side by side: a
+        pass meeting any number of hung servers waits under two connect timeouts, where it waited
+        out one after another. What is still being opened when the caller is done is pooled, or
+        marks its server down, in its own time: the pass that met a hung server finds it hung
+        whichever server took the call."""
+        openings: dict[int, Opening] = {}
+        begun = 0  # the fit servers before this one have a connection pooled or being opened
+        for n, server in enumerate(servers):
+            opening = openings.pop(n, None)
+            if opening is None:
+                if n + 1 >= round_.fit or server.has_idle(without_reads):
+                    yield n, server
+                    continue
+                opening = server.open_ahead()
+            begun = max(begun, n + 1)
+            stagger = server.connect_timeout_ms / 1000.0 / round_.fit
+            while not opening.wait(stagger):
+                while begun < round_.fit and servers[begun].has_idle(without_reads):
+                    begun += 1
+                if begun < round_.fit:
+                    openings[begun] = servers[begun].open_ahead()
+                    begun += 1
+            if opening.error is not None:
+                round_.errors.append(opening.error)
+                continue
+            yield n, server
+
     def _pause(self, failed_rounds: int) -> None:
         """Wait before pass `failed_rounds` + 1: backoff_ms, doubling, capped, with jitter."""
         ceiling = min(self.backoff_ms * 2 ** failed_rounds, self.max_backoff_ms) / 1000.0
@@ -261,7 +302,7 @@ class Cluster:
         while True:
             self._check_open(what)
             round_ = _Round()
-            for server in self._in_turn(self.writers(), "put", round_):
+            for _, server in self._ahead(self._in_turn(self.writers(), "put", round_), round_):
                 try:
                     accepted = server.put_checked(queue, remaining, expiration_ms)
                 except (ServerUnavailable, Refused) as e:
@@ -375,7 +416,8 @@ class Cluster:
             self._check_open(what)
             round_ = _Round()
             got = 0
-            for server in self._in_turn(self.readers(), "get", round_):
+            readers = self._in_turn(self.readers(), "get", round_)
+            for _, server in self._ahead(readers, round_, without_reads=True):
                 items = self._get_from(server, queue, batch, 0, self.auto_abort_ms, round_)
                 if items:
                     got += self._feed(server, queue, items, handle, stop)
@@ -439,7 +481,7 @@ class Cluster:
                 raise NoServers(f"{what} (a get without a reliable read may have taken items from "
                                 f"{', '.join(spent)}, lost with its answer)",
                                 [*spent.values(), *round_.skipped])
-            for n, server in enumerate(readers):
+            for n, server in self._ahead(readers, round_, without_reads=auto_abort_ms > 0):
                 if n == round_.fit and round_.answered:
                     break  # the avoided are not waited on while another answers (their items wait)
                 # Each server's wait is its share of what is left of `timeout` among the servers

@@ -1,8 +1,9 @@
 """One Kestrel server over Thrift: a small pool of connections, reopened when lost.
 
 Safe to share between threads and greenlets: each call takes its own connection from the pool, and
-all waiting is socket I/O (cooperative once gevent has patched the socket module). `close()` is
-final: every call after it raises ClientClosed.
+all waiting is socket I/O (cooperative once gevent has patched the socket module). A connection
+opened ahead of a call (`open_ahead`, for a Cluster) is opened in a thread of its own, a greenlet
+once gevent has patched threading. `close()` is final: every call after it raises ClientClosed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -65,6 +67,25 @@ class _Connection:
 
     def close(self) -> None:
         self.socket.close()
+
+
+class Opening:
+    """A connection being opened ahead of a call, in a thread of its own (`Server.open_ahead`): it
+    goes to its server's pool once open; `error` is the ServerUnavailable if it could not be (the
+    server is then marked down, as after any failed connect)."""
+
+    def __init__(self) -> None:
+        self.error: ServerUnavailable | None = None
+        self._ended = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the opening ended (pooled, or failed) within `timeout` seconds."""
+        return self._ended.wait(timeout)
+
+    def end(self, error: ServerUnavailable | None) -> None:
+        """The opening thread's last word: pooled (None), or why not."""
+        self.error = error
+        self._ended.set()
 
 
 class Server:
@@ -311,6 +332,31 @@ class Server:
                 conn = self._opened_on.pop(read_id, None)
                 if conn is not None:
                     conn.open_reads.discard(read_id)
+
+    def has_idle(self, without_reads: bool = False) -> bool:
+        """Whether a call would find a pooled connection (one holding no open reads, `without_reads`)."""
+        with self._lock:
+            return any(not (without_reads and conn.open_reads) for conn in self._idle)
+
+    def open_ahead(self) -> Opening:
+        """Begin opening a connection for the pool, in a thread of its own (a greenlet once gevent
+        has patched threading), so that a Cluster need not wait for this server's connect before it
+        begins the next one's. The thread ends with the connect (within its connect timeout, once the
+        host's name is resolved)."""
+        opening = Opening()
+        threading.Thread(target=partial(self._open, opening), daemon=True,
+                         name=f"kestrel-connect-{self.address}").start()
+        return opening
+
+    def _open(self, opening: Opening) -> None:
+        error = None
+        try:
+            conn, _ = self._take(fresh=True)
+            self._give_back(conn)
+        except ServerUnavailable as e:
+            error = e
+        finally:
+            opening.end(error)
 
     def _take(self, fresh: bool = False, without_reads: bool = False) -> tuple[_Connection, bool]:
         """An idle connection (one holding no unsettled open reads, for a get that opens some), or,
