@@ -29,6 +29,7 @@ COMPILED_MODULES = (
     "kestrel.service.socket_io",
     "kestrel.service.turns",
     "kestrel.service.buffered_connection",
+    "kestrel.service.numerals",
     "kestrel.service.histogram_series",
     "kestrel.service.replies",
     "kestrel.service.thrift.protocol",

@@ -115,3 +115,35 @@ def test_a_line_that_is_not_utf8_is_refused_and_its_data_never_read_as_commands(
 ])
 def test_arguments_kestrel_ignores_are_ignored(line: bytes, name: str) -> None:
     assert parse_line(line).name == name
+
+
+@pytest.mark.parametrize("line, field, value", [
+    (b"set q 0 0 00000000001", "size", 1),  # as memcached's strtoul and Kestrel's parseInt read it
+    (b"set q 000000000000000000000 -000000000000000000005 0", "expiry", -5),
+    (b"get q/t=000000000025", "get", 25),
+    (b"monitor q 00000000002.5", "timeout_ms", 2500),
+    (b"confirm q 0000000000000000000000003", "count", 3),
+])
+def test_a_number_is_judged_by_its_value_not_its_leading_zeros(line: bytes, field: str, value: int) -> None:
+    command = parse_line(line)
+    got = getattr(command, field)
+    assert (got.timeout_ms if field == "get" else got) == value
+
+
+@pytest.mark.parametrize("line, reply", [
+    (b"set q 0 0 \xd9\xa1", "CLIENT_ERROR bad byte count '\u0661': expected 0..2147483647 (closing: the item's length is unknown)"),
+    (b"set q +1 0 1", "CLIENT_ERROR bad flags '+1'"),
+    (b"set q 0 0 1_0", "CLIENT_ERROR bad byte count '1_0': expected 0..2147483647 (closing: the item's length is unknown)"),
+    (b"get q/t=\xd9\xa3", "CLIENT_ERROR bad timeout 't=\u0663': expected t=<milliseconds>"),
+    (b"get q/t=010000000000", "CLIENT_ERROR bad timeout 't=010000000000': expected t=<milliseconds>"),
+    (b"monitor q 0" + b"9" * 11, "CLIENT_ERROR bad monitor period '0" + "9" * 11
+     + "': expected seconds, a number 0 or more"),
+    (b"confirm q -", "CLIENT_ERROR bad count '-'"),
+    (b"confirm q 0" + b"9" * 21, "CLIENT_ERROR bad count '0" + "9" * 21 + "'"),
+])
+def test_a_number_is_ascii_digits_within_its_width(line: bytes, reply: str) -> None:
+    # Python's int() takes other scripts' digits, `+` and `_`: a number here is 0-9 alone, and its
+    # significant digits are bounded before int() converts them.
+    with pytest.raises(ProtocolError) as refused:
+        parse_line(line)
+    assert refused.value.reply == reply

@@ -27,6 +27,11 @@ from kestrel.service.text.commands import TextCommand, TextError, parse_line
     (b"version", TextCommand("version")),
     (b"quit", TextCommand("quit")),
     (b"shutdown", TextCommand("shutdown")),
+    # A number is judged by its value: leading zeros are not counted against its width, as Kestrel's
+    # parseInt reads them.
+    (b"get q 0000000000000000000250", TextCommand("get", queue="q", timeout_ms=250)),
+    (b"put q -0000000000000000000001:", TextCommand("put", queue="q", expiry_ms=-1)),
+    (b"confirm q 00000000000000000000002", TextCommand("confirm", queue="q", count=2)),
 ])
 def test_lines_parse_to_commands(line: bytes, command: TextCommand) -> None:
     assert parse_line(line) == command
@@ -76,6 +81,9 @@ def test_extra_words_are_ignored_and_numbers_may_be_negative(line: bytes, comman
     (b"monitor q nan", "Error parsing timeout.", False),
     (b"confirm q", "Queue name & count required.", False),
     (b"confirm q x", "Error parsing count.", False),
+    (b"confirm q \xd9\xa3", "Error parsing count.", False),  # int() takes other scripts' digits: refused
+    (b"get q +5", "Error parsing timeout.", False),
+    (b"get q 01000000000000000000", "Error parsing timeout.", False),  # 19 significant digits
     (b"flush", "Queue name required.", False),
     (b"dance", "Unknown command: dance", False),
     (b"", "Unknown command: ", False),  # Kestrel answers every line: a blank one reads as the empty command

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kestrel.service.numerals import decimal, is_digits
 from kestrel.storage.clock import Clock
 
 # Absolute expiry times are at or above this; smaller ones are relative seconds (memcache's rule).
@@ -78,10 +79,10 @@ def parse_get_key(key: str) -> GetOptions:
             raise client_error(f"option {option!r} given twice")
         seen.add(name)
         if name == "t":
-            value = option[2:]
-            if not _is_digits(value) or len(value) > 10:
+            value = decimal(option[2:], 10)
+            if value is None:
                 raise client_error(f"bad timeout {option!r}: expected t=<milliseconds>")
-            timeout = int(value)
+            timeout = value
         elif name not in ("open", "close", "abort", "peek"):
             raise client_error(f"unknown get option {option!r}")
     if "peek" in seen and seen & {"open", "close", "abort"}:
@@ -91,15 +92,10 @@ def parse_get_key(key: str) -> GetOptions:
     return GetOptions(queue, timeout, "open" in seen, "close" in seen, "abort" in seen, "peek" in seen)
 
 
-def _is_digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
 def _int(text: str, what: str, low: int = 0, high: int = 2**63 - 1) -> int:
-    digits = text[1:] if text.startswith("-") else text
-    if not _is_digits(digits) or len(text) > 20:
+    value = decimal(text, 20, signed=True)  # (2**64 has 20 digits: the range says what is over)
+    if value is None:
         raise client_error(f"bad {what} {text!r}")
-    value = int(text)
     if not low <= value <= high:
         raise client_error(f"{what} {value} out of range {low}..{high}")
     return value
@@ -108,9 +104,10 @@ def _int(text: str, what: str, low: int = 0, high: int = 2**63 - 1) -> int:
 def _seconds_ms(text: str) -> int:
     """`monitor`'s period: whole or decimal seconds, finite and not negative → milliseconds."""
     whole, _, fraction = text.partition(".")
-    if not _is_digits(whole + fraction) or len(whole) > 10:
+    seconds = decimal(whole or "0", 10) if is_digits(whole + fraction) else None
+    if seconds is None:
         raise client_error(f"bad monitor period {text!r}: expected seconds, a number 0 or more")
-    return int(whole or "0") * 1000 + int((fraction + "000")[:3])
+    return seconds * 1000 + int((fraction + "000")[:3])
 
 
 def _split_noreply(args: list[str]) -> tuple[list[str], bool]:
@@ -141,10 +138,8 @@ def _data_length(name: str, args: list[str]) -> int | None:
     count = _STORAGE_ARGUMENTS[name]
     if not (len(args) == count or (len(args) == count + 1 and args[-1] == "noreply")):
         return None
-    size = args[3]
-    if _is_digits(size) and len(size) <= 10 and int(size) <= MAX_ITEM_BYTES:
-        return int(size)
-    return None
+    size = decimal(args[3], 10)
+    return size if size is not None and size <= MAX_ITEM_BYTES else None
 
 
 def _refusal(name: str, args: list[str], reply: str) -> ProtocolError:

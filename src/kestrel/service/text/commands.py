@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kestrel.service.numerals import decimal
+
 
 class TextError(Exception):
     """A request that gets `-<message>`; `opens_block` marks a refused put whose items follow."""
@@ -79,11 +81,11 @@ _ARGUMENTS: Final[dict[str, _Arguments]] = {
 
 
 def _number(text: str, error: str, opens_block: bool) -> int:
-    """A decimal integer, negative allowed as by Kestrel's `toInt`; at most 18 digits."""
-    digits = text.removeprefix("-")
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+    """A decimal integer, negative allowed as by Kestrel's `toInt`; at most 18 significant digits."""
+    value = decimal(text, 18, signed=True)
+    if value is None:
         raise TextError(error, opens_block)
-    return int(text)
+    return value
 
 
 def _command(name: str, args: list[str], opens_block: bool) -> TextCommand:
