@@ -112,7 +112,9 @@ def parse_line(line: bytes) -> TextCommand:
     """
     stripped = line.rstrip()
     block = stripped.endswith(b":")
-    raw = (stripped[:-1] if block else stripped).split()  # ASCII whitespace only, as Kestrel
+    # At runs of ASCII whitespace, where Kestrel splits at each space: its `get q  5` reads an
+    # empty timeout and fails, ours reads `get q 5`.
+    raw = (stripped[:-1] if block else stripped).split()
     if not raw:
         if block:
             raise TextError(PUT_USAGE, opens_block=True)
