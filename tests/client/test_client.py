@@ -317,6 +317,34 @@ def test_a_call_meeting_many_servers_that_never_accept_waits_out_their_connects_
         assert sorted(a for a in tried if a != live) == sorted(hung)  # none tried again
 
 
+# A program that has gevent patch its sockets and nothing else: a put and a get of a Cluster whose
+# first server never accepts, its connect begun, and the live server's opened ahead beside it.
+SOCKETS_ONLY_SCRIPT = """
+import sys
+from gevent import monkey
+monkey.patch_socket()
+from kestrel.client import Cluster
+hung, live = sys.argv[1:]
+with Cluster([hung, live], connect_timeout_ms=300) as cluster:
+    assert cluster.put("sockets-only", b"x")
+    assert cluster.get("sockets-only") == b"x"
+print("ok")
+"""
+
+
+def test_a_connect_opened_ahead_serves_a_program_whose_sockets_alone_gevent_patched(server: ServerProcess) -> None:
+    """Under gevent a socket is served by the hub of the thread that made it. Opened ahead in a
+    thread of its own where gevent had patched sockets and not threads, the live server's
+    connection failed its first call in the caller's thread with greenlet's "cannot switch to a
+    different thread", no client error, and the put with it. It is opened in a greenlet of the
+    caller's hub there."""
+    with hung_servers(1, "never accepts") as (hung,):
+        out = subprocess.run([sys.executable, "-c", SOCKETS_ONLY_SCRIPT, hung, f"127.0.0.1:{server.thrift_port}"],
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("answer", [
     b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
     # a well-formed reply to `put` with no result in it

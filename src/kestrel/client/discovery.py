@@ -20,6 +20,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
 from kestrel.client.checks import check_seconds
+from kestrel.client.cooperation import gevent_sockets
 from kestrel.client.errors import ServerSetsUnavailable
 
 log = logging.getLogger("kestrel.client")
@@ -107,11 +108,7 @@ def member_address(data: bytes, endpoint: str | None) -> Address | None:
 
 def _kazoo_handler() -> Any:
     """Kazoo's gevent handler once gevent has patched sockets, else its threading one."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return SequentialThreadingHandler()
-    if not monkey.is_module_patched("socket"):
+    if not gevent_sockets():
         return SequentialThreadingHandler()
     from kazoo.handlers.gevent import SequentialGeventHandler
 

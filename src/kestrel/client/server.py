@@ -2,8 +2,9 @@
 
 Safe to share between threads and greenlets: each call takes its own connection from the pool, and
 all waiting is socket I/O (cooperative once gevent has patched the socket module). A connection
-opened ahead of a call (`open_ahead`, for a Cluster) is opened in a thread of its own, a greenlet
-once gevent has patched threading. `close()` is final: every call after it raises ClientClosed.
+opened ahead of a call (`open_ahead`, for a Cluster) is opened in a thread of its own, or in a
+greenlet of the caller's once gevent has patched sockets (`cooperation.py`). `close()` is final:
+every call after it raises ClientClosed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Iterable
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.protocol.cybin import ProtocolError  # type: ignore[attr-defined]  # (a C module without stubs)
@@ -23,6 +24,7 @@ from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
 from kestrel.client.checks import BytesLike, check_count, check_items, check_queue
+from kestrel.client.cooperation import gevent_sockets
 from kestrel.client.errors import (
     ClientClosed,
     KestrelClientError,
@@ -33,6 +35,9 @@ from kestrel.client.errors import (
 )
 from kestrel.client.packed import PackedItems, send_parts
 from kestrel.contract import kestrel_thrift
+
+if TYPE_CHECKING:
+    import gevent.event
 
 # What a lost or unreachable server looks like from here.
 CONNECTION_ERRORS = (TTransportException, OSError, EOFError)
@@ -70,13 +75,14 @@ class _Connection:
 
 
 class Opening:
-    """A connection being opened ahead of a call, in a thread of its own (`Server.open_ahead`): it
-    goes to its server's pool once open; `error` is the ServerUnavailable if it could not be (the
-    server is then marked down, as after any failed connect)."""
+    """A connection being opened ahead of a call, in a thread or greenlet of its own
+    (`Server.open_ahead`), which ends by setting `ended` (an event of the same kind): it goes to its
+    server's pool once open; `error` is the ServerUnavailable if it could not be (the server is
+    then marked down, as after any failed connect)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ended: threading.Event | gevent.event.Event) -> None:
         self.error: ServerUnavailable | None = None
-        self._ended = threading.Event()
+        self._ended = ended
 
     def wait(self, timeout: float) -> bool:
         """Whether the opening ended (pooled, or failed) within `timeout` seconds."""
@@ -339,13 +345,22 @@ class Server:
             return any(not (without_reads and conn.open_reads) for conn in self._idle)
 
     def open_ahead(self) -> Opening:
-        """Begin opening a connection for the pool, in a thread of its own (a greenlet once gevent
-        has patched threading), so that a Cluster need not wait for this server's connect before it
-        begins the next one's. The thread ends with the connect (within its connect timeout, once the
-        host's name is resolved)."""
-        opening = Opening()
-        threading.Thread(target=partial(self._open, opening), daemon=True,
-                         name=f"kestrel-connect-{self.address}").start()
+        """Begin opening a connection for the pool, in a thread of its own, so that a Cluster need
+        not wait for this server's connect before it begins the next one's. Once gevent has patched
+        sockets it is a greenlet of the caller's hub instead: a socket is served by the hub of the
+        thread that made it, and one made in a thread of its own failed its first call in the
+        caller's ("cannot switch to a different thread") where gevent had patched sockets and not
+        threads. It ends with the connect (within its connect timeout, once the host's name is
+        resolved)."""
+        if gevent_sockets():
+            import gevent.event
+
+            opening = Opening(gevent.event.Event())
+            gevent.spawn(partial(self._open, opening))
+        else:
+            opening = Opening(threading.Event())
+            threading.Thread(target=partial(self._open, opening), daemon=True,
+                             name=f"kestrel-connect-{self.address}").start()
         return opening
 
     def _open(self, opening: Opening) -> None:
