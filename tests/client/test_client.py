@@ -251,7 +251,7 @@ def test_a_server_that_hangs_is_avoided_longer_than_a_try_of_it_costs(
 def test_a_call_whose_every_server_hangs_fails_at_once_until_one_is_due_again(
         silence: str, call: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once every server is avoided after a try that cost a timeout, a call asks none of them: it
-    raises NoServers at once, saying how long each stays avoided and why. A call asked every avoided
+    raises NoServers after its retries' pauses alone, saying how long each stays avoided and why. A call asked every avoided
     server again, on each of its passes, and so waited out every hung server's timeout three times
     at every put or get. When an avoidance ends, the next call asks that server again."""
     tried = counted_connections(monkeypatch)
@@ -272,6 +272,13 @@ def test_a_call_whose_every_server_hangs_fails_at_once_until_one_is_due_again(
             assert sorted(err.address for err in e.value.errors) == sorted(hung)
         assert len(tried) == first, tried  # none tried again: each call failed at once
         assert time.monotonic() - started < 1.0  # 10 calls; each waited 0.9 s or more before
+        # Its retries' pauses it still waits (backoff 100 ms, then 200, each at least half), so that
+        # a loop calling again at once on NoServers does not spin; it asks none meanwhile.
+        cluster.backoff_ms = 100
+        started = time.monotonic()
+        with pytest.raises(NoServers, match="not asked, avoided"):
+            do()
+        assert time.monotonic() - started >= 0.15 and len(tried) == first
         wait_until(lambda: not any(cluster.server(a).seems_down for a in hung), "the avoidance to end")
         with pytest.raises(NoServers):
             do()

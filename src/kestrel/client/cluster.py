@@ -57,12 +57,13 @@ class _Round:
 
     @property
     def worth_retrying(self) -> bool:
-        """Some server asked could not be reached (or none was there to ask): it may be back soon. A
-        round in which every server answered with a refusal is not repeated, nor one that asked none
-        because all were still hung: they will be so still after the pause."""
-        if not self.errors:
-            return not self.skipped
-        return any(isinstance(e, ServerUnavailable) for e in self.errors)
+        """Some server could not be reached, or was not asked while still hung, or none was there to
+        ask: it may be back soon. A round in which every server answered with a refusal is not
+        repeated. A round that asked none because all were still hung is, after its pause, as any
+        unreachable round: a caller that calls again at once on NoServers (a consumer's loop) then
+        waits the retries' pauses each time rather than spinning, and a server whose avoidance ends
+        within them is asked."""
+        return not self.errors or any(isinstance(e, ServerUnavailable) for e in self.failures)
 
 
 class Cluster:
