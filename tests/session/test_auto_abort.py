@@ -3,11 +3,15 @@ Time is a manual runtime's: the tests move its clock instead of sleeping."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kestrel.service.session.auto_abort import SLACK, AutoAborts
 from kestrel.storage.runtime import ManualRuntime
 
 
-def _list(open_ids: dict[int, object]) -> tuple[AutoAborts, list[list[int]], ManualRuntime]:
+def _list(open_ids: dict[int, object], then: Callable[[list[int]], None] | None = None,
+          ) -> tuple[AutoAborts, list[list[int]], ManualRuntime]:
+    """A wait list whose expire notes the ids and closes their reads, then calls `then` with them."""
     fired: list[list[int]] = []
     runtime = ManualRuntime()
 
@@ -15,6 +19,8 @@ def _list(open_ids: dict[int, object]) -> tuple[AutoAborts, list[list[int]], Man
         fired.append(ids)
         for read_id in ids:
             del open_ids[read_id]
+        if then is not None:
+            then(ids)
 
     return AutoAborts(open_ids, expire, runtime), fired, runtime
 
@@ -139,18 +145,13 @@ def test_a_read_opened_during_an_expire_does_not_hold_back_an_earlier_deadline()
     """An expire's journal write can wait (sync_journal), and a get served meanwhile opens a read
     with a later deadline: the entries already listed still come due at their own deadlines."""
     open_ids: dict[int, object] = {1: None, 2: None}
-    fired: list[list[int]] = []
-    runtime = ManualRuntime()
 
-    def expire(ids: list[int]) -> None:
-        fired.append(ids)
-        for read_id in ids:
-            del open_ids[read_id]
+    def reopen(ids: list[int]) -> None:
         if ids == [1]:  # a waiting get takes the aborted item back, with a long auto-abort
             open_ids[3] = None
             aborts.add(3, 30.0)
 
-    aborts = AutoAborts(open_ids, expire, runtime)
+    aborts, fired, runtime = _list(open_ids, reopen)
     aborts.add(1, 0.5)
     aborts.add(2, 1.5)
     runtime.advance(500)
