@@ -431,6 +431,64 @@ def test_ids_close_their_reads_in_their_own_queues_in_one_call(server: ServerSta
     assert _drain(server, "q") == [b"q2"] and _drain(server, "r") == [b"r2"]
 
 
+def _refusing(server: ServerState, monkeypatch: pytest.MonkeyPatch, queue: str) -> None:
+    """The collection's confirm and return of `queue`'s reads fail as a full disk fails them."""
+    coll = server.collection
+    for name in ("confirm", "unremove"):
+        real = getattr(coll, name)
+
+        def refused(q: str, *args: Any, real: Callable[..., int] = real, **kwargs: Any) -> int:
+            if q == queue:
+                raise JournalWriteError(q, q, OSError(errno.ENOSPC, "No space left on device"))
+            return real(q, *args, **kwargs)
+
+        monkeypatch.setattr(coll, name, refused)
+
+
+@pytest.mark.pure_build  # (compiled, the collection's methods cannot be replaced)
+@pytest.mark.parametrize("confirm", [True, False], ids=["confirm", "abort"])
+def test_reads_closed_by_id_in_a_queue_whose_journal_refuses_leave_the_other_queues_closed(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch, confirm: bool) -> None:
+    """One call closes reads of two queues, the first of whose journal refuses: the other queue's
+    reads are closed all the same, the error answers the call, and a refused confirm's reads stay
+    open and held by their ids, confirmed by a later call. Taken from their holder first, the
+    other queue's reads and the refused ones stayed open with nobody to close them."""
+    session = Session(server, "client")
+    session.put("q", [b"q1"])
+    session.put("r", [b"r1"])
+    r_ids = session.get_items("r", 1, auto_abort_ms=60_000).ids
+    q_ids = session.get_items("q", 1, auto_abort_ms=60_000).ids  # newer: closed first
+    assert isinstance(q_ids, list) and isinstance(r_ids, list)
+    _refusing(server, monkeypatch, "q")
+    close = session.confirm_ids if confirm else session.abort_ids
+    with pytest.raises(JournalWriteError):
+        close({*q_ids, *r_ids})
+    monkeypatch.undo()
+    assert _open_reads(server, "r") == 0
+    assert _drain(server, "r") == ([] if confirm else [b"r1"])
+    if confirm:
+        assert _open_reads(server, "q") == 1 and session.confirm_ids(set(q_ids)) == 1
+        assert _open_reads(server, "q") == 0 and _drain(server, "q") == []
+
+
+@pytest.mark.pure_build  # (compiled, the collection's methods cannot be replaced)
+def test_a_refused_confirm_of_a_connection_s_reads_leaves_them_held_by_it(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text `confirm` (or `get q/close`) whose journal refuses: the reads stay the connection's,
+    oldest first, to be confirmed again or aborted when it closes."""
+    session = Session(server, "client")
+    session.put("q", [b"a", b"b", b"c"])
+    assert list(session.monitor("q", 1_000, max_items=2)) == [b"a", b"b"]
+    _refusing(server, monkeypatch, "q")
+    with pytest.raises(JournalWriteError):
+        session.confirm_reads("q", 1)
+    monkeypatch.undo()
+    assert list(session.monitor("q", 1_000, max_items=1)) == [b"c"]
+    assert session.confirm_reads("q", 1) == 1  # the oldest, `a`, refused before
+    session.abort_pending("q")
+    assert _drain(server, "q") == [b"b", b"c"]
+
+
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 def test_reads_of_a_deleted_queue_close_nothing_of_the_queue_created_under_its_name(
         make_server: MakeServer, runtime: ManualRuntime, journal_format: str) -> None:

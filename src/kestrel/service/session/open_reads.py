@@ -74,6 +74,14 @@ class OpenReads:
             if not reads:
                 del self._by_queue[read.queue]
 
+    def give_back(self, reads: list[OpenRead]) -> None:
+        """`reads`, taken to be closed (`take_oldest`, or by id), are open still (the journal refused
+        their confirm): held again, ahead of those opened since, in their order."""
+        for queue in dict.fromkeys(read.queue for read in reads):
+            held = {read: None for read in reads if read.queue == queue}
+            held.update(self._by_queue.get(queue, {}))
+            self._by_queue[queue] = held
+
     def take_oldest(self, queue: str, count: int | None = None) -> list[OpenRead]:
         """Remove and return the oldest `count` open reads on `queue` (None: all of them) that have
         no id: those with one are closed by id only, and outlive the connection. A count of none,
@@ -118,36 +126,62 @@ class ReadsById:
         self.auto_aborts.add_run(first, count, self.auto_aborts.deadline_after(auto_abort_ms / 1000.0))
         return read_ids
 
-    def _take(self, read_ids: list[int] | set[int]) -> dict[tuple[str, int], list[int]]:
+    def _take(self, read_ids: list[int] | set[int]) -> dict[tuple[str, int], list[OpenRead]]:
         """Remove the open reads among `read_ids`, newest first so that aborted items end up at the
-        head in the order they were read; their xids by queue and serial."""
-        xids: dict[tuple[str, int], list[int]] = {}
+        head in the order they were read; by queue and serial."""
+        reads: dict[tuple[str, int], list[OpenRead]] = {}
         by_id = self._reads
         for read_id in sorted(read_ids, reverse=True):
             read = by_id.pop(read_id, None)
             if read is None:
                 continue
             read.owner.forget(read)
-            xids.setdefault((read.queue, read.serial), []).append(read.xid)
-        return xids
+            reads.setdefault((read.queue, read.serial), []).append(read)
+        return reads
 
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
-        for (queue, serial), xids in self._take(read_ids).items():
-            self.collection.unremove(queue, xids, serial=serial, owed=True)
+        self._close(read_ids, confirm=False)
 
     def close(self, ids: set[int], confirm: bool) -> int:
         """Confirm (or abort) the open reads among `ids`, each in its own queue whatever queue the
         call named (Kestrel's `closePendingReads`), in one journal write a queue; how many were
         open."""
+        return self._close(ids, confirm)
+
+    def _close(self, ids: list[int] | set[int], confirm: bool) -> int:
+        """Each queue's reads closed in their own change, every queue's tried though one fails (the
+        first error is raised after): a return the journal refused is owed by its queue
+        (`unremove`), a refused confirm leaves its reads open and held again by id (`give_back`),
+        to be confirmed again or aborted at their deadline. Taken from their holder first, the
+        reads of the queues after a failing one, and those of a refused confirm, stayed open with
+        nobody to close them until the next start."""
         coll = self.collection
         closed = 0
-        for (queue, serial), xids in self._take(ids).items():
-            if confirm:
-                closed += coll.confirm(queue, xids, serial)
-            else:
-                closed += coll.unremove(queue, xids, serial=serial, owed=True)
+        failed: Exception | None = None
+        for (queue, serial), reads in self._take(ids).items():
+            xids = [read.xid for read in reads]
+            try:
+                if confirm:
+                    closed += coll.confirm(queue, xids, serial)
+                else:
+                    closed += coll.unremove(queue, xids, serial=serial, owed=True)
+            except Exception as e:
+                if confirm:
+                    self._give_back(reads)
+                failed = failed or e
+        if failed is not None:
+            raise failed
         return closed
+
+    def _give_back(self, reads: list[OpenRead]) -> None:
+        """`reads`, whose confirm failed, are held again by their ids and their connections (their
+        auto-abort deadlines still stand in the wait list)."""
+        reads = reads[::-1]  # oldest first again
+        for read in reads:
+            self._reads[read.read_id] = read
+        for owner in dict.fromkeys(read.owner for read in reads):
+            owner.give_back([read for read in reads if read.owner is owner])
 
     def cancel_timers(self) -> None:
         """Stop the auto-abort wait list (at shutdown: the reads stay open in their journals)."""

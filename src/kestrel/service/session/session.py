@@ -495,8 +495,15 @@ class Session:
         """Confirm this connection's oldest `count` open reads on `queue` (None: all); how many were
         open (those of a queue deleted since are closed with nothing to confirm)."""
         closed = 0
-        for serial, xids in by_serial(self.reads.take_oldest(queue, count)).items():
-            closed += self.coll.confirm(queue, xids, serial)
+        taken = self.reads.take_oldest(queue, count)
+        confirmed: set[int] = set()
+        try:
+            for serial, xids in by_serial(taken).items():
+                closed += self.coll.confirm(queue, xids, serial)
+                confirmed.add(serial)
+        except Exception:  # refused (the journal): open still, and held again, to be closed later
+            self.reads.give_back([read for read in taken if read.serial not in confirmed])
+            raise
         return closed
 
     def abort_pending(self, queue: str) -> None:
