@@ -197,13 +197,13 @@ def test_a_closing_connection_counts_until_its_open_reads_are_back(server: Serve
     session.put("q", [b"a"])
     assert session.get("q", open=True) == [b"a"]
     counted: list[int] = []
-    abort = session.abort_pending
+    give_back = session._return_reads
 
-    def counting_abort(queue: str) -> None:
+    def counting_return(queues: list[str]) -> None:
         counted.append(server.stats.curr_connections)
-        abort(queue)
+        give_back(queues)
 
-    session.abort_pending = counting_abort  # type: ignore[method-assign]
+    session._return_reads = counting_return  # type: ignore[method-assign]
     session.close()
     assert counted == [1] and server.stats.curr_connections == 0
 
@@ -487,6 +487,21 @@ def test_a_refused_confirm_of_a_connection_s_reads_leaves_them_held_by_it(
     assert session.confirm_reads("q", 1) == 1  # the oldest, `a`, refused before
     session.abort_pending("q")
     assert _drain(server, "q") == [b"b", b"c"]
+
+
+@pytest.mark.pure_build  # (compiled, the collection's methods cannot be replaced)
+def test_a_closed_connection_returns_every_queue_s_reads_though_one_s_journal_refuses(
+        server: ServerState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reads of the queues after one whose journal refuses their return go back all the same."""
+    session = Session(server, "client")
+    session.put("q", [b"q1"])
+    session.put("r", [b"r1"])
+    assert session.get("q", open=True) == [b"q1"] and session.get("r", open=True) == [b"r1"]
+    _refusing(server, monkeypatch, "q")
+    with pytest.raises(JournalWriteError):
+        session.close()
+    monkeypatch.undo()
+    assert _open_reads(server, "r") == 0 and _drain(server, "r") == [b"r1"]
 
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])

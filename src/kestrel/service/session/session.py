@@ -103,8 +103,7 @@ class Session:
             return
         self.closed = True
         try:
-            for queue in self.reads.queues():
-                self.abort_pending(queue)
+            self._return_reads(self.reads.queues())
         finally:
             self.stats.curr_connections -= 1
             self.stats.connections[self.protocol] -= 1
@@ -508,10 +507,24 @@ class Session:
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's open reads on `queue` back at the head, oldest first."""
-        done = self.reads.take_oldest(queue)
-        done.reverse()
-        for serial, xids in by_serial(done).items():
-            self.coll.unremove(queue, xids, serial=serial, owed=True)
+        self._return_reads([queue])
+
+    def _return_reads(self, queues: list[str]) -> None:
+        """This connection's open reads on `queues` go back to their heads, each queue's (and each
+        serial's) in a change of its own, every one tried though one fails; the first error is
+        raised after. A return the journal refused is owed by its queue (`unremove`); the reads
+        after it, taken from the connection and never returned, stayed open until the next start."""
+        failed: Exception | None = None
+        for queue in queues:
+            done = self.reads.take_oldest(queue)
+            done.reverse()
+            for serial, xids in by_serial(done).items():
+                try:
+                    self.coll.unremove(queue, xids, serial=serial, owed=True)
+                except Exception as e:
+                    failed = failed or e
+        if failed is not None:
+            raise failed
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status
