@@ -35,6 +35,23 @@ def by_serial(reads: list[OpenRead]) -> dict[int, list[int]]:
     return xids
 
 
+def return_all(collection: QueueCollection, returns: list[tuple[str, int, list[int]]]) -> int:
+    """Put each (queue, serial, xids) of open reads taken from their holder back at its head, in a
+    change of its own, every one tried though one fails (the first error is raised after): a return
+    the journal refused is owed by its queue (`unremove`); those after it, taken and never returned,
+    stayed open until the next start. How many were open."""
+    returned = 0
+    failed: Exception | None = None
+    for queue, serial, xids in returns:
+        try:
+            returned += collection.unremove(queue, xids, serial=serial, owed=True)
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
+    return returned
+
+
 class OpenReads:
     """One connection's open reads, per queue and oldest first."""
 
@@ -151,24 +168,23 @@ class ReadsById:
 
     def _close(self, ids: list[int] | set[int], confirm: bool) -> int:
         """Each queue's reads closed in their own change, every queue's tried though one fails (the
-        first error is raised after): a return the journal refused is owed by its queue
-        (`unremove`), a refused confirm leaves its reads open and held again by id (`give_back`),
-        to be confirmed again or aborted at their deadline. Taken from their holder first, the
-        reads of the queues after a failing one, and those of a refused confirm, stayed open with
-        nobody to close them until the next start."""
+        first error is raised after): returned as `return_all` returns them, or confirmed, where a
+        refused confirm leaves its reads open and held again by id (`give_back`), to be confirmed
+        again or aborted at their deadline. Taken from their holder first, the reads of the queues
+        after a failing one, and those of a refused confirm, stayed open with nobody to close them
+        until the next start."""
         coll = self.collection
+        taken = self._take(ids)
+        if not confirm:
+            return return_all(coll, [(queue, serial, [read.xid for read in reads])
+                                     for (queue, serial), reads in taken.items()])
         closed = 0
         failed: Exception | None = None
-        for (queue, serial), reads in self._take(ids).items():
-            xids = [read.xid for read in reads]
+        for (queue, serial), reads in taken.items():
             try:
-                if confirm:
-                    closed += coll.confirm(queue, xids, serial)
-                else:
-                    closed += coll.unremove(queue, xids, serial=serial, owed=True)
+                closed += coll.confirm(queue, [read.xid for read in reads], serial)
             except Exception as e:
-                if confirm:
-                    self._give_back(reads)
+                self._give_back(reads)
                 failed = failed or e
         if failed is not None:
             raise failed

@@ -17,7 +17,7 @@ from typing import Any, Final
 import structlog
 
 from kestrel.service.logs import bind_client
-from kestrel.service.session.open_reads import OpenReads, by_serial
+from kestrel.service.session.open_reads import OpenReads, by_serial, return_all
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import QItem
@@ -510,21 +510,14 @@ class Session:
         self._return_reads([queue])
 
     def _return_reads(self, queues: list[str]) -> None:
-        """This connection's open reads on `queues` go back to their heads, each queue's (and each
-        serial's) in a change of its own, every one tried though one fails; the first error is
-        raised after. A return the journal refused is owed by its queue (`unremove`); the reads
-        after it, taken from the connection and never returned, stayed open until the next start."""
-        failed: Exception | None = None
+        """This connection's open reads on `queues` go back to their heads, oldest first, each
+        queue's (and each serial's) in a change of its own (`return_all`)."""
+        returns: list[tuple[str, int, list[int]]] = []
         for queue in queues:
             done = self.reads.take_oldest(queue)
             done.reverse()
-            for serial, xids in by_serial(done).items():
-                try:
-                    self.coll.unremove(queue, xids, serial=serial, owed=True)
-                except Exception as e:
-                    failed = failed or e
-        if failed is not None:
-            raise failed
+            returns += [(queue, serial, xids) for serial, xids in by_serial(done).items()]
+        return_all(self.coll, returns)
 
     # -----------------------------------------------------------------------------------------
     # Inspection and status
