@@ -215,8 +215,8 @@ class JournalWriter:
         self.gate: WriteGate | None = None
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
-        # fsyncs off the loop using the descriptor now (`hold`), and the descriptors closed meanwhile,
-        # which the last of them closes (`release`); None while there are none
+        # uses of the descriptor off the loop now (fsyncs, large appends: `hold`), and the descriptors
+        # closed meanwhile, which the last of them closes (`release`); None while there are none
         self._holds = 0
         self._closed_held: list[int] | None = None
 
@@ -379,18 +379,18 @@ class JournalWriter:
                 done.set()
 
     def hold(self) -> int:
-        """The descriptor, for an fsync that runs off the loop (a thread, the C helper's threads,
-        native AIO), kept open until that fsync's `release`; -1 once closed. A `close` meanwhile
-        closes it when the last hold is released: closed under the fsync, it failed with EBADF, or
-        its number, taken by another file opened meanwhile, fsynced that file in this one's stead."""
+        """The descriptor, for an fsync or a large append that runs off the loop (a thread, the C
+        helper's threads, native AIO), kept open until its `release`; -1 once closed. A `close`
+        meanwhile closes it when the last hold is released: closed under an fsync, it failed with
+        EBADF, or its number, taken by another file opened meanwhile, fsynced that file instead."""
         fd = self.fd
         if fd >= 0:
             self._holds += 1
         return fd
 
     def release(self) -> None:
-        """The fsync that took a `hold` has ended: the descriptors closed meanwhile are closed
-        with the last. Never raises (an error closing is logged)."""
+        """The use that took a `hold` has ended: the descriptors closed meanwhile are closed with
+        the last. Never raises (an error closing is logged)."""
         self._holds -= 1
         closed = self._closed_held
         if self._holds or closed is None:
