@@ -101,7 +101,7 @@ class _ReadySocket:
     request may be made from the reply before it (`last_id`: a Thrift get's last read id)."""
 
     def __init__(self, readable: socket.socket) -> None:
-        self.requests: Iterator[bytes] = iter(())
+        self.requests: Iterator[bytes | None] = iter(())
         self.readable = readable
         self.replies = 0
         self.last_id = bytes(8)
@@ -111,6 +111,8 @@ class _ReadySocket:
 
     def receive(self, fd: int, buf: bytearray, chunk: int) -> int:
         request = next(self.requests, b"")
+        if request is None:
+            return -1  # the next request is made from a reply not sent yet
         buf += request
         return len(request)
 
@@ -138,14 +140,17 @@ def _thrift_requests_by_queue(names: list[str], reliable: bool) -> list[tuple[by
 
 
 def _thrift_requests(client: _ReadySocket, n: int, reliable: bool,
-                     rounds: list[tuple[bytes, bytes, bytes, int]]) -> Iterator[bytes]:
+                     rounds: list[tuple[bytes, bytes, bytes, int]]) -> Iterator[bytes | None]:
     """`n` rounds of `_thrift_requests_by_queue`, each to the next queue; `reliable`: the get, then a
-    confirm of the id its reply gave."""
+    confirm of the id its reply gave (None, nothing yet, until that reply is sent: a get with
+    auto-abort looks for the end of its client's stream before it replies)."""
     for i in range(n):
         put, get, confirm, at = rounds[i % len(rounds)]
         yield put
         yield get
         if reliable:
+            while client.replies < 3 * i + 2:
+                yield None
             yield confirm[:at] + client.last_id + confirm[at + 8:]
 
 

@@ -6,6 +6,7 @@ side and reads what its client still sends, within bounds, before it closes."""
 from __future__ import annotations
 
 import socket
+import struct
 import sys
 import time
 from functools import partial
@@ -410,6 +411,34 @@ def test_a_receive_that_finds_the_end_of_the_stream_says_the_client_ended(pair: 
     assert io.receive(buf, between_requests=True) == 9 and not io.ended
     client.close()
     assert io.receive(buf, between_requests=True) == 0 and io.ended
+
+
+def test_whether_the_client_ended_is_found_without_waiting_and_what_it_sent_meanwhile_is_kept(pair: Any) -> None:
+    """Asked before a reply whose reads outlive the connection (a Thrift get with auto-abort)."""
+    server, client = pair
+    io = ClientSocket(server, 1024)
+    buf = bytearray(b"asked")
+    assert not io.ended_now(buf) and buf == b"asked"  # nothing there: no wait, nothing received
+    assert not io.waited  # a look, not a wait for the client (src/kestrel/service/turns.py)
+    client.sendall(b" next")
+    assert not io.ended_now(buf) and buf == b"asked next"  # the next request, kept for the loop
+    client.sendall(b" last")
+    client.close()
+    assert io.ended_now(buf) and buf == b"asked next last"
+    assert io.ended_now(buf) and io.ended  # once found, known without a receive
+    io.close()
+
+
+def test_a_client_that_reset_its_connection_has_ended(tcp_pair: Any) -> None:
+    server, client = tcp_pair
+    io = ClientSocket(server, 1024)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()  # lingering 0 s: a reset rather than the end of a stream
+    deadline = time.monotonic() + STALL_S
+    while not io.ended_now(bytearray()):
+        assert time.monotonic() < deadline, "the reset was never seen"
+        gevent.sleep(0.01)
+    io.close()
 
 
 @pytest.mark.skipif(socket_io.receive_in_place is None, reason="built without a C compiler: no receive in place")

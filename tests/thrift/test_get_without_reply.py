@@ -1,9 +1,12 @@
 """A Thrift get that took items and then waits for more: when it ends without a reply (its client
 hangs up, the server stops), what it took is back at the head of its queue, in order, for the next
-client and after a restart; nothing taken is lost and nothing is both handed out and kept."""
+client and after a restart; nothing taken is lost and nothing is both handed out and kept. So is
+what a get with auto-abort took for a client that hung up before the server read its request."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from tests.conftest import STALL_S, ServerProcess, wait_until
 from tests.support.clients import thrift as client
 from tests.support.thrift_wire import encode_call, framed, read_framed_reply
+from tests.support.wire import memcache_stats
 
 ITEMS = [b"first", b"second", b"third"]
 
@@ -72,5 +76,38 @@ def test_a_get_waiting_for_more_when_the_server_stops_hands_out_or_keeps_each_it
     with client(srv) as c:
         kept = [item.data for item in c.get(queue, 10, 0, 0)]
     assert sorted(handed + kept) == sorted(ITEMS) and (handed == ITEMS or kept == ITEMS)
+    log = srv.log()
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize(("transport", "protocol", "method"), [
+    ("framed", "binary", "get"), ("framed", "compact", "get_timed"), ("buffered", "binary", "get")])
+def test_a_get_with_auto_abort_read_after_its_client_hung_up_opens_no_reads(
+        server_factory: Any, journal_format: str, transport: str, protocol: str, method: str) -> None:
+    """A client that timed out on a stalled server and closed leaves its request in the socket,
+    followed by the end of its stream. Read ids outlive their connection, so reads opened for it
+    stayed open until their auto-abort, whose ids nobody could learn; its items stay in the queue."""
+    srv = server_factory({"thrift_transport": transport, "thrift_protocol": protocol,
+                          "default_queue": {"journal_format": journal_format}})
+    queue = "stalled"
+    with client(srv, protocol, transport) as c:
+        assert c.put(queue, ITEMS, 0) == len(ITEMS)
+        connected = int(memcache_stats(srv.memcache_port)["curr_connections"])
+        assert srv.proc is not None
+        call = encode_call(protocol, method, queue_name=queue, max_items=10, timeout_msec=0,
+                           auto_abort_msec=600_000)
+        with _raw(srv) as gone:
+            os.kill(srv.proc.pid, signal.SIGSTOP)  # stalled: the request waits in the socket
+            try:
+                gone.sendall(framed(call) if transport == "framed" else call)
+            finally:
+                gone.close()
+                os.kill(srv.proc.pid, signal.SIGCONT)
+        wait_until(lambda: int(memcache_stats(srv.memcache_port)["curr_connections"]) == connected,
+                   "the server to read the request and close its connection", timeout=STALL_S)
+        info = c.peek(queue)
+        assert (info.items, info.open_transactions) == (len(ITEMS), 0)
+        assert [item.data for item in c.get(queue, 10, 0, 0)] == ITEMS  # in order, at the head
     log = srv.log()
     assert "Traceback" not in log and '"level": "error"' not in log

@@ -311,6 +311,22 @@ class ClientSocket:
             self.waited = True  # the callback's call was the connection's wait for its client
         return n
 
+    def ended_now(self, buf: bytearray) -> bool:
+        """Whether the client has ended its stream (or reset it), found without waiting: what it sent
+        meanwhile is appended to `buf` (up to a receive's `chunk`: a client still sending has not
+        ended). A client that timed out on a stalled server and closed leaves its request followed
+        by the end of its stream, both read once the server runs."""
+        received = 0
+        try:
+            while not self.ended and received < self.chunk:
+                n = self._receive_now(buf)
+                if n < 0:
+                    break
+                received += n
+        except OSError:
+            return True
+        return self.ended
+
     def _receive_now(self, buf: bytearray) -> int:
         """One receive appended to `buf`, in place once a large one was seen, through the scratch
         buffer before: how many bytes (0: the end of the stream), -1 when nothing is there yet."""

@@ -69,7 +69,8 @@ class Session:
     """One client connection's view of the server."""
 
     def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None,
-                 protocol: str = "", watch: Watch | None = None) -> None:
+                 protocol: str = "", watch: Watch | None = None,
+                 hung_up: Callable[[], bool] | None = None) -> None:
         self.server = server
         self.peer = peer
         self.protocol = protocol
@@ -79,6 +80,11 @@ class Session:
         # Runs a wait for an item while the connection watches its client (a hang-up ends it), only
         # once a get does wait. None: the wait is not watched (tests, library callers).
         self.watch = watch
+        # Asked before a get gives its items read ids, which outlive the connection: whether its
+        # client has already ended its stream (one that timed out on a stalled server), so that no
+        # read is opened whose id nobody can learn. None: never asked (tests, library callers, and
+        # the protocols whose reads close with their connection).
+        self.hung_up = hung_up
         bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
@@ -235,9 +241,10 @@ class Session:
 
         Every item is taken as an open read, the get's own until it replies: then, without
         auto-abort, confirmed (removed for good), or with it, given its read id. A get that ends
-        without a reply (its client hung up during the wait, a fault in a later slice or in the
-        closing step, its task killed) puts them all back at the head, in order (`_put_back`), and
-        its error is the answer: a slice taken is never lost with the connection.
+        without a reply (its client hung up during the wait, or before auto-abort reads got their
+        ids, a fault in a later slice or in the closing step, its task killed) puts them all back at
+        the head, in order (`_put_back`), and its error is the answer: a slice taken is never lost
+        with the connection.
         """
         deadline = self._monotonic() + self._wait_seconds(timeout_ms) if timeout_ms > 0 else 0.0
         held = auto_abort_ms <= 0
@@ -265,6 +272,9 @@ class Session:
                 if items:
                     self.coll.confirm(queue, [item.xid for item in items], serial)
                 return TakenItems(items, 0)
+            hung_up = self.hung_up
+            if items and hung_up is not None and hung_up():
+                raise ClientGone  # its items go back (below): nobody could learn their read ids
             xids = [item.xid for item in items]
             ids = self.server.reads_by_id.open_many(self.reads, queue, serial, xids, auto_abort_ms)
             return TakenItems(items, ids)

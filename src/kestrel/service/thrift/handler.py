@@ -185,7 +185,7 @@ class ThriftConnection:
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
-                               watch=partial(_watched, self.stream))
+                               watch=partial(_watched, self.stream), hung_up=self.stream.hung_up)
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
         # Each method's function bound to this connection's handler, at its first call (`_call`).

@@ -62,6 +62,15 @@ class ClientStream:
         self.stats.bytes_read += n
         return n > 0
 
+    def hung_up(self) -> bool:
+        """Whether the client has ended its stream, found without waiting; what else it sent is
+        received meanwhile (its next requests)."""
+        before = len(self.buf)
+        try:
+            return self.io.ended_now(self.buf)
+        finally:
+            self.stats.bytes_read += len(self.buf) - before
+
     def idle_over(self) -> ConnectionDone:
         """What ends a connection whose wait between requests ran out (`ClientSocket.idle_timeout`)."""
         return ConnectionDone(f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)")
