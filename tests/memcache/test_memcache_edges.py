@@ -109,6 +109,14 @@ def test_out_of_range_expiry_is_a_client_error(server: ServerProcess) -> None:
     assert "Traceback" not in server.log() and "struct.error" not in server.log()
 
 
+def test_a_length_with_a_plus_frames_its_data_as_kestrel_reads_it(server: ServerProcess) -> None:
+    # naggati's codec reads <bytes> with parseInt: `+5` is 5, and the line after the data a command.
+    s = conn(server.memcache_port)
+    assert exchange(s, b"set plus +0 +0 +5\r\nhello\r\nversion\r\n", b"VERSION 2.4.1-py0.1.0\r\n") == (
+        b"STORED\r\nVERSION 2.4.1-py0.1.0\r\n")
+    assert exchange(s, b"get plus/t=+10\r\n", b"END\r\n") == b"VALUE plus/t=+10 0 5\r\nhello\r\nEND\r\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # Idle and slow clients, capped waits
 

@@ -198,7 +198,8 @@ ODD_SETS = [
     b"set plain 0 0 0\r\n\r\n",  # an empty item
     b"set plain 4294967296 0 1\r\nF\r\n",  # flags past 32 bits: refused, its data skipped
     b"set plain 0 4294967296 1\r\nE\r\n",  # exptime past 32 bits: refused likewise
-    b"set plain +1 0 1\r\nP\r\n",
+    b"set plain +1 +0 +1\r\nP\r\n",  # signs, as Kestrel's parseInt reads them
+    b"set plain ++1 0 1\r\nQ\r\n",  # two: refused, its data skipped
     b"set plain 0 0 2\r\nshort\r\n",  # fewer bytes announced than sent: a bad data chunk
 ]
 
@@ -209,8 +210,8 @@ def test_sets_with_odd_flags_expiries_and_byte_counts_split_at_every_byte(
     error naming the field, its data never run as a command; the items stored as sent."""
     commands = [*ODD_SETS, *[get_command("plain")] * 6]
     want = compare(servers, commands)
-    assert want.count(b"STORED\r\n") == 7 and want.count(b"CLIENT_ERROR") == 4
-    for value in (b"max", b"z0", b"l", b"r", b""):
+    assert want.count(b"STORED\r\n") == 8 and want.count(b"CLIENT_ERROR") == 4
+    for value in (b"max", b"z0", b"l", b"r", b"", b"P"):
         assert b"VALUE plain 0 %d\r\n%s\r\n" % (len(value), value) in want
     size = len(b"".join(commands))
     for cut in range(1, size):

@@ -26,6 +26,9 @@ def test_a_bad_value_is_not_echoed_whole() -> None:
     (b"set jobs 0 0 5 \xc0\x80", 0, True),  # (an overlong encoding: an argument too many)
     (b"set jobs\xed\xa0\x80 0 0 2 noreply", 4, False),  # (a surrogate)
     (b"SET jobs \xff 0 3", 5, False),
+    (b"set q x 0 +5", 7, False),  # a `+` length is read as Kestrel's parseInt reads it
+    (b"set q 0 0 ++5", 0, True),
+    (b"set q 0 0 -0", 0, True),  # a length takes no `-` (parseInt would read 0)
 ])
 def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close: bool) -> None:
     with pytest.raises(ProtocolError) as refused:
@@ -38,6 +41,7 @@ def test_refused_set_says_what_to_do_with_its_data(line: bytes, skip: int, close
     (b"flush_all noreply", "flush_all", True),
     (b"flush_all 0 noreply", "flush_all", True),
     (b"flush_all 0", "flush_all", False),
+    (b"flush_all +0 noreply", "flush_all", True),
     (b"delete q 0 noreply", "delete", True),
     (b"flush_expired q noreply", "flush_expired", True),
     (b"flush_all_expired", "flush_all_expired", False),
@@ -130,20 +134,48 @@ def test_a_number_is_judged_by_its_value_not_its_leading_zeros(line: bytes, fiel
     assert (got.timeout_ms if field == "get" else got) == value
 
 
+@pytest.mark.parametrize("line, field, value", [
+    (b"set q +0 +0 +5", "size", 5),  # naggati reads <bytes> with toInt, Kestrel the rest
+    (b"set q +4294967295 +60 1", "expiry", 60),
+    (b"get q/t=+25", "get", 25),
+    (b"get q/open/t=+0000000000025", "get", 25),
+    (b"monitor q +2.5", "timeout_ms", 2500),
+    (b"monitor q +2 +3", "count", 3),
+    (b"confirm q +3", "count", 3),
+])
+def test_a_number_may_have_a_plus_first_as_kestrels_parse_int_takes_it(line: bytes, field: str,
+                                                                        value: int) -> None:
+    command = parse_line(line)
+    got = getattr(command, field)
+    assert (got.timeout_ms if field == "get" else got) == value
+
+
 @pytest.mark.parametrize("line, reply", [
     (b"set q 0 0 \xd9\xa1", "CLIENT_ERROR bad byte count '\u0661': expected 0..2147483647 (closing: the item's length is unknown)"),
-    (b"set q +1 0 1", "CLIENT_ERROR bad flags '+1'"),
+    (b"set q ++1 0 1", "CLIENT_ERROR bad flags '++1'"),
+    (b"set q 0 +-1 1", "CLIENT_ERROR bad exptime '+-1'"),
+    (b"set q 0 0 +\xef\xbc\x95", "CLIENT_ERROR bad byte count '+\uff15': expected 0..2147483647 (closing: the "
+     "item's length is unknown)"),
     (b"set q 0 0 1_0", "CLIENT_ERROR bad byte count '1_0': expected 0..2147483647 (closing: the item's length is unknown)"),
     (b"get q/t=\xd9\xa3", "CLIENT_ERROR bad timeout 't=\u0663': expected t=<milliseconds>"),
     (b"get q/t=010000000000", "CLIENT_ERROR bad timeout 't=010000000000': expected t=<milliseconds>"),
+    (b"get q/t=+", "CLIENT_ERROR bad timeout 't=+': expected t=<milliseconds>"),
+    (b"get q/t=-0", "CLIENT_ERROR bad timeout 't=-0': expected t=<milliseconds>"),
+    (b"get q/t=+010000000000", "CLIENT_ERROR bad timeout 't=+010000000000': expected t=<milliseconds>"),
+    (b"monitor q +.5", "CLIENT_ERROR bad monitor period '+.5': expected seconds, a number 0 or more"),
+    (b"monitor q 1.+5", "CLIENT_ERROR bad monitor period '1.+5': expected seconds, a number 0 or more"),
+    (b"monitor q -1", "CLIENT_ERROR bad monitor period '-1': expected seconds, a number 0 or more"),
     (b"monitor q 0" + b"9" * 11, "CLIENT_ERROR bad monitor period '0" + "9" * 11
      + "': expected seconds, a number 0 or more"),
     (b"confirm q -", "CLIENT_ERROR bad count '-'"),
+    (b"confirm q +", "CLIENT_ERROR bad count '+'"),
+    (b"confirm q 3+", "CLIENT_ERROR bad count '3+'"),
     (b"confirm q 0" + b"9" * 21, "CLIENT_ERROR bad count '0" + "9" * 21 + "'"),
 ])
 def test_a_number_is_ascii_digits_within_its_width(line: bytes, reply: str) -> None:
-    # Python's int() takes other scripts' digits, `+` and `_`: a number here is 0-9 alone, and its
-    # significant digits are bounded before int() converts them.
+    # Python's int() takes other scripts' digits and `_`, which Kestrel's parseInt never reads as a
+    # number (its lines are ISO-8859-1): a number here is a sign and 0-9 alone, and its significant
+    # digits are bounded before int() converts them.
     with pytest.raises(ProtocolError) as refused:
         parse_line(line)
     assert refused.value.reply == reply

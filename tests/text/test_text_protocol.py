@@ -32,6 +32,13 @@ from kestrel.service.text.commands import TextCommand, TextError, parse_line
     (b"get q 0000000000000000000250", TextCommand("get", queue="q", timeout_ms=250)),
     (b"put q -0000000000000000000001:", TextCommand("put", queue="q", expiry_ms=-1)),
     (b"confirm q 00000000000000000000002", TextCommand("confirm", queue="q", count=2)),
+    # A `+` first is taken wherever a number is, as Kestrel's toInt (Java's parseInt) takes it.
+    (b"put q +1500:", TextCommand("put", queue="q", expiry_ms=1500)),
+    (b"get q +250", TextCommand("get", queue="q", timeout_ms=250)),
+    (b"peek q +0", TextCommand("peek", queue="q", timeout_ms=0)),
+    (b"monitor q +500 +3", TextCommand("monitor", queue="q", timeout_ms=500, count=3)),
+    (b"confirm q +2", TextCommand("confirm", queue="q", count=2)),
+    (b"get q +0000000000000000000250", TextCommand("get", queue="q", timeout_ms=250)),
 ])
 def test_lines_parse_to_commands(line: bytes, command: TextCommand) -> None:
     assert parse_line(line) == command
@@ -81,9 +88,19 @@ def test_extra_words_are_ignored_and_numbers_may_be_negative(line: bytes, comman
     (b"monitor q nan", "Error parsing timeout.", False),
     (b"confirm q", "Queue name & count required.", False),
     (b"confirm q x", "Error parsing count.", False),
-    (b"confirm q \xd9\xa3", "Error parsing count.", False),  # int() takes other scripts' digits: refused
-    (b"get q +5", "Error parsing timeout.", False),
+    # Kestrel reads its lines as ISO-8859-1: the UTF-8 of other scripts' digits is never digits to its
+    # parseInt, as int() would read it. Nor are two signs, a sign alone, `_` or a sign after a digit.
+    (b"confirm q \xd9\xa3", "Error parsing count.", False),
+    (b"confirm q +\xef\xbc\x95", "Error parsing count.", False),
+    (b"get q ++5", "Error parsing timeout.", False),
+    (b"get q +-5", "Error parsing timeout.", False),
+    (b"get q -+5", "Error parsing timeout.", False),
+    (b"put q +:", "Error parsing expiration time.", True),
+    (b"monitor q 10 +", "Error parsing max items.", False),
+    (b"get q 1_0", "Error parsing timeout.", False),
+    (b"get q 5+", "Error parsing timeout.", False),
     (b"get q 01000000000000000000", "Error parsing timeout.", False),  # 19 significant digits
+    (b"get q +01000000000000000000", "Error parsing timeout.", False),
     (b"flush", "Queue name required.", False),
     (b"dance", "Unknown command: dance", False),
     (b"", "Unknown command: ", False),  # Kestrel answers every line: a blank one reads as the empty command

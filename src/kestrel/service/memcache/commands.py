@@ -102,9 +102,11 @@ def _int(text: str, what: str, low: int = 0, high: int = 2**63 - 1) -> int:
 
 
 def _seconds_ms(text: str) -> int:
-    """`monitor`'s period: whole or decimal seconds, finite and not negative → milliseconds."""
+    """`monitor`'s period: whole or decimal seconds, finite and not negative → milliseconds. Its
+    whole seconds are a number as any other (Kestrel's are `toInt`), its fraction digits alone."""
     whole, _, fraction = text.partition(".")
-    seconds = decimal(whole or "0", 10) if is_digits(whole + fraction) else None
+    plain = (whole + fraction) != "" and (fraction == "" or is_digits(fraction))
+    seconds = decimal(whole or "0", 10) if plain else None
     if seconds is None:
         raise client_error(f"bad monitor period {text!r}: expected seconds, a number 0 or more")
     return seconds * 1000 + int((fraction + "000")[:3])
