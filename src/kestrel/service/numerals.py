@@ -7,9 +7,9 @@ no whitespace. Here a `+` is taken everywhere (`+5` is 5, as parseInt reads it s
 parseInt would take any script's (`Character.digit`), but Kestrel decodes its lines as ISO-8859-1,
 where the UTF-8 bytes of `٣` are two letters, not a digit. Python's int() would read `٣` as 3, and
 a memcache `<bytes>` read so would frame the data where no other reader of the line does (its rest
-run as commands). A number's width is bounded before int() converts it (a 64 KB line of digits is never
-converted), on its significant digits: leading zeros do not count, as memcached's strtoul and
-Kestrel's parseInt read `00000000005` as 5.
+run as commands). A number's width is bounded before int() converts it (a 64 KB line of digits is
+never converted), on its significant digits: leading zeros do not count, as memcached's strtoul
+and Kestrel's parseInt read `00000000005` as 5.
 """
 
 from __future__ import annotations
