@@ -76,6 +76,22 @@ def test_client_imports_without_the_server_code() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_asking_whether_gevent_patched_sockets_imports_no_gevent() -> None:
+    """Whether the client cooperates with gevent is asked at every connect opened ahead: asking
+    imported gevent into processes that never used it (a Spark worker, whose collections walk every
+    object it holds, gained some 800 of them)."""
+    code = ("import sys\n"
+            "from kestrel.client.cooperation import gevent_sockets\n"
+            "print(gevent_sockets(), sorted(m for m in sys.modules if m.split('.')[0] == 'gevent'))\n"
+            "from gevent import monkey\n"
+            "monkey.patch_socket()\n"
+            "print(gevent_sockets())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False []", "True"], out.stdout
+
+
 def test_addresses() -> None:
     assert parse_address("kestrel1:2230") == ("kestrel1", 2230)
     assert parse_address("kestrel1") == ("kestrel1", 2229)

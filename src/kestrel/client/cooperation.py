@@ -5,11 +5,12 @@ a client library it hands sockets to must use gevent's handlers (kazoo's, `disco
 
 from __future__ import annotations
 
+import sys
+
 
 def gevent_sockets() -> bool:
-    """Whether gevent has patched the socket module (gevent may not be installed at all)."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return False
-    return bool(monkey.is_module_patched("socket"))
+    """Whether gevent has patched the socket module. Asked without importing gevent, which patching
+    imports (it may not be installed at all, and a process that never used it is spared its
+    modules: a Spark worker's collections walk every object it holds)."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("socket"))
