@@ -5,8 +5,9 @@ Each call tries the servers in turn (round-robin, or random), those that recentl
 by status last, so a dead server's share spreads evenly over the others, and those whose failure
 cost a timeout not at all while they are avoided (a call finding only such fails at once); a
 connection error or a refusal moves the call to the next server. The connects a pass needs are begun
-side by side while the one at hand is slow (`Cluster._ahead`), so hung hosts' connect timeouts are
-waited out together, not in a row. When no server could take a call, it is tried again, `retries`
+side by side while the one at hand is slow, and the pass calls whichever server connects first
+(`Cluster._ahead`), so hung hosts' connect timeouts are not waited out in a row, nor at all by a
+call that a live server can take. When no server could take a call, it is tried again, `retries`
 times, after a growing pause; then it raises NoServers, reads as well as puts, so that "the cluster
 is down" never looks like "the queue is empty". Delivery is at least once: a put whose reply was
 lost is sent again elsewhere, and an open read whose confirm was lost returns to its queue, so
@@ -26,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from kestrel.client.checks import BytesLike, check_count, check_item, check_items, check_queue, check_seconds
+from kestrel.client.cooperation import new_event
 from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
 from kestrel.client.errors import ClientClosed, KestrelClientError, NoServers, Refused, ServerUnavailable
 from kestrel.client.packed import PackedItems
@@ -213,44 +215,86 @@ class Cluster:
         turn = next(self._turns[method])
         return [*_rotated(fit, turn), *_rotated(unfit, turn)]
 
-    def _ahead(self, servers: list[Server], round_: _Round,
-               without_reads: bool = False) -> Iterator[tuple[int, Server]]:
-        """`servers` (a pass of `round_`, from `_in_turn`) in their order, with their index, each once
-        a call to it would meet no connect: a fit one (the first `round_.fit`) once a pooled
-        connection awaits it (holding no open reads, `without_reads`), opened in a thread of its own
-        if none did (`Server.open_ahead`). The last fit one, with none begun for it, comes as it is
-        (nothing is left to begin beside its connect, which its call makes), and so do the others
-        (they failed at once lately: their connect costs nothing). A server whose connection could
-        not be opened is not yielded: its error goes to the round.
+    def _ahead(self, servers: list[Server], round_: _Round, without_reads: bool = False,
+               wait_after_answer: bool = True) -> Iterator[tuple[int, Server]]:
+        """`servers` (a pass of `round_`, from `_in_turn`), with their index, each once a call to it
+        would meet no connect: a fit one (the first `round_.fit`) once a pooled connection awaits it
+        (holding no open reads, `without_reads`), opened beside the call if none did
+        (`Server.open_ahead`, which joins a connect under way). The last fit one, with none under
+        way, comes as it is (nothing is left to begin beside its connect, which its call makes), and
+        so do the others (they failed at once lately: their connect costs nothing). A server whose
+        connection could not be opened is not yielded: its error goes to the round.
 
-        While a fit server's connection is being opened, the next fit server's is begun each
-        `stagger` (the server's connect timeout shared among the fit servers), so that a pass begins
-        all its connects within one connect timeout, and those of hung servers run side by side: a
-        pass meeting any number of hung servers waits under two connect timeouts, where it waited
-        out one after another. What is still being opened when the caller is done is pooled, or
-        marks its server down, in its own time: the pass that met a hung server finds it hung
-        whichever server took the call."""
+        They come in turn while the server at hand connects promptly. Once its connect has taken a
+        `stagger` (its connect timeout shared among the fit servers) it is slow: the next fit
+        server's connect is begun each stagger (those with a pooled connection or a connect under way
+        passed over at no cost), and whichever begun server is ready first comes, the first in turn
+        among those ready, before the pass comes back to the one at hand. So a pass begins every
+        connect within one connect timeout, and a live server behind any number of hung ones is
+        called within about one, where the pass waited on each hung one at hand in turn (1.7
+        timeouts behind six). With `wait_after_answer` false (a get's round: one answer says the
+        queue is empty), once a server answered the pass leaves what it would wait on, a slow
+        connect or an avoided server (past the fit ones): their items wait for a later round. What
+        is still being opened when the caller is done is pooled, or marks its server down, in its
+        own time; the passes meeting it meanwhile join it rather than connect again, so a hung host
+        costs one connect timeout, once."""
+        fit = round_.fit
+        ended = new_event()  # set by each opening of the pass as it ends
         openings: dict[int, Opening] = {}
+        waiting = list(range(len(servers)))  # neither yielded nor failed yet, in turn order
         begun = 0  # the fit servers before this one have a connection pooled or being opened
-        for n, server in enumerate(servers):
-            opening = openings.pop(n, None)
-            if opening is None:
-                if n + 1 >= round_.fit or server.has_idle(without_reads):
-                    yield n, server
+        at_hand, slow_at, next_begin = -1, 0.0, 0.0
+
+        def ready(k: int) -> bool:
+            opening = openings.get(k)
+            if opening is None:  # passed over: a pooled connection awaited it
+                return servers[k].has_idle(without_reads)
+            return opening.done and opening.error is None
+
+        while waiting:
+            n = waiting[0]
+            if n not in openings:
+                if n >= fit and round_.answered and not wait_after_answer:
+                    return
+                last = len(waiting) == 1 or waiting[1] >= fit
+                if n >= fit or servers[n].has_idle(without_reads) or (last and not servers[n].connecting()):
+                    waiting.pop(0)
+                    yield n, servers[n]
                     continue
-                opening = server.open_ahead()
-            begun = max(begun, n + 1)
-            stagger = server.connect_timeout_ms / 1000.0 / round_.fit
-            while not opening.wait(stagger):
-                while begun < round_.fit and servers[begun].has_idle(without_reads):
-                    begun += 1
-                if begun < round_.fit:
-                    openings[begun] = servers[begun].open_ahead()
-                    begun += 1
-            if opening.error is not None:
-                round_.errors.append(opening.error)
+                openings[n], _ = servers[n].open_ahead(ended)
+                begun = max(begun, n + 1)
+            stagger = servers[n].connect_timeout_ms / 1000.0 / fit
+            if n != at_hand:
+                at_hand = n
+                slow_at = next_begin = openings[n].started + stagger
+            ended.clear()  # before looking: an opening that ends after the look sets it again
+            for k in list(waiting):
+                opening = openings.get(k)
+                if opening is not None and opening.done and opening.error is not None:
+                    round_.errors.append(opening.error)
+                    del openings[k]
+                    waiting.remove(k)
+            if n not in waiting:
                 continue
-            yield n, server
+            now = time.monotonic()
+            taken = next((k for k in (waiting if now >= slow_at else [n]) if k < begun and ready(k)), None)
+            if taken is not None:
+                waiting.remove(taken)
+                openings.pop(taken, None)
+                yield taken, servers[taken]
+            elif now >= slow_at and round_.answered and not wait_after_answer:
+                waiting.remove(n)  # left to connect in its own time
+                del openings[n]
+            elif now >= next_begin:
+                next_begin = now + stagger
+                while begun < fit:  # the next connect; those that cost none are passed over
+                    begun += 1
+                    if not servers[begun - 1].has_idle(without_reads):
+                        openings[begun - 1], new = servers[begun - 1].open_ahead(ended)
+                        if new:
+                            break
+            else:
+                ended.wait(next_begin - now)
 
     def _pause(self, failed_rounds: int) -> None:
         """Wait before pass `failed_rounds` + 1: backoff_ms, doubling, capped, with jitter."""
@@ -482,9 +526,8 @@ class Cluster:
                 raise NoServers(f"{what} (a get without a reliable read may have taken items from "
                                 f"{', '.join(spent)}, lost with its answer)",
                                 [*spent.values(), *round_.skipped])
-            for n, server in self._ahead(readers, round_, without_reads=auto_abort_ms > 0):
-                if n == round_.fit and round_.answered:
-                    break  # the avoided are not waited on while another answers (their items wait)
+            for n, server in self._ahead(readers, round_, without_reads=auto_abort_ms > 0,
+                                         wait_after_answer=False):
                 # Each server's wait is its share of what is left of `timeout` among the servers
                 # still to ask this round (at most `poll_ms` a round in all), so that the round ends
                 # by the deadline however many servers there are.

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.protocol.cybin import ProtocolError  # type: ignore[attr-defined]  # (a C module without stubs)
@@ -24,7 +24,7 @@ from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
 from kestrel.client.checks import BytesLike, check_count, check_items, check_queue
-from kestrel.client.cooperation import gevent_sockets
+from kestrel.client.cooperation import Event, home, run_beside
 from kestrel.client.errors import (
     ClientClosed,
     KestrelClientError,
@@ -35,9 +35,6 @@ from kestrel.client.errors import (
 )
 from kestrel.client.packed import PackedItems, send_parts
 from kestrel.contract import kestrel_thrift
-
-if TYPE_CHECKING:
-    import gevent.event
 
 # What a lost or unreachable server looks like from here.
 CONNECTION_ERRORS = (TTransportException, OSError, EOFError)
@@ -75,23 +72,35 @@ class _Connection:
 
 
 class Opening:
-    """A connection being opened ahead of a call, in a thread or greenlet of its own
-    (`Server.open_ahead`), which ends by setting `ended` (an event of the same kind): it goes to its
-    server's pool once open; `error` is the ServerUnavailable if it could not be (the server is
-    then marked down, as after any failed connect)."""
+    """A connection being opened ahead of calls, beside them (`Server.open_ahead`): once open it goes
+    to its server's pool; `error` is the ServerUnavailable if it could not be (the server is then
+    marked down, as after any failed connect). Each pass waiting on it (`watch`) is woken by its end
+    on an event of the pass's own, shared by the pass's openings, so that the pass wakes for
+    whichever of them ends first."""
 
-    def __init__(self, ended: threading.Event | gevent.event.Event) -> None:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.home = home()  # who may wait on it
+        self.done = False
         self.error: ServerUnavailable | None = None
-        self._ended = ended
+        self._watchers: list[Event] = []
+        self._lock = threading.Lock()
 
-    def wait(self, timeout: float) -> bool:
-        """Whether the opening ended (pooled, or failed) within `timeout` seconds."""
-        return self._ended.wait(timeout)
+    def watch(self, ended: Event) -> None:
+        """Set `ended` when the opening ends (at once if it has)."""
+        with self._lock:
+            if not self.done:
+                self._watchers.append(ended)
+                return
+        ended.set()
 
     def end(self, error: ServerUnavailable | None) -> None:
-        """The opening thread's last word: pooled (None), or why not."""
-        self.error = error
-        self._ended.set()
+        """The opening's last word: pooled (None), or why not."""
+        with self._lock:
+            self.error, self.done = error, True
+            watchers, self._watchers = self._watchers, []
+        for ended in watchers:
+            ended.set()
 
 
 class Server:
@@ -131,6 +140,7 @@ class Server:
         self._idle: list[_Connection] = []
         self._opened_on: dict[int, _Connection] = {}  # an unsettled open read's id → its connection
         self._retired = False
+        self._opening: Opening | None = None  # the connection last opened ahead (`open_ahead`)
         self._lock = threading.Lock()
 
     @property
@@ -344,24 +354,33 @@ class Server:
         with self._lock:
             return any(not (without_reads and conn.open_reads) for conn in self._idle)
 
-    def open_ahead(self) -> Opening:
-        """Begin opening a connection for the pool, in a thread of its own, so that a Cluster need
-        not wait for this server's connect before it begins the next one's. Once gevent has patched
-        sockets it is a greenlet of the caller's hub instead: a socket is served by the hub of the
-        thread that made it, and one made in a thread of its own failed its first call in the
-        caller's ("cannot switch to a different thread") where gevent had patched sockets and not
-        threads. It ends with the connect (within its connect timeout, once the host's name is
-        resolved)."""
-        if gevent_sockets():
-            import gevent.event
+    def connecting(self) -> bool:
+        """Whether a connection opened ahead is under way that this caller would join (`open_ahead`)."""
+        with self._lock:
+            return self._under_way() is not None
 
-            opening = Opening(gevent.event.Event())
-            gevent.spawn(partial(self._open, opening))
-        else:
-            opening = Opening(threading.Event())
-            threading.Thread(target=partial(self._open, opening), daemon=True,
-                             name=f"kestrel-connect-{self.address}").start()
-        return opening
+    def open_ahead(self, ended: Event) -> tuple[Opening, bool]:
+        """A connection being opened for the pool beside the caller (`cooperation.run_beside`), which
+        sets `ended` when it ends, and whether it was begun now: one under way already, begun by
+        another pass, is joined, since a second connect to a hung host would cost its timeout again
+        and mark the server down once more. So a Cluster need not wait for this server's connect
+        before it begins the next one's. It ends with the connect (within its connect timeout, once
+        the host's name is resolved)."""
+        with self._lock:
+            opening = self._under_way()
+            begun = opening is None
+            if opening is None:
+                opening = self._opening = Opening()
+        opening.watch(ended)
+        if begun:
+            run_beside(partial(self._open, opening), f"kestrel-connect-{self.address}")
+        return opening, begun
+
+    def _under_way(self) -> Opening | None:
+        """The connection being opened ahead that this caller may wait on: not one begun on another
+        thread's hub, which only that hub runs (`cooperation.home`)."""
+        opening = self._opening
+        return opening if opening is not None and not opening.done and opening.home == home() else None
 
     def _open(self, opening: Opening) -> None:
         error = None
