@@ -327,7 +327,7 @@ def test_a_call_meeting_many_servers_that_never_accept_takes_the_first_server_th
 
     monkeypatch.setattr(server_module, "_Connection", Overlapping)
     live = f"127.0.0.1:{server.thrift_port}"
-    timeout_s = 0.8
+    timeout_s = 2.0  # long enough that the bound below, halfway between before and now, holds on a busy machine
     with hung_servers(6, "never accepts") as hung, Cluster([*hung, live], connect_timeout_ms=int(timeout_s * 1000)) as cluster:
         do: Callable[[], object] = (lambda: cluster.put("side-by-side", b"x")) if call == "put" \
             else (lambda: cluster.get("side-by-side-empty"))
@@ -336,7 +336,7 @@ def test_a_call_meeting_many_servers_that_never_accept_takes_the_first_server_th
         took = time.monotonic() - started
         assert sorted(a for a in tried if a != live) == sorted(hung)  # each tried once
         assert most[0] >= 2, most  # one connect at a time before
-        assert took < 1.5 * timeout_s, took  # the live one's connect is begun at 6/7 of a timeout; 1.7 before
+        assert took < 1.3 * timeout_s, took  # the live one's connect is begun at 6/7 of a timeout; 1.7 before
         for _ in range(10):  # while the hung ones still connect
             assert do() in (True, None)
         assert sorted(a for a in tried if a != live) == sorted(hung)  # none tried again: joined
@@ -367,7 +367,7 @@ class Counted(server_module._Connection):
 server_module._Connection = Counted
 queue = "ahead-" + sys.argv[1]
 *hung, live = sys.argv[2:]
-with Cluster([*hung, live], connect_timeout_ms=800) as cluster:
+with Cluster([*hung, live], connect_timeout_ms=2000) as cluster:
     started = time.monotonic()
     assert cluster.put(queue, b"x")
     took = time.monotonic() - started
@@ -392,7 +392,7 @@ def test_a_connect_opened_ahead_serves_a_program_under_gevent(server: ServerProc
                              env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
     assert out.returncode == 0 and out.stdout.split()[:1] == ["ok"], out.stderr[-3000:]
     took, most = out.stdout.split()[1:]
-    assert float(took) < 1.3 * 0.8 and int(most) == 1, out.stdout
+    assert float(took) < 1.2 * 2.0 and int(most) == 1, out.stdout  # 0.8 timeouts now, 1.6 before
 
 
 @pytest.mark.parametrize("answer", [
