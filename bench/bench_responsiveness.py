@@ -306,6 +306,22 @@ def dead_server_puts(work: Path) -> tuple[float, float]:
         return took, 2.0
 
 
+def hung_hosts(work: Path) -> tuple[float, float]:
+    """test_client: a cluster put meeting six hosts that never accept before a live one (connect
+    timeout 600 ms; a live server called within about one, 1.75 when each hung one at hand was
+    waited on in turn)."""
+    from kestrel.client import Cluster
+    from tests.support.cluster import hung_servers
+
+    with server(work) as srv, hung_servers(6, "never accepts") as hung:
+        cluster = Cluster([*hung, f"127.0.0.1:{srv.thrift_port}"], connect_timeout_ms=600)
+        started = time.perf_counter()
+        assert cluster.put("behind-hung-hosts", b"y")
+        took = time.perf_counter() - started
+        cluster.close()
+        return took, 0.78
+
+
 def get_wake(work: Path) -> tuple[float, float]:
     """test_client: a cluster get (poll_ms 100) woken by a put made 0.2 s after it began."""
     from kestrel.client import Cluster, Server
@@ -511,7 +527,8 @@ FIGURES: dict[str, Measure] = {
     "large-put": large_put, "large-put-redis": large_put_redis, "hang-up": hang_up,
     "stuck-reader": stuck_reader, "stop-idle": stop_idle, "stop-waiting": stop_waiting,
     "tiny-frame": tiny_frame, "descriptors-back": descriptors_back, "dead-server-puts": dead_server_puts,
-    "get-wake": get_wake, "gevent-ticker": gevent_ticker, "zookeeper-down": zookeeper_down,
+    "hung-hosts": hung_hosts, "get-wake": get_wake, "gevent-ticker": gevent_ticker,
+    "zookeeper-down": zookeeper_down,
     "thread-wake": thread_wake, "end-waits": end_waits, "every-queue": every_queue,
     "queues-created": queues_created, "queues-loaded": queues_loaded,
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import struct
@@ -31,7 +30,7 @@ from kestrel.client import (
 from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port, wait_until
 from tests.support.client_retries import Retries, recorded_retries  # noqa: F401  (the `retries` fixture)
-from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+from tests.support.cluster import MAX_TICKER_GAP_S, hung_servers, run_gevent_script, running_servers
 from tests.support.wire import memcache_stats
 
 
@@ -203,27 +202,6 @@ def test_put_moves_on_from_dead_refusing_and_full_servers(three: list[ServerProc
         cluster.close()
     finally:
         on(readonly).set_status(kestrel.Status.UP)
-
-
-@contextlib.contextmanager
-def hung_servers(count: int, silence: str) -> Iterator[list[str]]:
-    """Addresses of `count` listeners that never accept (their backlog full: a connect times out, as to
-    a partitioned host) or never answer (the kernel accepts, nobody reads: a call times out, as on a
-    frozen server)."""
-    with contextlib.ExitStack() as held:
-        addresses = []
-        for _ in range(count):
-            hung = held.enter_context(socket.socket())
-            hung.bind(("127.0.0.1", 0))
-            hung.listen(0 if silence == "never accepts" else 64)
-            port = hung.getsockname()[1]
-            addresses.append(f"127.0.0.1:{port}")
-            if silence == "never accepts":
-                for _ in range(3):  # fill its backlog: the connects after these are never answered
-                    queued = held.enter_context(socket.socket())
-                    queued.setblocking(False)
-                    queued.connect_ex(("127.0.0.1", port))
-        yield addresses
 
 
 def counted_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,24 @@ def run_gevent_script(servers: str) -> tuple[float, float]:
     assert out.returncode == 0, out.stderr[-3000:]
     words = out.stdout.split()
     return float(words[1]), float(words[3])
+
+
+@contextmanager
+def hung_servers(count: int, silence: str) -> Iterator[list[str]]:
+    """Addresses of `count` listeners that never accept (their backlog full: a connect times out, as to
+    a partitioned host) or never answer (the kernel accepts, nobody reads: a call times out, as on a
+    frozen server)."""
+    with ExitStack() as held:
+        addresses = []
+        for _ in range(count):
+            hung = held.enter_context(socket.socket())
+            hung.bind(("127.0.0.1", 0))
+            hung.listen(0 if silence == "never accepts" else 64)
+            port = hung.getsockname()[1]
+            addresses.append(f"127.0.0.1:{port}")
+            if silence == "never accepts":
+                for _ in range(3):  # fill its backlog: the connects after these are never answered
+                    queued = held.enter_context(socket.socket())
+                    queued.setblocking(False)
+                    queued.connect_ex(("127.0.0.1", port))
+        yield addresses
