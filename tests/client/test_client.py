@@ -63,16 +63,21 @@ def server(three: list[ServerProcess]) -> ServerProcess:
     return three[0]
 
 
+def _printed_by(code: str) -> str:
+    """What `code` prints, run by a Python of its own with the package on its path (it must succeed)."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_client_imports_without_the_server_code() -> None:
     code = ("import sys\n"
             "sys.modules['kestrel.service'] = sys.modules['kestrel.storage'] = None\n"
             "sys.modules['kestrel.pipeline'] = None\n"
             "import kestrel.client\n"
             "print(sorted(m for m in sys.modules if m.split('.')[1:2] in (['service'], ['storage']) and sys.modules[m]))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert _printed_by(code).strip() == "[]"
 
 
 def test_asking_whether_gevent_patched_sockets_imports_no_gevent() -> None:
@@ -85,10 +90,8 @@ def test_asking_whether_gevent_patched_sockets_imports_no_gevent() -> None:
             "from gevent import monkey\n"
             "monkey.patch_socket()\n"
             "print(gevent_sockets())\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["False []", "True"], out.stdout
+    printed = _printed_by(code)
+    assert printed.split("\n")[:2] == ["False []", "True"], printed
 
 
 def test_addresses() -> None:
