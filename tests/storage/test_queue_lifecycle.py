@@ -200,6 +200,32 @@ def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: P
     coll.close()
 
 
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_reload_turning_fanout_only_off_leaves_no_acknowledged_item_to_a_restart(tmp_path: Path,
+                                                                                   fmt: str) -> None:
+    """A Kestrel 2 fanout-only parent keeps no journal, from its creation: a reload turning
+    `fanout_only` off made it hold the items put to it in memory alone, each acknowledged and lost
+    at the next restart, clean or not. In either format the parent keeps `fanout_only` until a
+    restart, and the warning names it."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"p": {"fanout_only": True}})
+    coll.queue("p+c")
+    coll.put("p", [b"w"])
+    with capture_logs() as logs:
+        coll.reload(QueueConfigs({"journal_format": fmt}, {"p": {"fanout_only": False}}), {})
+    kept = [e["queues"]["p"] for e in logs if e["event"].startswith("reload ignored")]
+    assert len(kept) == 1 and "fanout_only" in kept[0]
+    coll.put("p", [b"x", b"y"])
+    held = {name: coll.queue(name).length for name in ("p", "p+c")}
+    coll.close()
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"p": {"fanout_only": False}})
+    assert {name: coll.queue(name).length for name in ("p", "p+c")} == held == {"p": 0, "p+c": 3}
+    coll.close()
+
+
 def test_a_reload_logs_each_change_it_makes_naming_the_queues_and_the_keys(tmp_path: Path) -> None:
     """A file cut short resets the queues it no longer names to the defaults (`sync_journal: always`
     to `never`): each change a reload makes gets one line naming the keys, before and after, and the

@@ -164,7 +164,9 @@ class PersistentQueue(ABC):
     # expired at this time; they move to no expiry queue. -1: no placeholders.
     _placeholder_expiry: ClassVar[int] = -1
     # Settings a queue takes at its creation and keeps through reloads: a restart applies a change.
-    fixed_settings: ClassVar[tuple[str, ...]] = ()
+    # A fanout-only parent keeps no journal (Kestrel 2) or reader (Kestrel 3) of its own, so one
+    # reloaded to hold items would hold them in memory alone, each acknowledged and lost at a restart.
+    fixed_settings: ClassVar[tuple[str, ...]] = ("fanout_only",)
 
     # What every put and get reads, declared ahead of the rest so that the compiled build lays these
     # fields out together, in the object's first three cache lines (the flags side by side): with

@@ -72,7 +72,7 @@ class Kestrel2Queue(PersistentQueue):
 
     _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
     journal_format: ClassVar[int] = 2
-    fixed_settings: ClassVar[tuple[str, ...]] = ("keep_journal",)
+    fixed_settings: ClassVar[tuple[str, ...]] = (*PersistentQueue.fixed_settings, "keep_journal")
 
     # What every change reads, laid out together after the fields of `PersistentQueue` (as its own
     # are, for the same reason).
@@ -455,7 +455,8 @@ class Kestrel2Queue(PersistentQueue):
     # Settings and shutting down
 
     def reconfigure(self, config: QueueConfig) -> None:
-        """New settings from a reload. Whether the queue keeps a journal is fixed at creation."""
+        """New settings from a reload. Whether the queue keeps a journal, and whether it is
+        fanout-only (which decides that for a parent), are fixed at creation."""
         self.config = self.keeping_fixed(config)
         self._memory_ceiling_changed()
         self._journal.set_sync(config.sync_journal, _rotate_at(config))

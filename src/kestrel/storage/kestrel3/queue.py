@@ -63,7 +63,6 @@ class Kestrel3Queue(PersistentQueue):
 
     shares_writes: ClassVar[bool] = True
     journal_format: ClassVar[int] = 3
-    fixed_settings: ClassVar[tuple[str, ...]] = ("fanout_only",)
 
     def __init__(self, name: str, queue_path: str, config: QueueConfig, clock: Clock | None = None,
                  expire_to: Callable[[str], PersistentQueue | None] | None = None,
