@@ -226,6 +226,23 @@ def test_a_reload_turning_fanout_only_off_leaves_no_acknowledged_item_to_a_resta
     coll.close()
 
 
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_after_a_reload_the_queues_of_no_settings_of_their_own_share_the_default_s_one_object(
+        tmp_path: Path, fmt: str) -> None:
+    """As at their creation (`QueueConfig.from_mapping`): every put and get reads it, and a reload
+    gave each queue a copy of its own, made on the event loop, 10,000 of them for 10,000 queues."""
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"own": {"max_items": 3}})
+    for name in ("a", "b", "own"):
+        coll.put(name, [b"x"])
+    assert coll.queue("a").config is coll.queue("b").config
+    coll.reload(QueueConfigs({"journal_format": fmt, "max_items": 5}, {"own": {"max_items": 4}}), {})
+    assert coll.queue("a").config is coll.queue("b").config is coll.configs.default
+    assert coll.queue("a").config.max_items == 5 and coll.queue("own").config.max_items == 4
+    coll.close()
+
+
 def test_a_reload_logs_each_change_it_makes_naming_the_queues_and_the_keys(tmp_path: Path) -> None:
     """A file cut short resets the queues it no longer names to the defaults (`sync_journal: always`
     to `never`): each change a reload makes gets one line naming the keys, before and after, and the

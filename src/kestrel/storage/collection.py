@@ -578,14 +578,25 @@ class QueueCollection:
         # no longer names), as an operator reads it: one line for each change, naming the queues it
         # made it to, so that a changed default inherited by 10,000 queues is one line, not 10,000.
         changes: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
+        # Each pair of settings objects, before and after, is compared once: the queues of one
+        # setting share its object, so a default 10,000 queues inherit is one comparison on the
+        # event loop, not 10,000. The pair is held here, so that no other object takes its ids.
+        compared: dict[tuple[int, int], tuple[QueueConfig, QueueConfig, list[str] | None]] = {}
         for name, q in list(self._queues.items()):
             config = self.config_for(name)
             if ignored := q.reload_ignores(config):
                 kept[name] = ignored
             before = q.config
             q.reconfigure(config)
-            if changed := q.config.changed_from(before):
-                changes.setdefault(repr(sorted(changed.items())), (changed, []))[1].append(name)
+            pair = compared.get((id(before), id(q.config)))
+            if pair is None:
+                changed = q.config.changed_from(before)
+                names = None
+                if changed:
+                    names = changes.setdefault(repr(sorted(changed.items())), (changed, []))[1]
+                pair = compared[id(before), id(q.config)] = (before, q.config, names)
+            if pair[2] is not None:
+                pair[2].append(name)
             if not q.noted:
                 q.note_change()  # its limits and ceiling may have changed
             q.age_held_items()

@@ -1294,8 +1294,11 @@ class PersistentQueue(ABC):
         return [key for key in self.fixed_settings if getattr(config, key) != getattr(self.config, key)]
 
     def keeping_fixed(self, config: QueueConfig) -> QueueConfig:
-        """`config` with the settings fixed at this queue's creation as they are."""
-        return replace(config, **{key: getattr(self.config, key) for key in self.fixed_settings})
+        """`config` with the settings fixed at this queue's creation as they are: `config` itself
+        where none differs, so that the queues of one setting go on sharing its one object, which
+        every put and get reads (`QueueConfig.from_mapping`), rather than each taking a copy."""
+        kept = self.reload_ignores(config)
+        return replace(config, **{key: getattr(self.config, key) for key in kept}) if kept else config
 
     @abstractmethod
     def destroy(self) -> list[str]:
