@@ -40,6 +40,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.common import load_average, machine
 from bench.peers import MissingPeer, redis
 from kestrel.service.logs import configure_logging
@@ -523,6 +525,26 @@ def every_queue(work: Path) -> tuple[float, float]:
     return max(delays), 0.25
 
 
+def reload_queues(work: Path) -> tuple[float, float]:
+    """Another client's longest wait while a reload changes the default every one of 10,000 queues
+    inherits (SIGHUP, until its log line)."""
+    import signal
+
+    with server(work) as srv, connect(srv.memcache_port) as maker:
+        maker.settimeout(120)
+        make_queues(maker, MANY_QUEUES)
+        srv.config["default_queue"] = {"max_age": "1h"}
+        srv.config_path.write_text(yaml.safe_dump(srv.config))
+        logged = srv.log().count("reload changed queue settings")
+        assert srv.proc is not None
+        with other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
+            time.sleep(0.2)  # the other client's rounds under way before the reload
+            srv.proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: srv.log().count("reload changed queue settings") > logged, "the reload")
+            time.sleep(0.2)
+    return max(delays), 0.25
+
+
 FIGURES: dict[str, Measure] = {
     "large-put": large_put, "large-put-redis": large_put_redis, "hang-up": hang_up,
     "stuck-reader": stuck_reader, "stop-idle": stop_idle, "stop-waiting": stop_waiting,
@@ -530,7 +552,7 @@ FIGURES: dict[str, Measure] = {
     "hung-hosts": hung_hosts, "get-wake": get_wake, "gevent-ticker": gevent_ticker,
     "zookeeper-down": zookeeper_down,
     "thread-wake": thread_wake, "end-waits": end_waits, "every-queue": every_queue,
-    "queues-created": queues_created, "queues-loaded": queues_loaded,
+    "queues-created": queues_created, "queues-loaded": queues_loaded, "reload-queues": reload_queues,
 }
 PEERS = {"large-put-redis"}  # rows of a peer: printed, not held to the budget
 
