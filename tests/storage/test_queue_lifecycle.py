@@ -227,6 +227,45 @@ def test_a_reload_turning_fanout_only_off_leaves_no_acknowledged_item_to_a_resta
 
 
 @pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_parent_made_fanout_only_by_a_restart_serves_what_it_held_and_stores_no_put(tmp_path: Path,
+                                                                                     fmt: str) -> None:
+    """As Kestrel's: a fanout-only parent stores no put, and serves the items it held before, which
+    the start names in a warning. It served none and said nothing; Kestrel 3 then served them, once
+    `fanout_only` was off again, with every put made meanwhile."""
+    from structlog.testing import capture_logs
+
+    plain, fanout_only = {"journal_format": fmt}, {"p": {"fanout_only": True}}
+    coll = open_collection(tmp_path, plain)
+    coll.put("p", [b"a", b"b", b"c"])
+    coll.close()
+    with capture_logs() as logs:
+        coll = open_collection(tmp_path, plain, fanout_only)
+    warned = [(e["queue"], e["items"], e["log_level"]) for e in logs if e["event"].startswith("fanout-only queue")]
+    assert warned == [("p", 3, "warning")]
+    coll.queue("p+c")
+    assert coll.put("p", [b"new"]) == 1
+    assert [item.data for item in coll.remove("p")] == [b"a"]
+    coll.close()
+    coll = open_collection(tmp_path, plain)
+    assert drain(coll, "p") == [b"b", b"c"] and drain(coll, "p+c") == [b"new"]
+    coll.put("p", [b"d"])
+    coll.close()
+    coll = open_collection(tmp_path, plain, fanout_only)
+    assert drain(coll, "p") == [b"d"]  # drained: the next start finds it holding nothing
+    coll.close()
+    with capture_logs() as logs:
+        coll = open_collection(tmp_path, plain, fanout_only)
+    assert not [e for e in logs if e["event"].startswith("fanout-only queue holds")]
+    if fmt == "kestrel3":  # a reader that held nothing would take each put's ids, and hold files back
+        assert coll.queue("p").checkpoint_path is None and "p.read." not in os.listdir(tmp_path)
+    coll.put("p", [b"later"])
+    coll.close()
+    coll = open_collection(tmp_path, plain)
+    assert drain(coll, "p") == [] and drain(coll, "p+c") == [b"d", b"later"]
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
 def test_after_a_reload_the_queues_of_no_settings_of_their_own_share_the_default_s_one_object(
         tmp_path: Path, fmt: str) -> None:
     """As at their creation (`QueueConfig.from_mapping`): every put and get reads it, and a reload

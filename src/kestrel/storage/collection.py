@@ -6,7 +6,6 @@ import contextlib
 import errno
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, Final
 
 import structlog
@@ -323,11 +322,7 @@ class QueueCollection:
                              salvage=self.salvage, runtime=self.runtime, commit_log=self.commit_log)
 
     def config_for(self, name: str) -> QueueConfig:
-        config = self.configs.for_queue(name)
-        if config.fanout_only and "+" not in name and config.keep_journal:
-            # A fanout-only parent is only a write point: it keeps no journal of its own.
-            config = replace(config, keep_journal=False)
-        return config
+        return self.configs.for_queue(name)
 
     def _expire_target(self, name: str) -> PersistentQueue | None:
         try:

@@ -175,6 +175,7 @@ class PersistentQueue(ABC):
     # name here would hide the type in the annotations below, is the first field `__init__` sets.
     _locks: bool
     _is_child: bool
+    fanout_only: bool
     noted: bool
     may_expire: bool
     closed: bool
@@ -215,6 +216,8 @@ class PersistentQueue(ABC):
         # (Kestrel 3: its writer journal's, which every reader shares).
         self._gate = WriteGate(runtime)
         self._is_child = "+" in name
+        # A parent only feeding its fanout children: it stores no put (fixed at creation).
+        self.fanout_only = config.fanout_only and not self._is_child
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
         self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
@@ -471,17 +474,17 @@ class PersistentQueue(ABC):
         first one refused (over `max_item_size`, or the queue full), as Kestrel's put counts them.
 
         `expiry` is absolute milliseconds since the epoch (0 = never), capped by `max_age`;
-        `add_time` is now unless given. A fanout-only parent holds none: it counts those that fit,
-        and offers its readers those and the first that does not (Kestrel 3).
+        `add_time` is now unless given. A fanout-only parent stores none, as Kestrel's: it counts
+        those that fit, and offers its readers those and the first that does not (Kestrel 3).
         Raises JournalWriteError (nothing was added).
         """
         with self:
             now = self.clock.now_ms() if add_time is None else add_time
-            if self.config.fanout_only and not self._is_child:
+            if self.fanout_only:
                 fitting = self._fitting(items)
                 if self.shares_writes:
                     self._put_shared(items[:fitting + 1], expiry, now)
-                self.adds.items += fitting  # the server counts the put, as Kestrel's; the queue holds none
+                self.adds.items += fitting  # the server counts the put, as Kestrel's; the queue stores none
                 return fitting
             if self.shares_writes:
                 return self._put_shared(items, expiry, now)
@@ -1264,6 +1267,11 @@ class PersistentQueue(ABC):
         """
         self._load_files(reopen, files, fresh)
         self._found = self.length + len(self._opens)  # reads open at the stop count once back
+        if self.fanout_only and self._found:
+            # Made fanout-only while it held items: as Kestrel's, it serves them and stores no put.
+            log.warning("fanout-only queue holds items put before it was made fanout-only: they are "
+                        "served until it is drained (or flushed); no put is stored in it",
+                        queue=self.name, items=self._found)
 
     @abstractmethod
     def _load_files(self, reopen: bool, files: JournalFiles | None, fresh: bool) -> None:

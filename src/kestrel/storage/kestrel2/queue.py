@@ -126,7 +126,9 @@ class Kestrel2Queue(PersistentQueue):
         path is scanned for this queue alone and its temporaries are removed (unless `fresh`: the
         collection knows the path holds no file of it, so creating a queue reads no directory).
         Reads that were open
-        go back to the head unless `reopen` is False (inspection tools).
+        go back to the head unless `reopen` is False (inspection tools). A fanout-only parent keeps
+        no journal, but for the one it kept before it was made fanout-only: its items are served
+        until drained, and their removes journaled (no put is stored in it: `put`).
         """
         if not self.config.keep_journal:
             return
@@ -134,6 +136,8 @@ class Kestrel2Queue(PersistentQueue):
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
         elif files is None:
             files = self._journal.scan()
+        if self.fanout_only and not (files.live or files.rotated or files.packs):
+            return
         if files.live is not None:
             check_writable(files.live)  # the file appended to (rotated ones are only read)
         started = time.monotonic()

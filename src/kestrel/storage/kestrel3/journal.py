@@ -445,9 +445,18 @@ class Kestrel3Journal(Generic[R]):
         """Where each attached reader stands, the queue's own first."""
         return [q.position() for _, q in sorted(self.readers.items())]
 
+    def found(self, reader: str) -> bool:
+        """Whether `reader`'s checkpoint was found on disk, and no queue has attached it yet."""
+        return reader in self._unattached
+
     def attach(self, queue: R) -> None:
         self.readers[queue.reader] = queue
         self._unattached.pop(queue.reader, None)
+
+    def forget_reader(self, reader: str) -> None:
+        """`reader`'s checkpoint found on disk is not attached, and goes (a fanout-only parent's that
+        held no item): it holds no writer file back."""
+        self._unattached.pop(reader, None)
 
     def runs(self, info: WriterFile) -> Iterator[list[k3.PutRow]]:
         """The runs of whole PUTs of writer file `info`, for a reader loading its items. While readers

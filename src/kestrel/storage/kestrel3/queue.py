@@ -58,7 +58,8 @@ class Kestrel3Queue(PersistentQueue):
     """One reader of a Kestrel 3 writer journal.
 
     Parameters: those of `PersistentQueue`, and `journals` (the queue path's writer journals, shared
-    by the readers of each). A fanout-only parent keeps no reader of its own.
+    by the readers of each). A fanout-only parent keeps no reader of its own, but for the one it kept
+    before it was made fanout-only while that holds items (`_load_files`).
     """
 
     shares_writes: ClassVar[bool] = True
@@ -72,7 +73,7 @@ class Kestrel3Queue(PersistentQueue):
         runtime = self._journals.runtime
         super().__init__(name, queue_path, config, clock or runtime.clock, runtime, expire_to)
         self.parent, self.reader = _reader_of(name)
-        self.is_reader = not (config.fanout_only and not self.reader)
+        self.is_reader = not self.fanout_only  # (a fanout-only parent: decided as it loads)
         self._journal: Kestrel3Journal[Kestrel3Queue] | None = None
         self._file: ReaderFile | None = None
         self._seen = 0  # the newest id handed to this reader: read-behind loads nothing newer
@@ -156,19 +157,28 @@ class Kestrel3Queue(PersistentQueue):
             self._journal.parent_open = True
         self._lock = self._journal.lock
         self._gate = self._journal.gate
+        if self.fanout_only:
+            # Its checkpoint from before it was made fanout-only: it serves what that holds, and
+            # consumes each put at once, as a full reader refuses it (`_put_shared`), so that a
+            # restart without `fanout_only` serves none of the puts made meanwhile.
+            self.is_reader = self._journal.found(self.reader)
         if not self.is_reader:
             return
         writer = self._journal.writer
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
-        self._file = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
+        checkpoint = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
                                 start, self._journals.runtime, self._journal.checkpoint_written,
                                 self._gate,
                                 self._journal.commit_log if self.config.sync_journal is not None else None)
-        self._journal.attach(self)
         for info in writer.files:
-            if info.last_id > self._file.head:
+            if info.last_id > checkpoint.head:
                 for run in self._journal.runs(info):
-                    self._load(run)
+                    self._load(run, checkpoint)
+        if self.fanout_only and not self.length:
+            self._stop_reading(checkpoint)
+        else:
+            self._file = checkpoint
+            self._journal.attach(self)
         self._journal.loaded()
         self._seen = writer.tail_id
         if self.length:
@@ -176,10 +186,28 @@ class Kestrel3Queue(PersistentQueue):
                      seconds=round(time.monotonic() - started, 3), read_behind=self.in_read_behind)
         self._journal.release()
 
-    def _load(self, run: list[k3.PutRow]) -> None:
-        """The items of `run` this reader has still to consume, counted in at the tail."""
-        checkpoint = self._file
-        assert checkpoint is not None
+    def _stop_reading(self, checkpoint: ReaderFile) -> None:
+        """A fanout-only parent whose checkpoint from before holds no item keeps no reader: the
+        checkpoint goes, rather than take each put's ids and hold the writer files back."""
+        assert self._journal is not None
+        self.is_reader = False
+        checkpoint.close()
+        self._journal.forget_reader(self.reader)
+        self._delete_checkpoint(checkpoint)
+        log.info("fanout-only queue's reader checkpoint removed: it held no item", queue=self.name,
+                 file=checkpoint.path)
+
+    def _delete_checkpoint(self, checkpoint: ReaderFile) -> None:
+        """Delete this reader's closed checkpoint, unlisted first: a crash before the unlink keeps
+        the reader."""
+        if checkpoint.commit_log is not None:
+            checkpoint.commit_log.checkpoint()  # no record in the log may name a reader deleted
+        if self._journal is not None:
+            self._journal.checkpoint_deleted(self.reader)
+        os.unlink(checkpoint.path)
+
+    def _load(self, run: list[k3.PutRow], checkpoint: ReaderFile) -> None:
+        """The items of `run` this reader has still to consume (by `checkpoint`), counted in at the tail."""
         for item_id, errors, add_time, expire_time, data in run:
             if not checkpoint.consumed(item_id):
                 item = self._item_of(item_id, errors, add_time, expire_time, data)
@@ -228,7 +256,7 @@ class Kestrel3Queue(PersistentQueue):
         taking: dict[str, list[tuple[int, int]]] = {}  # by reader: the (start, stop) runs of items it takes
         try:
             given = items
-            if self.is_reader:
+            if not self.fanout_only:
                 taken = self._admit(items, now)[0]
                 taking[self.reader] = [(0, taken)] if taken else []
                 if taken < len(items) and len(readers) > 1:
@@ -489,11 +517,7 @@ class Kestrel3Queue(PersistentQueue):
         journal = self._journal
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
-            if self._file.commit_log is not None:
-                self._file.commit_log.checkpoint()  # no record in the log may name a reader deleted
-            if journal is not None:  # unlisted first: a crash before the unlink keeps the reader
-                journal.checkpoint_deleted(self.reader)
-            os.unlink(self._file.path)
+            self._delete_checkpoint(self._file)
         if journal is not None and journal.unread:
             journal.destroy()
             return [self.name, self.parent]
