@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -319,4 +320,58 @@ def test_a_reload_reads_its_file_off_the_loop_and_the_last_begun_applies(
         assert len(turns) >= 10  # the loop ran while the first reading took half a second
     finally:
         ticking.kill()
+        server.close()
+
+
+@pytest.mark.parametrize("later", ["applies", "fails"])
+def test_a_reload_overtaken_by_a_later_one_ends_as_that_one_does_in_one_log_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, later: str) -> None:
+    """A reload whose reading ends after a later one's began applies nothing: it returned in silence,
+    no line in the log, and the memcache `reload` it served answered `Reloaded config.` though the
+    later one had failed and nothing had changed. It ends as the later one does, and says so."""
+    import time
+
+    import gevent
+    from structlog.testing import capture_logs
+
+    from kestrel.service import config as config_module
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: 5\n")
+    server = ServerState(load(str(path)))
+    real_load, loads = config_module.load, []
+
+    def slow_first(source: str) -> Any:
+        loaded = real_load(source)
+        loads.append(loaded)
+        if len(loads) == 1:
+            time.sleep(0.3)  # in the reading's thread, the file read: the later reload begins meanwhile
+        return loaded
+
+    monkeypatch.setattr(config_module, "load", slow_first)
+    try:
+        with capture_logs() as logs:
+            first = gevent.spawn(partial(server.reload, "memcache client 1"))
+            while not loads:
+                gevent.sleep(0.01)
+            if later == "applies":
+                path.write_text(f"queue_path: {tmp_path / 'q'}\nqueues:\n  jobs:\n    max_items: 9\n")
+                server.reload("memcache client 2")
+                first.get(timeout=10)  # answered `Reloaded config.`: the file as it then was applied
+                assert server.collection.configs.for_queue("jobs").max_items == 9
+            else:
+                path.write_text("queues: [cut short\n")
+                with pytest.raises(ConfigError, match="not valid YAML"):
+                    server.reload("memcache client 2")
+                with pytest.raises(ConfigError, match="not valid YAML"):  # a SERVER_ERROR to its client
+                    first.get(timeout=10)
+                assert server.collection.configs.for_queue("jobs").max_items == 5
+        ends = [(e["event"], e["requested_by"], e["log_level"]) for e in logs if "requested_by" in e]
+        outcome, level = (("applied the file as it then was", "info") if later == "applies"
+                          else ("failed; keeping the current settings", "error"))
+        assert ends[-1] == (f"reload folded into a later one, which {outcome}", "memcache client 1", level)
+        assert [e["later_requested_by"] for e in logs if "later_requested_by" in e] == ["memcache client 2"]
+        assert len(ends) == (1 if later == "applies" else 2)  # the later one's failure is its own line
+    finally:
         server.close()

@@ -51,6 +51,9 @@ class ServerState:
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
         self._reloads = 0  # reloads begun (`reload`: the last begun applies)
+        # The latest reload that applied the file or failed: its number, who asked, its error.
+        self._reload_end: tuple[int, str, Exception | None] = (0, "", None)
+        self._reload_ended = self.runtime.event()  # set, and replaced, as each one applies or fails
         # The ZooKeeper server-set membership, when the server joins sets (set by the app).
         self.membership: Callable[[], dict[str, bool]] | None = None
 
@@ -128,9 +131,9 @@ class ServerState:
 
         The file is read and checked off the loop (thousands of configured queues take a second,
         which would hold every client) and applied on it; of reloads under way together, the last
-        begun applies the file as it then is. A failure is logged, whoever asked (`by`), and raised:
-        nothing changed; so is a file that sets nothing where the running one set something
-        (`check_reload`).
+        begun applies the file as it then is, and each earlier one ends as it does (`_fold`). A
+        failure is logged, whoever asked (`by`), and raised: nothing changed; so is a file that sets
+        nothing where the running one set something (`check_reload`).
         """
         from kestrel.service.config import check_reload, load
 
@@ -139,15 +142,24 @@ class ServerState:
             return
         self._reloads += 1
         ticket = self._reloads
+        fresh: ServerConfig | Exception
         try:
             fresh = self.runtime.run_blocking(load, self.config.source)
-            if ticket != self._reloads:
-                return  # a reload begun since has read the file again, and applies it
+        except Exception as e:
+            fresh = e
+        if ticket != self._reloads:
+            self._fold(ticket, by)  # a reload begun since has read the file again, and applies it
+            return
+        try:
+            if isinstance(fresh, Exception):
+                raise fresh
             check_reload(self.config, fresh)
             self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         except Exception as e:
             log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
+            self._end_reload(ticket, by, e)
             raise
+        self._end_reload(ticket, by, None)
         self.config.queues, self.config.aliases = fresh.queues, fresh.aliases
         self.config.file_keys = fresh.file_keys
         ignored = [f.name for f in dataclasses.fields(fresh)
@@ -156,6 +168,31 @@ class ServerState:
         if ignored:
             log.warning("reload ignored changed settings that only a restart applies", keys=ignored,
                         config=self.config.source)
+
+    def _end_reload(self, ticket: int, by: str, error: Exception | None) -> None:
+        """Reload `ticket` applied the file (`error` None) or failed: the reloads it overtook end so."""
+        self._reload_end = (ticket, by, error)
+        ended, self._reload_ended = self._reload_ended, self.runtime.event()
+        ended.set()
+
+    def _fold(self, ticket: int, by: str) -> None:
+        """End reload `ticket`, overtaken before it applied anything, as the first reload begun after
+        it to apply the file or fail does (waited for; it read the file as it then was): one log line
+        saying so, and that one's error raised. Overtaken, it returned in silence, and the memcache
+        `reload` it served answered `Reloaded config.` though the reload that overtook it failed."""
+        while True:
+            ended = self._reload_ended  # first: an end between the look and the wait still wakes it
+            later, later_by, error = self._reload_end
+            if later > ticket:
+                break
+            ended.wait()
+        if error is None:
+            log.info("reload folded into a later one, which applied the file as it then was",
+                     requested_by=by, later_requested_by=later_by)
+            return
+        log.error("reload folded into a later one, which failed; keeping the current settings",
+                  error=str(error), requested_by=by, later_requested_by=later_by)
+        raise error
 
     def close(self) -> None:
         """Cancel the auto-abort timers, then close the queues. Reads still open stay open in their
