@@ -200,6 +200,25 @@ def test_a_reload_names_the_queue_settings_it_leaves_until_a_restart(tmp_path: P
     coll.close()
 
 
+def test_a_restart_turning_keep_journal_off_says_its_journal_s_items_are_not_served(tmp_path: Path) -> None:
+    """Started without a journal, a queue whose journal files are on disk held none of their items
+    and said nothing; they stay on disk, served again once a restart sets `keep_journal`."""
+    from structlog.testing import capture_logs
+
+    coll = open_collection(tmp_path, {"journal_format": "kestrel2"}, {"q": {"keep_journal": True}})
+    coll.put("q", [b"x", b"y"])
+    coll.close()
+    with capture_logs() as logs:
+        coll = open_collection(tmp_path, {"journal_format": "kestrel2"}, {"q": {"keep_journal": False}})
+    assert coll.queue("q").length == 0
+    said = [e for e in logs if e["event"].startswith("queue keeps no journal")]
+    assert [(e["queue"], e["log_level"]) for e in said] == [("q", "warning")] and said[0]["files"] >= 1
+    coll.close()
+    coll = open_collection(tmp_path, {"journal_format": "kestrel2"}, {"q": {"keep_journal": True}})
+    assert [item.data for item in coll.remove("q", 10)] == [b"x", b"y"]
+    coll.close()
+
+
 @pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
 def test_a_reload_turning_fanout_only_off_leaves_no_acknowledged_item_to_a_restart(tmp_path: Path,
                                                                                    fmt: str) -> None:

@@ -131,6 +131,12 @@ class Kestrel2Queue(PersistentQueue):
         until drained, and their removes journaled (no put is stored in it: `put`).
         """
         if not self.config.keep_journal:
+            if files is not None and (files.live or files.rotated or files.packs):
+                # Not erased, as Kestrel's would be: an operator's mistake costs no item.
+                log.warning("queue keeps no journal (keep_journal: false), and its journal files on "
+                            "disk are neither read nor removed: their items are served again once "
+                            "a restart sets keep_journal", queue=self.name,
+                            files=len(files.rotated) + len(files.packs) + (files.live is not None))
             return
         if fresh and not os.path.exists(self._journal.live_path):  # a live journal put there since
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
