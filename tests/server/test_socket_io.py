@@ -413,20 +413,24 @@ def test_a_receive_that_finds_the_end_of_the_stream_says_the_client_ended(pair: 
     assert io.receive(buf, between_requests=True) == 0 and io.ended
 
 
-def test_whether_the_client_ended_is_found_without_waiting_and_what_it_sent_meanwhile_is_kept(pair: Any) -> None:
-    """Asked before a reply whose reads outlive the connection (a Thrift get with auto-abort)."""
+def test_whether_the_client_ended_is_found_without_waiting_or_receiving(pair: Any) -> None:
+    """Asked before a reply whose reads outlive the connection (a Thrift get with auto-abort), in
+    the request's turn or from the event loop: what the client sent stays for the connection to
+    read, and its end is seen behind it."""
     server, client = pair
     io = ClientSocket(server, 1024)
-    buf = bytearray(b"asked")
-    assert not io.ended_now(buf) and buf == b"asked"  # nothing there: no wait, nothing received
+    assert not io.ended_now()  # nothing there: no wait
     assert not io.waited  # a look, not a wait for the client (src/kestrel/service/turns.py)
-    client.sendall(b" next")
-    assert not io.ended_now(buf) and buf == b"asked next"  # the next request, kept for the loop
+    client.sendall(b"next")
+    assert not io.ended_now()  # more to come, not the end
     client.sendall(b" last")
     client.close()
-    assert io.ended_now(buf) and buf == b"asked next last"
-    assert io.ended_now(buf) and io.ended  # once found, known without a receive
+    assert io.ended_now() and not io.ended  # seen behind the input not yet read
+    buf = bytearray()
+    assert io.receive(buf) == 9 and buf == b"next last"  # left where it was, for the connection
+    assert io.receive(buf) == 0 and io.ended_now()
     io.close()
+    assert io.ended_now()  # closed: nobody to hand anything to
 
 
 def test_a_client_that_reset_its_connection_has_ended(tcp_pair: Any) -> None:
@@ -435,7 +439,7 @@ def test_a_client_that_reset_its_connection_has_ended(tcp_pair: Any) -> None:
     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.close()  # lingering 0 s: a reset rather than the end of a stream
     deadline = time.monotonic() + STALL_S
-    while not io.ended_now(bytearray()):
+    while not io.ended_now():
         assert time.monotonic() < deadline, "the reset was never seen"
         gevent.sleep(0.01)
     io.close()

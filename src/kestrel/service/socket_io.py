@@ -10,6 +10,7 @@ wrapper does too.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -52,6 +53,10 @@ drop_answered: Final[Callable[[bytearray, int], None]] = (
 
 # The OS socket class, whatever monkey patching put in the `socket` module.
 OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
+# The OS `poll`, never gevent's (`ClientSocket.ended_now` looks, it never waits), and what it asks:
+# the client's end of its stream (POLLRDHUP, seen behind input not yet read) or a reset.
+_poll: Final[Callable[[], Any]] = monkey.get_original("select", "poll")
+_ENDED: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 
 
 MAX_CHUNK: Final = 256 * 1024  # the largest receive any connection asks for
@@ -290,6 +295,7 @@ class ClientSocket:
         self._serving_into: bytearray | None = None  # the input it receives into meanwhile
         self._handed: Exception | None = None  # what `_serving` raised, for the greenlet to raise
         self._writable: Any = None  # the loop's watcher for room to send, made at its first wait
+        self._poller: Any = None  # `ended_now`'s look at the socket, made at its first
 
     def receive(self, buf: bytearray, timeout: float | None = None, between_requests: bool = False) -> int:
         """Append the next input to `buf`, waiting at most `timeout` seconds (None: without limit),
@@ -311,21 +317,20 @@ class ClientSocket:
             self.waited = True  # the callback's call was the connection's wait for its client
         return n
 
-    def ended_now(self, buf: bytearray) -> bool:
-        """Whether the client has ended its stream (or reset it), found without waiting: what it sent
-        meanwhile is appended to `buf` (up to a receive's `chunk`: a client still sending has not
-        ended). A client that timed out on a stalled server and closed leaves its request followed
-        by the end of its stream, both read once the server runs."""
-        received = 0
-        try:
-            while not self.ended and received < self.chunk:
-                n = self._receive_now(buf)
-                if n < 0:
-                    break
-                received += n
-        except OSError:
+    def ended_now(self) -> bool:
+        """Whether the client has ended its stream (or reset it), found without waiting and without
+        receiving: what it sent before the end stays in the socket, for the connection to read in
+        its turn. A client that timed out on a stalled server and closed leaves its request followed
+        by the end of its stream, both there once the server runs. Receiving nothing, the look may
+        be made from the event loop outside the connection's reads (a reply released by the disk,
+        src/kestrel/service/replies.py), where input taken in would wait unanswered."""
+        if self.ended or self.fd < 0:
             return True
-        return self.ended
+        poller = self._poller
+        if poller is None:
+            poller = self._poller = _poll()
+            poller.register(self.fd, _ENDED)
+        return bool(poller.poll(0))
 
     def _receive_now(self, buf: bytearray) -> int:
         """One receive appended to `buf`, in place once a large one was seen, through the scratch
@@ -484,7 +489,7 @@ class ClientSocket:
             self._readable.close()
         if self._writable is not None:
             self._writable.close()
-        self._readable = self._writable = None
+        self._readable = self._writable = self._poller = None
         self.fd = -1
 
 

@@ -63,13 +63,9 @@ class ClientStream:
         return n > 0
 
     def hung_up(self) -> bool:
-        """Whether the client has ended its stream, found without waiting; what else it sent is
-        received meanwhile (its next requests)."""
-        before = len(self.buf)
-        try:
-            return self.io.ended_now(self.buf)
-        finally:
-            self.stats.bytes_read += len(self.buf) - before
+        """Whether the client has ended its stream, found without waiting or receiving
+        (`ClientSocket.ended_now`): asked in the request's turn and from the event loop alike."""
+        return self.io.ended_now()
 
     def idle_over(self) -> ConnectionDone:
         """What ends a connection whose wait between requests ran out (`ClientSocket.idle_timeout`)."""
