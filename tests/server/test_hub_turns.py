@@ -815,3 +815,43 @@ def test_under_always_a_client_that_half_closes_during_a_get_s_wait_reads_the_re
         assert read_framed_reply(client, "binary", "put") == 1
     assert client.recv(1) == b""
     assert always_state.collection.get("held").length == 1
+
+
+@pytest.mark.parametrize("ends", ["closes", "resets"])
+@pytest.mark.parametrize("waits", [False, True])
+def test_under_always_a_get_with_auto_abort_whose_client_left_while_its_reply_waited_for_the_disk_puts_back(
+        tmp_path: Path, pair: Any, monkeypatch: pytest.MonkeyPatch, waits: bool, ends: str) -> None:
+    """A Kestrel 2 get with auto-abort journals its reads, so its reply waits for the log's fsync
+    round; its client times out meanwhile (a slow disk, a server stopped during the round) and
+    closes, or resets (a reply before the get left unread makes its close one). Its ids would reach
+    nobody: the reply is not sent and its reads go back to the head, in order, with no error
+    counted, rather than stay open until `auto_abort_msec`. Answered in the hub (every item there),
+    or in the greenlet after a wait for more."""
+    state = server_state_with(tmp_path, journal_format="kestrel2", max_errors=1)
+    try:
+        ours, client = pair
+        fsyncs = Fsyncs(monkeypatch)
+        connection = ThriftConnection(state, ours, "test")
+        serving = gevent.spawn(connection.run)
+        items = [b"a", b"b", b"c"]
+        assert thrift_call(client, "put", queue_name="stalled", items=items, expiration_msec=0) == 3
+        queue = state.collection.get("stalled")
+        fsyncs.go.clear()  # from now on each round's fsyncs wait
+        unread = framed(encode_call("binary", "get_version")) if ends == "resets" else b""
+        client.sendall(unread + framed(encode_call("binary", "get", queue_name="stalled",
+                                                   max_items=10 if waits else 3, timeout_msec=200 if waits else 0,
+                                                   auto_abort_msec=600_000)))
+        with gevent.Timeout(STALL_S):
+            while len(state.reads_by_id.auto_aborts) == 0:  # answered: its reads have ids, its reply waits
+                gevent.sleep(0.01)
+        client.close()
+        with gevent.Timeout(STALL_S):
+            while ends == "resets" and not connection.session.closed:  # the reset ended the connection
+                gevent.sleep(0.01)
+        fsyncs.go.set()
+        serving.join(timeout=STALL_S)
+        assert serving.dead
+        assert queue.stats()["open_transactions"] == 0
+        assert [item.data for item in state.collection.remove("stalled", 10)] == items  # none poisoned
+    finally:
+        state.close()

@@ -212,3 +212,53 @@ def test_a_connection_that_ended_leaves_its_greenlet_holding_nothing(server_stat
         assert theirs.recv(4096)  # the reply went out once its change was durable
     finally:
         theirs.close()
+
+
+def test_a_held_reply_handing_out_reads_to_a_client_gone_meanwhile_is_withheld_with_those_after_it(pair: Any) -> None:
+    """Released together, the replies before it go out (a half-closed client reads them); it and
+    every reply after it are not sent, and each one's read ids are handed back to be put back."""
+    replies, client = pair
+    asked: list[list[int]] = []
+    gone = [False]
+
+    def withhold(read_ids: list[int]) -> bool:
+        asked.append(read_ids)
+        return gone[0]
+
+    replies.hold(withhold)
+    try:
+        turn = Turn(1)
+        replies.acks.last = turn
+        replies.send(b"put\r\n")
+        replies.hands_out([7, 8])
+        replies.send(b"get\r\n")
+        replies.hands_out([9])
+        replies.send(b"later\r\n")
+        gone[0] = True  # the client ended its stream while the round ran
+        settle(replies, turn)
+        assert received(client, 5) == b"put\r\n" and nothing_waiting(client)
+        assert asked == [[7, 8], [9]] and replies.cut_off
+        replies.send(b"more\r\n")
+        assert nothing_waiting(client)
+    finally:
+        replies.finish()
+        replies.release()
+
+
+def test_a_held_reply_handing_out_reads_to_a_client_still_there_goes_out(pair: Any) -> None:
+    replies, client = pair
+    asked: list[list[int]] = []
+    replies.hold(lambda read_ids: bool(asked.append(read_ids)))
+    try:
+        turn = Turn(1)
+        replies.acks.last = turn
+        replies.hands_out([7])
+        replies.send(b"get\r\n")
+        replies.send(b"put\r\n")
+        settle(replies, turn)
+        assert received(client, 10) == b"get\r\nput\r\n" and asked == [[7]] and not replies.cut_off
+        replies.hands_out([8])
+        replies.send(b"now\r\n")  # nothing held: out at once, its client asked nothing
+        assert received(client, 5) == b"now\r\n" and asked == [[7]]
+    finally:
+        replies.release()

@@ -35,16 +35,17 @@ def by_serial(reads: list[OpenRead]) -> dict[int, list[int]]:
     return xids
 
 
-def return_all(collection: QueueCollection, returns: list[tuple[str, int, list[int]]]) -> int:
+def return_all(collection: QueueCollection, returns: list[tuple[str, int, list[int]]],
+               handed_out: bool = True) -> int:
     """Put each (queue, serial, xids) of open reads taken from their holder back at its head, in a
     change of its own, every one tried though one fails (the first error is raised after): a return
     the journal refused is owed by its queue (`unremove`); those after it, taken and never returned,
-    stayed open until the next start. How many were open."""
+    stayed open until the next start. Reads never `handed_out` count no error. How many were open."""
     returned = 0
     failed: Exception | None = None
     for queue, serial, xids in returns:
         try:
-            returned += collection.unremove(queue, xids, serial=serial, owed=True)
+            returned += collection.unremove(queue, xids, handed_out, serial, owed=True)
         except Exception as e:
             failed = failed or e
     if failed is not None:
@@ -155,6 +156,14 @@ class ReadsById:
             read.owner.forget(read)
             reads.setdefault((read.queue, read.serial), []).append(read)
         return reads
+
+    def put_back(self, read_ids: list[int]) -> int:
+        """Reads whose ids never reached their client (the reply was not sent): back at the head of
+        their queues in the order they were read, with no error counted, as a get puts back what
+        it took; how many were open."""
+        taken = self._take(read_ids)
+        return return_all(self.collection, [(queue, serial, [read.xid for read in reads])
+                                            for (queue, serial), reads in taken.items()], handed_out=False)
 
     def _auto_abort(self, read_ids: list[int]) -> None:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""

@@ -70,7 +70,8 @@ class Session:
 
     def __init__(self, server: ServerState, peer: str, pause: Callable[[], None] | None = None,
                  protocol: str = "", watch: Watch | None = None,
-                 hung_up: Callable[[], bool] | None = None) -> None:
+                 hung_up: Callable[[], bool] | None = None,
+                 hands_out: Callable[[list[int]], None] | None = None) -> None:
         self.server = server
         self.peer = peer
         self.protocol = protocol
@@ -85,6 +86,11 @@ class Session:
         # read is opened whose id nobody can learn. None: never asked (tests, library callers, and
         # the protocols whose reads close with their connection).
         self.hung_up = hung_up
+        # Told the read ids a get gives its reads, for the reply that hands them out: held for the
+        # disk, that reply asks `unsent` before it goes (src/kestrel/service/replies.py).
+        self.hands_out = hands_out
+        # Read ids whose reply never went out, its client gone: put back as the connection closes.
+        self.unsent_reads: list[int] = []
         bind_client(peer)  # the connection's greenlet: its queue creations name the client
         self.coll = server.collection
         self.status = server.status
@@ -109,6 +115,8 @@ class Session:
             return
         self.closed = True
         try:
+            if self.unsent_reads:
+                self.server.reads_by_id.put_back(self.unsent_reads)
             self._return_reads(self.reads.queues())
         finally:
             self.stats.curr_connections -= 1
@@ -277,11 +285,25 @@ class Session:
                 raise ClientGone  # its items go back (below): nobody could learn their read ids
             xids = [item.xid for item in items]
             ids = self.server.reads_by_id.open_many(self.reads, queue, serial, xids, auto_abort_ms)
+            if ids and self.hands_out is not None:
+                self.hands_out(ids)
             return TakenItems(items, ids)
         except BaseException:
             if items:
                 self._put_back(queue, serial, items)
             raise
+
+    def unsent(self, read_ids: list[int]) -> bool:
+        """Asked as a reply handing out `read_ids`, held until the disk had its get's records, is
+        due to go out (or is dropped unsent): whether it must not, its client having ended its
+        stream since the get looked (`hung_up`: one that timed out while an fsync round ran, and
+        closed). Its reads then go back to the head as the connection closes (`close`), as a get's
+        items go back when its own look finds the end: in the order read, no error counted."""
+        hung_up = self.hung_up
+        if hung_up is None or not hung_up():
+            return False
+        self.unsent_reads += read_ids
+        return True
 
     def _open_reads(self, queue: str, count: int, held: bool, max_bytes: int, serial: int = 0
                     ) -> tuple[list[QItem], int]:

@@ -185,7 +185,8 @@ class ThriftConnection:
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
-                               watch=partial(_watched, self.stream), hung_up=self.stream.hung_up)
+                               watch=partial(_watched, self.stream), hung_up=self.stream.hung_up,
+                               hands_out=self.stream.replies.hands_out)
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
         # Each method's function bound to this connection's handler, at its first call (`_call`).
@@ -202,7 +203,7 @@ class ThriftConnection:
 
     def run(self) -> bool:
         """Serve the client until it leaves; True when it ended the stream and all of it was read."""
-        self.stream.replies.hold()
+        self.stream.replies.hold(self.session.unsent)
         try:
             try:
                 if self.cfg.thrift_transport == "framed":
