@@ -185,7 +185,7 @@ class ThriftConnection:
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
-                               watch=partial(_watched, self.stream), hung_up=self.stream.hung_up,
+                               watch=partial(_watched, self.stream), hung_up=self.stream.io.ended_now,
                                hands_out=self.stream.replies.hands_out)
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()

@@ -62,11 +62,6 @@ class ClientStream:
         self.stats.bytes_read += n
         return n > 0
 
-    def hung_up(self) -> bool:
-        """Whether the client has ended its stream, found without waiting or receiving
-        (`ClientSocket.ended_now`): asked in the request's turn and from the event loop alike."""
-        return self.io.ended_now()
-
     def idle_over(self) -> ConnectionDone:
         """What ends a connection whose wait between requests ran out (`ClientSocket.idle_timeout`)."""
         return ConnectionDone(f"idle for longer than client_timeout ({self.idle_timeout_ms} ms)")
