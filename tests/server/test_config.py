@@ -117,6 +117,36 @@ def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path:
     server.close()
 
 
+def test_a_reload_of_a_server_started_without_a_file_is_refused_and_says_why(tmp_path: Path) -> None:
+    """A server started without --config answered a memcache `reload` with `Reloaded config.` though
+    nothing was read; it is refused as a failed reload is, in its one log line, and the client told."""
+    import gevent
+    import gevent.socket
+    from structlog.testing import capture_logs
+
+    from kestrel.service.memcache.handler import MemcacheConnection
+    from kestrel.service.session.server_state import ServerState
+
+    server = ServerState(ServerConfig(queue_path=str(tmp_path)))
+    server.collection.load()
+    ours, theirs = gevent.socket.socketpair()
+    try:
+        with capture_logs() as logs:
+            with pytest.raises(ConfigError, match="reload: no config file"):
+                server.reload()
+            theirs.sendall(b"reload\r\n")
+            theirs.shutdown(socket.SHUT_WR)
+            gevent.spawn(MemcacheConnection(server, ours, "test").run).get(timeout=10)
+        assert theirs.recv(4096) == (b"SERVER_ERROR reload: no config file: the server was started "
+                                     b"without --config\r\n")
+        assert [(e["event"], e["requested_by"]) for e in logs if "requested_by" in e] == [
+            ("reload failed; keeping the current settings", "SIGHUP"),
+            ("reload failed; keeping the current settings", "memcache client test")]
+    finally:
+        theirs.close()
+        server.close()
+
+
 @pytest.mark.parametrize("text", ["", "# queues:\n#   jobs: {sync_journal: always}\n", "\n\n", "~\n"])
 def test_a_reload_of_a_file_that_sets_nothing_is_refused_and_keeps_the_settings(tmp_path: Path, text: str) -> None:
     """An emptied or cut off file read as one asking for every default reset each queue's settings,

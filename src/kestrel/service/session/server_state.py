@@ -16,6 +16,7 @@ from kestrel.service.session.read_ids import ReadIds
 from kestrel.service.session.stats import ServerStats
 from kestrel.service.session.status import StatusKeeper
 from kestrel.storage import QueueCollection
+from kestrel.storage.errors import ConfigError
 from kestrel.storage.runtime import Runtime, paced
 
 log = structlog.get_logger("kestrel.server")
@@ -133,13 +134,15 @@ class ServerState:
         which would hold every client) and applied on it; of reloads under way together, the last
         begun applies the file as it then is, and each earlier one ends as it does (`_fold`). A
         failure is logged, whoever asked (`by`), and raised: nothing changed; so is a file that sets
-        nothing where the running one set something (`check_reload`).
+        nothing where the running one set something (`check_reload`), and a server started without
+        a file.
         """
         from kestrel.service.config import check_reload, load
 
-        if self.config.source is None:
-            log.info("reload: no config file, nothing to reload")
-            return
+        if self.config.source is None:  # answered "Reloaded config." though nothing was read
+            e = ConfigError("reload", "no config file: the server was started without --config")
+            log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
+            raise e
         self._reloads += 1
         ticket = self._reloads
         fresh: ServerConfig | Exception
