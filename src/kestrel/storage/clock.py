@@ -38,8 +38,11 @@ _monotonic: Final = time.monotonic
 
 
 class Clock:
-    """Wall-clock milliseconds since the epoch (what the journal stores), and a monotonic reading
-    in seconds for deadlines (waits, grace periods, auto-aborts)."""
+    """Wall-clock milliseconds since the epoch (what the journal stores, and expiry compares with),
+    and a monotonic reading in seconds for deadlines and durations (waits, grace periods,
+    auto-aborts, uptime, rates): the wall clock can be stepped either way (NTP, a VM resumed, a
+    wrong clock set right), so a duration taken as the difference of two wall readings could come
+    out negative or an hour long."""
 
     def now_ms(self) -> int:
         return _now_ms()
@@ -49,19 +52,25 @@ class Clock:
 
 
 class FakeClock(Clock):
-    """A clock that moves only when told to (both readings move together)."""
+    """A clock that moves only when told to: `advance` moves both readings together, `step` the
+    wall clock alone, as NTP steps it while the monotonic clock runs on."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
-        self.ms = start_ms
+        self.ms = start_ms  # the monotonic reading, in ms (a manual runtime's timers are due by it)
+        self.stepped_ms = 0  # the wall clock's steps so far: it reads `ms + stepped_ms`
 
     def now_ms(self) -> int:
-        return self.ms
+        return self.ms + self.stepped_ms
 
     def monotonic(self) -> float:
         return self.ms / 1000.0
 
     def advance(self, ms: int) -> None:
         self.ms += ms
+
+    def step(self, ms: int) -> None:
+        """Step the wall clock `ms` (back, when negative); no time passes."""
+        self.stepped_ms += ms
 
 
 SYSTEM_CLOCK = Clock()
