@@ -696,6 +696,28 @@ def test_flow_control_holds_then_refuses_puts_while_gets_and_confirms_go_on(tmp_
     coll.close()
 
 
+def test_time_under_flow_control_is_the_time_that_passed_whatever_steps_the_wall_clock_takes(
+        tmp_path: Path) -> None:
+    """Measured on the monotonic clock, as the rates are: a step of the wall clock (NTP, a VM
+    resumed) would make the Prometheus counter of it go back, or count an hour that never passed."""
+    coll, governor, runtime = governed(tmp_path, "kestrel3", 100_000)
+    coll.put("q", [item(i, 1000) for i in range(150)])
+    q = coll.queue("q")
+    opened = [one(q.remove(transaction=True)) for _ in range(120)]  # open reads cannot be paged out
+    runtime.advance(500)
+    assert governor.flow_control
+    runtime.clock.step(-3_600_000)
+    runtime.advance(250)
+    assert governor.stats()["flow_control_ms"] == 250
+    runtime.clock.step(7_200_000)
+    runtime.advance(250)
+    assert governor.stats()["flow_control_ms"] == 500
+    assert q.confirm([i.xid for i in opened if i is not None]) == 120
+    runtime.advance(250)
+    assert not governor.flow_control and governor.stats()["flow_control_ms"] == 750
+    coll.close()
+
+
 def test_new_stat_names_do_not_read_as_a_kestrel_queue_stat(tmp_path: Path) -> None:
     """Kestrel clients split `queue_<name>_<stat>` on a known stat suffix, the name non-greedy."""
     import re

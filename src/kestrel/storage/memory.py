@@ -271,18 +271,24 @@ class MemoryGovernor:
         self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
-        self._last_tick = self.clock.now_ms()
+        self._last_tick = self._monotonic_ms()
         self._timer: Timer | None = None
         self._released = runtime.event()
         self._released.set()
         self.closed = False
         self.flow_control = False
         self._over = False  # the last tick ended over the budget
-        self._flow_since = 0
+        self._flow_since = 0  # when the current spell began (`_monotonic_ms`)
         self.flow_control_ms = 0  # time spent under flow control before the current spell
         self.memory_total = 0  # what the queues held at the last tick, after paging
         self.paged_out_total = 0  # bytes dropped from memory by paging since start
         self.refused_puts = 0
+
+    def _monotonic_ms(self) -> int:
+        """The runtime clock's monotonic reading in ms: what the rates and flow-control spells are
+        measured on (the wall clock steps, and a step would make a rate or a spell negative, or an
+        hour long)."""
+        return round(self.clock.monotonic() * 1000.0)
 
     # -----------------------------------------------------------------------------------------
     # Running
@@ -352,7 +358,7 @@ class MemoryGovernor:
         cursors give their buffers back, even when the last plan's wants did not fit the budget.
         Otherwise the tick measures and plans every queue.
         """
-        now = self.clock.now_ms()
+        now = self._monotonic_ms()
         seconds = max((now - self._last_tick) / 1000.0, 0.001)
         self._last_tick = now
         self._tick += 1
@@ -563,7 +569,7 @@ class MemoryGovernor:
         if ledger.total + size > ledger.limit:
             queue.hold_new_items_on_disk()
             if ledger.total > ledger.limit and not self.flow_control:
-                self._start_flow(ledger.total, self.clock.now_ms())
+                self._start_flow(ledger.total, self._monotonic_ms())
 
     # -----------------------------------------------------------------------------------------
     # Flow control
@@ -616,7 +622,7 @@ class MemoryGovernor:
         """The server's figures (memcache stats, /stats.json, /metrics)."""
         under = self.flow_control_ms
         if self.flow_control:
-            under += self.clock.now_ms() - self._flow_since
+            under += self._monotonic_ms() - self._flow_since
         return {
             "memory_total": self.measure(),
             "max_memory_total": self.budget,
