@@ -27,7 +27,7 @@ def pair() -> Any:
     """(the connection's replies, the client's socket)."""
     a, b = gevent.socket.socketpair()
     server = accepted(a)
-    replies = Replies(ClientSocket(server, 4096, send_timeout=STALL_S), ServerStats(start_time=0))
+    replies = Replies(ClientSocket(server, 4096, send_timeout=STALL_S), ServerStats(started=0))
     yield replies, b
     server.close()
     b.close()

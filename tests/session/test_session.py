@@ -812,6 +812,20 @@ def test_stats_count_commands_hits_and_misses(server: ServerState, runtime: Manu
     assert stats["time"] == runtime.clock.now_ms() // 1000
 
 
+def test_uptime_counts_the_time_run_and_time_follows_the_wall_clock_through_its_steps(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    """A step of the wall clock (NTP, a VM resumed) moves `time`, never `uptime`: it neither goes
+    negative after a step back nor counts an hour that never passed after a step forward."""
+    runtime.advance(5_000)
+    runtime.clock.step(-3_600_000)
+    stats = server.global_stats()
+    assert stats["uptime"] == 5 and stats["time"] == runtime.clock.now_ms() // 1000
+    runtime.clock.step(7_200_000)
+    runtime.advance(2_000)
+    stats = server.global_stats()
+    assert stats["uptime"] == 7 and stats["time"] == runtime.clock.now_ms() // 1000
+
+
 def test_the_server_takes_its_collections_runtime(tmp_path: Path, runtime: ManualRuntime) -> None:
     config = ServerConfig(queue_path=str(tmp_path))
     collection = QueueCollection(str(tmp_path), runtime=runtime)

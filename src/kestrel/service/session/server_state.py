@@ -47,7 +47,7 @@ class ServerState:
         self.runtime = collection.runtime
         self.status = StatusKeeper(config.resolved_status_file(), config.default_status,
                                    config.status_change_grace_period, self.runtime)
-        self.stats = ServerStats(start_time=collection.clock.now_ms() / 1000.0)
+        self.stats = ServerStats(started=collection.clock.monotonic())
         self.version = SERVER_VERSION
         self.reads_by_id = ReadsById(collection, ReadIds(config.queue_path, collection.clock))
         self.shutdown_requested = self.runtime.event()
@@ -67,11 +67,10 @@ class ServerState:
         """The guide's global figures, under its names."""
         coll = self.collection
         s = self.stats
-        now = coll.clock.now_ms() / 1000.0
         budget = self.config.max_memory_total or default_memory_total()
         return {
-            "uptime": int(now - s.start_time),
-            "time": int(now),
+            "uptime": int(coll.clock.monotonic() - s.started),
+            "time": coll.clock.now_ms() // 1000,
             "version": self.version,
             "curr_items": coll.current_items(),
             "total_items": coll.total_items_added,

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ServerStats:
-    start_time: float  # wall-clock seconds, from the server's clock (so uptime follows a manual clock)
+    # The server clock's monotonic seconds at start (a manual clock moves it in tests): uptime counts
+    # the time run, whatever steps the wall clock takes meanwhile.
+    started: float
     curr_connections: int = 0
     total_connections: int = 0
     cmd_get: int = 0
