@@ -39,6 +39,26 @@ def test_stats_say_how_long_the_head_item_has_waited_and_in_which_format(tmp_pat
     coll.close()
 
 
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_an_age_is_zero_not_negative_once_the_wall_clock_is_stepped_back_past_the_items_add(
+        tmp_path: Path, fmt: str) -> None:
+    """An item's add time is a time of the wall clock (the journal keeps it): after a step back
+    (NTP, a VM resumed) the head's wait and the last item's age (`age`, Thrift's `QueueInfo.age`)
+    are 0 until the clock passes it again, as Kestrel's `max 0`; never negative."""
+    clock = FakeClock()
+    coll = collection(tmp_path, clock, journal_format=fmt)
+    coll.put("q", [b"first", b"second"])
+    clock.advance(1000)
+    clock.step(-3_600_000)
+    assert coll.queue("q").stats()["head_wait_ms"] == 0
+    assert one(coll.remove("q")) is not None
+    stats = coll.queue("q").stats()
+    assert stats["age"] == stats["age_msec"] == stats["head_wait_ms"] == 0
+    clock.step(3_600_000)
+    assert coll.queue("q").stats()["head_wait_ms"] == 1000
+    coll.close()
+
+
 def test_stats_say_when_items_wait_on_disk(tmp_path: Path) -> None:
     coll = collection(tmp_path, max_memory_size=1000)
     coll.put("q", [ITEM])

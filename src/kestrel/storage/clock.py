@@ -51,6 +51,12 @@ class Clock:
         return _monotonic()
 
 
+def age_ms(now_ms: int, stamp_ms: int) -> int:
+    """How long before `now_ms` the wall-clock stamp `stamp_ms` (an item's add time) was taken: 0,
+    not less, when the clock has been stepped back past it since (as Kestrel's ages, `max 0`)."""
+    return max(now_ms - stamp_ms, 0)
+
+
 class FakeClock(Clock):
     """A clock that moves only when told to: `advance` moves both readings together, `step` the
     wall clock alone, as NTP steps it while the monotonic clock runs on."""

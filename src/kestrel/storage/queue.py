@@ -33,7 +33,7 @@ import structlog
 
 from kestrel.storage import poison
 from kestrel.storage.acknowledgements import holder
-from kestrel.storage.clock import Clock
+from kestrel.storage.clock import Clock, age_ms
 from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, native_limit
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalWriteError, QueueClosed
@@ -385,7 +385,7 @@ class PersistentQueue(ABC):
             "memory_target": self.memory_target,
             "paged_out": self.paged_out,
             # Not ending in _age: Kestrel clients read `queue_<name>_<...>_age` as a queue name too.
-            "head_wait_ms": self.clock.now_ms() - mem[0].add_time if self.length and mem else 0,
+            "head_wait_ms": age_ms(self.clock.now_ms(), mem[0].add_time) if self.length and mem else 0,
             "read_behind": int(self._behind is not None),
             "journal_format": self.journal_format,
         }
@@ -631,7 +631,7 @@ class PersistentQueue(ABC):
             else:
                 taken = self._take_each(count, now, transaction, max_bytes)
             if taken:
-                self.current_age = max(0, now - taken[-1].add_time)
+                self.current_age = age_ms(now, taken[-1].add_time)
                 if held:
                     self.total_transactions -= len(taken)
             self._commit()
