@@ -144,6 +144,29 @@ def test_a_queue_page_keeps_its_history_while_it_is_asked_for(server: ServerStat
     assert latest["items"][-2:] == [21, 31] and latest["in"][-1] == 10.0
 
 
+def test_the_charts_times_stay_in_order_and_apart_as_the_samples_were_through_a_wall_clock_step(
+        server: ServerState, runtime: ManualRuntime) -> None:
+    """The charts take an ascending time axis: each sample's time is told back from the latest
+    snapshot's by the monotonic time since, so a step back of the wall clock (NTP, a VM resumed)
+    shifts the history with it rather than sending the lines back an hour."""
+    dashboard = Dashboard(server)
+    server.collection.put("jobs", [b"x"])
+
+    def histories() -> tuple[list[int], list[int], int]:
+        reply = dashboard.respond("/dashboard/queue.json", "name=jobs", None)
+        assert reply is not None
+        document = overview(dashboard)
+        return document["history"]["time"], json.loads(reply[2])["history"]["time"], document["time_ms"]
+
+    for step in (0, 0, -3_600_000, 0, 7_200_000):
+        runtime.clock.step(step)
+        runtime.clock.advance(1000)
+        times, queue_times, now = histories()
+    assert [now - t for t in times] == [4000, 3000, 2000, 1000, 0]
+    assert [now - t for t in queue_times] == [3000, 2000, 1000, 0]  # kept from its page's first ask
+    assert now == runtime.clock.now_ms()
+
+
 def test_the_state_of_a_queue() -> None:
     config = QueueConfig(max_memory_size=1000)
     plain = {"read_only": 0, "read_behind": 0, "memory_target": 1000}

@@ -58,19 +58,23 @@ def queue_state(stats: dict[str, int], config: QueueConfig, flow_control: bool) 
 
 
 class Series:
-    """A few figures sampled at snapshot times, oldest first, at most HISTORY_POINTS of them; a
-    sample of None values marks a gap (no snapshot for a while)."""
+    """A few figures sampled at snapshot times (the server clock's monotonic seconds), oldest first,
+    at most HISTORY_POINTS of them; a sample of None values marks a gap (no snapshot for a while)."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.points: deque[tuple[int, tuple[float | None, ...]]] = deque(maxlen=HISTORY_POINTS)
+        self.points: deque[tuple[float, tuple[float | None, ...]]] = deque(maxlen=HISTORY_POINTS)
 
-    def add(self, time_ms: int, values: tuple[float | None, ...]) -> None:
-        self.points.append((time_ms, values))
+    def add(self, taken: float, values: tuple[float | None, ...]) -> None:
+        self.points.append((taken, values))
 
-    def columns(self) -> dict[str, list[Any]]:
-        """{"time": [ms, ...], name: [value, ...], ...}: the layout the page's charts take."""
-        out: dict[str, list[Any]] = {"time": [t for t, _ in self.points]}
+    def columns(self, now: Snapshot) -> dict[str, list[Any]]:
+        """{"time": [ms, ...], name: [value, ...], ...}: the layout the page's charts take. Each
+        sample's time is told back from snapshot `now`'s wall-clock time by the monotonic time
+        since: the times stay in order, as far apart as the samples were, whatever steps the wall
+        clock took meanwhile (the charts take an ascending time axis)."""
+        times = [now.time_ms - round((now.taken - t) * 1000) for t, _ in self.points]
+        out: dict[str, list[Any]] = {"time": times}
         for i, name in enumerate(self.names):
             out[name] = [values[i] for _, values in self.points]
         return out
@@ -155,17 +159,17 @@ class Figures:
         self._counts = counts
         rates = None
         if seconds is None:
-            self._history.add(snapshot.time_ms, (None, None, None))  # a gap
+            self._history.add(snapshot.taken, (None, None, None))  # a gap
         else:
             rates = {"in": round(sum(r[0] for r in snapshot.rates.values()), 1),
                      "out": round(sum(r[1] for r in snapshot.rates.values()), 1)}
             items = sum(count[1] for count in counts.values())
-            self._history.add(snapshot.time_ms, (rates["in"], rates["out"], items))
+            self._history.add(snapshot.taken, (rates["in"], rates["out"], items))
         self._sample_watched(snapshot, counts if seconds is not None else None)
         journal_io = {event: {"count": count, "seconds": seconds}
                       for event, (count, seconds) in metrics.storage_totals().items()}
         document.update(time_ms=snapshot.time_ms, max_queues=server.config.max_queues, rates=rates,
-                        journal_io=journal_io, history=self._history.columns(), columns=COLUMNS)
+                        journal_io=journal_io, history=self._history.columns(snapshot), columns=COLUMNS)
         head = json.dumps(document, separators=(",", ":"))
         snapshot.body = f'{head[:-1]},"rows":[{",".join(pieces)}]}}'.encode()
         busy += time.thread_time() - started  # CPU: a loaded machine's waits do not count
@@ -205,6 +209,6 @@ class Figures:
         for name, (_, series) in self._watched.items():
             rates = snapshot.rates.get(name)
             if counts is None or name not in counts or rates is None:
-                series.add(snapshot.time_ms, (None, None, None))
+                series.add(snapshot.taken, (None, None, None))
             else:
-                series.add(snapshot.time_ms, (counts[name][1], *rates))
+                series.add(snapshot.taken, (counts[name][1], *rates))

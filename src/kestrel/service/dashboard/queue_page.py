@@ -51,7 +51,7 @@ def queue_document(server: ServerState, figures: Figures, name: str) -> dict[str
         "refused": None,
         "stats": stats,
         "rates": None if rates is None else {"in": rates[0], "out": rates[1]},
-        "history": figures.watch(name).columns(),
+        "history": figures.watch(name).columns(snapshot),
         "settings": [{"name": key, "value": value, "unit": setting_unit(key)}
                      for key, value in config.values().items()],
         "files": [asdict(f) for f in q.journal_files()],
