@@ -821,6 +821,41 @@ def test_a_restart_past_the_window_warns_naming_it(tmp_path: Path) -> None:
     assert "duplicates nothing if it comes within 1 s (0.4375 of autoAbortMs) of the stop" in late[0]["event"]
 
 
+def test_reads_in_flight_are_confirmed_early_through_a_step_of_the_drivers_wall_clock_back(
+        server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper judged a read's age by the driver's wall clock alone: stepped back an hour after the
+    fetch, it confirmed nothing early, and the server (its auto-abort on its monotonic clock) put the
+    items back after autoAbortMs, to be delivered again."""
+    import types
+
+    from kestrel.client import Server
+    from kestrel.pipeline import stream_source
+
+    address = f"127.0.0.1:{server.thrift_port}"
+    direct = Server("127.0.0.1", server.thrift_port)
+    direct.put("events", [b"%d" % i for i in range(10)])
+    (tmp_path / "metadata").write_text("{}")
+    auto_abort_s = 4.0
+    reader = stream_source.KestrelStreamReader({"servers": address, "queue": "events",
+                                                "checkpointLocation": str(tmp_path),
+                                                "autoAbortMs": str(int(auto_abort_s * 1000))})
+    end = {"source": reader.source_key, "batch": 0, "take": {address: {"events": 10}}, "split": 10}
+    try:
+        (partition,) = reader.partitions({"source": reader.source_key, "batch": -1}, end)
+        fetched = time.monotonic()
+        assert sum(rows.num_rows for rows in reader.read(partition)) == 10  # fetched and logged
+        assert isinstance(partition, stream_source.StreamPartition)
+        stepped = types.SimpleNamespace(time=lambda: time.time() - 3600, monotonic=time.monotonic)
+        monkeypatch.setattr(stream_source, "time", stepped)  # the driver's wall clock, an hour back
+        wait_until(lambda: wal.is_confirmed(partition.path), "the early confirm", timeout=2 * auto_abort_s)
+        assert time.monotonic() - fetched >= auto_abort_s / 2  # not before the rule's age, nor after the server
+        wait_until(lambda: not reader._in_flight, "the confirmed file to be forgotten")
+        assert direct.peek("events").items == 0 and direct.peek("events").open_transactions == 0
+        assert wal.returned(reader.root) == 0
+    finally:
+        reader.stop()
+
+
 class FakeSession:
     """A SparkSession as `register` and `drain` see it: what they register, and a query that ends as
     told."""

@@ -91,7 +91,11 @@ ONCE_REFUSED = ("kestrel stream: Trigger.Once is not supported; use .trigger(ava
 
 # Reads in flight are confirmed once older than half of autoAbortMs, looked at every sixteenth of
 # it: a driver that stops leaves none at risk for longer than 9/16 of autoAbortMs after its fetch,
-# so a restart within 7/16 of autoAbortMs of the stop duplicates nothing (RESTART_WINDOW).
+# so a restart within 7/16 of autoAbortMs of the stop duplicates nothing (RESTART_WINDOW). A read's
+# age is the wall clock's since its fetch, or, where the driver's wall clock stepped back, the time
+# its monotonic clock has run since the keeper first saw the log file plus the fetch's own time:
+# short of the true age by the file's writing and one look of the keeper (COMMIT_WATCH_S), so
+# through such a step the window is that much, a few tens of ms, narrower.
 EARLY_CONFIRM = 1 / 2
 KEEPER_PERIOD = 1 / 16
 RESTART_WINDOW = 1 - EARLY_CONFIRM - KEEPER_PERIOD
@@ -148,13 +152,13 @@ def read_partition(partition: StreamPartition) -> Iterator[Any]:
         logged = wal.read_items(partition.path)
     else:
         check_shared(partition)
-        started = time.time()
+        started, began = time.time(), time.monotonic()
         # A server failing mid-fetch leaves this batch shorter; the next batch asks it again.
         taken = take_open_reads(partition.server, partition.queue, partition.quota, partition.auto_abort_ms,
                                 partition.timeout_ms)
         logged = wal.Logged(taken.items, taken.added, taken.expiry)
         header = wal.WalHeader(partition.server, started, len(taken.ids), partition.queue,
-                               opened_at=partition.opened_at, took=time.time() - started,
+                               opened_at=partition.opened_at, took=time.monotonic() - began,
                                auto_abort_ms=partition.auto_abort_ms)
         if not wal.write_partition(partition.path, header, taken.ids, logged):
             logged = wal.read_items(partition.path)  # another attempt logged first: its rows stand
@@ -220,6 +224,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._wake = threading.Event()  # committed batches may wait to be confirmed
         self._stopped = threading.Event()
         self._keeper: threading.Thread | None = None  # started by the first planning, in the driver
+        # log files not yet confirmed, as the keeper saw them: their fetch's wall time, and a time on
+        # the driver's monotonic clock no earlier than the fetch (see `_watch_in_flight`)
+        self._in_flight: dict[str, tuple[float, float]] = {}
 
     def _identity(self, listed: list[str], servers: str) -> str:
         """The stream's name in the checkpoint and in Spark's offsets: what it reads (the set of
@@ -581,16 +588,37 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with self.confirming:
                 committed = self._committed()
                 self._confirm_up_to(committed)
+                self._watch_in_flight()
                 if time.monotonic() < early_due:
                     continue
                 early_due = time.monotonic() + period
-                for batch in wal.batches(self.root):
-                    for path in wal.batch_files(self.root, batch):
-                        if wal.is_confirmed(path):
-                            continue
-                        header, _ = wal.read_ids(path)
-                        if time.time() - header.fetched_at > self.auto_abort_ms * EARLY_CONFIRM / 1000.0:
-                            self._confirm(path)
+                half = self.auto_abort_ms * EARLY_CONFIRM / 1000.0
+                for path, (fetched_at, since) in list(self._in_flight.items()):
+                    if max(time.time() - fetched_at, time.monotonic() - since) > half and self._confirm(path):
+                        del self._in_flight[path]
+
+    def _watch_in_flight(self) -> None:
+        """Note each log file not yet confirmed as the keeper first sees it (it looks every
+        COMMIT_WATCH_S while a batch is in flight), and forget those confirmed since.
+
+        The fetch's wall time comes from the executor's clock, and the driver's may step (NTP, a
+        resumed VM): stepped back, it would find the reads younger than they are and confirm them
+        after the server, whose auto-abort runs on its monotonic clock, had put them back. So each
+        file also gets a time on the driver's monotonic clock no earlier than its fetch began: when
+        first seen, less the fetch's own time (the file is written after it). The age counted from
+        it is never more than the reads' own, so no read is confirmed sooner than the rule says."""
+        now = time.monotonic()
+        seen: dict[str, tuple[float, float]] = {}
+        for batch in wal.batches(self.root):
+            for path in wal.batch_files(self.root, batch):
+                if wal.is_confirmed(path):
+                    continue
+                if path in self._in_flight:
+                    seen[path] = self._in_flight[path]
+                else:
+                    header, _ = wal.read_ids(path)
+                    seen[path] = (header.fetched_at, now - max(0.0, header.took or 0.0))
+        self._in_flight = seen
 
     def stop(self) -> None:
         """Confirm what the sink committed. The reads of a batch it did not commit stay open: the

@@ -51,7 +51,7 @@ class WalHeader:
     queue: str | None = None  # absent from files of versions that read one queue per source
     timed: bool = False  # each item's add time and expiry follow the items (absent from earlier files)
     opened_at: int | None = None  # when the server had opened the queue (peek_items), at planning
-    took: float | None = None  # seconds the fetch took
+    took: float | None = None  # seconds the fetch took, on the monotonic clock (earlier versions: the wall)
     auto_abort_ms: int | None = None  # what the reads were opened with (absent from earlier files)
 
     def returned_at(self, auto_abort_ms: int) -> float:
