@@ -588,7 +588,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with self.confirming:
                 committed = self._committed()
                 self._confirm_up_to(committed)
-                self._watch_in_flight()
+                self._watch_in_flight(committed)
                 if time.monotonic() < early_due:
                     continue
                 early_due = time.monotonic() + period
@@ -597,9 +597,10 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if max(time.time() - fetched_at, time.monotonic() - since) > half and self._confirm(path):
                         del self._in_flight[path]
 
-    def _watch_in_flight(self) -> None:
-        """Note each log file not yet confirmed as the keeper first sees it (it looks every
-        COMMIT_WATCH_S while a batch is in flight), and forget those confirmed since.
+    def _watch_in_flight(self, committed: int) -> None:
+        """Note each log file of a batch the sink has not committed (those of one it has are
+        `_confirm_up_to`'s) and not yet confirmed, as the keeper first sees it (it looks every
+        COMMIT_WATCH_S while a batch is in flight), and forget the rest.
 
         The fetch's wall time comes from the executor's clock, and the driver's may step (NTP, a
         resumed VM): stepped back, it would find the reads younger than they are and confirm them
@@ -610,12 +611,13 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = time.monotonic()
         seen: dict[str, tuple[float, float]] = {}
         for batch in wal.batches(self.root):
+            if batch <= committed:
+                continue
             for path in wal.batch_files(self.root, batch):
-                if wal.is_confirmed(path):
-                    continue
-                if path in self._in_flight:
-                    seen[path] = self._in_flight[path]
-                else:
+                known = self._in_flight.get(path)  # (the keeper's own confirm forgets its file)
+                if known is not None:
+                    seen[path] = known
+                elif not wal.is_confirmed(path):
                     header, _ = wal.read_ids(path)
                     seen[path] = (header.fetched_at, now - max(0.0, header.took or 0.0))
         self._in_flight = seen
