@@ -246,6 +246,28 @@ def test_a_reload_turning_fanout_only_off_leaves_no_acknowledged_item_to_a_resta
 
 
 @pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_reload_changing_a_parent_s_fanout_only_leaves_its_children_sharing_its_settings(
+        tmp_path: Path, fmt: str) -> None:
+    """A child takes its parent's settings and is never fanout-only: a reload turning the parent
+    fanout-only named each child among the queues keeping a changed setting until a restart, and gave
+    each a copy of the settings of its own, held apart from its parent's later reloads."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path, {"journal_format": fmt}, {"p": {"max_items": 10}})
+    coll.queue("p")
+    coll.queue("p+c")
+    with capture_logs() as logs:
+        coll.reload(QueueConfigs({"journal_format": fmt}, {"p": {"max_items": 10, "fanout_only": True}}), {})
+    assert [e["queues"] for e in logs if e["event"].startswith("reload ignored")] == [{"p": ["fanout_only"]}]
+    assert coll.queue("p+c").config is coll.configs.for_queue("p+c")
+    coll.put("p", [b"x"])
+    assert (coll.queue("p").length, coll.queue("p+c").length) == (1, 1)  # the parent keeps it until a restart
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
 def test_a_parent_made_fanout_only_by_a_restart_serves_what_it_held_and_stores_no_put(tmp_path: Path,
                                                                                      fmt: str) -> None:
     """As Kestrel's: a fanout-only parent stores no put, and serves the items it held before, which

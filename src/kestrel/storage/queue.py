@@ -1298,8 +1298,12 @@ class PersistentQueue(ABC):
         """New settings from a reload (those fixed at creation stay: `keeping_fixed`)."""
 
     def reload_ignores(self, config: QueueConfig) -> list[str]:
-        """The settings whose change in `config` a reload leaves until a restart."""
-        return [key for key in self.fixed_settings if getattr(config, key) != getattr(self.config, key)]
+        """The settings whose change in `config` a reload leaves until a restart. A child's
+        `fanout_only`, which it takes from its parent's settings, is none: no child is fanout-only
+        (`fanout_only`), so a reload changing it changes nothing there, and the child goes on sharing
+        its parent's settings object."""
+        return [key for key in self.fixed_settings if getattr(config, key) != getattr(self.config, key)
+                and not (key == "fanout_only" and self._is_child)]
 
     def keeping_fixed(self, config: QueueConfig) -> QueueConfig:
         """`config` with the settings fixed at this queue's creation as they are: `config` itself
