@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 from functools import partial
 from typing import Any
 
@@ -262,3 +263,23 @@ def test_a_held_reply_handing_out_reads_to_a_client_still_there_goes_out(pair: A
         assert received(client, 5) == b"now\r\n" and asked == [[7]]
     finally:
         replies.release()
+
+
+def test_a_connection_whose_reply_waits_for_the_disk_is_not_idle_until_it_has_gone_out() -> None:
+    """`client_timeout` counts the silence of a client that owes the next request: one waiting for a
+    reply held for a slow fsync is waiting for the server, and its idle time starts once the reply has
+    gone out (a 2 s fsync closed connections with a 1 s client_timeout under every write)."""
+    a, client = gevent.socket.socketpair()
+    io = ClientSocket(accepted(a), 4096, idle_timeout=0.2)
+    replies = Replies(io, ServerStats(started=0))
+    turn = Turn(1)
+    replies.acks.last = turn
+    replies.send(b"STORED\r\n")  # held for the turn's fsync
+    gevent.spawn_later(0.5, partial(settle, replies, turn))  # the fsync takes longer than the idle time-out
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        io.receive(bytearray(), between_requests=True)
+    assert received(client, 8) == b"STORED\r\n"
+    assert 0.5 + 0.2 <= time.monotonic() - started < STALL_S  # idle from the reply on, not from the request
+    a.close()
+    client.close()

@@ -169,6 +169,7 @@ class Replies:
             self._first_turn = last
             self._first = data
             self._first_reads = reads
+            self.io.owed = True
         else:
             self.stats.bytes_written += len(data)
             return True
@@ -206,6 +207,7 @@ class Replies:
         else:
             self._first_turn = self._first = self._first_reads = None
             more.clear()
+            self.io.replied()
         self._held_bytes -= len(data)
         self.stats.bytes_written += len(data)
         if gone:
@@ -231,6 +233,7 @@ class Replies:
         self._first_turn = self._first = self._first_reads = None
         self._more.clear()
         self._held_bytes = 0
+        self.io.replied()
         for held in reads:
             if held is not None:
                 self._unsent(held)

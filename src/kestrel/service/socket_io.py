@@ -290,6 +290,9 @@ class ClientSocket:
         self._idle_waiting = False  # a wait between requests is under way
         self._active = 0.0  # when that wait began, or input last came to the hub meanwhile
         self._idle_over = False  # the timer found the connection idle for idle_timeout: ending its wait
+        # A reply is held for the disk (src/kestrel/service/replies.py): the client waits for the
+        # server, not the server for it, so the connection is not idle until it has gone out (`replied`).
+        self.owed = False
         self._readable: Readable | None = None  # the waits for input, made at the first
         self._serving: Callable[[int], bool] | None = None  # `serve_from_hub`'s, while it waits
         self._serving_into: bytearray | None = None  # the input it receives into meanwhile
@@ -449,19 +452,26 @@ class ClientSocket:
         """The idle timer's callback, in the hub: a connection waiting between requests with no
         input for `idle_timeout` has its wait ended (TimeoutError in its greenlet); else the timer
         is armed again for what is left of the time-out (all of it, for a connection in a request,
-        whose wait has yet to begin), as Redis checks a client's last interaction in its cron."""
+        whose wait has yet to begin, or owing a reply held for the disk), as Redis checks a
+        client's last interaction in its cron."""
         timeout = self.idle_timeout
         assert timeout is not None and self._readable is not None
         self._idle.close()
         self._idle = None
         left = timeout
-        if self._idle_waiting:
+        if self._idle_waiting and not self.owed:
             left = self._active + timeout - _monotonic()
             if left <= 0:
                 self._idle_over = True
                 self._readable.wake()
                 return
         self._arm_idle(left)
+
+    def replied(self) -> None:
+        """The replies held for the disk have gone out (or never will): the client owes the next
+        request from now on, and its idle time starts now."""
+        self.owed = False
+        self._active = _monotonic()
 
     def send_some(self, data: bytes | memoryview) -> int:
         """How much of `data` the socket takes at once (0: no room), never waiting: what a reply
