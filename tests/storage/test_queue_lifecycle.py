@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gc
 import os
+import time
 from functools import partial
 from pathlib import Path
 
@@ -388,3 +391,27 @@ def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path
     coll = open_collection(tmp_path)  # the alias gone: every item served
     assert drain(coll, "jobs") == [b"j1", b"j2"]
     coll.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_queue_whose_creation_failed_on_the_disk_is_created_again_from_what_it_left(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fsync error (EIO) failing a creation may leave files behind (a Kestrel 3 writer file,
+    made before the manifest's fsync failed): the next creation reads them rather than start new
+    ones beside them, which the next start refused as an older writer file the manifest does not
+    list."""
+    coll = _collection(tmp_path, fmt)
+    coll.queue("other")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with contextlib.suppress(OSError):  # (Kestrel 2 creates its journal without an fsync)
+        coll.put("fresh", [b"one"])
+    monkeypatch.undo()
+    time.sleep(0.002)  # a later millisecond: a new writer file would have a name of its own
+    assert coll.put("fresh", [b"two"]) == 1
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "fresh")[-1:] == [b"two"]
+    again.close()

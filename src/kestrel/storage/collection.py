@@ -83,8 +83,9 @@ class QueueCollection:
         # and keep their files as they are; every other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
         # After `load`: the owner (`files.file_owner`) of every file in the queue path, and of every
-        # queue created since. A new queue owning none has no file to look for: creating it reads
-        # no directory (None before `load`: each new queue lists the path for its own files).
+        # queue whose creation was tried since. A new queue owning none has no file to look for:
+        # creating it reads no directory (None before `load`: each new queue lists the path for its
+        # own files).
         self._owners: set[str] | None = None
         self._kestrel3: Kestrel3Journals[Kestrel3Queue] = Kestrel3Journals(path, runtime, salvage=salvage)
         self.fanouts = Fanouts()
@@ -273,6 +274,11 @@ class QueueCollection:
         files = None if scanned is None else scanned.get(name, JournalFiles())
         owners = self._owners
         fresh = scanned is None and owners is not None and name not in owners
+        if owners is not None:
+            # From its first try on: one that fails (an fsync error) may leave files, which the next
+            # looks for and takes up (a second Kestrel 3 writer file beside them was refused at the
+            # next start, older than the one the manifest lists).
+            owners.add(name)
         if scanned is not None and plus and name not in scanned and self._readers_left:
             # a Kestrel 3 reader loading with its queue: one fewer still to load
             self._readers_left -= 1
@@ -298,8 +304,6 @@ class QueueCollection:
         q.note_change()  # the governor looks at what it loaded
         q.age_held_items()
         q.watch_expiry(self._watch_expiry)
-        if owners is not None:
-            owners.add(name)
         if self.waits_ended:
             q.end_waits()
         self.fanouts.add(name)
