@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,23 @@ def test_a_run_that_passes_or_fails_without_a_crash_reports_nothing(tmp_path: Pa
     assert (passed.returncode, failed.returncode) == (0, 3)
     assert "crash report" not in passed.stderr + failed.stderr
     assert (tmp_path / "core.unrelated").exists()  # written before the run: not its dump
+
+
+def test_a_folder_removed_while_the_report_looks_for_dumps_is_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another pytest run beside this one removes its older directories while the report walks
+    them: the walk raised FileNotFoundError and ended `make test` with a traceback of its own."""
+    kept, removed = tmp_path / "kept", tmp_path / "removed"
+    kept.mkdir()
+    (removed / "crashes").mkdir(parents=True)
+    (kept / "core").write_bytes(b"not a dump")
+    scandir = os.scandir
+
+    def gone_meanwhile(path: Any) -> Any:
+        if Path(path) == removed / "crashes":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", gone_meanwhile)
+    assert crash_report.walked_cores(tmp_path) == [kept / "core"]
+    assert crash_report.dumps(tmp_path, tmp_path) == {}  # named like one, but no ELF core

@@ -55,7 +55,7 @@ def dumps(where: Path, below: Path | None) -> dict[Path, int]:
     with its change time in ns: a dump written during a run is one not there before, or changed since
     (the file system's clock is coarser than the process's, so a time taken at the start cannot
     tell)."""
-    named = [*where.glob("core*"), *(below.rglob("core*") if below is not None and below.is_dir() else ())]
+    named = [*where.glob("core*"), *(walked_cores(below) if below is not None else ())]
     found: dict[Path, int] = {}
     for path in named:
         if (path.name == "core" or path.name.startswith("core.")) and is_dump(path):
@@ -64,6 +64,14 @@ def dumps(where: Path, below: Path | None) -> dict[Path, int]:
             except OSError:
                 continue
     return found
+
+
+def walked_cores(below: Path) -> list[Path]:
+    """The files named like dumps anywhere below `below`: `os.walk` passes over a folder removed while
+    it walks (pytest removes its older directories, another run beside this one its own), where
+    `rglob` raised and the report ended the run with a traceback of its own."""
+    return [Path(folder, name) for folder, _, files in os.walk(below) for name in files
+            if name.startswith("core")]
 
 
 def new_dumps(before: dict[Path, int], now: dict[Path, int]) -> list[Path]:
