@@ -14,6 +14,7 @@ import gevent
 import pytest
 
 from kestrel.storage import QueueCollection
+from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime
 from tests.support.queues import drain, open_collection, reopen
@@ -407,7 +408,7 @@ def test_a_queue_whose_creation_failed_on_the_disk_is_created_again_from_what_it
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing)
-    with contextlib.suppress(OSError):  # (Kestrel 2 creates its journal without an fsync)
+    with contextlib.suppress(JournalWriteError):  # (Kestrel 2 creates its journal without an fsync)
         coll.put("fresh", [b"one"])
     monkeypatch.undo()
     time.sleep(0.002)  # a later millisecond: a new writer file would have a name of its own
@@ -415,3 +416,25 @@ def test_a_queue_whose_creation_failed_on_the_disk_is_created_again_from_what_it
     again = reopen(coll)
     assert again.refused == {} and drain(again, "fresh")[-1:] == [b"two"]
     again.close()
+
+
+@pytest.mark.parametrize("fmt, sync", [("kestrel2", "always"), ("kestrel3", "never"), ("kestrel3", "always")])
+def test_a_creation_the_disk_fails_says_which_queue_and_why(
+        tmp_path: Path, fmt: str, sync: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fsync error (EIO) failing a new queue's files is a journal write that failed, named as
+    every other is (the queue, the system's reason), not an OSError the protocols answer as an
+    internal error; nothing is created, and the next reference tries again."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync})
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(JournalWriteError, match="queue 'fresh' .*: Input/output error") as err:
+        coll.put("fresh", [b"one"])
+    assert err.value.queue == "fresh" and not err.value.disk_full
+    assert coll.get("fresh") is None and coll.queue_creates == 0
+    monkeypatch.undo()
+    assert coll.put("fresh", [b"two"]) == 1
+    assert drain(coll, "fresh") == [b"two"]
+    coll.close()

@@ -221,7 +221,8 @@ class QueueCollection:
         """The queue called `name`, created (and its journal replayed) on first reference.
 
         Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
-        descriptors: the queues it has keep working), QueueDamaged (refused at start-up).
+        descriptors: the queues it has keep working), QueueDamaged (refused at start-up),
+        JournalWriteError (its files could not be made or fsynced: the next reference tries again).
         """
         q = self._queues.get(name)
         if q is not None:
@@ -298,6 +299,11 @@ class QueueCollection:
                 raise TooManyQueues(f"cannot create queue {name!r}: out of file descriptors "
                                     f"({len(self._queues)} queues open; raise the limit or lower "
                                     f"max_queues)") from None
+            if scanned is None:  # made by a request: answered as any other journal write that failed
+                failure = JournalWriteError(name, e.filename or self.path, e)
+                log.error("cannot create the queue: its files cannot be written", queue=name,
+                          error=str(failure))
+                raise failure from None
             raise
         self._queues[name] = q
         q.note_changes_to(self._note_change)
