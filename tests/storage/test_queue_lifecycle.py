@@ -6,6 +6,7 @@ import contextlib
 import errno
 import gc
 import os
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from kestrel.storage import QueueCollection
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import ManualRuntime
+from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.queues import drain, open_collection, reopen
 
 FORMATS = ["kestrel2", "kestrel3"]
@@ -438,3 +439,52 @@ def test_a_creation_the_disk_fails_says_which_queue_and_why(
     assert coll.put("fresh", [b"two"]) == 1
     assert drain(coll, "fresh") == [b"two"]
     coll.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("runtime", [ThreadsRuntime, ManualRuntime])
+def test_a_close_fsyncs_the_queues_side_by_side(tmp_path: Path, fmt: str, runtime: type[Runtime],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop waits for about one fsync, not one a queue: every queue's final fsync is in flight at
+    once (a thread each, or the runtime's pool), and what they made durable is all there after."""
+    coll = open_collection(tmp_path, {"journal_format": fmt}, runtime=runtime())
+    names = [f"q{i}" for i in range(4)]
+    for name in names:
+        coll.put(name, [name.encode()])
+    real, guard, inside, peak = os.fdatasync, threading.Lock(), [0], [0]
+
+    def slow(fd: int) -> None:
+        with guard:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        time.sleep(0.5)
+        with guard:
+            inside[0] -= 1
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    coll.close()
+    monkeypatch.undo()
+    assert peak[0] == len(names)
+    again = open_collection(tmp_path, {"journal_format": fmt})
+    assert {name: drain(again, name) for name in names} == {name: [name.encode()] for name in names}
+    again.close()
+
+
+def test_a_close_that_fails_closes_every_other_queue_and_keeps_the_first_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One queue whose final fsync fails stops no other queue's close; the close raises its error."""
+    coll = open_collection(tmp_path, runtime=ManualRuntime())
+    for name in ("a", "b", "c"):
+        coll.put(name, [b"x"])
+    real = os.fdatasync
+
+    def failing(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/b"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        coll.close()
+    assert [q.closed for q in (coll.get("a"), coll.get("c"))] == [True, True]

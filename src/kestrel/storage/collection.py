@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -42,6 +43,10 @@ log = structlog.get_logger("kestrel.collection")
 # The queues a log line names at most (its `count` says how many there were): a reload changing a
 # default that 10,000 queues inherit names the first of them.
 LOGGED_NAMES: Final = 100
+# The queues a shutdown closes side by side (`QueueCollection.close`): as many fsyncs as one round of
+# the group commit issues at once (`fsync/group_commit.py` MAX_THREADS); the threads runtime starts a
+# thread for each.
+CLOSED_AT_ONCE: Final = 64
 
 
 class QueueCollection:
@@ -632,14 +637,36 @@ class QueueCollection:
             q.end_waits()
 
     def close(self) -> None:
-        """Stop the sweeper and close every queue (journals flushed and fsynced)."""
+        """Stop the sweeper and close every queue (journals flushed and fsynced), then the commit log.
+
+        The queues close side by side, `CLOSED_AT_ONCE` at a time, each in a task of the runtime: their
+        final fsyncs overlap (one round of the group commit, or a thread each), so that a stop waits
+        for about one fsync rather than one a file. Each queue's own files close in their order, and
+        the commit log only once every queue has. Raises the first error a queue's close raised,
+        once the others are closed (the commit log is then left for the next start's recovery).
+        """
         self.closed = True
         if self.governor is not None:
             self.governor.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        for q in list(self._queues.values()):
-            q.close()
+        queues = list(self._queues.values())
+        failed: list[Exception] = []
+        for first in range(0, len(queues), CLOSED_AT_ONCE):
+            tasks = [self.runtime.spawn(partial(_close_queue, q, failed))
+                     for q in queues[first:first + CLOSED_AT_ONCE]]
+            for task in tasks:
+                task.join()
+        if failed:
+            raise failed[0]
         if self.commit_log is not None:
             self.commit_log.close()
+
+
+def _close_queue(q: PersistentQueue, failed: list[Exception]) -> None:
+    """Close `q` in a task of `QueueCollection.close`, noting in `failed` what its close raised."""
+    try:
+        q.close()
+    except Exception as e:
+        failed.append(e)
