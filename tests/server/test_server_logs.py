@@ -214,7 +214,7 @@ def test_a_reload_of_an_emptied_file_is_refused_and_a_reload_names_each_queue_it
     srv = server_factory({"queues": {"jobs": {"sync_journal": "always"}, "mail": {"max_items": 5}}})
     stats = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
     try:
-        assert stats.set("jobs", b"x") and stats.set("mail", b"y")
+        assert stats.set("jobs", b"x", noreply=False) and stats.set("mail", b"y", noreply=False)  # stored
         srv.config_path.write_text("")  # cut off: nothing of the file reached the disk
         with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as mc:
             mc.sendall(b"reload\r\n")

@@ -488,3 +488,36 @@ def test_a_close_that_fails_closes_every_other_queue_and_keeps_the_first_error(
     with pytest.raises(OSError, match="Input/output error"):
         coll.close()
     assert [q.closed for q in (coll.get("a"), coll.get("c"))] == [True, True]
+
+
+@pytest.mark.parametrize("fmt, sync, name", [("kestrel2", "always", "fresh"), ("kestrel3", "never", "fresh"),
+                                             ("kestrel3", "always", "fresh"), ("kestrel3", "never", "jobs+audit")])
+def test_a_creation_waits_for_its_fsyncs_off_the_loop_and_is_made_once(
+        tmp_path: Path, fmt: str, sync: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new queue's fsyncs (its journal's folder; a Kestrel 3 queue's first file, manifest and
+    checkpoint) run on the runtime's pool: the creating call waits for them while every other task
+    runs on, and a second call naming the queue meanwhile waits for that one creation."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync})
+    coll.put("jobs", [b"parent"])  # (a child reads the journal of a parent already serving)
+    real = os.fsync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.4)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    gaps: list[float] = []
+    creating = [gevent.spawn(partial(coll.put, name, [b"x"])) for _ in range(2)]
+    last = time.monotonic()
+    while not all(g.ready() for g in creating):
+        gevent.sleep(0.01)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    monkeypatch.undo()
+    assert [g.get() for g in creating] == [1, 1]
+    assert sum(gaps) >= 0.4 and max(gaps) < 0.2  # it waited, and the loop never stalled for a fsync
+    assert coll.queue_creates == 2 and drain(coll, name) == [b"x", b"x"]
+    again = reopen(coll)
+    assert again.refused == {} and name in again.queue_names()
+    again.close()

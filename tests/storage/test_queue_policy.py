@@ -188,6 +188,7 @@ def test_a_wait_ends_at_its_deadline_or_with_the_item_that_arrives(tmp_path: Pat
                                                                     journal_format: str) -> None:
     runtime = ManualRuntime()
     coll = make(tmp_path, journal_format, runtime=runtime)
+    coll.queue("q")  # (first: a creation waits for its files' fsyncs off the loop, in real time)
     late = gevent.spawn(partial(coll.remove, "q", 1, False, 0.05))
     gevent.sleep(0)
     runtime.advance(49)

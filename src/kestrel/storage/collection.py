@@ -268,7 +268,9 @@ class QueueCollection:
 
     def _set_up(self, name: str, parent_name: str, plus: str, scanned: dict[str, JournalFiles] | None
                 ) -> PersistentQueue:
-        if scanned is None and self.max_queues is not None and len(self._queues) >= self.max_queues:
+        # The others being created count too: a creation waits for its fsyncs off the loop.
+        if (scanned is None and self.max_queues is not None and len(self._queues)
+                + sum(other not in self._queues for other in self._creating) - 1 >= self.max_queues):
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)

@@ -220,24 +220,35 @@ class JournalWriter:
         self._holds = 0
         self._closed_held: list[int] | None = None
 
-    def open(self) -> None:
-        """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors)."""
+    def open(self, name_later: bool = False) -> None:
+        """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
+        A file it creates has its name made durable too, by an fsync of its folder on the loop (a
+        change never yields), or, with `name_later`, by the caller's `sync_name` (a queue's creation,
+        which may wait)."""
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
-        if created and (self.sync_ms == 0 or self.log is not None):
+        if created and (self.sync_ms == 0 or self.log is not None) and not name_later:
             disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
+
+    def sync_name(self) -> None:
+        """Make the name of the file `open` created (`name_later`) durable where the sync policy or
+        the commit log asks: its folder's fsync on the runtime's thread pool, the caller waiting and
+        the other tasks going on. Raises OSError."""
+        if self.sync_ms == 0 or self.log is not None:
+            self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
-        creates it: the queue is found again after a restart). Raises OSError."""
+        creates it: the queue is found again after a restart), its folder's fsync on the runtime's
+        thread pool (the creation waits, the other tasks go on). Raises OSError."""
         if self.fd >= 0 or self.size or os.path.exists(self.path):
             return
         os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
         if self.sync_ms == 0:
-            disk.fsync_path(os.path.dirname(self.path) or ".")
+            self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets

@@ -460,8 +460,21 @@ class WriterJournal:
         if self.files:
             self._writer = self._file_writer(self.files[-1])
         else:
-            self.rotate()
+            self._start_first()
+
+    def _start_first(self) -> None:
+        """A new queue's first file, its name made durable off the loop (the creation waits). (A
+        method of its own: read where `__init__` set it to None, `_writer` would be taken for None
+        by the compiled build after `rotate` set it.)"""
+        self.rotate(first=True)
+        writer = self._writer
+        assert writer is not None
+        try:
+            writer.sync_name()
             self.commit()
+        except BaseException:
+            writer.close(sync=False)  # its descriptor: no journal holds it (the file stays)
+            raise
 
     @staticmethod
     def _rewrite_header(path: str) -> None:
@@ -528,10 +541,11 @@ class WriterJournal:
         (`JournalWriter.falls_back`)."""
         return self._writer is not None and self._writer.falls_back()
 
-    def rotate(self) -> WriterFile:
+    def rotate(self, first: bool = False) -> WriterFile:
         """Start the next file (an empty file holds just the header) without yielding to other
         greenlets; the previous one is fsynced and closed in the background, the header reaches the
-        disk with the next commit, and the log line is written after."""
+        disk with the next commit, and the log line is written after. The `first` file of a new
+        queue leaves its name to the caller (`JournalWriter.sync_name`)."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
@@ -541,6 +555,7 @@ class WriterJournal:
         info = WriterFile(number, path)
         writer = self._file_writer(info)
         try:
+            writer.open(name_later=first)
             writer.append(k3.WRITER_MAGIC)
         except BaseException:
             # (a full disk): the file it created holds nothing, and would be a stray at the next start

@@ -390,7 +390,8 @@ class Kestrel3Journal(Generic[R]):
                                   max(self._keeper.manifest.high_id, self.writer.tail_id))
         if fresh != self._keeper.manifest:  # unchanged since the last stop: no write
             self._keeper.manifest.files = {}
-            self._keeper.update(dict(files), high_id=self.writer.tail_id)
+            # on the thread pool, with its fsyncs (a new queue's creation waits, the loop serves on)
+            self.owner.runtime.run_blocking(self._keeper.update, dict(files), self.writer.tail_id)
 
     def _unlisted(self) -> dict[str, manifest.Entry]:
         """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
@@ -623,12 +624,19 @@ class ReaderFile:
             self.entry = manifest.seal(self.path)  # what the file holds (appends only extend it)
         else:  # a new reader: the items already written are not its own
             progress = ReaderCheckpoint(start)
-            write_checkpoint(queue_path, queue, reader, progress, sync=sync_ms is not None)
             self.entry = checkpoint_entry(progress)
-            written(reader, self.entry, None)
+            # Its file, then its manifest entry, with their fsyncs, off the loop: every reader of the
+            # writer journal waits at its gate meanwhile (the tail this reader starts at stays put,
+            # no file it reads goes), the other queues are served.
+            gate.off_loop(self._create, progress, sync_ms is not None)
         self.head = progress.head
         self.done = set(progress.done)
         self.writer = self._writer(sync_ms)
+
+    def _create(self, progress: ReaderCheckpoint, sync: bool) -> None:
+        """On the thread pool: a new reader's checkpoint file written, then listed in the manifest."""
+        write_checkpoint(self.queue_path, self.queue, self.reader, progress, sync=sync)
+        self.written(self.reader, self.entry, None)
 
     def _writer(self, sync_ms: int | None) -> JournalWriter:
         writer = JournalWriter(self.path, sync_ms, self.runtime)
