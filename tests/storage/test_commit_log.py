@@ -838,6 +838,26 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     coll.close()
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_queue_created_under_a_periodic_sync_has_its_journals_name_made_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, journal_format: str) -> None:
+    """The log's records name the journal file, so its name must survive a power cut whatever the
+    policy: a Kestrel 2 queue under a periodic sync had its file created without its folder's fsync,
+    and then found there by the first change, which fsyncs only a folder it adds a name to."""
+    synced_dirs: list[str] = []
+    real = disk.fsync_path
+
+    def fsync_path(path: str) -> None:
+        synced_dirs.append(path)
+        real(path)
+
+    monkeypatch.setattr(disk, "fsync_path", fsync_path)
+    coll = collection(tmp_path, sync_journal="1s", journal_format=journal_format)
+    coll.put("q", [b"first"])
+    assert str(tmp_path) in synced_dirs
+    coll.close()
+
+
 class GeventWithFsyncs(GeventRuntime):
     """The server's runtime, whose group commit's fsyncs go through `fsync` (on Python threads), and
     whose commit log checkpoints only when a test says (on a busy machine a test may outlast the

@@ -220,6 +220,13 @@ class JournalWriter:
         self._holds = 0
         self._closed_held: list[int] | None = None
 
+    @property
+    def names_durably(self) -> bool:
+        """Whether a file this writer creates has its folder fsynced, so that its name survives a
+        power cut: under `always`, and wherever the commit log's records name it (a periodic sync
+        too, whose file was created by `create` with no fsync and found there by `open`)."""
+        return self.sync_ms == 0 or self.log is not None
+
     def open(self, name_later: bool = False) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
         A file it creates has its name made durable too, by an fsync of its folder on the loop (a
@@ -230,14 +237,14 @@ class JournalWriter:
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
-        if created and (self.sync_ms == 0 or self.log is not None) and not name_later:
+        if created and self.names_durably and not name_later:
             disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
 
     def sync_name(self) -> None:
         """Make the name of the file `open` created (`name_later`) durable where the sync policy or
         the commit log asks: its folder's fsync on the runtime's thread pool, the caller waiting and
         the other tasks going on. Raises OSError."""
-        if self.sync_ms == 0 or self.log is not None:
+        if self.names_durably:
             self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
 
     def create(self) -> None:
@@ -247,7 +254,7 @@ class JournalWriter:
         if self.fd >= 0 or self.size or os.path.exists(self.path):
             return
         os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
-        if self.sync_ms == 0:
+        if self.names_durably:
             self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
 
     def append(self, data: bytes) -> None:
