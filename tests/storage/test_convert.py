@@ -149,6 +149,21 @@ def test_a_fanout_only_parent_gets_an_empty_default_reader(tmp_path: Path) -> No
     assert k2_items(tmp_path, "feed") == [] and [d for d, _, _ in k2_items(tmp_path, "feed+only")] == [b"x"]
 
 
+def test_queues_named_up_to_the_longest_name_convert_both_ways(tmp_path: Path) -> None:
+    """A temporary repeated the queue's name (`<queue>~~convert-<queue>.<ms>`): past about 115 bytes
+    it was longer than a file name may be, and the conversion failed with "File name too long"."""
+    long = "é" * 98 + "xx"  # 198 bytes: its child "+c" reaches the 200 a name may have
+    coll = k2_collection(tmp_path)
+    coll.put(f"{long}+c", [b"first"])
+    coll.put(long, [b"a", b"b"])
+    coll.close()
+    before = {q: k2_items(tmp_path, q) for q in (long, f"{long}+c")}
+    run(tmp_path, "kestrel3")
+    assert [d for d, _, _ in k3_items(tmp_path, long, "c")] == [b"first", b"a", b"b"]
+    run(tmp_path, "kestrel2")
+    assert {q: k2_items(tmp_path, q) for q in before} == before
+
+
 STEPS = ["written", "switched", "renamed", "deleted", "finished"]
 
 

@@ -86,6 +86,18 @@ def pack_temporary_name(queue: str, timestamp: int) -> str:
     return f"{queue}{TEMPORARY_MARK}{timestamp}"
 
 
+CONVERSION_MARK = TEMPORARY_MARK + "convert-"
+
+
+def conversion_temporary_name(queue: str, final: str) -> str:
+    """`<queue>~~convert-<suffix>`: file `final` (`<queue>` or `<queue><suffix>`) of `queue` written
+    by `kestrel journal convert` before it is renamed into place. The queue's name is not repeated
+    after the mark: a name of 200 bytes and its suffix then stay within a file name's 255."""
+    if not final.startswith(queue):
+        raise ValueError(f"{final!r} is no file of queue {queue!r}")
+    return _file_name(f"{queue}{CONVERSION_MARK}{final[len(queue):]}")
+
+
 def is_temporary(file_name: str) -> bool:
     return TEMPORARY_MARK in file_name
 

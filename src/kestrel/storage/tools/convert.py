@@ -84,13 +84,6 @@ class Converted:
     notes: list[str] = field(default_factory=list)
 
 
-TEMPORARY_INFIX = filenames.TEMPORARY_MARK + "convert-"
-
-
-def _temporary(queue: str, final: str) -> str:
-    return f"{queue}{TEMPORARY_INFIX}{final}"
-
-
 def _manifest_name(queue: str) -> str:
     """The queue's manifest, relative to the queue path (in the server's own directory)."""
     return os.path.join(filenames.OWN_DIRECTORY, filenames.manifest_name(queue))
@@ -99,7 +92,7 @@ def _manifest_name(queue: str) -> str:
 def _remove_temporaries(queue_path: str, unit: str | None = None) -> None:
     """Delete the new files of a conversion that did not reach its switch (of `unit` only, if given)."""
     for entry in os.scandir(queue_path):
-        owner, infix, _ = entry.name.partition(TEMPORARY_INFIX)
+        owner, infix, _ = entry.name.partition(filenames.CONVERSION_MARK)
         if infix and (unit is None or owner.partition("+")[0] == unit):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
@@ -181,8 +174,9 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
                 item_id += 1
                 yield k3.encode(k3.Put(item_id, item.errors, item.add_time, item.expiry or None, item.data))
 
-    _write_file(os.path.join(queue_path, _temporary(unit, writer_name)), puts())
-    intent.renames.append((_temporary(unit, writer_name), writer_name))
+    temporary = filenames.conversion_temporary_name(unit, writer_name)
+    _write_file(os.path.join(queue_path, temporary), puts())
+    intent.renames.append((temporary, writer_name))
     total = sum(len(items) for _, items in blocks)
     record = manifest.Manifest(KESTREL3, {writer_name: manifest.Entry()}, high_id=total)
     first = 1
@@ -190,15 +184,16 @@ def _to_kestrel3(queue_path: str, unit: str, members: list[str], clock: Clock) -
         last = first + len(items) - 1
         checkpoint = ReaderCheckpoint(first - 1, frozenset(range(last + 1, total + 1)))
         final = filenames.reader_file_name(unit, reader)
-        _write_file(os.path.join(queue_path, _temporary(unit, final)), [encode_checkpoint(checkpoint)])
-        intent.renames.append((_temporary(unit, final), final))
+        temporary = filenames.conversion_temporary_name(unit, final)
+        _write_file(os.path.join(queue_path, temporary), [encode_checkpoint(checkpoint)])
+        intent.renames.append((temporary, final))
         record.files[final] = checkpoint_entry(checkpoint)
         first = last + 1
     # The unit's new manifest replaces the Kestrel 2 one of the same name in its rename.
     record_name = _manifest_name(unit)
-    _write_file(os.path.join(queue_path, _temporary(unit, filenames.manifest_name(unit))),
-                [manifest.encode(record)])
-    intent.renames.append((_temporary(unit, filenames.manifest_name(unit)), record_name))
+    temporary = filenames.conversion_temporary_name(unit, filenames.manifest_name(unit))
+    _write_file(os.path.join(queue_path, temporary), [manifest.encode(record)])
+    intent.renames.append((temporary, record_name))
     intent.deletes = [d for d in intent.deletes if d != record_name]
     for path in stray_checkpoints(queue_path, unit):  # ids from 1 now: its head would skip new items
         copy = layout.set_aside(queue_path, path, "stray", now)
@@ -228,8 +223,9 @@ def _to_kestrel2(queue_path: str, unit: str) -> tuple[Intent, Converted]:
             raise ConvertError(f"{name!r} already has Kestrel 2 journal files in {queue_path}")
         tally = _Tally()
         records = _addx_records(queue_path, unit, read_checkpoint(readers.get(reader)), tally)
-        _write_file(os.path.join(queue_path, _temporary(name, name)), records)
-        intent.renames.append((_temporary(name, name), name))
+        temporary = filenames.conversion_temporary_name(name, name)
+        _write_file(os.path.join(queue_path, temporary), records)
+        intent.renames.append((temporary, name))
         result.items[name] = tally.items
         if tally.with_errors:
             result.notes.append(f"{name}: the error counts of {tally.with_errors} items are not kept "
