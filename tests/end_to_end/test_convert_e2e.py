@@ -115,3 +115,28 @@ def test_the_tools_are_refused_beside_a_server_whose_lock_file_was_removed(serve
     assert done.returncode == 3, done.stdout + done.stderr
     assert "in use" in done.stderr and str(srv.queue_path) in done.stderr, done.stderr
     assert take_all(srv, "q") == [b"x"]
+
+
+def test_a_stray_kestrel2_file_beside_a_kestrel3_queue_refuses_that_queue_alone(server_factory: Any) -> None:
+    """An editor's or a copy's `jobs.1234.pack` beside a Kestrel 3 queue stopped the whole server with
+    a `journal_format` error naming a convert command, which refused in turn; `serve --check` called
+    it a bad setting. Now `serve --check` passes, the start refuses `jobs` alone naming the file, and
+    the other queues serve."""
+    from thriftpy2.thrift import TApplicationException
+
+    srv = server_factory({"default_queue": {"journal_format": "kestrel3"}})
+    put(srv, "jobs", [b"one"])
+    put(srv, "other", [b"kept"])
+    srv.stop()
+    (srv.queue_path / "jobs.1234.pack").write_bytes(b"\x01junk")
+    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
+                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    srv.start()
+    assert take_all(srv, "other") == [b"kept"]
+    with pytest.raises(TApplicationException, match=r"Kestrel 2 journal files \(jobs.1234.pack\) beside Kestrel 3"):
+        take_all(srv, "jobs")
+    srv.stop()
+    (srv.queue_path / "jobs.1234.pack").unlink()
+    srv.start()
+    assert take_all(srv, "jobs") == [b"one"]

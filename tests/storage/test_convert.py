@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from kestrel.storage import QueueCollection, formats
 from kestrel.storage.clock import FakeClock
-from kestrel.storage.errors import ConfigError, ConvertError, CorruptJournalError, QueuePathInUse
+from kestrel.storage.errors import (
+    ConfigError,
+    ConvertError,
+    CorruptJournalError,
+    QueueDamaged,
+    QueuePathInUse,
+)
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3.codec import WRITER_MAGIC
 from kestrel.storage.kestrel3.files import (
@@ -239,6 +245,48 @@ def test_start_up_refuses_files_in_the_other_format_naming_the_convert_command(t
     with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
         k2_collection(tmp_path, fmt="kestrel3")
     assert drain(k2_collection(tmp_path), "jobs") == [b"b", b"d", b"e"]
+
+
+@pytest.mark.parametrize(("fmt", "stray"), [("kestrel3", "jobs.1234.pack"), ("kestrel3", "jobs"),
+                                             ("kestrel3", "jobs.1234"), ("kestrel2", "jobs.9999999999999")])
+def test_a_file_of_the_other_format_beside_a_queue_s_files_refuses_that_queue_alone_naming_it(
+        tmp_path: Path, fmt: str, stray: str) -> None:
+    """A stray or copied file of the other format beside a queue's files: the start refused the whole
+    server, naming a convert command that refused in turn ("the manifest lists kestrel3 files where
+    the queue's files are kestrel2"), and neither named the file. Now the queue is refused alone,
+    the files of both formats named, by the start, `check` and `convert`; moved out, it serves."""
+    expected = make_k3(tmp_path) if fmt == "kestrel3" else make_k2(tmp_path)
+    coll = k2_collection(tmp_path, fmt=fmt)
+    coll.put("other", [b"kept"])
+    coll.close()
+    (tmp_path / stray).write_bytes(WRITER_MAGIC + b"copied" if fmt == "kestrel2" else b"\x01junk")
+    coll = k2_collection(tmp_path, fmt=fmt)
+    assert drain(coll, "other") == [b"kept"]
+    with pytest.raises(QueueDamaged, match=r"Kestrel 2 journal files \(.+\) beside Kestrel 3 writer files") as refused:
+        coll.queue("jobs")
+    assert f"{stray})" in str(refused.value) or f"{stray}," in str(refused.value)
+    coll.close()
+    out = io.StringIO()
+    assert check.check(str(tmp_path), [], out) == 1
+    assert f"jobs: refused: journal file {tmp_path}/" in out.getvalue() and "move the others out" in out.getvalue()
+    output = run(tmp_path, "kestrel2" if fmt == "kestrel3" else "kestrel3")
+    assert "jobs: not converted: " in output and stray in output and "jobs: converted" not in output
+    run(tmp_path, fmt, "other")  # back, so that `other` loads under `fmt` again
+    (tmp_path / stray).unlink()
+    coll = k2_collection(tmp_path, fmt=fmt)
+    assert [d for d, _, _ in expected] == drain(coll, "jobs")
+    coll.close()
+
+
+def test_a_writer_file_of_zeros_is_judged_as_the_kestrel3_queue_s_damage_not_as_another_format(tmp_path: Path) -> None:
+    """Zeros are what a power cut leaves of a file's unwritten start: no format's mark, so the queue's
+    own loader judges the file (and names its header), rather than call it a Kestrel 2 file."""
+    make_k3(tmp_path)
+    (tmp_path / "jobs.1999999999999").write_bytes(bytes(16))
+    coll = k2_collection(tmp_path, fmt="kestrel3")
+    with pytest.raises(QueueDamaged, match=r"header 00 00 00 00 is neither a Kestrel 3 writer journal"):
+        coll.queue("jobs")
+    coll.close()
 
 
 def test_a_stray_reader_checkpoint_beside_kestrel2_journals_leaves_the_queue_kestrel2_for_tools_and_start(

@@ -145,15 +145,17 @@ def report_config_error(error: ConfigError) -> int:
 
 def _format_refusals(config: ServerConfig) -> list[ConfigError]:
     """What a start would refuse of the queues on disk: those whose files are in the other format
-    than their `journal_format` (none while the queue path is not there yet)."""
+    than their `journal_format` (none while the queue path is not there yet). A queue a start refuses
+    alone (`formats.refused_before_load`: files in both formats, say) is no setting's fault."""
     try:
         on_disk = formats.queues_on_disk(config.queue_path,
                                          lambda name: config.queues.for_queue(name).journal_format)
+        refused = formats.refused_on_disk(config.queue_path)
     except OSError:
         return []  # the start says what is wrong with the path
     return [formats.format_refusal(config.queue_path, name, found, wanted)
             for name, found in sorted(on_disk.items())
-            if found != (wanted := config.queues.for_queue(name).journal_format)]
+            if name not in refused and found != (wanted := config.queues.for_queue(name).journal_format)]
 
 
 def read_config(args: argparse.Namespace) -> ServerConfig:

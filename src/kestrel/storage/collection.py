@@ -21,7 +21,6 @@ from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, QueueConfigs, chec
 from kestrel.storage.errors import (
     CorruptJournalError,
     InvalidQueueName,
-    JournalFileShared,
     JournalWriteError,
     QueueDamaged,
     TooManyQueues,
@@ -170,7 +169,7 @@ class QueueCollection:
         self._loading = len(found.queues) + found.readers
         self._readers_left = found.readers
         try:
-            self._load_found(found.queues, formats.shared_files(found))
+            self._load_found(found.queues, formats.refused_before_load(found))
         finally:
             self._loading = self._waiting = self._readers_left = 0
             self._kestrel3.loaded()
@@ -179,15 +178,16 @@ class QueueCollection:
                         queues=len(self._queues), max_queues=self.max_queues)
         self._warn_masked()
 
-    def _load_found(self, queues: dict[str, JournalFiles], shared: Mapping[str, JournalFileShared]) -> None:
+    def _load_found(self, queues: dict[str, JournalFiles],
+                    refused: Mapping[str, CorruptJournalError]) -> None:
         ignored = formats.ignored_names(queues)
         for index, name in enumerate(sorted(queues, key=formats.load_order)):
             self._waiting = len(queues) - index - 1 + self._readers_left
             if name in ignored:
                 log.warning("ignoring journal with an invalid queue name", file=name, reason=ignored[name])
                 continue
-            if name in shared:  # before anything opens its files: it would write another queue's
-                self._refuse(name, shared[name])
+            if name in refused:  # before anything opens its files (it would write another queue's)
+                self._refuse(name, refused[name])
                 continue
             formats.check_format(self.path, name, queues[name], self.config_for(name).journal_format)
             try:

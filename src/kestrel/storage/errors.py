@@ -110,6 +110,30 @@ class JournalFileShared(CorruptJournalError):
                 f"changed (--salvage does not apply)")
 
 
+class JournalFormatsMixed(CorruptJournalError):
+    """Raised at start-up for a queue whose files are in both journal formats: Kestrel 3 writer files
+    beside a file only Kestrel 2 has (the live journal `q`, a pack, a `q.<n>` without a writer header):
+    a stray or copied file. Neither format reads the other's, and `kestrel journal convert` cannot
+    join them: the queue is refused alone, the files of each format named; nothing is changed."""
+
+    refusal = "its files are in both journal formats"
+
+    def __init__(self, kestrel2: list[str], kestrel3: list[str]) -> None:
+        reason = (f"Kestrel 2 journal files ({_file_list(kestrel2)}) beside Kestrel 3 writer files "
+                  f"({_file_list(kestrel3)}), and a queue's files are in one format")
+        super().__init__(kestrel2[0], 0, None, reason)
+        self.args = (f"journal file {kestrel2[0]}: {reason}",)
+
+    def remedy(self) -> str:
+        return ("keep the files of the format the queue's journal_format names, move the others out of the "
+                "queue path and restart; nothing was changed (--salvage does not apply)")
+
+
+def _file_list(paths: list[str], shown: int = 3) -> str:
+    names = ", ".join(path.rpartition("/")[2] for path in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
 class QueueDamaged(KestrelError):
     """Raised for every request to a queue whose journal was refused at start-up (the other
     queues serve): names the queue, the damage, and how to proceed."""

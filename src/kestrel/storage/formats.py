@@ -17,10 +17,17 @@ from dataclasses import dataclass, field
 from kestrel.storage import filenames, layout, manifest
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
-from kestrel.storage.errors import ConfigError, CorruptJournalError, InvalidQueueName, JournalFileShared
+from kestrel.storage.errors import (
+    ConfigError,
+    CorruptJournalError,
+    InvalidQueueName,
+    JournalFileShared,
+    JournalFormatsMixed,
+)
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import list_queue_files
 from kestrel.storage.queue_path import JournalFiles, QueueDirectory, scan_queue_dir
+from kestrel.storage.torn_tail import zeros_only
 
 KESTREL2, KESTREL3 = JOURNAL_FORMATS
 
@@ -104,10 +111,43 @@ def shared_files(found: QueueDirectory) -> dict[str, JournalFileShared]:
     return refused
 
 
-def shared_on_disk(queue_path: str) -> dict[str, JournalFileShared]:
-    """`shared_files` of the queue path as it stands, for the tools (a start applies the rule to the
-    scan it loads from)."""
-    return shared_files(scan_queue_dir(queue_path))
+def mixed_formats(files: JournalFiles) -> JournalFormatsMixed | None:
+    """The refusal of a queue whose files are in both formats, or None: Kestrel 3 writer files (`q.<n>`
+    with a writer header) beside a file only Kestrel 2 has (`q`, `q.<ts>.pack`, a `q.<n>` with another
+    header), a stray or copied file. `format_of` would call such files one format by the first it
+    looks at, and the command its refusal names would refuse them in turn. One header read a `q.<n>`."""
+    if not files.rotated:
+        return None
+    kestrel2 = [*([files.live] if files.live else []), *(path for _, path in files.packs)]
+    kestrel3 = []
+    for _, path in files.rotated:
+        try:
+            with open_to_read(path) as f:
+                header = f.read(k3.MAGIC_SIZE)
+        except FileNotFoundError:
+            continue  # gone since the listing (a tool beside a running server)
+        if k3.kind_of(header) is not None:
+            kestrel3.append(path)
+        elif not (k3.unfinished_header(header) or zeros_only(header)):  # either's, or a power cut's
+            kestrel2.append(path)
+    return JournalFormatsMixed(kestrel2, kestrel3) if kestrel2 and kestrel3 else None
+
+
+def refused_before_load(found: QueueDirectory) -> dict[str, CorruptJournalError]:
+    """The queues of a scan a start refuses before opening any of their files: files shared with
+    another queue (`shared_files`), files in both formats (`mixed_formats`)."""
+    refused: dict[str, CorruptJournalError] = {}
+    for name, files in found.queues.items():
+        mixed = mixed_formats(files)
+        if mixed is not None:
+            refused[name] = mixed
+    return {**shared_files(found), **refused}
+
+
+def refused_on_disk(queue_path: str) -> dict[str, CorruptJournalError]:
+    """`refused_before_load` of the queue path as it stands, for the tools and `serve --check` (a
+    start applies the rules to the scan it loads from)."""
+    return refused_before_load(scan_queue_dir(queue_path))
 
 
 def stray_checkpoints(queue_path: str, name: str) -> list[str]:

@@ -19,7 +19,13 @@ from typing import TextIO
 from kestrel.storage import commit_log, damage, layout, lock, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import CorruptJournalError
-from kestrel.storage.formats import KESTREL3, ignored_names, queues_on_disk, shared_on_disk, stray_checkpoints
+from kestrel.storage.formats import (
+    KESTREL3,
+    ignored_names,
+    queues_on_disk,
+    refused_on_disk,
+    stray_checkpoints,
+)
 from kestrel.storage.kestrel2 import journal as kestrel2_journal
 from kestrel.storage.kestrel2.replay import QueueReplay, replay_files
 from kestrel.storage.kestrel3 import codec as k3
@@ -137,7 +143,7 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
             out.write(f"{name}: no such queue in {queue_path}\n")
             damaged += 1
     ignored = ignored_names(on_disk)
-    shared = shared_on_disk(queue_path)
+    refused = refused_on_disk(queue_path)
     for name, fmt in sorted(on_disk.items()):
         if queues and name not in queues:
             continue
@@ -145,8 +151,8 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
             out.write(f"{name!r}: not loaded: {ignored[name]}\n")
             damaged += 1
             continue
-        if name in shared:  # refused at a start, as a damaged queue is
-            out.write(f"{name}: refused: {shared[name]}\n{name}:   {shared[name].remedy()}\n")
+        if name in refused:  # refused at a start, as a damaged queue is
+            out.write(f"{name}: refused: {refused[name]}\n{name}:   {refused[name].remedy()}\n")
             damaged += 1
             continue
         report = Report()

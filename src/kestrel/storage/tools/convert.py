@@ -48,7 +48,7 @@ from kestrel.storage.formats import (
     format_title,
     ignored_names,
     queues_on_disk,
-    shared_on_disk,
+    refused_on_disk,
     step,
     stray_checkpoints,
     write_intent,
@@ -327,8 +327,8 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
         for name, why in sorted(ignored_names(on_disk).items()):
             out.write(f"{name!r}: not converted: {why}\n")
             del on_disk[name]
-        for name, shared in sorted(shared_on_disk(queue_path).items()):  # a start refuses it
-            out.write(f"{name}: not converted: {shared}; {shared.remedy()}\n")
+        for name, refused in sorted(refused_on_disk(queue_path).items()):  # a start refuses it
+            out.write(f"{name}: not converted: {refused}; {refused.remedy()}\n")
             on_disk.pop(name, None)
         units = _units(on_disk, to, named)
         for name in named:
