@@ -140,3 +140,26 @@ def test_a_stray_kestrel2_file_beside_a_kestrel3_queue_refuses_that_queue_alone(
     (srv.queue_path / "jobs.1234.pack").unlink()
     srv.start()
     assert take_all(srv, "jobs") == [b"one"]
+
+
+def test_a_stray_file_in_neither_format_refuses_its_queue_alone_under_kestrel3(server_factory: Any) -> None:
+    """A `core` dumped into the queue path under kestrel3 stopped the whole start ("bad configuration:
+    queues.core.journal_format ... convert them"), and `serve --check` said the same. Now `serve
+    --check` passes, the start refuses `core` alone naming the file, and the other queues serve."""
+    from thriftpy2.thrift import TApplicationException
+
+    srv = server_factory({"default_queue": {"journal_format": "kestrel3"}})
+    put(srv, "other", [b"kept"])
+    srv.stop()
+    (srv.queue_path / "core").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
+    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
+                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    srv.start()
+    assert take_all(srv, "other") == [b"kept"]
+    with pytest.raises(TApplicationException, match=r"core is in neither journal format.* 7f 45 4c 46 .*move "):
+        take_all(srv, "core")
+    srv.stop()
+    (srv.queue_path / "core").unlink()
+    srv.start()
+    assert take_all(srv, "core") == []

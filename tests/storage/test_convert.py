@@ -19,6 +19,7 @@ from kestrel.storage.errors import (
     QueueDamaged,
     QueuePathInUse,
 )
+from kestrel.storage.kestrel2.codec import encode_addx
 from kestrel.storage.kestrel2.replay import replay_queue
 from kestrel.storage.kestrel3.codec import WRITER_MAGIC
 from kestrel.storage.kestrel3.files import (
@@ -276,6 +277,57 @@ def test_a_file_of_the_other_format_beside_a_queue_s_files_refuses_that_queue_al
     coll = k2_collection(tmp_path, fmt=fmt)
     assert [d for d, _, _ in expected] == drain(coll, "jobs")
     coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+@pytest.mark.parametrize(("stray", "data"), [
+    pytest.param(stray, data, id=stray) for stray, data in (
+        ("core", b"\x7fELF\x02\x01\x01" + bytes(64) + b"stack"), ("README", b"Queues live here.\n"),
+        ("r", b"junk"), ("jobs.1234", b"junk"))])
+def test_a_file_in_neither_format_refuses_its_queue_alone_under_either_format(
+        tmp_path: Path, fmt: str, stray: str, data: bytes) -> None:
+    """A stray file named as a journal is (`core`, `README`) that begins with neither a Kestrel 2
+    record nor a Kestrel 3 header: under kestrel3 it stopped the whole start with a `journal_format`
+    error naming a convert command, which failed on it in turn; under kestrel2 it was called a
+    damaged journal. Now, in both formats, its queue alone is refused naming the file and what it
+    begins with, by the start, `check` and `convert`; moved out, the queue loads."""
+    expected = [d for d, _, _ in (make_k3(tmp_path) if fmt == "kestrel3" else make_k2(tmp_path))]
+    coll = k2_collection(tmp_path, fmt=fmt)
+    coll.put("other", [b"kept"])
+    coll.close()
+    (tmp_path / stray).write_bytes(data)
+    queue = stray.partition(".")[0]
+    coll = k2_collection(tmp_path, fmt=fmt)  # the start goes on
+    assert drain(coll, "other") == [b"kept"]
+    with pytest.raises(QueueDamaged, match=r"is in neither journal format") as refused:
+        coll.queue(queue)
+    assert f"file {tmp_path / stray} " in str(refused.value) and data[:4].hex(" ") in str(refused.value)
+    assert "move " in str(refused.value) and "--salvage does not apply" in str(refused.value)
+    coll.close()
+    out = io.StringIO()
+    assert check.check(str(tmp_path), [], out) == 1
+    assert f"{queue}: refused: file {tmp_path / stray} is in neither journal format" in out.getvalue()
+    output = run(tmp_path, "kestrel2" if fmt == "kestrel3" else "kestrel3")
+    assert f"{queue}: not converted: file {tmp_path / stray}" in output and "other: converted" in output
+    assert (tmp_path / stray).read_bytes() == data  # nothing changed
+    run(tmp_path, fmt)  # back, so that the queues load under `fmt` again
+    (tmp_path / stray).unlink()
+    coll = k2_collection(tmp_path, fmt=fmt)
+    assert drain(coll, "jobs") == expected and not coll.refused
+    coll.close()
+
+
+def test_a_journal_that_begins_with_an_opcode_stays_kestrel2_s_however_damaged(tmp_path: Path) -> None:
+    """A file that begins with a Kestrel 2 opcode is a Kestrel 2 journal by its first record: damaged
+    at offset 0 under kestrel2 (--salvage applies), a journal to convert under kestrel3."""
+    addx = [encode_addx(T0, 0, data) for data in (b"one", b"two", b"three")]
+    (tmp_path / "jobs").write_bytes(addx[0][:2] + b"\x10" + addx[0][3:] + addx[1] + addx[2])  # a size too large
+    coll = k2_collection(tmp_path)
+    with pytest.raises(QueueDamaged, match=r"corrupt journal .*jobs at offset 0 \(opcode 2\).*--salvage would"):
+        coll.queue("jobs")
+    coll.close()
+    with pytest.raises(ConfigError, match=r"has Kestrel 2 journal files .* --to kestrel3 .* jobs`"):
+        k2_collection(tmp_path, fmt="kestrel3")
 
 
 def test_a_writer_file_of_zeros_is_judged_as_the_kestrel3_queue_s_damage_not_as_another_format(tmp_path: Path) -> None:

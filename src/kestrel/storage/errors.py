@@ -129,6 +129,26 @@ class JournalFormatsMixed(CorruptJournalError):
                 "queue path and restart; nothing was changed (--salvage does not apply)")
 
 
+class NotAJournalFile(CorruptJournalError):
+    """Raised at start-up for a queue one of whose files is in neither journal format: named as a
+    journal is (`core`, `README`, a junk `q.<n>`) but beginning with neither a Kestrel 2 record nor a
+    Kestrel 3 header. No `journal_format` reads it and no conversion mends it, so it stops no start:
+    the queue is refused alone, under either format, as a damaged one is; nothing is changed."""
+
+    refusal = "a file named as its journal is no journal"
+
+    def __init__(self, path: str, head: bytes) -> None:
+        reason = (f"it begins {head.hex(' ')} ({head!r}): neither a Kestrel 2 record (no opcode is "
+                  f"{head[0]}) nor a Kestrel 3 header")
+        super().__init__(path, 0, None, reason)
+        self.args = (f"file {path} is in neither journal format (a stray file named as a journal is): "
+                     f"{reason}",)
+
+    def remedy(self) -> str:
+        return (f"move {self.path} out of the queue path and restart, the queue loading without it; nothing "
+                "was changed (--salvage does not apply)")
+
+
 def _file_list(paths: list[str], shown: int = 3) -> str:
     names = ", ".join(path.rpartition("/")[2] for path in paths[:shown])
     return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")

@@ -23,7 +23,9 @@ from kestrel.storage.errors import (
     InvalidQueueName,
     JournalFileShared,
     JournalFormatsMixed,
+    NotAJournalFile,
 )
+from kestrel.storage.kestrel2 import codec as k2
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import list_queue_files
 from kestrel.storage.queue_path import JournalFiles, QueueDirectory, scan_queue_dir
@@ -50,13 +52,37 @@ def format_of(files: JournalFiles, configured: str | None = None) -> str:
     file whose header never reached the disk (`k3.unfinished_header`: empty, or its first bytes) could
     be either: it is taken to be in the `configured` format, or else in Kestrel 3's."""
     if files.live is None and not files.packs and files.rotated:
-        with open_to_read(files.rotated[0][1]) as f:
-            header = f.read(k3.MAGIC_SIZE)
+        header = first_bytes(files.rotated[0][1])[:k3.MAGIC_SIZE]
         if k3.kind_of(header) is not None:
             return KESTREL3
         if k3.unfinished_header(header):
             return configured or KESTREL3
     return KESTREL2
+
+
+# What a file's first bytes say of it (`said_by`): Kestrel 2's or 3's, either's, or neither's.
+EITHER, NEITHER = "either", "neither"
+SHOWN_BYTES = 16  # the first bytes read of a file: a header, and what a refusal shows of a stray file
+
+
+def first_bytes(path: str) -> bytes:
+    """The first `SHOWN_BYTES` of a file of the queue path (fewer in a shorter file): the one read of
+    a file's start that tells its format. Raises FileNotFoundError when it is gone."""
+    with open_to_read(path) as f:
+        return f.read(SHOWN_BYTES)
+
+
+def said_by(head: bytes) -> str:
+    """The format a journal file's first bytes say it is in: KESTREL3 by a Kestrel 3 header, KESTREL2
+    by an opcode (a Kestrel 2 journal begins with a record), EITHER for nothing, the start of a
+    writer header a crash cut or a power cut's zeros, NEITHER for anything else: a stray file named
+    like a journal (`core`, `README`), which no format's loader or converter reads."""
+    header = head[:k3.MAGIC_SIZE]
+    if k3.kind_of(header) is not None:
+        return KESTREL3
+    if k3.unfinished_header(header) or zeros_only(header):
+        return EITHER
+    return KESTREL2 if header[0] <= k2.MAX_OPCODE else NEITHER
 
 
 def queues_on_disk(queue_path: str, configured: Callable[[str], str] | None = None) -> dict[str, str]:
@@ -111,36 +137,39 @@ def shared_files(found: QueueDirectory) -> dict[str, JournalFileShared]:
     return refused
 
 
-def mixed_formats(files: JournalFiles) -> JournalFormatsMixed | None:
-    """The refusal of a queue whose files are in both formats, or None: Kestrel 3 writer files (`q.<n>`
-    with a writer header) beside a file only Kestrel 2 has (`q`, `q.<ts>.pack`, a `q.<n>` with another
-    header), a stray or copied file. `format_of` would call such files one format by the first it
-    looks at, and the command its refusal names would refuse them in turn. One header read a `q.<n>`."""
-    if not files.rotated:
-        return None
-    kestrel2 = [*([files.live] if files.live else []), *(path for _, path in files.packs)]
-    kestrel3 = []
-    for _, path in files.rotated:
+def refused_by_content(files: JournalFiles) -> CorruptJournalError | None:
+    """The refusal of a queue by what its files begin with (`said_by`), or None: a file in neither
+    format (`NotAJournalFile`), whichever format the queue is configured in; else Kestrel 3 writer
+    files (`q.<n>` with a writer header) beside a file only Kestrel 2 has (`q`, `q.<ts>.pack`, a
+    `q.<n>` that begins with a record), a stray or copied file (`JournalFormatsMixed`). `format_of`
+    would call such files one format by the first it looks at, and the command its refusal names
+    would refuse them in turn. One read of a file's first bytes."""
+    kestrel2: list[str] = []
+    kestrel3: list[str] = []
+    rotated = {path for _, path in files.rotated}
+    for path in [*files.replay_order(), *(path for _, path in files.packs)]:
         try:
-            with open_to_read(path) as f:
-                header = f.read(k3.MAGIC_SIZE)
+            head = first_bytes(path)
         except FileNotFoundError:
             continue  # gone since the listing (a tool beside a running server)
-        if k3.kind_of(header) is not None:
-            kestrel3.append(path)
-        elif not (k3.unfinished_header(header) or zeros_only(header)):  # either's, or a power cut's
+        said = said_by(head)
+        if said == NEITHER:
+            return NotAJournalFile(path, head)
+        if path not in rotated:  # a live journal or a pack is Kestrel 2's by its name
             kestrel2.append(path)
+        elif said != EITHER:
+            (kestrel3 if said == KESTREL3 else kestrel2).append(path)
     return JournalFormatsMixed(kestrel2, kestrel3) if kestrel2 and kestrel3 else None
 
 
 def refused_before_load(found: QueueDirectory) -> dict[str, CorruptJournalError]:
-    """The queues of a scan a start refuses before opening any of their files: files shared with
-    another queue (`shared_files`), files in both formats (`mixed_formats`)."""
+    """The queues of a scan a start refuses before loading any of their files: files shared with
+    another queue (`shared_files`), a file in neither format or files in both (`refused_by_content`)."""
     refused: dict[str, CorruptJournalError] = {}
     for name, files in found.queues.items():
-        mixed = mixed_formats(files)
-        if mixed is not None:
-            refused[name] = mixed
+        refusal = refused_by_content(files)
+        if refusal is not None:
+            refused[name] = refusal
     return {**shared_files(found), **refused}
 
 
