@@ -521,3 +521,31 @@ def test_a_creation_waits_for_its_fsyncs_off_the_loop_and_is_made_once(
     again = reopen(coll)
     assert again.refused == {} and name in again.queue_names()
     again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_queue_named_while_its_delete_waits_is_created_anew_after_it(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete waits for its queue's final fsync before removing the files: a put naming the queue
+    meanwhile waits for the delete, then creates it from nothing, rather than take up the files the
+    delete then removed under it (its item lost, a Kestrel 3 queue refused at the next start)."""
+    coll = open_collection(tmp_path, {"journal_format": fmt}, runtime=ThreadsRuntime())
+    coll.put("jobs", [b"old"])  # unsynced: the delete's close fsyncs it
+    real, closing = os.fdatasync, threading.Event()
+
+    def slow(fd: int) -> None:
+        closing.set()
+        time.sleep(0.3)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    deleting = threading.Thread(target=coll.delete, args=("jobs",))
+    deleting.start()
+    assert closing.wait(5)
+    assert coll.put("jobs", [b"new"]) == 1
+    deleting.join()
+    monkeypatch.undo()
+    assert coll.queue_creates == 2
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "jobs") == [b"new"]
+    again.close()

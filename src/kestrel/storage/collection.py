@@ -80,9 +80,10 @@ class QueueCollection:
         self.salvage = salvage
         self._lock = runtime.lock()  # creating and deleting queues
         self._queues: dict[str, PersistentQueue] = {}
-        # Queues being created: a creation may wait (an fsync), and under gevent the lock above
-        # takes nothing, so a second client naming the queue meanwhile waits for this event.
-        self._creating: dict[str, Event] = {}
+        # Names whose queue is being created or deleted: either may wait (an fsync), and under gevent
+        # the lock above takes nothing, so a client naming the queue meanwhile waits for this event
+        # (a creation beside a delete took up the files the delete then removed under it).
+        self._changing: dict[str, Event] = {}
         # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
         # and keep their files as they are; every other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
@@ -255,22 +256,23 @@ class QueueCollection:
             existing = self._queues.get(name)
             if existing is not None:
                 return existing
-        creating = self._creating.get(name)
-        if creating is not None:  # another client's creation of it is waiting (an fsync): wait for it
-            creating.wait()
-            return self._create(name, scanned)  # created, or failed: then this one tries
-        self._creating[name] = creating = self.runtime.event()
+        changing = self._changing.get(name)
+        if changing is not None:  # another client's creation or delete of it is waiting (an fsync)
+            changing.wait()
+            return self._create(name, scanned)  # created, or failed or deleted: then this one tries
+        self._changing[name] = changing = self.runtime.event()
         try:
             return self._set_up(name, parent_name, plus, scanned)
         finally:
-            del self._creating[name]
-            creating.set()
+            del self._changing[name]
+            changing.set()
 
     def _set_up(self, name: str, parent_name: str, plus: str, scanned: dict[str, JournalFiles] | None
                 ) -> PersistentQueue:
-        # The others being created count too: a creation waits for its fsyncs off the loop.
+        # The others being created (or deleted: their files are still there) count too: a creation
+        # waits for its fsyncs off the loop.
         if (scanned is None and self.max_queues is not None and len(self._queues)
-                + sum(other not in self._queues for other in self._creating) - 1 >= self.max_queues):
+                + sum(other not in self._queues for other in self._changing) - 1 >= self.max_queues):
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         q = self._new_queue(name, parent_name)
@@ -496,19 +498,30 @@ class QueueCollection:
             raise failed
 
     def delete(self, name: str) -> None:
-        """Drop a queue and its journal files; a parent stops feeding a deleted fanout child."""
+        """Drop a queue and its journal files; a parent stops feeding a deleted fanout child.
+
+        A creation of the name under way is waited for first (then deleted), and a client naming
+        the queue while its files are being closed and removed (its close waits for fsyncs) waits
+        for the delete, then creates it anew from nothing, never from the files going."""
         if name in self.aliases:
             return
         check_queue_name(name)
         self.check_refused(name)  # its files stay as they are until repaired
         with self._lock:
+            while (changing := self._changing.get(name)) is not None:
+                changing.wait()
             q = self._queues.pop(name, None)
             self.fanouts.discard(name)
-        if q is None:
-            return
-        gone = q.destroy()
-        if self._owners is not None:
-            self._owners.difference_update(gone)  # named again, it is created from nothing
+            if q is None:
+                return
+            self._changing[name] = changing = self.runtime.event()
+        try:
+            gone = q.destroy()
+            if self._owners is not None:
+                self._owners.difference_update(gone)  # named again, it is created from nothing
+        finally:
+            del self._changing[name]
+            changing.set()
         # Nothing of the collection's background work holds it past this line: freed now, by
         # reference counting (docs/queue-lifetime.md).
         self._changes.forget(q)
