@@ -15,6 +15,7 @@ import gevent
 import pytest
 
 from kestrel.storage import QueueCollection
+from kestrel.storage.config import QueueConfigs
 from kestrel.storage.errors import JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
@@ -549,3 +550,29 @@ def test_a_queue_named_while_its_delete_waits_is_created_anew_after_it(
     again = reopen(coll)
     assert again.refused == {} and drain(again, "jobs") == [b"new"]
     again.close()
+
+
+@pytest.mark.parametrize("fmt, sync, name", [("kestrel2", "always", "fresh"), ("kestrel3", "never", "fresh"),
+                                             ("kestrel3", "never", "jobs+audit")])
+def test_a_reload_while_a_queue_is_created_applies_to_it(
+        tmp_path: Path, fmt: str, sync: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A creation waits for its fsyncs, and a reload meanwhile sees no such queue yet: the queue
+    takes the settings reloaded as it is set up, not those it was begun with."""
+    defaults = {"journal_format": fmt, "sync_journal": sync}
+    coll = open_collection(tmp_path, defaults)
+    coll.put("jobs", [b"parent"])
+    real = os.fsync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    creating = gevent.spawn(coll.put, name, [b"1"])
+    gevent.sleep(0.05)
+    assert not creating.ready()
+    coll.reload(QueueConfigs(defaults, {name: {"max_items": 1}}), {})
+    assert creating.get() == 1
+    monkeypatch.undo()
+    assert coll.put(name, [b"2"]) == 0  # full at the one item the reload allows
+    coll.close()

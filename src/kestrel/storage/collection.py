@@ -275,6 +275,7 @@ class QueueCollection:
                 + sum(other not in self._queues for other in self._changing) - 1 >= self.max_queues):
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
+        configs = self.configs
         q = self._new_queue(name, parent_name)
         self._serials += 1
         q.serial = self._serials
@@ -314,6 +315,8 @@ class QueueCollection:
                           error=str(failure))
                 raise failure from None
             raise
+        if self.configs is not configs:  # a reload while it waited (an fsync) did not see it: applied now
+            q.reconfigure(self.config_for(name))
         self._queues[name] = q
         q.note_changes_to(self._note_change)
         q.note_change()  # the governor looks at what it loaded
