@@ -576,3 +576,32 @@ def test_a_reload_while_a_queue_is_created_applies_to_it(
     monkeypatch.undo()
     assert coll.put(name, [b"2"]) == 0  # full at the one item the reload allows
     coll.close()
+
+
+@pytest.mark.parametrize("fmt, sync, name", [("kestrel2", "always", "fresh"), ("kestrel3", "always", "jobs+audit")])
+def test_a_close_waits_for_a_creation_under_way_and_closes_its_queue(
+        tmp_path: Path, fmt: str, sync: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A creation still waiting for an fsync as the server closes (its client's connection outlived
+    the shutdown timeout) ends first, and its queue closes with the others: one made after them was
+    never closed, and held a Kestrel 3 parent's journal open past the commit log's close."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync}, commit_log=True)
+    coll.put("jobs", [b"parent"])
+    assert coll.commit_log is not None
+    log_folder = coll.commit_log.directory
+    real = os.fsync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    creating = gevent.spawn(coll.queue, name)
+    gevent.sleep(0.05)
+    assert not creating.ready()
+    coll.close()
+    monkeypatch.undo()
+    assert creating.get().closed and all(coll.get(n).closed for n in coll.queue_names())
+    assert not os.path.isdir(log_folder) or os.listdir(log_folder) == []  # no segment kept for recovery
+    again = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync}, commit_log=True)
+    assert again.refused == {} and name in again.queue_names()
+    again.close()

@@ -659,8 +659,10 @@ class QueueCollection:
 
         The queues close side by side, `CLOSED_AT_ONCE` at a time, each in a task of the runtime: their
         final fsyncs overlap (one round of the group commit, or a thread each), so that a stop waits
-        for about one fsync rather than one a file. Each queue's own files close in their order, and
-        the commit log only once every queue has. Raises the first error a queue's close raised,
+        for about one fsync rather than one a file. A creation or a delete under way (a client's
+        whose connection outlived the shutdown timeout) ends first, so that its queue is among them.
+        Each queue's own files close in their order, and the commit log only once every queue has.
+        Raises the first error a queue's close raised,
         once the others are closed (the commit log is then left for the next start's recovery).
         """
         self.closed = True
@@ -669,6 +671,8 @@ class QueueCollection:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        while self._changing:  # a creation or a delete waiting for an fsync: its queue closes with these
+            next(iter(self._changing.values())).wait()
         queues = list(self._queues.values())
         failed: list[Exception] = []
         for first in range(0, len(queues), CLOSED_AT_ONCE):
