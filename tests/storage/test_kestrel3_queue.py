@@ -7,6 +7,7 @@ import gc
 import io
 import os
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -467,3 +468,29 @@ def test_a_sealed_writer_file_changed_since_is_refused_not_taken_on_its_manifest
     coll = collection(tmp_path, q={"default_journal_size": 1024})
     assert "q" in coll.refused and "manifest" in str(coll.refused["q"])
     coll.close()
+
+
+def test_a_reader_created_beside_another_gets_none_of_what_that_one_was_put(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fanout children created at once: the second waits at the gate while the first writes its
+    checkpoint (an fsync), and the first is then put an item. The second starts at the tail as it
+    stands once its turn comes: the item, never offered to it, is not its own, now or after a restart."""
+    coll = open_collection(tmp_path, {"journal_format": "kestrel3"})
+    coll.put("jobs", [b"parent"])
+    real = os.fsync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    first = gevent.spawn(coll.put, "jobs+a", [b"for a"])
+    gevent.sleep(0.05)
+    second = gevent.spawn(coll.peek, "jobs+b")
+    gevent.joinall([first, second], raise_error=True)
+    monkeypatch.undo()
+    assert first.get() == 1 and second.get() is None
+    assert drain(coll, "jobs+b") == []
+    again = reopen(coll)
+    assert drain(again, "jobs+b") == [] and drain(again, "jobs+a") == [b"for a"]
+    again.close()

@@ -165,6 +165,10 @@ class Kestrel3Queue(PersistentQueue):
         if not self.is_reader:
             return
         writer = self._journal.writer
+        # A new reader starts at the tail as it stands at the gate's turn, where its checkpoint is
+        # written with no yield between: one read before a wait there gave it the items a sibling
+        # reader created meanwhile was put (they were never offered to it).
+        self._gate.wait_turn()
         start = 0 if self.reader in self._journal.fresh else writer.tail_id
         checkpoint = ReaderFile(self.queue_path, self.parent, self.reader, self.config.sync_journal,
                                 start, self._journals.runtime, self._journal.checkpoint_written,
