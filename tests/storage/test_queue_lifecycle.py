@@ -605,3 +605,22 @@ def test_a_close_waits_for_a_creation_under_way_and_closes_its_queue(
     again = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync}, commit_log=True)
     assert again.refused == {} and name in again.queue_names()
     again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_delete_the_disk_fails_says_which_queue_and_why_and_its_files_stay(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete whose close cannot fsync is answered as a failed journal write, as a creation's is,
+    not as an internal error; the files stay, and naming the queue again takes them up."""
+    coll = open_collection(tmp_path, {"journal_format": fmt}, runtime=ManualRuntime())
+    coll.put("jobs", [b"kept"])
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(JournalWriteError, match="'jobs'.*Input/output error"):
+        coll.delete("jobs")
+    monkeypatch.undo()
+    assert drain(coll, "jobs") == [b"kept"]
+    coll.close()

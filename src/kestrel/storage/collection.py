@@ -310,10 +310,8 @@ class QueueCollection:
                                     f"({len(self._queues)} queues open; raise the limit or lower "
                                     f"max_queues)") from None
             if scanned is None:  # made by a request: answered as any other journal write that failed
-                failure = JournalWriteError(name, e.filename or self.path, e)
-                log.error("cannot create the queue: its files cannot be written", queue=name,
-                          error=str(failure))
-                raise failure from None
+                raise self._write_failed(name, e, "cannot create the queue: its files cannot be "
+                                         "written") from None
             raise
         if self.configs is not configs:  # a reload while it waited (an fsync) did not see it: applied now
             q.reconfigure(self.config_for(name))
@@ -332,6 +330,14 @@ class QueueCollection:
             for reader in q.readers_on_disk():
                 self._create(f"{name}+{reader}", scanned)
         return q
+
+    def _write_failed(self, name: str, e: OSError, event: str) -> JournalWriteError:
+        """A creation or a delete of queue `name` that failed on the disk, logged as `event` and
+        answered as any other journal write that failed (naming the queue and the system's reason),
+        not as an internal error with a traceback."""
+        failure = JournalWriteError(name, e.filename or self.path, e)
+        log.error(event, queue=name, error=str(failure))
+        return failure
 
     def _new_queue(self, name: str, parent_name: str) -> PersistentQueue:
         """Queue `name` in its parent's journal format (a fanout child of a Kestrel 3 queue is a
@@ -505,7 +511,9 @@ class QueueCollection:
 
         A creation of the name under way is waited for first (then deleted), and a client naming
         the queue while its files are being closed and removed (its close waits for fsyncs) waits
-        for the delete, then creates it anew from nothing, never from the files going."""
+        for the delete, then creates it anew from nothing, never from the files going. Raises
+        JournalWriteError (its files could not be fsynced or removed: they stay, and the next
+        reference to the queue, or a restart, takes them up)."""
         if name in self.aliases:
             return
         check_queue_name(name)
@@ -522,6 +530,9 @@ class QueueCollection:
             gone = q.destroy()
             if self._owners is not None:
                 self._owners.difference_update(gone)  # named again, it is created from nothing
+        except OSError as e:  # the files stay: naming the queue again (or a restart) takes them up
+            raise self._write_failed(name, e, "cannot delete the queue: its files cannot be written; "
+                                     "they stay, and the next reference to it takes them up") from None
         finally:
             del self._changing[name]
             changing.set()
