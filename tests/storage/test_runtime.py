@@ -380,3 +380,34 @@ def test_a_caller_killed_during_a_blocking_call_takes_its_outcome_then_the_kill(
     assert caller.dead and ended == ["call"]
     assert seen == [errno.ENOSPC if fails else "done"]
     assert isinstance(caller.value, gevent.GreenletExit)
+
+
+def test_a_caller_killed_during_a_blocking_call_is_killed_before_its_next_one() -> None:
+    """A caller making one blocking call after another (a queue's creation: an fsync each) takes
+    the first call's outcome, then the kill as its next call would begin: that call is never made,
+    where the kill, thrown into its wait, was held back again and the caller ran on through them all."""
+    runtime = GeventRuntime()
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def first() -> None:
+        started.set()
+        release.wait(STALL_S)
+        calls.append("first")
+
+    def caller_body() -> None:
+        runtime.run_blocking(first)
+        runtime.run_blocking(calls.append, "second")
+        calls.append("went on")
+
+    caller = gevent.spawn(caller_body)
+    for _ in range(int(STALL_S / 0.01)):
+        if started.is_set():
+            break
+        gevent.sleep(0.01)
+    caller.kill(block=False)
+    gevent.sleep(0.1)
+    release.set()
+    caller.join(STALL_S)
+    assert caller.dead and isinstance(caller.value, gevent.GreenletExit)
+    assert calls == ["first"]

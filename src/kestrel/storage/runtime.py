@@ -177,6 +177,10 @@ class GeventRuntime:
         return NO_LOCK
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        me = getcurrent()
+        held = _held_kills.pop(me, None)
+        if held is not None:  # the call before held a kill back: this call is the next wait it is for
+            raise held
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
         hub = gevent.get_hub()
@@ -190,7 +194,10 @@ class GeventRuntime:
         # again at the caller's next wait, as gevent's kill reaches a greenlet that is running: the
         # caller first takes the call's outcome, which its state must follow (a journal's append
         # written whole is counted, one that failed is cut back and its change undone), where
-        # raising the kill instead left the journal's size, its ids or a torn tail unaccounted.
+        # raising the kill instead left the journal's size, its ids or a torn tail unaccounted. A
+        # next wait that is itself a `run_blocking` raises it before its call begins: thrown into
+        # that call's wait, it was held back again, and a caller making one call after another (a
+        # queue's creation, an fsync each) ran them all and went on, killed at no wait.
         thrown: BaseException | None = None
         while not call.ready():
             try:
@@ -199,7 +206,8 @@ class GeventRuntime:
                 thrown = thrown or e
         disk.workers(-1)
         if thrown is not None:
-            hub.loop.run_callback(_throw, getcurrent(), thrown)
+            _held_kills[me] = thrown
+            hub.loop.run_callback(_throw, me)
         ok, value = call.get()
         if not ok:
             raise value
@@ -218,9 +226,15 @@ class GeventRuntime:
         return group_commit.shared()  # its rounds run on the hub
 
 
-def _throw(waiter: greenlet, error: BaseException) -> None:
-    """`error` thrown into `waiter`, unless it has ended meanwhile (it did not wait again)."""
-    if not waiter.dead:
+# The kill (or time-out) a `run_blocking` call held back, by caller, until the caller's next wait.
+_held_kills: dict[greenlet, BaseException] = {}
+
+
+def _throw(waiter: greenlet) -> None:
+    """The kill held back for `waiter` thrown into it, unless its next `run_blocking` raised it
+    already or it has ended meanwhile (it did not wait again)."""
+    error = _held_kills.pop(waiter, None)
+    if error is not None and not waiter.dead:
         waiter.throw(error)
 
 
