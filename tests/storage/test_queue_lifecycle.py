@@ -16,7 +16,7 @@ import pytest
 
 from kestrel.storage import QueueCollection
 from kestrel.storage.config import QueueConfigs
-from kestrel.storage.errors import JournalWriteError
+from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.queues import drain, open_collection, reopen
@@ -623,4 +623,29 @@ def test_a_delete_the_disk_fails_says_which_queue_and_why_and_its_files_stay(
         coll.delete("jobs")
     monkeypatch.undo()
     assert drain(coll, "jobs") == [b"kept"]
+    coll.close()
+
+
+def test_a_reload_changing_the_format_of_a_queue_being_created_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live queue keeps its files' format, and a reload changing it is refused; a queue whose
+    creation waits for an fsync is made in the format it was begun in, so the same reload is refused
+    for it too (accepted, the next start refused the queue's files)."""
+    defaults = {"journal_format": "kestrel2", "sync_journal": "always"}
+    coll = open_collection(tmp_path, defaults)
+    real = os.fsync
+
+    def slow(fd: int) -> None:
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    creating = gevent.spawn(coll.put, "fresh", [b"1"])
+    gevent.sleep(0.05)
+    assert not creating.ready()
+    with pytest.raises(ConfigError, match="Kestrel 2 journal files"):
+        coll.reload(QueueConfigs(defaults, {"fresh": {"journal_format": "kestrel3"}}), {})
+    assert creating.get() == 1
+    monkeypatch.undo()
+    assert coll.get("fresh") is not None and coll.get("fresh").journal_format == 2
     coll.close()

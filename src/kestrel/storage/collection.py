@@ -244,7 +244,7 @@ class QueueCollection:
             return existing
         self.check_refused(name)
         parent_name, plus, _ = name.partition("+")
-        if plus and self.config_for(parent_name).journal_format == formats.KESTREL3:
+        if plus and self._made_in(name) == formats.KESTREL3:
             # A Kestrel 3 child is a reader of its parent's journal: the parent comes first (and
             # creates the readers it finds). A Kestrel 2 child stands alone, as in Kestrel: its
             # parent is created by its own first reference.
@@ -262,12 +262,12 @@ class QueueCollection:
             return self._create(name, scanned)  # created, or failed or deleted: then this one tries
         self._changing[name] = changing = self.runtime.event()
         try:
-            return self._set_up(name, parent_name, plus, scanned)
+            return self._set_up(name, plus, scanned)
         finally:
             del self._changing[name]
             changing.set()
 
-    def _set_up(self, name: str, parent_name: str, plus: str, scanned: dict[str, JournalFiles] | None
+    def _set_up(self, name: str, plus: str, scanned: dict[str, JournalFiles] | None
                 ) -> PersistentQueue:
         # The others being created (or deleted: their files are still there) count too: a creation
         # waits for its fsyncs off the loop.
@@ -276,7 +276,7 @@ class QueueCollection:
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
         configs = self.configs
-        q = self._new_queue(name, parent_name)
+        q = self._new_queue(name)
         self._serials += 1
         q.serial = self._serials
         q.on_poison = self._poison_to
@@ -339,11 +339,15 @@ class QueueCollection:
         log.error(event, queue=name, error=str(failure))
         return failure
 
-    def _new_queue(self, name: str, parent_name: str) -> PersistentQueue:
-        """Queue `name` in its parent's journal format (a fanout child of a Kestrel 3 queue is a
-        reader of its parent's one writer journal), not yet set up."""
+    def _made_in(self, name: str) -> str:
+        """The journal format a new queue `name` is made in: its parent's (a fanout child of a
+        Kestrel 3 queue is a reader of its parent's one writer journal)."""
+        return self.config_for(name.partition("+")[0]).journal_format
+
+    def _new_queue(self, name: str) -> PersistentQueue:
+        """Queue `name` in the format it is made in (`_made_in`), not yet set up."""
         config = self.config_for(name)
-        if self.config_for(parent_name).journal_format == formats.KESTREL3:
+        if self._made_in(name) == formats.KESTREL3:
             return Kestrel3Queue(name, self.path, config, self.clock, expire_to=self._expire_to,
                                  journals=self._kestrel3)
         return Kestrel2Queue(name, self.path, config, self.clock, expire_to=self._expire_to,
@@ -606,8 +610,12 @@ class QueueCollection:
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
         check_across_queues(configs, aliases)
-        for name, q in self._queues.items():  # a live queue keeps its files' format
-            on_disk, configured = f"kestrel{q.journal_format}", configs.for_queue(name).journal_format
+        # A live queue keeps its files' format; so does one whose creation (or delete) is under way,
+        # made in the format it was begun in: accepted, the next start refused its files.
+        made_in = {name: f"kestrel{q.journal_format}" for name, q in self._queues.items()}
+        made_in.update((name, self._made_in(name)) for name in self._changing if name not in made_in)
+        for name, on_disk in made_in.items():
+            configured = configs.for_queue(name).journal_format
             if on_disk != configured:
                 raise formats.format_refusal(self.path, name, on_disk, configured)
         self.configs = configs
