@@ -484,9 +484,9 @@ def test_a_reader_created_beside_another_gets_none_of_what_that_one_was_put(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", slow)
-    first = gevent.spawn(coll.put, "jobs+a", [b"for a"])
+    first = gevent.spawn(partial(coll.put, "jobs+a", [b"for a"]))
     gevent.sleep(0.05)
-    second = gevent.spawn(coll.peek, "jobs+b")
+    second = gevent.spawn(partial(coll.peek, "jobs+b"))
     gevent.joinall([first, second], raise_error=True)
     monkeypatch.undo()
     assert first.get() == 1 and second.get() is None

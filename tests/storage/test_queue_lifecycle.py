@@ -568,7 +568,7 @@ def test_a_reload_while_a_queue_is_created_applies_to_it(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", slow)
-    creating = gevent.spawn(coll.put, name, [b"1"])
+    creating = gevent.spawn(partial(coll.put, name, [b"1"]))
     gevent.sleep(0.05)
     assert not creating.ready()
     coll.reload(QueueConfigs(defaults, {name: {"max_items": 1}}), {})
@@ -595,7 +595,7 @@ def test_a_close_waits_for_a_creation_under_way_and_closes_its_queue(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", slow)
-    creating = gevent.spawn(coll.queue, name)
+    creating = gevent.spawn(partial(coll.queue, name))
     gevent.sleep(0.05)
     assert not creating.ready()
     coll.close()
@@ -640,7 +640,7 @@ def test_a_reload_changing_the_format_of_a_queue_being_created_is_refused(
         real(fd)
 
     monkeypatch.setattr(os, "fsync", slow)
-    creating = gevent.spawn(coll.put, "fresh", [b"1"])
+    creating = gevent.spawn(partial(coll.put, "fresh", [b"1"]))
     gevent.sleep(0.05)
     assert not creating.ready()
     with pytest.raises(ConfigError, match="Kestrel 2 journal files"):
