@@ -812,20 +812,26 @@ def test_convert_recovers_the_log_one(tmp_path: Path) -> None:
     coll.close()
 
 
+def synced_folders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The folders fsynced from now on (`disk.fsync_path`), in order, as they are."""
+    synced: list[str] = []
+    real = disk.fsync_path
+
+    def fsync_path(path: str) -> None:
+        synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(disk, "fsync_path", fsync_path)
+    return synced
+
+
 def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_are_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     coll = collection(tmp_path, default_journal_size="1KB")
     coll.put("q", [b"first"])  # the queue is created under always
     assert one(coll.remove("q")) is not None
     coll.reload(QueueConfigs({"sync_journal": "never", "default_journal_size": "1KB"}), {})
-    synced_dirs: list[str] = []
-    real = disk.fsync_path
-
-    def fsync_path(path: str) -> None:
-        synced_dirs.append(path)
-        real(path)
-
-    monkeypatch.setattr(disk, "fsync_path", fsync_path)
+    synced_dirs = synced_folders(monkeypatch)
     for _ in range(40):  # the journal passes 1KB empty and is packed: a new live journal starts
         coll.put("q", [b"x" * 40])
         assert one(coll.remove("q")) is not None
@@ -844,14 +850,7 @@ def test_a_queue_created_under_a_periodic_sync_has_its_journals_name_made_durabl
     """The log's records name the journal file, so its name must survive a power cut whatever the
     policy: a Kestrel 2 queue under a periodic sync had its file created without its folder's fsync,
     and then found there by the first change, which fsyncs only a folder it adds a name to."""
-    synced_dirs: list[str] = []
-    real = disk.fsync_path
-
-    def fsync_path(path: str) -> None:
-        synced_dirs.append(path)
-        real(path)
-
-    monkeypatch.setattr(disk, "fsync_path", fsync_path)
+    synced_dirs = synced_folders(monkeypatch)
     coll = collection(tmp_path, sync_journal="1s", journal_format=journal_format)
     coll.put("q", [b"first"])
     assert str(tmp_path) in synced_dirs

@@ -7,7 +7,6 @@ import gc
 import io
 import os
 import threading
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,7 @@ from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
 from tests.support.queues import drain, one, open_collection, reopen
+from tests.support.slow_disk import slow_fsyncs
 
 
 def collection(path: Path, clock: FakeClock | None = None, **settings: Any) -> QueueCollection:
@@ -477,13 +477,7 @@ def test_a_reader_created_beside_another_gets_none_of_what_that_one_was_put(
     stands once its turn comes: the item, never offered to it, is not its own, now or after a restart."""
     coll = open_collection(tmp_path, {"journal_format": "kestrel3"})
     coll.put("jobs", [b"parent"])
-    real = os.fsync
-
-    def slow(fd: int) -> None:
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow)
+    slow_fsyncs(monkeypatch, 0.2)
     first = gevent.spawn(partial(coll.put, "jobs+a", [b"for a"]))
     gevent.sleep(0.05)
     second = gevent.spawn(partial(coll.peek, "jobs+b"))

@@ -20,6 +20,7 @@ from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.queues import drain, open_collection, reopen
+from tests.support.slow_disk import slow_fsyncs
 
 FORMATS = ["kestrel2", "kestrel3"]
 
@@ -500,13 +501,7 @@ def test_a_creation_waits_for_its_fsyncs_off_the_loop_and_is_made_once(
     runs on, and a second call naming the queue meanwhile waits for that one creation."""
     coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": sync})
     coll.put("jobs", [b"parent"])  # (a child reads the journal of a parent already serving)
-    real = os.fsync
-
-    def slow(fd: int) -> None:
-        time.sleep(0.4)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow)
+    slow_fsyncs(monkeypatch, 0.4)
     gaps: list[float] = []
     creating = [gevent.spawn(partial(coll.put, name, [b"x"])) for _ in range(2)]
     last = time.monotonic()
@@ -561,13 +556,7 @@ def test_a_reload_while_a_queue_is_created_applies_to_it(
     defaults = {"journal_format": fmt, "sync_journal": sync}
     coll = open_collection(tmp_path, defaults)
     coll.put("jobs", [b"parent"])
-    real = os.fsync
-
-    def slow(fd: int) -> None:
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow)
+    slow_fsyncs(monkeypatch, 0.2)
     creating = gevent.spawn(partial(coll.put, name, [b"1"]))
     gevent.sleep(0.05)
     assert not creating.ready()
@@ -588,13 +577,7 @@ def test_a_close_waits_for_a_creation_under_way_and_closes_its_queue(
     coll.put("jobs", [b"parent"])
     assert coll.commit_log is not None
     log_folder = coll.commit_log.directory
-    real = os.fsync
-
-    def slow(fd: int) -> None:
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow)
+    slow_fsyncs(monkeypatch, 0.2)
     creating = gevent.spawn(partial(coll.queue, name))
     gevent.sleep(0.05)
     assert not creating.ready()
@@ -633,13 +616,7 @@ def test_a_reload_changing_the_format_of_a_queue_being_created_is_refused(
     for it too (accepted, the next start refused the queue's files)."""
     defaults = {"journal_format": "kestrel2", "sync_journal": "always"}
     coll = open_collection(tmp_path, defaults)
-    real = os.fsync
-
-    def slow(fd: int) -> None:
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow)
+    slow_fsyncs(monkeypatch, 0.2)
     creating = gevent.spawn(partial(coll.put, "fresh", [b"1"]))
     gevent.sleep(0.05)
     assert not creating.ready()
