@@ -35,6 +35,12 @@ def take_all(srv: ServerProcess, queue: str) -> list[bytes]:
         c.close()
 
 
+def serve_check(srv: ServerProcess) -> subprocess.CompletedProcess[str]:
+    """`kestrel serve --check` of the server's config file, as an operator runs it before a start."""
+    return subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+
+
 def test_convert_refuses_while_the_server_runs_and_works_once_it_stopped(server_factory: Any) -> None:
     srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel2"}}})
     put(srv, "jobs", [b"one", b"two"])
@@ -89,8 +95,7 @@ def test_a_journal_format_the_queues_files_lack_is_refused_by_the_check_and_the_
     srv = server_factory({"queues": {"jobs": {"journal_format": "kestrel2"}}})
     put(srv, "jobs", [b"one"])
     srv.config_path.write_text(yaml.safe_dump(dict(srv.config, queues={"jobs": {"journal_format": "kestrel3"}})))
-    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
-                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    checked = serve_check(srv)
     assert checked.returncode == 2, checked.stdout + checked.stderr
     assert f"kestrel journal convert --to kestrel3 {srv.queue_path} jobs" in checked.stderr
     assert srv.proc is not None
@@ -129,8 +134,7 @@ def test_a_stray_kestrel2_file_beside_a_kestrel3_queue_refuses_that_queue_alone(
     put(srv, "other", [b"kept"])
     srv.stop()
     (srv.queue_path / "jobs.1234.pack").write_bytes(b"\x01junk")
-    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
-                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    checked = serve_check(srv)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     srv.start()
     assert take_all(srv, "other") == [b"kept"]
@@ -152,8 +156,7 @@ def test_a_stray_file_in_neither_format_refuses_its_queue_alone_under_kestrel3(s
     put(srv, "other", [b"kept"])
     srv.stop()
     (srv.queue_path / "core").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
-    checked = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--check", "--config", str(srv.config_path)],
-                             capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    checked = serve_check(srv)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     srv.start()
     assert take_all(srv, "other") == [b"kept"]
