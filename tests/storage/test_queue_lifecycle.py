@@ -10,11 +10,12 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import gevent
 import pytest
 
-from kestrel.storage import QueueCollection
+from kestrel.storage import QueueCollection, manifest
 from kestrel.storage.config import QueueConfigs
 from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
@@ -626,3 +627,39 @@ def test_a_reload_changing_the_format_of_a_queue_being_created_is_refused(
     monkeypatch.undo()
     assert coll.get("fresh") is not None and coll.get("fresh").journal_format == 2
     coll.close()
+
+
+def test_a_creation_killed_between_its_calls_on_the_thread_pool_leaves_nothing_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kestrel 3 queue's creation whose client is killed while its manifest is written (a
+    connection ended at a stop's time-out) stops as its reader's checkpoint would be written, the
+    kill raised as that next call on the thread pool begins: what it opened is closed, else its
+    journal stayed open past the commit log's close (its segments kept, an error logged)."""
+    coll = open_collection(tmp_path, {"journal_format": "kestrel3", "sync_journal": "always"}, commit_log=True)
+    assert coll.commit_log is not None
+    log_folder = coll.commit_log.directory
+    real = manifest.Keeper.update
+    writing = threading.Event()
+
+    def slow(keeper: manifest.Keeper, *args: Any) -> None:
+        if not writing.is_set():  # the first: the new queue's manifest
+            writing.set()
+            time.sleep(0.2)
+        real(keeper, *args)
+
+    monkeypatch.setattr(manifest.Keeper, "update", slow)
+    creating = gevent.spawn(partial(coll.queue, "fresh"))
+    for _ in range(100):
+        if writing.is_set():
+            break
+        gevent.sleep(0.01)
+    creating.kill()
+    monkeypatch.undo()
+    assert isinstance(creating.value, gevent.GreenletExit) and coll.queue_names() == []
+    coll.close()
+    assert not os.path.isdir(log_folder) or os.listdir(log_folder) == []  # no segment kept for recovery
+    again = open_collection(tmp_path, {"journal_format": "kestrel3", "sync_journal": "always"}, commit_log=True)
+    assert again.refused == {}
+    again.put("fresh", [b"1"])
+    assert drain(again, "fresh") == [b"1"]
+    again.close()

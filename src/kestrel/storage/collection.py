@@ -299,10 +299,6 @@ class QueueCollection:
             self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)
         try:
             q.setup(files=files, fresh=fresh)
-        except (CorruptJournalError, JournalWriteError):
-            with contextlib.suppress(Exception):
-                q.close()
-            raise
         except OSError as e:
             q.close()
             if e.errno in (errno.EMFILE, errno.ENFILE):
@@ -312,6 +308,14 @@ class QueueCollection:
             if scanned is None:  # made by a request: answered as any other journal write that failed
                 raise self._write_failed(name, e, "cannot create the queue: its files cannot be "
                                          "written") from None
+            raise
+        except BaseException:
+            # Damage, a write refused (JournalWriteError), or a kill of its client (a stop's
+            # time-out), raised as the creation's next call on the thread pool begins: a Kestrel 3
+            # queue's manifest written, its checkpoint not. What it opened is closed, or its journal
+            # stayed open past the commit log's close.
+            with contextlib.suppress(Exception):
+                q.close()
             raise
         if self.configs is not configs:  # a reload while it waited (an fsync) did not see it: applied now
             q.reconfigure(self.config_for(name))
