@@ -122,47 +122,32 @@ def test_the_tools_are_refused_beside_a_server_whose_lock_file_was_removed(serve
     assert take_all(srv, "q") == [b"x"]
 
 
-def test_a_stray_kestrel2_file_beside_a_kestrel3_queue_refuses_that_queue_alone(server_factory: Any) -> None:
-    """An editor's or a copy's `jobs.1234.pack` beside a Kestrel 3 queue stopped the whole server with
-    a `journal_format` error naming a convert command, which refused in turn; `serve --check` called
-    it a bad setting. Now `serve --check` passes, the start refuses `jobs` alone naming the file, and
-    the other queues serve."""
+@pytest.mark.parametrize("queue, held, stray, content, refusal", [
+    ("jobs", [b"one"], "jobs.1234.pack", b"\x01junk", r"Kestrel 2 journal files \(jobs.1234.pack\) beside Kestrel 3"),
+    ("core", [], "core", b"\x7fELF\x02\x01\x01" + bytes(64), r"core is in neither journal format.* 7f 45 4c 46 .*move "),
+], ids=["other-format", "neither-format"])
+def test_a_stray_file_beside_a_kestrel3_queue_refuses_that_queue_alone(
+        server_factory: Any, queue: str, held: list[bytes], stray: str, content: bytes, refusal: str) -> None:
+    """A stray file in the queue path under kestrel3 (an editor's or a copy's `jobs.1234.pack` beside a
+    Kestrel 3 queue; a `core` dumped there, in neither format) stopped the whole start with a
+    `journal_format` error naming a convert command, which refused in turn, and `serve --check` called
+    it a bad setting. Now `serve --check` passes, the start refuses that queue alone naming the file,
+    the other queues serve, and once the file is moved out the queue serves what it held."""
     from thriftpy2.thrift import TApplicationException
 
     srv = server_factory({"default_queue": {"journal_format": "kestrel3"}})
-    put(srv, "jobs", [b"one"])
+    if held:
+        put(srv, queue, held)
     put(srv, "other", [b"kept"])
     srv.stop()
-    (srv.queue_path / "jobs.1234.pack").write_bytes(b"\x01junk")
+    (srv.queue_path / stray).write_bytes(content)
     checked = serve_check(srv)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     srv.start()
     assert take_all(srv, "other") == [b"kept"]
-    with pytest.raises(TApplicationException, match=r"Kestrel 2 journal files \(jobs.1234.pack\) beside Kestrel 3"):
-        take_all(srv, "jobs")
+    with pytest.raises(TApplicationException, match=refusal):
+        take_all(srv, queue)
     srv.stop()
-    (srv.queue_path / "jobs.1234.pack").unlink()
+    (srv.queue_path / stray).unlink()
     srv.start()
-    assert take_all(srv, "jobs") == [b"one"]
-
-
-def test_a_stray_file_in_neither_format_refuses_its_queue_alone_under_kestrel3(server_factory: Any) -> None:
-    """A `core` dumped into the queue path under kestrel3 stopped the whole start ("bad configuration:
-    queues.core.journal_format ... convert them"), and `serve --check` said the same. Now `serve
-    --check` passes, the start refuses `core` alone naming the file, and the other queues serve."""
-    from thriftpy2.thrift import TApplicationException
-
-    srv = server_factory({"default_queue": {"journal_format": "kestrel3"}})
-    put(srv, "other", [b"kept"])
-    srv.stop()
-    (srv.queue_path / "core").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
-    checked = serve_check(srv)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    srv.start()
-    assert take_all(srv, "other") == [b"kept"]
-    with pytest.raises(TApplicationException, match=r"core is in neither journal format.* 7f 45 4c 46 .*move "):
-        take_all(srv, "core")
-    srv.stop()
-    (srv.queue_path / "core").unlink()
-    srv.start()
-    assert take_all(srv, "core") == []
+    assert take_all(srv, queue) == held
