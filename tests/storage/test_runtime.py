@@ -23,6 +23,17 @@ from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
 from tests.support.queues import one
 
+
+def until_begun(started: threading.Event) -> None:
+    """Let the hub run until the blocking call a spawned caller makes has begun on the pool (the
+    call sets `started`); AssertionError after STALL_S."""
+    for _ in range(int(STALL_S / 0.01)):
+        if started.is_set():
+            return
+        gevent.sleep(0.01)
+    raise AssertionError("the blocking call never began")
+
+
 # ---------------------------------------------------------------------------------------------
 # Plain threads
 
@@ -367,11 +378,7 @@ def test_a_caller_killed_during_a_blocking_call_takes_its_outcome_then_the_kill(
         seen.append("not killed")
 
     caller = gevent.spawn(caller_body)
-    for _ in range(int(STALL_S / 0.01)):
-        if started.is_set():
-            break
-        gevent.sleep(0.01)
-    assert started.is_set()
+    until_begun(started)
     caller.kill(block=False)
     gevent.sleep(0.2)
     assert not caller.dead, "the killed caller went on while its call still ran"
@@ -401,10 +408,7 @@ def test_a_caller_killed_during_a_blocking_call_is_killed_before_its_next_one() 
         calls.append("went on")
 
     caller = gevent.spawn(caller_body)
-    for _ in range(int(STALL_S / 0.01)):
-        if started.is_set():
-            break
-        gevent.sleep(0.01)
+    until_begun(started)
     caller.kill(block=False)
     gevent.sleep(0.1)
     release.set()

@@ -217,7 +217,7 @@ class PersistentQueue(ABC):
         self._gate = WriteGate(runtime)
         self._is_child = "+" in name
         # A parent only feeding its fanout children: it stores no put (fixed at creation).
-        self.fanout_only = config.fanout_only and not self._is_child
+        self.fanout_only = self._fanout_only_by(config)
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
         self._opens: dict[int, QItem] = {}  # open reads by id
         self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
@@ -1297,13 +1297,21 @@ class PersistentQueue(ABC):
     def reconfigure(self, config: QueueConfig) -> None:
         """New settings from a reload (those fixed at creation stay: `keeping_fixed`)."""
 
+    def _fanout_only_by(self, config: QueueConfig) -> bool:
+        """Whether `config` makes this queue fanout-only: a parent's setting; a child, which takes its
+        parent's settings, never is."""
+        return config.fanout_only and not self._is_child
+
+    def _fixed_by(self, config: QueueConfig, key: str) -> object:
+        """What fixed setting `key` of `config` makes of this queue."""
+        return self._fanout_only_by(config) if key == "fanout_only" else getattr(config, key)
+
     def reload_ignores(self, config: QueueConfig) -> list[str]:
-        """The settings whose change in `config` a reload leaves until a restart. A child's
-        `fanout_only`, which it takes from its parent's settings, is none: no child is fanout-only
-        (`fanout_only`), so a reload changing it changes nothing there, and the child goes on sharing
-        its parent's settings object."""
-        return [key for key in self.fixed_settings if getattr(config, key) != getattr(self.config, key)
-                and not (key == "fanout_only" and self._is_child)]
+        """The settings whose change in `config` a reload leaves until a restart: those whose change
+        would make something else of this queue (a child's `fanout_only` makes nothing: the child
+        goes on sharing its parent's settings object)."""
+        return [key for key in self.fixed_settings
+                if self._fixed_by(config, key) != self._fixed_by(self.config, key)]
 
     def keeping_fixed(self, config: QueueConfig) -> QueueConfig:
         """`config` with the settings fixed at this queue's creation as they are: `config` itself
