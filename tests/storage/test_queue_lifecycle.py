@@ -661,3 +661,48 @@ def test_a_creation_killed_between_its_calls_on_the_thread_pool_leaves_nothing_o
     again.put("fresh", [b"1"])
     assert drain(again, "fresh") == [b"1"]
     again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_second_close_waits_for_the_first_and_changes_nothing(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a collection twice raised FileNotFoundError from removing the commit log's folder a
+    second time. A second close changes nothing: made while the first is under way it returns once
+    that one has ended, made after it at once, neither raising; a restart finds every item."""
+    defaults = {"journal_format": fmt, "sync_journal": "always"}
+    coll = open_collection(tmp_path, defaults, commit_log=True, runtime=ThreadsRuntime())
+    coll.put("jobs", [b"kept"])
+    real, inside, go = os.fsync, threading.Event(), threading.Event()
+
+    def held(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".kestrel"):  # the commit log's folder removed
+            inside.set()
+            go.wait(30)
+        real(fd)
+
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            coll.close()
+        except BaseException as e:
+            failed.append(e)
+
+    monkeypatch.setattr(os, "fsync", held)
+    first = threading.Thread(target=close)
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=close)
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # the first is still closing: the second waits for it
+    go.set()
+    first.join()
+    second.join()
+    monkeypatch.undo()
+    coll.close()
+    assert failed == []
+    assert not os.path.exists(tmp_path / ".kestrel" / "commit-log")
+    again = open_collection(tmp_path, defaults, commit_log=True)
+    assert again.refused == {} and drain(again, "jobs") == [b"kept"]
+    again.close()

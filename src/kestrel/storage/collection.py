@@ -103,6 +103,7 @@ class QueueCollection:
         self.queue_deletes = 0
         self.queue_expires = 0
         self.closed = False
+        self._closing: Event | None = None  # set once `close` has ended
         self.waits_ended = False
         self._commit_log_on = commit_log
         self.commit_log: CommitLog | None = None  # opened by `load`, after recovery
@@ -687,7 +688,20 @@ class QueueCollection:
         Each queue's own files close in their order, and the commit log only once every queue has.
         Raises the first error a queue's close raised,
         once the others are closed (the commit log is then left for the next start's recovery).
+        A second close changes nothing: it returns once the first has ended, raising nothing.
         """
+        closing = self._closing
+        if closing is not None:
+            closing.wait()
+            return
+        self._closing = closing = self.runtime.event()
+        try:
+            self._close_all()
+        finally:
+            closing.set()
+
+    def _close_all(self) -> None:
+        """`close`'s work, done once."""
         self.closed = True
         if self.governor is not None:
             self.governor.close()
