@@ -20,6 +20,7 @@ from kestrel.storage.config import QueueConfigs
 from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
+from tests.support.descriptors import descriptors
 from tests.support.queues import drain, open_collection, reopen
 from tests.support.slow_disk import slow_fsyncs
 
@@ -419,6 +420,50 @@ def test_a_queue_whose_creation_failed_on_the_disk_is_created_again_from_what_it
     assert coll.put("fresh", [b"two"]) == 1
     again = reopen(coll)
     assert again.refused == {} and drain(again, "fresh")[-1:] == [b"two"]
+    again.close()
+
+
+def _open_in(path: Path) -> set[str]:
+    """The files under `path` this process holds a descriptor of."""
+    return {name for name in descriptors(os.getpid()).values() if name.startswith(str(path))}
+
+
+@pytest.mark.parametrize("sync, failing", [("never", ""), ("always", ""), ("always", "~~manifest")],
+                         ids=["manifest", "writer-file", "manifest-after-writer-file"])
+def test_a_kestrel3_creation_the_disk_fails_holds_no_descriptor_and_its_retry_takes_up_its_files(
+        tmp_path: Path, sync: str, failing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A creation whose first writer file was made but whose manifest could not be written (an fsync
+    error, EIO) kept that file's descriptor open, and the retry warned of NO MANIFEST as for files no
+    manifest vouches for. Now nothing is held open, and the retry takes up the files the first try
+    left, which hold no item (it acknowledged nothing), as its own: no warning, then or at a restart."""
+    from structlog.testing import capture_logs
+
+    coll = open_collection(tmp_path, {"journal_format": "kestrel3", "sync_journal": sync})
+    coll.put("other", [b"kept"])
+    before = _open_in(tmp_path)
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if failing in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(JournalWriteError, match="'fresh'.*Input/output error"):
+        coll.put("fresh", [b"one"])
+    monkeypatch.undo()
+    assert _open_in(tmp_path) == before
+    assert any(name.startswith("fresh.") for name in os.listdir(tmp_path))  # its writer file stays
+    time.sleep(0.002)  # a later millisecond: a new writer file would have a name of its own
+    with capture_logs() as logs:
+        assert coll.put("fresh", [b"two"]) == 1
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert [e["files"] for e in logs if e["event"].startswith("taking up the files a failed creation")]
+    coll.close()
+    with capture_logs() as logs:
+        again = open_collection(tmp_path, {"journal_format": "kestrel3", "sync_journal": sync})
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert again.refused == {} and drain(again, "fresh") == [b"two"] and drain(again, "other") == [b"kept"]
     again.close()
 
 

@@ -616,10 +616,12 @@ class WriterJournal:
         """Return once every rotated file is fsynced, closed and told to `sealed`."""
         self._sealer.wait()
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
+        """Close the current file, fsynced unless not to `sync` (a creation that failed: its files hold
+        no item)."""
         self._sealer.wait()
         if self._writer is not None:
-            self._writer.close()
+            self._writer.close(sync)
             self._writer = None
 
 

@@ -228,13 +228,23 @@ class Kestrel3Journals(Generic[R]):
         # or a periodic sync log their appends there (src/kestrel/storage/commit_log.py).
         self.commit_log: CommitLog | None = None
         self._journals: dict[str, Kestrel3Journal[R]] = {}
+        # Queues whose new journal failed as it was made (an fsync): the files it left (a writer file,
+        # no manifest yet) hold no item, and the next try takes them up as its own, not as files a
+        # missing manifest leaves unchecked.
+        self._left: set[str] = set()
 
     def journal(self, name: str, config: QueueConfig, new: bool = False) -> Kestrel3Journal[R]:
         """The writer journal of queue `name`, opened on first use (`new`: the queue path holds no
-        file of it, so none is looked for). Raises CorruptJournalError."""
+        file of it, so none is looked for). Raises CorruptJournalError, OSError."""
         journal = self._journals.get(name)
         if journal is None or journal.closed:
-            journal = Kestrel3Journal(self, name, config, new)
+            try:
+                journal = Kestrel3Journal(self, name, config, new, left=name in self._left)
+            except BaseException:
+                if new:
+                    self._left.add(name)
+                raise
+            self._left.discard(name)
             self._journals[name] = journal
         return journal
 
@@ -251,7 +261,10 @@ class Kestrel3Journals(Generic[R]):
 class Kestrel3Journal(Generic[R]):
     """One queue's writer journal and the readers attached to it."""
 
-    def __init__(self, owner: Kestrel3Journals[R], name: str, config: QueueConfig, new: bool = False) -> None:
+    def __init__(self, owner: Kestrel3Journals[R], name: str, config: QueueConfig, new: bool = False,
+                 left: bool = False) -> None:
+        """`new`: the queue path holds no file of the queue; `left`: its files are what a failed
+        creation of it in this process left (`Kestrel3Journals.journal`)."""
         self.owner = owner
         self.name = name
         self.queue_path = owner.queue_path
@@ -269,7 +282,10 @@ class Kestrel3Journal(Generic[R]):
         if record is not None and not (on_disk.writers or on_disk.readers):
             manifest.set_aside_stray(self.queue_path, name, self._stamp)
             record = None
-        if record is None and (on_disk.writers or on_disk.readers):
+        if record is None and (on_disk.writers or on_disk.readers) and left:
+            log.info("taking up the files a failed creation of this queue left; its manifest is written now",
+                     queue=name, files=[os.path.basename(p) for _, p in on_disk.writers])
+        elif record is None and (on_disk.writers or on_disk.readers):
             log.warning("NO MANIFEST for this queue: a writer file or reader checkpoint missing, stray or "
                         "changed cannot be detected at this start; one is written now", queue=name,
                         manifest=manifest.path_of(self.queue_path, name))
@@ -286,34 +302,40 @@ class Kestrel3Journal(Generic[R]):
         self.commit_log = owner.commit_log if config.sync_journal is not None else None
         self.gate = WriteGate(owner.runtime)  # every reader's: they wait while a large put is written
         self.writer = self._open_writer(config, new, owner.runtime, verified)
-        # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
-        # newest writer file holds no item).
-        high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
-        if record is None and not self.writer.current.last_id:
-            high = None
-        self.readers_on_disk = sorted(set(on_disk.readers) | fresh)
-        self.fresh = fresh  # these readers start again at the oldest item (salvage)
-        # Heads of readers found on disk and not attached yet: their files must stay until they are.
-        self._unattached: dict[str, int] = {}
-        floor = 0
-        for reader, path in on_disk.readers.items():
-            progress = self._read_checkpoint(reader, path, high, fresh)
-            self._unattached[reader] = progress.head
-            floor = max(floor, progress.head, max(progress.done, default=0))
-        for reader in fresh:
-            self._unattached[reader] = 0
-        self.writer.tail_id = max(self.writer.tail_id, floor)
-        self._check.lost_files(gone, self._unattached.values())
-        # What each checkpoint file holds now (it verified), for the manifest written below.
-        listed = record.files if record else {}
-        checkpoints = {r: _checkpoint_on_disk(path, listed.get(os.path.basename(path)))
-                       for r, path in on_disk.readers.items() if r not in fresh}
-        self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
-        self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
-        # The keeper, not this journal, told of each seal: a journal's writer refers to nothing that
-        # refers back to the journal (a deleted queue is freed by reference counting alone).
-        self.writer.sealed = self._keeper.list_sealed
-        self.record_files(checkpoints, {} if new else None)
+        try:
+            # The highest id ever written bounds every checkpoint (unknowable without a manifest when the
+            # newest writer file holds no item).
+            high: int | None = max(record.high_id if record else 0, self.writer.tail_id)
+            if record is None and not self.writer.current.last_id:
+                high = None
+            self.readers_on_disk = sorted(set(on_disk.readers) | fresh)
+            self.fresh = fresh  # these readers start again at the oldest item (salvage)
+            # Heads of readers found on disk and not attached yet: their files must stay until they are.
+            self._unattached: dict[str, int] = {}
+            floor = 0
+            for reader, path in on_disk.readers.items():
+                progress = self._read_checkpoint(reader, path, high, fresh)
+                self._unattached[reader] = progress.head
+                floor = max(floor, progress.head, max(progress.done, default=0))
+            for reader in fresh:
+                self._unattached[reader] = 0
+            self.writer.tail_id = max(self.writer.tail_id, floor)
+            self._check.lost_files(gone, self._unattached.values())
+            # What each checkpoint file holds now (it verified), for the manifest written below.
+            listed = record.files if record else {}
+            checkpoints = {r: _checkpoint_on_disk(path, listed.get(os.path.basename(path)))
+                           for r, path in on_disk.readers.items() if r not in fresh}
+            self._keeper = manifest.Keeper(self.queue_path, name, record or manifest.Manifest(KESTREL3))
+            self._sealed = {n: e for n, e in (record.files.items() if record else ()) if e.sealed}
+            # The keeper, not this journal, told of each seal: a journal's writer refers to nothing that
+            # refers back to the journal (a deleted queue is freed by reference counting alone).
+            self.writer.sealed = self._keeper.list_sealed
+            self.record_files(checkpoints, {} if new else None)
+        except BaseException:
+            # (an fsync of the manifest failed) its descriptor, which no journal holds: the files stay
+            # for the next try to take up
+            self.writer.close(sync=False)
+            raise
         self.readers: dict[str, R] = {}
         # The queue of this name (the parent, a fanout-only one too) is set up and not closed: its
         # `journal_size` counts the writer files (`counts_writer_files`).
