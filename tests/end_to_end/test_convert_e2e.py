@@ -151,3 +151,40 @@ def test_a_stray_file_beside_a_kestrel3_queue_refuses_that_queue_alone(
     (srv.queue_path / stray).unlink()
     srv.start()
     assert take_all(srv, queue) == held
+
+
+@pytest.mark.parametrize("fmt", ["kestrel3", "kestrel2"])
+def test_a_stray_file_put_in_the_queue_path_while_the_server_runs_refuses_its_queue_alone(
+        server_factory: Any, fmt: str) -> None:
+    """A file in neither format named as queue `core`'s journal (a core dumped into the queue path)
+    while the server runs, before `core` was first named: under kestrel3 a put made the queue beside
+    it and acknowledged items the next start refused with it; under kestrel2 it was answered as a
+    journal damaged at offset 0. Now the first request refuses the queue as a start does, and every
+    protocol answers that refusal, naming the file; the server serves the others, and once the file
+    is moved out the next start serves the queue."""
+    from thriftpy2.thrift import TApplicationException
+
+    from tests.support.wire import conn, exchange, memcache_stats
+
+    core = b"\x7fELF\x02\x01\x01" + bytes(64)
+    srv = server_factory({"default_queue": {"journal_format": fmt}})
+    put(srv, "other", [b"kept"])
+    (srv.queue_path / "core").write_bytes(core)
+    for _ in range(2):
+        with pytest.raises(TApplicationException, match=r"queue 'core' is not served: .* refused as it was first "
+                                                        r"named after start-up: file .*/core is in neither journal "
+                                                        r"format.* 7f 45 4c 46 .*move "):
+            put(srv, "core", [b"x"])
+    with conn(srv.memcache_port) as s:
+        reply = exchange(s, b"set core 0 0 1\r\nx\r\n", b"\r\n").decode()
+    assert reply.startswith("SERVER_ERROR queue 'core' is not served") and "neither journal format" in reply
+    assert memcache_stats(srv.memcache_port)["refused_queue_core"] == "1"
+    put(srv, "other", [b"more"])
+    assert take_all(srv, "other") == [b"kept", b"more"]
+    assert srv.stop() == 0
+    assert sorted(p.name for p in srv.queue_path.iterdir() if p.name.startswith("core")) == ["core"]
+    assert (srv.queue_path / "core").read_bytes() == core
+    (srv.queue_path / "core").unlink()
+    srv.start()
+    put(srv, "core", [b"y"])
+    assert take_all(srv, "core") == [b"y"]

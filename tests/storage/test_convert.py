@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from kestrel.storage.errors import (
     ConfigError,
     ConvertError,
     CorruptJournalError,
+    JournalWriteError,
     QueueDamaged,
     QueuePathInUse,
 )
@@ -315,6 +317,64 @@ def test_a_file_in_neither_format_refuses_its_queue_alone_under_either_format(
     coll = k2_collection(tmp_path, fmt=fmt)
     assert drain(coll, "jobs") == expected and not coll.refused
     coll.close()
+
+
+ELF = b"\x7fELF\x02\x01\x01" + bytes(64)  # what a `core` begins with: neither format
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_file_named_as_a_queue_s_journal_put_there_after_start_up_refuses_it_as_a_start_does(
+        tmp_path: Path, fmt: str) -> None:
+    """A file in neither format named as queue `jobs`'s live journal, put in the queue path after
+    start-up and before `jobs` was first named: under kestrel3 the queue was made beside it (its items
+    then refused by the next start), under kestrel2 it was called a journal damaged at offset 0. Now
+    the creation refuses the queue as a start does, naming the file, and it stays refused (in
+    `refused`), the other queues serving; nothing is changed, and once the file is moved out the next
+    start serves the queue."""
+    coll = open_collection(tmp_path, {"journal_format": fmt})
+    coll.put("other", [b"kept"])
+    (tmp_path / "jobs").write_bytes(ELF)
+    for _ in range(2):
+        with pytest.raises(QueueDamaged, match=r"refused as it was first named after start-up: file "
+                                               r".*/jobs is in neither journal format.*move "):
+            coll.put("jobs", [b"x"])
+    assert list(coll.refused) == ["jobs"] and coll.get("jobs") is None
+    assert coll.put("other", [b"more"]) == 1 and drain(coll, "other") == [b"kept", b"more"]
+    coll.close()
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("jobs")) == ["jobs"]
+    assert (tmp_path / "jobs").read_bytes() == ELF
+    (tmp_path / "jobs").unlink()
+    again = open_collection(tmp_path, {"journal_format": fmt})
+    assert again.put("jobs", [b"y"]) == 1 and drain(again, "jobs") == [b"y"] and again.refused == {}
+    again.close()
+
+
+@pytest.mark.parametrize(("fmt", "stray", "data", "refusal"), [
+    ("kestrel3", "jobs.1234.pack", b"\x01junk",
+     r"Kestrel 2 journal files \(jobs.1234.pack\) beside Kestrel 3 writer files \(jobs\.\d+\)"),
+    ("kestrel2", "jobs.1234", ELF, r"file .*/jobs.1234 is in neither journal format")], ids=["other-format", "neither-format"])
+def test_a_stray_file_beside_what_a_failed_creation_left_refuses_the_queue_at_its_next_try(
+        tmp_path: Path, fmt: str, stray: str, data: bytes, refusal: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue whose creation the disk failed (an fsync) owns the files it left, which its next try
+    reads: a stray put there meanwhile, of the other format or of neither, was taken for a journal to
+    convert (kestrel3) or a damaged one (kestrel2). It is refused as a start refuses it, naming the
+    files, before anything opens them."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "sync_journal": "always"})
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(JournalWriteError):
+        coll.put("jobs", [b"one"])
+    monkeypatch.undo()
+    left = sorted(os.listdir(tmp_path))
+    (tmp_path / stray).write_bytes(data)
+    with pytest.raises(QueueDamaged, match=refusal):
+        coll.put("jobs", [b"two"])
+    assert list(coll.refused) == ["jobs"]
+    coll.close()
+    assert sorted(os.listdir(tmp_path)) == sorted([*left, stray])  # nothing changed
 
 
 def test_a_journal_that_begins_with_an_opcode_stays_kestrel2_s_however_damaged(tmp_path: Path) -> None:

@@ -194,9 +194,9 @@ SERVER_FIGURES: dict[str, Figure | None] = {
     "queue_deletes": _counter("kestrel_queues_deleted_total",
                               "Queues deleted by a request or for their age."),
     "queue_expires": _counter("kestrel_queues_expired_total", "Queues deleted for reaching max_queue_age."),
-    "refused_queues": _gauge("kestrel_refused_queues", "Queues refused at start-up because their files are "
-                             "damaged or cannot be written; they answer every request with an error, the "
-                             "others serve."),
+    "refused_queues": _gauge("kestrel_refused_queues", "Queues refused (at start-up, or as first named after "
+                             "it) because their files are damaged or cannot be written; they answer every "
+                             "request with an error, the others serve."),
     "memory_total": _gauge("kestrel_memory_held_bytes", "Bytes the queues hold in memory: items, open "
                            "reads, read-behind buffers (counted against kestrel_memory_budget_bytes)."),
     "max_memory_total": _gauge("kestrel_memory_budget_bytes", "The memory budget of every queue together "
@@ -359,8 +359,9 @@ def _family_header(name: str, kind: str, help_text: str) -> str:
     return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
 
 
-REFUSED_HELP = ("1 for a queue refused at start-up because its files are damaged or cannot be written "
-                "(/stats.json says where and why); it answers every request with an error until repaired.")
+REFUSED_HELP = ("1 for a queue refused (at start-up, or as first named after it) because its files are "
+                "damaged or cannot be written (/stats.json says where and why); it answers every request "
+                "with an error until repaired.")
 
 
 def render_per_queue(server: ServerState) -> bytes:

@@ -34,7 +34,7 @@ from kestrel.storage.kestrel3.journal import Kestrel3Journals
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import AddCount, PersistentQueue
-from kestrel.storage.queue_path import JournalFiles, delete_temporaries, scan_queue_dir
+from kestrel.storage.queue_path import JournalFiles, delete_temporaries, list_journal_files, scan_queue_dir
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.collection")
@@ -84,9 +84,11 @@ class QueueCollection:
         # the lock above takes nothing, so a client naming the queue meanwhile waits for this event
         # (a creation beside a delete took up the files the delete then removed under it).
         self._changing: dict[str, Event] = {}
-        # Queues whose journal was refused at start-up (damage, without salvage): they serve nothing
-        # and keep their files as they are; every other queue serves.
+        # Queues whose journal was refused at start-up (damage, without salvage), or as they were first
+        # named after it (`_refuse_found`): they serve nothing and keep their files as they are; every
+        # other queue serves.
         self.refused: dict[str, CorruptJournalError] = {}
+        self._refused_later: set[str] = set()  # those refused as they were first named
         # After `load`: the owner (`files.file_owner`) of every file in the queue path, and of every
         # queue whose creation was tried since. A new queue owning none has no file to look for:
         # creating it reads no directory (None before `load`: each new queue lists the path for its
@@ -207,18 +209,28 @@ class QueueCollection:
                   remedy=error.remedy())
 
     def check_refused(self, name: str) -> None:
-        """Raise QueueDamaged if `name` (or its fanout parent) was refused at start-up."""
+        """Raise QueueDamaged if `name` (or its fanout parent) was refused."""
         if not self.refused:
             return
         error = self.refused.get(name)
         if error is not None:
-            raise QueueDamaged(name, error)
+            raise QueueDamaged(name, error, later=name in self._refused_later)
         parent, plus, _ = name.partition("+")
         if plus and (error := self.refused.get(parent)) is not None:
-            raise QueueDamaged(name, error, parent)
+            raise QueueDamaged(name, error, parent, later=parent in self._refused_later)
+
+    def _refuse_found(self, name: str) -> None:
+        """Refuse queue `name`, first named after start-up, as a start refuses it when its files
+        there begin with neither format or are in both (`formats.refused_by_content`: a stray file
+        put there since), before anything opens them. Raises QueueDamaged."""
+        refusal = formats.refused_by_content(list_journal_files(self.path, name))
+        if refusal is not None:
+            self._refused_later.add(name)
+            self._refuse(name, refusal)
+            self.check_refused(name)
 
     def refused_queues(self) -> dict[str, str]:
-        """Each queue refused at start-up, with the damage found."""
+        """Each queue refused, with the damage found."""
         return {name: str(error) for name, error in sorted(self.refused.items())}
 
     def get(self, name: str) -> PersistentQueue | None:
@@ -228,7 +240,7 @@ class QueueCollection:
         """The queue called `name`, created (and its journal replayed) on first reference.
 
         Raises InvalidQueueName, TooManyQueues (the server holds `max_queues`, or is out of file
-        descriptors: the queues it has keep working), QueueDamaged (refused at start-up),
+        descriptors: the queues it has keep working), QueueDamaged (refused, at start-up or now),
         JournalWriteError (its files could not be made or fsynced: the next reference tries again).
         """
         q = self._queues.get(name)
@@ -276,6 +288,11 @@ class QueueCollection:
                 + sum(other not in self._queues for other in self._changing) - 1 >= self.max_queues):
             raise TooManyQueues(f"cannot create queue {name!r}: the server already holds "
                                 f"max_queues = {self.max_queues} queues")
+        owners = self._owners
+        # A name that owned no file at the start-up scan has none to look for (creating its queue reads
+        # no directory), unless a file named as its live journal was put there since: one look by name.
+        fresh = (scanned is None and owners is not None and name not in owners
+                 and not os.path.exists(os.path.join(self.path, name)))
         configs = self.configs
         q = self._new_queue(name)
         self._serials += 1
@@ -284,8 +301,6 @@ class QueueCollection:
         q.adds = self.adds
         q.count_in(self.ledger)
         files = None if scanned is None else scanned.get(name, JournalFiles())
-        owners = self._owners
-        fresh = scanned is None and owners is not None and name not in owners
         if owners is not None:
             # From its first try on: one that fails (an fsync error) may leave files, which the next
             # looks for and takes up (a second Kestrel 3 writer file beside them was refused at the
@@ -299,6 +314,8 @@ class QueueCollection:
             # What the replay may hold in memory: the budget is kept at start-up as while serving.
             self.governor.admit(q, self._loading or len(self._queues) + 1, self._waiting)
         try:
+            if scanned is None and not fresh:
+                self._refuse_found(name)
             q.setup(files=files, fresh=fresh)
         except OSError as e:
             q.close()
@@ -311,10 +328,10 @@ class QueueCollection:
                                          "written") from None
             raise
         except BaseException:
-            # Damage, a write refused (JournalWriteError), or a kill of its client (a stop's
-            # time-out), raised as the creation's next call on the thread pool begins: a Kestrel 3
-            # queue's manifest written, its checkpoint not. What it opened is closed, or its journal
-            # stayed open past the commit log's close.
+            # Damage, its files refused (`_refuse_found`), a write refused (JournalWriteError), or a
+            # kill of its client (a stop's time-out), raised as the creation's next call on the thread
+            # pool begins: a Kestrel 3 queue's manifest written, its checkpoint not. What it opened is
+            # closed, or its journal stayed open past the commit log's close.
             with contextlib.suppress(Exception):
                 q.close()
             raise

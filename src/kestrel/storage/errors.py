@@ -111,10 +111,11 @@ class JournalFileShared(CorruptJournalError):
 
 
 class JournalFormatsMixed(CorruptJournalError):
-    """Raised at start-up for a queue whose files are in both journal formats: Kestrel 3 writer files
-    beside a file only Kestrel 2 has (the live journal `q`, a pack, a `q.<n>` without a writer header):
-    a stray or copied file. Neither format reads the other's, and `kestrel journal convert` cannot
-    join them: the queue is refused alone, the files of each format named; nothing is changed."""
+    """Raised at start-up (or as a queue first named after it is created) for a queue whose files are
+    in both journal formats: Kestrel 3 writer files beside a file only Kestrel 2 has (the live journal
+    `q`, a pack, a `q.<n>` without a writer header): a stray or copied file. Neither format reads the
+    other's, and `kestrel journal convert` cannot join them: the queue is refused alone, the files of
+    each format named; nothing is changed."""
 
     refusal = "its files are in both journal formats"
 
@@ -130,10 +131,11 @@ class JournalFormatsMixed(CorruptJournalError):
 
 
 class NotAJournalFile(CorruptJournalError):
-    """Raised at start-up for a queue one of whose files is in neither journal format: named as a
-    journal is (`core`, `README`, a junk `q.<n>`) but beginning with neither a Kestrel 2 record nor a
-    Kestrel 3 header. No `journal_format` reads it and no conversion mends it, so it stops no start:
-    the queue is refused alone, under either format, as a damaged one is; nothing is changed."""
+    """Raised at start-up (or as a queue first named after it is created) for a queue one of whose
+    files is in neither journal format: named as a journal is (`core`, `README`, a junk `q.<n>`) but
+    beginning with neither a Kestrel 2 record nor a Kestrel 3 header. No `journal_format` reads it
+    and no conversion mends it, so it stops no start: the queue is refused alone, under either
+    format, as a damaged one is; nothing is changed."""
 
     refusal = "a file named as its journal is no journal"
 
@@ -155,12 +157,15 @@ def _file_list(paths: list[str], shown: int = 3) -> str:
 
 
 class QueueDamaged(KestrelError):
-    """Raised for every request to a queue whose journal was refused at start-up (the other
-    queues serve): names the queue, the damage, and how to proceed."""
+    """Raised for every request to a queue whose journal was refused (the other queues serve): at
+    start-up, or, `later`, as it was first named after it (its files looked at then: a stray file
+    put there since). Names the queue, the damage, and how to proceed."""
 
-    def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None) -> None:
+    def __init__(self, queue: str, error: CorruptJournalError, parent: str | None = None,
+                 later: bool = False) -> None:
         whose = f"its parent {parent!r}" if parent else "its journal"
-        super().__init__(f"queue {queue!r} is not served: {whose} was refused at start-up: {error}; "
+        when = "as it was first named after start-up" if later else "at start-up"
+        super().__init__(f"queue {queue!r} is not served: {whose} was refused {when}: {error}; "
                          f"{error.remedy()}")
         self.queue = queue
         self.error = error

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -138,7 +137,7 @@ class Kestrel2Queue(PersistentQueue):
                             "a restart sets keep_journal", queue=self.name,
                             files=len(files.rotated) + len(files.packs) + (files.live is not None))
             return
-        if fresh and not os.path.exists(self._journal.live_path):  # a live journal put there since
+        if fresh:
             files = JournalFiles()  # the queue path holds no file of it: nothing to look for
         elif files is None:
             files = self._journal.scan()
