@@ -415,3 +415,67 @@ def test_a_caller_killed_during_a_blocking_call_is_killed_before_its_next_one() 
     caller.join(STALL_S)
     assert caller.dead and isinstance(caller.value, gevent.GreenletExit)
     assert calls == ["first"]
+
+
+@pytest.mark.parametrize("block_goes_on", [False, True])
+def test_a_time_out_held_back_by_a_blocking_call_is_raised_inside_its_block_or_not_at_all(
+        block_goes_on: bool) -> None:
+    """A `gevent.Timeout` that fires while its block's call runs on the pool is held back, as a kill
+    is, so that the caller takes the call's outcome. It is raised at the block's next wait, or, once
+    its block has ended, never: thrown at the next wait past it, it escaped there as an error of
+    whatever waited (the admin port's silent request time-out, out of the next request's read)."""
+    runtime = GeventRuntime()
+    started, release = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def call() -> str:
+        started.set()
+        release.wait(STALL_S)
+        return "done"
+
+    def caller_body() -> None:
+        with gevent.Timeout(0.01, False):  # silent: its block swallows it
+            seen.append(runtime.run_blocking(call))
+            if block_goes_on:
+                gevent.sleep(STALL_S)  # its next wait: the time-out comes here
+                seen.append("not timed out")
+        seen.append("past the block")
+        gevent.sleep(0.05)  # a wait past the block
+        seen.append("went on")
+
+    caller = gevent.spawn(caller_body)
+    until_begun(started)
+    gevent.sleep(0.1)  # the time-out fires meanwhile
+    release.set()
+    caller.join(STALL_S)
+    assert caller.dead and caller.successful(), caller.exception
+    assert seen == ["done", "past the block", "went on"]
+
+
+def test_a_kill_held_back_with_a_time_out_is_raised_past_the_time_outs_block() -> None:
+    """A kill outranks a time-out held back with it: the time-out's block ending drops the time-out,
+    never the kill."""
+    runtime = GeventRuntime()
+    started, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def call() -> None:
+        started.set()
+        release.wait(STALL_S)
+
+    def caller_body() -> None:
+        with gevent.Timeout(0.01, False):
+            runtime.run_blocking(call)
+        seen.append("past the block")
+        gevent.sleep(STALL_S)
+        seen.append("not killed")
+
+    caller = gevent.spawn(caller_body)
+    until_begun(started)
+    gevent.sleep(0.1)  # the time-out fires
+    caller.kill(block=False)
+    gevent.sleep(0.05)
+    release.set()
+    caller.join(STALL_S)
+    assert caller.dead and isinstance(caller.value, gevent.GreenletExit)
+    assert seen == ["past the block"]

@@ -93,7 +93,8 @@ class Runtime(Protocol):
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call (fsync, a pack) without stopping the other tasks. Returns or raises
         what the call did, once it has ended, even when the caller is killed meanwhile: the kill
-        reaches the caller at its next wait, once it has dealt with the call's outcome."""
+        reaches the caller at its next wait, once it has dealt with the call's outcome (a time-out
+        only if that wait is inside the time-out's block)."""
         ...
 
     def sleep(self, seconds: float) -> None: ...
@@ -178,7 +179,7 @@ class GeventRuntime:
 
     def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         me = getcurrent()
-        held = _held_kills.pop(me, None)
+        held = _held(me)
         if held is not None:  # the call before held a kill back: this call is the next wait it is for
             raise held
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
@@ -197,15 +198,21 @@ class GeventRuntime:
         # raising the kill instead left the journal's size, its ids or a torn tail unaccounted. A
         # next wait that is itself a `run_blocking` raises it before its call begins: thrown into
         # that call's wait, it was held back again, and a caller making one call after another (a
-        # queue's creation, an fsync each) ran them all and went on, killed at no wait.
+        # queue's creation, an fsync each) ran them all and went on, killed at no wait. A time-out
+        # (a `with gevent.Timeout(...)` block around the call) is armed again, pending until its
+        # block's end closes it, and raised only while it is (`_held`): raised past its block, it
+        # escaped as an error of whatever waited next.
         thrown: BaseException | None = None
         while not call.ready():
             try:
                 call.wait()
             except BaseException as e:
-                thrown = thrown or e
+                if thrown is None or isinstance(thrown, gevent.Timeout):  # a kill outranks a time-out
+                    thrown = e
         disk.workers(-1)
         if thrown is not None:
+            if isinstance(thrown, gevent.Timeout) and not thrown.pending:
+                thrown.start()
             _held_kills[me] = thrown
             hub.loop.run_callback(_throw, me)
         ok, value = call.get()
@@ -230,10 +237,24 @@ class GeventRuntime:
 _held_kills: dict[greenlet, BaseException] = {}
 
 
+def _held(waiter: greenlet) -> BaseException | None:
+    """The kill or time-out a `run_blocking` call held back for `waiter`, taken: a time-out only
+    while it is pending, armed again by that call (its `with` block has not ended: gevent's
+    `Timeout.__exit__` closes it), and then disarmed, to be raised now; None where there is none or
+    its block has ended."""
+    error = _held_kills.pop(waiter, None)
+    if isinstance(error, gevent.Timeout):
+        if not error.pending:
+            return None
+        error.cancel()
+    return error
+
+
 def _throw(waiter: greenlet) -> None:
     """The kill held back for `waiter` thrown into it, unless its next `run_blocking` raised it
-    already or it has ended meanwhile (it did not wait again)."""
-    error = _held_kills.pop(waiter, None)
+    already, it has ended meanwhile (it did not wait again) or it is a time-out whose block has
+    ended (`_held`)."""
+    error = _held(waiter)
     if error is not None and not waiter.dead:
         waiter.throw(error)
 
