@@ -21,6 +21,7 @@ from kestrel.storage.errors import ConfigError
 from kestrel.storage.item import QItem
 from kestrel.storage.kestrel3.journal import COMPACT_AT
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
+from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
@@ -487,4 +488,28 @@ def test_a_reader_created_beside_another_gets_none_of_what_that_one_was_put(
     assert drain(coll, "jobs+b") == []
     again = reopen(coll)
     assert drain(again, "jobs+b") == [] and drain(again, "jobs+a") == [b"for a"]
+    again.close()
+
+
+@pytest.mark.parametrize("runtime", [ThreadsRuntime, ManualRuntime])
+def test_a_close_makes_its_final_fsyncs_side_by_side(tmp_path: Path, runtime: type[Runtime],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue's close makes its reader checkpoint, its newest writer file and the manifest's drop
+    of the files deleted last durable at once (a thread each, or the runtime's pool): in turn, a
+    stop on a slow disk waited for each. What they made durable is all there after."""
+    coll = open_collection(tmp_path, queues={"q": {"journal_format": "kestrel3", "default_journal_size": 300}},
+                           runtime=runtime())
+    coll.put("q", [b"%03d" % i + b"." * 97 for i in range(6)])  # a writer file each
+    assert len(drain(coll, "q")) == 6  # every file but the newest deleted, still in the manifest
+    coll.put("q", [b"kept"])
+    assert one(coll.remove("q")) is not None and coll.put("q", [b"last"]) == 1  # unsynced: both files
+    q = k3(coll, "q")
+    q.wait_for_packing()
+    fsyncs = slow_fsyncs(monkeypatch, 0.3, data=True)
+    coll.close()
+    monkeypatch.undo()
+    # the checkpoint's and the writer file's fdatasyncs and the manifest's first fsync in flight at once
+    assert len(fsyncs) == 4 and fsyncs.peak == 3
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == [b"last"]
     again.close()

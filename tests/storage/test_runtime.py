@@ -18,7 +18,7 @@ from gevent._hub_local import get_hub_if_exists
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import QueueClosed
 from kestrel.storage.no_lock import NoLock
-from kestrel.storage.runtime import GeventRuntime, ManualRuntime, ThreadsRuntime
+from kestrel.storage.runtime import GeventRuntime, ManualRuntime, ThreadsRuntime, side_by_side
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
 from tests.support.queues import one
@@ -479,3 +479,23 @@ def test_a_kill_held_back_with_a_time_out_is_raised_past_the_time_outs_block() -
     caller.join(STALL_S)
     assert caller.dead and isinstance(caller.value, gevent.GreenletExit)
     assert seen == ["past the block"]
+
+
+@pytest.mark.parametrize("runtime", [GeventRuntime(), ThreadsRuntime()], ids=["gevent", "threads"])
+def test_side_by_side_returns_what_each_call_raised_a_kill_or_an_exit_too(runtime: Any) -> None:
+    """Every call runs; what each raised comes back in the calls' order, whatever its kind: a
+    BaseException (a kill, a crash of a test's) ended its task unseen, and the caller went on as if
+    the call had returned (a delete cut off part way answered as done)."""
+    ran: list[int] = []
+
+    class Stop(BaseException):
+        pass
+
+    def call(index: int, error: BaseException | None) -> None:
+        ran.append(index)
+        if error is not None:
+            raise error
+
+    stop, failure = Stop(), OSError(errno.EIO, "disk")
+    failed = side_by_side(runtime, [partial(call, 0, stop), partial(call, 1, None), partial(call, 2, failure)])
+    assert sorted(ran) == [0, 1, 2] and failed == [stop, failure]

@@ -6,22 +6,52 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 
-def slow_fsyncs(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[int]:
-    """Every `os.fsync` of the test takes `seconds` more (it sleeps in the calling thread: the pool's,
-    where the server runs its fsyncs off the loop); undone with the test's monkeypatch. Returns the
-    threads (`threading.get_ident`) the fsyncs ran in, as they run: whether one ran on the loop's
-    thread says whether it stalled the loop, where a clock's reading on a busy machine cannot."""
-    real = os.fsync
-    threads: list[int] = []
+class Fsyncs(list[int]):
+    """The threads (`threading.get_ident`) the slowed fsyncs ran in, as they began, and the most of
+    them that were in flight at once (`peak`)."""
 
-    def slow(fd: int) -> None:
-        threads.append(threading.get_ident())
-        time.sleep(seconds)
-        real(fd)
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        self._in_flight = 0
+        self._guard = threading.Lock()
 
-    monkeypatch.setattr(os, "fsync", slow)
-    return threads
+    def began(self) -> None:
+        with self._guard:
+            self.append(threading.get_ident())
+            self._in_flight += 1
+            self.peak = max(self.peak, self._in_flight)
+
+    def ended(self) -> None:
+        with self._guard:
+            self._in_flight -= 1
+
+
+def slow_fsyncs(monkeypatch: pytest.MonkeyPatch, seconds: float, data: bool = False) -> Fsyncs:
+    """Every `os.fsync` of the test (and with `data` every `os.fdatasync`: a journal's own, where no
+    group commit takes it) takes `seconds` more (it sleeps in the calling thread: the pool's, where
+    the server runs its fsyncs off the loop); undone with the test's monkeypatch. Returns the threads
+    the fsyncs ran in, as they run: whether one ran on the loop's thread says whether it stalled the
+    loop, and how many were in flight at once whether they overlapped, where a clock's reading on a
+    busy machine can say neither."""
+    fsyncs = Fsyncs()
+
+    def slowed(real: Callable[[int], None]) -> Callable[[int], None]:
+        def slow(fd: int) -> None:
+            fsyncs.began()
+            try:
+                time.sleep(seconds)
+                real(fd)
+            finally:
+                fsyncs.ended()
+        return slow
+
+    monkeypatch.setattr(os, "fsync", slowed(os.fsync))
+    if data:
+        monkeypatch.setattr(os, "fdatasync", slowed(os.fdatasync))
+    return fsyncs

@@ -6,7 +6,6 @@ import contextlib
 import errno
 import os
 from collections.abc import Mapping
-from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -35,7 +34,15 @@ from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.memory import MemoryGovernor, MemoryLedger
 from kestrel.storage.queue import AddCount, PersistentQueue
 from kestrel.storage.queue_path import JournalFiles, delete_temporaries, list_journal_files, scan_queue_dir
-from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, GeventRuntime, Runtime, Timer, paced
+from kestrel.storage.runtime import (
+    DEFAULT_RUNTIME,
+    Event,
+    GeventRuntime,
+    Runtime,
+    Timer,
+    paced,
+    side_by_side,
+)
 
 log = structlog.get_logger("kestrel.collection")
 
@@ -728,21 +735,10 @@ class QueueCollection:
         while self._changing:  # a creation or a delete waiting for an fsync: its queue closes with these
             next(iter(self._changing.values())).wait()
         queues = list(self._queues.values())
-        failed: list[Exception] = []
+        failed: list[BaseException] = []
         for first in range(0, len(queues), CLOSED_AT_ONCE):
-            tasks = [self.runtime.spawn(partial(_close_queue, q, failed))
-                     for q in queues[first:first + CLOSED_AT_ONCE]]
-            for task in tasks:
-                task.join()
+            failed += side_by_side(self.runtime, [q.close for q in queues[first:first + CLOSED_AT_ONCE]])
         if failed:
             raise failed[0]
         if self.commit_log is not None:
             self.commit_log.close()
-
-
-def _close_queue(q: PersistentQueue, failed: list[Exception]) -> None:
-    """Close `q` in a task of `QueueCollection.close`, noting in `failed` what its close raised."""
-    try:
-        q.close()
-    except Exception as e:
-        failed.append(e)

@@ -79,7 +79,7 @@ from kestrel.storage.journal_file import (
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
-from kestrel.storage.runtime import Event, Runtime, Timer
+from kestrel.storage.runtime import Event, Runtime, Timer, side_by_side
 
 log = structlog.get_logger("kestrel.commit_log")
 
@@ -1401,21 +1401,11 @@ class CommitLog:
 
     def _sync_journals(self, ends: dict[JournalWriter, int]) -> None:
         """fdatasync the journals up to those positions, together (one group commit round)."""
-        errors: list[OSError] = []
-
-        def sync(journal: JournalWriter, end: int) -> None:
-            try:
-                journal.sync_to(end)
-            except OSError as e:
-                errors.append(e)
-
         # A closed journal was flushed by its close; one whose close failed is still open.
-        tasks = [self.runtime.spawn(lambda j=j, e=e: sync(j, e))  # type: ignore[misc]
-                 for j, e in ends.items() if j.fd >= 0 and j.synced < e]
-        for task in tasks:
-            task.join()
-        if errors:
-            raise errors[0]
+        failed = side_by_side(self.runtime, [partial(j.sync_to, e) for j, e in ends.items()
+                                             if j.fd >= 0 and j.synced < e])
+        if failed:
+            raise failed[0]
 
     # -----------------------------------------------------------------------------------------
     # Closing

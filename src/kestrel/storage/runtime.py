@@ -109,6 +109,26 @@ class Runtime(Protocol):
         ...
 
 
+def side_by_side(runtime: Runtime, calls: Iterable[Callable[[], None]]) -> list[BaseException]:
+    """Run each of `calls` in a task of `runtime`, and wait for them all; returns what each raised,
+    in their order (nothing: an empty list), a kill or an exit too: left to end its task, it was
+    lost to the caller, which went on as if the call had returned. Their waits overlap (the final
+    fsyncs of a close share one round of the group commit, or take a thread each), where made in
+    turn each waited for the one before. A kill of the caller ends its wait, not the calls."""
+    failed: list[tuple[int, BaseException]] = []
+
+    def make(index: int, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as e:
+            failed.append((index, e))
+
+    tasks = [runtime.spawn(partial(make, index, call)) for index, call in enumerate(calls)]
+    for task in tasks:
+        task.join()
+    return [e for _, e in sorted(failed, key=lambda pair: pair[0])]
+
+
 def paced(items: Iterable[T], runtime: Runtime, every: int = PACE) -> Iterator[T]:
     """`items`, with a pause for the runtime's other tasks after every `every` of them: a walk over
     10,000 queues (the figures of the stats) would otherwise hold the loop for tens of

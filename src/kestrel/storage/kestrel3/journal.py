@@ -518,6 +518,14 @@ class Kestrel3Journal(Generic[R]):
         """No reader is attached, nor found on disk waiting to be."""
         return not self.readers and not self._unattached
 
+    def last_syncs(self, queue: R) -> list[Callable[[], None]]:
+        """What closing `queue` makes durable of the journal besides its checkpoint: where it is the
+        last reader attached (the journal closes with it, `detach`), the newest writer file's fsync
+        and the manifest's drop of the files deleted last (`_drop_gone`), else nothing."""
+        if self.closed or any(reader is not queue for reader in self.readers.values()):
+            return []
+        return [self.writer.flush, self._drop_gone]
+
     def detach(self, queue: R) -> None:
         """The reader is closed or deleted; the journal closes with its last reader."""
         if self.readers.get(queue.reader) is queue:

@@ -41,7 +41,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
-from kestrel.storage.runtime import GeventRuntime, Task
+from kestrel.storage.runtime import GeventRuntime, Task, side_by_side
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -507,7 +507,20 @@ class Kestrel3Queue(PersistentQueue):
             self._file.writer.sync_ms = config.sync_journal
 
     def _close_files(self) -> None:
-        """Close this reader's files (the writer journal closes with its last reader)."""
+        """Close this reader's files (the writer journal closes with its last reader). Their final
+        fsyncs run side by side, each making durable what is written already: this reader's
+        checkpoint, and with the last reader the newest writer file and the manifest's drop of
+        deleted files (`Kestrel3Journal.last_syncs`). No order among them changes what a power cut
+        may leave (the kernel writes their pages back in whatever order it likes: a checkpoint's
+        records may reach the disk before the PUTs they consume, whichever is fsynced first), and
+        in turn a stop on a slow disk waited for one after another. One that fails leaves every
+        file open (the commit log kept for recovery) and raises, as a close that failed did."""
+        syncs = [self._file.writer.flush] if self._file is not None else []
+        if self._journal is not None:
+            syncs += self._journal.last_syncs(self)
+        failed = side_by_side(self.runtime, syncs)
+        if failed:
+            raise failed[0]
         if self._file is not None:
             self._file.close()
         if self._journal is not None:
