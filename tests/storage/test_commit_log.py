@@ -929,6 +929,79 @@ def test_a_close_during_a_ticks_checkpoint_leaves_no_next_tick_on_the_hub(tmp_pa
     again.close()
 
 
+class HeldSwitch(HeldCheckpoints):
+    """A checkpoint held as it starts a new segment (before its other steps), where a close can come."""
+
+    def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_install":
+            return super().run_blocking(fn, *args)
+        return GeventRuntime.run_blocking(self, fn, *args)
+
+
+def test_a_checkpoint_under_way_at_a_close_lays_no_next_segment_down(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint ends by laying the next segment down ahead (its zeros written and fsynced): one
+    under way as the log closes leaves it, since the close deletes it, where a stop on a slow disk
+    waited for that fsync too."""
+    runtime = HeldSwitch()
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always"}), runtime=runtime,
+                           commit_log=True)
+    coll.load()
+    runtime.go.clear()
+    coll.put("q", [b"logged"])  # a journal with records in the log: the next tick checkpoints
+    assert runtime.held.wait(STALL_S)  # a tick's checkpoint, starting its new segment
+    real, fsynced = os.fsync, []
+
+    def noting(fd: int) -> None:
+        fsynced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", noting)
+    closing = gevent.spawn(coll.close)
+    gevent.sleep(0)  # the close runs until it waits for the checkpoint
+    runtime.go.set()
+    closing.get(timeout=STALL_S)
+    monkeypatch.undo()
+    # the new segment, laid down as it starts (none was laid down ahead yet), and none after it
+    assert fsynced.count(commit_log.PREPARED_NAME) == 1 and fsynced[-1] == ".kestrel"
+    again = open_collection(tmp_path, {"sync_journal": "always"})
+    assert drain(again, "q") == [b"logged"]
+    again.close()
+
+
+def test_no_checkpoint_of_the_logs_own_starts_while_the_queues_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queues' closes fsync every journal before the log's close deletes its segments: a
+    checkpoint its timer began meanwhile made its own fsyncs one after another (a new segment's
+    name, the journals, the folder, the next segment laid down), and the stop on a slow disk waited
+    for each."""
+    coll = collection(tmp_path)
+    runtime, log = coll.runtime, coll.commit_log
+    assert isinstance(runtime, ManualRuntime) and log is not None
+    coll.put("q", [b"kept"])  # in the log, its journal unsynced: the queue's close fsyncs it
+    real, closing = os.fdatasync, threading.Event()
+
+    def slow(fd: int) -> None:
+        closing.set()
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    stopping = gevent.spawn(coll.close)
+    for _ in range(int(STALL_S / 0.01)):
+        if closing.is_set():
+            break
+        gevent.sleep(0.01)
+    runtime.advance(5_000)  # the log's timer comes due while the queue's close waits for its fsync
+    stopping.get(timeout=STALL_S)
+    monkeypatch.undo()
+    assert closing.is_set() and log.checkpoints == 0
+    assert not os.path.isdir(log.directory)  # its segments deleted at its close, as ever
+    again = collection(tmp_path)
+    assert drain(again, "q") == [b"kept"]
+    again.close()
+
+
 @pytest.mark.parametrize("log_fsync_fails", [False, True])
 def test_under_gevent_a_turns_changes_share_one_write_and_one_fsync_of_the_log(
         tmp_path: Path, log_fsync_fails: bool) -> None:

@@ -732,6 +732,8 @@ class QueueCollection:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self.commit_log is not None:
+            self.commit_log.closing()  # the queues' closes fsync what its checkpoints would
         while self._changing:  # a creation or a delete waiting for an fsync: its queue closes with these
             next(iter(self._changing.values())).wait()
         queues = list(self._queues.values())

@@ -971,6 +971,7 @@ class CommitLog:
         self._checkpointing: Event | None = None
         self._after_checkpoint: list[Callable[[], None]] = []
         self._timer: Timer | None = None
+        self._closing = False  # the queues are closing (`closing`): no checkpoint of its own starts
         self.checkpoints = 0
         self.rounds = 0  # group commit rounds the log's turns went to
         self._prepared = False  # the next segment is laid down (`PREPARED_NAME`)
@@ -1317,10 +1318,13 @@ class CommitLog:
         self._timer = None
         if self._segments and self._segments[-1].journals and self._checkpointing is None:
             self._checkpoint_logged()
-        if self._segments:  # not closed
+        if self._segments and not self._closing:
             self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
 
     def _checkpoint_logged(self) -> None:
+        """A checkpoint of the log's own (its timer's, or a segment grown large), none once closing."""
+        if self._closing:
+            return
         try:
             self.checkpoint()
         except OSError as e:
@@ -1350,7 +1354,7 @@ class CommitLog:
                 self._segments.remove(segment)
             self.runtime.run_blocking(fsync_path, self.directory)
             self.checkpoints += 1
-            if self._segments:  # not closed meanwhile
+            if self._segments and not self._closing:  # else `close` would delete it
                 self._prepare(taken)
         finally:
             self._checkpointing = None
@@ -1410,14 +1414,24 @@ class CommitLog:
     # -----------------------------------------------------------------------------------------
     # Closing
 
+    def closing(self) -> None:
+        """The queues are closing, their closes fsyncing every journal before `close` deletes the
+        segments: no checkpoint of the log's own starts from now on (one asked for, by a delete or
+        a pack, still runs), and one under way lays no next segment down. On a disk whose fsyncs
+        took seconds, a checkpoint begun by the timer during the queues' closes held the stop for
+        its fsyncs, one after another (a segment's name, the journals, the folder, the next segment
+        laid down)."""
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def close(self) -> None:
         """After every queue closed (their journals fsynced): delete the segments. Any journal
         still open (its close failed) keeps them for the next start's recovery."""
+        self.closing()
         while (running := self._checkpointing) is not None:
             running.wait()
-        if self._timer is not None:  # after the wait: a tick whose checkpoint ran set it again
-            self._timer.cancel()
-            self._timer = None
         self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable
