@@ -751,3 +751,40 @@ def test_a_second_close_waits_for_the_first_and_changes_nothing(
     again = open_collection(tmp_path, defaults, commit_log=True)
     assert again.refused == {} and drain(again, "jobs") == [b"kept"]
     again.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_delete_killed_inside_its_queues_close_still_closes_and_deletes_it(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete whose client is killed while its queue's close waits for an fsync (a connection
+    ended at a stop's time-out): the close goes on to its end, and the stop waits for it as for any
+    delete under way. Cut short, it left the queue half closed and out of the collection: a Kestrel 3
+    journal open past the commit log's close (its segments kept, an error logged)."""
+    settings = {"journal_format": fmt, "sync_journal": "always"}
+    coll = open_collection(tmp_path, settings, runtime=ManualRuntime(), commit_log=True)
+    assert coll.commit_log is not None
+    log_folder = coll.commit_log.directory
+    coll.put("jobs", [b"a", b"b"])
+    assert [item.data for item in coll.remove("jobs")] == [b"a"]  # its checkpoint and its writer file unsynced
+    real, syncing = os.fdatasync, threading.Event()
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    deleting = gevent.spawn(partial(coll.delete, "jobs"))
+    for _ in range(100):
+        if syncing.is_set():
+            break
+        gevent.sleep(0.01)
+    deleting.kill()
+    coll.close()
+    monkeypatch.undo()
+    assert syncing.is_set() and isinstance(deleting.value, gevent.GreenletExit)
+    assert coll.queue_deletes == 1 and coll.queue_names() == []
+    assert not os.path.isdir(log_folder) or os.listdir(log_folder) == []  # no segment kept for recovery
+    again = open_collection(tmp_path, settings, commit_log=True)
+    assert again.refused == {} and again.queue_names() == []
+    again.close()

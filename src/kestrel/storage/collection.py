@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -559,6 +560,19 @@ class QueueCollection:
             if q is None:
                 return
             self._changing[name] = changing = self.runtime.event()
+        # In a task of its own, holding the name until it ends: a kill of the caller (a stop's
+        # time-out, at one of the close's waits for an fsync) ends the caller's wait, not the close,
+        # which the stop waits for as for any delete under way (`close`). Cut short, it left the
+        # queue half closed and out of the collection, a Kestrel 3 journal open past the commit
+        # log's close.
+        failed = side_by_side(self.runtime, [partial(self._destroy, q, changing)])
+        if failed:
+            raise failed[0]
+
+    def _destroy(self, q: PersistentQueue, changing: Event) -> None:
+        """`delete`'s work on queue `q`, taken out of the collection: its files closed and removed,
+        then its name given up. Raises JournalWriteError (the files stay)."""
+        name = q.name
         try:
             gone = q.destroy()
             if self._owners is not None:
