@@ -21,7 +21,7 @@ from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
-from tests.support.queues import drain, open_collection, reopen
+from tests.support.queues import drain, manifest_path, open_collection, reopen
 from tests.support.slow_disk import slow_fsyncs
 
 FORMATS = ["kestrel2", "kestrel3"]
@@ -560,6 +560,32 @@ def test_a_creation_waits_for_its_fsyncs_off_the_loop_and_is_made_once(
     assert coll.queue_creates == 2 and drain(coll, name) == [b"x", b"x"]
     again = reopen(coll)
     assert again.refused == {} and name in again.queue_names()
+    again.close()
+
+
+@pytest.mark.parametrize("fmt, name", [("kestrel2", "jobs"), ("kestrel3", "jobs"), ("kestrel3", "jobs+audit")])
+def test_a_delete_removes_its_files_off_the_loop(tmp_path: Path, fmt: str, name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete's fsyncs (its manifest's write or removal, their folder's; a Kestrel 3 reader's
+    checkpoint leaving the manifest) run on the runtime's pool: the deleting call waits for them
+    while every other task runs on. A Kestrel 2 queue that rotated has a manifest to remove."""
+    coll = open_collection(tmp_path, {"journal_format": fmt, "default_journal_size": 200, "max_memory_size": 100})
+    coll.queue(name)  # a Kestrel 3 child reads its parent's files: they stay
+    for _ in range(20):
+        coll.put("jobs", [b"x" * 50])
+    coll.get("jobs").wait_for_packing()
+    assert manifest_path(tmp_path, "jobs").exists()
+    fsynced_in = slow_fsyncs(monkeypatch, 0.2)
+    deleting = gevent.spawn(partial(coll.delete, name))
+    turns = 0
+    while not deleting.ready():
+        gevent.sleep(0.01)
+        turns += 1
+    monkeypatch.undo()
+    deleting.get()
+    assert fsynced_in and turns > 1 and threading.get_ident() not in fsynced_in
+    again = reopen(coll)
+    assert again.refused == {} and again.queue_names() == ([] if name == "jobs" else ["jobs"])
     again.close()
 
 

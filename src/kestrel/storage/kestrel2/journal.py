@@ -691,19 +691,26 @@ class QueueJournal:
 
     def delete_files(self) -> None:
         """Delete every file of this journal (the queue is closed); the manifest first, so that a
-        crash part way finds no listed file gone. Raises OSError."""
+        crash part way finds no listed file gone. The removal (the manifest's, its folder's fsync,
+        the unlinks) runs on the thread pool: the caller waits, the other queues are served.
+        Raises OSError."""
         if self.commit_log is not None:
             self.commit_log.checkpoint()  # no record in the log may outlive the files it names
+        self.runtime.run_blocking(self._remove_files, self.paths)
+        self._manifest = None
+        self._checked = False
+
+    def _remove_files(self, paths: list[str]) -> None:
+        """On the thread pool: the manifest, then `paths` (the files kept in memory) and every other
+        journal, pack and temporary of the queue on disk. Raises OSError."""
         manifest.remove(self.queue_path, self.name)
-        for path in self.paths:
+        for path in paths:
             if os.path.exists(path):
                 os.unlink(path)
         files = list_journal_files(self.queue_path, self.name)
         for path in files.replay_order() + [p for _, p in files.packs]:
             os.unlink(path)
         remove_temporaries(self.queue_path, self.name)
-        self._manifest = None
-        self._checked = False
 
 
 def _mismatched(path: str, entry: manifest.Entry, why: str) -> damage.Finding:

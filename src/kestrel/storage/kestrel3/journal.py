@@ -537,13 +537,18 @@ class Kestrel3Journal(Generic[R]):
             self.owner.forget(self)
 
     def destroy(self) -> None:
-        """Delete every writer file (no reader is left), once a release under way has ended."""
+        """Delete every writer file (no reader is left), once a release under way has ended; the
+        manifest and the files go on the thread pool (the caller waits, the other queues are served)."""
         self.closed = True
         self.writer.close()
         self.owner.forget(self)
         self.wait_for_release()
         if self.commit_log is not None:
             self.commit_log.checkpoint()  # no record in the log may outlive the files it names
+        self.owner.runtime.run_blocking(self._remove_files)
+
+    def _remove_files(self) -> None:
+        """On the thread pool: the manifest, then every writer file. Raises OSError."""
         manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
         for _, path in list_queue_files(self.queue_path, self.name).writers:
             os.unlink(path)

@@ -203,12 +203,18 @@ class Kestrel3Queue(PersistentQueue):
 
     def _delete_checkpoint(self, checkpoint: ReaderFile) -> None:
         """Delete this reader's closed checkpoint, unlisted first: a crash before the unlink keeps
-        the reader."""
+        the reader. The manifest's write (its fsyncs) and the unlink run on the thread pool: the
+        caller waits, the other queues are served."""
         if checkpoint.commit_log is not None:
             checkpoint.commit_log.checkpoint()  # no record in the log may name a reader deleted
-        if self._journal is not None:
-            self._journal.checkpoint_deleted(self.reader)
-        os.unlink(checkpoint.path)
+        self.runtime.run_blocking(self._unlist_checkpoint, checkpoint.path)
+
+    def _unlist_checkpoint(self, path: str) -> None:
+        """On the thread pool: this reader's checkpoint at `path` leaves the manifest, then the disk."""
+        journal = self._journal
+        if journal is not None:
+            journal.checkpoint_deleted(self.reader)
+        os.unlink(path)
 
     def _load(self, run: list[k3.PutRow], checkpoint: ReaderFile) -> None:
         """The items of `run` this reader has still to consume (by `checkpoint`), counted in at the tail."""
