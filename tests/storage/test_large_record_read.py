@@ -2,7 +2,8 @@
 src/kestrel/storage/kestrel3/files.py): read whole in one read of the size its header gives, its
 item read as itself; from `LARGE_APPEND` bytes on the thread pool while the queue's other changes
 (in Kestrel 3, every reader's of its writer journal) wait at its gate; a size the file does not
-hold allocating nothing. Observed through the reads made and the threads they run on, never timing."""
+hold allocating nothing. A read-behind cursor's read the page cache cannot answer goes to the thread
+pool the same way. Observed through the reads made and the threads they run on, never timing."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import JournalReader, read_journal
 from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import RecordReader
+from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.write_gate import LARGE_APPEND
 from tests.support.queues import aside, drain, journal_files, open_collection, reopen
 
@@ -38,19 +40,24 @@ def large(n: int, size: int = LARGE_APPEND + 1000) -> bytes:
 
 
 class Reads:
-    """`disk.pread` (a reader's one read of a large record) and `os.pread` (its buffer's fills),
-    each call noted with whether it ran on the loop thread and how many bytes it asked for; a
-    `disk.pread` off the loop thread waits for `release` once `hold` is set."""
+    """`disk.pread` (a reader's one read of a large record, or what a read-behind cursor's read
+    found the page cache not to hold), `os.pread` (the buffer's fills of a reader without a gate)
+    and `disk.pread_cached` (a read-behind cursor's reads of the page cache), each call noted with
+    whether it ran on the loop thread and how many bytes it asked for; a `disk.pread` off the loop
+    thread waits for `release` once `hold` is set; with `uncached` the page cache holds nothing."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loop_thread = threading.get_ident()
         self.records: list[tuple[bool, int]] = []
         self.fills: list[int] = []
+        self.cached: list[tuple[bool, int]] = []
         self.hold = False
+        self.uncached = False
         self.started = threading.Event()
         self.release = threading.Event()
         fill = os.pread
-        pread = getattr(disk, "pread", fill)  # (a build without it reads through `os.pread` alone)
+        pread = disk.pread
+        pread_cached = disk.pread_cached
 
         def record(fd: int, size: int, at: int) -> bytes:
             on_loop = threading.get_ident() == self.loop_thread
@@ -64,8 +71,13 @@ class Reads:
             self.fills.append(size)
             return fill(fd, size, at)
 
-        monkeypatch.setattr(disk, "pread", record, raising=False)
+        def from_cache(fd: int, size: int, at: int) -> bytes:
+            self.cached.append((threading.get_ident() == self.loop_thread, size))
+            return b"" if self.uncached else pread_cached(fd, size, at)
+
+        monkeypatch.setattr(disk, "pread", record)
         monkeypatch.setattr(os, "pread", chunk)
+        monkeypatch.setattr(disk, "pread_cached", from_cache)
 
     def wait_started(self, get: gevent.Greenlet) -> None:
         while not self.started.is_set() and not get.ready():
@@ -87,11 +99,13 @@ def test_read_behind_reads_a_large_item_once_off_the_loop(tmp_path: Path, reads:
     for item in items:
         coll.put("q", [item])  # the first fills memory: the others are in the journal only
     assert coll.get("q").in_read_behind  # type: ignore[union-attr]
-    reads.fills.clear()
+    reads.cached.clear()
     assert drain(coll, "q") == items
     # Each item read back: one read of exactly its size, on the thread pool; the buffer's own
-    # fills read no more than a chunk at a time (no record gathered in doubling pieces).
-    assert reads.fills and max(reads.fills) <= CURSOR_CHUNK
+    # fills read no more than a chunk at a time (no record gathered in doubling pieces), from the
+    # page cache on the loop.
+    assert reads.cached and max(size for _, size in reads.cached) <= CURSOR_CHUNK
+    assert all(on_loop for on_loop, _ in reads.cached)
     assert reads.records == [(False, len(item)) for item in items[1:]]
     coll.close()
 
@@ -103,7 +117,10 @@ def test_a_record_under_large_append_is_read_once_on_the_loop(tmp_path: Path, re
     items = [large(n, 3 * CURSOR_CHUNK) for n in range(12)]  # 192 KB each: 4 fill memory
     coll.put("q", items)
     assert drain(coll, "q") == items
-    assert reads.records and all(on_loop and size == len(items[0]) for on_loop, size in reads.records)
+    # each in one read, on the loop: the page cache holds it, so the disk is not waited for
+    large_reads = [(on_loop, size) for on_loop, size in reads.cached if size > CURSOR_CHUNK]
+    assert large_reads and all(on_loop and size == len(items[0]) for on_loop, size in large_reads)
+    assert reads.records == []
     coll.close()
 
 
@@ -144,6 +161,99 @@ def test_items_survive_a_restart_in_read_behind(tmp_path: Path, journal_format: 
     again = reopen(coll)
     assert drain(again, "q") == items[1:]
     again.close()
+
+
+def _file_system(path: Path) -> str:
+    """The type of the file system holding `path` (its mount point's, the longest above it)."""
+    best, kind = "", ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, point, fs_type = line.split()[:3]
+            inside = str(path) == point or str(path).startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, fs_type
+    return kind
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="this system's preadv2 has no RWF_NOWAIT")
+def test_a_read_of_the_page_cache_takes_only_what_it_holds(tmp_path: Path) -> None:
+    """`disk.pread_cached` answers from the page cache alone, never waiting for the disk: what was
+    just written, whole, or up to the file's end; nothing once the file's pages are dropped."""
+    path = tmp_path / "journal"
+    data = os.urandom(256 * 1024)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert disk.pread_cached(fd, CURSOR_CHUNK, 4096) == data[4096:4096 + CURSOR_CHUNK]
+        assert disk.pread_cached(fd, CURSOR_CHUNK, len(data) - 100) == data[-100:]
+        if _file_system(tmp_path) in ("tmpfs", "ramfs"):
+            pytest.skip("a file system in memory keeps every page of its files")
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert disk.pread_cached(fd, CURSOR_CHUNK, 128 * 1024) == b""
+    finally:
+        os.close(fd)
+
+
+@FORMATS
+def test_a_refill_the_page_cache_cannot_answer_is_read_off_the_loop(tmp_path: Path, reads: Reads,
+                                                                    journal_format: str) -> None:
+    """A read-behind cursor's fill of its buffer that would wait for the disk (seconds, on one that
+    stalls) is read on the thread pool, the queue's next change waiting for it and other queues
+    served; what the page cache holds is read on the loop (above)."""
+    coll = open_collection(tmp_path, {"journal_format": journal_format, "max_memory_size": 2000})
+    items = [b"%04d" % n + b"." * 396 for n in range(400)]
+    coll.put("q", items)
+    assert coll.get("q").in_read_behind  # type: ignore[union-attr]
+    reads.uncached = reads.hold = True
+    get = gevent.spawn(partial(drain, coll, "q"))
+    reads.wait_started(get)
+    assert reads.started.is_set(), "the refill was not read off the loop"
+    put = gevent.spawn(partial(coll.put, "q", [b"after"]))
+    assert coll.put("other", [b"meanwhile"]) == 1
+    gevent.sleep(0.01)
+    assert not put.ready()
+    reads.release.set()
+    assert get.get(timeout=60) + drain(coll, "q") == [*items, b"after"]
+    assert reads.records and not any(on_loop for on_loop, _ in reads.records)
+    coll.close()
+
+
+@FORMATS
+def test_a_refill_is_read_on_the_loop_while_another_change_of_its_journal_is_in_progress(
+        tmp_path: Path, reads: Reads, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change waiting for its fsync is still in progress: it would go on while the refill waited
+    off the loop, and find that change half made (its items taken, their records not yet written).
+    So the refill is read on the loop then, as before, and every item keeps its place."""
+    coll = open_collection(tmp_path, {"journal_format": journal_format, "max_memory_size": 2000,
+                                      "sync_journal": "always"}, runtime=ManualRuntime())
+    items = [b"%04d" % n + b"." * 396 for n in range(40)]
+    coll.put("q", items)
+    assert coll.get("q").in_read_behind  # type: ignore[union-attr]
+    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        synced.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    put = gevent.spawn(partial(coll.put, "q", [b"after"]))  # in progress until its fsync ends
+    while not syncing.is_set():
+        gevent.sleep(0.001)
+    reads.uncached = True
+    get = gevent.spawn(partial(coll.remove, "q", 20))  # its commit waits for the fsync in flight too
+    for _ in range(5000):  # until it has read from the disk, whichever way
+        if reads.records or reads.fills:
+            break
+        gevent.sleep(0.001)
+    synced.set()
+    assert put.get(timeout=60) == 1
+    taken = [item.data for item in get.get(timeout=60)]
+    assert all(on_loop for on_loop, _ in reads.records)
+    monkeypatch.undo()
+    assert taken + drain(coll, "q") == [*items, b"after"]
+    coll.close()
 
 
 def _journal(path: Path, *records: bytes) -> Path:

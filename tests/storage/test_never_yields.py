@@ -213,6 +213,26 @@ def test_a_change_waits_for_no_fsync_under_never_a_periodic_sync_or_always_throu
         coll.close()
 
 
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_change_that_may_read_items_back_from_disk_is_not_one_that_never_waits(
+        tmp_path: Path, journal_format: str) -> None:
+    """In read-behind, what the page cache does not hold is read back off the loop: a remove may
+    wait, and so may a put that takes items from the head (one expired there, or old ones it
+    discards to make room); a put that takes none does not."""
+    clock = FakeClock(T0)
+    coll = open_collection(tmp_path, {"journal_format": journal_format, "max_memory_size": 300},
+                           {"full": {"max_items": 10, "discard_old_when_full": True}}, clock=clock)
+    items = [b"%03d" % i + b"." * 60 for i in range(10)]
+    for name in ("q", "full"):
+        assert coll.put(name, items, expiry_ms=T0 + 1000) == 10
+        assert coll.get(name).in_read_behind  # type: ignore[union-attr]
+    assert coll.never_waits("q") and not coll.never_waits("q", removing=True)
+    assert not coll.never_waits("full")  # full: its next put discards the head
+    clock.advance(2000)
+    assert not coll.never_waits("q")  # its next put drops the expired head first
+    coll.close()
+
+
 @pytest.mark.parametrize(("journal_format", "sync"), [("kestrel2", "always"), ("kestrel3", "always"),
                                                       ("kestrel2", "10ms"), ("kestrel3", "10ms")])
 def test_changes_through_the_commit_log_where_acknowledgements_are_held_never_yield(

@@ -14,7 +14,8 @@ runs on a worker thread (`workers`, counted by the runtime's `run_blocking`), an
 worker's Python runs beside the loop's writes. The large appends are written on the thread pool
 (src/kestrel/storage/write_gate.py), through `write_all` and `writev_all`, which give the lock up
 there, so the loop runs meanwhile; so does `pread`, by which a reader reads a record larger than its
-buffer whole, on the thread pool from `LARGE_APPEND` bytes.
+buffer whole, on the thread pool from `LARGE_APPEND` bytes, and by which a read-behind cursor reads
+what `pread_cached` found the page cache not to hold.
 """
 from __future__ import annotations
 
@@ -74,6 +75,28 @@ except ImportError:  # built without a C compiler: every write gives the lock up
     def workers(change: int) -> int:
         """The helper's count of calls on worker threads, which `os.write` does not need."""
         return 0
+
+
+# `preadv2`'s flag for a read that takes only what the page cache holds (Linux 4.14); 0 elsewhere.
+_CACHED_ONLY = getattr(os, "RWF_NOWAIT", 0)
+
+
+def pread_cached(fd: int, size: int, offset: int) -> bytes:
+    """Up to `size` bytes at `offset` that the page cache holds, never waiting for the disk
+    (`preadv2` with `RWF_NOWAIT`): fewer where it holds only the first of them or the file ends
+    first, none where it holds none there. None either where the system cannot tell (no
+    `RWF_NOWAIT`, a file system without it): the caller then reads from the disk. Raises
+    OSError for any other failure."""
+    if not _CACHED_ONLY:
+        return b""
+    room = bytearray(size)
+    try:
+        got = os.preadv(fd, [room], offset, _CACHED_ONLY)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return b""
+        raise
+    return bytes(memoryview(room)[:got])
 
 
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:

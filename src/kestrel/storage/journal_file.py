@@ -93,8 +93,10 @@ class BufferedFile:
     """A file read forward through a buffer (the record readers of both journal formats).
 
     A record larger than the buffer is read whole, or its item on its own, in one read of the size
-    its header gives (`read_at`), never gathered in chunks; from `LARGE_APPEND` bytes that read runs
-    off the loop through the `gate` of the journal's queue (src/kestrel/storage/write_gate.py).
+    its header gives (`read_at`), never gathered in chunks. A reader with the `gate` of its
+    journal's queue (a read-behind cursor) reads from the disk off the loop through it
+    (src/kestrel/storage/write_gate.py): a record from `LARGE_APPEND` bytes, and whatever the page
+    cache does not hold.
     """
 
     def __init__(self, path: str, offset: int, gate: WriteGate | None = None) -> None:
@@ -123,13 +125,33 @@ class BufferedFile:
         self._buf = b""
 
     def read_at(self, size: int, at: int) -> bytes:
-        """`size` bytes of the file at `at` (fewer if it ends first), in one read: off the loop from
-        `LARGE_APPEND` bytes where the reader has a gate. The caller checked the file's size first:
-        a damaged size field allocates nothing."""
+        """`size` bytes of the file at `at` (fewer if it ends first), in one read: a record larger
+        than the buffer, once the caller found the file holds it (a damaged size field allocates
+        nothing). Where the reader has a gate, as `fill_at` reads."""
         gate = self.gate
-        if gate is not None and size >= LARGE_APPEND:
-            return gate.off_loop(disk.pread, self.fd, size, at)
-        return disk.pread(self.fd, size, at)
+        if gate is None:
+            return disk.pread(self.fd, size, at)
+        return self._read_gated(gate, size, at)
+
+    def fill_at(self, size: int, at: int) -> bytes:
+        """The buffer's next `size` bytes, from `at` (fewer if the file ends first). A reader with a
+        gate (a read-behind cursor, reading inside a change) never waits for the disk on the loop
+        (`_read_gated`); one without (replay, the tools) reads on the caller's thread."""
+        gate = self.gate
+        if gate is None:
+            return os.pread(self.fd, size, at)
+        return self._read_gated(gate, size, at)
+
+    def _read_gated(self, gate: WriteGate, size: int, at: int) -> bytes:
+        """What the page cache holds is read on the loop, below `LARGE_APPEND` bytes (more would
+        hold the loop for its copy); the rest, which waits for the disk (seconds on one that
+        stalls), on the thread pool through the gate, the change waiting (`WriteGate.read`)."""
+        data = disk.pread_cached(self.fd, size, at) if size < LARGE_APPEND else b""
+        got = len(data)
+        if got == size or at + got >= os.fstat(self.fd).st_size:
+            return data
+        rest = gate.read(disk.pread, self.fd, size - got, at + got)
+        return data + rest if got else rest
 
     def close(self) -> None:
         if self.fd >= 0:

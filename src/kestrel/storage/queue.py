@@ -289,15 +289,21 @@ class PersistentQueue(ABC):
         `_prepare_change`."""
         if self._locks:
             self._lock.__enter__()
+        gate = self._gate
+        counted = False
         try:
-            if self._gate.busy is not None:
-                self._gate.wait_turn()
+            if gate.busy is not None:
+                gate.wait_turn()
             if self.closed:
                 raise QueueClosed(f"queue {self.name!r} is closed")
+            gate.changes += 1  # in progress from here to `__exit__` (`WriteGate.read`)
+            counted = True
             if self.read_only:
                 self._probe()
             self._prepare_change()
         except BaseException:
+            if counted:
+                gate.changes -= 1
             if self._locks:
                 self._lock.__exit__(None, None, None)
             raise
@@ -314,6 +320,7 @@ class PersistentQueue(ABC):
             else:
                 self._change_failed(error)
         finally:
+            self._gate.changes -= 1
             if self._locks:
                 self._lock.__exit__(None, None, None)
 
@@ -645,8 +652,8 @@ class PersistentQueue(ABC):
         of one slice without a wait, returns without yielding: its changes wait for no fsync, no
         large append or read of its journal runs off the loop, it hands no item to another queue
         (expired or poison: that queue's creation may wait; a poison item dropped is logged after the
-        change), and a remove reads nothing back from disk (in read-behind a large record is read off
-        the loop).
+        change), and it reads nothing back from disk (`_reads_back`: in read-behind, what the page
+        cache does not hold is read off the loop).
 
         No fsync is waited for under `never`, under a periodic sync (a timer or the commit log's
         round fsyncs later), nor under `always` where every file a change commits logs to the
@@ -659,7 +666,19 @@ class PersistentQueue(ABC):
         sync = cfg.sync_journal
         return ((sync is None or sync > 0 or (self._commit_logged() and holder() is not None))
                 and self._gate.busy is None and cfg.expire_to_queue is None and cfg.error_queue is None
-                and not (removing and self._behind is not None))
+                and not self._reads_back(removing))
+
+    def _reads_back(self, removing: bool) -> bool:
+        """Whether a change may read items back from the journal, which waits for the disk where
+        the page cache does not hold them: in read-behind, a remove, or a put that takes items from
+        the head (an expired one, or old ones it discards to make room) or finds none in memory."""
+        if self._behind is None:
+            return False
+        mem = self._mem
+        if removing or not mem or self.config.discard_old_when_full:
+            return True
+        expiry = mem[0].expiry
+        return 0 < expiry <= self.clock.now_ms()
 
     def holds(self, count: int) -> bool:
         """Whether a remove of `count` takes `count` items now: the queue holds them and none can

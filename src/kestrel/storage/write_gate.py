@@ -12,9 +12,15 @@ write is the same system call either way: what fails leaves the journal as it wa
 change, and its acknowledgement still comes after the write (and its fsync under `always`).
 
 A read-behind cursor of either format reads a record of `LARGE_APPEND` bytes or more back the same
-way, in one read on the thread pool (`BufferedFile.read_at`, src/kestrel/storage/journal_file.py):
-the change that reads it is in progress, so the journal's other changes wait at the gate until it
-is read, and nothing that would move the cursor (a change, paging out, a close) runs meanwhile.
+way, in one read on the thread pool (`BufferedFile.read_at`, src/kestrel/storage/journal_file.py),
+and so does it any read the page cache cannot answer (a refill of its buffer from a disk that may
+take seconds): the change that reads is in progress, so the journal's other changes wait at the
+gate until it is read, and nothing that would move the cursor (a change, paging out, a close) runs
+meanwhile. Such a read leaves the loop only while its change is the one change of the journal in
+progress (`WriteGate.read`): another one, already in (a change waiting for its fsync), would go on
+meanwhile and find this one half made, its items taken and their records not yet written (a
+rotation taking that state for a pack, a Kestrel 3 change clearing what this one noted for an
+undo); then it is read on the loop, as before.
 A Kestrel 3 reader's checkpoint rewritten whole (its manifest entry, the file, their fsyncs) goes
 the same way, every reader of the writer journal waiting meanwhile
 (src/kestrel/storage/kestrel3/journal.py, `ReaderFile.replace`).
@@ -37,13 +43,16 @@ LARGE_APPEND: Final = 1 << 20
 
 class WriteGate:
     """The changes of one journal (every reader's, for a Kestrel 3 writer journal) wait here while
-    a large append of theirs is written, or a large record read, off the loop (`off_loop`)."""
+    a large append of theirs is written, or a record read, off the loop (`off_loop`, `read`)."""
 
-    __slots__ = ("runtime", "busy")
+    __slots__ = ("runtime", "busy", "changes")
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.busy: Event | None = None  # set while an append or a read runs off the loop
+        # The journal's changes in progress, counted from their turn at the gate to their end
+        # (`PersistentQueue.__enter__`, `__exit__`), one waiting for its fsync included.
+        self.changes = 0
 
     def wait_turn(self) -> None:
         """Return once no append or read of this journal is running off the loop."""
@@ -63,3 +72,11 @@ class WriteGate:
         finally:
             self.busy = None
             done.set()
+
+    def read(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, a read of the journal that may wait for the disk, made inside a change: off
+        the loop (`off_loop`) when that change is the journal's one change in progress, else on the
+        caller's thread (another change would go on meanwhile and find this one half made)."""
+        if self.changes > 1:
+            return fn(*args)
+        return self.off_loop(fn, *args)

@@ -30,8 +30,8 @@ class JournalReader(BufferedFile):
     read on its own, as the item's bytes themselves; with `check_sizes` the whole record is read
     into one buffer instead (a size one bit off is looked for inside it) and the item copied out,
     and so is an opcode 8, with the byte after it (a CONTINUE or a STATE_DUMP by what follows).
-    From `LARGE_APPEND` bytes the read runs off the loop through the `gate` of the journal's queue
-    (`BufferedFile.read_at`).
+    From `LARGE_APPEND` bytes the read runs off the loop through the `gate` of the journal's queue,
+    and so does a fill of the buffer the page cache cannot answer (`BufferedFile.fill_at`).
     """
 
     def __init__(self, path: str, offset: int = 0, check_sizes: bool = False,
@@ -47,7 +47,7 @@ class JournalReader(BufferedFile):
         self._buf_start += self._pos
         self._pos = 0
         want = max(self.chunk, len(rest))
-        chunk = os.pread(self.fd, want, self._buf_start + len(rest))
+        chunk = self.fill_at(want, self._buf_start + len(rest))
         self._buf = rest + chunk
         self._eof = len(chunk) < want
         return bool(chunk)

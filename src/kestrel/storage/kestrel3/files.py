@@ -80,7 +80,7 @@ class RecordReader(journal_file.BufferedFile):
     A PUT larger than the buffer has its header checked, then its item read on its own in one read
     of the size the header gives, as the item's bytes themselves (no chunks joined, no copy out);
     from `LARGE_APPEND` bytes off the loop through `gate`, the writer journal's
-    (`BufferedFile.read_at`).
+    (`BufferedFile.read_at`), as is a fill of the buffer the page cache cannot answer (`fill_at`).
     """
 
     def __init__(self, path: str, expect: k3.FileKind | None = None, gate: WriteGate | None = None) -> None:
@@ -94,7 +94,7 @@ class RecordReader(journal_file.BufferedFile):
             raise
 
     def _read_header(self, expect: k3.FileKind | None) -> k3.FileKind:
-        header = os.pread(self.fd, k3.MAGIC_SIZE, 0)
+        header = self.fill_at(k3.MAGIC_SIZE, 0)
         kind = k3.kind_of(header)
         if kind is None:
             got = header.hex(" ") if header else "nothing"
@@ -119,7 +119,7 @@ class RecordReader(journal_file.BufferedFile):
         self._buf_start += self._pos
         self._pos = 0
         need = min(max(self.chunk, want), self.size - self._buf_start) - len(rest)
-        self._buf = rest + os.pread(self.fd, need, self._buf_start + len(rest))
+        self._buf = rest + self.fill_at(need, self._buf_start + len(rest))
         return len(self._buf) >= want
 
     def next(self, from_id: int = 0) -> tuple[int, k3.Record] | None:
