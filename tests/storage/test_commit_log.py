@@ -38,6 +38,7 @@ from kestrel.storage.tools import convert, dump
 from tests.conftest import STALL_S
 from tests.support.power_loss import Disk
 from tests.support.queues import drain, one, open_collection
+from tests.support.slow_disk import slow_fdatasyncs
 
 T0 = 1_700_000_000_000
 
@@ -979,14 +980,7 @@ def test_no_checkpoint_of_the_logs_own_starts_while_the_queues_close(
     runtime, log = coll.runtime, coll.commit_log
     assert isinstance(runtime, ManualRuntime) and log is not None
     coll.put("q", [b"kept"])  # in the log, its journal unsynced: the queue's close fsyncs it
-    real, closing = os.fdatasync, threading.Event()
-
-    def slow(fd: int) -> None:
-        closing.set()
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    closing = slow_fdatasyncs(monkeypatch, 0.2).begun
     stopping = gevent.spawn(coll.close)
     for _ in range(int(STALL_S / 0.01)):
         if closing.is_set():

@@ -22,7 +22,7 @@ from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
 from tests.support.queues import drain, manifest_path, open_collection, reopen
-from tests.support.slow_disk import slow_fsyncs
+from tests.support.slow_disk import slow_fdatasyncs, slow_fsyncs
 
 FORMATS = ["kestrel2", "kestrel3"]
 
@@ -597,14 +597,7 @@ def test_a_queue_named_while_its_delete_waits_is_created_anew_after_it(
     delete then removed under it (its item lost, a Kestrel 3 queue refused at the next start)."""
     coll = open_collection(tmp_path, {"journal_format": fmt}, runtime=ThreadsRuntime())
     coll.put("jobs", [b"old"])  # unsynced: the delete's close fsyncs it
-    real, closing = os.fdatasync, threading.Event()
-
-    def slow(fd: int) -> None:
-        closing.set()
-        time.sleep(0.3)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    closing = slow_fdatasyncs(monkeypatch, 0.3).begun
     deleting = threading.Thread(target=coll.delete, args=("jobs",))
     deleting.start()
     assert closing.wait(5)
@@ -792,14 +785,7 @@ def test_a_delete_killed_inside_its_queues_close_still_closes_and_deletes_it(
     log_folder = coll.commit_log.directory
     coll.put("jobs", [b"a", b"b"])
     assert [item.data for item in coll.remove("jobs")] == [b"a"]  # its checkpoint and its writer file unsynced
-    real, syncing = os.fdatasync, threading.Event()
-
-    def slow(fd: int) -> None:
-        syncing.set()
-        time.sleep(0.2)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    syncing = slow_fdatasyncs(monkeypatch, 0.2).begun
     deleting = gevent.spawn(partial(coll.delete, "jobs"))
     for _ in range(100):
         if syncing.is_set():

@@ -17,6 +17,7 @@ class Fsyncs(list[int]):
 
     def __init__(self) -> None:
         super().__init__()
+        self.begun = threading.Event()  # set as the first begins
         self.peak = 0
         self._in_flight = 0
         self._guard = threading.Lock()
@@ -26,6 +27,7 @@ class Fsyncs(list[int]):
             self.append(threading.get_ident())
             self._in_flight += 1
             self.peak = max(self.peak, self._in_flight)
+        self.begun.set()
 
     def ended(self) -> None:
         with self._guard:
@@ -39,6 +41,16 @@ def slow_fsyncs(monkeypatch: pytest.MonkeyPatch, seconds: float, data: bool = Fa
     the fsyncs ran in, as they run: whether one ran on the loop's thread says whether it stalled the
     loop, and how many were in flight at once whether they overlapped, where a clock's reading on a
     busy machine can say neither."""
+    return _slowed(monkeypatch, seconds, ("fsync", "fdatasync") if data else ("fsync",))
+
+
+def slow_fdatasyncs(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Fsyncs:
+    """`slow_fsyncs` of `os.fdatasync` alone (a journal's own fsync, a close's), the folders' fsyncs
+    left as they are; `begun` tells when a close (a delete's, a stop's) is inside its wait."""
+    return _slowed(monkeypatch, seconds, ("fdatasync",))
+
+
+def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float, calls: tuple[str, ...]) -> Fsyncs:
     fsyncs = Fsyncs()
 
     def slowed(real: Callable[[int], None]) -> Callable[[int], None]:
@@ -51,7 +63,6 @@ def slow_fsyncs(monkeypatch: pytest.MonkeyPatch, seconds: float, data: bool = Fa
                 fsyncs.ended()
         return slow
 
-    monkeypatch.setattr(os, "fsync", slowed(os.fsync))
-    if data:
-        monkeypatch.setattr(os, "fdatasync", slowed(os.fdatasync))
+    for call in calls:
+        monkeypatch.setattr(os, call, slowed(getattr(os, call)))
     return fsyncs
