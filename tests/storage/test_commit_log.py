@@ -38,7 +38,7 @@ from kestrel.storage.tools import convert, dump
 from tests.conftest import STALL_S
 from tests.support.power_loss import Disk
 from tests.support.queues import drain, one, open_collection
-from tests.support.slow_disk import slow_fdatasyncs
+from tests.support.slow_disk import slow_fdatasyncs, until_begun
 
 T0 = 1_700_000_000_000
 
@@ -982,10 +982,7 @@ def test_no_checkpoint_of_the_logs_own_starts_while_the_queues_close(
     coll.put("q", [b"kept"])  # in the log, its journal unsynced: the queue's close fsyncs it
     closing = slow_fdatasyncs(monkeypatch, 0.2).begun
     stopping = gevent.spawn(coll.close)
-    for _ in range(int(STALL_S / 0.01)):
-        if closing.is_set():
-            break
-        gevent.sleep(0.01)
+    until_begun(closing)
     runtime.advance(5_000)  # the log's timer comes due while the queue's close waits for its fsync
     stopping.get(timeout=STALL_S)
     monkeypatch.undo()

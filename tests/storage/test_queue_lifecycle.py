@@ -22,7 +22,7 @@ from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
 from tests.support.queues import drain, manifest_path, open_collection, reopen
-from tests.support.slow_disk import slow_fdatasyncs, slow_fsyncs
+from tests.support.slow_disk import slow_fdatasyncs, slow_fsyncs, until_begun
 
 FORMATS = ["kestrel2", "kestrel3"]
 
@@ -711,10 +711,7 @@ def test_a_creation_killed_between_its_calls_on_the_thread_pool_leaves_nothing_o
 
     monkeypatch.setattr(manifest.Keeper, "update", slow)
     creating = gevent.spawn(partial(coll.queue, "fresh"))
-    for _ in range(100):
-        if writing.is_set():
-            break
-        gevent.sleep(0.01)
+    until_begun(writing)
     creating.kill()
     monkeypatch.undo()
     assert isinstance(creating.value, gevent.GreenletExit) and coll.queue_names() == []
@@ -787,10 +784,7 @@ def test_a_delete_killed_inside_its_queues_close_still_closes_and_deletes_it(
     assert [item.data for item in coll.remove("jobs")] == [b"a"]  # its checkpoint and its writer file unsynced
     syncing = slow_fdatasyncs(monkeypatch, 0.2).begun
     deleting = gevent.spawn(partial(coll.delete, "jobs"))
-    for _ in range(100):
-        if syncing.is_set():
-            break
-        gevent.sleep(0.01)
+    until_begun(syncing)
     deleting.kill()
     coll.close()
     monkeypatch.undo()

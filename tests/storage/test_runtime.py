@@ -22,17 +22,7 @@ from kestrel.storage.runtime import GeventRuntime, ManualRuntime, ThreadsRuntime
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
 from tests.support.queues import one
-
-
-def until_begun(started: threading.Event) -> None:
-    """Let the hub run until the blocking call a spawned caller makes has begun on the pool (the
-    call sets `started`); AssertionError after STALL_S."""
-    for _ in range(int(STALL_S / 0.01)):
-        if started.is_set():
-            return
-        gevent.sleep(0.01)
-    raise AssertionError("the blocking call never began")
-
+from tests.support.slow_disk import until_begun
 
 # ---------------------------------------------------------------------------------------------
 # Plain threads

@@ -8,7 +8,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import gevent
 import pytest
+
+from tests.conftest import STALL_S
 
 
 class Fsyncs(list[int]):
@@ -66,3 +69,13 @@ def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float, calls: tuple[str, .
     for call in calls:
         monkeypatch.setattr(os, call, slowed(getattr(os, call)))
     return fsyncs
+
+
+def until_begun(started: threading.Event) -> None:
+    """Let the hub run until the blocking call a spawned caller makes has begun on the pool (the
+    call sets `started`); AssertionError after STALL_S."""
+    for _ in range(int(STALL_S / 0.01)):
+        if started.is_set():
+            return
+        gevent.sleep(0.01)
+    raise AssertionError("the blocking call never began")
