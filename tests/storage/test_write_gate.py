@@ -19,7 +19,9 @@ import pytest
 from kestrel.storage import JournalWriteError, QueueCollection, QueueConfigs, disk
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.journal_file import JournalWriter
+from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
+from tests.conftest import STALL_S
 from tests.support.queues import drain, load_strictly
 
 T0 = 1_700_000_000_000
@@ -220,3 +222,36 @@ def test_a_journal_closed_while_its_large_append_is_written_off_the_loop_closes_
         os.fstat(fd)
     assert closed.value.errno == errno.EBADF
     assert (tmp_path / "q").read_bytes() == LARGE
+
+
+def test_a_change_that_goes_on_after_its_fsync_does_not_rotate_while_a_large_append_is_written(
+        tmp_path: Path, writes: HeldWrites, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kestrel 2 put waiting for its fsync finds the journal due for rotation as it goes on; while
+    another put's append of 1 MB or more is still written off the loop, half made, it leaves the
+    rotation to a later change: rotating then flushed that append's records a second time (the
+    items doubled at the next start, the file refused there as grown past its manifest entry)."""
+    configs = QueueConfigs({"sync_journal": "always", "max_memory_size": 2000})
+    coll = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
+    coll.put("q", [b"x" * 1500])  # the next change's commit finds the journal due
+    real, syncing = os.fdatasync, threading.Event()
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        writes.started.wait(60)  # until the large append is being written
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    waiting = gevent.spawn(partial(coll.put, "q", [b"a" * 600]))  # in its commit: goes on to rotate
+    while not syncing.is_set():
+        gevent.sleep(0.001)
+    batch = [b"%07d" % i + b"." * 93 for i in range(LARGE_APPEND // 100 + 100)]  # one string of records
+    large = gevent.spawn(partial(coll.put, "q", batch))
+    writes.wait_started(large)
+    assert waiting.get(timeout=STALL_S) == 1  # its fsync done, while the large append is held
+    writes.release.set()
+    assert large.get(timeout=60) == len(batch)
+    monkeypatch.undo()
+    coll.close()
+    again = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
+    assert drain(again, "q") == [b"x" * 1500, b"a" * 600, *batch]
+    again.close()

@@ -406,9 +406,14 @@ class Kestrel2Queue(PersistentQueue):
     # Rotation and packing
 
     def _maybe_rotate(self) -> None:
+        """Rotate (and pack) where the live journal is due. Not while its gate is held: a change
+        that went on after its fsync would otherwise rotate while another change's append waits off
+        the loop half made, its records pending (written a second time by the rotation's flush, the
+        file then refused at the next start as grown past its manifest entry) and its items in the
+        state the rotation takes for a pack; a later change rotates."""
         journal = self._journal
         writer = journal.writer
-        if writer is None or journal.pack_pending:
+        if writer is None or journal.pack_pending or self._gate.busy is not None:
             return
         cfg = self.config
         if (self.length == 0 and len(self._opens) <= EMPTY_PACK_OPEN_READS and not self._checkpoints
