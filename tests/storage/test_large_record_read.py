@@ -3,7 +3,8 @@ src/kestrel/storage/kestrel3/files.py): read whole in one read of the size its h
 item read as itself; from `LARGE_APPEND` bytes on the thread pool while the queue's other changes
 (in Kestrel 3, every reader's of its writer journal) wait at its gate; a size the file does not
 hold allocating nothing. A read-behind cursor's read the page cache cannot answer goes to the thread
-pool the same way. Observed through the reads made and the threads they run on, never timing."""
+pool the same way, and so do the reads that place a Kestrel 2 page-out's cursor. Observed through
+the reads made and the threads they run on, never timing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import gevent
 import pytest
 
-from kestrel.storage import CorruptJournalError, disk
+from kestrel.storage import CorruptJournalError, QueueCollection, disk
 from kestrel.storage.journal_file import CURSOR_CHUNK, READ_CHUNK
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import JournalReader, read_journal
@@ -26,6 +27,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.write_gate import LARGE_APPEND
 from tests.support.queues import aside, drain, journal_files, open_collection, reopen
+from tests.support.switches import never_switches
 
 SETTINGS = {"journal_format": "kestrel2", "max_memory_size": "1MB"}
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
@@ -260,6 +262,88 @@ def _journal(path: Path, *records: bytes) -> Path:
     journal = path / "q"
     journal.write_bytes(b"".join(records))
     return journal
+
+
+BACKLOG = [b"%04d" % n + b"." * 396 for n in range(400)]  # 160 KB of journal: three buffers of it
+PAGED = len(BACKLOG) * 400 - 2000  # what paging out to a target of 2000 bytes drops (5 items stay)
+
+
+def backlog(tmp_path: Path) -> QueueCollection:
+    """A Kestrel 2 queue `q` holding BACKLOG in memory, its target lowered to 2000 bytes for a
+    page-out (`shed`, as the memory governor's tick calls it)."""
+    coll = open_collection(tmp_path, {"max_memory_size": "64MB"})
+    coll.put("q", BACKLOG)
+    coll.queue("q").set_memory_target(2000)
+    return coll
+
+
+def test_a_page_out_reads_what_the_page_cache_cannot_answer_off_the_loop(tmp_path: Path,
+                                                                         reads: Reads) -> None:
+    """Paging a Kestrel 2 queue out reads its journal to find the record of the first item it
+    drops; from the memory governor's tick, what the page cache does not hold is read on the thread
+    pool, the queue's changes waiting meanwhile and other queues served (on a disk that stalls, read
+    on the loop it held every client)."""
+    coll = backlog(tmp_path)
+    q = coll.queue("q")
+    reads.uncached = reads.hold = True
+    shed = gevent.spawn(q.shed)
+    reads.wait_started(shed)
+    assert reads.started.is_set(), "the page-out's read was not made off the loop"
+    put = gevent.spawn(partial(coll.put, "q", [b"after"]))
+    assert coll.put("other", [b"meanwhile"]) == 1
+    gevent.sleep(0.01)
+    assert not put.ready()
+    reads.release.set()
+    assert shed.get(timeout=60) == PAGED and q.in_read_behind
+    assert put.get(timeout=60) == 1
+    assert reads.records and not any(on_loop for on_loop, _ in reads.records) and not reads.fills
+    assert drain(coll, "q") == [*BACKLOG, b"after"]
+    coll.close()
+
+
+def test_a_page_out_inside_a_put_reads_on_the_loop(tmp_path: Path, reads: Reads) -> None:
+    """A put over the server's budget pages another queue out at once (`make_room`: `shed` without
+    `wait`), inside its own change, which must not pause: that page-out reads on the loop."""
+    coll = backlog(tmp_path)
+    reads.uncached = True
+    with never_switches("a page-out inside a put"):
+        assert coll.queue("q").shed(wait=False) == PAGED
+    assert reads.fills and not reads.records
+    assert drain(coll, "q") == BACKLOG
+    coll.close()
+
+
+def test_a_page_out_reads_on_the_loop_while_a_change_of_its_queue_is_in_progress(
+        tmp_path: Path, reads: Reads, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change waiting for its fsync is still in progress: it would go on while the page-out's
+    read waited off the loop (a rotation, a pack, a rebuild of memory under the cursor being
+    placed). So the page-out reads on the loop then, as a refill does, and every item keeps its
+    place."""
+    coll = open_collection(tmp_path, {"max_memory_size": "64MB", "sync_journal": "always"},
+                           runtime=ManualRuntime())
+    coll.put("q", BACKLOG)
+    q = coll.queue("q")
+    q.set_memory_target(2000)
+    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        synced.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    put = gevent.spawn(partial(coll.put, "q", [b"after"]))  # in progress until its fsync ends
+    while not syncing.is_set():
+        gevent.sleep(0.001)
+    reads.uncached = True
+    paged = q.shed()
+    synced.set()
+    assert put.get(timeout=60) == 1
+    assert paged == PAGED + len(b"after")
+    assert reads.records and all(on_loop for on_loop, _ in reads.records)  # through the gate, on the loop
+    monkeypatch.undo()
+    assert drain(coll, "q") == [*BACKLOG, b"after"]
+    coll.close()
 
 
 @pytest.mark.parametrize("check_sizes", [False, True], ids=["read-behind", "replay"])

@@ -1173,17 +1173,28 @@ class PersistentQueue(ABC):
         head. Order is kept (the cursor starts at the first item dropped), nothing is lost or
         read twice, and no file is rewritten. A format that cannot place its cursor now frees
         nothing, and so does a queue another thread is changing unless `wait`.
+
+        What placing the cursor reads of the journal (Kestrel 2) and the page cache does not hold
+        is read off the loop with `wait` (the memory governor's tick, a task of its own), through
+        the journal's gate as a change's read (`WriteGate.read`: the page-out counts as one in
+        progress, the queue's changes wait); without it (`make_room`, inside another queue's put,
+        which must not pause) on the loop.
         """
         if not self._lock.acquire(blocking=wait):
             return 0
+        gate = self._gate
         try:
-            if self._gate.busy is not None:  # the items dropped would be read back from bytes not yet written
+            if gate.busy is not None:  # the items dropped would be read back from bytes not yet written
                 return 0
-            return self._shed()
+            gate.changes += 1
+            try:
+                return self._shed(gate if wait else None)
+            finally:
+                gate.changes -= 1
         finally:
             self._lock.release()
 
-    def _shed(self) -> int:
+    def _shed(self, gate: WriteGate | None) -> int:
         if (self.closed or self.read_only or not self._reads_behind
                 or self.memory_bytes <= self.memory_target):
             return 0
@@ -1200,7 +1211,7 @@ class PersistentQueue(ABC):
         count = len(mem) - keep
         if count <= 0:
             return 0
-        cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None)
+        cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None, gate)
         if cursor is None:
             return 0
         freed = 0
@@ -1421,11 +1432,13 @@ class PersistentQueue(ABC):
         """A cursor that reads back the items added after `after` (which filled memory; None: after
         the last item handed to the queue) (src/kestrel/storage/read_behind.py)."""
 
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> Cursor | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None,
+                   gate: WriteGate | None) -> Cursor | None:
         """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
         each never taken; `before` is the item ahead of them) and every item after it, to replace
         any cursor open now (the queue closes that one); None when the format cannot place one now
-        (nothing changes then)."""
+        (nothing changes then). What it reads of the journal to place it, it reads through `gate`
+        (None: on the caller's thread)."""
         return None
 
     def _read_behind_ended(self) -> None:

@@ -20,7 +20,8 @@ meanwhile. Such a read leaves the loop only while its change is the one change o
 progress (`WriteGate.read`): another one, already in (a change waiting for its fsync), would go on
 meanwhile and find this one half made, its items taken and their records not yet written (a
 rotation taking that state for a pack, a Kestrel 3 change clearing what this one noted for an
-undo); then it is read on the loop, as before.
+undo); then it is read on the loop, as before. A page-out (Kestrel 2: the reads that place its
+cursor, `PersistentQueue.shed`) counts as such a change while it runs.
 A Kestrel 3 reader's checkpoint rewritten whole (its manifest entry, the file, their fsyncs) goes
 the same way, every reader of the writer journal waiting meanwhile
 (src/kestrel/storage/kestrel3/journal.py, `ReaderFile.replace`).
@@ -51,7 +52,8 @@ class WriteGate:
         self.runtime = runtime
         self.busy: Event | None = None  # set while an append or a read runs off the loop
         # The journal's changes in progress, counted from their turn at the gate to their end
-        # (`PersistentQueue.__enter__`, `__exit__`), one waiting for its fsync included.
+        # (`PersistentQueue.__enter__`, `__exit__`), one waiting for its fsync included, and a
+        # page-out placing its cursor (`PersistentQueue.shed`).
         self.changes = 0
 
     def wait_turn(self) -> None:
@@ -74,9 +76,10 @@ class WriteGate:
             done.set()
 
     def read(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)`, a read of the journal that may wait for the disk, made inside a change: off
-        the loop (`off_loop`) when that change is the journal's one change in progress, else on the
-        caller's thread (another change would go on meanwhile and find this one half made)."""
+        """`fn(*args)`, a read of the journal that may wait for the disk, made inside a change (or
+        a page-out): off the loop (`off_loop`) when that change is the journal's one change in
+        progress, else on the caller's thread (another change would go on meanwhile and find this
+        one half made)."""
         if self.changes > 1:
             return fn(*args)
         return self.off_loop(fn, *args)

@@ -40,6 +40,7 @@ from kestrel.storage.kestrel2.replay import ADDS, QueueReplay, next_free_xid
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles, list_journal_files
 from kestrel.storage.runtime import DEFAULT_RUNTIME, GeventRuntime, Runtime
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -217,11 +218,13 @@ class Kestrel2Queue(PersistentQueue):
             self._left_read_behind = self._rb.stop is None  # caught up with the live journal
             self._rb = None
 
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> JournalCursor | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None,
+                   gate: WriteGate | None) -> JournalCursor | None:
         """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
         held (all of them, or those before the cursor in read-behind), so their records are the last
         `count` adds before the journal's end or the cursor, found by reading the files there
-        forward. Not while a pack may replace those files.
+        forward, through `gate` (what the page cache does not hold off the loop: `shed`). Not while
+        a pack may replace those files.
 
         Bounded: the records are read through the compiled decoder a buffer at a time, and only the
         offsets of the last `count` adds of a file are kept (8 bytes each, in an `array`, with 64 K
@@ -236,14 +239,14 @@ class Kestrel2Queue(PersistentQueue):
         for key, path in reversed(journal.files()):
             if key > end[0] or (key == LIVE and journal.writer.size == 0):
                 continue  # past the cursor, or a live journal just rotated to (no file until written)
-            offsets = _last_add_offsets(path, count - have, end[1] if key == end[0] else 2**63)
+            offsets = _last_add_offsets(path, count - have, end[1] if key == end[0] else 2**63, gate)
             have += len(offsets)
             if have >= count:
                 break
         else:
             return None
         offset = offsets[0]  # the oldest file read holds the first of the tail
-        reader = JournalReader(path, offset)
+        reader = JournalReader(path, offset, gate=gate)
         try:
             entry = reader.next()
         finally:
@@ -486,10 +489,11 @@ class Kestrel2Queue(PersistentQueue):
         return [self.name]
 
 
-def _last_add_offsets(path: str, keep: int, stop: int) -> array[int]:
-    """The offsets of the last `keep` (at most) ADD records of file `path` before offset `stop`."""
+def _last_add_offsets(path: str, keep: int, stop: int, gate: WriteGate | None) -> array[int]:
+    """The offsets of the last `keep` (at most) ADD records of file `path` before offset `stop`,
+    read through `gate` (`BufferedFile.fill_at`)."""
     offsets: array[int] = array("q")
-    reader = JournalReader(path)
+    reader = JournalReader(path, gate=gate)
     reader.chunk = CURSOR_CHUNK  # no megabyte buffers for the allocator to keep
     try:
         while True:

@@ -42,6 +42,7 @@ from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, 
 from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.runtime import GeventRuntime, Task, side_by_side
+from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
 
@@ -235,9 +236,11 @@ class Kestrel3Queue(PersistentQueue):
     def _start_read_behind(self, after: QItem | None) -> ReaderCursor:
         return ReaderCursor(self, (after.xid if after is not None else self._seen) + 1)
 
-    def _cursor_at(self, first: QItem, count: int, before: QItem | None) -> ReaderCursor | None:
+    def _cursor_at(self, first: QItem, count: int, before: QItem | None,
+                   gate: WriteGate | None) -> ReaderCursor | None:
         """Read-behind from the id of `first`: every item ahead of it and every open read has a
-        lower id (they were added before it), so read-back skips none of them twice."""
+        lower id (they were added before it), so read-back skips none of them twice. Placed by
+        the ids in memory alone: nothing is read."""
         first_id = first.xid
         if before is not None and before.xid >= first_id:
             return None
