@@ -1,18 +1,21 @@
 """What the admin page reads of a queue, from the engine itself: how long the head item has waited,
-its format, read-behind, its files with what its manifest records of each, and where the readers
-of a Kestrel 3 writer journal stand."""
+its format, read-behind, its files with what its manifest records of each (told without waiting for
+a manifest write under way), and where the readers of a Kestrel 3 writer journal stand."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
+import gevent
 import pytest
 
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.crc32c import file_crc32c
 from kestrel.storage.queue import ReaderPosition
+from tests.conftest import STALL_S
 from tests.support.queues import load_strictly, one
 
 ITEM = b"x" * 200
@@ -124,6 +127,45 @@ def test_a_kestrel3_queue_lists_its_readers_and_their_files(tmp_path: Path) -> N
     assert stats["logsize"] == writers[-1].size and stats["journal_size"] == own
     # The writer files, which both read, count once: the child's figure is its checkpoint.
     assert coll.queue("q+child").stats()["journal_size"] == os.path.getsize(tmp_path / "q.read.child")
+    coll.close()
+
+
+@pytest.mark.parametrize("fmt", ["kestrel2", "kestrel3"])
+def test_a_queue_s_files_are_told_while_a_thread_writes_its_manifest(tmp_path: Path, fmt: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotated file's seal lists it in the manifest from a thread, which holds the manifest's
+    lock across its fsyncs (seconds on a disk that stalls). The queue's files are told meanwhile
+    (the dashboard's queue page asks on the loop), from the manifest as last written: waiting for
+    the lock there held every client until the write ended."""
+    coll = collection(tmp_path, journal_format=fmt, default_journal_size=2000, max_memory_size=2000)
+    coll.put("q", [ITEM])  # created, its manifest written
+    loop_thread = threading.get_ident()
+    real, held, released, ended = os.fsync, threading.Event(), threading.Event(), threading.Event()
+
+    def slow(fd: int) -> None:
+        if threading.get_ident() != loop_thread and ".kestrel" in os.readlink(f"/proc/self/fd/{fd}"):
+            held.set()  # the manifest's temporary file, or its folder, written by the seal
+            released.wait(STALL_S)
+            ended.set()
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    for i in range(30):  # 6 KB: the journal rotates, and the seal writes the manifest
+        coll.put("q", [b"%04d" % i + ITEM])
+    for _ in range(int(STALL_S / 0.01)):
+        if held.is_set():
+            break
+        gevent.sleep(0.01)
+    assert held.is_set(), "no manifest write was made from a thread"
+    files = coll.queue("q").journal_files()
+    answered_first = not ended.is_set()
+    released.set()
+    assert answered_first, "the figures waited for the manifest's fsync"
+    assert files and sum(f.role != "live journal" and f.name != "q.read." for f in files) >= 2
+    monkeypatch.undo()
+    coll.queue("q").wait_for_packing()  # the seal listed, it is told as listed from now on
+    rotated = coll.queue("q").journal_files()[0]
+    assert rotated.manifest.endswith(f"CRC32C {file_crc32c(str(tmp_path / rotated.name), rotated.size):08x}")
     coll.close()
 
 

@@ -38,6 +38,7 @@ import errno
 import json
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -244,7 +245,12 @@ def _mismatch(path: str, entry: Entry, growing: bool) -> str | None:
 
 class Keeper:
     """A queue's manifest in memory and on disk; changes are written at once, one at a time
-    (a pack may write from a thread)."""
+    (a pack may write from a thread).
+
+    `listed` is what the manifest lists as last written, a copy replaced after each write and read
+    without the lock: a thread holds the lock across the manifest's fsyncs (a seal, a checkpoint's
+    rewrite: seconds on a disk that stalls), and the figures of the stats and the dashboard, asked
+    on the loop, waited for them there, every client with them."""
 
     def __init__(self, queue_path: str, queue: str, manifest: Manifest) -> None:
         self.queue_path = queue_path
@@ -253,6 +259,7 @@ class Keeper:
         # The operating system's lock, not gevent's: sealing threads and the hub take it, and no
         # holder yields (the writes are plain system calls).
         self.lock: threading.Lock = monkey.get_original("threading", "Lock")()
+        self.listed: Mapping[str, Entry] = dict(manifest.files)
 
     def update(self, changes: dict[str, Entry | None], high_id: int | None = None,
                unlisted: dict[str, Entry] | None = None) -> None:
@@ -268,7 +275,13 @@ class Keeper:
                     self.manifest.files[name] = entry
             if high_id is not None:
                 self.manifest.high_id = max(self.manifest.high_id, high_id)
-            write(self.queue_path, self.queue, self.manifest)
+            self.save()
+
+    def save(self) -> None:
+        """Write the manifest as it stands in memory (the caller holds `lock`), then make `listed`
+        what it lists."""
+        write(self.queue_path, self.queue, self.manifest)
+        self.listed = dict(self.manifest.files)
 
     def list_sealed(self, path: str, first_id: int, last_id: int) -> None:
         """A rotated file holding ids `first_id` to `last_id` is fsynced (in a thread): listed as

@@ -351,11 +351,9 @@ class QueueJournal:
             self._manifest.update({})
 
     def file_figures(self) -> list[JournalFileFigures]:
-        """The rotated journals (packs among them) and the live one, each with its manifest's entry."""
-        listed: dict[str, manifest.Entry] | None = None
-        if self._manifest is not None:
-            with self._manifest.lock:  # a sealing thread may be adding an entry
-                listed = dict(self._manifest.manifest.files)
+        """The rotated journals (packs among them) and the live one, each with its manifest's entry
+        as last written (`Keeper.listed`: no wait for a write under way)."""
+        listed = self._manifest.listed if self._manifest is not None else None
         out = []
         for _, path in self.rotated:
             name = os.path.basename(path)
@@ -392,7 +390,7 @@ class QueueJournal:
                 keeper.manifest.files[os.path.basename(path)] = manifest.seal(path, of=journal)
             except FileNotFoundError:  # packed away meanwhile
                 return
-            manifest.write(self.queue_path, self.name, keeper.manifest)
+            keeper.save()
 
     def _pack_placed(self, pack: str, size: int, crc: int) -> None:
         """The pack is written and fsynced: listed before it becomes `<name>.<ts>.pack`."""

@@ -436,9 +436,8 @@ class Kestrel3Journal(Generic[R]):
 
     def file_figures(self) -> list[JournalFileFigures]:
         """The writer files, oldest first, then each attached reader's checkpoint, with the manifest's
-        entry of each."""
-        with self._keeper.lock:  # a sealing thread may be adding an entry
-            listed = dict(self._keeper.manifest.files)
+        entry of each as last written (`Keeper.listed`: no wait for a write under way)."""
+        listed = self._keeper.listed
         matched = self._check.matched
         paths = [("writer file", f.path) for f in self.writer.files]
         paths += [("reader checkpoint", path) for _, q in sorted(self.readers.items())
