@@ -255,3 +255,100 @@ def test_a_change_that_goes_on_after_its_fsync_does_not_rotate_while_a_large_app
     again = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
     assert drain(again, "q") == [b"x" * 1500, b"a" * 600, *batch]
     again.close()
+
+
+def kestrel3_get_waiting_for_its_fsync(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[QueueCollection, gevent.Greenlet, threading.Event]:
+    """A Kestrel 3 queue under `always` holding `first`, an item expired by now and `second`, and a
+    get of it in progress: `first` taken, its id written, its fsync held until the event is set."""
+    clock = FakeClock(T0)
+    configs = QueueConfigs({"journal_format": "kestrel3", "sync_journal": "always"})
+    coll = load_strictly(QueueCollection(str(path), configs, runtime=ManualRuntime(clock=clock), clock=clock))
+    coll.put("q", [b"first"])
+    coll.put("q", [b"expired"], expiry_ms=T0 + 10)  # the next put's admission takes it from the head
+    coll.put("q", [b"second"], expiry_ms=T0 + 10_000)
+    clock.advance(100)
+    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
+
+    def slow(fd: int) -> None:
+        syncing.set()
+        synced.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    get = gevent.spawn(partial(coll.remove, "q"))
+    while not syncing.is_set():
+        gevent.sleep(0.001)
+    return coll, get, synced
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["written", "failed"])
+def test_a_kestrel3_change_that_goes_on_after_its_fsync_while_a_large_append_is_written_serves_each_item_once(
+        tmp_path: Path, writes: HeldWrites, monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
+    """The get goes on after its fsync while a put of the same reader is half made, its append of
+    1 MB written off the loop and the expired head it took noted. The get's end drops what the
+    reader noted for an undo, the put's note too: nothing is lost by it, as what a put takes from
+    the head before its append left by itself and is never undone (`_settle_later`), written or
+    not. Each item is served once."""
+    coll, get, synced = kestrel3_get_waiting_for_its_fsync(tmp_path, monkeypatch)
+    put = gevent.spawn(partial(coll.put, "q", [LARGE]))
+    writes.wait_started(put)
+    assert writes.large == [False]
+    synced.set()
+    assert [item.data for item in get.get(timeout=60)] == [b"first"]  # gone on, the put still half made
+    if fails:
+        writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    writes.release.set()
+    if fails:
+        with pytest.raises(JournalWriteError):
+            put.get(timeout=60)
+    else:
+        assert put.get(timeout=60) == 1
+    monkeypatch.undo()
+    assert drain(coll, "q") == [b"second", *([] if fails else [LARGE])]
+    assert coll.queue("q").expired_items == 1
+    coll.close()
+
+
+@pytest.mark.parametrize("large", [True, False], ids=["large-append", "small-append"])
+def test_a_kestrel3_change_whose_write_fails_undoes_nothing_of_another_waiting_for_its_fsync(
+        tmp_path: Path, writes: HeldWrites, monkeypatch: pytest.MonkeyPatch, large: bool) -> None:
+    """A put of the same reader fails its write (the disk full) while the get waits for its fsync:
+    the put is undone, and only the put. Undoing what the get noted too put `first` back at the
+    head while the get handed it out, its id on disk: served twice."""
+    coll, get, synced = kestrel3_get_waiting_for_its_fsync(tmp_path, monkeypatch)
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if large:
+        writes.error = full
+        writes.release.set()
+    else:
+        def refused(fd: int, data: bytes) -> int:
+            raise full
+        monkeypatch.setattr(disk, "write", refused)
+    with pytest.raises(JournalWriteError):
+        coll.put("q", [LARGE if large else b"small"])
+    assert not get.ready()
+    synced.set()
+    assert [item.data for item in get.get(timeout=60)] == [b"first"]
+    monkeypatch.undo()
+    assert drain(coll, "q") == [b"second"]
+    coll.close()
+
+
+def test_a_kestrel3_get_whose_fsync_fails_takes_its_item_back_to_the_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a change noted for its undo is its own while it waits for its fsync, and comes back
+    for the undo when that fsync fails: the item it took is at the head again, none lost."""
+    configs = QueueConfigs({"journal_format": "kestrel3", "sync_journal": "always"})
+    coll = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
+    coll.put("q", [b"first", b"second"])
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(JournalWriteError):
+        coll.remove("q")
+    monkeypatch.undo()
+    assert drain(coll, "q") == [b"first", b"second"]
+    coll.close()

@@ -371,7 +371,12 @@ class Kestrel3Queue(PersistentQueue):
 
     def _commit(self, housekeeping: bool = False) -> None:
         """Write the ids the change consumed (raises JournalWriteError, and the change is undone;
-        for housekeeping they wait instead), then wait as the sync policy says."""
+        for housekeeping they wait instead), then wait as the sync policy says.
+
+        What the change noted for an undo is its own while it waits: another change of this reader
+        goes on meanwhile with lists of its own, so that one whose write fails undoes only itself
+        (undoing this one too put its items back at the head as it handed them out, its ids on
+        disk). If the wait fails, this change's notes come back, first, for its undo."""
         ids = self._consumed
         if ids:
             self._consumed = []
@@ -379,7 +384,16 @@ class Kestrel3Queue(PersistentQueue):
                 self._save_later(ids)
             else:
                 self._save(ids)
-        self._sync_checkpoint()
+        left, confirmed, returned = self._left, self._confirmed, self._returned
+        if not (left or confirmed or returned):
+            self._sync_checkpoint()
+            return
+        self._left, self._confirmed, self._returned = [], [], []
+        try:
+            self._sync_checkpoint()
+        except BaseException:
+            self._left[:0], self._confirmed[:0], self._returned[:0] = left, confirmed, returned
+            raise
 
     def _save(self, ids: list[int]) -> None:
         """Append consumed ids (with any a failed write left over) to the checkpoint, without
