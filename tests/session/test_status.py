@@ -25,7 +25,7 @@ def test_status_persists_and_defaults(tmp_path: Path) -> None:
 def test_a_status_set_survives_a_power_cut_and_one_that_cannot_be_written_is_not_taken(tmp_path: Path) -> None:
     path = tmp_path / "status"
     keeper = StatusKeeper(str(path), Status.UP, 0)
-    with Disk() as disk:
+    with Disk(tmp_path) as disk:
         keeper.set(Status.READ_ONLY)
         disk.power_cut(str(tmp_path))  # what no fsync covered is lost
     assert StatusKeeper(str(path), Status.UP, 0).current == Status.READ_ONLY

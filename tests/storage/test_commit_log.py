@@ -577,7 +577,7 @@ def test_a_killed_process_is_recovered_at_the_next_start_even_with_the_log_off(t
 @pytest.mark.parametrize("keep", [0, 5])
 def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp_path: Path, on: bool,
                                                                              keep: int, journal_format: str) -> None:
-    with Disk() as disk:
+    with Disk(tmp_path) as disk:
         coll = collection(tmp_path, on, max_memory_size="300", default_journal_size="200",
                           journal_format=journal_format)
         expected = []
@@ -594,11 +594,22 @@ def test_a_power_cut_loses_no_acknowledged_change_across_rotations_and_packs(tmp
         again.close()
 
 
+def test_a_power_cut_after_the_first_change_the_log_holds_keeps_it(tmp_path: Path) -> None:
+    """The log's folder, made in `.kestrel/` at its first segment, has its name made durable there
+    (it was `.kestrel`'s parent that was fsynced): a power cut lost the folder and the change with it."""
+    with Disk(tmp_path) as disk:
+        collection(tmp_path).put("q", [b"acknowledged"])
+        disk.power_cut(str(tmp_path))
+    again = collection(tmp_path)
+    assert drain(again, "q") == [b"acknowledged"]
+    again.close()
+
+
 def power_cut_under_load(path: Path) -> tuple[list[bytes], str]:
     """Queues `q` and `other` under `commit_log: on`: adds, reliable reads confirmed, then a power
     cut (every journal back to what an fsync covered; the log, fsynced each turn, whole). Returns
     the items `q` must hold, and the log's segment."""
-    with Disk() as disk:
+    with Disk(path) as disk:
         coll = collection(path)
         expected = []
         for n in range(120):
@@ -631,7 +642,7 @@ def test_after_a_power_cut_a_flipped_size_bit_in_the_middle_of_the_log_loses_not
 
 
 def test_after_a_power_cut_a_zero_filled_journal_tail_is_repaired_from_the_log(tmp_path: Path) -> None:
-    with Disk() as disk:
+    with Disk(tmp_path) as disk:
         coll = collection(tmp_path)
         expected = []
         for n in range(60):
@@ -763,7 +774,7 @@ def test_an_fsync_of_the_log_that_fails_falls_back_on_the_journal(tmp_path: Path
 
 def crashed_after_a_power_cut(path: Path) -> list[bytes]:
     """A queue path as a power cut leaves it under `commit_log: on`: journals short, the log whole."""
-    with Disk() as disk:
+    with Disk(path) as disk:
         coll = collection(path)
         items = [b"item-%d" % n for n in range(10)]
         for item in items:
@@ -1484,7 +1495,7 @@ def test_a_round_the_gathering_timer_begins_whose_log_fsync_fails_withholds_only
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
 def test_a_power_cut_loses_no_change_whose_holder_was_told(tmp_path: Path, journal_format: str) -> None:
-    with Disk() as disk:
+    with Disk(tmp_path) as disk:
         coll = gevent_collection(tmp_path, lambda fd: os.fdatasync(fd), journal_format=journal_format)
         told: dict[str, list[bytes]] = {f"q{n}": [] for n in range(6)}
         changes = [0]

@@ -36,11 +36,14 @@ Item = tuple[int, int, bytes]  # put number, expiry (ms, 0 = never), data
 class Side:
     """One format: its collection and, per queue, the model of its items and open reads."""
 
-    def __init__(self, fmt: str, clock: FakeClock, budget: int, always: bool = False) -> None:
+    def __init__(self, fmt: str, clock: FakeClock, budget: int, always: bool = False,
+                 disk: Disk | None = None) -> None:
         self.fmt = fmt
         self.budget = budget
         self.always = always  # `sync_journal: always` with the commit log, on a runtime `Disk` sees
         self.dir = tempfile.mkdtemp(prefix=f"kestrel-{fmt}-")
+        if disk is not None:  # its power cuts start from this empty folder
+            disk.watch(self.dir)
         settings_ = {"max_memory_size": MEMORY, "default_journal_size": 400, "journal_format": fmt,
                      "max_items": LIMITS["q"][0], **({"sync_journal": "always"} if always else {})}
         child = {"max_items": LIMITS["q+c"][0], "discard_old_when_full": LIMITS["q+c"][1]}
@@ -79,11 +82,12 @@ class Side:
 class FormatsAgree(RuleBasedStateMachine):
     budget = 0  # the server's max_memory_total (0: none), whose governor ticks as a rule
     always = False
+    disk: Disk | None = None  # the power cuts' file layer, if any
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.sides = [Side(fmt, self.clock, self.budget, self.always) for fmt in FORMATS]
+        self.sides = [Side(fmt, self.clock, self.budget, self.always, self.disk) for fmt in FORMATS]
         self.counter = 0
         # Queues whose two formats have held their items in different orders since the last
         # restart (a restart reorders them differently): from then on their figures may differ too
@@ -283,8 +287,9 @@ class FormatsAgreeAcrossPowerCuts(FormatsAgree):
 
     @rule(keep=st.integers(0, 40))
     def power_cut(self, keep: int) -> None:
-        for side in self.sides:
+        for side in self.sides:  # both, before either is cut: a wait lets the other side's tasks run
             side.settle()
+        for side in self.sides:
             self.disk.power_cut(side.dir, keep)
         self._restart(crash=True)
 

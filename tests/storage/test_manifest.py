@@ -27,6 +27,7 @@ from kestrel.storage.kestrel2.journal import QueueJournal
 from kestrel.storage.kestrel2.reader import read_journal
 from kestrel.storage.runtime import ThreadsRuntime
 from tests.support.crash_points import InlineRuntime
+from tests.support.power_loss import Disk
 from tests.support.queues import aside, drain, journal_files, load_strictly, manifest_path, one
 
 ITEM = b"x" * 200
@@ -326,6 +327,26 @@ def test_packs_keep_the_manifest_exact(tmp_path: Path) -> None:
     assert record is not None and sorted(record.files) == rotated(tmp_path)
     coll = k2(tmp_path, max_journal_size=8192)
     assert len(drain(coll, "q")) == 25
+    coll.close()
+
+
+def test_a_power_cut_after_a_rotated_journal_is_sealed_finds_it_where_the_manifest_lists_it(
+        tmp_path: Path) -> None:
+    """A seal makes the rotation's rename durable (its folder's fsync) before the manifest lists
+    the rotated journal: the change after the rotation, whose new live journal's creation would have
+    done it, need not come before a power cut (the start refused the queue, a listed file missing)."""
+    configs = QueueConfigs({}, {"q": {"sync_journal": "always", "default_journal_size": 400, "max_memory_size": 600}})
+    with Disk(tmp_path) as disk:
+        coll = load_strictly(QueueCollection(str(tmp_path), configs, runtime=InlineRuntime()))
+        items = [b"%d" % n + ITEM for n in range(9)]  # three to a journal
+        for item in items:
+            coll.put("q", [item])
+        coll.queue("q").wait_for_packing()  # rotated by the last put, sealed: no change since
+        record = manifest.read(str(tmp_path), "q")
+        assert not (tmp_path / "q").exists() and record is not None and sorted(record.files) == rotated(tmp_path)
+        disk.power_cut(str(tmp_path))
+    coll = load_strictly(QueueCollection(str(tmp_path), configs, runtime=InlineRuntime()))
+    assert drain(coll, "q") == items
     coll.close()
 
 

@@ -248,6 +248,8 @@ class PowerCutModel(QueueModel):
         super().__init__()
 
     def _open(self) -> QueueCollection:
+        if self.dir not in self.disk.roots:  # made just now, empty
+            self.disk.watch(self.dir)
         runtime = ManualRuntime(clock=self.clock)  # no group commit: its fsyncs are the ones `Disk` sees
         coll = QueueCollection(self.dir, self.configs, runtime=runtime, commit_log=self.commit_log,
                                max_memory_total=self.budget)

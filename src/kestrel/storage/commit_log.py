@@ -798,8 +798,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
 
 def _hold(queue_path: str, queue: str, records: list[Record]) -> None:
     """Keep a refused queue's records, durably, in `held-<queue>` (replacing what it held)."""
-    folder = directory(queue_path)
-    os.makedirs(folder, exist_ok=True)
+    folder = layout.ensure(queue_path, filenames.COMMIT_LOG_NAME)
     path = os.path.join(folder, HELD_PREFIX + queue)
     temporary = path + filenames.TEMPORARY_MARK
     with contextlib.suppress(FileNotFoundError):
@@ -980,8 +979,7 @@ class CommitLog:
     def open(self) -> None:
         """Start the first segment (the log holds none: recovery ran). Raises OSError, leaving no
         segment behind."""
-        os.makedirs(self.directory, exist_ok=True)
-        fsync_path(self.queue_path)
+        layout.ensure(self.queue_path, filenames.COMMIT_LOG_NAME)  # its name durable, in `.kestrel/`
         self._seq = 1
         path = os.path.join(self.directory, str(self._seq))
         try:

@@ -486,8 +486,10 @@ class Seal:
 
 
 class Sealer:
-    """Rotated files finished in the background, in order: each fsynced and closed, then `then` run
-    in a thread (the manifest reads the whole file for its checksum). `wait` (close) returns once
+    """Rotated files finished in the background, in order: each fsynced and closed, then, in a
+    thread, its folder fsynced (a rotation renamed or created it on the loop without: the manifest
+    must list no name a power cut can take back) and `then` run (the manifest reads the whole file
+    for its checksum). `wait` (close) returns once
     every one is done, the ones in flight included. A file whose finish is not known yet (a pack
     taken at its rotation may replace it) holds its place in that order (`hold`) until `release`
     says what to run for it."""
@@ -534,7 +536,7 @@ class Sealer:
                     if seal.old is not None:
                         seal.old.close()
                     if seal.then is not None:
-                        self.runtime.run_blocking(seal.then)
+                        self.runtime.run_blocking(_named_then, seal.path, seal.then)
                 except OSError:  # logged; the manifest on disk stays as it was (written whole or not at all)
                     log.exception("rotated journal file not sealed into the manifest; tried again at the "
                                   "next rotation", file=seal.path,
@@ -552,3 +554,10 @@ class Sealer:
             done = self._done = self._done or self.runtime.event()
             done.wait()
         self.run()
+
+
+def _named_then(path: str | None, then: Callable[[], None]) -> None:
+    """Make the name `path` durable (its folder fsynced), then run `then` (blocking: in a thread)."""
+    if path is not None:
+        disk.fsync_path(os.path.dirname(path) or ".")
+    then()
