@@ -1,16 +1,17 @@
 """A SIGKILL at every step of rotations, packs, checkpoint rewrites and deletions, in both formats,
-also after a disk error at one step of a Kestrel 2 rotation, pack or seal: each start-up refuses
-nothing, and the queue holds every acknowledged item once and none whose removal was acknowledged
-(`tests/support/crash_points.py` copies the queue path before each change of a name; each copy is
-started on without salvage); and one refuses an older copy of a journal put beside a pack that
-replaced it, at every step."""
+also after a disk error at one step of a Kestrel 2 rotation, pack or seal, and a power cut at every
+step of those under `always` (with and without the commit log): each start-up refuses nothing, and
+the queue holds every acknowledged item once and none whose removal was acknowledged
+(`tests/support/crash_points.py` copies the queue path, or what a power cut would leave of it,
+before each change of a name and each fsync; each copy is started on without salvage); and one
+refuses an older copy of a journal put beside a pack that replaced it, at every step."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.journal import QueueJournal
 from tests.support.crash_points import Crash, CrashPoints, InlineRuntime, skip_fsync
+from tests.support.power_loss import Disk
 from tests.support.queues import drain, load_strictly
 
 Outcomes = dict[str, tuple[list[bytes], ...]]  # by queue: what a start there may find, each a whole queue
@@ -34,14 +36,36 @@ class Model:
         self.held: dict[str, list[bytes]] = {q: [] for q in queues}  # open reads: back first at a start
         self.items: dict[str, list[bytes]] = {q: [] for q in queues}
         self._after: dict[str, list[bytes]] | None = None
+        self._unsure: str | None = None  # a queue being created or deleted
 
     def note(self) -> Outcomes:
-        """What a kill now may leave: the state before the change under way, or after it."""
+        """What a kill now may leave: the state before the change under way, or after it; of a queue
+        being created or deleted, anything or nothing (no outcome); and no other queue."""
         out: Outcomes = {}
         for queue, items in self.items.items():
             states = [items] if self._after is None else [items, self._after.get(queue, items)]
             out[queue] = tuple(self.held[queue] + state for state in states)
+        if self._unsure is not None:
+            out[self._unsure] = ()
         return out
+
+    def create(self, queue: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)`, which makes `queue`, empty."""
+        self._unsure = queue
+        try:
+            fn(*args)
+        finally:
+            self._unsure = None
+            self.items[queue], self.held[queue] = [], []
+
+    def delete(self, queue: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)`, which deletes `queue`."""
+        del self.items[queue], self.held[queue]
+        self._unsure = queue
+        try:
+            fn(*args)
+        finally:
+            self._unsure = None
 
     def change(self, after: dict[str, list[bytes]], fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)`, a change that makes the queues of `after` hold what it says."""
@@ -71,7 +95,11 @@ def check(crashes: list[Crash], configs: QueueConfigs, steps: tuple[str, ...]) -
         except CorruptJournalError as e:
             wrong.append(f"before {crash.step}: refused: {e.reason}")  # the copy kept, to look at
             continue
+        if back := set(coll.queue_names()) - set(crash.note):
+            wrong.append(f"before {crash.step}: {', '.join(sorted(back))} back after its deletion")
         for queue, outcomes in crash.note.items():
+            if not outcomes:  # being created or deleted
+                continue
             got = drain(coll, queue)
             if got not in outcomes:
                 wrong.append(f"before {crash.step}: {queue} holds {len(got)} items, not "
@@ -84,6 +112,19 @@ def check(crashes: list[Crash], configs: QueueConfigs, steps: tuple[str, ...]) -
 @pytest.fixture(autouse=True)
 def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     skip_fsync(monkeypatch)
+
+
+@pytest.fixture(params=["kill", "power-cut"])
+def cut(request: pytest.FixtureRequest, tmp_path: Path, no_fsync: None) -> Iterator[Disk | None]:
+    """What each copy is: what a kill leaves (None), or what a power cut leaves (the `Disk` of the
+    queue path `tmp_path/queues`, made here empty, its fsyncs skipped as the kills' are)."""
+    if request.param == "kill":
+        yield None
+        return
+    queues = tmp_path / "queues"
+    queues.mkdir()
+    with Disk(queues) as disk:
+        yield disk
 
 
 def item(n: int) -> bytes:
@@ -131,13 +172,13 @@ def rotating_queue(queues: Path, sync_journal: str) -> tuple[QueueConfigs, Queue
 
 
 @pytest.mark.parametrize("seals", SEALS, indirect=True)
-def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
-        tmp_path: Path, seals: str) -> None:
+def test_a_kill_or_a_power_cut_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
+        tmp_path: Path, seals: str, cut: Disk | None) -> None:
     queues = tmp_path / "queues"
     configs, coll = rotating_queue(queues, "always")
     model = Model(["q"])
     n = 0
-    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note, disk=cut) as points:
         model.change({"q": [b"held"]}, coll.put, "q", [b"held"])
         model.held["q"], model.items["q"] = [b"held"], []  # opened: back first at every start
         model.change({}, coll.remove, "q", 1, True)
@@ -161,8 +202,8 @@ def test_a_kill_at_every_step_of_kestrel2_rotations_and_packs_refuses_nothing(
 
 
 @pytest.mark.parametrize("seals", [SEALS[0], SEALS[2]], indirect=True)  # the two extremes
-def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag_refuses_nothing(
-        tmp_path: Path, seals: str) -> None:
+def test_a_kill_or_a_power_cut_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag_refuses_nothing(
+        tmp_path: Path, seals: str, cut: Disk | None) -> None:
     """The churn of the end-to-end kills (tests/end_to_end/test_damage_and_durability.py), every
     step of it: `q` fed five items at a time and consumed three at a time, a fanout `q+c` reading
     behind and emptied by flushes (checkpoint packs, and a pack as it catches up), a fanout `q+d`
@@ -178,7 +219,7 @@ def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag
     coll.queue("q+c")
     model = Model(["q", "q+c"])
     n = 0
-    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note, disk=cut) as points:
         for burst in range(8):
             for _ in range(3):
                 batch = [item(n + i) for i in range(5)]
@@ -188,11 +229,9 @@ def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag
             if burst % 4 == 3:
                 model.change({"q+c": []}, coll.flush, "q+c")
             if burst % 6 == 1:
-                coll.queue("q+d")
-                model.items["q+d"], model.held["q+d"] = [], []
+                model.create("q+d", coll.queue, "q+d")
             elif burst % 6 == 4:
-                del model.items["q+d"], model.held["q+d"]  # what a kill part way leaves is not known
-                coll.delete("q+d")
+                model.delete("q+d", coll.delete, "q+d")
             settle(coll, *model.items)
             if burst % 3 == 1:
                 coll.commit_log.checkpoint()
@@ -202,16 +241,17 @@ def test_a_kill_at_every_step_of_kestrel2_fanouts_reading_behind_while_seals_lag
                                     "unlink .kestrel/commit-log/"))
 
 
-def test_a_kill_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refuses_nothing(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", [False, True], ids=["commit_log-off", "commit_log-on"])
+def test_a_kill_or_a_power_cut_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refuses_nothing(
+        tmp_path: Path, cut: Disk | None, log: bool) -> None:
     queues = tmp_path / "queues"
     q = {"journal_format": "kestrel3", "sync_journal": "always", "default_journal_size": 1024}
     configs = QueueConfigs({}, {"q": q})
-    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+    coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime(), commit_log=log))
     coll.queue("q+c")
     model = Model(["q", "q+c"])
     n = 0
-    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note) as points:
+    with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note, disk=cut) as points:
         model.change({"q": [b"held"], "q+c": [b"held"]}, coll.put, "q", [b"held"])
         model.held["q"], model.items["q"] = [b"held"], []  # opened: back first at every start
         model.change({}, coll.remove, "q", 1, True)
@@ -229,8 +269,8 @@ def test_a_kill_at_every_step_of_kestrel3_rotations_rewrites_and_deletions_refus
                 model.change({"q": []}, coll.flush, "q")  # emptied by a checkpoint rewrite
             else:
                 model.change({"q+c": []}, coll.flush, "q+c")
-            coll.queue("q+d")  # a fanout reader created and deleted: its checkpoint comes and goes
-            coll.delete("q+d")
+            model.create("q+d", coll.queue, "q+d")  # a fanout reader created and deleted: its
+            model.delete("q+d", coll.delete, "q+d")  # checkpoint comes and goes
             settle(coll, "q", "q+c")
     coll.close()
     check(points.crashes, configs, ("create q.", "unlink q.", "-> .kestrel/q.manifest"))

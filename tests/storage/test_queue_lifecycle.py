@@ -21,6 +21,7 @@ from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
+from tests.support.power_loss import Disk
 from tests.support.queues import drain, manifest_path, open_collection, reopen
 from tests.support.slow_disk import slow_fdatasyncs, slow_fsyncs, until_begun
 
@@ -586,6 +587,24 @@ def test_a_delete_removes_its_files_off_the_loop(tmp_path: Path, fmt: str, name:
     assert fsynced_in and turns > 1 and threading.get_ident() not in fsynced_in
     again = reopen(coll)
     assert again.refused == {} and again.queue_names() == ([] if name == "jobs" else ["jobs"])
+    again.close()
+
+
+@pytest.mark.parametrize("fmt, name", [("kestrel2", "d"), ("kestrel2", "q+d"), ("kestrel3", "d"),
+                                       ("kestrel3", "q+d")])
+def test_a_deleted_queue_or_fanout_reader_stays_deleted_after_a_power_cut(tmp_path: Path, fmt: str,
+                                                                         name: str) -> None:
+    """A delete's unlinks are made durable (their folder fsynced) before it returns: undone by a
+    power cut, they brought the queue, or the Kestrel 3 reader, back at the next start."""
+    configs = {"journal_format": fmt, "sync_journal": "always"}
+    with Disk(tmp_path) as disk:
+        coll = open_collection(tmp_path, configs, runtime=ManualRuntime())
+        coll.put("q", [b"kept"])
+        coll.put(name, [b"deleted"])
+        coll.delete(name)
+        disk.power_cut(str(tmp_path))
+    again = open_collection(tmp_path, configs, runtime=ManualRuntime())
+    assert again.queue_names() == ["q"] and drain(again, "q") == [b"kept"]
     again.close()
 
 

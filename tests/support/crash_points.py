@@ -1,5 +1,7 @@
-"""A SIGKILL at every step, for tests: a copy of a queue path as it stands before each change of its
-names (a file created, renamed, replaced or deleted), so that a test can start on each.
+"""A SIGKILL or a power cut at every step, for tests: a copy of a queue path as it stands before
+each change of its names (a file created, renamed, replaced or deleted), so that a test can start on
+each; with a `Disk` (tests/support/power_loss.py), a copy of what a power cut would leave there
+instead, taken before each fsync under the queue path too.
 
 `CrashPoints` wraps `os.open` (when it creates), `os.rename`, `os.replace` and `os.unlink`; before
 each call on a path under the queue path it copies the queue path, the server's own directory
@@ -7,7 +9,9 @@ included, to a numbered folder, with the call and what the test's `note` says th
 every write already made (the kernel holds them), so each copy is what a kill at that instant
 leaves (fsyncs change nothing a test of kills looks at: `skip_fsync` saves their time). A copy
 is exact only while nothing else changes the files: the engine's blocking calls run inline
-(`InlineRuntime`), background work on greenlets of this thread.
+(`InlineRuntime`), background work on greenlets of this thread. A power cut keeps only what the
+`Disk` saw fsynced, its names included (fsyncs may then be skipped too: the `Disk` wraps whatever
+`os.fsync` is when it is installed).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, TypeVar
 
 from kestrel.storage.fsync.group_commit import GroupCommit
 from kestrel.storage.runtime import GeventRuntime
+from tests.support.power_loss import Disk
 
 T = TypeVar("T")
 
@@ -47,11 +52,12 @@ class CrashPoints:
     """Copies of `queue_path` into `into/<n>` before each change of a name under it."""
 
     def __init__(self, queue_path: str, into: str, note: Callable[[], Any],
-                 armed: Callable[[], bool] = lambda: True) -> None:
+                 armed: Callable[[], bool] = lambda: True, disk: Disk | None = None) -> None:
         self.queue_path = os.path.abspath(queue_path)
         self.into = into
         self.note = note
         self.armed = armed  # copies are taken only while it says so (after a fault, say)
+        self.disk = disk  # copies of what a power cut leaves (the queue path one of its roots), or None
         self.crashes: list[Crash] = []
         self._real: dict[str, Any] = {}
         self._copying = False
@@ -65,7 +71,11 @@ class CrashPoints:
         self._copying = True
         try:
             copy = os.path.join(self.into, str(len(self.crashes)))
-            shutil.copytree(self.queue_path, copy, ignore=shutil.ignore_patterns("lock"))
+            if self.disk is not None:
+                os.makedirs(self.into, exist_ok=True)
+                self.disk.left_by_cut(self.queue_path, copy)
+            else:
+                shutil.copytree(self.queue_path, copy, ignore=shutil.ignore_patterns("lock"))
             self.crashes.append(Crash(copy, step, self.note()))
         finally:
             self._copying = False
@@ -94,10 +104,21 @@ class CrashPoints:
                 self._copy(f"unlink {self._name(path)}")
             real["unlink"](path, *args, **kwargs)
 
+        def sync(name: str) -> Callable[[int], None]:
+            def call(fd: int) -> None:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+                if self._mine(path) or path == self.queue_path:
+                    self._copy(f"{name} {self._name(path)}")
+                real[name](fd)
+            return call
+
         os.open = open_  # type: ignore[assignment]
         os.rename = move("rename")
         os.replace = move("replace")
         os.unlink = unlink  # type: ignore[assignment]
+        if self.disk is not None:
+            real.update(fsync=os.fsync, fdatasync=os.fdatasync)
+            os.fsync, os.fdatasync = sync("fsync"), sync("fdatasync")
         return self
 
     def uninstall(self) -> None:

@@ -1,6 +1,7 @@
 """The system calls that put a journal's bytes on the disk: writing all of a buffer, fsyncing a file
-or a folder; the one read of a large record a journal reader makes (`pread`); and the open of a
-queue's files, which never waits on a FIFO or a device in a file's place (`open_file`).
+or a folder, unlinking files durably (`remove_files`); the one read of a large record a journal
+reader makes (`pread`); and the open of a queue's files, which never waits on a FIFO or a device in
+a file's place (`open_file`).
 
 This module stays Python in the compiled build (src/kestrel/build.py): the journals' writers call
 `disk.write`, `disk.write_all`, `disk.writev_all` and `disk.fsync_path`, looked up on each call, so
@@ -24,7 +25,7 @@ import errno
 import io
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 pwrite = os.pwrite
 pread = os.pread
@@ -157,6 +158,16 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_files(folder: str, paths: Iterable[str]) -> None:
+    """Unlink the files `paths` of `folder` (one gone already is skipped), then fsync the folder
+    once for them all: an unlink is durable only then, and one a power cut undid brought a deleted
+    queue or reader back at the next start. Blocking: it runs off the loop. Raises OSError."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    fsync_path(folder)
 
 
 def replace_file(path: str, data: bytes, temporary: str, sync: bool = True) -> None:

@@ -19,7 +19,7 @@ import structlog
 from kestrel.storage import damage, filenames, journal_file, layout, manifest
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
-from kestrel.storage.disk import fsync_path
+from kestrel.storage.disk import fsync_path, remove_files
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
@@ -700,14 +700,11 @@ class QueueJournal:
 
     def _remove_files(self, paths: list[str]) -> None:
         """On the thread pool: the manifest, then `paths` (the files kept in memory) and every other
-        journal, pack and temporary of the queue on disk. Raises OSError."""
+        journal and pack of the queue on disk, durably (`disk.remove_files`), and its temporaries.
+        Raises OSError."""
         manifest.remove(self.queue_path, self.name)
-        for path in paths:
-            if os.path.exists(path):
-                os.unlink(path)
         files = list_journal_files(self.queue_path, self.name)
-        for path in files.replay_order() + [p for _, p in files.packs]:
-            os.unlink(path)
+        remove_files(self.queue_path, paths + files.replay_order() + [p for _, p in files.packs])
         remove_temporaries(self.queue_path, self.name)
 
 

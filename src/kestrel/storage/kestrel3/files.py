@@ -20,7 +20,6 @@ from kestrel.storage import disk, journal_file, layout, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.crc32c import crc32c
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.disk import fsync_path
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.filenames import (
     check_name_part,
@@ -626,12 +625,9 @@ class WriterJournal:
 
 
 def delete_writer_files(queue_path: str, going: list[WriterFile]) -> None:
-    """Unlink writer files taken by `take_consumed_files` (one gone already is skipped), then fsync
-    the folder once for all of them: blocking, it runs off the loop. Raises OSError."""
-    for info in going:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(info.path)
-    fsync_path(queue_path)
+    """Delete the writer files taken by `take_consumed_files`, durably (`disk.remove_files`):
+    blocking, it runs off the loop. Raises OSError."""
+    disk.remove_files(queue_path, [info.path for info in going])
 
 
 # ---------------------------------------------------------------------------------------------

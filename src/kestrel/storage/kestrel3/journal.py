@@ -18,7 +18,7 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from kestrel.storage import damage, formats, manifest
+from kestrel.storage import damage, disk, formats, manifest
 from kestrel.storage.commit_log import READER, WRITER, CommitLog, FileLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.errors import CorruptJournalError
@@ -547,10 +547,10 @@ class Kestrel3Journal(Generic[R]):
         self.owner.runtime.run_blocking(self._remove_files)
 
     def _remove_files(self) -> None:
-        """On the thread pool: the manifest, then every writer file. Raises OSError."""
+        """On the thread pool: the manifest, then every writer file, durably. Raises OSError."""
         manifest.remove(self.queue_path, self.name)  # first: a crash part way finds no listed file gone
-        for _, path in list_queue_files(self.queue_path, self.name).writers:
-            os.unlink(path)
+        writers = list_queue_files(self.queue_path, self.name).writers
+        disk.remove_files(self.queue_path, [path for _, path in writers])
 
     def release(self) -> None:
         """Take the writer files every reader has passed, but none the commit log's records still

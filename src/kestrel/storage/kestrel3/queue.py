@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import structlog
 
-from kestrel.storage import fanout
+from kestrel.storage import disk, fanout
 from kestrel.storage.clock import SYSTEM_CLOCK, Clock
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
@@ -211,11 +211,12 @@ class Kestrel3Queue(PersistentQueue):
         self.runtime.run_blocking(self._unlist_checkpoint, checkpoint.path)
 
     def _unlist_checkpoint(self, path: str) -> None:
-        """On the thread pool: this reader's checkpoint at `path` leaves the manifest, then the disk."""
+        """On the thread pool: this reader's checkpoint at `path` leaves the manifest, then the disk
+        (durably: `disk.remove_files`)."""
         journal = self._journal
         if journal is not None:
             journal.checkpoint_deleted(self.reader)
-        os.unlink(path)
+        disk.remove_files(os.path.dirname(path), [path])
 
     def _load(self, run: list[k3.PutRow], checkpoint: ReaderFile) -> None:
         """The items of `run` this reader has still to consume (by `checkpoint`), counted in at the tail."""
