@@ -37,11 +37,14 @@ The kind says which file of the queue the bytes went to, and how recovery puts t
 
 So recovery is idempotent: a record is applied only where its file lacks it, and never twice.
 
-Two rules keep the positions true: a new file (a live journal, a writer file) is created with its
-name durable (its directory fsynced, which also makes a rotation's rename durable) before any record
-of it is written; and no file records name is deleted or replaced (a pack, a writer file every
-reader passed, a deleted queue or reader) before a checkpoint has dropped every record written
-before.
+Two rules keep the positions true: a new file's name is durable (its directory fsynced, which also
+makes a rotation's rename durable) before any record of it could be placed in another file: a
+Kestrel 2 live journal's before any record of it is written, since a record of epoch S placed after
+a power cut that lost the rename would land in the journal that had the name before; a Kestrel 3
+writer file's before a checkpoint drops its records (its first fsync makes it so: recovery makes a
+file whose creation a power cut lost again from its logged header, by its number). And no file
+records name is deleted or replaced (a pack, a writer file every reader passed, a deleted queue or
+reader) before a checkpoint has dropped every record written before.
 """
 
 from __future__ import annotations

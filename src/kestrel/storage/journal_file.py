@@ -235,6 +235,9 @@ class JournalWriter:
         # Where a large append is written off the loop, the changes of its journal waiting
         # (src/kestrel/storage/write_gate.py); None: every append on the caller's thread.
         self.gate: WriteGate | None = None
+        # Its file was created and its name is not durable yet where `names_durably` asks
+        # (`sync_name` makes it so): an `open` for an append, or its first fsync, sees to it first.
+        self.unnamed = False
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
         # uses of the descriptor off the loop now (fsyncs, large appends: `hold`), and the descriptors
@@ -251,33 +254,43 @@ class JournalWriter:
 
     def open(self, name_later: bool = False) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
-        A file it creates has its name made durable too, by an fsync of its folder on the loop (a
-        change never yields), or, with `name_later`, by the caller's `sync_name` (a queue's creation,
-        which may wait)."""
+        A file it creates, or one `create` made whose name is not durable yet (`unnamed`), has its
+        name made durable too where `names_durably` asks: by an fsync of its folder on the loop (a
+        change never yields), before anything is written to it; or, with `name_later`, by
+        `sync_name`, which the caller (a queue's creation, which may wait) or the file's first fsync
+        (`sync_to`) calls."""
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
-        if created and self.names_durably and not name_later:
-            disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
+        if (created or self.unnamed) and self.names_durably:
+            if name_later:
+                self.unnamed = True
+            else:
+                disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
+                self.unnamed = False
 
     def sync_name(self) -> None:
-        """Make the name of the file `open` created (`name_later`) durable where the sync policy or
-        the commit log asks: its folder's fsync on the runtime's thread pool, the caller waiting and
-        the other tasks going on. Raises OSError."""
-        if self.names_durably:
+        """Make the name of the file `open` (`name_later`) or `create` made durable, if it is not
+        yet (`unnamed`): its folder's fsync on the runtime's thread pool, the caller waiting and the
+        other tasks going on. Raises OSError (and the name is still to be made durable)."""
+        if self.unnamed:
             self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
+            self.unnamed = False
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
-        creates it: the queue is found again after a restart), its folder's fsync on the runtime's
-        thread pool (the creation waits, the other tasks go on). Raises OSError."""
+        creates it: the queue is found again after a restart; a rotation's new live journal), its
+        name made durable where `names_durably` asks, by its folder's fsync on the runtime's thread
+        pool (the caller waits, the other tasks go on). Meanwhile an `open` for an append makes the
+        name durable itself, on the loop, before it writes: no record goes to a file whose name a
+        power cut may lose. Raises OSError."""
         if self.fd >= 0 or self.size or os.path.exists(self.path):
             return
         os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
-        if self.names_durably:
-            self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
+        self.unnamed = self.names_durably
+        self.sync_name()
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets
@@ -387,9 +400,12 @@ class JournalWriter:
     def sync_to(self, position: int) -> None:
         """Return once everything up to `position` is on disk (raises OSError when the fsync covering
         it failed). Where the runtime has a group commit (gevent: the server) it shares an fsync
-        round with every other journal; elsewhere writers of this journal share its next fsync."""
+        round with every other journal; elsewhere writers of this journal share its next fsync. A
+        file whose name is not durable yet (`unnamed`) has it made so first."""
         if self.synced >= position:
             return
+        if self.unnamed:  # its bytes on disk vouch for nothing while a power cut may lose its name
+            self.sync_name()
         started = perf_counter()
         group_commit = self.runtime.group_commit()
         if group_commit is not None:

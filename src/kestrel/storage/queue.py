@@ -650,7 +650,8 @@ class PersistentQueue(ABC):
     def never_waits(self, removing: bool = False) -> bool:
         """Whether a put to this queue, a confirm or an abort of open reads, or (`removing`) a remove
         of one slice without a wait, returns without yielding: its changes wait for no fsync, no
-        large append or read of its journal runs off the loop, it hands no item to another queue
+        large append or read of its journal runs off the loop (nothing holds its gate: a Kestrel 2
+        rotation's work neither), it hands no item to another queue
         (expired or poison: that queue's creation may wait; a poison item dropped is logged after the
         change), and it reads nothing back from disk (`_reads_back`: in read-behind, what the page
         cache does not hold is read off the loop).

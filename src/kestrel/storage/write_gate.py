@@ -44,22 +44,40 @@ LARGE_APPEND: Final = 1 << 20
 
 class WriteGate:
     """The changes of one journal (every reader's, for a Kestrel 3 writer journal) wait here while
-    a large append of theirs is written, or a record read, off the loop (`off_loop`, `read`)."""
+    a large append of theirs is written, or a record read, off the loop (`off_loop`, `read`), and
+    while disk work a Kestrel 2 rotation left for before the next change runs (`hold`)."""
 
-    __slots__ = ("runtime", "busy", "changes")
+    __slots__ = ("runtime", "busy", "changes", "_holders")
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.busy: Event | None = None  # set while an append or a read runs off the loop
+        self.busy: Event | None = None  # set while the gate is held (`hold`): an append or read off the loop
         # The journal's changes in progress, counted from their turn at the gate to their end
         # (`PersistentQueue.__enter__`, `__exit__`), one waiting for its fsync included, and a
         # page-out placing its cursor (`PersistentQueue.shed`).
         self.changes = 0
+        self._holders = 0
 
     def wait_turn(self) -> None:
-        """Return once no append or read of this journal is running off the loop."""
+        """Return once nothing holds the gate: no append or read of this journal is running off the
+        loop, no work a rotation left is under way."""
         while (busy := self.busy) is not None:
             busy.wait()
+
+    def hold(self) -> None:
+        """Close the gate now, whatever holds it already: the journal's changes wait at it until
+        every hold is released (`release`)."""
+        if self.busy is None:
+            self.busy = self.runtime.event()
+        self._holders += 1
+
+    def release(self) -> None:
+        """One hold ends; the gate opens with the last, waking the changes that wait."""
+        self._holders -= 1
+        if not self._holders:
+            done, self.busy = self.busy, None
+            if done is not None:
+                done.set()
 
     def off_loop(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` (a system call appending to the journal or reading a record of it) on the
@@ -68,12 +86,11 @@ class WriteGate:
         which takes the call's outcome first, so that the journal counts or cuts back what reached
         it (`Runtime.run_blocking`)."""
         self.wait_turn()
-        done = self.busy = self.runtime.event()
+        self.hold()
         try:
             return self.runtime.run_blocking(fn, *args)
         finally:
-            self.busy = None
-            done.set()
+            self.release()
 
     def read(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)`, a read of the journal that may wait for the disk, made inside a change (or

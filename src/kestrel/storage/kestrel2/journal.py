@@ -19,6 +19,7 @@ import structlog
 from kestrel.storage import damage, filenames, journal_file, layout, manifest
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.commit_log import JOURNAL, CommitLog, FileLog
+from kestrel.storage.deferred_log import log_later
 from kestrel.storage.disk import fsync_path, remove_files
 from kestrel.storage.errors import CorruptJournalError, JournalWriteError
 from kestrel.storage.journal_file import JournalWriter
@@ -26,6 +27,7 @@ from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.read_behind import LIVE, Files
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS
+from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import (
     JournalFileFigures,
     JournalFiles,
@@ -111,6 +113,9 @@ class QueueJournal:
         self._on_disk: manifest.Manifest | None = None  # the manifest as start-up found it
         self.matched_at_start: set[str] = set()  # names of the files start-up found as it lists them
         self._sealer = journal_file.Sealer(runtime)  # rotated journals, until they are in the manifest
+        # The first manifest, written ahead (`_manifest_ahead`): set while a task for it is under way
+        self._manifest_task: Event | None = None
+        self._manifest_writing = False  # ... and once its write has begun
         # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
         # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile,
         # and is known by its file (`_seal_one`).
@@ -509,7 +514,10 @@ class QueueJournal:
         if writer is None:
             return False
         writer.commit()
-        return writer.size >= self.rotate_at
+        size = writer.size
+        if size * 2 >= self.rotate_at and self._manifest is None and self._manifest_task is None:
+            self._manifest_ahead()  # half way to the first rotation
+        return size >= self.rotate_at
 
     def append_now(self, data: bytes) -> None:
         """Append `data` at once (a probe, while no record is pending). Raises OSError."""
@@ -525,12 +533,16 @@ class QueueJournal:
     # -----------------------------------------------------------------------------------------
     # Rotation and packing
 
-    def rotate(self, packed: bool = False) -> int:
-        """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp.
+    def rotate(self, packed: bool = False) -> int | None:
+        """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp, or
+        None when it cannot rotate yet (its first manifest is being written on the thread pool: a
+        later change rotates).
 
         The queue's first rotated file is never without a manifest: one is written before it (the
         rotated file is listed once sealed, or taken at the next start for a rotation not yet
-        recorded), so that a crash just after leaves whole-file checks in force.
+        recorded), so that a crash just after leaves whole-file checks in force. It is written
+        ahead, on the thread pool, once the live journal is half way to its rotation (`sync`); here
+        only where no other task ran since (the loop did not turn: its write holds nothing else).
 
         With `packed` a pack of the state at this rotation is taken with it, and it replaces the
         rotated file: a queue that empties rotates every `default_journal_size` and packs at once.
@@ -544,10 +556,20 @@ class QueueJournal:
         never listed before it: should the pack fail, it is sealed then as any other
         (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
         the manifest lists (`_compare`).
+
+        The new live journal is created with its name made durable (where its sync policy or the
+        commit log asks: `JournalWriter.names_durably`), which makes the rename durable too, before
+        any record of it is written: the commit log names a Kestrel 2 journal by the epoch of its
+        rotation, so a record of the new one placed after a power cut that lost the rename would
+        land in the old one. Its folder's fsync runs on the thread pool while the queue's changes
+        wait at its gate (`_name_live`); a change already in progress that appends to the new
+        journal first makes the name durable itself (`JournalWriter.open`). Never yields.
         """
         assert self.writer is not None
         self.flush()
         if self._manifest is None:
+            if self._manifest_writing:
+                return None  # once it is written
             keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
             keeper.update({})  # kept once written: a rotation that failed here is tried again whole
             self._manifest = keeper
@@ -561,14 +583,61 @@ class QueueJournal:
         old.path = rotated  # what its seal's errors name, the live journal now being a new file
         self.rotated.append((stamp, rotated))
         self.archived_size += old.size
-        self.writer = self._live_writer()
+        live = self.writer = self._live_writer()
         if packed and old.sync_ms is None and old.log is None and self.pack_state is PackState.IDLE \
                 and not self.pack_pending:
             old.close(sync=False)
             self._replaced[rotated] = (self._sealer.hold(rotated), journal)
         else:
             self._sealer.add(old, partial(self._seal_one, rotated, journal))
+        if live.names_durably:
+            self._name_live(live)
         return stamp
+
+    def _name_live(self, live: JournalWriter) -> None:
+        """Create the new live journal with its name (and the rename before it) made durable: in a
+        task of its own, the queue's changes waiting at its gate until its folder's fsync on the
+        thread pool has ended. At once where the queue has no gate, or under plain threads, whose
+        lock holds the changes and which have no loop to hold: then only an error is logged (the
+        next append makes the name durable itself, or fails its change)."""
+        gate = self.gate
+        if gate is None or self._lock is not NO_LOCK:
+            self._create_live(live)
+            return
+        gate.hold()
+        self.runtime.spawn(partial(self._create_live, live, gate))
+
+    def _create_live(self, live: JournalWriter, gate: WriteGate | None = None) -> None:
+        try:
+            live.create()
+        except OSError as e:
+            log_later(self.runtime, log.error, "cannot make the new live journal's name durable; its first "
+                      "append tries again", queue=self.name, file=live.path, error=str(e))
+        finally:
+            if gate is not None:
+                gate.release()
+
+    def _manifest_ahead(self) -> None:
+        """Write the queue's first manifest in a task of its own, on the thread pool, before the
+        rotation that needs it (`rotate`), which waits for it once its write has begun; a close
+        waits for it too (`wait_for_packing`)."""
+        done = self._manifest_task = self.runtime.event()
+        self.runtime.spawn(partial(self._write_first_manifest, done))
+
+    def _write_first_manifest(self, done: Event) -> None:
+        try:
+            if self._manifest is None:  # (else a rotation wrote it, before this task ran)
+                self._manifest_writing = True
+                keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+                self.runtime.run_blocking(keeper.update, {})
+                self._manifest = keeper
+        except OSError as e:
+            log.warning("cannot write the queue's first manifest ahead of its rotation; the rotation "
+                        "writes it", queue=self.name, error=str(e))
+        finally:
+            self._manifest_writing = False
+            self._manifest_task = None
+            done.set()
 
     @property
     def pack_pending(self) -> bool:
@@ -671,7 +740,9 @@ class QueueJournal:
         """Return once every pack taken so far is written (or has failed) and every rotated journal
         is in the manifest (but one whose seal failed, and the ones after it: `Sealer.run`). The
         caller may hold the queue's lock: the pack is then finished here rather than by its own
-        task."""
+        task. The queue's first manifest written ahead (`_manifest_ahead`) is waited for too."""
+        while (writing := self._manifest_task) is not None:
+            writing.wait()
         while (job := self._pack_job) is not None:
             job.written.wait()
             with self._lock:

@@ -446,6 +446,8 @@ class Kestrel2Queue(PersistentQueue):
             log_later(self.runtime, log.error, "cannot rotate the journal; a later change tries again",
                       queue=self.name, file=self._journal.live_path, error=str(e))
             return False
+        if stamp is None:  # not yet: its first manifest is being written, a later change rotates
+            return False
         if self._rb is not None:
             self._rb.live_rotated(stamp)
         if checkpoint:

@@ -437,6 +437,8 @@ class WriterJournal:
         self.file_log = file_log
         self.gate = gate  # where each file's large appends are written off the loop (write_gate.py)
         self.files: list[WriterFile] = []
+        # The writers of files started whose names may not be durable yet (`listable`)
+        self._unnamed: list[JournalWriter] = []
         self._sealer = journal_file.Sealer(runtime)  # rotated files, until they are in the manifest
         # Told of each sealed file, its path and ids (the manifest's keeper); the writer's list is not
         # read there, as the queue changes it meanwhile.
@@ -465,7 +467,7 @@ class WriterJournal:
         """A new queue's first file, its name made durable off the loop (the creation waits). (A
         method of its own: read where `__init__` set it to None, `_writer` would be taken for None
         by the compiled build after `rotate` set it.)"""
-        self.rotate(first=True)
+        self.rotate()
         writer = self._writer
         assert writer is not None
         try:
@@ -540,11 +542,16 @@ class WriterJournal:
         (`JournalWriter.falls_back`)."""
         return self._writer is not None and self._writer.falls_back()
 
-    def rotate(self, first: bool = False) -> WriterFile:
+    def rotate(self) -> WriterFile:
         """Start the next file (an empty file holds just the header) without yielding to other
         greenlets; the previous one is fsynced and closed in the background, the header reaches the
-        disk with the next commit, and the log line is written after. The `first` file of a new
-        queue leaves its name to the caller (`JournalWriter.sync_name`)."""
+        disk with the next commit, and the log line is written after. Its name is made durable off
+        the loop by its first fsync (`JournalWriter.sync_name`, from `sync_to`: the commit that
+        acknowledges a put under `always`, the commit log's checkpoint that drops its records, its
+        close), not by an fsync of the folder on the loop: the commit log names a writer file by its
+        number and makes one whose creation a power cut lost again from its logged header, and no
+        manifest lists it before (`listable`). A new queue's first file has its name made durable by
+        its creation (`_start_first`), which waits."""
         number = self.clock.now_ms()
         if self.files:
             number = max(number, self.current.number + 1)
@@ -554,7 +561,7 @@ class WriterJournal:
         info = WriterFile(number, path)
         writer = self._file_writer(info)
         try:
-            writer.open(name_later=first)
+            writer.open(name_later=True)
             writer.append(k3.WRITER_MAGIC)
         except BaseException:
             # (a full disk): the file it created holds nothing, and would be a stray at the next start
@@ -562,6 +569,8 @@ class WriterJournal:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             raise
+        # (before the file is in `files`: `listable` may be asked from the thread pool meanwhile)
+        self._unnamed = [w for w in self._unnamed if w.unnamed] + ([writer] if writer.unnamed else [])
         self.files.append(info)
         self._writer = writer
         if old is not None:
@@ -569,6 +578,18 @@ class WriterJournal:
             self._sealer.add(old, partial(self._seal, self.files[-2]))
         log_later(self.runtime, log.info, "started writer journal file", queue=self.queue, file=path)
         return self.current
+
+    def listable(self) -> list[WriterFile]:
+        """The files a manifest may list: those before the first whose name may not be durable yet.
+        A manifest listing one could outlive it after a power cut, and the queue would be refused
+        for a listed file missing; unlisted, it is newer than every listed file, which loads. (Asked
+        from the thread pool too: the writers are read after the file list, which `rotate` extends
+        after them.)"""
+        files = list(self.files)
+        unnamed = {w.path for w in self._unnamed if w.unnamed}
+        if unnamed:
+            files = list(takewhile(lambda f: f.path not in unnamed, files))
+        return files
 
     def _file_writer(self, info: WriterFile) -> JournalWriter:
         writer = JournalWriter(info.path, self.sync_ms, self.runtime)

@@ -417,9 +417,10 @@ class Kestrel3Journal(Generic[R]):
 
     def _unlisted(self) -> dict[str, manifest.Entry]:
         """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
-        a manifest listing a newer file lists every older one too, or start-up takes them for strays."""
+        a manifest listing a newer file lists every older one too, or start-up takes them for strays;
+        none whose name may not be durable yet, nor any after it (`WriterJournal.listable`)."""
         listed = self._keeper.manifest.files
-        files = list(self.writer.files)  # one copy: a checkpoint rewrite asks from the thread pool
+        files = self.writer.listable()  # one copy: a checkpoint rewrite asks from the thread pool
         return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in files
                 if (name := os.path.basename(f.path)) not in listed}
 

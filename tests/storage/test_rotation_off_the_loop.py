@@ -1,0 +1,181 @@
+"""A journal's rotation never fsyncs on the event loop: a Kestrel 2 queue's first manifest and its
+new live journal's name are made durable on the thread pool while the queue's changes wait at its
+gate; a Kestrel 3 writer file started by a rotation has its name made durable by its first fsync,
+and no manifest lists it before. Observed through the threads the fsyncs run on and the greenlets
+that are done, never through timing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+
+from kestrel.storage import disk
+from kestrel.storage.journal_file import JournalWriter
+from kestrel.storage.kestrel2.queue import Kestrel2Queue
+from kestrel.storage.kestrel3 import files as k3files
+from kestrel.storage.kestrel3.queue import Kestrel3Queue
+from kestrel.storage.runtime import GeventRuntime
+from tests.support.queues import drain, open_collection, reopen
+from tests.support.slow_disk import slow_fsyncs
+
+ITEM = b"." * 96
+
+
+@pytest.mark.parametrize(("journal_format", "sync", "commit_log"), [
+    ("kestrel2", "never", False), ("kestrel2", "always", False), ("kestrel2", "always", True),
+    ("kestrel2", "10ms", True), ("kestrel3", "always", False), ("kestrel3", "always", True),
+    ("kestrel3", "10ms", True)])
+def test_a_rotation_fsyncs_nothing_on_the_loop(tmp_path: Path, journal_format: str, sync: str,
+                                               commit_log: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Puts through rotations (Kestrel 2: its first manifest, each new live journal's name; Kestrel
+    3: each new writer file's) make every fsync of a folder or a manifest off the loop's thread,
+    and every item is there after a restart."""
+    settings = {"journal_format": journal_format, "sync_journal": sync, "default_journal_size": 2000,
+                "max_memory_size": 2000}
+    coll = open_collection(tmp_path, settings, commit_log=commit_log)
+    coll.put("q", [b"first"])
+    fsynced_in = slow_fsyncs(monkeypatch, 0.01)
+    items: list[bytes] = []
+
+    def produce() -> None:
+        while len([n for n in os.listdir(tmp_path) if n.startswith("q.")]) < 3 and len(items) < 2000:
+            items.append(b"%04d" % len(items) + ITEM)
+            assert coll.put("q", [items[-1]]) == 1
+            gevent.sleep(0.001)  # the loop turns between requests, as it does for a server's clients
+
+    gevent.spawn(produce).get(timeout=60)
+    coll.get("q").wait_for_packing()  # type: ignore[union-attr]
+    monkeypatch.undo()
+    assert len([n for n in os.listdir(tmp_path) if n.startswith("q.")]) >= 3  # it rotated
+    assert fsynced_in and threading.get_ident() not in fsynced_in
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == [b"first", *items]
+    again.close()
+
+
+def test_a_kestrel2_queue_waits_at_its_gate_while_its_new_live_journal_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rotation renames the live journal in the change that made it due; the new one's name
+    (and the rename) is made durable on the thread pool while the queue's next change waits, and
+    the other queues are served."""
+    coll = open_collection(tmp_path, {"sync_journal": "always", "max_memory_size": 2000,
+                                      "default_journal_size": 2000})
+    coll.put("q", [b"first"])
+    coll.queue("other")  # (created now: a creation makes its journal's name durable in the same folder)
+    real, naming, named = os.fsync, threading.Event(), threading.Event()
+
+    def held(fd: int) -> None:
+        if os.path.samefile(f"/proc/self/fd/{fd}", tmp_path) and [n for n in os.listdir(tmp_path)
+                                                                 if n.startswith("q.")]:
+            naming.set()  # the queue path's folder, once a journal rotated: the new live journal's name
+            named.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", held)
+    items: list[bytes] = []
+
+    def produce() -> None:
+        while not naming.is_set() and len(items) < 2000:  # until a rotation's new journal is being named
+            items.append(b"%04d" % len(items) + ITEM)
+            assert coll.put("q", [items[-1]]) == 1
+            gevent.sleep(0.001)
+
+    producing = gevent.spawn(produce)
+    while not naming.is_set() and not producing.ready():
+        gevent.sleep(0.001)
+    assert naming.is_set(), "no rotation"
+    waiting = gevent.spawn(partial(coll.put, "q", [b"after"]))
+    assert coll.put("other", [b"meanwhile"]) == 1
+    gevent.sleep(0.01)
+    assert not waiting.ready()
+    named.set()
+    producing.get(timeout=60)
+    assert waiting.get(timeout=60) == 1
+    monkeypatch.undo()
+    q = coll.get("q")
+    assert isinstance(q, Kestrel2Queue) and q._journal.writer is not None and not q._journal.writer.unnamed
+    again = reopen(coll)
+    assert drain(again, "q") == [b"first", *items, b"after"] and drain(again, "other") == [b"meanwhile"]
+    again.close()
+
+
+def test_an_append_to_a_file_whose_name_is_being_made_durable_makes_it_durable_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change already in progress when a rotation started the new live journal may append to it
+    before the name's fsync on the thread pool has ended: it makes the name durable itself, on the
+    loop, before it writes, so that no record goes to a file a power cut may lose."""
+    writer = JournalWriter(str(tmp_path / "q"), 0, GeventRuntime())
+    events: list[tuple[str, bool]] = []
+    loop = threading.get_ident()
+    real_fsync, real_write = os.fsync, disk.write
+    started = threading.Event()
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", threading.get_ident() == loop))
+        if threading.get_ident() != loop:
+            started.set()
+            time.sleep(0.2)
+        real_fsync(fd)
+
+    def write(fd: int, data: Any) -> int:
+        events.append(("write", threading.get_ident() == loop))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(disk, "write", write)
+    creating = gevent.spawn(writer.create)
+    while not started.is_set():
+        gevent.sleep(0.001)
+    assert writer.unnamed
+    writer.append(b"record")
+    assert events == [("fsync", False), ("fsync", True), ("write", True)]
+    creating.get(timeout=60)
+    assert not writer.unnamed
+    writer.close()
+
+
+def test_no_manifest_lists_a_kestrel3_writer_file_until_its_name_is_durable(tmp_path: Path) -> None:
+    """A writer file a rotation starts has its name made durable by its first fsync; a manifest
+    written before (a reader's checkpoint rewritten, consumed files deleted) lists neither it nor
+    any file after it, so that a power cut cannot leave a manifest naming a file it lost."""
+    writer = k3files.WriterJournal(str(tmp_path), "q", 200, 0, runtime=GeventRuntime())
+    first = writer.current
+    assert [f.path for f in writer.listable()] == [first.path]  # a new queue's: named by its creation
+    while len(writer.files) < 3:
+        writer.append([ITEM], 1)  # rotates, and waits for nothing
+    assert [f.path for f in writer.listable()] == [first.path]
+    writer.commit()  # the newest file's first fsync: its name first
+    writer.wait_for_sealing()  # the ones before, fsynced as they are closed: their names first
+    assert writer.listable() == writer.files
+    writer.close()
+
+
+def test_a_kestrel3_writer_file_whose_name_a_power_cut_lost_is_made_again_from_the_commit_log(
+        tmp_path: Path) -> None:
+    """With the commit log a new writer file's records are logged before its name is durable: a
+    power cut that loses the file loses none of them, recovery making it again from its logged
+    header and records before the queue loads."""
+    settings = {"journal_format": "kestrel3", "sync_journal": "always", "default_journal_size": 600}
+    coll = open_collection(tmp_path / "live", settings, commit_log=True)
+    items = [b"%04d" % i + ITEM for i in range(12)]
+    for item in items:
+        assert coll.put("q", [item]) == 1  # acknowledged: in the log
+    q = coll.get("q")
+    assert isinstance(q, Kestrel3Queue) and q._journal is not None
+    newest = q._journal.writer.current.path
+    assert not [f for f in q._journal.writer.listable() if f.path == newest]  # not named yet
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "live", cut)  # a SIGKILL's files; then a power cut loses the new name
+    os.unlink(cut / os.path.basename(newest))
+    again = open_collection(cut, settings, commit_log=True)
+    assert again.refused == {} and drain(again, "q") == items
+    again.close()
+    coll.close()
