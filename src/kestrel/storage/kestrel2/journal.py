@@ -542,7 +542,8 @@ class QueueJournal:
         rotated file is listed once sealed, or taken at the next start for a rotation not yet
         recorded), so that a crash just after leaves whole-file checks in force. It is written
         ahead, on the thread pool, once the live journal is half way to its rotation (`sync`); here
-        only where no other task ran since (the loop did not turn: its write holds nothing else).
+        only where that write could not run first (the loop did not turn since, or one change took
+        the journal past both marks) or failed.
 
         With `packed` a pack of the state at this rotation is taken with it, and it replaces the
         rotated file: a queue that empties rotates every `default_journal_size` and packs at once.
