@@ -63,9 +63,11 @@ class Disk:
         for name, real in self._real.items():
             setattr(os, name, real)
         self._real.clear()
-        for fd in self._held.values():
-            os.close(fd)
-        self._held.clear()
+        with self._lock:
+            self._cuts += 1  # (an fsync under way notes nothing now)
+            for fd in self._held.values():
+                os.close(fd)
+            self._held.clear()
 
     def watch(self, root: str | Path) -> None:
         """Take the tree under `root` as durable, as it is now; `power_cut` may then cut it."""
