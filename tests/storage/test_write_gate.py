@@ -1,7 +1,8 @@
 """Large appends written off the event loop (src/kestrel/storage/write_gate.py): the write runs on
 another thread while the loop serves other queues, the changes of its own journal wait their turn,
-and a write that fails leaves the journal as it was. Observed through the threads the system
-calls run on and the greenlets that are done, never through timing."""
+and a write that fails leaves the journal as it was; so do they while a change hands items to
+another queue. Observed through the threads the system calls run on and the greenlets that are
+done, never through timing."""
 
 from __future__ import annotations
 
@@ -351,4 +352,263 @@ def test_a_kestrel3_get_whose_fsync_fails_takes_its_item_back_to_the_head(
         coll.remove("q")
     monkeypatch.undo()
     assert drain(coll, "q") == [b"first", b"second"]
+    coll.close()
+
+
+# A change that hands items to another queue (an expired item to `expire_to_queue`, a poison item to
+# its `error_queue`) pauses half made while that queue's put waits: the journal's other changes
+# wait at its gate meanwhile (`WriteGate.hand_over`), and what it noted is its own.
+
+FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+
+
+def file_of(fd: int) -> str:
+    """The name of the file open at `fd` ("" once closed)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return ""
+
+
+class HeldSyncs:
+    """`os.fdatasync` of the files of queue `name` (`name`, `name.<n>`, `name.read.`) held on their
+    thread from `hold(name)` until `release(name)`, then failing with the error given there, if
+    one is; other fsyncs go through."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.held: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self.errors: dict[str, OSError] = {}
+        real = os.fdatasync
+
+        def sync(fd: int) -> None:
+            name = file_of(fd).partition(".")[0]
+            events = self.held.get(name)
+            if events is not None:
+                events[0].set()
+                events[1].wait(60)
+                if name in self.errors:
+                    raise self.errors.pop(name)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", sync)
+
+    def hold(self, name: str) -> None:
+        self.held[name] = (threading.Event(), threading.Event())
+
+    def wait_held(self, name: str, task: gevent.Greenlet) -> None:
+        """Let the loop run until an fsync of `name`'s files is held (or `task` ended)."""
+        while not self.held[name][0].is_set() and not task.ready():
+            gevent.sleep(0.001)
+        assert not task.ready(), f"{task} ended without waiting for an fsync of {name!r}"
+
+    def release(self, name: str, error: OSError | None = None) -> None:
+        if error is not None:
+            self.errors[name] = error
+        self.held.pop(name)[1].set()
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSyncs]:
+    held = HeldSyncs(monkeypatch)
+    yield held
+    for name in list(held.held):
+        held.release(name)
+
+
+def refuse_writes(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], bool]) -> None:
+    """`disk.write` (a journal's appends under 1 MB) fails with ENOSPC where `refused(fd)`."""
+    write = disk.write
+
+    def full(fd: int, data: bytes | memoryview) -> int:
+        if refused(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(fd, data)
+
+    monkeypatch.setattr(disk, "write", full)
+
+
+def expiring(path: Path, journal_format: str, q: dict[str, str] | None = None) -> tuple[QueueCollection, FakeClock]:
+    """Queue `q` holding `h`, expired by now, then `x` and `y`, its expired items moved to `dead`,
+    whose changes wait for their fsync (`always`); the clock, for a put before `h` expires."""
+    clock = FakeClock(T0)
+    configs = QueueConfigs({"journal_format": journal_format},
+                           {"q": {"expire_to_queue": "dead", **(q or {})}, "dead": {"sync_journal": "always"}})
+    coll = load_strictly(QueueCollection(str(path), configs, runtime=ManualRuntime(clock=clock), clock=clock))
+    coll.queue("dead")
+    coll.put("q", [b"h"], T0 + 10)
+    coll.put("q", [b"x", b"y"])
+    return coll, clock
+
+
+def settled(task: gevent.Greenlet) -> list[bytes]:
+    """What a get returned (nothing if it failed with JournalWriteError)."""
+    try:
+        return [item.data for item in task.get(timeout=60)]
+    except JournalWriteError:
+        return []
+
+
+@FORMATS
+def test_a_get_handing_an_expired_item_over_keeps_it_when_the_expiry_queue_then_refuses_it(
+        tmp_path: Path, writes: HeldWrites, monkeypatch: pytest.MonkeyPatch, journal_format: str) -> None:
+    """`dead`'s put of `h` waits its turn behind a large append of `dead`, and then `dead`'s disk is
+    full: the get is undone, `h` at the head again. Meanwhile another get of `q` waits its turn:
+    going on, it took `x` and wrote that `h` had left (its REMOVE; its id consumed), and the undo
+    lost `h`."""
+    coll, clock = expiring(tmp_path, journal_format)
+    clock.advance(100)
+    large = gevent.spawn(partial(coll.put, "dead", [LARGE]))
+    writes.wait_started(large)
+    get = gevent.spawn(partial(coll.remove, "q"))
+    gevent.sleep(0.01)
+    other = gevent.spawn(partial(coll.remove, "q"))
+    gevent.sleep(0.01)
+    went_on = other.ready()
+    refuse_writes(monkeypatch, lambda fd: file_of(fd).startswith("dead"))
+    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    writes.release.set()
+    with pytest.raises(JournalWriteError):
+        large.get(timeout=60)
+    with pytest.raises(JournalWriteError, match="'dead'"):
+        get.get(timeout=60)
+    took = settled(other)  # nothing: it finds `h` at the head again, and `dead` refusing it
+    monkeypatch.undo()
+    assert (took, drain(coll, "q"), drain(coll, "dead")) == ([], [b"x", b"y"], [b"h"])
+    assert not went_on
+    coll.close()
+    again = load_strictly(QueueCollection(str(tmp_path), coll.configs, runtime=ManualRuntime()))
+    assert drain(again, "q") == drain(again, "dead") == []
+    again.close()
+
+
+@FORMATS
+def test_a_change_whose_write_fails_while_a_get_hands_an_expired_item_over_undoes_only_itself(
+        tmp_path: Path, syncs: HeldSyncs, monkeypatch: pytest.MonkeyPatch, journal_format: str) -> None:
+    """A put of `q` comes while the get moving `h` waits for `dead`'s fsync, and its write fails
+    (the disk full): it waits its turn, and is undone alone. Going on, it undid the get with itself
+    (Kestrel 2: memory replayed from the journal; Kestrel 3: the get's notes undone), `h` back at
+    the head while `dead` took it, and the get moved `h` again: served twice."""
+    coll, clock = expiring(tmp_path, journal_format)
+    clock.advance(100)
+    syncs.hold("dead")
+    get = gevent.spawn(partial(coll.remove, "q"))
+    syncs.wait_held("dead", get)
+    put = gevent.spawn(partial(coll.put, "q", [b"z"]))
+    refuse_writes(monkeypatch, lambda fd: gevent.getcurrent() is put)
+    gevent.sleep(0.01)
+    went_on = put.ready()
+    syncs.release("dead")
+    with pytest.raises(JournalWriteError, match="disk is full"):
+        put.get(timeout=60)
+    assert (settled(get), drain(coll, "dead"), drain(coll, "q")) == ([b"x"], [b"h"], [b"y"])
+    assert not went_on
+    coll.close()
+
+
+@FORMATS
+def test_a_change_whose_fsync_fails_while_a_get_hands_an_expired_item_over_undoes_only_itself(
+        tmp_path: Path, syncs: HeldSyncs, journal_format: str) -> None:
+    """A put of `q` (`always`) waiting for its fsync when the get starts moving `h` to `dead`: its
+    fsync fails while the get waits for `dead`'s. Kestrel 2 replays its journal once the get has
+    written its records (`_rebuild` waits its turn); Kestrel 3 undoes the put alone, the get's
+    notes its own meanwhile. Undone with the put, the get moved `h` a second time."""
+    coll, clock = expiring(tmp_path, journal_format, {"sync_journal": "always"})
+    syncs.hold("q")
+    put = gevent.spawn(partial(coll.put, "q", [b"z"]))
+    syncs.wait_held("q", put)
+    clock.advance(100)  # `h` expired: the get moves it
+    syncs.hold("dead")
+    get = gevent.spawn(partial(coll.remove, "q"))
+    syncs.wait_held("dead", get)
+    syncs.release("q", OSError(errno.EIO, os.strerror(errno.EIO)))
+    gevent.sleep(0.01)
+    syncs.release("dead")
+    with pytest.raises(JournalWriteError):
+        put.get(timeout=60)
+    assert (settled(get), drain(coll, "dead")) == ([b"x"], [b"h"])
+    assert drain(coll, "q") == [b"y", b"z"]  # (written, and so kept: its fsync's outcome unknown)
+    coll.close()
+
+
+@FORMATS
+def test_an_abort_handing_a_poison_item_over_keeps_the_journal_in_the_order_of_memory(
+        tmp_path: Path, syncs: HeldSyncs, journal_format: str) -> None:
+    """An abort returns `b` to the head, then hands poison `a` to `dead` and waits for its fsync,
+    its records (the return of `b`) not yet written. A get of `q` waits its turn: going on, it took
+    `b` from memory and wrote a Kestrel 2 REMOVE, which the journal applied to the head it held,
+    `c`; the next start served `b` again and lost `c`."""
+    configs = QueueConfigs({"journal_format": journal_format},
+                           {"q": {"max_errors": 2, "error_queue": "dead"}, "dead": {"sync_journal": "always"}})
+    coll = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
+    coll.queue("dead")
+    coll.put("q", [b"a", b"b", b"c"])
+    first = coll.remove("q", transaction=True)[0]
+    coll.unremove("q", [first.xid])  # one error: the next abort makes `a` poison
+    a, b = coll.remove("q", 2, transaction=True)
+    assert (a.data, b.data) == (b"a", b"b")
+    syncs.hold("dead")
+    abort = gevent.spawn(partial(coll.unremove, "q", [b.xid, a.xid]))
+    syncs.wait_held("dead", abort)
+    get = gevent.spawn(partial(coll.remove, "q"))
+    gevent.sleep(0.01)
+    went_on = get.ready()
+    syncs.release("dead")
+    assert abort.get(timeout=60) == 2
+    assert settled(get) == [b"b"]
+    coll.close()
+    again = load_strictly(QueueCollection(str(tmp_path), configs, runtime=ManualRuntime()))
+    assert (drain(again, "q"), drain(again, "dead")) == ([b"c"], [b"a"])
+    assert not went_on
+    again.close()
+
+
+@FORMATS
+def test_an_expiry_queue_handing_items_back_passes_the_gate_of_the_change_that_waits_for_it(
+        tmp_path: Path, journal_format: str) -> None:
+    """`q` and `dead` move their expired items to each other: `dead`'s put of `h`, inside the get
+    that holds `q`'s gate, moves `dead`'s own expired item to `q` through that gate (its own task's),
+    rather than wait for itself for good."""
+    coll, clock = expiring(tmp_path, journal_format)
+    coll.reload(QueueConfigs({"journal_format": journal_format},
+                             {"q": {"expire_to_queue": "dead"}, "dead": {"expire_to_queue": "q"}}), {})
+    coll.put("dead", [b"e"], T0 + 10)
+    clock.advance(100)
+    get = gevent.spawn(partial(coll.remove, "q"))
+    assert [item.data for item in get.get(timeout=STALL_S)] == [b"x"]
+    assert (drain(coll, "q"), drain(coll, "dead")) == ([b"y", b"e"], [b"h"])
+    coll.close()
+
+
+def test_a_kestrel2_change_going_on_after_its_fsync_packs_nothing_while_a_get_hands_an_item_over(
+        tmp_path: Path, writes: HeldWrites, syncs: HeldSyncs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A get of `q`'s backlog waits for its fsync, its refill having caught the cursor up: its end
+    packs what the backlog left behind. It goes on while another get moves `h` to `dead` (waiting
+    its turn behind a large append of `dead`, whose disk is then full), and leaves that pack to a
+    later change: its rotation wrote the other get's pending REMOVE of `h`, its pack held `h` no
+    more, and the get's undo, a replay, lost `h`."""
+    coll, clock = expiring(tmp_path, "kestrel2", {"max_memory_size": "1000", "sync_journal": "always"})
+    backlog = [b"%02d" % n + b"." * 298 for n in range(10)]
+    coll.flush("q")
+    coll.put("q", backlog)  # read-behind, a rotated file
+    coll.put("q", [b"h"], T0 + 10)
+    coll.put("q", [b"x"])
+    syncs.hold("q")
+    drained = gevent.spawn(partial(coll.remove, "q", len(backlog)))
+    syncs.wait_held("q", drained)
+    clock.advance(100)
+    large = gevent.spawn(partial(coll.put, "dead", [LARGE]))
+    writes.wait_started(large)
+    get = gevent.spawn(partial(coll.remove, "q"))
+    gevent.sleep(0.01)
+    syncs.release("q")
+    assert [item.data for item in drained.get(timeout=60)] == backlog
+    refuse_writes(monkeypatch, lambda fd: file_of(fd).startswith("dead"))
+    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    writes.release.set()
+    with pytest.raises(JournalWriteError):
+        large.get(timeout=60)
+    with pytest.raises(JournalWriteError, match="'dead'"):
+        get.get(timeout=60)
+    monkeypatch.undo()
+    assert (drain(coll, "q"), drain(coll, "dead")) == ([b"x"], [b"h"])
     coll.close()

@@ -37,8 +37,8 @@ def hand_over(to: Receiver | None, queue: str, error_queue: str | None, item: QI
               runtime: Runtime) -> bool:
     """Give poison `item` of `queue` (whose error queue is `error_queue`) to `to` (None drops it);
     False when that refuses it, and the abort returns it to the head instead. Called before the
-    read is closed, so a failure here loses nothing (at worst, a read closed meanwhile by another
-    client leaves a copy in the error queue)."""
+    read is closed, so a failure here loses nothing; the queue's other changes wait meanwhile
+    (`PersistentQueue._hand_over`)."""
     if to is None:
         return True
     try:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from operator import attrgetter
-from typing import ClassVar, Final, Protocol
+from typing import ClassVar, Final, Protocol, TypeVar
 
 import structlog
 
@@ -48,6 +48,8 @@ from kestrel.storage.write_gate import WriteGate
 log = structlog.get_logger("kestrel.queue")
 
 _XID = attrgetter("xid")
+
+T = TypeVar("T")
 
 # Called by every put and get, bound once: names imported from a module the build leaves
 # interpreted (`storage.item`, the Python twin of its C helper) are looked up in this module's
@@ -785,10 +787,29 @@ class PersistentQueue(ABC):
             target_name = self.config.expire_to_queue
             if (target_name and self._expire_to is not None
                     and (head.data or head.expiry != self._placeholder_expiry)):
-                target = self._expire_to(target_name)
-                if target is not None and target is not self:
-                    target.put([head.data])
+                self._hand_over(self._move_expired, target_name, head.data)
         return removed
+
+    def _move_expired(self, target_name: str, data: bytes) -> None:
+        """An expired item's data to `expire_to_queue` (found, or made, by name; not to this queue,
+        which drops it)."""
+        assert self._expire_to is not None
+        target = self._expire_to(target_name)
+        if target is not None and target is not self:
+            target.put([data])
+
+    def _hand_over(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, the change in progress handing items to another queue, which may pause
+        (that queue's creation, its gate, its fsync) with this change half made: what the change
+        noted is its own meanwhile (`_set_aside`), and the journal's other changes wait at its gate
+        (`WriteGate.hand_over`). Another one going on found this one half made: it wrote this
+        one's records or consumed ids before that queue had the items (lost, should its put fail),
+        or undid this one with itself when its own write failed (the items handed over twice)."""
+        notes = self._set_aside()
+        try:
+            return self._gate.hand_over(fn, *args)
+        finally:
+            self._take_back(notes)
 
     def flush(self) -> None:
         """Drop every item (open reads stay open). Those expired at the head expire first, counted
@@ -872,8 +893,9 @@ class PersistentQueue(ABC):
                         continue
                     item.errors += 1
                     counted.append(item)
-                    if poison.is_poison(item, self.config) and poison.hand_over(
-                            self.on_poison, self.name, self.config.error_queue, item, self.runtime):
+                    if poison.is_poison(item, self.config) and self._hand_over(
+                            poison.hand_over, self.on_poison, self.name, self.config.error_queue, item,
+                            self.runtime):
                         if self._opens.pop(xid, None) is item:  # still open after the hand-over
                             self._ledger.total -= len(item.data)
                             poisoned.append(item)
@@ -1391,6 +1413,18 @@ class PersistentQueue(ABC):
     @abstractmethod
     def _abandon(self) -> None:
         """A change raised something else than a failed write: forget what it noted for its records."""
+
+    def _set_aside(self) -> object:
+        """What the change in progress noted for its undo and its records, taken out of sight of
+        the changes that go on while it waits (`_hand_over`: one that was waiting for its fsync);
+        for `_take_back`. Kestrel 2 keeps nothing aside: its notes are its pending records, which
+        such a change no longer writes, and its undo a replay of the journal, which waits its turn
+        at the gate (`Kestrel2Queue._rebuild`)."""
+        return None
+
+    def _take_back(self, notes: object) -> None:
+        """What `_set_aside` took comes back, ahead of anything noted since."""
+        return
 
     def _put_shared(self, items: list[bytes], expiry: int, now: int) -> int:
         """A put where `shares_writes`: `_admit` and `_receive` at every reader of the one write;

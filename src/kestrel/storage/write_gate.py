@@ -25,12 +25,22 @@ cursor, `PersistentQueue.shed`) counts as such a change while it runs.
 A Kestrel 3 reader's checkpoint rewritten whole (its manifest entry, the file, their fsyncs) goes
 the same way, every reader of the writer journal waiting meanwhile
 (src/kestrel/storage/kestrel3/journal.py, `ReaderFile.replace`).
+
+A change that hands items to another queue (an expired item to `expire_to_queue`, a poison item to
+its `error_queue`) may pause half made as well, that queue's put waiting for its fsync or its gate
+(`hand_over`): the journal's other changes wait here meanwhile, as for an append off the loop. In
+Kestrel 2 another change went on then and wrote the first one's records before that queue had the
+items (lost, should its put fail), or failed and rebuilt memory from the journal under it (the
+items handed over twice). The task handing over passes its own gate: that queue's put may hand
+items back to this journal (an `expire_to_queue` naming each other, a Kestrel 3 fanout reader).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Final, TypeVar
+
+from greenlet import getcurrent
 
 from kestrel.storage.runtime import Event, Runtime
 
@@ -45,23 +55,27 @@ LARGE_APPEND: Final = 1 << 20
 class WriteGate:
     """The changes of one journal (every reader's, for a Kestrel 3 writer journal) wait here while
     a large append of theirs is written, or a record read, off the loop (`off_loop`, `read`), and
-    while disk work a Kestrel 2 rotation left for before the next change runs (`hold`)."""
+    while disk work a Kestrel 2 rotation left for before the next change runs (`hold`), and while one
+    of them hands items to another queue (`hand_over`)."""
 
-    __slots__ = ("runtime", "busy", "changes", "_holders")
+    __slots__ = ("runtime", "busy", "changes", "holder", "_holders")
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.busy: Event | None = None  # set while the gate is held (`hold`): an append or read off the loop
+        # Set while the gate is held (`hold`): an append or a read off the loop, a rotation's naming,
+        # a hand-over.
+        self.busy: Event | None = None
         # The journal's changes in progress, counted from their turn at the gate to their end
         # (`PersistentQueue.__enter__`, `__exit__`), one waiting for its fsync included, and a
         # page-out placing its cursor (`PersistentQueue.shed`).
         self.changes = 0
+        self.holder: object = None  # the task (greenlet, or thread's) handing items over, if one is
         self._holders = 0
 
     def wait_turn(self) -> None:
-        """Return once nothing holds the gate: no append or read of this journal is running off the
-        loop, no work a rotation left is under way."""
-        while (busy := self.busy) is not None:
+        """Return once nothing holds the gate (no append or read of this journal running off the
+        loop, no work a rotation left under way) or the gate is this task's own hand-over."""
+        while (busy := self.busy) is not None and self.holder is not getcurrent():
             busy.wait()
 
     def hold(self) -> None:
@@ -84,7 +98,7 @@ class WriteGate:
         runtime's thread pool, the journal's other changes waiting meanwhile; what it returns or
         raises. The gate opens only once the call has ended, even for a caller killed meanwhile,
         which takes the call's outcome first, so that the journal counts or cuts back what reached
-        it (`Runtime.run_blocking`)."""
+        it (`Runtime.run_blocking`); to the hand-over it is part of, if it is."""
         self.wait_turn()
         self.hold()
         try:
@@ -100,3 +114,19 @@ class WriteGate:
         if self.changes > 1:
             return fn(*args)
         return self.off_loop(fn, *args)
+
+    def hand_over(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, a change's call that hands items to another queue and may pause (that
+        queue's creation, its gate, its fsync), the journal's other changes waiting meanwhile;
+        what it returns or raises. This task's own changes of the journal pass (`wait_turn`)."""
+        me = getcurrent()
+        if self.holder is me:
+            return fn(*args)
+        self.wait_turn()
+        self.hold()
+        self.holder = me
+        try:
+            return fn(*args)
+        finally:
+            self.holder = None
+            self.release()

@@ -339,12 +339,15 @@ class Kestrel2Queue(PersistentQueue):
                 raise
 
     def _after_change(self) -> None:
-        """Schedule what packing the change made possible."""
+        """Schedule what packing the change made possible. The pack of what the backlog left
+        behind waits for a change ending while no other is half made (`_maybe_rotate`): its
+        rotation wrote that one's pending records (a get handing an expired item over, the item's
+        REMOVE before `expire_to_queue` had it: lost, should that queue refuse it)."""
         journal = self._journal
         if journal.pack_ready is None and journal.pack_queued is None and not self._left_read_behind:
             return  # the common change: no pack to schedule
         journal.keep_taken_pack()
-        if self._left_read_behind:
+        if self._left_read_behind and self._gate.busy is None:
             self._left_read_behind = False
             # Unless the change read behind again after catching up (its later adds filled memory
             # again): then items are on disk only, a pack of memory would drop them, and the new
@@ -382,8 +385,12 @@ class Kestrel2Queue(PersistentQueue):
         """Replay the journal into a fresh memory state: it is the truth once a write has failed.
 
         The writer cut the failed append off, so the journal holds exactly the changes that were
-        acknowledged or are being acknowledged. Open reads keep their xids.
+        acknowledged or are being acknowledged. Open reads keep their xids. Not while another
+        change is half made (handing items to another queue, its records pending: `WriteGate`):
+        its memory would be rebuilt under it, the items it handed over back at the head; the
+        rebuild waits its turn, and then the journal holds that change too.
         """
+        self._gate.wait_turn()
         self._rebuilding = True
         try:
             self._journal.wait_for_packing()
@@ -411,9 +418,10 @@ class Kestrel2Queue(PersistentQueue):
     def _maybe_rotate(self) -> None:
         """Rotate (and pack) where the live journal is due. Not while its gate is held: a change
         that went on after its fsync would otherwise rotate while another change's append waits off
-        the loop half made, its records pending (written a second time by the rotation's flush, the
-        file then refused at the next start as grown past its manifest entry) and its items in the
-        state the rotation takes for a pack; a later change rotates."""
+        the loop half made (or its hand-over of items to another queue), its records pending
+        (written a second time by the rotation's flush, the file then refused at the next start as
+        grown past its manifest entry) and its items in the state the rotation takes for a pack; a
+        later change rotates."""
         journal = self._journal
         writer = journal.writer
         if writer is None or journal.pack_pending or self._gate.busy is not None:

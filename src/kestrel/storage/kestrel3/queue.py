@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from operator import attrgetter
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import structlog
 
@@ -47,6 +47,10 @@ from kestrel.storage.write_gate import WriteGate
 log = structlog.get_logger("kestrel.kestrel3")
 
 _XID = attrgetter("xid")
+
+# What a change noted (`Kestrel3Queue._set_aside`): its consumed ids, the items that left the head,
+# the open reads it closed and those it put back.
+_Notes = tuple[list[int], list[QItem], list[QItem], list[QItem]]
 
 
 def _reader_of(name: str) -> tuple[str, str]:
@@ -385,16 +389,30 @@ class Kestrel3Queue(PersistentQueue):
                 self._save_later(ids)
             else:
                 self._save(ids)
-        left, confirmed, returned = self._left, self._confirmed, self._returned
-        if not (left or confirmed or returned):
+        notes = self._set_aside()
+        if notes is None:
             self._sync_checkpoint()
             return
-        self._left, self._confirmed, self._returned = [], [], []
         try:
             self._sync_checkpoint()
         except BaseException:
-            self._left[:0], self._confirmed[:0], self._returned[:0] = left, confirmed, returned
+            self._take_back(notes)
             raise
+
+    def _set_aside(self) -> _Notes | None:
+        """The change's consumed ids not yet written and what it noted for an undo, the lists
+        started afresh for the reader's other changes (None: nothing noted)."""
+        notes = self._consumed, self._left, self._confirmed, self._returned
+        if not any(notes):
+            return None
+        self._consumed, self._left, self._confirmed, self._returned = [], [], [], []
+        return notes
+
+    def _take_back(self, notes: object) -> None:
+        if notes is not None:
+            consumed, left, confirmed, returned = cast(_Notes, notes)
+            self._consumed[:0], self._left[:0] = consumed, left
+            self._confirmed[:0], self._returned[:0] = confirmed, returned
 
     def _save(self, ids: list[int]) -> None:
         """Append consumed ids (with any a failed write left over) to the checkpoint, without
