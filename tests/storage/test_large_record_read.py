@@ -3,8 +3,9 @@ src/kestrel/storage/kestrel3/files.py): read whole in one read of the size its h
 item read as itself; from `LARGE_APPEND` bytes on the thread pool while the queue's other changes
 (in Kestrel 3, every reader's of its writer journal) wait at its gate; a size the file does not
 hold allocating nothing. A read-behind cursor's read the page cache cannot answer goes to the thread
-pool the same way, and so do the reads that place a Kestrel 2 page-out's cursor. Observed through
-the reads made and the threads they run on, never timing."""
+pool the same way, and so do the reads that place a Kestrel 2 page-out's cursor (inside a put,
+only what the page cache holds is read). Observed through the reads made and the threads they run
+on, never timing."""
 
 from __future__ import annotations
 
@@ -301,14 +302,24 @@ def test_a_page_out_reads_what_the_page_cache_cannot_answer_off_the_loop(tmp_pat
     coll.close()
 
 
-def test_a_page_out_inside_a_put_reads_on_the_loop(tmp_path: Path, reads: Reads) -> None:
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_a_page_out_inside_a_put_reads_only_what_the_page_cache_holds(tmp_path: Path, reads: Reads,
+                                                                       cached: bool) -> None:
     """A put over the server's budget pages another queue out at once (`make_room`: `shed` without
-    `wait`), inside its own change, which must not pause: that page-out reads on the loop."""
+    `wait`), inside its own change, which must not pause: that page-out reads what the page cache
+    holds, on the loop, and nothing from the disk. Where the cache does not hold what it would
+    read, it frees nothing, and the tick's page-out reads the rest off the loop (read on the loop,
+    on a disk that stalls it held every client)."""
     coll = backlog(tmp_path)
-    reads.uncached = True
+    q = coll.queue("q")
+    reads.uncached = not cached
     with never_switches("a page-out inside a put"):
-        assert coll.queue("q").shed(wait=False) == PAGED
-    assert reads.fills and not reads.records
+        assert q.shed(wait=False) == (PAGED if cached else 0)
+    assert reads.cached and all(on_loop for on_loop, _ in reads.cached)
+    assert not reads.fills and not reads.records and q.in_read_behind == cached
+    if not cached:
+        assert q.shed() == PAGED  # as the tick does it
+        assert reads.records and not any(on_loop for on_loop, _ in reads.records)
     assert drain(coll, "q") == BACKLOG
     coll.close()
 

@@ -4,6 +4,8 @@ a drained queue comes back, steady load does not flap, and flow control holds th
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kestrel.storage import QueueCollection, QueueConfigs
+from kestrel.storage import QueueCollection, QueueConfigs, disk
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.memory import ENGAGE, Demand, MemoryGovernor, plan
@@ -186,6 +188,41 @@ def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp
     assert not coll.queue("z").in_read_behind
     assert coll.ledger.total == held_in_memory(coll) <= 300_000
     assert drain(coll, "x") == [item(i, 1000) for i in range(120)]
+
+
+def test_a_put_leaves_a_queue_whose_journal_the_page_cache_does_not_hold_to_the_tick(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paging a Kestrel 2 queue out reads its journal to place its cursor. Inside a put
+    (`make_room`), which must not pause, only what the page cache holds is read: where it holds
+    none of it, the put reads nothing from the disk and frees nothing there (its own items go to
+    read-behind, the budget kept), and the next tick pages the queue out, reading off the loop.
+    Read on the loop, on a disk that stalls the put held every client."""
+    coll, governor, runtime = governed(tmp_path, "kestrel2", 300_000)
+    backlogs(coll, ["x"], 120_000)
+    backlogs(coll, ["y"], 100_000)
+    tick(runtime, coll, 8, produce={"w": 60}, consume={"w": 60})
+    x = coll.queue("x")
+    assert x.memory_bytes > x.memory_target and not x.in_read_behind
+    loop, disk_reads = threading.get_ident(), []
+    pread, fill = disk.pread, os.pread
+
+    def noted(read: Any) -> Any:
+        def call(fd: int, size: int, at: int) -> bytes:
+            disk_reads.append(threading.get_ident() == loop)
+            return read(fd, size, at)  # type: ignore[no-any-return]
+        return call
+
+    monkeypatch.setattr(disk, "pread", noted(pread))
+    monkeypatch.setattr(os, "pread", noted(fill))
+    monkeypatch.setattr(disk, "pread_cached", lambda fd, size, at: b"")  # the cache holds none of it
+    coll.put("z", [item(i, 1000) for i in range(100)])  # over the budget without a tick
+    assert disk_reads == [] and not x.in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= 300_000
+    runtime.advance(250)
+    assert x.in_read_behind and disk_reads and not any(disk_reads)  # the tick's, off the loop
+    monkeypatch.undo()
+    assert drain(coll, "x") == [item(i, 1000) for i in range(120)]
+    assert drain(coll, "z") == [item(i, 1000) for i in range(100)]
 
 
 @FORMATS

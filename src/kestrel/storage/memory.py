@@ -271,6 +271,9 @@ class MemoryGovernor:
         self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
+        # Candidates a put could not page out (its reads would wait for the disk, another thread
+        # held the queue): the next tick pages them out, its reads off the loop.
+        self._left: list[PersistentQueue] = []
         self._last_tick = self._monotonic_ms()
         self._timer: Timer | None = None
         self._released = runtime.event()
@@ -315,6 +318,7 @@ class MemoryGovernor:
         self.ledger.governor = None
         self.ledger.limit = MemoryAccount.UNLIMITED
         self._candidates = []
+        self._left = []
         self._records = {}
         self._watch = set()
         self._released.set()
@@ -331,6 +335,8 @@ class MemoryGovernor:
             self._watch.discard(record)
         if queue in self._candidates:
             self._candidates = [q for q in self._candidates if q is not queue]
+        if queue in self._left:
+            self._left = [q for q in self._left if q is not queue]
 
     def admit(self, queue: PersistentQueue, among: int, waiting: int = 0) -> None:
         """`queue` is about to load its items from its files, one of `among` queues at start-up with
@@ -358,6 +364,8 @@ class MemoryGovernor:
         cursors give their buffers back, even when the last plan's wants did not fit the budget.
         Otherwise the tick measures and plans every queue.
         """
+        if self._left:
+            self._page_out_left()
         now = self._monotonic_ms()
         seconds = max((now - self._last_tick) / 1000.0, 0.001)
         self._last_tick = now
@@ -538,6 +546,13 @@ class MemoryGovernor:
                     record.fixed -= record.buffer
                     record.buffer = 0
 
+    def _page_out_left(self) -> None:
+        """Page out the queues a put left to this tick (`make_room`), still over their targets."""
+        left, self._left = self._left, []
+        for q in left:
+            if not q.closed and q.memory_bytes > q.memory_target:
+                self.paged_out_total += q.shed()
+
     def _page_out(self, queues: list[PersistentQueue], waits: list[float], excess: int) -> int:
         """Shed queues over their targets, longest wait (bytes held over egress) first, until
         `excess` bytes are freed; the bytes freed."""
@@ -554,10 +569,12 @@ class MemoryGovernor:
     def make_room(self, queue: PersistentQueue, size: int) -> None:
         """A put of `size` bytes into `queue`'s memory would take the ledger over its limit: page
         out now rather than at the next tick. The queues the last tick found over their targets
-        shed first, longest wait first, until the total is back under the low-water mark; a queue
-        whose lock another thread holds is left to the tick. If that is not enough, `queue` takes
-        no more into memory (its new items go to read-behind, read back as its head drains), and if
-        memory is over the budget even without this put, flow control starts now.
+        shed first, longest wait first, until the total is back under the low-water mark; one that
+        frees nothing now is left to the next tick (another thread holds its lock, or placing its
+        cursor would read what the page cache does not hold: this put must not wait for the disk).
+        If that is not enough, `queue` takes no more into memory (its new items go to read-behind,
+        read back as its head drains), and if memory is over the budget even without this put,
+        flow control starts now.
         """
         ledger = self.ledger
         goal = int(ledger.limit * LOW_WATER) - size
@@ -565,7 +582,10 @@ class MemoryGovernor:
         while ledger.total > goal and candidates:
             victim = candidates.pop()
             if not victim.closed:
-                self.paged_out_total += victim.shed(wait=False)
+                freed = victim.shed(wait=False)
+                if not freed:
+                    self._left.append(victim)
+                self.paged_out_total += freed
         if ledger.total + size > ledger.limit:
             queue.hold_new_items_on_disk()
             if ledger.total > ledger.limit and not self.flow_control:

@@ -43,7 +43,7 @@ from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
 from kestrel.storage.read_behind import Cursor, ReadBehind
 from kestrel.storage.runtime import Lock, Runtime
 from kestrel.storage.wait_list import WaitList
-from kestrel.storage.write_gate import WriteGate
+from kestrel.storage.write_gate import CachedReads, NotCached, WriteGate
 
 log = structlog.get_logger("kestrel.queue")
 
@@ -1200,8 +1200,9 @@ class PersistentQueue(ABC):
         What placing the cursor reads of the journal (Kestrel 2) and the page cache does not hold
         is read off the loop with `wait` (the memory governor's tick, a task of its own), through
         the journal's gate as a change's read (`WriteGate.read`: the page-out counts as one in
-        progress, the queue's changes wait); without it (`make_room`, inside another queue's put,
-        which must not pause) on the loop.
+        progress, the queue's changes wait). Without it (`make_room`, inside another queue's put,
+        which must not pause) only what the page cache holds is read, on the loop, and where it
+        does not hold all of it nothing is freed (`CachedReads`): the tick pages the queue out.
         """
         if not self._lock.acquire(blocking=wait):
             return 0
@@ -1211,13 +1212,13 @@ class PersistentQueue(ABC):
                 return 0
             gate.changes += 1
             try:
-                return self._shed(gate if wait else None)
+                return self._shed(gate if wait else CachedReads(self.runtime))
             finally:
                 gate.changes -= 1
         finally:
             self._lock.release()
 
-    def _shed(self, gate: WriteGate | None) -> int:
+    def _shed(self, gate: WriteGate) -> int:
         if (self.closed or self.read_only or not self._reads_behind
                 or self.memory_bytes <= self.memory_target):
             return 0
@@ -1234,7 +1235,10 @@ class PersistentQueue(ABC):
         count = len(mem) - keep
         if count <= 0:
             return 0
-        cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None, gate)
+        try:
+            cursor = self._cursor_at(mem[keep], count, mem[keep - 1] if keep else None, gate)
+        except NotCached:  # inside a put: left to the tick, which reads off the loop
+            return 0
         if cursor is None:
             return 0
         freed = 0
@@ -1468,12 +1472,12 @@ class PersistentQueue(ABC):
         the last item handed to the queue) (src/kestrel/storage/read_behind.py)."""
 
     def _cursor_at(self, first: QItem, count: int, before: QItem | None,
-                   gate: WriteGate | None) -> Cursor | None:
+                   gate: WriteGate) -> Cursor | None:
         """A cursor that reads back the tail `first` starts (the newest `count` items in memory,
         each never taken; `before` is the item ahead of them) and every item after it, to replace
         any cursor open now (the queue closes that one); None when the format cannot place one now
         (nothing changes then). What it reads of the journal to place it, it reads through `gate`
-        (None: on the caller's thread)."""
+        (raises NotCached through `CachedReads`: nothing changes then either)."""
         return None
 
     def _read_behind_ended(self) -> None:

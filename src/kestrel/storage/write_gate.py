@@ -22,6 +22,10 @@ meanwhile and find this one half made, its items taken and their records not yet
 rotation taking that state for a pack, a Kestrel 3 change clearing what this one noted for an
 undo); then it is read on the loop, as before. A page-out (Kestrel 2: the reads that place its
 cursor, `PersistentQueue.shed`) counts as such a change while it runs.
+A page-out made inside another queue's put (`PersistentQueue.shed` without `wait`, the memory
+governor's `make_room`), a change that must not pause, reads through `CachedReads`: what the page
+cache holds, on the loop; where it does not hold what the page-out would read, nothing is read and
+nothing freed (`NotCached`), and the governor's tick pages the queue out, reading off the loop.
 A Kestrel 3 reader's checkpoint rewritten whole (its manifest entry, the file, their fsyncs) goes
 the same way, every reader of the writer journal waiting meanwhile
 (src/kestrel/storage/kestrel3/journal.py, `ReaderFile.replace`).
@@ -130,3 +134,19 @@ class WriteGate:
         finally:
             self.holder = None
             self.release()
+
+
+class NotCached(Exception):
+    """Raised by a read through `CachedReads`: the page cache does not hold what it would read."""
+
+
+class CachedReads(WriteGate):
+    """The gate of reads made where nothing may pause (a page-out inside another queue's put):
+    what the page cache holds is read on the loop, as through any gate
+    (`BufferedFile._read_gated`), and what it does not is never read: the disk, which may stall
+    for seconds, would hold every client."""
+
+    __slots__ = ()
+
+    def read(self, fn: Callable[..., T], *args: object) -> T:
+        raise NotCached()

@@ -219,12 +219,12 @@ class Kestrel2Queue(PersistentQueue):
             self._rb = None
 
     def _cursor_at(self, first: QItem, count: int, before: QItem | None,
-                   gate: WriteGate | None) -> JournalCursor | None:
+                   gate: WriteGate) -> JournalCursor | None:
         """Read-behind from the ADD record of `first`: the tail it starts is the newest `count` adds
         held (all of them, or those before the cursor in read-behind), so their records are the last
         `count` adds before the journal's end or the cursor, found by reading the files there
-        forward, through `gate` (what the page cache does not hold off the loop: `shed`). Not while
-        a pack may replace those files.
+        forward, through `gate` (what the page cache does not hold off the loop, or inside a put
+        not at all: `shed`). Not while a pack may replace those files.
 
         Bounded: the records are read through the compiled decoder a buffer at a time, and only the
         offsets of the last `count` adds of a file are kept (8 bytes each, in an `array`, with 64 K
@@ -247,6 +247,7 @@ class Kestrel2Queue(PersistentQueue):
             return None
         offset = offsets[0]  # the oldest file read holds the first of the tail
         reader = JournalReader(path, offset, gate=gate)
+        reader.chunk = CURSOR_CHUNK  # a read of the page cache, not a megabyte that reads the disk
         try:
             entry = reader.next()
         finally:
@@ -499,7 +500,7 @@ class Kestrel2Queue(PersistentQueue):
         return [self.name]
 
 
-def _last_add_offsets(path: str, keep: int, stop: int, gate: WriteGate | None) -> array[int]:
+def _last_add_offsets(path: str, keep: int, stop: int, gate: WriteGate) -> array[int]:
     """The offsets of the last `keep` (at most) ADD records of file `path` before offset `stop`,
     read through `gate` (`BufferedFile.fill_at`)."""
     offsets: array[int] = array("q")

@@ -242,7 +242,7 @@ class Kestrel3Queue(PersistentQueue):
         return ReaderCursor(self, (after.xid if after is not None else self._seen) + 1)
 
     def _cursor_at(self, first: QItem, count: int, before: QItem | None,
-                   gate: WriteGate | None) -> ReaderCursor | None:
+                   gate: WriteGate) -> ReaderCursor | None:
         """Read-behind from the id of `first`: every item ahead of it and every open read has a
         lower id (they were added before it), so read-back skips none of them twice. Placed by
         the ids in memory alone: nothing is read."""
