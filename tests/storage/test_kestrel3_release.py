@@ -197,3 +197,30 @@ def test_a_close_or_a_delete_waits_for_a_release_under_way(tmp_path: Path, calls
     else:
         assert record is None  # not written again by the release once the queue was deleted
         coll.close()
+
+
+def test_the_files_a_release_lists_are_told_from_the_manifest_as_last_written(tmp_path: Path) -> None:
+    """A release lists the rotated files not yet sealed with its marks (`_unlisted`), as does a
+    checkpoint's rewrite from the thread pool. They are told from the manifest's copy as last
+    written (`Keeper.listed`), never from the entries a seal changes in place under the keeper's
+    lock from its thread: read meanwhile, as they changed."""
+    coll = collection(tmp_path)
+    for i in range(6):  # past default_journal_size: rotated files
+        coll.put("q", [b"%03d" % i + b"." * 100])
+    k3(coll).wait_for_packing()  # every rotated file sealed and listed
+    journal = k3(coll)._journal
+    assert journal is not None
+    keeper = journal._keeper
+    read: list[str] = []
+
+    class Watched(dict[str, manifest.Entry]):
+        def __contains__(self, name: object) -> bool:
+            read.append(str(name))
+            return super().__contains__(name)
+
+    keeper.manifest.files = Watched(keeper.manifest.files)
+    with keeper.lock:  # as a seal's thread holds it, its write under way
+        told = list(journal._unlisted())
+    assert told == [os.path.basename(journal.writer.current.path)]  # the newest alone grows unlisted
+    assert read == []
+    coll.close()

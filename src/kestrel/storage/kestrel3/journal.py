@@ -418,8 +418,15 @@ class Kestrel3Journal(Generic[R]):
     def _unlisted(self) -> dict[str, manifest.Entry]:
         """Writer files the manifest does not list yet (rotated, not yet sealed), as growing entries:
         a manifest listing a newer file lists every older one too, or start-up takes them for strays;
-        none whose name may not be durable yet, nor any after it (`WriterJournal.listable`)."""
-        listed = self._keeper.manifest.files
+        none whose name may not be durable yet, nor any after it (`WriterJournal.listable`).
+
+        Told from the manifest as last written (`Keeper.listed`, a copy replaced whole after each
+        write), not from the entries a thread changes in place under the keeper's lock (a seal):
+        asked from the thread pool (a checkpoint's rewrite) and on the loop (a release), it read
+        them as they changed. Not under that lock either: a release on the loop waited out a
+        seal's fsyncs there. What it tells goes to `Keeper.update`, which decides under the lock
+        and lists a file only where it is not listed yet: one listed since is kept as listed."""
+        listed = self._keeper.listed
         files = self.writer.listable()  # one copy: a checkpoint rewrite asks from the thread pool
         return {name: manifest.Entry(0, None, f.first_id, f.last_id) for f in files
                 if (name := os.path.basename(f.path)) not in listed}
