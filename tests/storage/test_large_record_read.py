@@ -28,6 +28,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.write_gate import LARGE_APPEND
 from tests.support.queues import aside, drain, journal_files, open_collection, reopen
+from tests.support.slow_disk import held_fdatasyncs, until_begun
 from tests.support.switches import never_switches
 
 SETTINGS = {"journal_format": "kestrel2", "max_memory_size": "1MB"}
@@ -233,17 +234,9 @@ def test_a_refill_is_read_on_the_loop_while_another_change_of_its_journal_is_in_
     items = [b"%04d" % n + b"." * 396 for n in range(40)]
     coll.put("q", items)
     assert coll.get("q").in_read_behind  # type: ignore[union-attr]
-    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
-
-    def slow(fd: int) -> None:
-        syncing.set()
-        synced.wait(60)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    syncing, synced = held_fdatasyncs(monkeypatch)
     put = gevent.spawn(partial(coll.put, "q", [b"after"]))  # in progress until its fsync ends
-    while not syncing.is_set():
-        gevent.sleep(0.001)
+    until_begun(syncing)
     reads.uncached = True
     get = gevent.spawn(partial(coll.remove, "q", 20))  # its commit waits for the fsync in flight too
     for _ in range(5000):  # until it has read from the disk, whichever way
@@ -335,17 +328,9 @@ def test_a_page_out_reads_on_the_loop_while_a_change_of_its_queue_is_in_progress
     coll.put("q", BACKLOG)
     q = coll.queue("q")
     q.set_memory_target(2000)
-    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
-
-    def slow(fd: int) -> None:
-        syncing.set()
-        synced.wait(60)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    syncing, synced = held_fdatasyncs(monkeypatch)
     put = gevent.spawn(partial(coll.put, "q", [b"after"]))  # in progress until its fsync ends
-    while not syncing.is_set():
-        gevent.sleep(0.001)
+    until_begun(syncing)
     reads.uncached = True
     paged = q.shed()
     synced.set()

@@ -24,6 +24,7 @@ from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 from tests.conftest import STALL_S
 from tests.support.queues import drain, load_strictly
+from tests.support.slow_disk import held_fdatasyncs, until_begun
 
 T0 = 1_700_000_000_000
 LARGE = b"L" * (LARGE_APPEND + 1000)
@@ -269,17 +270,9 @@ def kestrel3_get_waiting_for_its_fsync(
     coll.put("q", [b"expired"], expiry_ms=T0 + 10)  # the next put's admission takes it from the head
     coll.put("q", [b"second"], expiry_ms=T0 + 10_000)
     clock.advance(100)
-    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
-
-    def slow(fd: int) -> None:
-        syncing.set()
-        synced.wait(60)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow)
+    syncing, synced = held_fdatasyncs(monkeypatch)
     get = gevent.spawn(partial(coll.remove, "q"))
-    while not syncing.is_set():
-        gevent.sleep(0.001)
+    until_begun(syncing)
     return coll, get, synced
 
 

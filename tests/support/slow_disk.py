@@ -79,3 +79,18 @@ def until_begun(started: threading.Event) -> None:
             return
         gevent.sleep(0.01)
     raise AssertionError("the blocking call never began")
+
+
+def held_fdatasyncs(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Every `os.fdatasync` of the test waits until the second event returned is set (60 s at
+    most), so that a change waiting for its fsync stays in progress meanwhile; the first is set as
+    one begins (`until_begun`). Undone with the test's monkeypatch."""
+    real, syncing, synced = os.fdatasync, threading.Event(), threading.Event()
+
+    def held(fd: int) -> None:
+        syncing.set()
+        synced.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    return syncing, synced
