@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel.storage import filenames
+from kestrel.storage import QueueCollection, QueueConfigs, filenames
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError, InvalidQueueName
 from kestrel.storage.kestrel2.codec import encode_addx
@@ -24,6 +24,7 @@ from kestrel.storage.kestrel3 import files
 from kestrel.storage.queue_path import remove_temporaries
 from kestrel.storage.tools.dump import dump_files, dump_queue
 from tests.conftest import ROOT
+from tests.support.queues import load_strictly
 
 SEED = ROOT.parent / "shared" / "seeds" / "kestrel3-journal-format.md"
 T0 = 1_700_000_000_000
@@ -367,6 +368,38 @@ def test_a_newest_file_without_its_header_gets_one(tmp_path: Path) -> None:
     assert journal.put(b"b", T0).id == 2 and journal.current.number == 2
     journal.close()
     assert (tmp_path / "jobs.2").read_bytes() == WRITER + put6(2, b"b")
+
+
+def test_an_older_file_without_its_header_gets_one_and_holds_no_item(tmp_path: Path) -> None:
+    """A power cut kept its name (a folder's fsync for another file made it durable) and none of
+    its bytes: no item of it was acknowledged, and the files after it load."""
+    (tmp_path / "jobs.1").write_bytes(WRITER + put6(1, b"a"))
+    (tmp_path / "jobs.2").write_bytes(b"")
+    (tmp_path / "jobs.3").write_bytes(WRITER[:2])
+    (tmp_path / "jobs.4").write_bytes(WRITER + put6(4, b"d"))
+    journal = files.WriterJournal(str(tmp_path), "jobs", max_file_size=1 << 20)
+    assert [(f.number, f.first_id, f.last_id) for f in journal.files] == [(1, 1, 1), (2, 0, 0), (3, 0, 0),
+                                                                          (4, 4, 4)]
+    assert journal.put(b"e", T0).id == 5
+    journal.close()
+    assert (tmp_path / "jobs.2").read_bytes() == (tmp_path / "jobs.3").read_bytes() == WRITER
+    assert [p.data for p in files.replay(str(tmp_path), "jobs")] == [b"a", b"d", b"e"]
+
+
+def test_a_sealed_file_the_manifest_lists_found_without_its_header_is_refused_as_cut_short(
+        tmp_path: Path) -> None:
+    configs = QueueConfigs({}, {"q": {"journal_format": "kestrel3", "default_journal_size": 256}})
+    coll = load_strictly(QueueCollection(str(tmp_path), configs))
+    for _ in range(8):
+        coll.put("q", [b"x" * 100])
+    coll.close()
+    writers = files.list_queue_files(str(tmp_path), "q").writers
+    assert len(writers) > 2
+    Path(writers[1][1]).write_bytes(b"")
+    coll = QueueCollection(str(tmp_path), configs)
+    coll.load()
+    assert "cut short" in str(coll.refused["q"])
+    coll.close()
 
 
 def test_a_newest_file_too_short_for_a_header_that_does_not_begin_one_is_refused_not_rewritten(

@@ -115,7 +115,7 @@ _HEADER_WORDS: Final = {PUT: (6, 8), READ_HEAD: (2,), READ_DONE: (1,)}
 
 def unfinished_header(header: bytes) -> bool:
     """Whether a file's first bytes, shorter than a header, begin a writer journal's: a file created
-    whose header never reached the disk (only the newest writer file can be so)."""
+    whose header never reached the disk (`files.header_unwritten`)."""
     return len(header) < MAGIC_SIZE and WRITER_MAGIC.startswith(header)
 
 

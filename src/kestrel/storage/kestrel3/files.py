@@ -395,7 +395,13 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: i
 
 def header_unwritten(path: str) -> bool:
     """Whether the writer file at `path` was created but its header never reached the disk
-    (`k3.unfinished_header`): when it is the newest, start-up writes the header."""
+    (`k3.unfinished_header`): it holds no item, and start-up writes the header.
+
+    The newest file, when a process stopped between its creation and its header's write; any file
+    the manifest does not list sealed (one listed is refused as cut short before this is asked),
+    when a power cut kept a name its folder's fsync made durable for another file (a rotated file's
+    seal, another queue's file) but none of the file's bytes: each item is acknowledged only once
+    an fsync of its file (its header with it) or of the commit log holds it, so none was."""
     if os.path.getsize(path) >= k3.MAGIC_SIZE:  # every file but such a one: a stat, not a read
         return False
     with disk.open_to_read(path) as f:
@@ -444,8 +450,9 @@ class WriterJournal:
         # read there, as the queue changes it meanwhile.
         self.sealed: Callable[[str, int, int], None] | None = None
         found = list_queue_files(queue_path, queue).writers if writers is None else writers
-        if found and header_unwritten(found[-1][1]):
-            self._rewrite_header(found[-1][1])
+        for _, path in found:
+            if header_unwritten(path):
+                self._rewrite_header(path)
         last_id = 0
         for i, (number, path) in enumerate(found):
             ids = verified.get(os.path.basename(path)) if verified and i < len(found) - 1 else None
@@ -479,10 +486,13 @@ class WriterJournal:
 
     @staticmethod
     def _rewrite_header(path: str) -> None:
-        """The newest file was created but its header not (fully) written when the process stopped."""
+        """A file was created but its header not (fully) written when the process stopped, or not
+        fsynced when the power went (`header_unwritten`): written now, durably, as this start may
+        list it sealed in the manifest."""
         log.warning("writer journal file without its header; writing it", file=path)
         with open(path, "wb") as f:
             f.write(k3.WRITER_MAGIC)
+        disk.fsync_path(path)
 
     @property
     def current(self) -> WriterFile:
@@ -671,15 +681,15 @@ def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint,
     """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
 
     A torn write at the end of the newest file ends them, as a start cuts it off (`read_records`:
-    `torn_tail` hears of it), and a newest file whose header never reached the disk holds none, as
-    a start writes that header (`header_unwritten`). Raises CorruptJournalError as `replay` does.
+    `torn_tail` hears of it), and a file whose header never reached the disk holds none, as a start
+    writes that header (`header_unwritten`). Raises CorruptJournalError as `replay` does.
     """
     last_id = 0
     writers = list_queue_files(queue_path, queue).writers
     for index, (_number, path) in enumerate(writers):
         last = index == len(writers) - 1
-        if last and header_unwritten(path):
-            return
+        if header_unwritten(path):
+            continue
         for offset, record in read_records(path, k3.FileKind.WRITER, last, torn_tail):
             assert isinstance(record, k3.Put)
             _check_order(path, offset, record.id, last_id)

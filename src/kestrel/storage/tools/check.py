@@ -82,7 +82,7 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
     last_id = 0
     items = 0
     for index, (_number, path) in enumerate(files.writers):
-        if index == len(files.writers) - 1 and header_unwritten(path):
+        if header_unwritten(path):
             report.notes.append(f"{os.path.basename(path)} was created but its header never reached the "
                                 "disk: the next start writes it")
             continue
