@@ -1,10 +1,11 @@
 """A SIGKILL at every step of rotations, packs, checkpoint rewrites and deletions, in both formats,
 also after a disk error at one step of a Kestrel 2 rotation, pack or seal, and a power cut at every
-step of those under `always` (with and without the commit log): each start-up refuses nothing, and
-the queue holds every acknowledged item once and none whose removal was acknowledged
-(`tests/support/crash_points.py` copies the queue path, or what a power cut would leave of it,
-before each change of a name and each fsync; each copy is started on without salvage); and one
-refuses an older copy of a journal put beside a pack that replaced it, at every step."""
+step of those under `always` (with and without the commit log) and under a periodic sync: each
+start-up refuses nothing, and the queue holds every acknowledged (or synced) item once and none
+whose removal was acknowledged (`tests/support/crash_points.py` copies the queue path, or what a
+power cut would leave of it, before each change of a name and each fsync; each copy is started on
+without salvage); and one refuses an older copy of a journal put beside a pack that replaced it, at
+every step."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Model:
         self.held: dict[str, list[bytes]] = {q: [] for q in queues}  # open reads: back first at a start
         self.items: dict[str, list[bytes]] = {q: [] for q in queues}
         self._after: dict[str, list[bytes]] | None = None
+        self._between: list[dict[str, list[bytes]]] = []  # what a batch of changes passes through
         self._unsure: str | None = None  # a queue being created or deleted
 
     def note(self) -> Outcomes:
@@ -44,6 +46,7 @@ class Model:
         out: Outcomes = {}
         for queue, items in self.items.items():
             states = [items] if self._after is None else [items, self._after.get(queue, items)]
+            states += [between.get(queue, items) for between in self._between]
             out[queue] = tuple(self.held[queue] + state for state in states)
         if self._unsure is not None:
             out[self._unsure] = ()
@@ -75,6 +78,15 @@ class Model:
         finally:
             self._after = None
             self.items.update(after)
+
+    def batch(self, steps: list[dict[str, list[bytes]]], fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)`, changes each making the queues of a step hold what it says, the last
+        step what they hold after: a kill meanwhile may leave any step."""
+        self._between = steps[:-1]
+        try:
+            return self.change(steps[-1], fn, *args)
+        finally:
+            self._between = []
 
 
 def settle(coll: QueueCollection, *queues: str) -> None:
@@ -499,3 +511,45 @@ def test_a_disk_error_then_a_kill_at_every_later_step_of_kestrel2_packs_refuses_
     record = manifest.read(str(queues), "q")  # a pack listed as being put in place is there
     assert record is not None and all((queues / name).exists() for name in record.files if name.endswith(".pack"))
     check(points.crashes, configs, ())
+
+
+
+SYNC_MS = 5  # a periodic sync's interval
+
+
+@pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
+def test_a_power_cut_at_every_step_under_a_periodic_sync_keeps_what_an_interval_synced(
+        tmp_path: Path, journal_format: str) -> None:
+    """Under `sync_journal` every few ms, without the commit log, batches of changes each waiting
+    out the interval after it (its journal's periodic fsync and the seals of the files it rotated
+    run then): a power cut at every step keeps every batch synced, through the rotations that start
+    new files (a Kestrel 2 live journal, a Kestrel 3 writer file, rotated with the one before it not
+    yet synced), and of the batch being synced any part, refusing nothing."""
+    queues = tmp_path / "queues"
+    queues.mkdir()
+    q = {"journal_format": journal_format, "sync_journal": f"{SYNC_MS}ms", "max_memory_size": 2048,
+         "default_journal_size": 1024, "max_journal_size": 1 << 20}
+    configs = QueueConfigs({}, {"q": q})
+    with Disk(queues) as cut:
+        coll = load_strictly(QueueCollection(str(queues), configs, runtime=InlineRuntime()))
+
+        def synced(changes: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+            """Each change, then the interval waited out: the periodic fsync, and the seals, done."""
+            for fn, args in changes:
+                fn(*args)
+            gevent.sleep(SYNC_MS * 3 / 1000)
+            settle(coll, "q")
+
+        model = Model(["q"])
+        n = 0
+        with CrashPoints(str(queues), str(tmp_path / "crashes"), model.note, disk=cut) as points:
+            for size in (1, 5, 30, 3):
+                for _ in range(6):
+                    steps = [{"q": model.items["q"] + [item(n + i) for i in range(k + 1)]} for k in range(size)]
+                    model.batch(steps, synced, [(coll.put, ("q", [item(n + i)])) for i in range(size)])
+                    n += size
+                for _ in range(4):
+                    steps = [{"q": model.items["q"][k + 1:]} for k in range(size)]
+                    model.batch(steps, synced, [(coll.remove, ("q",))] * size)
+        coll.close()
+    check(points.crashes, configs, ("fdatasync q",))

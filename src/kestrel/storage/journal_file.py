@@ -248,9 +248,10 @@ class JournalWriter:
     @property
     def names_durably(self) -> bool:
         """Whether a file this writer creates has its folder fsynced, so that its name survives a
-        power cut: under `always`, and wherever the commit log's records name it (a periodic sync
-        too, whose file was created by `create` with no fsync and found there by `open`)."""
-        return self.sync_ms == 0 or self.log is not None
+        power cut: under every policy that fsyncs the file (a periodic sync's fsyncs vouch for
+        nothing under a name a power cut may take back), and wherever the commit log's records
+        name it; not under `never` without the log."""
+        return self.sync_ms is not None or self.log is not None
 
     def open(self, name_later: bool = False) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
