@@ -433,6 +433,19 @@ def expiring(path: Path, journal_format: str, q: dict[str, str] | None = None) -
     return coll, clock
 
 
+def dead_fills(monkeypatch: pytest.MonkeyPatch, writes: HeldWrites, large: gevent.Greenlet,
+               get: gevent.Greenlet) -> None:
+    """Queue `dead`'s disk fills while its `large` put is written and a `get` of `q` waits to hand it
+    an expired item: both fail, the get naming `dead`."""
+    refuse_writes(monkeypatch, lambda fd: file_of(fd).startswith("dead"))
+    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    writes.release.set()
+    with pytest.raises(JournalWriteError):
+        large.get(timeout=60)
+    with pytest.raises(JournalWriteError, match="'dead'"):
+        get.get(timeout=60)
+
+
 def settled(task: gevent.Greenlet) -> list[bytes]:
     """What a get returned (nothing if it failed with JournalWriteError)."""
     try:
@@ -457,13 +470,7 @@ def test_a_get_handing_an_expired_item_over_keeps_it_when_the_expiry_queue_then_
     other = gevent.spawn(partial(coll.remove, "q"))
     gevent.sleep(0.01)
     went_on = other.ready()
-    refuse_writes(monkeypatch, lambda fd: file_of(fd).startswith("dead"))
-    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    writes.release.set()
-    with pytest.raises(JournalWriteError):
-        large.get(timeout=60)
-    with pytest.raises(JournalWriteError, match="'dead'"):
-        get.get(timeout=60)
+    dead_fills(monkeypatch, writes, large, get)
     took = settled(other)  # nothing: it finds `h` at the head again, and `dead` refusing it
     monkeypatch.undo()
     assert (took, drain(coll, "q"), drain(coll, "dead")) == ([], [b"x", b"y"], [b"h"])
@@ -595,13 +602,7 @@ def test_a_kestrel2_change_going_on_after_its_fsync_packs_nothing_while_a_get_ha
     gevent.sleep(0.01)
     syncs.release("q")
     assert [item.data for item in drained.get(timeout=60)] == backlog
-    refuse_writes(monkeypatch, lambda fd: file_of(fd).startswith("dead"))
-    writes.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    writes.release.set()
-    with pytest.raises(JournalWriteError):
-        large.get(timeout=60)
-    with pytest.raises(JournalWriteError, match="'dead'"):
-        get.get(timeout=60)
+    dead_fills(monkeypatch, writes, large, get)
     monkeypatch.undo()
     assert (drain(coll, "q"), drain(coll, "dead")) == ([b"x"], [b"h"])
     coll.close()
