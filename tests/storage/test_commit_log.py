@@ -851,8 +851,9 @@ def test_a_queue_reloaded_out_of_always_still_logs_and_its_new_journals_names_ar
     assert list_journal_files(str(tmp_path), "q").rotated  # it rotated
     assert str(tmp_path) in synced_dirs
     coll.put("q", [b"last"])
-    (seg,) = commit_log.segment_paths(str(tmp_path))
-    assert [r.data[-4:] for _, r in read_segment(seg, last=True).records] == [b"last"]  # it still logs
+    # it still logs (how many records are logged before it depends on when the packs' checkpoints ran)
+    newest = commit_log.segment_paths(str(tmp_path))[-1]
+    assert read_segment(newest, last=True).records[-1][1].data[-4:] == b"last"
     coll.close()
 
 

@@ -268,20 +268,22 @@ def test_a_checkpoint_appended_to_is_rewritten_once_large_and_reads_back(tmp_pat
 
 class HeldRewrites:
     """`os.replace` and `os.fsync` noting whether each ran on the loop thread (a rename by the name
-    it gives, an fsync by the file or folder it syncs); off the loop, the rename of queue `q`'s
-    checkpoint waits for `release`. On the loop thread nothing waits (the test would hang)."""
+    it gives, an fsync by the file or folder it syncs); once `hold` is called, the rename of queue
+    `q`'s checkpoint off the loop waits for `release` (not the one that creates it with the queue,
+    off the loop as well). On the loop thread nothing waits (the test would hang)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.loop_thread = threading.get_ident()
         self.calls: list[tuple[str, bool, str]] = []  # (call, on the loop thread, name)
         self.started = threading.Event()
         self.release = threading.Event()
+        self.holding = False
         rename, fsync = os.replace, os.fsync
 
         def held_rename(src: str, dst: str) -> None:
             on_loop = threading.get_ident() == self.loop_thread
             self.calls.append(("rename", on_loop, os.path.basename(dst)))
-            if not on_loop and os.path.basename(dst) == "q.read.":
+            if self.holding and not on_loop and os.path.basename(dst) == "q.read.":
                 self.started.set()
                 self.release.wait(60)
             rename(src, dst)
@@ -293,6 +295,11 @@ class HeldRewrites:
 
         monkeypatch.setattr(os, "replace", held_rename)
         monkeypatch.setattr(os, "fsync", noted_fsync)
+
+    def hold(self) -> None:
+        """From now on, note calls afresh and hold the checkpoint's rename."""
+        self.calls.clear()
+        self.holding = True
 
     def wait_started(self, task: gevent.Greenlet) -> None:
         """Let the loop run until the rename of the checkpoint is under way on its thread (or `task` ended)."""
@@ -319,7 +326,7 @@ def test_a_flush_rewrites_the_checkpoint_off_the_loop_while_other_queues_are_ser
     coll = collection(tmp_path, q={"sync_journal": "always"})
     coll.queue("q+c")
     coll.put("q", [b"a", b"b", b"c", b"d"])
-    rewrites.calls.clear()
+    rewrites.hold()
     flush = gevent.spawn(partial(coll.flush, "q"))
     rewrites.wait_started(flush)
     assert rewrites.on_loop("q.read.", "q.manifest") == []
@@ -350,7 +357,7 @@ def test_a_checkpoint_grown_large_is_rewritten_after_the_change_and_off_the_loop
         assert coll.remove("q")
         removes += 1
     assert checkpoint.stat().st_size > COMPACT_AT, "rewritten in the change that grew it"
-    rewrites.calls.clear()
+    rewrites.hold()
     task = gevent.spawn(partial(coll.remove, "q"))
     rewrites.wait_started(task)
     assert rewrites.started.is_set(), "the checkpoint was not rewritten off the loop"
