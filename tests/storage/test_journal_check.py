@@ -164,6 +164,33 @@ def test_a_kestrel3_writer_file_whose_header_never_reached_the_disk_is_what_a_st
     assert "jobs (kestrel3): ok; " in out and "header never reached the disk: the next start writes it" in out
 
 
+def test_an_older_kestrel3_writer_file_whose_header_never_reached_the_disk_is_told_as_a_start_reads_it(
+        tmp_path: Path) -> None:
+    """A power cut kept its name (a folder's fsync for a newer file made it durable) and none of its
+    bytes: the check says what a start then does, and the start loads the queue, writing its header."""
+    def put(xid: int, data: bytes) -> bytes:  # kestrel3-journal-format.md's PUT, six header words
+        return (bytes([8 << 4 | 6]) + len(data).to_bytes(4, "little") + bytes(4)
+                + xid.to_bytes(8, "little") + T0.to_bytes(8, "little") + data)
+
+    writer_header = bytes([0x27, 0x64, 0x26, 0x03])
+    (tmp_path / "jobs.1").write_bytes(writer_header + put(1, b"a"))
+    (tmp_path / "jobs.2").write_bytes(b"")
+    (tmp_path / "jobs.3").write_bytes(writer_header + put(3, b"c"))
+    before = every_file(tmp_path)
+    status, out = run(tmp_path)
+    assert status == 0, out
+    assert out.startswith("jobs (kestrel3): ok; jobs.2 was created but its header never reached the disk"), out
+    assert "2 items written" in out
+    assert every_file(tmp_path) == before
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": "kestrel3"}))
+    coll.load()
+    assert not coll.refused
+    assert (tmp_path / "jobs.2").read_bytes() == writer_header
+    coll.put("jobs", [b"d"])
+    assert drain(coll, "jobs") == [b"d"]  # (a queue found without its reader's file reads from its end)
+    coll.close()
+
+
 def test_files_named_after_an_invalid_queue_name_are_said_to_be_ignored_as_a_start_ignores_them(
         tmp_path: Path) -> None:
     rotated_queue(tmp_path)
