@@ -482,6 +482,33 @@ def test_a_get_handing_an_expired_item_over_keeps_it_when_the_expiry_queue_then_
 
 
 @FORMATS
+def test_an_expired_item_whose_expiry_queues_fsync_fails_is_kept_in_both_queues_never_lost(
+        tmp_path: Path, syncs: HeldSyncs, journal_format: str) -> None:
+    """`dead`'s put of `h` is written and its fsync fails: the put keeps its records (their outcome
+    unknown, as any change whose fsync failed) and the get leaves `q` as it was. `h` is in both
+    queues, live and after a restart: a copy, where taking it from `q` could lose it with the pages
+    the failed fsync may never have written."""
+    def kept(coll: QueueCollection) -> tuple[int, int]:  # (a peek would move `h` again)
+        return coll.queue("q").length, coll.queue("dead").length
+
+    coll, clock = expiring(tmp_path, journal_format)
+    clock.advance(100)
+    syncs.hold("dead")
+    get = gevent.spawn(partial(coll.remove, "q"))
+    syncs.wait_held("dead", get)
+    syncs.release("dead", OSError(errno.EIO, os.strerror(errno.EIO)))
+    with pytest.raises(JournalWriteError, match="'dead'.*Input/output error"):
+        get.get(timeout=60)
+    assert kept(coll) == (3, 1)
+    coll.close()
+    again = load_strictly(QueueCollection(str(tmp_path), coll.configs, runtime=ManualRuntime(clock=clock),
+                                          clock=clock))
+    assert kept(again) == (3, 1)
+    assert drain(again, "dead") == [b"h"] and drain(again, "q") == [b"x", b"y"] and drain(again, "dead") == [b"h"]
+    again.close()
+
+
+@FORMATS
 def test_a_change_whose_write_fails_while_a_get_hands_an_expired_item_over_undoes_only_itself(
         tmp_path: Path, syncs: HeldSyncs, monkeypatch: pytest.MonkeyPatch, journal_format: str) -> None:
     """A put of `q` comes while the get moving `h` waits for `dead`'s fsync, and its write fails
