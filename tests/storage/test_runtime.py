@@ -18,7 +18,13 @@ from gevent._hub_local import get_hub_if_exists
 from kestrel.storage import QueueCollection, QueueConfigs
 from kestrel.storage.errors import QueueClosed
 from kestrel.storage.no_lock import NoLock
-from kestrel.storage.runtime import GeventRuntime, ManualRuntime, ThreadsRuntime, side_by_side
+from kestrel.storage.runtime import (
+    GeventRuntime,
+    ManualRuntime,
+    ThreadsRuntime,
+    all_side_by_side,
+    side_by_side,
+)
 from kestrel.storage.wait_list import WaitList
 from tests.conftest import STALL_S, wait_until
 from tests.support.queues import one
@@ -489,3 +495,20 @@ def test_side_by_side_returns_what_each_call_raised_a_kill_or_an_exit_too(runtim
     stop, failure = Stop(), OSError(errno.EIO, "disk")
     failed = side_by_side(runtime, [partial(call, 0, stop), partial(call, 1, None), partial(call, 2, failure)])
     assert sorted(ran) == [0, 1, 2] and failed == [stop, failure]
+
+
+@pytest.mark.parametrize("runtime", [GeventRuntime(), ThreadsRuntime()], ids=["gevent", "threads"])
+def test_all_side_by_side_raises_the_first_calls_failure_once_every_call_has_ended(runtime: Any) -> None:
+    ran: list[int] = []
+
+    def call(index: int, error: OSError | None) -> None:
+        ran.append(index)
+        if error is not None:
+            raise error
+
+    first, second = OSError(errno.EIO, "first"), OSError(errno.ENOSPC, "second")
+    with pytest.raises(OSError) as raised:
+        all_side_by_side(runtime, [partial(call, 0, None), partial(call, 1, first), partial(call, 2, second)])
+    assert raised.value is first and sorted(ran) == [0, 1, 2]
+    all_side_by_side(runtime, [partial(call, 3, None)])
+    assert sorted(ran) == [0, 1, 2, 3]

@@ -41,6 +41,7 @@ from kestrel.storage.runtime import (
     GeventRuntime,
     Runtime,
     Timer,
+    all_side_by_side,
     paced,
     side_by_side,
 )
@@ -565,9 +566,7 @@ class QueueCollection:
         # which the stop waits for as for any delete under way (`close`). Cut short, it left the
         # queue half closed and out of the collection, a Kestrel 3 journal open past the commit
         # log's close.
-        failed = side_by_side(self.runtime, [partial(self._destroy, q, changing)])
-        if failed:
-            raise failed[0]
+        all_side_by_side(self.runtime, [partial(self._destroy, q, changing)])
 
     def _destroy(self, q: PersistentQueue, changing: Event) -> None:
         """`delete`'s work on queue `q`, taken out of the collection: its files closed and removed,

@@ -82,7 +82,7 @@ from kestrel.storage.journal_file import (
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
-from kestrel.storage.runtime import Event, Runtime, Timer, side_by_side
+from kestrel.storage.runtime import Event, Runtime, Timer, all_side_by_side
 
 log = structlog.get_logger("kestrel.commit_log")
 
@@ -1407,10 +1407,8 @@ class CommitLog:
     def _sync_journals(self, ends: dict[JournalWriter, int]) -> None:
         """fdatasync the journals up to those positions, together (one group commit round)."""
         # A closed journal was flushed by its close; one whose close failed is still open.
-        failed = side_by_side(self.runtime, [partial(j.sync_to, e) for j, e in ends.items()
-                                             if j.fd >= 0 and j.synced < e])
-        if failed:
-            raise failed[0]
+        all_side_by_side(self.runtime, [partial(j.sync_to, e) for j, e in ends.items()
+                                        if j.fd >= 0 and j.synced < e])
 
     # -----------------------------------------------------------------------------------------
     # Closing

@@ -129,6 +129,13 @@ def side_by_side(runtime: Runtime, calls: Iterable[Callable[[], None]]) -> list[
     return [e for _, e in sorted(failed, key=lambda pair: pair[0])]
 
 
+def all_side_by_side(runtime: Runtime, calls: Iterable[Callable[[], None]]) -> None:
+    """`side_by_side`, raising what the first of `calls` to fail raised once every one has ended."""
+    failed = side_by_side(runtime, calls)
+    if failed:
+        raise failed[0]
+
+
 def paced(items: Iterable[T], runtime: Runtime, every: int = PACE) -> Iterator[T]:
     """`items`, with a pause for the runtime's other tasks after every `every` of them: a walk over
     10,000 queues (the figures of the stats) would otherwise hold the loop for tens of

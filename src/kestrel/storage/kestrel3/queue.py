@@ -41,7 +41,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
-from kestrel.storage.runtime import GeventRuntime, Task, side_by_side
+from kestrel.storage.runtime import GeventRuntime, Task, all_side_by_side
 from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
@@ -560,9 +560,7 @@ class Kestrel3Queue(PersistentQueue):
         syncs = [self._file.writer.flush] if self._file is not None else []
         if self._journal is not None:
             syncs += self._journal.last_syncs(self)
-        failed = side_by_side(self.runtime, syncs)
-        if failed:
-            raise failed[0]
+        all_side_by_side(self.runtime, syncs)
         if self._file is not None:
             self._file.close()
         if self._journal is not None:
