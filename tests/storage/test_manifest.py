@@ -467,6 +467,10 @@ def test_a_seal_that_finds_the_pack_put_in_place_over_its_journal_while_it_reads
                                          runtime=ThreadsRuntime()))
     for i in range(30):
         coll.put("q", [b"%04d" % i + ITEM])
+    # The queue's first manifest, begun on a thread of its own half way to the first rotation: a
+    # rotation while it is still being written waits for a later change, and the remove below
+    # would then rotate nothing and take no pack.
+    coll.queue("q").wait_for_packing()
     with capture_logs() as logs:
         assert len(coll.remove("q", 30)) == 30  # emptied past default_journal_size: rotated and packed
         coll.queue("q").wait_for_packing()
