@@ -20,6 +20,7 @@ from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.tools import check
 from tests.conftest import ROOT
+from tests.storage.test_kestrel3_journal import WRITER, put6
 from tests.support.queues import aside, drain
 
 T0 = 1_700_000_000_000
@@ -168,14 +169,9 @@ def test_an_older_kestrel3_writer_file_whose_header_never_reached_the_disk_is_to
         tmp_path: Path) -> None:
     """A power cut kept its name (a folder's fsync for a newer file made it durable) and none of its
     bytes: the check says what a start then does, and the start loads the queue, writing its header."""
-    def put(xid: int, data: bytes) -> bytes:  # kestrel3-journal-format.md's PUT, six header words
-        return (bytes([8 << 4 | 6]) + len(data).to_bytes(4, "little") + bytes(4)
-                + xid.to_bytes(8, "little") + T0.to_bytes(8, "little") + data)
-
-    writer_header = bytes([0x27, 0x64, 0x26, 0x03])
-    (tmp_path / "jobs.1").write_bytes(writer_header + put(1, b"a"))
+    (tmp_path / "jobs.1").write_bytes(WRITER + put6(1, b"a"))
     (tmp_path / "jobs.2").write_bytes(b"")
-    (tmp_path / "jobs.3").write_bytes(writer_header + put(3, b"c"))
+    (tmp_path / "jobs.3").write_bytes(WRITER + put6(3, b"c"))
     before = every_file(tmp_path)
     status, out = run(tmp_path)
     assert status == 0, out
@@ -185,7 +181,7 @@ def test_an_older_kestrel3_writer_file_whose_header_never_reached_the_disk_is_to
     coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": "kestrel3"}))
     coll.load()
     assert not coll.refused
-    assert (tmp_path / "jobs.2").read_bytes() == writer_header
+    assert (tmp_path / "jobs.2").read_bytes() == WRITER
     coll.put("jobs", [b"d"])
     assert drain(coll, "jobs") == [b"d"]  # (a queue found without its reader's file reads from its end)
     coll.close()
