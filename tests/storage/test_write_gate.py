@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -389,8 +390,11 @@ class HeldSyncs:
         self.held[name] = (threading.Event(), threading.Event())
 
     def wait_held(self, name: str, task: gevent.Greenlet) -> None:
-        """Let the loop run until an fsync of `name`'s files is held (or `task` ended)."""
+        """Let the loop run until an fsync of `name`'s files is held (or `task` ended); fails after
+        60 s, where `task` waits for something else for good."""
+        deadline = time.monotonic() + 60
         while not self.held[name][0].is_set() and not task.ready():
+            assert time.monotonic() < deadline, f"{task} waits for no fsync of {name!r}"
             gevent.sleep(0.001)
         assert not task.ready(), f"{task} ended without waiting for an fsync of {name!r}"
 
@@ -603,6 +607,36 @@ def test_an_expiry_queue_handing_items_back_passes_the_gate_of_the_change_that_w
     get = gevent.spawn(partial(coll.remove, "q"))
     assert [item.data for item in get.get(timeout=STALL_S)] == [b"x"]
     assert (drain(coll, "q"), drain(coll, "dead")) == ([b"y", b"e"], [b"h"])
+    coll.close()
+
+
+@FORMATS
+def test_two_queues_expiring_to_each_other_whose_hand_over_fails_its_fsync_both_end_and_lose_nothing(
+        tmp_path: Path, syncs: HeldSyncs, journal_format: str) -> None:
+    """A get of `q` holds its gate while its put of `h` to `dead` waits for `dead`'s fsync; a get of
+    `dead` then moves `e` to `q` and waits at `q`'s gate, holding `dead`'s. `dead`'s next fsync
+    fails (the put's, or the get of `dead`'s once it has gone on): both gets end, neither waiting
+    for the other (a Kestrel 2 replay waits its turn at its queue's gate, where its own task holds
+    it); what one took is in neither queue, and every item not taken is in one or both."""
+    coll, clock = expiring(tmp_path, journal_format)
+    coll.reload(QueueConfigs({"journal_format": journal_format},
+                             {"q": {"expire_to_queue": "dead", "sync_journal": "always"},
+                              "dead": {"expire_to_queue": "q", "sync_journal": "always"}}), {})
+    coll.put("dead", [b"e"], T0 + 10)
+    coll.put("dead", [b"f"])
+    clock.advance(100)
+    syncs.hold("dead")
+    get_q = gevent.spawn(partial(coll.remove, "q"))
+    syncs.wait_held("dead", get_q)
+    get_dead = gevent.spawn(partial(coll.remove, "dead"))
+    gevent.sleep(0.01)
+    assert not get_dead.ready()  # at `q`'s gate
+    syncs.release("dead", OSError(errno.EIO, os.strerror(errno.EIO)))
+    gevent.joinall([get_q, get_dead], timeout=STALL_S)
+    assert get_q.ready() and get_dead.ready()
+    taken = settled(get_q) + settled(get_dead)  # (nothing from a get that failed)
+    left = drain(coll, "q") + drain(coll, "dead")
+    assert not set(taken) & set(left) and sorted(set(taken + left)) == [b"e", b"f", b"h", b"x", b"y"]
     coll.close()
 
 
