@@ -26,7 +26,7 @@ from kestrel.storage.tools import convert
 from tests.end_to_end.test_disk_full import FailingDisk
 from tests.end_to_end.test_disk_full import disk as disk  # the fixture
 from tests.support.queues import drain, one, open_collection, reopen
-from tests.support.slow_disk import slow_fsyncs
+from tests.support.slow_disk import slow_fsyncs, until_begun
 
 
 def collection(path: Path, clock: FakeClock | None = None, **settings: Any) -> QueueCollection:
@@ -303,8 +303,7 @@ class HeldRewrites:
 
     def wait_started(self, task: gevent.Greenlet) -> None:
         """Let the loop run until the rename of the checkpoint is under way on its thread (or `task` ended)."""
-        while not self.started.is_set() and not task.ready():
-            gevent.sleep(0.001)
+        until_begun(self.started, task)
 
     def on_loop(self, *names: str) -> list[tuple[str, str]]:
         """The calls that ran on the loop thread for a file whose name starts with one of `names`."""

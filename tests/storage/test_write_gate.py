@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -73,8 +72,7 @@ class HeldWrites:
 
     def wait_started(self, put: gevent.Greenlet) -> None:
         """Let the loop run until the large write is under way on its thread (or `put` ended)."""
-        while not self.started.is_set() and not put.ready():
-            gevent.sleep(0.001)
+        until_begun(self.started, put)
 
     @property
     def large(self) -> list[bool]:
@@ -390,12 +388,8 @@ class HeldSyncs:
         self.held[name] = (threading.Event(), threading.Event())
 
     def wait_held(self, name: str, task: gevent.Greenlet) -> None:
-        """Let the loop run until an fsync of `name`'s files is held (or `task` ended); fails after
-        60 s, where `task` waits for something else for good."""
-        deadline = time.monotonic() + 60
-        while not self.held[name][0].is_set() and not task.ready():
-            assert time.monotonic() < deadline, f"{task} waits for no fsync of {name!r}"
-            gevent.sleep(0.001)
+        """Let the loop run until an fsync of `name`'s files is held (or `task` ended)."""
+        until_begun(self.held[name][0], task)
         assert not task.ready(), f"{task} ended without waiting for an fsync of {name!r}"
 
     def release(self, name: str, error: OSError | None = None) -> None:

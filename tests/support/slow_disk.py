@@ -71,14 +71,14 @@ def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float, calls: tuple[str, .
     return fsyncs
 
 
-def until_begun(started: threading.Event) -> None:
+def until_begun(started: threading.Event, caller: gevent.Greenlet | None = None) -> None:
     """Let the hub run until the blocking call a spawned caller makes has begun on the pool (the
-    call sets `started`); AssertionError after STALL_S."""
+    call sets `started`), or until `caller` ended without it; AssertionError after STALL_S."""
     for _ in range(int(STALL_S / 0.01)):
-        if started.is_set():
+        if started.is_set() or (caller is not None and caller.ready()):
             return
         gevent.sleep(0.01)
-    raise AssertionError("the blocking call never began")
+    raise AssertionError(f"the blocking call never began, {caller or 'its caller'} waiting elsewhere")
 
 
 def held_fdatasyncs(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
