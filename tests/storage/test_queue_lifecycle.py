@@ -400,6 +400,24 @@ def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path
     coll.close()
 
 
+def test_an_alias_a_reload_no_longer_names_is_gone_once_it_applies(tmp_path: Path) -> None:
+    """The file is what is served: Kestrel 2.4 kept an alias removed from its file until the next
+    start (its reload adds and updates aliases, never removes one), so puts went on being copied to
+    destinations the file no longer named and the queue under that name stayed masked."""
+    from kestrel.storage import QueueConfigs
+
+    coll = open_collection(tmp_path)
+    coll.put("jobs", [b"j1"])
+    coll.reload(QueueConfigs(), {"jobs": ["other"]})
+    assert coll.put("jobs", [b"copied"]) and coll.remove("jobs") == []
+    coll.reload(QueueConfigs(), {})
+    assert not coll.aliases
+    assert coll.put("jobs", [b"j2"])
+    assert drain(coll, "jobs") == [b"j1", b"j2"]  # unmasked at once, and the put went to the queue
+    assert drain(coll, "other") == [b"copied"]
+    coll.close()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_queue_whose_creation_failed_on_the_disk_is_created_again_from_what_it_left(
         tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
