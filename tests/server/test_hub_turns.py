@@ -102,24 +102,24 @@ def served(state: Any, pair: tuple[socket.socket, socket.socket], protocol: str,
 
 @contextlib.contextmanager
 def switches_into(serving: gevent.Greenlet) -> Iterator[list[str]]:
-    """The switches into (or throws at) the connection's greenlet while the block runs, with the
-    turns' clock stopped where the build reads it from its module (the pure build's): a turn also
-    ends after TURN of work (src/kestrel/service/turns.py), which a busy machine's pause of the
-    process reaches, and the connection then steps aside through its greenlet."""
+    """The switches into (or throws at) the connection's greenlet while the block runs, with its
+    turns made an hour long: a turn also ends after TURN of work (src/kestrel/service/turns.py),
+    which a busy machine's pause of the process reaches, and the connection then steps aside
+    through its greenlet."""
     switches: list[str] = []
 
     def trace(event: str, args: Any) -> None:
         if event in ("switch", "throw") and args[1] is serving:
             switches.append(event)
 
-    clock = turns.perf_counter
-    turns.perf_counter = lambda: 0.0  # type: ignore[assignment]
+    turn = turns.TURN
+    turns.TURN = 3600.0
     previous = greenlet.settrace(trace)
     try:
         yield switches
     finally:
         greenlet.settrace(previous)
-        turns.perf_counter = clock  # type: ignore[assignment]
+        turns.TURN = turn
 
 
 def thrift_call(client: socket.socket, method: str, **args: Any) -> Any:
