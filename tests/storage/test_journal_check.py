@@ -20,7 +20,7 @@ from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import ManualRuntime
 from kestrel.storage.tools import check
 from tests.conftest import ROOT
-from tests.storage.test_kestrel3_journal import WRITER, put6
+from tests.support.kestrel3_records import WRITER, put6
 from tests.support.queues import aside, drain
 
 T0 = 1_700_000_000_000

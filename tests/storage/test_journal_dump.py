@@ -16,9 +16,9 @@ from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2 import replay as kestrel2_replay
 from kestrel.storage.kestrel3 import files as kestrel3_files
 from kestrel.storage.tools import check, dump
+from tests.support.kestrel3_records import WRITER, put6
 
 T0 = 1_700_000_000_000
-WRITER = bytes([0x27, 0x64, 0x26, 0x03])
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +28,6 @@ def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def adds(*items: bytes) -> bytes:
     return b"".join(codec.encode_addx(T0, 0, data) for data in items)
-
-
-def put6(item_id: int, data: bytes) -> bytes:
-    """A Kestrel 3 put record, field by field as the format document lays it out."""
-    return (bytes([8 << 4 | 6]) + len(data).to_bytes(4, "little") + bytes(4)
-            + item_id.to_bytes(8, "little") + T0.to_bytes(8, "little") + data)
 
 
 def dumped(path: Path, queue: str = "q") -> tuple[int, list[str], str]:

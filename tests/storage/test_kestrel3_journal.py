@@ -24,34 +24,11 @@ from kestrel.storage.kestrel3 import files
 from kestrel.storage.queue_path import remove_temporaries
 from kestrel.storage.tools.dump import dump_files, dump_queue
 from tests.conftest import ROOT
+from tests.support.kestrel3_records import READER, WRITER, put6, put8, read_done, read_head
 from tests.support.queues import load_strictly
 
 SEED = ROOT.parent / "shared" / "seeds" / "kestrel3-journal-format.md"
 T0 = 1_700_000_000_000
-WRITER = bytes([0x27, 0x64, 0x26, 0x03])
-READER = bytes([0x26, 0x3C, 0x26, 0x03])
-
-
-# Records written by hand, field by field, as kestrel3-journal-format.md lays them out: a command
-# byte (command << 4 | header words), little-endian header words, then the data block.
-def put6(xid: int, data: bytes, errors: int = 0, add_time: int = T0) -> bytes:
-    return (bytes([8 << 4 | 6]) + len(data).to_bytes(4, "little") + errors.to_bytes(4, "little")
-            + xid.to_bytes(8, "little") + add_time.to_bytes(8, "little") + data)
-
-
-def put8(xid: int, data: bytes, expire: int, errors: int = 0, add_time: int = T0) -> bytes:
-    return (bytes([8 << 4 | 8]) + len(data).to_bytes(4, "little") + errors.to_bytes(4, "little")
-            + xid.to_bytes(8, "little") + add_time.to_bytes(8, "little") + expire.to_bytes(8, "little")
-            + data)
-
-
-def read_head(xid: int) -> bytes:
-    return bytes([0 << 4 | 2]) + xid.to_bytes(8, "little")
-
-
-def read_done(*ids: int) -> bytes:
-    return bytes([9 << 4 | 1]) + (8 * len(ids)).to_bytes(4, "little") + b"".join(
-        i.to_bytes(8, "little") for i in ids)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,17 +22,11 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel3.codec import FileKind, TailRecords
+from tests.support.kestrel3_records import READER, WRITER, put6, read_head
 from tests.support.queues import aside, drain, load_strictly
 
 T0 = 1_700_000_000_000
 FORMATS = ["kestrel2", "kestrel3", "commit log"]
-WRITER = bytes([0x27, 0x64, 0x26, 0x03])
-READER = bytes([0x26, 0x3C, 0x26, 0x03])
-
-
-def put(item_id: int, data: bytes) -> bytes:
-    """A Kestrel 3 PUT of six header words: its size field is at offset 1."""
-    return bytes([0x86]) + struct.pack("<iiQq", len(data), 0, item_id, T0) + data
 
 
 def records(fmt: str, count: int) -> list[bytes]:
@@ -41,7 +35,7 @@ def records(fmt: str, count: int) -> list[bytes]:
     if fmt == "kestrel2":
         return [codec.encode_addx(T0, 0, b"item-%02d" % n) for n in range(count)]
     if fmt == "kestrel3":
-        return [put(n + 1, b"item-%02d" % n) for n in range(count)]
+        return [put6(n + 1, b"item-%02d" % n) for n in range(count)]
     return [commit_log.encode_record("q", 0, 12 * n, b"item-%02d" % n) for n in range(count)]
 
 
@@ -52,7 +46,7 @@ def lay_out(path: Path, fmt: str, body: bytes) -> Path:
         return path / "q"
     if fmt == "kestrel3":
         (path / f"q.{T0}").write_bytes(WRITER + body)
-        (path / "q.read.").write_bytes(READER + bytes([0x02]) + bytes(8))  # the default reader, at its start
+        (path / "q.read.").write_bytes(READER + read_head(0))  # the default reader, at its start
         return path / f"q.{T0}"
     folder = Path(commit_log.directory(str(path)))
     folder.mkdir(parents=True)
@@ -116,7 +110,7 @@ def record_bytes(fmt: str, megabytes: int) -> bytes:
         return bytes([codec.REMOVE]) * size
     quarter = size // 4
     if fmt == "kestrel3":
-        block = put(1, b"")[:1] + struct.pack("<iiQq", quarter, 0, 1, T0)
+        block = put6(1, b"")[:1] + struct.pack("<iiQq", quarter, 0, 1, T0)
     else:
         block = struct.pack("<II", quarter, 0) + struct.pack("<H", 1) + b"q" + struct.pack("<QQ", 9 << 56, 0)
     return (block + bytes(64 - len(block))) * (size // 64)
@@ -134,7 +128,7 @@ def test_a_torn_record_whose_data_reads_as_records_everywhere_is_judged_in_linea
     if fmt == "kestrel2":
         whole = codec.encode_addx(T0, 0, data)
     elif fmt == "kestrel3":
-        whole = put(4, data)
+        whole = put6(4, data)
     else:
         whole = commit_log.encode_record("q", 0, 36, data)
     cut = whole[:len(whole) - 1000]
@@ -278,7 +272,7 @@ def test_a_torn_record_of_random_opcode_bytes_is_judged_as_the_rule_says(tmp_pat
     if fmt == "kestrel2":
         whole = codec.encode_addx(T0, 0, data)
     elif fmt == "kestrel3":
-        whole = put(4, data)
+        whole = put6(4, data)
     else:
         whole = commit_log.encode_record("q", 0, 36, data)
     cut = whole[:len(whole) // 2]
