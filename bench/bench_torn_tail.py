@@ -35,6 +35,7 @@ def torn_record(fmt: str, megabytes: int, kind: str) -> bytes:
     off."""
     from kestrel.storage import commit_log
     from kestrel.storage.kestrel2 import codec
+    from kestrel.storage.kestrel3 import codec as codec3
 
     size = megabytes << 20
     if kind == "random":
@@ -51,7 +52,7 @@ def torn_record(fmt: str, megabytes: int, kind: str) -> bytes:
     if fmt == "kestrel2":
         whole = codec.encode_addx(T0, 0, data)
     elif fmt == "kestrel3":
-        whole = bytes([0x86]) + struct.pack("<iiQq", len(data), 0, 4, T0) + data
+        whole = codec3.encode(codec3.Put(4, 0, T0, None, data))
     else:
         whole = commit_log.encode_record("q", 0, 0, data)
     return whole[:-1000]
