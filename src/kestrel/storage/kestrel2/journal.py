@@ -116,6 +116,11 @@ class QueueJournal:
         # The first manifest, written ahead (`_manifest_ahead`): set while a task for it is under way
         self._manifest_task: Event | None = None
         self._manifest_writing = False  # ... and once its write has begun
+        # What to call once that write has ended, given by a rotation refused meanwhile (`rotate`):
+        # held only until then, so that no bound method of the queue stays here (a deleted queue
+        # is freed by reference counting alone). `_handoff` orders the two under plain threads.
+        self._after_manifest: Callable[[], None] | None = None
+        self._handoff = runtime.lock()
         # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
         # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile,
         # and is known by its file (`_seal_one`).
@@ -533,10 +538,12 @@ class QueueJournal:
     # -----------------------------------------------------------------------------------------
     # Rotation and packing
 
-    def rotate(self, packed: bool = False) -> int | None:
+    def rotate(self, packed: bool = False, refused: Callable[[], None] | None = None) -> int | None:
         """Rename the live journal to `<name>.<ms>` and start a new one; return the timestamp, or
-        None when it cannot rotate yet (its first manifest is being written on the thread pool: a
-        later change rotates).
+        None when it cannot rotate yet: its first manifest is being written on the thread pool, and
+        `refused` (the owner's) is called once that write has ended, in its task, so that the owner
+        decides again then rather than at its next change, which may never come
+        (`_write_first_manifest`).
 
         The queue's first rotated file is never without a manifest: one is written before it (the
         rotated file is listed once sealed, or taken at the next start for a rotation not yet
@@ -569,8 +576,11 @@ class QueueJournal:
         assert self.writer is not None
         self.flush()
         if self._manifest is None:
-            if self._manifest_writing:
-                return None  # once it is written
+            with self._handoff:
+                if self._manifest_writing:
+                    if refused is not None:
+                        self._after_manifest = refused
+                    return None  # once it is written
             keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
             keeper.update({})  # kept once written: a rotation that failed here is tried again whole
             self._manifest = keeper
@@ -626,6 +636,10 @@ class QueueJournal:
         self.runtime.spawn(partial(self._write_first_manifest, done))
 
     def _write_first_manifest(self, done: Event) -> None:
+        """The task of `_manifest_ahead`. Once the write has ended (written, or failed: then the
+        rotation writes it), a rotation refused meanwhile is told, after `done` is set: what it
+        does next (a rotation, a pack) waits its own turn, and whoever waits for the write (a close,
+        a rebuild inside a change) is never held by it."""
         try:
             if self._manifest is None:  # (else a rotation wrote it, before this task ran)
                 self._manifest_writing = True
@@ -636,9 +650,13 @@ class QueueJournal:
             log.warning("cannot write the queue's first manifest ahead of its rotation; the rotation "
                         "writes it", queue=self.name, error=str(e))
         finally:
-            self._manifest_writing = False
-            self._manifest_task = None
+            with self._handoff:
+                self._manifest_writing = False
+                self._manifest_task = None
+                refused, self._after_manifest = self._after_manifest, None
             done.set()
+        if refused is not None:
+            refused()
 
     @property
     def pack_pending(self) -> bool:

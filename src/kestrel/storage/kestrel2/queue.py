@@ -28,7 +28,7 @@ from kestrel.storage.clock import Clock
 from kestrel.storage.commit_log import CommitLog
 from kestrel.storage.config import QueueConfig
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import JournalWriteError
+from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.journal_file import CURSOR_CHUNK, check_writable
 from kestrel.storage.kestrel2 import codec, packer
@@ -101,6 +101,7 @@ class Kestrel2Queue(PersistentQueue):
         self._rebuilding = False
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
+        self._closing = False  # a close is under way: no rotation its journal refused is made now
         # Reads open at start-up, not yet journaled back to the head (a tuple when none: each change
         # looks, and an empty one shared by every queue costs no look at memory of this queue's).
         self._orphans: Sequence[int] = ()
@@ -450,18 +451,38 @@ class Kestrel2Queue(PersistentQueue):
         only, its records kept (a remove's items gone, never handed out). The live journal grows
         on, and a later change that finds it due tries again."""
         try:
-            stamp = self._journal.rotate(packed)
+            stamp = self._journal.rotate(packed, self._manifest_written)
         except OSError as e:
             log_later(self.runtime, log.error, "cannot rotate the journal; a later change tries again",
                       queue=self.name, file=self._journal.live_path, error=str(e))
             return False
-        if stamp is None:  # not yet: its first manifest is being written, a later change rotates
+        if stamp is None:  # not yet: its first manifest is being written (`_manifest_written`)
             return False
         if self._rb is not None:
             self._rb.live_rotated(stamp)
         if checkpoint:
             self._checkpoints.append(RotationCheckpoint(stamp, self._xid, list(self._opens.items())))
         return True
+
+    def _manifest_written(self) -> None:
+        """The journal refused a rotation while its first manifest was written ahead, and that
+        write has ended (`QueueJournal.rotate`): the queue decides again now, as at the end of a
+        change (`_maybe_rotate`), in a change of its own that writes nothing else. A queue that
+        emptied past `default_journal_size` meanwhile rotates and packs then, where it waited for a
+        later change, which an idle queue may never see, and kept its whole live journal.
+
+        As a change, it waits its turn at the gate (and the lock) and is refused by a closed queue
+        or one being rebuilt; `_maybe_rotate` then leaves what a change would leave to a later one.
+        A read-only queue, or one whose close is under way, is left as it is: a later change probes
+        first, and a close rotates nothing."""
+        if self.closed or self._closing or self.read_only:
+            return
+        try:
+            with self:
+                if not self._closing:
+                    self._maybe_rotate()
+        except (QueueClosed, JournalWriteError):
+            return  # closed, or being rebuilt, meanwhile: a later change decides
 
     def _pack_now(self) -> None:
         """Rotate and queue a pack of the state now: every item is in memory (not in read-behind)."""
@@ -488,6 +509,15 @@ class Kestrel2Queue(PersistentQueue):
         self.config = self.keeping_fixed(config)
         self._memory_ceiling_changed()
         self._journal.set_sync(config.sync_journal, _rotate_at(config))
+
+    def close(self) -> None:
+        """`PersistentQueue.close`; a rotation its journal refused while its first manifest was
+        written ahead is not made once the close has begun (`_manifest_written`)."""
+        self._closing = True
+        try:
+            super().close()
+        finally:
+            self._closing = self.closed  # (a close cut short leaves the queue open as it was)
 
     def _close_files(self) -> None:
         self._journal.close()
