@@ -23,7 +23,7 @@ from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
 from tests.support.power_loss import Disk
 from tests.support.queues import drain, manifest_path, open_collection, reopen
-from tests.support.slow_disk import slow_fdatasyncs, slow_fsyncs, until_begun
+from tests.support.slow_disk import HeldFileWrites, slow_fdatasyncs, slow_fsyncs, until_begun
 
 FORMATS = ["kestrel2", "kestrel3"]
 
@@ -182,6 +182,42 @@ def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
         gc.enable()
     assert alive == [], "a deleted queue is still referred to"
     assert left == [], "a deleted queue's objects were freed only by the garbage collector"
+    coll.close()
+
+
+def test_a_kestrel2_queue_deleted_while_its_first_manifest_is_written_is_freed_at_its_delete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotation refused while the queue's first manifest is written ahead leaves its journal
+    holding the queue's call until that write ends (the queue decides again then). A delete meanwhile
+    waits for the write, rotates nothing after it, and the queue is freed at its delete by reference
+    counting alone, as any other (docs/queue-lifetime.md)."""
+    coll = open_collection(tmp_path, {"default_journal_size": 4096, "max_memory_size": 1 << 20})
+    items = [b"%04d" % n * 25 for n in range(60)]
+    with HeldFileWrites(monkeypatch, "gone~~manifest") as manifest_write:
+        assert coll.put("gone", items) == 60  # past half way to its rotation: the manifest written ahead
+        until_begun(manifest_write.started)
+        assert len(coll.remove("gone", 60)) == 60  # emptied: due to rotate and pack, refused for now
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+        try:
+            deleting = gevent.spawn(partial(coll.delete, "gone"))
+            gevent.sleep(0)  # into its close's wait for the manifest
+            assert not deleting.ready()
+            manifest_write.release()
+            deleting.get(timeout=60)
+            alive = [o for o in gc.get_objects()
+                     if isinstance(o, PersistentQueue) and o.queue_path == coll.path and o.name == "gone"]
+            gc.collect()
+            left = [type(o).__qualname__ for o in gc.garbage if of_collection(o, coll.path)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert alive == [], "a deleted queue is still referred to"
+    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
+    assert [n for n in os.listdir(tmp_path) if n.startswith("gone")] == []
+    assert not manifest_path(tmp_path, "gone").exists()
     coll.close()
 
 

@@ -6,6 +6,7 @@ that are done, never through timing."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import shutil
@@ -18,17 +19,19 @@ from typing import Any
 
 import gevent
 import pytest
+from structlog.testing import capture_logs
 
-from kestrel.storage import QueueCollection, QueueConfigs, disk
+from kestrel.storage import QueueCollection, QueueConfigs, disk, manifest
 from kestrel.storage.journal_file import JournalWriter
+from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3 import files as k3files
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
 from kestrel.storage.runtime import GeventRuntime
 from tests.storage.test_commit_log import GeventWithFsyncs, Held
 from tests.support.power_loss import Disk
-from tests.support.queues import drain, open_collection, reopen
-from tests.support.slow_disk import slow_fsyncs
+from tests.support.queues import drain, open_collection, opened, reopen
+from tests.support.slow_disk import HeldFileWrites, slow_fsyncs, until_begun
 
 ITEM = b"." * 96
 
@@ -242,3 +245,69 @@ def test_a_power_cut_amid_rotations_off_the_loop_loses_no_change_a_client_was_to
             assert got[:len(items)] == items or got[:len(items) - 1] == items[1:], (name, got, items)
     finally:
         again.close()
+
+
+
+FIRST_MANIFEST = {"default_journal_size": 4096, "max_memory_size": 1 << 20}
+
+
+def _rotated(path: Path) -> list[str]:
+    return sorted(n for n in os.listdir(path) if n.startswith("q."))
+
+
+@pytest.mark.parametrize("ends", ["written", "failed"])
+@pytest.mark.parametrize(("sync", "commit_log"), [("never", False), ("always", False), ("always", True)])
+def test_a_kestrel2_queue_emptied_while_its_first_manifest_is_written_rotates_and_packs_once_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str, commit_log: bool, ends: str) -> None:
+    """A queue that empties with its live journal past `default_journal_size` rotates and packs at
+    once; while its first manifest, written ahead on the thread pool, is still being written the
+    rotation is refused. Once that write has ended (or failed: the rotation writes it then) the
+    queue rotates and packs, with no further change: it waited for a later change, and an idle
+    queue kept its whole live journal meanwhile."""
+    coll = opened(open_collection(tmp_path, {**FIRST_MANIFEST, "sync_journal": sync}, commit_log=commit_log))
+    items = [b"%04d" % i + ITEM for i in range(60)]
+    with HeldFileWrites(monkeypatch, "q~~manifest") as manifest_write, capture_logs() as logs:
+        assert coll.put("q", items) == 60  # past half way to the rotation: its manifest is written ahead
+        until_begun(manifest_write.started)
+        q = coll.get("q")
+        assert isinstance(q, Kestrel2Queue)
+        assert [item.data for item in coll.remove("q", 60)] == items  # emptied: due to rotate and pack
+        assert _rotated(tmp_path) == [] and q.live_journal_size >= FIRST_MANIFEST["default_journal_size"]
+        manifest_write.release(OSError(errno.EIO, "Input/output error (simulated)") if ends == "failed" else None)
+        q.wait_for_packing()
+    (pack,) = _rotated(tmp_path)
+    assert packer.is_our_pack(str(tmp_path / pack)) and q.live_journal_size == 0
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == [pack] and record.files[pack].pack
+    warned = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+    assert warned == ([] if ends == "written" else
+                      ["cannot write the queue's first manifest ahead of its rotation; the rotation writes it"])
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == []
+    again.close()
+
+
+def test_a_kestrel2_queue_closed_while_its_first_manifest_is_written_rotates_nothing_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The close waits for the manifest being written ahead; the rotation and pack refused
+    meanwhile (the queue emptied into open reads) are not made once the close has begun, and the
+    reads open are back at the head after a restart."""
+    coll = opened(open_collection(tmp_path, {**FIRST_MANIFEST, "sync_journal": "never"}))
+    items = [b"%04d" % i + ITEM for i in range(60)]
+    with HeldFileWrites(monkeypatch, "q~~manifest") as manifest_write:
+        assert coll.put("q", items) == 60
+        until_begun(manifest_write.started)
+        q = coll.get("q")
+        assert isinstance(q, Kestrel2Queue)
+        assert len(coll.remove("q", 60, transaction=True)) == 60  # due to rotate and pack its open reads
+        closing = gevent.spawn(partial(q.close))
+        gevent.sleep(0)  # into its wait for the manifest
+        assert not closing.ready()
+        manifest_write.release()
+        closing.get(timeout=60)
+    assert q.closed and _rotated(tmp_path) == []
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and record.files == {}
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == items
+    again.close()

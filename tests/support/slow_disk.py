@@ -1,5 +1,5 @@
-"""A disk whose fsyncs are slow, for the tests of what a wait for one lets happen meanwhile (a
-creation's, a delete's, a close's)."""
+"""A disk whose fsyncs are slow, or one of whose writes is held, for the tests of what a wait for one
+lets happen meanwhile (a creation's, a delete's, a close's, a rotation's)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 import gevent
 import pytest
 
+from kestrel.storage import disk
 from tests.conftest import STALL_S
 
 
@@ -94,3 +95,40 @@ def held_fdatasyncs(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, t
 
     monkeypatch.setattr(os, "fdatasync", held)
     return syncing, synced
+
+
+class HeldFileWrites:
+    """`disk.write_all` to a file whose name starts with `prefix` (a Kestrel 2 queue `q`'s manifest
+    written whole: its temporary `.kestrel/q~~manifest-...`, before its fsync and rename) off the
+    loop's thread waits until `release` (60 s at most), then fails with the error given there, if
+    one is, nothing written; `started` is set as it begins (`until_begun`). Only the first such
+    write is held; on the loop thread nothing waits (the test would hang). Released at the end of a
+    `with` block, however it ends; undone with the test's monkeypatch."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+        self.loop_thread = threading.get_ident()
+        self.started = threading.Event()
+        self._released = threading.Event()
+        self._error: OSError | None = None
+        real = disk.write_all
+
+        def held(fd: int, data: bytes | memoryview) -> None:
+            if (threading.get_ident() != self.loop_thread and not self.started.is_set()
+                    and os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(prefix)):
+                self.started.set()
+                self._released.wait(60)
+                if self._error is not None:
+                    raise self._error
+            real(fd, data)
+
+        monkeypatch.setattr(disk, "write_all", held)
+
+    def release(self, error: OSError | None = None) -> None:
+        self._error = error
+        self._released.set()
+
+    def __enter__(self) -> HeldFileWrites:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._released.set()  # (a test that failed first leaves no thread held)
