@@ -8,6 +8,7 @@ import gc
 import os
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,27 @@ def of_collection(o: object, path: str) -> bool:
         for name in ("queue_path", "path"))
 
 
+@contextlib.contextmanager
+def freed_by_reference_counting(coll: QueueCollection, name: str) -> Iterator[None]:
+    """Asserts that, once the block has run, no queue `name` of the collection is alive and none of
+    its objects was left for the garbage collector (which a frozen object never meets again)."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+    try:
+        yield
+        alive = [o for o in gc.get_objects()  # this collection's: another test's may be alive still
+                 if isinstance(o, PersistentQueue) and o.queue_path == coll.path and o.name == name]
+        gc.collect()
+        left = [type(o).__qualname__ for o in gc.garbage if of_collection(o, coll.path)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert alive == [], "a deleted queue is still referred to"
+    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("use", USES)
 def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
@@ -147,10 +169,7 @@ def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
     coll.governor.start()
     coll.put("warm", [b"x"])
     coll.delete("warm")  # what the first queue makes once for all (caches, the governor's lists)
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-    try:
+    with freed_by_reference_counting(coll, "gone"):
         if use == "waited on":
             coll.queue("gone")
             waiting = gevent.spawn(partial(coll.remove, "gone", 1, timeout=60.0))
@@ -172,16 +191,6 @@ def test_a_deleted_queue_is_freed_at_its_delete_by_reference_counting_alone(
             gevent.sleep(0)  # the reader, woken by the delete, answers empty-handed
             assert waiting.ready() and waiting.value == []
             del waiting
-        alive = [o for o in gc.get_objects()  # this collection's: another test's may be alive still
-                 if isinstance(o, PersistentQueue) and o.queue_path == coll.path and o.name == "gone"]
-        gc.collect()
-        left = [type(o).__qualname__ for o in gc.garbage if of_collection(o, coll.path)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert alive == [], "a deleted queue is still referred to"
-    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
     coll.close()
 
 
@@ -197,25 +206,12 @@ def test_a_kestrel2_queue_deleted_while_its_first_manifest_is_written_is_freed_a
         assert coll.put("gone", items) == 60  # past half way to its rotation: the manifest written ahead
         until_begun(manifest_write.started)
         assert len(coll.remove("gone", 60)) == 60  # emptied: due to rotate and pack, refused for now
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-        try:
+        with freed_by_reference_counting(coll, "gone"):
             deleting = gevent.spawn(partial(coll.delete, "gone"))
             gevent.sleep(0)  # into its close's wait for the manifest
             assert not deleting.ready()
             manifest_write.release()
             deleting.get(timeout=60)
-            alive = [o for o in gc.get_objects()
-                     if isinstance(o, PersistentQueue) and o.queue_path == coll.path and o.name == "gone"]
-            gc.collect()
-            left = [type(o).__qualname__ for o in gc.garbage if of_collection(o, coll.path)]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
-    assert alive == [], "a deleted queue is still referred to"
-    assert left == [], "a deleted queue's objects were freed only by the garbage collector"
     assert [n for n in os.listdir(tmp_path) if n.startswith("gone")] == []
     assert not manifest_path(tmp_path, "gone").exists()
     coll.close()
