@@ -1,7 +1,8 @@
 """A journal's rotation never fsyncs on the event loop: a Kestrel 2 queue's first manifest and its
 new live journal's name are made durable on the thread pool while the queue's changes wait at its
-gate; a Kestrel 3 writer file started by a rotation has its name made durable by its first fsync,
-and no manifest lists it before. Observed through the threads the fsyncs run on and the greenlets
+gate (under a periodic sync without the commit log, while they go on, the file's first fsync
+waiting for the name); a Kestrel 3 writer file started by a rotation has its name made durable by
+its first fsync, and no manifest lists it before. Observed through the threads the fsyncs run on and the greenlets
 that are done, never through timing."""
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ ITEM = b"." * 96
 
 @pytest.mark.parametrize(("journal_format", "sync", "commit_log"), [
     ("kestrel2", "never", False), ("kestrel2", "always", False), ("kestrel2", "always", True),
-    ("kestrel2", "10ms", True), ("kestrel3", "always", False), ("kestrel3", "always", True),
-    ("kestrel3", "10ms", True)])
+    ("kestrel2", "10ms", True), ("kestrel2", "10ms", False), ("kestrel3", "always", False),
+    ("kestrel3", "always", True), ("kestrel3", "10ms", True)])
 def test_a_rotation_fsyncs_nothing_on_the_loop(tmp_path: Path, journal_format: str, sync: str,
                                                commit_log: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Puts through rotations (Kestrel 2: its first manifest, each new live journal's name; Kestrel
@@ -111,6 +112,79 @@ def test_a_kestrel2_queue_waits_at_its_gate_while_its_new_live_journal_is_named(
     assert isinstance(q, Kestrel2Queue) and q._journal.writer is not None and not q._journal.writer.unnamed
     again = reopen(coll)
     assert drain(again, "q") == [b"first", *items, b"after"] and drain(again, "other") == [b"meanwhile"]
+    again.close()
+
+
+def test_under_a_periodic_sync_a_kestrel2_queue_goes_on_while_its_new_live_journal_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the commit log, a periodic sync acknowledges no change after an fsync, and nothing
+    but the file's own fsyncs vouches for its records: the queue's changes go on appending to the
+    new live journal while its name is made durable on the thread pool, no fsync of the folder on
+    the loop, and no fsync of the file's data runs before the folder's fsync that named it has
+    ended (its periodic sync waits for it), so that no synced record lies under a name a power cut
+    may take back."""
+    loop = threading.get_ident()
+    naming, named = threading.Event(), threading.Event()
+    durable: set[int] = set()  # inodes of the queue path's names that an fsync of it has covered
+    folder_fsyncs_on_loop: list[int] = []
+    datasyncs: list[tuple[int, bool]] = []  # each fdatasync's inode, and whether its name was durable
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def held(fd: int) -> None:
+        if os.path.samefile(f"/proc/self/fd/{fd}", tmp_path):
+            if threading.get_ident() == loop:
+                folder_fsyncs_on_loop.append(fd)
+            covered = {os.stat(tmp_path / n).st_ino for n in os.listdir(tmp_path)}  # as the fsync begins
+            if [n for n in os.listdir(tmp_path) if n.startswith("q.")]:
+                naming.set()  # once a journal rotated: the rotated one's seal, the new live one's name
+                named.wait(60)
+            real_fsync(fd)
+            durable.update(covered)
+            return
+        real_fsync(fd)
+
+    def datasync(fd: int) -> None:
+        inode = os.fstat(fd).st_ino
+        datasyncs.append((inode, inode in durable))
+        real_fdatasync(fd)
+
+    coll = open_collection(tmp_path, {"sync_journal": "20ms", "max_memory_size": 2000,
+                                      "default_journal_size": 2000}, runtime=GeventWithFsyncs(datasync))
+    coll.put("q", [b"first"])
+    monkeypatch.setattr(os, "fsync", held)
+    items: list[bytes] = []
+
+    def produce() -> None:
+        while not naming.is_set() and len(items) < 2000:  # until a rotation's new journal is being named
+            items.append(b"%04d" % len(items) + ITEM)
+            assert coll.put("q", [items[-1]]) == 1
+            gevent.sleep(0.001)
+
+    gevent.spawn(produce).get(timeout=60)
+    assert naming.is_set(), "no rotation"
+    after = [b"after %d" % n for n in range(3)]
+    for item in after:  # appended to the new live journal while its name's fsync is held
+        assert gevent.spawn(partial(coll.put, "q", [item])).get(timeout=60) == 1
+    q = coll.get("q")
+    assert isinstance(q, Kestrel2Queue) and q._journal.writer is not None
+    writer = q._journal.writer
+    assert writer.unnamed and writer.size > 0
+    live = os.stat(writer.path).st_ino
+    assert live not in durable
+    deadline = time.monotonic() + 60
+    while writer._timer is not None and time.monotonic() < deadline:  # until its periodic sync has begun
+        gevent.sleep(0.001)
+    assert writer._timer is None and writer.unnamed
+    named.set()
+    deadline = time.monotonic() + 60
+    while writer.synced < writer.size and time.monotonic() < deadline:  # its periodic sync
+        gevent.sleep(0.001)
+    assert writer.synced == writer.size and not writer.unnamed
+    assert [was_named for inode, was_named in datasyncs if inode == live] == [True]  # its periodic sync
+    assert not folder_fsyncs_on_loop
+    monkeypatch.undo()
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == [b"first", *items, *after]
     again.close()
 
 

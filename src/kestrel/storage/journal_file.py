@@ -238,6 +238,12 @@ class JournalWriter:
         # Its file was created and its name is not durable yet where `names_durably` asks
         # (`sync_name` makes it so): an `open` for an append, or its first fsync, sees to it first.
         self.unnamed = False
+        # A file `open` creates has its name made durable by `sync_name` (its first fsync, or the
+        # caller) rather than on the loop before anything is written: where nothing relies on the
+        # name before the file's first fsync (a Kestrel 2 rotation's new live journal under a
+        # periodic sync without the commit log: `QueueJournal._name_live`).
+        self.names_later = False
+        self._naming: Event | None = None  # the folder's fsync `sync_name` has under way, shared
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
         self._timer: Timer | None = None
         # uses of the descriptor off the loop now (fsyncs, large appends: `hold`), and the descriptors
@@ -257,16 +263,16 @@ class JournalWriter:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
         A file it creates, or one `create` made whose name is not durable yet (`unnamed`), has its
         name made durable too where `names_durably` asks: by an fsync of its folder on the loop (a
-        change never yields), before anything is written to it; or, with `name_later`, by
-        `sync_name`, which the caller (a queue's creation, which may wait) or the file's first fsync
-        (`sync_to`) calls."""
+        change never yields), before anything is written to it; or, with `name_later` (or where the
+        writer `names_later`), by `sync_name`, which the caller (a queue's creation, which may wait)
+        or the file's first fsync (`sync_to`) calls."""
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
         if (created or self.unnamed) and self.names_durably:
-            if name_later:
+            if name_later or self.names_later:
                 self.unnamed = True
             else:
                 disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
@@ -275,10 +281,21 @@ class JournalWriter:
     def sync_name(self) -> None:
         """Make the name of the file `open` (`name_later`) or `create` made durable, if it is not
         yet (`unnamed`): its folder's fsync on the runtime's thread pool, the caller waiting and the
-        other tasks going on. Raises OSError (and the name is still to be made durable)."""
-        if self.unnamed:
-            self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
-            self.unnamed = False
+        other tasks going on. A caller that finds one under way waits for it (it began once the
+        file was made, so it covers the name), and fsyncs the folder itself should it fail. Raises
+        OSError (and the name is still to be made durable)."""
+        while self.unnamed:
+            naming = self._naming
+            if naming is not None:
+                naming.wait()
+                continue
+            done = self._naming = self.runtime.event()
+            try:
+                self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
+                self.unnamed = False
+            finally:
+                self._naming = None
+                done.set()
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
@@ -286,11 +303,12 @@ class JournalWriter:
         name made durable where `names_durably` asks, by its folder's fsync on the runtime's thread
         pool (the caller waits, the other tasks go on). Meanwhile an `open` for an append makes the
         name durable itself, on the loop, before it writes: no record goes to a file whose name a
-        power cut may lose. Raises OSError."""
-        if self.fd >= 0 or self.size or os.path.exists(self.path):
-            return
-        os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
-        self.unnamed = self.names_durably
+        power cut may lose; where the writer `names_later`, the append goes on, and this, or the
+        file's first fsync, makes the name durable (a file an append created first included).
+        Raises OSError."""
+        if self.fd < 0 and not self.size and not os.path.exists(self.path):
+            os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
+            self.unnamed = self.names_durably
         self.sync_name()
 
     def append(self, data: bytes) -> None:
