@@ -110,11 +110,12 @@ def started(args: list[str], ports: dict[str, int], home: Path,
 @contextlib.contextmanager
 def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool = False,
             prepare: Callable[[Path], None] | None = None, build: str = "pure",
-            source: Path | None = None, settings: dict[str, str] | None = None) -> Iterator[Running]:
+            source: Path | None = None, settings: dict[str, str] | None = None,
+            queue: dict[str, str] | None = None) -> Iterator[Running]:
     """This checkout's server in `build` (or the build or source tree at `source`, another version
     of the code to compare with) with the Thrift and memcache ports open (and the admin port with
-    `admin`), `sync_journal: sync` and `commit_log`, and any other top-level `settings` of its
-    config; `prepare` fills its queue path before it starts."""
+    `admin`), `sync_journal: sync` and `commit_log`, any other top-level `settings` of its config
+    and `default_queue` settings of `queue`; `prepare` fills its queue path before it starts."""
     path = build_path(build) if source is None else source.resolve()
     ports = {"thrift": free_port(), "memcache": free_port()}
     if admin:
@@ -129,7 +130,8 @@ def kestrel(work: Path, sync: str = "never", commit_log: str = "on", admin: bool
                       f"thrift_port: {ports['thrift']}\nmemcache_port: {ports['memcache']}\n"
                       f"text_port: 0\nadmin_port: {ports.get('admin', 0)}\ncommit_log: {commit_log}\n"
                       + "".join(f"{key}: {value}\n" for key, value in (settings or {}).items())
-                      + f"default_queue:\n  sync_journal: {sync}\n")
+                      + f"default_queue:\n  sync_journal: {sync}\n"
+                      + "".join(f"  {key}: {value}\n" for key, value in (queue or {}).items()))
     env = dict(os.environ, PYTHONPATH=str(path))
     command = [sys.executable, "-m", "kestrel", "serve", "--config", str(config), "--log-level", "warning"]
     with started(command, ports, home, env) as running:
