@@ -259,6 +259,15 @@ class JournalWriter:
         name it; not under `never` without the log."""
         return self.sync_ms is not None or self.log is not None
 
+    def set_sync(self, sync_ms: int | None) -> None:
+        """A reload's sync policy. A file made where no name was made durable (`never` without the
+        log) and kept under one that fsyncs has its name made durable before the first fsync it
+        answers for (`sync_to`), or that fsync would vouch for bytes under a name a power cut can
+        take back."""
+        if sync_ms is not None and not self.names_durably:
+            self.unnamed = True
+        self.sync_ms = sync_ms
+
     def open(self, name_later: bool = False) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
         A file it creates, or one `create` made whose name is not durable yet (`unnamed`), has its

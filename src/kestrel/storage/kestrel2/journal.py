@@ -535,7 +535,7 @@ class QueueJournal:
         self.sync_ms = sync_ms
         self.rotate_at = rotate_at
         if self.writer is not None:
-            self.writer.sync_ms = sync_ms
+            self.writer.set_sync(sync_ms)
 
     # -----------------------------------------------------------------------------------------
     # Rotation and packing

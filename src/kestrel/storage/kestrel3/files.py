@@ -636,7 +636,7 @@ class WriterJournal:
         self.max_file_size = max_file_size
         self.sync_ms = sync_ms
         if self._writer is not None:
-            self._writer.sync_ms = sync_ms
+            self._writer.set_sync(sync_ms)
 
     def flush(self) -> None:
         if self._writer is not None:

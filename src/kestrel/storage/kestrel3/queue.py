@@ -546,7 +546,7 @@ class Kestrel3Queue(PersistentQueue):
         if self._journal is not None and not self.reader:
             self._journal.writer.reconfigure(config.default_journal_size, config.sync_journal)
         if self._file is not None:
-            self._file.writer.sync_ms = config.sync_journal
+            self._file.writer.set_sync(config.sync_journal)
 
     def _close_files(self) -> None:
         """Close this reader's files (the writer journal closes with its last reader). Their final
