@@ -28,7 +28,7 @@ from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
 from kestrel.storage.kestrel3 import files as k3files
 from kestrel.storage.kestrel3.queue import Kestrel3Queue
-from kestrel.storage.runtime import GeventRuntime
+from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
 from tests.storage.test_commit_log import GeventWithFsyncs, Held
 from tests.support.power_loss import Disk
 from tests.support.queues import drain, open_collection, opened, reopen
@@ -384,4 +384,99 @@ def test_a_kestrel2_queue_closed_while_its_first_manifest_is_written_rotates_not
     assert record is not None and record.files == {}
     again = reopen(coll)
     assert again.refused == {} and drain(again, "q") == items
+    again.close()
+
+
+class _TasksOnCue(ThreadsRuntime):
+    """Plain threads; a task spawned while `cue` is clear starts once it is set (60 s at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cue = threading.Event()
+        self.cue.set()
+
+    def spawn(self, fn: Callable[[], None]) -> Any:
+        if self.cue.is_set():
+            return super().spawn(fn)
+
+        def on_cue() -> None:
+            self.cue.wait(60)
+            fn()
+        return super().spawn(on_cue)
+
+
+class _Contended:
+    """A lock that sets `contended` when a thread has to wait for it."""
+
+    def __init__(self, lock: Any, contended: threading.Event) -> None:
+        self.lock = lock
+        self.contended = contended
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self.lock.acquire(blocking=False):
+            return True
+        self.contended.set()
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> _Contended:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_under_plain_threads_one_writer_writes_a_kestrel2_queues_first_manifest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under plain threads (the engine embedded without gevent) a change that takes the live
+    journal past half way to its rotation and past the rotation itself both starts the first
+    manifest's write ahead, on a thread of its own, and rotates, which writes it where that write
+    has not begun. The thread starts here as the rotation's write begins: it waits for that write
+    and skips its own, where it wrote an empty manifest of another Keeper (the same temporary file
+    as the rotation's) and took its place once the first rotated file was listed, which the
+    manifest then no longer listed."""
+    runtime = _TasksOnCue()
+    coll = opened(open_collection(tmp_path, {"default_journal_size": 2048, "max_memory_size": 4096},
+                                  runtime=runtime))
+    assert coll.put("q", [b"first"]) == 1
+    q = coll.get("q")
+    assert isinstance(q, Kestrel2Queue)
+    journal = q._journal
+    main = threading.get_ident()
+    waiting = threading.Event()  # the thread writing ahead waits for the rotation's write, or writes
+    released = threading.Event()
+    journal._handoff = _Contended(journal._handoff, waiting)
+    wrote: list[tuple[int, bool]] = []  # each Keeper.update's Keeper, and whether on the change's thread
+    real = manifest.Keeper.update
+
+    def update(keeper: manifest.Keeper, *args: Any, **kwargs: Any) -> None:
+        wrote.append((id(keeper), threading.get_ident() == main))
+        if threading.get_ident() == main and not runtime.cue.is_set():
+            runtime.cue.set()  # the rotation writes the first manifest: the thread writing ahead starts
+            assert waiting.wait(60), "the thread writing ahead neither waited nor wrote"
+        elif threading.get_ident() != main and not released.is_set():
+            waiting.set()
+            released.wait(60)
+        real(keeper, *args, **kwargs)
+
+    monkeypatch.setattr(manifest.Keeper, "update", update)
+    items = [b"%04d" % i + ITEM for i in range(40)]
+    try:
+        runtime.cue.clear()
+        assert coll.put("q", items) == 40  # past half way, and past the rotation
+        (rotated,) = _rotated(tmp_path)
+        journal._sealer.wait()  # the rotated file is listed
+    finally:
+        released.set()
+    q.wait_for_packing()
+    monkeypatch.undo()
+    assert len({keeper for keeper, _ in wrote}) == 1 and wrote[0][1]  # the rotation's Keeper alone
+    record = manifest.read(str(tmp_path), "q")
+    assert record is not None and sorted(record.files) == [rotated]
+    assert journal._manifest is not None and sorted(journal._manifest.listed) == [rotated]
+    again = reopen(coll)
+    assert again.refused == {} and drain(again, "q") == [b"first", *items]
     again.close()

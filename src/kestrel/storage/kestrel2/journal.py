@@ -118,7 +118,9 @@ class QueueJournal:
         self._manifest_writing = False  # ... and once its write has begun
         # What to call once that write has ended, given by a rotation refused meanwhile (`rotate`):
         # held only until then, so that no bound method of the queue stays here (a deleted queue
-        # is freed by reference counting alone). `_handoff` orders the two under plain threads.
+        # is freed by reference counting alone). `_handoff` orders the two under plain threads, and
+        # makes the check for the first manifest and the claim to write it one step, in the write
+        # ahead and in a rotation (which holds it while it writes): one of them writes it.
         self._after_manifest: Callable[[], None] | None = None
         self._handoff = runtime.lock()
         # New live journals being named by tasks the queue's changes do not wait for (`_name_live`)
@@ -580,14 +582,15 @@ class QueueJournal:
         assert self.writer is not None
         self.flush()
         if self._manifest is None:
-            with self._handoff:
+            with self._handoff:  # held while it writes: a write ahead starting meanwhile waits, then skips
                 if self._manifest_writing:
                     if refused is not None:
                         self._after_manifest = refused
                     return None  # once it is written
-            keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
-            keeper.update({})  # kept once written: a rotation that failed here is tried again whole
-            self._manifest = keeper
+                if self._manifest is None:  # (else the write ahead ended meanwhile, and wrote it)
+                    keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+                    keeper.update({})  # kept once written: a rotation that failed here is tried again whole
+                    self._manifest = keeper
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
@@ -663,8 +666,9 @@ class QueueJournal:
         does next (a rotation, a pack) waits its own turn, and whoever waits for the write (a close,
         a rebuild inside a change) is never held by it."""
         try:
-            if self._manifest is None:  # (else a rotation wrote it, before this task ran)
-                self._manifest_writing = True
+            with self._handoff:  # claimed in one step with the check, as a rotation does (`rotate`)
+                claimed = self._manifest_writing = self._manifest is None  # (else a rotation wrote it)
+            if claimed:
                 keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
                 self.runtime.run_blocking(keeper.update, {})
                 self._manifest = keeper
