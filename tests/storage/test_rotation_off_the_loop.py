@@ -37,6 +37,15 @@ from tests.support.slow_disk import HeldFileWrites, slow_fsyncs, until_begun
 ITEM = b"." * 96
 
 
+def put_until(coll: QueueCollection, done: Callable[[], bool], items: list[bytes]) -> None:
+    """Puts to `q` one item at a time until `done()` (or 2,000 items), the loop turning between
+    them as it does between a server's clients; `items` gets each."""
+    while not done() and len(items) < 2000:
+        items.append(b"%04d" % len(items) + ITEM)
+        assert coll.put("q", [items[-1]]) == 1
+        gevent.sleep(0.001)
+
+
 @pytest.mark.parametrize(("journal_format", "sync", "commit_log"), [
     ("kestrel2", "never", False), ("kestrel2", "always", False), ("kestrel2", "always", True),
     ("kestrel2", "10ms", True), ("kestrel2", "10ms", False), ("kestrel3", "always", False),
@@ -53,13 +62,10 @@ def test_a_rotation_fsyncs_nothing_on_the_loop(tmp_path: Path, journal_format: s
     fsynced_in = slow_fsyncs(monkeypatch, 0.01)
     items: list[bytes] = []
 
-    def produce() -> None:
-        while len([n for n in os.listdir(tmp_path) if n.startswith("q.")]) < 3 and len(items) < 2000:
-            items.append(b"%04d" % len(items) + ITEM)
-            assert coll.put("q", [items[-1]]) == 1
-            gevent.sleep(0.001)  # the loop turns between requests, as it does for a server's clients
+    def rotated_twice() -> bool:
+        return len([n for n in os.listdir(tmp_path) if n.startswith("q.")]) >= 3
 
-    gevent.spawn(produce).get(timeout=60)
+    gevent.spawn(partial(put_until, coll, rotated_twice, items)).get(timeout=60)
     coll.get("q").wait_for_packing()  # type: ignore[union-attr]
     monkeypatch.undo()
     assert len([n for n in os.listdir(tmp_path) if n.startswith("q.")]) >= 3  # it rotated
@@ -90,13 +96,7 @@ def test_a_kestrel2_queue_waits_at_its_gate_while_its_new_live_journal_is_named(
     monkeypatch.setattr(os, "fsync", held)
     items: list[bytes] = []
 
-    def produce() -> None:
-        while not naming.is_set() and len(items) < 2000:  # until a rotation's new journal is being named
-            items.append(b"%04d" % len(items) + ITEM)
-            assert coll.put("q", [items[-1]]) == 1
-            gevent.sleep(0.001)
-
-    producing = gevent.spawn(produce)
+    producing = gevent.spawn(partial(put_until, coll, naming.is_set, items))
     while not naming.is_set() and not producing.ready():
         gevent.sleep(0.001)
     assert naming.is_set(), "no rotation"
@@ -154,13 +154,7 @@ def test_under_a_periodic_sync_a_kestrel2_queue_goes_on_while_its_new_live_journ
     monkeypatch.setattr(os, "fsync", held)
     items: list[bytes] = []
 
-    def produce() -> None:
-        while not naming.is_set() and len(items) < 2000:  # until a rotation's new journal is being named
-            items.append(b"%04d" % len(items) + ITEM)
-            assert coll.put("q", [items[-1]]) == 1
-            gevent.sleep(0.001)
-
-    gevent.spawn(produce).get(timeout=60)
+    gevent.spawn(partial(put_until, coll, naming.is_set, items)).get(timeout=60)
     assert naming.is_set(), "no rotation"
     after = [b"after %d" % n for n in range(3)]
     for item in after:  # appended to the new live journal while its name's fsync is held
