@@ -240,8 +240,9 @@ class JournalWriter:
         self.unnamed = False
         # A file `open` creates has its name made durable by `sync_name` (its first fsync, or the
         # caller) rather than on the loop before anything is written: where nothing relies on the
-        # name before the file's first fsync (a Kestrel 2 rotation's new live journal under a
-        # periodic sync without the commit log: `QueueJournal._name_live`).
+        # name before the file's first fsync (a Kestrel 3 writer file a rotation starts; a Kestrel 2
+        # rotation's new live journal under a periodic sync without the commit log:
+        # `QueueJournal._name_live`).
         self.names_later = False
         self._naming: Event | None = None  # the folder's fsync `sync_name` has under way, shared
         self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
@@ -268,27 +269,27 @@ class JournalWriter:
             self.unnamed = True
         self.sync_ms = sync_ms
 
-    def open(self, name_later: bool = False) -> None:
+    def open(self) -> None:
         """Open the file for appending if it is not open yet (raises OSError, e.g. out of descriptors).
         A file it creates, or one `create` made whose name is not durable yet (`unnamed`), has its
         name made durable too where `names_durably` asks: by an fsync of its folder on the loop (a
-        change never yields), before anything is written to it; or, with `name_later` (or where the
-        writer `names_later`), by `sync_name`, which the caller (a queue's creation, which may wait)
-        or the file's first fsync (`sync_to`) calls."""
+        change never yields), before anything is written to it; or, where the writer `names_later`,
+        by `sync_name`, which the caller (a queue's creation, which may wait) or the file's first
+        fsync (`sync_to`) calls."""
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
         if (created or self.unnamed) and self.names_durably:
-            if name_later or self.names_later:
+            if self.names_later:
                 self.unnamed = True
             else:
                 disk.fsync_path(os.path.dirname(self.path) or ".")  # its name must survive a power cut too
                 self.unnamed = False
 
     def sync_name(self) -> None:
-        """Make the name of the file `open` (`name_later`) or `create` made durable, if it is not
+        """Make the name of the file `open` (`names_later`) or `create` made durable, if it is not
         yet (`unnamed`): its folder's fsync on the runtime's thread pool, the caller waiting and the
         other tasks going on. A caller that finds one under way waits for it (it began once the
         file was made, so it covers the name), and fsyncs the folder itself should it fail. Raises

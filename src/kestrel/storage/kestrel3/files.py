@@ -570,8 +570,9 @@ class WriterJournal:
         old = self._writer
         info = WriterFile(number, path)
         writer = self._file_writer(info)
+        writer.names_later = True
         try:
-            writer.open(name_later=True)
+            writer.open()
             writer.append(k3.WRITER_MAGIC)
         except BaseException:
             # (a full disk): the file it created holds nothing, and would be a stray at the next start
