@@ -581,16 +581,8 @@ class QueueJournal:
         """
         assert self.writer is not None
         self.flush()
-        if self._manifest is None:
-            with self._handoff:  # held while it writes: a write ahead starting meanwhile waits, then skips
-                if self._manifest_writing:
-                    if refused is not None:
-                        self._after_manifest = refused
-                    return None  # once it is written
-                if self._manifest is None:  # (else the write ahead ended meanwhile, and wrote it)
-                    keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
-                    keeper.update({})  # kept once written: a rotation that failed here is tried again whole
-                    self._manifest = keeper
+        if self._manifest is None and not self._write_first_manifest_here(refused):
+            return None  # once it is written
         last = self.rotated[-1][0] if self.rotated else 0
         stamp = max(self.clock.now_ms(), last + 1)
         old = self.writer
@@ -611,6 +603,21 @@ class QueueJournal:
         if live.names_durably:
             self._name_live(live)
         return stamp
+
+    def _write_first_manifest_here(self, refused: Callable[[], None] | None) -> bool:
+        """The rotation's own write of the queue's first manifest, where the write ahead has not
+        begun; False (and `refused` kept for that write's end) where it has. `_handoff` is held while
+        it writes: a write ahead starting meanwhile waits, then skips."""
+        with self._handoff:
+            if self._manifest_writing:
+                if refused is not None:
+                    self._after_manifest = refused
+                return False
+            if self._manifest is None:  # (else the write ahead ended meanwhile, and wrote it)
+                keeper = manifest.Keeper(self.queue_path, self.name, manifest.Manifest("kestrel2"))
+                keeper.update({})  # kept once written: a rotation that failed here is tried again whole
+                self._manifest = keeper
+        return True
 
     def _name_live(self, live: JournalWriter) -> None:
         """Create the new live journal with its name (and the rename before it) made durable: in a
