@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import struct
 import threading
 import time
@@ -980,3 +981,24 @@ def test_reads_are_judged_by_the_auto_abort_they_were_opened_with(tmp_path: Path
     assert logged.returned_at(5_000) == 1600.0
     earlier = wal.WalHeader("h:1", 1000.0, 1, "jobs")  # a file of a version that did not record it
     assert earlier.returned_at(5_000) == 1005.0
+
+
+def test_a_sigterm_ends_the_stream_source_s_runner_unless_its_stop_has_begun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark ends a stopped query's source process with SIGTERM as it closes the runner's input: the
+    signal unwinds the runner through the source's stop(), which confirms what the sink committed;
+    one that lands while that stop() runs (begun by the end of the input) lets it finish, where its
+    SystemExit cut the confirms short and the committed batch came back after autoAbortMs."""
+    from kestrel.pipeline import worker
+
+    monkeypatch.setattr(worker, "_main_module", lambda: "pyspark.sql.streaming.python_streaming_source_runner")
+    monkeypatch.setattr(worker, "_stopping", False)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        worker.stop_source_when_terminated()
+        with pytest.raises(SystemExit) as ended:
+            signal.raise_signal(signal.SIGTERM)
+        assert ended.value.code == 128 + signal.SIGTERM
+        worker.source_stopping()
+        signal.raise_signal(signal.SIGTERM)  # the stop goes on
+    finally:
+        signal.signal(signal.SIGTERM, previous)

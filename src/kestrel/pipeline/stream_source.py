@@ -65,7 +65,7 @@ from kestrel.pipeline.options import Option, parse_options, queue_names, reader_
 from kestrel.pipeline.rows import queue_rows
 from kestrel.pipeline.servers import Reachability, ServersUnreachable, parse_servers, take_open_reads
 from kestrel.pipeline.subscription import Subscription
-from kestrel.pipeline.worker import spare_collections, stop_source_when_terminated
+from kestrel.pipeline.worker import source_stopping, spare_collections, stop_source_when_terminated
 
 log = structlog.get_logger("kestrel.pipeline")
 
@@ -626,6 +626,7 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Confirm what the sink committed. The reads of a batch it did not commit stay open: the
         next query from this checkpoint replays that batch from the log and confirms them (or,
         after autoAbortMs, they return to their queue)."""
+        source_stopping()
         self._stopped.set()
         self._wake.set()
         with self.confirming:

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 
 _frozen = False
+_stopping = False  # the stream source's stop() has begun (`source_stopping`)
 
 
 def spare_collections() -> None:
@@ -45,11 +46,22 @@ def stop_source_when_terminated() -> None:
     When a query stops, Spark 4.3 ends that process with SIGTERM, which by default ends it at once:
     pyspark's runner never reaches its `finally: reader.stop()`, and a batch the sink had just
     committed stayed open on the servers, to be delivered again after autoAbortMs. Raised as
-    SystemExit in the runner's thread, the signal unwinds it through that `stop()`."""
+    SystemExit in the runner's thread, the signal unwinds it through that `stop()`, unless that
+    `stop()` has begun (`source_stopping`)."""
     if (_main_module() == "pyspark.sql.streaming.python_streaming_source_runner"
             and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGTERM, _exit)
 
 
+def source_stopping() -> None:
+    """The source's `stop()` has begun: a SIGTERM from now on lets it finish (the runner ends the
+    process after it). Raised in the middle of it, as the end of the runner's input and the signal
+    come together when a query stops, the SystemExit cut its confirms short, and the batch the sink
+    had just committed came back after autoAbortMs."""
+    global _stopping
+    _stopping = True
+
+
 def _exit(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+    if not _stopping:
+        raise SystemExit(128 + signum)
