@@ -636,7 +636,7 @@ class QueueJournal:
         if gate is None or self._lock is not NO_LOCK:
             self._create_live(live)
             return
-        if live.log is None and live.sync_ms:
+        if live.log is None and live.sync_ms is not None and live.sync_ms > 0:  # a period, not `always`
             live.names_later = True
             done = self.runtime.event()
             self._naming.append(done)  # a close waits for it (`wait_for_packing`): no file made after
