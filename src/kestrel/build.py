@@ -65,6 +65,7 @@ COMPILED_MODULES = (
     "kestrel.storage.poison",
     "kestrel.storage.queue",
     "kestrel.storage.read_behind",
+    "kestrel.storage.shared_fsync",
     "kestrel.storage.taken_items",
     "kestrel.storage.timing",
     "kestrel.storage.torn_tail",

@@ -26,6 +26,7 @@ from kestrel.storage.clock import perf_counter
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import JournalNotWritable
 from kestrel.storage.runtime import DEFAULT_RUNTIME, Event, Runtime, Timer
+from kestrel.storage.shared_fsync import SharedFsync
 from kestrel.storage.timing import Timing
 from kestrel.storage.write_gate import LARGE_APPEND, WriteGate
 
@@ -244,8 +245,8 @@ class JournalWriter:
         # rotation's new live journal under a periodic sync without the commit log:
         # `QueueJournal._name_live`).
         self.names_later = False
-        self._naming: Event | None = None  # the folder's fsync `sync_name` has under way, shared
-        self._syncing: Event | None = None  # outside gevent: the fsync in progress, shared
+        self._naming = SharedFsync(runtime)  # the folder's fsync of `sync_name`
+        self._syncing = SharedFsync(runtime)  # outside gevent: the file's fsync of `sync_to`
         self._timer: Timer | None = None
         # uses of the descriptor off the loop now (fsyncs, large appends: `hold`), and the descriptors
         # closed meanwhile, which the last of them closes (`release`); None while there are none
@@ -294,18 +295,12 @@ class JournalWriter:
         other tasks going on. A caller that finds one under way waits for it (it began once the
         file was made, so it covers the name), and fsyncs the folder itself should it fail. Raises
         OSError (and the name is still to be made durable)."""
-        while self.unnamed:
-            naming = self._naming
-            if naming is not None:
-                naming.wait()
-                continue
-            done = self._naming = self.runtime.event()
-            try:
-                self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
-                self.unnamed = False
-            finally:
-                self._naming = None
-                done.set()
+        self._naming.until(lambda: not self.unnamed, self._fsync_folder)
+
+    def _fsync_folder(self) -> None:
+        """Make the file's name durable: its folder's fsync, on the thread pool."""
+        self.runtime.run_blocking(disk.fsync_path, os.path.dirname(self.path) or ".")
+        self.unnamed = False
 
     def create(self) -> None:
         """Create the file, empty, if it does not exist (a new queue's journal, as Kestrel's setup
@@ -444,24 +439,19 @@ class JournalWriter:
         record_timing(timings.fsync, started)
 
     def _sync_alone(self, position: int) -> None:
-        while self.synced < position:
-            if self._syncing is not None:
-                self._syncing.wait()
-                continue
-            done = self._syncing = self.runtime.event()
-            target = self.size
-            try:
-                fd = self.hold()
-                if fd < 0:
-                    raise OSError(errno.EBADF, f"{self.path} was closed before its fsync")
-                try:
-                    self.runtime.run_blocking(os.fdatasync, fd)  # the other tasks go on meanwhile
-                finally:
-                    self.release()
-                self.synced = max(self.synced, target)
-            finally:
-                self._syncing = None
-                done.set()
+        self._syncing.until(lambda: self.synced >= position, self._fdatasync)
+
+    def _fdatasync(self) -> None:
+        """fsync what is appended now, the descriptor held meanwhile (`hold`)."""
+        target = self.size
+        fd = self.hold()
+        if fd < 0:
+            raise OSError(errno.EBADF, f"{self.path} was closed before its fsync")
+        try:
+            self.runtime.run_blocking(os.fdatasync, fd)  # the other tasks go on meanwhile
+        finally:
+            self.release()
+        self.synced = max(self.synced, target)
 
     def hold(self) -> int:
         """The descriptor, for an fsync or a large append that runs off the loop (a thread, the C
