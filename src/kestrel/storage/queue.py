@@ -257,6 +257,9 @@ class PersistentQueue(ABC):
         # Takes items aborted max_errors times, told the queue's name and error queue (poison.hand_over).
         self.on_poison: poison.Receiver | None = None
         self.closed = False
+        # A close is under way (`close`): work a format would start meanwhile (a Kestrel 2 rotation
+        # its journal refused) is not started.
+        self.closing = False
         # Which of the queues ever called by this name in this process it is (given by the
         # collection at its creation; 0 outside one): an open read closes only on the queue it was
         # opened on, never on one created under the same name after a delete (its xids start again).
@@ -952,17 +955,23 @@ class PersistentQueue(ABC):
     # Settings and shutting down
 
     def close(self) -> None:
-        """Finish any pack, make the journal durable and close it; waiting readers get nothing."""
+        """Finish any pack, make the journal durable and close it; waiting readers get nothing.
+        `closing` while it runs (a close cut short before the queue is closed leaves it open, as
+        it was)."""
         if self.closed:
             return
-        self.wait_for_packing()
-        with self._lock:
-            self._gate.wait_turn()
-            self.closed = True
-            self._wait_list().end()
-            self._close_files()
-            self._end_read_behind()
-            self.count_in(MemoryAccount())  # what it holds leaves the server's total
+        self.closing = True
+        try:
+            self.wait_for_packing()
+            with self._lock:
+                self._gate.wait_turn()
+                self.closed = True
+                self._wait_list().end()
+                self._close_files()
+                self._end_read_behind()
+                self.count_in(MemoryAccount())  # what it holds leaves the server's total
+        finally:
+            self.closing = self.closed
 
     # -----------------------------------------------------------------------------------------
     # The in-memory mechanics, for the rules above and for a format rebuilding its state

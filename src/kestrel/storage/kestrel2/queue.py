@@ -101,7 +101,6 @@ class Kestrel2Queue(PersistentQueue):
         self._rebuilding = False
         self._left_read_behind = False  # the cursor caught up: pack the backlog's leftovers away
         self._pack_horizon = 0  # the latest rotation packed with every item in memory
-        self._closing = False  # a close is under way: no rotation its journal refused is made now
         # Reads open at start-up, not yet journaled back to the head (a tuple when none: each change
         # looks, and an empty one shared by every queue costs no look at memory of this queue's).
         self._orphans: Sequence[int] = ()
@@ -475,11 +474,11 @@ class Kestrel2Queue(PersistentQueue):
         or one being rebuilt; `_maybe_rotate` then leaves what a change would leave to a later one.
         A read-only queue, or one whose close is under way, is left as it is: a later change probes
         first, and a close rotates nothing."""
-        if self.closed or self._closing or self.read_only:
+        if self.closed or self.closing or self.read_only:
             return
         try:
             with self:
-                if not self._closing:
+                if not self.closing:
                     self._maybe_rotate()
         except (QueueClosed, JournalWriteError):
             return  # closed, or being rebuilt, meanwhile: a later change decides
@@ -509,15 +508,6 @@ class Kestrel2Queue(PersistentQueue):
         self.config = self.keeping_fixed(config)
         self._memory_ceiling_changed()
         self._journal.set_sync(config.sync_journal, _rotate_at(config))
-
-    def close(self) -> None:
-        """`PersistentQueue.close`; a rotation its journal refused while its first manifest was
-        written ahead is not made once the close has begun (`_manifest_written`)."""
-        self._closing = True
-        try:
-            super().close()
-        finally:
-            self._closing = self.closed  # (a close cut short leaves the queue open as it was)
 
     def _close_files(self) -> None:
         self._journal.close()
