@@ -110,9 +110,9 @@ def all_met(*checks: bool | None) -> bool | None:
 
 
 def single_rows(figures: Figures, build: str) -> Iterator[Row]:
-    bean, redis = figures["beanstalkd"], figures["redis"]
     for protocol, label in (("thrift", "Thrift"), ("memcache", "memcache")):
         ours = figures[f"{protocol} {build}"]
+        bean, redis = figures[f"beanstalkd {protocol}"], figures[f"redis {protocol}"]  # in turn with ours
         by_bean, by_redis, cpu = ratio(ours, bean), ratio(ours, redis), cpu_ratio(ours, redis)
         yield Row(f"{label} single items, 4 clients ({build})", figure(ours),
                   (f"beanstalkd -F {figure(bean)}", f"Redis {figure(redis)}"),
@@ -187,9 +187,8 @@ def connect_rows(costs: dict[str, float], build: str) -> Iterator[Row]:
 def copy_rows(figures: Figures, copies: dict[tuple[str, int], tuple[int, int]] | str,
               build: str) -> Iterator[Row]:
     for size in (1024, 65536):
-        redis = figures[f"redis {size}"]
         for protocol, label in (("thrift", "Thrift"), ("memcache", "memcache")):
-            ours = figures[f"{protocol} {size} {build}"]
+            ours, redis = figures[f"{protocol} {size} {build}"], figures[f"redis {protocol} {size}"]
             if isinstance(copies, str):
                 counted, met = f"not counted: {copies}", None
             else:

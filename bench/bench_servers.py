@@ -9,7 +9,9 @@ the p50 / p99 latency of one round (put + get of a batch, plus the confirm or de
 server's CPU time per item (user + system, all its threads, from /proc): what an item costs the
 server whatever else the machine is doing, where items/s also depends on how much of a core it got.
 Our server runs in each build named by `--builds` (bench/peers.py: `compiled`, made by `make
-compiled`, and `pure`), the builds taking turns run by run; each row names the build.
+compiled`, and `pure`), the builds taking turns run by run; each row names the build. The peers an
+aim is stated against take their turns among ours too (Redis, beanstalkd and memcached beside each
+protocol, measured again for the next), so that a ratio compares runs of the same minutes.
 
 - single: one item per request, 4 clients. Our `sync_journal: never` against beanstalkd -F and
   Redis appendfsync no (a journal write per request, no fsync); our memcache port against memcached,
@@ -181,24 +183,29 @@ def single(bench: Bench, work: Path) -> Figures:
     header("Single items: 4 clients, 128 B, one item per request")
     with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc, peers.minimal_gevent(work) as floor:
-        thrift = bench.alternate("thrift", k, "thrift", "single")
-        beans = bench.measure("beanstalk", bean, "beanstalk", "single")
-        redis = bench.measure("redis", red, "redis", "single")
+        # Each protocol's peers take their turns among ours: a shared machine's speed drifts by the
+        # minute, and a ratio compares runs of the same minutes.
+        beside_both = {"beanstalkd": ("beanstalk", bean, "beanstalk"), "redis": ("redis", red, "redis")}
+        thrift = bench.alternate("thrift", k, "thrift", "single", others=beside_both)
+        beans, redis = thrift.pop("beanstalkd"), thrift.pop("redis")
         rows("Thrift put + get", thrift, "beanstalkd -F put/reserve/delete", beans)
         rows("Thrift put + get", thrift, "Redis RPUSH/LPOP", redis)
         confirmed = bench.alternate("thrift", k, "thrift", "confirm", auto_abort_ms=10_000)
         rows("Thrift put + get/auto-abort + confirm", confirmed, "beanstalkd -F put/reserve/delete", beans)
-        memcache = bench.alternate("memcache", k, "memcache", "single")
-        memcached = bench.measure("memcache", mc, "memcache", "m")
+        memcache = bench.alternate("memcache", k, "memcache", "single",
+                                   others={**beside_both, "memcached": ("memcache", mc, "memcache"),
+                                           "minimal gevent": ("memcache", floor, "memcache")})
+        beans_m, redis_m = memcache.pop("beanstalkd"), memcache.pop("redis")
+        memcached, minimal = memcache.pop("memcached"), memcache.pop("minimal gevent")
         rows("memcache set + get", memcache, "memcached set/get", memcached)
-        rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans)
-        rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis)
-        minimal = bench.measure("memcache", floor, "memcache", "g")
+        rows("memcache set + get", memcache, "beanstalkd -F put/reserve/delete", beans_m)
+        rows("memcache set + get", memcache, "Redis RPUSH/LPOP", redis_m)
         rows("memcache set + get", memcache, "a minimal gevent server (no journal)", minimal)
         opened = bench.alternate("memcache", k, "memcache", "open", open_reads=True)
-        rows("memcache set + get/open + get/close", opened, "beanstalkd -F put/reserve/delete", beans)
+        rows("memcache set + get/open + get/close", opened, "beanstalkd -F put/reserve/delete", beans_m)
     return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
-            **named("memcache open", opened), "beanstalkd": beans, "redis": redis, "memcached": memcached,
+            **named("memcache open", opened), "beanstalkd thrift": beans, "redis thrift": redis,
+            "beanstalkd memcache": beans_m, "redis memcache": redis_m, "memcached": memcached,
             "minimal gevent": minimal}
 
 
@@ -206,8 +213,9 @@ def batch(bench: Bench, work: Path) -> Figures:
     header("Batches of 100: 4 clients, 128 B, one round = put 100 + get 100")
     with bench.ours(work) as k, peers.beanstalkd(work) as bean, peers.redis(work) as red, \
             peers.memcached(work) as mc:
-        thrift = bench.alternate("thrift", k, "thrift", "batch", batch=100)
-        redis = bench.measure("redis", red, "redis", "batch", batch=100)
+        thrift = bench.alternate("thrift", k, "thrift", "batch", batch=100,
+                                 others={"redis": ("redis", red, "redis")})  # (as in `single`)
+        redis = thrift.pop("redis")
         rows("Thrift put(100) + get(100)", thrift, "Redis RPUSH ×100 values / LPOP 100", redis)
         pipelined = bench.measure("redis", red, "redis", "pipe", batch=100, pipelined=True)
         rows("Thrift put(100) + get(100)", thrift, "Redis 100 RPUSH + 100 LPOP pipelined", pipelined)
@@ -216,8 +224,9 @@ def batch(bench: Bench, work: Path) -> Figures:
         confirmed = bench.alternate("thrift", k, "thrift", "confirm", batch=100, auto_abort_ms=10_000)
         rows("Thrift put + get/auto-abort + confirm (100)", confirmed,
              "beanstalkd -F 100 put/reserve/delete pipelined", beans)
-        memcache = bench.alternate("memcache", k, "memcache", "batch", batch=100)
-        memcached = bench.measure("memcache", mc, "memcache", "m", batch=100)
+        memcache = bench.alternate("memcache", k, "memcache", "batch", batch=100,
+                                   others={"memcached": ("memcache", mc, "memcache")})
+        memcached = memcache.pop("memcached")
         rows("memcache 100 set + 100 get pipelined", memcache, "memcached, the same", memcached)
     return {**named("thrift", thrift), **named("confirm", confirmed), **named("memcache", memcache),
             "redis": redis, "redis pipelined": pipelined, "beanstalkd": beans, "memcached": memcached}
@@ -248,8 +257,9 @@ def latency(bench: Bench, work: Path) -> Figures:
         with bench.ours(work, sync, commit_log) as k, peers.beanstalkd(work, sync) as bean:
             flag = "-F" if sync == "never" else "-f0"
             logged = ", `commit_log: on`" if commit_log == "on" else ""
-            ours = bench.alternate("thrift", k, "thrift", "latency", clients=1)
-            beans = bench.measure("beanstalk", bean, "beanstalk", "latency", clients=1)
+            ours = bench.alternate("thrift", k, "thrift", "latency", clients=1,  # (as in `single`)
+                                   others={"beanstalkd": ("beanstalk", bean, "beanstalk")})
+            beans = ours.pop("beanstalkd")
             rows(f"Thrift put + get, `sync_journal: {sync}`{logged}", ours, f"beanstalkd {flag}", beans)
             figures |= {**named(f"{sync} {commit_log}", ours), f"beanstalkd {flag}": beans}
     return figures
@@ -261,12 +271,12 @@ def sizes(bench: Bench, work: Path) -> Figures:
     with bench.ours(work) as k, peers.redis(work) as red:
         for size in (128, 1024, 65536):
             label = f"{size} B" if size < 1024 else f"{size // 1024} KB"
-            redis = bench.measure("redis", red, "redis", f"size{size}", size=size)
-            for protocol in ("thrift", "memcache"):
-                ours = bench.alternate(protocol, k, protocol, f"size{size}", size=size)
+            for protocol in ("thrift", "memcache"):  # Redis in turn with each (as in `single`)
+                ours = bench.alternate(protocol, k, protocol, f"size{size}", size=size,
+                                       others={"redis": ("redis", red, "redis")})
+                redis = ours.pop("redis")
                 rows(f"{protocol} put + get, {label}", ours, "Redis RPUSH/LPOP", redis)
-                figures |= named(f"{protocol} {size}", ours)
-            figures[f"redis {size}"] = redis
+                figures |= {**named(f"{protocol} {size}", ours), f"redis {protocol} {size}": redis}
     return figures
 
 
