@@ -166,9 +166,18 @@ class Readable:
     def wait(self) -> None:
         """Wait for input; raises ConcurrentObjectUseError when another greenlet waits for it
         already, BlockingSwitchOutError in the hub's own greenlet."""
+        self._claim()
+        self._start(self._waking())
+        self._park()
+
+    def _claim(self) -> None:
+        """Raises ConcurrentObjectUseError when a greenlet waits for this socket already."""
         if self.waiting:
             raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
-        self._start(self._waking())
+
+    def _park(self) -> None:
+        """To the hub until the started watcher's callback resumes this greenlet; the watcher stopped
+        whatever ends the wait."""
         self.waiting = True
         try:
             self._to_hub()
@@ -194,16 +203,10 @@ class Readable:
     def serve(self, serving: Callable[[Any], Any], argument: Any) -> None:
         """Leave the socket's input to `serving(argument)`, called in the hub whenever the socket is
         readable (the watcher stays started between its calls), until it calls `wake`; raises as `wait`."""
-        if self.waiting:
-            raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
+        self._claim()
         self._waking()
         self._start(serving, argument)
-        self.waiting = True
-        try:
-            self._to_hub()
-        finally:
-            self.waiting = False
-            self._stop()
+        self._park()
 
     def wake(self) -> None:
         """From `serve`'s callback, in the hub: resume the greenlet that serves (it stops the watcher)."""
@@ -213,8 +216,7 @@ class Readable:
 
     def wait_at_most(self, timeout: float) -> None:
         """Wait for input at most `timeout` seconds (gevent's wait); raises TimeoutError."""
-        if self.waiting:
-            raise ConcurrentObjectUseError(f"this socket is already waited for by {self.watcher.callback!r}")
+        self._claim()
         self.waiting = True
         try:
             gevent.socket.wait(self.watcher, timeout)
