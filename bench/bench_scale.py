@@ -25,7 +25,9 @@ Our server runs in each of BUILDS (bench/peers.py) in every row.
 
 Every server starts afresh for each row (our server on its defaults: `max_memory_total` auto, the
 expiry sweep every second), and is left SETTLE seconds after its queues are made for the background
-tasks' first look at them. `--source DIR` runs our server from another source tree (the code
+tasks' first look at them. The two loads a ratio compares take their turns run by run (for queues,
+on two servers of the row side by side: one holding 4 queues, one holding QUEUES), so that the ratio
+compares runs of the same minutes. `--source DIR` runs our server from another source tree (the code
 before a change, say), with this checkout's load generator; `--compiled DIR` runs the compiled
 build installed in DIR (another checkout's build/compiled) in place of this checkout's.
 
@@ -85,21 +87,34 @@ class Cost:
     items_per_s: float
 
 
-def cpu_per_item(binary: Path, server: peers.Running, port: str, protocol: str, args: argparse.Namespace,
-                 fill: int = 0, **options: int) -> Cost:
-    """Server CPU µs per item, the least of `args.repeat` runs of `args.seconds` (other work on a
-    shared machine only ever adds to it), after a short run that creates the queues (and fills
-    them), so that their creation is not counted."""
-    loadgen.run(binary, protocol, server[port], seconds=0.1, timeout=600, fill=fill, **options)
+@dataclass(frozen=True)
+class Load:
+    """One side of a comparison: a server, its port and protocol, and the generator's options."""
+
+    server: peers.Running
+    port: str
+    protocol: str
+    options: dict[str, int]
+
+
+def costs_in_turn(binary: Path, args: argparse.Namespace, *loads: Load, fill: int = 0) -> list[Cost]:
+    """Each load's server CPU µs per item, the least of `args.repeat` runs of `args.seconds` (other
+    work on a shared machine only ever adds to it), the loads taking turns run by run so that each
+    ratio compares runs of the same minutes; after a short run of each that creates its queues (and
+    fills them), so that their creation is not counted."""
+    for load in loads:
+        loadgen.run(binary, load.protocol, load.server[load.port], seconds=0.1, timeout=600, fill=fill,
+                    **load.options)
     time.sleep(args.settle)  # the background tasks' first look at the new queues
-    best = Cost(float("inf"), 0.0)
+    best = [Cost(float("inf"), 0.0) for _ in loads]
     for _ in range(args.repeat):
-        before = process_cpu_seconds(server.pid)
-        result = loadgen.run(binary, protocol, server[port], seconds=args.seconds, timeout=600,
-                             warm_up=False, **options)
-        cpu = (process_cpu_seconds(server.pid) - before) * 1e6 / max(result.items, 1)
-        if cpu < best.cpu_us_per_item:
-            best = Cost(cpu, result.items_per_s)
+        for n, load in enumerate(loads):
+            before = process_cpu_seconds(load.server.pid)
+            result = loadgen.run(binary, load.protocol, load.server[load.port], seconds=args.seconds,
+                                 timeout=600, warm_up=False, **load.options)
+            cpu = (process_cpu_seconds(load.server.pid) - before) * 1e6 / max(result.items, 1)
+            if cpu < best[n].cpu_us_per_item:
+                best[n] = Cost(cpu, result.items_per_s)
     return best
 
 
@@ -122,11 +137,9 @@ def queues_and_idle(binary: Path, work: Path, args: argparse.Namespace) -> Queue
     polls = []
     figures: QueueFigures = {}
     for label, start, port, protocol in queue_rows(work, args.builds):
-        with start() as server:
-            few = cpu_per_item(binary, server, port, protocol, args, fill=args.fill, queues=4)
-        with start() as server:
-            many = cpu_per_item(binary, server, port, protocol, args, fill=args.fill,
-                                queues=args.queues)
+        with start() as few_server, start() as server:  # a server holding 4 queues, one holding many
+            few, many = costs_in_turn(binary, args, Load(few_server, port, protocol, {"queues": 4}),
+                                      Load(server, port, protocol, {"queues": args.queues}), fill=args.fill)
             time.sleep(2 * args.settle)  # the first look of the background tasks at what the load changed
             before = process_cpu_seconds(server.pid)
             time.sleep(args.idle)
@@ -251,9 +264,9 @@ def connections(binary: Path, work: Path, args: argparse.Namespace) -> dict[str,
     figures = {}
     for label, start, port, protocol in rows:
         with start() as server:
-            few = cpu_per_item(binary, server, port, protocol, args, clients=4, processes=4, queues=4)
-            many = cpu_per_item(binary, server, port, protocol, args, clients=args.connections,
-                                processes=4, queues=4)
+            loads = (Load(server, port, protocol, {"clients": clients, "processes": 4, "queues": 4})
+                     for clients in (4, args.connections))
+            few, many = costs_in_turn(binary, args, *loads)
         figures[label] = (few, many)
         print(f"| {label} | {few.cpu_us_per_item:.1f} | {many.cpu_us_per_item:.1f} | "
               f"{growth(few, many):.2f} |", flush=True)
