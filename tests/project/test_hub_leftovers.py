@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import gevent
@@ -12,7 +13,7 @@ import pytest
 
 from kestrel.storage.fsync.group_commit import native_threads
 from kestrel.storage.runtime import DEFAULT_RUNTIME
-from tests.support.hub_leftovers import let_background_work_finish, no_hub_leftovers
+from tests.support.hub_leftovers import clock_at_now, let_background_work_finish, no_hub_leftovers
 from tests.support.queues import open_collection
 
 ALWAYS = {"sync_journal": "always"}
@@ -89,3 +90,14 @@ def test_work_a_test_spawned_that_does_not_end_is_killed_and_named() -> None:
     with pytest.raises(AssertionError, match="did not end within 0 s: .*waits_for_ever"):
         let_background_work_finish(0.05)
     assert task.greenlet.dead  # type: ignore[attr-defined]
+
+
+def test_a_test_starts_on_the_loops_clock_at_now() -> None:
+    """A clock left behind by work done without the loop times the next timers from the past; the
+    clock brought to now times them from now (without it, the call 0.2 s later ran at once)."""
+    gevent.sleep(0.01)  # an iteration of the loop: its clock read
+    time.sleep(0.3)  # work without the loop, as between two tests
+    clock_at_now()
+    started = time.monotonic()
+    gevent.spawn_later(0.2, lambda: None).join()  # (`gevent.sleep` brings the clock to now itself)
+    assert time.monotonic() - started >= 0.2

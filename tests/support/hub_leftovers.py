@@ -83,10 +83,23 @@ def describe(fn: Callable[[], None]) -> str:
     return f"{type(owner).__name__} {name}" + (f" on {path}" if path else "")
 
 
+def clock_at_now() -> None:
+    """Bring the hub's clock to now. The loop reads the time once an iteration and times each timer
+    from that reading: whatever ran since its last iteration without it (pytest between tests, a
+    teardown that waited on a process) leaves it behind, and a timer set before the test first
+    yields fires that much early in real time (a 0.5 s `spawn_later` ran at once after a stale
+    0.5 s, and a test of idle time-outs saw its reply go out before the wait began)."""
+    hub = get_hub_if_exists()
+    if hub is not None:
+        hub.loop.update_now()
+
+
 @contextmanager
 def no_hub_leftovers() -> Iterator[None]:
     """Around one test: AssertionError naming the timers it left pending (cancelled first, so that
-    the next test starts on a quiet hub)."""
+    the next test starts on a quiet hub). The test starts on the loop's clock at now
+    (`clock_at_now`)."""
+    clock_at_now()
     global _RECORDER
     if _RECORDER is None:
         _RECORDER = _Recorder()
