@@ -346,6 +346,19 @@ def test_a_timer_for_the_rest_of_a_wait_fires_at_the_waits_deadline() -> None:
     assert fired == [runtime.clock.ms]
 
 
+def test_a_timer_set_after_work_without_the_loop_fires_no_earlier_than_asked() -> None:
+    """The loop's clock, read at its last iteration, is behind by the work done since; a call timed
+    from it ran 0.3 s early here. The engine's timers are timed from now."""
+    runtime = GeventRuntime()
+    gevent.sleep(0.01)  # an iteration of the loop: its clock read
+    time.sleep(0.3)  # work without the loop (a replay, a busy iteration)
+    fired = gevent.event.Event()
+    started = time.monotonic()
+    runtime.call_later(0.2, fired.set)
+    assert fired.wait(STALL_S)
+    assert time.monotonic() - started >= 0.2
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_a_caller_killed_during_a_blocking_call_takes_its_outcome_then_the_kill(fails: bool) -> None:
     """The thread of `run_blocking` cannot be stopped, so its caller must not go on beside it (a
