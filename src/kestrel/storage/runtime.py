@@ -165,21 +165,14 @@ class _LoopTimer:
     """A call that a timer of the loop starts in a greenlet of its own once it is due. No greenlet
     exists before: one that is cancelled (a round of the commit log that gathered its changes before
     its timer, an auto-abort of a read confirmed in time) costs only the timer, where killing a
-    greenlet that never ran cost an exception.
-
-    It is timed from now, as gevent's own `Timeout` is: the loop times a timer from its clock, read
-    once an iteration, so one set late in a busy iteration, or after work done without the loop (a
-    queue's replay at start), fired that much early in real time (a periodic fsync, a status's
-    grace period)."""
+    greenlet that never ran cost an exception. Timed from now (`group_commit.loop_timer`)."""
 
     __slots__ = ("_timer", "_fn", "_greenlet")
 
     def __init__(self, seconds: float, fn: Callable[[], None]) -> None:
         self._fn = fn
         self._greenlet: gevent.Greenlet[Any, Any] | None = None
-        loop = gevent.get_hub().loop
-        loop.update_now()
-        self._timer = loop.timer(seconds)
+        self._timer = group_commit.loop_timer(seconds)
         self._timer.start(self._due)
 
     def _due(self) -> None:
