@@ -42,11 +42,61 @@ def wait_port(port: int, timeout: float = 60, alive: Callable[[], str | None] = 
 
 
 def machine() -> str:
-    """Cores, CPU model, kernel and Python, for the header of every table."""
+    """Cores, CPU model, kernel and Python, and how fast this boot runs (`speed`), for the header of
+    every table."""
     cpu = "?"
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    return f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}"
+    return (f"{os.cpu_count()} cores, {cpu}, Linux {platform.release()}, Python {platform.python_version()}, "
+            f"{speed()}")
+
+
+class _Step:
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def bump(self, table: dict[int, int], key: int) -> None:
+        self.count += table.get(key, 1)
+
+
+def speed(steps: int = 200_000, round_trips: int = 2_000) -> str:
+    """How fast this boot of the machine runs what a server's item costs, where the same model name
+    has run Python at a third of another boot's speed (bench/README.md, Method): an interpreted
+    step (a method call, an attribute, a dict look-up: ns, the best of three loops), and a byte's
+    round trip over a socket pair to a child process and back (µs, the median), which wakes the
+    other process each way as a reply wakes its client."""
+    step, table = _Step(), {1: 1}
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(steps):
+            step.bump(table, 1)
+        best = min(best, time.perf_counter() - started)
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child echoes each byte until its end of the pair closes
+        try:
+            ours.close()
+            while theirs.recv(1):
+                theirs.send(b"x")
+        finally:
+            os._exit(0)
+    theirs.close()
+    took = []
+    try:
+        for _ in range(round_trips):
+            started = time.perf_counter()
+            ours.send(b"x")
+            ours.recv(1)
+            took.append(time.perf_counter() - started)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    took.sort()
+    return (f"an interpreted step {best / steps * 1e9:.0f} ns, a round trip between two processes "
+            f"{took[len(took) // 2] * 1e6:.0f} µs")
 
 
 def load_average() -> str:

@@ -147,6 +147,24 @@ def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
     assert process_cpu_seconds(os.getpid()) - before >= 0.15
 
 
+def test_the_machine_header_names_the_boots_speed_and_leaves_no_child() -> None:
+    import os
+    import re
+
+    from bench.common import machine
+
+    def children() -> set[str]:
+        return {child for task in os.listdir("/proc/self/task")
+                for child in open(f"/proc/self/task/{task}/children").read().split()}
+
+    before = children()
+    header = machine()
+    figures = re.search(r"an interpreted step (\d+) ns, a round trip between two processes (\d+) µs$", header)
+    assert figures is not None, header
+    assert int(figures[1]) > 0 and int(figures[2]) >= 0
+    assert children() == before  # the echoing child was waited for
+
+
 def test_thread_cpu_time_counts_the_named_threads_alone() -> None:
     import ctypes
     import os
