@@ -162,7 +162,7 @@ def test_the_machine_header_names_the_boots_speed_and_leaves_no_child() -> None:
     figures = re.search(r"an interpreted step (\d+) ns, a round trip between two processes (\d+) µs$", header)
     assert figures is not None, header
     assert int(figures[1]) > 0 and int(figures[2]) >= 0
-    assert children() == before  # the echoing child was waited for
+    assert not children() - before  # the echoing child was waited for (another test's may have ended)
 
 
 def test_thread_cpu_time_counts_the_named_threads_alone() -> None:

@@ -406,6 +406,90 @@ def test_a_reload_logs_each_change_it_makes_naming_the_queues_and_the_keys(tmp_p
         coll.close()
 
 
+def _paced_queues(tmp_path: Path) -> tuple[QueueCollection, list[str]]:
+    """A collection under gevent holding three slices of queues (`runtime.PACE` each) and one more."""
+    from kestrel.storage.runtime import PACE
+
+    coll = open_collection(tmp_path)
+    names = [f"q{i:05}" for i in range(3 * PACE + 1)]
+    for name in names:  # made empty: no file is written before a queue's first change
+        coll.queue(name)
+    return coll, names
+
+
+def test_a_reload_over_many_queues_lets_the_other_tasks_in_between_slices(tmp_path: Path) -> None:
+    """A new default 10,000 queues inherit was applied in one walk that held every client (a quarter
+    of a second on a slow machine); the walk now pauses every `PACE` queues, and each queue still
+    ends with the new settings."""
+    from kestrel.storage import QueueConfigs
+
+    coll, names = _paced_queues(tmp_path)
+    turns = 0
+
+    def other_task() -> None:
+        nonlocal turns
+        while True:
+            gevent.sleep(0)
+            turns += 1
+
+    task = gevent.spawn(other_task)
+    try:
+        coll.reload(QueueConfigs({"max_items": 7}, {}), {})  # this greenlet never yields but to pause
+        assert turns >= 3
+        assert {coll.queue(name).config.max_items for name in names} == {7}
+    finally:
+        task.kill()
+        coll.close()
+
+
+def test_a_queue_deleted_while_a_reload_pauses_is_passed_over_and_one_made_again_has_its_settings(
+        tmp_path: Path) -> None:
+    from kestrel.storage import QueueConfigs
+    from kestrel.storage.runtime import PACE
+
+    coll, names = _paced_queues(tmp_path)
+    late = names[2 * PACE]  # in the walk's third slice
+    gone = coll.queue(late)
+    before = gone.config
+
+    def delete_then_make_again() -> None:
+        coll.delete(late)
+        coll.put(late, [b"x"])
+
+    task = gevent.spawn(delete_then_make_again)  # runs at the walk's first pause
+    try:
+        coll.reload(QueueConfigs({"max_items": 7}, {}), {})
+        task.join()
+        assert gone.config is before  # the deleted queue was not reconfigured
+        again = coll.queue(late)
+        assert again is not gone and again.config.max_items == 7 and again.length == 1
+    finally:
+        coll.close()
+
+
+def test_a_reload_asked_for_while_one_pauses_begins_once_it_has_ended(tmp_path: Path) -> None:
+    """Two reloads' walks, interleaved, would each log the other's changes as its own."""
+    from structlog.testing import capture_logs
+
+    from kestrel.storage import QueueConfigs
+
+    coll, names = _paced_queues(tmp_path)
+    try:
+        with capture_logs() as logs:
+            first = gevent.spawn(partial(coll.reload, QueueConfigs({"max_items": 7}, {}), {}))
+            second = gevent.spawn_later(0, partial(coll.reload, QueueConfigs({"max_items": 9}, {}), {}))
+            gevent.joinall([first, second], raise_error=True)
+        ends = [(e["event"], e.get("now")) for e in logs
+                if e["event"] in ("reload changed queue settings", "queue settings reloaded")]
+        assert ends == [("reload changed queue settings", {"max_items": 7}), ("queue settings reloaded", None),
+                        ("reload changed queue settings", {"max_items": 9}), ("queue settings reloaded", None)]
+        changed = [e for e in logs if e["event"] == "reload changed queue settings"]
+        assert [e["count"] for e in changed] == [len(names), len(names)]
+        assert {coll.queue(name).config.max_items for name in names} == {9}
+    finally:
+        coll.close()
+
+
 def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path: Path) -> None:
     """A get of an alias's name reads the alias (no item, as Kestrel answers), so the items of a queue
     on disk under that name cannot be read while the alias exists: the log says so, where it was

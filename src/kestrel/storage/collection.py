@@ -93,6 +93,7 @@ class QueueCollection:
         # the lock above takes nothing, so a client naming the queue meanwhile waits for this event
         # (a creation beside a delete took up the files the delete then removed under it).
         self._changing: dict[str, Event] = {}
+        self._reloading: Event | None = None  # set once the reload under way has ended (`reload`)
         # Queues whose journal was refused at start-up (damage, without salvage), or as they were first
         # named after it (`_refuse_found`): they serve nothing and keep their files as they are; every
         # other queue serves.
@@ -650,7 +651,26 @@ class QueueCollection:
         self._sweeper = self.runtime.call_later(frequency_ms / 1000.0, tick)
 
     def reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
-        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed)."""
+        """Apply new queue and alias settings to the live queues. Raises ConfigError (nothing changed).
+
+        The walk over the live queues lets the other tasks in every `PACE` queues (`paced`): a new
+        default applied to 10,000 queues at once held every client for a quarter of a second on a
+        slow machine. A queue made meanwhile is made with the new settings, one deleted meanwhile is
+        passed over, and a reload asked for meanwhile begins once this one has ended."""
+        while True:
+            with self._lock:  # (under plain threads, the look and the claim are one step)
+                running = self._reloading
+                if running is None:
+                    done = self._reloading = self.runtime.event()
+                    break
+            running.wait()
+        try:
+            self._reload(configs, aliases)
+        finally:
+            self._reloading = None
+            done.set()
+
+    def _reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         check_across_queues(configs, aliases)
         # A live queue keeps its files' format; so does one whose creation (or delete) is under way,
         # made in the format it was begun in: accepted, the next start refused its files.
@@ -671,7 +691,11 @@ class QueueCollection:
         # setting share its object, so a default 10,000 queues inherit is one comparison on the
         # event loop, not 10,000. The pair is held here, so that no other object takes its ids.
         compared: dict[tuple[int, int], tuple[QueueConfig, QueueConfig, list[str] | None]] = {}
-        for name, q in list(self._queues.items()):
+        for name, q in paced(list(self._queues.items()), self.runtime):
+            if self.closed:
+                break
+            if self._queues.get(name) is not q:
+                continue  # deleted, or deleted and made again (with these settings), meanwhile
             config = self.config_for(name)
             if ignored := q.reload_ignores(config):
                 kept[name] = ignored
