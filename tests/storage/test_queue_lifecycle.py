@@ -467,6 +467,26 @@ def test_a_queue_deleted_while_a_reload_pauses_is_passed_over_and_one_made_again
         coll.close()
 
 
+def test_a_queue_made_while_a_reload_looks_at_the_formats_is_looked_at_too(tmp_path: Path) -> None:
+    """The look at every queue's format pauses too; a queue made meanwhile, in the settings still in
+    force, in a format the new ones would change, refuses the reload as a queue made before it does
+    (accepted, the next start refused its files)."""
+    from kestrel.storage import QueueConfigs
+
+    coll, _ = _paced_queues(tmp_path)
+    before = coll.configs
+    task = gevent.spawn(partial(coll.put, "late", [b"x"]))  # made at the look's first pause
+    try:
+        with pytest.raises(ConfigError, match="queue 'late' has Kestrel 2 journal files"):
+            coll.reload(QueueConfigs({}, {"late": {"journal_format": "kestrel3"}}), {})
+        task.join()
+        assert coll.configs is before
+        late = coll.get("late")
+        assert late is not None and late.journal_format == 2
+    finally:
+        coll.close()
+
+
 def test_a_reload_asked_for_while_one_pauses_begins_once_it_has_ended(tmp_path: Path) -> None:
     """Two reloads' walks, interleaved, would each log the other's changes as its own."""
     from structlog.testing import capture_logs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -673,13 +673,13 @@ class QueueCollection:
     def _reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         check_across_queues(configs, aliases)
         # A live queue keeps its files' format; so does one whose creation (or delete) is under way,
-        # made in the format it was begun in: accepted, the next start refused its files.
-        made_in = {name: f"kestrel{q.journal_format}" for name, q in self._queues.items()}
-        made_in.update((name, self._made_in(name)) for name in self._changing if name not in made_in)
-        for name, on_disk in made_in.items():
-            configured = configs.for_queue(name).journal_format
-            if on_disk != configured:
-                raise formats.format_refusal(self.path, name, on_disk, configured)
+        # made in the format it was begun in: accepted, the next start refused its files. The look
+        # pauses (`paced`); the queues made or begun meanwhile, in the settings still in force, are
+        # then looked at without a pause, up to the settings' change.
+        made_in = self._made_in_now()
+        self._refuse_changed_formats(configs, paced(made_in.items(), self.runtime))
+        since = [(name, fmt) for name, fmt in self._made_in_now().items() if made_in.get(name) != fmt]
+        self._refuse_changed_formats(configs, since)
         self.configs = configs
         self.aliases = Aliases.of(aliases)
         kept: dict[str, list[str]] = {}
@@ -724,6 +724,20 @@ class QueueCollection:
             log.warning("reload ignored changed queue settings that a queue keeps from its creation; a "
                         "restart applies them", queues=dict(list(kept.items())[:LOGGED_NAMES]),
                         count=len(kept))
+
+    def _made_in_now(self) -> dict[str, str]:
+        """The format of each live queue's files, and of each queue's whose creation or delete is
+        under way."""
+        made_in = {name: f"kestrel{q.journal_format}" for name, q in self._queues.items()}
+        made_in.update((name, self._made_in(name)) for name in self._changing if name not in made_in)
+        return made_in
+
+    def _refuse_changed_formats(self, configs: QueueConfigs, made_in: Iterable[tuple[str, str]]) -> None:
+        """Raise ConfigError for the first queue of `made_in` whose format `configs` would change."""
+        for name, on_disk in made_in:
+            configured = configs.for_queue(name).journal_format
+            if on_disk != configured:
+                raise formats.format_refusal(self.path, name, on_disk, configured)
 
     def _warn_masked(self) -> None:
         """Name the queues an alias of the same name hides: a get of the name reads the alias (no
