@@ -657,18 +657,22 @@ class QueueCollection:
         default applied to 10,000 queues at once held every client for a quarter of a second on a
         slow machine. A queue made meanwhile is made with the new settings, one deleted meanwhile is
         passed over, and a reload asked for meanwhile begins once this one has ended."""
-        while True:
-            with self._lock:  # (under plain threads, the look and the claim are one step)
-                running = self._reloading
-                if running is None:
-                    done = self._reloading = self.runtime.event()
-                    break
-            running.wait()
+        done = self._claim_reload()
         try:
             self._reload(configs, aliases)
         finally:
             self._reloading = None
             done.set()
+
+    def _claim_reload(self) -> Event:
+        """The event a reload sets once it has ended, claimed once no other reload is under way."""
+        while True:
+            with self._lock:  # (under plain threads, the look and the claim are one step)
+                running = self._reloading
+                if running is None:
+                    done = self._reloading = self.runtime.event()
+                    return done
+            running.wait()
 
     def _reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         check_across_queues(configs, aliases)
