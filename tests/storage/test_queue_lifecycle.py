@@ -20,7 +20,7 @@ from kestrel.storage import QueueCollection, manifest
 from kestrel.storage.config import QueueConfigs
 from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import ManualRuntime, Runtime, ThreadsRuntime
+from kestrel.storage.runtime import PACE, ManualRuntime, Runtime, ThreadsRuntime
 from tests.support.descriptors import descriptors
 from tests.support.power_loss import Disk
 from tests.support.queues import drain, manifest_path, open_collection, reopen
@@ -408,8 +408,6 @@ def test_a_reload_logs_each_change_it_makes_naming_the_queues_and_the_keys(tmp_p
 
 def _paced_queues(tmp_path: Path) -> tuple[QueueCollection, list[str]]:
     """A collection under gevent holding three slices of queues (`runtime.PACE` each) and one more."""
-    from kestrel.storage.runtime import PACE
-
     coll = open_collection(tmp_path)
     names = [f"q{i:05}" for i in range(3 * PACE + 1)]
     for name in names:  # made empty: no file is written before a queue's first change
@@ -421,8 +419,6 @@ def test_a_reload_over_many_queues_lets_the_other_tasks_in_between_slices(tmp_pa
     """A new default 10,000 queues inherit was applied in one walk that held every client (a quarter
     of a second on a slow machine); the walk now pauses every `PACE` queues, and each queue still
     ends with the new settings."""
-    from kestrel.storage import QueueConfigs
-
     coll, names = _paced_queues(tmp_path)
     turns = 0
 
@@ -444,9 +440,6 @@ def test_a_reload_over_many_queues_lets_the_other_tasks_in_between_slices(tmp_pa
 
 def test_a_queue_deleted_while_a_reload_pauses_is_passed_over_and_one_made_again_has_its_settings(
         tmp_path: Path) -> None:
-    from kestrel.storage import QueueConfigs
-    from kestrel.storage.runtime import PACE
-
     coll, names = _paced_queues(tmp_path)
     late = names[2 * PACE]  # in the walk's third slice
     gone = coll.queue(late)
@@ -471,8 +464,6 @@ def test_a_queue_made_while_a_reload_looks_at_the_formats_is_looked_at_too(tmp_p
     """The look at every queue's format pauses too; a queue made meanwhile, in the settings still in
     force, in a format the new ones would change, refuses the reload as a queue made before it does
     (accepted, the next start refused its files)."""
-    from kestrel.storage import QueueConfigs
-
     coll, _ = _paced_queues(tmp_path)
     before = coll.configs
     task = gevent.spawn(partial(coll.put, "late", [b"x"]))  # made at the look's first pause
@@ -490,8 +481,6 @@ def test_a_queue_made_while_a_reload_looks_at_the_formats_is_looked_at_too(tmp_p
 def test_a_reload_asked_for_while_one_pauses_begins_once_it_has_ended(tmp_path: Path) -> None:
     """Two reloads' walks, interleaved, would each log the other's changes as its own."""
     from structlog.testing import capture_logs
-
-    from kestrel.storage import QueueConfigs
 
     coll, names = _paced_queues(tmp_path)
     try:
@@ -516,8 +505,6 @@ def test_a_queue_an_alias_hides_is_named_at_the_reload_and_at_the_start(tmp_path
     silent and the queue's items seemed lost."""
     from structlog.testing import capture_logs
 
-    from kestrel.storage import QueueConfigs
-
     coll = open_collection(tmp_path)
     coll.put("jobs", [b"j1", b"j2"])
     with capture_logs() as logs:
@@ -540,8 +527,6 @@ def test_an_alias_a_reload_no_longer_names_is_gone_once_it_applies(tmp_path: Pat
     """The file is what is served: Kestrel 2.4 kept an alias removed from its file until the next
     start (its reload adds and updates aliases, never removes one), so puts went on being copied to
     destinations the file no longer named and the queue under that name stayed masked."""
-    from kestrel.storage import QueueConfigs
-
     coll = open_collection(tmp_path)
     coll.put("jobs", [b"j1"])
     coll.reload(QueueConfigs(), {"jobs": ["other"]})
