@@ -4,6 +4,7 @@ fsync of it covered, a folder the names its last fsync saw."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,36 @@ def test_a_folder_removed_since_its_parent_s_fsync_comes_back_as_its_own_fsync_s
         (tmp_path / "sub").rmdir()
         disk.power_cut(str(tmp_path))
     assert tree(tmp_path) == {"sub": None, "sub/kept": b"k"}
+
+
+def test_a_file_renamed_while_its_folder_is_listed_for_an_fsync_is_kept_under_one_of_its_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotation renames a journal on one thread while another fsyncs the folder: the listing,
+    which reads the names and then opens each, must not see the file under neither name."""
+    (tmp_path / "q0").write_bytes(b"the journal")
+    with Disk(tmp_path) as disk:
+        names_read, renamed = threading.Event(), threading.Event()
+        hold = disk._hold
+
+        def held_after_a_pause(path: str, folder: int | None = None) -> tuple[int, bool] | None:
+            names_read.set()
+            renamed.wait(0.5)  # time for the rename to go in between, unless the Disk keeps it out
+            return hold(path, folder)
+
+        monkeypatch.setattr(disk, "_hold", held_after_a_pause)
+
+        def rotate() -> None:
+            names_read.wait()
+            os.rename(tmp_path / "q0", tmp_path / "q0.1")
+            renamed.set()
+
+        rotation = threading.Thread(target=rotate)
+        rotation.start()
+        kdisk.fsync_path(str(tmp_path))
+        rotation.join()
+        monkeypatch.undo()
+        disk.power_cut(str(tmp_path))
+    assert tree(tmp_path) in ({"q0": b"the journal"}, {"q0.1": b"the journal"})
 
 
 def test_only_a_root_can_be_cut(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ The model, as ext4 and xfs behave when no journal commit of something else happe
 
 `Disk` wraps `os.fsync` and `os.fdatasync` (every fsync of the engine goes through them under the
 threads and manual runtimes, and on the gevent runtime's thread pool; the gevent runtime's C threads
-do not). Files and folders are told apart by inode, on one file system; a symbolic link or anything
+do not), and `os.rename` and `os.replace`, which it keeps from running while it lists a folder: a
+listing reads the names and then opens each, and a file renamed in between would be under neither. Files and folders are told apart by inode, on one file system; a symbolic link or anything
 but a file or a folder is left as it is.
 """
 
@@ -45,7 +46,7 @@ class Disk:
         self._given = [str(root) for root in roots]
         self._listings: dict[int, tuple[int, Listing]] = {}  # folder inode -> (order taken, names)
         self._held: dict[int, int] = {}  # inode -> a descriptor keeping it (and its number) alive
-        self._real: dict[str, Callable[[int], None]] = {}
+        self._real: dict[str, Callable[..., None]] = {}
         self._order = itertools.count()
         self._cuts = 0  # power cuts so far: an fsync begun before one is not noted after it
         # A real lock: the gevent runtime's pool threads fsync too, whatever the monkey-patching.
@@ -57,6 +58,9 @@ class Disk:
         for name in ("fsync", "fdatasync"):
             real = self._real[name] = getattr(os, name)
             setattr(os, name, self._wrap(real))
+        for name in ("rename", "replace"):
+            real = self._real[name] = getattr(os, name)
+            setattr(os, name, self._between_listings(real))
         return self
 
     def uninstall(self) -> None:
@@ -93,6 +97,12 @@ class Disk:
                 elif stat.S_ISREG(mode) and self._hold(f"/proc/self/fd/{fd}") is not None:
                     self.durable[inode] = max(self.durable.get(inode, 0), size)
         return sync
+
+    def _between_listings(self, real: Callable[..., None]) -> Callable[..., None]:
+        def rename(*args: Any, **kwargs: Any) -> None:
+            with self._lock:
+                real(*args, **kwargs)
+        return rename
 
     def power_cut(self, path: str, keep: int = 0) -> None:
         """Make the tree under `path` (a root) what a power cut now would leave."""
