@@ -140,7 +140,8 @@ class Disk:
         for entry in found:
             if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
                 held = self._hold(entry.name, folder) if isinstance(folder, int) else self._hold(entry.path)
-                if held is not None:  # (else gone before the fsync: its removal is covered)
+                # Gone, or the name made anew, before the fsync: the removal is covered, the new name not.
+                if held is not None and held[0] == entry.inode():
                     listing[entry.name] = held
         return listing
 
