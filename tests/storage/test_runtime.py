@@ -22,6 +22,7 @@ from kestrel.storage.no_lock import NoLock
 from kestrel.storage.runtime import (
     GeventRuntime,
     ManualRuntime,
+    OneAtATime,
     ThreadsRuntime,
     all_side_by_side,
     side_by_side,
@@ -530,3 +531,28 @@ def test_all_side_by_side_raises_the_first_calls_failure_once_every_call_has_end
     assert raised.value is first and sorted(ran) == [0, 1, 2]
     all_side_by_side(runtime, [partial(call, 3, None)])
     assert sorted(ran) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("lock", [False, True], ids=["gevent", "threads"])
+def test_one_at_a_time_runs_each_turn_after_the_one_under_way_even_one_that_failed(lock: bool) -> None:
+    """The checkpoints of the commit log and the reloads of the settings take turns so: each
+    caller's block begins only once the one before has ended, raised or not."""
+    runtime = ThreadsRuntime() if lock else GeventRuntime()
+    turns = OneAtATime(runtime, runtime.lock()) if lock else OneAtATime(runtime)
+    inside: list[int] = []
+    overlapped: list[int] = []
+
+    def take(index: int) -> None:
+        with turns.turn():
+            if inside:
+                overlapped.append(index)
+            inside.append(index)
+            runtime.sleep(0.02)  # the others look meanwhile
+            inside.remove(index)
+            if index == 0:
+                raise OSError(errno.EIO, "the first turn fails")
+
+    failed = side_by_side(runtime, [partial(take, index) for index in range(4)])
+    assert [type(e) for e in failed] == [OSError] and overlapped == []
+    turns.wait()  # none under way: returns at once
+    assert not turns.running

@@ -39,6 +39,7 @@ from kestrel.storage.runtime import (
     DEFAULT_RUNTIME,
     Event,
     GeventRuntime,
+    OneAtATime,
     Runtime,
     Timer,
     all_side_by_side,
@@ -93,7 +94,7 @@ class QueueCollection:
         # the lock above takes nothing, so a client naming the queue meanwhile waits for this event
         # (a creation beside a delete took up the files the delete then removed under it).
         self._changing: dict[str, Event] = {}
-        self._reloading: Event | None = None  # set once the reload under way has ended (`reload`)
+        self._reloads = OneAtATime(self.runtime, self._lock)
         # Queues whose journal was refused at start-up (damage, without salvage), or as they were first
         # named after it (`_refuse_found`): they serve nothing and keep their files as they are; every
         # other queue serves.
@@ -657,22 +658,8 @@ class QueueCollection:
         default applied to 10,000 queues at once held every client for a quarter of a second on a
         slow machine. A queue made meanwhile is made with the new settings, one deleted meanwhile is
         passed over, and a reload asked for meanwhile begins once this one has ended."""
-        done = self._claim_reload()
-        try:
+        with self._reloads.turn():
             self._reload(configs, aliases)
-        finally:
-            self._reloading = None
-            done.set()
-
-    def _claim_reload(self) -> Event:
-        """The event a reload sets once it has ended, claimed once no other reload is under way."""
-        while True:
-            with self._lock:  # (under plain threads, the look and the claim are one step)
-                running = self._reloading
-                if running is None:
-                    done = self._reloading = self.runtime.event()
-                    return done
-            running.wait()
 
     def _reload(self, configs: QueueConfigs, aliases: Mapping[str, list[str]]) -> None:
         check_across_queues(configs, aliases)

@@ -82,7 +82,7 @@ from kestrel.storage.journal_file import (
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
-from kestrel.storage.runtime import Event, Runtime, Timer, all_side_by_side
+from kestrel.storage.runtime import Event, OneAtATime, Runtime, Timer, all_side_by_side
 
 log = structlog.get_logger("kestrel.commit_log")
 
@@ -970,7 +970,7 @@ class CommitLog:
         # greenlet a round; `GroupCommit.later`)
         self._gathering: Any = None
         self._join_at = math.inf
-        self._checkpointing: Event | None = None
+        self._checkpoints = OneAtATime(self.runtime)
         self._after_checkpoint: list[Callable[[], None]] = []
         self._timer: Timer | None = None
         self._closing = False  # the queues are closing (`closing`): no checkpoint of its own starts
@@ -1078,7 +1078,7 @@ class CommitLog:
         finally:
             for turn in turns:
                 turn.records = bytearray()
-        if writer.size >= self.segment_bytes and self._checkpointing is None:
+        if writer.size >= self.segment_bytes and not self._checkpoints.running:
             self.runtime.spawn(self._checkpoint_logged)
 
     def _write_gathered(self) -> None:
@@ -1317,7 +1317,7 @@ class CommitLog:
 
     def _tick(self) -> None:
         self._timer = None
-        if self._segments and self._segments[-1].journals and self._checkpointing is None:
+        if self._segments and self._segments[-1].journals and not self._checkpoints.running:
             self._checkpoint_logged()
         if self._segments and not self._closing:
             self._timer = self.runtime.call_later(self.checkpoint_seconds, self._tick)
@@ -1337,10 +1337,7 @@ class CommitLog:
 
         Raises OSError (the segments stay; the next checkpoint tries again).
         """
-        while (running := self._checkpointing) is not None:
-            running.wait()
-        done = self._checkpointing = self.runtime.event()
-        try:
+        with self._checkpoints.turn():
             self._switch()
             retired = self._segments[:-1]
             taken = sum(segment.writer.size for segment in retired)
@@ -1357,9 +1354,6 @@ class CommitLog:
             self.checkpoints += 1
             if self._segments and not self._closing:  # else `close` would delete it
                 self._prepare(taken)
-        finally:
-            self._checkpointing = None
-            done.set()
         waiting, self._after_checkpoint = self._after_checkpoint, []
         for then in waiting:
             try:
@@ -1429,8 +1423,7 @@ class CommitLog:
         """After every queue closed (their journals fsynced): delete the segments. Any journal
         still open (its close failed) keeps them for the next start's recovery."""
         self.closing()
-        while (running := self._checkpointing) is not None:
-            running.wait()
+        self._checkpoints.wait()
         self._end_turn()
         if self._group_commit is not None:
             self._join()  # what is gathered waits no longer: its round finds it durable

@@ -9,6 +9,7 @@ waits from a `FakeClock`, so that tests of expiry, waits, auto-abort and periodi
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
@@ -144,6 +145,42 @@ def paced(items: Iterable[T], runtime: Runtime, every: int = PACE) -> Iterator[T
         if i and not i % every:
             runtime.pause()
         yield item
+
+
+class OneAtATime:
+    """Work of which one runs at a time (a checkpoint of the commit log, a reload of the queue
+    settings): a caller that finds one under way waits for it to end, then takes its own `turn`.
+    Given a lock (tasks that are threads), the look and the claim are one step."""
+
+    def __init__(self, runtime: Runtime, lock: Lock = NO_LOCK) -> None:
+        self._runtime = runtime
+        self._lock = lock
+        self._running: Event | None = None  # set once the turn under way has ended
+
+    @property
+    def running(self) -> bool:
+        return self._running is not None
+
+    def wait(self) -> None:
+        """Return once no turn is under way."""
+        while (running := self._running) is not None:
+            running.wait()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Wait for the turn under way, if any, and run the `with` block as the next."""
+        while True:
+            with self._lock:
+                running = self._running
+                if running is None:
+                    done = self._running = self._runtime.event()
+                    break
+            running.wait()
+        try:
+            yield
+        finally:
+            self._running = None
+            done.set()
 
 
 # ---------------------------------------------------------------------------------------------
