@@ -154,8 +154,14 @@ def test_the_machine_header_names_the_boots_speed_and_leaves_no_child() -> None:
     from bench.common import machine
 
     def children() -> set[str]:
-        return {child for task in os.listdir("/proc/self/task")
-                for child in open(f"/proc/self/task/{task}/children").read().split()}
+        found: set[str] = set()
+        for task in os.listdir("/proc/self/task"):
+            try:  # a thread of another test may end between the listing and the read
+                with open(f"/proc/self/task/{task}/children") as listed:
+                    found.update(listed.read().split())
+            except FileNotFoundError:
+                pass
+        return found
 
     before = children()
     header = machine()

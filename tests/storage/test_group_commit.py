@@ -376,8 +376,15 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
 
 def fsync_threads() -> list[int]:
     """The C helper's threads of this process (by the name it gives them)."""
-    return [int(thread) for thread in os.listdir("/proc/self/task")
-            if Path(f"/proc/self/task/{thread}/comm").read_text().strip() == "kestrel-fsync"]
+    found = []
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{thread}/comm").read_text().strip()
+        except FileNotFoundError:  # another test's thread ended between the listing and the read
+            continue
+        if name == "kestrel-fsync":
+            found.append(int(thread))
+    return found
 
 
 ONE_CPU = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a round runs there anyway")
