@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import load_average, machine
+from bench.common import load_average, machine, process_cpu_seconds
 from bench.peers import MissingPeer, redis
 from kestrel.service.logs import configure_logging
 from tests.conftest import ServerProcess, wait_until
@@ -545,6 +545,40 @@ def reload_queues(work: Path) -> tuple[float, float]:
     return max(delays), 0.25
 
 
+PRESSED_BUDGET = 4 << 20  # max_memory_total of memory-pressed: under the 10 MB its queues hold
+PRESSED_ITEMS = 8  # in each of its queues, of 128 B: the heads (1.3 MB) fit, the rest is paged
+PRESSED_S = 3.0
+
+
+def memory_pressed(work: Path) -> tuple[float, float, str]:
+    """Another client's longest wait, each of its rounds a put and a get, while 10,000 queues want
+    more than the memory budget: paged down to it, they stay pressed (their wants do not fit)."""
+    gc_log = work / "gc.log"
+    with server(work, {"max_memory_total": PRESSED_BUDGET}, gc_log=gc_log) as srv, \
+            connect(srv.memcache_port) as maker:
+        maker.settimeout(120)
+        item = b"x" * 128
+        for start in range(0, MANY_QUEUES, MADE_AT_ONCE):
+            names = [i for i in range(start, min(MANY_QUEUES, start + MADE_AT_ONCE))
+                     for _ in range(PRESSED_ITEMS)]
+            sets = b"".join(b"set q%05d 0 0 %d\r\n%s\r\n" % (i, len(item), item) for i in names)
+            exchange(maker, sets, b"STORED\r\n" * len(names), wait=120)
+        time.sleep(1.0)  # the ticks page the backlog out to the budget
+        assert srv.proc is not None
+        idle = process_cpu_seconds(srv.proc.pid)
+        time.sleep(PRESSED_S)
+        cpu = process_cpu_seconds(srv.proc.pid)
+        idle = cpu - idle
+        hot = b"set q00000 0 0 1\r\nx\r\nget q00000\r\n"  # a queue of its own: max_queues is 10,000
+        with other_client(srv.memcache_port, hot, b"END\r\n") as delays:
+            time.sleep(PRESSED_S)
+        cpu = process_cpu_seconds(srv.proc.pid) - cpu
+    each, long = cpu / len(delays) * 1e6, sum(delay > 0.02 for delay in delays)
+    return max(delays), 0.25, (f"idle {idle / PRESSED_S:.0%} of a core; then {len(delays)} rounds in "
+                               f"{PRESSED_S:.0f} s, {long} over 20 ms, {cpu / PRESSED_S:.0%} "
+                               f"({each:.0f} us a round); {collections_seen(gc_log, delays)}")
+
+
 FIGURES: dict[str, Measure] = {
     "large-put": large_put, "large-put-redis": large_put_redis, "hang-up": hang_up,
     "stuck-reader": stuck_reader, "stop-idle": stop_idle, "stop-waiting": stop_waiting,
@@ -553,6 +587,7 @@ FIGURES: dict[str, Measure] = {
     "zookeeper-down": zookeeper_down,
     "thread-wake": thread_wake, "end-waits": end_waits, "every-queue": every_queue,
     "queues-created": queues_created, "queues-loaded": queues_loaded, "reload-queues": reload_queues,
+    "memory-pressed": memory_pressed,
 }
 PEERS = {"large-put-redis"}  # rows of a peer: printed, not held to the budget
 

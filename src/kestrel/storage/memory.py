@@ -7,12 +7,13 @@ memory monitor steers its variable queues (seeds/rabbitmq-variable-queue.md):
 
 - Rates. Each queue's ingress and egress (bytes a second, smoothed), sampled at the ticks after
   which it changed and decayed in between: a tick costs the queues that changed, not the queues
-  held, while the budget is far from full (`MemoryGovernor.tick`), and nothing at all while the
+  held, while memory is under the budget (`MemoryGovernor.tick`), and nothing at all while the
   queues hold under a quarter of it (the governor lets go: `_let_go`).
 - Shares. Each queue gets a memory target, its share of the budget: while everything fits, what it
   holds and room for what arrives before the next tick; past the budget, its head (which no
   page-out drops) and what it will consume in the next D seconds (its "RAM duration"), D chosen so
-  that the shares fill the budget. A hot
+  that the shares fill the budget; until the next such plan (at most REPLAN ticks later), a queue
+  that changes gets its share for the same D, while the shares still fit. A hot
   queue's head stays in memory; an idle backlog keeps a small floor. The queue's read-behind rules
   use the target in place of `max_memory_size`, so a queue over it pages its new items out at
   once, and reads them back as its head drains and its target allows.
@@ -40,6 +41,7 @@ read (`flow_control`) and one comparison with the ledger.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
@@ -62,6 +64,11 @@ IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (
 # under LET_GO: meanwhile each queue holds up to its own max_memory_size, and no tick measures one.
 ENGAGE = 0.5
 LET_GO = 0.25
+# Past the budget's fit, a tick plans every queue, and the ticks between plans give the queues that
+# changed their shares by the last plan's rule while those fit: a plan at least every REPLAN ticks
+# (10 s), which gives back what the shares of queues whose rates fell since hold unused. A share
+# that outgrows the budget brings the plan at once.
+REPLAN = 40
 
 
 class MemoryLedger(MemoryAccount):
@@ -117,18 +124,33 @@ def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: i
     return min(ceiling, want + int(equal + (spare / 2 * ingress / arriving if arriving else equal)))
 
 
-def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
+@dataclass(frozen=True)
+class PressedShares:
+    """How a plan shared a budget the wants did not fit: each queue keeps its pinned bytes and gets
+    what it will consume or receive in the next `duration` seconds, between `floor` and the rest of
+    its want. Until the next plan, a queue that changes gets its share by the same rule."""
+
+    floor: int
+    duration: float
+
+    def share(self, want: int, pinned: int, rate: float) -> int:
+        pageable = max(want - pinned, 0)
+        return pinned + max(min(pageable, self.floor), min(pageable, int(rate * self.duration)))
+
+
+def plan(demands: list[Demand], budget: int, interval_s: float) -> tuple[list[int], PressedShares | None]:
     """Each queue's memory target, summing to at most `budget` (already net of open reads and
-    cursor buffers) where the queues' pinned bytes allow it.
+    cursor buffers) where the queues' pinned bytes allow it, and how a budget that did not fit was
+    shared (None when it fit).
 
     Everything fits: each gets its want and a part of the rest (`fitting_share`).
     Otherwise each keeps its pinned bytes, and the rest of the budget is shared: each gets what it
-    will consume or receive in the next D seconds, between a floor and the rest of its want, D found
-    by bisection so that the shares fill it. Shares that ignored the pinned bytes left a page-out
+    will consume or receive in the next D seconds, between a floor and the rest of its want, D chosen
+    so that the shares fill it (`PressedShares`). Shares that ignored the pinned bytes left a page-out
     short: each queue kept its head beyond its target, and memory stayed over the budget.
     """
     if not demands:
-        return []
+        return [], None
     budget = max(budget, 0)
     wants = [d.want(interval_s) for d in demands]
     total = sum(wants)
@@ -136,19 +158,18 @@ def plan(demands: list[Demand], budget: int, interval_s: float) -> list[int]:
         spare = budget - total
         arriving = sum(d.ingress for d in demands)
         return [fitting_share(want, d.ceiling, d.ingress, spare, len(demands), arriving)
-                for d, want in zip(demands, wants, strict=True)]
+                for d, want in zip(demands, wants, strict=True)], None
     pinned = [d.pinned for d in demands]
     room = budget - sum(pinned)
     pageable = [max(want - held, 0) for want, held in zip(wants, pinned, strict=True)]
     floor = min(FLOOR, max(room, 0) // (4 * len(demands)))
     floors = [min(want, floor) for want in pageable]
-    if sum(floors) >= room:
-        return [held + low for held, low in zip(pinned, floors, strict=True)]
-
     rates = [d.ingress + d.egress for d in demands]
-    duration = _fill_duration(rates, floors, pageable, room)
-    return [held + max(low, min(want, int(rate * duration)))
-            for rate, want, low, held in zip(rates, pageable, floors, pinned, strict=True)]
+    # Pinned bytes and floors alone fill the budget: every queue keeps its floor (D = 0).
+    duration = 0.0 if sum(floors) >= room else _fill_duration(rates, floors, pageable, room)
+    shares = PressedShares(floor, duration)
+    targets = [shares.share(want, held, rate) for want, held, rate in zip(wants, pinned, rates, strict=True)]
+    return targets, shares
 
 
 def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budget: int) -> float:
@@ -193,7 +214,7 @@ class _Record:
     and, as last measured, what it wants of the budget and holds beyond paging's reach."""
 
     __slots__ = ("queue", "items", "length", "bytes", "ingress", "egress", "item_size", "tick",
-                 "want", "fixed", "buffer")
+                 "want", "fixed", "buffer", "target")
 
     def __init__(self, q: PersistentQueue, tick: int) -> None:
         self.queue = q
@@ -207,6 +228,7 @@ class _Record:
         self.want = 0
         self.fixed = 0  # its open reads' and cursor buffer's bytes
         self.buffer = 0  # its cursor buffer's bytes
+        self.target = 0  # its target as a pressed plan, or a tick after it, gave it
 
     def sample(self, q: PersistentQueue, seconds: float, tick: int) -> None:
         """The rates at tick `tick`: the ticks between the last sample and this one saw no change
@@ -264,7 +286,11 @@ class MemoryGovernor:
         self._want_total = self._fixed_total = 0
         self._ingress_total = 0.0
         self._sums_tick = 0
-        self._tight = False  # the last tick's wants did not fit the budget
+        # The last plan's wants did not fit the budget: how it shared it, at which tick, and the sum
+        # of the targets given by it and the ticks after (each record's `target`).
+        self._pressed: PressedShares | None = None
+        self._planned = 0
+        self._target_total = 0
         self._at_ease = False  # let go (`_let_go`): memory far under the budget, nothing measured
         # Queues in read-behind that were not idle when last seen: each gives its cursor's buffer
         # back once its egress decays below IDLE.
@@ -330,6 +356,7 @@ class MemoryGovernor:
         if record is not None:
             self._want_total -= record.want
             self._fixed_total -= record.fixed
+            self._target_total -= record.target
             ingress = self._ingress_total - record.ingress * _decay(self._sums_tick - record.tick)
             self._ingress_total = max(ingress, 0.0)
             self._watch.discard(record)
@@ -357,11 +384,10 @@ class MemoryGovernor:
 
         With `changes`, a tick measures nothing while the queues hold under LET_GO of the budget,
         until they hold more than ENGAGE of it (`_let_go`). Engaged, the queues that changed since
-        the last tick are measured, and while their
-        wants fit the budget (and memory is under it), only they get new targets: an unchanged
-        queue's target still holds what it has, and it gets a new one when it next changes. A tick
-        with no change, under the budget and out of flow control, only lets idle read-behind
-        cursors give their buffers back, even when the last plan's wants did not fit the budget.
+        the last tick are measured, and while memory is under the budget and out of flow control,
+        only they get new targets (`_tick_changed`): an unchanged queue's target still holds what
+        it has, and it gets a new one when it next changes. A tick with no change, under the budget
+        and out of flow control, only lets idle read-behind cursors give their buffers back.
         Otherwise the tick measures and plans every queue.
         """
         if self._left:
@@ -371,7 +397,7 @@ class MemoryGovernor:
         self._last_tick = now
         self._tick += 1
         if self._changes is not None:
-            pressed = self.flow_control or self._over or self._tight
+            pressed = self.flow_control or self._over or self._pressed is not None
             held = self.ledger.total
             if self._at_ease:
                 if held <= self.budget * ENGAGE and not pressed:
@@ -389,7 +415,7 @@ class MemoryGovernor:
                 # and what grows is a change, planned by the next tick), so an idle server is idle.
                 self._release_idle_cursors()
                 return
-            elif not pressed and self._tick_changed(changed, seconds, now):
+            elif not (self.flow_control or self._over) and self._tick_changed(changed, seconds, now):
                 return
         self._tick_all(seconds, now)
 
@@ -407,13 +433,16 @@ class MemoryGovernor:
         self._records = {}
         self._watch = set()
         self._candidates = []
-        self._want_total = self._fixed_total = 0
+        self._want_total = self._fixed_total = self._target_total = 0
         self._ingress_total = 0.0
+        self._pressed = None
 
     def _tick_changed(self, changed: Iterable[PersistentQueue], seconds: float, now: int) -> bool:
-        """Measure the changed queues and, if every want still fits the budget, give them their
-        shares of it; False (the records kept) when the tick must plan every queue. What a changed
-        queue costs here is what a busy server pays for each queue it moves items through."""
+        """Measure the changed queues and give them their shares of the budget: while every want
+        fits it, as a plan would; while the last plan found they did not, by its rule, if their new
+        shares keep the sum within the budget and that plan is under REPLAN ticks old. False (the
+        records kept) when the tick must plan every queue instead. What a changed queue costs here is
+        what a busy server pays for each queue it moves items through."""
         tick = self._tick
         interval = self.interval_ms / 1000.0
         records = self._records
@@ -451,20 +480,33 @@ class MemoryGovernor:
         self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick
         total = self.ledger.total
         spare = self.budget - fixed_total - want_total
-        if spare < 0 or total > self.budget:
+        pressed = self._pressed
+        if total > self.budget:
             return False
-        count, arriving = len(records), self._ingress_total
-        over = {q for q in self._candidates if not q.closed and q.memory_bytes > q.memory_target}
+        if pressed is None:
+            if spare < 0:
+                return False
+            count, arriving = len(records), self._ingress_total
+            targets = [fitting_share(record.want, record.queue.config.max_memory_size, record.ingress, spare,
+                                     count, arriving) for record in fresh]
+        else:
+            if spare >= 0 or tick - self._planned >= REPLAN:
+                return False  # the wants fit again, or the plan is stale: plan every queue anew
+            targets = [pressed.share(record.want, record.queue.pinned_bytes(), record.ingress + record.egress)
+                       for record in fresh]
+            target_total = self._target_total + sum(targets) - sum(record.target for record in fresh)
+            if target_total > self.budget - fixed_total:
+                return False
+            self._target_total = target_total
+            for record, target in zip(fresh, targets, strict=True):
+                record.target = target
         watch = self._watch
-        for record in fresh:
+        for record, target in zip(fresh, targets, strict=True):
             q = record.queue
-            q.set_memory_target(fitting_share(record.want, q.config.max_memory_size, record.ingress, spare,
-                                              count, arriving))
-            if q.memory_bytes > q.memory_target:
-                over.add(q)
+            q.set_memory_target(target)
             if q.in_read_behind:
                 watch.add(record)
-        self._candidates = sorted(over, key=self._wait)
+        self._place_candidates([record.queue for record in fresh])
         self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, fixed_total)
@@ -499,16 +541,18 @@ class MemoryGovernor:
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
         interval = self.interval_ms / 1000.0
-        targets = plan(demands, budget - fixed_total, interval)
+        targets, self._pressed = plan(demands, budget - fixed_total, interval)
         for q, target in zip(queues, targets, strict=True):
             q.set_memory_target(target)
-        for record, d in zip(records.values(), demands, strict=True):
+        for record, d, target in zip(records.values(), demands, targets, strict=True):
             record.want = min(d.ceiling, d.need + d.headroom)
+            record.target = target
         self._want_total = sum(record.want for record in records.values())
         self._fixed_total = fixed_total
+        self._target_total = sum(targets)
         self._ingress_total = sum(d.ingress for d in demands)
         self._sums_tick = tick
-        self._tight = self._want_total > self.budget - fixed_total
+        self._planned = tick
         waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
         if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
             # Under flow control no put reaches `make_room`: only a tick can page out what holds the
@@ -521,6 +565,24 @@ class MemoryGovernor:
         self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, fixed_total + pinned_total)
+
+    def _place_candidates(self, changed: list[PersistentQueue]) -> None:
+        """The candidates after a tick of the `changed` queues alone: each leaves the list and, over
+        its new target, comes back in where its wait places it. The others keep their order (an
+        unchanged queue holds the same bytes, and every rate decays alike), so a few changes cost
+        a few places in the list, not a sort of it (pressed, it holds most queues); many, a sort."""
+        candidates = self._candidates
+        if len(changed) * 16 > len(candidates):
+            over = {q for q in candidates if not q.closed and q.memory_bytes > q.memory_target}
+            over.update(q for q in changed if q.memory_bytes > q.memory_target)
+            self._candidates = sorted(over, key=self._wait)
+            return
+        for q in changed:
+            if q in candidates:
+                candidates.remove(q)
+        for q in changed:
+            if q.memory_bytes > q.memory_target:
+                insort(candidates, q, key=self._wait)
 
     def _wait(self, q: PersistentQueue) -> float:
         """How long `q`'s items in memory wait: its bytes held over its egress (bytes a second)."""
