@@ -187,6 +187,19 @@ def test_an_accepted_connection_takes_the_keepalive_of_its_listener() -> None:
     assert seen == [(1, 9, 3, 3)]
 
 
+def test_an_accepted_connection_sends_without_waiting_to_fill_a_segment() -> None:
+    """TCP_NODELAY, from the listening socket: under Nagle's algorithm a reply written just after
+    another waited for the client's delayed ACK (40 ms; bench_responsiveness memory-pressed)."""
+    seen: list[int] = []
+
+    def handle(sock: Any, address: tuple[str, int]) -> bool:
+        seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        return False
+
+    _serve_one(handle)
+    assert seen == [1]
+
+
 CONNECTIONS = {"memcache": (MemcacheConnection, b"version\r\n", b"get " + b"q" * 2 * MAX_LINE + b"\r\n"),
                "text": (TextConnection, b"version\n", b"get " + b"q" * 2 * MAX_LINE + b"\n"),
                "thrift": (ThriftConnection, framed(encode_call("binary", "get_version")), b"\xff" * 8)}
