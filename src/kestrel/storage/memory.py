@@ -571,18 +571,19 @@ class MemoryGovernor:
         its new target, comes back in where its wait places it. The others keep their order (an
         unchanged queue holds the same bytes, and every rate decays alike), so a few changes cost
         a few places in the list, not a sort of it (pressed, it holds most queues); many, a sort."""
-        candidates = self._candidates
-        if len(changed) * 16 > len(candidates):
-            over = {q for q in candidates if not q.closed and q.memory_bytes > q.memory_target}
+        if len(changed) * 16 > len(self._candidates):
+            over = {q for q in self._candidates if not q.closed and q.memory_bytes > q.memory_target}
             over.update(q for q in changed if q.memory_bytes > q.memory_target)
             self._candidates = sorted(over, key=self._wait)
             return
+        candidates = list(self._candidates)  # a copy: a put on another thread may pop from that one
         for q in changed:
             if q in candidates:
                 candidates.remove(q)
         for q in changed:
             if q.memory_bytes > q.memory_target:
                 insort(candidates, q, key=self._wait)
+        self._candidates = candidates
 
     def _wait(self, q: PersistentQueue) -> float:
         """How long `q`'s items in memory wait: its bytes held over its egress (bytes a second)."""
