@@ -20,7 +20,7 @@ from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.memory import ENGAGE, REPLAN, Demand, MemoryGovernor, plan
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import ManualRuntime
+from kestrel.storage.runtime import PACE, ManualRuntime
 from tests.support.queues import drain, held_in_memory, one, opened, reopen
 
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
@@ -670,6 +670,35 @@ def test_pressed_the_queues_that_changed_take_their_places_among_those_a_put_pag
         assert waits == sorted(waits), n
         assert set(candidates) == {q for q in map(coll.queue, idle + busy) if q.memory_bytes > q.memory_target}
     assert len(governor._candidates) < len(idle)
+    coll.close()
+
+
+@FORMATS
+def test_a_plan_of_many_queues_pauses_for_the_other_tasks_and_keeps_what_they_did(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one thread (gevent), a plan of every queue pauses every PACE queues. What the other tasks
+    do meanwhile to queues it measured already (a put, a delete) is not undone: the ledger stays
+    exact rather than set to a measure that spans the pauses, and the governor keeps nothing of
+    the queue deleted."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 2_000_000)
+    names = [f"q{i}" for i in range(2 * PACE + 10)]
+    for name in names:
+        coll.put(name, [item(0, 1000)])  # 1 MB: past ENGAGE of the budget
+    runtime.advance(500)
+    pauses: list[int] = []
+
+    def meanwhile() -> None:
+        pauses.append(len(pauses))
+        if len(pauses) == 1:
+            coll.put("q3", [item(1, 1000)])
+            coll.delete("q4")
+
+    monkeypatch.setattr(runtime, "pause", meanwhile)
+    governor._tick_all(0.25, governor._monotonic_ms())
+    assert len(pauses) == 2
+    assert all(q.name != "q4" for q in governor._records) and len(governor._records) == len(names) - 1
+    monkeypatch.undo()
+    assert governor.ledger.total == governor.measure() == (len(names) - 1 + 1) * 1000
     coll.close()
 
 

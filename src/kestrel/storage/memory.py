@@ -50,7 +50,7 @@ import structlog
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.queue import MemoryAccount, PersistentQueue
-from kestrel.storage.runtime import Runtime, Timer, paced
+from kestrel.storage.runtime import PACE, Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.memory")
 
@@ -78,8 +78,8 @@ class MemoryLedger(MemoryAccount):
     over `limit` (the budget; UNLIMITED without one), and a refill how much it may read back.
 
     Under gevent (the server) no two changes interleave and the total is exact; a tick that
-    measures every queue sets it to what it measures all the same, which under plain threads
-    corrects what two queues' changes racing on it may have lost.
+    measures every queue without a pause sets it to what it measures all the same, which under
+    plain threads corrects what two queues' changes racing on it may have lost.
     """
 
     __slots__ = ("governor",)
@@ -513,15 +513,25 @@ class MemoryGovernor:
         return True
 
     def _tick_all(self, seconds: float, now: int) -> None:
-        """Measure every queue, plan every share, page out if over the budget."""
+        """Measure every queue, plan every share, page out if over the budget.
+
+        Where the tasks share one thread, the walk pauses every PACE queues for the others (a plan
+        of 10,000 queues held the loop 40-60 ms compiled, 90-300 ms pure). Its measure then spans
+        the pauses, and the ledger, exact there, stays as it is; with threads the walk goes on
+        unpaused, and its measure sets the ledger (see MemoryLedger)."""
         tick = self._tick
         queues = [q for q in self._queues() if not q.closed]
+        pausing = self.runtime.shares_one_thread and len(queues) > PACE
         old = self._records
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         held: list[int] = []
         fixed_total = pinned_total = 0
-        for q in queues:
+        for i, q in enumerate(queues):
+            if pausing and i and not i % PACE:
+                self.runtime.pause()
+                if self.closed:
+                    return
             record = old.get(q)
             if record is None:
                 record = _Record(q, tick)
@@ -535,9 +545,18 @@ class MemoryGovernor:
             pinned = q.pinned_bytes()
             pinned_total += pinned
             demands.append(record.demand(q, pinned))
+        if pausing:
+            if any(q.closed for q in queues):  # deleted during a pause: `forget` missed its new record
+                kept = [i for i, q in enumerate(queues) if not q.closed]
+                queues, demands = [queues[i] for i in kept], [demands[i] for i in kept]
+                held = [held[i] for i in kept]
+                records = {q: records[q] for q in queues}
+                fixed_total = sum(record.fixed for record in records.values())
+                pinned_total = sum(d.pinned for d in demands)
+            total = self.ledger.total
+        else:
+            total = self.ledger.total = sum(held) + fixed_total  # as measured (see MemoryLedger)
         self._records = records
-        total = sum(held) + fixed_total
-        self.ledger.total = total  # as measured (see MemoryLedger)
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
         interval = self.interval_ms / 1000.0

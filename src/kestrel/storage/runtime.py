@@ -82,6 +82,9 @@ class Runtime(Protocol):
     """What the storage engine needs from a concurrency model."""
 
     clock: Clock
+    # Its tasks take turns on one thread: work that walks every queue pauses for the others (`paced`),
+    # and a change is never interleaved by another (gevent); threads are preempted instead.
+    shares_one_thread: bool
 
     def spawn(self, fn: Callable[[], None]) -> Task: ...
 
@@ -225,6 +228,8 @@ class GeventRuntime:
     """Greenlets on gevent's hub; blocking calls on the hub's threadpool. Locks are no-ops: a
     greenlet is never preempted, and the engine does not yield inside a change."""
 
+    shares_one_thread = True
+
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
 
@@ -358,6 +363,8 @@ class ThreadsRuntime:
     """Plain threads, for programs that embed the engine without gevent: daemon threads, timer
     threads, real reentrant locks; blocking calls run in the calling thread."""
 
+    shares_one_thread = False
+
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
 
@@ -446,6 +453,7 @@ class ManualRuntime:
     def __init__(self, base: Runtime | None = None, clock: FakeClock | None = None) -> None:
         self.base: Runtime = base if base is not None else GeventRuntime()
         self.clock: FakeClock = clock if clock is not None else FakeClock()
+        self.shares_one_thread = self.base.shares_one_thread
         self._timers: list[tuple[int, int, _ManualTimer]] = []
         self._order = itertools.count()
         self._guard = threading.Lock()
