@@ -527,11 +527,9 @@ class MemoryGovernor:
         demands: list[Demand] = []
         held: list[int] = []
         fixed_total = pinned_total = 0
-        for i, q in enumerate(queues):
-            if pausing and i and not i % PACE:
-                self.runtime.pause()
-                if self.closed:
-                    return
+        for q in paced(queues, self.runtime) if pausing else queues:
+            if self.closed:  # during a pause
+                return
             record = old.get(q)
             if record is None:
                 record = _Record(q, tick)
