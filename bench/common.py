@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tests.support.threads import thread_files
+
 
 def free_port() -> int:
     """A port nothing listens on, from this process's own block below the ephemeral range, as the
@@ -112,17 +114,23 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """Each thread's CPU seconds so far (user + system), by thread id (the event loop's is `pid`)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for thread, stat in thread_files(pid, "stat").items():
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds[thread] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
 def threads_cpu_seconds(pid: int, names: tuple[str, ...]) -> float:
     """CPU time so far of the threads of process `pid` whose names start with one of `names` (from
     /proc: a thread's name is cut to 15 characters)."""
     tick = os.sysconf("SC_CLK_TCK")
     spent = 0
-    for thread in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{thread}/stat") as f:
-                name, fields = f.read().split("(", 1)[1].rsplit(")", 1)
-        except OSError:  # ended meanwhile
-            continue
+    for stat in thread_files(pid, "stat").values():
+        name, fields = stat.split("(", 1)[1].rsplit(")", 1)
         if name.startswith(names):
             parts = fields.split()
             spent += int(parts[11]) + int(parts[12])

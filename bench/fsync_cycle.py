@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import os
 import resource
 import signal
 import subprocess
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import loadgen, peers
-from bench.common import load_average, machine, process_cpu_seconds
+from bench.common import load_average, machine, process_cpu_seconds, thread_cpu_seconds
 
 CLIENTS = 16
 EVENTS = ("fdatasync", "fsync", "epoll_wait", "sendto", "write", "pwrite64", "recvfrom", "read")
@@ -48,20 +47,6 @@ class Call:
     at: float
     tid: int
     name: str  # e.g. "sys_enter_fdatasync"
-
-
-def _thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of each thread of `pid`."""
-    tick = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
-    return found
 
 
 def _idle_ticks() -> tuple[int, int]:
@@ -99,12 +84,12 @@ def measure(name: str, running: peers.Running, protocol: str, binary: Path, work
     loadgen.run(binary, protocol, running[protocol], clients=CLIENTS, seconds=1, prefix="warm")
     # CPU from a run without the trace (which adds to the traced server's), then the traced run
     idle0, total0 = _idle_ticks()
-    cpu0, threads0 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
+    cpu0, threads0 = process_cpu_seconds(running.pid), thread_cpu_seconds(running.pid)
     clients0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     plain = loadgen.run(binary, protocol, running[protocol], clients=CLIENTS, seconds=seconds,
                         prefix="plain")
     clients1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu1, threads1 = process_cpu_seconds(running.pid), _thread_cpu(running.pid)
+    cpu1, threads1 = process_cpu_seconds(running.pid), thread_cpu_seconds(running.pid)
     idle1, total1 = _idle_ticks()
     items = plain.items_per_s * plain.seconds
     loop_cpu = threads1.get(running.pid, 0.0) - threads0.get(running.pid, 0.0)

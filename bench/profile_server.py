@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import machine, syscall_counts
+from bench.common import machine, syscall_counts, thread_cpu_seconds
 
 WORKLOADS = {  # name: (port, loadgen options)
     "thrift": ("thrift", {"protocol": "thrift", "batch": 1}),
@@ -95,19 +95,6 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """Each thread's CPU seconds so far (user + system), by thread id (the event loop's is `pid`)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
 
 
 def cpu_by_thread(pid: int, before: dict[int, float], items: int) -> str:

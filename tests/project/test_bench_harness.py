@@ -148,20 +148,13 @@ def test_server_cpu_time_counts_every_thread_of_the_process() -> None:
 
 
 def test_the_machine_header_names_the_boots_speed_and_leaves_no_child() -> None:
-    import os
     import re
 
     from bench.common import machine
+    from tests.support.threads import thread_files
 
     def children() -> set[str]:
-        found: set[str] = set()
-        for task in os.listdir("/proc/self/task"):
-            try:  # a thread of another test may end between the listing and the read
-                with open(f"/proc/self/task/{task}/children") as listed:
-                    found.update(listed.read().split())
-            except FileNotFoundError:
-                pass
-        return found
+        return {child for listed in thread_files("self", "children").values() for child in listed.split()}
 
     before = children()
     header = machine()

@@ -35,6 +35,7 @@ from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.runtime import GeventRuntime, ThreadsRuntime
 from tests.conftest import open_files_within
 from tests.support.hub_leftovers import background_work_left, let_background_work_finish
+from tests.support.threads import thread_files
 
 T = TypeVar("T")
 
@@ -376,15 +377,7 @@ def test_a_forked_child_syncs_with_threads_of_its_own(tmp_path: Path, way: str) 
 
 def fsync_threads() -> list[int]:
     """The C helper's threads of this process (by the name it gives them)."""
-    found = []
-    for thread in os.listdir("/proc/self/task"):
-        try:
-            name = Path(f"/proc/self/task/{thread}/comm").read_text().strip()
-        except FileNotFoundError:  # another test's thread ended between the listing and the read
-            continue
-        if name == "kestrel-fsync":
-            found.append(int(thread))
-    return found
+    return [thread for thread, name in thread_files("self", "comm").items() if name.strip() == "kestrel-fsync"]
 
 
 ONE_CPU = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a round runs there anyway")

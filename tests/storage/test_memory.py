@@ -561,6 +561,16 @@ def test_far_under_the_budget_a_tick_measures_nothing_until_memory_passes_half_o
     coll.close()
 
 
+def pressed_backlogs(coll: QueueCollection, runtime: ManualRuntime) -> list[str]:
+    """Under a budget of 1 MB, 800 KB of backlog in 50 queues put in two ticks: past ENGAGE and
+    under the budget, their wants past it (their rates add headroom). The queues' names."""
+    names = [f"q{i}" for i in range(50)]
+    for _ in range(2):
+        backlogs(coll, names, 8_000)
+        runtime.advance(250)
+    return names
+
+
 @pytest.mark.pure_build
 @FORMATS
 def test_an_idle_server_whose_queues_want_more_than_the_budget_measures_no_queue(
@@ -570,10 +580,7 @@ def test_an_idle_server_whose_queues_want_more_than_the_budget_measures_no_queue
     server at 5% of a core), and the next change is planned again."""
     budget = 1_000_000
     coll, governor, runtime = governed(tmp_path, journal_format, budget)
-    names = [f"q{i}" for i in range(50)]
-    for _ in range(2):  # 800 KB in all, past ENGAGE and under the budget; their rates add headroom
-        backlogs(coll, names, 8_000)
-        runtime.advance(250)
+    pressed_backlogs(coll, runtime)
     assert governor._pressed is not None  # (the wants do not fit: what made every idle tick plan every queue)
     measured = count_targets(coll, monkeypatch)
     runtime.advance(2_000)
@@ -594,10 +601,7 @@ def test_pressed_a_tick_shares_the_budget_among_the_changed_queues_by_the_last_p
     tick plans every queue again. The budget holds throughout."""
     budget = 1_000_000
     coll, governor, runtime = governed(tmp_path, journal_format, budget)
-    names = [f"q{i}" for i in range(50)]
-    for _ in range(2):
-        backlogs(coll, names, 8_000)
-        runtime.advance(250)
+    names = pressed_backlogs(coll, runtime)
     assert governor._pressed is not None
     measured = count_targets(coll, monkeypatch)
     targets = {name: coll.queue(name).memory_target for name in names}
