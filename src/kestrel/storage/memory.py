@@ -292,8 +292,10 @@ class MemoryGovernor:
         self._planned = 0
         self._target_total = 0
         self._at_ease = False  # let go (`_let_go`): memory far under the budget, nothing measured
-        # Queues in read-behind that were not idle when last seen: each gives its cursor's buffer
-        # back once its egress decays below IDLE.
+        # Queues whose read-behind cursor held a read buffer when last measured: each gives it back
+        # once its egress decays below IDLE. A cursor fills its buffer only within a change (a get, a
+        # peek, an expiry), which the next tick measures: backlogs whose buffers are gone (most of
+        # them, pressed) are not visited each plan.
         self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
@@ -504,7 +506,7 @@ class MemoryGovernor:
         for record, target in zip(fresh, targets, strict=True):
             q = record.queue
             q.set_memory_target(target)
-            if q.in_read_behind:
+            if record.buffer:
                 watch.add(record)
         self._place_candidates([record.queue for record in fresh])
         self._release_idle_cursors()
@@ -578,7 +580,7 @@ class MemoryGovernor:
         over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
                       if q.memory_bytes > q.memory_target)
         self._candidates = [queues[i] for _, i in over]
-        self._watch = {record for q, record in records.items() if q.in_read_behind}
+        self._watch = {record for record in records.values() if record.buffer}
         self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, fixed_total + pinned_total)
