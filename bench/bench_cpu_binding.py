@@ -21,22 +21,16 @@ import tempfile
 from pathlib import Path
 
 from bench import loadgen, peers
-from bench.common import load_average, machine, process_cpu_seconds
+from bench.common import bind_threads, load_average, machine, process_cpu_seconds
 
 WORKLOADS = {"always": 16, "never": 4}  # `sync_journal` and its clients
-
-
-def bind(pid: int, cpus: set[int]) -> None:
-    """Every thread of process `pid` to `cpus`."""
-    for thread in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(thread), cpus)
 
 
 def measure(binary: Path, server: peers.Running, protocol: str, clients: int, seconds: float,
             cpus: set[int]) -> tuple[float, float]:
     """Items/s and server CPU µs an item of one run, the server's threads bound to `cpus`."""
     loadgen.run(binary, protocol, server[protocol], clients=clients, seconds=0.5)  # the threads start
-    bind(server.pid, cpus)
+    bind_threads(server.pid, cpus)
     before = process_cpu_seconds(server.pid)
     done = loadgen.run(binary, protocol, server[protocol], clients=clients, seconds=seconds)
     used = process_cpu_seconds(server.pid) - before

@@ -124,6 +124,16 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     return seconds
 
 
+def bind_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` to `cpus`; a thread that ends between the listing and its
+    binding is passed over."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(thread), cpus)
+        except ProcessLookupError:  # ended meanwhile
+            continue
+
+
 def threads_cpu_seconds(pid: int, names: tuple[str, ...]) -> float:
     """CPU time so far of the threads of process `pid` whose names start with one of `names` (from
     /proc: a thread's name is cut to 15 characters)."""

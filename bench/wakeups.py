@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bench import loadgen, peers
-from bench.common import load_average, machine, process_cpu_seconds
+from bench.common import bind_threads, load_average, machine, process_cpu_seconds
 
 CLIENTS = 4
 # One event of `perf script -F pid,cpu,event,trace`: the current task's process, its CPU, the event.
@@ -114,8 +114,7 @@ def main() -> None:
             for name, protocol, started in servers(work):
                 with started as server:
                     if args.split:
-                        for thread in os.listdir(f"/proc/{server.pid}/task"):
-                            os.sched_setaffinity(int(thread), {0})
+                        bind_threads(server.pid, {0})
                     print(f"| {run} | {name} | {measure(binary, work, protocol, server, args.seconds)} |",
                           flush=True)
 

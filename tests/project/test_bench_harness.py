@@ -194,6 +194,34 @@ def test_thread_cpu_time_counts_the_named_threads_alone() -> None:
     assert threads_cpu_seconds(pid, ("C2 Compiler",)) == others_before
 
 
+def test_binding_a_servers_threads_passes_over_one_that_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread listed in /proc that ends before its binding (a server's fsync or pool thread) is
+    passed over; the others are bound."""
+    import os
+    import threading
+
+    from bench import common
+
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    assert ended.native_id is not None
+    pid, cpus = os.getpid(), os.sched_getaffinity(0)
+    listdir = os.listdir
+    monkeypatch.setattr(common.os, "listdir",
+                        lambda path: [str(ended.native_id), *listdir(path)] if path.endswith("/task") else listdir(path))
+    bound: list[int] = []
+    setaffinity = os.sched_setaffinity
+
+    def recorded(thread: int, to: set[int]) -> None:
+        setaffinity(thread, to)
+        bound.append(thread)
+
+    monkeypatch.setattr(common.os, "sched_setaffinity", recorded)
+    common.bind_threads(pid, cpus)
+    assert pid in bound and ended.native_id not in bound
+
+
 @pytest.mark.parametrize("figure", ["hang-up", "tiny-frame", "thread-wake", "end-waits"])
 def test_responsiveness_figures_are_measured(figure: str, tmp_path: Path) -> None:
     """Each kind of figure of bench/bench_responsiveness.py (over a server, in this process) still runs;
