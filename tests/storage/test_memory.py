@@ -799,6 +799,26 @@ def test_shares_follow_rates_and_the_slowest_queues_page_first(tmp_path: Path, j
 
 
 @FORMATS
+def test_a_tick_over_the_budget_pages_out_the_queues_past_their_shares(tmp_path: Path,
+                                                                         journal_format: str) -> None:
+    """A tick that finds memory over the budget (here a budget the queues outgrew) sheds what the
+    queues hold past their new shares: the idle backlog pages out, the busy queues keep their items
+    in memory, and memory is back under the budget with every item kept."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 1_500_000)
+    backlogs(coll, ["fast", "slow", "idle"], 300_000)
+    tick(runtime, coll, 4, consume={"fast": 40, "slow": 4})  # past ENGAGE: the rates are measured
+    fast, slow, idle = coll.queue("fast"), coll.queue("slow"), coll.queue("idle")
+    assert not any(q.in_read_behind for q in (fast, slow, idle))
+    budget = coll.ledger.total - 100_000
+    governor.budget = coll.ledger.limit = budget
+    tick(runtime, coll, 1, consume={"fast": 40, "slow": 4})
+    assert idle.in_read_behind and not fast.in_read_behind and not slow.in_read_behind
+    assert governor.measure() <= budget
+    assert drain(coll, "idle") == [item(i, 1000) for i in range(300)]
+    coll.close()
+
+
+@FORMATS
 def test_a_drained_queue_comes_back_to_memory(tmp_path: Path, journal_format: str) -> None:
     coll, _, runtime = governed(tmp_path, journal_format, 400_000)
     backlogs(coll, ["a", "b"], 300_000)

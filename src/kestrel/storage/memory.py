@@ -572,14 +572,13 @@ class MemoryGovernor:
         self._ingress_total = sum(d.ingress for d in demands)
         self._sums_tick = tick
         self._planned = tick
-        waits = [mem / max(d.egress, 1.0) for d, mem in zip(demands, held, strict=True)]
+        over = sorted((q for q in queues if q.memory_bytes > q.memory_target), key=self._wait)
         if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
             # Under flow control no put reaches `make_room`: only a tick can page out what holds the
             # total between the low-water mark and the budget, and flow control ends under the mark.
-            total -= self._page_out(queues, waits, total - int(self.budget * LOW_WATER))
-        over = sorted((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
-                      if q.memory_bytes > q.memory_target)
-        self._candidates = [queues[i] for _, i in over]
+            total -= self._page_out(over, total - int(self.budget * LOW_WATER))
+            over = [q for q in over if q.memory_bytes > q.memory_target]
+        self._candidates = over
         self._watch = {record for record in records.values() if record.buffer}
         self._release_idle_cursors()
         self.memory_total = total
@@ -635,16 +634,14 @@ class MemoryGovernor:
             if not q.closed and q.memory_bytes > q.memory_target:
                 self.paged_out_total += q.shed()
 
-    def _page_out(self, queues: list[PersistentQueue], waits: list[float], excess: int) -> int:
-        """Shed queues over their targets, longest wait (bytes held over egress) first, until
-        `excess` bytes are freed; the bytes freed."""
-        over = sorted(((wait, i) for i, (q, wait) in enumerate(zip(queues, waits, strict=True))
-                       if q.memory_bytes > q.memory_target), reverse=True)
+    def _page_out(self, over: list[PersistentQueue], excess: int) -> int:
+        """Shed the queues `over` their targets (in `_wait`'s order, the shortest first), the
+        longest wait first, until `excess` bytes are freed; the bytes freed."""
         freed = 0
-        for _, i in over:
+        for q in reversed(over):
             if freed >= excess:
                 break
-            freed += queues[i].shed()
+            freed += q.shed()
         self.paged_out_total += freed
         return freed
 
