@@ -748,16 +748,16 @@ def test_a_plan_of_many_queues_pauses_for_the_other_tasks_and_keeps_what_they_di
 
 
 def test_plan_gives_everyone_their_need_while_it_fits_and_shares_by_rate_past_it() -> None:
-    fits, pressed = plan([Demand(1000, 10_000, 0, 0), Demand(2000, 10_000, 0, 0)], 7000, 0.25)
+    fits, pressed = plan([Demand(1000, 10_000, 0, 0), Demand(2000, 10_000, 0, 0)], 7000)
     assert fits == [3000, 4000] and pressed is None  # need and an equal part of what is left
     demands = [Demand(100_000, 1 << 20, 0, 10_000), Demand(100_000, 1 << 20, 0, 2000),
                Demand(100_000, 1 << 20, 0, 0)]
-    tight, pressed = plan(demands, 60_000, 0.25)
+    tight, pressed = plan(demands, 60_000)
     assert sum(tight) <= 60_000
     assert tight[0] > tight[1] > tight[2]  # the faster a queue drains, the more of it stays
     assert tight[2] == 60_000 // 12  # an idle backlog keeps a floor
     assert pressed is not None  # and by the same rule, a queue between plans
-    assert [pressed.share(d.want(0.25), d.pinned, d.ingress + d.egress) for d in demands] == tight
+    assert [pressed.share(d.want, d.pinned, d.ingress + d.egress) for d in demands] == tight
 
 
 # ---------------------------------------------------------------------------------------------

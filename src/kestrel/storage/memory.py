@@ -98,22 +98,18 @@ class MemoryLedger(MemoryAccount):
 class Demand:
     """What one queue asks of the budget this tick (bytes, and bytes a second)."""
 
-    need: int  # its items' bytes, capped by max_memory_size: all it could usefully hold
+    want: int  # what it could usefully hold (`wanted`)
     ceiling: int  # max_memory_size
     ingress: float
     egress: float
     pinned: int = 0  # the bytes no page-out can drop: its head item, and items aborted back to it
-    headroom: int = 0  # room for what arrives before the next tick
-
-    def want(self, interval_s: float) -> int:
-        """Its need and room for two ticks' arrivals (`headroom`, set here), capped by its ceiling."""
-        self.headroom = headroom(self.ceiling, self.ingress, interval_s)
-        return min(self.ceiling, self.need + self.headroom)
 
 
-def headroom(ceiling: int, ingress: float, interval_s: float) -> int:
-    """Room for what arrives at `ingress` bytes a second before the tick after next."""
-    return int(min(ceiling, ingress * interval_s * 2))
+def wanted(held: int, ceiling: int, ingress: float, interval_s: float) -> int:
+    """What a queue could usefully hold: its items' bytes (`held`) and room for what arrives at
+    `ingress` bytes a second before the tick after next, capped by its ceiling (max_memory_size)."""
+    want = held + int(ingress * interval_s * 2)
+    return want if want < ceiling else ceiling
 
 
 def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: int, arriving: float) -> int:
@@ -138,7 +134,7 @@ class PressedShares:
         return pinned + max(min(pageable, self.floor), min(pageable, int(rate * self.duration)))
 
 
-def plan(demands: list[Demand], budget: int, interval_s: float) -> tuple[list[int], PressedShares | None]:
+def plan(demands: list[Demand], budget: int) -> tuple[list[int], PressedShares | None]:
     """Each queue's memory target, summing to at most `budget` (already net of open reads and
     cursor buffers) where the queues' pinned bytes allow it, and how a budget that did not fit was
     shared (None when it fit).
@@ -152,7 +148,7 @@ def plan(demands: list[Demand], budget: int, interval_s: float) -> tuple[list[in
     if not demands:
         return [], None
     budget = max(budget, 0)
-    wants = [d.want(interval_s) for d in demands]
+    wants = [d.want for d in demands]
     total = sum(wants)
     if total <= budget:
         spare = budget - total
@@ -249,9 +245,11 @@ class _Record:
         self.egress = egress + SMOOTHING * (out_bytes / seconds - egress)
         self.items, self.length, self.bytes = q.total_items, q.length, q.bytes
 
-    def demand(self, q: PersistentQueue, pinned: int) -> Demand:
+    def demand(self, q: PersistentQueue, pinned: int, interval_s: float) -> Demand:
+        """What the queue asks of the budget as just sampled; its want noted here too."""
         ceiling = q.config.max_memory_size
-        return Demand(min(q.bytes, ceiling), ceiling, self.ingress, self.egress, pinned)
+        self.want = wanted(q.bytes, ceiling, self.ingress, interval_s)
+        return Demand(self.want, ceiling, self.ingress, self.egress, pinned)
 
 
 class MemoryGovernor:
@@ -466,9 +464,7 @@ class MemoryGovernor:
                     self._watch.discard(record)
                     continue
                 record.sample(q, seconds, tick)
-            ceiling = q.config.max_memory_size
-            want = q.bytes + headroom(ceiling, record.ingress, interval)
-            record.want = want = want if want < ceiling else ceiling
+            record.want = want = wanted(q.bytes, q.config.max_memory_size, record.ingress, interval)
             want_total += want
             ingress_total += record.ingress
             if q.open_transactions or q.in_read_behind:
@@ -522,6 +518,7 @@ class MemoryGovernor:
         the pauses, and the ledger, exact there, stays as it is; with threads the walk goes on
         unpaused, and its measure sets the ledger (see MemoryLedger)."""
         tick = self._tick
+        interval = self.interval_ms / 1000.0
         queues = [q for q in self._queues() if not q.closed]
         pausing = self.runtime.shares_one_thread and len(queues) > PACE
         old = self._records
@@ -544,7 +541,7 @@ class MemoryGovernor:
             fixed_total += opens + buffer
             pinned = q.pinned_bytes()
             pinned_total += pinned
-            demands.append(record.demand(q, pinned))
+            demands.append(record.demand(q, pinned, interval))
         if pausing:
             if any(q.closed for q in queues):  # deleted during a pause: `forget` missed its new record
                 kept = [i for i, q in enumerate(queues) if not q.closed]
@@ -559,12 +556,9 @@ class MemoryGovernor:
         self._records = records
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        interval = self.interval_ms / 1000.0
-        targets, self._pressed = plan(demands, budget - fixed_total, interval)
-        for q, target in zip(queues, targets, strict=True):
+        targets, self._pressed = plan(demands, budget - fixed_total)
+        for q, record, target in zip(queues, records.values(), targets, strict=True):
             q.set_memory_target(target)
-        for record, d, target in zip(records.values(), demands, targets, strict=True):
-            record.want = min(d.ceiling, d.need + d.headroom)
             record.target = target
         self._want_total = sum(record.want for record in records.values())
         self._fixed_total = fixed_total
