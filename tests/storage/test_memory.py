@@ -456,18 +456,22 @@ def test_a_restart_keeps_a_floor_for_each_fanout_child_still_to_load(tmp_path: P
 # Cost that follows the work
 
 
+def calls_of(monkeypatch: pytest.MonkeyPatch, queue_type: type, method: str) -> list[str]:
+    """The names of the queues `queue_type.method` is called on, in order (from now on)."""
+    called: list[str] = []
+    original = getattr(queue_type, method)
+
+    def counted(q: Any, *args: Any) -> Any:
+        called.append(q.name)
+        return original(q, *args)
+
+    monkeypatch.setattr(queue_type, method, counted)
+    return called
+
+
 def count_targets(coll: QueueCollection, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the queues a tick gives a target, in order (from now on)."""
-    measured: list[str] = []
-    queue_type = type(coll.queue("q0"))
-    set_memory_target = queue_type.set_memory_target
-
-    def counted(q: Any, target: int) -> None:
-        measured.append(q.name)
-        set_memory_target(q, target)
-
-    monkeypatch.setattr(queue_type, "set_memory_target", counted)
-    return measured
+    return calls_of(monkeypatch, type(coll.queue("q0")), "set_memory_target")
 
 
 @pytest.mark.pure_build
@@ -635,14 +639,7 @@ def test_at_ease_a_queue_notes_its_changes_once(
     for name in names:
         coll.put(name, [item(0)])
     runtime.advance(250)  # the tick that lets go, taking the changes noted so far
-    notes: list[str] = []
-    note_change = PersistentQueue.note_change
-
-    def counted(q: PersistentQueue) -> None:
-        notes.append(q.name)
-        note_change(q)
-
-    monkeypatch.setattr(PersistentQueue, "note_change", counted)
+    notes = calls_of(monkeypatch, PersistentQueue, "note_change")
     for _ in range(40):
         for name in names:
             coll.put(name, [item(1)])
@@ -692,14 +689,7 @@ def test_an_idle_cursor_gives_its_read_buffer_back_and_a_plan_asks_no_cursor_wit
             coll.put(name, [item(n, 30_000) for n in range(start, start + 10)])
         runtime.advance(250)
     assert governor._pressed is not None and all(coll.queue(name).in_read_behind for name in names)
-    asked: list[str] = []
-    release = PersistentQueue.release_cursor_buffer
-
-    def counted(q: PersistentQueue) -> None:
-        asked.append(q.name)
-        release(q)
-
-    monkeypatch.setattr(PersistentQueue, "release_cursor_buffer", counted)
+    asked = calls_of(monkeypatch, PersistentQueue, "release_cursor_buffer")
     q0 = coll.queue("q0")
     while not q0.held_bytes()[2]:  # reads until the cursor reads ahead from the journal
         coll.remove("q0", 1)
