@@ -105,10 +105,11 @@ class Demand:
     pinned: int = 0  # the bytes no page-out can drop: its head item, and items aborted back to it
 
 
-def wanted(held: int, ceiling: int, ingress: float, interval_s: float) -> int:
-    """What a queue could usefully hold: its items' bytes (`held`) and room for what arrives at
-    `ingress` bytes a second before the tick after next, capped by its ceiling (max_memory_size)."""
-    want = held + int(ingress * interval_s * 2)
+def wanted(size: int, ceiling: int, ingress: float, interval_s: float) -> int:
+    """What a queue could usefully hold: its items' bytes (`size`, in memory or on disk) and room
+    for what arrives at `ingress` bytes a second before the tick after next, capped by its ceiling
+    (max_memory_size)."""
+    want = size + int(ingress * interval_s * 2)
     return want if want < ceiling else ceiling
 
 
@@ -629,8 +630,8 @@ class MemoryGovernor:
                 self.paged_out_total += q.shed()
 
     def _page_out(self, over: list[PersistentQueue], excess: int) -> int:
-        """Shed the queues `over` their targets (in `_wait`'s order, the shortest first), the
-        longest wait first, until `excess` bytes are freed; the bytes freed."""
+        """Shed the queues of `over` (those over their targets, in `_wait`'s order, the shortest
+        wait first) from the longest wait down, until `excess` bytes are freed; the bytes freed."""
         freed = 0
         for q in reversed(over):
             if freed >= excess:
