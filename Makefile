@@ -58,12 +58,13 @@ PURE_TESTS := tests/thrift/test_thrift_codec.py tests/thrift/test_thrift_binary.
 
 # A wheel that came out pure Python (mypyc refused the source, or its C did not compile: setup.py
 # then builds pure, as an install without a compiler should) stops the make, with the build's reasons.
+# The listing is read to its end (`grep -q` would leave the lister a broken pipe and a traceback).
 $(WHEEL_DIR)/.built: $(STAMP)
 	rm -rf $(WHEELS)
 	mkdir -p $(WHEEL_DIR)
 	$(BIN)/pip wheel --verbose --no-deps --no-build-isolation -w $(WHEEL_DIR) . > $(WHEEL_DIR)/build.log 2>&1 \
 		|| { tail -n 40 $(WHEEL_DIR)/build.log; exit 1; }
-	$(BIN)/python -m zipfile -l $(WHEEL_DIR)/kestrel_py-*.whl | grep -q kestrel__mypyc \
+	$(BIN)/python -m zipfile -l $(WHEEL_DIR)/kestrel_py-*.whl | grep kestrel__mypyc > /dev/null \
 		|| { grep -E ": error: |stays pure Python" $(WHEEL_DIR)/build.log | tail -n 40; \
 		echo "the wheel came out pure Python (why: above; the whole build: $(WHEEL_DIR)/build.log)"; exit 1; }
 	touch $@
