@@ -107,21 +107,29 @@ def load_average() -> str:
     return f"{one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
 
 
+def stat_fields(stat: str) -> tuple[str, list[str]]:
+    """A `/proc/.../stat` text's command name and the fields after it (the name, in parentheses,
+    may hold spaces and parentheses): [0] the state, [1] the parent, [11] and [12] the user and
+    system CPU ticks, [13] and [14] those of the children waited for."""
+    name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+    return name, rest.split()
+
+
+def stat_cpu_seconds(fields: list[str]) -> float:
+    """User plus system CPU seconds of `stat_fields`' fields."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process `pid` and all its threads so far (from /proc)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return stat_cpu_seconds(stat_fields(f.read())[1])
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
     """Each thread's CPU seconds so far (user + system), by thread id (the event loop's is `pid`)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds = {}
-    for thread, stat in thread_files(pid, "stat").items():
-        fields = stat.rsplit(")", 1)[1].split()
-        seconds[thread] = (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
+    stats = thread_files(pid, "stat")
+    return {thread: stat_cpu_seconds(stat_fields(stat)[1]) for thread, stat in stats.items()}
 
 
 def bind_threads(pid: int, cpus: set[int]) -> None:
@@ -137,14 +145,8 @@ def bind_threads(pid: int, cpus: set[int]) -> None:
 def threads_cpu_seconds(pid: int, names: tuple[str, ...]) -> float:
     """CPU time so far of the threads of process `pid` whose names start with one of `names` (from
     /proc: a thread's name is cut to 15 characters)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    spent = 0
-    for stat in thread_files(pid, "stat").values():
-        name, fields = stat.split("(", 1)[1].rsplit(")", 1)
-        if name.startswith(names):
-            parts = fields.split()
-            spent += int(parts[11]) + int(parts[12])
-    return spent / tick
+    named = (stat_fields(stat) for stat in thread_files(pid, "stat").values())
+    return sum(stat_cpu_seconds(fields) for name, fields in named if name.startswith(names))
 
 
 def tree_cpu_seconds(pid: int) -> tuple[float, float]:
@@ -159,7 +161,7 @@ def tree_cpu_seconds(pid: int) -> tuple[float, float]:
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                fields = stat_fields(f.read())[1]
         except OSError:  # ended meanwhile
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import load_average, machine
+from bench.common import load_average, machine, stat_fields
 from bench.peers import MissingPeer, memcached
 from tests.conftest import ServerProcess
 from tests.support.fuzz_harness import SERVER_SETTINGS, Report, Target, fuzz, run, targets
@@ -36,7 +36,7 @@ def memcached_row(target: Target, count: int, seed: int) -> tuple[Report | None,
         with tempfile.TemporaryDirectory(prefix="kestrel-fuzz-peer-") as work, memcached(Path(work)) as peer:
             report = fuzz(peer["memcache"], peer.pid, target, count, seed)
             stat = Path(f"/proc/{peer.pid}/stat")
-            report.alive = stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            report.alive = stat.exists() and stat_fields(stat.read_text())[1][0] != "Z"
             return report, ""
     except MissingPeer as e:
         return None, str(e)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import loadgen, peers
-from bench.common import machine, syscall_counts, thread_cpu_seconds
+from bench.common import machine, stat_fields, syscall_counts, thread_cpu_seconds
 
 WORKLOADS = {  # name: (port, loadgen options)
     "thrift": ("thrift", {"protocol": "thrift", "batch": 1}),
@@ -92,7 +92,7 @@ def py_spy() -> str:
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """The process's (user, system) CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(Path(f"/proc/{pid}/stat").read_text())[1]
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
