@@ -525,8 +525,7 @@ class MemoryGovernor:
         old = self._records
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
-        held: list[int] = []
-        fixed_total = pinned_total = 0
+        fixed_total = pinned_total = held_total = 0
         for q in paced(queues, self.runtime) if pausing else queues:
             if self.closed:  # during a pause
                 return
@@ -537,7 +536,7 @@ class MemoryGovernor:
                 record.sample(q, seconds, tick)
             records[q] = record
             mem, opens, buffer = q.held_bytes()
-            held.append(mem)
+            held_total += mem
             record.fixed, record.buffer = opens + buffer, buffer
             fixed_total += opens + buffer
             pinned = q.pinned_bytes()
@@ -547,13 +546,12 @@ class MemoryGovernor:
             if any(q.closed for q in queues):  # deleted during a pause: `forget` missed its new record
                 kept = [i for i, q in enumerate(queues) if not q.closed]
                 queues, demands = [queues[i] for i in kept], [demands[i] for i in kept]
-                held = [held[i] for i in kept]
                 records = {q: records[q] for q in queues}
                 fixed_total = sum(record.fixed for record in records.values())
                 pinned_total = sum(d.pinned for d in demands)
             total = self.ledger.total
         else:
-            total = self.ledger.total = sum(held) + fixed_total  # as measured (see MemoryLedger)
+            total = self.ledger.total = held_total + fixed_total  # as measured (see MemoryLedger)
         self._records = records
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
