@@ -104,6 +104,11 @@ class Demand:
     egress: float
     pinned: int = 0  # the bytes no page-out can drop: its head item, and items aborted back to it
 
+    @property
+    def pageable(self) -> int:
+        """What a page-out could drop of its want."""
+        return max(self.want - self.pinned, 0)
+
 
 def wanted(size: int, ceiling: int, ingress: float, interval_s: float) -> int:
     """What a queue could usefully hold: its items' bytes (`size`, in memory or on disk) and room
@@ -113,83 +118,104 @@ def wanted(size: int, ceiling: int, ingress: float, interval_s: float) -> int:
     return want if want < ceiling else ceiling
 
 
-def fitting_share(want: int, ceiling: int, ingress: float, spare: int, queues: int, arriving: float) -> int:
-    """A queue's target while every queue's want fits the budget: its want and a part of the
-    `spare` bytes, half of them in equal parts among `queues`, half by ingress (a growing queue
-    gets the room; `arriving` is every queue's ingress)."""
-    equal = spare / (2 * queues)
-    return min(ceiling, want + int(equal + (spare / 2 * ingress / arriving if arriving else equal)))
+class Shares:
+    """The rule by which a plan shares the budget: each queue's target is `share(demand)`. (A base
+    class rather than a union, so that the compiled build calls a share through its vtable.)"""
+
+    def share(self, d: Demand) -> int:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class PressedShares:
-    """How a plan shared a budget the wants did not fit: each queue keeps its pinned bytes and gets
+class FittingShares(Shares):
+    """How a plan shares a budget every want fits: each queue gets its want and a part of the
+    `spare` bytes, half of them in equal parts among `queues`, half by ingress (a growing queue
+    gets the room; `arriving` is every queue's ingress), up to its ceiling."""
+
+    spare: int
+    queues: int
+    arriving: float
+
+    def share(self, d: Demand) -> int:
+        equal = self.spare / (2 * self.queues)
+        by_ingress = self.spare / 2 * d.ingress / self.arriving if self.arriving else equal
+        return min(d.ceiling, d.want + int(equal + by_ingress))
+
+
+@dataclass(frozen=True)
+class PressedShares(Shares):
+    """How a plan shares a budget the wants do not fit: each queue keeps its pinned bytes and gets
     what it will consume or receive in the next `duration` seconds, between `floor` and the rest of
     its want. Until the next plan, a queue that changes gets its share by the same rule."""
 
     floor: int
     duration: float
 
-    def share(self, want: int, pinned: int, rate: float) -> int:
-        pageable = max(want - pinned, 0)
-        return pinned + max(min(pageable, self.floor), min(pageable, int(rate * self.duration)))
+    def share(self, d: Demand) -> int:
+        pageable = d.pageable
+        coming = int((d.ingress + d.egress) * self.duration)
+        return d.pinned + max(min(pageable, self.floor), min(pageable, coming))
 
 
-def plan(demands: list[Demand], budget: int) -> tuple[list[int], PressedShares | None]:
-    """Each queue's memory target, summing to at most `budget` (already net of open reads and
-    cursor buffers) where the queues' pinned bytes allow it, and how a budget that did not fit was
-    shared (None when it fit).
+# How a plan goes over the demands: at once, or pausing for the other tasks (`paced`).
+Walk = Callable[[list[Demand]], Iterable[Demand]]
 
-    Everything fits: each gets its want and a part of the rest (`fitting_share`).
+
+def plan(demands: list[Demand], budget: int, walk: Walk = iter) -> Shares:
+    """The rule by which `demands` share `budget` (already net of open reads and cursor buffers):
+    each queue's target is `share(demand)`, and the targets sum to at most `budget` where the
+    queues' pinned bytes allow it. The rule is found here and the shares given by the caller, each
+    in a `walk` that may pause (at 10,000 queues, a plan and its list of targets held the loop
+    25-30 ms on the pure build).
+
+    Everything fits: each gets its want and a part of the rest (`FittingShares`).
     Otherwise each keeps its pinned bytes, and the rest of the budget is shared: each gets what it
     will consume or receive in the next D seconds, between a floor and the rest of its want, D chosen
     so that the shares fill it (`PressedShares`). Shares that ignored the pinned bytes left a page-out
     short: each queue kept its head beyond its target, and memory stayed over the budget.
     """
-    if not demands:
-        return [], None
     budget = max(budget, 0)
-    wants = [d.want for d in demands]
-    total = sum(wants)
+    total = pinned = 0
+    arriving = 0.0
+    for d in walk(demands):
+        total += d.want
+        pinned += d.pinned
+        arriving += d.ingress
     if total <= budget:
-        spare = budget - total
-        arriving = sum(d.ingress for d in demands)
-        return [fitting_share(want, d.ceiling, d.ingress, spare, len(demands), arriving)
-                for d, want in zip(demands, wants, strict=True)], None
-    pinned = [d.pinned for d in demands]
-    room = budget - sum(pinned)
-    pageable = [max(want - held, 0) for want, held in zip(wants, pinned, strict=True)]
+        return FittingShares(budget - total, len(demands), arriving)
+    room = budget - pinned
     floor = min(FLOOR, max(room, 0) // (4 * len(demands)))
-    floors = [min(want, floor) for want in pageable]
-    rates = [d.ingress + d.egress for d in demands]
-    # Pinned bytes and floors alone fill the budget: every queue keeps its floor (D = 0).
-    duration = 0.0 if sum(floors) >= room else _fill_duration(rates, floors, pageable, room)
-    shares = PressedShares(floor, duration)
-    targets = [shares.share(want, held, rate) for want, held, rate in zip(wants, pinned, rates, strict=True)]
-    return targets, shares
+    return PressedShares(floor, _fill_duration(walk(demands), floor, room))
 
 
-def _fill_duration(rates: list[float], floors: list[int], wants: list[int], budget: int) -> float:
-    """The D at which the shares clamp(rate * D, floor, want) sum to `budget`: the sum is piecewise
-    linear in D, so walk its breakpoints in order (n log n; a tick over 500 queues stays cheap)."""
-    constant = 0.0  # the sum of the shares pinned at a floor or at a want
-    events: list[tuple[float, int, int]] = []  # (D, index, 0: leaves its floor / 1: reaches its want)
-    for i, (rate, low, want) in enumerate(zip(rates, floors, wants, strict=True)):
+def _fill_duration(demands: Iterable[Demand], floor: int, budget: int) -> float:
+    """The D at which the pageable shares clamp(rate * D, floor, rest of want) sum to `budget`: the
+    sum is piecewise linear in D, so walk its breakpoints in order (n log n in the queues that move;
+    an idle queue's share is its floor whatever D is). 0 when the floors alone fill it."""
+    constant = 0.0  # the sum of the shares held at a floor or at a want
+    # (D, index, 0: leaves its floor / 1: reaches its want, the floor or the want, rate)
+    events: list[tuple[float, int, int, int, float]] = []
+    for i, d in enumerate(demands):
+        pageable = d.pageable
+        low = pageable if pageable < floor else floor
         constant += low
-        if rate > 0 and want > low:
-            events.append((low / rate, i, 0))
-            events.append((want / rate, i, 1))
+        rate = d.ingress + d.egress
+        if rate > 0 and pageable > low:
+            events.append((low / rate, i, 0, low, rate))
+            events.append((pageable / rate, i, 1, pageable, rate))
+    if constant >= budget:
+        return 0.0  # pinned bytes and floors alone fill the budget: every queue keeps its floor
     events.sort()
     slope = 0.0
-    for at, i, kind in events:
+    for at, _, kind, bytes_, rate in events:
         if slope > 0 and constant + slope * at >= budget:
             return (budget - constant) / slope
         if kind == 0:
-            constant -= floors[i]
-            slope += rates[i]
+            constant -= bytes_
+            slope += rate
         else:
-            constant += wants[i]
-            slope -= rates[i]
+            constant += bytes_
+            slope -= rate
         if slope <= 1e-9:
             slope = 0.0
         if slope == 0.0 and constant >= budget:
@@ -449,7 +475,9 @@ class MemoryGovernor:
         records = self._records
         ingress_total = self._ingress_total * _decay(tick - self._sums_tick)
         want_total, fixed_total = self._want_total, self._fixed_total
+        pressed = self._pressed
         fresh: list[_Record] = []
+        demands: list[Demand] = []
         for q in changed:
             record = records.get(q)
             if record is None:
@@ -465,8 +493,8 @@ class MemoryGovernor:
                     self._watch.discard(record)
                     continue
                 record.sample(q, seconds, tick)
-            record.want = want = wanted(q.bytes, q.config.max_memory_size, record.ingress, interval)
-            want_total += want
+            demand = record.demand(q, 0 if pressed is None else q.pinned_bytes(), interval)
+            want_total += demand.want
             ingress_total += record.ingress
             if q.open_transactions or q.in_read_behind:
                 _, opens, buffer = q.held_bytes()
@@ -475,24 +503,24 @@ class MemoryGovernor:
             elif record.fixed:
                 record.fixed = record.buffer = 0
             fresh.append(record)
+            demands.append(demand)
         self._want_total, self._fixed_total = want_total, fixed_total
         self._ingress_total, self._sums_tick = max(ingress_total, 0.0), tick
         total = self.ledger.total
         spare = self.budget - fixed_total - want_total
-        pressed = self._pressed
         if total > self.budget:
             return False
+        shares: Shares
         if pressed is None:
             if spare < 0:
                 return False
-            count, arriving = len(records), self._ingress_total
-            targets = [fitting_share(record.want, record.queue.config.max_memory_size, record.ingress, spare,
-                                     count, arriving) for record in fresh]
+            shares = FittingShares(spare, len(records), self._ingress_total)
+        elif spare >= 0 or tick - self._planned >= REPLAN:
+            return False  # the wants fit again, or the plan is stale: plan every queue anew
         else:
-            if spare >= 0 or tick - self._planned >= REPLAN:
-                return False  # the wants fit again, or the plan is stale: plan every queue anew
-            targets = [pressed.share(record.want, record.queue.pinned_bytes(), record.ingress + record.egress)
-                       for record in fresh]
+            shares = pressed
+        targets = [shares.share(demand) for demand in demands]
+        if pressed is not None:
             target_total = self._target_total + sum(targets) - sum(record.target for record in fresh)
             if target_total > self.budget - fixed_total:
                 return False
@@ -514,8 +542,9 @@ class MemoryGovernor:
     def _tick_all(self, seconds: float, now: int) -> None:
         """Measure every queue, plan every share, page out if over the budget.
 
-        Where the tasks share one thread, the walk pauses every PACE queues for the others (a plan
-        of 10,000 queues held the loop 40-60 ms compiled, 90-300 ms pure). Its measure then spans
+        Where the tasks share one thread, the walk that measures and the one that gives the shares
+        pause every PACE queues for the others (a plan of 10,000 queues held the loop 40-60 ms
+        compiled, 90-300 ms pure; its shares alone 4 ms and 25-30 ms). Its measure then spans
         the pauses, and the ledger, exact there, stays as it is; with threads the walk goes on
         unpaused, and its measure sets the ledger (see MemoryLedger)."""
         tick = self._tick
@@ -542,40 +571,68 @@ class MemoryGovernor:
             pinned = q.pinned_bytes()
             pinned_total += pinned
             demands.append(record.demand(q, pinned, interval))
-        if pausing:
-            if any(q.closed for q in queues):  # deleted during a pause: `forget` missed its new record
-                kept = [i for i, q in enumerate(queues) if not q.closed]
-                queues, demands = [queues[i] for i in kept], [demands[i] for i in kept]
-                records = {q: records[q] for q in queues}
-                fixed_total = sum(record.fixed for record in records.values())
-                pinned_total = sum(d.pinned for d in demands)
-            total = self.ledger.total
-        else:
-            total = self.ledger.total = held_total + fixed_total  # as measured (see MemoryLedger)
+        if pausing and any(q.closed for q in queues):  # deleted in a pause: `forget` missed its new record
+            kept = [i for i, q in enumerate(queues) if not q.closed]
+            queues, demands = [queues[i] for i in kept], [demands[i] for i in kept]
+            records = {q: records[q] for q in queues}
+            fixed_total = sum(record.fixed for record in records.values())
+            pinned_total = sum(d.pinned for d in demands)
         self._records = records
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        targets, self._pressed = plan(demands, budget - fixed_total)
-        for q, record, target in zip(queues, records.values(), targets, strict=True):
+        shares = plan(demands, budget - fixed_total, self._walk if pausing else iter)
+        self._pressed = shares if isinstance(shares, PressedShares) else None
+        self._sums_tick = self._planned = tick
+        # The shares given, in a walk that pauses as the first did; a queue deleted in a pause is
+        # passed over, or, given its share already, taken out of the sums after.
+        entries = list(zip(queues, records.values(), demands, strict=True))
+        want_total = target_total = 0
+        ingress_total = 0.0
+        over: list[PersistentQueue] = []
+        waits: list[float] = []
+        watch: set[_Record] = set()
+        for q, record, demand in paced(entries, self.runtime) if pausing else entries:
+            if self.closed:  # during a pause
+                return
+            if q.closed:
+                continue
+            record.target = target = shares.share(demand)
             q.set_memory_target(target)
-            record.target = target
-        self._want_total = sum(record.want for record in records.values())
-        self._fixed_total = fixed_total
-        self._target_total = sum(targets)
-        self._ingress_total = sum(d.ingress for d in demands)
-        self._sums_tick = tick
-        self._planned = tick
-        over = sorted((q for q in queues if q.memory_bytes > q.memory_target), key=self._wait)
+            want_total += demand.want
+            target_total += target
+            ingress_total += demand.ingress
+            if q.memory_bytes > target:
+                over.append(q)
+                waits.append(self._wait(q))
+            if record.buffer:
+                watch.add(record)
+        if pausing:
+            if len(records) < len(entries):  # deleted in a pause: `forget` took its record out
+                want_total = sum(record.want for record in records.values())
+                fixed_total = sum(record.fixed for record in records.values())
+                target_total = sum(record.target for record in records.values())
+                ingress_total = sum(record.ingress for record in records.values())
+                watch = {record for record in watch if not record.queue.closed}
+            total = self.ledger.total
+        else:
+            total = self.ledger.total = held_total + fixed_total  # as measured (see MemoryLedger)
+        self._want_total, self._fixed_total = want_total, fixed_total
+        self._target_total, self._ingress_total = target_total, ingress_total
+        over = [over[i] for i in sorted(range(len(over)), key=waits.__getitem__) if not over[i].closed]
         if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
             # Under flow control no put reaches `make_room`: only a tick can page out what holds the
             # total between the low-water mark and the budget, and flow control ends under the mark.
             total -= self._page_out(over, total - int(self.budget * LOW_WATER))
             over = [q for q in over if q.memory_bytes > q.memory_target]
         self._candidates = over
-        self._watch = {record for record in records.values() if record.buffer}
+        self._watch = watch
         self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, fixed_total + pinned_total)
+
+    def _walk(self, demands: list[Demand]) -> Iterable[Demand]:
+        """`demands`, pausing for the other tasks as the walk that measured them (`plan`)."""
+        return paced(demands, self.runtime)
 
     def _place_candidates(self, changed: list[PersistentQueue]) -> None:
         """The candidates after a tick of the `changed` queues alone: each leaves the list and, over
