@@ -25,6 +25,7 @@ from kestrel.storage.runtime import (
     OneAtATime,
     ThreadsRuntime,
     all_side_by_side,
+    paced,
     side_by_side,
 )
 from kestrel.storage.wait_list import WaitList
@@ -556,3 +557,17 @@ def test_one_at_a_time_runs_each_turn_after_the_one_under_way_even_one_that_fail
     assert [type(e) for e in failed] == [OSError] and overlapped == []
     turns.wait()  # none under way: returns at once
     assert not turns.running
+
+
+@pytest.mark.parametrize("count", [0, 3, 500, 1000, 1010])
+def test_a_paced_walk_yields_every_item_in_order_and_pauses_between_chunks_only(count: int) -> None:
+    """A walk pauses after each `every` items that more follow, never before the first item nor
+    after the last; what it walks may be any iterable (here a generator)."""
+    runtime = ManualRuntime()
+    seen: list[tuple[str, int]] = []
+    runtime.pause = lambda: seen.append(("pause", len(seen)))  # type: ignore[method-assign]
+    for item in paced((n for n in range(count)), runtime, every=500):
+        seen.append(("item", item))
+    assert [n for kind, n in seen if kind == "item"] == list(range(count))
+    pauses = [i for i, (kind, _) in enumerate(seen) if kind == "pause"]
+    assert pauses == [500 * k + k - 1 for k in range(1, (count - 1) // 500 + 1)]  # the k-th after 500k items
