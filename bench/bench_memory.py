@@ -14,7 +14,9 @@ its RSS once serving, which under a budget should be what it ran in.
 
 `--tick`: instead, the governor's tick that plans every queue (a budget the backlogs' wants do not
 fit), in process on the storage alone: CPU per tick over `--queues` queues of three 200-byte items
-under half their bytes, for this tree and for `--source DIR` (another version's src/) in turn.
+under half their bytes, and the longest stretch between the tick's pauses for the other tasks; then
+a tick paging most of them out (the budget cut to a quarter), its time and longest stretch; for this
+tree and for `--source DIR` (another version's src/ or build/compiled) in turn.
 """
 
 from __future__ import annotations
@@ -119,9 +121,20 @@ def run(budget: str, queues: int, megabytes: int, seconds: float, source: Path |
         shutil.rmtree(home, ignore_errors=True)
 
 
-def tick_cost(queues: int, ticks: int = 40) -> float:
-    """CPU seconds of one governor tick over `queues` queues, each planned (run in a process whose
-    path starts with the tree measured)."""
+def tick_figures(queues: int, ticks: int = 40) -> tuple[float, float, float, float]:
+    """In a process whose path starts with the tree measured, on a runtime whose tasks share one
+    thread as on gevent: the CPU seconds of one governor tick over `queues` queues, each planned
+    (a budget their wants do not fit), and the longest stretch between two of its pauses for the
+    other tasks; then, the budget cut to a quarter of what they hold, the wall seconds of the tick
+    that pages most of them out and its longest stretch (the collector off while timed). Each
+    queue paged out holds a descriptor for its read-behind cursor beside its journal's: the process
+    takes its hard limit of descriptors, and `queues` must stay under half of it."""
+    import gc
+    import itertools
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+
     from kestrel.storage import QueueCollection, QueueConfigs
     from kestrel.storage.runtime import ManualRuntime
 
@@ -136,12 +149,26 @@ def tick_cost(queues: int, ticks: int = 40) -> float:
         assert governor is not None
         for _ in range(5):
             governor.tick()
-        started = time.process_time()
-        for _ in range(ticks):
+        pauses: list[float] = []
+        runtime.pause = lambda: pauses.append(time.perf_counter())  # type: ignore[method-assign]
+
+        def tick() -> tuple[float, float]:
+            pauses.clear()
+            started = time.perf_counter()
             governor._tick_all(0.25, runtime.clock.now_ms())
+            marks = [started, *pauses, time.perf_counter()]
+            return marks[-1] - started, max(b - a for a, b in itertools.pairwise(marks))
+
+        gc.collect()
+        gc.disable()
+        started = time.process_time()
+        stretch = max(tick()[1] for _ in range(ticks))
         spent = (time.process_time() - started) / ticks
+        governor.budget = coll.ledger.limit = coll.ledger.total // 4
+        paging, paging_stretch = tick()
+        gc.enable()
         coll.close()
-        return spent
+        return spent, stretch, paging, paging_stretch
 
 
 def compare_ticks(queues: int, source: Path | None, repeat: int = 3) -> None:
@@ -149,16 +176,19 @@ def compare_ticks(queues: int, source: Path | None, repeat: int = 3) -> None:
     if source is not None:
         trees.append((str(source), source.resolve()))
     print(f"# {machine()}; load {load_average()}")
-    print(f"# the governor's tick planning {queues} queues, CPU ms a tick (µs a queue), in turn")
+    print(f"# the governor's tick over {queues} queues, in turn: a plan's CPU ms (µs a queue) and its "
+          "longest stretch between pauses; a page-out of most queues, wall ms and longest stretch")
     for run_ in range(repeat):
         for label, tree in trees:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree.parent)]))
             done = subprocess.run([sys.executable, "-m", "bench.bench_memory", "--tick-here",
                                    "--queues", str(queues)], env=env, capture_output=True, text=True,
                                   check=True, cwd=Path(__file__).resolve().parent.parent)
-            seconds = float(done.stdout.split()[-1])
+            seconds, stretch, paging, paging_stretch = (float(x) for x in done.stdout.split()[-4:])
             per_queue = seconds / queues * 1e6
-            print(f"run {run_ + 1}, {label}: {seconds * 1000:.2f} ms ({per_queue:.2f} µs a queue)")
+            print(f"run {run_ + 1}, {label}: plan {seconds * 1000:.2f} ms ({per_queue:.2f} µs a queue), "
+                  f"longest stretch {stretch * 1000:.2f} ms; page-out {paging * 1000:.1f} ms, longest "
+                  f"stretch {paging_stretch * 1000:.2f} ms")
 
 
 def main() -> None:
@@ -175,7 +205,7 @@ def main() -> None:
         import structlog
 
         structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # no line a queue
-        print(tick_cost(args.queues))
+        print(*tick_figures(args.queues))
         return
     if args.tick:
         compare_ticks(args.queues, args.source)

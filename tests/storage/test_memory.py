@@ -18,7 +18,16 @@ from hypothesis import strategies as st
 from kestrel.storage import QueueCollection, QueueConfigs, disk
 from kestrel.storage.errors import MemoryBudgetExceeded
 from kestrel.storage.journal_file import CURSOR_CHUNK
-from kestrel.storage.memory import ENGAGE, REPLAN, Demand, FittingShares, MemoryGovernor, PressedShares, plan
+from kestrel.storage.memory import (
+    ENGAGE,
+    REPLAN,
+    SHED_PACE,
+    Demand,
+    FittingShares,
+    MemoryGovernor,
+    PressedShares,
+    plan,
+)
 from kestrel.storage.queue import PersistentQueue
 from kestrel.storage.runtime import PACE, ManualRuntime
 from tests.support.queues import drain, held_in_memory, one, opened, reopen
@@ -823,6 +832,40 @@ def test_a_tick_over_the_budget_pages_out_the_queues_past_their_shares(tmp_path:
     assert idle.in_read_behind and not fast.in_read_behind and not slow.in_read_behind
     assert governor.measure() <= budget
     assert drain(coll, "idle") == [item(i, 1000) for i in range(300)]
+    coll.close()
+
+
+@FORMATS
+def test_a_tick_paging_out_many_queues_pauses_for_the_other_tasks_and_keeps_what_they_did(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one thread, a tick that pages out many queues pauses every SHED_PACE of them (each places a
+    cursor in its journal: paging out 10,000 held the loop 0.5 s). A queue deleted in a pause is not
+    paged out, a put meanwhile counts, and the ledger stays exact with every item kept."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 10_000_000)
+    names = [f"q{i}" for i in range(3 * SHED_PACE)]
+    backlogs(coll, names, 20_000)  # 3 MB: past ENGAGE of the budget below
+    tick(runtime, coll, 2)
+    assert not any(coll.queue(name).in_read_behind for name in names)
+    budget = coll.ledger.total // 4
+    governor.budget = coll.ledger.limit = budget
+    pauses: list[int] = []  # the queues paged out at each
+    last = names[-1]
+
+    def meanwhile() -> None:
+        pauses.append(sum(q.in_read_behind for q in coll.queues()))
+        if len(pauses) == 1:  # the waits are alike: the queues page out from the last made down
+            coll.delete(f"q{2 * SHED_PACE - 1}")  # the next to page out
+            coll.put(last, [item(20, 1000)])  # the first paged out
+
+    monkeypatch.setattr(runtime, "pause", meanwhile)
+    governor._tick_all(0.25, governor._monotonic_ms())
+    assert pauses == [SHED_PACE, 2 * SHED_PACE - 1]  # the deleted queue passed over
+    assert sum(q.in_read_behind for q in coll.queues()) > 2 * SHED_PACE
+    monkeypatch.undo()
+    assert coll.ledger.total == held_in_memory(coll) <= budget
+    assert drain(coll, last) == [item(i, 1000) for i in range(21)]
+    kept = [name for name in names if name not in (last, f"q{2 * SHED_PACE - 1}")]
+    assert all(drain(coll, name) == [item(i, 1000) for i in range(20)] for name in kept)
     coll.close()
 
 
