@@ -44,6 +44,7 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import structlog
 
@@ -281,6 +282,18 @@ class _Record:
         ceiling = q.config.max_memory_size
         self.want = wanted(q.bytes, ceiling, self.ingress, interval_s)
         return Demand(self.want, ceiling, self.ingress, self.egress, pinned)
+
+
+class _Measure(NamedTuple):
+    """What a plan's measure found: the queues (those deleted meanwhile left out), what each asks
+    of the budget, and the sums of their bytes in memory, of what paging cannot release (open
+    reads and cursor buffers) and of their pinned bytes."""
+
+    queues: list[PersistentQueue]
+    demands: list[Demand]
+    held: int
+    fixed: int
+    pinned: int
 
 
 class MemoryGovernor:
@@ -548,22 +561,54 @@ class MemoryGovernor:
     def _tick_all(self, seconds: float, now: int) -> None:
         """Measure every queue, plan every share, page out if over the budget.
 
-        Where the tasks share one thread, the walk that measures and the one that gives the shares
-        pause every PACE queues for the others (a plan of 10,000 queues held the loop 40-60 ms
-        compiled, 90-300 ms pure; its shares alone 4 ms and 25-30 ms). Its measure then spans
-        the pauses, and the ledger, exact there, stays as it is; with threads the walk goes on
-        unpaused, and its measure sets the ledger (see MemoryLedger)."""
-        tick = self._tick
-        interval = self.interval_ms / 1000.0
+        Where the tasks share one thread, each walk over the queues (the measure, the plan's, the
+        shares', the page-out) pauses for the others (a plan of 10,000 queues held the loop 40-60 ms
+        compiled, 90-300 ms pure; its shares alone 4 ms and 25-30 ms). Its measure then spans the
+        pauses, and the ledger, exact there, stays as it is; with threads the walks go on unpaused,
+        and the measure sets the ledger (see MemoryLedger)."""
         queues = [q for q in self._queues() if not q.closed]
         pausing = self.runtime.shares_one_thread and len(queues) > PACE
+        measured = self._measure_all(queues, seconds, pausing)
+        if measured is None:
+            return
+        # Under flow control the shares sum to the low-water mark, where flow control ends.
+        budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
+        shares = plan(measured.demands, budget - measured.fixed, self._walk if pausing else iter)
+        self._pressed = shares if isinstance(shares, PressedShares) else None
+        self._sums_tick = self._planned = self._tick
+        over = self._give_shares(shares, measured, pausing)
+        if over is None:
+            return
+        if pausing:
+            total = self.ledger.total
+        else:
+            total = self.ledger.total = measured.held + measured.fixed  # as measured (see MemoryLedger)
+        if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
+            # Under flow control no put reaches `make_room`: only a tick can page out what holds the
+            # total between the low-water mark and the budget, and flow control ends under the mark.
+            freed = self._page_out(over, total - int(self.budget * LOW_WATER))
+            if self.closed:  # during a pause
+                return
+            # On one thread the ledger is exact, and the page-out's pauses let other changes in.
+            total = self.ledger.total if self.runtime.shares_one_thread else total - freed
+            over = [q for q in over if q.memory_bytes > q.memory_target]
+        self._candidates = over
+        self._release_idle_cursors()
+        self.memory_total = total
+        self._flow(total, now, self._fixed_total + measured.pinned)
+
+    def _measure_all(self, queues: list[PersistentQueue], seconds: float, pausing: bool) -> _Measure | None:
+        """Sample every queue of `queues` and note what it asks of the budget; the records kept are
+        theirs alone (a queue deleted in a pause left). None: the governor closed in a pause."""
+        tick = self._tick
+        interval = self.interval_ms / 1000.0
         old = self._records
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         fixed_total = pinned_total = held_total = 0
         for q in paced(queues, self.runtime) if pausing else queues:
             if self.closed:  # during a pause
-                return
+                return None
             record = old.get(q)
             if record is None:
                 record = _Record(q, tick)
@@ -584,14 +629,15 @@ class MemoryGovernor:
             fixed_total = sum(record.fixed for record in records.values())
             pinned_total = sum(d.pinned for d in demands)
         self._records = records
-        # Under flow control the shares sum to the low-water mark, where flow control ends.
-        budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        shares = plan(demands, budget - fixed_total, self._walk if pausing else iter)
-        self._pressed = shares if isinstance(shares, PressedShares) else None
-        self._sums_tick = self._planned = tick
-        # The shares given, in a walk that pauses as the first did; a queue deleted in a pause is
-        # passed over, or, given its share already, taken out of the sums after.
-        entries = list(zip(queues, records.values(), demands, strict=True))
+        return _Measure(queues, demands, held_total, fixed_total, pinned_total)
+
+    def _give_shares(self, shares: Shares, measured: _Measure, pausing: bool) -> list[PersistentQueue] | None:
+        """Give each measured queue its share as its target, in a walk that pauses as the measure
+        did, and set the sums from them; the queues over their targets, the shortest wait first
+        (`_wait`). A queue deleted in a pause is passed over or, given its share already, taken out
+        of the sums after. None: the governor closed in a pause."""
+        records = self._records
+        entries = list(zip(measured.queues, records.values(), measured.demands, strict=True))
         want_total = target_total = 0
         ingress_total = 0.0
         over: list[PersistentQueue] = []
@@ -599,7 +645,7 @@ class MemoryGovernor:
         watch: set[_Record] = set()
         for q, record, demand in paced(entries, self.runtime) if pausing else entries:
             if self.closed:  # during a pause
-                return
+                return None
             if q.closed:
                 continue
             record.target = target = shares.share(demand)
@@ -612,33 +658,17 @@ class MemoryGovernor:
                 waits.append(self._wait(q))
             if record.buffer:
                 watch.add(record)
-        if pausing:
-            if len(records) < len(entries):  # deleted in a pause: `forget` took its record out
-                want_total = sum(record.want for record in records.values())
-                fixed_total = sum(record.fixed for record in records.values())
-                target_total = sum(record.target for record in records.values())
-                ingress_total = sum(record.ingress for record in records.values())
-                watch = {record for record in watch if not record.queue.closed}
-            total = self.ledger.total
-        else:
-            total = self.ledger.total = held_total + fixed_total  # as measured (see MemoryLedger)
+        fixed_total = measured.fixed
+        if len(records) < len(entries):  # deleted in a pause: `forget` took its record out
+            want_total = sum(record.want for record in records.values())
+            fixed_total = sum(record.fixed for record in records.values())
+            target_total = sum(record.target for record in records.values())
+            ingress_total = sum(record.ingress for record in records.values())
+            watch = {record for record in watch if not record.queue.closed}
         self._want_total, self._fixed_total = want_total, fixed_total
         self._target_total, self._ingress_total = target_total, ingress_total
-        over = [over[i] for i in sorted(range(len(over)), key=waits.__getitem__) if not over[i].closed]
-        if total > self.budget or (self.flow_control and total > self.budget * LOW_WATER):
-            # Under flow control no put reaches `make_room`: only a tick can page out what holds the
-            # total between the low-water mark and the budget, and flow control ends under the mark.
-            freed = self._page_out(over, total - int(self.budget * LOW_WATER))
-            if self.closed:  # during a pause
-                return
-            # On one thread the ledger is exact, and the page-out's pauses let other changes in.
-            total = self.ledger.total if self.runtime.shares_one_thread else total - freed
-            over = [q for q in over if q.memory_bytes > q.memory_target]
-        self._candidates = over
         self._watch = watch
-        self._release_idle_cursors()
-        self.memory_total = total
-        self._flow(total, now, fixed_total + pinned_total)
+        return [over[i] for i in sorted(range(len(over)), key=waits.__getitem__) if not over[i].closed]
 
     def _walk(self, demands: list[Demand]) -> Iterable[Demand]:
         """`demands`, pausing for the other tasks as the walk that measured them (`plan`)."""
