@@ -285,11 +285,12 @@ class _Record:
 
 
 class _Measure(NamedTuple):
-    """What a plan's measure found: the queues (those deleted meanwhile left out), what each asks
-    of the budget, and the sums of their bytes in memory, of what paging cannot release (open
-    reads and cursor buffers) and of their pinned bytes."""
+    """What a plan's measure found: the queues (those deleted meanwhile left out), their records
+    and what each asks of the budget, and the sums of their bytes in memory, of what paging cannot
+    release (open reads and cursor buffers) and of their pinned bytes."""
 
     queues: list[PersistentQueue]
+    records: list[_Record]  # (a list: `forget` takes a queue deleted in a pause out of the dict)
     demands: list[Demand]
     held: int
     fixed: int
@@ -629,15 +630,14 @@ class MemoryGovernor:
             fixed_total = sum(record.fixed for record in records.values())
             pinned_total = sum(d.pinned for d in demands)
         self._records = records
-        return _Measure(queues, demands, held_total, fixed_total, pinned_total)
+        return _Measure(queues, list(records.values()), demands, held_total, fixed_total, pinned_total)
 
     def _give_shares(self, shares: Shares, measured: _Measure, pausing: bool) -> list[PersistentQueue] | None:
         """Give each measured queue its share as its target, in a walk that pauses as the measure
         did, and set the sums from them; the queues over their targets, the shortest wait first
         (`_wait`). A queue deleted in a pause is passed over or, given its share already, taken out
         of the sums after. None: the governor closed in a pause."""
-        records = self._records
-        entries = list(zip(measured.queues, records.values(), measured.demands, strict=True))
+        entries = list(zip(measured.queues, measured.records, measured.demands, strict=True))
         want_total = target_total = 0
         ingress_total = 0.0
         over: list[PersistentQueue] = []
@@ -659,6 +659,7 @@ class MemoryGovernor:
             if record.buffer:
                 watch.add(record)
         fixed_total = measured.fixed
+        records = self._records
         if len(records) < len(entries):  # deleted in a pause: `forget` took its record out
             want_total = sum(record.want for record in records.values())
             fixed_total = sum(record.fixed for record in records.values())
