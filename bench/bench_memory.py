@@ -161,12 +161,14 @@ def tick_figures(queues: int, ticks: int = 40) -> tuple[float, float, float, flo
 
         gc.collect()
         gc.disable()
-        started = time.process_time()
-        stretch = max(tick()[1] for _ in range(ticks))
-        spent = (time.process_time() - started) / ticks
-        governor.budget = coll.ledger.limit = coll.ledger.total // 4
-        paging, paging_stretch = tick()
-        gc.enable()
+        try:
+            started = time.process_time()
+            stretch = max(tick()[1] for _ in range(ticks))
+            spent = (time.process_time() - started) / ticks
+            governor.budget = coll.ledger.limit = coll.ledger.total // 4
+            paging, paging_stretch = tick()
+        finally:
+            gc.enable()
         coll.close()
         return spent, stretch, paging, paging_stretch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -414,3 +415,19 @@ def test_the_journal_files_figure_appends_to_each_file_and_leaves_none(tmp_path:
     appends(tmp_path, args)  # in a folder kept: each file holds whole records, the same count
     sizes = {path.stat().st_size for path in (tmp_path / "7").iterdir()}
     assert len(sizes) == 1 and sizes.pop() % RECORD == 0 and len(list((tmp_path / "7").iterdir())) == 7
+
+
+def test_the_governors_tick_figures_time_a_plan_and_a_page_out_with_their_pauses(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench_memory --tick`, over more queues than a pause's worth (in a process of its own, which
+    takes its hard limit of descriptors): a plan and a page-out each timed, the longest stretch
+    between pauses within the page-out's time."""
+    from bench.bench_memory import compare_ticks
+
+    compare_ticks(600, None, repeat=1)
+    figures = re.search(r"plan ([\d.]+) ms .*longest stretch ([\d.]+) ms; page-out ([\d.]+) ms, longest "
+                        r"stretch ([\d.]+) ms", capsys.readouterr().out)
+    assert figures is not None
+    plan_cpu, plan_stretch, paging, paging_stretch = (float(figure) for figure in figures.groups())
+    assert plan_cpu > 0 and plan_stretch > 0
+    assert 0 < paging_stretch < paging
