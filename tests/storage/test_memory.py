@@ -181,6 +181,31 @@ def test_a_burst_of_puts_between_ticks_stays_under_the_budget(tmp_path: Path, jo
 
 
 @FORMATS
+def test_a_put_pages_out_at_most_shed_pace_queues_then_holds_its_items_on_disk(tmp_path: Path,
+                                                                              journal_format: str) -> None:
+    """A put that would need many queues paged out to make its room pages out SHED_PACE of them
+    (each places a cursor in its journal, on the loop inside the put) and sends its own new items
+    to read-behind rather than page out more; the budget holds and every item is kept."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 10_000_000)
+    names = [f"q{i}" for i in range(3 * SHED_PACE)]
+    backlogs(coll, names, 5_000)  # 750 KB
+    tick(runtime, coll, 2)
+    # A busy queue's arrivals ask for room: the wants pass the budget, the total stays under it.
+    governor.budget = coll.ledger.limit = coll.ledger.total + 100_000
+    tick(runtime, coll, 8, produce={"w": 60}, consume={"w": 60})
+    assert governor._pressed is not None and {q.name for q in governor._candidates} >= set(names)
+    assert not any(coll.queue(name).in_read_behind for name in names)
+    coll.put("hot", [item(i, 1000) for i in range(300)])  # 300 KB: room for it is many queues' excess
+    paged = [name for name in names if coll.queue(name).in_read_behind]
+    assert len(paged) == SHED_PACE and coll.queue("hot").in_read_behind
+    assert coll.ledger.total == held_in_memory(coll) <= governor.budget
+    tick(runtime, coll, 1)
+    assert coll.ledger.total == held_in_memory(coll) <= governor.budget
+    assert drain(coll, "hot") == [item(i, 1000) for i in range(300)]
+    assert all(drain(coll, name) == [item(i, 1000) for i in range(5)] for name in names)
+
+
+@FORMATS
 def test_a_put_pages_out_the_queue_over_its_share_that_waits_longest_at_once(tmp_path: Path,
                                                                             journal_format: str) -> None:
     coll, governor, runtime = governed(tmp_path, journal_format, 300_000)

@@ -70,9 +70,10 @@ LET_GO = 0.25
 # (10 s), which gives back what the shares of queues whose rates fell since hold unused. A share
 # that outgrows the budget brings the plan at once.
 REPLAN = 40
-# Queues a tick pages out between two pauses for the other tasks, where they share one thread: each
-# places a read-behind cursor in its journal (50-65 us), and a tick that paged out 10,000 queues at
-# once held the loop 0.5-0.65 s.
+# Queues a tick pages out between two pauses for the other tasks, where they share one thread, and
+# the most a put pages out before its own new items go to read-behind: each places a read-behind
+# cursor in its journal (50-65 us), and a tick that paged out 10,000 queues at once held the loop
+# 0.5-0.65 s.
 SHED_PACE = 50
 
 
@@ -749,16 +750,19 @@ class MemoryGovernor:
         shed first, longest wait first, until the total is back under the low-water mark; one that
         frees nothing now is left to the next tick (another thread holds its lock, or placing its
         cursor would read what the page cache does not hold: this put must not wait for the disk).
-        If that is not enough, `queue` takes no more into memory (its new items go to read-behind,
-        read back as its head drains), and if memory is over the budget even without this put,
-        flow control starts now.
+        A put pages out at most SHED_PACE queues, so that it holds the loop a few milliseconds at
+        most; the tick pages out the rest. If that is not enough, `queue` takes no more into memory
+        (its new items go to read-behind, read back as its head drains), and if memory is over the
+        budget even without this put, flow control starts now.
         """
         ledger = self.ledger
         goal = int(ledger.limit * LOW_WATER) - size
         candidates = self._candidates
-        while ledger.total > goal and candidates:
+        sheds = 0
+        while ledger.total > goal and candidates and sheds < SHED_PACE:
             victim = candidates.pop()
             if not victim.closed:
+                sheds += 1
                 freed = victim.shed(wait=False)
                 if not freed:
                     self._left.append(victim)
