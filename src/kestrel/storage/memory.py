@@ -115,6 +115,11 @@ class Demand:
         """What a page-out could drop of its want."""
         return max(self.want - self.pinned, 0)
 
+    @property
+    def rate(self) -> float:
+        """The bytes a second it moves, in and out: what a pressed share is measured by."""
+        return self.ingress + self.egress
+
 
 def wanted(size: int, ceiling: int, ingress: float, interval_s: float) -> int:
     """What a queue could usefully hold: its items' bytes (`size`, in memory or on disk) and room
@@ -159,7 +164,7 @@ class PressedShares(Shares):
 
     def share(self, d: Demand) -> int:
         pageable = d.pageable
-        coming = int((d.ingress + d.egress) * self.duration)
+        coming = int(d.rate * self.duration)
         return d.pinned + max(min(pageable, self.floor), min(pageable, coming))
 
 
@@ -203,9 +208,9 @@ def _fill_duration(demands: Iterable[Demand], floor: int, budget: int) -> float:
     events: list[tuple[float, int, int, int, float]] = []
     for i, d in enumerate(demands):
         pageable = d.pageable
-        low = pageable if pageable < floor else floor
+        low = min(pageable, floor)
         constant += low
-        rate = d.ingress + d.egress
+        rate = d.rate
         if rate > 0 and pageable > low:
             events.append((low / rate, i, 0, low, rate))
             events.append((pageable / rate, i, 1, pageable, rate))
