@@ -44,7 +44,7 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import structlog
 
@@ -54,6 +54,7 @@ from kestrel.storage.queue import MemoryAccount, PersistentQueue
 from kestrel.storage.runtime import PACE, Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.memory")
+T = TypeVar("T")
 
 INTERVAL_MS = 250  # between ticks: short enough that a fast producer cannot outgrow its share much
 HOLD_MS = 500  # how long a put waits under flow control before it is refused
@@ -580,7 +581,7 @@ class MemoryGovernor:
             return
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        shares = plan(measured.demands, budget - measured.fixed, self._walk if pausing else iter)
+        shares = plan(measured.demands, budget - measured.fixed, self._paced if pausing else iter)
         self._pressed = shares if isinstance(shares, PressedShares) else None
         self._sums_tick = self._planned = self._tick
         over = self._give_shares(shares, measured, pausing)
@@ -677,10 +678,6 @@ class MemoryGovernor:
         self._watch = watch
         return [over[i] for i in sorted(range(len(over)), key=waits.__getitem__) if not over[i].closed]
 
-    def _walk(self, demands: list[Demand]) -> Iterable[Demand]:
-        """`demands`, pausing for the other tasks as the walk that measured them (`plan`)."""
-        return paced(demands, self.runtime)
-
     def _place_candidates(self, changed: list[PersistentQueue]) -> None:
         """The candidates after a tick of the `changed` queues alone: each leaves the list and, over
         its new target, comes back in where its wait places it. The others keep their order (an
@@ -727,7 +724,7 @@ class MemoryGovernor:
     def _page_out_left(self) -> None:
         """Page out the queues a put left to this tick (`make_room`), still over their targets."""
         left, self._left = self._left, []
-        for q in self._sheds(left):
+        for q in self._paced(left, SHED_PACE):
             if self.closed:  # during a pause
                 return
             if q.memory_bytes > q.memory_target:  # (a queue deleted meanwhile sheds nothing)
@@ -737,17 +734,17 @@ class MemoryGovernor:
         """Shed the queues of `over` (those over their targets, in `_wait`'s order, the shortest
         wait first) from the longest wait down, until `excess` bytes are freed; the bytes freed."""
         freed = 0
-        for q in self._sheds(reversed(over)):
+        for q in self._paced(reversed(over), SHED_PACE):
             if freed >= excess or self.closed:
                 break
             freed += q.shed()  # (a queue deleted during a pause sheds nothing)
         self.paged_out_total += freed
         return freed
 
-    def _sheds(self, queues: Iterable[PersistentQueue]) -> Iterable[PersistentQueue]:
-        """`queues`, to page out one after another, with a pause every SHED_PACE where the tasks
-        share one thread."""
-        return paced(queues, self.runtime, SHED_PACE) if self.runtime.shares_one_thread else queues
+    def _paced(self, items: Iterable[T], every: int = PACE) -> Iterable[T]:
+        """`items`, with a pause for the other tasks every `every` of them where the tasks share one
+        thread (a plan's walks over the demands; the queues a page-out sheds, SHED_PACE at a time)."""
+        return paced(items, self.runtime, every) if self.runtime.shares_one_thread else items
 
     def make_room(self, queue: PersistentQueue, size: int) -> None:
         """A put of `size` bytes into `queue`'s memory would take the ledger over its limit: page
