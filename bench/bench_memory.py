@@ -121,14 +121,15 @@ def run(budget: str, queues: int, megabytes: int, seconds: float, source: Path |
         shutil.rmtree(home, ignore_errors=True)
 
 
-def tick_figures(queues: int, ticks: int = 40) -> tuple[float, float, float, float]:
+def tick_figures(queues: int, ticks: int = 40) -> tuple[float, float, float, float, int]:
     """In a process whose path starts with the tree measured, on a runtime whose tasks share one
     thread as on gevent: the CPU seconds of one governor tick over `queues` queues, each planned
     (a budget their wants do not fit), and the longest stretch between two of its pauses for the
     other tasks; then, the budget cut to a quarter of what they hold, the wall seconds of the tick
-    that pages most of them out and its longest stretch (the collector off while timed). Each
-    queue paged out holds a descriptor for its read-behind cursor beside its journal's: the process
-    takes its hard limit of descriptors, and `queues` must stay under half of it."""
+    that pages most of them out and its longest stretch (the collector off while timed), and the
+    descriptors the process then holds of the queues' files. The process takes its hard limit of
+    descriptors: a tree whose paged-out queues hold one for their read-behind cursors beside their
+    journals' needs twice `queues`."""
     import gc
     import itertools
     import resource
@@ -169,8 +170,10 @@ def tick_figures(queues: int, ticks: int = 40) -> tuple[float, float, float, flo
             paging, paging_stretch = tick()
         finally:
             gc.enable()
+        held = sum(os.readlink(f"/proc/self/fd/{fd}").startswith(home) for fd in os.listdir("/proc/self/fd")
+                   if os.path.islink(f"/proc/self/fd/{fd}"))
         coll.close()
-        return spent, stretch, paging, paging_stretch
+        return spent, stretch, paging, paging_stretch, held
 
 
 def compare_ticks(queues: int, source: Path | None, repeat: int = 3) -> None:
@@ -179,18 +182,20 @@ def compare_ticks(queues: int, source: Path | None, repeat: int = 3) -> None:
         trees.append((str(source), source.resolve()))
     print(f"# {machine()}; load {load_average()}")
     print(f"# the governor's tick over {queues} queues, in turn: a plan's CPU ms (µs a queue) and its "
-          "longest stretch between pauses; a page-out of most queues, wall ms and longest stretch")
+          "longest stretch between pauses; a page-out of most queues, wall ms and longest stretch, and "
+          "the descriptors of the queues' files held after it")
     for run_ in range(repeat):
         for label, tree in trees:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree.parent)]))
             done = subprocess.run([sys.executable, "-m", "bench.bench_memory", "--tick-here",
                                    "--queues", str(queues)], env=env, capture_output=True, text=True,
                                   check=True, cwd=Path(__file__).resolve().parent.parent)
-            seconds, stretch, paging, paging_stretch = (float(x) for x in done.stdout.split()[-4:])
+            *figures, held = done.stdout.split()[-5:]
+            seconds, stretch, paging, paging_stretch = (float(x) for x in figures)
             per_queue = seconds / queues * 1e6
             print(f"run {run_ + 1}, {label}: plan {seconds * 1000:.2f} ms ({per_queue:.2f} µs a queue), "
                   f"longest stretch {stretch * 1000:.2f} ms; page-out {paging * 1000:.1f} ms, longest "
-                  f"stretch {paging_stretch * 1000:.2f} ms")
+                  f"stretch {paging_stretch * 1000:.2f} ms; {held} descriptors held")
 
 
 def main() -> None:

@@ -5,11 +5,14 @@ descriptor behind, over every protocol."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.client import Server
@@ -106,3 +109,49 @@ def test_the_helpers_see_what_the_process_holds(tmp_path: Path) -> None:
         assert named[s.fileno()].startswith("socket:")
         assert sockets(os.getpid()) >= 1
     assert str(tmp_path / "held") not in descriptors(os.getpid()).values()
+
+
+def test_queues_whose_items_wait_on_disk_hold_their_journals_alone_and_a_read_short_of_one_is_retried(
+        server_factory: Any) -> None:
+    """Under the memory budget, a queue whose items waited in its journal (read-behind) held two
+    descriptors while left alone, its journal's and its cursor's: 10,000 such queues needed 20,000.
+    It holds its journal's alone now; a read opens the cursor's file. Out of descriptors, that read
+    is answered with an error naming the queue and the cause, nothing taken, and the same read,
+    descriptors free again, reads on in order."""
+    import resource
+
+    from kestrel.client.errors import Refused
+
+    srv = server_factory({"max_memory_total": "1MB", "default_queue": {"max_memory_size": "4MB"}})
+    assert srv.proc is not None
+    pid = srv.proc.pid
+    names = [f"p{q}" for q in range(20)]
+    items = {name: [b"%s:%04d:" % (name.encode(), n) + b"x" * 1000 for n in range(100)] for name in names}
+
+    def held() -> list[str]:  # the queues' files the server holds open
+        return sorted(Path(path).name for path in descriptors(pid).values()
+                      if Path(path).parent == srv.queue_path and Path(path).name in names)
+
+    with Server("127.0.0.1", srv.thrift_port) as thrift:
+        for name in names:  # 2 MB, twice the budget: the later queues' items go to their journals
+            assert thrift.put(name, items[name]) == 100
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/stats.json", timeout=10) as r:
+            stats = json.loads(r.read())["queues"]
+        behind = [name for name in names if stats[name]["read_behind"]]
+        assert len(behind) >= 5, behind
+        assert held() == sorted(names), "each queue's journal, and no cursor"
+        got = {name: [item.data for item in thrift.get(name, 5)] for name in behind[:2]}
+        assert held() == sorted(names + behind[:2]), "the two queues read hold their cursors' files"
+        lowest_free = next(fd for fd in range(1 << 20) if fd not in descriptors(pid))
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, hard))  # nothing more opens
+        try:
+            with pytest.raises(Refused, match=f"cannot read the items of queue '{behind[2]}' back "
+                               ".*Too many open files"):
+                thrift.get(behind[2], 5)
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        for name in names:
+            while batch := thrift.get(name, 50):
+                got.setdefault(name, []).extend(item.data for item in batch)
+        assert got == items

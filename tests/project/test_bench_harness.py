@@ -421,13 +421,15 @@ def test_the_governors_tick_figures_time_a_plan_and_a_page_out_with_their_pauses
         capsys: pytest.CaptureFixture[str]) -> None:
     """`bench_memory --tick`, over more queues than a pause's worth (in a process of its own, which
     takes its hard limit of descriptors): a plan and a page-out each timed, the longest stretch
-    between pauses within the page-out's time."""
+    between pauses within the page-out's time, and the descriptors held after it: each queue's
+    journal (written to), none for the cursors of the queues paged out."""
     from bench.bench_memory import compare_ticks
 
     compare_ticks(600, None, repeat=1)
     figures = re.search(r"plan ([\d.]+) ms .*longest stretch ([\d.]+) ms; page-out ([\d.]+) ms, longest "
-                        r"stretch ([\d.]+) ms", capsys.readouterr().out)
+                        r"stretch ([\d.]+) ms; (\d+) descriptors held", capsys.readouterr().out)
     assert figures is not None
-    plan_cpu, plan_stretch, paging, paging_stretch = (float(figure) for figure in figures.groups())
+    plan_cpu, plan_stretch, paging, paging_stretch = (float(figure) for figure in figures.groups()[:4])
     assert plan_cpu > 0 and plan_stretch > 0
     assert 0 < paging_stretch < paging
+    assert int(figures[5]) == 600

@@ -723,7 +723,7 @@ def test_an_idle_cursor_gives_its_read_buffer_back_and_a_plan_asks_no_cursor_wit
             coll.put(name, [item(n, 30_000) for n in range(start, start + 10)])
         runtime.advance(250)
     assert governor._pressed is not None and all(coll.queue(name).in_read_behind for name in names)
-    asked = calls_of(monkeypatch, PersistentQueue, "release_cursor_buffer")
+    asked = calls_of(monkeypatch, PersistentQueue, "release_cursor")
     q0 = coll.queue("q0")
     while not q0.held_bytes()[2]:  # reads until the cursor reads ahead from the journal
         coll.remove("q0", 1)

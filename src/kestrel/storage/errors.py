@@ -192,6 +192,17 @@ class JournalWriteError(KestrelError):
         self.disk_full = error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+class JournalReadError(KestrelError):
+    """Raised when a queue in read-behind cannot open the journal file its items are read back
+    from (out of file descriptors): that change alone is refused, before anything changed; the
+    next change tries again."""
+
+    def __init__(self, queue: str, error: OSError) -> None:
+        super().__init__(f"cannot read the items of queue {queue!r} back from its journal "
+                         f"({error.filename}): {error.strerror or error}; nothing was changed, try again")
+        self.queue = queue
+
+
 class TooManyQueues(KestrelError):
     """Raised when a new queue is refused: the server holds `max_queues`, or no file descriptor is left."""
 

@@ -705,7 +705,7 @@ class MemoryGovernor:
 
     def _release_idle_cursors(self) -> None:
         """A watched queue (in read-behind when last measured) whose egress has decayed under IDLE
-        gives its cursor's read buffer back (its next read-back reads again)."""
+        gives its cursor's read buffer and file back (its next change opens it again)."""
         watch = self._watch
         if not watch:
             return
@@ -715,7 +715,7 @@ class MemoryGovernor:
                 watch.discard(record)
             elif record.egress * _decay(self._tick - record.tick) < IDLE:
                 watch.discard(record)
-                q.release_cursor_buffer()
+                q.release_cursor()
                 if record.buffer and self._records.get(q) is record:
                     self._fixed_total -= record.buffer
                     record.fixed -= record.buffer

@@ -20,7 +20,6 @@ A subclass rather than a storage object beside the queue: a format rebuilds this
 from __future__ import annotations
 
 import contextlib
-import errno
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,7 +35,7 @@ from kestrel.storage.acknowledgements import holder
 from kestrel.storage.clock import Clock, age_ms
 from kestrel.storage.config import NATIVE_LIMIT, QueueConfig, native_limit
 from kestrel.storage.deferred_log import log_later
-from kestrel.storage.errors import JournalWriteError, QueueClosed
+from kestrel.storage.errors import JournalReadError, JournalWriteError, QueueClosed
 from kestrel.storage.item import LookedItems, QItem, data_sizes, item_data, new_items, take_items
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
@@ -225,7 +224,6 @@ class PersistentQueue(ABC):
         self._behind: ReadBehind | None = None  # while in read-behind (src/kestrel/storage/read_behind.py)
         self._buffered = 0  # its cursor's read buffer, as counted in the ledger (`_count_buffer`)
         self._reads_behind = True  # whether items past max_memory_size may stay on disk
-        self._behind_refused = False  # the last try to enter read-behind found no file descriptor
         # What the read-behind rules hold in memory: max_memory_size, or less while the memory
         # governor (src/kestrel/storage/memory.py) gives this queue a smaller share of the server's budget.
         self.memory_target = config.max_memory_size
@@ -290,8 +288,8 @@ class PersistentQueue(ABC):
     # and remove enters it (a generator's cost a microsecond each time); it keeps no state, so nested
     # changes share it.
     def __enter__(self) -> None:
-        """The queue's lock, the closed check, the probe of a read-only queue's journal and
-        `_prepare_change`."""
+        """The queue's lock, the closed check, the probe of a read-only queue's journal, the
+        read-behind cursor's file and `_prepare_change`."""
         if self._locks:
             self._lock.__enter__()
         gate = self._gate
@@ -305,6 +303,8 @@ class PersistentQueue(ABC):
             counted = True
             if self.read_only:
                 self._probe()
+            if self._behind is not None:
+                self._open_cursor_file()
             self._prepare_change()
         except BaseException:
             if counted:
@@ -1034,21 +1034,21 @@ class PersistentQueue(ABC):
 
     def _enter_read_behind(self, after: QItem | None) -> None:
         """Read-behind starts after `after`, the item of a put that filled memory (None: after the
-        last item handed to the queue, before a put's items are journaled). Out of file
-        descriptors (its reader needs one), the items stay in memory past the target instead, and
-        the next item to find memory full tries again: the put, journaled, is not refused for it (it
-        was, and its items were stored all the same, so a client's retry stored them twice)."""
+        last item handed to the queue, before a put's items are journaled). Nothing is opened for it
+        (its cursor opens its file at the next change: `_open_cursor_file`), so no put is refused for a
+        descriptor once its items are journaled (one was, its items stored all the same, and a
+        client's retry stored them twice)."""
+        self._read_behind_from(self._start_read_behind(after))
+
+    def _open_cursor_file(self) -> None:
+        """Before a change of a queue in read-behind: its cursor's file opens, if the cursor has
+        none (placed, or closed while the queue idled: `release_cursor`), so that no change fails
+        half made for want of a descriptor. Raises JournalReadError: nothing changed."""
+        assert self._behind is not None
         try:
-            self._read_behind_from(self._start_read_behind(after))
+            self._behind.cursor.open()
         except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
-            if not self._behind_refused:
-                self._behind_refused = True
-                log_later(self.runtime, log.warning, "cannot enter read-behind: out of file descriptors; "
-                          "the queue holds its new items in memory until it can", queue=self.name)
-        else:
-            self._behind_refused = False
+            raise JournalReadError(self.name, e) from None
 
     def _read_behind_from(self, cursor: Cursor) -> None:
         """New items are only counted from now on; `cursor` reads them back as the head drains."""
@@ -1189,11 +1189,13 @@ class PersistentQueue(ABC):
         finally:
             self.count_in(ledger)
 
-    def release_cursor_buffer(self) -> None:
-        """An idle queue in read-behind gives back its cursor's read buffer (read again when needed)."""
+    def release_cursor(self) -> None:
+        """An idle queue in read-behind gives back its cursor's read buffer and file (the next
+        change opens it again: `_open_cursor_file`)."""
         with self._lock:
-            if self._behind is not None and not self.closed and self._gate.busy is None:
-                self._behind.cursor.release_buffer()  # (not while it reads a record off the loop)
+            gate = self._gate
+            if self._behind is not None and not self.closed and gate.busy is None and not gate.changes:
+                self._behind.cursor.release()  # (not inside a change: it reads on with its file)
                 if self._buffered:  # (a tick asks every idle cursor, most of them empty already)
                     self._count_buffer()
 

@@ -9,6 +9,11 @@ The queue (src/kestrel/storage/queue.py) holds a `ReadBehind` while it reads beh
 fill its memory; each format supplies the cursor: Kestrel 2 reads add records forward through its
 journal files (src/kestrel/storage/kestrel2/read_behind.py), Kestrel 3 a reader's items from the
 writer files (src/kestrel/storage/kestrel3/queue.py).
+
+A cursor holds a descriptor only while its queue is read: placed, it opens nothing; a change of
+the queue opens its file before anything changes (out of descriptors, that change alone is refused:
+`JournalReadError`), and the memory governor closes it again once the queue idles: queues paged
+out and left alone hold none for their items on disk.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ log = structlog.get_logger("kestrel.queue")
 class Cursor(Protocol):
     """A format's cursor over the items a queue only counted, oldest first."""
 
+    def open(self) -> object:
+        """Open its file if it is not (it opens none until it reads, and closes it at `release`).
+        Raises OSError."""
+
     def sync(self) -> None:
         """Before a fill: the files hold everything the cursor is to read."""
 
@@ -38,11 +47,11 @@ class Cursor(Protocol):
     def buffered(self) -> int:
         """Bytes it keeps buffered (the memory governor counts them)."""
 
-    def release_buffer(self) -> None:
-        """Drop its buffer, keeping its place (read again when needed)."""
+    def release(self) -> None:
+        """Drop its buffer and close its file, keeping its place (`open` takes it up again)."""
 
     def close(self) -> None:
-        """Release its file."""
+        """Close its file for good."""
 
 
 class ReadBehind:

@@ -234,7 +234,7 @@ class Kestrel2Queue(PersistentQueue):
         if journal.writer is None or journal.pack_pending or self._rebuilding:
             return None
         journal.flush()
-        end = (self._rb.key, self._rb.reader.offset) if self._rb is not None else (LIVE, 2**63)
+        end = (self._rb.key, self._rb.offset) if self._rb is not None else (LIVE, 2**63)
         have = 0
         for key, path in reversed(journal.files()):
             if key > end[0] or (key == LIVE and journal.writer.size == 0):

@@ -37,30 +37,53 @@ class JournalCursor:
         self._sync = sync
         self._gate = gate
         self.key = key
-        self.reader = self._open(path, offset)
+        self._path: str | None = path  # the file of `key` (None after a rotation renamed it: `files()` says)
+        self._offset = offset  # where the next record starts, while no reader is open
+        self.reader: JournalReader | None = None  # opened for the first read (`open`), closed by `release`
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
+
+    @property
+    def offset(self) -> int:
+        """Offset of the next record in file `key`."""
+        return self.reader.offset if self.reader is not None else self._offset
+
+    def open(self) -> JournalReader:
+        """The reader of file `key`, opened at the cursor's place if it is not. Raises OSError."""
+        reader = self.reader
+        if reader is None:
+            path = self._path
+            if path is None:
+                path = self._path = next((p for k, p in self._files() if k == self.key), "")
+            reader = self.reader = self._open(path, self._offset)
+        return reader
 
     def sync(self) -> None:
         if self._sync is not None:
             self._sync()
 
     def buffered(self) -> int:
-        return self.reader.buffered
+        return self.reader.buffered if self.reader is not None else 0
 
-    def release_buffer(self) -> None:
-        self.reader.release_buffer()
+    def release(self) -> None:
+        reader = self.reader
+        if reader is not None:
+            self._offset = reader.offset
+            self.reader = None
+            reader.close()
 
     def next_item(self, now: int) -> QItem | None:
         """The next journaled item, or None once the cursor is at `stop` or at the end of the
         live journal; `now` is the add time of a starling ADD record."""
         stop = self.stop
+        reader = self.open()
         while True:
-            if stop is not None and self.key == stop[0] and self.reader.offset >= stop[1]:
+            if stop is not None and self.key == stop[0] and reader.offset >= stop[1]:
                 return None
-            entry = self.reader.next()
+            entry = reader.next()
             if entry is None:
                 if not self._advance():
                     return None
+                reader = self.open()
                 continue
             record = entry[1]
             if isinstance(record, ADDS):
@@ -74,9 +97,8 @@ class JournalCursor:
         if following is None:
             return False
         left = self.key
-        self.reader.close()
-        self.key = following[0]
-        self.reader = self._open(following[1], 0)
+        self.release()
+        self.key, self._path, self._offset = following[0], following[1], 0
         if self._on_leave is not None:
             self._on_leave(left)
         return True
@@ -90,6 +112,7 @@ class JournalCursor:
         """The live journal was renamed to the rotated file `stamp`: a cursor in it is there now."""
         if self.key == LIVE:
             self.key = stamp
+            self._path = None
 
     def close(self) -> None:
-        self.reader.close()
+        self.release()

@@ -82,8 +82,9 @@ class RecordReader(journal_file.BufferedFile):
     (`BufferedFile.read_at`), as is a fill of the buffer the page cache cannot answer (`fill_at`).
     """
 
-    def __init__(self, path: str, expect: k3.FileKind | None = None, gate: WriteGate | None = None) -> None:
-        super().__init__(path, k3.MAGIC_SIZE, gate)
+    def __init__(self, path: str, expect: k3.FileKind | None = None, gate: WriteGate | None = None,
+                 offset: int = k3.MAGIC_SIZE) -> None:
+        super().__init__(path, offset, gate)
         self.size = os.fstat(self.fd).st_size
         self.torn: str | None = None
         try:

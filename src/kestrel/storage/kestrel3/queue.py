@@ -590,8 +590,25 @@ class ReaderCursor:
     def __init__(self, queue: Kestrel3Queue, start: int) -> None:
         self.queue = queue
         self.next_id = start  # the lowest id not yet read back
-        self.reader: RecordReader | None = None
-        self.file = 0  # number of the writer file `reader` reads
+        self.reader: RecordReader | None = None  # opened for a read (`open`), closed by `release`
+        self.file = 0  # number of the writer file `reader` reads, or read until released
+        self._resume = 0  # where in file `file` a released reader stopped (0: not released there)
+
+    def open(self) -> RecordReader | None:
+        """The reader of the writer file holding `next_id`, opened if it is not (where `release`
+        left it, in that file); None while no file holds it. Raises OSError."""
+        reader = self.reader
+        if reader is None:
+            journal = self.queue._journal
+            assert journal is not None
+            info = next((f for f in journal.writer.files if f.last_id >= self.next_id), None)
+            if info is None:
+                return None
+            at = self._resume if self._resume and info.number == self.file else k3.MAGIC_SIZE
+            reader = self.reader = RecordReader(info.path, k3.FileKind.WRITER, self.queue._gate, at)
+            reader.chunk = CURSOR_CHUNK
+            self.file = info.number
+        return reader
 
     def sync(self) -> None:
         """Nothing to do: the writer appends every PUT at once."""
@@ -617,18 +634,14 @@ class ReaderCursor:
         assert journal is not None
         files = journal.writer.files
         while True:
-            if self.reader is None:
-                info = next((f for f in files if f.last_id >= self.next_id), None)
-                if info is None:
-                    return None
-                self.reader = RecordReader(info.path, k3.FileKind.WRITER, self.queue._gate)
-                self.reader.chunk = CURSOR_CHUNK
-                self.file = info.number
-            entry = self.reader.next(self.next_id)
+            reader = self.open()
+            if reader is None:
+                return None
+            entry = reader.next(self.next_id)
             if entry is None:
                 if self.file == files[-1].number:
-                    self.reader.grow()
-                    entry = self.reader.next(self.next_id)
+                    reader.grow()
+                    entry = reader.next(self.next_id)
                     if entry is None:
                         return None
                 else:
@@ -642,14 +655,16 @@ class ReaderCursor:
     def buffered(self) -> int:
         return self.reader.buffered if self.reader is not None else 0
 
-    def release_buffer(self) -> None:
-        if self.reader is not None:
-            self.reader.release_buffer()
+    def release(self) -> None:
+        reader = self.reader
+        if reader is not None:
+            self._resume = reader.offset
+            self.reader = None
+            reader.close()
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
+        self.release()
+        self._resume = 0
 
 
 def _journaled_expiry(takers: list[Kestrel3Queue], now: int, expiry: int) -> int:
