@@ -61,7 +61,7 @@ HOLD_MS = 500  # how long a put waits under flow control before it is refused
 SMOOTHING = 0.3  # weight of the newest rate sample (older ones decay: no flapping on one burst)
 FLOOR = 64 * 1024  # a queue's smallest share, when the budget allows it: one read-back's worth
 LOW_WATER = 0.9  # paging and flow control aim this far under the budget
-IDLE = 1.0  # bytes a second under which a queue in read-behind counts as idle (its buffer goes)
+IDLE = 1.0  # bytes a second in and out under which a queue in read-behind is idle (its cursor closes)
 # The governor takes memory in hand once the queues hold more than ENGAGE of the budget, and lets go
 # under LET_GO: meanwhile each queue holds up to its own max_memory_size, and no tick measures one.
 ENGAGE = 0.5
@@ -342,10 +342,10 @@ class MemoryGovernor:
         self._planned = 0
         self._target_total = 0
         self._at_ease = False  # let go (`_let_go`): memory far under the budget, nothing measured
-        # Queues whose read-behind cursor held a read buffer when last measured: each gives it back
-        # once its egress decays below IDLE. A cursor fills its buffer only within a change (a get, a
-        # peek, an expiry), which the next tick measures: backlogs whose buffers are gone (most of
-        # them, pressed) are not visited each plan.
+        # Queues whose read-behind cursor held its file (and maybe a read buffer) when last measured:
+        # each gives them back once its egress decays below IDLE. A cursor opens its file only for a
+        # change (a put opens it too: any change may read, an expiry at the head), which the next tick
+        # measures: backlogs whose cursors are closed (most of them, pressed) are not visited each plan.
         self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
@@ -558,7 +558,7 @@ class MemoryGovernor:
         for record, target in zip(fresh, targets, strict=True):
             q = record.queue
             q.set_memory_target(target)
-            if record.buffer:
+            if record.buffer or q.holds_cursor_file():
                 watch.add(record)
         self._place_candidates([record.queue for record in fresh])
         self._release_idle_cursors()
@@ -663,7 +663,7 @@ class MemoryGovernor:
             if q.memory_bytes > target:
                 over.append(q)
                 waits.append(self._wait(q))
-            if record.buffer:
+            if record.buffer or q.holds_cursor_file():
                 watch.add(record)
         fixed_total = measured.fixed
         records = self._records
@@ -704,8 +704,9 @@ class MemoryGovernor:
         return q.memory_bytes / max(egress, 1.0)
 
     def _release_idle_cursors(self) -> None:
-        """A watched queue (in read-behind when last measured) whose egress has decayed under IDLE
-        gives its cursor's read buffer and file back (its next change opens it again)."""
+        """A watched queue (in read-behind when last measured) whose egress and ingress have decayed
+        under IDLE gives its cursor's read buffer and file back (its next change opens it again). Fed
+        and not read, it keeps them: released every tick, each put opened the file again."""
         watch = self._watch
         if not watch:
             return
@@ -713,7 +714,7 @@ class MemoryGovernor:
             q = record.queue
             if q.closed or not q.in_read_behind:
                 watch.discard(record)
-            elif record.egress * _decay(self._tick - record.tick) < IDLE:
+            elif (record.egress + record.ingress) * _decay(self._tick - record.tick) < IDLE:
                 watch.discard(record)
                 q.release_cursor()
                 if record.buffer and self._records.get(q) is record:

@@ -1189,6 +1189,11 @@ class PersistentQueue(ABC):
         finally:
             self.count_in(ledger)
 
+    def holds_cursor_file(self) -> bool:
+        """Whether its read-behind cursor holds its file open (opened by a change: `_open_cursor_file`)."""
+        behind = self._behind
+        return behind is not None and behind.cursor.holds_file()
+
     def release_cursor(self) -> None:
         """An idle queue in read-behind gives back its cursor's read buffer and file (the next
         change opens it again: `_open_cursor_file`)."""

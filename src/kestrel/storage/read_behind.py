@@ -47,6 +47,9 @@ class Cursor(Protocol):
     def buffered(self) -> int:
         """Bytes it keeps buffered (the memory governor counts them)."""
 
+    def holds_file(self) -> bool:
+        """Whether its file is open (until `release`)."""
+
     def release(self) -> None:
         """Drop its buffer and close its file, keeping its place (`open` takes it up again)."""
 

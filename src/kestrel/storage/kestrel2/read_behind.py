@@ -64,6 +64,9 @@ class JournalCursor:
     def buffered(self) -> int:
         return self.reader.buffered if self.reader is not None else 0
 
+    def holds_file(self) -> bool:
+        return self.reader is not None
+
     def release(self) -> None:
         reader = self.reader
         if reader is not None:

@@ -655,6 +655,9 @@ class ReaderCursor:
     def buffered(self) -> int:
         return self.reader.buffered if self.reader is not None else 0
 
+    def holds_file(self) -> bool:
+        return self.reader is not None
+
     def release(self) -> None:
         reader = self.reader
         if reader is not None:
