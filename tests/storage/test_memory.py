@@ -708,6 +708,19 @@ def test_pressed_the_queues_that_changed_take_their_places_among_those_a_put_pag
     coll.close()
 
 
+def backlogs_on_disk(tmp_path: Path, journal_format: str) -> tuple[QueueCollection, ManualRuntime, list[str]]:
+    """Four queues of sixty 30 KB items under a 1 MB budget, each put ten at a time a tick apart:
+    pressed, each queue's tail on disk."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 1_000_000)
+    names = [f"q{i}" for i in range(4)]
+    for start in range(0, 60, 10):
+        for name in names:
+            coll.put(name, [item(n, 30_000) for n in range(start, start + 10)])
+        runtime.advance(250)
+    assert governor._pressed is not None and all(coll.queue(name).in_read_behind for name in names)
+    return coll, runtime, names
+
+
 @pytest.mark.pure_build
 @FORMATS
 def test_an_idle_cursor_gives_its_read_buffer_back_and_a_plan_asks_no_cursor_without_one(
@@ -717,13 +730,7 @@ def test_an_idle_cursor_gives_its_read_buffer_back_and_a_plan_asks_no_cursor_wit
     cursors' files (opened by their puts), given back once their puts stop; each cursor is asked
     once, and no plan asks a closed one: every plan asked every queue in read-behind, 10,000 pressed
     backlogs a third of a plan's time (pure build)."""
-    coll, governor, runtime = governed(tmp_path, journal_format, 1_000_000)
-    names = [f"q{i}" for i in range(4)]
-    for start in range(0, 60, 10):  # 7.2 MB in all: each queue's tail on disk
-        for name in names:
-            coll.put(name, [item(n, 30_000) for n in range(start, start + 10)])
-        runtime.advance(250)
-    assert governor._pressed is not None and all(coll.queue(name).in_read_behind for name in names)
+    coll, runtime, names = backlogs_on_disk(tmp_path, journal_format)
     asked = calls_of(monkeypatch, PersistentQueue, "release_cursor")
     q0 = coll.queue("q0")
     while not q0.held_bytes()[2]:  # reads until the cursor reads ahead from the journal
@@ -747,13 +754,7 @@ def test_a_queue_in_read_behind_only_put_to_gives_its_cursors_file_back_once_its
     file for good: backlogs fed and never read each held a descriptor beside their journals'. It
     keeps the file while it is fed (released each tick, each put opened it again), and gives it back
     once its puts stop too; the items stay."""
-    coll, governor, runtime = governed(tmp_path, journal_format, 1_000_000)
-    names = [f"q{i}" for i in range(4)]
-    for start in range(0, 60, 10):  # 7.2 MB in all: each queue's tail on disk
-        for name in names:
-            coll.put(name, [item(n, 30_000) for n in range(start, start + 10)])
-        runtime.advance(250)
-    assert governor._pressed is not None and all(coll.queue(name).in_read_behind for name in names)
+    coll, runtime, names = backlogs_on_disk(tmp_path, journal_format)
     fed = coll.queue("q1")
     for n in range(60, 70):
         coll.put("q1", [item(n, 30_000)])

@@ -19,12 +19,13 @@ out and left alone hold none for their items on disk.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
 from kestrel.storage.deferred_log import log_later
 from kestrel.storage.item import QItem
+from kestrel.storage.journal_file import BufferedFile
 from kestrel.storage.runtime import Runtime
 
 log = structlog.get_logger("kestrel.queue")
@@ -55,6 +56,35 @@ class Cursor(Protocol):
 
     def close(self) -> None:
         """Close its file for good."""
+
+
+R = TypeVar("R", bound=BufferedFile)
+
+
+class FileCursor(Generic[R]):
+    """What both formats' cursors do with their file: a record reader that their `open` opens for
+    a read, closed again at `release`, where it stopped (`at`) kept for the next `open`."""
+
+    def __init__(self, at: int) -> None:
+        self.reader: R | None = None
+        self.at = at  # where the next record starts, while no reader is open
+
+    def buffered(self) -> int:
+        return self.reader.buffered if self.reader is not None else 0
+
+    def holds_file(self) -> bool:
+        return self.reader is not None
+
+    def release(self) -> None:
+        reader = self.reader
+        if reader is not None:
+            self.at = reader.offset
+            self.reader = None
+            reader.close()
+
+    def close(self) -> None:
+        self.release()
+        self.at = 0
 
 
 class ReadBehind:

@@ -15,13 +15,14 @@ from kestrel.storage.item import QItem
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel2.reader import JournalReader
 from kestrel.storage.kestrel2.replay import ADDS, item_of
+from kestrel.storage.read_behind import FileCursor
 from kestrel.storage.write_gate import WriteGate
 
 Files = list[tuple[int, str]]  # (sort key, path) in replay order: rotated timestamps, then LIVE
 LIVE = 2**63  # sort key of the live journal, after every rotated timestamp
 
 
-class JournalCursor:
+class JournalCursor(FileCursor[JournalReader]):
     """Reads add records forward from (`key`, `offset`), crossing into later files of `files()`.
 
     `on_leave(key)` is told each time the cursor has read the whole of file `key` and moved on;
@@ -32,20 +33,19 @@ class JournalCursor:
     def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
                  on_leave: Callable[[int], None] | None = None,
                  sync: Callable[[], None] | None = None, gate: WriteGate | None = None) -> None:
+        super().__init__(offset)
         self._files = files
         self._on_leave = on_leave
         self._sync = sync
         self._gate = gate
         self.key = key
         self._path: str | None = path  # the file of `key` (None after a rotation renamed it: `files()` says)
-        self._offset = offset  # where the next record starts, while no reader is open
-        self.reader: JournalReader | None = None  # opened for the first read (`open`), closed by `release`
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
 
     @property
     def offset(self) -> int:
         """Offset of the next record in file `key`."""
-        return self.reader.offset if self.reader is not None else self._offset
+        return self.reader.offset if self.reader is not None else self.at
 
     def open(self) -> JournalReader:
         """The reader of file `key`, opened at the cursor's place if it is not. Raises OSError."""
@@ -54,25 +54,12 @@ class JournalCursor:
             path = self._path
             if path is None:
                 path = self._path = next((p for k, p in self._files() if k == self.key), "")
-            reader = self.reader = self._open(path, self._offset)
+            reader = self.reader = self._open(path, self.at)
         return reader
 
     def sync(self) -> None:
         if self._sync is not None:
             self._sync()
-
-    def buffered(self) -> int:
-        return self.reader.buffered if self.reader is not None else 0
-
-    def holds_file(self) -> bool:
-        return self.reader is not None
-
-    def release(self) -> None:
-        reader = self.reader
-        if reader is not None:
-            self._offset = reader.offset
-            self.reader = None
-            reader.close()
 
     def next_item(self, now: int) -> QItem | None:
         """The next journaled item, or None once the cursor is at `stop` or at the end of the
@@ -101,7 +88,7 @@ class JournalCursor:
             return False
         left = self.key
         self.release()
-        self.key, self._path, self._offset = following[0], following[1], 0
+        self.key, self._path, self.at = following[0], following[1], 0
         if self._on_leave is not None:
             self._on_leave(left)
         return True
@@ -116,6 +103,3 @@ class JournalCursor:
         if self.key == LIVE:
             self.key = stamp
             self._path = None
-
-    def close(self) -> None:
-        self.release()

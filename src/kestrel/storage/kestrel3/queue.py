@@ -41,6 +41,7 @@ from kestrel.storage.kestrel3.files import RecordReader
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
+from kestrel.storage.read_behind import FileCursor
 from kestrel.storage.runtime import GeventRuntime, Task, all_side_by_side
 from kestrel.storage.write_gate import WriteGate
 
@@ -581,18 +582,17 @@ class Kestrel3Queue(PersistentQueue):
         return [self.name] if self.reader else []  # a reader's name owns no file; its parent's do
 
 
-class ReaderCursor:
+class ReaderCursor(FileCursor[RecordReader]):
     """A reader's read-behind cursor (src/kestrel/storage/read_behind.py): its items read back from
     the writer files from id `start` on, skipping those it consumed; an item of `LARGE_APPEND`
     bytes or more read off the loop while every reader of the writer journal waits at its gate
     (`RecordReader`)."""
 
     def __init__(self, queue: Kestrel3Queue, start: int) -> None:
+        super().__init__(0)  # `at`: where in file `file` a released reader stopped (0: none was)
         self.queue = queue
         self.next_id = start  # the lowest id not yet read back
-        self.reader: RecordReader | None = None  # opened for a read (`open`), closed by `release`
         self.file = 0  # number of the writer file `reader` reads, or read until released
-        self._resume = 0  # where in file `file` a released reader stopped (0: not released there)
 
     def open(self) -> RecordReader | None:
         """The reader of the writer file holding `next_id`, opened if it is not (where `release`
@@ -604,7 +604,7 @@ class ReaderCursor:
             info = next((f for f in journal.writer.files if f.last_id >= self.next_id), None)
             if info is None:
                 return None
-            at = self._resume if self._resume and info.number == self.file else k3.MAGIC_SIZE
+            at = self.at if self.at and info.number == self.file else k3.MAGIC_SIZE
             reader = self.reader = RecordReader(info.path, k3.FileKind.WRITER, self.queue._gate, at)
             reader.chunk = CURSOR_CHUNK
             self.file = info.number
@@ -651,23 +651,6 @@ class ReaderCursor:
             assert isinstance(record, k3.Put)
             if record.id >= self.next_id:
                 return record
-
-    def buffered(self) -> int:
-        return self.reader.buffered if self.reader is not None else 0
-
-    def holds_file(self) -> bool:
-        return self.reader is not None
-
-    def release(self) -> None:
-        reader = self.reader
-        if reader is not None:
-            self._resume = reader.offset
-            self.reader = None
-            reader.close()
-
-    def close(self) -> None:
-        self.release()
-        self._resume = 0
 
 
 def _journaled_expiry(takers: list[Kestrel3Queue], now: int, expiry: int) -> int:
