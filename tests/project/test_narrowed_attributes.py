@@ -76,9 +76,6 @@ CANNOT_CHANGE = {
         "emptied only between requests, by the connection's own greenlet, never while it receives one",
     "kestrel.storage.fsync.group_commit:_ended:self._then":
         "`os.eventfd_read` of a non-blocking eventfd returns at once, without the hub",
-    "kestrel.storage.kestrel3.queue:_next_record:self.reader":
-        "a read-behind fill holds the queue's lock through a large item's read off the loop; "
-        "`close` runs under it too",
 }
 
 # Calls that run no code of the package: functions and methods of these modules' values.
