@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.client import Server
+from kestrel.client.errors import Refused
 from tests.conftest import ServerProcess, wait_until
 from tests.support.descriptors import descriptors, sockets
 
@@ -118,10 +120,6 @@ def test_queues_whose_items_wait_on_disk_hold_their_journals_alone_and_a_read_sh
     It holds its journal's alone now; a read opens the cursor's file. Out of descriptors, that read
     is answered with an error naming the queue and the cause, nothing taken, and the same read,
     descriptors free again, reads on in order."""
-    import resource
-
-    from kestrel.client.errors import Refused
-
     srv = server_factory({"max_memory_total": "1MB", "default_queue": {"max_memory_size": "4MB"}})
     assert srv.proc is not None
     pid = srv.proc.pid

@@ -194,8 +194,8 @@ class JournalWriteError(KestrelError):
 
 class JournalReadError(KestrelError):
     """Raised when a queue in read-behind cannot open the journal file its items are read back
-    from (out of file descriptors): that change alone is refused, before anything changed; the
-    next change tries again."""
+    from (out of file descriptors, mostly): that change alone is refused, before anything changed;
+    the next change tries again."""
 
     def __init__(self, queue: str, error: OSError) -> None:
         super().__init__(f"cannot read the items of queue {queue!r} back from its journal "

@@ -343,9 +343,9 @@ class MemoryGovernor:
         self._target_total = 0
         self._at_ease = False  # let go (`_let_go`): memory far under the budget, nothing measured
         # Queues whose read-behind cursor held its file (and maybe a read buffer) when last measured:
-        # each gives them back once its egress decays below IDLE. A cursor opens its file only for a
-        # change (a put opens it too: any change may read, an expiry at the head), which the next tick
-        # measures: backlogs whose cursors are closed (most of them, pressed) are not visited each plan.
+        # each gives them back once its egress and ingress decay below IDLE. A cursor opens its file
+        # only for a change (a put too: any change may read, an expiry at the head), which the next
+        # tick measures: backlogs whose cursors are closed (most of them, pressed) are not visited.
         self._watch: set[_Record] = set()
         # Queues over their targets at the last tick, the longest wait last: what a put pages out.
         self._candidates: list[PersistentQueue] = []
