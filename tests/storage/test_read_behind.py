@@ -17,6 +17,7 @@ from kestrel.storage.clock import FakeClock
 from kestrel.storage.errors import JournalReadError
 from kestrel.storage.kestrel2 import codec, packer
 from kestrel.storage.tools.dump import dump_queue
+from tests.support.descriptors import descriptors
 from tests.support.queues import drain, one, reopen
 
 T0 = 1_700_000_000_000
@@ -337,13 +338,8 @@ def test_a_put_that_catches_up_and_reads_behind_again_packs_nothing_it_does_not_
 
 def open_in(path: Path) -> list[str]:
     """The files under `path` this process holds a descriptor of."""
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(str(path)):
-                held.append(os.path.basename(target))
-    return sorted(held)
+    return sorted(os.path.basename(name) for name in descriptors(os.getpid()).values()
+                  if name.startswith(str(path)))
 
 
 @contextlib.contextmanager
