@@ -123,6 +123,7 @@ def test_queues_whose_items_wait_on_disk_hold_their_journals_alone_and_a_read_sh
     srv = server_factory({"max_memory_total": "1MB", "default_queue": {"max_memory_size": "4MB"}})
     assert srv.proc is not None
     pid = srv.proc.pid
+    listening = sockets(pid)  # no client has come yet
     names = [f"p{q}" for q in range(20)]
     items = {name: [b"%s:%04d:" % (name.encode(), n) + b"x" * 1000 for n in range(100)] for name in names}
 
@@ -140,6 +141,8 @@ def test_queues_whose_items_wait_on_disk_hold_their_journals_alone_and_a_read_sh
         assert held() == sorted(names), "each queue's journal, and no cursor"
         got = {name: [item.data for item in thrift.get(name, 5)] for name in behind[:2]}
         assert held() == sorted(names + behind[:2]), "the two queues read hold their cursors' files"
+        # No descriptor below the limit may come free after it is set: the stats request's goes first.
+        wait_until(lambda: sockets(pid) <= listening + 1, "the stats request's connection to be closed")
         lowest_free = next(fd for fd in range(1 << 20) if fd not in descriptors(pid))
         soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, hard))  # nothing more opens
