@@ -223,7 +223,7 @@ def test_the_read_behind_cursor_reads_adds_across_files_to_the_end_of_the_live_o
     live = _write(tmp_path / "q", add(b"d"))
     files = [(100, first), (200, second), (LIVE, live)]
     left: list[int] = []
-    cursor = JournalCursor(lambda: files, 100, first, 0, left.append)
+    cursor = JournalCursor(lambda: files, 100, 0, left.append)
     read = [cursor.next_item(0) for _ in range(3)]
     assert [i.data for i in read if i] == [b"a", b"b", b"c"] and left == [100]
     item = cursor.next_item(0)
@@ -232,8 +232,15 @@ def test_the_read_behind_cursor_reads_adds_across_files_to_the_end_of_the_live_o
     _write(tmp_path / "q", add(b"e"))
     item = cursor.next_item(0)
     assert item is not None and item.data == b"e"  # the live journal grew
+    cursor.release()  # its queue idle: the file closed, the place kept
+    assert not cursor.holds_file()
+    rotated = str(tmp_path / "q.300")
+    os.rename(live, rotated)  # a rotation: the live journal renamed, a new one begun
+    files[:] = [(100, first), (200, second), (300, rotated), (LIVE, _write(tmp_path / "q", add(b"f")))]
     cursor.live_rotated(300)
     assert cursor.key == 300
+    item = cursor.next_item(0)  # opened again by its key, at its place: on into the new live journal
+    assert item is not None and item.data == b"f" and left == [100, 200, 300] and cursor.key == LIVE
     cursor.close()
 
 
@@ -241,7 +248,7 @@ def test_the_read_behind_cursor_does_not_pass_its_stop(tmp_path: Path) -> None:
     add = lambda data: codec.encode_addx(1, 0, data)  # noqa: E731
     first = _write(tmp_path / "q.100", add(b"a"))
     live = _write(tmp_path / "q", add(b"b"), add(b"c"))
-    cursor = JournalCursor(lambda: [(100, first), (LIVE, live)], 100, first, 0)
+    cursor = JournalCursor(lambda: [(100, first), (LIVE, live)], 100, 0)
     cursor.stop = (LIVE, len(add(b"b")))
     assert [getattr(cursor.next_item(0), "data", None) for _ in range(3)] == [b"a", b"b", None]
     cursor.stop = None

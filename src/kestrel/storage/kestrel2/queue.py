@@ -199,9 +199,9 @@ class Kestrel2Queue(PersistentQueue):
     # -----------------------------------------------------------------------------------------
     # Read-behind
 
-    def _open_cursor(self, key: int, path: str, offset: int, stop: tuple[int, int] | None) -> JournalCursor:
+    def _open_cursor(self, key: int, offset: int, stop: tuple[int, int] | None) -> JournalCursor:
         """A cursor reading items back from file `key` at `offset`."""
-        self._rb = JournalCursor(self._journal.files, key, path, offset, self._cursor_left,
+        self._rb = JournalCursor(self._journal.files, key, offset, self._cursor_left,
                                  self._journal.flush, self._gate)
         self._rb.stop = stop
         return self._rb
@@ -211,7 +211,7 @@ class Kestrel2Queue(PersistentQueue):
         writer = self._journal.writer
         assert writer is not None
         self._journal.flush()
-        return self._open_cursor(LIVE, writer.path, writer.size, None)
+        return self._open_cursor(LIVE, writer.size, None)
 
     def _read_behind_ended(self) -> None:
         if self._rb is not None:
@@ -256,7 +256,7 @@ class Kestrel2Queue(PersistentQueue):
             log_later(self.runtime, log.warning, "cannot page out: the journal does not end with the items "
                       "in memory", queue=self.name)
             return None
-        return self._open_cursor(key, path, offset, None)  # the queue closes the one open now
+        return self._open_cursor(key, offset, None)  # the queue closes the one open now
 
     def _cursor_left(self, passed: int) -> None:
         """The read-behind cursor has read the whole of file `passed`: every item queued at a
@@ -584,7 +584,7 @@ class _QueueReplay(QueueReplay):
         if queue._append(item):
             assert self.reader is not None
             offset = self.reader.offset if end is None else end
-            queue._read_behind_from(queue._open_cursor(self.key, self.path, offset, (self.key, offset)))
+            queue._read_behind_from(queue._open_cursor(self.key, offset, (self.key, offset)))
 
     def take_head(self, opened: bool) -> QItem | None:
         return self.queue._take_head(opened)

@@ -30,7 +30,7 @@ class JournalCursor(FileCursor[JournalReader]):
     bytes or more is read off the loop through the queue's `gate` (`JournalReader`).
     """
 
-    def __init__(self, files: Callable[[], Files], key: int, path: str, offset: int,
+    def __init__(self, files: Callable[[], Files], key: int, offset: int,
                  on_leave: Callable[[int], None] | None = None,
                  sync: Callable[[], None] | None = None, gate: WriteGate | None = None) -> None:
         super().__init__(offset)
@@ -39,7 +39,6 @@ class JournalCursor(FileCursor[JournalReader]):
         self._sync = sync
         self._gate = gate
         self.key = key
-        self._path: str | None = path  # the file of `key` (None after a rotation renamed it: `files()` says)
         self.stop: tuple[int, int] | None = None  # (file key, offset) the cursor may not pass
 
     @property
@@ -51,9 +50,7 @@ class JournalCursor(FileCursor[JournalReader]):
         """The reader of file `key`, opened at the cursor's place if it is not. Raises OSError."""
         reader = self.reader
         if reader is None:
-            path = self._path
-            if path is None:
-                path = self._path = next((p for k, p in self._files() if k == self.key), "")
+            path = next((p for k, p in self._files() if k == self.key), "")
             reader = self.reader = self._open(path, self.at)
         return reader
 
@@ -83,12 +80,12 @@ class JournalCursor(FileCursor[JournalReader]):
         """Move to the next file; False when there is none (the cursor is in the live journal)."""
         if self.key == LIVE:
             return False
-        following = next(((k, p) for k, p in self._files() if k > self.key), None)
+        following = next((k for k, _ in self._files() if k > self.key), None)
         if following is None:
             return False
         left = self.key
         self.release()
-        self.key, self._path, self.at = following[0], following[1], 0
+        self.key, self.at = following, 0
         if self._on_leave is not None:
             self._on_leave(left)
         return True
@@ -102,4 +99,3 @@ class JournalCursor(FileCursor[JournalReader]):
         """The live journal was renamed to the rotated file `stamp`: a cursor in it is there now."""
         if self.key == LIVE:
             self.key = stamp
-            self._path = None
