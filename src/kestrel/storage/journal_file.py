@@ -119,12 +119,6 @@ class BufferedFile:
         """Bytes read ahead and held."""
         return len(self._buf)
 
-    def release_buffer(self) -> None:
-        """Forget what was read ahead (an idle read-behind cursor); the next read starts at `offset`."""
-        self._buf_start += self._pos
-        self._pos = 0
-        self._buf = b""
-
     def read_at(self, size: int, at: int) -> bytes:
         """`size` bytes of the file at `at` (fewer if it ends first), in one read: a record larger
         than the buffer, once the caller found the file holds it (a damaged size field allocates

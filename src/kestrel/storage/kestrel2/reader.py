@@ -97,7 +97,7 @@ class JournalReader(BufferedFile):
     def _read_item(self, start: int, end: int) -> tuple[int, Record] | None:
         """The item record here, its item read on its own from `start` to `end` (from the record's
         offset); None if the file turns out shorter. The reader's place is taken from before the
-        read, which may have let the loop run (`release_buffer` meanwhile changes no offset)."""
+        read, which may have let the loop run."""
         at = self.offset
         head = self._buf[self._pos:self._pos + start]
         data = self.read_at(end - start, at + start)

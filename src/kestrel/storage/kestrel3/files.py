@@ -181,8 +181,7 @@ class RecordReader(journal_file.BufferedFile):
     def _read_item(self, start: int, length: int, fields: k3.PutFields) -> tuple[int, k3.Record] | None:
         """The PUT of `length` bytes here, which the file holds, with the `fields` of its header and
         its item read on its own from `start`; None if the file turns out shorter. The reader's
-        place is taken from before the read, which may have let the loop run (`release_buffer`
-        meanwhile changes no offset)."""
+        place is taken from before the read, which may have let the loop run."""
         at = self.offset
         data = self.read_at(length - start, at + start)
         if len(data) < length - start:
