@@ -930,6 +930,48 @@ def test_a_tick_paging_out_many_queues_pauses_for_the_other_tasks_and_keeps_what
 
 
 @FORMATS
+def test_a_tick_giving_many_cursors_files_back_pauses_for_the_other_tasks(
+        tmp_path: Path, journal_format: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one thread, the tick in which many backlogs go idle closes their cursors' files in a walk
+    that pauses every PACE queues: backlogs whose puts stop together go idle in the same tick, and
+    10,000 closed theirs in one stretch of the loop. A queue deleted in a pause is passed over, and
+    every other cursor closes, its items kept."""
+    coll, governor, runtime = governed(tmp_path, journal_format, 1_500_000, max_memory_size=1000)
+    names = [f"q{i}" for i in range(2 * PACE + 10)]
+    for name in names:  # the second item of each starts its read-behind
+        coll.put(name, [item(0, 600), item(1, 600)])
+        coll.put(name, [item(i, 600) for i in range(2, 7)])
+    for name in names:  # the refill after a get reads back from the cursor's file
+        assert [i.data for i in coll.remove(name, 1)] == [item(0, 600)]
+    assert all(coll.queue(name).holds_cursor_file() and coll.queue(name).in_read_behind for name in names)
+    governor.budget = coll.ledger.limit = coll.ledger.total * 3 // 2  # past ENGAGE, nothing to page out
+    holding: list[int] = []  # at each pause, the queues whose cursors hold their files
+    deleted: list[str] = []
+
+    def meanwhile() -> None:
+        held = [q.name for q in coll.queues() if q.holds_cursor_file()]
+        holding.append(len(held))
+        if not deleted and 0 < len(held) < len(names):  # the walk is closing them
+            deleted.append(held[0])
+            coll.delete(held[0])
+
+    monkeypatch.setattr(runtime, "pause", meanwhile)
+    for _ in range(80):  # until the puts' rates have decayed
+        runtime.advance(250)
+        if not any(q.holds_cursor_file() for q in coll.queues()):
+            break
+    monkeypatch.undo()
+    closing = [n for n in holding if 0 < n < len(names)]  # (the one deleted passed over in the second
+    assert len(closing) == 2 and closing[0] == len(names) - PACE  # or the third stretch)
+    assert len(names) - 2 * PACE - 1 <= closing[1] <= len(names) - 2 * PACE
+    assert not any(q.holds_cursor_file() for q in coll.queues())
+    assert coll.ledger.total == held_in_memory(coll)
+    drained = {name: drain(coll, name) for name in names if name not in deleted}
+    assert [name for name, got in drained.items() if got != [item(i, 600) for i in range(1, 7)]] == []
+    coll.close()
+
+
+@FORMATS
 def test_a_drained_queue_comes_back_to_memory(tmp_path: Path, journal_format: str) -> None:
     coll, _, runtime = governed(tmp_path, journal_format, 400_000)
     backlogs(coll, ["a", "b"], 300_000)

@@ -561,9 +561,9 @@ class MemoryGovernor:
             if record.buffer or q.holds_cursor_file():
                 watch.add(record)
         self._place_candidates([record.queue for record in fresh])
-        self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, fixed_total)
+        self._release_idle_cursors()
         return True
 
     def _tick_all(self, seconds: float, now: int) -> None:
@@ -601,9 +601,9 @@ class MemoryGovernor:
             total = self.ledger.total if self.runtime.shares_one_thread else total - freed
             over = [q for q in over if q.memory_bytes > q.memory_target]
         self._candidates = over
-        self._release_idle_cursors()
         self.memory_total = total
         self._flow(total, now, self._fixed_total + measured.pinned)
+        self._release_idle_cursors()
 
     def _measure_all(self, queues: list[PersistentQueue], seconds: float, pausing: bool) -> _Measure | None:
         """Sample every queue of `queues` and note what it asks of the budget; the records kept are
@@ -706,11 +706,15 @@ class MemoryGovernor:
     def _release_idle_cursors(self) -> None:
         """A watched queue (in read-behind when last measured) whose egress and ingress have decayed
         under IDLE gives its cursor's read buffer and file back (its next change opens it again). Fed
-        and not read, it keeps them: released every tick, each put opened the file again."""
+        and not read, it keeps them: released every tick, each put opened the file again. The last
+        step of a tick, in a walk that pauses every PACE queues (10,000 backlogs whose puts stop
+        together close their files in one tick, a few microseconds each)."""
         watch = self._watch
         if not watch:
             return
-        for record in list(watch):
+        for record in self._paced(list(watch)):
+            if self.closed:  # during a pause
+                return
             q = record.queue
             if q.closed or not q.in_read_behind:
                 watch.discard(record)
