@@ -614,7 +614,7 @@ class MemoryGovernor:
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         fixed_total = pinned_total = held_total = 0
-        for q in paced(queues, self.runtime) if pausing else queues:
+        for q in self._paced(queues) if pausing else queues:
             if self.closed:  # during a pause
                 return None
             record = old.get(q)
@@ -650,7 +650,7 @@ class MemoryGovernor:
         over: list[PersistentQueue] = []
         waits: list[float] = []
         watch: set[_Record] = set()
-        for q, record, demand in paced(entries, self.runtime) if pausing else entries:
+        for q, record, demand in self._paced(entries) if pausing else entries:
             if self.closed:  # during a pause
                 return None
             if q.closed:
