@@ -510,19 +510,20 @@ def read_every_queue(srv: ServerProcess, reader: socket.socket) -> None:
         assert b"q09999" in exchange(reader, command, b"END\r\n", wait=120), command
 
 
-def every_queue(work: Path) -> tuple[float, float]:
+def every_queue(work: Path) -> tuple[float, float, str]:
     """test_stats_render: another client's longest wait while the figures of 10,000 queues are read.
 
     After one round of the reads, as the test reads: the reads and the creation of the queues bring
     full garbage collections about (one every 6 to 8 rounds here), whose stalls the rows
     queues-created and queues-loaded measure."""
-    with server(work) as srv, connect(srv.memcache_port) as reader:
+    gc_log = work / "gc.log"
+    with server(work, gc_log=gc_log) as srv, connect(srv.memcache_port) as reader:
         reader.settimeout(120)
         make_queues(reader, MANY_QUEUES)
         read_every_queue(srv, reader)
         with other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays:
             read_every_queue(srv, reader)
-    return max(delays), 0.25
+    return max(delays), 0.25, collections_seen(gc_log, delays)
 
 
 def reload_queues(work: Path) -> tuple[float, float]:

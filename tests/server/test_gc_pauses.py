@@ -4,12 +4,13 @@ in objects rather than timed."""
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from kestrel.service.gc_pauses import FREEZE_ABOVE, WALK_ABOVE, Pauses
+from kestrel.service.gc_pauses import FREEZE_ABOVE, FROZEN_COUNT_AGE_S, WALK_ABOVE, Pauses
 from tests.support.lines import exchange
 from tests.support.wire import conn, memcache_stats
 
@@ -73,6 +74,26 @@ def test_the_oldest_generation_is_walked_on_the_loop_once_it_holds_more_than_the
     assert not asked, "no look asked once uninstalled"
 
 
+def test_the_frozen_objects_are_counted_again_once_their_count_is_a_second_old_or_after_a_freeze() -> None:
+    now = [0.0]
+    pauses = Pauses(clock=lambda: now[0])
+    try:
+        counted = pauses.frozen_objects()
+        assert counted == gc.get_freeze_count()
+        kept = [[n] for n in range(1000)]
+        gc.collect(1)
+        gc.freeze()  # not the server's freeze: the figure stays until its count is old
+        assert pauses.frozen_objects() == counted
+        now[0] += FROZEN_COUNT_AGE_S
+        assert pauses.frozen_objects() >= counted + len(kept)
+        more = [[n] for n in range(1000)]
+        gc.collect(1)
+        pauses.freeze()  # the server's own: counted again at once
+        assert pauses.frozen_objects() >= counted + len(kept) + len(more)
+    finally:
+        gc.unfreeze()
+
+
 def test_a_wave_of_closes_thaws_only_after_a_freeze_with_clients_connected(pauses: Pauses) -> None:
     pauses.freeze_loaded()
     assert pauses.freezes == 1 and len(gc.get_objects()) < 100
@@ -110,9 +131,11 @@ def test_the_queues_a_server_loads_are_never_walked_by_a_full_collection(server_
     with conn(server.memcache_port) as s:
         deletes = b"".join(b"delete q%05d\r\n" % i for i in range(QUEUES))
         assert exchange(s, deletes, b"DELETED\r\n" * QUEUES, wait=300) == b"DELETED\r\n" * QUEUES
-    # Freed once the replies have come: no wait, so no time a busy machine could run out of. The
-    # frozen objects are back to an empty server's, within a hundred: a deleted queue kept alive
-    # keeps ten or more, and a thaw would leave none frozen at all.
+    # Freed once the replies have come: no wait for that, so no time a busy machine could run out
+    # of; the wait is for the figure, counted again once a second. The frozen objects are back to
+    # an empty server's, within a hundred: a deleted queue kept alive keeps ten or more, and a thaw
+    # would leave none frozen at all.
+    time.sleep(FROZEN_COUNT_AGE_S)
     left = int(memcache_stats(server.memcache_port)["gc_frozen_objects"])
     assert abs(left - empty) < 100, \
         f"frozen objects: {empty} in an empty server, {frozen} loaded, {left} after the deletes"

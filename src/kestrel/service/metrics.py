@@ -219,7 +219,8 @@ SERVER_FIGURES: dict[str, Figure | None] = {
     "gc_objects": _gauge("kestrel_gc_objects", "Objects the last full garbage collection left unfrozen: "
                          "where the next one's walk starts."),
     "gc_frozen_objects": _gauge("kestrel_gc_frozen_objects", "Objects frozen out of the garbage collector's "
-                                "walks (the loaded queues, and what a long full collection left)."),
+                                "walks (the loaded queues, and what a full collection left), counted "
+                                "at most once a second."),
     "gc_freezes": _counter("kestrel_gc_freezes_total", "Times the objects alive were frozen."),
 }
 
