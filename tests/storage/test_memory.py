@@ -805,6 +805,9 @@ def test_a_plan_of_many_queues_pauses_for_the_other_tasks_and_keeps_what_they_di
     assert not deleted & {q.name for q in records} and len(records) == len(names) - 4
     assert governor._want_total == sum(record.want for record in records.values())
     assert governor._target_total == sum(record.target for record in records.values())
+    # What flow control is told no page-out can release: each head item left, none of a deleted
+    # queue's, whichever walk it was deleted in.
+    assert governor._pinned_total == sum(q.pinned_bytes() for q in records) == len(records) * 1000
     assert not deleted & {q.name for q in governor._candidates}
     monkeypatch.undo()
     assert governor.ledger.total == governor.measure() == (len(names) - 4 + 1) * 1000

@@ -249,7 +249,7 @@ class _Record:
     and, as last measured, what it wants of the budget and holds beyond paging's reach."""
 
     __slots__ = ("queue", "items", "length", "bytes", "ingress", "egress", "item_size", "tick",
-                 "want", "fixed", "buffer", "target")
+                 "want", "fixed", "buffer", "target", "pinned")
 
     def __init__(self, q: PersistentQueue, tick: int) -> None:
         self.queue = q
@@ -264,6 +264,7 @@ class _Record:
         self.fixed = 0  # its open reads' and cursor buffer's bytes
         self.buffer = 0  # its cursor buffer's bytes
         self.target = 0  # its target as a pressed plan, or a tick after it, gave it
+        self.pinned = 0  # its pinned bytes as a plan of every queue measured them
 
     def sample(self, q: PersistentQueue, seconds: float, tick: int) -> None:
         """The rates at tick `tick`: the ticks between the last sample and this one saw no change
@@ -294,14 +295,13 @@ class _Record:
 class _Measure(NamedTuple):
     """What a plan's measure found: the queues (those deleted meanwhile left out), their records
     and what each asks of the budget, and the sums of their bytes in memory, of what paging cannot
-    release (open reads and cursor buffers) and of their pinned bytes."""
+    release (open reads and cursor buffers)."""
 
     queues: list[PersistentQueue]
     records: list[_Record]  # (a list: `forget` takes a queue deleted in a pause out of the dict)
     demands: list[Demand]
     held: int
     fixed: int
-    pinned: int
 
 
 class MemoryGovernor:
@@ -336,6 +336,9 @@ class MemoryGovernor:
         self._want_total = self._fixed_total = 0
         self._ingress_total = 0.0
         self._sums_tick = 0
+        # The pinned bytes of every record as the last plan of every queue measured them: what flow
+        # control can wait for no page-out to release (`_flow`).
+        self._pinned_total = 0
         # The last plan's wants did not fit the budget: how it shared it, at which tick, and the sum
         # of the targets given by it and the ticks after (each record's `target`).
         self._pressed: PressedShares | None = None
@@ -409,6 +412,7 @@ class MemoryGovernor:
             self._want_total -= record.want
             self._fixed_total -= record.fixed
             self._target_total -= record.target
+            self._pinned_total -= record.pinned
             ingress = self._ingress_total - record.ingress * _decay(self._sums_tick - record.tick)
             self._ingress_total = max(ingress, 0.0)
             self._watch.discard(record)
@@ -487,7 +491,7 @@ class MemoryGovernor:
         self._records = {}
         self._watch = set()
         self._candidates = []
-        self._want_total = self._fixed_total = self._target_total = 0
+        self._want_total = self._fixed_total = self._target_total = self._pinned_total = 0
         self._ingress_total = 0.0
         self._pressed = None
 
@@ -602,7 +606,7 @@ class MemoryGovernor:
             over = [q for q in over if q.memory_bytes > q.memory_target]
         self._candidates = over
         self.memory_total = total
-        self._flow(total, now, self._fixed_total + measured.pinned)
+        self._flow(total, now, self._fixed_total + self._pinned_total)
         self._release_idle_cursors()
 
     def _measure_all(self, queues: list[PersistentQueue], seconds: float, pausing: bool) -> _Measure | None:
@@ -613,7 +617,7 @@ class MemoryGovernor:
         old = self._records
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
-        fixed_total = pinned_total = held_total = 0
+        fixed_total = held_total = 0
         for q in self._paced(queues) if pausing else queues:
             if self.closed:  # during a pause
                 return None
@@ -627,17 +631,15 @@ class MemoryGovernor:
             held_total += mem
             record.fixed, record.buffer = opens + buffer, buffer
             fixed_total += opens + buffer
-            pinned = q.pinned_bytes()
-            pinned_total += pinned
+            record.pinned = pinned = q.pinned_bytes()
             demands.append(record.demand(q, pinned, interval))
         if pausing and any(q.closed for q in queues):  # deleted in a pause: `forget` missed its new record
             kept = [i for i, q in enumerate(queues) if not q.closed]
             queues, demands = [queues[i] for i in kept], [demands[i] for i in kept]
             records = {q: records[q] for q in queues}
             fixed_total = sum(record.fixed for record in records.values())
-            pinned_total = sum(d.pinned for d in demands)
         self._records = records
-        return _Measure(queues, list(records.values()), demands, held_total, fixed_total, pinned_total)
+        return _Measure(queues, list(records.values()), demands, held_total, fixed_total)
 
     def _give_shares(self, shares: Shares, measured: _Measure, pausing: bool) -> list[PersistentQueue] | None:
         """Give each measured queue its share as its target, in a walk that pauses as the measure
@@ -645,7 +647,7 @@ class MemoryGovernor:
         (`_wait`). A queue deleted in a pause is passed over or, given its share already, taken out
         of the sums after. None: the governor closed in a pause."""
         entries = list(zip(measured.queues, measured.records, measured.demands, strict=True))
-        want_total = target_total = 0
+        want_total = target_total = pinned_total = 0
         ingress_total = 0.0
         over: list[PersistentQueue] = []
         waits: list[float] = []
@@ -660,6 +662,7 @@ class MemoryGovernor:
             want_total += demand.want
             target_total += target
             ingress_total += demand.ingress
+            pinned_total += demand.pinned
             if q.memory_bytes > target:
                 over.append(q)
                 waits.append(self._wait(q))
@@ -672,10 +675,12 @@ class MemoryGovernor:
             fixed_total = sum(record.fixed for record in records.values())
             target_total = sum(record.target for record in records.values())
             ingress_total = sum(record.ingress for record in records.values())
+            pinned_total = sum(record.pinned for record in records.values())
             watch = {record for record in watch if not record.queue.closed}
         self._want_total, self._fixed_total = want_total, fixed_total
         self._target_total, self._ingress_total = target_total, ingress_total
         self._watch = watch
+        self._pinned_total = pinned_total
         return [over[i] for i in sorted(range(len(over)), key=waits.__getitem__) if not over[i].closed]
 
     def _place_candidates(self, changed: list[PersistentQueue]) -> None:
