@@ -149,8 +149,7 @@ class Pauses:
 
     def frozen_objects(self) -> int:
         """The objects frozen now: counted again once the count is `FROZEN_COUNT_AGE_S` old, or
-        after a freeze or a thaw of this process's (frozen objects freed meanwhile lower it only
-        then)."""
+        after a freeze or a thaw made here (frozen objects freed meanwhile lower it only then)."""
         now = self._clock()
         if now - self._frozen_counted >= FROZEN_COUNT_AGE_S:
             self._frozen, self._frozen_counted = gc.get_freeze_count(), now
