@@ -29,7 +29,7 @@ from kestrel.storage.memory import (
     plan,
 )
 from kestrel.storage.queue import PersistentQueue
-from kestrel.storage.runtime import PACE, ManualRuntime
+from kestrel.storage.runtime import PACE, ManualRuntime, ThreadsRuntime
 from tests.support.queues import drain, held_in_memory, one, opened, reopen
 
 FORMATS = pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])
@@ -37,7 +37,7 @@ KB = 1024
 
 
 def make(path: Path, journal_format: str, budget: int = 0, queues: dict[str, Any] | None = None,
-         runtime: ManualRuntime | None = None, **default: Any) -> QueueCollection:
+         runtime: ManualRuntime | ThreadsRuntime | None = None, **default: Any) -> QueueCollection:
     configs = QueueConfigs({"journal_format": journal_format, **default}, queues)
     coll = opened(QueueCollection(str(path), configs, runtime=runtime or ManualRuntime(), max_memory_total=budget))
     coll.load()
@@ -768,6 +768,26 @@ def test_a_queue_in_read_behind_only_put_to_gives_its_cursors_file_back_once_its
     assert not any(coll.queue(name).holds_cursor_file() for name in names)
     assert coll.ledger.total == held_in_memory(coll)
     assert drain(coll, "q1") == [item(n, 30_000) for n in range(70)]
+    coll.close()
+
+
+@pytest.mark.parametrize("runtime_class, pauses", [(ManualRuntime, 2), (ThreadsRuntime, 0)],
+                         ids=["one thread", "threads"])
+def test_the_figures_measure_pauses_only_where_the_tasks_share_one_thread(
+        tmp_path: Path, runtime_class: type[ManualRuntime | ThreadsRuntime], pauses: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`measure` (every queue's bytes, for the figures) pauses every PACE queues as the plan's walks
+    do: on one thread, for the other tasks; with threads, which run meanwhile anyway, not at all."""
+    runtime = runtime_class()
+    coll = make(tmp_path, "kestrel2", budget=10_000_000, runtime=runtime)
+    names = [f"q{i}" for i in range(2 * PACE + 1)]
+    for i, name in enumerate(names):
+        coll.put(name, [item(i)])
+    paused: list[int] = []
+    monkeypatch.setattr(runtime, "pause", lambda: paused.append(1))
+    assert coll.governor is not None and coll.governor.measure() == 100 * len(names)
+    assert len(paused) == pauses
+    monkeypatch.undo()
     coll.close()
 
 

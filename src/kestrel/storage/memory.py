@@ -828,8 +828,8 @@ class MemoryGovernor:
 
     def measure(self) -> int:
         """What the queues hold in memory now: items, open reads, read-behind buffers (a walk that
-        lets the other tasks in)."""
-        return sum(sum(q.held_bytes()) for q in paced(list(self._queues()), self.runtime) if not q.closed)
+        lets the other tasks in where they share one thread, as the plan's walks do)."""
+        return sum(sum(q.held_bytes()) for q in self._paced(list(self._queues())) if not q.closed)
 
     def stats(self) -> dict[str, int]:
         """The server's figures (memcache stats, /stats.json, /metrics)."""
