@@ -15,13 +15,6 @@ that large, soon brings about.
 - after a full collection that left more than `FREEZE_ABOVE` objects unfrozen (queues created
   since, mostly), what survived it: the next full collection walks only what came after.
 
-Python's own rule runs a full collection only once the old objects have grown by a quarter of
-what the last one left, and with start-up's heap frozen that is most of what serving makes: 10,000
-queues created while serving were walked in one collection, 65-90 ms of the loop (pure build). So
-the server walks the oldest generation itself, on the loop, once it holds more than `WALK_ABOVE`
-unfrozen objects (looked at after each middle collection, the one that fills it): each walk is of
-that many objects at most, and what survives it is frozen as above.
-
 A frozen object is never collected, so cyclic garbage among frozen objects would stay. Neither a
 queue nor a connection makes any: a deleted queue, freed at its delete (docs/queue-lifetime.md), and a
 closed connection of any protocol, killed in a wait or not (tests/server/test_connection_cycles.py),
@@ -45,11 +38,9 @@ from typing import Any
 # the server's CPU in it. Cycles that reach the oldest generation wait that much longer to be freed.
 FULL_COLLECTION_AFTER = 100
 
-# Unfrozen objects in the oldest generation past which the server walks it (about 1,700 queues'
-# worth), and those a full collection may leave before they are frozen: half of it, so that at least
-# that many come between two walks.
-WALK_ABOVE = 20_000
-FREEZE_ABOVE = WALK_ABOVE // 2
+# Unfrozen objects a full collection may leave before they are frozen: about 2,500 queues' worth,
+# a walk of 10–50 ms.
+FREEZE_ABOVE = 50_000
 
 # How old the figure of frozen objects may be: counting them walks their list, 27 ns an object
 # (5 ms of the loop at 200,000, which 10,000 queues make), and every read of the server's figures
@@ -58,17 +49,13 @@ FROZEN_COUNT_AGE_S = 1.0
 
 
 class Pauses:
-    """A `gc.callbacks` entry: times each full collection, freezes what one leaves when it is
-    more than `freeze_above` objects, and, once installed with a way to call back on the loop, has
-    the oldest generation walked there when it holds more than `walk_above`."""
+    """A `gc.callbacks` entry: times each full collection, and freezes what one leaves when it is
+    more than `freeze_above` objects."""
 
-    def __init__(self, freeze_above: int = FREEZE_ABOVE, walk_above: int = WALK_ABOVE,
+    def __init__(self, freeze_above: int = FREEZE_ABOVE,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.freeze_above = freeze_above
-        self.walk_above = walk_above
         self._clock = clock
-        self._later: Callable[[Callable[[], None]], object] | None = None
-        self._look_asked = False
         self._frozen, self._frozen_counted = 0, float("-inf")
         self._started = 0.0
         self.full_collections = 0
@@ -80,12 +67,6 @@ class Pauses:
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if info["generation"] != 2:
-            if info["generation"] == 1 and phase == "stop" and self._later is not None \
-                    and not self._look_asked:
-                # Not here: a collection runs inside whatever allocated, on any thread, and
-                # `gc.collect()` does nothing while one runs.
-                self._look_asked = True
-                self._later(self._walk_if_grown)
             return
         if phase == "start":
             self._started = self._clock()
@@ -99,30 +80,20 @@ class Pauses:
         if self.left_unfrozen > self.freeze_above:
             self.freeze()
 
-    def _walk_if_grown(self) -> None:
-        """On the loop: a full collection where the oldest generation holds more than `walk_above`
-        unfrozen objects (counting them takes about 6 ns each)."""
-        self._look_asked = False
-        if len(gc.get_objects(generation=2)) > self.walk_above:
-            gc.collect()
-
     def freeze(self) -> None:
         gc.freeze()
         self.freezes += 1
         self.left_unfrozen = 0
         self._frozen_counted = float("-inf")
 
-    def install(self, later: Callable[[Callable[[], None]], object] | None = None) -> None:
-        """Collect as this module says, from now on in this process; `later` calls a function on
-        the loop, from any thread (the walks past `walk_above` need it)."""
+    def install(self) -> None:
+        """Collect as this module says, from now on in this process."""
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
-        self._later = later
         if self not in gc.callbacks:
             gc.callbacks.append(self)
 
     def uninstall(self) -> None:
-        self._later = None
         if self in gc.callbacks:
             gc.callbacks.remove(self)
 
