@@ -4,13 +4,15 @@ in objects rather than timed."""
 from __future__ import annotations
 
 import gc
+import resource
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from kestrel.service.gc_pauses import FROZEN_COUNT_AGE_S, Pauses
+from kestrel.service.gc_pauses import FREEZE_ABOVE, FROZEN_COUNT_AGE_S, QUEUES_TO_FREEZE, WALK_ABOVE, Pauses
 from tests.support.lines import exchange
 from tests.support.wire import conn, memcache_stats
 
@@ -40,6 +42,74 @@ def test_a_full_collection_that_leaves_many_objects_freezes_them(pauses: Pauses)
     few = [[n] for n in range(1000)]
     gc.collect()  # what is left is under the bound: walked again next time, not frozen
     assert pauses.freezes == freezes and len(gc.get_objects()) >= len(few)
+
+
+@pytest.fixture
+def looks() -> Iterator[list[Callable[[], None]]]:
+    """The looks a `Pauses` asks of the loop, run by the test; the test process frozen first (not
+    what is counted), and everything thawed and Python's thresholds put back after."""
+    asked: list[Callable[[], None]] = []
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    try:
+        yield asked
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+def test_the_oldest_generation_is_walked_on_the_loop_once_it_grew_by_the_bound(
+        looks: list[Callable[[], None]]) -> None:
+    """Python's own rule would wait for the old objects to grow by a quarter of the heap and for a
+    hundred middle collections: here neither comes, and the walk is the server's."""
+    pauses = Pauses(freeze_above=5_000, walk_above=10_000)
+    pauses.install(looks.append)
+    try:
+        few = [[n] for n in range(2_000)]
+        gc.collect(1)  # a middle collection: its survivors go to the oldest generation
+        gc.collect(1)
+        assert len(looks) == 1, "one look asked until it has run"
+        looks.pop()()
+        assert pauses.full_collections == 0, "grown by less than the bound"
+        many = [[n] for n in range(20_000)]
+        gc.collect(1)
+        frozen = gc.get_freeze_count()
+        looks.pop()()
+        assert pauses.full_collections == 1 and pauses.freezes == 1
+        assert gc.get_freeze_count() - frozen >= len(many) + len(few)
+        assert len(gc.get_objects(generation=2)) < 100
+    finally:
+        pauses.uninstall()
+    gc.collect(1)
+    assert not looks, "no look asked once uninstalled"
+
+
+def test_what_a_walk_leaves_is_frozen_only_where_the_queues_grew(looks: list[Callable[[], None]]) -> None:
+    """Without new queues what lives is what clients hold, whose freeze a wave of closes would undo
+    with a walk of the whole heap; the next walk then waits for as much growth again."""
+    queues = [100]
+    pauses = Pauses(freeze_above=5_000, walk_above=10_000)
+    pauses.install(looks.append, lambda: queues[0])
+    try:
+        pauses.freeze()  # as at start-up: 100 queues
+        held = [[n] for n in range(12_000)]
+        gc.collect(1)
+        looks.pop()()
+        assert pauses.full_collections == 1 and pauses.freezes == 1, "walked, not frozen"
+        assert pauses.left_unfrozen >= len(held)
+        more = [[n] for n in range(5_000)]
+        gc.collect(1)
+        looks.pop()()
+        assert pauses.full_collections == 1, "grown by less than the bound since the walk"
+        queues[0] += QUEUES_TO_FREEZE
+        most = [[n] for n in range(10_000)]
+        gc.collect(1)
+        looks.pop()()
+        assert pauses.full_collections == 2 and pauses.freezes == 2, "the queues grew: frozen"
+        assert len(gc.get_objects(generation=2)) < 100 and len(held) + len(more) + len(most) > 0
+    finally:
+        pauses.uninstall()
 
 
 def test_the_frozen_objects_are_counted_again_once_their_count_is_a_second_old_or_after_a_freeze() -> None:
@@ -107,3 +177,45 @@ def test_the_queues_a_server_loads_are_never_walked_by_a_full_collection(server_
     left = int(memcache_stats(server.memcache_port)["gc_frozen_objects"])
     assert abs(left - empty) < 100, \
         f"frozen objects: {empty} in an empty server, {frozen} loaded, {left} after the deletes"
+
+
+@pytest.mark.slow
+def test_queues_created_while_serving_are_frozen_a_bounded_walk_at_a_time(server_factory: Any) -> None:
+    """3,000 queues made while serving are some 33,000 tracked objects: more than a walk may hold,
+    and far from what Python's own rule waits for (a hundred middle collections). The server walks
+    them itself as they come, and freezes what each walk leaves."""
+    server = server_factory()
+    before = memcache_stats(server.memcache_port)
+    assert before["gc_freezes"] == "1", "start-up's freeze alone"
+    make_queues(server.memcache_port, QUEUES)
+    stats = memcache_stats(server.memcache_port)
+    assert stats["curr_items"] == str(QUEUES)
+    assert int(stats["gc_freezes"]) >= 2 and int(stats["gc_full_collections"]) >= 2, stats
+    assert int(stats["gc_frozen_objects"]) - int(before["gc_frozen_objects"]) >= WALK_ABOVE // 2
+    assert int(stats["gc_objects"]) <= FREEZE_ABOVE, "a walk left more than it freezes above"
+
+
+@pytest.mark.slow
+def test_what_clients_hold_is_walked_but_not_frozen(server_factory: Any) -> None:
+    """1,500 connections, each after a request, are more than a walk's growth: the server walks
+    them, but no queue came with them, so nothing is frozen that a wave of their closes would have
+    to thaw (with a walk of the whole heap)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    server = server_factory()
+    clients: list[socket.socket] = []
+    try:
+        before = memcache_stats(server.memcache_port)
+        for _ in range(1_500):
+            client = socket.create_connection(("127.0.0.1", server.memcache_port), timeout=30)
+            client.sendall(b"version\r\n")
+            clients.append(client)
+        for client in clients:
+            assert exchange(client, b"", b"\r\n").startswith(b"VERSION")
+        stats = memcache_stats(server.memcache_port)
+        assert int(stats["gc_full_collections"]) > int(before["gc_full_collections"]), "no walk"
+        assert stats["gc_freezes"] == "1", "what the clients hold was frozen"
+    finally:
+        for client in clients:
+            client.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -197,14 +197,17 @@ class App:
         # waits for the queues, where the default action would kill the process.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         gevent.signal_handler(signal.SIGHUP, self._reload)
-        GC_PAUSES.install()
+        GC_PAUSES.install(gevent.get_hub().loop.run_callback_threadsafe, self.server.collection.queue_count)
         try:
-            self.start()
-        except BaseException:
-            self._abandon_start()
-            raise
-        self.server.shutdown_requested.wait()
-        self.stop()
+            try:
+                self.start()
+            except BaseException:
+                self._abandon_start()
+                raise
+            self.server.shutdown_requested.wait()
+            self.stop()
+        finally:
+            GC_PAUSES.uninstall()  # no walk asked of a loop that no longer runs
 
     def _abandon_start(self) -> None:
         """After a failed start: close what was opened, so that the journals loaded so far are flushed

@@ -12,8 +12,19 @@ that large, soon brings about.
 `gc.freeze()` moves every object alive to a generation no collection walks. The server freezes:
 - what start-up made, once the journals are loaded and before it listens (`freeze_loaded`): the
   queues and their journals, and nothing of a client yet;
-- after a full collection that left more than `FREEZE_ABOVE` objects unfrozen (queues created
-  since, mostly), what survived it: the next full collection walks only what came after.
+- after a full collection that left more than `FREEZE_ABOVE` objects unfrozen, where the server
+  has `QUEUES_TO_FREEZE` queues more than at the last freeze, what survived it: the next full
+  collection walks only what came after. Not where the queues did not grow: what survived is then
+  what lives while clients are connected (a thousand connections are some 20,000 objects), and a
+  freeze of that is undone, with a walk of the whole heap, after a wave of closes (below).
+
+Python's own rule runs a full collection only once the old objects have grown by a quarter of
+what the last one left, start-up's frozen heap included, and after a hundred middle collections: so
+10,000 queues made while serving were walked in one collection, 65-90 ms of the loop (pure build).
+The server walks the oldest generation itself, on the loop, once its unfrozen objects have grown by
+`WALK_ABOVE` since the last full collection (looked at after each middle collection, the one that
+fills it), so that each walk is of about that many objects where the queues grow, and a few walks
+in all where they do not.
 
 A frozen object is never collected, so cyclic garbage among frozen objects would stay. Neither a
 queue nor a connection makes any: a deleted queue, freed at its delete (docs/queue-lifetime.md), and a
@@ -38,9 +49,13 @@ from typing import Any
 # the server's CPU in it. Cycles that reach the oldest generation wait that much longer to be freed.
 FULL_COLLECTION_AFTER = 100
 
-# Unfrozen objects a full collection may leave before they are frozen: about 2,500 queues' worth,
-# a walk of 10–50 ms.
-FREEZE_ABOVE = 50_000
+# Growth of the oldest generation's unfrozen objects since the last full collection past which the
+# server walks it (about 1,700 queues' worth); the objects a full collection may leave before they
+# are frozen (half of it, so that at least that many come between two walks), where the server has
+# QUEUES_TO_FREEZE queues more than at the last freeze.
+WALK_ABOVE = 20_000
+FREEZE_ABOVE = WALK_ABOVE // 2
+QUEUES_TO_FREEZE = 500
 
 # How old the figure of frozen objects may be: counting them walks their list, 27 ns an object
 # (5 ms of the loop at 200,000, which 10,000 queues make), and every read of the server's figures
@@ -49,13 +64,20 @@ FROZEN_COUNT_AGE_S = 1.0
 
 
 class Pauses:
-    """A `gc.callbacks` entry: times each full collection, and freezes what one leaves when it is
-    more than `freeze_above` objects."""
+    """A `gc.callbacks` entry: times each full collection, freezes what one leaves when it is more
+    than `freeze_above` objects (installed with a count of the queues: and they grew), and, installed
+    with a way to call back on the loop, has the oldest generation walked there once it grew by
+    `walk_above`."""
 
-    def __init__(self, freeze_above: int = FREEZE_ABOVE,
+    def __init__(self, freeze_above: int = FREEZE_ABOVE, walk_above: int = WALK_ABOVE,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.freeze_above = freeze_above
+        self.walk_above = walk_above
         self._clock = clock
+        self._later: Callable[[Callable[[], None]], object] | None = None
+        self._queues: Callable[[], int] | None = None
+        self._queues_frozen = 0  # the queues at the last freeze
+        self._look_asked = False
         self._frozen, self._frozen_counted = 0, float("-inf")
         self._started = 0.0
         self.full_collections = 0
@@ -67,6 +89,12 @@ class Pauses:
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if info["generation"] != 2:
+            if info["generation"] == 1 and phase == "stop" and self._later is not None \
+                    and not self._look_asked:
+                # Not here: a collection runs inside whatever allocated, on any thread, and
+                # `gc.collect()` does nothing while one runs.
+                self._look_asked = True
+                self._later(self._walk_if_grown)
             return
         if phase == "start":
             self._started = self._clock()
@@ -77,23 +105,38 @@ class Pauses:
         self.longest_s = max(self.longest_s, took)
         # Everything unfrozen is in the oldest generation now, and only what is alive.
         self.left_unfrozen = len(gc.get_objects())
-        if self.left_unfrozen > self.freeze_above:
+        if self.left_unfrozen > self.freeze_above and \
+                (self._queues is None or self._queues() - self._queues_frozen >= QUEUES_TO_FREEZE):
             self.freeze()
+
+    def _walk_if_grown(self) -> None:
+        """On the loop: a full collection where the oldest generation's unfrozen objects grew by
+        more than `walk_above` since the last one (counting them takes about 6 ns each)."""
+        self._look_asked = False
+        if len(gc.get_objects(generation=2)) > self.left_unfrozen + self.walk_above:
+            gc.collect()
 
     def freeze(self) -> None:
         gc.freeze()
         self.freezes += 1
         self.left_unfrozen = 0
         self._frozen_counted = float("-inf")
+        if self._queues is not None:
+            self._queues_frozen = self._queues()
 
-    def install(self) -> None:
-        """Collect as this module says, from now on in this process."""
+    def install(self, later: Callable[[Callable[[], None]], object] | None = None,
+                queues: Callable[[], int] | None = None) -> None:
+        """Collect as this module says, from now on in this process; `later` calls a function on
+        the loop from any thread (the walks need it), `queues` counts the server's queues (what a
+        freeze waits for)."""
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
+        self._later, self._queues = later, queues
         if self not in gc.callbacks:
             gc.callbacks.append(self)
 
     def uninstall(self) -> None:
+        self._later = self._queues = None
         if self in gc.callbacks:
             gc.callbacks.remove(self)
 

@@ -408,6 +408,9 @@ class QueueCollection:
     def queue_names(self) -> list[str]:
         return sorted(self._queues)
 
+    def queue_count(self) -> int:
+        return len(self._queues)
+
     # -----------------------------------------------------------------------------------------
     # Operations by name
 
