@@ -76,7 +76,7 @@ class Pauses:
         self._clock = clock
         self._later: Callable[[Callable[[], None]], object] | None = None
         self._queues: Callable[[], int] | None = None
-        self._queues_frozen = 0  # the queues at the last freeze
+        self._queues_frozen: int | None = None  # the queues at the last freeze; None: thawed since
         self._look_asked = False
         self._frozen, self._frozen_counted = 0, float("-inf")
         self._started = 0.0
@@ -105,9 +105,14 @@ class Pauses:
         self.longest_s = max(self.longest_s, took)
         # Everything unfrozen is in the oldest generation now, and only what is alive.
         self.left_unfrozen = len(gc.get_objects())
-        if self.left_unfrozen > self.freeze_above and \
-                (self._queues is None or self._queues() - self._queues_frozen >= QUEUES_TO_FREEZE):
+        if self.left_unfrozen > self.freeze_above and self._queues_grew():
             self.freeze()
+
+    def _queues_grew(self) -> bool:
+        """By QUEUES_TO_FREEZE since the last freeze, or nothing is frozen since a thaw (what
+        survives the collection after it, the queues among it, is frozen again)."""
+        return self._queues is None or self._queues_frozen is None \
+            or self._queues() - self._queues_frozen >= QUEUES_TO_FREEZE
 
     def _walk_if_grown(self) -> None:
         """On the loop: a full collection where the oldest generation's unfrozen objects grew by
@@ -159,6 +164,7 @@ class Pauses:
         gc.unfreeze()
         self._freezes_without_clients = self.freezes
         self._frozen_counted = float("-inf")
+        self._queues_frozen = None
         return True
 
     def frozen_objects(self) -> int:
