@@ -157,7 +157,7 @@ class App:
             log.warning("listening beyond this machine: nothing authenticates clients, so any host that "
                         "reaches these ports may read, write, flush or shut down; keep them on a private "
                         "network or behind a firewall", listen_address=cfg.listen_address)
-        queues = len(self.server.collection.queue_names())
+        queues = self.server.collection.queue_count()
         log.info("kestrel started", version=self.server.version, build=build_name(),
                  queue_path=os.path.abspath(cfg.queue_path), listen_address=cfg.listen_address,
                  status=self.server.status.current.label, queues=queues, open_files=fds, **ports, **fsync_cpu)

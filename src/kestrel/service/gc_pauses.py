@@ -137,6 +137,7 @@ class Pauses:
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
         self._later, self._queues = later, queues
+        self._look_asked = False  # a look asked of a loop before an uninstall may never have run
         if self not in gc.callbacks:
             gc.callbacks.append(self)
 
