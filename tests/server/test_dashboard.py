@@ -87,7 +87,7 @@ def test_the_figures_are_those_of_stats_json(server: ServerState, runtime: Manua
     server.collection.put("jobs", [b"abc"] * 4)
     runtime.clock.advance(2000)
     page = overview(dashboard)
-    stats = json.loads(stats_json(server))
+    stats = json.loads(b"".join(stats_json(server)))
     assert {key: page[key] for key in stats if key != "queues"} == {k: v for k, v in stats.items() if k != "queues"}
     row = rows(page)["jobs"]
     queue = stats["queues"]["jobs"]

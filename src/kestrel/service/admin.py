@@ -37,12 +37,12 @@ from kestrel.service.dashboard import Dashboard
 from kestrel.service.listener import Listener, peer_text
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
-from kestrel.service.stats_render import stats_json, stats_text
+from kestrel.service.stats_render import Pieces, stats_json, stats_text
 from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.admin")
 
-Answer = tuple[str, str, bytes]  # HTTP status line, content type, body
+Answer = tuple[str, str, bytes | Pieces]  # HTTP status line, content type, body (a page: its pieces)
 
 # Connections the admin port holds at once; more wait in the listen backlog. Probes, scrapes and
 # pages need a few: 450 idle ones took the descriptors a queue port's clients needed (under
@@ -230,12 +230,14 @@ class _HeldPage:
 
 
 def reply(start_response: Callable[..., Any], status: str, headers: list[tuple[str, str]],
-          body: bytes) -> list[bytes]:
-    """Every answer's headers say its length, so a HEAD's (its body left out) says the GET's."""
+          body: bytes | Pieces) -> list[bytes]:
+    """Every answer's headers say its length, so a HEAD's (its body left out) says the GET's; a
+    page's pieces are written one after another (`stats_render.Pieces`)."""
+    pieces = [body] if isinstance(body, bytes) else body
     if not status.startswith("304 "):  # a 304 has no body, and its length would be the page's
-        headers = [*headers, ("Content-Length", str(len(body)))]
+        headers = [*headers, ("Content-Length", str(sum(map(len, pieces))))]
     start_response(status, headers)
-    return [body]
+    return pieces
 
 
 def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:

@@ -106,6 +106,13 @@ class BufferedConnection:
             self.out.clear()
             self.replies.send(data)
 
+    def send_pieces(self, pieces: list[bytes]) -> None:
+        """Send the replies so far, then a page of every queue's figures one piece after another,
+        never joined (`stats_render.Pieces`)."""
+        self.send()
+        for piece in pieces:
+            self.replies.send(piece)
+
     def replies_due(self) -> bool:
         """Whether the replies built hold `GET_BYTES` of items, to be sent (in the connection's
         greenlet, waiting for room) before the next request is answered. Replies are joined to be

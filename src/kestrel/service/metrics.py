@@ -30,7 +30,7 @@ from prometheus_client.utils import floatToGoString
 from kestrel.service.histogram_series import HistogramSeries
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
-from kestrel.service.stats_render import QUEUES_A_SLICE, server_document
+from kestrel.service.stats_render import QUEUES_A_SLICE, Pieces, server_document
 from kestrel.storage import journal_file
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.runtime import paced
@@ -365,7 +365,7 @@ REFUSED_HELP = ("1 for a queue refused (at start-up, or as first named after it)
                 "with an error until repaired.")
 
 
-def render_per_queue(server: ServerState) -> bytes:
+def render_per_queue(server: ServerState) -> Pieces:
     """/metrics/per-queue: each queue's figures labelled `queue`, and each refused queue as 1.
 
     Written here in Prometheus's text format rather than by prometheus-client, which renders a page
@@ -382,10 +382,10 @@ def render_per_queue(server: ServerState) -> bytes:
     refused = [_family_header("kestrel_queue_refused", "gauge", REFUSED_HELP)]
     refused.extend(f'kestrel_queue_refused{{queue="{_label_value(queue)}"}} 1.0\n'
                    for queue in server.collection.refused_queues())
-    # Each family joined on its own, the others served between: the page joined at once was the
-    # longest stretch of it (11 MB at 10,000 queues).
+    # Each family joined on its own, the others served between, a piece of the page: the page joined
+    # at once was the longest stretch of it (11 MB at 10,000 queues).
     texts = [*(lines for *_, lines in families), refused]
-    return b"".join(["".join(lines).encode() for lines in paced(texts, server.runtime, every=1)])
+    return ["".join(lines).encode() for lines in paced(texts, server.runtime, every=1)]
 
 
 def render(server: ServerState) -> bytes:

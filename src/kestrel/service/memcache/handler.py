@@ -396,13 +396,13 @@ class MemcacheConnection(BufferedConnection):
         self.reply(command, b"Reloaded config.\r\n")
 
     def do_stats(self, command: Command) -> None:
-        self.out.append(memcache_stats(self.server))
+        self.send_pieces(memcache_stats(self.server))
 
     def do_dump_stats(self, command: Command) -> None:
-        self.out.append(dump_stats(self.server, command.keys or None))
+        self.send_pieces(dump_stats(self.server, command.keys or None))
 
     def do_dump_config(self, command: Command) -> None:
-        self.out.append(dump_config(self.server))
+        self.send_pieces(dump_config(self.server))
 
     def do_monitor(self, command: Command) -> None:
         self.send()
