@@ -59,7 +59,7 @@ QUEUES_TO_FREEZE = 500
 
 # How old the figure of frozen objects may be: counting them walks their list, 27 ns an object
 # (5 ms of the loop at 200,000, which 10,000 queues make), and every read of the server's figures
-# asked for it.
+# asked for it. The server counts them in a turn of the loop of its own, never within a read's.
 FROZEN_COUNT_AGE_S = 1.0
 
 
@@ -78,6 +78,7 @@ class Pauses:
         self._queues: Callable[[], int] | None = None
         self._queues_frozen: int | None = None  # the queues at the last freeze; None: thawed since
         self._look_asked = False
+        self._count_asked = False
         self._frozen, self._frozen_counted = 0, float("-inf")
         self._started = 0.0
         self.full_collections = 0
@@ -122,10 +123,12 @@ class Pauses:
             gc.collect()
 
     def freeze(self) -> None:
+        """Freeze every object alive: those the last full collection left (`left_unfrozen`), which
+        the figure of frozen objects gains."""
         gc.freeze()
         self.freezes += 1
+        self._frozen += self.left_unfrozen
         self.left_unfrozen = 0
-        self._frozen_counted = float("-inf")
         if self._queues is not None:
             self._queues_frozen = self._queues()
 
@@ -137,7 +140,8 @@ class Pauses:
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
         self._later, self._queues = later, queues
-        self._look_asked = False  # a look asked of a loop before an uninstall may never have run
+        # a look or a count asked of a loop before an uninstall may never have run
+        self._look_asked = self._count_asked = False
         if self not in gc.callbacks:
             gc.callbacks.append(self)
 
@@ -154,6 +158,7 @@ class Pauses:
         if self.freezes == frozen:  # the collection did not freeze it already
             self.freeze()
         self._freezes_without_clients = self.freezes
+        self._count_frozen()
 
     def thaw_after_closes(self) -> bool:
         """Before a full collection after a wave of closes: make every frozen object collectable
@@ -164,17 +169,26 @@ class Pauses:
             return False
         gc.unfreeze()
         self._freezes_without_clients = self.freezes
-        self._frozen_counted = float("-inf")
+        self._frozen = 0
         self._queues_frozen = None
         return True
 
     def frozen_objects(self) -> int:
-        """The objects frozen now: counted again once the count is `FROZEN_COUNT_AGE_S` old, or
-        after a freeze or a thaw made here (frozen objects freed meanwhile lower it only then)."""
-        now = self._clock()
-        if now - self._frozen_counted >= FROZEN_COUNT_AGE_S:
-            self._frozen, self._frozen_counted = gc.get_freeze_count(), now
+        """The objects frozen: as last counted, with what the freezes made here added since (a thaw
+        made here leaves none). Frozen objects freed meanwhile lower it once the count is
+        `FROZEN_COUNT_AGE_S` old and counted again: in a callback of its own on the loop, where
+        installed with one (this read's figure is the old one), or here."""
+        if self._clock() - self._frozen_counted >= FROZEN_COUNT_AGE_S:
+            if self._later is None:
+                self._count_frozen()
+            elif not self._count_asked:
+                self._count_asked = True
+                self._later(self._count_frozen)
         return self._frozen
+
+    def _count_frozen(self) -> None:
+        self._count_asked = False
+        self._frozen, self._frozen_counted = gc.get_freeze_count(), self._clock()
 
     def stats(self) -> dict[str, int]:
         """The server's figures: full collections and their time, the objects the last one left
