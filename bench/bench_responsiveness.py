@@ -31,6 +31,7 @@ import select
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -123,28 +124,48 @@ class Rounds(list[float]):
         return self.began[n], self.began[n] + self[n]
 
 
+# The other client: a process of its own, so that what this one does meanwhile (a 10,000 queues'
+# page of figures read and searched, megabytes copied under the interpreter's lock) never delays its
+# rounds. Its rounds, [when each began, its seconds], come back as JSON once told to stop.
+PROBE = """
+import json, select, socket, sys, time
+port, request, end = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3])
+other = socket.create_connection(("127.0.0.1", port), timeout=30)
+print("ready", flush=True)
+rounds = []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    began, started = time.time(), time.perf_counter()
+    other.sendall(request)
+    data = b""
+    while not data.endswith(end):
+        chunk = other.recv(65536)
+        if not chunk:
+            sys.exit("the server closed the connection")
+        data += chunk
+    rounds.append((began, time.perf_counter() - started))
+json.dump(rounds, sys.stdout)
+"""
+
+
 @contextlib.contextmanager
 def other_client(port: int, request: bytes, reply_end: bytes) -> Iterator[Rounds]:
-    """Another client sending `request` one at a time while the block runs; each round's seconds."""
-    other = connect(port)
+    """Another client, a process of its own (`PROBE`), sending `request` one at a time while the
+    block runs; each round's seconds, once the block has ended."""
     delays = Rounds()
-    done = threading.Event()
-
-    def probe() -> None:
-        while not done.is_set():
-            began, started = time.time(), time.perf_counter()
-            exchange(other, request, reply_end)
-            delays.append(time.perf_counter() - started)
-            delays.began.append(began)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(port), request.hex(), reply_end.hex()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert probe.stdin is not None and probe.stdout is not None
     try:
+        if probe.stdout.readline() != "ready\n":
+            raise RuntimeError(f"the other client did not start (exit status {probe.wait()})")
         yield delays
     finally:
-        done.set()
-        prober.join()
-        other.close()
+        rounds, _ = probe.communicate("stop\n", timeout=60)
+    if probe.returncode:
+        raise RuntimeError(f"the other client failed (exit status {probe.returncode})")
+    for began, seconds in json.loads(rounds):
+        delays.append(seconds)
+        delays.began.append(began)
 
 
 def other_client_waits(port: int, request: bytes, reply_end: bytes, big: bytes,

@@ -14,11 +14,11 @@ def exchange(sock: socket.socket, request: bytes, expect_end: bytes = b"\r\n", w
     """Send, then read until the reply ends with `expect_end`; if the server closes the connection
     or `wait` runs out first, what came so far (a caller's comparison then shows it)."""
     sock.sendall(request)
-    data = b""
+    data = bytearray()  # (appended to in place: `bytes +=` copied a reply of megabytes each chunk)
     deadline = time.monotonic() + wait
     while not data.endswith(expect_end) and time.monotonic() < deadline:
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    return data
+    return bytes(data)
