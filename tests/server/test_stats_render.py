@@ -24,6 +24,7 @@ from kestrel.service import metrics
 from kestrel.service.config import ServerConfig
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.stats_render import (
+    QUEUES_A_SLICE,
     Pieces,
     dump_config,
     dump_stats,
@@ -86,6 +87,13 @@ def test_stats_json_is_the_document_encoded_with_sorted_keys(server: ServerState
     assert b"".join(stats_json(server)) == json.dumps(stats_document(server), sort_keys=True).encode()
     queues = json.loads(b"".join(stats_json(server)))["queues"]
     assert len(queues) == QUEUES and queues["q00006"]["bytes"] == 6
+
+
+def test_stats_json_is_a_piece_a_slice_of_queues_and_one_for_the_figures_after_them(server: ServerState) -> None:
+    """Not a piece for each figure around them (an admin client's write each)."""
+    pieces = stats_json(server)
+    assert len(pieces) == -(-QUEUES // QUEUES_A_SLICE) + 1
+    assert pieces[0].startswith(b'{"aliases": ') and pieces[-1].endswith(b'"status": "Up"}')
 
 
 def test_stats_json_of_few_queues_is_the_document_too(tmp_path: Path) -> None:
