@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kestrel.service.cross_protocol import http_refusal, speaks_http
 from kestrel.service.numerals import decimal, is_digits
 from kestrel.storage.clock import Clock
 
@@ -187,6 +188,8 @@ def parse_line(line: bytes) -> Command:
     parts = [part for part in text.split(" ") if part]  # spaces only, as memcached: a key holds no space
     if not parts:
         raise client_error("empty command line")
+    if speaks_http(parts):
+        raise ProtocolError(f"CLIENT_ERROR {http_refusal('memcache')}", close=True)
     name = parts[0].lower()
     args = parts[1:]
     if not valid:

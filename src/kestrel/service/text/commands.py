@@ -13,16 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kestrel.service.cross_protocol import http_refusal, speaks_http
 from kestrel.service.numerals import decimal
 
 
 class TextError(Exception):
-    """A request that gets `-<message>`; `opens_block` marks a refused put whose items follow."""
+    """A request that gets `-<message>`; `opens_block` marks a refused put whose items follow,
+    `close` a line after which the connection must close (`cross_protocol`)."""
 
-    def __init__(self, message: str, opens_block: bool = False) -> None:
+    def __init__(self, message: str, opens_block: bool = False, close: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.opens_block = opens_block
+        self.close = close
 
 
 @dataclass(init=False, slots=True)
@@ -124,6 +127,8 @@ def parse_line(line: bytes) -> TextCommand:
         words = [word.decode("utf-8") for word in raw]
     except UnicodeDecodeError:
         raise TextError("command line is not valid UTF-8", opens_block=block or is_put) from None
+    if speaks_http(words):
+        raise TextError(http_refusal("text"), close=True)
     name, args = words[0].lower(), words[1:]
     if is_put != block:
         raise TextError(PUT_USAGE, opens_block=True)

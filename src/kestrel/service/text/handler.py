@@ -133,6 +133,10 @@ class TextConnection(BufferedConnection):
         try:
             command = parse_line(line)
         except TextError as e:
+            if e.close:
+                self.out.append(b"-%s\n" % e.message.encode())
+                log.warning("connection closed", reason=e.message, client=self.peer)
+                raise CloseConnection from None
             if e.opens_block:
                 self._begin(PutBlock("", None, refusal=e.message))
             else:
