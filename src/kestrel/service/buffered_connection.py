@@ -232,6 +232,8 @@ def _watch(io: ClientSocket, inbox: bytearray, most: int, session: Session, wait
         except OSError:
             received = 0
         if not received:
+            if io.reading_ended_by_server():
+                return  # a clean shutdown's: it wakes the wait itself, which then replies
             session.client_gone()
             gevent.get_hub().loop.run_callback(_cancel_wait, session, waiter)
             return

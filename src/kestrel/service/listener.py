@@ -40,7 +40,7 @@ from gevent.socket import socket as gsocket
 
 from kestrel.service import LISTEN_BACKLOG
 from kestrel.service.memory_return import MEMORY_RETURN
-from kestrel.service.socket_io import OSSocket, Readable, close_lingering
+from kestrel.service.socket_io import OSSocket, Readable, close_lingering, end_reading
 from kestrel.service.turns import step_aside
 
 log = structlog.get_logger("kestrel.listener")
@@ -249,10 +249,7 @@ class Listener:
         """Each connection reads end-of-stream once its buffered requests are answered, so idle ones
         close at once and busy ones close after replying."""
         for sock in list(self.connections):
-            try:
-                sock.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
+            end_reading(sock)
 
     def join(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every connection to finish; True if they all did."""

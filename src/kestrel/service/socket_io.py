@@ -13,6 +13,7 @@ import os
 import select
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import copy_context
 from typing import Any, Final
@@ -57,6 +58,21 @@ OSSocket: type[socket.socket] = monkey.get_original("socket", "socket")
 # the client's end of its stream (POLLRDHUP, seen behind input not yet read) or a reset.
 _poll: Final[Callable[[], Any]] = monkey.get_original("select", "poll")
 _ENDED: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+_RESET: Final = select.POLLHUP | select.POLLERR
+# The connections whose reading the server itself ended (`end_reading`): the end of the stream they
+# show from then on is the server's, not their client's.
+_reading_ended: Final[weakref.WeakSet[Any]] = weakref.WeakSet()
+
+
+def end_reading(sock: socket.socket | gsocket) -> None:
+    """End the reading of a connection, at a clean shutdown: it answers what it has read, then reads
+    the end of its stream and closes. A get answered meanwhile (woken empty-handed, or with what it
+    took) still replies: its client has not hung up, though the socket now says so."""
+    _reading_ended.add(sock)
+    try:
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
 
 
 MAX_CHUNK: Final = 256 * 1024  # the largest receive any connection asks for
@@ -329,13 +345,22 @@ class ClientSocket:
         by the end of its stream, both there once the server runs. Receiving nothing, the look may
         be made from the event loop outside the connection's reads (a reply released by the disk,
         src/kestrel/service/replies.py), where input taken in would wait unanswered."""
-        if self.ended or self.fd < 0:
+        if self.fd < 0:
+            return True
+        by_server = self.reading_ended_by_server()
+        if self.ended and not by_server:
             return True
         poller = self._poller
         if poller is None:
             poller = self._poller = _poll()
             poller.register(self.fd, _ENDED)
-        return bool(poller.poll(0))
+        # Once the server ended the reading, only a reset is the client's.
+        return any(events & (_RESET if by_server else _ENDED) for _, events in poller.poll(0))
+
+    def reading_ended_by_server(self) -> bool:
+        """Whether the server ended this connection's reading (`end_reading`), so that the end of the
+        stream it reads is not its client's hang-up."""
+        return self.sock in _reading_ended
 
     def _receive_now(self, buf: bytearray) -> int:
         """One receive appended to `buf`, in place once a large one was seen, through the scratch
