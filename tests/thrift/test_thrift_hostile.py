@@ -142,12 +142,16 @@ def test_an_unframed_client_on_the_framed_port_is_told_so(server: ServerProcess)
     assert_good_client_served(server)
 
 
-def test_a_framed_client_on_the_buffered_port_is_told_so(server_factory: Any) -> None:
+@pytest.mark.parametrize("protocol", ["binary", "compact"])
+def test_a_framed_client_on_the_buffered_binary_port_is_told_so(server_factory: Any, protocol: str) -> None:
+    """A frame's size is read as an unversioned binary header's name length; the name it announces
+    is the client's whole message, which a compact one begins with its protocol id, not `\x80\x01`."""
     srv = server_factory({"thrift_transport": "buffered"})
     with raw(srv) as s:
-        s.sendall(framed(encode_call("binary", "get_version")))
+        s.sendall(framed(encode_call(protocol, "get_version")))
         assert closed_or_silent(s)
-    wait_until(lambda: "looks like a framed client" in srv.log(), "the server to log the framed client")
+    wait_until(lambda: f"looks like a framed {protocol}-protocol client" in srv.log(),
+               "the server to log the framed client")
 
 
 @pytest.mark.parametrize("protocol", ["binary", "compact"])
