@@ -296,8 +296,8 @@ class BinaryReader(Reader):
         raw = self.take(n, "the method name")
         if raw[:2] == b"\x80\x01" or raw[:1] == b"\x82":  # (no method name begins so: not UTF-8)
             kind = "binary" if raw[0] == 0x80 else "compact"
-            raise ThriftProtocolError(f"this looks like a framed {kind}-protocol client, but the server expects "
-                                      "unframed (buffered) transport")
+            raise ThriftProtocolError(f"this looks like a framed {kind}-protocol client, but the server "
+                                      "expects unframed (buffered) transport")
         return raw.decode("utf-8", "replace")
 
     def read_field_begin(self) -> tuple[int, int]:
