@@ -59,8 +59,8 @@ def test_exact_reply_bytes(server: ServerProcess) -> None:
     assert exchange(s, b"flush work\r\n") == b"END\r\n"
     assert exchange(s, b"flush_all\r\n") == b"Flushed all queues.\r\n"
     assert exchange(s, b"version\r\n").startswith(b"VERSION ")
-    assert exchange(s, b"bogus\r\n") == b"CLIENT_ERROR unknown command 'bogus'\r\n"
     assert exchange(s, b"status\r\n") == b"UP\r\n"
+    assert exchange(s, b"bogus\r\n").startswith(b"CLIENT_ERROR unknown command 'bogus' (closing")
 
 
 @pytest.mark.parametrize("key, ok", [

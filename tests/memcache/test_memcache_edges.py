@@ -273,10 +273,16 @@ def test_binary_protocol_request_gets_an_error_and_a_close(server: ServerProcess
     assert closed_by_server(s)
 
 
-def test_unknown_command_is_a_client_error(server: ServerProcess) -> None:
+def test_unknown_command_is_a_client_error_and_closes(server: ServerProcess) -> None:
+    """What follows an unknown command may be its data: memcached's meta set `ms`, whose item here
+    would flush every queue, runs nothing."""
     s = conn(server.memcache_port)
-    assert exchange(s, b"frobnicate q\r\n") == b"CLIENT_ERROR unknown command 'frobnicate'\r\n"
-    assert exchange(s, b"version\r\n").startswith(b"VERSION ")
+    assert exchange(s, b"set jobs 0 0 3\r\njob\r\n") == b"STORED\r\n"
+    assert exchange(s, b"ms jobs 11 T0\r\nflush_all\r\n\r\nget jobs\r\n") == (b"CLIENT_ERROR unknown command 'ms' (closing: its data, if any, cannot be told "
+                            b"from commands)\r\n")
+    assert closed_by_server(s)
+    s = conn(server.memcache_port)
+    assert exchange(s, b"get jobs\r\n", b"END\r\n") == b"VALUE jobs 0 3\r\njob\r\nEND\r\n"
 
 
 def test_status_without_a_status_file_answers_error(server_factory: Any) -> None:

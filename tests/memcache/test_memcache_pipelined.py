@@ -258,12 +258,12 @@ def test_a_run_of_gets_ended_by_an_open_read_counts_the_gets_answered(
 def test_bad_lines_and_an_item_over_max_frame_size_in_the_middle_of_runs(
         servers: tuple[ServerProcess, ServerProcess]) -> None:
     big = b"z" * (MAX_FRAME + 1)
-    commands = [set_command("plain", b"1"), b"bogus\r\n", set_command("plain", b"2"), set_command("plain", big),
+    commands = [set_command("plain", b"1"), b"delete\r\n", set_command("plain", b"2"), set_command("plain", big),
                 set_command("plain", b"3"), set_command("plain", b"4", size=2),  # bad data chunk
                 set_command("plain", b"5"), get_command("plain"), b"get plain/nonsense\r\n",
                 get_command("plain"), b"set plain 0 0 abc\r\n", get_command("plain")]
     assert compare(servers, commands) == (
-        b"STORED\r\nCLIENT_ERROR unknown command 'bogus'\r\nSTORED\r\nSERVER_ERROR object too large for cache\r\n"
+        b"STORED\r\nCLIENT_ERROR usage: delete <queue> [noreply]\r\nSTORED\r\nSERVER_ERROR object too large for cache\r\n"
         b"STORED\r\nCLIENT_ERROR bad data chunk\r\nSTORED\r\nVALUE plain 0 1\r\n1\r\nEND\r\n"
         b"CLIENT_ERROR unknown get option 'nonsense'\r\nVALUE plain 0 1\r\n2\r\nEND\r\n"
         b"CLIENT_ERROR bad byte count 'abc': expected 0..2147483647 (closing: the item's length is unknown)\r\n")

@@ -172,8 +172,9 @@ def test_monitor_opens_reads_up_to_max_open_reads(server: ServerState) -> None:
     assert list(session.monitor("q", 1_000, max_items=1)) == [b"4"]
     assert session.confirm_reads("q", 3) == 0  # more than are open: none (Kestrel's ItemIdList.pop)
     assert session.confirm_reads("q", 0) == 0
-    session.abort_pending("q")  # 3 and 4 go back, oldest first
-    assert _drain(server, "q") == [b"3", b"4", b"5"]
+    session.abort_pending("q")  # the oldest, 3, goes back: one, as Kestrel's abortRead (and `/close`)
+    assert _drain(server, "q") == [b"3", b"5"]
+    assert session.confirm_reads("q") == 1  # 4 was still open
     assert server.stats.get_hits == 4 and server.stats.cmd_get == 0
 
 
@@ -485,7 +486,7 @@ def test_a_refused_confirm_of_a_connection_s_reads_leaves_them_held_by_it(
     monkeypatch.undo()
     assert list(session.monitor("q", 1_000, max_items=1)) == [b"c"]
     assert session.confirm_reads("q", 1) == 1  # the oldest, `a`, refused before
-    session.abort_pending("q")
+    session.close()
     assert _drain(server, "q") == [b"b", b"c"]
 
 

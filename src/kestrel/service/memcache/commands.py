@@ -8,6 +8,7 @@ or malformed command) and, for a refused `set`, what to do with the item data th
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kestrel.service.cross_protocol import http_refusal, speaks_http
@@ -122,13 +123,9 @@ def _split_noreply(args: list[str]) -> tuple[list[str], bool]:
 # memcache exptime is a 32-bit field: relative seconds, or epoch seconds up to 2106.
 EXPIRY_LOW, EXPIRY_HIGH = -(2**31), 2**32 - 1
 MAX_ITEM_BYTES = 2**31 - 1
-# Commands whose arguments Kestrel ignores, as memcached does for `version` and `stats <group>`
-# (libmemcached's memcdump sends `stats cachedump 0 0`).
-_ARGS_IGNORED = {"version", "shutdown", "reload", "stats", "dump_config", "quit", "flush_all_expired"}
-_ONE_QUEUE = {"delete", "flush", "flush_expired"}
 # memcache storage commands Kestrel does not support: their data block is read and dropped, never
 # run as commands, as Kestrel's decoder reads the data of any storage command.
-_UNSUPPORTED_STORAGE = {"add", "replace", "append", "prepend", "cas"}
+_UNSUPPORTED_STORAGE = ("add", "replace", "append", "prepend", "cas")
 # The arguments of each storage command before `noreply`: `<key> <flags> <exptime> <bytes>`, and
 # `cas`'s `<cas unique>` after them.
 _STORAGE_ARGUMENTS = dict.fromkeys(("set", *_UNSUPPORTED_STORAGE), 4) | {"cas": 5}
@@ -157,7 +154,7 @@ def _refusal(name: str, args: list[str], reply: str) -> ProtocolError:
     return ProtocolError(reply, skip=size + 2)
 
 
-def _parse_set(args: list[str]) -> Command:
+def _parse_set(name: str, args: list[str]) -> Command:
     """`set <queue> <flags> <exptime> <bytes> [noreply]`; a refusal says how much data to skip."""
     size = _data_length("set", args)
     try:
@@ -172,13 +169,94 @@ def _parse_set(args: list[str]) -> Command:
         raise _refusal("set", args, e.reply) from None
 
 
-@functools.lru_cache(maxsize=4096)
+def _parse_get(name: str, args: list[str]) -> Command:
+    if not args:
+        raise client_error(f"usage: {name} <queue>[/options]")
+    # Kestrel serves the first key of a multi-key get and ignores the rest.
+    return Command("get", key=args[0], get=parse_get_key(args[0]), cas=name == "gets")
+
+
+def _parse_unsupported(name: str, args: list[str]) -> Command:
+    raise _refusal(name, args, f"CLIENT_ERROR {name} is not supported: kestrel queues take set")
+
+
+def _parse_one_queue(name: str, args: list[str]) -> Command:
+    """`delete`, `flush`, `flush_expired <queue> [noreply]`: a lone `noreply` is the queue's name."""
+    args, noreply = _split_noreply(args) if len(args) > 1 else (args, False)
+    if len(args) == 2 and name == "delete" and args[1] == "0":
+        args = args[:1]  # memcache's old delete time argument
+    if len(args) != 1:
+        raise client_error(f"usage: {name} <queue> [noreply]")
+    return Command(name, key=args[0], noreply=noreply)
+
+
+def _parse_flush_all(name: str, args: list[str]) -> Command:
+    args, noreply = _split_noreply(args)
+    if len(args) > 1:
+        raise client_error("usage: flush_all [delay] [noreply]")
+    if args:
+        _int(args[0], "flush_all delay")
+    return Command(name, noreply=noreply)
+
+
+def _parse_dump_stats(name: str, args: list[str]) -> Command:
+    return Command(name, keys=tuple(args))  # every word a queue's name: no reply to leave out
+
+
+def _parse_args_ignored(name: str, args: list[str]) -> Command:
+    """Commands whose arguments Kestrel ignores, as memcached does for `version` and `stats <group>`
+    (libmemcached's memcdump sends `stats cachedump 0 0`)."""
+    return Command(name, noreply=_split_noreply(args)[1])
+
+
+def _parse_monitor(name: str, args: list[str]) -> Command:
+    args = _split_noreply(args)[0]
+    if len(args) not in (2, 3):
+        raise client_error("usage: monitor <queue> <seconds> [max-items]")
+    count = _int(args[2], "max-items") if len(args) == 3 else None
+    return Command(name, key=args[0], timeout_ms=_seconds_ms(args[1]), count=count)
+
+
+def _parse_confirm(name: str, args: list[str]) -> Command:
+    args, noreply = _split_noreply(args)
+    if len(args) != 2:
+        raise client_error("usage: confirm <queue> <count>")
+    return Command(name, key=args[0], count=_int(args[1], "count"), noreply=noreply)
+
+
+def _parse_status(name: str, args: list[str]) -> Command:
+    args, noreply = _split_noreply(args)
+    if len(args) > 1:
+        raise client_error("usage: status [up|readonly|quiescent]")
+    return Command(name, status=args[0] if args else None, noreply=noreply)
+
+
+# Every command read, by name: a line naming another closes the connection (`_parse`).
+_COMMANDS: dict[str, Callable[[str, list[str]], Command]] = {
+    "get": _parse_get, "gets": _parse_get, "set": _parse_set,
+    **dict.fromkeys(_UNSUPPORTED_STORAGE, _parse_unsupported),
+    **dict.fromkeys(("delete", "flush", "flush_expired"), _parse_one_queue),
+    "flush_all": _parse_flush_all, "dump_stats": _parse_dump_stats,
+    **dict.fromkeys(("version", "shutdown", "reload", "stats", "dump_config", "quit", "flush_all_expired"),
+                    _parse_args_ignored),
+    "monitor": _parse_monitor, "confirm": _parse_confirm, "status": _parse_status,
+}
+
+# The longest line whose Command is remembered: a client's lines are its own to choose, and 4,096
+# distinct lines of 64 KB (`dump_stats` with thousands of names) would hold gigabytes for good.
+CACHED_LINE_BYTES = 256
+
+
 def parse_line(line: bytes) -> Command:
     """Parse one command line. Raises ProtocolError with the reply for bad input.
 
     Clients repeat the same few lines (`get work`, `set work 0 0 128`), and a Command is frozen, so
-    each distinct line is parsed once and its Command shared; refusals are not remembered.
+    each distinct short line is parsed once and its Command shared; refusals are not remembered.
     """
+    return _parse_remembered(line) if len(line) <= CACHED_LINE_BYTES else _parse(line)
+
+
+def _parse(line: bytes) -> Command:
     try:
         text = line.decode("utf-8")
         valid = True
@@ -191,49 +269,18 @@ def parse_line(line: bytes) -> Command:
     if speaks_http(parts):
         raise ProtocolError(f"CLIENT_ERROR {http_refusal('memcache')}", close=True)
     name = parts[0].lower()
-    args = parts[1:]
+    parse = _COMMANDS.get(name)
+    if parse is None:
+        # What follows may be its data (memcached's meta `ms`, a storage command misspelt), which
+        # would run as commands: closed, as Kestrel closes after any unknown command.
+        raise ProtocolError(f"CLIENT_ERROR unknown command {name[:64]!r} (closing: its data, if any, "
+                            "cannot be told from commands)", close=True)
     if not valid:
-        raise _refusal(name, args, "CLIENT_ERROR command line is not valid UTF-8")
-    if name in ("get", "gets"):
-        if not args:
-            raise client_error(f"usage: {name} <queue>[/options]")
-        # Kestrel serves the first key of a multi-key get and ignores the rest.
-        return Command("get", key=args[0], get=parse_get_key(args[0]), cas=name == "gets")
-    if name == "set":
-        return _parse_set(args)
-    if name in _UNSUPPORTED_STORAGE:
-        raise _refusal(name, args, f"CLIENT_ERROR {name} is not supported: kestrel queues take set")
-    args, noreply = _split_noreply(args)
-    if name in _ONE_QUEUE:
-        if len(args) == 2 and name == "delete" and args[1] == "0":
-            args = args[:1]  # memcache's old delete time argument
-        if len(args) != 1:
-            raise client_error(f"usage: {name} <queue> [noreply]")
-        return Command(name, key=args[0], noreply=noreply)
-    if name == "flush_all":
-        if len(args) > 1:
-            raise client_error("usage: flush_all [delay] [noreply]")
-        if args:
-            _int(args[0], "flush_all delay")
-        return Command(name, noreply=noreply)
-    if name == "dump_stats":
-        return Command(name, keys=tuple(args), noreply=noreply)
-    if name in _ARGS_IGNORED:
-        return Command(name, noreply=noreply)
-    if name == "monitor":
-        if len(args) not in (2, 3):
-            raise client_error("usage: monitor <queue> <seconds> [max-items]")
-        count = _int(args[2], "max-items") if len(args) == 3 else None
-        return Command(name, key=args[0], timeout_ms=_seconds_ms(args[1]), count=count)
-    if name == "confirm":
-        if len(args) != 2:
-            raise client_error("usage: confirm <queue> <count>")
-        return Command(name, key=args[0], count=_int(args[1], "count"), noreply=noreply)
-    if name == "status":
-        if len(args) > 1:
-            raise client_error("usage: status [up|readonly|quiescent]")
-        return Command(name, status=args[0] if args else None, noreply=noreply)
-    raise client_error(f"unknown command {name[:64]!r}")
+        raise _refusal(name, parts[1:], "CLIENT_ERROR command line is not valid UTF-8")
+    return parse(name, parts[1:])
+
+
+_parse_remembered = functools.lru_cache(maxsize=4096)(_parse)
 
 
 def absolute_expiry_ms(exptime: int, clock: Clock) -> int:

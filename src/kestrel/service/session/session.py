@@ -538,15 +538,17 @@ class Session:
         return closed
 
     def abort_pending(self, queue: str) -> None:
-        """Put this connection's open reads on `queue` back at the head, oldest first."""
-        self._return_reads([queue])
+        """Put this connection's oldest open read on `queue` back at the head: one, as `/close`
+        confirms one (Kestrel's `abortRead`; a `monitor` leaves several open)."""
+        self._return_reads([queue], 1)
 
-    def _return_reads(self, queues: list[str]) -> None:
-        """This connection's open reads on `queues` go back to their heads, oldest first, each
-        queue's (and each serial's) in a change of its own (`return_all`)."""
+    def _return_reads(self, queues: list[str], count: int | None = None) -> None:
+        """This connection's oldest `count` open reads on each of `queues` (None: all) go back to
+        their heads, oldest first, each queue's (and each serial's) in a change of its own
+        (`return_all`)."""
         returns: list[tuple[str, int, list[int]]] = []
         for queue in queues:
-            done = self.reads.take_oldest(queue)
+            done = self.reads.take_oldest(queue, count)
             done.reverse()
             returns += [(queue, serial, xids) for serial, xids in by_serial(done).items()]
         return_all(self.coll, returns)
