@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.error
@@ -18,7 +19,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 from kestrel.client import ZooKeeperServerSets
 from kestrel.contract import kestrel_thrift as kestrel
-from kestrel.service.config import ZooKeeperConfig, from_mapping
+from kestrel.service.config import ZooKeeperConfig, from_mapping, with_overrides
 from kestrel.service.session.status import Status, StatusKeeper
 from kestrel.service.zookeeper import ServerSetMembership, advertised_host, member_data, sets_for
 from kestrel.storage.errors import ConfigError
@@ -158,6 +159,37 @@ def test_zookeeper_config_and_its_errors() -> None:
         with pytest.raises(ConfigError) as e:
             from_mapping(bad)
         assert e.value.key == key
+
+
+@pytest.mark.parametrize("setting, value, reason", [
+    # what kazoo refuses once the membership starts: it died with "relative paths not allowed"
+    ("path_prefix", "/a/./b", "relative paths not allowed"), ("path_prefix", "/a/../b", "relative paths"),
+    ("path_prefix", "/kestrel\x00", "refuses the character"), ("path_prefix", "/k\x7f", "refuses the character"),
+    # what kazoo refused as the server started, with a traceback and exit code 1
+    ("hosts", "localhost:99999", "Port out of range"), ("hosts", "a:b:c:d", "expected host:port"),
+    ("hosts", "zk:2181/a/../b", "relative paths"), ("hosts", " ", "expected the ZooKeeper ensemble"),
+])
+def test_zookeeper_settings_are_judged_by_the_rules_that_read_them(setting: str, value: str, reason: str) -> None:
+    settings = {"hosts": "zk:2181", setting: value}
+    with pytest.raises(ConfigError) as e:
+        from_mapping({"zookeeper": settings})
+    assert e.value.key == f"zookeeper.{setting}" and reason in str(e.value)
+    with pytest.raises(ValueError, match=f"ZooKeeperServerSets: {setting}: .*{re.escape(reason)}"):
+        ZooKeeperServerSets(settings["hosts"], settings.get("path_prefix", "/kestrel"))
+    assert from_mapping({"zookeeper": {"hosts": "zk1:2181,[::1]:2181/chroot", "path_prefix": "/a.b/c-d_"}})
+
+
+def test_server_sets_need_a_queue_listener_to_advertise() -> None:
+    """A server with every queue port off has nothing to put in a member: refused as a setting, where
+    it started and then exited with a traceback."""
+    off = {"thrift_port": 0, "memcache_port": 0, "text_port": 0}
+    with pytest.raises(ConfigError, match="no queue listener to advertise") as e:
+        from_mapping({"zookeeper": {"hosts": "zk:2181"}, **off})
+    assert e.value.key == "zookeeper"
+    with pytest.raises(ConfigError, match="memcache_port, --thrift-port and text_port are all 0"):
+        with_overrides(from_mapping({"zookeeper": {"hosts": "zk:2181"}, "memcache_port": 0, "text_port": 0}),
+                       thrift_port=0)
+    assert from_mapping({"zookeeper": {"hosts": "zk:2181"}, **off, "text_port": 2222}).zookeeper
 
 
 # ---------------------------------------------------------------------------------------------

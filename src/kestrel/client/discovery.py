@@ -22,6 +22,7 @@ from kazoo.protocol.states import WatchedEvent, ZnodeStat
 from kestrel.client.checks import check_seconds
 from kestrel.client.cooperation import gevent_sockets
 from kestrel.client.errors import ServerSetsUnavailable
+from kestrel.contract import server_sets
 
 log = logging.getLogger("kestrel.client")
 
@@ -135,18 +136,20 @@ class ZooKeeperServerSets:
     def __init__(self, hosts: str, path_prefix: str = "/kestrel", *, endpoint: str | None = "thrift",
                  session_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
         what = "ZooKeeperServerSets"
-        if not isinstance(hosts, str) or not hosts.strip():
-            raise ValueError(f"{what}: hosts must be ZooKeeper's connection string ('zk1:2181,zk2:2181'), "
-                             f"got {hosts!r}")
+        checked: dict[str, str] = {}
+        for setting, check, given in (("hosts", server_sets.checked_hosts, hosts),
+                                      ("path_prefix", server_sets.checked_path, path_prefix)):
+            try:
+                checked[setting] = check(given)
+            except ValueError as e:
+                raise ValueError(f"{what}: {setting}: {e}") from None
         for name, value in (("session_timeout", session_timeout), ("connect_timeout", connect_timeout)):
             if not check_seconds(value, name, what) > 0:
                 raise ValueError(f"{what}: {name} must be positive, got {value}")
-        if not isinstance(path_prefix, str) or not path_prefix.startswith("/"):
-            raise ValueError(f"{what}: path_prefix must be an absolute path, got {path_prefix!r}")
         if endpoint is not None and not (isinstance(endpoint, str) and endpoint):
             raise ValueError(f"{what}: endpoint must be a member endpoint's name ('thrift'), or None for "
                              f"each member's default endpoint, got {endpoint!r}")
-        self.hosts, self.path_prefix, self.endpoint = hosts, path_prefix.rstrip("/"), endpoint
+        self.hosts, self.path_prefix, self.endpoint = hosts, checked["path_prefix"], endpoint
         self.session_timeout = session_timeout
         self._lists: dict[str, list[Address]] = {name: [] for name in self.SETS}
         self._members: dict[str, dict[str, Address | None]] = {name: {} for name in self.SETS}

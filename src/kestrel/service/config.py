@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from kestrel.contract import server_sets
 from kestrel.service.session.status import Status, UnknownStatus
 from kestrel.storage import disk, layout
 from kestrel.storage.config import (
@@ -153,14 +154,17 @@ def _zookeeper(key: str, value: Any) -> ZooKeeperConfig | None:
 def _zookeeper_hosts(key: str, value: Any) -> str:
     if value is None:
         raise ConfigError(key, "required: the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\"")
-    return _string(key, value)
+    try:
+        return server_sets.checked_hosts(value)
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
 
 
 def _zookeeper_path(key: str, value: Any) -> str:
-    prefix = _string(key, value).rstrip("/")
-    if not prefix.startswith("/") or "//" in prefix:
-        raise ConfigError(key, f"expected an absolute ZooKeeper path such as /kestrel, got {value!r}")
-    return prefix
+    try:
+        return server_sets.checked_path(value)
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
 
 
 def default_memory_total(proc_root: str = "/proc", sys_root: str = "/sys") -> int:
@@ -481,7 +485,8 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
 
 
 def _check_ports(config: ServerConfig, name_of: Callable[[str], str]) -> None:
-    """Refuse two listeners on one port: the second could never bind, yet `--check` said ok."""
+    """Refuse two listeners on one port (the second could never bind), and server sets to join with
+    no queue listener to advertise in them, both of which `--check` said ok."""
     taken: dict[int, str] = {}
     for key in (f.name for f in dataclasses.fields(config) if f.name.endswith("_port")):
         port = getattr(config, key)
@@ -489,6 +494,10 @@ def _check_ports(config: ServerConfig, name_of: Callable[[str], str]) -> None:
             raise ConfigError(name_of(key), f"{port} is {name_of(taken[port])} too: each listener "
                               "needs a port of its own (0 turns one off)")
         taken[port] = key
+    if config.zookeeper is not None and not (config.memcache_port or config.thrift_port or config.text_port):
+        raise ConfigError("zookeeper", f"no queue listener to advertise in the server sets: "
+                          f"{name_of('memcache_port')}, {name_of('thrift_port')} and "
+                          f"{name_of('text_port')} are all 0 (turn one on, or remove the zookeeper block)")
 
 
 def load(path: str | None) -> ServerConfig:
