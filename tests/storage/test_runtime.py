@@ -571,3 +571,15 @@ def test_a_paced_walk_yields_every_item_in_order_and_pauses_between_chunks_only(
     assert [n for kind, n in seen if kind == "item"] == list(range(count))
     pauses = [i for i, (kind, _) in enumerate(seen) if kind == "pause"]
     assert pauses == [500 * k + k - 1 for k in range(1, (count - 1) // 500 + 1)]  # the k-th after 500k items
+
+
+def test_a_blocking_call_reached_from_the_hub_runs_there_rather_than_never_end() -> None:
+    """The hub cannot wait for a thread, whose outcome it alone would deliver: a call reached from a
+    request answered in its callback (which the rule meant never to wait) ran the wait's loop
+    forever, every port unanswered. It runs in place, and says so."""
+    runtime = GeventRuntime()
+    answered = gevent.event.AsyncResult()
+    gevent.get_hub().loop.run_callback(lambda: answered.set(runtime.run_blocking(sum, (1, 2))))
+    assert answered.get(timeout=STALL_S) == 3
+    with pytest.raises(ZeroDivisionError):
+        GeventRuntime().run_blocking(divmod, 1, 0)  # elsewhere, on the pool as before

@@ -160,6 +160,8 @@ class PersistentQueue(ABC):
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
     shares_writes: ClassVar[bool] = False
+    # Whether `_restore`, the undo of a failed write, reads the journal (and read-behind's items) again.
+    undo_reads_back: ClassVar[bool] = False
     journal_format: ClassVar[int] = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
@@ -676,12 +678,16 @@ class PersistentQueue(ABC):
 
     def _reads_back(self, removing: bool) -> bool:
         """Whether a change may read items back from the journal, which waits for the disk where
-        the page cache does not hold them: in read-behind, a remove, or a put that takes items from
-        the head (an expired one, or old ones it discards to make room) or finds none in memory."""
-        if self._behind is None:
+        the page cache does not hold them: in read-behind, a remove, a put that takes items from
+        the head (an expired one, or old ones it discards to make room) or finds none in memory,
+        any change whose cursor has no file open (Kestrel 3's opening reads the file's header),
+        and any change of a format whose undo of a failed write reads the journal again."""
+        behind = self._behind
+        if behind is None:
             return False
         mem = self._mem
-        if removing or not mem or self.config.discard_old_when_full:
+        if (removing or not mem or self.config.discard_old_when_full or not behind.cursor.holds_file()
+                or self.undo_reads_back):
             return True
         expiry = mem[0].expiry
         return 0 < expiry <= self.clock.now_ms()

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import gevent
 import gevent.event
+import structlog
 from greenlet import getcurrent, greenlet
 
 from kestrel.storage import disk
@@ -29,6 +30,8 @@ from kestrel.storage.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kestrel.storage.fsync import group_commit
 from kestrel.storage.fsync.group_commit import GroupCommit
 from kestrel.storage.no_lock import NO_LOCK
+
+log = structlog.get_logger("kestrel.runtime")
 
 T = TypeVar("T")
 
@@ -255,9 +258,16 @@ class GeventRuntime:
         held = _held(me)
         if held is not None:  # the call before held a kill back: this call is the next wait it is for
             raise held
+        hub = gevent.get_hub()
+        if me is hub:
+            # Reached from a request answered in the hub's callback, which its rule meant never to
+            # wait (`PersistentQueue.never_waits`): the hub cannot wait for a thread, whose outcome
+            # it alone would deliver, so the call runs here and holds the loop for its length.
+            self.spawn(partial(log.warning, "a blocking call ran on the event loop: a request answered "
+                               "in the hub needed the disk", call=getattr(fn, "__qualname__", repr(fn))))
+            return fn(*args)
         # The pool reports a call's exception itself, as a bare traceback on stderr, before the
         # caller gets it: hand it back as a value, so that only the caller's structured log says it.
-        hub = gevent.get_hub()
         call = hub.threadpool.spawn(partial(_outcome, fn, args))
         # Meanwhile the loop's journal writes give the interpreter's lock up, so that the call's
         # Python runs beside them (src/kestrel/storage/_disk.c).
