@@ -207,3 +207,23 @@ def test_a_queue_path_that_cannot_be_listed_is_an_error_line_not_a_traceback(tmp
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 1
     assert done.stderr == f"kestrel journal check: cannot read {tmp_path / 'loop'}: Too many levels of symbolic links\n"
+
+
+def test_a_torn_reader_checkpoint_is_told_as_the_start_cuts_it(tmp_path: Path) -> None:
+    """A start cuts a reader checkpoint's torn final record, a copy kept, and serves again what it
+    consumed; the check said `ok` and nothing of it, where it tells a writer file's."""
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": "kestrel3"}))
+    coll.load()
+    coll.put("jobs", [b"one", b"two", b"three"])
+    assert [item.data for item in coll.remove("jobs", 2)] == [b"one", b"two"]
+    coll.close()
+    (checkpoint,) = list_queue_files(str(tmp_path), "jobs").readers.values()
+    size = os.path.getsize(checkpoint)
+    os.truncate(checkpoint, size - 3)
+    status, out = run(tmp_path)
+    assert status == 0, out
+    assert "ends in a torn write at offset" in out and "is served again what the cut records consumed" in out
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"journal_format": "kestrel3"}))
+    coll.load()
+    assert drain(coll, "jobs")[-1] == b"three" and len(aside(tmp_path)) == 1  # as told: cut, a copy kept
+    coll.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import takewhile
 
@@ -248,6 +248,7 @@ class ReaderCheckpoint:
 
     head: int = 0
     done: frozenset[int] = frozenset()
+    torn_at: int | None = None  # read without repair: where a torn final record begins, left in place
 
     def is_done(self, item_id: int) -> bool:
         return item_id <= self.head or item_id in self.done
@@ -290,7 +291,8 @@ def read_checkpoint(path: str | None, high_id: int | None = None, repair: bool =
             if damage is not None:
                 raise damage
             if not repair:
-                return ReaderCheckpoint(head, frozenset(done)).normalized()
+                return replace(ReaderCheckpoint(head, frozenset(done)).normalized(),
+                               torn_at=reader.offset)
             copy = reader.cut_torn_tail(SYSTEM_CLOCK.now_ms())
             log.warning("torn record at the end of a reader checkpoint; cut off, a copy kept", file=path,
                         offset=reader.offset, reason=reader.torn, copy=copy)

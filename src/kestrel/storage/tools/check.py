@@ -111,7 +111,10 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
             reader.close()
     for reader_name, path in sorted(files.readers.items()):
         try:
-            read_checkpoint(path, last_id or None, repair=False)
+            torn_at = read_checkpoint(path, last_id or None, repair=False).torn_at
+            if torn_at is not None:
+                report.notes.append(f"{torn_tail.cut_note(path, torn_at)}; reader {reader_name!r} is served "
+                                    "again what the cut records consumed")
         except CorruptJournalError as e:
             report.damaged(e, k3.MAGIC_SIZE,
                            f"reader {reader_name!r} is served again what it consumed after that")
