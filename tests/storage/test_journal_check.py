@@ -15,6 +15,7 @@ from kestrel.storage import QueueCollection, QueueConfigs, commit_log
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.kestrel2 import codec
 from kestrel.storage.kestrel2.reader import read_journal
+from kestrel.storage.kestrel3 import codec as k3
 from kestrel.storage.kestrel3.files import list_queue_files
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.runtime import ManualRuntime
@@ -227,3 +228,26 @@ def test_a_torn_reader_checkpoint_is_told_as_the_start_cuts_it(tmp_path: Path) -
     coll.load()
     assert drain(coll, "jobs")[-1] == b"three" and len(aside(tmp_path)) == 1  # as told: cut, a copy kept
     coll.close()
+
+
+def test_damage_the_commit_log_repairs_is_told_so(tmp_path: Path) -> None:
+    """A byte of a Kestrel 3 writer file changed after a crash that left the log: the check judges
+    the file as it stands, and says that recovery writes the log's records over it first."""
+    coll = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always", "journal_format": "kestrel3"}),
+                           commit_log=True, runtime=ManualRuntime(clock=FakeClock(T0)))
+    coll.load()
+    for n in range(5):
+        coll.put("q", [b"item-%d" % n + ITEM])
+    ((_, writer),) = list_queue_files(str(tmp_path), "q").writers
+    data = bytearray(Path(writer).read_bytes())
+    data[k3.MAGIC_SIZE] ^= 0x10  # the first record's command byte
+    Path(writer).write_bytes(bytes(data))
+    code, out = run(tmp_path, "q")
+    assert code == 1 and "q (kestrel3): damaged" in out
+    assert "q:   judged before the commit log's records are written into its files" in out
+    recovered = QueueCollection(str(tmp_path), QueueConfigs({"sync_journal": "always",
+                                                             "journal_format": "kestrel3"}),
+                                commit_log=True, runtime=ManualRuntime(clock=FakeClock(T0)))
+    recovered.load()  # as a start: the log's record written over the changed byte
+    assert len(drain(recovered, "q")) == 5
+    recovered.close()

@@ -555,6 +555,7 @@ class Recovery:
     written: int = 0
     refused: dict[str, CommitLogDamaged] = field(default_factory=dict)
     copies: list[str] = field(default_factory=list)
+    queues: set[str] = field(default_factory=set)  # those whose files it wrote into (a reader's: its parent)
 
 
 def _journal_for(queue_path: str, files: JournalFiles, record: Record) -> str | None:
@@ -648,6 +649,7 @@ class _Placing:
             torn = size < end and record.data.startswith(present)
             self._keep_copy(journal, record.offset, "torn" if torn else "replaced")
         self.recovery.written += 1
+        self.recovery.queues.add(record.queue)
         if self.dry_run:
             self._dry_ends[journal] = max(self._dry_ends.get(journal, -1), end)
             return None
@@ -677,6 +679,7 @@ class _Placing:
         if not lacking:
             return None
         self.recovery.written += 1
+        self.recovery.queues.add(queue.partition("+")[0])
         if self.dry_run:
             return None
         _step("write")

@@ -173,6 +173,9 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
         for finding in report.findings:
             out.write(f"{name}:   {finding.path} at offset {finding.offset}: {finding.why}\n")
         out.write(f"{name}:   {damage.plan(report.findings)}\n")
+        if name in recovery.queues:
+            out.write(f"{name}:   judged before the commit log's records are written into its files, which "
+                      "repairs what they cover: check again once a start has recovered the log\n")
     return EXIT_DAMAGED if damaged else 0
 
 
