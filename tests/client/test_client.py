@@ -749,10 +749,18 @@ def test_items_are_bytes_and_anything_else_is_refused_before_sending(three: list
         (lambda: cluster.put(b"typed", b"x"), "the queue name must be a str"),
         (lambda: one.put("typed", ["text"]), "item 0 is str"),
         (lambda: one.put("typed", "text"), "got a single str"),
+        # read ids: a str was taken for one id a character, the rest failed in Thrift's encoder
+        (lambda: one.confirm("typed", "123"), "confirm on 'typed': ids must be a set of ints, got str"),
+        (lambda: one.confirm("typed", {"1"}), "each id must be an int, got str"),
+        (lambda: one.abort("typed", None), "abort on 'typed': ids must be a set of ints, got NoneType"),
+        (lambda: one.abort("typed", 5), "got int"),
+        (lambda: one.confirm(5, {1}), "the queue name must be a str"),  # type: ignore[arg-type]
     ]
     for call, message in mistakes:
         with pytest.raises(TypeError, match=message):
             call()
+    with pytest.raises(ValueError, match="id 1180591620717411303424 is outside the contract's 64-bit ids"):
+        one.confirm("typed", {2**70})
     assert [items_on(s, "typed") for s in three] == [0, 0, 0]  # nothing of a refused batch was sent
     # bytes, bytearray and memoryview are items, stored as their bytes.
     assert cluster.put_many("typed", [b"a", bytearray(b"b"), memoryview(b"xcx")[1:2]]) == 3

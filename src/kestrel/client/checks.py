@@ -13,6 +13,7 @@ from collections.abc import Iterable
 BytesLike = bytes | bytearray | memoryview
 BYTES_LIKE = (bytes, bytearray, memoryview)
 I32_MAX = 2**31 - 1
+I64 = range(-(2**63), 2**63)
 _JUST_BYTES = {bytes}
 
 
@@ -39,6 +40,20 @@ def check_seconds(value: object, name: str, what: str) -> float:
     if not value >= 0:  # also refuses NaN
         raise ValueError(f"{what}: {name} must not be negative, got {value}")
     return float(value)
+
+
+def check_ids(ids: object, what: str) -> set[int]:
+    """Read ids as a set of ints (each an i64 of the contract), refusing a single value or a str,
+    whose characters would otherwise each be taken for an id."""
+    if isinstance(ids, str | bytes | bytearray | memoryview) or not isinstance(ids, Iterable):
+        raise TypeError(f"{what}: ids must be a set of ints, got {type(ids).__name__}")
+    checked = set(ids)
+    for read_id in checked:
+        if isinstance(read_id, bool) or not isinstance(read_id, int):
+            raise TypeError(f"{what}: each id must be an int, got {type(read_id).__name__}")
+        if read_id not in I64:
+            raise ValueError(f"{what}: id {read_id} is outside the contract's 64-bit ids")
+    return checked
 
 
 def _item_error(what: str, where: str, item: object) -> TypeError:

@@ -23,7 +23,7 @@ from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
 
-from kestrel.client.checks import BytesLike, check_count, check_items, check_queue
+from kestrel.client.checks import BytesLike, check_count, check_ids, check_items, check_queue
 from kestrel.client.cooperation import Event, home, run_beside
 from kestrel.client.errors import (
     ClientClosed,
@@ -247,11 +247,13 @@ class Server:
 
     def confirm(self, queue: str, ids: set[int]) -> int:
         """Remove open reads for good; returns how many were still open."""
-        return int(self.call("confirm", queue, set(ids)))
+        what = f"confirm on {queue!r}"
+        return int(self.call("confirm", check_queue(queue, what), check_ids(ids, what)))
 
     def abort(self, queue: str, ids: set[int]) -> int:
         """Return open reads to the head of their queue; returns how many were still open."""
-        return int(self.call("abort", queue, set(ids)))
+        what = f"abort on {queue!r}"
+        return int(self.call("abort", check_queue(queue, what), check_ids(ids, what)))
 
     def peek(self, queue: str) -> Any:
         """The queue's QueueInfo: head item, items, bytes, journal bytes, age, waiters, open reads."""
