@@ -354,13 +354,16 @@ class ClientSocket:
         if poller is None:
             poller = self._poller = _poll()
             poller.register(self.fd, _ENDED)
-        # Once the server ended the reading, only a reset is the client's.
-        return any(events & (_RESET if by_server else _ENDED) for _, events in poller.poll(0))
+        found = poller.poll(0)
+        if by_server:  # only a reset is the client's
+            return bool(found) and bool(found[0][1] & _RESET)
+        return bool(found)
 
     def reading_ended_by_server(self) -> bool:
         """Whether the server ended this connection's reading (`end_reading`), so that the end of the
-        stream it reads is not its client's hang-up."""
-        return self.sock in _reading_ended
+        stream it reads is not its client's hang-up. (The set is empty until a clean shutdown: a
+        look at it costs a request nothing before.)"""
+        return bool(_reading_ended) and self.sock in _reading_ended
 
     def _receive_now(self, buf: bytearray) -> int:
         """One receive appended to `buf`, in place once a large one was seen, through the scratch
