@@ -160,8 +160,6 @@ class PersistentQueue(ABC):
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
     shares_writes: ClassVar[bool] = False
-    # Whether `_restore`, the undo of a failed write, reads the journal (and read-behind's items) again.
-    undo_reads_back: ClassVar[bool] = False
     journal_format: ClassVar[int] = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
@@ -680,14 +678,14 @@ class PersistentQueue(ABC):
         """Whether a change may read items back from the journal, which waits for the disk where
         the page cache does not hold them: in read-behind, a remove, a put that takes items from
         the head (an expired one, or old ones it discards to make room) or finds none in memory,
-        any change whose cursor has no file open (Kestrel 3's opening reads the file's header),
-        and any change of a format whose undo of a failed write reads the journal again."""
+        and any change whose cursor must read its file to open it (Kestrel 3's checks its header).
+        (A Kestrel 2 queue's undo of a failed write replays its journal on the loop, and its
+        refill's reads then run there too: `GeventRuntime.run_blocking` from the hub.)"""
         behind = self._behind
         if behind is None:
             return False
         mem = self._mem
-        if (removing or not mem or self.config.discard_old_when_full or not behind.cursor.holds_file()
-                or self.undo_reads_back):
+        if removing or not mem or self.config.discard_old_when_full or behind.cursor.opening_reads():
             return True
         expiry = mem[0].expiry
         return 0 < expiry <= self.clock.now_ms()

@@ -51,6 +51,9 @@ class Cursor(Protocol):
     def holds_file(self) -> bool:
         """Whether its file is open (until `release`)."""
 
+    def opening_reads(self) -> bool:
+        """Whether `open` would read its file now (which may wait for the disk), before a change."""
+
     def release(self) -> None:
         """Drop its buffer and close its file, keeping its place (`open` takes it up again)."""
 

@@ -72,7 +72,6 @@ class Kestrel2Queue(PersistentQueue):
 
     _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
     journal_format: ClassVar[int] = 2
-    undo_reads_back: ClassVar[bool] = True  # `_rebuild`: the journal replayed, read-behind refilled
     fixed_settings: ClassVar[tuple[str, ...]] = (*PersistentQueue.fixed_settings, "keep_journal")
 
     # What every change reads, laid out together after the fields of `PersistentQueue` (as its own

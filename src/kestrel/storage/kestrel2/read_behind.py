@@ -58,6 +58,9 @@ class JournalCursor(FileCursor[JournalReader]):
         if self._sync is not None:
             self._sync()
 
+    def opening_reads(self) -> bool:
+        return False  # a journal reader reads nothing until asked for a record
+
     def next_item(self, now: int) -> QItem | None:
         """The next journaled item, or None once the cursor is at `stop` or at the end of the
         live journal; `now` is the add time of a starling ADD record."""

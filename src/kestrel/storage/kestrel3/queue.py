@@ -613,6 +613,9 @@ class ReaderCursor(FileCursor[RecordReader]):
     def sync(self) -> None:
         """Nothing to do: the writer appends every PUT at once."""
 
+    def opening_reads(self) -> bool:
+        return self.reader is None  # a writer file's reader checks the file's header as it opens
+
     def next_item(self, now: int) -> QItem | None:
         """The next item of the reader, or None once every item handed to it is in memory."""
         queue = self.queue
