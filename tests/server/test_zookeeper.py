@@ -448,3 +448,28 @@ def test_a_member_deleted_before_it_is_watched_joins_again(zookeeper: Any, zk: K
     finally:
         membership.stop()
     assert len(deleted) == 1
+
+
+def test_an_unexpected_failure_of_a_membership_change_is_retried(zookeeper: Any, zk: KazooClient,
+                                                                 tmp_path: Any) -> None:
+    """A change that fails with neither kazoo's error nor a time-out (a path kazoo refused once
+    ended it so) ended the membership's greenlet: the server served on and never joined a set."""
+    prefix = "/kestrel-unexpected"
+    membership, _ = lone_membership(zookeeper, prefix, tmp_path)
+    reconcile = membership._reconcile
+    failures: list[int] = []
+
+    def fail_once() -> None:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("a fault of ours")
+        reconcile()
+
+    membership._reconcile = fail_once  # type: ignore[method-assign]
+    membership.start()
+    try:
+        wait_until(lambda: in_sets(zk, prefix, 1, 1) and set(membership.members) == {"read", "write"},
+                   "the membership to join after its failure")
+        assert failures == [1]
+    finally:
+        membership.stop()

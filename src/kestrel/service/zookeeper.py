@@ -36,6 +36,9 @@ SET_NAMES = ("read", "write")
 # The default endpoint is the first of these that is enabled.
 ENDPOINT_PREFERENCE = ("memcache", "thrift", "text")
 RETRY_DELAY = 0.5  # seconds before retrying a membership change ZooKeeper failed
+# A change that failed otherwise (a fault of ours) is retried after twice the wait of the last, up
+# to this: the membership never ends while the server serves, and a lasting fault logs seldom.
+MOST_UNEXPECTED_DELAY = 30.0
 # Kazoo logs every failed reconnection attempt; our own lines report each state change once.
 KAZOO_LOG = logging.getLogger("kestrel.zookeeper.kazoo")
 KAZOO_LOG.setLevel(logging.ERROR)
@@ -131,6 +134,7 @@ class ServerSetMembership:
 
     def _run(self) -> None:
         patience = self.config.session_timeout / 1000.0
+        unexpected_delay = RETRY_DELAY
         while True:
             self._wake.wait(timeout=patience)
             self._wake.clear()
@@ -141,9 +145,16 @@ class ServerSetMembership:
                 continue  # the listener wakes us on reconnect
             try:
                 self._reconcile()
+                unexpected_delay = RETRY_DELAY
             except (KazooException, self.zk.handler.timeout_exception) as e:
                 log.warning("zookeeper membership change failed; retrying", error=repr(e))
                 gevent.sleep(RETRY_DELAY)
+                self._wake.set()
+            except Exception:
+                log.exception("zookeeper membership change failed unexpectedly; retrying",
+                              seconds=unexpected_delay)
+                gevent.sleep(unexpected_delay)
+                unexpected_delay = min(unexpected_delay * 2, MOST_UNEXPECTED_DELAY)
                 self._wake.set()
 
     def _renew_if_stuck(self, patience: float) -> None:
