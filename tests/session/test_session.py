@@ -913,7 +913,8 @@ def test_only_a_put_or_get_that_cannot_yield_is_answered_at_once(make_server: Ma
     assert not session.answers_at_once("both") and not session.answers_at_once("fan")  # alias, fanout parent
     session.put("behind", [b"x" * 64] * 4)
     assert server.collection.queue("behind").in_read_behind
-    assert session.answers_at_once("behind")  # a put writes the journal only
+    # (Kestrel 2: a put's undo, should its write fail, waits for the journal's packs and refills)
+    assert not session.answers_at_once("behind")
     assert not session.answers_at_once("behind", 1)  # a get may read a large record back off the loop
     governor = server.collection.governor
     assert governor is not None

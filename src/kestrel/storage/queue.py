@@ -160,6 +160,9 @@ class PersistentQueue(ABC):
     # A put reaches every reader of one shared write (Kestrel 3), rather than the collection copying
     # it to each fanout child (Kestrel 2).
     shares_writes: ClassVar[bool] = False
+    # Whether, in read-behind, `_restore` (the undo of a failed write) may wait: for a pack of the
+    # journal, and for the refill's reads off the loop (Kestrel 2 replays its journal).
+    undo_waits_in_read_behind: ClassVar[bool] = False
     journal_format: ClassVar[int] = 0  # the format's number, 2 or 3 (Kestrel 2's journal, Kestrel 3's files)
     # Kestrel 2's packs keep the place of items gone since their rotation with empty items that
     # expired at this time; they move to no expiry queue. -1: no placeholders.
@@ -678,14 +681,14 @@ class PersistentQueue(ABC):
         """Whether a change may read items back from the journal, which waits for the disk where
         the page cache does not hold them: in read-behind, a remove, a put that takes items from
         the head (an expired one, or old ones it discards to make room) or finds none in memory,
-        and any change whose cursor must read its file to open it (Kestrel 3's checks its header).
-        (A Kestrel 2 queue's undo of a failed write replays its journal on the loop, and its
-        refill's reads then run there too: `GeventRuntime.run_blocking` from the hub.)"""
+        any change whose cursor must read its file to open it (Kestrel 3's checks its header), and
+        any change of a format whose undo of a failed write may wait (`undo_waits_in_read_behind`)."""
         behind = self._behind
         if behind is None:
             return False
         mem = self._mem
-        if removing or not mem or self.config.discard_old_when_full or behind.cursor.opening_reads():
+        if (removing or not mem or self.config.discard_old_when_full or behind.cursor.opening_reads()
+                or self.undo_waits_in_read_behind):
             return True
         expiry = mem[0].expiry
         return 0 < expiry <= self.clock.now_ms()

@@ -72,6 +72,7 @@ class Kestrel2Queue(PersistentQueue):
 
     _placeholder_expiry: ClassVar[int] = codec.PLACEHOLDER_EXPIRY
     journal_format: ClassVar[int] = 2
+    undo_waits_in_read_behind: ClassVar[bool] = True  # `_rebuild` waits for packs, then refills
     fixed_settings: ClassVar[tuple[str, ...]] = (*PersistentQueue.fixed_settings, "keep_journal")
 
     # What every change reads, laid out together after the fields of `PersistentQueue` (as its own
