@@ -223,6 +223,8 @@ def test_a_file_too_large_once_read_is_refused_at_once(tmp_path: Path, text: str
     ("max_line_length", 0, "no command line would fit"),
     ("max_batch_items", 0, "no put could hold an item"),
     ("max_batch_bytes", 0, "no put could hold an item"),
+    ("max_open_reads", 0, "no Thrift get with auto_abort_msec or memcache monitor could open a read"),
+    ("max_queues", 0, "no queue could be created"),
 ])
 def test_a_setting_that_would_leave_the_server_serving_nothing_is_refused_at_0(key: str, value: Any,
                                                                                 why: str) -> None:

@@ -327,7 +327,8 @@ _PARSERS: dict[str, Any] = {
     "text_port": _port,
     "admin_port": _port,
     "expiration_timer_frequency": parse_duration_ms,
-    "max_open_reads": parse_count,
+    "max_open_reads": _more_than_zero(parse_count, "no Thrift get with auto_abort_msec or memcache "
+                                                   "monitor could open a read"),
     "default_status": _status,
     "status_file": _optional_path,
     "status_change_grace_period": parse_duration_ms,
@@ -343,7 +344,7 @@ _PARSERS: dict[str, Any] = {
     "max_wait": parse_duration_ms,
     "max_batch_items": _more_than_zero(parse_count, "no put could hold an item"),
     "max_batch_bytes": _more_than_zero(parse_size, "no put could hold an item"),
-    "max_queues": parse_count,
+    "max_queues": _more_than_zero(parse_count, "no queue could be created"),
     "max_memory_total": _memory_total,
     "shutdown_timeout": parse_duration_ms,
     "salvage": parse_bool,
