@@ -61,8 +61,10 @@ def startup_step(what: str, where: str, exit_code: int) -> Iterator[None]:
         raise StartupError(describe(e, what, where, listening=exit_code == EXIT_LISTENER), code) from e
     except TooManyQueues as e:  # at start, only for want of descriptors: queues on disk all load
         raise StartupError(str(e), EXIT_DESCRIPTORS) from e
-    except (QueuePathInUse, JournalWriteError) as e:  # their messages name the path and the cause
+    except QueuePathInUse as e:  # its message names the path and the cause
         raise StartupError(str(e), exit_code) from e
+    except JournalWriteError as e:
+        raise StartupError(f"{e.failure}; the server cannot start until it can", exit_code) from e
 
 
 def describe(error: OSError, what: str, where: str, listening: bool = False) -> str:

@@ -185,8 +185,8 @@ class JournalWriteError(KestrelError):
             cause = "the disk is full"
         else:
             cause = f"{error.strerror or error}"
-        super().__init__(f"cannot write the journal of queue {queue!r} ({path}): {cause}; the queue is "
-                         "read-only until it can")
+        self.failure = f"cannot write the journal of queue {queue!r} ({path}): {cause}"
+        super().__init__(f"{self.failure}; the queue is read-only until it can")
         self.queue = queue
         self.path = path
         self.disk_full = error is not None and error.errno in (errno.ENOSPC, errno.EDQUOT)
