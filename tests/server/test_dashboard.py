@@ -257,11 +257,11 @@ def test_every_reply_of_the_admin_port_carries_the_policy_and_refuses_framing(se
     with socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10) as mc:
         mc.sendall(b"set <script>x 0 0 1\r\nx\r\n")
         assert mc.recv(100) == b"STORED\r\n"
-    requests = [f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    requests = [f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
                 for path in ("/", "/dashboard/dashboard.js", "/dashboard/overview.json", "/stats.json",
                              "/stats.txt", "/metrics", "/metrics/per-queue", "/ping", "/ready", "/ready/read",
                              "/no-such-page", "/dashboard/queue.json?name=nowhere")]
-    requests += [b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    requests += [b"POST /ping HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                  b"GARBAGE\r\n\r\n"]
     statuses = []
     for request in requests:
@@ -350,9 +350,9 @@ def test_the_admin_port_closes_a_connection_that_sends_nothing_or_trickles_its_r
     try:
         for sock in (silent, half, prompt):
             sock.settimeout(STALL_S)
-        half.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")  # the blank line that ends it never comes
+        half.sendall(b"GET /ping HTTP/1.1\r\nHost: localhost\r\n")  # the blank line that ends it never comes
         for _ in range(2):
-            prompt.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            prompt.sendall(b"GET /ping HTTP/1.1\r\nHost: localhost\r\n\r\n")
             answer = b""
             while not answer.endswith(b"pong\n") and (chunk := prompt.recv(1000)):
                 answer += chunk

@@ -292,7 +292,7 @@ def test_a_head_request_is_answered_with_headers_alone(server: ServerProcess) ->
     HEAD would be read as the next answer's status line."""
     for path in ("/ready", "/stats.json", "/"):
         with socket.create_connection(("127.0.0.1", server.admin_port), timeout=10) as s:
-            s.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            s.sendall(f"HEAD {path} HTTP/1.1\r\nHost: localhost\r\n\r\nGET /ping HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
             answers = b""
             while not answers.endswith(b"pong\n"):
                 chunk = s.recv(65536)
@@ -349,7 +349,7 @@ def test_a_client_pipelining_admin_requests_does_not_hold_the_queue_ports(server
     prober = threading.Thread(target=probe)
     prober.start()
     wait_until(lambda: len(rounds) >= 3, "the probe's first rounds")
-    request = b"GET /stats.json HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = b"GET /stats.json HTTP/1.1\r\nHost: localhost\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.admin_port), timeout=60) as s:
         s.sendall(request * 2_999 + request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
         first = 0.0
@@ -373,7 +373,7 @@ def test_an_answer_read_too_slowly_closes_at_request_timeout_without_a_traceback
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         s.connect(("127.0.0.1", srv.admin_port))
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n" * 400)
         clients.append(s)
     time.sleep(2.5)
     for s in clients:
@@ -428,7 +428,7 @@ def test_probes_are_answered_while_every_admin_connection_is_read_too_slowly(ser
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         s.settimeout(10)
         s.connect(("127.0.0.1", server.admin_port))
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400)  # then never read
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n" * 400)  # then never read
         slow.append(s)
     try:
         for _ in range(3):

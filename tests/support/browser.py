@@ -95,13 +95,13 @@ class Browser:
             self.driver.set_window_size(*WINDOW)
 
 
-def start_browser(binary: str, driver_path: str, profile: str) -> Browser:
+def start_browser(binary: str, driver_path: str, profile: str, *flags: str) -> Browser:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager: never download a driver or browser

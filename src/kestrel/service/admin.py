@@ -16,6 +16,10 @@ answering (a client reading its page that slowly). At most `PAGES_AT_ONCE` answe
 that cost a pass over every queue (the stats and metrics, megabytes with thousands of queues) are
 rendered or sent at once: the others wait their turn, so a crowd of slow readers holds that many
 copies in memory, not one each, and one that waits a second takes the turn held longest.
+On a port listening on loopback alone (the default), a request whose `Host:` names another host is
+refused (421): a web page whose name an attacker turns to 127.0.0.1 (DNS rebinding) reaches the
+port as its own origin and could read /stats.json; a browser always sends the name it used, and
+loopback's own names and addresses (`localhost`, `*.localhost`, 127.0.0.1, [::1]) cannot be turned.
 A request gevent's handler refuses (400: a bad request line, too many headers) is one warning in
 the server's log, naming the client and the reason, never a bare traceback or line on stderr.
 Every reply, gevent's refusals too, carries `HEADERS`: the page's Content-Security-Policy, no
@@ -34,7 +38,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from kestrel.service import metrics
 from kestrel.service.dashboard import Dashboard
-from kestrel.service.listener import Listener, peer_text
+from kestrel.service.listener import Listener, is_loopback, peer_text
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.session.status import Status
 from kestrel.service.stats_render import Pieces, stats_json, stats_text
@@ -240,6 +244,14 @@ def reply(start_response: Callable[..., Any], status: str, headers: list[tuple[s
     return pieces
 
 
+def names_loopback(host: str) -> bool:
+    """Whether a `Host:` header's value (a name or address, and a port) names this machine's
+    loopback: a name no DNS answer can turn elsewhere."""
+    name = host.rpartition("]")[0].removeprefix("[") if host.startswith("[") else host.partition(":")[0]
+    name = name.lower().removesuffix(".")
+    return is_loopback(name) or name.endswith(".localhost")
+
+
 def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listener:
     """HTTP/1.1 on gevent's WSGI handler, accepted by the shared listener so that it stops with the rest."""
     ok = "200 OK"
@@ -256,9 +268,19 @@ def make_admin_server(server: ServerState, listener: tuple[str, int]) -> Listene
     page_turns = _PageTurns()
     dashboard = Dashboard(server)
 
+    loopback_only = is_loopback(listener[0])
+
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         answer: list[bytes] | _HeldPage
-        if environ.get("PATH_INFO") not in pages:
+        host = environ.get("HTTP_HOST")
+        if loopback_only and host is not None and not names_loopback(host):
+            log.warning("admin request for another host refused", host=host[:200],
+                        client=peer_text((environ["REMOTE_ADDR"], environ["REMOTE_PORT"])))
+            answer = reply(start_response, "421 Misdirected Request", [("Content-Type", "text/plain")],
+                           f"this admin port listens on {listener[0]} and answers requests for localhost "
+                           f"or a loopback address only, not {host[:200]!r} (a web page whose name "
+                           f"leads here?)\n".encode())
+        elif environ.get("PATH_INFO") not in pages:
             answer = respond(environ, start_response)
         else:
             worker = page_turns.take()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
-import ipaddress
 import os
 import resource
 import signal
@@ -24,7 +23,7 @@ from kestrel.build import build_name
 from kestrel.service import metrics, service_manager
 from kestrel.service.config import ServerConfig
 from kestrel.service.gc_pauses import GC_PAUSES
-from kestrel.service.listener import Listener
+from kestrel.service.listener import Listener, is_loopback
 from kestrel.service.session.server_state import ServerState
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage import filenames
@@ -72,16 +71,6 @@ def check_writable(status_file: str) -> None:
         os.unlink(temp)
     except OSError as e:  # named by the file it is about, not by the temporary
         raise OSError(e.errno, e.strerror, status_file) from None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or a name) is this machine's loopback alone."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it may resolve beyond loopback
-        return False
 
 
 def host_port(host: str, port: int) -> str:

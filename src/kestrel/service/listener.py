@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import errno
+import ipaddress
 import socket
 import time
 from collections.abc import Callable
@@ -64,6 +65,16 @@ ACCEPT_BURST = 64  # accepts in a row before the accept loop lets the connection
 # Greenlets kept, once their connection ended, for the next ones: as many as the accept loop takes in
 # a row, so that a burst of clients that connect and close (each burst taken in one go) makes none.
 SPARE_WORKERS = ACCEPT_BURST
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is this machine's loopback alone."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve beyond loopback
+        return False
+
 
 def peer_text(address: tuple[str, int]) -> str:
     """A client's address as every log line of every port writes it, `host:port` (not the tuple)."""
