@@ -40,7 +40,12 @@ def line_end(buf: bytearray, start: int, nl: int) -> int:
 
 
 class CloseConnection(Exception):
-    """Raised by a handler: close the connection once the replies so far are sent."""
+    """Raised by a handler: close the connection once the replies so far are sent. With a `refusal`
+    (what was refused, as its reply said), the close is a warning in the log."""
+
+    def __init__(self, refusal: str | None = None) -> None:
+        super().__init__(refusal)
+        self.refusal = refusal
 
 
 class BufferedConnection:
@@ -179,7 +184,9 @@ class BufferedConnection:
                     # The request in progress began in what was just received: its time starts now.
                     deadline = time.monotonic() + request_timeout
                 self.take_turns()  # a client streaming a large request lets the others in too
-        except CloseConnection:
+        except CloseConnection as e:
+            if e.refusal is not None:
+                log.warning("connection closed", reason=e.refusal, client=self.peer, protocol=self.protocol)
             self.send()
             self.replies.finish()
         except ClientGone:  # its end of the stream ended a get's wait: a half-closed client still

@@ -197,8 +197,7 @@ class MemcacheConnection(BufferedConnection):
                 # The item data of a refused set is dropped unread: it is never run as commands.
                 self.out.append(e.reply.encode() + CRLF)
                 if e.close:
-                    log.warning("connection closed", reason=e.reply, client=self.peer)
-                    raise CloseConnection from None
+                    raise CloseConnection(e.reply) from None
                 self.discard, self.discard_reply = e.skip, b""
                 self.requests_begun += 1
                 continue

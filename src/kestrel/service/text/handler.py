@@ -135,8 +135,7 @@ class TextConnection(BufferedConnection):
         except TextError as e:
             if e.close:
                 self.out.append(b"-%s\n" % e.message.encode())
-                log.warning("connection closed", reason=e.message, client=self.peer)
-                raise CloseConnection from None
+                raise CloseConnection(e.message) from None
             if e.opens_block:
                 self._begin(PutBlock("", None, refusal=e.message))
             else:
