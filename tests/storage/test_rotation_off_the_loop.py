@@ -1,7 +1,6 @@
-"""A journal's rotation never fsyncs on the event loop: a Kestrel 2 queue's first manifest and its
-new live journal's name are made durable on the thread pool while the queue's changes wait at its
-gate (under a periodic sync without the commit log, while they go on, the file's first fsync
-waiting for the name); a Kestrel 3 writer file started by a rotation has its name made durable by
+"""A journal's rotation never fsyncs on the event loop: a Kestrel 2 queue's first manifest, its
+rotated journal's bytes and its new live journal's name are made durable on the thread pool while
+the queue's changes wait at its gate; a Kestrel 3 writer file started by a rotation has its name made durable by
 its first fsync, and no manifest lists it before. Observed through the threads the fsyncs run on and the greenlets
 that are done, never through timing."""
 
@@ -22,7 +21,7 @@ import gevent
 import pytest
 from structlog.testing import capture_logs
 
-from kestrel.storage import QueueCollection, QueueConfigs, disk, manifest
+from kestrel.storage import QueueCollection, QueueConfigs, acknowledgements, disk, manifest
 from kestrel.storage.journal_file import JournalWriter
 from kestrel.storage.kestrel2 import packer
 from kestrel.storage.kestrel2.queue import Kestrel2Queue
@@ -115,70 +114,55 @@ def test_a_kestrel2_queue_waits_at_its_gate_while_its_new_live_journal_is_named(
     again.close()
 
 
-def test_under_a_periodic_sync_a_kestrel2_queue_goes_on_while_its_new_live_journal_is_named(
+def test_under_a_periodic_sync_a_kestrel2_rotation_names_the_new_journal_once_the_rotated_one_is_durable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the commit log, a periodic sync acknowledges no change after an fsync, and nothing
-    but the file's own fsyncs vouches for its records: the queue's changes go on appending to the
-    new live journal while its name is made durable on the thread pool, no fsync of the folder on
-    the loop, and no fsync of the file's data runs before the folder's fsync that named it has
-    ended (its periodic sync waits for it), so that no synced record lies under a name a power cut
-    may take back."""
+    """Without the commit log a periodic sync acknowledges no change after an fsync, yet the new
+    live journal is created only once the rotated journal's bytes are durable, and named then, on
+    the thread pool while the queue's changes wait at its gate, no fsync on the loop: created
+    first, its name (made durable by any fsync of the folder) could outlive the rotated journal's
+    last bytes in a power cut, and the start refused the rotated journal, no longer the last, as
+    damaged (test_a_power_cut_once_a_rotation_named_its_new_journal_finds_the_rotated_one_whole)."""
     loop = threading.get_ident()
     naming, named = threading.Event(), threading.Event()
-    durable: set[int] = set()  # inodes of the queue path's names that an fsync of it has covered
+    synced: dict[int, int] = {}  # inode -> the size an fdatasync of it covered
+    unsynced_when_named: list[str] = []  # rotated journals not durable to their end as the live one was named
     folder_fsyncs_on_loop: list[int] = []
-    datasyncs: list[tuple[int, bool]] = []  # each fdatasync's inode, and whether its name was durable
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def held(fd: int) -> None:
         if os.path.samefile(f"/proc/self/fd/{fd}", tmp_path):
             if threading.get_ident() == loop:
                 folder_fsyncs_on_loop.append(fd)
-            covered = {os.stat(tmp_path / n).st_ino for n in os.listdir(tmp_path)}  # as the fsync begins
-            if [n for n in os.listdir(tmp_path) if n.startswith("q.")]:
-                naming.set()  # once a journal rotated: the rotated one's seal, the new live one's name
+            if (tmp_path / "q").exists() and [n for n in os.listdir(tmp_path) if n.startswith("q.")]:
+                unsynced_when_named.extend(n for n in os.listdir(tmp_path) if n.startswith("q.")
+                                           and synced.get(os.stat(tmp_path / n).st_ino) != os.stat(tmp_path / n).st_size)
+                naming.set()  # the new live journal's name, or a rotated one's seal
                 named.wait(60)
-            real_fsync(fd)
-            durable.update(covered)
-            return
         real_fsync(fd)
 
     def datasync(fd: int) -> None:
-        inode = os.fstat(fd).st_ino
-        datasyncs.append((inode, inode in durable))
+        found = os.fstat(fd)
         real_fdatasync(fd)
+        synced[found.st_ino] = max(synced.get(found.st_ino, 0), found.st_size)
 
     coll = open_collection(tmp_path, {"sync_journal": "20ms", "max_memory_size": 2000,
                                       "default_journal_size": 2000}, runtime=GeventWithFsyncs(datasync))
     coll.put("q", [b"first"])
     monkeypatch.setattr(os, "fsync", held)
     items: list[bytes] = []
-
-    gevent.spawn(partial(put_until, coll, naming.is_set, items)).get(timeout=60)
+    filling = gevent.spawn(partial(put_until, coll, naming.is_set, items))
+    deadline = time.monotonic() + 60
+    while not naming.is_set() and not filling.ready() and time.monotonic() < deadline:
+        gevent.sleep(0.001)
     assert naming.is_set(), "no rotation"
-    after = [b"after %d" % n for n in range(3)]
-    for item in after:  # appended to the new live journal while its name's fsync is held
-        assert gevent.spawn(partial(coll.put, "q", [item])).get(timeout=60) == 1
-    q = coll.get("q")
-    assert isinstance(q, Kestrel2Queue) and q._journal.writer is not None
-    writer = q._journal.writer
-    assert writer.unnamed and writer.size > 0
-    live = os.stat(writer.path).st_ino
-    assert live not in durable
-    deadline = time.monotonic() + 60
-    while writer._timer is not None and time.monotonic() < deadline:  # until its periodic sync has begun
-        gevent.sleep(0.001)
-    assert writer._timer is None and writer.unnamed
+    gevent.sleep(0.2)
+    assert not filling.ready() and not folder_fsyncs_on_loop  # its put at the gate, the fsync held off the loop
     named.set()
-    deadline = time.monotonic() + 60
-    while writer.synced < writer.size and time.monotonic() < deadline:  # its periodic sync
-        gevent.sleep(0.001)
-    assert writer.synced == writer.size and not writer.unnamed
-    assert [was_named for inode, was_named in datasyncs if inode == live] == [True]  # its periodic sync
-    assert not folder_fsyncs_on_loop
+    filling.get(timeout=60)
+    assert unsynced_when_named == [] and not folder_fsyncs_on_loop
     monkeypatch.undo()
     again = reopen(coll)
-    assert again.refused == {} and drain(again, "q") == [b"first", *items, *after]
+    assert again.refused == {} and drain(again, "q") == [b"first", *items]
     again.close()
 
 
@@ -474,3 +458,67 @@ def test_under_plain_threads_one_writer_writes_a_kestrel2_queues_first_manifest(
     again = reopen(coll)
     assert again.refused == {} and drain(again, "q") == [b"first", *items]
     again.close()
+
+
+@pytest.mark.parametrize(("sync", "commit_log"), [("10ms", False), ("10ms", True), ("always", True)])
+def test_a_power_cut_once_a_rotation_named_its_new_journal_finds_the_rotated_one_whole(
+        tmp_path: Path, sync: str, commit_log: bool) -> None:
+    """A Kestrel 2 rotation creates the new live journal once the rotated one's bytes are durable,
+    so that a power cut can tear the log's last file only. Created first (under a periodic sync
+    without the commit log, the rotated journal's fsync still to come), a cut once the new name was
+    durable and a change written to it left a torn write in the rotated journal, which the next
+    start refused as damaged. Each cut is taken just after a rotation's new journal is named and
+    a change appended to it, the fsyncs of files slowed so that the rotated journal's seal (and the
+    log's round) is still running."""
+    from kestrel.storage.kestrel2.journal import QueueJournal
+
+    settings = {"sync_journal": sync, "default_journal_size": "400", "max_memory_size": "600"}
+    live = tmp_path / "live"
+    live.mkdir()
+    real_sleep = gevent.monkey.get_original("time", "sleep")
+    cuts: list[Path] = []
+    items: list[bytes] = []
+
+    def slow_fsync(fd: int) -> None:
+        real_sleep(0.2)  # on the group commit's thread: the rotation's naming ends first
+        os.fdatasync(fd)
+
+    def put(held: Held) -> None:
+        items.append(b"%04d" % len(items) + ITEM)
+        if commit_log:
+            acknowledgements.hold(held.acks)
+        assert coll.put("q", [items[-1]]) == 1
+
+    with Disk(live) as power:
+        create_live = QueueJournal._create_live
+
+        def cut_once_named(journal: QueueJournal, *args: Any, **kwargs: Any) -> None:
+            create_live(journal, *args, **kwargs)
+            if len(cuts) < 3:
+                put(Held())  # into the new journal, not waiting for its round
+                cuts.append(tmp_path / f"cut{len(cuts)}")
+                power.left_by_cut(str(live), str(cuts[-1]), keep=3)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(QueueJournal, "_create_live", cut_once_named)
+            coll = open_collection(live, settings, runtime=GeventWithFsyncs(slow_fsync), commit_log=commit_log)
+
+            def fill() -> None:  # in a greenlet of its own: what it holds of acknowledgements ends with it
+                while len(cuts) < 3 and len(items) < 100:
+                    held = Held()
+                    put(held)
+                    if commit_log and sync == "always":
+                        held.told.wait()
+                    gevent.sleep(0.05)
+
+            gevent.spawn(fill).get(timeout=120)
+            coll.close()
+    assert len(cuts) == 3
+    for cut in cuts:
+        again = open_collection(cut, settings, commit_log=commit_log)
+        try:
+            assert again.refused == {}, cut
+            got = drain(again, "q")  # (the put in the new journal may have gone ahead of one at its gate)
+            assert len(set(got)) == len(got) >= 3 and set(got) <= set(items), (cut, got)
+        finally:
+            again.close()

@@ -235,10 +235,12 @@ class JournalWriter:
         self.unnamed = False
         # A file `open` creates has its name made durable by `sync_name` (its first fsync, or the
         # caller) rather than on the loop before anything is written: where nothing relies on the
-        # name before the file's first fsync (a Kestrel 3 writer file a rotation starts; a Kestrel 2
-        # rotation's new live journal under a periodic sync without the commit log:
-        # `QueueJournal._name_live`).
+        # name before the file's first fsync (a Kestrel 3 writer file a rotation starts).
         self.names_later = False
+        # The file this one follows in its log (a rotation's), until its bytes are known durable:
+        # this file is created only after them, so that a power cut can tear a log's last file only
+        # (src/kestrel/storage/torn_tail.py), never one a later file's name outlived (`_follow`).
+        self.follows: JournalWriter | None = None
         self._naming = SharedFsync(runtime)  # the folder's fsync of `sync_name`
         self._syncing = SharedFsync(runtime)  # outside gevent: the file's fsync of `sync_to`
         self._timer: Timer | None = None
@@ -274,6 +276,8 @@ class JournalWriter:
         if self.fd >= 0:
             return
         created = not os.path.exists(self.path)
+        if created and self.follows is not None:
+            self._follow_on_loop()
         appending = 0 if self.preallocated else os.O_APPEND
         self.fd = disk.open_file(self.path, os.O_WRONLY | os.O_CREAT | appending)
         if (created or self.unnamed) and self.names_durably:
@@ -306,9 +310,29 @@ class JournalWriter:
         file's first fsync, makes the name durable (a file an append created first included).
         Raises OSError."""
         if self.fd < 0 and not self.size and not os.path.exists(self.path):
+            if self.follows is not None:
+                self.follows.sync_to(self.follows.size)
+                self.follows = None
             os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
             self.unnamed = self.names_durably
         self.sync_name()
+
+    def _follow_on_loop(self) -> None:
+        """Make the bytes of the file this one follows durable before this one is created, by an
+        fdatasync on the caller's thread (an `open` for an append, which never yields, creating
+        the file before the task `create` runs in): a folder's fsync, this file's or any other
+        made meanwhile, would make the new name durable while the bytes before it may be lost."""
+        before, self.follows = self.follows, None
+        if before is None or before.synced >= before.size:
+            return
+        target, fd = before.size, before.hold()
+        if fd < 0:  # closed: a close fsyncs first (`close`), or it was not to be kept
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            before.release()
+        before.synced = max(before.synced, target)
 
     def append(self, data: bytes) -> None:
         """Hand `data` (one or many encoded records) to the OS. Never yields to other greenlets

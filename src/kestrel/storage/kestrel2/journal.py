@@ -123,8 +123,6 @@ class QueueJournal:
         # ahead and in a rotation (which holds it while it writes): one of them writes it.
         self._after_manifest: Callable[[], None] | None = None
         self._handoff = runtime.lock()
-        # New live journals being named by tasks the queue's changes do not wait for (`_name_live`)
-        self._naming: list[Event] = []
         # Rotated journals a pack taken at their rotation replaces: neither fsynced nor listed
         # unless that pack fails (`rotate`); each holds its place in the sealing order meanwhile,
         # and is known by its file (`_seal_one`).
@@ -569,15 +567,14 @@ class QueueJournal:
         (`_finish_pack`); a crash before the pack is in place finds it unlisted and newer than what
         the manifest lists (`_compare`).
 
-        The new live journal is created with its name made durable (where its sync policy or the
-        commit log asks: `JournalWriter.names_durably`), which makes the rename durable too, before
-        any record of it is written: the commit log names a Kestrel 2 journal by the epoch of its
-        rotation, so a record of the new one placed after a power cut that lost the rename would
-        land in the old one. Its folder's fsync runs on the thread pool while the queue's changes
-        wait at its gate (`_name_live`); a change already in progress that appends to the new
-        journal first makes the name durable itself (`JournalWriter.open`). Under a periodic sync
-        without the commit log the changes go on meanwhile, the file's first fsync waiting for its
-        name instead (`_name_live`). Never yields.
+        The new live journal is created once the rotated one's bytes are durable, with its name
+        made durable (where its sync policy or the commit log asks: `JournalWriter.names_durably`),
+        which makes the rename durable too, before any record of it is written: the commit log names
+        a Kestrel 2 journal by the epoch of its rotation, so a record of the new one placed after a
+        power cut that lost the rename would land in the old one. Those fsyncs run on the thread
+        pool while the queue's changes wait at its gate (`_name_live`); a change already in progress
+        that appends to the new journal first makes both durable itself (`JournalWriter.open`).
+        Never yields.
         """
         assert self.writer is not None
         self.flush()
@@ -599,6 +596,7 @@ class QueueJournal:
             old.close(sync=False)
             self._replaced[rotated] = (self._sealer.hold(rotated), journal)
         else:
+            live.follows = old  # made durable before the new journal is created (`_name_live`)
             self._sealer.add(old, partial(self._seal_one, rotated, journal))
         if live.names_durably:
             self._name_live(live)
@@ -620,45 +618,32 @@ class QueueJournal:
         return True
 
     def _name_live(self, live: JournalWriter) -> None:
-        """Create the new live journal with its name (and the rename before it) made durable: in a
-        task of its own, the queue's changes waiting at its gate until its folder's fsync on the
-        thread pool has ended. At once where the queue has no gate, or under plain threads, whose
-        lock holds the changes and which have no loop to hold: then only an error is logged (the
-        next append makes the name durable itself, or fails its change).
-
-        Under a periodic sync without the commit log the changes do not wait: nothing acknowledged
-        waits for an fsync there, no record elsewhere names the file, and the one fsync that could
-        make a change depend on the file, its own (its periodic sync, a rotation's seal, a close:
-        `JournalWriter.sync_to`), waits for the name first, for the task's folder fsync if it is
-        under way. Appends meanwhile write to the file, which an append creates if the task has
-        not (`JournalWriter.names_later`), without an fsync of the folder on the loop."""
+        """Create the new live journal once the rotated one's bytes are durable, with its name (and
+        the rename before it) made durable: in a task of its own, the queue's changes waiting at
+        its gate until the rotated journal's fsync (a change under `always` without the commit log
+        waited for it already) and its folder's, on the thread pool, have ended. Created before
+        those bytes were, its name could outlive them in a power cut (any fsync of the folder makes
+        it durable), and the rotated journal, no longer the last, would be refused as damaged for
+        the torn write at its end. At once where the queue has no gate, or under plain threads,
+        whose lock holds the changes and which have no loop to hold: then only an error is logged
+        (the next append makes the bytes and the name durable itself, or fails its change)."""
         gate = self.gate
         if gate is None or self._lock is not NO_LOCK:
             self._create_live(live)
             return
-        if live.log is None and live.sync_ms is not None and live.sync_ms > 0:  # a period, not `always`
-            live.names_later = True
-            done = self.runtime.event()
-            self._naming.append(done)  # a close waits for it (`wait_for_packing`): no file made after
-            self.runtime.spawn(partial(self._create_live, live, None, done))
-            return
         gate.hold()
         self.runtime.spawn(partial(self._create_live, live, gate))
 
-    def _create_live(self, live: JournalWriter, gate: WriteGate | None = None,
-                     done: Event | None = None) -> None:
+    def _create_live(self, live: JournalWriter, gate: WriteGate | None = None) -> None:
         try:
             live.create()
         except OSError as e:
-            log_later(self.runtime, log.error, "cannot make the new live journal's name durable; its first "
-                      "append (under a periodic sync without the commit log: its first fsync) tries again",
+            log_later(self.runtime, log.error, "cannot make the rotated journal's bytes and the new live "
+                      "journal's name durable; its first append tries again",
                       queue=self.name, file=live.path, error=str(e))
         finally:
             if gate is not None:
                 gate.release()
-            if done is not None:
-                self._naming.remove(done)
-                done.set()
 
     def _manifest_ahead(self) -> None:
         """Write the queue's first manifest in a task of its own, on the thread pool, before the
@@ -792,12 +777,9 @@ class QueueJournal:
         """Return once every pack taken so far is written (or has failed) and every rotated journal
         is in the manifest (but one whose seal failed, and the ones after it: `Sealer.run`). The
         caller may hold the queue's lock: the pack is then finished here rather than by its own
-        task. The queue's first manifest written ahead (`_manifest_ahead`) is waited for too, and
-        the names of new live journals being made durable by tasks of their own (`_name_live`)."""
+        task. The queue's first manifest written ahead (`_manifest_ahead`) is waited for too."""
         while (writing := self._manifest_task) is not None:
             writing.wait()
-        while self._naming:
-            self._naming[0].wait()
         while (job := self._pack_job) is not None:
             job.written.wait()
             with self._lock:
