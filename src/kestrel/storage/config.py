@@ -262,11 +262,14 @@ class QueueConfigs:
         return list(self._raw)
 
     def for_queue(self, name: str) -> QueueConfig:
+        """The settings of queue `name`. A name not configured has its parent's (a fanout child's) or
+        the default's, that one object, and nothing is kept for it: a server whose clients named a
+        million queues, each made and deleted, held an entry for every name."""
         cfg = self._resolved.get(name)
-        if cfg is None:
-            cfg = self._resolve(name)
-            self._resolved[name] = cfg
-        return cfg
+        if cfg is not None:
+            return cfg
+        master, plus, _child = name.partition("+")
+        return self._resolved.get(master, self.default) if plus else self.default
 
 
 # The settings naming the queue that items leave to: what leaves, the setting that turns the move off
