@@ -20,7 +20,7 @@ import gevent
 import structlog
 
 from kestrel.build import build_name
-from kestrel.service import metrics, service_manager
+from kestrel.service import metrics, service_manager, start_signals
 from kestrel.service.config import ServerConfig
 from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener, is_loopback
@@ -179,13 +179,16 @@ class App:
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""
-        # Until the queues are loaded SIGTERM and SIGINT end the process at once, their default
-        # action: nothing has been served yet, and a start-up killed at any point loses nothing
-        # (docs/durability.md), where the loop would see them only once a long replay had ended.
-        # Their handlers come in `start`, once the queues are loaded. A reload asked for meanwhile
+        # Until the queues are loaded SIGTERM and SIGINT end the process at once (`start_signals`,
+        # from the command's first line; without it, their default action): nothing has been
+        # served yet, and a start-up killed at any point loses nothing (docs/durability.md), where
+        # the loop would see them only once a long replay had ended. Their handlers come in
+        # `start`, once the queues are loaded. A reload asked for meanwhile, here or before,
         # waits for the queues, where the default action would kill the process.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        start_signals.install()  # (again, for a server not started by the command)
         gevent.signal_handler(signal.SIGHUP, self._reload)
+        if start_signals.reload_asked():
+            gevent.spawn(self._reload)
         GC_PAUSES.install(gevent.get_hub().loop.run_callback_threadsafe, self.server.collection.queue_count)
         try:
             try:

@@ -3,9 +3,16 @@ the command line."""
 
 from __future__ import annotations
 
-from importlib import metadata
+import sys
 
-from gevent import monkey
+from kestrel.service import start_signals
+
+if sys.argv[1:2] == ["serve"]:  # before the imports below, a third of a second
+    start_signals.install()
+
+from importlib import metadata  # noqa: E402
+
+from gevent import monkey  # noqa: E402
 
 
 def patch_all() -> None:
@@ -25,7 +32,6 @@ patch_all()
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 import textwrap  # noqa: E402
 
 from kestrel import SERVER_VERSION  # noqa: E402
