@@ -251,3 +251,32 @@ def test_damage_the_commit_log_repairs_is_told_so(tmp_path: Path) -> None:
     recovered.load()  # as a start: the log's record written over the changed byte
     assert len(drain(recovered, "q")) == 5
     recovered.close()
+
+
+def test_a_conversion_record_a_start_stops_on_is_told_as_damage(tmp_path: Path) -> None:
+    """A start stops (exit 3) on a conversion's record it cannot read; the check said the path held
+    no queue journals and exited 0. The start's one line says what and what to do."""
+    from tests.conftest import PACKAGE_ROOT
+
+    (tmp_path / ".kestrel").mkdir()
+    (tmp_path / ".kestrel" / "convert").write_bytes(b"{not json")
+    code, out = run(tmp_path)
+    assert code == 1 and f"{tmp_path}: damaged: {tmp_path}/.kestrel/convert: unreadable conversion record" in out
+    assert "restore it from a copy" in out
+    ports = [f"--{name}-port=0" for name in ("thrift", "memcache", "text", "admin")]
+    done = subprocess.run([sys.executable, "-m", "kestrel", "serve", "--queue-path", str(tmp_path), *ports],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    assert done.returncode == 3
+    assert done.stderr.startswith(f"kestrel: cannot start: {tmp_path}/.kestrel/convert: unreadable conversion "
+                                  "record") and done.stderr.count("\n") == 1 and "opcode" not in done.stderr
+
+
+def test_a_conversion_that_stopped_part_way_is_told(tmp_path: Path) -> None:
+    import json
+
+    rotated_queue(tmp_path)
+    (tmp_path / ".kestrel" / "convert").write_text(json.dumps({"to": "kestrel3", "queue": "q", "renames": [],
+                                                              "deletes": []}))
+    code, out = run(tmp_path)
+    assert code == 0 and "a conversion of queue 'q' to kestrel3 stopped part way: the next start completes it" in out

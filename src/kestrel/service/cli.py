@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_config_error(e)
     except CorruptJournalError as e:
         # Damage no one queue owns (a conversion's record): --salvage does not apply.
-        print(f"kestrel: {e}\n(restore or move the file named, then start again)", file=sys.stderr)
+        print(f"kestrel: cannot start: {e.path}: {e.reason}: {formats.INTENT_REMEDY}", file=sys.stderr)
         return EXIT_DAMAGED_JOURNAL
     except StartupError as e:
         print(f"kestrel: cannot start: {e}", file=sys.stderr)

@@ -35,6 +35,11 @@ KESTREL2, KESTREL3 = JOURNAL_FORMATS
 
 
 INTENT_NAME = os.path.join(filenames.OWN_DIRECTORY, filenames.CONVERT_NAME)  # in the queue path
+# What to do with a conversion's record that cannot be read: a start stops on it (exit 3), since
+# which of the queue's files are the new ones is in it.
+INTENT_REMEDY = ("the record of a `kestrel journal convert` that stopped part way: restore it from a copy "
+                 "and start again; without one, move it aside once `kestrel journal check` finds the "
+                 "queue's files whole")
 
 
 # Tests stop a conversion between two steps (a crash) by raising from here.
@@ -292,9 +297,15 @@ def finish_interrupted(queue_path: str) -> str | None:
     Called before anything else reads the queue path (start-up deletes temporaries, and some of
     them may be the new files). Raises CorruptJournalError when `.kestrel/convert` cannot be read.
     """
-    path = os.path.join(queue_path, INTENT_NAME)
-    if not os.path.exists(path):
+    intent = interrupted_conversion(queue_path)
+    if intent is None:
         return None
-    intent = _read_intent(path)
     finish_intent(queue_path, intent)
     return intent.queue
+
+
+def interrupted_conversion(queue_path: str) -> Intent | None:
+    """The record of a conversion that stopped after its switch, which the next start completes
+    (`finish_interrupted`), if there is one. Raises CorruptJournalError when it cannot be read."""
+    path = os.path.join(queue_path, INTENT_NAME)
+    return _read_intent(path) if os.path.exists(path) else None

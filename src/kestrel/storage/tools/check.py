@@ -16,7 +16,7 @@ import os
 import sys
 from typing import TextIO
 
-from kestrel.storage import commit_log, damage, layout, lock, torn_tail
+from kestrel.storage import commit_log, damage, formats, layout, lock, torn_tail
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import CorruptJournalError
 from kestrel.storage.formats import (
@@ -128,6 +128,14 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
         out.write(f"{queue_path}: an earlier layout's files ({', '.join(earlier)}): the next start moves "
                   "them into .kestrel/; the manifests are checked once they are there\n")
     damaged = 0
+    try:
+        intent = formats.interrupted_conversion(queue_path)
+        if intent is not None:
+            out.write(f"{queue_path}: a conversion of queue {intent.queue!r} to {intent.to} stopped part "
+                      "way: the next start completes it\n")
+    except CorruptJournalError as e:  # what a start stops on (exit 3), before any queue
+        out.write(f"{queue_path}: damaged: {e.path}: {e.reason}: {formats.INTENT_REMEDY}\n")
+        damaged += 1
     recovery = commit_log.recover(queue_path, SYSTEM_CLOCK.now_ms(), dry_run=True)
     if recovery.written or recovery.refused or commit_log.pending(queue_path):
         out.write(f"{queue_path}: commit log: {recovery.written} records to write into the journals\n")
