@@ -280,3 +280,13 @@ def test_a_conversion_that_stopped_part_way_is_told(tmp_path: Path) -> None:
                                                               "deletes": []}))
     code, out = run(tmp_path)
     assert code == 0 and "a conversion of queue 'q' to kestrel3 stopped part way: the next start completes it" in out
+
+
+def test_a_path_or_queue_mistyped_is_not_damage(tmp_path: Path) -> None:
+    """Exit 1 said damage for a typo too: a monitoring script could not tell them apart."""
+    rotated_queue(tmp_path)
+    assert run(tmp_path / "spol")[0] == 2
+    code, out = run(tmp_path, "q", "nope")
+    assert code == 2 and "nope: no such queue in" in out and "q (kestrel2): ok" in out
+    (tmp_path / "q").write_bytes(b"\x42" + (tmp_path / "q").read_bytes())  # damaged: 1 wins over a typo
+    assert run(tmp_path, "q", "nope")[0] == 1

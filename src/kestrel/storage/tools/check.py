@@ -33,6 +33,7 @@ from kestrel.storage.kestrel3 import journal as kestrel3_journal
 from kestrel.storage.kestrel3.files import RecordReader, header_unwritten, list_queue_files, read_checkpoint
 
 EXIT_DAMAGED = 1
+EXIT_USAGE = 2  # what was asked for is not there: a path that is not a directory, a queue not in it
 EXIT_IN_USE = 3
 
 
@@ -122,7 +123,8 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
 
 
 def check(queue_path: str, queues: list[str], out: TextIO) -> int:
-    """Report on the queue path; 0 when nothing is damaged, else 1."""
+    """Report on the queue path; 0 when nothing is damaged, 1 when something is, else 2 when a queue
+    named is not there."""
     earlier = sorted(e.name for e in os.scandir(queue_path) if layout.earlier_name(e.name, e.is_dir()))
     if earlier:
         out.write(f"{queue_path}: an earlier layout's files ({', '.join(earlier)}): the next start moves "
@@ -149,10 +151,9 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
     on_disk = queues_on_disk(queue_path)
     if not on_disk and not queues:  # say so: a mistyped path would otherwise pass in silence
         out.write(f"{queue_path}: no queue journals found\n")
-    for name in queues:
-        if name not in on_disk:
-            out.write(f"{name}: no such queue in {queue_path}\n")
-            damaged += 1
+    missing = [name for name in queues if name not in on_disk]
+    for name in missing:
+        out.write(f"{name}: no such queue in {queue_path}\n")
     ignored = ignored_names(on_disk)
     refused = refused_on_disk(queue_path)
     for name, fmt in sorted(on_disk.items()):
@@ -184,7 +185,7 @@ def check(queue_path: str, queues: list[str], out: TextIO) -> int:
         if name in recovery.queues:
             out.write(f"{name}:   judged before the commit log's records are written into its files, which "
                       "repairs what they cover: check again once a start has recovered the log\n")
-    return EXIT_DAMAGED if damaged else 0
+    return EXIT_DAMAGED if damaged else EXIT_USAGE if missing else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,11 +194,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """0 when nothing is damaged; 1 when something is (or cannot be read); 3 while a server holds
-    the path."""
+    """0 when nothing is damaged; 1 when something is (or cannot be read); 2 when the path is not a
+    directory or a queue named is not in it (a typo is not damage); 3 while a server holds the path."""
     if not os.path.isdir(args.queue_path):
         print(f"kestrel journal check: {args.queue_path} is not a directory", file=err)
-        return EXIT_DAMAGED
+        return EXIT_USAGE
     in_use = lock.holder(args.queue_path)  # named as convert and recover name it
     if in_use is not None:
         print(f"kestrel journal check: {in_use}", file=err)
