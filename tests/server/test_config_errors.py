@@ -286,6 +286,17 @@ def test_two_listeners_on_one_port_are_refused_before_the_start() -> None:
     assert checked.returncode == 2 and "--admin-port: 22133 is memcache_port too" in checked.stderr, checked
 
 
+def test_a_port_used_twice_is_listed_with_the_other_bad_keys() -> None:
+    """It was told only once every other key was mended: a second round of errors."""
+    with pytest.raises(ConfigErrors) as err:
+        from_mapping({"text_port": 22133, "max_wait": "soon", "thrift_port": "x"})
+    assert sorted(e.key for e in err.value.errors) == ["max_wait", "text_port", "thrift_port"]
+    with pytest.raises(ConfigErrors) as err:  # a bad queue port does not count as turned off
+        from_mapping({"zookeeper": {"hosts": "127.0.0.1:2181"}, "memcache_port": "x", "thrift_port": 0,
+                      "text_port": 0, "max_wait": "soon"})
+    assert sorted(e.key for e in err.value.errors) == ["max_wait", "memcache_port"]
+
+
 def test_an_alias_must_write_somewhere_and_not_share_a_queue_s_name() -> None:
     """An alias with no queues answered each put as stored and kept nothing; one named like a
     configured queue left that queue's settings to a name no put reaches."""

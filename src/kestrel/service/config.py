@@ -476,26 +476,29 @@ def from_mapping(data: Mapping[str, Any] | None, source: str | None = None) -> S
     for name in sorted(set(values.get("aliases") or ()) & set(queues)):
         collect.errors.append(ConfigError(f"aliases.{name}", f"{name!r} is configured under queues too: "
                                           "a name is an alias or a queue, not both"))
+    # listed with the others: a bad key elsewhere kept this one from being told until it was mended
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    collect.check(_check_ports, lambda key: values.get(key, defaults[key]), lambda field: field)
     collect.raise_any()
     # every queue setting parsed once, here; then the settings that name other queues
     values["queues"] = QueueConfigs(default_queue, queues)
     check_across_queues(values["queues"], values.get("aliases") or {})
-    config = ServerConfig(**values)
-    _check_ports(config, lambda field: field)
-    return config
+    return ServerConfig(**values)
 
 
-def _check_ports(config: ServerConfig, name_of: Callable[[str], str]) -> None:
+def _check_ports(setting: Callable[[str], Any], name_of: Callable[[str], str]) -> None:
     """Refuse two listeners on one port (the second could never bind), and server sets to join with
-    no queue listener to advertise in them, both of which `--check` said ok."""
+    no queue listener to advertise in them, both of which `--check` said ok. `setting`: a setting's
+    value by name, None where it was refused."""
     taken: dict[int, str] = {}
-    for key in (f.name for f in dataclasses.fields(config) if f.name.endswith("_port")):
-        port = getattr(config, key)
+    for key in (f.name for f in dataclasses.fields(ServerConfig) if f.name.endswith("_port")):
+        port = setting(key)
         if port and port in taken:
             raise ConfigError(name_of(key), f"{port} is {name_of(taken[port])} too: each listener "
                               "needs a port of its own (0 turns one off)")
         taken[port] = key
-    if config.zookeeper is not None and not (config.memcache_port or config.thrift_port or config.text_port):
+    queue_ports = [setting(key) for key in ("memcache_port", "thrift_port", "text_port")]
+    if setting("zookeeper") is not None and not any(queue_ports) and None not in queue_ports:
         raise ConfigError("zookeeper", f"no queue listener to advertise in the server sets: "
                           f"{name_of('memcache_port')}, {name_of('thrift_port')} and "
                           f"{name_of('text_port')} are all 0 (turn one on, or remove the zookeeper block)")
@@ -653,5 +656,6 @@ def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
         collect.check(_PARSERS[key], f"--{key.replace('_', '-')}", value)
     collect.raise_any()
     config = dataclasses.replace(config, **given, overridden=tuple(given))
-    _check_ports(config, lambda field: f"--{field.replace('_', '-')}" if field in given else field)
+    _check_ports(functools.partial(getattr, config),
+                 lambda field: f"--{field.replace('_', '-')}" if field in given else field)
     return config
