@@ -161,8 +161,9 @@ def test_a_queue_path_whose_lock_file_was_removed_is_still_held(server_factory: 
     done = kestrel("--queue-path", str(first.queue_path), *NO_LISTENERS)
     line = one_line(done)
     assert done.returncode == 4
-    assert (f"queue path {first.queue_path} is in use by another process, which holds the directory's "
-            f"lock although its lock file") in line, line
+    assert first.proc is not None
+    assert (f"queue path {first.queue_path} is in use by pid {first.proc.pid} (") in line, line
+    assert "which holds the directory's lock although its lock file" in line and "kestrel" in line, line
     assert first.proc is not None and first.proc.poll() is None
 
 

@@ -121,11 +121,42 @@ def _held(fd: int, path: str, queue_path: str) -> QueuePathInUse:
 
 
 def _directory_held(queue_path: str, lock_file: str) -> QueuePathInUse:
-    """The refusal for a queue path whose directory another process holds, its lock file removed."""
-    return QueuePathInUse(f"queue path {queue_path} is in use by another process, which holds the "
+    """The refusal for a queue path whose directory another process holds, its lock file removed:
+    the process named from the kernel's list of locks, where it shows."""
+    pid = _flock_holder(queue_path)
+    who = "another process" if pid is None else f"pid {pid}{_command_of(pid)}"
+    return QueuePathInUse(f"queue path {queue_path} is in use by {who}, which holds the "
                           f"directory's lock although its lock file {lock_file} was removed (never "
-                          f"remove the lock file of a running server; `fuser -v {queue_path}` shows "
-                          f"the process); stop it first")
+                          f"remove the lock file of a running server); stop it first")
+
+
+def _flock_holder(path: str) -> int | None:
+    """The pid of the process holding a flock on `path`, from /proc/locks (Linux), or None where it
+    does not show (another pid namespace, no /proc)."""
+    try:
+        found = os.stat(path)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    inode = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    for line in lines:
+        fields = line.split()  # `1: FLOCK  ADVISORY  WRITE 1234 fe:00:260072 0 EOF`; a waiter's has `->`
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+            pid = int(fields[4])
+            return pid or None
+    return None
+
+
+def _command_of(pid: int) -> str:
+    """` (<its command line>)`, short, or nothing where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read(400).split(b"\0")
+    except OSError:
+        return ""
+    command = " ".join(w.decode("utf-8", "replace") for w in words if w)
+    return f" ({command[:120]})" if command else ""
 
 
 def _lock(path: str, queue_path: str) -> int:
