@@ -6,6 +6,7 @@ shutdown timeout far longer than STALL_S tells a stop that waited for a client f
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from functools import partial
@@ -120,6 +121,35 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_f
     mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
     try:
         assert mc.get("big") == b"x" * 4_000_000  # a peek takes nothing, and the journal was closed cleanly
+    finally:
+        mc.close()
+
+
+def test_a_second_sigterm_closes_the_connections_still_busy_at_once(server_factory: Any) -> None:
+    """A second SIGTERM did nothing: the stop waited the whole `shutdown_timeout` for a client that
+    stops reading (here a minute, where a service manager kills the server first)."""
+    srv = server_factory({"shutdown_timeout": "60s"})
+    hog = socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        hog.sendall(b"set big 0 0 4000000\r\n" + b"x" * 4_000_000 + b"\r\n")
+        assert hog.recv(100) == b"STORED\r\n"
+        hog.sendall(b"get big/peek\r\n" * 20)  # 80 MB of replies it never reads: the server blocks sending
+        assert hog.recv(1, socket.MSG_PEEK) == b"V"
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "kestrel shutting down" in srv.log(), "the stop to begin")
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=STALL_S) == 0
+    finally:
+        hog.close()
+    assert "stop asked again: connections still busy are closed now" in srv.log()
+    busy = [e for e in _log_events(srv) if e.get("event") == "closing connections still busy: stop asked again"]
+    assert [(e["listener"], e["connections"]) for e in busy] == [("memcache", 1)]
+    assert BUSY_AT_TIMEOUT not in srv.log() and "Traceback" not in srv.log()
+    srv.start()
+    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
+    try:
+        assert mc.get("big") == b"x" * 4_000_000  # the journal closed cleanly
     finally:
         mc.close()
 

@@ -45,6 +45,8 @@ LISTENERS = (
     ("text_port", "kestrel.service.text.handler", "make_text_server"),
     ("admin_port", "kestrel.service.admin", "make_admin_server"),
 )
+# How often a stop waiting for busy connections looks whether it was asked again (`_stop_signal`).
+CUT_OFF_LOOK_S = 0.1
 
 
 def raise_open_file_limit() -> int:
@@ -83,6 +85,7 @@ class App:
     def __init__(self, config: ServerConfig) -> None:
         """Take the queue path (created if missing) and open the server's state; raises StartupError."""
         self.config = config
+        self._cut_off = False  # a second stop signal came: close busy connections now (`_stop_signal`)
         self.lock = QueuePathLock(config.queue_path)  # held for the process's life: one owner per path
         with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
             os.makedirs(config.queue_path, exist_ok=True)
@@ -116,8 +119,8 @@ class App:
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()
         # From here a stop is clean; taken before any listener can let a client in.
-        gevent.signal_handler(signal.SIGTERM, self.server.request_shutdown)
-        gevent.signal_handler(signal.SIGINT, self.server.request_shutdown)
+        gevent.signal_handler(signal.SIGTERM, self._stop_signal)
+        gevent.signal_handler(signal.SIGINT, self._stop_signal)
         GC_PAUSES.freeze_loaded()  # no full collection walks the loaded queues while clients wait
         self.server.collection.start_sweeper(cfg.expiration_timer_frequency)
         if self.server.collection.governor is not None:
@@ -169,13 +172,25 @@ class App:
         self.server.collection.end_waits()
         deadline = started + self.config.shutdown_timeout / 1000.0
         for listener in self.listeners:
-            if not listener.join(max(deadline - time.monotonic(), 0.0)):
-                log.warning("closing connections still busy at the shutdown timeout", listener=listener.name,
-                            connections=len(listener.connections))
-                listener.kill()
+            while not listener.join(min(CUT_OFF_LOOK_S, max(deadline - time.monotonic(), 0.0))):
+                if time.monotonic() >= deadline or self._cut_off:
+                    log.warning("closing connections still busy at the shutdown timeout" if not self._cut_off
+                                else "closing connections still busy: stop asked again",
+                                listener=listener.name, connections=len(listener.connections))
+                    listener.kill()
+                    break
         self.server.close()
         self.lock.release()
         log.info("kestrel stopped", seconds=round(time.monotonic() - started, 3))
+
+    def _stop_signal(self) -> None:
+        """SIGTERM or SIGINT: a stop; asked again while stopping, the connections still busy are
+        closed at once rather than at `shutdown_timeout` (the journals flushed and fsynced as in
+        every stop), where the second signal did nothing until then."""
+        if self.server.shutdown_requested.is_set() and not self._cut_off:
+            self._cut_off = True
+            log.warning("stop asked again: connections still busy are closed now")
+        self.server.request_shutdown()
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or a `shutdown` command; SIGHUP reloads queue settings."""

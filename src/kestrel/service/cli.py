@@ -54,7 +54,8 @@ SERVE_DESCRIPTION = """\
 Serve the queues: Kestrel's Thrift service, its memcache and text protocols, and an admin HTTP port
 (/ping, /ready, /stats.json, /stats.txt, /metrics). Settings come from the YAML config file (`kestrel
 config example` writes one listing every key with its default); the options below override it.
-SIGTERM or SIGINT stop the server cleanly (while it loads its queues, at once: nothing is lost);
+SIGTERM or SIGINT stop the server cleanly (while it loads its queues, at once: nothing is lost;
+a second one closes the connections still busy without waiting for shutdown_timeout);
 SIGHUP reloads the queue and alias settings (logging each queue it changes, and the keys only a
 restart applies; a bad or emptied file is refused and the settings kept). A failure to start is one
 line on stderr naming what failed, where and why, and the exit code says which kind it is."""
