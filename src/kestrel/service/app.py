@@ -152,7 +152,8 @@ class App:
         queues = self.server.collection.queue_count()
         log.info("kestrel started", version=self.server.version, build=build_name(),
                  queue_path=os.path.abspath(cfg.queue_path), listen_address=cfg.listen_address,
-                 status=self.server.status.current.label, queues=queues, open_files=fds, **ports, **fsync_cpu)
+                 status=self.server.status.current.label, queues=queues, open_files=fds, **ports, **fsync_cpu,
+                 status_file=None if status_file is None else os.path.abspath(status_file))
         service_manager.notify("READY=1", f"STATUS=serving; queues: {queues}")
 
     def stop(self) -> None:
