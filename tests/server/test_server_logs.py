@@ -251,7 +251,7 @@ def test_a_failed_reload_is_logged_whoever_asked_for_it(server_factory: Any, nor
     assert "queues.jobs.max_items" in line["error"] and line["requested_by"].startswith("memcache client 127.0.0.1:")
 
 
-def test_the_start_line_names_the_status_file_where_it_is(server_factory: Any, tmp_path: Path) -> None:
+def test_the_start_line_names_the_status_file_where_it_is(server_factory: Any) -> None:
     """A relative `status_file` is from the directory the server starts in; the start now says where."""
     srv = server_factory({"status_file": "status-here"})
     started = [json.loads(line) for line in srv.log().splitlines() if '"kestrel started"' in line][-1]
