@@ -9,6 +9,8 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -102,56 +104,55 @@ def test_sigterm_answers_waiting_reads_and_keeps_open_reads(server_factory: Any)
         thrift.close()
 
 
-def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_factory: Any) -> None:
-    srv = server_factory({"shutdown_timeout": "200ms"})
+@contextmanager
+def client_that_stops_reading(srv: ServerProcess) -> Iterator[None]:
+    """A memcache client that asks for 80 MB of replies and reads none: the server blocks sending."""
     hog = socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=5)
     try:
         hog.sendall(b"set big 0 0 4000000\r\n" + b"x" * 4_000_000 + b"\r\n")
         assert hog.recv(100) == b"STORED\r\n"
-        hog.sendall(b"get big/peek\r\n" * 20)  # 80 MB of replies it never reads: the server blocks sending
+        hog.sendall(b"get big/peek\r\n" * 20)
         assert hog.recv(1, socket.MSG_PEEK) == b"V"  # the replies have begun
-        elapsed = _stop_timed(srv)
+        yield
     finally:
         hog.close()
-    assert 0.2 <= elapsed < STALL_S, f"stop took {elapsed:.2f}s\n{srv.log()}"
-    busy = [e for e in _log_events(srv) if e.get("event") == BUSY_AT_TIMEOUT]
+
+
+def closed_busy(srv: ServerProcess, event: str) -> None:
+    """The stop closed the one busy memcache connection (logged as `event`), and, started again, the
+    server holds the item it was sending (a peek takes nothing; the journal was closed cleanly)."""
+    busy = [e for e in _log_events(srv) if e.get("event") == event]
     assert [(e["listener"], e["connections"]) for e in busy] == [("memcache", 1)]
     assert "Traceback" not in srv.log()
     srv.start()
     mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
     try:
-        assert mc.get("big") == b"x" * 4_000_000  # a peek takes nothing, and the journal was closed cleanly
+        assert mc.get("big") == b"x" * 4_000_000
     finally:
         mc.close()
+
+
+def test_a_client_that_stops_reading_is_cut_off_at_the_shutdown_timeout(server_factory: Any) -> None:
+    srv = server_factory({"shutdown_timeout": "200ms"})
+    with client_that_stops_reading(srv):
+        elapsed = _stop_timed(srv)
+    assert 0.2 <= elapsed < STALL_S, f"stop took {elapsed:.2f}s\n{srv.log()}"
+    closed_busy(srv, BUSY_AT_TIMEOUT)
 
 
 def test_a_second_sigterm_closes_the_connections_still_busy_at_once(server_factory: Any) -> None:
     """A second SIGTERM did nothing: the stop waited the whole `shutdown_timeout` for a client that
     stops reading (here a minute, where a service manager kills the server first)."""
     srv = server_factory({"shutdown_timeout": "60s"})
-    hog = socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=5)
-    try:
-        hog.sendall(b"set big 0 0 4000000\r\n" + b"x" * 4_000_000 + b"\r\n")
-        assert hog.recv(100) == b"STORED\r\n"
-        hog.sendall(b"get big/peek\r\n" * 20)  # 80 MB of replies it never reads: the server blocks sending
-        assert hog.recv(1, socket.MSG_PEEK) == b"V"
-        assert srv.proc is not None
+    assert srv.proc is not None
+    with client_that_stops_reading(srv):
         srv.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "kestrel shutting down" in srv.log(), "the stop to begin")
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(timeout=STALL_S) == 0
-    finally:
-        hog.close()
     assert "stop asked again: connections still busy are closed now" in srv.log()
-    busy = [e for e in _log_events(srv) if e.get("event") == "closing connections still busy: stop asked again"]
-    assert [(e["listener"], e["connections"]) for e in busy] == [("memcache", 1)]
-    assert BUSY_AT_TIMEOUT not in srv.log() and "Traceback" not in srv.log()
-    srv.start()
-    mc = MemcacheClient(("127.0.0.1", srv.memcache_port), timeout=5)
-    try:
-        assert mc.get("big") == b"x" * 4_000_000  # the journal closed cleanly
-    finally:
-        mc.close()
+    assert BUSY_AT_TIMEOUT not in srv.log()
+    closed_busy(srv, "closing connections still busy: stop asked again")
 
 
 def test_end_waits_answers_waiting_readers_and_later_reads_do_not_wait(tmp_path: Any) -> None:
