@@ -239,7 +239,9 @@ class JournalWriter:
         self.names_later = False
         # The file this one follows in its log (a rotation's), until its bytes are known durable:
         # this file is created only after them, so that a power cut can tear a log's last file only
-        # (src/kestrel/storage/torn_tail.py), never one a later file's name outlived (`_follow`).
+        # (src/kestrel/storage/torn_tail.py), never one a later file's name outlived (`create`,
+        # `_follow_on_loop`). Set where the policy fsyncs (`names_durably`): under `never` without
+        # the log nothing survives a power cut by promise, and no fsync is made for it.
         self.follows: JournalWriter | None = None
         self._naming = SharedFsync(runtime)  # the folder's fsync of `sync_name`
         self._syncing = SharedFsync(runtime)  # outside gevent: the file's fsync of `sync_to`
@@ -310,9 +312,9 @@ class JournalWriter:
         file's first fsync, makes the name durable (a file an append created first included).
         Raises OSError."""
         if self.fd < 0 and not self.size and not os.path.exists(self.path):
-            if self.follows is not None:
+            if self.follows is not None and self.follows.fd >= 0:  # (closed: fsynced first, or not kept)
                 self.follows.sync_to(self.follows.size)
-                self.follows = None
+            self.follows = None
             os.close(disk.open_file(self.path, os.O_WRONLY | os.O_CREAT))
             self.unnamed = self.names_durably
         self.sync_name()

@@ -596,9 +596,9 @@ class QueueJournal:
             old.close(sync=False)
             self._replaced[rotated] = (self._sealer.hold(rotated), journal)
         else:
-            live.follows = old  # made durable before the new journal is created (`_name_live`)
             self._sealer.add(old, partial(self._seal_one, rotated, journal))
         if live.names_durably:
+            live.follows = old  # made durable before the new journal is created (`_name_live`)
             self._name_live(live)
         return stamp
 
