@@ -471,7 +471,7 @@ def test_a_kestrel3_size_the_file_does_not_hold_allocates_nothing_and_is_refused
     finally:
         tracemalloc.stop()
     assert peak < 4 << 20 and reader.torn is not None
-    error = reader.tail_damage(last=True)
+    error = reader.tail_damage()
     reader.close()
     assert isinstance(error, CorruptJournalError) and error.offset == 4 + len(head)
     refused = open_collection(tmp_path, settings("kestrel3"))

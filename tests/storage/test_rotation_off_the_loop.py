@@ -525,3 +525,54 @@ def test_a_power_cut_once_a_rotation_named_its_new_journal_finds_the_rotated_one
             assert len(set(got)) == len(got) >= 3 and set(got) <= set(items), (cut, got)
         finally:
             again.close()
+
+
+def test_a_power_cut_once_a_kestrel3_writer_file_is_named_keeps_the_queue(tmp_path: Path) -> None:
+    """A Kestrel 3 rotation starts the next writer file on the loop while the previous one's seal
+    (its fsync) runs; the new file's first fsync names it, and can end before that seal (16 MB of
+    a file's pages take longer to reach the disk than a folder's fsync). A power cut then left the
+    previous file ending in a torn write before the last file, which the start refused as damage,
+    the queue with it. Each cut here is taken as a new file is named, a full file's seal slowed."""
+    settings = {"sync_journal": "10ms", "journal_format": "kestrel3", "default_journal_size": "400",
+                "max_memory_size": "600"}
+    live = tmp_path / "live"
+    live.mkdir()
+    real_sleep = gevent.monkey.get_original("time", "sleep")
+    cuts: list[Path] = []
+    items: list[bytes] = []
+
+    def slow_seals(fd: int) -> None:
+        if os.fstat(fd).st_size >= 370:  # a full file: its seal, slow as a large file's would be
+            real_sleep(0.5)
+        os.fdatasync(fd)
+
+    with Disk(live) as power:
+        fsync_folder = JournalWriter._fsync_folder
+
+        def cut_once_named(writer: JournalWriter) -> None:
+            fsync_folder(writer)
+            if len(cuts) < 3:
+                cuts.append(tmp_path / f"cut{len(cuts)}")
+                power.left_by_cut(str(live), str(cuts[-1]), keep=3)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(JournalWriter, "_fsync_folder", cut_once_named)
+            coll = open_collection(live, settings, runtime=GeventWithFsyncs(slow_seals))
+
+            def fill() -> None:
+                while len(cuts) < 3 and len(items) < 300:
+                    items.append(b"%04d" % len(items) + ITEM)
+                    assert coll.put("q", [items[-1]]) == 1
+                    gevent.sleep(0.03)
+
+            gevent.spawn(fill).get(timeout=120)
+            coll.close()
+    assert len(cuts) == 3
+    for cut in cuts:
+        again = open_collection(cut, settings)
+        try:
+            assert again.refused == {}, cut
+            got = drain(again, "q")  # what the periodic fsyncs had covered, in order; no more than was put
+            assert got == items[:len(got)], cut
+        finally:
+            again.close()

@@ -11,7 +11,8 @@ file and the offset:
 - a record that cannot be read whole (it runs past the end, its checksum fails) while whole records
   start inside or after it: its size field, or whatever else made it unreadable, is damaged, and
   cutting there would drop every record after it;
-- anything that cannot be read whole in a file that is not the log's last.
+- anything that cannot be read whole in a file that is not the log's last (a Kestrel 3 file's end
+  is always judged as a last file's: `kestrel3.files.RecordReader.tail_damage` says why).
 
 A file laid down ahead (zeros written and made durable before records are written over them by
 position: the commit log's segments) ends where its zeros begin: nothing but zeros from there to

@@ -205,12 +205,21 @@ class RecordReader(journal_file.BufferedFile):
             at += len(chunk)
         return True
 
-    def tail_damage(self, last: bool) -> CorruptJournalError | None:
-        """What stopped the reader (`torn`): None for a torn write at the end of the `last` file,
-        else the damage."""
+    def tail_damage(self) -> CorruptJournalError | None:
+        """What stopped the reader (`torn`): None for a torn write, else the damage.
+
+        Every Kestrel 3 file's end is judged as a log's last file's: a reader checkpoint is a log of
+        one file, and a writer file may end in a torn write although a later one exists, since a
+        rotation starts the next file on the loop while the previous one's seal (its fsync) runs
+        in the background, and any fsync of the folder can make the new name durable first. Cutting
+        such a write loses nothing acknowledged and breaks nothing after it: a writer file holds
+        puts alone, each independent of the others (what a reader consumed is in its checkpoint);
+        an acknowledged put's record is durable (its file's fsync, or the commit log's, whose
+        records recovery writes back before this is read); and a sealed file, fsynced whole, is
+        vouched for by the manifest's checksum, which refuses one cut short."""
         byte = self._buf[self._pos] if self._pos < len(self._buf) else None
         return torn_tail.judge(self.path, self.offset, f"incomplete record: {self.torn}",
-                               k3.TailRecords(self.kind), last, opcode=byte)
+                               k3.TailRecords(self.kind), last=True, opcode=byte)
 
     def cut_torn_tail(self, stamp: int) -> str:
         """Cut the torn tail off the file, keeping a copy (`.kestrel/aside/`); the copy's path."""
@@ -220,16 +229,16 @@ class RecordReader(journal_file.BufferedFile):
         return copy
 
 
-def read_records(path: str, expect: k3.FileKind | None = None, last: bool = False,
+def read_records(path: str, expect: k3.FileKind | None = None,
                  torn_tail: Callable[[str, int], None] | None = None) -> Iterator[tuple[int, k3.Record]]:
     """Every record of one file with its offset. What stops the reader is judged by the torn-tail
-    rule, told whether the file is the log's `last`: a torn write there ends the records (the next
-    start cuts it off), `torn_tail` hearing where it starts; anything else raises CorruptJournalError."""
+    rule (`RecordReader.tail_damage`): a torn write ends the records (the next start cuts it off),
+    `torn_tail` hearing where it starts; anything else raises CorruptJournalError."""
     reader = RecordReader(path, expect)
     try:
         yield from reader
         if reader.torn:
-            damage = reader.tail_damage(last)
+            damage = reader.tail_damage()
             if damage is not None:
                 raise damage
             if torn_tail is not None:
@@ -287,7 +296,7 @@ def read_checkpoint(path: str | None, high_id: int | None = None, repair: bool =
             elif isinstance(record, k3.ReadDone):
                 done.update(record.ids)
         if reader.torn:
-            damage = reader.tail_damage(last=True)
+            damage = reader.tail_damage()
             if damage is not None:
                 raise damage
             if not repair:
@@ -365,11 +374,11 @@ class WriterFile:
     last_id: int = 0
 
 
-def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: int = 0) -> WriterFile:
+def scan_writer_file(number: int, path: str, after_id: int, stamp: int = 0) -> WriterFile:
     """The id range of one writer file, checking that ids keep increasing past `after_id`.
 
-    A torn final record is cut off, a copy kept (stamped `stamp`), when this is the `last` (newest)
-    file and the torn-tail rule says it is one; anything else raises CorruptJournalError.
+    A torn final record is cut off, a copy kept (stamped `stamp`), where the torn-tail rule says it
+    is one (`RecordReader.tail_damage`: in any writer file); anything else raises CorruptJournalError.
     """
     info = WriterFile(number, path)
     reader = RecordReader(path, k3.FileKind.WRITER)
@@ -384,7 +393,7 @@ def scan_writer_file(number: int, path: str, after_id: int, last: bool, stamp: i
             info.last_id = after_id
             start = reader.offset
         if reader.torn:
-            damage = reader.tail_damage(last)
+            damage = reader.tail_damage()
             if damage is not None:
                 raise damage
             copy = reader.cut_torn_tail(stamp or SYSTEM_CLOCK.now_ms())
@@ -461,7 +470,7 @@ class WriterJournal:
             if ids is not None and last_id < ids[0] <= ids[1]:  # else read: no ids listed, or out of order
                 info = WriterFile(number, path, *ids)
             else:
-                info = scan_writer_file(number, path, last_id, i == len(found) - 1, clock.now_ms())
+                info = scan_writer_file(number, path, last_id, clock.now_ms())
             last_id = info.last_id or last_id
             self.files.append(info)
         self.tail_id = max(last_id, after_id)
@@ -683,17 +692,15 @@ def pending_items(queue_path: str, queue: str, checkpoint: ReaderCheckpoint,
                   torn_tail: Callable[[str, int], None] | None = None) -> Iterator[k3.Put]:
     """The queue's items that `checkpoint` has not consumed, oldest first, streamed from its writer files.
 
-    A torn write at the end of the newest file ends them, as a start cuts it off (`read_records`:
+    A torn write at the end of a file ends its records, as a start cuts it off (`read_records`:
     `torn_tail` hears of it), and a file whose header never reached the disk holds none, as a start
     writes that header (`header_unwritten`). Raises CorruptJournalError as `replay` does.
     """
     last_id = 0
-    writers = list_queue_files(queue_path, queue).writers
-    for index, (_number, path) in enumerate(writers):
-        last = index == len(writers) - 1
+    for _number, path in list_queue_files(queue_path, queue).writers:
         if header_unwritten(path):
             continue
-        for offset, record in read_records(path, k3.FileKind.WRITER, last, torn_tail):
+        for offset, record in read_records(path, k3.FileKind.WRITER, torn_tail):
             assert isinstance(record, k3.Put)
             _check_order(path, offset, record.id, last_id)
             last_id = record.id

@@ -82,7 +82,7 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
     files = list_queue_files(queue_path, name)
     last_id = 0
     items = 0
-    for index, (_number, path) in enumerate(files.writers):
+    for _number, path in files.writers:
         if header_unwritten(path):
             report.notes.append(f"{os.path.basename(path)} was created but its header never reached the "
                                 "disk: the next start writes it")
@@ -101,7 +101,7 @@ def check_kestrel3(queue_path: str, name: str, report: Report, manifests: bool) 
                 last_id = record.id
                 items += 1
             if reader.torn:
-                error = reader.tail_damage(last=index == len(files.writers) - 1)
+                error = reader.tail_damage()
                 if error is not None:
                     report.damaged(error, k3.MAGIC_SIZE)
                 else:
