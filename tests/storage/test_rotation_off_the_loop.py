@@ -463,6 +463,25 @@ def test_under_plain_threads_one_writer_writes_a_kestrel2_queues_first_manifest(
     again.close()
 
 
+def cut_beside(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """The queue path a power-cut test runs on (`live`, made) and the list of the cuts it takes."""
+    live = tmp_path / "live"
+    live.mkdir()
+    return live, []
+
+
+def slowed_fdatasync(seconds: float, at_least: int = 0) -> Callable[[int], None]:
+    """An fdatasync for the group commit's thread that first sleeps `seconds` for a file of
+    `at_least` bytes or more, so that what runs beside it on the thread pool ends first."""
+    real_sleep = gevent.monkey.get_original("time", "sleep")
+
+    def fdatasync(fd: int) -> None:
+        if os.fstat(fd).st_size >= at_least:
+            real_sleep(seconds)
+        os.fdatasync(fd)
+    return fdatasync
+
+
 @pytest.mark.parametrize(("sync", "commit_log"), [("10ms", False), ("10ms", True), ("always", True)])
 def test_a_power_cut_once_a_rotation_named_its_new_journal_finds_the_rotated_one_whole(
         tmp_path: Path, sync: str, commit_log: bool) -> None:
@@ -476,15 +495,9 @@ def test_a_power_cut_once_a_rotation_named_its_new_journal_finds_the_rotated_one
     from kestrel.storage.kestrel2.journal import QueueJournal
 
     settings = {"sync_journal": sync, "default_journal_size": "400", "max_memory_size": "600"}
-    live = tmp_path / "live"
-    live.mkdir()
-    real_sleep = gevent.monkey.get_original("time", "sleep")
-    cuts: list[Path] = []
+    live, cuts = cut_beside(tmp_path)
     items: list[bytes] = []
-
-    def slow_fsync(fd: int) -> None:
-        real_sleep(0.2)  # on the group commit's thread: the rotation's naming ends first
-        os.fdatasync(fd)
+    slow_fsync = slowed_fdatasync(0.2)  # the rotation's naming ends first
 
     def put(held: Held) -> None:
         items.append(b"%04d" % len(items) + ITEM)
@@ -535,16 +548,9 @@ def test_a_power_cut_once_a_kestrel3_writer_file_is_named_keeps_the_queue(tmp_pa
     the queue with it. Each cut here is taken as a new file is named, a full file's seal slowed."""
     settings = {"sync_journal": "10ms", "journal_format": "kestrel3", "default_journal_size": "400",
                 "max_memory_size": "600"}
-    live = tmp_path / "live"
-    live.mkdir()
-    real_sleep = gevent.monkey.get_original("time", "sleep")
-    cuts: list[Path] = []
+    live, cuts = cut_beside(tmp_path)
     items: list[bytes] = []
-
-    def slow_seals(fd: int) -> None:
-        if os.fstat(fd).st_size >= 370:  # a full file: its seal, slow as a large file's would be
-            real_sleep(0.5)
-        os.fdatasync(fd)
+    slow_seals = slowed_fdatasync(0.5, at_least=370)  # a full file's seal, slow as a large file's would be
 
     with Disk(live) as power:
         fsync_folder = JournalWriter._fsync_folder
