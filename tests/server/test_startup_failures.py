@@ -80,6 +80,7 @@ def test_a_queue_path_that_is_a_file(tmp_path: Path) -> None:
     done = kestrel("--queue-path", str(path), *NO_LISTENERS)
     assert one_line(done) == f"kestrel: cannot start: queue path {path}: exists and is not a directory"
     assert done.returncode == 4
+    assert_checked_as_refused(path)
 
 
 def test_a_queue_path_under_a_file(tmp_path: Path) -> None:
@@ -87,6 +88,16 @@ def test_a_queue_path_under_a_file(tmp_path: Path) -> None:
     done = kestrel("--queue-path", str(tmp_path / "file" / "q"), *NO_LISTENERS)
     assert f"queue path {tmp_path / 'file' / 'q'}: Not a directory" in one_line(done)
     assert done.returncode == 4
+    assert_checked_as_refused(tmp_path / "file" / "q")
+
+
+def assert_checked_as_refused(path: Path) -> None:
+    """`serve --check` refuses a queue path a start cannot use because of a file in its way (it
+    said ok)."""
+    checked = kestrel("--queue-path", str(path), "--check")
+    assert checked.returncode == 2, (checked.stdout, checked.stderr)
+    assert checked.stderr.startswith(f"kestrel: bad configuration: queue_path: queue path {path}: "
+                                     "Not a directory (the path or one of its parents is a file)"), checked.stderr
 
 
 def test_a_queue_path_the_user_may_not_write(tmp_path: Path) -> None:

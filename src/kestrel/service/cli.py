@@ -42,6 +42,7 @@ from kestrel.service.startup import (  # noqa: E402
     EXIT_CONFIG,
     EXIT_DAMAGED_JOURNAL,
     StartupError,
+    describe,
 )
 from kestrel.storage import formats  # noqa: E402
 from kestrel.storage.errors import ConfigError, CorruptJournalError  # noqa: E402
@@ -153,13 +154,16 @@ def report_config_error(error: ConfigError) -> int:
 def _format_refusals(config: ServerConfig) -> list[ConfigError]:
     """What a start would refuse of the queues on disk: those whose files are in the other format
     than their `journal_format` (none while the queue path is not there yet). A queue a start refuses
-    alone (`formats.refused_before_load`: files in both formats, say) is no setting's fault."""
+    alone (`formats.refused_before_load`: files in both formats, say) is no setting's fault. A path
+    that is a file, or under one, is refused as the start refuses it."""
     try:
         on_disk = formats.queues_on_disk(config.queue_path,
                                          lambda name: config.queues.for_queue(name).journal_format)
         refused = formats.refused_on_disk(config.queue_path)
+    except NotADirectoryError as e:
+        return [ConfigError("queue_path", describe(e, "queue path", config.queue_path))]
     except OSError:
-        return []  # the start says what is wrong with the path
+        return []  # the start says what is wrong with the path, for the user it runs as
     return [formats.format_refusal(config.queue_path, name, found, wanted)
             for name, found in sorted(on_disk.items())
             if name not in refused and found != (wanted := config.queues.for_queue(name).journal_format)]

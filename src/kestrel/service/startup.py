@@ -88,7 +88,7 @@ def _hint(code: int | None, listening: bool) -> str:
     if code == errno.EADDRNOTAVAIL:
         return "no network interface of this machine has that address: check listen_address"
     if code == errno.ENOTDIR:
-        return "a part of the path is a file"
+        return "the path or one of its parents is a file"
     if code == errno.ENOENT:
         return "its directory does not exist"
     if code == errno.EMFILE:
