@@ -987,7 +987,9 @@ def test_a_sigterm_ends_the_stream_source_s_runner_unless_its_stop_has_begun(mon
     """Spark ends a stopped query's source process with SIGTERM as it closes the runner's input: the
     signal unwinds the runner through the source's stop(), which confirms what the sink committed;
     one that lands while that stop() runs (begun by the end of the input) lets it finish, where its
-    SystemExit cut the confirms short and the committed batch came back after autoAbortMs."""
+    SystemExit cut the confirms short and the committed batch came back after autoAbortMs. Spark
+    sends a second SIGTERM as it stops the source's workers: one landing between the first and the
+    stop()'s beginning lets it begin (it raised again, and the stop() never ran)."""
     from kestrel.pipeline import worker
 
     monkeypatch.setattr(worker, "_main_module", lambda: "pyspark.sql.streaming.python_streaming_source_runner")
@@ -998,7 +1000,15 @@ def test_a_sigterm_ends_the_stream_source_s_runner_unless_its_stop_has_begun(mon
         with pytest.raises(SystemExit) as ended:
             signal.raise_signal(signal.SIGTERM)
         assert ended.value.code == 128 + signal.SIGTERM
+        signal.raise_signal(signal.SIGTERM)  # Spark's second, before the runner reaches stop()
         worker.source_stopping()
         signal.raise_signal(signal.SIGTERM)  # the stop goes on
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.setattr(worker, "_stopping", False)  # and a stop() begun by the end of the runner's input
+    try:
+        worker.stop_source_when_terminated()
+        worker.source_stopping()
+        signal.raise_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)

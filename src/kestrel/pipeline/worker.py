@@ -9,7 +9,7 @@ import threading
 from types import FrameType
 
 _frozen = False
-_stopping = False  # the stream source's stop() has begun (`source_stopping`)
+_stopping = False  # the stream source's stop() has begun, or a SIGTERM is taking the runner there
 
 
 def spare_collections() -> None:
@@ -63,5 +63,10 @@ def source_stopping() -> None:
 
 
 def _exit(signum: int, frame: FrameType | None) -> None:
+    """The first SIGTERM unwinds the runner into `stop()`; any later one, as Spark sends a second
+    when it stops the source's workers, lets it get there: raised before `stop()` had begun, its
+    SystemExit skipped the confirms altogether."""
+    global _stopping
     if not _stopping:
+        _stopping = True
         raise SystemExit(128 + signum)
