@@ -434,6 +434,9 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end.get("batch") == start.get("batch") or "take" not in end:
             return []
         batch = int(end["batch"])
+        planned_by = end.get("source", self.source_key)
+        if planned_by != self.source_key:
+            raise ValueError(self._replay_refused(batch, planned_by, end["take"]))
         out: list[InputPartition] = []
         with self.lock:
             self._start()
@@ -459,6 +462,18 @@ class KestrelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     out.append(StreamPartition(path, address, queue, quota, self.auto_abort_ms,
                                                self.timeout_ms, self.token, opened_at))
         return out
+
+    def _replay_refused(self, batch: int, planned_by: str, take: dict[str, Any]) -> str:
+        """Why a batch another stream planned is not replayed by this one: its log is the other's,
+        and may alone hold its items (reads confirmed early); fetched anew, they were lost."""
+        taken = "; ".join(f"{address}: {', '.join(sorted(counts)) if isinstance(counts, dict) else counts}"
+                          for address, counts in sorted(take.items()))
+        return (f"kestrel stream: Spark replays batch {batch} of this checkpoint as it was planned, by a "
+                f"stream that read other servers or queues (it took from {taken}; its log is "
+                f"{os.path.join(self.checkpoint, 'kestrel', planned_by)}), and this one cannot replay it: "
+                f"that batch's items are in the other stream's log, some perhaps there alone. Run the query "
+                f"with the servers, queue and reader options it had until that batch is committed, then "
+                f"change them. Nothing was taken")
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, StreamPartition)
