@@ -945,6 +945,27 @@ def test_a_record_cut_short_before_the_next_file_is_damage_and_at_the_end_of_the
         assert rows[2]["status"].startswith(status) and rows[2]["offset"] == 2 * rows[1]["offset"]
 
 
+def test_the_items_view_of_a_torn_journal_says_so(tmp_path: Path) -> None:
+    """The items view showed a torn journal's items with no word, in FAILFAST too, where the records
+    view shows a row `torn` or fails the job."""
+    from structlog.testing import capture_logs
+
+    from kestrel.pipeline.journal_source import item_batches
+    from kestrel.storage.errors import CorruptJournalError
+    from kestrel.storage.kestrel2 import codec
+
+    whole = b"".join(codec.encode(codec.AddX(1_700_000_000_000, 0, b"item %d" % n)) for n in range(2))
+    # The first item opened, then its confirm cut short: the read is open, as the next start loads it.
+    (tmp_path / "q").write_bytes(whole + codec.encode(codec.RemoveTentative()) + codec.encode(codec.ConfirmRemove(1))[:3])
+    with pytest.raises(CorruptJournalError, match=f"at offset {len(whole) + 1} .*torn \\(mode FAILFAST\\)"):
+        list(item_batches("q", str(tmp_path), True))
+    with capture_logs() as logs:
+        rows = [row for batch in item_batches("q", str(tmp_path), False) for row in batch.to_pylist()]
+    assert [(row["data"], row["open"]) for row in rows] == [(b"item 0", True), (b"item 1", False)]
+    (torn,) = [e for e in logs if e["event"].startswith("torn journal")]
+    assert torn["file"] == str(tmp_path / "q") and torn["offset"] == len(whole) + 1
+
+
 def test_the_items_view_reads_a_queue_again_when_a_server_rotated_it_under_the_reading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kestrel.pipeline.journal_source import item_batches

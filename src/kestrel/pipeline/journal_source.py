@@ -309,6 +309,13 @@ def item_batches(queue: str, queue_path: str, failfast: bool) -> Iterator[Any]:
         structlog.get_logger("kestrel.pipeline").error(
             "damaged journal: items after the damage are not shown (mode PERMISSIVE)", queue=queue,
             file=damage.path, offset=damage.offset, reason=damage.reason)
+    elif replay.torn_tail is not None:  # as the records view's row `torn`: the items are those before it
+        path, offset = replay.torn_tail
+        if failfast:
+            raise CorruptJournalError(path, offset, None, "torn (mode FAILFAST)")
+        structlog.get_logger("kestrel.pipeline").warning(
+            "torn journal: the items are those before the torn write, as the next start loads them (mode "
+            "PERMISSIVE)", queue=queue, file=path, offset=offset)
     opens = [replay.opens[xid] for xid in sorted(replay.opens)]
     items = opens + list(replay.items)
     arrow = pa.schema([
