@@ -945,6 +945,26 @@ def test_a_record_cut_short_before_the_next_file_is_damage_and_at_the_end_of_the
         assert rows[2]["status"].startswith(status) and rows[2]["offset"] == 2 * rows[1]["offset"]
 
 
+def test_kestrel3_queues_are_refused_at_planning_naming_them(tmp_path: Path) -> None:
+    """A Kestrel 3 queue's writer files were read as Kestrel 2 journals: rows of damage ("unknown
+    opcode 39" at offset 0) or, in the items view, no items and an executor's log line."""
+    from kestrel.pipeline.journal_source import JournalReader
+    from tests.support.queues import open_collection
+
+    coll = open_collection(tmp_path, queues={"new": {"journal_format": "kestrel3"}})
+    coll.put("old", [b"x"])
+    coll.put("new", [b"x"])
+    coll.close()
+    for view in ("records", "items"):
+        with pytest.raises(ValueError, match=f"reads Kestrel 2 journals, and these queues are Kestrel 3's "
+                                             f"\\(journal_format: kestrel3\\): {tmp_path / 'new'}\\. Read a copy "
+                                             f"of the queue path converted with `kestrel journal convert --to "
+                                             f"kestrel2`, or leave them out with the option queue"):
+            JournalReader([str(tmp_path)], view, False, None, 1 << 20).partitions()
+        (kept,) = JournalReader([str(tmp_path)], view, False, {"old"}, 1 << 20).partitions()
+        assert kept.queue == "old"  # type: ignore[attr-defined]
+
+
 def test_the_items_view_of_a_torn_journal_says_so(tmp_path: Path) -> None:
     """The items view showed a torn journal's items with no word, in FAILFAST too, where the records
     view shows a row `torn` or fails the job."""

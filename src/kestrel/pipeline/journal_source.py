@@ -18,6 +18,8 @@ view's `file` column says which path a row came from.
 - `queue`: only these queues (comma-separated); their files alone are opened. With
   `filterPushdown=true` (which needs `spark.sql.python.filterPushdown.enabled`), `where queue = ...`
   and `queue in (...)` do the same.
+
+Kestrel 2 journals only: a Kestrel 3 queue among those to read fails the job as it is planned.
 """
 
 from __future__ import annotations
@@ -343,10 +345,11 @@ class JournalReader(DataSourceReader):
         self.max_partition_bytes = max_partition_bytes
 
     def partitions(self) -> list[InputPartition]:
-        from kestrel.storage import commit_log
+        from kestrel.storage import commit_log, formats
         from kestrel.storage.queue_path import scan_queue_dir
 
         out: list[InputPartition] = []
+        kestrel3: list[str] = []
         for queue_path in self.paths:
             if (note := commit_log.pending_note(queue_path)) is not None:
                 import structlog
@@ -355,12 +358,22 @@ class JournalReader(DataSourceReader):
             for name, files in sorted(scan_queue_dir(queue_path).queues.items()):
                 if self.queues is not None and name not in self.queues:
                     continue
+                if formats.format_of(files) == formats.KESTREL3:
+                    kestrel3.append(os.path.join(queue_path, name))
+                    continue
                 if self.view == "items":
                     out.append(JournalPartition(name, queue_path))
                 else:
                     paths = [p for _, p in files.packs] + files.replay_order()
                     out.extend(JournalPartition(name, p, start, end, p == paths[-1]) for p in paths
                                for start, end in split_points(p, self.max_partition_bytes))
+        if kestrel3:
+            # Their writer files are named as rotated Kestrel 2 journals are: read as such, they were
+            # rows of damage ("unknown opcode 39" at offset 0).
+            raise ValueError(f"kestrel-journal reads Kestrel 2 journals, and these queues are Kestrel 3's "
+                             f"(journal_format: kestrel3): {', '.join(kestrel3)}. Read a copy of the queue "
+                             f"path converted with `kestrel journal convert --to kestrel2`, or leave them "
+                             f"out with the option queue")
         return out or [JournalPartition("", "")]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
