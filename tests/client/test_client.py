@@ -212,9 +212,9 @@ def counted_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     tried: list[str] = []
 
     class Counted(server_module._Connection):
-        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+        def __init__(self, host: str, port: int, *args: Any) -> None:
             tried.append(f"{host}:{port}")
-            super().__init__(host, port, connect_timeout_ms)
+            super().__init__(host, port, *args)
 
     monkeypatch.setattr(server_module, "_Connection", Counted)
     return tried
@@ -304,10 +304,10 @@ def test_a_call_meeting_many_servers_that_never_accept_takes_the_first_server_th
     waited_out: list[str] = []  # hung connects whose hold a call outwaited
 
     class Held(server_module._Connection):
-        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+        def __init__(self, host: str, port: int, *args: Any) -> None:
             if f"{host}:{port}" != live and not release.wait(HELD_CONNECT_S):
                 waited_out.append(f"{host}:{port}")
-            super().__init__(host, port, connect_timeout_ms)
+            super().__init__(host, port, *args)
 
     monkeypatch.setattr(server_module, "_Connection", Held)
     tried = counted_connections(monkeypatch)  # counted as they begin, before the hold
@@ -315,12 +315,12 @@ def test_a_call_meeting_many_servers_that_never_accept_takes_the_first_server_th
     lock = threading.Lock()
 
     class Overlapping(server_module._Connection):  # the counting one
-        def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+        def __init__(self, host: str, port: int, *args: Any) -> None:
             with lock:
                 connecting[0] += 1
                 most[0] = max(most[0], connecting[0])
             try:
-                super().__init__(host, port, connect_timeout_ms)
+                super().__init__(host, port, *args)
             finally:
                 with lock:
                     connecting[0] -= 1
@@ -366,11 +366,11 @@ held_s = float(sys.argv[2])
 tried, waited_out = [], []
 release = gevent.event.Event()
 class Counted(server_module._Connection):
-    def __init__(self, host, port, connect_timeout_ms):
+    def __init__(self, host, port, *args):
         tried.append(port)
         if f"{host}:{port}" != live and not release.wait(held_s):
             waited_out.append(port)
-        super().__init__(host, port, connect_timeout_ms)
+        super().__init__(host, port, *args)
 server_module._Connection = Counted
 queue = "ahead-" + sys.argv[1]
 with Cluster([*hung, live], connect_timeout_ms=2000) as cluster:
@@ -408,7 +408,11 @@ def test_a_connect_opened_ahead_serves_a_program_under_gevent(server: ServerProc
     b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
     # a well-formed reply to `put` with no result in it
     struct.pack(">iIi", 4 + 4 + 3 + 4 + 1, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x00",
-])
+    # a frame claiming 2 GB (thriftpy2 allocated it: MemoryError, which no Cluster passed over)
+    struct.pack(">i", 2**31 - 1) + b"\x00" * 64,
+    # a reply to `put` whose frame ends before it does (thriftpy2 read on into the next frame)
+    struct.pack(">iIi", 4 + 4 + 3, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x08\x00\x00\x00\x00\x00\x01\x00",
+], ids=["no message", "no result", "a 2 GB frame", "a frame shorter than its reply"])
 def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: ServerProcess, answer: bytes) -> None:
     with socket.socket() as other:  # another service on the port, a proxy
         other.bind(("127.0.0.1", 0))
@@ -434,6 +438,34 @@ def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: Serv
             assert cluster.get("garbled") == b"x"
         finally:
             cluster.close()
+
+
+def test_a_reply_that_comes_a_byte_at_a_time_ends_with_the_call_s_time_out(server: ServerProcess) -> None:
+    """The time-out counted each read of the socket alone: a server sending a reply's bytes one by
+    one, each before the last read's time-out, held the call for as long as it liked."""
+    with socket.socket() as slow:
+        slow.bind(("127.0.0.1", 0))
+        slow.listen(8)
+
+        def trickle() -> None:
+            conn, _ = slow.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(struct.pack(">i", 1000))
+                for _ in range(100):
+                    time.sleep(0.1)
+                    try:
+                        conn.sendall(b"\x00")
+                    except OSError:
+                        return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        port = slow.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailable, match=rf"127.0.0.1:{port}.*put failed: TimeoutError") as lost:
+            Server("127.0.0.1", port, timeout_ms=500).put("trickled", [b"x"])
+        assert time.monotonic() - started < 3
+        assert lost.value.maybe_done
 
 
 def test_no_server_could_take_it(server: ServerProcess) -> None:

@@ -31,14 +31,12 @@ from kestrel.client.cooperation import new_event
 from kestrel.client.discovery import Address, ServerSource, StaticServers, ZooKeeperServerSets, as_address
 from kestrel.client.errors import ClientClosed, KestrelClientError, NoServers, Refused, ServerUnavailable
 from kestrel.client.packed import PackedItems
-from kestrel.client.server import Opening, Server
+from kestrel.client.server import MAX_FRAME_SIZE, Opening, Server
 
 log = logging.getLogger("kestrel.client")
 
 STRATEGIES = ("round_robin", "random")
 
-
-MAX_FRAME_SIZE = 16 * 1024 * 1024  # the servers' default `max_frame_size`
 OTHER_PROTOCOLS = ("memcache", "text")  # the servers' endpoints, beside "thrift", in their member data
 
 
@@ -77,14 +75,15 @@ class Cluster:
 
     Parameters: `servers`: addresses (`"host:2229"` or (host, port)) or a ServerSource such as
     ZooKeeperServerSets; `strategy`: `round_robin` (default) or `random`; `timeout_ms`: the network
-    timeout of one call (on top of any wait asked for); `connect_timeout_ms`: how long connecting to
-    one server may take; `auto_abort_ms`: how long a reliable read may stay open before the server
-    puts it back; `poll_ms`: the longest one server is waited on while others may have items;
-    `retries`: how many more passes over the servers a call makes when none could take it (none
-    reachable, or the set empty; not when every server answered with a refusal); `backoff_ms`: the
-    pause before the first of them, doubling for each next one up to `max_backoff_ms` (each pause
-    shortened at random by up to half, so that clients do not retry in step); `max_frame_size`: the
-    servers' own (`max_frame_size`, 16MB by default), over which they refuse a call unread.
+    time-out of one call, its reply received whole (on top of any wait asked for); `connect_timeout_ms`:
+    how long connecting to one server may take; `auto_abort_ms`: how long a reliable read may stay open
+    before the server puts it back; `poll_ms`: the longest one server is waited on while others may have
+    items; `retries`: how many more passes over the servers a call makes when none could take it (none
+    reachable, or the set empty; not when every server answered with a refusal); `backoff_ms`: the pause
+    before the first of them, doubling for each next one up to `max_backoff_ms` (each pause shortened at
+    random by up to half, so that clients do not retry in step); `max_frame_size`: the servers' own
+    (`max_frame_size`, 16MB by default), over which they refuse a call unread, and with 1 MB more the
+    most a reply may hold (a larger one is no Kestrel reply: ServerUnavailable).
     """
 
     def __init__(self, servers: Iterable[str | Address] | ServerSource, *, strategy: str = "round_robin",
@@ -159,7 +158,8 @@ class Cluster:
             found = self._servers.get(key)
             if found is None:
                 found = self._servers[key] = Server(key[0], key[1], timeout_ms=self.timeout_ms,
-                                                    connect_timeout_ms=self.connect_timeout_ms)
+                                                    connect_timeout_ms=self.connect_timeout_ms,
+                                                    max_frame_size=self.max_frame_size)
             return found
 
     def writers(self) -> list[Server]:

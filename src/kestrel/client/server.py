@@ -9,6 +9,7 @@ every call after it raises ClientClosed.
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
 import time
@@ -17,11 +18,11 @@ from functools import partial
 from types import TracebackType
 from typing import Any
 
-from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.protocol import TCyBinaryProtocol, TCyBinaryProtocolFactory
 from thriftpy2.protocol.cybin import ProtocolError  # type: ignore[attr-defined]  # (a C module without stubs)
 from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TApplicationException, TClient
-from thriftpy2.transport import TCyFramedTransportFactory, TSocket, TTransportException
+from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransportFactory, TSocket, TTransportException
 
 from kestrel.client.checks import BytesLike, check_count, check_ids, check_items, check_queue
 from kestrel.client.cooperation import Event, home, run_beside
@@ -44,23 +45,73 @@ NOT_A_REPLY = (ProtocolError, TProtocolException)
 # or call timeout waited out), so that one which never answers costs its callers a tenth of their time.
 AVOID_PER_COST = 10
 MAX_AVOID_S = 60.0  # the longest avoidance that failures in a row grow to (unless retry_after is longer)
+MAX_FRAME_SIZE = 16 * 1024 * 1024  # the servers' default `max_frame_size`
+# The largest reply frame taken is the servers' `max_frame_size` (their largest item) and this much:
+# a get's other items stop once their bytes reach 512 KB, and the rest is Thrift's framing.
+REPLY_MARGIN = 1 << 20
+RECEIVE_STEP = 1 << 20  # a reply's bytes are received (and held) as they come, this much at a time
+
+
+class _Client(TClient):
+    """thriftpy2's client, with each reply's frame received here, whole, before it is decoded:
+    within the call's `deadline` (thriftpy2's socket timeout counted each read alone, so a server
+    sending a byte now and then held a call for ever), and no longer than `max_reply` (thriftpy2's
+    framed transport allocated whatever length a frame claimed: MemoryError at 2 GB)."""
+
+    def __init__(self, sock: TSocket, max_reply: int) -> None:
+        transport = TCyFramedTransportFactory().get_transport(sock)
+        super().__init__(kestrel_thrift.Kestrel, TCyBinaryProtocolFactory().get_protocol(transport))
+        self.sock, self.max_reply, self.deadline = sock, max_reply, 0.0
+
+    def _recv(self, _api: str) -> Any:
+        frame = receive_frame(self.sock.sock, self.deadline, self.max_reply)
+        self._iprot = TCyBinaryProtocol(TCyBufferedTransport(io.BytesIO(frame)))
+        try:
+            return super()._recv(_api)
+        except TTransportException as e:  # not the connection's end: the frame's
+            raise TProtocolException(message=f"the reply ends before its frame of {len(frame)} bytes "
+                                             f"says it does") from e
+
+
+def receive_frame(sock: socket.socket, deadline: float, limit: int) -> bytes:
+    """A framed reply's bytes, received by `deadline` (time.monotonic()); a frame claiming more
+    than `limit` bytes, or none, is no Kestrel reply."""
+    size = int.from_bytes(_receive(sock, 4, deadline), "big", signed=True)
+    if not 0 < size <= limit:
+        raise TProtocolException(message=f"a reply frame of {size} bytes (a reply holds 1 to {limit})")
+    return _receive(sock, size, deadline)
+
+
+def _receive(sock: socket.socket, size: int, deadline: float) -> bytes:
+    chunks: list[bytes] = []
+    while size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out: the reply did not come whole within the call's time-out")
+        sock.settimeout(left)
+        chunk = sock.recv(min(size, RECEIVE_STEP))
+        if not chunk:
+            raise EOFError("the server closed the connection")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class _Connection:
     """One framed binary Thrift connection, and the ids of the open reads its gets opened that
     this client has not settled yet (the server caps a connection's open reads on each queue)."""
 
-    def __init__(self, host: str, port: int, connect_timeout_ms: int) -> None:
+    def __init__(self, host: str, port: int, connect_timeout_ms: int, max_reply: int) -> None:
         self.open_reads: set[int] = set()
         self.socket = TSocket(host, port, socket_timeout=connect_timeout_ms,
                               connect_timeout=connect_timeout_ms)
-        transport = TCyFramedTransportFactory().get_transport(self.socket)
-        transport.open()
-        self.client = TClient(kestrel_thrift.Kestrel, TCyBinaryProtocolFactory().get_protocol(transport))
+        self.socket.open()
+        self.client = _Client(self.socket, max_reply)
 
-    def invoke(self, method: str, args: tuple[Any, ...]) -> Any:
-        """One call and its answer. A put of PackedItems is written whole, framed around the items'
-        bytes as they are, and its answer read as thriftpy2 reads any."""
+    def invoke(self, method: str, args: tuple[Any, ...], deadline: float) -> Any:
+        """One call and its answer, which must come whole by `deadline`. A put of PackedItems is
+        written whole, framed around the items' bytes as they are, and its answer read as any."""
+        self.client.deadline = deadline
         if method == "put" and isinstance(args[1], PackedItems):
             queue, items, expiration_ms = args
             send_parts(self.socket.sock, items.put_call(queue, expiration_ms))
@@ -127,9 +178,10 @@ class Server:
     """
 
     def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
-                 retry_after: float = 1.0, max_idle: int = 8) -> None:
+                 retry_after: float = 1.0, max_idle: int = 8, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self.host, self.port = host, port
         self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
+        self.max_reply = max_frame_size + REPLY_MARGIN
         self.retry_after, self.max_idle = retry_after, max_idle
         self.down_until = 0.0
         self._failures = 0  # failures in a row, since the server last answered
@@ -294,10 +346,11 @@ class Server:
         opens_reads = method in ("get", "get_timed") and args[3] > 0
         for attempt in (1, 2):
             conn, reused = self._take(fresh=attempt == 2, without_reads=opens_reads)
-            conn.socket.set_timeout(self.timeout_ms + max(wait_ms, 0))
+            allowed_ms = self.timeout_ms + max(wait_ms, 0)
+            conn.socket.set_timeout(allowed_ms)
             started = time.monotonic()
             try:
-                result = conn.invoke(method, args)
+                result = conn.invoke(method, args, started + allowed_ms / 1000)
             except (TApplicationException, *NOT_A_REPLY) as e:
                 if not isinstance(e, TApplicationException) or e.type == TApplicationException.MISSING_RESULT:
                     # Bytes that are no Kestrel reply (another service on the port, a proxy): the
@@ -404,7 +457,7 @@ class Server:
                         return self._idle.pop(n), True
         started = time.monotonic()
         try:
-            conn = _Connection(self.host, self.port, self.connect_timeout_ms)
+            conn = _Connection(self.host, self.port, self.connect_timeout_ms, self.max_reply)
         except CONNECTION_ERRORS as e:
             raise self._mark_down(time.monotonic() - started,
                                   ServerUnavailable(self.address, f"cannot connect: {e!r}")) from e
