@@ -269,6 +269,30 @@ def test_a_member_whose_data_is_no_member_leaves_the_sets_followed(zookeeper: An
         zk.delete(prefix, recursive=True)
 
 
+def test_a_member_this_client_may_not_read_leaves_the_sets_followed(zookeeper: Any, zk: KazooClient) -> None:
+    """A member another service wrote under an ACL of its own made reading it raise NoAuthError: a new
+    client's construction failed (ServerSetsUnavailable), and a running client watched again each
+    second for good, its lists frozen. It is ignored, and a member joining later is seen."""
+    from kazoo.security import make_digest_acl
+
+    prefix = "/kestrel-unreadable"
+    join(zk, prefix, 7001)
+    try:
+        with ZooKeeperServerSets(zookeeper.hosts, prefix) as running:
+            wait_until(lambda: thrift_ports(running.writers()) == {7001}, "the first member")
+            for name in ("write", "read"):
+                zk.create(f"{prefix}/{name}/member_", member_on(7003), sequence=True,
+                          acl=[make_digest_acl("other", "secret", all=True)])
+            join(zk, prefix, 7002)
+            wait_until(lambda: thrift_ports(running.writers()) == thrift_ports(running.readers()) == {7001, 7002},
+                       "the member joined after it")
+        with ZooKeeperServerSets(zookeeper.hosts, prefix) as fresh:
+            assert thrift_ports(fresh.writers()) == thrift_ports(fresh.readers()) == {7001, 7002}
+    finally:
+        zk.add_auth("digest", "other:secret")  # to list the unreadable members, and so delete them
+        zk.delete(prefix, recursive=True)
+
+
 def test_zookeeper_server_sets_under_gevent(zookeeper: Any, cluster3: list[ServerProcess]) -> None:
     max_gap, waited = run_gevent_script(f"zookeeper={zookeeper.hosts}{PREFIX}")
     assert waited >= 0.5 and max_gap < MAX_TICKER_GAP_S, (max_gap, waited)

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
 
@@ -305,6 +305,11 @@ class ZooKeeperServerSets:
             try:
                 data, _ = self.zk.retry(self.zk.get, f"{path}/{child}")
             except NoNodeError:
+                continue
+            except NoAuthError:  # another service's node, under its ACL: it froze the lists
+                log.warning("ignoring server set member %s/%s: its ACL does not let this client read it",
+                            name, child)
+                fresh[child] = None
                 continue
             fresh[child] = member_address(data, self.endpoint)
             if fresh[child] is None:
