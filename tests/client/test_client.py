@@ -787,12 +787,22 @@ def test_items_are_bytes_and_anything_else_is_refused_before_sending(three: list
         (lambda: one.abort("typed", None), "abort on 'typed': ids must be a set of ints, got NoneType"),
         (lambda: one.abort("typed", 5), "got int"),
         (lambda: one.confirm(5, {1}), "the queue name must be a str"),  # type: ignore[arg-type]
+        # these raised thriftpy2's TDecodeException, or went to the server to be refused there
+        (lambda: one.peek(5), "peek of 5: the queue name must be a str"),  # type: ignore[arg-type]
+        (lambda: one.peek(None), "the queue name must be a str"),  # type: ignore[arg-type]
+        (lambda: one.set_status("up"), "the status must be a kestrel_thrift.Status value, got str"),  # type: ignore[arg-type]
+        (lambda: one.set_status(None), "got NoneType"),  # type: ignore[arg-type]
     ]
     for call, message in mistakes:
         with pytest.raises(TypeError, match=message):
             call()
     with pytest.raises(ValueError, match="id 1180591620717411303424 is outside the contract's 64-bit ids"):
         one.confirm("typed", {2**70})
+    with pytest.raises(ValueError, match=r"set_status: 1099511627776 is no status; the statuses are NOT_CONFIGURED "
+                                         r"\(0\), QUIESCENT \(1\), READ_ONLY \(2\), UP \(3\)"):
+        one.set_status(2**40)
+    with pytest.raises(ValueError, match=f"peek_items of 'typed': first must be from 0 to 2147483647, got {2**70}"):
+        one.peek_items("typed", first=2**70)
     assert [items_on(s, "typed") for s in three] == [0, 0, 0]  # nothing of a refused batch was sent
     # bytes, bytearray and memoryview are items, stored as their bytes.
     assert cluster.put_many("typed", [b"a", bytearray(b"b"), memoryview(b"xcx")[1:2]]) == 3

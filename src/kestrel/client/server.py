@@ -289,8 +289,7 @@ class Server:
         what = f"peek_items of {queue!r}"
         check_queue(queue, what)
         check_count(max_items, "max_items", what)
-        if isinstance(first, bool) or not isinstance(first, int):
-            raise TypeError(f"{what}: first must be an int, got {type(first).__name__}")
+        check_count(first, "first", what)
         return self.call("peek_items", queue, first, max_items)
 
     def queue_names(self) -> list[str]:
@@ -309,13 +308,21 @@ class Server:
 
     def peek(self, queue: str) -> Any:
         """The queue's QueueInfo: head item, items, bytes, journal bytes, age, waiters, open reads."""
-        return self.call("peek", queue)
+        return self.call("peek", check_queue(queue, f"peek of {queue!r}"))
 
     def status(self) -> int:
         """The server's status, as kestrel_thrift.Status (UP, READ_ONLY, QUIESCENT, NOT_CONFIGURED)."""
         return int(self.call("current_status"))
 
     def set_status(self, status: int) -> None:
+        """Set the server's status: one of kestrel_thrift.Status's values."""
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"set_status: the status must be a kestrel_thrift.Status value, got "
+                            f"{type(status).__name__}")
+        names = kestrel_thrift.Status._VALUES_TO_NAMES
+        if status not in names:
+            listed = ", ".join(f"{name} ({value})" for value, name in sorted(names.items()))
+            raise ValueError(f"set_status: {status} is no status; the statuses are {listed}")
         self.call("set_status", status)
 
     # -----------------------------------------------------------------------------------------
