@@ -91,6 +91,11 @@ def test_unreachable_zookeeper_is_a_clear_error() -> None:
     for endpoint in ("memcache", "text"):  # Thrift calls to another protocol's port: every server down
         with pytest.raises(ValueError, match=f"endpoint '{endpoint}' is a {endpoint} port; the client speaks Thrift"):
             Cluster.from_zookeeper("127.0.0.1:2181", endpoint=endpoint)
+    # Each member's default endpoint, which the servers advertise as their memcache port: taken, every
+    # call timed out there and the server was avoided.
+    with pytest.raises(ValueError, match="endpoint None, each member's default, is the servers' memcache port; "
+                                         "the client speaks Thrift"):
+        Cluster.from_zookeeper("127.0.0.1:2181", endpoint=None)  # type: ignore[arg-type]
 
 
 def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: list[ServerProcess]) -> None:

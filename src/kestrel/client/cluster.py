@@ -126,6 +126,9 @@ class Cluster:
         if endpoint in OTHER_PROTOCOLS:  # each server advertises its ports by these names
             raise ValueError(f"Cluster.from_zookeeper: endpoint {endpoint!r} is a {endpoint} port; the "
                              f"client speaks Thrift (the servers advertise it as 'thrift')")
+        if endpoint is None:
+            raise ValueError("Cluster.from_zookeeper: endpoint None, each member's default, is the servers' "
+                             "memcache port; the client speaks Thrift (the servers advertise it as 'thrift')")
         cluster = cls(_NotYetFound(), **options)  # the options are checked before ZooKeeper is asked
         cluster.source = ZooKeeperServerSets(hosts, path_prefix, endpoint=endpoint,
                                              session_timeout=session_timeout, connect_timeout=connect_timeout)
