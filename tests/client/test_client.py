@@ -220,6 +220,24 @@ def counted_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return tried
 
 
+def test_reads_left_to_their_auto_abort_free_their_connection_once_it_has_run(
+        server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`get` lets open reads be left to the server's auto-abort; they held their connection for
+    good: every later reliable get opened a connection of its own, and the client kept every id."""
+    one = on(server)
+    one.put("left", [b"%d" % i for i in range(40)])
+    tried = counted_connections(monkeypatch)
+    for _ in range(4):
+        assert len(one.get("left", 1, 0, 300)) == 1
+    assert len(tried) == 3  # the put's connection, then one each: the pooled ones hold a read not yet returned
+    for _ in range(3):
+        time.sleep(0.4)  # their auto-abort has run
+        for _ in range(4):
+            assert len(one.get("left", 1, 0, 300)) == 1
+    assert len(tried) == 3 and len(one._opened_on) <= 4
+    one.close()
+
+
 @pytest.mark.parametrize("call", ["put", "get"])
 @pytest.mark.parametrize("silence", ["never accepts", "never answers"])
 def test_a_server_that_hangs_is_avoided_longer_than_a_try_of_it_costs(

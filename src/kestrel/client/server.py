@@ -13,6 +13,7 @@ import io
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from functools import partial
 from types import TracebackType
@@ -99,10 +100,12 @@ def _receive(sock: socket.socket, size: int, deadline: float) -> bytes:
 
 class _Connection:
     """One framed binary Thrift connection, and the ids of the open reads its gets opened that
-    this client has not settled yet (the server caps a connection's open reads on each queue)."""
+    this client has not settled yet (the server caps a connection's open reads on each queue),
+    until `reads_due`: by then the server's auto-abort has returned every one of them."""
 
     def __init__(self, host: str, port: int, connect_timeout_ms: int, max_reply: int) -> None:
         self.open_reads: set[int] = set()
+        self.reads_due = 0.0  # time.monotonic()
         self.socket = TSocket(host, port, socket_timeout=connect_timeout_ms,
                               connect_timeout=connect_timeout_ms)
         self.socket.open()
@@ -174,7 +177,7 @@ class Server:
     unsettled ones, or a new one: the server caps the open reads of a connection on each queue
     (`max_open_reads`), and threads sharing the pool would otherwise pile theirs on one connection
     until a get of a queue full of items found none. A `confirm`, `abort` or `settle` of ids, from
-    any connection, frees theirs.
+    any connection, frees theirs, as does the end of their `auto_abort_ms` (the server has returned them).
     """
 
     def __init__(self, host: str, port: int, *, timeout_ms: int = 10_000, connect_timeout_ms: int = 2_000,
@@ -190,7 +193,8 @@ class Server:
         self._refused_until: dict[str, float] = {}  # method → when a status refusal is stale
         self._closed = False
         self._idle: list[_Connection] = []
-        self._opened_on: dict[int, _Connection] = {}  # an unsettled open read's id → its connection
+        # an unsettled open read's id → its connection, while the connection lives
+        self._opened_on: weakref.WeakValueDictionary[int, _Connection] = weakref.WeakValueDictionary()
         self._retired = False
         self._opening: Opening | None = None  # the connection last opened ahead (`open_ahead`)
         self._lock = threading.Lock()
@@ -393,13 +397,14 @@ class Server:
                     self._forget_reads(args[1])
             self._answered()
             if opens_reads and result:
-                self._note_reads(conn, result)
+                self._note_reads(conn, result, time.monotonic() + args[3] / 1000)  # the server's is sooner
             self._give_back(conn)
             return result
         raise AssertionError("unreachable")
 
-    def _note_reads(self, conn: _Connection, items: list[Any]) -> None:
+    def _note_reads(self, conn: _Connection, items: list[Any], due: float) -> None:
         with self._lock:
+            conn.reads_due = max(conn.reads_due, due)
             for item in items:
                 conn.open_reads.add(item.id)
                 self._opened_on[item.id] = conn
@@ -414,7 +419,7 @@ class Server:
     def has_idle(self, without_reads: bool = False) -> bool:
         """Whether a call would find a pooled connection (one holding no open reads, `without_reads`)."""
         with self._lock:
-            return any(not (without_reads and conn.open_reads) for conn in self._idle)
+            return any(not (without_reads and self._holds_reads(conn)) for conn in self._idle)
 
     def connecting(self) -> bool:
         """Whether a connection opened ahead is under way that this caller would join (`open_ahead`)."""
@@ -454,13 +459,23 @@ class Server:
         finally:
             opening.end(error)
 
+    def _holds_reads(self, conn: _Connection) -> bool:
+        """Whether `conn` holds open reads neither settled nor returned by their auto-abort (then
+        forgotten: left to it, they kept the connection from every later reliable get, each of
+        which opened a connection of its own). Called with `_lock` held."""
+        if conn.open_reads and time.monotonic() >= conn.reads_due:
+            for read_id in conn.open_reads:
+                self._opened_on.pop(read_id, None)
+            conn.open_reads.clear()
+        return bool(conn.open_reads)
+
     def _take(self, fresh: bool = False, without_reads: bool = False) -> tuple[_Connection, bool]:
         """An idle connection (one holding no unsettled open reads, for a get that opens some), or,
         `fresh` or with none idle, a new one."""
         with self._lock:
             if not fresh:
                 for n in range(len(self._idle) - 1, -1, -1):
-                    if not (without_reads and self._idle[n].open_reads):
+                    if not (without_reads and self._holds_reads(self._idle[n])):
                         return self._idle.pop(n), True
         started = time.monotonic()
         try:
