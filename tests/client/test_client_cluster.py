@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -23,7 +26,7 @@ from kestrel.client import (
     member_address,
 )
 from kestrel.contract import kestrel_thrift as kestrel
-from tests.conftest import STALL_S, ServerProcess, free_port, wait_until
+from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port, wait_until
 from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
 
 PREFIX = "/kestrel-cluster"
@@ -399,6 +402,55 @@ def test_server_sets_survive_connection_loss_while_zookeeper_restarts(zookeeper:
         wait_until(lambda: thrift_ports(watching.writers()) == {7001, 7002}
                    and thrift_ports(watching.readers()) == {7001, 7002}, "the member joined after the restart")
         assert pauses and max(pauses) <= discovery.RETRY_MAX_DELAY_S * 1.4, pauses
+
+
+SOCKETS_ONLY_SCRIPT = """
+from gevent import monkey
+monkey.patch_all(thread=False)
+import sys, time
+import gevent
+from kestrel.client import ZooKeeperServerSets
+hosts, prefix = sys.argv[1:]
+sets = ZooKeeperServerSets(hosts, prefix, session_timeout=2.0)
+def ports():
+    return sorted(port for _, port in sets.writers())
+deadline = time.monotonic() + 60
+while ports() != [7001] and time.monotonic() < deadline:
+    gevent.sleep(0.05)
+print("watching", flush=True)
+while ports() != [7001, 7002] and time.monotonic() < deadline:
+    gevent.sleep(0.05)
+print("followed" if ports() == [7001, 7002] else f"frozen at {ports()}", flush=True)
+sets.close()
+"""
+
+
+def test_server_sets_under_gevent_with_sockets_patched_and_not_threads(zookeeper: Any, zk: KazooClient) -> None:
+    """Where gevent had patched sockets and not threads, the session's renewal after an outage ran in a
+    thread's timer, which could not touch kazoo's gevent client ("cannot switch to a different
+    thread"): the client stayed disconnected and its lists froze for good (and a thread's lock held
+    across ZooKeeper's calls could stall the whole hub). Its timers and that lock are kazoo handler's
+    now: greenlets there."""
+    prefix = "/kestrel-sockets-only"
+    join(zk, prefix, 7001)
+    script = subprocess.Popen([sys.executable, "-c", SOCKETS_ONLY_SCRIPT, zookeeper.hosts, prefix],
+                              cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT)))
+    try:
+        assert script.stdout is not None and script.stdout.readline().strip() == "watching"
+        zk.stop()
+        zookeeper.stop()
+        time.sleep(3.0)  # past the session timeout: the client starts a session afresh
+        zookeeper.start()
+        zk.start(timeout=30)
+        join(zk, prefix, 7002)
+        out, err = script.communicate(timeout=90)
+        assert out.strip() == "followed", err[-3000:]
+    finally:
+        script.kill()
+        if not zk.connected:
+            zk.start(timeout=30)
+        zk.delete(prefix, recursive=True)
 
 
 def test_a_new_session_reads_every_member_afresh(zookeeper: Any, zk: KazooClient) -> None:

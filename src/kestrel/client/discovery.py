@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -154,7 +154,7 @@ class ZooKeeperServerSets:
         self._lists: dict[str, list[Address]] = {name: [] for name in self.SETS}
         self._members: dict[str, dict[str, Address | None]] = {name: {} for name in self.SETS}
         self._closed = False
-        self._renewal: threading.Timer | None = None
+        self._renewal: object | None = None  # the pending renewal's token (`_renew`)
         handler = _kazoo_handler()
         retry = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": RETRY_MAX_DELAY_S,  # forever,
                  "sleep_func": handler.sleep_func}  # often
@@ -165,8 +165,10 @@ class ZooKeeperServerSets:
                               command_retry={**retry, "deadline": session_timeout})
         self._generation = 0  # each reading of the sets afresh retires the reads of the one before
         self._lives: dict[str, int | None] = {}  # set name -> the creation zxid of its node (None: deleted)
-        self._watch_lock = threading.Lock()
-        self._read_lock = threading.Lock()  # one reading of the sets at a time: the last begun is kept
+        self._watch_lock = threading.Lock()  # held for no I/O, so a thread's lock under gevent too
+        # One reading of the sets at a time (the last begun is kept), held across ZooKeeper's calls:
+        # the handler's lock, a greenlet's under gevent, since a thread's blocked the whole hub.
+        self._read_lock = self.zk.handler.lock_object()
         try:
             try:
                 self.zk.start(timeout=connect_timeout)
@@ -217,9 +219,17 @@ class ZooKeeperServerSets:
             return
         log.warning("zookeeper %s: %s; keeping the last server lists, watching again in %.0f s", self.hosts,
                     why, RETRY_S)
-        timer = threading.Timer(RETRY_S, self._watch, args=(generation,))
-        timer.daemon = True
-        timer.start()
+        self._later(RETRY_S, partial(self._watch, generation))
+
+    def _later(self, seconds: float, work: Callable[[], None]) -> None:
+        """Run `work` after `seconds` on kazoo's handler: in a thread of its own, or in a greenlet
+        under gevent (a thread's timer failed there to touch the client, "cannot switch to a
+        different thread", where gevent had patched sockets and not threads: the lists froze)."""
+        def run() -> None:
+            self.zk.handler.sleep_func(seconds)
+            work()
+
+        self.zk.handler.spawn(run)
 
     def writers(self) -> list[Address]:
         return self._lists["write"]
@@ -325,19 +335,18 @@ class ZooKeeperServerSets:
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED or self._closed:
-            if self._renewal is not None:
-                self._renewal.cancel()
-                self._renewal = None
+            self._renewal = None  # a renewal pending is called off
             if not self._closed:
                 self.zk.handler.spawn(partial(self._watch, self._generation))
             return
         log.warning("zookeeper %s: connection %s; keeping the last server lists", self.hosts, state)
         if self._renewal is None:
-            self._renewal = threading.Timer(self.session_timeout, self._renew)
-            self._renewal.daemon = True
-            self._renewal.start()
+            token = self._renewal = object()
+            self._later(self.session_timeout, partial(self._renew, token))
 
-    def _renew(self) -> None:
+    def _renew(self, token: object) -> None:
+        if token is not self._renewal:  # called off: connected since, or closed
+            return
         self._renewal = None
         if self._closed or self.zk.state == KazooState.CONNECTED:
             return
@@ -357,7 +366,6 @@ class ZooKeeperServerSets:
         if self._closed:
             return
         self._closed = True
-        if self._renewal is not None:
-            self._renewal.cancel()
+        self._renewal = None
         self.zk.stop()
         self.zk.close()
