@@ -27,7 +27,7 @@ from kestrel.client import (
 )
 from kestrel.contract import kestrel_thrift as kestrel
 from tests.conftest import PACKAGE_ROOT, ROOT, STALL_S, ServerProcess, free_port, wait_until
-from tests.support.cluster import MAX_TICKER_GAP_S, run_gevent_script, running_servers
+from tests.support.cluster import MAX_TICKER_GAP_S, hung_servers, run_gevent_script, running_servers
 
 PREFIX = "/kestrel-cluster"
 
@@ -106,6 +106,13 @@ def test_from_zookeeper_takes_its_connection_options(zookeeper: Any, cluster3: l
     with pytest.raises(ServerSetsUnavailable, match="within 0.5s"):
         Cluster.from_zookeeper(f"127.0.0.1:{free_port()}", PREFIX, connect_timeout=0.5)
     assert time.monotonic() - started < STALL_S  # its 0.5 s, not the default 10 s
+    # A port that accepts and never answers (a frozen ensemble): kazoo's stop waited for the
+    # handshake, a session timeout (30 s here), before the error said "within 0.5s".
+    with hung_servers(1, "never answers") as (silent,):
+        started = time.monotonic()
+        with pytest.raises(ServerSetsUnavailable, match="within 0.5s"):
+            Cluster.from_zookeeper(silent, PREFIX, connect_timeout=0.5, session_timeout=30.0)
+        assert time.monotonic() - started < STALL_S
     with Cluster.from_zookeeper(zookeeper.hosts, PREFIX, session_timeout=4.0, connect_timeout=5.0,
                                 retries=1, timeout_ms=5_000) as cluster:
         assert isinstance(cluster.source, ZooKeeperServerSets)

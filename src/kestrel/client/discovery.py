@@ -169,12 +169,14 @@ class ZooKeeperServerSets:
         # One reading of the sets at a time (the last begun is kept), held across ZooKeeper's calls:
         # the handler's lock, a greenlet's under gevent, since a thread's blocked the whole hub.
         self._read_lock = self.zk.handler.lock_object()
+        self.zk.start_async().wait(connect_timeout)
+        if not self.zk.connected:
+            # kazoo's stop waits for its connection's handshake, up to a session timeout (a frozen
+            # ensemble's, or a port that accepts and never answers): the session ends beside the caller.
+            self._closed = True
+            self.zk.handler.spawn(self._end_session)
+            raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s")
         try:
-            try:
-                self.zk.start(timeout=connect_timeout)
-            except self.zk.handler.timeout_exception:
-                raise ServerSetsUnavailable(f"cannot reach ZooKeeper at {hosts} within {connect_timeout}s") \
-                    from None
             self.zk.add_listener(self._on_state)
             self._watch(self._generation, retry=False)
         except KazooException as e:
@@ -367,5 +369,8 @@ class ZooKeeperServerSets:
             return
         self._closed = True
         self._renewal = None
+        self._end_session()
+
+    def _end_session(self) -> None:
         self.zk.stop()
         self.zk.close()
