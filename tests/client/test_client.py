@@ -458,6 +458,35 @@ def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: Serv
             cluster.close()
 
 
+def test_a_get_answered_with_more_items_than_it_asked_for_is_no_kestrel_reply() -> None:
+    from thriftpy2.protocol import TBinaryProtocol
+    from thriftpy2.thrift import TMessageType
+    from thriftpy2.transport import TMemoryBuffer
+
+    from kestrel.contract import kestrel_thrift
+
+    reply = TMemoryBuffer()
+    protocol = TBinaryProtocol(reply)
+    protocol.write_message_begin("get", TMessageType.REPLY, 0)
+    kestrel_thrift.Kestrel.get_result(success=[kestrel_thrift.Item(data=b"%d" % n, id=n) for n in range(5)]
+                                      ).write(protocol)
+    protocol.write_message_end()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen(8)
+
+        def answer() -> None:
+            conn, _ = other.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(struct.pack(">i", len(reply.getvalue())) + reply.getvalue())
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(ServerUnavailable, match=r"get: the answer is not a Kestrel Thrift reply \(5 items, "
+                                                    r"where 1 were asked for\)"):
+            Server("127.0.0.1", other.getsockname()[1]).get("q", 1)
+
+
 def test_a_reply_that_comes_a_byte_at_a_time_ends_with_the_call_s_time_out(server: ServerProcess) -> None:
     """The time-out counted each read of the socket alone: a server sending a reply's bytes one by
     one, each before the last read's time-out, held the call for as long as it liked."""

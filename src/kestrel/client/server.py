@@ -281,7 +281,12 @@ class Server:
         check_count(max_items, "max_items", what, least=1)
         check_count(timeout_ms, "timeout_ms", what)
         check_count(auto_abort_ms, "auto_abort_ms", what)
-        return list(self.call(method, queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+        items = list(self.call(method, queue, max_items, timeout_ms, auto_abort_ms, wait_ms=timeout_ms))
+        if len(items) > max_items:  # a hostile or broken peer: its items are no queue's
+            raise self._mark_down(0.0, ServerUnavailable(
+                self.address, f"{method}: the answer is not a Kestrel Thrift reply ({len(items)} items, "
+                              f"where {max_items} were asked for)", maybe_done=True))
+        return items
 
     def peek_items(self, queue: str, first: int = 0, max_items: int = 1) -> Any:
         """Up to `max_items` items from position `first` on, left where they are: an ItemsAt
