@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -422,17 +423,10 @@ def test_a_connect_opened_ahead_serves_a_program_under_gevent(server: ServerProc
     assert int(outwaited) == 0 and int(most) == 1, out.stdout  # every hung connect outwaited before
 
 
-@pytest.mark.parametrize("answer", [
-    b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
-    # a well-formed reply to `put` with no result in it
-    struct.pack(">iIi", 4 + 4 + 3 + 4 + 1, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x00",
-    # a frame claiming 2 GB (thriftpy2 allocated it: MemoryError, which no Cluster passed over)
-    struct.pack(">i", 2**31 - 1) + b"\x00" * 64,
-    # a reply to `put` whose frame ends before it does (thriftpy2 read on into the next frame)
-    struct.pack(">iIi", 4 + 4 + 3, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x08\x00\x00\x00\x00\x00\x01\x00",
-], ids=["no message", "no result", "a 2 GB frame", "a frame shorter than its reply"])
-def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: ServerProcess, answer: bytes) -> None:
-    with socket.socket() as other:  # another service on the port, a proxy
+@contextlib.contextmanager
+def answering(respond: Callable[[socket.socket], None]) -> Iterator[int]:
+    """The port of a peer that is no Kestrel server: each connection's request read, then `respond`."""
+    with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen(8)
 
@@ -444,10 +438,24 @@ def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: Serv
                     return
                 with conn:
                     conn.recv(65536)
-                    conn.sendall(answer)
+                    with contextlib.suppress(OSError):  # the client gone
+                        respond(conn)
 
         threading.Thread(target=answer_each, daemon=True).start()
-        port = other.getsockname()[1]
+        yield other.getsockname()[1]
+
+
+@pytest.mark.parametrize("answer", [
+    b"\x00\x00\x00\x08\xde\xad\xbe\xef\x01\x02\x03\x04",  # a frame that holds no Thrift message
+    # a well-formed reply to `put` with no result in it
+    struct.pack(">iIi", 4 + 4 + 3 + 4 + 1, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x00",
+    # a frame claiming 2 GB (thriftpy2 allocated it: MemoryError, which no Cluster passed over)
+    struct.pack(">i", 2**31 - 1) + b"\x00" * 64,
+    # a reply to `put` whose frame ends before it does (thriftpy2 read on into the next frame)
+    struct.pack(">iIi", 4 + 4 + 3, 0x80010002, 3) + b"put" + struct.pack(">i", 0) + b"\x08\x00\x00\x00\x00\x00\x01\x00",
+], ids=["no message", "no result", "a 2 GB frame", "a frame shorter than its reply"])
+def test_a_server_answering_what_is_no_kestrel_reply_is_passed_over(server: ServerProcess, answer: bytes) -> None:
+    with answering(lambda conn: conn.sendall(answer)) as port:  # another service on the port, a proxy
         with pytest.raises(ServerUnavailable, match=rf"127.0.0.1:{port}.*put: the answer is not a Kestrel Thrift reply"):
             Server("127.0.0.1", port).put("garbled", [b"x"])
         cluster = Cluster([f"127.0.0.1:{port}", f"127.0.0.1:{server.thrift_port}"])
@@ -471,43 +479,22 @@ def test_a_get_answered_with_more_items_than_it_asked_for_is_no_kestrel_reply() 
     kestrel_thrift.Kestrel.get_result(success=[kestrel_thrift.Item(data=b"%d" % n, id=n) for n in range(5)]
                                       ).write(protocol)
     protocol.write_message_end()
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen(8)
-
-        def answer() -> None:
-            conn, _ = other.accept()
-            with conn:
-                conn.recv(65536)
-                conn.sendall(struct.pack(">i", len(reply.getvalue())) + reply.getvalue())
-
-        threading.Thread(target=answer, daemon=True).start()
+    with answering(lambda conn: conn.sendall(struct.pack(">i", len(reply.getvalue())) + reply.getvalue())) as port:
         with pytest.raises(ServerUnavailable, match=r"get: the answer is not a Kestrel Thrift reply \(5 items, "
                                                     r"where 1 were asked for\)"):
-            Server("127.0.0.1", other.getsockname()[1]).get("q", 1)
+            Server("127.0.0.1", port).get("q", 1)
 
 
 def test_a_reply_that_comes_a_byte_at_a_time_ends_with_the_call_s_time_out(server: ServerProcess) -> None:
     """The time-out counted each read of the socket alone: a server sending a reply's bytes one by
     one, each before the last read's time-out, held the call for as long as it liked."""
-    with socket.socket() as slow:
-        slow.bind(("127.0.0.1", 0))
-        slow.listen(8)
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(struct.pack(">i", 1000))
+        for _ in range(100):
+            time.sleep(0.1)
+            conn.sendall(b"\x00")
 
-        def trickle() -> None:
-            conn, _ = slow.accept()
-            with conn:
-                conn.recv(65536)
-                conn.sendall(struct.pack(">i", 1000))
-                for _ in range(100):
-                    time.sleep(0.1)
-                    try:
-                        conn.sendall(b"\x00")
-                    except OSError:
-                        return
-
-        threading.Thread(target=trickle, daemon=True).start()
-        port = slow.getsockname()[1]
+    with answering(trickle) as port:
         started = time.monotonic()
         with pytest.raises(ServerUnavailable, match=rf"127.0.0.1:{port}.*put failed: TimeoutError") as lost:
             Server("127.0.0.1", port, timeout_ms=500).put("trickled", [b"x"])

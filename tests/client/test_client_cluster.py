@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -270,18 +270,24 @@ def test_a_member_whose_data_is_no_member_leaves_the_sets_followed(zookeeper: An
     client's construction raised it (no KestrelClientError), and a running client's watch died with
     it, its lists frozen while the member lived. It is ignored, and a member joining later is seen."""
     prefix = "/kestrel-no-member"
-    join(zk, prefix, 7001)
     try:
-        with ZooKeeperServerSets(zookeeper.hosts, prefix) as running:
-            wait_until(lambda: thrift_ports(running.writers()) == {7001}, "the first member")
-            join(zk, prefix, 0, b"[" * 100_000 + b"]" * 100_000)
-            join(zk, prefix, 7002)
-            wait_until(lambda: thrift_ports(running.writers()) == thrift_ports(running.readers()) == {7001, 7002},
-                       "the member joined after it")
-        with ZooKeeperServerSets(zookeeper.hosts, prefix) as fresh:
-            assert thrift_ports(fresh.writers()) == thrift_ports(fresh.readers()) == {7001, 7002}
+        assert_followed_past(zookeeper, zk, prefix, lambda: join(zk, prefix, 0, b"[" * 100_000 + b"]" * 100_000))
     finally:
         zk.delete(prefix, recursive=True)
+
+
+def assert_followed_past(zookeeper: Any, zk: KazooClient, prefix: str, add_member: Callable[[], None]) -> None:
+    """A running client of the sets under `prefix` and a new one ignore the member `add_member` makes,
+    and see the one that joins after it."""
+    join(zk, prefix, 7001)
+    with ZooKeeperServerSets(zookeeper.hosts, prefix) as running:
+        wait_until(lambda: thrift_ports(running.writers()) == {7001}, "the first member")
+        add_member()
+        join(zk, prefix, 7002)
+        wait_until(lambda: thrift_ports(running.writers()) == thrift_ports(running.readers()) == {7001, 7002},
+                   "the member joined after it")
+    with ZooKeeperServerSets(zookeeper.hosts, prefix) as fresh:
+        assert thrift_ports(fresh.writers()) == thrift_ports(fresh.readers()) == {7001, 7002}
 
 
 def test_a_member_this_client_may_not_read_leaves_the_sets_followed(zookeeper: Any, zk: KazooClient) -> None:
@@ -291,18 +297,14 @@ def test_a_member_this_client_may_not_read_leaves_the_sets_followed(zookeeper: A
     from kazoo.security import make_digest_acl
 
     prefix = "/kestrel-unreadable"
-    join(zk, prefix, 7001)
+
+    def unreadable_member() -> None:
+        for name in ("write", "read"):
+            zk.create(f"{prefix}/{name}/member_", member_on(7003), sequence=True,
+                      acl=[make_digest_acl("other", "secret", all=True)])
+
     try:
-        with ZooKeeperServerSets(zookeeper.hosts, prefix) as running:
-            wait_until(lambda: thrift_ports(running.writers()) == {7001}, "the first member")
-            for name in ("write", "read"):
-                zk.create(f"{prefix}/{name}/member_", member_on(7003), sequence=True,
-                          acl=[make_digest_acl("other", "secret", all=True)])
-            join(zk, prefix, 7002)
-            wait_until(lambda: thrift_ports(running.writers()) == thrift_ports(running.readers()) == {7001, 7002},
-                       "the member joined after it")
-        with ZooKeeperServerSets(zookeeper.hosts, prefix) as fresh:
-            assert thrift_ports(fresh.writers()) == thrift_ports(fresh.readers()) == {7001, 7002}
+        assert_followed_past(zookeeper, zk, prefix, unreadable_member)
     finally:
         zk.add_auth("digest", "other:secret")  # to list the unreadable members, and so delete them
         zk.delete(prefix, recursive=True)
