@@ -784,6 +784,32 @@ def test_under_always_without_the_commit_log_changes_wait_in_the_connection_s_gr
         state.close()
 
 
+@pytest.mark.parametrize("method", ["abort", "confirm"])
+def test_a_thrift_close_naming_a_queue_of_the_hub_closes_a_read_of_one_that_waits_in_the_greenlet(
+        tmp_path: Path, pair: Any, method: str) -> None:
+    """A Thrift confirm or abort closes each read in the queue it was read from, whatever queue it
+    names: it was answered in the hub's callback when the queue named answered at once, and a read
+    of a queue whose changes wait for their fsync failed there ("internal error in abort:
+    BlockingSwitchOutError"), its change made all the same."""
+    config = {"queue_path": str(tmp_path), "commit_log": False, "default_queue": {"sync_journal": "never"},
+              "queues": {"waits": {"sync_journal": "always"}}}
+    state = ServerState(from_mapping(config, str(tmp_path)))
+    state.collection.load()
+    try:
+        client = pair[1]
+        with served(state, pair, "thrift", "hub", "waits") as serving:
+            thrift_call(client, "put", queue_name="waits", items=[b"1", b"2"], expiration_msec=0)
+            (read,) = thrift_get(client, "waits", auto_abort_msec=60_000)
+            with switches_into(serving) as switches:
+                assert thrift_call(client, method, queue_name="hub", ids={read.id}) == 1
+            assert switches  # in the greenlet, where the change waits for its fsync
+            head = [item.data for item in thrift_call(client, "get", queue_name="waits", max_items=2,
+                                                      timeout_msec=0, auto_abort_msec=0)]
+            assert head == ([b"1", b"2"] if method == "abort" else [b"2"])
+    finally:
+        state.close()
+
+
 @pytest.mark.parametrize("protocol", sorted(ROUNDS))
 def test_under_always_a_client_that_half_closes_during_a_get_s_wait_reads_the_replies_held_before_it(
         always_state: Any, pair: Any, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:

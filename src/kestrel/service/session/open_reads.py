@@ -169,6 +169,11 @@ class ReadsById:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
         self._close(read_ids, confirm=False)
 
+    def queues_of(self, ids: set[int]) -> set[str]:
+        """The queues the open reads among `ids` were read from."""
+        by_id = self._reads
+        return {read.queue for read_id in ids if (read := by_id.get(read_id)) is not None}
+
     def close(self, ids: set[int], confirm: bool) -> int:
         """Confirm (or abort) the open reads among `ids`, each in its own queue whatever queue the
         call named (Kestrel's `closePendingReads`), in one journal write a queue; how many were

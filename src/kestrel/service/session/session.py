@@ -136,7 +136,8 @@ class Session:
         return max(self.coll.clock.now_ms() + ms, 1)
 
     def answers_at_once(self, queue: str, count: int = 0, timeout_ms: int = 0) -> bool:
-        """Whether a put to `queue`, a confirm or an abort of open reads on it, or a get (or peek) of
+        """Whether a put to `queue`, a confirm or an abort of this connection's open reads on it (a
+        Thrift call's, by id, are `closes_at_once`'s), or a get (or peek) of
         up to `count` items from it, with or without auto-abort or an open read, completes without
         yielding: what a connection may answer in the hub's callback,
         where anything that waits would fail (docs/architecture.md, *Requests answered in the
@@ -145,6 +146,14 @@ class Session:
         the loop, which never waits."""
         return (count <= GET_SLICE and (timeout_ms <= 0 or self.coll.holds(queue, count))
                 and self.coll.never_waits(queue, count > 0))
+
+    def closes_at_once(self, ids: set[int]) -> bool:
+        """Whether a confirm or an abort of the open reads among `ids` completes without yielding
+        (`answers_at_once`): each is closed in the queue it was read from, whatever queue a Thrift
+        call names, so those are the queues asked (the one named, answering at once, let a read of a
+        queue that waits be closed in the hub's callback: an internal error, its change made)."""
+        coll = self.coll
+        return all(coll.never_waits(queue) for queue in self.server.reads_by_id.queues_of(ids))
 
     def put(self, queue: str, items: list[bytes], expiry_ms: int = 0) -> int:
         """Add items (absolute expiry in ms, 0 = never); how many were accepted: those before the

@@ -295,12 +295,14 @@ class ThriftConnection:
         return not buf and not stream.replies.full
 
     def _answers_at_once(self, method: Method, args: Arguments) -> bool:
-        """Whether a call completes without yielding: a put, a get (auto-abort or not), a confirm
-        or an abort that its session answers at once (`Session.answers_at_once`)."""
+        """Whether a call completes without yielding: a put or a get (auto-abort or not) that its
+        session answers at once (`Session.answers_at_once`), a confirm or an abort of reads whose
+        queues all do (`Session.closes_at_once`)."""
         if method is _GET:
             return args[0] is not None and self.session.answers_at_once(args[0], args[1] or 0, args[2] or 0)
-        return ((method is _PUT or method is _CONFIRM or method is _ABORT) and args[0] is not None
-                and self.session.answers_at_once(args[0]))
+        if method is _CONFIRM or method is _ABORT:
+            return args[0] is not None and args[1] is not None and self.session.closes_at_once(args[1])
+        return method is _PUT and args[0] is not None and self.session.answers_at_once(args[0])
 
     def answer_frame(self, payload: bytes) -> bytes | None:
         """The reply to one framed request's payload (None: nothing can be answered), as
