@@ -163,6 +163,22 @@ def test_a_connection_holds_one_open_read_per_queue(server: ServerState) -> None
     assert session.get("q", open=True) == [b"c"]
 
 
+def test_an_open_read_of_a_queue_deleted_since_stands_in_the_way_of_no_get(server: ServerState) -> None:
+    """The read went with the deleted queue's items (docs/sessions.md), yet the next `/open` on a
+    queue made anew under its name was refused ("already have an open read"), and a plain get
+    raised OpenReadConflict, which closes a memcache connection."""
+    session, other = Session(server, "client"), Session(server, "other")
+    for plain in (False, True):
+        session.put("q", [b"old"])
+        assert session.get("q", open=True) == [b"old"]
+        other.delete("q")
+        other.put("q", [b"new"])
+        assert session.get("q", open=not plain) == [b"new"]
+        assert session.confirm_reads("q") == (0 if plain else 1)
+        assert _drain(server, "q") == []
+        other.delete("q")
+
+
 def test_monitor_opens_reads_up_to_max_open_reads(server: ServerState) -> None:
     session = Session(server, "client")
     session.put("q", [b"1", b"2", b"3", b"4", b"5"])

@@ -67,6 +67,13 @@ class OpenReads:
     def holds(self, queue: str) -> bool:
         return queue in self._by_queue
 
+    def forget_others(self, queue: str, serial: int | None) -> None:
+        """Forget the reads on `queue` without an id that are not of its queue of `serial` (None:
+        there is none now): they went with the items of a queue deleted since."""
+        held = self._by_queue.get(queue, ())
+        for read in [read for read in held if not read.read_id and read.serial != serial]:
+            self.forget(read)
+
     def open(self, queue: str, serial: int, xid: int) -> OpenRead:
         read = OpenRead(queue, serial, xid, self)
         self._by_queue.setdefault(queue, {})[read] = None

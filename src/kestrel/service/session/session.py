@@ -473,7 +473,7 @@ class Session:
                 return [], count
         operation = "peek" if peek else "get"
         self.status.check_read(operation)
-        if not peek and self.reads.holds(queue):
+        if not peek and self.reads.holds(queue) and self._holds_live_read(queue):
             if not open:
                 raise OpenReadConflict(f"plain get on {queue!r} beside this connection's open read on it")
             raise SessionError("already have an open read on this queue: close or abort it first")
@@ -545,6 +545,14 @@ class Session:
             self.reads.give_back([read for read in taken if read.serial not in confirmed])
             raise
         return closed
+
+    def _holds_live_read(self, queue: str) -> bool:
+        """Whether this connection's open reads on `queue` include one of the queue as it is now:
+        those of a queue deleted since went with its items, and are forgotten here (they refused the
+        next `/open`, and a plain get closed the connection)."""
+        now = self.coll.opened_on(queue, None)
+        self.reads.forget_others(queue, None if now is None else now.serial)
+        return self.reads.holds(queue)
 
     def abort_pending(self, queue: str) -> None:
         """Put this connection's oldest open read on `queue` back at the head: one, as `/close`
