@@ -233,6 +233,25 @@ def test_discarding_in_read_behind_loads_each_new_item_once(tmp_path: Path) -> N
     assert drain(coll, "q") == []
 
 
+def test_a_deleted_reader_is_not_made_anew_when_its_parent_is(tmp_path: Path) -> None:
+    """The readers a writer journal found on disk were made again with their parent: a child deleted
+    after a start came back, fed every put after, once its parent was deleted (another child kept
+    the journal open) and a put made the parent anew."""
+    coll = collection(tmp_path)
+    for name in ("q", "q+a", "q+b"):
+        coll.queue(name)
+    coll.put("q", [b"one"])
+    coll = reopen(coll)
+    coll.delete("q+b")
+    coll.delete("q")
+    coll.put("q", [b"two"])
+    assert coll.queue_names() == ["q", "q+a"] and "q.read.b" not in os.listdir(tmp_path)
+    assert drain(coll, "q+a") == [b"one", b"two"] and drain(coll, "q") == [b"two"]
+    coll = reopen(coll)
+    assert coll.queue_names() == ["q", "q+a"]
+    coll.close()
+
+
 def test_a_waiting_reader_is_woken_by_a_put_to_the_parent(tmp_path: Path) -> None:
     coll = collection(tmp_path)
     coll.queue("q+c")

@@ -483,6 +483,12 @@ class Kestrel3Journal(Generic[R]):
         self.readers[queue.reader] = queue
         self._unattached.pop(queue.reader, None)
 
+    def reader_deleted(self, reader: str) -> None:
+        """`reader` and its checkpoint were deleted: its parent, created again while the journal
+        stays open, no longer makes it anew (it did, fed from then on, from `readers_on_disk`)."""
+        if reader in self.readers_on_disk:
+            self.readers_on_disk.remove(reader)
+
     def forget_reader(self, reader: str) -> None:
         """`reader`'s checkpoint found on disk is not attached, and goes (a fanout-only parent's that
         held no item): it holds no writer file back."""

@@ -576,6 +576,8 @@ class Kestrel3Queue(PersistentQueue):
         self.close()
         if self._file is not None and os.path.exists(self._file.path):
             self._delete_checkpoint(self._file)
+        if journal is not None:
+            journal.reader_deleted(self.reader)
         if journal is not None and journal.unread:
             journal.destroy()
             return [self.name, self.parent]
