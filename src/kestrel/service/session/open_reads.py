@@ -9,6 +9,8 @@ closes the rest; they outlive the connection that opened them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kestrel.service.session.auto_abort import AutoAborts
 from kestrel.service.session.read_ids import ReadIds
 from kestrel.storage import QueueCollection
@@ -176,8 +178,8 @@ class ReadsById:
         """Reads whose deadline came go back to the head of their queues, one journal write each."""
         self._close(read_ids, confirm=False)
 
-    def queues_of(self, ids: set[int]) -> set[str]:
-        """The queues the open reads among `ids` were read from."""
+    def queues_of(self, ids: Iterable[int]) -> set[str]:
+        """The queues the open reads among `ids` were read from (a call's ids, as decoded)."""
         by_id = self._reads
         return {read.queue for read_id in ids if (read := by_id.get(read_id)) is not None}
 

@@ -11,7 +11,7 @@ runtime drives the session's waits and auto-aborts as it drives the storage's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import structlog
@@ -147,7 +147,7 @@ class Session:
         return (count <= GET_SLICE and (timeout_ms <= 0 or self.coll.holds(queue, count))
                 and self.coll.never_waits(queue, count > 0))
 
-    def closes_at_once(self, ids: set[int]) -> bool:
+    def closes_at_once(self, ids: Iterable[int]) -> bool:
         """Whether a confirm or an abort of the open reads among `ids` completes without yielding
         (`answers_at_once`): each is closed in the queue it was read from, whatever queue a Thrift
         call names, so those are the queues asked (the one named, answering at once, let a read of a
