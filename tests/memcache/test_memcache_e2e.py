@@ -95,6 +95,27 @@ def test_disconnect_with_an_open_read_puts_the_item_back(server: ServerProcess) 
     assert exchange(other, b"get r\r\n", b"END\r\n") == b"VALUE r 0 4\r\nkeep\r\nEND\r\n"
 
 
+@pytest.mark.parametrize("max_frame_size, behind", [(None, 200_000), ("128KB", 200_000)],
+                         ids=["within the input kept", "past it, the rest in the socket"])
+def test_a_client_that_hangs_up_waiting_behind_a_long_pipeline_takes_no_item(
+        server_factory: Any, max_frame_size: str | None, behind: int) -> None:
+    """The watch of a waiting get read one line's worth of the requests that follow, then read no
+    more, and so never saw the client hang up: the next item went to the dead connection and was
+    lost (a plain get's), its `waiters` stayed until the wait's end. Input is kept up to what one
+    request may hold (`max_frame_size`), and past it the end of the stream is looked for."""
+    srv = server_factory({} if max_frame_size is None else {"max_frame_size": max_frame_size})
+    waiter = socket.create_connection(("127.0.0.1", srv.memcache_port), timeout=10)
+    waiter.sendall(b"get gone/t=60000\r\n")
+    wait_until(lambda: memcache_stats(srv.memcache_port).get("queue_gone_waiters") == "1", "the get to wait")
+    waiter.sendall(b"version\r\n" * (behind // 9))
+    waiter.close()
+    wait_until(lambda: memcache_stats(srv.memcache_port).get("queue_gone_waiters") == "0",
+               "the waiter to be withdrawn")
+    live = conn(srv.memcache_port)
+    assert exchange(live, b"set gone 0 0 4\r\nkept\r\nget gone\r\n", b"END\r\n") == \
+        b"STORED\r\nVALUE gone 0 4\r\nkept\r\nEND\r\n"
+
+
 def test_monitor_and_confirm(server: ServerProcess) -> None:
     s = conn(server.memcache_port)
     exchange(s, b"set m 0 0 1\r\na\r\nset m 0 0 1\r\nb\r\nset m 0 0 1\r\nc\r\n", b"STORED\r\n" * 3)

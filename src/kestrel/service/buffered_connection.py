@@ -68,10 +68,10 @@ class BufferedConnection:
         self.io = ClientSocket(sock, RECV_CHUNK, send_timeout=self.idle_timeout,
                                idle_timeout=self.idle_timeout)
         # A get's wait watches the socket once it does wait (`wait_watching`), input that arrives
-        # meanwhile kept for after the call up to one line's worth (the watch holds no reference
-        # to the connection: no cycle through its session).
-        self.session = Session(server, peer, protocol=self.protocol,
-                               watch=partial(wait_watching, self.io, self.inbox, self.max_line))
+        # meanwhile kept for after the call up to what one request may hold (`max_frame_size`; the
+        # watch holds no reference to the connection: no cycle through its session).
+        watch = partial(wait_watching, self.io, self.inbox, server.config.max_frame_size)
+        self.session = Session(server, peer, protocol=self.protocol, watch=watch)
         self.replies = Replies(self.io, server.stats, peer)
         self.turns = Turns(self.io)
         self.buf = bytearray()  # input received and not yet answered
@@ -217,13 +217,21 @@ class BufferedConnection:
         return not buf and not self.mid_request() and not self.replies.full
 
 
+# Once the input kept during a wait reaches its limit, the client's hang-up is looked for this often
+# (by the kernel's note of the end of its stream, behind input not read).
+ENDED_LOOK_S = 0.05
+
+
 def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Session,
                   call: Callable[[], T]) -> T:
     """Run a session call that waits for items while watching the client's socket, every
-    protocol's: input that arrives meanwhile is appended to `inbox` (up to `most` bytes; beyond,
-    the client waits). When the client hangs up, the session's wait is cancelled at once (ClientGone
-    is raised in the caller), so the dead connection takes no item, which would be lost with it, and
-    its waiter and open reads are withdrawn."""
+    protocol's: input that arrives meanwhile is appended to `inbox` (up to `most` bytes, what one
+    request may hold; beyond, the client waits, and its hang-up is seen only once the end of its
+    stream reaches the socket: behind input the server no longer reads, TCP holds it back). When
+    the client hangs up, the session's wait is cancelled at once (ClientGone is raised in the
+    caller), so the dead connection takes no item, which would be lost with it, and its waiter and
+    open reads are withdrawn. (The watch stopped at one line's worth of input: a client that
+    pipelined more, then hung up, was handed the next item.)"""
     waiter = gevent.getcurrent()
     watcher = gevent.spawn(partial(_watch, io, inbox, most, session, waiter))
     try:
@@ -233,17 +241,22 @@ def wait_watching(io: ClientSocket, inbox: bytearray, most: int, session: Sessio
 
 
 def _watch(io: ClientSocket, inbox: bytearray, most: int, session: Session, waiter: gevent.Greenlet) -> None:
-    while len(inbox) <= most:
-        try:
-            received = io.receive(inbox, None)
-        except OSError:
-            received = 0
-        if not received:
+    while True:
+        if len(inbox) <= most:
+            try:
+                received = io.receive(inbox, None)
+            except OSError:
+                received = 0
+            if received:
+                continue
             if io.reading_ended_by_server():
                 return  # a clean shutdown's: it wakes the wait itself, which then replies
-            session.client_gone()
-            gevent.get_hub().loop.run_callback(_cancel_wait, session, waiter)
-            return
+        elif not io.ended_now():  # (the watch stopped here: the wait took an item for a client gone)
+            gevent.sleep(ENDED_LOOK_S)
+            continue
+        session.client_gone()
+        gevent.get_hub().loop.run_callback(_cancel_wait, session, waiter)
+        return
 
 
 def _cancel_wait(session: Session, waiter: gevent.Greenlet) -> None:

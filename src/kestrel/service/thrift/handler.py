@@ -42,7 +42,7 @@ from kestrel.service.thrift.messages import (
     read_plain_frame,
 )
 from kestrel.service.thrift.protocol import CALL, PROTOCOLS, BinaryReader, Reader, ThriftProtocolError
-from kestrel.service.thrift.transport import RECV_CHUNK, ClientStream, ConnectionDone
+from kestrel.service.thrift.transport import ClientStream, ConnectionDone
 from kestrel.service.turns import Turns
 from kestrel.storage import QItem
 from kestrel.storage.clock import perf_counter
@@ -185,7 +185,8 @@ class ThriftConnection:
         self.stream = ClientStream(sock, server.stats, cfg.client_timeout, cfg.request_timeout, peer)
         self.turns = Turns(self.stream.io)
         self.session = Session(server, peer, pause=self.turns.pause, protocol=self.protocol,
-                               watch=partial(_watched, self.stream), hung_up=self.stream.io.ended_now,
+                               watch=partial(_watched, self.stream, cfg.max_frame_size),
+                               hung_up=self.stream.io.ended_now,
                                hands_out=self.stream.replies.hands_out)
         self.handler = ThriftHandler(self.session)
         self.calls = method_calls()
@@ -386,13 +387,14 @@ class ThriftConnection:
         return encode_exception(self.writer_cls(self.framed), name, seqid, kind, message)
 
 
-def _watched(stream: ClientStream, session: Session, wait: Callable[[], QItem | None]) -> QItem | None:
+def _watched(stream: ClientStream, most: int, session: Session, wait: Callable[[], QItem | None]
+             ) -> QItem | None:
     """A get's wait for an item while the socket is watched (`wait_watching`): the requests that
-    follow are received meanwhile (up to RECV_CHUNK bytes), and a client that hangs up ends the
-    wait and takes no item, which a get without auto-abort would lose with it."""
+    follow are received meanwhile (up to `most` bytes), and a client that hangs up ends the wait
+    and takes no item, which a get without auto-abort would lose with it."""
     before = len(stream.buf)
     try:
-        return wait_watching(stream.io, stream.buf, RECV_CHUNK, session, wait)
+        return wait_watching(stream.io, stream.buf, most, session, wait)
     finally:
         stream.stats.bytes_read += len(stream.buf) - before
 
