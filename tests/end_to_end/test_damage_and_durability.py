@@ -376,6 +376,23 @@ _HISTORY = (b"".join(addx(b"item-%02d" % n) for n in range(12)) + encode(RemoveT
             + encode(Unremove(2)) + addx(b"last"))
 
 
+def test_a_size_field_damaged_negative_is_judged_in_bounded_memory(tmp_path: Path) -> None:
+    """Bytes inserted near the end left a record whose size field read negative: the torn-tail
+    rule's search for a one-bit smaller size never ran out of bits, and its list of sizes grew to
+    22 GB before the kernel killed the process. Loaded here under an address-space limit."""
+    journal = bytearray(_HISTORY)
+    journal[len(journal) - 1:len(journal) - 1] = bytes.fromhex("cb00673736ea")
+    (tmp_path / "q").write_bytes(journal)
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+              "from kestrel.storage import QueueCollection\n"
+              "from kestrel.storage.errors import CorruptJournalError\n"
+              "try:\n    QueueCollection(sys.argv[1]).load()\nexcept CorruptJournalError:\n    pass\n"
+              "print('judged')\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip().endswith("judged"), done.stderr[-2000:]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_any_damage_is_refused_or_loaded_and_nothing_is_cut_without_a_copy(tmp_path: Path,

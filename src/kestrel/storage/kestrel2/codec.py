@@ -492,7 +492,7 @@ def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
 def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
     """Whether a one-bit smaller `size` would end the item record whose data is `buf[head:stop]`
     on an opcode byte: `misplaced_end` can find damage only then (the usual answer is no)."""
-    rest = size
+    rest = size & 0xFFFF_FFFF
     while rest:
         bit = rest & -rest
         rest ^= bit
@@ -526,7 +526,9 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     if field is None or pos + field[0] + 4 > len(buf):
         return None
     at, least = field
-    size: int = _I32.unpack_from(buf, pos + at)[0]
+    # Its 32 bits as they are: read signed, a size whose top bit is set (damage) never ran out of
+    # set bits below, and the list of sizes grew until the process ran out of memory.
+    size: int = _I32.unpack_from(buf, pos + at)[0] & 0xFFFF_FFFF
     start = pos + at + 4
     sizes = []
     rest = size
