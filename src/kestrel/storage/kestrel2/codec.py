@@ -38,6 +38,7 @@ MAX_OPCODE = REMOVE_TENTATIVE_XID
 _ITEM_OPCODES = (ADD, ADDX, ADD_XID)  # the records that add an item (`_records_reach` counts them)
 
 _I32 = struct.Struct("<i")
+_U32 = struct.Struct("<I")  # a size field as the torn-tail rule weighs it: its 32 bits, never negative
 _XID_RECORD = struct.Struct("<Bi")  # an opcode and its xid: one pack, no concatenation
 XID_RECORD_SIZE = _XID_RECORD.size
 XIDS_LAID_OUT = 8  # from this many xid records on, `encode_xids` lays them out whole
@@ -491,8 +492,10 @@ def encode_addx_many(add_time: int, expiry: int, items: list[bytes]) -> bytes:
 
 def _may_be_misplaced(buf: bytes, head: int, stop: int, size: int) -> bool:
     """Whether a one-bit smaller `size` would end the item record whose data is `buf[head:stop]`
-    on an opcode byte: `misplaced_end` can find damage only then (the usual answer is no)."""
-    rest = size & 0xFFFF_FFFF
+    on an opcode byte: `misplaced_end` can find damage only then (the usual answer is no). The
+    caller has checked `size` is at least an item header: a negative int never runs out of set bits.
+    Runs for every item record replay reads, so it walks the set bits alone."""
+    rest = size
     while rest:
         bit = rest & -rest
         rest ^= bit
@@ -526,16 +529,9 @@ def misplaced_end(buf: bytes | memoryview, pos: int, limit: int, grow: bool = Fa
     if field is None or pos + field[0] + 4 > len(buf):
         return None
     at, least = field
-    # Its 32 bits as they are: read signed, a size whose top bit is set (damage) never ran out of
-    # set bits below, and the list of sizes grew until the process ran out of memory.
-    size: int = _I32.unpack_from(buf, pos + at)[0] & 0xFFFF_FFFF
+    size: int = _U32.unpack_from(buf, pos + at)[0]
     start = pos + at + 4
-    sizes = []
-    rest = size
-    while rest:
-        bit = rest & -rest  # each set bit in turn: clearing it is a one-bit smaller size
-        rest ^= bit
-        sizes.append(size - bit)
+    sizes = [size ^ (1 << b) for b in range(32) if size & (1 << b)]
     if grow:
         sizes.extend(size | (1 << b) for b in range(31) if not size & (1 << b))
     for real in sizes:
