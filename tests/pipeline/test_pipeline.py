@@ -1155,6 +1155,20 @@ def test_damage_is_a_row_or_fails_the_job(spark: Any, tmp_path: Path) -> None:
         spark.read.format("kestrel-journal").option("modus", "x").load(str(tmp_path)).collect()
 
 
+def test_times_beyond_what_a_collect_shows_are_shown_at_its_ends(spark: Any, tmp_path: Path) -> None:
+    """A damaged add time or expiry was multiplied into another time or none (2**62 ms read as no
+    time), or failed the collect with "year out of range"."""
+    from kestrel.storage.kestrel2.codec import encode_addx
+
+    times = [(1_700_000_000_000, 0), (2**62, -2**62), (-2**62, 2**63 - 1), (300_000_000_000_000, 0)]
+    (tmp_path / "q").write_bytes(b"".join(encode_addx(added, expiry, b"%d" % n)
+                                          for n, (added, expiry) in enumerate(times)))
+    for view in ("records", "items"):
+        rows = spark.read.format("kestrel-journal").option("view", view).load(str(tmp_path)).collect()
+        shown = sorted((r.data, r.timestamp.year, r.expiry and r.expiry.year) for r in rows)
+        assert shown == [(b"0", 2023, None), (b"1", 9999, 1), (b"2", 1, 9999), (b"3", 9999, None)], view
+
+
 def test_journals_of_several_queue_paths_load_together(spark: Any, tmp_path: Path) -> None:
     from kestrel.storage.kestrel2.codec import encode_addx
 

@@ -965,6 +965,25 @@ def test_kestrel3_queues_are_refused_at_planning_naming_them(tmp_path: Path) -> 
         assert kept.queue == "old"  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Etc/GMT+12", "America/Los_Angeles", "UTC"])
+def test_the_ends_of_the_times_shown_convert_in_any_time_zone(zone: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's collect converts a time in the driver's local zone: the ends of the years 1 to 9999
+    themselves fail there as year 0 or 10000, and so does a day inside them (Python's conversion
+    looks a day further)."""
+    from pyspark.sql.types import TimestampType
+
+    from kestrel.pipeline.rows import timestamps
+
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        shown = timestamps([-2**63, 2**63 - 1, 0, 1_700_000_000_000]).cast("int64").to_pylist()
+        assert [None if t is None else TimestampType().fromInternal(t).year for t in shown] == [1, 9999, None, 2023]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_the_items_view_of_a_torn_journal_says_so(tmp_path: Path) -> None:
     """The items view showed a torn journal's items with no word, in FAILFAST too, where the records
     view shows a row `torn` or fails the job."""

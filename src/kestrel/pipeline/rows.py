@@ -27,14 +27,23 @@ _QUEUE_ARROW = pa.schema([pa.field("data", pa.binary(), False), pa.field("queue"
 # import numpy, a search of sys.path on every call where numpy is not installed.
 _THOUSAND = pa.scalar(1000, pa.int64())
 _ZERO = pa.scalar(0, pa.int64())
+# The times a collect into Python shows in any time zone (ms since the epoch): the years 1 to 9999
+# of Spark's TimestampType and Python's datetime, less two days at each end (a zone's offset, and
+# the day before that Python's conversion to local time looks at).
+_EARLIEST_MS = pa.scalar(-62_135_596_800_000 + 2 * 86_400_000, pa.int64())
+_LATEST_MS = pa.scalar(253_402_300_799_999 - 2 * 86_400_000, pa.int64())
 
 
 def timestamps(ms: Any) -> Any:
     """Milliseconds since the epoch (0: no time, a null; a list or an int64 array) as Spark's
     TimestampType in Arrow, built in bulk: the values multiplied in one call, the nulls a bitmap of
-    the zeros."""
-    micros = pc.multiply(ms if isinstance(ms, pa.Array) else pa.array(ms, pa.int64()), _THOUSAND)
-    known = pc.not_equal(micros, _ZERO)
+    the zeros. A time beyond what a collect shows (a damaged journal field) shows as the nearer end
+    of that range: multiplied as it was, it wrapped around to another time or to no time, or failed
+    the collect ("year out of range")."""
+    given = ms if isinstance(ms, pa.Array) else pa.array(ms, pa.int64())
+    known = pc.not_equal(given, _ZERO)
+    bounded = pc.min_element_wise(pc.max_element_wise(given, _EARLIEST_MS), _LATEST_MS)
+    micros = pc.multiply(bounded, _THOUSAND)
     return pa.Array.from_buffers(TIMESTAMP, len(micros), [known.buffers()[1], micros.buffers()[1]])
 
 
