@@ -418,6 +418,25 @@ def test_records_of_a_reader_whose_checkpoint_is_missing_refuse_that_queue_alone
     assert list(commit_log.held_paths(str(tmp_path))) == ["q+gone"]
 
 
+@pytest.mark.parametrize("field, value", [
+    (10, b"\x00"), (10, b"/"),  # the name "q": a NUL (a path of it raised), a slash (a directory's)
+    (19, struct.pack("<Q", 1 << 63 | 5)), (19, struct.pack("<Q", 1 << 60)),  # offsets no seek takes
+    (18, bytes([commit_log.READER])),  # a reader's record, whose bytes no reader records are
+])
+def test_a_damaged_record_claiming_what_no_file_can_hold_refuses_and_never_fails_recovery(
+        tmp_path: Path, field: int, value: bytes) -> None:
+    """Recovery asks a record whose checksum fails whether its journal holds what it claims: the
+    claims are unverified, and a path or a seek made of them raised out of the server's start."""
+    (tmp_path / "q").write_bytes(b"first")
+    checkpoint_file(tmp_path, "q.read.", k3.ReadHead(0))
+    damaged = bytearray(encode_record("q", 0, 5, b"second"))
+    damaged[field:field + len(value)] = value
+    segment(tmp_path, encode_record("q", 0, 0, b"first"), bytes(damaged), encode_record("q", 0, 11, b"third"))
+    recovery = recover(str(tmp_path), T0)
+    assert list(recovery.refused) == ["q"] and "the commit log is damaged" in recovery.refused["q"].reason
+    assert list(commit_log.held_paths(str(tmp_path))) == ["q"]  # its records kept for the next start
+
+
 def test_the_torn_tail_of_the_log_is_cut_keeping_a_copy_and_what_precedes_it_applied(tmp_path: Path) -> None:
     whole = encode_record("q", 0, 0, b"whole")
     torn = encode_record("q", 0, 5, b"torn")[:-2]

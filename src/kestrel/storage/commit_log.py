@@ -69,7 +69,7 @@ from kestrel.storage import acknowledgements, filenames, layout, torn_tail
 from kestrel.storage.acknowledgements import Acknowledgements, Settled
 from kestrel.storage.clock import perf_counter
 from kestrel.storage.disk import fsync_path, open_file, open_to_read, pwrite_all, write_all
-from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError
+from kestrel.storage.errors import CommitLogDamaged, CorruptJournalError, InvalidQueueName
 from kestrel.storage.fsync.group_commit import Round
 from kestrel.storage.journal_file import (
     AppendLog,
@@ -79,6 +79,7 @@ from kestrel.storage.journal_file import (
     record_timing,
     timings,
 )
+from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
 from kestrel.storage.queue_path import JournalFiles, list_journal_files
@@ -101,6 +102,7 @@ JOURNAL, WRITER, READER = 0, 1, 2  # the kinds of record (the module's doc)
 _KINDS = (JOURNAL, WRITER, READER)
 _EPOCH = (1 << 56) - 1
 _MIN_BODY = _NAME.size + 1 + _PLACE.size  # a name of one byte, no journal bytes
+MAX_FILE_OFFSET = (1 << 63) - 1  # what a seek takes
 MAX_BODY = 1 << 31
 CHECKPOINT_SECONDS = 1.0  # how often the journals that took records are made durable
 SEGMENT_BYTES = 64 << 20  # a segment this large asks for a checkpoint at once
@@ -242,7 +244,8 @@ def _record(body: bytes | memoryview, fields: tuple[str, int, int, int]) -> Reco
 
 def _body_fields(body: bytes | memoryview) -> tuple[str, int, int, int] | None:
     """The queue, `kind << 56 | epoch` and offset a body holds, and where its bytes start, or None
-    if its fields do not fit together."""
+    if its fields do not fit together: among them a name no queue can have and an offset no file
+    can reach, which the log never writes (a damaged record's claims built paths and seeks of them)."""
     if len(body) < _MIN_BODY:
         return None
     (name_size,) = _NAME.unpack_from(body, 0)
@@ -250,11 +253,12 @@ def _body_fields(body: bytes | memoryview) -> tuple[str, int, int, int] | None:
     if name_size == 0 or place + _PLACE.size > len(body):
         return None
     kind_epoch, offset = _PLACE.unpack_from(body, place)
-    if kind_epoch >> 56 not in _KINDS:
+    if kind_epoch >> 56 not in _KINDS or offset > MAX_FILE_OFFSET:
         return None
     try:
         queue = str(body[_NAME.size:place], "utf-8")
-    except UnicodeDecodeError:
+        filenames.check_queue_name(queue)
+    except (UnicodeDecodeError, InvalidQueueName):
         return None
     return queue, kind_epoch, offset, place + _PLACE.size
 
@@ -581,22 +585,20 @@ class _Placing:
         self._copied: set[str] = set()  # journals whose replaced bytes are kept already
         self._dry_ends: dict[str, int] = {}  # in a dry run: where each journal would end once written
 
-    def holds(self, record: Record) -> bool:
-        """Whether the record's file holds its bytes at its offset (a reader checkpoint: whether it
-        holds what they consume)."""
-        if record.kind == READER:
-            try:
-                return checkpoint_lacks(self.checkpoint(record.queue), [record.data], repair=False) == b""
-            except (OSError, CorruptJournalError):
-                return False
-        journal = self.journal(record)
-        if journal is None:
-            return False
+    def holds(self, claims: Record) -> bool:
+        """Whether a damaged record's file holds what it claims at its offset (a reader checkpoint:
+        what they consume). Its fields are not verified: one that the reading fails on (an offset
+        past what the file system takes, bytes no reader records are) is not held."""
         try:
+            if claims.kind == READER:
+                return checkpoint_lacks(self.checkpoint(claims.queue), [claims.data], repair=False) == b""
+            journal = self.journal(claims)
+            if journal is None:
+                return False
             with open_to_read(journal) as f:
-                f.seek(record.offset)
-                return f.read(len(record.data)) == record.data
-        except FileNotFoundError:
+                f.seek(claims.offset)
+                return f.read(len(claims.data)) == claims.data
+        except (OSError, CorruptJournalError, Incomplete, Malformed):
             return False
 
     def checkpoint(self, queue: str) -> str:
