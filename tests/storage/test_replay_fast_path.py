@@ -27,7 +27,7 @@ from kestrel.storage.kestrel2.codec import (
     SaveXid,
     Unremove,
 )
-from kestrel.storage.kestrel2.replay import replay_queue
+from kestrel.storage.kestrel2.replay import is_next_free_xid, next_free_xid, replay_queue
 from tests.support.queues import one
 
 
@@ -75,3 +75,47 @@ def test_fast_replay_serves_what_the_record_by_record_replay_rebuilds(
     assert [(i.data, i.expiry) for i in served if i] == [(i.data, i.expiry) for i in expected.restart_order()]
     coll.close()
 
+
+
+def test_whether_an_xid_is_the_next_free_one_is_the_walks_answer() -> None:
+    """`is_next_free_xid` answers as `next_free_xid` does, around 0 and the i32 wrap included."""
+    rng = random.Random(7)
+    for _ in range(20_000):
+        centre = rng.choice([0, 2**31 - 1, -2**31, 1000])
+        opens: dict[int, object] = {}
+        for _ in range(rng.randrange(8)):
+            opens[(centre + rng.randrange(-4, 6) + 2**31) % 2**32 - 2**31] = None
+        last = (centre + rng.randrange(-5, 3) + 2**31) % 2**32 - 2**31
+        xid = (centre + rng.randrange(-6, 10) + 2**31) % 2**32 - 2**31
+        assert is_next_free_xid(xid, last, opens) == (next_free_xid(last, opens) == xid), (xid, last, opens)  # type: ignore[arg-type]
+
+
+def test_a_journal_opening_xids_in_descending_order_replays_without_walking_the_open_ones(
+        tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each open asked for the next free xid after the last, walking every open xid above it:
+    5,000 opens took 12.5 million steps (a 540 KB journal loaded in 20 s)."""
+    from kestrel.storage.kestrel2 import replay
+
+    n = 5_000
+    records: list[Record] = [AddX(1, 0, b"x") for _ in range(n)]
+    records += [RemoveTentativeXid(xid) for xid in range(n, 0, -1)]
+    path = os.path.join(tmp_path, "q")
+    with open(path, "wb") as f:
+        f.write(b"".join(map(codec.encode, records)))
+    asked = 0
+
+    class CountedOpens(dict):  # type: ignore[type-arg]
+        def __contains__(self, xid: object) -> bool:
+            nonlocal asked
+            asked += 1
+            return super().__contains__(xid)
+
+    class CountedReplay(replay.QueueReplay):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opens = CountedOpens()
+
+    monkeypatch.setattr(replay, "QueueReplay", CountedReplay)
+    rebuilt = replay_queue(str(tmp_path), "q")
+    assert len(rebuilt.opens) == n and rebuilt.anomalies["xid_jumps"] == n
+    assert asked <= 2 * n

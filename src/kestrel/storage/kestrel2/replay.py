@@ -185,7 +185,7 @@ class QueueReplay:
                 item = items.popleft()
                 count -= 1
                 size -= len(item.data)
-                if not item.xid and xid != self.next_xid(take=False):
+                if not item.xid and not is_next_free_xid(xid, self.xid, opens):
                     self.note("xid_jumps", offset)
                 item.xid = xid
                 opens[xid] = item
@@ -200,7 +200,7 @@ class QueueReplay:
         if isinstance(record, RemoveTentative):
             item.xid = item.xid or self.next_xid()
         else:
-            if not item.xid and record.xid != self.next_xid(take=False):
+            if not item.xid and not is_next_free_xid(record.xid, self.xid, self.opens):
                 self.note("xid_jumps", offset)
             item.xid = self.xid = record.xid
         self.opens[item.xid] = item
@@ -221,13 +221,31 @@ class QueueReplay:
 
 def next_free_xid(last: int, opens: dict[int, QItem]) -> int:
     """The xid after `last` that is not 0 and not open, as Kestrel counts them (i32 on disk)."""
-    xid = last
-    while True:
-        xid = (xid + 1) & 0xFFFFFFFF
-        if xid >= 2**31:
-            xid -= 2**32
-        if xid != 0 and xid not in opens:
-            return xid
+    xid = _following(last)
+    while xid == 0 or xid in opens:
+        xid = _following(xid)
+    return xid
+
+
+def _following(xid: int) -> int:
+    """The xid after `xid`, as an i32 counts: after 2**31 - 1 comes -2**31."""
+    return (xid + 1 + 2**31) % 2**32 - 2**31
+
+
+def is_next_free_xid(xid: int, last: int, opens: dict[int, QItem]) -> bool:
+    """Whether `xid` is `next_free_xid(last, opens)`, asking only the xids between the two, and
+    none when more lie between than are open (each one passed over is open, or 0): the walk from
+    `last` past every open xid, at each record of a journal opening xids in descending order,
+    made its replay quadratic."""
+    ahead = (xid - last) & 0xFFFFFFFF
+    if not ahead or ahead > len(opens) + 2:
+        return False
+    between = last
+    for _ in range(ahead - 1):
+        between = _following(between)
+        if between != 0 and between not in opens:
+            return False
+    return xid != 0 and xid not in opens
 
 
 def replay_queue(queue_path: str, queue: str, now: int = 0) -> QueueReplay:
