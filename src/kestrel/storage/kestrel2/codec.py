@@ -574,10 +574,12 @@ def item_record(head: bytes | memoryview, data: bytes) -> Add | AddX | AddXid:
     return Add(expiry_s, data)
 
 
-def resyncs_between(buf: bytes | memoryview, start: int, stop: int, limit: int) -> bool:
-    """Whether whole records (as `misplaced_end` means them) start anywhere in `buf[start:stop]`:
-    then stray bytes explain what follows as well as a damaged size field does."""
-    return any(buf[p] <= MAX_OPCODE and _records_fill(buf, p, limit) for p in range(start, min(stop, limit)))
+def resyncs_between(chains: Chains, start: int, stop: int) -> bool:
+    """Whether whole records (as `misplaced_end` means them) start anywhere in `chains.tail[start:stop]`:
+    then stray bytes explain what follows as well as a damaged size field does. Each place's chain
+    is read once (read again from every place, crafted bytes took minutes)."""
+    tail, whole = chains.tail, chains.whole_records_at
+    return any(tail[p] <= MAX_OPCODE and whole(p) for p in range(start, min(stop, chains.end)))
 
 
 def _records_fill(buf: bytes | memoryview, pos: int, limit: int) -> bool:

@@ -139,9 +139,10 @@ class JournalReader(BufferedFile):
         if not self.check_sizes or previous is None:
             return None
         window = os.pread(self.fd, self.offset - previous + SIZE_CHECK_WINDOW, previous)
-        end = codec.misplaced_end(window, 0, len(window), grow=True)
+        chains = torn_tail.Chains(window, len(window), codec.TAIL_RECORDS)
+        end = codec.misplaced_end(window, 0, len(window), grow=True, fills=chains.whole_records_at)
         unreadable = self.offset - previous
-        if end is None or codec.resyncs_between(window, unreadable + 1, end, len(window)):
+        if end is None or codec.resyncs_between(chains, unreadable + 1, end):
             return None
         return CorruptJournalError(self.path, previous, window[0], codec.size_damage(previous, previous + end)
                                    + f" (the bytes at offset {self.offset} are unreadable: {error.reason})")
