@@ -98,6 +98,24 @@ def test_damaged_manifest_is_refused(tmp_path: Path) -> None:
     refused(tmp_path, lambda: k2(tmp_path), "checksum", "--salvage would set aside q.manifest")
 
 
+@pytest.mark.parametrize("files, why", [
+    (b'{"q.1": [Infinity, null, 0, 0]}', "cannot convert float infinity to integer"),
+    (b"[" * 100_000 + b"]" * 100_000, "maximum recursion depth"),
+])
+def test_a_manifest_whose_checksum_holds_and_whose_fields_cannot_be_read_is_refused(
+        tmp_path: Path, files: bytes, why: str) -> None:
+    """Crafted, its checksum made anew: an int of `Infinity`, or nesting past Python's limit, raised
+    out of the start (OverflowError, RecursionError) where other unreadable fields were refused."""
+    coll = k2(tmp_path)
+    coll.put("q", [ITEM])
+    coll.close()
+    body = b'{"format": "kestrel2", "high_id": 0, "files": ' + files + b', "packs": []}'
+    manifest_path(tmp_path).parent.mkdir(exist_ok=True)
+    manifest_path(tmp_path).write_bytes(b"%s %d %08x\n" % (manifest.MAGIC.encode(), manifest.VERSION,
+                                                            crc32c(body)) + body)
+    refused(tmp_path, lambda: k2(tmp_path), f"unreadable manifest: {why}", "--salvage would set aside q.manifest")
+
+
 # ---------------------------------------------------------------------------------------------
 # Kestrel 2
 

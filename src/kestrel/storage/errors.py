@@ -9,6 +9,12 @@ class KestrelError(Exception):
     """Root of every error the engine raises on purpose."""
 
 
+# What reading a JSON file of the server's own (a manifest, a conversion record) into its fields
+# raises when the file is damaged or was crafted: `Infinity` made into an int, nesting past
+# Python's recursion limit and missing or mistyped fields among them. Each is refused as damage.
+UNREADABLE_JSON = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
+
+
 class InvalidQueueName(KestrelError, ValueError):
     """Raised when a queue name could not be a journal file name (slash, squiggle, dot, stray plus)."""
 

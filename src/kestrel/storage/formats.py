@@ -18,6 +18,7 @@ from kestrel.storage import filenames, layout, manifest
 from kestrel.storage.config import JOURNAL_FORMATS
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
 from kestrel.storage.errors import (
+    UNREADABLE_JSON,
     ConfigError,
     CorruptJournalError,
     InvalidQueueName,
@@ -253,7 +254,7 @@ def _read_intent(path: str) -> Intent:
             raw = json.loads(f.read())
         renames = [(str(a), str(b)) for a, b in raw["renames"]]
         intent = Intent(str(raw["to"]), str(raw["queue"]), renames, [str(d) for d in raw["deletes"]])
-    except (ValueError, KeyError, TypeError) as e:
+    except UNREADABLE_JSON as e:
         raise CorruptJournalError(path, 0, None, f"unreadable conversion record: {e}") from None
     for name in [n for pair in intent.renames for n in pair] + intent.deletes:
         if not _is_file_name(name):

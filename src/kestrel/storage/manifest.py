@@ -47,7 +47,7 @@ from gevent import monkey
 from kestrel.storage import damage, filenames, layout
 from kestrel.storage.crc32c import crc32c, file_crc32c, read_crc32c
 from kestrel.storage.disk import fsync_path, open_to_read, replace_file
-from kestrel.storage.errors import CorruptJournalError
+from kestrel.storage.errors import UNREADABLE_JSON, CorruptJournalError
 
 log = structlog.get_logger("kestrel.manifest")
 
@@ -112,7 +112,7 @@ def decode(path: str, data: bytes) -> Manifest:
         for name in raw.get("packs", ()):
             files[str(name)].pack = True
         return Manifest(str(raw["format"]), files, int(raw["high_id"]), "packs" in raw)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except UNREADABLE_JSON as e:
         raise CorruptJournalError(path, len(head) + 1, None, f"unreadable manifest: {e}") from None
 
 
