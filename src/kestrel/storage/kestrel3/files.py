@@ -419,6 +419,23 @@ def header_unwritten(path: str) -> bool:
         return k3.unfinished_header(f.read(k3.MAGIC_SIZE))
 
 
+def ids_held(files: Iterable[WriterFile], low: int, high: int) -> list[int]:
+    """The ids above `low` and up to `high` that the writer `files` hold, read from them: where ids
+    skip (a writer started again past ids its readers had recorded, or an id damaged high), the
+    range between two ids is no list of the items. Raises CorruptJournalError, OSError."""
+    ids: list[int] = []
+    for info in files:
+        if not info.first_id or info.last_id <= low or info.first_id > high:
+            continue
+        reader = RecordReader(info.path, k3.FileKind.WRITER)
+        try:
+            while run := reader.puts():
+                ids.extend(row[0] for row in run if low < row[0] <= high)
+        finally:
+            reader.close()
+    return ids
+
+
 def _check_order(path: str, offset: int, item_id: int, after_id: int) -> None:
     if item_id <= after_id:
         raise CorruptJournalError(path, offset, k3.command_byte(k3.PUT, 6),

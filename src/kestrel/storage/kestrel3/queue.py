@@ -23,7 +23,7 @@ import errno
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 from typing import ClassVar, cast
 
@@ -37,7 +37,7 @@ from kestrel.storage.errors import JournalWriteError, QueueClosed
 from kestrel.storage.item import QItem, data_sizes
 from kestrel.storage.journal_file import CURSOR_CHUNK
 from kestrel.storage.kestrel3 import codec as k3
-from kestrel.storage.kestrel3.files import RecordReader
+from kestrel.storage.kestrel3.files import RecordReader, ids_held
 from kestrel.storage.kestrel3.journal import Kestrel3Journal, Kestrel3Journals, ReaderFile
 from kestrel.storage.queue import PersistentQueue, ReaderPosition, capped_expiry
 from kestrel.storage.queue_path import JournalFileFigures, JournalFiles
@@ -46,6 +46,9 @@ from kestrel.storage.runtime import GeventRuntime, Task, all_side_by_side
 from kestrel.storage.write_gate import WriteGate
 
 log = structlog.get_logger("kestrel.kestrel3")
+# A flush lists the ids it consumes from their range while it holds at most this many times as many
+# ids as items (and a little): past that, from the files.
+SPARSE_IDS = 2
 
 _XID = attrgetter("xid")
 
@@ -366,7 +369,14 @@ class Kestrel3Queue(PersistentQueue):
             tail = max(self._journal.writer.tail_id, self._file.head)
             head = min(self._opens, default=tail + 1) - 1
             head = max(head, self._file.head)
-            done = {i for i in range(head + 1, tail + 1) if i not in self._opens}
+            ids: Iterable[int] = range(head + 1, tail + 1)
+            if tail - head > SPARSE_IDS * (self.length + len(self._opens) + len(self._file.done)) + 1024:
+                # More ids than items: the range skips (an id damaged high made one of 2**62 ids
+                # and the set grew until memory ran out). The files say which ids they hold.
+                log.warning("the queue's ids skip; the ids of its items read from its files", queue=self.name,
+                            head=head, tail=tail, items=self.length)
+                ids = ids_held(self._journal.writer.files, head, tail)
+            done = {i for i in ids if i not in self._opens}
             try:
                 self._file.replace(head, done)
             except OSError as e:
