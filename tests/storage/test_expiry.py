@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gevent
 import pytest
 
 from kestrel.storage import QueueCollection, QueueConfigs
@@ -103,6 +104,25 @@ def test_an_aborted_read_of_an_expired_item_is_swept_once_it_is_back_at_the_head
     assert coll.unremove("q", [taken.xid])
     assert coll.sweep() == 1
     assert drain(coll, "q") == [b"y"] and drain(coll, "dead") == [b"x"]
+
+
+@FORMATS
+def test_expired_items_the_expire_to_queue_refuses_are_dropped_and_said_so(
+        tmp_path: Path, journal_format: str) -> None:
+    """Kestrel drops them; here they vanished without a word, `expired_items` counting them and the
+    target holding fewer (README: "move there instead of being dropped")."""
+    from structlog.testing import capture_logs
+
+    clock = FakeClock(T0)
+    coll = make(tmp_path, journal_format, clock, {"q": {"expire_to_queue": "dead"}, "dead": {"max_items": 1}})
+    coll.put("q", [b"a", b"b", b"c"], T0 + 1_000)
+    clock.advance(2_000)
+    with capture_logs() as logs:
+        assert coll.sweep() == 3
+        gevent.sleep(0)  # the warning is written in a task of its own (`log_later`)
+    (said,) = [e for e in logs if e["event"].startswith("expire_to_queue refused")]
+    assert (said["queue"], said["expire_to_queue"], said["dropped"]) == ("q", "dead", 2)
+    assert drain(coll, "dead") == [b"a"]
 
 
 @pytest.mark.pure_build

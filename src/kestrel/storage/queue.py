@@ -781,7 +781,8 @@ class PersistentQueue(ABC):
     def _expire_head(self, now: int, limit: int | None = None) -> int:
         """Remove expired items from the head, each moved to `expire_to_queue` if one is set; how many."""
         mem = self._mem
-        removed = 0
+        removed = refused = 0
+        target_name = self.config.expire_to_queue
         while limit is None or removed < limit:
             if not mem and self._behind is not None:
                 self._fill()
@@ -794,19 +795,22 @@ class PersistentQueue(ABC):
             self._log_gone([head])
             removed += 1
             self.expired_items += 1
-            target_name = self.config.expire_to_queue
             if (target_name and self._expire_to is not None
-                    and (head.data or head.expiry != self._placeholder_expiry)):
-                self._hand_over(self._move_expired, target_name, head.data)
+                    and (head.data or head.expiry != self._placeholder_expiry)
+                    and not self._hand_over(self._move_expired, target_name, head.data)):
+                refused += 1
+        if refused:
+            log_later(self.runtime, log.warning, "expire_to_queue refused expired items (full, or an item "
+                      "over its max_item_size); they are dropped, as Kestrel drops them", queue=self.name,
+                      expire_to_queue=target_name, dropped=refused)
         return removed
 
-    def _move_expired(self, target_name: str, data: bytes) -> None:
+    def _move_expired(self, target_name: str, data: bytes) -> bool:
         """An expired item's data to `expire_to_queue` (found, or made, by name; not to this queue,
-        which drops it)."""
+        which drops it); whether it was not refused there."""
         assert self._expire_to is not None
         target = self._expire_to(target_name)
-        if target is not None and target is not self:
-            target.put([data])
+        return target is None or target is self or target.put([data]) == 1
 
     def _hand_over(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)`, the change in progress handing items to another queue, which may pause
