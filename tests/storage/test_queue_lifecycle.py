@@ -304,6 +304,10 @@ def test_a_reload_changing_a_parent_s_fanout_only_leaves_its_children_sharing_it
         coll.reload(QueueConfigs({"journal_format": fmt}, {"p": {"max_items": 10, "fanout_only": True}}), {})
     assert [e["queues"] for e in logs if e["event"].startswith("reload ignored")] == [{"p": ["fanout_only"]}]
     assert coll.queue("p+c").config is coll.configs.for_queue("p+c")
+    # What a reload changed, and `dump_config`, say what applies: the child was said to have turned
+    # fanout-only (false to true) and listed so, though it stores every item.
+    assert [e["queues"] for e in logs if e["event"] == "reload changed queue settings"] == []
+    assert coll.queue("p+c").settings()["fanout_only"] is coll.queue("p").settings()["fanout_only"] is False
     coll.put("p", [b"x"])
     assert (coll.queue("p").length, coll.queue("p+c").length) == (1, 1)  # the parent keeps it until a restart
     coll.close()

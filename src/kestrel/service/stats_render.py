@@ -90,7 +90,7 @@ def dump_config(server: ServerState) -> Pieces:
     """Every queue's settings as `queue_blocks`, read a slice of queues at a time."""
     coll = server.collection
     names = paced(coll.queue_names(), server.runtime)
-    return queue_blocks(server, {name: q.config.describe() for name in names if (q := coll.get(name))})
+    return queue_blocks(server, {name: q.settings() for name in names if (q := coll.get(name))})
 
 
 def server_document(server: ServerState) -> dict[str, Any]:

@@ -684,7 +684,7 @@ class QueueCollection:
         # Each pair of settings objects, before and after, is compared once: the queues of one
         # setting share its object, so a default 10,000 queues inherit is one comparison on the
         # event loop, not 10,000. The pair is held here, so that no other object takes its ids.
-        compared: dict[tuple[int, int], tuple[QueueConfig, QueueConfig, list[str] | None]] = {}
+        compared: dict[tuple[int, int, bool], tuple[QueueConfig, QueueConfig, list[str] | None]] = {}
         for name, q in paced(list(self._queues.items()), self.runtime):
             if self.closed:
                 break
@@ -695,13 +695,13 @@ class QueueCollection:
                 kept[name] = ignored
             before = q.config
             q.reconfigure(config)
-            pair = compared.get((id(before), id(q.config)))
+            pair = compared.get((id(before), id(q.config), q.is_child))
             if pair is None:
-                changed = q.config.changed_from(before)
+                changed = q.settings_changed(before)
                 names = None
                 if changed:
                     names = changes.setdefault(repr(sorted(changed.items())), (changed, []))[1]
-                pair = compared[id(before), id(q.config)] = (before, q.config, names)
+                pair = compared[id(before), id(q.config), q.is_child] = (before, q.config, names)
             if pair[2] is not None:
                 pair[2].append(name)
             if not q.noted:

@@ -205,14 +205,6 @@ class QueueConfig:
         out["sync_journal"] = "never" if sync is None else "always" if sync == 0 else f"{sync}ms"
         return {name: "null" if value is None else value for name, value in out.items()}
 
-    def changed_from(self, before: QueueConfig) -> dict[str, list[Any]]:
-        """Each setting whose value differs from `before`'s, as [before's, this one's] in `describe`'s
-        terms: what a reload changed (or reset to its default) for a queue, for its log line."""
-        if self == before:
-            return {}
-        was, now = before.describe(), self.describe()
-        return {name: [was[name], value] for name, value in now.items() if value != was[name]}
-
 
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "max_items": parse_count,

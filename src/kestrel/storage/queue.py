@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from operator import attrgetter
-from typing import ClassVar, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 import structlog
 
@@ -178,7 +178,7 @@ class PersistentQueue(ABC):
     # whole object cost a miss a line (bench/README.md, "Cost that follows the work"). `bytes`, whose
     # name here would hide the type in the annotations below, is the first field `__init__` sets.
     _locks: bool
-    _is_child: bool
+    is_child: bool
     fanout_only: bool
     noted: bool
     may_expire: bool
@@ -219,7 +219,7 @@ class PersistentQueue(ABC):
         # Where changes wait while a large append of this queue's journal is written off the loop
         # (Kestrel 3: its writer journal's, which every reader shares).
         self._gate = WriteGate(runtime)
-        self._is_child = "+" in name
+        self.is_child = "+" in name
         # A parent only feeding its fanout children: it stores no put (fixed at creation).
         self.fanout_only = self._fanout_only_by(config)
         self._mem: deque[QItem] = deque()  # the items held in memory, from the head
@@ -1384,7 +1384,22 @@ class PersistentQueue(ABC):
     def _fanout_only_by(self, config: QueueConfig) -> bool:
         """Whether `config` makes this queue fanout-only: a parent's setting; a child, which takes its
         parent's settings, never is."""
-        return config.fanout_only and not self._is_child
+        return config.fanout_only and not self.is_child
+
+    def settings(self, config: QueueConfig | None = None) -> dict[str, Any]:
+        """`config`'s settings (this queue's own by default) as they apply to this queue, in
+        `QueueConfig.describe`'s terms (`dump_config`, a reload's log line): a child shares its
+        parent's settings object, `fanout_only` included, and is never fanout-only."""
+        config = self.config if config is None else config
+        return config.describe() | {key: self._fixed_by(config, key) for key in self.fixed_settings}
+
+    def settings_changed(self, before: QueueConfig) -> dict[str, list[Any]]:
+        """Each setting whose value as it applies here differs from `before`'s, as [before's, this
+        one's]: what a reload changed (or reset to its default), for its log line."""
+        if self.config == before:
+            return {}
+        was, now = self.settings(before), self.settings()
+        return {name: [was[name], value] for name, value in now.items() if value != was[name]}
 
     def _fixed_by(self, config: QueueConfig, key: str) -> object:
         """What fixed setting `key` of `config` makes of this queue."""
