@@ -437,6 +437,19 @@ def test_a_damaged_record_claiming_what_no_file_can_hold_refuses_and_never_fails
     assert list(commit_log.held_paths(str(tmp_path))) == ["q"]  # its records kept for the next start
 
 
+def test_a_damaged_record_claiming_a_queue_nothing_else_knows_refuses_the_queues_of_the_log(
+        tmp_path: Path) -> None:
+    """Its name damaged into another ("q" into "5"): the queue refused was one no file and no record
+    knows, and the queue whose record it was loaded without it."""
+    (tmp_path / "q").write_bytes(b"first")
+    damaged = bytearray(encode_record("q", 0, 5, b"second"))
+    damaged[10:11] = b"5"
+    segment(tmp_path, encode_record("q", 0, 0, b"first"), bytes(damaged), encode_record("other", 0, 0, b"x"))
+    recovery = recover(str(tmp_path), T0)
+    assert list(recovery.refused) == ["other", "q"] and "it may be this queue's" in recovery.refused["q"].reason
+    assert (tmp_path / "q").read_bytes() == b"first"  # kept as it is, its records held for the next start
+
+
 def test_the_torn_tail_of_the_log_is_cut_keeping_a_copy_and_what_precedes_it_applied(tmp_path: Path) -> None:
     whole = encode_record("q", 0, 0, b"whole")
     torn = encode_record("q", 0, 5, b"torn")[:-2]

@@ -82,7 +82,7 @@ from kestrel.storage.journal_file import (
 from kestrel.storage.kestrel2.codec import Incomplete, Malformed
 from kestrel.storage.kestrel3.files import checkpoint_lacks
 from kestrel.storage.no_lock import NO_LOCK
-from kestrel.storage.queue_path import JournalFiles, list_journal_files
+from kestrel.storage.queue_path import JournalFiles, file_owner, list_journal_files
 from kestrel.storage.runtime import Event, OneAtATime, Runtime, Timer, all_side_by_side
 
 log = structlog.get_logger("kestrel.commit_log")
@@ -733,6 +733,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     placing = _Placing(queue_path, now_ms, recovery, dry_run)
     reasons: dict[str, tuple[str, int, str]] = {}  # refused queue -> (where, offset, why)
     named = {r.queue for s in segments for _, r in s.records}
+    known: set[str] | None = None  # the queues named or owning files: what a claimed name may be
     for segment in segments:
         for damage in segment.damage:
             if damage.record is not None or not damage.hides:
@@ -740,6 +741,10 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
             claims = damage.claims
             if claims is not None and placing.holds(claims):
                 continue  # the journal holds what the damaged record seems to: its good copy
+            if known is None:
+                known = named | {file_owner(name) for name in os.listdir(queue_path)}
+            if claims is not None and not {claims.queue, claims.queue.partition("+")[0]} & known:
+                claims = None  # a name no record and no file knows is damaged too: it names no queue
             why = f"the commit log is damaged ({damage.reason})"
             for queue in [claims.queue] if claims is not None else sorted(named):
                 reasons.setdefault(queue, (segment.path, damage.at, why + (
