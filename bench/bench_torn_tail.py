@@ -6,7 +6,9 @@ that looks for whole records inside a torn record (tests/storage/test_torn_tail.
 same): REMOVE opcodes in a Kestrel 2 journal; in a Kestrel 3 writer file and a commit log segment,
 every 64 bytes the header of a record of a quarter of the data. For the log also the same headers
 with fields that fit (`fitting`): every place's claimed body is checksummed, the bodies overlapping.
-Also a megabyte of random bytes 0x00 to 0x09. Each case runs in a process of its own, stopped after
+Also a megabyte of random bytes 0x00 to 0x09; and for the log a whole segment read
+(`damaged`): records of 64 bytes of data, every other one's checksum damaged, each damaged span
+judged and read on past. Each case runs in a process of its own, stopped after
 `--limit` seconds; `--source` runs another tree's code (bench/README.md, "Comparing code").
 
     .venv/bin/python -m bench.bench_torn_tail [--megabytes 1 16] [--limit 120] [--source DIR]
@@ -32,12 +34,17 @@ CASES = ("kestrel2", "kestrel3", "commit log")
 
 def torn_record(fmt: str, megabytes: int, kind: str) -> bytes:
     """One record of `megabytes` of data of `kind` (late, fitting, random), its last 1,000 bytes cut
-    off."""
+    off; or a segment of `megabytes` with damaged records (`damaged`)."""
     from kestrel.storage import commit_log
     from kestrel.storage.kestrel2 import codec
     from kestrel.storage.kestrel3 import codec as codec3
 
     size = megabytes << 20
+    if kind == "damaged":
+        records = [bytearray(commit_log.encode_record("q", 0, n * 64, bytes(64))) for n in range(size // 88)]
+        for record in records[1::2]:
+            record[4] ^= 1  # its checksum
+        return commit_log.MARK + b"".join(records) + bytes(1 << 16)
     if kind == "random":
         data = random.Random(7).randbytes(size).translate(bytes(n % 10 for n in range(256)))
     elif fmt == "kestrel2":
@@ -73,12 +80,19 @@ def judge_once(fmt: str, megabytes: int, kind: str) -> dict[str, object]:
         with open(path, "wb") as f:
             f.write(torn_record(fmt, megabytes, kind))
         started = time.perf_counter()
-        zlib.crc32(torn_tail.read_tail(path, 0)[0])
+        with open(path, "rb") as f:
+            zlib.crc32(f.read())
         peer = time.perf_counter() - started
         started, cpu = time.perf_counter(), time.process_time()
-        error = torn_tail.judge(path, 0, "an incomplete record", records, last=True)
+        if kind == "damaged":
+            segment = commit_log.read_segment(path, last=True)
+        else:
+            error = torn_tail.judge(path, 0, "an incomplete record", records, last=True)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    decision = "torn: cut" if error is None else f"damage: {error.reason[:60]}"
+    if kind == "damaged":
+        decision = f"{len(segment.damage)} damaged spans, {len(segment.records)} records"
+    else:
+        decision = "torn: cut" if error is None else f"damage: {error.reason[:60]}"
     return {"wall": wall, "cpu": cpu, "peer": peer, "decision": decision}
 
 
@@ -101,6 +115,7 @@ def main() -> None:
     cases = [(fmt, mb, "late") for mb in args.megabytes for fmt in args.only]
     cases += [("commit log", mb, "fitting") for mb in args.megabytes if "commit log" in args.only]
     cases += [(fmt, 1, "random") for fmt in args.only]
+    cases += [("commit log", mb, "damaged") for mb in args.megabytes if "commit log" in args.only]
     for fmt, megabytes, kind in cases:
         command = [sys.executable, "-m", "bench.bench_torn_tail", "--case", f"{fmt}/{megabytes}/{kind}"]
         try:

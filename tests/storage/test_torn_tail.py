@@ -186,18 +186,18 @@ class Counted:
         self.evidence_before_nonsense = records.evidence_before_nonsense
         self.read = 0
 
-    def starts(self, tail: bytes) -> re.Pattern[bytes] | None:
-        return self.records.starts(tail)
+    def starts(self, data: bytes) -> re.Pattern[bytes] | None:
+        return self.records.starts(data)
 
-    def body_start(self, tail: bytes) -> int:
-        return self.records.body_start(tail)
+    def body_start(self, data: bytes, at: int) -> int:
+        return self.records.body_start(data, at)
 
-    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+    def record_at(self, data: bytes, pos: int) -> tuple[int, int] | None:
         self.read += 1
-        return self.records.record_at(tail, pos)
+        return self.records.record_at(data, pos)
 
-    def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
-        return self.records.explain(tail, end, offset, chains)
+    def explain(self, data: bytes, at: int, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
+        return self.records.explain(data, at, end, offset, chains)
 
 
 @pytest.mark.parametrize("fmt", ["kestrel2", "commit log"])
@@ -209,7 +209,8 @@ def test_a_torn_record_whose_data_reads_as_records_is_read_at_most_once_a_place(
     whole = codec.encode_addx(T0, 0, data) if fmt == "kestrel2" else commit_log.encode_record("q", 0, 36, data)
     tail = whole[:-1000]
     records = Counted(codec.TAIL_RECORDS if fmt == "kestrel2" else commit_log.LogRecords())
-    assert torn_tail.judge("torn", 0, "an incomplete record", records, last=True, tail=(tail, True)) is None
+    assert torn_tail.judge("torn", 0, "an incomplete record", records, last=True,
+                            held=torn_tail.Held(tail, records)) is None
     assert records.read <= (len(tail) if fmt == "kestrel2" else len(tail) // 8), records.read
 
 

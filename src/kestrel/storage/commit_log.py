@@ -325,26 +325,26 @@ class LogRecords:
     def __init__(self) -> None:
         self._checksums = RangeChecksums(b"")
 
-    def body_start(self, tail: bytes) -> int:
-        return _HEAD.size
+    def body_start(self, data: bytes, at: int) -> int:
+        return at + _HEAD.size
 
     evidence_at_end = 1
     evidence_before_nonsense = 1
 
-    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+    def starts(self, data: bytes) -> re.Pattern[bytes]:
         """Where a record's head could be: a size field whose last byte lets the record end within
-        `tail` (below 16 MB: zero), and a name size that is not zero. Item data whose every place
+        `data` (below 16 MB: zero), and a name size that is not zero. Item data whose every place
         reads as a head is rare; without this, each place was read in Python."""
-        most = min(len(tail) >> 24, MAX_BODY >> 24)
+        most = min(len(data) >> 24, MAX_BODY >> 24)
         return re.compile(rb"(?=[\s\S]{3}[\x00-\x%02x][\s\S]{4}(?:[^\x00]|\x00[^\x00]))" % most)
 
-    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
-        if self._checksums.data is not tail:
-            self._checksums = RangeChecksums(tail)
-        record, end, _, _ = _read_record(tail, pos, self._checksums)
+    def record_at(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        if self._checksums.data is not data:
+            self._checksums = RangeChecksums(data)
+        record, end, _, _ = _read_record(data, pos, self._checksums)
         return None if record is None else (end, 1)
 
-    def explain(self, tail: bytes, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
+    def explain(self, data: bytes, at: int, end: int, offset: int, chains: torn_tail.Chains) -> str | None:
         return None
 
 
@@ -396,21 +396,22 @@ def read_segment(path: str, last: bool) -> Segment:
         last = False
     at = len(MARK)
     log_records = LogRecords()
+    held = torn_tail.Held(data, log_records)
     while at < len(data):
         record, end, reason, startable = _read_record(data, at)
         if record is not None:
             segment.records.append((at, record))
             at = end
             continue
-        if laid_down and torn_tail.ends_cleanly(data, at):
+        if laid_down and held.ends_cleanly(at):
             break
-        error = torn_tail.judge(path, at, reason, log_records, last, startable, tail=(data[at:], True))
+        error = torn_tail.judge(path, at, reason, log_records, last, startable, held=held)
         if error is None:
             segment.torn_at = at
             break
-        tail = data[at:]
-        found = torn_tail.first_whole_records(tail, _HEAD.size, len(tail.rstrip(b"\0")), log_records)
-        resume = len(data) if found is None else at + found
+        found = torn_tail.first_whole_records(data, at + _HEAD.size, held.end, log_records,
+                                              held.chains(held.end))
+        resume = len(data) if found is None else found
         damage = _damage(data, at, resume, error.reason)
         segment.damage.append(damage)
         if damage.record is not None:

@@ -16,7 +16,7 @@ file and the offset:
 
 A file laid down ahead (zeros written and made durable before records are written over them by
 position: the commit log's segments) ends where its zeros begin: nothing but zeros from there to
-its end is its clean end (`ends_cleanly`), neither torn nor damaged. A record cut short there, or
+its end is its clean end (`Held.ends_cleanly`), neither torn nor damaged. A record cut short there, or
 any byte that is not zero after the zeros, is judged by the rules above.
 
 Each format says only how its records read (`Records`): where whole records could start inside a
@@ -44,11 +44,11 @@ SCAN_WINDOW = 16 << 20
 class Records(Protocol):
     """How one log format's records read, for the rule (each format supplies one)."""
 
-    def body_start(self, tail: bytes) -> int:
-        """Where whole records could start inside the record at `tail[0]`: after its size field."""
+    def body_start(self, data: bytes, at: int) -> int:
+        """Where whole records could start inside the record at `data[at]`: after its size field."""
 
-    def starts(self, tail: bytes) -> re.Pattern[bytes] | None:
-        """Where in `tail` a record could start: a pattern that matches there (a byte, or a look
+    def starts(self, data: bytes) -> re.Pattern[bytes] | None:
+        """Where in `data` a record could start: a pattern that matches there (a byte, or a look
         ahead at a record's head), and need not elsewhere; None: anywhere. Places it passes over are
         passed in one search, none read: it must match wherever `record_at` reads a record."""
 
@@ -58,14 +58,14 @@ class Records(Protocol):
     evidence_at_end: int
     evidence_before_nonsense: int
 
-    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
-        """The record at `pos` if it reads whole within `tail` (its data is not copied): where it
+    def record_at(self, data: bytes, pos: int) -> tuple[int, int] | None:
+        """The record at `pos` if it reads whole within `data` (its bytes are not copied): where it
         ends and whether it counts as evidence (1) or not (0); None if it does not read."""
 
-    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
-        """A sharper account of the damage at `offset` than "whole records start inside it", if the
-        format has one (a size field one bit off), else None. `chains`: where whole records start,
-        reading on to the end of `tail`."""
+    def explain(self, data: bytes, at: int, end: int, offset: int, chains: Chains) -> str | None:
+        """A sharper account of the damage at `data[at]` (the file's `offset`) than "whole records
+        start inside it", if the format has one (a size field one bit off), else None. `chains`:
+        where whole records start, reading on to the end of `data`."""
 
 
 def cut_note(path: str, offset: int) -> str:
@@ -74,12 +74,41 @@ def cut_note(path: str, offset: int) -> str:
             "a copy kept")
 
 
-def read_tail(path: str, offset: int) -> tuple[bytes, bool]:
-    """The bytes of `path` from `offset` (at most `SCAN_WINDOW`), and whether they run to its end."""
+class Held:
+    """Bytes of a log file held for the rule: `data`, from the file's offset `base`, to its end
+    (`at_end`) or a window of it. A reader judging place after place of one file it holds whole
+    (the commit log's segments, read on past damage) judges them all with one: the end before its
+    trailing zeros found once, and each place's chain read once for every judgement, so that judging
+    a file takes time linear in its bytes (a copy of what follows each place, with a memo of its
+    own, took time growing with places × bytes)."""
+
+    def __init__(self, data: bytes, records: Records, base: int = 0, at_end: bool = True) -> None:
+        self.data = data
+        self.records = records
+        self.base = base
+        self.at_end = at_end
+        self.end = len(data.rstrip(b"\0")) if at_end else len(data)  # where the last record could end
+        self._chains: dict[int, Chains] = {}
+
+    def ends_cleanly(self, offset: int) -> bool:
+        """Whether nothing but zeros follows `offset` to the file's end: where a file laid down ahead
+        ends cleanly, and what a power cut leaves of data that had not reached the disk."""
+        return self.at_end and self.end <= offset - self.base
+
+    def chains(self, end: int) -> Chains:
+        """Where whole records start in `data`, reading on to `end` (one for each end asked)."""
+        chains = self._chains.get(end)
+        if chains is None:
+            chains = self._chains[end] = Chains(self.data, end, self.records)
+        return chains
+
+
+def read_tail(path: str, offset: int, records: Records) -> Held:
+    """The bytes of `path` from `offset` (at most `SCAN_WINDOW`), knowing whether they run to its end."""
     with open_to_read(path) as f:
         f.seek(offset)
         tail = f.read(SCAN_WINDOW + 1)
-    return tail[:SCAN_WINDOW], len(tail) <= SCAN_WINDOW
+    return Held(tail[:SCAN_WINDOW], records, offset, len(tail) <= SCAN_WINDOW)
 
 
 def zeros_only(tail: bytes) -> bool:
@@ -87,51 +116,46 @@ def zeros_only(tail: bytes) -> bool:
     return not tail.strip(b"\0")
 
 
-def ends_cleanly(data: bytes, at: int) -> bool:
-    """Whether a file laid down ahead ends at `at`: nothing but its zeros follow to its end."""
-    return len(data.rstrip(b"\0")) <= at
-
-
 def judge(path: str, offset: int, why: str, records: Records, last: bool, startable: bool = True,
-          opcode: int | None = None, tail: tuple[bytes, bool] | None = None) -> CorruptJournalError | None:
+          opcode: int | None = None, held: Held | None = None) -> CorruptJournalError | None:
     """Whether what stops a reader of `path` at `offset` is a torn tail (None) or damage (the error
     to raise). `why` says what the reader found there; `last`: the log's last file (only there can a
     write be torn); `startable`: the bytes there can begin a record of the format (else only zeros
-    may follow them). `tail`: the bytes from `offset` when the caller holds them (`read_tail`)."""
+    may follow them). `held`: the file's bytes, from `offset` or before, when the caller holds them
+    (held for these `records`)."""
     if not last:
         return CorruptJournalError(path, offset, opcode, f"{why}, before the next file of the log")
-    data, at_end = tail if tail is not None else read_tail(path, offset)
-    if zeros_only(data) and at_end:
+    if held is None:
+        held = read_tail(path, offset, records)
+    if held.ends_cleanly(offset):  # nothing but zeros, as a power cut leaves
         return None
+    data, at, end = held.data, offset - held.base, held.end
     if not startable:
         return CorruptJournalError(path, offset, opcode, why)
-    end = len(data.rstrip(b"\0")) if at_end else len(data)
-    chains = Chains(data, len(data), records)
-    explained = records.explain(data, end, offset, chains)
+    # What the account reads is the search's too where both read on to the same end (no zeros after)
+    explained = records.explain(data, at, end, offset, held.chains(len(data)))
     if explained is not None:
         return CorruptJournalError(path, offset, opcode, explained)
-    # What the account read is the search's too where both read on to the same end (no zeros after)
-    inside = first_whole_records(data, records.body_start(data), end, records,
-                                 chains if end == len(data) else None)
+    inside = first_whole_records(data, records.body_start(data, at), end, records, held.chains(end))
     if inside is None:
         return None
     return CorruptJournalError(path, offset, opcode, (
-        f"{why}, but whole records start inside it at offset {offset + inside} and run on to the end "
-        f"({len(data)} bytes): its size field or its bytes are damaged, this is not a torn write"))
+        f"{why}, but whole records start inside it at offset {held.base + inside} and run on to the end "
+        f"({len(data) - at} bytes): its size field or its bytes are damaged, this is not a torn write"))
 
 
-def first_whole_records(tail: bytes, start: int, end: int, records: Records,
+def first_whole_records(data: bytes, start: int, end: int, records: Records,
                         chains: Chains | None = None) -> int | None:
-    """The first place in `tail[start:end]` where whole records start, or None. `chains`: what was
-    read of `tail`'s chains to `end` already, if anything."""
+    """The first place in `data[start:end]` where whole records start, or None. `chains`: what was
+    read of `data`'s chains to `end` already, if anything."""
     if chains is None:
-        chains = Chains(tail, end, records)
-    starts = records.starts(tail)
+        chains = Chains(data, end, records)
+    starts = records.starts(data)
     pos = max(start, 1)
     while pos < end:
         pos = chains.unread(pos)
         if starts is not None and pos < end:  # (a head may run on past `end`, into the zeros: searched too)
-            found = starts.search(tail, pos)
+            found = starts.search(data, pos)
             if found is None:
                 return None
             pos = found.start()

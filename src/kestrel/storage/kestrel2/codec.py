@@ -607,23 +607,23 @@ class TailRecords:
     evidence_at_end = 1
     evidence_before_nonsense = 2
 
-    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+    def starts(self, data: bytes) -> re.Pattern[bytes]:
         return _OPCODE_BYTES
 
-    def body_start(self, tail: bytes) -> int:
-        field = _SIZE_FIELD.get(tail[0]) if tail else None
-        return field[0] + 4 if field is not None else 1
+    def body_start(self, data: bytes, at: int) -> int:
+        field = _SIZE_FIELD.get(data[at]) if at < len(data) else None
+        return at + (field[0] + 4 if field is not None else 1)
 
-    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+    def record_at(self, data: bytes, pos: int) -> tuple[int, int] | None:
         try:
-            stop = record_span(tail, pos, True)[0]
+            stop = record_span(data, pos, True)[0]
         except (Incomplete, Malformed):
             return None
-        return stop, 1 if tail[pos] in _ITEM_OPCODES else 0
+        return stop, 1 if data[pos] in _ITEM_OPCODES else 0
 
-    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
-        real_end = misplaced_end(tail, 0, len(tail), fills=chains.whole_records_at)
-        return None if real_end is None else size_damage(offset, offset + real_end)
+    def explain(self, data: bytes, at: int, end: int, offset: int, chains: Chains) -> str | None:
+        real_end = misplaced_end(data, at, len(data), fills=chains.whole_records_at)
+        return None if real_end is None else size_damage(offset, offset + real_end - at)
 
 
 _OPCODE_BYTES: Final = any_of(bytes(range(MAX_OPCODE + 1)))  # the bytes a record can begin with

@@ -326,19 +326,19 @@ class TailRecords:
         # whole records are asked for even at the end.
         self.evidence_at_end = 1 if kind is FileKind.WRITER else 2
 
-    def starts(self, tail: bytes) -> re.Pattern[bytes]:
+    def starts(self, data: bytes) -> re.Pattern[bytes]:
         return self._starts
 
-    def body_start(self, tail: bytes) -> int:
-        return 5  # the command byte and the first header word (a data block's size)
+    def body_start(self, data: bytes, at: int) -> int:
+        return at + 5  # the command byte and the first header word (a data block's size)
 
-    def record_at(self, tail: bytes, pos: int) -> tuple[int, int] | None:
+    def record_at(self, data: bytes, pos: int) -> tuple[int, int] | None:
         try:
-            return record_end(tail, pos, self.kind), 1
+            return record_end(data, pos, self.kind), 1
         except (Incomplete, Malformed):
             return None
 
-    def explain(self, tail: bytes, end: int, offset: int, chains: Chains) -> str | None:
+    def explain(self, data: bytes, at: int, end: int, offset: int, chains: Chains) -> str | None:
         return None
 
 
