@@ -489,6 +489,22 @@ def test_the_torn_tail_of_the_log_is_cut_keeping_a_copy_and_what_precedes_it_app
     assert commit_log.segment_paths(str(tmp_path)) == []
 
 
+def test_a_damaged_segment_that_also_ends_torn_is_kept_whole_as_its_copy(tmp_path: Path) -> None:
+    """Damaged bytes are set aside with a copy: where the segment also ended in a torn write, the
+    copy held the torn bytes alone and the damaged record went with the segment."""
+    (tmp_path / "q").write_bytes(b"first")
+    damaged = bytearray(encode_record("q", 0, 5, b"second"))
+    damaged[-1] ^= 0x01
+    torn = encode_record("q", 0, 11, b"third")[:-2]
+    path = segment(tmp_path, encode_record("q", 0, 0, b"first"), bytes(damaged), encode_record("q", 0, 5, b"x"),
+                   torn)
+    whole = path.read_bytes()
+    recovery = recover(str(tmp_path), T0)
+    assert list(recovery.refused) == ["q"]
+    assert Path(f"{path}.damaged-{T0}").read_bytes() == whole
+    assert commit_log.segment_paths(str(tmp_path)) == []
+
+
 class Crash(Exception):
     """Stands for the process dying at a failpoint."""
 

@@ -790,7 +790,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         fsync_path(queue_path)  # a journal recovery created
     for segment in segments:
         if segment.torn_at is not None or segment.damage:
-            at = segment.torn_at if segment.torn_at is not None else 0
+            at = 0 if segment.damage or segment.torn_at is None else segment.torn_at  # damage: all of it
             label = "torn" if not segment.damage else "damaged"
             _step("cut-segment")
             copy = cut_keeping_copy(segment.path, at, f"{segment.path}.{label}-{now_ms}")
