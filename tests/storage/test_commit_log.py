@@ -365,6 +365,23 @@ def test_a_journal_ending_before_a_logged_record_refuses_its_queue_alone_and_kee
     assert (tmp_path / "q").read_bytes() == b"aaabb" and commit_log.held_paths(str(tmp_path)) == {}
 
 
+def test_a_refused_kestrel3_queue_s_held_records_keep_their_kinds(tmp_path: Path) -> None:
+    """A writer file ending before a logged record's offset refuses the queue; once the file is
+    restored, its held records go where they went: a writer file's bytes into that file and a
+    reader's into its checkpoint (they were held as Kestrel 2 journal records)."""
+    put, second = (k3.encode(k3.Put(n, 0, T0, None, b"item")) for n in (1, 2))
+    (tmp_path / "q.100").write_bytes(k3.WRITER_MAGIC)  # its first put lost, as no power cut does
+    (tmp_path / "q.read.").write_bytes(k3.READER_MAGIC)
+    done = k3.encode(k3.ReadDone((2,)))
+    segment(tmp_path, encode_record("q", 100, len(k3.WRITER_MAGIC) + len(put), second, commit_log.WRITER),
+            encode_record("q", 0, 0, done, commit_log.READER))
+    assert list(recover(str(tmp_path), T0).refused) == ["q"]
+    (tmp_path / "q.100").write_bytes(k3.WRITER_MAGIC + put)  # restored from a copy
+    assert recover(str(tmp_path), T0 + 1).refused == {}
+    assert (tmp_path / "q.100").read_bytes() == k3.WRITER_MAGIC + put + second
+    assert (tmp_path / "q.read.").read_bytes().endswith(done) and not (tmp_path / "q").exists()
+
+
 def test_salvage_keeps_a_refused_queues_journal_as_it_is_and_sets_its_records_aside(tmp_path: Path) -> None:
     (tmp_path / "q").write_bytes(b"a")
     segment(tmp_path, encode_record("q", 0, 3, b"bb"))

@@ -817,7 +817,7 @@ def _hold(queue_path: str, queue: str, records: list[Record]) -> None:
     temporary = path + filenames.TEMPORARY_MARK
     with contextlib.suppress(FileNotFoundError):
         os.unlink(temporary)
-    _create_segment(temporary, b"".join(encode_record(r.queue, r.epoch, r.offset, r.data) for r in records))
+    _create_segment(temporary, _encode_records(records))
     os.replace(temporary, path)
     fsync_path(folder)
 
@@ -827,8 +827,13 @@ def _keep_aside(queue_path: str, queue: str, records: list[Record], now_ms: int)
     copy = layout.aside_path(queue_path, f"commit-log-{queue}", "unplaced", now_ms)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(copy)
-    _create_segment(copy, b"".join(encode_record(r.queue, r.epoch, r.offset, r.data) for r in records))
+    _create_segment(copy, _encode_records(records))
     return copy
+
+
+def _encode_records(records: list[Record]) -> bytes:
+    """Records read back, encoded again, each of its own kind (a segment's records, `_create_segment`)."""
+    return b"".join(encode_record(r.queue, r.epoch, r.offset, r.data, r.kind) for r in records)
 
 
 # ---------------------------------------------------------------------------------------------
