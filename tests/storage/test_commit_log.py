@@ -8,6 +8,7 @@ import io
 import itertools
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -382,6 +383,31 @@ def test_a_refused_kestrel3_queue_s_held_records_keep_their_kinds(tmp_path: Path
     assert (tmp_path / "q.read.").read_bytes().endswith(done) and not (tmp_path / "q").exists()
 
 
+def test_a_queue_the_log_s_damage_refused_stays_refused_at_every_later_start(tmp_path: Path) -> None:
+    """The damaged bytes are held with the queue's records and judged again at each recovery: the
+    next start placed the held records and served the queue without the damaged one (its last),
+    the refusal forgotten. Once the journal holds what the damaged record seems to, the queue is
+    served; with salvage, the damaged bytes are set aside with the records."""
+    (tmp_path / "q").write_bytes(b"first")
+    (tmp_path / "r").write_bytes(b"")
+    damaged = bytearray(encode_record("q", 0, 5, b"second"))
+    damaged[-1] ^= 0x01
+    segment(tmp_path, encode_record("q", 0, 0, b"first"), bytes(damaged), encode_record("r", 0, 0, b"rr"))
+    assert list(recover(str(tmp_path), T0).refused) == ["q"] and (tmp_path / "r").read_bytes() == b"rr"
+    for later in (1, 2):
+        again = recover(str(tmp_path), T0 + later)
+        assert list(again.refused) == ["q"] and "held with its records" in again.refused["q"].reason
+        assert again.refused["q"].held == 1 and (tmp_path / "q").read_bytes() == b"first"
+    salvaged = tmp_path / "salvaged"
+    shutil.copytree(tmp_path, salvaged, ignore=shutil.ignore_patterns("salvaged"))
+    assert recover(str(salvaged), T0 + 3, salvage=True).refused == {}
+    (aside_copy,) = (salvaged / ".kestrel" / "aside").iterdir()
+    kept = read_segment(str(aside_copy), last=True).records
+    assert [(r.kind, r.data) for _, r in kept] == [(commit_log.JOURNAL, b"first"), (commit_log.DAMAGED, damaged)]
+    (tmp_path / "q").write_bytes(b"first" + bytes(damaged[-6:]))  # restored, with what it seems to hold
+    assert recover(str(tmp_path), T0 + 4).refused == {} and commit_log.held_paths(str(tmp_path)) == {}
+
+
 def test_salvage_keeps_a_refused_queues_journal_as_it_is_and_sets_its_records_aside(tmp_path: Path) -> None:
     (tmp_path / "q").write_bytes(b"a")
     segment(tmp_path, encode_record("q", 0, 3, b"bb"))
@@ -494,6 +520,12 @@ def test_a_damaged_record_claiming_a_queue_nothing_else_knows_refuses_the_queues
     recovery = recover(str(tmp_path), T0)
     assert list(recovery.refused) == ["other", "q"] and "it may be this queue's" in recovery.refused["q"].reason
     assert (tmp_path / "q").read_bytes() == b"first"  # kept as it is, its records held for the next start
+    # each holds the damage's place alone, which refuses it again (its bytes are the segment's copy's)
+    again = recover(str(tmp_path), T0 + 1)
+    assert list(again.refused) == ["other", "q"]
+    for held in commit_log.held_paths(str(tmp_path)).values():
+        (_, place), = [(at, r) for at, r in read_segment(held, last=True).records if r.kind == commit_log.DAMAGED]
+        assert (place.offset, place.data) == (len(MARK) + len(encode_record("q", 0, 0, b"first")), b"")
 
 
 def test_the_torn_tail_of_the_log_is_cut_keeping_a_copy_and_what_precedes_it_applied(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ The kind says which file of the queue the bytes went to, and how recovery puts t
   whole now and then (durably, before anything later is logged), so a position in it does not last;
   but what a reader consumed stays consumed, so recovery appends what the checkpoint lacks of
   them, whatever version of the file it finds.
+- DAMAGED (3), among a refused queue's held records alone (`held-<queue>`, `recover`): bytes of
+  the log that were damaged where a record of that queue may be (`offset`: where they were in their
+  segment). No file takes them: each later recovery judges them again, so that the queue stays
+  refused until its files hold what they seem to, or `--salvage` sets them aside.
 
 So recovery is idempotent: a record is applied only where its file lacks it, and never twice.
 
@@ -57,7 +61,7 @@ import re
 import struct
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, cast
@@ -98,8 +102,8 @@ _HEAD = struct.Struct("<II")  # body size, CRC-32 of the body
 _NAME = struct.Struct("<H")
 _PLACE = struct.Struct("<QQ")  # kind << 56 | epoch, offset
 _U64 = struct.Struct("<Q")
-JOURNAL, WRITER, READER = 0, 1, 2  # the kinds of record (the module's doc)
-_KINDS = (JOURNAL, WRITER, READER)
+JOURNAL, WRITER, READER, DAMAGED = 0, 1, 2, 3  # the kinds of record (the module's doc)
+_KINDS = (JOURNAL, WRITER, READER, DAMAGED)
 _EPOCH = (1 << 56) - 1
 _MIN_BODY = _NAME.size + 1 + _PLACE.size  # a name of one byte, no journal bytes
 MAX_FILE_OFFSET = (1 << 63) - 1  # what a seek takes
@@ -353,7 +357,8 @@ class Damage:
     """Bytes of a segment that are neither records nor a torn tail: `at` to `end`. `record` is what
     they hold when only the size field was damaged (the body between the two verifies); `claims`,
     what they seem to hold without verifying, for naming the queue they belong to. `hides`: whether
-    a record could be lost in them (not in a damaged mark: its place and size are the mark's)."""
+    a record could be lost in them (not in a damaged mark: its place and size are the mark's).
+    `data`: the bytes, kept with the records of a queue they refuse."""
 
     at: int
     end: int
@@ -361,6 +366,7 @@ class Damage:
     record: Record | None = None
     claims: Record | None = None
     hides: bool = True
+    data: bytes = b""
 
 
 @dataclass
@@ -431,7 +437,7 @@ def _damage(data: bytes, at: int, end: int, reason: str) -> Damage:
     claims = _decode_body(body)
     if claims is not None and zlib.crc32(body) == _HEAD.unpack_from(data, at)[1]:
         return Damage(at, end, reason, record=claims)
-    return Damage(at, end, reason, claims=claims)
+    return Damage(at, end, reason, claims=claims, data=data[at:end])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,7 +727,8 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     journal ends before a record's offset, only a pack is newer than a record's epoch, or the log
     is damaged where no record of it can be read (a damaged span naming no queue refuses every
     queue with records in the log, since it may be any of theirs); its records are kept in
-    `held-<queue>` and read again at the next recovery. With `salvage` a refused queue's journal is
+    `held-<queue>` and read again at the next recovery, with the damaged bytes that refused it (as
+    DAMAGED records, judged again there). With `salvage` a refused queue's journal is
     kept as it is and its records set aside (`.kestrel/aside/`) instead. A torn last write of the
     log is cut off, a copy kept as `<segment>.torn-<ms>`. With `dry_run` nothing is changed: the
     result says what would be done (`kestrel journal check`). Raises OSError.
@@ -733,27 +740,33 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     segments = [read_segment(p, i >= last) for i, p in enumerate(paths)]
     placing = _Placing(queue_path, now_ms, recovery, dry_run)
     reasons: dict[str, tuple[str, int, str]] = {}  # refused queue -> (where, offset, why)
+    damaged: dict[str, list[Record]] = {}  # refused queue -> the damaged bytes held with its records
     named = {r.queue for s in segments for _, r in s.records}
     known: set[str] | None = None  # the queues named or owning files: what a claimed name may be
-    for segment in segments:
-        for damage in segment.damage:
-            if damage.record is not None or not damage.hides:
-                continue
-            claims = damage.claims
-            if claims is not None and placing.holds(claims):
-                continue  # the journal holds what the damaged record seems to: its good copy
-            if known is None:
-                known = named | {file_owner(name) for name in os.listdir(queue_path)}
-            if claims is not None and not {claims.queue, claims.queue.partition("+")[0]} & known:
-                claims = None  # a name no record and no file knows is damaged too: it names no queue
-            why = f"the commit log is damaged ({damage.reason})"
-            for queue in [claims.queue] if claims is not None else sorted(named):
-                reasons.setdefault(queue, (segment.path, damage.at, why + (
-                    "" if claims is not None else ", where no record can be read: it may be this queue's")))
+    for segment, at, damage, kept_for in _damage_found(segments):
+        claims = damage.claims
+        if claims is not None and placing.holds(claims):
+            continue  # the journal holds what the damaged record seems to: its good copy
+        if known is None:
+            known = named | {file_owner(name) for name in os.listdir(queue_path)}
+        if claims is not None and not {claims.queue, claims.queue.partition("+")[0]} & known:
+            claims = None  # a name no record and no file knows is damaged too: it names no queue
+        why = f"the commit log is damaged ({damage.reason})"
+        queues = [kept_for] if kept_for else [claims.queue] if claims is not None else sorted(named)
+        if claims is None and not kept_for:
+            why += ", where no record can be read: it may be this queue's"
+        # held with the queue's records: its bytes where it refuses one queue (a span refusing them
+        # all, which names none at every start, is held as its place alone: one copy is kept)
+        data = damage.data if len(queues) == 1 else b""
+        for queue in queues:
+            reasons.setdefault(queue, (segment.path, at, why))
+            damaged.setdefault(queue, []).append(Record(queue, 0, damage.at, data, DAMAGED))
     records: dict[str, list[Record]] = {}
     readers: dict[str, tuple[str, int, list[Record]]] = {}  # applied by meaning, once all are read
     for segment in segments:
         for at, record in segment.records:
+            if record.kind == DAMAGED:
+                continue  # judged with the damage found
             records.setdefault(record.queue, []).append(record)
             if record.queue in reasons:
                 continue
@@ -774,14 +787,14 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
     for queue, (where, at, why) in sorted(reasons.items()):
         kept = records.get(queue, [])
         if salvage:
-            copy = _keep_aside(queue_path, queue, kept, now_ms)
+            copy = _keep_aside(queue_path, queue, kept + damaged.get(queue, []), now_ms)
             recovery.copies.append(copy)
             log.error("commit log records of a queue cannot be placed; its journal is kept as it is and "
                       "the records set aside (salvage)", queue=queue, reason=why, records=len(kept),
                       copy=copy)
         else:
             _step("hold")
-            _hold(queue_path, queue, kept)
+            _hold(queue_path, queue, kept + damaged.get(queue, []))
             recovery.refused[queue] = _refusal(queue, where, at, why, len(kept))
     for journal in sorted(placing.journals):
         _step("fsync-journal")
@@ -808,6 +821,22 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
                  records=sum(len(s.records) for s in segments), written=recovery.written,
                  refused=sorted(recovery.refused))
     return recovery
+
+
+def _damage_found(segments: list[Segment]) -> Iterator[tuple[Segment, int, Damage, str]]:
+    """The damage that may hide records, where it is, and the queue it was kept for: what reading
+    the segments found, and the DAMAGED records a queue's held records keep from an earlier
+    recovery (judged again alike; found where the records first were, they refuse that queue)."""
+    for segment in segments:
+        for damage in segment.damage:
+            if damage.record is None and damage.hides:
+                yield segment, damage.at, damage, ""
+        for at, record in segment.records:
+            if record.kind == DAMAGED:
+                reason = f"bytes damaged at offset {record.offset} of a segment, held with its records"
+                span = Damage(record.offset, record.offset + len(record.data), reason,
+                              claims=_decode_body(record.data[_HEAD.size:]), data=record.data)
+                yield segment, at, span, record.queue
 
 
 def _hold(queue_path: str, queue: str, records: list[Record]) -> None:
