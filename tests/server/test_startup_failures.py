@@ -156,6 +156,32 @@ def test_a_status_file_that_cannot_be_written(tmp_path: Path) -> None:
     assert done.returncode == 4
 
 
+@pytest.mark.parametrize("kind", ["a journal", "the config file", "other text", "a FIFO", "a device"])
+def test_a_status_file_that_is_no_status_file_is_refused_and_left_as_it_is(tmp_path: Path, kind: str) -> None:
+    """Any client may change the status, which replaces the status file: one naming a journal, the
+    config file or a device was replaced at the first change (a journal's items lost; as root,
+    /dev/null made a regular file). Each is refused at start, naming why, and left as it was."""
+    queues, config = tmp_path / "q", tmp_path / "kestrel.yaml"
+    queues.mkdir()
+    (queues / "jobs").write_bytes(b"\x02\x05\x00\x00\x00hello")
+    (tmp_path / "notes").write_text("hello world\n")
+    os.mkfifo(tmp_path / "fifo")
+    status = {"a journal": queues / "jobs", "the config file": config, "other text": tmp_path / "notes",
+              "a FIFO": tmp_path / "fifo", "a device": Path("/dev/null")}[kind]
+    config.write_text(f"queue_path: {queues}\nstatus_file: {status}\n")
+    before = status.read_bytes() if status.is_file() else None
+    done = kestrel("--config", str(config), *NO_LISTENERS)
+    why = {"a journal": f"in the queue path beside the journals, where names are queues': keep it in "
+                        f"{queues}/.kestrel/ (the default) or outside the queue path",
+           "the config file": "it holds b'queue_path: ",
+           "other text": "it holds b'hello world\\n', not a status (up, readonly or quiescent): not a status "
+                         "file, which a status change would replace",
+           "a FIFO": "not a regular file but a FIFO", "a device": "not a regular file but a character device"}[kind]
+    assert one_line(done).startswith(f"kestrel: cannot start: status file {status}: {why}")
+    assert done.returncode == 4
+    assert (status.read_bytes() if status.is_file() else None) == before
+
+
 def test_a_queue_path_another_server_holds(server_factory: Any) -> None:
     first: ServerProcess = server_factory()
     done = kestrel("--queue-path", str(first.queue_path), *NO_LISTENERS)

@@ -25,6 +25,7 @@ from kestrel.service.config import ServerConfig
 from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener, is_loopback
 from kestrel.service.session.server_state import ServerState
+from kestrel.service.session.status import UnknownStatus, read_status_file
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage import filenames
 from kestrel.storage.errors import KestrelError
@@ -61,11 +62,23 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-def check_writable(status_file: str) -> None:
+def check_status_file(status_file: str, queue_path: str) -> None:
     """The status is written as `<file>~~` and renamed over the file (StatusKeeper.set): make sure
-    now, at start, that it can be, rather than at the first status change."""
+    now, at start, that it can be, rather than at the first status change, and that what it would
+    replace is a status file. Any client may change the status: a mistaken path (a journal, the
+    config file, a device) was replaced by the first change. Beside the journals, where every name
+    is a queue's, it is refused even before it exists."""
+    if os.path.dirname(os.path.realpath(status_file)) == os.path.realpath(queue_path):
+        raise OSError(errno.EINVAL, "in the queue path beside the journals, where names are queues': keep "
+                      f"it in {filenames.own_path(queue_path, '')} (the default) or outside the queue path",
+                      status_file)
     if os.path.isdir(status_file):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), status_file)
+    try:
+        read_status_file(status_file)
+    except UnknownStatus as e:
+        raise OSError(errno.EINVAL, f"{e}: not a status file, which a status change would replace",
+                      status_file) from None
     temp = status_file + filenames.TEMPORARY_MARK
     try:
         with open(temp, "w", encoding="utf-8"):
@@ -91,6 +104,10 @@ class App:
             os.makedirs(config.queue_path, exist_ok=True)
             self.lock.acquire("kestrel serve")
         try:
+            status_file = config.resolved_status_file()
+            if status_file is not None:  # before the status is read from it
+                with startup_step("status file", status_file, EXIT_QUEUE_PATH):
+                    check_status_file(status_file, config.queue_path)
             with startup_step("queue path", config.queue_path, EXIT_QUEUE_PATH):
                 # gevent's runtime: the listeners serve on its hub, and the storage and the sessions
                 # under them take their clock, timers and events from it.
@@ -112,9 +129,6 @@ class App:
         # the CPU that takes the queue path's disk completions, where the fsync rounds then run
         fsync_cpu = {"fsync_cpu": cpu} if cpu is not None and rounds.run_rounds_on(cpu) else {}
         status_file = cfg.resolved_status_file()
-        if status_file is not None:
-            with startup_step("status file", status_file, EXIT_QUEUE_PATH):
-                check_writable(status_file)
         service_manager.notify("STATUS=loading the queues")
         with startup_step("queue path", cfg.queue_path, EXIT_QUEUE_PATH):
             self.server.collection.load()

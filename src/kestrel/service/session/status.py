@@ -13,6 +13,8 @@ from kestrel.storage.runtime import DEFAULT_RUNTIME, Runtime, Timer
 
 log = structlog.get_logger("kestrel.status")
 
+MAX_STATUS_BYTES = 64  # what a status file holds: one status's name and a newline
+
 
 class UnknownStatus(KestrelError, ValueError):
     """Raised when a status name or number is not one of Up, ReadOnly, Quiescent."""
@@ -55,6 +57,26 @@ class Status(enum.IntEnum):
 _NAMES = {Status.UP: ("up",), Status.READ_ONLY: ("readonly",), Status.QUIESCENT: ("quiescent",)}
 
 
+def read_status_file(path: str) -> Status | None:
+    """The status `path` holds; None when there is no file or it holds nothing. Raises OSError (a
+    FIFO or a device in its place too: refused, never waited on) and UnknownStatus when it holds
+    anything else: then it is no status file, and no status change may replace it."""
+    try:
+        with disk.open_to_read(path) as f:
+            held = f.read(MAX_STATUS_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if not held.strip():
+        return None
+    try:
+        if len(held) > MAX_STATUS_BYTES:
+            raise ValueError(held)
+        return Status.parse(held.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        shown = repr(held[:24]) + ("..." if len(held) > 24 else "")
+        raise UnknownStatus(f"it holds {shown}, not a status (up, readonly or quiescent)") from None
+
+
 class StatusKeeper:
     """Holds the current status and enforces it.
 
@@ -86,12 +108,10 @@ class StatusKeeper:
     def _read(self) -> Status | None:
         assert self.status_file is not None
         try:
-            with disk.open_to_read(self.status_file) as f:  # a FIFO refused, never waited on
-                return Status.parse(f.read().decode("utf-8"))
+            return read_status_file(self.status_file)
         except (OSError, ValueError) as e:
-            if not isinstance(e, FileNotFoundError):
-                log.warning("cannot read the status file; using the default status", file=self.status_file,
-                            error=str(e))
+            log.warning("cannot read the status file; using the default status", file=self.status_file,
+                        error=str(e))
             return None
 
     def set(self, status: Status) -> None:
