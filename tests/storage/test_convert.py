@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import io
 import os
@@ -317,6 +318,30 @@ def test_a_file_in_neither_format_refuses_its_queue_alone_under_either_format(
     coll = k2_collection(tmp_path, fmt=fmt)
     assert drain(coll, "jobs") == expected and not coll.refused
     coll.close()
+
+
+def convert_args(path: Path, to: str, *queues: str) -> argparse.Namespace:
+    return argparse.Namespace(queue_path=str(path), to=to, queues=list(queues))
+
+
+def test_a_queue_left_unconverted_makes_the_run_exit_1_saying_how_many(tmp_path: Path) -> None:
+    """A stray file (or a link to one) named as a journal was said to be `not converted` and the
+    run still exited 0, as if every queue were in the new format: `convert && <switch
+    journal_format>` switched with a queue left behind. Now it exits 1, as a damaged journal does,
+    and the summary says how many were left; a run naming only other queues is not concerned."""
+    coll = k2_collection(tmp_path)
+    coll.put("jobs", [b"1"])
+    coll.close()
+    (tmp_path / "stray").write_bytes(b"hello\n")
+    (tmp_path / "notes.txt").write_bytes(b"hello\n")
+    os.symlink(tmp_path / "notes.txt", tmp_path / "linked")
+    out, err = io.StringIO(), io.StringIO()
+    assert convert.run(convert_args(tmp_path, "kestrel3"), out, err) == 1
+    assert "linked: not converted: " in out.getvalue() and "stray: not converted: " in out.getvalue()
+    assert "converted 1 queues (1 items) to kestrel3 in " in out.getvalue()
+    assert f"in {tmp_path}, 2 not converted (said above); set journal_format" in out.getvalue()
+    assert convert.run(convert_args(tmp_path, "kestrel2", "jobs"), io.StringIO(), err) == 0
+    assert err.getvalue() == "" and formats.queues_on_disk(str(tmp_path))["jobs"] == "kestrel2"
 
 
 ELF = b"\x7fELF\x02\x01\x01" + bytes(64)  # what a `core` begins with: neither format

@@ -302,8 +302,47 @@ def _units(on_disk: dict[str, str], to: str, named: list[str]) -> dict[str, list
     return chosen
 
 
+@dataclass
+class Summary:
+    """What a run converted, and the queues it left as they were (each named in its output, with why)."""
+
+    converted: list[Converted] = field(default_factory=list)
+    not_converted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """What a run converts, and what it leaves and why."""
+
+    units: dict[str, list[str]]
+    not_converted: list[str]
+    lines: list[str]
+
+
+def _plan(queue_path: str, to: str, named: list[str]) -> _Plan:
+    """The units to convert, and the queues on disk left as a start leaves them (only those of the
+    named units when queues are named), with a line saying why each is; reads only."""
+    on_disk = queues_on_disk(queue_path)
+    lines: list[str] = []
+    left = []
+    for name, why in sorted(ignored_names(on_disk).items()):
+        lines.append(f"{name!r}: not converted: {why}\n")
+        left.append(name)
+        del on_disk[name]
+    for name, refused in sorted(refused_on_disk(queue_path).items()):  # a start refuses it
+        lines.append(f"{name}: not converted: {refused}; {refused.remedy()}\n")
+        left.append(name)
+        on_disk.pop(name, None)
+    units = _units(on_disk, to, named)
+    for name in named:
+        if name not in units and name.partition("+")[0] not in units:
+            lines.append(f"{name}: already {to}, nothing to do\n")
+    chosen = {name.partition("+")[0] for name in named}
+    return _Plan(units, [n for n in left if not named or n.partition("+")[0] in chosen], lines)
+
+
 def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout,
-            clock: Clock = SYSTEM_CLOCK) -> list[Converted]:
+            clock: Clock = SYSTEM_CLOCK) -> Summary:
     """Convert the named queues (every queue of the path when none is named) under the path's lock.
 
     Raises QueuePathInUse (a server holds the path), ConvertError, CorruptJournalError, OSError.
@@ -323,19 +362,10 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
         if finished is not None:
             out.write(f"{finished}: finished the conversion a crash interrupted\n")
         _remove_temporaries(queue_path)
-        on_disk = queues_on_disk(queue_path)
-        for name, why in sorted(ignored_names(on_disk).items()):
-            out.write(f"{name!r}: not converted: {why}\n")
-            del on_disk[name]
-        for name, refused in sorted(refused_on_disk(queue_path).items()):  # a start refuses it
-            out.write(f"{name}: not converted: {refused}; {refused.remedy()}\n")
-            on_disk.pop(name, None)
-        units = _units(on_disk, to, named)
-        for name in named:
-            if name not in units and name.partition("+")[0] not in units:
-                out.write(f"{name}: already {to}, nothing to do\n")
-        done = []
-        for unit, members in units.items():
+        plan = _plan(queue_path, to, named)
+        out.writelines(plan.lines)
+        summary = Summary([], plan.not_converted)
+        for unit, members in plan.units.items():
             out.write(f"{unit}: converting {', '.join(members)} to {to} ...\n")
             out.flush()
             result = convert_unit(queue_path, unit, to, members, clock)
@@ -344,11 +374,16 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
             counts = ", ".join(f"{name or unit} {n} items" for name, n in result.items.items()) or "no items"
             reopened = f" ({result.reopened} open reads back at the head)" if result.reopened else ""
             out.write(f"{unit}: converted to {to}: {counts}{reopened}\n")
-            done.append(result)
-        items = sum(sum(r.items.values()) for r in done)
-        out.write(f"converted {len(done)} queues ({items} items) to {to} in {queue_path}; set "
-                  f"journal_format: {to} for them in the config before starting the server\n")
-        return done
+            summary.converted.append(result)
+        return _summary(queue_path, to, summary, out)
+
+
+def _summary(queue_path: str, to: str, summary: Summary, out: TextIO) -> Summary:
+    items = sum(sum(r.items.values()) for r in summary.converted)
+    left = f", {len(summary.not_converted)} not converted (said above)" if summary.not_converted else ""
+    out.write(f"converted {len(summary.converted)} queues ({items} items) to {to} in {queue_path}{left}; set "
+              f"journal_format: {to} for them in the config before starting the server\n")
+    return summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -360,7 +395,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     try:
-        convert(args.queue_path, args.to, args.queues, out)
+        summary = convert(args.queue_path, args.to, args.queues, out)
     except QueuePathInUse as e:
         print(f"kestrel journal convert: {e}", file=err)
         return 3
@@ -370,4 +405,4 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     except OSError as e:
         print(f"kestrel journal convert: {e.filename or args.queue_path}: {e.strerror or e}", file=err)
         return 1
-    return 0
+    return 1 if summary.not_converted else 0  # as for a damaged journal: a queue is not in the new format
